@@ -1,0 +1,1 @@
+"""gymllm.vector"""
