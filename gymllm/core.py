@@ -1,0 +1,248 @@
+"""``TextEnv``: the Gymnasium base class of every gymllm environment.
+
+Subclasses fill hooks; the public methods own the invariants::
+
+    class Echo(TextEnv):
+        def _reset(self, *, seed, options):
+            return "say something", {}
+        def _step(self, action):
+            return action, 1.0, True, {}
+
+- ``reset(seed=...)`` seeds the per-env RNG ``self.np_random`` (never the global ``random`` /
+  ``np.random`` state) before calling ``_reset``.
+- ``step(action)`` checks the action (a ``str`` in ``action_space``; else
+  :class:`~gymllm.errors.InvalidActionError`), refuses to run before ``reset`` or after the episode
+  ended (:class:`~gymllm.errors.ResetNeededError`), counts turns and truncates at ``max_turns``.
+- Async twins ``areset`` / ``astep`` await native ``async def _areset/_astep`` hooks, or run the
+  sync hooks in the loop's default executor so a slow env never blocks the event loop. An env that
+  only has async hooks still supports sync ``reset/step`` (run on a private event-loop thread, so the
+  env's async resources stay bound to one loop).
+
+Hooks: ``_reset(*, seed, options) -> (obs, info)`` and ``_step(action) -> (obs, reward, terminated,
+info)``; ``_step`` may also return a 5-tuple whose ``truncated`` is or-ed with the turn limit.
+Observations are a ``str`` (a new user message) or a ``list`` of message dicts.
+
+:func:`areset_env` / :func:`astep_env` call the async twins on any env, wrapped or not (falling back
+to the sync method in an executor for envs without them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+from typing import Any, Awaitable, Callable, TypeVar
+
+import gymnasium as gym
+
+from gymllm.errors import ConfigError, InvalidActionError, ResetNeededError, explain
+from gymllm.spaces import Text
+
+__all__ = ["TextEnv", "areset_env", "astep_env"]
+
+ObsType = TypeVar("ObsType")
+_T = TypeVar("_T")
+
+_NEW, _RUNNING, _DONE = "new", "running", "done"
+
+
+def _check_max_turns(max_turns: Any) -> int | None:
+    if max_turns is None:
+        return None
+    if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
+        raise ConfigError(
+            explain("TextEnv.max_turns", expected="None or an int >= 1", received=max_turns,
+                    fix="pass max_turns=None (no limit) or a positive int")
+        )
+    return max_turns
+
+
+class _LoopThread:
+    """A private event loop on a daemon thread, for running an async-only env's hooks synchronously."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="gymllm-env-loop", daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Awaitable[_T]) -> _T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()  # type: ignore[arg-type]
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=1.0)
+
+
+def _overrides(obj: Any, name: str) -> bool:
+    """Whether ``type(obj)`` defines hook ``name`` itself (not the TextEnv default)."""
+    return getattr(type(obj), name, None) is not getattr(TextEnv, name)
+
+
+class TextEnv(gym.Env[ObsType, str]):
+    """A text environment: ``str`` actions, ``str`` or message-list observations, 5-tuple ``step``.
+
+    Args:
+        max_turns: truncate the episode after this many ``step`` calls (None: no limit).
+        render_mode: ``None`` or ``"ansi"`` (``render()`` returns the last observation as text).
+    """
+
+    metadata: dict[str, Any] = {"render_modes": ["ansi"]}
+    max_turns: int | None = None
+
+    def __init__(self, *, max_turns: int | None = None, render_mode: str | None = None):
+        self.max_turns = _check_max_turns(max_turns)
+        if render_mode not in (None, "ansi"):
+            raise ConfigError(
+                explain("TextEnv.render_mode", expected="None or 'ansi'", received=render_mode,
+                        fix="pass render_mode='ansi' or leave it unset")
+            )
+        self.render_mode = render_mode
+        if "observation_space" not in self.__dict__:
+            self.observation_space = Text()
+        if "action_space" not in self.__dict__:
+            self.action_space = Text()
+
+    # ------------------------------------------------------------------ hooks (fill in subclasses)
+    def _reset(self, *, seed: int | None, options: dict | None) -> tuple[ObsType, dict]:
+        raise NotImplementedError(f"{type(self).__name__} must define _reset (or async _areset)")
+
+    def _step(self, action: str) -> tuple:
+        raise NotImplementedError(f"{type(self).__name__} must define _step (or async _astep)")
+
+    async def _areset(self, *, seed: int | None, options: dict | None) -> tuple[ObsType, dict]:
+        return await self._in_executor(functools.partial(self._reset, seed=seed, options=options))
+
+    async def _astep(self, action: str) -> tuple:
+        return await self._in_executor(functools.partial(self._step, action))
+
+    # ------------------------------------------------------------------ state
+    @property
+    def turn(self) -> int:
+        """Number of ``step`` calls in the current episode."""
+        return self.__dict__.get("_turn", 0)
+
+    @property
+    def episode_done(self) -> bool:
+        """True after the episode terminated or was truncated (until the next reset)."""
+        return self.__dict__.get("_state", _NEW) == _DONE
+
+    # ------------------------------------------------------------------ sync API
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[ObsType, dict]:
+        self._before_reset(seed)
+        if _overrides(self, "_reset") or not _overrides(self, "_areset"):
+            obs, info = self._reset(seed=seed, options=options)
+        else:
+            obs, info = self._loop_thread().run(self._areset(seed=seed, options=options))
+        return self._after_reset(obs, info)
+
+    def step(self, action: str) -> tuple[ObsType, float, bool, bool, dict]:
+        self._before_step(action)
+        if _overrides(self, "_step") or not _overrides(self, "_astep"):
+            result = self._step(action)
+        else:
+            result = self._loop_thread().run(self._astep(action))
+        return self._after_step(result)
+
+    # ------------------------------------------------------------------ async API
+    async def areset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[ObsType, dict]:
+        self._before_reset(seed)
+        obs, info = await self._areset(seed=seed, options=options)
+        return self._after_reset(obs, info)
+
+    async def astep(self, action: str) -> tuple[ObsType, float, bool, bool, dict]:
+        self._before_step(action)
+        return self._after_step(await self._astep(action))
+
+    # ------------------------------------------------------------------ misc
+    def render(self) -> str | None:
+        if self.render_mode != "ansi":
+            return None
+        obs = self.__dict__.get("_last_obs")
+        if isinstance(obs, list):
+            return "\n".join(f"[{m.get('role')}] {m.get('content', '')}" for m in obs)
+        return None if obs is None else str(obs)
+
+    def close(self) -> None:
+        lt = self.__dict__.pop("_loop", None)
+        if lt is not None:
+            lt.stop()
+        super().close()
+
+    # ------------------------------------------------------------------ invariants
+    def _before_reset(self, seed: int | None) -> None:
+        if "action_space" not in self.__dict__ and not hasattr(type(self), "action_space"):
+            TextEnv.__init__(self)  # a subclass skipped super().__init__(): install the defaults
+        super().reset(seed=seed)  # seeds self.np_random from `seed` (only when one is given)
+        self._turn = 0
+        self._state = _RUNNING
+
+    def _after_reset(self, obs: Any, info: Any) -> tuple[Any, dict]:
+        self._last_obs = obs
+        return obs, dict(info) if info is not None else {}
+
+    def _before_step(self, action: Any) -> None:
+        state = self.__dict__.get("_state", _NEW)
+        if state != _RUNNING:
+            what = "before reset()" if state == _NEW else "after the episode ended"
+            raise ResetNeededError(
+                explain(f"{type(self).__name__}.step() called {what}", expected="reset() first",
+                        received=f"step({_short(action)})", fix="call env.reset(seed=...) before step()")
+            )
+        space = self.action_space
+        why = space.why_not(action) if hasattr(space, "why_not") else (None if space.contains(action) else "")
+        if why is not None:
+            raise InvalidActionError(
+                explain(f"{type(self).__name__}.step(action)", expected=f"an action in {space!r}",
+                        received=f"{_short(action)}{' (' + why + ')' if why else ''}",
+                        fix="pass the model's reply as one Python str")
+            )
+
+    def _after_step(self, result: tuple) -> tuple[Any, float, bool, bool, dict]:
+        if len(result) == 5:
+            obs, reward, terminated, truncated, info = result
+        elif len(result) == 4:
+            (obs, reward, terminated, info), truncated = result, False
+        else:
+            raise TypeError(
+                explain(f"{type(self).__name__}._step", expected="(obs, reward, terminated, info)",
+                        received=f"a {len(result)}-tuple", fix="return 4 values from _step")
+            )
+        self._turn = self.turn + 1
+        terminated = bool(terminated)
+        truncated = bool(truncated) or (not terminated and self.max_turns is not None and self._turn >= self.max_turns)
+        if terminated or truncated:
+            self._state = _DONE
+        self._last_obs = obs
+        return obs, float(reward), terminated, truncated, dict(info) if info is not None else {}
+
+    def _loop_thread(self) -> _LoopThread:
+        lt = self.__dict__.get("_loop")
+        if lt is None:
+            lt = self._loop = _LoopThread()
+        return lt
+
+    @staticmethod
+    async def _in_executor(fn: Callable[[], _T]) -> _T:
+        return await asyncio.get_running_loop().run_in_executor(None, fn)
+
+
+def _short(x: Any, n: int = 60) -> str:
+    s = repr(x)
+    return s if len(s) <= n else s[: n - 3] + "..."
+
+
+async def areset_env(env: gym.Env, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
+    """``await env.areset(...)`` when the env (or its outermost wrapper) has it, else ``reset`` in an executor."""
+    fn = getattr(env, "areset", None)
+    if fn is not None:
+        return await fn(seed=seed, options=options)
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(None, functools.partial(env.reset, seed=seed, options=options))
+
+
+async def astep_env(env: gym.Env, action: Any) -> tuple[Any, float, bool, bool, dict]:
+    """``await env.astep(action)`` when available, else ``env.step`` in the loop's executor."""
+    fn = getattr(env, "astep", None)
+    if fn is not None:
+        return await fn(action)
+    return await asyncio.get_running_loop().run_in_executor(None, env.step, action)
