@@ -10,6 +10,12 @@ from typing import Any
 
 _LAZY: dict[str, str] = {
     # "PublicName": "gymllm.wrappers.module",
+    "TrajectoryLogger": "gymllm.wrappers.trajectory_logger",
+    "TrajectoryLoggerConfig": "gymllm.wrappers.trajectory_logger",
+    "read_log": "gymllm.wrappers.trajectory_logger",
+    "read_tokens": "gymllm.wrappers.trajectory_logger",
+    "replay": "gymllm.wrappers.replay",
+    "ReplayReport": "gymllm.wrappers.replay",
 }
 
 

@@ -1,0 +1,97 @@
+"""Replay: logged episodes re-executed match; a nondeterministic env is caught and reported."""
+
+from __future__ import annotations
+
+import os
+
+import gymnasium as gym
+
+import gymllm.wrappers
+from gymllm.core import TextEnv
+from gymllm.wrappers.replay import ReplayReport
+from gymllm.wrappers.trajectory_logger import TrajectoryLogger, read_log
+
+
+class Walk(TextEnv):
+    """A seeded random walk: the observation shows the position, the reward is the step's noise."""
+
+    def __init__(self, noisy: bool = False):
+        super().__init__(max_turns=4)
+        self.noisy = noisy
+
+    def _reset(self, *, seed, options):
+        self.pos = int(self.np_random.integers(0, 10))
+        return f"at {self.pos}", {}
+
+    def _step(self, action):
+        self.pos += 1 if action == "right" else -1
+        # the deliberate bug: fresh OS entropy instead of the env's np_random
+        noise = int.from_bytes(os.urandom(2), "little") if self.noisy else int(self.np_random.integers(0, 3))
+        return f"at {self.pos}", float(noise), self.pos == 0, {}
+
+
+gym.register("gymllm_test/Walk-v0", entry_point=Walk)
+
+
+def _log(path, noisy, episodes=3):
+    env = TrajectoryLogger(gym.make("gymllm_test/Walk-v0", noisy=noisy), path)
+    for s in range(episodes):
+        env.reset(seed=s)
+        for a in ("right", "left", "right", "right"):
+            _, _, t, tr, _ = env.step(a)
+            if t or tr:
+                break
+    env.close()
+
+
+def test_replay_of_logged_episodes_matches(tmp_path):
+    _log(tmp_path / "log", noisy=False)
+    report = gymllm.wrappers.replay(tmp_path / "log")
+    assert isinstance(report, ReplayReport)
+    assert report.ok, report.summary()
+    assert report.episodes_checked == 3 and report.steps_checked == 12
+    assert "OK" in report.summary()
+
+
+def test_nondeterministic_env_is_reported(tmp_path):
+    _log(tmp_path / "log", noisy=True)
+    report = gymllm.wrappers.replay(tmp_path / "log", max_episodes=2)
+    assert not report.ok and report.episodes_checked == 2
+    assert {d.field for d in report.differences} == {"reward"}
+    assert {d.step for d in report.differences} <= {1, 2, 3, 4}
+    assert len(report.mismatched_episodes) == 2 and "MISMATCH" in report.summary()
+
+
+def test_module_and_function_both_callable(tmp_path):
+    _log(tmp_path / "log", noisy=False, episodes=1)
+    import gymllm.wrappers.replay as mod
+    from gymllm.wrappers import replay as fn
+
+    assert mod(tmp_path / "log").ok and fn(tmp_path / "log").ok
+
+
+def test_broken_episode_is_isolated(tmp_path):
+    _log(tmp_path / "log", noisy=False, episodes=2)
+    first = read_log(tmp_path / "log")[0].episode
+
+    def factory(ep):
+        if ep.episode == first:
+            raise RuntimeError("cannot build")
+        return gym.make("gymllm_test/Walk-v0")
+
+    report = gymllm.wrappers.replay(tmp_path / "log", env_factory=factory)
+    assert report.episodes_checked == 1 and len(report.errors) == 1 and "cannot build" in report.errors[0]
+
+
+def test_changed_env_is_reported_per_step(tmp_path):
+    _log(tmp_path / "log", noisy=False, episodes=1)
+    # replaying against a different env (no seeding of the start) reports the reset observation
+    report = gymllm.wrappers.replay(tmp_path / "log", env_factory=lambda ep: _Shifted())
+    assert not report.ok and report.differences[0].step == 0 and report.differences[0].field == "observation"
+
+
+class _Shifted(Walk):
+    def _reset(self, *, seed, options):
+        obs, info = super()._reset(seed=seed, options=options)
+        self.pos += 100
+        return f"at {self.pos}", info
