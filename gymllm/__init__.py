@@ -32,3 +32,6 @@ def __getattr__(name: str) -> Any:
         globals()[name] = value
         return value
     raise AttributeError(f"module 'gymllm' has no attribute {name!r}")
+
+
+from gymllm import registration as _registration  # noqa: E402,F401  registers all "gymllm/" ids (no JAX)

@@ -8,10 +8,13 @@ import JAX at import time.
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import Any
 
 ENV_MODULES: list[str] = [
     # one line per module; each registers its own ids on import
+    "gymllm.envs.basic",
+    "gymllm.envs.arithmetic",
 ]
 
 _LAZY = {
@@ -20,16 +23,26 @@ _LAZY = {
 }
 
 _registered = False
+import_errors: dict[str, BaseException] = {}  # env module -> the exception its import raised
 
 
 def register_all() -> None:
-    """Import every env module once so that all ``gymllm/`` ids are in Gymnasium's registry."""
+    """Import every env module once so that all ``gymllm/`` ids are in Gymnasium's registry.
+
+    A module that fails to import is recorded in ``import_errors`` and warned about, so one broken
+    env module does not make ``import gymllm`` fail (tests assert ``import_errors`` is empty).
+    """
     global _registered
     if _registered:
         return
     _registered = True
     for name in ENV_MODULES:
-        importlib.import_module(name)
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 - isolate one broken env module, report it
+            import_errors[name] = e
+            warnings.warn(f"gymllm: env module {name} failed to import ({type(e).__name__}: {e}); its ids are "
+                          "not registered. Fix the module or its dependency.", RuntimeWarning, stacklevel=2)
 
 
 def __getattr__(name: str) -> Any:
