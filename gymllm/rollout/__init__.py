@@ -1,1 +1,42 @@
-"""gymllm.rollout"""
+"""gymllm.rollout: agents, token-in-token-out buffers, the asyncio orchestrator and GRPO groups.
+
+    from gymllm.rollout import RolloutOrchestrator, RolloutConfig, ModelAgent, ToolAgent, sync_rollout
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "Agent": "gymllm.rollout.agents",
+    "ModelAgent": "gymllm.rollout.agents",
+    "ToolAgent": "gymllm.rollout.agents",
+    "RolloutConfig": "gymllm.rollout.config",
+    "Episode": "gymllm.rollout.episode",
+    "EpisodeKey": "gymllm.rollout.episode",
+    "GroupBuffer": "gymllm.rollout.group_buffer",
+    "GroupFailedError": "gymllm.rollout.group_buffer",
+    "GroupQueue": "gymllm.rollout.group_queue",
+    "QueueClosed": "gymllm.rollout.group_queue",
+    "LoopLagMonitor": "gymllm.rollout.loop_lag",
+    "MeteredEngine": "gymllm.rollout.engine_meter",
+    "RolloutOrchestrator": "gymllm.rollout.orchestrator",
+    "GroupTimeoutError": "gymllm.rollout.orchestrator",
+    "run_episode": "gymllm.rollout.orchestrator",
+    "StalenessController": "gymllm.rollout.staleness",
+    "sync_rollout": "gymllm.rollout.sync_baseline",
+    "TokenBuffer": "gymllm.rollout.token_buffer",
+    "check_prefix_preserving": "gymllm.rollout.token_buffer",
+    "as_env_slots": "gymllm.rollout.env_slots",
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'gymllm.rollout' has no attribute {name!r}")

@@ -1,0 +1,79 @@
+"""RolloutConfig: how the orchestrator (and the synchronous baseline) run trajectories."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from gymllm.errors import ConfigError, explain
+
+
+def _need(ok: bool, field: str, *, expected: str, received: Any, fix: str) -> None:
+    if not ok:
+        raise ConfigError(explain(f"RolloutConfig.{field}", expected=expected, received=received, fix=fix))
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RolloutConfig:
+    """Settings of a rollout run (frozen, keyword-only, validated).
+
+    group_size            G trajectories per group, all with the group's env seed (task).
+    max_concurrency       trajectories in flight at once (also bounded by the number of envs).
+    num_groups            groups to produce in total; None = until closed.
+    max_staleness         eta of the AReaL admission rule; 0 = synchronous; None = unbounded.
+    groups_per_step       B: groups per optimizer step (the learner's batch).
+    max_open_groups       groups admitted and not complete; None = ceil(max_concurrency / G) + 1.
+    group_timeout_s       fail (or retry) a group open longer than this; None = never.
+    max_group_retries     retries of a whole group after a member fails or it times out.
+    raise_on_group_failure  a group that fails for good stops the run (error reaches the consumer);
+                          otherwise it is dropped, counted and reported.
+    queue_size            complete groups buffered for the consumer (backpressure beyond).
+    seed                  base seed: group k uses env seed ``seed + k``; sampling seeds derive from it.
+    max_model_calls       safety cap on model calls per trajectory (the env's own turn limit normally ends it).
+    loop_lag_interval_s   sampling period of the event-loop lag monitor.
+    """
+
+    group_size: int = 4
+    max_concurrency: int = 32
+    num_groups: int | None = None
+    max_staleness: int | None = 2
+    groups_per_step: int = 8
+    max_open_groups: int | None = None
+    group_timeout_s: float | None = None
+    max_group_retries: int = 0
+    raise_on_group_failure: bool = False
+    queue_size: int = 8
+    seed: int = 0
+    max_model_calls: int = 16
+    loop_lag_interval_s: float = 0.01
+
+    def __post_init__(self) -> None:
+        for name in ("group_size", "max_concurrency", "groups_per_step", "queue_size", "max_model_calls"):
+            v = getattr(self, name)
+            _need(_is_int(v) and v >= 1, name, expected="an int >= 1", received=v, fix=f"set {name}=1 or more")
+        for name in ("num_groups", "max_open_groups"):
+            v = getattr(self, name)
+            _need(v is None or (_is_int(v) and v >= 1), name, expected="None or an int >= 1", received=v,
+                  fix=f"set {name}=None or a positive int")
+        _need(self.max_staleness is None or (_is_int(self.max_staleness) and self.max_staleness >= 0),
+              "max_staleness", expected="None or an int >= 0", received=self.max_staleness,
+              fix="use 0 for synchronous RL, 2-4 for asynchronous")
+        _need(_is_int(self.max_group_retries) and self.max_group_retries >= 0, "max_group_retries",
+              expected="an int >= 0", received=self.max_group_retries, fix="use 0 (drop) or a small retry count")
+        t = self.group_timeout_s
+        _need(t is None or (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t > 0),
+              "group_timeout_s", expected="None or a float > 0 (seconds)", received=t, fix="use e.g. 600.0 or None")
+        _need(isinstance(self.loop_lag_interval_s, (int, float)) and self.loop_lag_interval_s > 0,
+              "loop_lag_interval_s", expected="a float > 0", received=self.loop_lag_interval_s, fix="use 0.01")
+        _need(_is_int(self.seed), "seed", expected="an int", received=self.seed, fix="use e.g. seed=0")
+
+    @property
+    def open_group_limit(self) -> int:
+        if self.max_open_groups is not None:
+            return self.max_open_groups
+        return -(-self.max_concurrency // self.group_size) + 1

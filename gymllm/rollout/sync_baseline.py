@@ -1,0 +1,95 @@
+"""The synchronous baseline: generate a whole batch, step all envs, repeat (a barrier per turn).
+
+Groups are taken ``batch_groups`` at a time (``batch_groups * G <= num_envs``); within a batch every
+turn waits for *all* active trajectories' generations, then for *all* their env steps. The
+per-trajectory logic is the same :class:`~gymllm.rollout.episode.Episode` the orchestrator drives,
+with the same env and sampling seeds, so for a deterministic engine the trajectories are identical;
+only the schedule differs. ``on_batch(groups)`` is called after each batch (e.g. a learner step that
+pushes new weights) before the next batch is generated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Awaitable, Callable
+
+from gymllm.rollout.agents import Agent
+from gymllm.rollout.config import RolloutConfig
+from gymllm.rollout.engine_meter import MeteredEngine
+from gymllm.rollout.env_slots import as_env_slots
+from gymllm.rollout.episode import Episode, EpisodeKey
+from gymllm.rollout.group_buffer import GroupBuffer
+from gymllm.rollout.token_buffer import check_prefix_preserving
+from gymllm.telemetry import span
+from gymllm.types import Group
+
+
+async def sync_rollout(envs: Any, engine: Any, agent: Agent, *, sampling: Any, config: RolloutConfig,
+                       batch_groups: int | None = None,
+                       on_batch: Callable[[list[Group]], Awaitable[None] | None] | None = None) -> list[Group]:
+    """Run ``config.num_groups`` groups in lockstep batches; returns them in group order.
+
+    ``batch_groups`` defaults to ``config.groups_per_step`` (capped by the envs available).
+    A failing trajectory raises (the baseline has no isolation; it is a reference, not a runner).
+    """
+    if config.num_groups is None:
+        raise ValueError("sync_rollout: expected config.num_groups (an int), received None. Fix: set num_groups.")
+    slots = as_env_slots(envs)
+    eng = engine if isinstance(engine, MeteredEngine) else MeteredEngine(engine)
+    G = config.group_size
+    per_batch = min(batch_groups or config.groups_per_step, max(1, slots.num_envs // G))
+    if per_batch * G > slots.num_envs:
+        raise ValueError(f"sync_rollout: a group of {G} needs {G} envs, received {slots.num_envs}. Fix: pass more envs.")
+    prefix = check_prefix_preserving(agent.tokenizer, agent.observation_roles)
+    groups: list[Group] = []
+    for first in range(0, config.num_groups, per_batch):
+        ks = range(first, min(first + per_batch, config.num_groups))
+        batch = await _run_batch(slots, eng, agent, sampling, config, list(ks), prefix)
+        groups.extend(batch)
+        if on_batch is not None:
+            out = on_batch(batch)
+            if asyncio.iscoroutine(out):
+                await out
+    return groups
+
+
+async def _timed(aw: Awaitable[Any]) -> tuple[Any, float]:
+    t = time.perf_counter()
+    out = await aw
+    return out, time.perf_counter() - t
+
+
+async def _run_batch(slots: Any, engine: MeteredEngine, agent: Agent, sampling: Any, config: RolloutConfig,
+                     ks: list[int], prefix: bool) -> list[Group]:
+    G = config.group_size
+    version = engine.version
+    episodes = [Episode(EpisodeKey(k, m, 0, config.seed + k), agent, sampling, base_seed=config.seed,
+                        max_model_calls=config.max_model_calls, prefix_preserving=prefix, env_id=i * G + m)
+                for i, k in enumerate(ks) for m in range(G)]
+    with span("env_step", track="rollout", kind="reset_all", n=len(episodes)):
+        resets = await asyncio.gather(*(_timed(slots.reset(ep.env_id, ep.key.env_seed)) for ep in episodes))
+    for ep, ((obs, info), dt) in zip(episodes, resets):
+        ep.begin(obs, info, reset_s=dt)
+    while True:
+        active = [ep for ep in episodes if not ep.done]
+        if not active:
+            break
+        requests = [ep.next_request() for ep in active]
+        with span("generate", track="rollout", kind="batch", n=len(active)):
+            outs = await asyncio.gather(*(_timed(engine.generate(p, sp, session_id=ep.key.trajectory_id))
+                                          for ep, (p, sp) in zip(active, requests)))
+        actions = [ep.on_completion(c, dt) for ep, (c, dt) in zip(active, outs)]
+        with span("env_step", track="rollout", kind="step_all", n=len(active)):
+            steps = await asyncio.gather(*(_timed(slots.step(ep.env_id, a)) for ep, a in zip(active, actions)))
+        for ep, ((obs, r, term, trunc, info), dt) in zip(active, steps):
+            ep.on_step(obs, r, term, trunc, info, dt)
+    buf = GroupBuffer(group_size=G, max_open_groups=len(ks))
+    out: list[Group] = []
+    for k in ks:
+        buf.open(f"g{k}", seed=config.seed + k, admitted_version=version)
+    for ep in episodes:
+        g = buf.add(ep.key.group_id, ep.key.member, ep.trajectories())
+        if g is not None:
+            out.append(g)
+    return sorted(out, key=lambda g: int(g.group_id[1:]))
