@@ -220,8 +220,8 @@ class RolloutOrchestrator:
                 await self._queue.close()
         except asyncio.CancelledError:
             raise
-        except BaseException as e:  # anything unexpected reaches the consumer
-            await self._queue.put_exception(e)
+        except Exception as e:  # anything unexpected reaches the consumer
+            await self._abort(e)
 
     async def _wait(self, ready: Callable[[], bool]) -> bool:
         assert self._changed is not None and self._stop is not None
@@ -266,13 +266,26 @@ class RolloutOrchestrator:
             await self._fail_group(gid, e, key.attempt, current=asyncio.current_task())
             return
         group = self._add(gid, key, trajs)
-        if group is not None:
-            self._releasing += 1
-            try:
-                await self._release(group)
-            finally:
-                self._releasing -= 1
-                self._notify()
+        if group is None:
+            return
+        self._releasing += 1
+        try:
+            await self._release(group)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # e.g. a group_filter that raised: the consumer must hear of it
+            await self._abort(e)
+        finally:
+            self._releasing -= 1
+            self._notify()
+
+    async def _abort(self, error: BaseException) -> None:
+        """Stop the run and hand ``error`` to the consumer (after the groups already queued)."""
+        assert self._queue is not None
+        await self._queue.put_exception(error)
+        if self._stop is not None:
+            self._stop.set()
+        self._notify()
 
     def _add(self, gid: str, key: EpisodeKey, trajs: list) -> Group | None:
         group = self.buffer.add(gid, key.member, trajs, attempt=key.attempt)
@@ -284,9 +297,11 @@ class RolloutOrchestrator:
     async def _release(self, group: Group) -> None:
         assert self._queue is not None
         keep = True
-        if self.group_filter is not None:
-            keep = bool(self.group_filter(group))
-        self.staleness.finish(accepted=keep)
+        try:
+            if self.group_filter is not None:
+                keep = bool(self.group_filter(group))
+        finally:
+            self.staleness.finish(accepted=keep)
         self._notify()
         if not keep:
             self.counts["filtered"] += 1
@@ -320,10 +335,7 @@ class RolloutOrchestrator:
         if self.config.raise_on_group_failure:
             exc_type = GroupTimeoutError if isinstance(error, TimeoutError) else GroupFailedError
             err = exc_type(f"group {gid} failed after {attempt + 1} attempt(s): {error!r}", group_id=gid, cause=error)
-            await self._queue.put_exception(err)
-            if self._stop is not None:
-                self._stop.set()
-            self._notify()
+            await self._abort(err)
 
     async def _watchdog(self) -> None:
         timeout = self.config.group_timeout_s
