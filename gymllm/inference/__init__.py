@@ -1,1 +1,39 @@
-"""gymllm.inference"""
+"""gymllm.inference: the Engine protocol and its backends.
+
+    from gymllm.inference import JaxEngine, EngineConfig, SamplingParams
+    engine = JaxEngine.from_loaded(gymllm.models.load("smollm2-135m-instruct"), config=EngineConfig(num_slots=16))
+    completion = await engine.generate(prompt_ids, SamplingParams(temperature=1.0))
+
+Backends: :class:`JaxEngine` (embedded, continuous batching), :class:`OpenAIClientEngine` (any
+OpenAI-compatible server, token ids in and out), :class:`VllmEngine` (optional extra ``vllm``).
+:func:`build_app` / :func:`serve` expose an engine as an OpenAI-compatible HTTP server.
+Names are imported lazily: the client does not import JAX.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "SamplingParams": "gymllm.inference.params",
+    "Completion": "gymllm.inference.completion",
+    "Engine": "gymllm.inference.protocol",
+    "EngineConfig": "gymllm.inference.config",
+    "JaxEngine": "gymllm.inference.jax_engine",
+    "OpenAIClientEngine": "gymllm.inference.client",
+    "build_app": "gymllm.inference.server",
+    "serve": "gymllm.inference.server",
+    "ServerThread": "gymllm.inference.server",
+    "VllmEngine": "gymllm.inference.vllm_engine",
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'gymllm.inference' has no attribute {name!r}")

@@ -1,0 +1,44 @@
+"""EngineConfig: the JAX engine's fixed resources (frozen, keyword-only, validated)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from gymllm.errors import ConfigError, explain
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """Sizes of the slot pool and the compiled shapes.
+
+    num_slots: concurrent sequences (rows of the preallocated KV cache, the decode batch).
+    max_len: context length per slot (prompt + completion tokens).
+    min_bucket: the smallest prefill length bucket; buckets double up to ``max_len``.
+    max_prefill_batch: most prompts prefilled in one call (batch sizes are powers of two).
+    prefix_reuse: keep each finished row's k/v and skip re-prefilling a shared prompt prefix.
+    seed: seeds the engine's own generator of per-request keys (requests without a seed).
+    idle_wait_s: how long the idle loop sleeps between checks for new work.
+    """
+
+    num_slots: int = 16
+    max_len: int = 1024
+    min_bucket: int = 16
+    max_prefill_batch: int = 4
+    prefix_reuse: bool = True
+    seed: int = 0
+    idle_wait_s: float = 0.05
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, field: str, expected: str, fix: str) -> None:
+            if not ok:
+                raise ConfigError(explain(f"EngineConfig.{field}", expected=expected,
+                                          received=getattr(self, field), fix=fix))
+
+        need(isinstance(self.num_slots, int) and self.num_slots >= 1, "num_slots", "an int >= 1", "use e.g. 16")
+        need(isinstance(self.max_len, int) and self.max_len >= 2, "max_len", "an int >= 2", "use e.g. 1024")
+        need(isinstance(self.min_bucket, int) and 1 <= self.min_bucket, "min_bucket", "an int >= 1", "use e.g. 16")
+        need(isinstance(self.max_prefill_batch, int) and self.max_prefill_batch >= 1, "max_prefill_batch",
+             "an int >= 1", "use e.g. 4")
+        need(isinstance(self.seed, int), "seed", "an int", "use e.g. 0")
+        need(isinstance(self.idle_wait_s, (int, float)) and self.idle_wait_s > 0, "idle_wait_s",
+             "a float > 0", "use e.g. 0.05")

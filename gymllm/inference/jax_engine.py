@@ -1,0 +1,528 @@
+"""JaxEngine: the embedded continuous-batching engine over an NNX model.
+
+    engine = JaxEngine(loaded.model, loaded.tokenizer, config=EngineConfig(num_slots=16, max_len=512))
+    completion = await engine.generate(prompt_ids, SamplingParams(temperature=1.0), session_id="t0")
+
+Design (one background thread owns the device; asyncio callers never block):
+
+* A fixed pool of ``num_slots`` cache rows preallocated with ``model.init_cache``. Requests join
+  between decode steps (prefilled in length buckets, several prompts per call) and leave as soon as
+  they finish; one jitted decode step advances every slot at once.
+* Compiled shapes are fixed: prefill (batch size in powers of two up to ``max_prefill_batch``) x
+  (length bucket), and one decode shape. ``trace_counts`` exposes the number of compilations.
+* Per-request keys: sample i of a request with ``seed`` uses a key derived from ``(seed, i)``;
+  without a seed the engine draws a fresh one. Token j uses ``fold_in(key, j)``, so a seeded request
+  samples the same tokens whatever else is batched with it (up to float rounding of the logits).
+* Prefix reuse: a finished row keeps its k/v; a later request whose prompt starts with that row's
+  tokens (the same ``session_id`` first) prefills only the rest.
+* ``update_weights(state, version)`` is thread-safe and is applied by the loop between steps, so no
+  forward pass mixes versions; every token records the version of the forward that produced it.
+* Spans "prefill" / "decode" on track "engine" measure busy time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+import time
+import warnings
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from gymllm.errors import EngineError, explain
+from gymllm.inference.completion import Completion
+from gymllm.inference.config import EngineConfig
+from gymllm.inference.params import SamplingParams
+from gymllm.inference.sampling import request_key
+from gymllm.inference.scheduler import Placement, SlotTable, pick_bucket, power_of_two_buckets
+from gymllm.inference.steps import make_steps
+from gymllm.telemetry import counter, span
+
+warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+
+
+@dataclasses.dataclass(eq=False)
+class _Request:
+    prompt: list[int]
+    params: SamplingParams
+    key: np.ndarray  # [2] uint32
+    session_id: str | None
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    stream: asyncio.Queue | None = None
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)
+    submitted: float = dataclasses.field(default_factory=time.perf_counter)
+    first_token: float = float("nan")
+    placement: Placement | None = None
+    cancelled: bool = False
+    stop_reason: int | str | None = None
+
+    @property
+    def slot(self) -> int:
+        assert self.placement is not None
+        return self.placement.slot
+
+    def cached_ids(self) -> list[int]:
+        """Ids whose k/v this request's row holds: the prompt and every sampled id fed back."""
+        return self.prompt + self.tokens[:-1]
+
+
+def _deliver(req: _Request, kind: str, payload: Any) -> None:
+    """Hand a result to the caller's event loop from the engine thread."""
+
+    def put() -> None:
+        if kind == "token":
+            if req.stream is not None:
+                req.stream.put_nowait(payload)
+            return
+        if req.stream is not None:
+            req.stream.put_nowait(payload)
+        if req.future.done():
+            return
+        if kind == "error":
+            req.future.set_exception(payload)
+        else:
+            req.future.set_result(payload)
+
+    try:
+        req.loop.call_soon_threadsafe(put)
+    except RuntimeError:  # the caller's loop is closed: nobody is waiting any more
+        pass
+
+
+class JaxEngine:
+    """Continuous-batching engine; implements the :class:`~gymllm.inference.Engine` protocol."""
+
+    def __init__(
+        self,
+        model: nnx.Module,
+        tokenizer: Any = None,
+        *,
+        config: EngineConfig | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+        version: int = 0,
+        cache_dtype: Any = None,
+    ):
+        self.config = cfg = config or EngineConfig()
+        self.tokenizer = tokenizer
+        if stop_token_ids is None:
+            stop_token_ids = tuple(getattr(tokenizer, "stop_token_ids", ()) or ()) if tokenizer is not None else ()
+        self.default_stop_ids = frozenset(int(t) for t in stop_token_ids)
+        self.max_len = cfg.max_len
+        self._graphdef, self._state = nnx.split(model)
+        self.vocab_size = self._infer_vocab(model, tokenizer)
+        dtype = cache_dtype or jnp.float32
+        self._cache = model.init_cache(cfg.num_slots, cfg.max_len, dtype)
+        self.trace_counts: dict[str, int] = {}
+        self._prefill, self._decode = make_steps(self._graphdef, self.trace_counts)
+        self.buckets = power_of_two_buckets(cfg.max_len, cfg.min_bucket)
+        self.batch_sizes = power_of_two_buckets(cfg.max_prefill_batch, 1)
+        self._table = SlotTable(cfg.num_slots)
+        self._rng = np.random.default_rng(cfg.seed)
+        self._version = version
+        self._pending_weights: tuple[Any, int] | None = None
+        self._waiting: list[_Request] = []
+        self._active: dict[int, _Request] = {}  # slot -> request
+        self._cv = threading.Condition()  # guards the queues and the slot table (held briefly)
+        self._device = threading.Lock()  # guards the cache and weights during device steps
+        self._closing = False
+        self._closed = False
+        self.stats = {"prefill_tokens": 0, "reused_tokens": 0, "decode_steps": 0, "generated_tokens": 0}
+        s = cfg.num_slots
+        self._h_tokens = np.zeros(s, np.int32)
+        self._h_pos = np.full(s, cfg.max_len - 1, np.int32)  # idle rows write only to the scratch index
+        self._h_keys = np.zeros((s, 2), np.uint32)
+        self._h_steps = np.zeros(s, np.int32)
+        self._h_temp = np.zeros(s, np.float32)
+        self._h_topk = np.zeros(s, np.int32)
+        self._h_topp = np.ones(s, np.float32)
+        self._thread = threading.Thread(target=self._run, name="gymllm-jax-engine", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ construction helpers
+    @classmethod
+    def from_loaded(cls, loaded: Any, **kwargs: Any) -> "JaxEngine":
+        """Build from ``gymllm.models.load(...)`` / ``make_tiny(...)`` output."""
+        return cls(loaded.model, loaded.tokenizer, **kwargs)
+
+    @staticmethod
+    def _infer_vocab(model: Any, tokenizer: Any) -> int:
+        cfg = getattr(model, "config", None)
+        v = getattr(cfg, "vocab_size", None)
+        if v is None and tokenizer is not None:
+            v = getattr(tokenizer, "vocab_size", None)
+        if v is None:
+            raise EngineError(
+                explain("JaxEngine", expected="a model with config.vocab_size or a tokenizer with vocab_size",
+                        received=type(model).__name__, fix="pass the tokenizer from gymllm.models.load")
+            )
+        return int(v)
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def version(self) -> int:
+        """The policy version that tokens sampled from now on carry (a pending update counts)."""
+        with self._cv:
+            return self._pending_weights[1] if self._pending_weights is not None else self._version
+
+    def validate_prompt(self, prompt_ids: Sequence[int]) -> list[int]:
+        """Return the prompt as a list of ints or raise :class:`EngineError` saying what to fix."""
+        try:
+            ids = [int(t) for t in np.asarray(prompt_ids).reshape(-1)] if len(prompt_ids) else []
+        except (TypeError, ValueError):
+            raise EngineError(explain("prompt_ids", expected="a sequence of int token ids",
+                                      received=prompt_ids, fix="tokenize the prompt first")) from None
+        if not ids:
+            raise EngineError(explain("prompt_ids", expected="at least one token id", received=[],
+                                      fix="pass a non-empty prompt (e.g. the chat template's ids)"))
+        if len(ids) > self.max_len - 1:
+            raise EngineError(explain("prompt_ids", expected=f"at most {self.max_len - 1} tokens (context "
+                                      f"{self.max_len} minus one for the answer)", received=f"{len(ids)} tokens",
+                                      fix="shorten the prompt or build the engine with a larger max_len"))
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise EngineError(explain("prompt_ids", expected=f"ids in [0, {self.vocab_size})",
+                                      received=bad[:5], fix="tokenize with this model's tokenizer"))
+        return ids
+
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams | None = None, *, session_id: str | None = None
+    ) -> Completion:
+        """Sample one completion of ``prompt_ids``; cancellation aborts the request."""
+        params = params or SamplingParams()
+        if params.n != 1:
+            raise EngineError(explain("SamplingParams.n", expected="1 for generate", received=params.n,
+                                      fix="call generate_n(prompt_ids, params) to get n completions"))
+        req = self._make_request(prompt_ids, params, session_id, 0, stream=False)
+        return await self._await(req)
+
+    async def generate_n(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[Completion]:
+        """Sample ``params.n`` completions of one prompt (each with its own key)."""
+        reqs = [self._make_request(prompt_ids, params, None, i, stream=False) for i in range(params.n)]
+        return list(await asyncio.gather(*(self._await(r) for r in reqs)))
+
+    async def stream(
+        self, prompt_ids: Sequence[int], params: SamplingParams | None = None, *, session_id: str | None = None
+    ):
+        """Yield ``(token_id, logprob, version)`` per sampled token, then the final Completion."""
+        params = params or SamplingParams()
+        req = self._make_request(prompt_ids, params, session_id, 0, stream=True)
+        assert req.stream is not None
+        try:
+            while True:
+                item = await req.stream.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if isinstance(item, Completion):
+                    return
+        finally:
+            req.cancelled = True
+            self._wake()
+
+    def update_weights(self, state: Any, version: int) -> None:
+        """Swap in new weights (an ``nnx.State``, an ``nnx.Module`` or a matching pytree) at ``version``.
+
+        Thread-safe; the loop applies the newest pending update between two device steps.
+        """
+        if isinstance(state, nnx.Module):
+            state = nnx.state(state)
+        new_leaves, new_def = jax.tree.flatten(state)
+        old_leaves, old_def = jax.tree.flatten(self._state)
+        if new_def != old_def:
+            raise EngineError(explain("update_weights(state)", expected="the same pytree structure as the "
+                                      "engine's model state (nnx.split(model)[1])", received=str(new_def)[:200],
+                                      fix="pass nnx.state(model) of the same architecture"))
+        for n, o in zip(new_leaves, old_leaves):
+            if tuple(np.shape(n)) != tuple(o.shape):
+                raise EngineError(explain("update_weights(state)", expected=f"a leaf of shape {o.shape}",
+                                          received=np.shape(n), fix="pass weights of the same model config"))
+        # same dtypes as compiled: a weight update never triggers a recompile
+        leaves = [jnp.asarray(n, dtype=o.dtype) for n, o in zip(new_leaves, old_leaves)]
+        state = jax.tree.unflatten(old_def, leaves)
+        with self._cv:
+            self._pending_weights = (state, int(version))
+            self._cv.notify_all()
+
+    def end_session(self, session_id: str) -> None:
+        """Unpin a trajectory's cached prefix (it stays reusable until another request needs its slot)."""
+        with self._cv:
+            self._table.end_session(session_id)
+
+    async def close(self) -> None:
+        """Abort waiting and running requests (finish reason "abort") and stop the loop. Idempotent."""
+        await asyncio.get_running_loop().run_in_executor(None, self.shutdown)
+
+    def shutdown(self) -> None:
+        """Synchronous :meth:`close`."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join()
+        self._closed = True
+
+    def warmup(self) -> None:
+        """Compile every prefill shape and the decode step now (blocks; call before serving)."""
+        if self._active or self._waiting:
+            raise EngineError("warmup: expected an idle engine, received one with requests. Fix: warm up first.")
+        with self._device:
+            for p in self.batch_sizes:
+                for t in self.buckets:
+                    rows = np.full(p, self.config.num_slots, np.int32)  # padding rows only: nothing is written
+                    self._call_prefill(np.zeros((p, t), np.int32), np.zeros((p, t), np.int32), rows,
+                                       np.zeros(p, np.int32), _PrefillRowParams.padding(p))
+            self._call_decode()
+
+    # ------------------------------------------------------------------ request plumbing
+    def _make_request(self, prompt_ids, params, session_id, index: int, *, stream: bool) -> _Request:
+        if not isinstance(params, SamplingParams):
+            raise EngineError(explain("params", expected="a SamplingParams", received=type(params).__name__,
+                                      fix="pass gymllm.inference.SamplingParams(...)"))
+        if self._closing:
+            raise EngineError("generate: expected an open engine, received a closed one. Fix: build a new engine.")
+        ids = self.validate_prompt(prompt_ids)
+        seed = params.seed if params.seed is not None else int(self._rng.integers(0, 2**63 - 1))
+        loop = asyncio.get_running_loop()
+        req = _Request(ids, params, request_key(seed, index), session_id, loop, loop.create_future(),
+                       asyncio.Queue() if stream else None)
+        with self._cv:
+            self._waiting.append(req)
+            self._cv.notify_all()
+        return req
+
+    async def _await(self, req: _Request) -> Completion:
+        try:
+            return await asyncio.shield(req.future)
+        except asyncio.CancelledError:
+            req.cancelled = True
+            self._wake()
+            raise
+
+    def _wake(self) -> None:
+        with self._cv:
+            self._cv.notify_all()
+
+    # ------------------------------------------------------------------ the loop (engine thread)
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cv:
+                    while not (self._closing or self._waiting or self._active or self._pending_weights):
+                        self._cv.wait(self.config.idle_wait_s)
+                    if self._closing:
+                        break
+                with self._device:
+                    self._apply_weights()
+                    self._drop_cancelled()
+                    self._admit()
+                    if self._active:
+                        self._step()
+        finally:
+            self._abort_all()
+
+    def _apply_weights(self) -> None:
+        with self._cv:
+            pending, self._pending_weights = self._pending_weights, None
+        if pending is not None:
+            self._state, self._version = pending
+            counter("policy_version", self._version, track="engine")
+
+    def _drop_cancelled(self) -> None:
+        with self._cv:
+            gone = [r for r in self._waiting if r.cancelled]
+            self._waiting = [r for r in self._waiting if not r.cancelled]
+        for req in gone:
+            self._finish(req, "abort")
+        for req in list(self._active.values()):
+            if req.cancelled:
+                self._finish(req, "abort")
+
+    def _admit(self) -> None:
+        admitted: list[_Request] = []
+        with self._cv:
+            while self._waiting and self._table.num_free:
+                req = self._waiting.pop(0)
+                reuse_ok = self.config.prefix_reuse
+                req.placement = self._table.acquire(req.prompt if reuse_ok else [], req.session_id)
+                if not reuse_ok:
+                    req.placement = Placement(req.placement.slot, 0)
+                admitted.append(req)
+        by_bucket: dict[int, list[_Request]] = {}
+        for req in admitted:
+            chunk = len(req.prompt) - req.placement.reuse_len
+            by_bucket.setdefault(pick_bucket(chunk, self.buckets), []).append(req)
+        for bucket, reqs in sorted(by_bucket.items()):
+            for i in range(0, len(reqs), self.config.max_prefill_batch):
+                self._prefill_batch(reqs[i : i + self.config.max_prefill_batch], bucket)
+
+    def _prefill_batch(self, reqs: list[_Request], bucket: int) -> None:
+        p = pick_bucket(len(reqs), self.batch_sizes)
+        tokens = np.zeros((p, bucket), np.int32)
+        positions = np.zeros((p, bucket), np.int32)
+        rows = np.full(p, self.config.num_slots, np.int32)
+        last = np.zeros(p, np.int32)
+        rp = _PrefillRowParams.padding(p)
+        for i, r in enumerate(reqs):
+            start = r.placement.reuse_len
+            chunk = r.prompt[start:]
+            tokens[i, : len(chunk)] = chunk
+            # pads continue the positions (safe: overwritten before attended), clipped to the scratch index
+            positions[i] = np.minimum(start + np.arange(bucket), self.max_len - 1)
+            rows[i] = r.slot
+            last[i] = len(chunk) - 1
+            rp.set(i, r)
+            self.stats["prefill_tokens"] += len(chunk)
+            self.stats["reused_tokens"] += start
+        try:
+            tok, logp = self._call_prefill(tokens, positions, rows, last, rp)
+        except Exception as exc:  # isolate: fail these requests, keep serving the rest
+            for r in reqs:
+                self._fail(r, exc)
+            return
+        now = time.perf_counter()
+        for i, r in enumerate(reqs):
+            r.first_token = now
+            self._active[r.slot] = r
+            self._accept(r, int(tok[i]), float(logp[i]))
+
+    def _call_prefill(self, tokens, positions, rows, last, rp: "_PrefillRowParams"):
+        with span("prefill", track="engine", batch=int(tokens.shape[0]), bucket=int(tokens.shape[1])):
+            self._cache, tok, logp = self._prefill(
+                self._state, self._cache, tokens, positions, rows, last, rp.keys, rp.steps, rp.temp, rp.top_k, rp.top_p
+            )
+            return np.asarray(tok), np.asarray(logp)
+
+    def _call_decode(self):
+        with span("decode", track="engine", active=len(self._active)):
+            self._cache, tok, logp = self._decode(
+                self._state, self._cache, self._h_tokens, self._h_pos, self._h_keys, self._h_steps,
+                self._h_temp, self._h_topk, self._h_topp,
+            )
+            return np.asarray(tok), np.asarray(logp)
+
+    def _step(self) -> None:
+        try:
+            tok, logp = self._call_decode()
+        except Exception as exc:
+            for r in list(self._active.values()):
+                self._fail(r, exc)
+            return
+        self.stats["decode_steps"] += 1
+        for slot, req in list(self._active.items()):
+            self._accept(req, int(tok[slot]), float(logp[slot]))
+
+    def _accept(self, req: _Request, token: int, logprob: float) -> None:
+        """Record one sampled token; finish the request or schedule its next decode input."""
+        req.tokens.append(token)
+        req.logprobs.append(logprob)
+        req.versions.append(self._version)
+        self.stats["generated_tokens"] += 1
+        if req.stream is not None:
+            _deliver(req, "token", (token, logprob, self._version))
+        reason = self._finish_reason(req, token)
+        if reason is not None:
+            self._finish(req, reason)
+            return
+        s = req.slot
+        self._h_tokens[s] = token
+        self._h_pos[s] = len(req.prompt) + len(req.tokens) - 1
+        self._h_keys[s] = req.key
+        self._h_steps[s] = len(req.tokens)
+        self._h_temp[s] = req.params.temperature
+        self._h_topk[s] = req.params.top_k
+        self._h_topp[s] = req.params.top_p
+
+    def _finish_reason(self, req: _Request, token: int) -> str | None:
+        if token in self.default_stop_ids or token in req.params.stop_token_ids:
+            req.stop_reason = token
+            return "stop"
+        if req.params.stop and self.tokenizer is not None:
+            hit = self._stop_string(req)
+            if hit is not None:
+                req.stop_reason = hit
+                return "stop"
+        if len(req.tokens) >= req.params.max_tokens or len(req.prompt) + len(req.tokens) >= self.max_len:
+            return "length"
+        return None
+
+    def _stop_string(self, req: _Request) -> str | None:
+        window = max(len(s) for s in req.params.stop) + 8  # tokens enough to spell any stop string
+        tail = self.tokenizer.decode(req.tokens[-window:])
+        for s in req.params.stop:
+            if s in tail:
+                return s
+        return None
+
+    def _completion(self, req: _Request, reason: str) -> Completion:
+        text = self.tokenizer.decode(req.tokens) if self.tokenizer is not None else None
+        return Completion(
+            token_ids=req.tokens, logprobs=req.logprobs, finish_reason=reason, versions=req.versions,
+            prompt_len=len(req.prompt), ttft_s=req.first_token - req.submitted,
+            latency_s=time.perf_counter() - req.submitted, text=text, stop_reason=req.stop_reason,
+            cached_prompt_len=req.placement.reuse_len if req.placement else 0,
+        )
+
+    def _release(self, req: _Request, cached: list[int] | None) -> None:
+        """Free the request's row; ``cached`` = the ids whose k/v it holds (None: forget the row)."""
+        if req.placement is None:
+            return
+        if self._active.get(req.slot) is req:
+            del self._active[req.slot]
+            self._h_pos[req.slot] = self.max_len - 1
+            self._h_temp[req.slot] = 0.0
+            self._h_topk[req.slot] = 0
+            self._h_topp[req.slot] = 1.0
+        with self._cv:
+            if cached is None:
+                self._table.invalidate(req.slot)
+            else:
+                self._table.release(req.slot, cached)
+
+    def _finish(self, req: _Request, reason: str) -> None:
+        self._release(req, req.cached_ids())
+        _deliver(req, "done", self._completion(req, reason))
+
+    def _fail(self, req: _Request, exc: BaseException) -> None:
+        self._release(req, None)
+        err = EngineError(f"request failed in the engine: {type(exc).__name__}: {exc}")
+        err.__cause__ = exc
+        _deliver(req, "error", err)
+
+    def _abort_all(self) -> None:
+        with self._cv:
+            waiting, self._waiting = self._waiting, []
+        for r in waiting:
+            _deliver(r, "done", self._completion(r, "abort"))
+        for r in list(self._active.values()):
+            self._finish(r, "abort")
+
+
+@dataclasses.dataclass
+class _PrefillRowParams:
+    """Per-row sampling inputs of one prefill call ([P] each; padding rows are greedy and inert)."""
+
+    keys: np.ndarray
+    steps: np.ndarray
+    temp: np.ndarray
+    top_k: np.ndarray
+    top_p: np.ndarray
+
+    @classmethod
+    def padding(cls, p: int) -> "_PrefillRowParams":
+        return cls(np.zeros((p, 2), np.uint32), np.zeros(p, np.int32), np.zeros(p, np.float32),
+                   np.zeros(p, np.int32), np.ones(p, np.float32))
+
+    def set(self, i: int, req: _Request) -> None:
+        self.keys[i] = req.key
+        self.steps[i] = 0
+        self.temp[i] = req.params.temperature
+        self.top_k[i] = req.params.top_k
+        self.top_p[i] = req.params.top_p

@@ -1,0 +1,137 @@
+"""Host-side scheduling state of the JAX engine: length buckets and the slot table.
+
+Pure Python (no JAX), so its invariants are tested directly.
+
+* Buckets: prefill chunks are padded to one of a small fixed set of lengths, and prefill batches
+  to one of a small set of sizes, so the engine compiles a fixed set of shapes.
+* :class:`SlotTable`: the fixed pool of cache rows. Each slot remembers the token ids whose k/v it
+  holds (``cached``); a request is placed in the free slot that already holds the longest prefix of
+  its prompt (its own session's slot first), so the next turn of a trajectory prefills only the new
+  tokens. Sessions pin their slot against eviction while other free slots exist.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+
+def power_of_two_buckets(limit: int, smallest: int) -> tuple[int, ...]:
+    """Powers of two from ``smallest`` up to ``limit``; ``limit`` itself closes the set."""
+    out, b = [], max(1, smallest)
+    while b < limit:
+        out.append(b)
+        b *= 2
+    out.append(limit)
+    return tuple(out)
+
+
+def pick_bucket(n: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket >= n (buckets sorted ascending)."""
+    for b in buckets:
+        if b >= n:
+            return b
+    raise ValueError(f"length {n} exceeds the largest bucket {buckets[-1]}")
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclasses.dataclass
+class Slot:
+    index: int
+    busy: bool = False
+    cached: list[int] = dataclasses.field(default_factory=list)  # ids whose k/v are in this row
+    session_id: str | None = None  # the session pinning this slot's prefix
+    last_used: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    slot: int
+    reuse_len: int  # prompt tokens already cached in that slot (not prefilled again)
+
+
+class SlotTable:
+    """Assigns requests to cache rows and tracks which prefix each row holds."""
+
+    def __init__(self, num_slots: int, *, min_reuse: int = 1):
+        self.slots = [Slot(i) for i in range(num_slots)]
+        self.sessions: dict[str, int] = {}
+        self.min_reuse = min_reuse
+        self._clock = 0
+
+    @property
+    def num_free(self) -> int:
+        return sum(not s.busy for s in self.slots)
+
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def _reuse(self, slot: Slot, prompt: Sequence[int]) -> int:
+        # at least one prompt token is always prefilled: its logits give the first sample
+        return min(common_prefix_len(slot.cached, prompt), len(prompt) - 1)
+
+    def acquire(self, prompt: Sequence[int], session_id: str | None = None) -> Placement | None:
+        """Reserve a free slot for ``prompt``; None when every slot is busy."""
+        free = [s for s in self.slots if not s.busy]
+        if not free:
+            return None
+        own = self.sessions.get(session_id) if session_id is not None else None
+        chosen = self.slots[own] if own is not None and not self.slots[own].busy else None
+        if chosen is None:
+            chosen = self._best_free(free, prompt)
+        reuse = self._reuse(chosen, prompt)
+        if reuse < self.min_reuse:
+            reuse = 0
+        self._bind(chosen, session_id)
+        chosen.busy = True
+        chosen.last_used = self._tick()
+        return Placement(chosen.index, reuse)
+
+    def _best_free(self, free: list[Slot], prompt: Sequence[int]) -> Slot:
+        unpinned = [s for s in free if s.session_id is None]
+        pool = unpinned or free  # evict a pinned prefix only when nothing else is free
+        best = max(pool, key=lambda s: (self._reuse(s, prompt), -s.last_used))
+        if self._reuse(best, prompt) >= self.min_reuse:
+            return best
+        return min(pool, key=lambda s: s.last_used)  # least recently used
+
+    def _bind(self, slot: Slot, session_id: str | None) -> None:
+        if slot.session_id is not None and slot.session_id != session_id:
+            self.sessions.pop(slot.session_id, None)  # evicted: that session re-prefills next turn
+            slot.session_id = None
+        if session_id is not None:
+            old = self.sessions.get(session_id)
+            if old is not None and old != slot.index:
+                self.slots[old].session_id = None
+            self.sessions[session_id] = slot.index
+            slot.session_id = session_id
+
+    def release(self, slot: int, cached: Sequence[int]) -> None:
+        """The request in ``slot`` finished; its row holds k/v for exactly ``cached``."""
+        s = self.slots[slot]
+        s.busy = False
+        s.cached = list(cached)
+        s.last_used = self._tick()
+
+    def invalidate(self, slot: int) -> None:
+        """Forget what a row holds (after a failure)."""
+        s = self.slots[slot]
+        s.busy = False
+        s.cached = []
+        if s.session_id is not None:
+            self.sessions.pop(s.session_id, None)
+            s.session_id = None
+
+    def end_session(self, session_id: str) -> None:
+        """Unpin a session's slot (its prefix stays reusable until evicted)."""
+        idx = self.sessions.pop(session_id, None)
+        if idx is not None:
+            self.slots[idx].session_id = None

@@ -1,0 +1,58 @@
+"""The two jitted device steps of the JAX engine: batched prefill into chosen cache rows, and one
+decode step over every slot. Pure functions of (weights, cache, host arrays); the engine owns state.
+
+Cache layout: a pytree from ``model.init_cache(num_slots, max_len, dtype)`` whose array leaves
+carry the slot (batch) row on axis ``CACHE_BATCH_AXIS`` (``gymllm.models.KVCache``: [L, B, S, K, D]). Prefill gathers the rows it writes (``rows`` [P]; an index equal
+to ``num_slots`` marks a padding row: its gather is clamped and its scatter dropped), runs the
+model on them and scatters them back, so other slots' caches are untouched.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from gymllm.inference.sampling import sample, step_keys
+
+
+CACHE_BATCH_AXIS = 1
+
+
+def _rows_get(cache: Any, rows: jax.Array) -> Any:
+    return jax.tree.map(lambda c: jnp.take(c, rows, axis=CACHE_BATCH_AXIS, mode="clip"), cache)
+
+
+def _rows_set(cache: Any, rows: jax.Array, part: Any) -> Any:
+    index = (slice(None),) * CACHE_BATCH_AXIS + (rows,)
+    return jax.tree.map(lambda c, p: c.at[index].set(p.astype(c.dtype), mode="drop"), cache, part)
+
+
+def make_steps(graphdef: Any, trace_counts: dict[str, int]) -> tuple[Callable, Callable]:
+    """Build (prefill, decode) for a model graph; ``trace_counts`` counts (re)compilations."""
+
+    @functools.partial(jax.jit, donate_argnums=(1,))
+    def prefill(state, cache, tokens, positions, rows, last, keys, steps, temperature, top_k, top_p):
+        # tokens/positions [P, T] int32; rows/last/steps/top_k [P] int32; keys [P, 2] uint32
+        trace_counts["prefill"] = trace_counts.get("prefill", 0) + 1
+        model = nnx.merge(graphdef, state)
+        part = _rows_get(cache, rows)
+        logits, part = model(tokens, positions, cache=part)  # [P, T, V]
+        cache = _rows_set(cache, rows, part)
+        last_logits = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]  # [P, V]
+        tok, logp = sample(last_logits, step_keys(keys, steps), temperature, top_k, top_p)
+        return cache, tok, logp
+
+    @functools.partial(jax.jit, donate_argnums=(1,))
+    def decode(state, cache, tokens, positions, keys, steps, temperature, top_k, top_p):
+        # tokens/positions/steps/top_k [S] int32; keys [S, 2] uint32; temperature/top_p [S] f32
+        trace_counts["decode"] = trace_counts.get("decode", 0) + 1
+        model = nnx.merge(graphdef, state)
+        logits, cache = model(tokens[:, None], positions[:, None], cache=cache)  # [S, 1, V]
+        tok, logp = sample(logits[:, 0], step_keys(keys, steps), temperature, top_k, top_p)
+        return cache, tok, logp
+
+    return prefill, decode

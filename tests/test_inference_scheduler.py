@@ -1,0 +1,78 @@
+"""The host-side scheduler: length buckets and the slot table's placement and prefix bookkeeping."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gymllm.inference.scheduler import SlotTable, common_prefix_len, pick_bucket, power_of_two_buckets
+
+
+def test_buckets():
+    assert power_of_two_buckets(100, 16) == (16, 32, 64, 100)
+    assert power_of_two_buckets(64, 16) == (16, 32, 64)
+    assert power_of_two_buckets(4, 1) == (1, 2, 4)
+    assert [pick_bucket(n, (16, 32, 64)) for n in (1, 16, 17, 64)] == [16, 16, 32, 64]
+
+
+def test_session_reuses_its_slot_and_prefix():
+    t = SlotTable(2)
+    a = t.acquire([1, 2, 3], "s")
+    assert a.reuse_len == 0
+    t.release(a.slot, [1, 2, 3, 9])  # prompt + sampled ids fed back
+    other = t.acquire([7, 7, 7], None)
+    assert other.slot != a.slot  # the pinned session slot is not taken while another is free
+    nxt = t.acquire([1, 2, 3, 9, 4, 5], "s")
+    assert nxt.slot == a.slot and nxt.reuse_len == 4
+    t.release(nxt.slot, [1, 2, 3, 9, 4, 5])
+    again = t.acquire([1, 2, 3, 9, 4, 5], "s")  # identical prompt: the last token is prefilled again
+    assert again.reuse_len == 5
+
+
+def test_full_table_and_eviction():
+    t = SlotTable(1)
+    a = t.acquire([1, 2], "a")
+    assert t.acquire([3], "b") is None
+    t.release(a.slot, [1, 2, 5])
+    b = t.acquire([3, 4], "b")  # evicts a's pinned prefix: nothing else is free
+    assert b.slot == a.slot and b.reuse_len == 0 and "a" not in t.sessions
+
+
+ops = st.lists(
+    st.tuples(st.sampled_from(["acquire", "release"]), st.lists(st.integers(0, 3), min_size=1, max_size=6),
+              st.sampled_from([None, "s0", "s1", "s2"])),
+    max_size=40,
+)
+
+
+@settings(max_examples=50, deadline=None)
+@given(ops=ops, num_slots=st.integers(1, 4))
+def test_slot_table_invariants(ops, num_slots):
+    t = SlotTable(num_slots)
+    content = {i: [] for i in range(num_slots)}  # what each row really holds
+    busy: dict[int, list[int]] = {}
+    for op, prompt, sid in ops:
+        if op == "acquire":
+            pl = t.acquire(prompt, sid)
+            if pl is None:
+                assert len(busy) == num_slots
+                continue
+            assert pl.slot not in busy  # never hand out a busy row
+            assert 0 <= pl.reuse_len <= len(prompt) - 1
+            assert content[pl.slot][: pl.reuse_len] == prompt[: pl.reuse_len]  # reuse only what is cached
+            if sid is not None:
+                assert t.sessions[sid] == pl.slot
+            busy[pl.slot] = prompt
+        elif busy:
+            slot = sorted(busy)[0]
+            ids = busy.pop(slot) + prompt[:2]
+            content[slot] = ids
+            t.release(slot, ids)
+        assert t.num_free == num_slots - len(busy)
+        assert len(set(t.sessions.values())) == len(t.sessions)  # one session per slot
+
+
+def test_common_prefix_len():
+    assert common_prefix_len([1, 2, 3], [1, 2, 4]) == 2
+    assert common_prefix_len([], [1]) == 0
+    assert common_prefix_len([1, 2], [1, 2]) == 2
