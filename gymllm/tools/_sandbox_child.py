@@ -1,0 +1,273 @@
+"""The child side of the sandbox: run as a script (``python -I -S -B _sandbox_child.py``), stdlib only.
+
+It reads a JSON spec from ``argv[1]``, then, in this order:
+
+1. joins a ``pids`` cgroup (when the parent made one) so a fork bomb hits ``pids.max``;
+2. sets rlimits: CPU seconds, address space, file size, open files, core dumps, and (for a non-root
+   user) process count;
+3. enters new user, mount, network and PID namespaces (``unshare``): no network interface but a
+   down loopback, the whole file system re-mounted read-only except the work dir, and no view of
+   the host's processes. The new user namespace holds no capabilities after ``exec``, so the code
+   cannot undo the read-only mounts;
+4. forks the namespace's init process (which dies with this launcher: ``PR_SET_PDEATHSIG``), which
+   either execs a program (``mode == "exec"``) or runs Python code in-process under an audit hook
+   (``mode == "python"``) that refuses writes outside the work dir, sockets, process creation and
+   ``ctypes`` (a second layer, and the only one where namespaces are unavailable).
+
+What took effect is written as JSON to the status fd, so the parent can report it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWNET = 0x40000000
+CLONE_NEWPID = 0x20000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
+_KEEP_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
+               "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME}
+PR_SET_PDEATHSIG = 1
+
+
+def _libc():
+    import ctypes
+
+    return ctypes, ctypes.CDLL(None, use_errno=True)
+
+
+def join_cgroup(path: str | None) -> bool:
+    if not path:
+        return False
+    try:
+        with open(os.path.join(path, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+        return True
+    except OSError:
+        return False
+
+
+def _count_user_processes(uid: int) -> int:
+    n = 0
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.stat(f"/proc/{name}").st_uid == uid:
+                    n += 1
+            except OSError:
+                pass
+    return n
+
+
+def set_limits(limits: dict) -> dict:
+    import resource
+
+    done = {}
+    table = {
+        "cpu_s": resource.RLIMIT_CPU,
+        "address_space_bytes": resource.RLIMIT_AS,
+        "file_size_bytes": resource.RLIMIT_FSIZE,
+        "open_files": resource.RLIMIT_NOFILE,
+        "core_bytes": resource.RLIMIT_CORE,
+    }
+    for key, res in table.items():
+        if limits.get(key) is not None:
+            try:
+                value = int(limits[key])
+                resource.setrlimit(res, (value, value))
+                done[key] = True
+            except (ValueError, OSError):
+                done[key] = False
+    if limits.get("processes") is not None and os.getuid() != 0:
+        # RLIMIT_NPROC counts every process of this user, and root is exempt from it.
+        n = int(limits["processes"]) + _count_user_processes(os.getuid())
+        try:
+            resource.setrlimit(resource.RLIMIT_NPROC, (n, n))
+            done["processes"] = True
+        except (ValueError, OSError):
+            done["processes"] = False
+    return done
+
+
+def _mountinfo() -> list[tuple[str, list[str]]]:
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            point = fields[4].encode().decode("unicode_escape")
+            out.append((point, fields[5].split(",")))
+    return out
+
+
+def isolate(workdir: str, *, net: bool, fs: bool, pid: bool) -> dict:
+    """Enter new namespaces; return which isolation layers took effect."""
+    status = {"net": False, "fs": False, "pid": False}
+    flags = CLONE_NEWUSER | (CLONE_NEWNET if net else 0) | (CLONE_NEWNS if fs else 0) | (CLONE_NEWPID if pid else 0)
+    if flags == CLONE_NEWUSER:
+        return status
+    try:
+        ctypes, libc = _libc()
+    except (ImportError, OSError):
+        return status
+    if libc.unshare(flags) != 0:
+        return status
+    status["net"], status["pid"] = net, pid
+    if not fs:
+        return status
+
+    def mount(src, tgt, flags):
+        return libc.mount(src and src.encode(), tgt.encode(), None, ctypes.c_ulong(flags), None) == 0
+
+    # Only ever touch mounts after unshare(CLONE_NEWNS) succeeded: these are private copies.
+    if not mount(None, "/", MS_REC | MS_PRIVATE) or not mount(workdir, workdir, MS_BIND | MS_REC):
+        return status
+    root_ok = False
+    for point, opts in _mountinfo():
+        if point == workdir or point.startswith(workdir.rstrip("/") + "/"):
+            continue
+        keep = 0
+        for o in opts:
+            keep |= _KEEP_FLAGS.get(o, 0)
+        ok = mount(None, point, MS_REMOUNT | MS_BIND | MS_RDONLY | keep)
+        if point == "/":
+            root_ok = ok
+    status["fs"] = root_ok
+    return status
+
+
+def _mount_proc() -> bool:
+    """In the new PID namespace, show only its own processes under /proc (best effort)."""
+    try:
+        ctypes, libc = _libc()
+        flags = ctypes.c_ulong(MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        return libc.mount(b"proc", b"/proc", b"proc", flags, None) == 0
+    except (ImportError, OSError):
+        return False
+
+
+# ---------------------------------------------------------------- python mode: the audit hook
+
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+_PROCESS_EVENTS = {"os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
+                   "subprocess.Popen", "pty.spawn"}
+_NET_EVENTS = {"socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo", "socket.sendto"}
+_PATH_EVENTS = {"os.remove": (0,), "os.rename": (0, 1), "os.mkdir": (0,), "os.rmdir": (0,),
+                "os.symlink": (1,), "os.link": (1,), "os.chmod": (0,), "os.chown": (0,),
+                "os.truncate": (0,), "os.utime": (0,), "shutil.rmtree": (0,), "shutil.copyfile": (1,),
+                "shutil.move": (1,), "os.mkfifo": (0,), "os.mknod": (0,)}
+
+
+def install_audit_hook(workdir: str, *, allow_subprocess: bool, allow_network: bool) -> None:
+    import threading
+
+    root = os.path.realpath(workdir)
+    state = threading.local()
+    realpath, join, getcwd = os.path.realpath, os.path.join, os.getcwd
+
+    def inside(path) -> bool:
+        if isinstance(path, int):
+            return True  # an already-open fd
+        if isinstance(path, bytes):
+            path = path.decode(errors="replace")
+        if not isinstance(path, str):
+            path = os.fspath(path)
+        full = realpath(join(getcwd(), path))
+        return full == root or full.startswith(root + os.sep)
+
+    def refuse(what: str, exc=PermissionError):
+        raise exc(f"sandbox: {what} is not allowed (only the work dir {root} is writable; no network; no new processes)")
+
+    def hook(event: str, args: tuple) -> None:
+        if getattr(state, "busy", False):
+            return
+        state.busy = True
+        try:
+            if event == "open":
+                path, mode, flags = (tuple(args) + (None, None))[:3]
+                writing = (isinstance(flags, int) and flags & _WRITE_FLAGS) or (
+                    isinstance(mode, str) and any(c in mode for c in "wax+"))
+                if writing and not inside(path):
+                    refuse(f"writing {path!r}")
+            elif event in _PATH_EVENTS:
+                for i in _PATH_EVENTS[event]:
+                    if i < len(args) and args[i] is not None and not inside(args[i]):
+                        refuse(f"{event} on {args[i]!r}")
+            elif event in _NET_EVENTS and not allow_network:
+                refuse(f"network access ({event})", OSError)
+            elif event in _PROCESS_EVENTS and not allow_subprocess:
+                refuse(f"starting a process ({event})")
+            elif event == "import" and args and args[0] in ("ctypes", "_ctypes"):
+                refuse("importing ctypes", ImportError)
+        finally:
+            state.busy = False
+
+    sys.addaudithook(hook)
+
+
+def run_python(code: str, spec: dict) -> int:
+    import traceback
+
+    for p in spec.get("extra_paths", []):
+        sys.path.append(p)
+    for name in [m for m in sys.modules if m in ("ctypes", "_ctypes") or m.startswith("ctypes.")]:
+        del sys.modules[name]  # the launcher used ctypes; the code must import it afresh (and be refused)
+    install_audit_hook(spec["workdir"], allow_subprocess=spec.get("allow_subprocess", False),
+                       allow_network=spec.get("network", False))
+    sys.argv = ["main.py"]
+    globs = {"__name__": "__main__", "__builtins__": __builtins__}
+    try:
+        exec(compile(code, "main.py", "exec"), globs)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException as e:  # noqa: BLE001 - report every error as a traceback on stderr
+        traceback.print_exception(type(e), e, e.__traceback__.tb_next)
+        return 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    return 0
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    workdir = spec["workdir"]
+    status = {"cgroup": join_cgroup(spec.get("cgroup"))}
+    status["limits"] = set_limits(spec.get("limits", {}))
+    iso = spec.get("isolate", {})
+    status.update(isolate(workdir, net=iso.get("net", True), fs=iso.get("fs", True), pid=iso.get("pid", True)))
+    fd = spec.get("status_fd")
+    if fd is not None:
+        os.write(fd, json.dumps(status).encode())
+        os.close(fd)
+    child = os.fork()
+    if child == 0:
+        try:
+            ctypes, libc = _libc()
+            libc.prctl(PR_SET_PDEATHSIG, 9)
+        except (ImportError, OSError):
+            pass
+        if status.get("pid") and status.get("fs"):
+            _mount_proc()
+        os.chdir(workdir)
+        if spec["mode"] == "python":
+            os._exit(run_python(spec["code"], spec))
+        env = spec.get("env") or {}
+        try:
+            os.execvpe(spec["argv"][0], spec["argv"], env)
+        except OSError as e:
+            sys.stderr.write(f"sandbox: cannot run {spec['argv'][0]!r}: {e}\n")
+            os._exit(127)
+    while True:
+        pid, st = os.waitpid(child, 0)
+        if pid == child:
+            break
+    os._exit(os.waitstatus_to_exitcode(st) if os.WIFEXITED(st) else 128 + os.WTERMSIG(st))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,351 @@
+"""A subprocess sandbox: a temporary work dir in which Python code or shell commands run isolated.
+
+Layers (each reported in :attr:`SandboxResult.isolation`, so a caller knows what took effect):
+
+- **kernel namespaces** (Linux, when user namespaces are allowed): no network (an empty network
+  namespace), the whole file system read-only except the work dir (a private mount namespace), no
+  view of or signals to host processes (a PID namespace whose death kills everything inside);
+- **rlimits**: CPU seconds, address space (memory bombs fail with ``MemoryError``), file size,
+  open files, core dumps, and process count (for a non-root user);
+- a **pids cgroup** with ``pids.max`` where the cgroup tree is writable (root is exempt from the
+  process-count rlimit, so this is the fork-bomb limit there);
+- a **Python audit hook** in Python mode: writes outside the work dir, sockets, new processes and
+  ``ctypes`` are refused even where namespaces are unavailable;
+- a **wall-clock timeout** that kills the whole process group, and stdout/stderr capped at
+  ``max_output_bytes`` each (the rest is drained and counted, never buffered).
+
+Usage::
+
+    with Sandbox(SandboxConfig(timeout_s=5)) as sb:
+        res = sb.run_python("print(2 + 2)")      # res.stdout == "4\\n"
+        res = sb.run_shell("ls -la && cat x.txt")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Mapping
+
+from gymllm.errors import ConfigError, ToolError, explain
+
+_CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_child.py")
+_COUNTER = itertools.count()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SandboxConfig:
+    """Limits of one sandbox run.
+
+    Attributes:
+        timeout_s: wall-clock limit per run; the process group is killed after it.
+        memory_mb: address-space limit of every process (``RLIMIT_AS``).
+        max_processes: process limit (pids cgroup, or ``RLIMIT_NPROC`` for a non-root user).
+        max_output_bytes: bytes kept of stdout and of stderr each.
+        max_file_mb: largest file a process may write (``RLIMIT_FSIZE``).
+        max_open_files: ``RLIMIT_NOFILE``.
+        network: allow network access (default False: an empty network namespace).
+        allow_subprocess: Python mode only: allow the code to start processes.
+        namespaces: use Linux namespaces where available (net, mount, pid).
+        extra_paths: directories appended to ``sys.path`` in Python mode (e.g. site-packages).
+    """
+
+    timeout_s: float = 10.0
+    memory_mb: int = 512
+    max_processes: int = 64
+    max_output_bytes: int = 8192
+    max_file_mb: int = 64
+    max_open_files: int = 256
+    network: bool = False
+    allow_subprocess: bool = False
+    namespaces: bool = True
+    extra_paths: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name, low in (("timeout_s", 0.0), ("memory_mb", 16), ("max_processes", 1), ("max_output_bytes", 1),
+                          ("max_file_mb", 1), ("max_open_files", 16)):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < low or (
+                    name == "timeout_s" and value == 0):
+                raise ConfigError(explain(f"SandboxConfig.{name}", expected=f"a number > {low}" if name == "timeout_s"
+                                          else f"a number >= {low}", received=value, fix=f"pass {name}= a larger value"))
+
+
+@dataclasses.dataclass
+class SandboxResult:
+    """What one run produced."""
+
+    stdout: str
+    stderr: str
+    exit_code: int
+    timed_out: bool
+    truncated: bool
+    duration_s: float
+    isolation: dict
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    def as_text(self) -> str:
+        """A compact text form for a tool observation: stdout, then stderr, then the status."""
+        parts = []
+        if self.stdout:
+            parts.append(self.stdout.rstrip("\n"))
+        if self.stderr:
+            parts.append("[stderr]\n" + self.stderr.rstrip("\n"))
+        if self.timed_out:
+            parts.append(f"[timed out after {self.duration_s:.1f}s]")
+        elif self.exit_code != 0:
+            parts.append(f"[exit code {self.exit_code}]")
+        return "\n".join(parts) if parts else "[no output]"
+
+
+class _CappedReader(threading.Thread):
+    """Reads a pipe to its end, keeping the first ``cap`` bytes and counting the rest."""
+
+    def __init__(self, pipe, cap: int):
+        super().__init__(daemon=True)
+        self.pipe, self.cap, self.kept, self.dropped = pipe, cap, bytearray(), 0
+
+    def run(self) -> None:
+        try:
+            while chunk := self.pipe.read1(65536) if hasattr(self.pipe, "read1") else self.pipe.read(65536):
+                room = self.cap - len(self.kept)
+                self.kept += chunk[:max(room, 0)]
+                self.dropped += max(len(chunk) - max(room, 0), 0)
+        except (OSError, ValueError):
+            pass
+
+    def text(self) -> str:
+        out = self.kept.decode("utf-8", errors="replace")
+        if self.dropped:
+            out += f"\n... [output truncated: {self.dropped} more bytes]"
+        return out
+
+
+def _cgroup_base() -> str | None:
+    base = "/sys/fs/cgroup/pids"  # cgroup v1 pids hierarchy
+    if os.path.isfile(os.path.join(base, "pids.max")) or os.path.isfile(os.path.join(base, "cgroup.procs")):
+        return base if os.access(base, os.W_OK) else None
+    return None
+
+
+def _make_cgroup(max_processes: int) -> str | None:
+    base = _cgroup_base()
+    if base is None:
+        return None
+    path = os.path.join(base, f"gymllm-sbx-{os.getpid()}-{next(_COUNTER)}")
+    try:
+        os.mkdir(path)
+        with open(os.path.join(path, "pids.max"), "w") as f:
+            f.write(str(max_processes))
+        return path
+    except OSError:
+        _remove_cgroup(path)
+        return None
+
+
+def _remove_cgroup(path: str | None) -> None:
+    if not path:
+        return
+    for _ in range(50):
+        try:
+            with open(os.path.join(path, "cgroup.procs")) as f:
+                pids = [int(x) for x in f.read().split()]
+        except OSError:
+            pids = []
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.02)
+
+
+def _shell_env(workdir: str) -> dict[str, str]:
+    bindir = os.path.dirname(sys.executable)
+    return {"PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir,
+            "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "TERM": "dumb"}
+
+
+class Sandbox:
+    """A temporary work dir (removed on :meth:`close`) in which code and commands run isolated.
+
+    Args:
+        config: limits; defaults to ``SandboxConfig()``.
+        files: ``{relative path: text}`` written into the work dir before any run.
+    """
+
+    def __init__(self, config: SandboxConfig | None = None, *, files: Mapping[str, str] | None = None):
+        self.config = config or SandboxConfig()
+        self.workdir = os.path.realpath(tempfile.mkdtemp(prefix="gymllm-sandbox-"))
+        self._closed = False
+        if files:
+            self.write_files(files)
+
+    # -- files (written by the trusted parent) --------------------------------------------
+    def _resolve(self, relpath: str) -> str:
+        full = os.path.realpath(os.path.join(self.workdir, relpath))
+        if not (full == self.workdir or full.startswith(self.workdir + os.sep)):
+            raise ToolError(explain("Sandbox file path", expected="a path inside the work dir",
+                                    received=relpath, fix="use a relative path without '..'"))
+        return full
+
+    def write_files(self, files: Mapping[str, str]) -> None:
+        for rel, text in files.items():
+            full = self._resolve(rel)
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            with open(full, "w") as f:
+                f.write(text)
+
+    def read_file(self, relpath: str) -> str:
+        with open(self._resolve(relpath)) as f:
+            return f.read()
+
+    # -- runs -------------------------------------------------------------------------------
+    def run_python(self, code: str, *, timeout_s: float | None = None, stdin: str | None = None) -> SandboxResult:
+        """Run Python source in a fresh isolated interpreter (stdlib + ``extra_paths``)."""
+        if not isinstance(code, str):
+            raise ToolError(explain("Sandbox.run_python code", expected="a str of Python source",
+                                    received=type(code).__name__, fix="pass the code as text"))
+        return self._run({"mode": "python", "code": code, "extra_paths": list(self.config.extra_paths),
+                          "allow_subprocess": self.config.allow_subprocess}, timeout_s, stdin)
+
+    def run_shell(self, command: str, *, timeout_s: float | None = None, stdin: str | None = None) -> SandboxResult:
+        """Run a ``bash -c`` command line in the work dir."""
+        if not isinstance(command, str):
+            raise ToolError(explain("Sandbox.run_shell command", expected="a str command line",
+                                    received=type(command).__name__, fix="pass the command as text"))
+        return self.run_argv(["bash", "-c", command], timeout_s=timeout_s, stdin=stdin)
+
+    def run_argv(self, argv: list[str], *, timeout_s: float | None = None, stdin: str | None = None) -> SandboxResult:
+        """Exec a program (looked up on a minimal PATH) in the work dir."""
+        return self._run({"mode": "exec", "argv": list(argv), "env": _shell_env(self.workdir)}, timeout_s, stdin)
+
+    async def arun_python(self, code: str, **kw) -> SandboxResult:
+        return await asyncio.to_thread(self.run_python, code, **kw)
+
+    async def arun_shell(self, command: str, **kw) -> SandboxResult:
+        return await asyncio.to_thread(self.run_shell, command, **kw)
+
+    def _spec(self, extra: dict, status_fd: int, cgroup: str | None) -> dict:
+        c = self.config
+        limits = {
+            "cpu_s": int(c.timeout_s) + 1,
+            "address_space_bytes": c.memory_mb * 2**20,
+            "file_size_bytes": c.max_file_mb * 2**20,
+            "open_files": c.max_open_files,
+            "core_bytes": 0,
+            "processes": c.max_processes,
+        }
+        iso = {"net": c.namespaces and not c.network, "fs": c.namespaces, "pid": c.namespaces}
+        return {"workdir": self.workdir, "limits": limits, "isolate": iso, "network": c.network,
+                "status_fd": status_fd, "cgroup": cgroup, **extra}
+
+    def _run(self, extra: dict, timeout_s: float | None, stdin: str | None) -> SandboxResult:
+        if self._closed:
+            raise ToolError(explain("Sandbox run", expected="an open sandbox", received="a closed one",
+                                    fix="create a new Sandbox"))
+        timeout = self.config.timeout_s if timeout_s is None else timeout_s
+        cgroup = _make_cgroup(self.config.max_processes)
+        r_fd, w_fd = os.pipe()
+        spec = self._spec(extra, w_fd, cgroup)
+        start = time.perf_counter()
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-B", _CHILD, json.dumps(spec)],
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=self.workdir,
+                env=_shell_env(self.workdir), pass_fds=(w_fd,), start_new_session=True)
+        except OSError as e:
+            os.close(r_fd)
+            os.close(w_fd)
+            _remove_cgroup(cgroup)
+            raise ToolError(f"sandbox could not start: {e}") from e
+        os.close(w_fd)
+        readers = [_CappedReader(proc.stdout, self.config.max_output_bytes),
+                   _CappedReader(proc.stderr, self.config.max_output_bytes)]
+        for r in readers:
+            r.start()
+        if stdin is not None:
+            try:
+                proc.stdin.write(stdin.encode())
+                proc.stdin.close()
+            except OSError:
+                pass
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        self._kill(proc)
+        _remove_cgroup(cgroup)
+        for r in readers:
+            r.join(timeout=2.0)
+        for pipe in (proc.stdout, proc.stderr):
+            pipe.close()
+        isolation = self._read_status(r_fd)
+        isolation["cgroup"] = isolation.get("cgroup", False)
+        return SandboxResult(stdout=readers[0].text(), stderr=readers[1].text(),
+                             exit_code=proc.returncode if not timed_out else -int(signal.SIGKILL),
+                             timed_out=timed_out, truncated=any(r.dropped for r in readers),
+                             duration_s=time.perf_counter() - start, isolation=isolation)
+
+    @staticmethod
+    def _kill(proc: subprocess.Popen) -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the launcher, the namespace init, and their group
+        except OSError:
+            pass
+        proc.wait()
+
+    @staticmethod
+    def _read_status(fd: int) -> dict:
+        try:
+            data = os.read(fd, 65536)
+        finally:
+            os.close(fd)
+        try:
+            return json.loads(data.decode()) if data else {}
+        except ValueError:
+            return {}
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - best effort at interpreter exit
+            pass
+
+
+def run_python(code: str, config: SandboxConfig | None = None, *, files: Mapping[str, str] | None = None) -> SandboxResult:
+    """Run Python source once in a fresh sandbox (work dir removed afterwards)."""
+    with Sandbox(config, files=files) as sb:
+        return sb.run_python(code)
