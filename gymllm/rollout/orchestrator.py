@@ -55,6 +55,16 @@ class GroupTimeoutError(GroupFailedError, TimeoutError):
 async def run_episode(slots: EnvSlots, engine: Any, episode: Episode, env_id: int) -> Episode:
     """Drive one trajectory to its end on env slot ``env_id`` (the coroutine-per-trajectory loop)."""
     key = episode.key
+    try:
+        return await _drive(slots, engine, episode, env_id)
+    finally:
+        end = getattr(engine, "end_session", None)
+        if end is not None:
+            end(key.trajectory_id)  # free the engine's cached prefix of this trajectory
+
+
+async def _drive(slots: EnvSlots, engine: Any, episode: Episode, env_id: int) -> Episode:
+    key = episode.key
     with span("rollout", track="rollout", trajectory=key.trajectory_id):
         t = time.perf_counter()
         with span("env_step", track=f"env/{env_id}", kind="reset"):
@@ -296,10 +306,9 @@ class RolloutOrchestrator:
 
     async def _release(self, group: Group) -> None:
         assert self._queue is not None
-        keep = True
+        keep = False
         try:
-            if self.group_filter is not None:
-                keep = bool(self.group_filter(group))
+            keep = True if self.group_filter is None else bool(self.group_filter(group))
         finally:
             self.staleness.finish(accepted=keep)
         self._notify()
