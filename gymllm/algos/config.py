@@ -1,0 +1,196 @@
+"""Frozen, keyword-only configs of the GRPO loss family, validated on creation, and the presets.
+
+One dataclass per component: :class:`AdvantageConfig`, :class:`PolicyLossConfig`,
+:class:`CorrectionConfig`, :class:`KLConfig`, :class:`ShapingConfig`, composed by :class:`LossConfig`.
+Presets: ``grpo`` (DeepSeekMath / Tunix-like), ``dapo``, ``dr_grpo``, ``gspo`` and ``async_agentic``
+(the default: train against the sampler with token TIS, eps 0.2/0.28, no KL, global token-mean).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterable
+
+from gymllm.errors import ConfigError, explain
+
+
+def check_choice(cls: str, field: str, value: Any, allowed: Iterable[Any]) -> None:
+    allowed = list(allowed)
+    if value not in allowed:
+        raise ConfigError(
+            explain(f"{cls}.{field}", expected=f"one of {allowed}", received=value, fix=f"set {field} to one of {allowed}")
+        )
+
+
+def check_range(cls: str, field: str, value: float, *, lo: float | None = None, hi: float | None = None,
+                lo_open: bool = False) -> None:
+    bad = (lo is not None and (value <= lo if lo_open else value < lo)) or (hi is not None and value > hi)
+    if bad or value != value:
+        op = ">" if lo_open else ">="
+        exp = " and ".join(x for x in (f"{op} {lo}" if lo is not None else "", f"<= {hi}" if hi is not None else "") if x)
+        raise ConfigError(explain(f"{cls}.{field}", expected=f"a number {exp}", received=value, fix=f"choose {field} {exp}"))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AdvantageConfig:
+    """estimator: grpo | dr_grpo | rloo | batch_std; ddof: 0 (population) or 1 (Bessel);
+    eps_placement: "std" (std + eps) or "var" (sqrt(var + eps))."""
+
+    estimator: str = "grpo"
+    ddof: int = 0
+    eps: float = 1e-6
+    eps_placement: str = "std"
+
+    def __post_init__(self) -> None:
+        from gymllm.algos.advantages import ESTIMATORS
+
+        check_choice("AdvantageConfig", "estimator", self.estimator, ESTIMATORS)
+        check_choice("AdvantageConfig", "ddof", self.ddof, (0, 1))
+        check_range("AdvantageConfig", "eps", self.eps, lo=0.0)
+        check_choice("AdvantageConfig", "eps_placement", self.eps_placement, ("std", "var"))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PolicyLossConfig:
+    """objective: ppo | cispo; ratio_level: token | sequence (GSPO); ratio_against: behaviour (the
+    sampler's logprobs mu) | proximal (the trainer's own logprobs at the step's start, decoupled PPO);
+    clip range [1 - eps_low, 1 + eps_high]; dual_clip: None or c > 1 (applies when A < 0)."""
+
+    objective: str = "ppo"
+    ratio_level: str = "token"
+    ratio_against: str = "behaviour"
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    dual_clip: float | None = None
+
+    def __post_init__(self) -> None:
+        check_choice("PolicyLossConfig", "objective", self.objective, ("ppo", "cispo"))
+        check_choice("PolicyLossConfig", "ratio_level", self.ratio_level, ("token", "sequence"))
+        check_choice("PolicyLossConfig", "ratio_against", self.ratio_against, ("behaviour", "proximal"))
+        check_range("PolicyLossConfig", "eps_low", self.eps_low, lo=0.0, hi=1.0)
+        check_range("PolicyLossConfig", "eps_high", self.eps_high, lo=0.0)
+        if self.dual_clip is not None:
+            check_range("PolicyLossConfig", "dual_clip", self.dual_clip, lo=1.0, lo_open=True)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CorrectionConfig:
+    """kinds: any of tis | mis | geo_mask (weights multiply); tis_cap C; mis range [mis_low, mis_high];
+    geometric sequence mask range [geo_low, geo_high]."""
+
+    kinds: tuple[str, ...] = ()
+    tis_cap: float = 2.0
+    mis_low: float = 0.5
+    mis_high: float = 2.0
+    geo_low: float = 0.99
+    geo_high: float = 1.01
+
+    def __post_init__(self) -> None:
+        for k in self.kinds:
+            check_choice("CorrectionConfig", "kinds", k, ("tis", "mis", "geo_mask"))
+        check_range("CorrectionConfig", "tis_cap", self.tis_cap, lo=0.0, lo_open=True)
+        check_range("CorrectionConfig", "mis_low", self.mis_low, lo=0.0, hi=self.mis_high)
+        check_range("CorrectionConfig", "geo_low", self.geo_low, lo=0.0, hi=self.geo_high)
+
+    def params(self) -> dict[str, float]:
+        return dict(cap=self.tis_cap, low=self.mis_low, high=self.mis_high, geo_low=self.geo_low, geo_high=self.geo_high)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class KLConfig:
+    """beta: 0 disables KL and the reference model entirely; estimator: k1 | k2 | k3;
+    placement: loss | reward."""
+
+    beta: float = 0.0
+    estimator: str = "k3"
+    placement: str = "loss"
+
+    def __post_init__(self) -> None:
+        check_range("KLConfig", "beta", self.beta, lo=0.0)
+        check_choice("KLConfig", "estimator", self.estimator, ("k1", "k2", "k3"))
+        check_choice("KLConfig", "placement", self.placement, ("loss", "reward"))
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.beta > 0.0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ShapingConfig:
+    """filter_zero_variance: drop groups whose rewards are all equal (counted, not trained);
+    overlong_buffer: DAPO soft overlong punishment over the last ``overlong_buffer`` tokens before
+    the rollout's max_tokens (0 = off)."""
+
+    filter_zero_variance: bool = False
+    overlong_buffer: int = 0
+
+    def __post_init__(self) -> None:
+        check_range("ShapingConfig", "overlong_buffer", self.overlong_buffer, lo=0)
+
+
+AGGREGATION_MODES = ("token_mean", "micro_token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "constant", "prompt_mean")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LossConfig:
+    """The whole loss: advantages, policy loss, corrections, KL, aggregation mode, shaping and an
+    optional entropy bonus (``entropy_coef`` > 0 rewards entropy)."""
+
+    advantage: AdvantageConfig = dataclasses.field(default_factory=AdvantageConfig)
+    policy: PolicyLossConfig = dataclasses.field(default_factory=PolicyLossConfig)
+    correction: CorrectionConfig = dataclasses.field(default_factory=CorrectionConfig)
+    kl: KLConfig = dataclasses.field(default_factory=KLConfig)
+    shaping: ShapingConfig = dataclasses.field(default_factory=ShapingConfig)
+    aggregation: str = "token_mean"
+    entropy_coef: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name, typ in (("advantage", AdvantageConfig), ("policy", PolicyLossConfig), ("correction", CorrectionConfig),
+                          ("kl", KLConfig), ("shaping", ShapingConfig)):
+            if not isinstance(getattr(self, name), typ):
+                raise ConfigError(explain(f"LossConfig.{name}", expected=f"a {typ.__name__}",
+                                          received=getattr(self, name), fix=f"pass {name}={typ.__name__}(...)"))
+        check_choice("LossConfig", "aggregation", self.aggregation, AGGREGATION_MODES)
+        check_range("LossConfig", "entropy_coef", self.entropy_coef, lo=0.0)
+
+
+def grpo() -> LossConfig:
+    """DeepSeekMath / Tunix-like GRPO: group z-score, clip 0.2, seq-mean-token-mean, k3 KL in the loss, beta 0.04."""
+    return LossConfig(advantage=AdvantageConfig(estimator="grpo", ddof=0, eps=1e-6),
+                      policy=PolicyLossConfig(eps_low=0.2, eps_high=0.2),
+                      kl=KLConfig(beta=0.04, estimator="k3", placement="loss"),
+                      aggregation="seq_mean_token_mean")
+
+
+def dapo() -> LossConfig:
+    """DAPO: clip-higher 0.2/0.28, global token-mean, no KL, zero-variance groups filtered."""
+    return LossConfig(policy=PolicyLossConfig(eps_low=0.2, eps_high=0.28),
+                      shaping=ShapingConfig(filter_zero_variance=True), aggregation="token_mean")
+
+
+def dr_grpo() -> LossConfig:
+    """Dr. GRPO: centred rewards (no std), token sums divided by the constant N_seq * L_max."""
+    return LossConfig(advantage=AdvantageConfig(estimator="dr_grpo"), policy=PolicyLossConfig(eps_low=0.2, eps_high=0.2),
+                      aggregation="constant")
+
+
+def gspo() -> LossConfig:
+    """GSPO: sequence-level ratio, clip 3e-4 / 4e-4, per-sequence aggregation."""
+    return LossConfig(policy=PolicyLossConfig(ratio_level="sequence", eps_low=3e-4, eps_high=4e-4),
+                      aggregation="seq_mean_token_mean")
+
+
+def async_agentic() -> LossConfig:
+    """Async agentic default: ratio against the trainer's own (proximal) logprobs with token TIS (C = 2)
+    against the sampler, clip 0.2/0.28, no KL, global token-mean, zero-variance groups filtered."""
+    return LossConfig(policy=PolicyLossConfig(ratio_against="proximal", eps_low=0.2, eps_high=0.28),
+                      correction=CorrectionConfig(kinds=("tis",), tis_cap=2.0),
+                      shaping=ShapingConfig(filter_zero_variance=True), aggregation="token_mean")
+
+
+PRESETS = {"grpo": grpo, "dapo": dapo, "dr_grpo": dr_grpo, "gspo": gspo, "async_agentic": async_agentic}
+
+
+def loss_preset(name: str) -> LossConfig:
+    check_choice("loss preset", "name", name, PRESETS)
+    return PRESETS[name]()
