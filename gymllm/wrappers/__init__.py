@@ -10,12 +10,29 @@ from typing import Any
 
 _LAZY: dict[str, str] = {
     # "PublicName": "gymllm.wrappers.module",
+    "ToolUse": "gymllm.wrappers.tool_use",
     "TrajectoryLogger": "gymllm.wrappers.trajectory_logger",
     "TrajectoryLoggerConfig": "gymllm.wrappers.trajectory_logger",
     "read_log": "gymllm.wrappers.trajectory_logger",
     "read_tokens": "gymllm.wrappers.trajectory_logger",
     "replay": "gymllm.wrappers.replay",
     "ReplayReport": "gymllm.wrappers.replay",
+    "RecordEpisodeStatistics": "gymllm.wrappers.episode_statistics",
+    "RecordVectorEpisodeStatistics": "gymllm.wrappers.episode_statistics",
+    "EpisodeStatisticsConfig": "gymllm.wrappers.episode_statistics",
+    "Limits": "gymllm.wrappers.limits",
+    "LimitsConfig": "gymllm.wrappers.limits",
+    "TurnLimit": "gymllm.wrappers.limits",
+    "TimeLimit": "gymllm.wrappers.limits",
+    "RewardTransform": "gymllm.wrappers.rewards",
+    "RewardTransformConfig": "gymllm.wrappers.rewards",
+    "TransformReward": "gymllm.wrappers.rewards",
+    "TextAECEnv": "gymllm.wrappers.multi_agent",
+    "TextParallelEnv": "gymllm.wrappers.multi_agent",
+    "MultiAgentConfig": "gymllm.wrappers.multi_agent",
+    "SingleAgentView": "gymllm.wrappers.multi_agent",
+    "AgentVectorEnv": "gymllm.wrappers.multi_agent",
+    "text_api_test": "gymllm.wrappers.multi_agent",
 }
 
 
