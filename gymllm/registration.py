@@ -27,7 +27,7 @@ from gymllm.errors import ConfigError, explain
 __all__ = ["NAMESPACE", "register", "make", "make_vec", "registered_ids", "full_id"]
 
 NAMESPACE = "gymllm"
-_VECTOR_KEYS = ("autoreset_mode", "backend", "max_concurrency", "step_timeout", "on_error", "mp_context")
+_VECTOR_KEYS = ("autoreset_mode", "backend", "max_concurrency", "step_timeout", "on_error", "mp_context", "inline_below_s")
 
 
 def full_id(env_id: str) -> str:
