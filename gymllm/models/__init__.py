@@ -1,1 +1,40 @@
-"""gymllm.models"""
+"""gymllm.models: Flax NNX LLMs (Llama, Qwen2, Qwen3, Gemma 3), loaders, tokenizer bundle.
+
+Public names are imported lazily (JAX loads only when a model name is first used):
+
+    from gymllm.models import load, make_tiny, token_logprobs
+    lm = make_tiny("qwen3")                       # LoadedModel(model, tokenizer, config)
+    logits, cache = lm.model(tokens, positions, cache=lm.model.init_cache(B, S))
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "ModelConfig": "gymllm.models.config",
+    "FAMILIES": "gymllm.models.config",
+    "Transformer": "gymllm.models.transformer",
+    "forward": "gymllm.models.transformer",
+    "param_shapes": "gymllm.models.transformer",
+    "KVCache": "gymllm.models.cache",
+    "token_logprobs": "gymllm.models.logprobs",
+    "TokenizerBundle": "gymllm.models.tokenizer",
+    "LoadedModel": "gymllm.models.loaded",
+    "make_tiny": "gymllm.models.tiny",
+    "tiny_config": "gymllm.models.tiny",
+    "tiny_tokenizer": "gymllm.models.tiny",
+    "CHATML_TOOLS_TEMPLATE": "gymllm.models.chat_templates",
+    "render_chat_template": "gymllm.models.chat_templates",
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'gymllm.models' has no attribute {name!r}")

@@ -1,0 +1,34 @@
+"""The KV cache: a plain pytree of two arrays, so engines can slice, stack and donate it.
+
+``k`` and ``v`` are ``[L, B, S, K, D]`` (layers, batch rows, cache slots, kv heads, head dim).
+The batch row is axis 1 of both leaves, so ``jax.tree.map(lambda x: x[:, i], cache)`` takes row i
+and ``jax.tree.map(lambda c, r: c.at[:, i].set(r), cache, row)`` writes it back.
+A token's k/v are written at slot == its position; see :mod:`gymllm.models.transformer`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+class KVCache(NamedTuple):
+    k: jax.Array  # [L, B, S, K, D]
+    v: jax.Array  # [L, B, S, K, D]
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[2]
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
+
+def init_cache(num_layers: int, batch: int, max_len: int, num_kv_heads: int, head_dim: int,
+               dtype=jnp.float32) -> KVCache:
+    """A zeroed cache of ``max_len`` slots per row."""
+    shape = (num_layers, batch, max_len, num_kv_heads, head_dim)
+    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))

@@ -1,0 +1,94 @@
+"""Pure building blocks of the transformer: RMSNorm, RoPE, grouped-query attention, gated MLP.
+
+All functions are pure JAX (no module state), so they compose under ``jit``/``scan``/``grad``.
+Shapes: B batch, T query tokens, S key tokens (T, or the cache length), H query heads,
+K kv heads, G = H // K, D head dim, E hidden size, F MLP size.
+Normalisation statistics, attention scores and softmax are float32 whatever the weight dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_NEG_INF = -1e30
+
+
+def rms_norm(x: jax.Array, w: jax.Array, eps: float, plus_one: bool) -> jax.Array:
+    """RMSNorm over the last axis; Gemma scales by ``1 + w``, the others by ``w`` (HF semantics)."""
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    if plus_one:
+        return (xf * (1.0 + w.astype(jnp.float32))).astype(x.dtype)
+    return w * xf.astype(x.dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict) -> np.ndarray:
+    """RoPE inverse frequencies [D/2] (float32) with Hugging Face's ``linear`` / ``llama3`` scaling."""
+    inv = 1.0 / (np.float32(theta) ** (np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)))
+    kind = scaling.get("rope_type", "default")
+    if kind == "linear":
+        inv = inv / np.float32(scaling["factor"])
+    elif kind == "llama3":
+        factor, lo, hi = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv
+        scaled = np.where(wavelen > old / lo, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old / hi) & ~(wavelen > old / lo)
+        inv = np.where(medium, smoothed, scaled)
+    return inv.astype(np.float32)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
+    """Rotate-half RoPE. x [B, T, N, D], positions [B, T], inv_freq [D/2] -> [B, T, N, D]."""
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]  # [B, T, 1, D]
+    cos, sin = jnp.cos(emb).astype(x.dtype), jnp.sin(emb).astype(x.dtype)
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    return x * cos + rotated * sin
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, scale: float,
+              softcap: float = 0.0) -> jax.Array:
+    """Grouped-query attention. q [B, T, H, D], k/v [B, S, K, D], mask [B, T, S] -> [B, T, H*D]."""
+    b, t, h, d = q.shape
+    kh = k.shape[2]
+    qg = q.reshape(b, t, kh, h // kh, d)  # [B, T, K, G, D]
+    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
+    if softcap:
+        scores = softcap * jnp.tanh(scores / softcap)
+    scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)  # [B, K, G, T, S]
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)  # [B, T, K, G, D]
+    return out.reshape(b, t, h * d)
+
+
+def causal_mask(positions: jax.Array, segment_ids: jax.Array | None, window: jax.Array) -> jax.Array:
+    """Full-forward mask [B, T, T]: key index <= query index, same segment, inside the window."""
+    t = positions.shape[1]
+    idx = jnp.arange(t)
+    mask = (idx[None, :] <= idx[:, None])[None]  # [1, T, T]
+    if segment_ids is not None:
+        mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
+    dist = positions[:, :, None] - positions[:, None, :]  # [B, T, T]
+    return mask & (dist < window)
+
+
+def cache_mask(positions: jax.Array, cache_len: int, window: jax.Array) -> jax.Array:
+    """Cached-forward mask [B, T, S]: cache index <= query position and > position - window."""
+    idx = jnp.arange(cache_len)[None, None, :]
+    pos = positions[:, :, None]
+    return (idx <= pos) & (pos - idx < window)
+
+
+def gated_mlp(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array, activation: str) -> jax.Array:
+    """act(x @ w_gate) * (x @ w_up) @ w_down. x [B, T, E], w_gate/w_up [E, F], w_down [F, E]."""
+    gate = x @ w_gate
+    act = jax.nn.silu(gate) if activation == "silu" else jax.nn.gelu(gate, approximate=True)
+    return (act * (x @ w_up)) @ w_down

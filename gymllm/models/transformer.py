@@ -1,0 +1,221 @@
+"""The decoder-only transformer in Flax NNX, one code path for every family in ``ModelConfig``.
+
+Per-layer weights are stacked on a leading layer axis ([L, ...]) and the forward runs the layers
+with ``jax.lax.scan``: one compiled layer body whatever the depth (fast compiles, same speed).
+Matrices are stored ``[in, out]`` (``x @ w``); loaders transpose Hugging Face's ``[out, in]``.
+
+``model(tokens [B, T], positions [B, T], *, segment_ids=None, cache=None)`` returns
+``(logits [B, T, V] float32, new_cache_or_None)``:
+
+* without a cache, token t attends to tokens t' <= t (by index) of the same segment
+  (``segment_ids`` [B, T], for packed rows) within the sliding window (by position);
+* with a cache (``model.init_cache``) the k/v of each token are written at slot == its position
+  (positions >= the cache length are dropped) and a query at position p attends to slots
+  ``p - window < s <= p``. Right padding with increasing positions is therefore safe.
+
+The call is jitted internally (static config), so eager calls are fast after the first; calling
+it inside your own ``jit`` (e.g. after ``nnx.merge``) simply inlines it.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from gymllm.models.cache import KVCache, init_cache
+from gymllm.models.config import ModelConfig
+from gymllm.models.layers import apply_rope, attention, cache_mask, causal_mask, gated_mlp, rms_norm, rope_inv_freq
+
+_GLOBAL_WINDOW = 1 << 30
+
+
+def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter's shape, keyed by its path (``"layers.wq"``, ``"embed"``...)."""
+    e, f, l, v = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.vocab_size
+    d, h, k = cfg.resolved_head_dim, cfg.num_heads, cfg.num_kv_heads
+    shapes: dict[str, tuple[int, ...]] = {"embed": (v, e), "final_norm": (e,)}
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head"] = (e, v)
+    layer = {
+        "attn_norm": (e,), "wq": (e, h * d), "wk": (e, k * d), "wv": (e, k * d), "wo": (h * d, e),
+        "mlp_norm": (e,), "w_gate": (e, f), "w_up": (e, f), "w_down": (f, e),
+    }
+    if cfg.attention_bias:
+        layer.update(bq=(h * d,), bk=(k * d,), bv=(k * d,))
+    if cfg.qk_norm:
+        layer.update(q_norm=(d,), k_norm=(d,))
+    if cfg.post_norms:
+        layer.update(post_attn_norm=(e,), post_mlp_norm=(e,))
+    shapes.update({f"layers.{n}": (l, *s) for n, s in layer.items()})
+    return shapes
+
+
+def _is_norm(name: str) -> bool:
+    return name.endswith("norm")
+
+
+def init_params(cfg: ModelConfig, seed: int | jax.Array = 0, dtype=jnp.float32, *, std: float = 0.02,
+                norm_noise: float = 0.0) -> dict[str, jax.Array]:
+    """Random parameters: normal(0, std) matrices, norms at identity (+ ``norm_noise``), biases zero
+    (or normal(0, std) when ``norm_noise`` > 0). Drawn with a per-call NumPy generator (fast: no
+    per-shape compilation); ``seed`` may be an int or a JAX key."""
+    if not isinstance(seed, int):
+        seed = int(jax.random.bits(seed, dtype=jnp.uint32))
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape in sorted(param_shapes(cfg).items()):
+        if _is_norm(name):
+            value = (0.0 if cfg.norm_plus_one else 1.0) + norm_noise * rng.standard_normal(shape)
+        elif name.startswith("layers.b") and not norm_noise:
+            value = np.zeros(shape)
+        else:
+            value = std * rng.standard_normal(shape)
+        out[name] = jnp.asarray(value.astype(np.float32), dtype=dtype)
+    return out
+
+
+class Blocks(nnx.Module):
+    """All decoder layers' weights, stacked on a leading [L] axis."""
+
+    def __init__(self, params: dict[str, jax.Array]):
+        for name, value in params.items():
+            setattr(self, name, nnx.Param(value))
+
+    def arrays(self) -> dict[str, jax.Array]:
+        return {n: v[...] for n, v in vars(self).items() if isinstance(v, nnx.Param)}
+
+
+class Transformer(nnx.Module):
+    """A decoder-only LM. Build random with ``Transformer(cfg, rngs=nnx.Rngs(0))`` or from weights
+    with :meth:`from_params`."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs | None = None, dtype=jnp.float32,
+                 params: dict[str, jax.Array] | None = None):
+        self.config = config
+        if params is None:
+            key = rngs.params() if rngs is not None else jax.random.key(0)
+            params = init_params(config, key, dtype)
+        _check_params(config, params)
+        self.embed = nnx.Param(params["embed"])
+        self.final_norm = nnx.Param(params["final_norm"])
+        self.lm_head = nnx.Param(params["lm_head"]) if "lm_head" in params else None
+        self.layers = Blocks({n.split(".", 1)[1]: v for n, v in params.items() if n.startswith("layers.")})
+
+    @classmethod
+    def from_params(cls, config: ModelConfig, params: dict[str, Any], dtype=None) -> "Transformer":
+        """Wrap flat ``{"layers.wq": array, ...}`` weights (cast to ``dtype`` when given)."""
+        cast = {n: jnp.asarray(v, dtype=dtype) for n, v in params.items()}
+        return cls(config, params=cast)
+
+    # ----- accessors -----
+    @property
+    def dtype(self):
+        return self.embed[...].dtype
+
+    def flat_params(self) -> dict[str, jax.Array]:
+        """Flat ``{"layers.wq": array, ...}`` view of the weights (the loaders' and writers' format)."""
+        out = {"embed": self.embed[...], "final_norm": self.final_norm[...]}
+        if self.lm_head is not None:
+            out["lm_head"] = self.lm_head[...]
+        out.update({f"layers.{n}": v for n, v in self.layers.arrays().items()})
+        return out
+
+    def init_cache(self, batch: int, max_len: int, dtype=None) -> KVCache:
+        cfg = self.config
+        return init_cache(cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.resolved_head_dim,
+                          dtype or self.dtype)
+
+    # ----- forward -----
+    def __call__(self, tokens: jax.Array, positions: jax.Array, *, segment_ids: jax.Array | None = None,
+                 cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+        return forward(self.config, self.flat_params(), jnp.asarray(tokens, jnp.int32),
+                       jnp.asarray(positions, jnp.int32),
+                       None if segment_ids is None else jnp.asarray(segment_ids, jnp.int32), cache)
+
+
+def _check_params(cfg: ModelConfig, params: dict[str, Any]) -> None:
+    from gymllm.errors import ModelLoadError, explain
+
+    want = param_shapes(cfg)
+    missing, unexpected = sorted(set(want) - set(params)), sorted(set(params) - set(want))
+    wrong = sorted(n for n in set(want) & set(params) if tuple(params[n].shape) != want[n])
+    if missing or unexpected or wrong:
+        got = {"missing": missing, "unexpected": unexpected,
+               "wrong_shape": {n: (tuple(params[n].shape), want[n]) for n in wrong}}
+        raise ModelLoadError(explain("Transformer parameters", expected="exactly the tensors of param_shapes(config)",
+                                     received=got, fix="check the checkpoint matches the config (family, sizes)"))
+
+
+def _layer_tables(cfg: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Per-layer RoPE inverse frequencies [L, D/2] and attention windows [L]."""
+    d = cfg.resolved_head_dim
+    glob = rope_inv_freq(d, cfg.rope_theta, cfg.rope_scaling_dict)
+    local = rope_inv_freq(d, cfg.rope_local_theta or cfg.rope_theta, {}) if cfg.rope_local_theta else glob
+    types = cfg.resolved_layer_types
+    inv = np.stack([local if t == "sliding_attention" else glob for t in types])
+    win = np.array([cfg.sliding_window if t == "sliding_attention" else _GLOBAL_WINDOW for t in types], np.int32)
+    return inv, win
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, positions: jax.Array,
+            segment_ids: jax.Array | None = None, cache: KVCache | None = None
+            ) -> tuple[jax.Array, KVCache | None]:
+    """Pure forward over flat params (see the module docstring for the masking contract)."""
+    b, t = tokens.shape
+    h, k, d = cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
+    eps, plus_one = cfg.rms_norm_eps, cfg.norm_plus_one
+    embed = params["embed"]
+    x = embed[tokens]  # [B, T, E]
+    if cfg.embed_scale:
+        x = x * jnp.asarray(math.sqrt(cfg.hidden_size), x.dtype)
+    inv_freq, windows = _layer_tables(cfg)
+    layer_params = {n.split(".", 1)[1]: v for n, v in params.items() if n.startswith("layers.")}
+    rows = jnp.arange(b)[:, None]  # [B, 1]
+
+    def layer(carry, xs):
+        x, kc, vc = carry
+        lw, inv_l, win_l, i = xs
+        hdn = rms_norm(x, lw["attn_norm"], eps, plus_one)
+        q, kk, vv = hdn @ lw["wq"], hdn @ lw["wk"], hdn @ lw["wv"]
+        if cfg.attention_bias:
+            q, kk, vv = q + lw["bq"], kk + lw["bk"], vv + lw["bv"]
+        q, kk, vv = q.reshape(b, t, h, d), kk.reshape(b, t, k, d), vv.reshape(b, t, k, d)
+        if cfg.qk_norm:
+            q, kk = rms_norm(q, lw["q_norm"], eps, plus_one), rms_norm(kk, lw["k_norm"], eps, plus_one)
+        q, kk = apply_rope(q, positions, inv_l), apply_rope(kk, positions, inv_l)
+        if kc is None:
+            mask = causal_mask(positions, segment_ids, win_l)  # [B, T, T]
+            keys, values = kk, vv
+        else:
+            kc = kc.at[i, rows, positions].set(kk.astype(kc.dtype), mode="drop")  # [L, B, S, K, D]
+            vc = vc.at[i, rows, positions].set(vv.astype(vc.dtype), mode="drop")
+            keys, values = kc[i].astype(q.dtype), vc[i].astype(q.dtype)  # [B, S, K, D]
+            mask = cache_mask(positions, kc.shape[2], win_l)  # [B, T, S]
+        out = attention(q, keys, values, mask, scale=cfg.attn_scale, softcap=cfg.attn_logit_softcap) @ lw["wo"]
+        if cfg.post_norms:
+            out = rms_norm(out, lw["post_attn_norm"], eps, plus_one)
+        x = x + out
+        hdn = rms_norm(x, lw["mlp_norm"], eps, plus_one)
+        out = gated_mlp(hdn, lw["w_gate"], lw["w_up"], lw["w_down"], cfg.activation)
+        if cfg.post_norms:
+            out = rms_norm(out, lw["post_mlp_norm"], eps, plus_one)
+        return (x + out, kc, vc), None
+
+    kc, vc = (None, None) if cache is None else (cache.k, cache.v)
+    xs = (layer_params, jnp.asarray(inv_freq), jnp.asarray(windows), jnp.arange(cfg.num_layers))
+    (x, kc, vc), _ = jax.lax.scan(layer, (x, kc, vc), xs)
+    x = rms_norm(x, params["final_norm"], eps, plus_one)
+    if "lm_head" in params:
+        logits = jnp.einsum("bte,ev->btv", x, params["lm_head"], preferred_element_type=jnp.float32)
+    else:
+        logits = jnp.einsum("bte,ve->btv", x, embed, preferred_element_type=jnp.float32)
+    if cfg.final_logit_softcap:
+        logits = cfg.final_logit_softcap * jnp.tanh(logits / cfg.final_logit_softcap)
+    return logits, (None if cache is None else KVCache(kc, vc))

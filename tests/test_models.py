@@ -1,0 +1,231 @@
+"""Model contract: cached decoding == full forward, packing, log-probs, config errors, tiny tokenizer
+and chat template. Oracles: the full forward (for the cache), separate rows (for packing), a NumPy
+log-softmax (for token_logprobs)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gymllm.errors import ConfigError, ModelLoadError
+from gymllm.models import FAMILIES, ModelConfig, Transformer, make_tiny, token_logprobs
+from gymllm.models.tiny import tiny_config
+
+T = 12
+
+
+def tiny_model(family: str, seed: int = 0, **kw):
+    """The one tiny shape per family used across model tests (so jit compiles are shared)."""
+    extra = dict(num_layers=4, sliding_window=5) if family == "gemma3" else dict(num_layers=3)
+    return make_tiny(family, seed=seed, **extra, **kw)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def tiny(request):
+    return tiny_model(request.param)
+
+
+def _tokens(seed: int, b: int, t: int, v: int) -> jnp.ndarray:
+    return jnp.asarray(np.random.default_rng(seed).integers(0, v, (b, t)), jnp.int32)
+
+
+def _pos(b: int, t: int, start: int = 0) -> jnp.ndarray:
+    return jnp.broadcast_to(jnp.arange(start, start + t, dtype=jnp.int32), (b, t))
+
+
+def test_forward_shapes_and_dtype(tiny):
+    toks = _tokens(0, 2, T, tiny.config.vocab_size)
+    logits, cache = tiny.model(toks, _pos(2, T))
+    assert logits.shape == (2, T, tiny.config.vocab_size) and logits.dtype == jnp.float32 and cache is None
+    assert np.isfinite(np.asarray(logits)).all()
+
+
+def test_cached_decoding_equals_full_forward(tiny):
+    """Prefill 5 tokens (right-padded to T), then decode one at a time: same logits as one full
+    forward. Rows have different prompt lengths, so padding slots get overwritten before use."""
+    toks = _tokens(1, 2, T, tiny.config.vocab_size)
+    full, _ = tiny.model(toks, _pos(2, T))
+    lengths = np.array([5, 8])
+    cache = tiny.model.init_cache(2, 16)
+    prompt = jnp.where(jnp.arange(T)[None] < lengths[:, None], toks, 0)  # pads carry token 0
+    first, cache = tiny.model(prompt, _pos(2, T), cache=cache)
+    for row, n in enumerate(lengths):
+        np.testing.assert_allclose(np.asarray(first[row, :n]), np.asarray(full[row, :n]), atol=2e-5, rtol=1e-5)
+    got = {0: [], 1: []}
+    for step in range(T - lengths.max()):
+        pos = jnp.asarray(lengths + step, jnp.int32)[:, None]  # [2, 1]
+        out, cache = tiny.model(jnp.take_along_axis(toks, pos, 1), pos, cache=cache)
+        for row in range(2):
+            got[row].append(np.asarray(out[row, 0]))
+    for row, n in enumerate(lengths):
+        want = np.asarray(full[row, n : n + len(got[row])])
+        np.testing.assert_allclose(np.stack(got[row]), want, atol=2e-5, rtol=1e-5)
+
+
+def test_packed_segments_equal_separate_rows(tiny):
+    """Two sequences packed in one row with segment ids == each run alone in its own row."""
+    v = tiny.config.vocab_size
+    a, b = _tokens(3, 1, 5, v)[0], _tokens(4, 1, 7, v)[0]
+    packed = jnp.stack([jnp.concatenate([a, b])] * 2)
+    pos = jnp.stack([jnp.concatenate([jnp.arange(5), jnp.arange(7)])] * 2).astype(jnp.int32)
+    seg = jnp.asarray([[1] * 5 + [2] * 7] * 2, jnp.int32)
+    out, _ = tiny.model(packed, pos, segment_ids=seg)
+    alone = jnp.stack([jnp.pad(a, (0, 7)), jnp.pad(b, (0, 5))])
+    ref, _ = tiny.model(alone, _pos(2, T))
+    np.testing.assert_allclose(np.asarray(out[0, :5]), np.asarray(ref[0, :5]), atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(out[0, 5:]), np.asarray(ref[1, :7]), atol=2e-5, rtol=1e-5)
+
+
+_GEMMA_CACHE: list = []
+
+
+def _gemma():
+    if not _GEMMA_CACHE:
+        _GEMMA_CACHE.append(make_tiny("gemma3", num_layers=4, sliding_window=3, seed=3))
+    return _GEMMA_CACHE[0]
+
+
+CHUNK = 4
+
+
+@settings(max_examples=25, deadline=None)
+@given(split=st.integers(1, T - 1), chunk=st.integers(1, CHUNK), seed=st.integers(0, 1000))
+def test_chunked_prefill_equals_full_forward(split, chunk, seed):
+    """Prefill ``split`` tokens, then chunks of ``chunk`` tokens (each right-padded to a fixed
+    CHUNK so shapes, hence compiles, are shared). Sliding windows + local/global RoPE (Gemma 3)."""
+    lm = _gemma()
+    toks = _tokens(seed, 1, T + CHUNK, lm.config.vocab_size)
+    full, _ = lm.model(toks[:, :T], _pos(1, T))
+    cache = lm.model.init_cache(1, T)  # pad positions >= T are dropped
+    out, cache = lm.model(toks[:, :T], _pos(1, T), cache=cache)  # valid up to split
+    outs = [np.asarray(out[0, :split])]
+    for s in range(split, T, chunk):
+        n = min(chunk, T - s)
+        out, cache = lm.model(toks[:, s : s + CHUNK], _pos(1, CHUNK, s), cache=cache)
+        outs.append(np.asarray(out[0, :n]))
+    np.testing.assert_allclose(np.concatenate(outs), np.asarray(full[0]), atol=2e-5, rtol=1e-5)
+
+
+def test_bf16_forward_close_to_fp32():
+    lm32 = tiny_model("llama", seed=5)
+    lm16 = tiny_model("llama", seed=5, dtype=jnp.bfloat16)
+    toks = _tokens(5, 2, T, lm32.config.vocab_size)
+    l32, _ = lm32.model(toks, _pos(2, T))
+    l16, _ = lm16.model(toks, _pos(2, T))
+    assert l16.dtype == jnp.float32
+    assert float(jnp.max(jnp.abs(l32 - l16))) < 0.05 * float(jnp.max(jnp.abs(l32)))
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), temperature=st.sampled_from([0.3, 1.0, 1.7]))
+def test_token_logprobs_matches_numpy(seed, temperature):
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(2, 3, 11)).astype(np.float32) * 4
+    targets = rng.integers(0, 11, (2, 3))
+    z = logits / temperature
+    ref = z - z.max(-1, keepdims=True)
+    ref = ref - np.log(np.exp(ref).sum(-1, keepdims=True))
+    ref = np.take_along_axis(ref, targets[..., None], -1)[..., 0]
+    got = token_logprobs(jnp.asarray(logits), jnp.asarray(targets), temperature)
+    assert got.dtype == jnp.float32 and got.shape == (2, 3)
+    np.testing.assert_allclose(np.asarray(got), ref, atol=1e-5)
+
+
+def test_split_merge_roundtrip_under_jit():
+    from flax import nnx
+
+    lm = tiny_model("qwen2")
+    graphdef, state = nnx.split(lm.model)
+    toks = _tokens(6, 2, T, lm.config.vocab_size)
+
+    @jax.jit
+    def f(state, toks):
+        return nnx.merge(graphdef, state)(toks, _pos(2, T))[0]
+
+    np.testing.assert_allclose(np.asarray(f(state, toks)), np.asarray(lm.model(toks, _pos(2, T))[0]), atol=1e-6)
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ConfigError, match="family"):
+        ModelConfig(family="gpt2", vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=2,
+                    num_kv_heads=1)
+    with pytest.raises(ConfigError, match="num_kv_heads"):
+        tiny_config("llama", num_heads=4, num_kv_heads=3)
+    with pytest.raises(ConfigError, match="sliding_window"):
+        tiny_config("llama", layer_types=("sliding_attention", "full_attention"))
+    with pytest.raises(ModelLoadError, match="missing"):
+        cfg = tiny_config("llama")
+        Transformer(cfg, params={"embed": jnp.zeros((cfg.vocab_size, cfg.hidden_size))})
+
+
+def test_hf_config_roundtrip():
+    for fam in FAMILIES:
+        cfg = tiny_config(fam)
+        assert ModelConfig.from_hf(cfg.to_hf()) == cfg.replace(head_dim=cfg.resolved_head_dim)
+
+
+# ----- tokenizer bundle and chat template of the tiny models -----
+
+TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic.",
+                                           "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
+                                                          "required": ["expression"]}}}]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return make_tiny("llama").tokenizer
+
+
+@settings(max_examples=40, deadline=None)
+@given(text=st.text(max_size=60))
+def test_tiny_tokenizer_roundtrip(tok, text):
+    assert tok.decode(tok.encode(text)) == text
+
+
+def test_special_tokens(tok):
+    assert [tok.token_to_id(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")] == [0, 1, 2]
+    assert tok.eos_token_id == 2 and tok.pad_token_id == 0 and tok.stop_token_ids[0] == 2
+    call = tok.encode('<tool_call>{"name": "f"}</tool_call>')
+    assert call[0] == tok.token_to_id("<tool_call>") and call[-1] == tok.token_to_id("</tool_call>")
+    assert tok.encode("12") == [tok.token_to_id("1"), tok.token_to_id("2")]  # digits split one by one
+
+
+def test_chat_template_without_and_with_tools(tok):
+    msgs = [{"role": "user", "content": "What is 2+2?"}]
+    plain = tok.apply_chat_template(msgs, add_generation_prompt=True)
+    assert plain == ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+                     "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n")
+    with_tools = tok.apply_chat_template(msgs, tools=TOOLS, add_generation_prompt=True)
+    assert '"name": "calculator"' in with_tools and "<tools>" in with_tools
+    assert with_tools.endswith("<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n")
+    conv = msgs + [
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+            "name": "calculator", "arguments": {"expression": "2+2"}}}]},
+        {"role": "tool", "content": "4"},
+    ]
+    text = tok.apply_chat_template(conv, tools=TOOLS)
+    assert '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+2"}}\n</tool_call><|im_end|>' in text
+    assert text.endswith("<|im_start|>user\n<tool_response>\n4\n</tool_response><|im_end|>\n")
+    ids = tok.apply_chat_template(conv, tools=TOOLS, tokenize=True)
+    assert tok.decode(ids) == text
+
+
+def test_chat_template_matches_transformers(tok, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    tok.save(tmp_path)
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    conv = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi ünï 😀"},
+            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Sum 1 2"}]
+    for tools in (None, TOOLS):
+        ours = tok.apply_chat_template(conv, tools=tools, add_generation_prompt=True)
+        theirs = hf.apply_chat_template(conv, tools=tools, add_generation_prompt=True, tokenize=False)
+        assert ours == theirs
+        assert tok.encode(ours) == hf.encode(ours, add_special_tokens=False)
+
+
+def test_prefix_preserving(tok):
+    assert tok.is_prefix_preserving(("user", "tool"))
