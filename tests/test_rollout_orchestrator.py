@@ -172,6 +172,27 @@ def _learner_run(eta, B, n_groups, *, envs, engine, seed=5, learner_sleep=0.0, r
     return got, loads
 
 
+def test_runs_over_the_barrier_free_vector_env_like_over_a_list_of_envs():
+    import gymllm
+
+    kw = {"median_s": 0.002, "p99_s": 0.03, "episode_length": 3}
+    vec = gymllm.make_vec("gymllm/AsyncLatency-v0", num_envs=4, **kw)
+    try:
+        cfg = RolloutConfig(group_size=2, max_concurrency=4, num_groups=4, max_staleness=None, seed=1)
+        a = asyncio.run(consume_all(RolloutOrchestrator(vec, ScriptedEngine(), ModelAgent(tok()), sampling=SAMPLING,
+                                                        config=cfg)))
+    finally:
+        vec.close()
+    b = asyncio.run(consume_all(RolloutOrchestrator(latency_envs(4), ScriptedEngine(), ModelAgent(tok()),
+                                                    sampling=SAMPLING, config=cfg)))
+    a, b = sorted(a, key=lambda g: g.group_id), sorted(b, key=lambda g: g.group_id)
+    assert [g.group_id for g in a] == [g.group_id for g in b] == ["g0", "g1", "g2", "g3"]
+    for ga, gb in zip(a, b):
+        for x, y in zip(ga.trajectories, gb.trajectories):
+            np.testing.assert_array_equal(x.token_ids, y.token_ids)
+            assert x.rewards == y.rewards and x.task_id == y.task_id
+
+
 def test_staleness_bound_and_capacity_invariant_in_a_heavy_tailed_run():
     eta, B = 1, 2
     stats = {}
@@ -261,6 +282,7 @@ def test_a_hanging_tool_times_out_its_group_and_the_run_finishes():
     assert sorted(g.group_id for g in groups) == ["g0", "g1", "g3", "g4"]
     s = orch.stats()
     assert s["group_timeouts"] == 1 and s["groups_failed"] == 1 and s["running_groups"] == 0
+    assert s["envs_quarantined"] == 2  # the hung envs were never handed to another trajectory
 
 
 def test_failed_member_retries_the_whole_group_then_drops_or_raises():

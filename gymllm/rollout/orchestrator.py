@@ -88,6 +88,27 @@ async def _drive(slots: EnvSlots, engine: Any, episode: Episode, env_id: int) ->
     return episode
 
 
+class _ShieldedSlots:
+    """Env slots whose calls survive the caller's cancellation; ``pending`` is the last call."""
+
+    def __init__(self, slots: EnvSlots):
+        self.slots = slots
+        self.num_envs = slots.num_envs
+        self.pending: asyncio.Future | None = None
+
+    async def reset(self, env_id: int, seed: int | None) -> tuple[Any, dict]:
+        return await self._run(self.slots.reset(env_id, seed))
+
+    async def step(self, env_id: int, action: str) -> tuple[Any, float, bool, bool, dict]:
+        return await self._run(self.slots.step(env_id, action))
+
+    async def _run(self, coro: Any) -> Any:
+        task = asyncio.ensure_future(coro)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no stray warnings
+        self.pending = task
+        return await asyncio.shield(task)
+
+
 class RolloutOrchestrator:
     """Streams complete groups from envs x engine (see the module docstring)."""
 
@@ -117,6 +138,7 @@ class RolloutOrchestrator:
         self._slots_sem: asyncio.Semaphore | None = None
         self._free_envs: collections.deque[int] = collections.deque(range(self.slots.num_envs))
         self._members: dict[str, set[asyncio.Task]] = {}
+        self._busy_envs: dict[int, asyncio.Future] = {}  # env calls still running after a cancel
         self._tasks: list[asyncio.Task] = []
         self._started_at = 0.0
         self._releasing = 0
@@ -147,7 +169,7 @@ class RolloutOrchestrator:
         self._closed = True
         if self._stop is not None:
             self._stop.set()
-        tasks = [t for ts in self._members.values() for t in ts] + self._tasks
+        tasks = [t for ts in self._members.values() for t in ts] + self._tasks + list(self._busy_envs.values())
         for t in tasks:
             t.cancel()
         if tasks:
@@ -257,15 +279,16 @@ class RolloutOrchestrator:
         assert self._slots_sem is not None
         gid = key.group_id
         try:
-            async with self._slots_sem:
-                env_id = self._free_envs.popleft()
-                try:
-                    ep = Episode(key, self.agent, self.sampling, base_seed=self.config.seed,
-                                 max_model_calls=self.config.max_model_calls,
-                                 prefix_preserving=self.prefix_preserving, env_id=env_id)
-                    await run_episode(self.slots, self.engine, ep, env_id)
-                finally:
-                    self._free_envs.append(env_id)
+            await self._slots_sem.acquire()
+            env_id = self._free_envs.popleft()
+            guarded = _ShieldedSlots(self.slots)
+            try:
+                ep = Episode(key, self.agent, self.sampling, base_seed=self.config.seed,
+                             max_model_calls=self.config.max_model_calls,
+                             prefix_preserving=self.prefix_preserving, env_id=env_id)
+                await run_episode(guarded, self.engine, ep, env_id)
+            finally:
+                self._return_env(env_id, guarded.pending)
             trajs = ep.trajectories()
         except asyncio.CancelledError:
             raise
@@ -296,6 +319,24 @@ class RolloutOrchestrator:
         if self._stop is not None:
             self._stop.set()
         self._notify()
+
+    def _return_env(self, env_id: int, pending: asyncio.Future | None) -> None:
+        """Give the env slot back, or, if an env call is still running (the member was cancelled
+        mid-step), only once that call has finished: a hung env is never handed to a new trajectory."""
+        assert self._slots_sem is not None
+        sem = self._slots_sem
+
+        def give_back(_: Any = None) -> None:
+            self._busy_envs.pop(env_id, None)
+            self._free_envs.append(env_id)
+            sem.release()
+
+        if pending is None or pending.done():
+            give_back()
+        else:
+            self.counts["envs_quarantined"] += 1
+            self._busy_envs[env_id] = pending
+            pending.add_done_callback(give_back)
 
     def _add(self, gid: str, key: EpisodeKey, trajs: list) -> Group | None:
         group = self.buffer.add(gid, key.member, trajs, attempt=key.attempt)
