@@ -29,6 +29,17 @@ def test_session_reuses_its_slot_and_prefix():
     assert again.reuse_len == 5
 
 
+def test_prefix_is_reused_only_under_the_version_that_computed_it():
+    t = SlotTable(1)
+    a = t.acquire([1, 2, 3], "s", version=0)
+    t.release(a.slot, [1, 2, 3, 4], version=0)
+    assert t.acquire([1, 2, 3, 4, 5], "s", version=1).reuse_len == 0  # new weights: re-prefill
+    t.release(a.slot, [1, 2, 3, 4, 5], version=None)  # a row whose k/v span versions
+    assert t.acquire([1, 2, 3, 4, 5, 6], "s", version=1).reuse_len == 0
+    t.release(a.slot, [1, 2, 3, 4, 5, 6], version=1)
+    assert t.acquire([1, 2, 3, 4, 5, 6, 7], "s", version=1).reuse_len == 6
+
+
 def test_full_table_and_eviction():
     t = SlotTable(1)
     a = t.acquire([1, 2], "a")

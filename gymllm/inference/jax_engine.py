@@ -9,7 +9,8 @@ Design (one background thread owns the device; asyncio callers never block):
   between decode steps (prefilled in length buckets, several prompts per call) and leave as soon as
   they finish; one jitted decode step advances every slot at once.
 * Compiled shapes are fixed: prefill (batch size in powers of two up to ``max_prefill_batch``) x
-  (length bucket), and one decode shape. ``trace_counts`` exposes the number of compilations.
+  (length bucket), and one decode shape. ``trace_counts`` exposes the number of compilations
+  (shared by engines over equal model graphs, which share the compiled steps).
 * Per-request keys: sample i of a request with ``seed`` uses a key derived from ``(seed, i)``;
   without a seed the engine draws a fresh one. Token j uses ``fold_in(key, j)``, so a seeded request
   samples the same tokens whatever else is batched with it (up to float rounding of the logits).
@@ -63,6 +64,7 @@ class _Request:
     placement: Placement | None = None
     cancelled: bool = False
     stop_reason: int | str | None = None
+    kv_version: int | None = None  # the version of all k/v in the row; None once it spans versions
 
     @property
     def slot(self) -> int:
@@ -120,8 +122,7 @@ class JaxEngine:
         self.vocab_size = self._infer_vocab(model, tokenizer)
         dtype = cache_dtype or jnp.float32
         self._cache = model.init_cache(cfg.num_slots, cfg.max_len, dtype)
-        self.trace_counts: dict[str, int] = {}
-        self._prefill, self._decode = make_steps(self._graphdef, self.trace_counts)
+        self._prefill, self._decode, self.trace_counts = make_steps(self._graphdef)
         self.buckets = power_of_two_buckets(cfg.max_len, cfg.min_bucket)
         self.batch_sizes = power_of_two_buckets(cfg.max_prefill_batch, 1)
         self._table = SlotTable(cfg.num_slots)
@@ -351,7 +352,8 @@ class JaxEngine:
             while self._waiting and self._table.num_free:
                 req = self._waiting.pop(0)
                 reuse_ok = self.config.prefix_reuse
-                req.placement = self._table.acquire(req.prompt if reuse_ok else [], req.session_id)
+                req.placement = self._table.acquire(req.prompt if reuse_ok else [], req.session_id, self._version)
+                req.kv_version = self._version
                 if not reuse_ok:
                     req.placement = Placement(req.placement.slot, 0)
                 admitted.append(req)
@@ -424,6 +426,8 @@ class JaxEngine:
         req.tokens.append(token)
         req.logprobs.append(logprob)
         req.versions.append(self._version)
+        if req.kv_version != self._version:
+            req.kv_version = None  # this row now mixes versions: its prefix is not reused
         self.stats["generated_tokens"] += 1
         if req.stream is not None:
             _deliver(req, "token", (token, logprob, self._version))
@@ -484,7 +488,7 @@ class JaxEngine:
             if cached is None:
                 self._table.invalidate(req.slot)
             else:
-                self._table.release(req.slot, cached)
+                self._table.release(req.slot, cached, req.kv_version)
 
     def _finish(self, req: _Request, reason: str) -> None:
         self._release(req, req.cached_ids())

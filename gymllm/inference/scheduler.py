@@ -7,7 +7,9 @@ Pure Python (no JAX), so its invariants are tested directly.
 * :class:`SlotTable`: the fixed pool of cache rows. Each slot remembers the token ids whose k/v it
   holds (``cached``); a request is placed in the free slot that already holds the longest prefix of
   its prompt (its own session's slot first), so the next turn of a trajectory prefills only the new
-  tokens. Sessions pin their slot against eviction while other free slots exist.
+  tokens. Sessions pin their slot against eviction while other free slots exist. A row's k/v are
+  reused only under the policy version that computed them (``version``), so no new request
+  attends to k/v of older weights.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class Slot:
     cached: list[int] = dataclasses.field(default_factory=list)  # ids whose k/v are in this row
     session_id: str | None = None  # the session pinning this slot's prefix
     last_used: int = 0
+    version: int | None = None  # policy version of every k/v in ``cached`` (None: mixed or unknown)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +68,7 @@ class SlotTable:
         self.sessions: dict[str, int] = {}
         self.min_reuse = min_reuse
         self._clock = 0
+        self._version = 0
 
     @property
     def num_free(self) -> int:
@@ -75,14 +79,17 @@ class SlotTable:
         return self._clock
 
     def _reuse(self, slot: Slot, prompt: Sequence[int]) -> int:
+        if slot.version != self._version:
+            return 0
         # at least one prompt token is always prefilled: its logits give the first sample
         return min(common_prefix_len(slot.cached, prompt), len(prompt) - 1)
 
-    def acquire(self, prompt: Sequence[int], session_id: str | None = None) -> Placement | None:
-        """Reserve a free slot for ``prompt``; None when every slot is busy."""
+    def acquire(self, prompt: Sequence[int], session_id: str | None = None, version: int = 0) -> Placement | None:
+        """Reserve a free slot for ``prompt`` to be run under policy ``version``; None when all are busy."""
         free = [s for s in self.slots if not s.busy]
         if not free:
             return None
+        self._version = version
         own = self.sessions.get(session_id) if session_id is not None else None
         chosen = self.slots[own] if own is not None and not self.slots[own].busy else None
         if chosen is None:
@@ -114,11 +121,13 @@ class SlotTable:
             self.sessions[session_id] = slot.index
             slot.session_id = session_id
 
-    def release(self, slot: int, cached: Sequence[int]) -> None:
-        """The request in ``slot`` finished; its row holds k/v for exactly ``cached``."""
+    def release(self, slot: int, cached: Sequence[int], version: int | None = 0) -> None:
+        """The request in ``slot`` finished; its row holds k/v for exactly ``cached``, all computed
+        under policy ``version`` (None when they span versions: never reused)."""
         s = self.slots[slot]
         s.busy = False
         s.cached = list(cached)
+        s.version = version
         s.last_used = self._tick()
 
     def invalidate(self, slot: int) -> None:

@@ -31,13 +31,17 @@ def _rows_set(cache: Any, rows: jax.Array, part: Any) -> Any:
     return jax.tree.map(lambda c, p: c.at[index].set(p.astype(c.dtype), mode="drop"), cache, part)
 
 
-def make_steps(graphdef: Any, trace_counts: dict[str, int]) -> tuple[Callable, Callable]:
-    """Build (prefill, decode) for a model graph; ``trace_counts`` counts (re)compilations."""
+@functools.lru_cache(maxsize=16)
+def make_steps(graphdef: Any) -> tuple[Callable, Callable, dict[str, int]]:
+    """(prefill, decode, trace_counts) for a model graph, shared by engines over equal graphs (so a
+    second engine of the same architecture and sizes reuses the compiled steps); ``trace_counts``
+    counts traces, i.e. (re)compilations, per step."""
+    trace_counts: dict[str, int] = {"prefill": 0, "decode": 0}
 
     @functools.partial(jax.jit, donate_argnums=(1,))
     def prefill(state, cache, tokens, positions, rows, last, keys, steps, temperature, top_k, top_p):
         # tokens/positions [P, T] int32; rows/last/steps/top_k [P] int32; keys [P, 2] uint32
-        trace_counts["prefill"] = trace_counts.get("prefill", 0) + 1
+        trace_counts["prefill"] += 1
         model = nnx.merge(graphdef, state)
         part = _rows_get(cache, rows)
         logits, part = model(tokens, positions, cache=part)  # [P, T, V]
@@ -49,10 +53,10 @@ def make_steps(graphdef: Any, trace_counts: dict[str, int]) -> tuple[Callable, C
     @functools.partial(jax.jit, donate_argnums=(1,))
     def decode(state, cache, tokens, positions, keys, steps, temperature, top_k, top_p):
         # tokens/positions/steps/top_k [S] int32; keys [S, 2] uint32; temperature/top_p [S] f32
-        trace_counts["decode"] = trace_counts.get("decode", 0) + 1
+        trace_counts["decode"] += 1
         model = nnx.merge(graphdef, state)
         logits, cache = model(tokens[:, None], positions[:, None], cache=cache)  # [S, 1, V]
         tok, logp = sample(logits[:, 0], step_keys(keys, steps), temperature, top_k, top_p)
         return cache, tok, logp
 
-    return prefill, decode
+    return prefill, decode, trace_counts
