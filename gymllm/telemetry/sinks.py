@@ -96,6 +96,37 @@ def progress_line(step: int, total: int | None, flat: Mapping[str, Any], eta_s: 
     return " | ".join(parts)
 
 
+def _summary_writer_class():
+    """tensorboardX's SummaryWriter, imported without dragging in torch.
+
+    tensorboardX's writer module tries ``import torch`` at import time only to accept torch tensors
+    (it falls back to NumPy on ImportError); with torch installed that costs seconds and hundreds
+    of MB. We log plain floats, so torch is hidden for the duration of the import unless it is
+    already loaded.
+    """
+    import sys
+
+    if "tensorboardX.writer" in sys.modules or "torch" in sys.modules:
+        from tensorboardX import SummaryWriter
+
+        return SummaryWriter
+    sys.modules["torch"] = None  # type: ignore[assignment]  # makes `import torch` raise ImportError
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        if sys.modules.get("torch", 0) is None:
+            del sys.modules["torch"]
+    return SummaryWriter
+
+
+def _import_wandb():
+    try:
+        import wandb
+    except ImportError as e:
+        raise MissingExtraError("wandb", "wandb") from e
+    return wandb
+
+
 class _Console:
     """A rich live progress line (redrawn in place on a terminal, printed periodically otherwise)."""
 
@@ -145,6 +176,7 @@ class MetricsLogger:
     def __init__(self, run_dir: str | os.PathLike, *, console: bool = True, tensorboard: bool = True,
                  jsonl: bool = True, total_steps: int | None = None, wandb: bool = False, pipeline: bool = True,
                  trace: bool = True, print_every_s: float = 10.0, wandb_kwargs: Mapping[str, Any] | None = None):
+        wandb_mod = _import_wandb() if wandb else None  # fail before any file is opened
         self.run_dir = pathlib.Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.total_steps = total_steps
@@ -153,16 +185,8 @@ class MetricsLogger:
         self._jsonl = open(self.run_dir / "metrics.jsonl", "a") if jsonl else None
         self._tb = None
         if tensorboard:
-            from tensorboardX import SummaryWriter
-
-            self._tb = SummaryWriter(logdir=str(self.run_dir / "tensorboard"))
-        self._wandb = None
-        if wandb:
-            try:
-                import wandb as wandb_mod
-            except ImportError as e:
-                raise MissingExtraError("wandb", "wandb") from e
-            self._wandb = wandb_mod.init(dir=str(self.run_dir), **dict(wandb_kwargs or {}))
+            self._tb = _summary_writer_class()(logdir=str(self.run_dir / "tensorboard"))
+        self._wandb = wandb_mod.init(dir=str(self.run_dir), **dict(wandb_kwargs or {})) if wandb else None
         self._console = _Console(total_steps, print_every_s) if console else None
         self._first: tuple[int, float] | None = None
         self._last_line: str | None = None

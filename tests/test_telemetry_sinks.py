@@ -1,0 +1,113 @@
+"""MetricsLogger: JSONL records, TensorBoard event files read back, console line and ETA, W&B extra."""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+
+import numpy as np
+import pytest
+
+from gymllm.errors import MissingExtraError
+from gymllm.telemetry import Tracer, set_tracer, span
+from gymllm.telemetry.export import load_chrome_trace
+from gymllm.telemetry.sinks import MetricsLogger, flatten, format_eta, progress_line
+
+
+@pytest.fixture
+def tracer():
+    tr = Tracer()
+    previous = set_tracer(tr)
+    yield tr
+    set_tracer(previous)
+
+
+def read_tensorboard_scalars(logdir) -> dict[str, list[tuple[int, float]]]:
+    """Parse TFRecord-framed Event protos (the TensorBoard file format) without TensorFlow."""
+    from tensorboardX.proto import event_pb2
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(logdir.glob("events.out.tfevents.*")):
+        data = path.read_bytes()
+        pos = 0
+        while pos < len(data):
+            (n,) = struct.unpack("<Q", data[pos:pos + 8])
+            ev = event_pb2.Event.FromString(data[pos + 12:pos + 12 + n])
+            pos += 12 + n + 4
+            for v in ev.summary.value:
+                out.setdefault(v.tag, []).append((ev.step, v.simple_value))
+    return out
+
+
+def test_jsonl_and_tensorboard_hold_the_same_values(tracer, tmp_path):
+    logged = []
+    with MetricsLogger(tmp_path, console=False, total_steps=3, pipeline=False) as lg:
+        for step in range(1, 4):
+            m = {"reward/mean": 0.25 * step, "loss": np.float32(1.0 / step), "nested": {"a": step, "b": {"c": 2.0}},
+                 "bad": float("nan"), "note": "text"}
+            logged.append(lg.log(step, m))
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert lines == logged
+    assert [r["step"] for r in lines] == [1, 2, 3]
+    assert lines[1]["nested/b/c"] == 2.0 and lines[1]["bad"] is None and lines[1]["note"] == "text"
+    tb = read_tensorboard_scalars(tmp_path / "tensorboard")
+    assert tb["reward/mean"] == [(s, pytest.approx(0.25 * s)) for s in (1, 2, 3)]
+    assert tb["loss"] == [(s, pytest.approx(1.0 / s)) for s in (1, 2, 3)]
+    assert tb["nested/a"] == [(1, 1.0), (2, 2.0), (3, 3.0)]
+    assert "bad" not in tb and "note" not in tb  # non-finite and non-numeric are not scalars
+    assert (tmp_path / "trace.json").exists()  # exported on close
+
+
+def test_pipeline_figures_come_from_the_tracer_window(tracer, tmp_path):
+    lg = MetricsLogger(tmp_path, console=False, tensorboard=False)
+    with span("train_step", track="trainer", step=0, tokens=64, staleness={1: 64}):
+        time.sleep(0.02)
+    rec = lg.log(0, {"reward/mean": 1.0})
+    assert rec["pipeline/tokens_trained"] == pytest.approx(64.0)
+    assert rec["pipeline/staleness_hist/1"] == pytest.approx(64.0)
+    (step_span,) = tracer.events()
+    assert rec["pipeline/trainer_busy_fraction"] == pytest.approx(step_span["dur"] / 1e6 / rec["pipeline/window_s"])
+    time.sleep(0.02)  # nothing runs in the second window
+    rec2 = lg.log(1, {})
+    assert rec2["pipeline/trainer_busy_fraction"] == pytest.approx(0.0)
+    assert rec2["pipeline/tokens_trained"] == 0.0
+    caller = lg.log(2, {"pipeline": {"engine_busy_fraction": 0.5}})  # caller-supplied wins
+    assert caller["pipeline/engine_busy_fraction"] == 0.5 and "pipeline/tokens_trained" not in caller
+    lg.close()
+    lg.close()  # idempotent
+    with pytest.raises(RuntimeError, match="after close"):
+        lg.log(3, {})
+    spans = [e for e in load_chrome_trace(tmp_path / "trace.json") if e["ph"] == "X"]
+    assert [e["name"] for e in spans] == ["train_step"]
+
+
+def test_console_progress_line_and_eta(tracer, tmp_path, capsys):
+    flat = flatten({"reward": {"mean": 0.5}, "pipeline": {"tokens_per_s_generated": 1234.4, "engine_busy_fraction": 0.87}})
+    assert progress_line(12, 100, flat, 190.0) == "step 12/100 | reward 0.500 | 1,234 tok/s | engine busy 87% | ETA 0:03:10"
+    assert progress_line(3, None, {}, None) == "step 3"
+    assert format_eta(None) == "--:--" and format_eta(3725) == "1:02:05"
+
+    lg = MetricsLogger(tmp_path, console=True, tensorboard=False, jsonl=False, total_steps=10, pipeline=False, trace=False)
+    t0 = time.monotonic()
+    lg.log(0, {"reward/mean": 0.1})
+    assert lg.eta_s(0) is None
+    # 2 steps took (t0+4 - t_first) s -> per step ~2 s, 8 steps left
+    assert lg.eta_s(2, now=lg._first[1] + 4.0) == pytest.approx(16.0)
+    lg.log(5, {"reward/mean": 0.2})
+    lg.close()
+    err = capsys.readouterr().err
+    assert "step 0/10 | reward 0.100" in err  # first line printed at once on a non-terminal
+    assert "step 5/10 | reward 0.200" in err  # last line printed at close
+    assert time.monotonic() - t0 < 5
+
+
+def test_wandb_is_optional_and_explained(tmp_path):
+    # wandb is not a test dependency; when absent, the error names the extra that installs it
+    try:
+        import wandb  # noqa: F401
+    except ImportError:
+        with pytest.raises(MissingExtraError, match=r"gymllm\[wandb\]"):
+            MetricsLogger(tmp_path, console=False, tensorboard=False, wandb=True)
+    else:
+        pytest.skip("wandb is installed; the missing-extra path cannot be exercised")
