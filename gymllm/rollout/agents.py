@@ -74,17 +74,13 @@ class ModelAgent(Agent):
         return {"role": "assistant", "content": text}, text
 
 
-def _default_parser(tokenizer: Any) -> Callable[[str], list[ToolCall]]:
+def _make_parser(fmt: str) -> Callable[[str], list[ToolCall]]:
+    """``text -> calls`` with ``gymllm.tools.parsers.parse_tool_calls`` in format ``fmt``
+    ("auto" detects the family from the markup; unreadable fragments are the ToolUse wrapper's to report)."""
     from gymllm.tools.parsers import parse_tool_calls  # import here: tools is a later-loaded layer
 
-    family = getattr(tokenizer, "tool_call_format", None) or getattr(tokenizer, "family", None)
-
     def parse(text: str) -> list[ToolCall]:
-        try:
-            calls = parse_tool_calls(text, family) if family else parse_tool_calls(text)
-        except Exception:  # an unparsable call is the env's business (ToolUse reports it); keep the text
-            return []
-        return list(calls or [])
+        return list(parse_tool_calls(text, fmt))
 
     return parse
 
@@ -93,16 +89,17 @@ class ToolAgent(Agent):
     """Tool-calling agent (see the module docstring).
 
     ``tools``: JSON schemas used when the env's reset ``info`` has no ``"tools"``.
-    ``parser``: ``text -> list[ToolCall]``; defaults to ``gymllm.tools.parsers.parse_tool_calls``.
+    ``parser``: a format name of ``gymllm.tools.parsers`` ("hermes", "llama3", ..., default "auto")
+    or a callable ``text -> list[ToolCall]``.
     """
 
     observation_roles = ("user", "tool")
 
     def __init__(self, tokenizer: Any, *, system_prompt: str | None = None, tools: list[dict] | None = None,
-                 parser: Callable[[str], list[ToolCall]] | None = None):
+                 parser: str | Callable[[str], list[ToolCall]] = "auto"):
         super().__init__(tokenizer, system_prompt=system_prompt)
         self._tools = list(tools) if tools else None
-        self._parser = parser
+        self._parser = _make_parser(parser) if isinstance(parser, str) else parser
         self.last_tool_calls: list[ToolCall] = []
 
     def tools(self, info: dict) -> list[dict] | None:
@@ -110,8 +107,6 @@ class ToolAgent(Agent):
         return list(schemas) if schemas else self._tools
 
     def parse(self, text: str) -> list[ToolCall]:
-        if self._parser is None:
-            self._parser = _default_parser(self.tokenizer)
         return self._parser(text)
 
     def act(self, sampled_ids: Sequence[int], finish_reason: str) -> tuple[Message, str]:

@@ -52,6 +52,17 @@ def sampling_seed(base: int, key: EpisodeKey, call: int) -> int:
     return int(state.generate_state(1)[0] & 0x7FFFFFFF)
 
 
+def _tool_seconds(info: dict) -> float:
+    """Tool time of one env step: ``info["tool_time_s"]``, else the ToolUse wrapper's per-call
+    ``info["tool_calls"][i]["duration_s"]``, else 0."""
+    if "tool_time_s" in info:
+        return float(info["tool_time_s"] or 0.0)
+    calls = info.get("tool_calls")
+    if isinstance(calls, list):
+        return float(sum(float(c.get("duration_s", 0.0) or 0.0) for c in calls if isinstance(c, dict)))
+    return 0.0
+
+
 class Episode:
     """State of one trajectory between env and engine (see the module docstring)."""
 
@@ -123,7 +134,7 @@ class Episode:
         info = info or {}
         self.rewards.append(float(reward))
         self.timings["env_s"] += env_s
-        self.timings["tool_s"] += float(info.get("tool_time_s", 0.0) or 0.0)
+        self.timings["tool_s"] += _tool_seconds(info)
         ended = bool(terminated or truncated)
         if "reward_time_s" in info:
             self.timings["reward_s"] += float(info["reward_time_s"] or 0.0)
