@@ -117,7 +117,10 @@ class OpenAIClientEngine:
             raise EngineError(explain("prompt_ids", expected="at least one token id", received=[],
                                       fix="pass a non-empty prompt"))
         data = await self._post("/v1/completions", request_body(self.model, prompt_ids, params, session_id))
-        return parse_choice(data["choices"][0], len(prompt_ids), self._version)
+        completion = parse_choice(data["choices"][0], len(prompt_ids), self._version)
+        details = (data.get("usage") or {}).get("prompt_tokens_details") or {}
+        completion.cached_prompt_len = int(details.get("cached_tokens") or 0)
+        return completion
 
     async def generate_n(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[Completion]:
         one = params.replace(n=1)

@@ -29,6 +29,9 @@ import time
 import uuid
 from typing import Any, AsyncIterator, Sequence
 
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
 from gymllm.errors import ConfigError, EngineError, GymLLMError
 from gymllm.inference.completion import Completion
 from gymllm.inference.params import SamplingParams
@@ -132,6 +135,14 @@ class _TextDelta:
         delta, self.sent = text[len(self.sent):], text
         return delta
 
+    def flush(self) -> str:
+        """Whatever was held back (a trailing incomplete character decodes as U+FFFD at the end)."""
+        if self.tokenizer is None:
+            return ""
+        text = self.tokenizer.decode(self.ids)
+        delta, self.sent = text[len(self.sent):], text
+        return delta
+
 
 def _token_strings(tokenizer: Any, ids: Sequence[int], as_ids: bool) -> list[str]:
     if as_ids or tokenizer is None:
@@ -166,7 +177,9 @@ def chat_choice(index: int, c: Completion, prompt: list[int], tokenizer: Any, bo
 def _usage(prompts: list[list[int]], completions: list[Completion]) -> dict[str, int]:
     p = sum(len(x) for x in prompts)
     n = sum(c.num_tokens for c in completions)
-    return {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
+    cached = sum(c.cached_prompt_len for c in completions)  # prompt tokens served from a reused prefix
+    return {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 # ---------------------------------------------------------------- engine calls
@@ -216,9 +229,6 @@ async def _stream_tokens(engine: Any, prompt: list[int], params: SamplingParams,
 def build_app(engine: Any, tokenizer: Any, model_name: str, *, max_len: int | None = None,
               default_max_tokens: int = 256):
     """A FastAPI app serving ``engine`` as ``model_name``."""
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, StreamingResponse
-
     max_len = max_len or getattr(engine, "max_len", None)
     app = FastAPI(title="gymllm", version="0.1.0")
     app.state.engine = engine
@@ -299,7 +309,8 @@ async def _stream_response(engine, tokenizer, head, prompt, params, session_id, 
         async for item in _stream_tokens(engine, prompt, params, session_id):
             if isinstance(item, Completion):
                 final = {"index": 0, "finish_reason": item.finish_reason, "stop_reason": item.stop_reason}
-                final.update({"delta": {}} if chat else {"text": ""})
+                rest = delta.flush()
+                final.update({"delta": {"content": rest} if rest else {}} if chat else {"text": rest})
                 usage = _usage([prompt], [item])
                 yield _sse({**head, "object": obj, "choices": [final], "usage": usage})
                 break
