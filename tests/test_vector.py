@@ -1,0 +1,344 @@
+"""The barrier-free vector env: parity with Gymnasium's SyncVectorEnv, send/recv, error paths."""
+
+import asyncio
+import functools
+import threading
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import gymllm
+from gymllm import TextEnv
+from gymllm.envs.basic import EchoEnv, FailingEnv, LatencyEnv
+from gymllm.errors import EnvError, EnvTimeoutError, InvalidActionError, ResetNeededError
+from gymllm.spaces import Chat
+from gymllm.vector import EnvIdError, VectorEnv, VectorStateError
+
+
+def echo(length=3):
+    return functools.partial(EchoEnv, episode_length=length)
+
+
+def fixed_latency(seconds, length=100):
+    return functools.partial(LatencyEnv, median_s=seconds, p99_s=seconds, episode_length=length)
+
+
+@pytest.fixture
+def closing():
+    made = []
+    yield made.append
+    for v in made:
+        v.close()
+
+
+@pytest.mark.parametrize("mode", ["next_step", "same_step"])
+def test_step_matches_gymnasium_sync_vector_env(mode, closing):
+    lengths = [1, 2, 3, 5]
+    fns = [echo(n) for n in lengths]
+    ours = VectorEnv(fns, autoreset_mode=mode)
+    closing(ours)
+    ref = gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode(
+        {"next_step": "NextStep", "same_step": "SameStep"}[mode]))
+    assert ours.metadata["autoreset_mode"] == ref.metadata["autoreset_mode"]
+    o1, _ = ours.reset(seed=3)
+    o2, _ = ref.reset(seed=3)
+    assert list(o1) == list(o2)
+    for t in range(9):
+        acts = [f"a{t}"] * 4
+        a, b = ours.step(acts), ref.step(acts)
+        assert list(a[0]) == list(b[0])
+        for x, y in zip(a[1:4], b[1:4]):
+            np.testing.assert_array_equal(x, y)
+        if mode == "same_step" and "final_obs" in b[4]:
+            np.testing.assert_array_equal(a[4]["_final_obs"], b[4]["_final_obs"])
+            assert list(a[4]["final_obs"][b[4]["_final_obs"]]) == list(b[4]["final_obs"][b[4]["_final_obs"]])
+    ref.close()
+
+
+def test_disabled_autoreset_needs_a_masked_reset(closing):
+    vec = VectorEnv([echo(1), echo(3)], autoreset_mode="disabled")
+    closing(vec)
+    obs, _ = vec.reset(seed=0)
+    _, _, term, _, _ = vec.step(["a", "a"])
+    assert list(term) == [True, False] and list(vec.ended) == [True, False]
+    with pytest.raises(ResetNeededError, match="reset_mask"):
+        vec.step(["a", "a"])
+    kept = vec._slots[1].last_obs
+    obs, infos = vec.reset(options={"reset_mask": vec.ended})
+    assert obs[1] == kept and obs[0].startswith("Repeat:") and list(infos["_task_id"]) == [True, False]
+    vec.step(["b", "b"])
+
+
+def test_recv_returns_fast_envs_first_without_waiting_for_the_slow_one(closing):
+    vec = VectorEnv([fixed_latency(0.5), fixed_latency(0.0), fixed_latency(0.0)])
+    closing(vec)
+    vec.reset(seed=0)
+    t0 = time.perf_counter()
+    vec.send(["a", "b", "c"])
+    _, _, _, _, _, ids = vec.recv(min_ready=2)
+    assert sorted(ids) == [1, 2] and time.perf_counter() - t0 < 0.4
+    vec.send(["x"], env_ids=[1])
+    got = []
+    while vec.in_flight:
+        got += list(vec.recv()[5])
+    assert sorted(got) == [0, 1] and time.perf_counter() - t0 >= 0.45
+
+
+def test_recv_timeout_returns_what_is_ready(closing):
+    vec = VectorEnv([fixed_latency(0.4)])
+    closing(vec)
+    vec.reset(seed=0)
+    vec.send(["a"])
+    obs, rew, term, trunc, infos, ids = vec.recv(timeout=0.05)
+    assert len(ids) == 0 and obs.shape == (0,) and vec.in_flight == [0]
+    assert list(vec.recv(timeout=5)[5]) == [0]
+
+
+def test_step_is_barrier_free_inside_a_sync_step(closing):
+    vec = VectorEnv([fixed_latency(0.2) for _ in range(8)])
+    closing(vec)
+    vec.reset(seed=0)
+    t0 = time.perf_counter()
+    vec.step(["a"] * 8)
+    assert time.perf_counter() - t0 < 0.2 * 4  # concurrent, not 8 x 0.2 s
+
+
+def test_bounded_concurrency(closing):
+    live, peak, lock = [0], [0], threading.Lock()
+
+    class Tracked(EchoEnv):
+        def _step(self, action):
+            with lock:
+                live[0] += 1
+                peak[0] = max(peak[0], live[0])
+            time.sleep(0.03)
+            with lock:
+                live[0] -= 1
+            return super()._step(action)
+
+    vec = VectorEnv([functools.partial(Tracked, episode_length=50)] * 6, max_concurrency=2)
+    closing(vec)
+    vec.reset(seed=0)
+    for _ in range(3):
+        vec.step(["a"] * 6)
+    assert peak[0] == 2
+
+
+def test_per_env_reset_and_chat_observations(closing):
+    class ChatEnv(EchoEnv):
+        def __init__(self):
+            super().__init__(episode_length=5)
+            self.observation_space = Chat(16)
+
+        def _reset(self, *, seed, options):
+            obs, info = super()._reset(seed=seed, options=options)
+            return [{"role": "system", "content": "s"}, {"role": "user", "content": obs}], info
+
+        def _step(self, action):
+            obs, r, d, info = super()._step(action)
+            return [{"role": "tool", "content": obs, "tool_call_id": "1"}], r, d, info
+
+    vec = VectorEnv([ChatEnv, echo()])
+    closing(vec)
+    obs, _ = vec.reset(seed=0)
+    assert obs.dtype == object and isinstance(obs[0], list) and len(obs[0]) == 2 and isinstance(obs[1], str)
+    o, info = vec.reset_env(0, seed=0)
+    assert o == obs[0] and info["task_id"]
+    vec.send(["q"], env_ids=[0])
+    out = vec.recv()
+    assert out[0][0][0]["role"] == "tool" and list(out[5]) == [0]
+
+
+def test_caller_errors_are_clear_and_start_nothing(closing):
+    vec = VectorEnv([echo(), echo()])
+    closing(vec)
+    with pytest.raises(ResetNeededError, match="never reset"):
+        vec.step(["a", "a"])
+    vec.reset(seed=0)
+    with pytest.raises(InvalidActionError, match="2 actions"):
+        vec.step(["a"])
+    with pytest.raises(InvalidActionError, match="action for env 1"):
+        vec.send(["a", 7])
+    assert vec.in_flight == []  # env 0 was not started either
+    with pytest.raises(InvalidActionError, match="sequence"):
+        vec.send("ab")
+    with pytest.raises(EnvIdError, match=r"an int in \[0, 2\)"):
+        vec.send(["a"], env_ids=[2])
+    with pytest.raises(EnvIdError, match="distinct"):
+        vec.send(["a", "b"], env_ids=[0, 0])
+    with pytest.raises(VectorStateError, match="send"):
+        vec.recv()
+    vec.send(["a"], env_ids=[0])
+    with pytest.raises(VectorStateError, match="recv"):
+        vec.send(["a"], env_ids=[0])
+    with pytest.raises(VectorStateError, match="in flight"):
+        vec.reset()
+    with pytest.raises(InvalidActionError, match="min_ready"):
+        vec.recv(min_ready=0)
+    assert list(vec.recv(min_ready=5)[5]) == [0]  # clamped to what is in flight
+
+
+def test_raising_sub_env_is_reported_with_its_id_and_others_keep_running(closing):
+    vec = VectorEnv([echo(10), functools.partial(FailingEnv, fail_at_step=2, episode_length=10), echo(10)])
+    closing(vec)
+    vec.reset(seed=0)
+    vec.step(["a"] * 3)
+    obs, _, _, trunc, infos = vec.step(["a"] * 3)
+    assert obs[1] is None and trunc[1] and list(infos["_error"]) == [False, True, False]
+    err = infos["error"][1]
+    assert isinstance(err, EnvError) and err.env_id == 1 and isinstance(err.cause, RuntimeError)
+    assert obs[0].startswith("You said") and obs[2].startswith("You said")
+    obs, *_ = vec.step(["a"] * 3)  # NEXT_STEP: the failed env is reset, the others step on
+    assert obs[1].startswith("Repeat:") and obs[0].startswith("You said")
+
+
+def test_on_error_raise_is_catchable_and_keeps_the_batch(closing):
+    vec = VectorEnv([echo(10), functools.partial(FailingEnv, fail_at_step=1)], on_error="raise")
+    closing(vec)
+    vec.reset(seed=0)
+    with pytest.raises(EnvError) as info:
+        vec.step(["a", "a"])
+    assert info.value.env_id == 1 and info.value.results[0][0].startswith("You said")
+    vec.send(["b", "b"])  # env 1 autoresets; nothing deadlocked
+    assert sorted(vec.recv(min_ready=2)[5]) == [0, 1]
+
+
+def test_hanging_sub_env_times_out_with_its_id_and_is_rebuilt(closing):
+    hang = functools.partial(FailingEnv, fail_at_step=1, mode="hang", hang_s=3.0)
+    vec = VectorEnv([echo(10), hang], step_timeout=0.3)
+    closing(vec)
+    vec.reset(seed=0)
+    old = vec.envs[1]
+    t0 = time.perf_counter()
+    obs, _, _, trunc, infos = vec.step(["a", "a"])
+    assert 0.25 < time.perf_counter() - t0 < 1.5
+    assert isinstance(infos["error"][1], EnvTimeoutError) and infos["error"][1].env_id == 1 and trunc[1]
+    assert obs[0].startswith("You said")
+    obs, *_ = vec.step(["a", "a"])  # rebuilt from its factory and reset
+    assert vec.envs[1] is not old and obs[1].startswith("Repeat:")
+
+
+def test_astep_env_raises_env_errors_and_timeouts(closing):
+    hang = functools.partial(FailingEnv, fail_at_step=1, mode="hang", hang_s=3.0)
+    vec = VectorEnv([functools.partial(FailingEnv, fail_at_step=1), hang, echo()], step_timeout=0.3)
+    closing(vec)
+
+    async def main():
+        for i in range(3):
+            await vec.areset_env(i, seed=i)
+        with pytest.raises(EnvError) as e0:
+            await vec.astep_env(0, "a")
+        with pytest.raises(EnvTimeoutError) as e1:
+            await vec.astep_env(1, "a")
+        with pytest.raises(ResetNeededError):
+            await vec.astep_env(0, "a")
+        with pytest.raises(InvalidActionError):
+            await vec.astep_env(2, 5)
+        return e0.value.env_id, e1.value.env_id, await vec.astep_env(2, "é")
+
+    i0, i1, ok = asyncio.run(main())
+    assert (i0, i1) == (0, 1) and ok[0].startswith("You said: é")
+
+
+def test_close_returns_with_a_hung_env_in_flight_and_is_idempotent():
+    hang = functools.partial(FailingEnv, fail_at_step=1, mode="hang", hang_s=30.0)
+    vec = VectorEnv([echo(), hang])
+    vec.reset(seed=0)
+    vec.send(["a", "a"])
+    vec.recv(min_ready=1)
+    t0 = time.perf_counter()
+    vec.close()
+    vec.close()
+    assert time.perf_counter() - t0 < 1.0 and vec.closed
+    with pytest.raises(VectorStateError, match="closed"):
+        vec.step(["a", "a"])
+
+
+def test_recv_blocked_in_another_thread_is_released_by_close():
+    vec = VectorEnv([fixed_latency(5.0)])
+    vec.reset(seed=0)
+    vec.send(["a"])
+    errors = []
+
+    def waiter():
+        try:
+            vec.recv()
+        except VectorStateError as e:
+            errors.append(e)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.05)
+    vec.close()
+    t.join(2.0)
+    assert not t.is_alive() and errors
+
+
+def test_async_native_sub_envs_run_concurrently_on_the_loop(closing):
+    vec = gymllm.make_vec("gymllm/AsyncLatency-v0", 8, median_s=0.2, p99_s=0.2)
+    closing(vec)
+    assert {s.kind for s in vec._slots} == {"async"}
+
+    async def main():
+        vec.reset(seed=0)
+        t0 = time.perf_counter()
+        await vec.asend(["a"] * 8)
+        got = []
+        while len(got) < 8:
+            got += list((await vec.arecv(min_ready=3))[5])
+        return sorted(got), time.perf_counter() - t0
+
+    got, dt = asyncio.run(main())
+    assert got == list(range(8)) and dt < 0.6
+
+
+def test_process_backend_matches_thread_backend_and_isolates_failures():
+    fns = [echo(2), echo(3), functools.partial(FailingEnv, fail_at_step=2, episode_length=5)]
+    results = {}
+    for backend in ("thread", "process"):
+        vec = VectorEnv(fns, backend=backend)
+        try:
+            obs, _ = vec.reset(seed=11)
+            rows = [list(obs)]
+            for t in range(4):
+                o, r, te, tr, infos = vec.step([f"x{t}"] * 3)
+                rows.append((list(o), list(r), list(te), list(tr), list(infos.get("_error", [False] * 3))))
+            results[backend] = rows
+        finally:
+            vec.close()
+    assert results["thread"] == results["process"]
+    assert results["process"][2][4] == [False, False, True]
+
+
+def test_process_backend_kills_a_hung_child():
+    hang = functools.partial(FailingEnv, fail_at_step=1, mode="hang", hang_s=30.0)
+    vec = VectorEnv([hang], backend="process", step_timeout=0.5)
+    try:
+        vec.reset(seed=0)
+        proc = vec.envs[0].process
+        _, _, _, _, infos = vec.step(["a"])
+        assert isinstance(infos["error"][0], EnvTimeoutError)
+        proc.join(2.0)
+        assert not proc.is_alive()
+    finally:
+        vec.close()
+
+
+def test_mixed_spaces_are_kept_per_env(closing):
+    class ChatAct(TextEnv):
+        def __init__(self):
+            super().__init__()
+            self.observation_space = Chat(4)
+
+        def _reset(self, *, seed, options):
+            return [], {}
+
+        def _step(self, action):
+            return [], 0.0, False, {}
+
+    vec = VectorEnv([echo(), ChatAct])
+    closing(vec)
+    assert isinstance(vec.observation_space, gym.spaces.Tuple)
+    assert vec.single_observation_spaces[1] == Chat(4)
