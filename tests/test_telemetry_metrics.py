@@ -193,3 +193,19 @@ def test_aggregate_weighted_means_and_extrema():
     assert out == {"kl": 0.5, "length/min": 1.0, "loss": pytest.approx(2.5), "reward/max": 5.0}
     with pytest.raises(ValueError, match="one weight per record"):
         aggregate(recs, weights=[1])
+
+
+def test_tags_and_counter_names_other_layers_record():
+    """The engine tags decode steps with `active`, the learner may tag micro-batches, counters have aliases."""
+    events = [
+        X("decode", "engine", 0, 1, active=8), X("decode", "engine", 1, 2, active=4),
+        X("train_step", "trainer", 2, 4, tokens=999, staleness={5: 999}),  # ignored: micro-batches are tagged
+        X("micro_batch", "trainer", 2, 3, tokens=30, staleness={0: 20, 1: 10}),
+        X("micro_batch", "trainer", 3, 4, tokens=10, staleness={1: 10}),
+        C("groups_stale_dropped", 1, 2), C("stale_groups", 2, 2),  # the same 2 groups seen by two layers
+        C("filtered_groups", 3, 4, track="trainer"),
+    ]
+    m = pipeline_metrics(events, window=(0, 4 * S))
+    assert m["tokens_generated"] == 12.0
+    assert m["tokens_trained"] == 40.0 and m["staleness_hist"] == {0: 20.0, 1: 20.0}
+    assert m["groups_dropped"] == 2.0 and m["groups_filtered"] == 4.0

@@ -1,0 +1,330 @@
+"""The run report: PNG plots and a text summary for a run directory (``gymllm report RUN_DIR``).
+
+Reads what :class:`gymllm.telemetry.sinks.MetricsLogger` writes into a run directory:
+``metrics.jsonl`` (one record per step) and ``trace.json`` / ``trace.json.gz`` (the Chrome trace).
+Either may be missing; each plot is written only when its data exists.
+
+Writes, into the run directory:
+
+- ``reward.png``: reward mean per step, with the min..max band (``*reward/mean``, ``/min``, ``/max``);
+- ``length.png``: trajectory length mean per step (``*length/mean``), with its band;
+- ``timeline.png``: the pipeline timeline from the trace, one row per track (lane), spans coloured
+  by phase (at most ``max_rows`` rows; concurrent lanes of one track are capped at ``max_lanes``);
+- ``idle.png``: engine busy / trainer idle fractions over the whole trace (bars) and per step
+  (lines from ``pipeline/...`` in metrics.jsonl);
+- ``staleness.png``: trained tokens by staleness (policy versions behind), from the trace's
+  ``train_step`` tags or the ``pipeline/staleness_hist/<lag>`` columns;
+- ``summary.txt``: steps, last reward, throughput, idle fractions and the biggest stall with advice.
+
+Plots use matplotlib's object API with the Agg canvas (no pyplot, no global backend switch), so
+the report is safe to render from any thread or a headless machine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+from typing import Any, Sequence
+
+from gymllm.errors import GymLLMError, explain
+from gymllm.telemetry.export import assign_lanes, family_of, load_chrome_trace
+from gymllm.telemetry.metrics import biggest_stall, pipeline_metrics
+
+_PHASE_COLORS = {
+    "prefill": "#1f77b4", "decode": "#6baed6", "generate": "#9ecae1",
+    "train_step": "#2ca02c", "micro_batch": "#98df8a", "weight_sync": "#d62728", "checkpoint": "#9467bd",
+    "rollout": "#c7c7c7", "queue_wait": "#ff9896",
+    "env_step": "#ff7f0e", "reward": "#ffbb78", "tool": "#8c564b",
+}
+_EXTRA_COLORS = ["#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#aec7e8", "#c5b0d5", "#c49c94", "#f7b6d2"]
+
+
+class ReportError(GymLLMError, FileNotFoundError):
+    """The run directory holds nothing to report on."""
+
+
+# ------------------------------------------------------------------------------ reading
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Records of a metrics.jsonl, in file order; a torn last line (run killed mid-write) is skipped."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+def _trace_path(run_dir: pathlib.Path) -> pathlib.Path | None:
+    for name in ("trace.json", "trace.json.gz"):
+        if (run_dir / name).exists():
+            return run_dir / name
+    return None
+
+
+def series(records: Sequence[dict[str, Any]], suffix: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of the first key equal to or ending in "/" + ``suffix`` that has numbers."""
+    keys = sorted({k for r in records for k in r if k == suffix or k.endswith("/" + suffix)}, key=len)
+    for key in keys:
+        pts = [(int(r["step"]), float(r[key])) for r in records
+               if "step" in r and isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+        if pts:
+            return [s for s, _ in pts], [v for _, v in pts]
+    return [], []
+
+
+# ------------------------------------------------------------------------------ figures
+
+
+def _figure(w: float = 8.0, h: float = 4.0):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(w, h), dpi=100)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig, path: pathlib.Path, *, left: float = 0.1, right: float = 0.97) -> pathlib.Path:
+    fig.subplots_adjust(left=left, right=right, bottom=0.14, top=0.9, wspace=0.35)  # fixed: tight_layout is slow
+    fig.savefig(path, format="png")
+    return path
+
+
+def plot_curve(records, stem: str, title: str, path: pathlib.Path) -> pathlib.Path | None:
+    """Mean per step with the min..max band (or mean +- std) of ``stem``; None without data."""
+    steps, mean = series(records, f"{stem}/mean")
+    if not steps:
+        return None
+    fig = _figure()
+    ax = fig.add_subplot(1, 1, 1)
+    ax.plot(steps, mean, color="#1f77b4", lw=1.5, label=f"{stem} mean")
+    lo_s, lo = series(records, f"{stem}/min")
+    hi_s, hi = series(records, f"{stem}/max")
+    if lo_s == steps and hi_s == steps:
+        ax.fill_between(steps, lo, hi, color="#1f77b4", alpha=0.2, label="min..max")
+    else:
+        sd_s, sd = series(records, f"{stem}/std")
+        if sd_s == steps:
+            ax.fill_between(steps, [m - s for m, s in zip(mean, sd)], [m + s for m, s in zip(mean, sd)],
+                            color="#1f77b4", alpha=0.2, label="mean +- std")
+    ax.set_xlabel("step")
+    ax.set_ylabel(stem)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best")
+    return _save(fig, path)
+
+
+def _rows(spans: list[dict[str, Any]], max_rows: int, max_lanes: int) -> tuple[list[tuple[str, list[dict]]], int]:
+    """(row label, spans) per track lane, in track order; and the number of rows left out."""
+    by_track: dict[str, list[dict]] = {}
+    for e in spans:
+        by_track.setdefault(e["track"], []).append(e)
+    order = sorted(by_track, key=lambda t: (("engine", "trainer", "rollout", "tool", "env").index(family_of(t))
+                                            if family_of(t) in ("engine", "trainer", "rollout", "tool", "env") else 9,
+                                            len(t), t))
+    rows, omitted = [], 0
+    for track in order:
+        group = by_track[track]
+        lanes = assign_lanes(group)
+        n = max(lanes) + 1
+        for lane in range(n):
+            if lane >= max_lanes or len(rows) >= max_rows:
+                omitted += 1
+                continue
+            rows.append((track if lane == 0 else f"{track} #{lane + 1}", [e for e, l in zip(group, lanes) if l == lane]))
+    return rows, omitted
+
+
+def _depths(lane_spans: list[dict]) -> list[int]:
+    """Nesting depth of each span in a properly nested lane."""
+    order = sorted(range(len(lane_spans)), key=lambda i: (lane_spans[i]["ts"], -lane_spans[i]["dur"]))
+    depth = [0] * len(lane_spans)
+    stack: list[float] = []
+    for i in order:
+        s, e = lane_spans[i]["ts"], lane_spans[i]["ts"] + lane_spans[i]["dur"]
+        while stack and stack[-1] <= s + 1e-3:
+            stack.pop()
+        depth[i] = len(stack)
+        stack.append(e)
+    return depth
+
+
+def plot_timeline(events, path: pathlib.Path, *, max_rows: int = 32, max_lanes: int = 6) -> pathlib.Path | None:
+    """One row per track lane, spans as bars coloured by phase; nested spans drawn thinner."""
+    spans = [e for e in events if e["ph"] == "X"]
+    if not spans:
+        return None
+    t0 = min(e["ts"] for e in spans)
+    rows, omitted = _rows(spans, max_rows, max_lanes)
+    fig = _figure(11, max(3.0, 0.35 * len(rows) + 1.5))
+    ax = fig.add_subplot(1, 1, 1)
+    colors, extra = dict(_PHASE_COLORS), iter(_EXTRA_COLORS * 100)
+    seen: dict[str, Any] = {}
+    for y, (_, lane) in enumerate(rows):
+        by_name: dict[tuple[str, int], list[tuple[float, float]]] = {}
+        for e, d in zip(lane, _depths(lane)):
+            by_name.setdefault((e["name"], min(d, 3)), []).append(((e["ts"] - t0) / 1e6, e["dur"] / 1e6))
+        for (name, d), bars in sorted(by_name.items(), key=lambda kv: kv[0][1]):
+            color = colors.setdefault(name, next(extra))
+            h = 0.8 - 0.18 * d
+            coll = ax.broken_barh(bars, (y - h / 2, h), facecolors=color, edgecolor="none")
+            seen.setdefault(name, coll)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([label for label, _ in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds since trace start")
+    title = "pipeline timeline"
+    if omitted:
+        title += f" ({omitted} more lanes not shown)"
+    ax.set_title(title)
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(list(seen.values()), list(seen.keys()), loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    return _save(fig, path, left=0.13, right=0.86)
+
+
+def plot_idle(pm: dict[str, Any] | None, records, path: pathlib.Path) -> pathlib.Path | None:
+    """Bars of the run-wide busy/idle fractions and per-step lines from metrics.jsonl."""
+    bars = {k: pm[k] for k in ("engine_busy_fraction", "engine_idle_fraction", "trainer_busy_fraction",
+                               "trainer_idle_fraction", "weight_sync_fraction", "checkpoint_fraction")
+            if pm and pm.get(k) is not None}
+    lines = {k: series(records, k) for k in ("engine_busy_fraction", "trainer_idle_fraction")}
+    lines = {k: v for k, v in lines.items() if v[0]}
+    if not bars and not lines:
+        return None
+    fig = _figure(11, 4)
+    axes = [fig.add_subplot(1, 2, i + 1) for i in range(2)] if bars and lines else [fig.add_subplot(1, 1, 1)]
+    if bars:
+        ax = axes[0]
+        names = list(bars)
+        ax.barh(names, [bars[n] for n in names], color=["#1f77b4" if "busy" in n else "#d62728" for n in names])
+        ax.set_xlim(0, 1)
+        ax.set_xlabel("fraction of wall time (whole trace)")
+        ax.invert_yaxis()
+        ax.set_title("busy and idle")
+        ax.tick_params(axis="y", labelsize=8)
+        for i, n in enumerate(names):
+            ax.text(min(bars[n] + 0.01, 0.9), i, f"{100 * bars[n]:.0f}%", va="center", fontsize=8)
+    if lines:
+        ax = axes[-1]
+        for k, (s, v) in lines.items():
+            ax.plot(s, v, label=k)
+        ax.set_ylim(0, 1.05)
+        ax.set_xlabel("step")
+        ax.set_title("per step")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best", fontsize=8)
+    return _save(fig, path, left=0.2 if bars else 0.1)
+
+
+def staleness_from_records(records) -> dict[int, float]:
+    """Sum of the ``.../staleness_hist/<lag>`` columns over all records."""
+    hist: dict[int, float] = {}
+    for r in records:
+        for k, v in r.items():
+            head, _, lag = k.rpartition("/")
+            if head.endswith("staleness_hist") and lag.lstrip("-").isdigit() and isinstance(v, (int, float)):
+                hist[int(lag)] = hist.get(int(lag), 0.0) + float(v)
+    return dict(sorted(hist.items()))
+
+
+def plot_staleness(hist: dict[int, float], path: pathlib.Path) -> pathlib.Path | None:
+    if not hist or sum(hist.values()) <= 0:
+        return None
+    fig = _figure(6, 4)
+    ax = fig.add_subplot(1, 1, 1)
+    total = sum(hist.values())
+    ax.bar(list(hist), [100 * v / total for v in hist.values()], color="#2ca02c")
+    ax.set_xticks(list(hist))
+    ax.set_xlabel("staleness (policy versions behind the trainer)")
+    ax.set_ylabel("% of trained tokens")
+    ax.set_title(f"staleness of {total:,.0f} trained tokens")
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+# ------------------------------------------------------------------------------ summary
+
+
+def _fmt(v: Any, pct: bool = False) -> str:
+    if v is None:
+        return "n/a"
+    return f"{100 * v:.1f}%" if pct else f"{v:,.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+
+
+def summarize(run_dir: pathlib.Path, records, pm: dict[str, Any] | None, hist: dict[int, float]) -> str:
+    """The text of summary.txt."""
+    lines = [f"run: {run_dir}"]
+    steps, reward = series(records, "reward/mean")
+    if records:
+        lines.append(f"steps logged: {len(records)} (last step {records[-1].get('step')})")
+    if reward:
+        lines.append(f"reward mean: first {reward[0]:.4g}, last {reward[-1]:.4g}, best {max(reward):.4g}")
+    _, length = series(records, "length/mean")
+    if length:
+        lines.append(f"length mean: last {length[-1]:.4g}")
+    source = pm
+    if source is None and records:  # no trace: average the per-step pipeline figures
+        keys = ("engine_busy_fraction", "engine_idle_fraction", "trainer_idle_fraction", "trainer_busy_fraction",
+                "weight_sync_fraction", "checkpoint_fraction", "tool_latency_share", "env_latency_share",
+                "tokens_per_s_generated", "tokens_per_s_trained")
+        source = {k: (sum(v) / len(v) if (v := series(records, k)[1]) else None) for k in keys}
+    if source:
+        lines.append(f"window: {_fmt(source.get('window_s'))} s" if source.get("window_s") else "window: per-step average")
+        lines.append(f"tokens/s generated: {_fmt(source.get('tokens_per_s_generated'))}, "
+                     f"trained: {_fmt(source.get('tokens_per_s_trained'))}")
+        lines.append(f"engine busy: {_fmt(source.get('engine_busy_fraction'), True)}, "
+                     f"trainer idle: {_fmt(source.get('trainer_idle_fraction'), True)}, "
+                     f"weight sync: {_fmt(source.get('weight_sync_fraction'), True)}, "
+                     f"checkpoint: {_fmt(source.get('checkpoint_fraction'), True)}")
+        lines.append(f"share of rollout time in tools: {_fmt(source.get('tool_latency_share'), True)}, "
+                     f"in env steps: {_fmt(source.get('env_latency_share'), True)}")
+        if source.get("groups_dropped") is not None or source.get("groups_filtered") is not None:
+            lines.append(f"groups dropped: {_fmt(source.get('groups_dropped'))}, filtered: {_fmt(source.get('groups_filtered'))}")
+    if hist:
+        total = sum(hist.values())
+        mean = sum(k * v for k, v in hist.items()) / total if total else 0.0
+        lines.append(f"staleness: mean {mean:.2f} versions, max {max(hist)}, over {total:,.0f} trained tokens")
+    if source:
+        name, frac, advice = biggest_stall(source)
+        lines.append(f"biggest stall: {name} ({100 * frac:.1f}%) -> {advice}")
+    else:
+        lines.append("biggest stall: unknown (no trace and no pipeline metrics in metrics.jsonl)")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(run_dir: str | os.PathLike) -> list[pathlib.Path]:
+    """Render the report of ``run_dir``; returns the files written (PNGs, then summary.txt).
+
+    Raises:
+        ReportError: the directory has neither metrics.jsonl nor trace.json(.gz).
+    """
+    run_dir = pathlib.Path(run_dir)
+    metrics_path, trace_path = run_dir / "metrics.jsonl", _trace_path(run_dir)
+    if not metrics_path.exists() and trace_path is None:
+        raise ReportError(explain(f"report of {str(run_dir)!r}", expected="a run directory with metrics.jsonl and/or trace.json",
+                                  received=sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else "no such directory",
+                                  fix="pass the run_dir given to `gymllm train` (MetricsLogger writes both files there)"))
+    records = read_metrics(metrics_path) if metrics_path.exists() else []
+    events = load_chrome_trace(trace_path) if trace_path is not None else []
+    pm = pipeline_metrics(events) if any(e["ph"] == "X" for e in events) else None
+    hist = {int(k): v for k, v in (pm or {}).get("staleness_hist", {}).items()} or staleness_from_records(records)
+    written = [
+        plot_curve(records, "reward", "reward per step", run_dir / "reward.png"),
+        plot_curve(records, "length", "trajectory length per step", run_dir / "length.png"),
+        plot_timeline(events, run_dir / "timeline.png"),
+        plot_idle(pm, records, run_dir / "idle.png"),
+        plot_staleness(hist, run_dir / "staleness.png"),
+    ]
+    summary = run_dir / "summary.txt"
+    summary.write_text(summarize(run_dir, records, pm, hist))
+    return [p for p in written if p is not None] + [summary]
