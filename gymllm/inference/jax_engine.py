@@ -270,13 +270,15 @@ class JaxEngine:
             self._thread.join()
         self._closed = True
 
-    def warmup(self) -> None:
-        """Compile every prefill shape and the decode step now (blocks; call before serving)."""
+    def warmup(self, max_prompt_len: int | None = None) -> None:
+        """Compile the decode step and every prefill shape (only the length buckets up to the one
+        holding ``max_prompt_len``, when given) now; blocks. Call before serving or timing."""
         if self._active or self._waiting:
             raise EngineError("warmup: expected an idle engine, received one with requests. Fix: warm up first.")
+        limit = pick_bucket(min(max_prompt_len, self.max_len - 1), self.buckets) if max_prompt_len else self.max_len
         with self._device:
             for p in self.batch_sizes:
-                for t in self.buckets:
+                for t in (b for b in self.buckets if b <= limit):
                     rows = np.full(p, self.config.num_slots, np.int32)  # padding rows only: nothing is written
                     self._call_prefill(np.zeros((p, t), np.int32), np.zeros((p, t), np.int32), rows,
                                        np.zeros(p, np.int32), _PrefillRowParams.padding(p))
