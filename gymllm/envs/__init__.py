@@ -16,6 +16,11 @@ ENV_MODULES: list[str] = [
     "gymllm.envs.basic",
     "gymllm.envs.arithmetic",
     "gymllm.envs.games",
+    "gymllm.envs.countdown",
+    "gymllm.envs.math_word",
+    "gymllm.envs.calc_math",
+    "gymllm.envs.code",
+    "gymllm.envs.terminal",
 ]
 
 _LAZY = {

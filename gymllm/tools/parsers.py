@@ -132,8 +132,8 @@ def _render_llama3(calls: list[ToolCall]) -> str:
 
 
 # --------------------------------------------------------------------------- gemma tool_code / python call syntax
-_TOOL_CODE = re.compile(r"```tool_code\s*\n(.*?)(?:```|\Z)", re.DOTALL)
-_PY_FENCE = re.compile(r"```(?:python|py)\s*\n(.*?)(?:```|\Z)", re.DOTALL)
+_TOOL_CODE = re.compile(r"```tool_code[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
+_PY_FENCE = re.compile(r"```(?:python|py)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
 
 def _literal(node: ast.AST) -> Any:

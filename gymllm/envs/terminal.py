@@ -1,0 +1,231 @@
+"""``gymllm/Terminal-v0``: fix a bug in a small generated repository through a sandboxed shell (SWE-style).
+
+Reset writes a small Python package into a fresh :class:`~gymllm.tools.sandbox.Sandbox` work dir:
+three functions drawn from a bank (``clamp``, ``mean``, ``is_leap``, ``fib``, ``count_words``,
+``factorial``), one of which carries an injected bug, and ``tests/test_lib.py`` (``unittest``) whose
+cases fail because of it. All choices and test data come from the env's ``np_random``.
+
+Each action is either
+
+- a command: the last fenced ```` ```bash ```` (or ``sh``/``shell``) block runs in the sandbox
+  (no network, only the repository writable, time/memory/process limits); the observation is
+  its output, reward 0; or
+- a submission: any reply without such a block. The original tests are restored (so editing the
+  tests does not help) and run; reward 1.0 when they all pass, and the episode ends.
+
+Reaching ``max_turns`` truncates (reward 0). ``gymllm/TerminalTools-v0`` is the same task through
+the :class:`~gymllm.wrappers.ToolUse` wrapper with a ``shell`` tool bound to the repository.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+
+from gymllm.core import TextEnv
+from gymllm.errors import ConfigError, explain
+from gymllm.registration import register
+from gymllm.tools.sandbox import Sandbox, SandboxConfig
+
+__all__ = ["TerminalEnv", "make_terminal_tools", "FUNCTIONS"]
+
+# name -> (correct body, buggy body, test cases as (args, expected) builders from rng)
+FUNCTIONS: dict[str, dict] = {
+    "clamp": {
+        "sig": "def clamp(x, lo, hi):",
+        "doc": "Return x limited to the range [lo, hi].",
+        "good": "    return max(lo, min(x, hi))",
+        "bad": "    return min(lo, max(x, hi))",
+        "cases": lambda r: [((int(r.integers(-50, 50)), -5, 5),), ((100, 0, int(r.integers(1, 20))),),
+                            ((-100, int(r.integers(-20, 0)), 30),)],
+        "ref": lambda x, lo, hi: max(lo, min(x, hi)),
+    },
+    "mean": {
+        "sig": "def mean(xs):",
+        "doc": "Return the arithmetic mean of a non-empty list of numbers.",
+        "good": "    return sum(xs) / len(xs)",
+        "bad": "    return sum(xs) / (len(xs) - 1)",
+        "cases": lambda r: [([int(v) for v in r.integers(0, 100, size=int(r.integers(2, 6)))],) for _ in range(3)],
+        "ref": lambda xs: sum(xs) / len(xs),
+    },
+    "is_leap": {
+        "sig": "def is_leap(year):",
+        "doc": "Return True when year is a leap year in the Gregorian calendar.",
+        "good": "    return year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)",
+        "bad": "    return year % 4 == 0 and year % 100 != 0",
+        "cases": lambda r: [(2000,), (int(r.choice([1900, 2100, 1800])),), (4 * int(r.integers(480, 520)) + 1,),
+                            (int(r.choice([1600, 2400])),)],
+        "ref": lambda y: y % 4 == 0 and (y % 100 != 0 or y % 400 == 0),
+    },
+    "fib": {
+        "sig": "def fib(n):",
+        "doc": "Return the n-th Fibonacci number (fib(0) == 0, fib(1) == 1).",
+        "good": "    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a",
+        "bad": "    a, b = 0, 1\n    for _ in range(n - 1):\n        a, b = b, a + b\n    return a",
+        "cases": lambda r: [(int(r.integers(2, 30)),) for _ in range(3)],
+        "ref": None,
+    },
+    "count_words": {
+        "sig": "def count_words(text):",
+        "doc": "Return the number of whitespace-separated words in text.",
+        "good": "    return len(text.split())",
+        "bad": "    return len(text.split(' '))",
+        "cases": lambda r: [("  ".join(["w"] * int(r.integers(2, 6))),), (" lead and trail ",), ("one\ttwo\nthree",)],
+        "ref": lambda s: len(s.split()),
+    },
+    "factorial": {
+        "sig": "def factorial(n):",
+        "doc": "Return n! for a non-negative integer n.",
+        "good": "    result = 1\n    for i in range(2, n + 1):\n        result *= i\n    return result",
+        "bad": "    result = 1\n    for i in range(2, n):\n        result *= i\n    return result",
+        "cases": lambda r: [(int(r.integers(3, 15)),) for _ in range(3)],
+        "ref": None,
+    },
+}
+
+
+def _fib(n: int) -> int:
+    a, b = 0, 1
+    for _ in range(n):
+        a, b = b, a + b
+    return a
+
+
+def _reference(name: str):
+    import math
+
+    return FUNCTIONS[name]["ref"] or {"fib": _fib, "factorial": math.factorial}[name]
+
+
+_CMD = re.compile(r"```(?:bash|sh|shell|console)[ \t]*\n(.*?)```", re.DOTALL)
+
+
+def extract_command(reply: str) -> str | None:
+    """The last fenced bash block of a reply (None: the reply is a submission)."""
+    blocks = _CMD.findall(reply)
+    return blocks[-1].strip() if blocks else None
+
+
+class TerminalEnv(TextEnv):
+    """A failing test in a generated repository; the agent runs shell commands, then submits.
+
+    Args:
+        num_functions: functions in the generated library (one is buggy), 1..6.
+        sandbox: limits for every command and for grading.
+        max_turns: commands + submission allowed (default 12).
+    """
+
+    def __init__(self, *, num_functions: int = 3, sandbox: SandboxConfig | None = None, max_turns: int | None = 12,
+                 render_mode: str | None = None):
+        super().__init__(max_turns=max_turns, render_mode=render_mode)
+        if isinstance(num_functions, bool) or not isinstance(num_functions, int) or not 1 <= num_functions <= 6:
+            raise ConfigError(explain("TerminalEnv.num_functions", expected="an int in [1, 6]", received=num_functions,
+                                      fix="pass num_functions=3"))
+        self.num_functions = num_functions
+        self.sandbox_config = sandbox or SandboxConfig(timeout_s=10.0, memory_mb=512, max_output_bytes=4000)
+        self.sandbox = Sandbox(self.sandbox_config)
+        self._tests = ""
+
+    # ------------------------------------------------------------------ repository
+    def _generate(self) -> dict[str, str]:
+        rng = self.np_random
+        names = [list(FUNCTIONS)[int(i)] for i in rng.permutation(len(FUNCTIONS))[: self.num_functions]]
+        buggy = names[int(rng.integers(len(names)))]
+        self.buggy = buggy
+        lib = ['"""A small utility library."""', ""]
+        tests = ["import unittest", "", "from lib import " + ", ".join(names), "", "",
+                 "class TestLib(unittest.TestCase):"]
+        for name in names:
+            f = FUNCTIONS[name]
+            body = f["bad"] if name == buggy else f["good"]
+            lib += ["", f["sig"], f'    """{f["doc"]}"""', body, ""]
+            ref = _reference(name)
+            for i, (args,) in enumerate(f["cases"](rng)):
+                args = args if isinstance(args, tuple) else (args,)
+                call = f"{name}({', '.join(map(repr, args))})"
+                want = ref(*args)
+                check = f"self.assertAlmostEqual({call}, {want!r})" if isinstance(want, float) else \
+                    f"self.assertEqual({call}, {want!r})"
+                tests += [f"    def test_{name}_{i}(self):", f"        {check}", ""]
+        tests += ["", 'if __name__ == "__main__":', "    unittest.main()", ""]
+        readme = ("# lib\n\nA small utility library. Run the tests with:\n\n    python -m unittest -v\n\n"
+                  "Files: lib/__init__.py (the code), tests/test_lib.py (the tests).\n")
+        self._tests = "\n".join(tests)
+        return {"README.md": readme, "lib/__init__.py": "\n".join(lib), "tests/__init__.py": "",
+                "tests/test_lib.py": self._tests}
+
+    def _clear(self) -> None:
+        for name in os.listdir(self.sandbox.workdir):
+            path = os.path.join(self.sandbox.workdir, name)
+            shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+
+    def _reset(self, *, seed, options):
+        if self.sandbox._closed:
+            self.sandbox = Sandbox(self.sandbox_config)
+        self._clear()
+        self.sandbox.write_files(self._generate())
+        self._task_id = f"terminal-{self.buggy}-{hashlib.sha1(self._tests.encode()).hexdigest()[:10]}"
+        prompt = ("You are in the root of a small Python repository (lib/__init__.py, tests/test_lib.py). "
+                  "A test is failing. Find and fix the bug in the library code (not in the tests).\n\n"
+                  "To run a shell command, reply with it in a ```bash code block; you will see its output. "
+                  "Each command starts in the repository root; there is no network. Useful commands: "
+                  "`python -m unittest`, `cat lib/__init__.py`, `sed -i 's/old/new/' FILE`.\n"
+                  "When the tests pass, reply without a code block to submit.")
+        return prompt, {"task_id": self._task_id, "buggy_function": self.buggy}
+
+    # ------------------------------------------------------------------ actions
+    def grade(self) -> tuple[bool, str]:
+        """Restore the original tests, run them; (all passed, output)."""
+        self.sandbox.write_files({"tests/test_lib.py": self._tests, "tests/__init__.py": ""})
+        res = self.sandbox.run_shell("python -m unittest -q 2>&1 | tail -n 15")
+        ok = res.ok and bool(re.search(r"^OK", res.stdout, re.MULTILINE)) and "FAILED" not in res.stdout
+        return ok, re.sub(r"(Ran \d+ tests?) in [\d.]+s", r"\1", res.as_text())  # no timings: replayable
+
+    def _step(self, action: str):
+        cmd = extract_command(action)
+        info = {"task_id": self._task_id}
+        if cmd is not None:
+            res = self.sandbox.run_shell(cmd)
+            truncated = self.max_turns is not None and self.turn + 1 >= self.max_turns
+            if truncated:  # out of turns: grade what is there (reward only if it passes)
+                ok, _ = self.grade()
+                info.update(passed=ok, command=cmd, exit_code=res.exit_code)
+                return res.as_text(), float(ok), False, True, info
+            info.update(command=cmd, exit_code=res.exit_code, timed_out=res.timed_out)
+            return res.as_text(), 0.0, False, info
+        ok, output = self.grade()
+        info["passed"] = ok
+        obs = "All tests pass. Well done." if ok else "The tests still fail:\n" + output
+        return obs, 1.0 if ok else 0.0, True, info
+
+    def close(self) -> None:
+        self.sandbox.close()
+        super().close()
+
+
+def make_terminal_tools(*, num_functions: int = 3, parser: str = "hermes", max_tool_calls: int = 12,
+                        sandbox: SandboxConfig | None = None, max_turns: int | None = 12,
+                        render_mode: str | None = None):
+    """``ToolUse(TerminalEnv(...), tools=[shell])`` where ``shell(command)`` runs in the repository."""
+    from gymllm.tools.shell import make_shell_tool
+    from gymllm.wrappers.tool_use import ToolUse
+
+    env = TerminalEnv(num_functions=num_functions, sandbox=sandbox, max_turns=max_turns, render_mode=render_mode)
+    proxy = _SandboxProxy(env)
+    return ToolUse(env, tools=[make_shell_tool(proxy)], parser=parser, max_tool_calls=max_tool_calls, timeout_s=None)
+
+
+class _SandboxProxy:
+    """Forwards to the env's current sandbox (it is replaced when a closed env is reset)."""
+
+    def __init__(self, env: TerminalEnv):
+        self._env = env
+
+    def run_shell(self, command: str, **kw):
+        return self._env.sandbox.run_shell(command, **kw)
+
+
+register("Terminal-v0", "gymllm.envs.terminal:TerminalEnv")
+register("TerminalTools-v0", "gymllm.envs.terminal:make_terminal_tools")

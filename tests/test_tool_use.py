@@ -1,0 +1,145 @@
+"""The ToolUse wrapper: pass-through equals the bare env, tool turns answer with tool messages, every
+failure becomes a readable observation, async equals sync, and the env checker passes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+import gymllm
+from gymllm.errors import ConfigError, InvalidActionError, ResetNeededError
+from gymllm.telemetry import Tracer, get_tracer, set_tracer
+from gymllm.tools import ToolRegistry, calculator, format_tool_calls, tool
+from gymllm.types import ToolCall
+from gymllm.utils import check_env
+from gymllm.wrappers import ToolUse
+
+
+def call(name, fmt="hermes", **args):
+    return format_tool_calls([ToolCall(name, args)], fmt)
+
+
+@tool
+async def slow_echo(text: str, delay: float = 0.0) -> str:
+    """Echo text after a delay.
+
+    Args:
+        text: what to echo.
+        delay: seconds to wait.
+    """
+    await asyncio.sleep(delay)
+    return text
+
+
+@tool
+def explode() -> str:
+    """Always raises."""
+    raise ValueError("tool blew up")
+
+
+def make(**kw):
+    return ToolUse(gymllm.make("gymllm/Arithmetic-v0"), tools=kw.pop("tools", [calculator, slow_echo, explode]), **kw)
+
+
+def test_pass_through_equals_the_bare_env():
+    bare, wrapped = gymllm.make("gymllm/Arithmetic-v0"), make()
+    obs_b, info_b = bare.reset(seed=7)
+    obs_w, info_w = wrapped.reset(seed=7)
+    assert obs_w == [{"role": "user", "content": obs_b}]
+    assert info_w["tools"] == wrapped.tools_schema and info_w["answer"] == info_b["answer"]
+    json.dumps(info_w["tools"])  # ready for apply_chat_template(tools=...)
+    reply = f"\\boxed{{{info_b['answer']}}}"
+    ob, rb, tb, trb, ib = bare.step(reply)
+    ow, rw, tw, trw, iw = wrapped.step(reply)
+    assert (ow, rw, tw, trw) == ([{"role": "user", "content": ob}], rb, tb, trb) and rw == 1.0
+    assert iw["tool_turn"] is False and iw["correct"] is True
+    with pytest.raises(ResetNeededError):
+        wrapped.step("after the end")
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "llama3", "gemma"])
+def test_tool_turn_answers_with_tool_messages(fmt):
+    env = make(parser=fmt)
+    _, info = env.reset(seed=1)
+    obs, r, term, trunc, info = env.step("Let me use the tool.\n" + call("calculator", fmt, expression="123 * 456"))
+    assert obs == [{"role": "tool", "name": "calculator", "content": "56088", "tool_call_id": "call_0"}]
+    assert (r, term, trunc) == (0.0, False, False) and info["tool_turn"] and info["num_tool_calls"] == 1
+    assert info["parsed_tool_calls"][0]["function"] == {"name": "calculator", "arguments": {"expression": "123 * 456"}}
+    assert info["tool_calls"][0]["ok"] is True
+
+
+def test_every_failure_becomes_an_observation():
+    env = make(timeout_s=0.2)
+    env.reset(seed=0)
+    text = (call("nope") + call("calculator", expression="1/0") + call("calculator", expr="1")
+            + call("explode") + call("slow_echo", text="late", delay=5) + "<tool_call>{not json</tool_call>")
+    obs, r, term, trunc, info = env.step(text)
+    kinds = [c["error"] for c in info["tool_calls"]]
+    assert kinds == ["unknown_tool", "exception", "bad_arguments", "exception", "timeout", "parse"]
+    assert all(m["role"] == "tool" and m["content"].startswith("Error: ") for m in obs)
+    assert "non-zero divisor" in obs[1]["content"] and "tool blew up" in obs[3]["content"]
+    assert "expression" in obs[2]["content"]  # names what was expected
+    assert info["num_tool_errors"] == 6 and not term and not trunc
+    obs, r, term, *_ = env.step(call("slow_echo", text="fine"))  # the episode goes on
+    assert obs[0]["content"] == "fine" and not term
+
+
+def test_budget_then_pass_through():
+    env = make(max_tool_calls=2)
+    _, info = env.reset(seed=3)
+    obs, *_, info1 = env.step(call("calculator", expression="1+1") * 3)
+    assert [c["error"] for c in info1["tool_calls"]] == [None, None, "budget"]
+    obs, r, term, trunc, info2 = env.step(call("calculator", expression="2+2"))  # budget used up: graded
+    assert term and r == 0.0 and info2["tool_turn"] is False
+
+
+def test_async_twin_matches_sync_and_spans_are_recorded():
+    tracer = Tracer()
+    old = get_tracer()
+    set_tracer(tracer)
+    try:
+        actions = [call("slow_echo", text="héllo ✓"), call("calculator", expression="2**10"), "\\boxed{0}"]
+
+        def sync_run():
+            env = make()
+            out = [env.reset(seed=5)[0]]
+            return out + [env.step(a)[:4] for a in actions]
+
+        async def async_run():
+            env = make()
+            out = [(await env.areset(seed=5))[0]]
+            for a in actions:
+                out.append((await env.astep(a))[:4])
+            return out
+
+        assert sync_run() == asyncio.run(async_run())
+        spans = [e for e in tracer.events() if e["name"] == "tool"]
+        assert len(spans) == 4 and {e["track"] for e in spans} == {"tool"}
+        assert [e["args"]["tool"] for e in spans] == ["slow_echo", "calculator"] * 2
+    finally:
+        set_tracer(old)
+
+
+def test_check_env_with_tool_calls_and_builtin_names():
+    env = ToolUse(gymllm.make("gymllm/Arithmetic-v0"), tools=["calculator", "python"], parser="hermes")
+    assert [t["function"]["name"] for t in env.tools_schema] == ["calculator", "python"]
+    policy = lambda t: [call("calculator", expression="6*7"), "\\boxed{42}"][t % 2]  # noqa: E731
+    check_env(env, policy=policy, skip_gymnasium=True)
+    check_env(env)
+
+
+def test_bad_configuration_and_actions():
+    with pytest.raises(ConfigError, match="tool-call format"):
+        make(parser="klingon")
+    with pytest.raises(ConfigError, match="max_tool_calls"):
+        make(max_tool_calls=-1)
+    with pytest.raises(ConfigError, match="built-in"):
+        make(tools=["web_search"])
+    env = make(tools=ToolRegistry([calculator]))
+    with pytest.raises(ResetNeededError):
+        env.step(call("calculator", expression="1"))
+    env.reset(seed=0)
+    with pytest.raises(InvalidActionError):
+        env.step(42)
