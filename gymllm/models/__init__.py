@@ -25,6 +25,13 @@ _LAZY = {
     "make_tiny": "gymllm.models.tiny",
     "tiny_config": "gymllm.models.tiny",
     "tiny_tokenizer": "gymllm.models.tiny",
+    "load": "gymllm.models.registry",
+    "REGISTRY": "gymllm.models.registry",
+    "cache_dir": "gymllm.models.registry",
+    "load_hf_dir": "gymllm.models.hf_io",
+    "save_hf_dir": "gymllm.models.hf_io",
+    "load_gguf": "gymllm.models.gguf_io",
+    "save_gguf": "gymllm.models.gguf_io",
     "CHATML_TOOLS_TEMPLATE": "gymllm.models.chat_templates",
     "render_chat_template": "gymllm.models.chat_templates",
 }

@@ -221,7 +221,7 @@ class ModelConfig:
             local = {"rope_type": "default", "rope_theta": self.rope_local_theta or self.rope_theta}
             out.update(
                 hidden_activation="gelu_pytorch_tanh",
-                query_pre_attn_scalar=self.query_pre_attn_scalar or self.resolved_head_dim,
+                query_pre_attn_scalar=int(self.query_pre_attn_scalar or self.resolved_head_dim),
                 sliding_window=self.sliding_window or None,
                 layer_types=list(self.resolved_layer_types),
                 rope_local_base_freq=local["rope_theta"],

