@@ -39,7 +39,7 @@ POLICIES = {
 def test_check_env(env_id):
     env = gymllm.make(f"gymllm/{env_id}")
     try:
-        check_env(env, num_steps=3, policy=POLICIES.get(env_id), skip_gymnasium=env_id.startswith("Terminal"))
+        check_env(env, num_steps=2, policy=POLICIES.get(env_id), skip_gymnasium=env_id.startswith("Terminal"))
         if env_id not in ("Code-v0",) and not env_id.startswith("Terminal"):
             check_env(env, num_steps=3)  # random Unicode actions too
     finally:

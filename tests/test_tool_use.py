@@ -143,3 +143,23 @@ def test_bad_configuration_and_actions():
     env.reset(seed=0)
     with pytest.raises(InvalidActionError):
         env.step(42)
+
+
+def test_schemas_and_calls_round_trip_through_the_qwen_chat_template():
+    """info["tools"] renders in Qwen2.5's ChatML template, and the <tool_call> text the template writes
+    for info["parsed_tool_calls"] parses back to the same call (the template is the peer)."""
+    from gymllm.models.chat_templates import CHATML_TOOLS_TEMPLATE, render_chat_template
+    from gymllm.tools import parse_tool_calls
+
+    env = make()
+    obs, info = env.reset(seed=2)
+    action = call("calculator", expression="17 * 23")
+    tool_obs, *_, step_info = env.step(action)
+    messages = [*obs, {"role": "assistant", "content": "", "tool_calls": step_info["parsed_tool_calls"]}, *tool_obs]
+    text = render_chat_template(CHATML_TOOLS_TEMPLATE, messages, tools=info["tools"])
+    for schema in info["tools"]:
+        assert json.dumps(schema, ensure_ascii=False) in text
+    assert "<tool_response>\n391\n</tool_response>" in text
+    assistant = text.split("<|im_start|>assistant\n", 1)[1].split("<|im_end|>", 1)[0]
+    reparsed = parse_tool_calls(assistant, "hermes")
+    assert [(c.name, c.arguments) for c in reparsed] == [("calculator", {"expression": "17 * 23"})]

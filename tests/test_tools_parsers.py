@@ -43,7 +43,7 @@ def _strip_ids(calls):
 
 
 @pytest.mark.parametrize("fmt", ["hermes", "llama3", "gemma"])
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(calls=_calls, prefix=st.text(alphabet="abc ,.!?\n", max_size=20))
 def test_rendered_calls_round_trip(fmt, calls, prefix):
     text = prefix + format_tool_calls(calls, fmt)
