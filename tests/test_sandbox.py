@@ -141,3 +141,15 @@ def test_shell_tool_and_config_validation(sb):
         SandboxConfig(timeout_s=0)
     with pytest.raises(ConfigError, match="memory_mb"):
         SandboxConfig(memory_mb=1)
+
+
+def test_audit_hook_alone_refuses_python_escapes(outside):
+    """Without namespaces (as on hosts that forbid them) the in-child audit hook still refuses escapes."""
+    target = os.path.join(outside, "no-ns.txt")
+    with Sandbox(SandboxConfig(timeout_s=3, namespaces=False)) as box:
+        res = box.run_python(f"open({target!r}, 'w').write('x')")
+        assert res.isolation["fs"] is False and "not allowed" in res.stderr
+        assert "network access" in box.run_python("import socket; socket.socket()").stderr
+        assert "starting a process" in box.run_python("import os; os.system('true')").stderr
+        assert box.run_python("open('inside.txt', 'w').write('ok'); print('fine')").stdout == "fine\n"
+    assert not os.path.exists(target)
