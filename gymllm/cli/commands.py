@@ -137,9 +137,14 @@ def serve(
         max_slots: Concurrent sequences in the continuous-batching engine.
         max_len: Context length of each slot.
     """
+    from gymllm.cli.evaluate import load_model
+    from gymllm.inference import EngineConfig, JaxEngine
     from gymllm.inference.server import serve as serve_fn
 
-    serve_fn(model=model, host=host, port=port, max_slots=max_slots, max_len=max_len)
+    loaded = load_model(model)
+    engine = JaxEngine.from_loaded(loaded, config=EngineConfig(num_slots=max_slots, max_len=max_len))
+    print(f"serving {model} on http://{host}:{port}/v1 (OpenAI-compatible)", flush=True)
+    serve_fn(engine, loaded.tokenizer, model, host=host, port=port)
     return 0
 
 
