@@ -87,8 +87,12 @@ class Span:
             _CURRENT_SPAN.set(self._parent)
         if et is not None:
             self.tags["error"] = et.__name__
-        tr = self._tracer
-        tr._append(("X", self.name, self.track, self._start, end - self._start, self.tags, self._id, self._parent))
+        tr = self._tracer  # Tracer._append, inlined: this is the hot path
+        events = tr._events
+        events.append((next(tr._seq), "X", self.name, self.track, self._start, end - self._start, self.tags,
+                       self._id, self._parent, threading.get_ident()))
+        if len(events) > tr.capacity:
+            tr._overflow()
         return False
 
     def __call__(self, fn: Callable) -> Callable:
@@ -114,12 +118,13 @@ class Tracer:
     """Records spans ("X" events) and counters ("C" events) in a bounded buffer.
 
     Args:
-        capacity: The most events held in memory (>= 2).
+        capacity: The most events held in memory (>= 2). A buffered span costs about 0.5 KB
+            (``benchmarks/telemetry.py`` measures it), so the default bounds the tracer near 125 MB.
         enabled: When False, spans and counters cost one attribute check and record nothing.
         spill_path: If set, overflowing events are appended here as JSON lines instead of dropped.
     """
 
-    def __init__(self, capacity: int = 1_000_000, enabled: bool = True, spill_path: str | os.PathLike | None = None):
+    def __init__(self, capacity: int = 250_000, enabled: bool = True, spill_path: str | os.PathLike | None = None):
         if not isinstance(capacity, int) or capacity < 2:
             from gymllm.errors import ConfigError, explain
 
