@@ -384,3 +384,54 @@ def test_config_validation_names_the_field():
         RolloutConfig(group_timeout_s=0)
     with pytest.raises(Exception, match="rollout envs"):
         RolloutOrchestrator(object(), ScriptedEngine(), ModelAgent(tok()), sampling=SAMPLING)
+
+
+class CannedToolEngine(ScriptedEngine):
+    """Test double of the Engine protocol: answers the first call of a trajectory with a native
+    (Hermes) tool call and the second with a final answer, as canonical token ids of that text."""
+
+    def __init__(self, tokenizer, expression: str):
+        super().__init__()
+        self.texts = [
+            '<tool_call>\n{"name": "calculator", "arguments": {"expression": "%s"}}\n</tool_call>' % expression,
+            "The answer is \\boxed{%s}." % eval(expression),  # noqa: S307 (a fixed test expression)
+        ]
+        self.tok = tokenizer
+        self.turn: collections.Counter = collections.Counter()
+
+    async def generate(self, prompt_ids, params, *, session_id=None):
+        i = self.turn[session_id]
+        self.turn[session_id] += 1
+        ids = self.tok.encode(self.texts[min(i, 1)]) + [IM_END]
+        await asyncio.sleep(0.001)
+        return Completion(token_ids=ids, logprobs=[-0.25] * len(ids), finish_reason="stop",
+                          versions=[self.version] * len(ids), prompt_len=len(prompt_ids))
+
+
+def test_tool_agent_with_the_tool_use_wrapper_builds_tito_rows_with_tool_deltas():
+    from gymllm.envs.arithmetic import ArithmeticEnv
+    from gymllm.rollout import ToolAgent
+    from gymllm.wrappers.tool_use import ToolUse
+
+    t = tok()
+    envs = [ToolUse(ArithmeticEnv(digits=1), tools=["calculator"], parser="hermes") for _ in range(2)]
+    orch = RolloutOrchestrator(envs, CannedToolEngine(t, "6*7"), ToolAgent(t, parser="hermes"),
+                               sampling=SamplingParams(temperature=0.0, max_tokens=64),
+                               config=RolloutConfig(group_size=2, num_groups=2, max_staleness=None))
+    groups = asyncio.run(consume_all(orch))
+    assert len(groups) == 2
+    for tr in (tr for g in groups for tr in g.trajectories):
+        assert len(tr.turn_boundaries) == 2 and tr.info["tool_calls"] == 1 and tr.timings["tool_s"] > 0
+        (s0, e0), (s1, e1) = tr.turn_boundaries
+        delta = t.decode(tr.token_ids[e0:s1].tolist())
+        assert delta.startswith("\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>")
+        assert delta.endswith("<|im_start|>assistant\n") and tr.loss_mask[e0:s1].sum() == 0
+        # peer: with canonical samples the TITO row equals the whole conversation re-rendered (with tools)
+        obs, info = ToolUse(ArithmeticEnv(digits=1), tools=["calculator"], parser="hermes").reset(seed=tr.seed)
+        eng = CannedToolEngine(t, "6*7")
+        history = [*obs, {"role": "assistant", "content": eng.texts[0]},
+                   {"role": "tool", "content": "42", "name": "calculator", "tool_call_id": "call_0"},
+                   {"role": "assistant", "content": eng.texts[1]}]
+        full = t.encode(render(t, history, info["tools"]))
+        assert '"name": "calculator"' in t.decode(tr.token_ids[:s0].tolist())
+        assert tr.token_ids.tolist() == full[: len(tr.token_ids)] and len(full) == len(tr.token_ids) + 1  # + "\n"
