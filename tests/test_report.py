@@ -13,7 +13,7 @@ import gymllm
 from gymllm.telemetry import Tracer, set_tracer, span
 from gymllm.telemetry.export import load_chrome_trace
 from gymllm.telemetry.metrics import biggest_stall, learner_step_metrics, pipeline_metrics, staleness_histogram
-from gymllm.telemetry.report import ReportError, read_metrics, write_report
+from gymllm.telemetry.report import ReportError, read_metrics, timeline_window, write_report
 from gymllm.telemetry.sinks import MetricsLogger
 
 STEPS, GROUP = 4, 3
@@ -123,6 +123,11 @@ def test_report_renders_from_a_short_run(run_dir):
     assert sum(pm["staleness_hist"].values()) == pytest.approx(pm["tokens_trained"])
     assert pm["tokens_trained"] == pytest.approx(sum(r["length/mean"] * GROUP for r in records))
     assert set(pm["staleness_hist"]) <= {0, 1}
+    spans = [e for e in events if e["ph"] == "X"]
+    lo, hi, n = timeline_window(spans, 3)  # the timeline shows the last 3 of 4 steps
+    first_end = min(e["ts"] + e["dur"] for e in spans if e["name"] == "train_step")
+    assert n == STEPS and lo == pytest.approx(first_end) and hi == max(e["ts"] + e["dur"] for e in spans)
+    assert timeline_window(spans, 0)[0] == min(e["ts"] for e in spans)
     assert pm["groups_filtered"] == 1.0
 
 

@@ -307,3 +307,17 @@ def test_to_chrome_trace_handles_numpy_and_nan_tags(tmp_path):
 
 def test_global_tracer_api_still_works():
     assert isinstance(get_tracer(), Tracer)
+
+
+def test_async_with_and_generator_functions_refused(tracer):
+    async def main():
+        async with span("queue_wait", track="rollout") as tags:
+            tags["depth"] = 2
+            await asyncio.sleep(0)
+
+    asyncio.run(main())
+    assert [(e["name"], e["args"]) for e in tracer.events()] == [("queue_wait", {"depth": 2})]
+    with pytest.raises(TypeError, match="generator function"):
+        @span("gen")
+        def gen():
+            yield 1

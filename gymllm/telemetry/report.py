@@ -10,6 +10,7 @@ Writes, into the run directory:
 - ``length.png``: trajectory length mean per step (``*length/mean``), with its band;
 - ``timeline.png``: the pipeline timeline from the trace, one row per track (lane), spans coloured
   by phase (at most ``max_rows`` rows; concurrent lanes of one track are capped at ``max_lanes``);
+  a long run shows its last few train steps (the steady state);
 - ``idle.png``: engine busy / trainer idle fractions over the whole trace (bars) and per step
   (lines from ``pipeline/...`` in metrics.jsonl);
 - ``staleness.png``: trained tokens by staleness (policy versions behind), from the trace's
@@ -159,12 +160,29 @@ def _depths(lane_spans: list[dict]) -> list[int]:
     return depth
 
 
-def plot_timeline(events, path: pathlib.Path, *, max_rows: int = 32, max_lanes: int = 6) -> pathlib.Path | None:
-    """One row per track lane, spans as bars coloured by phase; nested spans drawn thinner."""
+def timeline_window(spans: Sequence[dict[str, Any]], steps: int) -> tuple[float, float, int]:
+    """(start_us, end_us, train steps in the trace): the last ``steps`` train steps, or everything."""
+    lo = min(e["ts"] for e in spans)
+    hi = max(e["ts"] + e["dur"] for e in spans)
+    ends = sorted(e["ts"] + e["dur"] for e in spans if e["name"] == "train_step")
+    if steps > 0 and len(ends) > steps:
+        lo = ends[-steps - 1]
+    return lo, hi, len(ends)
+
+
+def plot_timeline(events, path: pathlib.Path, *, max_rows: int = 32, max_lanes: int = 6,
+                  steps: int = 3) -> pathlib.Path | None:
+    """One row per track lane, spans as bars coloured by phase; nested spans drawn thinner.
+
+    A trace with more than ``steps`` train steps is shown from the end of the step before the last
+    ``steps`` (the steady state, readable); ``steps=0`` shows the whole trace.
+    """
     spans = [e for e in events if e["ph"] == "X"]
     if not spans:
         return None
     t0 = min(e["ts"] for e in spans)
+    lo, hi, n_steps = timeline_window(spans, steps)
+    spans = [e for e in spans if e["ts"] + e["dur"] >= lo]
     rows, omitted = _rows(spans, max_rows, max_lanes)
     fig = _figure(11, max(3.0, 0.35 * len(rows) + 1.5))
     ax = fig.add_subplot(1, 1, 1)
@@ -183,7 +201,8 @@ def plot_timeline(events, path: pathlib.Path, *, max_rows: int = 32, max_lanes: 
     ax.set_yticklabels([label for label, _ in rows], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("seconds since trace start")
-    title = "pipeline timeline"
+    ax.set_xlim((lo - t0) / 1e6, (hi - t0) / 1e6)
+    title = "pipeline timeline" + (f" (last {steps} of {n_steps} train steps)" if lo > t0 else "")
     if omitted:
         title += f" ({omitted} more lanes not shown)"
     ax.set_title(title)
@@ -312,7 +331,7 @@ def write_report(run_dir: str | os.PathLike) -> list[pathlib.Path]:
     metrics_path, trace_path = run_dir / "metrics.jsonl", _trace_path(run_dir)
     if not metrics_path.exists() and trace_path is None:
         raise ReportError(explain(f"report of {str(run_dir)!r}", expected="a run directory with metrics.jsonl and/or trace.json",
-                                  received=sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else "no such directory",
+                                  received=sorted(p.name for p in run_dir.iterdir())[:10] if run_dir.is_dir() else "no such directory",
                                   fix="pass the run_dir given to `gymllm train` (MetricsLogger writes both files there)"))
     records = read_metrics(metrics_path) if metrics_path.exists() else []
     events = load_chrome_trace(trace_path) if trace_path is not None else []

@@ -139,7 +139,8 @@ class _Console:
         self._last_print = -math.inf
         self.progress = None
         if self.console.is_terminal:
-            self.progress = Progress(BarColumn(), TextColumn("{task.description}"), console=self.console, transient=False)
+            self.progress = Progress(BarColumn(), TextColumn("{task.description}", markup=False),
+                                     console=self.console, transient=False)
             self.task = self.progress.add_task("starting", total=total)
             self.progress.start()
 
@@ -225,7 +226,8 @@ class MetricsLogger:
         now = time.monotonic()
         if self._first is None:
             self._first = (step, now)
-        record = {"step": step, "time": time.time(), **jsonable(flat)}
+        record = {"step": step, "time": time.time()}
+        record.update((k, v) for k, v in jsonable(flat).items() if k not in record)  # ours win
         if self._jsonl is not None:
             self._jsonl.write(json.dumps(record, allow_nan=False) + "\n")
             self._jsonl.flush()

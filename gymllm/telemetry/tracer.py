@@ -3,8 +3,9 @@
 Spec
 ----
 - ``with tracer.span(name, track=..., **tags) as tags:`` records one complete span (a Chrome "X"
-  event) when the block exits. The block may add tags (``tags["tokens"] = n``). The span object
-  is also a decorator for sync and ``async def`` functions (a fresh span per call).
+  event) when the block exits. The block may add tags (``tags["tokens"] = n``). ``async with``
+  works too. The span object is also a decorator for sync and ``async def`` functions (a fresh
+  span per call); generator functions are refused (the span would close at the first yield).
 - Spans nest through a :mod:`contextvars` variable, so the parent of a span is the innermost span
   open *in the same thread or asyncio task* (a task inherits the span open where it was created).
   A span closes exactly once, also when its block raises or its task is cancelled; then its tags
@@ -95,8 +96,20 @@ class Span:
             tr._overflow()
         return False
 
+    async def __aenter__(self) -> dict[str, Any]:
+        return self.__enter__()
+
+    async def __aexit__(self, et, ev, tb) -> bool:
+        return self.__exit__(et, ev, tb)
+
     def __call__(self, fn: Callable) -> Callable:
         name, track, tags, tracer = self.name, self.track, self.tags, self._tracer
+        if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+            from gymllm.errors import explain
+
+            raise TypeError(explain(f"@span({name!r}) on {fn.__qualname__}", expected="a function or coroutine function",
+                                    received="a generator function",
+                                    fix="open `with span(...)` inside the generator around the work to measure"))
         if inspect.iscoroutinefunction(fn):
 
             @functools.wraps(fn)
