@@ -236,6 +236,12 @@ def test_terminal_fix_by_commands_and_tests_cannot_be_edited_away():
              " > tests/test_lib.py\n```")
     obs, r, term, _, _ = env.step("done")
     assert (r, term) == (0.0, True) and "still fail" in obs
+    # cheating: make every assertion a no-op; the tests "pass" but the hidden cases do not
+    patch = "import unittest\nfor _n in ('assertEqual', 'assertAlmostEqual'):\n    setattr(unittest.TestCase, _n, lambda *a, **k: None)\n"
+    env.reset(seed=2)
+    env.step(f"```bash\ncat >> lib/__init__.py <<'EOF'\n{patch}EOF\npython -m unittest -q 2>&1 | tail -1\n```")
+    obs, r, term, _, _ = env.step("done")
+    assert (r, term) == (0.0, True) and "hidden checks failed" in obs
     # a real fix through a shell command
     _, info = env.reset(seed=2)
     bad, good = FUNCTIONS[info["buggy_function"]]["bad"], FUNCTIONS[info["buggy_function"]]["good"]

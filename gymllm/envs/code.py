@@ -11,9 +11,10 @@ ones in this process. Reward: 1.0 when every case passes (or the fraction passed
 exception or timeout text). With ``max_attempts > 1`` a failing reply gets the first failing
 example back.
 
-The candidate runs in the same sandboxed interpreter as the small harness that calls it; the
-values are compared outside the sandbox, after a per-run random marker, so printing cannot fake a
-pass, though a candidate that inspects its caller's frames could read that marker.
+The candidate runs in the same sandboxed interpreter as the small harness that calls it, but only
+the inputs enter the sandbox: the returned values are reported as JSON after a per-run random
+marker and compared with the expected values outside, so a candidate can neither print a fake pass
+nor see the answers.
 """
 
 from __future__ import annotations

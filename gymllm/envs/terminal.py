@@ -11,7 +11,9 @@ Each action is either
   (no network, only the repository writable, time/memory/process limits); the observation is
   its output, reward 0; or
 - a submission: any reply without such a block. The original tests are restored (so editing the
-  tests does not help) and run; reward 1.0 when they all pass, and the episode ends.
+  tests does not help) and run, and hidden cases (fresh inputs) call the library in the sandbox
+  with their values compared outside it (so patching ``unittest`` or hard-coding the visible
+  answers does not help); reward 1.0 when all pass, and the episode ends.
 
 Reaching ``max_turns`` truncates (reward 0). ``gymllm/TerminalTools-v0`` is the same task through
 the :class:`~gymllm.wrappers.ToolUse` wrapper with a ``shell`` tool bound to the repository.
@@ -20,8 +22,10 @@ the :class:`~gymllm.wrappers.ToolUse` wrapper with a ``shell`` tool bound to the
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
+import secrets
 import shutil
 
 from gymllm.core import TextEnv
@@ -99,6 +103,22 @@ def _reference(name: str):
     return FUNCTIONS[name]["ref"] or {"fib": _fib, "factorial": math.factorial}[name]
 
 
+_HIDDEN_HARNESS = """
+import json, os, sys
+sys.path.insert(0, os.getcwd())
+_out = []
+try:
+    import lib
+    for _name, _args in json.loads({cases!r}):
+        try:
+            _out.append({{"value": getattr(lib, _name)(*_args)}})
+        except BaseException as _e:
+            _out.append({{"error": type(_e).__name__}})
+    print({mark!r} + json.dumps({{"results": _out}}, default=repr))
+except BaseException as _e:
+    print({mark!r} + json.dumps({{"error": type(_e).__name__}}))
+"""
+
 _CMD = re.compile(r"```(?:bash|sh|shell|console)[ \t]*\n(.*?)```", re.DOTALL)
 
 
@@ -134,6 +154,7 @@ class TerminalEnv(TextEnv):
         names = [list(FUNCTIONS)[int(i)] for i in rng.permutation(len(FUNCTIONS))[: self.num_functions]]
         buggy = names[int(rng.integers(len(names)))]
         self.buggy = buggy
+        self._hidden: list[tuple[str, tuple, object]] = []
         lib = ['"""A small utility library."""', ""]
         tests = ["import unittest", "", "from lib import " + ", ".join(names), "", "",
                  "class TestLib(unittest.TestCase):"]
@@ -149,6 +170,9 @@ class TerminalEnv(TextEnv):
                 check = f"self.assertAlmostEqual({call}, {want!r})" if isinstance(want, float) else \
                     f"self.assertEqual({call}, {want!r})"
                 tests += [f"    def test_{name}_{i}(self):", f"        {check}", ""]
+            for (args,) in f["cases"](rng):  # hidden cases: fresh inputs, values checked outside the sandbox
+                args = args if isinstance(args, tuple) else (args,)
+                self._hidden.append((name, args, ref(*args)))
         tests += ["", 'if __name__ == "__main__":', "    unittest.main()", ""]
         readme = ("# lib\n\nA small utility library. Run the tests with:\n\n    python -m unittest -v\n\n"
                   "Files: lib/__init__.py (the code), tests/test_lib.py (the tests).\n")
@@ -177,11 +201,40 @@ class TerminalEnv(TextEnv):
 
     # ------------------------------------------------------------------ actions
     def grade(self) -> tuple[bool, str]:
-        """Restore the original tests, run them; (all passed, output)."""
+        """Restore the original tests and run them, then check hidden cases; (all passed, output).
+
+        The hidden cases (other inputs than the visible tests) call the library in the sandbox and
+        their values are compared here, so patching ``unittest`` or hard-coding the visible answers
+        does not earn the reward.
+        """
         self.sandbox.write_files({"tests/test_lib.py": self._tests, "tests/__init__.py": ""})
         res = self.sandbox.run_shell("python -m unittest -q 2>&1 | tail -n 15")
         ok = res.ok and bool(re.search(r"^OK", res.stdout, re.MULTILINE)) and "FAILED" not in res.stdout
-        return ok, re.sub(r"(Ran \d+ tests?) in [\d.]+s", r"\1", res.as_text())  # no timings: replayable
+        output = re.sub(r"(Ran \d+ tests?) in [\d.]+s", r"\1", res.as_text())  # no timings: replayable
+        if ok and not self._hidden_pass():
+            ok, output = False, output + "\n(hidden checks failed)"
+        return ok, output
+
+    def _hidden_pass(self) -> bool:
+        mark = f"@@hidden-{secrets.token_hex(8)}@@"
+        cases = [[name, list(args)] for name, args, _ in self._hidden]
+        res = self.sandbox.run_python(_HIDDEN_HARNESS.format(cases=json.dumps(cases), mark=mark))
+        line = next((ln for ln in reversed(res.stdout.splitlines()) if ln.startswith(mark)), None)
+        if line is None:
+            return False
+        got = json.loads(line[len(mark):])
+        if "results" not in got or len(got["results"]) != len(self._hidden):
+            return False
+        for (_, _, want), value in zip(self._hidden, got["results"]):
+            if "value" not in value:
+                return False
+            v = value["value"]
+            if isinstance(want, float) and isinstance(v, (int, float)) and not isinstance(v, bool):
+                if abs(v - want) > 1e-9 * max(1.0, abs(want)):
+                    return False
+            elif v != want:
+                return False
+        return True
 
     def _step(self, action: str):
         cmd = extract_command(action)
