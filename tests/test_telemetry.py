@@ -321,3 +321,13 @@ def test_async_with_and_generator_functions_refused(tracer):
         @span("gen")
         def gen():
             yield 1
+
+
+def test_counters_with_non_numeric_levels_are_left_out_of_the_trace(tmp_path):
+    import numpy as np
+
+    tr = Tracer()
+    for v in (1, True, np.int64(3), float("nan"), None, "high", 2.5):
+        tr.counter("level", v, track="engine")
+    loaded = load_chrome_trace(tr.export_chrome_trace(tmp_path / "t.json"))
+    assert [e["args"]["level"] for e in loaded] == [1, 1, 3, 2.5]

@@ -56,6 +56,18 @@ def assign_lanes(spans: list[dict[str, Any]]) -> list[int]:
     return lanes
 
 
+def _counter_value(v: Any) -> float | int | None:
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, int):
+        return v
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
 def _pids(tracks: Iterable[str]) -> dict[str, int]:
     pids = {f: i + 1 for i, f in enumerate(KNOWN_FAMILIES)}
     for t in tracks:
@@ -85,6 +97,9 @@ def to_chrome_trace(events: list[dict[str, Any]], *, t0_unix: float | None = Non
             tids.setdefault((track, 0), len(tids) + 1)
     for e in counters:
         (key, value), = e["args"].items() if len(e["args"]) == 1 else [(e["name"], e["args"].get(e["name"]))]
+        value = _counter_value(value)
+        if value is None:  # Perfetto plots numbers only; a None / NaN / text level is left out
+            continue
         label = key if e["track"] == family_of(e["track"]) else f"{e['track']}/{key}"
         out.append({"name": label, "cat": e["track"], "ph": "C", "ts": e["ts"],
                     "pid": pids[family_of(e["track"])], "args": {key: value}})
