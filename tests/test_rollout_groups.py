@@ -197,3 +197,18 @@ def test_wait_admit_wakes_on_version_from_another_thread_and_on_stop():
         assert await asyncio.wait_for(waiter, 1.0) is False
 
     asyncio.run(main())
+
+
+def test_keyed_queue_serves_the_smallest_key_first_but_never_skips_an_exception():
+    async def main():
+        q = GroupQueue(8, key=lambda x: x[0])
+        for item in [(2, "a"), (0, "b"), (1, "c")]:
+            await q.put(item)
+        await q.put_exception(RuntimeError("late"))
+        await q.put((-1, "after"))
+        assert [await q.get() for _ in range(3)] == [(0, "b"), (1, "c"), (2, "a")]
+        with pytest.raises(RuntimeError, match="late"):
+            await q.get()
+        assert await q.get() == (-1, "after")
+
+    asyncio.run(main())

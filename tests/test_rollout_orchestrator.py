@@ -435,3 +435,55 @@ def test_tool_agent_with_the_tool_use_wrapper_builds_tito_rows_with_tool_deltas(
         full = t.encode(render(t, history, info["tools"]))
         assert '"name": "calculator"' in t.decode(tr.token_ids[:s0].tolist())
         assert tr.token_ids.tolist() == full[: len(tr.token_ids)] and len(full) == len(tr.token_ids) + 1  # + "\n"
+
+
+def test_a_slow_consumer_stops_admission_instead_of_piling_up_groups():
+    async def main():
+        cfg = RolloutConfig(group_size=2, max_concurrency=4, max_staleness=None, queue_size=2)
+        orch = RolloutOrchestrator(latency_envs(4, median_s=0.0005, p99_s=0.002), ScriptedEngine(), ModelAgent(tok()),
+                                   sampling=SAMPLING, config=cfg)
+        async with orch:
+            await asyncio.sleep(0.6)  # nobody consumes
+            s1 = orch.stats()
+            got = [await asyncio.wait_for(orch.get_group(), 5.0) for _ in range(3)]
+            await asyncio.sleep(0.3)
+            s2 = orch.stats()
+        return s1, s2, got
+
+    s1, s2, got = asyncio.run(main())
+    # bounded: queue (2) + groups blocked entering it + open groups (limit ceil(4/2)+1 = 3)
+    assert s1["admitted"] <= 2 + 1 + 3 and s1["released"] >= 2
+    assert s2["admitted"] > s1["admitted"] and len(got) == 3  # consuming resumes admission
+    assert [g.admitted_version for g in got] == sorted(g.admitted_version for g in got)
+
+
+_REWRITING = (
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'assistant' and not loop.last -%}{{ '<|im_start|>assistant\\n[earlier]<|im_end|>\\n' }}"
+    "{%- else -%}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif -%}"
+    "{%- endfor -%}{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
+)
+
+
+def test_non_prefix_preserving_template_gives_one_row_per_model_call_in_whole_groups(caplog):
+    from gymllm.models.tokenizer import TokenizerBundle
+
+    t = TokenizerBundle(tokenizer=tok().tokenizer, chat_template=_REWRITING, eos_token="<|im_end|>",
+                        pad_token="<|endoftext|>")
+    cfg = RolloutConfig(group_size=2, num_groups=2, max_staleness=None)
+    with caplog.at_level("WARNING", logger="gymllm.rollout"):
+        orch = RolloutOrchestrator(latency_envs(4), ScriptedEngine(), ModelAgent(t), sampling=SAMPLING, config=cfg)
+    assert "not prefix-preserving" in caplog.text
+    groups = asyncio.run(consume_all(orch))
+    assert orch.stats()["prefix_preserving"] is False and len(groups) == 2
+    for g in groups:
+        members = collections.defaultdict(list)
+        for tr in g.trajectories:
+            members[tr.info["member"]].append(tr)
+        assert sorted(members) == [0, 1]
+        for rows in members.values():
+            assert [r.row_index for r in rows] == list(range(3))  # episode_length 3: one row per call
+            for r in rows:
+                (s, e), = r.turn_boundaries
+                assert e == len(r.token_ids) and r.loss_mask[:s].sum() == 0 and r.num_sampled == e - s
+                assert t.decode(r.token_ids[:s].tolist()).endswith("<|im_start|>assistant\n")

@@ -24,15 +24,20 @@ class RolloutConfig:
 
     group_size            G trajectories per group, all with the group's env seed (task).
     max_concurrency       trajectories in flight at once (also bounded by the number of envs).
-    num_groups            groups to produce in total; None = until closed.
+    num_groups            groups to admit in total (filtered, failed and stale-dropped ones included);
+                          None = until closed.
     max_staleness         eta of the AReaL admission rule; 0 = synchronous; None = unbounded.
     groups_per_step       B: groups per optimizer step (the learner's batch).
     max_open_groups       groups admitted and not complete; None = ceil(max_concurrency / G) + 1.
-    group_timeout_s       fail (or retry) a group open longer than this; None = never.
+    group_timeout_s       fail (or retry) a group open longer than this, counted from its admission
+                          (or its retry); None = never.
     max_group_retries     retries of a whole group after a member fails or it times out.
     raise_on_group_failure  a group that fails for good stops the run (error reaches the consumer);
                           otherwise it is dropped, counted and reported.
-    queue_size            complete groups buffered for the consumer (backpressure beyond).
+    queue_size            complete groups buffered for the consumer; while it is full no new group is
+                          admitted (backpressure reaches the producer, memory stays bounded).
+    release_order         "oldest_version": the consumer gets the queued group admitted at the oldest
+                          policy version first (counters completion-order bias); "completion": FIFO.
     seed                  base seed: group k uses env seed ``seed + k``; sampling seeds derive from it.
     max_model_calls       safety cap on model calls per trajectory (the env's own turn limit normally ends it).
     loop_lag_interval_s   sampling period of the event-loop lag monitor.
@@ -48,6 +53,7 @@ class RolloutConfig:
     max_group_retries: int = 0
     raise_on_group_failure: bool = False
     queue_size: int = 8
+    release_order: str = "oldest_version"
     seed: int = 0
     max_model_calls: int = 16
     loop_lag_interval_s: float = 0.01
@@ -70,6 +76,9 @@ class RolloutConfig:
               "group_timeout_s", expected="None or a float > 0 (seconds)", received=t, fix="use e.g. 600.0 or None")
         _need(isinstance(self.loop_lag_interval_s, (int, float)) and self.loop_lag_interval_s > 0,
               "loop_lag_interval_s", expected="a float > 0", received=self.loop_lag_interval_s, fix="use 0.01")
+        _need(self.release_order in ("oldest_version", "completion"), "release_order",
+              expected="'oldest_version' or 'completion'", received=self.release_order,
+              fix="use release_order='oldest_version'")
         _need(_is_int(self.seed), "seed", expected="an int", received=self.seed, fix="use e.g. seed=0")
 
     @property

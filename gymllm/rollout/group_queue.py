@@ -4,14 +4,16 @@
 * ``put_exception`` enqueues an error past the bound: the consumer receives every group queued
   before it, then the exception is raised from ``get``;
 * ``close`` wakes everyone: ``put`` raises :class:`QueueClosed`, ``get`` drains what is left and then
-  raises :class:`QueueClosed`.
+  raises :class:`QueueClosed`;
+* with a ``key``, ``get`` returns the queued item with the smallest key (among those queued before
+  the first pending exception) instead of the oldest, e.g. oldest policy version first.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Any
+from typing import Any, Callable
 
 from gymllm.errors import GymLLMError
 
@@ -30,10 +32,11 @@ class _Raise:
 class GroupQueue:
     """FIFO with a capacity, an error channel and a close flag (single event loop)."""
 
-    def __init__(self, maxsize: int):
+    def __init__(self, maxsize: int, key: Callable[[Any], Any] | None = None):
         if not isinstance(maxsize, int) or maxsize < 1:
             raise ValueError(f"GroupQueue.maxsize: expected an int >= 1, received {maxsize!r}. Fix: pass maxsize=1 or more.")
         self.maxsize = maxsize
+        self.key = key
         self._items: collections.deque[Any] = collections.deque()
         self._changed = asyncio.Condition()
         self.closed = False
@@ -62,10 +65,23 @@ class GroupQueue:
             await self._changed.wait_for(lambda: self.closed or bool(self._items))
             if not self._items:
                 raise QueueClosed("GroupQueue is closed and drained")
-            item = self._items.popleft()
+            item = self._pop()
             self._changed.notify_all()
         if isinstance(item, _Raise):
             raise item.error
+        return item
+
+    def _pop(self) -> Any:
+        if self.key is None or isinstance(self._items[0], _Raise):
+            return self._items.popleft()
+        head = []  # the items before the first pending exception
+        for x in self._items:
+            if isinstance(x, _Raise):
+                break
+            head.append(x)
+        best = min(range(len(head)), key=lambda i: (self.key(head[i]), i))
+        item = head[best]
+        del self._items[best]
         return item
 
     async def close(self) -> None:

@@ -14,8 +14,9 @@
 * :class:`~gymllm.rollout.group_buffer.GroupBuffer` releases only complete groups, bounds open
   groups, times out stuck ones and retries or drops a group whose member failed;
 * complete groups go through ``group_filter`` (e.g. drop zero-variance groups) into a bounded
-  :class:`~gymllm.rollout.group_queue.GroupQueue`; groups older than the staleness bound at
-  consumption are dropped and their slot freed;
+  :class:`~gymllm.rollout.group_queue.GroupQueue` (oldest admitted version first by default); no new
+  group is admitted while it is full; groups older than the staleness bound at consumption are
+  dropped and their slot freed;
 * a producer error (or a group failure with ``raise_on_group_failure``) is raised from ``get_group``;
 * :meth:`close` cancels everything in flight and never hangs;
 * telemetry: spans "rollout", "generate", "env_step", "tool", "reward", "queue_wait"; the event-loop
@@ -150,7 +151,9 @@ class RolloutOrchestrator:
             return self
         loop = asyncio.get_running_loop()
         self.staleness.bind(loop)
-        self._queue = GroupQueue(self.config.queue_size)
+        key = (lambda g: (g.admitted_version, int(g.group_id[1:]))) if self.config.release_order == "oldest_version" \
+            else None
+        self._queue = GroupQueue(self.config.queue_size, key=key)
         self._stop = asyncio.Event()
         self._changed = asyncio.Event()
         self._slots_sem = asyncio.Semaphore(min(self.config.max_concurrency, self.slots.num_envs))
@@ -198,6 +201,7 @@ class RolloutOrchestrator:
         while True:
             with span("queue_wait", track="rollout"):
                 group = await self._queue.get()
+            self._notify()  # room in the queue: the producer may admit again
             now = time.perf_counter()
             wait = now - group.info.get("completed_at", now)
             for traj in group.trajectories:
@@ -238,7 +242,7 @@ class RolloutOrchestrator:
             while not self._stop.is_set() and (cfg.num_groups is None or k < cfg.num_groups):
                 if not await self.staleness.wait_admit(self._stop):
                     break
-                if not await self._wait(lambda: self.buffer.has_room()):
+                if not await self._wait(lambda: self.buffer.has_room() and not self._backlogged()):
                     break
                 version = self.staleness.admit()
                 gid = EpisodeKey(k, 0).group_id
@@ -263,6 +267,11 @@ class RolloutOrchestrator:
             self._changed.clear()
             await self._changed.wait()
         return not self._stop.is_set()
+
+    def _backlogged(self) -> bool:
+        """The consumer is behind: the queue is full or complete groups wait to enter it."""
+        assert self._queue is not None
+        return self._queue.full() or self._releasing > 0
 
     def _notify(self) -> None:
         if self._changed is not None:
