@@ -163,3 +163,28 @@ def test_schemas_and_calls_round_trip_through_the_qwen_chat_template():
     assistant = text.split("<|im_start|>assistant\n", 1)[1].split("<|im_end|>", 1)[0]
     reparsed = parse_tool_calls(assistant, "hermes")
     assert [(c.name, c.arguments) for c in reparsed] == [("calculator", {"expression": "17 * 23"})]
+
+
+def test_arbitrary_actions_never_crash_the_wrapper():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    pieces = st.sampled_from(["<tool_call>", "</tool_call>", '{"name": "calculator", "arguments": {"expression": ',
+                              '"1/0"', '"2**99999"', '"sqrt(-1)"', '"((((1"', "}}", "{", '"name": "explode"', ",", "\n",
+                              "```tool_code\n", "calculator(expression='3*3')", "```", "\\boxed{1}"])
+    text = st.lists(st.one_of(st.text(max_size=20), pieces), max_size=12).map("".join)
+    env = make(parser="auto", max_tool_calls=100, tools=[calculator, explode])
+
+    @settings(max_examples=40, deadline=None)
+    @given(st.lists(text, min_size=1, max_size=3))
+    def run(actions):
+        obs, _ = env.reset(seed=0)
+        for a in actions:
+            obs, r, term, trunc, info = env.step(a)
+            assert env.observation_space.contains(obs), obs
+            if info["tool_turn"]:  # one tool message per result, errors readable as such
+                assert [m["content"].startswith("Error: ") for m in obs] == [not c["ok"] for c in info["tool_calls"]]
+            if term or trunc:
+                break
+
+    run()
