@@ -15,8 +15,8 @@ Spec
   ``tracer.increment(name, delta, track=...)`` keeps a running total per (track, name) and records
   the total, for things that only ever add up (dropped groups, trained tokens).
 - Memory is bounded: at most ``capacity`` events are held. When full, the oldest half is either
-  streamed to ``spill_path`` (JSON lines, read back by :meth:`Tracer.all_events` and the export) or
-  dropped (counted in :attr:`Tracer.dropped`).
+  streamed to ``spill_path`` by a background writer thread (JSON lines, read back by
+  :meth:`Tracer.all_events` and the export) or dropped (counted in :attr:`Tracer.dropped`).
 - Appends are lock-free (``deque.append`` and ``itertools.count`` are atomic in CPython); only the
   rare overflow takes a lock. Every event records the OS thread that closed it.
 - Timestamps are microseconds since the tracer was created (``time.perf_counter_ns`` based);
@@ -38,9 +38,12 @@ import itertools
 import json
 import os
 import pathlib
+import queue
 import threading
 import time
 from typing import Any, Callable, Iterator
+
+from gymllm.telemetry.export import jsonable
 
 # One event, as stored (a tuple keeps the hot path cheap):
 # (seq, ph, name, track, ts_ns, dur_ns, args, span_id, parent_id, thread_ident)
@@ -150,6 +153,8 @@ class Tracer:
             self.spill_path.write_text("")
         self.dropped = 0
         self.spilled = 0
+        self._spill_queue: queue.Queue[list[_Raw]] = queue.Queue()
+        self._writer: threading.Thread | None = None
         self._events: collections.deque[_Raw] = collections.deque()
         self._ids = itertools.count(1)
         self._seq = itertools.count()
@@ -198,10 +203,24 @@ class Tracer:
             if self.spill_path is None:
                 self.dropped += n
                 return
-            with open(self.spill_path, "a") as f:
-                for raw in old:
-                    f.write(json.dumps(self._to_dict(raw), default=str) + "\n")
             self.spilled += n
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write_spills, name="gymllm-trace-spill", daemon=True)
+                self._writer.start()
+            self._spill_queue.put(old)  # written by a background thread: the hot path never blocks on disk
+
+    def _write_spills(self) -> None:
+        while True:
+            batch = self._spill_queue.get()
+            try:
+                with open(self.spill_path, "a") as f:
+                    f.write("".join(json.dumps(jsonable(self._to_dict(raw)), allow_nan=False) + "\n" for raw in batch))
+            finally:
+                self._spill_queue.task_done()
+
+    def flush(self) -> None:
+        """Wait until every spilled event is on disk."""
+        self._spill_queue.join()
 
     # ------------------------------------------------------------------ reading
 
@@ -222,6 +241,7 @@ class Tracer:
     def all_events(self) -> list[dict[str, Any]]:
         """Spilled events (if streaming to disk) followed by those in memory."""
         out = []
+        self.flush()
         if self.spill_path is not None and self.spill_path.exists():
             with open(self.spill_path) as f:
                 out = [json.loads(line) for line in f if line.strip()]
