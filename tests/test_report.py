@@ -150,3 +150,13 @@ def test_report_without_inputs_is_explained(tmp_path):
     with pytest.raises(ReportError, match="metrics.jsonl") as exc:
         write_report(tmp_path)
     assert isinstance(exc.value, FileNotFoundError)
+
+
+def test_series_of_a_resumed_run_keeps_the_last_record_per_step():
+    from gymllm.telemetry.report import series
+
+    records = [{"step": 1, "train/reward/mean": 0.1}, {"step": 2, "train/reward/mean": 0.2},
+               {"step": 3, "train/reward/mean": 0.3},  # killed here; resumed from the step-2 checkpoint
+               {"step": 3, "train/reward/mean": 0.35}, {"step": 4, "train/reward/mean": float("nan")},
+               {"step": 5, "train/reward/mean": 0.5}, {"step": 6}]
+    assert series(records, "reward/mean") == ([1, 2, 3, 5], [0.1, 0.2, 0.35, 0.5])

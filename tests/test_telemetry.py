@@ -331,3 +331,72 @@ def test_counters_with_non_numeric_levels_are_left_out_of_the_trace(tmp_path):
         tr.counter("level", v, track="engine")
     loaded = load_chrome_trace(tr.export_chrome_trace(tmp_path / "t.json"))
     assert [e["args"]["level"] for e in loaded] == [1, 1, 3, 2.5]
+
+
+class Boom(Exception):
+    pass
+
+
+_trees = st.recursive(st.just(()), lambda kids: st.lists(kids, max_size=3).map(tuple), max_leaves=10)
+
+
+@settings(max_examples=25, deadline=None)
+@given(_trees, st.data())
+def test_random_span_trees_under_tasks_errors_and_cancellation(tree, data):
+    """Any tree of spans run as nested asyncio tasks (sequential or concurrent children, some
+    raising, some cancelled while suspended) records every span once, with the right parent, inside
+    its parent's interval, and with the right error tag."""
+    paths: list[str] = []
+
+    def walk(node, path):
+        paths.append(path)
+        for i, child in enumerate(node):
+            walk(child, f"{path}.{i}")
+
+    walk(tree, "r")
+    fate = {p: data.draw(st.sampled_from(["ok", "ok", "raise", "hang"]), label=p) for p in paths[1:]}
+    fate["r"] = "ok"
+    concurrent = {p: data.draw(st.booleans(), label=f"{p} concurrent") for p in paths}
+
+    async def run(node, path):
+        with span(path, track="rollout"):
+            await asyncio.sleep(0)
+            calls = [guarded(child, f"{path}.{i}") for i, child in enumerate(node)]
+            if concurrent[path]:
+                await asyncio.gather(*calls)
+            else:
+                for c in calls:
+                    await c
+            if fate[path] == "raise":
+                raise Boom(path)
+            if fate[path] == "hang":
+                reached[path].set()
+                await asyncio.sleep(10)
+
+    async def guarded(node, path):
+        task = asyncio.ensure_future(run(node, path))  # its own task, like a rollout
+        if fate[path] == "hang":
+            await reached[path].wait()
+            task.cancel()
+        try:
+            await task
+        except (Boom, asyncio.CancelledError):
+            pass
+
+    reached = {p: asyncio.Event() for p in paths}
+
+    tr = Tracer()
+    previous = set_tracer(tr)
+    try:
+        asyncio.run(run(tree, "r"))
+    finally:
+        set_tracer(previous)
+    spans = {e["name"]: e for e in tr.events()}
+    assert sorted(spans) == sorted(paths) and len(tr.events()) == len(paths)
+    for p in paths:
+        ev = spans[p]
+        parent = p.rpartition(".")[0]
+        assert ev["parent"] == (spans[parent]["id"] if parent else None)
+        if parent:
+            assert contains(spans[parent], ev)
+        assert ev["args"].get("error") == {"ok": None, "raise": "Boom", "hang": "CancelledError"}[fate[p]]

@@ -72,13 +72,18 @@ def _trace_path(run_dir: pathlib.Path) -> pathlib.Path | None:
 
 
 def series(records: Sequence[dict[str, Any]], suffix: str) -> tuple[list[int], list[float]]:
-    """(steps, values) of the first key equal to or ending in "/" + ``suffix`` that has numbers."""
+    """(steps, values) of the first key equal to or ending in "/" + ``suffix`` that has numbers.
+
+    Sorted by step; when a step was logged twice (a resumed run appends to metrics.jsonl), the
+    later record wins.
+    """
     keys = sorted({k for r in records for k in r if k == suffix or k.endswith("/" + suffix)}, key=len)
     for key in keys:
-        pts = [(int(r["step"]), float(r[key])) for r in records
-               if "step" in r and isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+        pts = {int(r["step"]): float(r[key]) for r in records
+               if "step" in r and isinstance(r.get(key), (int, float)) and math.isfinite(r[key])}
         if pts:
-            return [s for s, _ in pts], [v for _, v in pts]
+            steps = sorted(pts)
+            return steps, [pts[s] for s in steps]
     return [], []
 
 
