@@ -151,5 +151,8 @@ def test_audit_hook_alone_refuses_python_escapes(outside):
         assert res.isolation["fs"] is False and "not allowed" in res.stderr
         assert "network access" in box.run_python("import socket; socket.socket()").stderr
         assert "starting a process" in box.run_python("import os; os.system('true')").stderr
+        assert "starting a process" in box.run_python("import _posixsubprocess").stderr  # fork_exec: no audit event
+        dir_fd = f"import os; fd = os.open({outside!r}, os.O_RDONLY); os.open('x', os.O_CREAT | os.O_WRONLY, dir_fd=fd)"
+        assert "opening the directory" in box.run_python(dir_fd).stderr
         assert box.run_python("open('inside.txt', 'w').write('ok'); print('fine')").stdout == "fine\n"
     assert not os.path.exists(target)

@@ -193,6 +193,8 @@ def install_audit_hook(workdir: str, *, allow_subprocess: bool, allow_network: b
                     isinstance(mode, str) and any(c in mode for c in "wax+"))
                 if writing and not inside(path):
                     refuse(f"writing {path!r}")
+                if not isinstance(path, int) and not inside(path) and os.path.isdir(path):
+                    refuse(f"opening the directory {path!r}")  # a dir fd would allow dir_fd= writes
             elif event in _PATH_EVENTS:
                 for i in _PATH_EVENTS[event]:
                     if i < len(args) and args[i] is not None and not inside(args[i]):
@@ -203,6 +205,8 @@ def install_audit_hook(workdir: str, *, allow_subprocess: bool, allow_network: b
                 refuse(f"starting a process ({event})")
             elif event == "import" and args and args[0] in ("ctypes", "_ctypes"):
                 refuse("importing ctypes", ImportError)
+            elif event == "import" and args and args[0] == "_posixsubprocess" and not allow_subprocess:
+                refuse("starting a process (_posixsubprocess)", ImportError)  # fork_exec has no audit event
         finally:
             state.busy = False
 
@@ -214,7 +218,8 @@ def run_python(code: str, spec: dict) -> int:
 
     for p in spec.get("extra_paths", []):
         sys.path.append(p)
-    for name in [m for m in sys.modules if m in ("ctypes", "_ctypes") or m.startswith("ctypes.")]:
+    for name in [m for m in sys.modules if m in ("ctypes", "_ctypes", "_posixsubprocess", "subprocess")
+                 or m.startswith("ctypes.")]:
         del sys.modules[name]  # the launcher used ctypes; the code must import it afresh (and be refused)
     install_audit_hook(spec["workdir"], allow_subprocess=spec.get("allow_subprocess", False),
                        allow_network=spec.get("network", False))
