@@ -111,3 +111,19 @@ def test_wandb_is_optional_and_explained(tmp_path):
             MetricsLogger(tmp_path, console=False, tensorboard=False, wandb=True)
     else:
         pytest.skip("wandb is installed; the missing-extra path cannot be exercised")
+
+
+def test_live_progress_on_a_terminal(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    term = Console(file=buf, force_terminal=True, width=160)
+    lg = MetricsLogger(tmp_path, console=term, tensorboard=False, total_steps=4, pipeline=False, trace=False)
+    for s in range(1, 5):
+        lg.log(s, {"reward/mean": s / 4, "pipeline": {"engine_busy_fraction": 0.5}})
+    lg.close()
+    out = buf.getvalue()
+    assert lg._console.progress is not None  # the live display, redrawn in place
+    assert "step 4/4 | reward 1.000 | engine busy 50% | ETA 0:00:00" in out

@@ -130,11 +130,11 @@ def _import_wandb():
 class _Console:
     """A rich live progress line (redrawn in place on a terminal, printed periodically otherwise)."""
 
-    def __init__(self, total: int | None, print_every_s: float):
+    def __init__(self, total: int | None, print_every_s: float, console: Any = None):
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn
 
-        self.console = Console(stderr=True)
+        self.console = console if console is not None else Console(stderr=True)
         self.print_every_s = print_every_s
         self._last_print = -math.inf
         self.progress = None
@@ -163,7 +163,7 @@ class MetricsLogger:
 
     Args:
         run_dir: Directory for metrics.jsonl, tensorboard/ and trace.json (created if missing).
-        console: Show the live progress line on stderr.
+        console: Show the live progress line on stderr (True), or on this ``rich.console.Console``.
         tensorboard: Write TensorBoard event files under run_dir/tensorboard.
         jsonl: Append to run_dir/metrics.jsonl.
         total_steps: The planned number of steps (for "step i/N" and the ETA).
@@ -174,7 +174,7 @@ class MetricsLogger:
         wandb_kwargs: Extra arguments for ``wandb.init`` (project, name, config, ...).
     """
 
-    def __init__(self, run_dir: str | os.PathLike, *, console: bool = True, tensorboard: bool = True,
+    def __init__(self, run_dir: str | os.PathLike, *, console: Any = True, tensorboard: bool = True,
                  jsonl: bool = True, total_steps: int | None = None, wandb: bool = False, pipeline: bool = True,
                  trace: bool = True, print_every_s: float = 10.0, wandb_kwargs: Mapping[str, Any] | None = None):
         wandb_mod = _import_wandb() if wandb else None  # fail before any file is opened
@@ -188,7 +188,8 @@ class MetricsLogger:
         if tensorboard:
             self._tb = _summary_writer_class()(logdir=str(self.run_dir / "tensorboard"))
         self._wandb = wandb_mod.init(dir=str(self.run_dir), **dict(wandb_kwargs or {})) if wandb else None
-        self._console = _Console(total_steps, print_every_s) if console else None
+        self._console = (_Console(total_steps, print_every_s, None if console is True else console)
+                         if console is not False and console is not None else None)
         self._first: tuple[int, float] | None = None
         self._last_line: str | None = None
         tr = _tracer_mod.get_tracer()
