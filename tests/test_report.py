@@ -160,3 +160,12 @@ def test_series_of_a_resumed_run_keeps_the_last_record_per_step():
                {"step": 3, "train/reward/mean": 0.35}, {"step": 4, "train/reward/mean": float("nan")},
                {"step": 5, "train/reward/mean": 0.5}, {"step": 6}]
     assert series(records, "reward/mean") == ([1, 2, 3, 5], [0.1, 0.2, 0.35, 0.5])
+
+
+def test_gymllm_report_command(run_dir, capsys):
+    """`gymllm report RUN_DIR` (the CLI command) prints the files and the summary."""
+    from gymllm.cli.commands import report as report_command
+
+    assert report_command(str(run_dir)) == 0
+    out = capsys.readouterr().out
+    assert str(run_dir / "timeline.png") in out and "biggest stall:" in out
