@@ -61,7 +61,7 @@ class ModelConfig:
     num_layers: int
     num_heads: int
     num_kv_heads: int
-    head_dim: int = 0  # 0: hidden_size // num_heads
+    head_dim: int = 0  # 0: hidden_size // num_heads (stored resolved after validation)
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10_000.0  # global (full-attention) layers
     rope_local_theta: float = 0.0  # sliding layers; 0: same as rope_theta
@@ -94,6 +94,7 @@ class ModelConfig:
             bad("num_kv_heads", f"a divisor of num_heads={self.num_heads}", "use grouped-query sizes that divide")
         if self.head_dim < 0 or (self.head_dim == 0 and self.hidden_size % self.num_heads):
             bad("head_dim", "> 0, or 0 with hidden_size divisible by num_heads", "set head_dim explicitly")
+        object.__setattr__(self, "head_dim", self.resolved_head_dim)  # canonical: equal configs hash equal
         if self.resolved_head_dim % 2:
             bad("head_dim", "an even number (RoPE rotates pairs)", "use an even head_dim")
         if self.activation not in ACTIVATIONS:
