@@ -17,10 +17,11 @@ and what was received. Gymnasium's warnings are returned as a list of strings.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import random
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import gymnasium as gym
 import numpy as np
@@ -78,6 +79,19 @@ def _fail(check: str, expected: str, received: Any, fix: str) -> None:
     raise EnvCheckError(explain(f"check_env[{check}]", expected=expected, received=received, fix=fix))
 
 
+@contextlib.contextmanager
+def _phase(name: str) -> Iterator[None]:
+    """Turn an exception the env raises during check ``name`` into an EnvCheckError naming the check."""
+    try:
+        yield
+    except EnvCheckError:
+        raise
+    except Exception as e:  # noqa: BLE001 - reported with the check's name
+        raise EnvCheckError(explain(f"check_env[{name}]", expected="no exception from the env",
+                                    received=f"{type(e).__name__}: {e}",
+                                    fix="see the chained exception for where the env raised")) from e
+
+
 def _first_diff(a: list[Step], b: list[Step]) -> str | None:
     if len(a) != len(b):
         return f"episode lengths {len(a)} vs {len(b)}"
@@ -106,12 +120,13 @@ def check_env(env: gym.Env, *, seed: int = 0, num_steps: int = 6, skip_gymnasium
     before = _rng_state()
     caught: list[str] = []
     if not skip_gymnasium:
-        with warnings.catch_warnings(record=True) as w:
+        with warnings.catch_warnings(record=True) as w, _phase("gymnasium"):
             warnings.simplefilter("always")
             gym_check_env(env, skip_render_check=skip_render_check, skip_close_check=True)
         caught = [str(x.message) for x in w]
-    a = run_episode(env, seed, num_steps, policy)
-    b = run_episode(env, seed, num_steps, policy)
+    with _phase("determinism"):
+        a = run_episode(env, seed, num_steps, policy)
+        b = run_episode(env, seed, num_steps, policy)
     diff = _first_diff(a, b)
     if diff is not None:
         _fail("determinism", "the same episode for the same seed and actions", diff,
@@ -121,13 +136,16 @@ def check_env(env: gym.Env, *, seed: int = 0, num_steps: int = 6, skip_gymnasium
             why = getattr(env.observation_space, "why_not", lambda o: None)(obs)
             _fail("observation_space", f"observations in {env.observation_space!r}", f"step {t}: {why or obs!r}",
                   "return str (Text) or a list of message dicts (Chat) matching the declared space")
-    _check_unicode(env, seed)
+    with _phase("unicode"):
+        _check_unicode(env, seed)
     if isinstance(env.unwrapped, TextEnv):
-        _check_text_env_errors(env.unwrapped, seed, num_steps, policy)
+        with _phase("text env errors"):
+            _check_text_env_errors(env.unwrapped, seed, num_steps, policy)
     if not _rng_unchanged(before):
         _fail("global RNG", "random.getstate() and np.random.get_state() unchanged", "a changed global state",
               "use self.np_random (or a generator derived from it), never random.* / np.random.*")
-    c = asyncio.run(_arun_episode(env, seed, num_steps, policy))
+    with _phase("async"):
+        c = asyncio.run(_arun_episode(env, seed, num_steps, policy))
     diff = _first_diff(a, c)
     if diff is not None:
         _fail("async == sync", "areset/astep to give the sync episode", diff,
