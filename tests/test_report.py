@@ -169,3 +169,15 @@ def test_gymllm_report_command(run_dir, capsys):
     assert report_command(str(run_dir)) == 0
     out = capsys.readouterr().out
     assert str(run_dir / "timeline.png") in out and "biggest stall:" in out
+
+
+def test_report_reads_the_learners_flat_metric_names(tmp_path):
+    """The streaming learner logs reward_mean / response_len_mean / staleness_mean (no histogram)."""
+    with MetricsLogger(tmp_path, console=False, tensorboard=False, pipeline=False, trace=False) as lg:
+        for s in range(1, 4):
+            lg.log(s, {"reward_mean": 0.1 * s, "reward_std": 0.05, "reward_max": 0.5, "response_len_mean": 20 + s,
+                       "response_len_max": 40, "staleness_mean": 0.5, "staleness_max": 1.0})
+    names = [p.name for p in write_report(tmp_path)]
+    assert names == ["reward.png", "length.png", "staleness.png", "summary.txt"]
+    summary = (tmp_path / "summary.txt").read_text()
+    assert "reward mean: first 0.1, last 0.3" in summary and "length mean: last 23" in summary

@@ -6,15 +6,18 @@ Either may be missing; each plot is written only when its data exists.
 
 Writes, into the run directory:
 
-- ``reward.png``: reward mean per step, with the min..max band (``*reward/mean``, ``/min``, ``/max``);
-- ``length.png``: trajectory length mean per step (``*length/mean``), with its band;
+- ``reward.png``: reward mean per step, with the min..max band (``*reward/mean``, ``/min``, ``/max``,
+  or the learner's flat ``reward_mean`` ... spellings, see :data:`ALIASES`);
+- ``length.png``: trajectory length mean per step (``*length/mean`` or ``response_len_mean``), with
+  its band;
 - ``timeline.png``: the pipeline timeline from the trace, one row per track (lane), spans coloured
   by phase (at most ``max_rows`` rows; concurrent lanes of one track are capped at ``max_lanes``);
   a long run shows its last few train steps (the steady state);
 - ``idle.png``: engine busy / trainer idle fractions over the whole trace (bars) and per step
   (lines from ``pipeline/...`` in metrics.jsonl);
 - ``staleness.png``: trained tokens by staleness (policy versions behind), from the trace's
-  ``train_step`` tags or the ``pipeline/staleness_hist/<lag>`` columns;
+  ``micro_batch`` / ``train_step`` tags or the ``pipeline/staleness_hist/<lag>`` columns; without
+  a histogram, the per-step ``staleness_mean`` / ``staleness_max`` the learner logs;
 - ``summary.txt``: steps, last reward, throughput, idle fractions and the biggest stall with advice.
 
 Plots use matplotlib's object API with the Agg canvas (no pyplot, no global backend switch), so
@@ -71,13 +74,27 @@ def _trace_path(run_dir: pathlib.Path) -> pathlib.Path | None:
     return None
 
 
+# Names the learner may use for a statistic: ours ("reward/mean") first, then flat spellings.
+ALIASES = {
+    "reward/mean": ("reward/mean", "reward_mean"), "reward/min": ("reward/min", "reward_min"),
+    "reward/max": ("reward/max", "reward_max"), "reward/std": ("reward/std", "reward_std"),
+    "length/mean": ("length/mean", "length_mean", "response_len_mean"),
+    "length/min": ("length/min", "length_min", "response_len_min"),
+    "length/max": ("length/max", "length_max", "response_len_max"),
+    "length/std": ("length/std", "length_std", "response_len_std"),
+}
+
+
 def series(records: Sequence[dict[str, Any]], suffix: str) -> tuple[list[int], list[float]]:
-    """(steps, values) of the first key equal to or ending in "/" + ``suffix`` that has numbers.
+    """(steps, values) of the first key equal to or ending in "/" + ``suffix`` (or one of its
+    :data:`ALIASES`) that has numbers.
 
     Sorted by step; when a step was logged twice (a resumed run appends to metrics.jsonl), the
     later record wins.
     """
-    keys = sorted({k for r in records for k in r if k == suffix or k.endswith("/" + suffix)}, key=len)
+    names = ALIASES.get(suffix, (suffix,))
+    present = {k for r in records for k in r}
+    keys = [k for n in names for k in sorted((k for k in present if k == n or k.endswith("/" + n)), key=len)]
     for key in keys:
         pts = {int(r["step"]): float(r[key]) for r in records
                if "step" in r and isinstance(r.get(key), (int, float)) and math.isfinite(r[key])}
@@ -261,9 +278,10 @@ def staleness_from_records(records) -> dict[int, float]:
     return dict(sorted(hist.items()))
 
 
-def plot_staleness(hist: dict[int, float], path: pathlib.Path) -> pathlib.Path | None:
+def plot_staleness(hist: dict[int, float], path: pathlib.Path, records=()) -> pathlib.Path | None:
+    """Trained tokens by staleness; without a histogram, the per-step ``staleness_mean`` / ``_max``."""
     if not hist or sum(hist.values()) <= 0:
-        return None
+        return _plot_staleness_steps(records, path)
     fig = _figure(6, 4)
     ax = fig.add_subplot(1, 1, 1)
     total = sum(hist.values())
@@ -274,6 +292,23 @@ def plot_staleness(hist: dict[int, float], path: pathlib.Path) -> pathlib.Path |
     ax.set_title(f"staleness of {total:,.0f} trained tokens")
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
+
+
+def _plot_staleness_steps(records, path: pathlib.Path) -> pathlib.Path | None:
+    lines = {k: series(records, k) for k in ("staleness_mean", "staleness_max")}
+    lines = {k: v for k, v in lines.items() if v[0]}
+    if not lines:
+        return None
+    fig = _figure(6, 4)
+    ax = fig.add_subplot(1, 1, 1)
+    for k, (st, v) in lines.items():
+        ax.plot(st, v, label=k, drawstyle="steps-post" if k.endswith("max") else "default")
+    ax.set_xlabel("step")
+    ax.set_ylabel("policy versions behind the trainer")
+    ax.set_title("staleness of trained tokens per step")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    return _save(fig, path, left=0.14)
 
 
 # ------------------------------------------------------------------------------ summary
@@ -347,7 +382,7 @@ def write_report(run_dir: str | os.PathLike) -> list[pathlib.Path]:
         plot_curve(records, "length", "trajectory length per step", run_dir / "length.png"),
         plot_timeline(events, run_dir / "timeline.png"),
         plot_idle(pm, records, run_dir / "idle.png"),
-        plot_staleness(hist, run_dir / "staleness.png"),
+        plot_staleness(hist, run_dir / "staleness.png", records),
     ]
     summary = run_dir / "summary.txt"
     summary.write_text(summarize(run_dir, records, pm, hist))
