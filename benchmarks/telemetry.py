@@ -36,7 +36,6 @@ import tracemalloc
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
 
 import gymllm  # noqa: E402
 from gymllm.telemetry import Tracer, get_tracer, set_tracer, span  # noqa: E402
