@@ -156,3 +156,14 @@ def test_audit_hook_alone_refuses_python_escapes(outside):
         assert "opening the directory" in box.run_python(dir_fd).stderr
         assert box.run_python("open('inside.txt', 'w').write('ok'); print('fine')").stdout == "fine\n"
     assert not os.path.exists(target)
+
+
+def test_memory_limit_holds_across_processes():
+    """Three processes of 80 MB each under a 128 MB sandbox: the memory cgroup kills the excess."""
+    with Sandbox(SandboxConfig(timeout_s=8, memory_mb=128)) as box:
+        cmd = ("for i in 1 2 3; do python -c \"import time; x = b'x' * (80 * 2**20); time.sleep(1); print('alive')\""
+               " & done; wait")
+        res = box.run_shell(cmd)
+        if not res.isolation["cgroups"].get("memory"):
+            pytest.skip("no writable memory cgroup here")
+        assert res.stdout.count("alive") < 3 and "Killed" in res.stderr

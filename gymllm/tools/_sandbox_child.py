@@ -2,7 +2,8 @@
 
 It reads a JSON spec from ``argv[1]``, then, in this order:
 
-1. joins a ``pids`` cgroup (when the parent made one) so a fork bomb hits ``pids.max``;
+1. joins the ``pids`` and ``memory`` cgroups the parent made (if any): a fork bomb hits ``pids.max``
+   and all processes together stay under the memory limit;
 2. sets rlimits: CPU seconds, address space, file size, open files, core dumps, and (for a non-root
    user) process count;
 3. enters new user, mount, network and PID namespaces (``unshare``): no network interface but a
@@ -42,8 +43,6 @@ def _libc():
 
 
 def join_cgroup(path: str | None) -> bool:
-    if not path:
-        return False
     try:
         with open(os.path.join(path, "cgroup.procs"), "w") as f:
             f.write(str(os.getpid()))
@@ -241,7 +240,7 @@ def run_python(code: str, spec: dict) -> int:
 def main() -> None:
     spec = json.loads(sys.argv[1])
     workdir = spec["workdir"]
-    status = {"cgroup": join_cgroup(spec.get("cgroup"))}
+    status = {"cgroups": {name: join_cgroup(path) for name, path in (spec.get("cgroups") or {}).items()}}
     status["limits"] = set_limits(spec.get("limits", {}))
     iso = spec.get("isolate", {})
     status.update(isolate(workdir, net=iso.get("net", True), fs=iso.get("fs", True), pid=iso.get("pid", True)))

@@ -7,8 +7,9 @@ Layers (each reported in :attr:`SandboxResult.isolation`, so a caller knows what
   view of or signals to host processes (a PID namespace whose death kills everything inside);
 - **rlimits**: CPU seconds, address space (memory bombs fail with ``MemoryError``), file size,
   open files, core dumps, and process count (for a non-root user);
-- a **pids cgroup** with ``pids.max`` where the cgroup tree is writable (root is exempt from the
-  process-count rlimit, so this is the fork-bomb limit there);
+- **cgroups** (v1, nested under this process's own, where writable): ``pids.max`` (root is exempt
+  from the process-count rlimit, so this is the fork-bomb limit there) and a memory limit on all
+  the sandbox's processes together (``memory_mb``), so many processes cannot add up past it;
 - a **Python audit hook** in Python mode: writes outside the work dir, sockets, new processes and
   ``ctypes`` are refused even where namespaces are unavailable;
 - a **wall-clock timeout** that kills the whole process group, and stdout/stderr capped at
@@ -134,26 +135,48 @@ class _CappedReader(threading.Thread):
         return out
 
 
-def _cgroup_base() -> str | None:
-    base = "/sys/fs/cgroup/pids"  # cgroup v1 pids hierarchy
-    if os.path.isfile(os.path.join(base, "pids.max")) or os.path.isfile(os.path.join(base, "cgroup.procs")):
-        return base if os.access(base, os.W_OK) else None
+def _own_cgroup(controller: str) -> str | None:
+    """This process's cgroup directory in the v1 ``controller`` hierarchy, when it exists and is writable."""
+    base = f"/sys/fs/cgroup/{controller}"
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, rel = line.split(":", 2)
+        if controller in controllers.split(","):
+            path = os.path.normpath(base + rel)
+            return path if os.path.isdir(path) and os.access(path, os.W_OK) else None
     return None
 
 
-def _make_cgroup(max_processes: int) -> str | None:
-    base = _cgroup_base()
-    if base is None:
-        return None
-    path = os.path.join(base, f"gymllm-sbx-{os.getpid()}-{next(_COUNTER)}")
-    try:
-        os.mkdir(path)
-        with open(os.path.join(path, "pids.max"), "w") as f:
-            f.write(str(max_processes))
-        return path
-    except OSError:
-        _remove_cgroup(path)
-        return None
+def _make_cgroups(config: "SandboxConfig") -> dict[str, str]:
+    """Child cgroups (under this process's own) capping processes and total memory: ``{controller: path}``."""
+    limits = {"pids": {"pids.max": config.max_processes},
+              "memory": {"memory.limit_in_bytes": config.memory_mb * 2**20,
+                         "memory.memsw.limit_in_bytes": config.memory_mb * 2**20}}
+    made: dict[str, str] = {}
+    for controller, files in limits.items():
+        parent = _own_cgroup(controller)
+        if parent is None:
+            continue
+        path = os.path.join(parent, f"gymllm-sbx-{os.getpid()}-{next(_COUNTER)}")
+        try:
+            os.mkdir(path)
+            first = True
+            for name, value in files.items():
+                try:
+                    with open(os.path.join(path, name), "w") as f:
+                        f.write(str(value))
+                except OSError:
+                    if first:
+                        raise
+                first = False
+            made[controller] = path
+        except OSError:
+            _remove_cgroup(path)
+    return made
 
 
 def _remove_cgroup(path: str | None) -> None:
@@ -245,7 +268,7 @@ class Sandbox:
     async def arun_shell(self, command: str, **kw) -> SandboxResult:
         return await asyncio.to_thread(self.run_shell, command, **kw)
 
-    def _spec(self, extra: dict, status_fd: int, cgroup: str | None) -> dict:
+    def _spec(self, extra: dict, status_fd: int, cgroups: dict[str, str]) -> dict:
         c = self.config
         limits = {
             "cpu_s": int(c.timeout_s) + 1,
@@ -257,16 +280,16 @@ class Sandbox:
         }
         iso = {"net": c.namespaces and not c.network, "fs": c.namespaces, "pid": c.namespaces}
         return {"workdir": self.workdir, "limits": limits, "isolate": iso, "network": c.network,
-                "status_fd": status_fd, "cgroup": cgroup, **extra}
+                "status_fd": status_fd, "cgroups": cgroups, **extra}
 
     def _run(self, extra: dict, timeout_s: float | None, stdin: str | None) -> SandboxResult:
         if self._closed:
             raise ToolError(explain("Sandbox run", expected="an open sandbox", received="a closed one",
                                     fix="create a new Sandbox"))
         timeout = self.config.timeout_s if timeout_s is None else timeout_s
-        cgroup = _make_cgroup(self.config.max_processes)
+        cgroups = _make_cgroups(self.config)
         r_fd, w_fd = os.pipe()
-        spec = self._spec(extra, w_fd, cgroup)
+        spec = self._spec(extra, w_fd, cgroups)
         start = time.perf_counter()
         try:
             proc = subprocess.Popen(
@@ -277,7 +300,8 @@ class Sandbox:
         except OSError as e:
             os.close(r_fd)
             os.close(w_fd)
-            _remove_cgroup(cgroup)
+            for path in cgroups.values():
+                _remove_cgroup(path)
             raise ToolError(f"sandbox could not start: {e}") from e
         os.close(w_fd)
         readers = [_CappedReader(proc.stdout, self.config.max_output_bytes),
@@ -296,13 +320,15 @@ class Sandbox:
         except subprocess.TimeoutExpired:
             timed_out = True
         self._kill(proc)
-        _remove_cgroup(cgroup)
+        for path in cgroups.values():
+            _remove_cgroup(path)
         for r in readers:
             r.join(timeout=2.0)
         for pipe in (proc.stdout, proc.stderr):
             pipe.close()
         isolation = self._read_status(r_fd)
-        isolation["cgroup"] = isolation.get("cgroup", False)
+        isolation.setdefault("cgroups", {})
+        isolation["cgroup"] = bool(isolation["cgroups"].get("pids"))  # the fork-bomb limit took effect
         return SandboxResult(stdout=readers[0].text(), stderr=readers[1].text(),
                              exit_code=proc.returncode if not timed_out else -int(signal.SIGKILL),
                              timed_out=timed_out, truncated=any(r.dropped for r in readers),
