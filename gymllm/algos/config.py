@@ -118,14 +118,20 @@ class KLConfig:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ShapingConfig:
     """filter_zero_variance: drop groups whose rewards are all equal (counted, not trained);
-    overlong_buffer: DAPO soft overlong punishment over the last ``overlong_buffer`` tokens before
-    the rollout's max_tokens (0 = off)."""
+    overlong_buffer: DAPO soft overlong punishment over the last ``overlong_buffer`` sampled tokens
+    before ``overlong_max_len`` (0 = off; the trainer sets max_len from the rollout's max_tokens)."""
 
     filter_zero_variance: bool = False
     overlong_buffer: int = 0
+    overlong_max_len: int = 0
 
     def __post_init__(self) -> None:
         check_range("ShapingConfig", "overlong_buffer", self.overlong_buffer, lo=0)
+        check_range("ShapingConfig", "overlong_max_len", self.overlong_max_len, lo=0)
+        if self.overlong_buffer and self.overlong_max_len and self.overlong_buffer > self.overlong_max_len:
+            raise ConfigError(explain("ShapingConfig.overlong_buffer", expected=f"<= overlong_max_len "
+                                      f"({self.overlong_max_len})", received=self.overlong_buffer,
+                                      fix="use a buffer shorter than the response budget"))
 
 
 AGGREGATION_MODES = ("token_mean", "micro_token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "constant", "prompt_mean")

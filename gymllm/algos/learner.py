@@ -1,0 +1,381 @@
+"""The streaming learner: complete groups in, one Optax update every ``groups_per_step`` groups.
+
+    learner = StreamingLearner(model_config, flat_params, loss=async_agentic(), optimizer=OptimizerConfig(),
+                               config=LearnerConfig(groups_per_step=4, micro_batch_size=8))
+    for group in stream:                       # complete groups, in any order
+        for report in learner.submit([group]):  # a StepReport after each optimizer update
+            engine.update_weights(...)
+
+Rules (see ``grpo-reference.md``):
+
+* Groups are consumed as they arrive, oldest policy version first among those submitted together.
+  A group older than ``max_staleness`` versions is dropped and counted (``stale_groups``); a group
+  with all-equal rewards is dropped and counted (``filtered_groups``) when the loss asks for it, and
+  does not count towards the step (DAPO dynamic sampling). Nothing is dropped silently.
+* Rows become fixed-shape micro-batches (``micro_batch_size`` rows, length buckets) as soon as
+  enough are ready; each micro-batch's gradient of the *un-normalized* loss sum is added to an
+  accumulator. At ``groups_per_step`` groups the step's counts (tokens, sequences, groups) are known:
+  the accumulated gradient is divided by the aggregation's denominator and Optax applies the
+  update. The update therefore does not depend on how the step was cut into micro-batches (or
+  devices), and no update ever waits for a whole rollout batch.
+* Log-probabilities are recomputed in float32 with :func:`gymllm.models.token_logprobs` at the
+  sampling temperature. ``kl.beta == 0`` means no reference parameters are kept or run.
+* With LoRA only the adapters are trained (and held in the optimizer state); :meth:`policy_params`
+  gives the merged weights for the engine.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import time
+from typing import Any, Iterable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from gymllm.algos import advantages as adv_mod
+from gymllm.algos import aggregation as agg
+from gymllm.algos import lora as lora_mod
+from gymllm.algos.batching import Row, buckets, make_micro_batch, pack, pick_bucket, row_from_trajectory
+from gymllm.algos.config import LossConfig, async_agentic, check_range
+from gymllm.algos.kl import kl_reward_penalty
+from gymllm.algos.loss import LossBatch, micro_batch_loss, step_denominator
+from gymllm.algos.optim import OptimizerConfig, make_optimizer, make_schedule
+from gymllm.algos.shaping import nonzero_variance, overlong_penalty
+from gymllm.algos.sharding import shard_batch, shard_params
+from gymllm.errors import ConfigError, explain
+from gymllm.telemetry import counter, span
+from gymllm.types import Group
+
+
+# XLA CPU options that cut compile time ~3x at a small cost in run time (tiny models, tests).
+FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LearnerConfig:
+    """groups_per_step: B groups per optimizer update; micro_batch_size: rows per compiled micro-batch;
+    num_steps: optimizer updates of a run; max_len / min_bucket: the length buckets of micro-batches;
+    max_staleness: drop groups more than this many versions old (None = no bound);
+    temperature: the sampling temperature (logprobs are of the same tempered distribution);
+    compute_entropy: report the policy entropy (costs one pass over the logits);
+    fast_compile: compile with XLA's cheap CPU settings (about 3x faster compiles, for tiny models,
+    tests and CPU runs; off for real models, where the optimized code matters)."""
+
+    groups_per_step: int = 4
+    micro_batch_size: int = 8
+    num_steps: int = 100
+    max_len: int = 512
+    min_bucket: int = 32
+    max_staleness: int | None = None
+    temperature: float = 1.0
+    compute_entropy: bool = True
+    fast_compile: bool = False
+
+    def __post_init__(self) -> None:
+        for f in ("groups_per_step", "micro_batch_size", "num_steps", "max_len", "min_bucket"):
+            check_range("LearnerConfig", f, getattr(self, f), lo=1)
+        if self.max_staleness is not None:
+            check_range("LearnerConfig", "max_staleness", self.max_staleness, lo=0)
+        check_range("LearnerConfig", "temperature", self.temperature, lo=0.0, lo_open=True)
+        if self.min_bucket > self.max_len:
+            raise ConfigError(explain("LearnerConfig.min_bucket", expected=f"<= max_len ({self.max_len})",
+                                      received=self.min_bucket, fix="lower min_bucket or raise max_len"))
+
+
+@dataclasses.dataclass
+class StepReport:
+    """What one optimizer update did (all floats; ``sample_ids`` are the trained trajectory ids)."""
+
+    step: int
+    metrics: dict[str, float]
+    sample_ids: list[str]
+
+
+def entropy_from_logits(logits, temperature) -> jnp.ndarray:  # [B, T, V] -> [B, T]
+    lp = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
+    return -jnp.sum(jnp.exp(lp) * lp, axis=-1)
+
+
+def build_loss_fn(model_config: Any, loss: LossConfig, lcfg: LearnerConfig, lora: lora_mod.LoRAConfig | None):
+    """``f(trainable, frozen, arrays, ref_params) -> (loss_sum, metric sums)``: pure, jit-able."""
+    from gymllm.models.logprobs import token_logprobs
+    from gymllm.models.transformer import forward
+
+    def params_of(trainable, frozen):
+        return lora_mod.merge(lora, frozen, trainable) if lora is not None and lora.enabled else trainable
+
+    def f(trainable, frozen, a, ref_params):
+        logits, _ = forward(model_config, params_of(trainable, frozen), a["tokens"], a["positions"])
+        logp = token_logprobs(logits, a["targets"], lcfg.temperature)  # [B, T] float32
+        ent = entropy_from_logits(logits, lcfg.temperature) if lcfg.compute_entropy else None
+        ref = None
+        if ref_params is not None and loss.kl.placement == "loss":
+            ref_logits, _ = forward(model_config, ref_params, a["tokens"], a["positions"])
+            ref = jax.lax.stop_gradient(token_logprobs(ref_logits, a["targets"], lcfg.temperature))
+        batch = LossBatch(mask=a["mask"], behaviour_logp=a["mu"], advantages=a["advantages"],
+                          group_tokens=a["group_tokens"], ref_logp=ref)
+        return micro_batch_loss(loss, logp, batch, ent)
+
+    return f
+
+
+def _programs(model_config: Any, loss: LossConfig, lcfg: LearnerConfig, lora: Any, opt: OptimizerConfig):
+    """The jitted (grad-accumulate, apply-update, reference-logprob) programs of one configuration,
+    shared by every learner with the same configs (compiled once per shape)."""
+    key = LearnerConfig(temperature=lcfg.temperature, compute_entropy=lcfg.compute_entropy, num_steps=lcfg.num_steps,
+                        fast_compile=lcfg.fast_compile)
+    return _cached_programs(model_config, loss, key, lora, opt)
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_programs(model_config: Any, loss: LossConfig, lcfg: LearnerConfig, lora: Any, opt: OptimizerConfig):
+    from gymllm.models.logprobs import token_logprobs
+    from gymllm.models.transformer import forward
+
+    loss_fn = build_loss_fn(model_config, loss, lcfg, lora)
+    tx = make_optimizer(opt, lcfg.num_steps)
+
+    def grad(acc, trainable, frozen, arrays, ref_params):
+        (total, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable, frozen, arrays, ref_params)
+        return jax.tree.map(jnp.add, acc, grads), total, metrics
+
+    def apply(trainable, opt_state, acc, denom):
+        g = jax.tree.map(lambda x: x / denom, acc)
+        updates, opt_state = tx.update(g, opt_state, trainable)
+        return optax.apply_updates(trainable, updates), opt_state, optax.global_norm(g)
+
+    def ref_logp(ref_params, tokens, positions, targets):
+        logits, _ = forward(model_config, ref_params, tokens, positions)
+        return token_logprobs(logits, targets, lcfg.temperature)
+
+    jit = functools.partial(jax.jit, compiler_options=FAST_COMPILE if lcfg.fast_compile else None)
+    return jit(grad), jit(apply), jit(ref_logp), tx
+
+
+class StreamingLearner:
+    """Barrier-free GRPO learner over flat transformer parameters (see the module docstring)."""
+
+    def __init__(self, model_config: Any, params: dict[str, jax.Array], *, loss: LossConfig | None = None,
+                 optimizer: OptimizerConfig | None = None, config: LearnerConfig | None = None,
+                 lora: lora_mod.LoRAConfig | None = None, mesh: Any = None, pad_id: int = 0,
+                 version: int = 0):
+        self.model_config = model_config
+        self.loss = loss or async_agentic()
+        self.optimizer_config = optimizer or OptimizerConfig()
+        self.config = cfg = config or LearnerConfig()
+        self.lora = lora if lora is not None and lora.enabled else None
+        self.mesh = mesh
+        self.pad_id = pad_id
+        self.buckets = buckets(cfg.min_bucket, cfg.max_len)
+        base = {k: jnp.asarray(v) for k, v in params.items()}
+        if self.lora is not None:
+            self.frozen = shard_params(mesh, base)
+            self.trainable = shard_params(mesh, lora_mod.init_adapters(self.lora, base))
+        else:
+            self.frozen = None
+            self.trainable = shard_params(mesh, base)
+        # beta == 0: no reference parameters at all
+        self.ref_params = shard_params(mesh, dict(base)) if self.loss.kl.needs_reference else None
+        self._grad, self._apply, self._ref_logp, self.tx = _programs(model_config, self.loss, cfg, self.lora,
+                                                                    self.optimizer_config)
+        self.schedule = make_schedule(self.optimizer_config, cfg.num_steps)
+        self.opt_state = self.tx.init(self.trainable)
+        self.version = version  # == optimizer updates applied
+        self.counts: collections.Counter = collections.Counter()
+        self.consumed_groups: set[str] = set()  # trained + filtered + stale (rollout bookkeeping)
+        self._reset_step()
+
+    # ------------------------------------------------------------------ public API
+    def policy_params(self) -> dict[str, jax.Array]:
+        """The full weights of the current policy (LoRA merged) for the engine or a checkpoint."""
+        if self.lora is not None:
+            return lora_mod.merge(self.lora, self.frozen, self.trainable)
+        return self.trainable
+
+    def submit(self, groups: Iterable[Group]) -> list[StepReport]:
+        """Consume complete groups (oldest policy version first); returns the updates they completed."""
+        reports = []
+        for g in sorted(groups, key=lambda g: (g.min_version, g.admitted_version)):
+            rep = self._consume(g)
+            if rep is not None:
+                reports.append(rep)
+        return reports
+
+    @property
+    def step(self) -> int:
+        return self.version
+
+    # ------------------------------------------------------------------ consumption
+    def _reset_step(self) -> None:
+        self._acc = jax.tree.map(jnp.zeros_like, self.trainable)
+        self._pending: list[Row] = []
+        self._deferred: list[tuple[Group, np.ndarray]] = []  # step-global advantages (batch_std)
+        self._step_groups = 0
+        self._step_rows: list[Row] = []
+        self._step_rewards: list[float] = []
+        self._step_lengths: list[int] = []
+        self._sums: collections.Counter = collections.Counter()
+        self._micro_batches = 0
+        self._t_first: float | None = None
+        self._busy_s = 0.0
+
+    def _consume(self, group: Group) -> StepReport | None:
+        self.counts["groups_in"] += 1
+        gid = group.group_id
+        lag = self.version - group.min_version
+        if self.config.max_staleness is not None and lag > self.config.max_staleness:
+            self.counts["stale_groups"] += 1
+            self.consumed_groups.add(gid)
+            counter("stale_groups", self.counts["stale_groups"], track="trainer")
+            return None
+        rewards = self._shaped_rewards(group)
+        if self.loss.shaping.filter_zero_variance and not bool(nonzero_variance(rewards[None])[0]):
+            self.counts["filtered_groups"] += 1
+            self.consumed_groups.add(gid)
+            counter("filtered_groups", self.counts["filtered_groups"], track="trainer")
+            return None
+        self.consumed_groups.add(gid)
+        self._t_first = self._t_first or time.perf_counter()
+        self._step_groups += 1
+        self._step_rewards += [float(t.reward) for t in group.trajectories]
+        self._step_lengths += [t.num_sampled for t in group.trajectories]
+        if self.loss.advantage.estimator in adv_mod.STEP_GLOBAL:
+            self._deferred.append((group, rewards))
+        else:
+            self._add_rows(group, np.asarray(self._advantages(rewards[None]))[0])
+        if self._step_groups < self.config.groups_per_step:
+            return None
+        return self._finish_step()
+
+    def _advantages(self, rewards: np.ndarray) -> jnp.ndarray:
+        a = self.loss.advantage
+        return adv_mod.ESTIMATORS[a.estimator](rewards, ddof=a.ddof, eps=a.eps, eps_placement=a.eps_placement)
+
+    def _shaped_rewards(self, group: Group) -> np.ndarray:
+        r = group.rewards.astype(np.float32)
+        sh = self.loss.shaping
+        if sh.overlong_buffer and sh.overlong_max_len:
+            lengths = np.array([t.num_sampled for t in group.trajectories])
+            r = r + np.asarray(overlong_penalty(lengths, max_len=sh.overlong_max_len, buffer=sh.overlong_buffer))
+        if self.ref_params is not None and self.loss.kl.placement == "reward":
+            r = r - self._kl_penalty(group)
+        return r.astype(np.float32)
+
+    def _kl_penalty(self, group: Group) -> np.ndarray:
+        rows = [row_from_trajectory(t, advantage=0.0, group_tokens=1.0, sample_id="") for t in group.trajectories]
+        out = []
+        for i in range(0, len(rows), self.config.micro_batch_size):
+            chunk = rows[i:i + self.config.micro_batch_size]
+            mb = make_micro_batch(chunk, self.config.micro_batch_size,
+                                  pick_bucket(max(r.length for r in chunk), self.buckets), self.pad_id)
+            a = shard_batch(self.mesh, mb.arrays())
+            ref = self._ref_logp(self.ref_params, a["tokens"], a["positions"], a["targets"])
+            # the behaviour logprobs stand in for pi_theta's (the sampled policy's) in the k1 estimate
+            pen = kl_reward_penalty(a["mu"], ref, a["mask"], beta=self.loss.kl.beta)
+            out.append(np.asarray(pen)[:len(chunk)])
+        return np.concatenate(out)
+
+    def _add_rows(self, group: Group, advantages: np.ndarray) -> None:
+        tokens = float(sum(t.num_sampled for t in group.trajectories))
+        for t, a in zip(group.trajectories, advantages):
+            sid = t.trajectory_id or f"{group.group_id}/{len(self._step_rows)}"
+            r = row_from_trajectory(t, advantage=float(a), group_tokens=tokens, sample_id=sid)
+            pick_bucket(r.length, self.buckets)  # a too-long row fails here, before any compute
+            self._pending.append(r)
+            self._step_rows.append(r)
+        while len(self._pending) >= self.config.micro_batch_size:
+            chunk = sorted(self._pending, key=lambda r: r.length)[: self.config.micro_batch_size]
+            ids = {id(r) for r in chunk}
+            self._pending = [r for r in self._pending if id(r) not in ids]
+            self._run_micro_batch(chunk)
+
+    def _run_micro_batch(self, rows: list[Row]) -> None:
+        mb = make_micro_batch(rows, self.config.micro_batch_size,
+                              pick_bucket(max(r.length for r in rows), self.buckets), self.pad_id)
+        t = time.perf_counter()
+        with span("micro_batch", track="trainer", rows=len(rows), length=mb.shape[1]):
+            arrays = shard_batch(self.mesh, mb.arrays())
+            self._acc, total, metrics = self._grad(self._acc, self.trainable, self.frozen, arrays, self.ref_params)
+            self._sums["loss_sum"] += float(total)
+            for k, v in metrics.items():
+                self._sums[k] += float(v)
+        self._busy_s += time.perf_counter() - t
+        valid = mb.mask > 0
+        lag = (self.version - mb.versions)[valid]
+        self._sums["staleness_sum"] += float(lag.sum())
+        self._sums["staleness_max"] = max(self._sums["staleness_max"], float(lag.max()) if lag.size else 0.0)
+        self._micro_batches += 1
+
+    def _finish_step(self) -> StepReport:
+        t = time.perf_counter()
+        with span("train_step", track="trainer", step=self.version + 1, groups=self._step_groups):
+            if self._deferred:
+                all_r = np.stack([r for _, r in self._deferred])
+                adv = np.asarray(self._advantages(all_r))
+                for (g, _), a in zip(self._deferred, adv):
+                    self._add_rows(g, a)
+            if self._pending:
+                for mb_rows in _chunks(sorted(self._pending, key=lambda r: r.length), self.config.micro_batch_size):
+                    self._run_micro_batch(mb_rows)
+                self._pending = []
+            stats = agg.StepStats(num_tokens=float(sum(r.mask.sum() for r in self._step_rows)),
+                                  num_seqs=float(len(self._step_rows)), num_groups=float(self._step_groups),
+                                  max_len=float(max(self._step_lengths + [1])))
+            denom = float(step_denominator(self.loss, stats))
+            lr = float(self.schedule(self.version))
+            self.trainable, self.opt_state, gnorm = self._apply(self.trainable, self.opt_state, self._acc,
+                                                                jnp.float32(denom))
+            gnorm = float(gnorm)
+        self._busy_s += time.perf_counter() - t
+        self.version += 1
+        self.counts["steps"] += 1
+        self.counts["groups_trained"] += self._step_groups
+        self.counts["rows_trained"] += len(self._step_rows)
+        report = StepReport(step=self.version, metrics=self._metrics(stats, denom, gnorm, lr),
+                            sample_ids=[r.sample_id for r in self._step_rows])
+        counter("policy_version", self.version, track="trainer")
+        self._reset_step()
+        return report
+
+    def _metrics(self, stats: agg.StepStats, denom: float, gnorm: float, lr: float) -> dict[str, float]:
+        s, tok = self._sums, max(stats.num_tokens, 1.0)
+        rewards = np.asarray(self._step_rewards, np.float64)
+        lengths = np.asarray(self._step_lengths, np.float64)
+        return {
+            "loss": s["loss_sum"] / denom, "grad_norm": gnorm, "learning_rate": lr,
+            "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
+            "reward_max": float(rewards.max()), "clip_fraction": s["clipped_tokens"] / tok,
+            "kl": s["kl_sum"] / tok, "entropy": s["entropy_sum"] / tok, "ratio_mean": s["ratio_sum"] / tok,
+            "is_weight_mean": s["weight_sum"] / tok, "masked_token_fraction": s["zero_weight_tokens"] / tok,
+            "mismatch_abs_logprob": s["mismatch_abs_sum"] / tok,
+            "staleness_mean": s["staleness_sum"] / tok, "staleness_max": s["staleness_max"],
+            "response_len_mean": float(lengths.mean()), "response_len_max": float(lengths.max()),
+            "tokens": stats.num_tokens, "sequences": stats.num_seqs, "groups": stats.num_groups,
+            "micro_batches": float(self._micro_batches), "train_busy_s": self._busy_s,
+            "filtered_groups": float(self.counts["filtered_groups"]), "stale_groups": float(self.counts["stale_groups"]),
+        }
+
+    # ------------------------------------------------------------------ checkpoint state
+    def state(self) -> dict[str, Any]:
+        """Everything a checkpoint needs to resume exactly (arrays + JSON-able bookkeeping)."""
+        return {"trainable": self.trainable, "opt_state": self.opt_state}
+
+    def bookkeeping(self) -> dict[str, Any]:
+        return {"version": self.version, "counts": dict(self.counts), "consumed_groups": sorted(self.consumed_groups)}
+
+    def restore(self, state: dict[str, Any], bookkeeping: dict[str, Any]) -> None:
+        self.trainable = shard_params(self.mesh, state["trainable"])
+        self.opt_state = state["opt_state"]
+        self.version = int(bookkeeping["version"])
+        self.counts = collections.Counter(bookkeeping.get("counts", {}))
+        self.consumed_groups = set(bookkeeping.get("consumed_groups", []))
+        self._reset_step()
+
+
+def _chunks(rows: list[Row], n: int) -> list[list[Row]]:
+    return [rows[i:i + n] for i in range(0, len(rows), n)]

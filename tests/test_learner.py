@@ -1,0 +1,195 @@
+"""The streaming learner: micro-batch invariance, filtering/staleness accounting, KL reference,
+LoRA, ordering, and agreement of its step with a one-batch reference of the same loss."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gymllm.algos import config as C
+from gymllm.algos.learner import LearnerConfig, StreamingLearner
+from gymllm.algos.lora import LoRAConfig
+from gymllm.algos.optim import OptimizerConfig
+from gymllm.models import make_tiny
+from gymllm.models.logprobs import token_logprobs
+from gymllm.types import Group, Trajectory
+
+
+@functools.lru_cache(maxsize=1)
+def tiny():
+    return make_tiny("qwen3", seed=0, vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1)
+
+
+def make_groups(n_groups: int, g: int = 4, *, seed: int = 0, version: int = 0, noise: float = 0.05,
+                equal_rewards: bool = False) -> list[Group]:
+    """Random prompts + 'sampled' continuations with behaviour logprobs from the model itself (+ noise)."""
+    lm = tiny()
+    rng = np.random.default_rng(seed)
+    groups = []
+    for k in range(n_groups):
+        trajs = []
+        prompt = rng.integers(3, 290, 4)
+        for m in range(g):
+            resp = rng.integers(3, 290, int(rng.integers(2, 12)))
+            ids = np.concatenate([prompt, resp]).astype(np.int32)
+            mask = np.r_[np.zeros(len(prompt)), np.ones(len(resp))].astype(np.int8)
+            padded = np.zeros((1, 16), np.int32)  # one compiled shape; causal, so the padding changes nothing
+            padded[0, :len(ids)] = ids
+            logits, _ = lm.model(padded, np.arange(16)[None])
+            lp = np.zeros(len(ids), np.float32)
+            lp[1:] = np.asarray(token_logprobs(logits[:, :-1], jnp.asarray(padded[:, 1:])))[0, :len(ids) - 1]
+            mu = np.where(mask > 0, lp + rng.normal(0, noise, len(ids)), 0).astype(np.float32)
+            trajs.append(Trajectory(token_ids=ids, loss_mask=mask, behaviour_logprobs=mu,
+                                    versions=np.where(mask > 0, version, -1).astype(np.int32),
+                                    reward=1.0 if equal_rewards else float(rng.random() < 0.5) + 0.1 * m,
+                                    trajectory_id=f"s{seed}/g{k}/m{m}", group_id=f"s{seed}/g{k}"))
+        groups.append(Group(group_id=f"s{seed}/g{k}", task_id="t", trajectories=trajs, admitted_version=version))
+    return groups
+
+
+def learner(loss=None, *, opt="sgd", **kw):
+    """Tests share compiled programs: same loss/optimizer/shape => compiled once (see _programs)."""
+    lm = tiny()
+    lcfg = dict(groups_per_step=2, micro_batch_size=8, num_steps=10, max_len=16, min_bucket=16, compute_entropy=True, fast_compile=True)
+    lora = kw.pop("lora", None)
+    lcfg.update(kw)
+    return StreamingLearner(lm.config, lm.model.flat_params(), loss=loss or C.async_agentic(),
+                            optimizer=OptimizerConfig(name=opt, learning_rate=1e-2, max_grad_norm=0.0),
+                            config=LearnerConfig(**lcfg), lora=lora)
+
+
+def max_diff(a, b):
+    return max(float(jnp.max(jnp.abs(a[k] - b[k]))) for k in a)
+
+
+BATCH_STD = dataclasses.replace(C.dapo(), advantage=C.AdvantageConfig(estimator="batch_std"), shaping=C.ShapingConfig())
+
+
+@pytest.mark.parametrize("loss", [C.async_agentic(), C.grpo(), pytest.param(BATCH_STD, marks=pytest.mark.slow)],
+                         ids=["async_agentic", "grpo", "batch_std"])
+def test_update_invariant_to_micro_batch_split(loss):
+    """SGD (an update linear in the gradient): 1 micro-batch of 8 rows == 4 micro-batches of 2
+    (batch_std also defers its advantages to the end of the step)."""
+    groups = make_groups(2)
+    a, b = learner(loss, opt="sgd", micro_batch_size=8), learner(loss, opt="sgd", micro_batch_size=2)
+    ra, rb = a.submit(groups), b.submit(groups)
+    assert len(ra) == len(rb) == 1
+    assert ra[0].metrics["micro_batches"] == 1 and rb[0].metrics["micro_batches"] == 4
+    np.testing.assert_allclose(ra[0].metrics["loss"], rb[0].metrics["loss"], rtol=1e-5, atol=1e-6)
+    base = tiny().model.flat_params()
+    moved = max_diff(a.trainable, base)
+    assert moved > 1e-5  # the update did something
+    assert max_diff(a.trainable, b.trainable) < 1e-4 * moved
+    assert sorted(ra[0].sample_ids) == sorted(rb[0].sample_ids)
+
+
+def test_step_equals_one_batch_reference_gradient():
+    """The learner's accumulated gradient / denominator == grad of the loss of the whole step in one
+    batch, written directly from the pure functions (token-mean of PPO with TIS)."""
+    from gymllm.algos.corrections import token_tis
+    from gymllm.algos.policy_loss import ppo_clip_loss
+    from gymllm.models.transformer import forward
+
+    loss = C.async_agentic()
+    groups = make_groups(2, seed=3)
+    lrn = learner(loss, micro_batch_size=2, groups_per_step=3)  # 2 groups: no update yet
+    lrn.submit(groups)
+    trajs = [t for g in groups for t in g.trajectories]
+    adv = np.concatenate([np.asarray(lrn._advantages(g.rewards[None]))[0] for g in groups])
+    T = max(len(t.token_ids) for t in trajs)
+    ids = np.zeros((len(trajs), T), np.int32)
+    mask, mu = np.zeros((len(trajs), T - 1), np.float32), np.zeros((len(trajs), T - 1), np.float32)
+    for i, t in enumerate(trajs):
+        n = len(t.token_ids)
+        ids[i, :n] = t.token_ids
+        mask[i, :n - 1], mu[i, :n - 1] = t.loss_mask[1:], t.behaviour_logprobs[1:]
+    cfg = tiny().config
+
+    def f(params):
+        logits, _ = forward(cfg, params, jnp.asarray(ids), jnp.broadcast_to(jnp.arange(T), ids.shape))
+        logp = token_logprobs(logits[:, :-1], jnp.asarray(ids[:, 1:]))
+        ratio = jnp.exp(logp - jax.lax.stop_gradient(logp))
+        tok, _ = ppo_clip_loss(ratio, jnp.asarray(adv)[:, None], eps_low=0.2, eps_high=0.28)
+        w = token_tis(jax.lax.stop_gradient(logp) - mu, mask, cap=2.0)
+        return jnp.sum(tok * w * mask) / mask.sum()
+
+    from gymllm.algos.learner import FAST_COMPILE
+
+    want = jax.jit(jax.grad(f), compiler_options=FAST_COMPILE)(tiny().model.flat_params())
+    denom = mask.sum()
+    for k in want:
+        np.testing.assert_allclose(np.asarray(lrn._acc[k]) / denom, np.asarray(want[k]), rtol=2e-4, atol=1e-7)
+
+
+def test_filtered_and_stale_groups_are_counted_not_trained():
+    lrn = learner(C.async_agentic(), groups_per_step=2, max_staleness=1)  # filters zero-variance groups
+    flat = make_groups(1, seed=1, equal_rewards=True)
+    stale = make_groups(1, seed=2, version=-5)
+    good = make_groups(2, seed=4)
+    reports = lrn.submit(flat + stale + good)
+    assert len(reports) == 1
+    assert lrn.counts["filtered_groups"] == 1 and lrn.counts["stale_groups"] == 1
+    assert lrn.counts["groups_trained"] == 2 and lrn.counts["groups_in"] == 4
+    assert not any(s.startswith(("s1/", "s2/")) for s in reports[0].sample_ids)
+    assert lrn.consumed_groups == {"s1/g0", "s2/g0", "s4/g0", "s4/g1"}
+    assert reports[0].metrics["filtered_groups"] == 1 and reports[0].metrics["stale_groups"] == 1
+
+
+def test_oldest_version_first_and_staleness_metric():
+    lrn = learner(groups_per_step=1)
+    new, old = make_groups(1, seed=5, version=0), make_groups(1, seed=6, version=0)
+    old[0].trajectories[0].versions[old[0].trajectories[0].loss_mask > 0] = -2  # one row two versions older
+    reports = lrn.submit(new + old)
+    assert [r.sample_ids[0].split("/")[0] for r in reports] == ["s6", "s5"]
+    assert reports[0].metrics["staleness_max"] == 2.0
+
+
+def test_kl_beta_zero_loads_no_reference_and_beta_positive_does():
+    assert learner(C.dapo()).ref_params is None
+    lrn = learner(C.grpo())
+    assert lrn.ref_params is not None
+    rep = lrn.submit(make_groups(2))[0]
+    assert rep.metrics["kl"] == pytest.approx(0.0, abs=1e-6)  # policy == reference at the first step
+    rep = lrn.submit(make_groups(2, seed=9))[0]
+    assert rep.metrics["kl"] > 0.0  # after one update the policy moved away from the reference
+
+
+def test_kl_in_reward_subtracts_beta_sum_k1_from_rewards():
+    in_reward = dataclasses.replace(C.grpo(), kl=C.KLConfig(beta=0.1, placement="reward"))
+    lrn = learner(in_reward)
+    group = make_groups(1, seed=11, noise=0.3)[0]
+    lm = tiny()
+    want = []
+    for t in group.trajectories:
+        padded = np.zeros((1, 16), np.int32)
+        padded[0, :len(t.token_ids)] = t.token_ids
+        logits, _ = lm.model(padded, np.arange(16)[None])
+        ref = np.asarray(token_logprobs(logits[:, :-1], jnp.asarray(padded[:, 1:])))[0, :len(t.token_ids) - 1]
+        m = t.loss_mask[1:] > 0
+        want.append(t.reward - 0.1 * np.sum(t.behaviour_logprobs[1:][m] - ref[m]))
+    np.testing.assert_allclose(lrn._shaped_rewards(group), want, rtol=1e-4, atol=1e-5)
+
+
+def test_lora_trains_only_adapters_and_starts_at_the_base():
+    lrn = learner(lora=LoRAConfig(rank=2, targets=("wq", "wv", "w_up")))
+    base = tiny().model.flat_params()
+    assert set(lrn.trainable) == {f"layers.{t}.lora_{x}" for t in ("wq", "wv", "w_up") for x in "ab"}
+    assert max_diff(lrn.policy_params(), base) == 0.0
+    lrn.submit(make_groups(2))
+    merged = lrn.policy_params()
+    assert float(jnp.max(jnp.abs(merged["layers.wq"] - base["layers.wq"]))) > 0
+    assert float(jnp.max(jnp.abs(merged["embed"] - base["embed"]))) == 0.0
+    assert max_diff(lrn.frozen, base) == 0.0
+
+
+def test_too_long_trajectory_is_a_clear_error():
+    from gymllm.errors import ConfigError
+
+    lrn = learner(max_len=8, min_bucket=8)  # rows here are up to 15 tokens
+    with pytest.raises(ConfigError, match="max_len"):
+        lrn.submit(make_groups(2))
