@@ -16,6 +16,7 @@ ENV_MODULES: list[str] = [
     "gymllm.envs.basic",
     "gymllm.envs.arithmetic",
     "gymllm.envs.games",
+    "gymllm.envs.catalogue",
     "gymllm.envs.tiny_tasks",
     "gymllm.envs.countdown",
     "gymllm.envs.math_word",

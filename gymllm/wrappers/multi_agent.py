@@ -432,11 +432,16 @@ def random_legal_policy(observation: dict[str, Any], rng: np.random.Generator, m
     return moves[int(legal[int(rng.integers(legal.size))])] if legal.size else (moves[0] if moves else "0")
 
 
-def _act(policy: Policy | None, env: TextAECEnv, agent: str, rng: np.random.Generator) -> str:
+def _act(policy: Policy | None, env: Any, agent: str, rng: np.random.Generator) -> str:
     obs = env.observe(agent)
-    if policy is None:
-        return random_legal_policy(obs, rng, env.action_space(agent).moves)
-    return policy(obs, rng)
+    if policy is not None:
+        return policy(obs, rng)
+    space = env.action_space(agent)
+    moves = getattr(space, "moves", ())
+    if moves or "action_mask" in obs:
+        return random_legal_policy(obs, rng, moves)
+    space.seed(int(rng.integers(0, 2**31 - 1)))  # free-text games: a random reply, reproducibly
+    return space.sample()
 
 
 def _advance(env: TextAECEnv, stop: Callable[[str], bool], opponents: dict[str, Policy | None],
