@@ -198,7 +198,7 @@ def test_staleness_bound_and_capacity_invariant_in_a_heavy_tailed_run():
     stats = {}
     got, loads = _learner_run(eta, B, 12, envs=latency_envs(8, median_s=0.003, p99_s=0.08),
                               engine=ScriptedEngine(), learner_sleep=0.01, record=stats)
-    assert len(got) == 12
+    assert len(got) + stats.get("stale_dropped", 0) == 12  # late finishers past the bound are dropped
     assert all(load <= cap for load, cap in loads)  # accepted + running <= (eta + v + 1) * B
     for g in got:
         assert g.info["learner_version"] - g.admitted_version <= eta  # hard bound at consumption
@@ -487,3 +487,23 @@ def test_non_prefix_preserving_template_gives_one_row_per_model_call_in_whole_gr
                 (s, e), = r.turn_boundaries
                 assert e == len(r.token_ids) and r.loss_mask[:s].sum() == 0 and r.num_sampled == e - s
                 assert t.decode(r.token_ids[:s].tolist()).endswith("<|im_start|>assistant\n")
+
+
+def test_a_trajectory_that_outgrows_the_context_ends_truncated_instead_of_failing_its_group():
+    class ShortContextEngine(ScriptedEngine):
+        max_len = 90  # like JaxEngine.max_len: prompts must stay below it
+
+        async def generate(self, prompt_ids, params, *, session_id=None):
+            assert len(prompt_ids) <= self.max_len - 1, "the orchestrator sent a prompt the engine would refuse"
+            return await super().generate(prompt_ids, params, session_id=session_id)
+
+    cfg = RolloutConfig(group_size=2, num_groups=3, max_staleness=None)
+    orch = RolloutOrchestrator(latency_envs(4, episode_length=6), ShortContextEngine(), ModelAgent(tok()),
+                               sampling=SAMPLING, config=cfg)
+    groups = asyncio.run(consume_all(orch))
+    trajs = [tr for g in groups for tr in g.trajectories]
+    assert len(groups) == 3 and not orch.stats().get("member_errors")
+    assert any(tr.info["context_exhausted"] for tr in trajs)
+    for tr in trajs:
+        if tr.info["context_exhausted"]:
+            assert tr.finish_reason in ("truncated", "length") and tr.info["truncated"]

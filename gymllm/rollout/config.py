@@ -40,6 +40,9 @@ class RolloutConfig:
                           policy version first (counters completion-order bias); "completion": FIFO.
     seed                  base seed: group k uses env seed ``seed + k``; sampling seeds derive from it.
     max_model_calls       safety cap on model calls per trajectory (the env's own turn limit normally ends it).
+    max_prompt_len        longest prompt sent to the engine; a trajectory whose next prompt is longer
+                          ends as truncated (``info["context_exhausted"]``) instead of failing its
+                          group. None = the engine's ``max_len - 1`` when it has one, else no limit.
     loop_lag_interval_s   sampling period of the event-loop lag monitor.
     """
 
@@ -56,13 +59,14 @@ class RolloutConfig:
     release_order: str = "oldest_version"
     seed: int = 0
     max_model_calls: int = 16
+    max_prompt_len: int | None = None
     loop_lag_interval_s: float = 0.01
 
     def __post_init__(self) -> None:
         for name in ("group_size", "max_concurrency", "groups_per_step", "queue_size", "max_model_calls"):
             v = getattr(self, name)
             _need(_is_int(v) and v >= 1, name, expected="an int >= 1", received=v, fix=f"set {name}=1 or more")
-        for name in ("num_groups", "max_open_groups"):
+        for name in ("num_groups", "max_open_groups", "max_prompt_len"):
             v = getattr(self, name)
             _need(v is None or (_is_int(v) and v >= 1), name, expected="None or an int >= 1", received=v,
                   fix=f"set {name}=None or a positive int")
@@ -80,6 +84,13 @@ class RolloutConfig:
               expected="'oldest_version' or 'completion'", received=self.release_order,
               fix="use release_order='oldest_version'")
         _need(_is_int(self.seed), "seed", expected="an int", received=self.seed, fix="use e.g. seed=0")
+
+    def prompt_limit(self, engine: Any) -> int | None:
+        """``max_prompt_len``, else the engine's ``max_len - 1``, else None."""
+        if self.max_prompt_len is not None:
+            return self.max_prompt_len
+        max_len = getattr(engine, "max_len", None)
+        return int(max_len) - 1 if isinstance(max_len, int) else None
 
     @property
     def open_group_limit(self) -> int:

@@ -84,6 +84,7 @@ class Episode:
         self.last_finish = ""
         self.num_length_finishes = 0
         self.num_tool_calls = 0
+        self.context_exhausted = False
         self.task_id = key.task_id
         self.info: dict[str, Any] = {}
         self.timings = {"generation_s": 0.0, "env_s": 0.0, "tool_s": 0.0, "reward_s": 0.0, "ttft_s": 0.0,
@@ -109,6 +110,15 @@ class Episode:
             base = params.seed if getattr(params, "seed", None) is not None else self.base_seed
             params = params.replace(seed=sampling_seed(base, self.key, self.calls))
         return self.buffer.prompt_ids, params
+
+    def fits(self, max_prompt_len: int | None) -> bool:
+        """Whether the next prompt fits the engine's context; if not, the episode ends truncated."""
+        assert self.buffer is not None
+        if max_prompt_len is None or len(self.buffer.prompt_ids) <= max_prompt_len:
+            return True
+        self.done = self.truncated = True
+        self.context_exhausted = True
+        return False
 
     def on_completion(self, completion: Any, generation_s: float) -> str:
         """Record the sampled ids verbatim; returns the env action."""
@@ -173,7 +183,8 @@ class Episode:
                 finish_reason=self.finish_reason, row_index=i, timings=dict(self.timings),
                 info={**self.info, "model_calls": self.calls, "length_finishes": self.num_length_finishes,
                       "tool_calls": self.num_tool_calls, "terminated": self.terminated,
-                      "truncated": self.truncated, "num_rows": len(rows), "member": self.key.member,
+                      "truncated": self.truncated, "context_exhausted": self.context_exhausted,
+                      "num_rows": len(rows), "member": self.key.member,
                       "attempt": self.key.attempt},
             ))
         return out

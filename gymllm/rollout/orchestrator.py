@@ -53,25 +53,26 @@ class GroupTimeoutError(GroupFailedError, TimeoutError):
     """A group stayed open longer than ``group_timeout_s``."""
 
 
-async def run_episode(slots: EnvSlots, engine: Any, episode: Episode, env_id: int) -> Episode:
+async def run_episode(slots: EnvSlots, engine: Any, episode: Episode, env_id: int,
+                      max_prompt_len: int | None = None) -> Episode:
     """Drive one trajectory to its end on env slot ``env_id`` (the coroutine-per-trajectory loop)."""
     key = episode.key
     try:
-        return await _drive(slots, engine, episode, env_id)
+        return await _drive(slots, engine, episode, env_id, max_prompt_len)
     finally:
         end = getattr(engine, "end_session", None)
         if end is not None:
             end(key.trajectory_id)  # free the engine's cached prefix of this trajectory
 
 
-async def _drive(slots: EnvSlots, engine: Any, episode: Episode, env_id: int) -> Episode:
+async def _drive(slots: EnvSlots, engine: Any, episode: Episode, env_id: int, max_prompt_len: int | None) -> Episode:
     key = episode.key
     with span("rollout", track="rollout", trajectory=key.trajectory_id):
         t = time.perf_counter()
         with span("env_step", track=f"env/{env_id}", kind="reset"):
             obs, info = await slots.reset(env_id, key.env_seed)
         episode.begin(obs, info, reset_s=time.perf_counter() - t)
-        while not episode.done:
+        while not episode.done and episode.fits(max_prompt_len):
             prompt, params = episode.next_request()
             t = time.perf_counter()
             with span("generate", track="rollout", trajectory=key.trajectory_id, prompt_len=len(prompt)):
@@ -143,6 +144,7 @@ class RolloutOrchestrator:
         self._tasks: list[asyncio.Task] = []
         self._started_at = 0.0
         self._releasing = 0
+        self._prompt_limit = self.config.prompt_limit(engine)
         self._closed = False
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -295,7 +297,7 @@ class RolloutOrchestrator:
                 ep = Episode(key, self.agent, self.sampling, base_seed=self.config.seed,
                              max_model_calls=self.config.max_model_calls,
                              prefix_preserving=self.prefix_preserving, env_id=env_id)
-                await run_episode(guarded, self.engine, ep, env_id)
+                await run_episode(guarded, self.engine, ep, env_id, self._prompt_limit)
             finally:
                 self._return_env(env_id, guarded.pending)
             trajs = ep.trajectories()

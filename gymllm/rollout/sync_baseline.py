@@ -71,8 +71,9 @@ async def _run_batch(slots: Any, engine: MeteredEngine, agent: Agent, sampling: 
         resets = await asyncio.gather(*(_timed(slots.reset(ep.env_id, ep.key.env_seed)) for ep in episodes))
     for ep, ((obs, info), dt) in zip(episodes, resets):
         ep.begin(obs, info, reset_s=dt)
+    limit = config.prompt_limit(engine.engine)
     while True:
-        active = [ep for ep in episodes if not ep.done]
+        active = [ep for ep in episodes if not ep.done and ep.fits(limit)]
         if not active:
             break
         requests = [ep.next_request() for ep in active]
