@@ -625,6 +625,14 @@ class AgentVectorEnv:
         self.send(actions, env_ids)
         return self.recv()
 
+    async def asend(self, actions: list[str], env_ids: Iterable[int]) -> None:
+        """Async twin of :meth:`send` (the games are in-process and fast: it runs inline)."""
+        self.send(actions, env_ids)
+
+    async def arecv(self):
+        """Async twin of :meth:`recv`."""
+        return self.recv()
+
     def close(self) -> None:
         for g in self.games:
             g.close()

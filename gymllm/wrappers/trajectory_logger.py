@@ -420,12 +420,25 @@ class TrajectoryLogger(gym.Wrapper):
 
     # -- gym API
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+    def _before_reset(self, seed: int | None) -> int | None:
         if self._episode is not None:
             self._write({"type": "abort", "episode": self._episode, "reason": "reset before the episode ended"})
         if seed is None and self.config.assign_seeds:
             seed = int(self._seed_rng.integers(0, 2**31 - 1))
-        obs, info = self.env.reset(seed=seed, options=options)
+        return seed
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        seed = self._before_reset(seed)
+        return self._after_reset(seed, options, *self.env.reset(seed=seed, options=options))
+
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        """Async twin of :meth:`reset` (awaits the inner env's ``areset`` when it has one)."""
+        from gymllm.core import areset_env
+
+        seed = self._before_reset(seed)
+        return self._after_reset(seed, options, *(await areset_env(self.env, seed=seed, options=options)))
+
+    def _after_reset(self, seed: int | None, options: Any, obs: Any, info: Any):
         self._episode = f"{self.config.name}-{self._index:06d}-{uuid.uuid4().hex[:8]}"
         self._write({"type": "reset", "episode": self._episode, "index": self._index, "seed": seed,
                      "options": to_jsonable(options), "env_id": self.env_id, "env_kwargs": self.env_kwargs,
@@ -439,8 +452,19 @@ class TrajectoryLogger(gym.Wrapper):
 
     def step(self, action: Any):
         t0 = time.perf_counter()
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        dt = time.perf_counter() - t0
+        result = self.env.step(action)
+        return self._after_step(action, result, time.perf_counter() - t0)
+
+    async def astep(self, action: Any):
+        """Async twin of :meth:`step` (awaits the inner env's ``astep`` when it has one)."""
+        from gymllm.core import astep_env
+
+        t0 = time.perf_counter()
+        result = await astep_env(self.env, action)
+        return self._after_step(action, result, time.perf_counter() - t0)
+
+    def _after_step(self, action: Any, result: tuple, dt: float):
+        obs, reward, terminated, truncated, info = result
         if self._episode is None:  # the inner env accepted a step without reset; log it unattached
             return obs, reward, terminated, truncated, info
         self._step += 1
@@ -505,5 +529,16 @@ class TrajectoryLogger(gym.Wrapper):
         super().close()
 
 
-__all__ = ["TrajectoryLogger", "TrajectoryLoggerConfig", "LoggedEpisode", "read_log", "read_tokens",
+def vector_logger(path: str | os.PathLike, **fields: Any):
+    """A wrapper factory for ``make_vec(..., wrappers=[vector_logger(path)])``: the k-th env it wraps
+    logs as ``env-<k>`` in ``path`` (stable names, so a resumed run appends to the same files)."""
+    counter = iter(range(1 << 30))
+
+    def wrap(env: gym.Env) -> TrajectoryLogger:
+        return TrajectoryLogger(env, path, name=f"env-{next(counter):03d}", **fields)
+
+    return wrap
+
+
+__all__ = ["TrajectoryLogger", "vector_logger", "TrajectoryLoggerConfig", "LoggedEpisode", "read_log", "read_tokens",
            "scan_jsonl", "to_jsonable", "normalise", "package_versions", "TokenStore", "FORMAT"]
