@@ -195,8 +195,9 @@ class RolloutOrchestrator:
         self.staleness.set_version(version)
 
     async def get_group(self) -> Group:
-        """The next complete group (completion order). Raises the producer's error, or
-        :class:`QueueClosed` when the run is over and everything was consumed."""
+        """The next complete group (oldest admitted version first, or completion order; see
+        ``release_order``). Groups past the staleness bound are dropped here (their slot is freed).
+        Raises the producer's error, or :class:`QueueClosed` when the run is over and drained."""
         if self._queue is None:
             await self.start()
         assert self._queue is not None
