@@ -150,7 +150,7 @@ def test_killed_writer_leaves_readable_log_and_resume_has_no_duplicates(tmp_path
     code = WRITER.format(tests=os.path.dirname(__file__), path=path)
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        for _ in range(40):  # wait until several episodes are written, then kill mid-stream
+        for _ in range(25):  # wait until several episodes are written, then kill mid-stream
             assert proc.stdout.readline(), proc.stderr.read().decode()
     finally:
         proc.send_signal(signal.SIGKILL)
@@ -226,3 +226,44 @@ def test_vector_logger_writes_one_file_per_sub_env_and_replays(tmp_path):
     assert len(eps) >= 3 and all(e.env_id == "gymllm/Echo-v0" for e in eps)
     report = replay(tmp_path / "log")
     assert report.ok and report.episodes_checked == len(eps), report.summary()
+
+
+class _Parrot(TextEnv):
+    """Echoes arbitrary text back, to check that any str survives the log unchanged."""
+
+    def __init__(self, texts):
+        super().__init__()
+        from gymllm.spaces import Text
+
+        self.action_space = Text(max_length=10**6)
+        self.texts = texts
+
+    def _reset(self, *, seed, options):
+        return self.texts[0], {"meta": self.texts[-1]}
+
+    def _step(self, action):
+        return action + self.texts[self.turn % len(self.texts)], 0.5, self.turn + 1 >= 2, {}
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.text(), min_size=1, max_size=4), st.text())
+def test_any_text_round_trips_through_the_log(tmp_path_factory, texts, action):
+    path = tmp_path_factory.mktemp("log")
+    env = TrajectoryLogger(_Parrot(texts), path)
+    obs0, info0 = env.reset(seed=0)
+    steps = [env.step(action), env.step(action)]
+    env.close()
+    (ep,) = read_log(path)
+    assert ep.observation == obs0 and ep.info == info0
+    assert [s["observation"] for s in ep.steps] == [s[0] for s in steps] and ep.actions == [action, action]
+
+
+def test_lone_surrogate_in_an_observation_is_logged_not_fatal(tmp_path):
+    env = TrajectoryLogger(_Parrot(["bad \udc80 byte"]), tmp_path)
+    obs, _ = env.reset(seed=0)
+    env.step("x"), env.step("y")
+    env.close()
+    assert read_log(tmp_path)[0].observation == obs

@@ -46,6 +46,7 @@ import gymnasium as gym
 import numpy as np
 
 from gymllm.errors import ConfigError, GymLLMError, explain
+from gymllm.telemetry import span
 
 FORMAT = "gymllm.trajectory/1"
 TOKEN_FIELDS: dict[str, str] = {"token_ids": "int32", "loss_mask": "int8", "logprobs": "float32", "versions": "int32"}
@@ -381,7 +382,8 @@ class TrajectoryLogger(gym.Wrapper):
         if path.exists() and good < path.stat().st_size:  # cut a torn tail so new lines start clean
             with open(path, "r+b") as f:
                 f.truncate(good)
-        self._file = open(path, "a", encoding="utf-8")
+        # backslashreplace writes a lone surrogate as its JSON escape (\udc80), so any str round-trips
+        self._file = open(path, "a", encoding="utf-8", errors="backslashreplace")
         episodes = episodes_from_records(records)
         self._index = len(episodes)
         self._token_cursor = max((int(r["offset"]) + int(r["length"]) for r in records if r.get("type") == "tokens"),
@@ -399,8 +401,9 @@ class TrajectoryLogger(gym.Wrapper):
         if self._file is None:
             raise GymLLMError(explain("TrajectoryLogger", expected="an open log", received="closed",
                                       fix="create a new TrajectoryLogger to write more"))
-        self._file.write(_dumps(record) + "\n")
-        self._file.flush()
+        with span("trajectory_log.write", track="env/logger", type=record.get("type")):
+            self._file.write(_dumps(record) + "\n")  # one write of a whole line, then flush
+            self._file.flush()
         if self.config.fsync == "step":
             self._sync()
 
