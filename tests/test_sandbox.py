@@ -124,8 +124,16 @@ def test_output_flood_is_truncated(sb):
     assert "truncated: " in res.stdout
 
 
-def test_other_refusals(sb):
-    assert "importing ctypes" in sb.run_python("import ctypes").stderr
+def test_other_refusals(sb, outside):
+    target = os.path.join(outside, "ctypes.txt")
+    libc_write = (f"import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                  f"fd = libc.open({target.encode()!r}, 0o101, 0o644)\nprint(fd, ctypes.get_errno())")
+    res = sb.run_python(libc_write)
+    if res.isolation.get("fs"):  # ctypes goes around the audit hook, but the kernel's read-only mount holds
+        assert res.stdout.split() == ["-1", "30"]  # EROFS
+    else:
+        assert "importing ctypes" in res.stderr
+    assert not os.path.exists(target)
     assert "starting a process" in sb.run_python("import subprocess; subprocess.run(['ls'])").stderr
     res = sb.run_python("import os; print(os.getpid())")
     if res.isolation.get("pid"):
@@ -151,7 +159,11 @@ def test_audit_hook_alone_refuses_python_escapes(outside):
         assert res.isolation["fs"] is False and "not allowed" in res.stderr
         assert "network access" in box.run_python("import socket; socket.socket()").stderr
         assert "starting a process" in box.run_python("import os; os.system('true')").stderr
-        assert "starting a process" in box.run_python("import _posixsubprocess").stderr  # fork_exec: no audit event
+        fork_exec = "import _posixsubprocess as p; p.fork_exec([b'/bin/true'], [b'/bin/true'], *[None] * 21)"
+        assert "starting a process" in box.run_python(fork_exec).stderr  # fork_exec raises no audit event
+        fresh = "import sys; del sys.modules['_posixsubprocess']; import _posixsubprocess"
+        assert "starting a process" in box.run_python(fresh).stderr
+        assert "importing ctypes" in box.run_python("import ctypes").stderr  # it could call libc around the hook
         dir_fd = f"import os; fd = os.open({outside!r}, os.O_RDONLY); os.open('x', os.O_CREAT | os.O_WRONLY, dir_fd=fd)"
         assert "opening the directory" in box.run_python(dir_fd).stderr
         assert box.run_python("open('inside.txt', 'w').write('ok'); print('fine')").stdout == "fine\n"

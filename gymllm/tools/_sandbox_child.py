@@ -12,8 +12,9 @@ It reads a JSON spec from ``argv[1]``, then, in this order:
    cannot undo the read-only mounts;
 4. forks the namespace's init process (which dies with this launcher: ``PR_SET_PDEATHSIG``), which
    either execs a program (``mode == "exec"``) or runs Python code in-process under an audit hook
-   (``mode == "python"``) that refuses writes outside the work dir, sockets, process creation and
-   ``ctypes`` (a second layer, and the only one where namespaces are unavailable).
+   (``mode == "python"``) that refuses writes outside the work dir, sockets and process creation (a
+   second layer, and the only one where namespaces are unavailable; there it also refuses ``ctypes``,
+   which could call libc around the hook).
 
 What took effect is written as JSON to the status fd, so the parent can report it.
 """
@@ -161,7 +162,7 @@ _PATH_EVENTS = {"os.remove": (0,), "os.rename": (0, 1), "os.mkdir": (0,), "os.rm
                 "shutil.move": (1,), "os.mkfifo": (0,), "os.mknod": (0,)}
 
 
-def install_audit_hook(workdir: str, *, allow_subprocess: bool, allow_network: bool) -> None:
+def install_audit_hook(workdir: str, *, allow_subprocess: bool, allow_network: bool, allow_ctypes: bool) -> None:
     import threading
 
     root = os.path.realpath(workdir)
@@ -202,10 +203,10 @@ def install_audit_hook(workdir: str, *, allow_subprocess: bool, allow_network: b
                 refuse(f"network access ({event})", OSError)
             elif event in _PROCESS_EVENTS and not allow_subprocess:
                 refuse(f"starting a process ({event})")
-            elif event == "import" and args and args[0] in ("ctypes", "_ctypes"):
+            elif event == "import" and args and args[0] in ("ctypes", "_ctypes") and not allow_ctypes:
                 refuse("importing ctypes", ImportError)
             elif event == "import" and args and args[0] == "_posixsubprocess" and not allow_subprocess:
-                refuse("starting a process (_posixsubprocess)", ImportError)  # fork_exec has no audit event
+                refuse("starting a process (_posixsubprocess)", ImportError)  # a fresh copy of the real fork_exec
         finally:
             state.busy = False
 
@@ -217,11 +218,17 @@ def run_python(code: str, spec: dict) -> int:
 
     for p in spec.get("extra_paths", []):
         sys.path.append(p)
-    for name in [m for m in sys.modules if m in ("ctypes", "_ctypes", "_posixsubprocess", "subprocess")
-                 or m.startswith("ctypes.")]:
+    if not spec.get("allow_subprocess", False):
+        import _posixsubprocess  # subprocess's fork_exec raises no audit event: replace it (re-imports refused)
+
+        def fork_exec(*args, **kwargs):
+            raise PermissionError("sandbox: starting a process (fork_exec) is not allowed")
+
+        _posixsubprocess.fork_exec = fork_exec
+    for name in [m for m in sys.modules if m in ("ctypes", "_ctypes") or m.startswith("ctypes.")]:
         del sys.modules[name]  # the launcher used ctypes; the code must import it afresh (and be refused)
     install_audit_hook(spec["workdir"], allow_subprocess=spec.get("allow_subprocess", False),
-                       allow_network=spec.get("network", False))
+                       allow_network=spec.get("network", False), allow_ctypes=spec.get("allow_ctypes", False))
     sys.argv = ["main.py"]
     globs = {"__name__": "__main__", "__builtins__": __builtins__}
     try:
@@ -259,6 +266,9 @@ def main() -> None:
             _mount_proc()
         os.chdir(workdir)
         if spec["mode"] == "python":
+            # ctypes can call libc around the audit hook; allow it (sympy needs it) only where the kernel
+            # already makes the file system read-only and the network absent.
+            spec["allow_ctypes"] = bool(status.get("fs") and (status.get("net") or spec.get("network")))
             os._exit(run_python(spec["code"], spec))
         env = spec.get("env") or {}
         try:

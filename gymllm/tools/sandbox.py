@@ -10,8 +10,9 @@ Layers (each reported in :attr:`SandboxResult.isolation`, so a caller knows what
 - **cgroups** (v1, nested under this process's own, where writable): ``pids.max`` (root is exempt
   from the process-count rlimit, so this is the fork-bomb limit there) and a memory limit on all
   the sandbox's processes together (``memory_mb``), so many processes cannot add up past it;
-- a **Python audit hook** in Python mode: writes outside the work dir, sockets, new processes and
-  ``ctypes`` are refused even where namespaces are unavailable;
+- a **Python audit hook** in Python mode: writes outside the work dir, sockets and new processes
+  are refused even where namespaces are unavailable (and there ``ctypes`` too, which could go
+  around the hook; with the kernel layers in place ``ctypes`` stays importable, e.g. for sympy);
 - a **wall-clock timeout** that kills the whole process group, and stdout/stderr capped at
   ``max_output_bytes`` each (the rest is drained and counted, never buffered).
 
