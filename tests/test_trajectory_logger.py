@@ -126,10 +126,21 @@ def test_config_errors_name_the_field(tmp_path):
 
 WRITER = textwrap.dedent(
     """
-    import sys, time
-    sys.path.insert(0, {tests!r})
-    from test_trajectory_logger import DiceEnv
+    from gymllm.core import TextEnv
     from gymllm.wrappers.trajectory_logger import TrajectoryLogger
+
+    class DiceEnv(TextEnv):  # the same env as the test module's, without importing pytest/hypothesis
+        def __init__(self):
+            super().__init__(max_turns=3)
+
+        def _reset(self, *, seed, options):
+            self.target = int(self.np_random.integers(1, 7))
+            return "Guess a number from 1 to 6.", {{"task_id": "dice-6"}}
+
+        def _step(self, action):
+            hit = action.strip() == str(self.target)
+            return ("correct" if hit else "no"), float(hit), hit, {{}}
+
     env = TrajectoryLogger(DiceEnv(), {path!r}, fsync="never")
     seed = 0
     while True:
@@ -147,7 +158,7 @@ WRITER = textwrap.dedent(
 
 def test_killed_writer_leaves_readable_log_and_resume_has_no_duplicates(tmp_path):
     path = str(tmp_path / "log")
-    code = WRITER.format(tests=os.path.dirname(__file__), path=path)
+    code = WRITER.format(path=path)
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         for _ in range(25):  # wait until several episodes are written, then kill mid-stream
