@@ -75,7 +75,11 @@ class _LoopThread:
 
 def _overrides(obj: Any, name: str) -> bool:
     """Whether ``type(obj)`` defines hook ``name`` itself (not the TextEnv default)."""
-    return getattr(type(obj), name, None) is not getattr(TextEnv, name)
+    return _overrides_cls(type(obj), name)
+
+
+def _overrides_cls(cls: type, name: str) -> bool:
+    return getattr(cls, name, None) is not getattr(TextEnv, name)
 
 
 class TextEnv(gym.Env[ObsType, str]):
@@ -88,6 +92,7 @@ class TextEnv(gym.Env[ObsType, str]):
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"]}
     max_turns: int | None = None
+    _sync_reset_hook = _sync_step_hook = True  # set per subclass in __init_subclass__
 
     def __init__(self, *, max_turns: int | None = None, render_mode: str | None = None):
         self.max_turns = _check_max_turns(max_turns)
@@ -127,9 +132,15 @@ class TextEnv(gym.Env[ObsType, str]):
         return self.__dict__.get("_state", _NEW) == _DONE
 
     # ------------------------------------------------------------------ sync API
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # Which hooks the sync methods call: the sync ones, unless only the async ones are defined.
+        cls._sync_reset_hook = _overrides_cls(cls, "_reset") or not _overrides_cls(cls, "_areset")
+        cls._sync_step_hook = _overrides_cls(cls, "_step") or not _overrides_cls(cls, "_astep")
+
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[ObsType, dict]:
         self._before_reset(seed)
-        if _overrides(self, "_reset") or not _overrides(self, "_areset"):
+        if self._sync_reset_hook:
             obs, info = self._reset(seed=seed, options=options)
         else:
             obs, info = self._loop_thread().run(self._areset(seed=seed, options=options))
@@ -137,7 +148,7 @@ class TextEnv(gym.Env[ObsType, str]):
 
     def step(self, action: str) -> tuple[ObsType, float, bool, bool, dict]:
         self._before_step(action)
-        if _overrides(self, "_step") or not _overrides(self, "_astep"):
+        if self._sync_step_hook:
             result = self._step(action)
         else:
             result = self._loop_thread().run(self._astep(action))
@@ -189,7 +200,8 @@ class TextEnv(gym.Env[ObsType, str]):
                         received=f"step({_short(action)})", fix="call env.reset(seed=...) before step()")
             )
         space = self.action_space
-        why = space.why_not(action) if hasattr(space, "why_not") else (None if space.contains(action) else "")
+        why_not = getattr(space, "why_not", None)
+        why = why_not(action) if why_not is not None else (None if space.contains(action) else "")
         if why is not None:
             raise InvalidActionError(
                 explain(f"{type(self).__name__}.step(action)", expected=f"an action in {space!r}",

@@ -342,3 +342,35 @@ def test_mixed_spaces_are_kept_per_env(closing):
     closing(vec)
     assert isinstance(vec.observation_space, gym.spaces.Tuple)
     assert vec.single_observation_spaces[1] == Chat(4)
+
+
+def test_same_step_mode_recovers_a_failed_sub_env(closing):
+    vec = VectorEnv([echo(10), functools.partial(FailingEnv, fail_at_step=1, episode_length=10)],
+                    autoreset_mode="same_step")
+    closing(vec)
+    vec.reset(seed=0)
+    obs, _, _, trunc, infos = vec.step(["a", "a"])
+    assert obs[1] is None and trunc[1] and infos["error"][1].env_id == 1
+    obs, _, _, trunc, infos = vec.step(["a", "a"])  # the failed env is reset by this send
+    assert obs[1].startswith("Repeat:") and not trunc[1] and "error" not in infos
+
+
+def test_fast_sub_envs_run_inline_and_slow_ones_go_back_to_the_pool(closing):
+    class Slows(EchoEnv):
+        def _step(self, action):
+            if self.turn >= 6:
+                time.sleep(0.01)
+            return super()._step(action)
+
+    vec = VectorEnv([functools.partial(Slows, episode_length=100)], inline_below_s=1e-3)
+    closing(vec)
+    vec.reset(seed=0)
+    for _ in range(5):
+        vec.step(["a"])
+    assert vec._slots[0].inline  # 3 fast steps in a row
+    for _ in range(4):
+        vec.step(["a"])
+    assert not vec._slots[0].inline  # 3 slow steps in a row
+    ref = EchoEnv(episode_length=100)
+    ref.reset(seed=0)
+    assert [ref.step("a")[0] for _ in range(10)][-1] == vec.step(["a"])[0][0]

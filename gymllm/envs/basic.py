@@ -100,7 +100,9 @@ class LatencyEnv(EchoEnv):
         return super()._reset(seed=seed, options=options)
 
     def _step(self, action: str):
-        time.sleep(self.next_delay())
+        delay = self.next_delay()
+        if delay > 0.0:
+            time.sleep(delay)
         return super()._step(action)
 
 

@@ -33,10 +33,12 @@ def add_info(infos: dict[str, Any], info: dict[str, Any], j: int, n: int) -> dic
             if array is None:
                 array = np.full(n, None, dtype=object) if key == "final_obs" else _empty(value, n)
             try:
-                if array.dtype != object and not (
-                    type(value) in (int, float, bool) or isinstance(value, (np.number, np.ndarray))
-                ):
-                    raise TypeError
+                if array.dtype != object:
+                    if not (type(value) in (int, float, bool) or isinstance(value, (np.number, np.ndarray))):
+                        raise TypeError
+                    wider = np.result_type(array.dtype, np.asarray(value).dtype)
+                    if wider != array.dtype:  # e.g. a float after ints: widen instead of truncating
+                        array = array.astype(wider)
                 array[j] = value
             except (TypeError, ValueError):
                 obj = np.full(n, None, dtype=object)
@@ -52,41 +54,48 @@ def add_info(infos: dict[str, Any], info: dict[str, Any], j: int, n: int) -> dic
 
 
 _SCALARS = (int, float, bool)
+_FLAT = {str, type(None)}  # NumPy assigns these element-wise as they are
+_OBJECT_OK = _FLAT | {list, tuple, bytes}
 
 
 def batch_infos(pairs: list[tuple[int, dict[str, Any]]], n: int) -> dict[str, Any]:
     """Batch many ``(index, info)`` pairs at once; the same result as repeated :func:`add_info`.
 
-    Columns of plain scalars of one type become typed arrays built in one go (the common case, and
-    much cheaper than per-element assignment); anything else falls back to :func:`add_info`.
+    Columns of plain scalars of one type become typed arrays and columns of strings / None /
+    lists object arrays, each built in one go (the common cases, much cheaper than per-element
+    assignment); anything else (nested dicts, NumPy values, mixed scalar types) goes through
+    :func:`add_info`.
     """
-    cols: dict[str, list[tuple[int, Any]]] = {}
+    cols: dict[str, tuple[list[int], list[Any]]] = {}
     for j, info in pairs:
         for key, value in info.items():
-            cols.setdefault(key, []).append((j, value))
+            col = cols.get(key)
+            if col is None:
+                col = cols[key] = ([], [])
+            col[0].append(j)
+            col[1].append(value)
     infos: dict[str, Any] = {}
-    for key, items in cols.items():
-        t = type(items[0][1])
-        mask = np.zeros(n, dtype=np.bool_)
-        idx = [j for j, _ in items]
-        mask[idx] = True
-        if key != "final_obs" and t in _SCALARS and all(type(v) is t for _, v in items):
+    for key, (idx, values) in cols.items():
+        types = set(map(type, values))
+        t = next(iter(types))
+        if len(types) == 1 and t in _SCALARS and key != "final_obs":
             array = np.zeros(n, dtype=t)
-            array[idx] = [v for _, v in items]
-        elif key == "final_obs" or not any(isinstance(v, (dict, np.ndarray, np.number)) for _, v in items):
-            if t in _SCALARS and key != "final_obs":  # mixed scalar types: let add_info pick
-                sub: dict[str, Any] = {}
-                for j, v in items:
-                    sub = add_info(sub, {key: v}, j, n)
-                infos[key], infos[f"_{key}"] = sub[key], mask
-                continue
+            array[idx] = values
+        elif key == "final_obs" or types <= _OBJECT_OK:
             array = np.full(n, None, dtype=object)
-            for j, v in items:
-                array[j] = v
+            if types <= _FLAT:
+                array[idx] = values
+            else:
+                for j, v in zip(idx, values):
+                    array[j] = v
         else:
-            sub = {}
-            for j, v in items:
+            sub: dict[str, Any] = {}
+            for j, v in zip(idx, values):
                 sub = add_info(sub, {key: v}, j, n)
-            array = sub[key]
+            infos[key] = sub[key]
+            infos[f"_{key}"] = sub[f"_{key}"]
+            continue
+        mask = np.zeros(n, dtype=np.bool_)
+        mask[idx] = True
         infos[key], infos[f"_{key}"] = array, mask
     return infos

@@ -130,9 +130,9 @@ class _Slot:
     handle: Any = None  # concurrent.futures.Future of an async op
     lost: bool = False  # abandoned after a timeout; rebuilt by the next reset
     last_obs: Any = None
-    cost: float = _INF  # median of this sub-env's recent sync op times (s); inf until measured
     inline: bool = False  # run its ops on the calling thread (see VectorEnv._note_cost)
-    recent: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=5))
+    check: Callable[[Any], str | None] = lambda action: None  # action validator (see _validator)
+    streak: int = 0  # consecutive step times on the other side of the inline threshold
 
 
 def _is_async_native(env: Any) -> bool:
@@ -140,11 +140,12 @@ def _is_async_native(env: Any) -> bool:
     return callable(getattr(env, "astep", None)) and isinstance(u, TextEnv) and _overrides(u, "_astep")
 
 
-def _space_error(space: gym.Space, action: Any) -> str | None:
+def _validator(space: gym.Space) -> Callable[[Any], str | None]:
+    """``action -> reason it is not in space (or None)``: gymllm spaces' ``why_not``, else ``contains``."""
     why = getattr(space, "why_not", None)
     if why is not None:
-        return why(action)
-    return None if space.contains(action) else f"{action!r} not in {space!r}"
+        return why
+    return lambda action: None if space.contains(action) else f"{action!r} not in {space!r}"
 
 
 def _sync_op(env: Any, op: str, action: Any, seed: int | None, options: dict | None) -> tuple:
@@ -201,6 +202,8 @@ class VectorEnv(gym.vector.VectorEnv):
         self._build_all()
         self._setup_spaces()
         self.metadata = {"autoreset_mode": config.autoreset_mode, "render_modes": []}
+        self._autoreset = config.autoreset_mode != AutoresetMode.DISABLED
+        self._step_op = "step_same" if config.autoreset_mode == AutoresetMode.SAME_STEP else "step"
         self.render_mode = None
         self.spec = None
 
@@ -227,6 +230,7 @@ class VectorEnv(gym.vector.VectorEnv):
             raise
         for slot in self._slots:
             slot.kind = "async" if _is_async_native(slot.env) else "sync"
+            slot.check = _validator(slot.env.action_space)
         limit = self.config.max_concurrency or self.num_envs
         n_sync = sum(s.kind == "sync" for s in self._slots)
         if n_sync:
@@ -285,51 +289,70 @@ class VectorEnv(gym.vector.VectorEnv):
         return ids
 
     def _submit(self, slot: _Slot, op: str, sink: Any, action: Any = None, seed: int | None = None,
-                options: dict | None = None) -> Callable[[], None] | None:
-        """Start one operation on ``slot`` (lock held). Sync ops are returned as a thunk for the
-        caller to hand to the pool after releasing the lock (so workers never queue on it)."""
+                options: dict | None = None) -> tuple | None:
+        """Start one operation on ``slot`` (lock held). A sync op is returned as a work item
+        ``(slot, gen, op, action, seed, options, rebuild, inline)`` for the caller to run or hand to
+        the pool after releasing the lock (so workers never queue on it)."""
         slot.gen += 1
-        slot.pending, slot.busy, slot.sink = True, True, sink
+        slot.pending = slot.busy = True
+        slot.sink = sink
         timeout = self.config.step_timeout
-        slot.deadline = time.monotonic() + timeout if timeout is not None else _INF
-        rebuild, slot.lost = slot.lost, False
-        args = (slot, slot.gen, op, action, seed, options, rebuild)
+        if timeout is not None:
+            slot.deadline = time.monotonic() + timeout
+        rebuild = slot.lost
+        slot.lost = False
         if slot.kind == "async":
-            slot.handle = self._loop.submit(self._run_async(*args))
+            slot.handle = self._loop.submit(self._run_async(slot, slot.gen, op, action, seed, options, rebuild))
             return None
-        thunk = functools.partial(self._run_sync, *args)
-        thunk.inline = self._inline_ok(slot) and not rebuild  # type: ignore[attr-defined]
-        return thunk
-
-    def _inline_ok(self, slot: _Slot) -> bool:
-        """Run this op on the calling thread? Only for sync sub-envs measured to take under
-        ``inline_below_s`` per op and only without a ``step_timeout`` (an inline op cannot be timed
-        out). Such ops are CPU-bound Python: a thread would add switching cost, no parallelism."""
-        return slot.inline and self.config.step_timeout is None
+        inline = slot.inline and not rebuild and timeout is None
+        return slot, slot.gen, op, action, seed, options, rebuild, inline
 
     def _note_cost(self, slot: _Slot, dt: float) -> None:
-        """Median of the last 5 op times, with hysteresis: inline below ``inline_below_s``, back on
-        the pool above 10x that (a preempted op or two does not flip a fast sub-env)."""
-        slot.recent.append(dt)
-        slot.cost = sorted(slot.recent)[len(slot.recent) // 2]
-        limit = self.config.inline_below_s
-        if not slot.inline and slot.cost < limit:
-            slot.inline = True
-        elif slot.inline and slot.cost > 10 * limit:
-            slot.inline = False
+        """Decide whether this sub-env's ops run on the calling thread (``slot.inline``).
 
-    def _dispatch(self, thunks: list[Callable[[], None] | None]) -> None:
+        Only sync sub-envs measured to take under ``inline_below_s`` per step, and only without a
+        ``step_timeout`` (an inline op cannot be timed out). Such steps are CPU-bound Python, which
+        gains nothing from threads under the GIL; skipping the hand-off saves its switching cost.
+        With hysteresis: 3 steps in a row under the limit move a sub-env inline, 3 in a row above
+        10x the limit move it back to the pool (one preempted step does not flip it).
+        """
+        limit = self.config.inline_below_s
+        if slot.inline:
+            slot.streak = slot.streak + 1 if dt > 10 * limit else 0
+        else:
+            slot.streak = slot.streak + 1 if dt < limit else 0
+        if slot.streak >= 3:
+            slot.inline, slot.streak = not slot.inline, 0
+
+    def _dispatch(self, items: list[tuple | None]) -> None:
+        """Hand pooled work items to the workers, then run the inline ones here (one lock round-trip)."""
         inline = []
-        for thunk in thunks:
-            if thunk is None:
+        for item in items:
+            if item is None:
                 continue
-            if getattr(thunk, "inline", False):
-                inline.append(thunk)
+            if item[7]:
+                inline.append(item)
             else:
-                self._pool.submit(thunk)
-        if inline:  # after the pooled ones have started; one lock round-trip for all of them
-            done = [(t.args[0], t.args[1], t.args[2], self._exec_sync(*t.args)) for t in inline]
-            self._finish_many(done)
+                self._pool.submit(functools.partial(self._run_sync, *item[:7]))
+        if not inline:
+            return
+        done = []
+        perf = time.perf_counter
+        slow = 10 * self.config.inline_below_s
+        for slot, gen, op, action, seed, options, _rebuild, _ in inline:
+            t0 = perf()
+            try:
+                if op == "step":  # the hot path, spelled out
+                    res = _Result(slot.env_id, *slot.env.step(action))
+                else:
+                    res = _Result(slot.env_id, *_sync_op(slot.env, op, action, seed, options))
+            except BaseException as e:  # noqa: BLE001 - isolate the sub-env, report it
+                res = self._error_result(slot.env_id, op, e)
+            else:
+                if op != "reset" and (perf() - t0 > slow or slot.streak):
+                    self._note_cost(slot, perf() - t0)
+            done.append((slot, gen, op, res))
+        self._finish_many(done)
 
     def _rebuild(self, slot: _Slot, gen: int) -> Any:
         env = slot.make()
@@ -377,7 +400,17 @@ class VectorEnv(gym.vector.VectorEnv):
     def _finish_many(self, done: list[tuple[_Slot, int, str, _Result]]) -> None:
         with self._cond:
             for slot, gen, op, res in done:
-                self._finish_locked(slot, gen, op, res)
+                if slot.gen != gen or self.closed or res.error is not None or not isinstance(slot.sink, _Sink):
+                    self._finish_locked(slot, gen, op, res)
+                    continue
+                slot.pending = False  # the common case, inlined: a step or reset that returned
+                slot.state = "done" if op == "step" and (res.terminated or res.truncated) else "running"
+                slot.last_obs = res.obs
+                sink = slot.sink
+                slot.sink = None
+                sink.items.append(res)
+                if len(sink.items) >= sink.need:
+                    sink.wake()
 
     def _finish_locked(self, slot: _Slot, gen: int, op: str, res: _Result) -> None:
         if slot.gen != gen or self.closed:
@@ -479,15 +512,19 @@ class VectorEnv(gym.vector.VectorEnv):
                 sink.need = 1
 
     # ------------------------------------------------------------------ batching
-    def _batch(self, results: list[_Result], n: int, index: Callable[[int, _Result], int]):
+    def _batch(self, results: list[_Result], n: int, by_env_id: bool):
+        """Arrays of length ``n``; result k goes to index ``env_id`` (``by_env_id``) or ``k``."""
         obs = np.empty(n, dtype=object)
         rewards = np.zeros(n, dtype=np.float64)
         terms = np.zeros(n, dtype=np.bool_)
         truncs = np.zeros(n, dtype=np.bool_)
         pairs = []
         for k, r in enumerate(results):
-            j = index(k, r)
-            obs[j], rewards[j], terms[j], truncs[j] = r.obs, r.reward, r.terminated, r.truncated
+            j = r.env_id if by_env_id else k
+            obs[j] = r.obs
+            rewards[j] = r.reward
+            terms[j] = r.terminated
+            truncs[j] = r.truncated
             if r.info:
                 pairs.append((j, r.info))
         return obs, rewards, terms, truncs, batch_infos(pairs, n)
@@ -505,10 +542,9 @@ class VectorEnv(gym.vector.VectorEnv):
         """Start one step per env id (all sub-envs when ``env_ids`` is None); returns at once."""
         ids = self._ids(env_ids)
         actions = self._actions(actions, len(ids))
-        mode = self.config.autoreset_mode
         with self._cond:
             self._check_open()
-            ops = [self._op_for(self._slots[i], a, mode) for i, a in zip(ids, actions)]
+            ops = [self._op_for(self._slots[i], a) for i, a in zip(ids, actions)]
             thunks = [self._submit(self._slots[i], op, self._ready, action=a) for i, a, op in zip(ids, actions, ops)]
         self._dispatch(thunks)
 
@@ -542,7 +578,7 @@ class VectorEnv(gym.vector.VectorEnv):
         return min(int(min_ready), in_flight)
 
     def _emit(self, results: list[_Result]):
-        batch = self._batch(results, len(results), lambda k, r: k)
+        batch = self._batch(results, len(results), by_env_id=False)
         env_ids = np.array([r.env_id for r in results], dtype=np.int64)
         self._raise_first_error(results, (*batch, env_ids))
         return (*batch, env_ids)
@@ -556,41 +592,45 @@ class VectorEnv(gym.vector.VectorEnv):
                                              received=f"{len(actions)} actions", fix="pass one action per env id"))
         return list(actions)
 
-    def _op_for(self, slot: _Slot, action: Any, mode: AutoresetMode) -> str:
-        """The operation a send starts on ``slot`` (lock held); raises on caller errors, before anything starts."""
+    def _op_for(self, slot: _Slot, action: Any) -> str:
+        """The operation a send starts on ``slot`` (lock held); raises on caller errors, before anything starts.
+
+        An ended (or failed) episode is reset by this send under NEXT_STEP and SAME_STEP (under
+        SAME_STEP only a failed sub-env can be left ended), and refused under DISABLED.
+        """
         if slot.busy:
             raise VectorStateError(explain(f"send to env {slot.env_id}", expected="an env whose last result was received",
                                            received="an env still in flight", fix="recv() its result first"))
-        if slot.state == "new":
-            raise ResetNeededError(explain(f"send to env {slot.env_id}", expected="a reset env",
-                                           received="an env never reset", fix="call reset() or reset_env(id) first"))
-        if slot.state == "done":
-            if mode == AutoresetMode.NEXT_STEP:
+        state = slot.state
+        if state != "running":
+            if state == "new":
+                raise ResetNeededError(explain(f"send to env {slot.env_id}", expected="a reset env",
+                                               received="an env never reset", fix="call reset() or reset_env(id) first"))
+            if self._autoreset:
                 return "reset"
-            if mode == AutoresetMode.DISABLED or slot.lost:
-                raise ResetNeededError(explain(f"send to env {slot.env_id}", expected="a running episode",
-                                               received="an ended episode (autoreset_mode=DISABLED or failed env)",
-                                               fix="reset it: reset(options={'reset_mask': vec.ended}) or reset_env(id)"))
-        why = _space_error(slot.env.action_space, action)
+            raise ResetNeededError(explain(f"send to env {slot.env_id}", expected="a running episode",
+                                           received="an ended episode (autoreset_mode=DISABLED)",
+                                           fix="reset it: reset(options={'reset_mask': vec.ended}) or reset_env(id)"))
+        why = slot.check(action)
         if why is not None:
             raise InvalidActionError(explain(f"action for env {slot.env_id}", expected=f"an action in "
                                              f"{slot.env.action_space!r}", received=why, fix="pass one str per env"))
-        return "step_same" if mode == AutoresetMode.SAME_STEP else "step"
+        return self._step_op
 
     # ------------------------------------------------------------------ synchronous API
     def step(self, actions: Sequence[Any]):
         """Send to every sub-env and receive every result, ordered by env id (Gymnasium's ``step``)."""
-        ids = list(range(self.num_envs))
         actions = self._actions(actions, self.num_envs)
         sink = _Sink(self._cond, self.num_envs)
         with span("vector.step", track="env/vector", num_envs=self.num_envs):
             with self._cond:
                 self._check_open()
-                ops = [self._op_for(self._slots[i], a, self.config.autoreset_mode) for i, a in zip(ids, actions)]
-                thunks = [self._submit(self._slots[i], op, sink, action=a) for i, a, op in zip(ids, actions, ops)]
-            self._dispatch(thunks)
+                slots, op_for, submit = self._slots, self._op_for, self._submit
+                ops = [op_for(slot, a) for slot, a in zip(slots, actions)]
+                items = [submit(slot, op, sink, a) for slot, a, op in zip(slots, actions, ops)]
+            self._dispatch(items)
             results = self._wait(sink, self.num_envs, None)
-        batch = self._batch(results, self.num_envs, lambda k, r: r.env_id)
+        batch = self._batch(results, self.num_envs, by_env_id=True)
         self._raise_first_error(results, batch)
         return batch
 
@@ -615,7 +655,7 @@ class VectorEnv(gym.vector.VectorEnv):
                           for i in ids]
             self._dispatch(thunks)
             results = self._wait(sink, len(ids), None)
-        obs, _, _, _, infos = self._batch(results, self.num_envs, lambda k, r: r.env_id)
+        obs, _, _, _, infos = self._batch(results, self.num_envs, by_env_id=True)
         for i, slot in enumerate(self._slots):
             if mask is not None and i not in ids:
                 obs[i] = slot.last_obs
@@ -668,7 +708,7 @@ class VectorEnv(gym.vector.VectorEnv):
                     raise ResetNeededError(explain(f"astep_env({env_id})", expected="a running episode",
                                                    received=f"an env in state {slot.state!r}",
                                                    fix="await vec.areset_env(env_id) first"))
-                why = _space_error(slot.env.action_space, kw["action"])
+                why = slot.check(kw["action"])
                 if why is not None:
                     raise InvalidActionError(explain(f"astep_env({env_id}, action)", expected="an action in "
                                                      f"{slot.env.action_space!r}", received=why, fix="pass one str"))
