@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 
@@ -31,6 +32,13 @@ async def slow_echo(text: str, delay: float = 0.0) -> str:
     """
     await asyncio.sleep(delay)
     return text
+
+
+@tool
+def hang(seconds: float) -> str:
+    """Block the calling thread (a sync tool that overruns its timeout)."""
+    time.sleep(seconds)
+    return "woke"
 
 
 @tool
@@ -84,6 +92,15 @@ def test_every_failure_becomes_an_observation():
     assert info["num_tool_errors"] == 6 and not term and not trunc
     obs, r, term, *_ = env.step(call("slow_echo", text="fine"))  # the episode goes on
     assert obs[0]["content"] == "fine" and not term
+
+
+def test_a_hung_sync_tool_does_not_block_the_step():
+    env = make(tools=[hang], timeout_s=0.2)
+    env.reset(seed=0)
+    t0 = time.perf_counter()
+    obs, *_, info = env.step(call("hang", seconds=3))
+    assert time.perf_counter() - t0 < 1.5 and info["tool_calls"][0]["error"] == "timeout"
+    assert env.step(call("hang", seconds=0))[0][0]["content"] == "woke"
 
 
 def test_budget_then_pass_through():

@@ -31,6 +31,7 @@ import dataclasses
 import enum
 import inspect
 import re
+import threading
 import types
 import typing
 from typing import Any, Callable, Literal, Union
@@ -258,11 +259,15 @@ class Tool:
                 for k, v in arguments.items()}
 
     async def acall(self, arguments: Any) -> Any:
-        """Validate ``arguments`` then call the tool; a sync function runs in a worker thread."""
+        """Validate ``arguments`` then call the tool; a sync function runs in its own daemon thread.
+
+        A daemon thread (not the loop's default executor) means a timed-out sync tool never blocks
+        the caller: ``asyncio.run`` would otherwise wait for it when the loop shuts down.
+        """
         kwargs = self.validate(arguments)
         if self.is_async:
             return await self.fn(**kwargs)
-        return await asyncio.to_thread(self.fn, **kwargs)
+        return await _in_daemon_thread(self.fn, kwargs)
 
     def call(self, arguments: Any) -> Any:
         """Validate and call synchronously (an async tool is run to completion on a new loop)."""
@@ -270,6 +275,28 @@ class Tool:
         if self.is_async:
             return asyncio.run(self.fn(**kwargs))
         return self.fn(**kwargs)
+
+
+async def _in_daemon_thread(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not future.done():
+            future.set_result(value) if ok else future.set_exception(value)
+
+    def run() -> None:
+        try:
+            result: tuple[bool, Any] = (True, fn(**kwargs))
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
+            result = (False, e)
+        try:
+            loop.call_soon_threadsafe(settle, *result)
+        except RuntimeError:
+            pass  # the loop is gone (the call timed out and its loop closed): drop the result
+
+    threading.Thread(target=run, name=f"gymllm-tool-{getattr(fn, '__name__', 'fn')}", daemon=True).start()
+    return await future
 
 
 def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
