@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import gymnasium as gym
+import pytest
 
 import gymllm.wrappers
 from gymllm.core import TextEnv
@@ -95,3 +96,25 @@ class _Shifted(Walk):
         obs, info = super()._reset(seed=seed, options=options)
         self.pos += 100
         return f"at {self.pos}", info
+
+
+@pytest.mark.parametrize("env_id", ["gymllm/FrozenLake-v0", "gymllm/Taxi-v0", "gymllm/TicTacToe-v0",
+                                    "gymllm/ConnectFour-v0", "gymllm/rg-gcd-v0", "gymllm/ta-Mastermind-v0"])
+def test_registered_adapters_replay_exactly(tmp_path, env_id):
+    """Random replies (some invalid) through the adapters are logged, then replayed without a difference."""
+    import numpy as np
+
+    import gymllm
+
+    env = TrajectoryLogger(gymllm.make(env_id), tmp_path / "log")
+    rng = np.random.default_rng(0)
+    replies = ["0", "1", "2", "3", "4", "a1", "b2", "LEFT", "DOWN", "[1 2 3 4]", "<answer>3</answer>", "nonsense"]
+    for seed in range(3):
+        env.reset(seed=seed)
+        for _ in range(12):
+            _, _, te, tr, _ = env.step(replies[int(rng.integers(len(replies)))])
+            if te or tr:
+                break
+    env.close()
+    report = gymllm.wrappers.replay(tmp_path / "log")
+    assert report.ok and report.episodes_checked == len(read_log(tmp_path / "log")), report.summary()
