@@ -38,6 +38,14 @@ def test_arbitrary_text_never_crashes(text, fmt):
     assert all(e.format and e.message for e in out.errors)
 
 
+@pytest.mark.parametrize("text", ["<tool_call>" + "[" * 100_000, '{"name": "f", "arguments": ' + "[" * 100_000,
+                                  "```tool_code\nf(a=" + "[" * 100_000 + ")\n```",
+                                  '<tool_call>{"name": "f", "arguments": "' + "[" * 100_000 + '"}</tool_call>'])
+def test_pathologically_nested_input_is_an_error_not_a_crash(text):
+    out = parse_tool_calls(text)
+    assert out == [] and len(out.errors) == 1
+
+
 def _strip_ids(calls):
     return [(c.name, c.arguments) for c in calls]
 

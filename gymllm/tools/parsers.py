@@ -67,7 +67,7 @@ def _call_from_obj(obj: Any, fmt: str, snippet: str, index: int, arg_keys=("argu
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}
-        except ValueError:
+        except (ValueError, RecursionError):
             return ParseError(fmt, "arguments string is not valid JSON", snippet)
     if args is None:
         args = {}
@@ -87,8 +87,8 @@ def _parse_hermes(text: str) -> ParsedCalls:
         body = re.sub(r"^```(?:json)?\s*|\s*```$", "", body)
         try:
             obj = json.loads(body)
-        except ValueError as e:
-            out.errors.append(ParseError("hermes", f"invalid JSON: {e}", body))
+        except (ValueError, RecursionError) as e:
+            out.errors.append(ParseError("hermes", f"invalid JSON: {e}", body[:500]))
             continue
         item = _call_from_obj(obj, "hermes", body, len(out))
         (out.errors if isinstance(item, ParseError) else out).append(item)
@@ -114,7 +114,7 @@ def _parse_llama3(text: str) -> ParsedCalls:
     while (m := _LLAMA_START.search(text, pos)) is not None:
         try:
             obj, end = _DECODER.raw_decode(text, m.start())
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             out.errors.append(ParseError("llama3", f"invalid JSON: {e.args[0] if e.args else e}",
                                          text[m.start():m.start() + 200]))
             pos = m.end()

@@ -1,6 +1,6 @@
 """``ToolUse``: give any text env tools. Tool calls in the action run; their results come back as ``tool`` messages.
 
-    env = ToolUse(gymllm.make("gymllm/CalcMath-v0"), tools=[calculator], parser="hermes")
+    env = ToolUse(gymllm.make("gymllm/Arithmetic-v0"), tools=[calculator], parser="hermes")
     obs, info = env.reset(seed=0)        # info["tools"]: JSON schemas for apply_chat_template(tools=...)
     obs, r, term, trunc, info = env.step('<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>')
     # obs == [{"role": "tool", "name": "calculator", "tool_call_id": "call_0", "content": "42"}], r == 0.0
@@ -10,7 +10,7 @@ Semantics:
 
 - An action holding one or more calls (in the ``parser`` format) is a *tool turn*: the calls run in
   order (``timeout_s`` each; async tools natively, sync tools in a worker thread), each under
-  ``span("tool", track="tool")``; the observation is one ``tool`` message per call (and one per
+  ``span("tool", track="tool", tool=name)``; the observation is one ``tool`` message per call (and one per
   unreadable call fragment); reward 0, not terminated; the inner env is not stepped.
 - Malformed calls, unknown tools, wrong arguments, tool exceptions and timeouts produce an
   ``"Error: ..."`` tool message the model can read, and are recorded in ``info["tool_calls"]``
