@@ -102,6 +102,8 @@ class Text(Space[str]):
 
     def why_not(self, x: Any) -> str | None:
         """The reason ``x`` is not in this space, or None if it is."""
+        if type(x) is str and self.min_length <= len(x) <= self.max_length and x.isascii():
+            return None  # the common case, checked first (this runs on every env step)
         if not isinstance(x, str):
             return f"a value of type {type(x).__name__} (not str)"
         if not self.min_length <= len(x) <= self.max_length:
