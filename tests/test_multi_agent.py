@@ -234,3 +234,21 @@ def test_vectorized_against_scripted_opponent_and_bad_sends():
         vec.send(["1"], [0, 1])
     with pytest.raises(ConfigError, match="learners"):
         AgentVectorEnv(connect_four, num_games=1, learners=["nobody"])
+
+
+def test_frozen_opponent_policy_is_used_for_the_other_seat():
+    seen = []
+
+    def lowest_legal(observation, rng):  # a "frozen" opponent: deterministic, sees text + mask
+        seen.append(observation["observation"])
+        return TICTACTOE_MOVES[int(np.flatnonzero(observation["action_mask"])[0])]
+
+    vec = AgentVectorEnv(tictactoe, num_games=2, learners=["player_2"], opponents={"player_1": lowest_legal})
+    obs, _, _, _, infos, ids = vec.reset(seed=0)
+    assert list(ids) == [0, 1] and all(i["agent"] == "player_2" for i in infos)
+    assert len(seen) == 2 and all("Legal moves" in s for s in seen)
+    assert all(" O" in o or "O |" in o for o in obs)  # the opponent's first mark is on the learner's board
+    raw = tictactoe_v3.env()
+    raw.reset()
+    raw.step(0)  # lowest legal index for player_1 is cell a1
+    np.testing.assert_array_equal(vec.games[0].env.observe("player_2")["observation"], raw.observe("player_2")["observation"])

@@ -29,6 +29,7 @@ import numpy as np
 
 from gymllm.core import areset_env, astep_env
 from gymllm.errors import ConfigError, explain
+from gymllm.telemetry import counter
 
 
 @dataclasses.dataclass
@@ -108,6 +109,8 @@ class RecordEpisodeStatistics(gym.Wrapper):
         self.episodes: collections.deque[EpisodeStats] = collections.deque(maxlen=self.config.buffer_length)
         self._cur = EpisodeStats()
         self._t0 = time.perf_counter()
+        spec = getattr(env, "spec", None)
+        self._track = f"env/{spec.id if spec is not None else type(env.unwrapped).__name__}"
 
     @property
     def return_queue(self) -> list[float]:
@@ -131,6 +134,8 @@ class RecordEpisodeStatistics(gym.Wrapper):
             self._cur.t = time.perf_counter() - self._t0
             self.episodes.append(self._cur)
             info = {**info, "episode": self._cur.as_info()}
+            counter("episode_return", self._cur.r, track=self._track)
+            counter("episode_length", self._cur.l, track=self._track)
             self._cur = EpisodeStats()
         return obs, reward, terminated, truncated, info
 
