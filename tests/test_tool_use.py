@@ -103,6 +103,13 @@ def test_a_hung_sync_tool_does_not_block_the_step():
     assert env.step(call("hang", seconds=0))[0][0]["content"] == "woke"
 
 
+def test_long_results_are_cut():
+    env = make(tools=[slow_echo], max_result_chars=10)
+    env.reset(seed=0)
+    obs, *_, info = env.step(call("slow_echo", text="x" * 100))
+    assert obs[0]["content"] == "x" * 10 + "\n... [truncated 90 characters]" and info["tool_calls"][0]["ok"]
+
+
 def test_budget_then_pass_through():
     env = make(max_tool_calls=2)
     _, info = env.reset(seed=3)

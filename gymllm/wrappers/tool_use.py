@@ -90,10 +90,11 @@ class ToolUse(gym.Wrapper):
         parser: the call format: one of ``gymllm.tools.FORMATS`` (``"hermes"`` for Qwen-style models).
         max_tool_calls: calls allowed per episode; later actions go to the inner env.
         timeout_s: per-call time limit (``None``: no limit).
+        max_result_chars: a longer tool result is cut to this many characters (with a note).
     """
 
     def __init__(self, env: gym.Env, tools: Iterable[Any] | ToolRegistry = (), *, parser: str = "hermes",
-                 max_tool_calls: int = 8, timeout_s: float | None = 10.0):
+                 max_tool_calls: int = 8, timeout_s: float | None = 10.0, max_result_chars: int = 16_384):
         super().__init__(env)
         self.registry = _registry(tools)
         self.parser = _check_format(parser)
@@ -103,8 +104,12 @@ class ToolUse(gym.Wrapper):
         if timeout_s is not None and (not isinstance(timeout_s, (int, float)) or timeout_s <= 0):
             raise ConfigError(explain("ToolUse.timeout_s", expected="None or a number > 0", received=timeout_s,
                                       fix="pass timeout_s=10.0"))
+        if isinstance(max_result_chars, bool) or not isinstance(max_result_chars, int) or max_result_chars < 1:
+            raise ConfigError(explain("ToolUse.max_result_chars", expected="an int >= 1", received=max_result_chars,
+                                      fix="pass max_result_chars=16384"))
         self.max_tool_calls = max_tool_calls
         self.timeout_s = timeout_s
+        self.max_result_chars = max_result_chars
         self.observation_space = Chat()
         self._running = False
         self._num_calls = 0
@@ -172,7 +177,10 @@ class ToolUse(gym.Wrapper):
     def _tool_turn(self, parsed: ParsedCalls, results: list[ToolResult]):
         obs: list[Message] = []
         for r in results:
-            msg: Message = {"role": "tool", "name": r.name, "content": r.content}
+            content = r.content
+            if len(content) > self.max_result_chars:
+                content = content[:self.max_result_chars] + f"\n... [truncated {len(r.content) - self.max_result_chars} characters]"
+            msg: Message = {"role": "tool", "name": r.name, "content": content}
             if r.call_id:
                 msg["tool_call_id"] = r.call_id
             obs.append(msg)
