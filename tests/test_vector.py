@@ -374,3 +374,16 @@ def test_fast_sub_envs_run_inline_and_slow_ones_go_back_to_the_pool(closing):
     ref = EchoEnv(episode_length=100)
     ref.reset(seed=0)
     assert [ref.step("a")[0] for _ in range(10)][-1] == vec.step(["a"])[0][0]
+
+
+def test_failure_on_the_inline_fast_path_is_reported_too(closing):
+    vec = VectorEnv([echo(20), functools.partial(FailingEnv, fail_at_step=6, episode_length=20)])
+    closing(vec)
+    vec.reset(seed=0)
+    for _ in range(5):
+        vec.step(["a", "a"])
+    assert all(s.inline for s in vec._slots)  # the next step takes the one-pass path
+    obs, _, _, trunc, infos = vec.step(["a", "a"])
+    assert obs[1] is None and trunc[1] and infos["error"][1].env_id == 1 and obs[0].startswith("You said")
+    obs, *_ = vec.step(["a", "a"])
+    assert obs[1].startswith("Repeat:")

@@ -132,6 +132,7 @@ class _Slot:
     last_obs: Any = None
     inline: bool = False  # run its ops on the calling thread (see VectorEnv._note_cost)
     check: Callable[[Any], str | None] = lambda action: None  # action validator (see _validator)
+    step: Callable[[Any], tuple] | None = None  # the env's step function (see _step_fn)
     streak: int = 0  # consecutive step times on the other side of the inline threshold
 
 
@@ -148,11 +149,20 @@ def _validator(space: gym.Space) -> Callable[[Any], str | None]:
     return lambda action: None if space.contains(action) else f"{action!r} not in {space!r}"
 
 
-def _sync_op(env: Any, op: str, action: Any, seed: int | None, options: dict | None) -> tuple:
+def _step_fn(env: Any) -> Callable[[Any], tuple]:
+    """``env.step``, or for a bare TextEnv that keeps the base ``step`` its ``_step_checked`` (the
+    vector env has already checked the action against the same space: no second check)."""
+    if isinstance(env, TextEnv) and type(env).step is TextEnv.step:
+        return env._step_checked
+    return env.step
+
+
+def _sync_op(env: Any, op: str, action: Any, seed: int | None, options: dict | None,
+             step: Callable[[Any], tuple] | None = None) -> tuple:
     if op == "reset":
         obs, info = env.reset(seed=seed, options=options)
         return obs, 0.0, False, False, info
-    obs, reward, terminated, truncated, info = env.step(action)
+    obs, reward, terminated, truncated, info = (step or env.step)(action)
     if op == "step_same" and (terminated or truncated):
         final_obs, final_info = obs, info
         obs, info = env.reset()
@@ -231,6 +241,7 @@ class VectorEnv(gym.vector.VectorEnv):
         for slot in self._slots:
             slot.kind = "async" if _is_async_native(slot.env) else "sync"
             slot.check = _validator(slot.env.action_space)
+            slot.step = _step_fn(slot.env)
         limit = self.config.max_concurrency or self.num_envs
         n_sync = sum(s.kind == "sync" for s in self._slots)
         if n_sync:
@@ -343,9 +354,9 @@ class VectorEnv(gym.vector.VectorEnv):
             t0 = perf()
             try:
                 if op == "step":  # the hot path, spelled out
-                    res = _Result(slot.env_id, *slot.env.step(action))
+                    res = _Result(slot.env_id, *slot.step(action))
                 else:
-                    res = _Result(slot.env_id, *_sync_op(slot.env, op, action, seed, options))
+                    res = _Result(slot.env_id, *_sync_op(slot.env, op, action, seed, options, slot.step))
             except BaseException as e:  # noqa: BLE001 - isolate the sub-env, report it
                 res = self._error_result(slot.env_id, op, e)
             else:
@@ -358,14 +369,14 @@ class VectorEnv(gym.vector.VectorEnv):
         env = slot.make()
         with self._cond:
             if slot.gen == gen:
-                slot.env = env
+                slot.env, slot.step = env, _step_fn(env)
         return env
 
     def _exec_sync(self, slot: _Slot, gen: int, op: str, action: Any, seed: Any, options: Any, rebuild: bool) -> _Result:
         try:
             env = self._rebuild(slot, gen) if rebuild else slot.env
             t0 = time.perf_counter()
-            res = _Result(slot.env_id, *_sync_op(env, op, action, seed, options))
+            res = _Result(slot.env_id, *_sync_op(env, op, action, seed, options, _step_fn(env)))
             if op != "reset":  # steps decide inlining (a reset's cost says little about a step's)
                 self._note_cost(slot, time.perf_counter() - t0)
             return res
@@ -658,9 +669,9 @@ class VectorEnv(gym.vector.VectorEnv):
             t0 = perf()
             try:
                 if op == "step":
-                    o, r, te, tr, info = slot.env.step(action)
+                    o, r, te, tr, info = slot.step(action)
                 else:
-                    o, r, te, tr, info = _sync_op(slot.env, op, action, None, None)
+                    o, r, te, tr, info = _sync_op(slot.env, op, action, None, None, slot.step)
             except BaseException as e:  # noqa: BLE001 - isolate the sub-env, report it
                 res = self._error_result(i, op, e)
                 errors.append(res)
