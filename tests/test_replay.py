@@ -118,3 +118,38 @@ def test_registered_adapters_replay_exactly(tmp_path, env_id):
     env.close()
     report = gymllm.wrappers.replay(tmp_path / "log")
     assert report.ok and report.episodes_checked == len(read_log(tmp_path / "log")), report.summary()
+
+
+def test_logged_wrapper_stack_is_rebuilt_for_replay(tmp_path):
+    import gymllm
+    from gymllm.wrappers import Limits, RecordEpisodeStatistics, RewardTransform, TransformReward
+
+    def stack():
+        env = gymllm.make("gymllm/FrozenLake-v0")
+        return RewardTransform(Limits(RecordEpisodeStatistics(env), max_turns=4), scale=3.0, clip=(-1.0, 2.0))
+
+    env = TrajectoryLogger(stack(), tmp_path / "log")
+    for seed in range(3):
+        env.reset(seed=seed)
+        for a in ("DOWN", "RIGHT", "bad", "DOWN", "RIGHT"):
+            _, _, te, tr, _ = env.step(a)
+            if te or tr:
+                break
+    env.close()
+    (first, *_) = read_log(tmp_path / "log")
+    assert [w["name"] for w in first.wrappers] == ["RecordEpisodeStatistics", "Limits", "RewardTransform"]
+    report = gymllm.wrappers.replay(tmp_path / "log")
+    assert report.ok and report.episodes_checked == 3, report.summary()
+    # without the stack (the bare registered env) the scaled rewards and the turn limit differ
+    bare = gymllm.wrappers.replay(tmp_path / "log", env_factory=lambda ep: gymllm.make(ep.env_id, **ep.env_kwargs))
+    assert not bare.ok and {d.field for d in bare.differences} & {"reward", "truncated"}
+
+    # a wrapper whose kwargs are not plain JSON (a lambda) cannot be rebuilt: a clear per-episode error
+    env = TrajectoryLogger(TransformReward(gymllm.make("gymllm/FrozenLake-v0"), lambda r: 2 * r), tmp_path / "lam")
+    env.reset(seed=0)
+    for a in ("LEFT",) * 200:
+        if env.step(a)[2:4] != (False, False):
+            break
+    env.close()
+    report = gymllm.wrappers.replay(tmp_path / "lam")
+    assert not report.ok and "TransformReward" in report.errors[0] and "env_factory" in report.errors[0]

@@ -100,12 +100,14 @@ class EpisodeStatisticsConfig:
                                       received=self.token_counter, fix="pass lambda s: len(tok.encode(s))"))
 
 
-class RecordEpisodeStatistics(gym.Wrapper):
+class RecordEpisodeStatistics(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """Per-episode figures in ``info["episode"]`` at the end and in ``self.episodes`` (module doc)."""
 
     def __init__(self, env: gym.Env, config: EpisodeStatisticsConfig | None = None, **fields: Any):
-        super().__init__(env)
         self.config = config or EpisodeStatisticsConfig(**fields)
+        # replay rebuilds it from these (the token counter only changes statistics, not the episode)
+        gym.utils.RecordConstructorArgs.__init__(self, buffer_length=self.config.buffer_length)
+        super().__init__(env)
         self.episodes: collections.deque[EpisodeStats] = collections.deque(maxlen=self.config.buffer_length)
         self._cur = EpisodeStats()
         self._t0 = time.perf_counter()

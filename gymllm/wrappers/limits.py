@@ -49,13 +49,14 @@ def check_limits(turns: int, elapsed: float, config: LimitsConfig) -> str | None
     return None
 
 
-class Limits(gym.Wrapper):
+class Limits(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """Truncate episodes at a turn and/or wall-clock limit (see module doc)."""
 
     def __init__(self, env: gym.Env, config: LimitsConfig | None = None, *,
                  clock: Callable[[], float] = time.monotonic, **fields: Any):
-        super().__init__(env)
         self.config = config or LimitsConfig(**fields)
+        gym.utils.RecordConstructorArgs.__init__(self, **dataclasses.asdict(self.config))  # replayable from logs
+        super().__init__(env)
         self.clock = clock
         self._turns, self._t0, self._done = 0, 0.0, True
 

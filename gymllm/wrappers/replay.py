@@ -98,8 +98,24 @@ def default_env_factory(episode: LoggedEpisode) -> gym.Env:
     if episode.env_id.startswith("gymllm/"):
         import gymllm
 
-        return gymllm.make(episode.env_id, **episode.env_kwargs)
-    return gym.make(episode.env_id, **episode.env_kwargs)
+        env = gymllm.make(episode.env_id, **episode.env_kwargs)
+    else:
+        env = gym.make(episode.env_id, **episode.env_kwargs)
+    return rebuild_wrappers(env, episode.wrappers)
+
+
+def rebuild_wrappers(env: gym.Env, wrappers: list[dict[str, Any]]) -> gym.Env:
+    """Re-apply a logged wrapper stack (innermost first); a wrapper without kwargs cannot be rebuilt."""
+    from gymnasium.envs.registration import load_env_creator
+
+    for w in wrappers:
+        if w.get("kwargs") is None:
+            env.close()
+            raise ValueError(explain(f"replay: wrapper {w.get('name')}", expected="constructor kwargs in the log",
+                                     received=None, fix="make the wrapper a gymnasium.utils.RecordConstructorArgs with "
+                                     "plain-JSON kwargs, or pass env_factory= to rebuild the stack yourself"))
+        env = load_env_creator(w["entry_point"])(env, **w["kwargs"])
+    return env
 
 
 def replay_episode(env: gym.Env, episode: LoggedEpisode, report: ReplayReport, *, compare_info: bool = False,
@@ -179,4 +195,4 @@ class _CallableModule(types.ModuleType):
 
 sys.modules[__name__].__class__ = _CallableModule
 
-__all__ = ["replay", "replay_episode", "ReplayReport", "Difference", "values_equal", "default_env_factory"]
+__all__ = ["replay", "replay_episode", "rebuild_wrappers", "ReplayReport", "Difference", "values_equal", "default_env_factory"]

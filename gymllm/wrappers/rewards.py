@@ -77,10 +77,11 @@ def compose(config: RewardTransformConfig) -> Callable[[float], float]:
     return transform
 
 
-class TransformReward(gym.Wrapper):
+class TransformReward(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """Apply ``fn(reward) -> reward`` on every step; ``terminal_only`` pays the running sum at the end."""
 
     def __init__(self, env: gym.Env, fn: Callable[[float], float], *, terminal_only: bool = False):
+        gym.utils.RecordConstructorArgs.__init__(self, fn=fn, terminal_only=terminal_only)
         super().__init__(env)
         if not callable(fn):
             raise ConfigError(explain("TransformReward(fn)", expected="a callable float -> float", received=fn,
@@ -121,6 +122,7 @@ class RewardTransform(TransformReward):
 
     def __init__(self, env: gym.Env, config: RewardTransformConfig | None = None, **fields: Any):
         self.config = config or RewardTransformConfig(**fields)
+        gym.utils.RecordConstructorArgs.__init__(self, **dataclasses.asdict(self.config))  # replayable from logs
         super().__init__(env, compose(self.config), terminal_only=self.config.terminal_only)
 
 

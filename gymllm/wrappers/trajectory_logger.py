@@ -10,7 +10,8 @@ JSONL records (``"type"`` says which):
 
 * ``header``  once per writer session: format, env id + kwargs, package versions, pid, time.
 * ``reset``   an episode starts: ``episode`` id, ``index``, ``seed``, ``options``, ``observation``,
-  ``info``, ``env_id``, ``env_kwargs``.
+  ``info``, ``env_id``, ``env_kwargs``, ``wrappers`` (the wrapper stack from Gymnasium's spec, each
+  with its constructor kwargs when they are plain JSON, so replay can rebuild it).
 * ``step``    one env step: ``action``, ``observation``, ``reward``, ``terminated``, ``truncated``,
   ``info``, ``tool_calls``, ``timing`` (``step_s`` wall seconds).
 * ``tokens``  token arrays attached to a step: ``offset`` and ``length`` into the zarr arrays.
@@ -135,6 +136,31 @@ def _dumps(record: Any) -> str:
     return json.dumps(record, ensure_ascii=False, separators=(",", ":"), allow_nan=True)
 
 
+def _plain_json(x: Any) -> bool:
+    """Whether ``x`` is made only of JSON-native values (so it rebuilds exactly from the log)."""
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return True
+    if isinstance(x, (list, tuple)):
+        return all(_plain_json(v) for v in x)
+    if isinstance(x, dict):
+        return all(isinstance(k, str) and _plain_json(v) for k, v in x.items())
+    return False
+
+
+def wrapper_stack(env: gym.Env) -> list[dict[str, Any]]:
+    """The wrappers around the registered env, innermost first, as Gymnasium's spec records them.
+
+    ``kwargs`` is None for a wrapper that cannot be rebuilt from the log (it does not record its
+    constructor arguments, or they are not plain JSON, e.g. a lambda).
+    """
+    spec = getattr(env, "spec", None)
+    out = []
+    for w in getattr(spec, "additional_wrappers", ()) or ():
+        kwargs = w.kwargs if w.kwargs is not None and _plain_json(w.kwargs) else None
+        out.append({"name": w.name, "entry_point": w.entry_point, "kwargs": to_jsonable(kwargs)})
+    return out
+
+
 def package_versions() -> dict[str, str]:
     """Versions that decide whether a replay should match: python, gymllm and the env libraries."""
     out = {"python": platform.python_version()}
@@ -194,6 +220,7 @@ class LoggedEpisode:
     end: dict[str, Any] | None = None
     aborted: bool = False
     source: str = ""
+    wrappers: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -250,7 +277,8 @@ def episodes_from_records(records: Iterable[dict[str, Any]], source: str = "") -
             eps[eid] = LoggedEpisode(
                 episode=eid, index=int(r.get("index", len(eps))), env_id=r.get("env_id"),
                 env_kwargs=r.get("env_kwargs") or {}, seed=r.get("seed"), options=r.get("options"),
-                observation=r.get("observation"), info=r.get("info") or {}, source=source)
+                observation=r.get("observation"), info=r.get("info") or {}, source=source,
+                wrappers=r.get("wrappers") or [])
         elif eid in eps:
             ep = eps[eid]
             if kind == "step":
@@ -364,6 +392,7 @@ class TrajectoryLogger(gym.Wrapper):
         self.env_id = config.env_id or (spec.id if spec is not None else None)
         self.env_kwargs = to_jsonable(config.env_kwargs if config.env_kwargs is not None
                                       else (dict(spec.kwargs) if spec is not None else {}))
+        self.wrappers = wrapper_stack(env) if config.env_id is None else []
         self._seed_rng = np.random.default_rng()
         self._episode: str | None = None
         self._step = 0
@@ -390,7 +419,7 @@ class TrajectoryLogger(gym.Wrapper):
                                  default=0)
         self._completed = {ep.key for ep in episodes if ep.complete}
         self._write({"type": "header", "format": FORMAT, "writer": self.config.name, "env_id": self.env_id,
-                     "env_kwargs": self.env_kwargs, "versions": package_versions(), "pid": os.getpid(),
+                     "env_kwargs": self.env_kwargs, "wrappers": self.wrappers, "versions": package_versions(), "pid": os.getpid(),
                      "time": time.time(), "resumed": bool(records), "torn_lines": torn})
         for ep in episodes:
             if ep.end is None and not ep.aborted:
@@ -445,6 +474,7 @@ class TrajectoryLogger(gym.Wrapper):
         self._episode = f"{self.config.name}-{self._index:06d}-{uuid.uuid4().hex[:8]}"
         self._write({"type": "reset", "episode": self._episode, "index": self._index, "seed": seed,
                      "options": to_jsonable(options), "env_id": self.env_id, "env_kwargs": self.env_kwargs,
+                     "wrappers": self.wrappers,
                      "observation": to_jsonable(obs), "info": to_jsonable(info), "time": time.time()})
         self._index += 1
         self._step = 0
@@ -543,5 +573,5 @@ def vector_logger(path: str | os.PathLike, **fields: Any):
     return wrap
 
 
-__all__ = ["TrajectoryLogger", "vector_logger", "TrajectoryLoggerConfig", "LoggedEpisode", "read_log", "read_tokens",
+__all__ = ["TrajectoryLogger", "vector_logger", "wrapper_stack", "TrajectoryLoggerConfig", "LoggedEpisode", "read_log", "read_tokens",
            "scan_jsonl", "to_jsonable", "normalise", "package_versions", "TokenStore", "FORMAT"]
