@@ -10,7 +10,9 @@ Steps alternate between a recording tracer and a disabled one.
 Figures (RESULT keys):
 - ``overhead_fraction``: events recorded per step x measured cost per event / step time (the
   tracing cost of a step, from precise micro-timings; the A/B difference below is noisier);
-- ``overhead_fraction_ab``: (median step time traced - untraced) / untraced;
+- ``overhead_fraction_ab``: (median step wall time traced - untraced) / untraced, and
+  ``overhead_fraction_ab_cpu`` the same on the process's CPU time (less disturbed by other
+  processes on a shared machine); both are noisy at the sub-percent level the tracer costs;
 - ``span_cost_us`` / ``span_cost_disabled_us`` / ``counter_cost_us``: CPU time per call (thread
   time, so other processes on a shared machine do not inflate it), the empty loop's cost removed;
 - ``events_per_step``, ``step_s_traced``, ``step_s_untraced``;
@@ -96,8 +98,8 @@ async def trajectory(engine, env, tok, params_cls, seed: int, max_tokens: int, e
 
 
 async def rollout_step(engine, envs, tok, params_cls, step: int, groups: int, group_size: int, max_tokens: int) -> float:
-    """One step's rollouts; returns its wall time in seconds."""
-    t = time.perf_counter()
+    """One step's rollouts; returns (wall seconds, CPU seconds of this process: all its threads)."""
+    t, c = time.perf_counter(), time.process_time()
     tasks = []
     for g in range(groups):
         for j in range(group_size):
@@ -109,7 +111,7 @@ async def rollout_step(engine, envs, tok, params_cls, step: int, groups: int, gr
     for m in range(4):  # the trainer's spans for this step (their compute is not part of this figure)
         with span("micro_batch", track="trainer", rows=group_size, index=m):
             pass
-    return time.perf_counter() - t
+    return time.perf_counter() - t, time.process_time() - c
 
 
 async def pipeline(args) -> dict[str, float]:
@@ -125,21 +127,40 @@ async def pipeline(args) -> dict[str, float]:
     envs = [gymllm.make("gymllm/Arithmetic-v0") for _ in range(n)]
     tok = loaded.tokenizer
     times: dict[bool, list[float]] = {True: [], False: []}
+    cpu: dict[bool, list[float]] = {True: [], False: []}
     events: list[int] = []
     previous = get_tracer()
     try:
         set_tracer(Tracer(enabled=False))
-        for w in range(2):  # compile every prefill bucket and the decode step
-            await rollout_step(engine, envs, tok, SamplingParams, 1000 + w, args.groups, args.group_size, args.max_tokens)
-        for rep in range(args.reps):
+        # Every step replays the same seeds (same prompts, same sampled tokens), so traced and
+        # untraced steps do identical work. Warm up until a step compiles nothing new; a measured
+        # step that still compiled (prefill batching depends on arrival timing) is discarded.
+        compiles = lambda: sum(engine.trace_counts.values())  # noqa: E731
+        step = lambda: rollout_step(engine, envs, tok, SamplingParams, 0, args.groups, args.group_size, args.max_tokens)  # noqa: E731
+        for w in range(8):
+            before = compiles()
+            await step()
+            if w >= 1 and compiles() == before:
+                break
+        rep = discarded = 0
+        while rep < args.reps and discarded < 2 * args.reps:
+            pair = {}
             for traced in ((True, False) if rep % 2 == 0 else (False, True)):
                 tr = Tracer(enabled=traced)
                 set_tracer(tr)
-                dt = await rollout_step(engine, envs, tok, SamplingParams, rep, args.groups, args.group_size, args.max_tokens)
+                before = compiles()
+                dt, dc = await step()
+                pair[traced] = (dt, dc, len(tr.events()), tr.events() if traced else None, compiles() != before)
+            if pair[True][4] or pair[False][4]:
+                discarded += 1
+                continue
+            for traced, (dt, dc, n_events, evs, _) in pair.items():
                 times[traced].append(dt)
+                cpu[traced].append(dc)
                 if traced:
-                    events.append(len(tr.events()))
-                    last_events = tr.events()
+                    events.append(n_events)
+                    last_events = evs
+            rep += 1
     finally:
         set_tracer(previous)
         await engine.close()
@@ -155,6 +176,8 @@ async def pipeline(args) -> dict[str, float]:
     return {
         "step_s_traced": statistics.median(times[True]),
         "step_s_untraced": statistics.median(times[False]),
+        "step_cpu_s_traced": statistics.median(cpu[True]),
+        "step_cpu_s_untraced": statistics.median(cpu[False]),
         "events_per_step": statistics.median(events),
         "export_us_per_event": export_us,
     }
@@ -170,7 +193,7 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--reps", type=int, default=None)
     args = p.parse_args()
-    args.reps = args.reps or (4 if args.quick else 12)
+    args.reps = args.reps or (8 if args.quick else 20)
     micro = micro_costs(50_000 if args.quick else 200_000)
     bpe = memory_per_event(50_000)
     pipe = asyncio.run(pipeline(args))
@@ -178,6 +201,7 @@ def main() -> None:
     result = {
         "overhead_fraction": pipe["events_per_step"] * cost_per_event * 1e-6 / pipe["step_s_traced"],
         "overhead_fraction_ab": (pipe["step_s_traced"] - pipe["step_s_untraced"]) / pipe["step_s_untraced"],
+        "overhead_fraction_ab_cpu": (pipe["step_cpu_s_traced"] - pipe["step_cpu_s_untraced"]) / pipe["step_cpu_s_untraced"],
         **micro,
         **pipe,
         "bytes_per_event": bpe,
