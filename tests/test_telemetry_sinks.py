@@ -127,3 +127,19 @@ def test_live_progress_on_a_terminal(tmp_path):
     out = buf.getvalue()
     assert lg._console.progress is not None  # the live display, redrawn in place
     assert "step 4/4 | reward 1.000 | engine busy 50% | ETA 0:00:00" in out
+
+
+def test_pipeline_window_follows_a_replaced_tracer(tracer, tmp_path):
+    lg = MetricsLogger(tmp_path, console=False, tensorboard=False, trace=False)
+    lg.log(0, {})
+    fresh = Tracer()  # e.g. a new run in the same process
+    previous = set_tracer(fresh)
+    try:
+        with span("decode", track="engine", tokens=8):
+            time.sleep(0.005)
+        rec = lg.log(1, {})
+    finally:
+        set_tracer(previous)
+        lg.close()
+    assert rec["pipeline/tokens_generated"] == pytest.approx(8.0)
+    assert 0.0 < rec["pipeline/engine_busy_fraction"] <= 1.0

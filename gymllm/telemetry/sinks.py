@@ -192,10 +192,14 @@ class MetricsLogger:
                          if console is not False and console is not None else None)
         self._first: tuple[int, float] | None = None
         self._last_line: str | None = None
-        tr = _tracer_mod.get_tracer()
-        self._cursors = [tr.cursor(), tr.cursor()]  # two windows back: long spans close late
-        self._window_start = tr.now_us()
+        self._watch(_tracer_mod.get_tracer())
         self.closed = False
+
+    def _watch(self, tr: _tracer_mod.Tracer, from_start: bool = False) -> None:
+        self._tracer = tr
+        first = 0 if from_start else tr.cursor()
+        self._cursors = [first, first]  # events from two windows back: long spans close late
+        self._window_start = 0.0 if from_start else tr.now_us()
 
     def eta_s(self, step: int, now: float | None = None) -> float | None:
         """Seconds left at ``step``: mean time per step since the first log times steps left."""
@@ -209,6 +213,8 @@ class MetricsLogger:
         from gymllm.telemetry.metrics import pipeline_metrics
 
         tr = _tracer_mod.get_tracer()
+        if tr is not self._tracer:  # replaced (set_tracer): read it from its start, on its clock
+            self._watch(tr, from_start=True)
         now = tr.now_us()
         events = tr.events_since(self._cursors[0])
         self._cursors = [self._cursors[1], tr.cursor()]
