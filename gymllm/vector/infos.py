@@ -54,8 +54,7 @@ def add_info(infos: dict[str, Any], info: dict[str, Any], j: int, n: int) -> dic
 
 
 _SCALARS = (int, float, bool)
-_FLAT = {str, type(None)}  # NumPy assigns these element-wise as they are
-_OBJECT_OK = _FLAT | {list, tuple, bytes}
+_OBJECT_OK = {str, type(None), list, tuple, bytes}
 
 
 def batch_infos(pairs: list[tuple[int, dict[str, Any]]], n: int) -> dict[str, Any]:
@@ -66,16 +65,18 @@ def batch_infos(pairs: list[tuple[int, dict[str, Any]]], n: int) -> dict[str, An
     assignment); anything else (nested dicts, NumPy values, mixed scalar types) goes through
     :func:`add_info`.
     """
-    cols: dict[str, tuple[list[int], list[Any]]] = {}
+    cols: dict[str, list[tuple[int, Any]]] = {}
     for j, info in pairs:
-        for key, value in info.items():
-            col = cols.get(key)
+        for item in info.items():
+            col = cols.get(item[0])
             if col is None:
-                col = cols[key] = ([], [])
-            col[0].append(j)
-            col[1].append(value)
+                cols[item[0]] = [(j, item[1])]
+            else:
+                col.append((j, item[1]))
     infos: dict[str, Any] = {}
-    for key, (idx, values) in cols.items():
+    for key, items in cols.items():
+        idx = [j for j, _ in items]
+        values = [v for _, v in items]
         types = set(map(type, values))
         t = next(iter(types))
         if len(types) == 1 and t in _SCALARS and key != "final_obs":
@@ -83,11 +84,8 @@ def batch_infos(pairs: list[tuple[int, dict[str, Any]]], n: int) -> dict[str, An
             array[idx] = values
         elif key == "final_obs" or types <= _OBJECT_OK:
             array = np.full(n, None, dtype=object)
-            if types <= _FLAT:
-                array[idx] = values
-            else:
-                for j, v in zip(idx, values):
-                    array[j] = v
+            for j, v in zip(idx, values):  # element-wise: a list of str would first become a '<U' array
+                array[j] = v
         else:
             sub: dict[str, Any] = {}
             for j, v in zip(idx, values):
