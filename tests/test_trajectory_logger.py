@@ -221,22 +221,42 @@ def test_async_twins_log_the_same_records_as_sync(tmp_path):
     assert strip(tmp_path / "sync") == strip(tmp_path / "async")
 
 
-def test_vector_logger_writes_one_file_per_sub_env_and_replays(tmp_path):
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_vector_logger_writes_one_file_per_sub_env_and_replays(tmp_path, backend):
     pytest.importorskip("gymllm.vector.vector_env")  # the vector layer lands in its own commits
     import gymllm
     from gymllm.wrappers import replay
     from gymllm.wrappers.trajectory_logger import vector_logger
 
-    vec = gymllm.make_vec("gymllm/Echo-v0", num_envs=3, episode_length=2, wrappers=[vector_logger(tmp_path / "log")])
-    vec.reset(seed=0)
-    for _ in range(4):
-        vec.step(["hello"] * 3)
-    vec.close()
-    assert sorted(p.name for p in (tmp_path / "log").glob("*.jsonl")) == ["env-000.jsonl", "env-001.jsonl", "env-002.jsonl"]
+    def run(seed):
+        vec = gymllm.make_vec("gymllm/Echo-v0", num_envs=3, episode_length=2, backend=backend,
+                              wrappers=[vector_logger(tmp_path / "log")])
+        vec.reset(seed=seed)
+        for _ in range(4):
+            vec.step(["hello"] * 3)
+        vec.close()
+
+    run(0)
+    names = ["env-000.jsonl", "env-001.jsonl", "env-002.jsonl"]
+    assert sorted(p.name for p in (tmp_path / "log").glob("*.jsonl")) == names
+    assert not list((tmp_path / "log").glob("*.lock"))  # released on close
+    first = len(read_log(tmp_path / "log"))
+    run(100)  # a second run reuses the names and appends
+    assert sorted(p.name for p in (tmp_path / "log").glob("*.jsonl")) == names
     eps = read_log(tmp_path / "log")
-    assert len(eps) >= 3 and all(e.env_id == "gymllm/Echo-v0" for e in eps)
+    assert len(eps) > first >= 3 and all(e.env_id == "gymllm/Echo-v0" for e in eps)
     report = replay(tmp_path / "log")
     assert report.ok and report.episodes_checked == len(eps), report.summary()
+
+
+def test_stale_writer_lock_is_taken_over(tmp_path):
+    from gymllm.wrappers.trajectory_logger import claim_writer_name
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / "env-000.lock").write_text(dead.stdout.strip())  # a crashed run's lock
+    (tmp_path / "env-001.lock").write_text(str(os.getpid()))  # a live writer's lock
+    assert claim_writer_name(tmp_path)[0] == "env-000"
+    assert claim_writer_name(tmp_path)[0] == "env-002"
 
 
 class _Parrot(TextEnv):

@@ -183,3 +183,22 @@ def test_vector_statistics_per_index_match_single_env_reference(mode):
         assert per[i] and all(e.env_index == i and e.l == 2 for e in per[i])
         assert per[i][0].r == ref.episodes[0].r
     assert summarize(vec.episodes)["l"] == 2.0
+
+
+def test_vector_statistics_through_send_recv():
+    """Barrier-free use (recv a few, send back only those) gives the same per-index records as step()."""
+    pytest.importorskip("gymllm.vector.vector_env")
+    vec = RecordVectorEpisodeStatistics(gymllm.make_vec("gymllm/Echo-v0", num_envs=4, episode_length=3))
+    vec.reset(seed=7)
+    vec.send(["hello"] * 4)
+    for _ in range(30):
+        _, _, _, _, _, ids = vec.recv(min_ready=1)
+        vec.send(["hello"] * len(ids), ids)
+    vec.recv(min_ready=4)
+    vec.close()
+    per = vec.per_index()
+    for i in range(4):
+        ref = RecordEpisodeStatistics(gymllm.make("gymllm/Echo-v0", episode_length=3))
+        _rollout(ref, 7 + i, lambda o, info: "hello")
+        assert per[i] and per[i][0].r == ref.episodes[0].r and all(e.l == 3 for e in per[i])
+        assert all(e.step_latency_mean >= 0 for e in per[i])

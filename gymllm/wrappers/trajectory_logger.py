@@ -559,19 +559,70 @@ class TrajectoryLogger(gym.Wrapper):
             self._sync()
             self._file.close()
             self._file = None
+            lock = self.__dict__.pop("_lock", None)
+            if lock is not None:
+                pathlib.Path(lock).unlink(missing_ok=True)
         super().close()
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def claim_writer_name(path: str | os.PathLike, prefix: str = "env") -> tuple[str, pathlib.Path]:
+    """The lowest free ``<prefix>-<k>`` writer name in a log directory, claimed with a lock file.
+
+    A lock holds the owner's pid; a lock whose process is gone (a crashed run) is taken over, so a
+    resumed run reuses the same names and appends to the same files. Works across processes.
+    """
+    root = pathlib.Path(path)
+    root.mkdir(parents=True, exist_ok=True)
+    for k in range(1 << 20):
+        name = f"{prefix}-{k:03d}"
+        lock = root / f"{name}.lock"
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                owner = int(lock.read_text().strip() or 0)
+            except (OSError, ValueError):
+                continue
+            if owner and not _alive(owner):
+                tmp = root / f".{name}.{os.getpid()}.lock"
+                tmp.write_text(str(os.getpid()))
+                os.replace(tmp, lock)  # take over the stale lock; re-read to see who won
+                if lock.read_text().strip() == str(os.getpid()):
+                    return name, lock
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return name, lock
+    raise GymLLMError(explain("claim_writer_name", expected="a free writer name", received=str(root),
+                              fix="remove stale .lock files"))
+
+
 def vector_logger(path: str | os.PathLike, **fields: Any):
-    """A wrapper factory for ``make_vec(..., wrappers=[vector_logger(path)])``: the k-th env it wraps
-    logs as ``env-<k>`` in ``path`` (stable names, so a resumed run appends to the same files)."""
-    counter = iter(range(1 << 30))
+    """A wrapper factory for ``make_vec(..., wrappers=[vector_logger(path)])``.
+
+    Each wrapped sub-env logs as the lowest free ``env-<k>`` in ``path`` (:func:`claim_writer_name`),
+    in this process or in a sub-env's own process (``backend="process"``); names are released on
+    close and reused by a resumed run, which then appends to the same files.
+    """
 
     def wrap(env: gym.Env) -> TrajectoryLogger:
-        return TrajectoryLogger(env, path, name=f"env-{next(counter):03d}", **fields)
+        name, lock = claim_writer_name(path)
+        logger = TrajectoryLogger(env, path, name=name, **fields)
+        logger._lock = lock
+        return logger
 
     return wrap
 
 
-__all__ = ["TrajectoryLogger", "vector_logger", "wrapper_stack", "TrajectoryLoggerConfig", "LoggedEpisode", "read_log", "read_tokens",
+__all__ = ["TrajectoryLogger", "vector_logger", "claim_writer_name", "wrapper_stack", "TrajectoryLoggerConfig", "LoggedEpisode", "read_log", "read_tokens",
            "scan_jsonl", "to_jsonable", "normalise", "package_versions", "TokenStore", "FORMAT"]
