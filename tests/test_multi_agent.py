@@ -3,7 +3,6 @@ games, invalid-move policies, a single seat as a Gymnasium env, and per-seat vec
 
 from __future__ import annotations
 
-import warnings
 
 import numpy as np
 import pytest

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import gymnasium as gym
 import numpy as np

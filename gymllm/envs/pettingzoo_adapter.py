@@ -13,7 +13,7 @@ use :class:`~gymllm.wrappers.multi_agent.SingleAgentView`, for vectorized self-p
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from gymllm.errors import ConfigError, explain
 

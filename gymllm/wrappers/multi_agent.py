@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 from typing import Any, Callable, Iterable, Literal
 
 import gymnasium as gym
