@@ -298,15 +298,18 @@ class StreamingLearner:
         mb = make_micro_batch(rows, self.config.micro_batch_size,
                               pick_bucket(max(r.length for r in rows), self.buckets), self.pad_id)
         t = time.perf_counter()
-        with span("micro_batch", track="trainer", rows=len(rows), length=mb.shape[1]):
+        valid = mb.mask > 0
+        lag = (self.version - mb.versions)[valid]
+        lags, counts = np.unique(lag, return_counts=True)
+        with span("micro_batch", track="trainer", rows=len(rows), length=mb.shape[1], step=self.version + 1) as tags:
             arrays = shard_batch(self.mesh, mb.arrays())
             self._acc, total, metrics = self._grad(self._acc, self.trainable, self.frozen, arrays, self.ref_params)
             self._sums["loss_sum"] += float(total)
             for k, v in metrics.items():
                 self._sums[k] += float(v)
+            tags["tokens"] = int(valid.sum())
+            tags["staleness"] = {int(a): int(c) for a, c in zip(lags, counts)}
         self._busy_s += time.perf_counter() - t
-        valid = mb.mask > 0
-        lag = (self.version - mb.versions)[valid]
         self._sums["staleness_sum"] += float(lag.sum())
         self._sums["staleness_max"] = max(self._sums["staleness_max"], float(lag.max()) if lag.size else 0.0)
         self._micro_batches += 1

@@ -1,0 +1,63 @@
+"""Orbax checkpoints of a training run: everything needed to resume exactly after a kill.
+
+Saved at optimizer-step boundaries (the learner holds no half-accumulated step then):
+
+* ``state``: the trained arrays (full weights, or the LoRA adapters) and the Optax state;
+* ``meta`` (JSON): step / policy version, the learner's counters, the ids of every consumed group
+  (trained, filtered or stale: the rollout bookkeeping that prevents repeating or skipping data on
+  resume), the trainer's NumPy RNG state, and the run's config for a sanity check.
+
+    ckpt = Checkpointer(run_dir / "checkpoints", max_to_keep=3)
+    ckpt.save(step, learner, extra={"rng": rng.bit_generator.state})
+    step = ckpt.restore_latest(learner)   # None when there is nothing to resume
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from typing import Any
+
+import jax
+
+from gymllm.telemetry import span
+
+
+class Checkpointer:
+    """A thin wrapper over ``orbax.checkpoint.CheckpointManager`` for :class:`StreamingLearner` state."""
+
+    def __init__(self, directory: str | os.PathLike, *, max_to_keep: int | None = 3):
+        import orbax.checkpoint as ocp
+
+        self._ocp = ocp
+        self.directory = pathlib.Path(directory).resolve()
+        self.manager = ocp.CheckpointManager(
+            self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
+
+    def save(self, step: int, learner: Any, *, extra: dict[str, Any] | None = None) -> None:
+        ocp = self._ocp
+        meta = {**learner.bookkeeping(), **(extra or {})}
+        with span("checkpoint", track="trainer", step=step):
+            self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(learner.state()),
+                                                            meta=ocp.args.JsonSave(meta)))
+            self.manager.wait_until_finished()
+
+    def latest_step(self) -> int | None:
+        return self.manager.latest_step()
+
+    def restore(self, step: int, learner: Any) -> dict[str, Any]:
+        """Load ``step`` into ``learner`` (in place); returns the JSON metadata."""
+        ocp = self._ocp
+        target = jax.tree.map(ocp.utils.to_shape_dtype_struct, learner.state())
+        out = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
+                                                                 meta=ocp.args.JsonRestore()))
+        meta = dict(out["meta"])
+        learner.restore(out["state"], meta)
+        return meta
+
+    def restore_latest(self, learner: Any) -> dict[str, Any] | None:
+        step = self.latest_step()
+        return None if step is None else self.restore(step, learner)
+
+    def close(self) -> None:
+        self.manager.close()

@@ -1,0 +1,102 @@
+"""The trainer entry point end to end on a tiny model: run-dir contents, eta = 0 == synchronous
+training for fixed seeds, config validation, and CLI (tyro) compatibility of TrainConfig."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from gymllm.algos import config as C
+from gymllm.algos.learner import LearnerConfig
+from gymllm.algos.optim import OptimizerConfig
+from gymllm.algos.trainer import (EnvSection, ModelSection, RolloutSection, RunSection, TrainConfig, preset,
+                                  train)
+from gymllm.errors import ConfigError
+
+NO_FILTER = dataclasses.replace(C.async_agentic(), shaping=C.ShapingConfig())
+
+
+def small_config(run_dir, *, eta=0, mode="async", steps=3, **run_kw) -> TrainConfig:
+    """Tiny model (d 32, 1 layer), G 4, 2 groups per step, 4 new tokens; deterministic engine settings."""
+    return TrainConfig(
+        model=ModelSection(name="tiny-qwen3", vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1),
+        env=EnvSection(id="gymllm/TinyRepeat-v0", kwargs={"num_letters": 2}, num_envs=8),
+        rollout=RolloutSection(group_size=4, max_concurrency=8, eta=eta, max_tokens=4, engine_slots=8,
+                               engine_max_len=64, prefix_reuse=False, mode=mode),
+        loss=NO_FILTER,
+        optimizer=OptimizerConfig(learning_rate=1e-2),
+        learner=LearnerConfig(groups_per_step=2, micro_batch_size=8, num_steps=steps, max_len=64, min_bucket=64,
+                              fast_compile=True),
+        run=RunSection(run_dir=str(run_dir), console=False, **{"report": False, **run_kw}),
+    )
+
+
+def final_params(run_dir):
+    from gymllm.algos.checkpoint import Checkpointer
+
+    import orbax.checkpoint as ocp
+
+    ck = Checkpointer(run_dir / "checkpoints")
+    step = ck.latest_step()
+    out = ck.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+    ck.close()
+    return out["state"]["trainable"], out["meta"]
+
+
+def test_eta_zero_equals_synchronous_training(tmp_path):
+    a = train(small_config(tmp_path / "async", eta=0, mode="async"))
+    b = train(small_config(tmp_path / "sync", eta=0, mode="sync"))
+    assert a.steps == b.steps == 3
+    assert [sorted(x) for x in a.trained_ids] == [sorted(x) for x in b.trained_ids]
+    np.testing.assert_allclose(a.rewards(), b.rewards(), atol=1e-6)
+    pa, _ = final_params(a.run_dir)
+    pb, _ = final_params(b.run_dir)
+    for k in pa:
+        np.testing.assert_allclose(pa[k], pb[k], atol=2e-4, err_msg=k)
+    assert all(h["staleness_max"] == 0 for h in a.history)  # eta = 0: every token from the current policy
+
+
+def test_run_dir_has_every_artifact(tmp_path):
+    res = train(small_config(tmp_path / "run", eta=1, steps=2, report=True))
+    d = res.run_dir
+    for name in ("config.json", "metrics.jsonl", "trajectories.jsonl", "trace.json", "reward.png"):
+        assert (d / name).is_file(), name
+    assert any((d / "tensorboard").iterdir())
+    assert (d / "checkpoints").is_dir()
+    rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for key in ("reward_mean", "tokens_per_s_generated", "engine_busy_fraction", "trainer_idle_fraction",
+                "staleness_mean", "clip_fraction", "kl", "entropy", "response_len_mean", "weight_sync_s"):
+        assert key in rows[0], key
+    cfg = json.loads((d / "config.json").read_text())
+    assert cfg["rollout"]["eta"] == 1 and cfg["learner"]["groups_per_step"] == 2
+    trajs = [json.loads(line) for line in (d / "trajectories.jsonl").read_text().splitlines()]
+    assert len(trajs) == 2 * 2 * 4 and {t["step"] for t in trajs} == {1, 2}
+    assert sorted(t["trajectory_id"] for t in trajs) == sorted(i for ids in res.trained_ids for i in ids)
+    trace = json.loads((d / "trace.json").read_text())
+    names = {e.get("name") for e in trace["traceEvents"]}
+    assert {"train_step", "micro_batch", "weight_sync", "checkpoint"} <= names
+
+
+def test_config_validation_names_fields():
+    with pytest.raises(ConfigError, match="engine_max_len"):
+        dataclasses.replace(preset("tiny"), rollout=RolloutSection(max_tokens=64, engine_max_len=64))
+    with pytest.raises(ConfigError, match="num_envs"):
+        dataclasses.replace(preset("tiny"), env=EnvSection(num_envs=2))
+    with pytest.raises(ConfigError, match="mode"):
+        RolloutSection(mode="lockstep")
+    with pytest.raises(ConfigError, match="name"):
+        preset("huge")
+    assert preset("tiny").with_loss("dapo").loss == C.dapo()
+
+
+def test_train_config_is_tyro_compatible():
+    """`gymllm train --learner.num-steps 7` parses into the frozen configs."""
+    import tyro
+
+    cfg = tyro.cli(TrainConfig, default=preset("tiny"), args=["--learner.num-steps", "7", "--loss.policy.eps-high", "0.3"])
+    assert cfg.learner.num_steps == 7 and cfg.loss.policy.eps_high == 0.3
+    assert cfg.env.kwargs == {"num_letters": 2}
