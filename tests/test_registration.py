@@ -23,6 +23,8 @@ def test_gymnasium_make_works_after_import_gymllm():
 
 def test_import_gymllm_registers_without_importing_jax():
     code = ("import sys, gymnasium as gym, gymllm; gym.make('gymllm/Echo-v0'); "
+            "import gymllm.vector, gymllm.utils.env_checker, gymllm.utils.vector_checker; "
+            "gymllm.make_vec('gymllm/Echo-v0', 2).close(); "
             "assert 'jax' not in sys.modules, 'jax imported'; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -176,7 +176,7 @@ def _check_text_env_errors(env: TextEnv, seed: int, num_steps: int, policy: Call
               "keep TextEnv.step's action check (do not override step)")
     policy = policy or (lambda t: seeded_action(env.action_space, seed, t))
     env.reset(seed=seed)
-    for t in range(max(num_steps, 1) * 50):
+    for t in range(max(num_steps, 1) * 5):
         _, _, term, trunc, _ = env.step(policy(t))
         if term or trunc:
             break
