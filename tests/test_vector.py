@@ -387,3 +387,13 @@ def test_failure_on_the_inline_fast_path_is_reported_too(closing):
     assert obs[1] is None and trunc[1] and infos["error"][1].env_id == 1 and obs[0].startswith("You said")
     obs, *_ = vec.step(["a", "a"])
     assert obs[1].startswith("Repeat:")
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_a_factory_that_raises_names_the_sub_env(backend):
+    def broken():
+        raise ValueError("no such dataset")
+
+    with pytest.raises(EnvError, match=r"creating sub-env 1.*ValueError: no such dataset") as info:
+        VectorEnv([echo(), broken], backend=backend)
+    assert info.value.env_id == 1

@@ -225,19 +225,24 @@ class VectorEnv(gym.vector.VectorEnv):
         return fn
 
     def _build_all(self) -> None:
+        building = 0
         try:
             if self.config.backend == "process":  # start every child first, then wait for them together
-                proxies = [ProcessEnv(fn, self.config.mp_context) for fn in self.env_fns]
-                for slot, proxy in zip(self._slots, proxies):
-                    slot.env = proxy
-                for proxy in proxies:
-                    proxy.wait_ready()
+                for slot, fn in zip(self._slots, self.env_fns):
+                    building = slot.env_id
+                    slot.env = ProcessEnv(fn, self.config.mp_context)
+                for slot in self._slots:
+                    building = slot.env_id
+                    slot.env.wait_ready()
             else:
                 for slot in self._slots:
+                    building = slot.env_id
                     slot.env = slot.make()
-        except BaseException:
-            self._close_instances(self._slots)
-            raise
+        except Exception as e:
+            self._close_instances(self._slots, [s for s in self._slots if isinstance(s.env, ProcessEnv)])
+            raise EnvError(explain(f"VectorEnv: creating sub-env {building}", expected="its factory to return an env",
+                                   received=f"{type(e).__name__}: {e}", fix="check that env id / factory and its "
+                                   "kwargs on their own, e.g. gymllm.make(id, **kwargs)"), env_id=building, cause=e) from e
         for slot in self._slots:
             slot.kind = "async" if _is_async_native(slot.env) else "sync"
             slot.check = _validator(slot.env.action_space)
