@@ -397,3 +397,17 @@ def test_a_factory_that_raises_names_the_sub_env(backend):
     with pytest.raises(EnvError, match=r"creating sub-env 1.*ValueError: no such dataset") as info:
         VectorEnv([echo(), broken], backend=backend)
     assert info.value.env_id == 1
+
+
+def test_close_answers_awaiting_coroutines():
+    vec = VectorEnv([fixed_latency(2.0)])
+
+    async def main():
+        await vec.areset_env(0, seed=0)
+        task = asyncio.ensure_future(vec.astep_env(0, "a"))
+        await asyncio.sleep(0.05)
+        vec.close()
+        with pytest.raises(VectorStateError, match="closed during this call"):
+            await asyncio.wait_for(task, 1.0)
+
+    asyncio.run(main())

@@ -97,7 +97,7 @@ class _Sink:
     def wake(self) -> None:
         self._cond.notify_all()
         for loop, ev in tuple(self._events):
-            loop.call_soon_threadsafe(ev.set)
+            _call_soon(loop, ev.set)
 
 
 class _FutureSink:
@@ -112,7 +112,15 @@ class _FutureSink:
             if not self.future.done():
                 self.future.set_result(res)
 
-        self.loop.call_soon_threadsafe(_set)
+        _call_soon(self.loop, _set)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:
+    """``loop.call_soon_threadsafe(fn)``, ignoring a loop that has already closed (its waiter is gone)."""
+    try:
+        loop.call_soon_threadsafe(fn)
+    except RuntimeError:
+        pass
 
 
 @dataclasses.dataclass(eq=False)
@@ -825,6 +833,10 @@ class VectorEnv(gym.vector.VectorEnv):
                 s.gen += 1
                 if s.handle is not None:
                     s.handle.cancel()
+                if isinstance(s.sink, _FutureSink):  # an awaiting astep_env/areset_env gets an answer
+                    err = VectorStateError(f"sub-env {s.env_id}: the vector env was closed during this call. Fix: "
+                                           "do not close it while coroutines still use it")
+                    s.sink.deliver(_Result(s.env_id, None, 0.0, False, True, {"error": err}, err))
             self._ready.wake()
             self._cond.notify_all()
         idle = [s for s in self._slots if s not in busy]

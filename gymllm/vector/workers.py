@@ -45,7 +45,10 @@ class WorkerPool:
             fn = self._queue.get()
             if fn is None:
                 return
-            fn()
+            try:
+                fn()
+            except BaseException:  # noqa: BLE001 - work items report their own errors; never lose a worker
+                pass
             self._idle.release()
 
     def shutdown(self) -> None:
