@@ -411,3 +411,14 @@ def test_close_answers_awaiting_coroutines():
             await asyncio.wait_for(task, 1.0)
 
     asyncio.run(main())
+
+
+def test_pooled_sub_env_ops_are_traced_on_their_own_track(closing):
+    from gymllm.telemetry import get_tracer
+
+    vec = VectorEnv([fixed_latency(0.01), fixed_latency(0.01)])
+    closing(vec)
+    vec.reset(seed=0)
+    vec.step(["a", "b"])
+    tracks = {e.get("track") for e in get_tracer().events() if str(e.get("name", "")).startswith("env.")}
+    assert {"env/0", "env/1"} <= tracks

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gymllm.envs.basic import EchoEnv, LatencyEnv
+from gymllm.envs.basic import EchoEnv, FailingEnv, LatencyEnv
 from gymllm.utils import check_vector_env
 from gymllm.vector import VectorEnv
 
@@ -24,10 +24,11 @@ ops = st.lists(st.one_of(st.tuples(st.just("send"), st.lists(st.booleans(), min_
 
 
 @settings(max_examples=25, deadline=None)
-@given(schedule=ops, seed=st.integers(0, 1000))
-def test_every_sent_env_id_is_received_exactly_once(schedule, seed):
-    fns = [functools.partial(LatencyEnv, median_s=0.0005, p99_s=0.004, episode_length=2 + i) for i in range(4)]
-    vec = VectorEnv(fns)
+@given(schedule=ops, seed=st.integers(0, 1000), fail_at=st.integers(1, 3), mode=st.sampled_from(["next_step", "same_step"]))
+def test_every_sent_env_id_is_received_exactly_once(schedule, seed, fail_at, mode):
+    fns = [functools.partial(LatencyEnv, median_s=0.0005, p99_s=0.004, episode_length=2 + i) for i in range(3)]
+    fns.append(functools.partial(FailingEnv, fail_at_step=fail_at, episode_length=4))  # fails every episode
+    vec = VectorEnv(fns, autoreset_mode=mode)
     try:
         vec.reset(seed=seed)
         in_flight, sent, received = set(), [0] * 4, [0] * 4

@@ -397,14 +397,18 @@ class VectorEnv(gym.vector.VectorEnv):
             return self._error_result(slot.env_id, op, e)
 
     def _run_sync(self, *args: Any) -> None:
-        self._finish(args[0], args[1], args[2], self._exec_sync(*args))
+        # Pooled ops take >= inline_below_s, so a span per op (on the sub-env's track) is affordable.
+        with span(f"env.{args[2]}", track=f"env/{args[0].env_id}"):
+            res = self._exec_sync(*args)
+        self._finish(args[0], args[1], args[2], res)
 
     async def _run_async(self, slot: _Slot, gen: int, op: str, action: Any, seed: Any, options: Any,
                          rebuild: bool) -> None:
         try:
             async with self._async_limit:
                 env = self._rebuild(slot, gen) if rebuild else slot.env
-                res = _Result(slot.env_id, *await _async_op(env, op, action, seed, options))
+                with span(f"env.{op}", track=f"env/{slot.env_id}"):
+                    res = _Result(slot.env_id, *await _async_op(env, op, action, seed, options))
         except asyncio.CancelledError:
             return  # timed out or closed: the canceller reports it
         except BaseException as e:  # noqa: BLE001
