@@ -181,3 +181,18 @@ def test_report_reads_the_learners_flat_metric_names(tmp_path):
     assert names == ["reward.png", "length.png", "staleness.png", "summary.txt"]
     summary = (tmp_path / "summary.txt").read_text()
     assert "reward mean: first 0.1, last 0.3" in summary and "length mean: last 23" in summary
+
+
+def test_timeline_rows_collapse_many_env_tracks_and_cap_lanes():
+    from gymllm.telemetry.report import _rows
+
+    # env spans [0,1], [0.5,1.5], [1,2] (4 tracks each): two lanes once collapsed into "env/*"
+    spans = [{"name": "env_step", "track": f"env/{i}", "ts": 0.5 * (i % 3), "dur": 1.0, "args": {}} for i in range(12)]
+    # 9 staggered overlapping rollouts: 9 lanes needed, 4 shown
+    spans += [{"name": "rollout", "track": "rollout", "ts": 0.5 * i, "dur": 5.0, "args": {}} for i in range(9)]
+    rows, omitted = _rows(spans, max_rows=32, max_lanes=4)
+    assert [label for label, _ in rows] == ["rollout", "rollout #2", "rollout #3", "rollout #4", "env/*", "env/* #2"]
+    assert omitted == 5
+    assert [len(r) for _, r in rows] == [1, 1, 1, 1, 8, 4]
+    few, _ = _rows(spans[:6], max_rows=32, max_lanes=4)  # 6 env tracks: one row each
+    assert [label for label, _ in few] == [f"env/{i}" for i in range(6)]
