@@ -334,13 +334,15 @@ class VectorEnv(gym.vector.VectorEnv):
     def _note_cost(self, slot: _Slot, dt: float) -> None:
         """Decide whether this sub-env's ops run on the calling thread (``slot.inline``).
 
-        Only sync sub-envs measured to take under ``inline_below_s`` per step, and only without a
-        ``step_timeout`` (an inline op cannot be timed out). Such steps are CPU-bound Python, which
+        Only thread-backed sync sub-envs measured to take under ``inline_below_s`` per step, and
+        only without a ``step_timeout`` (an inline op cannot be timed out). Such steps are CPU-bound Python, which
         gains nothing from threads under the GIL; skipping the hand-off saves its switching cost.
         With hysteresis: 3 steps in a row under the limit move a sub-env inline, 3 in a row above
         10x the limit move it back to the pool (one preempted step does not flip it).
         """
         limit = self.config.inline_below_s
+        if self.config.backend == "process":
+            return  # a proxy's step time is a blocking round trip, not GIL-bound work: keep it pooled
         if slot.inline:
             slot.streak = slot.streak + 1 if dt > 10 * limit else 0
         else:
