@@ -422,3 +422,10 @@ def test_pooled_sub_env_ops_are_traced_on_their_own_track(closing):
     vec.step(["a", "b"])
     tracks = {e.get("track") for e in get_tracer().events() if str(e.get("name", "")).startswith("env.")}
     assert {"env/0", "env/1"} <= tracks
+
+
+@pytest.mark.slow  # ~4 s of process start-ups; the thread/process parity test covers the default tier
+def test_process_backend_passes_the_vector_checker():
+    from gymllm.utils import check_vector_env
+
+    check_vector_env(lambda: VectorEnv([echo(2), echo(3)], backend="process"), num_steps=4)

@@ -49,7 +49,7 @@ class VectorEnvConfig:
         inline_below_s: a sync sub-env whose ops have averaged under this many seconds runs its
             next op on the calling thread (CPU-bound Python gains nothing from threads under the
             GIL, and skipping the hand-off keeps per-step overhead low); 0 disables. Never used
-            with ``step_timeout``.
+            with ``step_timeout`` or the process backend.
     """
 
     autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP
