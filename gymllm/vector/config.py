@@ -44,7 +44,8 @@ class VectorEnvConfig:
             reset (None: no limit).
         on_error: ``"report"`` puts a failing sub-env's :class:`~gymllm.errors.EnvError` in
             ``infos["error"]`` (obs None, truncated True); ``"raise"`` raises it from
-            ``recv``/``step`` after the other results are safely kept.
+            ``recv``/``step`` with the whole batch kept on the exception (``err.results``,
+            ``err.errors``), so no other sub-env's result is lost.
         mp_context: multiprocessing start method of the process backend.
         inline_below_s: a sync sub-env whose ops have averaged under this many seconds runs its
             next op on the calling thread (CPU-bound Python gains nothing from threads under the
