@@ -209,3 +209,48 @@ def test_tags_and_counter_names_other_layers_record():
     assert m["tokens_generated"] == 12.0
     assert m["tokens_trained"] == 40.0 and m["staleness_hist"] == {0: 20.0, 1: 20.0}
     assert m["groups_dropped"] == 2.0 and m["groups_filtered"] == 4.0
+
+
+def test_work_time_counts_concurrent_spans_each_and_nested_spans_once_without_ids():
+    events = [
+        X("rollout", "rollout", 0, 10), X("rollout", "rollout", 1, 11),  # 20 s of trajectories
+        X("tool", "tool", 1, 3), X("tool", "tool", 2, 4),  # two concurrent calls: 4 s
+        X("env_step", "env/0", 5, 7), X("env.step", "env/0", 5.5, 6.5),  # nested: 2 s
+        X("vector.recv", "env/vector", 0, 10),  # waiting, not env work
+    ]
+    m = pipeline_metrics(events, window=(0, 12 * S))
+    assert m["tool_latency_share"] == pytest.approx(4 / 20)
+    assert m["env_latency_share"] == pytest.approx(2 / 20)
+
+
+def test_work_time_uses_span_ids_from_the_tracer_and_the_trace_file(tmp_path):
+    """Concurrent trajectories that contain one another in time still count each (ids, not geometry)."""
+    import asyncio
+
+    from gymllm.telemetry import set_tracer, span
+
+    async def rollout(i, dt):
+        with span("rollout", track="rollout", trajectory=i):
+            with span("env_step", track="env/0"):
+                with span("env.step", track="env/0"):  # the vector env's span inside the rollout's
+                    await asyncio.sleep(0.004)
+            with span("tool", track="tool", name="calc"):
+                await asyncio.sleep(dt)
+
+    async def main():
+        await asyncio.gather(rollout(0, 0.02), rollout(1, 0.005))  # rollout 1 lies inside rollout 0
+
+    tr = Tracer()
+    previous = set_tracer(tr)
+    try:
+        asyncio.run(main())
+    finally:
+        set_tracer(previous)
+    ev = tr.events()
+    dur = lambda name: sum(e["dur"] for e in ev if e["name"] == name)  # noqa: E731
+    loaded = load_chrome_trace(write_chrome_trace(tmp_path / "t.json", ev))
+    assert {e["id"]: e["parent"] for e in loaded if e["ph"] == "X"} == {e["id"]: e["parent"] for e in ev}
+    for events in (ev, loaded):
+        m = pipeline_metrics(events)
+        assert m["tool_latency_share"] == pytest.approx(dur("tool") / dur("rollout"))
+        assert m["env_latency_share"] == pytest.approx(dur("env_step") / dur("rollout"))

@@ -8,7 +8,9 @@ Layout of the exported trace:
   so every thread holds properly nested spans only, which Perfetto requires;
 - ``process_name`` / ``thread_name`` and sort-index metadata ("M" events) for every pid and tid;
 - every event carries its track in ``cat``, spans are "X" events and counters "C" events; ``ts``
-  and ``dur`` are microseconds since the tracer started, and ``otherData.t0_unix`` anchors them.
+  and ``dur`` are microseconds since the tracer started, and ``otherData.t0_unix`` anchors them;
+- a span's args hold its tags plus ``span_id`` and ``parent_span_id`` (the tracer's nesting,
+  also across tracks and tasks), which the reader moves back to ``id`` / ``parent``.
 
 :func:`load_chrome_trace` reads such a file back into the event dicts that
 :func:`gymllm.telemetry.metrics.pipeline_metrics` takes (name, ph, ts, dur, track, args).
@@ -24,6 +26,7 @@ import pathlib
 from typing import Any, Iterable
 
 KNOWN_FAMILIES = ("engine", "trainer", "rollout", "env", "tool")
+SPAN_ID, PARENT_ID = "span_id", "parent_span_id"  # span args carrying the nesting (popped on load)
 _EPS_US = 1e-3  # 1 ns: float rounding slack when comparing span ends
 
 
@@ -54,6 +57,13 @@ def assign_lanes(spans: list[dict[str, Any]]) -> list[int]:
             stacks.append([end])
             lanes[i] = len(stacks) - 1
     return lanes
+
+
+def _with_ids(e: dict[str, Any]) -> dict[str, Any]:
+    """The span's tags plus its span id and parent id (so nesting survives the round trip)."""
+    if e.get("id") is None:
+        return e.get("args", {})
+    return {**e.get("args", {}), SPAN_ID: e["id"], PARENT_ID: e.get("parent")}
 
 
 def _counter_value(v: Any) -> float | int | None:
@@ -92,7 +102,7 @@ def to_chrome_trace(events: list[dict[str, Any]], *, t0_unix: float | None = Non
         for e, lane in zip(group, assign_lanes(group)):
             tid = tids.setdefault((track, lane), len(tids) + 1)
             out.append({"name": e["name"], "cat": track, "ph": "X", "ts": e["ts"], "dur": e["dur"],
-                        "pid": pids[family_of(track)], "tid": tid, "args": e.get("args", {})})
+                        "pid": pids[family_of(track)], "tid": tid, "args": _with_ids(e)})
         if not group:
             tids.setdefault((track, 0), len(tids) + 1)
     for e in counters:
@@ -155,8 +165,9 @@ def jsonable(obj: Any) -> Any:
 def load_chrome_trace(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Read a trace file (ours or any Chrome trace JSON) back into event dicts.
 
-    Returns spans and counters sorted by ts, each with name, ph, ts, dur (spans), track and args.
-    The track is taken from ``cat`` when present, else from the thread's name.
+    Returns spans and counters sorted by ts, each with name, ph, ts, dur (spans), track and args,
+    and for our spans id and parent. The track is taken from ``cat`` when present, else from the
+    thread's name.
     """
     path = pathlib.Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
@@ -171,9 +182,12 @@ def load_chrome_trace(path: str | os.PathLike) -> list[dict[str, Any]]:
         if ph not in ("X", "C"):
             continue
         track = e.get("cat") or names.get((e.get("pid"), e.get("tid")), "main")
-        ev = {"name": e["name"], "ph": ph, "ts": float(e["ts"]), "track": track, "args": e.get("args", {})}
+        ev = {"name": e["name"], "ph": ph, "ts": float(e["ts"]), "track": track, "args": dict(e.get("args", {}))}
         if ph == "X":
             ev["dur"] = float(e.get("dur", 0.0))
+            if SPAN_ID in ev["args"]:
+                ev["id"] = ev["args"].pop(SPAN_ID)
+                ev["parent"] = ev["args"].pop(PARENT_ID, None)
         elif len(ev["args"]) == 1:
             ev["name"] = next(iter(ev["args"]))
         out.append(ev)

@@ -19,8 +19,14 @@ any span on "trainer*"       trainer busy time (union); idle = 1 - busy
                              learner may tag either level, never counted twice)
 "rollout" on "rollout"       one trajectory, start to end (denominator of the latency shares)
 spans on "tool*"             tool time -> ``tool_latency_share`` (of summed rollout time)
-spans on "env*"              env time -> ``env_latency_share``
+spans on "env*"              env time -> ``env_latency_share`` (the vector env's own
+                             "vector.*" waits excluded)
 "queue_wait"                 summed -> ``queue_wait_s``
+
+Shares and sums use :func:`work_time`: concurrent spans (two tool calls at once) count each,
+a span nested in another of the same kind (the vector env's "env.step" inside the rollout's
+"env_step") counts once; nesting comes from the span ids, or, for traces without them, from
+the layout of each track into properly nested lanes.
 counter "queue_depth"        time-weighted mean, max and last level in the window
 counters "groups_dropped",   running totals (record them with ``telemetry.increment``); the
 "groups_filtered"            metric is the increase inside the window. Aliases other layers
@@ -164,11 +170,44 @@ def _increase(counters: list[Event], name: str, lo: float, hi: float) -> float:
     return (inside[-1] - (before[-1] if before else 0.0)) if inside else 0.0
 
 
-def _share(part: list[Event], whole: list[Event], lo: float, hi: float) -> float | None:
-    denom = sum(max(0.0, b - a) for a, b in (_clip(e, lo, hi) for e in whole))
-    if denom <= 0:
-        return None
-    return sum(max(0.0, b - a) for a, b in (_clip(e, lo, hi) for e in part)) / denom
+def work_time(spans: Sequence[Event], lo: float, hi: float, parents: Mapping[int, int | None] | None = None) -> float:
+    """Time spent in ``spans`` inside [lo, hi], counting concurrent spans each and nested spans once.
+
+    With span ids (``id`` / ``parent`` from the tracer or our trace files; ``parents`` maps every
+    known span id to its parent id), a span with an ancestor among ``spans`` is not counted again.
+    Without ids (a foreign trace), spans are laid out per track on lanes of properly nested spans
+    and each lane counts the union of its spans.
+    """
+    if spans and all(e.get("id") is not None for e in spans):
+        ids = {e["id"] for e in spans}
+        parents = parents if parents is not None else {e["id"]: e.get("parent") for e in spans}
+
+        def nested(e: Event) -> bool:
+            p, hops = e.get("parent"), 0
+            while p is not None and hops < 10_000:
+                if p in ids:
+                    return True
+                p, hops = parents.get(p), hops + 1
+            return False
+
+        return sum(max(0.0, b - a) for e in spans if not nested(e) for a, b in [_clip(e, lo, hi)])
+    from gymllm.telemetry.export import assign_lanes
+
+    by_track: dict[str, list[Event]] = {}
+    for e in spans:
+        by_track.setdefault(e["track"], []).append(e)
+    total = 0.0
+    for group in by_track.values():
+        lanes: dict[int, list[tuple[float, float]]] = {}
+        for e, lane in zip(group, assign_lanes(group)):
+            lanes.setdefault(lane, []).append(_clip(e, lo, hi))
+        total += sum(union_length(ivs) for ivs in lanes.values())
+    return total
+
+
+def _share(part: list[Event], whole: list[Event], lo: float, hi: float, parents: Mapping[int, int | None]) -> float | None:
+    denom = work_time(whole, lo, hi, parents)
+    return work_time(part, lo, hi, parents) / denom if denom > 0 else None
 
 
 def pipeline_metrics(events: Sequence[Event], *, window: tuple[float, float] | None = None) -> dict[str, Any]:
@@ -213,10 +252,12 @@ def pipeline_metrics(events: Sequence[Event], *, window: tuple[float, float] | N
     q = _gauge(counters, "queue_depth", lo, hi)
     out["queue_depth_mean"], out["queue_depth_max"], out["queue_depth_last"] = q["mean"], q["max"], q["last"]
 
+    parents = {e["id"]: e.get("parent") for e in events if e.get("id") is not None}
     rollouts = [e for e in spans if e["name"] == "rollout" and _family(e["track"]) == "rollout"]
-    out["tool_latency_share"] = _share(tool, rollouts, lo, hi)
-    out["env_latency_share"] = _share(env, rollouts, lo, hi)
-    out["queue_wait_s"] = sum(max(0.0, b - a) for a, b in (_clip(e, lo, hi) for e in named(spans, "queue_wait"))) / 1e6
+    out["tool_latency_share"] = _share(tool, rollouts, lo, hi, parents)
+    env_work = [e for e in env if not e["name"].startswith("vector.")]  # vector recv/step wait, not work
+    out["env_latency_share"] = _share(env_work, rollouts, lo, hi, parents)
+    out["queue_wait_s"] = work_time(named(spans, "queue_wait"), lo, hi, parents) / 1e6
     done = [e for e in rollouts if lo < e["ts"] + e["dur"] <= hi]
     out["rollouts_completed"] = len(done)
     out["rollout_latency_mean_s"] = float(np.mean([e["dur"] for e in done])) / 1e6 if done else None
