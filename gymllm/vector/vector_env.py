@@ -375,8 +375,9 @@ class VectorEnv(gym.vector.VectorEnv):
             except BaseException as e:  # noqa: BLE001 - isolate the sub-env, report it
                 res = self._error_result(slot.env_id, op, e)
             else:
-                if op != "reset" and (perf() - t0 > slow or slot.streak):
-                    self._note_cost(slot, perf() - t0)
+                dt = perf() - t0
+                if (dt > slow or slot.streak) and op != "reset":
+                    self._note_cost(slot, dt)
             done.append((slot, gen, op, res))
         self._finish_many(done)
 
@@ -696,8 +697,9 @@ class VectorEnv(gym.vector.VectorEnv):
                 errors.append(res)
                 o, r, te, tr, info = res.obs, res.reward, res.terminated, res.truncated, res.info
             else:
-                if op != "reset" and (perf() - t0 > slow or slot.streak):
-                    self._note_cost(slot, perf() - t0)
+                dt = perf() - t0
+                if (dt > slow or slot.streak) and op != "reset":
+                    self._note_cost(slot, dt)
             obs[i] = o
             rewards[i] = r
             terms[i] = te
