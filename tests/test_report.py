@@ -196,3 +196,14 @@ def test_timeline_rows_collapse_many_env_tracks_and_cap_lanes():
     assert [len(r) for _, r in rows] == [1, 1, 1, 1, 8, 4]
     few, _ = _rows(spans[:6], max_rows=32, max_lanes=4)  # 6 env tracks: one row each
     assert [label for label, _ in few] == [f"env/{i}" for i in range(6)]
+
+
+def test_summary_says_when_the_trace_dropped_events(tmp_path):
+    tr = Tracer(capacity=10)
+    for i in range(30):
+        with tr.span("decode", track="engine", tokens=1):
+            pass
+    tr.export_chrome_trace(tmp_path / "trace.json")
+    write_report(tmp_path)
+    assert f"{tr.dropped:,} older ones were dropped" in (tmp_path / "summary.txt").read_text()
+    assert tr.dropped > 0

@@ -85,8 +85,10 @@ def _pids(tracks: Iterable[str]) -> dict[str, int]:
     return pids
 
 
-def to_chrome_trace(events: list[dict[str, Any]], *, t0_unix: float | None = None) -> dict[str, Any]:
-    """Build the trace-event JSON object for ``events`` (dicts as from ``Tracer.events()``)."""
+def to_chrome_trace(events: list[dict[str, Any]], *, t0_unix: float | None = None,
+                    dropped: int = 0) -> dict[str, Any]:
+    """Build the trace-event JSON object for ``events`` (dicts as from ``Tracer.events()``);
+    ``dropped`` (older events the ring buffer let go) is kept in ``otherData.dropped_events``."""
     spans = [e for e in events if e["ph"] == "X"]
     counters = [e for e in events if e["ph"] == "C"]
     tracks = sorted({e["track"] for e in events}, key=lambda t: (family_of(t), len(t), t))
@@ -126,13 +128,14 @@ def to_chrome_trace(events: list[dict[str, Any]], *, t0_unix: float | None = Non
         pid = pids[family_of(track)]
         meta.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": label, "track": track}})
         meta.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
-    other = {"generator": "gymllm.telemetry"}
+    other: dict[str, Any] = {"generator": "gymllm.telemetry", "dropped_events": int(dropped)}
     if t0_unix is not None:
         other["t0_unix"] = t0_unix
     return {"traceEvents": meta + out, "displayTimeUnit": "ms", "otherData": other}
 
 
-def write_chrome_trace(path: str | os.PathLike, events: list[dict[str, Any]], *, t0_unix: float | None = None) -> pathlib.Path:
+def write_chrome_trace(path: str | os.PathLike, events: list[dict[str, Any]], *, t0_unix: float | None = None,
+                       dropped: int = 0) -> pathlib.Path:
     """Write ``events`` as a trace file; gzip-compressed when ``path`` ends in ".gz".
 
     Tag values become plain JSON: NumPy scalars and arrays are converted, NaN / inf become null,
@@ -140,7 +143,7 @@ def write_chrome_trace(path: str | os.PathLike, events: list[dict[str, Any]], *,
     """
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = json.dumps(jsonable(to_chrome_trace(events, t0_unix=t0_unix)), allow_nan=False)
+    data = json.dumps(jsonable(to_chrome_trace(events, t0_unix=t0_unix, dropped=dropped)), allow_nan=False)
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "wt") as f:
         f.write(data)
@@ -162,18 +165,20 @@ def jsonable(obj: Any) -> Any:
     return str(obj)
 
 
-def load_chrome_trace(path: str | os.PathLike) -> list[dict[str, Any]]:
+def load_chrome_trace(path: str | os.PathLike, *, meta: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Read a trace file (ours or any Chrome trace JSON) back into event dicts.
 
     Returns spans and counters sorted by ts, each with name, ph, ts, dur (spans), track and args,
     and for our spans id and parent. The track is taken from ``cat`` when present, else from the
-    thread's name.
+    thread's name. ``meta``, if given, receives the file's ``otherData`` (t0_unix, dropped_events).
     """
     path = pathlib.Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as f:
         data = json.load(f)
     raw = data["traceEvents"] if isinstance(data, dict) else data
+    if meta is not None and isinstance(data, dict):
+        meta.update(data.get("otherData", {}))
     names = {(e.get("pid"), e.get("tid")): e["args"].get("track", e["args"].get("name"))
              for e in raw if e.get("ph") == "M" and e.get("name") == "thread_name"}
     out = []

@@ -382,7 +382,8 @@ def write_report(run_dir: str | os.PathLike) -> list[pathlib.Path]:
                                   received=sorted(p.name for p in run_dir.iterdir())[:10] if run_dir.is_dir() else "no such directory",
                                   fix="pass the run_dir given to `gymllm train` (MetricsLogger writes both files there)"))
     records = read_metrics(metrics_path) if metrics_path.exists() else []
-    events = load_chrome_trace(trace_path) if trace_path is not None else []
+    trace_meta: dict[str, Any] = {}
+    events = load_chrome_trace(trace_path, meta=trace_meta) if trace_path is not None else []
     pm = pipeline_metrics(events) if any(e["ph"] == "X" for e in events) else None
     hist = {int(k): v for k, v in (pm or {}).get("staleness_hist", {}).items()} or staleness_from_records(records)
     written = [
@@ -393,5 +394,9 @@ def write_report(run_dir: str | os.PathLike) -> list[pathlib.Path]:
         plot_staleness(hist, run_dir / "staleness.png", records),
     ]
     summary = run_dir / "summary.txt"
-    summary.write_text(summarize(run_dir, records, pm, hist))
+    text = summarize(run_dir, records, pm, hist)
+    if trace_meta.get("dropped_events"):
+        text += (f"note: the trace holds the newest events only; {trace_meta['dropped_events']:,} older ones were "
+                 "dropped by the ring buffer (raise Tracer capacity or set spill_path to keep them)\n")
+    summary.write_text(text)
     return [p for p in written if p is not None] + [summary]

@@ -278,7 +278,7 @@ class Tracer:
         ui.perfetto.dev and chrome://tracing open; see :mod:`gymllm.telemetry.export`."""
         from gymllm.telemetry.export import write_chrome_trace
 
-        return write_chrome_trace(path, self.all_events(), t0_unix=self.t0_unix)
+        return write_chrome_trace(path, self.all_events(), t0_unix=self.t0_unix, dropped=self.dropped)
 
 
 _TRACER = Tracer()
