@@ -102,10 +102,15 @@ def _png_ok(path) -> bool:
     return img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100 and float(img[..., :3].std()) > 0.01
 
 
-def test_report_renders_from_a_short_run(run_dir):
-    written = write_report(run_dir)
-    names = [p.name for p in written]
-    assert names == ["reward.png", "length.png", "timeline.png", "idle.png", "staleness.png", "summary.txt"]
+def test_report_renders_from_a_short_run(run_dir, capsys):
+    """Through the CLI command `gymllm report RUN_DIR`, which calls write_report and prints its files."""
+    from gymllm.cli.commands import report as report_command
+
+    assert report_command(str(run_dir)) == 0
+    printed = capsys.readouterr().out
+    names = ["reward.png", "length.png", "timeline.png", "idle.png", "staleness.png", "summary.txt"]
+    written = [run_dir / n for n in names]
+    assert all(str(p) in printed for p in written) and "biggest stall:" in printed
     assert all(_png_ok(p) for p in written if p.suffix == ".png")
     records = read_metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
@@ -160,15 +165,6 @@ def test_series_of_a_resumed_run_keeps_the_last_record_per_step():
                {"step": 3, "train/reward/mean": 0.35}, {"step": 4, "train/reward/mean": float("nan")},
                {"step": 5, "train/reward/mean": 0.5}, {"step": 6}]
     assert series(records, "reward/mean") == ([1, 2, 3, 5], [0.1, 0.2, 0.35, 0.5])
-
-
-def test_gymllm_report_command(run_dir, capsys):
-    """`gymllm report RUN_DIR` (the CLI command) prints the files and the summary."""
-    from gymllm.cli.commands import report as report_command
-
-    assert report_command(str(run_dir)) == 0
-    out = capsys.readouterr().out
-    assert str(run_dir / "timeline.png") in out and "biggest stall:" in out
 
 
 def test_report_reads_the_learners_flat_metric_names(tmp_path):
