@@ -63,7 +63,7 @@ def _make_or_skip(env_id: str) -> gym.Env:
 def test_check_env(env_id):
     env = _make_or_skip(env_id)
     try:
-        check_env(env, num_steps=3)
+        check_env(env, num_steps=2)
     finally:
         env.close()
 
@@ -71,4 +71,4 @@ def test_check_env(env_id):
 @pytest.mark.parametrize("env_id", _params("vector"))
 def test_check_vector_env(env_id):
     _make_or_skip(env_id).close()
-    check_vector_env(lambda: gymllm.make_vec(env_id, 2), num_steps=3)
+    check_vector_env(lambda: gymllm.make_vec(env_id, 2), num_steps=2)
