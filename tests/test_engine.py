@@ -1,7 +1,7 @@
 """JaxEngine on a real tiny model (gymllm.models.make_tiny), checked against the trainer's full forward.
 
-One engine (4 slots, context 64, one length bucket, prefill batches 1/2) is shared by the module and
-warmed up once, so the file compiles three engine shapes (CPU compiles dominate the run time);
+One engine (12 slots, context 64, one length bucket, prefill batches 1/2, decode widths 8/12) is
+shared by the module and warmed up once, so the file compiles four engine shapes (CPU compiles dominate the run time);
 reference forwards are padded to the context length so they compile once. Async code runs under
 asyncio.run.
 """
@@ -21,8 +21,9 @@ from gymllm.inference import Completion, Engine, EngineConfig, JaxEngine, Sampli
 from gymllm.inference.sampling import request_key
 from gymllm.inference.steps import make_steps
 from gymllm.models import make_tiny, token_logprobs
+from gymllm.telemetry import get_tracer
 
-CFG = EngineConfig(num_slots=4, max_len=64, min_bucket=64, max_prefill_batch=2)
+CFG = EngineConfig(num_slots=12, max_len=64, min_bucket=64, max_prefill_batch=2)  # decode widths 8 and 12
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +69,7 @@ async def gather(engine, ps, params, **kw):
 def test_cached_prefill_and_decode_equal_full_forward(lm):
     """Prefill in two chunks (the prefix-reuse path) into row 1 beside a padding row, then decode: every
     greedy token and its logprob equal the full forward's argmax and log-softmax. Shapes are the
-    module engine's (4 rows x 64, bucket 64, prefill batch 2), so the compiled steps are shared."""
+    module engine's (12 rows x 64, bucket 64, prefill batch 2), so the compiled steps are shared."""
     model = lm.model
     graphdef, state = nnx.split(model)
     prefill, decode, _ = make_steps(graphdef)
@@ -102,7 +103,7 @@ def test_cached_prefill_and_decode_equal_full_forward(lm):
     ref = jax.nn.log_softmax(logits[0, len(ids) - 1 : len(seq) - 1], axis=-1)  # [7, V]
     np.testing.assert_array_equal(np.asarray(jnp.argmax(ref, -1)), seq[len(ids):])
     np.testing.assert_allclose(lps, np.asarray(ref.max(-1)), atol=1e-5)
-    others = np.asarray(cache.k)[:, [0, 2, 3], :scratch]  # other rows: nothing written below the scratch index
+    others = np.asarray(cache.k)[:, [r for r in range(rows) if r != 1], :scratch]  # nothing written below scratch
     assert np.abs(others).max() == 0.0
 
 
@@ -120,10 +121,11 @@ def test_engine_logprobs_equal_trainer_logprobs(engine, lm, temperature):
 
 # ------------------------------------------------------------------ continuous batching
 def test_continuous_batching_gives_each_request_its_solo_tokens(engine):
-    ps = prompts(7, seed=11)
-    params = [SamplingParams(temperature=0.0, max_tokens=m) for m in (3, 17, 5, 24, 2, 11, 8)]
+    lengths = (3, 17, 5, 24, 2, 11, 8, 6, 19, 4, 9, 2, 14, 7, 21, 3)
+    ps = prompts(len(lengths), seed=11)
+    params = [SamplingParams(temperature=0.0, max_tokens=m) for m in lengths]
 
-    async def together():  # 7 requests on 4 slots: requests join and leave between decode steps
+    async def together():  # 16 requests on 12 slots: requests join and leave, the decode width changes
         return await asyncio.gather(*(engine.generate(p, sp) for p, sp in zip(ps, params)))
 
     async def alone():
@@ -233,7 +235,13 @@ def test_no_recompiles_after_warmup(engine):
     ps = prompts(9, seed=41, lo=2, hi=63)
     run(gather(engine, ps, SamplingParams(temperature=0.7, top_k=5, top_p=0.9, max_tokens=3)))
     assert engine.trace_counts == before
-    assert before["prefill"] <= len(engine.buckets) * len(engine.batch_sizes) and before["decode"] == 1
+    assert before["prefill"] <= len(engine.buckets) * len(engine.batch_sizes)
+    assert before["decode"] <= len(engine.widths)
+    tracer = get_tracer()
+    cursor = tracer.cursor()
+    run(engine.generate([1, 2, 3], SamplingParams(max_tokens=4)))  # alone: lowest row, narrowest step
+    widths = {e["args"]["width"] for e in tracer.events_since(cursor) if e["name"] == "decode"}
+    assert widths == {engine.widths[0]} and engine.widths == (8, 12)
     assert isinstance(engine, Engine)
 
 
@@ -277,8 +285,8 @@ def test_close_aborts_waiting_and_running_requests(lm):
         sp = SamplingParams(max_tokens=60)
         first = eng.stream([1, 2, 3], sp)
         await first.__anext__()  # the engine is decoding
-        tasks = [asyncio.create_task(eng.generate(p, sp)) for p in prompts(5, seed=61, lo=4, hi=8)]
-        await asyncio.sleep(0.01)  # 6 requests on 4 slots: at least two still wait
+        tasks = [asyncio.create_task(eng.generate(p, sp)) for p in prompts(13, seed=61, lo=4, hi=8)]
+        await asyncio.sleep(0.01)  # 14 requests on 12 slots: at least two still wait
         await eng.close()
         await eng.close()  # idempotent
         done = await asyncio.gather(*tasks)

@@ -14,7 +14,7 @@ from gymllm.errors import EngineError
 from gymllm.inference import EngineConfig, JaxEngine, OpenAIClientEngine, SamplingParams, ServerThread, build_app
 from gymllm.models import make_tiny
 
-CFG = EngineConfig(num_slots=4, max_len=64, min_bucket=64, max_prefill_batch=2)  # as test_engine: shared compiles
+CFG = EngineConfig(num_slots=12, max_len=64, min_bucket=64, max_prefill_batch=2)  # as test_engine: shared compiles
 MODEL = "tiny-llama"
 
 

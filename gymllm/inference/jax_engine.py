@@ -9,7 +9,8 @@ Design (one background thread owns the device; asyncio callers never block):
   between decode steps (prefilled in length buckets, several prompts per call) and leave as soon as
   they finish; one jitted decode step advances every slot at once.
 * Compiled shapes are fixed: prefill (batch size in powers of two up to ``max_prefill_batch``) x
-  (length bucket), and one decode shape. ``trace_counts`` exposes the number of compilations
+  (length bucket), and decode over the first W rows for W in ``widths`` (powers of two from 8 up
+  to ``num_slots``; free rows are taken lowest first, so a lightly loaded engine runs narrow steps). ``trace_counts`` exposes the number of compilations
   (shared by engines over equal model graphs, which share the compiled steps).
 * Per-request keys: sample i of a request with ``seed`` uses a key derived from ``(seed, i)``;
   without a seed the engine draws a fresh one. Token j uses ``fold_in(key, j)``, so a seeded request
@@ -125,6 +126,7 @@ class JaxEngine:
         self._prefill, self._decode, self.trace_counts = make_steps(self._graphdef)
         self.buckets = power_of_two_buckets(cfg.max_len, cfg.min_bucket)
         self.batch_sizes = power_of_two_buckets(cfg.max_prefill_batch, 1)
+        self.widths = power_of_two_buckets(cfg.num_slots, min(8, cfg.num_slots))  # decode row counts
         self._table = SlotTable(cfg.num_slots)
         self._rng = np.random.default_rng(cfg.seed)
         self._version = version
@@ -282,7 +284,8 @@ class JaxEngine:
                     rows = np.full(p, self.config.num_slots, np.int32)  # padding rows only: nothing is written
                     self._call_prefill(np.zeros((p, t), np.int32), np.zeros((p, t), np.int32), rows,
                                        np.zeros(p, np.int32), _PrefillRowParams.padding(p))
-            self._call_decode()
+            for w in self.widths:
+                self._call_decode(w)
 
     # ------------------------------------------------------------------ request plumbing
     def _make_request(self, prompt_ids, params, session_id, index: int, *, stream: bool) -> _Request:
@@ -404,11 +407,13 @@ class JaxEngine:
             )
             return np.asarray(tok), np.asarray(logp)
 
-    def _call_decode(self):
-        with span("decode", track="engine", active=len(self._active)):
+    def _call_decode(self, width: int | None = None):
+        """One decode step over rows [0, width); width defaults to the smallest that covers every active row."""
+        w = width or pick_bucket(max(self._active, default=0) + 1, self.widths)
+        with span("decode", track="engine", active=len(self._active), width=w):
             self._cache, tok, logp = self._decode(
-                self._state, self._cache, self._h_tokens, self._h_pos, self._h_keys, self._h_steps,
-                self._h_temp, self._h_topk, self._h_topp,
+                self._state, self._cache, self._h_tokens[:w], self._h_pos[:w], self._h_keys[:w], self._h_steps[:w],
+                self._h_temp[:w], self._h_topk[:w], self._h_topp[:w],
             )
             return np.asarray(tok), np.asarray(logp)
 

@@ -7,7 +7,9 @@ Pure Python (no JAX), so its invariants are tested directly.
 * :class:`SlotTable`: the fixed pool of cache rows. Each slot remembers the token ids whose k/v it
   holds (``cached``); a request is placed in the free slot that already holds the longest prefix of
   its prompt (its own session's slot first), so the next turn of a trajectory prefills only the new
-  tokens. Sessions pin their slot against eviction while other free slots exist. A row's k/v are
+  tokens. Sessions pin their slot against eviction while other free slots exist. Otherwise the
+  lowest free row is taken, so active rows stay packed at the front and the engine's decode step
+  can run over only the first ``width`` rows. A row's k/v are
   reused only under the policy version that computed them (``version``), so no new request
   attends to k/v of older weights.
 """
@@ -108,7 +110,7 @@ class SlotTable:
         best = max(pool, key=lambda s: (self._reuse(s, prompt), -s.last_used))
         if self._reuse(best, prompt) >= self.min_reuse:
             return best
-        return min(pool, key=lambda s: s.last_used)  # least recently used
+        return min(pool, key=lambda s: s.index)  # low rows first: the decode step covers only a prefix of rows
 
     def _bind(self, slot: Slot, session_id: str | None) -> None:
         if slot.session_id is not None and slot.session_id != session_id:

@@ -4,7 +4,8 @@ decode step over every slot. Pure functions of (weights, cache, host arrays); th
 Cache layout: a pytree from ``model.init_cache(num_slots, max_len, dtype)`` whose array leaves
 carry the slot (batch) row on axis ``CACHE_BATCH_AXIS`` (``gymllm.models.KVCache``: [L, B, S, K, D]). Prefill gathers the rows it writes (``rows`` [P]; an index equal
 to ``num_slots`` marks a padding row: its gather is clamped and its scatter dropped), runs the
-model on them and scatters them back, so other slots' caches are untouched.
+model on them and scatters them back, so other slots' caches are untouched. Decode runs over the
+first W rows (W from a small set of widths), so a lightly loaded engine does not pay for idle rows.
 """
 
 from __future__ import annotations
@@ -52,10 +53,17 @@ def make_steps(graphdef: Any) -> tuple[Callable, Callable, dict[str, int]]:
 
     @functools.partial(jax.jit, donate_argnums=(1,))
     def decode(state, cache, tokens, positions, keys, steps, temperature, top_k, top_p):
-        # tokens/positions/steps/top_k [S] int32; keys [S, 2] uint32; temperature/top_p [S] f32
+        # tokens/positions/steps/top_k [W] int32; keys [W, 2] uint32; temperature/top_p [W] f32.
+        # W (a static shape) <= the cache's rows: the step runs over rows [0, W) only.
         trace_counts["decode"] += 1
+        width = tokens.shape[0]
         model = nnx.merge(graphdef, state)
-        logits, cache = model(tokens[:, None], positions[:, None], cache=cache)  # [S, 1, V]
+        part = jax.tree.map(lambda c: jax.lax.slice_in_dim(c, 0, width, axis=CACHE_BATCH_AXIS), cache)
+        logits, part = model(tokens[:, None], positions[:, None], cache=part)  # [W, 1, V]
+        cache = jax.tree.map(
+            lambda c, p: jax.lax.dynamic_update_slice_in_dim(c, p.astype(c.dtype), 0, axis=CACHE_BATCH_AXIS),
+            cache, part,
+        )
         tok, logp = sample(logits[:, 0], step_keys(keys, steps), temperature, top_k, top_p)
         return cache, tok, logp
 
