@@ -464,6 +464,7 @@ class _Run:
         self.set_version = orch.set_policy_version  # type: ignore[method-assign]
         self.engine_busy = lambda: orch.stats().get("engine_busy_fraction", 0.0)
         self.stale_dropped = lambda: orch.counts.get("stale_dropped", 0)
+        self.t_step = time.perf_counter()  # step 1's wall time starts with the rollouts, not the setup
         async with orch:
             while not self.done():
                 t = time.perf_counter()
@@ -491,6 +492,7 @@ class _Run:
         B = self.cfg.learner.groups_per_step
         rcfg = dataclasses.replace(self.rcfg, num_groups=steps * B)
         t_batch = [time.perf_counter()]
+        self.t_step = t_batch[0]
 
         async def on_batch(groups: list[Any]) -> None:
             self.wait_s += time.perf_counter() - t_batch[0]
