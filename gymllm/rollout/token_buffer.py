@@ -146,6 +146,7 @@ class TokenBuffer:
         self.messages: list[Message] = []
         self.rows: list[Row] = []
         self._closing: str | None = None
+        self._last_sampled: list[int] = []
         self._awaiting_observation = False
         if self.fallback:
             log.info("trajectory %s: chat template is not prefix-preserving; one training row per model call",
