@@ -507,3 +507,35 @@ def test_a_trajectory_that_outgrows_the_context_ends_truncated_instead_of_failin
     for tr in trajs:
         if tr.info["context_exhausted"]:
             assert tr.finish_reason in ("truncated", "length") and tr.info["truncated"]
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=12, deadline=None)
+@given(G=st.integers(1, 4), conc=st.integers(1, 8), n=st.integers(1, 6), retries=st.integers(0, 1),
+       fail=st.sets(st.integers(0, 5), max_size=2), seed=st.integers(0, 1000))
+def test_group_integrity_and_failure_semantics_under_random_schedules(G, conc, n, retries, fail, seed):
+    """Random group size, concurrency, env latency and failing tasks: every delivered group is whole,
+    of one task and seed, disjoint from the others; every admitted group is delivered or failed."""
+    HangOrFailEnv.attempts.clear()
+    fail_seeds = {seed + f for f in fail}
+    envs = [HangOrFailEnv(fail_seeds=fail_seeds, fail_times=1) for _ in range(max(conc, G))]
+    cfg = RolloutConfig(group_size=G, max_concurrency=conc, num_groups=n, max_staleness=None, seed=seed,
+                        max_group_retries=retries)
+    orch = RolloutOrchestrator(envs, ScriptedEngine(delay_s=0.001), ModelAgent(tok()), sampling=SAMPLING, config=cfg)
+    groups = asyncio.run(consume_all(orch))
+    s = orch.stats()
+    ids = [tr.trajectory_id for g in groups for tr in g.trajectories]
+    assert len(ids) == len(set(ids)) == G * len(groups)
+    for g in groups:
+        assert sorted(tr.info["member"] for tr in g.trajectories) == list(range(G))
+        assert len({(tr.seed, tr.task_id, tr.group_id, tr.info["attempt"]) for tr in g.trajectories}) == 1
+    failing = {k for k in range(n) if seed + k in fail_seeds}
+    delivered = {int(g.group_id[1:]) for g in groups}
+    assert delivered | failing == set(range(n))
+    if retries:  # each failing task fails once, so a retry rescues it
+        assert delivered == set(range(n)) and s.get("groups_failed", 0) == 0
+    else:
+        assert delivered == set(range(n)) - failing and s.get("groups_failed", 0) == len(failing)
