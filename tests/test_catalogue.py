@@ -105,6 +105,12 @@ def test_textarena_single_player_envs(ta_id):
     assert o1 == o2 and o1.startswith("[GAME]")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("ta_id", catalogue.TEXTARENA_SINGLE_PLAYER)
+def test_every_textarena_single_player_env_passes_check_env(ta_id):
+    _check_env(gymllm.make(f"gymllm/{catalogue.ta_gym_id(ta_id)}").unwrapped)
+
+
 def test_textarena_two_player_pettingzoo_tests():
     from pettingzoo.test import seed_test
 

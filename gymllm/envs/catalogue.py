@@ -59,6 +59,8 @@ REASONING_GYM_DATASETS: tuple[str, ...] = (
 )
 
 # TextArena 0.7.4 single-player games that reset and step offline here (probed; raw = no default wrappers).
+# Left out: games needing an API key or nltk downloads, games that fail to import, and Sokoban-v0-medium
+# (its level generator takes minutes per reset).
 TEXTARENA_SINGLE_PLAYER: tuple[str, ...] = (
     "2048-v0-ultra-easy-raw", "2048-v0-mega-easy-raw", "2048-v0-super-easy-raw", "2048-v0-very-easy-raw",
     "2048-v0-easy-raw", "2048-v0-raw", "2048-v0-hard-raw", "2048-v0-very-hard-raw", "2048-v0-extreme-raw",
@@ -69,7 +71,7 @@ TEXTARENA_SINGLE_PLAYER: tuple[str, ...] = (
     "LightsOut-v0-raw", "LogicPuzzle-v0-raw", "LogicPuzzle-v0-hard-raw", "Mastermind-v0-raw", "Mastermind-v0-hard-raw",
     "Mastermind-v0-extreme-raw", "Minesweeper-v0-raw", "Minesweeper-v0-small-raw", "Minesweeper-v0-medium-raw",
     "Minesweeper-v0-hard-raw", "PegJump-v0-raw", "RushHour-v0-raw", "Secretary-v0-raw", "Secretary-v0-long-raw",
-    "Set-v0-raw", "Slitherlink-v0-raw", "Sokoban-v0-raw", "Sokoban-v0-medium-raw", "Sudoku-v0-very-easy-raw",
+    "Set-v0-raw", "Slitherlink-v0-raw", "Sokoban-v0-raw", "Sudoku-v0-very-easy-raw",
     "Sudoku-v0-easy-raw", "Sudoku-v0-raw", "Sudoku-v0-medium-raw", "ThreeCardMonte-v0-raw", "TowerOfHanoi-v0-raw",
     "TowerOfHanoi-v0-medium-raw", "TowerOfHanoi-v0-hard-raw", "TowerOfHanoi-v0-hardcore-raw",
     "TowerOfHanoi-v0-extreme-raw",
@@ -239,6 +241,23 @@ def format_textarena_observation(obs: Any) -> str:
     return "\n".join(lines)
 
 
+INVALID_MOVE_REWARD = -1.0  # TextArena's own default reward for a losing invalid move
+
+
+def _numeric_reward(r: Any) -> tuple[float, str | None]:
+    """``(reward, None)``, or ``(INVALID_MOVE_REWARD, repr)`` when a game hands back a non-number.
+
+    Some TextArena 0.7.4 games call ``set_invalid_move(0.0, "message")`` with the arguments swapped,
+    so the "reward" is the message; it is kept in ``info["textarena_bad_reward"]``, not hidden.
+    """
+    if r is None:
+        return 0.0, None
+    try:
+        return float(r), None
+    except (TypeError, ValueError):
+        return INVALID_MOVE_REWARD, repr(r)
+
+
 def textarena_env(env_id: str, *, num_players: int | None = None, **kwargs: Any):
     """A TextArena game as a PettingZoo AEC env with text observations and free-text actions.
 
@@ -334,10 +353,13 @@ def _textarena_aec_class():
                     rewards, game_info = self.ta.close()
                 for a in self.agents:
                     pid = int(a.split("_")[1])
-                    self.rewards[a] = float((rewards or {}).get(pid, 0.0) or 0.0)
+                    reward, bad = _numeric_reward((rewards or {}).get(pid, 0.0))
+                    self.rewards[a] = reward
                     self.terminations[a] = True
                     gi = (game_info or {}).get(pid, {})
                     self.infos[a] = {k: v for k, v in gi.items() if isinstance(v, (str, int, float, bool))}
+                    if bad is not None:
+                        self.infos[a]["textarena_bad_reward"] = bad
                     self._texts[a] = f"The game is over. {gi.get('reason', '')}".strip()
             else:
                 self._pull()
