@@ -336,6 +336,10 @@ def train(config: TrainConfig, *, max_steps: int | None = None) -> TrainResult:
     return asyncio.run(_train(_effective(config), max_steps))
 
 
+class _StopRollout(Exception):
+    """Raised from the synchronous baseline's batch callback once enough steps are trained."""
+
+
 class _Run:
     """The state of one ``train`` call: learner, engine, orchestrator, sinks, and the per-step handling."""
 
@@ -480,27 +484,31 @@ class _Run:
         return dict(orch.counts)
 
     async def run_sync(self) -> dict[str, Any]:
-        """The synchronous baseline: roll out a full step's groups, then train on them, repeat."""
+        """The synchronous baseline: roll out a whole step's groups, then train on them, repeat.
+        Filtered groups (zero variance) do not count towards a step, so batches continue until the
+        step count is reached."""
         from gymllm.rollout import sync_rollout
 
         if self.decided:
             raise ConfigError(explain("rollout.mode", expected="'async' to resume a run", received="sync",
                                       fix="resume with mode='async' (eta=0 is synchronous) or use a fresh run_dir"))
-        steps = self.cfg.learner.num_steps - self.learner.version
-        if self.max_steps is not None:
-            steps = min(steps, self.max_steps)
         B = self.cfg.learner.groups_per_step
-        rcfg = dataclasses.replace(self.rcfg, num_groups=steps * B)
+        rcfg = dataclasses.replace(self.rcfg, num_groups=10**9)  # batches run until on_batch says stop
         t_batch = [time.perf_counter()]
         self.t_step = t_batch[0]
 
         async def on_batch(groups: list[Any]) -> None:
             self.wait_s += time.perf_counter() - t_batch[0]
             await self.consume(groups)
+            if self.done():
+                raise _StopRollout
             t_batch[0] = time.perf_counter()
 
-        await sync_rollout(self.envs, self.gen_engine, self.agent, sampling=self.sampling, config=rcfg,
-                           batch_groups=B, on_batch=on_batch)
+        try:
+            await sync_rollout(self.envs, self.gen_engine, self.agent, sampling=self.sampling, config=rcfg,
+                               batch_groups=B, on_batch=on_batch)
+        except _StopRollout:
+            pass
         return {}
 
     async def close(self) -> None:
