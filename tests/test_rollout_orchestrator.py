@@ -445,6 +445,7 @@ def test_a_slow_consumer_stops_admission_instead_of_piling_up_groups():
         async with orch:
             await asyncio.sleep(0.6)  # nobody consumes
             s1 = orch.stats()
+            assert orch.ready_groups == 2  # the queue is full
             got = [await asyncio.wait_for(orch.get_group(), 5.0) for _ in range(3)]
             await asyncio.sleep(0.3)
             s2 = orch.stats()

@@ -218,6 +218,12 @@ class RolloutOrchestrator:
             group.info["consumed_version"] = self.staleness.version
             return group
 
+    @property
+    def ready_groups(self) -> int:
+        """Complete groups waiting in the queue (``get_group`` returns at once while > 0, unless the
+        waiting groups turn out to be stale and are dropped)."""
+        return self._queue.qsize() if self._queue is not None else 0
+
     async def groups(self) -> AsyncIterator[Group]:
         """``async for group in orch.groups()``: ends when the run is over."""
         while True:
