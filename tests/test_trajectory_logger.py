@@ -102,6 +102,7 @@ def test_tokens_append_and_read_back_as_arrays(tmp_path):
     env = TrajectoryLogger(DiceEnv(), tmp_path / "log", chunk_size=8)
     _run_episode(env, 9)
     rec = env.record_tokens(token_ids=[1, 2, 3])
+    env.annotate(policy_version=np.int64(4), sampling={"temperature": 0.7})
     env.close()
     assert rec["offset"] == sum(t.token_ids.size for _, t in written)
     for rec0, traj in written:
@@ -113,6 +114,7 @@ def test_tokens_append_and_read_back_as_arrays(tmp_path):
     eps = read_log(tmp_path / "log")
     assert [len(e.tokens) for e in eps] == [1, 1, 1, 1]
     np.testing.assert_array_equal(read_tokens(tmp_path / "log", eps[-1].tokens[0])["token_ids"], [1, 2, 3])
+    assert eps[-1].notes[0]["policy_version"] == 4 and eps[-1].notes[0]["sampling"] == {"temperature": 0.7}
 
 
 def test_config_errors_name_the_field(tmp_path):

@@ -15,6 +15,8 @@ JSONL records (``"type"`` says which):
 * ``step``    one env step: ``action``, ``observation``, ``reward``, ``terminated``, ``truncated``,
   ``info``, ``tool_calls``, ``timing`` (``step_s`` wall seconds).
 * ``tokens``  token arrays attached to a step: ``offset`` and ``length`` into the zarr arrays.
+* ``note``    extra data a caller attached to a step (:meth:`TrajectoryLogger.annotate`), e.g. the
+  policy version and sampling parameters of the reply.
 * ``end``     the episode finished: ``steps``, ``return``, ``terminated``, ``truncated``.
 * ``abort``   the episode will never finish (reset before the end, close, or a writer restart after a
   crash); readers drop aborted episodes.
@@ -221,6 +223,7 @@ class LoggedEpisode:
     aborted: bool = False
     source: str = ""
     wrappers: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    notes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -285,6 +288,8 @@ def episodes_from_records(records: Iterable[dict[str, Any]], source: str = "") -
                 ep.steps.append(r)
             elif kind == "tokens":
                 ep.tokens.append(r)
+            elif kind == "note":
+                ep.notes.append(r)
             elif kind == "end":
                 ep.end = r
             elif kind == "abort":
@@ -539,6 +544,12 @@ class TrajectoryLogger(gym.Wrapper):
         offset, length = self._tokens.append(arrays)  # arrays first, then the pointer: never dangling
         record = {"type": "tokens", "episode": episode or self._last_episode(), "step": self._step if step is None else step,
                   "offset": offset, "length": length, "fields": list(TOKEN_FIELDS), "writer": self.config.name}
+        self._write(record)
+        return record
+
+    def annotate(self, **fields: Any) -> dict[str, Any]:
+        """Attach extra data to the current step (e.g. ``policy_version=3, sampling={"temperature": 1.0}``)."""
+        record = {"type": "note", "episode": self._last_episode(), "step": self._step, **to_jsonable(fields)}
         self._write(record)
         return record
 
