@@ -15,6 +15,7 @@ _LAZY: dict[str, str] = {
     "TrajectoryLoggerConfig": "gymllm.wrappers.trajectory_logger",
     "read_log": "gymllm.wrappers.trajectory_logger",
     "read_tokens": "gymllm.wrappers.trajectory_logger",
+    "vector_logger": "gymllm.wrappers.trajectory_logger",
     "replay": "gymllm.wrappers.replay",
     "ReplayReport": "gymllm.wrappers.replay",
     "RecordEpisodeStatistics": "gymllm.wrappers.episode_statistics",

@@ -268,6 +268,7 @@ class TextAECEnv(AECEnv):
         raw = self._raw(agent) if not self._forfeited else None
         mask = self.codec.mask(agent, raw, self.infos.get(agent))
         if self._forfeited:
+            mask = None if mask is None else np.zeros_like(mask)  # the game is over: no legal move
             text = self._notes.get(agent, "The game is over.")
         else:
             text = self.codec.render(agent, raw, mask, self._notes.get(agent, ""))
