@@ -66,8 +66,10 @@ def test_cached_decoding_equals_full_forward(tiny):
         np.testing.assert_allclose(np.stack(got[row]), want, atol=2e-5, rtol=1e-5)
 
 
-def test_packed_segments_equal_separate_rows(tiny):
-    """Two sequences packed in one row with segment ids == each run alone in its own row."""
+def test_packed_segments_equal_separate_rows():
+    """Two sequences packed in one row with segment ids == each run alone in its own row.
+    (Gemma 3: segments, sliding windows and positions interact; the mask code is shared.)"""
+    tiny = tiny_model("gemma3")
     v = tiny.config.vocab_size
     a, b = _tokens(3, 1, 5, v)[0], _tokens(4, 1, 7, v)[0]
     packed = jnp.stack([jnp.concatenate([a, b])] * 2)
@@ -80,15 +82,7 @@ def test_packed_segments_equal_separate_rows(tiny):
     np.testing.assert_allclose(np.asarray(out[0, 5:]), np.asarray(ref[1, :7]), atol=2e-5, rtol=1e-5)
 
 
-_GEMMA_CACHE: list = []
-
-
-def _gemma():
-    if not _GEMMA_CACHE:
-        _GEMMA_CACHE.append(make_tiny("gemma3", num_layers=4, sliding_window=3, seed=3))
-    return _GEMMA_CACHE[0]
-
-
+_GEMMA: dict = {}
 CHUNK = 4
 
 
@@ -97,17 +91,19 @@ CHUNK = 4
 def test_chunked_prefill_equals_full_forward(split, chunk, seed):
     """Prefill ``split`` tokens, then chunks of ``chunk`` tokens (each right-padded to a fixed
     CHUNK so shapes, hence compiles, are shared). Sliding windows + local/global RoPE (Gemma 3)."""
-    lm = _gemma()
-    toks = _tokens(seed, 1, T + CHUNK, lm.config.vocab_size)
-    full, _ = lm.model(toks[:, :T], _pos(1, T))
-    cache = lm.model.init_cache(1, T)  # pad positions >= T are dropped
-    out, cache = lm.model(toks[:, :T], _pos(1, T), cache=cache)  # valid up to split
-    outs = [np.asarray(out[0, :split])]
+    if "lm" not in _GEMMA:
+        _GEMMA["lm"] = tiny_model("gemma3")
+    lm = _GEMMA["lm"]
+    toks = _tokens(seed, 2, T + CHUNK, lm.config.vocab_size)
+    full, _ = lm.model(toks[:, :T], _pos(2, T))
+    cache = lm.model.init_cache(2, 16)
+    out, cache = lm.model(toks[:, :T], _pos(2, T), cache=cache)  # valid up to split
+    outs = [np.asarray(out[:, :split])]
     for s in range(split, T, chunk):
         n = min(chunk, T - s)
-        out, cache = lm.model(toks[:, s : s + CHUNK], _pos(1, CHUNK, s), cache=cache)
-        outs.append(np.asarray(out[0, :n]))
-    np.testing.assert_allclose(np.concatenate(outs), np.asarray(full[0]), atol=2e-5, rtol=1e-5)
+        out, cache = lm.model(toks[:, s : s + CHUNK], _pos(2, CHUNK, s), cache=cache)
+        outs.append(np.asarray(out[:, :n]))
+    np.testing.assert_allclose(np.concatenate(outs, 1), np.asarray(full), atol=2e-5, rtol=1e-5)
 
 
 def test_bf16_forward_close_to_fp32():

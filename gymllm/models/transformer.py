@@ -127,9 +127,12 @@ class Transformer(nnx.Module):
         return out
 
     def init_cache(self, batch: int, max_len: int, dtype=None) -> KVCache:
+        """A zeroed [L, batch, max_len, K, D] cache. Default dtype: the weights' dtype, except on
+        CPU where it is float32 (XLA's CPU scatter/slice of bf16 caches made decode ~1.7x slower)."""
         cfg = self.config
-        return init_cache(cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.resolved_head_dim,
-                          dtype or self.dtype)
+        if dtype is None:
+            dtype = jnp.float32 if jax.default_backend() == "cpu" else self.dtype
+        return init_cache(cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.resolved_head_dim, dtype)
 
     # ----- forward -----
     def __call__(self, tokens: jax.Array, positions: jax.Array, *, segment_ids: jax.Array | None = None,

@@ -1,0 +1,148 @@
+"""Benchmark the real small model (SmolLM2-135M-Instruct) forward, decode and training step.
+
+Side by side in one process, for float32 and bfloat16 weights:
+
+* ``prefill_tok_s``: tokens/s of a cached prefill of 16 x 128 tokens;
+* ``decode_tok_s_b16``: tokens/s of greedy decoding at batch 16 (one jitted step, donated cache);
+* ``fwd_bwd_s``: seconds for one forward + backward (mean token log-prob) over 8 x 128 tokens;
+* ``forward_vs_roofline``: the full forward's achieved GFLOP/s over a large jitted matmul's
+  GFLOP/s measured in the same run (1.0 = matmul speed).
+
+The issue's bar (a plain JAX SmolLM2 on 2 cores, bf16): prefill ~315 tok/s, decode ~100 tok/s at
+batch 16, fwd+bwd ~9 s; ``vs_issue`` gives our figure over the bar (> 1 is better, for fwd_bwd the
+bar over ours). The top-level figures are the better of the two dtypes. Ends with one line
+``RESULT {json}``.
+
+    python benchmarks/models.py [--quick] [--model smollm2-135m-instruct] [--dtypes fp32,bf16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gymllm.models import load, token_logprobs
+from gymllm.models.transformer import forward
+
+ISSUE_BAR = {"prefill_tok_s": 315.0, "decode_tok_s_b16": 100.0, "fwd_bwd_s": 9.0}
+DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16}
+
+
+def _timed(fn, reps: int) -> float:
+    """Median seconds of ``reps`` calls after one warm-up (compile) call."""
+    jax.block_until_ready(fn())
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
+def matmul_gflops(n: int, dtype, reps: int) -> float:
+    a = jax.random.normal(jax.random.key(0), (n, n), dtype)
+    b = jax.random.normal(jax.random.key(1), (n, n), dtype)
+    f = jax.jit(lambda a, b: a @ b)
+    return 2 * n**3 / _timed(lambda: f(a, b), reps) / 1e9
+
+
+def forward_flops(cfg, batch: int, t: int) -> float:
+    """Matmul FLOPs of a full forward: projections, MLP, attention scores/values, lm head."""
+    e, f, d = cfg.hidden_size, cfg.intermediate_size, cfg.resolved_head_dim
+    h, k = cfg.num_heads, cfg.num_kv_heads
+    per_token_layer = 2 * e * (h * d + 2 * k * d) + 2 * h * d * e + 3 * 2 * e * f
+    attn = 2 * 2 * h * d * t / 2  # causal: on average t/2 keys
+    return batch * t * (cfg.num_layers * (per_token_layer + attn) + 2 * e * cfg.vocab_size)
+
+
+def bench_dtype(name: str, dtype, args) -> dict:
+    lm = load(args.model, dtype=dtype)
+    cfg, params = lm.config, lm.model.flat_params()
+    rng = np.random.default_rng(0)
+    b, t = 16, 128
+    toks = jnp.asarray(rng.integers(100, cfg.vocab_size, (b, t)), jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    max_len = t + args.decode_steps + 1
+
+    # prefill into a cache
+    cache0 = lm.model.init_cache(b, max_len)
+    prefill_s = _timed(lambda: forward(cfg, params, toks, pos, None, cache0), args.reps)
+
+    # full forward (no cache), for the roofline ratio
+    fwd = jax.jit(lambda p, x, y: forward(cfg, p, x, y)[0])
+    fwd_s = _timed(lambda: fwd(params, toks, pos), args.reps)
+    gflops = forward_flops(cfg, b, t) / fwd_s / 1e9
+
+    # greedy decode at batch 16, cache donated
+    @jax.jit
+    def step_fn(p, tok, positions, cache):
+        logits, cache = forward(cfg, p, tok, positions, None, cache)
+        return jnp.argmax(logits[:, -1], -1).astype(jnp.int32)[:, None], cache
+
+    step = jax.jit(step_fn, donate_argnums=(3,))
+    _, cache = forward(cfg, params, toks, pos, None, lm.model.init_cache(b, max_len))
+    tok = toks[:, -1:]
+    tok, cache = step(params, tok, jnp.full((b, 1), t, jnp.int32), cache)  # compile
+    jax.block_until_ready(tok)
+    start = time.perf_counter()
+    for i in range(1, args.decode_steps):
+        tok, cache = step(params, tok, jnp.full((b, 1), t + i, jnp.int32), cache)
+    jax.block_until_ready(tok)
+    decode_tok_s = b * (args.decode_steps - 1) / (time.perf_counter() - start)
+
+    # forward + backward over 8 x 128
+    tb = toks[:8]
+
+    def loss(p):
+        logits, _ = forward(cfg, p, tb[:, :-1], pos[:8, :-1])
+        return -jnp.mean(token_logprobs(logits, tb[:, 1:]))
+
+    grad = jax.jit(jax.value_and_grad(loss))
+    fwd_bwd_s = _timed(lambda: grad(params), max(1, args.reps // 2))
+    roof = matmul_gflops(args.matmul_n, dtype, args.reps)
+    out = {
+        "prefill_tok_s": b * t / prefill_s,
+        "decode_tok_s_b16": decode_tok_s,
+        "fwd_bwd_s": fwd_bwd_s,
+        "forward_gflops": gflops,
+        "matmul_gflops": roof,
+        "forward_vs_roofline": gflops / roof,
+    }
+    print(name, json.dumps({k: round(v, 3) for k, v in out.items()}), flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions and decode steps (~2 min)")
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--dtypes", default="fp32,bf16")
+    args = ap.parse_args()
+    args.reps = 1 if args.quick else 3
+    args.decode_steps = 12 if args.quick else 48
+    args.matmul_n = 1024 if args.quick else 2048
+    per = {name: bench_dtype(name, DTYPES[name], args) for name in args.dtypes.split(",")}
+    best = {
+        "prefill_tok_s": max(v["prefill_tok_s"] for v in per.values()),
+        "decode_tok_s_b16": max(v["decode_tok_s_b16"] for v in per.values()),
+        "fwd_bwd_s": min(v["fwd_bwd_s"] for v in per.values()),
+        "forward_vs_roofline": max(v["forward_vs_roofline"] for v in per.values()),
+    }
+    vs_issue = {
+        "prefill_tok_s": best["prefill_tok_s"] / ISSUE_BAR["prefill_tok_s"],
+        "decode_tok_s_b16": best["decode_tok_s_b16"] / ISSUE_BAR["decode_tok_s_b16"],
+        "fwd_bwd_s": ISSUE_BAR["fwd_bwd_s"] / best["fwd_bwd_s"],
+    }
+    rnd = lambda d: {k: round(v, 4) for k, v in d.items()}  # noqa: E731
+    result = {**rnd(best), **{name: rnd(v) for name, v in per.items()}, "vs_issue": rnd(vs_issue),
+              "issue_bar": ISSUE_BAR, "model": args.model, "quick": args.quick}
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
