@@ -44,7 +44,7 @@ def sampled_turn(draw):
         ids = tok().encode(text) + [IM_END]
         canonical = text
     else:  # arbitrary ids: non-canonical splits, possibly unterminated (finish "length")
-        ids = draw(st.lists(st.integers(3, 500), min_size=1, max_size=24))
+        ids = draw(st.lists(st.integers(0, 511), min_size=1, max_size=24))  # special and tool tokens too
         if draw(st.booleans()):
             ids = ids + [IM_END]
         canonical = None
@@ -79,9 +79,11 @@ def test_ids_mask_logprobs_aligned_and_sampled_ids_verbatim(conv):
     prompts = [prompt0]
     for (ids, lps, vers, _), obs in turns:
         assert buf.prompt_ids == prompts[-1]
-        message, _ = agent.act(ids, "stop" if ids[-1] == IM_END else "length")
+        message, _ = agent.act(ids, "stop" if ids[-1] in t.stop_token_ids else "length")
         buf.add_sampled(ids, lps, vers, message)
-        history += [message, *obs]
+        # reference history: the turn's text is every sampled id but a closing <|im_end|>
+        content = t.decode(ids[:-1] if ids[-1] == IM_END else ids)
+        history += [{"role": "assistant", "content": content}, *obs]
         buf.add_observation(obs)
         prompts.append(buf.prompt_ids)
     assert not buf.fallback and len(buf.rows) == 1
