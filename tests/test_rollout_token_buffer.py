@@ -11,7 +11,7 @@ import functools
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gymllm.rollout.agents import ModelAgent, ToolAgent
