@@ -55,8 +55,12 @@ def read_safetensors(d: Path) -> tuple[dict[str, Path], callable]:
     def get(name: str) -> np.ndarray:
         f = shard_of[name]
         if f not in handles:
-            handles[f] = safe_open(str(f), framework="flax")
-        return np.asarray(handles[f].get_tensor(name))
+            handles[f] = safe_open(str(f), framework="numpy")
+        try:
+            return handles[f].get_tensor(name)
+        except (TypeError, ValueError):  # bf16 and friends: NumPy has no dtype, JAX does
+            with safe_open(str(f), framework="flax") as fh:
+                return np.asarray(fh.get_tensor(name))
 
     return shard_of, get
 
