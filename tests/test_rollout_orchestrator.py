@@ -418,7 +418,12 @@ def test_tool_agent_with_the_tool_use_wrapper_builds_tito_rows_with_tool_deltas(
     orch = RolloutOrchestrator(envs, CannedToolEngine(t, "6*7"), ToolAgent(t, parser="hermes"),
                                sampling=SamplingParams(temperature=0.0, max_tokens=64),
                                config=RolloutConfig(group_size=2, num_groups=2, max_staleness=None))
+    from gymllm.telemetry import get_tracer
+
+    cursor = get_tracer().cursor()
     groups = asyncio.run(consume_all(orch))
+    names = {e["name"] for e in get_tracer().events_since(cursor)}
+    assert {"rollout", "generate", "tool", "env_step", "reward", "queue_wait"} <= names
     assert len(groups) == 2
     for tr in (tr for g in groups for tr in g.trajectories):
         assert len(tr.turn_boundaries) == 2 and tr.info["tool_calls"] == 1 and tr.timings["tool_s"] > 0
