@@ -2,7 +2,7 @@
 
 Side by side in one process, for float32 and bfloat16 weights:
 
-* ``prefill_tok_s``: tokens/s of a cached prefill of 16 x 128 tokens;
+* ``prefill_tok_s``: tokens/s of a cached prefill of 16 x 128 tokens (last-token logits);
 * ``decode_tok_s_b16``: tokens/s of greedy decoding at batch 16 (one jitted step, donated cache);
 * ``fwd_bwd_s``: seconds for one forward + backward (mean token log-prob) over 8 x 128 tokens;
 * ``forward_vs_roofline``: the full forward's achieved GFLOP/s over a large jitted matmul's
@@ -71,7 +71,8 @@ def bench_dtype(name: str, dtype, args) -> dict:
 
     # prefill into a cache
     cache0 = lm.model.init_cache(b, max_len)
-    prefill_s = _timed(lambda: forward(cfg, params, toks, pos, None, cache0), args.reps)
+    last = jnp.full((b,), t - 1, jnp.int32)  # an engine's prefill needs the last logits only
+    prefill_s = _timed(lambda: forward(cfg, params, toks, pos, None, cache0, last), args.reps)
 
     # full forward (no cache), for the roofline ratio
     fwd = jax.jit(lambda p, x, y: forward(cfg, p, x, y)[0])

@@ -136,10 +136,14 @@ class Transformer(nnx.Module):
 
     # ----- forward -----
     def __call__(self, tokens: jax.Array, positions: jax.Array, *, segment_ids: jax.Array | None = None,
-                 cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+                 cache: KVCache | None = None, logits_at: jax.Array | None = None
+                 ) -> tuple[jax.Array, KVCache | None]:
+        """Logits [B, T, V] float32 (or [B, 1, V] at index ``logits_at`` [B] of each row: a
+        prefill that needs only the last token's logits skips the other T - 1 vocab projections)."""
         return forward(self.config, self.flat_params(), jnp.asarray(tokens, jnp.int32),
                        jnp.asarray(positions, jnp.int32),
-                       None if segment_ids is None else jnp.asarray(segment_ids, jnp.int32), cache)
+                       None if segment_ids is None else jnp.asarray(segment_ids, jnp.int32), cache,
+                       None if logits_at is None else jnp.asarray(logits_at, jnp.int32))
 
 
 def _check_params(cfg: ModelConfig, params: dict[str, Any]) -> None:
@@ -168,9 +172,10 @@ def _layer_tables(cfg: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
 
 @functools.partial(jax.jit, static_argnums=0)
 def forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, positions: jax.Array,
-            segment_ids: jax.Array | None = None, cache: KVCache | None = None
-            ) -> tuple[jax.Array, KVCache | None]:
-    """Pure forward over flat params (see the module docstring for the masking contract)."""
+            segment_ids: jax.Array | None = None, cache: KVCache | None = None,
+            logits_at: jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
+    """Pure forward over flat params (see the module docstring for the masking contract).
+    ``logits_at`` [B] int32: return only the logits at that index of each row ([B, 1, V])."""
     b, t = tokens.shape
     h, k, d = cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
     eps, plus_one = cfg.rms_norm_eps, cfg.norm_plus_one
@@ -214,6 +219,8 @@ def forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, p
     kc, vc = (None, None) if cache is None else (cache.k, cache.v)
     xs = (layer_params, jnp.asarray(inv_freq), jnp.asarray(windows), jnp.arange(cfg.num_layers))
     (x, kc, vc), _ = jax.lax.scan(layer, (x, kc, vc), xs)
+    if logits_at is not None:
+        x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)  # [B, 1, E]
     x = rms_norm(x, params["final_norm"], eps, plus_one)
     if "lm_head" in params:
         logits = jnp.einsum("bte,ev->btv", x, params["lm_head"], preferred_element_type=jnp.float32)
