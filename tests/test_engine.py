@@ -203,7 +203,7 @@ def test_session_prefix_reuse_skips_the_cached_prefix(engine, lm):
 # ------------------------------------------------------------------ errors, cancel, compile
 def test_bad_requests_raise_clear_errors_and_engine_keeps_serving(engine):
     async def main():
-        for bad in ([], list(range(1, 70)), [1, 2, 10_000]):
+        for bad in ([], list(range(1, 70)), [1, 2, 10_000], [1.5, 2.0], "abc", [[1, 2]]):
             with pytest.raises(EngineError, match="prompt_ids: expected"):
                 await engine.generate(bad, SamplingParams())
         with pytest.raises(EngineError, match="generate_n"):

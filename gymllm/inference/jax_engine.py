@@ -48,6 +48,10 @@ from gymllm.telemetry import counter, span
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
 
+class RequestFailed(EngineError):
+    """A valid request failed inside the engine (a device step raised); other requests keep running."""
+
+
 @dataclasses.dataclass(eq=False)
 class _Request:
     prompt: list[int]
@@ -121,8 +125,7 @@ class JaxEngine:
         self.max_len = cfg.max_len
         self._graphdef, self._state = nnx.split(model)
         self.vocab_size = self._infer_vocab(model, tokenizer)
-        dtype = cache_dtype or jnp.float32
-        self._cache = model.init_cache(cfg.num_slots, cfg.max_len, dtype)
+        self._cache = model.init_cache(cfg.num_slots, cfg.max_len, cache_dtype)  # None: the model's dtype
         self._prefill, self._decode, self.trace_counts = make_steps(self._graphdef)
         self.buckets = power_of_two_buckets(cfg.max_len, cfg.min_bucket)
         self.batch_sizes = power_of_two_buckets(cfg.max_prefill_batch, 1)
@@ -178,10 +181,13 @@ class JaxEngine:
     def validate_prompt(self, prompt_ids: Sequence[int]) -> list[int]:
         """Return the prompt as a list of ints or raise :class:`EngineError` saying what to fix."""
         try:
-            ids = [int(t) for t in np.asarray(prompt_ids).reshape(-1)] if len(prompt_ids) else []
+            arr = np.asarray(prompt_ids)
         except (TypeError, ValueError):
-            raise EngineError(explain("prompt_ids", expected="a sequence of int token ids",
-                                      received=prompt_ids, fix="tokenize the prompt first")) from None
+            arr = np.asarray([None])
+        if arr.size and (arr.dtype.kind not in "iu" or arr.ndim != 1):
+            raise EngineError(explain("prompt_ids", expected="a flat sequence of int token ids",
+                                      received=str(prompt_ids)[:80], fix="tokenize the prompt first"))
+        ids = arr.astype(np.int64).tolist()
         if not ids:
             raise EngineError(explain("prompt_ids", expected="at least one token id", received=[],
                                       fix="pass a non-empty prompt (e.g. the chat template's ids)"))
@@ -216,6 +222,9 @@ class JaxEngine:
     ):
         """Yield ``(token_id, logprob, version)`` per sampled token, then the final Completion."""
         params = params or SamplingParams()
+        if params.n != 1:
+            raise EngineError(explain("SamplingParams.n", expected="1 for stream", received=params.n,
+                                      fix="stream each sample separately"))
         req = self._make_request(prompt_ids, params, session_id, 0, stream=True)
         assert req.stream is not None
         try:
@@ -294,6 +303,10 @@ class JaxEngine:
                                       fix="pass gymllm.inference.SamplingParams(...)"))
         if self._closing:
             raise EngineError("generate: expected an open engine, received a closed one. Fix: build a new engine.")
+        if params.stop and self.tokenizer is None:
+            raise EngineError(explain("SamplingParams.stop", expected="stop strings only on an engine with a "
+                                      "tokenizer", received=params.stop, fix="pass the tokenizer to JaxEngine or "
+                                      "use stop_token_ids"))
         ids = self.validate_prompt(prompt_ids)
         seed = params.seed if params.seed is not None else int(self._rng.integers(0, 2**63 - 1))
         loop = asyncio.get_running_loop()
@@ -503,7 +516,7 @@ class JaxEngine:
 
     def _fail(self, req: _Request, exc: BaseException) -> None:
         self._release(req, None)
-        err = EngineError(f"request failed in the engine: {type(exc).__name__}: {exc}")
+        err = RequestFailed(f"request failed in the engine: {type(exc).__name__}: {exc}")
         err.__cause__ = exc
         _deliver(req, "error", err)
 

@@ -193,8 +193,9 @@ async def _run_one(engine: Any, prompt: list[int], params: SamplingParams, sessi
         one = params.replace(n=1)
         seeds = [None if params.seed is None else params.seed + i for i in range(params.n)]
         return list(await asyncio.gather(*(engine.generate(prompt, one.replace(seed=s)) for s in seeds)))
-    except EngineError as exc:
-        raise RequestError(str(exc), param="prompt") from None
+    except EngineError as exc:  # a failure inside the engine is the server's fault, the rest the client's
+        failed = type(exc).__name__ == "RequestFailed"
+        raise RequestError(str(exc), status=500 if failed else 400, param=None if failed else "prompt") from None
 
 
 def _check_prompt(engine: Any, prompt: list[int], max_len: int | None) -> None:
