@@ -18,7 +18,7 @@ from gymllm.wrappers.multi_agent import AgentVectorEnv, text_api_test
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
-RG_SAMPLE = ["leg_counting", "basic_arithmetic", "word_sorting", "maze", "gcd", "spell_backward"]
+RG_SAMPLE = ["leg_counting", "basic_arithmetic", "word_sorting", "maze", "gcd", "spell_backward", "composite"]
 TA_SAMPLE = ["GuessTheNumber-v0-raw", "Mastermind-v0-raw", "TowerOfHanoi-v0-raw"]
 
 
@@ -58,8 +58,6 @@ def test_reasoning_gym_env_check_env_and_scoring(name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", catalogue.REASONING_GYM_DATASETS)
 def test_every_reasoning_gym_env_passes_check_env(name):
-    if name == "composite":
-        pytest.skip("composite needs dataset_kwargs naming its member datasets")
     _check_env(gymllm.make(f"gymllm/rg-{name}-v0", dataset_size=20).unwrapped)
 
 

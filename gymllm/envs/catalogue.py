@@ -147,6 +147,22 @@ class ReasoningGymConfig:
                                           else "an int >= 0", received=v, fix=f"pass {name}=1000"))
 
 
+# The mix ``rg-composite-v0`` draws from unless ``dataset_kwargs={"datasets": [...]}`` names its own.
+COMPOSITE_DEFAULT = ({"name": "leg_counting", "weight": 1.0, "config": {}},
+                     {"name": "gcd", "weight": 1.0, "config": {}},
+                     {"name": "basic_arithmetic", "weight": 1.0, "config": {}})
+
+
+def _composite_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """reasoning-gym's composite dataset wants ``DatasetSpec`` objects; accept plain dicts (loggable)."""
+    from reasoning_gym.composite import DatasetSpec
+
+    specs = [s if isinstance(s, DatasetSpec) else DatasetSpec(name=s["name"], weight=float(s.get("weight", 1.0)),
+                                                              config=dict(s.get("config", {})))
+             for s in kwargs.get("datasets", COMPOSITE_DEFAULT)]
+    return {**kwargs, "datasets": specs}
+
+
 class ReasoningGymEnv(TextEnv):
     """One reasoning-gym question per episode, scored by the dataset (see module doc).
 
@@ -169,9 +185,9 @@ class ReasoningGymEnv(TextEnv):
             if cfg.dataset not in DATASETS:
                 raise ConfigError(explain("ReasoningGymEnv.dataset", expected="a dataset of the installed reasoning-gym",
                                           received=cfg.dataset, fix=f"pick one of {sorted(DATASETS)[:8]}..."))
+            kwargs = _composite_kwargs(cfg.dataset_kwargs) if cfg.dataset == "composite" else cfg.dataset_kwargs
             with self._rng.active():
-                self._data = rg.create_dataset(cfg.dataset, seed=cfg.dataset_seed, size=cfg.dataset_size,
-                                               **cfg.dataset_kwargs)
+                self._data = rg.create_dataset(cfg.dataset, seed=cfg.dataset_seed, size=cfg.dataset_size, **kwargs)
         return self._data
 
     def _prompt(self, question: str) -> str:
