@@ -242,7 +242,8 @@ class JaxEngine:
     def update_weights(self, state: Any, version: int) -> None:
         """Swap in new weights (an ``nnx.State``, an ``nnx.Module`` or a matching pytree) at ``version``.
 
-        Thread-safe; the loop applies the newest pending update between two device steps.
+        Thread-safe; the loop applies the newest pending update between two device steps. Arrays of
+        the engine's dtype are used without a copy: do not donate or delete them afterwards.
         """
         if isinstance(state, nnx.Module):
             state = nnx.state(state)
@@ -406,6 +407,7 @@ class JaxEngine:
         except Exception as exc:  # isolate: fail these requests, keep serving the rest
             for r in reqs:
                 self._fail(r, exc)
+            self._recover(exc)
             return
         now = time.perf_counter()
         for i, r in enumerate(reqs):
@@ -430,12 +432,25 @@ class JaxEngine:
             )
             return np.asarray(tok), np.asarray(logp)
 
+    def _recover(self, exc: BaseException) -> None:
+        """After a failed step: if the (donated) cache is gone, rebuild it and forget every row."""
+        if not any(leaf.is_deleted() for leaf in jax.tree.leaves(self._cache)):
+            return
+        for r in list(self._active.values()):
+            self._fail(r, exc)
+        self._cache = nnx.merge(self._graphdef, self._state).init_cache(
+            self.config.num_slots, self.max_len, jax.tree.leaves(self._cache)[0].dtype)
+        with self._cv:
+            for i in range(self.config.num_slots):
+                self._table.invalidate(i)
+
     def _step(self) -> None:
         try:
             tok, logp = self._call_decode()
         except Exception as exc:
             for r in list(self._active.values()):
                 self._fail(r, exc)
+            self._recover(exc)
             return
         self.stats["decode_steps"] += 1
         for slot, req in list(self._active.items()):
