@@ -140,6 +140,7 @@ class JaxEngine:
         self._device = threading.Lock()  # guards the cache and weights during device steps
         self._closing = False
         self._closed = False
+        self._crash: BaseException | None = None
         self.stats = {"prefill_tokens": 0, "reused_tokens": 0, "decode_steps": 0, "generated_tokens": 0}
         s = cfg.num_slots
         self._h_tokens = np.zeros(s, np.int32)
@@ -302,8 +303,6 @@ class JaxEngine:
         if not isinstance(params, SamplingParams):
             raise EngineError(explain("params", expected="a SamplingParams", received=type(params).__name__,
                                       fix="pass gymllm.inference.SamplingParams(...)"))
-        if self._closing:
-            raise EngineError("generate: expected an open engine, received a closed one. Fix: build a new engine.")
         if params.stop and self.tokenizer is None:
             raise EngineError(explain("SamplingParams.stop", expected="stop strings only on an engine with a "
                                       "tokenizer", received=params.stop, fix="pass the tokenizer to JaxEngine or "
@@ -314,6 +313,10 @@ class JaxEngine:
         req = _Request(ids, params, request_key(seed, index), session_id, loop, loop.create_future(),
                        asyncio.Queue() if stream else None)
         with self._cv:
+            if self._closing:
+                why = f" (the loop stopped: {self._crash!r})" if self._crash is not None else ""
+                raise EngineError("generate: expected an open engine, received a closed one" + why +
+                                  ". Fix: build a new engine.")
             self._waiting.append(req)
             self._cv.notify_all()
         return req
@@ -345,7 +348,12 @@ class JaxEngine:
                     self._admit()
                     if self._active:
                         self._step()
+        except BaseException as exc:  # a bug in the loop: fail everything clearly rather than hang
+            self._crash = exc
+            raise
         finally:
+            with self._cv:
+                self._closing = True  # no request can be queued after the drain below
             self._abort_all()
 
     def _apply_weights(self) -> None:
@@ -538,6 +546,11 @@ class JaxEngine:
     def _abort_all(self) -> None:
         with self._cv:
             waiting, self._waiting = self._waiting, []
+        if self._crash is not None:
+            for r in waiting + list(self._active.values()):
+                _deliver(r, "error", RequestFailed(f"the engine loop stopped: {self._crash!r}"))
+            self._active.clear()
+            return
         for r in waiting:
             _deliver(r, "done", self._completion(r, "abort"))
         for r in list(self._active.values()):

@@ -80,6 +80,7 @@ class VllmEngine:
         self._engine = vllm.AsyncLLMEngine.from_engine_args(args)
         self._version = version
         self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop generation runs on
 
     @property
     def version(self) -> int:
@@ -100,7 +101,7 @@ class VllmEngine:
         logprobs: list[float] = []
         versions: list[int] = []
         finish = "abort"
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         start, first = loop.time(), float("nan")
         prompt = {"prompt_token_ids": [int(t) for t in prompt_ids]}
         async for out in self._engine.generate(prompt, sp, rid):
@@ -118,11 +119,20 @@ class VllmEngine:
         return Completion(token_ids=ids, logprobs=logprobs, finish_reason=finish, versions=versions,
                           prompt_len=len(prompt_ids), ttft_s=first, latency_s=loop.time() - start)
 
-    def update_weights(self, state: Mapping[str, Any] | Iterable[tuple[str, Any]], version: int) -> None:
-        """Load HF-named weights into the running engine (schedules the swap on the running loop)."""
+    def update_weights(self, state: Mapping[str, Any] | Iterable[tuple[str, Any]], version: int) -> Any:
+        """Load HF-named weights into the running engine. Thread-safe: the swap is scheduled on the
+        event loop that serves generation; returns its task / concurrent future."""
         weights = [(n, to_torch(a)) for n, a in (state.items() if isinstance(state, Mapping) else state)]
-        loop = asyncio.get_running_loop()
-        loop.create_task(self.aupdate_weights(weights, version))
+        if self._loop is None:
+            raise EngineError("update_weights: expected a running engine (call generate once first), "
+                              "received one without an event loop. Fix: await aupdate_weights(...) instead")
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            return self._loop.create_task(self.aupdate_weights(weights, version))
+        return asyncio.run_coroutine_threadsafe(self.aupdate_weights(weights, version), self._loop)
 
     async def aupdate_weights(self, weights: list[tuple[str, Any]], version: int) -> None:
         """Pause generation, load ``weights`` on every worker, bump the version, resume."""
