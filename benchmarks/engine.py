@@ -14,7 +14,8 @@ reports its best round.
 
 The workload is heavy-tailed (most completions short, a few long; lengths fixed by ``max_tokens``
 with stop ids disabled) and requests arrive over time (exponential gaps spread over about half of the
-continuous run), so requests arrive while others decode. Models: the tiny test model
+continuous run), so requests arrive while others decode. TTFT is reported under that load
+(``ttft_ms_p50``: it includes waiting for a free slot) and on an idle engine (``ttft_ms_idle``). Models: the tiny test model
 (``make_tiny("llama")``) and the real ``smollm2-135m-instruct`` (skipped with a note when it
 cannot be loaded). Ends with ``RESULT {json}``: ``continuous_vs_static``,
 ``continuous_vs_sequential`` (at 32 concurrent) and ``ttft_ms_p50`` (continuous) for the real model
@@ -71,8 +72,8 @@ WORKLOADS = {
                              max_len=160, min_bucket=64),
     ("tiny", False): Workload(num_requests=256, prompt_len=(8, 48), short_len=(4, 24), long_len=128, p_long=0.1,
                               max_len=192, min_bucket=64),
-    ("smollm2", True): Workload(num_requests=96, prompt_len=(8, 24), short_len=(2, 8), long_len=32, p_long=0.15,
-                                max_len=64, min_bucket=32, seq_every=6, rounds=1),
+    ("smollm2", True): Workload(num_requests=96, prompt_len=(4, 16), short_len=(8, 16), long_len=48, p_long=0.15,
+                                max_len=64, min_bucket=16, seq_every=6, rounds=1),
     ("smollm2", False): Workload(num_requests=128, prompt_len=(8, 48), short_len=(4, 16), long_len=64, p_long=0.12,
                                  max_len=128, min_bucket=64, seq_every=4, rounds=2),
 }
@@ -127,8 +128,9 @@ def bench_model(name: str, lm, wl: Workload) -> dict:
     compile_s = time.perf_counter() - t
 
     async def main():
-        probe = await engine.generate(reqs[0][0], params(8, 0))  # calibrate one full-width decode step
+        probe = await engine.generate(reqs[0][0], params(8, 0))  # calibrate one decode step
         step_s = probe.latency_s / 8
+        idle = [(await engine.generate(reqs[i][0], params(1, i))).ttft_s for i in range(5)]  # no queue
         total = sum(n for _, n in reqs)
         span = 0.5 * (total / wl.slots + wl.long_len) * step_s
         gaps = np.random.default_rng(1).exponential(1.0, size=len(reqs))
@@ -142,9 +144,9 @@ def bench_model(name: str, lm, wl: Workload) -> dict:
         await engine.close()
         await solo.close()
         best = {k: max(v, key=lambda r: r["tokens"] / r["wall_s"]) for k, v in runs.items()}
-        return best["continuous"], best["static"], best["sequential"], step_s
+        return best["continuous"], best["static"], best["sequential"], step_s, idle
 
-    cont, stat, seq, step_s = asyncio.run(main())
+    cont, stat, seq, step_s, idle = asyncio.run(main())
     tps = {k: r["tokens"] / r["wall_s"] for k, r in (("continuous", cont), ("static", stat), ("sequential", seq))}
     out = {
         "requests": len(reqs), "slots": wl.slots, "generated_tokens": cont["tokens"],
@@ -154,6 +156,7 @@ def bench_model(name: str, lm, wl: Workload) -> dict:
         "continuous_vs_sequential": round(tps["continuous"] / tps["sequential"], 2),
         "ttft_ms_p50": round(1000 * float(np.median(cont["ttft_s"])), 1),
         "ttft_ms_p90": round(1000 * float(np.quantile(cont["ttft_s"], 0.9)), 1),
+        "ttft_ms_idle": round(1000 * float(np.median(idle)), 1),
         "decode_step_ms": round(1000 * step_s, 2), "compile_s": round(compile_s, 1), "rounds": wl.rounds,
     }
     print(f"[{name}] " + json.dumps(out), flush=True)
