@@ -178,3 +178,12 @@ def test_client_engine_raises_engine_errors(server):
                 await c.close()
 
     run(main())
+
+
+def test_the_client_engine_does_not_import_jax():
+    import subprocess
+    import sys
+
+    code = ("import sys; from gymllm.inference import OpenAIClientEngine, SamplingParams; "
+            "assert 'jax' not in sys.modules, 'jax imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
