@@ -110,3 +110,36 @@ def test_logits_match_transformers_on_real_weights(smol):
         ref = hf(torch.as_tensor([ids])).logits.numpy()
     assert np.max(np.abs(ours - ref)) / np.max(np.abs(ref)) < 1e-4
     assert (ours.argmax(-1) == ref.argmax(-1)).all()
+
+
+# ----- second architecture: Gemma 3 270M (base), slow: ~250 MB download and a 262k vocabulary -----
+
+GEMMA_TEXTS = ["The capital of France is", "Hello  world\n\tdef f(x): return 12345", "Ünïcödé 東京 😀",
+               " leading space", "a\n\nb"]
+
+
+@pytest.mark.slow
+def test_gemma3_270m_matches_transformers_gguf_import():
+    """Our GGUF reader (norm 1+w, sliding/global layers, SPM tokenizer rebuilt from scores) vs
+    transformers' own GGUF import of the same file."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from gymllm.models.registry import REGISTRY, ensure_gguf
+
+    try:
+        lm = load("gemma3-270m")
+    except Exception as err:
+        pytest.skip(f"gemma3-270m unavailable: {err}")
+    path = ensure_gguf(REGISTRY["gemma3-270m"])
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    for text in GEMMA_TEXTS:
+        assert lm.tokenizer.encode(text) == hf_tok.encode(text, add_special_tokens=False), text
+        assert lm.tokenizer.decode(lm.tokenizer.encode(text)) == text
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                           dtype=torch.float32, attn_implementation="eager")
+    ids = [lm.tokenizer.bos_token_id, *lm.tokenizer.encode("The capital of France is")]
+    with torch.no_grad():
+        ref = hf(torch.as_tensor([ids])).logits.numpy()
+    ours = np.asarray(lm.model(jnp.asarray([ids]), jnp.arange(len(ids))[None])[0])
+    assert np.max(np.abs(ours - ref)) / np.max(np.abs(ref)) < 1e-4
+    assert (ours.argmax(-1) == ref.argmax(-1)).all()

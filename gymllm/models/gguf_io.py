@@ -131,7 +131,9 @@ def tokenizer_from_gguf(meta: dict[str, Any]) -> TokenizerBundle:
     if kind == "gpt2":
         tok = _bpe_tokenizer(tokens, list(meta.get("tokenizer.ggml.merges") or []), meta.get("tokenizer.ggml.pre"))
     elif kind == "llama":
-        tok = _spm_tokenizer(tokens, list(meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens)), types)
+        unk = meta.get("tokenizer.ggml.unknown_token_id")
+        tok = _spm_tokenizer(tokens, list(meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens)), types,
+                             None if unk is None else tokens[int(unk)])
     else:
         raise ModelLoadError(explain("GGUF tokenizer.ggml.model", expected="'gpt2' (byte-level BPE) or 'llama' (SPM)",
                                      received=kind, fix="use a GGUF with a supported tokenizer"))
@@ -143,7 +145,8 @@ def tokenizer_from_gguf(meta: dict[str, Any]) -> TokenizerBundle:
 
     return TokenizerBundle(tokenizer=tok, chat_template=meta.get("tokenizer.chat_template"),
                            bos_token=name("bos_token_id"), eos_token=name("eos_token_id"),
-                           pad_token=name("padding_token_id"))
+                           pad_token=name("padding_token_id"),
+                           add_bos_token=bool(meta.get("tokenizer.ggml.add_bos_token", False)))
 
 
 def _bpe_tokenizer(tokens: list[str], merges: list[str], pre: str | None):
@@ -170,7 +173,7 @@ def _bpe_tokenizer(tokens: list[str], merges: list[str], pre: str | None):
     return tok
 
 
-def _spm_tokenizer(tokens: list[str], scores: list[float], types: list[int]):
+def _spm_tokenizer(tokens: list[str], scores: list[float], types: list[int], unk: str | None):
     """SentencePiece-style BPE with byte fallback (Gemma): merges derived from the piece scores."""
     from tokenizers import Tokenizer, decoders, models, normalizers
 
@@ -181,8 +184,7 @@ def _spm_tokenizer(tokens: list[str], scores: list[float], types: list[int]):
         cands = [(vocab[piece[:k]], vocab[piece[k:]], piece[:k], piece[k:]) for k in range(1, len(piece))
                  if piece[:k] in vocab and piece[k:] in vocab]
         merges.extend((a, b) for _, _, a, b in sorted(cands))
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, fuse_unk=True,
-                               unk_token=tokens[0] if types[0] == 2 else None))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, fuse_unk=True, unk_token=unk))
     tok.normalizer = normalizers.Replace(" ", "\u2581")
     tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
     return tok

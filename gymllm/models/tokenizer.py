@@ -37,9 +37,10 @@ class TokenizerBundle:
     eos_token: str | None = None
     pad_token: str | None = None
     extra_stop_tokens: tuple[str, ...] = ()
+    add_bos_token: bool = False  # the model expects bos first (Gemma); encode() never adds it
 
     def __post_init__(self) -> None:
-        for field in ("bos_token", "eos_token", "pad_token", *()):
+        for field in ("bos_token", "eos_token", "pad_token"):
             tok = getattr(self, field)
             if tok is not None and self.tokenizer.token_to_id(tok) is None:
                 raise ModelLoadError(explain(f"TokenizerBundle.{field}", expected="a token in the vocabulary",
@@ -137,7 +138,8 @@ class TokenizerBundle:
         d.mkdir(parents=True, exist_ok=True)
         self.tokenizer.save(str(d / "tokenizer.json"))
         cfg = {"bos_token": self.bos_token, "eos_token": self.eos_token, "pad_token": self.pad_token,
-               "chat_template": self.chat_template, "add_bos_token": False, "clean_up_tokenization_spaces": False,
+               "chat_template": self.chat_template, "add_bos_token": self.add_bos_token,
+               "clean_up_tokenization_spaces": False,
                "model_max_length": 131072, "tokenizer_class": "PreTrainedTokenizerFast"}
         (d / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2, ensure_ascii=False))
 
@@ -164,7 +166,8 @@ class TokenizerBundle:
             return v if v is not None and tok.token_to_id(v) is not None else None
 
         return cls(tokenizer=tok, chat_template=template, bos_token=name("bos_token"),
-                   eos_token=name("eos_token"), pad_token=name("pad_token"))
+                   eos_token=name("eos_token"), pad_token=name("pad_token"),
+                   add_bos_token=bool(cfg.get("add_bos_token", False)))
 
 
 def _with_tools_in_system(messages: list[dict], tools: Sequence[dict]) -> list[dict]:
