@@ -210,6 +210,14 @@ class StreamingLearner:
     def step(self) -> int:
         return self.version
 
+    def warmup(self) -> None:
+        """Compile the gradient program for every length bucket now (an all-padding micro-batch per
+        bucket; its gradient is discarded), so no compile lands in the middle of a run."""
+        for length in self.buckets:
+            mb = make_micro_batch([], self.config.micro_batch_size, length, self.pad_id)
+            out = self._grad(self._acc, self.trainable, self.frozen, shard_batch(self.mesh, mb.arrays()), self.ref_params)
+            jax.block_until_ready(out)
+
     # ------------------------------------------------------------------ consumption
     def _reset_step(self) -> None:
         self._acc = jax.tree.map(jnp.zeros_like, self.trainable)

@@ -124,7 +124,8 @@ class RunSection:
     """run_dir: output directory; seed: base seed (group k uses env seed seed + k; sampling seeds derive
     from it); checkpoint_every: steps between checkpoints (0 = only at the end); resume: continue
     from run_dir's latest checkpoint; console: live progress line; log_trajectories: write
-    trajectories.jsonl; report: render PNG plots at the end."""
+    trajectories.jsonl; report: render PNG plots at the end; warmup: compile every engine and learner
+    shape before the first rollout (benchmarks: no compile inside the measured steps)."""
 
     run_dir: str = "runs/gymllm"
     seed: int = 0
@@ -134,6 +135,7 @@ class RunSection:
     console: bool = True
     log_trajectories: bool = True
     report: bool = True
+    warmup: bool = False
 
     def __post_init__(self) -> None:
         check_range("RunSection", "checkpoint_every", self.checkpoint_every, lo=0)
@@ -395,6 +397,9 @@ class _Run:
         self.pusher = WeightPusher(self.engine, lm.config, gather=mesh is not None)
         if self.resumed_from is not None:
             self.pusher.push(self.learner.policy_params(), self.learner.version)
+        if cfg.run.warmup:
+            self.engine.warmup()
+            self.learner.warmup()
         stop_id = int(tok.eos_token_id if tok.eos_token_id is not None else 0)
         self.gen_engine = _SkipConsumed(self.engine, set(self.decided), stop_id) if self.decided else self.engine
         self.envs = gymllm.make_vec(cfg.env.id, cfg.env.num_envs, **cfg.env.kwargs)
