@@ -1,1 +1,53 @@
-"""gymllm.algos"""
+"""gymllm.algos: the GRPO loss family as pure JAX functions, the streaming learner, checkpoints,
+sharding, and the trainer entry point. Names are imported lazily (JAX loads on first use):
+
+    from gymllm.algos import train, preset, TrainConfig, StreamingLearner, loss_preset
+    result = train(preset("tiny"))
+
+Pure pieces (compose them for your own objective): ``gymllm.algos.advantages`` (grpo, dr_grpo,
+rloo, batch_std), ``policy_loss`` (token/sequence ratios, PPO clip, dual clip, CISPO),
+``corrections`` (token TIS, masked IS, geometric sequence mask), ``kl`` (k1/k2/k3),
+``aggregation`` (token-mean over the step, seq-mean-token-mean, ..., prompt-mean), ``shaping``
+(overlong punishment, zero-variance filter), composed by ``loss.micro_batch_loss``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "LossConfig": "gymllm.algos.config",
+    "AdvantageConfig": "gymllm.algos.config",
+    "PolicyLossConfig": "gymllm.algos.config",
+    "CorrectionConfig": "gymllm.algos.config",
+    "KLConfig": "gymllm.algos.config",
+    "ShapingConfig": "gymllm.algos.config",
+    "loss_preset": "gymllm.algos.config",
+    "LossBatch": "gymllm.algos.loss",
+    "micro_batch_loss": "gymllm.algos.loss",
+    "OptimizerConfig": "gymllm.algos.optim",
+    "make_optimizer": "gymllm.algos.optim",
+    "LoRAConfig": "gymllm.algos.lora",
+    "LearnerConfig": "gymllm.algos.learner",
+    "StreamingLearner": "gymllm.algos.learner",
+    "StepReport": "gymllm.algos.learner",
+    "ShardingConfig": "gymllm.algos.sharding",
+    "make_mesh": "gymllm.algos.sharding",
+    "Checkpointer": "gymllm.algos.checkpoint",
+    "WeightPusher": "gymllm.algos.weight_sync",
+    "TrainConfig": "gymllm.algos.trainer",
+    "TrainResult": "gymllm.algos.trainer",
+    "train": "gymllm.algos.trainer",
+    "preset": "gymllm.algos.trainer",
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'gymllm.algos' has no attribute {name!r}")
