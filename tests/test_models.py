@@ -227,3 +227,23 @@ def test_chat_template_matches_transformers(tok, tmp_path):
 
 def test_prefix_preserving(tok):
     assert tok.is_prefix_preserving(("user", "tool"))
+
+
+def test_attention_matches_numpy_reference_with_softcap_and_gqa():
+    """layers.attention (GQA, mask, attention soft-capping as in Gemma 2) vs plain NumPy."""
+    from gymllm.models.layers import attention
+
+    rng = np.random.default_rng(0)
+    b, t, s, h, k, d, cap, scale = 2, 3, 5, 4, 2, 8, 0.7, 0.3
+    q, kk, vv = rng.normal(size=(b, t, h, d)), rng.normal(size=(b, s, k, d)), rng.normal(size=(b, s, k, d))
+    mask = rng.random((b, t, s)) < 0.7
+    mask[..., 0] = True
+    got = attention(*(jnp.asarray(x, jnp.float32) for x in (q, kk, vv)), jnp.asarray(mask), scale=scale, softcap=cap)
+    krep, vrep = np.repeat(kk, h // k, axis=2), np.repeat(vv, h // k, axis=2)  # [B, S, H, D]
+    scores = np.einsum("bthd,bshd->bhts", q, krep) * scale
+    scores = cap * np.tanh(scores / cap)
+    scores = np.where(mask[:, None], scores, -np.inf)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    ref = np.einsum("bhts,bshd->bthd", probs, vrep).reshape(b, t, h * d)
+    np.testing.assert_allclose(np.asarray(got), ref, atol=1e-5)

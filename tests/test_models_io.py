@@ -148,3 +148,16 @@ def test_unknown_name_is_a_clear_error(tmp_path):
         load("no-such-model-xyz")
     with pytest.raises(ModelLoadError, match="config.json"):
         load(tmp_path)
+
+
+def test_gemma_softcapping_and_rope_scaling_match_transformers(tmp_path):
+    """Final-logit soft-capping and linear RoPE scaling of global layers. (Attention soft-capping
+    has no reference here: transformers' Gemma 3 stores attn_logit_softcapping but ignores it.)"""
+    lm = make_tiny("gemma3", num_layers=2, final_logit_softcap=0.3,
+                   rope_scaling=(("factor", 4.0), ("rope_type", "linear")))
+    save_hf_dir(lm, tmp_path)
+    assert load_hf_dir(tmp_path).config == lm.config
+    toks, _ = _inputs(lm.config.vocab_size)
+    ours = _logits(lm)
+    assert np.max(np.abs(ours)) <= 0.3 + 1e-6  # the final cap binds
+    assert _max_rel_err(ours, _hf_logits(tmp_path, toks)) < 1e-4

@@ -192,7 +192,8 @@ class ModelConfig:
             query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar") or 0.0),
             sliding_window=sliding if layer_types else 0,
             layer_types=layer_types,
-            attn_logit_softcap=float(hf.get("attn_logit_softcapping") or 0.0),
+            # transformers' Gemma 3 stores attn_logit_softcapping but never applies it
+            attn_logit_softcap=0.0 if family == "gemma3" else float(hf.get("attn_logit_softcapping") or 0.0),
             final_logit_softcap=float(hf.get("final_logit_softcapping") or 0.0),
             max_position_embeddings=int(hf.get("max_position_embeddings", 8192)),
             **rope,
