@@ -47,9 +47,9 @@ def final_params(run_dir):
 
 
 def test_eta_zero_equals_synchronous_training(tmp_path):
-    a = train(small_config(tmp_path / "async", eta=0, mode="async"))
-    b = train(small_config(tmp_path / "sync", eta=0, mode="sync"))
-    assert a.steps == b.steps == 3
+    a = train(small_config(tmp_path / "async", eta=0, mode="async", steps=2))
+    b = train(small_config(tmp_path / "sync", eta=0, mode="sync", steps=2))
+    assert a.steps == b.steps == 2
     assert [sorted(x) for x in a.trained_ids] == [sorted(x) for x in b.trained_ids]
     np.testing.assert_allclose(a.rewards(), b.rewards(), atol=1e-6)
     pa, _ = final_params(a.run_dir)

@@ -15,7 +15,7 @@ from gymllm.algos.optim import OptimizerConfig
 from gymllm.algos.trainer import EnvSection, ModelSection, RolloutSection, RunSection, TrainConfig, train
 
 
-def small_config(run_dir, *, steps=4, every=1) -> TrainConfig:
+def small_config(run_dir, *, steps=3, every=1) -> TrainConfig:
     return TrainConfig(
         model=ModelSection(name="tiny-qwen3", vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1),
         env=EnvSection(id="gymllm/TinyRepeat-v0", kwargs={"num_letters": 2}, num_envs=8),
@@ -41,15 +41,15 @@ def restored(run_dir):
 
 def test_resume_after_stop_equals_uninterrupted_run(tmp_path):
     full = train(small_config(tmp_path / "full"))
-    part = train(small_config(tmp_path / "resumed"), max_steps=2)  # "killed" after step 2's checkpoint
-    assert part.steps == 2 and part.resumed_from is None
+    part = train(small_config(tmp_path / "resumed"), max_steps=1)  # "killed" after step 1's checkpoint
+    assert part.steps == 1 and part.resumed_from is None
     rest = train(small_config(tmp_path / "resumed"))
-    assert rest.resumed_from == 2 and rest.steps == 4
-    assert rest.counts["resume_skipped"] == 4  # the 4 groups trained before the stop were not trained again
+    assert rest.resumed_from == 1 and rest.steps == 3
+    assert rest.counts["resume_skipped"] == 2  # the 2 groups trained before the stop were not trained again
     trained = [sorted(ids) for ids in part.trained_ids + rest.trained_ids]
     assert trained == [sorted(ids) for ids in full.trained_ids]
     (sf, mf), (sr, mr) = restored(full.run_dir), restored(rest.run_dir)
-    assert mf["version"] == mr["version"] == 4 and mf["consumed_groups"] == mr["consumed_groups"]
+    assert mf["version"] == mr["version"] == 3 and mf["consumed_groups"] == mr["consumed_groups"]
     for k in sf["trainable"]:
         np.testing.assert_allclose(sf["trainable"][k], sr["trainable"][k], atol=2e-4, err_msg=k)
     np.testing.assert_allclose(full.rewards(), part.rewards() + rest.rewards(), atol=1e-6)

@@ -18,11 +18,11 @@ def test_tiny_preset_learns_well_above_chance(tmp_path):
     cfg = preset("tiny")
     cfg = dataclasses.replace(
         cfg, rollout=dataclasses.replace(cfg.rollout, eta=0),
-        learner=dataclasses.replace(cfg.learner, num_steps=16),
+        learner=dataclasses.replace(cfg.learner, num_steps=14),
         run=dataclasses.replace(cfg.run, run_dir=str(tmp_path / "tiny"), console=False, report=False))
     res = train(cfg)
     r = res.rewards()
-    assert len(r) == 16
+    assert len(r) == 14
     chance = float(np.mean(r[:2]))
     final = float(np.mean(r[-3:]))
     assert chance < 0.1, f"the untrained model should be near chance, got {r[:2]}"
