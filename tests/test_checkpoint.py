@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import pytest
 import numpy as np
 
 from gymllm.algos import config as C
@@ -79,3 +80,53 @@ def test_learner_state_round_trips_exactly(tmp_path):
     for k in a.trainable:
         np.testing.assert_array_equal(a.trainable[k], b.trainable[k])
     assert jax.tree.structure(a.opt_state) == jax.tree.structure(b.opt_state)
+
+
+KILL_SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+from test_checkpoint import small_config
+from gymllm.algos.trainer import train
+train(small_config({run_dir!r}, steps=3))
+"""
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_equals_uninterrupted_run(tmp_path):
+    """A real kill: a training process is SIGKILLed after its second checkpoint; the resumed run
+    trains exactly the groups the uninterrupted run trained, to the same parameters."""
+    import json
+    import os
+    import pathlib
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    full = train(small_config(tmp_path / "full"))
+    run_dir = tmp_path / "killed"
+    script = KILL_SCRIPT.format(tests=str(pathlib.Path(__file__).parent), run_dir=str(run_dir))
+    proc = subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    try:
+        deadline = time.time() + 600
+        while time.time() < deadline and proc.poll() is None:
+            ck = run_dir / "checkpoints"
+            if ck.is_dir() and any(p.name == "2" for p in ck.iterdir()):
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run finished before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    rest = train(small_config(run_dir))
+    assert rest.resumed_from in (1, 2) and rest.steps == 3
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    trained = {i for line in (run_dir / "trajectories.jsonl").read_text().splitlines()
+               for i in [json.loads(line)["trajectory_id"]]}
+    assert trained == {i for ids in full.trained_ids for i in ids}
+    assert [r["step"] for r in rows][-len(rest.history):] == [h["step"] for h in rest.history]
+    (sf, _), (sr, _) = restored(full.run_dir), restored(rest.run_dir)
+    for k in sf["trainable"]:
+        np.testing.assert_allclose(sf["trainable"][k], sr["trainable"][k], atol=2e-4, err_msg=k)
