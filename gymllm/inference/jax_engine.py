@@ -7,7 +7,9 @@ Design (one background thread owns the device; asyncio callers never block):
 
 * A fixed pool of ``num_slots`` cache rows preallocated with ``model.init_cache``. Requests join
   between decode steps (prefilled in length buckets, several prompts per call) and leave as soon as
-  they finish; one jitted decode step advances every slot at once.
+  they finish; one jitted decode step advances every slot at once. When more requests wait than
+  rows are free, admission waits until a whole prefill batch of rows is free, so a saturated engine
+  makes fewer, fuller prefill calls.
 * Compiled shapes are fixed: prefill (batch size in powers of two up to ``max_prefill_batch``) x
   (length bucket), and decode over the first W rows for W in ``widths`` (powers of two from 8 up
   to ``num_slots``; free rows are taken lowest first, so a lightly loaded engine runs narrow steps). ``trace_counts`` exposes the number of compilations
@@ -376,6 +378,9 @@ class JaxEngine:
     def _admit(self) -> None:
         admitted: list[_Request] = []
         with self._cv:
+            free, fill = self._table.num_free, min(self.config.max_prefill_batch, self.config.num_slots)
+            if self._active and len(self._waiting) > free and free < fill:
+                return  # saturated: let rows free up to fill a whole prefill batch (fewer, fuller prefills)
             while self._waiting and self._table.num_free:
                 req = self._waiting.pop(0)
                 reuse_ok = self.config.prefix_reuse
