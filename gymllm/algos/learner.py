@@ -64,7 +64,9 @@ class LearnerConfig:
     temperature: the sampling temperature (logprobs are of the same tempered distribution);
     compute_entropy: report the policy entropy (costs one pass over the logits);
     fast_compile: compile with XLA's cheap CPU settings (about 3x faster compiles, for tiny models,
-    tests and CPU runs; off for real models, where the optimized code matters)."""
+    tests and CPU runs; off for real models, where the optimized code matters);
+    max_response_len: L_max of the "constant" aggregation (Dr. GRPO), the sampling budget of a
+    trajectory (0 = max_len); the trainer sets it to max_tokens * max_turns."""
 
     groups_per_step: int = 4
     micro_batch_size: int = 8
@@ -75,10 +77,12 @@ class LearnerConfig:
     temperature: float = 1.0
     compute_entropy: bool = True
     fast_compile: bool = False
+    max_response_len: int = 0
 
     def __post_init__(self) -> None:
         for f in ("groups_per_step", "micro_batch_size", "num_steps", "max_len", "min_bucket"):
             check_range("LearnerConfig", f, getattr(self, f), lo=1)
+        check_range("LearnerConfig", "max_response_len", self.max_response_len, lo=0)
         if self.max_staleness is not None:
             check_range("LearnerConfig", "max_staleness", self.max_staleness, lo=0)
         check_range("LearnerConfig", "temperature", self.temperature, lo=0.0, lo_open=True)
@@ -336,7 +340,7 @@ class StreamingLearner:
                 self._pending = []
             stats = agg.StepStats(num_tokens=float(sum(r.mask.sum() for r in self._step_rows)),
                                   num_seqs=float(len(self._step_rows)), num_groups=float(self._step_groups),
-                                  max_len=float(max(self._step_lengths + [1])))
+                                  max_len=float(self.config.max_response_len or self.config.max_len))
             denom = float(step_denominator(self.loss, stats))
             lr = float(self.schedule(self.version))
             self.trainable, self.opt_state, gnorm = self._apply(self.trainable, self.opt_state, self._acc,

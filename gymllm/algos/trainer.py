@@ -316,8 +316,11 @@ def _trajectory_records(step: int, groups: list[Any], tokenizer: Any) -> list[di
 
 def _effective(cfg: TrainConfig) -> TrainConfig:
     """Settings one section implies for another: the learner's temperature is the sampler's, its
-    staleness bound is eta, and the overlong shaping budget defaults to max_tokens * max_turns."""
+    staleness bound is eta, and the response budget (Dr. GRPO's L_max, the overlong shaping budget)
+    defaults to max_tokens * max_turns."""
     learner = dataclasses.replace(cfg.learner, temperature=cfg.rollout.temperature,
+                                  max_response_len=cfg.learner.max_response_len
+                                  or cfg.rollout.max_tokens * cfg.rollout.max_turns,
                                   max_staleness=cfg.learner.max_staleness if cfg.learner.max_staleness is not None
                                   else cfg.rollout.eta)
     loss = cfg.loss
