@@ -246,7 +246,8 @@ class StreamingLearner:
             counter("stale_groups", self.counts["stale_groups"], track="trainer")
             return None
         rewards = self._shaped_rewards(group)
-        if self.loss.shaping.filter_zero_variance and not bool(nonzero_variance(rewards[None])[0]):
+        if (self.loss.shaping.filter_zero_variance and not group.info.get("kept_zero_variance")
+                and not bool(nonzero_variance(rewards[None])[0])):
             self.counts["filtered_groups"] += 1
             self.consumed_groups.add(gid)
             counter("filtered_groups", self.counts["filtered_groups"], track="trainer")

@@ -279,10 +279,19 @@ class _SkipConsumed:
 
 def _group_filter(cfg: TrainConfig, decided: dict[str, bool], filtered: set[str]):
     """Drop groups whose (overlong-shaped) rewards are all equal, if the loss asks; replayed groups
-    keep the decision recorded before the checkpoint (so admission accounting matches)."""
+    keep the decision recorded before the checkpoint (so admission accounting matches).
+
+    A task the policy always fails (or always solves) would filter every group and the run would
+    never take a step: after ``patience`` filtered groups in a row the next one is kept (marked
+    ``info["kept_zero_variance"]``; its advantages are zero, so it moves no weights) and the run says so.
+    """
+    import logging
+
     from gymllm.algos.shaping import nonzero_variance, overlong_penalty
 
     sh = cfg.loss.shaping
+    patience = max(8, 4 * cfg.learner.groups_per_step)
+    streak = [0]
 
     def keep(group) -> bool:
         if group.group_id in decided:
@@ -295,9 +304,19 @@ def _group_filter(cfg: TrainConfig, decided: dict[str, bool], filtered: set[str]
             r = r + np.asarray(overlong_penalty(lengths, max_len=sh.overlong_max_len or cfg.rollout.max_tokens,
                                                 buffer=sh.overlong_buffer))
         ok = bool(nonzero_variance(r[None])[0])
-        if not ok:
-            filtered.add(group.group_id)
-        return ok
+        if ok:
+            streak[0] = 0
+            return True
+        streak[0] += 1
+        if streak[0] >= patience:
+            streak[0] = 0
+            group.info["kept_zero_variance"] = True
+            logging.getLogger("gymllm.algos").warning(
+                "%d groups in a row had equal rewards (%.3g): keeping one so the run still steps; "
+                "the task may be too hard or too easy for this policy", patience, float(r[0]))
+            return True
+        filtered.add(group.group_id)
+        return False
 
     return keep
 
@@ -317,8 +336,10 @@ def _trajectory_records(step: int, groups: list[Any], tokenizer: Any) -> list[di
 def _effective(cfg: TrainConfig) -> TrainConfig:
     """Settings one section implies for another: the learner's temperature is the sampler's, its
     staleness bound is eta, and the response budget (Dr. GRPO's L_max, the overlong shaping budget)
-    defaults to max_tokens * max_turns."""
+    defaults to max_tokens * max_turns. A trajectory never outgrows the engine's context, so the
+    learner's longest bucket is at least ``rollout.engine_max_len``."""
     learner = dataclasses.replace(cfg.learner, temperature=cfg.rollout.temperature,
+                                  max_len=max(cfg.learner.max_len, cfg.rollout.engine_max_len),
                                   max_response_len=cfg.learner.max_response_len
                                   or cfg.rollout.max_tokens * cfg.rollout.max_turns,
                                   max_staleness=cfg.learner.max_staleness if cfg.learner.max_staleness is not None
@@ -429,6 +450,8 @@ class _Run:
         updates they complete: push weights, advance the policy version, log, checkpoint."""
         fresh = [g for g in groups if g.group_id not in self.learner.consumed_groups]
         self.learner.counts["resume_skipped"] += len(groups) - len(fresh)
+        gps = self.cfg.learner.groups_per_step  # never train past num_steps: take only the groups still needed
+        fresh = fresh[:max(0, (self.cfg.learner.num_steps - self.learner.version) * gps - self.learner._step_groups)]
         if not fresh:
             return
         loop = asyncio.get_running_loop()

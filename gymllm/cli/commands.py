@@ -44,14 +44,20 @@ def _train_dispatch(args: list[str]) -> object:
     preset = preset or overrides.pop("preset", None) or "default"
     overrides.pop("preset", None)
     overrides.pop("description", None)
+    loss_preset = overrides.pop("loss_preset", None)
+    if "--loss-preset" in args:
+        i = args.index("--loss-preset")
+        loss_preset, args = args[i + 1], args[:i] + args[i + 2 :]
     cfg = trainer_mod.preset(preset)
+    if loss_preset:
+        cfg = cfg.with_loss(loss_preset)  # grpo | dapo | dr_grpo | gspo | async_agentic
     cfg = apply_overrides(cfg, overrides)
     if run_dir is not None:
         cfg = apply_overrides(cfg, {"run": {"run_dir": run_dir}})
     cfg = tyro.cli(
         type(cfg),
         default=cfg,
-        prog="gymllm train [RECIPE] [--preset NAME] [--run-dir DIR]",
+        prog="gymllm train [RECIPE] [--preset NAME] [--loss-preset NAME] [--run-dir DIR]",
         description=train.__doc__,
         args=args,
     )
@@ -74,7 +80,8 @@ def _print_train_summary(cfg: object, result: object) -> None:
 def train() -> None:
     """Run barrier-free GRPO; with no recipe, the embedded default (real small model, tool math).
 
-    Usage: gymllm train [RECIPE] [--preset default|tiny|...] [--run-dir DIR] [--section.field VALUE].
+    Usage: gymllm train [RECIPE] [--preset default|tiny] [--loss-preset grpo|dapo|dr_grpo|gspo|async_agentic]
+    [--run-dir DIR] [--section.field VALUE ...].
     RECIPE is a TOML file or a name from examples/ (e.g. `gymllm train calc_math`). The run directory
     gets config.json, metrics.jsonl, TensorBoard events, a trajectory log, trace.json (open it in
     ui.perfetto.dev), checkpoints and a reward-curve PNG.

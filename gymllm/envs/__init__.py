@@ -15,6 +15,7 @@ ENV_MODULES: list[str] = [
     # one line per module; each registers its own ids on import
     "gymllm.envs.basic",
     "gymllm.envs.arithmetic",
+    "gymllm.envs.arithmetic_tool",
     "gymllm.envs.games",
     "gymllm.envs.catalogue",
     "gymllm.envs.tiny_tasks",
