@@ -20,8 +20,6 @@ IDS = registered_ids()
 
 # Findings of these checks in other layers' envs (reported to their owners).
 KNOWN_ISSUES = {
-    ("vector", "gymllm/Terminal-v0"): "observations embed the per-instance sandbox temp path (not seed-determined)",
-    ("vector", "gymllm/TerminalTools-v0"): "observations embed the per-instance sandbox temp path (not seed-determined)",
 }
 
 

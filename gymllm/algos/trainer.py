@@ -188,14 +188,16 @@ def _tiny() -> TrainConfig:
 
 
 def _default() -> TrainConfig:
-    """The embedded default: SmolLM2-135M-Instruct on arithmetic (real model: slow on a CPU)."""
+    """The embedded default: SmolLM2-135M-Instruct (from a PyPI package) on ArithmeticTool-v0: a calculator
+    tool it may call and a second attempt after a wrong answer (multi-turn), async rollouts. Sized for a
+    2-core CPU: short prompts and replies, 12 trajectories per step, 20 steps."""
     return TrainConfig(
         model=ModelSection(name="smollm2-135m-instruct"),
-        env=EnvSection(id="gymllm/Arithmetic-v0", kwargs={"digits": 1}, num_envs=16),
-        rollout=RolloutSection(group_size=8, max_concurrency=16, eta=2, temperature=1.0, max_tokens=96,
-                               engine_slots=16, engine_max_len=384),
-        optimizer=OptimizerConfig(learning_rate=1e-6, warmup_steps=5),
-        learner=LearnerConfig(groups_per_step=2, micro_batch_size=4, num_steps=100, max_len=384, min_bucket=128),
+        env=EnvSection(id="gymllm/ArithmeticTool-v0", kwargs={"digits": 1}, num_envs=12),
+        rollout=RolloutSection(group_size=6, max_concurrency=12, eta=2, temperature=0.8, max_tokens=40,
+                               max_turns=2, engine_slots=12, engine_max_len=256),
+        optimizer=OptimizerConfig(learning_rate=1e-5, warmup_steps=2),
+        learner=LearnerConfig(groups_per_step=2, micro_batch_size=6, num_steps=20, max_len=256, min_bucket=128),
         run=RunSection(run_dir="runs/default", checkpoint_every=10),
     )
 

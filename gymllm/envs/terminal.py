@@ -208,12 +208,21 @@ class TerminalEnv(TextEnv):
         does not earn the reward.
         """
         self.sandbox.write_files({"tests/test_lib.py": self._tests, "tests/__init__.py": ""})
-        res = self.sandbox.run_shell("python -m unittest -q 2>&1 | tail -n 15")
+        res = self.run_shell("python -m unittest -q 2>&1 | tail -n 15")
         ok = res.ok and bool(re.search(r"^OK", res.stdout, re.MULTILINE)) and "FAILED" not in res.stdout
         output = re.sub(r"(Ran \d+ tests?) in [\d.]+s", r"\1", res.as_text())  # no timings: replayable
         if ok and not self._hidden_pass():
             ok, output = False, output + "\n(hidden checks failed)"
         return ok, output
+
+    def run_shell(self, command: str, **kw):
+        """Run ``command`` in the repository; the sandbox's temporary path reads as ``/repo`` in the
+        output, so observations depend on the seed and the actions only (replayable, checkable)."""
+        import dataclasses
+
+        res = self.sandbox.run_shell(command, **kw)
+        wd = self.sandbox.workdir
+        return dataclasses.replace(res, stdout=res.stdout.replace(wd, "/repo"), stderr=res.stderr.replace(wd, "/repo"))
 
     def _hidden_pass(self) -> bool:
         mark = f"@@hidden-{secrets.token_hex(8)}@@"
@@ -240,7 +249,7 @@ class TerminalEnv(TextEnv):
         cmd = extract_command(action)
         info = {"task_id": self._task_id}
         if cmd is not None:
-            res = self.sandbox.run_shell(cmd)
+            res = self.run_shell(cmd)
             truncated = self.max_turns is not None and self.turn + 1 >= self.max_turns
             if truncated:  # out of turns: grade what is there (reward only if it passes)
                 ok, _ = self.grade()
@@ -277,7 +286,7 @@ class _SandboxProxy:
         self._env = env
 
     def run_shell(self, command: str, **kw):
-        return self._env.sandbox.run_shell(command, **kw)
+        return self._env.run_shell(command, **kw)
 
 
 register("Terminal-v0", "gymllm.envs.terminal:TerminalEnv")
