@@ -94,3 +94,25 @@ def test_bench_runs_scripts_and_prints_their_results(tmp_path, capsys):
     assert main(["bench", "--benchmarks-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "fake" in out and '"ratio": 2.5' in out
+
+
+def test_train_tiny_preset_end_to_end_through_the_cli(tmp_path):
+    """`gymllm train --preset tiny --run-dir DIR` leaves metrics, a Perfetto trace and PNG plots."""
+    import json
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "gymllm.cli.main", "train", "--preset", "tiny", "--run-dir", str(run_dir),
+         "--learner.num-steps", "4", "--run.no-console"],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert all(0.0 <= r["reward_mean"] <= 1.0 for r in records)
+    trace = json.loads((run_dir / "trace.json").read_text())
+    spans = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    assert {"train_step", "generate"} <= {e["name"] for e in spans}
+    assert all(e["dur"] >= 0 for e in spans)
+    assert list(run_dir.glob("*.png")), "expected a reward-curve PNG"
+    assert "trained 4 steps" in proc.stdout

@@ -190,14 +190,14 @@ def _tiny() -> TrainConfig:
 def _default() -> TrainConfig:
     """The embedded default: SmolLM2-135M-Instruct (from a PyPI package) on ArithmeticTool-v0: a calculator
     tool it may call and a second attempt after a wrong answer (multi-turn), async rollouts. Sized for a
-    2-core CPU: short prompts and replies, 12 trajectories per step, 20 steps."""
+    2-core CPU: short prompts and replies, 12 trajectories per step, 12 steps (about 12-15 minutes)."""
     return TrainConfig(
         model=ModelSection(name="smollm2-135m-instruct"),
         env=EnvSection(id="gymllm/ArithmeticTool-v0", kwargs={"digits": 1}, num_envs=12),
         rollout=RolloutSection(group_size=6, max_concurrency=12, eta=2, temperature=0.8, max_tokens=40,
                                max_turns=2, engine_slots=12, engine_max_len=256),
         optimizer=OptimizerConfig(learning_rate=1e-5, warmup_steps=2),
-        learner=LearnerConfig(groups_per_step=2, micro_batch_size=6, num_steps=20, max_len=256, min_bucket=128),
+        learner=LearnerConfig(groups_per_step=2, micro_batch_size=6, num_steps=12, max_len=256, min_bucket=128),
         run=RunSection(run_dir="runs/default", checkpoint_every=10),
     )
 
