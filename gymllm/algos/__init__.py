@@ -13,8 +13,7 @@ rloo, batch_std), ``policy_loss`` (token/sequence ratios, PPO clip, dual clip, C
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from gymllm._lazy import lazy_exports
 
 _LAZY = {
     "LossConfig": "gymllm.algos.config",
@@ -45,9 +44,4 @@ _LAZY = {
 __all__ = list(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'gymllm.algos' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import importlib
 import warnings
-from typing import Any
+
+from gymllm._lazy import lazy_exports
 
 ENV_MODULES: list[str] = [
     # one line per module; each registers its own ids on import
@@ -54,7 +55,4 @@ def register_all() -> None:
                           "not registered. Fix the module or its dependency.", RuntimeWarning, stacklevel=2)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'gymllm.envs' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, cache=False)

@@ -12,8 +12,7 @@ Names are imported lazily: the client does not import JAX.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from gymllm._lazy import lazy_exports
 
 _LAZY = {
     "SamplingParams": "gymllm.inference.params",
@@ -31,9 +30,4 @@ _LAZY = {
 __all__ = list(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'gymllm.inference' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -9,8 +9,7 @@ Public names are imported lazily (JAX loads only when a model name is first used
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from gymllm._lazy import lazy_exports
 
 _LAZY = {
     "ModelConfig": "gymllm.models.config",
@@ -39,9 +38,4 @@ _LAZY = {
 __all__ = list(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'gymllm.models' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -5,8 +5,7 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from gymllm._lazy import lazy_exports
 
 _LAZY = {
     "Agent": "gymllm.rollout.agents",
@@ -34,9 +33,4 @@ _LAZY = {
 __all__ = list(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'gymllm.rollout' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from gymllm._lazy import lazy_exports
 
 _LAZY = {
     "check_env": "gymllm.utils.env_checker",
@@ -15,7 +14,4 @@ _LAZY = {
 __all__ = list(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'gymllm.utils' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, cache=False)

@@ -5,8 +5,7 @@ Exports are lazy (one line per public name) so importing one wrapper does not im
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from gymllm._lazy import lazy_exports
 
 _LAZY: dict[str, str] = {
     # "PublicName": "gymllm.wrappers.module",
@@ -37,11 +36,5 @@ _LAZY: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'gymllm.wrappers' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, cache=False)
 
-
-def __dir__() -> list[str]:
-    return sorted(_LAZY)
