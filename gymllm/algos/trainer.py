@@ -190,7 +190,8 @@ def _tiny() -> TrainConfig:
 def _default() -> TrainConfig:
     """The embedded default: SmolLM2-135M-Instruct (from a PyPI package) on ArithmeticTool-v0: a calculator
     tool it may call and a second attempt after a wrong answer (multi-turn), async rollouts. Sized for a
-    2-core CPU: short prompts and replies, 12 trajectories per step, 12 steps (about 12-15 minutes)."""
+    2-core CPU: short prompts and replies, 12 trajectories per step, 12 steps (about 15-20 minutes;
+    measured: mean reward 0.31 over steps 1-3, 0.64 over steps 9-11)."""
     return TrainConfig(
         model=ModelSection(name="smollm2-135m-instruct"),
         env=EnvSection(id="gymllm/ArithmeticTool-v0", kwargs={"digits": 1}, num_envs=12),
