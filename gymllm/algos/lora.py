@@ -3,7 +3,10 @@
 Weights are flat ``{"layers.wq": [L, in, out], ...}`` (see :mod:`gymllm.models.transformer`).
 An adapter on ``layers.wq`` is ``A [L, in, r]`` (small random) and ``B [L, r, out]`` (zeros), so the
 adapted model starts equal to the base; the effective weight is ``W + (alpha / r) A @ B``.
-:func:`merge` gives the full weights the engine runs (the base is never modified).
+:func:`merge` gives the full weights the engine runs (the base is never modified), as a
+:class:`MergedWeights` dict that also keeps the adapters it was made from: a weight push of merged
+weights sends only those adapters (:mod:`gymllm.algos.lora_push`); the engine keeps its base and
+merges them itself (:mod:`gymllm.inference.lora_update`).
 """
 
 from __future__ import annotations
@@ -55,11 +58,43 @@ def init_adapters(cfg: LoRAConfig, base: dict[str, jax.Array]) -> dict[str, jax.
     return out
 
 
-def merge(cfg: LoRAConfig, base: dict[str, jax.Array], adapters: dict[str, jax.Array]) -> dict[str, jax.Array]:
+class MergedWeights(dict):
+    """Full weights ``{name: array}`` (a plain dict to every reader) that also remember how they were
+    made: ``lora`` (the config), ``base`` and ``adapters``, so a push can send the adapters alone.
+    As a pytree it flattens like a dict and unflattens to a plain dict (jit, tree.map)."""
+
+    lora: LoRAConfig
+    base: dict[str, jax.Array]
+    adapters: dict[str, jax.Array]
+
+
+jax.tree_util.register_pytree_with_keys(
+    MergedWeights,
+    lambda m: ([(jax.tree_util.DictKey(k), m[k]) for k in sorted(m)], tuple(sorted(m))),
+    lambda keys, values: dict(zip(keys, values)),
+    flatten_func=lambda m: ([m[k] for k in sorted(m)], tuple(sorted(m))))
+
+
+def adapter_keys(cfg: LoRAConfig) -> list[str]:
+    """The adapter arrays of ``cfg``, in push order: ``layers.<t>.lora_a``, ``layers.<t>.lora_b`` per target."""
+    return [f"layers.{t}.lora_{x}" for t in cfg.targets for x in "ab"]
+
+
+def merged_delta(cfg: LoRAConfig, a: jax.Array, b: jax.Array) -> jax.Array:
+    """``(alpha / r) A @ B``: [L, in, r] x [L, r, out] -> [L, in, out]."""
+    return (cfg.alpha / cfg.rank) * jnp.einsum("lir,lro->lio", a, b)
+
+
+def merge(cfg: LoRAConfig, base: dict[str, jax.Array], adapters: dict[str, jax.Array]) -> MergedWeights:
     """Effective weights ``W + (alpha / r) A @ B`` on the targets; other weights are the base's."""
-    scale = cfg.alpha / cfg.rank
-    out = dict(base)
+    out = MergedWeights(base)
     for t in cfg.targets:
         a, b = adapters[f"layers.{t}.lora_a"], adapters[f"layers.{t}.lora_b"]
-        out[f"layers.{t}"] = base[f"layers.{t}"] + scale * jnp.einsum("lir,lro->lio", a, b)
+        out[f"layers.{t}"] = base[f"layers.{t}"] + merged_delta(cfg, a, b)
+    out.lora, out.base, out.adapters = cfg, base, adapters
     return out
+
+
+def nbytes(tree: dict[str, jax.Array]) -> int:
+    """Bytes of the arrays of a flat dict (what a push of it moves)."""
+    return int(sum(np.dtype(v.dtype).itemsize * int(np.prod(v.shape)) for v in tree.values()))

@@ -37,11 +37,13 @@ class WeightPusher:
         return nnx.state(Transformer(self.model_config, params=flat))
 
     def push(self, flat: dict[str, jax.Array], version: int) -> float:
+        from gymllm.algos.lora_push import push_adapters
         from gymllm.telemetry import span
 
         t = time.perf_counter()
         with span("weight_sync", track="trainer", version=version):
-            self.engine.update_weights(self.state_of(flat), version)
+            if not push_adapters(self.engine, self.model_config, flat, version):  # LoRA: adapters only
+                self.engine.update_weights(self.state_of(flat), version)
         self.last_s = time.perf_counter() - t
         self.total_s += self.last_s
         self.pushes += 1
