@@ -7,10 +7,12 @@
 The math is the same as on one device: only where the numbers live changes (tests check that the
 update on 4 host CPU devices equals the single-device one).
 
-Multi-host: call ``jax.distributed.initialize(coordinator_address="host0:1234", num_processes=N,
-process_id=i)`` in every process before building the learner, then build the mesh over
-``jax.devices()`` (all hosts' devices) with :func:`make_mesh`; each process feeds the rows of its own
-data shard (``jax.make_array_from_process_local_data``) and the same jitted step runs everywhere.
+Multi-host: every process calls :func:`gymllm.algos.multihost.initialize_from_env` (which wraps
+``jax.distributed.initialize``) before any JAX computation, then builds the mesh over
+``jax.devices()`` (all processes' devices, in process order: data across hosts, FSDP within one)
+with :func:`make_mesh`. Every process submits the same groups; :func:`shard_batch` and
+:func:`shard_params` place only the process's own shards (``device_put`` of the same host value on
+every process) and the same jitted step runs everywhere (tested with two local CPU processes).
 On one machine, ``XLA_FLAGS=--xla_force_host_platform_device_count=4`` gives 4 CPU devices to try it.
 """
 
