@@ -60,7 +60,7 @@ WORKER = textwrap.dedent('''
         info = dict(loss=rep.metrics["loss"], grad_norm=rep.metrics["grad_norm"],
                     processes=jax.process_count(), devices=len(jax.devices()), local=len(jax.local_devices()),
                     moved=max(float(np.max(np.abs(params[k] - np.asarray(base[k])))) for k in params),
-                    mesh_processes=sorted({d.process_index for d in mesh.devices.flat}) if mesh is not None else [0],
+                    mesh_processes=[[d.process_index for d in row] for row in mesh.devices] if mesh is not None else [],
                     sharded=sorted({str(getattr(v.sharding, "spec", "")) for v in lrn.trainable.values()}))
         print("RESULT " + json.dumps(info), flush=True)
 ''')
@@ -103,7 +103,7 @@ def test_two_processes_equal_one_process(tmp_path):
     multi, one = result(outs[0][0]), result(single.stdout)
     assert "RESULT" not in outs[1][0]  # only process 0 reports
     assert (multi["processes"], multi["devices"], multi["local"]) == (2, 4, 2)
-    assert multi["mesh_processes"] == [0, 1]  # the mesh really spans both processes
+    assert multi["mesh_processes"] == [[0, 0], [1, 1]]  # data across the processes, FSDP within one
     assert any("fsdp" in s for s in multi["sharded"])
     assert one["processes"] == 1 and one["moved"] > 1e-4
     assert abs(multi["loss"] - one["loss"]) < 1e-5 + 1e-4 * abs(one["loss"])
