@@ -49,7 +49,8 @@ class MultiHostConfig:
         host, _, port = self.coordinator_address.rpartition(":")
         if not host or not port.isdigit():
             raise ConfigError(explain("MultiHostConfig.coordinator_address", expected="'host:port'",
-                                      received=self.coordinator_address, fix="e.g. '10.0.0.1:1234' or '127.0.0.1:1234'"))
+                                      received=self.coordinator_address,
+                                      fix="e.g. '10.0.0.1:1234' or '127.0.0.1:1234'"))
         check_range("MultiHostConfig", "num_processes", self.num_processes, lo=1)
         check_range("MultiHostConfig", "process_id", self.process_id, lo=0, hi=self.num_processes - 1)
         check_range("MultiHostConfig", "local_devices", self.local_devices, lo=0)
