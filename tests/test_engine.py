@@ -1,7 +1,8 @@
 """JaxEngine on a real tiny model (gymllm.models.make_tiny), checked against the trainer's full forward.
 
-One engine (12 slots, context 64, one length bucket, prefill batches 1/2, decode widths 8/12) is
-shared by the module and warmed up once, so the file compiles four engine shapes (CPU compiles dominate the run time);
+One engine (12 slots, context 64, one length bucket, prefill batches 1/2, decode widths 8/12 x cache
+lengths 32/64) is shared by the module and warmed up once, so the file compiles six engine shapes (CPU
+compiles dominate the run time);
 reference forwards are padded to the context length so they compile once. Async code runs under
 asyncio.run.
 """
@@ -23,7 +24,8 @@ from gymllm.inference.steps import make_steps
 from gymllm.models import make_tiny, token_logprobs
 from gymllm.telemetry import get_tracer
 
-CFG = EngineConfig(num_slots=12, max_len=64, min_bucket=64, max_prefill_batch=2)  # decode widths 8 and 12
+# decode widths 8 and 12 x cache lengths 32 and 64
+CFG = EngineConfig(num_slots=12, max_len=64, min_bucket=64, max_prefill_batch=2, decode_lengths=2)
 
 
 @pytest.fixture(scope="module")
@@ -67,9 +69,10 @@ async def gather(engine, ps, params, **kw):
 
 # ------------------------------------------------------------------ device steps
 def test_cached_prefill_and_decode_equal_full_forward(lm):
-    """Prefill in two chunks (the prefix-reuse path) into row 1 beside a padding row, then decode: every
-    greedy token and its logprob equal the full forward's argmax and log-softmax. Shapes are the
-    module engine's (12 rows x 64, bucket 64, prefill batch 2), so the compiled steps are shared."""
+    """Prefill in two chunks (the prefix-reuse path) into row 1 beside a padding row, then decode
+    attending over the first 32 cache slots: every greedy token and its logprob equal the full
+    forward's argmax and log-softmax. Shapes are the module engine's (12 rows x 64, bucket 64,
+    prefill batch 2, decode length 32), so the compiled steps are shared."""
     model = lm.model
     graphdef, state = nnx.split(model)
     prefill, decode, _ = make_steps(graphdef)
@@ -94,7 +97,7 @@ def test_cached_prefill_and_decode_equal_full_forward(lm):
         pos = np.full(rows, scratch, np.int32)  # idle rows write only to the scratch index
         pos[1] = len(seq) - 1
         cache, tok, lp = decode(state, cache, toks, pos, np.zeros((rows, 2), np.uint32), z(rows),
-                                np.zeros(rows, np.float32), z(rows), np.ones(rows, np.float32))
+                                np.zeros(rows, np.float32), z(rows), np.ones(rows, np.float32), 32)  # slots [0, 32)
         seq.append(int(tok[1]))
         lps.append(float(lp[1]))
     padded = np.zeros((1, length), np.int32)
@@ -236,7 +239,7 @@ def test_no_recompiles_after_warmup(engine):
     run(gather(engine, ps, SamplingParams(temperature=0.7, top_k=5, top_p=0.9, max_tokens=3)))
     assert engine.trace_counts == before
     assert before["prefill"] <= len(engine.buckets) * len(engine.batch_sizes)
-    assert before["decode"] <= len(engine.widths)
+    assert before["decode"] <= len(engine.widths) * len(engine.lengths)
     tracer = get_tracer()
     cursor = tracer.cursor()
     run(engine.generate([1, 2, 3], SamplingParams(max_tokens=4)))  # alone: lowest row, narrowest step
@@ -244,6 +247,8 @@ def test_no_recompiles_after_warmup(engine):
     assert {e["track"] for e in spans} == {"engine"} and {e["name"] for e in spans} == {"prefill", "decode"}
     widths = {e["args"]["width"] for e in spans if e["name"] == "decode"}
     assert widths == {engine.widths[0]} and engine.widths == (8, 12)
+    lengths = {e["args"]["length"] for e in spans if e["name"] == "decode"}  # positions < 32: the short cache
+    assert lengths == {engine.lengths[0]} and engine.lengths == (32, 64)
     assert isinstance(engine, Engine)
 
 

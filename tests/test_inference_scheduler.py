@@ -5,7 +5,13 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gymllm.inference.scheduler import SlotTable, common_prefix_len, pick_bucket, power_of_two_buckets
+from gymllm.inference.scheduler import (
+    SlotTable,
+    common_prefix_len,
+    halving_buckets,
+    pick_bucket,
+    power_of_two_buckets,
+)
 
 
 def test_buckets():
@@ -13,6 +19,10 @@ def test_buckets():
     assert power_of_two_buckets(64, 16) == (16, 32, 64)
     assert power_of_two_buckets(4, 1) == (1, 2, 4)
     assert [pick_bucket(n, (16, 32, 64)) for n in (1, 16, 17, 64)] == [16, 16, 32, 64]
+    assert halving_buckets(128, 4) == (16, 32, 64, 128)  # decode cache lengths
+    assert halving_buckets(96, 3) == (24, 48, 96)
+    assert halving_buckets(64, 1) == (64,)
+    assert halving_buckets(3, 4) == (1, 2, 3)  # ceil halving, duplicates merged
 
 
 def test_session_reuses_its_slot_and_prefix():

@@ -12,8 +12,14 @@ Design (one background thread owns the device; asyncio callers never block):
   makes fewer, fuller prefill calls.
 * Compiled shapes are fixed: prefill (batch size in powers of two up to ``max_prefill_batch``) x
   (length bucket), and decode over the first W rows for W in ``widths`` (powers of two from 8 up
-  to ``num_slots``; free rows are taken lowest first, so a lightly loaded engine runs narrow steps). ``trace_counts`` exposes the number of compilations
-  (shared by engines over equal model graphs, which share the compiled steps).
+  to ``num_slots``; free rows are taken lowest first, so a lightly loaded engine runs narrow steps)
+  x the first S cache slots for S in ``lengths`` (``max_len``, ``max_len / 2``, ...: the smallest
+  covering every active row's position, so attention costs what the sequences need). ``trace_counts``
+  exposes the number of compilations (shared by engines over equal model graphs, which share the
+  compiled steps). Prefill projects only each prompt's last token onto the vocabulary.
+* ``EngineConfig.compute_dtype="bfloat16"`` keeps the engine's weights in bf16 (cast once, and at
+  every update): matmuls in bf16 with float32 accumulation, several times faster on AMX CPUs at
+  16+ rows; logits, sampling and logprobs stay float32.
 * Per-request keys: sample i of a request with ``seed`` uses a key derived from ``(seed, i)``;
   without a seed the engine draws a fresh one. Token j uses ``fold_in(key, j)``, so a seeded request
   samples the same tokens whatever else is batched with it (up to float rounding of the logits).
@@ -43,7 +49,7 @@ from gymllm.inference.completion import Completion
 from gymllm.inference.config import EngineConfig
 from gymllm.inference.params import SamplingParams
 from gymllm.inference.sampling import request_key
-from gymllm.inference.scheduler import Placement, SlotTable, pick_bucket, power_of_two_buckets
+from gymllm.inference.scheduler import Placement, SlotTable, halving_buckets, pick_bucket, power_of_two_buckets
 from gymllm.inference.steps import make_steps
 from gymllm.telemetry import counter, span
 
@@ -81,6 +87,11 @@ class _Request:
     def cached_ids(self) -> list[int]:
         """Ids whose k/v this request's row holds: the prompt and every sampled id fed back."""
         return self.prompt + self.tokens[:-1]
+
+
+def _cast_floats(state: Any, dtype: Any) -> Any:
+    """The weights with every floating-point leaf cast to ``dtype`` (integer leaves unchanged)."""
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
 
 
 def _deliver(req: _Request, kind: str, payload: Any) -> None:
@@ -126,12 +137,15 @@ class JaxEngine:
         self.default_stop_ids = frozenset(int(t) for t in stop_token_ids)
         self.max_len = cfg.max_len
         self._graphdef, self._state = nnx.split(model)
+        if cfg.compute_dtype is not None:
+            self._state = _cast_floats(self._state, cfg.compute_dtype)
         self.vocab_size = self._infer_vocab(model, tokenizer)
         self._cache = model.init_cache(cfg.num_slots, cfg.max_len, cache_dtype)  # None: the model's dtype
         self._prefill, self._decode, self.trace_counts = make_steps(self._graphdef)
         self.buckets = power_of_two_buckets(cfg.max_len, cfg.min_bucket)
         self.batch_sizes = power_of_two_buckets(cfg.max_prefill_batch, 1)
         self.widths = power_of_two_buckets(cfg.num_slots, min(8, cfg.num_slots))  # decode row counts
+        self.lengths = halving_buckets(cfg.max_len, cfg.decode_lengths)  # decode cache lengths
         self._table = SlotTable(cfg.num_slots)
         self._rng = np.random.default_rng(cfg.seed)
         self._version = version
@@ -298,7 +312,8 @@ class JaxEngine:
                     self._call_prefill(np.zeros((p, t), np.int32), np.zeros((p, t), np.int32), rows,
                                        np.zeros(p, np.int32), _PrefillRowParams.padding(p))
             for w in self.widths:
-                self._call_decode(w)
+                for n in self.lengths:
+                    self._call_decode(w, n)
 
     # ------------------------------------------------------------------ request plumbing
     def _make_request(self, prompt_ids, params, session_id, index: int, *, stream: bool) -> _Request:
@@ -435,13 +450,15 @@ class JaxEngine:
             )
             return np.asarray(tok), np.asarray(logp)
 
-    def _call_decode(self, width: int | None = None):
-        """One decode step over rows [0, width); width defaults to the smallest that covers every active row."""
+    def _call_decode(self, width: int | None = None, length: int | None = None):
+        """One decode step over rows [0, width) attending over cache slots [0, length); each defaults to
+        the smallest that covers every active row (its slot / its position)."""
         w = width or pick_bucket(max(self._active, default=0) + 1, self.widths)
-        with span("decode", track="engine", active=len(self._active), width=w):
+        n = length or pick_bucket(max((int(self._h_pos[s]) for s in self._active), default=0) + 1, self.lengths)
+        with span("decode", track="engine", active=len(self._active), width=w, length=n):
             self._cache, tok, logp = self._decode(
                 self._state, self._cache, self._h_tokens[:w], self._h_pos[:w], self._h_keys[:w], self._h_steps[:w],
-                self._h_temp[:w], self._h_topk[:w], self._h_topp[:w],
+                self._h_temp[:w], self._h_topk[:w], self._h_topp[:w], n,
             )
             return np.asarray(tok), np.asarray(logp)
 

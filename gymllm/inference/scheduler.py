@@ -30,6 +30,11 @@ def power_of_two_buckets(limit: int, smallest: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+def halving_buckets(limit: int, count: int) -> tuple[int, ...]:
+    """Up to ``count`` sizes ``limit``, ``ceil(limit / 2)``, ``ceil(limit / 4)``, ... ascending (distinct)."""
+    return tuple(sorted({-(-limit // 2**k) for k in range(count)}))
+
+
 def pick_bucket(n: int, buckets: Sequence[int]) -> int:
     """The smallest bucket >= n (buckets sorted ascending)."""
     for b in buckets:

@@ -5,7 +5,10 @@ Cache layout: a pytree from ``model.init_cache(num_slots, max_len, dtype)`` whos
 carry the slot (batch) row on axis ``CACHE_BATCH_AXIS`` (``gymllm.models.KVCache``: [L, B, S, K, D]). Prefill gathers the rows it writes (``rows`` [P]; an index equal
 to ``num_slots`` marks a padding row: its gather is clamped and its scatter dropped), runs the
 model on them and scatters them back, so other slots' caches are untouched. Decode runs over the
-first W rows (W from a small set of widths), so a lightly loaded engine does not pay for idle rows.
+first W rows (W from a small set of widths) and attends over the first S cache slots (S from a small set
+of cache lengths covering every active row's position), so a lightly loaded engine or one with short
+sequences does not pay for idle rows or empty slots; only the new token's k/v are written back.
+Prefill computes the vocab projection at each row's last prompt token only (``logits_at``).
 """
 
 from __future__ import annotations
@@ -32,6 +35,20 @@ def _rows_set(cache: Any, rows: jax.Array, part: Any) -> Any:
     return jax.tree.map(lambda c, p: c.at[index].set(p.astype(c.dtype), mode="drop"), cache, part)
 
 
+def _cache_len(cache: Any) -> int:
+    return jax.tree.leaves(cache)[0].shape[CACHE_BATCH_AXIS + 1]
+
+
+def _write_new_kv(cache: Any, part: Any, positions: jax.Array) -> Any:
+    """Copy each row's newly written slot (``positions`` [W]) from the decode's slice ``part``
+    ([L, W, S', K, D]) into the full cache, in place: O(W) writes instead of writing the slice back.
+    A row at a position >= S' (only idle rows) writes a clamped junk slot into its own scratch index."""
+    rows = jnp.arange(positions.shape[0])
+    return jax.tree.map(
+        lambda c, p: c.at[:, rows, positions].set(p[:, rows, positions].astype(c.dtype), mode="drop"), cache, part
+    )
+
+
 @functools.lru_cache(maxsize=16)
 def make_steps(graphdef: Any) -> tuple[Callable, Callable, dict[str, int]]:
     """(prefill, decode, trace_counts) for a model graph, shared by engines over equal graphs (so a
@@ -45,25 +62,24 @@ def make_steps(graphdef: Any) -> tuple[Callable, Callable, dict[str, int]]:
         trace_counts["prefill"] += 1
         model = nnx.merge(graphdef, state)
         part = _rows_get(cache, rows)
-        logits, part = model(tokens, positions, cache=part)  # [P, T, V]
+        logits, part = model(tokens, positions, cache=part, logits_at=last)  # [P, 1, V]: only the last token's
         cache = _rows_set(cache, rows, part)
-        last_logits = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]  # [P, V]
-        tok, logp = sample(last_logits, step_keys(keys, steps), temperature, top_k, top_p)
+        tok, logp = sample(logits[:, 0], step_keys(keys, steps), temperature, top_k, top_p)
         return cache, tok, logp
 
-    @functools.partial(jax.jit, donate_argnums=(1,))
-    def decode(state, cache, tokens, positions, keys, steps, temperature, top_k, top_p):
+    @functools.partial(jax.jit, donate_argnums=(1,), static_argnums=(9,))
+    def decode(state, cache, tokens, positions, keys, steps, temperature, top_k, top_p, length=None):
         # tokens/positions/steps/top_k [W] int32; keys [W, 2] uint32; temperature/top_p [W] f32.
-        # W (a static shape) <= the cache's rows: the step runs over rows [0, W) only.
+        # W (a static shape) <= the cache's rows: the step runs over rows [0, W) only. ``length`` (static,
+        # default the whole context): attend over cache slots [0, length) only; every active row's
+        # position must be < length (a row at a position >= length writes nothing and its output is junk).
         trace_counts["decode"] += 1
         width = tokens.shape[0]
+        length = length or _cache_len(cache)
         model = nnx.merge(graphdef, state)
-        part = jax.tree.map(lambda c: jax.lax.slice_in_dim(c, 0, width, axis=CACHE_BATCH_AXIS), cache)
+        part = jax.tree.map(lambda c: c[:, :width, :length], cache)  # [L, W, length, K, D]
         logits, part = model(tokens[:, None], positions[:, None], cache=part)  # [W, 1, V]
-        cache = jax.tree.map(
-            lambda c, p: jax.lax.dynamic_update_slice_in_dim(c, p.astype(c.dtype), 0, axis=CACHE_BATCH_AXIS),
-            cache, part,
-        )
+        cache = _write_new_kv(cache, part, positions)
         tok, logp = sample(logits[:, 0], step_keys(keys, steps), temperature, top_k, top_p)
         return cache, tok, logp
 
