@@ -22,7 +22,10 @@ in PEFT format (``adapter_config.json`` with r, lora_alpha, target_modules mappe
 lora_A.weight`` = A[i].T [r, in] and ``lora_B.weight`` = B[i].T [out, r]), then
 ``POST /v1/load_lora_adapter {"lora_name": "policy-v{version}", "lora_path": dir}`` and sample with
 ``model="policy-v{version}"`` (unload the previous name afterwards); the version travels in the
-adapter name. vLLM applies the adapter at run time (punica kernels) instead of merging.
+adapter name. In process (``VllmEngine``): ``LLM(..., enable_lora=True)`` and pass
+``lora_request=LoRARequest(f"policy-v{version}", version + 1, dir)`` with each request. vLLM applies
+the adapter at run time (punica kernels) instead of merging; the swap point is per request, not per
+decode step, so a request keeps the adapter it started with.
 """
 
 from __future__ import annotations
