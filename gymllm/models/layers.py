@@ -4,10 +4,17 @@ All functions are pure JAX (no module state), so they compose under ``jit``/``sc
 Shapes: B batch, T query tokens, S key tokens (T, or the cache length), H query heads,
 K kv heads, G = H // K, D head dim, E hidden size, F MLP size.
 Normalisation statistics, attention scores and softmax are float32 whatever the weight dtype.
+
+Low-precision (bf16/f16) activations go through :func:`dense`: every matmul accumulates in float32
+(``preferred_element_type``) and its backward multiplies in the same low precision. Besides being the
+usual mixed-precision recipe, this is what makes bf16 fast on CPUs with AMX: XLA:CPU upcasts a
+bf16 x bf16 -> bf16 dot (or a mixed f32 x bf16 one) to float32, but runs bf16 x bf16 -> f32 natively
+(measured here: ~3.5x a float32 matmul at >= 64 rows).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -23,7 +30,51 @@ def rms_norm(x: jax.Array, w: jax.Array, eps: float, plus_one: bool) -> jax.Arra
     xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
     if plus_one:
         return (xf * (1.0 + w.astype(jnp.float32))).astype(x.dtype)
-    return w * xf.astype(x.dtype)
+    return w.astype(x.dtype) * xf.astype(x.dtype)
+
+
+def _is_low_precision(dtype) -> bool:
+    return jnp.issubdtype(dtype, jnp.floating) and jnp.dtype(dtype).itemsize < 4
+
+
+def _acc_dot(a: jax.Array, b: jax.Array, dims) -> jax.Array:
+    """dot_general with float32 accumulation and output."""
+    return jax.lax.dot_general(a, b, (dims, ((), ())), preferred_element_type=jnp.float32)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _mixed_matmul(x: jax.Array, w: jax.Array, w_transposed: bool, f32_out: bool) -> jax.Array:
+    """x [..., E] @ w [E, F] (or w [F, E] transposed) with f32 accumulation, both operands low precision.
+    Output [..., F]: float32 when ``f32_out``, else x's dtype."""
+    out = _acc_dot(x, w, ((x.ndim - 1,), (1 if w_transposed else 0,)))
+    return out if f32_out else out.astype(x.dtype)
+
+
+def _mixed_matmul_fwd(x, w, w_transposed, f32_out):
+    return _mixed_matmul(x, w, w_transposed, f32_out), (x, w)
+
+
+def _mixed_matmul_bwd(w_transposed, f32_out, res, g):
+    x, w = res
+    g = g.astype(x.dtype)  # the cotangent in low precision too: the backward dots stay native
+    dx = _acc_dot(g, w, ((g.ndim - 1,), (0 if w_transposed else 1,))).astype(x.dtype)  # [..., E]
+    x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])  # [N, E], [N, F]
+    dw = _acc_dot(g2, x2, ((0,), (0,))) if w_transposed else _acc_dot(x2, g2, ((0,), (0,)))
+    return dx, dw.astype(w.dtype)
+
+
+_mixed_matmul.defvjp(_mixed_matmul_fwd, _mixed_matmul_bwd)
+
+
+def dense(x: jax.Array, w: jax.Array, *, transposed: bool = False, f32_out: bool = False) -> jax.Array:
+    """x [..., E] @ w [E, F] (``transposed``: w [F, E]) -> [..., F] in x's dtype (float32 if ``f32_out``).
+    Float32 inputs take the plain path; low-precision inputs the f32-accumulating one (module doc)."""
+    if _is_low_precision(x.dtype) and x.dtype == w.dtype:
+        return _mixed_matmul(x, w, transposed, f32_out)
+    if not transposed and not f32_out:
+        return x @ w
+    out = jnp.einsum("...e,fe->...f" if transposed else "...e,ef->...f", x, w, preferred_element_type=jnp.float32)
+    return out if f32_out else out.astype(x.dtype)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict) -> np.ndarray:
@@ -65,8 +116,8 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, scal
         scores = softcap * jnp.tanh(scores / softcap)
     scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)  # [B, K, G, T, S]
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)  # [B, T, K, G, D]
-    return out.reshape(b, t, h * d)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v, preferred_element_type=jnp.float32)  # [B, T, K, G, D]
+    return out.astype(v.dtype).reshape(b, t, h * d)
 
 
 def causal_mask(positions: jax.Array, segment_ids: jax.Array | None, window: jax.Array) -> jax.Array:
@@ -89,6 +140,6 @@ def cache_mask(positions: jax.Array, cache_len: int, window: jax.Array) -> jax.A
 
 def gated_mlp(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array, activation: str) -> jax.Array:
     """act(x @ w_gate) * (x @ w_up) @ w_down. x [B, T, E], w_gate/w_up [E, F], w_down [F, E]."""
-    gate = x @ w_gate
+    gate = dense(x, w_gate)  # [B, T, F]
     act = jax.nn.silu(gate) if activation == "silu" else jax.nn.gelu(gate, approximate=True)
-    return (act * (x @ w_up)) @ w_down
+    return dense(act * dense(x, w_up), w_down)

@@ -30,7 +30,7 @@ from flax import nnx
 
 from gymllm.models.cache import KVCache, init_cache
 from gymllm.models.config import ModelConfig
-from gymllm.models.layers import apply_rope, attention, cache_mask, causal_mask, gated_mlp, rms_norm, rope_inv_freq
+from gymllm.models.layers import apply_rope, attention, cache_mask, causal_mask, dense, gated_mlp, rms_norm, rope_inv_freq
 
 _GLOBAL_WINDOW = 1 << 30
 
@@ -170,12 +170,17 @@ def _layer_tables(cfg: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
     return inv, win
 
 
-@functools.partial(jax.jit, static_argnums=0)
+@functools.partial(jax.jit, static_argnums=0, static_argnames=("compute_dtype",))
 def forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, positions: jax.Array,
             segment_ids: jax.Array | None = None, cache: KVCache | None = None,
-            logits_at: jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
+            logits_at: jax.Array | None = None, *, compute_dtype: Any = None) -> tuple[jax.Array, KVCache | None]:
     """Pure forward over flat params (see the module docstring for the masking contract).
-    ``logits_at`` [B] int32: return only the logits at that index of each row ([B, 1, V])."""
+    ``logits_at`` [B] int32: return only the logits at that index of each row ([B, 1, V]).
+    ``compute_dtype`` (e.g. ``"bfloat16"``): cast the weights to it first (mixed precision: float32
+    master weights, low-precision compute with float32 accumulation; gradients flow back to the
+    masters); None computes in the weights' own dtype. Logits are float32 either way."""
+    if compute_dtype is not None:
+        params = {n: v.astype(compute_dtype) for n, v in params.items()}
     b, t = tokens.shape
     h, k, d = cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
     eps, plus_one = cfg.rms_norm_eps, cfg.norm_plus_one
@@ -191,7 +196,7 @@ def forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, p
         x, kc, vc = carry
         lw, inv_l, win_l, i = xs
         hdn = rms_norm(x, lw["attn_norm"], eps, plus_one)
-        q, kk, vv = hdn @ lw["wq"], hdn @ lw["wk"], hdn @ lw["wv"]
+        q, kk, vv = dense(hdn, lw["wq"]), dense(hdn, lw["wk"]), dense(hdn, lw["wv"])  # [B, T, H*D], [B, T, K*D]
         if cfg.attention_bias:
             q, kk, vv = q + lw["bq"], kk + lw["bk"], vv + lw["bv"]
         q, kk, vv = q.reshape(b, t, h, d), kk.reshape(b, t, k, d), vv.reshape(b, t, k, d)
@@ -206,7 +211,7 @@ def forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, p
             vc = vc.at[i, rows, positions].set(vv.astype(vc.dtype), mode="drop")
             keys, values = kc[i].astype(q.dtype), vc[i].astype(q.dtype)  # [B, S, K, D]
             mask = cache_mask(positions, kc.shape[2], win_l)  # [B, T, S]
-        out = attention(q, keys, values, mask, scale=cfg.attn_scale, softcap=cfg.attn_logit_softcap) @ lw["wo"]
+        out = dense(attention(q, keys, values, mask, scale=cfg.attn_scale, softcap=cfg.attn_logit_softcap), lw["wo"])
         if cfg.post_norms:
             out = rms_norm(out, lw["post_attn_norm"], eps, plus_one)
         x = x + out
@@ -223,9 +228,9 @@ def forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, p
         x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)  # [B, 1, E]
     x = rms_norm(x, params["final_norm"], eps, plus_one)
     if "lm_head" in params:
-        logits = jnp.einsum("bte,ev->btv", x, params["lm_head"], preferred_element_type=jnp.float32)
+        logits = dense(x, params["lm_head"], f32_out=True)  # [B, T, V] float32
     else:
-        logits = jnp.einsum("bte,ve->btv", x, embed, preferred_element_type=jnp.float32)
+        logits = dense(x, embed, transposed=True, f32_out=True)
     if cfg.final_logit_softcap:
         logits = cfg.final_logit_softcap * jnp.tanh(logits / cfg.final_logit_softcap)
     return logits, (None if cache is None else KVCache(kc, vc))
