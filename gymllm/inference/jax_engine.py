@@ -312,7 +312,7 @@ class JaxEngine:
                     self._call_prefill(np.zeros((p, t), np.int32), np.zeros((p, t), np.int32), rows,
                                        np.zeros(p, np.int32), _PrefillRowParams.padding(p))
             for w in self.widths:
-                for n in self.lengths:
+                for n in sorted({self._decode_length(w, n - 1) for n in self.lengths}):
                     self._call_decode(w, n)
 
     # ------------------------------------------------------------------ request plumbing
@@ -454,13 +454,23 @@ class JaxEngine:
         """One decode step over rows [0, width) attending over cache slots [0, length); each defaults to
         the smallest that covers every active row (its slot / its position)."""
         w = width or pick_bucket(max(self._active, default=0) + 1, self.widths)
-        n = length or pick_bucket(max((int(self._h_pos[s]) for s in self._active), default=0) + 1, self.lengths)
+        n = length or self._decode_length(w, max((int(self._h_pos[s]) for s in self._active), default=0))
         with span("decode", track="engine", active=len(self._active), width=w, length=n):
             self._cache, tok, logp = self._decode(
                 self._state, self._cache, self._h_tokens[:w], self._h_pos[:w], self._h_keys[:w], self._h_steps[:w],
                 self._h_temp[:w], self._h_topk[:w], self._h_topp[:w], n,
             )
             return np.asarray(tok), np.asarray(logp)
+
+    def _decode_length(self, width: int, max_pos: int) -> int:
+        """The cache length a decode step over ``width`` rows attends over when no active row is past
+        ``max_pos``. A step over every row and the whole cache copies nothing, while a shorter one
+        first copies the slots it attends over: that copy costs about what it saves unless the length
+        is at most a quarter of the context, so a full-width step otherwise takes the whole cache."""
+        n = pick_bucket(max_pos + 1, self.lengths)
+        if width == self.config.num_slots and 4 * n > self.max_len:
+            return self.max_len
+        return n
 
     def _recover(self, exc: BaseException) -> None:
         """After a failed step: if the (donated) cache is gone, rebuild it and forget every row."""
