@@ -9,6 +9,12 @@ One process, one workload per model, three schedules over the same compiled step
 * sequential: one request at a time on a 1-slot engine (batch 1, the best one-at-a-time setup),
   measured on an evenly spaced subset of the same requests (tokens/s is a rate).
 
+Each schedule runs under every compute dtype in ``--dtypes`` (``EngineConfig.compute_dtype``: float32,
+and bfloat16 with float32 accumulation, which is faster for many rows on AMX CPUs and slower for one),
+and the headline compares each schedule in its own fastest dtype: ``continuous_vs_sequential`` is
+the best continuous rate over the best one-at-a-time rate, so neither side is handicapped.
+Per-dtype figures are under ``models[name]["by_dtype"]``.
+
 The machine is shared and noisy, so the three schedules run interleaved for a few rounds and each
 reports its best round.
 
@@ -51,6 +57,7 @@ class Workload:
     p_long: float
     max_len: int
     min_bucket: int
+    decode_lengths: int = 2  # decode cache-length buckets (EngineConfig.decode_lengths)
     slots: int = 32
     seq_every: int = 4  # sequential runs every k-th request
     rounds: int = 3  # modes run interleaved this many times; each mode's best round counts (noisy CPU)
@@ -115,11 +122,11 @@ async def sequential(engine, reqs, every: int) -> dict:
     return {"tokens": tokens, "wall_s": time.perf_counter() - t0}
 
 
-def bench_model(name: str, lm, wl: Workload) -> dict:
-    vocab = lm.config.vocab_size
-    reqs = wl.requests(vocab)
+def bench_dtype(lm, wl: Workload, reqs, dtype: str) -> dict:
+    """Continuous, static and sequential runs of ``reqs`` under one compute dtype (raw figures)."""
     max_prompt = max(len(p) for p, _ in reqs)
-    cfg = EngineConfig(num_slots=wl.slots, max_len=wl.max_len, min_bucket=wl.min_bucket, max_prefill_batch=4)
+    cfg = EngineConfig(num_slots=wl.slots, max_len=wl.max_len, min_bucket=wl.min_bucket, max_prefill_batch=4,
+                       decode_lengths=wl.decode_lengths, compute_dtype=dtype)
     t = time.perf_counter()
     engine = JaxEngine.from_loaded(lm, config=cfg, stop_token_ids=())
     solo = JaxEngine.from_loaded(lm, config=dataclasses.replace(cfg, num_slots=1, max_prefill_batch=1),
@@ -145,22 +152,45 @@ def bench_model(name: str, lm, wl: Workload) -> dict:
         await engine.close()
         await solo.close()
         best = {k: max(v, key=lambda r: r["tokens"] / r["wall_s"]) for k, v in runs.items()}
-        return best["continuous"], best["static"], best["sequential"], step_s, idle
+        return best, step_s, idle
 
-    cont, stat, seq, step_s, idle = asyncio.run(main())
-    tps = {k: r["tokens"] / r["wall_s"] for k, r in (("continuous", cont), ("static", stat), ("sequential", seq))}
-    out = {
-        "requests": len(reqs), "slots": wl.slots, "generated_tokens": cont["tokens"],
-        "long_len": wl.long_len, "p_long": wl.p_long,
+    best, step_s, idle = asyncio.run(main())
+    return {"runs": best, "step_s": step_s, "idle": idle, "compile_s": compile_s,
+            "tps": {k: r["tokens"] / r["wall_s"] for k, r in best.items()}}
+
+
+def summarize(raw: dict) -> dict:
+    cont, tps = raw["runs"]["continuous"], raw["tps"]
+    return {
         "tokens_per_s": {k: round(v, 1) for k, v in tps.items()},
         "continuous_vs_static": round(tps["continuous"] / tps["static"], 2),
         "continuous_vs_sequential": round(tps["continuous"] / tps["sequential"], 2),
         "ttft_ms_p50": round(1000 * float(np.median(cont["ttft_s"])), 1),
         "ttft_ms_p90": round(1000 * float(np.quantile(cont["ttft_s"], 0.9)), 1),
-        "ttft_ms_idle": round(1000 * float(np.median(idle)), 1),
-        "decode_step_ms": round(1000 * step_s, 2), "compile_s": round(compile_s, 1), "rounds": wl.rounds,
+        "ttft_ms_idle": round(1000 * float(np.median(raw["idle"])), 1),
+        "decode_step_ms": round(1000 * raw["step_s"], 2), "compile_s": round(raw["compile_s"], 1),
     }
-    print(f"[{name}] " + json.dumps(out), flush=True)
+
+
+def bench_model(name: str, lm, wl: Workload, dtypes: list[str]) -> dict:
+    reqs = wl.requests(lm.config.vocab_size)
+    raw = {dt: bench_dtype(lm, wl, reqs, dt) for dt in dtypes}
+    by_dtype = {dt: summarize(r) for dt, r in raw.items()}
+    for dt, fig in by_dtype.items():
+        print(f"[{name} {dt}] " + json.dumps(fig), flush=True)
+    fastest = {k: max(dtypes, key=lambda dt: raw[dt]["tps"][k]) for k in ("continuous", "static", "sequential")}
+    head = by_dtype[fastest["continuous"]]
+    best = {k: raw[dt]["tps"][k] for k, dt in fastest.items()}
+    out = {
+        "requests": len(reqs), "slots": wl.slots, "generated_tokens": raw[dtypes[0]]["runs"]["continuous"]["tokens"],
+        "long_len": wl.long_len, "p_long": wl.p_long, "rounds": wl.rounds,
+        "tokens_per_s": {k: round(v, 1) for k, v in best.items()}, "fastest_dtype": fastest,
+        "continuous_vs_static": round(best["continuous"] / best["static"], 2),
+        "continuous_vs_sequential": round(best["continuous"] / best["sequential"], 2),
+        "ttft_ms_p50": head["ttft_ms_p50"], "ttft_ms_p90": head["ttft_ms_p90"], "ttft_ms_idle": head["ttft_ms_idle"],
+        "by_dtype": by_dtype,
+    }
+    print(f"[{name}] " + json.dumps({k: v for k, v in out.items() if k != "by_dtype"}), flush=True)
     return out
 
 
@@ -177,24 +207,33 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller workloads (about two minutes here)")
     ap.add_argument("--skip-real", action="store_true", help="only the tiny model")
+    ap.add_argument("--skip-tiny", action="store_true", help="only the real model (when it loads)")
+    ap.add_argument("--dtypes", default="float32,bfloat16",
+                    help="compute dtypes to run every schedule under (comma-separated; the fastest counts)")
     args = ap.parse_args(argv)
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     from gymllm.models import make_tiny
 
-    models: dict[str, dict] = {"tiny": bench_model("tiny", make_tiny("llama"), WORKLOADS[("tiny", args.quick)])}
+    models: dict[str, dict] = {}
+    if not args.skip_tiny:
+        models["tiny"] = bench_model("tiny", make_tiny("llama"), WORKLOADS[("tiny", args.quick)], dtypes)
     note = "skipped by --skip-real"
     if not args.skip_real:
         real, note = load_real("smollm2-135m-instruct")
         if real is not None:
-            models["smollm2-135m-instruct"] = bench_model("smollm2", real, WORKLOADS[("smollm2", args.quick)])
+            models["smollm2-135m-instruct"] = bench_model("smollm2", real, WORKLOADS[("smollm2", args.quick)], dtypes)
         else:
             print(f"[smollm2] skipped: {note}", file=sys.stderr)
+    if not models:  # --skip-tiny and no real model: the tiny figures after all
+        models["tiny"] = bench_model("tiny", make_tiny("llama"), WORKLOADS[("tiny", args.quick)], dtypes)
     head_name = "smollm2-135m-instruct" if "smollm2-135m-instruct" in models else "tiny"
     head = models[head_name]
     result = {
         "continuous_vs_static": head["continuous_vs_static"],
         "continuous_vs_sequential": head["continuous_vs_sequential"],
         "ttft_ms_p50": head["ttft_ms_p50"],
-        "headline_model": head_name, "concurrent": head["slots"], "quick": args.quick, "models": models,
+        "headline_model": head_name, "concurrent": head["slots"], "quick": args.quick, "dtypes": dtypes,
+        "fastest_dtype": head["fastest_dtype"], "models": models,
     }
     if head_name == "tiny":
         result["real_model_note"] = note
