@@ -18,7 +18,7 @@ from gymllm.algos.weight_sync import WeightPusher
 from gymllm.errors import EngineError
 from gymllm.inference import JaxEngine, SamplingParams
 from gymllm.inference.config import EngineConfig
-from gymllm.inference.lora_update import LoraReceiver, apply_lora_update, receiver_of
+from gymllm.algos.lora_receiver import LoraReceiver, apply_lora_update, receiver_of
 from gymllm.models import make_tiny, token_logprobs
 from gymllm.models.transformer import Transformer
 

@@ -2,7 +2,7 @@
 
 With LoRA the learner trains only the adapters; the engine already holds the frozen base. So a push
 moves the adapter arrays (+ the version) and the engine merges them on its own device
-(:class:`gymllm.inference.lora_update.LoraReceiver`), swapping between two decode steps.
+(:class:`gymllm.algos.lora_receiver.LoraReceiver`), swapping between two decode steps.
 
 Two ways in:
 
@@ -11,7 +11,7 @@ Two ways in:
 * :func:`push_adapters`, the hook ``WeightPusher.push`` calls first: weights from
   :func:`gymllm.algos.lora.merge` (the learner's ``policy_params()`` under LoRA) remember their
   adapters, so the trainer's pushes send only those to an in-process :class:`JaxEngine`. Other
-  engines (HTTP, vLLM) get the merged weights as before (see :mod:`gymllm.inference.lora_update`).
+  engines (HTTP, vLLM) get the merged weights as before (see :mod:`gymllm.algos.lora_receiver`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class AdapterPusher:
     adapters are sent) to ``engine``; ``base``: the frozen weights the engine was built from."""
 
     def __init__(self, engine: Any, model_config: Any, base: dict[str, Any], lora: LoRAConfig):
-        from gymllm.inference.lora_update import LoraReceiver
+        from gymllm.algos.lora_receiver import LoraReceiver
 
         self.receiver = LoraReceiver(engine, model_config, base, lora)
         self.pushes, self.total_s, self.last_s, self.last_bytes = 0, 0.0, 0.0, 0
@@ -51,7 +51,7 @@ def push_adapters(engine: Any, model_config: Any, weights: Any, version: int) ->
     attached on the first push, with the weights' base); False (nothing sent) for plain weights or
     another kind of engine, which then take the full weights."""
     from gymllm.inference.jax_engine import JaxEngine
-    from gymllm.inference.lora_update import LoraReceiver, receiver_of
+    from gymllm.algos.lora_receiver import LoraReceiver, receiver_of
 
     if not isinstance(weights, MergedWeights) or not isinstance(engine, JaxEngine):
         return False

@@ -104,7 +104,7 @@ class MoveText(Text):
         self.moves = tuple(moves)
 
     def sample(self, mask: Any = None, probability: Any = None) -> str:  # type: ignore[override]
-        from gymllm.envs.gymnasium_adapter import format_action
+        from gymllm.wrappers.space_text import format_action
 
         if self.moves:
             legal = np.arange(len(self.moves)) if mask is None else np.flatnonzero(np.asarray(mask))
@@ -172,7 +172,7 @@ class _TextCodec:
         return np.ones(len(moves), np.int8) if m is None else m
 
     def render(self, agent: str, raw_obs: Any, mask: np.ndarray | None, note: str = "") -> str:
-        from gymllm.envs.gymnasium_adapter import action_menu, ansi_to_text, describe
+        from gymllm.wrappers.space_text import action_menu, ansi_to_text, describe
 
         cfg = self.config
         head = cfg.instructions or f"You are {agent}. Reply with one move."
@@ -196,7 +196,7 @@ class _TextCodec:
 
     def parse(self, agent: str, text: Any, mask: np.ndarray | None) -> tuple[Any, str | None]:
         """``(inner_action, None)`` for a legal move, ``(None, why)`` otherwise."""
-        from gymllm.envs.gymnasium_adapter import ActionParseError, parse_action
+        from gymllm.wrappers.space_text import ActionParseError, parse_action
 
         space = self.action_space(agent)
         if not isinstance(text, str):
