@@ -70,7 +70,8 @@ def tunix_config(run_dir: str, *, steps: int) -> TrainConfig:
                                engine_max_len=128),
         loss=C.grpo(),
         optimizer=OptimizerConfig(learning_rate=1e-4),
-        learner=LearnerConfig(groups_per_step=4, micro_batch_size=16, num_steps=steps, max_len=128, min_bucket=64),
+        learner=LearnerConfig(groups_per_step=4, micro_batch_size=16, num_steps=steps, max_len=128, min_bucket=64,
+                              buckets_per_octave=4),  # rows are 45 prompt + 32 sampled tokens: bucket 80, not 128
         run=RunSection(run_dir=run_dir, console=False, report=False, log_trajectories=False, resume=False,
                        warmup=True),
     )

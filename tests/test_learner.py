@@ -193,3 +193,16 @@ def test_too_long_trajectory_is_a_clear_error():
     lrn = learner(max_len=8, min_bucket=8)  # rows here are up to 15 tokens
     with pytest.raises(ConfigError, match="max_len"):
         lrn.submit(make_groups(2))
+
+
+def test_buckets_per_octave_cut_padding_and_keep_every_row():
+    from gymllm.algos.batching import buckets, pick_bucket
+
+    assert buckets(64, 128) == (64, 128)
+    assert buckets(64, 128, 4) == (64, 80, 96, 112, 128)
+    assert buckets(32, 100, 2) == (32, 48, 64, 96, 100)
+    table = buckets(16, 512, 3)
+    assert list(table) == sorted(set(table)) and table[0] == 16 and table[-1] == 512
+    assert pick_bucket(76, buckets(64, 128, 4)) == 80  # the Tunix-config row: 45 prompt + 32 sampled - 1
+    with pytest.raises(Exception, match="buckets_per_octave"):
+        LearnerConfig(buckets_per_octave=0)

@@ -59,7 +59,8 @@ FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LearnerConfig:
     """groups_per_step: B groups per optimizer update; micro_batch_size: rows per compiled micro-batch;
-    num_steps: optimizer updates of a run; max_len / min_bucket: the length buckets of micro-batches;
+    num_steps: optimizer updates of a run; max_len / min_bucket: the length buckets of micro-batches
+    (powers of two, each octave cut into ``buckets_per_octave`` steps: less padding, more compiles);
     max_staleness: drop groups more than this many versions old (None = no bound);
     temperature: the sampling temperature (logprobs are of the same tempered distribution);
     compute_entropy: report the policy entropy (costs one pass over the logits);
@@ -73,6 +74,7 @@ class LearnerConfig:
     num_steps: int = 100
     max_len: int = 512
     min_bucket: int = 32
+    buckets_per_octave: int = 1
     max_staleness: int | None = None
     temperature: float = 1.0
     compute_entropy: bool = True
@@ -80,7 +82,7 @@ class LearnerConfig:
     max_response_len: int = 0
 
     def __post_init__(self) -> None:
-        for f in ("groups_per_step", "micro_batch_size", "num_steps", "max_len", "min_bucket"):
+        for f in ("groups_per_step", "micro_batch_size", "num_steps", "max_len", "min_bucket", "buckets_per_octave"):
             check_range("LearnerConfig", f, getattr(self, f), lo=1)
         check_range("LearnerConfig", "max_response_len", self.max_response_len, lo=0)
         if self.max_staleness is not None:
@@ -175,7 +177,7 @@ class StreamingLearner:
         self.lora = lora if lora is not None and lora.enabled else None
         self.mesh = mesh
         self.pad_id = pad_id
-        self.buckets = buckets(cfg.min_bucket, cfg.max_len)
+        self.buckets = buckets(cfg.min_bucket, cfg.max_len, cfg.buckets_per_octave)
         base = {k: jnp.asarray(v) for k, v in params.items()}
         if self.lora is not None:
             self.frozen = shard_params(mesh, base)
