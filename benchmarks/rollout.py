@@ -1,30 +1,44 @@
 """Rollout throughput: the async orchestrator vs the synchronous baseline vs the zero-latency ceiling.
 
-Workload (the same for the three runs): ``--trajectories`` trajectories in groups of ``--group-size``,
-each ``--turns`` turns of at most ``--max-tokens`` sampled tokens, over a barrier-free vector env
-(``gymllm/AsyncLatency-v0``) whose every step waits a seeded heavy-tailed lognormal latency
-(median ``--median-ms``, 99th percentile ``--p99-ms``), standing in for a tool call. One JaxEngine
-(continuous batching, ``--engine-slots`` decode rows) serves all three runs, compiled up front.
+Workload (issue 5; the same for every run of one model): rollout batches of ``--trajectories``
+trajectories (64: the trajectories one optimizer step trains on), groups of ``--group-size``, each
+``--turns`` turns of at most ``--max-tokens`` sampled tokens, over a barrier-free vector env
+(``gymllm/AsyncLatency-v0``) whose every step waits a seeded heavy-tailed lognormal latency (median
+``--median-ms``, 99th percentile ``--p99-ms``), standing in for a tool call. ``--batches``
+consecutive rollout batches are measured, as a trainer runs many (a single batch is reported too).
 
-* async    RolloutOrchestrator, ``max_concurrency = --concurrency`` (no staleness bound: no learner);
-* sync     generate a whole batch (``--sync-batch`` trajectories, default ``--concurrency``), step all
-           envs, repeat;
-* ceiling  the async run with zero env latency: the generation-bound upper limit.
+* sync     the synchronous baseline as a synchronous trainer runs it: the whole rollout batch at
+           once (all its trajectories in the engine together), step all envs, repeat; batch after
+           batch (the next batch needs the new weights, so batches never overlap);
+* async    RolloutOrchestrator streaming all ``batches x trajectories`` trajectories with
+           ``--concurrency`` in flight (default 2 x trajectories: what the AReaL staleness bound
+           eta = 1 admits with 64-trajectory steps; no learner here, so no staleness gate);
+* ceiling  the async run with zero env latency: the generation-bound upper limit;
+* one-batch  the async orchestrator on a single batch (``--trajectories`` trajectories, as many in
+           flight) against the sync time of one batch: a single batch's makespan is bounded by its
+           slowest trajectory, so this ratio stays near 2x whatever the orchestrator does
+           (E[sum over turns of the max latency] / E[max over trajectories of the summed latency]).
 
-Figures: trajectories/s and engine-busy fraction (time with >= 1 request in flight / wall) per
-run; the three runs are repeated ``--repeats`` times, interleaved, and the best of each is kept
-(the machine may be shared). Models: the tiny random model (always) and SmolLM2-135M-Instruct from
-the model registry (full mode, or ``--models tiny,smollm2``; skipped with a note when it cannot be
-loaded; on a shared 2-core CPU it takes tens of minutes: meant for an accelerator or an idle
-machine). Ends with one line ``RESULT {json}``:
-``async_vs_sync`` and ``async_vs_ceiling`` (trajectories/s ratios) and ``engine_busy_fraction``
-(async run) for the first model, plus per-model figures.
+One JaxEngine serves every run of a model, compiled up front; ``--engine-slots`` defaults to the
+async concurrency (every in-flight trajectory keeps its KV row between turns, as a paged-cache
+server would; the sync baseline's batch fits in it whole). Figures: trajectories/s and engine-busy
+fraction (time with >= 1 request in flight / wall) per run; runs are repeated ``--repeats`` times,
+interleaved, and the best of each is kept (the machine may be shared).
+
+Models: the tiny random model and SmolLM2-135M-Instruct (``--models tiny,smollm2``, the default
+without ``--quick``). SmolLM2 on a 2-core CPU generates ~100x slower than the tiny model, so its
+workload is scaled down (``--smollm2-trajectories`` 16 per batch, ``--smollm2-batches`` 2,
+``--smollm2-max-tokens`` 8, ``--smollm2-max-len`` 192, one repeat; about ten minutes on a loaded
+2-core machine). Ends with one
+line ``RESULT {json}``: ``async_vs_sync``, ``async_vs_ceiling`` (trajectories/s ratios) and
+``engine_busy_fraction`` (async run) for the first model, plus per-model figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -33,32 +47,90 @@ import time
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# flag -> (default, default under --quick); --quick never overrides a flag given explicitly
+_DEFAULTS = {"models": ("tiny,smollm2", "tiny"), "repeats": (2, 1)}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Workload:
+    """One model's workload (see the module docstring)."""
+
+    trajectories: int  # per rollout batch (= the sync baseline's batch)
+    batches: int
+    turns: int
+    max_tokens: int
+    group_size: int
+    concurrency: int  # async trajectories in flight
+    engine_slots: int
+    median_ms: float
+    p99_ms: float
+    max_len: int  # engine context per slot
+    min_bucket: int  # the smallest prefill length bucket (a turn's new tokens fit in it)
+    prefill_batch: int  # the engine's max_prefill_batch
+    decode_lengths: int  # cache-length buckets of the decode step
+    compute_dtype: str | None  # the engine's compute dtype (None: the model's)
+    repeats: int
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.trajectories % self.group_size:
+            raise SystemExit(f"--trajectories: expected a multiple of --group-size {self.group_size}, "
+                             f"received {self.trajectories}. Fix: pass e.g. {self.group_size * 16}.")
+        if self.engine_slots < self.trajectories:
+            raise SystemExit(f"--engine-slots: expected >= --trajectories {self.trajectories} (the sync batch "
+                             f"runs whole), received {self.engine_slots}.")
+
+    @property
+    def total(self) -> int:
+        return self.trajectories * self.batches
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="small, about two minutes")
-    p.add_argument("--models", default=None, help="comma list: tiny,smollm2 (default: tiny; +smollm2 unless --quick)")
-    p.add_argument("--trajectories", type=int, default=64)
+    p.add_argument("--quick", action="store_true", help="tiny model, one repeat (same workload), a few minutes")
+    p.add_argument("--models", default=None, help="comma list of tiny,smollm2 (default tiny,smollm2; --quick: tiny)")
+    p.add_argument("--trajectories", type=int, default=64, help="trajectories per rollout batch (= sync batch)")
+    p.add_argument("--batches", type=int, default=4, help="consecutive rollout batches measured")
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--concurrency", type=int, default=64, help="trajectories in flight (async)")
-    p.add_argument("--engine-slots", type=int, default=16, help="the engine's decode batch (KV-cache rows)")
-    p.add_argument("--sync-batch", type=int, default=None, help="trajectories per sync batch (default: concurrency)")
+    p.add_argument("--concurrency", type=int, default=None, help="async trajectories in flight (2 x trajectories)")
+    p.add_argument("--engine-slots", type=int, default=None, help="the engine's KV rows (default: concurrency)")
     p.add_argument("--median-ms", type=float, default=100.0)
     p.add_argument("--p99-ms", type=float, default=1000.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-len", type=int, default=384, help="engine context per slot")
-    p.add_argument("--repeats", type=int, default=2, help="interleaved repeats per mode; the best is kept")
+    p.add_argument("--max-len", type=int, default=384, help="engine context per slot (tiny)")
+    p.add_argument("--min-bucket", type=int, default=64, help="smallest prefill length bucket (tiny)")
+    p.add_argument("--prefill-batch", type=int, default=4, help="the engine's max_prefill_batch (tiny)")
+    p.add_argument("--repeats", type=int, default=None, help="interleaved repeats per mode; the best is kept (2)")
+    p.add_argument("--smollm2-trajectories", type=int, default=16)
+    p.add_argument("--smollm2-batches", type=int, default=2)
+    p.add_argument("--smollm2-max-tokens", type=int, default=8)
+    p.add_argument("--smollm2-repeats", type=int, default=1)
+    p.add_argument("--smollm2-max-len", type=int, default=192)
+    p.add_argument("--smollm2-prefill-batch", type=int, default=2)
+    p.add_argument("--smollm2-compute-dtype", default="none", help="engine compute dtype for SmolLM2: 'none' "
+                   "(float32; measured 1.6x faster here than 'bfloat16' at <= 32 rows) or 'bfloat16'")
     a = p.parse_args(argv)
-    if a.quick:
-        a.trajectories = min(a.trajectories, 32)
-        a.concurrency = min(a.concurrency, 32)
-        a.engine_slots = min(a.engine_slots, 8)
-        a.turns = min(a.turns, 3)
-    a.models = (a.models or ("tiny" if a.quick else "tiny,smollm2")).split(",")
-    a.sync_batch = a.sync_batch or a.concurrency
+    for flag, (full, quick) in _DEFAULTS.items():
+        if getattr(a, flag) is None:
+            setattr(a, flag, quick if a.quick else full)
+    a.models = a.models.split(",")
     return a
+
+
+def workload(a, model: str) -> Workload:
+    small = model == "smollm2"
+    n = a.smollm2_trajectories if small else a.trajectories
+    conc = a.concurrency or 2 * n
+    return Workload(trajectories=n, batches=a.smollm2_batches if small else a.batches, turns=a.turns,
+                    max_tokens=a.smollm2_max_tokens if small else a.max_tokens, group_size=a.group_size,
+                    concurrency=conc, engine_slots=a.engine_slots or conc, median_ms=a.median_ms, p99_ms=a.p99_ms,
+                    max_len=a.smollm2_max_len if small else a.max_len, min_bucket=a.min_bucket,
+                    prefill_batch=a.smollm2_prefill_batch if small else a.prefill_batch,
+                    decode_lengths=2, repeats=a.smollm2_repeats if small else a.repeats, seed=a.seed,
+                    compute_dtype=(None if a.smollm2_compute_dtype == "none" else a.smollm2_compute_dtype)
+                    if small else None)
 
 
 def load_model(name: str):
@@ -79,91 +151,120 @@ def load_model(name: str):
     raise SystemExit(f"--models: expected tiny or smollm2, received {name!r}")
 
 
-def make_envs(a, n: int, latency: bool):
+def make_envs(w: Workload, n: int, latency: bool):
     import gymllm
 
-    med, p99 = (a.median_ms / 1e3, a.p99_ms / 1e3) if latency else (0.0, 0.0)
-    return gymllm.make_vec("gymllm/AsyncLatency-v0", num_envs=n, median_s=med, p99_s=p99, episode_length=a.turns)
+    med, p99 = (w.median_ms / 1e3, w.p99_ms / 1e3) if latency else (0.0, 0.0)
+    return gymllm.make_vec("gymllm/AsyncLatency-v0", num_envs=n, median_s=med, p99_s=p99, episode_length=w.turns)
 
 
-async def run_async(a, lm, engine, *, latency: bool, n_traj: int) -> dict:
+def _sampling(w: Workload):
     from gymllm.inference.params import SamplingParams
+
+    return SamplingParams(temperature=1.0, max_tokens=w.max_tokens)
+
+
+def _trajectory_figures(trajs: list, wall: float) -> dict:
+    """Little's law: mean trajectories in flight = sum of lifetimes / wall; the share of a lifetime
+    spent neither in the engine nor in the env is the rollout's own overhead (loop, scheduling)."""
+    life = sum(t.timings["total_s"] for t in trajs)
+    gen = sum(t.timings["generation_s"] for t in trajs)
+    env = sum(t.timings["env_s"] for t in trajs)
+    return {"mean_in_flight": life / wall, "generation_share": gen / life, "env_share": env / life,
+            "overhead_share": max(0.0, 1.0 - (gen + env) / life)}
+
+
+async def run_async(w: Workload, lm, engine, *, latency: bool, n_traj: int, concurrency: int) -> dict:
     from gymllm.rollout import ModelAgent, RolloutConfig, RolloutOrchestrator
 
-    vec = make_envs(a, a.concurrency, latency)
-    cfg = RolloutConfig(group_size=a.group_size, max_concurrency=a.concurrency, num_groups=n_traj // a.group_size,
-                        max_staleness=None, seed=a.seed, max_model_calls=a.turns + 1, queue_size=64)
-    orch = RolloutOrchestrator(vec, engine, ModelAgent(lm.tokenizer),
-                               sampling=SamplingParams(temperature=1.0, max_tokens=a.max_tokens), config=cfg)
+    vec = make_envs(w, concurrency, latency)
+    cfg = RolloutConfig(group_size=w.group_size, max_concurrency=concurrency, num_groups=n_traj // w.group_size,
+                        max_staleness=None, seed=w.seed, max_model_calls=w.turns + 1, queue_size=n_traj)
+    orch = RolloutOrchestrator(vec, engine, ModelAgent(lm.tokenizer), sampling=_sampling(w), config=cfg)
+    trajs: list = []
     t0 = time.perf_counter()
-    n = 0
     try:
         async with orch:
             async for g in orch.groups():
-                n += len(g.trajectories)
+                trajs.extend(g.trajectories)
             wall = time.perf_counter() - t0
             stats = orch.stats()
             if stats.get("groups_failed"):
                 print(f"  warning: {stats['groups_failed']} groups failed: {stats['errors'][:2]}", flush=True)
     finally:
         vec.close()
-    return {"trajectories": n, "wall_s": wall, "traj_per_s": n / wall,
-            "engine_busy_fraction": stats["engine_busy_fraction"], "loop_lag_p99_ms": stats["loop_lag_p99_ms"]}
+    return {"trajectories": len(trajs), "wall_s": wall, "traj_per_s": len(trajs) / wall,
+            "engine_busy_fraction": stats["engine_busy_fraction"], "loop_lag_p99_ms": stats["loop_lag_p99_ms"],
+            **_trajectory_figures(trajs, wall)}
 
 
-async def run_sync(a, lm, engine, *, n_traj: int) -> dict:
-    from gymllm.inference.params import SamplingParams
-    from gymllm.rollout import ModelAgent, MeteredEngine, RolloutConfig, sync_rollout
+async def run_sync(w: Workload, lm, engine) -> dict:
+    from gymllm.rollout import MeteredEngine, ModelAgent, RolloutConfig, sync_rollout
 
-    vec = make_envs(a, a.sync_batch, True)
+    vec = make_envs(w, w.trajectories, True)
     eng = MeteredEngine(engine)
-    cfg = RolloutConfig(group_size=a.group_size, num_groups=n_traj // a.group_size,
-                        groups_per_step=a.sync_batch // a.group_size, max_staleness=0, seed=a.seed,
-                        max_model_calls=a.turns + 1)
+    cfg = RolloutConfig(group_size=w.group_size, num_groups=w.total // w.group_size,
+                        groups_per_step=w.trajectories // w.group_size, max_staleness=0, seed=w.seed,
+                        max_model_calls=w.turns + 1)
     t0 = time.perf_counter()
     eng.reset_clock()
     try:
-        groups = await sync_rollout(vec, eng, ModelAgent(lm.tokenizer), config=cfg,
-                                    sampling=SamplingParams(temperature=1.0, max_tokens=a.max_tokens))
+        groups = await sync_rollout(vec, eng, ModelAgent(lm.tokenizer), config=cfg, sampling=_sampling(w))
     finally:
         vec.close()
     wall = time.perf_counter() - t0
-    n = sum(len(g.trajectories) for g in groups)
-    return {"trajectories": n, "wall_s": wall, "traj_per_s": n / wall, "engine_busy_fraction": eng.busy_fraction()}
+    trajs = [t for g in groups for t in g.trajectories]
+    return {"trajectories": len(trajs), "wall_s": wall, "traj_per_s": len(trajs) / wall,
+            "engine_busy_fraction": eng.busy_fraction(), **_trajectory_figures(trajs, wall)}
 
 
-def bench_model(a, name: str) -> dict | None:
+def _engine(w: Workload, lm):
     from gymllm.inference.config import EngineConfig
     from gymllm.inference.jax_engine import JaxEngine
 
+    # prefill length buckets min_bucket..max_len (a trajectory's later turns prefill only their new
+    # tokens: its row keeps the k/v) x power-of-two batch sizes, and one decode step per power-of-two
+    # width: compiled before any timed run (a compile inside a timed run would swamp the comparison)
+    return JaxEngine(lm.model, lm.tokenizer, config=EngineConfig(
+        num_slots=w.engine_slots, max_len=w.max_len, min_bucket=min(w.min_bucket, w.max_len),
+        max_prefill_batch=w.prefill_batch, decode_lengths=w.decode_lengths, compute_dtype=w.compute_dtype,
+        idle_wait_s=0.001))
+
+
+def bench_model(a, name: str) -> dict | None:
     lm = load_model(name)
     if lm is None:
         return None
-    # one prefill length bucket (= max_len) and two prefill batch sizes: three compiled shapes in all,
-    # compiled before any timed run (a compile inside a timed run would swamp the comparison)
-    engine = JaxEngine(lm.model, lm.tokenizer, config=EngineConfig(
-        num_slots=a.engine_slots, max_len=a.max_len, min_bucket=a.max_len, max_prefill_batch=2, idle_wait_s=0.001))
+    w = workload(a, name)
+    print(f"[{name}] {w.batches} batches x {w.trajectories} trajectories (G={w.group_size}), {w.turns} turns, "
+          f"<= {w.max_tokens} tokens/turn; async concurrency {w.concurrency}, engine slots {w.engine_slots}; "
+          f"env latency lognormal median {w.median_ms:.0f} ms p99 {w.p99_ms:.0f} ms", flush=True)
+    engine = _engine(w, lm)
     try:
         t = time.perf_counter()
         engine.warmup()
         print(f"[{name}] warm-up (compile) {time.perf_counter() - t:.1f} s, shapes {engine.trace_counts}", flush=True)
-        asyncio.run(run_async(a, lm, engine, latency=False, n_traj=a.group_size * 2))  # warm the Python side
+        asyncio.run(run_async(w, lm, engine, latency=False, n_traj=w.group_size * 2, concurrency=w.concurrency))
         runs = {
-            "ceiling": lambda: asyncio.run(run_async(a, lm, engine, latency=False, n_traj=a.trajectories)),
-            "async": lambda: asyncio.run(run_async(a, lm, engine, latency=True, n_traj=a.trajectories)),
-            "sync": lambda: asyncio.run(run_sync(a, lm, engine, n_traj=a.trajectories)),
+            "ceiling": lambda: run_async(w, lm, engine, latency=False, n_traj=w.total, concurrency=w.concurrency),
+            "async": lambda: run_async(w, lm, engine, latency=True, n_traj=w.total, concurrency=w.concurrency),
+            "sync": lambda: run_sync(w, lm, engine),
+            "one_batch": lambda: run_async(w, lm, engine, latency=True, n_traj=w.trajectories,
+                                           concurrency=w.trajectories),
         }
         res: dict[str, dict] = {}
-        for _ in range(a.repeats):  # interleaved repeats; the best of each mode (the machine is shared)
+        for _ in range(w.repeats):  # interleaved repeats; the best of each mode (the machine is shared)
             for mode, run in runs.items():
-                out = run()
+                out = asyncio.run(run())
                 if mode not in res or out["traj_per_s"] > res[mode]["traj_per_s"]:
                     res[mode] = out
     finally:
         engine.shutdown()
     for k, v in res.items():
-        print(f"[{name}] {k:8s} {v['trajectories']:4d} traj in {v['wall_s']:7.2f} s = {v['traj_per_s']:7.2f} traj/s, "
-              f"engine busy {v['engine_busy_fraction']:.2f}", flush=True)
+        print(f"[{name}] {k:9s} {v['trajectories']:4d} traj in {v['wall_s']:7.2f} s = {v['traj_per_s']:7.2f} traj/s, "
+              f"engine busy {v['engine_busy_fraction']:.2f}, in flight {v['mean_in_flight']:5.1f}, lifetime shares: "
+              f"gen {v['generation_share']:.2f} env {v['env_share']:.2f} other {v['overhead_share']:.2f}", flush=True)
+    sync_batch_s = res["sync"]["wall_s"] / w.batches
     return {
         "async_traj_per_s": res["async"]["traj_per_s"], "sync_traj_per_s": res["sync"]["traj_per_s"],
         "ceiling_traj_per_s": res["ceiling"]["traj_per_s"],
@@ -172,16 +273,21 @@ def bench_model(a, name: str) -> dict | None:
         "engine_busy_fraction": res["async"]["engine_busy_fraction"],
         "sync_engine_busy_fraction": res["sync"]["engine_busy_fraction"],
         "ceiling_engine_busy_fraction": res["ceiling"]["engine_busy_fraction"],
+        "async_overhead_share": res["async"]["overhead_share"],
         "loop_lag_p99_ms": res["async"]["loop_lag_p99_ms"],
+        "one_batch_async_vs_sync": sync_batch_s / res["one_batch"]["wall_s"],
+        "workload": dataclasses.asdict(w),
     }
+
+
+def _rounded(x):
+    if isinstance(x, float):
+        return round(x, 4)
+    return {k: _rounded(v) for k, v in x.items()} if isinstance(x, dict) else x
 
 
 def main(argv=None) -> None:
     a = parse_args(argv)
-    print(f"rollout benchmark: {a.trajectories} trajectories (G={a.group_size}), {a.turns} turns, "
-          f"<= {a.max_tokens} tokens/turn, concurrency {a.concurrency}, engine slots {a.engine_slots}, "
-          f"env latency lognormal "
-          f"median {a.median_ms:.0f} ms p99 {a.p99_ms:.0f} ms", flush=True)
     per_model = {}
     for name in a.models:
         out = bench_model(a, name)
@@ -191,10 +297,8 @@ def main(argv=None) -> None:
         sys.exit("no model could be benchmarked")
     first = per_model[next(iter(per_model))]
     result = {k: round(first[k], 4) for k in ("async_vs_sync", "async_vs_ceiling", "engine_busy_fraction")}
-    result["models"] = {m: {k: round(v, 4) for k, v in r.items()} for m, r in per_model.items()}
-    result["config"] = {"trajectories": a.trajectories, "group_size": a.group_size, "turns": a.turns,
-                        "max_tokens": a.max_tokens, "concurrency": a.concurrency, "engine_slots": a.engine_slots, "sync_batch": a.sync_batch,
-                        "median_ms": a.median_ms, "p99_ms": a.p99_ms, "repeats": a.repeats, "quick": a.quick}
+    result["models"] = _rounded(per_model)
+    result["quick"] = a.quick
     print("RESULT " + json.dumps(result))
 
 

@@ -212,3 +212,14 @@ def test_keyed_queue_serves_the_smallest_key_first_but_never_skips_an_exception(
         assert await q.get() == (-1, "after")
 
     asyncio.run(main())
+
+
+def test_default_open_group_limit_leaves_room_for_a_second_wave_of_groups():
+    from gymllm.rollout.config import RolloutConfig
+
+    # every running group may hold finished members waiting for one straggler: the default limit
+    # admits a second wave so their env slots keep running trajectories
+    cfg = RolloutConfig(group_size=4, max_concurrency=64)
+    assert cfg.open_group_limit == 2 * 16 + 1
+    assert RolloutConfig(group_size=4, max_concurrency=6).open_group_limit == 2 * 2 + 1
+    assert RolloutConfig(group_size=4, max_concurrency=64, max_open_groups=5).open_group_limit == 5

@@ -28,7 +28,9 @@ class RolloutConfig:
                           None = until closed.
     max_staleness         eta of the AReaL admission rule; 0 = synchronous; None = unbounded.
     groups_per_step       B: groups per optimizer step (the learner's batch).
-    max_open_groups       groups admitted and not complete; None = ceil(max_concurrency / G) + 1.
+    max_open_groups       groups admitted and not complete; None = 2 * ceil(max_concurrency / G) + 1
+                          (room for a second wave of groups: a group whose other members finished
+                          waits for its straggler without idling their env slots).
     group_timeout_s       fail (or retry) a group open longer than this, counted from its admission
                           (or its retry); None = never.
     max_group_retries     retries of a whole group after a member fails or it times out.
@@ -96,4 +98,4 @@ class RolloutConfig:
     def open_group_limit(self) -> int:
         if self.max_open_groups is not None:
             return self.max_open_groups
-        return -(-self.max_concurrency // self.group_size) + 1
+        return 2 * -(-self.max_concurrency // self.group_size) + 1

@@ -85,6 +85,9 @@ async def _run_batch(slots: Any, engine: MeteredEngine, agent: Agent, sampling: 
             steps = await asyncio.gather(*(_timed(slots.step(ep.env_id, a)) for ep, a in zip(active, actions)))
         for ep, ((obs, r, term, trunc, info), dt) in zip(active, steps):
             ep.on_step(obs, r, term, trunc, info, dt)
+    end = getattr(engine.engine, "end_session", None)
+    for ep in episodes if end is not None else ():
+        end(ep.key.trajectory_id)  # free the engine's cached prefixes, as the orchestrator does
     buf = GroupBuffer(group_size=G, max_open_groups=len(ks))
     out: list[Group] = []
     for k in ks:
