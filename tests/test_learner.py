@@ -206,3 +206,25 @@ def test_buckets_per_octave_cut_padding_and_keep_every_row():
     assert pick_bucket(76, buckets(64, 128, 4)) == 80  # the Tunix-config row: 45 prompt + 32 sampled - 1
     with pytest.raises(Exception, match="buckets_per_octave"):
         LearnerConfig(buckets_per_octave=0)
+
+
+def test_bf16_mixed_precision_step_tracks_float32_and_keeps_float32_masters():
+    """compute_dtype="bfloat16": the same step as float32 within bf16 rounding; the trainable
+    weights (and so the optimizer) stay float32."""
+    groups = make_groups(2)
+    a, b = learner(opt="sgd"), learner(opt="sgd", compute_dtype="bfloat16")
+    ra, rb = a.submit(groups), b.submit(groups)
+    assert len(ra) == len(rb) == 1
+    assert all(v.dtype == jnp.float32 for v in jax.tree.leaves(b.trainable))
+    np.testing.assert_allclose(ra[0].metrics["loss"], rb[0].metrics["loss"], rtol=0.05, atol=0.02)
+    base = tiny().model.flat_params()
+    da = {k: np.ravel(a.trainable[k] - base[k]) for k in base}
+    db = {k: np.ravel(b.trainable[k] - base[k]) for k in base}
+    va, vb = np.concatenate([da[k] for k in sorted(da)]), np.concatenate([db[k] for k in sorted(db)])
+    assert np.linalg.norm(va) > 1e-5
+    assert va @ vb / (np.linalg.norm(va) * np.linalg.norm(vb)) > 0.98
+
+
+def test_compute_dtype_is_validated():
+    with pytest.raises(Exception, match="compute_dtype"):
+        LearnerConfig(compute_dtype="int8")

@@ -67,7 +67,10 @@ class LearnerConfig:
     fast_compile: compile with XLA's cheap CPU settings (about 3x faster compiles, for tiny models,
     tests and CPU runs; off for real models, where the optimized code matters);
     max_response_len: L_max of the "constant" aggregation (Dr. GRPO), the sampling budget of a
-    trajectory (0 = max_len); the trainer sets it to max_tokens * max_turns."""
+    trajectory (0 = max_len); the trainer sets it to max_tokens * max_turns;
+    compute_dtype: None (compute in the weights' dtype) or "bfloat16" / "float16": mixed precision,
+    float32 master weights and optimizer state, low-precision matmuls with float32 accumulation
+    (``forward(compute_dtype=...)``); log-softmax stays float32."""
 
     groups_per_step: int = 4
     micro_batch_size: int = 8
@@ -80,6 +83,7 @@ class LearnerConfig:
     compute_entropy: bool = True
     fast_compile: bool = False
     max_response_len: int = 0
+    compute_dtype: str | None = None
 
     def __post_init__(self) -> None:
         for f in ("groups_per_step", "micro_batch_size", "num_steps", "max_len", "min_bucket", "buckets_per_octave"):
@@ -88,6 +92,9 @@ class LearnerConfig:
         if self.max_staleness is not None:
             check_range("LearnerConfig", "max_staleness", self.max_staleness, lo=0)
         check_range("LearnerConfig", "temperature", self.temperature, lo=0.0, lo_open=True)
+        if self.compute_dtype not in (None, "bfloat16", "float16", "float32"):
+            raise ConfigError(explain("LearnerConfig.compute_dtype", expected='None, "bfloat16", "float16" or "float32"',
+                                      received=self.compute_dtype, fix='use "bfloat16" for mixed precision'))
         if self.min_bucket > self.max_len:
             raise ConfigError(explain("LearnerConfig.min_bucket", expected=f"<= max_len ({self.max_len})",
                                       received=self.min_bucket, fix="lower min_bucket or raise max_len"))
@@ -116,12 +123,14 @@ def build_loss_fn(model_config: Any, loss: LossConfig, lcfg: LearnerConfig, lora
         return lora_mod.merge(lora, frozen, trainable) if lora is not None and lora.enabled else trainable
 
     def f(trainable, frozen, a, ref_params):
-        logits, _ = forward(model_config, params_of(trainable, frozen), a["tokens"], a["positions"])
+        logits, _ = forward(model_config, params_of(trainable, frozen), a["tokens"], a["positions"],
+                            compute_dtype=lcfg.compute_dtype)
         logp = token_logprobs(logits, a["targets"], lcfg.temperature)  # [B, T] float32
         ent = entropy_from_logits(logits, lcfg.temperature) if lcfg.compute_entropy else None
         ref = None
         if ref_params is not None and loss.kl.placement == "loss":
-            ref_logits, _ = forward(model_config, ref_params, a["tokens"], a["positions"])
+            ref_logits, _ = forward(model_config, ref_params, a["tokens"], a["positions"],
+                                    compute_dtype=lcfg.compute_dtype)
             ref = jax.lax.stop_gradient(token_logprobs(ref_logits, a["targets"], lcfg.temperature))
         batch = LossBatch(mask=a["mask"], behaviour_logp=a["mu"], advantages=a["advantages"],
                           group_tokens=a["group_tokens"], ref_logp=ref)
@@ -156,7 +165,7 @@ def _cached_programs(model_config: Any, loss: LossConfig, lcfg: LearnerConfig, l
         return optax.apply_updates(trainable, updates), opt_state, optax.global_norm(g)
 
     def ref_logp(ref_params, tokens, positions, targets):
-        logits, _ = forward(model_config, ref_params, tokens, positions)
+        logits, _ = forward(model_config, ref_params, tokens, positions, compute_dtype=lcfg.compute_dtype)
         return token_logprobs(logits, targets, lcfg.temperature)
 
     jit = functools.partial(jax.jit, compiler_options=FAST_COMPILE if lcfg.fast_compile else None)
