@@ -46,6 +46,7 @@ from flax import nnx
 
 from gymllm.errors import EngineError, explain
 from gymllm.inference.completion import Completion
+from gymllm.inference.multistep import MAX_STOP_IDS, make_decode_chunk
 from gymllm.inference.config import EngineConfig
 from gymllm.inference.params import SamplingParams
 from gymllm.inference.sampling import request_key
@@ -129,7 +130,10 @@ class JaxEngine:
         stop_token_ids: Sequence[int] | None = None,
         version: int = 0,
         cache_dtype: Any = None,
+        decode_chunk: int = 1,
     ):
+        """``decode_chunk`` > 1: run up to that many decode steps per device call while no request
+        waits to join (:mod:`gymllm.inference.multistep`; same tokens, fewer host round trips)."""
         self.config = cfg = config or EngineConfig()
         self.tokenizer = tokenizer
         if stop_token_ids is None:
@@ -142,6 +146,9 @@ class JaxEngine:
         self.vocab_size = self._infer_vocab(model, tokenizer)
         self._cache = model.init_cache(cfg.num_slots, cfg.max_len, cache_dtype)  # None: the model's dtype
         self._prefill, self._decode, self.trace_counts = make_steps(self._graphdef)
+        self.decode_chunk = max(1, int(decode_chunk))
+        if self.decode_chunk > 1:
+            self._decode_k, self.chunk_trace_counts = make_decode_chunk(self._graphdef, self.decode_chunk)
         self.buckets = power_of_two_buckets(cfg.max_len, cfg.min_bucket)
         self.batch_sizes = power_of_two_buckets(cfg.max_prefill_batch, 1)
         self.widths = power_of_two_buckets(cfg.num_slots, min(8, cfg.num_slots))  # decode row counts
@@ -313,7 +320,10 @@ class JaxEngine:
                                        np.zeros(p, np.int32), _PrefillRowParams.padding(p))
             for w in self.widths:
                 for n in sorted({self._decode_length(w, n - 1) for n in self.lengths}):
-                    self._call_decode(w, n)
+                    if self.decode_chunk > 1:
+                        self._call_decode_chunk(1, w, n)
+                    else:
+                        self._call_decode(w, n)
 
     # ------------------------------------------------------------------ request plumbing
     def _make_request(self, prompt_ids, params, session_id, index: int, *, stream: bool) -> _Request:
@@ -486,15 +496,52 @@ class JaxEngine:
 
     def _step(self) -> None:
         try:
-            tok, logp = self._call_decode()
+            if self.decode_chunk > 1:
+                toks, logps, ran = self._call_decode_chunk(self._chunk_steps())
+            else:
+                tok, logp = self._call_decode()
+                toks, logps, ran = tok[None], logp[None], 1
         except Exception as exc:
             for r in list(self._active.values()):
                 self._fail(r, exc)
             self._recover(exc)
             return
-        self.stats["decode_steps"] += 1
-        for slot, req in list(self._active.items()):
-            self._accept(req, int(tok[slot]), float(logp[slot]))
+        self.stats["decode_steps"] += ran
+        for j in range(ran):  # token by token, as single steps would: rows that finish drop out
+            for slot, req in list(self._active.items()):
+                self._accept(req, int(toks[j, slot]), float(logps[j, slot]))
+
+    def _budget(self, req: _Request) -> int:
+        """Tokens ``req`` may still sample (max_tokens and the context limit)."""
+        return min(req.params.max_tokens - len(req.tokens), self.max_len - len(req.prompt) - len(req.tokens))
+
+    def _chunk_steps(self) -> int:
+        """Decode steps before the host looks again: 1 while a request waits (it joins next iteration),
+        else up to ``decode_chunk``, no more than the active row with the most budget left can use."""
+        with self._cv:
+            if self._waiting:
+                return 1
+        return max(1, min(self.decode_chunk, max(self._budget(r) for r in self._active.values())))
+
+    def _call_decode_chunk(self, k: int, width: int | None = None, length: int | None = None):
+        """Up to ``k`` decode steps in one call; returns (tokens [k', W], logprobs [k', W], steps run k')."""
+        w = width or pick_bucket(max(self._active, default=0) + 1, self.widths)
+        stop = np.full((w, MAX_STOP_IDS), -1, np.int32)
+        budget = np.zeros(w, np.int32)
+        last = 0
+        for s, r in self._active.items():
+            ids = sorted(self.default_stop_ids | set(r.params.stop_token_ids))[:MAX_STOP_IDS]
+            stop[s, : len(ids)] = ids
+            budget[s] = self._budget(r)
+            last = max(last, min(int(self._h_pos[s]) + k - 1, self.max_len - 1))
+        n = length or self._decode_length(w, last)
+        with span("decode", track="engine", active=len(self._active), width=w, length=n, steps=k):
+            self._cache, tok, logp, ran = self._decode_k(
+                self._state, self._cache, self._h_tokens[:w], self._h_pos[:w], self._h_keys[:w], self._h_steps[:w],
+                self._h_temp[:w], self._h_topk[:w], self._h_topp[:w], stop, budget, np.int32(k), n,
+            )
+            ran = int(ran)
+            return np.asarray(tok)[:ran], np.asarray(logp)[:ran], ran
 
     def _accept(self, req: _Request, token: int, logprob: float) -> None:
         """Record one sampled token; finish the request or schedule its next decode input."""

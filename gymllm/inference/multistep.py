@@ -1,0 +1,74 @@
+"""Multi-token decode: up to K decode steps in one jitted call (a device-side loop), for the JAX engine.
+
+One decode step per engine iteration pays a host round trip per token: dispatch, two device->host
+copies, and the Python bookkeeping of every row. When no request waits to join, the engine instead
+runs a *chunk* of ``n <= K`` steps on the device: each row feeds its own sampled token back, its
+position and token index advance, and the loop ends early once every row is done (it sampled one
+of its stop ids or used up its token budget). The host then replays the chunk's tokens row by row
+through the ordinary per-token path (stop strings, max_tokens, the context limit, versions,
+streaming), so completions are token for token those of single steps:
+
+* token j of a row uses the key ``fold_in(key, steps + j)``, exactly as the j-th single step would;
+* the weights are fixed during a chunk (an update waits for its end), so every token still carries
+  the version of the forward that produced it;
+* tokens a row samples after its finish are discarded; their k/v land beyond the row's cached ids
+  (or in the scratch slot), where nothing attends to them.
+
+Compiled shapes: one program per (width, cache length), as for single steps (``n`` is traced).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from gymllm.inference.sampling import sample, step_keys
+from gymllm.inference.steps import _write_new_kv
+
+MAX_STOP_IDS = 8  # stop ids per row checked on the device (more are still honoured by the host)
+
+
+@functools.lru_cache(maxsize=16)
+def make_decode_chunk(graphdef: Any, max_steps: int) -> tuple[Callable, dict[str, int]]:
+    """``(decode_chunk, trace_counts)`` for a model graph: ``decode_chunk(state, cache, tokens, positions,
+    keys, steps, temperature, top_k, top_p, stop_ids, budget, n, length) -> (cache, tokens [K, W],
+    logprobs [K, W], steps_run)`` (``K = max_steps``; ``length`` static, as in the single decode step);
+    ``trace_counts["decode_chunk"]`` counts its compilations. Shared by engines over equal graphs."""
+    trace_counts = {"decode_chunk": 0}
+
+    @functools.partial(jax.jit, donate_argnums=(1,), static_argnums=(12,))
+    def decode_chunk(state, cache, tokens, positions, keys, steps, temperature, top_k, top_p, stop_ids, budget, n,
+                     length):
+        # tokens/positions/steps/top_k/budget [W] int32; keys [W, 2] uint32; temperature/top_p [W] f32;
+        # stop_ids [W, MAX_STOP_IDS] int32 (-1 pads); n: int32 scalar <= K steps to run at most.
+        trace_counts["decode_chunk"] += 1
+        width = tokens.shape[0]
+        last_slot = jax.tree.leaves(cache)[0].shape[2] - 1
+        model = nnx.merge(graphdef, state)
+        live = budget > 0  # idle rows (budget 0) never move off the scratch slot
+
+        def cond(c):
+            j, done = c[0], c[4]
+            return (j < n) & ~jnp.all(done)
+
+        def body(c):
+            j, cache, tok, pos, done, out_t, out_l = c
+            part = jax.tree.map(lambda x: x[:, :width, :length], cache)  # [L, W, length, K, D]
+            logits, part = model(tok[:, None], pos[:, None], cache=part)  # [W, 1, V]
+            cache = _write_new_kv(cache, part, pos)
+            t, lp = sample(logits[:, 0], step_keys(keys, steps + j), temperature, top_k, top_p)
+            done = done | jnp.any(t[:, None] == stop_ids, axis=-1) | (j + 1 >= budget)
+            pos = jnp.where(live, jnp.minimum(pos + 1, last_slot), pos)
+            return j + 1, cache, t, pos, done, out_t.at[j].set(t), out_l.at[j].set(lp)
+
+        out_t = jnp.zeros((max_steps, width), jnp.int32)
+        out_l = jnp.zeros((max_steps, width), jnp.float32)
+        c = (jnp.int32(0), cache, tokens, positions, ~live, out_t, out_l)
+        j, cache, _, _, _, out_t, out_l = jax.lax.while_loop(cond, body, c)
+        return cache, out_t, out_l, j
+
+    return decode_chunk, trace_counts
