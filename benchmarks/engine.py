@@ -15,8 +15,8 @@ and the headline compares each schedule in its own fastest dtype: ``continuous_v
 the best continuous rate over the best one-at-a-time rate, so neither side is handicapped.
 Per-dtype figures are under ``models[name]["by_dtype"]``.
 
-The machine is shared and noisy, so the three schedules run interleaved for a few rounds and each
-reports its best round.
+The machine is shared and noisy, so the three schedules (under every dtype) run interleaved for a
+few rounds and each reports its best round.
 
 The workload is heavy-tailed (most completions short, a few long; lengths fixed by ``max_tokens``
 with stop ids disabled) and requests arrive over time (exponential gaps spread over about a quarter
@@ -122,41 +122,47 @@ async def sequential(engine, reqs, every: int) -> dict:
     return {"tokens": tokens, "wall_s": time.perf_counter() - t0}
 
 
-def bench_dtype(lm, wl: Workload, reqs, dtype: str) -> dict:
-    """Continuous, static and sequential runs of ``reqs`` under one compute dtype (raw figures)."""
-    max_prompt = max(len(p) for p, _ in reqs)
+def build(lm, wl: Workload, reqs, dtype: str) -> dict:
+    """A 32-slot and a 1-slot engine under one compute dtype, warmed up (compile time measured)."""
     cfg = EngineConfig(num_slots=wl.slots, max_len=wl.max_len, min_bucket=wl.min_bucket, max_prefill_batch=4,
                        decode_lengths=wl.decode_lengths, compute_dtype=dtype)
     t = time.perf_counter()
     engine = JaxEngine.from_loaded(lm, config=cfg, stop_token_ids=())
     solo = JaxEngine.from_loaded(lm, config=dataclasses.replace(cfg, num_slots=1, max_prefill_batch=1),
                                  stop_token_ids=())
+    max_prompt = max(len(p) for p, _ in reqs)
     engine.warmup(max_prompt)
     solo.warmup(max_prompt)
-    compile_s = time.perf_counter() - t
+    return {"engine": engine, "solo": solo, "compile_s": time.perf_counter() - t}
 
-    async def main():
-        probe = await engine.generate(reqs[0][0], params(8, 0))  # calibrate one decode step
-        step_s = probe.latency_s / 8
-        idle = [(await engine.generate(reqs[i][0], params(1, i))).ttft_s for i in range(5)]  # no queue
-        total = sum(n for _, n in reqs)
-        span = 0.25 * (total / wl.slots + wl.long_len) * step_s  # arrivals outpace service: a queue builds
-        gaps = np.random.default_rng(1).exponential(1.0, size=len(reqs))
-        arrivals = np.cumsum(gaps) / gaps.sum() * span
-        arrivals -= arrivals[0]
-        runs: dict[str, list[dict]] = {"continuous": [], "static": [], "sequential": []}
-        for _ in range(wl.rounds):
-            runs["continuous"].append(await continuous(engine, reqs, arrivals))
-            runs["static"].append(await static(engine, reqs, arrivals, wl.slots))
-            runs["sequential"].append(await sequential(solo, reqs, wl.seq_every))
-        await engine.close()
-        await solo.close()
-        best = {k: max(v, key=lambda r: r["tokens"] / r["wall_s"]) for k, v in runs.items()}
-        return best, step_s, idle
 
-    best, step_s, idle = asyncio.run(main())
-    return {"runs": best, "step_s": step_s, "idle": idle, "compile_s": compile_s,
-            "tps": {k: r["tokens"] / r["wall_s"] for k, r in best.items()}}
+async def run_all(wl: Workload, reqs, setups: dict[str, dict]) -> dict[str, dict]:
+    """Every schedule under every dtype, interleaved for ``wl.rounds`` rounds (the machine's load drifts:
+    side by side, no dtype or schedule gets the quiet minutes); each keeps its best round."""
+    for st in setups.values():
+        probe = await st["engine"].generate(reqs[0][0], params(8, 0))  # calibrate one decode step
+        st["step_s"] = probe.latency_s / 8
+        st["idle"] = [(await st["engine"].generate(reqs[i][0], params(1, i))).ttft_s for i in range(5)]  # no queue
+    total = sum(n for _, n in reqs)
+    step_s = min(st["step_s"] for st in setups.values())
+    span = 0.25 * (total / wl.slots + wl.long_len) * step_s  # arrivals outpace service: a queue builds
+    gaps = np.random.default_rng(1).exponential(1.0, size=len(reqs))
+    arrivals = np.cumsum(gaps) / gaps.sum() * span
+    arrivals -= arrivals[0]
+    runs = {dt: {"continuous": [], "static": [], "sequential": []} for dt in setups}
+    for _ in range(wl.rounds):
+        for dt, st in setups.items():
+            runs[dt]["continuous"].append(await continuous(st["engine"], reqs, arrivals))
+            runs[dt]["static"].append(await static(st["engine"], reqs, arrivals, wl.slots))
+            runs[dt]["sequential"].append(await sequential(st["solo"], reqs, wl.seq_every))
+    out = {}
+    for dt, st in setups.items():
+        await st["engine"].close()
+        await st["solo"].close()
+        best = {k: max(v, key=lambda r: r["tokens"] / r["wall_s"]) for k, v in runs[dt].items()}
+        out[dt] = {"runs": best, "step_s": st["step_s"], "idle": st["idle"], "compile_s": st["compile_s"],
+                   "tps": {k: r["tokens"] / r["wall_s"] for k, r in best.items()}}
+    return out
 
 
 def summarize(raw: dict) -> dict:
@@ -174,7 +180,7 @@ def summarize(raw: dict) -> dict:
 
 def bench_model(name: str, lm, wl: Workload, dtypes: list[str]) -> dict:
     reqs = wl.requests(lm.config.vocab_size)
-    raw = {dt: bench_dtype(lm, wl, reqs, dt) for dt in dtypes}
+    raw = asyncio.run(run_all(wl, reqs, {dt: build(lm, wl, reqs, dt) for dt in dtypes}))
     by_dtype = {dt: summarize(r) for dt, r in raw.items()}
     for dt, fig in by_dtype.items():
         print(f"[{name} {dt}] " + json.dumps(fig), flush=True)
