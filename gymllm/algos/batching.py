@@ -4,7 +4,8 @@ A row is one trajectory, shifted for next-token prediction: inputs ``ids[:-1]``,
 and every per-token array aligned on the targets (mask, the sampler's logprobs ``mu``, versions).
 Micro-batches have ``micro_batch_size`` rows and a length from a small fixed set of buckets (powers
 of two from ``min_bucket`` up to ``max_len``, optionally with evenly spaced lengths in between), so
-the learner compiles at most one program per bucket. Padding rows and padding tokens have mask 0 and contribute exactly nothing.
+the learner compiles at most one program per bucket. Padding rows and padding tokens have mask 0
+and contribute exactly nothing.
 """
 
 from __future__ import annotations

@@ -93,7 +93,9 @@ class RolloutSection:
     """group_size G; max_concurrency trajectories in flight; eta: staleness bound in policy versions
     (0 = synchronous; None = unbounded); sampling temperature / top_p / max_tokens per model call;
     max_turns: model calls per trajectory; engine_slots / engine_max_len: the engine's batch rows and
-    context; prefix_reuse: the engine reuses cached prompt prefixes; group_timeout_s: fail stuck groups;
+    context; prefix_reuse: the engine reuses cached prompt prefixes; decode_chunk: decode steps per
+    engine device call while no request waits to join (1: token by token; same tokens either way);
+    group_timeout_s: fail stuck groups;
     mode: async (barrier-free streaming) | sync (the baseline: roll out a whole step, then train);
     engine_compute_dtype: the engine's compute dtype (None: the model's; "bfloat16": bf16 weights,
     f32 accumulation: faster batched decode on CPUs with AMX and on accelerators)."""
@@ -108,13 +110,15 @@ class RolloutSection:
     engine_slots: int = 32
     engine_max_len: int = 64
     prefix_reuse: bool = True
+    decode_chunk: int = 8
     group_timeout_s: float | None = None
     mode: str = "async"
     engine_compute_dtype: str | None = None
 
     def __post_init__(self) -> None:
         check_choice("RolloutSection", "mode", self.mode, ("async", "sync"))
-        for f in ("group_size", "max_concurrency", "max_tokens", "max_turns", "engine_slots", "engine_max_len"):
+        for f in ("group_size", "max_concurrency", "max_tokens", "max_turns", "engine_slots", "engine_max_len",
+                  "decode_chunk"):
             check_range("RolloutSection", f, getattr(self, f), lo=1)
         if self.eta is not None:
             check_range("RolloutSection", "eta", self.eta, lo=0)
@@ -423,7 +427,7 @@ class _Run:
         self.engine = JaxEngine(lm.model, tok, version=self.learner.version, config=EngineConfig(
             num_slots=cfg.rollout.engine_slots, max_len=cfg.rollout.engine_max_len,
             prefix_reuse=cfg.rollout.prefix_reuse, min_bucket=min(64, cfg.rollout.engine_max_len), seed=cfg.run.seed,
-            idle_wait_s=0.002, compute_dtype=cfg.rollout.engine_compute_dtype))
+            idle_wait_s=0.002, compute_dtype=cfg.rollout.engine_compute_dtype), decode_chunk=cfg.rollout.decode_chunk)
         self.pusher = WeightPusher(self.engine, lm.config, gather=mesh is not None)
         if self.resumed_from is not None:
             self.pusher.push(self.learner.policy_params(), self.learner.version)
