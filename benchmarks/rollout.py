@@ -14,10 +14,19 @@ consecutive rollout batches are measured, as a trainer runs many (a single batch
            ``--concurrency`` in flight (default 2 x trajectories: what the AReaL staleness bound
            eta = 1 admits with 64-trajectory steps; no learner here, so no staleness gate);
 * ceiling  the async run with zero env latency: the generation-bound upper limit;
+* narrow   the async run with only ``--trajectories`` in flight (the sync batch's width): separates
+           hiding tool latency from running wider engine batches (``async_narrow_vs_sync``);
 * one-batch  the async orchestrator on a single batch (``--trajectories`` trajectories, as many in
-           flight) against the sync time of one batch: a single batch's makespan is bounded by its
-           slowest trajectory, so this ratio stays near 2x whatever the orchestrator does
-           (E[sum over turns of the max latency] / E[max over trajectories of the summed latency]).
+           flight) against the sync time of one batch. A single batch's makespan is at least its
+           slowest trajectory's, so even at zero generation cost this ratio is at most ~1.95x here
+           (simulated: E[sum over 4 turns of the max of 64 latencies] = 4.6 s against E[max over 64
+           trajectories of their 4 summed latencies] = 2.3 s); a 3x needs the stream of batches.
+
+Reading the figures: ``async_vs_sync`` <= ``ceiling_vs_sync`` = (sync generation + latency barriers)
+/ (generation at the async batch width), which shrinks as generation slows (a loaded CPU, a bigger
+model): on a machine where one 64-trajectory turn generates in about the max tool latency (~1 s), no
+schedule reaches 3x. The per-run "lifetime shares" (generation / env / other, Little's law) show
+where trajectories spend their time; "other" in the sync run is waiting at the barriers.
 
 One JaxEngine serves every run of a model, compiled up front; ``--engine-slots`` defaults to the
 async concurrency (every in-flight trajectory keeps its KV row between turns, as a paged-cache
@@ -249,6 +258,7 @@ def bench_model(a, name: str) -> dict | None:
             "ceiling": lambda: run_async(w, lm, engine, latency=False, n_traj=w.total, concurrency=w.concurrency),
             "async": lambda: run_async(w, lm, engine, latency=True, n_traj=w.total, concurrency=w.concurrency),
             "sync": lambda: run_sync(w, lm, engine),
+            "narrow": lambda: run_async(w, lm, engine, latency=True, n_traj=w.total, concurrency=w.trajectories),
             "one_batch": lambda: run_async(w, lm, engine, latency=True, n_traj=w.trajectories,
                                            concurrency=w.trajectories),
         }
@@ -270,6 +280,8 @@ def bench_model(a, name: str) -> dict | None:
         "ceiling_traj_per_s": res["ceiling"]["traj_per_s"],
         "async_vs_sync": res["async"]["traj_per_s"] / res["sync"]["traj_per_s"],
         "async_vs_ceiling": res["async"]["traj_per_s"] / res["ceiling"]["traj_per_s"],
+        "ceiling_vs_sync": res["ceiling"]["traj_per_s"] / res["sync"]["traj_per_s"],
+        "async_narrow_vs_sync": res["narrow"]["traj_per_s"] / res["sync"]["traj_per_s"],
         "engine_busy_fraction": res["async"]["engine_busy_fraction"],
         "sync_engine_busy_fraction": res["sync"]["engine_busy_fraction"],
         "ceiling_engine_busy_fraction": res["ceiling"]["engine_busy_fraction"],
