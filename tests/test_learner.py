@@ -211,11 +211,13 @@ def test_buckets_per_octave_cut_padding_and_keep_every_row():
 def test_bf16_mixed_precision_step_tracks_float32_and_keeps_float32_masters():
     """compute_dtype="bfloat16": the same step as float32 within bf16 rounding; the trainable
     weights (and so the optimizer) stay float32."""
-    groups = make_groups(2)
+    groups = make_groups(2, noise=0.0)
     a, b = learner(opt="sgd"), learner(opt="sgd", compute_dtype="bfloat16")
     ra, rb = a.submit(groups), b.submit(groups)
     assert len(ra) == len(rb) == 1
     assert all(v.dtype == jnp.float32 for v in jax.tree.leaves(b.trainable))
+    # the bf16 forward really ran: its logprobs differ from the float32 sampler's by bf16 rounding
+    assert rb[0].metrics["mismatch_abs_logprob"] > 10 * ra[0].metrics["mismatch_abs_logprob"] + 1e-4
     np.testing.assert_allclose(ra[0].metrics["loss"], rb[0].metrics["loss"], rtol=0.05, atol=0.02)
     base = tiny().model.flat_params()
     da = {k: np.ravel(a.trainable[k] - base[k]) for k in base}

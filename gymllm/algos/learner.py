@@ -143,7 +143,7 @@ def _programs(model_config: Any, loss: LossConfig, lcfg: LearnerConfig, lora: An
     """The jitted (grad-accumulate, apply-update, reference-logprob) programs of one configuration,
     shared by every learner with the same configs (compiled once per shape)."""
     key = LearnerConfig(temperature=lcfg.temperature, compute_entropy=lcfg.compute_entropy, num_steps=lcfg.num_steps,
-                        fast_compile=lcfg.fast_compile)
+                        fast_compile=lcfg.fast_compile, compute_dtype=lcfg.compute_dtype)
     return _cached_programs(model_config, loss, key, lora, opt)
 
 
