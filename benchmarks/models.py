@@ -1,6 +1,7 @@
 """Benchmark the real small model (SmolLM2-135M-Instruct) forward, decode and training step.
 
-Side by side in one process, for float32 and bfloat16 weights:
+Side by side in one process, for float32 and bfloat16 weights (and, for the training step only,
+float32 master weights computing in bfloat16: ``mixed``):
 
 * ``prefill_tok_s``: tokens/s of a cached prefill of 16 x 128 tokens (last-token logits);
 * ``decode_tok_s_b16``: tokens/s of greedy decoding at batch 16 (one jitted step, donated cache);
@@ -31,7 +32,10 @@ from gymllm.models import load, token_logprobs
 from gymllm.models.transformer import forward
 
 ISSUE_BAR = {"prefill_tok_s": 315.0, "decode_tok_s_b16": 100.0, "fwd_bwd_s": 9.0}
-DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16}
+DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "mixed": jnp.float32}
+# "mixed": float32 master weights with bfloat16 compute (forward(compute_dtype=...)), the trainer's
+# mixed-precision setting; only its forward + backward is measured (an engine stores bf16 weights).
+COMPUTE = {"mixed": "bfloat16"}
 
 
 def _timed(fn, reps: int) -> float:
@@ -48,7 +52,8 @@ def _timed(fn, reps: int) -> float:
 def matmul_gflops(n: int, dtype, reps: int) -> float:
     a = jax.random.normal(jax.random.key(0), (n, n), dtype)
     b = jax.random.normal(jax.random.key(1), (n, n), dtype)
-    f = jax.jit(lambda a, b: a @ b)
+    # f32 accumulation: the form the model's matmuls take (a bf16 -> bf16 dot is upcast by XLA:CPU)
+    f = jax.jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32))
     return 2 * n**3 / _timed(lambda: f(a, b), reps) / 1e9
 
 
@@ -61,6 +66,18 @@ def forward_flops(cfg, batch: int, t: int) -> float:
     return batch * t * (cfg.num_layers * (per_token_layer + attn) + 2 * e * cfg.vocab_size)
 
 
+def fwd_bwd_seconds(cfg, params, toks, pos, reps: int, compute_dtype=None) -> float:
+    """One forward + backward (mean token log-prob) over 8 x 128 tokens."""
+    tb = toks[:8]
+
+    def loss(p):
+        logits, _ = forward(cfg, p, tb[:, :-1], pos[:8, :-1], compute_dtype=compute_dtype)
+        return -jnp.mean(token_logprobs(logits, tb[:, 1:]))
+
+    grad = jax.jit(jax.value_and_grad(loss))
+    return _timed(lambda: grad(params), max(1, reps // 2))
+
+
 def bench_dtype(name: str, dtype, args) -> dict:
     lm = load(args.model, dtype=dtype)
     cfg, params = lm.config, lm.model.flat_params()
@@ -68,6 +85,10 @@ def bench_dtype(name: str, dtype, args) -> dict:
     b, t = 16, 128
     toks = jnp.asarray(rng.integers(100, cfg.vocab_size, (b, t)), jnp.int32)
     pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    if name in COMPUTE:
+        out = {"fwd_bwd_s": fwd_bwd_seconds(cfg, params, toks, pos, args.reps, COMPUTE[name])}
+        print(name, json.dumps({k: round(v, 3) for k, v in out.items()}), flush=True)
+        return out
     max_len = t + args.decode_steps + 1
 
     # prefill into a cache
@@ -97,15 +118,7 @@ def bench_dtype(name: str, dtype, args) -> dict:
     jax.block_until_ready(tok)
     decode_tok_s = b * (args.decode_steps - 1) / (time.perf_counter() - start)
 
-    # forward + backward over 8 x 128
-    tb = toks[:8]
-
-    def loss(p):
-        logits, _ = forward(cfg, p, tb[:, :-1], pos[:8, :-1])
-        return -jnp.mean(token_logprobs(logits, tb[:, 1:]))
-
-    grad = jax.jit(jax.value_and_grad(loss))
-    fwd_bwd_s = _timed(lambda: grad(params), max(1, args.reps // 2))
+    fwd_bwd_s = fwd_bwd_seconds(cfg, params, toks, pos, args.reps)
     roof = matmul_gflops(args.matmul_n, dtype, args.reps)
     out = {
         "prefill_tok_s": b * t / prefill_s,
@@ -123,20 +136,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer repetitions and decode steps (~2 min)")
     ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--dtypes", default="fp32,bf16")
+    ap.add_argument("--dtypes", default="fp32,bf16,mixed")
     args = ap.parse_args()
     args.reps = 1 if args.quick else 3
     args.decode_steps = 12 if args.quick else 48
     args.matmul_n = 1024 if args.quick else 2048
     per = {name: bench_dtype(name, DTYPES[name], args) for name in args.dtypes.split(",")}
+    full = [v for v in per.values() if "prefill_tok_s" in v]
     best = {
-        "prefill_tok_s": max(v["prefill_tok_s"] for v in per.values()),
-        "decode_tok_s_b16": max(v["decode_tok_s_b16"] for v in per.values()),
+        "prefill_tok_s": max(v["prefill_tok_s"] for v in full),
+        "decode_tok_s_b16": max(v["decode_tok_s_b16"] for v in full),
         "fwd_bwd_s": min(v["fwd_bwd_s"] for v in per.values()),
         # the machine's roofline is its fastest matmul, whatever the dtype (bf16 GEMMs are slow on
         # CPUs without native bf16, which would flatter a bf16 forward measured against them)
-        "forward_vs_roofline": max(v["forward_gflops"] for v in per.values())
-        / max(v["matmul_gflops"] for v in per.values()),
+        "forward_vs_roofline": max(v["forward_gflops"] for v in full) / max(v["matmul_gflops"] for v in full),
     }
     vs_issue = {
         "prefill_tok_s": best["prefill_tok_s"] / ISSUE_BAR["prefill_tok_s"],
