@@ -149,6 +149,24 @@ def test_dense_bf16_value_and_grads_match_float32_reference(transposed, f32_out)
                                np.asarray(ref(x32, w32)), rtol=1e-5, atol=1e-5)
 
 
+def test_packed_bf16_weights_equal_bf16_weights():
+    """uint16 bit patterns (pack_bf16) decode to exactly the bf16 model, with and without a cache."""
+    from gymllm.models.transformer import forward, pack_bf16
+
+    lm = tiny_model("gemma3", seed=4, dtype=jnp.bfloat16)
+    cfg, params = lm.config, lm.model.flat_params()
+    packed = pack_bf16(params)
+    assert all(v.dtype == jnp.uint16 for v in packed.values())
+    toks = _tokens(4, 2, T, cfg.vocab_size)
+    a, _ = forward(cfg, params, toks, _pos(2, T))
+    b, _ = forward(cfg, packed, toks, _pos(2, T))
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    cache = lm.model.init_cache(2, T + 2)
+    c1, _ = forward(cfg, params, toks, _pos(2, T), None, cache)
+    c2, _ = forward(cfg, packed, toks, _pos(2, T), None, cache)
+    np.testing.assert_array_equal(np.asarray(c1), np.asarray(c2))
+
+
 def test_compute_dtype_bf16_mixed_precision_forward_and_gradients():
     """fp32 master weights, bf16 compute: logits close to fp32, gradients float32 and aligned."""
     from gymllm.models.transformer import forward

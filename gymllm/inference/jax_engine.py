@@ -91,8 +91,21 @@ class _Request:
 
 
 def _cast_floats(state: Any, dtype: Any) -> Any:
-    """The weights with every floating-point leaf cast to ``dtype`` (integer leaves unchanged)."""
-    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
+    """The weights with every floating-point leaf cast to ``dtype`` (integer leaves unchanged). On CPU,
+    bfloat16 weights are stored as their uint16 bit patterns (``models.transformer.pack_bf16``: the
+    forward decodes them per layer; XLA:CPU slices bf16 layer stacks slowly)."""
+    packed = jnp.dtype(dtype) == jnp.bfloat16 and jax.default_backend() == "cpu"
+    return jax.tree.map(lambda x: _as_engine_dtype(x, jnp.uint16 if packed else dtype), state)
+
+
+def _as_engine_dtype(x: Any, dtype: Any) -> jax.Array:
+    """``x`` in the engine's storage dtype; uint16 storage holds bfloat16 bit patterns."""
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != jnp.uint16:
+        return x
+    if jnp.dtype(dtype) == jnp.uint16 and x.dtype != jnp.uint16:
+        return jax.lax.bitcast_convert_type(x.astype(jnp.bfloat16), jnp.uint16)
+    return x.astype(dtype)
 
 
 def _deliver(req: _Request, kind: str, payload: Any) -> None:
@@ -282,7 +295,7 @@ class JaxEngine:
                 raise EngineError(explain("update_weights(state)", expected=f"a leaf of shape {o.shape}",
                                           received=np.shape(n), fix="pass weights of the same model config"))
         # same dtypes as compiled: a weight update never triggers a recompile
-        leaves = [jnp.asarray(n, dtype=o.dtype) for n, o in zip(new_leaves, old_leaves)]
+        leaves = [_as_engine_dtype(n, o.dtype) for n, o in zip(new_leaves, old_leaves)]
         state = jax.tree.unflatten(old_def, leaves)
         with self._cv:
             self._pending_weights = (state, int(version))

@@ -170,17 +170,34 @@ def _layer_tables(cfg: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
     return inv, win
 
 
+def pack_bf16(params: dict[str, Any]) -> dict[str, jax.Array]:
+    """Floating weights as bfloat16 bit patterns in uint16 arrays (what ``forward`` decodes per layer):
+    the fast storage for a bf16 inference copy on CPU (see :func:`forward`)."""
+    return {n: jax.lax.bitcast_convert_type(jnp.asarray(v).astype(jnp.bfloat16), jnp.uint16)
+            if jnp.issubdtype(jnp.asarray(v).dtype, jnp.floating) else v for n, v in params.items()}
+
+
+def _unpack(v: jax.Array) -> jax.Array:
+    return jax.lax.bitcast_convert_type(v, jnp.bfloat16) if v.dtype == jnp.uint16 else v
+
+
 @functools.partial(jax.jit, static_argnums=0, static_argnames=("compute_dtype",))
 def forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, positions: jax.Array,
             segment_ids: jax.Array | None = None, cache: KVCache | None = None,
             logits_at: jax.Array | None = None, *, compute_dtype: Any = None) -> tuple[jax.Array, KVCache | None]:
     """Pure forward over flat params (see the module docstring for the masking contract).
     ``logits_at`` [B] int32: return only the logits at that index of each row ([B, 1, V]).
-    ``compute_dtype`` (e.g. ``"bfloat16"``): cast the weights to it first (mixed precision: float32
+    ``compute_dtype`` (e.g. ``"bfloat16"``): cast the weights to it (mixed precision: float32
     master weights, low-precision compute with float32 accumulation; gradients flow back to the
-    masters); None computes in the weights' own dtype. Logits are float32 either way."""
+    masters); None computes in the weights' own dtype. Logits are float32 either way.
+    ``uint16`` weights are bfloat16 bit patterns (:func:`pack_bf16`), decoded per layer.
+
+    Stacked layer weights are cast (or decoded) inside the layer loop, one layer at a time: XLA:CPU
+    slices a bf16 [L, ...] stack per layer at ~1 GB/s, which costs more than bf16 matmuls save,
+    while slicing float32 or uint16 stacks runs at memory speed."""
+    params = {n: _unpack(v) if not n.startswith("layers.") else v for n, v in params.items()}
     if compute_dtype is not None:
-        params = {n: v.astype(compute_dtype) for n, v in params.items()}
+        params = {n: v if n.startswith("layers.") else v.astype(compute_dtype) for n, v in params.items()}
     b, t = tokens.shape
     h, k, d = cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
     eps, plus_one = cfg.rms_norm_eps, cfg.norm_plus_one
@@ -195,6 +212,7 @@ def forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, p
     def layer(carry, xs):
         x, kc, vc = carry
         lw, inv_l, win_l, i = xs
+        lw = {n: _unpack(v) if compute_dtype is None else _unpack(v).astype(compute_dtype) for n, v in lw.items()}
         hdn = rms_norm(x, lw["attn_norm"], eps, plus_one)
         q, kk, vv = dense(hdn, lw["wq"]), dense(hdn, lw["wk"]), dense(hdn, lw["wv"])  # [B, T, H*D], [B, T, K*D]
         if cfg.attention_bias:
