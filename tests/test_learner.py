@@ -230,3 +230,17 @@ def test_bf16_mixed_precision_step_tracks_float32_and_keeps_float32_masters():
 def test_compute_dtype_is_validated():
     with pytest.raises(Exception, match="compute_dtype"):
         LearnerConfig(compute_dtype="int8")
+
+
+def test_keep_freed_memory_is_idempotent_and_can_be_disabled(monkeypatch):
+    from gymllm.utils import host_memory
+
+    monkeypatch.setattr(host_memory, "_done", None)
+    monkeypatch.setenv("GYMLLM_KEEP_FREED_MEMORY", "0")
+    assert host_memory.keep_freed_memory() is False
+    monkeypatch.setattr(host_memory, "_done", None)
+    monkeypatch.delenv("GYMLLM_KEEP_FREED_MEMORY")
+    first = host_memory.keep_freed_memory()
+    assert host_memory.keep_freed_memory() is first  # applied once per process
+    x = np.ones((512, 1024), np.float32)  # allocations still work
+    assert float(x.sum()) == 512 * 1024

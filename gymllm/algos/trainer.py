@@ -369,6 +369,9 @@ def train(config: TrainConfig, *, max_steps: int | None = None) -> TrainResult:
 
     ``max_steps`` stops after that many optimizer steps *in this call* (to simulate a kill in tests;
     the run's step count is still ``learner.num_steps``)."""
+    from gymllm.utils.host_memory import keep_freed_memory
+
+    keep_freed_memory()  # XLA:CPU's per-call buffers stop page-faulting (about a quarter of a tiny step's CPU)
     return asyncio.run(_train(_effective(config), max_steps))
 
 
