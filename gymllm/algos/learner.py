@@ -30,6 +30,7 @@ import collections
 import dataclasses
 import functools
 import time
+import warnings
 from typing import Any, Iterable
 
 import jax
@@ -54,6 +55,7 @@ from gymllm.types import Group
 
 # XLA CPU options that cut compile time ~3x at a small cost in run time (tiny models, tests).
 FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -156,20 +158,31 @@ def _cached_programs(model_config: Any, loss: LossConfig, lcfg: LearnerConfig, l
     tx = make_optimizer(opt, lcfg.num_steps)
 
     def grad(acc, trainable, frozen, arrays, ref_params):
+        # acc (donated) + this micro-batch's gradient; the loss sum and metric sums as one dict
         (total, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable, frozen, arrays, ref_params)
-        return jax.tree.map(jnp.add, acc, grads), total, metrics
+        return jax.tree.map(jnp.add, acc, grads), {"loss_sum": total, **metrics}
 
     def apply(trainable, opt_state, acc, denom):
+        # -> new weights, optimizer state, grad norm, and the zeroed accumulator of the next step
         g = jax.tree.map(lambda x: x / denom, acc)
         updates, opt_state = tx.update(g, opt_state, trainable)
-        return optax.apply_updates(trainable, updates), opt_state, optax.global_norm(g)
+        zeros = jax.tree.map(jnp.zeros_like, acc)
+        return optax.apply_updates(trainable, updates), opt_state, optax.global_norm(g), zeros
 
     def ref_logp(ref_params, tokens, positions, targets):
         logits, _ = forward(model_config, ref_params, tokens, positions, compute_dtype=lcfg.compute_dtype)
         return token_logprobs(logits, targets, lcfg.temperature)
 
     jit = functools.partial(jax.jit, compiler_options=FAST_COMPILE if lcfg.fast_compile else None)
-    return jit(grad), jit(apply), jit(ref_logp), tx
+    # the accumulator is donated (updated in place); weights are not: the engine may hold them
+    return jit(grad, donate_argnums=(0,)), jit(apply, donate_argnums=(2,)), jit(ref_logp), tx
+
+
+@functools.lru_cache(maxsize=32)
+def _advantage_program(estimator: str, ddof: int, eps: float, eps_placement: str):
+    """One jitted call per group instead of a dozen eager ops (``rewards [N, G] -> advantages [N, G]``)."""
+    fn = adv_mod.ESTIMATORS[estimator]
+    return jax.jit(lambda r: fn(r, ddof=ddof, eps=eps, eps_placement=eps_placement))
 
 
 class StreamingLearner:
@@ -198,6 +211,8 @@ class StreamingLearner:
         self.ref_params = shard_params(mesh, dict(base)) if self.loss.kl.needs_reference else None
         self._grad, self._apply, self._ref_logp, self.tx = _programs(model_config, self.loss, cfg, self.lora,
                                                                     self.optimizer_config)
+        a = self.loss.advantage
+        self._adv = _advantage_program(a.estimator, a.ddof, a.eps, a.eps_placement)
         self.schedule = make_schedule(self.optimizer_config, cfg.num_steps)
         self.opt_state = self.tx.init(self.trainable)
         self.version = version  # == optimizer updates applied
@@ -230,12 +245,14 @@ class StreamingLearner:
         bucket; its gradient is discarded), so no compile lands in the middle of a run."""
         for length in self.buckets:
             mb = make_micro_batch([], self.config.micro_batch_size, length, self.pad_id)
-            out = self._grad(self._acc, self.trainable, self.frozen, shard_batch(self.mesh, mb.arrays()), self.ref_params)
+            acc = jax.tree.map(jnp.zeros_like, self.trainable)  # donated: not the step's accumulator
+            out = self._grad(acc, self.trainable, self.frozen, shard_batch(self.mesh, mb.arrays()), self.ref_params)
             jax.block_until_ready(out)
 
     # ------------------------------------------------------------------ consumption
-    def _reset_step(self) -> None:
-        self._acc = jax.tree.map(jnp.zeros_like, self.trainable)
+    def _reset_step(self, zeros: Any = None) -> None:
+        """Start a new step; ``zeros``: the zeroed accumulator the apply program returned (else made here)."""
+        self._acc = zeros if zeros is not None else jax.tree.map(jnp.zeros_like, self.trainable)
         self._pending: list[Row] = []
         self._deferred: list[tuple[Group, np.ndarray]] = []  # step-global advantages (batch_std)
         self._step_groups = 0
@@ -277,8 +294,7 @@ class StreamingLearner:
         return self._finish_step()
 
     def _advantages(self, rewards: np.ndarray) -> jnp.ndarray:
-        a = self.loss.advantage
-        return adv_mod.ESTIMATORS[a.estimator](rewards, ddof=a.ddof, eps=a.eps, eps_placement=a.eps_placement)
+        return self._adv(np.asarray(rewards, np.float32))
 
     def _shaped_rewards(self, group: Group) -> np.ndarray:
         r = group.rewards.astype(np.float32)
@@ -327,9 +343,8 @@ class StreamingLearner:
         lags, counts = np.unique(lag, return_counts=True)
         with span("micro_batch", track="trainer", rows=len(rows), length=mb.shape[1], step=self.version + 1) as tags:
             arrays = shard_batch(self.mesh, mb.arrays())
-            self._acc, total, metrics = self._grad(self._acc, self.trainable, self.frozen, arrays, self.ref_params)
-            self._sums["loss_sum"] += float(total)
-            for k, v in metrics.items():
+            self._acc, sums = self._grad(self._acc, self.trainable, self.frozen, arrays, self.ref_params)
+            for k, v in jax.device_get(sums).items():  # one device->host copy (and wait) per micro-batch
                 self._sums[k] += float(v)
             tags["tokens"] = int(valid.sum())
             tags["staleness"] = {int(a): int(c) for a, c in zip(lags, counts)}
@@ -355,8 +370,8 @@ class StreamingLearner:
                                   max_len=float(self.config.max_response_len or self.config.max_len))
             denom = float(step_denominator(self.loss, stats))
             lr = float(self.schedule(self.version))
-            self.trainable, self.opt_state, gnorm = self._apply(self.trainable, self.opt_state, self._acc,
-                                                                jnp.float32(denom))
+            self.trainable, self.opt_state, gnorm, zeros = self._apply(self.trainable, self.opt_state, self._acc,
+                                                                       jnp.float32(denom))
             gnorm = float(gnorm)
         self._busy_s += time.perf_counter() - t
         self.version += 1
@@ -366,7 +381,7 @@ class StreamingLearner:
         report = StepReport(step=self.version, metrics=self._metrics(stats, denom, gnorm, lr),
                             sample_ids=[r.sample_id for r in self._step_rows])
         counter("policy_version", self.version, track="trainer")
-        self._reset_step()
+        self._reset_step(zeros)
         return report
 
     def _metrics(self, stats: agg.StepStats, denom: float, gnorm: float, lr: float) -> dict[str, float]:
