@@ -71,6 +71,9 @@ def test_run_dir_has_every_artifact(tmp_path):
     for key in ("reward_mean", "tokens_per_s_generated", "engine_busy_fraction", "trainer_idle_fraction",
                 "staleness_mean", "clip_fraction", "kl", "entropy", "response_len_mean", "weight_sync_s"):
         assert key in rows[0], key
+    # every group that reached the learner was counted by the rollout-wide reward, filtered or not
+    assert sum(r.get("rollout_groups", 0) for r in rows) >= 2 * 2
+    assert all(0.0 <= r["rollout_reward_mean"] <= 1.0 for r in rows if "rollout_reward_mean" in r)
     cfg = json.loads((d / "config.json").read_text())
     assert cfg["rollout"]["eta"] == 1 and cfg["learner"]["groups_per_step"] == 2
     trajs = [json.loads(line) for line in (d / "trajectories.jsonl").read_text().splitlines()]

@@ -287,13 +287,15 @@ class _SkipConsumed:
         return await self.engine.generate(prompt_ids, params, session_id=session_id)
 
 
-def _group_filter(cfg: TrainConfig, decided: dict[str, bool], filtered: set[str]):
+def _group_filter(cfg: TrainConfig, decided: dict[str, bool], filtered: set[str], seen: list[float] | None = None):
     """Drop groups whose (overlong-shaped) rewards are all equal, if the loss asks; replayed groups
     keep the decision recorded before the checkpoint (so admission accounting matches).
 
     A task the policy always fails (or always solves) would filter every group and the run would
     never take a step: after ``patience`` filtered groups in a row the next one is kept (marked
     ``info["kept_zero_variance"]``; its advantages are zero, so it moves no weights) and the run says so.
+    ``seen`` collects every newly decided group's mean reward, filtered or not (the unbiased
+    ``rollout_reward_mean`` of the step metrics).
     """
     import logging
 
@@ -306,6 +308,8 @@ def _group_filter(cfg: TrainConfig, decided: dict[str, bool], filtered: set[str]
     def keep(group) -> bool:
         if group.group_id in decided:
             return decided[group.group_id]
+        if seen is not None:
+            seen.append(float(np.mean(group.rewards)))
         if not sh.filter_zero_variance:
             return True
         r = group.rewards
@@ -390,6 +394,7 @@ class _Run:
         self.step_groups: list[Any] = []
         self.wait_s, self.t_step, self.gen_tokens = 0.0, time.perf_counter(), 0
         self.filtered: set[str] = set()
+        self.rollout_rewards: list[float] = []  # every completed group's mean reward since the last step
         self.decided: dict[str, bool] = {}
         self.resumed_from: int | None = None
 
@@ -492,6 +497,9 @@ class _Run:
                  tokens_per_s_generated=self.gen_tokens / wall if wall > 0 else 0.0,
                  engine_busy_fraction=float(self.engine_busy()), groups_filtered_rollout=float(len(self.filtered)),
                  groups_stale_rollout=float(self.stale_dropped()))
+        if self.rollout_rewards:  # over every group completed since the last step, filtered ones included
+            m.update(rollout_reward_mean=float(np.mean(self.rollout_rewards)), rollout_groups=len(self.rollout_rewards))
+            self.rollout_rewards.clear()
         self.history.append({"step": rep.step, **m})
         self.trained_ids.append(rep.sample_ids)
         self.logger.log(rep.step, m)
@@ -508,7 +516,8 @@ class _Run:
         from gymllm.rollout import QueueClosed, RolloutOrchestrator
 
         orch = RolloutOrchestrator(self.envs, self.gen_engine, self.agent, sampling=self.sampling, config=self.rcfg,
-                                   group_filter=_group_filter(self.cfg, self.decided, self.filtered))
+                                   group_filter=_group_filter(self.cfg, self.decided, self.filtered,
+                                                              self.rollout_rewards))
         self.set_version = orch.set_policy_version  # type: ignore[method-assign]
         self.engine_busy = lambda: orch.stats().get("engine_busy_fraction", 0.0)
         self.stale_dropped = lambda: orch.counts.get("stale_dropped", 0)
