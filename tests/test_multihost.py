@@ -28,22 +28,10 @@ WORKER = textwrap.dedent('''
     from gymllm.algos.optim import OptimizerConfig
     from gymllm.algos.sharding import ShardingConfig, make_mesh
     from gymllm.models import make_tiny
-    from gymllm.types import Group, Trajectory
+    import sys
 
-    def groups(n, seed):
-        r = np.random.default_rng(seed)
-        out = []
-        for k in range(n):
-            trajs = []
-            for m in range(4):
-                ids = r.integers(3, 290, int(r.integers(6, 15))).astype(np.int32)
-                mask = np.r_[np.zeros(4), np.ones(len(ids) - 4)].astype(np.int8)
-                mu = np.where(mask > 0, -5.7 + r.normal(0, 0.1, len(ids)), 0).astype(np.float32)
-                trajs.append(Trajectory(token_ids=ids, loss_mask=mask, behaviour_logprobs=mu,
-                                        versions=np.where(mask > 0, 0, -1).astype(np.int32), reward=float(r.random()),
-                                        trajectory_id=f"{seed}/{k}/{m}"))
-            out.append(Group(group_id=f"{seed}/{k}", task_id="t", trajectories=trajs))
-        return out
+    sys.path.insert(0, TESTS_DIR)
+    from synthetic_groups import groups
 
     lm = make_tiny("qwen3", seed=0, vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1)
     sharding = ShardingConfig(data=2, fsdp=2) if mh is not None else ShardingConfig()
@@ -63,7 +51,7 @@ WORKER = textwrap.dedent('''
                     mesh_processes=[[d.process_index for d in row] for row in mesh.devices] if mesh is not None else [],
                     sharded=sorted({str(getattr(v.sharding, "spec", "")) for v in lrn.trainable.values()}))
         print("RESULT " + json.dumps(info), flush=True)
-''')
+''').replace("TESTS_DIR", repr(os.path.dirname(os.path.abspath(__file__))))
 
 
 def free_port() -> int:

@@ -20,26 +20,14 @@ SCRIPT = textwrap.dedent('''
     from gymllm.algos.optim import OptimizerConfig
     from gymllm.algos.sharding import ShardingConfig, make_mesh
     from gymllm.models import make_tiny
-    from gymllm.types import Group, Trajectory
+    import sys
 
     assert len(jax.devices()) == 4, jax.devices()
     lm = make_tiny("qwen3", seed=0, vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1)
     rng = np.random.default_rng(0)
 
-    def groups(n, seed):
-        r = np.random.default_rng(seed)
-        out = []
-        for k in range(n):
-            trajs = []
-            for m in range(4):
-                ids = r.integers(3, 290, int(r.integers(6, 15))).astype(np.int32)
-                mask = np.r_[np.zeros(4), np.ones(len(ids) - 4)].astype(np.int8)
-                mu = np.where(mask > 0, -5.7 + r.normal(0, 0.1, len(ids)), 0).astype(np.float32)
-                trajs.append(Trajectory(token_ids=ids, loss_mask=mask, behaviour_logprobs=mu,
-                                        versions=np.where(mask > 0, 0, -1).astype(np.int32), reward=float(r.random()),
-                                        trajectory_id=f"{seed}/{k}/{m}"))
-            out.append(Group(group_id=f"{seed}/{k}", task_id="t", trajectories=trajs))
-        return out
+    sys.path.insert(0, TESTS_DIR)
+    from synthetic_groups import groups
 
     def run(sharding, loss, opt):
         mesh = make_mesh(sharding)
@@ -66,7 +54,7 @@ SCRIPT = textwrap.dedent('''
             out[f"{name}/{shape}"] = dict(diff=diff, moved=moved, l1=l1, l4=l4, specs=sorted(specs),
                                          devices=sorted(devices))
     print("RESULT " + json.dumps(out))
-''')
+''').replace("TESTS_DIR", repr(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.mark.parametrize("variant", ["quick", pytest.param("full", marks=pytest.mark.slow)])
