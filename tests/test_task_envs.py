@@ -262,3 +262,73 @@ def test_terminal_tools_variant_and_truncation():
     _, r, term, trunc, _ = env.step("```bash\necho two\n```")
     assert trunc and not term and r == 0.0
     env.close()
+
+
+# ------------------------------------------------------------------ easier task options (the recipes' settings)
+def test_terminal_locate_rewards_naming_exactly_the_buggy_function():
+    env = gymllm.make("gymllm/Terminal-v0", task="locate", num_functions=3)
+    prompt, info = env.reset(seed=4)
+    buggy, names = info["buggy_function"], env.unwrapped.names
+    others = [n for n in names if n != buggy]
+    assert buggy in names and len(names) == 3 and all(n in prompt for n in names)
+    out, r, term, _, _ = env.step("```bash\npython -m unittest -q 2>&1 | tail -1\n```")
+    assert "FAILED" in out and (r, term) == (0.0, False)
+    _, r, term, _, step_info = env.step(f"The bug is in {buggy}.")
+    assert (r, term, step_info["named"]) == (1.0, True, [buggy])
+    for reply in (f"It is {others[0]}.", " or ".join(names), "I don't know."):
+        env.reset(seed=4)
+        assert env.step(reply)[1] == 0.0, reply  # a wrong name, every name, or none earns nothing
+    with pytest.raises(ConfigError, match="locate"):
+        gymllm.make("gymllm/Terminal-v0", task="guess")
+    env.close()
+
+
+def test_terminal_locate_out_of_turns_earns_nothing():
+    env = gymllm.make("gymllm/Terminal-v0", task="locate", max_turns=1)
+    env.reset(seed=0)
+    _, r, term, trunc, _ = env.step("```bash\nls\n```")
+    assert (r, term, trunc) == (0.0, False, True)
+    env.close()
+
+
+def test_calc_math_simple_problems_are_one_operation_and_graded():
+    env = gymllm.make("gymllm/CalcMath-v0", digits=2, simple=True)
+    for seed in range(12):
+        obs, info = env.reset(seed=seed)
+        x, y, *_ = [int(v) for v in re.findall(r"\d+", obs[1]["content"])]
+        assert 10 <= x <= 99 and int(info["answer"]) in (x + y, x - y, x * y)
+        assert env.step(f"\\boxed{{{info['answer']}}}")[1] == 1.0
+    assert gymllm.make("gymllm/CalcMath-v0", digits=1, simple=True).reset(seed=0)[1]["answer"]
+    with pytest.raises(ConfigError, match="digits"):
+        gymllm.make("gymllm/CalcMath-v0", digits=1)
+
+
+def test_code_env_task_subset_and_partial_credit():
+    from gymllm.envs.code import CodeEnv
+
+    env = CodeEnv(num_tests=6, partial_credit=True, tasks=["count_above", "dedupe"])
+    names = set()
+    for seed in range(10):
+        env.reset(seed=seed)
+        names.add(env.task.name)
+    assert names == {"count_above", "dedupe"}
+    env.reset(seed=0)
+    stub = f"```python\ndef {env.task.name}(xs):\n    return 0\n```"  # right only on some inputs
+    _, r, _, _, info = env.step(stub)
+    assert r == info["passed"] / info["total"] and 0.0 <= r < 1.0
+    for bad in (["nope"], [], "dedupe"):
+        with pytest.raises(ConfigError, match="tasks"):
+            CodeEnv(tasks=bad)
+    env.close()
+
+
+def test_math_word_easy_set_is_packaged_and_self_consistent():
+    from gymllm.envs.math_word import EASY_PATH, load_problems
+
+    env = gymllm.make("gymllm/MathWord-v0", data_path="easy")
+    assert env.unwrapped.data_path == EASY_PATH and len(load_problems(EASY_PATH)) == 60
+    for p in load_problems(EASY_PATH):
+        a, b = (int(v) for v in re.findall(r"\d+", p.question)[:2])
+        assert int(p.answer) in (a + b, a - b, a * b), p
+    _, info = env.reset(seed=0)
+    assert env.step(f"so \\boxed{{{info['answer']}}}")[1] == 1.0

@@ -10,6 +10,11 @@ small model fails on its own and a calculator call succeeds, so tool use is what
 ``tool`` messages (reward 0), and the first reply without a call is graded: reward 1.0 when its
 final answer (last ``\\boxed{}``, else the last integer) is exact. The reset observation is a system
 message (how to call the calculator in the chosen format, and how to answer) plus the problem.
+
+``simple=True`` draws one-operation problems instead (a sum, a difference or a product by a
+one-digit count, e.g. "A box holds 47 pencils. How many pencils are in 6 boxes?"): with
+``digits=2`` a 135M model solves some of them on its own and the calculator solves the rest, so
+groups have reward variance from the first step (the recipe's setting).
 """
 
 from __future__ import annotations
@@ -40,6 +45,16 @@ _TEMPLATES: tuple[tuple[str, Callable[..., int]], ...] = (
      lambda a, b, c, d: a * b - c),
 )
 
+# one-operation problems: x >= y are drawn with the chosen digits, d is a one-digit count
+_SIMPLE_TEMPLATES: tuple[tuple[str, Callable[..., int]], ...] = (
+    ("A box holds {x} pencils. How many pencils are in {d} boxes?", lambda x, y, d: x * d),
+    ("A shop has {x} apples and gets {y} more. How many apples does it have now?", lambda x, y, d: x + y),
+    ("A library has {x} books and lends out {y} of them. How many books are left?", lambda x, y, d: x - y),
+    ("Compute {x} + {y}.", lambda x, y, d: x + y),
+    ("Compute {x} - {y}.", lambda x, y, d: x - y),
+    ("Compute {x} * {d}.", lambda x, y, d: x * d),
+)
+
 _SYSTEM = ("You can use a calculator tool for exact arithmetic. To use it, write a tool call like this:\n"
            "{example}\nYou will get the result back. When you know the answer, reply without a tool call "
            "and put the final answer as an integer inside \\boxed{{}}.")
@@ -49,22 +64,26 @@ class CalcMathTask(TextEnv):
     """The inner task of CalcMath: one problem; the first reply is graded (use :func:`make_calc_math`).
 
     Args:
-        digits: digits of the large numbers (2..12).
+        digits: digits of the large numbers (2..12; 1..12 with ``simple``).
+        simple: one-operation problems (see the module doc) instead of two or three operations.
         parser: the tool-call format the system prompt shows (the :class:`ToolUse` wrapper parses it).
     """
 
-    def __init__(self, *, digits: int = 4, parser: str = "hermes", max_turns: int | None = None,
+    def __init__(self, *, digits: int = 4, simple: bool = False, parser: str = "hermes", max_turns: int | None = None,
                  render_mode: str | None = None):
         super().__init__(max_turns=max_turns, render_mode=render_mode)
-        if isinstance(digits, bool) or not isinstance(digits, int) or not 2 <= digits <= 12:
-            raise ConfigError(explain("CalcMathTask.digits", expected="an int in [2, 12]", received=digits,
-                                      fix="pass digits=4"))
-        self.digits = digits
+        lo = 1 if simple else 2
+        if isinstance(digits, bool) or not isinstance(digits, int) or not lo <= digits <= 12:
+            raise ConfigError(explain("CalcMathTask.digits", expected=f"an int in [{lo}, 12]", received=digits,
+                                      fix="pass digits=4 (or simple=True for digits=1)"))
+        self.digits, self.simple = digits, bool(simple)
         example = ToolCall("calculator", {"expression": "1234 * 56 - 789"})
         self._system = _SYSTEM.format(example=format_tool_calls([example], parser))
         self.answer = 0
 
     def _reset(self, *, seed, options):
+        if self.simple:
+            return self._reset_simple()
         rng = self.np_random
         lo, hi = 10 ** (self.digits - 1), 10**self.digits
         a, c = (int(x) for x in rng.integers(lo, hi, size=2))
@@ -78,6 +97,19 @@ class CalcMathTask(TextEnv):
                                      {"role": "user", "content": text.format(a=a, b=b, c=c, d=d)}]
         return obs, {"task_id": self._task_id, "answer": str(self.answer)}
 
+    def _reset_simple(self):
+        rng = self.np_random
+        lo, hi = 1 if self.digits == 1 else 10 ** (self.digits - 1), 10**self.digits
+        x, y = sorted((int(v) for v in rng.integers(lo, hi, size=2)), reverse=True)
+        d = int(rng.integers(3, 10))
+        k = int(rng.integers(len(_SIMPLE_TEMPLATES)))
+        text, fn = _SIMPLE_TEMPLATES[k]
+        self.answer = fn(x, y, d)
+        self._task_id = f"calcmath-simple-{k}-{x}-{y}-{d}"
+        obs: list[dict[str, Any]] = [{"role": "system", "content": self._system},
+                                     {"role": "user", "content": text.format(x=x, y=y, d=d)}]
+        return obs, {"task_id": self._task_id, "answer": str(self.answer)}
+
     def _step(self, action: str):
         from gymllm.envs.arithmetic import extract_answer
 
@@ -87,12 +119,12 @@ class CalcMathTask(TextEnv):
         return ("Correct." if correct else "Incorrect."), 1.0 if correct else 0.0, True, info
 
 
-def make_calc_math(*, digits: int = 4, parser: str = "hermes", max_tool_calls: int = 6, timeout_s: float = 5.0,
-                   max_turns: int | None = None, render_mode: str | None = None):
+def make_calc_math(*, digits: int = 4, simple: bool = False, parser: str = "hermes", max_tool_calls: int = 6,
+                   timeout_s: float = 5.0, max_turns: int | None = None, render_mode: str | None = None):
     """``ToolUse(CalcMathTask(...), tools=[calculator])``: the registered ``gymllm/CalcMath-v0``."""
     from gymllm.wrappers.tool_use import ToolUse
 
-    task = CalcMathTask(digits=digits, parser=parser, max_turns=max_turns, render_mode=render_mode)
+    task = CalcMathTask(digits=digits, simple=simple, parser=parser, max_turns=max_turns, render_mode=render_mode)
     return ToolUse(task, tools=[calculator], parser=parser, max_tool_calls=max_tool_calls, timeout_s=timeout_s)
 
 

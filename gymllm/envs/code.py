@@ -23,7 +23,7 @@ import dataclasses
 import json
 import re
 import secrets
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -162,19 +162,33 @@ def run_tests(sandbox: Sandbox, source: str, name: str, cases: list[tuple], expe
     return out
 
 
+def _select_tasks(names: Sequence[str] | None) -> tuple[CodeTask, ...]:
+    by_name = {t.name: t for t in TASKS}
+    if names is None:
+        return TASKS
+    unknown = [n for n in names if n not in by_name] if not isinstance(names, str) else [names]
+    if unknown or not names:
+        raise ConfigError(explain("CodeEnv.tasks", expected=f"a non-empty list of {sorted(by_name)}", received=names,
+                                  fix='e.g. tasks=["count_above", "sum_multiples"], or None for all'))
+    return tuple(by_name[n] for n in names)
+
+
 class CodeEnv(TextEnv):
     """Write one function; hidden tests decide the reward.
 
     Args:
         num_tests: hidden test cases per task.
         partial_credit: reward the fraction of tests passed instead of all-or-nothing.
+        tasks: names of the task families to draw from (None: all of :data:`TASKS`).
         max_attempts: replies allowed (a failing one gets its first failing case back).
         sandbox: limits for running candidate code (default 5 s, 256 MB).
     """
 
-    def __init__(self, *, num_tests: int = 8, partial_credit: bool = False, max_attempts: int = 1,
-                 sandbox: SandboxConfig | None = None, max_turns: int | None = None, render_mode: str | None = None):
+    def __init__(self, *, num_tests: int = 8, partial_credit: bool = False, tasks: Sequence[str] | None = None,
+                 max_attempts: int = 1, sandbox: SandboxConfig | None = None, max_turns: int | None = None,
+                 render_mode: str | None = None):
         super().__init__(max_turns=max_turns, render_mode=render_mode)
+        self.tasks = _select_tasks(tasks)
         for name, value in (("num_tests", num_tests), ("max_attempts", max_attempts)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(explain(f"CodeEnv.{name}", expected="an int >= 1", received=value,
@@ -186,7 +200,7 @@ class CodeEnv(TextEnv):
 
     def _reset(self, *, seed, options):
         rng = self.np_random
-        self.task = TASKS[int(rng.integers(len(TASKS)))]
+        self.task = self.tasks[int(rng.integers(len(self.tasks)))]
         lo, hi = self.task.param
         self.k = int(rng.integers(lo, hi + 1))
         fn = self.task.reference(self.k)

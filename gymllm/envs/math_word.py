@@ -30,9 +30,14 @@ from gymllm.core import TextEnv
 from gymllm.errors import ConfigError, explain
 from gymllm.registration import register
 
-__all__ = ["MathWordEnv", "Problem", "load_problems", "extract_answer", "answers_match", "SAMPLE_PATH"]
+__all__ = ["MathWordEnv", "Problem", "load_problems", "extract_answer", "answers_match", "SAMPLE_PATH", "EASY_PATH",
+           "PACKAGED"]
 
 SAMPLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "math_word_sample.jsonl")
+EASY_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "math_word_easy.jsonl")
+#: packaged problem sets by name (``data_path="easy"``): the GSM8K-style sample (two or three steps)
+#: and 60 one-step problems over numbers up to 30 (a sum, a difference or a small product)
+PACKAGED = {"sample": SAMPLE_PATH, "easy": EASY_PATH}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,7 +266,8 @@ class MathWordEnv(TextEnv):
     """One math word problem per episode; reward 1.0 for a verified final answer.
 
     Args:
-        data_path: a GSM8K / MATH / generic jsonl file (default: the packaged sample).
+        data_path: a GSM8K / MATH / generic jsonl file, or a packaged set's name from :data:`PACKAGED`
+            ("sample", the default; "easy": one-step problems).
         max_attempts: replies allowed (feedback "Incorrect. Try again." in between).
         use_math_verify: use ``math-verify`` as the last equivalence check when installed.
     """
@@ -272,7 +278,8 @@ class MathWordEnv(TextEnv):
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
             raise ConfigError(explain("MathWordEnv.max_attempts", expected="an int >= 1", received=max_attempts,
                                       fix="pass max_attempts=1"))
-        self.data_path = os.fspath(data_path) if data_path is not None else SAMPLE_PATH
+        path = os.fspath(data_path) if data_path is not None else SAMPLE_PATH
+        self.data_path = PACKAGED.get(path, path)
         self.problems = _cached_problems(self.data_path)
         self.max_attempts = max_attempts
         self.use_math_verify = use_math_verify

@@ -17,6 +17,12 @@ Each action is either
 
 Reaching ``max_turns`` truncates (reward 0). ``gymllm/TerminalTools-v0`` is the same task through
 the :class:`~gymllm.wrappers.ToolUse` wrapper with a ``shell`` tool bound to the repository.
+
+``task="locate"`` is the easier first half of the job (bug localization): the same repository and
+commands, but the submission names the function that holds the bug. Reward 1.0 when the reply
+names exactly one of the library's functions and it is the buggy one (naming several earns
+nothing, so listing every function does not pay); a blind guess is right 1 time in
+``num_functions``, running the tests tells.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from gymllm.errors import ConfigError, explain
 from gymllm.registration import register
 from gymllm.tools.sandbox import Sandbox, SandboxConfig
 
-__all__ = ["TerminalEnv", "make_terminal_tools", "FUNCTIONS"]
+__all__ = ["TerminalEnv", "make_terminal_tools", "FUNCTIONS", "TASKS", "named_functions"]
 
 # name -> (correct body, buggy body, test cases as (args, expected) builders from rng)
 FUNCTIONS: dict[str, dict] = {
@@ -122,6 +128,26 @@ except BaseException as _e:
 _CMD = re.compile(r"```(?:bash|sh|shell|console)[ \t]*\n(.*?)```", re.DOTALL)
 
 
+TASKS = {
+    "fix": ("You are in the root of a small Python repository (lib/__init__.py, tests/test_lib.py). "
+            "A test is failing. Find and fix the bug in the library code (not in the tests).\n\n"
+            "To run a shell command, reply with it in a ```bash code block; you will see its output. "
+            "Each command starts in the repository root; there is no network. Useful commands: "
+            "`python -m unittest`, `cat lib/__init__.py`, `sed -i 's/old/new/' FILE`.\n"
+            "When the tests pass, reply without a code block to submit."),
+    "locate": ("You are in the root of a small Python repository: lib/__init__.py defines {names}; "
+               "tests/test_lib.py tests them. One of these functions has a bug, so a test fails.\n\n"
+               "To run a shell command, reply with it in a ```bash code block; you will see its output. "
+               "Useful commands: `python -m unittest`, `cat lib/__init__.py`.\n"
+               "To answer, reply without a code block, naming only the buggy function."),
+}
+
+
+def named_functions(reply: str, names: list[str]) -> list[str]:
+    """The library functions a reply names (whole words, in library order)."""
+    return [n for n in names if re.search(rf"\b{re.escape(n)}\b", reply)]
+
+
 def extract_command(reply: str) -> str | None:
     """The last fenced bash block of a reply (None: the reply is a submission)."""
     blocks = _CMD.findall(reply)
@@ -133,17 +159,21 @@ class TerminalEnv(TextEnv):
 
     Args:
         num_functions: functions in the generated library (one is buggy), 1..6.
+        task: "fix" (make the tests pass) or "locate" (name the buggy function; see the module doc).
         sandbox: limits for every command and for grading.
         max_turns: commands + submission allowed (default 12).
     """
 
-    def __init__(self, *, num_functions: int = 3, sandbox: SandboxConfig | None = None, max_turns: int | None = 12,
-                 render_mode: str | None = None):
+    def __init__(self, *, num_functions: int = 3, task: str = "fix", sandbox: SandboxConfig | None = None,
+                 max_turns: int | None = 12, render_mode: str | None = None):
         super().__init__(max_turns=max_turns, render_mode=render_mode)
         if isinstance(num_functions, bool) or not isinstance(num_functions, int) or not 1 <= num_functions <= 6:
             raise ConfigError(explain("TerminalEnv.num_functions", expected="an int in [1, 6]", received=num_functions,
                                       fix="pass num_functions=3"))
-        self.num_functions = num_functions
+        if task not in TASKS:
+            raise ConfigError(explain("TerminalEnv.task", expected=f"one of {sorted(TASKS)}", received=task,
+                                      fix='pass task="fix" or task="locate"'))
+        self.num_functions, self.task = num_functions, task
         self.sandbox_config = sandbox or SandboxConfig(timeout_s=10.0, memory_mb=512, max_output_bytes=4000)
         self.sandbox = Sandbox(self.sandbox_config)
         self._tests = ""
@@ -153,7 +183,7 @@ class TerminalEnv(TextEnv):
         rng = self.np_random
         names = [list(FUNCTIONS)[int(i)] for i in rng.permutation(len(FUNCTIONS))[: self.num_functions]]
         buggy = names[int(rng.integers(len(names)))]
-        self.buggy = buggy
+        self.buggy, self.names = buggy, names
         self._hidden: list[tuple[str, tuple, object]] = []
         lib = ['"""A small utility library."""', ""]
         tests = ["import unittest", "", "from lib import " + ", ".join(names), "", "",
@@ -191,13 +221,8 @@ class TerminalEnv(TextEnv):
         self._clear()
         self.sandbox.write_files(self._generate())
         self._task_id = f"terminal-{self.buggy}-{hashlib.sha1(self._tests.encode()).hexdigest()[:10]}"
-        prompt = ("You are in the root of a small Python repository (lib/__init__.py, tests/test_lib.py). "
-                  "A test is failing. Find and fix the bug in the library code (not in the tests).\n\n"
-                  "To run a shell command, reply with it in a ```bash code block; you will see its output. "
-                  "Each command starts in the repository root; there is no network. Useful commands: "
-                  "`python -m unittest`, `cat lib/__init__.py`, `sed -i 's/old/new/' FILE`.\n"
-                  "When the tests pass, reply without a code block to submit.")
-        return prompt, {"task_id": self._task_id, "buggy_function": self.buggy}
+        return TASKS[self.task].format(names=", ".join(self.names)), {"task_id": self._task_id,
+                                                                       "buggy_function": self.buggy}
 
     # ------------------------------------------------------------------ actions
     def grade(self) -> tuple[bool, str]:
@@ -251,12 +276,18 @@ class TerminalEnv(TextEnv):
         if cmd is not None:
             res = self.run_shell(cmd)
             truncated = self.max_turns is not None and self.turn + 1 >= self.max_turns
-            if truncated:  # out of turns: grade what is there (reward only if it passes)
-                ok, _ = self.grade()
+            if truncated:  # out of turns: grade what is there (reward only if it passes; locate: no answer)
+                ok = self.grade()[0] if self.task == "fix" else False
                 info.update(passed=ok, command=cmd, exit_code=res.exit_code)
                 return res.as_text(), float(ok), False, True, info
             info.update(command=cmd, exit_code=res.exit_code, timed_out=res.timed_out)
             return res.as_text(), 0.0, False, info
+        if self.task == "locate":
+            named = named_functions(action, self.names)
+            ok = named == [self.buggy]
+            info.update(passed=ok, named=named)
+            obs = "Correct." if ok else f"Incorrect: the bug is in {self.buggy}."
+            return obs, 1.0 if ok else 0.0, True, info
         ok, output = self.grade()
         info["passed"] = ok
         obs = "All tests pass. Well done." if ok else "The tests still fail:\n" + output
@@ -267,14 +298,15 @@ class TerminalEnv(TextEnv):
         super().close()
 
 
-def make_terminal_tools(*, num_functions: int = 3, parser: str = "hermes", max_tool_calls: int = 12,
+def make_terminal_tools(*, num_functions: int = 3, task: str = "fix", parser: str = "hermes", max_tool_calls: int = 12,
                         sandbox: SandboxConfig | None = None, max_turns: int | None = 12,
                         render_mode: str | None = None):
     """``ToolUse(TerminalEnv(...), tools=[shell])`` where ``shell(command)`` runs in the repository."""
     from gymllm.tools.shell import make_shell_tool
     from gymllm.wrappers.tool_use import ToolUse
 
-    env = TerminalEnv(num_functions=num_functions, sandbox=sandbox, max_turns=max_turns, render_mode=render_mode)
+    env = TerminalEnv(num_functions=num_functions, task=task, sandbox=sandbox, max_turns=max_turns,
+                      render_mode=render_mode)
     proxy = _SandboxProxy(env)
     return ToolUse(env, tools=[make_shell_tool(proxy)], parser=parser, max_tool_calls=max_tool_calls, timeout_s=None)
 
