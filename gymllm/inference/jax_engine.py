@@ -98,6 +98,17 @@ def _cast_floats(state: Any, dtype: Any) -> Any:
     return jax.tree.map(lambda x: _as_engine_dtype(x, jnp.uint16 if packed else dtype), state)
 
 
+def _cache_dtype(cfg: EngineConfig, cache_dtype: Any) -> Any:
+    """The KV cache's storage dtype: ``cache_dtype`` when given; else, computing in bfloat16 on CPU,
+    uint16 holding bf16 bit patterns (half the bytes a decode step reads; the same rounding as the
+    bf16 compute applies to the keys and values anyway); else None (the model's choice)."""
+    if cache_dtype is not None:
+        return cache_dtype
+    if cfg.compute_dtype == "bfloat16" and jax.default_backend() == "cpu":
+        return jnp.uint16
+    return None
+
+
 def _as_engine_dtype(x: Any, dtype: Any) -> jax.Array:
     """``x`` in the engine's storage dtype; uint16 storage holds bfloat16 bit patterns."""
     x = jnp.asarray(x)
@@ -157,7 +168,7 @@ class JaxEngine:
         if cfg.compute_dtype is not None:
             self._state = _cast_floats(self._state, cfg.compute_dtype)
         self.vocab_size = self._infer_vocab(model, tokenizer)
-        self._cache = model.init_cache(cfg.num_slots, cfg.max_len, cache_dtype)  # None: the model's dtype
+        self._cache = model.init_cache(cfg.num_slots, cfg.max_len, _cache_dtype(cfg, cache_dtype))
         self._prefill, self._decode, self.trace_counts = make_steps(self._graphdef)
         self.decode_chunk = max(1, int(decode_chunk))
         if self.decode_chunk > 1:
@@ -487,13 +498,9 @@ class JaxEngine:
 
     def _decode_length(self, width: int, max_pos: int) -> int:
         """The cache length a decode step over ``width`` rows attends over when no active row is past
-        ``max_pos``. A step over every row and the whole cache copies nothing, while a shorter one
-        first copies the slots it attends over: that copy costs about what it saves unless the length
-        is at most a quarter of the context, so a full-width step otherwise takes the whole cache."""
-        n = pick_bucket(max_pos + 1, self.lengths)
-        if width == self.config.num_slots and 4 * n > self.max_len:
-            return self.max_len
-        return n
+        ``max_pos``: the smallest bucket covering it (the step reads only those slots, copying nothing)."""
+        del width
+        return pick_bucket(max_pos + 1, self.lengths)
 
     def _recover(self, exc: BaseException) -> None:
         """After a failed step: if the (donated) cache is gone, rebuild it and forget every row."""

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from gymllm.inference.sampling import sample, step_keys
-from gymllm.inference.steps import _write_new_kv
+from gymllm.inference.steps import decode_logits
 
 MAX_STOP_IDS = 8  # stop ids per row checked on the device (more are still honoured by the host)
 
@@ -57,10 +57,8 @@ def make_decode_chunk(graphdef: Any, max_steps: int) -> tuple[Callable, dict[str
 
         def body(c):
             j, cache, tok, pos, done, out_t, out_l = c
-            part = jax.tree.map(lambda x: x[:, :width, :length], cache)  # [L, W, length, K, D]
-            logits, part = model(tok[:, None], pos[:, None], cache=part)  # [W, 1, V]
-            cache = _write_new_kv(cache, part, pos)
-            t, lp = sample(logits[:, 0], step_keys(keys, steps + j), temperature, top_k, top_p)
+            logits, cache = decode_logits(model, cache, tok, pos, length)  # [W, V]
+            t, lp = sample(logits, step_keys(keys, steps + j), temperature, top_k, top_p)
             done = done | jnp.any(t[:, None] == stop_ids, axis=-1) | (j + 1 >= budget)
             pos = jnp.where(live, jnp.minimum(pos + 1, last_slot), pos)
             return j + 1, cache, t, pos, done, out_t.at[j].set(t), out_l.at[j].set(lp)

@@ -4,10 +4,12 @@ decode step over every slot. Pure functions of (weights, cache, host arrays); th
 Cache layout: a pytree from ``model.init_cache(num_slots, max_len, dtype)`` whose array leaves
 carry the slot (batch) row on axis ``CACHE_BATCH_AXIS`` (``gymllm.models.KVCache``: [L, B, S, K, D]). Prefill gathers the rows it writes (``rows`` [P]; an index equal
 to ``num_slots`` marks a padding row: its gather is clamped and its scatter dropped), runs the
-model on them and scatters them back, so other slots' caches are untouched. Decode runs over the
-first W rows (W from a small set of widths) and attends over the first S cache slots (S from a small set
-of cache lengths covering every active row's position), so a lightly loaded engine or one with short
-sequences does not pay for idle rows or empty slots; only the new token's k/v are written back.
+model on them and scatters them back, so other slots' caches are untouched. Decode
+(:func:`gymllm.models.decode.decode_forward`) runs over the first W rows (W from a small set of widths)
+and attends over the first S cache slots (S from a small set of cache lengths covering every active
+row's position), so a lightly loaded engine or one with short sequences does not pay for idle rows or
+empty slots: the cache is only read inside the layer loop, and each row's new k/v are written into
+the donated cache afterwards (O(W) writes).
 Prefill computes the vocab projection at each row's last prompt token only (``logits_at``).
 """
 
@@ -21,6 +23,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from gymllm.inference.sampling import sample, step_keys
+from gymllm.models.decode import decode_forward, write_new_kv
 
 
 CACHE_BATCH_AXIS = 1
@@ -35,18 +38,12 @@ def _rows_set(cache: Any, rows: jax.Array, part: Any) -> Any:
     return jax.tree.map(lambda c, p: c.at[index].set(p.astype(c.dtype), mode="drop"), cache, part)
 
 
-def _cache_len(cache: Any) -> int:
-    return jax.tree.leaves(cache)[0].shape[CACHE_BATCH_AXIS + 1]
-
-
-def _write_new_kv(cache: Any, part: Any, positions: jax.Array) -> Any:
-    """Copy each row's newly written slot (``positions`` [W]) from the decode's slice ``part``
-    ([L, W, S', K, D]) into the full cache, in place: O(W) writes instead of writing the slice back.
-    A row at a position >= S' (only idle rows) writes a clamped junk slot into its own scratch index."""
-    rows = jnp.arange(positions.shape[0])
-    return jax.tree.map(
-        lambda c, p: c.at[:, rows, positions].set(p[:, rows, positions].astype(c.dtype), mode="drop"), cache, part
-    )
+def decode_logits(model: Any, cache: Any, tokens: jax.Array, positions: jax.Array, length: int | None
+                  ) -> tuple[jax.Array, Any]:
+    """One decode step of ``model`` over cache rows [0, W) (W = len(tokens)) attending over slots
+    [0, length): (logits [W, V] float32, the cache with each row's new k/v at its position)."""
+    logits, k_new, v_new = decode_forward(model.config, model.flat_params(), tokens, positions, cache, length)
+    return logits, write_new_kv(cache, k_new, v_new, positions)
 
 
 @functools.lru_cache(maxsize=16)
@@ -74,13 +71,9 @@ def make_steps(graphdef: Any) -> tuple[Callable, Callable, dict[str, int]]:
         # default the whole context): attend over cache slots [0, length) only; every active row's
         # position must be < length (a row at a position >= length writes nothing and its output is junk).
         trace_counts["decode"] += 1
-        width = tokens.shape[0]
-        length = length or _cache_len(cache)
         model = nnx.merge(graphdef, state)
-        part = jax.tree.map(lambda c: c[:, :width, :length], cache)  # [L, W, length, K, D]
-        logits, part = model(tokens[:, None], positions[:, None], cache=part)  # [W, 1, V]
-        cache = _write_new_kv(cache, part, positions)
-        tok, logp = sample(logits[:, 0], step_keys(keys, steps), temperature, top_k, top_p)
+        logits, cache = decode_logits(model, cache, tokens, positions, length)  # [W, V]
+        tok, logp = sample(logits, step_keys(keys, steps), temperature, top_k, top_p)
         return cache, tok, logp
 
     return prefill, decode, trace_counts

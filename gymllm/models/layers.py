@@ -120,6 +120,42 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, scal
     return out.astype(v.dtype).reshape(b, t, h * d)
 
 
+def decode_attention(q: jax.Array, keys: jax.Array, values: jax.Array, k_self: jax.Array, v_self: jax.Array,
+                     visible: jax.Array, *, scale: float, softcap: float = 0.0) -> jax.Array:
+    """One query token per row over its cached keys plus itself (one joint softmax).
+
+    q [W, H, D]; keys/values [W, S, K, D] (cached slots; any float dtype); k_self/v_self [W, K, D] (the
+    token's own); visible [W, S] (cached slots it may attend) -> [W, H*D] in q's dtype. Float32 q:
+    elementwise multiply-and-reduce in float32 (on XLA:CPU ~4x faster than a batched dot with M = G);
+    low-precision q: dots in q's dtype with float32 accumulation, as :func:`attention` computes."""
+    w, h, d = q.shape
+    kh = keys.shape[2]
+    qg = q.reshape(w, kh, h // kh, d)  # [W, K, G, D]
+    low = _is_low_precision(q.dtype)
+    if low:
+        scores = jnp.einsum("wkgd,wskd->wkgs", qg, keys.astype(q.dtype), preferred_element_type=jnp.float32)
+        own = jnp.einsum("wkgd,wkd->wkg", qg, k_self.astype(q.dtype), preferred_element_type=jnp.float32)
+    else:
+        qf = qg.astype(jnp.float32)
+        scores = (qf[:, :, :, None] * jnp.swapaxes(keys, 1, 2).astype(jnp.float32)[:, :, None]).sum(-1)  # [W,K,G,S]
+        own = (qf * k_self.astype(jnp.float32)[:, :, None]).sum(-1)  # [W, K, G]
+    scores, own = scores * scale, own * scale
+    if softcap:
+        scores, own = softcap * jnp.tanh(scores / softcap), softcap * jnp.tanh(own / softcap)
+    scores = jnp.where(visible[:, None, None, :], scores, _NEG_INF)  # [W, K, G, S]
+    top = jnp.maximum(scores.max(-1), own)  # [W, K, G]
+    probs, p_own = jnp.exp(scores - top[..., None]), jnp.exp(own - top)
+    total = probs.sum(-1) + p_own  # [W, K, G]
+    probs, p_own = probs / total[..., None], p_own / total
+    if low:
+        out = jnp.einsum("wkgs,wskd->wkgd", probs.astype(q.dtype), values.astype(q.dtype),
+                         preferred_element_type=jnp.float32)
+    else:
+        out = (probs[..., None] * jnp.swapaxes(values, 1, 2).astype(jnp.float32)[:, :, None]).sum(-2)  # [W,K,G,D]
+    out = out + p_own[..., None] * v_self.astype(jnp.float32)[:, :, None]
+    return out.astype(q.dtype).reshape(w, h * d)
+
+
 def causal_mask(positions: jax.Array, segment_ids: jax.Array | None, window: jax.Array) -> jax.Array:
     """Full-forward mask [B, T, T]: key index <= query index, same segment, inside the window."""
     t = positions.shape[1]

@@ -1,0 +1,88 @@
+"""The one-token decode step over a KV cache: the engine's hot path.
+
+``decode_forward(cfg, params, tokens [W], positions [W], cache, length)`` computes the logits of one
+new token per row for the first W rows of ``cache`` (``[L, B, S_max, K, D]``, B >= W), each attending
+over its cached slots ``[0, length)`` before its position (inside the layer's window) and over itself.
+It returns the logits and each layer's new k/v (``[L, W, K, D]``) instead of an updated cache, and
+:func:`write_new_kv` scatters those into the (donated) cache afterwards. Same numbers as
+``forward(..., cache=...)`` with ``T == 1`` (float32: up to summation order), much less memory traffic:
+
+* the cache stays read-only inside the layer scan (closed over, one layer's ``[W, length]`` window read
+  per layer, fused into the attention): the generic cached forward carries the whole cache through the
+  scan, scatters into it and copies a layer slice per layer (measured 2.5-12x the weight matmuls
+  at 32 rows);
+* the new token's own score joins the softmax over the cached scores (no write before the read);
+* attention is an elementwise multiply-and-reduce in float32 (a batched dot with M = G query heads per
+  kv head is ~4x slower on XLA:CPU), or for low-precision compute a bf16 x bf16 -> f32 dot, the same
+  rounding as the cached forward's;
+* a uint16 cache holds bfloat16 bit patterns (half the bytes to read; XLA:CPU slices bf16 arrays
+  slowly, uint16 ones at memory speed), decoded in the attention fusion.
+
+Every family of :class:`~gymllm.models.ModelConfig` goes through the same layer code as ``forward``
+(biases, qk-norm, post norms, sliding windows, softcaps, Gemma's embedding scale and plus-one norms,
+``compute_dtype``, uint16-packed weights).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from gymllm.models.cache import KVCache
+from gymllm.models.config import ModelConfig
+from gymllm.models.layers import decode_attention
+from gymllm.models.transformer import (_embed, _global_params, _layer_rest, _layer_weights, _layer_xs, _logits,
+                                       _pack_like, _qkv, _unpack)
+
+
+def decode_forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, positions: jax.Array,
+                   cache: KVCache, length: int | None = None, *, compute_dtype: Any = None
+                   ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One decode step: logits [W, V] float32 and the new k/v [L, W, K, D] (cache dtype) of every layer.
+
+    tokens/positions [W] int32 (W <= the cache's rows: rows [0, W) are used); ``length`` (static, default
+    the cache's): cache slots attended, every row's position must be <= ``length`` (a row past it,
+    e.g. an idle row at the scratch slot, gets junk logits). Slot ``positions[w]`` itself is not read
+    (the new token stands in for it). Call it inside ``jit`` (``cfg`` and ``length`` static)."""
+    w = tokens.shape[0]
+    length = length or cache.k.shape[2]
+    h, d = cfg.num_heads, cfg.resolved_head_dim
+    params = _global_params(params, compute_dtype)
+    x = _embed(cfg, params, tokens)[:, None]  # [W, 1, E]
+    pos = positions[:, None]  # [W, 1]
+    idx = jnp.arange(length)[None]  # [1, S]
+
+    def layer(x, xs):
+        lw, inv_l, win_l, i = xs
+        lw = _layer_weights(lw, compute_dtype)
+        q, kk, vv = _qkv(cfg, lw, x, pos, inv_l)  # [W, 1, H, D], [W, 1, K, D] x2
+        keys = jax.lax.dynamic_index_in_dim(cache.k, i, 0, keepdims=False)[:w, :length]  # [W, S, K, D]
+        values = jax.lax.dynamic_index_in_dim(cache.v, i, 0, keepdims=False)[:w, :length]
+        visible = (idx < pos) & (pos - idx < win_l)  # [W, S]
+        attn = decode_attention(q[:, 0], _unpack(keys), _unpack(values), kk[:, 0], vv[:, 0], visible,
+                                scale=cfg.attn_scale, softcap=cfg.attn_logit_softcap)  # [W, H*D]
+        x = _layer_rest(cfg, lw, x, attn.reshape(w, 1, h * d))
+        return x, (_pack_like(kk[:, 0], cache.k), _pack_like(vv[:, 0], cache.v))
+
+    x, (k_new, v_new) = jax.lax.scan(layer, x, _layer_xs(cfg, params))
+    return _logits(cfg, params, x[:, 0]), k_new, v_new
+
+
+def write_new_kv(cache: KVCache, k_new: jax.Array, v_new: jax.Array, positions: jax.Array) -> KVCache:
+    """Write row w's new k/v ([L, W, K, D]) at slot ``positions[w]`` of cache row w, in place under
+    donation (positions past the cache are dropped)."""
+    rows = jnp.arange(positions.shape[0])
+    return KVCache(cache.k.at[:, rows, positions].set(k_new, mode="drop"),
+                   cache.v.at[:, rows, positions].set(v_new, mode="drop"))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 5), static_argnames=("compute_dtype",), donate_argnums=(4,))
+def decode_step(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, positions: jax.Array,
+                cache: KVCache, length: int | None = None, *, compute_dtype: Any = None
+                ) -> tuple[jax.Array, KVCache]:
+    """:func:`decode_forward` then :func:`write_new_kv`: (logits [W, V], the updated cache; donated)."""
+    logits, k_new, v_new = decode_forward(cfg, params, tokens, positions, cache, length, compute_dtype=compute_dtype)
+    return logits, write_new_kv(cache, k_new, v_new, positions)
