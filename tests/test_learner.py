@@ -140,6 +140,19 @@ def test_filtered_and_stale_groups_are_counted_not_trained():
     assert reports[0].metrics["filtered_groups"] == 1 and reports[0].metrics["stale_groups"] == 1
 
 
+@pytest.mark.parametrize("loss", [C.async_agentic(), BATCH_STD], ids=["per_group", "step_global"])
+def test_warmup_compiles_every_program_a_step_runs(loss):
+    """After ``warmup(group_size=G)`` a whole step (gradient, update, advantages) compiles nothing."""
+    lrn = learner(loss, num_steps=11)  # a configuration no other test uses: its programs start uncompiled
+    lrn.warmup(group_size=4)
+    programs = (lrn._grad, lrn._apply, lrn._adv)
+    before = [p._cache_size() for p in programs]
+    assert before[0] >= 1 and before[1] == 1
+    assert len(lrn.submit(make_groups(2, seed=31))) == 1
+    assert [p._cache_size() for p in programs] == before
+    assert lrn.version == 1
+
+
 def test_oldest_version_first_and_staleness_metric():
     lrn = learner(groups_per_step=1)
     new, old = make_groups(1, seed=5, version=0), make_groups(1, seed=6, version=0)

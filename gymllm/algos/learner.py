@@ -240,14 +240,25 @@ class StreamingLearner:
     def step(self) -> int:
         return self.version
 
-    def warmup(self) -> None:
-        """Compile the gradient program for every length bucket now (an all-padding micro-batch per
-        bucket; its gradient is discarded), so no compile lands in the middle of a run."""
+    def warmup(self, group_size: int | None = None) -> None:
+        """Compile every program a step runs now, so no compile lands in the middle of a run: the
+        gradient program for every length bucket (an all-padding micro-batch per bucket; its gradient
+        is discarded), the update program (its result discarded: weights and optimizer state stay as
+        they are), the reference log-prob program when the KL is a reward penalty, and, given
+        ``group_size``, the advantage program (one group, and a step's groups for step-global estimators)."""
         for length in self.buckets:
             mb = make_micro_batch([], self.config.micro_batch_size, length, self.pad_id)
+            a = shard_batch(self.mesh, mb.arrays())
             acc = jax.tree.map(jnp.zeros_like, self.trainable)  # donated: not the step's accumulator
-            out = self._grad(acc, self.trainable, self.frozen, shard_batch(self.mesh, mb.arrays()), self.ref_params)
-            jax.block_until_ready(out)
+            jax.block_until_ready(self._grad(acc, self.trainable, self.frozen, a, self.ref_params))
+            if self.ref_params is not None and self.loss.kl.placement == "reward":
+                jax.block_until_ready(self._ref_logp(self.ref_params, a["tokens"], a["positions"], a["targets"]))
+        acc = jax.tree.map(jnp.zeros_like, self.trainable)
+        jax.block_until_ready(self._apply(self.trainable, self.opt_state, acc, jnp.float32(1.0)))
+        if group_size:
+            rows = (1, self.config.groups_per_step) if self.loss.advantage.estimator in adv_mod.STEP_GLOBAL else (1,)
+            for n in rows:  # rewards [n, G]
+                jax.block_until_ready(self._advantages(np.zeros((n, group_size), np.float32)))
 
     # ------------------------------------------------------------------ consumption
     def _reset_step(self, zeros: Any = None) -> None:

@@ -441,7 +441,7 @@ class _Run:
             self.pusher.push(self.learner.policy_params(), self.learner.version)
         if cfg.run.warmup:
             self.engine.warmup()
-            self.learner.warmup()
+            self.learner.warmup(group_size=cfg.rollout.group_size)
         stop_id = int(tok.eos_token_id if tok.eos_token_id is not None else 0)
         self.gen_engine = _SkipConsumed(self.engine, set(self.decided), stop_id) if self.decided else self.engine
         self.envs = gymllm.make_vec(cfg.env.id, cfg.env.num_envs, **cfg.env.kwargs)
@@ -465,26 +465,35 @@ class _Run:
 
     async def consume(self, groups: list[Any]) -> None:
         """Train on complete groups (in a worker thread, so rollouts keep running) and handle the
-        updates they complete: push weights, advance the policy version, log, checkpoint."""
+        updates they complete: push weights, advance the policy version, log, checkpoint.
+
+        Groups go to the learner one step's worth at a time (oldest version first), so a finished
+        update is pushed and admits new groups (the staleness bound counts versions) before the
+        groups of the next step are trained, not after."""
         fresh = [g for g in groups if g.group_id not in self.learner.consumed_groups]
         self.learner.counts["resume_skipped"] += len(groups) - len(fresh)
         gps = self.cfg.learner.groups_per_step  # never train past num_steps: take only the groups still needed
+        fresh.sort(key=lambda g: (g.min_version, g.admitted_version))
         fresh = fresh[:max(0, (self.cfg.learner.num_steps - self.learner.version) * gps - self.learner._step_groups)]
-        if not fresh:
-            return
         loop = asyncio.get_running_loop()
-        self.gen_tokens += sum(t.num_sampled for g in fresh for t in g.trajectories)
-        self.step_groups += fresh
-        reports = await loop.run_in_executor(self.pool, self.learner.submit, fresh)
-        for rep in reports:
-            sync_s = await loop.run_in_executor(self.pool, self.pusher.push, self.learner.policy_params(), rep.step)
-            self.set_version(rep.step)
-            self.steps_here += 1
-            self.log_step(rep, sync_s)
-            every = self.cfg.run.checkpoint_every
-            if every and rep.step % every == 0:
-                self.save()
-            self.wait_s, self.t_step, self.gen_tokens = 0.0, time.perf_counter(), 0
+        while fresh:
+            n = max(1, gps - self.learner._step_groups)  # the groups that complete the current step
+            chunk, fresh = fresh[:n], fresh[n:]
+            self.gen_tokens += sum(t.num_sampled for g in chunk for t in g.trajectories)
+            self.step_groups += chunk
+            for rep in await loop.run_in_executor(self.pool, self.learner.submit, chunk):
+                await self.finish_step(rep, loop)
+
+    async def finish_step(self, rep: Any, loop: asyncio.AbstractEventLoop) -> None:
+        """Push the update's weights, advance the policy version, log, checkpoint."""
+        sync_s = await loop.run_in_executor(self.pool, self.pusher.push, self.learner.policy_params(), rep.step)
+        self.set_version(rep.step)
+        self.steps_here += 1
+        self.log_step(rep, sync_s)
+        every = self.cfg.run.checkpoint_every
+        if every and rep.step % every == 0:
+            self.save()
+        self.wait_s, self.t_step, self.gen_tokens = 0.0, time.perf_counter(), 0
 
     def set_version(self, version: int) -> None:
         pass
