@@ -283,11 +283,13 @@ def test_terminal_locate_rewards_naming_exactly_the_buggy_function():
     env.close()
 
 
-def test_terminal_locate_out_of_turns_earns_nothing():
-    env = gymllm.make("gymllm/Terminal-v0", task="locate", max_turns=1)
+def test_terminal_locate_out_of_turns_earns_nothing_and_sandbox_dict():
+    env = gymllm.make("gymllm/Terminal-v0", task="locate", max_turns=1, sandbox={"max_output_bytes": 50})
     env.reset(seed=0)
-    _, r, term, trunc, _ = env.step("```bash\nls\n```")
-    assert (r, term, trunc) == (0.0, False, True)
+    out, r, term, trunc, _ = env.step("```bash\ncat lib/__init__.py\n```")
+    assert (r, term, trunc) == (0.0, False, True) and len(out) < 200
+    with pytest.raises(ConfigError, match="sandbox"):
+        gymllm.make("gymllm/Terminal-v0", sandbox={"max_output": 5})
     env.close()
 
 

@@ -154,17 +154,32 @@ def extract_command(reply: str) -> str | None:
     return blocks[-1].strip() if blocks else None
 
 
+def _sandbox_config(sandbox: SandboxConfig | dict | None) -> SandboxConfig:
+    defaults = {"timeout_s": 10.0, "memory_mb": 512, "max_output_bytes": 4000}
+    if isinstance(sandbox, SandboxConfig):
+        return sandbox
+    if sandbox is not None and not isinstance(sandbox, dict):
+        raise ConfigError(explain("TerminalEnv.sandbox", expected="a SandboxConfig, a dict of its fields, or None",
+                                  received=type(sandbox).__name__, fix='e.g. sandbox={"max_output_bytes": 600}'))
+    try:
+        return SandboxConfig(**{**defaults, **(sandbox or {})})
+    except TypeError as e:
+        raise ConfigError(explain("TerminalEnv.sandbox", expected="SandboxConfig field names", received=sorted(sandbox),
+                                  fix=f"use fields of SandboxConfig ({e})")) from e
+
+
 class TerminalEnv(TextEnv):
     """A failing test in a generated repository; the agent runs shell commands, then submits.
 
     Args:
         num_functions: functions in the generated library (one is buggy), 1..6.
         task: "fix" (make the tests pass) or "locate" (name the buggy function; see the module doc).
-        sandbox: limits for every command and for grading.
+        sandbox: limits for every command and for grading: a ``SandboxConfig``, or a dict of its fields
+            over this env's defaults (e.g. ``{"max_output_bytes": 600}`` keeps observations short).
         max_turns: commands + submission allowed (default 12).
     """
 
-    def __init__(self, *, num_functions: int = 3, task: str = "fix", sandbox: SandboxConfig | None = None,
+    def __init__(self, *, num_functions: int = 3, task: str = "fix", sandbox: SandboxConfig | dict | None = None,
                  max_turns: int | None = 12, render_mode: str | None = None):
         super().__init__(max_turns=max_turns, render_mode=render_mode)
         if isinstance(num_functions, bool) or not isinstance(num_functions, int) or not 1 <= num_functions <= 6:
@@ -174,7 +189,7 @@ class TerminalEnv(TextEnv):
             raise ConfigError(explain("TerminalEnv.task", expected=f"one of {sorted(TASKS)}", received=task,
                                       fix='pass task="fix" or task="locate"'))
         self.num_functions, self.task = num_functions, task
-        self.sandbox_config = sandbox or SandboxConfig(timeout_s=10.0, memory_mb=512, max_output_bytes=4000)
+        self.sandbox_config = _sandbox_config(sandbox)
         self.sandbox = Sandbox(self.sandbox_config)
         self._tests = ""
 
@@ -299,7 +314,7 @@ class TerminalEnv(TextEnv):
 
 
 def make_terminal_tools(*, num_functions: int = 3, task: str = "fix", parser: str = "hermes", max_tool_calls: int = 12,
-                        sandbox: SandboxConfig | None = None, max_turns: int | None = 12,
+                        sandbox: SandboxConfig | dict | None = None, max_turns: int | None = 12,
                         render_mode: str | None = None):
     """``ToolUse(TerminalEnv(...), tools=[shell])`` where ``shell(command)`` runs in the repository."""
     from gymllm.tools.shell import make_shell_tool
