@@ -334,3 +334,14 @@ def test_math_word_easy_set_is_packaged_and_self_consistent():
         assert int(p.answer) in (a + b, a - b, a * b), p
     _, info = env.reset(seed=0)
     assert env.step(f"so \\boxed{{{info['answer']}}}")[1] == 1.0
+
+
+def test_math_word_prompt_template():
+    from gymllm.envs.math_word import SHORT_PROMPT
+
+    env = gymllm.make("gymllm/MathWord-v0", data_path="easy", prompt=SHORT_PROMPT)
+    obs, _ = env.reset(seed=0)
+    assert obs.endswith("as a number inside \\boxed{}.") and "step by step" not in obs
+    assert "step by step" in gymllm.make("gymllm/MathWord-v0").reset(seed=0)[0]
+    with pytest.raises(ConfigError, match="question"):
+        gymllm.make("gymllm/MathWord-v0", prompt="no placeholder")

@@ -251,7 +251,16 @@ def answers_match(pred: str | None, gold: str, *, use_math_verify: bool = True) 
 
 
 # --------------------------------------------------------------------------- env
-_PROMPT = "{question}\n\nSolve the problem step by step, then give the final answer inside \\boxed{{}}."
+_PROMPT = "{question}\n\nSolve the problem step by step, then give the final answer inside \\boxed{}."
+#: the answer alone (the math_word recipe's prompt: SmolLM2-135M derails in long step-by-step replies)
+SHORT_PROMPT = "{question}\n\nReply with the final answer only, as a number inside \\boxed{}."
+
+
+def _check_prompt(prompt: str) -> str:
+    if not isinstance(prompt, str) or "{question}" not in prompt:
+        raise ConfigError(explain("MathWordEnv.prompt", expected="a str containing {question}", received=prompt,
+                                  fix="e.g. prompt='{question}\\nAnswer in \\\\boxed{}.'"))
+    return prompt
 _CACHE: dict[str, list[Problem]] = {}
 
 
@@ -269,10 +278,12 @@ class MathWordEnv(TextEnv):
         data_path: a GSM8K / MATH / generic jsonl file, or a packaged set's name from :data:`PACKAGED`
             ("sample", the default; "easy": one-step problems).
         max_attempts: replies allowed (feedback "Incorrect. Try again." in between).
+        prompt: the user message, a template with ``{question}`` (default: solve step by step, answer in
+            ``\\boxed{}``; a small model does better asked for the answer alone, see :data:`SHORT_PROMPT`).
         use_math_verify: use ``math-verify`` as the last equivalence check when installed.
     """
 
-    def __init__(self, *, data_path: str | os.PathLike | None = None, max_attempts: int = 1,
+    def __init__(self, *, data_path: str | os.PathLike | None = None, max_attempts: int = 1, prompt: str = "",
                  use_math_verify: bool = True, max_turns: int | None = None, render_mode: str | None = None):
         super().__init__(max_turns=max_turns, render_mode=render_mode)
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
@@ -282,6 +293,7 @@ class MathWordEnv(TextEnv):
         self.data_path = PACKAGED.get(path, path)
         self.problems = _cached_problems(self.data_path)
         self.max_attempts = max_attempts
+        self.prompt = _check_prompt(prompt or _PROMPT)
         self.use_math_verify = use_math_verify
         self.problem: Problem | None = None
         self._index = 0
@@ -296,7 +308,7 @@ class MathWordEnv(TextEnv):
                                       fix="omit it to draw a problem from the seed"))
         self._index, self.problem = index, self.problems[index]
         info = {"task_id": f"{os.path.basename(self.data_path)}#{index}", "answer": self.problem.answer}
-        return _PROMPT.format(question=self.problem.question), info
+        return self.prompt.replace("{question}", self.problem.question), info
 
     def _step(self, action: str):
         pred = extract_answer(action)
