@@ -28,11 +28,15 @@ model): on a machine where one 64-trajectory turn generates in about the max too
 schedule reaches 3x. The per-run "lifetime shares" (generation / env / other, Little's law) show
 where trajectories spend their time; "other" in the sync run is waiting at the barriers.
 
-One JaxEngine serves every run of a model, compiled up front; ``--engine-slots`` defaults to the
-async concurrency (every in-flight trajectory keeps its KV row between turns, as a paged-cache
-server would; the sync baseline's batch fits in it whole). Figures: trajectories/s and engine-busy
-fraction (time with >= 1 request in flight / wall) per run; runs are repeated ``--repeats`` times,
-interleaved, and the best of each is kept (the machine may be shared).
+Every run gets a fresh JaxEngine of one config (same slots, buckets, dtype and ``--decode-chunk`` on
+every side; the compiled programs are shared, so only the first compiles): a reused engine would
+hand a run the previous run's cached prefixes and scatter the sync batch over all the rows (see
+``_engine``). ``--engine-slots`` defaults to the async concurrency (every in-flight trajectory keeps
+its KV row between turns, as a paged-cache server would; the sync baseline's batch fits in it whole).
+Figures: trajectories/s and engine-busy fraction (time with >= 1 request in flight / wall) per run;
+runs are repeated ``--repeats`` times, interleaved, and the best of each is kept (the machine may be
+shared). ``--compile-cache DIR`` keeps JAX's compiled programs on disk between invocations (the tiny
+model's ~20 shapes take minutes to compile on a loaded 2-core machine, seconds from the cache).
 
 Models: the tiny random model and SmolLM2-135M-Instruct (``--models tiny,smollm2``, the default
 without ``--quick``). SmolLM2 on a 2-core CPU generates ~100x slower than the tiny model, so its
@@ -77,6 +81,7 @@ class Workload:
     min_bucket: int  # the smallest prefill length bucket (a turn's new tokens fit in it)
     prefill_batch: int  # the engine's max_prefill_batch
     decode_lengths: int  # cache-length buckets of the decode step
+    decode_chunk: int  # the engine's decode steps per device call while no request waits
     compute_dtype: str | None  # the engine's compute dtype (None: the model's)
     repeats: int
     seed: int = 0
@@ -111,6 +116,9 @@ def parse_args(argv=None):
     p.add_argument("--max-len", type=int, default=384, help="engine context per slot (tiny)")
     p.add_argument("--min-bucket", type=int, default=64, help="smallest prefill length bucket (tiny)")
     p.add_argument("--prefill-batch", type=int, default=4, help="the engine's max_prefill_batch (tiny)")
+    p.add_argument("--compile-cache", default=None, help="directory for JAX's persistent compilation cache")
+    p.add_argument("--decode-chunk", type=int, default=1, help="the engine's decode steps per device call "
+                   "while no request waits to join (JaxEngine(decode_chunk=K); 1: one step per call)")
     p.add_argument("--repeats", type=int, default=None, help="interleaved repeats per mode; the best is kept (2)")
     p.add_argument("--smollm2-trajectories", type=int, default=16)
     p.add_argument("--smollm2-batches", type=int, default=2)
@@ -137,7 +145,8 @@ def workload(a, model: str) -> Workload:
                     concurrency=conc, engine_slots=a.engine_slots or conc, median_ms=a.median_ms, p99_ms=a.p99_ms,
                     max_len=a.smollm2_max_len if small else a.max_len, min_bucket=a.min_bucket,
                     prefill_batch=a.smollm2_prefill_batch if small else a.prefill_batch,
-                    decode_lengths=2, repeats=a.smollm2_repeats if small else a.repeats, seed=a.seed,
+                    decode_lengths=2, decode_chunk=a.decode_chunk,
+                    repeats=a.smollm2_repeats if small else a.repeats, seed=a.seed,
                     compute_dtype=(None if a.smollm2_compute_dtype == "none" else a.smollm2_compute_dtype)
                     if small else None)
 
@@ -228,16 +237,34 @@ async def run_sync(w: Workload, lm, engine) -> dict:
 
 
 def _engine(w: Workload, lm):
+    """A fresh engine of the workload's one config: each run starts from an empty slot table.
+
+    A reused engine would hand a run the cached prefixes of the previous one: the slot table
+    prefers the row with the longest cached prefix, so after a 128-wide async run a 64-trajectory
+    sync batch lands on rows scattered over all 128 and every decode step runs 128 wide over the
+    whole context (measured: the sync run's decode time x2.3). The compiled steps are shared by
+    engines over the same model graph, so only the first engine compiles."""
     from gymllm.inference.config import EngineConfig
     from gymllm.inference.jax_engine import JaxEngine
 
     # prefill length buckets min_bucket..max_len (a trajectory's later turns prefill only their new
     # tokens: its row keeps the k/v) x power-of-two batch sizes, and one decode step per power-of-two
-    # width: compiled before any timed run (a compile inside a timed run would swamp the comparison)
-    return JaxEngine(lm.model, lm.tokenizer, config=EngineConfig(
+    # width: compiled before any timed run (a compile inside a timed run would swamp the comparison).
+    # The engine is woken by every request: the idle poll (idle_wait_s) only matters for shutdown.
+    engine = JaxEngine(lm.model, lm.tokenizer, decode_chunk=w.decode_chunk, config=EngineConfig(
         num_slots=w.engine_slots, max_len=w.max_len, min_bucket=min(w.min_bucket, w.max_len),
-        max_prefill_batch=w.prefill_batch, decode_lengths=w.decode_lengths, compute_dtype=w.compute_dtype,
-        idle_wait_s=0.001))
+        max_prefill_batch=w.prefill_batch, decode_lengths=w.decode_lengths, compute_dtype=w.compute_dtype))
+    engine.warmup()
+    return engine
+
+
+async def _with_engine(w: Workload, lm, run) -> dict:
+    """``run(engine)`` on a fresh engine (see :func:`_engine`), shut down afterwards."""
+    engine = _engine(w, lm)
+    try:
+        return await run(engine)
+    finally:
+        engine.shutdown()
 
 
 def bench_model(a, name: str) -> dict | None:
@@ -248,28 +275,23 @@ def bench_model(a, name: str) -> dict | None:
     print(f"[{name}] {w.batches} batches x {w.trajectories} trajectories (G={w.group_size}), {w.turns} turns, "
           f"<= {w.max_tokens} tokens/turn; async concurrency {w.concurrency}, engine slots {w.engine_slots}; "
           f"env latency lognormal median {w.median_ms:.0f} ms p99 {w.p99_ms:.0f} ms", flush=True)
-    engine = _engine(w, lm)
-    try:
-        t = time.perf_counter()
-        engine.warmup()
-        print(f"[{name}] warm-up (compile) {time.perf_counter() - t:.1f} s, shapes {engine.trace_counts}", flush=True)
-        asyncio.run(run_async(w, lm, engine, latency=False, n_traj=w.group_size * 2, concurrency=w.concurrency))
-        runs = {
-            "ceiling": lambda: run_async(w, lm, engine, latency=False, n_traj=w.total, concurrency=w.concurrency),
-            "async": lambda: run_async(w, lm, engine, latency=True, n_traj=w.total, concurrency=w.concurrency),
-            "sync": lambda: run_sync(w, lm, engine),
-            "narrow": lambda: run_async(w, lm, engine, latency=True, n_traj=w.total, concurrency=w.trajectories),
-            "one_batch": lambda: run_async(w, lm, engine, latency=True, n_traj=w.trajectories,
-                                           concurrency=w.trajectories),
-        }
-        res: dict[str, dict] = {}
-        for _ in range(w.repeats):  # interleaved repeats; the best of each mode (the machine is shared)
-            for mode, run in runs.items():
-                out = asyncio.run(run())
-                if mode not in res or out["traj_per_s"] > res[mode]["traj_per_s"]:
-                    res[mode] = out
-    finally:
-        engine.shutdown()
+    t = time.perf_counter()
+    asyncio.run(_with_engine(w, lm, lambda e: run_async(  # compiles every shape once (later engines reuse
+        w, lm, e, latency=False, n_traj=w.group_size * 2, concurrency=w.concurrency)))  # the programs)
+    print(f"[{name}] warm-up (compile) {time.perf_counter() - t:.1f} s", flush=True)
+    runs = {
+        "ceiling": lambda e: run_async(w, lm, e, latency=False, n_traj=w.total, concurrency=w.concurrency),
+        "async": lambda e: run_async(w, lm, e, latency=True, n_traj=w.total, concurrency=w.concurrency),
+        "sync": lambda e: run_sync(w, lm, e),
+        "narrow": lambda e: run_async(w, lm, e, latency=True, n_traj=w.total, concurrency=w.trajectories),
+        "one_batch": lambda e: run_async(w, lm, e, latency=True, n_traj=w.trajectories, concurrency=w.trajectories),
+    }
+    res: dict[str, dict] = {}
+    for _ in range(w.repeats):  # interleaved repeats; the best of each mode (the machine is shared)
+        for mode, run in runs.items():
+            out = asyncio.run(_with_engine(w, lm, run))
+            if mode not in res or out["traj_per_s"] > res[mode]["traj_per_s"]:
+                res[mode] = out
     for k, v in res.items():
         print(f"[{name}] {k:9s} {v['trajectories']:4d} traj in {v['wall_s']:7.2f} s = {v['traj_per_s']:7.2f} traj/s, "
               f"engine busy {v['engine_busy_fraction']:.2f}, in flight {v['mean_in_flight']:5.1f}, lifetime shares: "
@@ -300,6 +322,11 @@ def _rounded(x):
 
 def main(argv=None) -> None:
     a = parse_args(argv)
+    if a.compile_cache:
+        import jax
+
+        jax.config.update("jax_compilation_cache_dir", a.compile_cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     per_model = {}
     for name in a.models:
         out = bench_model(a, name)
