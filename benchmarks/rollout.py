@@ -116,6 +116,9 @@ def parse_args(argv=None):
     p.add_argument("--max-len", type=int, default=384, help="engine context per slot (tiny)")
     p.add_argument("--min-bucket", type=int, default=64, help="smallest prefill length bucket (tiny)")
     p.add_argument("--prefill-batch", type=int, default=4, help="the engine's max_prefill_batch (tiny)")
+    p.add_argument("--switch-interval-ms", type=float, default=None, help="sys.setswitchinterval for the run "
+                   "(default: Python's 5 ms): the engine thread waits up to this long for the GIL after each "
+                   "device call while the event loop runs Python")
     p.add_argument("--compile-cache", default=None, help="directory for JAX's persistent compilation cache")
     p.add_argument("--decode-chunk", type=int, default=1, help="the engine's decode steps per device call "
                    "while no request waits to join (JaxEngine(decode_chunk=K); 1: one step per call)")
@@ -322,6 +325,8 @@ def _rounded(x):
 
 def main(argv=None) -> None:
     a = parse_args(argv)
+    if a.switch_interval_ms is not None:
+        sys.setswitchinterval(a.switch_interval_ms / 1e3)
     if a.compile_cache:
         import jax
 
@@ -338,6 +343,7 @@ def main(argv=None) -> None:
     result = {k: round(first[k], 4) for k in ("async_vs_sync", "async_vs_ceiling", "engine_busy_fraction")}
     result["models"] = _rounded(per_model)
     result["quick"] = a.quick
+    result["switch_interval_ms"] = sys.getswitchinterval() * 1e3
     print("RESULT " + json.dumps(result))
 
 
