@@ -4,14 +4,17 @@ One process, the same tiny model (Qwen3-like, 2 layers, d 64) and the same task 
 heavy-tailed env latency (lognormal, median 0.1 s, p99 1.5 s, like a tool or sandbox call) and heavy-tailed trajectory lengths
 (TinyRepeat-v0 episodes continue with probability 0.4, up to 4 replies):
 
-* (a) barrier-free: the rollout orchestrator streams complete groups (eta = 2) into the streaming
+* (a) barrier-free: the rollout orchestrator streams complete groups (eta = 4) into the streaming
   learner, which trains in a worker thread while rollouts continue;
 * (b) synchronous: roll out a whole step's groups (a barrier per turn), then train, then push.
 
 Both run N optimizer steps; every engine and learner shape is compiled before the first rollout
 (``run.warmup``; compiled programs are shared within the process) and the step walls start with the
 rollouts, so the walls compare schedules, not compilers. Reported: wall
-time for N steps, trainer-idle fraction (time the learner waited for groups / wall) for each.
+time for N steps, trainer-idle fraction (time the learner waited for groups / wall) for each, over
+the whole run (step 1 includes the pipeline fill: nothing to train before the first groups) and
+after step 1 (``trainer_idle_fraction_steady``). Both schedules get the same rollout resources
+(see ``pipeline_config`` for how the rollout supply is sized against the learner).
 
 Tunix CPU config (``../shared/notes/anchors.md``): tiny Qwen3 (2 layers, d 64, ffn 128, 4 heads of
 16, 2 kv heads, vocab 512), 4 prompts x G 4, 32 new tokens, GRPO with beta 0.04 (a reference-model
@@ -19,7 +22,7 @@ forward every step), AdamW 1e-4: steady seconds per optimizer step = mean after 
 Tunix 0.1.7 took 0.89 s per agentic step there.
 
 Ends with ``RESULT {json}``: ``barrier_free_vs_sync`` (sync wall / barrier-free wall),
-``trainer_idle_fraction`` (barrier-free), ``tunix_config_step_s``.
+``trainer_idle_fraction`` (barrier-free, whole run), ``trainer_idle_fraction_steady``, ``tunix_config_step_s``.
 
     python benchmarks/train.py --quick
 """
@@ -46,16 +49,30 @@ from gymllm.algos.trainer import (EnvSection, ModelSection, RolloutSection, RunS
 TUNIX_AGENTIC_STEP_S = 0.89  # anchors.md: Tunix 0.1.7, same model and workload, 2-core CPU
 
 
-def pipeline_config(run_dir: str, *, mode: str, steps: int, eta: int = 2) -> TrainConfig:
-    env_kw = {"num_letters": 2, "latency_median_s": 0.1, "latency_p99_s": 1.5, "continue_prob": 0.4, "max_replies": 4}
+def pipeline_config(run_dir: str, *, mode: str, steps: int, eta: int = 4, latency_scale: float = 1.0) -> TrainConfig:
+    """The barrier-free vs sync workload; both modes get the same rollout resources (64 envs, 64
+    trajectories in flight, 64 engine slots) and the same step (8 groups of G 4).
+
+    Sized so that rollouts keep up with the learner (trainer idle < 20%): with 32 in flight, eta 2
+    and 4 groups per step, the learner (about 0.1 s per 16-row step on the idle machine) outran
+    the rollouts, which are bound by the tool latency (a group waits for the slowest of its 4
+    multi-turn members, about a second) and lose ~40% of their groups to the zero-variance filter:
+    whole-run idle 0.32-0.38. At most (eta + 1) * groups_per_step accepted groups are in flight or
+    queued, so the supply per learner step grows with eta and with the step's size: eta 4 (the
+    bound is enforced: older groups are dropped and counted; staleness is reported), 8 groups per
+    step (the learner also starts on the first two groups of a step while the rest arrive) and 64
+    trajectories in flight. ``latency_scale`` multiplies the env latency (a slower tool; on a
+    loaded machine, the CPU slowdown factor reproduces the idle machine's ratio of learner to tool time)."""
+    env_kw = {"num_letters": 2, "latency_median_s": 0.1 * latency_scale, "latency_p99_s": 1.5 * latency_scale,
+              "continue_prob": 0.4, "max_replies": 4}
     return TrainConfig(
         model=ModelSection(name="tiny-qwen3", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2),
-        env=EnvSection(id="gymllm/TinyRepeat-v0", kwargs=env_kw, num_envs=32),
-        rollout=RolloutSection(group_size=4, max_concurrency=32, eta=eta, max_tokens=8, max_turns=4, engine_slots=32,
-                               engine_max_len=256, mode=mode),
+        env=EnvSection(id="gymllm/TinyRepeat-v0", kwargs=env_kw, num_envs=64),
+        rollout=RolloutSection(group_size=4, max_concurrency=64, eta=eta, max_tokens=8, max_turns=4, engine_slots=64,
+                               engine_max_len=256, decode_chunk=8, mode=mode),  # decode_chunk 8: a turn's 8 tokens per call
         loss=C.async_agentic(),
         optimizer=OptimizerConfig(learning_rate=1e-3),
-        learner=LearnerConfig(groups_per_step=4, micro_batch_size=8, num_steps=steps, max_len=256, min_bucket=64),
+        learner=LearnerConfig(groups_per_step=8, micro_batch_size=8, num_steps=steps, max_len=256, min_bucket=64),
         run=RunSection(run_dir=run_dir, console=False, report=False, log_trajectories=False, resume=False,
                        warmup=True),
     )
@@ -78,35 +95,45 @@ def tunix_config(run_dir: str, *, steps: int) -> TrainConfig:
 
 
 def measure(cfg: TrainConfig) -> dict[str, float]:
+    """Walls, trainer idle (whole run, and steady: after step 1, whose wall includes the pipeline fill)."""
     res = train(cfg)
-    walls = [h["step_wall_s"] for h in res.history]
-    waits = [h["trainer_wait_s"] for h in res.history]
-    return {"steps": res.steps, "wall_s": float(sum(walls)), "trainer_idle_fraction": float(sum(waits) / sum(walls)),
-            "step_s": walls, "reward_mean": float(np.mean(res.rewards())),
+    walls = np.array([h["step_wall_s"] for h in res.history])
+    waits = np.array([h["trainer_wait_s"] for h in res.history])
+    return {"steps": res.steps, "wall_s": float(walls.sum()), "trainer_idle_fraction": float(waits.sum() / walls.sum()),
+            "trainer_idle_fraction_steady": float(waits[1:].sum() / max(walls[1:].sum(), 1e-9)),
+            "fill_wait_s": float(waits[0]), "step_s": walls.tolist(), "reward_mean": float(np.mean(res.rewards())),
             "engine_busy_fraction": float(np.mean([h["engine_busy_fraction"] for h in res.history])),
             "weight_sync_s_mean": float(np.mean([h["weight_sync_s"] for h in res.history])),
-            "staleness_mean": float(np.mean([h["staleness_mean"] for h in res.history]))}
+            "train_busy_s_mean": float(np.mean([h["train_busy_s"] for h in res.history])),
+            "staleness_mean": float(np.mean([h["staleness_mean"] for h in res.history])),
+            "staleness_max": float(max(h["staleness_max"] for h in res.history)),
+            "stale_groups_dropped": float(res.counts.get("stale_dropped", 0) + res.counts.get("stale_groups", 0))}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer steps (about two minutes on an idle 2-core CPU)")
     ap.add_argument("--steps", type=int, default=None, help="optimizer steps per schedule")
+    ap.add_argument("--latency-scale", type=float, default=1.0,
+                    help="multiply the env latency (diagnostic: on a loaded machine, its CPU slowdown factor "
+                         "reproduces the idle machine's learner/tool time ratio); RESULT figures are for 1.0")
     args = ap.parse_args()
     steps = args.steps or (6 if args.quick else 20)
     tunix_steps = 6 if args.quick else 12
     tmp = tempfile.mkdtemp(prefix="gymllm-bench-train-")
     t0 = time.perf_counter()
-    barrier_free = measure(pipeline_config(f"{tmp}/async", mode="async", steps=steps))
-    sync = measure(pipeline_config(f"{tmp}/sync", mode="sync", steps=steps))
+    scale = args.latency_scale
+    barrier_free = measure(pipeline_config(f"{tmp}/async", mode="async", steps=steps, latency_scale=scale))
+    sync = measure(pipeline_config(f"{tmp}/sync", mode="sync", steps=steps, latency_scale=scale))
     tunix = measure(tunix_config(f"{tmp}/tunix", steps=tunix_steps))
     tunix_step_s = float(np.mean(tunix["step_s"][2:]))
     out = {
         "barrier_free_vs_sync": sync["wall_s"] / barrier_free["wall_s"],
         "trainer_idle_fraction": barrier_free["trainer_idle_fraction"],
+        "trainer_idle_fraction_steady": barrier_free["trainer_idle_fraction_steady"],
         "tunix_config_step_s": tunix_step_s,
         "tunix_speedup_vs_0.89s": TUNIX_AGENTIC_STEP_S / tunix_step_s,
-        "steps": steps,
+        "steps": steps, "latency_scale": scale,
         "barrier_free": {k: v for k, v in barrier_free.items() if k != "step_s"},
         "sync": {k: v for k, v in sync.items() if k != "step_s"},
         "sync_trainer_idle_fraction": sync["trainer_idle_fraction"],
@@ -114,7 +141,8 @@ def main() -> None:
         "total_s": time.perf_counter() - t0,
     }
     print(f"barrier-free: {barrier_free['wall_s']:.1f}s for {steps} steps, trainer idle "
-          f"{barrier_free['trainer_idle_fraction']:.0%}; sync: {sync['wall_s']:.1f}s, trainer idle "
+          f"{barrier_free['trainer_idle_fraction']:.0%} (after step 1: {barrier_free['trainer_idle_fraction_steady']:.0%}, "
+          f"fill {barrier_free['fill_wait_s']:.2f}s); sync: {sync['wall_s']:.1f}s, trainer idle "
           f"{sync['trainer_idle_fraction']:.0%}; speedup {out['barrier_free_vs_sync']:.2f}x")
     print("step walls (s): barrier-free", np.round(barrier_free["step_s"], 2).tolist(), "sync",
           np.round(sync["step_s"], 2).tolist())
