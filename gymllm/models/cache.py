@@ -4,6 +4,9 @@
 The batch row is axis 1 of both leaves, so ``jax.tree.map(lambda x: x[:, i], cache)`` takes row i
 and ``jax.tree.map(lambda c, r: c.at[:, i].set(r), cache, row)`` writes it back.
 A token's k/v are written at slot == its position; see :mod:`gymllm.models.transformer`.
+A ``uint16`` cache stores bfloat16 bit patterns (the JAX engine's choice when it computes in bf16 on
+CPU: half the bytes of float32, and XLA:CPU slices uint16 arrays at memory speed, bf16 ones slowly);
+``forward`` and :func:`gymllm.models.decode.decode_forward` encode and decode it.
 """
 
 from __future__ import annotations

@@ -128,7 +128,8 @@ class Transformer(nnx.Module):
 
     def init_cache(self, batch: int, max_len: int, dtype=None) -> KVCache:
         """A zeroed [L, batch, max_len, K, D] cache. Default dtype: the weights' dtype, except on
-        CPU where it is float32 (XLA's CPU scatter/slice of bf16 caches made decode ~1.7x slower)."""
+        CPU where it is float32 (XLA's CPU scatter/slice of bf16 caches made decode ~1.7x slower;
+        ``jnp.uint16`` stores bf16 bit patterns at memory speed, see :mod:`gymllm.models.cache`)."""
         cfg = self.config
         if dtype is None:
             dtype = jnp.float32 if jax.default_backend() == "cpu" else self.dtype
