@@ -164,7 +164,8 @@ async def run_all(wl: Workload, reqs, setups: dict[str, dict]) -> dict[str, dict
         best = {k: max(v, key=lambda r: r["tokens"] / r["wall_s"]) for k, v in runs[dt].items()}
         out[dt] = {"runs": best, "step_s": st["step_s"], "idle": st["idle"], "compile_s": st["compile_s"],
                    "tps": {k: r["tokens"] / r["wall_s"] for k, r in best.items()},
-                   "median_tps": {k: float(np.median([r["tokens"] / r["wall_s"] for r in v])) for k, v in runs[dt].items()}}
+                   "median_tps": {k: float(np.median([r["tokens"] / r["wall_s"] for r in v]))
+                                  for k, v in runs[dt].items()}}
     return out
 
 

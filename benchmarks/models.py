@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gymllm.models import load, token_logprobs
+from gymllm.models.decode import decode_forward, write_new_kv
 from gymllm.models.transformer import forward
 
 ISSUE_BAR = {"prefill_tok_s": 315.0, "decode_tok_s_b16": 100.0, "fwd_bwd_s": 9.0}
@@ -101,20 +102,19 @@ def bench_dtype(name: str, dtype, args) -> dict:
     fwd_s = _timed(lambda: fwd(params, toks, pos), args.reps)
     gflops = forward_flops(cfg, b, t) / fwd_s / 1e9
 
-    # greedy decode at batch 16, cache donated
-    @jax.jit
-    def step_fn(p, tok, positions, cache):
-        logits, cache = forward(cfg, p, tok, positions, None, cache)
-        return jnp.argmax(logits[:, -1], -1).astype(jnp.int32)[:, None], cache
+    # greedy decode at batch 16 on the engine's one-token path (gymllm.models.decode), cache donated
+    def step_fn(p, tok, positions, cache):  # tok/positions [B]
+        logits, k_new, v_new = decode_forward(cfg, p, tok, positions, cache)
+        return jnp.argmax(logits, -1).astype(jnp.int32), write_new_kv(cache, k_new, v_new, positions)
 
     step = jax.jit(step_fn, donate_argnums=(3,))
     _, cache = forward(cfg, params, toks, pos, None, lm.model.init_cache(b, max_len))
-    tok = toks[:, -1:]
-    tok, cache = step(params, tok, jnp.full((b, 1), t, jnp.int32), cache)  # compile
+    tok = toks[:, -1]
+    tok, cache = step(params, tok, jnp.full((b,), t, jnp.int32), cache)  # compile
     jax.block_until_ready(tok)
     start = time.perf_counter()
     for i in range(1, args.decode_steps):
-        tok, cache = step(params, tok, jnp.full((b, 1), t + i, jnp.int32), cache)
+        tok, cache = step(params, tok, jnp.full((b,), t + i, jnp.int32), cache)
     jax.block_until_ready(tok)
     decode_tok_s = b * (args.decode_steps - 1) / (time.perf_counter() - start)
 
