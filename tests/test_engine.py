@@ -335,7 +335,7 @@ def test_a_failing_step_fails_only_its_requests_and_the_engine_keeps_serving(eng
 
 # ------------------------------------------------------------------ compute dtype
 def test_bf16_compute_dtype_keeps_greedy_batching_exact_and_logprobs_close(lm):
-    """compute_dtype="bfloat16": the engine's weights are bf16 (the caller's model is untouched), a
+    """compute_dtype="bfloat16": the engine's weights and KV cache are bf16 (the caller's model is untouched), a
     request's greedy tokens do not depend on what else is batched, and logprobs stay within bf16
     rounding of the float32 trainer's."""
     cfg = EngineConfig(num_slots=8, max_len=64, min_bucket=64, max_prefill_batch=1, decode_lengths=1,
@@ -345,6 +345,7 @@ def test_bf16_compute_dtype_keeps_greedy_batching_exact_and_logprobs_close(lm):
         # bf16 weights (stored as their uint16 bit patterns on CPU, decoded per layer by the forward)
         stored = jnp.uint16 if jax.default_backend() == "cpu" else jnp.bfloat16
         assert {leaf.dtype for leaf in jax.tree.leaves(eng._state)} == {jnp.dtype(stored)}
+        assert {leaf.dtype for leaf in jax.tree.leaves(eng._cache)} == {jnp.dtype(stored)}  # k/v too
         assert lm.model.dtype == jnp.float32
         ps = prompts(8, seed=71)
         sp = SamplingParams(temperature=0.0, max_tokens=12)

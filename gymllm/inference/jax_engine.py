@@ -99,13 +99,14 @@ def _cast_floats(state: Any, dtype: Any) -> Any:
 
 
 def _cache_dtype(cfg: EngineConfig, cache_dtype: Any) -> Any:
-    """The KV cache's storage dtype: ``cache_dtype`` when given; else, computing in bfloat16 on CPU,
-    uint16 holding bf16 bit patterns (half the bytes a decode step reads; the same rounding as the
-    bf16 compute applies to the keys and values anyway); else None (the model's choice)."""
+    """The KV cache's storage dtype: ``cache_dtype`` when given; else, computing in bfloat16, bf16 (on
+    CPU as uint16 bit patterns, which XLA:CPU slices at memory speed): half the bytes a decode step
+    reads, and the bf16 compute rounds the keys and values the same way anyway; else None (the model's
+    choice)."""
     if cache_dtype is not None:
         return cache_dtype
-    if cfg.compute_dtype == "bfloat16" and jax.default_backend() == "cpu":
-        return jnp.uint16
+    if cfg.compute_dtype == "bfloat16":
+        return jnp.uint16 if jax.default_backend() == "cpu" else jnp.bfloat16
     return None
 
 
