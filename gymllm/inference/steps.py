@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from gymllm.inference.sampling import sample, step_keys
-from gymllm.models.decode import decode_forward, write_new_kv
+from gymllm.models.decode import decode_and_write
 
 
 CACHE_BATCH_AXIS = 1
@@ -42,8 +42,7 @@ def decode_logits(model: Any, cache: Any, tokens: jax.Array, positions: jax.Arra
                   ) -> tuple[jax.Array, Any]:
     """One decode step of ``model`` over cache rows [0, W) (W = len(tokens)) attending over slots
     [0, length): (logits [W, V] float32, the cache with each row's new k/v at its position)."""
-    logits, k_new, v_new = decode_forward(model.config, model.flat_params(), tokens, positions, cache, length)
-    return logits, write_new_kv(cache, k_new, v_new, positions)
+    return decode_and_write(model.config, model.flat_params(), tokens, positions, cache, length)
 
 
 @functools.lru_cache(maxsize=16)

@@ -79,10 +79,15 @@ def write_new_kv(cache: KVCache, k_new: jax.Array, v_new: jax.Array, positions: 
                    cache.v.at[:, rows, positions].set(v_new, mode="drop"))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 5), static_argnames=("compute_dtype",), donate_argnums=(4,))
-def decode_step(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, positions: jax.Array,
-                cache: KVCache, length: int | None = None, *, compute_dtype: Any = None
-                ) -> tuple[jax.Array, KVCache]:
-    """:func:`decode_forward` then :func:`write_new_kv`: (logits [W, V], the updated cache; donated)."""
+def decode_and_write(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, positions: jax.Array,
+                     cache: KVCache, length: int | None = None, *, compute_dtype: Any = None
+                     ) -> tuple[jax.Array, KVCache]:
+    """:func:`decode_forward` then :func:`write_new_kv`: (logits [W, V], the updated cache). Call it
+    inside ``jit`` (the engine's steps do); :func:`decode_step` is the standalone jitted form."""
     logits, k_new, v_new = decode_forward(cfg, params, tokens, positions, cache, length, compute_dtype=compute_dtype)
     return logits, write_new_kv(cache, k_new, v_new, positions)
+
+
+decode_step = functools.partial(jax.jit, static_argnums=(0, 5), static_argnames=("compute_dtype",),
+                                donate_argnums=(4,))(decode_and_write)
+decode_step.__doc__ = """:func:`decode_and_write`, jitted, the cache donated."""
