@@ -203,6 +203,25 @@ def test_session_prefix_reuse_skips_the_cached_prefix(engine, lm):
     engine.end_session("traj-1")
 
 
+def test_prefill_reads_only_the_smallest_length_covering_the_reused_prefix(engine, lm):
+    """A fresh prompt's prefill reads no cached slot (length 0); a next turn reusing 35 tokens reads the
+    first 64 (32 does not cover its start) and stays exact; a turn reusing 26 reads the first 32."""
+    tracer = get_tracer()
+    sp = SamplingParams(temperature=1.0, max_tokens=6, seed=5)
+    for first, want in ((30, 64), (21, 32)):
+        p1 = prompts(1, seed=first, lo=first, hi=first + 1)[0]
+        cursor = tracer.cursor()
+        t1 = run(engine.generate(p1, sp, session_id="traj-len"))
+        p2 = p1 + t1.token_ids.tolist() + [21, 22]
+        t2 = run(engine.generate(p2, sp, session_id="traj-len"))
+        engine.end_session("traj-len")
+        spans = [e["args"] for e in tracer.events_since(cursor) if e["name"] == "prefill"]
+        assert [a["length"] for a in spans] == [0, want]
+        assert t2.cached_prompt_len == first + 5 and want >= t2.cached_prompt_len
+        diff = t2.logprobs - full_logprobs(lm.model, p2, t2, 1.0)  # reading the reused prefix is exact
+        assert np.abs(diff).max() < 1e-4
+
+
 # ------------------------------------------------------------------ errors, cancel, compile
 def test_bad_requests_raise_clear_errors_and_engine_keeps_serving(engine):
     async def main():
@@ -238,7 +257,7 @@ def test_no_recompiles_after_warmup(engine):
     ps = prompts(9, seed=41, lo=2, hi=63)
     run(gather(engine, ps, SamplingParams(temperature=0.7, top_k=5, top_p=0.9, max_tokens=3)))
     assert engine.trace_counts == before
-    assert before["prefill"] <= len(engine.buckets) * len(engine.batch_sizes)
+    assert before["prefill"] <= len(engine.buckets) * len(engine.batch_sizes) * len(engine.prefill_lengths)
     assert before["decode"] <= len(engine.widths) * len(engine.lengths)
     tracer = get_tracer()
     cursor = tracer.cursor()

@@ -339,10 +339,10 @@ class JaxEngine:
         limit = pick_bucket(min(max_prompt_len, self.max_len - 1), self.buckets) if max_prompt_len else self.max_len
         with self._device:
             for p in self.batch_sizes:
-                for t in (b for b in self.buckets if b <= limit):
+                for t, n in self._prefill_shapes(limit, min(max_prompt_len or self.max_len, self.max_len - 1)):
                     rows = np.full(p, self.config.num_slots, np.int32)  # padding rows only: nothing is written
                     self._call_prefill(np.zeros((p, t), np.int32), np.zeros((p, t), np.int32), rows,
-                                       np.zeros(p, np.int32), _PrefillRowParams.padding(p))
+                                       np.zeros(p, np.int32), _PrefillRowParams.padding(p), n)
             for w in self.widths:
                 for n in sorted({self._decode_length(w, n - 1) for n in self.lengths}):
                     if self.decode_chunk > 1:
@@ -458,7 +458,8 @@ class JaxEngine:
             start = r.placement.reuse_len
             chunk = r.prompt[start:]
             tokens[i, : len(chunk)] = chunk
-            # pads continue the positions (safe: overwritten before attended), clipped to the scratch index
+            # pads continue the positions (clipped to the scratch index): never attended by real tokens
+            # (causal), and their k/v are not written (past ``last``)
             positions[i] = np.minimum(start + np.arange(bucket), self.max_len - 1)
             rows[i] = r.slot
             last[i] = len(chunk) - 1
@@ -466,7 +467,8 @@ class JaxEngine:
             self.stats["prefill_tokens"] += len(chunk)
             self.stats["reused_tokens"] += start
         try:
-            tok, logp = self._call_prefill(tokens, positions, rows, last, rp)
+            length = self._prefill_length(int(positions[:, 0].max()))
+            tok, logp = self._call_prefill(tokens, positions, rows, last, rp, length)
         except Exception as exc:  # isolate: fail these requests, keep serving the rest
             for r in reqs:
                 self._fail(r, exc)
@@ -478,12 +480,33 @@ class JaxEngine:
             self._active[r.slot] = r
             self._accept(r, int(tok[i]), float(logp[i]))
 
-    def _call_prefill(self, tokens, positions, rows, last, rp: "_PrefillRowParams"):
-        with span("prefill", track="engine", batch=int(tokens.shape[0]), bucket=int(tokens.shape[1])):
+    def _call_prefill(self, tokens, positions, rows, last, rp: "_PrefillRowParams", length: int):
+        """One prefill call; ``length`` (one of :attr:`prefill_lengths`, >= every row's start): the cached
+        slots it reads."""
+        with span("prefill", track="engine", batch=int(tokens.shape[0]), bucket=int(tokens.shape[1]), length=length):
             self._cache, tok, logp = self._prefill(
-                self._state, self._cache, tokens, positions, rows, last, rp.keys, rp.steps, rp.temp, rp.top_k, rp.top_p
+                self._state, self._cache, tokens, positions, rows, last, rp.keys, rp.steps, rp.temp, rp.top_k,
+                rp.top_p, length,
             )
             return np.asarray(tok), np.asarray(logp)
+
+    @property
+    def prefill_lengths(self) -> tuple[int, ...]:
+        """The cached-prefix lengths a prefill call reads (0: no reused prefix), the decode cache lengths."""
+        return (0, *self.lengths)
+
+    def _prefill_length(self, max_start: int) -> int:
+        """The smallest prefill length covering every row's start (reused prefix) ``max_start``."""
+        return pick_bucket(max_start, self.prefill_lengths)
+
+    def _prefill_shapes(self, limit: int, max_prompt: int) -> list[tuple[int, int]]:
+        """Every (length bucket, prefill length) a prompt of at most ``max_prompt`` tokens can use, chunk
+        buckets up to ``limit``: a chunk in bucket t has more tokens than the bucket below it, a start read
+        with length n is past the length below it, and start + chunk <= ``max_prompt``."""
+        buckets = [b for b in self.buckets if b <= limit]
+        lows = dict(zip(self.buckets, (0, *self.buckets)))
+        starts = dict(zip(self.prefill_lengths, (0, *(n + 1 for n in self.prefill_lengths))))
+        return [(t, n) for t in buckets for n in self.prefill_lengths if starts[n] + lows[t] + 1 <= max_prompt]
 
     def _call_decode(self, width: int | None = None, length: int | None = None):
         """One decode step over rows [0, width) attending over cache slots [0, length); each defaults to

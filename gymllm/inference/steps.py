@@ -2,9 +2,12 @@
 decode step over every slot. Pure functions of (weights, cache, host arrays); the engine owns state.
 
 Cache layout: a pytree from ``model.init_cache(num_slots, max_len, dtype)`` whose array leaves
-carry the slot (batch) row on axis ``CACHE_BATCH_AXIS`` (``gymllm.models.KVCache``: [L, B, S, K, D]). Prefill gathers the rows it writes (``rows`` [P]; an index equal
-to ``num_slots`` marks a padding row: its gather is clamped and its scatter dropped), runs the
-model on them and scatters them back, so other slots' caches are untouched. Decode
+carry the slot (batch) row on axis ``CACHE_BATCH_AXIS`` (``gymllm.models.KVCache``: [L, B, S, K, D]).
+Prefill (:func:`gymllm.models.prefill.prefill_forward`) runs T new tokens into the cache rows ``rows``
+[P] (an index equal to ``num_slots`` marks a padding row: its read is clamped and its write dropped),
+reading only the first ``length`` slots of those rows (``length`` static, from a small set of cache
+lengths covering every row's start; 0: no reused prefix, nothing read) and writing only each row's real
+tokens (index <= ``last``) into the donated cache afterwards, so other rows and slots are untouched. Decode
 (:func:`gymllm.models.decode.decode_forward`) runs over the first W rows (W from a small set of widths)
 and attends over the first S cache slots (S from a small set of cache lengths covering every active
 row's position), so a lightly loaded engine or one with short sequences does not pay for idle rows or
@@ -19,23 +22,21 @@ import functools
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from gymllm.inference.sampling import sample, step_keys
 from gymllm.models.decode import decode_and_write
+from gymllm.models.prefill import prefill_and_write
 
 
 CACHE_BATCH_AXIS = 1
 
 
-def _rows_get(cache: Any, rows: jax.Array) -> Any:
-    return jax.tree.map(lambda c: jnp.take(c, rows, axis=CACHE_BATCH_AXIS, mode="clip"), cache)
-
-
-def _rows_set(cache: Any, rows: jax.Array, part: Any) -> Any:
-    index = (slice(None),) * CACHE_BATCH_AXIS + (rows,)
-    return jax.tree.map(lambda c, p: c.at[index].set(p.astype(c.dtype), mode="drop"), cache, part)
+def prefill_logits(model: Any, cache: Any, tokens: jax.Array, positions: jax.Array, rows: jax.Array,
+                   last: jax.Array, length: int | None) -> tuple[jax.Array, Any]:
+    """One prefill chunk of ``model`` into cache rows ``rows`` reading cached slots [0, length):
+    (logits [P, V] float32 at index ``last`` of each row, the cache with the real tokens' k/v written)."""
+    return prefill_and_write(model.config, model.flat_params(), tokens, positions, rows, cache, length, last)
 
 
 def decode_logits(model: Any, cache: Any, tokens: jax.Array, positions: jax.Array, length: int | None
@@ -52,16 +53,21 @@ def make_steps(graphdef: Any) -> tuple[Callable, Callable, dict[str, int]]:
     counts traces, i.e. (re)compilations, per step."""
     trace_counts: dict[str, int] = {"prefill": 0, "decode": 0}
 
-    @functools.partial(jax.jit, donate_argnums=(1,))
-    def prefill(state, cache, tokens, positions, rows, last, keys, steps, temperature, top_k, top_p):
-        # tokens/positions [P, T] int32; rows/last/steps/top_k [P] int32; keys [P, 2] uint32
+    @functools.partial(jax.jit, donate_argnums=(1,), static_argnums=(11,))
+    def prefill_jit(state, cache, tokens, positions, rows, last, keys, steps, temperature, top_k, top_p, length):
         trace_counts["prefill"] += 1
         model = nnx.merge(graphdef, state)
-        part = _rows_get(cache, rows)
-        logits, part = model(tokens, positions, cache=part, logits_at=last)  # [P, 1, V]: only the last token's
-        cache = _rows_set(cache, rows, part)
-        tok, logp = sample(logits[:, 0], step_keys(keys, steps), temperature, top_k, top_p)
+        logits, cache = prefill_logits(model, cache, tokens, positions, rows, last, length)  # [P, V]
+        tok, logp = sample(logits, step_keys(keys, steps), temperature, top_k, top_p)
         return cache, tok, logp
+
+    def prefill(state, cache, tokens, positions, rows, last, keys, steps, temperature, top_k, top_p, length=None):
+        # tokens/positions [P, T] int32; rows/last/steps/top_k [P] int32; keys [P, 2] uint32. ``length``
+        # (static, default the whole context): cached slots read, >= every row's start (positions[:, 0]);
+        # tokens past ``last`` write nothing.
+        length = jax.tree.leaves(cache)[0].shape[2] if length is None else length
+        return prefill_jit(state, cache, tokens, positions, rows, last, keys, steps, temperature, top_k, top_p,
+                           length)
 
     @functools.partial(jax.jit, donate_argnums=(1,), static_argnums=(9,))
     def decode(state, cache, tokens, positions, keys, steps, temperature, top_k, top_p, length=None):
