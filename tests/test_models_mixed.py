@@ -107,7 +107,7 @@ def test_mixed_equals_each_part_alone(lm):
         assert logits.shape == (W + 4, cfg.vocab_size) and logits.dtype == jnp.float32
         np.testing.assert_allclose(np.asarray(logits[:W]), np.asarray(dlog), atol=3e-5, rtol=1e-5)
         np.testing.assert_allclose(np.asarray(logits[W:W + 3]), np.asarray(plog), atol=3e-5, rtol=1e-5)
-        got = write_mixed_kv(cache, dkv, args[1], pkv, args[3], args[4])
+        got = write_mixed_kv(cache, dkv, args[1], pkv, args[3], args[4], args[5])
         for row, upto in _real_slots(got, dec_len, starts, chunk_lens):
             for g, w in zip(got, want):
                 np.testing.assert_allclose(np.asarray(g[:, row, :upto]), np.asarray(w[:, row, :upto]),

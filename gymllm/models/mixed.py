@@ -10,17 +10,15 @@ vLLM) costs little more than the decode step alone. ``mixed_forward`` does that 
 * decode row w attends over its cached slots ``[0, length)`` before its position plus itself
   (:func:`gymllm.models.layers.decode_attention`, as :func:`gymllm.models.decode.decode_forward`);
 * chunk p attends over cache row ``rows[p]``'s slots before the chunk's first position (a reused
-  prompt prefix) plus the chunk itself, causally (:func:`gymllm.models.layers.attention` over the
-  concatenated keys);
+  prompt prefix) plus the chunk itself, causally (:func:`chunk_attention`, the attention of
+  :func:`gymllm.models.prefill.prefill_forward`);
 * the cache is only read inside the scan; the new k/v of both parts come back (``[L, W, K, D]`` and
   ``[L, P, T, K, D]``) and :func:`write_mixed_kv` scatters them into the donated cache afterwards.
 
 The decode rows are rows ``[0, W)`` of the cache; chunk rows must not be active decode rows (an idle
-row may be both: its decode output is junk and its decode write goes to its scratch position). Padding
-chunks use a row index past the cache (their writes are dropped); padding tokens of a chunk continue
-its positions, clipped to the last slot (written, never attended: every real query precedes them).
-Same numbers as ``forward(..., cache=...)`` up to summation order and the rounding of the chunk's own
-k/v to the cache dtype.
+row may be both: its decode output is junk, its decode write goes to its scratch position and the
+chunk is written after it). Padding chunks use a row index past the cache and padding tokens sit past
+``pre_last``: neither writes anything. Same numbers as ``forward(..., cache=...)`` up to summation order.
 """
 
 from __future__ import annotations
@@ -33,21 +31,26 @@ import jax.numpy as jnp
 
 from gymllm.models.cache import KVCache
 from gymllm.models.config import ModelConfig
-from gymllm.models.layers import attention, decode_attention
+from gymllm.models.decode import write_new_kv
+from gymllm.models.layers import attention, causal_mask, decode_attention
+from gymllm.models.prefill import _cached_prefix, write_chunk_kv
 from gymllm.models.transformer import (_embed, _global_params, _layer_rest, _layer_weights, _layer_xs, _logits,
                                        _pack_like, _qkv, _unpack)
 
 
-def _chunk_masks(pre_positions: jax.Array, length: int, window: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Chunk queries [P, T]: (visible cached slots [P, T, S], visible chunk keys [P, T, T])."""
-    t = pre_positions.shape[1]
-    start = pre_positions[:, :1, None]  # [P, 1, 1]
-    qpos = pre_positions[:, :, None]  # [P, T, 1]
-    idx = jnp.arange(length)[None, None]  # [1, 1, S]
-    cached = (idx < start) & (qpos - idx < window)
-    causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]  # [T, T]
-    near = qpos - pre_positions[:, None, :] < window  # [P, T, T]
-    return cached, causal[None] & near
+def chunk_attention(cfg: ModelConfig, q: jax.Array, k_own: jax.Array, v_own: jax.Array, positions: jax.Array,
+                    rows: jax.Array, cache: KVCache, i: jax.Array, length: int, window: jax.Array) -> jax.Array:
+    """Prompt chunks' attention in layer i: q [P, T, H, D] over cache rows ``rows``' slots before each
+    chunk's start (``positions[:, 0]``; ``length`` slots read, 0: none) and the chunk's own k/v [P, T, K, D]
+    (as stored), causally, inside ``window``, in one softmax -> [P, T, H*D]."""
+    keys, values = _unpack(k_own).astype(q.dtype), _unpack(v_own).astype(q.dtype)
+    mask = causal_mask(positions, None, window)  # [P, T, T]
+    if length:
+        idx, pos = jnp.arange(length)[None, None], positions[:, :, None]  # [1, 1, S], [P, T, 1]
+        ck, cv = _cached_prefix(cache, i, rows, length, q.dtype)  # [P, S, K, D] x2
+        keys, values = jnp.concatenate([ck, keys], 1), jnp.concatenate([cv, values], 1)  # [P, S + T, K, D]
+        mask = jnp.concatenate([(idx < positions[:, :1, None]) & (pos - idx < window), mask], 2)  # [P, T, S + T]
+    return attention(q, keys, values, mask, scale=cfg.attn_scale, softcap=cfg.attn_logit_softcap)
 
 
 def mixed_forward(cfg: ModelConfig, params: dict[str, jax.Array], dec_tokens: jax.Array, dec_positions: jax.Array,
@@ -73,23 +76,16 @@ def mixed_forward(cfg: ModelConfig, params: dict[str, jax.Array], dec_tokens: ja
         lw, inv_l, win_l, i = xs
         lw = _layer_weights(lw, compute_dtype)
         q, kk, vv = (a[0] for a in _qkv(cfg, lw, x, positions, inv_l))  # [N, H, D], [N, K, D] x2
-        ck = jax.lax.dynamic_index_in_dim(cache.k, i, 0, keepdims=False)  # [B, S_max, K, D]
-        cv = jax.lax.dynamic_index_in_dim(cache.v, i, 0, keepdims=False)
         visible = (idx < dpos) & (dpos - idx < win_l)  # [W, S]
-        attn_d = decode_attention(q[:w], _unpack(ck[:w, :length]), _unpack(cv[:w, :length]), kk[:w], vv[:w],
-                                  visible, scale=cfg.attn_scale, softcap=cfg.attn_logit_softcap)  # [W, H*D]
+        keys = jax.lax.dynamic_index_in_dim(cache.k, i, 0, keepdims=False)[:w, :length]  # [W, S, K, D]
+        values = jax.lax.dynamic_index_in_dim(cache.v, i, 0, keepdims=False)[:w, :length]
+        attn_d = decode_attention(q[:w], _unpack(keys), _unpack(values), kk[:w], vv[:w], visible,
+                                  scale=cfg.attn_scale, softcap=cfg.attn_logit_softcap)  # [W, H*D]
         qp, kp, vp = (a[w:].reshape(p, t, *a.shape[1:]) for a in (q, kk, vv))  # [P, T, H|K, D]
-        keys = jnp.concatenate([_unpack(jnp.take(ck, pre_rows, axis=0, mode="clip")[:, :length]).astype(qp.dtype),
-                                kp], axis=1)  # [P, S + T, K, D]
-        values = jnp.concatenate([_unpack(jnp.take(cv, pre_rows, axis=0, mode="clip")[:, :length]).astype(qp.dtype),
-                                  vp], axis=1)
-        cached, own = _chunk_masks(pre_positions, length, win_l)
-        attn_p = attention(qp, keys, values, jnp.concatenate([cached, own], axis=-1), scale=cfg.attn_scale,
-                           softcap=cfg.attn_logit_softcap)  # [P, T, H*D]
+        kp, vp = _pack_like(kp, cache.k), _pack_like(vp, cache.v)  # as stored (and read back by later steps)
+        attn_p = chunk_attention(cfg, qp, kp, vp, pre_positions, pre_rows, cache, i, length, win_l)  # [P, T, H*D]
         attn = jnp.concatenate([attn_d.astype(attn_p.dtype), attn_p.reshape(p * t, h * d)])[None]  # [1, N, H*D]
-        x = _layer_rest(cfg, lw, x, attn)
-        new = tuple(_pack_like(a, cache.k) for a in (kk[:w], vv[:w], kp, vp))
-        return x, new
+        return _layer_rest(cfg, lw, x, attn), (_pack_like(kk[:w], cache.k), _pack_like(vv[:w], cache.v), kp, vp)
 
     x, (kd, vd, kp, vp) = jax.lax.scan(layer, x, _layer_xs(cfg, params))
     x_last = jnp.take_along_axis(x[0, w:].reshape(p, t, -1), pre_last[:, None, None], axis=1)[:, 0]  # [P, E]
@@ -97,17 +93,14 @@ def mixed_forward(cfg: ModelConfig, params: dict[str, jax.Array], dec_tokens: ja
 
 
 def write_mixed_kv(cache: KVCache, dec_kv: tuple[jax.Array, jax.Array], dec_positions: jax.Array,
-                   pre_kv: tuple[jax.Array, jax.Array], pre_positions: jax.Array, pre_rows: jax.Array) -> KVCache:
+                   pre_kv: tuple[jax.Array, jax.Array], pre_positions: jax.Array, pre_rows: jax.Array,
+                   pre_last: jax.Array) -> KVCache:
     """Scatter both parts' new k/v into the (donated) cache: decode row w at slot ``dec_positions[w]`` of
-    row w, chunk p's token j at slot ``pre_positions[p, j]`` of row ``pre_rows[p]`` (rows or slots past
-    the cache are dropped). The chunks are written last."""
-    rows = jnp.arange(dec_positions.shape[0])
-    chunk_rows = jnp.broadcast_to(pre_rows[:, None], pre_positions.shape)  # [P, T]
-    k = cache.k.at[:, rows, dec_positions].set(dec_kv[0], mode="drop")
-    v = cache.v.at[:, rows, dec_positions].set(dec_kv[1], mode="drop")
-    k = k.at[:, chunk_rows, pre_positions].set(pre_kv[0], mode="drop")
-    v = v.at[:, chunk_rows, pre_positions].set(pre_kv[1], mode="drop")
-    return KVCache(k, v)
+    row w (:func:`~gymllm.models.decode.write_new_kv`), then chunk p's real tokens (index <=
+    ``pre_last[p]``) at their positions in row ``pre_rows[p]`` (:func:`~gymllm.models.prefill.write_chunk_kv`;
+    padding rows and tokens write nothing)."""
+    cache = write_new_kv(cache, *dec_kv, dec_positions)
+    return write_chunk_kv(cache, *pre_kv, pre_rows, pre_positions, pre_last + 1)
 
 
 def mixed_and_write(cfg: ModelConfig, params: dict[str, jax.Array], dec_tokens: jax.Array, dec_positions: jax.Array,
@@ -117,7 +110,7 @@ def mixed_and_write(cfg: ModelConfig, params: dict[str, jax.Array], dec_tokens: 
     """:func:`mixed_forward` then :func:`write_mixed_kv`: (logits [W + P, V], the updated cache)."""
     logits, dec_kv, pre_kv = mixed_forward(cfg, params, dec_tokens, dec_positions, pre_tokens, pre_positions,
                                            pre_rows, pre_last, cache, length, compute_dtype=compute_dtype)
-    return logits, write_mixed_kv(cache, dec_kv, dec_positions, pre_kv, pre_positions, pre_rows)
+    return logits, write_mixed_kv(cache, dec_kv, dec_positions, pre_kv, pre_positions, pre_rows, pre_last)
 
 
 mixed_step = functools.partial(jax.jit, static_argnums=(0, 9), static_argnames=("compute_dtype",),
