@@ -29,6 +29,10 @@ class EngineConfig:
         with float32 accumulation: on CPUs with AMX several times faster than float32 at 16+ rows,
         slower at 1 row. Logits, sampling and logprobs stay float32; logprobs then differ from a
         float32 trainer's by bf16 rounding.
+    piggyback_tokens: prompts (or a turn's new tokens past a reused prefix) in length buckets up to this
+        many tokens join while other rows decode by riding along the decode step, one device call for
+        both (:mod:`gymllm.inference.piggyback`), instead of a prefill call of their own that every
+        decoding row waits for. 0: off. Compiled shapes: widths x lengths x those buckets, more.
     """
 
     num_slots: int = 16
@@ -40,6 +44,7 @@ class EngineConfig:
     idle_wait_s: float = 0.05
     decode_lengths: int = 4
     compute_dtype: str | None = None
+    piggyback_tokens: int = 0
 
     def __post_init__(self) -> None:
         def need(ok: bool, field: str, expected: str, fix: str) -> None:
@@ -57,5 +62,7 @@ class EngineConfig:
              "a float > 0", "use e.g. 0.05")
         need(isinstance(self.decode_lengths, int) and self.decode_lengths >= 1, "decode_lengths", "an int >= 1",
              "use e.g. 4 (1: always attend over the whole context)")
+        need(isinstance(self.piggyback_tokens, int) and self.piggyback_tokens >= 0, "piggyback_tokens",
+             "an int >= 0", "use 0 (off) or a prompt length bucket such as 64")
         need(self.compute_dtype in _COMPUTE_DTYPES, "compute_dtype", f"one of {_COMPUTE_DTYPES}",
              'use None (the model\'s dtype) or "bfloat16"')

@@ -49,6 +49,7 @@ from gymllm.inference.completion import Completion
 from gymllm.inference.multistep import MAX_STOP_IDS, make_decode_chunk
 from gymllm.inference.config import EngineConfig
 from gymllm.inference.params import SamplingParams
+from gymllm.inference.piggyback import make_mixed_step
 from gymllm.inference.sampling import request_key
 from gymllm.inference.scheduler import Placement, SlotTable, halving_buckets, pick_bucket, power_of_two_buckets
 from gymllm.inference.steps import make_steps
@@ -171,6 +172,7 @@ class JaxEngine:
         self.vocab_size = self._infer_vocab(model, tokenizer)
         self._cache = model.init_cache(cfg.num_slots, cfg.max_len, _cache_dtype(cfg, cache_dtype))
         self._prefill, self._decode, self.trace_counts = make_steps(self._graphdef)
+        self._mixed, self.mixed_trace_counts = make_mixed_step(self._graphdef)
         self.decode_chunk = max(1, int(decode_chunk))
         if self.decode_chunk > 1:
             self._decode_k, self.chunk_trace_counts = make_decode_chunk(self._graphdef, self.decode_chunk)
@@ -349,6 +351,13 @@ class JaxEngine:
                         self._call_decode_chunk(1, w, n)
                     else:
                         self._call_decode(w, n)
+            p = self.config.max_prefill_batch
+            for t in (b for b in self.buckets if b <= min(limit, self.config.piggyback_tokens)):
+                pre = (np.zeros((p, t), np.int32), np.zeros((p, t), np.int32), np.full(p, self.config.num_slots, np.int32),
+                       np.zeros(p, np.int32), _PrefillRowParams.padding(p))
+                for w in self.widths:
+                    for n in self.lengths:
+                        self._call_mixed(*pre, width=w, length=n)
 
     # ------------------------------------------------------------------ request plumbing
     def _make_request(self, prompt_ids, params, session_id, index: int, *, stream: bool) -> _Request:
@@ -397,8 +406,10 @@ class JaxEngine:
                 with self._device:
                     self._apply_weights()
                     self._drop_cancelled()
-                    self._admit()
-                    if self._active:
+                    ride = self._admit()
+                    if ride is not None:
+                        self._mixed_step(*ride)
+                    elif self._active:
                         self._step()
         except BaseException as exc:  # a bug in the loop: fail everything clearly rather than hang
             self._crash = exc
@@ -425,12 +436,15 @@ class JaxEngine:
             if req.cancelled:
                 self._finish(req, "abort")
 
-    def _admit(self) -> None:
+    def _admit(self) -> tuple[list[_Request], int] | None:
+        """Place waiting requests in free rows and prefill them, in length-bucket batches; with rows
+        decoding and ``EngineConfig.piggyback_tokens`` >= the smallest bucket, that batch is returned
+        instead, to ride along the next decode step (:meth:`_mixed_step`)."""
         admitted: list[_Request] = []
         with self._cv:
             free, fill = self._table.num_free, min(self.config.max_prefill_batch, self.config.num_slots)
             if self._active and len(self._waiting) > free and free < fill:
-                return  # saturated: let rows free up to fill a whole prefill batch (fewer, fuller prefills)
+                return None  # saturated: let rows free up to fill a whole prefill batch (fewer, fuller prefills)
             while self._waiting and self._table.num_free:
                 req = self._waiting.pop(0)
                 reuse_ok = self.config.prefix_reuse
@@ -443,12 +457,18 @@ class JaxEngine:
         for req in admitted:
             chunk = len(req.prompt) - req.placement.reuse_len
             by_bucket.setdefault(pick_bucket(chunk, self.buckets), []).append(req)
-        for bucket, reqs in sorted(by_bucket.items()):
-            for i in range(0, len(reqs), self.config.max_prefill_batch):
-                self._prefill_batch(reqs[i : i + self.config.max_prefill_batch], bucket)
+        batches = [(reqs[i : i + self.config.max_prefill_batch], bucket) for bucket, reqs in sorted(by_bucket.items())
+                   for i in range(0, len(reqs), self.config.max_prefill_batch)]
+        ride = None
+        if self._active and batches and batches[0][1] <= self.config.piggyback_tokens:
+            ride = batches.pop(0)  # the smallest bucket rides along the decode step
+        for reqs, bucket in batches:
+            self._prefill_batch(reqs, bucket)
+        return ride
 
-    def _prefill_batch(self, reqs: list[_Request], bucket: int) -> None:
-        p = pick_bucket(len(reqs), self.batch_sizes)
+    def _prefill_inputs(self, reqs: list[_Request], bucket: int, p: int) -> tuple:
+        """Host inputs of ``p`` prompt chunks (``reqs`` then padding rows) in length bucket ``bucket``:
+        (tokens [p, T], positions [p, T], rows [p], last [p], sampling params)."""
         tokens = np.zeros((p, bucket), np.int32)
         positions = np.zeros((p, bucket), np.int32)
         rows = np.full(p, self.config.num_slots, np.int32)
@@ -466,6 +486,10 @@ class JaxEngine:
             rp.set(i, r)
             self.stats["prefill_tokens"] += len(chunk)
             self.stats["reused_tokens"] += start
+        return tokens, positions, rows, last, rp
+
+    def _prefill_batch(self, reqs: list[_Request], bucket: int) -> None:
+        tokens, positions, rows, last, rp = self._prefill_inputs(reqs, bucket, pick_bucket(len(reqs), self.batch_sizes))
         try:
             length = self._prefill_length(int(positions[:, 0].max()))
             tok, logp = self._call_prefill(tokens, positions, rows, last, rp, length)
@@ -474,11 +498,49 @@ class JaxEngine:
                 self._fail(r, exc)
             self._recover(exc)
             return
+        self._start(reqs, tok, logp)
+
+    def _start(self, reqs: list[_Request], tok: np.ndarray, logp: np.ndarray) -> None:
+        """Prefilled requests join the decode rows with their first sampled token."""
         now = time.perf_counter()
         for i, r in enumerate(reqs):
             r.first_token = now
             self._active[r.slot] = r
             self._accept(r, int(tok[i]), float(logp[i]))
+
+    def _mixed_step(self, reqs: list[_Request], bucket: int) -> None:
+        """One decode step over the active rows with ``reqs``' prompt chunks (bucket ``bucket``) prefilled
+        in the same call (:mod:`gymllm.inference.piggyback`); a failure fails both."""
+        pre = self._prefill_inputs(reqs, bucket, self.config.max_prefill_batch)
+        decoding = list(self._active.items())
+        try:
+            tok, logp, w = self._call_mixed(*pre)
+        except Exception as exc:
+            for r in reqs + [r for _, r in decoding]:
+                self._fail(r, exc)
+            self._recover(exc)
+            return
+        self.stats["decode_steps"] += 1
+        for slot, req in decoding:
+            self._accept(req, int(tok[slot]), float(logp[slot]))
+        self._start(reqs, tok[w:], logp[w:])
+
+    def _call_mixed(self, tokens, positions, rows, last, rp: "_PrefillRowParams", width: int | None = None,
+                    length: int | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+        """The piggybacked call: decode rows [0, W) (W, and the cache length read, cover the active rows
+        and every chunk's start unless given); returns (tokens [W + P], logprobs [W + P], W)."""
+        w = width or pick_bucket(max(self._active, default=0) + 1, self.widths)
+        top = max([int(self._h_pos[s]) + 1 for s in self._active] + [int(positions[:, 0].max())])
+        n = length or pick_bucket(max(top, 1), self.lengths)
+        h = lambda a, b: np.concatenate([a[:w], b])  # noqa: E731  decode rows, then chunks
+        with span("decode", track="engine", active=len(self._active), width=w, length=n,
+                  prefill=int(tokens.shape[0]), bucket=int(tokens.shape[1])):
+            self._cache, tok, logp = self._mixed(
+                self._state, self._cache, (self._h_tokens[:w], self._h_pos[:w]), (tokens, positions, rows, last),
+                h(self._h_keys, rp.keys), h(self._h_steps, rp.steps), h(self._h_temp, rp.temp),
+                h(self._h_topk, rp.top_k), h(self._h_topp, rp.top_p), n,
+            )
+            return np.asarray(tok), np.asarray(logp), w
 
     def _call_prefill(self, tokens, positions, rows, last, rp: "_PrefillRowParams", length: int):
         """One prefill call; ``length`` (one of :attr:`prefill_lengths`, >= every row's start): the cached
