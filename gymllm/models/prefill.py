@@ -16,6 +16,8 @@ scatters those into the (donated) cache afterwards. Same numbers as ``forward(..
 * a query at position ``pos`` attends, in one softmax, to the cached slots ``s < start`` inside its
   window and to the chunk's own keys (causal by index, inside the window): stale slots at or past
   ``start`` are never read, so no write has to precede the read;
+* the attention runs kv-head-major (one [G*T, D] x [D, S] dot per row and kv head, :func:`_chunk_attention`),
+  ~2x faster on XLA:CPU than the generic ordering at prefill shapes, same rounding;
 * the chunk's own k/v round-trip through the cache dtype before they are attended (a uint16 cache
   holds bf16 bit patterns), exactly as the cached forward reads them back after writing.
 
@@ -35,7 +37,7 @@ import jax.numpy as jnp
 
 from gymllm.models.cache import KVCache
 from gymllm.models.config import ModelConfig
-from gymllm.models.layers import attention, causal_mask
+from gymllm.models.layers import _NEG_INF, causal_mask
 from gymllm.models.transformer import (_embed, _global_params, _layer_rest, _layer_weights, _layer_xs, _logits,
                                        _pack_like, _qkv, _unpack)
 
@@ -48,6 +50,27 @@ def _cached_prefix(cache: KVCache, i: jax.Array, rows: jax.Array, length: int, d
     return take(cache.k), take(cache.v)
 
 
+def _chunk_attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array, *, scale: float,
+                     softcap: float = 0.0) -> jax.Array:
+    """:func:`gymllm.models.layers.attention` (same numbers and rounding) computed kv-head-major: q
+    [P, T, H, D], keys/values [P, S, K, D], mask [P, T, S] -> [P, T, H*D]. Each kv head's G query heads
+    and T tokens form one [G*T, D] x [D, S] dot per (row, kv head): on XLA:CPU ~2x faster than
+    ``attention``'s [B, T, K, G] ordering at prefill shapes (tiny model, 4 x 64 tokens over 256 keys)."""
+    p, t, h, d = q.shape
+    kh = keys.shape[2]
+    g = h // kh
+    qm = q.reshape(p, t, kh, g, d).transpose(0, 2, 3, 1, 4).reshape(p, kh, g * t, d)  # [P, K, G*T, D]
+    km, vm = jnp.swapaxes(keys, 1, 2), jnp.swapaxes(values, 1, 2)  # [P, K, S, D]
+    scores = jnp.einsum("pkmd,pksd->pkms", qm, km, preferred_element_type=jnp.float32) * scale
+    if softcap:
+        scores = softcap * jnp.tanh(scores / softcap)
+    scores = scores.reshape(p, kh, g, t, -1)  # [P, K, G, T, S]
+    scores = jnp.where(mask[:, None, None], scores, _NEG_INF)
+    probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype).reshape(p, kh, g * t, -1)
+    out = jnp.einsum("pkms,pksd->pkmd", probs, vm, preferred_element_type=jnp.float32)  # [P, K, G*T, D]
+    return out.astype(values.dtype).reshape(p, kh, g, t, d).transpose(0, 3, 1, 2, 4).reshape(p, t, h * d)
+
+
 def prefill_forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, positions: jax.Array,
                     rows: jax.Array, cache: KVCache, length: int | None, logits_at: jax.Array, *,
                     compute_dtype: Any = None) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -57,9 +80,7 @@ def prefill_forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.
     rows [P] int32 cache rows (``B``: a padding row); ``length`` (static; None: the whole cache): cached
     slots read, must be >= every row's start (0: no cached prefix, nothing read); logits_at [P] int32. Call it inside
     ``jit`` (``cfg`` and ``length`` static)."""
-    p, t = tokens.shape
     length = cache.k.shape[2] if length is None else length
-    h, d = cfg.num_heads, cfg.resolved_head_dim
     params = _global_params(params, compute_dtype)
     x = _embed(cfg, params, tokens)  # [P, T, E]
     idx = jnp.arange(length)[None, None]  # [1, 1, S]
@@ -77,8 +98,8 @@ def prefill_forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.
             ck, cv = _cached_prefix(cache, i, rows, length, q.dtype)  # [P, S, K, D] x2
             keys, values = jnp.concatenate([ck, keys], 1), jnp.concatenate([cv, values], 1)  # [P, S+T, K, D]
             mask = jnp.concatenate([before_start & (pos - idx < win_l), mask], 2)  # [P, T, S+T]
-        attn = attention(q, keys, values, mask, scale=cfg.attn_scale, softcap=cfg.attn_logit_softcap)
-        return _layer_rest(cfg, lw, x, attn.reshape(p, t, h * d)), (k_st, v_st)
+        attn = _chunk_attention(q, keys, values, mask, scale=cfg.attn_scale, softcap=cfg.attn_logit_softcap)
+        return _layer_rest(cfg, lw, x, attn), (k_st, v_st)
 
     x, (k_new, v_new) = jax.lax.scan(layer, x, _layer_xs(cfg, params))
     x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)[:, 0]  # [P, E]
