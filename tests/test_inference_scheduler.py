@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -97,3 +98,34 @@ def test_common_prefix_len():
     assert common_prefix_len([1, 2, 3], [1, 2, 4]) == 2
     assert common_prefix_len([], [1]) == 0
     assert common_prefix_len([1, 2], [1, 2]) == 2
+
+
+def test_compaction_moves_busy_rows_into_free_unpinned_low_rows():
+    t = SlotTable(16)
+    for i in range(16):
+        t.acquire([i], session_id=f"s{i}" if i in (1, 2) else None)
+    for i in range(16):
+        if i not in (12, 14):
+            t.release(i, [i])
+    t.end_session("s2")  # row 1 stays pinned by s1; row 2 is free and unpinned
+    moves = t.compaction((8, 16))
+    assert moves == [(12, 0), (14, 2)]  # row 1 is pinned: skipped
+    for a, b in moves:
+        t.move(a, b)
+    assert [s.index for s in t.slots if s.busy] == [0, 2] and t.compaction((8, 16)) == []
+    with pytest.raises(ValueError, match="free unpinned"):
+        t.move(0, 1)  # row 1 is pinned by s1
+
+
+def test_a_moved_row_keeps_its_session():
+    t = SlotTable(16)
+    for i in range(9):
+        t.acquire([i])
+    for i in range(8):
+        t.release(i, [i])
+    t.release(8, [8])
+    t.acquire([8, 9], session_id="a")  # takes row 8 again (its prefix [8])
+    assert t.sessions["a"] == 8
+    (a, b), = t.compaction((8, 16))
+    t.move(a, b)
+    assert t.sessions["a"] == b < 8 and t.slots[b].session_id == "a" and t.slots[8].session_id is None

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import threading
 import time
 import warnings
@@ -121,6 +122,12 @@ def _as_engine_dtype(x: Any, dtype: Any) -> jax.Array:
     return x.astype(dtype)
 
 
+@functools.partial(jax.jit, donate_argnums=(0,))
+def _copy_rows(cache: Any, src: jax.Array, dst: jax.Array) -> Any:
+    """Cache rows ``src`` [M] copied to rows ``dst`` [M] (a ``dst`` past the cache is dropped)."""
+    return jax.tree.map(lambda c: c.at[:, dst].set(jnp.take(c, src, axis=1), mode="drop"), cache)
+
+
 def _deliver(req: _Request, kind: str, payload: Any) -> None:
     """Hand a result to the caller's event loop from the engine thread."""
 
@@ -200,6 +207,7 @@ class JaxEngine:
         self._h_temp = np.zeros(s, np.float32)
         self._h_topk = np.zeros(s, np.int32)
         self._h_topp = np.ones(s, np.float32)
+        self._max_moves = max(1, s // 2)  # rows one compaction moves at most (see SlotTable.compaction)
         self._thread = threading.Thread(target=self._run, name="gymllm-jax-engine", daemon=True)
         self._thread.start()
 
@@ -351,6 +359,8 @@ class JaxEngine:
                         self._call_decode_chunk(1, w, n)
                     else:
                         self._call_decode(w, n)
+            self._cache = _copy_rows(self._cache, np.zeros(self._max_moves, np.int32),
+                                     np.full(self._max_moves, self.config.num_slots, np.int32))
             p = self.config.max_prefill_batch
             for t in (b for b in self.buckets if b <= min(limit, self.config.piggyback_tokens)):
                 pre = (np.zeros((p, t), np.int32), np.zeros((p, t), np.int32), np.full(p, self.config.num_slots, np.int32),
@@ -410,6 +420,7 @@ class JaxEngine:
                     if ride is not None:
                         self._mixed_step(*ride)
                     elif self._active:
+                        self._compact()
                         self._step()
         except BaseException as exc:  # a bug in the loop: fail everything clearly rather than hang
             self._crash = exc
@@ -702,16 +713,45 @@ class JaxEngine:
             cached_prompt_len=req.placement.reuse_len if req.placement else 0,
         )
 
+    def _compact(self) -> None:
+        """With nobody waiting, pack the active rows into the narrowest decode width that holds them
+        (copying rows into free rows no session pins): at the tail of a batch, a few long requests
+        left in high rows would otherwise keep every step as wide as the busiest moment."""
+        with self._cv:
+            moves = [] if self._waiting else self._table.compaction(self.widths)
+        if not moves:
+            return
+        src = np.zeros(self._max_moves, np.int32)
+        dst = np.full(self._max_moves, self.config.num_slots, np.int32)  # padding: dropped
+        src[: len(moves)], dst[: len(moves)] = zip(*moves)
+        with span("compact", track="engine", rows=len(moves)):
+            self._cache = _copy_rows(self._cache, src, dst)
+        with self._cv:
+            for a, b in moves:
+                self._table.move(a, b)
+        for a, b in moves:
+            req = self._active.pop(a)
+            req.placement = Placement(b, req.placement.reuse_len)
+            self._active[b] = req
+            for h in (self._h_tokens, self._h_pos, self._h_keys, self._h_steps, self._h_temp, self._h_topk,
+                      self._h_topp):
+                h[b] = h[a]
+            self._idle_row(a)
+
+    def _idle_row(self, slot: int) -> None:
+        """Host inputs of a row nobody decodes: it writes only to the scratch slot, greedy, unfiltered."""
+        self._h_pos[slot] = self.max_len - 1
+        self._h_temp[slot] = 0.0
+        self._h_topk[slot] = 0
+        self._h_topp[slot] = 1.0
+
     def _release(self, req: _Request, cached: list[int] | None) -> None:
         """Free the request's row; ``cached`` = the ids whose k/v it holds (None: forget the row)."""
         if req.placement is None:
             return
         if self._active.get(req.slot) is req:
             del self._active[req.slot]
-            self._h_pos[req.slot] = self.max_len - 1
-            self._h_temp[req.slot] = 0.0
-            self._h_topk[req.slot] = 0
-            self._h_topp[req.slot] = 1.0
+            self._idle_row(req.slot)
         with self._cv:
             if cached is None:
                 self._table.invalidate(req.slot)

@@ -137,6 +137,32 @@ class SlotTable:
         s.version = version
         s.last_used = self._tick()
 
+    def move(self, src: int, dst: int) -> None:
+        """A busy row's k/v were copied from row ``src`` to the free, unpinned row ``dst``: ``dst`` takes
+        over the request and its session; ``src`` becomes free and empty."""
+        a, b = self.slots[src], self.slots[dst]
+        if not a.busy or b.busy or b.session_id is not None:
+            raise ValueError(f"move: expected a busy row and a free unpinned one, received rows {src} "
+                             f"(busy={a.busy}) -> {dst} (busy={b.busy}, session={b.session_id!r})")
+        b.busy, b.cached, b.version, b.last_used, b.session_id = True, a.cached, a.version, a.last_used, a.session_id
+        if a.session_id is not None:
+            self.sessions[a.session_id] = dst
+        a.busy, a.cached, a.session_id = False, [], None
+
+    def compaction(self, widths: Sequence[int]) -> list[tuple[int, int]]:
+        """Moves ``[(src, dst)]`` that pack the busy rows into the narrowest width bucket that holds them,
+        using only free rows no session pins (empty when the busy rows already fit, or not enough such
+        rows are free below it). The caller copies the rows, then calls :meth:`move` for each."""
+        busy = [s.index for s in self.slots if s.busy]
+        if not busy:
+            return []
+        target = pick_bucket(len(busy), widths)
+        if pick_bucket(max(busy) + 1, widths) == target:
+            return []
+        out = sorted(i for i in busy if i >= target)
+        free = [s.index for s in self.slots[:target] if not s.busy and s.session_id is None]
+        return list(zip(out, free)) if len(free) >= len(out) else []
+
     def invalidate(self, slot: int) -> None:
         """Forget what a row holds (after a failure)."""
         s = self.slots[slot]

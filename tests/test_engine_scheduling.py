@@ -1,6 +1,7 @@
-"""Piggybacked prefill (``EngineConfig.piggyback_tokens``): prompts that arrive while other rows decode
-ride along the decode step. Checked against the same engine without it and against the trainer's
-full forward, on a real tiny model."""
+"""Engine scheduling on a real tiny model: piggybacked prefill (``EngineConfig.piggyback_tokens``: prompts
+that arrive while other rows decode ride along the decode step), checked against the same engine
+without it; and row compaction (the tail of a batch decodes in the narrowest width), checked against
+each request run alone."""
 
 from __future__ import annotations
 
@@ -113,3 +114,22 @@ def test_no_recompiles_after_warmup_and_config_checked(engines):
     assert before[0]["mixed"] <= len(on.widths) * len(on.lengths) * 1  # one bucket (32) rides along
     with pytest.raises(ConfigError, match="piggyback_tokens"):
         EngineConfig(piggyback_tokens=-1)
+
+
+def test_compaction_narrows_the_tail_and_keeps_every_request_s_tokens(engines):
+    """12 requests fill every row; the long ones sit in the high rows. Once the short ones finish, the
+    long ones are moved down and decode 8 rows wide, with exactly the tokens they get alone."""
+    _, off = engines
+    ps = prompts(12, seed=31, lo=3, hi=8)
+    params = [SamplingParams(temperature=0.0, max_tokens=30 if i >= 9 else 3) for i in range(12)]
+    cursor = get_tracer().cursor()
+    together = asyncio.run(staggered(off, ps, params, gap_s=0.0))
+    events = get_tracer().events_since(cursor)
+    moved = [e for e in events if e["name"] == "compact"]
+    assert moved and sum(e["args"]["rows"] for e in moved) >= 1
+    after = [e["args"]["width"] for e in events if e["name"] == "decode" and e["ts"] > moved[0]["ts"]]
+    assert after and set(after) == {off.widths[0]}  # the check can fail: the tail stays 12 wide
+    alone = [asyncio.run(off.generate(p, sp)) for p, sp in zip(ps, params)]
+    for a, b in zip(together, alone):
+        assert a.token_ids.tolist() == b.token_ids.tolist()
+    assert off._table.num_free == 12 and not off._active
