@@ -96,6 +96,18 @@ def test_config_validation_names_fields():
     assert preset("tiny").with_loss("dapo").loss == C.dapo()
 
 
+def test_default_preset_is_sized_for_a_cpu():
+    """The embedded default computes in bf16 (engine and learner), and every trajectory the engine can
+    produce fits the learner's single length bucket (one compiled gradient shape, never a too-long row)."""
+    from gymllm.algos.batching import buckets
+
+    cfg = preset("default")
+    assert cfg.rollout.engine_compute_dtype == cfg.learner.compute_dtype == "bfloat16"
+    assert cfg.rollout.engine_max_len <= cfg.learner.max_len
+    assert buckets(cfg.learner.min_bucket, cfg.learner.max_len) == (cfg.learner.max_len,)
+    assert cfg.rollout.max_turns >= 2 and cfg.model.name == "smollm2-135m-instruct"
+
+
 def test_train_config_is_tyro_compatible():
     """`gymllm train --learner.num-steps 7` parses into the frozen configs."""
     import tyro
