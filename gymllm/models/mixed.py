@@ -32,8 +32,8 @@ import jax.numpy as jnp
 from gymllm.models.cache import KVCache
 from gymllm.models.config import ModelConfig
 from gymllm.models.decode import write_new_kv
-from gymllm.models.layers import attention, causal_mask, decode_attention
-from gymllm.models.prefill import _cached_prefix, write_chunk_kv
+from gymllm.models.layers import causal_mask, decode_attention
+from gymllm.models.prefill import _cached_prefix, _chunk_attention, write_chunk_kv
 from gymllm.models.transformer import (_embed, _global_params, _layer_rest, _layer_weights, _layer_xs, _logits,
                                        _pack_like, _qkv, _unpack)
 
@@ -50,7 +50,7 @@ def chunk_attention(cfg: ModelConfig, q: jax.Array, k_own: jax.Array, v_own: jax
         ck, cv = _cached_prefix(cache, i, rows, length, q.dtype)  # [P, S, K, D] x2
         keys, values = jnp.concatenate([ck, keys], 1), jnp.concatenate([cv, values], 1)  # [P, S + T, K, D]
         mask = jnp.concatenate([(idx < positions[:, :1, None]) & (pos - idx < window), mask], 2)  # [P, T, S + T]
-    return attention(q, keys, values, mask, scale=cfg.attn_scale, softcap=cfg.attn_logit_softcap)
+    return _chunk_attention(q, keys, values, mask, scale=cfg.attn_scale, softcap=cfg.attn_logit_softcap)
 
 
 def mixed_forward(cfg: ModelConfig, params: dict[str, jax.Array], dec_tokens: jax.Array, dec_positions: jax.Array,
