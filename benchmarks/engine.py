@@ -9,6 +9,10 @@ One process, one workload per model, three schedules over the same compiled step
 * sequential: one request at a time on a 1-slot engine (batch 1, the best one-at-a-time setup),
   measured on an evenly spaced subset of the same requests (tokens/s is a rate).
 
+The 32-slot engine lets prompts of the smallest prefill bucket ride along decode steps
+(``--piggyback-tokens``, ``EngineConfig.piggyback_tokens``) and packs its active rows into the narrowest
+decode width once nobody waits (row compaction, always on); both matter to continuous batching only.
+
 Each schedule runs under every compute dtype in ``--dtypes`` (``EngineConfig.compute_dtype``: float32,
 and bfloat16 with float32 accumulation, which is faster for many rows on AMX CPUs and slower for one),
 and the headline compares each schedule in its own fastest dtype: ``continuous_vs_sequential`` is
@@ -123,11 +127,13 @@ async def sequential(engine, reqs, every: int) -> dict:
     return {"tokens": tokens, "wall_s": time.perf_counter() - t0}
 
 
-def build(lm, wl: Workload, reqs, dtype: str, decode_chunk: int = 1) -> dict:
+def build(lm, wl: Workload, reqs, dtype: str, decode_chunk: int = 1, piggyback: int = 0) -> dict:
     """A 32-slot and a 1-slot engine under one compute dtype, warmed up (compile time measured); both
-    run up to ``decode_chunk`` decode steps per device call (``JaxEngine(decode_chunk=...)``)."""
+    run up to ``decode_chunk`` decode steps per device call (``JaxEngine(decode_chunk=...)``) and let
+    prompts of up to ``piggyback`` tokens ride along decode steps (``EngineConfig.piggyback_tokens``;
+    the one-at-a-time engine never has a decode step to ride along)."""
     cfg = EngineConfig(num_slots=wl.slots, max_len=wl.max_len, min_bucket=wl.min_bucket, max_prefill_batch=4,
-                       decode_lengths=wl.decode_lengths, compute_dtype=dtype)
+                       decode_lengths=wl.decode_lengths, compute_dtype=dtype, piggyback_tokens=piggyback)
     t = time.perf_counter()
     engine = JaxEngine.from_loaded(lm, config=cfg, stop_token_ids=(), decode_chunk=decode_chunk)
     solo = JaxEngine.from_loaded(lm, config=dataclasses.replace(cfg, num_slots=1, max_prefill_batch=1),
@@ -182,9 +188,10 @@ def summarize(raw: dict) -> dict:
     }
 
 
-def bench_model(name: str, lm, wl: Workload, dtypes: list[str], decode_chunk: int = 1) -> dict:
+def bench_model(name: str, lm, wl: Workload, dtypes: list[str], decode_chunk: int = 1, piggyback: int = -1) -> dict:
     reqs = wl.requests(lm.config.vocab_size)
-    raw = asyncio.run(run_all(wl, reqs, {dt: build(lm, wl, reqs, dt, decode_chunk) for dt in dtypes}))
+    piggyback = wl.min_bucket if piggyback < 0 else piggyback  # default: prompts of the smallest bucket ride along
+    raw = asyncio.run(run_all(wl, reqs, {dt: build(lm, wl, reqs, dt, decode_chunk, piggyback) for dt in dtypes}))
     by_dtype = {dt: summarize(r) for dt, r in raw.items()}
     for dt, fig in by_dtype.items():
         print(f"[{name} {dt}] " + json.dumps(fig), flush=True)
@@ -197,6 +204,7 @@ def bench_model(name: str, lm, wl: Workload, dtypes: list[str], decode_chunk: in
     out = {
         "requests": len(reqs), "slots": wl.slots, "generated_tokens": raw[dtypes[0]]["runs"]["continuous"]["tokens"],
         "long_len": wl.long_len, "p_long": wl.p_long, "rounds": wl.rounds, "decode_chunk": decode_chunk,
+        "piggyback_tokens": piggyback,
         "tokens_per_s": {k: round(v, 1) for k, v in best.items()}, "fastest_dtype": fastest,
         "continuous_vs_static": round(best["continuous"] / best["static"], 2),
         "continuous_vs_sequential": round(best["continuous"] / best["sequential"], 2),
@@ -232,23 +240,28 @@ def main(argv: list[str] | None = None) -> dict:
                     help="decode steps per device call for every engine, continuous and one-at-a-time alike "
                          "(JaxEngine(decode_chunk=...); the trainer's default is 8)")
     ap.add_argument("--requests", type=int, default=0, help="requests per model (0: the workload's own)")
+    ap.add_argument("--piggyback-tokens", type=int, default=-1,
+                    help="EngineConfig.piggyback_tokens: prompts up to this bucket ride along decode steps "
+                         "(-1: the workload's smallest prefill bucket; 0: off, every prompt prefilled alone)")
     args = ap.parse_args(argv)
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     from gymllm.models import make_tiny
 
     models: dict[str, dict] = {}
     if not args.skip_tiny:
-        models["tiny"] = bench_model("tiny", make_tiny("llama"), workload("tiny", args), dtypes, args.decode_chunk)
+        models["tiny"] = bench_model("tiny", make_tiny("llama"), workload("tiny", args), dtypes, args.decode_chunk,
+                                     args.piggyback_tokens)
     note = "skipped by --skip-real"
     if not args.skip_real:
         real, note = load_real("smollm2-135m-instruct")
         if real is not None:
             models["smollm2-135m-instruct"] = bench_model("smollm2", real, workload("smollm2", args), dtypes,
-                                                          args.decode_chunk)
+                                                          args.decode_chunk, args.piggyback_tokens)
         else:
             print(f"[smollm2] skipped: {note}", file=sys.stderr)
     if not models:  # --skip-tiny and no real model: the tiny figures after all
-        models["tiny"] = bench_model("tiny", make_tiny("llama"), workload("tiny", args), dtypes, args.decode_chunk)
+        models["tiny"] = bench_model("tiny", make_tiny("llama"), workload("tiny", args), dtypes, args.decode_chunk,
+                                     args.piggyback_tokens)
     head_name = "smollm2-135m-instruct" if "smollm2-135m-instruct" in models else "tiny"
     head = models[head_name]
     result = {
