@@ -30,9 +30,12 @@ where trajectories spend their time; "other" in the sync run is waiting at the b
 
 Where a turn's generation goes (tiny model, 64 trajectories, measured on a loaded 2-core CPU): the
 sync turn makes ~16 prefill calls (4 rows of ~50 new tokens each: the previous sampled token and the
-observation delta, bucket 64) and ~15 decode steps 64 rows wide; device time splits about evenly.
-Prefill cost grows with rows x bucket x ``max_len`` (it attends over the whole context row: 4 x 64 at
-max_len 384 ~6 ms, at 768 ~11 ms); a decode step over 64 rows costs ~4 ms over 192 cache slots, ~6 ms
+observation delta, bucket 64) and ~15 decode steps 64 rows wide. A prefill call
+(``gymllm.models.prefill``) reads only its rows' reused prefix, in a length bucket (0, ``max_len / 2``
+or ``max_len`` here): 4 x 64 at max_len 384 ~1.4 ms without a prefix, ~3.2 ms over 192 cached slots
+(``benchmarks/prefill.py``, loaded machine; the generic cached forward it replaced carried the whole
+context rows through the layers: ~6-8 ms at max_len 384, ~11 ms at 768, when device time split about
+evenly between prefill and decode); a decode step over 64 rows costs ~4 ms over 192 cache slots, ~6 ms
 over 384; over 128 rows ~6 / ~11 ms. Per 64 trajectories x 4 turns the process spends ~0.7 CPU-s in
 XLA, ~0.13 s in the engine thread's Python, ~0.12-0.29 s on the event loop (token buffer: two
 template renders and one delta encode, ~0.3 ms per trajectory-turn) and ~0.1 s in the env threads;
