@@ -11,12 +11,14 @@ Design (one background thread owns the device; asyncio callers never block):
   rows are free, admission waits until a whole prefill batch of rows is free, so a saturated engine
   makes fewer, fuller prefill calls.
 * Compiled shapes are fixed: prefill (batch size in powers of two up to ``max_prefill_batch``) x
-  (length bucket), and decode over the first W rows for W in ``widths`` (powers of two from 8 up
-  to ``num_slots``; free rows are taken lowest first, so a lightly loaded engine runs narrow steps)
-  x the first S cache slots for S in ``lengths`` (``max_len``, ``max_len / 2``, ...: the smallest
-  covering every active row's position, so attention costs what the sequences need). ``trace_counts``
-  exposes the number of compilations (shared by engines over equal model graphs, which share the
-  compiled steps). Prefill projects only each prompt's last token onto the vocabulary.
+  (length bucket) x (cached slots read: 0, or the smallest of ``lengths`` covering every row's
+  reused prefix; :mod:`gymllm.models.prefill` reads only those, writes only real tokens), and decode
+  over the first W rows for W in ``widths`` (powers of two from 8 up to ``num_slots``; free rows are
+  taken lowest first, so a lightly loaded engine runs narrow steps) x the first S cache slots for S
+  in ``lengths`` (``max_len``, ``max_len / 2``, ...: the smallest covering every active row's
+  position, so attention costs what the sequences need). ``trace_counts`` exposes the number of
+  compilations (shared by engines over equal model graphs, which share the compiled steps). Prefill
+  projects only each prompt's last token onto the vocabulary.
 * ``EngineConfig.compute_dtype="bfloat16"`` keeps the engine's weights in bf16 (cast once, and at
   every update): matmuls in bf16 with float32 accumulation, several times faster on AMX CPUs at
   16+ rows; logits, sampling and logprobs stay float32.
