@@ -96,6 +96,7 @@ class Workload:
     decode_lengths: int  # cache-length buckets of the decode step
     decode_chunk: int  # the engine's decode steps per device call while no request waits
     compute_dtype: str | None  # the engine's compute dtype (None: the model's)
+    piggyback_tokens: int  # turns whose new tokens fit this bucket ride along decode steps (0: off)
     repeats: int
     seed: int = 0
 
@@ -132,6 +133,8 @@ def parse_args(argv=None):
     p.add_argument("--switch-interval-ms", type=float, default=None, help="sys.setswitchinterval for the run "
                    "(default: Python's 5 ms): the engine thread waits up to this long for the GIL after each "
                    "device call while the event loop runs Python")
+    p.add_argument("--piggyback-tokens", type=int, default=-1, help="EngineConfig.piggyback_tokens: a turn's new "
+                   "tokens up to this bucket ride along decode steps (-1: the smallest prefill bucket; 0: off)")
     p.add_argument("--compile-cache", default=None, help="directory for JAX's persistent compilation cache")
     p.add_argument("--decode-chunk", type=int, default=1, help="the engine's decode steps per device call "
                    "while no request waits to join (JaxEngine(decode_chunk=K); 1: one step per call)")
@@ -164,7 +167,8 @@ def workload(a, model: str) -> Workload:
                     decode_lengths=2, decode_chunk=a.decode_chunk,
                     repeats=a.smollm2_repeats if small else a.repeats, seed=a.seed,
                     compute_dtype=(None if a.smollm2_compute_dtype == "none" else a.smollm2_compute_dtype)
-                    if small else None)
+                    if small else None,
+                    piggyback_tokens=min(a.min_bucket, a.max_len) if a.piggyback_tokens < 0 else a.piggyback_tokens)
 
 
 def load_model(name: str):
@@ -269,7 +273,8 @@ def _engine(w: Workload, lm):
     # The engine is woken by every request: the idle poll (idle_wait_s) only matters for shutdown.
     engine = JaxEngine(lm.model, lm.tokenizer, decode_chunk=w.decode_chunk, config=EngineConfig(
         num_slots=w.engine_slots, max_len=w.max_len, min_bucket=min(w.min_bucket, w.max_len),
-        max_prefill_batch=w.prefill_batch, decode_lengths=w.decode_lengths, compute_dtype=w.compute_dtype))
+        max_prefill_batch=w.prefill_batch, decode_lengths=w.decode_lengths, compute_dtype=w.compute_dtype,
+        piggyback_tokens=w.piggyback_tokens))
     engine.warmup()
     return engine
 
