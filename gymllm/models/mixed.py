@@ -10,7 +10,7 @@ vLLM) costs little more than the decode step alone. ``mixed_forward`` does that 
 * decode row w attends over its cached slots ``[0, length)`` before its position plus itself
   (:func:`gymllm.models.layers.decode_attention`, as :func:`gymllm.models.decode.decode_forward`);
 * chunk p attends over cache row ``rows[p]``'s slots before the chunk's first position (a reused
-  prompt prefix) plus the chunk itself, causally (:func:`chunk_attention`, the attention of
+  prompt prefix) plus the chunk itself, causally (:func:`gymllm.models.prefill.chunk_attention`, as
   :func:`gymllm.models.prefill.prefill_forward`);
 * the cache is only read inside the scan; the new k/v of both parts come back (``[L, W, K, D]`` and
   ``[L, P, T, K, D]``) and :func:`write_mixed_kv` scatters them into the donated cache afterwards.
@@ -32,25 +32,10 @@ import jax.numpy as jnp
 from gymllm.models.cache import KVCache
 from gymllm.models.config import ModelConfig
 from gymllm.models.decode import write_new_kv
-from gymllm.models.layers import causal_mask, decode_attention
-from gymllm.models.prefill import _cached_prefix, _chunk_attention, write_chunk_kv
+from gymllm.models.layers import decode_attention
+from gymllm.models.prefill import chunk_attention, write_chunk_kv
 from gymllm.models.transformer import (_embed, _global_params, _layer_rest, _layer_weights, _layer_xs, _logits,
                                        _pack_like, _qkv, _unpack)
-
-
-def chunk_attention(cfg: ModelConfig, q: jax.Array, k_own: jax.Array, v_own: jax.Array, positions: jax.Array,
-                    rows: jax.Array, cache: KVCache, i: jax.Array, length: int, window: jax.Array) -> jax.Array:
-    """Prompt chunks' attention in layer i: q [P, T, H, D] over cache rows ``rows``' slots before each
-    chunk's start (``positions[:, 0]``; ``length`` slots read, 0: none) and the chunk's own k/v [P, T, K, D]
-    (as stored), causally, inside ``window``, in one softmax -> [P, T, H*D]."""
-    keys, values = _unpack(k_own).astype(q.dtype), _unpack(v_own).astype(q.dtype)
-    mask = causal_mask(positions, None, window)  # [P, T, T]
-    if length:
-        idx, pos = jnp.arange(length)[None, None], positions[:, :, None]  # [1, 1, S], [P, T, 1]
-        ck, cv = _cached_prefix(cache, i, rows, length, q.dtype)  # [P, S, K, D] x2
-        keys, values = jnp.concatenate([ck, keys], 1), jnp.concatenate([cv, values], 1)  # [P, S + T, K, D]
-        mask = jnp.concatenate([(idx < positions[:, :1, None]) & (pos - idx < window), mask], 2)  # [P, T, S + T]
-    return _chunk_attention(q, keys, values, mask, scale=cfg.attn_scale, softcap=cfg.attn_logit_softcap)
 
 
 def mixed_forward(cfg: ModelConfig, params: dict[str, jax.Array], dec_tokens: jax.Array, dec_positions: jax.Array,

@@ -71,6 +71,21 @@ def _chunk_attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax
     return out.astype(values.dtype).reshape(p, kh, g, t, d).transpose(0, 3, 1, 2, 4).reshape(p, t, h * d)
 
 
+def chunk_attention(cfg: ModelConfig, q: jax.Array, k_own: jax.Array, v_own: jax.Array, positions: jax.Array,
+                    rows: jax.Array, cache: KVCache, i: jax.Array, length: int, window: jax.Array) -> jax.Array:
+    """Prompt chunks' attention in layer i: q [P, T, H, D] over cache rows ``rows``' slots before each
+    chunk's start (``positions[:, 0]``; ``length`` slots read, 0: none) and the chunk's own k/v [P, T, K, D]
+    (as stored), causally, inside ``window``, in one softmax -> [P, T, H*D]."""
+    keys, values = _unpack(k_own).astype(q.dtype), _unpack(v_own).astype(q.dtype)
+    mask = causal_mask(positions, None, window)  # [P, T, T]
+    if length:
+        idx, pos = jnp.arange(length)[None, None], positions[:, :, None]  # [1, 1, S], [P, T, 1]
+        ck, cv = _cached_prefix(cache, i, rows, length, q.dtype)  # [P, S, K, D] x2
+        keys, values = jnp.concatenate([ck, keys], 1), jnp.concatenate([cv, values], 1)  # [P, S + T, K, D]
+        mask = jnp.concatenate([(idx < positions[:, :1, None]) & (pos - idx < window), mask], 2)  # [P, T, S + T]
+    return _chunk_attention(q, keys, values, mask, scale=cfg.attn_scale, softcap=cfg.attn_logit_softcap)
+
+
 def prefill_forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, positions: jax.Array,
                     rows: jax.Array, cache: KVCache, length: int | None, logits_at: jax.Array, *,
                     compute_dtype: Any = None) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -83,22 +98,13 @@ def prefill_forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.
     length = cache.k.shape[2] if length is None else length
     params = _global_params(params, compute_dtype)
     x = _embed(cfg, params, tokens)  # [P, T, E]
-    idx = jnp.arange(length)[None, None]  # [1, 1, S]
-    pos = positions[:, :, None]  # [P, T, 1]
-    before_start = idx < positions[:, :1, None]  # [P, 1, S]
 
     def layer(x, xs):
         lw, inv_l, win_l, i = xs
         lw = _layer_weights(lw, compute_dtype)
         q, kk, vv = _qkv(cfg, lw, x, positions, inv_l)  # [P, T, H, D], [P, T, K, D] x2
         k_st, v_st = _pack_like(kk, cache.k), _pack_like(vv, cache.v)  # as stored
-        keys, values = _unpack(k_st).astype(q.dtype), _unpack(v_st).astype(q.dtype)
-        mask = causal_mask(positions, None, win_l)  # [P, T, T]
-        if length:
-            ck, cv = _cached_prefix(cache, i, rows, length, q.dtype)  # [P, S, K, D] x2
-            keys, values = jnp.concatenate([ck, keys], 1), jnp.concatenate([cv, values], 1)  # [P, S+T, K, D]
-            mask = jnp.concatenate([before_start & (pos - idx < win_l), mask], 2)  # [P, T, S+T]
-        attn = _chunk_attention(q, keys, values, mask, scale=cfg.attn_scale, softcap=cfg.attn_logit_softcap)
+        attn = chunk_attention(cfg, q, k_st, v_st, positions, rows, cache, i, length, win_l)  # [P, T, H*D]
         return _layer_rest(cfg, lw, x, attn), (k_st, v_st)
 
     x, (k_new, v_new) = jax.lax.scan(layer, x, _layer_xs(cfg, params))
