@@ -26,10 +26,12 @@ def tiny_model(family: str, seed: int = 0, **kw):
     return make_tiny(family, seed=seed, **extra, **kw)
 
 
-@pytest.fixture(scope="module", params=list(FAMILIES) + ["softcaps"])
+@pytest.fixture(scope="module", params=list(FAMILIES) + ["softcaps", "wide_heads"])
 def lm(request):
     if request.param == "softcaps":  # every optional feature at once: softcaps on a Gemma 3 config
         return tiny_model("gemma3", seed=5, attn_logit_softcap=2.0, final_logit_softcap=3.0)
+    if request.param == "wide_heads":  # head_dim >= 32: float32 decode attention takes the batched-dot path
+        return tiny_model("llama", seed=6, head_dim=32)
     return tiny_model(request.param, seed=1)
 
 
