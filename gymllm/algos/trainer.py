@@ -210,7 +210,9 @@ def _default() -> TrainConfig:
     groups 0.33 -> 0.53. Seed 1 (load 3-12): all episodes 0.40 (steps 1-3) -> 0.62 (steps 10-12),
     trained groups 0.31 -> 0.67, replies 30 -> 13 tokens; 31-50 s a step at load 3-4 (~44 CPU-s a
     step). Two groups a step: the per-step curve is noisy; the rise levels off at ~0.6-0.7 after
-    ~10 steps (seed 1 ran on to 16: 0.60 over steps 14-16)."""
+    ~10 steps (seed 1 ran on to 16: 0.60 over steps 14-16). This preset as committed, seed 2, 5 steps
+    at load 3.5-4.6: 5.0 min (first step after 110 s, then 40-46 s a step, ~47 CPU-s a step), all
+    episodes 0.27 (step 1) -> 0.67 (step 5)."""
     return TrainConfig(
         model=ModelSection(name="smollm2-135m-instruct"),
         env=EnvSection(id="gymllm/ArithmeticTool-v0", kwargs={"digits": 1}, num_envs=12),
