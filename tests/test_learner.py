@@ -200,12 +200,26 @@ def test_lora_trains_only_adapters_and_starts_at_the_base():
     assert max_diff(lrn.frozen, base) == 0.0
 
 
-def test_too_long_trajectory_is_a_clear_error():
-    from gymllm.errors import ConfigError
+def test_too_long_trajectory_is_cut_to_max_len_and_counted():
+    """Rows past max_len (a truncated episode's last observation can run past the engine's context) no
+    longer abort the run: they train exactly as their first max_len positions, and are counted."""
+    from gymllm.telemetry import get_tracer
 
-    lrn = learner(max_len=8, min_bucket=8)  # rows here are up to 15 tokens
-    with pytest.raises(ConfigError, match="max_len"):
-        lrn.submit(make_groups(2))
+    def cut(groups, n):
+        for g in groups:
+            for t in g.trajectories:
+                t.token_ids, t.loss_mask = t.token_ids[:n], t.loss_mask[:n]
+                t.behaviour_logprobs, t.versions = t.behaviour_logprobs[:n], t.versions[:n]
+        return groups
+
+    tracer = get_tracer()
+    before = tracer.increment("rows_truncated", 0, track="trainer")
+    long_run = learner(max_len=8, min_bucket=8)  # rows here are up to 15 tokens
+    long_run.submit(make_groups(2))
+    assert tracer.increment("rows_truncated", 0, track="trainer") > before
+    short_run = learner(max_len=8, min_bucket=8)
+    short_run.submit(cut(make_groups(2), 9))  # 9 ids: 8 positions
+    assert max_diff(long_run.policy_params(), short_run.policy_params()) < 1e-6
 
 
 def test_buckets_per_octave_cut_padding_and_keep_every_row():

@@ -39,12 +39,21 @@ class Row:
 
 
 def row_from_trajectory(t: Trajectory, *, advantage: float, group_tokens: float, sample_id: str,
-                        group_index: int = -1) -> Row:
-    ids = np.asarray(t.token_ids, np.int32)
-    return Row(inputs=ids[:-1], targets=ids[1:], mask=np.asarray(t.loss_mask[1:], np.float32),
-               mu=np.asarray(t.behaviour_logprobs[1:], np.float32), versions=np.asarray(t.versions[1:], np.int32),
-               advantage=float(advantage), group_tokens=float(group_tokens), sample_id=sample_id,
-               group_index=group_index)
+                        group_index: int = -1, max_len: int | None = None) -> Row:
+    """``t`` as a training row; with ``max_len``, a longer one is cut to its first ``max_len`` positions
+    (what a truncated episode appends past the engine's context: the last observation, mask 0; see
+    :func:`dropped_sampled_tokens` for sampled tokens lost that way)."""
+    end = None if max_len is None else max_len + 1
+    ids = np.asarray(t.token_ids, np.int32)[:end]
+    return Row(inputs=ids[:-1], targets=ids[1:], mask=np.asarray(t.loss_mask[1:end], np.float32),
+               mu=np.asarray(t.behaviour_logprobs[1:end], np.float32),
+               versions=np.asarray(t.versions[1:end], np.int32), advantage=float(advantage),
+               group_tokens=float(group_tokens), sample_id=sample_id, group_index=group_index)
+
+
+def dropped_sampled_tokens(t: Trajectory, max_len: int) -> int:
+    """Sampled (loss-mask 1) tokens of ``t`` past a row of ``max_len`` positions."""
+    return int(np.asarray(t.loss_mask[max_len + 1:]).sum())
 
 
 def buckets(min_bucket: int, max_len: int, per_octave: int = 1) -> tuple[int, ...]:

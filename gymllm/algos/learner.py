@@ -41,7 +41,8 @@ import optax
 from gymllm.algos import advantages as adv_mod
 from gymllm.algos import aggregation as agg
 from gymllm.algos import lora as lora_mod
-from gymllm.algos.batching import Row, buckets, make_micro_batch, pack, pick_bucket, row_from_trajectory
+from gymllm.algos.batching import (Row, buckets, dropped_sampled_tokens, make_micro_batch, pack, pick_bucket,
+                                   row_from_trajectory)
 from gymllm.algos.config import LossConfig, async_agentic, check_range
 from gymllm.algos.kl import kl_reward_penalty
 from gymllm.algos.loss import LossBatch, micro_batch_loss, step_denominator
@@ -49,7 +50,7 @@ from gymllm.algos.optim import OptimizerConfig, make_optimizer, make_schedule
 from gymllm.algos.shaping import nonzero_variance, overlong_penalty
 from gymllm.algos.sharding import shard_batch, shard_params
 from gymllm.errors import ConfigError, explain
-from gymllm.telemetry import counter, span
+from gymllm.telemetry import counter, increment, span
 from gymllm.types import Group
 
 
@@ -318,7 +319,8 @@ class StreamingLearner:
         return r.astype(np.float32)
 
     def _kl_penalty(self, group: Group) -> np.ndarray:
-        rows = [row_from_trajectory(t, advantage=0.0, group_tokens=1.0, sample_id="") for t in group.trajectories]
+        rows = [row_from_trajectory(t, advantage=0.0, group_tokens=1.0, sample_id="", max_len=self.buckets[-1])
+                for t in group.trajectories]
         out = []
         for i in range(0, len(rows), self.config.micro_batch_size):
             chunk = rows[i:i + self.config.micro_batch_size]
@@ -335,8 +337,10 @@ class StreamingLearner:
         tokens = float(sum(t.num_sampled for t in group.trajectories))
         for t, a in zip(group.trajectories, advantages):
             sid = t.trajectory_id or f"{group.group_id}/{len(self._step_rows)}"
-            r = row_from_trajectory(t, advantage=float(a), group_tokens=tokens, sample_id=sid)
-            pick_bucket(r.length, self.buckets)  # a too-long row fails here, before any compute
+            r = row_from_trajectory(t, advantage=float(a), group_tokens=tokens, sample_id=sid, max_len=self.buckets[-1])
+            if len(t.token_ids) - 1 > r.length:  # a truncated episode's last observation ran past max_len: cut
+                increment("rows_truncated", 1, track="trainer")
+                increment("sampled_tokens_truncated", dropped_sampled_tokens(t, r.length), track="trainer")
             self._pending.append(r)
             self._step_rows.append(r)
         while len(self._pending) >= self.config.micro_batch_size:
