@@ -122,3 +122,27 @@ def test_compute_dtype_matches_precast_weights():
     b, kb, _ = _decode(cfg, cast, tok, pos, cache, S)
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     np.testing.assert_array_equal(np.asarray(ka), np.asarray(kb))
+
+
+@pytest.mark.parametrize("w, d", [(8, 32), (3, 32), (8, 16)])
+def test_decode_attention_paths_equal_a_numpy_reference(w, d):
+    """Both float32 forms of decode_attention (batched dots at >= 8 rows and head_dim >= 32, else the
+    elementwise one) equal one softmax over the visible cached slots plus the token itself."""
+    from gymllm.models.layers import decode_attention
+
+    rng = np.random.default_rng(w * d)
+    s, k, g = 10, 2, 3
+    q, keys, values = rng.normal(size=(w, k * g, d)), rng.normal(size=(w, s, k, d)), rng.normal(size=(w, s, k, d))
+    k_self, v_self = rng.normal(size=(w, k, d)), rng.normal(size=(w, k, d))
+    visible = rng.random((w, s)) < 0.6
+    got = decode_attention(*(jnp.asarray(a, jnp.float32) for a in (q, keys, values, k_self, v_self)),
+                           jnp.asarray(visible), scale=0.3)
+    want = np.zeros((w, k * g, d))
+    for r in range(w):
+        for h in range(k * g):
+            kv = h // g
+            ks = np.concatenate([keys[r, visible[r], kv], k_self[r, kv][None]])
+            vs = np.concatenate([values[r, visible[r], kv], v_self[r, kv][None]])
+            p = np.exp(0.3 * ks @ q[r, h] - np.max(0.3 * ks @ q[r, h]))
+            want[r, h] = (p / p.sum()) @ vs
+    np.testing.assert_allclose(np.asarray(got), want.reshape(w, -1), atol=1e-5, rtol=1e-5)

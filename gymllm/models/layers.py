@@ -127,13 +127,14 @@ def decode_attention(q: jax.Array, keys: jax.Array, values: jax.Array, k_self: j
     q [W, H, D]; keys/values [W, S, K, D] (cached slots; any float dtype); k_self/v_self [W, K, D] (the
     token's own); visible [W, S] (cached slots it may attend) -> [W, H*D] in q's dtype. Batched dots in
     q's dtype with float32 accumulation, as :func:`attention` computes; for float32 q with small heads
-    (D < 32) an elementwise multiply-and-reduce instead. Measured on XLA:CPU over 30 layers: at D = 64,
-    G = 3 (SmolLM2) the dot is 2-2.4x faster (32 rows x 96 slots: 49 vs 93 ms); at D = 16, G = 2 (the
-    tiny test model) the elementwise form is up to 1.2x faster (128 rows)."""
+    (D < 32) or fewer than 8 rows an elementwise multiply-and-reduce instead. Measured on XLA:CPU over
+    30 layers: at D = 64, G = 3 (SmolLM2) the dot is 2-2.4x faster at 8-32 rows (32 rows x 96 slots:
+    49 vs 93 ms) and slower at one row (the whole SmolLM2 step: 75-85 vs 59-62 ms); at D = 16, G = 2
+    (the tiny test model) the elementwise form is up to 1.2x faster (128 rows)."""
     w, h, d = q.shape
     kh = keys.shape[2]
     qg = q.reshape(w, kh, h // kh, d)  # [W, K, G, D]
-    low = _is_low_precision(q.dtype) or d >= 32  # "low": the dot path
+    low = _is_low_precision(q.dtype) or (d >= 32 and w >= 8)  # "low": the dot path
     if low:
         scores = jnp.einsum("wkgd,wskd->wkgs", qg, keys.astype(q.dtype), preferred_element_type=jnp.float32)
         own = jnp.einsum("wkgd,wkd->wkg", qg, k_self.astype(q.dtype), preferred_element_type=jnp.float32)
