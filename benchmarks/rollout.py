@@ -134,7 +134,8 @@ def parse_args(argv=None):
                    "(default: Python's 5 ms): the engine thread waits up to this long for the GIL after each "
                    "device call while the event loop runs Python")
     p.add_argument("--piggyback-tokens", type=int, default=-1, help="EngineConfig.piggyback_tokens: a turn's new "
-                   "tokens up to this bucket ride along decode steps (-1: the smallest prefill bucket; 0: off)")
+                   "tokens up to this bucket ride along decode steps (-1: SmolLM2 its smallest prefill bucket, tiny off "
+                   "(its steps are compute bound: riding costs as much as prefilling alone); 0: off)")
     p.add_argument("--compile-cache", default=None, help="directory for JAX's persistent compilation cache")
     p.add_argument("--decode-chunk", type=int, default=1, help="the engine's decode steps per device call "
                    "while no request waits to join (JaxEngine(decode_chunk=K); 1: one step per call)")
@@ -168,7 +169,8 @@ def workload(a, model: str) -> Workload:
                     repeats=a.smollm2_repeats if small else a.repeats, seed=a.seed,
                     compute_dtype=(None if a.smollm2_compute_dtype == "none" else a.smollm2_compute_dtype)
                     if small else None,
-                    piggyback_tokens=min(a.min_bucket, a.max_len) if a.piggyback_tokens < 0 else a.piggyback_tokens)
+                    piggyback_tokens=(min(a.min_bucket, a.smollm2_max_len)
+                                      if small else 0) if a.piggyback_tokens < 0 else a.piggyback_tokens)
 
 
 def load_model(name: str):
