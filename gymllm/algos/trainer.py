@@ -201,18 +201,11 @@ def _default() -> TrainConfig:
     mixed-precision learner (bf16 x bf16 -> f32 matmuls are 2-3.5x a float32 matmul on AMX CPUs),
     replies of at most 24 tokens (right answers take ~9: "7 - 3 = 4"), 12 trajectories (2 groups
     of 6) a step, a 160-token learner bucket for every trajectory the engine's 160-token context
-    holds; the 256 bucket (compiled only if needed) takes the rare one that ends with an observation
-    appended past the engine's context (a truncated episode keeps it: a 181-token one ended a run
-    whose learner stopped at 160).
-    Measured with replies <= 24 and the 160 bucket, 2 CPU cores shared with other jobs:
-    seed 0 (load 5-12): 12 steps in 20.4 min, first step after 2 min (compiles), then 41-66 s a step
-    at load 5-7; reward over all finished episodes 0.35 (steps 1-3) -> 0.64 (steps 10-12), trained
-    groups 0.33 -> 0.53. Seed 1 (load 3-12): all episodes 0.40 (steps 1-3) -> 0.62 (steps 10-12),
-    trained groups 0.31 -> 0.67, replies 30 -> 13 tokens; 31-50 s a step at load 3-4 (~44 CPU-s a
-    step). Two groups a step: the per-step curve is noisy; the rise levels off at ~0.6-0.7 after
-    ~10 steps (seed 1 ran on to 16: 0.60 over steps 14-16). This preset as committed, seed 2, 5 steps
-    at load 3.5-4.6: 5.0 min (first step after 110 s, then 40-46 s a step, ~47 CPU-s a step), all
-    episodes 0.27 (step 1) -> 0.67 (step 5)."""
+    holds, and a 256 bucket (compiled only if needed) for the rare one that ends with an observation
+    appended past the engine's context (longer ones are cut to 256 and counted).
+    Measured on an idle 2-core machine: 12 steps in 6.1 min; reward over every rollout 0.31 (steps
+    1-3) -> 0.71 (steps 10-12), trained groups 0.44 -> 0.69. On shared machines (load 3-12), seeds 0
+    and 1: all rollouts 0.35 -> 0.64 and 0.40 -> 0.62; the rise levels off at ~0.6-0.7 after ~10 steps."""
     return TrainConfig(
         model=ModelSection(name="smollm2-135m-instruct"),
         env=EnvSection(id="gymllm/ArithmeticTool-v0", kwargs={"digits": 1}, num_envs=12),
