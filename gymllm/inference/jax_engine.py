@@ -19,6 +19,13 @@ Design (one background thread owns the device; asyncio callers never block):
   position, so attention costs what the sequences need). ``trace_counts`` exposes the number of
   compilations (shared by engines over equal model graphs, which share the compiled steps). Prefill
   projects only each prompt's last token onto the vocabulary.
+* Piggybacking (``EngineConfig.piggyback_tokens`` > 0): prompts of a small bucket that arrive while
+  rows decode ride along the next decode step in one device call (:mod:`gymllm.inference.piggyback`;
+  mixed programs: widths x lengths x those buckets), instead of a prefill call every decoding row
+  waits for. Pays where a step costs mostly reading the weights.
+* Row compaction: when nobody waits, active rows above the narrowest width that could hold them are
+  copied into free rows no session pins (``SlotTable.compaction``), so the tail of a batch decodes
+  narrow; span "compact".
 * ``EngineConfig.compute_dtype="bfloat16"`` keeps the engine's weights in bf16 (cast once, and at
   every update): matmuls in bf16 with float32 accumulation, several times faster on AMX CPUs at
   16+ rows; logits, sampling and logprobs stay float32.
@@ -29,7 +36,8 @@ Design (one background thread owns the device; asyncio callers never block):
   tokens (the same ``session_id`` first) prefills only the rest.
 * ``update_weights(state, version)`` is thread-safe and is applied by the loop between steps, so no
   forward pass mixes versions; every token records the version of the forward that produced it.
-* Spans "prefill" / "decode" on track "engine" measure busy time.
+* Spans "prefill" / "decode" on track "engine" measure busy time (a piggybacked step is a "decode"
+  span with ``prefill`` and ``bucket`` tags).
 """
 
 from __future__ import annotations
