@@ -76,7 +76,9 @@ _sample = jax.jit(sample)
 
 @settings(max_examples=40, deadline=None)
 @given(
-    logits=st.lists(st.floats(-6, 6, allow_nan=False, width=32), min_size=B * V, max_size=B * V),
+    # no subnormals: XLA:CPU flushes them to zero (a -1.4e-45 logit ties with 0 there, not in numpy)
+    logits=st.lists(st.floats(-6, 6, allow_nan=False, allow_subnormal=False, width=32), min_size=B * V,
+                    max_size=B * V),
     ks=st.lists(st.integers(0, V + 2), min_size=B, max_size=B),
     ps=st.lists(st.floats(0.05, 1.0), min_size=B, max_size=B),
 )
