@@ -7,8 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gymllm.inference.scheduler import (
+    Placement,
     SlotTable,
     common_prefix_len,
+    decode_widths,
     halving_buckets,
     pick_bucket,
     power_of_two_buckets,
@@ -24,6 +26,9 @@ def test_buckets():
     assert halving_buckets(96, 3) == (24, 48, 96)
     assert halving_buckets(64, 1) == (64,)
     assert halving_buckets(3, 4) == (1, 2, 3)  # ceil halving, duplicates merged
+    assert decode_widths(128) == (8, 16, 24, 32, 48, 64, 96, 128)
+    assert decode_widths(12) == (8, 12) and decode_widths(32) == (8, 16, 24, 32) and decode_widths(4) == (4,)
+    assert decode_widths(40) == (8, 16, 24, 32, 40)
 
 
 def test_session_reuses_its_slot_and_prefix():
@@ -100,21 +105,38 @@ def test_common_prefix_len():
     assert common_prefix_len([1, 2], [1, 2]) == 2
 
 
-def test_compaction_moves_busy_rows_into_free_unpinned_low_rows():
+def test_compaction_swaps_busy_rows_with_idle_low_rows_empty_first_then_unpinned_then_pinned():
     t = SlotTable(16)
     for i in range(16):
         t.acquire([i], session_id=f"s{i}" if i in (1, 2) else None)
     for i in range(16):
         if i not in (12, 14):
             t.release(i, [i])
-    t.end_session("s2")  # row 1 stays pinned by s1; row 2 is free and unpinned
-    moves = t.compaction((8, 16))
-    assert moves == [(12, 0), (14, 2)]  # row 1 is pinned: skipped
-    for a, b in moves:
-        t.move(a, b)
-    assert [s.index for s in t.slots if s.busy] == [0, 2] and t.compaction((8, 16)) == []
-    with pytest.raises(ValueError, match="free unpinned"):
-        t.move(0, 1)  # row 1 is pinned by s1
+    t.end_session("s2")  # row 1 stays pinned by s1; row 2 is idle and unpinned
+    t.invalidate(5)  # row 5 holds nothing
+    swaps = t.compaction((8, 16))
+    assert swaps == [(14, 5), (12, 0)]  # the highest busy row first; an empty row, then the oldest cached one
+    for a, b in swaps:
+        t.swap(a, b)
+    assert [s.index for s in t.slots if s.busy] == [0, 5] and t.compaction((8, 16)) == []
+    assert t.slots[12].cached == [0] and not t.slots[12].busy  # row 0's prefix moved up, out of the way
+
+
+def test_compaction_trades_places_with_a_pinned_row_and_both_sessions_follow_their_rows():
+    t = SlotTable(16)
+    for i in range(16):
+        t.acquire([i], session_id=f"s{i}")
+    for i in range(16):
+        if i != 9:
+            t.release(i, [i])
+    assert t.compaction((8, 16), limit=0) == []
+    (a, b), = t.compaction((8, 16))
+    assert a == 9 and b == 0  # every idle row is pinned: the least recently used one
+    t.swap(a, b)
+    assert t.sessions["s9"] == 0 and t.sessions["s0"] == 9
+    assert t.slots[0].busy and not t.slots[9].busy and t.slots[9].cached == [0] and t.slots[0].session_id == "s9"
+    t.release(0, [9, 10])
+    assert t.acquire([0, 5], session_id="s0") == Placement(9, 1)  # s0 reuses its prefix in its new row
 
 
 def test_a_moved_row_keeps_its_session():
@@ -127,5 +149,5 @@ def test_a_moved_row_keeps_its_session():
     t.acquire([8, 9], session_id="a")  # takes row 8 again (its prefix [8])
     assert t.sessions["a"] == 8
     (a, b), = t.compaction((8, 16))
-    t.move(a, b)
+    t.swap(a, b)
     assert t.sessions["a"] == b < 8 and t.slots[b].session_id == "a" and t.slots[8].session_id is None

@@ -33,6 +33,10 @@ class EngineConfig:
         many tokens join while other rows decode by riding along the decode step, one device call for
         both (:mod:`gymllm.inference.piggyback`), instead of a prefill call of their own that every
         decoding row waits for. 0: off. Compiled shapes: widths x lengths x those buckets, more.
+    compact_rows: before each decode step, move the active rows into the narrowest decode width that
+        holds them (swapping places with idle rows; cached prefixes move with their rows). False: a
+        row decodes where it was placed until it finishes (a batch's steps keep the width of its
+        highest row), as a static-batching server does.
     """
 
     num_slots: int = 16
@@ -45,6 +49,7 @@ class EngineConfig:
     decode_lengths: int = 4
     compute_dtype: str | None = None
     piggyback_tokens: int = 0
+    compact_rows: bool = True
 
     def __post_init__(self) -> None:
         def need(ok: bool, field: str, expected: str, fix: str) -> None:
@@ -64,5 +69,6 @@ class EngineConfig:
              "use e.g. 4 (1: always attend over the whole context)")
         need(isinstance(self.piggyback_tokens, int) and self.piggyback_tokens >= 0, "piggyback_tokens",
              "an int >= 0", "use 0 (off) or a prompt length bucket such as 64")
+        need(isinstance(self.compact_rows, bool), "compact_rows", "a bool", "use True (default) or False")
         need(self.compute_dtype in _COMPUTE_DTYPES, "compute_dtype", f"one of {_COMPUTE_DTYPES}",
              'use None (the model\'s dtype) or "bfloat16"')

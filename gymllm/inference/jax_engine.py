@@ -13,7 +13,8 @@ Design (one background thread owns the device; asyncio callers never block):
 * Compiled shapes are fixed: prefill (batch size in powers of two up to ``max_prefill_batch``) x
   (length bucket) x (cached slots read: 0, or the smallest of ``lengths`` covering every row's
   reused prefix; :mod:`gymllm.models.prefill` reads only those, writes only real tokens), and decode
-  over the first W rows for W in ``widths`` (powers of two from 8 up to ``num_slots``; free rows are
+  over the first W rows for W in ``widths`` (powers of two from 8 up to ``num_slots``, and 24, 48, 96...:
+  :func:`~gymllm.inference.scheduler.decode_widths`; free rows are
   taken lowest first, so a lightly loaded engine runs narrow steps) x the first S cache slots for S
   in ``lengths`` (``max_len``, ``max_len / 2``, ...: the smallest covering every active row's
   position, so attention costs what the sequences need). ``trace_counts`` exposes the number of
@@ -23,9 +24,10 @@ Design (one background thread owns the device; asyncio callers never block):
   rows decode ride along the next decode step in one device call (:mod:`gymllm.inference.piggyback`;
   mixed programs: widths x lengths x those buckets), instead of a prefill call every decoding row
   waits for. Pays where a step costs mostly reading the weights.
-* Row compaction: when nobody waits, active rows above the narrowest width that could hold them are
-  copied into free rows no session pins (``SlotTable.compaction``), so the tail of a batch decodes
-  narrow; span "compact".
+* Row compaction (``EngineConfig.compact_rows``): before a decode step, active rows above the narrowest
+  width that could hold them trade places with idle rows below it (``SlotTable.compaction``; a
+  session's cached prefix moves with its row), so the tail of a batch decodes narrow, and so do
+  steps while many trajectories wait on tools with their rows pinned; span "compact".
 * ``EngineConfig.compute_dtype="bfloat16"`` keeps the engine's weights in bf16 (cast once, and at
   every update): matmuls in bf16 with float32 accumulation, several times faster on AMX CPUs at
   16+ rows; logits, sampling and logprobs stay float32.
@@ -62,7 +64,8 @@ from gymllm.inference.config import EngineConfig
 from gymllm.inference.params import SamplingParams
 from gymllm.inference.piggyback import make_mixed_step
 from gymllm.inference.sampling import request_key
-from gymllm.inference.scheduler import Placement, SlotTable, halving_buckets, pick_bucket, power_of_two_buckets
+from gymllm.inference.scheduler import (Placement, SlotTable, decode_widths, halving_buckets, pick_bucket,
+                                        power_of_two_buckets)
 from gymllm.inference.steps import make_steps
 from gymllm.telemetry import counter, span
 
@@ -195,7 +198,7 @@ class JaxEngine:
             self._decode_k, self.chunk_trace_counts = make_decode_chunk(self._graphdef, self.decode_chunk)
         self.buckets = power_of_two_buckets(cfg.max_len, cfg.min_bucket)
         self.batch_sizes = power_of_two_buckets(cfg.max_prefill_batch, 1)
-        self.widths = power_of_two_buckets(cfg.num_slots, min(8, cfg.num_slots))  # decode row counts
+        self.widths = decode_widths(cfg.num_slots)  # decode row counts
         self.lengths = halving_buckets(cfg.max_len, cfg.decode_lengths)  # decode cache lengths
         self._table = SlotTable(cfg.num_slots)
         self._rng = np.random.default_rng(cfg.seed)
@@ -217,7 +220,7 @@ class JaxEngine:
         self._h_temp = np.zeros(s, np.float32)
         self._h_topk = np.zeros(s, np.int32)
         self._h_topp = np.ones(s, np.float32)
-        self._max_moves = max(1, s // 2)  # rows one compaction moves at most (see SlotTable.compaction)
+        self._copy_sizes = power_of_two_buckets(s, min(4, s))  # rows one compaction copies (padded to these)
         self._thread = threading.Thread(target=self._run, name="gymllm-jax-engine", daemon=True)
         self._thread.start()
 
@@ -369,8 +372,8 @@ class JaxEngine:
                         self._call_decode_chunk(1, w, n)
                     else:
                         self._call_decode(w, n)
-            self._cache = _copy_rows(self._cache, np.zeros(self._max_moves, np.int32),
-                                     np.full(self._max_moves, self.config.num_slots, np.int32))
+            for n in self._copy_sizes if self.config.compact_rows else ():
+                self._cache = _copy_rows(self._cache, np.zeros(n, np.int32), np.full(n, self.config.num_slots, np.int32))
             p = self.config.max_prefill_batch
             for t in (b for b in self.buckets if b <= min(limit, self.config.piggyback_tokens)):
                 pre = (np.zeros((p, t), np.int32), np.zeros((p, t), np.int32), np.full(p, self.config.num_slots, np.int32),
@@ -724,22 +727,26 @@ class JaxEngine:
         )
 
     def _compact(self) -> None:
-        """With nobody waiting, pack the active rows into the narrowest decode width that holds them
-        (copying rows into free rows no session pins): at the tail of a batch, a few long requests
-        left in high rows would otherwise keep every step as wide as the busiest moment."""
-        with self._cv:
-            moves = [] if self._waiting else self._table.compaction(self.widths)
-        if not moves:
+        """Before a decode step, pack the active rows into the narrowest decode width that holds them: each
+        active row above it trades places with an idle row below it (a session's cached prefix moves up
+        with its row). Rows pinned by trajectories waiting on tools, or the long requests left at the tail
+        of a batch, would otherwise keep every step as wide as the busiest moment."""
+        if not self.config.compact_rows:
             return
-        src = np.zeros(self._max_moves, np.int32)
-        dst = np.full(self._max_moves, self.config.num_slots, np.int32)  # padding: dropped
-        src[: len(moves)], dst[: len(moves)] = zip(*moves)
-        with span("compact", track="engine", rows=len(moves)):
-            self._cache = _copy_rows(self._cache, src, dst)
         with self._cv:
-            for a, b in moves:
-                self._table.move(a, b)
-        for a, b in moves:
+            swaps = self._table.compaction(self.widths, self.config.num_slots // 2)
+            back = [(b, a) for a, b in swaps if self._table.slots[b].cached]  # idle rows holding a prefix
+        if not swaps:
+            return
+        src, dst = (list(x) for x in zip(*(swaps + back)))  # a busy row down; an idle prefix up
+        n = pick_bucket(len(src), self._copy_sizes)
+        with span("compact", track="engine", rows=len(swaps), copies=len(src)):
+            self._cache = _copy_rows(self._cache, np.array(src + [0] * (n - len(src)), np.int32),
+                                     np.array(dst + [self.config.num_slots] * (n - len(dst)), np.int32))
+        with self._cv:
+            for a, b in swaps:
+                self._table.swap(a, b)
+        for a, b in swaps:
             req = self._active.pop(a)
             req.placement = Placement(b, req.placement.reuse_len)
             self._active[b] = req

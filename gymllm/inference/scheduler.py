@@ -30,6 +30,15 @@ def power_of_two_buckets(limit: int, smallest: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+def decode_widths(limit: int, smallest: int = 8) -> tuple[int, ...]:
+    """Decode step widths (rows) up to ``limit``: powers of two from ``smallest``, and from 24 rows on
+    also 1.5x each power of two (24, 48, 96, ...), so a step over n active rows (packed at the front)
+    pays for at most a third more rows than it needs where steps are wide; ``limit`` closes the set."""
+    pow2 = power_of_two_buckets(limit, min(smallest, limit))
+    mids = {3 * b // 2 for b in pow2 if 3 * b // 2 >= 24 and 3 * b // 2 < limit}
+    return tuple(sorted(set(pow2) | mids))
+
+
 def halving_buckets(limit: int, count: int) -> tuple[int, ...]:
     """Up to ``count`` sizes ``limit``, ``ceil(limit / 2)``, ``ceil(limit / 4)``, ... ascending (distinct)."""
     return tuple(sorted({-(-limit // 2**k) for k in range(count)}))
@@ -137,31 +146,34 @@ class SlotTable:
         s.version = version
         s.last_used = self._tick()
 
-    def move(self, src: int, dst: int) -> None:
-        """A busy row's k/v were copied from row ``src`` to the free, unpinned row ``dst``: ``dst`` takes
-        over the request and its session; ``src`` becomes free and empty."""
-        a, b = self.slots[src], self.slots[dst]
-        if not a.busy or b.busy or b.session_id is not None:
-            raise ValueError(f"move: expected a busy row and a free unpinned one, received rows {src} "
-                             f"(busy={a.busy}) -> {dst} (busy={b.busy}, session={b.session_id!r})")
-        b.busy, b.cached, b.version, b.last_used, b.session_id = True, a.cached, a.version, a.last_used, a.session_id
-        if a.session_id is not None:
-            self.sessions[a.session_id] = dst
-        a.busy, a.cached, a.session_id = False, [], None
+    def swap(self, a: int, b: int) -> None:
+        """Rows ``a`` and ``b`` exchanged their k/v (the caller copied them): each row's request, prefix
+        and session now belong to the other index."""
+        x, y = self.slots[a], self.slots[b]
+        for f in ("busy", "cached", "session_id", "last_used", "version"):
+            vx, vy = getattr(x, f), getattr(y, f)
+            setattr(x, f, vy)
+            setattr(y, f, vx)
+        for s in (x, y):
+            if s.session_id is not None:
+                self.sessions[s.session_id] = s.index
 
-    def compaction(self, widths: Sequence[int]) -> list[tuple[int, int]]:
-        """Moves ``[(src, dst)]`` that pack the busy rows into the narrowest width bucket that holds them,
-        using only free rows no session pins (empty when the busy rows already fit, or not enough such
-        rows are free below it). The caller copies the rows, then calls :meth:`move` for each."""
+    def compaction(self, widths: Sequence[int], limit: int | None = None) -> list[tuple[int, int]]:
+        """Swaps ``[(busy, idle)]`` that pack the busy rows into the narrowest width bucket holding them:
+        each busy row at or above it trades places with an idle row below it (empty rows first, then
+        unpinned cached ones, then the least recently used pinned ones: a waiting session keeps its
+        prefix, in a higher row). Empty when the busy rows already fit; at most ``limit`` swaps, the
+        highest busy rows first. The caller copies the rows, then calls :meth:`swap` for each."""
         busy = [s.index for s in self.slots if s.busy]
         if not busy:
             return []
         target = pick_bucket(len(busy), widths)
         if pick_bucket(max(busy) + 1, widths) == target:
             return []
-        out = sorted(i for i in busy if i >= target)
-        free = [s.index for s in self.slots[:target] if not s.busy and s.session_id is None]
-        return list(zip(out, free)) if len(free) >= len(out) else []
+        out = sorted((i for i in busy if i >= target), reverse=True)[:limit]
+        idle = sorted((s for s in self.slots[:target] if not s.busy),
+                      key=lambda s: (s.session_id is not None, bool(s.cached), s.last_used))
+        return [(a, s.index) for a, s in zip(out, idle)]
 
     def invalidate(self, slot: int) -> None:
         """Forget what a row holds (after a failure)."""
