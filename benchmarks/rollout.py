@@ -214,25 +214,41 @@ def _trajectory_figures(trajs: list, wall: float) -> dict:
             "overhead_share": max(0.0, 1.0 - (gen + env) / life)}
 
 
-async def run_async(w: Workload, lm, engine, *, latency: bool, n_traj: int, concurrency: int) -> dict:
+async def run_async(w: Workload, lm, engine, *, latency: bool, n_traj: int, concurrency: int,
+                    stream: bool = True) -> dict:
+    """The orchestrator until ``n_traj`` trajectories are consumed.
+
+    ``stream`` (how a trainer runs it): groups are admitted without end, so the next step's rollouts
+    run while this step's finish, and the figures are steady-state: the clock starts when the first
+    rollout batch (``w.trajectories``) has been consumed and stops at the ``n_traj``-th trajectory
+    after it (those in flight at either end are neither counted nor drained). Else exactly ``n_traj``
+    are admitted, timed from the start, and the run drains to the last one."""
     from gymllm.rollout import ModelAgent, RolloutConfig, RolloutOrchestrator
 
     vec = make_envs(w, concurrency, latency)
-    cfg = RolloutConfig(group_size=w.group_size, max_concurrency=concurrency, num_groups=n_traj // w.group_size,
-                        max_staleness=None, seed=w.seed, max_model_calls=w.turns + 1, queue_size=n_traj)
+    cfg = RolloutConfig(group_size=w.group_size, max_concurrency=concurrency,
+                        num_groups=None if stream else n_traj // w.group_size, max_staleness=None, seed=w.seed,
+                        max_model_calls=w.turns + 1, queue_size=n_traj // w.group_size)
     orch = RolloutOrchestrator(vec, engine, ModelAgent(lm.tokenizer), sampling=_sampling(w), config=cfg)
+    skip = w.trajectories if stream else 0
     trajs: list = []
     t0 = time.perf_counter()
     try:
         async with orch:
             async for g in orch.groups():
                 trajs.extend(g.trajectories)
+                if len(trajs) == skip:  # steady state from here (a batch is a whole number of groups)
+                    t0 = time.perf_counter()
+                    orch.engine.reset_clock()
+                if len(trajs) >= skip + n_traj:
+                    break
             wall = time.perf_counter() - t0
             stats = orch.stats()
             if stats.get("groups_failed"):
                 print(f"  warning: {stats['groups_failed']} groups failed: {stats['errors'][:2]}", flush=True)
     finally:
         vec.close()
+    trajs = trajs[skip:]
     return {"trajectories": len(trajs), "wall_s": wall, "traj_per_s": len(trajs) / wall,
             "engine_busy_fraction": stats["engine_busy_fraction"], "loop_lag_p99_ms": stats["loop_lag_p99_ms"],
             **_trajectory_figures(trajs, wall)}
@@ -302,12 +318,14 @@ def bench_model(a, name: str) -> dict | None:
     asyncio.run(_with_engine(w, lm, lambda e: run_async(  # compiles every shape once (later engines reuse
         w, lm, e, latency=False, n_traj=w.group_size * 2, concurrency=w.concurrency)))  # the programs)
     print(f"[{name}] warm-up (compile) {time.perf_counter() - t:.1f} s", flush=True)
+    total, c, n = w.total, w.concurrency, w.trajectories
     runs = {
-        "ceiling": lambda e: run_async(w, lm, e, latency=False, n_traj=w.total, concurrency=w.concurrency),
-        "async": lambda e: run_async(w, lm, e, latency=True, n_traj=w.total, concurrency=w.concurrency),
+        "ceiling": lambda e: run_async(w, lm, e, latency=False, n_traj=total, concurrency=c),
+        "async": lambda e: run_async(w, lm, e, latency=True, n_traj=total, concurrency=c),
         "sync": lambda e: run_sync(w, lm, e),
-        "narrow": lambda e: run_async(w, lm, e, latency=True, n_traj=w.total, concurrency=w.trajectories),
-        "one_batch": lambda e: run_async(w, lm, e, latency=True, n_traj=w.trajectories, concurrency=w.trajectories),
+        "narrow": lambda e: run_async(w, lm, e, latency=True, n_traj=total, concurrency=n),
+        "drained": lambda e: run_async(w, lm, e, latency=True, n_traj=total, concurrency=c, stream=False),
+        "one_batch": lambda e: run_async(w, lm, e, latency=True, n_traj=n, concurrency=n, stream=False),
     }
     res: dict[str, dict] = {}
     for _ in range(w.repeats):  # interleaved repeats; the best of each mode (the machine is shared)
@@ -327,6 +345,7 @@ def bench_model(a, name: str) -> dict | None:
         "async_vs_ceiling": res["async"]["traj_per_s"] / res["ceiling"]["traj_per_s"],
         "ceiling_vs_sync": res["ceiling"]["traj_per_s"] / res["sync"]["traj_per_s"],
         "async_narrow_vs_sync": res["narrow"]["traj_per_s"] / res["sync"]["traj_per_s"],
+        "async_drained_vs_sync": res["drained"]["traj_per_s"] / res["sync"]["traj_per_s"],
         "engine_busy_fraction": res["async"]["engine_busy_fraction"],
         "sync_engine_busy_fraction": res["sync"]["engine_busy_fraction"],
         "ceiling_engine_busy_fraction": res["ceiling"]["engine_busy_fraction"],
