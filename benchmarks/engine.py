@@ -5,13 +5,17 @@ One process, one workload per model, three schedules over the same compiled step
 * continuous: every request is submitted when it arrives and joins the running batch between decode
   steps (``num_slots`` = 32 concurrent);
 * static: requests run in waves of ``num_slots``; a wave starts when all its requests have arrived
-  and the previous wave has finished (so every wave waits for its longest member);
+  and the previous wave has finished (so every wave waits for its longest member). As a static
+  batching server does, a wave's rows stay where they were placed until they finish (an engine with
+  ``EngineConfig.compact_rows=False``): its steps keep the width of its highest unfinished row.
+  ``static_compacted`` runs the same waves on the continuous engine, whose row compaction moves a
+  wave's long tail into the narrowest width (``continuous_vs_static_compacted``);
 * sequential: one request at a time on a 1-slot engine (batch 1, the best one-at-a-time setup),
   measured on an evenly spaced subset of the same requests (tokens/s is a rate).
 
 The 32-slot engine lets SmolLM2's prompts of the smallest prefill bucket ride along decode steps
-(``--piggyback-tokens``, ``EngineConfig.piggyback_tokens``; off for the tiny model, see WORKLOADS) and packs its active rows into the narrowest
-decode width once nobody waits (row compaction, always on); both matter to continuous batching only.
+(``--piggyback-tokens``, ``EngineConfig.piggyback_tokens``; off for the tiny model, see WORKLOADS) and packs its
+active rows into the narrowest decode width before each step (``EngineConfig.compact_rows``).
 
 Each schedule runs under every compute dtype in ``--dtypes`` (``EngineConfig.compute_dtype``: float32,
 and bfloat16 with float32 accumulation, which is faster for many rows on AMX CPUs and slower for one),
@@ -141,12 +145,14 @@ def build(lm, wl: Workload, reqs, dtype: str, decode_chunk: int = 1, piggyback: 
                        decode_lengths=wl.decode_lengths, compute_dtype=dtype, piggyback_tokens=piggyback)
     t = time.perf_counter()
     engine = JaxEngine.from_loaded(lm, config=cfg, stop_token_ids=(), decode_chunk=decode_chunk)
+    fixed = JaxEngine.from_loaded(lm, config=dataclasses.replace(cfg, compact_rows=False), stop_token_ids=(),
+                                  decode_chunk=decode_chunk)  # static batching: rows stay put
     solo = JaxEngine.from_loaded(lm, config=dataclasses.replace(cfg, num_slots=1, max_prefill_batch=1),
                                  stop_token_ids=(), decode_chunk=decode_chunk)
     max_prompt = max(len(p) for p, _ in reqs)
-    engine.warmup(max_prompt)
-    solo.warmup(max_prompt)
-    return {"engine": engine, "solo": solo, "compile_s": time.perf_counter() - t}
+    for e in (engine, fixed, solo):
+        e.warmup(max_prompt)
+    return {"engine": engine, "fixed": fixed, "solo": solo, "compile_s": time.perf_counter() - t}
 
 
 async def run_all(wl: Workload, reqs, setups: dict[str, dict]) -> dict[str, dict]:
@@ -162,16 +168,17 @@ async def run_all(wl: Workload, reqs, setups: dict[str, dict]) -> dict[str, dict
     gaps = np.random.default_rng(1).exponential(1.0, size=len(reqs))
     arrivals = np.cumsum(gaps) / gaps.sum() * span
     arrivals -= arrivals[0]
-    runs = {dt: {"continuous": [], "static": [], "sequential": []} for dt in setups}
+    runs = {dt: {"continuous": [], "static": [], "static_compacted": [], "sequential": []} for dt in setups}
     for _ in range(wl.rounds):
         for dt, st in setups.items():
             runs[dt]["continuous"].append(await continuous(st["engine"], reqs, arrivals))
-            runs[dt]["static"].append(await static(st["engine"], reqs, arrivals, wl.slots))
+            runs[dt]["static"].append(await static(st["fixed"], reqs, arrivals, wl.slots))
+            runs[dt]["static_compacted"].append(await static(st["engine"], reqs, arrivals, wl.slots))
             runs[dt]["sequential"].append(await sequential(st["solo"], reqs, wl.seq_every))
     out = {}
     for dt, st in setups.items():
-        await st["engine"].close()
-        await st["solo"].close()
+        for e in ("engine", "fixed", "solo"):
+            await st[e].close()
         best = {k: max(v, key=lambda r: r["tokens"] / r["wall_s"]) for k, v in runs[dt].items()}
         out[dt] = {"runs": best, "step_s": st["step_s"], "idle": st["idle"], "compile_s": st["compile_s"],
                    "tps": {k: r["tokens"] / r["wall_s"] for k, r in best.items()},
@@ -185,6 +192,7 @@ def summarize(raw: dict) -> dict:
     return {
         "tokens_per_s": {k: round(v, 1) for k, v in tps.items()},
         "continuous_vs_static": round(tps["continuous"] / tps["static"], 2),
+        "continuous_vs_static_compacted": round(tps["continuous"] / tps["static_compacted"], 2),
         "continuous_vs_sequential": round(tps["continuous"] / tps["sequential"], 2),
         "ttft_ms_p50": round(1000 * float(np.median(cont["ttft_s"])), 1),
         "ttft_ms_p90": round(1000 * float(np.quantile(cont["ttft_s"], 0.9)), 1),
@@ -203,7 +211,8 @@ def bench_model(name: str, lm, wl: Workload, dtypes: list[str], decode_chunk: in
     # each schedule's dtype is chosen by its median round, then its best round counts: choosing by the best
     # round would hand the noisier schedule (one-at-a-time, when the dtypes are equally fast, as on the tiny
     # model) the best of twice as many samples
-    fastest = {k: max(dtypes, key=lambda dt: raw[dt]["median_tps"][k]) for k in ("continuous", "static", "sequential")}
+    fastest = {k: max(dtypes, key=lambda dt: raw[dt]["median_tps"][k])
+               for k in ("continuous", "static", "static_compacted", "sequential")}
     head = by_dtype[fastest["continuous"]]
     best = {k: raw[dt]["tps"][k] for k, dt in fastest.items()}
     out = {
@@ -212,6 +221,7 @@ def bench_model(name: str, lm, wl: Workload, dtypes: list[str], decode_chunk: in
         "piggyback_tokens": piggyback,
         "tokens_per_s": {k: round(v, 1) for k, v in best.items()}, "fastest_dtype": fastest,
         "continuous_vs_static": round(best["continuous"] / best["static"], 2),
+        "continuous_vs_static_compacted": round(best["continuous"] / best["static_compacted"], 2),
         "continuous_vs_sequential": round(best["continuous"] / best["sequential"], 2),
         "ttft_ms_p50": head["ttft_ms_p50"], "ttft_ms_p90": head["ttft_ms_p90"], "ttft_ms_idle": head["ttft_ms_idle"],
         "by_dtype": by_dtype,
@@ -273,6 +283,7 @@ def main(argv: list[str] | None = None) -> dict:
         "continuous_vs_static": head["continuous_vs_static"],
         "continuous_vs_sequential": head["continuous_vs_sequential"],
         "ttft_ms_p50": head["ttft_ms_p50"],
+        "continuous_vs_static_compacted": head["continuous_vs_static_compacted"],
         "headline_model": head_name, "concurrent": head["slots"], "quick": args.quick, "dtypes": dtypes,
         "fastest_dtype": head["fastest_dtype"], "decode_chunk": args.decode_chunk, "models": models,
     }
