@@ -10,12 +10,18 @@ consecutive rollout batches are measured, as a trainer runs many (a single batch
 * sync     the synchronous baseline as a synchronous trainer runs it: the whole rollout batch at
            once (all its trajectories in the engine together), step all envs, repeat; batch after
            batch (the next batch needs the new weights, so batches never overlap);
-* async    RolloutOrchestrator streaming all ``batches x trajectories`` trajectories with
-           ``--concurrency`` in flight (default 2 x trajectories: what the AReaL staleness bound
-           eta = 1 admits with 64-trajectory steps; no learner here, so no staleness gate);
-* ceiling  the async run with zero env latency: the generation-bound upper limit;
+* async    RolloutOrchestrator streaming groups as a trainer consumes them, ``--concurrency``
+           trajectories in flight (default 2 x trajectories: what the AReaL staleness bound eta = 1
+           admits with 64-trajectory steps; no learner here, so no staleness gate), timed in steady
+           state: from the moment the first rollout batch has been consumed to the moment
+           ``batches x trajectories`` more have been (the next step's trajectories are already
+           running at both ends, as in training; the ones in flight at the end are not counted);
+* ceiling  the async run with zero env latency: the generation-bound upper limit (same timing);
 * narrow   the async run with only ``--trajectories`` in flight (the sync batch's width): separates
            hiding tool latency from running wider engine batches (``async_narrow_vs_sync``);
+* drained  the async orchestrator admitting exactly ``batches x trajectories`` and timed from the
+           start to the last one (``async_drained_vs_sync``): the end of a training run, when the
+           last heavy-tailed trajectories finish with nothing left to admit behind them;
 * one-batch  the async orchestrator on a single batch (``--trajectories`` trajectories, as many in
            flight) against the sync time of one batch. A single batch's makespan is at least its
            slowest trajectory's, so even at zero generation cost this ratio is at most ~1.95x here
@@ -27,6 +33,11 @@ Reading the figures: ``async_vs_sync`` <= ``ceiling_vs_sync`` = (sync generation
 model): on a machine where one 64-trajectory turn generates in about the max tool latency (~1 s), no
 schedule reaches 3x. The per-run "lifetime shares" (generation / env / other, Little's law) show
 where trajectories spend their time; "other" in the sync run is waiting at the barriers.
+``async_vs_ceiling`` near 1 needs the async run's device work per token to match the ceiling's: with
+~40% of the in-flight trajectories waiting on their env, their rows stay pinned (their k/v are reused
+next turn), and the engine's row compaction swaps them out of the way so each decode step runs only
+about as wide as the rows that decode (measured idle: async decode/prefill device time 1.10x the
+ceiling's for the same trajectories; 1.33x when steps stayed as wide as the highest pinned row).
 
 Where a turn's generation goes (tiny model, 64 trajectories, measured on a loaded 2-core CPU): the
 sync turn makes ~16 prefill calls (4 rows of ~50 new tokens each: the previous sampled token and the
