@@ -142,6 +142,9 @@ class ToyModel:
                        "model.norm.weight": torch.ones(4, dtype=torch.bfloat16)}
         self.received: list[dict[str, Any]] = []  # every load_weights call, as received
 
+    def parameters(self):  # as torch.nn.Module's
+        return iter(self.params.values())
+
     def load_weights(self, weights: Any) -> set[str]:
         batch = {name: t.clone() for name, t in weights}
         for name, t in batch.items():

@@ -97,7 +97,9 @@ class WeightLoaderExtension:
         import torch
 
         weights = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        self.model_runner.model.load_weights(weights=list(weights.items()))
+        model = self.model_runner.model
+        device = next(model.parameters()).device  # one tensor at a time on the device, as vLLM's loaders expect
+        model.load_weights(weights=((name, t.to(device)) for name, t in weights.items()))
         return len(weights)
 
 
