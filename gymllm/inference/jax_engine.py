@@ -553,7 +553,7 @@ class JaxEngine:
                     length: int | None = None) -> tuple[np.ndarray, np.ndarray, int]:
         """The piggybacked call: decode rows [0, W) (W, and the cache length read, cover the active rows
         and every chunk's start unless given); returns (tokens [W + P], logprobs [W + P], W)."""
-        w = width or pick_bucket(max(self._active, default=0) + 1, self.widths)
+        w = width or self._width()
         top = max([int(self._h_pos[s]) + 1 for s in self._active] + [int(positions[:, 0].max())])
         n = length or pick_bucket(max(top, 1), self.lengths)
         h = lambda a, b: np.concatenate([a[:w], b])  # noqa: E731  decode rows, then chunks
@@ -597,7 +597,7 @@ class JaxEngine:
     def _call_decode(self, width: int | None = None, length: int | None = None):
         """One decode step over rows [0, width) attending over cache slots [0, length); each defaults to
         the smallest that covers every active row (its slot / its position)."""
-        w = width or pick_bucket(max(self._active, default=0) + 1, self.widths)
+        w = width or self._width()
         n = length or self._decode_length(w, max((int(self._h_pos[s]) for s in self._active), default=0))
         with span("decode", track="engine", active=len(self._active), width=w, length=n):
             self._cache, tok, logp = self._decode(
@@ -605,6 +605,10 @@ class JaxEngine:
                 self._h_temp[:w], self._h_topk[:w], self._h_topp[:w], n,
             )
             return np.asarray(tok), np.asarray(logp)
+
+    def _width(self) -> int:
+        """The narrowest decode width covering every active row (rows [0, W) are decoded)."""
+        return pick_bucket(max(self._active, default=0) + 1, self.widths)
 
     def _decode_length(self, width: int, max_pos: int) -> int:
         """The cache length a decode step over ``width`` rows attends over when no active row is past
@@ -655,7 +659,7 @@ class JaxEngine:
 
     def _call_decode_chunk(self, k: int, width: int | None = None, length: int | None = None):
         """Up to ``k`` decode steps in one call; returns (tokens [k', W], logprobs [k', W], steps run k')."""
-        w = width or pick_bucket(max(self._active, default=0) + 1, self.widths)
+        w = width or self._width()
         stop = np.full((w, MAX_STOP_IDS), -1, np.int32)
         budget = np.zeros(w, np.int32)
         last = 0
