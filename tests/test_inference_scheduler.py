@@ -66,16 +66,30 @@ def test_full_table_and_eviction():
 
 
 ops = st.lists(
-    st.tuples(st.sampled_from(["acquire", "release"]), st.lists(st.integers(0, 3), min_size=1, max_size=6),
+    st.tuples(st.sampled_from(["acquire", "release", "compact"]), st.lists(st.integers(0, 3), min_size=1, max_size=6),
               st.sampled_from([None, "s0", "s1", "s2"])),
     max_size=40,
 )
 
 
-@settings(max_examples=50, deadline=None)
-@given(ops=ops, num_slots=st.integers(1, 4))
+def _compact(t: SlotTable, widths, content: dict, busy: dict) -> None:
+    """Apply the table's compaction as the engine does (rows' k/v swapped), checking its promises."""
+    swaps = t.compaction(widths)
+    target = pick_bucket(len(busy), widths) if busy else 0
+    for a, b in swaps:
+        assert a in busy and b not in busy and b < target <= a
+        content[a], content[b] = content[b], content[a]
+        busy[b] = busy.pop(a)
+        t.swap(a, b)
+    if busy:
+        assert pick_bucket(max(busy) + 1, widths) == pick_bucket(len(busy), widths)  # packed: the narrowest width
+
+
+@settings(max_examples=80, deadline=None)
+@given(ops=ops, num_slots=st.integers(1, 6))
 def test_slot_table_invariants(ops, num_slots):
     t = SlotTable(num_slots)
+    widths = power_of_two_buckets(num_slots, 1)
     content = {i: [] for i in range(num_slots)}  # what each row really holds
     busy: dict[int, list[int]] = {}
     for op, prompt, sid in ops:
@@ -90,13 +104,41 @@ def test_slot_table_invariants(ops, num_slots):
             if sid is not None:
                 assert t.sessions[sid] == pl.slot
             busy[pl.slot] = prompt
+        elif op == "compact":
+            _compact(t, widths, content, busy)
         elif busy:
-            slot = sorted(busy)[0]
+            slot = sorted(busy)[prompt[0] % len(busy)]  # any busy row finishes
             ids = busy.pop(slot) + prompt[:2]
             content[slot] = ids
             t.release(slot, ids)
         assert t.num_free == num_slots - len(busy)
         assert len(set(t.sessions.values())) == len(t.sessions)  # one session per slot
+        assert t.sessions == {x.session_id: x.index for x in t.slots if x.session_id is not None}
+        assert {x.index for x in t.slots if x.busy} == set(busy)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.lists(st.tuples(st.booleans(), st.booleans(), st.lists(st.integers(0, 9), max_size=3)),
+                     min_size=1, max_size=24))
+def test_compaction_packs_busy_rows_and_every_row_keeps_its_contents(rows):
+    """Any mix of busy, pinned and cached rows: after the swaps the busy rows fit the narrowest width, and
+    every request, prefix and session is in exactly one row (the one its k/v were copied to)."""
+    t = SlotTable(len(rows))
+    for i, (busy, pinned, cached) in enumerate(rows):
+        slot = t.slots[i]
+        slot.busy, slot.cached, slot.last_used = busy, [i, *cached], i
+        if pinned:
+            slot.session_id = f"s{i}"
+            t.sessions[slot.session_id] = i
+    widths = decode_widths(len(rows), 2)
+    content = {i: t.slots[i].cached for i in range(len(rows))}  # row i's k/v, tagged by its first id
+    busy = {i: True for i, (b, _, _) in enumerate(rows) if b}
+    _compact(t, widths, content, busy)
+    assert sorted(content[i][0] for i in content) == list(range(len(rows)))  # nothing lost or duplicated
+    for x in t.slots:
+        assert x.cached == content[x.index] and x.busy == (x.index in busy)
+        assert x.session_id in (None, f"s{x.cached[0]}")  # a session follows its own row's k/v
+    assert t.sessions == {x.session_id: x.index for x in t.slots if x.session_id is not None}
 
 
 def test_common_prefix_len():
