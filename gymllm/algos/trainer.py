@@ -203,8 +203,9 @@ def _default() -> TrainConfig:
     of 6) a step, a 160-token learner bucket for every trajectory the engine's 160-token context
     holds, and a 256 bucket (compiled only if needed) for the rare one that ends with an observation
     appended past the engine's context (longer ones are cut to 256 and counted).
-    Measured on an idle 2-core machine: 12 steps in 6.1 min; reward over every rollout 0.31 (steps
-    1-3) -> 0.71 (steps 10-12), trained groups 0.44 -> 0.69. On shared machines (load 3-12), seeds 0
+    Measured on an idle 2-core machine: 12 steps in 4.9 min; reward over every rollout 0.33 (steps
+    1-3) -> 0.66 (steps 10-12), trained groups 0.47 -> 0.72 (before the engine's row swapping: 6.1
+    min, 0.31 -> 0.71). On shared machines (load 3-12), seeds 0
     and 1: all rollouts 0.35 -> 0.64 and 0.40 -> 0.62; the rise levels off at ~0.6-0.7 after ~10 steps."""
     return TrainConfig(
         model=ModelSection(name="smollm2-135m-instruct"),
