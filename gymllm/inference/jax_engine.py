@@ -63,6 +63,7 @@ from gymllm.inference.multistep import MAX_STOP_IDS, make_decode_chunk
 from gymllm.inference.config import EngineConfig
 from gymllm.inference.params import SamplingParams
 from gymllm.inference.piggyback import make_mixed_step
+from gymllm.inference.rows import SamplingRows
 from gymllm.inference.sampling import request_key
 from gymllm.inference.scheduler import (Placement, SlotTable, decode_widths, halving_buckets, pick_bucket,
                                         power_of_two_buckets)
@@ -215,11 +216,7 @@ class JaxEngine:
         s = cfg.num_slots
         self._h_tokens = np.zeros(s, np.int32)
         self._h_pos = np.full(s, cfg.max_len - 1, np.int32)  # idle rows write only to the scratch index
-        self._h_keys = np.zeros((s, 2), np.uint32)
-        self._h_steps = np.zeros(s, np.int32)
-        self._h_temp = np.zeros(s, np.float32)
-        self._h_topk = np.zeros(s, np.int32)
-        self._h_topp = np.ones(s, np.float32)
+        self._h_sampling = SamplingRows.inert(s)  # each row's sampling inputs at its next decode step
         self._copy_sizes = power_of_two_buckets(s, min(4, s))  # rows one compaction copies (padded to these)
         self._thread = threading.Thread(target=self._run, name="gymllm-jax-engine", daemon=True)
         self._thread.start()
@@ -365,7 +362,7 @@ class JaxEngine:
                 for t, n in self._prefill_shapes(limit, min(max_prompt_len or self.max_len, self.max_len - 1)):
                     rows = np.full(p, self.config.num_slots, np.int32)  # padding rows only: nothing is written
                     self._call_prefill(np.zeros((p, t), np.int32), np.zeros((p, t), np.int32), rows,
-                                       np.zeros(p, np.int32), _PrefillRowParams.padding(p), n)
+                                       np.zeros(p, np.int32), SamplingRows.inert(p), n)
             for w in self.widths:
                 for n in sorted({self._decode_length(w, n - 1) for n in self.lengths}):
                     if self.decode_chunk > 1:
@@ -377,7 +374,7 @@ class JaxEngine:
             p = self.config.max_prefill_batch
             for t in (b for b in self.buckets if b <= min(limit, self.config.piggyback_tokens)):
                 pre = (np.zeros((p, t), np.int32), np.zeros((p, t), np.int32), np.full(p, self.config.num_slots, np.int32),
-                       np.zeros(p, np.int32), _PrefillRowParams.padding(p))
+                       np.zeros(p, np.int32), SamplingRows.inert(p))
                 for w in self.widths:
                     for n in self.lengths:
                         self._call_mixed(*pre, width=w, length=n)
@@ -497,7 +494,7 @@ class JaxEngine:
         positions = np.zeros((p, bucket), np.int32)
         rows = np.full(p, self.config.num_slots, np.int32)
         last = np.zeros(p, np.int32)
-        rp = _PrefillRowParams.padding(p)
+        rp = SamplingRows.inert(p)
         for i, r in enumerate(reqs):
             start = r.placement.reuse_len
             chunk = r.prompt[start:]
@@ -507,7 +504,7 @@ class JaxEngine:
             positions[i] = np.minimum(start + np.arange(bucket), self.max_len - 1)
             rows[i] = r.slot
             last[i] = len(chunk) - 1
-            rp.set(i, r)
+            rp.set(i, r.key, 0, r.params)
             self.stats["prefill_tokens"] += len(chunk)
             self.stats["reused_tokens"] += start
         return tokens, positions, rows, last, rp
@@ -549,30 +546,27 @@ class JaxEngine:
             self._accept(req, int(tok[slot]), float(logp[slot]))
         self._start(reqs, tok[w:], logp[w:])
 
-    def _call_mixed(self, tokens, positions, rows, last, rp: "_PrefillRowParams", width: int | None = None,
+    def _call_mixed(self, tokens, positions, rows, last, rp: SamplingRows, width: int | None = None,
                     length: int | None = None) -> tuple[np.ndarray, np.ndarray, int]:
         """The piggybacked call: decode rows [0, W) (W, and the cache length read, cover the active rows
         and every chunk's start unless given); returns (tokens [W + P], logprobs [W + P], W)."""
         w = width or self._width()
         top = max([int(self._h_pos[s]) + 1 for s in self._active] + [int(positions[:, 0].max())])
         n = length or pick_bucket(max(top, 1), self.lengths)
-        h = lambda a, b: np.concatenate([a[:w], b])  # noqa: E731  decode rows, then chunks
         with span("decode", track="engine", active=len(self._active), width=w, length=n,
                   prefill=int(tokens.shape[0]), bucket=int(tokens.shape[1])):
             self._cache, tok, logp = self._mixed(
                 self._state, self._cache, (self._h_tokens[:w], self._h_pos[:w]), (tokens, positions, rows, last),
-                h(self._h_keys, rp.keys), h(self._h_steps, rp.steps), h(self._h_temp, rp.temp),
-                h(self._h_topk, rp.top_k), h(self._h_topp, rp.top_p), n,
+                *self._h_sampling.head(w).concat(rp).arrays(), n,  # decode rows, then the chunks
             )
             return np.asarray(tok), np.asarray(logp), w
 
-    def _call_prefill(self, tokens, positions, rows, last, rp: "_PrefillRowParams", length: int):
+    def _call_prefill(self, tokens, positions, rows, last, rp: SamplingRows, length: int):
         """One prefill call; ``length`` (one of :attr:`prefill_lengths`, >= every row's start): the cached
         slots it reads."""
         with span("prefill", track="engine", batch=int(tokens.shape[0]), bucket=int(tokens.shape[1]), length=length):
             self._cache, tok, logp = self._prefill(
-                self._state, self._cache, tokens, positions, rows, last, rp.keys, rp.steps, rp.temp, rp.top_k,
-                rp.top_p, length,
+                self._state, self._cache, tokens, positions, rows, last, *rp.arrays(), length,
             )
             return np.asarray(tok), np.asarray(logp)
 
@@ -601,8 +595,7 @@ class JaxEngine:
         n = length or self._decode_length(w, max((int(self._h_pos[s]) for s in self._active), default=0))
         with span("decode", track="engine", active=len(self._active), width=w, length=n):
             self._cache, tok, logp = self._decode(
-                self._state, self._cache, self._h_tokens[:w], self._h_pos[:w], self._h_keys[:w], self._h_steps[:w],
-                self._h_temp[:w], self._h_topk[:w], self._h_topp[:w], n,
+                self._state, self._cache, self._h_tokens[:w], self._h_pos[:w], *self._h_sampling.head(w).arrays(), n,
             )
             return np.asarray(tok), np.asarray(logp)
 
@@ -671,8 +664,8 @@ class JaxEngine:
         n = length or self._decode_length(w, last)
         with span("decode", track="engine", active=len(self._active), width=w, length=n, steps=k):
             self._cache, tok, logp, ran = self._decode_k(
-                self._state, self._cache, self._h_tokens[:w], self._h_pos[:w], self._h_keys[:w], self._h_steps[:w],
-                self._h_temp[:w], self._h_topk[:w], self._h_topp[:w], stop, budget, np.int32(k), n,
+                self._state, self._cache, self._h_tokens[:w], self._h_pos[:w], *self._h_sampling.head(w).arrays(),
+                stop, budget, np.int32(k), n,
             )
             ran = int(ran)
             return np.asarray(tok)[:ran], np.asarray(logp)[:ran], ran
@@ -694,11 +687,7 @@ class JaxEngine:
         s = req.slot
         self._h_tokens[s] = token
         self._h_pos[s] = len(req.prompt) + len(req.tokens) - 1
-        self._h_keys[s] = req.key
-        self._h_steps[s] = len(req.tokens)
-        self._h_temp[s] = req.params.temperature
-        self._h_topk[s] = req.params.top_k
-        self._h_topp[s] = req.params.top_p
+        self._h_sampling.set(s, req.key, len(req.tokens), req.params)
 
     def _finish_reason(self, req: _Request, token: int) -> str | None:
         if token in self.default_stop_ids or token in req.params.stop_token_ids:
@@ -754,17 +743,14 @@ class JaxEngine:
             req = self._active.pop(a)
             req.placement = Placement(b, req.placement.reuse_len)
             self._active[b] = req
-            for h in (self._h_tokens, self._h_pos, self._h_keys, self._h_steps, self._h_temp, self._h_topk,
-                      self._h_topp):
-                h[b] = h[a]
+            self._h_tokens[b], self._h_pos[b] = self._h_tokens[a], self._h_pos[a]
+            self._h_sampling.copy_row(a, b)
             self._idle_row(a)
 
     def _idle_row(self, slot: int) -> None:
         """Host inputs of a row nobody decodes: it writes only to the scratch slot, greedy, unfiltered."""
         self._h_pos[slot] = self.max_len - 1
-        self._h_temp[slot] = 0.0
-        self._h_topk[slot] = 0
-        self._h_topp[slot] = 1.0
+        self._h_sampling.clear(slot)
 
     def _release(self, req: _Request, cached: list[int] | None) -> None:
         """Free the request's row; ``cached`` = the ids whose k/v it holds (None: forget the row)."""
@@ -801,26 +787,3 @@ class JaxEngine:
             _deliver(r, "done", self._completion(r, "abort"))
         for r in list(self._active.values()):
             self._finish(r, "abort")
-
-
-@dataclasses.dataclass
-class _PrefillRowParams:
-    """Per-row sampling inputs of one prefill call ([P] each; padding rows are greedy and inert)."""
-
-    keys: np.ndarray
-    steps: np.ndarray
-    temp: np.ndarray
-    top_k: np.ndarray
-    top_p: np.ndarray
-
-    @classmethod
-    def padding(cls, p: int) -> "_PrefillRowParams":
-        return cls(np.zeros((p, 2), np.uint32), np.zeros(p, np.int32), np.zeros(p, np.float32),
-                   np.zeros(p, np.int32), np.ones(p, np.float32))
-
-    def set(self, i: int, req: _Request) -> None:
-        self.keys[i] = req.key
-        self.steps[i] = 0
-        self.temp[i] = req.params.temperature
-        self.top_k[i] = req.params.top_k
-        self.top_p[i] = req.params.top_p
