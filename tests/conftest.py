@@ -1,14 +1,12 @@
 """Shared pytest setup. Keep JAX on the CPU and deterministic in the default tier."""
 
+import gc
 import os
+
+import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
-import gc  # noqa: E402
-
-import pytest  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="module")

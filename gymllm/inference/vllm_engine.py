@@ -89,6 +89,11 @@ def _named(state: Any) -> list[tuple[str, Any]]:
     return pairs
 
 
+def _torch_pairs(state: Any) -> list[tuple[str, Any]]:
+    """``(hf_name, CPU torch tensor)`` pairs of any weights :meth:`VllmEngine.update_weights` accepts."""
+    return [(n, to_torch(a)) for n, a in _named(state)]
+
+
 class WeightLoaderExtension:
     """Mixed into every vLLM worker class (engine arg ``worker_extension_cls``); runs in the workers."""
 
@@ -200,14 +205,14 @@ class VllmEngine:
         """Load Hugging Face-named weights (JAX / NumPy / torch arrays, or a gymllm LoadedModel) into
         the running engine at ``version``. Thread-safe and non-blocking: the swap runs on the loop
         that serves generation; returns its task (same thread) or concurrent future (other thread)."""
-        weights = [(n, to_torch(a)) for n, a in _named(state)]
+        weights = _torch_pairs(state)  # converted now: the caller may reuse its arrays afterwards
         self._check_open("update_weights")
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
         if running is not None and self._loop in (None, running):
-            task = running.create_task(self.aupdate_weights(weights, version))
+            task = running.create_task(self._update(weights, version))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             return task
@@ -215,15 +220,18 @@ class VllmEngine:
             raise EngineError(explain("update_weights", expected="an engine whose event loop is known",
                                       received="no loop (no generate yet, called outside any loop)",
                                       fix="await engine.aupdate_weights(...) on the serving loop"))
-        return asyncio.run_coroutine_threadsafe(self.aupdate_weights(weights, version), self._loop)
+        return asyncio.run_coroutine_threadsafe(self._update(weights, version), self._loop)
 
     async def aupdate_weights(self, weights: Iterable[tuple[str, Any]] | Mapping[str, Any] | Any,
                               version: int) -> None:
         """Write ``weights`` to a file, pause generation (in-flight requests kept), load the file on
         every worker, bump the version, resume. Generation goes on while the file is written."""
+        await self._update(_torch_pairs(weights), version)
+
+    async def _update(self, pairs: list[tuple[str, Any]], version: int) -> None:
+        """:meth:`aupdate_weights` of already converted ``(hf_name, torch tensor)`` pairs."""
         import torch
 
-        pairs = [(n, to_torch(a)) for n, a in _named(weights)]
         self._lock = self._lock or asyncio.Lock()
         async with self._lock:
             path = os.path.join(self._weight_dir, f"weights-v{int(version)}-{uuid.uuid4().hex[:8]}.pt")

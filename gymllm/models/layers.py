@@ -134,8 +134,8 @@ def decode_attention(q: jax.Array, keys: jax.Array, values: jax.Array, k_self: j
     w, h, d = q.shape
     kh = keys.shape[2]
     qg = q.reshape(w, kh, h // kh, d)  # [W, K, G, D]
-    low = _is_low_precision(q.dtype) or (d >= 32 and w >= 8)  # "low": the dot path
-    if low:
+    dots = _is_low_precision(q.dtype) or (d >= 32 and w >= 8)  # batched dots, else elementwise
+    if dots:
         scores = jnp.einsum("wkgd,wskd->wkgs", qg, keys.astype(q.dtype), preferred_element_type=jnp.float32)
         own = jnp.einsum("wkgd,wkd->wkg", qg, k_self.astype(q.dtype), preferred_element_type=jnp.float32)
     else:
@@ -150,7 +150,7 @@ def decode_attention(q: jax.Array, keys: jax.Array, values: jax.Array, k_self: j
     probs, p_own = jnp.exp(scores - top[..., None]), jnp.exp(own - top)
     total = probs.sum(-1) + p_own  # [W, K, G]
     probs, p_own = probs / total[..., None], p_own / total
-    if low:
+    if dots:
         out = jnp.einsum("wkgs,wskd->wkgd", probs.astype(q.dtype), values.astype(q.dtype),
                          preferred_element_type=jnp.float32)
     else:
