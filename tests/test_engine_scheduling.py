@@ -51,21 +51,32 @@ async def staggered(engine, ps, params, gap_s: float = 0.01):
     return await asyncio.gather(*(one(i, p, sp) for i, (p, sp) in enumerate(zip(ps, params))))
 
 
+async def held(engine, ps, params):
+    """Every request queued while the engine is paused, then released together: the first 12 fill the
+    rows and prefill; each later one is admitted when rows free up while others still decode, so it
+    rides along a decode step (forced, not left to the thread's timing)."""
+    with engine.paused():
+        tasks = [asyncio.ensure_future(engine.generate(p, sp)) for p, sp in zip(ps, params)]
+        await asyncio.sleep(0)  # each task runs up to its await: every request is queued
+        assert all(not t.done() for t in tasks)
+    return await asyncio.gather(*tasks)
+
+
 def _mixed_spans(cursor):
     return [e for e in get_tracer().events_since(cursor) if e["name"] == "decode" and "prefill" in e.get("args", {})]
 
 
 def test_riding_requests_get_their_solo_tokens_and_logprobs(engines):
-    """Greedy: 16 staggered requests on 12 slots (short prompts ride along, long ones prefill alone) get
+    """Greedy: 16 requests on 12 slots, queued while the engine is paused (the last four ride along as rows free) get
     exactly the tokens they get alone, and logprobs equal to the engine without piggybacking."""
     on, off = engines
     lengths = (40, 17, 5, 24, 2, 11, 8, 6, 19, 4, 9, 2, 14, 7, 21, 3)  # the first decodes while others arrive
     ps = prompts(len(lengths), seed=3, hi=60)
     params = [SamplingParams(temperature=0.0, max_tokens=m) for m in lengths]
     cursor = get_tracer().cursor()
-    mixed = asyncio.run(staggered(on, ps, params))
+    mixed = asyncio.run(held(on, ps, params))
     assert _mixed_spans(cursor)  # the check can fail: nothing rode along
-    plain = asyncio.run(staggered(off, ps, params))
+    plain = asyncio.run(held(off, ps, params))
     for m, p, sp in zip(mixed, plain, params):
         assert m.token_ids.tolist() == p.token_ids.tolist() and m.finish_reason == p.finish_reason == "length"
         np.testing.assert_allclose(m.logprobs, p.logprobs, atol=1e-4)
@@ -92,8 +103,15 @@ def test_a_reused_prefix_rides_along(engines, lm):
         c1 = await engine.generate(first, SamplingParams(temperature=0.0, max_tokens=4), session_id="s")
         nxt = first + c1.token_ids.tolist() + [7, 8, 9]
         long_run = engine.stream(other, SamplingParams(temperature=0.0, max_tokens=55))
-        await long_run.__anext__()  # its row decodes now
-        c2 = await engine.generate(nxt, SamplingParams(temperature=0.0, max_tokens=6), session_id="s")
+        with engine.paused():  # forced: the next turn arrives while the long run's row decodes
+            head = asyncio.ensure_future(long_run.__anext__())
+            await asyncio.sleep(0)
+            await asyncio.to_thread(engine.run_iterations, 1)  # its prefill: the row decodes from now on
+            await head
+            second = asyncio.ensure_future(
+                engine.generate(nxt, SamplingParams(temperature=0.0, max_tokens=6), session_id="s"))
+            await asyncio.sleep(0)
+        c2 = await second
         async for _ in long_run:
             pass
         engine.end_session("s")

@@ -45,6 +45,7 @@ Design (one background thread owns the device; asyncio callers never block):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import threading
@@ -211,6 +212,9 @@ class JaxEngine:
         self._device = threading.Lock()  # guards the cache and weights during device steps
         self._closing = False
         self._closed = False
+        self._holds = 0  # paused(): the loop parks between iterations while > 0 ...
+        self._allowed = 0  # ... except for the iterations run_iterations() lets through
+        self._parked = False
         self._crash: BaseException | None = None
         self.stats = {"prefill_tokens": 0, "reused_tokens": 0, "decode_steps": 0, "generated_tokens": 0}
         s = cfg.num_slots
@@ -333,6 +337,39 @@ class JaxEngine:
             self._pending_weights = (state, int(version))
             self._cv.notify_all()
 
+    @contextlib.contextmanager
+    def paused(self):
+        """Hold the loop between two iterations (no device step starts) while the block runs.
+
+        Requests submitted inside the block wait and are admitted together when it ends, so a caller
+        (a test, a debugger, an operator draining a host) decides the interleaving instead of racing
+        the engine thread. Entering blocks until the current iteration has finished. Nestable.
+        """
+        with self._cv:
+            self._holds += 1
+            self._cv.notify_all()
+            while not (self._parked or self._closing or not self._thread.is_alive()):
+                self._cv.wait(0.05)
+        try:
+            yield self
+        finally:
+            with self._cv:
+                self._holds -= 1
+                self._cv.notify_all()
+
+    def run_iterations(self, n: int = 1) -> None:
+        """Inside :meth:`paused`: let exactly ``n`` loop iterations run (admission, then one decode or
+        prefill step each), and return when they are done. Blocking; from asyncio use
+        ``await asyncio.to_thread(engine.run_iterations, n)`` so results can be delivered."""
+        with self._cv:
+            if self._holds <= 0:
+                raise EngineError("run_iterations: expected a paused engine, received a running one. "
+                                  "Fix: call it inside `with engine.paused():`.")
+            self._allowed += int(n)
+            self._cv.notify_all()
+            while not (self._allowed == 0 and self._parked) and not self._closing:
+                self._cv.wait(0.05)  # the loop parks again once the n-th iteration is done
+
     def end_session(self, session_id: str) -> None:
         """Unpin a trajectory's cached prefix (it stays reusable until another request needs its slot)."""
         with self._cv:
@@ -419,9 +456,7 @@ class JaxEngine:
         try:
             while True:
                 with self._cv:
-                    while not (self._closing or self._waiting or self._active or self._pending_weights):
-                        self._cv.wait(self.config.idle_wait_s)
-                    if self._closing:
+                    if not self._wait_for_work():
                         break
                 with self._device:
                     self._apply_weights()
@@ -439,6 +474,28 @@ class JaxEngine:
             with self._cv:
                 self._closing = True  # no request can be queued after the drain below
             self._abort_all()
+
+    def _wait_for_work(self) -> bool:
+        """(Holding ``_cv``.) Wait until there is work and no :meth:`paused` hold stops it (or
+        :meth:`run_iterations` lets one iteration through); False once closing."""
+        while not self._closing:
+            idle = not (self._waiting or self._active or self._pending_weights)
+            if self._holds > 0 and self._allowed > 0:
+                self._allowed -= 1
+                if idle:  # an empty iteration: nothing to run
+                    self._cv.notify_all()
+                    continue
+                self._parked = False
+                return True
+            if self._holds == 0 and not idle:
+                self._parked = False
+                return True
+            self._parked = self._holds > 0
+            if self._parked:
+                self._cv.notify_all()
+            self._cv.wait(self.config.idle_wait_s)
+        self._parked = False
+        return False
 
     def _apply_weights(self) -> None:
         with self._cv:
