@@ -5,6 +5,12 @@ The public surface is small and imported lazily, so ``import gymllm`` stays chea
     import gymllm
     env = gymllm.make("gymllm/Arithmetic-v0")
     vec = gymllm.make_vec("gymllm/Arithmetic-v0", num_envs=8)
+    gymllm.utils.check_env(env)                 # every subpackage is reachable as an attribute
+
+As in Gymnasium (``gymnasium.wrappers``, ``gymnasium.utils``), each subpackage and module listed
+in :data:`SUBMODULES` is an attribute of ``gymllm``, imported on first access (module
+``__getattr__``), so ``gymllm.algos.train(...)`` works after a bare ``import gymllm`` and the
+JAX-backed ones (``models``, ``inference``, ``algos``) cost nothing until they are used.
 """
 
 from __future__ import annotations
@@ -14,24 +20,37 @@ from typing import Any
 
 __version__ = "0.1.0"
 
+# Top-level names and the module each comes from (imported on first access).
 _LAZY = {
     "make": "gymllm.registration",
     "make_vec": "gymllm.registration",
     "register": "gymllm.registration",
     "TextEnv": "gymllm.core",
-    "spaces": "gymllm.spaces",
 }
 
-__all__ = ["__version__", *_LAZY]
+# Subpackages and modules reachable as ``gymllm.<name>`` (imported on first access), in layer order.
+SUBMODULES: tuple[str, ...] = (
+    "errors", "types", "telemetry", "ray_support",
+    "spaces", "core", "vector", "utils", "wrappers", "tools", "registration", "envs",
+    "models", "inference", "rollout", "algos", "cli",
+)
+
+__all__ = ["__version__", "SUBMODULES", *_LAZY, *SUBMODULES]
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        module = importlib.import_module(_LAZY[name])
-        value = module if module.__name__.endswith("." + name) else getattr(module, name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'gymllm' has no attribute {name!r}")
+    if name in SUBMODULES:
+        value = importlib.import_module(f"{__name__}.{name}")  # also sets the package attribute
+    elif name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    else:
+        raise AttributeError(f"module 'gymllm' has no attribute {name!r} (public names: {', '.join(sorted(__all__))})")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
 
 
 from gymllm import registration as _registration  # noqa: E402,F401  registers all "gymllm/" ids (no JAX)
