@@ -91,8 +91,9 @@ def train() -> None:
 def eval(
     env: Annotated[tuple[str, ...], tyro.conf.Positional],
     /,
-    model: str = "smollm2-135m-instruct",
+    model: str | None = None,
     checkpoint: str | None = None,
+    env_kwargs: str | None = None,
     num_seeds: int = 16,
     k: int = 4,
     seed_offset: int = 100_000,
@@ -105,8 +106,12 @@ def eval(
 
     Args:
         env: One or more env ids (e.g. gymllm/Arithmetic-v0), or `suite` for the default suite.
-        model: A model name (`smollm2-135m-instruct`), a local checkpoint directory, or `tiny-<family>`.
-        checkpoint: An Orbax checkpoint directory written by `gymllm train` to evaluate instead of the base weights.
+        model: A model name (`smollm2-135m-instruct`), a local checkpoint directory, or `tiny-<family>`
+            (default: the model the `--checkpoint` run trained, else smollm2-135m-instruct).
+        checkpoint: A run directory written by `gymllm train` (or its checkpoints/ directory): its latest
+            checkpoint's weights are evaluated instead of the base weights.
+        env_kwargs: The envs' keyword arguments as JSON (e.g. '{"digits": 1}'); default: the run's own env
+            kwargs for the env it trained on (with --checkpoint), else each env's defaults.
         num_seeds: Held-out seeds per env.
         k: Samples per seed (pass@k).
         seed_offset: First held-out seed (training uses seeds below it).
@@ -117,9 +122,15 @@ def eval(
     """
     from gymllm.cli.evaluate import run_eval
 
+    kwargs = None
+    if env_kwargs is not None:
+        kwargs = json.loads(env_kwargs)
+        if not isinstance(kwargs, dict):
+            raise ValueError(f"--env-kwargs: expected a JSON object such as '{{\"digits\": 1}}', received "
+                             f"{env_kwargs!r}. Fix: quote the object for your shell")
     rows = run_eval(
         list(env), model=model, checkpoint=checkpoint, num_seeds=num_seeds, k=k, seed_offset=seed_offset,
-        temperature=temperature, max_tokens=max_tokens, max_turns=max_turns,
+        temperature=temperature, max_tokens=max_tokens, max_turns=max_turns, env_kwargs=kwargs,
     )
     _print_table(rows, ["env", "mean_reward", f"pass@1", f"pass@{k}", "episodes"])
     if out:

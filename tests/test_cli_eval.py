@@ -1,0 +1,65 @@
+"""`gymllm eval --checkpoint RUN_DIR` evaluates what `gymllm train` trained: train two steps through the
+CLI, then evaluate that run directory through the CLI (the run's model, its trained weights, its env kwargs)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from gymllm.algos.checkpoint import checkpoint_dir, restore_model_weights, restore_trained
+from gymllm.cli.evaluate import load_model
+from gymllm.cli.main import main
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    run = tmp_path_factory.mktemp("eval") / "run"
+    assert main(["train", "--preset", "tiny", "--run-dir", str(run), "--learner.num-steps", "2", "--run.no-console",
+                 "--run.no-report"]) == 0
+    return run
+
+
+def test_restored_weights_are_the_trained_ones(run_dir):
+    trained, step = restore_trained(run_dir)
+    assert step == 2
+    loaded = load_model(None, checkpoint=str(run_dir))  # no --model: the run's own model section
+    assert loaded.config.hidden_size == 64 and loaded.config.num_layers == 2  # the tiny preset's dims
+    flat = loaded.model.flat_params()
+    assert set(flat) == set(trained)
+    for k, v in trained.items():
+        np.testing.assert_array_equal(np.asarray(flat[k]), np.asarray(v))
+
+
+def test_restored_weights_differ_from_the_initial_ones(run_dir):
+    from gymllm.models import make_tiny
+
+    cfg = json.loads((run_dir / "config.json").read_text())["model"]
+    init = make_tiny("qwen3", seed=cfg["seed"], vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
+                     intermediate_size=cfg["intermediate_size"], num_layers=cfg["num_layers"],
+                     num_heads=cfg["num_heads"], num_kv_heads=cfg["num_kv_heads"])
+    restored = restore_model_weights(init.model, run_dir).flat_params()
+    changed = [k for k, v in init.model.flat_params().items() if not np.array_equal(np.asarray(v), np.asarray(restored[k]))]
+    assert changed, "two optimizer steps at lr 1e-2 must move some weights"
+
+
+def test_eval_cli_on_the_run_directory_uses_the_runs_env_kwargs(run_dir, tmp_path, capsys):
+    out = tmp_path / "eval.json"
+    assert main(["eval", "gymllm/TinyRepeat-v0", "--checkpoint", str(run_dir), "--num-seeds", "2", "--k", "2",
+                 "--max-tokens", "6", "--max-turns", "1", "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    assert row["env"] == "gymllm/TinyRepeat-v0" and row["env_kwargs"] == {"num_letters": 2}  # the trained setting
+    assert row["episodes"] == 4 and 0.0 <= row["mean_reward"] <= 1.0
+    assert main(["eval", "gymllm/TinyRepeat-v0", "--checkpoint", str(run_dir), "--num-seeds", "1", "--k", "2",
+                 "--max-tokens", "6", "--max-turns", "1", "--env-kwargs", '{"num_letters": 3}', "--out", str(out)]) == 0
+    assert json.loads(out.read_text())[0]["env_kwargs"] == {"num_letters": 3}
+
+
+def test_eval_errors_are_clear(tmp_path, capsys):
+    with pytest.raises(FileNotFoundError, match="run directory written by `gymllm train`"):
+        checkpoint_dir(tmp_path)
+    assert main(["eval", "gymllm/TinyRepeat-v0", "--checkpoint", str(tmp_path), "--model", "tiny-qwen3"]) == 2
+    assert "checkpoints" in capsys.readouterr().err
+    assert main(["eval", "gymllm/TinyRepeat-v0", "--model", "tiny-qwen3", "--env-kwargs", "[1]"]) == 2
+    assert "JSON object" in capsys.readouterr().err
