@@ -8,6 +8,11 @@ calculator (its result comes back as a ``tool`` message), and a wrong final answ
 attempt ("Incorrect. Try again."). The reset observation is a short system message that shows the
 call syntax in the chosen format (kept short on purpose: a full JSON schema would multiply the
 prompt length, and with it the cost of every step on a CPU) plus the problem.
+
+The raw task's observations are message lists throughout (reset: ``[system, user]``; step: one
+``user`` message with the feedback), so its ``observation_space`` is :class:`~gymllm.spaces.Chat`
+and ``gymnasium.utils.env_checker.check_env(env.unwrapped)`` passes; the wrapped env returns the
+same messages.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any
 
 from gymllm.envs.arithmetic import ArithmeticEnv
 from gymllm.registration import register
+from gymllm.spaces import Chat
 from gymllm.tools.parsers import format_tool_calls
 from gymllm.types import ToolCall
 
@@ -26,16 +32,21 @@ _SYSTEM = ("You are a careful math assistant. You may use a calculator by writin
 
 
 class ArithmeticToolTask(ArithmeticEnv):
-    """ArithmeticEnv whose reset observation is ``[system (how to call the calculator), user]``."""
+    """ArithmeticEnv in messages: reset gives ``[system (how to call the calculator), user]``, step ``[user]``."""
 
     def __init__(self, *, parser: str = "hermes", **kwargs: Any):
         super().__init__(**kwargs)
+        self.observation_space = Chat()
         example = format_tool_calls([ToolCall("calculator", {"expression": "12 * 34"})], parser)
         self._system = _SYSTEM.format(example=example)
 
     def _reset(self, *, seed, options):
         prompt, info = super()._reset(seed=seed, options=options)
         return [{"role": "system", "content": self._system}, {"role": "user", "content": prompt}], info
+
+    def _step(self, action: str):
+        feedback, reward, terminated, info = super()._step(action)
+        return [{"role": "user", "content": feedback}], reward, terminated, info
 
 
 def make_arithmetic_tool(*, digits: int = 2, num_operands: int = 2, ops: str = "+-", max_attempts: int = 2,

@@ -15,6 +15,11 @@ message (how to call the calculator in the chosen format, and how to answer) plu
 one-digit count, e.g. "A box holds 47 pencils. How many pencils are in 6 boxes?"): with
 ``digits=2`` a 135M model solves some of them on its own and the calculator solves the rest, so
 groups have reward variance from the first step (the recipe's setting).
+
+The raw :class:`CalcMathTask` speaks messages throughout (reset: ``[system, user]``; step: one
+``user`` message, "Correct." or "Incorrect."), so its ``observation_space`` is
+:class:`~gymllm.spaces.Chat` and Gymnasium's ``check_env(env.unwrapped)`` passes; the wrapped env
+returns the same messages.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any, Callable
 from gymllm.core import TextEnv
 from gymllm.errors import ConfigError, explain
 from gymllm.registration import register
+from gymllm.spaces import Chat
 from gymllm.tools.calculator import calculator
 from gymllm.tools.parsers import format_tool_calls
 from gymllm.types import ToolCall
@@ -77,6 +83,7 @@ class CalcMathTask(TextEnv):
             raise ConfigError(explain("CalcMathTask.digits", expected=f"an int in [{lo}, 12]", received=digits,
                                       fix="pass digits=4 (or simple=True for digits=1)"))
         self.digits, self.simple = digits, bool(simple)
+        self.observation_space = Chat()
         # the simple problems show a short call (a 135M model copies the example's numbers verbatim)
         example = ToolCall("calculator", {"expression": "12 * 34" if simple else "1234 * 56 - 789"})
         self._system = _SYSTEM.format(example=format_tool_calls([example], parser))
@@ -117,7 +124,8 @@ class CalcMathTask(TextEnv):
         parsed = extract_answer(action)
         correct = parsed == self.answer
         info = {"task_id": self._task_id, "answer": str(self.answer), "parsed": parsed, "correct": correct}
-        return ("Correct." if correct else "Incorrect."), 1.0 if correct else 0.0, True, info
+        feedback = [{"role": "user", "content": "Correct." if correct else "Incorrect."}]
+        return feedback, 1.0 if correct else 0.0, True, info
 
 
 def make_calc_math(*, digits: int = 4, simple: bool = False, parser: str = "hermes", max_tool_calls: int = 6,
