@@ -22,6 +22,7 @@ _LAZY = {
     "MeteredEngine": "gymllm.rollout.engine_meter",
     "RolloutOrchestrator": "gymllm.rollout.orchestrator",
     "GroupTimeoutError": "gymllm.rollout.orchestrator",
+    "RolloutStalledError": "gymllm.rollout.orchestrator",
     "run_episode": "gymllm.rollout.orchestrator",
     "StalenessController": "gymllm.rollout.staleness",
     "sync_rollout": "gymllm.rollout.sync_baseline",

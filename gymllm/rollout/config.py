@@ -46,6 +46,10 @@ class RolloutConfig:
                           ends as truncated (``info["context_exhausted"]``) instead of failing its
                           group. None = the engine's ``max_len - 1`` when it has one, else no limit.
     loop_lag_interval_s   sampling period of the event-loop lag monitor.
+    max_failed_streak     stop the run (``RolloutStalledError`` from ``get_group``) when this many
+                          trajectory attempts in a row failed (env, tool or engine errors, timeouts):
+                          a run that cannot make progress says so instead of retrying forever.
+                          None = never stop on failures.
     """
 
     group_size: int = 4
@@ -63,12 +67,13 @@ class RolloutConfig:
     max_model_calls: int = 16
     max_prompt_len: int | None = None
     loop_lag_interval_s: float = 0.01
+    max_failed_streak: int | None = 64
 
     def __post_init__(self) -> None:
         for name in ("group_size", "max_concurrency", "groups_per_step", "queue_size", "max_model_calls"):
             v = getattr(self, name)
             _need(_is_int(v) and v >= 1, name, expected="an int >= 1", received=v, fix=f"set {name}=1 or more")
-        for name in ("num_groups", "max_open_groups", "max_prompt_len"):
+        for name in ("num_groups", "max_open_groups", "max_prompt_len", "max_failed_streak"):
             v = getattr(self, name)
             _need(v is None or (_is_int(v) and v >= 1), name, expected="None or an int >= 1", received=v,
                   fix=f"set {name}=None or a positive int")

@@ -41,6 +41,7 @@ from gymllm.rollout.group_queue import GroupQueue, QueueClosed
 from gymllm.rollout.loop_lag import LoopLagMonitor
 from gymllm.rollout.staleness import StalenessController
 from gymllm.rollout.token_buffer import check_prefix_preserving
+from gymllm.errors import GymLLMError
 from gymllm.telemetry import counter, span
 from gymllm.types import Group
 
@@ -51,6 +52,15 @@ GroupFilter = Callable[[Group], bool]
 
 class GroupTimeoutError(GroupFailedError, TimeoutError):
     """A group stayed open longer than ``group_timeout_s``."""
+
+
+class RolloutStalledError(GymLLMError, RuntimeError):
+    """``max_failed_streak`` trajectory attempts in a row failed: the run cannot make progress."""
+
+    def __init__(self, message: str, *, failures: int, last_errors: list[str]):
+        super().__init__(message)
+        self.failures = failures
+        self.last_errors = last_errors
 
 
 async def run_episode(slots: EnvSlots, engine: Any, episode: Episode, env_id: int,
@@ -133,6 +143,7 @@ class RolloutOrchestrator:
                                   timeout_s=cfg.group_timeout_s, max_retries=cfg.max_group_retries)
         self.lag = LoopLagMonitor(cfg.loop_lag_interval_s)
         self.counts = collections.Counter()
+        self._failed_streak = 0  # trajectory attempts failed in a row (max_failed_streak)
         self.errors: list[str] = []
         self._queue: GroupQueue | None = None
         self._stop: asyncio.Event | None = None
@@ -315,7 +326,9 @@ class RolloutOrchestrator:
             self.errors.append(f"{key.trajectory_id}: {e!r}")
             log.warning("trajectory %s failed: %r", key.trajectory_id, e)
             await self._fail_group(gid, e, key.attempt, current=asyncio.current_task())
+            await self._count_failure()
             return
+        self._failed_streak = 0
         group = self._add(gid, key, trajs)
         if group is None:
             return
@@ -329,6 +342,20 @@ class RolloutOrchestrator:
         finally:
             self._releasing -= 1
             self._notify()
+
+    async def _count_failure(self) -> None:
+        """One more failed trajectory attempt in a row; at ``max_failed_streak`` the run stops clearly."""
+        self._failed_streak += 1
+        limit = self.config.max_failed_streak
+        if limit is None or self._failed_streak != limit:
+            return
+        self.counts["stalled"] += 1
+        last = self.errors[-3:]
+        await self._abort(RolloutStalledError(
+            f"rollouts: expected some trajectory to succeed, received {limit} failed attempts in a row "
+            f"(admitted {self.counts['admitted']} groups, {self.counts['groups_failed']} failed for good; last errors: "
+            f"{'; '.join(last)}). Fix: check the env/tool/engine error above (gymllm check ENV_ID runs the env alone), "
+            "or raise rollout max_failed_streak (None never stops)", failures=limit, last_errors=last))
 
     async def _abort(self, error: BaseException) -> None:
         """Stop the run and hand ``error`` to the consumer (after the groups already queued)."""
@@ -416,3 +443,4 @@ class RolloutOrchestrator:
                 self.errors.append(f"{gid}: timed out after {timeout} s")
                 attempt = self.buffer.attempt(gid)
                 await self._fail_group(gid, TimeoutError(f"group {gid} open longer than {timeout} s"), attempt)
+                await self._count_failure()  # a hung group counts as a failed attempt
