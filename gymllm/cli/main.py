@@ -12,7 +12,7 @@ import sys
 import traceback
 from typing import Callable, Sequence
 
-from gymllm.cli import commands
+from gymllm.cli import commands, serve_env
 
 COMMANDS: dict[str, Callable[..., object]] = {
     "train": commands.train,
@@ -23,6 +23,7 @@ COMMANDS: dict[str, Callable[..., object]] = {
     "replay": commands.replay,
     "report": commands.report,
     "bench": commands.bench,
+    "serve-env": serve_env.serve_env,
 }
 
 

@@ -25,11 +25,13 @@ ENV_MODULES: list[str] = [
     "gymllm.envs.calc_math",
     "gymllm.envs.code",
     "gymllm.envs.terminal",
+    "gymllm.envs.openenv_adapter",
 ]
 
 _LAZY = {
     "from_gymnasium": "gymllm.envs.gymnasium_adapter",
     "from_pettingzoo": "gymllm.envs.pettingzoo_adapter",
+    "from_openenv": "gymllm.envs.openenv_adapter",
 }
 
 _registered = False

@@ -1,0 +1,438 @@
+"""Any OpenEnv server as a gymllm ``TextEnv``: :func:`from_openenv` (and the id ``gymllm/OpenEnv-v0``).
+
+    env = gymllm.envs.from_openenv("http://127.0.0.1:8000")      # a server started by `gymllm serve-env`
+    obs, info = env.reset(seed=0)                                 # or any other OpenEnv server
+    obs, reward, terminated, truncated, info = env.step("my answer")
+    vec = gymllm.make_vec([lambda u=u: gymllm.envs.from_openenv(u) for u in urls])   # barrier-free
+
+The env talks OpenEnv's WebSocket protocol through OpenEnv's own ``GenericEnvClient``:
+
+- **One session per episode.** ``reset`` closes the previous episode's session and opens a new one
+  (the server builds a fresh env instance for it); ``step`` goes to that session.
+- **Async-native.** ``_areset`` / ``_astep`` are coroutines, so the vector env runs remote envs as
+  tasks on its event loop, not on threads, and ``recv(min_ready=1)`` returns whichever answers first.
+  The WebSocket I/O of every remote env in the process runs on one shared I/O loop thread, so an env
+  can be used from any event loop (sync calls, ``asyncio.run`` in checkers, the trainer's loop).
+- **Timeouts and failures.** Every call has a deadline (``timeout_s``; :class:`~gymllm.errors.EnvTimeoutError`).
+  Opening a session is tried twice (one reconnect), then :class:`OpenEnvError` says the server is
+  unreachable. A connection lost mid-episode fails that episode only (:class:`OpenEnvError`; the
+  next ``reset`` opens a new session). An error the server reports (``{"type": "error"}``) raises
+  :class:`OpenEnvError` with its code and message; the session stays open.
+- **Schemas.** The action JSON is built from the action schema the server publishes at ``/schema``:
+  an action with one text field takes the action string; otherwise name it (``action_field``) or
+  pass ``action_fn(text) -> dict``. The observation's text likewise (``observation_field`` /
+  ``observation_fn(observation_dict) -> str | list[message]``); a ``gymllm serve-env`` server also
+  says whether its env answers with text or chat messages. ``info`` is the observation's metadata
+  (for a gymllm server: the served env's own ``info``) plus, for other servers, the observation's
+  other fields under ``info["observation"]``.
+- **Spaces.** ``action_space`` is :class:`~gymllm.spaces.Text` with the action field's
+  ``minLength`` / ``maxLength``; ``observation_space`` is ``Text()`` or ``Chat()``.
+
+Importing this module does not import ``openenv`` (the ``openenv`` extra); building an env does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import importlib
+import re
+import sys
+import threading
+from typing import Any, Callable, Coroutine, TypeVar
+
+from gymllm.core import TextEnv
+from gymllm.errors import ConfigError, EnvError, EnvTimeoutError, MissingExtraError, explain
+from gymllm.registration import register
+from gymllm.spaces import Chat, Text
+
+__all__ = ["from_openenv", "OpenEnvConfig", "OpenEnvTextEnv", "OpenEnvError", "import_openenv", "openenv_schema"]
+
+_T = TypeVar("_T")
+OBSERVATION_HINT = "x-gymllm-observation"  # key a gymllm server adds to its observation schema: "text" | "chat"
+_BASE_OBS_FIELDS = ("done", "reward", "metadata")
+_SERVER_CODE = re.compile(r"^Server error: (?P<msg>.*) \(code: (?P<code>[A-Za-z_.]+)\)$", re.S)
+
+
+class OpenEnvError(EnvError):
+    """An OpenEnv server failed a call: unreachable, lost mid-episode, or answered with an error.
+
+    ``code`` is OpenEnv's error code (``EXECUTION_ERROR``, ``CAPACITY_REACHED``, ...) when the server
+    sent one, ``"CONNECTION"`` for a lost or refused connection.
+    """
+
+    def __init__(self, message: str, *, code: str = "CONNECTION", cause: BaseException | None = None):
+        super().__init__(message, cause=cause)
+        self.code = code
+
+
+def import_openenv(module: str = "openenv.core") -> Any:
+    """Import an ``openenv`` module without its Gradio web interface.
+
+    ``openenv.core.env_server`` imports Gradio for its optional web UI (seconds of import time,
+    analytics on by default). gymllm keeps that UI off, so the import is made with Gradio hidden
+    (``sys.modules["gradio"] = None`` for its duration; restored afterwards, so Gradio stays
+    importable for other code). Raises :class:`~gymllm.errors.MissingExtraError` without the extra.
+    """
+    if module in sys.modules:
+        return sys.modules[module]
+    hide = "gradio" not in sys.modules
+    if hide:
+        sys.modules["gradio"] = None  # type: ignore[assignment]
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name and e.name.split(".")[0] == "openenv":
+            raise MissingExtraError("openenv", "openenv") from e
+        raise
+    finally:
+        if hide and sys.modules.get("gradio", 0) is None:
+            del sys.modules["gradio"]
+
+
+# ---------------------------------------------------------------------------------------------- I/O loop
+class _IoLoop:
+    """One daemon thread running the event loop that owns every remote env's WebSocket."""
+
+    _lock = threading.Lock()
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def get(cls) -> asyncio.AbstractEventLoop:
+        with cls._lock:
+            if cls._loop is None or cls._loop.is_closed():
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="gymllm-openenv-io", daemon=True).start()
+                cls._loop = loop
+            return cls._loop
+
+
+def _submit(coro: Coroutine[Any, Any, _T]) -> concurrent.futures.Future[_T]:
+    return asyncio.run_coroutine_threadsafe(coro, _IoLoop.get())
+
+
+# ---------------------------------------------------------------------------------------------- config
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OpenEnvConfig:
+    """How to reach an OpenEnv server and map its JSON to text.
+
+    base_url: ``http://host:port`` (or ``ws://``) of the server. action_field / action_fn: the
+    action field that takes the text, or ``fn(text) -> action dict`` (default: the schema's one
+    text field). observation_field / observation_fn likewise (``fn(observation dict) -> str |
+    list[message]``). timeout_s: deadline of every reset/step (seconds); connect_timeout_s: of
+    opening a session and of reading ``/schema``. token: sent as ``Authorization: Bearer`` (a
+    ``gymllm serve-env --token`` server). reset_kwargs: extra reset fields sent at every reset
+    (``options`` are added to them). max_message_mb: largest message accepted from the server.
+    """
+
+    base_url: str
+    action_field: str | None = None
+    action_fn: Callable[[str], dict] | None = None
+    observation_field: str | None = None
+    observation_fn: Callable[[dict], Any] | None = None
+    timeout_s: float = 60.0
+    connect_timeout_s: float = 10.0
+    token: str | None = None
+    reset_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    max_message_mb: float = 100.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.base_url, str) or not re.match(r"^(https?|wss?)://[^/\s]+", self.base_url):
+            raise ConfigError(explain("OpenEnvConfig.base_url", expected="a URL such as 'http://127.0.0.1:8000'",
+                                      received=self.base_url, fix="pass the address `gymllm serve-env` printed"))
+        for name in ("timeout_s", "connect_timeout_s", "max_message_mb"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise ConfigError(explain(f"OpenEnvConfig.{name}", expected="a number > 0", received=v,
+                                          fix=f"pass {name}=30"))
+        if self.action_field is not None and self.action_fn is not None:
+            raise ConfigError(explain("OpenEnvConfig", expected="action_field or action_fn, not both",
+                                      received=(self.action_field, self.action_fn), fix="drop one of them"))
+        if self.observation_field is not None and self.observation_fn is not None:
+            raise ConfigError(explain("OpenEnvConfig", expected="observation_field or observation_fn, not both",
+                                      received=(self.observation_field, self.observation_fn), fix="drop one of them"))
+        if not isinstance(self.reset_kwargs, dict):
+            raise ConfigError(explain("OpenEnvConfig.reset_kwargs", expected="a dict", received=self.reset_kwargs,
+                                      fix="pass reset_kwargs={'split': 'test'}"))
+
+    @property
+    def http_url(self) -> str:
+        return re.sub(r"^ws", "http", self.base_url.rstrip("/"))
+
+    @property
+    def headers(self) -> dict[str, str] | None:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else None
+
+
+def openenv_schema(base_url: str, *, token: str | None = None, timeout_s: float = 10.0) -> dict:
+    """The server's ``GET /schema``: ``{"action": ..., "observation": ..., "state": ...}`` JSON schemas."""
+    import httpx
+
+    url = re.sub(r"^ws", "http", base_url.rstrip("/")) + "/schema"
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    try:
+        r = httpx.get(url, timeout=timeout_s, headers=headers)
+    except httpx.HTTPError as e:
+        raise OpenEnvError(explain(f"GET {url}", expected="an OpenEnv server answering", received=f"{type(e).__name__}: {e}",
+                                   fix="start it (`gymllm serve-env ENV_ID --port P`) or check base_url"), cause=e) from e
+    if r.status_code != 200:
+        raise OpenEnvError(explain(f"GET {url}", expected="HTTP 200 with the env's JSON schemas",
+                                   received=f"HTTP {r.status_code}: {r.text[:200]}",
+                                   fix="pass token=... if the server requires one; check that base_url is an OpenEnv server"),
+                           code=f"HTTP_{r.status_code}")
+    return r.json()
+
+
+def _is_text(prop: dict) -> bool:
+    if prop.get("type") == "string":
+        return True
+    return any(isinstance(p, dict) and p.get("type") == "string" for p in prop.get("anyOf", ()))
+
+
+def _text_prop(prop: dict) -> dict:
+    if prop.get("type") == "string":
+        return prop
+    return next(p for p in prop.get("anyOf", ()) if isinstance(p, dict) and p.get("type") == "string")
+
+
+# ---------------------------------------------------------------------------------------------- mapping
+class _Mapping:
+    """Action text -> action JSON and observation JSON -> text, from the server's schemas."""
+
+    def __init__(self, cfg: OpenEnvConfig, schema: dict):
+        self.cfg = cfg
+        action = schema.get("action") or {}
+        props = dict(action.get("properties") or {})
+        props.pop("metadata", None)
+        required = set(action.get("required") or ()) - {"metadata"}
+        self.action_field: str | None = None
+        self.action_space = Text()
+        if cfg.action_fn is None:
+            field = cfg.action_field
+            if field is None:
+                texts = [k for k, p in props.items() if _is_text(p)]
+                if len(texts) != 1 or required - {texts[0]}:
+                    raise ConfigError(explain(f"from_openenv({cfg.base_url!r})", expected="an action schema with one text field",
+                                              received=f"fields {sorted(props)} (required: {sorted(required)})",
+                                              fix="pass action_field='<name>' or action_fn=lambda text: {...}"))
+                field = texts[0]
+            elif field not in props:
+                raise ConfigError(explain("from_openenv(action_field)", expected=f"one of {sorted(props)}",
+                                          received=field, fix="name a field of the server's action schema"))
+            self.action_field = field
+            if _is_text(props[field]):
+                p = _text_prop(props[field])
+                self.action_space = Text(min_length=int(p.get("minLength", 0)), max_length=int(p.get("maxLength", 1 << 20)))
+        obs = schema.get("observation") or {}
+        oprops = {k: v for k, v in (obs.get("properties") or {}).items() if k not in _BASE_OBS_FIELDS}
+        self.hint = obs.get(OBSERVATION_HINT)  # set by gymllm servers
+        self.obs_field: str | None = None
+        if cfg.observation_fn is None and self.hint is None:
+            field = cfg.observation_field
+            if field is None:
+                texts = [k for k, p in oprops.items() if _is_text(p)]
+                if len(texts) == 1:
+                    field = texts[0]
+                elif "messages" in oprops:
+                    field = "messages"
+                else:
+                    raise ConfigError(explain(f"from_openenv({cfg.base_url!r})",
+                                              expected="an observation schema with one text field (or 'messages')",
+                                              received=f"fields {sorted(oprops)}",
+                                              fix="pass observation_field='<name>' or observation_fn=lambda obs: ..."))
+            elif field not in oprops:
+                raise ConfigError(explain("from_openenv(observation_field)", expected=f"one of {sorted(oprops)}",
+                                          received=field, fix="name a field of the server's observation schema"))
+            self.obs_field = field
+        chat = self.hint == "chat" or (self.obs_field is not None and not _is_text(oprops.get(self.obs_field, {})))
+        self.observation_space = Chat() if chat else Text()
+
+    def action(self, text: str) -> dict:
+        if self.cfg.action_fn is not None:
+            payload = self.cfg.action_fn(text)
+            if not isinstance(payload, dict):
+                raise ConfigError(explain("from_openenv(action_fn)", expected="a dict (the action's JSON)",
+                                          received=type(payload).__name__, fix="return e.g. {'message': text}"))
+            return payload
+        return {self.action_field: text}
+
+    def observation(self, data: dict) -> tuple[Any, float, bool, bool, dict]:
+        """An OpenEnv observation payload -> (obs, reward, terminated, truncated, info)."""
+        raw = dict(data.get("observation") or {})
+        meta = data.get("metadata") or raw.pop("metadata", None) or {}
+        raw.pop("metadata", None)
+        done = bool(data.get("done", False))
+        reward = float(data.get("reward") or 0.0)
+        if self.cfg.observation_fn is not None:
+            obs, info = self.cfg.observation_fn(raw), dict(meta)
+        elif self.hint is not None:  # a gymllm server: text or messages, and the env's own info
+            obs = raw["messages"] if raw.get("messages") is not None else raw.get("text", "")
+            info = dict(meta.get("info") or {})
+        else:
+            obs = raw.pop(self.obs_field, "")
+            info = dict(meta)
+            if raw:
+                info["observation"] = raw
+        truncated = bool(meta.get("truncated", False))
+        terminated = bool(meta.get("terminated", done and not truncated))
+        return obs, reward, terminated, truncated, info
+
+
+# ---------------------------------------------------------------------------------------------- env
+class OpenEnvTextEnv(TextEnv):
+    """A remote OpenEnv env as a ``TextEnv`` (see the module docstring). Build with :func:`from_openenv`.
+
+    Constructed without ``base_url`` (the registered id's default), it only says how to pass one.
+    """
+
+    def __init__(self, base_url: str | None = None, *, max_turns: int | None = None, render_mode: str | None = None,
+                 **config: Any):
+        super().__init__(max_turns=max_turns, render_mode=render_mode)
+        self._session: Any = None  # the GenericEnvClient of the current episode (lives on the I/O loop)
+        self._mapping: _Mapping | None = None
+        self.config: OpenEnvConfig | None = None
+        if base_url is None:
+            self.metadata = {**type(self).metadata, "gymllm_skip_check": "needs a running OpenEnv server: "
+                             "pass base_url=... (tested in tests/test_openenv.py)"}
+            return
+        self.config = OpenEnvConfig(base_url=base_url, **config)
+        schema = openenv_schema(base_url, token=self.config.token, timeout_s=self.config.connect_timeout_s)
+        self._mapping = _Mapping(self.config, schema)
+        self.action_space = self._mapping.action_space
+        self.observation_space = self._mapping.observation_space
+
+    # ------------------------------------------------------------------ hooks
+    async def _areset(self, *, seed: int | None, options: dict | None) -> tuple[Any, dict]:
+        cfg, mapping = self._configured()
+        data = dict(cfg.reset_kwargs)
+        data.update(options or {})
+        if seed is not None:
+            data["seed"] = int(seed)
+        payload = await self._await_io(self._open_and_reset(data), "reset")
+        obs, _r, _term, _trunc, info = mapping.observation(payload)
+        return obs, info
+
+    async def _astep(self, action: str) -> tuple:
+        cfg, mapping = self._configured()
+        if self._session is None:
+            raise OpenEnvError(explain(f"{type(self).__name__}.step() to {cfg.base_url}",
+                                       expected="the episode's open session",
+                                       received="a session lost earlier in this episode (connection closed or timed out)",
+                                       fix="call reset() to start a new episode in a new session"))
+        payload = await self._await_io(self._send_step(self._session, mapping.action(action)), "step")
+        return mapping.observation(payload)
+
+    # ------------------------------------------------------------------ I/O (coroutines run on the I/O loop)
+    async def _open_and_reset(self, data: dict) -> dict:
+        """Close the previous session, open a new one (one reconnect on a connection failure), reset it."""
+        old, self._session = self._session, None
+        if old is not None:
+            await _close_quietly(old)
+        last: BaseException | None = None
+        for _attempt in range(2):
+            client = self._new_client()
+            try:
+                await client.connect()
+                result = await client.reset(**data)
+            except ConnectionError as e:  # refused / closed while opening: reconnect once
+                await _close_quietly(client)
+                last = e
+                continue
+            except BaseException:
+                await _close_quietly(client)
+                raise
+            self._session = client
+            return _as_payload(result)
+        raise OpenEnvError(explain(f"{type(self).__name__}.reset() to {self._configured()[0].base_url}",
+                                   expected="an OpenEnv server accepting a session",
+                                   received=f"2 failed attempts ({type(last).__name__}: {last})",
+                                   fix="start the server (`gymllm serve-env ENV_ID --port P`) or check base_url"),
+                           cause=last)
+
+    async def _send_step(self, client: Any, action: dict) -> dict:
+        return _as_payload(await client.step(action))
+
+    def _new_client(self) -> Any:
+        cfg = self._configured()[0]
+        generic = import_openenv("openenv.core.generic_client")
+        return generic.GenericEnvClient(base_url=cfg.http_url, connect_timeout_s=cfg.connect_timeout_s,
+                                        message_timeout_s=cfg.timeout_s, max_message_size_mb=cfg.max_message_mb,
+                                        headers=cfg.headers)
+
+    async def _await_io(self, coro: Coroutine[Any, Any, _T], op: str) -> _T:
+        """Run ``coro`` on the I/O loop within ``timeout_s``, mapping failures to gymllm errors."""
+        cfg = self._configured()[0]
+        fut = _submit(asyncio.wait_for(coro, timeout=cfg.timeout_s + (cfg.connect_timeout_s if op == "reset" else 0)))
+        try:
+            return await asyncio.wrap_future(fut)
+        except OpenEnvError:
+            raise
+        except (asyncio.TimeoutError, TimeoutError) as e:
+            self._drop_session()
+            raise EnvTimeoutError(explain(f"{type(self).__name__}.{op}() to {cfg.base_url}",
+                                          expected=f"an answer within timeout_s={cfg.timeout_s}", received="no answer",
+                                          fix="raise timeout_s, or check the server (its env may hang)"), cause=e) from e
+        except RuntimeError as e:
+            m = _SERVER_CODE.match(str(e))
+            if m is None:
+                raise
+            raise OpenEnvError(f"OpenEnv server {cfg.base_url} failed {op}() [{m['code']}]: {m['msg']}",
+                               code=m["code"], cause=e) from e
+        except (ConnectionError, OSError, EOFError) as e:
+            self._drop_session()
+            raise OpenEnvError(self._lost(op, e), cause=e) from e
+        except Exception as e:
+            if type(e).__module__.startswith("websockets"):  # ConnectionClosed and friends
+                self._drop_session()
+                raise OpenEnvError(self._lost(op, e), cause=e) from e
+            raise
+
+    def _lost(self, op: str, e: BaseException) -> str:
+        return explain(f"{type(self).__name__}.{op}() to {self._configured()[0].base_url}",
+                       expected="the episode's session to stay open", received=f"{type(e).__name__}: {e}",
+                       fix="this episode is lost (the server closed or died); reset() opens a new session")
+
+    def _drop_session(self) -> None:
+        old, self._session = self._session, None
+        if old is not None:
+            _submit(_close_quietly(old))
+
+    def _configured(self) -> tuple[OpenEnvConfig, _Mapping]:
+        if self.config is None or self._mapping is None:
+            raise ConfigError(explain("gymllm/OpenEnv-v0", expected="base_url=<the server's URL>", received=None,
+                                      fix="gymllm.make('gymllm/OpenEnv-v0', base_url='http://127.0.0.1:8000') or "
+                                          "--env.kwargs with base_url"))
+        return self.config, self._mapping
+
+    def close(self) -> None:
+        old, self._session = self._session, None
+        if old is not None:
+            try:
+                _submit(_close_quietly(old)).result(timeout=5.0)
+            except Exception:  # noqa: BLE001 - closing is best effort; the server reaps the session anyway
+                pass
+        super().close()
+
+
+async def _close_quietly(client: Any) -> None:
+    try:
+        await asyncio.wait_for(client.close(), timeout=5.0)
+    except BaseException:  # noqa: BLE001 - best effort close of a session that may already be gone
+        pass
+
+
+def _as_payload(result: Any) -> dict:
+    """A ``StepResult`` of GenericEnvClient -> the wire payload dict."""
+    return {"observation": result.observation, "reward": result.reward, "done": result.done,
+            "metadata": result.metadata}
+
+
+def from_openenv(base_url: str, **config: Any) -> OpenEnvTextEnv:
+    """Wrap the OpenEnv server at ``base_url`` as a text env; ``config``: :class:`OpenEnvConfig`
+    fields (``action_field``, ``action_fn``, ``observation_field``, ``observation_fn``, ``timeout_s``,
+    ``connect_timeout_s``, ``token``, ``reset_kwargs``, ``max_message_mb``) and ``max_turns``."""
+    return OpenEnvTextEnv(base_url, **config)
+
+
+register("OpenEnv-v0", "gymllm.envs.openenv_adapter:OpenEnvTextEnv")

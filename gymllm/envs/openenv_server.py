@@ -1,0 +1,393 @@
+"""Serve any gymllm or Gymnasium env as an OpenEnv server (``gymllm serve-env``), built with OpenEnv's own server.
+
+    gymllm serve-env gymllm/Arithmetic-v0 --port 8000          # or  my_pkg.envs:make_env
+    # any OpenEnv client:  GenericEnvClient(base_url="http://127.0.0.1:8000")  reset / step / state
+
+The app is ``openenv.core.create_fastapi_app`` (OpenEnv's HTTP + WebSocket server, its session
+handling and its ``/ws`` protocol) around :class:`GymllmEnvironment`, an OpenEnv ``Environment``
+that holds one gymllm env per session:
+
+- **Actions** are ``{"text": str}`` (``maxLength``: the env's ``Text.max_length``; a longer one is a
+  ``VALIDATION_ERROR``). **Observations** are ``{"text": str, "messages": [message, ...] | null}``: a
+  ``str`` observation fills ``text``, a message list fills ``messages``; their schema carries
+  ``"x-gymllm-observation": "text" | "chat"`` (the env's observation space). ``reward`` and ``done``
+  (terminated or truncated) are OpenEnv's own fields; ``metadata`` holds ``terminated``,
+  ``truncated`` and the env's ``info`` (made JSON-safe). Reset data ``seed`` seeds the env; any other
+  reset fields become ``options`` (``{"options": {...}}`` works too). ``state`` reports
+  ``episode_id``, ``step_count``, ``env_id``, ``turn`` and ``episode_done``.
+- **Sessions.** Each WebSocket connection is one OpenEnv session with its own env instance (gymllm's
+  client opens one per episode); at most ``max_sessions`` at once (``CAPACITY_REACHED`` beyond),
+  sessions idle for ``session_timeout_s`` are reaped by OpenEnv's reaper (their env closed; a late
+  message gets a clear error).
+- **Errors.** An env that raises answers with OpenEnv's ``EXECUTION_ERROR`` carrying the exception's
+  type and message; the session and the server stay up. Frames over ``max_message_mb`` close that
+  connection with code 1009; the server keeps serving.
+- **Network.** Binds 127.0.0.1 by default. Any other address needs a token (``token=`` or
+  ``GYMLLM_ENV_TOKEN``), then required on every request as ``Authorization: Bearer <token>``.
+  OpenEnv's Gradio web interface stays off (Gradio is not even imported), ``HF_HUB_OFFLINE=1`` and
+  ``GRADIO_ANALYTICS_ENABLED=False`` are set before the server starts.
+
+Gymnasium envs whose actions are not text are wrapped with :func:`gymllm.envs.from_gymnasium`.
+:class:`ServerThread` runs an app on a free loopback port in this process (tests, benchmarks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import hmac
+import importlib
+import ipaddress
+import json
+import os
+import socket
+import threading
+import uuid
+from typing import Any, Callable
+
+import gymnasium as gym
+import numpy as np
+
+from gymllm.envs.openenv_adapter import OBSERVATION_HINT, import_openenv
+from gymllm.errors import ConfigError, explain
+from gymllm.spaces import Chat, Text
+
+_core = import_openenv("openenv.core")
+_types = import_openenv("openenv.core.env_server.types")
+
+__all__ = ["ServeEnvConfig", "GymllmEnvironment", "build_app", "serve", "ServerThread", "make_env_factory",
+           "offline_environ", "TOKEN_ENV"]
+
+TOKEN_ENV = "GYMLLM_ENV_TOKEN"
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", "ENABLE_WEB_INTERFACE": "false"}
+
+
+def offline_environ() -> None:
+    """Set the variables that keep an OpenEnv server off the network (no Hub, no Gradio, no web UI)."""
+    os.environ.update(OFFLINE_ENV)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ServeEnvConfig:
+    """env: a registered id (gymllm or Gymnasium) or ``module:factory``; env_kwargs: its keyword
+    arguments; host/port: bind address (port 0: a free port); max_sessions: concurrent sessions;
+    session_timeout_s: reap sessions idle this long (None: never); token: required from clients
+    (mandatory off loopback; default ``$GYMLLM_ENV_TOKEN``); max_message_mb: largest WebSocket frame."""
+
+    env: str
+    env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_sessions: int = 16
+    session_timeout_s: float | None = 600.0
+    token: str | None = None
+    max_message_mb: float = 16.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.env, str) or not self.env:
+            raise ConfigError(explain("ServeEnvConfig.env", expected="an env id or 'module:factory'", received=self.env,
+                                      fix="pass e.g. gymllm/Arithmetic-v0"))
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ConfigError(explain("ServeEnvConfig.port", expected="an int in 0..65535", received=self.port,
+                                      fix="pass --port 8000 (0: any free port)"))
+        if isinstance(self.max_sessions, bool) or not isinstance(self.max_sessions, int) or self.max_sessions < 1:
+            raise ConfigError(explain("ServeEnvConfig.max_sessions", expected="an int >= 1", received=self.max_sessions,
+                                      fix="pass --max-sessions 16"))
+        for name in ("session_timeout_s", "max_message_mb"):
+            v = getattr(self, name)
+            if v is None and name == "session_timeout_s":
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise ConfigError(explain(f"ServeEnvConfig.{name}", expected="a number > 0", received=v,
+                                          fix=f"pass a positive {name}"))
+        if not is_loopback(self.host) and not self.resolved_token:
+            raise ConfigError(explain("gymllm serve-env --host", expected="a loopback address (127.0.0.1, ::1, localhost), "
+                                      "or a token when binding anything else", received=self.host,
+                                      fix=f"pass --token SECRET (or set {TOKEN_ENV}); clients send it as "
+                                          "'Authorization: Bearer SECRET' (from_openenv(token=...))"))
+
+    @property
+    def resolved_token(self) -> str | None:
+        return self.token or os.environ.get(TOKEN_ENV) or None
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+# ---------------------------------------------------------------------------------------------- env side
+def make_env_factory(env: str, env_kwargs: dict[str, Any] | None = None) -> Callable[[], gym.Env]:
+    """A no-argument factory of text envs for ``env`` (an id or ``module:factory``)."""
+    kwargs = dict(env_kwargs or {})
+    if ":" in env:
+        mod, _, attr = env.partition(":")
+        try:
+            fn: Any = importlib.import_module(mod)
+            for part in attr.split("."):
+                fn = getattr(fn, part)
+        except (ImportError, AttributeError) as e:
+            raise ConfigError(explain("gymllm serve-env ENV", expected="'module:factory' naming a callable",
+                                      received=env, fix="check the module path and the factory's name")) from e
+        if not callable(fn):
+            raise ConfigError(explain("gymllm serve-env ENV", expected="a callable factory", received=env,
+                                      fix="name a function or class that returns a gymnasium.Env"))
+
+        def build() -> gym.Env:
+            return _as_text_env(fn(**kwargs), None, kwargs)
+    else:
+        import gymllm
+
+        def build() -> gym.Env:
+            return _as_text_env(gymllm.make(env, **kwargs), env, kwargs)
+
+    return build
+
+
+def _as_text_env(made: Any, env_id: str | None, kwargs: dict) -> gym.Env:
+    if not isinstance(made, gym.Env):
+        raise ConfigError(explain("gymllm serve-env ENV", expected="a factory returning a gymnasium.Env",
+                                  received=type(made).__name__, fix="return the env instance"))
+    if isinstance(made.action_space, Text):
+        return made
+    from gymllm.envs.gymnasium_adapter import from_gymnasium
+
+    if env_id is not None:  # made again through the adapter (it picks the ansi render mode)
+        made.close()
+        return from_gymnasium(env_id, env_kwargs=kwargs)
+    return from_gymnasium(made)
+
+
+def jsonable(x: Any) -> Any:
+    """``x`` with NumPy values, tuples and unknown objects turned into JSON values (``str`` as a last resort)."""
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in x]
+    try:
+        json.dumps(x)
+        return x
+    except (TypeError, ValueError):
+        return str(x)
+
+
+class GymllmObservation(_types.Observation):
+    """A text env's observation: ``text`` (a ``str`` observation) or ``messages`` (a message list)."""
+
+    text: str = ""
+    messages: list[dict[str, Any]] | None = None
+
+
+class GymllmState(_types.State):
+    """OpenEnv's state plus the served env's id, turn count and whether the episode ended."""
+
+    env_id: str = ""
+    turn: int = 0
+    episode_done: bool = False
+
+
+class GymllmEnvironment(_core.Environment):
+    """An OpenEnv ``Environment`` over one gymllm text env (one per session)."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True  # every session builds its own env instance
+
+    def __init__(self, make_env: Callable[[], gym.Env], *, env_name: str = "",
+                 observation_cls: type = GymllmObservation):
+        super().__init__()
+        self._env = make_env()
+        self._env_name = env_name
+        self._obs_cls = observation_cls
+        self._episode_id: str | None = None
+        self._steps = 0
+        self._done = False
+        self._closed = False
+
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> Any:
+        self._check_open("reset")
+        options = dict(kwargs.pop("options", None) or {})
+        options.update(kwargs)
+        obs, info = self._call(lambda: self._env.reset(seed=seed, options=options or None))
+        self._episode_id, self._steps, self._done = episode_id or uuid.uuid4().hex, 0, False
+        return self._observation(obs, None, False, {"terminated": False, "truncated": False, "info": info})
+
+    def step(self, action: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
+        self._check_open("step")
+        obs, reward, terminated, truncated, info = self._call(lambda: self._env.step(action.text))
+        self._steps += 1
+        self._done = bool(terminated or truncated)
+        return self._observation(obs, float(reward), self._done,
+                                 {"terminated": bool(terminated), "truncated": bool(truncated), "info": info})
+
+    @property
+    def state(self) -> GymllmState:
+        unwrapped = getattr(self._env, "unwrapped", self._env)
+        return GymllmState(episode_id=self._episode_id, step_count=self._steps, env_id=self._env_name,
+                           turn=int(getattr(unwrapped, "turn", self._steps)), episode_done=self._done)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._env.close()
+
+    def _observation(self, obs: Any, reward: float | None, done: bool, metadata: dict) -> Any:
+        metadata = jsonable(metadata)
+        if isinstance(obs, str):
+            return self._obs_cls(text=obs, done=done, reward=reward, metadata=metadata)
+        if isinstance(obs, list):
+            return self._obs_cls(messages=jsonable(obs), done=done, reward=reward, metadata=metadata)
+        return self._obs_cls(text=str(obs), done=done, reward=reward, metadata=metadata)
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001 - reported to the client as OpenEnv's EXECUTION_ERROR
+            raise RuntimeError(f"{type(e).__name__}: {e}") from e
+
+    def _check_open(self, op: str) -> None:
+        if self._closed:
+            raise RuntimeError(explain(f"{op} on a closed session", expected="an open session",
+                                       received="a session reaped after being idle (or closed by the server)",
+                                       fix="open a new session (reconnect) and reset"))
+
+
+# ---------------------------------------------------------------------------------------------- app
+def build_app(config: ServeEnvConfig) -> Any:
+    """The ASGI app: OpenEnv's FastAPI app for ``config.env``, behind the token check when a token is set."""
+    offline_environ()
+    make_env = make_env_factory(config.env, config.env_kwargs)
+    probe = make_env()
+    try:
+        space = probe.action_space
+        chat = isinstance(probe.observation_space, Chat)
+    finally:
+        probe.close()
+    pyd = importlib.import_module("pydantic")
+    max_len = int(getattr(space, "max_length", 1 << 20))
+    action_cls = pyd.create_model(
+        "GymllmAction", __base__=_types.Action,
+        text=(str, pyd.Field(..., min_length=int(getattr(space, "min_length", 0)), max_length=max_len,
+                             description="the agent's reply (a text action)")))
+    hint = "chat" if chat else "text"
+    obs_cls = type("GymllmObservation", (GymllmObservation,), {
+        "__module__": __name__, "__doc__": GymllmObservation.__doc__,
+        "model_config": pyd.ConfigDict(json_schema_extra={OBSERVATION_HINT: hint})})
+    factory = functools.partial(GymllmEnvironment, make_env, env_name=config.env, observation_cls=obs_cls)
+    app = _core.create_fastapi_app(
+        factory, action_cls, obs_cls,
+        concurrency_config=_types.ConcurrencyConfig(max_concurrent_envs=config.max_sessions,
+                                                    session_timeout=config.session_timeout_s),
+        env_name=config.env.replace("/", "_").replace(":", "_"), state_cls=GymllmState, mode="simulation")
+    token = config.resolved_token
+    return _TokenGate(app, token) if token else app
+
+
+class _TokenGate:
+    """ASGI middleware: every HTTP request and WebSocket handshake must carry ``Authorization: Bearer <token>``."""
+
+    def __init__(self, app: Any, token: str):
+        self.app = app
+        self._want = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] in ("http", "websocket"):
+            got = dict(scope.get("headers") or ()).get(b"authorization", b"")
+            if not hmac.compare_digest(got, self._want):
+                if scope["type"] == "websocket":
+                    await send({"type": "websocket.close", "code": 1008, "reason": "missing or wrong token"})
+                    return
+                body = json.dumps({"detail": "missing or wrong token: send 'Authorization: Bearer <token>'"}).encode()
+                await send({"type": "http.response.start", "status": 401,
+                            "headers": [(b"content-type", b"application/json")]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+    def __getattr__(self, name: str) -> Any:  # app.state, app.routes ... of the wrapped app
+        return getattr(self.app, name)
+
+
+def _uvicorn_server(app: Any, config: ServeEnvConfig) -> Any:
+    import uvicorn
+
+    return uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False,
+                                         ws_max_size=int(config.max_message_mb * 1024 * 1024),
+                                         timeout_graceful_shutdown=2))
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(config: ServeEnvConfig, *, on_ready: Callable[[str], None] | None = None) -> None:
+    """Serve until interrupted; ``on_ready(url)`` is called once the server accepts connections."""
+    app = build_app(config)
+    server = _uvicorn_server(app, config)
+    sock = _bind(config.host, config.port)
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    url = f"http://{host}:{sock.getsockname()[1]}"
+
+    async def main() -> None:
+        task = asyncio.ensure_future(server.serve(sockets=[sock]))
+        while not server.started and not task.done():
+            await asyncio.sleep(0.01)
+        if server.started and on_ready is not None:
+            on_ready(url)
+        await task
+
+    try:
+        asyncio.run(main())
+    finally:
+        sock.close()
+
+
+class ServerThread:
+    """An ASGI app served by uvicorn on a free 127.0.0.1 port in a daemon thread (``with`` closes it).
+
+    ``url`` is its ``http://127.0.0.1:PORT``. ``app`` may be an OpenEnv app built with
+    ``openenv.core.create_app`` or :func:`build_app`.
+    """
+
+    def __init__(self, app: Any, *, max_message_mb: float = 16.0, ready_timeout_s: float = 30.0):
+        offline_environ()
+        self._server = _uvicorn_server(app, ServeEnvConfig(env="-", max_message_mb=max_message_mb))
+        self._sock = _bind("127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve(sockets=[self._sock])),
+                                        name="gymllm-openenv-server", daemon=True)
+        self._thread.start()
+        deadline = ready_timeout_s / 0.01
+        while not self._server.started and self._thread.is_alive() and deadline > 0:
+            threading.Event().wait(0.01)
+            deadline -= 1
+        if not self._server.started:
+            self.close()
+            raise RuntimeError(explain("ServerThread", expected=f"uvicorn started within {ready_timeout_s} s",
+                                       received="not started", fix="see the server's log above"))
+
+    def close(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10.0)
+        self._sock.close()
+
+    def __enter__(self) -> "ServerThread":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
