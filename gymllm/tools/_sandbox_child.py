@@ -8,15 +8,27 @@ It reads a JSON spec from ``argv[1]``, then, in this order:
    user) process count;
 3. enters new user, mount, network and PID namespaces (``unshare``): no network interface but a
    down loopback, the whole file system re-mounted read-only except the work dir, and no view of
-   the host's processes. The new user namespace holds no capabilities after ``exec``, so the code
-   cannot undo the read-only mounts;
+   the host's processes (best effort: reported, not required);
 4. forks the namespace's init process (which dies with this launcher: ``PR_SET_PDEATHSIG``), which
-   either execs a program (``mode == "exec"``) or runs Python code in-process under an audit hook
-   (``mode == "python"``) that refuses writes outside the work dir, sockets and process creation (a
-   second layer, and the only one where namespaces are unavailable; there it also refuses ``ctypes``,
-   which could call libc around the hook).
+   applies the two **required** kernel layers, both unprivileged and irreversible, inherited by
+   everything it starts:
 
-What took effect is written as JSON to the status fd, so the parent can report it.
+   - **Landlock** (``landlock.py``): files may be opened only in the work dir (read-write) and, read-only,
+     in what the interpreter and the shell need (the Python installs, ``/usr``, the libraries, a few
+     ``/etc`` files, ``/proc`` only when it shows the sandbox's own PID namespace); no TCP; no signals,
+     ``ptrace`` or abstract UNIX sockets reaching processes outside the sandbox;
+   - **seccomp** (``seccomp.py``): no ``socket()`` of any family, no ``ptrace``, mounts, namespaces,
+     ``io_uring``, ``bpf`` ..., and in Python mode without ``allow_subprocess`` no ``fork``/``clone``
+     (threads stay) and no ``execve``: the process-count limit that holds for ``ctypes`` too;
+
+   then checks the guarantees (``landlock``, ``seccomp``, ``process_limit``, ``signals``): one that no
+   mechanism provides, and that the spec's ``allow_missing`` does not name, makes it refuse to run
+   anything (``"refused"`` in the status; the parent raises). Then it either execs a program
+   (``mode == "exec"``) or runs Python code in-process under an audit hook (``mode == "python"``)
+   that refuses writes outside the work dir, sockets and process creation with readable messages (a
+   further layer; where the mount and network namespaces are missing it also refuses ``ctypes``).
+
+What took effect is written as JSON to the status fd (closed before any untrusted code runs).
 """
 
 from __future__ import annotations
@@ -244,6 +256,108 @@ def run_python(code: str, spec: dict) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- the required kernel layers
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+SYSTEM_READ_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin", "/sys/devices/system/cpu")
+SYSTEM_READ_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/passwd",
+                     "/etc/group", "/etc/nsswitch.conf", "/etc/host.conf", "/etc/os-release", "/etc/mime.types",
+                     "/dev/urandom", "/dev/random")
+DEVICES_RW = ("/dev/null", "/dev/zero", "/dev/full")
+GUARANTEES = ("landlock", "seccomp", "process_limit", "signals")
+
+
+def _load(name: str):
+    """Load a stdlib-only sibling module (``landlock.py``, ``seccomp.py``) by path: gymllm is not importable here."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"gymllm_sandbox_{name}", os.path.join(_HERE, name + ".py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def read_only_paths(spec: dict, *, own_proc: bool) -> list[str]:
+    """What the interpreter and the shell need to read: the Python installs, system libraries, a few files."""
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+             os.path.dirname(os.path.realpath(sys.executable)), *SYSTEM_READ_DIRS, *SYSTEM_READ_FILES}
+    paths.update(spec.get("extra_paths", []))
+    paths.update(spec.get("read_paths", []))
+    paths.update(spec.get("python_paths", []))  # the parent's venv: site.py (not run here) finds it
+    if own_proc:
+        paths.add("/proc")  # the sandbox's own PID namespace: only its own processes are listed
+    return sorted(p for p in paths if p)
+
+
+def apply_kernel_layers(spec: dict, status: dict) -> None:
+    """Landlock, then seccomp (last: it forbids the mounts done before). Records each in ``status``."""
+    workdir = spec["workdir"]
+    python_mode = spec["mode"] == "python"
+    no_processes = python_mode and not spec.get("allow_subprocess", False)
+    try:
+        ll, sc = _load("landlock"), _load("seccomp")  # both loaded before Landlock hides this directory
+    except OSError as e:
+        ll = sc = None
+        status["landlock_error"] = status["seccomp_error"] = f"cannot load the layer modules: {e}"
+    try:
+        if ll is None:
+            raise OSError(status["landlock_error"])
+        rules = [(workdir, ll.ALL_FS_ACCESS)]
+        rules += [(p, ll.READ_ACCESS) for p in read_only_paths(spec, own_proc=bool(status.get("proc")))]
+        rules += [(p, ll.READ_FILE | ll.WRITE_FILE) for p in DEVICES_RW]
+        status["landlock"] = ll.restrict(rules, deny_tcp=not spec.get("network", False), scope=True)
+    except OSError as e:
+        status["landlock"] = False
+        status["landlock_error"] = str(e)
+    try:
+        if sc is None:
+            raise OSError(status["seccomp_error"])
+        status["seccomp"] = sc.install(network=spec.get("network", False), processes=not no_processes)
+    except OSError as e:
+        status["seccomp"] = False
+        status["seccomp_error"] = str(e)
+    if no_processes and status["seccomp"]:
+        status["process_limit"] = "seccomp (no fork, clone or exec)"
+    elif (status.get("cgroups") or {}).get("pids"):
+        status["process_limit"] = "pids cgroup"
+    elif (status.get("limits") or {}).get("processes"):
+        status["process_limit"] = "RLIMIT_NPROC"
+    else:
+        status["process_limit"] = False
+    if status["landlock"] and status["landlock"].get("scoped"):
+        status["signals"] = "landlock scope"
+    elif status.get("pid"):
+        status["signals"] = "pid namespace"
+    else:
+        status["signals"] = False
+
+
+_WHY = {
+    "landlock": "file-system confinement (Landlock: Linux >= 5.13 with landlock in the lsm= boot list)",
+    "seccomp": "the syscall filter (seccomp: CONFIG_SECCOMP_FILTER, on x86_64 or aarch64)",
+    "process_limit": "a process-count limit (a writable pids cgroup for root, or RLIMIT_NPROC as a non-root user)",
+    "signals": "signal isolation (Landlock ABI >= 6, Linux >= 6.12, or a PID namespace)",
+}
+
+
+def missing_guarantees(status: dict, allow_missing) -> list[str]:
+    return [g for g in GUARANTEES if not status.get(g) and g not in allow_missing]
+
+
+def refusal(status: dict, missing: list[str]) -> str:
+    parts = []
+    for g in missing:
+        detail = status.get(f"{g}_error")
+        parts.append(f"{g}: {_WHY[g]} is unavailable" + (f" [{detail}]" if detail else ""))
+    return "; ".join(parts)
+
+
+def _write_status(fd, status: dict) -> None:
+    if fd is not None:
+        os.write(fd, json.dumps(status).encode())
+        os.close(fd)
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
     workdir = spec["workdir"]
@@ -252,9 +366,6 @@ def main() -> None:
     iso = spec.get("isolate", {})
     status.update(isolate(workdir, net=iso.get("net", True), fs=iso.get("fs", True), pid=iso.get("pid", True)))
     fd = spec.get("status_fd")
-    if fd is not None:
-        os.write(fd, json.dumps(status).encode())
-        os.close(fd)
     child = os.fork()
     if child == 0:
         try:
@@ -262,9 +373,15 @@ def main() -> None:
             libc.prctl(PR_SET_PDEATHSIG, 9)
         except (ImportError, OSError):
             pass
-        if status.get("pid") and status.get("fs"):
-            _mount_proc()
+        status["proc"] = bool(status.get("pid") and status.get("fs") and _mount_proc())
         os.chdir(workdir)
+        apply_kernel_layers(spec, status)
+        missing = missing_guarantees(status, spec.get("allow_missing", ()))
+        if missing:
+            status["refused"] = refusal(status, missing)
+            _write_status(fd, status)
+            os._exit(126)
+        _write_status(fd, status)  # closed: the code cannot forge the report
         if spec["mode"] == "python":
             # ctypes can call libc around the audit hook; allow it (sympy needs it) only where the kernel
             # already makes the file system read-only and the network absent.
@@ -276,6 +393,8 @@ def main() -> None:
         except OSError as e:
             sys.stderr.write(f"sandbox: cannot run {spec['argv'][0]!r}: {e}\n")
             os._exit(127)
+    if fd is not None:
+        os.close(fd)
     while True:
         pid, st = os.waitpid(child, 0)
         if pid == child:

@@ -1,20 +1,38 @@
 """A subprocess sandbox: a temporary work dir in which Python code or shell commands run isolated.
 
-Layers (each reported in :attr:`SandboxResult.isolation`, so a caller knows what took effect):
+Required kernel layers (unprivileged, inherited by every process the code starts, irreversible); a
+run where one is missing raises :class:`SandboxUnavailableError` naming it, never a silent
+downgrade (``SandboxConfig(allow_missing=("landlock",))`` and the like run without it, on purpose):
 
-- **kernel namespaces** (Linux, when user namespaces are allowed): no network (an empty network
-  namespace), the whole file system read-only except the work dir (a private mount namespace), no
-  view of or signals to host processes (a PID namespace whose death kills everything inside);
+- **Landlock** (:mod:`gymllm.tools.landlock`): files open only in the work dir (read-write) and,
+  read-only, in what the interpreter and shell need (the Python installs, ``/usr``, the libraries,
+  a few ``/etc`` files, ``/dev/null``..., ``/proc`` only when it is the sandbox's own); no TCP
+  bind/connect; no signals, ``ptrace`` or abstract UNIX sockets reaching processes outside;
+- **seccomp** (:mod:`gymllm.tools.seccomp`): no ``socket()`` of any family (inet, inet6, unix,
+  netlink, ...), no ``ptrace``, mount, namespace, ``io_uring``, ``bpf``, ``TIOCSTI`` ...; in Python
+  mode without ``allow_subprocess`` no ``fork``/``clone``/``execve`` at all (threads stay), which
+  also holds for ``fork`` called through ``ctypes``;
+- a **process-count limit** (``process_limit``): that seccomp rule in Python mode, else a ``pids``
+  cgroup (root is exempt from ``RLIMIT_NPROC``) or ``RLIMIT_NPROC`` for a non-root user;
+- **signal isolation** (``signals``): Landlock's scope (ABI >= 6) or a PID namespace.
+
+Further layers (each reported in :attr:`SandboxResult.isolation`, so a caller knows what took effect):
+
+- **kernel namespaces** (Linux, when user namespaces are allowed; best effort): no network (an empty
+  network namespace), the whole file system read-only except the work dir (a private mount
+  namespace), no view of or signals to host processes (a PID namespace whose death kills everything
+  inside, with its own ``/proc``);
 - **rlimits**: CPU seconds, address space (memory bombs fail with ``MemoryError``), file size,
   open files, core dumps, and process count (for a non-root user);
-- **cgroups** (v1, nested under this process's own, where writable): ``pids.max`` (root is exempt
-  from the process-count rlimit, so this is the fork-bomb limit there) and a memory limit on all
-  the sandbox's processes together (``memory_mb``), so many processes cannot add up past it;
+- **cgroups** (v1, nested under this process's own, where writable): ``pids.max`` and a memory
+  limit on all the sandbox's processes together (``memory_mb``), so many processes cannot add up past it;
 - a **Python audit hook** in Python mode: writes outside the work dir, sockets and new processes
-  are refused even where namespaces are unavailable (and there ``ctypes`` too, which could go
-  around the hook; with the kernel layers in place ``ctypes`` stays importable, e.g. for sympy);
+  are refused with readable messages before the kernel sees them (and where the mount and network
+  namespaces are missing ``ctypes`` is refused too);
 - a **wall-clock timeout** that kills the whole process group, and stdout/stderr capped at
-  ``max_output_bytes`` each (the rest is drained and counted, never buffered).
+  ``max_output_bytes`` each (the rest is drained and counted, never buffered);
+- an **allowlisted environment**: the code sees only ``PATH``, ``HOME`` and ``TMPDIR`` (the work dir),
+  ``LANG``, ``TERM`` and two ``PYTHON*`` switches, never the trainer's variables (tokens, keys).
 
 Usage::
 
@@ -43,6 +61,12 @@ from gymllm.errors import ConfigError, ToolError, explain
 
 _CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_child.py")
 _COUNTER = itertools.count()
+GUARANTEES = ("landlock", "seccomp", "process_limit", "signals")
+"""The required layers; ``SandboxConfig.allow_missing`` may name those a run may go without."""
+
+
+class SandboxUnavailableError(ToolError):
+    """A required isolation layer is missing on this machine; the code was not run."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -59,7 +83,11 @@ class SandboxConfig:
         network: allow network access (default False: an empty network namespace).
         allow_subprocess: Python mode only: allow the code to start processes.
         namespaces: use Linux namespaces where available (net, mount, pid).
-        extra_paths: directories appended to ``sys.path`` in Python mode (e.g. site-packages).
+        extra_paths: directories appended to ``sys.path`` in Python mode (e.g. site-packages); readable.
+        read_paths: further files or directories the code may read (read-only), e.g. a data set.
+        allow_missing: required layers (of :data:`GUARANTEES`) this config may run without where the
+            kernel lacks them, e.g. ``("landlock",)`` on a kernel older than 5.13. Default: none; a
+            run missing one raises :class:`SandboxUnavailableError`. A layer that exists is applied anyway.
     """
 
     timeout_s: float = 10.0
@@ -72,8 +100,20 @@ class SandboxConfig:
     allow_subprocess: bool = False
     namespaces: bool = True
     extra_paths: tuple[str, ...] = ()
+    read_paths: tuple[str, ...] = ()
+    allow_missing: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        unknown = [g for g in self.allow_missing if g not in GUARANTEES] if isinstance(
+            self.allow_missing, (tuple, list)) else [self.allow_missing]
+        if unknown:
+            raise ConfigError(explain("SandboxConfig.allow_missing", expected=f"a tuple of names from {GUARANTEES}",
+                                      received=self.allow_missing, fix='e.g. allow_missing=("landlock",)'))
+        for name in ("extra_paths", "read_paths"):
+            paths = getattr(self, name)
+            if not isinstance(paths, (tuple, list)) or not all(isinstance(p, str) and os.path.isabs(p) for p in paths):
+                raise ConfigError(explain(f"SandboxConfig.{name}", expected="a tuple of absolute paths",
+                                          received=paths, fix=f'e.g. {name}=("/data/shared",)'))
         for name, low in (("timeout_s", 0.0), ("memory_mb", 16), ("max_processes", 1), ("max_output_bytes", 1),
                           ("max_file_mb", 1), ("max_open_files", 16)):
             value = getattr(self, name)
@@ -281,7 +321,9 @@ class Sandbox:
         }
         iso = {"net": c.namespaces and not c.network, "fs": c.namespaces, "pid": c.namespaces}
         return {"workdir": self.workdir, "limits": limits, "isolate": iso, "network": c.network,
-                "status_fd": status_fd, "cgroups": cgroups, **extra}
+                "status_fd": status_fd, "cgroups": cgroups, "read_paths": list(c.read_paths),
+                "python_paths": sorted({sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable)}),
+                "extra_paths": list(c.extra_paths), "allow_missing": list(c.allow_missing), **extra}
 
     def _run(self, extra: dict, timeout_s: float | None, stdin: str | None) -> SandboxResult:
         if self._closed:
@@ -328,6 +370,12 @@ class Sandbox:
         for pipe in (proc.stdout, proc.stderr):
             pipe.close()
         isolation = self._read_status(r_fd)
+        if isolation.get("refused"):
+            raise SandboxUnavailableError(explain(
+                "Sandbox isolation", expected=f"every required layer {GUARANTEES}",
+                received=f"missing {isolation['refused']}",
+                fix="run on a kernel that has it, or pass SandboxConfig(allow_missing=(...)) naming it to run "
+                    "without it knowingly"))
         isolation.setdefault("cgroups", {})
         isolation["cgroup"] = bool(isolation["cgroups"].get("pids"))  # the fork-bomb limit took effect
         return SandboxResult(stdout=readers[0].text(), stderr=readers[1].text(),

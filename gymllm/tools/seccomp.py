@@ -1,0 +1,149 @@
+"""A small seccomp-BPF syscall filter built by hand and installed through ``ctypes`` (unprivileged).
+
+Standard library only: the sandbox's child (run as a script, ``python -I -S``) loads this file by path.
+
+    from gymllm.tools import seccomp
+    seccomp.available()                                   # True where the kernel has SECCOMP_MODE_FILTER
+    seccomp.install(network=False, processes=False)       # this process and its children, irreversibly
+
+The filter is a deny list (an interpreter needs hundreds of ordinary syscalls); every refusal returns
+``EPERM`` unless noted. Always refused: ``ptrace`` and ``process_vm_readv/writev``, every mount and
+namespace call (``mount``, ``umount2``, ``pivot_root``, ``chroot``, ``unshare``, ``setns``, the new
+mount API), ``bpf``, ``perf_event_open``, ``io_uring_*`` (its operations bypass seccomp), kernel
+modules and ``kexec``, keyrings, ``userfaultfd``, ``open_by_handle_at``, clock and host-name
+changes, ``syslog``, ``pidfd_getfd``, ``process_madvise``, the ``TIOCSTI``/``TIOCLINUX`` ioctls
+(typing into a terminal), the x32 ABI and any other architecture's syscalls (the process is killed).
+With ``network=False``: ``socket()`` of every family (``socketpair`` stays: it reaches no one).
+With ``processes=False``: ``fork``, ``vfork``, ``clone`` without ``CLONE_THREAD`` (threads stay),
+``execve``, ``execveat``; ``clone3`` returns ``ENOSYS`` so that libc falls back to ``clone``, whose
+flags the filter can read.
+
+Syscall numbers are tabled for x86_64 and aarch64 (tests check them against libseccomp's where it is
+installed); elsewhere :func:`install` raises :class:`SeccompError`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import platform
+import struct
+
+__all__ = ["SeccompError", "SYSCALLS", "available", "build_filter", "install"]
+
+PR_SET_NO_NEW_PRIVS, PR_GET_SECCOMP, PR_SET_SECCOMP = 38, 21, 22
+SECCOMP_MODE_FILTER = 2
+SECCOMP_GET_ACTION_AVAIL = 2
+RET_KILL_PROCESS, RET_ALLOW, RET_ERRNO = 0x80000000, 0x7FFF0000, 0x00050000
+LD_W_ABS, JEQ_K, JGE_K, JSET_K, RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
+OFF_NR, OFF_ARCH = 0, 4
+CLONE_THREAD = 0x00010000
+TIOCSTI, TIOCLINUX = 0x5412, 0x541C
+X32_SYSCALL_BIT = 0x40000000
+
+_ALWAYS = ("ptrace process_vm_readv process_vm_writev mount umount2 pivot_root chroot unshare setns bpf "
+           "perf_event_open kexec_load kexec_file_load init_module finit_module delete_module reboot swapon "
+           "swapoff keyctl add_key request_key userfaultfd io_uring_setup io_uring_enter io_uring_register "
+           "open_by_handle_at name_to_handle_at quotactl quotactl_fd acct settimeofday clock_settime "
+           "clock_adjtime adjtimex syslog fsopen fsconfig fsmount fspick move_mount open_tree mount_setattr "
+           "pidfd_getfd process_madvise vhangup sethostname setdomainname lookup_dcookie iopl ioperm uselib").split()
+
+_GENERIC = dict(  # asm-generic/unistd.h (aarch64)
+    ptrace=117, process_vm_readv=270, process_vm_writev=271, mount=40, umount2=39, pivot_root=41, chroot=51,
+    unshare=97, setns=268, bpf=280, perf_event_open=241, kexec_load=104, kexec_file_load=294, init_module=105,
+    finit_module=273, delete_module=106, reboot=142, swapon=224, swapoff=225, keyctl=219, add_key=217,
+    request_key=218, userfaultfd=282, io_uring_setup=425, io_uring_enter=426, io_uring_register=427,
+    open_by_handle_at=265, name_to_handle_at=264, quotactl=60, quotactl_fd=443, acct=89, settimeofday=170,
+    clock_settime=112, clock_adjtime=266, adjtimex=171, syslog=116, fsopen=430, fsconfig=431, fsmount=432,
+    fspick=433, move_mount=429, open_tree=428, mount_setattr=442, pidfd_getfd=438, process_madvise=440,
+    vhangup=58, sethostname=161, setdomainname=162, lookup_dcookie=18, socket=198, clone=220, clone3=435,
+    execve=221, execveat=281, ioctl=29)
+
+_X86_64 = dict(
+    ptrace=101, process_vm_readv=310, process_vm_writev=311, mount=165, umount2=166, pivot_root=155, chroot=161,
+    unshare=272, setns=308, bpf=321, perf_event_open=298, kexec_load=246, kexec_file_load=320, init_module=175,
+    finit_module=313, delete_module=176, reboot=169, swapon=167, swapoff=168, keyctl=250, add_key=248,
+    request_key=249, userfaultfd=323, io_uring_setup=425, io_uring_enter=426, io_uring_register=427,
+    open_by_handle_at=304, name_to_handle_at=303, quotactl=179, quotactl_fd=443, acct=163, settimeofday=164,
+    clock_settime=227, clock_adjtime=305, adjtimex=159, syslog=103, fsopen=430, fsconfig=431, fsmount=432,
+    fspick=433, move_mount=429, open_tree=428, mount_setattr=442, pidfd_getfd=438, process_madvise=440,
+    vhangup=153, sethostname=170, setdomainname=171, lookup_dcookie=212, iopl=172, ioperm=173, uselib=134,
+    socket=41, fork=57, vfork=58, clone=56, clone3=435, execve=59, execveat=322, ioctl=16)
+
+SYSCALLS = {"x86_64": (0xC000003E, _X86_64), "aarch64": (0xC00000B7, _GENERIC)}
+"""``{machine: (AUDIT_ARCH_*, {syscall name: number})}``: the syscalls the filter names."""
+
+
+class SeccompError(OSError):
+    """seccomp is missing, the architecture has no syscall table here, or installing the filter failed."""
+
+
+def _insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
+    return struct.pack("=HBBI", code, jt, jf, k)
+
+
+def _arg_low(i: int) -> int:
+    return 16 + 8 * i  # seccomp_data.args[i], low 32 bits (little-endian)
+
+
+def build_filter(*, network: bool, processes: bool, machine: str | None = None) -> bytes:
+    """The BPF program (``struct sock_filter[]`` bytes) for the given policy and architecture."""
+    machine = machine or platform.machine()
+    if machine not in SYSCALLS:
+        raise SeccompError(errno.ENOSYS, f"no seccomp syscall table for the {machine!r} architecture "
+                                         f"(known: {sorted(SYSCALLS)})")
+    arch, nr = SYSCALLS[machine]
+    eperm, allow = RET_ERRNO | errno.EPERM, RET_ALLOW
+    prog = [_insn(LD_W_ABS, OFF_ARCH), _insn(JEQ_K, arch, 1, 0), _insn(RET_K, RET_KILL_PROCESS),
+            _insn(LD_W_ABS, OFF_NR)]
+    if machine == "x86_64":
+        prog += [_insn(JGE_K, X32_SYSCALL_BIT, 0, 1), _insn(RET_K, eperm)]
+    denied = [n for n in _ALWAYS if n in nr]
+    if not network:
+        denied.append("socket")
+    if not processes:
+        denied += [n for n in ("fork", "vfork", "execve", "execveat") if n in nr]
+    for name in denied:
+        prog += [_insn(JEQ_K, nr[name], 0, 1), _insn(RET_K, eperm)]
+    if not processes:
+        prog += [_insn(JEQ_K, nr["clone3"], 0, 1), _insn(RET_K, RET_ERRNO | errno.ENOSYS),
+                 _insn(JEQ_K, nr["clone"], 0, 4), _insn(LD_W_ABS, _arg_low(0)),
+                 _insn(JSET_K, CLONE_THREAD, 0, 1), _insn(RET_K, allow), _insn(RET_K, eperm),
+                 _insn(LD_W_ABS, OFF_NR)]
+    prog += [_insn(JEQ_K, nr["ioctl"], 0, 5), _insn(LD_W_ABS, _arg_low(1)), _insn(JEQ_K, TIOCSTI, 2, 0),
+             _insn(JEQ_K, TIOCLINUX, 1, 0), _insn(RET_K, allow), _insn(RET_K, eperm)]
+    prog.append(_insn(RET_K, allow))
+    return b"".join(prog)
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def available() -> bool:
+    """Whether the kernel has seccomp filter mode (``CONFIG_SECCOMP_FILTER``) and this architecture a table."""
+    if platform.machine() not in SYSCALLS:
+        return False
+    return _LIBC.prctl(PR_GET_SECCOMP, 0, 0, 0, 0) >= 0  # -1 (EINVAL) without CONFIG_SECCOMP
+
+
+def install(*, network: bool, processes: bool) -> dict:
+    """Set ``no_new_privs`` and install the filter on this (single-threaded) process; irreversible.
+
+    Returns ``{"instructions": n, "network": network, "processes": processes}``. Raises
+    :class:`SeccompError` where the kernel refuses.
+    """
+    prog = build_filter(network=network, processes=processes)
+    buf = ctypes.create_string_buffer(prog, len(prog))
+    fprog = _SockFprog(len=len(prog) // 8, filter=ctypes.cast(buf, ctypes.c_void_p))
+    if _LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise SeccompError(err, f"prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(err)}")
+    if _LIBC.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise SeccompError(err, f"prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER): {os.strerror(err)}")
+    return {"instructions": len(prog) // 8, "network": network, "processes": processes}
