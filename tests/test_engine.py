@@ -237,10 +237,12 @@ def test_bad_requests_raise_clear_errors_and_engine_keeps_serving(engine):
 
 def test_cancelled_request_frees_its_slot(engine):
     async def main():
-        task = asyncio.create_task(engine.generate([5, 6, 7], SamplingParams(max_tokens=60)))
-        while not engine._active:  # running: cancel it mid-generation
-            await asyncio.sleep(0.001)
-        task.cancel()
+        with engine.paused():  # forced: the request is mid-generation when it is cancelled
+            task = asyncio.create_task(engine.generate([5, 6, 7], SamplingParams(max_tokens=60)))
+            await asyncio.sleep(0)
+            await asyncio.to_thread(engine.run_iterations, 2)  # its prefill and one decode step
+            assert not task.done()
+            task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         for _ in range(200):
@@ -311,9 +313,11 @@ def test_close_aborts_waiting_and_running_requests(lm):
         sp = SamplingParams(max_tokens=60)
         first = eng.stream([1, 2, 3], sp)
         await first.__anext__()  # the engine is decoding
-        tasks = [asyncio.create_task(eng.generate(p, sp)) for p in prompts(13, seed=61, lo=4, hi=8)]
-        await asyncio.sleep(0.01)  # 14 requests on 12 slots: at least two still wait
-        await eng.close()
+        with eng.paused():  # forced: 13 more requests wait while the first one runs, then the engine closes
+            tasks = [asyncio.create_task(eng.generate(p, sp)) for p in prompts(13, seed=61, lo=4, hi=8)]
+            await asyncio.sleep(0)
+            await asyncio.to_thread(eng.run_iterations, 1)  # 11 of them take the free rows, two still wait
+            await eng.close()
         await eng.close()  # idempotent
         done = await asyncio.gather(*tasks)
         with pytest.raises(EngineError, match="closed"):
