@@ -25,6 +25,22 @@ def fixed_latency(seconds, length=100):
     return functools.partial(LatencyEnv, median_s=seconds, p99_s=seconds, episode_length=length)
 
 
+class GatedEnv(EchoEnv):
+    """Echo whose steps wait on a ``threading.Event`` (and meet a ``threading.Barrier``) the test holds:
+    the test decides when a step finishes instead of racing a sleep."""
+
+    def __init__(self, *, gate=None, barrier=None, episode_length=100):
+        super().__init__(episode_length=episode_length)
+        self.gate, self.barrier = gate, barrier
+
+    def _step(self, action):
+        if self.barrier is not None:
+            self.barrier.wait(timeout=30)  # BrokenBarrierError unless all parties step at once
+        if self.gate is not None:
+            assert self.gate.wait(timeout=30), "the test never opened the gate"
+        return super()._step(action)
+
+
 @pytest.fixture
 def closing():
     made = []
@@ -72,18 +88,20 @@ def test_disabled_autoreset_needs_a_masked_reset(closing):
 
 
 def test_recv_returns_fast_envs_first_without_waiting_for_the_slow_one(closing):
-    vec = VectorEnv([fixed_latency(0.5), fixed_latency(0.0), fixed_latency(0.0)])
+    gate = threading.Event()  # env 0's step cannot finish until the test opens it
+    vec = VectorEnv([functools.partial(GatedEnv, gate=gate), echo(100), echo(100)])
     closing(vec)
     vec.reset(seed=0)
-    t0 = time.perf_counter()
     vec.send(["a", "b", "c"])
     _, _, _, _, _, ids = vec.recv(min_ready=2)
-    assert sorted(ids) == [1, 2] and time.perf_counter() - t0 < 0.4
+    assert sorted(ids) == [1, 2] and vec.in_flight == [0]  # returned while env 0 was still blocked
     vec.send(["x"], env_ids=[1])
+    assert list(vec.recv(min_ready=1)[5]) == [1]  # env 1 goes round again; env 0 still blocked
+    gate.set()
     got = []
     while vec.in_flight:
         got += list(vec.recv()[5])
-    assert sorted(got) == [0, 1] and time.perf_counter() - t0 >= 0.45
+    assert got == [0]
 
 
 def test_recv_timeout_returns_what_is_ready(closing):
@@ -97,12 +115,12 @@ def test_recv_timeout_returns_what_is_ready(closing):
 
 
 def test_step_is_barrier_free_inside_a_sync_step(closing):
-    vec = VectorEnv([fixed_latency(0.2) for _ in range(8)])
+    barrier = threading.Barrier(8)  # each step waits for all eight: only concurrent steps get through
+    vec = VectorEnv([functools.partial(GatedEnv, barrier=barrier) for _ in range(8)])
     closing(vec)
     vec.reset(seed=0)
-    t0 = time.perf_counter()
-    vec.step(["a"] * 8)
-    assert time.perf_counter() - t0 < 0.2 * 4  # concurrent, not 8 x 0.2 s
+    obs, *_, infos = vec.step(["a"] * 8)
+    assert "error" not in infos and all(o.startswith("You said") for o in obs)
 
 
 def test_bounded_concurrency(closing):
@@ -206,14 +224,14 @@ def test_on_error_raise_is_catchable_and_keeps_the_batch(closing):
 
 
 def test_hanging_sub_env_times_out_with_its_id_and_is_rebuilt(closing):
-    hang = functools.partial(FailingEnv, fail_at_step=1, mode="hang", hang_s=3.0)
+    hang = functools.partial(FailingEnv, fail_at_step=1, mode="hang", hang_s=60.0)
     vec = VectorEnv([echo(10), hang], step_timeout=0.3)
     closing(vec)
     vec.reset(seed=0)
     old = vec.envs[1]
     t0 = time.perf_counter()
     obs, _, _, trunc, infos = vec.step(["a", "a"])
-    assert 0.25 < time.perf_counter() - t0 < 1.5
+    assert 0.25 < time.perf_counter() - t0 < 30  # waited for the timeout, not for the 60 s hang
     assert isinstance(infos["error"][1], EnvTimeoutError) and infos["error"][1].env_id == 1 and trunc[1]
     assert obs[0].startswith("You said")
     obs, *_ = vec.step(["a", "a"])  # rebuilt from its factory and reset
@@ -243,7 +261,7 @@ def test_astep_env_raises_env_errors_and_timeouts(closing):
 
 
 def test_close_returns_with_a_hung_env_in_flight_and_is_idempotent():
-    hang = functools.partial(FailingEnv, fail_at_step=1, mode="hang", hang_s=30.0)
+    hang = functools.partial(FailingEnv, fail_at_step=1, mode="hang", hang_s=120.0)
     vec = VectorEnv([echo(), hang])
     vec.reset(seed=0)
     vec.send(["a", "a"])
@@ -251,7 +269,7 @@ def test_close_returns_with_a_hung_env_in_flight_and_is_idempotent():
     t0 = time.perf_counter()
     vec.close()
     vec.close()
-    assert time.perf_counter() - t0 < 1.0 and vec.closed
+    assert time.perf_counter() - t0 < 60 and vec.closed  # did not wait for the 120 s hang
     with pytest.raises(VectorStateError, match="closed"):
         vec.step(["a", "a"])
 
@@ -276,22 +294,47 @@ def test_recv_blocked_in_another_thread_is_released_by_close():
     assert not t.is_alive() and errors
 
 
+class RendezvousEnv(TextEnv):
+    """Native async env whose step waits (without blocking the loop) until ``parties`` steps are in
+    flight at once: it can only succeed when the sub-envs' steps really run concurrently."""
+
+    metadata = {"render_modes": [], "gymllm_skip_check": "test-only env"}
+    inside: list = []  # set per test: [count]
+
+    def __init__(self, parties: int):
+        super().__init__()
+        self.parties = parties
+
+    async def _areset(self, *, seed, options):
+        return "go", {}
+
+    async def _astep(self, action):
+        RendezvousEnv.inside[0] += 1  # all sub-envs share the vector env's one loop thread
+        for _ in range(30_000):
+            if RendezvousEnv.inside[0] >= self.parties:
+                return f"met {action}", 1.0, True, {}
+            await asyncio.sleep(0.001)
+        raise TimeoutError("the other sub-envs' steps never ran alongside this one")
+
+
 def test_async_native_sub_envs_run_concurrently_on_the_loop(closing):
-    vec = gymllm.make_vec("gymllm/AsyncLatency-v0", 8, median_s=0.2, p99_s=0.2)
+    RendezvousEnv.inside = [0]
+    vec = VectorEnv([functools.partial(RendezvousEnv, 8)] * 8)
     closing(vec)
     assert {s.kind for s in vec._slots} == {"async"}
 
     async def main():
         vec.reset(seed=0)
-        t0 = time.perf_counter()
         await vec.asend(["a"] * 8)
-        got = []
+        got, errors = [], []
         while len(got) < 8:
-            got += list((await vec.arecv(min_ready=3))[5])
-        return sorted(got), time.perf_counter() - t0
+            out = await vec.arecv(min_ready=3)
+            got += list(out[5])
+            errors += [e for e in out[4].get("error", []) if e is not None]
+        return sorted(got), errors
 
-    got, dt = asyncio.run(main())
-    assert got == list(range(8)) and dt < 0.6
+    got, errors = asyncio.run(main())
+    assert got == list(range(8)) and errors == []
 
 
 def test_process_backend_matches_thread_backend_and_isolates_failures():
