@@ -6,7 +6,8 @@
 
 Backends: :class:`JaxEngine` (embedded, continuous batching), :class:`OpenAIClientEngine` (any
 OpenAI-compatible server, token ids in and out), :class:`VllmEngine` (optional extra ``vllm``).
-:func:`build_app` / :func:`serve` expose an engine as an OpenAI-compatible HTTP server.
+:class:`EnginePool` spreads requests over N replicas of any of them (in process or Ray actors built
+from a :class:`ReplicaSpec`). :func:`build_app` / :func:`serve` expose an engine as an OpenAI-compatible HTTP server.
 Names are imported lazily: the client does not import JAX.
 """
 
@@ -25,6 +26,12 @@ _LAZY = {
     "serve": "gymllm.inference.server",
     "ServerThread": "gymllm.inference.server",
     "VllmEngine": "gymllm.inference.vllm_engine",
+    "EnginePool": "gymllm.inference.pool",
+    "PoolConfig": "gymllm.inference.pool",
+    "ReplicaDied": "gymllm.inference.pool",
+    "ReplicaSpec": "gymllm.inference.replica",
+    "ReplicaHost": "gymllm.inference.replica",
+    "WeightUpdate": "gymllm.inference.replica",
 }
 
 __all__ = list(_LAZY)
