@@ -29,13 +29,14 @@ to the sync method in an executor for envs without them).
 from __future__ import annotations
 
 import asyncio
+import math
 import functools
 import threading
 from typing import Any, Awaitable, Callable, TypeVar
 
 import gymnasium as gym
 
-from gymllm.errors import ConfigError, InvalidActionError, ResetNeededError, explain
+from gymllm.errors import ConfigError, InvalidActionError, ResetNeededError, RewardError, explain
 from gymllm.spaces import Text
 
 __all__ = ["TextEnv", "areset_env", "astep_env"]
@@ -73,9 +74,12 @@ class _LoopThread:
         self.thread.join(timeout=1.0)
 
 
-def _overrides(obj: Any, name: str) -> bool:
+def overrides_hook(obj: Any, name: str) -> bool:
     """Whether ``type(obj)`` defines hook ``name`` itself (not the TextEnv default)."""
     return _overrides_cls(type(obj), name)
+
+
+_overrides = overrides_hook  # the former private name
 
 
 def _overrides_cls(cls: type, name: str) -> bool:
@@ -232,7 +236,7 @@ class TextEnv(gym.Env[ObsType, str]):
         if terminated or truncated:
             self._state = _DONE
         self._last_obs = obs
-        return obs, float(reward), terminated, truncated, dict(info) if info is not None else {}
+        return obs, _checked_reward(self, reward), terminated, truncated, dict(info) if info is not None else {}
 
     def _loop_thread(self) -> _LoopThread:
         lt = self.__dict__.get("_loop")
@@ -243,6 +247,19 @@ class TextEnv(gym.Env[ObsType, str]):
     @staticmethod
     async def _in_executor(fn: Callable[[], _T]) -> _T:
         return await asyncio.get_running_loop().run_in_executor(None, fn)
+
+
+def _checked_reward(env: Any, reward: Any) -> float:
+    """``reward`` as a finite float, or :class:`~gymllm.errors.RewardError` saying what was returned."""
+    try:
+        value = float(reward) if not isinstance(reward, (str, bytes)) else math.nan
+    except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value):
+        raise RewardError(explain(f"{type(env).__name__}._step reward", expected="a finite real number",
+                                  received=_short(reward), fix="return a float (e.g. 0.0 for no credit); "
+                                  "NaN or inf rewards would poison every advantage of their group"))
+    return value
 
 
 def _short(x: Any, n: int = 60) -> str:

@@ -16,6 +16,10 @@ class GymLLMError(Exception):
     """Base class of every error raised by gymllm."""
 
 
+class RewardError(GymLLMError, ValueError):
+    """An env returned a reward that is not a finite real number (NaN, inf, a string, None...)."""
+
+
 class InvalidActionError(GymLLMError, TypeError):
     """An action does not belong to the env's action space (wrong type, too long, ...)."""
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
+
 import pytest
 from test_rollout_orchestrator import SAMPLING, HangOrFailEnv, ScriptedEngine, consume_all, tok
 
@@ -40,3 +42,32 @@ def test_the_bound_is_validated_and_can_be_off():
     with pytest.raises(ConfigError, match="max_failed_streak"):
         RolloutConfig(max_failed_streak=0)
     assert RolloutConfig(max_failed_streak=None).max_failed_streak is None
+
+
+class BadRewardEnv(HangOrFailEnv):
+    """Returns a NaN, an inf or a string as reward for chosen seeds (a buggy reward function)."""
+
+    def __init__(self, *, bad: dict):
+        super().__init__()
+        self.bad = bad
+
+    async def _astep(self, action):
+        obs, reward, term, info = await super()._astep(action)
+        return obs, self.bad.get(self.seed_, reward), term, info
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), "1.0", None])
+def test_a_bad_reward_fails_its_trajectory_with_a_clear_error_and_the_run_goes_on(value):
+    from gymllm.errors import RewardError
+
+    env = BadRewardEnv(bad={0: value})
+    env.reset(seed=0)
+    with pytest.raises(RewardError, match="finite real number"):
+        env.step("a")
+    envs = [BadRewardEnv(bad={1: value}) for _ in range(4)]
+    cfg = RolloutConfig(group_size=2, num_groups=4, max_staleness=None)
+    orch = RolloutOrchestrator(envs, ScriptedEngine(), ModelAgent(tok()), sampling=SAMPLING, config=cfg)
+    groups = asyncio.run(consume_all(orch))
+    assert sorted(g.group_id for g in groups) == ["g0", "g2", "g3"]  # g1 recorded as failed, nothing else lost
+    assert orch.counts["groups_failed"] == 1 and any("RewardError" in e for e in orch.errors)
+    assert all(np.isfinite(g.rewards).all() for g in groups)
