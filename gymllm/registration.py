@@ -27,7 +27,8 @@ from gymllm.errors import ConfigError, explain
 __all__ = ["NAMESPACE", "register", "make", "make_vec", "registered_ids", "full_id"]
 
 NAMESPACE = "gymllm"
-_VECTOR_KEYS = ("autoreset_mode", "backend", "max_concurrency", "step_timeout", "on_error", "mp_context", "inline_below_s")
+_VECTOR_KEYS = ("autoreset_mode", "backend", "max_concurrency", "step_timeout", "on_error", "mp_context", "inline_below_s",
+                "ray_options")
 
 
 def full_id(env_id: str) -> str:
@@ -121,7 +122,8 @@ def make_vec(
     ``id`` is one env id / factory, or a list of them (mixed sub-envs: sub-env ``i`` uses item
     ``i % len(list)``; ``num_envs`` defaults to the list's length). Vector options
     (``autoreset_mode``, ``backend``, ``max_concurrency``, ``step_timeout``, ``on_error``,
-    ``mp_context``; see :class:`gymllm.vector.VectorEnvConfig`) may be given directly or in
+    ``mp_context``, ``ray_options`` with ``backend="ray"``; see :class:`gymllm.vector.VectorEnvConfig`
+    and :class:`gymllm.vector.RayOptions`) may be given directly or in
     ``vector_kwargs``; the remaining ``kwargs`` go to every sub-env's ``make``. ``wrappers`` wrap
     each sub-env.
     """

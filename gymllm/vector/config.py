@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from gymnasium.vector import AutoresetMode
 
 from gymllm.errors import ConfigError, explain
 
-__all__ = ["VectorEnvConfig", "AutoresetMode", "parse_autoreset_mode"]
+__all__ = ["VectorEnvConfig", "RayOptions", "AutoresetMode", "parse_autoreset_mode"]
 
 _MODES = {m.value.lower(): m for m in AutoresetMode} | {m.name.lower(): m for m in AutoresetMode}
-BACKENDS = ("thread", "process")
+BACKENDS = ("thread", "process", "ray")
 ON_ERROR = ("report", "raise")
 MP_CONTEXTS = ("forkserver", "spawn", "fork")
 
@@ -28,6 +29,91 @@ def parse_autoreset_mode(value: Any) -> AutoresetMode:
     return mode
 
 
+def _positive(value: Any, *, integer: bool, allow_zero: bool = False) -> bool:
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        return False
+    return value >= 0 if allow_zero else value > 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RayOptions:
+    """Options of the vector env's Ray backend (``backend="ray"``; ``ray_options={...}`` takes these keys).
+
+    Attributes:
+        address: the cluster to join when this process is not connected to Ray yet: ``None``
+            starts a local Ray on 127.0.0.1 (:func:`gymllm.ray_support.init_ray`), ``"auto"`` or
+            ``"host:port"`` joins a running one. Ignored when Ray is already initialized.
+        num_workers: number of env actors; the sub-envs are split into contiguous shards of
+            ``ceil(num_envs / num_workers)``. Exclusive with ``envs_per_actor``.
+        envs_per_actor: sub-envs per actor (default 1 when neither is given: each sub-env is its
+            own actor, fully independent). A shard steps the envs of one ``send`` in one actor
+            call (one round trip for them all) and returns them together.
+        num_cpus: CPUs each actor reserves (Ray's ``num_cpus``; fractions allowed).
+        resources: custom resources each actor reserves, e.g. ``{"sandbox": 1}``: actors are
+            placed only on nodes started with them (``ray start --resources='{"sandbox": 8}'``).
+        ready_timeout_s: seconds to wait for the actors to be placed and their envs built before
+            raising (an actor whose resources no node has would otherwise wait forever).
+        name_prefix: actor names ``{name_prefix}{shard}`` (None: unnamed actors).
+    """
+
+    address: str | None = None
+    num_workers: int | None = None
+    envs_per_actor: int | None = None
+    num_cpus: float = 1.0
+    resources: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    ready_timeout_s: float = 120.0
+    name_prefix: str | None = None
+
+    def __post_init__(self) -> None:
+        def bad(name: str, expected: str, fix: str) -> ConfigError:
+            return ConfigError(explain(f"ray_options[{name!r}]", expected=expected, received=getattr(self, name),
+                                       fix=fix))
+
+        if self.address is not None and not (isinstance(self.address, str) and self.address):
+            raise bad("address", "None, 'auto' or 'host:port'", "pass address='auto' to join a running cluster")
+        for name in ("num_workers", "envs_per_actor"):
+            v = getattr(self, name)
+            if v is not None and not _positive(v, integer=True):
+                raise bad(name, "None or an int >= 1", f"pass {name}=4")
+        if self.num_workers is not None and self.envs_per_actor is not None:
+            raise bad("envs_per_actor", "num_workers or envs_per_actor, not both", "drop one of them")
+        if not _positive(self.num_cpus, integer=False, allow_zero=True):
+            raise bad("num_cpus", "CPUs >= 0 per actor", "pass num_cpus=1 (or 0.5)")
+        res = self.resources
+        if not isinstance(res, Mapping) or not all(isinstance(k, str) and _positive(v, integer=False)
+                                                   for k, v in res.items()):
+            raise bad("resources", "a dict of resource name -> amount > 0", "pass resources={'sandbox': 1}")
+        object.__setattr__(self, "resources", dict(res))
+        if not _positive(self.ready_timeout_s, integer=False):
+            raise bad("ready_timeout_s", "seconds > 0", "pass ready_timeout_s=120")
+        if self.name_prefix is not None and not isinstance(self.name_prefix, str):
+            raise bad("name_prefix", "None or a str", "pass name_prefix='gymllm-env-'")
+
+    @classmethod
+    def parse(cls, value: Any) -> "RayOptions":
+        """``RayOptions`` from itself, ``None`` (defaults) or a dict of its fields (unknown keys named)."""
+        if isinstance(value, cls):
+            return value
+        if value is None:
+            return cls()
+        if not isinstance(value, Mapping):
+            raise ConfigError(explain("ray_options", expected="a dict or RayOptions", received=value,
+                                      fix="pass ray_options={'num_workers': 4, 'num_cpus': 1}"))
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ConfigError(explain("ray_options", expected=f"keys among {sorted(known)}", received=unknown,
+                                      fix="drop or rename those keys"))
+        return cls(**value)
+
+    def shard_size(self, num_envs: int) -> int:
+        """Sub-envs per actor for ``num_envs`` sub-envs."""
+        if self.num_workers is not None:
+            return -(-num_envs // self.num_workers)
+        return self.envs_per_actor or 1
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class VectorEnvConfig:
     """Options of :class:`gymllm.vector.VectorEnv`.
@@ -37,7 +123,7 @@ class VectorEnvConfig:
         backend: ``"thread"`` runs sync sub-envs on worker threads and async-native sub-envs as
             tasks on one event-loop thread; ``"process"`` hosts each sub-env in its own process
             (for CPU-heavy sync envs; observations travel pickled through a pipe, never through
-            shared memory).
+            shared memory); ``"ray"`` hosts the sub-envs in Ray actors (see :class:`RayOptions`).
         max_concurrency: most sub-env operations in flight at once (None: ``num_envs``).
         step_timeout: seconds a reset/step may take before the sub-env is reported with
             :class:`~gymllm.errors.EnvTimeoutError` and replaced by a fresh instance on its next
@@ -50,7 +136,8 @@ class VectorEnvConfig:
         inline_below_s: a sync sub-env whose ops have averaged under this many seconds runs its
             next op on the calling thread (CPU-bound Python gains nothing from threads under the
             GIL, and skipping the hand-off keeps per-step overhead low); 0 disables. Never used
-            with ``step_timeout`` or the process backend.
+            with ``step_timeout`` or the process and Ray backends.
+        ray_options: a :class:`RayOptions` or a dict of its fields (only with ``backend="ray"``).
     """
 
     autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP
@@ -60,9 +147,15 @@ class VectorEnvConfig:
     on_error: str = "report"
     mp_context: str = "forkserver"
     inline_below_s: float = 2e-4
+    ray_options: RayOptions | Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "autoreset_mode", parse_autoreset_mode(self.autoreset_mode))
+        if self.ray_options is not None or self.backend == "ray":
+            if self.backend != "ray":
+                raise ConfigError(explain("VectorEnvConfig.ray_options", expected="ray_options only with backend='ray'",
+                                          received={"backend": self.backend}, fix="pass backend='ray' as well"))
+            object.__setattr__(self, "ray_options", RayOptions.parse(self.ray_options))
         for name, allowed in (("backend", BACKENDS), ("on_error", ON_ERROR), ("mp_context", MP_CONTEXTS)):
             if getattr(self, name) not in allowed:
                 raise ConfigError(explain(f"VectorEnvConfig.{name}", expected=" or ".join(map(repr, allowed)),

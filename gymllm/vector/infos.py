@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["add_info", "batch_infos"]
+__all__ = ["add_info", "batch_infos", "batch_results"]
 
 
 def _empty(value: Any, n: int) -> np.ndarray:
@@ -97,3 +97,23 @@ def batch_infos(pairs: list[tuple[int, dict[str, Any]]], n: int) -> dict[str, An
         mask[idx] = True
         infos[key], infos[f"_{key}"] = array, mask
     return infos
+
+
+def batch_results(results: list, n: int, by_env_id: bool) -> tuple:
+    """``(obs, rewards, terms, truncs, infos)`` arrays of length ``n`` from result records
+    (``env_id``, ``obs``, ``reward``, ``terminated``, ``truncated``, ``info``); result k goes to index
+    ``env_id`` (``by_env_id``) or ``k``."""
+    obs = np.empty(n, dtype=object)
+    rewards = np.zeros(n, dtype=np.float64)
+    terms = np.zeros(n, dtype=np.bool_)
+    truncs = np.zeros(n, dtype=np.bool_)
+    pairs = []
+    for k, r in enumerate(results):
+        j = r.env_id if by_env_id else k
+        obs[j] = r.obs
+        rewards[j] = r.reward
+        terms[j] = r.terminated
+        truncs[j] = r.truncated
+        if r.info:
+            pairs.append((j, r.info))
+    return obs, rewards, terms, truncs, batch_infos(pairs, n)

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import gymnasium as gym
 from gymnasium.vector.utils import CloudpickleWrapper
 
-__all__ = ["ProcessEnv"]
+__all__ = ["ProcessEnv", "picklable_error"]
 
 
 def _child(conn, env_fn: CloudpickleWrapper) -> None:
@@ -33,17 +33,18 @@ def _child(conn, env_fn: CloudpickleWrapper) -> None:
             try:
                 conn.send(("ok", getattr(env, cmd)(*args, **kwargs)))
             except Exception as e:  # noqa: BLE001 - shipped back to the parent
-                conn.send(("err", _picklable(e)))
+                conn.send(("err", picklable_error(e)))
     except (EOFError, KeyboardInterrupt, BrokenPipeError):
         return
     except Exception as e:  # noqa: BLE001 - construction failed
         try:
-            conn.send(("err", _picklable(e)))
+            conn.send(("err", picklable_error(e)))
         except Exception:  # noqa: BLE001
             pass
 
 
-def _picklable(e: BaseException) -> BaseException:
+def picklable_error(e: BaseException) -> BaseException:
+    """``e`` itself when it survives pickling, else a ``RuntimeError`` holding its text and traceback."""
     try:
         pickle.loads(pickle.dumps(e))
         return e
