@@ -13,6 +13,7 @@ import errno
 import json
 import os
 import platform
+import signal
 import socket
 import subprocess
 import sys
@@ -61,6 +62,12 @@ GONE_OR_DENIED = {"ENOENT", "ESRCH", "EACCES", "EPERM"}  # another PID namespace
 NO_WRITE = {"EROFS", "EACCES"}  # the read-only mount, or Landlock
 EPERM = {"EPERM"}
 HOOK = {"python": {"sandbox"}, "shell": {"EPERM"}}  # the audit hook speaks first; without it, seccomp
+
+# machine code "mov eax, 20 (i386 getpid); int 0x80; ret" run from an executable mapping (x86_64 only)
+INT80 = ("import ctypes, mmap\n    m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)\n"
+         "    m.write(bytes([0xb8, 20, 0, 0, 0, 0xcd, 0x80, 0xc3]))\n"
+         "    f = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(m)))\n"
+         "    return 'ESCAPED: i386 getpid() = %d' % f()")
 
 # (id, body of go(), expected outcome(s), modes): {secret} {outside} {home_key} {pid} {victim} {port} {project}
 ATTEMPTS = [
@@ -124,6 +131,9 @@ ATTEMPTS = [
      EPERM if "vfork" in NR else {"ENOSYS"}, "p"),
     ("execve-libc", "import ctypes\n    argv = (ctypes.c_char_p * 2)(b'/bin/true', None)\n"
      "    return libc().execv(b'/bin/true', argv)", EPERM, "p"),
+    *([("x32-abi-syscall", "return libc().syscall(0x40000000 | 39)", EPERM, "ps"),  # getpid through the x32 ABI
+       ("int80-i386-syscall", INT80, {"SIGSYS"}, "ps")]  # the 32-bit ABI from machine code: killed
+      if platform.machine() == "x86_64" else []),
     ("memory-bomb-libc", "import ctypes\n    L = libc()\n    L.malloc.restype = ctypes.c_void_p\n"
      "    return L.malloc(ctypes.c_size_t(8 << 30)) or -1", {"ENOMEM"}, "ps"),
     # -- other processes: ptrace, signals
@@ -195,6 +205,8 @@ def _run(box: Sandbox, mode: str, body: str, fmt: dict):
     code = PRELUDE + "\ndef go():\n    " + body.format(**fmt) + "\n\nprint('RESULT', outcome(go))\n"
     res = box.run_python(code) if mode == "p" else box.run_argv(["python", "-c", code])
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
+    if not lines and res.exit_code == 128 + signal.SIGSYS:  # the launcher reports its init's death by SIGSYS
+        return res, "SIGSYS"
     return res, (lines[-1][len("RESULT "):] if lines else None)
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
@@ -263,27 +264,39 @@ SYSTEM_READ_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbi
 SYSTEM_READ_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/passwd",
                      "/etc/group", "/etc/nsswitch.conf", "/etc/host.conf", "/etc/os-release", "/etc/mime.types",
                      "/dev/urandom", "/dev/random")
+NETWORK_READ_FILES = ("/etc/resolv.conf", "/etc/hosts", "/etc/gai.conf", "/etc/services", "/etc/protocols",
+                      "/etc/ssl", "/etc/ca-certificates", "/etc/pki")  # only with SandboxConfig(network=True)
 DEVICES_RW = ("/dev/null", "/dev/zero", "/dev/full")
 GUARANTEES = ("landlock", "seccomp", "process_limit", "signals")
 
 
 def _load(name: str):
-    """Load a stdlib-only sibling module (``landlock.py``, ``seccomp.py``) by path: gymllm is not importable here."""
-    import importlib.util
+    """Import a stdlib-only sibling module (``landlock.py``, ``seccomp.py``): gymllm is not importable here.
 
-    spec = importlib.util.spec_from_file_location(f"gymllm_sandbox_{name}", os.path.join(_HERE, name + ".py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    A plain import from this directory reads the ``__pycache__`` the parent's own import wrote
+    (compiling the source each run costs ~10-20 ms); the names leave ``sys.path`` and
+    ``sys.modules`` at once, so the code's own ``import seccomp`` finds no stray module.
+    """
+    import importlib
+
+    sys.path.insert(0, _HERE)
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(_HERE)
+        sys.modules.pop(name, None)
 
 
 def read_only_paths(spec: dict, *, own_proc: bool) -> list[str]:
     """What the interpreter and the shell need to read: the Python installs, system libraries, a few files."""
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-             os.path.dirname(os.path.realpath(sys.executable)), *SYSTEM_READ_DIRS, *SYSTEM_READ_FILES}
+    python = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+              os.path.dirname(os.path.realpath(sys.executable)), *spec.get("python_paths", [])}
+    python.discard("/")  # an interpreter "installed" at / must not open the whole file system
+    paths = python | set(SYSTEM_READ_DIRS) | set(SYSTEM_READ_FILES)
     paths.update(spec.get("extra_paths", []))
-    paths.update(spec.get("read_paths", []))
-    paths.update(spec.get("python_paths", []))  # the parent's venv: site.py (not run here) finds it
+    paths.update(spec.get("read_paths", []))  # the caller's explicit choice
+    if spec.get("network", False):
+        paths.update(NETWORK_READ_FILES)
     if own_proc:
         paths.add("/proc")  # the sandbox's own PID namespace: only its own processes are listed
     return sorted(p for p in paths if p)
@@ -375,7 +388,9 @@ def main() -> None:
             pass
         status["proc"] = bool(status.get("pid") and status.get("fs") and _mount_proc())
         os.chdir(workdir)
+        t0 = time.perf_counter()
         apply_kernel_layers(spec, status)
+        status["layers_ms"] = round((time.perf_counter() - t0) * 1000, 2)  # what Landlock + seccomp cost
         missing = missing_guarantees(status, spec.get("allow_missing", ()))
         if missing:
             status["refused"] = refusal(status, missing)

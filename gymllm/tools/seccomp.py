@@ -27,7 +27,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import platform
 import struct
 
 __all__ = ["SeccompError", "SYSCALLS", "available", "build_filter", "install"]
@@ -89,7 +88,7 @@ def _arg_low(i: int) -> int:
 
 def build_filter(*, network: bool, processes: bool, machine: str | None = None) -> bytes:
     """The BPF program (``struct sock_filter[]`` bytes) for the given policy and architecture."""
-    machine = machine or platform.machine()
+    machine = machine or os.uname().machine
     if machine not in SYSCALLS:
         raise SeccompError(errno.ENOSYS, f"no seccomp syscall table for the {machine!r} architecture "
                                          f"(known: {sorted(SYSCALLS)})")
@@ -126,7 +125,7 @@ _LIBC = ctypes.CDLL(None, use_errno=True)
 
 def available() -> bool:
     """Whether the kernel has seccomp filter mode (``CONFIG_SECCOMP_FILTER``) and this architecture a table."""
-    if platform.machine() not in SYSCALLS:
+    if os.uname().machine not in SYSCALLS:
         return False
     return _LIBC.prctl(PR_GET_SECCOMP, 0, 0, 0, 0) >= 0  # -1 (EINVAL) without CONFIG_SECCOMP
 
