@@ -187,3 +187,84 @@ def test_the_client_engine_does_not_import_jax():
     code = ("import sys; from gymllm.inference import OpenAIClientEngine, SamplingParams; "
             "assert 'jax' not in sys.modules, 'jax imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+# ---------------------------------------------------------------- OpenAI's text rules, tool calls
+def test_text_leaves_out_the_stop_token_but_token_ids_keep_it(server, lm):
+    """Force a stop on a token the greedy answer contains: the text is the decode of the ids before it."""
+    body = {"prompt": [5, 6, 7, 8], "max_tokens": 9, "temperature": 0.0}
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        free = http.post("/v1/completions", json=body).json()["choices"][0]["token_ids"]
+        stop = free[3]
+        cut = free[:free.index(stop) + 1]
+        done = http.post("/v1/completions", json={**body, "stop_token_ids": [stop]}).json()["choices"][0]
+        chat_body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 9, "temperature": 0.0}
+        chat_free = http.post("/v1/chat/completions", json=chat_body).json()["choices"][0]["token_ids"]
+        cstop = chat_free[2]
+        chat = http.post("/v1/chat/completions", json={**chat_body, "stop_token_ids": [cstop]}).json()["choices"][0]
+        with http.stream("POST", "/v1/chat/completions",
+                         json={**chat_body, "stop_token_ids": [cstop], "stream": True}) as resp:
+            events = sse_events(resp)
+    assert done["token_ids"] == cut and done["finish_reason"] == "stop" and done["stop_reason"] == stop
+    assert done["text"] == lm.tokenizer.decode(cut[:-1])
+    ccut = chat_free[:chat_free.index(cstop) + 1]
+    assert chat["token_ids"] == ccut and chat["message"]["content"] == lm.tokenizer.decode(ccut[:-1])
+    streamed = "".join(e["choices"][0].get("delta", {}).get("content", "") or "" for e in events[:-1])
+    assert streamed == chat["message"]["content"]
+
+
+class ScriptedEngine:
+    """A stand-in engine that answers every request with the ids of the next scripted text plus the
+    end-of-turn id: a random tiny model never writes a tool call, so tool-call shaping is tested on
+    text we choose (the server, tokenizer, template and HTTP stack are the real ones)."""
+
+    def __init__(self, tokenizer, texts):
+        self.tokenizer, self.texts, self.prompts = tokenizer, list(texts), []
+        self.max_len, self.version = 4096, 0
+        self.end = tokenizer.token_to_id("<|im_end|>")
+
+    async def generate(self, prompt, params, session_id=None):
+        from gymllm.inference import Completion
+
+        self.prompts.append(list(prompt))
+        ids = self.tokenizer.encode(self.texts.pop(0)) + [self.end]
+        return Completion(token_ids=ids, logprobs=[-0.5] * len(ids), versions=[self.version] * len(ids),
+                          prompt_len=len(prompt), finish_reason="stop", stop_reason=self.end)
+
+
+TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two numbers.",
+                                           "parameters": {"type": "object", "properties": {
+                                               "a": {"type": "number"}, "b": {"type": "number"}}}}}]
+
+
+def test_tool_calls_come_back_as_tool_calls_through_the_openai_client(lm):
+    openai = pytest.importorskip("openai")
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+    engine = ScriptedEngine(lm.tokenizer, ["Let me add.\n" + call, "The sum is 5.", call])
+    with ServerThread(build_app(engine, lm.tokenizer, "scripted")) as s:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
+        msgs = [{"role": "user", "content": "What is 2 + 3?"}]
+        r = client.chat.completions.create(model="scripted", messages=msgs, tools=TOOLS)
+        choice = r.choices[0]
+        msgs += [choice.message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": choice.message.tool_calls[0].id, "content": "5"}]
+        r2 = client.chat.completions.create(model="scripted", messages=msgs, tools=TOOLS)
+        plain = client.chat.completions.create(model="scripted", messages=msgs[:1])  # no tools: no parsing
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Let me add."
+    (tc,) = choice.message.tool_calls
+    assert tc.function.name == "add" and json.loads(tc.function.arguments) == {"a": 2, "b": 3}
+    assert r2.choices[0].message.content == "The sum is 5." and not r2.choices[0].message.tool_calls
+    assert r2.choices[0].finish_reason == "stop" and "<|im_end|>" not in r2.choices[0].message.content
+    assert plain.choices[0].message.content == call and plain.choices[0].finish_reason == "stop"
+    # the echoed assistant message rendered the call back into the next prompt
+    assert "<tool_call>" in lm.tokenizer.decode(engine.prompts[1]) and "<tool_response>" in \
+        lm.tokenizer.decode(engine.prompts[1])
+
+
+def test_openapi_schema_describes_the_bounds(server):
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        spec = http.get("/openapi.json").json()
+    schemas = spec["components"]["schemas"]
+    assert schemas["CompletionRequest"]["properties"]["n"]["anyOf"][0]["maximum"] == 16
+    assert schemas["CompletionRequest"]["properties"]["max_tokens"]["maximum"] == CFG.max_len
+    assert "ChatCompletionResponse" in schemas and "/v1/chat/completions" in spec["paths"]

@@ -145,24 +145,40 @@ def serve(
     port: int = 8000,
     max_slots: int = 16,
     max_len: int = 2048,
+    api_key: str | None = None,
+    max_n: int = 16,
+    max_body_bytes: int = 1_000_000,
 ) -> int:
     """Serve a model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions).
 
     Args:
         model: A model name, a local checkpoint directory, or `tiny-<family>` for a random tiny model.
-        host: Bind address (loopback by default).
+        host: Bind address (loopback by default; any other address needs an API key).
         port: TCP port.
         max_slots: Concurrent sequences in the continuous-batching engine.
         max_len: Context length of each slot.
+        api_key: Required as `Authorization: Bearer KEY` on /v1/* (default: $GYMLLM_API_KEY).
+        max_n: Most samples per prompt (`n`) one request may ask for.
+        max_body_bytes: Larger request bodies get a 413.
     """
+    import os
+
+    from gymllm.inference.server import check_bind
+    from gymllm.inference.server_models import ServerConfig
+
+    api_key = api_key or os.environ.get("GYMLLM_API_KEY") or None
+    check_bind(host, api_key)  # before loading anything: a clear error at once
+    config = ServerConfig(api_key=api_key, max_n=max_n, max_body_bytes=max_body_bytes)
+
     from gymllm.cli.evaluate import load_model
     from gymllm.inference import EngineConfig, JaxEngine
-    from gymllm.inference.server import serve as serve_fn
+    from gymllm.inference.server import serve as serve_fn, tool_format_for
 
     loaded = load_model(model)
     engine = JaxEngine.from_loaded(loaded, config=EngineConfig(num_slots=max_slots, max_len=max_len))
-    print(f"serving {model} on http://{host}:{port}/v1 (OpenAI-compatible)", flush=True)
-    serve_fn(engine, loaded.tokenizer, model, host=host, port=port)
+    fmt = tool_format_for(loaded.tokenizer, getattr(loaded.config, "family", None))
+    print(f"serving {model} on http://{host}:{port}/v1 (OpenAI-compatible; tool calls: {fmt})", flush=True)
+    serve_fn(engine, loaded.tokenizer, model, host=host, port=port, config=config, tool_format=fmt)
     return 0
 
 

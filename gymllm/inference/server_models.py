@@ -1,0 +1,298 @@
+"""The OpenAI-compatible server's requests, responses and limits as pydantic models.
+
+FastAPI validates every body against these models and publishes them at ``/openapi.json``, so the
+schema describes the real API. Request models are built per app by :func:`request_models` because
+their bounds come from the :class:`ServerConfig` and the engine (``n <= max_n``, ``max_tokens <=``
+the context, at most ``max_prompts`` prompts, token ids ``>= 0``).
+
+* Unknown fields are ignored (as vLLM does), so clients sending newer OpenAI fields keep working.
+* Every string must be encodable as UTF-8: a lone surrogate (``"\\ud800"``, which JSON can spell)
+  is a 400 naming the field, never a 500 from the tokenizer.
+* Value ranges of the sampling fields (temperature >= 0, 0 < top_p <= 1, ...) are checked by
+  :class:`~gymllm.inference.params.SamplingParams`, the one place they are defined.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
+
+from gymllm.errors import ConfigError, explain
+
+
+# ---------------------------------------------------------------- limits
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ServerConfig:
+    """Limits and switches of one server app (validated on creation).
+
+    max_n: most samples per prompt (``n``); max_prompts: most prompts in one completions request;
+    max_body_bytes: request bodies larger than this get a 413; default_max_tokens: ``max_tokens``
+    when the request has none; max_tokens_cap: largest ``max_tokens`` accepted (None: the engine's
+    context length); api_key: when set, ``/v1/*`` needs ``Authorization: Bearer <api_key>``;
+    tool_format: the ``gymllm.tools.parsers`` format used to turn the model's tool-call text into
+    ``tool_calls`` ("auto" detects it; "none" never parses).
+    """
+
+    max_n: int = 16
+    max_prompts: int = 64
+    max_body_bytes: int = 1_000_000
+    default_max_tokens: int = 256
+    max_tokens_cap: int | None = None
+    api_key: str | None = None
+    tool_format: str = "auto"
+
+    def __post_init__(self) -> None:
+        for name in ("max_n", "max_prompts", "max_body_bytes", "default_max_tokens"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(explain(f"ServerConfig.{name}", expected="an int >= 1", received=v,
+                                          fix=f"pass e.g. {name}=16"))
+        if self.max_tokens_cap is not None and (not isinstance(self.max_tokens_cap, int) or self.max_tokens_cap < 1):
+            raise ConfigError(explain("ServerConfig.max_tokens_cap", expected="None or an int >= 1",
+                                      received=self.max_tokens_cap, fix="pass None (the engine's context) or e.g. 2048"))
+        if self.api_key is not None and (not isinstance(self.api_key, str) or len(self.api_key) < 8):
+            raise ConfigError(explain("ServerConfig.api_key", expected="None or a string of >= 8 characters",
+                                      received="a short key" if isinstance(self.api_key, str) else self.api_key,
+                                      fix="pass a longer random key, e.g. from `python -c 'import secrets; "
+                                          "print(secrets.token_urlsafe(24))'`"))
+
+
+# ---------------------------------------------------------------- field types
+def _utf8(value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"expected text encodable as UTF-8, received a lone surrogate at index {exc.start} "
+                         "(e.g. \\ud800). Fix: send valid Unicode") from None
+    return value
+
+
+Text = Annotated[str, AfterValidator(_utf8)]
+TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+# ---------------------------------------------------------------- chat pieces
+class FunctionCall(_Lenient):
+    name: Text
+    arguments: Union[Text, dict[str, Any]] = Field(
+        default="{}", description="JSON text of the arguments (OpenAI's form) or the object itself")
+
+
+class ToolCallModel(_Lenient):
+    id: Text = ""
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ContentPart(_Lenient):
+    type: Text = "text"
+    text: Text = ""
+
+
+class ChatMessage(_Lenient):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[Text, list[ContentPart], None] = None
+    name: Text | None = None
+    tool_calls: list[ToolCallModel] | None = None
+    tool_call_id: Text | None = None
+
+
+class FunctionSpec(_Lenient):
+    name: Text
+    description: Text = ""
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolSpec(_Lenient):
+    type: Literal["function"] = "function"
+    function: FunctionSpec
+
+
+# ---------------------------------------------------------------- requests (bounds filled per app)
+class _SamplingFields(_Lenient):
+    model: Text | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = Field(default=None, description="0 or -1 = off")
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    stop: Union[Text, list[Text], None] = None
+    stop_token_ids: list[TokenId] | None = None
+    seed: int | None = None
+    n: int | None = None
+    stream: bool = False
+    user: Text | None = Field(default=None, description="names the session in training mode")
+    session_id: Text | None = Field(default=None, description="prefix reuse across a trajectory's turns")
+    return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
+
+
+class CompletionRequestBase(_SamplingFields):
+    prompt: Any = None
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool = False
+
+
+class ChatRequestBase(_SamplingFields):
+    messages: list[ChatMessage]
+    tools: list[ToolSpec] | None = None
+    tool_choice: Union[Literal["none", "auto", "required"], dict[str, Any], None] = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+
+def max_tokens_cap(config: ServerConfig, max_len: int | None) -> int | None:
+    """The largest ``max_tokens`` a request may ask for: ``config.max_tokens_cap``, else the context."""
+    return config.max_tokens_cap or max_len
+
+
+def request_models(config: ServerConfig, max_len: int | None) -> tuple[type[BaseModel], type[BaseModel]]:
+    """``(CompletionRequest, ChatCompletionRequest)`` with this server's bounds in their schema."""
+    cap = max_tokens_cap(config, max_len)
+    # the cap is published here and enforced by the server after the prompt checks (a too-long prompt
+    # is the clearer error when both are wrong)
+    max_tokens = Annotated[int | None, Field(default=None, ge=1, json_schema_extra={"maximum": cap} if cap else None)]
+    n = Annotated[int | None, Field(default=None, ge=1, le=config.max_n)]
+    ids = list[TokenId]  # length: checked against the context after tokenizing (a clear 400 either way)
+    one = Union[Text, ids]
+    prompt = Annotated[Union[one, Annotated[list[one], Field(min_length=1, max_length=config.max_prompts)]],
+                       Field(description="text, token ids, or a list of either")]
+    common: dict[str, Any] = {"max_tokens": (max_tokens, None), "max_completion_tokens": (max_tokens, None),
+                              "n": (n, None)}
+    completion = create_model("CompletionRequest", __base__=CompletionRequestBase, prompt=(prompt, ...), **common)
+    messages = Annotated[list[ChatMessage], Field(min_length=1, max_length=4096)]
+    chat = create_model("ChatCompletionRequest", __base__=ChatRequestBase, messages=(messages, ...), **common)
+    return completion, chat
+
+
+# ---------------------------------------------------------------- responses
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: dict[str, int] = Field(default_factory=dict)
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None = None
+    text_offset: list[int] | None = None
+
+
+class _TokenRecord(BaseModel):
+    """gymllm's additions to every choice: the ids, their policy versions and the prompt's ids."""
+
+    finish_reason: str | None = None
+    stop_reason: Union[int, str, None] = None
+    token_ids: list[int] = Field(default_factory=list)
+    versions: list[int] = Field(default_factory=list)
+    prompt_token_ids: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(_TokenRecord):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class TokenLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top_logprobs: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob]
+
+
+class ResponseFunctionCall(BaseModel):
+    name: str
+    arguments: str = Field(description="the arguments as JSON text (OpenAI's form)")
+
+
+class ResponseToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ResponseFunctionCall
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    tool_calls: list[ResponseToolCall] | None = None
+
+
+class ChatChoice(_TokenRecord):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = 0
+    owned_by: str = "gymllm"
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class Health(BaseModel):
+    status: str
+    model: str
+    version: int
+
+
+class RewardRequest(_Lenient):
+    reward: float = Field(description="the episode's outcome reward (finite)", allow_inf_nan=False)
+    info: dict[str, Any] = Field(default_factory=dict, description="stored with the trajectory")
+
+
+class RewardResponse(BaseModel):
+    session_id: str
+    group_id: str
+    reward: float
+    segments: int
+    model_calls: int
+    sampled_tokens: int
