@@ -49,7 +49,7 @@ def outcome(fn):
         if e.errno is None and "sandbox:" in str(e):
             return "sandbox"
         return errno.errorcode.get(e.errno, str(e.errno))
-    if r == "absent":
+    if r in ("absent", "bounded"):
         return r
     if isinstance(r, int) and r == -1:
         import ctypes
@@ -74,6 +74,7 @@ ATTEMPTS = [
     # -- reading what is not the sandbox's
     ("read-secret-file", "return open({secret!r}).read()", DENIED_READ, "ps"),
     ("read-secret-libc-open", "return libc().open({secret!r}.encode(), os.O_RDONLY)", DENIED_READ, "ps"),
+    ("read-other-users-file", "return open({other_user!r}).read()", DENIED_READ, "ps"),
     ("read-etc-shadow", "return open('/etc/shadow').read()", DENIED_READ, "ps"),
     ("read-ssh-key-in-home", "return open({home_key!r}).read()", DENIED_READ, "ps"),
     ("read-trainer-source", "return open({project!r}).read()", DENIED_READ, "ps"),
@@ -102,6 +103,7 @@ ATTEMPTS = [
      NO_WRITE, "ps"),
     ("write-outside-dir-libc", "return libc().open(({outside!r} + '/escaped').encode(), os.O_WRONLY | os.O_CREAT, "
      "0o644)", NO_WRITE, "ps"),
+    ("cgroup-escape-libc", "return libc().open(b'/sys/fs/cgroup/pids/cgroup.procs', os.O_WRONLY)", NO_WRITE, "ps"),
     ("mkdir-tmp-libc", "return libc().mkdir(b'/tmp/gymllm-escape-dir-{pid}', 0o755)", NO_WRITE, "ps"),
     ("rename-out-libc", "open('own.txt', 'w').write('x')\n    return libc().rename(b'own.txt', "
      "({outside!r} + '/moved').encode())", {"EXDEV", "EROFS", "EACCES"}, "ps"),
@@ -129,6 +131,10 @@ ATTEMPTS = [
      {"ENOSYS"}, "p"),
     ("vfork-syscall", "return libc().syscall({nr[vfork]})" if "vfork" in NR else "return libc().syscall(-1)",
      EPERM if "vfork" in NR else {"ENOSYS"}, "p"),
+    ("thread-bomb", "import threading, time\n    n = 0\n    try:\n        for n in range(2000):\n"
+     "            threading.Thread(target=time.sleep, args=(20,), daemon=True).start()\n"
+     "    except RuntimeError:\n        return 'bounded' if n < 200 else 'ESCAPED: %d threads' % n\n"
+     "    return 'ESCAPED: 2000 threads'", {"bounded"}, "p"),
     ("execve-libc", "import ctypes\n    argv = (ctypes.c_char_p * 2)(b'/bin/true', None)\n"
      "    return libc().execv(b'/bin/true', argv)", EPERM, "p"),
     *([("x32-abi-syscall", "return libc().syscall(0x40000000 | 39)", EPERM, "ps"),  # getpid through the x32 ABI
@@ -141,6 +147,7 @@ ATTEMPTS = [
     ("process-vm-readv", "return libc().syscall({nr[process_vm_readv]}, {pid}, None, 0, None, 0, 0)", EPERM, "ps"),
     ("kill-victim", "return os.kill({victim}, 9)", {"ESRCH", "EPERM"}, "ps"),
     ("kill-victim-libc", "return libc().kill({victim}, 9)", {"ESRCH", "EPERM"}, "ps"),
+    ("signal-trainer-usr2", "return os.kill({pid}, 12)", {"ESRCH", "EPERM"}, "ps"),  # counted by a handler
     ("kill-all-probe", "return os.kill(-1, 0)", {"ESRCH", "EPERM"}, "ps"),
     ("kill-trainer-probe", "return os.kill({pid}, 0)", {"ESRCH", "EPERM"}, "ps"),
     ("tiocsti", "import ctypes\n    return libc().ioctl(1, 0x5412, ctypes.c_char_p(b'x'))", EPERM, "ps"),
@@ -157,6 +164,7 @@ ATTEMPTS = [
      {"absent"}, "ps"),
 ]
 
+OUTSIDE = ["home", "other-user.txt", "secret.txt"]
 CASES = [pytest.param(mode, body, expected, id=f"{name}-{'python' if mode == 'p' else 'shell'}")
          for name, body, expected, modes in ATTEMPTS for mode in modes]
 
@@ -173,6 +181,14 @@ def world():
     home_key = os.path.join(home, ".ssh", "id_rsa")
     with open(home_key, "w") as f:
         f.write(SECRET)
+    other_user = os.path.join(outside, "other-user.txt")
+    with open(other_user, "w") as f:
+        f.write(SECRET)
+    os.chmod(other_user, 0o600)
+    if os.getuid() == 0:
+        os.chown(other_user, 12345, 12345)  # another user's private file
+    usr2 = []
+    old_handler = signal.signal(signal.SIGUSR2, lambda *_: usr2.append(1))
     victim = subprocess.Popen(["sleep", "120"])
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -183,11 +199,12 @@ def world():
     box = Sandbox(CFG, files={"data/input.txt": "hello"})
     try:
         yield {"box": box, "outside": outside, "secret": secret, "home_key": home_key, "victim": victim,
-               "server": server, "fmt": dict(secret=secret, outside=outside, home_key=home_key, pid=os.getpid(),
+               "server": server, "usr2": usr2, "fmt": dict(secret=secret, other_user=other_user, outside=outside, home_key=home_key, pid=os.getpid(),
                                              victim=victim.pid, port=server.getsockname()[1], nr=NR,
                                              project=os.path.abspath(__file__), env_secret=ENV_SECRET)}
     finally:
         box.close()
+        signal.signal(signal.SIGUSR2, old_handler)
         for k, v in old_env.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -224,9 +241,10 @@ def test_escape_attempt_is_refused(world, mode, body, expected):
     assert SECRET not in res.stdout + res.stderr and ENV_SECRET not in res.stdout + res.stderr
     # side effects, checked from outside
     assert world["victim"].poll() is None, "the victim process was killed from inside the sandbox"
+    assert not world["usr2"], "a signal reached the trainer from inside the sandbox"
     with pytest.raises(BlockingIOError):
         world["server"].accept()
-    assert sorted(os.listdir(world["outside"])) == ["home", "secret.txt"]
+    assert sorted(os.listdir(world["outside"])) == OUTSIDE
     for leftover in (f"/tmp/gymllm-escape-{os.getpid()}", f"/dev/shm/gymllm-escape-{os.getpid()}",
                      f"/tmp/gymllm-escape-dir-{os.getpid()}"):
         assert not os.path.exists(leftover)
@@ -296,13 +314,27 @@ def test_control_numpy_through_extra_paths():
         assert res.ok and res.stdout == "285 1.0\n", res.stderr
 
 
+def test_control_network_and_subprocess_when_allowed(world):
+    """The explicit switches open exactly their door: loopback TCP with network=True, processes with allow_subprocess."""
+    port = world["fmt"]["port"]
+    with Sandbox(SandboxConfig(timeout_s=5, network=True)) as box:
+        res = box.run_python(f"import socket; socket.create_connection(('127.0.0.1', {port}), 2).close(); print('connected')")
+        assert res.stdout == "connected\n" and res.isolation["seccomp"]["network"] is True, res.stderr
+        conn, _ = world["server"].accept()
+        conn.close()
+        assert "EACCES" in box.run_python(PRELUDE + f"print(outcome(lambda: open({world['secret']!r}).read()))").stdout
+    with Sandbox(SandboxConfig(timeout_s=5, max_processes=16, allow_subprocess=True)) as box:
+        res = box.run_python("import subprocess; print(subprocess.run(['echo', 'child'], capture_output=True, text=True).stdout)")
+        assert res.stdout == "child\n\n" and res.isolation["process_limit"] in ("pids cgroup", "RLIMIT_NPROC"), res
+
+
 def test_read_paths_grant_reads_only(world):
     with Sandbox(SandboxConfig(timeout_s=5, read_paths=(world["outside"],))) as box:
         res = box.run_python(PRELUDE + f"print(open({world['secret']!r}).read())\n"
                              f"print('RESULT', outcome(lambda: libc().open(({world['outside']!r} + '/w').encode(), "
                              f"os.O_WRONLY | os.O_CREAT, 0o644)))")
         assert SECRET in res.stdout and res.stdout.split()[-1] in NO_WRITE
-    assert sorted(os.listdir(world["outside"])) == ["home", "secret.txt"]
+    assert sorted(os.listdir(world["outside"])) == OUTSIDE
 
 
 def test_isolation_report_names_every_layer(world):
