@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 
@@ -87,7 +88,7 @@ def _stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGINT)
         try:
-            proc.wait(timeout=5)
+            proc.wait(timeout=3)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
@@ -112,7 +113,7 @@ def servers():
 def test_openenv_client_against_serve_env(servers):
     """OpenEnv's GenericEnvClient resets, steps and reads state; everything matches the env in process."""
     url = servers["probe"][1]
-    schema = __import__("httpx").get(url + "/schema").json()
+    schema = httpx.get(url + "/schema").json()
     assert schema["action"]["properties"]["text"]["maxLength"] == 64
     assert schema["observation"]["x-gymllm-observation"] == "chat"
     local = make_probe_env()
@@ -202,6 +203,11 @@ def test_bad_messages_get_clear_errors_and_the_server_stays_up(servers):
     with _ws(url) as c:  # ... and the server serves the next session
         assert _ask(c, {"type": "reset", "data": {"seed": 2}})["type"] == "observation"
         assert _ask(c, {"type": "step", "data": {"text": "ok"}})["data"]["done"] is False
+    # OpenEnv's stateless HTTP endpoints (a fresh env per request)
+    r = httpx.post(url + "/step", json={"action": {"text": "x"}})
+    assert r.status_code == 500 and "ResetNeededError" in r.json()["detail"]
+    assert httpx.post(url + "/step", json={"action": {"text": 3}}).status_code == 422
+    assert httpx.post(url + "/reset", json={"seed": 1}).json()["observation"]["messages"][0]["role"] == "system"
     assert servers["probe"][0].poll() is None
 
 

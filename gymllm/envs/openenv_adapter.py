@@ -303,25 +303,39 @@ class OpenEnvTextEnv(TextEnv):
         self.observation_space = self._mapping.observation_space
 
     # ------------------------------------------------------------------ hooks
+    # The sync hooks wait on the I/O loop directly (one thread hop); the async ones await it from any loop.
+    def _reset(self, *, seed: int | None, options: dict | None) -> tuple[Any, dict]:
+        return self._reset_result(self._io_wait(self._reset_coro(seed, options), "reset"))
+
+    def _step(self, action: str) -> tuple:
+        return self._configured()[1].observation(self._io_wait(self._step_coro(action), "step"))
+
     async def _areset(self, *, seed: int | None, options: dict | None) -> tuple[Any, dict]:
-        cfg, mapping = self._configured()
+        return self._reset_result(await self._io_await(self._reset_coro(seed, options), "reset"))
+
+    async def _astep(self, action: str) -> tuple:
+        return self._configured()[1].observation(await self._io_await(self._step_coro(action), "step"))
+
+    def _reset_coro(self, seed: int | None, options: dict | None) -> Coroutine[Any, Any, dict]:
+        cfg = self._configured()[0]
         data = dict(cfg.reset_kwargs)
         data.update(options or {})
         if seed is not None:
             data["seed"] = int(seed)
-        payload = await self._await_io(self._open_and_reset(data), "reset")
-        obs, _r, _term, _trunc, info = mapping.observation(payload)
+        return self._open_and_reset(data)
+
+    def _reset_result(self, payload: dict) -> tuple[Any, dict]:
+        obs, _r, _term, _trunc, info = self._configured()[1].observation(payload)
         return obs, info
 
-    async def _astep(self, action: str) -> tuple:
+    def _step_coro(self, action: str) -> Coroutine[Any, Any, dict]:
         cfg, mapping = self._configured()
         if self._session is None:
             raise OpenEnvError(explain(f"{type(self).__name__}.step() to {cfg.base_url}",
                                        expected="the episode's open session",
                                        received="a session lost earlier in this episode (connection closed or timed out)",
                                        fix="call reset() to start a new episode in a new session"))
-        payload = await self._await_io(self._send_step(self._session, mapping.action(action)), "step")
-        return mapping.observation(payload)
+        return self._send_step(self._session, mapping.action(action))
 
     # ------------------------------------------------------------------ I/O (coroutines run on the I/O loop)
     async def _open_and_reset(self, data: dict) -> dict:
@@ -360,33 +374,47 @@ class OpenEnvTextEnv(TextEnv):
                                         message_timeout_s=cfg.timeout_s, max_message_size_mb=cfg.max_message_mb,
                                         headers=cfg.headers)
 
-    async def _await_io(self, coro: Coroutine[Any, Any, _T], op: str) -> _T:
-        """Run ``coro`` on the I/O loop within ``timeout_s``, mapping failures to gymllm errors."""
+    def _io_future(self, coro: Coroutine[Any, Any, _T], op: str) -> concurrent.futures.Future[_T]:
         cfg = self._configured()[0]
-        fut = _submit(asyncio.wait_for(coro, timeout=cfg.timeout_s + (cfg.connect_timeout_s if op == "reset" else 0)))
+        return _submit(asyncio.wait_for(coro, timeout=cfg.timeout_s + (cfg.connect_timeout_s if op == "reset" else 0)))
+
+    def _io_wait(self, coro: Coroutine[Any, Any, _T], op: str) -> _T:
+        """Run ``coro`` on the I/O loop within ``timeout_s`` and wait here (gymllm errors on failure)."""
         try:
-            return await asyncio.wrap_future(fut)
-        except OpenEnvError:
-            raise
-        except (asyncio.TimeoutError, TimeoutError) as e:
-            self._drop_session()
-            raise EnvTimeoutError(explain(f"{type(self).__name__}.{op}() to {cfg.base_url}",
-                                          expected=f"an answer within timeout_s={cfg.timeout_s}", received="no answer",
-                                          fix="raise timeout_s, or check the server (its env may hang)"), cause=e) from e
-        except RuntimeError as e:
-            m = _SERVER_CODE.match(str(e))
-            if m is None:
+            return self._io_future(coro, op).result()
+        except BaseException as e:
+            err = self._translate(e, op)
+            if err is e:
                 raise
-            raise OpenEnvError(f"OpenEnv server {cfg.base_url} failed {op}() [{m['code']}]: {m['msg']}",
-                               code=m["code"], cause=e) from e
-        except (ConnectionError, OSError, EOFError) as e:
+            raise err from e
+
+    async def _io_await(self, coro: Coroutine[Any, Any, _T], op: str) -> _T:
+        """Run ``coro`` on the I/O loop within ``timeout_s`` and await it from the caller's loop."""
+        try:
+            return await asyncio.wrap_future(self._io_future(coro, op))
+        except BaseException as e:
+            err = self._translate(e, op)
+            if err is e:
+                raise
+            raise err from e
+
+    def _translate(self, e: BaseException, op: str) -> BaseException:
+        """The gymllm error for a failure of the I/O coroutine (``e`` itself when it is not one of ours)."""
+        cfg = self._configured()[0]
+        if isinstance(e, OpenEnvError):
+            return e
+        if isinstance(e, (asyncio.TimeoutError, TimeoutError, concurrent.futures.TimeoutError)):
             self._drop_session()
-            raise OpenEnvError(self._lost(op, e), cause=e) from e
-        except Exception as e:
-            if type(e).__module__.startswith("websockets"):  # ConnectionClosed and friends
-                self._drop_session()
-                raise OpenEnvError(self._lost(op, e), cause=e) from e
-            raise
+            return EnvTimeoutError(explain(f"{type(self).__name__}.{op}() to {cfg.base_url}",
+                                           expected=f"an answer within timeout_s={cfg.timeout_s}", received="no answer",
+                                           fix="raise timeout_s, or check the server (its env may hang)"), cause=e)
+        if isinstance(e, RuntimeError) and (m := _SERVER_CODE.match(str(e))) is not None:
+            return OpenEnvError(f"OpenEnv server {cfg.base_url} failed {op}() [{m['code']}]: {m['msg']}",
+                                code=m["code"], cause=e)
+        if isinstance(e, (ConnectionError, OSError, EOFError)) or type(e).__module__.startswith("websockets"):
+            self._drop_session()  # ConnectionClosed and friends: this episode's session is gone
+            return OpenEnvError(self._lost(op, e), cause=e)
+        return e
 
     def _lost(self, op: str, e: BaseException) -> str:
         return explain(f"{type(self).__name__}.{op}() to {self._configured()[0].base_url}",

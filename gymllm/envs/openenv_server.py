@@ -56,7 +56,7 @@ from gymllm.spaces import Chat, Text
 _core = import_openenv("openenv.core")
 _types = import_openenv("openenv.core.env_server.types")
 
-__all__ = ["ServeEnvConfig", "GymllmEnvironment", "build_app", "serve", "ServerThread", "make_env_factory",
+__all__ = ["ServeEnvConfig", "GymllmEnvironment", "ServedEnvError", "build_app", "serve", "ServerThread", "make_env_factory",
            "offline_environ", "TOKEN_ENV"]
 
 TOKEN_ENV = "GYMLLM_ENV_TOKEN"
@@ -182,6 +182,10 @@ def jsonable(x: Any) -> Any:
         return str(x)
 
 
+class ServedEnvError(RuntimeError):
+    """The served env raised (message: its type and message); OpenEnv sends it as ``EXECUTION_ERROR``."""
+
+
 class GymllmObservation(_types.Observation):
     """A text env's observation: ``text`` (a ``str`` observation) or ``messages`` (a message list)."""
 
@@ -252,11 +256,11 @@ class GymllmEnvironment(_core.Environment):
         try:
             return fn()
         except Exception as e:  # noqa: BLE001 - reported to the client as OpenEnv's EXECUTION_ERROR
-            raise RuntimeError(f"{type(e).__name__}: {e}") from e
+            raise ServedEnvError(f"{type(e).__name__}: {e}") from e
 
     def _check_open(self, op: str) -> None:
         if self._closed:
-            raise RuntimeError(explain(f"{op} on a closed session", expected="an open session",
+            raise ServedEnvError(explain(f"{op} on a closed session", expected="an open session",
                                        received="a session reaped after being idle (or closed by the server)",
                                        fix="open a new session (reconnect) and reset"))
 
@@ -288,6 +292,13 @@ def build_app(config: ServeEnvConfig) -> Any:
         concurrency_config=_types.ConcurrencyConfig(max_concurrent_envs=config.max_sessions,
                                                     session_timeout=config.session_timeout_s),
         env_name=config.env.replace("/", "_").replace(":", "_"), state_cls=GymllmState, mode="simulation")
+
+    async def env_error(_request: Any, exc: Exception) -> Any:  # OpenEnv's stateless HTTP /reset, /step
+        from fastapi.responses import JSONResponse
+
+        return JSONResponse({"detail": str(exc), "code": "EXECUTION_ERROR"}, status_code=500)
+
+    app.add_exception_handler(ServedEnvError, env_error)
     token = config.resolved_token
     return _TokenGate(app, token) if token else app
 
@@ -317,12 +328,11 @@ class _TokenGate:
         return getattr(self.app, name)
 
 
-def _uvicorn_server(app: Any, config: ServeEnvConfig) -> Any:
+def _uvicorn_server(app: Any, max_message_mb: float) -> Any:
     import uvicorn
 
     return uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False,
-                                         ws_max_size=int(config.max_message_mb * 1024 * 1024),
-                                         timeout_graceful_shutdown=2))
+                                         ws_max_size=int(max_message_mb * 1024 * 1024), timeout_graceful_shutdown=2))
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -338,7 +348,7 @@ def _bind(host: str, port: int) -> socket.socket:
 def serve(config: ServeEnvConfig, *, on_ready: Callable[[str], None] | None = None) -> None:
     """Serve until interrupted; ``on_ready(url)`` is called once the server accepts connections."""
     app = build_app(config)
-    server = _uvicorn_server(app, config)
+    server = _uvicorn_server(app, config.max_message_mb)
     sock = _bind(config.host, config.port)
     host = f"[{config.host}]" if ":" in config.host else config.host
     url = f"http://{host}:{sock.getsockname()[1]}"
@@ -366,7 +376,7 @@ class ServerThread:
 
     def __init__(self, app: Any, *, max_message_mb: float = 16.0, ready_timeout_s: float = 30.0):
         offline_environ()
-        self._server = _uvicorn_server(app, ServeEnvConfig(env="-", max_message_mb=max_message_mb))
+        self._server = _uvicorn_server(app, max_message_mb)
         self._sock = _bind("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
         self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve(sockets=[self._sock])),
