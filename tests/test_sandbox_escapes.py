@@ -2,9 +2,9 @@
 expected error (an errno name, or ``sandbox`` for the audit hook's readable refusal), with its side effect
 checked from outside (the secret never printed, no file created outside, the victim process alive, no
 connection accepted). Native attempts go through ``ctypes`` (libc or raw syscalls) around every Python-level
-check, in Python mode (the namespace init with its audit hook) and again in shell mode (a ``python -c``
-exec'd under bash, with no audit hook at all): only the kernel layers (Landlock, seccomp, namespaces,
-cgroups) stand there. Control runs prove ordinary work still runs.
+check, in Python mode (the namespace init with its audit hook) and again in shell mode (``python -I -S -c``
+exec'd through ``run_argv``, the shell's path, with no audit hook at all): there only the kernel layers
+(Landlock, seccomp, namespaces, cgroups) stand. Control runs prove ordinary work still runs.
 """
 
 from __future__ import annotations
@@ -220,7 +220,7 @@ def _run(box: Sandbox, mode: str, body: str, fmt: dict):
     subprocess.run(["rm", "-rf", *(os.path.join(box.workdir, n) for n in os.listdir(box.workdir) if n != "data")],
                    check=True)  # a fresh work dir per attempt (the links and files of the last one gone)
     code = PRELUDE + "\ndef go():\n    " + body.format(**fmt) + "\n\nprint('RESULT', outcome(go))\n"
-    res = box.run_python(code) if mode == "p" else box.run_argv(["python", "-c", code])
+    res = box.run_python(code) if mode == "p" else box.run_argv(["python", "-I", "-S", "-c", code])
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
     if not lines and res.exit_code == 128 + signal.SIGSYS:  # the launcher reports its init's death by SIGSYS
         return res, "SIGSYS"
