@@ -37,6 +37,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import importlib
+import os
 import re
 import sys
 import threading
@@ -50,6 +51,7 @@ from gymllm.spaces import Chat, Text
 __all__ = ["from_openenv", "OpenEnvConfig", "OpenEnvTextEnv", "OpenEnvError", "import_openenv", "openenv_schema"]
 
 _T = TypeVar("_T")
+TOKEN_ENV = "GYMLLM_ENV_TOKEN"  # the serve-env token, read by both sides when none is passed
 OBSERVATION_HINT = "x-gymllm-observation"  # key a gymllm server adds to its observation schema: "text" | "chat"
 _BASE_OBS_FIELDS = ("done", "reward", "metadata")
 _SERVER_CODE = re.compile(r"^Server error: (?P<msg>.*) \(code: (?P<code>[A-Za-z_.]+)\)$", re.S)
@@ -122,7 +124,7 @@ class OpenEnvConfig:
     text field). observation_field / observation_fn likewise (``fn(observation dict) -> str |
     list[message]``). timeout_s: deadline of every reset/step (seconds); connect_timeout_s: of
     opening a session and of reading ``/schema``. token: sent as ``Authorization: Bearer`` (a
-    ``gymllm serve-env --token`` server). reset_kwargs: extra reset fields sent at every reset
+    ``gymllm serve-env --token`` server; default ``$GYMLLM_ENV_TOKEN``). reset_kwargs: extra reset fields sent at every reset
     (``options`` are added to them). max_message_mb: largest message accepted from the server.
     """
 
@@ -162,15 +164,15 @@ class OpenEnvConfig:
 
     @property
     def headers(self) -> dict[str, str] | None:
-        return {"Authorization": f"Bearer {self.token}"} if self.token else None
+        token = self.token or os.environ.get(TOKEN_ENV)
+        return {"Authorization": f"Bearer {token}"} if token else None
 
 
-def openenv_schema(base_url: str, *, token: str | None = None, timeout_s: float = 10.0) -> dict:
+def openenv_schema(base_url: str, *, headers: dict[str, str] | None = None, timeout_s: float = 10.0) -> dict:
     """The server's ``GET /schema``: ``{"action": ..., "observation": ..., "state": ...}`` JSON schemas."""
     import httpx
 
     url = re.sub(r"^ws", "http", base_url.rstrip("/")) + "/schema"
-    headers = {"Authorization": f"Bearer {token}"} if token else None
     try:
         r = httpx.get(url, timeout=timeout_s, headers=headers)
     except httpx.HTTPError as e:
@@ -297,7 +299,7 @@ class OpenEnvTextEnv(TextEnv):
                              "pass base_url=... (tested in tests/test_openenv.py)"}
             return
         self.config = OpenEnvConfig(base_url=base_url, **config)
-        schema = openenv_schema(base_url, token=self.config.token, timeout_s=self.config.connect_timeout_s)
+        schema = openenv_schema(base_url, headers=self.config.headers, timeout_s=self.config.connect_timeout_s)
         self._mapping = _Mapping(self.config, schema)
         self.action_space = self._mapping.action_space
         self.observation_space = self._mapping.observation_space
@@ -381,7 +383,8 @@ class OpenEnvTextEnv(TextEnv):
     def _io_wait(self, coro: Coroutine[Any, Any, _T], op: str) -> _T:
         """Run ``coro`` on the I/O loop within ``timeout_s`` and wait here (gymllm errors on failure)."""
         try:
-            return self._io_future(coro, op).result()
+            cfg = self._configured()[0]  # the I/O coroutine has its own deadline; this one is a backstop
+            return self._io_future(coro, op).result(timeout=cfg.timeout_s + cfg.connect_timeout_s + 5.0)
         except BaseException as e:
             err = self._translate(e, op)
             if err is e:

@@ -49,7 +49,7 @@ from typing import Any, Callable
 import gymnasium as gym
 import numpy as np
 
-from gymllm.envs.openenv_adapter import OBSERVATION_HINT, import_openenv
+from gymllm.envs.openenv_adapter import OBSERVATION_HINT, TOKEN_ENV, import_openenv
 from gymllm.errors import ConfigError, explain
 from gymllm.spaces import Chat, Text
 
@@ -59,7 +59,6 @@ _types = import_openenv("openenv.core.env_server.types")
 __all__ = ["ServeEnvConfig", "GymllmEnvironment", "ServedEnvError", "build_app", "serve", "ServerThread", "make_env_factory",
            "offline_environ", "TOKEN_ENV"]
 
-TOKEN_ENV = "GYMLLM_ENV_TOKEN"
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", "ENABLE_WEB_INTERFACE": "false"}
 
 
