@@ -68,6 +68,16 @@ def echo_fns(n, length=3, **kw):
     return [functools.partial(GateEcho, episode_length=length, **kw) for _ in range(n)]
 
 
+def wait_dead(actor, timeout=60.0):
+    """Block until calls to ``actor`` fail (its death reached this driver): orders the test's next step after it."""
+    end = time.monotonic() + timeout
+    with pytest.raises(ray.exceptions.RayActorError):
+        while time.monotonic() < end:
+            ray.get(actor.where.remote(), timeout=10)
+            time.sleep(0.05)
+        raise AssertionError("the actor is still alive")
+
+
 def test_every_node_is_on_loopback(cluster):
     nodes = [n for n in ray.nodes() if n["Alive"]]
     assert len(nodes) == 2 and {n["NodeManagerAddress"] for n in nodes} == {LOOPBACK}
@@ -148,10 +158,7 @@ def test_a_blocked_env_holds_back_nothing_and_a_killed_actor_fails_only_its_env(
 
         actor = vec.runner.actor_for(0)  # an idle actor killed through Ray: seen on its env's next step
         ray.kill(actor)
-        with pytest.raises(ray.exceptions.RayActorError):  # wait until the death is visible
-            for _ in range(100):
-                ray.get(actor.where.remote(), timeout=10)
-                time.sleep(0.05)
+        wait_dead(actor)
         obs, _, _, trunc, infos = vec.step(["f", "f", "f"])
         assert obs[0] is None and trunc[0] and infos["error"][0].env_id == 0
         assert obs[1].startswith("You said: f") and obs[2].startswith("You said: f")
@@ -159,6 +166,32 @@ def test_a_blocked_env_holds_back_nothing_and_a_killed_actor_fails_only_its_env(
         assert obs[0].startswith("Repeat:") and obs[2].startswith("You said: g")
     finally:
         vec.close()
+
+
+@pytest.mark.slow  # ~20 s: two node start-ups and a 5 s placement watchdog; the killed-process test covers the default tier
+def test_a_lost_node_fails_its_env_which_comes_back_on_a_new_node(cluster):
+    node = cluster.add_node(num_cpus=1, resources={"edge": 1})
+    vec = gymllm.make_vec("gymllm/Echo-v0", 1, episode_length=50, backend="ray",
+                          ray_options={**SMALL, "resources": {"edge": 1}, "ready_timeout_s": 5.0})
+    new = None
+    try:
+        vec.reset(seed=0)
+        assert vec.runner.where(0)["node_id"] == cluster.node_id(node)
+        actor = vec.runner.actor_for(0)
+        cluster.remove_node(node)  # the host is lost with the actor on it
+        wait_dead(actor)
+        obs, _, _, trunc, infos = vec.step(["a"])
+        assert obs[0] is None and trunc[0] and "actor died" in str(infos["error"][0])
+        obs, _, _, _, infos = vec.step(["b"])  # autoreset: no node has "edge" now, the watchdog reports it
+        assert obs[0] is None and "placed within ready_timeout_s" in str(infos["error"][0])
+        new = cluster.add_node(num_cpus=1, resources={"edge": 1})
+        obs, _, _, _, infos = vec.step(["c"])  # the next reset places the actor on the new host
+        assert obs[0].startswith("Repeat:") and "error" not in infos
+        assert vec.runner.where(0)["node_id"] == cluster.node_id(new)
+    finally:
+        vec.close()
+        if new is not None:
+            cluster.remove_node(new)
 
 
 def test_async_twins_and_step_timeout(cluster, tmp_path):
@@ -233,3 +266,15 @@ def test_env_shard_twin_runs_without_ray():
     assert status == "err" and env_id == 11 and isinstance(exc, ConfigError)
     shard.close()
     assert np.all([e is None for e in shard.envs])
+
+
+def test_without_ray_the_backend_names_the_extra():
+    import subprocess
+
+    code = ("import sys; sys.modules['ray'] = None\n"  # a fresh interpreter where `import ray` fails
+            "import gymllm\n"
+            "from gymllm.errors import MissingExtraError\n"
+            "try:\n    gymllm.make_vec('gymllm/Echo-v0', 2, backend='ray')\n"
+            "except MissingExtraError as e:\n    print('MISSING', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "MISSING" in out.stdout and "gymllm[ray]" in out.stdout, out.stderr

@@ -147,6 +147,7 @@ class _Shard:
     actor: Any = None
     epoch: int = 0  # bumped each time the actor is (re)created
     dead: bool = False
+    unplaced: bool = False  # the recreated actor was not placed within ready_timeout_s
 
 
 _DEATHS: tuple[type, ...] | None = None
@@ -297,7 +298,14 @@ class RayRunner(SubEnvRunner):
                         sh.dead = True
             done = []
             for it in calls:
-                if death:
+                if death and sh.unplaced and sh.epoch == epoch:
+                    err = EnvError(explain(f"sub-env {it.slot.env_id}", expected="its recreated Ray actor placed "
+                                           f"within ready_timeout_s={self.options.ready_timeout_s}",
+                                           received=f"no node with {self.actor_demand()} free",
+                                           fix="add a node with those resources (a lost host?); the env is tried "
+                                           "again on its next reset"), env_id=it.slot.env_id, cause=e)
+                    done.append((it.slot, it.gen, it.op, failure_result(it.slot.env_id, err)))
+                elif death:
                     err = EnvError(f"sub-env {it.slot.env_id}: its Ray actor died ({type(e).__name__}: "
                                    f"{str(e).splitlines()[0] if str(e) else ''}). Fix: nothing to do; the actor is "
                                    "recreated and the env reset on its next reset (autoreset: its next send)",
@@ -324,9 +332,28 @@ class RayRunner(SubEnvRunner):
         old = sh.actor
         sh.epoch += 1
         sh.actor = self.new_actor(sh)
-        sh.dead = False
+        sh.dead = sh.unplaced = False
         if old is not None:
             self.kill_later([old])
+        self.watch_placement(sh, sh.epoch, sh.actor.where.remote())
+
+    def watch_placement(self, sh: _Shard, epoch: int, probe: Any) -> None:
+        """Kill a recreated actor that is not up within ``ready_timeout_s`` (no node has its resources
+        any more: a lost host), so that its queued ops fail instead of waiting forever."""
+        def check() -> None:
+            ready, _ = self.ray.wait([probe], timeout=0)
+            if ready:
+                return
+            with self.lock:
+                if sh.epoch != epoch:
+                    return
+                sh.unplaced = True
+                actor = sh.actor
+            self.kill_later([actor])
+
+        timer = threading.Timer(self.options.ready_timeout_s, check)
+        timer.daemon = True
+        timer.start()
 
     def abandon(self, slot: Slot) -> None:
         sh = self.shard_of[slot.env_id]
