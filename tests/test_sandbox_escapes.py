@@ -199,9 +199,10 @@ def world():
     box = Sandbox(CFG, files={"data/input.txt": "hello"})
     try:
         yield {"box": box, "outside": outside, "secret": secret, "home_key": home_key, "victim": victim,
-               "server": server, "usr2": usr2, "fmt": dict(secret=secret, other_user=other_user, outside=outside, home_key=home_key, pid=os.getpid(),
-                                             victim=victim.pid, port=server.getsockname()[1], nr=NR,
-                                             project=os.path.abspath(__file__), env_secret=ENV_SECRET)}
+               "server": server, "usr2": usr2,
+               "fmt": dict(secret=secret, other_user=other_user, outside=outside, home_key=home_key, pid=os.getpid(),
+                           victim=victim.pid, port=server.getsockname()[1], nr=NR,
+                           project=os.path.abspath(__file__), env_secret=ENV_SECRET)}
     finally:
         box.close()
         signal.signal(signal.SIGUSR2, old_handler)
@@ -291,8 +292,8 @@ def test_control_ordinary_work_still_runs(world):
             "os.makedirs('sub/dir', exist_ok=True); open('sub/dir/x.txt', 'w').write('deep')\n"
             "os.rename('sub/dir/x.txt', 'sub/y.txt')\n"
             "db = sqlite3.connect('db.sqlite'); db.execute('create table t (x)'); db.commit()\n"
-            "print(open('data/input.txt').read(), sum(range(10)), math.factorial(20), hashlib.sha256(b'x').hexdigest()[:8],"
-            " sorted(os.listdir('sub')), json.dumps({'ok': True}))")
+            "print(open('data/input.txt').read(), sum(range(10)), math.factorial(20),"
+            " hashlib.sha256(b'x').hexdigest()[:8], sorted(os.listdir('sub')), json.dumps({'ok': True}))")
     res = box.run_python(code)
     assert res.ok, res.stderr
     assert res.stdout == 'hello 45 2432902008176640000 2d711642 [\'dir\', \'y.txt\'] {"ok": true}\n'
@@ -310,21 +311,24 @@ def test_control_numpy_through_extra_paths():
     if not site:
         pytest.skip("numpy is not installed")
     with Sandbox(SandboxConfig(timeout_s=20, memory_mb=1024, extra_paths=(site[0],))) as box:
-        res = box.run_python("import numpy as np\nprint(int((np.arange(10) ** 2).sum()), np.linalg.inv(np.eye(3))[1, 1])")
+        res = box.run_python("import numpy as np\n"
+                             "print(int((np.arange(10) ** 2).sum()), np.linalg.inv(np.eye(3))[1, 1])")
         assert res.ok and res.stdout == "285 1.0\n", res.stderr
 
 
 def test_control_network_and_subprocess_when_allowed(world):
-    """The explicit switches open exactly their door: loopback TCP with network=True, processes with allow_subprocess."""
+    """The explicit switches open exactly their door: loopback TCP (network=True), processes (allow_subprocess)."""
     port = world["fmt"]["port"]
     with Sandbox(SandboxConfig(timeout_s=5, network=True)) as box:
-        res = box.run_python(f"import socket; socket.create_connection(('127.0.0.1', {port}), 2).close(); print('connected')")
+        res = box.run_python(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), 2).close()\n"
+                             "print('connected')")
         assert res.stdout == "connected\n" and res.isolation["seccomp"]["network"] is True, res.stderr
         conn, _ = world["server"].accept()
         conn.close()
         assert "EACCES" in box.run_python(PRELUDE + f"print(outcome(lambda: open({world['secret']!r}).read()))").stdout
     with Sandbox(SandboxConfig(timeout_s=5, max_processes=16, allow_subprocess=True)) as box:
-        res = box.run_python("import subprocess; print(subprocess.run(['echo', 'child'], capture_output=True, text=True).stdout)")
+        res = box.run_python("import subprocess\n"
+                             "print(subprocess.run(['echo', 'child'], capture_output=True, text=True).stdout)")
         assert res.stdout == "child\n\n" and res.isolation["process_limit"] in ("pids cgroup", "RLIMIT_NPROC"), res
 
 
