@@ -53,7 +53,9 @@ class RayOptions:
         resources: custom resources each actor reserves, e.g. ``{"sandbox": 1}``: actors are
             placed only on nodes started with them (``ray start --resources='{"sandbox": 8}'``).
         ready_timeout_s: seconds to wait for the actors to be placed and their envs built before
-            raising (an actor whose resources no node has would otherwise wait forever).
+            raising (an actor whose resources no node has would otherwise wait forever); also
+            the bound on placing an actor recreated after a death. A demand larger than the
+            cluster's total resources is refused at once (no autoscaling wait).
         name_prefix: actor names ``{name_prefix}{shard}`` (None: unnamed actors).
     """
 
@@ -124,7 +126,9 @@ class VectorEnvConfig:
             tasks on one event-loop thread; ``"process"`` hosts each sub-env in its own process
             (for CPU-heavy sync envs; observations travel pickled through a pipe, never through
             shared memory); ``"ray"`` hosts the sub-envs in Ray actors (see :class:`RayOptions`).
-        max_concurrency: most sub-env operations in flight at once (None: ``num_envs``).
+        max_concurrency: most sub-env operations in flight at once (None: ``num_envs``; thread
+            backend: a Ray actor runs at most one op per env and the ops of one send to a shard
+            in turn).
         step_timeout: seconds a reset/step may take before the sub-env is reported with
             :class:`~gymllm.errors.EnvTimeoutError` and replaced by a fresh instance on its next
             reset (None: no limit).

@@ -53,9 +53,10 @@ from gymnasium.vector.utils import batch_space
 
 from gymllm.errors import InvalidActionError, ResetNeededError, explain
 from gymllm.telemetry import span
+from gymllm.vector.args import action_list, check_env_id, check_min_ready, env_id_list, seed_list
 from gymllm.vector.autoreset import AutoresetPolicy
 from gymllm.vector.config import VectorEnvConfig
-from gymllm.vector.errors import EnvIdError, VectorStateError
+from gymllm.vector.errors import EnvIdError, VectorStateError  # noqa: F401 - re-exported
 from gymllm.vector.infos import batch_results
 from gymllm.vector.ledger import FutureSink, Ledger, Result, Sink, Slot
 from gymllm.vector.runners import ProcessRunner, SubEnvRunner, ThreadRunner
@@ -153,11 +154,7 @@ class VectorEnv(gym.vector.VectorEnv):
 
     # ------------------------------------------------------------------ argument checks
     def _slot(self, env_id: Any) -> Slot:
-        if isinstance(env_id, (bool, np.bool_)) or not isinstance(env_id, (int, np.integer)) \
-                or not 0 <= env_id < self.num_envs:
-            raise EnvIdError(explain("env id", expected=f"an int in [0, {self.num_envs})", received=env_id,
-                                     fix="use the env_ids that recv() returned"))
-        return self._slots[int(env_id)]
+        return self._slots[check_env_id(env_id, self.num_envs)]
 
     def _idle_slot(self, env_id: int) -> Slot:
         slot = self._slot(env_id)
@@ -166,39 +163,8 @@ class VectorEnv(gym.vector.VectorEnv):
                                            received="an env with an unreceived operation", fix="recv() it first"))
         return slot
 
-    def _ids(self, env_ids: Any) -> list[int]:
-        if env_ids is None:
-            return list(range(self.num_envs))
-        ids = [int(self._slot(i).env_id) for i in np.asarray(env_ids, dtype=object).reshape(-1)]
-        if len(set(ids)) != len(ids):
-            raise EnvIdError(explain("env_ids", expected="distinct env ids", received=ids,
-                                     fix="send at most one action per env id per call"))
-        return ids
-
-    def _actions(self, actions: Any, n: int) -> list[Any]:
-        if isinstance(actions, (str, bytes)) or not hasattr(actions, "__len__"):
-            raise InvalidActionError(explain("actions", expected=f"a sequence of {n} actions", received=actions,
-                                             fix="pass a list with one str per env id"))
-        if len(actions) != n:
-            raise InvalidActionError(explain("actions", expected=f"{n} actions (one per env id)",
-                                             received=f"{len(actions)} actions", fix="pass one action per env id"))
-        return list(actions)
-
-    def _seeds(self, seed: Any) -> list[int | None]:
-        if seed is None:
-            return [None] * self.num_envs
-        if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
-            return [int(seed) + i for i in range(self.num_envs)]
-        seeds = list(seed)
-        if len(seeds) != self.num_envs:
-            raise InvalidActionError(explain("reset(seed=[...])", expected=f"{self.num_envs} seeds",
-                                             received=f"{len(seeds)} seeds", fix="pass an int or one seed per env"))
-        return seeds
-
     def _need(self, min_ready: int) -> int:
-        if isinstance(min_ready, bool) or not isinstance(min_ready, (int, np.integer)) or min_ready < 1:
-            raise InvalidActionError(explain("recv(min_ready)", expected="an int >= 1", received=min_ready,
-                                             fix="pass min_ready=1"))
+        check_min_ready(min_ready)
         with self._ledger.cond:
             self._ledger.check_open()
             in_flight = self._ledger.count_for_recv()
@@ -231,8 +197,8 @@ class VectorEnv(gym.vector.VectorEnv):
     # ------------------------------------------------------------------ barrier-free API
     def send(self, actions: Sequence[Any], env_ids: Sequence[int] | np.ndarray | None = None) -> None:
         """Start one step per env id (all sub-envs when ``env_ids`` is None); returns at once."""
-        ids = self._ids(env_ids)
-        actions = self._actions(actions, len(ids))
+        ids = env_id_list(env_ids, self.num_envs)
+        actions = action_list(actions, len(ids))
         ledger, slots, op_for = self._ledger, self._slots, self._autoreset.op_for
         with ledger.cond:
             ledger.check_open()
@@ -260,7 +226,7 @@ class VectorEnv(gym.vector.VectorEnv):
     # ------------------------------------------------------------------ synchronous API
     def step(self, actions: Sequence[Any]):
         """Send to every sub-env and receive every result, ordered by env id (Gymnasium's ``step``)."""
-        actions = self._actions(actions, self.num_envs)
+        actions = action_list(actions, self.num_envs)
         ledger, runner = self._ledger, self._runner
         sink = Sink(ledger.cond, self.num_envs)
         with span("vector.step", track="env/vector", num_envs=self.num_envs):
@@ -292,7 +258,7 @@ class VectorEnv(gym.vector.VectorEnv):
 
         Returns ``(obs, infos)``; sub-envs left out by the mask keep their last observation.
         """
-        seeds = self._seeds(seed)
+        seeds = seed_list(seed, self.num_envs)
         options = dict(options or {})
         mask = options.pop("reset_mask", None)
         ids = list(range(self.num_envs)) if mask is None else [int(i) for i in np.flatnonzero(np.asarray(mask))]
