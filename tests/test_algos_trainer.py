@@ -128,13 +128,13 @@ def test_update_is_pushed_before_the_next_steps_groups_are_trained(tmp_path):
     import concurrent.futures
     import types
 
-    from gymllm.algos.trainer import _Run
+    from gymllm.algos.run import Run
     from gymllm.types import Group
 
     events: list[tuple] = []
 
     class Learner:
-        version, _step_groups = 0, 0
+        version, groups_in_step = 0, 0
         consumed_groups: set = set()
         counts: collections.Counter = collections.Counter()
 
@@ -143,16 +143,16 @@ def test_update_is_pushed_before_the_next_steps_groups_are_trained(tmp_path):
             reps = []
             for g in groups:
                 self.consumed_groups.add(g.group_id)
-                self._step_groups += 1
-                if self._step_groups == 2:
-                    self.version, self._step_groups = self.version + 1, 0
+                self.groups_in_step += 1
+                if self.groups_in_step == 2:
+                    self.version, self.groups_in_step = self.version + 1, 0
                     reps.append(types.SimpleNamespace(step=self.version))
             return reps
 
         def policy_params(self):
             return {}
 
-    run = _Run(small_config(tmp_path, steps=3), None)
+    run = Run(small_config(tmp_path, steps=3), None)
     run.learner, run.pool = Learner(), concurrent.futures.ThreadPoolExecutor(1)
     run.pusher = types.SimpleNamespace(push=lambda params, version: events.append(("push", version)) or 0.0)
     run.set_version = lambda v: events.append(("version", v))

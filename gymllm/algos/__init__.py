@@ -38,10 +38,15 @@ _LAZY = {
     "AdapterPusher": "gymllm.algos.lora_push",
     "MultiHostConfig": "gymllm.algos.multihost",
     "initialize_from_env": "gymllm.algos.multihost",
-    "TrainConfig": "gymllm.algos.trainer",
+    "initialize_distributed": "gymllm.algos.multihost",
+    "TrainConfig": "gymllm.algos.train_config",
+    "ClusterSection": "gymllm.algos.train_config",
+    "Run": "gymllm.algos.run",
+    "LocalComponents": "gymllm.algos.run",
+    "RayComponents": "gymllm.algos.cluster",
     "TrainResult": "gymllm.algos.trainer",
     "train": "gymllm.algos.trainer",
-    "preset": "gymllm.algos.trainer",
+    "preset": "gymllm.algos.train_config",
 }
 
 __all__ = list(_LAZY)

@@ -241,6 +241,11 @@ class StreamingLearner:
     def step(self) -> int:
         return self.version
 
+    @property
+    def groups_in_step(self) -> int:
+        """Groups the current (unfinished) step holds so far (``groups_per_step`` complete it)."""
+        return self._step_groups
+
     def warmup(self, group_size: int | None = None) -> None:
         """Compile every program a step runs now, so no compile lands in the middle of a run: the
         gradient program for every length bucket (an all-padding micro-batch per bucket; its gradient

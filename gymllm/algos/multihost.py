@@ -12,6 +12,8 @@ NCCL on GPU, ICI on TPU), and every process ends the step with the same (sharded
 
     from gymllm.algos.multihost import initialize_from_env, gather
     initialize_from_env()                            # first thing: before any JAX computation
+    # or, explicitly (a Ray learner-host actor, the address handed from host 0):
+    # initialize_distributed("host0:1234", num_processes=N, process_id=i)
     mesh = make_mesh(ShardingConfig(data=N, fsdp=2)) # data across hosts, FSDP within a host
     learner = StreamingLearner(..., mesh=mesh)
     params = gather(learner.trainable)               # NumPy copies of the global arrays, on every process
@@ -85,6 +87,26 @@ def initialize(cfg: MultiHostConfig) -> None:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=cfg.coordinator_address, num_processes=cfg.num_processes,
                                process_id=cfg.process_id)
+
+
+def initialize_distributed(coordinator_address: str, num_processes: int, process_id: int, *,
+                           local_devices: int = 0) -> MultiHostConfig:
+    """:func:`initialize` from explicit arguments (what a learner-host actor calls with the
+    coordinator address handed from host 0); returns the validated config."""
+    cfg = MultiHostConfig(coordinator_address=coordinator_address, num_processes=num_processes,
+                          process_id=process_id, local_devices=local_devices)
+    initialize(cfg)
+    return cfg
+
+
+def free_coordinator_address(host: str = "127.0.0.1") -> str:
+    """``host:port`` with a port free on this host now, for process 0 to coordinate on (the caller
+    hands it to every process; a port taken in between makes ``jax.distributed`` fail clearly)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return f"{host}:{s.getsockname()[1]}"
 
 
 def initialize_from_env(environ: Mapping[str, str] | None = None) -> MultiHostConfig | None:

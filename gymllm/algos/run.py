@@ -1,0 +1,426 @@
+"""One training run, assembled from components: the learner, the engine, the vector env and the
+orchestrator that joins them, plus the per-step handling (train, push, advance, log, checkpoint).
+
+    run = Run(cfg)                        # cfg: an effective TrainConfig (see train_config.effective)
+    run.setup(LocalComponents())          # or gymllm.algos.cluster.RayComponents(cfg.cluster)
+    counts = await run.run_async()        # or run.run_sync() (the synchronous baseline)
+    await run.close()
+
+A :class:`Components` builds the parts: :class:`LocalComponents` keeps everything in this process
+(a :class:`~gymllm.inference.JaxEngine`, an in-process vector env, a
+:class:`~gymllm.algos.learner.StreamingLearner`); :class:`gymllm.algos.cluster.RayComponents` puts
+env workers, engine replicas and (optionally) learner hosts on Ray actors behind the same interfaces.
+The run itself does not know which it drives.
+
+Policy versions: after an update's weights are pushed, :meth:`Run.set_version` tells every listener
+in ``version_listeners`` (the orchestrator's admission control, registered when the run starts
+streaming); ``step_listeners`` get every step's metrics record after it is logged (progress hooks,
+tests that act at a given step); a listener may be a coroutine function (awaited in the run's loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import inspect
+import json
+import pathlib
+import time
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+from gymllm.algos.train_config import ModelSection, TrainConfig
+from gymllm.errors import ConfigError, explain
+
+__all__ = ["Run", "Components", "LocalComponents", "load_model"]
+
+
+def load_model(m: ModelSection) -> Any:
+    """The :class:`~gymllm.models.LoadedModel` of ``m`` (a random tiny one for ``tiny-<family>``)."""
+    from gymllm import models
+
+    if m.is_tiny:
+        return models.make_tiny(m.name[len("tiny-"):], seed=m.seed, vocab_size=m.vocab_size, hidden_size=m.hidden_size,
+                                intermediate_size=m.intermediate_size, num_layers=m.num_layers,
+                                num_heads=m.num_heads, num_kv_heads=m.num_kv_heads)
+    try:
+        load = models.load
+    except AttributeError as e:
+        raise ConfigError(explain("model.name", expected="tiny-<family> (gymllm.models.load is unavailable)",
+                                  received=m.name, fix="use a tiny model or install the loaders")) from e
+    return load(m.name)
+
+
+class _SkipConsumed:
+    """Engine wrapper for resume: trajectories of groups consumed before the checkpoint get an empty
+    completion (one stop token, no compute) so the deterministic group sequence is replayed without
+    generating it again; the learner then skips those groups."""
+
+    def __init__(self, engine: Any, skip: set[str], stop_id: int):
+        self.engine, self.skip, self.stop_id = engine, skip, stop_id
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    async def generate(self, prompt_ids, params, *, session_id=None):
+        gid = (session_id or "").split("/")[0]
+        if gid in self.skip:
+            from gymllm.inference.completion import Completion
+
+            return Completion(token_ids=[self.stop_id], logprobs=[0.0], finish_reason="stop",
+                              versions=[self.engine.version], prompt_len=len(prompt_ids))
+        return await self.engine.generate(prompt_ids, params, session_id=session_id)
+
+
+def _group_filter(cfg: TrainConfig, decided: dict[str, bool], filtered: set[str], seen: list[float] | None = None):
+    """Drop groups whose (overlong-shaped) rewards are all equal, if the loss asks; replayed groups
+    keep the decision recorded before the checkpoint (so admission accounting matches).
+
+    A task the policy always fails (or always solves) would filter every group and the run would
+    never take a step: after ``patience`` filtered groups in a row the next one is kept (marked
+    ``info["kept_zero_variance"]``; its advantages are zero, so it moves no weights) and the run says so.
+    ``seen`` collects every newly decided group's mean reward, filtered or not (the unbiased
+    ``rollout_reward_mean`` of the step metrics).
+    """
+    import logging
+
+    from gymllm.algos.shaping import nonzero_variance, overlong_penalty
+
+    sh = cfg.loss.shaping
+    patience = max(8, 4 * cfg.learner.groups_per_step)
+    streak = [0]
+
+    def keep(group) -> bool:
+        if group.group_id in decided:
+            return decided[group.group_id]
+        if seen is not None:
+            seen.append(float(np.mean(group.rewards)))
+        if not sh.filter_zero_variance:
+            return True
+        r = group.rewards
+        if sh.overlong_buffer:
+            lengths = np.array([t.num_sampled for t in group.trajectories])
+            r = r + np.asarray(overlong_penalty(lengths, max_len=sh.overlong_max_len or cfg.rollout.max_tokens,
+                                                buffer=sh.overlong_buffer))
+        ok = bool(nonzero_variance(r[None])[0])
+        if ok:
+            streak[0] = 0
+            return True
+        streak[0] += 1
+        if streak[0] >= patience:
+            streak[0] = 0
+            group.info["kept_zero_variance"] = True
+            logging.getLogger("gymllm.algos").warning(
+                "%d groups in a row had equal rewards (%.3g): keeping one so the run still steps; "
+                "the task may be too hard or too easy for this policy", patience, float(r[0]))
+            return True
+        filtered.add(group.group_id)
+        return False
+
+    return keep
+
+
+def _trajectory_records(step: int, groups: list[Any], tokenizer: Any) -> list[dict[str, Any]]:
+    out = []
+    for g in groups:
+        for t in g.trajectories:
+            m = np.asarray(t.loss_mask, bool)
+            out.append({"step": step, "group_id": g.group_id, "trajectory_id": t.trajectory_id, "task_id": t.task_id,
+                        "reward": float(t.reward), "finish_reason": t.finish_reason, "num_tokens": len(t.token_ids),
+                        "num_sampled": int(m.sum()), "versions": sorted({int(v) for v in np.asarray(t.versions)[m]}),
+                        "response": tokenizer.decode([int(i) for i in np.asarray(t.token_ids)[m]])})
+    return out
+
+
+
+
+class Components(Protocol):
+    """What a :class:`Run` is assembled from. Each method builds one part for the (effective) config;
+    ``close`` releases whatever the components started (actors, a Ray connection)."""
+
+    def make_learner(self, cfg: TrainConfig, lm: Any) -> Any:
+        """The learner: ``submit``, ``policy_params``, ``version``, ``consumed_groups``, ``counts``,
+        ``groups_in_step``, ``warmup`` (a StreamingLearner or an object with its interface)."""
+
+    def make_checkpointer(self, cfg: TrainConfig, learner: Any) -> Any:
+        """``save(step, learner, extra=)``, ``restore_latest(learner)``, ``latest_step()``, ``close()``."""
+
+    def make_engine(self, cfg: TrainConfig, lm: Any, version: int) -> Any:
+        """An Engine (see :mod:`gymllm.inference.protocol`) starting at policy ``version``."""
+
+    def make_pusher(self, cfg: TrainConfig, engine: Any, lm: Any, learner: Any) -> Any:
+        """``push(flat_params, version) -> seconds``: the learner's weights to the engine."""
+
+    def make_envs(self, cfg: TrainConfig) -> Any:
+        """The barrier-free vector env of ``cfg.env.num_envs`` sub-envs."""
+
+    def close(self) -> None: ...
+
+
+def engine_config(cfg: TrainConfig) -> Any:
+    """The :class:`~gymllm.inference.EngineConfig` the rollout section describes (one per replica)."""
+    from gymllm.inference.config import EngineConfig
+
+    r = cfg.rollout
+    return EngineConfig(num_slots=r.engine_slots, max_len=r.engine_max_len, prefix_reuse=r.prefix_reuse,
+                        min_bucket=min(64, r.engine_max_len), seed=cfg.run.seed, idle_wait_s=0.002,
+                        compute_dtype=r.engine_compute_dtype)
+
+
+class LocalComponents:
+    """Every part in this process: what ``train`` uses with ``cluster.backend="none"``."""
+
+    def __init__(self) -> None:
+        self.gather = False
+
+    def make_learner(self, cfg: TrainConfig, lm: Any) -> Any:
+        from gymllm.algos.learner import StreamingLearner
+        from gymllm.algos.sharding import make_mesh
+
+        mesh = make_mesh(cfg.sharding)
+        self.gather = mesh is not None
+        return StreamingLearner(lm.config, lm.model.flat_params(), loss=cfg.loss, optimizer=cfg.optimizer,
+                                config=cfg.learner, lora=cfg.lora, mesh=mesh, pad_id=int(lm.tokenizer.pad_token_id or 0))
+
+    def make_checkpointer(self, cfg: TrainConfig, learner: Any) -> Any:
+        from gymllm.algos.checkpoint import Checkpointer
+
+        return Checkpointer(pathlib.Path(cfg.run.run_dir) / "checkpoints", max_to_keep=cfg.run.keep_checkpoints)
+
+    def make_engine(self, cfg: TrainConfig, lm: Any, version: int) -> Any:
+        from gymllm.inference.jax_engine import JaxEngine
+
+        return JaxEngine(lm.model, lm.tokenizer, version=version, config=engine_config(cfg),
+                         decode_chunk=cfg.rollout.decode_chunk)
+
+    def make_pusher(self, cfg: TrainConfig, engine: Any, lm: Any, learner: Any) -> Any:
+        from gymllm.algos.weight_sync import WeightPusher
+
+        return WeightPusher(engine, lm.config, gather=self.gather)
+
+    def make_envs(self, cfg: TrainConfig) -> Any:
+        import gymllm
+
+        return gymllm.make_vec(cfg.env.id, cfg.env.num_envs, **cfg.env.kwargs)
+
+    def close(self) -> None:
+        pass
+
+
+class _StopRollout(Exception):
+    """Raised from the synchronous baseline's batch callback once enough steps are trained."""
+
+
+class Run:
+    """The state of one ``train`` call: the parts (see :class:`Components`) and the per-step handling.
+
+    ``max_steps``: stop after that many optimizer steps in this run (the run's step count stays
+    ``learner.num_steps``). ``on_step``: callables given each step's metrics record (``{"step": k, ...}``)
+    after it is logged, in the run's event loop (awaited when it returns an awaitable)."""
+
+    def __init__(self, cfg: TrainConfig, max_steps: int | None = None, *,
+                 on_step: Sequence[Callable[[dict[str, Any]], None]] = ()):
+        self.cfg, self.max_steps = cfg, max_steps
+        self.history: list[dict[str, Any]] = []
+        self.trained_ids: list[list[str]] = []
+        self.steps_here = 0
+        self.step_groups: list[Any] = []
+        self.wait_s, self.t_step, self.gen_tokens = 0.0, time.perf_counter(), 0
+        self.filtered: set[str] = set()
+        self.rollout_rewards: list[float] = []  # every completed group's mean reward since the last step
+        self.decided: dict[str, bool] = {}
+        self.resumed_from: int | None = None
+        self.version_listeners: list[Callable[[int], None]] = []
+        self.step_listeners: list[Callable[[dict[str, Any]], None]] = list(on_step)
+        self.orch: Any = None  # the RolloutOrchestrator while run_async streams
+        self.components: Components | None = None
+
+    def done(self) -> bool:
+        return (self.learner.version >= self.cfg.learner.num_steps
+                or (self.max_steps is not None and self.steps_here >= self.max_steps))
+
+    def setup(self, components: Components | None = None) -> None:
+        """Build the parts with ``components`` (default :class:`LocalComponents`), restore the latest
+        checkpoint if ``run.resume``, and open the run directory's logs."""
+        from gymllm.inference.params import SamplingParams
+        from gymllm.rollout import ModelAgent, RolloutConfig, ToolAgent
+        from gymllm.telemetry.sinks import MetricsLogger
+
+        cfg = self.cfg
+        self.components = parts = components if components is not None else LocalComponents()
+        self.run_dir = run_dir = pathlib.Path(cfg.run.run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(cfg.to_json())
+        lm = load_model(cfg.model)
+        self.tok = tok = lm.tokenizer
+        self.learner = parts.make_learner(cfg, lm)
+        self.ckpt = parts.make_checkpointer(cfg, self.learner)
+        self.rng = np.random.default_rng(cfg.run.seed)
+        meta = self.ckpt.restore_latest(self.learner) if cfg.run.resume else None
+        if meta is not None:
+            self.resumed_from = self.learner.version
+            self.rng.bit_generator.state = meta["rng"]
+            self.filtered = set(meta.get("filtered_groups", []))
+            self.decided = {g: True for g in self.learner.consumed_groups} | {g: False for g in self.filtered}
+        self.engine = parts.make_engine(cfg, lm, self.learner.version)
+        self.pusher = parts.make_pusher(cfg, self.engine, lm, self.learner)
+        if self.resumed_from is not None:
+            self.pusher.push(self.learner.policy_params(), self.learner.version)
+        if cfg.run.warmup:
+            self.engine.warmup()
+            self.learner.warmup(group_size=cfg.rollout.group_size)
+        stop_id = int(tok.eos_token_id if tok.eos_token_id is not None else 0)
+        self.gen_engine = _SkipConsumed(self.engine, set(self.decided), stop_id) if self.decided else self.engine
+        self.envs = parts.make_envs(cfg)
+        agent_cls = ToolAgent if cfg.env.agent == "tool" else ModelAgent
+        self.agent = agent_cls(tok, system_prompt=cfg.env.system_prompt or None)
+        self.sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                                       max_tokens=cfg.rollout.max_tokens)
+        self.rcfg = RolloutConfig(group_size=cfg.rollout.group_size, max_concurrency=cfg.rollout.max_concurrency,
+                                  max_staleness=cfg.rollout.eta, groups_per_step=cfg.learner.groups_per_step,
+                                  queue_size=max(8, 2 * cfg.learner.groups_per_step), seed=cfg.run.seed,
+                                  max_model_calls=cfg.rollout.max_turns, group_timeout_s=cfg.rollout.group_timeout_s)
+        self.logger = MetricsLogger(run_dir, total_steps=cfg.learner.num_steps, console=cfg.run.console)
+        self.traj_log = open(run_dir / "trajectories.jsonl", "a") if cfg.run.log_trajectories else None
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gymllm-learner")
+
+    def save(self) -> None:
+        self.ckpt.save(self.learner.version, self.learner,
+                       extra={"rng": self.rng.bit_generator.state, "filtered_groups": sorted(self.filtered)})
+
+    async def consume(self, groups: list[Any]) -> None:
+        """Train on complete groups (in a worker thread, so rollouts keep running) and handle the
+        updates they complete: push weights, advance the policy version, log, checkpoint.
+
+        Groups go to the learner one step's worth at a time (oldest version first), so a finished
+        update is pushed and admits new groups (the staleness bound counts versions) before the
+        groups of the next step are trained, not after."""
+        fresh = [g for g in groups if g.group_id not in self.learner.consumed_groups]
+        self.learner.counts["resume_skipped"] += len(groups) - len(fresh)
+        gps = self.cfg.learner.groups_per_step  # never train past num_steps: take only the groups still needed
+        fresh.sort(key=lambda g: (g.min_version, g.admitted_version))
+        fresh = fresh[:max(0, (self.cfg.learner.num_steps - self.learner.version) * gps - self.learner.groups_in_step)]
+        loop = asyncio.get_running_loop()
+        while fresh:
+            n = max(1, gps - self.learner.groups_in_step)  # the groups that complete the current step
+            chunk, fresh = fresh[:n], fresh[n:]
+            self.gen_tokens += sum(t.num_sampled for g in chunk for t in g.trajectories)
+            self.step_groups += chunk
+            for rep in await loop.run_in_executor(self.pool, self.learner.submit, chunk):
+                await self.finish_step(rep, loop)
+
+    async def finish_step(self, rep: Any, loop: asyncio.AbstractEventLoop) -> None:
+        """Push the update's weights, advance the policy version, log, checkpoint."""
+        sync_s = await loop.run_in_executor(self.pool, self.pusher.push, self.learner.policy_params(), rep.step)
+        self.set_version(rep.step)
+        self.steps_here += 1
+        self.log_step(rep, sync_s)
+        every = self.cfg.run.checkpoint_every
+        if every and rep.step % every == 0:
+            self.save()
+        for listener in self.step_listeners:
+            out = listener(self.history[-1] if self.history else {"step": rep.step})
+            if inspect.isawaitable(out):
+                await out
+        self.wait_s, self.t_step, self.gen_tokens = 0.0, time.perf_counter(), 0
+
+    def set_version(self, version: int) -> None:
+        """Update ``version`` is live on the engine: tell every version listener (admission control)."""
+        for listener in self.version_listeners:
+            listener(version)
+
+    def log_step(self, rep: Any, sync_s: float) -> None:
+        wall = time.perf_counter() - self.t_step
+        m = dict(rep.metrics)
+        stats = self.orch.stats() if self.orch is not None else {}
+        m.update(weight_sync_s=sync_s, step_wall_s=wall, trainer_wait_s=self.wait_s,
+                 trainer_idle_fraction=min(1.0, self.wait_s / wall) if wall > 0 else 0.0,
+                 tokens_per_s_generated=self.gen_tokens / wall if wall > 0 else 0.0,
+                 engine_busy_fraction=float(stats.get("engine_busy_fraction", 0.0)),
+                 groups_filtered_rollout=float(len(self.filtered)),
+                 groups_stale_rollout=float(stats.get("stale_dropped", 0)))
+        if self.rollout_rewards:  # over every group completed since the last step, filtered ones included
+            m.update(rollout_reward_mean=float(np.mean(self.rollout_rewards)), rollout_groups=len(self.rollout_rewards))
+            self.rollout_rewards.clear()
+        self.history.append({"step": rep.step, **m})
+        self.trained_ids.append(rep.sample_ids)
+        self.logger.log(rep.step, m)
+        if self.traj_log is not None:
+            used = set(rep.sample_ids)
+            mine = [g for g in self.step_groups if any(t.trajectory_id in used for t in g.trajectories)]
+            for rec in _trajectory_records(rep.step, mine, self.tok):
+                self.traj_log.write(json.dumps(rec) + "\n")
+            self.traj_log.flush()
+            self.step_groups = [g for g in self.step_groups if g not in mine]
+
+    async def run_async(self) -> dict[str, Any]:
+        """Barrier-free: the orchestrator streams groups; the learner consumes them as they complete."""
+        from gymllm.rollout import QueueClosed, RolloutOrchestrator
+
+        self.orch = orch = RolloutOrchestrator(self.envs, self.gen_engine, self.agent, sampling=self.sampling,
+                                               config=self.rcfg, group_filter=_group_filter(
+                                                   self.cfg, self.decided, self.filtered, self.rollout_rewards))
+        self.version_listeners.append(orch.set_policy_version)
+        self.t_step = time.perf_counter()  # step 1's wall time starts with the rollouts, not the setup
+        async with orch:
+            while not self.done():
+                t = time.perf_counter()
+                try:
+                    batch = [await orch.get_group()]
+                    while orch.ready_groups > 0:  # everything already complete: oldest first
+                        batch.append(await orch.get_group())
+                except QueueClosed:
+                    break
+                self.wait_s += time.perf_counter() - t
+                await self.consume(batch)
+        return dict(orch.counts)
+
+    async def run_sync(self) -> dict[str, Any]:
+        """The synchronous baseline: roll out a whole step's groups, then train on them, repeat.
+        Filtered groups (zero variance) do not count towards a step, so batches continue until the
+        step count is reached."""
+        from gymllm.rollout import sync_rollout
+
+        if self.decided:
+            raise ConfigError(explain("rollout.mode", expected="'async' to resume a run", received="sync",
+                                      fix="resume with mode='async' (eta=0 is synchronous) or use a fresh run_dir"))
+        B = self.cfg.learner.groups_per_step
+        rcfg = dataclasses.replace(self.rcfg, num_groups=10**9)  # batches run until on_batch says stop
+        t_batch = [time.perf_counter()]
+        self.t_step = t_batch[0]
+
+        async def on_batch(groups: list[Any]) -> None:
+            self.wait_s += time.perf_counter() - t_batch[0]
+            await self.consume(groups)
+            if self.done():
+                raise _StopRollout
+            t_batch[0] = time.perf_counter()
+
+        try:
+            await sync_rollout(self.envs, self.gen_engine, self.agent, sampling=self.sampling, config=rcfg,
+                               batch_groups=B, on_batch=on_batch)
+        except _StopRollout:
+            pass
+        return {}
+
+    async def close(self) -> None:
+        """Stop the learner thread, the engine and the envs, close the logs, then the components."""
+        try:
+            self.pool.shutdown(wait=True)
+            await self.engine.close()
+            close = getattr(self.envs, "close", None)
+            if close is not None:
+                close()
+            if self.traj_log is not None:
+                self.traj_log.close()
+            self.logger.close()
+            self.ckpt.close()
+        finally:
+            if self.components is not None:
+                self.components.close()
