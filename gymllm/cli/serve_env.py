@@ -18,6 +18,7 @@ def serve_env(
     token: str | None = None,
     env_kwargs: str | None = None,
     max_message_mb: float = 16.0,
+    compress: bool = False,
 ) -> int:
     """Serve an env over OpenEnv's HTTP + WebSocket protocol (any OpenEnv client can reset, step, read state).
 
@@ -30,6 +31,7 @@ def serve_env(
         token: Clients must send 'Authorization: Bearer TOKEN' (default: $GYMLLM_ENV_TOKEN).
         env_kwargs: The env's keyword arguments as JSON, e.g. '{"digits": 1}'.
         max_message_mb: Largest WebSocket message accepted (a bigger one closes that connection).
+        compress: Offer WebSocket compression (permessage-deflate): for big observations over slow links.
     """
     from gymllm.envs.openenv_server import ServeEnvConfig, serve
 
@@ -38,7 +40,8 @@ def serve_env(
         raise ValueError(f"--env-kwargs: expected a JSON object such as '{{\"digits\": 1}}', received {env_kwargs!r}. "
                          "Fix: quote the object for your shell")
     config = ServeEnvConfig(env=env, env_kwargs=kwargs, host=host, port=port, max_sessions=max_sessions,
-                            session_timeout_s=session_timeout_s, token=token, max_message_mb=max_message_mb)
+                            session_timeout_s=session_timeout_s, token=token, max_message_mb=max_message_mb,
+                            compress=compress)
 
     def ready(url: str) -> None:
         ws = url.replace("http://", "ws://", 1)

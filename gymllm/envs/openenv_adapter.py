@@ -124,7 +124,8 @@ class OpenEnvConfig:
     text field). observation_field / observation_fn likewise (``fn(observation dict) -> str |
     list[message]``). timeout_s: deadline of every reset/step (seconds); connect_timeout_s: of
     opening a session and of reading ``/schema``. token: sent as ``Authorization: Bearer`` (a
-    ``gymllm serve-env --token`` server; default ``$GYMLLM_ENV_TOKEN``). reset_kwargs: extra reset fields sent at every reset
+    ``gymllm serve-env --token`` server; default ``$GYMLLM_ENV_TOKEN``). reset_kwargs: extra reset
+    fields sent at every reset
     (``options`` are added to them). max_message_mb: largest message accepted from the server.
     """
 
@@ -176,12 +177,15 @@ def openenv_schema(base_url: str, *, headers: dict[str, str] | None = None, time
     try:
         r = httpx.get(url, timeout=timeout_s, headers=headers)
     except httpx.HTTPError as e:
-        raise OpenEnvError(explain(f"GET {url}", expected="an OpenEnv server answering", received=f"{type(e).__name__}: {e}",
-                                   fix="start it (`gymllm serve-env ENV_ID --port P`) or check base_url"), cause=e) from e
+        raise OpenEnvError(explain(f"GET {url}", expected="an OpenEnv server answering",
+                                   received=f"{type(e).__name__}: {e}",
+                                   fix="start it (`gymllm serve-env ENV_ID --port P`) or check base_url"),
+                           cause=e) from e
     if r.status_code != 200:
         raise OpenEnvError(explain(f"GET {url}", expected="HTTP 200 with the env's JSON schemas",
                                    received=f"HTTP {r.status_code}: {r.text[:200]}",
-                                   fix="pass token=... if the server requires one; check that base_url is an OpenEnv server"),
+                                   fix="pass token=... if the server requires one; check that base_url is an "
+                                       "OpenEnv server"),
                            code=f"HTTP_{r.status_code}")
     return r.json()
 
@@ -215,7 +219,8 @@ class _Mapping:
             if field is None:
                 texts = [k for k, p in props.items() if _is_text(p)]
                 if len(texts) != 1 or required - {texts[0]}:
-                    raise ConfigError(explain(f"from_openenv({cfg.base_url!r})", expected="an action schema with one text field",
+                    raise ConfigError(explain(f"from_openenv({cfg.base_url!r})",
+                                              expected="an action schema with one text field",
                                               received=f"fields {sorted(props)} (required: {sorted(required)})",
                                               fix="pass action_field='<name>' or action_fn=lambda text: {...}"))
                 field = texts[0]
@@ -225,7 +230,8 @@ class _Mapping:
             self.action_field = field
             if _is_text(props[field]):
                 p = _text_prop(props[field])
-                self.action_space = Text(min_length=int(p.get("minLength", 0)), max_length=int(p.get("maxLength", 1 << 20)))
+                self.action_space = Text(min_length=int(p.get("minLength", 0)),
+                                         max_length=int(p.get("maxLength", 1 << 20)))
         obs = schema.get("observation") or {}
         oprops = {k: v for k, v in (obs.get("properties") or {}).items() if k not in _BASE_OBS_FIELDS}
         self.hint = obs.get(OBSERVATION_HINT)  # set by gymllm servers
@@ -335,7 +341,7 @@ class OpenEnvTextEnv(TextEnv):
         if self._session is None:
             raise OpenEnvError(explain(f"{type(self).__name__}.step() to {cfg.base_url}",
                                        expected="the episode's open session",
-                                       received="a session lost earlier in this episode (connection closed or timed out)",
+                                       received="a session lost earlier in this episode (closed or timed out)",
                                        fix="call reset() to start a new episode in a new session"))
         return self._send_step(self._session, mapping.action(action))
 

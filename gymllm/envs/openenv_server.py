@@ -56,7 +56,8 @@ from gymllm.spaces import Chat, Text
 _core = import_openenv("openenv.core")
 _types = import_openenv("openenv.core.env_server.types")
 
-__all__ = ["ServeEnvConfig", "GymllmEnvironment", "ServedEnvError", "build_app", "serve", "ServerThread", "make_env_factory",
+__all__ = ["ServeEnvConfig", "GymllmEnvironment", "ServedEnvError", "build_app", "serve", "ServerThread",
+           "make_env_factory",
            "offline_environ", "TOKEN_ENV"]
 
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", "ENABLE_WEB_INTERFACE": "false"}
@@ -72,7 +73,8 @@ class ServeEnvConfig:
     """env: a registered id (gymllm or Gymnasium) or ``module:factory``; env_kwargs: its keyword
     arguments; host/port: bind address (port 0: a free port); max_sessions: concurrent sessions;
     session_timeout_s: reap sessions idle this long (None: never); token: required from clients
-    (mandatory off loopback; default ``$GYMLLM_ENV_TOKEN``); max_message_mb: largest WebSocket frame."""
+    (mandatory off loopback; default ``$GYMLLM_ENV_TOKEN``); max_message_mb: largest WebSocket frame;
+    compress: offer permessage-deflate (off: on loopback compressing costs more CPU than it saves)."""
 
     env: str
     env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -82,6 +84,7 @@ class ServeEnvConfig:
     session_timeout_s: float | None = 600.0
     token: str | None = None
     max_message_mb: float = 16.0
+    compress: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.env, str) or not self.env:
@@ -101,8 +104,9 @@ class ServeEnvConfig:
                 raise ConfigError(explain(f"ServeEnvConfig.{name}", expected="a number > 0", received=v,
                                           fix=f"pass a positive {name}"))
         if not is_loopback(self.host) and not self.resolved_token:
-            raise ConfigError(explain("gymllm serve-env --host", expected="a loopback address (127.0.0.1, ::1, localhost), "
-                                      "or a token when binding anything else", received=self.host,
+            raise ConfigError(explain("gymllm serve-env --host",
+                                      expected="a loopback address (127.0.0.1, ::1, localhost), or a token when "
+                                               "binding anything else", received=self.host,
                                       fix=f"pass --token SECRET (or set {TOKEN_ENV}); clients send it as "
                                           "'Authorization: Bearer SECRET' (from_openenv(token=...))"))
 
@@ -327,11 +331,12 @@ class _TokenGate:
         return getattr(self.app, name)
 
 
-def _uvicorn_server(app: Any, max_message_mb: float) -> Any:
+def _uvicorn_server(app: Any, max_message_mb: float, compress: bool = False) -> Any:
     import uvicorn
 
     return uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False,
-                                         ws_max_size=int(max_message_mb * 1024 * 1024), timeout_graceful_shutdown=2))
+                                         ws_max_size=int(max_message_mb * 1024 * 1024), ws_per_message_deflate=compress,
+                                         timeout_graceful_shutdown=2))
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -347,7 +352,7 @@ def _bind(host: str, port: int) -> socket.socket:
 def serve(config: ServeEnvConfig, *, on_ready: Callable[[str], None] | None = None) -> None:
     """Serve until interrupted; ``on_ready(url)`` is called once the server accepts connections."""
     app = build_app(config)
-    server = _uvicorn_server(app, config.max_message_mb)
+    server = _uvicorn_server(app, config.max_message_mb, config.compress)
     sock = _bind(config.host, config.port)
     host = f"[{config.host}]" if ":" in config.host else config.host
     url = f"http://{host}:{sock.getsockname()[1]}"
