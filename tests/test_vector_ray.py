@@ -47,6 +47,13 @@ class GateEcho(EchoEnv):
         return super()._step(action)
 
 
+class Unpicklable(str):
+    """A str action that refuses to be pickled."""
+
+    def __reduce__(self):
+        raise TypeError("this action does not pickle")
+
+
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # GateEcho travels to the actors by value
 
 
@@ -236,6 +243,10 @@ def test_shards_and_bad_options(cluster):
             assert list(vec.step(["a"] * 5)[0]) == list(ref.step(["a"] * 5)[0])
         finally:
             ref.close()
+        vec.send(["a", Unpicklable("a"), "a", "a", "a"])  # a valid action that cannot travel to the actor
+        obs, _, _, _, infos, ids = vec.recv(min_ready=5)
+        errs = {int(i): infos["error"][j] for j, i in enumerate(ids) if infos["_error"][j]}
+        assert set(errs) == {0, 1, 2} and all(isinstance(e, EnvError) for e in errs.values())  # its shard's call
     finally:
         vec.close()
     with pytest.raises(ConfigError, match="picklable"):

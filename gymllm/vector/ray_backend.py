@@ -272,9 +272,14 @@ class RayRunner(SubEnvRunner):
                     continue
                 calls.append(it)
                 payload.append((env_id - sh.env_ids[0], it.op, it.action, it.seed, it.options, it.rebuild))
-            if calls:
+            if not calls:
+                continue
+            try:
                 ref = actor.run.remote(payload)
-                ref.future().add_done_callback(functools.partial(self.on_done, sh, epoch, calls))
+            except Exception as e:  # noqa: BLE001 - e.g. an action or option that does not pickle
+                failed += [(it.slot, it.gen, it.op, error_result(it.slot.env_id, it.op, e)) for it in calls]
+                continue
+            ref.future().add_done_callback(functools.partial(self.on_done, sh, epoch, calls))
         if failed:
             self.ledger.finish_many(failed)
 
