@@ -390,3 +390,35 @@ def test_a_gymnasium_env_served_in_process_and_tokens():
         for a in ("right", "down", "down"):
             assert env.step(a) == local.step(a)
         env.close()
+
+
+def test_an_async_env_is_awaited_on_the_server_loop():
+    from gymllm.envs.openenv_server import is_async_native
+
+    kwargs = {"median_s": 0.001, "p99_s": 0.005}
+    local = gymllm.make("gymllm/AsyncLatency-v0", **kwargs)
+    assert is_async_native(local) and not is_async_native(gymllm.make("gymllm/Echo-v0"))
+    with ServerThread(build_app(ServeEnvConfig(env="gymllm/AsyncLatency-v0", env_kwargs=kwargs))) as server:
+        env = from_openenv(server.url)
+        for seed in (0, 1):
+            assert env.reset(seed=seed) == local.reset(seed=seed)
+            for a in ("alpha", "zeta ✓"):
+                assert env.step(a) == local.step(a)
+        env.close()
+
+
+class AsyncProbe(TextEnv):
+    """Native async hooks that report the thread they run on."""
+
+    async def _areset(self, *, seed, options):
+        return "hi", {"thread": threading.current_thread().name}
+
+    async def _astep(self, action):
+        return action, 0.0, False, {"thread": threading.current_thread().name}
+
+
+def test_async_hooks_run_on_the_server_event_loop_thread():
+    with ServerThread(build_app(ServeEnvConfig(env="test_openenv:AsyncProbe"))) as server:
+        env = from_openenv(server.url)
+        assert env.reset()[1]["thread"] == env.step("x")[4]["thread"] == "gymllm-openenv-server"
+        env.close()

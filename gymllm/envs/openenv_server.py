@@ -15,6 +15,8 @@ that holds one gymllm env per session:
   ``truncated`` and the env's ``info`` (made JSON-safe). Reset data ``seed`` seeds the env; any other
   reset fields become ``options`` (``{"options": {...}}`` works too). ``state`` reports
   ``episode_id``, ``step_count``, ``env_id``, ``turn`` and ``episode_done``.
+- **Async envs.** An env with native ``async`` hooks is awaited on the server's event loop
+  (:class:`AsyncGymllmEnvironment`); other envs run in OpenEnv's per-session worker thread.
 - **Sessions.** Each WebSocket connection is one OpenEnv session with its own env instance (gymllm's
   client opens one per episode); at most ``max_sessions`` at once (``CAPACITY_REACHED`` beyond),
   sessions idle for ``session_timeout_s`` are reaped by OpenEnv's reaper (their env closed; a late
@@ -49,6 +51,7 @@ from typing import Any, Callable
 import gymnasium as gym
 import numpy as np
 
+from gymllm.core import TextEnv, areset_env, astep_env
 from gymllm.envs.openenv_adapter import OBSERVATION_HINT, TOKEN_ENV, import_openenv
 from gymllm.errors import ConfigError, explain
 from gymllm.spaces import Chat, Text
@@ -56,9 +59,8 @@ from gymllm.spaces import Chat, Text
 _core = import_openenv("openenv.core")
 _types = import_openenv("openenv.core.env_server.types")
 
-__all__ = ["ServeEnvConfig", "GymllmEnvironment", "ServedEnvError", "build_app", "serve", "ServerThread",
-           "make_env_factory",
-           "offline_environ", "TOKEN_ENV"]
+__all__ = ["ServeEnvConfig", "GymllmEnvironment", "AsyncGymllmEnvironment", "ServedEnvError", "is_async_native",
+           "build_app", "serve", "ServerThread", "make_env_factory", "offline_environ", "TOKEN_ENV"]
 
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", "ENABLE_WEB_INTERFACE": "false"}
 
@@ -222,15 +224,27 @@ class GymllmEnvironment(_core.Environment):
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> Any:
         self._check_open("reset")
-        options = dict(kwargs.pop("options", None) or {})
-        options.update(kwargs)
-        obs, info = self._call(lambda: self._env.reset(seed=seed, options=options or None))
-        self._episode_id, self._steps, self._done = episode_id or uuid.uuid4().hex, 0, False
-        return self._observation(obs, None, False, {"terminated": False, "truncated": False, "info": info})
+        try:
+            result = self._env.reset(seed=seed, options=_options(kwargs))
+        except Exception as e:  # noqa: BLE001 - reported to the client as OpenEnv's EXECUTION_ERROR
+            raise _served_error(e) from e
+        return self._after_reset(result, episode_id)
 
     def step(self, action: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
         self._check_open("step")
-        obs, reward, terminated, truncated, info = self._call(lambda: self._env.step(action.text))
+        try:
+            result = self._env.step(action.text)
+        except Exception as e:  # noqa: BLE001 - reported to the client as OpenEnv's EXECUTION_ERROR
+            raise _served_error(e) from e
+        return self._after_step(result)
+
+    def _after_reset(self, result: tuple, episode_id: str | None) -> Any:
+        obs, info = result
+        self._episode_id, self._steps, self._done = episode_id or uuid.uuid4().hex, 0, False
+        return self._observation(obs, None, False, {"terminated": False, "truncated": False, "info": info})
+
+    def _after_step(self, result: tuple) -> Any:
+        obs, reward, terminated, truncated, info = result
         self._steps += 1
         self._done = bool(terminated or truncated)
         return self._observation(obs, float(reward), self._done,
@@ -255,17 +269,49 @@ class GymllmEnvironment(_core.Environment):
             return self._obs_cls(messages=jsonable(obs), done=done, reward=reward, metadata=metadata)
         return self._obs_cls(text=str(obs), done=done, reward=reward, metadata=metadata)
 
-    def _call(self, fn: Callable[[], Any]) -> Any:
-        try:
-            return fn()
-        except Exception as e:  # noqa: BLE001 - reported to the client as OpenEnv's EXECUTION_ERROR
-            raise ServedEnvError(f"{type(e).__name__}: {e}") from e
-
     def _check_open(self, op: str) -> None:
         if self._closed:
             raise ServedEnvError(explain(f"{op} on a closed session", expected="an open session",
                                        received="a session reaped after being idle (or closed by the server)",
                                        fix="open a new session (reconnect) and reset"))
+
+
+class AsyncGymllmEnvironment(GymllmEnvironment):
+    """For envs with native ``async`` hooks: reset and step are awaited on the server's event loop
+    (OpenEnv calls ``reset_async`` / ``step_async``), so a waiting env holds no thread."""
+
+    async def reset_async(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> Any:
+        self._check_open("reset")
+        try:
+            result = await areset_env(self._env, seed=seed, options=_options(kwargs))
+        except Exception as e:  # noqa: BLE001 - reported to the client as OpenEnv's EXECUTION_ERROR
+            raise _served_error(e) from e
+        return self._after_reset(result, episode_id)
+
+    async def step_async(self, action: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
+        self._check_open("step")
+        try:
+            result = await astep_env(self._env, action.text)
+        except Exception as e:  # noqa: BLE001 - reported to the client as OpenEnv's EXECUTION_ERROR
+            raise _served_error(e) from e
+        return self._after_step(result)
+
+
+def _options(kwargs: dict) -> dict | None:
+    """Reset fields other than seed / episode_id -> the env's ``options`` (``{"options": {...}}`` too)."""
+    options = dict(kwargs.pop("options", None) or {})
+    options.update(kwargs)
+    return options or None
+
+
+def _served_error(e: BaseException) -> ServedEnvError:
+    return ServedEnvError(f"{type(e).__name__}: {e}")
+
+
+def is_async_native(env: gym.Env) -> bool:
+    """Whether ``env`` (or the TextEnv it wraps) has a native ``async def _astep``."""
+    u = getattr(env, "unwrapped", env)
+    return isinstance(u, TextEnv) and type(u)._astep is not TextEnv._astep and callable(getattr(env, "astep", None))
 
 
 # ---------------------------------------------------------------------------------------------- app
@@ -277,6 +323,7 @@ def build_app(config: ServeEnvConfig) -> Any:
     try:
         space = probe.action_space
         chat = isinstance(probe.observation_space, Chat)
+        native = is_async_native(probe)
     finally:
         probe.close()
     pyd = importlib.import_module("pydantic")
@@ -289,7 +336,8 @@ def build_app(config: ServeEnvConfig) -> Any:
     obs_cls = type("GymllmObservation", (GymllmObservation,), {
         "__module__": __name__, "__doc__": GymllmObservation.__doc__,
         "model_config": pyd.ConfigDict(json_schema_extra={OBSERVATION_HINT: hint})})
-    factory = functools.partial(GymllmEnvironment, make_env, env_name=config.env, observation_cls=obs_cls)
+    env_cls = AsyncGymllmEnvironment if native else GymllmEnvironment
+    factory = functools.partial(env_cls, make_env, env_name=config.env, observation_cls=obs_cls)
     app = _core.create_fastapi_app(
         factory, action_cls, obs_cls,
         concurrency_config=_types.ConcurrencyConfig(max_concurrent_envs=config.max_sessions,
