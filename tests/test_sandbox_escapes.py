@@ -152,6 +152,10 @@ ATTEMPTS = [
     ("kill-trainer-probe", "return os.kill({pid}, 0)", {"ESRCH", "EPERM"}, "ps"),
     ("tiocsti", "import ctypes\n    return libc().ioctl(1, 0x5412, ctypes.c_char_p(b'x'))", EPERM, "ps"),
     # -- privileges and namespaces
+    ("raise-rlimits", "import resource\n    try:\n        resource.setrlimit(resource.RLIMIT_AS, (-1, -1))\n"
+     "    except ValueError as e:  # how Python reports setrlimit's EPERM\n"
+     "        if 'not allowed to raise' in str(e):\n            raise PermissionError(errno.EPERM, str(e))\n"
+     "        raise\n    return 'ESCAPED: RLIMIT_AS raised'", EPERM, "ps"),
     ("unshare-user", "return libc().unshare(0x10000000)", EPERM, "ps"),
     ("unshare-net-mount", "return libc().unshare(0x40000000 | 0x00020000)", EPERM, "ps"),
     ("chroot", "return libc().chroot(b'.')", EPERM, "ps"),

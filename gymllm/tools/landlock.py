@@ -27,6 +27,7 @@ import ctypes
 import errno
 import os
 import stat
+import sys
 
 __all__ = ["ALL_FS_ACCESS", "READ_ACCESS", "FILE_ACCESS", "LandlockError", "abi_version", "handled_fs_access",
            "restrict"]
@@ -78,7 +79,9 @@ def _syscall(*args) -> int:
 
 
 def abi_version() -> int:
-    """The kernel's Landlock ABI version, or 0 where it has none (too old, or not in ``lsm=``)."""
+    """The kernel's Landlock ABI version, or 0 where it has none (too old, not in ``lsm=``, not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return 0  # syscall 444 means something else elsewhere
     try:
         return _syscall(ctypes.c_long(SYS_CREATE_RULESET), None, ctypes.c_size_t(0),
                         ctypes.c_uint32(CREATE_RULESET_VERSION))

@@ -28,6 +28,7 @@ import ctypes
 import errno
 import os
 import struct
+import sys
 
 __all__ = ["SeccompError", "SYSCALLS", "available", "build_filter", "install"]
 
@@ -125,7 +126,7 @@ _LIBC = ctypes.CDLL(None, use_errno=True)
 
 def available() -> bool:
     """Whether the kernel has seccomp filter mode (``CONFIG_SECCOMP_FILTER``) and this architecture a table."""
-    if os.uname().machine not in SYSCALLS:
+    if not sys.platform.startswith("linux") or os.uname().machine not in SYSCALLS:
         return False
     return _LIBC.prctl(PR_GET_SECCOMP, 0, 0, 0, 0) >= 0  # -1 (EINVAL) without CONFIG_SECCOMP
 
@@ -136,6 +137,8 @@ def install(*, network: bool, processes: bool) -> dict:
     Returns ``{"instructions": n, "network": network, "processes": processes}``. Raises
     :class:`SeccompError` where the kernel refuses.
     """
+    if not sys.platform.startswith("linux"):
+        raise SeccompError(errno.ENOSYS, f"seccomp is Linux-only (this is {sys.platform})")
     prog = build_filter(network=network, processes=processes)
     buf = ctypes.create_string_buffer(prog, len(prog))
     fprog = _SockFprog(len=len(prog) // 8, filter=ctypes.cast(buf, ctypes.c_void_p))
