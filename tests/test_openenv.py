@@ -96,15 +96,18 @@ def _stop(proc: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="module")
 def servers():
-    """`gymllm serve-env` of the probe env in a process; an Echo and a reaping probe server in threads."""
+    """`gymllm serve-env` processes (the probe env; an Echo to kill); an Echo and a reaping probe server in threads."""
     proc = _start("test_openenv:make_probe_env", "--max-message-mb", "0.05")
+    victim = _start("gymllm/Echo-v0")  # killed by test_kill_9_mid_episode_fails_that_episode_only
     echo = ServerThread(build_app(ServeEnvConfig(env="gymllm/Echo-v0")))
     reap = ServerThread(build_app(ServeEnvConfig(env="test_openenv:make_probe_env", max_sessions=1,
                                                  session_timeout_s=0.5)))
     try:
-        yield {"probe": (proc, _wait_url(proc)), "echo_a": (None, echo.url), "reap": (None, reap.url)}
+        yield {"probe": (proc, _wait_url(proc)), "victim": (victim, _wait_url(victim)), "echo_a": (None, echo.url),
+               "reap": (None, reap.url)}
     finally:
-        _stop(proc)
+        for p in (proc, victim):
+            _stop(p)
         echo.close()
         reap.close()
 
@@ -226,32 +229,27 @@ def test_idle_sessions_are_reaped(servers):
 
 
 def test_kill_9_mid_episode_fails_that_episode_only(servers):
-    proc = _start("gymllm/Echo-v0")
-    url = _wait_url(proc)
-    try:
-        urls = [url, servers["echo_a"][1]]
-        vec = gymllm.make_vec([lambda u=u: from_openenv(u, timeout_s=20) for u in urls])
-        ref = gymllm.make_vec(["gymllm/Echo-v0"] * 2)
-        obs, _ = vec.reset(seed=4)
-        assert list(obs) == list(ref.reset(seed=4)[0])
-        assert list(vec.step(["a", "b"])[0]) == list(ref.step(["a", "b"])[0])
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
-        obs, rew, term, trunc, infos = vec.step(["c", "d"])
-        err = infos["error"][0]
-        assert obs[0] is None and trunc[0] and "lost" in str(err) and "reset() opens a new session" in str(err)
-        assert obs[1] == ref.step(["c", "d"])[0][1] and not infos["_error"][1]  # the other episode goes on
-        with pytest.raises(EnvError, match="2 failed attempts") as e:  # one reconnect, then a clear failure
-            vec.reset_env(0, seed=1)
-        assert isinstance(e.value.cause, OpenEnvError) and e.value.env_id == 0
-        vec.send(["e"], env_ids=[1])
-        ref.send(["e"], env_ids=[1])
-        assert vec.recv()[0][0] == ref.recv()[0][0]
-        vec.close()
-        ref.close()
-    finally:
-        proc.kill()
-        proc.wait()
+    proc, url = servers["victim"]
+    urls = [url, servers["echo_a"][1]]
+    vec = gymllm.make_vec([lambda u=u: from_openenv(u, timeout_s=20) for u in urls])
+    ref = gymllm.make_vec(["gymllm/Echo-v0"] * 2)
+    obs, _ = vec.reset(seed=4)
+    assert list(obs) == list(ref.reset(seed=4)[0])
+    assert list(vec.step(["a", "b"])[0]) == list(ref.step(["a", "b"])[0])
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    obs, rew, term, trunc, infos = vec.step(["c", "d"])
+    err = infos["error"][0]
+    assert obs[0] is None and trunc[0] and "lost" in str(err) and "reset() opens a new session" in str(err)
+    assert obs[1] == ref.step(["c", "d"])[0][1] and not infos["_error"][1]  # the other episode goes on
+    with pytest.raises(EnvError, match="2 failed attempts") as e:  # one reconnect, then a clear failure
+        vec.reset_env(0, seed=1)
+    assert isinstance(e.value.cause, OpenEnvError) and e.value.env_id == 0
+    vec.send(["e"], env_ids=[1])
+    ref.send(["e"], env_ids=[1])
+    assert vec.recv()[0][0] == ref.recv()[0][0]
+    vec.close()
+    ref.close()
 
 
 # ------------------------------------------------------------------------------------------- consume side
