@@ -15,6 +15,7 @@ streaming), so completions are token for token those of single steps:
   (or in the scratch slot), where nothing attends to them.
 
 Compiled shapes: one program per (width, cache length), as for single steps (``n`` is traced).
+:func:`chunk_limits` builds a chunk's per-row stop ids and token budgets from the active requests.
 """
 
 from __future__ import annotations
@@ -24,12 +25,27 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from gymllm.inference.sampling import sample, step_keys
 from gymllm.inference.steps import decode_logits
 
 MAX_STOP_IDS = 8  # stop ids per row checked on the device (more are still honoured by the host)
+
+
+def chunk_limits(active: dict[int, Any], width: int, stop_ids: frozenset[int], max_len: int
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """The device-side end of each row of a chunk over rows [0, width): (stop_ids [W, MAX_STOP_IDS] int32,
+    -1 pads: ``stop_ids`` and the request's own, the first MAX_STOP_IDS in order; budget [W] int32: the
+    tokens the row's request may still sample, 0 for idle rows). ``active``: slot -> engine request."""
+    stop = np.full((width, MAX_STOP_IDS), -1, np.int32)
+    budget = np.zeros(width, np.int32)
+    for s, r in active.items():
+        ids = sorted(stop_ids | set(r.params.stop_token_ids))[:MAX_STOP_IDS]
+        stop[s, : len(ids)] = ids
+        budget[s] = r.budget(max_len)
+    return stop, budget
 
 
 @functools.lru_cache(maxsize=16)

@@ -1,7 +1,12 @@
-"""SamplingRows: the per-row sampling inputs of one device step, kept on the host.
+"""The decode rows on the host: who decodes in each cache row, and each row's inputs to the next step.
 
-Every device step (decode, prefill, piggybacked) samples each of its R rows with that row's own key,
-step index, temperature, top-k and top-p. The engine keeps one ``SamplingRows`` over all its cache
+:class:`DecodeRows` maps each active cache row to its request and keeps, for every row, the token,
+position and sampling inputs of its next decode step; rows nobody decodes are idle (they write only to
+the scratch slot ``max_len - 1``, greedy, unfiltered). Written by the engine thread only.
+
+:class:`SamplingRows`: the per-row sampling inputs of one device step. Every device step (decode,
+prefill, piggybacked) samples each of its R rows with that row's own key, step index, temperature,
+top-k and top-p. The engine keeps one ``SamplingRows`` over all its cache
 rows (what each row samples at its next decode step) and builds one per prefill batch; a step over
 the first W rows passes :meth:`head` ``(W)``. Inert rows (padding, rows nobody decodes) are greedy and
 unfiltered.
@@ -10,8 +15,14 @@ unfiltered.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from gymllm.inference.scheduler import Placement
+
+if TYPE_CHECKING:
+    from gymllm.inference.request import EngineRequest
 
 
 @dataclasses.dataclass
@@ -56,3 +67,59 @@ class SamplingRows:
     def arrays(self) -> tuple[np.ndarray, ...]:
         """(keys, steps, temperature, top_k, top_p): the order the compiled steps take them in."""
         return self.keys, self.steps, self.temperature, self.top_k, self.top_p
+
+
+class DecodeRows:
+    """The engine's decode rows: ``active`` (slot -> request) and each row's next decode inputs
+    ``tokens`` [num_slots], ``positions`` [num_slots] and ``sampling``."""
+
+    def __init__(self, num_slots: int, max_len: int):
+        self.max_len = max_len
+        self.active: dict[int, EngineRequest] = {}  # slot -> request (the same dict for the engine's life)
+        self.tokens = np.zeros(num_slots, np.int32)
+        self.positions = np.full(num_slots, max_len - 1, np.int32)  # idle rows write only to the scratch index
+        self.sampling = SamplingRows.inert(num_slots)  # each row's sampling inputs at its next decode step
+
+    def top_row(self) -> int:
+        """The highest active row (0 when none is active)."""
+        return max(self.active, default=0)
+
+    def max_position(self, ahead: int = 0) -> int:
+        """The furthest position an active row reaches ``ahead`` steps from now (capped at the scratch
+        slot ``max_len - 1``; 0 when none is active)."""
+        return max((min(int(self.positions[s]) + ahead, self.max_len - 1) for s in self.active), default=0)
+
+    def inputs(self, width: int) -> tuple[np.ndarray, np.ndarray, SamplingRows]:
+        """Rows [0, width)'s (tokens [W], positions [W], sampling inputs): views, no copy."""
+        return self.tokens[:width], self.positions[:width], self.sampling.head(width)
+
+    def join(self, req: EngineRequest) -> None:
+        """``req`` (placed, prefilled) decodes in its row from the next step on."""
+        self.active[req.slot] = req
+
+    def schedule(self, req: EngineRequest) -> None:
+        """Feed ``req``'s last sampled token back: its row's inputs at the next decode step."""
+        s = req.slot
+        self.tokens[s] = req.tokens[-1]
+        self.positions[s] = len(req.prompt) + len(req.tokens) - 1
+        self.sampling.set(s, req.key, len(req.tokens), req.params)
+
+    def leave(self, req: EngineRequest) -> None:
+        """``req`` stops decoding: its row (if it is still the row's request) becomes idle."""
+        if self.active.get(req.slot) is req:
+            del self.active[req.slot]
+            self.idle(req.slot)
+
+    def idle(self, slot: int) -> None:
+        """Host inputs of a row nobody decodes: it writes only to the scratch slot, greedy, unfiltered."""
+        self.positions[slot] = self.max_len - 1
+        self.sampling.clear(slot)
+
+    def move(self, a: int, b: int) -> None:
+        """The request decoding in row ``a`` moves to idle row ``b`` (the caller copied its k/v)."""
+        req = self.active.pop(a)
+        req.placement = Placement(b, req.placement.reuse_len)
+        self.active[b] = req
+        self.tokens[b], self.positions[b] = self.tokens[a], self.positions[a]
+        self.sampling.copy_row(a, b)
+        self.idle(a)

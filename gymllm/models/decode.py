@@ -19,8 +19,8 @@ It returns the logits and each layer's new k/v (``[L, W, K, D]``) instead of an 
   slowly, uint16 ones at memory speed), decoded in the attention fusion.
 
 Every family of :class:`~gymllm.models.ModelConfig` goes through the same layer code as ``forward``
-(biases, qk-norm, post norms, sliding windows, softcaps, Gemma's embedding scale and plus-one norms,
-``compute_dtype``, uint16-packed weights).
+(:mod:`gymllm.models.blocks`: biases, qk-norm, post norms, sliding windows, softcaps, Gemma's embedding
+scale and plus-one norms, ``compute_dtype``, uint16-packed weights).
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from gymllm.models.blocks import (embed_tokens, final_logits, global_params, layer_rest, layer_weights, layer_xs,
+                                  pack_like, qkv, unpack)
 from gymllm.models.cache import KVCache
 from gymllm.models.config import ModelConfig
 from gymllm.models.layers import decode_attention
-from gymllm.models.transformer import (_embed, _global_params, _layer_rest, _layer_weights, _layer_xs, _logits,
-                                       _pack_like, _qkv, _unpack)
 
 
 def decode_forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, positions: jax.Array,
@@ -50,25 +50,25 @@ def decode_forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.A
     w = tokens.shape[0]
     length = length or cache.k.shape[2]
     h, d = cfg.num_heads, cfg.resolved_head_dim
-    params = _global_params(params, compute_dtype)
-    x = _embed(cfg, params, tokens)[:, None]  # [W, 1, E]
+    params = global_params(params, compute_dtype)
+    x = embed_tokens(cfg, params, tokens)[:, None]  # [W, 1, E]
     pos = positions[:, None]  # [W, 1]
     idx = jnp.arange(length)[None]  # [1, S]
 
     def layer(x, xs):
         lw, inv_l, win_l, i = xs
-        lw = _layer_weights(lw, compute_dtype)
-        q, kk, vv = _qkv(cfg, lw, x, pos, inv_l)  # [W, 1, H, D], [W, 1, K, D] x2
+        lw = layer_weights(lw, compute_dtype)
+        q, kk, vv = qkv(cfg, lw, x, pos, inv_l)  # [W, 1, H, D], [W, 1, K, D] x2
         keys = jax.lax.dynamic_index_in_dim(cache.k, i, 0, keepdims=False)[:w, :length]  # [W, S, K, D]
         values = jax.lax.dynamic_index_in_dim(cache.v, i, 0, keepdims=False)[:w, :length]
         visible = (idx < pos) & (pos - idx < win_l)  # [W, S]
-        attn = decode_attention(q[:, 0], _unpack(keys), _unpack(values), kk[:, 0], vv[:, 0], visible,
+        attn = decode_attention(q[:, 0], unpack(keys), unpack(values), kk[:, 0], vv[:, 0], visible,
                                 scale=cfg.attn_scale, softcap=cfg.attn_logit_softcap)  # [W, H*D]
-        x = _layer_rest(cfg, lw, x, attn.reshape(w, 1, h * d))
-        return x, (_pack_like(kk[:, 0], cache.k), _pack_like(vv[:, 0], cache.v))
+        x = layer_rest(cfg, lw, x, attn.reshape(w, 1, h * d))
+        return x, (pack_like(kk[:, 0], cache.k), pack_like(vv[:, 0], cache.v))
 
-    x, (k_new, v_new) = jax.lax.scan(layer, x, _layer_xs(cfg, params))
-    return _logits(cfg, params, x[:, 0]), k_new, v_new
+    x, (k_new, v_new) = jax.lax.scan(layer, x, layer_xs(cfg, params))
+    return final_logits(cfg, params, x[:, 0]), k_new, v_new
 
 
 def write_new_kv(cache: KVCache, k_new: jax.Array, v_new: jax.Array, positions: jax.Array) -> KVCache:

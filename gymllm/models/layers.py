@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-_NEG_INF = -1e30
+NEG_INF = -1e30  # the score of a masked key (finite: a fully masked row stays NaN-free)
 
 
 def rms_norm(x: jax.Array, w: jax.Array, eps: float, plus_one: bool) -> jax.Array:
@@ -114,7 +114,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, scal
     scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
     if softcap:
         scores = softcap * jnp.tanh(scores / softcap)
-    scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)  # [B, K, G, T, S]
+    scores = jnp.where(mask[:, None, None, :, :], scores, NEG_INF)  # [B, K, G, T, S]
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, v, preferred_element_type=jnp.float32)  # [B, T, K, G, D]
     return out.astype(v.dtype).reshape(b, t, h * d)
@@ -145,7 +145,7 @@ def decode_attention(q: jax.Array, keys: jax.Array, values: jax.Array, k_self: j
     scores, own = scores * scale, own * scale
     if softcap:
         scores, own = softcap * jnp.tanh(scores / softcap), softcap * jnp.tanh(own / softcap)
-    scores = jnp.where(visible[:, None, None, :], scores, _NEG_INF)  # [W, K, G, S]
+    scores = jnp.where(visible[:, None, None, :], scores, NEG_INF)  # [W, K, G, S]
     top = jnp.maximum(scores.max(-1), own)  # [W, K, G]
     probs, p_own = jnp.exp(scores - top[..., None]), jnp.exp(own - top)
     total = probs.sum(-1) + p_own  # [W, K, G]

@@ -29,13 +29,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from gymllm.models.blocks import (embed_tokens, final_logits, global_params, layer_rest, layer_weights, layer_xs,
+                                  pack_like, qkv, unpack)
 from gymllm.models.cache import KVCache
 from gymllm.models.config import ModelConfig
 from gymllm.models.decode import write_new_kv
 from gymllm.models.layers import decode_attention
 from gymllm.models.prefill import chunk_attention, write_chunk_kv
-from gymllm.models.transformer import (_embed, _global_params, _layer_rest, _layer_weights, _layer_xs, _logits,
-                                       _pack_like, _qkv, _unpack)
 
 
 def mixed_forward(cfg: ModelConfig, params: dict[str, jax.Array], dec_tokens: jax.Array, dec_positions: jax.Array,
@@ -51,30 +51,30 @@ def mixed_forward(cfg: ModelConfig, params: dict[str, jax.Array], dec_tokens: ja
     w, (p, t) = dec_tokens.shape[0], pre_tokens.shape
     length = length or cache.k.shape[2]
     h, d = cfg.num_heads, cfg.resolved_head_dim
-    params = _global_params(params, compute_dtype)
+    params = global_params(params, compute_dtype)
     positions = jnp.concatenate([dec_positions, pre_positions.reshape(-1)])[None]  # [1, N]
-    x = _embed(cfg, params, jnp.concatenate([dec_tokens, pre_tokens.reshape(-1)]))[None]  # [1, N, E]
+    x = embed_tokens(cfg, params, jnp.concatenate([dec_tokens, pre_tokens.reshape(-1)]))[None]  # [1, N, E]
     dpos = dec_positions[:, None]  # [W, 1]
     idx = jnp.arange(length)[None]  # [1, S]
 
     def layer(x, xs):
         lw, inv_l, win_l, i = xs
-        lw = _layer_weights(lw, compute_dtype)
-        q, kk, vv = (a[0] for a in _qkv(cfg, lw, x, positions, inv_l))  # [N, H, D], [N, K, D] x2
+        lw = layer_weights(lw, compute_dtype)
+        q, kk, vv = (a[0] for a in qkv(cfg, lw, x, positions, inv_l))  # [N, H, D], [N, K, D] x2
         visible = (idx < dpos) & (dpos - idx < win_l)  # [W, S]
         keys = jax.lax.dynamic_index_in_dim(cache.k, i, 0, keepdims=False)[:w, :length]  # [W, S, K, D]
         values = jax.lax.dynamic_index_in_dim(cache.v, i, 0, keepdims=False)[:w, :length]
-        attn_d = decode_attention(q[:w], _unpack(keys), _unpack(values), kk[:w], vv[:w], visible,
+        attn_d = decode_attention(q[:w], unpack(keys), unpack(values), kk[:w], vv[:w], visible,
                                   scale=cfg.attn_scale, softcap=cfg.attn_logit_softcap)  # [W, H*D]
         qp, kp, vp = (a[w:].reshape(p, t, *a.shape[1:]) for a in (q, kk, vv))  # [P, T, H|K, D]
-        kp, vp = _pack_like(kp, cache.k), _pack_like(vp, cache.v)  # as stored (and read back by later steps)
+        kp, vp = pack_like(kp, cache.k), pack_like(vp, cache.v)  # as stored (and read back by later steps)
         attn_p = chunk_attention(cfg, qp, kp, vp, pre_positions, pre_rows, cache, i, length, win_l)  # [P, T, H*D]
         attn = jnp.concatenate([attn_d.astype(attn_p.dtype), attn_p.reshape(p * t, h * d)])[None]  # [1, N, H*D]
-        return _layer_rest(cfg, lw, x, attn), (_pack_like(kk[:w], cache.k), _pack_like(vv[:w], cache.v), kp, vp)
+        return layer_rest(cfg, lw, x, attn), (pack_like(kk[:w], cache.k), pack_like(vv[:w], cache.v), kp, vp)
 
-    x, (kd, vd, kp, vp) = jax.lax.scan(layer, x, _layer_xs(cfg, params))
+    x, (kd, vd, kp, vp) = jax.lax.scan(layer, x, layer_xs(cfg, params))
     x_last = jnp.take_along_axis(x[0, w:].reshape(p, t, -1), pre_last[:, None, None], axis=1)[:, 0]  # [P, E]
-    return _logits(cfg, params, jnp.concatenate([x[0, :w], x_last])), (kd, vd), (kp, vp)
+    return final_logits(cfg, params, jnp.concatenate([x[0, :w], x_last])), (kd, vd), (kp, vp)
 
 
 def write_mixed_kv(cache: KVCache, dec_kv: tuple[jax.Array, jax.Array], dec_positions: jax.Array,

@@ -24,7 +24,7 @@ scatters those into the (donated) cache afterwards. Same numbers as ``forward(..
 Padding rows (``rows[p] == B``, the cache's row count) read a clamped row and write nothing; tokens
 at index ``>= lengths[p]`` (a row's padded tail) write nothing either (:func:`write_chunk_kv`), so
 they cannot clobber real k/v wherever their positions land. Every family of
-:class:`~gymllm.models.ModelConfig` goes through the same layer code as ``forward``.
+:class:`~gymllm.models.ModelConfig` goes through the same layer code as ``forward`` (:mod:`gymllm.models.blocks`).
 """
 
 from __future__ import annotations
@@ -35,18 +35,18 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from gymllm.models.blocks import (embed_tokens, final_logits, global_params, layer_rest, layer_weights, layer_xs,
+                                  pack_like, qkv, unpack)
 from gymllm.models.cache import KVCache
 from gymllm.models.config import ModelConfig
-from gymllm.models.layers import _NEG_INF, causal_mask
-from gymllm.models.transformer import (_embed, _global_params, _layer_rest, _layer_weights, _layer_xs, _logits,
-                                       _pack_like, _qkv, _unpack)
+from gymllm.models.layers import NEG_INF, causal_mask
 
 
 def _cached_prefix(cache: KVCache, i: jax.Array, rows: jax.Array, length: int, dtype: Any
                    ) -> tuple[jax.Array, jax.Array]:
     """Layer i's first ``length`` slots of cache rows ``rows`` (clamped), decoded: [P, length, K, D] x2."""
     rows = jnp.minimum(rows, cache.k.shape[1] - 1)
-    take = lambda c: _unpack(c[i, rows, :length]).astype(dtype)  # noqa: E731  one gather per layer
+    take = lambda c: unpack(c[i, rows, :length]).astype(dtype)  # noqa: E731  one gather per layer
     return take(cache.k), take(cache.v)
 
 
@@ -65,7 +65,7 @@ def _chunk_attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax
     if softcap:
         scores = softcap * jnp.tanh(scores / softcap)
     scores = scores.reshape(p, kh, g, t, -1)  # [P, K, G, T, S]
-    scores = jnp.where(mask[:, None, None], scores, _NEG_INF)
+    scores = jnp.where(mask[:, None, None], scores, NEG_INF)
     probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype).reshape(p, kh, g * t, -1)
     out = jnp.einsum("pkms,pksd->pkmd", probs, vm, preferred_element_type=jnp.float32)  # [P, K, G*T, D]
     return out.astype(values.dtype).reshape(p, kh, g, t, d).transpose(0, 3, 1, 2, 4).reshape(p, t, h * d)
@@ -76,7 +76,7 @@ def chunk_attention(cfg: ModelConfig, q: jax.Array, k_own: jax.Array, v_own: jax
     """Prompt chunks' attention in layer i: q [P, T, H, D] over cache rows ``rows``' slots before each
     chunk's start (``positions[:, 0]``; ``length`` slots read, 0: none) and the chunk's own k/v [P, T, K, D]
     (as stored), causally, inside ``window``, in one softmax -> [P, T, H*D]."""
-    keys, values = _unpack(k_own).astype(q.dtype), _unpack(v_own).astype(q.dtype)
+    keys, values = unpack(k_own).astype(q.dtype), unpack(v_own).astype(q.dtype)
     mask = causal_mask(positions, None, window)  # [P, T, T]
     if length:
         idx, pos = jnp.arange(length)[None, None], positions[:, :, None]  # [1, 1, S], [P, T, 1]
@@ -96,20 +96,20 @@ def prefill_forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.
     slots read, must be >= every row's start (0: no cached prefix, nothing read); logits_at [P] int32. Call it inside
     ``jit`` (``cfg`` and ``length`` static)."""
     length = cache.k.shape[2] if length is None else length
-    params = _global_params(params, compute_dtype)
-    x = _embed(cfg, params, tokens)  # [P, T, E]
+    params = global_params(params, compute_dtype)
+    x = embed_tokens(cfg, params, tokens)  # [P, T, E]
 
     def layer(x, xs):
         lw, inv_l, win_l, i = xs
-        lw = _layer_weights(lw, compute_dtype)
-        q, kk, vv = _qkv(cfg, lw, x, positions, inv_l)  # [P, T, H, D], [P, T, K, D] x2
-        k_st, v_st = _pack_like(kk, cache.k), _pack_like(vv, cache.v)  # as stored
+        lw = layer_weights(lw, compute_dtype)
+        q, kk, vv = qkv(cfg, lw, x, positions, inv_l)  # [P, T, H, D], [P, T, K, D] x2
+        k_st, v_st = pack_like(kk, cache.k), pack_like(vv, cache.v)  # as stored
         attn = chunk_attention(cfg, q, k_st, v_st, positions, rows, cache, i, length, win_l)  # [P, T, H*D]
-        return _layer_rest(cfg, lw, x, attn), (k_st, v_st)
+        return layer_rest(cfg, lw, x, attn), (k_st, v_st)
 
-    x, (k_new, v_new) = jax.lax.scan(layer, x, _layer_xs(cfg, params))
+    x, (k_new, v_new) = jax.lax.scan(layer, x, layer_xs(cfg, params))
     x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)[:, 0]  # [P, E]
-    return _logits(cfg, params, x), k_new, v_new
+    return final_logits(cfg, params, x), k_new, v_new
 
 
 def write_chunk_kv(cache: KVCache, k_new: jax.Array, v_new: jax.Array, rows: jax.Array, positions: jax.Array,

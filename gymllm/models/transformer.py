@@ -15,12 +15,15 @@ Matrices are stored ``[in, out]`` (``x @ w``); loaders transpose Hugging Face's 
 
 The call is jitted internally (static config), so eager calls are fast after the first; calling
 it inside your own ``jit`` (e.g. after ``nnx.merge``) simply inlines it.
+
+This module owns the parameters (shapes, init, the NNX module) and the generic forward; the pieces
+of a layer it shares with the engine's decode / prefill / mixed forwards are in
+:mod:`gymllm.models.blocks` (``pack_bf16`` is re-exported here).
 """
 
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
 
 import jax
@@ -30,9 +33,11 @@ from flax import nnx
 
 from gymllm.models.cache import KVCache, init_cache
 from gymllm.models.config import ModelConfig
-from gymllm.models.layers import apply_rope, attention, cache_mask, causal_mask, dense, gated_mlp, rms_norm, rope_inv_freq
+from gymllm.models.blocks import (embed_tokens, final_logits, global_params, layer_rest, layer_weights, layer_xs,
+                                  pack_bf16, pack_like, qkv, unpack)
+from gymllm.models.layers import attention, cache_mask, causal_mask
 
-_GLOBAL_WINDOW = 1 << 30
+__all__ = ["Blocks", "Transformer", "forward", "init_params", "pack_bf16", "param_shapes"]
 
 
 def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -160,104 +165,6 @@ def _check_params(cfg: ModelConfig, params: dict[str, Any]) -> None:
                                      received=got, fix="check the checkpoint matches the config (family, sizes)"))
 
 
-def _layer_tables(cfg: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
-    """Per-layer RoPE inverse frequencies [L, D/2] and attention windows [L]."""
-    d = cfg.resolved_head_dim
-    glob = rope_inv_freq(d, cfg.rope_theta, cfg.rope_scaling_dict)
-    local = rope_inv_freq(d, cfg.rope_local_theta or cfg.rope_theta, {}) if cfg.rope_local_theta else glob
-    types = cfg.resolved_layer_types
-    inv = np.stack([local if t == "sliding_attention" else glob for t in types])
-    win = np.array([cfg.sliding_window if t == "sliding_attention" else _GLOBAL_WINDOW for t in types], np.int32)
-    return inv, win
-
-
-def pack_bf16(params: dict[str, Any]) -> dict[str, jax.Array]:
-    """Floating weights as bfloat16 bit patterns in uint16 arrays (what ``forward`` decodes per layer):
-    the fast storage for a bf16 inference copy on CPU (see :func:`forward`)."""
-    return {n: jax.lax.bitcast_convert_type(jnp.asarray(v).astype(jnp.bfloat16), jnp.uint16)
-            if jnp.issubdtype(jnp.asarray(v).dtype, jnp.floating) else v for n, v in params.items()}
-
-
-def _unpack(v: jax.Array) -> jax.Array:
-    return jax.lax.bitcast_convert_type(v, jnp.bfloat16) if v.dtype == jnp.uint16 else v
-
-
-def _pack_like(x: jax.Array, store: jax.Array) -> jax.Array:
-    """``x`` in ``store``'s dtype; uint16 storage holds bfloat16 bit patterns (a packed bf16 KV cache)."""
-    if store.dtype == jnp.uint16:
-        return jax.lax.bitcast_convert_type(x.astype(jnp.bfloat16), jnp.uint16)
-    return x.astype(store.dtype)
-
-
-def _global_params(params: dict[str, jax.Array], compute_dtype: Any) -> dict[str, jax.Array]:
-    """Non-layer weights decoded (uint16 -> bf16) and cast to ``compute_dtype``; layer stacks untouched."""
-    params = {n: _unpack(v) if not n.startswith("layers.") else v for n, v in params.items()}
-    if compute_dtype is not None:
-        params = {n: v if n.startswith("layers.") else v.astype(compute_dtype) for n, v in params.items()}
-    return params
-
-
-def _layer_weights(lw: dict[str, jax.Array], compute_dtype: Any) -> dict[str, jax.Array]:
-    """One layer's weights (sliced from the stacks inside the scan), decoded and cast."""
-    return {n: _unpack(v) if compute_dtype is None else _unpack(v).astype(compute_dtype) for n, v in lw.items()}
-
-
-def _embed(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array) -> jax.Array:
-    x = params["embed"][tokens]  # [..., E]
-    if cfg.embed_scale:
-        x = x * jnp.asarray(math.sqrt(cfg.hidden_size), x.dtype)
-    return x
-
-
-def _qkv(cfg: ModelConfig, lw: dict[str, jax.Array], x: jax.Array, positions: jax.Array, inv_l: jax.Array
-         ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """x [B, T, E] -> roped q [B, T, H, D], roped k [B, T, K, D], v [B, T, K, D] (biases, qk-norm)."""
-    b, t = x.shape[:2]
-    h, k, d = cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
-    hdn = rms_norm(x, lw["attn_norm"], cfg.rms_norm_eps, cfg.norm_plus_one)
-    q, kk, vv = dense(hdn, lw["wq"]), dense(hdn, lw["wk"]), dense(hdn, lw["wv"])  # [B, T, H*D], [B, T, K*D]
-    if cfg.attention_bias:
-        q, kk, vv = q + lw["bq"], kk + lw["bk"], vv + lw["bv"]
-    q, kk, vv = q.reshape(b, t, h, d), kk.reshape(b, t, k, d), vv.reshape(b, t, k, d)
-    if cfg.qk_norm:
-        q = rms_norm(q, lw["q_norm"], cfg.rms_norm_eps, cfg.norm_plus_one)
-        kk = rms_norm(kk, lw["k_norm"], cfg.rms_norm_eps, cfg.norm_plus_one)
-    return apply_rope(q, positions, inv_l), apply_rope(kk, positions, inv_l), vv
-
-
-def _layer_rest(cfg: ModelConfig, lw: dict[str, jax.Array], x: jax.Array, attn: jax.Array) -> jax.Array:
-    """The layer after attention: output projection, post norms, residuals, MLP. attn [B, T, H*D]."""
-    eps, plus_one = cfg.rms_norm_eps, cfg.norm_plus_one
-    out = dense(attn, lw["wo"])
-    if cfg.post_norms:
-        out = rms_norm(out, lw["post_attn_norm"], eps, plus_one)
-    x = x + out
-    hdn = rms_norm(x, lw["mlp_norm"], eps, plus_one)
-    out = gated_mlp(hdn, lw["w_gate"], lw["w_up"], lw["w_down"], cfg.activation)
-    if cfg.post_norms:
-        out = rms_norm(out, lw["post_mlp_norm"], eps, plus_one)
-    return x + out
-
-
-def _logits(cfg: ModelConfig, params: dict[str, jax.Array], x: jax.Array) -> jax.Array:
-    """Final norm and vocab projection (float32, final softcap). x [..., E] -> [..., V]."""
-    x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps, cfg.norm_plus_one)
-    if "lm_head" in params:
-        logits = dense(x, params["lm_head"], f32_out=True)
-    else:
-        logits = dense(x, params["embed"], transposed=True, f32_out=True)
-    if cfg.final_logit_softcap:
-        logits = cfg.final_logit_softcap * jnp.tanh(logits / cfg.final_logit_softcap)
-    return logits
-
-
-def _layer_xs(cfg: ModelConfig, params: dict[str, jax.Array]) -> tuple:
-    """The scan's per-layer inputs: (layer weight stacks, inv_freq [L, D/2], windows [L], index [L])."""
-    inv_freq, windows = _layer_tables(cfg)
-    layer_params = {n.split(".", 1)[1]: v for n, v in params.items() if n.startswith("layers.")}
-    return layer_params, jnp.asarray(inv_freq), jnp.asarray(windows), jnp.arange(cfg.num_layers)
-
-
 @functools.partial(jax.jit, static_argnums=0, static_argnames=("compute_dtype",))
 def forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, positions: jax.Array,
             segment_ids: jax.Array | None = None, cache: KVCache | None = None,
@@ -275,29 +182,29 @@ def forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, p
     while slicing float32 or uint16 stacks runs at memory speed.
 
     One-token decode steps over a cache have a faster path: :func:`gymllm.models.decode.decode_forward`."""
-    params = _global_params(params, compute_dtype)
+    params = global_params(params, compute_dtype)
     b = tokens.shape[0]
-    x = _embed(cfg, params, tokens)  # [B, T, E]
+    x = embed_tokens(cfg, params, tokens)  # [B, T, E]
     rows = jnp.arange(b)[:, None]  # [B, 1]
 
     def layer(carry, xs):
         x, kc, vc = carry
         lw, inv_l, win_l, i = xs
-        lw = _layer_weights(lw, compute_dtype)
-        q, kk, vv = _qkv(cfg, lw, x, positions, inv_l)
+        lw = layer_weights(lw, compute_dtype)
+        q, kk, vv = qkv(cfg, lw, x, positions, inv_l)
         if kc is None:
             mask = causal_mask(positions, segment_ids, win_l)  # [B, T, T]
             keys, values = kk, vv
         else:
-            kc = kc.at[i, rows, positions].set(_pack_like(kk, kc), mode="drop")  # [L, B, S, K, D]
-            vc = vc.at[i, rows, positions].set(_pack_like(vv, vc), mode="drop")
-            keys, values = _unpack(kc[i]).astype(q.dtype), _unpack(vc[i]).astype(q.dtype)  # [B, S, K, D]
+            kc = kc.at[i, rows, positions].set(pack_like(kk, kc), mode="drop")  # [L, B, S, K, D]
+            vc = vc.at[i, rows, positions].set(pack_like(vv, vc), mode="drop")
+            keys, values = unpack(kc[i]).astype(q.dtype), unpack(vc[i]).astype(q.dtype)  # [B, S, K, D]
             mask = cache_mask(positions, kc.shape[2], win_l)  # [B, T, S]
         attn = attention(q, keys, values, mask, scale=cfg.attn_scale, softcap=cfg.attn_logit_softcap)
-        return (_layer_rest(cfg, lw, x, attn), kc, vc), None
+        return (layer_rest(cfg, lw, x, attn), kc, vc), None
 
     kc, vc = (None, None) if cache is None else (cache.k, cache.v)
-    (x, kc, vc), _ = jax.lax.scan(layer, (x, kc, vc), _layer_xs(cfg, params))
+    (x, kc, vc), _ = jax.lax.scan(layer, (x, kc, vc), layer_xs(cfg, params))
     if logits_at is not None:
         x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)  # [B, 1, E]
-    return _logits(cfg, params, x), (None if cache is None else KVCache(kc, vc))
+    return final_logits(cfg, params, x), (None if cache is None else KVCache(kc, vc))

@@ -1,0 +1,167 @@
+"""Admission for the JAX engine: the waiting queue, the slot table, prefill batches, and row compaction.
+
+:class:`Admission` owns which requests join the decode rows and where:
+
+* the waiting queue (callers enqueue from any thread; the engine thread takes from it);
+* the :class:`~gymllm.inference.scheduler.SlotTable` of cache rows (a request is placed in the free row
+  holding the longest prefix of its prompt, its own session's row first, else the lowest free row);
+* :meth:`Admission.admit`: the requests placed this iteration, grouped into prefill batches by length
+  bucket. When more requests wait than rows are free, admission waits until a whole prefill batch of
+  rows is free, so a saturated engine makes fewer, fuller prefill calls. With rows decoding, the batch
+  of the smallest bucket rides along the next decode step when ``EngineConfig.piggyback_tokens``
+  allows (:mod:`gymllm.inference.piggyback`);
+* :meth:`Admission.prefill_inputs`: the host arrays of one batch of prompt chunks;
+* :meth:`Admission.compact` (``EngineConfig.compact_rows``): before a decode step, active rows above the
+  narrowest width that could hold them trade places with idle rows below it (a session's cached
+  prefix moves with its row), so the tail of a batch decodes narrow; span "compact".
+
+``cv`` (the engine's condition) guards the queue and the table; it is held briefly.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Sequence
+
+import numpy as np
+
+from gymllm.inference.config import EngineConfig
+from gymllm.inference.device_steps import DeviceSteps
+from gymllm.inference.request import EngineRequest
+from gymllm.inference.rows import DecodeRows, SamplingRows
+from gymllm.inference.scheduler import Placement, SlotTable, pick_bucket
+from gymllm.telemetry import span
+
+Batch = tuple[list[EngineRequest], int]  # (requests, length bucket of their prompt chunks)
+
+
+class Admission:
+    """The waiting requests and the cache rows they are placed in."""
+
+    def __init__(self, config: EngineConfig, cv: threading.Condition, buckets: Sequence[int], stats: dict[str, int]):
+        self.config = config
+        self.cv = cv
+        self.buckets = tuple(buckets)  # prefill chunk length buckets
+        self.stats = stats  # the engine's counters: "prefill_tokens", "reused_tokens" are counted here
+        self.table = SlotTable(config.num_slots)
+        self.waiting: list[EngineRequest] = []
+
+    # ------------------------------------------------------------------ the queue (any thread)
+    def enqueue(self, req: EngineRequest) -> None:
+        """Queue ``req`` and wake the loop."""
+        with self.cv:
+            self.waiting.append(req)
+            self.cv.notify_all()
+
+    def has_waiting(self) -> bool:
+        with self.cv:
+            return bool(self.waiting)
+
+    def take_cancelled(self) -> list[EngineRequest]:
+        """Remove and return the waiting requests their callers cancelled."""
+        with self.cv:
+            gone = [r for r in self.waiting if r.cancelled]
+            self.waiting = [r for r in self.waiting if not r.cancelled]
+        return gone
+
+    def drain(self) -> list[EngineRequest]:
+        """Remove and return every waiting request (the engine is stopping)."""
+        with self.cv:
+            waiting, self.waiting = self.waiting, []
+        return waiting
+
+    # ------------------------------------------------------------------ admission (engine thread)
+    def admit(self, decoding: bool, version: int) -> tuple[list[Batch], Batch | None]:
+        """Place waiting requests in free rows under policy ``version`` and group them into prefill batches
+        ``[(requests, bucket)]`` (ascending buckets, at most ``max_prefill_batch`` each). ``decoding``: rows
+        are decoding; then a saturated engine admits nothing until a whole batch of rows is free, and
+        the smallest bucket's batch is returned apart (``ride``) when piggybacking covers it."""
+        cfg = self.config
+        admitted: list[EngineRequest] = []
+        with self.cv:
+            free, fill = self.table.num_free, min(cfg.max_prefill_batch, cfg.num_slots)
+            if decoding and len(self.waiting) > free and free < fill:
+                return [], None  # saturated: let rows free up to fill a whole prefill batch (fewer, fuller prefills)
+            while self.waiting and self.table.num_free:
+                req = self.waiting.pop(0)
+                reuse_ok = cfg.prefix_reuse
+                req.placement = self.table.acquire(req.prompt if reuse_ok else [], req.session_id, version)
+                req.kv_version = version
+                if not reuse_ok:
+                    req.placement = Placement(req.placement.slot, 0)
+                admitted.append(req)
+        by_bucket: dict[int, list[EngineRequest]] = {}
+        for req in admitted:
+            chunk = len(req.prompt) - req.placement.reuse_len
+            by_bucket.setdefault(pick_bucket(chunk, self.buckets), []).append(req)
+        batches = [(reqs[i : i + cfg.max_prefill_batch], bucket) for bucket, reqs in sorted(by_bucket.items())
+                   for i in range(0, len(reqs), cfg.max_prefill_batch)]
+        ride = None
+        if decoding and batches and batches[0][1] <= cfg.piggyback_tokens:
+            ride = batches.pop(0)  # the smallest bucket rides along the decode step
+        return batches, ride
+
+    def prefill_inputs(self, reqs: list[EngineRequest], bucket: int, p: int
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, SamplingRows]:
+        """Host inputs of ``p`` prompt chunks (``reqs`` then padding rows) in length bucket ``bucket``:
+        (tokens [p, T], positions [p, T], rows [p], last [p], sampling inputs); counts the tokens
+        prefilled and reused."""
+        max_len = self.config.max_len
+        tokens = np.zeros((p, bucket), np.int32)
+        positions = np.zeros((p, bucket), np.int32)
+        rows = np.full(p, self.config.num_slots, np.int32)
+        last = np.zeros(p, np.int32)
+        rp = SamplingRows.inert(p)
+        for i, r in enumerate(reqs):
+            start = r.placement.reuse_len
+            chunk = r.prompt[start:]
+            tokens[i, : len(chunk)] = chunk
+            # pads continue the positions (clipped to the scratch index): never attended by real tokens
+            # (causal), and their k/v are not written (past ``last``)
+            positions[i] = np.minimum(start + np.arange(bucket), max_len - 1)
+            rows[i] = r.slot
+            last[i] = len(chunk) - 1
+            rp.set(i, r.key, 0, r.params)
+            self.stats["prefill_tokens"] += len(chunk)
+            self.stats["reused_tokens"] += start
+        return tokens, positions, rows, last, rp
+
+    def compact(self, rows: DecodeRows, device: DeviceSteps) -> None:
+        """Pack the active rows into the narrowest decode width that holds them: each active row above it
+        trades places with an idle row below it (a session's cached prefix moves up with its row). Rows
+        pinned by trajectories waiting on tools, or the long requests left at the tail of a batch, would
+        otherwise keep every step as wide as the busiest moment."""
+        with self.cv:
+            swaps = self.table.compaction(device.widths, self.config.num_slots // 2)
+            back = [(b, a) for a, b in swaps if self.table.slots[b].cached]  # idle rows holding a prefix
+        if not swaps:
+            return
+        src, dst = (list(x) for x in zip(*(swaps + back)))  # a busy row down; an idle prefix up
+        with span("compact", track="engine", rows=len(swaps), copies=len(src)):
+            device.copy(src, dst)
+        with self.cv:
+            for a, b in swaps:
+                self.table.swap(a, b)
+        for a, b in swaps:
+            rows.move(a, b)
+
+    # ------------------------------------------------------------------ rows coming back
+    def release(self, slot: int, cached: list[int] | None, version: int | None) -> None:
+        """Row ``slot`` is free again; ``cached`` = the ids whose k/v it holds, computed under ``version``
+        (None: forget the row)."""
+        with self.cv:
+            if cached is None:
+                self.table.invalidate(slot)
+            else:
+                self.table.release(slot, cached, version)
+
+    def invalidate_all(self) -> None:
+        """Forget what every row holds (the cache was rebuilt)."""
+        with self.cv:
+            for i in range(self.config.num_slots):
+                self.table.invalidate(i)
+
+    def end_session(self, session_id: str) -> None:
+        """Unpin a session's row (its prefix stays reusable until another request needs the row)."""
+        with self.cv:
+            self.table.end_session(session_id)

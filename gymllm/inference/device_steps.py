@@ -1,0 +1,192 @@
+"""The JAX engine's device side: the KV cache, the compiled calls that read and write it, and their shapes.
+
+:class:`DeviceSteps` owns the preallocated cache (``model.init_cache(num_slots, max_len)``) and makes
+every device call of the engine, each under its telemetry span on track "engine":
+
+* prefill (:mod:`gymllm.inference.steps`): P prompt chunks of length bucket T into chosen rows,
+  reading the first ``length`` cached slots of those rows (0: no reused prefix);
+* decode: one step over rows [0, W) attending over slots [0, S) (:mod:`gymllm.inference.steps`), or up
+  to K steps in one call (:mod:`gymllm.inference.multistep`);
+* mixed: a decode step with prompt chunks riding along (:mod:`gymllm.inference.piggyback`);
+* row copies for compaction (:func:`copy_rows`).
+
+Compiled shapes are fixed by the config: prefill batch sizes (powers of two up to
+``max_prefill_batch``) x length ``buckets`` x ``prefill_lengths``; decode ``widths``
+(:func:`~gymllm.inference.scheduler.decode_widths`) x cache ``lengths`` (``max_len``, ``max_len / 2``,
+...); mixed: widths x lengths x the piggybacked buckets; copies: ``copy_sizes`` rows.
+:meth:`DeviceSteps.warmup` compiles them all. The compiled steps are shared by engines over equal
+model graphs (``trace_counts`` count their compilations).
+
+Callers pick the shapes (from the rows they decode) and hold the engine's device lock; the steps read
+the weights from the engine's :class:`~gymllm.inference.weights.WeightStore` at call time. The
+callables ``prefill``, ``decode``, ``mixed`` and ``decode_k`` are looked up on each call, so a test may
+replace one to inject a failure.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from gymllm.inference.config import EngineConfig
+from gymllm.inference.multistep import chunk_limits, make_decode_chunk
+from gymllm.inference.piggyback import make_mixed_step
+from gymllm.inference.rows import SamplingRows
+from gymllm.inference.scheduler import decode_widths, halving_buckets, pick_bucket, power_of_two_buckets
+from gymllm.inference.steps import make_steps
+from gymllm.inference.weights import WeightStore
+from gymllm.telemetry import span
+
+
+@functools.partial(jax.jit, donate_argnums=(0,))
+def copy_rows(cache: Any, src: jax.Array, dst: jax.Array) -> Any:
+    """Cache rows ``src`` [M] copied to rows ``dst`` [M] (a ``dst`` past the cache is dropped)."""
+    return jax.tree.map(lambda c: c.at[:, dst].set(jnp.take(c, src, axis=1), mode="drop"), cache)
+
+
+class DeviceSteps:
+    """The cache, the compiled steps over it, and the shape sets they compile for."""
+
+    def __init__(self, graphdef: Any, weights: WeightStore, cache: Any, *, config: EngineConfig,
+                 decode_chunk: int = 1):
+        cfg = self.config = config
+        self.graphdef, self.weights, self.cache = graphdef, weights, cache
+        self.prefill, self.decode, self.trace_counts = make_steps(graphdef)
+        self.mixed, self.mixed_trace_counts = make_mixed_step(graphdef)
+        self.decode_chunk = decode_chunk
+        if decode_chunk > 1:
+            self.decode_k, self.chunk_trace_counts = make_decode_chunk(graphdef, decode_chunk)
+        self.buckets = power_of_two_buckets(cfg.max_len, cfg.min_bucket)  # prefill chunk lengths
+        self.batch_sizes = power_of_two_buckets(cfg.max_prefill_batch, 1)  # prefill batch sizes
+        self.widths = decode_widths(cfg.num_slots)  # decode row counts
+        self.lengths = halving_buckets(cfg.max_len, cfg.decode_lengths)  # decode cache lengths
+        self.copy_sizes = power_of_two_buckets(cfg.num_slots, min(4, cfg.num_slots))  # rows one compaction copies
+
+    # ------------------------------------------------------------------ shapes
+    @property
+    def prefill_lengths(self) -> tuple[int, ...]:
+        """The cached-prefix lengths a prefill call reads (0: no reused prefix), the decode cache lengths."""
+        return (0, *self.lengths)
+
+    def prefill_length(self, max_start: int) -> int:
+        """The smallest prefill length covering every row's start (reused prefix) ``max_start``."""
+        return pick_bucket(max_start, self.prefill_lengths)
+
+    def decode_length(self, max_pos: int) -> int:
+        """The cache length a decode step attends over when no active row is past ``max_pos``: the
+        smallest bucket covering it (the step reads only those slots, copying nothing)."""
+        return pick_bucket(max_pos + 1, self.lengths)
+
+    def width(self, top_row: int) -> int:
+        """The narrowest decode width covering row ``top_row`` (rows [0, W) are decoded)."""
+        return pick_bucket(top_row + 1, self.widths)
+
+    def prefill_shapes(self, limit: int, max_prompt: int) -> list[tuple[int, int]]:
+        """Every (length bucket, prefill length) a prompt of at most ``max_prompt`` tokens can use, chunk
+        buckets up to ``limit``: a chunk in bucket t has more tokens than the bucket below it, a start read
+        with length n is past the length below it, and start + chunk <= ``max_prompt``."""
+        buckets = [b for b in self.buckets if b <= limit]
+        lows = dict(zip(self.buckets, (0, *self.buckets)))
+        starts = dict(zip(self.prefill_lengths, (0, *(n + 1 for n in self.prefill_lengths))))
+        return [(t, n) for t in buckets for n in self.prefill_lengths if starts[n] + lows[t] + 1 <= max_prompt]
+
+    # ------------------------------------------------------------------ calls
+    def call_prefill(self, tokens, positions, rows, last, rp: SamplingRows, length: int
+                     ) -> tuple[np.ndarray, np.ndarray]:
+        """One prefill call: chunks tokens/positions [P, T] into cache rows ``rows`` [P] (``num_slots``: a
+        padding row), sampling at index ``last`` [P]; ``length`` (one of :attr:`prefill_lengths`, >= every
+        row's start): the cached slots it reads. Returns (tokens [P], logprobs [P])."""
+        with span("prefill", track="engine", batch=int(tokens.shape[0]), bucket=int(tokens.shape[1]), length=length):
+            self.cache, tok, logp = self.prefill(
+                self.weights.state, self.cache, tokens, positions, rows, last, *rp.arrays(), length,
+            )
+            return np.asarray(tok), np.asarray(logp)
+
+    def call_decode(self, tokens, positions, rp: SamplingRows, length: int, *, active: int
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """One decode step over rows [0, W) (W = len(tokens)) attending over cache slots [0, length);
+        ``active``: the rows in use (a span tag). Returns (tokens [W], logprobs [W])."""
+        w = int(tokens.shape[0])
+        with span("decode", track="engine", active=active, width=w, length=length):
+            self.cache, tok, logp = self.decode(
+                self.weights.state, self.cache, tokens, positions, *rp.arrays(), length,
+            )
+            return np.asarray(tok), np.asarray(logp)
+
+    def call_decode_chunk(self, tokens, positions, rp: SamplingRows, stop: np.ndarray, budget: np.ndarray, k: int,
+                          length: int, *, active: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Up to ``k`` decode steps over rows [0, W) in one call, a row done at one of its ``stop`` ids
+        [W, MAX_STOP_IDS] or its ``budget`` [W]; returns (tokens [k', W], logprobs [k', W], steps run k')."""
+        w = int(tokens.shape[0])
+        with span("decode", track="engine", active=active, width=w, length=length, steps=k):
+            self.cache, tok, logp, ran = self.decode_k(
+                self.weights.state, self.cache, tokens, positions, *rp.arrays(), stop, budget, np.int32(k), length,
+            )
+            ran = int(ran)
+            return np.asarray(tok)[:ran], np.asarray(logp)[:ran], ran
+
+    def call_mixed(self, dec: tuple[np.ndarray, np.ndarray], dec_rp: SamplingRows, pre: tuple, pre_rp: SamplingRows,
+                   length: int, *, active: int) -> tuple[np.ndarray, np.ndarray]:
+        """The piggybacked call: a decode step over rows [0, W) (``dec`` = (tokens [W], positions [W])) with
+        prompt chunks ``pre`` = (tokens [P, T], positions [P, T], rows [P], last [P]) prefilled in it;
+        returns (tokens [W + P], logprobs [W + P]): the decode rows, then the chunks."""
+        tokens = pre[0]
+        with span("decode", track="engine", active=active, width=int(dec[0].shape[0]), length=length,
+                  prefill=int(tokens.shape[0]), bucket=int(tokens.shape[1])):
+            self.cache, tok, logp = self.mixed(
+                self.weights.state, self.cache, dec, pre, *dec_rp.concat(pre_rp).arrays(), length,
+            )
+            return np.asarray(tok), np.asarray(logp)
+
+    def copy(self, src: list[int], dst: list[int]) -> None:
+        """Copy cache rows ``src`` to rows ``dst`` (padded to one of ``copy_sizes`` with copies that drop)."""
+        n = pick_bucket(len(src), self.copy_sizes)
+        s = self.config.num_slots
+        self.cache = copy_rows(self.cache, np.array(src + [0] * (n - len(src)), np.int32),
+                               np.array(dst + [s] * (n - len(dst)), np.int32))
+
+    # ------------------------------------------------------------------ failures
+    def cache_lost(self) -> bool:
+        """True when a failed (donating) call deleted the cache."""
+        return any(leaf.is_deleted() for leaf in jax.tree.leaves(self.cache))
+
+    def rebuild_cache(self) -> None:
+        """A fresh zeroed cache of the same shape and dtype (after :meth:`cache_lost`)."""
+        self.cache = nnx.merge(self.graphdef, self.weights.state).init_cache(
+            self.config.num_slots, self.config.max_len, jax.tree.leaves(self.cache)[0].dtype)
+
+    # ------------------------------------------------------------------ compilation
+    def warmup(self, rows: Any, max_prompt_len: int | None = None) -> None:
+        """Compile every step shape now (prefill buckets only up to the one holding ``max_prompt_len``,
+        when given), decoding the idle ``rows`` (a :class:`~gymllm.inference.rows.DecodeRows`; padding
+        prefill rows write nothing). The caller holds the device lock and the engine is idle."""
+        cfg, max_len = self.config, self.config.max_len
+        limit = pick_bucket(min(max_prompt_len, max_len - 1), self.buckets) if max_prompt_len else max_len
+        for p in self.batch_sizes:
+            for t, n in self.prefill_shapes(limit, min(max_prompt_len or max_len, max_len - 1)):
+                pad = np.full(p, cfg.num_slots, np.int32)  # padding rows only: nothing is written
+                self.call_prefill(np.zeros((p, t), np.int32), np.zeros((p, t), np.int32), pad,
+                                  np.zeros(p, np.int32), SamplingRows.inert(p), n)
+        for w in self.widths:
+            tokens, positions, rp = rows.inputs(w)
+            for n in sorted({self.decode_length(n - 1) for n in self.lengths}):
+                if self.decode_chunk > 1:
+                    stop, budget = chunk_limits({}, w, frozenset(), max_len)
+                    self.call_decode_chunk(tokens, positions, rp, stop, budget, 1, n, active=0)
+                else:
+                    self.call_decode(tokens, positions, rp, n, active=0)
+        for n in self.copy_sizes if cfg.compact_rows else ():
+            self.cache = copy_rows(self.cache, np.zeros(n, np.int32), np.full(n, cfg.num_slots, np.int32))
+        p = cfg.max_prefill_batch
+        for t in (b for b in self.buckets if b <= min(limit, cfg.piggyback_tokens)):
+            pre = (np.zeros((p, t), np.int32), np.zeros((p, t), np.int32), np.full(p, cfg.num_slots, np.int32),
+                   np.zeros(p, np.int32))
+            for w in self.widths:
+                tokens, positions, rp = rows.inputs(w)
+                for n in self.lengths:
+                    self.call_mixed((tokens, positions), rp, pre, SamplingRows.inert(p), n, active=0)

@@ -1,0 +1,299 @@
+"""The JAX engine's thread: when an iteration may run, and what one iteration does.
+
+:class:`LoopGate` decides when the engine thread runs an iteration: when there is work, unless
+:meth:`LoopGate.paused` holds it between two iterations (then only the iterations
+:meth:`LoopGate.run_iterations` lets through run), and never once closing.
+
+:class:`EngineLoop` is the thread's body. One iteration, under the engine's device lock:
+
+1. apply a pending weight update (:class:`~gymllm.inference.weights.WeightStore`), so no forward mixes
+   versions;
+2. finish cancelled requests (finish reason "abort");
+3. admit waiting requests (:class:`~gymllm.inference.admission.Admission`) and prefill them;
+4. one device step (:class:`~gymllm.inference.device_steps.DeviceSteps`): the decode step with the
+   smallest prompts riding along (piggybacking), or, after compaction, a decode step (or a chunk of
+   up to ``decode_chunk`` steps while nobody waits) over the active rows.
+
+It then records what was sampled, token by token: each token carries the version of the forward that
+produced it, is streamed, and may finish its request (stop ids, stop strings, ``max_tokens``, the
+context); a finished row keeps its k/v for prefix reuse. A step that raises fails only the requests
+in it (:class:`~gymllm.inference.request.RequestFailed`); if it took the (donated) cache with it, the
+cache is rebuilt and every row forgotten. A bug in the loop itself fails every request clearly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from gymllm.errors import EngineError
+from gymllm.inference.admission import Admission
+from gymllm.inference.config import EngineConfig
+from gymllm.inference.device_steps import DeviceSteps
+from gymllm.inference.multistep import chunk_limits
+from gymllm.inference.request import EngineRequest, RequestFailed
+from gymllm.inference.rows import DecodeRows
+from gymllm.inference.scheduler import pick_bucket
+from gymllm.inference.weights import WeightStore
+
+
+class LoopGate:
+    """When the engine thread may run an iteration: work to do, :meth:`paused` holds, closing.
+
+    ``cv`` is the engine's condition (its lock also guards the queue, the table and pending weights);
+    ``alive`` tells whether the engine thread still runs (a paused caller stops waiting once it died).
+    """
+
+    def __init__(self, cv: threading.Condition, *, idle_wait_s: float, alive: Callable[[], bool]):
+        self.cv = cv
+        self.idle_wait_s = idle_wait_s
+        self.alive = alive
+        self.closing = False  # set once: no request is queued after it
+        self._holds = 0  # paused(): the loop parks between iterations while > 0 ...
+        self._allowed = 0  # ... except for the iterations run_iterations() lets through
+        self._parked = False
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Hold the loop between two iterations while the block runs; entering blocks until the current
+        iteration has finished. Nestable."""
+        with self.cv:
+            self._holds += 1
+            self.cv.notify_all()
+            while not (self._parked or self.closing or not self.alive()):
+                self.cv.wait(0.05)
+        try:
+            yield
+        finally:
+            with self.cv:
+                self._holds -= 1
+                self.cv.notify_all()
+
+    def run_iterations(self, n: int) -> None:
+        """Inside :meth:`paused`: let exactly ``n`` iterations run, and return when they are done."""
+        with self.cv:
+            if self._holds <= 0:
+                raise EngineError("run_iterations: expected a paused engine, received a running one. "
+                                  "Fix: call it inside `with engine.paused():`.")
+            self._allowed += int(n)
+            self.cv.notify_all()
+            while not (self._allowed == 0 and self._parked) and not self.closing:
+                self.cv.wait(0.05)  # the loop parks again once the n-th iteration is done
+
+    def wait_for_work(self, has_work: Callable[[], bool]) -> bool:
+        """(Engine thread.) Wait until ``has_work()`` (called holding ``cv``) and no :meth:`paused` hold
+        stops it (or :meth:`run_iterations` lets one iteration through); False once closing."""
+        with self.cv:
+            while not self.closing:
+                idle = not has_work()
+                if self._holds > 0 and self._allowed > 0:
+                    self._allowed -= 1
+                    if idle:  # an empty iteration: nothing to run
+                        self.cv.notify_all()
+                        continue
+                    self._parked = False
+                    return True
+                if self._holds == 0 and not idle:
+                    self._parked = False
+                    return True
+                self._parked = self._holds > 0
+                if self._parked:
+                    self.cv.notify_all()
+                self.cv.wait(self.idle_wait_s)
+            self._parked = False
+            return False
+
+    def close(self) -> None:
+        """Stop: the loop exits after its current iteration; no request is queued from now on."""
+        with self.cv:
+            self.closing = True
+            self.cv.notify_all()
+
+    def wake(self) -> None:
+        """Wake the loop (a request was cancelled)."""
+        with self.cv:
+            self.cv.notify_all()
+
+
+class EngineLoop:
+    """The engine thread's body (:meth:`run`): iterations of admission, one device step, and the record
+    of every sampled token. ``crash`` holds the exception that stopped the loop, if any."""
+
+    def __init__(self, *, config: EngineConfig, admission: Admission, rows: DecodeRows, device: DeviceSteps,
+                 weights: WeightStore, gate: LoopGate, lock: threading.Lock, stats: dict[str, int],
+                 stop_ids: frozenset[int], tokenizer: Any, decode_chunk: int):
+        self.config, self.admission, self.rows, self.device = config, admission, rows, device
+        self.weights, self.gate, self.lock, self.stats = weights, gate, lock, stats
+        self.stop_ids, self.tokenizer, self.decode_chunk = stop_ids, tokenizer, decode_chunk
+        self.max_len = config.max_len
+        self.crash: BaseException | None = None
+
+    def run(self) -> None:
+        """Iterate until closed; then abort what is left (an error for everyone if the loop crashed)."""
+        try:
+            while self.gate.wait_for_work(self.has_work):
+                with self.lock:
+                    self.iterate()
+        except BaseException as exc:  # a bug in the loop: fail everything clearly rather than hang
+            self.crash = exc
+            raise
+        finally:
+            self.gate.close()  # no request can be queued after the drain below
+            self.abort_all()
+
+    def has_work(self) -> bool:
+        """(Holding ``cv``.) Requests wait or decode, or weights are pending."""
+        return bool(self.admission.waiting or self.rows.active or self.weights.pending)
+
+    def iterate(self) -> None:
+        """One iteration: weights, cancellations, admission (and prefill), then one device step."""
+        self.weights.apply()
+        self.drop_cancelled()
+        batches, ride = self.admission.admit(bool(self.rows.active), self.weights.version)
+        for reqs, bucket in batches:
+            self.prefill(reqs, bucket)
+        if ride is not None:
+            self.mixed(*ride)
+        elif self.rows.active:
+            if self.config.compact_rows:
+                self.admission.compact(self.rows, self.device)
+            self.decode()
+
+    def drop_cancelled(self) -> None:
+        for req in self.admission.take_cancelled():
+            self.finish(req, "abort")
+        for req in list(self.rows.active.values()):
+            if req.cancelled:
+                self.finish(req, "abort")
+
+    # ------------------------------------------------------------------ device steps
+    def prefill(self, reqs: list[EngineRequest], bucket: int) -> None:
+        """Prefill one batch of prompt chunks in a call of its own; the requests join the decode rows."""
+        p = pick_bucket(len(reqs), self.device.batch_sizes)
+        tokens, positions, rows, last, rp = self.admission.prefill_inputs(reqs, bucket, p)
+        try:
+            length = self.device.prefill_length(int(positions[:, 0].max()))
+            tok, logp = self.device.call_prefill(tokens, positions, rows, last, rp, length)
+        except Exception as exc:  # isolate: fail these requests, keep serving the rest
+            self.fail_step(reqs, exc)
+            return
+        self.start(reqs, tok, logp)
+
+    def mixed(self, reqs: list[EngineRequest], bucket: int) -> None:
+        """One decode step over the active rows with ``reqs``' prompt chunks (bucket ``bucket``) prefilled
+        in the same call (:mod:`gymllm.inference.piggyback`); a failure fails both."""
+        rows, device = self.rows, self.device
+        *pre, pre_rp = self.admission.prefill_inputs(reqs, bucket, self.config.max_prefill_batch)
+        decoding = list(rows.active.items())
+        try:
+            w = device.width(rows.top_row())
+            # the cache length read covers the active rows and every chunk's start
+            n = pick_bucket(max(rows.max_position() + 1, int(pre[1][:, 0].max()), 1), device.lengths)
+            tokens, positions, rp = rows.inputs(w)
+            tok, logp = device.call_mixed((tokens, positions), rp, tuple(pre), pre_rp, n, active=len(rows.active))
+        except Exception as exc:
+            self.fail_step(reqs + [r for _, r in decoding], exc)
+            return
+        self.stats["decode_steps"] += 1
+        for slot, req in decoding:
+            self.accept(req, int(tok[slot]), float(logp[slot]))
+        self.start(reqs, tok[w:], logp[w:])
+
+    def decode(self) -> None:
+        """One decode step (or a chunk of steps) over the active rows; tokens recorded one step at a time."""
+        rows, device = self.rows, self.device
+        try:
+            w = device.width(rows.top_row())
+            tokens, positions, rp = rows.inputs(w)
+            if self.decode_chunk > 1:
+                k = self.chunk_steps()
+                stop, budget = chunk_limits(rows.active, w, self.stop_ids, self.max_len)
+                n = device.decode_length(rows.max_position(ahead=k - 1))
+                toks, logps, ran = device.call_decode_chunk(tokens, positions, rp, stop, budget, k, n,
+                                                            active=len(rows.active))
+            else:
+                n = device.decode_length(rows.max_position())
+                tok, logp = device.call_decode(tokens, positions, rp, n, active=len(rows.active))
+                toks, logps, ran = tok[None], logp[None], 1
+        except Exception as exc:
+            self.fail_step(list(rows.active.values()), exc)
+            return
+        self.stats["decode_steps"] += ran
+        for j in range(ran):  # token by token, as single steps would: rows that finish drop out
+            for slot, req in list(rows.active.items()):
+                self.accept(req, int(toks[j, slot]), float(logps[j, slot]))
+
+    def chunk_steps(self) -> int:
+        """Decode steps before the host looks again: 1 while a request waits (it joins next iteration),
+        else up to ``decode_chunk``, no more than the active row with the most budget left can use."""
+        if self.admission.has_waiting():
+            return 1
+        return max(1, min(self.decode_chunk, max(r.budget(self.max_len) for r in self.rows.active.values())))
+
+    # ------------------------------------------------------------------ what was sampled
+    def start(self, reqs: list[EngineRequest], tok: np.ndarray, logp: np.ndarray) -> None:
+        """Prefilled requests join the decode rows with their first sampled token."""
+        now = time.perf_counter()
+        for i, r in enumerate(reqs):
+            r.first_token = now
+            self.rows.join(r)
+            self.accept(r, int(tok[i]), float(logp[i]))
+
+    def accept(self, req: EngineRequest, token: int, logprob: float) -> None:
+        """Record one sampled token; finish the request or schedule its next decode input."""
+        version = self.weights.version
+        req.record(token, logprob, version)
+        self.stats["generated_tokens"] += 1
+        if req.stream is not None:
+            req.deliver("token", (token, logprob, version))
+        reason = req.finish_reason(token, self.stop_ids, self.tokenizer, self.max_len)
+        if reason is not None:
+            self.finish(req, reason)
+            return
+        self.rows.schedule(req)
+
+    def finish(self, req: EngineRequest, reason: str) -> None:
+        self.release(req, req.cached_ids())
+        req.deliver("done", req.completion(reason, self.tokenizer))
+
+    def fail(self, req: EngineRequest, exc: BaseException) -> None:
+        self.release(req, None)
+        err = RequestFailed(f"request failed in the engine: {type(exc).__name__}: {exc}")
+        err.__cause__ = exc
+        req.deliver("error", err)
+
+    def release(self, req: EngineRequest, cached: list[int] | None) -> None:
+        """Free the request's row; ``cached`` = the ids whose k/v it holds (None: forget the row)."""
+        if req.placement is None:
+            return
+        self.rows.leave(req)
+        self.admission.release(req.slot, cached, req.kv_version)
+
+    def fail_step(self, reqs: list[EngineRequest], exc: BaseException) -> None:
+        """A device step raised: fail its requests; if the (donated) cache is gone, rebuild it and forget
+        every row (failing the requests still in them)."""
+        for r in reqs:
+            self.fail(r, exc)
+        if not self.device.cache_lost():
+            return
+        for r in list(self.rows.active.values()):
+            self.fail(r, exc)
+        self.device.rebuild_cache()
+        self.admission.invalidate_all()
+
+    def abort_all(self) -> None:
+        """The loop stopped: waiting and running requests end with "abort" (or an error after a crash)."""
+        waiting = self.admission.drain()
+        if self.crash is not None:
+            for r in waiting + list(self.rows.active.values()):
+                r.deliver("error", RequestFailed(f"the engine loop stopped: {self.crash!r}"))
+            self.rows.active.clear()
+            return
+        for r in waiting:
+            r.deliver("done", r.completion("abort", self.tokenizer))
+        for r in list(self.rows.active.values()):
+            self.finish(r, "abort")

@@ -1,0 +1,110 @@
+"""Versioned weight swaps for the JAX engine: the weights every device step reads, and the update waiting.
+
+:class:`WeightStore` holds the engine's copy of the model state (``nnx.split(model)[1]``, in the
+engine's storage dtype) and its policy version. :meth:`WeightStore.submit` (any thread) checks and
+converts an update and parks it as pending; the engine thread calls :meth:`WeightStore.apply`
+between two device steps, so no forward pass mixes versions, and the newest pending update wins.
+Updates keep the compiled dtypes, so a weight swap never recompiles a step.
+
+Storage dtypes (``EngineConfig.compute_dtype``): :func:`cast_floats` casts every floating leaf once;
+bfloat16 on CPU is stored as uint16 bit patterns (:func:`gymllm.models.transformer.pack_bf16`'s
+format: the forwards decode them per layer, since XLA:CPU slices bf16 layer stacks slowly).
+:func:`kv_cache_dtype` picks the KV cache's storage dtype to match.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from gymllm.errors import EngineError, explain
+from gymllm.inference.config import EngineConfig
+from gymllm.telemetry import counter
+
+
+def as_engine_dtype(x: Any, dtype: Any) -> jax.Array:
+    """``x`` in the engine's storage dtype; uint16 storage holds bfloat16 bit patterns."""
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != jnp.uint16:
+        return x
+    if jnp.dtype(dtype) == jnp.uint16 and x.dtype != jnp.uint16:
+        return jax.lax.bitcast_convert_type(x.astype(jnp.bfloat16), jnp.uint16)
+    return x.astype(dtype)
+
+
+def cast_floats(state: Any, dtype: Any) -> Any:
+    """The weights with every floating-point leaf cast to ``dtype`` (integer leaves unchanged). On CPU,
+    bfloat16 weights are stored as their uint16 bit patterns (``models.transformer.pack_bf16``: the
+    forward decodes them per layer; XLA:CPU slices bf16 layer stacks slowly)."""
+    packed = jnp.dtype(dtype) == jnp.bfloat16 and jax.default_backend() == "cpu"
+    return jax.tree.map(lambda x: as_engine_dtype(x, jnp.uint16 if packed else dtype), state)
+
+
+def kv_cache_dtype(cfg: EngineConfig, requested: Any) -> Any:
+    """The KV cache's storage dtype: ``requested`` when given; else, computing in bfloat16, bf16 (on
+    CPU as uint16 bit patterns, which XLA:CPU slices at memory speed): half the bytes a decode step
+    reads, and the bf16 compute rounds the keys and values the same way anyway; else None (the model's
+    choice)."""
+    if requested is not None:
+        return requested
+    if cfg.compute_dtype == "bfloat16":
+        return jnp.uint16 if jax.default_backend() == "cpu" else jnp.bfloat16
+    return None
+
+
+class WeightStore:
+    """The engine's weights and policy version, and at most one pending update.
+
+    ``state`` / ``version`` are what the device steps use now (read and swapped by the engine thread);
+    ``cv`` is the engine's condition (it guards ``pending`` and wakes the loop when an update lands).
+    """
+
+    def __init__(self, state: Any, version: int, *, compute_dtype: str | None, cv: threading.Condition):
+        self.state = cast_floats(state, compute_dtype) if compute_dtype is not None else state
+        self.version = version
+        self.pending: tuple[Any, int] | None = None  # (state, version), guarded by ``cv``
+        self.cv = cv
+
+    @property
+    def latest_version(self) -> int:
+        """The version that tokens sampled from now on carry (a pending update counts)."""
+        with self.cv:
+            return self.pending[1] if self.pending is not None else self.version
+
+    def submit(self, state: Any, version: int) -> None:
+        """Check ``state`` (an ``nnx.State``, an ``nnx.Module`` or a matching pytree) against the current
+        weights, convert it to their dtypes and park it for the loop; raises :class:`EngineError` on a
+        structure or shape mismatch. Arrays already of the engine's dtype are used without a copy."""
+        if isinstance(state, nnx.Module):
+            state = nnx.state(state)
+        new_leaves, new_def = jax.tree.flatten(state)
+        old_leaves, old_def = jax.tree.flatten(self.state)
+        if new_def != old_def:
+            raise EngineError(explain("update_weights(state)", expected="the same pytree structure as the "
+                                      "engine's model state (nnx.split(model)[1])", received=str(new_def)[:200],
+                                      fix="pass nnx.state(model) of the same architecture"))
+        for n, o in zip(new_leaves, old_leaves):
+            if tuple(np.shape(n)) != tuple(o.shape):
+                raise EngineError(explain("update_weights(state)", expected=f"a leaf of shape {o.shape}",
+                                          received=np.shape(n), fix="pass weights of the same model config"))
+        # same dtypes as compiled: a weight update never triggers a recompile
+        leaves = [as_engine_dtype(n, o.dtype) for n, o in zip(new_leaves, old_leaves)]
+        converted = jax.tree.unflatten(old_def, leaves)
+        with self.cv:
+            self.pending = (converted, int(version))
+            self.cv.notify_all()
+
+    def apply(self) -> bool:
+        """(Engine thread, between device steps.) Swap in the pending update, if any; True if one landed."""
+        with self.cv:
+            pending, self.pending = self.pending, None
+        if pending is None:
+            return False
+        self.state, self.version = pending
+        counter("policy_version", self.version, track="engine")
+        return True

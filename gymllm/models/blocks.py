@@ -1,0 +1,132 @@
+"""The transformer's shared building blocks over flat params: what :func:`gymllm.models.transformer.forward`,
+:func:`gymllm.models.decode.decode_forward`, :func:`gymllm.models.prefill.prefill_forward` and
+:func:`gymllm.models.mixed.mixed_forward` all run, so every path computes a layer the same way.
+
+* the layer scan's inputs: :func:`layer_xs` (weight stacks [L, ...], RoPE inverse frequencies [L, D/2],
+  attention windows [L], layer index [L]) from :func:`layer_tables`;
+* one layer: :func:`qkv` (norm, projections, biases, qk-norm, RoPE) before attention and
+  :func:`layer_rest` (output projection, post norms, residuals, gated MLP) after it;
+* the ends: :func:`embed_tokens` (Gemma's embedding scale) and :func:`final_logits` (final norm, vocab
+  projection in float32, final softcap);
+* weight and cache storage: :func:`global_params` / :func:`layer_weights` decode and cast the weights
+  (non-layer weights once, layer weights per layer inside the scan); :func:`pack_bf16` stores bf16
+  weights as uint16 bit patterns (fast to slice on XLA:CPU), :func:`unpack` decodes them and
+  :func:`pack_like` encodes new k/v in a cache's storage dtype.
+
+Pure JAX functions of (config, arrays), built from :mod:`gymllm.models.layers`. Shapes: B rows, T tokens,
+E hidden, H query heads, K kv heads, D head dim, L layers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gymllm.models.config import ModelConfig
+from gymllm.models.layers import apply_rope, dense, gated_mlp, rms_norm, rope_inv_freq
+
+GLOBAL_WINDOW = 1 << 30  # the window of a global-attention layer: every earlier position
+
+
+def layer_tables(cfg: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Per-layer RoPE inverse frequencies [L, D/2] and attention windows [L]."""
+    d = cfg.resolved_head_dim
+    glob = rope_inv_freq(d, cfg.rope_theta, cfg.rope_scaling_dict)
+    local = rope_inv_freq(d, cfg.rope_local_theta or cfg.rope_theta, {}) if cfg.rope_local_theta else glob
+    types = cfg.resolved_layer_types
+    inv = np.stack([local if t == "sliding_attention" else glob for t in types])
+    win = np.array([cfg.sliding_window if t == "sliding_attention" else GLOBAL_WINDOW for t in types], np.int32)
+    return inv, win
+
+
+def pack_bf16(params: dict[str, Any]) -> dict[str, jax.Array]:
+    """Floating weights as bfloat16 bit patterns in uint16 arrays (what the forwards decode per layer):
+    the fast storage for a bf16 inference copy on CPU (see :func:`gymllm.models.transformer.forward`)."""
+    return {n: jax.lax.bitcast_convert_type(jnp.asarray(v).astype(jnp.bfloat16), jnp.uint16)
+            if jnp.issubdtype(jnp.asarray(v).dtype, jnp.floating) else v for n, v in params.items()}
+
+
+def unpack(v: jax.Array) -> jax.Array:
+    """uint16 storage (bfloat16 bit patterns) decoded to bfloat16; any other dtype unchanged."""
+    return jax.lax.bitcast_convert_type(v, jnp.bfloat16) if v.dtype == jnp.uint16 else v
+
+
+def pack_like(x: jax.Array, store: jax.Array) -> jax.Array:
+    """``x`` in ``store``'s dtype; uint16 storage holds bfloat16 bit patterns (a packed bf16 KV cache)."""
+    if store.dtype == jnp.uint16:
+        return jax.lax.bitcast_convert_type(x.astype(jnp.bfloat16), jnp.uint16)
+    return x.astype(store.dtype)
+
+
+def global_params(params: dict[str, jax.Array], compute_dtype: Any) -> dict[str, jax.Array]:
+    """Non-layer weights decoded (uint16 -> bf16) and cast to ``compute_dtype``; layer stacks untouched."""
+    params = {n: unpack(v) if not n.startswith("layers.") else v for n, v in params.items()}
+    if compute_dtype is not None:
+        params = {n: v if n.startswith("layers.") else v.astype(compute_dtype) for n, v in params.items()}
+    return params
+
+
+def layer_weights(lw: dict[str, jax.Array], compute_dtype: Any) -> dict[str, jax.Array]:
+    """One layer's weights (sliced from the stacks inside the scan), decoded and cast."""
+    return {n: unpack(v) if compute_dtype is None else unpack(v).astype(compute_dtype) for n, v in lw.items()}
+
+
+def embed_tokens(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array) -> jax.Array:
+    """Token ids [...] -> embeddings [..., E] (scaled by sqrt(E) where the family does, as Gemma)."""
+    x = params["embed"][tokens]  # [..., E]
+    if cfg.embed_scale:
+        x = x * jnp.asarray(math.sqrt(cfg.hidden_size), x.dtype)
+    return x
+
+
+def qkv(cfg: ModelConfig, lw: dict[str, jax.Array], x: jax.Array, positions: jax.Array, inv_l: jax.Array
+        ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """x [B, T, E] -> roped q [B, T, H, D], roped k [B, T, K, D], v [B, T, K, D] (biases, qk-norm)."""
+    b, t = x.shape[:2]
+    h, k, d = cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
+    hdn = rms_norm(x, lw["attn_norm"], cfg.rms_norm_eps, cfg.norm_plus_one)
+    q, kk, vv = dense(hdn, lw["wq"]), dense(hdn, lw["wk"]), dense(hdn, lw["wv"])  # [B, T, H*D], [B, T, K*D]
+    if cfg.attention_bias:
+        q, kk, vv = q + lw["bq"], kk + lw["bk"], vv + lw["bv"]
+    q, kk, vv = q.reshape(b, t, h, d), kk.reshape(b, t, k, d), vv.reshape(b, t, k, d)
+    if cfg.qk_norm:
+        q = rms_norm(q, lw["q_norm"], cfg.rms_norm_eps, cfg.norm_plus_one)
+        kk = rms_norm(kk, lw["k_norm"], cfg.rms_norm_eps, cfg.norm_plus_one)
+    return apply_rope(q, positions, inv_l), apply_rope(kk, positions, inv_l), vv
+
+
+def layer_rest(cfg: ModelConfig, lw: dict[str, jax.Array], x: jax.Array, attn: jax.Array) -> jax.Array:
+    """The layer after attention: output projection, post norms, residuals, MLP. attn [B, T, H*D]."""
+    eps, plus_one = cfg.rms_norm_eps, cfg.norm_plus_one
+    out = dense(attn, lw["wo"])
+    if cfg.post_norms:
+        out = rms_norm(out, lw["post_attn_norm"], eps, plus_one)
+    x = x + out
+    hdn = rms_norm(x, lw["mlp_norm"], eps, plus_one)
+    out = gated_mlp(hdn, lw["w_gate"], lw["w_up"], lw["w_down"], cfg.activation)
+    if cfg.post_norms:
+        out = rms_norm(out, lw["post_mlp_norm"], eps, plus_one)
+    return x + out
+
+
+def final_logits(cfg: ModelConfig, params: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+    """Final norm and vocab projection (float32, final softcap). x [..., E] -> [..., V]."""
+    x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps, cfg.norm_plus_one)
+    if "lm_head" in params:
+        logits = dense(x, params["lm_head"], f32_out=True)
+    else:
+        logits = dense(x, params["embed"], transposed=True, f32_out=True)
+    if cfg.final_logit_softcap:
+        logits = cfg.final_logit_softcap * jnp.tanh(logits / cfg.final_logit_softcap)
+    return logits
+
+
+def layer_xs(cfg: ModelConfig, params: dict[str, jax.Array]) -> tuple:
+    """The scan's per-layer inputs: (layer weight stacks, inv_freq [L, D/2], windows [L], index [L])."""
+    inv_freq, windows = layer_tables(cfg)
+    layer_params = {n.split(".", 1)[1]: v for n, v in params.items() if n.startswith("layers.")}
+    return layer_params, jnp.asarray(inv_freq), jnp.asarray(windows), jnp.arange(cfg.num_layers)
