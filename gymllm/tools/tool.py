@@ -16,200 +16,97 @@
     add(a=1, b=2)  # still callable as the plain function
     await add.acall({"a": 1, "b": 2})   # validated + coerced arguments, sync fns run in a thread
 
-The schema comes from the signature (annotations -> JSON types: int, float, bool, str, list[T],
-dict, Literal[...], Optional[T], enums) and the docstring (the summary paragraph, and per-argument
-text from Google ``Args:`` or NumPy ``Parameters`` sections). :meth:`Tool.validate` checks arguments
-against the signature and returns them coerced (``"3"`` -> ``3`` for an int where exact), or raises
-:class:`~gymllm.errors.ToolError` with a message naming the bad argument.
+The schema and the argument coercion are pydantic's: the parameters are a ``TypedDict`` (required
+for parameters without a default) validated by a :class:`pydantic.TypeAdapter`, and the schema is
+that adapter's JSON schema (pydantic's mapping of int, float, bool, str, list[T], dict, Literal[...],
+Optional[T], enums, dataclasses, models...) put in the shape chat templates expect: titles dropped,
+``$defs`` references inlined, ``Optional[T]`` shown as ``T`` (``None`` stays allowed by validation),
+and a ``default`` only where the default is a JSON scalar. The docstring is read by
+``docstring_parser`` (Google, NumPy, reST and Epydoc styles): the summary paragraph and per-argument
+text. :meth:`Tool.validate` checks arguments against the signature and returns them coerced by
+pydantic's lax mode (``"3"`` -> ``3`` for an int, ``"true"`` -> ``True``, ``2`` -> ``"2"`` for a str;
+``"3.5"`` is no int), or raises :class:`~gymllm.errors.ToolError` with a message naming the bad argument.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections.abc
 import dataclasses
-import enum
 import inspect
-import re
 import threading
-import types
 import typing
-from typing import Any, Callable, Literal, Union
+from typing import Any, Callable
+
+import docstring_parser
+import pydantic
+from typing_extensions import NotRequired, Required, TypedDict
 
 from gymllm.errors import ToolError, explain
 
-__all__ = ["Tool", "tool", "json_schema_for", "parse_docstring"]
+__all__ = ["Tool", "tool", "json_schema_for", "parse_docstring", "arguments_adapter"]
 
-_SIMPLE = {int: "integer", float: "number", bool: "boolean", str: "string", dict: "object", list: "array",
-           type(None): "null"}
+_CONFIG = pydantic.ConfigDict(coerce_numbers_to_str=True, arbitrary_types_allowed=True)
 
 
 def json_schema_for(annotation: Any) -> dict[str, Any]:
-    """The JSON schema of a Python type annotation (``{}``, i.e. anything, when unknown)."""
+    """The JSON schema of a Python type annotation, as a tool parameter shows it (``{}`` when unknown).
+
+    pydantic's ``TypeAdapter(annotation).json_schema()`` with titles dropped, references inlined
+    and ``Optional[T]`` shown as ``T``."""
     if annotation is inspect.Parameter.empty or annotation is Any:
         return {}
-    if annotation in _SIMPLE:
-        return {"type": _SIMPLE[annotation]}
-    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
-        return {"type": "string", "enum": [m.value if isinstance(m.value, str) else m.name for m in annotation]}
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin is Literal:
-        kinds = {_SIMPLE.get(type(a), "string") for a in args}
-        out: dict[str, Any] = {"enum": list(args)}
-        if len(kinds) == 1:
-            out["type"] = kinds.pop()
+    try:
+        raw = pydantic.TypeAdapter(annotation, config=_config_for(annotation)).json_schema()
+    except (pydantic.PydanticSchemaGenerationError, pydantic.PydanticUserError, TypeError):
+        return {}  # a type pydantic has no JSON schema for: accept anything, as before
+    return tidy_schema(raw)
+
+
+def _config_for(annotation: Any) -> pydantic.ConfigDict | None:
+    # pydantic refuses a config for types that carry their own (models, dataclasses, TypedDicts)
+    try:
+        pydantic.TypeAdapter(annotation, config=_CONFIG)
+    except pydantic.PydanticUserError:
+        return None
+    return _CONFIG
+
+
+def tidy_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """pydantic's JSON schema in the shape chat templates expect: ``$defs`` inlined, no ``title``
+    keys, and ``anyOf [T, null]`` shown as ``T`` (defaults and descriptions kept)."""
+    defs = schema.get("$defs", {})
+
+    def walk(node: Any, depth: int = 0) -> Any:
+        if isinstance(node, list):
+            return [walk(v, depth) for v in node]
+        if not isinstance(node, dict):
+            return node
+        if "$ref" in node and depth < 32:
+            target = defs.get(node["$ref"].rsplit("/", 1)[-1], {})
+            return walk({**target, **{k: v for k, v in node.items() if k != "$ref"}}, depth + 1)
+        out = {k: walk(v, depth) for k, v in node.items() if k not in ("title", "$defs")}
+        any_of = out.get("anyOf")
+        if isinstance(any_of, list):
+            non_null = [a for a in any_of if a != {"type": "null"}]
+            if len(non_null) == 1 and len(any_of) == 2:
+                rest = {k: v for k, v in out.items() if k != "anyOf"}
+                out = {**non_null[0], **rest}
         return out
-    if origin in (Union, types.UnionType):
-        non_null = [a for a in args if a is not type(None)]
-        if len(non_null) == 1:
-            return json_schema_for(non_null[0])
-        return {"anyOf": [json_schema_for(a) for a in args]}
-    if origin in (list, tuple, set, frozenset, collections.abc.Sequence):
-        item = json_schema_for(args[0]) if args else {}
-        return {"type": "array", "items": item} if item else {"type": "array"}
-    if origin is dict:
-        return {"type": "object"}
-    return {}
 
-
-_SECTION = re.compile(r"^\s*(Args|Arguments|Parameters|Params)\s*:?\s*$")
-_NUMPY_RULE = re.compile(r"^\s*-{3,}\s*$")
-_OTHER_SECTION = re.compile(r"^\s*(Returns?|Yields?|Raises?|Examples?|Notes?|See Also|Attributes)\s*:?\s*$")
-_GOOGLE_ARG = re.compile(r"^\s*(\*{0,2}\w+)\s*(\([^)]*\))?\s*:\s*(.*)$")
-_NUMPY_ARG = re.compile(r"^\s*(\w+)\s*(:\s*.*)?$")
+    return walk(schema)
 
 
 def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
-    """``(summary, {arg: description})`` from a Google- or NumPy-style docstring."""
+    """``(summary, {arg: description})`` from a docstring (Google, NumPy, reST or Epydoc style, read by
+    ``docstring_parser``); the summary is the first paragraph, line breaks become spaces."""
     if not doc:
         return "", {}
-    lines = inspect.cleandoc(doc).splitlines()
-    summary_lines: list[str] = []
-    for line in lines:
-        if not line.strip() or _SECTION.match(line) or _OTHER_SECTION.match(line):
-            break
-        summary_lines.append(line.strip())
-    args: dict[str, str] = {}
-    i = 0
-    while i < len(lines):
-        if _SECTION.match(lines[i]):
-            numpy = i + 1 < len(lines) and _NUMPY_RULE.match(lines[i + 1])
-            i += 2 if numpy else 1
-            i = (_parse_numpy_args if numpy else _parse_google_args)(lines, i, args)
-        else:
-            i += 1
-    return " ".join(summary_lines), args
-
-
-def _indent(line: str) -> int:
-    return len(line) - len(line.lstrip())
-
-
-def _parse_google_args(lines: list[str], i: int, out: dict[str, str]) -> int:
-    base, current = None, None
-    while i < len(lines):
-        line = lines[i]
-        if not line.strip():
-            i += 1
-            continue
-        if _OTHER_SECTION.match(line) or _SECTION.match(line) or (base is not None and _indent(line) < base):
-            break
-        m = _GOOGLE_ARG.match(line)
-        if m and (base is None or _indent(line) == base):
-            base = _indent(line) if base is None else base
-            current = m.group(1).lstrip("*")
-            out[current] = m.group(3).strip()
-        elif current is not None:
-            out[current] = (out[current] + " " + line.strip()).strip()
-        i += 1
-    return i
-
-
-def _parse_numpy_args(lines: list[str], i: int, out: dict[str, str]) -> int:
-    base, current = None, None
-    while i < len(lines):
-        line = lines[i]
-        if not line.strip():
-            i += 1
-            continue
-        if i + 1 < len(lines) and _NUMPY_RULE.match(lines[i + 1]):
-            break  # the next section's title
-        if base is None:
-            base = _indent(line)
-        if _indent(line) == base and _NUMPY_ARG.match(line):
-            current = _NUMPY_ARG.match(line).group(1)
-            out[current] = ""
-        elif current is not None:
-            out[current] = (out[current] + " " + line.strip()).strip()
-        i += 1
-    return i
-
-
-def _coerce(value: Any, annotation: Any, name: str) -> Any:
-    """``value`` checked against ``annotation`` (exact, lossless conversions only)."""
-    if annotation is inspect.Parameter.empty or annotation is Any:
-        return value
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin in (Union, types.UnionType):
-        errors = []
-        for a in args:
-            try:
-                return _coerce(value, a, name)
-            except ToolError as e:
-                errors.append(str(e))
-        raise ToolError(errors[0] if errors else f"argument {name!r}: no matching type")
-    if origin is Literal:
-        if value in args:
-            return value
-        raise _arg_error(name, f"one of {list(args)}", value)
-    if annotation is type(None):
-        if value is None:
-            return None
-        raise _arg_error(name, "null", value)
-    if annotation is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            return value.lower() == "true"
-        raise _arg_error(name, "a boolean", value)
-    if annotation is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str) and re.fullmatch(r"\s*[-+]?\d+\s*", value):
-            return int(value)
-        raise _arg_error(name, "an integer", value)
-    if annotation is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise _arg_error(name, "a number", value)
-    if annotation is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise _arg_error(name, "a string", value)
-    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
-        for m in annotation:
-            if value in (m.value, m.name):
-                return m
-        raise _arg_error(name, f"one of {[m.value for m in annotation]}", value)
-    if origin in (list, tuple, set, frozenset) or annotation in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise _arg_error(name, "a list", value)
-        items = [_coerce(v, args[0], f"{name}[{i}]") for i, v in enumerate(value)] if args else list(value)
-        return (origin or annotation)(items) if (origin or annotation) is not list else items
-    if origin is dict or annotation is dict:
-        if not isinstance(value, dict):
-            raise _arg_error(name, "an object", value)
-        return value
-    return value
+    parsed = docstring_parser.parse(inspect.cleandoc(doc))
+    summary = parsed.short_description or ""
+    if parsed.long_description and not parsed.blank_after_short_description:
+        summary += " " + parsed.long_description.split("\n\n", 1)[0]
+    args = {p.arg_name.lstrip("*"): " ".join((p.description or "").split()) for p in parsed.params}
+    return " ".join(summary.split()), args
 
 
 def _arg_error(name: str, expected: str, value: Any) -> ToolError:
@@ -217,14 +114,58 @@ def _arg_error(name: str, expected: str, value: Any) -> ToolError:
                              fix=f"pass {name} as {expected}"))
 
 
+_EXPECTED = {"int": "an integer", "float": "a number", "bool": "a boolean", "string": "a string",
+             "list": "a list", "tuple": "a list", "set": "a list", "frozen_set": "a list", "dict": "an object",
+             "none": "null"}
+
+
+def _expected_text(error: dict[str, Any]) -> str:
+    """pydantic's error type in words (``int_parsing`` -> ``an integer``)."""
+    kind = error.get("type", "")
+    if kind in ("literal_error", "enum"):
+        return f"one of {error.get('ctx', {}).get('expected', '')}".strip()
+    for prefix, text in _EXPECTED.items():
+        if kind.startswith(prefix + "_") or kind == prefix:
+            return text
+    return str(error.get("msg", "a valid value"))
+
+
+def _location(loc: tuple[Any, ...]) -> str:
+    name = str(loc[0]) if loc else "arguments"
+    for part in loc[1:]:
+        name += f"[{part}]" if isinstance(part, int) else ("" if str(part).startswith(("function-", "is-")) else f".{part}")
+    return name
+
+
+def arguments_adapter(fn: Callable[..., Any]) -> pydantic.TypeAdapter:
+    """A :class:`pydantic.TypeAdapter` for ``fn``'s named arguments: a ``TypedDict`` whose keys are
+    the parameters (``Required`` for those without a default; ``*args``/``**kwargs`` left out)."""
+    hints = _type_hints(fn)
+    fields: dict[str, Any] = {}
+    for pname, p in inspect.signature(fn).parameters.items():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        hint = hints.get(pname, p.annotation)
+        hint = Any if hint is inspect.Parameter.empty else hint
+        fields[pname] = Required[hint] if p.default is p.empty else NotRequired[hint]
+    name = "".join(c if c.isalnum() else "_" for c in getattr(fn, "__name__", "tool")) or "tool"
+    arguments = TypedDict(f"{name}_arguments", fields)  # type: ignore[misc]
+    arguments.__pydantic_config__ = _CONFIG  # type: ignore[attr-defined]
+    return pydantic.TypeAdapter(arguments)
+
+
 @dataclasses.dataclass(frozen=True)
 class Tool:
-    """A callable tool: the function, its name, and its OpenAI-format JSON schema."""
+    """A callable tool: the function, its name, and its OpenAI-format JSON schema.
+
+    ``arguments``: the pydantic adapter that validates and coerces its named arguments (built from
+    the signature by :func:`arguments_adapter` when not given)."""
 
     fn: Callable[..., Any]
     name: str
     description: str
     parameters: dict[str, Any]
+    arguments: pydantic.TypeAdapter | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def schema(self) -> dict[str, Any]:
@@ -254,9 +195,14 @@ class Tool:
         if missing:
             raise ToolError(explain(f"tool {self.name!r}", expected=f"required argument(s) {missing}",
                                     received=sorted(arguments), fix="pass every required argument"))
-        hints = _type_hints(self.fn)
-        return {k: _coerce(v, hints.get(k, inspect.Parameter.empty), k) if k in params else v
-                for k, v in arguments.items()}
+        adapter = self.arguments if self.arguments is not None else arguments_adapter(self.fn)
+        named = {k: v for k, v in arguments.items() if k in params}
+        try:
+            coerced = adapter.validate_python(named)
+        except pydantic.ValidationError as e:
+            first = e.errors()[0]
+            raise _arg_error(_location(tuple(first.get("loc", ()))), _expected_text(first), first.get("input")) from None
+        return {k: coerced[k] if k in params else v for k, v in arguments.items()}
 
     async def acall(self, arguments: Any) -> Any:
         """Validate ``arguments`` then call the tool; a sync function runs in its own daemon thread.
@@ -310,22 +256,28 @@ def _build(fn: Callable[..., Any], name: str | None, description: str | None) ->
     if not callable(fn):
         raise ToolError(explain("@tool", expected="a function", received=fn, fix="decorate a def or async def"))
     summary, arg_docs = parse_docstring(fn.__doc__)
-    hints = _type_hints(fn)
+    try:
+        adapter = arguments_adapter(fn)
+        schema = tidy_schema(adapter.json_schema())
+    except (pydantic.PydanticSchemaGenerationError, pydantic.PydanticUserError, TypeError) as e:
+        raise ToolError(explain(f"@tool {getattr(fn, '__name__', fn)!r}", expected="parameters pydantic can validate "
+                                "(int, float, bool, str, list[T], dict, Literal, Optional, enums, models...)",
+                                received=str(e).splitlines()[0], fix="annotate each parameter with such a type")) from e
     props: dict[str, Any] = {}
-    required: list[str] = []
     for pname, p in inspect.signature(fn).parameters.items():
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+        if pname not in schema.get("properties", {}):
             continue
-        prop = json_schema_for(hints.get(pname, p.annotation))
-        if pname in arg_docs and arg_docs[pname]:
+        prop = dict(schema["properties"][pname])
+        prop.pop("default", None)
+        if arg_docs.get(pname):
             prop["description"] = arg_docs[pname]
-        if p.default is p.empty:
-            required.append(pname)
-        elif p.default is None or isinstance(p.default, (int, float, str, bool)):
+        if p.default is not p.empty and (p.default is None or isinstance(p.default, (int, float, str, bool))):
             prop["default"] = p.default
         props[pname] = prop
+    required = [n for n in schema.get("required", []) if n in props]
     params = {"type": "object", "properties": props, "required": required}
-    return Tool(fn=fn, name=name or fn.__name__, description=description or summary, parameters=params)
+    return Tool(fn=fn, name=name or fn.__name__, description=description or summary, parameters=params,
+                arguments=adapter)
 
 
 def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None) -> Any:
