@@ -52,6 +52,23 @@ def env_ray_options(cluster: ClusterSection) -> dict[str, Any]:
     return {"num_workers": cluster.env_workers, **actor_options(cluster.env_num_cpus, cluster.env_resources)}
 
 
+def local_demand(cluster: ClusterSection) -> tuple[int, dict[str, float]]:
+    """CPUs and custom resources a local Ray (``cluster.address=None``) declares: this machine's CPUs,
+    or more when the actors reserve more (they time-share the cores), plus every custom resource
+    the actors ask for, so that a one-machine try of cluster mode never waits for a missing host."""
+    import math
+    import os
+
+    c = cluster
+    cpus = c.env_workers * c.env_num_cpus + c.engine_replicas * c.engine_num_cpus + c.learner_hosts * c.learner_num_cpus
+    resources: dict[str, float] = collections.Counter()
+    for n, res in ((c.env_workers, c.env_resources), (c.engine_replicas, c.engine_resources),
+                   (c.learner_hosts, c.learner_resources)):
+        for k, v in res.items():
+            resources[k] += n * float(v)
+    return max(os.cpu_count() or 1, math.ceil(cpus)), dict(resources)
+
+
 def tiny_kwargs(m: ModelSection) -> dict[str, Any]:
     """``gymllm.models.make_tiny`` keyword arguments of a ``tiny-<family>`` model section (the same
     seeded weights in every process)."""
@@ -88,7 +105,11 @@ class RayComponents:
         self.cluster = cluster
         ray = require_ray()
         self.connected_here = not ray.is_initialized()
-        self.ray = init_ray(cluster.address)
+        if self.connected_here and cluster.address is None:  # a local Ray that holds every actor asked for
+            cpus, resources = local_demand(cluster)
+            self.ray = init_ray(None, num_cpus=cpus, resources=resources)
+        else:
+            self.ray = init_ray(cluster.address)
         self.pool: Any = None  # the EnginePool once built
         self.learner_group: LearnerGroup | None = None
         self.gather = False
