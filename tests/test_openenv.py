@@ -420,3 +420,15 @@ def test_async_hooks_run_on_the_server_event_loop_thread():
         env = from_openenv(server.url)
         assert env.reset()[1]["thread"] == env.step("x")[4]["thread"] == "gymllm-openenv-server"
         env.close()
+
+
+def test_remote_envs_in_the_process_backend(guess_url):
+    """Sub-envs built in forked worker processes (after this process started its own I/O loop)."""
+    from_openenv(guess_url).reset(seed=1)  # this process's I/O loop exists before the fork
+    vec = gymllm.make_vec([lambda: from_openenv(guess_url)] * 2, backend="process", mp_context="fork")
+    try:
+        obs, _ = vec.reset(seed=1)
+        assert list(obs) == ["guess a letter (seed 1)", "guess a letter (seed 2)"]
+        assert list(vec.step(["c", "a"])[1]) == [1.0, 0.0]  # seed 1: "c"; seed 2: "abcd"[17 % 4] = "b"
+    finally:
+        vec.close()

@@ -95,18 +95,20 @@ def import_openenv(module: str = "openenv.core") -> Any:
 
 # ---------------------------------------------------------------------------------------------- I/O loop
 class _IoLoop:
-    """One daemon thread running the event loop that owns every remote env's WebSocket."""
+    """One daemon thread per process running the event loop that owns every remote env's WebSocket
+    (a forked child, which inherits the object but not the thread, starts its own)."""
 
     _lock = threading.Lock()
     _loop: asyncio.AbstractEventLoop | None = None
+    _pid = -1
 
     @classmethod
     def get(cls) -> asyncio.AbstractEventLoop:
         with cls._lock:
-            if cls._loop is None or cls._loop.is_closed():
+            if cls._loop is None or cls._loop.is_closed() or cls._pid != os.getpid():
                 loop = asyncio.new_event_loop()
                 threading.Thread(target=loop.run_forever, name="gymllm-openenv-io", daemon=True).start()
-                cls._loop = loop
+                cls._loop, cls._pid = loop, os.getpid()
             return cls._loop
 
 
