@@ -236,6 +236,7 @@ class Run:
         self.rollout_rewards: list[float] = []  # every completed group's mean reward since the last step
         self.decided: dict[str, bool] = {}
         self.resumed_from: int | None = None
+        self.rewound: dict[str, Any] = {}  # log file -> RewindReport of the records set aside at resume
         self.version_listeners: list[Callable[[int], None]] = []
         self.step_listeners: list[Callable[[dict[str, Any]], None]] = list(on_step)
         self.orch: Any = None  # the RolloutOrchestrator while run_async streams
@@ -286,6 +287,11 @@ class Run:
                                   max_staleness=cfg.rollout.eta, groups_per_step=cfg.learner.groups_per_step,
                                   queue_size=max(8, 2 * cfg.learner.groups_per_step), seed=cfg.run.seed,
                                   max_model_calls=cfg.rollout.max_turns, group_timeout_s=cfg.rollout.group_timeout_s)
+        if cfg.run.resume:  # a killed run's records past the restored checkpoint are a lost lineage: set aside
+            from gymllm.telemetry.run_log import rewind_jsonl
+
+            self.rewound = {name: rewind_jsonl(run_dir / name, step=self.resumed_from or 0)
+                            for name in ("metrics.jsonl", "trajectories.jsonl")}
         self.logger = MetricsLogger(run_dir, total_steps=cfg.learner.num_steps, console=cfg.run.console)
         self.traj_log = open(run_dir / "trajectories.jsonl", "a") if cfg.run.log_trajectories else None
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gymllm-learner")
