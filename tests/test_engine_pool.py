@@ -23,7 +23,11 @@ from gymllm.errors import ConfigError, EngineError
 from gymllm.inference import Engine, EngineConfig, EnginePool, JaxEngine, PoolConfig, ReplicaSpec, SamplingParams
 from gymllm.inference.jax_engine import RequestFailed
 from gymllm.inference.pool import failure_kind
+from gymllm.algos.lora import LoRAConfig, adapter_keys, init_adapters, merge
+from gymllm.algos.lora_receiver import receiver_of
+from gymllm.algos.weight_sync import WeightPusher
 from gymllm.models import make_tiny
+from gymllm.models.transformer import Transformer
 
 CFG = EngineConfig(num_slots=12, max_len=64, min_bucket=64, max_prefill_batch=2, decode_lengths=2)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
@@ -63,6 +67,22 @@ async def until(pred, timeout: float = 30.0) -> None:
 
 def inflight(pool: EnginePool) -> int:
     return sum(s["inflight"] for s in pool.stats())
+
+
+LORA = LoRAConfig(rank=2, alpha=4.0, targets=("wq", "wv"))
+
+
+def lora_weights(lm, seed: int):
+    """LoRA-merged weights of ``lm`` (they remember their adapters, as the learner's do) with random B."""
+    base = lm.model.flat_params()
+    rng = np.random.default_rng(seed)
+    adapters = {k: (v + rng.standard_normal(v.shape).astype(np.float32) if k.endswith("lora_b") else v)
+                for k, v in init_adapters(LORA, base).items()}
+    return merge(LORA, base, adapters)
+
+
+def full_state(lm, merged):
+    return nnx.state(Transformer(lm.config, params=dict(merged)))
 
 
 class DyingEngine:
@@ -209,6 +229,31 @@ def test_weight_update_reaches_every_replica_with_versions_per_token(lm):
     run(main())
 
 
+def test_the_trainers_lora_push_sends_adapters_only_to_every_replica(lm):
+    a, b = engines(lm, 2)
+    pool = EnginePool([a, b])
+    (ref,) = engines(lm, 1)
+    merged = lora_weights(lm, 0)
+
+    async def main():
+        WeightPusher(pool, lm.config).push(merged, 1)  # what the trainer calls after an optimizer step
+        for eng in (a, b):
+            rec = receiver_of(eng)
+            assert rec is not None and [h["keys"] for h in rec.history] == [sorted(adapter_keys(LORA))]
+        ref.update_weights(full_state(lm, merged), 1)
+        ps = [prompt(5 + 3 * i, 20 + i) for i in range(4)]
+        got = await asyncio.gather(*(pool.generate(p, GREEDY, session_id=f"l{i}") for i, p in enumerate(ps)))
+        want = await asyncio.gather(*(ref.generate(p, GREEDY) for p in ps))
+        assert {c.replica for c in got} == {"r0", "r1"}
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g.token_ids, w.token_ids)
+            assert set(g.versions.tolist()) == {1}
+        await pool.close()
+        await ref.close()
+
+    run(main())
+
+
 # ------------------------------------------------------------------ failures
 def test_a_dead_replicas_requests_are_retried_elsewhere_and_marked(lm, reference):
     dying = DyingEngine(engines(lm, 1)[0])
@@ -338,7 +383,7 @@ def ray_reference(lm):
     eng.shutdown()
 
 
-def test_ray_replicas_generate_like_in_process_and_take_weights_from_the_object_store(cluster, ray_pool,
+def test_ray_replicas_generate_like_in_process_and_take_weights_from_the_object_store(lm, cluster, ray_pool,
                                                                                       ray_reference, monkeypatch):
     import ray
 
@@ -369,6 +414,18 @@ def test_ray_replicas_generate_like_in_process_and_take_weights_from_the_object_
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g.token_ids, w.token_ids)
             assert set(g.versions.tolist()) == {1}
+        # a LoRA push: adapters only through the object store; each actor merges onto its own base
+        merged = lora_weights(lm, 1)
+        WeightPusher(pool, lm.config).push(merged, 2)
+        assert len(puts) == 2 and set(puts[1].adapters) == set(adapter_keys(LORA))
+        assert await pool.replica_versions() == {"r0": 2, "r1": 2}
+        ray_reference.update_weights(full_state(lm, merged), 2)
+        got = await asyncio.gather(*(pool.generate(p, GREEDY, session_id=f"c{i}") for i, p in enumerate(ps)))
+        want = await asyncio.gather(*(ray_reference.generate(p, GREEDY) for p in ps))
+        assert {c.replica for c in got} == {"r0", "r1"}
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g.token_ids, w.token_ids)
+            assert set(g.versions.tolist()) == {2}
 
     run(main())
 
@@ -396,7 +453,7 @@ def test_losing_a_replicas_node_retries_its_requests_and_the_replica_rejoins_at_
         by_sid = dict(zip(sids, done))
         for sid, c in by_sid.items():
             assert c.replica == "r0" and c.retried == (sid in on_r1), (sid, c.replica, c.retried)
-            assert set(c.versions.tolist()) == {1}
+            assert set(c.versions.tolist()) == {2}
         assert all(pool.home_of(sid) in (None, "r0") for sid in on_r1)
         c = await pool.generate(prompt(5, 99), params, session_id="after")  # the pool keeps serving
         assert c.replica == "r0" and not c.retried
@@ -404,11 +461,14 @@ def test_losing_a_replicas_node_retries_its_requests_and_the_replica_rejoins_at_
         assert pool.stats()[1]["failures"] >= 1
         info = await pool.replica_info()
         assert info["r1"]["node_id"] == cluster.node_id(cluster.nodes[0])  # recreated on a live node
-        assert await pool.replica_versions() == {"r0": 1, "r1": 1}  # rejoined at the latest version
-        pool.update_weights(nnx.state(make_tiny("llama", seed=2).model), 2)
-        assert await pool.replica_versions() == {"r0": 2, "r1": 2}
+        assert await pool.replica_versions() == {"r0": 2, "r1": 2}  # rejoined at the latest version (LoRA)
+        same = await asyncio.gather(*(pool.generate(prompt(7, 5), params, session_id=f"y{i}") for i in range(2)))
+        assert {c.replica for c in same} == {"r0", "r1"}  # the recreated replica samples what r0 samples
+        np.testing.assert_array_equal(same[0].token_ids, same[1].token_ids)
+        pool.update_weights(nnx.state(make_tiny("llama", seed=2).model), 3)
+        assert await pool.replica_versions() == {"r0": 3, "r1": 3}
         outs = await asyncio.gather(*(pool.generate(prompt(5, i), params, session_id=f"z{i}") for i in range(4)))
-        assert {c.replica for c in outs} == {"r0", "r1"} and all(set(c.versions.tolist()) == {2} for c in outs)
+        assert {c.replica for c in outs} == {"r0", "r1"} and all(set(c.versions.tolist()) == {3} for c in outs)
         assert ray.is_initialized()
 
     run(main())

@@ -51,8 +51,11 @@ def push_adapters(engine: Any, model_config: Any, weights: Any, version: int) ->
     attached on the first push, with the weights' base); False (nothing sent) for plain weights or
     another kind of engine, which then take the full weights."""
     from gymllm.inference.jax_engine import JaxEngine
-    from gymllm.algos.lora_receiver import LoraReceiver, receiver_of
+    from gymllm.algos.lora_receiver import LoraReceiver, LoraUpdate, receiver_of
 
+    if isinstance(weights, MergedWeights) and getattr(engine, "takes_weight_updates", False):  # an EnginePool
+        engine.update_weights(LoraUpdate(weights.lora, model_config, weights.adapters, weights.base), version)
+        return True
     if not isinstance(weights, MergedWeights) or not isinstance(engine, JaxEngine):
         return False
     rec = receiver_of(engine)

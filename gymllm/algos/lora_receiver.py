@@ -127,6 +127,35 @@ class LoraReceiver:
         return self.last_s
 
 
+class LoraUpdate:
+    """An adapter-only push as one object (an ``gymllm.inference.replica.WeightUpdate``): an
+    ``EnginePool`` hands it to every replica, each merging on its own device through its receiver.
+
+    ``base``: the frozen weights, used in this process only (an in-process engine's receiver is
+    built from them on its first push); a pickled update (to a Ray replica) leaves them behind and the
+    replica builds its receiver from the model its engine was built from."""
+
+    def __init__(self, lora: LoRAConfig, model_config: Any, adapters: dict[str, Any], base: dict[str, Any] | None = None):
+        self.lora, self.model_config, self.adapters, self.base = lora, model_config, dict(adapters), base
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"lora": self.lora, "model_config": self.model_config, "base": None,
+                "adapters": {k: np.asarray(v) for k, v in self.adapters.items()}}
+
+    def apply_to(self, engine: Any, version: int, model: Any = None) -> None:
+        rec = receiver_of(engine)
+        if rec is None or rec.lora != self.lora:
+            if self.base is not None:
+                rec = LoraReceiver(engine, self.model_config, self.base, self.lora)
+            elif model is not None:
+                rec = LoraReceiver.from_model(engine, model, self.lora)
+            else:
+                raise EngineError(explain("LoraUpdate.apply_to", expected="the frozen base: in the update "
+                                          "(in process) or the replica's model", received=None,
+                                          fix="build replicas from a ReplicaSpec, or push LoraUpdate(..., base=...)"))
+        rec.apply(self.adapters, version)
+
+
 def receiver_of(engine: Any) -> LoraReceiver | None:
     """The receiver attached to ``engine`` (the last one built for it), if any."""
     return _RECEIVERS.get(engine)

@@ -165,6 +165,9 @@ class _Slot:
 class EnginePool:
     """Implements the :class:`~gymllm.inference.Engine` protocol over replicas (module docstring)."""
 
+    #: ``update_weights`` takes :class:`WeightUpdate` objects (the trainer's LoRA push sends adapters only)
+    takes_weight_updates = True
+
     def __init__(self, engines: Sequence[Any], *, config: PoolConfig | None = None,
                  names: Sequence[str] | None = None):
         """``engines``: Engine objects in this process, or replica handles (``LocalReplica`` /

@@ -52,9 +52,11 @@ KINDS = ("jax", "vllm", "openai", "factory")
 
 @runtime_checkable
 class WeightUpdate(Protocol):
-    """A weight update that knows how to land on one replica's engine (e.g. LoRA adapters only)."""
+    """A weight update that knows how to land on one replica's engine (e.g. LoRA adapters only:
+    ``gymllm.algos.lora_receiver.LoraUpdate``). ``model``: the model the replica built its engine
+    from (its weights are the frozen base of a LoRA run), or None for an engine handed in as an object."""
 
-    def apply_to(self, engine: Any, version: int) -> None: ...
+    def apply_to(self, engine: Any, version: int, model: Any = None) -> None: ...
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -157,11 +159,11 @@ class ReplicaSpec:
         return engine, loaded
 
 
-def apply_update(engine: Any, update: Any, version: int) -> None:
-    """Land one weight update on ``engine``: ``update.apply_to`` when it has one, else the engine's own
-    ``update_weights(update, version)``."""
+def apply_update(engine: Any, update: Any, version: int, model: Any = None) -> None:
+    """Land one weight update on ``engine``: ``update.apply_to(engine, version, model)`` when it has one,
+    else the engine's own ``update_weights(update, version)``."""
     if isinstance(update, WeightUpdate):
-        update.apply_to(engine, int(version))
+        update.apply_to(engine, int(version), model)
     else:
         engine.update_weights(update, int(version))
 
@@ -182,8 +184,9 @@ class ReplicaHost:
         self.spec = spec
         self.engine, self.loaded = spec.build()
         self._holds = contextlib.ExitStack()
+        self.model = getattr(self.loaded, "model", None)  # what the engine was built from (a LoRA base)
         if version is not None:
-            apply_update(self.engine, update, version)
+            apply_update(self.engine, update, version, self.model)
 
     @property
     def version(self) -> int:
@@ -203,7 +206,7 @@ class ReplicaHost:
     def update_weights(self, update: Any, version: int) -> int:
         """Apply ``update`` at ``version`` (queued by the engine between decode steps); returns the
         engine's version afterwards."""
-        apply_update(self.engine, update, version)
+        apply_update(self.engine, update, version, self.model)
         return self.version
 
     def hold(self) -> bool:
@@ -252,7 +255,11 @@ class LocalReplica:
                                       fix="pass an engine object or a ReplicaSpec"))
         self.name = name
         self.spec = spec
-        self.engine = engine if engine is not None else ReplicaHost(spec, name).engine
+        self.engine, self.model = (engine, None) if engine is not None else self._build(None, None)
+
+    def _build(self, update: Any, version: int | None) -> tuple[Any, Any]:
+        host = ReplicaHost(self.spec, self.name, update, version)
+        return host.engine, host.model
 
     @property
     def can_restart(self) -> bool:
@@ -270,7 +277,7 @@ class LocalReplica:
             end(session_id)
 
     def push(self, update: Any, version: int) -> None:
-        apply_update(self.engine, update, version)
+        apply_update(self.engine, update, version, self.model)
 
     async def settle(self) -> None:
         """Pushes land synchronously in process: nothing to wait for."""
@@ -284,7 +291,7 @@ class LocalReplica:
             await asyncio.wait_for(old.close(), 30.0)
         except Exception:  # noqa: BLE001 - the old engine failed already; its close may fail too
             pass
-        self.engine = (await asyncio.to_thread(ReplicaHost, self.spec, self.name, update, version)).engine
+        self.engine, self.model = await asyncio.to_thread(self._build, update, version)
         return await self.info()
 
     async def info(self) -> dict[str, Any]:
