@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from typing import Any, Literal
 
 from gymllm.algos.config import LossConfig, async_agentic, check_choice, check_range, loss_preset
 from gymllm.algos.learner import LearnerConfig
@@ -148,7 +148,7 @@ class ClusterSection:
     learner_local_devices: CPU host devices per learner host (0: XLA's default; CPU clusters only).
     """
 
-    backend: str = "none"
+    backend: Literal["none", "ray"] = "none"
     address: str | None = None
     env_workers: int = 1
     engine_replicas: int = 1
