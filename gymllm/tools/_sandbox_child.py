@@ -263,8 +263,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 SYSTEM_READ_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin", "/sys/devices/system/cpu")
 SYSTEM_READ_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/passwd",
                      "/etc/group", "/etc/nsswitch.conf", "/etc/host.conf", "/etc/os-release", "/etc/mime.types",
-                     "/etc/gitconfig",
-                     "/dev/urandom", "/dev/random")
+                     "/etc/gitconfig", "/dev/urandom", "/dev/random")
 NETWORK_READ_FILES = ("/etc/resolv.conf", "/etc/hosts", "/etc/gai.conf", "/etc/services", "/etc/protocols",
                       "/etc/ssl", "/etc/ca-certificates", "/etc/pki")  # only with SandboxConfig(network=True)
 DEVICES_RW = ("/dev/null", "/dev/zero", "/dev/full")
