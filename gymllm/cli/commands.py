@@ -148,6 +148,8 @@ def serve(
     api_key: str | None = None,
     max_n: int = 16,
     max_body_bytes: int = 1_000_000,
+    min_bucket: int | None = None,
+    decode_lengths: int | None = None,
 ) -> int:
     """Serve a model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions).
 
@@ -160,6 +162,9 @@ def serve(
         api_key: Required as `Authorization: Bearer KEY` on /v1/* (default: $GYMLLM_API_KEY).
         max_n: Most samples per prompt (`n`) one request may ask for.
         max_body_bytes: Larger request bodies get a 413.
+        min_bucket: Smallest prefill length bucket (engine default if unset; = max_len: one prefill shape).
+        decode_lengths: Cache lengths the decode step picks from (engine default if unset; 1: one shape).
+            Fewer compiled shapes start faster and cost speed on mixed lengths.
     """
     import os
 
@@ -175,7 +180,8 @@ def serve(
     from gymllm.inference.server import serve as serve_fn, tool_format_for
 
     loaded = load_model(model)
-    engine = JaxEngine.from_loaded(loaded, config=EngineConfig(num_slots=max_slots, max_len=max_len))
+    shapes = {k: v for k, v in (("min_bucket", min_bucket), ("decode_lengths", decode_lengths)) if v is not None}
+    engine = JaxEngine.from_loaded(loaded, config=EngineConfig(num_slots=max_slots, max_len=max_len, **shapes))
     fmt = tool_format_for(loaded.tokenizer, getattr(loaded.config, "family", None))
     print(f"serving {model} on http://{host}:{port}/v1 (OpenAI-compatible; tool calls: {fmt})", flush=True)
     serve_fn(engine, loaded.tokenizer, model, host=host, port=port, config=config, tool_format=fmt)

@@ -93,14 +93,16 @@ def validation_error(exc: RequestValidationError) -> RequestError:
         return RequestError(f"invalid JSON body: {detail}. Fix: send a JSON object", code="invalid_json")
     received = e.get("input")
     if not loc or (e.get("type") == "model_attributes_type" and len(loc) == 0):
-        return RequestError(f"body: expected a JSON object, received {type(received).__name__}. "
+        what = "a body that is not JSON" if isinstance(received, (bytes, str)) else type(received).__name__
+        return RequestError(f"body: expected a JSON object (Content-Type: application/json), received {what}. "
                             "Fix: send a JSON object with the request's fields")
     field = loc[0]
     path = ".".join(x for x in loc if not x.startswith(("function-", "list[", "str", "int", "json-or-python")))
     received = "nothing (the field is required)" if e.get("type") == "missing" else repr(received)[:100]
     if path == field and field in _EXPECTED:
         expected, fix = _EXPECTED[field]
-        detail = f" ({e.get('msg')})" if e.get("type") == "value_error" else ""
+        why = [x.get("msg") for x in errors if x.get("type") == "value_error"]  # e.g. a lone surrogate
+        detail = f" ({why[0]})" if why else ""
         return RequestError(f"{path}: expected {expected}, received {received}{detail}. Fix: {fix}", param=field)
     return RequestError(f"{path}: {e.get('msg', 'invalid value')}; received {received}. Fix: correct this field "
                         "(the schema is at /openapi.json)", param=field)
@@ -361,8 +363,9 @@ def check_bind(host: str, api_key: str | None) -> None:
 
 
 class BodyLimit:
-    """ASGI middleware: a request body over ``max_bytes`` gets a 413 (by Content-Length before reading,
-    or while streaming in a chunked body) and is never held in memory whole."""
+    """ASGI middleware: a request body over ``max_bytes`` gets a 413, by its Content-Length before
+    anything is read, or, for a chunked body, as soon as more than ``max_bytes`` arrived (at most
+    that much is buffered, then handed to the app)."""
 
     def __init__(self, app: Any, max_bytes: int):
         self.app, self.max_bytes = app, max_bytes
@@ -376,32 +379,28 @@ class BodyLimit:
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
             return await error_response(too_big)(scope, receive, send)
-        seen = 0
-        started = False
-
-        async def limited_receive() -> dict:
-            nonlocal seen
+        if length is not None and length.isdigit():
+            return await self.app(scope, receive, send)  # the server reads at most Content-Length bytes
+        chunks, seen, more = [], 0, True  # chunked: read at most max_bytes, then replay to the app
+        while more:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise _TooBig()
-            return message
+            if message["type"] != "http.request":
+                return  # the client went away
+            chunks.append(message.get("body", b""))
+            seen += len(chunks[-1])
+            more = message.get("more_body", False)
+            if seen > self.max_bytes:
+                return await error_response(too_big)(scope, receive, send)
+        body, replayed = b"".join(chunks), False
 
-        async def tracking_send(message: dict) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
+        async def replay() -> dict:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
 
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except _TooBig:
-            if not started:
-                await error_response(too_big)(scope, receive, send)
-
-
-class _TooBig(Exception):
-    pass
+        await self.app(scope, replay, send)
 
 
 # ---------------------------------------------------------------- the app
