@@ -530,6 +530,7 @@ def build_app(engine: Any, tokenizer: Any, model_name: str, *, max_len: int | No
     async def respond(body: Any, hd: dict, prompts: list[list[int]], params: SamplingParams, chat: bool,
                       plan: Plan | None, tools: bool = False):
         use_fmt = fmt if (tools and getattr(body, "tool_choice", None) != "none") else None
+        session_id = body.session_id or (plan.session_id if plan is not None else None)  # prefix reuse
         on_done = None
         if plan is not None:
             def on_done(c: Completion, choice: dict) -> None:
@@ -539,10 +540,10 @@ def build_app(engine: Any, tokenizer: Any, model_name: str, *, max_len: int | No
                 raise RequestError("stream: expected one prompt and n == 1 when streaming, received "
                                    f"{len(prompts)} prompts and n={params.n}. Fix: send them as separate requests",
                                    param="stream")
-            gen = _stream_response(engine, tokenizer, hd, prompts[0], params, body.session_id, chat, body,
+            gen = _stream_response(engine, tokenizer, hd, prompts[0], params, session_id, chat, body,
                                    stop_ids | set(params.stop_token_ids), use_fmt, on_done)
             return StreamingResponse(gen, media_type="text/event-stream")
-        results = await asyncio.gather(*(_run_one(engine, p, params, body.session_id) for p in prompts))
+        results = await asyncio.gather(*(_run_one(engine, p, params, session_id) for p in prompts))
         choices, flat = [], []
         for p, comps in zip(prompts, results):
             for c in comps:
@@ -562,6 +563,9 @@ def build_app(engine: Any, tokenizer: Any, model_name: str, *, max_len: int | No
                 closed = recorder.close(session_id, body.reward, body.info)
             except SessionError as exc:
                 raise RequestError(str(exc), status=exc.status, code="session") from None
+            end = getattr(engine, "end_session", None)
+            if end is not None:
+                end(session_id)  # free the engine's cached prefix of this episode
             return {"session_id": session_id, "group_id": closed.group_id, "reward": closed.reward,
                     "segments": len(closed.segments), "model_calls": closed.model_calls,
                     "sampled_tokens": sum(s.num_sampled for s in closed.segments)}
