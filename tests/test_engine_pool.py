@@ -11,6 +11,7 @@ the tiny model spread over the two nodes, and removes the worker node while requ
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import time
 
@@ -138,6 +139,11 @@ def test_pool_config_is_validated_and_the_pool_is_an_engine(lm):
     with pytest.raises(ConfigError, match="base_url"):
         ReplicaSpec.openai("localhost:8000", "m")
     assert isinstance(EnginePool(engines(lm, 1)), Engine)
+    if importlib.util.find_spec("ray") is not None:
+        from gymllm.inference.replica import RayReplica
+
+        with pytest.raises(ConfigError, match="max_restarts"):  # the pool, not Ray, recreates replicas
+            RayReplica("r0", ReplicaSpec.jax(tiny={}), {"max_restarts": 3})
     assert failure_kind(ConnectionRefusedError()) == "death"
     assert failure_kind(RequestFailed("x")) == "request"
     assert failure_kind(EngineError("bad prompt")) == "input"

@@ -162,6 +162,54 @@ class _Slot:
         return f"engine/{self.replica.name}"
 
 
+class Router:
+    """Which replica serves a request: the session's home while it is live, else the least-loaded live
+    replica not tried yet (queued plus running tokens, then requests in flight, then replica order),
+    which becomes the session's home. Holds the session -> replica map."""
+
+    def __init__(self, slots: list[_Slot], config: PoolConfig):
+        self.slots, self.config = slots, config
+        self.sessions: dict[str, int] = {}  # session id -> slot index
+
+    def choose(self, session_id: str | None, tried: Sequence[int]) -> _Slot | None:
+        """The replica for this attempt; None while every replica is down."""
+        now = time.monotonic()
+        for s in self.slots:  # a replica that cannot be rebuilt gets another chance after a while
+            if s.down and s.restarting is None and now - s.down_since >= self.config.revive_after_s:
+                s.down = False
+        sticky = self.config.sticky_sessions and session_id is not None
+        home = self.sessions.get(session_id) if sticky else None
+        if home is not None and not self.slots[home].down and home not in tried:
+            return self.slots[home]
+        live = [s for s in self.slots if not s.down and s.index not in tried] or [s for s in self.slots if not s.down]
+        if not live:
+            return None
+        best = min(live, key=lambda s: (s.load_tokens, s.inflight, s.index))
+        if sticky:
+            self.sessions[session_id] = best.index
+        return best
+
+    def home_of(self, session_id: str) -> _Slot | None:
+        i = self.sessions.get(session_id)
+        return None if i is None else self.slots[i]
+
+    def forget(self, session_id: str) -> _Slot | None:
+        i = self.sessions.pop(session_id, None)
+        return None if i is None else self.slots[i]
+
+    def evict(self, slot: _Slot) -> None:
+        """Drop every session homed on ``slot`` (a dead replica): each is re-homed on its next turn."""
+        for sid in [k for k, i in self.sessions.items() if i == slot.index]:
+            del self.sessions[sid]
+
+    def homes(self) -> list[int]:
+        """Sessions homed on each replica."""
+        out = [0] * len(self.slots)
+        for i in self.sessions.values():
+            out[i] += 1
+        return out
+
+
 class EnginePool:
     """Implements the :class:`~gymllm.inference.Engine` protocol over replicas (module docstring)."""
 
@@ -183,7 +231,7 @@ class EnginePool:
                                       received=names, fix="pass one distinct name per replica or none"))
         self._slots = [_Slot(i, e if isinstance(e, (LocalReplica, RayReplica)) else LocalReplica(n, e))
                        for i, (e, n) in enumerate(zip(engines, names))]
-        self._sessions: dict[str, int] = {}  # session id -> slot index
+        self.router = Router(self._slots, self.config)
         self._latest: tuple[Any, Any, int] | None = None  # the newest (update, its ObjectRef or None, version)
         self._version = max((int(getattr(s.replica.engine, "version", 0)) for s in self._slots
                              if isinstance(s.replica, LocalReplica)), default=0)
@@ -278,10 +326,10 @@ class EnginePool:
 
     def end_session(self, session_id: str) -> None:
         """Forget a session's home and unpin its cached prefix there."""
-        i = self._sessions.pop(session_id, None)
-        if i is not None and not self._slots[i].down:
+        slot = self.router.forget(session_id)
+        if slot is not None and not slot.down:
             try:
-                self._slots[i].replica.end_session(session_id)
+                slot.replica.end_session(session_id)
             except Exception:  # noqa: BLE001 - freeing a cache is best effort; a dead replica has none
                 pass
 
@@ -339,9 +387,7 @@ class EnginePool:
 
     def stats(self) -> list[dict[str, Any]]:
         """Per replica: load, requests in flight and served, failures, restarts, whether it is down."""
-        homes = [0] * len(self._slots)
-        for i in self._sessions.values():
-            homes[i] += 1
+        homes = self.router.homes()
         return [{"name": s.name, "kind": s.replica.kind, "down": s.down, "load_tokens": s.load_tokens,
                  "inflight": s.inflight, "served": s.served, "failures": s.failures, "restarts": s.restarts,
                  "sessions": homes[s.index], "last_error": s.last_error} for s in self._slots]
@@ -356,8 +402,8 @@ class EnginePool:
 
     def home_of(self, session_id: str) -> str | None:
         """The replica a session's turns go to (None: no home yet, or re-homed after a failure)."""
-        i = self._sessions.get(session_id)
-        return None if i is None else self._slots[i].name
+        slot = self.router.home_of(session_id)
+        return None if slot is None else slot.name
 
     # ------------------------------------------------------------------ routing and recovery
     async def _attempts(self, call: Any, cost: int, session_id: str | None) -> Any:
@@ -397,30 +443,16 @@ class EnginePool:
                                   "or add replicas"))
 
     async def _pick(self, session_id: str | None, tried: list[int]) -> _Slot:
-        """The session's home if it is live, else the least-loaded live replica not tried yet (which
-        becomes the session's home); waits for a restart when every replica is down."""
-        sticky = self.config.sticky_sessions and session_id is not None
+        """The router's choice; while every replica is down, wait for a restart (``start_timeout_s``)."""
         deadline = time.monotonic() + self.config.start_timeout_s
-        while True:
-            now = time.monotonic()
-            for s in self._slots:  # a replica that cannot be rebuilt gets another chance after a while
-                if s.down and s.restarting is None and now - s.down_since >= self.config.revive_after_s:
-                    s.down = False
-            home = self._sessions.get(session_id) if sticky else None
-            if home is not None and not self._slots[home].down and home not in tried:
-                return self._slots[home]
-            live = [s for s in self._slots if not s.down and s.index not in tried] or \
-                [s for s in self._slots if not s.down]
-            if live:
-                best = min(live, key=lambda s: (s.load_tokens, s.inflight, s.index))
-                if sticky:
-                    self._sessions[session_id] = best.index
-                return best
+        while (slot := self.router.choose(session_id, tried)) is None:
             pending = [s.restarting for s in self._slots if s.restarting is not None]
-            if not pending or now > deadline:
+            left = deadline - time.monotonic()
+            if not pending or left <= 0:
                 raise ReplicaDied(explain("EnginePool", expected="a live replica", received=[
                     f"{s.name}: {s.last_error}" for s in self._slots], fix="restart the replicas' hosts or servers"))
-            await asyncio.wait(pending, timeout=max(0.0, deadline - now), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+        return slot
 
     def _failed(self, slot: _Slot, exc: BaseException, kind: str) -> None:
         slot.failures += 1
@@ -428,8 +460,7 @@ class EnginePool:
         if kind != "death" or slot.down:
             return
         slot.down, slot.down_since = True, time.monotonic()
-        for sid in [k for k, i in self._sessions.items() if i == slot.index]:
-            del self._sessions[sid]  # re-homed on their next turn
+        self.router.evict(slot)  # its sessions are re-homed on their next turn
         if self.config.restart and slot.replica.can_restart and not self._closed:
             slot.restarting = asyncio.get_running_loop().create_task(self._restart(slot), name=f"restart-{slot.name}")
 
@@ -438,7 +469,7 @@ class EnginePool:
         try:
             while not self._closed:
                 latest = self._latest
-                update, version = self._update_for(slot, latest)
+                update, version = _update_for(slot, latest)
                 try:
                     with span("restart", track=slot.track, version=version):
                         info = await asyncio.wait_for(slot.replica.restart(update, version), self.config.start_timeout_s)
@@ -449,22 +480,13 @@ class EnginePool:
                     await asyncio.sleep(1.0)
                     continue
                 if self._latest is not latest:  # a push landed while it was being built
-                    slot.replica.push(*self._update_for(slot, self._latest))
+                    slot.replica.push(*_update_for(slot, self._latest))
                 slot.max_len = info.get("max_len", slot.max_len)
                 slot.restarts += 1
                 slot.down = False
                 return
         finally:
             slot.restarting = None
-
-
-    @staticmethod
-    def _update_for(slot: _Slot, latest: tuple[Any, Any, int] | None) -> tuple[Any, int | None]:
-        """What a replica is handed of the latest push: the ObjectRef on Ray, the state in process."""
-        if latest is None:
-            return None, None
-        state, ref, version = latest
-        return (ref if isinstance(slot.replica, RayReplica) else state), version
 
 
 def _host_arrays(state: Any) -> Any:
@@ -474,3 +496,11 @@ def _host_arrays(state: Any) -> Any:
     if state is None or isinstance(state, WeightUpdate) or jax is None:
         return state
     return jax.device_get(state)
+
+
+def _update_for(slot: _Slot, latest: tuple[Any, Any, int] | None) -> tuple[Any, int | None]:
+    """What a replica is handed of the latest push: the ObjectRef on Ray, the state in process."""
+    if latest is None:
+        return None, None
+    state, ref, version = latest
+    return (ref if isinstance(slot.replica, RayReplica) else state), version

@@ -318,6 +318,10 @@ class RayReplica:
         self.ray = require_ray()
         self.name = name
         self.spec = spec
+        if dict(ray_options or {}).get("max_restarts", 0) != 0:
+            raise ConfigError(explain("RayReplica(ray_options)", expected="no max_restarts (the pool recreates a "
+                                      "dead replica with the current weights; Ray would restart it with the first ones)",
+                                      received=dict(ray_options or {}), fix="drop max_restarts from ray_options"))
         self.options = {"max_restarts": 0, "max_task_retries": 0, **dict(ray_options or {})}
         self.pending: list[Any] = []  # ObjectRefs of pushes not yet awaited
         self.actor = self._spawn(update, version)
