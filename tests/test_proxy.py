@@ -255,3 +255,62 @@ def test_a_full_queue_holds_new_sessions_until_the_learner_takes_a_group(lm, jax
         p.close()
     with pytest.raises(QueueClosed):
         take_group(p.source)
+
+
+# ---------------------------------------------------------------- examples/openai_agent.py
+def _load_example():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "openai_agent.py"
+    spec = importlib.util.spec_from_file_location("openai_agent_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class CalculatorPolicy(ScriptedEngine):
+    """A stand-in policy that solves the arithmetic task with the calculator: it asks the tool for the
+    problem's expression, then boxes the tool's answer (a random tiny model does neither)."""
+
+    async def generate(self, prompt, params, session_id=None):
+        import re
+
+        text = self.tokenizer.decode(prompt)
+        if text.rstrip().endswith("</tool_response><|im_end|>\n<|im_start|>assistant"):
+            result = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", text, re.S)[-1]
+            reply = f"The answer is \\boxed{{{result}}}."
+        else:
+            expr = re.findall(r"Compute (.*?)\. Give", text)[-1]
+            reply = f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{expr}"}}}}\n</tool_call>'
+        ids = self.tokenizer.encode(reply) + [self.end]
+        c = Completion(token_ids=ids, logprobs=[-0.25] * len(ids), versions=[self.version] * len(ids),
+                       prompt_len=len(prompt), finish_reason="stop", stop_reason=self.end)
+        self.calls.append((list(map(int, prompt)), c))
+        return c
+
+
+@pytest.mark.parametrize("policy", ["calculator", "jax"])
+def test_the_openai_agent_example_trains_through_the_proxy(lm, jax_engine, policy):
+    openai = pytest.importorskip("openai")
+    example = _load_example()
+    engine = CalculatorPolicy(lm.tokenizer) if policy == "calculator" else jax_engine
+    p = Proxy(engine, lm.tokenizer, group_size=2)
+    try:
+        client = openai.OpenAI(base_url=p.url + "/v1", api_key="unused", max_retries=0)
+        episodes = [example.run_episode(client, p.url + "/v1", model="policy", seed=k, group_id=f"p{k}",
+                                        max_tokens=24) for k in (0, 1) for _ in range(2)]
+        groups = [take_group(p.source) for _ in range(2)]
+    finally:
+        p.close()
+    assert [g.group_id for g in groups] == ["p0", "p1"] and all(len(g.trajectories) == 2 for g in groups)
+    got = sorted((t.info["session_id"], t.reward) for g in groups for t in g.trajectories)
+    assert got == sorted((e["session"], e["reward"]) for e in episodes)
+    if policy == "calculator":  # the tool round trip is in one row: call, tool response (context), answer
+        assert all(e["reward"] == 1.0 and e["tool_calls"] == 1 for e in episodes)
+        for t in (t for g in groups for t in g.trajectories):
+            assert len(t.turn_boundaries) == 2 and t.info["segments_started"] == 0
+            (a0, b0), (a1, b1) = t.turn_boundaries
+            assert "<tool_call>" in lm.tokenizer.decode(t.token_ids[a0:b0])
+            assert "<tool_response>" in lm.tokenizer.decode(t.token_ids[b0:a1])
+            assert "\\boxed{" in lm.tokenizer.decode(t.token_ids[a1:b1])
