@@ -1,6 +1,8 @@
 """Recipes: small TOML files whose tables mirror a frozen config dataclass, applied as overrides.
 
-A recipe ``examples/arithmetic_tiny.toml`` like::
+The recipes gymllm ships are package data in ``gymllm/recipes/`` (``examples/*.toml`` in the source
+tree are links to them), so ``gymllm train calc_math`` finds its recipe wherever gymllm is installed;
+a user's own TOML file is given by its path. A recipe ``gymllm/recipes/arithmetic_tiny.toml`` like::
 
     preset = "tiny"            # optional: start from a named preset
     [env]
@@ -22,21 +24,24 @@ from typing import Any
 
 from gymllm.errors import ConfigError
 
-EXAMPLES_DIR = pathlib.Path(__file__).resolve().parents[2] / "examples"
+RECIPES_DIR = pathlib.Path(__file__).resolve().parents[1] / "recipes"  # package data: gymllm/recipes/*.toml
+EXAMPLES_DIR = RECIPES_DIR  # the name older callers (tests/test_recipes.py) use for the shipped recipes
+
+
+def shipped_recipes() -> list[str]:
+    """The names of the recipes gymllm ships (``gymllm train NAME``)."""
+    return sorted(p.stem for p in RECIPES_DIR.glob("*.toml"))
 
 
 def find_recipe(name_or_path: str) -> pathlib.Path:
-    """Resolve a recipe given as a path or as a name of a file in ``examples/``."""
-    candidates = [pathlib.Path(name_or_path)]
-    for d in (pathlib.Path.cwd() / "examples", EXAMPLES_DIR):
-        candidates += [d / name_or_path, d / f"{name_or_path}.toml"]
+    """Resolve a recipe given as a path to a TOML file (the user's own) or as the name of a shipped one."""
+    candidates = [pathlib.Path(name_or_path), RECIPES_DIR / name_or_path, RECIPES_DIR / f"{name_or_path}.toml"]
     for c in candidates:
         if c.is_file():
             return c
-    known = sorted(p.stem for p in EXAMPLES_DIR.glob("*.toml")) if EXAMPLES_DIR.is_dir() else []
     raise ConfigError(
-        f"recipe {name_or_path!r} not found: expected a TOML file path or one of {known}. "
-        "Fix: pass a path to a .toml recipe, or a name listed by `ls examples/`."
+        f"recipe {name_or_path!r} not found: expected a TOML file path or one of {shipped_recipes()} "
+        f"(shipped in {RECIPES_DIR}). Fix: pass a path to a .toml recipe, or one of those names."
     )
 
 

@@ -37,15 +37,25 @@ import threading
 import typing
 from typing import Any, Callable
 
+import functools
+
 import docstring_parser
-import pydantic
 from typing_extensions import NotRequired, Required, TypedDict
 
 from gymllm.errors import ToolError, explain
 
-__all__ = ["Tool", "tool", "json_schema_for", "parse_docstring", "arguments_adapter"]
+if typing.TYPE_CHECKING:
+    import pydantic
 
-_CONFIG = pydantic.ConfigDict(coerce_numbers_to_str=True, arbitrary_types_allowed=True)
+__all__ = ["Tool", "tool", "json_schema_for", "parse_docstring", "arguments_adapter", "parameters_schema",
+           "tidy_schema"]
+
+
+def _config() -> "pydantic.ConfigDict":
+    """pydantic is imported on first use (``import gymllm`` stays light): numbers coerce to str."""
+    import pydantic
+
+    return pydantic.ConfigDict(coerce_numbers_to_str=True, arbitrary_types_allowed=True)
 
 
 def json_schema_for(annotation: Any) -> dict[str, Any]:
@@ -53,6 +63,8 @@ def json_schema_for(annotation: Any) -> dict[str, Any]:
 
     pydantic's ``TypeAdapter(annotation).json_schema()`` with titles dropped, references inlined
     and ``Optional[T]`` shown as ``T``."""
+    import pydantic
+
     if annotation is inspect.Parameter.empty or annotation is Any:
         return {}
     try:
@@ -64,11 +76,13 @@ def json_schema_for(annotation: Any) -> dict[str, Any]:
 
 def _config_for(annotation: Any) -> pydantic.ConfigDict | None:
     # pydantic refuses a config for types that carry their own (models, dataclasses, TypedDicts)
+    import pydantic
+
     try:
-        pydantic.TypeAdapter(annotation, config=_CONFIG)
+        pydantic.TypeAdapter(annotation, config=_config())
     except pydantic.PydanticUserError:
         return None
-    return _CONFIG
+    return _config()
 
 
 def tidy_schema(schema: dict[str, Any]) -> dict[str, Any]:
@@ -140,6 +154,8 @@ def _location(loc: tuple[Any, ...]) -> str:
 def arguments_adapter(fn: Callable[..., Any]) -> pydantic.TypeAdapter:
     """A :class:`pydantic.TypeAdapter` for ``fn``'s named arguments: a ``TypedDict`` whose keys are
     the parameters (``Required`` for those without a default; ``*args``/``**kwargs`` left out)."""
+    import pydantic
+
     hints = _type_hints(fn)
     fields: dict[str, Any] = {}
     for pname, p in inspect.signature(fn).parameters.items():
@@ -150,22 +166,41 @@ def arguments_adapter(fn: Callable[..., Any]) -> pydantic.TypeAdapter:
         fields[pname] = Required[hint] if p.default is p.empty else NotRequired[hint]
     name = "".join(c if c.isalnum() else "_" for c in getattr(fn, "__name__", "tool")) or "tool"
     arguments = TypedDict(f"{name}_arguments", fields)  # type: ignore[misc]
-    arguments.__pydantic_config__ = _CONFIG  # type: ignore[attr-defined]
+    arguments.__pydantic_config__ = _config()  # type: ignore[attr-defined]
     return pydantic.TypeAdapter(arguments)
 
 
 @dataclasses.dataclass(frozen=True)
 class Tool:
-    """A callable tool: the function, its name, and its OpenAI-format JSON schema.
-
-    ``arguments``: the pydantic adapter that validates and coerces its named arguments (built from
-    the signature by :func:`arguments_adapter` when not given)."""
+    """A callable tool: the function, its name and description; its OpenAI-format JSON schema
+    (:attr:`parameters`) and its argument validator (:attr:`arguments`) are built by pydantic on first
+    use, so decorating a function imports no pydantic. A parameter type pydantic cannot validate is a
+    :class:`~gymllm.errors.ToolError` then, naming the tool and the type."""
 
     fn: Callable[..., Any]
     name: str
     description: str
-    parameters: dict[str, Any]
-    arguments: pydantic.TypeAdapter | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    @functools.cached_property
+    def arguments(self) -> "pydantic.TypeAdapter":
+        """The pydantic adapter that validates and coerces the named arguments (:func:`arguments_adapter`)."""
+        import pydantic
+
+        try:
+            return arguments_adapter(self.fn)
+        except (pydantic.PydanticSchemaGenerationError, pydantic.PydanticUserError, TypeError) as e:
+            raise ToolError(explain(f"tool {self.name!r}", expected="parameters pydantic can validate (int, float, "
+                                    "bool, str, list[T], dict, Literal, Optional, enums, models...)",
+                                    received=str(e).splitlines()[0], fix="annotate each parameter with such a type")) from e
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the built adapter (rebuilt on first use where it lands, e.g. a Ray worker)."""
+        return {k: v for k, v in self.__dict__.items() if k != "arguments"}
+
+    @functools.cached_property
+    def parameters(self) -> dict[str, Any]:
+        """The JSON schema of the arguments (``{"type": "object", "properties": ..., "required": [...]}``)."""
+        return parameters_schema(self.fn, self.arguments)
 
     @property
     def schema(self) -> dict[str, Any]:
@@ -195,7 +230,9 @@ class Tool:
         if missing:
             raise ToolError(explain(f"tool {self.name!r}", expected=f"required argument(s) {missing}",
                                     received=sorted(arguments), fix="pass every required argument"))
-        adapter = self.arguments if self.arguments is not None else arguments_adapter(self.fn)
+        import pydantic
+
+        adapter = self.arguments
         named = {k: v for k, v in arguments.items() if k in params}
         try:
             coerced = adapter.validate_python(named)
@@ -252,17 +289,11 @@ def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
         return dict(getattr(fn, "__annotations__", {}))
 
 
-def _build(fn: Callable[..., Any], name: str | None, description: str | None) -> Tool:
-    if not callable(fn):
-        raise ToolError(explain("@tool", expected="a function", received=fn, fix="decorate a def or async def"))
-    summary, arg_docs = parse_docstring(fn.__doc__)
-    try:
-        adapter = arguments_adapter(fn)
-        schema = tidy_schema(adapter.json_schema())
-    except (pydantic.PydanticSchemaGenerationError, pydantic.PydanticUserError, TypeError) as e:
-        raise ToolError(explain(f"@tool {getattr(fn, '__name__', fn)!r}", expected="parameters pydantic can validate "
-                                "(int, float, bool, str, list[T], dict, Literal, Optional, enums, models...)",
-                                received=str(e).splitlines()[0], fix="annotate each parameter with such a type")) from e
+def parameters_schema(fn: Callable[..., Any], adapter: "pydantic.TypeAdapter") -> dict[str, Any]:
+    """The tool schema's ``parameters``: the adapter's JSON schema tidied (:func:`tidy_schema`), each
+    property with its docstring text, and a ``default`` only where the default is a JSON scalar."""
+    _, arg_docs = parse_docstring(fn.__doc__)
+    schema = tidy_schema(adapter.json_schema())
     props: dict[str, Any] = {}
     for pname, p in inspect.signature(fn).parameters.items():
         if pname not in schema.get("properties", {}):
@@ -275,9 +306,14 @@ def _build(fn: Callable[..., Any], name: str | None, description: str | None) ->
             prop["default"] = p.default
         props[pname] = prop
     required = [n for n in schema.get("required", []) if n in props]
-    params = {"type": "object", "properties": props, "required": required}
-    return Tool(fn=fn, name=name or fn.__name__, description=description or summary, parameters=params,
-                arguments=adapter)
+    return {"type": "object", "properties": props, "required": required}
+
+
+def _build(fn: Callable[..., Any], name: str | None, description: str | None) -> Tool:
+    if not callable(fn):
+        raise ToolError(explain("@tool", expected="a function", received=fn, fix="decorate a def or async def"))
+    summary, _ = parse_docstring(fn.__doc__)
+    return Tool(fn=fn, name=name or fn.__name__, description=description or summary)
 
 
 def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None) -> Any:

@@ -27,12 +27,14 @@ _LAZY: dict[str, str] = {
     "RewardTransform": "gymllm.wrappers.rewards",
     "RewardTransformConfig": "gymllm.wrappers.rewards",
     "TransformReward": "gymllm.wrappers.rewards",
-    "TextAECEnv": "gymllm.wrappers.multi_agent",
-    "TextParallelEnv": "gymllm.wrappers.multi_agent",
-    "MultiAgentConfig": "gymllm.wrappers.multi_agent",
-    "SingleAgentView": "gymllm.wrappers.multi_agent",
-    "AgentVectorEnv": "gymllm.wrappers.multi_agent",
-    "text_api_test": "gymllm.wrappers.multi_agent",
+    "TextAECEnv": "gymllm.wrappers.multi_agent_aec",
+    "TextParallelEnv": "gymllm.wrappers.multi_agent_parallel",
+    "MultiAgentConfig": "gymllm.wrappers.multi_agent_codec",
+    "MoveText": "gymllm.wrappers.multi_agent_codec",
+    "SingleAgentView": "gymllm.wrappers.multi_agent_seat",
+    "AgentVectorEnv": "gymllm.wrappers.multi_agent_vector",
+    "random_legal_policy": "gymllm.wrappers.multi_agent_policies",
+    "text_api_test": "gymllm.wrappers.multi_agent_check",
 }
 
 
