@@ -202,6 +202,13 @@ def test_reward_for_unknown_and_closed_sessions(proxy):
                       headers={"X-Session-Id": "two"})
         assert r.status_code == 400 and "n: expected 1 in a training session" in r.json()["error"]["message"]
     take_group(proxy.source)
+    with httpx.Client(base_url=proxy.url, timeout=120) as http:  # the user field and metadata name them too
+        body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "user": "by-body",
+                "metadata": {"group_id": "g-meta", "task_id": "t-meta"}}
+        assert http.post("/v1/chat/completions", json=body).status_code == 200
+        assert http.post("/v1/sessions/by-body/reward", json={"reward": 2.0}).json()["group_id"] == "g-meta"
+    group = take_group(proxy.source)
+    assert (group.group_id, group.task_id, group.rewards.tolist()) == ("g-meta", "t-meta", [2.0])
 
 
 def test_groups_form_from_sessions_naming_their_group_through_the_openai_client(lm, jax_engine):

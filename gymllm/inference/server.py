@@ -406,10 +406,11 @@ class BodyLimit:
 # ---------------------------------------------------------------- the app
 def _session_of(request: Request, body: Any) -> tuple[str | None, str | None, str | None]:
     h = request.headers
-    meta = getattr(body, "model_extra", None) or {}
-    meta = meta.get("metadata") if isinstance(meta.get("metadata"), dict) else {}
+    meta = body.metadata or {}
+    gid, tid = meta.get("group_id"), meta.get("task_id")
     sid = h.get("x-session-id") or body.user
-    return sid, h.get("x-group-id") or meta.get("group_id"), h.get("x-task-id") or meta.get("task_id")
+    return (sid, h.get("x-group-id") or (str(gid) if gid is not None else None),
+            h.get("x-task-id") or (str(tid) if tid is not None else None))
 
 
 def build_app(engine: Any, tokenizer: Any, model_name: str, *, max_len: int | None = None,

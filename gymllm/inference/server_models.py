@@ -129,6 +129,7 @@ class _SamplingFields(_Lenient):
     stream: bool = False
     user: Text | None = Field(default=None, description="names the session in training mode")
     session_id: Text | None = Field(default=None, description="prefix reuse across a trajectory's turns")
+    metadata: dict[str, Any] | None = Field(default=None, description="training mode: group_id, task_id")
     return_token_ids: bool | None = None
     return_tokens_as_token_ids: bool | None = None
 
