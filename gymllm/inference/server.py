@@ -83,6 +83,12 @@ _EXPECTED = {
 }
 
 
+def _is_union_tag(part: str) -> bool:
+    """pydantic's names for union branches in an error location ("str", "list[int]", "function-after[...]")."""
+    return "[" in part or part in {"str", "int", "float", "bool", "dict", "list", "none"} or \
+        part.startswith(("function-", "json-or-python", "constrained-"))
+
+
 def validation_error(exc: RequestValidationError) -> RequestError:
     """FastAPI's validation errors -> one clear RequestError naming the first bad field."""
     errors = exc.errors()
@@ -92,12 +98,12 @@ def validation_error(exc: RequestValidationError) -> RequestError:
         detail = (e.get("ctx") or {}).get("error", e.get("msg"))
         return RequestError(f"invalid JSON body: {detail}. Fix: send a JSON object", code="invalid_json")
     received = e.get("input")
-    if not loc or (e.get("type") == "model_attributes_type" and len(loc) == 0):
+    if not loc:
         what = "a body that is not JSON" if isinstance(received, (bytes, str)) else type(received).__name__
         return RequestError(f"body: expected a JSON object (Content-Type: application/json), received {what}. "
                             "Fix: send a JSON object with the request's fields")
     field = loc[0]
-    path = ".".join(x for x in loc if not x.startswith(("function-", "list[", "str", "int", "json-or-python")))
+    path = ".".join(x for x in loc if not _is_union_tag(x))
     received = "nothing (the field is required)" if e.get("type") == "missing" else repr(received)[:100]
     if path == field and field in _EXPECTED:
         expected, fix = _EXPECTED[field]
