@@ -1,4 +1,4 @@
-"""Metric sinks: JSONL, TensorBoard (tensorboardX), a live console progress line (rich), W&B.
+"""Metric sinks: JSONL, TensorBoard (its event file format), a live console progress line (rich), W&B.
 
 Usage (the learner, once per step)::
 
@@ -10,7 +10,8 @@ What each sink writes:
 - ``run_dir/metrics.jsonl``: one JSON object per ``log`` call: ``step``, ``time`` (unix seconds)
   and every metric, nested dicts flattened with "/" (``pipeline/engine_busy_fraction``,
   ``pipeline/staleness_hist/1``); NaN / inf become null.
-- ``run_dir/tensorboard/``: TensorBoard event files, one scalar per numeric metric.
+- ``run_dir/tensorboard/``: TensorBoard event files, one scalar per numeric metric
+  (:class:`ScalarEventWriter`; no tensorboardX import, hence no torch import).
 - console: a live line ``step 12/100 | reward 0.41 | 1,234 tok/s | engine busy 87% | ETA 0:03:10``
   (rich; redrawn in place on a terminal, printed every ``print_every_s`` seconds otherwise). The
   figures are found by key suffix: reward from ``reward/mean`` (or ``reward_mean`` / ``reward``),
@@ -29,6 +30,7 @@ import json
 import math
 import os
 import pathlib
+import struct
 import time
 from typing import Any, Mapping
 
@@ -96,27 +98,104 @@ def progress_line(step: int, total: int | None, flat: Mapping[str, Any], eta_s: 
     return " | ".join(parts)
 
 
-def _summary_writer_class():
-    """tensorboardX's SummaryWriter, imported without dragging in torch.
+def _crc32c_table() -> list[int]:
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1  # CRC-32C (Castagnoli), reflected
+        table.append(c)
+    return table
 
-    tensorboardX's writer module tries ``import torch`` at import time only to accept torch tensors
-    (it falls back to NumPy on ImportError); with torch installed that costs seconds and hundreds
-    of MB. We log plain floats, so torch is hidden for the duration of the import unless it is
-    already loaded.
-    """
-    import sys
 
-    if "tensorboardX.writer" in sys.modules or "torch" in sys.modules:
-        from tensorboardX import SummaryWriter
+_CRC32C = _crc32c_table()
 
-        return SummaryWriter
-    sys.modules["torch"] = None  # type: ignore[assignment]  # makes `import torch` raise ImportError
+
+def masked_crc32c(data: bytes) -> int:
+    """TFRecord's checksum: CRC-32C of ``data``, rotated and offset (TensorFlow's ``MaskedCrc``)."""
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc = _CRC32C[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    crc ^= 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _varint(n: int) -> bytes:
+    n &= (1 << 64) - 1  # protobuf int64: two's complement
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _float32(value: float) -> bytes:
+    """``value`` as a little-endian float32; beyond float32's range it is +-inf, as a NumPy cast gives."""
     try:
-        from tensorboardX import SummaryWriter
-    finally:
-        if sys.modules.get("torch", 0) is None:
-            del sys.modules["torch"]
-    return SummaryWriter
+        return struct.pack("<f", value)
+    except OverflowError:
+        return struct.pack("<f", math.copysign(math.inf, value))
+
+
+def _field_bytes(number: int, payload: bytes) -> bytes:  # a length-delimited protobuf field
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def event_bytes(*, wall_time: float, step: int = 0, file_version: str | None = None,
+                scalars: dict[str, float] | None = None) -> bytes:
+    """One ``tensorflow.Event`` protobuf: wall_time (1, double), step (2, int64), file_version (3) or a
+    summary (5) of ``Summary.Value``s (tag 1, simple_value 2, float) — TensorBoard's scalar events."""
+    out = bytearray(b"\x09" + struct.pack("<d", wall_time))
+    if step:
+        out += b"\x10" + _varint(int(step))
+    if file_version is not None:
+        out += _field_bytes(3, file_version.encode())
+    if scalars:
+        values = b"".join(_field_bytes(1, _field_bytes(1, tag.encode()) + b"\x15" + _float32(value))
+                          for tag, value in scalars.items())
+        out += _field_bytes(5, values)
+    return bytes(out)
+
+
+class ScalarEventWriter:
+    """TensorBoard scalar events, written in TensorBoard's own file format (TFRecord-framed ``Event``
+    protos in ``logdir/events.out.tfevents.<time>.<host>``), flushed at every :meth:`add_scalars`.
+
+    tensorboardX's ``SummaryWriter`` would do, but importing tensorboardX imports torch when it is
+    installed (seconds and hundreds of MB, only to accept torch tensors); hiding torch from that
+    import meant editing ``sys.modules`` for the whole process. Scalars need only these few bytes.
+    """
+
+    def __init__(self, logdir: str | os.PathLike):
+        import socket
+
+        self.logdir = pathlib.Path(logdir)
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        now = time.time()
+        self.path = self.logdir / f"events.out.tfevents.{int(now)}.{socket.gethostname()}.{os.getpid()}"
+        self._file = open(self.path, "ab")
+        self._record(event_bytes(wall_time=now, file_version="brain.Event:2"))
+        self._file.flush()
+
+    def _record(self, data: bytes) -> None:
+        header = struct.pack("<Q", len(data))
+        self._file.write(header + struct.pack("<I", masked_crc32c(header)) + data
+                         + struct.pack("<I", masked_crc32c(data)))
+
+    def add_scalars(self, scalars: dict[str, float], step: int) -> None:
+        """One event holding every scalar of a step (TensorBoard reads each tag's series from it)."""
+        if scalars and self._file is not None:
+            self._record(event_bytes(wall_time=time.time(), step=step, scalars=scalars))
+            self._file.flush()
+
+    def add_scalar(self, tag: str, value: float, global_step: int = 0) -> None:
+        self.add_scalars({tag: value}, global_step)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
 
 def _import_wandb():
@@ -186,7 +265,7 @@ class MetricsLogger:
         self._jsonl = open(self.run_dir / "metrics.jsonl", "a") if jsonl else None
         self._tb = None
         if tensorboard:
-            self._tb = _summary_writer_class()(logdir=str(self.run_dir / "tensorboard"))
+            self._tb = ScalarEventWriter(self.run_dir / "tensorboard")
         self._wandb = wandb_mod.init(dir=str(self.run_dir), **dict(wandb_kwargs or {})) if wandb else None
         self._console = (_Console(total_steps, print_every_s, None if console is True else console)
                          if console is not False and console is not None else None)
@@ -240,8 +319,7 @@ class MetricsLogger:
             self._jsonl.flush()
         numeric = {k: x for k, v in flat.items() if (x := _number(v)) is not None}
         if self._tb is not None:
-            for k, x in numeric.items():
-                self._tb.add_scalar(k, x, global_step=step)
+            self._tb.add_scalars(numeric, step)
         if self._wandb is not None:
             self._wandb.log(numeric, step=step)
         self._last_line = progress_line(step, self.total_steps, flat, self.eta_s(step, now))
