@@ -66,6 +66,13 @@ def cluster():
         yield c
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The in-process run (3 steps) the cluster runs are compared with."""
+    run_dir = tmp_path_factory.mktemp("local")
+    return train(small_tiny(run_dir)), records(run_dir)
+
+
 def records(run_dir) -> dict[str, list[tuple[str, float]]]:
     """trajectories.jsonl: group id -> [(trajectory id, reward)] of every trained trajectory."""
     out: dict[str, list[tuple[str, float]]] = collections.defaultdict(list)
@@ -121,25 +128,25 @@ def test_embedded_run_never_imports_ray(tmp_path):
 # ------------------------------------------------------------------------------ runs on the cluster
 
 
-def test_cluster_run_trains_the_same_groups_and_rewards_as_in_process(tmp_path, cluster):
-    local = train(small_tiny(tmp_path / "local"))
+def test_cluster_run_trains_the_same_groups_and_rewards_as_in_process(tmp_path, cluster, reference):
+    local, local_records = reference
     remote = train(small_tiny(tmp_path / "ray", cluster=ray_cluster(address=cluster.address)))
     assert remote.steps == local.steps == 3
     assert [sorted(ids) for ids in remote.trained_ids] == [sorted(ids) for ids in local.trained_ids]
-    assert records(tmp_path / "ray") == records(tmp_path / "local")  # same groups, same rewards
+    assert records(tmp_path / "ray") == local_records  # same groups, same rewards
     assert remote.rewards() == local.rewards()  # it learns as the in-process run does
     assert remote.counts.get("stale_groups", 0) == 0
 
 
-def test_losing_a_replicas_node_mid_run_loses_nothing(tmp_path, cluster):
+def test_losing_a_replicas_node_mid_run_loses_nothing(tmp_path, cluster, reference):
     """After step 1 the node of replica r0 is removed (a spare engine node joins first, so the pool can
     recreate it there); the run finishes, no group is trained twice, every live replica ends on the
-    final version."""
+    final version, and (eta = 0: a retried request keeps its seed) it trains what the in-process run does."""
     import ray
 
     from gymllm.algos.cluster import RayComponents
 
-    steps = 4
+    steps = 3
     cfg = small_tiny(tmp_path / "run", steps=steps, cluster=ray_cluster(address=cluster.address))
     components = RayComponents(cfg.cluster)
     seen: dict[str, object] = {}
@@ -167,8 +174,8 @@ def test_losing_a_replicas_node_mid_run_loses_nothing(tmp_path, cluster):
     assert result.steps == steps
     trained = [t for ids in result.trained_ids for t in ids]
     assert len(trained) == len(set(trained))  # no trajectory (so no group) trained twice
-    groups = [g for g in records(tmp_path / "run")]
-    assert len(groups) == steps * cfg.learner.groups_per_step
+    assert len(records(tmp_path / "run")) == steps * cfg.learner.groups_per_step
+    assert records(tmp_path / "run") == reference[1]  # the loss changed nothing that was trained
     assert seen["versions"] == {"r0": steps, "r1": steps}  # both live, both on the final weights
     assert seen["victim"] not in seen["nodes"]  # r0 was recreated on another node
     assert sum(s["restarts"] for s in seen["stats"]) >= 1
@@ -192,6 +199,7 @@ def test_learner_hosts_hand_off_the_coordinator(cluster):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_learner_on_two_hosts_trains_like_one(tmp_path, cluster):
     """The learner on two jax.distributed hosts (one per node, data-parallel) trains the same groups
     with the same rewards as the learner in the driver."""
@@ -200,3 +208,17 @@ def test_learner_on_two_hosts_trains_like_one(tmp_path, cluster):
         address=cluster.address, learner_hosts=2, learner_num_cpus=0.5)))
     assert records(tmp_path / "two") == records(tmp_path / "one")
     assert [h["loss"] for h in two.history] == pytest.approx([h["loss"] for h in one.history], rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_cluster_run_resumes_like_an_uninterrupted_one(tmp_path, cluster):
+    """Killed after step 1 (max_steps) and resumed on the cluster: the pool's replicas get the
+    checkpoint's weights, consumed groups are skipped, and the steps equal an uninterrupted in-process run."""
+    whole = train(small_tiny(tmp_path / "whole", steps=2))
+    cfg = small_tiny(tmp_path / "cut", steps=2, cluster=ray_cluster(address=cluster.address))
+    first = train(cfg, max_steps=1)
+    second = train(cfg)
+    assert (first.steps, second.steps, second.resumed_from) == (1, 2, 1)
+    assert records(tmp_path / "cut") == records(tmp_path / "whole")
+    assert first.rewards() + second.rewards() == whole.rewards()
