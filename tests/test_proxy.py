@@ -263,6 +263,18 @@ def test_a_full_queue_holds_new_sessions_until_the_learner_takes_a_group(lm, jax
     with pytest.raises(QueueClosed):
         take_group(p.source)
 
+    async def drained():  # the trainer's loop shape: async with + get_group until QueueClosed
+        source = ProxyGroupSource()
+        async with source:
+            source.add(p.recorder.close("b", 1.0))
+            got = [await source.get_group()]
+        with pytest.raises(QueueClosed):
+            await source.get_group()
+        return got
+
+    (g,) = asyncio.run(drained())
+    assert g.group_id == "b" and g.rewards.tolist() == [1.0]
+
 
 # ---------------------------------------------------------------- examples/openai_agent.py
 def _load_example():

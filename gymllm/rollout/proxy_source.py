@@ -178,9 +178,17 @@ class ProxyGroupSource:
             return len(self._waiters)
 
     def close(self) -> None:
+        """No more groups: waiting readers get what is queued, then :class:`QueueClosed`; held-back
+        sessions are answered 503."""
         with self._lock:
             self._closed = True
         self._wake()
+
+    async def __aenter__(self) -> "ProxyGroupSource":  # ``async with source:`` as with the orchestrator
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.close()
 
     def stats(self) -> dict[str, int]:
         with self._lock:
