@@ -37,6 +37,7 @@ import tempfile
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("GYMLLM_KEEP_FREED_MEMORY", "1")  # its figures were measured with malloc kept (gymllm.utils.host_memory)
 
 import numpy as np  # noqa: E402
 
