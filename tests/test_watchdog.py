@@ -104,3 +104,11 @@ def test_the_thread_reports_through_check():
         clock.t += 5
         assert hit.wait(30)
     assert not wd.running and wd.stalls[0].stage == "rollout"
+
+
+def test_the_run_section_bound_is_validated():
+    from gymllm.algos.train_config import RunSection
+
+    assert RunSection().stall_timeout_s == 300.0 and RunSection(stall_timeout_s=0).stall_timeout_s == 0
+    with pytest.raises(ConfigError, match="stall_timeout_s"):
+        RunSection(stall_timeout_s=-1.0)

@@ -32,9 +32,10 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 
 from gymllm.algos.train_config import ModelSection, TrainConfig
-from gymllm.errors import ConfigError, explain
+from gymllm.errors import ConfigError, GymLLMError, explain
+from gymllm.telemetry.watchdog import Watchdog, WatchdogConfig
 
-__all__ = ["Run", "Components", "LocalComponents", "load_model"]
+__all__ = ["Run", "Components", "LocalComponents", "LearnerStepError", "load_model"]
 
 
 def load_model(m: ModelSection) -> Any:
@@ -213,6 +214,19 @@ class LocalComponents:
         pass
 
 
+class LearnerStepError(GymLLMError, RuntimeError):
+    """A learner step raised: the run stops (the learner may be half-updated, so it is never saved or
+    retried); the last checkpoint (``last_checkpoint``, None if none) stays the resume point."""
+
+    def __init__(self, step: int, group_ids: list[str], cause: BaseException, last_checkpoint: int | None):
+        super().__init__(explain(f"learner step {step} (groups {', '.join(group_ids)})", expected="an update",
+                                 received=f"{type(cause).__name__}: {cause}", fix="fix the cause above and run again: "
+                                 f"it resumes from the last checkpoint (step {last_checkpoint}), which this failure "
+                                 "did not touch" if last_checkpoint else "fix the cause above and run again (no "
+                                 "checkpoint yet: set run.checkpoint_every to keep progress)"))
+        self.step, self.group_ids, self.cause, self.last_checkpoint = step, group_ids, cause, last_checkpoint
+
+
 class _StopRollout(Exception):
     """Raised from the synchronous baseline's batch callback once enough steps are trained."""
 
@@ -241,6 +255,7 @@ class Run:
         self.step_listeners: list[Callable[[dict[str, Any]], None]] = list(on_step)
         self.orch: Any = None  # the RolloutOrchestrator while run_async streams
         self.components: Components | None = None
+        self.watchdog = Watchdog(WatchdogConfig(stall_s=cfg.run.stall_timeout_s))  # started by setup, stopped by close
 
     def done(self) -> bool:
         return (self.learner.version >= self.cfg.learner.num_steps
@@ -295,10 +310,13 @@ class Run:
         self.logger = MetricsLogger(run_dir, total_steps=cfg.learner.num_steps, console=cfg.run.console)
         self.traj_log = open(run_dir / "trajectories.jsonl", "a") if cfg.run.log_trajectories else None
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gymllm-learner")
+        self.watchdog.start()
 
     def save(self) -> None:
+        self.watchdog.begin("checkpoint", f"save step {self.learner.version}")
         self.ckpt.save(self.learner.version, self.learner,
                        extra={"rng": self.rng.bit_generator.state, "filtered_groups": sorted(self.filtered)})
+        self.watchdog.end("checkpoint")
 
     async def consume(self, groups: list[Any]) -> None:
         """Train on complete groups (in a worker thread, so rollouts keep running) and handle the
@@ -318,12 +336,22 @@ class Run:
             chunk, fresh = fresh[:n], fresh[n:]
             self.gen_tokens += sum(t.num_sampled for g in chunk for t in g.trajectories)
             self.step_groups += chunk
-            for rep in await loop.run_in_executor(self.pool, self.learner.submit, chunk):
+            self.watchdog.begin("learner", f"step {self.learner.version + 1}: training {len(chunk)} group(s)")
+            try:  # a step that raised may have half-updated the learner: stop, never save or retry it
+                reps = await loop.run_in_executor(self.pool, self.learner.submit, chunk)
+            except Exception as e:
+                self.watchdog.end("learner")  # failed, not stalled
+                raise LearnerStepError(self.learner.version + 1, [g.group_id for g in chunk], e,
+                                       self.ckpt.latest_step()) from e
+            self.watchdog.end("learner")
+            for rep in reps:
                 await self.finish_step(rep, loop)
 
     async def finish_step(self, rep: Any, loop: asyncio.AbstractEventLoop) -> None:
         """Push the update's weights, advance the policy version, log, checkpoint."""
+        self.watchdog.begin("weight_sync", f"push weights of step {rep.step}")
         sync_s = await loop.run_in_executor(self.pool, self.pusher.push, self.learner.policy_params(), rep.step)
+        self.watchdog.end("weight_sync")
         self.set_version(rep.step)
         self.steps_here += 1
         self.log_step(rep, sync_s)
@@ -378,14 +406,16 @@ class Run:
             while not self.done():
                 t = time.perf_counter()
                 try:
+                    self.watchdog.begin("rollout", "waiting for the next complete group")
                     batch = [await orch.get_group()]
+                    self.watchdog.end("rollout")  # a group arrived
                     while orch.ready_groups > 0:  # everything already complete: oldest first
                         batch.append(await orch.get_group())
                 except QueueClosed:
                     break
                 self.wait_s += time.perf_counter() - t
                 await self.consume(batch)
-        return dict(orch.counts)
+        return {**orch.counts, "rollout_errors": list(orch.errors)}  # errors: "<trajectory or group id>: <cause>"
 
     async def run_sync(self) -> dict[str, Any]:
         """The synchronous baseline: roll out a whole step's groups, then train on them, repeat.
@@ -428,5 +458,6 @@ class Run:
             self.logger.close()
             self.ckpt.close()
         finally:
+            self.watchdog.stop()
             if self.components is not None:
                 self.components.close()

@@ -113,7 +113,9 @@ class RunSection:
     from it); checkpoint_every: steps between checkpoints (0 = only at the end); resume: continue
     from run_dir's latest checkpoint; console: live progress line; log_trajectories: write
     trajectories.jsonl; report: render PNG plots at the end; warmup: compile every engine and learner
-    shape before the first rollout (benchmarks: no compile inside the measured steps)."""
+    shape before the first rollout (benchmarks: no compile inside the measured steps); stall_timeout_s:
+    the watchdog's bound (:mod:`gymllm.telemetry.watchdog`): a stage (rollout, learner, weight_sync,
+    checkpoint) working this long without progress is named in the log and the trace (0 = off)."""
 
     run_dir: str = "runs/gymllm"
     seed: int = 0
@@ -124,10 +126,12 @@ class RunSection:
     log_trajectories: bool = True
     report: bool = True
     warmup: bool = False
+    stall_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         check_range("RunSection", "checkpoint_every", self.checkpoint_every, lo=0)
         check_range("RunSection", "keep_checkpoints", self.keep_checkpoints, lo=1)
+        check_range("RunSection", "stall_timeout_s", self.stall_timeout_s, lo=0.0)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
