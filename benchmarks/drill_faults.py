@@ -397,11 +397,12 @@ def drill_server_disconnect(root: pathlib.Path, steps: int) -> dict[str, Any]:
     its 40 tokens) and the next request is served, equal to the engine's own answer in process."""
     import httpx
 
-    from gymllm.inference import EngineConfig, JaxEngine, SamplingParams, ServerThread, build_app
-    from gymllm.models import make_tiny
+    from gymllm.algos.run import engine_config, load_model
+    from gymllm.inference import JaxEngine, SamplingParams, ServerThread, build_app
 
-    lm = make_tiny("llama")
-    engine = JaxEngine.from_loaded(lm, config=EngineConfig(num_slots=4, max_len=64, min_bucket=64), stop_token_ids=())
+    cfg = small_config(root / "server", steps=steps)  # the drilled runs' model and engine: compiled shapes shared
+    lm = load_model(cfg.model)
+    engine = JaxEngine.from_loaded(lm, config=engine_config(cfg), stop_token_ids=(), decode_chunk=cfg.rollout.decode_chunk)
     closed = threading.Event()
 
     class Watched:
@@ -417,12 +418,12 @@ def drill_server_disconnect(root: pathlib.Path, steps: int) -> dict[str, Any]:
             finally:
                 closed.set()
 
-    body = {"model": "tiny-llama", "prompt": [5, 6, 7, 8], "max_tokens": 40, "temperature": 0.0, "stream": True}
+    body = {"model": "tiny-qwen3", "prompt": [5, 6, 7, 8], "max_tokens": 40, "temperature": 0.0, "stream": True}
     served = cancelled = False
     detail: dict[str, Any] = {}
     t = time.perf_counter()
     try:
-        with ServerThread(build_app(Watched(), lm.tokenizer, "tiny-llama")) as server, \
+        with ServerThread(build_app(Watched(), lm.tokenizer, "tiny-qwen3")) as server, \
                 httpx.Client(base_url=server.url, timeout=600) as http:
             for warm in (body, {**body, "stream": False, "max_tokens": 6}):  # compiles: not part of the bound
                 with http.stream("POST", "/v1/completions", json=warm) as resp:
