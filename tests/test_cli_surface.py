@@ -110,3 +110,17 @@ def test_bench_without_benchmarks_says_where_they_live(tmp_path, monkeypatch, ca
     err = capsys.readouterr().err
     assert "not package data" in err and "--benchmarks-dir" in err
     assert main(["bench", "--benchmarks-dir", str(tmp_path / "nope")]) == 2
+
+
+def test_env_kwargs_json_replaces_the_presets_for_another_env():
+    """`gymllm train --env.id X --env-kwargs JSON`: env X's own kwargs from the command line (the preset's
+    TinyRepeat kwargs, which X would reject, are replaced, not merged)."""
+    cfg = parse_train_args(["--preset", "tiny", "--env.id", "gymllm/Arithmetic-v0", "--env-kwargs", '{"digits": 2}'])
+    assert cfg.env.id == "gymllm/Arithmetic-v0" and cfg.env.kwargs == {"digits": 2}
+    assert parse_train_args(["--preset", "tiny"]).env.kwargs == {"num_letters": 2}  # unchanged without it
+
+
+def test_env_kwargs_that_are_not_a_json_object_are_a_clear_error(capsys):
+    assert main(["train", "--preset", "tiny", "--env-kwargs", "[1, 2]"]) == 2
+    err = capsys.readouterr().err
+    assert "--env-kwargs: expected a JSON object" in err and "Traceback" not in err

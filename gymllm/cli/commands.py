@@ -46,6 +46,9 @@ def train_arguments(default: object) -> type:
         ("loss_preset", Annotated[loss_t, tyro.conf.arg(help="the loss preset (default: the recipe's, else the "
                                                              "preset's)")], None),
         ("run_dir", Annotated[Optional[str], tyro.conf.arg(help="the run directory (same as --run.run-dir)")], None),
+        ("env_kwargs", Annotated[Optional[str], tyro.conf.arg(
+            help="the env's constructor kwargs as a JSON object, e.g. '{\"digits\": 2}'; replaces the preset's and "
+                 "the recipe's env.kwargs (give it with --env.id)")], None),
         ("config", Annotated[type(default), tyro.conf.arg(name="")], dataclasses.field(default_factory=lambda: default)),
     ]
     TrainArguments = dataclasses.make_dataclass("TrainArguments", [(n, t, d) for n, t, d in fields],
@@ -77,10 +80,11 @@ def unchecked_mirror(default: object) -> object:
     return mirror(**values)
 
 
-def train_config_from(recipe: str | None, preset: str | None, loss_preset: str | None, run_dir: str | None) -> object:
+def train_config_from(recipe: str | None, preset: str | None, loss_preset: str | None, run_dir: str | None,
+                      env_kwargs: str | None = None) -> object:
     """The config a recipe, a preset, a loss preset and a run directory give, before the ``--section.field``
     flags: the preset (``preset``, else the recipe's, else ``default``), then the loss preset, then the
-    recipe's tables, then ``run_dir``."""
+    recipe's tables, then ``run_dir``, then ``env_kwargs`` (a JSON object replacing ``env.kwargs``)."""
     from gymllm.algos import trainer as trainer_mod
     from gymllm.cli.recipes import apply_overrides, load_recipe
 
@@ -94,6 +98,19 @@ def train_config_from(recipe: str | None, preset: str | None, loss_preset: str |
     cfg = apply_overrides(cfg, overrides)
     if run_dir is not None:
         cfg = apply_overrides(cfg, {"run": {"run_dir": run_dir}})
+    if env_kwargs is not None:
+        import dataclasses
+
+        try:
+            kwargs = json.loads(env_kwargs)
+        except json.JSONDecodeError as e:
+            kwargs = e
+        if not isinstance(kwargs, dict):
+            from gymllm.errors import ConfigError, explain
+
+            raise ConfigError(explain("--env-kwargs", expected="a JSON object such as '{\"digits\": 2}'",
+                                      received=env_kwargs, fix="quote the object for your shell"))
+        cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, kwargs=kwargs))
     return cfg
 
 
@@ -110,7 +127,7 @@ def parse_train_args(args: Sequence[str]) -> object:
     args = list(args)
     first = tyro.cli(train_arguments(unchecked_mirror(trainer_mod.preset("default"))), prog=TRAIN_PROG,
                      description=train.__doc__, args=[a for a in args if a not in HELP_FLAGS])
-    base = train_config_from(first.recipe, first.preset, first.loss_preset, first.run_dir)
+    base = train_config_from(first.recipe, first.preset, first.loss_preset, first.run_dir, first.env_kwargs)
     return tyro.cli(train_arguments(base), prog=TRAIN_PROG, description=train.__doc__, args=args).config
 
 
