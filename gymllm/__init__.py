@@ -53,4 +53,7 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
-from gymllm import registration as _registration  # noqa: E402,F401  registers all "gymllm/" ids (no JAX)
+from gymllm import registration as _registration  # noqa: E402,F401  make, make_vec, register
+from gymllm.envs import register_all as _register_all  # noqa: E402  env modules import registration.register
+
+_register_all()  # every "gymllm/" id in Gymnasium's registry (no JAX)

@@ -145,8 +145,3 @@ def make_vec(
     fns = [_env_fn(items[i % len(items)], wrappers, kwargs) for i in range(n)]
     return VectorEnv(fns, config=config)
 
-
-# Register every env module's ids (after the definitions above: env modules import `register`).
-from gymllm.envs import register_all as _register_all  # noqa: E402
-
-_register_all()

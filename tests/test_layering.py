@@ -49,16 +49,7 @@ ORDER: list[tuple[str, ...]] = [
 RANK = {name: i for i, layer in enumerate(ORDER) for name in layer}
 
 # (importing file, imported module) -> why it is allowed for now, and the fix.
-KNOWN: dict[tuple[str, str], str] = {
-    ("gymllm/registration.py", "gymllm.envs"):
-        "cycle registration <-> envs (env modules import registration.register; registration imports "
-        "envs.register_all to run it). Fix: call gymllm.envs.register_all() from gymllm/__init__.py "
-        "instead of at the end of registration.py",
-    ("gymllm/wrappers/replay.py", "gymllm.registration"):
-        "wrappers -> registration (a later layer): replay() re-makes the logged env with gymllm.make. "
-        "Fix: take an env factory argument (default resolved by the caller), or move replay() next to "
-        "registration",
-}
+KNOWN: dict[tuple[str, str], str] = {}
 
 MODULE_PATH = re.compile(r"^gymllm(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 

@@ -91,16 +91,15 @@ def values_equal(a: Any, b: Any, *, rtol: float = 0.0, atol: float = 0.0) -> boo
 
 
 def default_env_factory(episode: LoggedEpisode) -> gym.Env:
-    """Rebuild a logged episode's env: ``gymllm.make`` for ``gymllm/`` ids, else ``gymnasium.make``."""
+    """Rebuild a logged episode's env with ``gymnasium.make`` (``gymllm/`` ids live in Gymnasium's
+    registry once ``gymllm`` is imported; ``gymllm.make`` is ``gymnasium.make`` for them)."""
     if not episode.env_id:
         raise ValueError(explain(f"replay of episode {episode.episode}", expected="a logged env id",
                                  received=None, fix="log with TrajectoryLogger(env, path, env_id=...) or pass env_factory"))
-    if episode.env_id.startswith("gymllm/"):
-        import gymllm
-
-        env = gymllm.make(episode.env_id, **episode.env_kwargs)
-    else:
-        env = gym.make(episode.env_id, **episode.env_kwargs)
+    if episode.env_id not in gym.registry:
+        raise ValueError(explain(f"replay of episode {episode.episode}", expected="an env id registered in Gymnasium",
+                                 received=episode.env_id, fix="import the package that registers it, or pass env_factory"))
+    env = gym.make(episode.env_id, **episode.env_kwargs)
     return rebuild_wrappers(env, episode.wrappers)
 
 
