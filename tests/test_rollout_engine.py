@@ -56,7 +56,7 @@ def test_eta_zero_orchestrator_matches_sync_baseline_and_trainer_logprobs_on_a_r
             async with orch:
                 while True:
                     try:
-                        out.append(await asyncio.wait_for(orch.get_group(), 60))
+                        out.append(await asyncio.wait_for(orch.get_group(), 600))
                     except QueueClosed:
                         break
                     if len(out) % B == 0:
