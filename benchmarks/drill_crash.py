@@ -14,7 +14,7 @@ Then, over the whole run: every trained group id appears exactly once in the log
 against the reference run, none duplicated), ``metrics.jsonl`` steps are 1..N once each, no torn
 record in either log, and the final weights equal the uninterrupted run's.
 
-    python benchmarks/drill_crash.py            # 20 kills, 24 steps
+    python benchmarks/drill_crash.py            # 20 kills, 40 steps
     python benchmarks/drill_crash.py --quick    # 4 kills, 8 steps (about two minutes idle)
 
 Ends with ``RESULT {json}``: ``kills``, ``lost_groups``, ``duplicated_groups``, ``torn_records`` (goal
@@ -179,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--work-dir", default=None, help="keep the two run directories here")
     args = ap.parse_args(argv)
     kills = args.kills if args.kills is not None else (4 if args.quick else 20)
-    steps = args.steps if args.steps is not None else (8 if args.quick else 24)
+    steps = args.steps if args.steps is not None else (8 if args.quick else 40)
     print(f"cpu: {platform.processor() or platform.machine()} ({_cpu_model()})")
     with tempfile.TemporaryDirectory() as tmp:
         work = pathlib.Path(args.work_dir or tmp)

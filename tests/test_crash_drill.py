@@ -57,4 +57,4 @@ def test_short_crash_drill_kills_at_a_checkpoint_write_and_a_log_write(tmp_path,
 
 @pytest.mark.slow
 def test_full_crash_drill(tmp_path):
-    _check(drill_crash.run_drill(tmp_path, kills=20, steps=24, seed=0, log=lambda *_: None))
+    _check(drill_crash.run_drill(tmp_path, kills=20, steps=40, seed=0, log=lambda *_: None))
