@@ -28,7 +28,7 @@ from typing import Any, Callable
 from gymllm.errors import ConfigError, explain
 from gymllm.types import ToolCall
 
-__all__ = ["FORMATS", "ParseError", "ParsedCalls", "parse_tool_calls", "format_tool_calls", "has_tool_call"]
+__all__ = ["FORMATS", "ParseError", "ParsedCalls", "parse_tool_calls", "format_tool_calls", "has_tool_call", "check_format"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,7 +226,7 @@ _MARKERS = (("hermes", lambda t: "<tool_call>" in t), ("gemma", lambda t: "```to
 FORMATS = (*_PARSERS, "auto")
 
 
-def _check_format(format: str) -> str:
+def check_format(format: str) -> str:
     fmt = _ALIASES.get(format, format) if isinstance(format, str) else format
     if fmt not in FORMATS:
         raise ConfigError(explain("tool-call format", expected=f"one of {list(FORMATS)} (or {sorted(_ALIASES)})",
@@ -242,7 +242,7 @@ def has_tool_call(text: str, format: str = "auto") -> bool:
 
 def parse_tool_calls(text: str, format: str = "auto") -> ParsedCalls:
     """Every tool call in ``text`` (in order), with ``.errors`` for fragments that could not be read."""
-    fmt = _check_format(format)
+    fmt = check_format(format)
     if not isinstance(text, str):
         return ParsedCalls(errors=[ParseError(fmt, f"expected text, got {type(text).__name__}", repr(text)[:200])],
                            format=fmt)
@@ -256,7 +256,7 @@ def parse_tool_calls(text: str, format: str = "auto") -> ParsedCalls:
 
 def format_tool_calls(calls: list[ToolCall], format: str = "hermes") -> str:
     """Render calls the way a model of that family writes them (the inverse of :func:`parse_tool_calls`)."""
-    fmt = _check_format(format)
+    fmt = check_format(format)
     if fmt == "auto":
         fmt = "hermes"
     return _RENDERERS[fmt](list(calls))

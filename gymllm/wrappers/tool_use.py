@@ -38,7 +38,7 @@ from gymllm.core import areset_env, astep_env
 from gymllm.errors import ConfigError, InvalidActionError, ResetNeededError, explain
 from gymllm.spaces import Chat
 from gymllm.telemetry import counter, span
-from gymllm.tools.parsers import ParsedCalls, _check_format, parse_tool_calls
+from gymllm.tools.parsers import ParsedCalls, check_format, parse_tool_calls
 from gymllm.tools.registry import ToolRegistry, ToolResult
 from gymllm.tools.tool import Tool
 from gymllm.types import Message
@@ -97,7 +97,7 @@ class ToolUse(gym.Wrapper):
                  max_tool_calls: int = 8, timeout_s: float | None = 10.0, max_result_chars: int = 16_384):
         super().__init__(env)
         self.registry = _registry(tools)
-        self.parser = _check_format(parser)
+        self.parser = check_format(parser)
         if isinstance(max_tool_calls, bool) or not isinstance(max_tool_calls, int) or max_tool_calls < 0:
             raise ConfigError(explain("ToolUse.max_tool_calls", expected="an int >= 0", received=max_tool_calls,
                                       fix="pass max_tool_calls=8"))
