@@ -10,6 +10,11 @@ session, so the server turns the episodes into GRPO groups of exactly the sample
     gymllm serve --model tiny-qwen3 --training --groups-out groups.jsonl --group-size 4 &
     python examples/openai_agent.py --base-url http://127.0.0.1:8000/v1 --problems 4 --group-size 4
 
+``--task gymllm/TinyRepeat-v0 --env-kwargs '{"num_letters": 2}' --no-tools`` plays the tiny task (no
+system prompt, no tools: a random tiny model can learn it); ``--problems 0`` plays until stopped and
+``--concurrency N`` runs N episodes at once (threads), as ``gymllm train`` with ``rollout.mode =
+"proxy"`` runs it (``gymllm train proxy_tiny``).
+
 In a trainer the same server runs in process over the training policy and the learner consumes
 ``gymllm.rollout.proxy_source.ProxyGroupSource`` as it consumes the orchestrator's groups.
 """
@@ -17,7 +22,10 @@ In a trainer the same server runs in process over the training policy and the le
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import itertools
 import json
+import threading
 import uuid
 
 import httpx
@@ -45,18 +53,23 @@ def run_tool(call) -> str:
 
 
 def run_episode(client: openai.OpenAI, base_url: str, *, model: str, seed: int, group_id: str,
-                max_turns: int = 4, max_tokens: int = 48, temperature: float = 1.0) -> dict:
-    """One episode: problem ``seed`` of the task, up to ``max_turns`` model calls, then the reward."""
-    env = gymllm.make("gymllm/Arithmetic-v0")
+                max_turns: int = 4, max_tokens: int = 48, temperature: float = 1.0, task: str = "gymllm/Arithmetic-v0",
+                env_kwargs: dict | None = None, tools: bool = True, system: str | None = SYSTEM,
+                report=None) -> dict:
+    """One episode: problem ``seed`` of ``task``, up to ``max_turns`` model calls, then the reward
+    (``report``, if given, is called with ``{"session", "group_id", "reward"}`` just before it is posted)."""
+    env = gymllm.make(task, **(env_kwargs or {}))
     try:
         problem, info = env.reset(seed=seed)
         session = f"{group_id}-{uuid.uuid4().hex[:8]}"
         headers = {"X-Session-Id": session, "X-Group-Id": group_id, "X-Task-Id": str(info.get("task_id", seed))}
-        messages: list[dict] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": problem}]
+        messages: list[dict] = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": problem}]
         answer, tool_calls = "", 0
+        extra = {"tools": TOOLS} if tools else {}
         for _ in range(max_turns):
-            r = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, max_tokens=max_tokens,
-                                               temperature=temperature, extra_headers=headers)
+            r = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens,
+                                               temperature=temperature, extra_headers=headers, **extra)
             message = r.choices[0].message
             messages.append(message.model_dump(exclude_none=True))
             if not message.tool_calls:
@@ -68,6 +81,8 @@ def run_episode(client: openai.OpenAI, base_url: str, *, model: str, seed: int, 
         _, reward, *_ = env.step(answer)
     finally:
         env.close()
+    if report is not None:
+        report({"event": "reward", "session": session, "group_id": group_id, "reward": float(reward)})
     done = httpx.post(f"{base_url.rstrip('/')}/sessions/{session}/reward", json={"reward": float(reward)},
                       headers={"Authorization": f"Bearer {client.api_key}"}, timeout=60)
     done.raise_for_status()
@@ -82,14 +97,40 @@ def main() -> None:
     parser.add_argument("--problems", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--task", default="gymllm/Arithmetic-v0")
+    parser.add_argument("--env-kwargs", default="{}", help="JSON of the task's constructor arguments")
+    parser.add_argument("--tools", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--system", default=None, help="system prompt (default: the math one with --tools, none without)")
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--max-turns", type=int, default=4)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--concurrency", type=int, default=1, help="episodes at once (threads)")
     args = parser.parse_args()
     client = openai.OpenAI(base_url=args.base_url, api_key=args.api_key, max_retries=2)
-    rewards = []
-    for k in range(args.problems):
-        for _ in range(args.group_size):
-            ep = run_episode(client, args.base_url, model=args.model, seed=args.seed + k, group_id=f"p{args.seed + k}")
-            rewards.append(ep["reward"])
-            print(json.dumps(ep), flush=True)
+    system = args.system if args.system is not None else (SYSTEM if args.tools else None)
+    kw = dict(model=args.model, task=args.task, env_kwargs=json.loads(args.env_kwargs), tools=args.tools, system=system,
+              max_tokens=args.max_tokens, max_turns=args.max_turns, temperature=args.temperature)
+    problems = itertools.count(args.seed) if args.problems == 0 else range(args.seed, args.seed + args.problems)
+    jobs = ((k, i) for k in problems for i in range(args.group_size))
+    rewards, lock = [], threading.Lock()
+
+    def say(record: dict) -> None:  # one whole line at a time from the episode threads
+        with lock:
+            print(json.dumps(record), flush=True)
+
+    kw["report"] = say
+    with concurrent.futures.ThreadPoolExecutor(max(1, args.concurrency)) as pool:
+        pending: set = set()
+        for k, _ in jobs:  # at most `concurrency` episodes in flight, problems in order
+            pending.add(pool.submit(run_episode, client, args.base_url, seed=k, group_id=f"p{k}", **kw))
+            if len(pending) >= max(1, args.concurrency):
+                finished, pending = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
+                for f in finished:
+                    rewards.append(f.result()["reward"])
+                    say(f.result())
+        for f in concurrent.futures.as_completed(pending):
+            rewards.append(f.result()["reward"])
+            say(f.result())
     print(f"mean reward {sum(rewards) / max(len(rewards), 1):.3f} over {len(rewards)} episodes")
 
 

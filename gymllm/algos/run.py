@@ -35,7 +35,8 @@ from gymllm.algos.train_config import ModelSection, TrainConfig
 from gymllm.errors import ConfigError, GymLLMError, explain
 from gymllm.telemetry.watchdog import Watchdog, WatchdogConfig
 
-__all__ = ["Run", "Components", "LocalComponents", "LearnerStepError", "load_model"]
+__all__ = ["Run", "Components", "LocalComponents", "LearnerStepError", "AgentPrograms", "AgentProgramError",
+           "load_model"]
 
 
 def load_model(m: ModelSection) -> Any:
@@ -227,6 +228,124 @@ class LearnerStepError(GymLLMError, RuntimeError):
         self.step, self.group_ids, self.cause, self.last_checkpoint = step, group_ids, cause, last_checkpoint
 
 
+class AgentProgramError(GymLLMError, RuntimeError):
+    """The agent program of a proxy-mode run exited with an error or closed no session in time."""
+
+
+class AgentPrograms:
+    """``processes`` copies of an agent program (a command line, see ``RolloutSection.agent_program``)
+    as subprocesses of this one, each in its own process group, output to ``run_dir/agent_<i>.log``.
+
+    ``start()``; ``await watch(source)`` until a program fails (the source is then closed, so the
+    trainer's wait ends) or all exited cleanly; ``raise_error()`` raises what ``watch`` found;
+    ``stop()`` terminates them (SIGTERM to the group, then SIGKILL after ``grace_s``) and reaps them."""
+
+    def __init__(self, command: str, *, base_url: str, run_dir: pathlib.Path, processes: int = 1, group_size: int = 1,
+                 seed: int = 0, start_timeout_s: float = 300.0, api_key: str = "unused", model: str = "policy",
+                 grace_s: float = 5.0, poll_s: float = 0.1):
+        self.command, self.base_url, self.run_dir = command, base_url, pathlib.Path(run_dir)
+        self.processes, self.group_size, self.seed = processes, group_size, seed
+        self.start_timeout_s, self.api_key, self.model = start_timeout_s, api_key, model
+        self.grace_s, self.poll_s = grace_s, poll_s
+        self.procs: list[Any] = []
+        self.logs: list[pathlib.Path] = []
+        self.error: str | None = None
+
+    def argv(self, index: int) -> list[str]:
+        import shlex
+        import sys
+
+        try:
+            line = self.command.format(base_url=self.base_url, python=sys.executable, model=self.model,
+                                       group_size=self.group_size, seed=self.seed + 1_000_000 * index,
+                                       api_key=self.api_key)
+        except (KeyError, IndexError, ValueError) as e:
+            raise ConfigError(explain("rollout.agent_program", expected="a command line whose {placeholders} are "
+                                      "base_url, python, model, group_size, seed, api_key", received=self.command,
+                                      fix=f"remove or fix the placeholder ({type(e).__name__}: {e}); write literal "
+                                      "braces as {{ }}")) from e
+        return shlex.split(line)
+
+    def start(self) -> None:
+        import os
+        import subprocess
+
+        env = {**os.environ, "OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key,
+               "GYMLLM_PROXY_MODEL": self.model}
+        for i in range(self.processes):
+            argv = self.argv(i)
+            log = self.run_dir / f"agent_{i}.log"
+            self.logs.append(log)
+            with open(log, "ab") as out:
+                try:
+                    self.procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                                       stderr=subprocess.STDOUT, env=env, start_new_session=True))
+                except OSError as e:
+                    self.stop()
+                    raise AgentProgramError(explain("rollout.agent_program", expected="a program that starts",
+                                                    received=f"{argv}: {e}", fix="check the command line")) from e
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def exit_codes(self) -> list[int | None]:
+        return [p.returncode for p in self.procs]
+
+    def tail(self, index: int, lines: int = 15) -> str:
+        try:
+            text = self.logs[index].read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(text[-lines:])
+
+    async def watch(self, source: Any) -> None:
+        t0 = time.monotonic()
+        while True:
+            codes = [p.poll() for p in self.procs]
+            for i, rc in enumerate(codes):
+                if rc not in (None, 0):
+                    self.error = explain(f"agent program {i} (pid {self.procs[i].pid})", expected="it keeps playing "
+                                         "episodes until the run stops it", received=f"exit status {rc}; the end of "
+                                         f"{self.logs[i]}:\n{self.tail(i)}", fix="fix the program (run the command "
+                                         "by hand against `gymllm serve --training`)")
+            if self.error is None and not source.counts["sessions"] and time.monotonic() - t0 > self.start_timeout_s:
+                self.error = explain("agent program", expected=f"a closed session (a reward posted to {self.base_url}"
+                                     f"/sessions/ID/reward) within rollout.agent_start_timeout_s "
+                                     f"({self.start_timeout_s} s)", received=f"none; the end of {self.logs[0]}:\n"
+                                     f"{self.tail(0)}", fix="check that the program uses the base URL and posts "
+                                     "rewards, or raise agent_start_timeout_s")
+            if self.error is not None or all(rc == 0 for rc in codes):
+                source.close()  # the trainer's wait ends: drained groups, then QueueClosed
+                return
+            await asyncio.sleep(self.poll_s)
+
+    def raise_error(self) -> None:
+        if self.error is not None:
+            raise AgentProgramError(self.error)
+
+    def stop(self) -> None:
+        import os
+        import signal
+        import subprocess
+
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=self.grace_s)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait(timeout=30)
+
+
 class _StopRollout(Exception):
     """Raised from the synchronous baseline's batch callback once enough steps are trained."""
 
@@ -293,7 +412,7 @@ class Run:
             self.learner.warmup(group_size=cfg.rollout.group_size)
         stop_id = int(tok.eos_token_id if tok.eos_token_id is not None else 0)
         self.gen_engine = _SkipConsumed(self.engine, set(self.decided), stop_id) if self.decided else self.engine
-        self.envs = parts.make_envs(cfg)
+        self.envs = parts.make_envs(cfg) if cfg.rollout.mode != "proxy" else None  # proxy: the program plays
         agent_cls = ToolAgent if cfg.env.agent == "tool" else ModelAgent
         self.agent = agent_cls(tok, system_prompt=cfg.env.system_prompt or None)
         self.sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
@@ -394,9 +513,12 @@ class Run:
             self.step_groups = [g for g in self.step_groups if g not in mine]
 
     async def run_async(self) -> dict[str, Any]:
-        """Barrier-free: the orchestrator streams groups; the learner consumes them as they complete."""
+        """Barrier-free: the orchestrator streams groups; the learner consumes them as they complete
+        (``rollout.mode="proxy"``: :meth:`run_proxy`)."""
         from gymllm.rollout import QueueClosed, RolloutOrchestrator
 
+        if self.cfg.rollout.mode == "proxy":
+            return await self.run_proxy()
         self.orch = orch = RolloutOrchestrator(self.envs, self.gen_engine, self.agent, sampling=self.sampling,
                                                config=self.rcfg, group_filter=_group_filter(
                                                    self.cfg, self.decided, self.filtered, self.rollout_rewards))
@@ -416,6 +538,61 @@ class Run:
                 self.wait_s += time.perf_counter() - t
                 await self.consume(batch)
         return {**orch.counts, "rollout_errors": list(orch.errors)}  # errors: "<trajectory or group id>: <cause>"
+
+    async def run_proxy(self) -> dict[str, Any]:
+        """An agent program plays (``rollout.mode="proxy"``): the engine is served in training mode on
+        127.0.0.1 (a free port); ``rollout.agent_processes`` copies of ``rollout.agent_program`` talk
+        to it; closed sessions become groups (:class:`~gymllm.rollout.proxy_source.ProxyGroupSource`)
+        consumed as the orchestrator's are: the learner trains on exactly the recorded token ids.
+        The programs and the server are stopped at the end; a program that exits with an error, or
+        no session closed within ``rollout.agent_start_timeout_s``, fails the run
+        (:class:`AgentProgramError`, with the program's log tail)."""
+        from gymllm.inference.proxy import SessionRecorder
+        from gymllm.inference.server import ServerThread, build_app
+        from gymllm.rollout import QueueClosed
+        from gymllm.rollout.proxy_source import ProxyGroupSource, ProxySourceConfig
+
+        cfg = self.cfg
+        self.orch = source = ProxyGroupSource(ProxySourceConfig(
+            group_size=cfg.rollout.group_size, max_queued_groups=self.rcfg.queue_size, max_staleness=cfg.rollout.eta))
+        keep = _group_filter(cfg, self.decided, self.filtered, self.rollout_rewards)
+        recorder = SessionRecorder(self.tok, on_closed=source.add)
+        app = build_app(self.gen_engine, self.tok, "policy", recorder=recorder, admission=source.wait_for_room)
+        server = ServerThread(app).start()
+        programs = AgentPrograms(cfg.rollout.agent_program, base_url=server.url + "/v1", run_dir=self.run_dir,
+                                 processes=cfg.rollout.agent_processes, group_size=cfg.rollout.group_size,
+                                 seed=cfg.run.seed, start_timeout_s=cfg.rollout.agent_start_timeout_s)
+        self.proxy_url, self.agent_pids = server.url, []
+        self.version_listeners.append(source.set_policy_version)
+        monitor = None
+        try:
+            programs.start()
+            self.agent_pids = programs.pids
+            monitor = asyncio.create_task(programs.watch(source))
+            self.t_step = time.perf_counter()
+            async with source:
+                while not self.done():
+                    t = time.perf_counter()
+                    try:
+                        self.watchdog.begin("rollout", "waiting for the agent program's next complete group")
+                        batch = [await source.get_group()]
+                        self.watchdog.end("rollout")
+                        while source.ready_groups > 0:
+                            batch.append(await source.get_group())
+                    except QueueClosed:
+                        break
+                    self.wait_s += time.perf_counter() - t
+                    await self.consume([g for g in batch if keep(g)])
+            programs.raise_error()
+        finally:
+            if monitor is not None:
+                monitor.cancel()
+            self.watchdog.end("rollout")
+            source.close()
+            programs.stop()
+            server.stop()
+        return {**source.stats(), "agent_exit_codes": programs.exit_codes(), "agent_pids": programs.pids,
+                "proxy_url": server.url, "rollout_errors": []}
 
     async def run_sync(self) -> dict[str, Any]:
         """The synchronous baseline: roll out a whole step's groups, then train on them, repeat.

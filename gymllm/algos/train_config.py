@@ -77,7 +77,13 @@ class RolloutSection:
     context; prefix_reuse: the engine reuses cached prompt prefixes; decode_chunk: decode steps per
     engine device call while no request waits to join (1: token by token; same tokens either way);
     group_timeout_s: fail stuck groups;
-    mode: async (barrier-free streaming) | sync (the baseline: roll out a whole step, then train);
+    mode: async (barrier-free streaming) | sync (the baseline: roll out a whole step, then train) |
+    proxy (an agent program that speaks the OpenAI API plays the episodes: the run serves its engine
+    in training mode on 127.0.0.1 and trains on the recorded sessions, see :mod:`gymllm.inference.proxy`);
+    agent_program: proxy mode's command line, formatted with {base_url} (``http://127.0.0.1:PORT/v1``),
+    {python} (this interpreter), {model} (the served name), {group_size}, {seed} (run.seed + 1000000 *
+    process index) and {api_key}; it also gets OPENAI_BASE_URL / OPENAI_API_KEY; agent_processes:
+    copies of it; agent_start_timeout_s: the run fails if no session closes within this bound;
     engine_compute_dtype: the engine's compute dtype (None: the model's; "bfloat16": bf16 weights,
     f32 accumulation: faster batched decode on CPUs with AMX and on accelerators)."""
 
@@ -95,9 +101,19 @@ class RolloutSection:
     group_timeout_s: float | None = None
     mode: str = "async"
     engine_compute_dtype: str | None = None
+    agent_program: str = ""
+    agent_processes: int = 1
+    agent_start_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
-        check_choice("RolloutSection", "mode", self.mode, ("async", "sync"))
+        check_choice("RolloutSection", "mode", self.mode, ("async", "sync", "proxy"))
+        check_range("RolloutSection", "agent_processes", self.agent_processes, lo=1)
+        check_range("RolloutSection", "agent_start_timeout_s", self.agent_start_timeout_s, lo=0.0, lo_open=True)
+        if (self.mode == "proxy") != bool(self.agent_program.strip()):
+            raise ConfigError(explain("rollout.agent_program", expected="a command line with rollout.mode='proxy' "
+                                      "(and none otherwise)", received={"mode": self.mode, "agent_program":
+                                      self.agent_program}, fix="e.g. agent_program='{python} examples/openai_agent.py "
+                                      "--base-url {base_url} --problems 0' with mode='proxy'"))
         for f in ("group_size", "max_concurrency", "max_tokens", "max_turns", "engine_slots", "engine_max_len",
                   "decode_chunk"):
             check_range("RolloutSection", f, getattr(self, f), lo=1)
