@@ -152,9 +152,9 @@ class TextEnv(gym.Env[ObsType, str]):
 
     def step(self, action: str) -> tuple[ObsType, float, bool, bool, dict]:
         self._before_step(action)
-        return self._step_checked(action)
+        return self.step_prechecked(action)
 
-    def _step_checked(self, action: str) -> tuple[ObsType, float, bool, bool, dict]:
+    def step_prechecked(self, action: str) -> tuple[ObsType, float, bool, bool, dict]:
         """``step`` after the action check: for callers that already checked ``action`` against this
         env's ``action_space`` (the vector env validates a whole send before starting any of it)."""
         if self.__dict__.get("_state", _NEW) != _RUNNING:

@@ -51,7 +51,7 @@ from typing import Any, Callable
 import gymnasium as gym
 import numpy as np
 
-from gymllm.core import TextEnv, areset_env, astep_env
+from gymllm.core import TextEnv, areset_env, astep_env, overrides_hook
 from gymllm.envs.openenv_adapter import OBSERVATION_HINT, TOKEN_ENV, import_openenv
 from gymllm.errors import ConfigError, explain
 from gymllm.spaces import Chat, Text
@@ -311,7 +311,7 @@ def _served_error(e: BaseException) -> ServedEnvError:
 def is_async_native(env: gym.Env) -> bool:
     """Whether ``env`` (or the TextEnv it wraps) has a native ``async def _astep``."""
     u = getattr(env, "unwrapped", env)
-    return isinstance(u, TextEnv) and type(u)._astep is not TextEnv._astep and callable(getattr(env, "astep", None))
+    return isinstance(u, TextEnv) and overrides_hook(u, "_astep") and callable(getattr(env, "astep", None))
 
 
 # ---------------------------------------------------------------------------------------------- app

@@ -231,7 +231,7 @@ class TerminalEnv(TextEnv):
             shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
 
     def _reset(self, *, seed, options):
-        if self.sandbox._closed:
+        if self.sandbox.closed:
             self.sandbox = Sandbox(self.sandbox_config)
         self._clear()
         self.sandbox.write_files(self._generate())

@@ -402,6 +402,11 @@ class Sandbox:
         except ValueError:
             return {}
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has run (its work directory is gone)."""
+        return self._closed
+
     def close(self) -> None:
         if not self._closed:
             self._closed = True

@@ -61,7 +61,7 @@ def step_function(env: Any) -> Callable[[Any], tuple]:
     """``env.step``, or for a bare TextEnv that keeps the base ``step`` its checked-once step (the
     vector env has already checked the action against the same space: no second check)."""
     if isinstance(env, TextEnv) and type(env).step is TextEnv.step:
-        return env._step_checked  # noqa: SLF001 - TextEnv's documented no-recheck path
+        return env.step_prechecked
     return env.step
 
 
