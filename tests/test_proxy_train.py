@@ -88,6 +88,8 @@ def test_proxy_mode_trains_on_exactly_the_recorded_sessions(tmp_path):
     parts = SpyComponents()
     result = train(config(tmp_path), components=parts)
     assert result.steps == 2
+    # step 1 trains at the version that sampled: the learner's logprobs of the rows are the engine's
+    assert result.history[0]["mismatch_abs_logprob"] < 1e-3, result.history[0]
     calls = {sid: (prompt, c) for sid, prompt, c in parts.spy.calls}
     trajs = [t for g in parts.trained for t in g.trajectories]
     assert len(trajs) == 2 * 2 * 4 and all(len(g.trajectories) == 4 for g in parts.trained)
@@ -136,3 +138,5 @@ def test_proxy_mode_needs_a_program():
         RolloutSection(mode="proxy")
     with pytest.raises(ConfigError, match="agent_program"):
         RolloutSection(mode="async", agent_program="python agent.py")
+    with pytest.raises(ConfigError, match="placeholders"):  # caught at config time, before any compile
+        RolloutSection(mode="proxy", agent_program="python agent.py --kwargs '{\"a\": 1}'")

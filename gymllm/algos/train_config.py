@@ -114,6 +114,17 @@ class RolloutSection:
                                       "(and none otherwise)", received={"mode": self.mode, "agent_program":
                                       self.agent_program}, fix="e.g. agent_program='{python} examples/openai_agent.py "
                                       "--base-url {base_url} --problems 0' with mode='proxy'"))
+        if self.mode == "proxy":  # its {placeholders} are checked now, not after the model has compiled
+            import shlex
+
+            try:
+                shlex.split(self.agent_program.format(base_url="u", python="p", model="m", group_size=1, seed=0,
+                                                      api_key="k"))
+            except (KeyError, IndexError, ValueError) as e:
+                raise ConfigError(explain("rollout.agent_program", expected="a command line whose {placeholders} are "
+                                          "base_url, python, model, group_size, seed, api_key", received=
+                                          self.agent_program, fix=f"fix it ({type(e).__name__}: {e}); write literal "
+                                          "braces as {{ }}")) from e
         for f in ("group_size", "max_concurrency", "max_tokens", "max_turns", "engine_slots", "engine_max_len",
                   "decode_chunk"):
             check_range("RolloutSection", f, getattr(self, f), lo=1)
