@@ -140,3 +140,12 @@ def test_proxy_mode_needs_a_program():
         RolloutSection(mode="async", agent_program="python agent.py")
     with pytest.raises(ConfigError, match="placeholders"):  # caught at config time, before any compile
         RolloutSection(mode="proxy", agent_program="python agent.py --kwargs '{\"a\": 1}'")
+
+
+@pytest.mark.slow  # another ~50 s of compile on 2 cores
+def test_a_program_that_finishes_ends_the_run_with_what_it_played(tmp_path, caplog):
+    pytest.importorskip("openai")
+    finite = AGENT.replace("--problems 0", "--problems 2")  # 2 groups of 4: one step's worth
+    result = train(config(tmp_path, agent_program=finite))
+    assert result.steps == 1 and result.counts["agent_exit_codes"] == [0]
+    assert "exited (status 0) after 8 closed sessions" in caplog.text

@@ -584,6 +584,12 @@ class Run:
                     self.wait_s += time.perf_counter() - t
                     await self.consume([g for g in batch if keep(g)])
             programs.raise_error()
+            if not self.done():
+                import logging
+
+                logging.getLogger("gymllm.algos").warning(
+                    "the agent program(s) exited (status 0) after %d closed sessions: the run stops at step %d of %d",
+                    source.counts["sessions"], self.learner.version, cfg.learner.num_steps)
         finally:
             if monitor is not None:
                 monitor.cancel()
