@@ -28,7 +28,6 @@ import collections
 import json
 import os
 import pathlib
-import platform
 import random
 import signal
 import subprocess
@@ -180,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     kills = args.kills if args.kills is not None else (4 if args.quick else 20)
     steps = args.steps if args.steps is not None else (8 if args.quick else 40)
-    print(f"cpu: {platform.processor() or platform.machine()} ({_cpu_model()})")
+    print(f"cpu: {_cpu_model()}")
     with tempfile.TemporaryDirectory() as tmp:
         work = pathlib.Path(args.work_dir or tmp)
         result = run_drill(work, kills=kills, steps=steps, seed=args.seed)
@@ -190,13 +189,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
+    from gymllm.utils.host import describe_cpu
+
+    return describe_cpu()
 
 
 if __name__ == "__main__":

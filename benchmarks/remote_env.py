@@ -65,13 +65,9 @@ def make_cpu_env() -> CpuEnv:
 
 
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    from gymllm.utils.host import describe_cpu
+
+    return describe_cpu()
 
 
 def start_server(env: str, *extra: str) -> tuple[subprocess.Popen, str]:

@@ -58,13 +58,9 @@ REQ = SamplingParams(temperature=0.0, max_tokens=4)
 
 
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    from gymllm.utils.host import describe_cpu
+
+    return describe_cpu()
 
 
 class InstantEngine:

@@ -168,7 +168,24 @@ def apply_update(engine: Any, update: Any, version: int, model: Any = None) -> N
         engine.update_weights(update, int(version))
 
 
-class ReplicaHost:
+class EngineCalls:
+    """The request calls a replica forwards to the engine it holds (``self.engine``)."""
+
+    engine: Any
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, session_id: str | None = None) -> Completion:
+        return await self.engine.generate(prompt_ids, params, session_id=session_id)
+
+    async def generate_n(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[Completion]:
+        return list(await self.engine.generate_n(prompt_ids, params))
+
+    def end_session(self, session_id: str) -> None:
+        end = getattr(self.engine, "end_session", None)
+        if end is not None:
+            end(session_id)
+
+
+class ReplicaHost(EngineCalls):
     """Hosts one engine built from a :class:`ReplicaSpec`: in process, or as a Ray actor (same class).
 
     ``update`` at ``version`` (when ``version`` is not None) is applied after the build: a recreated
@@ -191,17 +208,6 @@ class ReplicaHost:
     @property
     def version(self) -> int:
         return int(self.engine.version)
-
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, session_id: str | None = None) -> Completion:
-        return await self.engine.generate(prompt_ids, params, session_id=session_id)
-
-    async def generate_n(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[Completion]:
-        return list(await self.engine.generate_n(prompt_ids, params))
-
-    def end_session(self, session_id: str) -> None:
-        end = getattr(self.engine, "end_session", None)
-        if end is not None:
-            end(session_id)
 
     def update_weights(self, update: Any, version: int) -> int:
         """Apply ``update`` at ``version`` (queued by the engine between decode steps); returns the
@@ -242,7 +248,7 @@ class ReplicaHost:
         await self.engine.close()
 
 
-class LocalReplica:
+class LocalReplica(EngineCalls):
     """An in-process replica: ``engine`` (any Engine object; not rebuilt after a failure) or a
     :class:`ReplicaHost` built here from ``spec`` (rebuilt by :meth:`restart`)."""
 
@@ -264,17 +270,6 @@ class LocalReplica:
     @property
     def can_restart(self) -> bool:
         return self.spec is not None
-
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, session_id: str | None) -> Completion:
-        return await self.engine.generate(prompt_ids, params, session_id=session_id)
-
-    async def generate_n(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[Completion]:
-        return list(await self.engine.generate_n(prompt_ids, params))
-
-    def end_session(self, session_id: str) -> None:
-        end = getattr(self.engine, "end_session", None)
-        if end is not None:
-            end(session_id)
 
     def push(self, update: Any, version: int) -> None:
         apply_update(self.engine, update, version, self.model)
