@@ -222,3 +222,18 @@ def test_cluster_run_resumes_like_an_uninterrupted_one(tmp_path, cluster):
     assert (first.steps, second.steps, second.resumed_from) == (1, 2, 1)
     assert records(tmp_path / "cut") == records(tmp_path / "whole")
     assert first.rewards() + second.rewards() == whole.rewards()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_lora_cluster_run_pushes_adapters_and_trains_like_in_process(tmp_path, cluster):
+    """LoRA on the cluster: each push sends the adapters once through the object store, every replica
+    merges them onto its own base; at eta = 0 the same groups and rewards as the in-process LoRA run."""
+    from gymllm.algos.lora import LoRAConfig
+
+    lora = LoRAConfig(rank=4)
+    local = train(dataclasses.replace(small_tiny(tmp_path / "local"), lora=lora))
+    remote = train(dataclasses.replace(small_tiny(tmp_path / "ray", cluster=ray_cluster(address=cluster.address)),
+                                       lora=lora))
+    assert [sorted(ids) for ids in remote.trained_ids] == [sorted(ids) for ids in local.trained_ids]
+    assert records(tmp_path / "ray") == records(tmp_path / "local") and remote.rewards() == local.rewards()

@@ -84,9 +84,6 @@ def replica_spec(cfg: TrainConfig, version: int = 0) -> Any:
     from gymllm.algos.run import engine_config
     from gymllm.inference.replica import ReplicaSpec
 
-    if cfg.lora.enabled:
-        raise ConfigError(explain("lora with cluster.backend='ray'", expected="full-weight pushes to engine replicas",
-                                  received="lora.enabled=True", fix="train LoRA with cluster.backend='none' for now"))
     kw: dict[str, Any] = {"config": engine_config(cfg), "decode_chunk": cfg.rollout.decode_chunk,
                           "warmup": cfg.run.warmup, "version": int(version)}
     if cfg.model.is_tiny:
