@@ -187,8 +187,13 @@ def test_learner_hosts_hand_off_the_coordinator(cluster):
 
     from gymllm.algos.cluster import LearnerHost, join_learner_hosts
 
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    # on the head node: a node an earlier test removed can still look alive to the scheduler until its
+    # heartbeats time out ("the actor's node was terminated unexpectedly" once in a full-suite run)
+    head = NodeAffinitySchedulingStrategy(node_id=cluster.node_id(cluster.nodes[0]), soft=False)
     actor = ray.remote(LearnerHost)
-    hosts = [actor.options(num_cpus=0).remote(i, 2) for i in range(2)]
+    hosts = [actor.options(num_cpus=0, scheduling_strategy=head).remote(i, 2) for i in range(2)]
     try:
         views = join_learner_hosts(ray, hosts, timeout_s=120)
     finally:
