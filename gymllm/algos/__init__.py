@@ -41,6 +41,7 @@ _LAZY = {
     "initialize_distributed": "gymllm.algos.multihost",
     "TrainConfig": "gymllm.algos.train_config",
     "ClusterSection": "gymllm.algos.train_config",
+    "EvalSection": "gymllm.algos.train_config",
     "Run": "gymllm.algos.run",
     "LocalComponents": "gymllm.algos.run",
     "RayComponents": "gymllm.algos.cluster",

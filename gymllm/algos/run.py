@@ -36,23 +36,26 @@ from gymllm.errors import ConfigError, GymLLMError, explain
 from gymllm.telemetry.watchdog import Watchdog, WatchdogConfig
 
 __all__ = ["Run", "Components", "LocalComponents", "LearnerStepError", "AgentPrograms", "AgentProgramError",
-           "load_model"]
+           "load_model", "mask_spans"]
 
 
 def load_model(m: ModelSection) -> Any:
-    """The :class:`~gymllm.models.LoadedModel` of ``m`` (a random tiny one for ``tiny-<family>``)."""
+    """The :class:`~gymllm.models.LoadedModel` of ``m`` (a random tiny one for ``tiny-<family>``), with
+    the trained weights of ``m.checkpoint`` when it is set (warm start)."""
     from gymllm import models
 
     if m.is_tiny:
-        return models.make_tiny(m.name[len("tiny-"):], seed=m.seed, vocab_size=m.vocab_size, hidden_size=m.hidden_size,
-                                intermediate_size=m.intermediate_size, num_layers=m.num_layers,
-                                num_heads=m.num_heads, num_kv_heads=m.num_kv_heads)
-    try:
-        load = models.load
-    except AttributeError as e:
-        raise ConfigError(explain("model.name", expected="tiny-<family> (gymllm.models.load is unavailable)",
-                                  received=m.name, fix="use a tiny model or install the loaders")) from e
-    return load(m.name)
+        loaded = models.make_tiny(m.name[len("tiny-"):], seed=m.seed, vocab_size=m.vocab_size,
+                                  hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
+                                  num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads)
+    else:
+        loaded = models.load(m.name)
+    if m.checkpoint:
+        from gymllm.algos.checkpoint import restore_model_weights
+
+        loaded = dataclasses.replace(loaded, model=restore_model_weights(loaded.model, m.checkpoint),
+                                     source=f"{loaded.source} + {m.checkpoint}")
+    return loaded
 
 
 class _SkipConsumed:
@@ -136,8 +139,16 @@ def _trajectory_records(step: int, groups: list[Any], tokenizer: Any) -> list[di
             out.append({"step": step, "group_id": g.group_id, "trajectory_id": t.trajectory_id, "task_id": t.task_id,
                         "reward": float(t.reward), "finish_reason": t.finish_reason, "num_tokens": len(t.token_ids),
                         "num_sampled": int(m.sum()), "versions": sorted({int(v) for v in np.asarray(t.versions)[m]}),
-                        "response": tokenizer.decode([int(i) for i in np.asarray(t.token_ids)[m]])})
+                        "response": tokenizer.decode([int(i) for i in np.asarray(t.token_ids)[m]]),
+                        "token_ids": [int(i) for i in np.asarray(t.token_ids)], "sampled_spans": mask_spans(m)})
     return out
+
+
+def mask_spans(mask: np.ndarray) -> list[list[int]]:
+    """``[[start, end), ...]`` of the True runs of a 1-D bool mask (the sampled tokens of a trajectory)."""
+    m = np.concatenate([[False], np.asarray(mask, bool), [False]]).astype(np.int8)
+    edges = np.flatnonzero(np.diff(m))
+    return [[int(a), int(b)] for a, b in zip(edges[::2], edges[1::2])]
 
 
 

@@ -22,16 +22,19 @@ from gymllm.algos.optim import OptimizerConfig
 from gymllm.algos.sharding import ShardingConfig
 from gymllm.errors import ConfigError, explain
 
-__all__ = ["ModelSection", "EnvSection", "RolloutSection", "RunSection", "ClusterSection", "TrainConfig",
+__all__ = ["ModelSection", "EnvSection", "RolloutSection", "RunSection", "EvalSection", "ClusterSection", "TrainConfig",
            "PRESETS", "preset", "effective"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelSection:
     """name: a ``gymllm.models.load`` name or path, or ``tiny-<family>`` (llama, qwen2, qwen3, gemma3)
-    for a random tiny model whose sizes are the fields below."""
+    for a random tiny model whose sizes are the fields below. checkpoint: a run directory (``gymllm
+    train`` or ``gymllm sft``) or one of its checkpoint directories whose trained weights replace the
+    loaded ones before the run starts (warm start, e.g. SFT then GRPO); empty: the model as loaded."""
 
     name: str = "tiny-qwen3"
+    checkpoint: str = ""
     seed: int = 0
     vocab_size: int = 512
     hidden_size: int = 64
@@ -142,7 +145,9 @@ class RunSection:
     trajectories.jsonl; report: render PNG plots at the end; warmup: compile every engine and learner
     shape before the first rollout (benchmarks: no compile inside the measured steps); stall_timeout_s:
     the watchdog's bound (:mod:`gymllm.telemetry.watchdog`): a stage (rollout, learner, weight_sync,
-    checkpoint) working this long without progress is named in the log and the trace (0 = off)."""
+    checkpoint) working this long without progress is named in the log and the trace (0 = off);
+    profile_steps: ``"A:B"`` captures an op-level ``jax.profiler`` trace of optimizer steps A..B
+    (inclusive) into ``run_dir/profile`` ("" = off)."""
 
     run_dir: str = "runs/gymllm"
     seed: int = 0
@@ -154,11 +159,36 @@ class RunSection:
     report: bool = True
     warmup: bool = False
     stall_timeout_s: float = 300.0
+    profile_steps: str = ""
 
     def __post_init__(self) -> None:
         check_range("RunSection", "checkpoint_every", self.checkpoint_every, lo=0)
         check_range("RunSection", "keep_checkpoints", self.keep_checkpoints, lo=1)
         check_range("RunSection", "stall_timeout_s", self.stall_timeout_s, lo=0.0)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalSection:
+    """Held-out evaluation inside the run (the ``gymllm eval`` path). every: optimizer steps between
+    evaluations (0 = off; when on, the run also evaluates before its first step and after its last);
+    envs: env ids to evaluate (empty: the training env, with its kwargs); seeds: held-out episodes per
+    env; seed_base: the first held-out seed (seeds ``seed_base .. seed_base + seeds - 1``), which must
+    lie above every seed training can use; temperature: the sampler's (0 = greedy, so pass@1 is
+    deterministic); max_tokens: a reply's budget (0 = the rollout's)."""
+
+    every: int = 0
+    envs: tuple[str, ...] = ()
+    seeds: int = 16
+    seed_base: int = 1_000_000
+    temperature: float = 0.0
+    max_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        check_range("EvalSection", "every", self.every, lo=0)
+        check_range("EvalSection", "seeds", self.seeds, lo=1)
+        check_range("EvalSection", "seed_base", self.seed_base, lo=0)
+        check_range("EvalSection", "temperature", self.temperature, lo=0.0)
+        check_range("EvalSection", "max_tokens", self.max_tokens, lo=0)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -225,7 +255,7 @@ class ClusterSection:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    """A whole run: model, env, rollout, loss, optimizer, learner, LoRA, sharding, run, cluster."""
+    """A whole run: model, env, rollout, loss, optimizer, learner, LoRA, sharding, run, cluster, eval."""
 
     model: ModelSection = dataclasses.field(default_factory=ModelSection)
     env: EnvSection = dataclasses.field(default_factory=EnvSection)
@@ -237,6 +267,7 @@ class TrainConfig:
     sharding: ShardingConfig = dataclasses.field(default_factory=ShardingConfig)
     run: RunSection = dataclasses.field(default_factory=RunSection)
     cluster: ClusterSection = dataclasses.field(default_factory=ClusterSection)
+    eval: EvalSection = dataclasses.field(default_factory=EvalSection)
 
     def __post_init__(self) -> None:
         need = self.rollout.max_tokens * self.rollout.max_turns

@@ -41,11 +41,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from gymllm.algos.run import Components, LocalComponents, Run, load_model
-from gymllm.algos.train_config import (PRESETS, ClusterSection, EnvSection, ModelSection, RolloutSection, RunSection,
-                                       TrainConfig, effective, preset)
+from gymllm.algos.train_config import (PRESETS, ClusterSection, EnvSection, EvalSection, ModelSection, RolloutSection,
+                                       RunSection, TrainConfig, effective, preset)
 
 __all__ = ["train", "TrainResult", "TrainConfig", "ModelSection", "EnvSection", "RolloutSection", "RunSection",
-           "ClusterSection", "PRESETS", "preset", "load_model", "Run"]
+           "EvalSection", "ClusterSection", "PRESETS", "preset", "load_model", "Run"]
 
 
 @dataclasses.dataclass

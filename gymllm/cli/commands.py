@@ -18,6 +18,8 @@ import tyro
 def dispatch(name: str, fn: Callable[..., object], args: Sequence[str]) -> object:
     if name == "train":
         return _train_dispatch(list(args))
+    if getattr(fn, "takes_argv", False):  # a command that parses its own argv (with tyro), e.g. ``sft``
+        return fn(list(args))
     return tyro.cli(fn, prog=f"gymllm {name}", args=list(args))
 
 
