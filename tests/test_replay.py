@@ -9,7 +9,7 @@ import pytest
 
 import gymllm.wrappers
 from gymllm.core import TextEnv
-from gymllm.wrappers.replay import ReplayReport
+from gymllm.wrappers.replaying import ReplayReport
 from gymllm.wrappers.trajectory_logger import TrajectoryLogger, read_log
 
 
@@ -63,12 +63,19 @@ def test_nondeterministic_env_is_reported(tmp_path):
     assert len(report.mismatched_episodes) == 2 and "MISMATCH" in report.summary()
 
 
-def test_module_and_function_both_callable(tmp_path):
+def test_replay_names_the_function_after_every_submodule_is_imported(tmp_path):
     _log(tmp_path / "log", noisy=False, episodes=1)
-    import gymllm.wrappers.replay as mod
-    from gymllm.wrappers import replay as fn
+    import importlib
+    import pkgutil
 
-    assert mod(tmp_path / "log").ok and fn(tmp_path / "log").ok
+    import gymllm.wrappers as pkg
+
+    for info in pkgutil.iter_modules(pkg.__path__):
+        importlib.import_module(f"gymllm.wrappers.{info.name}")
+    from gymllm.wrappers import replay as fn
+    from gymllm.wrappers.replaying import replay as same
+
+    assert fn is same and pkg.replay is same and fn(tmp_path / "log").ok
 
 
 def test_broken_episode_is_isolated(tmp_path):

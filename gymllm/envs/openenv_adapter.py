@@ -39,7 +39,6 @@ import dataclasses
 import importlib
 import os
 import re
-import sys
 import threading
 from typing import Any, Callable, Coroutine, TypeVar
 
@@ -70,27 +69,18 @@ class OpenEnvError(EnvError):
 
 
 def import_openenv(module: str = "openenv.core") -> Any:
-    """Import an ``openenv`` module without its Gradio web interface.
+    """Import an ``openenv`` module, or raise :class:`~gymllm.errors.MissingExtraError` without the extra.
 
-    ``openenv.core.env_server`` imports Gradio for its optional web UI (seconds of import time,
-    analytics on by default). gymllm keeps that UI off, so the import is made with Gradio hidden
-    (``sys.modules["gradio"] = None`` for its duration; restored afterwards, so Gradio stays
-    importable for other code). Raises :class:`~gymllm.errors.MissingExtraError` without the extra.
+    A plain import: ``openenv.core`` also imports Gradio for its optional web UI (about 4 s of import
+    time on a 2-core machine, paid once per process that touches OpenEnv; the UI itself stays off, as
+    ``gymllm serve-env`` never enables it). gymllm does not hide Gradio from the import system.
     """
-    if module in sys.modules:
-        return sys.modules[module]
-    hide = "gradio" not in sys.modules
-    if hide:
-        sys.modules["gradio"] = None  # type: ignore[assignment]
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as e:
         if e.name and e.name.split(".")[0] == "openenv":
             raise MissingExtraError("openenv", "openenv") from e
         raise
-    finally:
-        if hide and sys.modules.get("gradio", 0) is None:
-            del sys.modules["gradio"]
 
 
 # ---------------------------------------------------------------------------------------------- I/O loop

@@ -7,8 +7,8 @@ reward, terminated, truncated; info optionally) with what was logged, after the 
 normalisation. The result is a :class:`ReplayReport` (``ok``, ``differences``, ``summary()``); the
 CLI ``gymllm replay LOG`` prints its summary and exits non-zero when anything differs.
 
-This module is itself callable (``gymllm.wrappers.replay(...)`` works whether the name resolves to
-the function or to this module).
+The module is ``replaying`` so that ``gymllm.wrappers.replay`` always names the function (a submodule
+of the same name would shadow it once imported).
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import sys
-import types
 from typing import Any, Callable
 
 import gymnasium as gym
@@ -184,14 +182,5 @@ def replay(log: str | os.PathLike, *, max_episodes: int | None = None, episodes:
                     pass
     return report
 
-
-class _CallableModule(types.ModuleType):
-    """Lets ``gymllm.wrappers.replay`` be called even when it resolves to this module."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> ReplayReport:
-        return replay(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
 
 __all__ = ["replay", "replay_episode", "rebuild_wrappers", "ReplayReport", "Difference", "values_equal", "default_env_factory"]
