@@ -391,7 +391,8 @@ def main(argv=None) -> None:
     if not per_model:
         sys.exit("no model could be benchmarked")
     first = per_model[next(iter(per_model))]
-    result = {k: round(first[k], 4) for k in ("async_vs_sync", "async_vs_ceiling", "engine_busy_fraction")}
+    result = {k: round(first[k], 4) for k in ("async_vs_sync", "async_narrow_vs_sync", "async_vs_ceiling",
+                                              "engine_busy_fraction")}  # narrow: the sync batch's width
     result["models"] = _rounded(per_model)
     result["quick"] = a.quick
     result["switch_interval_ms"] = sys.getswitchinterval() * 1e3

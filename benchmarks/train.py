@@ -6,7 +6,19 @@ heavy-tailed env latency (lognormal, median 0.1 s, p99 1.5 s, like a tool or san
 
 * (a) barrier-free: the rollout orchestrator streams complete groups (eta = 4) into the streaming
   learner, which trains in a worker thread while rollouts continue;
-* (b) synchronous: roll out a whole step's groups (a barrier per turn), then train, then push.
+* (b) synchronous: roll out a whole batch of groups (a barrier per turn), then train, then push. The
+  batch fills every env and engine row the schedule is given (64 envs, 64 rows, G 4: 16 groups,
+  ``gymllm.rollout.sync_baseline.sync_batch_groups``), as a synchronous trainer oversamples; the
+  learner trains on *all* of them (zero-variance groups are filtered, ~40% here, the rest fill one
+  step and carry into the next, as a generation batch spans optimizer steps in TRL): none of the
+  rollout work is thrown away, and the carried groups are at most one version stale (reported as
+  ``sync_staleness_max``). Cutting the batch to ``groups_per_step`` groups would discard the surplus
+  and, after the filter, leave each step short so that it needs a second batch anyway.
+
+Both sides run 64 trajectories wide (async: 64 in flight; sync: 64 per batch), so
+``barrier_free_vs_sync`` is the equal-width figure; the async side trains on data up to eta = 4
+versions stale (``barrier_free_staleness_mean`` / ``_max``, token-weighted, as trained). Both sides
+report the mean reward of the groups each step trained on (``reward_per_step``), printed side by side.
 
 Both run N optimizer steps; every engine and learner shape is compiled before the first rollout
 (``run.warmup``; compiled programs are shared within the process) and the step walls start with the
@@ -18,11 +30,15 @@ after step 1 (``trainer_idle_fraction_steady``). Both schedules get the same rol
 
 Tunix CPU config (``../shared/notes/anchors.md``): tiny Qwen3 (2 layers, d 64, ffn 128, 4 heads of
 16, 2 kv heads, vocab 512), 4 prompts x G 4, 32 new tokens, GRPO with beta 0.04 (a reference-model
-forward every step), AdamW 1e-4: steady seconds per optimizer step = mean after the first two steps.
-Tunix 0.1.7 took 0.89 s per agentic step there.
+forward every step), AdamW 1e-4: steady seconds per optimizer step = mean after the first two steps,
+reported as an absolute time (``tunix_config_step_s``). The peers on the same config, run side by
+side in one invocation, are ``benchmarks/peers.py``'s (no figure typed into this script).
 
-Ends with ``RESULT {json}``: ``barrier_free_vs_sync`` (sync wall / barrier-free wall),
-``trainer_idle_fraction`` (barrier-free, whole run), ``trainer_idle_fraction_steady``, ``tunix_config_step_s``.
+Ends with ``RESULT {json}``: ``barrier_free_vs_sync`` (sync wall / barrier-free wall, equal width),
+``trainer_idle_fraction`` (barrier-free, whole run), ``trainer_idle_fraction_steady``,
+``barrier_free_staleness_mean`` / ``_max``, ``reward_per_step`` (both sides), ``tunix_config_step_s``,
+``cpu`` and ``loadavg``. (``async_vs_sync`` and ``async_narrow_vs_sync``, the rollout-only ratios,
+are ``benchmarks/rollout.py``'s.)
 
     python benchmarks/train.py --quick
 """
@@ -46,8 +62,16 @@ from gymllm.algos.learner import LearnerConfig  # noqa: E402
 from gymllm.algos.optim import OptimizerConfig  # noqa: E402
 from gymllm.algos.trainer import (EnvSection, ModelSection, RolloutSection, RunSection, TrainConfig,  # noqa: E402
                                   train)
+from gymllm.utils.host import describe_cpu  # noqa: E402
 
-TUNIX_AGENTIC_STEP_S = 0.89  # anchors.md: Tunix 0.1.7, same model and workload, 2-core CPU
+
+def loadavg() -> list[float]:
+    """The 1, 5 and 15 minute load averages (``/proc/loadavg``; empty where unavailable)."""
+    try:
+        with open("/proc/loadavg") as f:
+            return [float(x) for x in f.read().split()[:3]]
+    except OSError:
+        return []
 
 
 def pipeline_config(run_dir: str, *, mode: str, steps: int, eta: int = 4, latency_scale: float = 1.0) -> TrainConfig:
@@ -108,7 +132,19 @@ def measure(cfg: TrainConfig) -> dict[str, float]:
             "train_busy_s_mean": float(np.mean([h["train_busy_s"] for h in res.history])),
             "staleness_mean": float(np.mean([h["staleness_mean"] for h in res.history])),
             "staleness_max": float(max(h["staleness_max"] for h in res.history)),
-            "stale_groups_dropped": float(res.counts.get("stale_dropped", 0) + res.counts.get("stale_groups", 0))}
+            "stale_groups_dropped": float(res.counts.get("stale_dropped", 0) + res.counts.get("stale_groups", 0)),
+            "reward_per_step": [float(h["reward_mean"]) for h in res.history],
+            "staleness_mean_per_step": [float(h["staleness_mean"]) for h in res.history]}
+
+
+def reward_table(a: list[float], b: list[float]) -> str:
+    """The two reward curves side by side, one step a line."""
+    lines = ["step  reward barrier-free  reward sync"]
+    for i in range(max(len(a), len(b))):
+        ra = f"{a[i]:.3f}" if i < len(a) else "-"
+        rb = f"{b[i]:.3f}" if i < len(b) else "-"
+        lines.append(f"{i + 1:4d}  {ra:>20s}  {rb:>11s}")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -122,32 +158,60 @@ def main() -> None:
     steps = args.steps or (6 if args.quick else 20)
     tunix_steps = 6 if args.quick else 12
     tmp = tempfile.mkdtemp(prefix="gymllm-bench-train-")
+    cpu, load0 = describe_cpu(), loadavg()
+    print(f"CPU: {cpu}; load average {load0}", flush=True)
     t0 = time.perf_counter()
     scale = args.latency_scale
-    barrier_free = measure(pipeline_config(f"{tmp}/async", mode="async", steps=steps, latency_scale=scale))
-    sync = measure(pipeline_config(f"{tmp}/sync", mode="sync", steps=steps, latency_scale=scale))
+    bf_cfg = pipeline_config(f"{tmp}/async", mode="async", steps=steps, latency_scale=scale)
+    sync_cfg = pipeline_config(f"{tmp}/sync", mode="sync", steps=steps, latency_scale=scale)
+    from gymllm.rollout import RolloutConfig
+    from gymllm.rollout.sync_baseline import sync_batch_groups
+
+    r = sync_cfg.rollout
+    sync_groups = sync_batch_groups(sync_cfg.env.num_envs, None, RolloutConfig(
+        group_size=r.group_size, max_concurrency=r.max_concurrency, groups_per_step=sync_cfg.learner.groups_per_step))
+    sync_groups = min(sync_groups, r.engine_slots // r.group_size)  # the engine's rows (the run's engine caps it too)
+    barrier_free = measure(bf_cfg)
+    sync = measure(sync_cfg)
     tunix = measure(tunix_config(f"{tmp}/tunix", steps=tunix_steps))
     tunix_step_s = float(np.mean(tunix["step_s"][2:]))
     out = {
         "barrier_free_vs_sync": sync["wall_s"] / barrier_free["wall_s"],
         "trainer_idle_fraction": barrier_free["trainer_idle_fraction"],
         "trainer_idle_fraction_steady": barrier_free["trainer_idle_fraction_steady"],
+        "barrier_free_staleness_mean": barrier_free["staleness_mean"],
+        "barrier_free_staleness_max": barrier_free["staleness_max"],
+        "sync_staleness_mean": sync["staleness_mean"], "sync_staleness_max": sync["staleness_max"],
+        "reward_per_step": {"barrier_free": barrier_free["reward_per_step"], "sync": sync["reward_per_step"]},
+        "width": {"barrier_free_in_flight": bf_cfg.rollout.max_concurrency,
+                  "sync_batch_trajectories": sync_groups * r.group_size, "sync_batch_groups": sync_groups,
+                  "groups_per_step": sync_cfg.learner.groups_per_step},
         "tunix_config_step_s": tunix_step_s,
-        "tunix_speedup_vs_0.89s": TUNIX_AGENTIC_STEP_S / tunix_step_s,
+        "tunix_config_side_by_side": "benchmarks/peers.py",
         "steps": steps, "latency_scale": scale,
         "barrier_free": {k: v for k, v in barrier_free.items() if k != "step_s"},
         "sync": {k: v for k, v in sync.items() if k != "step_s"},
         "sync_trainer_idle_fraction": sync["trainer_idle_fraction"],
         "tunix_step_s_all": tunix["step_s"],
         "total_s": time.perf_counter() - t0,
+        "cpu": cpu, "loadavg": {"start": load0, "end": loadavg()},
     }
-    print(f"barrier-free: {barrier_free['wall_s']:.1f}s for {steps} steps, trainer idle "
+    print(f"barrier-free ({bf_cfg.rollout.max_concurrency} in flight, eta {bf_cfg.rollout.eta}): "
+          f"{barrier_free['wall_s']:.1f}s for {steps} steps, trainer idle "
           f"{barrier_free['trainer_idle_fraction']:.0%} (after step 1: {barrier_free['trainer_idle_fraction_steady']:.0%}, "
-          f"fill {barrier_free['fill_wait_s']:.2f}s); sync: {sync['wall_s']:.1f}s, trainer idle "
-          f"{sync['trainer_idle_fraction']:.0%}; speedup {out['barrier_free_vs_sync']:.2f}x")
+          f"fill {barrier_free['fill_wait_s']:.2f}s), staleness mean {barrier_free['staleness_mean']:.2f} max "
+          f"{barrier_free['staleness_max']:.0f}")
+    print(f"sync ({sync_groups} groups = {sync_groups * r.group_size} trajectories per batch): {sync['wall_s']:.1f}s, "
+          f"trainer idle {sync['trainer_idle_fraction']:.0%}, staleness mean {sync['staleness_mean']:.2f} max "
+          f"{sync['staleness_max']:.0f}")
+    print(f"{'figure':24s} {'value':>8s}")
+    print(f"{'barrier_free_vs_sync':24s} {out['barrier_free_vs_sync']:8.2f}x  (equal width: 64 and 64; "
+          f"async_vs_sync / async_narrow_vs_sync: benchmarks/rollout.py)")
     print("step walls (s): barrier-free", np.round(barrier_free["step_s"], 2).tolist(), "sync",
           np.round(sync["step_s"], 2).tolist())
-    print(f"Tunix CPU config: {tunix_step_s:.3f}s per step (Tunix 0.1.7 agentic: {TUNIX_AGENTIC_STEP_S}s)")
+    print(reward_table(barrier_free["reward_per_step"], sync["reward_per_step"]))
+    print(f"Tunix CPU config: {tunix_step_s:.3f}s per step (peers on this config side by side: benchmarks/peers.py)")
+    print(f"load average at the end {out['loadavg']['end']}")
     print("RESULT " + json.dumps(out))
 
 

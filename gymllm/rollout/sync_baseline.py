@@ -1,6 +1,10 @@
 """The synchronous baseline: generate a whole batch, step all envs, repeat (a barrier per turn).
 
-Groups are taken ``batch_groups`` at a time (``batch_groups * G <= num_envs``); within a batch every
+Each batch fills the rollout resources, as a synchronous trainer does: it rolls out as many groups
+as the envs, the engine's rows (``engine.config.num_slots`` where the engine has one) and
+``config.max_concurrency`` hold (:func:`sync_batch_groups`), and never fewer than ``batch_groups``
+(the groups the caller needs per batch, e.g. a step's ``groups_per_step``; ``fill=False`` rolls out
+exactly ``batch_groups``, leaving the other envs idle); within a batch every
 turn waits for *all* active trajectories' generations, then for *all* their env steps. The
 per-trajectory logic is the same :class:`~gymllm.rollout.episode.Episode` the orchestrator drives,
 with the same env and sampling seeds, so for a deterministic engine the trajectories are identical;
@@ -25,20 +29,37 @@ from gymllm.telemetry import span
 from gymllm.types import Group
 
 
+def sync_batch_groups(num_envs: int, engine: Any, config: RolloutConfig, batch_groups: int | None = None, *,
+                      fill: bool = True) -> int:
+    """Groups per synchronous batch: with ``fill``, as many as ``num_envs``, the engine's rows and
+    ``config.max_concurrency`` hold, at least ``batch_groups`` (default ``config.groups_per_step``);
+    never more than the envs hold (a group of G needs G envs)."""
+    G = config.group_size
+    need = batch_groups or config.groups_per_step
+    if fill:
+        rows = getattr(getattr(engine, "config", None), "num_slots", None)
+        width = min(num_envs, config.max_concurrency, rows if isinstance(rows, int) else num_envs)
+        need = max(need, width // G)
+    return min(need, max(1, num_envs // G))
+
+
 async def sync_rollout(envs: Any, engine: Any, agent: Agent, *, sampling: Any, config: RolloutConfig,
                        batch_groups: int | None = None,
-                       on_batch: Callable[[list[Group]], Awaitable[None] | None] | None = None) -> list[Group]:
+                       on_batch: Callable[[list[Group]], Awaitable[None] | None] | None = None,
+                       fill: bool = True) -> list[Group]:
     """Run ``config.num_groups`` groups in lockstep batches; returns them in group order.
 
-    ``batch_groups`` defaults to ``config.groups_per_step`` (capped by the envs available).
-    A failing trajectory raises (the baseline has no isolation; it is a reference, not a runner).
+    Each batch has :func:`sync_batch_groups` groups (``fill``: every env and engine row works;
+    ``batch_groups``, default ``config.groups_per_step``, is the least). ``on_batch`` gets all of a
+    batch's groups. A failing trajectory raises (the baseline has no isolation; it is a reference,
+    not a runner).
     """
     if config.num_groups is None:
         raise ValueError("sync_rollout: expected config.num_groups (an int), received None. Fix: set num_groups.")
     slots = as_env_slots(envs)
     eng = engine if isinstance(engine, MeteredEngine) else MeteredEngine(engine)
     G = config.group_size
-    per_batch = min(batch_groups or config.groups_per_step, max(1, slots.num_envs // G))
+    per_batch = sync_batch_groups(slots.num_envs, eng.engine, config, batch_groups, fill=fill)
     if per_batch * G > slots.num_envs:
         raise ValueError(f"sync_rollout: a group of {G} needs {G} envs, received {slots.num_envs}. Fix: pass more envs.")
     prefix = check_prefix_preserving(agent.tokenizer, agent.observation_roles)
