@@ -5,14 +5,20 @@ A representative rollout step: ``groups x group_size`` trajectories of the real
 random Llama (CPU here): reset, chat prompt, generate, env step, reward; every phase traced the
 way the orchestrator traces it, plus the engine's own prefill/decode spans (one per decode step,
 the hottest span site of the system), queue-depth counters and the trainer's micro-batch spans.
-Steps alternate between a recording tracer and a disabled one.
+Measured A/B: the same step (same seeds, prompts and sampled tokens) on the same engine, with the
+process-wide tracer switched on and off (``Tracer.enabled``: one tracer, toggled, so every span
+site, the engine's included, sees the switch), interleaved over rounds: each round runs one step
+of each, the order alternating (ABBA), so a drift in the machine's load hits both sides alike.
 
 Figures (RESULT keys):
-- ``overhead_fraction``: events recorded per step x measured cost per event / step time (the
-  tracing cost of a step, from precise micro-timings; the A/B difference below is noisier);
-- ``overhead_fraction_ab``: (median step wall time traced - untraced) / untraced, and
-  ``overhead_fraction_ab_cpu`` the same on the process's CPU time (less disturbed by other
-  processes on a shared machine); both are noisy at the sub-percent level the tracer costs;
+- ``overhead_fraction``: the measured overhead, the median over rounds of the paired relative
+  difference (step wall traced - untraced) / untraced; ``overhead_fraction_spread``: its mean, std,
+  standard error, min and max over rounds (on a shared machine the spread is often wider than the
+  tracer's sub-percent cost: read the figure with it); ``overhead_fraction_cpu``: the same on the
+  process's CPU time (less disturbed by other processes), with ``overhead_fraction_cpu_spread``;
+- ``overhead_fraction_modelled`` (secondary): events recorded per step x measured cost per event /
+  step time, from precise micro-timings (``overhead_fraction_ab`` / ``_ab_cpu``: the medians'
+  difference, kept for comparison with earlier runs);
 - ``span_cost_us`` / ``span_cost_disabled_us`` / ``counter_cost_us``: CPU time per call (thread
   time, so other processes on a shared machine do not inflate it), the empty loop's cost removed;
 - ``events_per_step``, ``step_s_traced``, ``step_s_untraced``;
@@ -41,6 +47,23 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import gymllm  # noqa: E402
 from gymllm.telemetry import Tracer, get_tracer, set_tracer, span  # noqa: E402
+from gymllm.utils.host import describe_cpu  # noqa: E402
+
+
+def loadavg() -> list[float]:
+    """The 1, 5 and 15 minute load averages (``/proc/loadavg``; empty where unavailable)."""
+    try:
+        with open("/proc/loadavg") as f:
+            return [float(x) for x in f.read().split()[:3]]
+    except OSError:
+        return []
+
+
+def spread(xs: list[float]) -> dict[str, float]:
+    """Mean, std, standard error of the mean, min and max of per-round figures."""
+    m = statistics.fmean(xs)
+    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+    return {"mean": m, "std": sd, "sem": sd / len(xs) ** 0.5, "min": min(xs), "max": max(xs), "rounds": len(xs)}
 
 
 def per_call_us(fn, n: int) -> float:
@@ -130,11 +153,12 @@ async def pipeline(args) -> dict[str, float]:
     cpu: dict[bool, list[float]] = {True: [], False: []}
     events: list[int] = []
     previous = get_tracer()
+    tr = Tracer(capacity=4_000_000, enabled=False)  # one tracer for the whole run: toggled, never swapped
     try:
-        set_tracer(Tracer(enabled=False))
+        set_tracer(tr)
         # Every step replays the same seeds (same prompts, same sampled tokens), so traced and
         # untraced steps do identical work. Warm up until a step compiles nothing new; a measured
-        # step that still compiled (prefill batching depends on arrival timing) is discarded.
+        # round in which a step still compiled (prefill batching depends on arrival timing) is discarded.
         compiles = lambda: sum(engine.trace_counts.values())  # noqa: E731
         step = lambda: rollout_step(engine, envs, tok, SamplingParams, 0, args.groups, args.group_size, args.max_tokens)  # noqa: E731
         for w in range(8):
@@ -145,12 +169,15 @@ async def pipeline(args) -> dict[str, float]:
         rep = discarded = 0
         while rep < args.reps and discarded < 2 * args.reps:
             pair = {}
+            tr.clear()
             for traced in ((True, False) if rep % 2 == 0 else (False, True)):
-                tr = Tracer(enabled=traced)
-                set_tracer(tr)
+                tr.enabled = traced
+                cursor = tr.cursor()
                 before = compiles()
                 dt, dc = await step()
-                pair[traced] = (dt, dc, len(tr.events()), tr.events() if traced else None, compiles() != before)
+                tr.enabled = False
+                evs = tr.events_since(cursor) if traced else None
+                pair[traced] = (dt, dc, len(evs or ()), evs, compiles() != before)
             if pair[True][4] or pair[False][4]:
                 discarded += 1
                 continue
@@ -161,6 +188,7 @@ async def pipeline(args) -> dict[str, float]:
                     events.append(n_events)
                     last_events = evs
             rep += 1
+            tr.clear()  # every traced step starts from the same (empty) buffer
     finally:
         set_tracer(previous)
         await engine.close()
@@ -173,7 +201,10 @@ async def pipeline(args) -> dict[str, float]:
         t = time.thread_time()
         write_chrome_trace(os.path.join(d, "trace.json"), many)
         export_us = (time.thread_time() - t) / len(many) * 1e6
+    paired = [(a - b) / b for a, b in zip(times[True], times[False])]
+    paired_cpu = [(a - b) / b for a, b in zip(cpu[True], cpu[False])]
     return {
+        "paired": paired, "paired_cpu": paired_cpu, "discarded_rounds": discarded,
         "step_s_traced": statistics.median(times[True]),
         "step_s_untraced": statistics.median(times[False]),
         "step_cpu_s_traced": statistics.median(cpu[True]),
@@ -193,13 +224,18 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--reps", type=int, default=None)
     args = p.parse_args()
-    args.reps = args.reps or (8 if args.quick else 20)
+    args.reps = args.reps or (12 if args.quick else 30)
+    cpu_name, load0 = describe_cpu(), loadavg()
+    print(f"CPU: {cpu_name}; load average {load0}", flush=True)
     micro = micro_costs(50_000 if args.quick else 200_000)
     bpe = memory_per_event(50_000)
     pipe = asyncio.run(pipeline(args))
     cost_per_event = max(micro["span_cost_us"], micro["counter_cost_us"])
+    paired, paired_cpu = pipe.pop("paired"), pipe.pop("paired_cpu")
     result = {
-        "overhead_fraction": pipe["events_per_step"] * cost_per_event * 1e-6 / pipe["step_s_traced"],
+        "overhead_fraction": statistics.median(paired),
+        "overhead_fraction_cpu": statistics.median(paired_cpu),
+        "overhead_fraction_modelled": pipe["events_per_step"] * cost_per_event * 1e-6 / pipe["step_s_traced"],
         "overhead_fraction_ab": (pipe["step_s_traced"] - pipe["step_s_untraced"]) / pipe["step_s_untraced"],
         "overhead_fraction_ab_cpu": (pipe["step_cpu_s_traced"] - pipe["step_cpu_s_untraced"]) / pipe["step_cpu_s_untraced"],
         **micro,
@@ -209,8 +245,12 @@ def main() -> None:
         "max_tokens": args.max_tokens,
     }
     result = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in result.items()}
+    result["overhead_fraction_spread"] = {k: round(v, 6) for k, v in spread(paired).items()}
+    result["overhead_fraction_cpu_spread"] = {k: round(v, 6) for k, v in spread(paired_cpu).items()}
+    result["overhead_fraction_rounds"] = [round(x, 5) for x in paired]
+    result["cpu"], result["loadavg"] = cpu_name, {"start": load0, "end": loadavg()}
     for k, v in result.items():
-        print(f"{k:>24}: {v}")
+        print(f"{k:>28}: {v}")
     print("RESULT " + json.dumps(result))
 
 

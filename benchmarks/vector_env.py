@@ -14,8 +14,12 @@ The machine is shared and noisy: zero-latency timings interleave our step and Gy
 rounds; ``overhead_vs_gym_sync`` is the median over rounds of the paired ratio. Gymnasium's AsyncVectorEnv runs first (it forks 64 processes; forking
 before our worker threads exist keeps it safe).
 
-RESULT keys: ``barrier_free_vs_gym_async`` (env-steps/s ratio, heavy-tailed latency) and
+RESULT keys: ``barrier_free_vs_gym_async`` (env-steps/s ratio, heavy-tailed latency), beside it
+``barrier_free_vs_ours_step`` (the like-for-like figure: ``recv(min_ready=k)`` against our own
+synchronous ``step()`` on the same 64 threads, so it isolates the barrier from Gymnasium's
+process-per-env transport; ``ours_step_vs_gym_async`` is the transport part), and
 ``overhead_vs_gym_sync`` (our per-step time / SyncVectorEnv's, zero latency; below 1 is better).
+The CPU (``gymllm.utils.host.describe_cpu``) and the load average are printed and in the RESULT.
 
     python benchmarks/vector_env.py --quick
 """
@@ -31,9 +35,19 @@ import time
 import gymnasium as gym
 
 from gymllm.envs.basic import LatencyEnv
+from gymllm.utils.host import describe_cpu
 from gymllm.vector import VectorEnv
 
 NUM_ENVS = 64
+
+
+def loadavg() -> list[float]:
+    """The 1, 5 and 15 minute load averages (``/proc/loadavg``; empty where unavailable)."""
+    try:
+        with open("/proc/loadavg") as f:
+            return [float(x) for x in f.read().split()[:3]]
+    except OSError:
+        return []
 
 
 def env_fns(median_s: float, p99_s: float, n: int = NUM_ENVS) -> list:
@@ -129,17 +143,26 @@ def main() -> None:
     parser.add_argument("--min-ready", type=int, default=8, help="k in recv(min_ready=k)")
     args = parser.parse_args()
     heavy_steps, rounds, zero_steps = (15, 21, 50) if args.quick else (60, 41, 100)
+    cpu, load0 = describe_cpu(), loadavg()
+    print(f"CPU: {cpu}; load average {load0}", flush=True)
     heavy = heavy_tailed(heavy_steps, args.min_ready)
     print("heavy-tailed latency (median 20 ms, p99 500 ms), 64 envs:", json.dumps(heavy, indent=1), flush=True)
     zero = zero_latency(rounds, zero_steps, args.min_ready)
     print("zero latency, 64 envs:", json.dumps(zero, indent=1), flush=True)
     result = {
         "barrier_free_vs_gym_async": round(heavy["barrier_free_vs_gym_async"], 3),
+        "barrier_free_vs_ours_step": round(heavy["barrier_free_vs_ours_step"], 3),
+        "ours_step_vs_gym_async": round(heavy["ours_step_vs_gym_async"], 3),
         "overhead_vs_gym_sync": round(zero["overhead_vs_gym_sync"], 3),
         "num_envs": NUM_ENVS, "min_ready": args.min_ready, "quick": args.quick,
         "heavy_tailed": {k: round(v, 3) for k, v in heavy.items()},
         "zero_latency": {k: round(v, 3) for k, v in zero.items()},
+        "cpu": cpu, "loadavg": {"start": load0, "end": loadavg()},
     }
+    print(f"{'figure':28s} {'value':>8s}")
+    for k in ("barrier_free_vs_gym_async", "barrier_free_vs_ours_step", "ours_step_vs_gym_async",
+              "overhead_vs_gym_sync"):
+        print(f"{k:28s} {result[k]:8.3f}")
     print("RESULT " + json.dumps(result))
 
 
