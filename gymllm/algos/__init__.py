@@ -48,6 +48,7 @@ _LAZY = {
     "TrainResult": "gymllm.algos.trainer",
     "train": "gymllm.algos.trainer",
     "preset": "gymllm.algos.train_config",
+    **{n: "gymllm.algos.sft" for n in ("SFTConfig", "SFTSection", "SFTResult", "run_sft")},
 }
 
 __all__ = list(_LAZY)
