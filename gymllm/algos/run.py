@@ -33,10 +33,11 @@ import numpy as np
 
 from gymllm.algos.train_config import ModelSection, TrainConfig
 from gymllm.errors import ConfigError, GymLLMError, explain
+from gymllm.telemetry.sinks import ProfileWindow
 from gymllm.telemetry.watchdog import Watchdog, WatchdogConfig
 
 __all__ = ["Run", "Components", "LocalComponents", "LearnerStepError", "AgentPrograms", "AgentProgramError",
-           "load_model", "mask_spans"]
+           "load_model", "mask_spans", "RolloutTally", "training_seed_bound", "check_heldout_seeds"]
 
 
 def load_model(m: ModelSection) -> Any:
@@ -83,15 +84,93 @@ class _SkipConsumed:
         return await self.engine.generate(prompt_ids, params, session_id=session_id)
 
 
-def _group_filter(cfg: TrainConfig, decided: dict[str, bool], filtered: set[str], seen: list[float] | None = None):
+class RolloutTally:
+    """Figures over every completed rollout (filtered groups included) since the last step: the
+    honest progress of a run, beside the trained groups' ``reward_mean``. :meth:`add` each group as
+    it completes; :meth:`pop` the step metrics ``rollout_reward_mean``, ``rollout_groups``,
+    ``rollout_episodes``, ``tool_calls_per_episode`` and ``tool_call_share`` (episodes with at least
+    one tool call). ``seeds``: every env seed a training group used (the whole run). ``heldout``: env
+    seeds training must never use (the evaluation's): a group on one raises :class:`ConfigError`."""
+
+    def __init__(self, heldout: range | None = None):
+        self.heldout = heldout
+        self.seeds: set[int] = set()
+        self.rewards: list[float] = []  # per group: its mean reward
+        self.tool_calls: list[int] = []  # per episode
+        self.totals = {"episodes": 0, "with_tool_call": 0, "tool_calls": 0}
+
+    def add(self, group: Any) -> None:
+        from gymllm.rollout.evaluation import group_tool_calls
+
+        seeds = {int(t.seed) for t in group.trajectories if t.seed is not None}
+        bad = sorted(x for x in seeds if self.heldout is not None and x in self.heldout)
+        if bad:
+            raise ConfigError(explain(f"training group {group.group_id}", expected="an env seed outside the held-out "
+                                      f"seeds {self.heldout.start}..{self.heldout.stop - 1}", received=bad, fix=
+                                      "raise --eval.seed-base above every seed training reaches (run.seed + the "
+                                      "groups it admits)"))
+        self.seeds |= seeds
+        self.rewards.append(float(np.mean(group.rewards)))
+        calls = group_tool_calls(group)
+        self.tool_calls += calls
+        self.totals["episodes"] += len(calls)
+        self.totals["with_tool_call"] += sum(c > 0 for c in calls)
+        self.totals["tool_calls"] += sum(calls)
+
+    def pop(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        if self.rewards:
+            out.update(rollout_reward_mean=float(np.mean(self.rewards)), rollout_groups=len(self.rewards))
+        if self.tool_calls:
+            calls = np.asarray(self.tool_calls, np.float64)
+            out.update(rollout_episodes=int(calls.size), tool_calls_per_episode=float(calls.mean()),
+                       tool_call_share=float((calls > 0).mean()))
+        self.rewards.clear()
+        self.tool_calls.clear()
+        return out
+
+
+def training_seed_bound(cfg: TrainConfig) -> int:
+    """How many env seeds (``run.seed`` upwards) training reaches unless groups go stale or fail:
+    ``num_steps * groups_per_step`` trained groups, up to ``patience - 1`` zero-variance groups filtered
+    before each kept one (:func:`_group_filter` keeps the ``patience``-th), plus the groups still open
+    or queued when the run stops. Stale-dropped and failed groups have no static bound: the run checks
+    each group's seed as it completes (:class:`RolloutTally`)."""
+    gps = cfg.learner.groups_per_step
+    patience = max(8, 4 * gps) if cfg.loss.shaping.filter_zero_variance else 1
+    open_groups = 2 * -(-cfg.rollout.max_concurrency // cfg.rollout.group_size) + 1
+    return cfg.learner.num_steps * gps * patience + open_groups + max(8, 2 * gps)
+
+
+def check_heldout_seeds(cfg: TrainConfig) -> range | None:
+    """The held-out seeds (``eval.seed_base ..``), after checking that they cannot meet a training seed
+    (:func:`training_seed_bound`); None when evaluation is off. Raises :class:`ConfigError`."""
+    e = cfg.eval
+    if not e.every:
+        return None
+    if cfg.rollout.mode == "proxy":
+        raise ConfigError(explain("eval.every", expected="0 with rollout.mode='proxy' (the agent program picks its own "
+                                  "tasks, so held-out seeds cannot be checked)", received=e.every,
+                                  fix="evaluate the run directory afterwards: gymllm eval ENV --checkpoint RUN_DIR"))
+    heldout = range(e.seed_base, e.seed_base + e.seeds)
+    train = range(cfg.run.seed, cfg.run.seed + training_seed_bound(cfg))
+    if heldout.start < train.stop and train.start < heldout.stop:
+        raise ConfigError(explain("eval.seed_base", expected=f"held-out seeds disjoint from the training seeds "
+                                  f"{train.start}..{train.stop - 1} (run.seed + up to {len(train)} groups)",
+                                  received=f"seeds {heldout.start}..{heldout.stop - 1}", fix=f"--eval.seed-base "
+                                  f"{max(1_000_000, train.stop)} (or fewer steps / a lower run.seed)"))
+    return heldout
+
+
+def _group_filter(cfg: TrainConfig, decided: dict[str, bool], filtered: set[str], seen: RolloutTally | None = None):
     """Drop groups whose (overlong-shaped) rewards are all equal, if the loss asks; replayed groups
     keep the decision recorded before the checkpoint (so admission accounting matches).
 
     A task the policy always fails (or always solves) would filter every group and the run would
     never take a step: after ``patience`` filtered groups in a row the next one is kept (marked
     ``info["kept_zero_variance"]``; its advantages are zero, so it moves no weights) and the run says so.
-    ``seen`` collects every newly decided group's mean reward, filtered or not (the unbiased
-    ``rollout_reward_mean`` of the step metrics).
+    ``seen`` tallies every newly decided group, filtered or not (the unbiased ``rollout_reward_mean``
+    and the tool-call figures of the step metrics; it also rejects a held-out seed).
     """
     import logging
 
@@ -105,7 +184,7 @@ def _group_filter(cfg: TrainConfig, decided: dict[str, bool], filtered: set[str]
         if group.group_id in decided:
             return decided[group.group_id]
         if seen is not None:
-            seen.append(float(np.mean(group.rewards)))
+            seen.add(group)
         if not sh.filter_zero_variance:
             return True
         r = group.rewards
@@ -377,7 +456,11 @@ class Run:
         self.step_groups: list[Any] = []
         self.wait_s, self.t_step, self.gen_tokens = 0.0, time.perf_counter(), 0
         self.filtered: set[str] = set()
-        self.rollout_rewards: list[float] = []  # every completed group's mean reward since the last step
+        self.tally = RolloutTally(check_heldout_seeds(cfg))  # every completed group since the last step
+        self.evals: list[dict[str, Any]] = []  # held-out rows (step, env, pass@1, mean_reward, seeds, ...)
+        self.pending_eval: dict[str, float] = {}  # the eval metrics of the step being logged
+        self.heldout: Any = None  # HeldOutEvaluator when eval.every > 0
+        self.profiler = ProfileWindow(pathlib.Path(cfg.run.run_dir) / "profile", None)  # setup: run.profile_steps
         self.decided: dict[str, bool] = {}
         self.resumed_from: int | None = None
         self.rewound: dict[str, Any] = {}  # log file -> RewindReport of the records set aside at resume
@@ -396,7 +479,7 @@ class Run:
         checkpoint if ``run.resume``, and open the run directory's logs."""
         from gymllm.inference.params import SamplingParams
         from gymllm.rollout import ModelAgent, RolloutConfig, ToolAgent
-        from gymllm.telemetry.sinks import MetricsLogger
+        from gymllm.telemetry.sinks import MetricsLogger, parse_step_window
 
         cfg = self.cfg
         self.components = parts = components if components is not None else LocalComponents()
@@ -438,9 +521,57 @@ class Run:
             self.rewound = {name: rewind_jsonl(run_dir / name, step=self.resumed_from or 0)
                             for name in ("metrics.jsonl", "trajectories.jsonl")}
         self.logger = MetricsLogger(run_dir, total_steps=cfg.learner.num_steps, console=cfg.run.console)
+        self.profiler = ProfileWindow(run_dir / "profile", parse_step_window(cfg.run.profile_steps))
+        if cfg.eval.every:
+            self.heldout = self.make_heldout()
         self.traj_log = open(run_dir / "trajectories.jsonl", "a") if cfg.run.log_trajectories else None
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gymllm-learner")
         self.watchdog.start()
+
+    def make_heldout(self) -> Any:
+        """The :class:`~gymllm.rollout.evaluation.HeldOutEvaluator` of ``cfg.eval``: the training env (its
+        kwargs and the run's agent) unless ``eval.envs`` names others (each with the agent its reset asks for)."""
+        from gymllm.rollout.evaluation import EvalConfig, HeldOutEvaluator, agent_for
+
+        cfg, e = self.cfg, self.cfg.eval
+        specs = ([(cfg.env.id, dict(cfg.env.kwargs), self.agent)] if not e.envs else
+                 [(i, dict(cfg.env.kwargs), self.agent) if i == cfg.env.id else (i, {}, agent_for(i, self.tok))
+                  for i in e.envs])
+        config = EvalConfig(num_seeds=e.seeds, k=1, seed_base=e.seed_base, temperature=e.temperature,
+                            max_tokens=e.max_tokens or cfg.rollout.max_tokens, max_turns=cfg.rollout.max_turns,
+                            max_concurrency=cfg.rollout.max_concurrency)
+        return HeldOutEvaluator(specs, config=config, num_envs=cfg.env.num_envs)
+
+    async def evaluate(self, step: int) -> dict[str, float]:
+        """Held-out evaluation on the run's engine at policy ``step`` (live on it): rows into ``evals``,
+        ``eval/<env>/...`` metrics returned. The time it takes is left out of the step's wall time."""
+        from gymllm.rollout.evaluation import eval_metrics
+
+        t = time.perf_counter()
+        self.watchdog.begin("rollout", f"held-out evaluation at step {step}")
+        try:
+            rows = await self.heldout.evaluate(self.engine, step)
+        finally:
+            self.watchdog.end("rollout")
+        dt = time.perf_counter() - t
+        self.t_step += dt
+        self.evals += rows
+        out = {k: v for row in rows for k, v in eval_metrics(row).items()}
+        out["eval_s"] = dt
+        return out
+
+    def eval_due(self, step: int) -> bool:
+        every = self.cfg.eval.every
+        return bool(every) and (step % every == 0 or self.done())
+
+    async def begin(self) -> None:
+        """Before any rollout: the held-out evaluation at the starting policy (a fresh run's step 0; a
+        resumed run evaluated that step before it stopped) and the profile window's start at step 1."""
+        version = self.learner.version
+        if self.heldout is not None and self.resumed_from is None:
+            self.logger.log(version, {**await self.evaluate(version), "pipeline": {}})
+        self.profiler.after_step(version)
+        self.t_step = time.perf_counter()
 
     def save(self) -> None:
         self.watchdog.begin("checkpoint", f"save step {self.learner.version}")
@@ -484,7 +615,10 @@ class Run:
         self.watchdog.end("weight_sync")
         self.set_version(rep.step)
         self.steps_here += 1
+        if self.heldout is not None and self.eval_due(rep.step):  # at the policy just pushed
+            self.pending_eval = await self.evaluate(rep.step)
         self.log_step(rep, sync_s)
+        self.profiler.after_step(rep.step)
         every = self.cfg.run.checkpoint_every
         if every and rep.step % every == 0:
             self.save()
@@ -509,9 +643,11 @@ class Run:
                  engine_busy_fraction=float(stats.get("engine_busy_fraction", 0.0)),
                  groups_filtered_rollout=float(len(self.filtered)),
                  groups_stale_rollout=float(stats.get("stale_dropped", 0)))
-        if self.rollout_rewards:  # over every group completed since the last step, filtered ones included
-            m.update(rollout_reward_mean=float(np.mean(self.rollout_rewards)), rollout_groups=len(self.rollout_rewards))
-            self.rollout_rewards.clear()
+        if "concurrency_limit" in stats:
+            m["rollout_concurrency"] = float(stats["concurrency_limit"])
+        m.update(self.tally.pop())  # over every group completed since the last step, filtered ones included
+        m.update(self.pending_eval)
+        self.pending_eval = {}
         self.history.append({"step": rep.step, **m})
         self.trained_ids.append(rep.sample_ids)
         self.logger.log(rep.step, m)
@@ -532,9 +668,9 @@ class Run:
             return await self.run_proxy()
         self.orch = orch = RolloutOrchestrator(self.envs, self.gen_engine, self.agent, sampling=self.sampling,
                                                config=self.rcfg, group_filter=_group_filter(
-                                                   self.cfg, self.decided, self.filtered, self.rollout_rewards))
+                                                   self.cfg, self.decided, self.filtered, self.tally))
         self.version_listeners.append(orch.set_policy_version)
-        self.t_step = time.perf_counter()  # step 1's wall time starts with the rollouts, not the setup
+        await self.begin()  # step 1's wall time starts with the rollouts, not the setup or the evaluation
         async with orch:
             while not self.done():
                 t = time.perf_counter()
@@ -566,7 +702,7 @@ class Run:
         cfg = self.cfg
         self.orch = source = ProxyGroupSource(ProxySourceConfig(
             group_size=cfg.rollout.group_size, max_queued_groups=self.rcfg.queue_size, max_staleness=cfg.rollout.eta))
-        keep = _group_filter(cfg, self.decided, self.filtered, self.rollout_rewards)
+        keep = _group_filter(cfg, self.decided, self.filtered, self.tally)
         recorder = SessionRecorder(self.tok, on_closed=source.add)
         app = build_app(self.gen_engine, self.tok, "policy", recorder=recorder, admission=source.wait_for_room)
         server = ServerThread(app).start()
@@ -622,11 +758,14 @@ class Run:
                                       fix="resume with mode='async' (eta=0 is synchronous) or use a fresh run_dir"))
         B = self.cfg.learner.groups_per_step
         rcfg = dataclasses.replace(self.rcfg, num_groups=10**9)  # batches run until on_batch says stop
+        await self.begin()
         t_batch = [time.perf_counter()]
         self.t_step = t_batch[0]
 
         async def on_batch(groups: list[Any]) -> None:
             self.wait_s += time.perf_counter() - t_batch[0]
+            for g in groups:  # every rollout of the batch counts, whatever the learner keeps
+                self.tally.add(g)
             await self.consume(groups)
             if self.done():
                 raise _StopRollout
@@ -643,6 +782,9 @@ class Run:
         """Stop the learner thread, the engine and the envs, close the logs, then the components."""
         try:
             self.pool.shutdown(wait=True)
+            self.profiler.close(self.learner.version)
+            if self.heldout is not None:
+                self.heldout.close()
             await self.engine.close()
             close = getattr(self.envs, "close", None)
             if close is not None:

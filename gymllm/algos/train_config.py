@@ -165,6 +165,9 @@ class RunSection:
         check_range("RunSection", "checkpoint_every", self.checkpoint_every, lo=0)
         check_range("RunSection", "keep_checkpoints", self.keep_checkpoints, lo=1)
         check_range("RunSection", "stall_timeout_s", self.stall_timeout_s, lo=0.0)
+        from gymllm.telemetry.sinks import parse_step_window
+
+        parse_step_window(self.profile_steps, "run.profile_steps")  # "A:B" or "": a clear error now
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

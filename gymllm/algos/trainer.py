@@ -11,8 +11,11 @@ rollouts continue; after each update the new weights are pushed to the engine (v
 decode steps) and the orchestrator's policy version advances (admission bounds staleness by eta).
 
 The run directory gets: ``config.json``; ``metrics.jsonl`` (one object per optimizer step: ``step``,
-``reward_mean``, tokens/s, engine busy, trainer idle, staleness, clip fraction, KL, entropy, lengths,
-weight-sync time ...); ``tensorboard/``; ``trajectories.jsonl`` (every trained trajectory: ids,
+``reward_mean`` (trained groups), ``rollout_reward_mean`` (every completed rollout, filtered groups
+included), ``tool_calls_per_episode`` / ``tool_call_share``, tokens/s, engine busy, trainer idle,
+staleness, clip fraction, KL, entropy, lengths, weight-sync time ...; with ``eval.every`` also
+``eval/<env>/pass@1`` and ``eval/<env>/mean_reward`` at step 0, every N steps and the last);
+``profile/`` (with ``run.profile_steps``: the op-level ``jax.profiler`` trace); ``tensorboard/``; ``trajectories.jsonl`` (every trained trajectory: ids,
 reward, decoded response, versions); ``trace.json`` (open in ui.perfetto.dev); ``checkpoints/``
 (Orbax); ``reward.png`` and the other report plots.
 
@@ -57,16 +60,47 @@ class TrainResult:
     wall_s: float
     resumed_from: int | None = None
     counts: dict[str, Any] = dataclasses.field(default_factory=dict)
+    evals: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # held-out rows, with "step"
+    profile_dir: pathlib.Path | None = None  # the jax.profiler trace of run.profile_steps, when written
+    profile_steps: tuple[int, int] | None = None  # the optimizer steps that trace covers
 
     def rewards(self) -> list[float]:
+        """The trained groups' mean reward per step (``reward_mean``; filtered groups left out)."""
         return [float(h["reward_mean"]) for h in self.history]
 
+    def figure(self, key: str) -> list[float]:
+        """``key`` of every step record that has it (e.g. ``rollout_reward_mean``, ``tool_call_share``)."""
+        return [float(h[key]) for h in self.history if h.get(key) is not None]
+
     def summary(self) -> str:
-        r = self.rewards()
-        first = f"{np.mean(r[:3]):.3f}" if r else "n/a"
-        last = f"{np.mean(r[-3:]):.3f}" if r else "n/a"
-        return (f"trained {self.steps} steps in {self.wall_s:.1f}s; reward {first} (first 3 steps) -> {last} "
-                f"(last 3); run dir {self.run_dir}")
+        """What the run did: the reward over every completed rollout (filtered groups included) and the
+        trained groups' reward, first 3 vs last 3 steps; tool use; held-out figures before and after
+        training; where the op-level profile is."""
+        def span(values: list[float], fmt: str = "{:.3f}") -> str:
+            if not values:
+                return "n/a"
+            return f"{fmt.format(np.mean(values[:3]))} -> {fmt.format(np.mean(values[-3:]))}"
+
+        every = self.figure("rollout_reward_mean")
+        lines = [f"trained {self.steps} steps in {self.wall_s:.1f}s; reward over every rollout {span(every)} "
+                 f"(first 3 steps -> last 3), trained groups {span(self.rewards())}; run dir {self.run_dir}"]
+        calls, share = self.figure("tool_calls_per_episode"), self.figure("tool_call_share")
+        if calls:
+            lines.append(f"tool calls per episode {span(calls, '{:.2f}')}; episodes with a tool call "
+                         f"{span([100 * x for x in share], '{:.1f}%')} (every rollout, first 3 steps -> last 3)")
+        for env in dict.fromkeys(r["env"] for r in self.evals):
+            rows = sorted((r for r in self.evals if r["env"] == env), key=lambda r: r["step"])
+            a, b = rows[0], rows[-1]
+            seeds = a.get("seeds") or [0]
+            lines.append(f"held-out {env} ({a['episodes']} episodes, seeds {min(seeds)}..{max(seeds)}): pass@1 "
+                         f"{a['pass@1']:.3f} (step {a['step']}) -> {b['pass@1']:.3f} (step {b['step']}); mean reward "
+                         f"{a['mean_reward']:.3f} -> {b['mean_reward']:.3f}; tool calls per episode "
+                         f"{a['tool_calls_per_episode']:.2f} -> {b['tool_calls_per_episode']:.2f}")
+        if self.profile_dir is not None:
+            lo, hi = self.profile_steps or (0, 0)
+            lines.append(f"op-level profile of steps {lo}..{hi}: {self.profile_dir} (tensorboard --logdir "
+                         f"{self.profile_dir} with the profile plugin, or xprof; the .trace.json.gz opens in ui.perfetto.dev)")
+        return "\n".join(lines)
 
 
 def components_for(cfg: TrainConfig) -> Components:
@@ -118,5 +152,7 @@ async def _train(cfg: TrainConfig, max_steps: int | None, on_step: Sequence[Call
             (run.run_dir / "report_error.txt").write_text(repr(e))
     return TrainResult(run_dir=run.run_dir, steps=run.learner.version, history=run.history,
                        trained_ids=run.trained_ids, wall_s=time.perf_counter() - t_start,
-                       resumed_from=run.resumed_from,
+                       resumed_from=run.resumed_from, evals=list(run.evals),
+                       profile_dir=run.profiler.logdir if run.profiler.captured else None,
+                       profile_steps=run.profiler.captured,
                        counts={**dict(run.learner.counts), "filtered_rollout": len(run.filtered), **counts})

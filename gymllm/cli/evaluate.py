@@ -1,7 +1,8 @@
 """``gymllm eval``: pass@k and mean reward of a model on registered envs, over held-out seeds.
 
 Each held-out seed is one group of k samples (the same env seed, distinct sampling seeds) run by
-the rollout orchestrator over the embedded engine, so evaluation uses exactly the training path.
+the rollout orchestrator over the embedded engine, so evaluation uses exactly the training path
+(:mod:`gymllm.rollout.evaluation`, which the training run's in-loop evaluation calls too).
 pass@1 is the mean success rate; pass@k the fraction of seeds with at least one success
 (success: reward >= ``success_threshold``).
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Sequence
 
-import numpy as np
 
 #: the default suite: small, verifiable, offline tasks of several kinds
 SUITE = ("gymllm/Arithmetic-v0", "gymllm/Countdown-v0", "gymllm/MathWord-v0", "gymllm/CalcMath-v0",
@@ -56,47 +56,34 @@ def load_model(name: str | None, *, checkpoint: str | None = None) -> Any:
 
 
 def make_agent(env_id: str, tokenizer: Any, env_kwargs: dict | None = None) -> Any:
-    """A ``ToolAgent`` when the env offers tools at reset (``info["tools"]``), else a ``ModelAgent``."""
+    """A ``ToolAgent`` when the env offers tools at reset (``info["tools"]``), else a ``ModelAgent``
+    (:func:`gymllm.rollout.evaluation.agent_for`)."""
+    from gymllm.rollout.evaluation import agent_for
+
+    return agent_for(env_id, tokenizer, env_kwargs)
+
+
+async def eval_env(env_id: str, loaded: Any, *, num_seeds: int, k: int, seed_offset: int, temperature: float,
+                   max_tokens: int, max_turns: int, success_threshold: float,
+                   env_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One env's row: a fresh engine over ``loaded`` and a vector env, then
+    :func:`gymllm.rollout.evaluation.evaluate_env` (the path the training run's evaluation takes)."""
     import gymllm
-    from gymllm.rollout import ModelAgent, ToolAgent
+    from gymllm.inference import EngineConfig, JaxEngine
+    from gymllm.rollout.evaluation import EvalConfig, evaluate_env
 
-    env = gymllm.make(env_id, **(env_kwargs or {}))
-    try:
-        _, info = env.reset(seed=0)
-    finally:
-        env.close()
-    system = info.get("system_prompt") if isinstance(info, dict) else None
-    if isinstance(info, dict) and info.get("tools"):
-        return ToolAgent(tokenizer, system_prompt=system)
-    return ModelAgent(tokenizer, system_prompt=system)
-
-
-async def _eval_env(env_id: str, loaded: Any, *, num_seeds: int, k: int, seed_offset: int, temperature: float,
-                    max_tokens: int, max_turns: int, success_threshold: float,
-                    env_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
-    import gymllm
-    from gymllm.inference import EngineConfig, JaxEngine, SamplingParams
-    from gymllm.rollout import RolloutConfig, RolloutOrchestrator
-
-    concurrency = min(32, num_seeds * k)
+    config = EvalConfig(num_seeds=num_seeds, k=k, seed_base=seed_offset, temperature=temperature,
+                        max_tokens=max_tokens, max_turns=max_turns, success_threshold=success_threshold)
+    concurrency = min(config.max_concurrency, num_seeds * k)
     vec = gymllm.make_vec(env_id, num_envs=concurrency, max_episode_steps=max_turns, **(env_kwargs or {}))
     engine = JaxEngine.from_loaded(loaded, config=EngineConfig(num_slots=min(16, concurrency), max_len=2048))
-    cfg = RolloutConfig(group_size=k, max_concurrency=concurrency, num_groups=num_seeds, max_staleness=None,
-                        groups_per_step=1, seed=seed_offset, max_model_calls=max_turns)
-    sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens)
-    rewards: list[np.ndarray] = []
     try:
-        async with RolloutOrchestrator(vec, engine, make_agent(env_id, loaded.tokenizer, env_kwargs), sampling=sampling,
-                                       config=cfg) as orch:
-            for _ in range(num_seeds):
-                rewards.append((await orch.get_group()).rewards)
+        row = await evaluate_env(vec, engine, make_agent(env_id, loaded.tokenizer, env_kwargs), config=config,
+                                 env_id=env_id, env_kwargs=env_kwargs, session_prefix="")
     finally:
         await engine.close()
         vec.close()
-    r = np.stack(rewards)  # [num_seeds, k]
-    ok = r >= success_threshold
-    return {"env": env_id, "env_kwargs": dict(env_kwargs or {}), "mean_reward": float(r.mean()), "pass@1": float(ok.mean()),
-            f"pass@{k}": float(ok.any(axis=1).mean()), "episodes": int(r.size)}
+    return row
 
 
 def run_eval(env_ids: Sequence[str], *, model: str | None = None, checkpoint: str | None = None, num_seeds: int = 16,
@@ -118,6 +105,6 @@ def run_eval(env_ids: Sequence[str], *, model: str | None = None, checkpoint: st
             return dict(env_kwargs)
         return dict(trained_env.get("kwargs") or {}) if env_id == trained_env.get("id") else {}
 
-    return [asyncio.run(_eval_env(i, loaded, num_seeds=num_seeds, k=k, seed_offset=seed_offset,
+    return [asyncio.run(eval_env(i, loaded, num_seeds=num_seeds, k=k, seed_offset=seed_offset,
                                   temperature=temperature, max_tokens=max_tokens, max_turns=max_turns,
                                   success_threshold=success_threshold, env_kwargs=kwargs_for(i))) for i in ids]

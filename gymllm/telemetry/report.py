@@ -7,7 +7,9 @@ Either may be missing; each plot is written only when its data exists.
 Writes, into the run directory:
 
 - ``reward.png``: reward mean per step, with the min..max band (``*reward/mean``, ``/min``, ``/max``,
-  or the learner's flat ``reward_mean`` ... spellings, see :data:`ALIASES`);
+  or the learner's flat ``reward_mean`` ... spellings, see :data:`ALIASES`); beside it, named as
+  such, ``rollout_reward_mean`` (every completed rollout, filtered groups included) when logged;
+- ``eval.png``: the held-out curves ``eval/<env>/pass@1`` and ``eval/<env>/mean_reward`` (``eval.every``);
 - ``length.png``: trajectory length mean per step (``*length/mean`` or ``response_len_mean``), with
   its band;
 - ``timeline.png``: the pipeline timeline from the trace, one row per track (lane), spans coloured
@@ -123,14 +125,26 @@ def _save(fig, path: pathlib.Path, *, left: float = 0.1, right: float = 0.97) ->
     return path
 
 
-def plot_curve(records, stem: str, title: str, path: pathlib.Path) -> pathlib.Path | None:
-    """Mean per step with the min..max band (or mean +- std) of ``stem``; None without data."""
+def plot_curve(records, stem: str, title: str, path: pathlib.Path, *, mean_label: str | None = None,
+               extra: Sequence[tuple[str, str]] = ()) -> pathlib.Path | None:
+    """Mean per step with the min..max band (or mean +- std) of ``stem``; None without data.
+    ``extra``: ``(key, label)`` series drawn beside it (e.g. the reward over every rollout)."""
     steps, mean = series(records, f"{stem}/mean")
-    if not steps:
+    more = [(label, *series(records, key)) for key, label in extra]
+    more = [m for m in more if m[1]]
+    if not steps and not more:
         return None
     fig = _figure()
     ax = fig.add_subplot(1, 1, 1)
-    ax.plot(steps, mean, color="#1f77b4", lw=1.5, label=f"{stem} mean")
+    for (label, xs, ys), color in zip(more, ("#d62728", "#2ca02c", "#9467bd")):
+        ax.plot(xs, ys, color=color, lw=2.0, label=label)
+    if not steps:
+        ax.set_xlabel("step")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best")
+        return _save(fig, path)
+    ax.plot(steps, mean, color="#1f77b4", lw=1.5, label=mean_label or f"{stem} mean")
     lo_s, lo = series(records, f"{stem}/min")
     hi_s, hi = series(records, f"{stem}/max")
     if lo_s == steps and hi_s == steps:
@@ -145,6 +159,30 @@ def plot_curve(records, stem: str, title: str, path: pathlib.Path) -> pathlib.Pa
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(loc="best")
+    return _save(fig, path)
+
+
+def plot_eval(records, path: pathlib.Path) -> pathlib.Path | None:
+    """The held-out curves: ``eval/<env>/pass@1`` (solid) and ``eval/<env>/mean_reward`` (dashed) per
+    evaluated step; None when the run did not evaluate."""
+    envs = sorted({k[len("eval/"):-len("/pass@1")] for r in records for k in r
+                   if k.startswith("eval/") and k.endswith("/pass@1")})
+    if not envs:
+        return None
+    fig = _figure()
+    ax = fig.add_subplot(1, 1, 1)
+    colors = iter(list(_PHASE_COLORS.values()) * 10)
+    for env in envs:
+        color = next(colors)
+        for name, style in (("pass@1", "-"), ("mean_reward", "--")):
+            xs, ys = series(records, f"eval/{env}/{name}")
+            if xs:
+                ax.plot(xs, ys, style, color=color, marker="o", lw=1.5, label=f"{env} {name}")
+    ax.set_xlabel("step (policy version evaluated)")
+    ax.set_ylabel("held-out")
+    ax.set_title("held-out evaluation")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
     return _save(fig, path)
 
 
@@ -334,8 +372,22 @@ def summarize(run_dir: pathlib.Path, records, pm: dict[str, Any] | None, hist: d
     steps, reward = series(records, "reward/mean")
     if records:
         lines.append(f"steps logged: {len(records)} (last step {records[-1].get('step')})")
+    _, every = series(records, "rollout_reward_mean")
+    if every:
+        lines.append(f"reward over every rollout: first {every[0]:.4g}, last {every[-1]:.4g}, best {max(every):.4g}")
     if reward:
-        lines.append(f"reward mean: first {reward[0]:.4g}, last {reward[-1]:.4g}, best {max(reward):.4g}")
+        lines.append(f"reward mean{' of trained groups' if every else ''}: first {reward[0]:.4g}, last "
+                     f"{reward[-1]:.4g}, best {max(reward):.4g}")
+    _, calls = series(records, "tool_calls_per_episode")
+    _, share = series(records, "tool_call_share")
+    if calls:
+        lines.append(f"tool calls per episode: first {calls[0]:.3g}, last {calls[-1]:.3g}; episodes with a tool call: "
+                     f"first {_fmt(share[0] if share else None, True)}, last {_fmt(share[-1] if share else None, True)}")
+    for key in sorted({k for r in records for k in r if k.startswith("eval/") and k.endswith("/pass@1")}):
+        xs, ys = series(records, key)
+        if xs:
+            lines.append(f"held-out {key[len('eval/'):-len('/pass@1')]} pass@1: {ys[0]:.3g} (step {xs[0]}) -> "
+                         f"{ys[-1]:.3g} (step {xs[-1]})")
     _, length = series(records, "length/mean")
     if length:
         lines.append(f"length mean: last {length[-1]:.4g}")
@@ -387,7 +439,10 @@ def write_report(run_dir: str | os.PathLike) -> list[pathlib.Path]:
     pm = pipeline_metrics(events) if any(e["ph"] == "X" for e in events) else None
     hist = {int(k): v for k, v in (pm or {}).get("staleness_hist", {}).items()} or staleness_from_records(records)
     written = [
-        plot_curve(records, "reward", "reward per step", run_dir / "reward.png"),
+        plot_curve(records, "reward", "reward per step", run_dir / "reward.png",
+                   mean_label="trained groups mean" if series(records, "rollout_reward_mean")[0] else None,
+                   extra=[("rollout_reward_mean", "every rollout mean (filtered groups included)")]),
+        plot_eval(records, run_dir / "eval.png"),
         plot_curve(records, "length", "trajectory length per step", run_dir / "length.png"),
         plot_timeline(events, run_dir / "timeline.png"),
         plot_idle(pm, records, run_dir / "idle.png"),

@@ -15,7 +15,10 @@ What each sink writes:
 - console: a live line ``step 12/100 | reward 0.41 | 1,234 tok/s | engine busy 87% | ETA 0:03:10``
   (rich; redrawn in place on a terminal, printed every ``print_every_s`` seconds otherwise). The
   figures are found by key suffix: reward from ``reward/mean`` (or ``reward_mean`` / ``reward``),
-  tok/s from ``tokens_per_s_generated``, busy from ``engine_busy_fraction``. ETA is
+  tok/s from ``tokens_per_s_generated``, busy from ``engine_busy_fraction``. When the step has
+  ``rollout_reward_mean`` (the mean over every completed rollout, filtered groups included) the line
+  reads ``reward (all rollouts) 0.31 | trained groups 0.52``; ``tool_calls_per_episode`` adds
+  ``tool calls/episode 0.40``. ETA is
   (elapsed since the first log) / (steps since the first log) * steps left.
 - W&B (``wandb=True``): ``wandb.log`` per call; wandb is imported only then.
 
@@ -39,6 +42,8 @@ from gymllm.telemetry import tracer as _tracer_mod
 from gymllm.telemetry.export import jsonable
 
 _REWARD_KEYS = ("reward/mean", "reward_mean", "reward")
+_ROLLOUT_REWARD_KEYS = ("rollout_reward_mean",)
+_TOOL_KEYS = ("tool_calls_per_episode",)
 _TOKS_KEYS = ("tokens_per_s_generated", "tokens_per_s")
 _BUSY_KEYS = ("engine_busy_fraction",)
 
@@ -84,9 +89,18 @@ def format_eta(seconds: float | None) -> str:
 def progress_line(step: int, total: int | None, flat: Mapping[str, Any], eta_s: float | None) -> str:
     """The console line for one step (pure; the console sink renders it)."""
     parts = [f"step {step}/{total}" if total else f"step {step}"]
+    flat = {k: v for k, v in flat.items() if not k.startswith("eval/")}  # held-out figures: not the training's
     r = _find(flat, _REWARD_KEYS)
-    if r is not None:
+    every = _find(flat, _ROLLOUT_REWARD_KEYS)
+    if every is not None:  # the honest figure first: every completed rollout, filtered groups included
+        parts.append(f"reward (all rollouts) {every:.3f}")
+        if r is not None:
+            parts.append(f"trained groups {r:.3f}")
+    elif r is not None:
         parts.append(f"reward {r:.3f}")
+    calls = _find(flat, _TOOL_KEYS)
+    if calls is not None:
+        parts.append(f"tool calls/episode {calls:.2f}")
     t = _find(flat, _TOKS_KEYS)
     if t is not None:
         parts.append(f"{t:,.0f} tok/s")
@@ -96,6 +110,65 @@ def progress_line(step: int, total: int | None, flat: Mapping[str, Any], eta_s: 
     if total:
         parts.append(f"ETA {format_eta(eta_s)}")
     return " | ".join(parts)
+
+
+def parse_step_window(text: str, field: str = "run.profile_steps") -> tuple[int, int] | None:
+    """``"A:B"`` -> ``(A, B)`` (optimizer steps, 1 <= A <= B); ``""`` -> None; anything else a
+    :class:`~gymllm.errors.ConfigError` naming ``field``."""
+    from gymllm.errors import ConfigError, explain
+
+    text = (text or "").strip()
+    if not text:
+        return None
+    a, sep, b = text.partition(":")
+    try:
+        lo, hi = int(a), int(b)
+    except ValueError:
+        lo = hi = -1
+    if not sep or lo < 1 or hi < lo:
+        raise ConfigError(explain(field, expected="'A:B' with optimizer steps 1 <= A <= B (both ints)", received=text,
+                                  fix="e.g. --run.profile-steps 3:4 captures steps 3 and 4; '' turns it off"))
+    return lo, hi
+
+
+class ProfileWindow:
+    """An op-level ``jax.profiler`` trace of optimizer steps ``A..B`` into ``logdir`` (TensorBoard's
+    profile plugin and xprof read it: ``plugins/profile/<time>/<host>.xplane.pb`` and
+    ``<host>.trace.json.gz``, which ui.perfetto.dev opens too).
+
+    The run calls :meth:`after_step` with the version live on the engine before any rollout
+    (0, or the resumed step) and after every optimizer step: the trace starts once step ``A - 1`` is
+    done (so it holds step A's rollouts, the engine's device calls, and its training) and stops once
+    step ``B`` is done; :meth:`close` stops a capture the run left open (it ended before B)."""
+
+    def __init__(self, logdir: str | os.PathLike, window: tuple[int, int] | None):
+        self.logdir, self.window = pathlib.Path(logdir), window
+        self.active = False
+        self.captured: tuple[int, int] | None = None  # the steps the written trace covers
+
+    def after_step(self, step: int) -> None:
+        if self.window is None:
+            return
+        a, b = self.window
+        if not self.active and self.captured is None and step == a - 1:
+            import jax
+
+            self.logdir.mkdir(parents=True, exist_ok=True)
+            jax.profiler.start_trace(str(self.logdir))
+            self.active, self._first = True, step + 1
+        elif self.active and step >= b:
+            self._stop(step)
+
+    def _stop(self, last: int) -> None:
+        import jax
+
+        jax.profiler.stop_trace()
+        self.active = False
+        self.captured = (self._first, last)
+
+    def close(self, last_step: int) -> None:
+        if self.active:
+            self._stop(last_step)
 
 
 def _crc32c_table() -> list[int]:

@@ -1,0 +1,198 @@
+"""Held-out evaluation: pass@k, mean reward and tool use of a policy on an env, over fixed seeds.
+
+The one evaluation path of gymllm: ``gymllm eval`` (:mod:`gymllm.cli.evaluate`, a fresh engine per
+model) and the training run's in-loop evaluation (:class:`gymllm.algos.run.Run` with ``eval.every``,
+on the run's own engine at the current policy version) both call :func:`evaluate_env`.
+
+    row = await evaluate_env(vec_env, engine, agent, config=EvalConfig(num_seeds=16, seed_base=1_000_000),
+                             env_id="gymllm/Arithmetic-v0")
+    row["pass@1"], row["mean_reward"], row["tool_calls_per_episode"], row["seeds"]
+
+Each held-out seed ``seed_base + i`` (``i < num_seeds``) is one group of ``k`` samples (the same env
+seed, distinct sampling seeds) run by the :class:`~gymllm.rollout.RolloutOrchestrator`, so an
+evaluation episode is exactly a training episode. pass@1 is the mean success rate; pass@k the
+fraction of seeds with at least one success (success: reward >= ``success_threshold``).
+
+Sharing an engine: every session id an evaluation sends is prefixed (:class:`SessionPrefixed`), so its
+trajectories never meet a training rollout's cached prefix on the same engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import numpy as np
+
+from gymllm.errors import ConfigError, explain
+from gymllm.rollout.agents import Agent, ModelAgent, ToolAgent
+from gymllm.rollout.config import RolloutConfig
+from gymllm.types import Group
+
+__all__ = ["EvalConfig", "SessionPrefixed", "HeldOutEvaluator", "evaluate_env", "agent_for", "group_tool_calls",
+           "eval_metrics"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    """num_seeds: held-out env seeds ``seed_base .. seed_base + num_seeds - 1``; k: samples per seed
+    (pass@k); temperature: the sampler's (0 = greedy); max_tokens: a reply's budget; max_turns: model
+    calls per episode at most; success_threshold: the reward that counts as solved; max_concurrency:
+    episodes in flight at once (also bounded by the vector env's sub-envs)."""
+
+    num_seeds: int = 16
+    k: int = 1
+    seed_base: int = 100_000
+    temperature: float = 0.0
+    max_tokens: int = 256
+    max_turns: int = 4
+    success_threshold: float = 1.0
+    max_concurrency: int = 32
+
+    def __post_init__(self) -> None:
+        for f in ("num_seeds", "k", "max_tokens", "max_turns", "max_concurrency"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(explain(f"EvalConfig.{f}", expected="an int >= 1", received=v, fix=f"set {f}=1 or more"))
+        if not isinstance(self.seed_base, int) or self.seed_base < 0:
+            raise ConfigError(explain("EvalConfig.seed_base", expected="an int >= 0", received=self.seed_base,
+                                      fix="e.g. seed_base=1_000_000"))
+        if not self.temperature >= 0:
+            raise ConfigError(explain("EvalConfig.temperature", expected="a float >= 0 (0 = greedy)",
+                                      received=self.temperature, fix="e.g. temperature=0.0"))
+
+    @property
+    def seeds(self) -> range:
+        """The held-out env seeds."""
+        return range(self.seed_base, self.seed_base + self.num_seeds)
+
+
+class SessionPrefixed:
+    """An engine whose session ids get ``prefix`` (generate and end_session); everything else is the
+    wrapped engine's. Keeps an evaluation's trajectory ids (``g0/m0/a0`` ...) apart from a training
+    orchestrator's identical ones on a shared engine."""
+
+    def __init__(self, engine: Any, prefix: str):
+        self.engine, self.prefix = engine, prefix
+
+    @property
+    def version(self) -> int:
+        return int(getattr(self.engine, "version", 0))
+
+    async def generate(self, prompt_ids: Sequence[int], params: Any, *, session_id: str | None = None) -> Any:
+        sid = None if session_id is None else self.prefix + session_id
+        return await self.engine.generate(prompt_ids, params, session_id=sid)
+
+    def end_session(self, session_id: str) -> None:
+        end = getattr(self.engine, "end_session", None)
+        if end is not None:
+            end(self.prefix + session_id)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+
+def agent_for(env_id: str, tokenizer: Any, env_kwargs: dict | None = None) -> Agent:
+    """A ``ToolAgent`` when the env offers tools at reset (``info["tools"]``), else a ``ModelAgent``
+    (with the env's ``info["system_prompt"]`` when it gives one)."""
+    import gymllm
+
+    env = gymllm.make(env_id, **(env_kwargs or {}))
+    try:
+        _, info = env.reset(seed=0)
+    finally:
+        env.close()
+    system = info.get("system_prompt") if isinstance(info, dict) else None
+    if isinstance(info, dict) and info.get("tools"):
+        return ToolAgent(tokenizer, system_prompt=system)
+    return ModelAgent(tokenizer, system_prompt=system)
+
+
+def group_tool_calls(group: Group) -> list[int]:
+    """Tool calls of each episode of ``group`` (``Trajectory.info["tool_calls"]``, recorded by the
+    episode from the agent's parsed calls; one entry per episode, not per training row)."""
+    return [int(t.info.get("tool_calls", 0) or 0) for t in group.trajectories if t.row_index == 0]
+
+
+async def evaluate_env(envs: Any, engine: Any, agent: Agent, *, config: EvalConfig, env_id: str = "",
+                       env_kwargs: dict[str, Any] | None = None, session_prefix: str = "eval/") -> dict[str, Any]:
+    """Run ``config.num_seeds`` groups of ``config.k`` episodes on ``envs`` (a vector env; not closed
+    here) with ``engine`` (not closed either) and return one row: ``env``, ``env_kwargs``, ``mean_reward``,
+    ``pass@1``, ``pass@<k>``, ``episodes``, ``tool_calls_per_episode``, ``tool_call_share`` (episodes with
+    at least one call), ``seeds`` (the env seeds the episodes used), ``policy_versions`` (of every
+    sampled token: [min, max])."""
+    from gymllm.inference.params import SamplingParams
+    from gymllm.rollout.orchestrator import RolloutOrchestrator
+
+    c = config
+    num_envs = int(getattr(envs, "num_envs", c.max_concurrency))
+    concurrency = max(1, min(c.max_concurrency, c.num_seeds * c.k, num_envs))
+    rcfg = RolloutConfig(group_size=c.k, max_concurrency=concurrency, num_groups=c.num_seeds, max_staleness=None,
+                         groups_per_step=1, seed=c.seed_base, max_model_calls=c.max_turns)
+    sampling = SamplingParams(temperature=c.temperature, max_tokens=c.max_tokens)
+    groups: list[Group] = []
+    async with RolloutOrchestrator(envs, SessionPrefixed(engine, session_prefix), agent, sampling=sampling,
+                                   config=rcfg) as orch:
+        async for group in orch.groups():
+            groups.append(group)
+    if len(groups) != c.num_seeds:
+        raise RuntimeError(f"evaluation of {env_id or 'the env'}: expected {c.num_seeds} complete groups, received "
+                           f"{len(groups)} (errors: {'; '.join(orch.errors[-3:]) or 'none'}). Fix: run the env alone "
+                           f"with `gymllm check {env_id or 'ENV_ID'}`")
+    groups.sort(key=lambda g: int(g.group_id[1:]))
+    r = np.stack([g.rewards for g in groups])  # [num_seeds, k]
+    ok = r >= c.success_threshold
+    calls = np.array([n for g in groups for n in group_tool_calls(g)], dtype=np.float64)
+    versions = [int(v) for g in groups for t in g.trajectories for v in np.asarray(t.versions)[np.asarray(t.loss_mask, bool)]]
+    return {"env": env_id, "env_kwargs": dict(env_kwargs or {}), "mean_reward": float(r.mean()),
+            "pass@1": float(ok.mean()), f"pass@{c.k}": float(ok.any(axis=1).mean()), "episodes": int(r.size),
+            "tool_calls_per_episode": float(calls.mean()) if calls.size else 0.0,
+            "tool_call_share": float((calls > 0).mean()) if calls.size else 0.0,
+            "seeds": sorted({int(t.seed) for g in groups for t in g.trajectories if t.seed is not None}),
+            "policy_versions": [min(versions), max(versions)] if versions else []}
+
+
+def eval_metrics(row: dict[str, Any]) -> dict[str, float]:
+    """The step metrics of one :func:`evaluate_env` row: ``eval/<env>/pass@1``, ``.../mean_reward``,
+    ``.../pass@<k>``, ``.../tool_calls_per_episode``, ``.../tool_call_share``."""
+    env = row["env"]
+    keys = [k for k in row if k.startswith("pass@")] + ["mean_reward", "tool_calls_per_episode", "tool_call_share"]
+    return {f"eval/{env}/{k}": float(row[k]) for k in keys}
+
+
+class HeldOutEvaluator:
+    """The held-out evaluation of a training run: one vector env per evaluated env (built once, kept
+    for the run), each evaluated on the run's engine at whatever policy version it holds.
+
+    ``specs``: ``(env_id, env_kwargs, agent)`` per env; ``num_envs``: sub-envs per vector env (at most
+    ``config.num_seeds * config.k`` are used). :meth:`evaluate` returns one :func:`evaluate_env` row per
+    env, with ``step`` added; :meth:`close` closes the vector envs."""
+
+    def __init__(self, specs: Sequence[tuple[str, dict[str, Any], Agent]], *, config: EvalConfig, num_envs: int):
+        import gymllm
+
+        self.config = config
+        self.specs = list(specs)
+        n = max(1, min(num_envs, config.num_seeds * config.k))
+        self.envs: list[Any] = []
+        try:
+            for env_id, kwargs, _ in self.specs:
+                self.envs.append(gymllm.make_vec(env_id, n, **kwargs))
+        except BaseException:
+            self.close()
+            raise
+
+    async def evaluate(self, engine: Any, step: int) -> list[dict[str, Any]]:
+        rows = []
+        for (env_id, kwargs, agent), envs in zip(self.specs, self.envs):
+            row = await evaluate_env(envs, engine, agent, config=self.config, env_id=env_id, env_kwargs=kwargs,
+                                     session_prefix=f"eval{step}/")
+            rows.append({"step": int(step), **row})
+        return rows
+
+    def close(self) -> None:
+        for envs in self.envs:
+            close = getattr(envs, "close", None)
+            if close is not None:
+                close()
+        self.envs = []
