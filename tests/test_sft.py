@@ -212,10 +212,15 @@ def test_warm_start_gives_the_learner_the_sft_weights(tmp_path):
 def test_lora_sft_run_reads_back_merged(tmp_path):
     from gymllm.algos.checkpoint import restore_model_weights
     from gymllm.algos.lora import LoRAConfig
+    from gymllm.errors import ConfigError
 
-    cfg = dataclasses.replace(memo_config(tmp_path, "lora", steps=2), lora=LoRAConfig(rank=2, targets=("wq", "wv")))
+    memo = memo_config(tmp_path, "lora", steps=2)
+    cfg = dataclasses.replace(memo, lora=LoRAConfig(rank=2, targets=("wq", "wv")),
+                              sft=dataclasses.replace(memo.sft, compute_dtype="bfloat16"))  # mixed precision too
     res = run_sft(cfg)
     assert res.step == 2 and res.losses[1] < res.losses[0]
+    with pytest.raises(ConfigError, match="fresh run_dir"):  # a finished run is not silently overwritten
+        run_sft(dataclasses.replace(cfg, resume=False))
     lm = tiny_lm()
     merged = restore_model_weights(lm.model, cfg.run_dir).flat_params()  # lora read from config.json
     base = lm.model.flat_params()

@@ -203,6 +203,10 @@ def run_sft(cfg: SFTConfig) -> SFTResult:
     ckpt = Checkpointer(run_dir / "checkpoints", max_to_keep=cfg.keep_checkpoints)
     resumed = None
     try:
+        if not cfg.resume and ckpt.latest_step() is not None:
+            raise ConfigError(explain("SFTConfig.resume", expected=f"a fresh run_dir with resume=False (or resume="
+                                      f"True to continue {run_dir})", received=f"checkpoints up to step "
+                                      f"{ckpt.latest_step()} there", fix="pass a new --run-dir, or drop --no-resume"))
         if cfg.resume and ckpt.restore_latest(learner) is not None:
             resumed = learner.version
         if cfg.resume:
