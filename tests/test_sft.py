@@ -241,13 +241,7 @@ def small_train_config(run_dir):
         optimizer=OptimizerConfig(learning_rate=1e-2),
         learner=LearnerConfig(groups_per_step=2, micro_batch_size=8, num_steps=2, max_len=64, min_bucket=64,
                               fast_compile=True),
-        run=dataclasses.replace(_run_section(), run_dir=str(run_dir)))
-
-
-def _run_section():
-    from gymllm.algos.train_config import RunSection
-
-    return RunSection(console=False, report=False)
+        run=RunSection(run_dir=str(run_dir), console=False, report=False))
 
 
 def test_rows_from_a_logged_run_are_token_exact(tmp_path):
