@@ -20,12 +20,17 @@ active rows into the narrowest decode width before each step (``EngineConfig.com
 Each schedule runs under every compute dtype in ``--dtypes`` (``EngineConfig.compute_dtype``: float32,
 and bfloat16 with float32 accumulation, which is faster for many rows on AMX CPUs and slower for one),
 and the headline compares each schedule in its own fastest dtype: ``continuous_vs_sequential`` is
-the continuous rate over the one-at-a-time rate, each in the dtype with the better median round (then
-its best round), so neither side is handicapped, nor favoured by the best of twice as many noisy rounds.
+the continuous rate over the one-at-a-time rate, each the mean over rounds in the dtype with the
+better mean, so neither side is handicapped.
 Per-dtype figures are under ``models[name]["by_dtype"]``.
 
-The machine is shared and noisy, so the three schedules (under every dtype) run interleaved for a
-few rounds and each reports its best round.
+Every run gets a fresh engine (a new ``JaxEngine`` per mode and per round, warmed up: the compiled
+programs are shared, the slot table and prefix cache are not), so no schedule reuses the k/v of the
+same prompts an earlier mode or round left cached. The machine is shared and noisy, so the schedules
+(under every dtype) run interleaved for a few rounds, the order rotating each round; each reports
+its mean tokens/s and spread over the rounds, and each ratio is the ratio of the means with the
+spread of the per-round ratios (``spread``: min, max, std, every round). The CPU and the load average
+are printed and in the RESULT (figures depend on the CPU's bf16 path).
 
 The workload is heavy-tailed (most completions short, a few long; lengths fixed by ``max_tokens``
 with stop ids disabled) and requests arrive over time (exponential gaps spread over about a quarter
@@ -55,6 +60,16 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import numpy as np  # noqa: E402
 
 from gymllm.inference import EngineConfig, JaxEngine, SamplingParams  # noqa: E402
+from gymllm.utils.host import describe_cpu  # noqa: E402
+
+
+def loadavg() -> list[float]:
+    """The 1, 5 and 15 minute load averages (``/proc/loadavg``; empty where unavailable)."""
+    try:
+        with open("/proc/loadavg") as f:
+            return [float(x) for x in f.read().split()[:3]]
+    except OSError:
+        return []
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -70,7 +85,7 @@ class Workload:
     piggyback: bool = True  # prompts of the smallest prefill bucket ride along decode steps
     slots: int = 32
     seq_every: int = 4  # sequential runs every k-th request
-    rounds: int = 3  # modes run interleaved this many times; each mode's best round counts (noisy CPU)
+    rounds: int = 3  # modes run interleaved this many times (fresh engines); mean and spread over rounds
 
     def requests(self, vocab: int, seed: int = 0) -> list[tuple[list[int], int]]:
         rng = np.random.default_rng(seed)
@@ -95,7 +110,7 @@ WORKLOADS = {
     ("tiny", False): Workload(num_requests=256, prompt_len=(8, 48), short_len=(4, 24), long_len=128, p_long=0.1,
                               max_len=192, min_bucket=64, piggyback=False),
     ("smollm2", True): Workload(num_requests=128, prompt_len=(4, 16), short_len=(4, 12), long_len=64, p_long=0.1,
-                                max_len=96, min_bucket=16, seq_every=8, rounds=1),
+                                max_len=96, min_bucket=16, seq_every=8, rounds=2),
     ("smollm2", False): Workload(num_requests=128, prompt_len=(8, 48), short_len=(4, 16), long_len=64, p_long=0.12,
                                  max_len=128, min_bucket=64, seq_every=4, rounds=2),
 }
@@ -136,66 +151,110 @@ async def sequential(engine, reqs, every: int) -> dict:
     return {"tokens": tokens, "wall_s": time.perf_counter() - t0}
 
 
-def build(lm, wl: Workload, reqs, dtype: str, decode_chunk: int = 1, piggyback: int = 0) -> dict:
-    """A 32-slot and a 1-slot engine under one compute dtype, warmed up (compile time measured); both
-    run up to ``decode_chunk`` decode steps per device call (``JaxEngine(decode_chunk=...)``) and let
-    prompts of up to ``piggyback`` tokens ride along decode steps (``EngineConfig.piggyback_tokens``;
-    the one-at-a-time engine never has a decode step to ride along)."""
-    cfg = EngineConfig(num_slots=wl.slots, max_len=wl.max_len, min_bucket=wl.min_bucket, max_prefill_batch=4,
-                       decode_lengths=wl.decode_lengths, compute_dtype=dtype, piggyback_tokens=piggyback)
-    t = time.perf_counter()
+MODES = ("continuous", "static", "static_compacted", "sequential")
+
+
+def engine_config(wl: Workload, dtype: str, piggyback: int) -> EngineConfig:
+    return EngineConfig(num_slots=wl.slots, max_len=wl.max_len, min_bucket=wl.min_bucket, max_prefill_batch=4,
+                        decode_lengths=wl.decode_lengths, compute_dtype=dtype, piggyback_tokens=piggyback)
+
+
+def fresh_engine(lm, wl: Workload, mode: str, dtype: str, max_prompt: int, decode_chunk: int = 1,
+                 piggyback: int = 0) -> JaxEngine:
+    """A new engine for one mode's run, warmed up: an empty slot table and prefix cache, so no run
+    inherits the cached prefixes of the same prompts from an earlier mode or round (the compiled
+    programs are shared by engines of one model graph: only the first engine of a shape compiles).
+    ``continuous`` / ``static_compacted``: ``num_slots`` rows with row compaction; ``static``: the
+    same without compaction (a wave's rows stay put); ``sequential``: one row (batch 1). Every engine
+    runs up to ``decode_chunk`` decode steps per device call and lets prompts of up to ``piggyback``
+    tokens ride along decode steps (the one-row engine never has a decode step to ride along)."""
+    cfg = engine_config(wl, dtype, piggyback)
+    if mode == "static":
+        cfg = dataclasses.replace(cfg, compact_rows=False)
+    elif mode == "sequential":
+        cfg = dataclasses.replace(cfg, num_slots=1, max_prefill_batch=1)
     engine = JaxEngine.from_loaded(lm, config=cfg, stop_token_ids=(), decode_chunk=decode_chunk)
-    fixed = JaxEngine.from_loaded(lm, config=dataclasses.replace(cfg, compact_rows=False), stop_token_ids=(),
-                                  decode_chunk=decode_chunk)  # static batching: rows stay put
-    solo = JaxEngine.from_loaded(lm, config=dataclasses.replace(cfg, num_slots=1, max_prefill_batch=1),
-                                 stop_token_ids=(), decode_chunk=decode_chunk)
+    engine.warmup(max_prompt)
+    return engine
+
+
+async def run_mode(engine, mode: str, wl: Workload, reqs, arrivals) -> dict:
+    if mode == "continuous":
+        return await continuous(engine, reqs, arrivals)
+    if mode in ("static", "static_compacted"):
+        return await static(engine, reqs, arrivals, wl.slots)
+    return await sequential(engine, reqs, wl.seq_every)
+
+
+async def run_all(lm, wl: Workload, reqs, dtypes: list[str], decode_chunk: int = 1,
+                  piggyback: int = 0) -> dict[str, dict]:
+    """Every schedule under every dtype for ``wl.rounds`` rounds, each run on a fresh engine
+    (:func:`fresh_engine`); the modes are interleaved and their order rotates from round to round
+    (the machine's load drifts: no mode or dtype always gets the first or the quiet minutes).
+    Per mode: the mean tokens/s over rounds and its spread (every round's rate is kept)."""
     max_prompt = max(len(p) for p, _ in reqs)
-    for e in (engine, fixed, solo):
-        e.warmup(max_prompt)
-    return {"engine": engine, "fixed": fixed, "solo": solo, "compile_s": time.perf_counter() - t}
-
-
-async def run_all(wl: Workload, reqs, setups: dict[str, dict]) -> dict[str, dict]:
-    """Every schedule under every dtype, interleaved for ``wl.rounds`` rounds (the machine's load drifts:
-    side by side, no dtype or schedule gets the quiet minutes); each keeps its best round."""
-    for st in setups.values():
-        probe = await st["engine"].generate(reqs[0][0], params(8, 0))  # calibrate one decode step
-        st["step_s"] = probe.latency_s / 8
-        st["idle"] = [(await st["engine"].generate(reqs[i][0], params(1, i))).ttft_s for i in range(5)]  # no queue
+    calib: dict[str, dict] = {}
+    for dt in dtypes:  # compile every shape once (timed), calibrate a decode step, TTFT on an idle engine
+        t = time.perf_counter()
+        for mode in ("continuous", "static", "sequential"):
+            e = fresh_engine(lm, wl, mode, dt, max_prompt, decode_chunk, piggyback)
+            if mode == "continuous":
+                probe = await e.generate(reqs[0][0], params(8, 0))
+                idle = [(await e.generate(reqs[i][0], params(1, i))).ttft_s for i in range(1, 6)]  # no queue
+                calib[dt] = {"step_s": probe.latency_s / 8, "idle": idle}
+            await e.close()
+        calib[dt]["compile_s"] = time.perf_counter() - t
+        print(f"  {dt}: compiled and calibrated in {calib[dt]['compile_s']:.1f} s", flush=True)
     total = sum(n for _, n in reqs)
-    step_s = min(st["step_s"] for st in setups.values())
+    step_s = min(c["step_s"] for c in calib.values())
     span = 0.25 * (total / wl.slots + wl.long_len) * step_s  # arrivals outpace service: a queue builds
     gaps = np.random.default_rng(1).exponential(1.0, size=len(reqs))
     arrivals = np.cumsum(gaps) / gaps.sum() * span
     arrivals -= arrivals[0]
-    runs = {dt: {"continuous": [], "static": [], "static_compacted": [], "sequential": []} for dt in setups}
-    for _ in range(wl.rounds):
-        for dt, st in setups.items():
-            runs[dt]["continuous"].append(await continuous(st["engine"], reqs, arrivals))
-            runs[dt]["static"].append(await static(st["fixed"], reqs, arrivals, wl.slots))
-            runs[dt]["static_compacted"].append(await static(st["engine"], reqs, arrivals, wl.slots))
-            runs[dt]["sequential"].append(await sequential(st["solo"], reqs, wl.seq_every))
-    out = {}
-    for dt, st in setups.items():
-        for e in ("engine", "fixed", "solo"):
-            await st[e].close()
-        best = {k: max(v, key=lambda r: r["tokens"] / r["wall_s"]) for k, v in runs[dt].items()}
-        out[dt] = {"runs": best, "step_s": st["step_s"], "idle": st["idle"], "compile_s": st["compile_s"],
-                   "tps": {k: r["tokens"] / r["wall_s"] for k, r in best.items()},
-                   "median_tps": {k: float(np.median([r["tokens"] / r["wall_s"] for r in v]))
-                                  for k, v in runs[dt].items()}}
-    return out
+    order = [(dt, m) for dt in dtypes for m in MODES]
+    runs: dict[str, dict[str, list]] = {dt: {m: [] for m in MODES} for dt in dtypes}
+    for r in range(wl.rounds):
+        k = r % len(order)
+        for dt, mode in order[k:] + order[:k]:
+            engine = fresh_engine(lm, wl, mode, dt, max_prompt, decode_chunk, piggyback)
+            try:
+                out = await run_mode(engine, mode, wl, reqs, arrivals)
+            finally:
+                await engine.close()
+            out["round"] = r
+            runs[dt][mode].append(out)
+        print(f"  round {r + 1}/{wl.rounds}: " + ", ".join(
+            f"{dt} {m} {runs[dt][m][-1]['tokens'] / runs[dt][m][-1]['wall_s']:.0f}" for dt, m in order) + " tok/s",
+            flush=True)
+    result = {}
+    for dt in dtypes:
+        rates = {m: [x["tokens"] / x["wall_s"] for x in sorted(v, key=lambda x: x["round"])]
+                 for m, v in runs[dt].items()}
+        result[dt] = {"runs": runs[dt], "rates": rates, **calib[dt],
+                      "tps": {m: float(np.mean(v)) for m, v in rates.items()},
+                      "tps_std": {m: float(np.std(v)) for m, v in rates.items()}}
+    return result
+
+
+def ratio_figures(a: list[float], b: list[float]) -> dict:
+    """``a`` over ``b`` (per-round rates of two modes, paired by round): the ratio of the means, and
+    the spread of the per-round ratios (min, max, std)."""
+    per = [x / y for x, y in zip(a, b)]
+    return {"mean": round(float(np.mean(a) / np.mean(b)), 2), "min": round(min(per), 2), "max": round(max(per), 2),
+            "std": round(float(np.std(per)), 3), "rounds": [round(x, 2) for x in per]}
 
 
 def summarize(raw: dict) -> dict:
-    cont, tps = raw["runs"]["continuous"], raw["tps"]
+    tps, rates = raw["tps"], raw["rates"]
+    ttft = [t for x in raw["runs"]["continuous"] for t in x["ttft_s"]]
     return {
         "tokens_per_s": {k: round(v, 1) for k, v in tps.items()},
-        "continuous_vs_static": round(tps["continuous"] / tps["static"], 2),
-        "continuous_vs_static_compacted": round(tps["continuous"] / tps["static_compacted"], 2),
-        "continuous_vs_sequential": round(tps["continuous"] / tps["sequential"], 2),
-        "ttft_ms_p50": round(1000 * float(np.median(cont["ttft_s"])), 1),
-        "ttft_ms_p90": round(1000 * float(np.quantile(cont["ttft_s"], 0.9)), 1),
+        "tokens_per_s_std": {k: round(v, 1) for k, v in raw["tps_std"].items()},
+        "continuous_vs_static": ratio_figures(rates["continuous"], rates["static"])["mean"],
+        "continuous_vs_static_compacted": ratio_figures(rates["continuous"], rates["static_compacted"])["mean"],
+        "continuous_vs_sequential": ratio_figures(rates["continuous"], rates["sequential"])["mean"],
+        "ttft_ms_p50": round(1000 * float(np.median(ttft)), 1),
+        "ttft_ms_p90": round(1000 * float(np.quantile(ttft, 0.9)), 1),
         "ttft_ms_idle": round(1000 * float(np.median(raw["idle"])), 1),
         "decode_step_ms": round(1000 * raw["step_s"], 2), "compile_s": round(raw["compile_s"], 1),
     }
@@ -204,28 +263,34 @@ def summarize(raw: dict) -> dict:
 def bench_model(name: str, lm, wl: Workload, dtypes: list[str], decode_chunk: int = 1, piggyback: int = -1) -> dict:
     reqs = wl.requests(lm.config.vocab_size)
     piggyback = (wl.min_bucket if wl.piggyback else 0) if piggyback < 0 else piggyback
-    raw = asyncio.run(run_all(wl, reqs, {dt: build(lm, wl, reqs, dt, decode_chunk, piggyback) for dt in dtypes}))
+    raw = asyncio.run(run_all(lm, wl, reqs, dtypes, decode_chunk, piggyback))
     by_dtype = {dt: summarize(r) for dt, r in raw.items()}
     for dt, fig in by_dtype.items():
         print(f"[{name} {dt}] " + json.dumps(fig), flush=True)
-    # each schedule's dtype is chosen by its median round, then its best round counts: choosing by the best
-    # round would hand the noisier schedule (one-at-a-time, when the dtypes are equally fast, as on the tiny
-    # model) the best of twice as many samples
-    fastest = {k: max(dtypes, key=lambda dt: raw[dt]["median_tps"][k])
-               for k in ("continuous", "static", "static_compacted", "sequential")}
+    # each schedule runs in its own fastest dtype (by its mean over rounds), so neither side is handicapped
+    fastest = {k: max(dtypes, key=lambda dt: raw[dt]["tps"][k]) for k in MODES}
     head = by_dtype[fastest["continuous"]]
-    best = {k: raw[dt]["tps"][k] for k, dt in fastest.items()}
+    rates = {k: raw[dt]["rates"][k] for k, dt in fastest.items()}
+    ratios = {f"continuous_vs_{k}": ratio_figures(rates["continuous"], rates[k])
+              for k in ("static", "static_compacted", "sequential")}
     out = {
-        "requests": len(reqs), "slots": wl.slots, "generated_tokens": raw[dtypes[0]]["runs"]["continuous"]["tokens"],
+        "requests": len(reqs), "slots": wl.slots,
+        "generated_tokens": raw[dtypes[0]]["runs"]["continuous"][0]["tokens"],
         "long_len": wl.long_len, "p_long": wl.p_long, "rounds": wl.rounds, "decode_chunk": decode_chunk,
-        "piggyback_tokens": piggyback,
-        "tokens_per_s": {k: round(v, 1) for k, v in best.items()}, "fastest_dtype": fastest,
-        "continuous_vs_static": round(best["continuous"] / best["static"], 2),
-        "continuous_vs_static_compacted": round(best["continuous"] / best["static_compacted"], 2),
-        "continuous_vs_sequential": round(best["continuous"] / best["sequential"], 2),
+        "piggyback_tokens": piggyback, "fresh_engine_per_run": True,
+        "tokens_per_s": {k: round(raw[dt]["tps"][k], 1) for k, dt in fastest.items()},
+        "tokens_per_s_std": {k: round(raw[dt]["tps_std"][k], 1) for k, dt in fastest.items()},
+        "fastest_dtype": fastest,
+        **{k: v["mean"] for k, v in ratios.items()},
+        "spread": ratios,
         "ttft_ms_p50": head["ttft_ms_p50"], "ttft_ms_p90": head["ttft_ms_p90"], "ttft_ms_idle": head["ttft_ms_idle"],
         "by_dtype": by_dtype,
     }
+    print(f"[{name}] {'mode':17s} {'tok/s mean':>10s} {'std':>7s}  dtype", flush=True)
+    for k in MODES:
+        print(f"[{name}] {k:17s} {out['tokens_per_s'][k]:10.1f} {out['tokens_per_s_std'][k]:7.1f}  {fastest[k]}")
+    for k, v in ratios.items():
+        print(f"[{name}] {k:32s} {v['mean']:6.2f}x  (rounds {v['min']:.2f}-{v['max']:.2f}, std {v['std']:.3f})")
     print(f"[{name}] " + json.dumps({k: v for k, v in out.items() if k != "by_dtype"}), flush=True)
     return out
 
@@ -262,6 +327,9 @@ def main(argv: list[str] | None = None) -> dict:
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     from gymllm.models import make_tiny
 
+    cpu, load0 = describe_cpu(), loadavg()
+    print(f"CPU: {cpu}; load average {load0}", flush=True)
+
     models: dict[str, dict] = {}
     if not args.skip_tiny:
         models["tiny"] = bench_model("tiny", make_tiny("llama"), workload("tiny", args), dtypes, args.decode_chunk,
@@ -285,7 +353,9 @@ def main(argv: list[str] | None = None) -> dict:
         "ttft_ms_p50": head["ttft_ms_p50"],
         "continuous_vs_static_compacted": head["continuous_vs_static_compacted"],
         "headline_model": head_name, "concurrent": head["slots"], "quick": args.quick, "dtypes": dtypes,
-        "fastest_dtype": head["fastest_dtype"], "decode_chunk": args.decode_chunk, "models": models,
+        "fastest_dtype": head["fastest_dtype"], "decode_chunk": args.decode_chunk,
+        "spread": head["spread"], "rounds": head["rounds"], "fresh_engine_per_run": True,
+        "cpu": cpu, "loadavg": {"start": load0, "end": loadavg()}, "models": models,
     }
     if head_name == "tiny":
         result["real_model_note"] = note

@@ -46,7 +46,6 @@ are ``benchmarks/rollout.py``'s.)
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import tempfile
