@@ -143,3 +143,11 @@ def test_pipeline_window_follows_a_replaced_tracer(tracer, tmp_path):
         lg.close()
     assert rec["pipeline/tokens_generated"] == pytest.approx(8.0)
     assert 0.0 < rec["pipeline/engine_busy_fraction"] <= 1.0
+
+
+def test_progress_line_names_the_every_rollout_and_trained_groups_means():
+    flat = {"reward_mean": 0.52, "rollout_reward_mean": 0.31, "tool_calls_per_episode": 0.4,
+            "eval/gymllm/X-v0/tool_calls_per_episode": 9.0, "eval/gymllm/X-v0/mean_reward": 0.9}
+    assert progress_line(4, None, flat, None) == \
+        "step 4 | reward (all rollouts) 0.310 | trained groups 0.520 | tool calls/episode 0.40"
+    assert progress_line(0, None, {"eval/gymllm/X-v0/mean_reward": 0.9}, None) == "step 0"  # held-out: not training's

@@ -139,7 +139,9 @@ class ProfileWindow:
     The run calls :meth:`after_step` with the version live on the engine before any rollout
     (0, or the resumed step) and after every optimizer step: the trace starts once step ``A - 1`` is
     done (so it holds step A's rollouts, the engine's device calls, and its training) and stops once
-    step ``B`` is done; :meth:`close` stops a capture the run left open (it ended before B)."""
+    step ``B`` is done; :meth:`close` stops a capture the run left open (it ended before B). A run
+resumed past step ``A - 1`` captures nothing; ``captured`` is ``(first, last)`` step of the trace
+written, else None."""
 
     def __init__(self, logdir: str | os.PathLike, window: tuple[int, int] | None):
         self.logdir, self.window = pathlib.Path(logdir), window
@@ -154,7 +156,14 @@ class ProfileWindow:
             import jax
 
             self.logdir.mkdir(parents=True, exist_ok=True)
-            jax.profiler.start_trace(str(self.logdir))
+            try:
+                jax.profiler.start_trace(str(self.logdir))
+            except RuntimeError as e:  # e.g. a trace the caller started is running: the run goes on without ours
+                import logging
+
+                logging.getLogger("gymllm.telemetry").warning("run.profile_steps: no op-level trace (%s)", e)
+                self.window = None
+                return
             self.active, self._first = True, step + 1
         elif self.active and step >= b:
             self._stop(step)
