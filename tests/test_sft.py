@@ -330,5 +330,10 @@ def test_cli_end_to_end(tmp_path, capsys):
     assert rc == 0, out
     assert "SFT: 2 steps on 6 rows" in out and f"--model.checkpoint {tmp_path / 'run'}" in out
     assert (tmp_path / "run" / "checkpoints" / "2").is_dir()
+    table = tmp_path / "eval.json"  # the SFT run directory is evaluated as a training run's is
+    assert main(["eval", "gymllm/TinyRepeat-v0", "--checkpoint", str(tmp_path / "run"), "--num-seeds", "2", "--k", "1",
+                 "--max-tokens", "4", "--max-turns", "1", "--out", str(table)]) == 0
+    capsys.readouterr()
+    assert table.is_file() and "TinyRepeat" in table.read_text()
     assert main(["sft", "--run-dir", str(tmp_path / "x"), "--model.name", "tiny-qwen3"]) == 2  # no data: one line
     assert "exactly one of data" in capsys.readouterr().err
