@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from gymllm.errors import ConfigError, explain
+from gymllm.rollout.concurrency import ConcurrencyConfig
 
 
 def _need(ok: bool, field: str, *, expected: str, received: Any, fix: str) -> None:
@@ -23,7 +24,8 @@ class RolloutConfig:
     """Settings of a rollout run (frozen, keyword-only, validated).
 
     group_size            G trajectories per group, all with the group's env seed (task).
-    max_concurrency       trajectories in flight at once (also bounded by the number of envs).
+    max_concurrency       the ceiling of trajectories in flight at once (also bounded by the number of
+                          envs); with ``adaptive_concurrency`` also the start unless ``concurrency_start``.
     num_groups            groups to admit in total (filtered, failed and stale-dropped ones included);
                           None = until closed.
     max_staleness         eta of the AReaL admission rule; 0 = synchronous; None = unbounded.
@@ -50,6 +52,20 @@ class RolloutConfig:
                           trajectory attempts in a row failed (env, tool or engine errors, timeouts):
                           a run that cannot make progress says so instead of retrying forever.
                           None = never stop on failures.
+    adaptive_concurrency  (default on) the limit of trajectories in flight follows the learner
+                          (:class:`~gymllm.rollout.concurrency.AdaptiveConcurrency`): it rises by
+                          ``concurrency_step`` each time the learner finds no complete group queued and
+                          falls by as much for each group queued beyond ``target_queue_depth`` (or
+                          dropped as stale), between ``min_concurrency`` and the ceiling
+                          ``min(max_concurrency, number of envs)``; the staleness bound (eta) and
+                          ``max_open_groups`` still gate admissions. Off: the limit stays at the ceiling.
+                          Engine rows are not a separate cap: a trajectory holds a row only while it
+                          generates (set max_concurrency to the rows to bound it).
+    min_concurrency       the lowest limit; None = ``group_size`` (one group in flight).
+    concurrency_start     the limit at the start; None = the ceiling (never less supply than a fixed run).
+    concurrency_step      trajectories per raise / per back-off; None = ``group_size``.
+    target_queue_depth    complete groups allowed to wait unconsumed; None = ``min(groups_per_step,
+                          queue_size - 1)`` (a step's worth ready when the learner comes back).
     """
 
     group_size: int = 4
@@ -68,12 +84,18 @@ class RolloutConfig:
     max_prompt_len: int | None = None
     loop_lag_interval_s: float = 0.01
     max_failed_streak: int | None = 64
+    adaptive_concurrency: bool = True
+    min_concurrency: int | None = None
+    concurrency_start: int | None = None
+    concurrency_step: int | None = None
+    target_queue_depth: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("group_size", "max_concurrency", "groups_per_step", "queue_size", "max_model_calls"):
             v = getattr(self, name)
             _need(_is_int(v) and v >= 1, name, expected="an int >= 1", received=v, fix=f"set {name}=1 or more")
-        for name in ("num_groups", "max_open_groups", "max_prompt_len", "max_failed_streak"):
+        for name in ("num_groups", "max_open_groups", "max_prompt_len", "max_failed_streak", "min_concurrency",
+                     "concurrency_start", "concurrency_step"):
             v = getattr(self, name)
             _need(v is None or (_is_int(v) and v >= 1), name, expected="None or an int >= 1", received=v,
                   fix=f"set {name}=None or a positive int")
@@ -90,6 +112,19 @@ class RolloutConfig:
         _need(self.release_order in ("oldest_version", "completion"), "release_order",
               expected="'oldest_version' or 'completion'", received=self.release_order,
               fix="use release_order='oldest_version'")
+        _need(isinstance(self.adaptive_concurrency, bool), "adaptive_concurrency", expected="a bool",
+              received=self.adaptive_concurrency, fix="use adaptive_concurrency=True (or False: a fixed limit)")
+        for name in ("min_concurrency", "concurrency_start"):
+            v = getattr(self, name)
+            _need(v is None or v <= self.max_concurrency, name, expected=f"None or <= max_concurrency "
+                  f"({self.max_concurrency}, the ceiling)", received=v, fix=f"lower {name} or raise max_concurrency")
+        if self.min_concurrency is not None and self.concurrency_start is not None:
+            _need(self.concurrency_start >= self.min_concurrency, "concurrency_start",
+                  expected=f">= min_concurrency ({self.min_concurrency})", received=self.concurrency_start,
+                  fix="raise concurrency_start or lower min_concurrency")
+        t = self.target_queue_depth
+        _need(t is None or (_is_int(t) and t >= 0), "target_queue_depth", expected="None or an int >= 0",
+              received=t, fix="use None (groups_per_step) or a small int")
         _need(_is_int(self.seed), "seed", expected="an int", received=self.seed, fix="use e.g. seed=0")
 
     def prompt_limit(self, engine: Any) -> int | None:
@@ -98,6 +133,19 @@ class RolloutConfig:
             return self.max_prompt_len
         max_len = getattr(engine, "max_len", None)
         return int(max_len) - 1 if isinstance(max_len, int) else None
+
+    def concurrency_config(self, num_envs: int) -> ConcurrencyConfig:
+        """The control law's bounds for ``num_envs`` env slots (the ceiling: ``min(max_concurrency,
+        num_envs)``; the start and the minimum are clipped to it)."""
+        ceiling = max(1, min(self.max_concurrency, int(num_envs)))
+        low = min(ceiling, self.min_concurrency if self.min_concurrency is not None else self.group_size)
+        start = None if self.concurrency_start is None else max(low, min(ceiling, self.concurrency_start))
+        step = self.concurrency_step if self.concurrency_step is not None else self.group_size
+        target = self.target_queue_depth
+        if target is None:
+            target = max(0, min(self.groups_per_step, self.queue_size - 1))
+        return ConcurrencyConfig(min_limit=low, max_limit=ceiling, start=start, increase=step, decrease=step,
+                                 target_queue_depth=target)
 
     @property
     def open_group_limit(self) -> int:

@@ -9,6 +9,10 @@
 
 * one coroutine per trajectory; at most ``max_concurrency`` run at once, each on its own env slot,
   so while one waits for its env or tool the others keep the engine busy;
+* adaptive concurrency (``RolloutConfig.adaptive_concurrency``, on by default): the limit of
+  trajectories in flight (``stats()["concurrency_limit"]``) rises while the learner waits for groups
+  and falls while complete groups queue unconsumed, under the ceiling ``max_concurrency``
+  (:class:`~gymllm.rollout.concurrency.AdaptiveConcurrency`);
 * group k: G members, env seed ``seed + k``, distinct per-member sampling seeds;
 * admission: :class:`~gymllm.rollout.staleness.StalenessController` (eta = 0 is synchronous);
 * :class:`~gymllm.rollout.group_buffer.GroupBuffer` releases only complete groups, bounds open
@@ -32,6 +36,7 @@ import time
 from typing import Any, AsyncIterator, Callable
 
 from gymllm.rollout.agents import Agent
+from gymllm.rollout.concurrency import AdaptiveConcurrency, ConcurrencyGate
 from gymllm.rollout.config import RolloutConfig
 from gymllm.rollout.engine_meter import MeteredEngine
 from gymllm.rollout.env_slots import EnvSlots, as_env_slots
@@ -148,7 +153,8 @@ class RolloutOrchestrator:
         self._queue: GroupQueue | None = None
         self._stop: asyncio.Event | None = None
         self._changed: asyncio.Event | None = None
-        self._slots_sem: asyncio.Semaphore | None = None
+        self.concurrency = AdaptiveConcurrency(cfg.concurrency_config(self.slots.num_envs))
+        self._gate: ConcurrencyGate | None = None
         self._free_envs: collections.deque[int] = collections.deque(range(self.slots.num_envs))
         self._members: dict[str, set[asyncio.Task]] = {}
         self._busy_envs: dict[int, asyncio.Future] = {}  # env calls still running after a cancel
@@ -169,7 +175,7 @@ class RolloutOrchestrator:
         self._queue = GroupQueue(self.config.queue_size, key=key)
         self._stop = asyncio.Event()
         self._changed = asyncio.Event()
-        self._slots_sem = asyncio.Semaphore(min(self.config.max_concurrency, self.slots.num_envs))
+        self._gate = ConcurrencyGate(self._limit())
         self._started_at = time.perf_counter()
         self.engine.reset_clock()
         await self.lag.start()
@@ -200,6 +206,19 @@ class RolloutOrchestrator:
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
 
+    # --- concurrency ---------------------------------------------------------------------------
+    def _limit(self) -> int:
+        """Trajectories allowed in flight now: the law's limit, or the ceiling when it is off."""
+        law = self.concurrency
+        return law.limit if self.config.adaptive_concurrency else law.config.max_limit
+
+    def _adapt(self, event: str) -> None:
+        """Feed one event ("learner_waiting", "group_queued", "group_consumed", "group_dropped") to
+        the control law and resize the gate."""
+        getattr(self.concurrency, f"on_{event}")()
+        if self._gate is not None:
+            self._gate.set_limit(self._limit())
+
     # --- consumer API ------------------------------------------------------------------------
     def set_policy_version(self, version: int) -> None:
         """The learner finished optimizer step ``version``: admits more groups (thread-safe)."""
@@ -213,6 +232,8 @@ class RolloutOrchestrator:
             await self.start()
         assert self._queue is not None
         while True:
+            if self._queue.qsize() == 0 and not self._queue.closed:
+                self._adapt("learner_waiting")
             with span("queue_wait", track="rollout"):
                 group = await self._queue.get()
             self._notify()  # room in the queue: the producer may admit again
@@ -222,10 +243,12 @@ class RolloutOrchestrator:
                 traj.timings["queue_wait_s"] = wait
             if self.staleness.is_stale(group.admitted_version):
                 self.staleness.unaccept()
+                self._adapt("group_dropped")
                 self.counts["stale_dropped"] += 1
                 counter("groups_stale_dropped", self.counts["stale_dropped"], track="rollout")
                 continue
             self.counts["consumed"] += 1
+            self._adapt("group_consumed")
             group.info["consumed_version"] = self.staleness.version
             return group
 
@@ -251,6 +274,13 @@ class RolloutOrchestrator:
             "running_groups": self.staleness.running, "accepted_groups": self.staleness.accepted,
             "max_load": self.staleness.max_observed_load, "policy_version": self.staleness.version,
             "prefix_preserving": self.prefix_preserving, **self.lag.summary(), "errors": list(self.errors[-10:]),
+            "concurrency_limit": self._limit(), "concurrency_max": self.concurrency.config.max_limit,
+            "concurrency_min": self.concurrency.config.min_limit,
+            "concurrency_raised": self.concurrency.counts["raised"],
+            "concurrency_lowered": self.concurrency.counts["lowered"],
+            "trajectories_inflight": self._gate.active if self._gate is not None else 0,
+            "trajectories_inflight_mean": self._gate.inflight_mean() if self._gate is not None else 0.0,
+            "trajectories_inflight_max": self._gate.max_active if self._gate is not None else 0,
         }
 
     # --- producer -----------------------------------------------------------------------------
@@ -305,10 +335,10 @@ class RolloutOrchestrator:
         self._members[key0.group_id] = tasks
 
     async def _member(self, key: EpisodeKey) -> None:
-        assert self._slots_sem is not None
+        assert self._gate is not None
         gid = key.group_id
         try:
-            await self._slots_sem.acquire()
+            await self._gate.acquire()
             env_id = self._free_envs.popleft()
             guarded = _ShieldedSlots(self.slots)
             try:
@@ -368,8 +398,8 @@ class RolloutOrchestrator:
     def _return_env(self, env_id: int, pending: asyncio.Future | None) -> None:
         """Give the env slot back, or, if an env call is still running (the member was cancelled
         mid-step), only once that call has finished: a hung env is never handed to a new trajectory."""
-        assert self._slots_sem is not None
-        sem = self._slots_sem
+        assert self._gate is not None
+        sem = self._gate
 
         def give_back(_: Any = None) -> None:
             self._busy_envs.pop(env_id, None)
@@ -407,7 +437,9 @@ class RolloutOrchestrator:
         try:
             await self._queue.put(group)
         except QueueClosed:
-            pass
+            return
+        self._adapt("group_queued")
+        counter("rollout_concurrency", self._limit(), track="rollout")
         counter("queue_depth", self._queue.qsize(), track="rollout")
 
     async def _fail_group(self, gid: str, error: BaseException, attempt: int, current: Any = None) -> None:
