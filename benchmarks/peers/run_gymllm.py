@@ -1,0 +1,90 @@
+"""gymllm side runner for ``benchmarks/peers.py``: the streaming GRPO learner + JaxEngine on the shared spec.
+
+Runs in gymllm's own interpreter (a subprocess, like the peers, so every side starts from a fresh
+process and compiles its own programs). The model is the ``tiny-qwen3`` preset with the spec's
+sizes (random init, float32), the tokenizer is the same byte-level BPE the peers load, the env is
+TinyRepeat-v0 (group k's env seed is k: the prompts the peers get, in the same order), GRPO with
+the spec's beta (a reference forward every step), clip and AdamW settings. ``run.warmup``
+compiles every engine and learner shape before the first step; the first ``warmup_steps`` steps
+are left out of the mean all the same, as on the peers' side.
+
+Prints ``RESULT {json}``: ``step_s`` (each optimizer step's wall), ``mean_step_s``, ``reward_mean``,
+``versions``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("GYMLLM_KEEP_FREED_MEMORY", "1")
+
+
+def train_config(spec: dict, run_dir: str):
+    from gymllm.algos import config as C
+    from gymllm.algos.learner import LearnerConfig
+    from gymllm.algos.optim import OptimizerConfig
+    from gymllm.algos.trainer import EnvSection, ModelSection, RolloutSection, RunSection, TrainConfig
+
+    m, s, o, a = spec["model"], spec["sampling"], spec["optimizer"], spec["algo"]
+    rows = spec["num_prompts"] * spec["group_size"]
+    loss = C.grpo()
+    loss = dataclasses_replace(loss, kl=dataclasses_replace(loss.kl, beta=a["beta"]),
+                               policy=dataclasses_replace(loss.policy, eps_low=a["epsilon"], eps_high=a["epsilon"]))
+    max_len = s["max_prompt_tokens"] + s["max_new_tokens"]
+    return TrainConfig(
+        model=ModelSection(name="tiny-qwen3", seed=spec["seed"], vocab_size=m["vocab_size"], hidden_size=m["hidden_size"],
+                           intermediate_size=m["intermediate_size"], num_layers=m["num_layers"],
+                           num_heads=m["num_heads"], num_kv_heads=m["num_kv_heads"]),
+        env=EnvSection(id="gymllm/TinyRepeat-v0", kwargs=dict(spec["task_kwargs"]), num_envs=rows),
+        rollout=RolloutSection(group_size=spec["group_size"], max_concurrency=rows, eta=1, max_tokens=s["max_new_tokens"],
+                               engine_slots=rows, engine_max_len=max_len, temperature=s["temperature"],
+                               prefix_reuse=False),  # the peers keep no prefix cache: the same prefill work
+        loss=loss,
+        optimizer=OptimizerConfig(learning_rate=o["learning_rate"], weight_decay=o["weight_decay"],
+                                  max_grad_norm=o["max_grad_norm"]),
+        learner=LearnerConfig(groups_per_step=spec["num_prompts"], micro_batch_size=rows, num_steps=spec["steps"],
+                              max_len=max_len, min_bucket=64, buckets_per_octave=4),
+        run=RunSection(run_dir=run_dir, seed=spec["seed"], console=False, report=False, log_trajectories=False,
+                       resume=False, warmup=True),
+    )
+
+
+def dataclasses_replace(obj, **kw):
+    import dataclasses
+
+    return dataclasses.replace(obj, **kw)
+
+
+def run(spec: dict) -> dict:
+    import importlib.metadata as md
+
+    import numpy as np
+
+    from gymllm.algos.trainer import train
+
+    with tempfile.TemporaryDirectory(prefix="gymllm-peers-") as tmp:
+        res = train(train_config(spec, tmp))
+    step_s = [float(h["step_wall_s"]) for h in res.history]
+    w = spec["warmup_steps"]
+    return {"side": "gymllm", "steps": len(step_s), "step_s": step_s,
+            "mean_step_s": float(np.mean(step_s[w:])) if len(step_s) > w else None,
+            "reward_mean": float(np.mean(res.rewards())),
+            "versions": {p: md.version(p) for p in ("gymllm", "jax", "jaxlib", "flax", "optax")}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--spec", required=True, help="spec JSON written by benchmarks/peers.py")
+    ap.add_argument("--mode", default="streaming", choices=("streaming",))
+    args = ap.parse_args()
+    with open(args.spec) as f:
+        spec = json.load(f)
+    print("RESULT " + json.dumps(run(spec)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

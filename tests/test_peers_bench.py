@@ -1,0 +1,139 @@
+"""benchmarks/peers.py's pieces that need no peer install: argument parsing, the one shared spec every
+side's runner reads, venv paths, RESULT parsing and the ratio / summary lines with fake runners
+(small Python scripts run as real subprocesses in place of the peers' venvs)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import pathlib
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import peers  # noqa: E402
+
+
+def test_parse_args_defaults_quick_and_peers():
+    full = peers.parse_args([])
+    assert (full.rounds, full.steps, full.peers, full.sizes) == (3, 8, ("tunix", "trl"), ("tiny", "medium"))
+    quick = peers.parse_args(["--quick", "--peers", "trl", "--sizes", "tiny"])
+    assert (quick.rounds, quick.steps, quick.peers, quick.sizes) == (1, 5, ("trl",), ("tiny",))
+    assert peers.parse_args(["--quick", "--rounds", "2"]).rounds == 2
+    with pytest.raises(ValueError, match="tunix,trl"):
+        peers.parse_args(["--peers", "verl"])
+    with pytest.raises(ValueError, match="steps"):
+        peers.parse_args(["--steps", "2"])
+
+
+def test_spec_matches_the_issue_config_and_gymllm_model(tmp_path):
+    tok = peers.write_tokenizer(str(tmp_path))
+    spec = peers.peer_spec("tiny", steps=3, tokenizer_file=tok)
+    m = spec["model"]
+    assert (m["num_layers"], m["hidden_size"], m["intermediate_size"], m["num_heads"], m["head_dim"],
+            m["num_kv_heads"], m["vocab_size"]) == (2, 64, 128, 4, 16, 2, 512)
+    assert (spec["num_prompts"], spec["group_size"], spec["sampling"]["max_new_tokens"],
+            spec["sampling"]["max_prompt_tokens"]) == (4, 4, 32, 64)
+    assert spec["algo"]["beta"] == 0.04 and spec["optimizer"]["learning_rate"] == 1e-4
+    med = peers.peer_spec("medium", steps=3, tokenizer_file=tok)
+    assert (med["model"]["num_layers"], med["model"]["hidden_size"], med["num_prompts"], med["group_size"],
+            med["sampling"]["max_new_tokens"]) == (4, 128, 8, 8, 64)
+    # the prompts: TinyRepeat's observations for seeds 0.., templated; the shared tokenizer gives their ids
+    from tokenizers import Tokenizer
+
+    t = Tokenizer.from_file(tok)
+    assert len(spec["prompts"]) == 3 * 4
+    for row in spec["prompts"]:
+        assert t.encode(row["text"], add_special_tokens=False).ids == row["ids"]
+        assert row["user"] in row["text"] and row["answer"] in "abcd"
+        assert len(row["ids"]) <= 64
+    json.dumps(spec)  # the runners read it as JSON
+
+
+def test_gymllm_runner_config_is_built_from_the_spec(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
+    import run_gymllm
+
+    spec = peers.peer_spec("medium", steps=3, tokenizer_file=peers.write_tokenizer(str(tmp_path)))
+    cfg = run_gymllm.train_config(spec, str(tmp_path / "run"))
+    assert (cfg.model.num_layers, cfg.model.hidden_size, cfg.model.intermediate_size, cfg.model.num_heads,
+            cfg.model.num_kv_heads, cfg.model.vocab_size) == (4, 128, 256, 8, 4, 512)
+    assert cfg.rollout.group_size == 8 and cfg.learner.groups_per_step == 8 and cfg.rollout.max_tokens == 64
+    assert cfg.loss.kl.beta == 0.04 and cfg.optimizer.learning_rate == 1e-4 and cfg.learner.num_steps == 3
+
+
+def test_every_runner_reads_the_spec_and_no_config_literals():
+    """Each runner takes its sizes from the spec JSON: no model size or step shape is typed in a runner."""
+    for name in ("run_gymllm.py", "run_tunix.py", "run_trl.py"):
+        src = (ROOT / "benchmarks" / "peers" / name).read_text()
+        tree = ast.parse(src)
+        assert "--spec" in src
+        for node in ast.walk(tree):
+            if isinstance(node, ast.keyword) and node.arg in ("num_layers", "num_hidden_layers", "hidden_size",
+                                                              "num_generations", "beta", "learning_rate"):
+                assert not isinstance(node.value, ast.Constant), f"{name}: {node.arg} is a literal"
+        if name != "run_gymllm.py":
+            mods = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+            mods += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+            assert not any(m.split(".")[0] == "gymllm" for m in mods), f"{name} imports gymllm"
+
+
+def test_venv_dir_hashes_requirements(tmp_path):
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("trl==1.16.0\n")
+    b.write_text("trl==1.16.1\n")
+    assert peers.venv_dir("trl", a) == peers.venv_dir("trl", a)
+    assert peers.venv_dir("trl", a) != peers.venv_dir("trl", b)
+    assert peers.venv_dir("trl", a).name.startswith("trl-")
+    for peer in peers.PEERS:
+        pins = [ln for ln in peers.requirements_file(peer).read_text().splitlines() if ln and not ln.startswith("#")]
+        assert pins and all("==" in ln for ln in pins), f"{peer}: every requirement pinned"
+    assert "torch==2.13.0+cpu" in peers.requirements_file("trl").read_text()
+
+
+def test_parse_result_takes_the_last_line():
+    assert peers.parse_result("noise\nRESULT {\"a\": 1}\nmore\nRESULT {\"a\": 2}\n") == {"a": 2}
+    with pytest.raises(ValueError, match="no RESULT"):
+        peers.parse_result("Traceback ...\n")
+
+
+FAKE = """
+import json, sys
+side = {side!r}
+secs = {secs!r}
+if secs is None:
+    sys.exit("boom: fake failure")
+spec = json.load(open(sys.argv[sys.argv.index("--spec") + 1]))
+steps = [5.0, 3.0] + [secs] * (spec["steps"] - 2)
+print("log line")
+print("RESULT " + json.dumps({{"side": side, "step_s": steps, "mean_step_s": secs, "versions": {{side: "0"}}}}))
+"""
+
+
+def test_bench_with_fake_runners_writes_ratios_and_errors(tmp_path, monkeypatch):
+    fakes = tmp_path / "fakes"
+    fakes.mkdir()
+    secs = {"gymllm": 0.1, "tunix_batch": 0.3, "tunix_agentic": 1.0, "trl": None}
+    for side, (script, _mode) in peers.RUNNER_OF.items():
+        (fakes / f"{side}.py").write_text(FAKE.format(side=side, secs=secs[side]))
+    monkeypatch.setattr(peers, "RUNNER_OF", {s: (f"{s}.py", m) for s, (_, m) in peers.RUNNER_OF.items()})
+    monkeypatch.setattr(peers, "HERE", fakes)
+    cfg = peers.BenchConfig(rounds=2, steps=3, sizes=("tiny",))
+    out = peers.bench(cfg, pythons={s: sys.executable for s in peers.RUNNER_OF}, log=lambda _m: None)
+    assert out["vs_tunix_batch"] == pytest.approx(3.0) and out["vs_tunix_agentic"] == pytest.approx(10.0)
+    assert out["vs_trl"].startswith("error: trl: exit 1") and "boom" in out["vs_trl"]
+    g = out["sides"]["gymllm"]
+    assert g["rounds"] == 2 and g["min_step_s"] == g["max_step_s"] == pytest.approx(0.1)
+    line = peers.result_line(out)
+    assert line.startswith("RESULT ") and json.loads(line[7:])["vs_tunix_batch"] == pytest.approx(3.0)
+
+
+def test_a_venv_that_cannot_be_built_is_an_error_in_result(tmp_path, monkeypatch):
+    monkeypatch.setattr(peers, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(peers, "HERE", tmp_path)
+    (tmp_path / "requirements-trl.txt").write_text("this-is-not-a-requirement-spec ===\n")
+    with pytest.raises(RuntimeError, match="exited"):
+        peers.ensure_venv("trl", log=lambda _m: None)
