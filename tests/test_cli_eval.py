@@ -63,3 +63,34 @@ def test_eval_errors_are_clear(tmp_path, capsys):
     assert "checkpoints" in capsys.readouterr().err
     assert main(["eval", "gymllm/TinyRepeat-v0", "--model", "tiny-qwen3", "--env-kwargs", "[1]"]) == 2
     assert "JSON object" in capsys.readouterr().err
+
+
+def test_eval_plays_the_trained_env_as_the_run_did(tmp_path, monkeypatch):
+    """The run's env.agent and env.system_prompt reach the agent for the env it trained on (only that
+    one), and the engine's row length follows the run's engine_max_len."""
+    from gymllm.cli import evaluate
+    from gymllm.rollout.agents import ModelAgent, ToolAgent
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({
+        "model": {"name": "tiny-qwen3"}, "rollout": {"engine_max_len": 96},
+        "env": {"id": "gymllm/ArithmeticTool-v0", "kwargs": {"digits": 1}, "agent": "model",
+                "system_prompt": "Answer in one line."}}))
+    seen = {}
+
+    async def fake_eval_env(env_id, loaded, **kw):
+        agent = evaluate.make_agent(env_id, loaded.tokenizer, kw["env_kwargs"], system_prompt=kw["system_prompt"],
+                                    agent=kw["agent"])
+        seen[env_id] = (type(agent), agent.system_prompt, kw["env_kwargs"], kw["max_len"])
+        return {"env": env_id}
+
+    from gymllm import models
+
+    monkeypatch.setattr(evaluate, "load_model", lambda name, checkpoint=None: models.make_tiny("qwen3"))
+    monkeypatch.setattr(evaluate, "eval_env", fake_eval_env)
+    evaluate.run_eval(["gymllm/ArithmeticTool-v0", "gymllm/CalcMath-v0"], checkpoint=str(run), max_tokens=8,
+                      max_turns=2)
+    assert seen["gymllm/ArithmeticTool-v0"] == (ModelAgent, "Answer in one line.", {"digits": 1}, 96 + 16)
+    other = seen["gymllm/CalcMath-v0"]
+    assert other[0] is ToolAgent and other[1] != "Answer in one line." and other[2] == {}  # its own defaults

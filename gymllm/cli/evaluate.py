@@ -55,18 +55,20 @@ def load_model(name: str | None, *, checkpoint: str | None = None) -> Any:
     return loaded
 
 
-def make_agent(env_id: str, tokenizer: Any, env_kwargs: dict | None = None) -> Any:
-    """A ``ToolAgent`` when the env offers tools at reset (``info["tools"]``), else a ``ModelAgent``
-    (:func:`gymllm.rollout.evaluation.agent_for`)."""
+def make_agent(env_id: str, tokenizer: Any, env_kwargs: dict | None = None, *, system_prompt: str | None = None,
+               agent: str | None = None) -> Any:
+    """The agent of :func:`gymllm.rollout.evaluation.agent_for`: ``agent``/``system_prompt`` as a run
+    trained with, else a ``ToolAgent`` when the env offers tools at reset, else a ``ModelAgent``."""
     from gymllm.rollout.evaluation import agent_for
 
-    return agent_for(env_id, tokenizer, env_kwargs)
+    return agent_for(env_id, tokenizer, env_kwargs, system_prompt=system_prompt, agent=agent)
 
 
 async def eval_env(env_id: str, loaded: Any, *, num_seeds: int, k: int, seed_offset: int, temperature: float,
                    max_tokens: int, max_turns: int, success_threshold: float,
-                   env_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One env's row: a fresh engine over ``loaded`` and a vector env, then
+                   env_kwargs: dict[str, Any] | None = None, system_prompt: str | None = None,
+                   agent: str | None = None, max_len: int = 2048) -> dict[str, Any]:
+    """One env's row: a fresh engine (``max_len`` tokens a row) over ``loaded`` and a vector env, then
     :func:`gymllm.rollout.evaluation.evaluate_env` (the path the training run's evaluation takes)."""
     import gymllm
     from gymllm.inference import EngineConfig, JaxEngine
@@ -76,9 +78,10 @@ async def eval_env(env_id: str, loaded: Any, *, num_seeds: int, k: int, seed_off
                         max_tokens=max_tokens, max_turns=max_turns, success_threshold=success_threshold)
     concurrency = min(config.max_concurrency, num_seeds * k)
     vec = gymllm.make_vec(env_id, num_envs=concurrency, max_episode_steps=max_turns, **(env_kwargs or {}))
-    engine = JaxEngine.from_loaded(loaded, config=EngineConfig(num_slots=min(16, concurrency), max_len=2048))
+    engine = JaxEngine.from_loaded(loaded, config=EngineConfig(num_slots=min(16, concurrency), max_len=max_len))
     try:
-        row = await evaluate_env(vec, engine, make_agent(env_id, loaded.tokenizer, env_kwargs), config=config,
+        agent_ = make_agent(env_id, loaded.tokenizer, env_kwargs, system_prompt=system_prompt, agent=agent)
+        row = await evaluate_env(vec, engine, agent_, config=config,
                                  env_id=env_id, env_kwargs=env_kwargs, session_prefix="")
     finally:
         await engine.close()
@@ -88,17 +91,31 @@ async def eval_env(env_id: str, loaded: Any, *, num_seeds: int, k: int, seed_off
 
 def run_eval(env_ids: Sequence[str], *, model: str | None = None, checkpoint: str | None = None, num_seeds: int = 16,
              k: int = 4, seed_offset: int = 100_000, temperature: float = 0.7, max_tokens: int = 256, max_turns: int = 4,
-             success_threshold: float = 1.0, env_kwargs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+             success_threshold: float = 1.0, env_kwargs: dict[str, Any] | None = None,
+             system_prompt: str | None = None, max_len: int | None = None) -> list[dict[str, Any]]:
     """Evaluate ``model`` on each env (``["suite"]`` expands to :data:`SUITE`); one row per env.
 
     ``env_kwargs`` go to every env; with ``env_kwargs=None`` and a run directory as ``checkpoint``, the
-    env the run trained on gets the run's env kwargs (the setting it trained), the others their defaults."""
+    env the run trained on gets the run's env kwargs (the setting it trained), the others their defaults.
+    The env a run trained on is played as the run played it: its ``env.agent`` and ``env.system_prompt``
+    (``system_prompt`` overrides it for every env). ``max_len``: the engine's tokens a row (default: the
+    run's ``rollout.engine_max_len`` plus ``max_tokens * max_turns``, capped at 2048; 2048 without a run)."""
     ids = [i for e in env_ids for i in (SUITE if e == "suite" else (e,))]
     if not ids:
         raise ValueError("gymllm eval: expected at least one env id (or `suite`), received none. "
                          "Fix: gymllm eval gymllm/Arithmetic-v0")
     loaded = load_model(model, checkpoint=checkpoint)
-    trained_env = run_config(checkpoint).get("env", {})
+    conf = run_config(checkpoint)
+    trained_env = conf.get("env", {})
+    if max_len is None:
+        run_len = int(conf.get("rollout", {}).get("engine_max_len") or 0)
+        max_len = min(2048, run_len + max_tokens * max_turns) if run_len else 2048
+
+    def played_as(env_id: str) -> dict[str, Any]:
+        trained = env_id == trained_env.get("id")
+        return {"system_prompt": system_prompt if system_prompt is not None
+                else (trained_env.get("system_prompt") or None if trained else None),
+                "agent": trained_env.get("agent") if trained else None}
 
     def kwargs_for(env_id: str) -> dict[str, Any]:
         if env_kwargs is not None:
@@ -107,4 +124,5 @@ def run_eval(env_ids: Sequence[str], *, model: str | None = None, checkpoint: st
 
     return [asyncio.run(eval_env(i, loaded, num_seeds=num_seeds, k=k, seed_offset=seed_offset,
                                   temperature=temperature, max_tokens=max_tokens, max_turns=max_turns,
-                                  success_threshold=success_threshold, env_kwargs=kwargs_for(i))) for i in ids]
+                                  success_threshold=success_threshold, env_kwargs=kwargs_for(i), max_len=max_len,
+                                  **played_as(i))) for i in ids]

@@ -92,18 +92,24 @@ class SessionPrefixed:
         return getattr(self.engine, name)
 
 
-def agent_for(env_id: str, tokenizer: Any, env_kwargs: dict | None = None) -> Agent:
-    """A ``ToolAgent`` when the env offers tools at reset (``info["tools"]``), else a ``ModelAgent``
-    (with the env's ``info["system_prompt"]`` when it gives one)."""
+def agent_for(env_id: str, tokenizer: Any, env_kwargs: dict | None = None, *, system_prompt: str | None = None,
+              agent: str | None = None) -> Agent:
+    """The agent a run on ``env_id`` uses: ``agent`` ("model" | "tool", a run's ``env.agent``) or, when
+    None, a ``ToolAgent`` if the env offers tools at reset (``info["tools"]``), else a ``ModelAgent``;
+    the system prompt is ``system_prompt`` (a run's ``env.system_prompt``) or the env's
+    ``info["system_prompt"]`` when it gives one."""
     import gymllm
 
+    if agent not in (None, "model", "tool"):
+        raise ValueError(f"agent: expected 'model' or 'tool', received {agent!r}. Fix: pass one of them")
     env = gymllm.make(env_id, **(env_kwargs or {}))
     try:
         _, info = env.reset(seed=0)
     finally:
         env.close()
-    system = info.get("system_prompt") if isinstance(info, dict) else None
-    if isinstance(info, dict) and info.get("tools"):
+    info = info if isinstance(info, dict) else {}
+    system = system_prompt or info.get("system_prompt")
+    if agent == "tool" or (agent is None and info.get("tools")):
         return ToolAgent(tokenizer, system_prompt=system)
     return ModelAgent(tokenizer, system_prompt=system)
 
