@@ -30,6 +30,10 @@ Ends with ``RESULT {json}``: ``vs_tunix_batch``, ``vs_tunix_agentic``, ``vs_trl`
 step seconds and spread, peer versions, the CPU, the load average. A peer whose venv cannot be
 built, or whose runner fails, appears as an error string in place of its figures.
 
+Measured (2026-12-01, AMD EPYC 2-core shared machine, load average 15 falling to 9, ``--quick
+--sizes tiny``, 1 round, steps 3-5): gymllm 0.275 s/step, Tunix batch 0.324 s (1.18x), Tunix
+agentic 1.93 s (7.0x), TRL 16.3 s (59x). gymllm ran first in the round, under the highest load.
+
     python benchmarks/peers.py --quick                 # 1 round, fewer steps
     python benchmarks/peers.py --peers tunix --rounds 3
 """
@@ -246,7 +250,7 @@ def summarize(runs: list[dict]) -> dict:
     out = {"step_s": sum(ok) / len(ok), "min_step_s": min(ok), "max_step_s": max(ok), "rounds": len(ok),
            "per_round_step_s": ok}
     first = next(r for r in runs if "error" not in r)
-    for k in ("versions", "reward_mean"):
+    for k in ("versions", "reward_mean", "breakdown", "clock"):
         if k in first:
             out[k] = first[k]
     out["step_s_all"] = [r["step_s"] for r in runs if "error" not in r]

@@ -70,7 +70,10 @@ def run(spec: dict) -> dict:
         res = train(train_config(spec, tmp))
     step_s = [float(h["step_wall_s"]) for h in res.history]
     w = spec["warmup_steps"]
-    return {"side": "gymllm", "steps": len(step_s), "step_s": step_s,
+    # where a step's wall goes (steady steps): learner busy, learner waiting for groups, weight push
+    parts = {k: float(np.mean([h[k] for h in res.history[w:]])) if len(res.history) > w else None
+             for k in ("train_busy_s", "trainer_wait_s", "weight_sync_s", "engine_busy_fraction")}
+    return {"side": "gymllm", "steps": len(step_s), "step_s": step_s, "breakdown": parts,
             "mean_step_s": float(np.mean(step_s[w:])) if len(step_s) > w else None,
             "reward_mean": float(np.mean(res.rewards())),
             "versions": {p: md.version(p) for p in ("gymllm", "jax", "jaxlib", "flax", "optax")}}

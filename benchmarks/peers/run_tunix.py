@@ -172,18 +172,14 @@ def make_agentic(agl, cluster, spec, reward, tokenizer):
     from tunix.rl.agentic.parser.chat_template_parser import parser as chat_parser_lib
 
     a = spec["algo"]
-
-    def env_reward(task=None, action=None, **kwargs):
-        text = getattr(action, "action", action)
-        return reward([], [str(text)], answer=[str(task["answer"])])[0]
-
     algo = agl.GRPOConfig(num_generations=spec["group_size"], num_iterations=1, beta=a["beta"], epsilon=a["epsilon"],
                           loss_agg_mode="sequence-mean-token-mean", system_prompt=spec["system_prompt"],
                           max_concurrency=spec["num_prompts"] * spec["group_size"], off_policy_steps=0,
                           max_response_length=spec["sampling"]["max_new_tokens"])
-    return agl.GRPOLearner(rl_cluster=cluster, algo_config=algo, reward_fns=None,
-                           chat_parser=chat_parser_lib.QwenChatTemplateParser(tokenizer),
-                           env_kwargs={"reward_fn": env_reward})
+    # rewards: the same function on the completions as the batch learner (the agentic learner's
+    # reward manager scores completions with reward_fns; TaskEnvironment's own reward is not used)
+    return agl.GRPOLearner(rl_cluster=cluster, algo_config=algo, reward_fns=[reward],
+                           chat_parser=chat_parser_lib.QwenChatTemplateParser(tokenizer))
 
 
 def main() -> None:
