@@ -93,6 +93,7 @@ def train_config_from(recipe: str | None, preset: str | None, loss_preset: str |
     overrides = load_recipe(recipe) if recipe else {}
     recipe_preset = overrides.pop("preset", None)
     overrides.pop("description", None)
+    overrides.pop("sft", None)  # the SFT stage's table (recipe_sft_stage), not a TrainConfig section
     recipe_loss = overrides.pop("loss_preset", None)
     cfg = trainer_mod.preset(preset or recipe_preset or "default")
     if loss_preset or recipe_loss:
@@ -116,6 +117,27 @@ def train_config_from(recipe: str | None, preset: str | None, loss_preset: str |
     return cfg
 
 
+def recipe_sft_stage(recipe: str | None) -> object:
+    """The recipe's ``[sft]`` table as a :class:`~gymllm.cli.recipes.SFTStage`, or None (no recipe or no table)."""
+    from gymllm.cli.recipes import load_recipe, sft_stage_from
+
+    table = load_recipe(recipe).get("sft") if recipe else None
+    return None if table is None else sft_stage_from(table)
+
+
+def parse_train_plan(args: Sequence[str]) -> tuple[object, object]:
+    """``(TrainConfig, SFTStage or None)`` of a ``gymllm train`` argv: :func:`parse_train_args`' config and
+    the recipe's ``[sft]`` stage (see :func:`run_stages`)."""
+    from gymllm.algos import trainer as trainer_mod
+
+    args = list(args)
+    first = tyro.cli(train_arguments(unchecked_mirror(trainer_mod.preset("default"))), prog=TRAIN_PROG,
+                     description=train.__doc__, args=[a for a in args if a not in HELP_FLAGS])
+    base = train_config_from(first.recipe, first.preset, first.loss_preset, first.run_dir, first.env_kwargs)
+    cfg = tyro.cli(train_arguments(base), prog=TRAIN_PROG, description=train.__doc__, args=args).config
+    return cfg, recipe_sft_stage(first.recipe)
+
+
 def parse_train_args(args: Sequence[str]) -> object:
     """The ``TrainConfig`` a ``gymllm train`` argv gives; every argument is parsed by tyro (a malformed
     one exits with tyro's usage error, ``SystemExit(2)``).
@@ -124,20 +146,93 @@ def parse_train_args(args: Sequence[str]) -> object:
     whose types are those of every preset) reads the recipe and presets; the second parses it again
     with their config as the defaults, so ``--help`` shows the defaults the run will use, a
     ``--section.field`` flag overrides the recipe, and the config's checks see the final values."""
-    from gymllm.algos import trainer as trainer_mod
+    return parse_train_plan(args)[0]
 
-    args = list(args)
-    first = tyro.cli(train_arguments(unchecked_mirror(trainer_mod.preset("default"))), prog=TRAIN_PROG,
-                     description=train.__doc__, args=[a for a in args if a not in HELP_FLAGS])
-    base = train_config_from(first.recipe, first.preset, first.loss_preset, first.run_dir, first.env_kwargs)
-    return tyro.cli(train_arguments(base), prog=TRAIN_PROG, description=train.__doc__, args=args).config
+
+STAGES_FILE = "stages.json"  # RUN_DIR/stages.json: the finished demos and SFT stages of a staged run
+
+
+def run_stages(cfg: object, stage: object, *, log: Callable[[str], None] = print) -> object:
+    """Run a staged recipe's first two stages and return the GRPO config, warm-started from their weights.
+
+    1. demos: ``gymllm.envs.demos.demonstrations`` of ``cfg.env`` (its id, kwargs, system prompt and
+       agent) -> ``RUN_DIR/demos.jsonl`` (written whole, then renamed: a killed write leaves none);
+    2. SFT: :func:`gymllm.algos.sft.run_sft` on them (``RUN_DIR/sft``: config, metrics, checkpoints;
+       the config from :func:`gymllm.cli.recipes.sft_config_for`);
+    3. the returned config: ``cfg`` with ``model.checkpoint = RUN_DIR/sft``.
+
+    A stage whose output exists is skipped: demos when ``demos.jsonl`` is there, SFT when
+    ``RUN_DIR/stages.json`` records it finished (a killed SFT resumes from its last checkpoint). GRPO
+    itself resumes from ``RUN_DIR/checkpoints`` as any run does (``run.resume``). Delete a stage's
+    output to redo it. A ``cfg`` that already names ``model.checkpoint`` is returned unchanged: the
+    warm start is given, so no stage runs."""
+    import dataclasses
+    import os
+
+    from gymllm.errors import ConfigError, explain
+
+    if cfg.model.checkpoint:
+        log(f"[stages] model.checkpoint={cfg.model.checkpoint!r} given: demos and SFT skipped, GRPO warm-starts from it")
+        return cfg
+    run_dir = pathlib.Path(cfg.run.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    stages_path = run_dir / STAGES_FILE
+    done = json.loads(stages_path.read_text()) if stages_path.is_file() else {}
+
+    def record(name: str, entry: dict) -> None:
+        done[name] = entry
+        tmp = stages_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(done, indent=2))
+        os.replace(tmp, stages_path)
+
+    demos_path = run_dir / "demos.jsonl"
+    if demos_path.is_file() and demos_path.stat().st_size > 0:
+        count = sum(1 for line in demos_path.read_text().splitlines() if line.strip())
+        log(f"[stages] demos: {demos_path} exists ({count} episodes): skipped")
+    else:
+        from gymllm.envs.demos import demonstrations, write_demos
+
+        t0 = time.perf_counter()
+        records = demonstrations(cfg.env.id, n=stage.demos, seed=stage.demo_seed, env_kwargs=dict(cfg.env.kwargs),
+                                 system_prompt=cfg.env.system_prompt, agent="tool" if cfg.env.agent == "tool" else "model")
+        if not records:
+            raise ConfigError(explain("recipe [sft].demos", expected=f"solved episodes of {cfg.env.id}",
+                                      received=f"none on seeds {stage.demo_seed}..{stage.demo_seed + stage.demos - 1}",
+                                      fix="check env.kwargs (e.g. a map whose goal can be reached)"))
+        tmp = run_dir / "demos.jsonl.tmp"
+        write_demos(str(tmp), records)
+        os.replace(tmp, demos_path)
+        mean = sum(r["reward"] for r in records) / len(records)
+        record("demos", {"episodes": len(records), "played": stage.demos, "mean_reward": mean,
+                         "wall_s": round(time.perf_counter() - t0, 1)})
+        log(f"[stages] demos: {len(records)} of {stage.demos} episodes kept (mean reward {mean:.3f}) -> {demos_path}")
+
+    sft_dir = run_dir / "sft"
+    if "sft" in done:
+        log(f"[stages] sft: {sft_dir} finished (step {done['sft'].get('step')}): skipped")
+    else:
+        from gymllm.algos.sft import run_sft
+        from gymllm.cli.recipes import sft_config_for
+
+        sft_cfg = sft_config_for(stage, cfg, data=str(demos_path), run_dir=str(sft_dir))
+        log(f"[stages] sft: {sft_cfg.model.name} on {demos_path} -> {sft_dir}")
+        result = run_sft(sft_cfg)
+        log(result.summary())
+        record("sft", {"step": result.step, "rows": result.rows, "tokens": result.tokens,
+                       "final_loss": result.losses[-1] if result.losses else None,
+                       "first_loss": result.losses[0] if result.losses else None, "wall_s": round(result.wall_s, 1)})
+    log(f"[stages] grpo: warm start from {sft_dir} -> {run_dir}")
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, checkpoint=str(sft_dir)))
 
 
 def _train_dispatch(args: list[str]) -> object:
-    """``gymllm train [RECIPE] [--preset NAME] [--field.sub value ...]``: see :func:`parse_train_args`."""
+    """``gymllm train [RECIPE] [--preset NAME] [--field.sub value ...]``: see :func:`parse_train_args`;
+    a recipe with an ``[sft]`` table runs demos -> SFT -> GRPO (:func:`run_stages`)."""
     from gymllm.algos import trainer as trainer_mod
 
-    cfg = parse_train_args(args)
+    cfg, stage = parse_train_plan(args)
+    if stage is not None:
+        cfg = run_stages(cfg, stage)
     result = trainer_mod.train(cfg)
     _print_train_summary(cfg, result)
     return 0
@@ -159,7 +254,9 @@ def train() -> None:
 
     Usage: `gymllm train [RECIPE] [--preset default|tiny] [--loss-preset grpo|dapo|dr_grpo|gspo|async_agentic]
     [--run-dir DIR] [--section.field VALUE ...]`.
-    RECIPE is a TOML file or the name of a recipe gymllm ships (gymllm/recipes/, e.g. `gymllm train calc_math`). The run directory
+    RECIPE is a TOML file or the name of a recipe gymllm ships (gymllm/recipes/, e.g. `gymllm train calc_math`);
+    a recipe with an [sft] table runs demonstrations -> SFT -> GRPO from the SFT weights (RUN_DIR/demos.jsonl,
+    RUN_DIR/sft; a finished stage is skipped on a rerun). The run directory
     gets config.json, metrics.jsonl, TensorBoard events, a trajectory log, trace.json (open it in
     ui.perfetto.dev), checkpoints and a reward-curve PNG.
     """

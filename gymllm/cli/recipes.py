@@ -12,6 +12,16 @@ a user's own TOML file is given by its path. A recipe ``gymllm/recipes/arithmeti
 
 is applied field by field onto the preset's config with :func:`apply_overrides`; an unknown key is
 a :class:`~gymllm.errors.ConfigError` that names the key and the allowed ones.
+
+A recipe may also hold an ``[sft]`` table (:class:`SFTStage`): ``gymllm train RECIPE`` then runs
+three stages, demonstrations -> supervised fine-tuning -> GRPO warm-started from the SFT weights::
+
+    [sft]
+    demos = 256                # episodes the env's solver plays (gymllm.envs.demos)
+    num_steps = 40             # SFTSection fields, flat
+    batch_size = 8
+    learning_rate = 1e-4       # OptimizerConfig fields, flat
+    seed = 0                   # SFTConfig fields (the data order's seed)
 """
 
 from __future__ import annotations
@@ -78,6 +88,78 @@ def apply_overrides(cfg: Any, overrides: dict[str, Any], *, where: str = "") -> 
         return dataclasses.replace(cfg, **changes)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"recipe section {where or '(top level)'!r}: {e}") from e
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SFTStage:
+    """A recipe's ``[sft]`` table: the demonstrations and SFT stages before GRPO.
+
+    demos: episodes the env's solver plays (``gymllm.envs.demos.demonstrations``; solved or won/drawn
+    ones are kept), seeds ``demo_seed .. demo_seed + demos - 1`` (below the held-out seeds);
+    overrides: the table's other keys, applied onto :class:`gymllm.algos.sft.SFTConfig` by
+    :func:`sft_config_for`: a key of ``SFTConfig`` itself (``seed``, ``checkpoint_every``, a ``[sft.lora]``
+    table...), else of its ``sft`` section (``num_steps``, ``batch_size``, ``max_len``...), else of its
+    ``optimizer`` (``learning_rate``, ``schedule``...). ``data``, ``from_run``, ``model`` and ``run_dir``
+    are the stage's own (the demos file, the recipe's model, ``RUN_DIR/sft``) and are refused."""
+
+    demos: int = 256
+    demo_seed: int = 0
+    overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, lo in (("demos", 1), ("demo_seed", 0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ConfigError(f"recipe [sft].{name}: expected an int >= {lo}, received {v!r}. "
+                                  f"Fix: write {name} = {256 if name == 'demos' else 0}.")
+        fixed = sorted(set(self.overrides) & set(SFT_STAGE_OWNED))
+        if fixed:
+            raise ConfigError(f"recipe [sft]: expected no {fixed} (the stage sets them: the demos file, the recipe's "
+                              f"[model], RUN_DIR/sft), received {fixed}. Fix: remove them; set [model] for both stages.")
+
+
+#: SFTConfig fields the stage sets itself
+SFT_STAGE_OWNED = ("data", "from_run", "min_reward", "model", "run_dir")
+
+
+def sft_stage_from(table: Any) -> SFTStage:
+    """The :class:`SFTStage` of a recipe's ``[sft]`` table (a ``ConfigError`` for a table that is not one)."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"recipe 'sft': expected a table ([sft] with demos = N, num_steps = ...), received "
+                          f"{table!r}. Fix: write it as an [sft] table.")
+    rest = dict(table)
+    known = {k: rest.pop(k) for k in ("demos", "demo_seed") if k in rest}
+    return SFTStage(**known, overrides=rest)
+
+
+def sft_config_for(stage: SFTStage, train_cfg: Any, *, data: str, run_dir: str) -> Any:
+    """The ``SFTConfig`` of the SFT stage before GRPO run ``train_cfg`` (a ``TrainConfig``): its model,
+    sharding, compute dtype, learner lengths, system prompt, console and seed, then ``stage.overrides``."""
+    from gymllm.algos.optim import OptimizerConfig
+    from gymllm.algos.sft import SFTConfig, SFTSection
+
+    model = dataclasses.replace(train_cfg.model, checkpoint="")
+    section = SFTSection(max_len=train_cfg.learner.max_len, min_bucket=min(train_cfg.learner.min_bucket,
+                                                                           train_cfg.learner.max_len),
+                         compute_dtype=train_cfg.learner.compute_dtype, system_prompt=train_cfg.env.system_prompt)
+    cfg = SFTConfig(data=data, model=model, sharding=train_cfg.sharding, sft=section, run_dir=run_dir,
+                    seed=train_cfg.run.seed, console=train_cfg.run.console)
+    top = {f.name for f in dataclasses.fields(SFTConfig)}
+    sec = {f.name for f in dataclasses.fields(SFTSection)}
+    opt = {f.name for f in dataclasses.fields(OptimizerConfig)}
+    nested: dict[str, Any] = {}
+    for key, value in stage.overrides.items():
+        name = key.replace("-", "_")
+        where = "" if name in top else "sft" if name in sec else "optimizer" if name in opt else None
+        if where is None:
+            raise ConfigError(f"bad recipe key 'sft.{key}': expected demos, demo_seed or a field of SFTConfig "
+                              f"{sorted(top - set(SFT_STAGE_OWNED))}, its sft section {sorted(sec)} or its optimizer "
+                              f"{sorted(opt)}, received {key!r}. Fix: rename or remove {key!r}.")
+        if where:
+            nested.setdefault(where, {})[name] = value
+        else:
+            nested[name] = value
+    return apply_overrides(cfg, nested, where="sft")
 
 
 def _coerce(value: Any, hint: Any) -> Any:
