@@ -329,7 +329,7 @@ def result_line(out: dict) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     cfg = parse_args(argv)
-    out = bench(cfg)
+    out = bench(cfg, log=lambda msg: print(msg, flush=True))  # progress shows while stdout is a file
     for suffix in ("", "_medium"):
         if f"sides{suffix}" not in out:
             continue
