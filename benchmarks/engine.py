@@ -60,16 +60,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import numpy as np  # noqa: E402
 
 from gymllm.inference import EngineConfig, JaxEngine, SamplingParams  # noqa: E402
-from gymllm.utils.host import describe_cpu  # noqa: E402
-
-
-def loadavg() -> list[float]:
-    """The 1, 5 and 15 minute load averages (``/proc/loadavg``; empty where unavailable)."""
-    try:
-        with open("/proc/loadavg") as f:
-            return [float(x) for x in f.read().split()[:3]]
-    except OSError:
-        return []
+from gymllm.utils.host import describe_cpu, loadavg  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

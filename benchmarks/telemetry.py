@@ -47,16 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import gymllm  # noqa: E402
 from gymllm.telemetry import Tracer, get_tracer, set_tracer, span  # noqa: E402
-from gymllm.utils.host import describe_cpu  # noqa: E402
-
-
-def loadavg() -> list[float]:
-    """The 1, 5 and 15 minute load averages (``/proc/loadavg``; empty where unavailable)."""
-    try:
-        with open("/proc/loadavg") as f:
-            return [float(x) for x in f.read().split()[:3]]
-    except OSError:
-        return []
+from gymllm.utils.host import describe_cpu, loadavg  # noqa: E402
 
 
 def spread(xs: list[float]) -> dict[str, float]:

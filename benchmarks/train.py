@@ -61,16 +61,7 @@ from gymllm.algos.learner import LearnerConfig  # noqa: E402
 from gymllm.algos.optim import OptimizerConfig  # noqa: E402
 from gymllm.algos.trainer import (EnvSection, ModelSection, RolloutSection, RunSection, TrainConfig,  # noqa: E402
                                   train)
-from gymllm.utils.host import describe_cpu  # noqa: E402
-
-
-def loadavg() -> list[float]:
-    """The 1, 5 and 15 minute load averages (``/proc/loadavg``; empty where unavailable)."""
-    try:
-        with open("/proc/loadavg") as f:
-            return [float(x) for x in f.read().split()[:3]]
-    except OSError:
-        return []
+from gymllm.utils.host import describe_cpu, loadavg  # noqa: E402
 
 
 def pipeline_config(run_dir: str, *, mode: str, steps: int, eta: int = 4, latency_scale: float = 1.0) -> TrainConfig:

@@ -35,19 +35,10 @@ import time
 import gymnasium as gym
 
 from gymllm.envs.basic import LatencyEnv
-from gymllm.utils.host import describe_cpu
+from gymllm.utils.host import describe_cpu, loadavg
 from gymllm.vector import VectorEnv
 
 NUM_ENVS = 64
-
-
-def loadavg() -> list[float]:
-    """The 1, 5 and 15 minute load averages (``/proc/loadavg``; empty where unavailable)."""
-    try:
-        with open("/proc/loadavg") as f:
-            return [float(x) for x in f.read().split()[:3]]
-    except OSError:
-        return []
 
 
 def env_fns(median_s: float, p99_s: float, n: int = NUM_ENVS) -> list:

@@ -38,3 +38,13 @@ def describe_cpu() -> str:
     amx = "AMX" if "amx_bf16" in flags else "no AMX"
     bf16 = ", avx512_bf16" if "avx512_bf16" in flags else ""
     return f"{cpu_model()} ({amx}{bf16})"
+
+
+def loadavg() -> list[float]:
+    """The 1, 5 and 15 minute load averages (``/proc/loadavg``; empty where unavailable): printed beside
+    every benchmark figure, since a shared machine's load moves them."""
+    try:
+        with open("/proc/loadavg") as f:
+            return [float(x) for x in f.read().split()[:3]]
+    except OSError:
+        return []
