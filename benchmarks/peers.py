@@ -32,7 +32,9 @@ built, or whose runner fails, appears as an error string in place of its figures
 
 Measured (2026-12-01, AMD EPYC 2-core shared machine, load average 15 falling to 9, ``--quick
 --sizes tiny``, 1 round, steps 3-5): gymllm 0.275 s/step, Tunix batch 0.324 s (1.18x), Tunix
-agentic 1.93 s (7.0x), TRL 16.3 s (59x). gymllm ran first in the round, under the highest load.
+agentic 1.93 s (7.0x), TRL 16.3 s (59x). ``--quick --sizes medium`` (load 8.5 falling to 5.6): gymllm
+3.58 s, Tunix batch 5.27 s (1.47x), agentic 7.86 s (2.20x), TRL 17.97 s (5.0x). gymllm ran first
+in each round, under the highest load; one round only, so no spread yet.
 
     python benchmarks/peers.py --quick                 # 1 round, fewer steps
     python benchmarks/peers.py --peers tunix --rounds 3
