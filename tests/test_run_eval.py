@@ -181,10 +181,11 @@ class ScriptedComponents(LocalComponents):
         return ScriptedToolEngine(lm.tokenizer, version)
 
 
-def test_tool_call_figures_on_a_tool_env(tmp_path):
+@pytest.mark.parametrize("agent", ["tool", "model"])  # the agent parses the call | the env's ToolUse does
+def test_tool_call_figures_on_a_tool_env(tmp_path, agent):
     base = small_config(tmp_path / "run", eta=0, steps=2)
     cfg = dataclasses.replace(
-        base, env=EnvSection(id="gymllm/ArithmeticTool-v0", kwargs={"digits": 1}, num_envs=8, agent="tool"),
+        base, env=EnvSection(id="gymllm/ArithmeticTool-v0", kwargs={"digits": 1}, num_envs=8, agent=agent),
         rollout=RolloutSection(group_size=4, max_concurrency=8, eta=0, max_tokens=48, max_turns=3, engine_slots=8,
                                engine_max_len=1024, prefix_reuse=False),
         learner=dataclasses.replace(base.learner, max_len=1024, min_bucket=512))

@@ -84,6 +84,7 @@ class Episode:
         self.last_finish = ""
         self.num_length_finishes = 0
         self.num_tool_calls = 0
+        self.turn_tool_calls = 0  # calls the agent parsed from the last completion (the env's own count otherwise)
         self.context_exhausted = False
         self.task_id = key.task_id
         self.info: dict[str, Any] = {}
@@ -134,7 +135,8 @@ class Episode:
                                 np.asarray(completion.versions, dtype=np.int32).tolist(), message)
         self.last_finish = completion.finish_reason
         self.num_length_finishes += completion.finish_reason == "length"
-        self.num_tool_calls += len(getattr(self.agent, "last_tool_calls", ()) or ())
+        self.turn_tool_calls = len(getattr(self.agent, "last_tool_calls", ()) or ())
+        self.num_tool_calls += self.turn_tool_calls
         return action
 
     def on_step(self, observation: Any, reward: float, terminated: bool, truncated: bool, info: dict,
@@ -145,6 +147,10 @@ class Episode:
         self.rewards.append(float(reward))
         self.timings["env_s"] += env_s
         self.timings["tool_s"] += _tool_seconds(info)
+        env_calls = info.get("tool_calls")
+        if not self.turn_tool_calls and isinstance(env_calls, list):
+            self.num_tool_calls += len(env_calls)  # the env (a ToolUse wrapper) parsed and ran the calls itself
+        self.turn_tool_calls = 0
         ended = bool(terminated or truncated)
         if "reward_time_s" in info:
             self.timings["reward_s"] += float(info["reward_time_s"] or 0.0)
