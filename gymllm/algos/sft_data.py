@@ -34,7 +34,7 @@ import dataclasses
 import json
 import os
 import pathlib
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -72,14 +72,9 @@ def _fail(where: str, *, expected: str, received: Any, fix: str) -> SFTDataError
     return SFTDataError(explain(where, expected=expected, received=received, fix=fix))
 
 
-def read_chat_jsonl(path: str | os.PathLike) -> list[tuple[int, list[dict], list[dict] | None]]:
-    """``[(line number, messages, tools or None), ...]`` of a chat JSONL file, checked (roles, contents,
-    at least one assistant turn, no two assistant turns in a row, no structured ``tool_calls``)."""
-    p = pathlib.Path(path)
-    if not p.is_file():
-        raise _fail(f"SFT data {str(p)!r}", expected="a chat JSONL file (one {\"messages\": [...]} object a line)",
-                    received="no such file", fix="check the path (e.g. write one with `gymllm demos ENV --out FILE`)")
-    out = []
+def _json_lines(p: pathlib.Path, *, fix: str) -> Iterator[tuple[int, str, Any]]:
+    """``(line number, "FILE:LINE", record)`` of each non-blank line of a JSONL file; a line that is not
+    JSON raises the SFT data error naming it (``fix`` says what to do)."""
     with open(p, encoding="utf-8") as f:
         for n, line in enumerate(f, start=1):
             if not line.strip():
@@ -89,8 +84,18 @@ def read_chat_jsonl(path: str | os.PathLike) -> list[tuple[int, list[dict], list
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
                 raise _fail(where, expected="one JSON object", received=line.strip()[:80],
-                            fix=f"fix the JSON ({e.msg} at column {e.colno})") from None
-            out.append((n, *_check_record(where, rec)))
+                            fix=f"{fix} ({e.msg} at column {e.colno})") from None
+            yield n, where, rec
+
+
+def read_chat_jsonl(path: str | os.PathLike) -> list[tuple[int, list[dict], list[dict] | None]]:
+    """``[(line number, messages, tools or None), ...]`` of a chat JSONL file, checked (roles, contents,
+    at least one assistant turn, no two assistant turns in a row, no structured ``tool_calls``)."""
+    p = pathlib.Path(path)
+    if not p.is_file():
+        raise _fail(f"SFT data {str(p)!r}", expected="a chat JSONL file (one {\"messages\": [...]} object a line)",
+                    received="no such file", fix="check the path (e.g. write one with `gymllm demos ENV --out FILE`)")
+    out = [(n, *_check_record(where, rec)) for n, where, rec in _json_lines(p, fix="fix the JSON")]
     if not out:
         raise _fail(f"SFT data {str(p)!r}", expected="at least one conversation", received="an empty file",
                     fix="write one {\"messages\": [...]} object per line")
@@ -218,36 +223,27 @@ def rows_from_run(run_dir: str | os.PathLike, min_reward: float, *, max_len: int
                     received="no such file", fix="pass the --run-dir of a `gymllm train` run that logged "
                     "trajectories (run.log_trajectories, on by default)")
     rows, seen = [], 0
-    with open(p, encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{p}:{n}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                raise _fail(where, expected="one JSON object", received=line.strip()[:80],
-                            fix="truncate the file after its last complete line") from None
-            if not isinstance(rec, dict) or "token_ids" not in rec or "sampled_spans" not in rec:
-                got = sorted(rec) if isinstance(rec, dict) else type(rec).__name__
-                raise _fail(where, expected="a trajectory record with token_ids and sampled_spans",
-                            received=got, fix="train the run again with this gymllm (older runs did not log token "
-                            "ids), or convert its conversations to chat JSONL")
-            seen += 1
-            reward = float(rec.get("reward", float("nan")))
-            if not reward >= min_reward:
-                continue
-            ids = np.asarray(rec["token_ids"], np.int32)
-            mask = np.zeros(len(ids), bool)
-            for a, b in rec["sampled_spans"]:
-                if not 0 <= a <= b <= len(ids):
-                    raise _fail(where, expected=f"spans inside the {len(ids)} token ids", received=[a, b],
-                                fix="the record is corrupt: drop this line")
-                mask[a:b] = True
-            if max_len is not None and len(ids) - 1 > max_len:
-                raise _too_long(where, len(ids), max_len)
-            if mask.any():
-                rows.append(SFTRow(ids, mask, source=where, reward=reward))
+    for _, where, rec in _json_lines(p, fix="truncate the file after its last complete line"):
+        if not isinstance(rec, dict) or "token_ids" not in rec or "sampled_spans" not in rec:
+            got = sorted(rec) if isinstance(rec, dict) else type(rec).__name__
+            raise _fail(where, expected="a trajectory record with token_ids and sampled_spans",
+                        received=got, fix="train the run again with this gymllm (older runs did not log token "
+                        "ids), or convert its conversations to chat JSONL")
+        seen += 1
+        reward = float(rec.get("reward", float("nan")))
+        if not reward >= min_reward:
+            continue
+        ids = np.asarray(rec["token_ids"], np.int32)
+        mask = np.zeros(len(ids), bool)
+        for a, b in rec["sampled_spans"]:
+            if not 0 <= a <= b <= len(ids):
+                raise _fail(where, expected=f"spans inside the {len(ids)} token ids", received=[a, b],
+                            fix="the record is corrupt: drop this line")
+            mask[a:b] = True
+        if max_len is not None and len(ids) - 1 > max_len:
+            raise _too_long(where, len(ids), max_len)
+        if mask.any():
+            rows.append(SFTRow(ids, mask, source=where, reward=reward))
     if not rows:
         raise _fail(f"--from-run {str(run_dir)!r}", expected=f"at least one trajectory with reward >= {min_reward}",
                     received=f"none of {seen} records", fix="lower --min-reward or train the run longer")
