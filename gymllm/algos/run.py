@@ -89,7 +89,8 @@ class RolloutTally:
     honest progress of a run, beside the trained groups' ``reward_mean``. :meth:`add` each group as
     it completes; :meth:`pop` the step metrics ``rollout_reward_mean``, ``rollout_groups``,
     ``rollout_episodes``, ``tool_calls_per_episode`` and ``tool_call_share`` (episodes with at least
-    one tool call). ``seeds``: every env seed a training group used (the whole run). ``heldout``: env
+    one tool call), and the env-side figures of :func:`~gymllm.rollout.evaluation.episode_figures`
+    (``valid_action_rate``; ``win_or_draw``, ``outcome/<result>`` for games). ``seeds``: every env seed a training group used (the whole run). ``heldout``: env
     seeds training must never use (the evaluation's): a group on one raises :class:`ConfigError`."""
 
     def __init__(self, heldout: range | None = None):
@@ -97,6 +98,7 @@ class RolloutTally:
         self.seeds: set[int] = set()
         self.rewards: list[float] = []  # per group: its mean reward
         self.tool_calls: list[int] = []  # per episode
+        self.episodes: list[Any] = []  # row 0 of each episode (its info: env steps, invalid replies, outcome)
         self.totals = {"episodes": 0, "with_tool_call": 0, "tool_calls": 0}
 
     def add(self, group: Any) -> None:
@@ -113,11 +115,14 @@ class RolloutTally:
         self.rewards.append(float(np.mean(group.rewards)))
         calls = group_tool_calls(group)
         self.tool_calls += calls
+        self.episodes += [t for t in group.trajectories if t.row_index == 0]
         self.totals["episodes"] += len(calls)
         self.totals["with_tool_call"] += sum(c > 0 for c in calls)
         self.totals["tool_calls"] += sum(calls)
 
     def pop(self) -> dict[str, float]:
+        from gymllm.rollout.evaluation import episode_figures
+
         out: dict[str, float] = {}
         if self.rewards:
             out.update(rollout_reward_mean=float(np.mean(self.rewards)), rollout_groups=len(self.rewards))
@@ -125,8 +130,10 @@ class RolloutTally:
             calls = np.asarray(self.tool_calls, np.float64)
             out.update(rollout_episodes=int(calls.size), tool_calls_per_episode=float(calls.mean()),
                        tool_call_share=float((calls > 0).mean()))
+        out.update(episode_figures(self.episodes))
         self.rewards.clear()
         self.tool_calls.clear()
+        self.episodes.clear()
         return out
 
 

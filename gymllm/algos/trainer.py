@@ -95,7 +95,10 @@ class TrainResult:
             lines.append(f"held-out {env} ({a['episodes']} episodes, seeds {min(seeds)}..{max(seeds)}): pass@1 "
                          f"{a['pass@1']:.3f} (step {a['step']}) -> {b['pass@1']:.3f} (step {b['step']}); mean reward "
                          f"{a['mean_reward']:.3f} -> {b['mean_reward']:.3f}; tool calls per episode "
-                         f"{a['tool_calls_per_episode']:.2f} -> {b['tool_calls_per_episode']:.2f}")
+                         f"{a['tool_calls_per_episode']:.2f} -> {b['tool_calls_per_episode']:.2f}"
+                         + "".join(f"; {name} {a[k]:.3f} -> {b[k]:.3f}" for k, name in (
+                             ("valid_action_rate", "valid-action (legal-move) rate"), ("win_or_draw", "win-or-draw"))
+                                   if k in a and k in b))
         if self.profile_dir is not None:
             lo, hi = self.profile_steps or (0, 0)
             lines.append(f"op-level profile of steps {lo}..{hi}: {self.profile_dir} (tensorboard --logdir "

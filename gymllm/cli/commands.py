@@ -306,7 +306,8 @@ def eval(
         list(env), model=model, checkpoint=checkpoint, num_seeds=num_seeds, k=k, seed_offset=seed_offset,
         temperature=temperature, max_tokens=max_tokens, max_turns=max_turns, env_kwargs=kwargs,
     )
-    _print_table(rows, ["env", "mean_reward", f"pass@1", f"pass@{k}", "episodes"])
+    extra = [c for c in ("valid_action_rate", "win_or_draw") if any(c in r for r in rows)]
+    _print_table(rows, ["env", "mean_reward", "pass@1", f"pass@{k}", "episodes", *extra])
     if out:
         pathlib.Path(out).write_text(json.dumps(rows, indent=2))
         print(f"wrote {out}")

@@ -52,6 +52,16 @@ def sampling_seed(base: int, key: EpisodeKey, call: int) -> int:
     return int(state.generate_state(1)[0] & 0x7FFFFFFF)
 
 
+def is_invalid_step(info: dict) -> bool:
+    """Whether an env step refused the agent's reply: ``info["invalid_action"]`` is set (the Gymnasium
+    and PettingZoo adapters: "retry"/"forfeit" or the reason) or the step is our own forfeit
+    (``info["forfeit"] == info["agent"]``, a multi-agent seat)."""
+    if info.get("invalid_action"):
+        return True
+    forfeit = info.get("forfeit")
+    return forfeit is not None and forfeit == info.get("agent")
+
+
 def _tool_seconds(info: dict) -> float:
     """Tool time of one env step: ``info["tool_time_s"]``, else the ToolUse wrapper's per-call
     ``info["tool_calls"][i]["duration_s"]``, else 0."""
@@ -84,6 +94,8 @@ class Episode:
         self.last_finish = ""
         self.num_length_finishes = 0
         self.num_tool_calls = 0
+        self.env_steps = 0
+        self.invalid_actions = 0  # env steps that refused the reply (``info["invalid_action"]``, a forfeit by us)
         self.turn_tool_calls = 0  # calls the agent parsed from the last completion (the env's own count otherwise)
         self.context_exhausted = False
         self.task_id = key.task_id
@@ -151,13 +163,15 @@ class Episode:
         if not self.turn_tool_calls and isinstance(env_calls, list):
             self.num_tool_calls += len(env_calls)  # the env (a ToolUse wrapper) parsed and ran the calls itself
         self.turn_tool_calls = 0
+        self.env_steps += 1
+        self.invalid_actions += is_invalid_step(info)
         ended = bool(terminated or truncated)
         if "reward_time_s" in info:
             self.timings["reward_s"] += float(info["reward_time_s"] or 0.0)
         elif ended:
             self.timings["reward_s"] += env_s  # the terminal step is where outcome rewards are computed
         self.terminated, self.truncated = bool(terminated), bool(truncated)
-        self.info = {k: v for k, v in info.items() if k in ("answer", "task_id")}
+        self.info = {k: v for k, v in info.items() if k in ("answer", "task_id", "outcome")}
         if not ended and self.calls >= self.max_model_calls:
             self.truncated = ended = True
         if ended:
@@ -188,7 +202,8 @@ class Episode:
                 env_id=self.env_id, seed=self.key.env_seed, turn_boundaries=list(row.turn_boundaries),
                 finish_reason=self.finish_reason, row_index=i, timings=dict(self.timings),
                 info={**self.info, "model_calls": self.calls, "length_finishes": self.num_length_finishes,
-                      "tool_calls": self.num_tool_calls, "terminated": self.terminated,
+                      "tool_calls": self.num_tool_calls, "env_steps": self.env_steps,
+                      "invalid_actions": self.invalid_actions, "terminated": self.terminated,
                       "truncated": self.truncated, "context_exhausted": self.context_exhausted,
                       "num_rows": len(rows), "member": self.key.member,
                       "attempt": self.key.attempt},

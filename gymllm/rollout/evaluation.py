@@ -30,7 +30,7 @@ from gymllm.rollout.config import RolloutConfig
 from gymllm.types import Group
 
 __all__ = ["EvalConfig", "SessionPrefixed", "HeldOutEvaluator", "evaluate_env", "agent_for", "group_tool_calls",
-           "eval_metrics"]
+           "episode_figures", "eval_metrics"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -120,12 +120,31 @@ def group_tool_calls(group: Group) -> list[int]:
     return [int(t.info.get("tool_calls", 0) or 0) for t in group.trajectories if t.row_index == 0]
 
 
+def episode_figures(episodes: Sequence[Any]) -> dict[str, float]:
+    """Env-side figures over finished episodes (one :class:`~gymllm.types.Trajectory` each, its
+    ``info`` as recorded by the episode): ``valid_action_rate`` (env steps that accepted the reply over
+    all env steps: tic-tac-toe's legal-move rate), and where the env reports a game result
+    (``info["outcome"]``: win, loss, draw, forfeit) ``win_or_draw`` and ``outcome/<result>`` shares."""
+    steps = sum(int(t.info.get("env_steps", 0) or 0) for t in episodes)
+    invalid = sum(int(t.info.get("invalid_actions", 0) or 0) for t in episodes)
+    out: dict[str, float] = {}
+    if steps:
+        out["valid_action_rate"] = 1.0 - invalid / steps
+    outcomes = [str(t.info["outcome"]) for t in episodes if t.info.get("outcome") is not None]
+    if outcomes:
+        out["win_or_draw"] = sum(o in ("win", "draw") for o in outcomes) / len(episodes)
+        for o in sorted(set(outcomes) | {"win", "loss", "draw", "forfeit"}):
+            out[f"outcome/{o}"] = outcomes.count(o) / len(episodes)
+    return out
+
+
 async def evaluate_env(envs: Any, engine: Any, agent: Agent, *, config: EvalConfig, env_id: str = "",
                        env_kwargs: dict[str, Any] | None = None, session_prefix: str = "eval/") -> dict[str, Any]:
     """Run ``config.num_seeds`` groups of ``config.k`` episodes on ``envs`` (a vector env; not closed
     here) with ``engine`` (not closed either) and return one row: ``env``, ``env_kwargs``, ``mean_reward``,
     ``pass@1``, ``pass@<k>``, ``episodes``, ``tool_calls_per_episode``, ``tool_call_share`` (episodes with
-    at least one call), ``seeds`` (the env seeds the episodes used), ``policy_versions`` (of every
+    at least one call), the :func:`episode_figures` (``valid_action_rate``; ``win_or_draw`` and
+    ``outcome/<result>`` for games), ``seeds`` (the env seeds the episodes used), ``policy_versions`` (of every
     sampled token: [min, max])."""
     from gymllm.inference.params import SamplingParams
     from gymllm.rollout.orchestrator import RolloutOrchestrator
@@ -154,15 +173,19 @@ async def evaluate_env(envs: Any, engine: Any, agent: Agent, *, config: EvalConf
             "pass@1": float(ok.mean()), f"pass@{c.k}": float(ok.any(axis=1).mean()), "episodes": int(r.size),
             "tool_calls_per_episode": float(calls.mean()) if calls.size else 0.0,
             "tool_call_share": float((calls > 0).mean()) if calls.size else 0.0,
+            **episode_figures([t for g in groups for t in g.trajectories if t.row_index == 0]),
             "seeds": sorted({int(t.seed) for g in groups for t in g.trajectories if t.seed is not None}),
             "policy_versions": [min(versions), max(versions)] if versions else []}
 
 
 def eval_metrics(row: dict[str, Any]) -> dict[str, float]:
     """The step metrics of one :func:`evaluate_env` row: ``eval/<env>/pass@1``, ``.../mean_reward``,
-    ``.../pass@<k>``, ``.../tool_calls_per_episode``, ``.../tool_call_share``."""
+    ``.../pass@<k>``, ``.../tool_calls_per_episode``, ``.../tool_call_share`` and the row's
+    :func:`episode_figures` (``.../valid_action_rate``, ``.../win_or_draw``, ``.../outcome/<result>``)."""
     env = row["env"]
+    figures = ("valid_action_rate", "win_or_draw")
     keys = [k for k in row if k.startswith("pass@")] + ["mean_reward", "tool_calls_per_episode", "tool_call_share"]
+    keys += [k for k in row if k in figures or k.startswith("outcome/")]
     return {f"eval/{env}/{k}": float(row[k]) for k in keys}
 
 

@@ -11,7 +11,17 @@ from gymllm.spaces import Text
 from gymllm.wrappers.multi_agent_aec import TextAECEnv
 from gymllm.wrappers.multi_agent_policies import Policy, advance_game
 
-__all__ = ["SingleAgentView"]
+__all__ = ["SingleAgentView", "game_outcome"]
+
+
+def game_outcome(seat: str, final_reward: float, info: dict[str, Any]) -> str:
+    """The learner's result of a finished game: "forfeit" (its own, ``info["forfeit"] == seat``), "win"
+    (the game's final reward for ``seat`` > 0, or the other seat forfeited), "loss" (< 0) or "draw" (0).
+    The final reward is the game's own (invalid-move penalties are cleared by the next legal move)."""
+    forfeit = info.get("forfeit")
+    if forfeit is not None:
+        return "forfeit" if forfeit == seat else "win"
+    return "win" if final_reward > 0 else "loss" if final_reward < 0 else "draw"
 
 
 class SingleAgentView(TextEnv):
@@ -20,7 +30,8 @@ class SingleAgentView(TextEnv):
     ``learner``: the seat played through ``step`` (None: drawn from ``np_random`` at every reset, so
     the policy learns both first and second moves). ``opponent``: a policy for every other seat (a
     callable ``f(observation_dict, rng) -> str``, a dict seat -> policy, or None for random legal
-    moves from ``np_random``). ``step`` returns the learner's reward accumulated since its last move.
+    moves from ``np_random``). ``step`` returns the learner's reward accumulated since its last move;
+    the step that ends the game has ``info["outcome"]`` (:func:`game_outcome`: win, loss, draw, forfeit).
     """
 
     def __init__(self, env: TextAECEnv, *, learner: str | None = None, opponent: Policy | dict | None = None,
@@ -40,8 +51,10 @@ class SingleAgentView(TextEnv):
         if me not in self.env.agents:  # removed already (should not happen with final-step-first games)
             return "The game is over.", 0.0, True, False, {}
         obs, reward, term, trunc, info = self.env.last()
-        return obs["observation"], float(reward), bool(term), bool(trunc), {**info, "agent": me,
-                                                                             "action_mask": obs.get("action_mask")}
+        info = {**info, "agent": me, "action_mask": obs.get("action_mask")}
+        if term:
+            info["outcome"] = game_outcome(me, float(reward), info)
+        return obs["observation"], float(reward), bool(term), bool(trunc), info
 
     def _reset(self, *, seed, options):
         self.env.reset(seed=int(self.np_random.integers(0, 2**31 - 1)), options=options)
