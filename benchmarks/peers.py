@@ -22,8 +22,9 @@ Sides (each a subprocess; a peer in its own virtualenv built from ``benchmarks/p
 ``tunix_batch`` / ``tunix_agentic`` (Tunix 0.1.7's GRPOLearner / agentic GRPOLearner,
 ``run_tunix.py``), ``trl`` (TRL GRPOTrainer on CPU PyTorch, ``run_trl.py``). Each runner prints its
 own ``RESULT {json}`` with per-step seconds; a side's step time is the mean after the first two
-(warm-up: compile) steps. Sides are interleaved over rounds (gymllm, then each peer, per round) and
-each side's mean / min / max over rounds is reported.
+(warm-up: compile) steps. Sides are interleaved over rounds, the order rotated by one each round
+(no side always first or last); each side's mean / min / max over rounds is reported, and each ratio
+per round (``vs_<side>_rounds``: the peer over gymllm in the same round).
 
 Ends with ``RESULT {json}``: ``vs_tunix_batch``, ``vs_tunix_agentic``, ``vs_trl`` and the
 ``*_medium`` ones (peer step seconds / gymllm step seconds: above 1, gymllm is faster), per-side
@@ -262,6 +263,25 @@ def summarize(runs: list[dict]) -> dict:
     return out
 
 
+def round_order(sides: Sequence[str], rnd: int) -> list[str]:
+    """The sides in round ``rnd``, rotated by one each round, so no side always runs first (on a cold
+    page cache) or last (after the others heated the machine)."""
+    k = rnd % len(sides)
+    return list(sides[k:]) + list(sides[:k])
+
+
+def ratio_spread(summary: dict[str, dict], suffix: str = "") -> dict[str, Any]:
+    """``vs_<side><suffix>_rounds``: the ratio within each round (the peer's mean step over gymllm's in
+    the same round), so the spread of the like-for-like figure is shown, not only each side's."""
+    g = summary.get("gymllm", {}).get("per_round_step_s")
+    out: dict[str, Any] = {}
+    for side, key in RATIO_KEY.items():
+        p = summary.get(side, {}).get("per_round_step_s")
+        if g and p and len(g) == len(p):
+            out[f"{key}{suffix}_rounds"] = [b / a for a, b in zip(g, p)]
+    return out
+
+
 def ratios(summary: dict[str, dict], suffix: str = "") -> dict[str, Any]:
     """``vs_<side><suffix>``: peer step / gymllm step, or the error string of whichever side failed."""
     g = summary.get("gymllm", {"error": "gymllm not run"})
@@ -305,7 +325,7 @@ def bench(cfg: BenchConfig, *, pythons: dict[str, str] | None = None, log: Calla
             pathlib.Path(spec_file).write_text(json.dumps(peer_spec(size, steps=cfg.steps, tokenizer_file=tok_file)))
             runs: dict[str, list[dict]] = {s: [] for s in sides}
             for rnd in range(cfg.rounds):
-                for side in sides:
+                for side in round_order(sides, rnd):
                     peer = next((p for p, ss in SIDES_OF.items() if side in ss), None)
                     if peer in venv_errors:
                         runs[side].append({"error": venv_errors[peer]})
@@ -319,6 +339,7 @@ def bench(cfg: BenchConfig, *, pythons: dict[str, str] | None = None, log: Calla
             summary = {s: summarize(runs[s]) for s in sides}
             suffix = "" if size == "tiny" else f"_{size}"
             out.update(ratios(summary, suffix))
+            out.update(ratio_spread(summary, suffix))
             out[f"sides{suffix}"] = summary
     out["loadavg_end"] = os.getloadavg()
     out["total_s"] = time.perf_counter() - t0

@@ -137,3 +137,12 @@ def test_a_venv_that_cannot_be_built_is_an_error_in_result(tmp_path, monkeypatch
     (tmp_path / "requirements-trl.txt").write_text("this-is-not-a-requirement-spec ===\n")
     with pytest.raises(RuntimeError, match="exited"):
         peers.ensure_venv("trl", log=lambda _m: None)
+
+
+def test_round_order_rotates_and_ratio_spread_is_per_round():
+    sides = ["gymllm", "tunix_batch", "trl"]
+    assert peers.round_order(sides, 0) == sides
+    assert peers.round_order(sides, 1) == ["tunix_batch", "trl", "gymllm"]
+    assert [peers.round_order(sides, r)[0] for r in range(3)] == sides  # each side first once
+    summary = {"gymllm": {"per_round_step_s": [1.0, 2.0]}, "tunix_batch": {"per_round_step_s": [3.0, 3.0]}}
+    assert peers.ratio_spread(summary) == {"vs_tunix_batch_rounds": [3.0, 1.5]}
