@@ -132,7 +132,7 @@ def test_no_prefix_reads_nothing():
     a = _prefill(cfg, params, toks, pos, r, cache, 0, last)
     b = _prefill(cfg, params, toks, pos, r, cache, S, last)
     for x, y in zip(a, b):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=2e-6, rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-5, rtol=1e-5)  # f32: summation order differs by path
 
 
 def test_packed_bf16_weights_and_cache_match_the_cached_forward():

@@ -31,8 +31,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from gymllm.models.blocks import (embed_tokens, final_logits, global_params, layer_rest, layer_weights, layer_xs,
-                                  pack_like, qkv, unpack)
+from gymllm.models.blocks import (embed_tokens, final_logits, global_params, layer_rest, layer_weights,
+                                  layer_unroll, layer_xs, pack_like, qkv, unpack)
 from gymllm.models.cache import KVCache
 from gymllm.models.config import ModelConfig
 from gymllm.models.layers import decode_attention
@@ -67,7 +67,7 @@ def decode_forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.A
         x = layer_rest(cfg, lw, x, attn.reshape(w, 1, h * d))
         return x, (pack_like(kk[:, 0], cache.k), pack_like(vv[:, 0], cache.v))
 
-    x, (k_new, v_new) = jax.lax.scan(layer, x, layer_xs(cfg, params))
+    x, (k_new, v_new) = jax.lax.scan(layer, x, layer_xs(cfg, params), unroll=layer_unroll(cfg))
     return final_logits(cfg, params, x[:, 0]), k_new, v_new
 
 

@@ -29,8 +29,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from gymllm.models.blocks import (embed_tokens, final_logits, global_params, layer_rest, layer_weights, layer_xs,
-                                  pack_like, qkv, unpack)
+from gymllm.models.blocks import (embed_tokens, final_logits, global_params, layer_rest, layer_weights,
+                                  layer_unroll, layer_xs, pack_like, qkv, unpack)
 from gymllm.models.cache import KVCache
 from gymllm.models.config import ModelConfig
 from gymllm.models.decode import write_new_kv
@@ -72,7 +72,7 @@ def mixed_forward(cfg: ModelConfig, params: dict[str, jax.Array], dec_tokens: ja
         attn = jnp.concatenate([attn_d.astype(attn_p.dtype), attn_p.reshape(p * t, h * d)])[None]  # [1, N, H*D]
         return layer_rest(cfg, lw, x, attn), (pack_like(kk[:w], cache.k), pack_like(vv[:w], cache.v), kp, vp)
 
-    x, (kd, vd, kp, vp) = jax.lax.scan(layer, x, layer_xs(cfg, params))
+    x, (kd, vd, kp, vp) = jax.lax.scan(layer, x, layer_xs(cfg, params), unroll=layer_unroll(cfg))
     x_last = jnp.take_along_axis(x[0, w:].reshape(p, t, -1), pre_last[:, None, None], axis=1)[:, 0]  # [P, E]
     return final_logits(cfg, params, jnp.concatenate([x[0, :w], x_last])), (kd, vd), (kp, vp)
 

@@ -35,8 +35,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from gymllm.models.blocks import (embed_tokens, final_logits, global_params, layer_rest, layer_weights, layer_xs,
-                                  pack_like, qkv, unpack)
+from gymllm.models.blocks import (embed_tokens, final_logits, global_params, layer_rest, layer_weights,
+                                  layer_unroll, layer_xs, pack_like, qkv, unpack)
 from gymllm.models.cache import KVCache
 from gymllm.models.config import ModelConfig
 from gymllm.models.layers import NEG_INF, causal_mask
@@ -107,7 +107,7 @@ def prefill_forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.
         attn = chunk_attention(cfg, q, k_st, v_st, positions, rows, cache, i, length, win_l)  # [P, T, H*D]
         return layer_rest(cfg, lw, x, attn), (k_st, v_st)
 
-    x, (k_new, v_new) = jax.lax.scan(layer, x, layer_xs(cfg, params))
+    x, (k_new, v_new) = jax.lax.scan(layer, x, layer_xs(cfg, params), unroll=layer_unroll(cfg))
     x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)[:, 0]  # [P, E]
     return final_logits(cfg, params, x), k_new, v_new
 

@@ -33,8 +33,8 @@ from flax import nnx
 
 from gymllm.models.cache import KVCache, init_cache
 from gymllm.models.config import ModelConfig
-from gymllm.models.blocks import (embed_tokens, final_logits, global_params, layer_rest, layer_weights, layer_xs,
-                                  pack_bf16, pack_like, qkv, unpack)
+from gymllm.models.blocks import (embed_tokens, final_logits, global_params, layer_rest, layer_weights,
+                                  layer_unroll, layer_xs, pack_bf16, pack_like, qkv, unpack)
 from gymllm.models.layers import attention, cache_mask, causal_mask
 
 __all__ = ["Blocks", "Transformer", "forward", "init_params", "pack_bf16", "param_shapes"]
@@ -204,7 +204,7 @@ def forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, p
         return (layer_rest(cfg, lw, x, attn), kc, vc), None
 
     kc, vc = (None, None) if cache is None else (cache.k, cache.v)
-    (x, kc, vc), _ = jax.lax.scan(layer, (x, kc, vc), layer_xs(cfg, params))
+    (x, kc, vc), _ = jax.lax.scan(layer, (x, kc, vc), layer_xs(cfg, params), unroll=layer_unroll(cfg))
     if logits_at is not None:
         x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)  # [B, 1, E]
     return final_logits(cfg, params, x), (None if cache is None else KVCache(kc, vc))
