@@ -31,11 +31,12 @@ Ends with ``RESULT {json}``: ``vs_tunix_batch``, ``vs_tunix_agentic``, ``vs_trl`
 step seconds and spread, peer versions, the CPU, the load average. A peer whose venv cannot be
 built, or whose runner fails, appears as an error string in place of its figures.
 
-Measured (2026-12-01, AMD EPYC 2-core shared machine, load average 15 falling to 9, ``--quick
---sizes tiny``, 1 round, steps 3-5): gymllm 0.275 s/step, Tunix batch 0.324 s (1.18x), Tunix
-agentic 1.93 s (7.0x), TRL 16.3 s (59x). ``--quick --sizes medium`` (load 8.5 falling to 5.6): gymllm
-3.58 s, Tunix batch 5.27 s (1.47x), agentic 7.86 s (2.20x), TRL 17.97 s (5.0x). gymllm ran first
-in each round, under the highest load; one round only, so no spread yet.
+Measured (2026-12-01, AMD EPYC 2-core, no AMX, quiet: load 1.7-2.4, ``--rounds 3 --steps 5 --sizes
+tiny``): gymllm 0.098 s/step (0.073-0.115 over rounds), Tunix batch 0.107 s (1.09x; per round
+0.91-1.38), Tunix agentic 1.22 s (12.4x; 10.9-15.4), TRL 0.269 s (2.75x; 2.38-3.76). An earlier
+one-round ``--quick`` under load 15 -> 9 gave 1.18x / 7.0x / 59x (TRL's step was then 16 s: load).
+``--quick --sizes medium`` (load 8.5 falling to 5.6, before the unrolled layer loop): gymllm 3.58 s,
+Tunix batch 5.27 s (1.47x), agentic 7.86 s (2.20x), TRL 17.97 s (5.0x).
 
     python benchmarks/peers.py --quick                 # 1 round, fewer steps
     python benchmarks/peers.py --peers tunix --rounds 3
