@@ -35,8 +35,9 @@ Measured (2026-12-01, AMD EPYC 2-core, no AMX, quiet: load 1.7-2.4, ``--rounds 3
 tiny``): gymllm 0.098 s/step (0.073-0.115 over rounds), Tunix batch 0.107 s (1.09x; per round
 0.91-1.38), Tunix agentic 1.22 s (12.4x; 10.9-15.4), TRL 0.269 s (2.75x; 2.38-3.76). An earlier
 one-round ``--quick`` under load 15 -> 9 gave 1.18x / 7.0x / 59x (TRL's step was then 16 s: load).
-``--quick --sizes medium`` (load 8.5 falling to 5.6, before the unrolled layer loop): gymllm 3.58 s,
-Tunix batch 5.27 s (1.47x), agentic 7.86 s (2.20x), TRL 17.97 s (5.0x).
+``--quick --sizes medium``, quiet: gymllm 1.84 s, Tunix batch 2.57 s (1.39x), agentic 5.30 s (2.88x),
+TRL 1.67 s (0.91x: TRL faster; our step is all learner, fwd+bwd on XLA:CPU). Under load 8.5 -> 5.6,
+before the unrolled layer loop: 3.58 s, 1.47x, 2.20x, 5.0x.
 
     python benchmarks/peers.py --quick                 # 1 round, fewer steps
     python benchmarks/peers.py --peers tunix --rounds 3
