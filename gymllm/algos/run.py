@@ -102,7 +102,7 @@ class RolloutTally:
         self.totals = {"episodes": 0, "with_tool_call": 0, "tool_calls": 0}
 
     def add(self, group: Any) -> None:
-        from gymllm.rollout.evaluation import group_tool_calls
+        from gymllm.rollout.evaluation import group_episodes, group_tool_calls
 
         seeds = {int(t.seed) for t in group.trajectories if t.seed is not None}
         bad = sorted(x for x in seeds if self.heldout is not None and x in self.heldout)
@@ -115,7 +115,7 @@ class RolloutTally:
         self.rewards.append(float(np.mean(group.rewards)))
         calls = group_tool_calls(group)
         self.tool_calls += calls
-        self.episodes += [t for t in group.trajectories if t.row_index == 0]
+        self.episodes += group_episodes(group)
         self.totals["episodes"] += len(calls)
         self.totals["with_tool_call"] += sum(c > 0 for c in calls)
         self.totals["tool_calls"] += sum(calls)

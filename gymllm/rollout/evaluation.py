@@ -29,8 +29,8 @@ from gymllm.rollout.agents import Agent, ModelAgent, ToolAgent
 from gymllm.rollout.config import RolloutConfig
 from gymllm.types import Group
 
-__all__ = ["EvalConfig", "SessionPrefixed", "HeldOutEvaluator", "evaluate_env", "agent_for", "group_tool_calls",
-           "episode_figures", "eval_metrics"]
+__all__ = ["EvalConfig", "SessionPrefixed", "HeldOutEvaluator", "evaluate_env", "agent_for", "group_episodes",
+           "group_tool_calls", "episode_figures", "eval_metrics"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -114,10 +114,16 @@ def agent_for(env_id: str, tokenizer: Any, env_kwargs: dict | None = None, *, sy
     return ModelAgent(tokenizer, system_prompt=system)
 
 
+def group_episodes(group: Group) -> list[Any]:
+    """One trajectory per episode of ``group`` (row 0: an episode split into several training rows
+    carries its ``info`` on each)."""
+    return [t for t in group.trajectories if t.row_index == 0]
+
+
 def group_tool_calls(group: Group) -> list[int]:
     """Tool calls of each episode of ``group`` (``Trajectory.info["tool_calls"]``, recorded by the
     episode from the agent's parsed calls; one entry per episode, not per training row)."""
-    return [int(t.info.get("tool_calls", 0) or 0) for t in group.trajectories if t.row_index == 0]
+    return [int(t.info.get("tool_calls", 0) or 0) for t in group_episodes(group)]
 
 
 def episode_figures(episodes: Sequence[Any]) -> dict[str, float]:
@@ -173,7 +179,7 @@ async def evaluate_env(envs: Any, engine: Any, agent: Agent, *, config: EvalConf
             "pass@1": float(ok.mean()), f"pass@{c.k}": float(ok.any(axis=1).mean()), "episodes": int(r.size),
             "tool_calls_per_episode": float(calls.mean()) if calls.size else 0.0,
             "tool_call_share": float((calls > 0).mean()) if calls.size else 0.0,
-            **episode_figures([t for g in groups for t in g.trajectories if t.row_index == 0]),
+            **episode_figures([t for g in groups for t in group_episodes(g)]),
             "seeds": sorted({int(t.seed) for g in groups for t in g.trajectories if t.seed is not None}),
             "policy_versions": [min(versions), max(versions)] if versions else []}
 
