@@ -97,14 +97,15 @@ def test_config_validation_names_fields():
 
 
 def test_default_preset_is_sized_for_a_cpu():
-    """The embedded default computes in bf16 (engine and learner); every trajectory the engine's context
+    """The embedded default computes in the host's fastest dtype ("auto": bf16 where native, else
+    float32; engine and learner); every trajectory the engine's context
     holds fits the learner's first length bucket (one compiled gradient shape in the common case), and
     the last bucket leaves room for an observation appended past that context (a truncated episode
     keeps it), so no trajectory is too long for the learner."""
     from gymllm.algos.batching import buckets
 
     cfg = preset("default")
-    assert cfg.rollout.engine_compute_dtype == cfg.learner.compute_dtype == "bfloat16"
+    assert cfg.rollout.engine_compute_dtype == cfg.learner.compute_dtype == "auto"
     table = buckets(cfg.learner.min_bucket, cfg.learner.max_len)
     assert table[0] >= cfg.rollout.engine_max_len
     assert cfg.learner.max_len >= cfg.rollout.engine_max_len + 64

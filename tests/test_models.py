@@ -302,8 +302,8 @@ def test_prefix_preserving(tok):
 
 
 def test_attention_matches_numpy_reference_with_softcap_and_gqa():
-    """layers.attention (GQA, mask, attention soft-capping as in Gemma 2) vs plain NumPy."""
-    from gymllm.models.layers import attention
+    """models.attention (GQA, mask, attention soft-capping as in Gemma 2) vs plain NumPy."""
+    from gymllm.models.attention import attention
 
     rng = np.random.default_rng(0)
     b, t, s, h, k, d, cap, scale = 2, 3, 5, 4, 2, 8, 0.7, 0.3

@@ -52,6 +52,7 @@ from gymllm.algos.sharding import shard_batch, shard_params
 from gymllm.errors import ConfigError, explain
 from gymllm.telemetry import counter, increment, span
 from gymllm.types import Group
+from gymllm.utils.host import resolve_compute_dtype
 
 
 # XLA CPU options that cut compile time ~3x at a small cost in run time (tiny models, tests).
@@ -73,7 +74,8 @@ class LearnerConfig:
     trajectory (0 = max_len); the trainer sets it to max_tokens * max_turns;
     compute_dtype: None (compute in the weights' dtype) or "bfloat16" / "float16": mixed precision,
     float32 master weights and optimizer state, low-precision matmuls with float32 accumulation
-    (``forward(compute_dtype=...)``); log-softmax stays float32."""
+    (``forward(compute_dtype=...)``); log-softmax stays float32. "auto": bfloat16 where bf16 matmuls
+    are native, else float32 (:func:`gymllm.utils.host.resolve_compute_dtype`, resolved by the learner)."""
 
     groups_per_step: int = 4
     micro_batch_size: int = 8
@@ -95,8 +97,9 @@ class LearnerConfig:
         if self.max_staleness is not None:
             check_range("LearnerConfig", "max_staleness", self.max_staleness, lo=0)
         check_range("LearnerConfig", "temperature", self.temperature, lo=0.0, lo_open=True)
-        if self.compute_dtype not in (None, "bfloat16", "float16", "float32"):
-            raise ConfigError(explain("LearnerConfig.compute_dtype", expected='None, "bfloat16", "float16" or "float32"',
+        if self.compute_dtype not in (None, "auto", "bfloat16", "float16", "float32"):
+            raise ConfigError(explain("LearnerConfig.compute_dtype",
+                                      expected='None, "auto", "bfloat16", "float16" or "float32"',
                                       received=self.compute_dtype, fix='use "bfloat16" for mixed precision'))
         if self.min_bucket > self.max_len:
             raise ConfigError(explain("LearnerConfig.min_bucket", expected=f"<= max_len ({self.max_len})",
@@ -196,7 +199,10 @@ class StreamingLearner:
         self.model_config = model_config
         self.loss = loss or async_agentic()
         self.optimizer_config = optimizer or OptimizerConfig()
-        self.config = cfg = config or LearnerConfig()
+        cfg = config or LearnerConfig()
+        if cfg.compute_dtype == "auto":  # resolved where the learner runs
+            cfg = dataclasses.replace(cfg, compute_dtype=resolve_compute_dtype("auto"))
+        self.config = cfg
         self.lora = lora if lora is not None and lora.enabled else None
         self.mesh = mesh
         self.pad_id = pad_id

@@ -44,8 +44,9 @@ __all__ = ["SFTSection", "SFTConfig", "SFTResult", "run_sft", "load_rows", "step
 class SFTSection:
     """num_steps: optimizer updates (0 = ``epochs`` passes over the rows); batch_size: rows per update;
     micro_batch_size: rows per compiled micro-batch; max_len / min_bucket / buckets_per_octave: the
-    learner's length buckets (a longer row is an error naming its line); compute_dtype: None or
-    "bfloat16" / "float16" (mixed precision, float32 master weights); fast_compile: XLA's cheap CPU
+    learner's length buckets (a longer row is an error naming its line); compute_dtype: None,
+    "bfloat16" / "float16" (mixed precision, float32 master weights) or "auto" (bfloat16 where bf16
+    matmuls are native, else float32: :func:`gymllm.utils.host.resolve_compute_dtype`); fast_compile: XLA's cheap CPU
     compile settings (tiny models, tests); system_prompt: the agent's system prompt, added as a run
     with ``env.system_prompt`` adds it (to conversations without a system message)."""
 
@@ -64,8 +65,8 @@ class SFTSection:
         check_range("SFTSection", "num_steps", self.num_steps, lo=0)
         for f in ("epochs", "batch_size", "micro_batch_size", "max_len", "min_bucket", "buckets_per_octave"):
             check_range("SFTSection", f, getattr(self, f), lo=1)
-        if self.compute_dtype not in (None, "bfloat16", "float16", "float32"):
-            raise ConfigError(explain("sft.compute_dtype", expected='None, "bfloat16", "float16" or "float32"',
+        if self.compute_dtype not in (None, "auto", "bfloat16", "float16", "float32"):
+            raise ConfigError(explain("sft.compute_dtype", expected='None, "auto", "bfloat16", "float16" or "float32"',
                                       received=self.compute_dtype, fix='use "bfloat16" for mixed precision'))
 
 

@@ -32,6 +32,7 @@ from gymllm.algos.learner import FAST_COMPILE
 from gymllm.algos.optim import OptimizerConfig, make_optimizer, make_schedule
 from gymllm.algos.sharding import shard_batch, shard_params
 from gymllm.telemetry import counter, span
+from gymllm.utils.host import resolve_compute_dtype
 
 __all__ = ["masked_nll", "sft_loss", "sft_row", "SFTLearner"]
 
@@ -110,7 +111,8 @@ class SFTLearner:
             self.trainable = shard_params(mesh, lora_mod.init_adapters(self.lora, base))
         else:
             self.frozen, self.trainable = None, shard_params(mesh, base)
-        self._grad, self._apply, self.tx = _programs(model_config, self.lora, optimizer, num_steps, compute_dtype,
+        self.compute_dtype = resolve_compute_dtype(compute_dtype)  # "auto": resolved where the learner runs
+        self._grad, self._apply, self.tx = _programs(model_config, self.lora, optimizer, num_steps, self.compute_dtype,
                                                      fast_compile)
         self.schedule = make_schedule(optimizer, num_steps)
         self.opt_state = self.tx.init(self.trainable)

@@ -88,7 +88,8 @@ class RolloutSection:
     process index) and {api_key}; it also gets OPENAI_BASE_URL / OPENAI_API_KEY; agent_processes:
     copies of it; agent_start_timeout_s: the run fails if no session closes within this bound;
     engine_compute_dtype: the engine's compute dtype (None: the model's; "bfloat16": bf16 weights,
-    f32 accumulation: faster batched decode on CPUs with AMX and on accelerators)."""
+    f32 accumulation: faster batched decode on CPUs with AMX and on accelerators; "auto": bfloat16 where
+    bf16 matmuls are native, else float32, chosen on the engine's host)."""
 
     group_size: int = 8
     max_concurrency: int = 32
@@ -323,10 +324,10 @@ def _default() -> TrainConfig:
         model=ModelSection(name="smollm2-135m-instruct"),
         env=EnvSection(id="gymllm/ArithmeticTool-v0", kwargs={"digits": 1}, num_envs=12),
         rollout=RolloutSection(group_size=6, max_concurrency=12, eta=2, temperature=0.8, max_tokens=24,
-                               max_turns=2, engine_slots=12, engine_max_len=160, engine_compute_dtype="bfloat16"),
+                               max_turns=2, engine_slots=12, engine_max_len=160, engine_compute_dtype="auto"),
         optimizer=OptimizerConfig(learning_rate=1e-5, warmup_steps=2),
         learner=LearnerConfig(groups_per_step=2, micro_batch_size=6, num_steps=12, max_len=256, min_bucket=160,
-                              compute_dtype="bfloat16"),
+                              compute_dtype="auto"),
         run=RunSection(run_dir="runs/default", checkpoint_every=10),
     )
 

@@ -6,7 +6,7 @@ import dataclasses
 
 from gymllm.errors import ConfigError, explain
 
-_COMPUTE_DTYPES = (None, "float32", "bfloat16", "float16")
+_COMPUTE_DTYPES = (None, "auto", "float32", "bfloat16", "float16")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -28,7 +28,9 @@ class EngineConfig:
         engine's copy of the weights once (and every weight update) and runs every matmul in bf16
         with float32 accumulation: on CPUs with AMX several times faster than float32 at 16+ rows,
         slower at 1 row. Logits, sampling and logprobs stay float32; logprobs then differ from a
-        float32 trainer's by bf16 rounding.
+        float32 trainer's by bf16 rounding. ``"auto"``: bfloat16 where bf16 matmuls are native (an
+        accelerator, a CPU with AMX or avx512_bf16), else float32
+        (:func:`gymllm.utils.host.resolve_compute_dtype`); the engine's ``config`` holds the choice.
     piggyback_tokens: prompts (or a turn's new tokens past a reused prefix) in length buckets up to this
         many tokens join while other rows decode by riding along the decode step, one device call for
         both (:mod:`gymllm.inference.piggyback`), instead of a prefill call of their own that every
@@ -71,4 +73,4 @@ class EngineConfig:
              "an int >= 0", "use 0 (off) or a prompt length bucket such as 64")
         need(isinstance(self.compact_rows, bool), "compact_rows", "a bool", "use True (default) or False")
         need(self.compute_dtype in _COMPUTE_DTYPES, "compute_dtype", f"one of {_COMPUTE_DTYPES}",
-             'use None (the model\'s dtype) or "bfloat16"')
+             'use None (the model\'s dtype), "auto" or "bfloat16"')

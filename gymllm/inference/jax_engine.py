@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import threading
 import warnings
 from typing import Any, Sequence
@@ -75,6 +76,7 @@ from gymllm.inference.request import EngineRequest, RequestFailed
 from gymllm.inference.rows import DecodeRows
 from gymllm.inference.sampling import request_key
 from gymllm.inference.weights import WeightStore, kv_cache_dtype
+from gymllm.utils.host import resolve_compute_dtype
 
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
@@ -118,7 +120,10 @@ class JaxEngine:
     ):
         """``decode_chunk`` > 1: run up to that many decode steps per device call while no request
         waits to join (:mod:`gymllm.inference.multistep`; same tokens, fewer host round trips)."""
-        self.config = cfg = config or EngineConfig()
+        cfg = config or EngineConfig()
+        if cfg.compute_dtype == "auto":  # the dtype that is fastest on this host, chosen where the engine runs
+            cfg = dataclasses.replace(cfg, compute_dtype=resolve_compute_dtype("auto"))
+        self.config = cfg
         self.tokenizer = tokenizer
         if stop_token_ids is None:
             stop_token_ids = tuple(getattr(tokenizer, "stop_token_ids", ()) or ()) if tokenizer is not None else ()

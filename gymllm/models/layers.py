@@ -1,4 +1,5 @@
-"""Pure building blocks of the transformer: RMSNorm, RoPE, grouped-query attention, gated MLP.
+"""Pure building blocks of the transformer: RMSNorm, RoPE, one-token decode attention, gated MLP (the
+whole-sequence attention is :mod:`gymllm.models.attention`).
 
 All functions are pure JAX (no module state), so they compose under ``jit``/``scan``/``grad``.
 Shapes: B batch, T query tokens, S key tokens (T, or the cache length), H query heads,
@@ -105,28 +106,13 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
     return x * cos + rotated * sin
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, scale: float,
-              softcap: float = 0.0) -> jax.Array:
-    """Grouped-query attention. q [B, T, H, D], k/v [B, S, K, D], mask [B, T, S] -> [B, T, H*D]."""
-    b, t, h, d = q.shape
-    kh = k.shape[2]
-    qg = q.reshape(b, t, kh, h // kh, d)  # [B, T, K, G, D]
-    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
-    if softcap:
-        scores = softcap * jnp.tanh(scores / softcap)
-    scores = jnp.where(mask[:, None, None, :, :], scores, NEG_INF)  # [B, K, G, T, S]
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v, preferred_element_type=jnp.float32)  # [B, T, K, G, D]
-    return out.astype(v.dtype).reshape(b, t, h * d)
-
-
 def decode_attention(q: jax.Array, keys: jax.Array, values: jax.Array, k_self: jax.Array, v_self: jax.Array,
                      visible: jax.Array, *, scale: float, softcap: float = 0.0) -> jax.Array:
     """One query token per row over its cached keys plus itself (one joint softmax).
 
     q [W, H, D]; keys/values [W, S, K, D] (cached slots; any float dtype); k_self/v_self [W, K, D] (the
     token's own); visible [W, S] (cached slots it may attend) -> [W, H*D] in q's dtype. Batched dots in
-    q's dtype with float32 accumulation, as :func:`attention` computes; for float32 q with small heads
+    q's dtype with float32 accumulation, as :func:`gymllm.models.attention.attention` computes; for float32 q with small heads
     (D < 32) or fewer than 8 rows an elementwise multiply-and-reduce instead. Measured on XLA:CPU over
     30 layers: at D = 64, G = 3 (SmolLM2) the dot is 2-2.4x faster at 8-32 rows (32 rows x 96 slots:
     49 vs 93 ms) and slower at one row (the whole SmolLM2 step: 75-85 vs 59-62 ms); at D = 16, G = 2

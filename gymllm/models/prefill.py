@@ -16,8 +16,8 @@ scatters those into the (donated) cache afterwards. Same numbers as ``forward(..
 * a query at position ``pos`` attends, in one softmax, to the cached slots ``s < start`` inside its
   window and to the chunk's own keys (causal by index, inside the window): stale slots at or past
   ``start`` are never read, so no write has to precede the read;
-* the attention runs kv-head-major (one [G*T, D] x [D, S] dot per row and kv head, :func:`_chunk_attention`),
-  ~2x faster on XLA:CPU than the generic ordering at prefill shapes, same rounding;
+* the attention is :func:`gymllm.models.attention.attention`, the one ``forward`` runs (kv-head-major:
+  one [G*T, D] x [D, S] dot per row and kv head);
 * the chunk's own k/v round-trip through the cache dtype before they are attended (a uint16 cache
   holds bf16 bit patterns), exactly as the cached forward reads them back after writing.
 
@@ -39,7 +39,8 @@ from gymllm.models.blocks import (embed_tokens, final_logits, global_params, lay
                                   layer_unroll, layer_xs, pack_like, qkv, unpack)
 from gymllm.models.cache import KVCache
 from gymllm.models.config import ModelConfig
-from gymllm.models.layers import NEG_INF, causal_mask
+from gymllm.models.attention import attention
+from gymllm.models.layers import causal_mask
 
 
 def _cached_prefix(cache: KVCache, i: jax.Array, rows: jax.Array, length: int, dtype: Any
@@ -48,27 +49,6 @@ def _cached_prefix(cache: KVCache, i: jax.Array, rows: jax.Array, length: int, d
     rows = jnp.minimum(rows, cache.k.shape[1] - 1)
     take = lambda c: unpack(c[i, rows, :length]).astype(dtype)  # noqa: E731  one gather per layer
     return take(cache.k), take(cache.v)
-
-
-def _chunk_attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array, *, scale: float,
-                     softcap: float = 0.0) -> jax.Array:
-    """:func:`gymllm.models.layers.attention` (same numbers and rounding) computed kv-head-major: q
-    [P, T, H, D], keys/values [P, S, K, D], mask [P, T, S] -> [P, T, H*D]. Each kv head's G query heads
-    and T tokens form one [G*T, D] x [D, S] dot per (row, kv head): on XLA:CPU ~2x faster than
-    ``attention``'s [B, T, K, G] ordering at prefill shapes (tiny model, 4 x 64 tokens over 256 keys)."""
-    p, t, h, d = q.shape
-    kh = keys.shape[2]
-    g = h // kh
-    qm = q.reshape(p, t, kh, g, d).transpose(0, 2, 3, 1, 4).reshape(p, kh, g * t, d)  # [P, K, G*T, D]
-    km, vm = jnp.swapaxes(keys, 1, 2), jnp.swapaxes(values, 1, 2)  # [P, K, S, D]
-    scores = jnp.einsum("pkmd,pksd->pkms", qm, km, preferred_element_type=jnp.float32) * scale
-    if softcap:
-        scores = softcap * jnp.tanh(scores / softcap)
-    scores = scores.reshape(p, kh, g, t, -1)  # [P, K, G, T, S]
-    scores = jnp.where(mask[:, None, None], scores, NEG_INF)
-    probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype).reshape(p, kh, g * t, -1)
-    out = jnp.einsum("pkms,pksd->pkmd", probs, vm, preferred_element_type=jnp.float32)  # [P, K, G*T, D]
-    return out.astype(values.dtype).reshape(p, kh, g, t, d).transpose(0, 3, 1, 2, 4).reshape(p, t, h * d)
 
 
 def chunk_attention(cfg: ModelConfig, q: jax.Array, k_own: jax.Array, v_own: jax.Array, positions: jax.Array,
@@ -83,7 +63,7 @@ def chunk_attention(cfg: ModelConfig, q: jax.Array, k_own: jax.Array, v_own: jax
         ck, cv = _cached_prefix(cache, i, rows, length, q.dtype)  # [P, S, K, D] x2
         keys, values = jnp.concatenate([ck, keys], 1), jnp.concatenate([cv, values], 1)  # [P, S + T, K, D]
         mask = jnp.concatenate([(idx < positions[:, :1, None]) & (pos - idx < window), mask], 2)  # [P, T, S + T]
-    return _chunk_attention(q, keys, values, mask, scale=cfg.attn_scale, softcap=cfg.attn_logit_softcap)
+    return attention(q, keys, values, mask, scale=cfg.attn_scale, softcap=cfg.attn_logit_softcap)
 
 
 def prefill_forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, positions: jax.Array,

@@ -35,7 +35,8 @@ from gymllm.models.cache import KVCache, init_cache
 from gymllm.models.config import ModelConfig
 from gymllm.models.blocks import (embed_tokens, final_logits, global_params, layer_rest, layer_weights,
                                   layer_unroll, layer_xs, pack_bf16, pack_like, qkv, unpack)
-from gymllm.models.layers import attention, cache_mask, causal_mask
+from gymllm.models.attention import attention
+from gymllm.models.layers import cache_mask, causal_mask
 
 __all__ = ["Blocks", "Transformer", "forward", "init_params", "pack_bf16", "param_shapes"]
 
