@@ -31,13 +31,12 @@ Ends with ``RESULT {json}``: ``vs_tunix_batch``, ``vs_tunix_agentic``, ``vs_trl`
 step seconds and spread, peer versions, the CPU, the load average. A peer whose venv cannot be
 built, or whose runner fails, appears as an error string in place of its figures.
 
-Measured (2026-12-01, AMD EPYC 2-core, no AMX, quiet: load 1.7-2.4, ``--rounds 3 --steps 5 --sizes
-tiny``): gymllm 0.098 s/step (0.073-0.115 over rounds), Tunix batch 0.107 s (1.09x; per round
-0.91-1.38), Tunix agentic 1.22 s (12.4x; 10.9-15.4), TRL 0.269 s (2.75x; 2.38-3.76). An earlier
-one-round ``--quick`` under load 15 -> 9 gave 1.18x / 7.0x / 59x (TRL's step was then 16 s: load).
-``--quick --sizes medium``, quiet: gymllm 1.84 s, Tunix batch 2.57 s (1.39x), agentic 5.30 s (2.88x),
-TRL 1.67 s (0.91x: TRL faster; our step is all learner, fwd+bwd on XLA:CPU). Under load 8.5 -> 5.6,
-before the unrolled layer loop: 3.58 s, 1.47x, 2.20x, 5.0x.
+Measured (2026-12-01, AMD EPYC 2-core, no AMX, quiet, code d01ced7, ``--rounds 3 --steps 5 --sizes
+tiny``): gymllm 0.103 s/step (0.089-0.127 over rounds), Tunix batch 0.171 s (1.66x; per round
+1.17-2.35), Tunix agentic 1.32 s (12.8x; 11.1-15.1), TRL 0.283 s (2.73x; 2.28-3.26). ``--quick``
+(one round), quiet: tiny 1.46x / 17.2x / 2.92x; medium gymllm 1.78 s, Tunix batch 2.56 s (1.44x),
+agentic 6.49 s (3.65x), TRL 1.98 s (1.11x). Before the attention backward (b5d7a27): tiny 1.09x /
+12.4x / 2.75x, medium 1.39x / 2.88x / 0.91x (TRL faster then).
 
     python benchmarks/peers.py --quick                 # 1 round, fewer steps
     python benchmarks/peers.py --peers tunix --rounds 3
