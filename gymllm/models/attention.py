@@ -27,11 +27,9 @@ from gymllm.models.layers import NEG_INF
 
 
 def _to_kv_major(x: jax.Array, kh: int) -> jax.Array:
-    """[P, T, H, D] (or [P, T, H*D]) -> [P, K, G*T, D]: each kv head's query heads, then tokens."""
-    p, t = x.shape[:2]
-    d = x.shape[-1] if x.ndim == 4 else None
-    x = x.reshape(p, t, kh, -1, d) if d is not None else x
-    return x.transpose(0, 2, 3, 1, 4).reshape(p, kh, -1, x.shape[-1])
+    """[P, T, H, D] -> [P, K, G*T, D]: each kv head's query heads, then tokens."""
+    p, t, h, d = x.shape
+    return x.reshape(p, t, kh, h // kh, d).transpose(0, 2, 3, 1, 4).reshape(p, kh, -1, d)
 
 
 def _from_kv_major(x: jax.Array, t: int) -> jax.Array:
