@@ -472,3 +472,128 @@ def test_process_backend_passes_the_vector_checker():
     from gymllm.utils import check_vector_env
 
     check_vector_env(lambda: VectorEnv([echo(2), echo(3)], backend="process"), num_steps=4)
+
+
+class WhereEnv(TextEnv):
+    """Native async env that records, for each op, the task, thread and loop its coroutine ran on;
+    ``block`` makes a step wait on an event nobody sets (until cancelled)."""
+
+    metadata = {"render_modes": [], "gymllm_skip_check": "test-only env"}
+    made = 0
+
+    def __init__(self, block: bool = False):
+        super().__init__()
+        WhereEnv.made += 1
+        self.block, self.seen = block, []
+        self.entered: asyncio.Event | None = None
+
+    def note(self, op):
+        self.seen.append((op, asyncio.current_task(), threading.get_ident(), asyncio.get_running_loop()))
+
+    async def _areset(self, *, seed, options):
+        self.note("reset")
+        return "go", {}
+
+    async def _astep(self, action):
+        self.note("step")
+        if self.block:
+            self.entered.set()
+            await asyncio.Event().wait()
+        return f"got {action}", 1.0, False, {}
+
+
+def test_an_awaited_async_sub_env_runs_in_the_callers_own_task(closing):
+    vec = VectorEnv([WhereEnv, WhereEnv])
+    closing(vec)
+
+    async def main():
+        await vec.areset_env(1, seed=0)
+        out = await vec.astep_env(1, "x")
+        return out, asyncio.current_task(), asyncio.get_running_loop()
+
+    out, task, loop = asyncio.run(main())
+    assert out[0] == "got x"
+    env = vec._slots[1].env
+    # no task and no thread hand-off: the env's coroutine ran inside the caller's coroutine
+    assert [(op, t, th, lp) for op, t, th, lp in env.seen] == [("reset", task, threading.get_ident(), loop),
+                                                               ("step", task, threading.get_ident(), loop)]
+
+
+def test_an_async_sub_env_stays_on_the_loop_of_its_first_op(closing):
+    vec = VectorEnv([WhereEnv])
+    closing(vec)
+    env = vec._slots[0].env
+
+    async def first():
+        await vec.areset_env(0, seed=0)
+        return asyncio.get_running_loop()
+
+    loop1 = asyncio.run(first())  # pinned to loop1 ... which then ends
+    vec.reset(seed=1)  # the blocking API: the runner's loop thread (loop1 is closed)
+    loop_thread = vec._runner.loop.loop
+    assert env.seen[-1][3] is loop_thread and loop_thread is not loop1
+
+    async def second():
+        await vec.areset_env(0, seed=2)  # pinned to the loop thread's running loop: it stays there
+        return (await vec.astep_env(0, "y"))[0]
+
+    assert asyncio.run(second()) == "got y"
+    assert [lp for *_, lp in env.seen[1:]] == [loop_thread] * 3
+
+
+def test_a_blocking_call_on_the_pinned_loops_own_thread_does_not_hang(closing):
+    vec = VectorEnv([WhereEnv])
+    closing(vec)
+    env = vec._slots[0].env
+    done = []
+
+    async def main():
+        await vec.areset_env(0, seed=0)  # pinned to this loop
+        obs, _ = vec.reset_env(0, seed=1)  # blocks this loop's thread: must run elsewhere
+        done.append(obs)
+
+    t = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive() and done == ["go"]
+    assert env.seen[0][3] is not env.seen[1][3] and env.seen[1][3] is vec._runner.loop.loop
+
+
+def test_a_cancelled_caller_abandons_the_op_and_the_sub_env_is_rebuilt(closing):
+    WhereEnv.made = 0
+    vec = VectorEnv([functools.partial(WhereEnv, block=True)])
+    closing(vec)
+
+    async def main():
+        await vec.areset_env(0, seed=0)
+        env = vec._slots[0].env
+        env.entered = asyncio.Event()
+        task = asyncio.ensure_future(vec.astep_env(0, "x"))
+        await env.entered.wait()  # the step is inside the env's coroutine
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert vec._slots[0].lost and not vec._slots[0].pending
+        obs, _ = await vec.areset_env(0, seed=1)  # rebuilt from its factory
+        return obs, vec._slots[0].env is not env
+
+    obs, fresh = asyncio.run(main())
+    assert obs == "go" and fresh and WhereEnv.made == 2
+
+
+def test_close_answers_a_caller_running_an_async_sub_env_in_its_own_task():
+    vec = VectorEnv([functools.partial(WhereEnv, block=True)])
+
+    async def main():
+        await vec.areset_env(0, seed=0)
+        env = vec._slots[0].env
+        env.entered = asyncio.Event()
+        task = asyncio.ensure_future(vec.astep_env(0, "x"))
+        await env.entered.wait()
+        vec.close()
+        done, _ = await asyncio.wait({task}, timeout=30.0)  # answered by close, not by a caller's timeout
+        assert task in done
+        with pytest.raises(VectorStateError, match="closed during this call"):
+            task.result()
+
+    asyncio.run(main())

@@ -95,7 +95,14 @@ class FutureSink:
             if not self.future.done():
                 self.future.set_result(res)
 
-        call_soon(self.loop, _set)
+        try:
+            here = asyncio.get_running_loop() is self.loop
+        except RuntimeError:
+            here = False
+        if here:
+            _set()  # on the waiter's own loop: no hand-off needed
+        else:
+            call_soon(self.loop, _set)
 
 
 @dataclasses.dataclass(eq=False)
@@ -105,7 +112,7 @@ class Slot:
     env_id: int
     make: Callable[[], Any]  # builds the instance (a gym.Env, or a runner's proxy)
     env: Any = None
-    kind: str = "sync"  # "sync": worker thread; "async": task on the loop thread; "ray": a Ray actor
+    kind: str = "sync"  # "sync": worker thread; "async": task on an event loop; "ray": a Ray actor
     state: str = "new"  # "new" | "running" | "done"
     pending: bool = False  # an operation is running
     busy: bool = False  # sent and its result not yet handed to the caller (pending, or waiting in a sink)
@@ -113,6 +120,7 @@ class Slot:
     deadline: float = INF
     sink: Any = None
     handle: Any = None  # a runner's handle on the op in flight (a future), cancelled on timeout
+    loop: Any = None  # the event loop an async-native sub-env's ops run on (see ThreadRunner.start_async)
     lost: bool = False  # abandoned after a timeout; rebuilt by the next reset
     last_obs: Any = None
     inline: bool = False  # run its ops on the calling thread (see ThreadRunner.note_cost)

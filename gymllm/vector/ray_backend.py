@@ -248,7 +248,7 @@ class RayRunner(SubEnvRunner):
         return _actor_class().options(**opts).remote(fns, sh.env_ids[0])
 
     # ------------------------------------------------------------------ running
-    def dispatch(self, ops: list[Op]) -> None:
+    def dispatch(self, ops: list[Op], caller_loop: Any = None) -> None:
         groups: dict[int, list[Op]] = {}
         failed: list[tuple[Slot, int, str, Result]] = []
         for item in ops:

@@ -7,13 +7,15 @@ hands each outcome back through ``ledger.finish`` / ``ledger.finish_many``. The 
 
 - ``build()``: create every sub-env (raise :class:`~gymllm.errors.EnvError` naming the one whose
   factory failed) and set each slot's ``env`` / ``kind`` / ``check`` / ``step``;
-- ``dispatch(ops)``: run or hand off the work items (called without the lock);
+- ``dispatch(ops, caller_loop=None)``: run or hand off the work items (called without the lock);
+  ``caller_loop`` is the running event loop of a caller that awaits the result right away
+  (``areset_env`` / ``astep_env``), where an async-native sub-env's op may run as a task;
 - ``abandon(slot)``: stop waiting on a timed-out op (lock held);
 - ``close(idle, busy)``: close the sub-envs; never waits on a hung one.
 
 Implementations: :class:`ThreadRunner` (``backend="thread"``: sync sub-envs inline on the calling
-thread when cheap, else on daemon worker threads; async-native sub-envs as tasks on one event-loop
-thread), :class:`ProcessRunner` (``backend="process"``: one child process per sub-env) and
+thread when cheap, else on daemon worker threads; async-native sub-envs as tasks on the awaiting
+caller's event loop, or on one event-loop thread for the blocking API), :class:`ProcessRunner` (``backend="process"``: one child process per sub-env) and
 :class:`gymllm.vector.ray_backend.RayRunner` (``backend="ray"``: Ray actors).
 """
 
@@ -47,6 +49,29 @@ def is_async_native(env: Any) -> bool:
     """Whether ``env`` is a TextEnv with a native ``async def _astep`` (run as a task, not on a thread)."""
     u = getattr(env, "unwrapped", env)
     return callable(getattr(env, "astep", None)) and isinstance(u, TextEnv) and overrides_hook(u, "_astep")
+
+
+def running_loop() -> asyncio.AbstractEventLoop | None:
+    """The event loop running in this thread, or None."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+class LoopTask:
+    """A runner's handle on an op running as a task on a caller's loop; ``cancel()`` is thread-safe."""
+
+    __slots__ = ("loop", "task")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task):
+        self.loop, self.task = loop, task
+
+    def cancel(self) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.task.cancel)
+        except RuntimeError:
+            pass  # the loop has closed: the task is gone with it
 
 
 def action_validator(space: gym.Space) -> Callable[[Any], str | None]:
@@ -92,10 +117,17 @@ class SubEnvRunner:
     def build(self) -> None:
         raise NotImplementedError
 
-    def dispatch(self, ops: list[Op]) -> None:
+    def dispatch(self, ops: list[Op], caller_loop: asyncio.AbstractEventLoop | None = None) -> None:
         raise NotImplementedError
 
     def abandon(self, slot: Slot) -> None:
+        raise NotImplementedError
+
+    def can_run_here(self, slot: Slot, caller_loop: asyncio.AbstractEventLoop) -> bool:
+        """Whether ``slot``'s op may run in the awaiting caller's coroutine (``run_here``); else ``dispatch``."""
+        return False
+
+    async def run_here(self, item: Op, sink: Any) -> Result:
         raise NotImplementedError
 
     def close(self, idle: list[Slot], busy: list[Slot]) -> None:
@@ -120,7 +152,7 @@ class ThreadRunner(SubEnvRunner):
         super().__init__(config, ledger)
         self.pool: WorkerPool | None = None
         self.loop: LoopThread | None = None
-        self.async_limit: asyncio.Semaphore | None = None
+        self.async_limits: dict[int, asyncio.Semaphore] = {}  # id(loop) -> the cap on that loop's async ops
 
     # ------------------------------------------------------------------ building
     def build(self) -> None:
@@ -136,7 +168,6 @@ class ThreadRunner(SubEnvRunner):
             self.pool = WorkerPool(min(limit, n_sync))
         if n_sync < len(slots):
             self.loop = LoopThread()
-            self.async_limit = asyncio.Semaphore(limit)
 
     def create(self, slots: list[Slot]) -> None:
         building = 0
@@ -173,13 +204,13 @@ class ThreadRunner(SubEnvRunner):
         if slot.streak >= 3:
             slot.inline, slot.streak = not slot.inline, 0
 
-    def dispatch(self, ops: list[Op]) -> None:
-        """Hand pooled work items to the workers and async ones to the loop, then run the inline ones here."""
+    def dispatch(self, ops: list[Op], caller_loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Hand pooled work items to the workers and async ones to their loop, then run the inline ones here."""
         inline = []
         for item in ops:
             slot = item.slot
             if slot.kind == "async":
-                slot.handle = self.loop.submit(self.run_async(item))
+                self.start_async(item, caller_loop)
             elif item.inline:
                 inline.append(item)
             else:
@@ -224,14 +255,81 @@ class ThreadRunner(SubEnvRunner):
             res = self.exec_sync(item)
         self.ledger.finish(item.slot, item.gen, item.op, res)
 
-    async def run_async(self, item: Op) -> None:
+    def start_async(self, item: Op, caller_loop: asyncio.AbstractEventLoop | None) -> None:
+        """Run an async-native sub-env's op as a task on the loop its slot is pinned to.
+
+        A slot is pinned to the loop of its first op: the awaiting caller's loop (``areset_env`` /
+        ``astep_env`` from a coroutine: no thread hop either way, the env's coroutine runs where the
+        caller awaits it) or, for the blocking API, the runner's loop thread. It stays there (an
+        async env may hold loop-bound resources, e.g. an HTTP client) until that loop stops; a
+        blocking call made on the pinned loop's own thread goes to the loop thread (waiting there
+        for a task of the same loop would never return)."""
+        slot = item.slot
+        pinned = self.pin(slot, caller_loop)
+        if pinned is caller_loop:
+            slot.handle = LoopTask(pinned, pinned.create_task(self.run_async(item)))
+        elif pinned is not self.loop.loop and running_loop() is pinned:
+            slot.handle = self.loop.submit(self.run_async(item))  # blocking call on the pinned loop's thread
+        else:
+            slot.handle = asyncio.run_coroutine_threadsafe(self.run_async(item), pinned)
+
+    def pin(self, slot: Slot, caller_loop: asyncio.AbstractEventLoop | None) -> asyncio.AbstractEventLoop:
+        """The loop ``slot``'s async ops run on (pinned at its first op; see :meth:`start_async`)."""
+        pinned = slot.loop
+        if pinned is not None and (pinned.is_closed() or (pinned is not self.loop.loop and not pinned.is_running())):
+            pinned = None  # that caller's loop has ended
+        if pinned is None:
+            pinned = slot.loop = caller_loop if caller_loop is not None else self.loop.loop
+        return pinned
+
+    def can_run_here(self, slot: Slot, caller_loop: asyncio.AbstractEventLoop) -> bool:
+        """Whether an awaiting caller may run ``slot``'s op in its own coroutine (:meth:`run_here`):
+        an async-native sub-env pinned to the caller's loop, and no ``step_timeout`` to enforce."""
+        return slot.kind == "async" and self.config.step_timeout is None and self.pin(slot, caller_loop) is caller_loop
+
+    async def run_here(self, item: Op, sink: Any) -> Result:
+        """Run an async-native sub-env's op in the awaiting caller's coroutine: no task, no hand-off,
+        so an env that does not suspend costs no event-loop iteration. The op's outcome is recorded
+        as :meth:`run_async` records it; a cancelled caller cancels the op (the op is abandoned, as a
+        timed-out one is: the next reset rebuilds the sub-env). ``close()`` during the op cancels it
+        through ``slot.handle`` and the caller gets the close's answer, as a dispatched op's would."""
+        task = asyncio.current_task()
+        slot = item.slot
+        with self.ledger.cond:
+            if slot.gen == item.gen and slot.pending:
+                slot.handle = LoopTask(sink.loop, task)
+        try:
+            await self.run_async(item, reraise_cancel=True)
+        except asyncio.CancelledError:
+            with self.ledger.cond:
+                mine = slot.gen == item.gen and slot.pending
+                if mine:
+                    self.ledger.expire(slot)  # the caller gave up: abandon the op like a timeout
+            if mine or not sink.future.done():
+                raise
+            if hasattr(task, "uncancel"):  # Python >= 3.11 counts cancellations
+                task.uncancel()  # the vector env closed (or expired the op) and cancelled it: answer as it said
+        fut = sink.future
+        return fut.result() if fut.done() else await fut
+
+    def async_limit(self, loop: asyncio.AbstractEventLoop) -> asyncio.Semaphore:
+        """The cap on concurrent async ops (``max_concurrency``) of ``loop`` (a semaphore binds to one loop)."""
+        sem = self.async_limits.get(id(loop))
+        if sem is None:
+            sem = self.async_limits.setdefault(id(loop), asyncio.Semaphore(self.config.max_concurrency
+                                                                           or len(self.ledger.slots)))
+        return sem
+
+    async def run_async(self, item: Op, reraise_cancel: bool = False) -> None:
         slot, op = item.slot, item.op
         try:
-            async with self.async_limit:
+            async with self.async_limit(asyncio.get_running_loop()):
                 env = self.rebuild(slot, item.gen) if item.rebuild else slot.env
                 with span(f"env.{op}", track=f"env/{slot.env_id}"):
                     res = Result(slot.env_id, *await arun_op(env, op, item.action, item.seed, item.options))
         except asyncio.CancelledError:
+            if reraise_cancel:
+                raise
             return  # timed out or closed: the canceller reports it
         except BaseException as e:  # noqa: BLE001
             res = error_result(slot.env_id, op, e)

@@ -25,8 +25,10 @@ EnvPool's ``send`` / ``recv`` on Gymnasium's ``VectorEnv``:
 - Sync sub-envs run on daemon worker threads (``backend="thread"``), each in its own process
   (``backend="process"``) or in Ray actors (``backend="ray"``, ``ray_options``: see
   :class:`~gymllm.vector.config.RayOptions` and :mod:`gymllm.vector.ray_backend`); sub-envs with
-  native ``async`` hooks run as tasks on one event-loop thread. At most ``max_concurrency``
-  operations run at once (thread backend).
+  native ``async`` hooks run as tasks: on the caller's event loop when ``areset_env`` /
+  ``astep_env`` await them (no thread hop), on one event-loop thread for the blocking API; each
+  such sub-env stays on the loop of its first op while that loop runs. At most
+  ``max_concurrency`` operations run at once (thread backend; async ones counted per loop).
 - A sub-env that raises, or exceeds ``step_timeout`` (``EnvTimeoutError``), is reported with its
   env id (``infos["error"]``; obs None, truncated True) or raised (``on_error="raise"``); the
   others keep running. A timed-out sub-env is abandoned (its process killed) and rebuilt from its
@@ -323,7 +325,10 @@ class VectorEnv(gym.vector.VectorEnv):
                     raise InvalidActionError(explain(f"astep_env({env_id}, action)", expected="an action in "
                                                      f"{slot.env.action_space!r}", received=why, fix="pass one str"))
             item = ledger.start(slot, op, sink, **kw)
-        self._runner.dispatch([item])
+        runner = self._runner
+        if runner.can_run_here(slot, sink.loop):  # an async-native sub-env: its coroutine runs in ours
+            return await runner.run_here(item, sink)
+        runner.dispatch([item], caller_loop=sink.loop)
         return await ledger.await_one(slot, item.gen, sink)
 
     # ------------------------------------------------------------------ closing
