@@ -31,12 +31,12 @@ Ends with ``RESULT {json}``: ``vs_tunix_batch``, ``vs_tunix_agentic``, ``vs_trl`
 step seconds and spread, peer versions, the CPU, the load average. A peer whose venv cannot be
 built, or whose runner fails, appears as an error string in place of its figures.
 
-Measured (2026-12-01, AMD EPYC 2-core, no AMX, quiet, code d01ced7, ``--rounds 3 --steps 5 --sizes
-tiny``): gymllm 0.103 s/step (0.089-0.127 over rounds), Tunix batch 0.171 s (1.66x; per round
-1.17-2.35), Tunix agentic 1.32 s (12.8x; 11.1-15.1), TRL 0.283 s (2.73x; 2.28-3.26). ``--quick``
-(one round), quiet: tiny 1.46x / 17.2x / 2.92x; medium gymllm 1.78 s, Tunix batch 2.56 s (1.44x),
-agentic 6.49 s (3.65x), TRL 1.98 s (1.11x). Before the attention backward (b5d7a27): tiny 1.09x /
-12.4x / 2.75x, medium 1.39x / 2.88x / 0.91x (TRL faster then).
+Measured (2026-12-02, AMD EPYC 2-core, no AMX, quiet, code 0245041, ``--rounds 3 --sizes tiny``,
+8 steps a side): gymllm 0.072 s/step (0.067-0.076 over rounds), Tunix batch 0.146 s (2.03x; per round
+1.57-2.90), Tunix agentic 1.23 s (17.1x; 14.7-20.5), TRL 0.268 s (3.72x; 3.38-4.17). With ``--steps 5``
+(3 measured steps, in the gymllm side's slower first steps): 1.44x / 15.4x / 2.73x. Medium, one
+``--quick`` round of d01ced7: gymllm 1.78 s, Tunix batch 2.56 s (1.44x), agentic 6.49 s (3.65x), TRL
+1.98 s (1.11x).
 
     python benchmarks/peers.py --quick                 # 1 round, fewer steps
     python benchmarks/peers.py --peers tunix --rounds 3

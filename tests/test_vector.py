@@ -597,3 +597,22 @@ def test_close_answers_a_caller_running_an_async_sub_env_in_its_own_task():
             task.result()
 
     asyncio.run(main())
+
+
+def test_a_caller_task_cancelled_at_loop_shutdown_after_close_ends_cancelled_not_failed():
+    # a rollout's env call left running when the vector env closes and then asyncio.run() shuts down
+    # (cancelling it too): it must end cancelled, not with an error nobody retrieves
+    vec = VectorEnv([functools.partial(WhereEnv, block=True)])
+    reported, left = [], []
+
+    async def main():
+        asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: reported.append(ctx))
+        await vec.areset_env(0, seed=0)
+        env = vec._slots[0].env
+        env.entered = asyncio.Event()
+        left.append(asyncio.ensure_future(vec.astep_env(0, "x")))
+        await env.entered.wait()
+        vec.close()  # cancels the op; asyncio.run() then cancels the caller's task as well
+
+    asyncio.run(main())
+    assert left[0].cancelled() and reported == []

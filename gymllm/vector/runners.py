@@ -307,8 +307,10 @@ class ThreadRunner(SubEnvRunner):
                     self.ledger.expire(slot)  # the caller gave up: abandon the op like a timeout
             if mine or not sink.future.done():
                 raise
-            if hasattr(task, "uncancel"):  # Python >= 3.11 counts cancellations
-                task.uncancel()  # the vector env closed (or expired the op) and cancelled it: answer as it said
+            # the vector env closed (or expired the op) and cancelled it: answer as it said, unless the
+            # caller's task was cancelled as well (Python >= 3.11 counts the requests)
+            if hasattr(task, "uncancel") and task.uncancel() > 0:
+                raise
         fut = sink.future
         return fut.result() if fut.done() else await fut
 
