@@ -14,8 +14,9 @@ hands each outcome back through ``ledger.finish`` / ``ledger.finish_many``. The 
 - ``close(idle, busy)``: close the sub-envs; never waits on a hung one.
 
 Implementations: :class:`ThreadRunner` (``backend="thread"``: sync sub-envs inline on the calling
-thread when cheap, else on daemon worker threads; async-native sub-envs as tasks on the awaiting
-caller's event loop, or on one event-loop thread for the blocking API), :class:`ProcessRunner` (``backend="process"``: one child process per sub-env) and
+thread when cheap, else on daemon worker threads; async-native sub-envs in the awaiting caller's
+task or event loop, or on one event-loop thread for the blocking API), :class:`ProcessRunner`
+(``backend="process"``: one child process per sub-env) and
 :class:`gymllm.vector.ray_backend.RayRunner` (``backend="ray"``: Ray actors).
 """
 
@@ -25,6 +26,7 @@ import asyncio
 import functools
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -152,7 +154,7 @@ class ThreadRunner(SubEnvRunner):
         super().__init__(config, ledger)
         self.pool: WorkerPool | None = None
         self.loop: LoopThread | None = None
-        self.async_limits: dict[int, asyncio.Semaphore] = {}  # id(loop) -> the cap on that loop's async ops
+        self.async_limits: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loop -> its async ops' cap
 
     # ------------------------------------------------------------------ building
     def build(self) -> None:
@@ -316,10 +318,10 @@ class ThreadRunner(SubEnvRunner):
 
     def async_limit(self, loop: asyncio.AbstractEventLoop) -> asyncio.Semaphore:
         """The cap on concurrent async ops (``max_concurrency``) of ``loop`` (a semaphore binds to one loop)."""
-        sem = self.async_limits.get(id(loop))
+        sem = self.async_limits.get(loop)
         if sem is None:
-            sem = self.async_limits.setdefault(id(loop), asyncio.Semaphore(self.config.max_concurrency
-                                                                           or len(self.ledger.slots)))
+            sem = self.async_limits.setdefault(loop, asyncio.Semaphore(self.config.max_concurrency
+                                                                       or len(self.ledger.slots)))
         return sem
 
     async def run_async(self, item: Op, reraise_cancel: bool = False) -> None:
