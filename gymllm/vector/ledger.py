@@ -26,7 +26,7 @@ from gymllm.telemetry import counter
 from gymllm.vector.autoreset import state_after
 from gymllm.vector.errors import VectorStateError
 
-__all__ = ["Slot", "Result", "Op", "Sink", "FutureSink", "Ledger", "error_result"]
+__all__ = ["Slot", "Result", "Op", "Sink", "FutureSink", "Ledger", "error_result", "running_loop"]
 
 INF = math.inf
 
@@ -53,6 +53,14 @@ def error_result(env_id: int, op: str, e: BaseException) -> Result:
 def failure_result(env_id: int, err: EnvError) -> Result:
     """A result carrying ``err`` (in ``info["error"]``; obs None, truncated True)."""
     return Result(env_id, None, 0.0, False, True, {"error": err}, err)
+
+
+def running_loop() -> asyncio.AbstractEventLoop | None:
+    """The event loop running in this thread, or None."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:
@@ -95,11 +103,7 @@ class FutureSink:
             if not self.future.done():
                 self.future.set_result(res)
 
-        try:
-            here = asyncio.get_running_loop() is self.loop
-        except RuntimeError:
-            here = False
-        if here:
+        if running_loop() is self.loop:
             _set()  # on the waiter's own loop: no hand-off needed
         else:
             call_soon(self.loop, _set)

@@ -39,7 +39,7 @@ from gymllm.telemetry import span
 from gymllm.vector.autoreset import arun_op, run_op, state_after
 from gymllm.vector.config import VectorEnvConfig
 from gymllm.vector.infos import batch_infos
-from gymllm.vector.ledger import Ledger, Op, Result, Slot, error_result
+from gymllm.vector.ledger import Ledger, Op, Result, Slot, error_result, running_loop
 from gymllm.vector.process import ProcessEnv
 from gymllm.vector.workers import LoopThread, WorkerPool
 
@@ -51,14 +51,6 @@ def is_async_native(env: Any) -> bool:
     """Whether ``env`` is a TextEnv with a native ``async def _astep`` (run as a task, not on a thread)."""
     u = getattr(env, "unwrapped", env)
     return callable(getattr(env, "astep", None)) and isinstance(u, TextEnv) and overrides_hook(u, "_astep")
-
-
-def running_loop() -> asyncio.AbstractEventLoop | None:
-    """The event loop running in this thread, or None."""
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
 
 
 class LoopTask:
