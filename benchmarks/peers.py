@@ -34,9 +34,10 @@ built, or whose runner fails, appears as an error string in place of its figures
 Measured (2026-12-02, AMD EPYC 2-core, no AMX, quiet, code 0245041, ``--rounds 3 --sizes tiny``,
 8 steps a side): gymllm 0.072 s/step (0.067-0.076 over rounds), Tunix batch 0.146 s (2.03x; per round
 1.57-2.90), Tunix agentic 1.23 s (17.1x; 14.7-20.5), TRL 0.268 s (3.72x; 3.38-4.17). With ``--steps 5``
-(3 measured steps, in the gymllm side's slower first steps): 1.44x / 15.4x / 2.73x. Medium, one
-``--quick`` round of d01ced7: gymllm 1.78 s, Tunix batch 2.56 s (1.44x), agentic 6.49 s (3.65x), TRL
-1.98 s (1.11x).
+(3 measured steps, in the gymllm side's slower first steps): 1.44x / 15.4x / 2.73x. Medium
+(2026-12-03, ``--rounds 3 --sizes medium``, code 1c8900d, quiet): gymllm 1.64 s (1.56-1.79), Tunix
+batch 2.84 s (1.73x; per round 1.60-1.85), agentic 6.07 s (3.70x; 3.38-3.88), TRL 1.83 s (1.12x;
+1.00-1.30).
 
     python benchmarks/peers.py --quick                 # 1 round, fewer steps
     python benchmarks/peers.py --peers tunix --rounds 3
