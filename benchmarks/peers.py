@@ -232,7 +232,9 @@ def run_side(side: str, python: str, spec_file: str, *, timeout_s: float) -> dic
     script, mode = RUNNER_OF[side]
     cmd = [python, str(HERE / script), "--spec", spec_file, "--mode", mode]
     env = dict(os.environ, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
-               TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="disabled", TF_CPP_MIN_LOG_LEVEL="3")
+               TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="disabled", TF_CPP_MIN_LOG_LEVEL="3",
+               GYMLLM_COMPILE_CACHE="off")  # every side compiles from scratch (benchmarks/compile_cache.py: a rerun's gain)
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:

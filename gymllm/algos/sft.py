@@ -76,7 +76,8 @@ class SFTConfig:
     with reward >= min_reward are the data (exactly one of the two). model: the model (``checkpoint``
     warm-starts it); optimizer / lora / sharding: as in ``gymllm train``; sft: the training section;
     run_dir: the output directory; checkpoint_every: steps between checkpoints (0 = only at the
-    end); resume: continue from run_dir's latest checkpoint; seed: the data order; console: live line."""
+    end); resume: continue from run_dir's latest checkpoint; seed: the data order; console: live line;
+    compile_cache: where compiled programs are kept for the next run (as ``RunSection.compile_cache``)."""
 
     data: str = ""
     from_run: str = ""
@@ -92,8 +93,12 @@ class SFTConfig:
     resume: bool = True
     seed: int = 0
     console: bool = True
+    compile_cache: str = "auto"
 
     def __post_init__(self) -> None:
+        from gymllm.utils.compile_cache import check_setting
+
+        check_setting(self.compile_cache, "SFTConfig.compile_cache")
         if bool(self.data) == bool(self.from_run):
             raise ConfigError(explain("SFTConfig data", expected="exactly one of data (a chat JSONL file) and "
                                       "from_run (a run directory)", received={"data": self.data, "from_run":
@@ -175,6 +180,13 @@ def _num_steps(cfg: SFTConfig, num_rows: int) -> int:
 
 def run_sft(cfg: SFTConfig) -> SFTResult:
     """Train (or resume) the run ``cfg`` describes; returns its :class:`SFTResult`."""
+    from gymllm.utils.compile_cache import persistent_compile_cache
+
+    with persistent_compile_cache(cfg.compile_cache):  # a rerun loads its compiled programs
+        return _run_sft(cfg)
+
+
+def _run_sft(cfg: SFTConfig) -> SFTResult:
     from gymllm.algos.checkpoint import Checkpointer
     from gymllm.algos.run import load_model
     from gymllm.algos.sft_step import SFTLearner, sft_row

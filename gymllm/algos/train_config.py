@@ -148,7 +148,9 @@ class RunSection:
     the watchdog's bound (:mod:`gymllm.telemetry.watchdog`): a stage (rollout, learner, weight_sync,
     checkpoint) working this long without progress is named in the log and the trace (0 = off);
     profile_steps: ``"A:B"`` captures an op-level ``jax.profiler`` trace of optimizer steps A..B
-    (inclusive) into ``run_dir/profile`` ("" = off)."""
+    (inclusive) into ``run_dir/profile`` ("" = off); compile_cache: where compiled programs are kept
+    for the next run (:mod:`gymllm.utils.compile_cache`: ``"auto"`` = ``$GYMLLM_COMPILE_CACHE`` or
+    ``~/.cache/gymllm/xla``, ``"off"``, or a directory)."""
 
     run_dir: str = "runs/gymllm"
     seed: int = 0
@@ -161,8 +163,12 @@ class RunSection:
     warmup: bool = False
     stall_timeout_s: float = 300.0
     profile_steps: str = ""
+    compile_cache: str = "auto"
 
     def __post_init__(self) -> None:
+        from gymllm.utils.compile_cache import check_setting
+
+        check_setting(self.compile_cache, "RunSection.compile_cache")
         check_range("RunSection", "checkpoint_every", self.checkpoint_every, lo=0)
         check_range("RunSection", "keep_checkpoints", self.keep_checkpoints, lo=1)
         check_range("RunSection", "stall_timeout_s", self.stall_timeout_s, lo=0.0)

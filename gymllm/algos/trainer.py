@@ -124,11 +124,13 @@ def train(config: TrainConfig, *, max_steps: int | None = None,
     the run's step count is still ``learner.num_steps``). ``on_step``: callables given each step's
     metrics record (``{"step": k, "reward_mean": ..., ...}``) once it is logged. ``components``: the
     parts to assemble the run from (default :func:`components_for` the config; closed at the end)."""
+    from gymllm.utils.compile_cache import persistent_compile_cache
     from gymllm.utils.host_memory import keep_freed_memory
 
     keep_freed_memory()  # XLA:CPU's per-call buffers stop page-faulting (about a quarter of a tiny step's CPU)
     cfg = effective(config)
-    return asyncio.run(_train(cfg, max_steps, on_step, components if components is not None else components_for(cfg)))
+    with persistent_compile_cache(cfg.run.compile_cache):  # a rerun loads its compiled programs
+        return asyncio.run(_train(cfg, max_steps, on_step, components if components is not None else components_for(cfg)))
 
 
 async def _train(cfg: TrainConfig, max_steps: int | None, on_step: Sequence[Callable[[dict[str, Any]], None]],
