@@ -39,12 +39,12 @@ from collections.abc import Sequence
 KINDS = ("rollout", "learner", "checkpoint", "log")
 #: small settings on top of --preset tiny (fast steps; deterministic with eta 0 and no prefix reuse)
 SMALL = ("--env.num-envs", "8", "--rollout.group-size", "4", "--rollout.max-concurrency", "8",
-         "--rollout.engine-slots", "8", "--learner.groups-per-step", "2", "--learner.micro-batch-size", "8")
+         "--engine.num-slots", "8", "--learner.groups-per-step", "2", "--learner.micro-batch-size", "8")
 
 
 def train_command(run_dir: pathlib.Path, steps: int, extra: Sequence[str] = ()) -> list[str]:
     return [sys.executable, "-m", "gymllm.cli.main", "train", "--preset", "tiny", "--run-dir", str(run_dir),
-            "--learner.num-steps", str(steps), "--rollout.eta", "0", "--rollout.no-prefix-reuse",
+            "--learner.num-steps", str(steps), "--rollout.max-staleness", "0", "--engine.no-prefix-reuse",
             "--run.checkpoint-every", "1", "--run.no-console", "--run.no-report", *extra]
 
 

@@ -57,7 +57,8 @@ from gymllm.algos import config as C
 from gymllm.algos.learner import LearnerConfig
 from gymllm.algos.optim import OptimizerConfig
 from gymllm.algos.run import LearnerStepError, LocalComponents
-from gymllm.algos.trainer import EnvSection, ModelSection, RolloutSection, RunSection, TrainConfig, train
+from gymllm.algos.trainer import (EngineConfig, EnvSection, ModelSection, RolloutConfig, RunSection,
+                                  SamplingParams, TrainConfig, train)
 from gymllm.envs.tiny_tasks import TinyRepeatEnv
 from gymllm.errors import EngineError
 from gymllm.registration import register
@@ -222,8 +223,10 @@ def small_config(run_dir: pathlib.Path, *, steps: int, env_id: str = "drill/Faul
     return TrainConfig(
         model=ModelSection(name="tiny-qwen3", vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1),
         env=EnvSection(id=env_id, kwargs={"num_letters": 2, **(kwargs or {})}, num_envs=8),
-        rollout=RolloutSection(group_size=4, max_concurrency=8, eta=0, max_tokens=4, engine_slots=8,
-                               engine_max_len=64, prefix_reuse=False, group_timeout_s=group_timeout_s),
+        engine=EngineConfig(num_slots=8, max_len=64, min_bucket=64, idle_wait_s=0.002, decode_chunk=8, prefix_reuse=False),
+        sampling=SamplingParams(max_tokens=4),
+        rollout=RolloutConfig(group_size=4, max_concurrency=8, max_staleness=0, max_model_calls=1,
+                              group_timeout_s=group_timeout_s),
         loss=dataclasses.replace(C.async_agentic(), shaping=C.ShapingConfig()),
         optimizer=OptimizerConfig(learning_rate=1e-2),
         learner=LearnerConfig(groups_per_step=2, micro_batch_size=8, num_steps=steps, max_len=64, min_bucket=64,
@@ -397,12 +400,12 @@ def drill_server_disconnect(root: pathlib.Path, steps: int) -> dict[str, Any]:
     its 40 tokens) and the next request is served, equal to the engine's own answer in process."""
     import httpx
 
-    from gymllm.algos.run import engine_config, load_model
+    from gymllm.algos.run import load_model
     from gymllm.inference import JaxEngine, SamplingParams, ServerThread, build_app
 
     cfg = small_config(root / "server", steps=steps)  # the drilled runs' model and engine: compiled shapes shared
     lm = load_model(cfg.model)
-    engine = JaxEngine.from_loaded(lm, config=engine_config(cfg), stop_token_ids=(), decode_chunk=cfg.rollout.decode_chunk)
+    engine = JaxEngine.from_loaded(lm, config=cfg.engine, stop_token_ids=())
     closed = threading.Event()
 
     class Watched:

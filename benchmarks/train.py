@@ -59,8 +59,8 @@ import numpy as np  # noqa: E402
 from gymllm.algos import config as C  # noqa: E402
 from gymllm.algos.learner import LearnerConfig  # noqa: E402
 from gymllm.algos.optim import OptimizerConfig  # noqa: E402
-from gymllm.algos.trainer import (EnvSection, ModelSection, RolloutSection, RunSection, TrainConfig,  # noqa: E402
-                                  train)
+from gymllm.algos.trainer import (EngineConfig, EnvSection, ModelSection, RolloutConfig, RunSection,  # noqa: E402
+                                  SamplingParams, TrainConfig, train)
 from gymllm.utils.host import describe_cpu, loadavg  # noqa: E402
 
 
@@ -83,8 +83,11 @@ def pipeline_config(run_dir: str, *, mode: str, steps: int, eta: int = 4, latenc
     return TrainConfig(
         model=ModelSection(name="tiny-qwen3", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2),
         env=EnvSection(id="gymllm/TinyRepeat-v0", kwargs=env_kw, num_envs=64),
-        rollout=RolloutSection(group_size=4, max_concurrency=64, eta=eta, max_tokens=8, max_turns=4, engine_slots=64,
-                               engine_max_len=256, decode_chunk=8, mode=mode),  # decode_chunk 8: a turn's 8 tokens per call
+        engine=EngineConfig(num_slots=64, max_len=256, min_bucket=64, idle_wait_s=0.002,
+                            decode_chunk=8),  # decode_chunk 8: a turn's 8 tokens per call
+        sampling=SamplingParams(max_tokens=8),
+        rollout=RolloutConfig(group_size=4, max_concurrency=64, max_staleness=eta, max_model_calls=4, queue_size=16,
+                              mode=mode),
         loss=C.async_agentic(),
         optimizer=OptimizerConfig(learning_rate=1e-3),
         learner=LearnerConfig(groups_per_step=8, micro_batch_size=8, num_steps=steps, max_len=256, min_bucket=64),
@@ -98,8 +101,9 @@ def tunix_config(run_dir: str, *, steps: int) -> TrainConfig:
         model=ModelSection(name="tiny-qwen3", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
                            num_heads=4, num_kv_heads=2),
         env=EnvSection(id="gymllm/TinyRepeat-v0", kwargs={"num_letters": 4}, num_envs=16),
-        rollout=RolloutSection(group_size=4, max_concurrency=16, eta=1, max_tokens=32, engine_slots=16,
-                               engine_max_len=128),
+        engine=EngineConfig(num_slots=16, max_len=128, min_bucket=64, idle_wait_s=0.002, decode_chunk=8),
+        sampling=SamplingParams(max_tokens=32),
+        rollout=RolloutConfig(group_size=4, max_concurrency=16, max_staleness=1, max_model_calls=1),
         loss=C.grpo(),
         optimizer=OptimizerConfig(learning_rate=1e-4),
         learner=LearnerConfig(groups_per_step=4, micro_batch_size=16, num_steps=steps, max_len=128, min_bucket=64,
@@ -186,7 +190,7 @@ def main() -> None:
         "total_s": time.perf_counter() - t0,
         "cpu": cpu, "loadavg": {"start": load0, "end": loadavg()},
     }
-    print(f"barrier-free ({bf_cfg.rollout.max_concurrency} in flight, eta {bf_cfg.rollout.eta}): "
+    print(f"barrier-free ({bf_cfg.rollout.max_concurrency} in flight, eta {bf_cfg.rollout.max_staleness}): "
           f"{barrier_free['wall_s']:.1f}s for {steps} steps, trainer idle "
           f"{barrier_free['trainer_idle_fraction']:.0%} (after step 1: {barrier_free['trainer_idle_fraction_steady']:.0%}, "
           f"fill {barrier_free['fill_wait_s']:.2f}s), staleness mean {barrier_free['staleness_mean']:.2f} max "

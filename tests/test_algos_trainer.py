@@ -12,8 +12,8 @@ import pytest
 from gymllm.algos import config as C
 from gymllm.algos.learner import LearnerConfig
 from gymllm.algos.optim import OptimizerConfig
-from gymllm.algos.trainer import (EnvSection, ModelSection, RolloutSection, RunSection, TrainConfig, preset,
-                                  train)
+from gymllm.algos.trainer import (EngineConfig, EnvSection, ModelSection, RolloutConfig, RunSection, SamplingParams,
+                                  TrainConfig, preset, train)
 from gymllm.errors import ConfigError
 
 NO_FILTER = dataclasses.replace(C.async_agentic(), shaping=C.ShapingConfig())
@@ -24,8 +24,9 @@ def small_config(run_dir, *, eta=0, mode="async", steps=3, **run_kw) -> TrainCon
     return TrainConfig(
         model=ModelSection(name="tiny-qwen3", vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1),
         env=EnvSection(id="gymllm/TinyRepeat-v0", kwargs={"num_letters": 2}, num_envs=8),
-        rollout=RolloutSection(group_size=4, max_concurrency=8, eta=eta, max_tokens=4, engine_slots=8,
-                               engine_max_len=64, prefix_reuse=False, mode=mode),
+        engine=EngineConfig(num_slots=8, max_len=64, min_bucket=64, prefix_reuse=False, decode_chunk=8),
+        sampling=SamplingParams(max_tokens=4),
+        rollout=RolloutConfig(group_size=4, max_concurrency=8, max_staleness=eta, max_model_calls=1, mode=mode),
         loss=NO_FILTER,
         optimizer=OptimizerConfig(learning_rate=1e-2),
         learner=LearnerConfig(groups_per_step=2, micro_batch_size=8, num_steps=steps, max_len=64, min_bucket=64,
@@ -85,12 +86,12 @@ def test_run_dir_has_every_artifact(tmp_path):
 
 
 def test_config_validation_names_fields():
-    with pytest.raises(ConfigError, match="engine_max_len"):
-        dataclasses.replace(preset("tiny"), rollout=RolloutSection(max_tokens=64, engine_max_len=64))
+    with pytest.raises(ConfigError, match=r"engine\.max_len.*--engine\.max-len"):
+        dataclasses.replace(preset("tiny"), sampling=SamplingParams(max_tokens=64))
     with pytest.raises(ConfigError, match="num_envs"):
         dataclasses.replace(preset("tiny"), env=EnvSection(num_envs=2))
     with pytest.raises(ConfigError, match="mode"):
-        RolloutSection(mode="lockstep")
+        RolloutConfig(mode="lockstep")
     with pytest.raises(ConfigError, match="name"):
         preset("huge")
     assert preset("tiny").with_loss("dapo").loss == C.dapo()
@@ -105,11 +106,11 @@ def test_default_preset_is_sized_for_a_cpu():
     from gymllm.algos.batching import buckets
 
     cfg = preset("default")
-    assert cfg.rollout.engine_compute_dtype == cfg.learner.compute_dtype == "auto"
+    assert cfg.engine.compute_dtype == cfg.learner.compute_dtype == "auto"
     table = buckets(cfg.learner.min_bucket, cfg.learner.max_len)
-    assert table[0] >= cfg.rollout.engine_max_len
-    assert cfg.learner.max_len >= cfg.rollout.engine_max_len + 64
-    assert cfg.rollout.max_turns >= 2 and cfg.model.name == "smollm2-135m-instruct"
+    assert table[0] >= cfg.engine.max_len
+    assert cfg.learner.max_len >= cfg.engine.max_len + 64
+    assert cfg.rollout.max_model_calls >= 2 and cfg.model.name == "smollm2-135m-instruct"
 
 
 def test_train_config_is_tyro_compatible():

@@ -13,15 +13,17 @@ from gymllm.algos import config as C
 from gymllm.algos.checkpoint import Checkpointer
 from gymllm.algos.learner import LearnerConfig, StreamingLearner
 from gymllm.algos.optim import OptimizerConfig
-from gymllm.algos.trainer import EnvSection, ModelSection, RolloutSection, RunSection, TrainConfig, train
+from gymllm.algos.trainer import (EngineConfig, EnvSection, ModelSection, RolloutConfig, RunSection, SamplingParams,
+                                  TrainConfig, train)
 
 
 def small_config(run_dir, *, steps=3, every=1) -> TrainConfig:
     return TrainConfig(
         model=ModelSection(name="tiny-qwen3", vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1),
         env=EnvSection(id="gymllm/TinyRepeat-v0", kwargs={"num_letters": 2}, num_envs=8),
-        rollout=RolloutSection(group_size=4, max_concurrency=8, eta=0, max_tokens=4, engine_slots=8,
-                               engine_max_len=64, prefix_reuse=False),
+        engine=EngineConfig(num_slots=8, max_len=64, min_bucket=64, prefix_reuse=False, decode_chunk=8),
+        sampling=SamplingParams(max_tokens=4),
+        rollout=RolloutConfig(group_size=4, max_concurrency=8, max_staleness=0, max_model_calls=1),
         loss=dataclasses.replace(C.async_agentic(), shaping=C.ShapingConfig()),
         optimizer=OptimizerConfig(learning_rate=1e-2),
         learner=LearnerConfig(groups_per_step=2, micro_batch_size=8, num_steps=steps, max_len=64, min_bucket=64,

@@ -26,7 +26,7 @@ import gymllm.ray_support  # noqa: F401  before ray: every node this file starts
 pytest.importorskip("ray", reason="the cluster tests need the optional package ray (pip install 'gymllm[ray]')")
 
 from gymllm.algos.learner import LearnerConfig  # noqa: E402
-from gymllm.algos.train_config import ClusterSection, EnvSection, RolloutSection, RunSection, TrainConfig, preset  # noqa: E402
+from gymllm.algos.train_config import ClusterSection, EnvSection, RolloutConfig, RunSection, TrainConfig, preset  # noqa: E402
 from gymllm.algos.trainer import train  # noqa: E402
 from gymllm.errors import ConfigError  # noqa: E402
 
@@ -113,7 +113,7 @@ def test_cluster_section_rejects_bad_input_with_a_fix():
         ClusterSection(backend="ray", env_resources={"sandbox": -1})
     with pytest.raises(ConfigError, match="env_workers"):
         dataclasses.replace(preset("tiny"), env=EnvSection(num_envs=8),
-                            rollout=RolloutSection(group_size=8), cluster=ClusterSection(backend="ray", env_workers=9))
+                            rollout=RolloutConfig(group_size=8), cluster=ClusterSection(backend="ray", env_workers=9))
 
 
 def test_embedded_run_never_imports_ray(tmp_path):

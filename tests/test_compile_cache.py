@@ -64,13 +64,15 @@ def store_every_program():
 
 def test_a_run_stores_its_programs_and_puts_the_setting_back(tmp_path, store_every_program):
     from gymllm.algos.learner import LearnerConfig
-    from gymllm.algos.trainer import EnvSection, ModelSection, RolloutSection, TrainConfig, train
+    from gymllm.algos.trainer import (EngineConfig, EnvSection, ModelSection, RolloutConfig, SamplingParams, TrainConfig,
+                                      train)
 
     before, cache = jax.config.jax_compilation_cache_dir, tmp_path / "xla"
     cfg = TrainConfig(
         model=ModelSection(name="tiny-qwen3", vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1),
         env=EnvSection(id="gymllm/TinyRepeat-v0", kwargs={"num_letters": 2}, num_envs=8),
-        rollout=RolloutSection(group_size=4, max_concurrency=8, max_tokens=4, engine_slots=8, engine_max_len=64),
+        engine=EngineConfig(num_slots=8, max_len=64, min_bucket=64, decode_chunk=8), sampling=SamplingParams(max_tokens=4),
+        rollout=RolloutConfig(group_size=4, max_concurrency=8, max_model_calls=1),
         learner=LearnerConfig(groups_per_step=2, micro_batch_size=8, num_steps=1, max_len=64, min_bucket=64),
         run=RunSection(run_dir=str(tmp_path / "run"), console=False, report=False, compile_cache=str(cache)))
     assert train(cfg).steps == 1

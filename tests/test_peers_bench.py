@@ -61,7 +61,7 @@ def test_gymllm_runner_config_is_built_from_the_spec(tmp_path):
     cfg = run_gymllm.train_config(spec, str(tmp_path / "run"))
     assert (cfg.model.num_layers, cfg.model.hidden_size, cfg.model.intermediate_size, cfg.model.num_heads,
             cfg.model.num_kv_heads, cfg.model.vocab_size) == (4, 128, 256, 8, 4, 512)
-    assert cfg.rollout.group_size == 8 and cfg.learner.groups_per_step == 8 and cfg.rollout.max_tokens == 64
+    assert cfg.rollout.group_size == 8 and cfg.learner.groups_per_step == 8 and cfg.sampling.max_tokens == 64
     assert cfg.loss.kl.beta == 0.04 and cfg.optimizer.learning_rate == 1e-4 and cfg.learner.num_steps == 3
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from gymllm.algos.run import AgentProgramError, LocalComponents
-from gymllm.algos.train_config import RolloutSection, RunSection, preset
+from gymllm.algos.train_config import RolloutConfig, RunSection, preset
 from gymllm.algos.trainer import train
 from gymllm.errors import ConfigError
 
@@ -135,11 +135,11 @@ def test_a_program_that_never_closes_a_session_fails_within_the_bound(tmp_path):
 
 def test_proxy_mode_needs_a_program():
     with pytest.raises(ConfigError, match="agent_program"):
-        RolloutSection(mode="proxy")
+        RolloutConfig(mode="proxy")
     with pytest.raises(ConfigError, match="agent_program"):
-        RolloutSection(mode="async", agent_program="python agent.py")
+        RolloutConfig(mode="async", agent_program="python agent.py")
     with pytest.raises(ConfigError, match="placeholders"):  # caught at config time, before any compile
-        RolloutSection(mode="proxy", agent_program="python agent.py --kwargs '{\"a\": 1}'")
+        RolloutConfig(mode="proxy", agent_program="python agent.py --kwargs '{\"a\": 1}'")
 
 
 @pytest.mark.slow  # another ~50 s of compile on 2 cores

@@ -11,7 +11,8 @@ import textwrap
 
 import pytest
 
-from gymllm.cli.recipes import EXAMPLES_DIR, apply_overrides, load_recipe, sft_config_for, sft_stage_from
+from gymllm.cli.recipes import (EXAMPLES_DIR, apply_overrides, load_recipe, recipe_tables, sft_config_for,
+                                sft_stage_from)
 from gymllm.errors import ConfigError
 
 RECIPES = sorted(p.stem for p in EXAMPLES_DIR.glob("*.toml"))
@@ -26,12 +27,13 @@ def _config(name: str, run_dir: pathlib.Path):
     cfg = trainer.preset(overrides.pop("preset", "default"))
     if "loss_preset" in overrides:
         cfg = cfg.with_loss(overrides.pop("loss_preset"))
-    cfg = apply_overrides(cfg, overrides)
+    cfg = recipe_tables(overrides, cfg)
     small = {
         "model": {"name": "tiny-qwen3"},
         "env": {"num_envs": 4},
-        "rollout": {"group_size": 2, "max_concurrency": 4, "engine_slots": 4, "max_tokens": 8,
-                    "max_turns": min(cfg.rollout.max_turns, 2)},
+        "engine": {"num_slots": 4},
+        "sampling": {"max_tokens": 8},
+        "rollout": {"group_size": 2, "max_concurrency": 4, "max_model_calls": min(cfg.rollout.max_model_calls, 2)},
         "learner": {"groups_per_step": 2, "num_steps": 2, "micro_batch_size": 4},
         "run": {"run_dir": str(run_dir), "console": False, "report": False, "checkpoint_every": 0},
         "eval": {"seeds": min(cfg.eval.seeds, 2)},  # a recipe's [eval] table runs, on 2 held-out seeds

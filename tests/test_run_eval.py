@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from gymllm.algos.run import LocalComponents, RolloutTally, Run, check_heldout_seeds, training_seed_bound
-from gymllm.algos.trainer import EvalSection, EnvSection, RolloutSection, effective, train
+from gymllm.algos.trainer import EngineConfig, EvalSection, EnvSection, RolloutConfig, SamplingParams, effective, train
 from gymllm.errors import ConfigError
 from gymllm.telemetry.report import read_metrics, write_report
 from gymllm.telemetry.sinks import parse_step_window, progress_line
@@ -186,8 +186,9 @@ def test_tool_call_figures_on_a_tool_env(tmp_path, agent):
     base = small_config(tmp_path / "run", eta=0, steps=2)
     cfg = dataclasses.replace(
         base, env=EnvSection(id="gymllm/ArithmeticTool-v0", kwargs={"digits": 1}, num_envs=8, agent=agent),
-        rollout=RolloutSection(group_size=4, max_concurrency=8, eta=0, max_tokens=48, max_turns=3, engine_slots=8,
-                               engine_max_len=1024, prefix_reuse=False),
+        engine=EngineConfig(num_slots=8, max_len=1024, min_bucket=64, prefix_reuse=False, decode_chunk=8),
+        sampling=SamplingParams(max_tokens=48),
+        rollout=RolloutConfig(group_size=4, max_concurrency=8, max_staleness=0, max_model_calls=3),
         learner=dataclasses.replace(base.learner, max_len=1024, min_bucket=512))
     run = run_directly(with_eval(cfg, every=1, seeds=2), ScriptedComponents())
     for h in run.history:  # one episode in four calls the calculator once, over every rollout

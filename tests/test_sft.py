@@ -231,12 +231,14 @@ def test_lora_sft_run_reads_back_merged(tmp_path):
 def small_train_config(run_dir):
     from gymllm.algos import config as C
     from gymllm.algos.learner import LearnerConfig
-    from gymllm.algos.train_config import EnvSection, RolloutSection, RunSection, TrainConfig
+    from gymllm.algos.train_config import (EngineConfig, EnvSection, RolloutConfig, RunSection, SamplingParams,
+                                           TrainConfig)
 
     return TrainConfig(
         model=MODEL, env=EnvSection(id="gymllm/TinyRepeat-v0", kwargs={"num_letters": 2}, num_envs=8),
-        rollout=RolloutSection(group_size=4, max_concurrency=8, eta=0, max_tokens=4, engine_slots=8,
-                               engine_max_len=64, prefix_reuse=False),
+        engine=EngineConfig(num_slots=8, max_len=64, min_bucket=64, prefix_reuse=False, decode_chunk=8),
+        sampling=SamplingParams(max_tokens=4),
+        rollout=RolloutConfig(group_size=4, max_concurrency=8, max_staleness=0, max_model_calls=1),
         loss=dataclasses.replace(C.async_agentic(), shaping=C.ShapingConfig()),
         optimizer=OptimizerConfig(learning_rate=1e-2),
         learner=LearnerConfig(groups_per_step=2, micro_batch_size=8, num_steps=2, max_len=64, min_bucket=64,

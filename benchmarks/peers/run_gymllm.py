@@ -27,7 +27,8 @@ def train_config(spec: dict, run_dir: str):
     from gymllm.algos import config as C
     from gymllm.algos.learner import LearnerConfig
     from gymllm.algos.optim import OptimizerConfig
-    from gymllm.algos.trainer import EnvSection, ModelSection, RolloutSection, RunSection, TrainConfig
+    from gymllm.algos.trainer import (EngineConfig, EnvSection, ModelSection, RolloutConfig, RunSection, SamplingParams,
+                                      TrainConfig)
 
     m, s, o, a = spec["model"], spec["sampling"], spec["optimizer"], spec["algo"]
     rows = spec["num_prompts"] * spec["group_size"]
@@ -40,9 +41,11 @@ def train_config(spec: dict, run_dir: str):
                            intermediate_size=m["intermediate_size"], num_layers=m["num_layers"],
                            num_heads=m["num_heads"], num_kv_heads=m["num_kv_heads"]),
         env=EnvSection(id="gymllm/TinyRepeat-v0", kwargs=dict(spec["task_kwargs"]), num_envs=rows),
-        rollout=RolloutSection(group_size=spec["group_size"], max_concurrency=rows, eta=1, max_tokens=s["max_new_tokens"],
-                               engine_slots=rows, engine_max_len=max_len, temperature=s["temperature"],
-                               prefix_reuse=False),  # the peers keep no prefix cache: the same prefill work
+        engine=EngineConfig(num_slots=rows, max_len=max_len, min_bucket=64, idle_wait_s=0.002, decode_chunk=8,
+                            prefix_reuse=False),  # the peers keep no prefix cache: the same prefill work
+        sampling=SamplingParams(temperature=s["temperature"], max_tokens=s["max_new_tokens"]),
+        rollout=RolloutConfig(group_size=spec["group_size"], max_concurrency=rows, max_staleness=1, max_model_calls=1,
+                              queue_size=max(8, 2 * spec["num_prompts"])),
         loss=loss,
         optimizer=OptimizerConfig(learning_rate=o["learning_rate"], weight_decay=o["weight_decay"],
                                   max_grad_norm=o["max_grad_norm"]),

@@ -79,13 +79,11 @@ def tiny_kwargs(m: ModelSection) -> dict[str, Any]:
 
 def replica_spec(cfg: TrainConfig, version: int = 0) -> Any:
     """The :class:`~gymllm.inference.replica.ReplicaSpec` of one engine replica: the run's model
-    (loaded on the replica's host), the rollout section's engine settings, starting at ``version``
+    (loaded on the replica's host) with the run's ``engine`` config, starting at ``version``
     (a resumed run pushes its weights right after)."""
-    from gymllm.algos.run import engine_config
     from gymllm.inference.replica import ReplicaSpec
 
-    kw: dict[str, Any] = {"config": engine_config(cfg), "decode_chunk": cfg.rollout.decode_chunk,
-                          "warmup": cfg.run.warmup, "version": int(version)}
+    kw: dict[str, Any] = {"config": cfg.engine, "warmup": cfg.run.warmup, "version": int(version)}
     if cfg.model.is_tiny:
         return ReplicaSpec.jax(tiny=tiny_kwargs(cfg.model), **kw)
     return ReplicaSpec.jax(cfg.model.name, **kw)

@@ -9,26 +9,9 @@ Presets: ``grpo`` (DeepSeekMath / Tunix-like), ``dapo``, ``dr_grpo``, ``gspo`` a
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable
 
 from gymllm.errors import ConfigError, explain
-
-
-def check_choice(cls: str, field: str, value: Any, allowed: Iterable[Any]) -> None:
-    allowed = list(allowed)
-    if value not in allowed:
-        raise ConfigError(
-            explain(f"{cls}.{field}", expected=f"one of {allowed}", received=value, fix=f"set {field} to one of {allowed}")
-        )
-
-
-def check_range(cls: str, field: str, value: float, *, lo: float | None = None, hi: float | None = None,
-                lo_open: bool = False) -> None:
-    bad = (lo is not None and (value <= lo if lo_open else value < lo)) or (hi is not None and value > hi)
-    if bad or value != value:
-        op = ">" if lo_open else ">="
-        exp = " and ".join(x for x in (f"{op} {lo}" if lo is not None else "", f"<= {hi}" if hi is not None else "") if x)
-        raise ConfigError(explain(f"{cls}.{field}", expected=f"a number {exp}", received=value, fix=f"choose {field} {exp}"))
+from gymllm.validation import check_choice, check_range  # noqa: F401 - re-exported for the config modules
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -7,7 +7,7 @@ import dataclasses
 
 import optax
 
-from gymllm.algos.config import check_choice, check_range
+from gymllm.validation import check_choice, check_range
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

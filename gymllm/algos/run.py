@@ -197,7 +197,7 @@ def _group_filter(cfg: TrainConfig, decided: dict[str, bool], filtered: set[str]
         r = group.rewards
         if sh.overlong_buffer:
             lengths = np.array([t.num_sampled for t in group.trajectories])
-            r = r + np.asarray(overlong_penalty(lengths, max_len=sh.overlong_max_len or cfg.rollout.max_tokens,
+            r = r + np.asarray(overlong_penalty(lengths, max_len=sh.overlong_max_len or cfg.sampling.max_tokens,
                                                 buffer=sh.overlong_buffer))
         ok = bool(nonzero_variance(r[None])[0])
         if ok:
@@ -262,16 +262,6 @@ class Components(Protocol):
     def close(self) -> None: ...
 
 
-def engine_config(cfg: TrainConfig) -> Any:
-    """The :class:`~gymllm.inference.EngineConfig` the rollout section describes (one per replica)."""
-    from gymllm.inference.config import EngineConfig
-
-    r = cfg.rollout
-    return EngineConfig(num_slots=r.engine_slots, max_len=r.engine_max_len, prefix_reuse=r.prefix_reuse,
-                        min_bucket=min(64, r.engine_max_len), seed=cfg.run.seed, idle_wait_s=0.002,
-                        compute_dtype=r.engine_compute_dtype)
-
-
 class LocalComponents:
     """Every part in this process: what ``train`` uses with ``cluster.backend="none"``."""
 
@@ -295,8 +285,7 @@ class LocalComponents:
     def make_engine(self, cfg: TrainConfig, lm: Any, version: int) -> Any:
         from gymllm.inference.jax_engine import JaxEngine
 
-        return JaxEngine(lm.model, lm.tokenizer, version=version, config=engine_config(cfg),
-                         decode_chunk=cfg.rollout.decode_chunk)
+        return JaxEngine(lm.model, lm.tokenizer, version=version, config=cfg.engine)
 
     def make_pusher(self, cfg: TrainConfig, engine: Any, lm: Any, learner: Any) -> Any:
         from gymllm.algos.weight_sync import WeightPusher
@@ -330,7 +319,7 @@ class AgentProgramError(GymLLMError, RuntimeError):
 
 
 class AgentPrograms:
-    """``processes`` copies of an agent program (a command line, see ``RolloutSection.agent_program``)
+    """``processes`` copies of an agent program (a command line, see ``RolloutConfig.agent_program``)
     as subprocesses of this one, each in its own process group, output to ``run_dir/agent_<i>.log``.
 
     ``start()``; ``await watch(source)`` until a program fails (the source is then closed, so the
@@ -484,8 +473,7 @@ class Run:
     def setup(self, components: Components | None = None) -> None:
         """Build the parts with ``components`` (default :class:`LocalComponents`), restore the latest
         checkpoint if ``run.resume``, and open the run directory's logs."""
-        from gymllm.inference.params import SamplingParams
-        from gymllm.rollout import ModelAgent, RolloutConfig, ToolAgent
+        from gymllm.rollout import ModelAgent, ToolAgent
         from gymllm.telemetry.sinks import MetricsLogger, parse_step_window
 
         cfg = self.cfg
@@ -516,12 +504,7 @@ class Run:
         self.envs = parts.make_envs(cfg) if cfg.rollout.mode != "proxy" else None  # proxy: the program plays
         agent_cls = ToolAgent if cfg.env.agent == "tool" else ModelAgent
         self.agent = agent_cls(tok, system_prompt=cfg.env.system_prompt or None)
-        self.sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                       max_tokens=cfg.rollout.max_tokens)
-        self.rcfg = RolloutConfig(group_size=cfg.rollout.group_size, max_concurrency=cfg.rollout.max_concurrency,
-                                  max_staleness=cfg.rollout.eta, groups_per_step=cfg.learner.groups_per_step,
-                                  queue_size=max(8, 2 * cfg.learner.groups_per_step), seed=cfg.run.seed,
-                                  max_model_calls=cfg.rollout.max_turns, group_timeout_s=cfg.rollout.group_timeout_s)
+        self.sampling, self.rcfg = cfg.sampling, cfg.rollout
         if cfg.run.resume:  # a killed run's records past the restored checkpoint are a lost lineage: set aside
             from gymllm.telemetry.run_log import rewind_jsonl
 
@@ -545,7 +528,7 @@ class Run:
                  [(i, dict(cfg.env.kwargs), self.agent) if i == cfg.env.id else (i, {}, agent_for(i, self.tok))
                   for i in e.envs])
         config = EvalConfig(num_seeds=e.seeds, k=1, seed_base=e.seed_base, temperature=e.temperature,
-                            max_tokens=e.max_tokens or cfg.rollout.max_tokens, max_turns=cfg.rollout.max_turns,
+                            max_tokens=e.max_tokens or cfg.sampling.max_tokens, max_turns=cfg.rollout.max_model_calls,
                             max_concurrency=cfg.rollout.max_concurrency)
         return HeldOutEvaluator(specs, config=config, num_envs=cfg.env.num_envs)
 
@@ -708,7 +691,7 @@ class Run:
 
         cfg = self.cfg
         self.orch = source = ProxyGroupSource(ProxySourceConfig(
-            group_size=cfg.rollout.group_size, max_queued_groups=self.rcfg.queue_size, max_staleness=cfg.rollout.eta))
+            group_size=cfg.rollout.group_size, max_queued_groups=self.rcfg.queue_size, max_staleness=cfg.rollout.max_staleness))
         keep = _group_filter(cfg, self.decided, self.filtered, self.tally)
         recorder = SessionRecorder(self.tok, on_closed=source.add)
         app = build_app(self.gen_engine, self.tok, "policy", recorder=recorder, admission=source.wait_for_room)

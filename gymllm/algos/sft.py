@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from gymllm.algos.config import check_range
+from gymllm.validation import check_range
 from gymllm.algos.lora import LoRAConfig
 from gymllm.algos.optim import OptimizerConfig
 from gymllm.algos.sharding import ShardingConfig
@@ -79,21 +79,21 @@ class SFTConfig:
     end); resume: continue from run_dir's latest checkpoint; seed: the data order; console: live line;
     compile_cache: where compiled programs are kept for the next run (as ``RunSection.compile_cache``)."""
 
-    data: str = ""
-    from_run: str = ""
-    min_reward: float = 1.0
-    model: ModelSection = dataclasses.field(default_factory=ModelSection)
+    data: str = ""  # chat JSONL: one {"messages": [...], "tools": [...]} object a line (e.g. from `gymllm demos`)
+    from_run: str = ""  # train on this run directory's logged trajectories instead (token-exact)
+    min_reward: float = 1.0  # with from_run: keep trajectories with reward >= this
+    model: ModelSection = dataclasses.field(default_factory=lambda: ModelSection(name="smollm2-135m-instruct"))
     optimizer: OptimizerConfig = dataclasses.field(default_factory=lambda: OptimizerConfig(learning_rate=2e-5))
     lora: LoRAConfig = dataclasses.field(default_factory=LoRAConfig)
     sharding: ShardingConfig = dataclasses.field(default_factory=ShardingConfig)
     sft: SFTSection = dataclasses.field(default_factory=SFTSection)
-    run_dir: str = "runs/sft"
-    checkpoint_every: int = 0
-    keep_checkpoints: int = 2
-    resume: bool = True
-    seed: int = 0
-    console: bool = True
-    compile_cache: str = "auto"
+    run_dir: str = "runs/sft"  # the output run directory
+    checkpoint_every: int = 0  # steps between checkpoints (0: only at the end)
+    keep_checkpoints: int = 2  # checkpoints kept (the newest)
+    resume: bool = True  # continue from the run directory's latest checkpoint
+    seed: int = 0  # the data order's seed
+    console: bool = True  # live progress line
+    compile_cache: str = "auto"  # compiled programs kept for the next run: auto, off or a directory
 
     def __post_init__(self) -> None:
         from gymllm.utils.compile_cache import check_setting

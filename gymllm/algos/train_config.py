@@ -1,29 +1,42 @@
-"""The trainer's configuration: one frozen, keyword-only section per part of a run, the whole
-:class:`TrainConfig`, and the named presets (``preset("tiny")``, ``preset("default")``).
+"""The trainer's configuration: the whole :class:`TrainConfig`, composed of the components' own frozen,
+keyword-only configs (``engine``: :class:`~gymllm.inference.EngineConfig`, ``sampling``:
+:class:`~gymllm.inference.SamplingParams`, ``rollout``: :class:`~gymllm.rollout.RolloutConfig`,
+``learner``: :class:`~gymllm.algos.learner.LearnerConfig`, ``loss``, ``optimizer``, ``lora``,
+``sharding``) and the run's own sections (model, env, run, cluster, eval), plus the named presets
+(``preset("tiny")``, ``preset("default")``).
 
     from gymllm.algos.train_config import preset, ClusterSection
     cfg = dataclasses.replace(preset("tiny"), cluster=ClusterSection(backend="ray", engine_replicas=2))
 
-Every field is a ``gymllm train`` flag (``--section.field``; tyro builds them from these dataclasses).
-:func:`effective` fills the settings one section implies for another (the learner's temperature is
-the sampler's, ...); :func:`gymllm.algos.trainer.train` applies it.
+Each section goes to its component as it is: no setting is hidden in a mapping. Every field is a
+``gymllm train`` flag (``--section.field``; tyro builds them from these dataclasses) and a recipe key.
+A few fields are the same setting seen by two components (:data:`TIES`, e.g. the learner scores tokens
+at the sampler's temperature): ``TrainConfig`` sets them from their source on creation.
+:func:`effective` fills the defaults one section implies for another (the learner's staleness bound is
+the rollout's, ...); :func:`gymllm.algos.trainer.train` applies it. :func:`from_tables` builds a
+config from nested tables (a recipe, a run's ``config.json``, spellings of older versions included).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
-from gymllm.algos.config import LossConfig, async_agentic, check_choice, check_range, loss_preset
+from gymllm.algos.config import LossConfig, async_agentic, loss_preset
 from gymllm.algos.learner import LearnerConfig
 from gymllm.algos.lora import LoRAConfig
 from gymllm.algos.optim import OptimizerConfig
 from gymllm.algos.sharding import ShardingConfig
 from gymllm.errors import ConfigError, explain
+from gymllm.inference.config import EngineConfig
+from gymllm.inference.params import SamplingParams
+from gymllm.rollout.config import RolloutConfig
+from gymllm.validation import apply_overrides, check_choice, check_range, require
 
-__all__ = ["ModelSection", "EnvSection", "RolloutSection", "RunSection", "EvalSection", "ClusterSection", "TrainConfig",
-           "PRESETS", "preset", "effective"]
+__all__ = ["ModelSection", "EnvSection", "RunSection", "EvalSection", "ClusterSection", "TrainConfig", "EngineConfig",
+           "SamplingParams", "RolloutConfig", "PRESETS", "preset", "effective", "TIES", "LEGACY_KEYS", "from_tables",
+           "legacy_tables"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -70,72 +83,6 @@ class EnvSection:
         if not isinstance(self.kwargs, dict):
             raise ConfigError(explain("env.kwargs", expected="a dict of constructor arguments", received=self.kwargs,
                                       fix="e.g. kwargs={'num_letters': 4}"))
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RolloutSection:
-    """group_size G; max_concurrency trajectories in flight; eta: staleness bound in policy versions
-    (0 = synchronous; None = unbounded); sampling temperature / top_p / max_tokens per model call;
-    max_turns: model calls per trajectory; engine_slots / engine_max_len: the engine's batch rows and
-    context; prefix_reuse: the engine reuses cached prompt prefixes; decode_chunk: decode steps per
-    engine device call while no request waits to join (1: token by token; same tokens either way);
-    group_timeout_s: fail stuck groups;
-    mode: async (barrier-free streaming) | sync (the baseline: roll out a whole step, then train) |
-    proxy (an agent program that speaks the OpenAI API plays the episodes: the run serves its engine
-    in training mode on 127.0.0.1 and trains on the recorded sessions, see :mod:`gymllm.inference.proxy`);
-    agent_program: proxy mode's command line, formatted with {base_url} (``http://127.0.0.1:PORT/v1``),
-    {python} (this interpreter), {model} (the served name), {group_size}, {seed} (run.seed + 1000000 *
-    process index) and {api_key}; it also gets OPENAI_BASE_URL / OPENAI_API_KEY; agent_processes:
-    copies of it; agent_start_timeout_s: the run fails if no session closes within this bound;
-    engine_compute_dtype: the engine's compute dtype (None: the model's; "bfloat16": bf16 weights,
-    f32 accumulation: faster batched decode on CPUs with AMX and on accelerators; "auto": bfloat16 where
-    bf16 matmuls are native, else float32, chosen on the engine's host)."""
-
-    group_size: int = 8
-    max_concurrency: int = 32
-    eta: int | None = 2
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_tokens: int = 8
-    max_turns: int = 1
-    engine_slots: int = 32
-    engine_max_len: int = 64
-    prefix_reuse: bool = True
-    decode_chunk: int = 8
-    group_timeout_s: float | None = None
-    mode: str = "async"
-    engine_compute_dtype: str | None = None
-    agent_program: str = ""
-    agent_processes: int = 1
-    agent_start_timeout_s: float = 300.0
-
-    def __post_init__(self) -> None:
-        check_choice("RolloutSection", "mode", self.mode, ("async", "sync", "proxy"))
-        check_range("RolloutSection", "agent_processes", self.agent_processes, lo=1)
-        check_range("RolloutSection", "agent_start_timeout_s", self.agent_start_timeout_s, lo=0.0, lo_open=True)
-        if (self.mode == "proxy") != bool(self.agent_program.strip()):
-            raise ConfigError(explain("rollout.agent_program", expected="a command line with rollout.mode='proxy' "
-                                      "(and none otherwise)", received={"mode": self.mode, "agent_program":
-                                      self.agent_program}, fix="e.g. agent_program='{python} examples/openai_agent.py "
-                                      "--base-url {base_url} --problems 0' with mode='proxy'"))
-        if self.mode == "proxy":  # its {placeholders} are checked now, not after the model has compiled
-            import shlex
-
-            try:
-                shlex.split(self.agent_program.format(base_url="u", python="p", model="m", group_size=1, seed=0,
-                                                      api_key="k"))
-            except (KeyError, IndexError, ValueError) as e:
-                raise ConfigError(explain("rollout.agent_program", expected="a command line whose {placeholders} are "
-                                          "base_url, python, model, group_size, seed, api_key", received=
-                                          self.agent_program, fix=f"fix it ({type(e).__name__}: {e}); write literal "
-                                          "braces as {{ }}")) from e
-        for f in ("group_size", "max_concurrency", "max_tokens", "max_turns", "engine_slots", "engine_max_len",
-                  "decode_chunk"):
-            check_range("RolloutSection", f, getattr(self, f), lo=1)
-        if self.eta is not None:
-            check_range("RolloutSection", "eta", self.eta, lo=0)
-        check_range("RolloutSection", "temperature", self.temperature, lo=0.0, lo_open=True)
-        check_range("RolloutSection", "top_p", self.top_p, lo=0.0, hi=1.0, lo_open=True)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -263,13 +210,49 @@ class ClusterSection:
         return self.backend != "none"
 
 
+#: settings two components see: ``{"section.field": "source_section.field"}``; ``TrainConfig`` sets each
+#: from its source (giving one on the command line or in a recipe is an error that names the source)
+TIES = {
+    "rollout.groups_per_step": "learner.groups_per_step",  # groups a step takes = groups the orchestrator plans for
+    "rollout.seed": "run.seed",                             # group k's env seed is run.seed + k
+    "engine.seed": "run.seed",                              # the engine's own per-request keys
+    "learner.temperature": "sampling.temperature",          # logprobs of the tempered distribution sampled
+}
+
+#: keys of older versions (recipes, ``config.json``, flags) -> today's (the ``rollout`` section of
+#: gymllm <= 0.x mixed the engine's and the sampler's settings into the orchestrator's)
+LEGACY_KEYS = {
+    "rollout.eta": "rollout.max_staleness",
+    "rollout.max_turns": "rollout.max_model_calls",
+    "rollout.temperature": "sampling.temperature",
+    "rollout.top_p": "sampling.top_p",
+    "rollout.max_tokens": "sampling.max_tokens",
+    "rollout.engine_slots": "engine.num_slots",
+    "rollout.engine_max_len": "engine.max_len",
+    "rollout.prefix_reuse": "engine.prefix_reuse",
+    "rollout.decode_chunk": "engine.decode_chunk",
+    "rollout.engine_compute_dtype": "engine.compute_dtype",
+}
+
+
+def _get(cfg: Any, path: str) -> Any:
+    for part in path.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    """A whole run: model, env, rollout, loss, optimizer, learner, LoRA, sharding, run, cluster, eval."""
+    """A whole run: model, env, engine, sampling, rollout, loss, optimizer, learner, LoRA, sharding, run,
+    cluster, eval. The fields of :data:`TIES` are set from their sources on creation."""
 
     model: ModelSection = dataclasses.field(default_factory=ModelSection)
     env: EnvSection = dataclasses.field(default_factory=EnvSection)
-    rollout: RolloutSection = dataclasses.field(default_factory=RolloutSection)
+    engine: EngineConfig = dataclasses.field(default_factory=lambda: EngineConfig(
+        num_slots=32, max_len=64, min_bucket=64, idle_wait_s=0.002, decode_chunk=8))
+    sampling: SamplingParams = dataclasses.field(default_factory=lambda: SamplingParams(max_tokens=8))
+    rollout: RolloutConfig = dataclasses.field(default_factory=lambda: RolloutConfig(
+        group_size=8, max_concurrency=32, max_staleness=2, max_model_calls=1))
     loss: LossConfig = dataclasses.field(default_factory=async_agentic)
     optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
     learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)
@@ -280,16 +263,27 @@ class TrainConfig:
     eval: EvalSection = dataclasses.field(default_factory=EvalSection)
 
     def __post_init__(self) -> None:
-        need = self.rollout.max_tokens * self.rollout.max_turns
-        if need >= self.rollout.engine_max_len:
-            raise ConfigError(explain("rollout.engine_max_len", expected=f"> max_tokens * max_turns ({need}) plus the prompt",
-                                      received=self.rollout.engine_max_len, fix="raise engine_max_len or lower max_tokens"))
-        if self.env.num_envs < self.rollout.group_size:
-            raise ConfigError(explain("env.num_envs", expected=f">= rollout.group_size ({self.rollout.group_size})",
-                                      received=self.env.num_envs, fix="give every member of a group its own env"))
-        if self.cluster.env_workers > self.env.num_envs:
-            raise ConfigError(explain("cluster.env_workers", expected=f"<= env.num_envs ({self.env.num_envs})",
-                                      received=self.cluster.env_workers, fix="give every env worker at least one env"))
+        for name, kind in _SECTIONS.items():
+            require(isinstance(getattr(self, name), kind), f"TrainConfig.{name}", expected=f"a {kind.__name__}",
+                    received=getattr(self, name), fix=f"pass {name}={kind.__name__}(...)")
+        for tied, source in TIES.items():
+            section, field = tied.split(".")
+            value = _get(self, source)
+            if getattr(getattr(self, section), field) != value:
+                object.__setattr__(self, section, dataclasses.replace(getattr(self, section), **{field: value}))
+        s, r, e = self.sampling, self.rollout, self.engine
+        need = s.max_tokens * r.max_model_calls
+        require(need < e.max_len, "engine.max_len", expected=f"> sampling.max_tokens * rollout.max_model_calls ({need}) "
+                "plus the prompt", received=e.max_len, fix="raise --engine.max-len or lower --sampling.max-tokens")
+        require(s.temperature > 0, "sampling.temperature", expected="> 0 (the learner scores the sampled tokens "
+                "at this temperature; greedy decoding cannot be trained on)", received=s.temperature,
+                fix="use e.g. --sampling.temperature 1.0 (held-out evaluation is greedy: --eval.temperature)")
+        require(s.n == 1, "sampling.n", expected="1 (a group's samples are its rollout.group_size trajectories)",
+                received=s.n, fix="set --rollout.group-size instead")
+        require(self.env.num_envs >= r.group_size, "env.num_envs", expected=f">= rollout.group_size ({r.group_size})",
+                received=self.env.num_envs, fix="give every member of a group its own env: raise --env.num-envs")
+        require(self.cluster.env_workers <= self.env.num_envs, "cluster.env_workers", expected=f"<= env.num_envs "
+                f"({self.env.num_envs})", received=self.cluster.env_workers, fix="give every env worker at least one env")
 
     def with_loss(self, name: str) -> "TrainConfig":
         """This config with the loss preset ``name`` (grpo, dapo, dr_grpo, gspo, async_agentic)."""
@@ -299,13 +293,42 @@ class TrainConfig:
         return json.dumps(dataclasses.asdict(self), indent=2, default=str)
 
 
+_SECTIONS = {"model": ModelSection, "env": EnvSection, "engine": EngineConfig, "sampling": SamplingParams,
+             "rollout": RolloutConfig, "loss": LossConfig, "optimizer": OptimizerConfig, "learner": LearnerConfig,
+             "lora": LoRAConfig, "sharding": ShardingConfig, "run": RunSection, "cluster": ClusterSection,
+             "eval": EvalSection}
+
+
+def legacy_tables(tables: Mapping[str, Any]) -> dict[str, Any]:
+    """``tables`` (nested, as a recipe or ``config.json`` holds them) with the keys of
+    :data:`LEGACY_KEYS` moved to today's places (a key given both ways keeps today's)."""
+    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in tables.items()}
+    for old, new in LEGACY_KEYS.items():
+        (osec, okey), (nsec, nkey) = old.split("."), new.split(".")
+        table = out.get(osec)
+        for spelling in (okey, okey.replace("_", "-")):
+            if isinstance(table, dict) and spelling in table:
+                value = table.pop(spelling)
+                target = out.setdefault(nsec, {})
+                if isinstance(target, dict):
+                    target.setdefault(nkey, value)
+    return out
+
+
+def from_tables(tables: Mapping[str, Any], base: TrainConfig | None = None, *, where: str = "") -> TrainConfig:
+    """``base`` (default ``TrainConfig()``) with ``tables`` applied field by field (older keys
+    translated by :func:`legacy_tables`): a recipe's sections, or a run's whole ``config.json``."""
+    return apply_overrides(base if base is not None else TrainConfig(), legacy_tables(tables), where=where)
+
+
 def _tiny() -> TrainConfig:
     """Tiny qwen3-like model (2 layers, d 64) on TinyRepeat-v0 (2 letters), G 8, 4 groups per step."""
     return TrainConfig(
         model=ModelSection(name="tiny-qwen3", hidden_size=64, num_layers=2),
         env=EnvSection(id="gymllm/TinyRepeat-v0", kwargs={"num_letters": 2}, num_envs=32),
-        rollout=RolloutSection(group_size=8, max_concurrency=32, eta=1, temperature=1.0, max_tokens=6,
-                               engine_slots=32, engine_max_len=64),
+        engine=EngineConfig(num_slots=32, max_len=64, min_bucket=64, idle_wait_s=0.002, decode_chunk=8),
+        sampling=SamplingParams(temperature=1.0, max_tokens=6),
+        rollout=RolloutConfig(group_size=8, max_concurrency=32, max_staleness=1, max_model_calls=1),
         optimizer=OptimizerConfig(learning_rate=1e-2, max_grad_norm=1.0),
         learner=LearnerConfig(groups_per_step=4, micro_batch_size=32, num_steps=30, max_len=64, min_bucket=32,
                               fast_compile=True),
@@ -329,8 +352,10 @@ def _default() -> TrainConfig:
     return TrainConfig(
         model=ModelSection(name="smollm2-135m-instruct"),
         env=EnvSection(id="gymllm/ArithmeticTool-v0", kwargs={"digits": 1}, num_envs=12),
-        rollout=RolloutSection(group_size=6, max_concurrency=12, eta=2, temperature=0.8, max_tokens=24,
-                               max_turns=2, engine_slots=12, engine_max_len=160, engine_compute_dtype="auto"),
+        engine=EngineConfig(num_slots=12, max_len=160, min_bucket=64, idle_wait_s=0.002, decode_chunk=8,
+                            compute_dtype="auto"),
+        sampling=SamplingParams(temperature=0.8, max_tokens=24),
+        rollout=RolloutConfig(group_size=6, max_concurrency=12, max_staleness=2, max_model_calls=2),
         optimizer=OptimizerConfig(learning_rate=1e-5, warmup_steps=2),
         learner=LearnerConfig(groups_per_step=2, micro_batch_size=6, num_steps=12, max_len=256, min_bucket=160,
                               compute_dtype="auto"),
@@ -348,18 +373,16 @@ def preset(name: str) -> TrainConfig:
 
 
 def effective(cfg: TrainConfig) -> TrainConfig:
-    """Settings one section implies for another: the learner's temperature is the sampler's, its
-    staleness bound is eta, and the response budget (Dr. GRPO's L_max, the overlong shaping budget)
-    defaults to max_tokens * max_turns. A trajectory never outgrows the engine's context, so the
-    learner's longest bucket is at least ``rollout.engine_max_len``."""
-    learner = dataclasses.replace(cfg.learner, temperature=cfg.rollout.temperature,
-                                  max_len=max(cfg.learner.max_len, cfg.rollout.engine_max_len),
-                                  max_response_len=cfg.learner.max_response_len
-                                  or cfg.rollout.max_tokens * cfg.rollout.max_turns,
+    """Defaults one section implies for another: the learner's staleness bound (None) is the rollout's
+    ``max_staleness``, and the response budget (Dr. GRPO's L_max, the overlong shaping budget; 0) is
+    ``sampling.max_tokens * rollout.max_model_calls``. A trajectory never outgrows the engine's context,
+    so the learner's longest bucket is at least ``engine.max_len``."""
+    budget = cfg.sampling.max_tokens * cfg.rollout.max_model_calls
+    learner = dataclasses.replace(cfg.learner, max_len=max(cfg.learner.max_len, cfg.engine.max_len),
+                                  max_response_len=cfg.learner.max_response_len or budget,
                                   max_staleness=cfg.learner.max_staleness if cfg.learner.max_staleness is not None
-                                  else cfg.rollout.eta)
+                                  else cfg.rollout.max_staleness)
     loss = cfg.loss
     if loss.shaping.overlong_buffer and not loss.shaping.overlong_max_len:
-        loss = dataclasses.replace(loss, shaping=dataclasses.replace(
-            loss.shaping, overlong_max_len=cfg.rollout.max_tokens * cfg.rollout.max_turns))
+        loss = dataclasses.replace(loss, shaping=dataclasses.replace(loss.shaping, overlong_max_len=budget))
     return dataclasses.replace(cfg, learner=learner, loss=loss)

@@ -44,11 +44,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from gymllm.algos.run import Components, LocalComponents, Run, load_model
-from gymllm.algos.train_config import (PRESETS, ClusterSection, EnvSection, EvalSection, ModelSection, RolloutSection,
-                                       RunSection, TrainConfig, effective, preset)
+from gymllm.algos.train_config import (PRESETS, ClusterSection, EngineConfig, EnvSection, EvalSection, ModelSection,
+                                       RolloutConfig, RunSection, SamplingParams, TrainConfig, effective, preset)
 
-__all__ = ["train", "TrainResult", "TrainConfig", "ModelSection", "EnvSection", "RolloutSection", "RunSection",
-           "EvalSection", "ClusterSection", "PRESETS", "preset", "load_model", "Run"]
+__all__ = ["train", "TrainResult", "TrainConfig", "ModelSection", "EnvSection", "EngineConfig", "SamplingParams",
+           "RolloutConfig", "RunSection", "EvalSection", "ClusterSection", "PRESETS", "preset", "load_model", "Run"]
 
 
 @dataclasses.dataclass

@@ -29,8 +29,9 @@ HELP_FLAGS = ("-h", "--help")
 
 def train_arguments(default: object) -> type:
     """The ``gymllm train`` command line as one frozen dataclass for tyro: the recipe (positional),
-    ``--preset``, ``--loss-preset``, ``--run-dir``, and every field of the training config (``default``,
-    a ``TrainConfig``) as ``--section.field`` flags without a prefix. Presets are ``Literal`` choices."""
+    ``--preset``, ``--loss-preset``, ``--run-dir``, ``--env-kwargs``, and the training config itself
+    (``default``, a ``TrainConfig``, whose fields are the ``--section.field`` flags, without a prefix).
+    Presets are ``Literal`` choices."""
     import dataclasses
     from typing import Literal, Optional
 
@@ -42,7 +43,8 @@ def train_arguments(default: object) -> type:
 
     fields = [  # real type objects (this module's annotations are strings: a class body here could not resolve them)
         ("recipe", Annotated[Optional[str], tyro.conf.Positional, tyro.conf.arg(
-            metavar="RECIPE", help="a TOML recipe: a path, or the name of a shipped one (e.g. calc_math)")], None),
+            metavar="RECIPE", help="a TOML recipe (a path, or the name of a shipped one, e.g. calc_math) or a run's "
+                                   "config.json; the first argument")], None),
         ("preset", Annotated[preset_t, tyro.conf.arg(help="start from this preset (default: the recipe's, else "
                                                           "'default')")], None),
         ("loss_preset", Annotated[loss_t, tyro.conf.arg(help="the loss preset (default: the recipe's, else the "
@@ -59,27 +61,67 @@ def train_arguments(default: object) -> type:
     return TrainArguments
 
 
-def unchecked_mirror(default: object) -> object:
-    """An instance of a generated copy of ``default``'s dataclass type (recursively: same field names,
-    types and values) without its ``__post_init__`` checks. The first parse of ``gymllm train`` reads
-    the recipe and presets with it: a config check there could fail on defaults the recipe replaces."""
-    import dataclasses
-    import typing
+#: the arguments of ``gymllm train`` that choose the config the ``--section.field`` flags apply to
+LEADING = ("preset", "loss_preset", "run_dir", "env_kwargs")
 
-    cls = type(default)
-    hints = typing.get_type_hints(cls, include_extras=True)
-    fields, values = [], {}
-    for f in dataclasses.fields(cls):
-        value = getattr(default, f.name)
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            value = unchecked_mirror(value)
-            fields.append((f.name, type(value), dataclasses.field(default_factory=lambda v=value: v)))
-        else:
-            fields.append((f.name, hints[f.name], dataclasses.field(default_factory=lambda v=value: v)))
-        values[f.name] = value
-    mirror = dataclasses.make_dataclass(cls.__name__, fields, frozen=True, kw_only=True)
-    mirror.__doc__ = cls.__doc__
-    return mirror(**values)
+
+def leading_arguments(args: Sequence[str]) -> dict[str, str | None]:
+    """The recipe and the values of :data:`LEADING` (``--name VALUE`` or ``--name=VALUE``, dashes or
+    underscores) in ``args``: what the config that the other flags apply to is built from. The recipe is
+    the first argument when it is not a flag, else the first later argument that names a recipe file
+    or a shipped recipe (tyro's parse confirms it, see :func:`parse_train_plan`). A flag without its
+    value is left to tyro's usage error."""
+    from gymllm.cli.recipes import find_recipe
+    from gymllm.errors import ConfigError
+
+    found: dict[str, str | None] = dict.fromkeys(("recipe", *LEADING))
+    taken = set()
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        key = name[2:].replace("-", "_") if name.startswith("--") else ""
+        if key in LEADING:
+            has_next = not eq and i + 1 < len(args) and not args[i + 1].startswith("--")
+            found[key] = value if eq else (args[i + 1] if has_next else None)
+            taken.add(i + 1 if has_next else -1)
+    for i, arg in enumerate(args):
+        if arg.startswith("-") or i in taken:
+            continue
+        if i == 0:
+            found["recipe"] = arg
+            break
+        try:
+            find_recipe(arg)
+        except ConfigError:
+            continue
+        found["recipe"] = arg
+        break
+    return found
+
+
+def legacy_flags(args: Sequence[str]) -> list[str]:
+    """``args`` with the flag spellings of older versions (:data:`~gymllm.algos.train_config.LEGACY_KEYS`,
+    e.g. ``--rollout.max-tokens``, ``--rollout.no-prefix-reuse``) rewritten to today's; a flag of a
+    setting that is set from another (:data:`~gymllm.algos.train_config.TIES`) is a ``ConfigError``
+    naming the flag to give instead."""
+    from gymllm.algos.train_config import LEGACY_KEYS, TIES
+    from gymllm.errors import ConfigError, explain
+
+    out = []
+    for arg in args:
+        name, eq, value = arg.partition("=")
+        if name.startswith("--") and "." in name:
+            section, _, field = name[2:].replace("-", "_").partition(".")
+            negated = field.startswith("no_") and f"{section}.{field[3:]}" in LEGACY_KEYS
+            key = f"{section}.{field[3:] if negated else field}"
+            if key in TIES:
+                source = "--" + TIES[key].replace("_", "-")
+                raise ConfigError(explain(name, expected=f"no value: it is set from {source} (the same setting, seen "
+                                          "by another component)", received=arg, fix=f"give {source} instead"))
+            if key in LEGACY_KEYS:
+                new_section, new_field = LEGACY_KEYS[key].split(".")
+                name = f"--{new_section}.{'no-' if negated else ''}{new_field.replace('_', '-')}"
+        out.append(name + eq + value)
+    return out
 
 
 def train_config_from(recipe: str | None, preset: str | None, loss_preset: str | None, run_dir: str | None,
@@ -87,23 +129,19 @@ def train_config_from(recipe: str | None, preset: str | None, loss_preset: str |
     """The config a recipe, a preset, a loss preset and a run directory give, before the ``--section.field``
     flags: the preset (``preset``, else the recipe's, else ``default``), then the loss preset, then the
     recipe's tables, then ``run_dir``, then ``env_kwargs`` (a JSON object replacing ``env.kwargs``)."""
+    import dataclasses
+
     from gymllm.algos import trainer as trainer_mod
-    from gymllm.cli.recipes import apply_overrides, load_recipe
+    from gymllm.cli.recipes import load_recipe, recipe_tables
 
     overrides = load_recipe(recipe) if recipe else {}
-    recipe_preset = overrides.pop("preset", None)
-    overrides.pop("description", None)
-    overrides.pop("sft", None)  # the SFT stage's table (recipe_sft_stage), not a TrainConfig section
-    recipe_loss = overrides.pop("loss_preset", None)
-    cfg = trainer_mod.preset(preset or recipe_preset or "default")
-    if loss_preset or recipe_loss:
-        cfg = cfg.with_loss(loss_preset or recipe_loss)  # grpo | dapo | dr_grpo | gspo | async_agentic
-    cfg = apply_overrides(cfg, overrides)
+    cfg = trainer_mod.preset(preset or overrides.get("preset") or "default")
+    if loss_preset or overrides.get("loss_preset"):
+        cfg = cfg.with_loss(loss_preset or overrides["loss_preset"])  # grpo | dapo | dr_grpo | gspo | async_agentic
+    cfg = recipe_tables(overrides, cfg, where=f"recipe {recipe}" if recipe else "")
     if run_dir is not None:
-        cfg = apply_overrides(cfg, {"run": {"run_dir": run_dir}})
+        cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, run_dir=run_dir))
     if env_kwargs is not None:
-        import dataclasses
-
         try:
             kwargs = json.loads(env_kwargs)
         except json.JSONDecodeError as e:
@@ -128,24 +166,34 @@ def recipe_sft_stage(recipe: str | None) -> object:
 def parse_train_plan(args: Sequence[str]) -> tuple[object, object]:
     """``(TrainConfig, SFTStage or None)`` of a ``gymllm train`` argv: :func:`parse_train_args`' config and
     the recipe's ``[sft]`` stage (see :func:`run_stages`)."""
-    from gymllm.algos import trainer as trainer_mod
+    from gymllm.errors import ConfigError, explain
 
-    args = list(args)
-    first = tyro.cli(train_arguments(unchecked_mirror(trainer_mod.preset("default"))), prog=TRAIN_PROG,
-                     description=train.__doc__, args=[a for a in args if a not in HELP_FLAGS])
-    base = train_config_from(first.recipe, first.preset, first.loss_preset, first.run_dir, first.env_kwargs)
-    cfg = tyro.cli(train_arguments(base), prog=TRAIN_PROG, description=train.__doc__, args=args).config
-    return cfg, recipe_sft_stage(first.recipe)
+    from gymllm.algos.config import PRESETS as LOSS_PRESETS
+    from gymllm.algos.train_config import PRESETS
+
+    args = legacy_flags(args)
+    lead = leading_arguments(args)
+    for key, known in (("preset", PRESETS), ("loss_preset", LOSS_PRESETS)):
+        if lead[key] not in known:
+            lead[key] = None  # tyro's usage error names the choices
+    base = train_config_from(lead["recipe"], lead["preset"], lead["loss_preset"], lead["run_dir"], lead["env_kwargs"])
+    parsed = tyro.cli(train_arguments(base), prog=TRAIN_PROG, description=train.__doc__, args=args)
+    if parsed.recipe != lead["recipe"]:  # a positional the scan could not place (e.g. a recipe that does not exist)
+        raise ConfigError(explain("gymllm train RECIPE", expected="a TOML recipe (a path or a shipped name) or a "
+                                  "run's config.json", received=parsed.recipe, fix="check the path, or give one of "
+                                  "the shipped recipes (gymllm/recipes/*.toml)"))
+    return parsed.config, recipe_sft_stage(lead["recipe"])
 
 
 def parse_train_args(args: Sequence[str]) -> object:
     """The ``TrainConfig`` a ``gymllm train`` argv gives; every argument is parsed by tyro (a malformed
-    one exits with tyro's usage error, ``SystemExit(2)``).
+    one exits with tyro's usage error, ``SystemExit(2)``), over ``TrainConfig`` itself.
 
-    Two passes over the same argv: the first (on an unchecked copy of the default preset's config,
-    whose types are those of every preset) reads the recipe and presets; the second parses it again
-    with their config as the defaults, so ``--help`` shows the defaults the run will use, a
-    ``--section.field`` flag overrides the recipe, and the config's checks see the final values."""
+    The recipe (the first argument) and ``--preset`` / ``--loss-preset`` / ``--run-dir`` /
+    ``--env-kwargs`` (:func:`leading_arguments`) choose the config (:func:`train_config_from`) that
+    tyro then parses the command line onto, as its defaults: so ``--help`` shows the defaults the run
+    will use, a ``--section.field`` flag overrides the recipe, and the config's checks see the final
+    values. Older flag spellings are rewritten first (:func:`legacy_flags`)."""
     return parse_train_plan(args)[0]
 
 
@@ -307,7 +355,7 @@ def eval(
         temperature=temperature, max_tokens=max_tokens, max_turns=max_turns, env_kwargs=kwargs,
     )
     extra = [c for c in ("valid_action_rate", "win_or_draw") if any(c in r for r in rows)]
-    _print_table(rows, ["env", "mean_reward", "pass@1", f"pass@{k}", "episodes", *extra])
+    print_table(rows, ["env", "mean_reward", "pass@1", f"pass@{k}", "episodes", *extra])
     if out:
         pathlib.Path(out).write_text(json.dumps(rows, indent=2))
         print(f"wrote {out}")
@@ -427,7 +475,7 @@ def envs(pattern: str = "", spaces: bool = True) -> int:
             except Exception as e:  # noqa: BLE001 - an optional extra may be missing; say so, keep listing
                 row["observation_space"], row["action_space"] = f"(unavailable: {type(e).__name__})", ""
         rows.append(row)
-    _print_table(rows, ["id", "observation_space", "action_space"] if spaces else ["id"])
+    print_table(rows, ["id", "observation_space", "action_space"] if spaces else ["id"])
     print(f"{len(rows)} envs")
     return 0
 
@@ -538,23 +586,32 @@ def bench(
         result = json.loads(found[-1]) if found else {"error": (proc.stderr.strip().splitlines() or ["no RESULT line"])[-1]}
         rows.append({"benchmark": script.stem, "seconds": round(time.perf_counter() - t0, 1), "result": json.dumps(result)})
         print(f"{script.stem}: {rows[-1]['result']}", flush=True)
-    _print_table(rows, ["benchmark", "seconds", "result"])
+    print_table(rows, ["benchmark", "seconds", "result"])
     return 0
 
 
 # ------------------------------------------------------------------------------------- helpers
 
 
-def _print_table(rows: list[dict], columns: list[str]) -> None:
-    widths = {c: max([len(c)] + [len(_fmt(r.get(c, ""))) for r in rows]) for c in columns}
-    print("  ".join(c.ljust(widths[c]) for c in columns))
-    print("  ".join("-" * widths[c] for c in columns))
-    for r in rows:
-        print("  ".join(_fmt(r.get(c, "")).ljust(widths[c]) for c in columns))
+def print_table(rows: list[dict], columns: list[str]) -> None:
+    """``rows`` as a ``rich`` table of ``columns`` on stdout (floats to 3 decimals). Off a terminal the
+    table is as wide as its longest cells (nothing wrapped or cut), so output stays greppable."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    def cell(v: object) -> str:
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    cells = [[cell(r.get(c, "")) for c in columns] for r in rows]
+    table = Table(*columns, box=box.SIMPLE_HEAD, pad_edge=False, highlight=False)
+    for row in cells:
+        table.add_row(*row)
+    console = Console()
+    if not console.is_terminal:
+        widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+        console = Console(width=sum(widths) + 3 * len(widths) + 2, soft_wrap=False)
+    console.print(table)
 
 
-def _fmt(v: object) -> str:
-    return f"{v:.3f}" if isinstance(v, float) else str(v)
-
-
-__all__ = ["train", "eval", "serve", "envs", "check", "replay", "report", "bench", "dispatch"]
+__all__ = ["train", "eval", "serve", "envs", "check", "replay", "report", "bench", "dispatch", "print_table"]

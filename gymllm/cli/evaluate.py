@@ -99,16 +99,18 @@ def run_eval(env_ids: Sequence[str], *, model: str | None = None, checkpoint: st
     env the run trained on gets the run's env kwargs (the setting it trained), the others their defaults.
     The env a run trained on is played as the run played it: its ``env.agent`` and ``env.system_prompt``
     (``system_prompt`` overrides it for every env). ``max_len``: the engine's tokens a row (default: the
-    run's ``rollout.engine_max_len`` plus ``max_tokens * max_turns``, capped at 2048; 2048 without a run)."""
+    run's ``engine.max_len`` plus ``max_tokens * max_turns``, capped at 2048; 2048 without a run)."""
     ids = [i for e in env_ids for i in (SUITE if e == "suite" else (e,))]
     if not ids:
         raise ValueError("gymllm eval: expected at least one env id (or `suite`), received none. "
                          "Fix: gymllm eval gymllm/Arithmetic-v0")
+    from gymllm.algos.train_config import legacy_tables
+
     loaded = load_model(model, checkpoint=checkpoint)
-    conf = run_config(checkpoint)
+    conf = legacy_tables(run_config(checkpoint))  # a run of an older version names its engine's length as it did
     trained_env = conf.get("env", {})
     if max_len is None:
-        run_len = int(conf.get("rollout", {}).get("engine_max_len") or 0)
+        run_len = int(conf.get("engine", {}).get("max_len") or 0)
         max_len = min(2048, run_len + max_tokens * max_turns) if run_len else 2048
 
     def played_as(env_id: str) -> dict[str, Any]:

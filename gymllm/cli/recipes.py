@@ -1,4 +1,4 @@
-"""Recipes: small TOML files whose tables mirror a frozen config dataclass, applied as overrides.
+"""Recipes: small TOML files whose tables are the sections of a ``TrainConfig``, applied as overrides.
 
 The recipes gymllm ships are package data in ``gymllm/recipes/`` (``examples/*.toml`` in the source
 tree are links to them), so ``gymllm train calc_math`` finds its recipe wherever gymllm is installed;
@@ -7,11 +7,15 @@ a user's own TOML file is given by its path. A recipe ``gymllm/recipes/arithmeti
     preset = "tiny"            # optional: start from a named preset
     [env]
     id = "gymllm/Arithmetic-v0"
+    [sampling]
+    max_tokens = 8
     [learner]
     num_steps = 20
 
-is applied field by field onto the preset's config with :func:`apply_overrides`; an unknown key is
-a :class:`~gymllm.errors.ConfigError` that names the key and the allowed ones.
+is applied field by field onto the preset's config (:func:`recipe_tables`: the keys of older
+versions, such as ``[rollout] max_tokens``, are moved to today's sections first); an unknown key is
+a :class:`~gymllm.errors.ConfigError` that names the key and the allowed ones. A run's
+``config.json`` is read the same way (``gymllm train RUN/config.json`` repeats or resumes that run).
 
 A recipe may also hold an ``[sft]`` table (:class:`SFTStage`): ``gymllm train RECIPE`` then runs
 three stages, demonstrations -> supervised fine-tuning -> GRPO warm-started from the SFT weights::
@@ -27,12 +31,16 @@ three stages, demonstrations -> supervised fine-tuning -> GRPO warm-started from
 from __future__ import annotations
 
 import dataclasses
+import json
 import pathlib
 import tomllib
-import typing
 from typing import Any
 
-from gymllm.errors import ConfigError
+from gymllm.errors import ConfigError, explain
+from gymllm.validation import apply_overrides
+
+__all__ = ["RECIPES_DIR", "shipped_recipes", "find_recipe", "load_recipe", "recipe_tables", "apply_overrides",
+           "SFTStage", "sft_stage_from", "sft_config_for", "NOT_SECTIONS"]
 
 RECIPES_DIR = pathlib.Path(__file__).resolve().parents[1] / "recipes"  # package data: gymllm/recipes/*.toml
 EXAMPLES_DIR = RECIPES_DIR  # the name older callers (tests/test_recipes.py) use for the shipped recipes
@@ -56,38 +64,41 @@ def find_recipe(name_or_path: str) -> pathlib.Path:
 
 
 def load_recipe(name_or_path: str) -> dict[str, Any]:
+    """A recipe's tables: a TOML file, or a run's ``config.json`` (JSON)."""
     path = find_recipe(name_or_path)
     try:
+        if path.suffix == ".json":
+            return json.loads(path.read_text())
         with open(path, "rb") as f:
             return tomllib.load(f)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"recipe {str(path)!r} is not valid TOML ({e}). Fix: check the line it names.") from e
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"recipe {str(path)!r} is not valid {'JSON' if path.suffix == '.json' else 'TOML'} ({e}). "
+                          "Fix: check the line it names.") from e
 
 
-def apply_overrides(cfg: Any, overrides: dict[str, Any], *, where: str = "") -> Any:
-    """Return ``cfg`` (a frozen dataclass) with ``overrides`` applied recursively by field name."""
-    if not dataclasses.is_dataclass(cfg):
-        raise ConfigError(f"{where or 'recipe'}: expected a config section, received a value {cfg!r}.")
-    fields = {f.name: f for f in dataclasses.fields(cfg)}
-    hints = typing.get_type_hints(type(cfg))
-    changes: dict[str, Any] = {}
-    for key, value in overrides.items():
-        name = key.replace("-", "_")
-        path = f"{where}.{name}" if where else name
-        if name not in fields:
-            raise ConfigError(
-                f"bad recipe key {path!r}: expected one of {sorted(fields)}, received {key!r}. "
-                f"Fix: rename or remove {key!r}."
-            )
-        current = getattr(cfg, name)
-        if dataclasses.is_dataclass(current) and isinstance(value, dict):
-            changes[name] = apply_overrides(current, value, where=path)
-        else:
-            changes[name] = _coerce(value, hints.get(name))
-    try:
-        return dataclasses.replace(cfg, **changes)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"recipe section {where or '(top level)'!r}: {e}") from e
+#: a recipe's top-level keys that are not sections of the config
+NOT_SECTIONS = ("preset", "loss_preset", "description", "sft")
+
+
+def recipe_tables(tables: dict[str, Any], cfg: Any, *, where: str = "") -> Any:
+    """``cfg`` (a ``TrainConfig``) with a recipe's sections applied (:func:`gymllm.algos.train_config.from_tables`);
+    the keys of :data:`NOT_SECTIONS` are skipped. A key of a setting set from another
+    (:data:`~gymllm.algos.train_config.TIES`) must hold its source's value (a run's ``config.json`` does)."""
+    from gymllm.algos.train_config import TIES, from_tables, legacy_tables
+
+    sections = legacy_tables({k: v for k, v in tables.items() if k not in NOT_SECTIONS})
+    out = from_tables(sections, cfg, where=where)
+    for tied, source in TIES.items():
+        section, field = tied.split(".")
+        table = sections.get(section)
+        if isinstance(table, dict) and field in table:
+            src_section, src_field = source.split(".")
+            value = getattr(getattr(out, src_section), src_field)
+            if table[field] != value:
+                raise ConfigError(explain(f"{where or 'recipe'} key {tied!r}", expected=f"no value (it is set from "
+                                          f"{source}, {value!r})", received=table[field],
+                                          fix=f"set [{src_section}] {src_field} instead"))
+    return out
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -160,13 +171,3 @@ def sft_config_for(stage: SFTStage, train_cfg: Any, *, data: str, run_dir: str) 
         else:
             nested[name] = value
     return apply_overrides(cfg, nested, where="sft")
-
-
-def _coerce(value: Any, hint: Any) -> Any:
-    """TOML gives lists and ints; configs like tuples and floats."""
-    origin = typing.get_origin(hint)
-    if isinstance(value, list) and (hint is tuple or origin is tuple):
-        return tuple(value)
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    return value

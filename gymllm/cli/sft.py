@@ -4,50 +4,32 @@
     gymllm sft --from-run runs/default --min-reward 1 --run-dir runs/rft
     gymllm train calc_math --model.checkpoint runs/sft          # then RL from the SFT weights
 
-Parsed by tyro from :class:`SFTArguments` (a malformed argument exits with tyro's usage error, status
-2); the run itself is :func:`gymllm.algos.sft.run_sft`.
+Parsed by tyro over :class:`gymllm.algos.sft.SFTConfig` itself: every field is a flag (``--run-dir``,
+``--sft.num-steps``, ``--keep-checkpoints``, ``--compile-cache``...), and the data file may be given as
+the first argument (``--data``); a malformed argument exits with tyro's usage error, status 2. The run
+itself is :func:`gymllm.algos.sft.run_sft`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Annotated, Optional, Sequence
+from typing import Sequence
 
 import tyro
 
-PROG = "gymllm sft"
+PROG = "gymllm sft [DATA.jsonl] [--from-run RUN] [--section.field VALUE ...]"
 
 
-def _arguments() -> type:
-    """The command line as one frozen dataclass (built here so the heavy config imports stay lazy)."""
-    from gymllm.algos.lora import LoRAConfig
-    from gymllm.algos.optim import OptimizerConfig
-    from gymllm.algos.sft import SFTSection
-    from gymllm.algos.sharding import ShardingConfig
-    from gymllm.algos.train_config import ModelSection
+def sft_arguments(args: Sequence[str]) -> list[str]:
+    """``args`` with a leading data file (``gymllm sft demos.jsonl ...``) spelled as ``--data``."""
+    args = list(args)
+    return ["--data", *args] if args and not args[0].startswith("-") else args
 
-    fields = [
-        ("data", Annotated[Optional[str], tyro.conf.Positional, tyro.conf.arg(
-            metavar="DATA.jsonl", help="chat JSONL: one {\"messages\": [...], \"tools\": [...]} object a line "
-                                       "(e.g. from `gymllm demos`)")], None),
-        ("from_run", Annotated[Optional[str], tyro.conf.arg(
-            help="train on this run directory's logged trajectories instead (token-exact)")], None),
-        ("min_reward", Annotated[float, tyro.conf.arg(help="with --from-run: keep trajectories with reward >= this")],
-         1.0),
-        ("run_dir", Annotated[str, tyro.conf.arg(help="the output run directory")], "runs/sft"),
-        ("checkpoint_every", Annotated[int, tyro.conf.arg(help="steps between checkpoints (0: only at the end)")], 0),
-        ("resume", Annotated[bool, tyro.conf.arg(help="continue from the run directory's latest checkpoint")], True),
-        ("seed", Annotated[int, tyro.conf.arg(help="the data order's seed")], 0),
-        ("console", Annotated[bool, tyro.conf.arg(help="live progress line")], True),
-        ("model", ModelSection, dataclasses.field(default_factory=lambda: ModelSection(name="smollm2-135m-instruct"))),
-        ("optimizer", OptimizerConfig, dataclasses.field(default_factory=lambda: OptimizerConfig(learning_rate=2e-5))),
-        ("lora", LoRAConfig, dataclasses.field(default_factory=LoRAConfig)),
-        ("sharding", ShardingConfig, dataclasses.field(default_factory=ShardingConfig)),
-        ("sft", SFTSection, dataclasses.field(default_factory=SFTSection)),
-    ]
-    cls = dataclasses.make_dataclass("SFTArguments", fields, frozen=True, kw_only=True)
-    cls.__doc__ = "Arguments of `gymllm sft`."
-    return cls
+
+def parse_sft_args(args: Sequence[str]) -> object:
+    """The :class:`~gymllm.algos.sft.SFTConfig` of a ``gymllm sft`` argv."""
+    from gymllm.algos.sft import SFTConfig
+
+    return tyro.cli(SFTConfig, prog=PROG, description=sft.__doc__, args=sft_arguments(args))
 
 
 def sft(args: Sequence[str] = ()) -> int:
@@ -59,13 +41,9 @@ def sft(args: Sequence[str] = ()) -> int:
     The run directory (checkpoints, metrics.jsonl, TensorBoard) warm-starts RL with
     `gymllm train ... --model.checkpoint DIR` and is evaluated with `gymllm eval ENV --checkpoint DIR`.
     """
-    from gymllm.algos.sft import SFTConfig, run_sft
+    from gymllm.algos.sft import run_sft
 
-    a = tyro.cli(_arguments(), prog=PROG, description=sft.__doc__, args=list(args))
-    cfg = SFTConfig(data=a.data or "", from_run=a.from_run or "", min_reward=a.min_reward, model=a.model,
-                    optimizer=a.optimizer, lora=a.lora, sharding=a.sharding, sft=a.sft, run_dir=a.run_dir,
-                    checkpoint_every=a.checkpoint_every, resume=a.resume, seed=a.seed, console=a.console)
-    result = run_sft(cfg)
+    result = run_sft(parse_sft_args(args))
     print(result.summary())
     return 0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from gymllm.errors import ConfigError, explain
+from gymllm.validation import check_choice, check_range, is_int, require
 
 _COMPUTE_DTYPES = (None, "auto", "float32", "bfloat16", "float16")
 
@@ -39,6 +39,8 @@ class EngineConfig:
         holds them (swapping places with idle rows; cached prefixes move with their rows). False: a
         row decodes where it was placed until it finishes (a batch's steps keep the width of its
         highest row), as a static-batching server does.
+    decode_chunk: decode steps per device call while no request waits to join (1: token by token; the
+        same tokens either way, fewer host round trips; :mod:`gymllm.inference.multistep`).
     """
 
     num_slots: int = 16
@@ -52,25 +54,21 @@ class EngineConfig:
     compute_dtype: str | None = None
     piggyback_tokens: int = 0
     compact_rows: bool = True
+    decode_chunk: int = 1
 
     def __post_init__(self) -> None:
-        def need(ok: bool, field: str, expected: str, fix: str) -> None:
-            if not ok:
-                raise ConfigError(explain(f"EngineConfig.{field}", expected=expected,
-                                          received=getattr(self, field), fix=fix))
-
-        need(isinstance(self.num_slots, int) and self.num_slots >= 1, "num_slots", "an int >= 1", "use e.g. 16")
-        need(isinstance(self.max_len, int) and self.max_len >= 2, "max_len", "an int >= 2", "use e.g. 1024")
-        need(isinstance(self.min_bucket, int) and 1 <= self.min_bucket, "min_bucket", "an int >= 1", "use e.g. 16")
-        need(isinstance(self.max_prefill_batch, int) and self.max_prefill_batch >= 1, "max_prefill_batch",
-             "an int >= 1", "use e.g. 4")
-        need(isinstance(self.seed, int), "seed", "an int", "use e.g. 0")
-        need(isinstance(self.idle_wait_s, (int, float)) and self.idle_wait_s > 0, "idle_wait_s",
-             "a float > 0", "use e.g. 0.05")
-        need(isinstance(self.decode_lengths, int) and self.decode_lengths >= 1, "decode_lengths", "an int >= 1",
-             "use e.g. 4 (1: always attend over the whole context)")
-        need(isinstance(self.piggyback_tokens, int) and self.piggyback_tokens >= 0, "piggyback_tokens",
-             "an int >= 0", "use 0 (off) or a prompt length bucket such as 64")
-        need(isinstance(self.compact_rows, bool), "compact_rows", "a bool", "use True (default) or False")
-        need(self.compute_dtype in _COMPUTE_DTYPES, "compute_dtype", f"one of {_COMPUTE_DTYPES}",
-             'use None (the model\'s dtype), "auto" or "bfloat16"')
+        c = "EngineConfig"
+        for name, lo, fix in (("num_slots", 1, "use e.g. 16"), ("max_len", 2, "use e.g. 1024"),
+                              ("min_bucket", 1, "use e.g. 16"), ("max_prefill_batch", 1, "use e.g. 4"),
+                              ("decode_lengths", 1, "use e.g. 4 (1: always attend over the whole context)"),
+                              ("piggyback_tokens", 0, "use 0 (off) or a prompt length bucket such as 64"),
+                              ("decode_chunk", 1, "use 1 (token by token) or e.g. 8")):
+            check_range(c, name, getattr(self, name), lo=lo, integer=True, fix=fix)
+        require(is_int(self.seed), f"{c}.seed", expected="an int", received=self.seed, fix="use e.g. 0")
+        check_range(c, "idle_wait_s", self.idle_wait_s, lo=0, lo_open=True, fix="use e.g. 0.05")
+        require(isinstance(self.prefix_reuse, bool), f"{c}.prefix_reuse", expected="a bool", received=self.prefix_reuse,
+                fix="use True (default) or False")
+        require(isinstance(self.compact_rows, bool), f"{c}.compact_rows", expected="a bool", received=self.compact_rows,
+                fix="use True (default) or False")
+        check_choice(c, "compute_dtype", self.compute_dtype, _COMPUTE_DTYPES,
+                     fix='use None (the model\'s dtype), "auto" or "bfloat16"')

@@ -116,10 +116,11 @@ class JaxEngine:
         stop_token_ids: Sequence[int] | None = None,
         version: int = 0,
         cache_dtype: Any = None,
-        decode_chunk: int = 1,
+        decode_chunk: int | None = None,
     ):
         """``decode_chunk`` > 1: run up to that many decode steps per device call while no request
-        waits to join (:mod:`gymllm.inference.multistep`; same tokens, fewer host round trips)."""
+        waits to join (:mod:`gymllm.inference.multistep`; same tokens, fewer host round trips);
+        None: ``config.decode_chunk``."""
         cfg = config or EngineConfig()
         if cfg.compute_dtype == "auto":  # the dtype that is fastest on this host, chosen where the engine runs
             cfg = dataclasses.replace(cfg, compute_dtype=resolve_compute_dtype("auto"))
@@ -129,7 +130,7 @@ class JaxEngine:
             stop_token_ids = tuple(getattr(tokenizer, "stop_token_ids", ()) or ()) if tokenizer is not None else ()
         self.default_stop_ids = frozenset(int(t) for t in stop_token_ids)
         self.max_len = cfg.max_len
-        self.decode_chunk = max(1, int(decode_chunk))
+        self.decode_chunk = max(1, int(cfg.decode_chunk if decode_chunk is None else decode_chunk))
         self._cv = threading.Condition()  # guards the queue, the slot table, pending weights, the gate (held briefly)
         self._device_lock = threading.Lock()  # guards the cache and weights during device steps
         graphdef, state = nnx.split(model)

@@ -10,10 +10,10 @@ request uses a key derived from ``(seed, i)``); without a seed every request get
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 from gymllm.errors import ConfigError, explain
+from gymllm.validation import check_range, is_int, is_number, require
 
 
 def _int_tuple(name: str, value: Any) -> tuple[int, ...]:
@@ -46,15 +46,6 @@ def _str_tuple(name: str, value: Any) -> tuple[str, ...]:
     return out
 
 
-def _check(ok: bool, field: str, *, expected: str, received: Any, fix: str) -> None:
-    if not ok:
-        raise ConfigError(explain(f"SamplingParams.{field}", expected=expected, received=received, fix=fix))
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SamplingParams:
     """Per-request sampling settings; see the module docstring for the meaning of each field."""
@@ -69,19 +60,16 @@ class SamplingParams:
     n: int = 1
 
     def __post_init__(self) -> None:
-        t = self.temperature
-        _check(isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t >= 0,
-               "temperature", expected="a finite float >= 0 (0 = greedy)", received=t, fix="use e.g. temperature=1.0")
-        p = self.top_p
-        _check(isinstance(p, (int, float)) and not isinstance(p, bool) and 0 < p <= 1,
-               "top_p", expected="a float in (0, 1] (1 = off)", received=p, fix="use e.g. top_p=0.95 or 1.0")
-        _check(_is_int(self.top_k) and self.top_k >= 0, "top_k", expected="an int >= 0 (0 = off)",
-               received=self.top_k, fix="use e.g. top_k=50 or 0")
-        _check(_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens", expected="an int >= 1",
-               received=self.max_tokens, fix="use e.g. max_tokens=256")
-        _check(self.seed is None or _is_int(self.seed), "seed", expected="None or an int",
-               received=self.seed, fix="use e.g. seed=0 or leave it None")
-        _check(_is_int(self.n) and self.n >= 1, "n", expected="an int >= 1", received=self.n, fix="use n=1")
+        c = "SamplingParams"
+        t, p = self.temperature, self.top_p
+        require(is_number(t) and t >= 0, f"{c}.temperature", expected="a finite float >= 0 (0 = greedy)",
+                received=t, fix="use e.g. temperature=1.0")
+        require(is_number(p) and 0 < p <= 1, f"{c}.top_p", expected="a float in (0, 1] (1 = off)", received=p,
+                fix="use e.g. top_p=0.95 or 1.0")
+        check_range(c, "top_k", self.top_k, lo=0, integer=True, fix="use e.g. top_k=50 or 0 (0 = off)")
+        check_range(c, "max_tokens", self.max_tokens, lo=1, integer=True, fix="use e.g. max_tokens=256")
+        check_range(c, "seed", self.seed, integer=True, optional=True, fix="use e.g. seed=0 or leave it None")
+        check_range(c, "n", self.n, lo=1, integer=True, fix="use n=1")
         object.__setattr__(self, "temperature", float(t))
         object.__setattr__(self, "top_p", float(p))
         object.__setattr__(self, "stop_token_ids", _int_tuple("stop_token_ids", self.stop_token_ids))

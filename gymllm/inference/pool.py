@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import math
 import sys
 import time
 from typing import Any, Mapping, Sequence
@@ -51,6 +50,7 @@ from gymllm.inference.completion import Completion
 from gymllm.inference.params import SamplingParams
 from gymllm.inference.replica import LocalReplica, RayReplica, ReplicaSpec, WeightUpdate
 from gymllm.telemetry import counter, span
+from gymllm.validation import check_range, require
 
 __all__ = ["EnginePool", "PoolConfig", "ReplicaDied", "failure_kind"]
 
@@ -82,22 +82,16 @@ class PoolConfig:
     sticky_sessions: bool = True
 
     def __post_init__(self) -> None:
-        def need(ok: bool, field: str, expected: str, fix: str) -> None:
-            if not ok:
-                raise ConfigError(explain(f"PoolConfig.{field}", expected=expected, received=getattr(self, field),
-                                          fix=fix))
-
-        def seconds(v: Any) -> bool:
-            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
-
-        need(isinstance(self.max_retries, int) and not isinstance(self.max_retries, bool) and self.max_retries >= 0,
-             "max_retries", "an int >= 0", "use e.g. 2 (0: fail a request with its replica)")
-        need(self.request_timeout_s is None or seconds(self.request_timeout_s), "request_timeout_s",
-             "None or seconds > 0", "use e.g. 600.0 (longer than the longest generation)")
-        need(seconds(self.start_timeout_s), "start_timeout_s", "seconds > 0", "use e.g. 600.0")
-        need(isinstance(self.restart, bool), "restart", "a bool", "use True or False")
-        need(seconds(self.revive_after_s), "revive_after_s", "seconds > 0", "use e.g. 30.0")
-        need(isinstance(self.sticky_sessions, bool), "sticky_sessions", "a bool", "use True")
+        c = "PoolConfig"
+        check_range(c, "max_retries", self.max_retries, lo=0, integer=True,
+                    fix="use e.g. 2 (0: fail a request with its replica)")
+        check_range(c, "request_timeout_s", self.request_timeout_s, lo=0, lo_open=True, optional=True,
+                    fix="use e.g. 600.0 seconds (longer than the longest generation)")
+        check_range(c, "start_timeout_s", self.start_timeout_s, lo=0, lo_open=True, fix="use e.g. 600.0 seconds")
+        check_range(c, "revive_after_s", self.revive_after_s, lo=0, lo_open=True, fix="use e.g. 30.0 seconds")
+        for name in ("restart", "sticky_sessions"):
+            require(isinstance(getattr(self, name), bool), f"{c}.{name}", expected="a bool",
+                    received=getattr(self, name), fix="use True or False")
 
 
 def _chain(exc: BaseException) -> list[BaseException]:

@@ -1,22 +1,18 @@
-"""RolloutConfig: how the orchestrator (and the synchronous baseline) run trajectories."""
+"""RolloutConfig: how the orchestrator (and the synchronous baseline) run trajectories, and which
+source produces a training run's groups (``mode``)."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
+import shlex
 from typing import Any
 
-from gymllm.errors import ConfigError, explain
 from gymllm.rollout.concurrency import ConcurrencyConfig
+from gymllm.validation import check_choice, check_range, is_int, require
 
-
-def _need(ok: bool, field: str, *, expected: str, received: Any, fix: str) -> None:
-    if not ok:
-        raise ConfigError(explain(f"RolloutConfig.{field}", expected=expected, received=received, fix=fix))
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+MODES = ("async", "sync", "proxy")
+#: the placeholders of ``RolloutConfig.agent_program``, with sample values of their kinds
+AGENT_PROGRAM_FIELDS = {"base_url": "u", "python": "p", "model": "m", "group_size": 1, "seed": 0, "api_key": "k"}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -66,6 +62,17 @@ class RolloutConfig:
     concurrency_step      trajectories per raise / per back-off; None = ``group_size``.
     target_queue_depth    complete groups allowed to wait unconsumed; None = ``min(groups_per_step,
                           queue_size - 1)`` (a step's worth ready when the learner comes back).
+    mode                  where a training run's groups come from (:func:`gymllm.algos.trainer.train`):
+                          "async" (the barrier-free orchestrator), "sync" (the baseline: roll out a whole
+                          step, then train) or "proxy" (an agent program that speaks the OpenAI API plays
+                          the episodes against the run's engine served on 127.0.0.1 in training mode; see
+                          :mod:`gymllm.inference.proxy`). The orchestrator itself ignores it.
+    agent_program         proxy mode's command line, formatted with {base_url}
+                          (``http://127.0.0.1:PORT/v1``), {python} (this interpreter), {model} (the served
+                          name), {group_size}, {seed} (the run's seed + 1000000 * process index) and
+                          {api_key}; it also gets OPENAI_BASE_URL / OPENAI_API_KEY. Only with mode "proxy".
+    agent_processes       copies of the agent program.
+    agent_start_timeout_s the run fails if no session closes within this bound (proxy mode).
     """
 
     group_size: int = 4
@@ -89,43 +96,56 @@ class RolloutConfig:
     concurrency_start: int | None = None
     concurrency_step: int | None = None
     target_queue_depth: int | None = None
+    mode: str = "async"
+    agent_program: str = ""
+    agent_processes: int = 1
+    agent_start_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
-        for name in ("group_size", "max_concurrency", "groups_per_step", "queue_size", "max_model_calls"):
-            v = getattr(self, name)
-            _need(_is_int(v) and v >= 1, name, expected="an int >= 1", received=v, fix=f"set {name}=1 or more")
+        c = "RolloutConfig"
+        for name in ("group_size", "max_concurrency", "groups_per_step", "queue_size", "max_model_calls",
+                     "agent_processes"):
+            check_range(c, name, getattr(self, name), lo=1, integer=True, fix=f"set {name}=1 or more")
         for name in ("num_groups", "max_open_groups", "max_prompt_len", "max_failed_streak", "min_concurrency",
                      "concurrency_start", "concurrency_step"):
-            v = getattr(self, name)
-            _need(v is None or (_is_int(v) and v >= 1), name, expected="None or an int >= 1", received=v,
-                  fix=f"set {name}=None or a positive int")
-        _need(self.max_staleness is None or (_is_int(self.max_staleness) and self.max_staleness >= 0),
-              "max_staleness", expected="None or an int >= 0", received=self.max_staleness,
-              fix="use 0 for synchronous RL, 2-4 for asynchronous")
-        _need(_is_int(self.max_group_retries) and self.max_group_retries >= 0, "max_group_retries",
-              expected="an int >= 0", received=self.max_group_retries, fix="use 0 (drop) or a small retry count")
-        t = self.group_timeout_s
-        _need(t is None or (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t > 0),
-              "group_timeout_s", expected="None or a float > 0 (seconds)", received=t, fix="use e.g. 600.0 or None")
-        _need(isinstance(self.loop_lag_interval_s, (int, float)) and self.loop_lag_interval_s > 0,
-              "loop_lag_interval_s", expected="a float > 0", received=self.loop_lag_interval_s, fix="use 0.01")
-        _need(self.release_order in ("oldest_version", "completion"), "release_order",
-              expected="'oldest_version' or 'completion'", received=self.release_order,
-              fix="use release_order='oldest_version'")
-        _need(isinstance(self.adaptive_concurrency, bool), "adaptive_concurrency", expected="a bool",
-              received=self.adaptive_concurrency, fix="use adaptive_concurrency=True (or False: a fixed limit)")
+            check_range(c, name, getattr(self, name), lo=1, integer=True, optional=True,
+                        fix=f"set {name}=None or a positive int")
+        check_range(c, "max_staleness", self.max_staleness, lo=0, integer=True, optional=True,
+                    fix="use 0 for synchronous RL, 2-4 for asynchronous")
+        check_range(c, "max_group_retries", self.max_group_retries, lo=0, integer=True,
+                    fix="use 0 (drop) or a small retry count")
+        check_range(c, "group_timeout_s", self.group_timeout_s, lo=0, lo_open=True, optional=True,
+                    fix="use e.g. 600.0 (seconds) or None")
+        check_range(c, "loop_lag_interval_s", self.loop_lag_interval_s, lo=0, lo_open=True, fix="use 0.01")
+        check_range(c, "agent_start_timeout_s", self.agent_start_timeout_s, lo=0, lo_open=True, fix="use e.g. 300.0")
+        check_choice(c, "release_order", self.release_order, ("oldest_version", "completion"),
+                     fix="use release_order='oldest_version'")
+        require(isinstance(self.adaptive_concurrency, bool), f"{c}.adaptive_concurrency", expected="a bool",
+                received=self.adaptive_concurrency, fix="use adaptive_concurrency=True (or False: a fixed limit)")
         for name in ("min_concurrency", "concurrency_start"):
             v = getattr(self, name)
-            _need(v is None or v <= self.max_concurrency, name, expected=f"None or <= max_concurrency "
-                  f"({self.max_concurrency}, the ceiling)", received=v, fix=f"lower {name} or raise max_concurrency")
+            require(v is None or v <= self.max_concurrency, f"{c}.{name}", expected=f"None or <= max_concurrency "
+                    f"({self.max_concurrency}, the ceiling)", received=v, fix=f"lower {name} or raise max_concurrency")
         if self.min_concurrency is not None and self.concurrency_start is not None:
-            _need(self.concurrency_start >= self.min_concurrency, "concurrency_start",
-                  expected=f">= min_concurrency ({self.min_concurrency})", received=self.concurrency_start,
-                  fix="raise concurrency_start or lower min_concurrency")
-        t = self.target_queue_depth
-        _need(t is None or (_is_int(t) and t >= 0), "target_queue_depth", expected="None or an int >= 0",
-              received=t, fix="use None (groups_per_step) or a small int")
-        _need(_is_int(self.seed), "seed", expected="an int", received=self.seed, fix="use e.g. seed=0")
+            require(self.concurrency_start >= self.min_concurrency, f"{c}.concurrency_start",
+                    expected=f">= min_concurrency ({self.min_concurrency})", received=self.concurrency_start,
+                    fix="raise concurrency_start or lower min_concurrency")
+        check_range(c, "target_queue_depth", self.target_queue_depth, lo=0, integer=True, optional=True,
+                    fix="use None (groups_per_step) or a small int")
+        require(is_int(self.seed), f"{c}.seed", expected="an int", received=self.seed, fix="use e.g. seed=0")
+        check_choice(c, "mode", self.mode, MODES)
+        require((self.mode == "proxy") == bool(self.agent_program.strip()), f"{c}.agent_program",
+                expected="a command line with mode='proxy' (and none otherwise)",
+                received={"mode": self.mode, "agent_program": self.agent_program},
+                fix="e.g. --rollout.agent-program '{python} examples/openai_agent.py --base-url {base_url} "
+                    "--problems 0' with --rollout.mode proxy")
+        if self.mode == "proxy":  # its {placeholders} are checked now, not after the model has compiled
+            try:
+                shlex.split(self.agent_program.format(**AGENT_PROGRAM_FIELDS))
+            except (KeyError, IndexError, ValueError) as e:
+                require(False, f"{c}.agent_program", expected="a command line whose {placeholders} are "
+                        + ", ".join(AGENT_PROGRAM_FIELDS), received=self.agent_program,
+                        fix=f"fix it ({type(e).__name__}: {e}); write literal braces as {{{{ }}}}")
 
     def prompt_limit(self, engine: Any) -> int | None:
         """``max_prompt_len``, else the engine's ``max_len - 1``, else None."""

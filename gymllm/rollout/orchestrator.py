@@ -385,7 +385,8 @@ class RolloutOrchestrator:
             f"rollouts: expected some trajectory to succeed, received {limit} failed attempts in a row "
             f"(admitted {self.counts['admitted']} groups, {self.counts['groups_failed']} failed for good; last errors: "
             f"{'; '.join(last)}). Fix: check the env/tool/engine error above (gymllm check ENV_ID runs the env alone), "
-            "or raise rollout max_failed_streak (None never stops)", failures=limit, last_errors=last))
+            "or raise RolloutConfig.max_failed_streak (gymllm train: --rollout.max-failed-streak; None never stops)",
+            failures=limit, last_errors=last))
 
     async def _abort(self, error: BaseException) -> None:
         """Stop the run and hand ``error`` to the consumer (after the groups already queued)."""

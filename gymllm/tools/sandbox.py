@@ -58,6 +58,7 @@ import time
 from typing import Mapping
 
 from gymllm.errors import ConfigError, ToolError, explain
+from gymllm.validation import check_range
 
 _CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_child.py")
 _COUNTER = itertools.count()
@@ -116,11 +117,8 @@ class SandboxConfig:
                                           received=paths, fix=f'e.g. {name}=("/data/shared",)'))
         for name, low in (("timeout_s", 0.0), ("memory_mb", 16), ("max_processes", 1), ("max_output_bytes", 1),
                           ("max_file_mb", 1), ("max_open_files", 16)):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < low or (
-                    name == "timeout_s" and value == 0):
-                raise ConfigError(explain(f"SandboxConfig.{name}", expected=f"a number > {low}" if name == "timeout_s"
-                                          else f"a number >= {low}", received=value, fix=f"pass {name}= a larger value"))
+            check_range("SandboxConfig", name, getattr(self, name), lo=low, lo_open=name == "timeout_s",
+                        fix=f"pass {name}= a larger value")
 
 
 @dataclasses.dataclass
