@@ -266,11 +266,6 @@ class TrainConfig:
         for name, kind in _SECTIONS.items():
             require(isinstance(getattr(self, name), kind), f"TrainConfig.{name}", expected=f"a {kind.__name__}",
                     received=getattr(self, name), fix=f"pass {name}={kind.__name__}(...)")
-        for tied, source in TIES.items():
-            section, field = tied.split(".")
-            value = _get(self, source)
-            if getattr(getattr(self, section), field) != value:
-                object.__setattr__(self, section, dataclasses.replace(getattr(self, section), **{field: value}))
         s, r, e = self.sampling, self.rollout, self.engine
         need = s.max_tokens * r.max_model_calls
         require(need < e.max_len, "engine.max_len", expected=f"> sampling.max_tokens * rollout.max_model_calls ({need}) "
@@ -284,6 +279,11 @@ class TrainConfig:
                 received=self.env.num_envs, fix="give every member of a group its own env: raise --env.num-envs")
         require(self.cluster.env_workers <= self.env.num_envs, "cluster.env_workers", expected=f"<= env.num_envs "
                 f"({self.env.num_envs})", received=self.cluster.env_workers, fix="give every env worker at least one env")
+        for tied, source in TIES.items():  # after the checks: a tie must not hide a bad source value
+            section, field = tied.split(".")
+            value = _get(self, source)
+            if getattr(getattr(self, section), field) != value:
+                object.__setattr__(self, section, dataclasses.replace(getattr(self, section), **{field: value}))
 
     def with_loss(self, name: str) -> "TrainConfig":
         """This config with the loss preset ``name`` (grpo, dapo, dr_grpo, gspo, async_agentic)."""

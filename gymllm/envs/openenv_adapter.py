@@ -431,7 +431,8 @@ class OpenEnvTextEnv(TextEnv):
         if self.config is None or self._mapping is None:
             raise ConfigError(explain("gymllm/OpenEnv-v0", expected="base_url=<the server's URL>", received=None,
                                       fix="gymllm.make('gymllm/OpenEnv-v0', base_url='http://127.0.0.1:8000') or "
-                                          "--env.kwargs with base_url"))
+                                          "gymllm train --env.id gymllm/OpenEnv-v0 --env-kwargs "
+                                          "'{\"base_url\": \"http://127.0.0.1:8000\"}'"))
         return self.config, self._mapping
 
     def close(self) -> None:

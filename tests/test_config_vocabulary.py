@@ -1,0 +1,252 @@
+"""One config vocabulary: ``TrainConfig`` is composed of the components' own configs, every field a run
+writes to ``config.json`` is a ``gymllm train`` flag, every flag an error message names exists, recipes
+and ``config.json`` load through the same path (older spellings included), and the shared checks say
+what was expected, what was received and how to fix it."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import math
+import pathlib
+import re
+
+import pytest
+
+from gymllm.algos.train_config import (LEGACY_KEYS, TIES, EngineConfig, RolloutConfig, SamplingParams, TrainConfig,
+                                       from_tables, legacy_tables, preset)
+from gymllm.cli.commands import parse_train_args, print_table, train_arguments, train_config_from
+from gymllm.cli.recipes import shipped_recipes
+from gymllm.cli.sft import PROG as SFT_PROG, parse_sft_args
+from gymllm.errors import ConfigError
+from gymllm.validation import apply_overrides, check_choice, check_range, require
+
+ROOT = pathlib.Path(__file__).resolve().parents[1] / "gymllm"
+FLAG = re.compile(r"--[a-z0-9][a-z0-9.-]*")
+
+
+def _help_flags(cls, default=None, prog="gymllm", capsys=None) -> set[str]:
+    import tyro
+
+    with pytest.raises(SystemExit):
+        if default is None:
+            tyro.cli(cls, prog=prog, args=["--help"])
+        else:
+            tyro.cli(cls, prog=prog, default=default, args=["--help"])
+    return set(FLAG.findall(capsys.readouterr().out))
+
+
+def train_flags(cfg, capsys) -> set[str]:
+    return _help_flags(train_arguments(cfg), capsys=capsys)
+
+
+def _leaf_flags(written: dict, cfg, prefix: str = "-") -> list[str]:
+    """The ``--section.field`` flag of every field in ``written`` (a config's ``config.json`` dict), walking
+    nested sections; a dict-valued field with keys (``env.kwargs``) has one flag per key."""
+    out = []
+    for key, value in written.items():
+        flag = f"{prefix}-{key.replace('_', '-')}" if prefix == "-" else f"{prefix}.{key.replace('_', '-')}"
+        field = cfg[key] if isinstance(cfg, dict) else getattr(cfg, key)
+        if dataclasses.is_dataclass(field):
+            out += _leaf_flags(value, field, flag)
+        elif isinstance(field, dict) and field:  # tyro gives a non-empty dict one flag per key, recursively
+            out += _leaf_flags(value, field, flag)
+        else:
+            out.append(flag)
+    return out
+
+
+@pytest.mark.parametrize("source", ["tiny", "default", *shipped_recipes()])
+def test_every_field_a_run_writes_to_config_json_is_a_train_flag(source, capsys):
+    cfg = preset(source) if source in ("tiny", "default") else train_config_from(source, None, None, None)
+    written = json.loads(cfg.to_json())
+    assert set(written) == {f.name for f in dataclasses.fields(TrainConfig)}
+    flags = train_flags(cfg, capsys)
+    leaves = _leaf_flags(written, cfg)
+    assert len(leaves) > 120 and "--engine.decode-chunk" in leaves and "--rollout.max-failed-streak" in leaves
+    missing = [f for f in leaves if f not in flags]
+    assert not missing, f"config.json fields without a gymllm train flag: {missing}"
+
+
+def test_the_component_configs_are_the_sections():
+    cfg = preset("tiny")
+    assert type(cfg.engine) is EngineConfig and type(cfg.sampling) is SamplingParams and type(cfg.rollout) is RolloutConfig
+    # the settings the old hand mapping hid are fields with their values
+    assert (cfg.engine.min_bucket, cfg.engine.idle_wait_s, cfg.engine.decode_chunk) == (64, 0.002, 8)
+    assert cfg.rollout.queue_size == 8 and cfg.rollout.max_failed_streak == 64
+
+
+def _messages() -> list[tuple[str, str]]:
+    """(file, text) of every string constant inside a call that builds or raises an error message."""
+    calls = {"explain", "require", "check_range", "check_choice", "ConfigError", "ValueError", "RolloutStalledError",
+             "AgentProgramError", "EngineError", "ToolError", "FileNotFoundError"}
+    out = []
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+                if name in calls:
+                    for sub in ast.walk(node):
+                        if isinstance(sub, ast.Constant) and isinstance(sub.value, str):
+                            out.append((str(path.relative_to(ROOT.parent)), sub.value))
+    return out
+
+
+def test_every_flag_an_error_message_names_exists(capsys):
+    train = train_flags(preset("default"), capsys) | train_flags(preset("tiny"), capsys)
+    sft = _help_flags(__import__("gymllm.algos.sft", fromlist=["SFTConfig"]).SFTConfig, capsys=capsys)
+    named = []
+    for file, text in _messages():
+        for flag in FLAG.findall(text):
+            flag = flag.rstrip(".-")
+            if "." not in flag:  # plain flags of other commands (--checkpoint, --from-run, ...): not config fields
+                continue
+            named.append(flag)
+            known = sft if file.endswith("sft.py") else train
+            assert flag in known or flag in train, f"{file}: an error message names {flag}, which is not a flag"
+    assert "--rollout.max-failed-streak" in named and "--engine.max-len" in named  # the walk sees the messages
+
+
+def test_every_section_path_an_error_message_names_exists():
+    cfg = preset("default")
+    sections = "|".join(f.name for f in dataclasses.fields(TrainConfig))
+    path = re.compile(rf"(?<![\w.-])({sections})\.([a-z_]+)(?![\w(])")
+    seen = []
+    for file, text in _messages():
+        if not file.startswith(("gymllm/algos/", "gymllm/cli/", "gymllm/rollout/orchestrator")):
+            continue
+        for section, field in path.findall(text):
+            if field in ("py", "jsonl", "json"):  # file names (run.py, trajectories.jsonl)
+                continue
+            seen.append(f"{section}.{field}")
+            assert hasattr(getattr(cfg, section), field), f"{file}: an error message names {section}.{field}"
+    assert "engine.max_len" in seen and "env.num_envs" in seen
+
+
+def test_old_recipe_keys_and_flags_give_todays_config(tmp_path):
+    old = tmp_path / "old.toml"
+    old.write_text('preset = "tiny"\n[rollout]\ngroup_size = 4\neta = 0\ntemperature = 0.7\ntop_p = 0.9\n'
+                   'max_tokens = 5\nmax_turns = 2\nengine_slots = 8\nengine_max_len = 96\nprefix_reuse = false\n'
+                   'decode_chunk = 2\nengine_compute_dtype = "float32"\n')
+    new = tmp_path / "new.toml"
+    new.write_text('preset = "tiny"\n[rollout]\ngroup_size = 4\nmax_staleness = 0\nmax_model_calls = 2\n'
+                   '[sampling]\ntemperature = 0.7\ntop_p = 0.9\nmax_tokens = 5\n'
+                   '[engine]\nnum_slots = 8\nmax_len = 96\nprefix_reuse = false\ndecode_chunk = 2\n'
+                   'compute_dtype = "float32"\n')
+    cfg = parse_train_args([str(new)])
+    assert parse_train_args([str(old)]) == cfg
+    assert (cfg.rollout.max_staleness, cfg.rollout.max_model_calls, cfg.sampling.temperature, cfg.engine.num_slots,
+            cfg.engine.max_len, cfg.engine.prefix_reuse, cfg.engine.decode_chunk) == (0, 2, 0.7, 8, 96, False, 2)
+    flags = ["--preset", "tiny", "--rollout.eta", "0", "--rollout.max-tokens=5", "--rollout.max_turns", "2",
+             "--rollout.engine-max-len", "96", "--rollout.no-prefix-reuse", "--rollout.group-size", "4"]
+    todays = ["--preset", "tiny", "--rollout.max-staleness", "0", "--sampling.max-tokens=5", "--rollout.max-model-calls",
+              "2", "--engine.max-len", "96", "--engine.no-prefix-reuse", "--rollout.group-size", "4"]
+    assert parse_train_args(flags) == parse_train_args(todays)
+    assert set(LEGACY_KEYS) >= {"rollout.eta", "rollout.engine_max_len", "rollout.max_tokens"}
+
+
+def test_a_runs_config_json_loads_back_as_its_config(tmp_path):
+    from gymllm.algos.train_config import effective
+
+    cfg = effective(dataclasses.replace(preset("tiny"), run=dataclasses.replace(preset("tiny").run, seed=5)))
+    (tmp_path / "config.json").write_text(cfg.to_json())
+    assert parse_train_args([str(tmp_path / "config.json")]) == cfg
+    assert from_tables(json.loads(cfg.to_json())) == cfg
+    # a run directory of the previous layout (the mixed rollout section) still loads
+    old = json.loads(cfg.to_json())
+    engine, sampling = old.pop("engine"), old.pop("sampling")
+    old["rollout"] = {"group_size": cfg.rollout.group_size, "max_concurrency": cfg.rollout.max_concurrency,
+                      "eta": cfg.rollout.max_staleness, "temperature": sampling["temperature"], "top_p": 1.0,
+                      "max_tokens": sampling["max_tokens"], "max_turns": 1, "engine_slots": engine["num_slots"],
+                      "engine_max_len": engine["max_len"], "prefix_reuse": True, "decode_chunk": 8,
+                      "group_timeout_s": None, "mode": "async", "engine_compute_dtype": None, "agent_program": "",
+                      "agent_processes": 1, "agent_start_timeout_s": 300.0}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert parse_train_args([str(tmp_path / "old.json")]) == cfg
+
+
+def test_tied_settings_follow_their_source_and_refuse_their_own_flag(tmp_path):
+    cfg = parse_train_args(["--preset", "tiny", "--run.seed", "7", "--learner.groups-per-step", "2",
+                            "--sampling.temperature", "0.5"])
+    assert cfg.rollout.seed == cfg.engine.seed == 7 and cfg.rollout.groups_per_step == 2
+    assert cfg.learner.temperature == 0.5
+    for tied, source in TIES.items():
+        flag = "--" + tied.replace("_", "-")
+        with pytest.raises(ConfigError, match=re.escape("--" + source.replace("_", "-"))):
+            parse_train_args(["--preset", "tiny", flag, "1"])
+    bad = tmp_path / "tied.toml"
+    bad.write_text('preset = "tiny"\n[rollout]\nseed = 3\n')
+    with pytest.raises(ConfigError, match=r"run\.seed"):
+        parse_train_args([str(bad)])
+
+
+def test_cross_section_checks_name_flags():
+    with pytest.raises(ConfigError, match=r"engine\.max_len: expected > sampling\.max_tokens.*--engine\.max-len"):
+        dataclasses.replace(preset("tiny"), sampling=SamplingParams(max_tokens=64))
+    with pytest.raises(ConfigError, match=r"sampling\.temperature: expected > 0"):
+        dataclasses.replace(preset("tiny"), sampling=SamplingParams(temperature=0.0, max_tokens=6))
+    with pytest.raises(ConfigError, match=r"sampling\.n.*--rollout\.group-size"):
+        dataclasses.replace(preset("tiny"), sampling=SamplingParams(n=4, max_tokens=6))
+    with pytest.raises(ConfigError, match=r"TrainConfig\.engine: expected a EngineConfig"):
+        dataclasses.replace(preset("tiny"), engine={"num_slots": 8})
+
+
+def test_gymllm_sft_flags_are_sftconfig_fields(tmp_path, capsys):
+    from gymllm.algos.sft import SFTConfig
+
+    flags = _help_flags(SFTConfig, prog=SFT_PROG, capsys=capsys)
+    assert {"--compile-cache", "--keep-checkpoints", "--data", "--from-run", "--sft.num-steps", "--model.name",
+            "--optimizer.learning-rate", "--lora.rank", "--sharding.data"} <= flags
+    data = tmp_path / "d.jsonl"
+    cfg = parse_sft_args([str(data), "--keep-checkpoints", "3", "--compile-cache", "off", "--sft.num-steps", "2"])
+    assert (cfg.data, cfg.keep_checkpoints, cfg.compile_cache, cfg.sft.num_steps) == (str(data), 3, "off", 2)
+    assert cfg.model.name == "smollm2-135m-instruct" and cfg.optimizer.learning_rate == 2e-5
+    assert parse_sft_args(["--from-run", "runs/x", "--min-reward", "0.5"]).from_run == "runs/x"
+    with pytest.raises(SystemExit) as e:  # the config's own check, reported by tyro as a usage error
+        parse_sft_args(["--run-dir", str(tmp_path)])
+    assert e.value.code == 2 and "exactly one of data" in " ".join(capsys.readouterr().err.split())
+
+
+def test_checks_say_expected_received_and_fix():
+    with pytest.raises(ConfigError, match=r"^X\.n: expected an int >= 1, received 0\. Fix: choose n >= 1$"):
+        check_range("X", "n", 0, lo=1, integer=True)
+    with pytest.raises(ConfigError, match=r"expected None or a number > 0, received -1\.0\. Fix: use 5"):
+        check_range("X", "t", -1.0, lo=0, lo_open=True, optional=True, fix="use 5")
+    for bad in (math.nan, math.inf, True, "3", 1.5):
+        with pytest.raises(ConfigError):
+            check_range("X", "n", bad, lo=0, integer=bad == 1.5)
+    check_range("X", "t", None, lo=0, optional=True)
+    check_range("X", "p", 1.0, lo=0, hi=1, lo_open=True)
+    with pytest.raises(ConfigError, match=r"X\.mode: expected one of \['a', 'b'\], received 'c'\. Fix"):
+        check_choice("X", "mode", "c", ("a", "b"))
+    with pytest.raises(ConfigError, match=r"^w: expected e, received 1\. Fix: f$"):
+        require(False, "w", expected="e", received=1, fix="f")
+    for cls, kwargs, words in ((EngineConfig, {"decode_chunk": 0}, "EngineConfig.decode_chunk"),
+                               (RolloutConfig, {"group_timeout_s": math.inf}, "RolloutConfig.group_timeout_s"),
+                               (SamplingParams, {"top_k": -1}, "SamplingParams.top_k")):
+        with pytest.raises(ConfigError, match=re.escape(words) + r".*expected.*received.*Fix"):
+            cls(**kwargs)
+
+
+def test_apply_overrides_merges_nested_tables_and_names_unknown_keys():
+    cfg = apply_overrides(preset("tiny"), {"engine": {"max-len": 96}, "eval": {"envs": ["a", "b"]},
+                                           "optimizer": {"learning_rate": 1}})
+    assert cfg.engine.max_len == 96 and cfg.eval.envs == ("a", "b") and cfg.optimizer.learning_rate == 1.0
+    assert isinstance(cfg.optimizer.learning_rate, float) and cfg.engine.num_slots == preset("tiny").engine.num_slots
+    with pytest.raises(ConfigError, match=r"config key 'engine\.slots': expected one of \[.*'num_slots'.*\]"):
+        apply_overrides(preset("tiny"), {"engine": {"slots": 8}})
+    with pytest.raises(ConfigError, match=r"EngineConfig\.num_slots"):
+        apply_overrides(preset("tiny"), {"engine": {"num_slots": 0}})
+    assert legacy_tables({"rollout": {"eta": 3, "max_staleness": 1}})["rollout"] == {"max_staleness": 1}
+
+
+def test_tables_are_printed_with_rich_whole_off_a_terminal(capsys):
+    long = "x" * 150
+    print_table([{"env": "gymllm/A-v0", "mean_reward": 0.12345, "result": long}, {"env": "b", "mean_reward": 1}],
+                ["env", "mean_reward", "result"])
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert any("env" in line and "mean_reward" in line for line in lines)
+    assert any("gymllm/A-v0" in line and "0.123" in line and long in line for line in lines)  # nothing wrapped or cut
+    assert any(line.split()[:2] == ["b", "1"] for line in lines if line.strip())
