@@ -16,7 +16,8 @@ import pytest
 
 from gymllm.algos.train_config import (LEGACY_KEYS, TIES, EngineConfig, RolloutConfig, SamplingParams, TrainConfig,
                                        from_tables, legacy_tables, preset)
-from gymllm.cli.commands import parse_train_args, print_table, train_arguments, train_config_from
+from gymllm.cli.commands import print_table
+from gymllm.cli.train_args import parse_train_args, train_arguments, train_config_from
 from gymllm.cli.recipes import shipped_recipes
 from gymllm.cli.sft import PROG as SFT_PROG, parse_sft_args
 from gymllm.errors import ConfigError

@@ -12,6 +12,9 @@ from typing import Annotated, Callable, Sequence
 
 import tyro
 
+from gymllm.cli.train_args import (parse_train_args, parse_train_plan, recipe_sft_stage,  # noqa: F401 (re-exported)
+                                   train_arguments, train_config_from)
+
 # --------------------------------------------------------------------------------------- dispatch
 
 
@@ -21,180 +24,6 @@ def dispatch(name: str, fn: Callable[..., object], args: Sequence[str]) -> objec
     if getattr(fn, "takes_argv", False):  # a command that parses its own argv (with tyro), e.g. ``sft``
         return fn(list(args))
     return tyro.cli(fn, prog=f"gymllm {name}", args=list(args))
-
-
-TRAIN_PROG = "gymllm train [RECIPE] [--preset NAME] [--loss-preset NAME] [--run-dir DIR] [--section.field VALUE ...]"
-HELP_FLAGS = ("-h", "--help")
-
-
-def train_arguments(default: object) -> type:
-    """The ``gymllm train`` command line as one frozen dataclass for tyro: the recipe (positional),
-    ``--preset``, ``--loss-preset``, ``--run-dir``, ``--env-kwargs``, and the training config itself
-    (``default``, a ``TrainConfig``, whose fields are the ``--section.field`` flags, without a prefix).
-    Presets are ``Literal`` choices."""
-    import dataclasses
-    from typing import Literal, Optional
-
-    from gymllm.algos.config import PRESETS as LOSS_PRESETS
-    from gymllm.algos.train_config import PRESETS
-
-    preset_t = Optional[Literal[tuple(PRESETS)]]  # type: ignore[valid-type]
-    loss_t = Optional[Literal[tuple(LOSS_PRESETS)]]  # type: ignore[valid-type]
-
-    fields = [  # real type objects (this module's annotations are strings: a class body here could not resolve them)
-        ("recipe", Annotated[Optional[str], tyro.conf.Positional, tyro.conf.arg(
-            metavar="RECIPE", help="a TOML recipe (a path, or the name of a shipped one, e.g. calc_math) or a run's "
-                                   "config.json; the first argument")], None),
-        ("preset", Annotated[preset_t, tyro.conf.arg(help="start from this preset (default: the recipe's, else "
-                                                          "'default')")], None),
-        ("loss_preset", Annotated[loss_t, tyro.conf.arg(help="the loss preset (default: the recipe's, else the "
-                                                             "preset's)")], None),
-        ("run_dir", Annotated[Optional[str], tyro.conf.arg(help="the run directory (same as --run.run-dir)")], None),
-        ("env_kwargs", Annotated[Optional[str], tyro.conf.arg(
-            help="the env's constructor kwargs as a JSON object, e.g. '{\"digits\": 2}'; replaces the preset's and "
-                 "the recipe's env.kwargs (give it with --env.id)")], None),
-        ("config", Annotated[type(default), tyro.conf.arg(name="")], dataclasses.field(default_factory=lambda: default)),
-    ]
-    TrainArguments = dataclasses.make_dataclass("TrainArguments", [(n, t, d) for n, t, d in fields],
-                                                frozen=True, kw_only=True)
-    TrainArguments.__doc__ = "Arguments of `gymllm train`."
-    return TrainArguments
-
-
-#: the arguments of ``gymllm train`` that choose the config the ``--section.field`` flags apply to
-LEADING = ("preset", "loss_preset", "run_dir", "env_kwargs")
-
-
-def leading_arguments(args: Sequence[str]) -> dict[str, str | None]:
-    """The recipe and the values of :data:`LEADING` (``--name VALUE`` or ``--name=VALUE``, dashes or
-    underscores) in ``args``: what the config that the other flags apply to is built from. The recipe is
-    the first argument when it is not a flag, else the first later argument that names a recipe file
-    or a shipped recipe (tyro's parse confirms it, see :func:`parse_train_plan`). A flag without its
-    value is left to tyro's usage error."""
-    from gymllm.cli.recipes import find_recipe
-    from gymllm.errors import ConfigError
-
-    found: dict[str, str | None] = dict.fromkeys(("recipe", *LEADING))
-    taken = set()
-    for i, arg in enumerate(args):
-        name, eq, value = arg.partition("=")
-        key = name[2:].replace("-", "_") if name.startswith("--") else ""
-        if key in LEADING:
-            has_next = not eq and i + 1 < len(args) and not args[i + 1].startswith("--")
-            found[key] = value if eq else (args[i + 1] if has_next else None)
-            taken.add(i + 1 if has_next else -1)
-    for i, arg in enumerate(args):
-        if arg.startswith("-") or i in taken:
-            continue
-        if i == 0:
-            found["recipe"] = arg
-            break
-        try:
-            find_recipe(arg)
-        except ConfigError:
-            continue
-        found["recipe"] = arg
-        break
-    return found
-
-
-def legacy_flags(args: Sequence[str]) -> list[str]:
-    """``args`` with the flag spellings of older versions (:data:`~gymllm.algos.train_config.LEGACY_KEYS`,
-    e.g. ``--rollout.max-tokens``, ``--rollout.no-prefix-reuse``) rewritten to today's; a flag of a
-    setting that is set from another (:data:`~gymllm.algos.train_config.TIES`) is a ``ConfigError``
-    naming the flag to give instead."""
-    from gymllm.algos.train_config import LEGACY_KEYS, TIES
-    from gymllm.errors import ConfigError, explain
-
-    out = []
-    for arg in args:
-        name, eq, value = arg.partition("=")
-        if name.startswith("--") and "." in name:
-            section, _, field = name[2:].replace("-", "_").partition(".")
-            negated = field.startswith("no_") and f"{section}.{field[3:]}" in LEGACY_KEYS
-            key = f"{section}.{field[3:] if negated else field}"
-            if key in TIES:
-                source = "--" + TIES[key].replace("_", "-")
-                raise ConfigError(explain(name, expected=f"no value: it is set from {source} (the same setting, seen "
-                                          "by another component)", received=arg, fix=f"give {source} instead"))
-            if key in LEGACY_KEYS:
-                new_section, new_field = LEGACY_KEYS[key].split(".")
-                name = f"--{new_section}.{'no-' if negated else ''}{new_field.replace('_', '-')}"
-        out.append(name + eq + value)
-    return out
-
-
-def train_config_from(recipe: str | None, preset: str | None, loss_preset: str | None, run_dir: str | None,
-                      env_kwargs: str | None = None) -> object:
-    """The config a recipe, a preset, a loss preset and a run directory give, before the ``--section.field``
-    flags: the preset (``preset``, else the recipe's, else ``default``), then the loss preset, then the
-    recipe's tables, then ``run_dir``, then ``env_kwargs`` (a JSON object replacing ``env.kwargs``)."""
-    import dataclasses
-
-    from gymllm.algos import trainer as trainer_mod
-    from gymllm.cli.recipes import load_recipe, recipe_tables
-
-    overrides = load_recipe(recipe) if recipe else {}
-    cfg = trainer_mod.preset(preset or overrides.get("preset") or "default")
-    if loss_preset or overrides.get("loss_preset"):
-        cfg = cfg.with_loss(loss_preset or overrides["loss_preset"])  # grpo | dapo | dr_grpo | gspo | async_agentic
-    cfg = recipe_tables(overrides, cfg, where=f"recipe {recipe}" if recipe else "")
-    if run_dir is not None:
-        cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, run_dir=run_dir))
-    if env_kwargs is not None:
-        try:
-            kwargs = json.loads(env_kwargs)
-        except json.JSONDecodeError as e:
-            kwargs = e
-        if not isinstance(kwargs, dict):
-            from gymllm.errors import ConfigError, explain
-
-            raise ConfigError(explain("--env-kwargs", expected="a JSON object such as '{\"digits\": 2}'",
-                                      received=env_kwargs, fix="quote the object for your shell"))
-        cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, kwargs=kwargs))
-    return cfg
-
-
-def recipe_sft_stage(recipe: str | None) -> object:
-    """The recipe's ``[sft]`` table as a :class:`~gymllm.cli.recipes.SFTStage`, or None (no recipe or no table)."""
-    from gymllm.cli.recipes import load_recipe, sft_stage_from
-
-    table = load_recipe(recipe).get("sft") if recipe else None
-    return None if table is None else sft_stage_from(table)
-
-
-def parse_train_plan(args: Sequence[str]) -> tuple[object, object]:
-    """``(TrainConfig, SFTStage or None)`` of a ``gymllm train`` argv: :func:`parse_train_args`' config and
-    the recipe's ``[sft]`` stage (see :func:`run_stages`)."""
-    from gymllm.errors import ConfigError, explain
-
-    from gymllm.algos.config import PRESETS as LOSS_PRESETS
-    from gymllm.algos.train_config import PRESETS
-
-    args = legacy_flags(args)
-    lead = leading_arguments(args)
-    for key, known in (("preset", PRESETS), ("loss_preset", LOSS_PRESETS)):
-        if lead[key] not in known:
-            lead[key] = None  # tyro's usage error names the choices
-    base = train_config_from(lead["recipe"], lead["preset"], lead["loss_preset"], lead["run_dir"], lead["env_kwargs"])
-    parsed = tyro.cli(train_arguments(base), prog=TRAIN_PROG, description=train.__doc__, args=args)
-    if parsed.recipe != lead["recipe"]:  # a positional the scan could not place (e.g. a recipe that does not exist)
-        raise ConfigError(explain("gymllm train RECIPE", expected="a TOML recipe (a path or a shipped name) or a "
-                                  "run's config.json", received=parsed.recipe, fix="check the path, or give one of "
-                                  "the shipped recipes (gymllm/recipes/*.toml)"))
-    return parsed.config, recipe_sft_stage(lead["recipe"])
-
-
-def parse_train_args(args: Sequence[str]) -> object:
-    """The ``TrainConfig`` a ``gymllm train`` argv gives; every argument is parsed by tyro (a malformed
-    one exits with tyro's usage error, ``SystemExit(2)``), over ``TrainConfig`` itself.
-
-    The recipe (the first argument) and ``--preset`` / ``--loss-preset`` / ``--run-dir`` /
-    ``--env-kwargs`` (:func:`leading_arguments`) choose the config (:func:`train_config_from`) that
-    tyro then parses the command line onto, as its defaults: so ``--help`` shows the defaults the run
-    will use, a ``--section.field`` flag overrides the recipe, and the config's checks see the final
-    values. Older flag spellings are rewritten first (:func:`legacy_flags`)."""
-    return parse_train_plan(args)[0]
 
 
 STAGES_FILE = "stages.json"  # RUN_DIR/stages.json: the finished demos and SFT stages of a staged run
@@ -278,7 +107,7 @@ def _train_dispatch(args: list[str]) -> object:
     a recipe with an ``[sft]`` table runs demos -> SFT -> GRPO (:func:`run_stages`)."""
     from gymllm.algos import trainer as trainer_mod
 
-    cfg, stage = parse_train_plan(args)
+    cfg, stage = parse_train_plan(args, description=train.__doc__)
     if stage is not None:
         cfg = run_stages(cfg, stage)
     result = trainer_mod.train(cfg)

@@ -85,10 +85,10 @@ class PoolConfig:
         c = "PoolConfig"
         check_range(c, "max_retries", self.max_retries, lo=0, integer=True,
                     fix="use e.g. 2 (0: fail a request with its replica)")
-        check_range(c, "request_timeout_s", self.request_timeout_s, lo=0, lo_open=True, optional=True,
-                    fix="use e.g. 600.0 seconds (longer than the longest generation)")
-        check_range(c, "start_timeout_s", self.start_timeout_s, lo=0, lo_open=True, fix="use e.g. 600.0 seconds")
-        check_range(c, "revive_after_s", self.revive_after_s, lo=0, lo_open=True, fix="use e.g. 30.0 seconds")
+        for name, optional, fix in (("request_timeout_s", True, "600.0 (longer than the longest generation)"),
+                                    ("start_timeout_s", False, "600.0"), ("revive_after_s", False, "30.0")):
+            check_range(c, name, getattr(self, name), lo=0, lo_open=True, optional=optional,
+                        fix=f"use e.g. {fix} seconds")
         for name in ("restart", "sticky_sessions"):
             require(isinstance(getattr(self, name), bool), f"{c}.{name}", expected="a bool",
                     received=getattr(self, name), fix="use True or False")
