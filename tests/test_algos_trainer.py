@@ -76,7 +76,7 @@ def test_run_dir_has_every_artifact(tmp_path):
     assert sum(r.get("rollout_groups", 0) for r in rows) >= 2 * 2
     assert all(0.0 <= r["rollout_reward_mean"] <= 1.0 for r in rows if "rollout_reward_mean" in r)
     cfg = json.loads((d / "config.json").read_text())
-    assert cfg["rollout"]["eta"] == 1 and cfg["learner"]["groups_per_step"] == 2
+    assert cfg["rollout"]["max_staleness"] == 1 and cfg["learner"]["groups_per_step"] == 2
     trajs = [json.loads(line) for line in (d / "trajectories.jsonl").read_text().splitlines()]
     assert len(trajs) == 2 * 2 * 4 and {t["step"] for t in trajs} == {1, 2}
     assert sorted(t["trajectory_id"] for t in trajs) == sorted(i for ids in res.trained_ids for i in ids)

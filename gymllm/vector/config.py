@@ -9,6 +9,7 @@ from typing import Any
 from gymnasium.vector import AutoresetMode
 
 from gymllm.errors import ConfigError, explain
+from gymllm.validation import is_int, is_number
 
 __all__ = ["VectorEnvConfig", "RayOptions", "AutoresetMode", "parse_autoreset_mode"]
 
@@ -27,13 +28,6 @@ def parse_autoreset_mode(value: Any) -> AutoresetMode:
         raise ConfigError(explain("VectorEnvConfig.autoreset_mode", expected="next_step, same_step or disabled",
                                   received=value, fix="pass autoreset_mode='next_step' (Gymnasium's default)"))
     return mode
-
-
-def _positive(value: Any, *, integer: bool, allow_zero: bool = False) -> bool:
-    kinds = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds):
-        return False
-    return value >= 0 if allow_zero else value > 0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -76,18 +70,18 @@ class RayOptions:
             raise bad("address", "None, 'auto' or 'host:port'", "pass address='auto' to join a running cluster")
         for name in ("num_workers", "envs_per_actor"):
             v = getattr(self, name)
-            if v is not None and not _positive(v, integer=True):
+            if v is not None and not (is_int(v) and v > 0):
                 raise bad(name, "None or an int >= 1", f"pass {name}=4")
         if self.num_workers is not None and self.envs_per_actor is not None:
             raise bad("envs_per_actor", "num_workers or envs_per_actor, not both", "drop one of them")
-        if not _positive(self.num_cpus, integer=False, allow_zero=True):
+        if not (is_number(self.num_cpus) and self.num_cpus >= 0):
             raise bad("num_cpus", "CPUs >= 0 per actor", "pass num_cpus=1 (or 0.5)")
         res = self.resources
-        if not isinstance(res, Mapping) or not all(isinstance(k, str) and _positive(v, integer=False)
+        if not isinstance(res, Mapping) or not all(isinstance(k, str) and is_number(v) and v > 0
                                                    for k, v in res.items()):
             raise bad("resources", "a dict of resource name -> amount > 0", "pass resources={'sandbox': 1}")
         object.__setattr__(self, "resources", dict(res))
-        if not _positive(self.ready_timeout_s, integer=False):
+        if not (is_number(self.ready_timeout_s) and self.ready_timeout_s > 0):
             raise bad("ready_timeout_s", "seconds > 0", "pass ready_timeout_s=120")
         if self.name_prefix is not None and not isinstance(self.name_prefix, str):
             raise bad("name_prefix", "None or a str", "pass name_prefix='gymllm-env-'")
@@ -165,14 +159,14 @@ class VectorEnvConfig:
                 raise ConfigError(explain(f"VectorEnvConfig.{name}", expected=" or ".join(map(repr, allowed)),
                                           received=getattr(self, name), fix=f"pass {name}={allowed[0]!r}"))
         mc = self.max_concurrency
-        if mc is not None and (isinstance(mc, bool) or not isinstance(mc, int) or mc < 1):
+        if mc is not None and not (is_int(mc) and mc >= 1):
             raise ConfigError(explain("VectorEnvConfig.max_concurrency", expected="None or an int >= 1",
                                       received=mc, fix="pass max_concurrency=16"))
         ib = self.inline_below_s
-        if isinstance(ib, bool) or not isinstance(ib, (int, float)) or ib < 0:
+        if not (is_number(ib) and ib >= 0):
             raise ConfigError(explain("VectorEnvConfig.inline_below_s", expected="seconds >= 0", received=ib,
                                       fix="pass inline_below_s=0 to always use worker threads"))
         st = self.step_timeout
-        if st is not None and (isinstance(st, bool) or not isinstance(st, (int, float)) or st <= 0):
+        if st is not None and not (is_number(st) and st > 0):
             raise ConfigError(explain("VectorEnvConfig.step_timeout", expected="None or seconds > 0",
                                       received=st, fix="pass step_timeout=30.0"))
