@@ -251,3 +251,20 @@ def test_tables_are_printed_with_rich_whole_off_a_terminal(capsys):
     assert any("env" in line and "mean_reward" in line for line in lines)
     assert any("gymllm/A-v0" in line and "0.123" in line and long in line for line in lines)  # nothing wrapped or cut
     assert any(line.split()[:2] == ["b", "1"] for line in lines if line.strip())
+
+
+def test_every_section_flag_the_docs_name_exists(capsys):
+    """README.md, ARCHITECTURE.md and docs/ name ``--section.field`` flags of gymllm train and gymllm sft."""
+    from gymllm.algos.sft import SFTConfig
+
+    known = train_flags(preset("default"), capsys) | _help_flags(SFTConfig, capsys=capsys)
+    top = ROOT.parent
+    named = {}
+    for page in [top / "README.md", top / "ARCHITECTURE.md", *sorted((top / "docs").rglob("*.md"))]:
+        for flag in FLAG.findall(page.read_text()):
+            flag = flag.rstrip(".-")
+            if "." in flag and not flag.startswith(("--env.kwargs.", "--section.")):  # kwargs: the env's; a placeholder
+                named.setdefault(flag, page.name)
+    assert "--cluster.backend" in named and "--learner.num-steps" in named
+    missing = {flag: page for flag, page in named.items() if flag not in known}
+    assert not missing, f"flags the docs name that gymllm train/sft lack: {missing}"

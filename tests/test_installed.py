@@ -78,7 +78,7 @@ def test_installed_gymllm_is_the_wheels_and_lists_envs(installed):
 def test_installed_gymllm_trains_a_shipped_recipe_from_another_directory(installed):
     """The recipe's own sizes cut to the smallest it allows (one group of two, 8 tokens): wiring, not learning."""
     small = ["--env.num-envs", "2", "--rollout.group-size", "2", "--rollout.max-concurrency", "2",
-             "--rollout.engine-slots", "2", "--rollout.max-tokens", "4", "--learner.groups-per-step", "1",
+             "--engine.num-slots", "2", "--sampling.max-tokens", "4", "--learner.groups-per-step", "1",
              "--learner.micro-batch-size", "2", "--run.no-console", "--run.no-report", "--run.no-log-trajectories",
              "--run.checkpoint-every", "0"]
     _run([str(installed["gymllm"]), "train", "arithmetic_tiny", "--learner.num-steps", "2", *small],
