@@ -69,8 +69,9 @@ def config(run_dir, agent_program=AGENT, **rollout):
     cfg = preset("tiny")
     return dataclasses.replace(
         cfg, env=dataclasses.replace(cfg.env, num_envs=4),
-        rollout=dataclasses.replace(cfg.rollout, mode="proxy", agent_program=agent_program, group_size=4,
-                                    max_tokens=4, engine_slots=8, engine_max_len=96, **rollout),
+        engine=dataclasses.replace(cfg.engine, num_slots=8, max_len=96),
+        sampling=dataclasses.replace(cfg.sampling, max_tokens=4),
+        rollout=dataclasses.replace(cfg.rollout, mode="proxy", agent_program=agent_program, group_size=4, **rollout),
         learner=dataclasses.replace(cfg.learner, groups_per_step=2, num_steps=2, micro_batch_size=8, max_len=96),
         run=RunSection(run_dir=str(run_dir), console=False, report=False))
 
