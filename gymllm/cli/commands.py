@@ -433,7 +433,7 @@ def print_table(rows: list[dict], columns: list[str]) -> None:
         return f"{v:.3f}" if isinstance(v, float) else str(v)
 
     cells = [[cell(r.get(c, "")) for c in columns] for r in rows]
-    table = Table(*columns, box=box.SIMPLE_HEAD, pad_edge=False, highlight=False)
+    table = Table(*columns, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, highlight=False)
     for row in cells:
         table.add_row(*row)
     console = Console()
