@@ -135,7 +135,13 @@ def train() -> None:
     a recipe with an [sft] table runs demonstrations -> SFT -> GRPO from the SFT weights (RUN_DIR/demos.jsonl,
     RUN_DIR/sft; a finished stage is skipped on a rerun). The run directory
     gets config.json, metrics.jsonl, TensorBoard events, a trajectory log, trace.json (open it in
-    ui.perfetto.dev), checkpoints and a reward-curve PNG.
+    ui.perfetto.dev), checkpoints and a reward-curve PNG; `gymllm train RUN_DIR/config.json` repeats
+    (or, with the same run directory, resumes) that run.
+    The sections are the components' own configs (--engine.*, --sampling.*, --rollout.*, --learner.*,
+    ...). Four settings are each seen by two components and follow their source: --rollout.seed and
+    --engine.seed follow --run.seed, --rollout.groups-per-step follows --learner.groups-per-step,
+    --learner.temperature follows --sampling.temperature. Older spellings such as --rollout.max-tokens,
+    --rollout.engine-max-len or --rollout.eta still work.
     """
 
 

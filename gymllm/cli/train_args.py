@@ -37,7 +37,7 @@ def train_arguments(default: object) -> type:
     fields = [  # real type objects (this module's annotations are strings: a class body here could not resolve them)
         ("recipe", Annotated[Optional[str], tyro.conf.Positional, tyro.conf.arg(
             metavar="RECIPE", help="a TOML recipe (a path, or the name of a shipped one, e.g. calc_math) or a run's "
-                                   "config.json; the first argument")], None),
+                                   "config.json")], None),
         ("preset", Annotated[preset_t, tyro.conf.arg(help="start from this preset (default: the recipe's, else "
                                                           "'default')")], None),
         ("loss_preset", Annotated[loss_t, tyro.conf.arg(help="the loss preset (default: the recipe's, else the "
