@@ -26,7 +26,7 @@ import gymllm.ray_support  # noqa: F401  before ray: every node this file starts
 pytest.importorskip("ray", reason="the cluster tests need the optional package ray (pip install 'gymllm[ray]')")
 
 from gymllm.algos.learner import LearnerConfig  # noqa: E402
-from gymllm.algos.train_config import ClusterSection, EnvSection, RolloutConfig, RunSection, TrainConfig, preset  # noqa: E402
+from gymllm.algos.train_config import ClusterSection, EnvSection, RunSection, TrainConfig, preset  # noqa: E402
 from gymllm.algos.trainer import train  # noqa: E402
 from gymllm.errors import ConfigError  # noqa: E402
 
@@ -40,8 +40,8 @@ def small_tiny(run_dir, *, steps: int = 3, cluster: ClusterSection | None = None
     return dataclasses.replace(
         cfg,
         env=dataclasses.replace(cfg.env, num_envs=8),
-        rollout=dataclasses.replace(cfg.rollout, group_size=4, max_concurrency=8, eta=0, engine_slots=8,
-                                    prefix_reuse=False),
+        engine=dataclasses.replace(cfg.engine, num_slots=8, prefix_reuse=False),
+        rollout=dataclasses.replace(cfg.rollout, group_size=4, max_concurrency=8, max_staleness=0),
         learner=dataclasses.replace(cfg.learner, groups_per_step=2, micro_batch_size=8, num_steps=steps),
         run=RunSection(run_dir=str(run_dir), console=False, report=False),
         cluster=cluster or ClusterSection(),
@@ -113,7 +113,8 @@ def test_cluster_section_rejects_bad_input_with_a_fix():
         ClusterSection(backend="ray", env_resources={"sandbox": -1})
     with pytest.raises(ConfigError, match="env_workers"):
         dataclasses.replace(preset("tiny"), env=EnvSection(num_envs=8),
-                            rollout=RolloutConfig(group_size=8), cluster=ClusterSection(backend="ray", env_workers=9))
+                            rollout=dataclasses.replace(preset("tiny").rollout, group_size=8),
+                            cluster=ClusterSection(backend="ray", env_workers=9))
 
 
 def test_embedded_run_never_imports_ray(tmp_path):
