@@ -133,8 +133,7 @@ class VectorEnvConfig:
             (for CPU-heavy sync envs; observations travel pickled through a pipe, never through
             shared memory); ``"ray"`` hosts the sub-envs in Ray actors (see :class:`RayOptions`).
         max_concurrency: most sub-env operations in flight at once (None: ``num_envs``; thread
-            backend: a Ray actor runs at most one op per env and the ops of one send to a shard
-            in turn).
+            backend: a Ray actor runs at most one op per env, its envs' ops concurrently).
         step_timeout: seconds a reset/step may take before the sub-env is reported with
             :class:`~gymllm.errors.EnvTimeoutError` and replaced by a fresh instance on its next
             reset (None: no limit).
