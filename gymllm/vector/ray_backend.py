@@ -98,8 +98,8 @@ def plan_placement(num_envs: int, options: RayOptions, total: Mapping[str, float
         if options.num_cpus:
             cap = min(cap, max(1, math.floor(available.get("CPU", 0.0) / options.num_cpus + 1e-9)))
         for name, amount in options.resources.items():
-            fits = math.floor(available.get(name, 0.0) / amount + 1e-9) or math.floor(total.get(name, 0.0) / amount + 1e-9)
-            cap = min(cap, max(1, fits))
+            fits = [math.floor(have.get(name, 0.0) / amount + 1e-9) for have in (available, total)]
+            cap = min(cap, max(1, fits[0] or fits[1]))  # none free now: one actor waits for one
         size = -(-num_envs // min(cap, num_envs))
     actors = -(-num_envs // size)
     cpus = options.num_cpus
@@ -331,7 +331,8 @@ class RayRunner(SubEnvRunner):
                     failed.append((it.slot, it.gen, it.op, failure_result(env_id, self.lost_error(env_id, dead))))
                     continue
                 try:
-                    ref = actor.run.remote([(env_id - sh.env_ids[0], it.op, it.action, it.seed, it.options, it.rebuild)])
+                    j = env_id - sh.env_ids[0]
+                    ref = actor.run.remote([(j, it.op, it.action, it.seed, it.options, it.rebuild)])
                 except Exception as e:  # noqa: BLE001 - e.g. an action or option that does not pickle
                     failed.append((it.slot, it.gen, it.op, error_result(env_id, it.op, e)))
                     continue
