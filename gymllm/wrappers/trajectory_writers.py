@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pathlib
 
+from gymllm.atomic import atomic_write_text
 from gymllm.errors import GymLLMError, explain
 
 __all__ = ["claim_writer_name"]
@@ -40,9 +41,7 @@ def claim_writer_name(path: str | os.PathLike, prefix: str = "env") -> tuple[str
             except (OSError, ValueError):
                 continue
             if owner and not _alive(owner):
-                tmp = root / f".{name}.{os.getpid()}.lock"
-                tmp.write_text(str(os.getpid()))
-                os.replace(tmp, lock)  # take over the stale lock; re-read to see who won
+                atomic_write_text(lock, str(os.getpid()), fsync=False)  # take over the stale lock; re-read to see who won
                 if lock.read_text().strip() == str(os.getpid()):
                     return name, lock
             continue
