@@ -16,7 +16,8 @@ What each sink writes:
 - console: a live line ``step 12/100 | reward 0.41 | 1,234 tok/s | engine busy 87% | ETA 0:03:10``
   (rich; redrawn in place on a terminal, printed every ``print_every_s`` seconds otherwise). The
   figures are found by key suffix: reward from ``reward/mean`` (or ``reward_mean`` / ``reward``),
-  tok/s from ``tokens_per_s_generated``, busy from ``engine_busy_fraction``. When the step has
+  tok/s from ``tokens_per_s_generated``, busy from ``pipeline/engine_busy_fraction`` (else
+  ``engine_busy_fraction``). When the step has
   ``rollout_reward_mean`` (the mean over every completed rollout, filtered groups included) the line
   reads ``reward (all rollouts) 0.31 | trained groups 0.52``; ``tool_calls_per_episode`` adds
   ``tool calls/episode 0.40``. ETA is
@@ -45,7 +46,7 @@ _REWARD_KEYS = ("reward/mean", "reward_mean", "reward")
 _ROLLOUT_REWARD_KEYS = ("rollout_reward_mean",)
 _TOOL_KEYS = ("tool_calls_per_episode",)
 _TOKS_KEYS = ("tokens_per_s_generated", "tokens_per_s")
-_BUSY_KEYS = ("engine_busy_fraction",)
+_BUSY_KEYS = ("pipeline/engine_busy_fraction", "engine_busy_fraction")  # the step's window first
 
 
 def flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
