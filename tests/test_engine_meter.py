@@ -93,3 +93,39 @@ def test_a_disabled_tracer_reads_zero_not_an_error():
     with use_tracer(Tracer(enabled=False)):
         eng = asyncio.run(main())
         assert eng.busy_fraction() == 0.0 and eng.calls == 1
+
+
+def test_incremental_reads_give_the_union_of_every_engine_span():
+    """busy_fraction settles busy time as it goes (reading only new events per call); after many calls
+    read in between, the busy time it reports is still the union of every engine span, as
+    telemetry.metrics computes it from the whole trace."""
+
+    async def main(tr):
+        eng = MeteredEngine(GatedEngine())
+        for round_ in range(6):
+            tasks = [asyncio.create_task(eng.generate([1], None, session_id=f"{round_}/{k}")) for k in range(3)]
+            await asyncio.sleep(0)
+            eng.busy_fraction()  # read while calls are in flight
+            with span("decode", track="engine", tokens=3):
+                await asyncio.sleep(0.001)
+            for k in (2, 0, 1):  # out of order
+                eng.engine.gates[f"{round_}/{k}"].set()
+                await asyncio.sleep(0)
+            await asyncio.gather(*tasks)
+            with span("prefill", track="engine"):  # a device span outside any call
+                pass
+            eng.busy_fraction()
+            await asyncio.sleep(0.001)  # idle between rounds
+        return eng
+
+    with use_tracer() as tr:
+        eng = asyncio.run(main(tr))
+        before = tr.now_us()
+        got = eng.busy_fraction()
+        after = tr.now_us()
+        events = tr.events()
+    spans = [(e["ts"], e["ts"] + e["dur"]) for e in events if e["ph"] == "X" and e["track"].startswith("engine")]
+    reference = union_length(spans)
+    assert got * (before - eng.started_us) <= reference * (1 + 1e-9) + 1e-6
+    assert reference <= got * (after - eng.started_us) * (1 + 1e-9) + 1e-6
+    assert len([e for e in events if e["track"] == TRACK]) == 18

@@ -6,8 +6,10 @@ client, vLLM) still shows its busy time, and the in-process engine's own "prefil
 spans on "engine" fall inside it. "Engine busy" has one definition,
 :func:`gymllm.telemetry.metrics.busy_fraction` (the union of the spans on the "engine" tracks over
 the wall time), read by the per-step ``pipeline/engine_busy_fraction``, the report, and
-:meth:`MeteredEngine.busy_fraction` (the same figure since :meth:`~MeteredEngine.reset_clock`).
-With the tracer disabled nothing is recorded and the fraction reads 0.0.
+:meth:`MeteredEngine.busy_fraction` (the same union since :meth:`~MeteredEngine.reset_clock`, kept
+incrementally with :func:`~gymllm.telemetry.metrics.merge_intervals`, so a call reads only the
+events recorded since the previous one). With the tracer disabled nothing is recorded and the
+fraction reads 0.0.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from gymllm.telemetry import get_tracer, span
-from gymllm.telemetry.metrics import busy_fraction
+from gymllm.telemetry.export import family_of
+from gymllm.telemetry.metrics import merge_intervals, union_length
 
 TRACK = "engine/requests"
 
@@ -39,7 +42,10 @@ class MeteredEngine:
         """Start :meth:`busy_fraction`'s window now (``started_us``, on the tracer's clock; the orchestrator
         calls it when it starts)."""
         self._tracer = get_tracer()
-        self._cursor, self.started_us, self._dropped = self._tracer.cursor(), self._tracer.now_us(), self._tracer.dropped
+        self._cursor, self.started_us = self._tracer.cursor(), self._tracer.now_us()
+        self._horizon = self.started_us  # busy time before it is settled in _settled_us
+        self._settled_us = 0.0
+        self._busy: list[tuple[float, float]] = []  # the union of the engine spans read, after the horizon
 
     async def generate(self, prompt_ids: Sequence[int], params: Any, *, session_id: str | None = None) -> Any:
         self.inflight += 1
@@ -55,17 +61,28 @@ class MeteredEngine:
             self._open.pop(key, None)
 
     def busy_fraction(self) -> float:
-        """The share of the wall time since :meth:`reset_clock` with the engine busy
-        (:func:`~gymllm.telemetry.metrics.busy_fraction` over the tracer's spans, the calls still in
-        flight counted up to now). When the tracer's ring buffer dropped events since then, the
-        window starts at the oldest event it still holds."""
+        """The share of the wall time since :meth:`reset_clock` with the engine busy: the union of the
+        tracer's spans on "engine*" (the calls still in flight counted up to now) over that time.
+
+        Each call reads only the events recorded since the previous one. Busy time before the
+        horizon (the previous call's time, or the start of a call then in flight) is settled; an
+        engine span recorded later that began before it (one no call of this engine was waiting
+        on) counts from the horizon on."""
         tr = self._tracer
         now = tr.now_us()
-        events = tr.events_since(self._cursor)
-        lo = self.started_us if tr.dropped == self._dropped or not events else max(self.started_us, events[0]["ts"])
-        events += [{"ph": "X", "name": "generate", "track": TRACK, "ts": start, "dur": now - start, "args": {}}
-                   for start in self._open.values()]
-        return (busy_fraction(events, "engine", window=(lo, now)) or 0.0) if now > lo else 0.0
+        new = [(max(e["ts"], self._horizon), e["ts"] + e["dur"]) for e in tr.events_since(self._cursor)
+               if e["ph"] == "X" and family_of(e["track"]) == "engine"]
+        self._cursor = tr.cursor()
+        merged = merge_intervals(self._busy + new)
+        busy = self._settled_us + union_length(merged + [(start, now) for start in self._open.values()])
+        horizon = min([now, *self._open.values()])
+        self._busy = []
+        for s, e in merged:  # settle what lies before the new horizon; later spans cannot change it
+            self._settled_us += max(0.0, min(e, horizon) - s)
+            if e > horizon:
+                self._busy.append((max(s, horizon), e))
+        self._horizon = horizon
+        return busy / (now - self.started_us) if now > self.started_us else 0.0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.engine, name)

@@ -78,19 +78,21 @@ def _clip(ev: Event, lo: float, hi: float) -> tuple[float, float]:
     return max(start, lo), min(end, hi)
 
 
+def merge_intervals(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of [start, end) intervals as sorted, disjoint intervals (empty ones ignored); merging
+    the result with new intervals later gives the union of all of them (an incremental union)."""
+    out: list[tuple[float, float]] = []
+    for s, e in sorted(iv for iv in intervals if iv[1] > iv[0]):
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return out
+
+
 def union_length(intervals: Iterable[tuple[float, float]]) -> float:
     """Total length covered by the union of [start, end) intervals (empty ones ignored)."""
-    total, cur_s, cur_e = 0.0, None, None
-    for s, e in sorted(iv for iv in intervals if iv[1] > iv[0]):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return total
+    return sum(e - s for s, e in merge_intervals(intervals))
 
 
 def _overlap_fraction(ev: Event, lo: float, hi: float) -> float:
