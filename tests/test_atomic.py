@@ -95,4 +95,4 @@ def test_directory_appears_whole_and_a_finished_one_is_kept(tmp_path):
         raise OSError("disk full")
     assert sorted(x.name for x in (tmp_path / "cache").iterdir()) == ["hf"] and not (tmp_path / "failed").exists()
     assert sorted(x.name for x in tmp_path.iterdir()) == ["cache"]
-    assert not os.listdir(tmp_path / "cache" / "hf") == []
+    assert os.listdir(tmp_path / "cache" / "hf") == ["config.json"]
