@@ -213,7 +213,7 @@ class ScalarEventWriter:
     def add_scalars(self, scalars: dict[str, float], step: int) -> None:
         """One event holding every scalar of a step (TensorBoard reads each tag's series from it)."""
         if scalars and self._writer is not None:
-            values = [self._summary.Value(tag=tag, simple_value=value) for tag, value in scalars.items()]
+            values = [self._summary.Value(tag=str(tag), simple_value=float(value)) for tag, value in scalars.items()]
             self._write(self._event(wall_time=time.time(), step=int(step), summary=self._summary(value=values)))
 
     def add_scalar(self, tag: str, value: float, global_step: int = 0) -> None:
