@@ -30,7 +30,7 @@ _LAZY = {
 
 # Subpackages and modules reachable as ``gymllm.<name>`` (imported on first access), in layer order.
 SUBMODULES: tuple[str, ...] = (
-    "errors", "types", "telemetry", "ray_support",
+    "errors", "types", "atomic", "telemetry", "ray_support",
     "spaces", "core", "vector", "utils", "wrappers", "tools", "registration", "envs",
     "models", "inference", "rollout", "algos", "cli",
 )

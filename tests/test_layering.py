@@ -2,7 +2,7 @@
 
 Every top-level module and subpackage of ``gymllm`` has a rank (``ORDER``; equal ranks share a layer):
 
-    errors, types, _lazy -> telemetry, ray_support -> spaces -> core -> vector -> utils
+    errors, types, _lazy, atomic -> telemetry, ray_support -> spaces -> core -> vector -> utils
     -> wrappers, tools -> envs, registration -> models -> inference -> rollout -> algos -> cli
 
 A module may import its own layer and the layers before it; a module missing from ``ORDER`` fails
@@ -32,7 +32,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "gymllm"
 ORDER: list[tuple[str, ...]] = [
-    ("errors", "types", "_lazy"),
+    ("errors", "types", "_lazy", "atomic"),
     ("telemetry", "ray_support"),
     ("spaces",),
     ("core",),

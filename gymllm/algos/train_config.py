@@ -21,6 +21,7 @@ from gymllm.algos.lora import LoRAConfig
 from gymllm.algos.optim import OptimizerConfig
 from gymllm.algos.sharding import ShardingConfig
 from gymllm.errors import ConfigError, explain
+from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 
 __all__ = ["ModelSection", "EnvSection", "RolloutSection", "RunSection", "EvalSection", "ClusterSection", "TrainConfig",
            "PRESETS", "preset", "effective"]
@@ -189,7 +190,7 @@ class EvalSection:
     every: int = 0
     envs: tuple[str, ...] = ()
     seeds: int = 16
-    seed_base: int = 1_000_000
+    seed_base: int = HELD_OUT_SEED_BASE
     temperature: float = 0.0
     max_tokens: int = 0
 
