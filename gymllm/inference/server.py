@@ -30,8 +30,6 @@ body and the server keeps serving: invalid JSON, wrong types, lone surrogates, e
 longer than the context, unknown model, out-of-range fields.
 """
 
-from __future__ import annotations
-
 import asyncio
 import hmac
 import time
