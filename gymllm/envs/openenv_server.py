@@ -471,35 +471,20 @@ class JsonBodyGuard:
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT", "PATCH"):
             return await self.app(scope, receive, send)
-        chunks, seen, more = [], 0, True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client went away
-            chunks.append(message.get("body", b""))
-            seen += len(chunks[-1])
-            more = message.get("more_body", False)
-            if seen > self.max_bytes:
-                return await _json_error(send, 413, f"body: expected at most {self.max_bytes} bytes, received more. "
-                                         "Fix: send less (or start the server with a larger --max-message-mb)",
-                                         "REQUEST_TOO_LARGE", "body")
-        body = b"".join(chunks)
+        body = await serving.read_body(receive, self.max_bytes)
+        if body is None:
+            return  # the client went away
+        if body is serving.TOO_LARGE:
+            return await _json_error(send, 413, f"body: expected at most {self.max_bytes} bytes, received more. "
+                                     "Fix: send less (or start the server with a larger --max-message-mb)",
+                                     "REQUEST_TOO_LARGE", "body")
         bad = first_bad_number(body) if body else None
         if bad is not None:
             field, what = bad
             return await _json_error(send, 400, f"{field}: expected a finite number within 64 bits, received {what}. "
                                      "Fix: send finite JSON numbers (no NaN, Infinity or 1e999)", "VALIDATION_ERROR",
                                      field)
-        replayed = False
-
-        async def replay() -> dict:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await self.app(scope, replay, send)
+        await self.app(scope, serving.replaying(body, receive), send)
 
 
 async def _json_error(send: Any, status: int, detail: str, code: str, field: str) -> None:

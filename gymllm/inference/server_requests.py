@@ -17,6 +17,7 @@ from fastapi.responses import Response
 from gymllm.errors import ConfigError, GymLLMError
 from gymllm.inference.params import SamplingParams
 from gymllm.inference.server_models import ErrorResponse
+from gymllm.utils.serving import TOO_LARGE, read_body, replaying
 
 __all__ = ["RequestError", "error_response", "ERROR_RESPONSES", "validation_error", "PARAM_FIELDS",
            "sampling_params_from_body", "prompts_from_body", "template_messages", "render_chat", "BodyLimit"]
@@ -178,23 +179,8 @@ class BodyLimit:
             return await error_response(too_big)(scope, receive, send)
         if length is not None and length.isdigit():
             return await self.app(scope, receive, send)  # the server reads at most Content-Length bytes
-        chunks, seen, more = [], 0, True  # chunked: read at most max_bytes, then replay to the app
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client went away
-            chunks.append(message.get("body", b""))
-            seen += len(chunks[-1])
-            more = message.get("more_body", False)
-            if seen > self.max_bytes:
-                return await error_response(too_big)(scope, receive, send)
-        body, replayed = b"".join(chunks), False
-
-        async def replay() -> dict:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await self.app(scope, replay, send)
+        body = await read_body(receive, self.max_bytes)  # chunked: read at most max_bytes, then replay to the app
+        if body is TOO_LARGE:
+            return await error_response(too_big)(scope, receive, send)
+        if body is not None:  # else the client went away
+            await self.app(scope, replaying(body, receive), send)

@@ -22,8 +22,11 @@ from typing import Any, Callable
 
 from gymllm.errors import ConfigError, GymLLMError, explain
 
-__all__ = ["ServerStopped", "ServerThread", "bind_socket", "is_loopback", "require_secret_off_loopback",
-           "run_server", "uvicorn_server"]
+__all__ = ["ServerStopped", "ServerThread", "bind_socket", "is_loopback", "read_body", "replaying",
+           "require_secret_off_loopback", "run_server", "uvicorn_server", "TOO_LARGE"]
+
+TOO_LARGE = object()
+""":func:`read_body`'s answer for a body past its limit."""
 
 
 class ServerStopped(GymLLMError, RuntimeError):
@@ -65,6 +68,36 @@ def url_of(host: str, sock: socket.socket) -> str:
     """``http://HOST:PORT`` of a bound socket (an IPv6 host in brackets)."""
     host = host.strip("[]")
     return f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}"
+
+
+async def read_body(receive: Callable, max_bytes: int) -> Any:
+    """Read an ASGI HTTP request body: the bytes, :data:`TOO_LARGE` once more than ``max_bytes`` arrived
+    (no more is read), or None when the client went away."""
+    chunks, seen, more = [], 0, True
+    while more:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunks.append(message.get("body", b""))
+        seen += len(chunks[-1])
+        more = message.get("more_body", False)
+        if seen > max_bytes:
+            return TOO_LARGE
+    return b"".join(chunks)
+
+
+def replaying(body: bytes, receive: Callable) -> Callable:
+    """An ASGI ``receive`` that hands the app ``body`` (already read) once, then the connection's own messages."""
+    replayed = False
+
+    async def replay() -> dict:
+        nonlocal replayed
+        if replayed:
+            return await receive()
+        replayed = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
 
 
 def uvicorn_server(app: Any, *, log_level: str = "warning", lifespan: str = "off", **config: Any) -> Any:
