@@ -35,7 +35,7 @@ def _free_port() -> int:
 
 
 def start_server(model: str, max_len: int, slots: int) -> tuple[subprocess.Popen, str]:
-    import httpx
+    from gymllm.utils.serving import wait_until_healthy
 
     port = _free_port()
     cmd = [sys.executable, "-m", "gymllm.cli.main", "serve", "--model", model, "--port", str(port),
@@ -43,17 +43,8 @@ def start_server(model: str, max_len: int, slots: int) -> tuple[subprocess.Popen
     env = {**os.environ, "GYMLLM_API_KEY": ""}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300  # a watchdog on start-up
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"gymllm serve exited {proc.returncode}: {proc.stderr.read().decode()[-2000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("gymllm serve did not answer /health within 300 s")
+    wait_until_healthy(url, proc=proc, timeout_s=300)  # a watchdog on start-up
+    return proc, url
 
 
 def rss_bytes(pid: int) -> int:
@@ -128,6 +119,8 @@ def main() -> None:
 
     import httpx
 
+    from gymllm.utils.serving import stop_process
+
     proc, url = start_server(args.model, args.max_len, args.slots)
     try:
         asyncio.run(load(url, min(clients, 4), 5.0 if args.quick else 10.0, args.max_len, args.seed + 1))  # warm-up
@@ -136,12 +129,7 @@ def main() -> None:
         rss1 = rss_bytes(proc.pid)
         healthy = httpx.get(url + "/health", timeout=10).status_code == 200
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, timeout_s=30)
     lat = sorted(out["latencies"])
     p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan")
     errors = len(out["errors"]) + (0 if healthy else 1)

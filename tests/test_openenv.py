@@ -28,6 +28,7 @@ from gymllm.envs.openenv_server import ServeEnvConfig, ServerThread, build_app  
 from gymllm.errors import ConfigError, EnvError, EnvTimeoutError, InvalidActionError  # noqa: E402
 from gymllm.spaces import Chat, Text  # noqa: E402
 from gymllm.utils import check_env  # noqa: E402
+from gymllm.utils.serving import stop_process  # noqa: E402
 
 core = import_openenv("openenv.core")
 generic = import_openenv("openenv.core.generic_client")
@@ -85,13 +86,7 @@ def _wait_url(proc: subprocess.Popen) -> str:
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=3)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    stop_process(proc, sig=signal.SIGINT, timeout_s=3)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
@@ -20,6 +19,8 @@ psutil = pytest.importorskip("psutil")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from schemathesis import GenerationMode  # noqa: E402
+
+from gymllm.utils.serving import stop_process, wait_until_healthy  # noqa: E402
 
 MAX_LEN = 64
 AUTH = {"Authorization": "Bearer hostile-test-key-0123"}
@@ -40,26 +41,12 @@ def _serve(*args: str) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "GYMLLM_API_KEY": ""}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180  # a watchdog on startup, not a timing assertion
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"gymllm serve exited {proc.returncode}: {proc.stdout.read().decode()[-2000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise AssertionError("gymllm serve did not answer /health within 180 s")
+    wait_until_healthy(url, proc=proc, timeout_s=180)  # a watchdog on startup, not a timing assertion
+    return proc, url
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    stop_process(proc, timeout_s=30)
 
 
 @pytest.fixture(scope="module")

@@ -221,13 +221,18 @@ class CompletionChoice(_TokenRecord):
     logprobs: CompletionLogprobs | None = None
 
 
-class CompletionResponse(BaseModel):
+class _ResponseHead(BaseModel):
+    """What both completion answers carry besides their choices."""
+
     id: str
-    object: Literal["text_completion"] = "text_completion"
     created: int
     model: str
-    choices: list[CompletionChoice]
     usage: Usage
+
+
+class CompletionResponse(_ResponseHead):
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[CompletionChoice]
 
 
 class TokenLogprob(BaseModel):
@@ -264,13 +269,9 @@ class ChatChoice(_TokenRecord):
     logprobs: ChatLogprobs | None = None
 
 
-class ChatCompletionResponse(BaseModel):
-    id: str
+class ChatCompletionResponse(_ResponseHead):
     object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
     choices: list[ChatChoice]
-    usage: Usage
 
 
 class ModelCard(BaseModel):

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import signal
 import socket
+import subprocess
 import threading
 import time
 from typing import Any, Callable
@@ -23,7 +25,7 @@ from typing import Any, Callable
 from gymllm.errors import ConfigError, GymLLMError, explain
 
 __all__ = ["ServerStopped", "ServerThread", "bind_socket", "is_loopback", "read_body", "replaying",
-           "require_secret_off_loopback", "run_server", "uvicorn_server", "TOO_LARGE"]
+           "require_secret_off_loopback", "run_server", "stop_process", "uvicorn_server", "wait_until_healthy", "TOO_LARGE"]
 
 TOO_LARGE = object()
 """:func:`read_body`'s answer for a body past its limit."""
@@ -189,3 +191,42 @@ def run_server(app: Any, host: str, port: int, *, on_ready: Callable[[str], None
     if stopped:
         raise ServerStopped(f"the server on {url} stopped: {stopped[0]}. Fix: see the log above; restart it "
                             "(a supervisor restarts a process that exits non-zero)")
+
+
+def wait_until_healthy(url: str, *, proc: subprocess.Popen | None = None, timeout_s: float = 180.0,
+                       path: str = "/health") -> None:
+    """Poll ``GET url + path`` until it answers 200 (a server process starting up).
+
+    Raises :class:`ServerStopped` when ``proc`` exits first (with the tail of its captured output) or
+    after ``timeout_s`` (a watchdog, then ``proc`` is killed).
+    """
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            out = proc.stdout or proc.stderr
+            tail = out.read()[-2000:] if out is not None else ""
+            raise ServerStopped(f"the server process exited {proc.returncode} before {url}{path} answered: "
+                                f"{tail.decode(errors='replace') if isinstance(tail, bytes) else tail}")
+        try:
+            if httpx.get(url + path, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    if proc is not None:
+        proc.kill()
+        proc.wait()
+    raise ServerStopped(f"{url}{path} did not answer 200 within {timeout_s} s")
+
+
+def stop_process(proc: subprocess.Popen, *, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> None:
+    """Ask a server process to stop (``sig``), then kill it if it has not exited within ``timeout_s``."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
