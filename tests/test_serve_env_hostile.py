@@ -109,7 +109,8 @@ def _sweep(env_id: str) -> list[str]:
         served.close()
     # a gold key, or a value equal to the gold answer under another name (short values match by chance)
     return [f"{env_id}: {p} = {v!r}" for meta in sent for p, v in _leaves(meta)
-            if p.rsplit(".", 1)[-1] in GOLD or (isinstance(v, (str, int)) and len(str(v)) >= 3 and str(v) in gold)]
+            if p.rsplit(".", 1)[-1] in GOLD or (isinstance(v, (str, int)) and not isinstance(v, bool) and len(str(v)) >= 3
+                                                and str(v) in gold)]
 
 
 def _ids(catalogue: bool) -> list[str]:
