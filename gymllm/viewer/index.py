@@ -112,7 +112,6 @@ class LogIndex:
         self.pos = 0  # bytes consumed (complete lines only)
         self.line_no = 0
         self.torn_tail = False  # the file ends in a line without its newline (still being written?)
-        self._open: dict[str, dict[str, Any]] = {}  # episodes format: episode id -> its row while it is read
 
     # ------------------------------------------------------------------------------------ reading
 
@@ -202,16 +201,16 @@ class LogIndex:
         kind, eid = rec.get("type"), rec.get("episode")
         if kind == "reset":
             info = rec.get("info") if isinstance(rec.get("info"), dict) else {}
-            row = {"id": str(eid), "step": rec.get("index"), "group": None, "task": info.get("task_id"),
+            row = {"id": str(eid), "step": None, "index": rec.get("index"), "group": None, "task": info.get("task_id"),
                    "env": rec.get("env_id") or self.env, "seat": info.get("seat", info.get("agent")),
                    "reward": 0.0, "versions": [], "tokens": 0, "finish": "running", "error": None,
                    "ranges": [(offset, length)]}
-            self._open[str(eid)] = row
             self._add(row)
             return
-        row = self._open.get(str(eid))
-        if row is None:
+        i = self.by_id.get(str(eid))  # records may follow the end (tokens and notes of the last step)
+        if i is None:
             return
+        row = self.rows[i]
         row["ranges"].append((offset, length))
         if kind == "step":
             row["reward"] = (row["reward"] or 0.0) + (_num(rec.get("reward")) or 0.0)
@@ -221,17 +220,17 @@ class LogIndex:
         elif kind == "tokens":
             row["tokens"] += int(rec.get("length") or 0)
         elif kind == "note":
+            if isinstance(rec.get("train_step"), int):  # the training step a writer attached
+                row["step"] = rec["train_step"]
             v = rec.get("policy_version", rec.get("version"))
             if isinstance(v, int) and v not in row["versions"]:
                 row["versions"].append(v)
         elif kind == "end":
             row["finish"] = "truncated" if rec.get("truncated") else "terminated"
             row["reward"] = _num(rec.get("return"))
-            self._open.pop(str(eid), None)
         elif kind == "abort":
             row["finish"] = "aborted"
             row["error"] = row["error"] or str(rec.get("reason") or "aborted")
-            self._open.pop(str(eid), None)
 
     # ------------------------------------------------------------------------------------ queries
 

@@ -115,6 +115,7 @@ def create_app(config: ViewerConfig) -> Any:
     from fastapi import FastAPI, HTTPException, Query
     from fastapi.responses import FileResponse, JSONResponse
     from fastapi.staticfiles import StaticFiles
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 
     runs = load_runs(list(config.runs))
     app = FastAPI(title="gymllm view", docs_url=None, redoc_url=None, openapi_url=None)
@@ -126,8 +127,8 @@ def create_app(config: ViewerConfig) -> Any:
             raise HTTPException(404, f"run {name!r}: expected one of {sorted(runs)}")
         return runs[name]
 
-    @app.exception_handler(HTTPException)
-    async def _error(request: Any, exc: HTTPException) -> JSONResponse:  # errors as {"error": text} for the page
+    @app.exception_handler(StarletteHTTPException)  # unmatched routes too
+    async def _error(request: Any, exc: StarletteHTTPException) -> JSONResponse:  # errors as {"error": text} for the page
         return JSONResponse({"error": exc.detail}, status_code=exc.status_code)
 
     @app.get("/")

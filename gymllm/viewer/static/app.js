@@ -275,7 +275,9 @@ async function showTrajectory(run, id) {
     h("label", { title: t[m] ? "" : (d.notes.find(n => n.startsWith(m)) || `${m}: not in this log`) },
       h("input", { type: "radio", name: "colour", value: m, checked: state.colour === m, disabled: !t[m],
         on: { change: () => { state.colour = m; redraw(); } } }), ` ${m}${t[m] ? "" : " (not logged)"}`)));
-  const meta = h("table", { class: "meta" }, h("tbody", {}, Object.entries({ ...d.row, ...d.meta }).map(([k, v]) =>
+  const aliases = new Set(["episode", "group_id", "task_id", "finish_reason", "num_tokens", "env_id", "return", "reward"]);
+  const extra = Object.entries(d.meta).filter(([k]) => !(k in d.row) && !aliases.has(k));
+  const meta = h("table", { class: "meta" }, h("tbody", {}, [...Object.entries(d.row), ...extra].map(([k, v]) =>
     h("tr", {}, h("td", {}, k), h("td", {}, typeof v === "object" && v !== null ? JSON.stringify(v) : fmt(v))))));
   const turns = d.turns.map(tn => h("div", { class: `turn ${tn.kind}` },
     h("div", { class: "kind" }, tn.kind + (tn.step !== undefined && tn.step !== null ? ` · step ${tn.step}` : "")),

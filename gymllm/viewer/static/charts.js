@@ -12,6 +12,7 @@ const Charts = (() => {
   function fmt(v) {
     if (!isFinite(v)) return String(v);
     const a = Math.abs(v);
+    if (a < 1e-12) return "0";
     if (a !== 0 && (a < 1e-3 || a >= 1e5)) return v.toExponential(1);
     return +v.toFixed(a < 1 ? 3 : 2) + "";
   }
@@ -57,7 +58,7 @@ const Charts = (() => {
   }
   /* rows: [{label, mean, lo, hi, color}] -> horizontal interval plot */
   function intervals(rows, opts) {
-    const W = 520, rowH = 20, L = 200, R = 40, T = 8, B = 22, H = T + B + rowH * rows.length;
+    const W = 680, rowH = 20, L = 300, R = 30, T = 8, B = 22, H = T + B + rowH * rows.length;
     const svg = el("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", style: `height:${H}px` });
     const vals = rows.flatMap(r => [r.lo, r.hi, r.mean]).filter(isFinite);
     let x0 = Math.min(0, ...vals), x1 = Math.max(1, ...vals);
@@ -69,7 +70,7 @@ const Charts = (() => {
     }
     rows.forEach((r, i) => {
       const y = T + rowH * i + rowH / 2, c = r.color || PALETTE[i % PALETTE.length];
-      svg.appendChild(el("text", { x: L - 6, y: y + 3, "text-anchor": "end" }, r.label));
+      svg.appendChild(el("text", { x: L - 6, y: y + 3, "text-anchor": "end" }, r.label.replace(/^gymllm\//, "")));
       if (isFinite(r.lo) && isFinite(r.hi)) svg.appendChild(el("line", { x1: sx(r.lo), x2: sx(r.hi), y1: y, y2: y, stroke: c, "stroke-width": 2 }));
       if (isFinite(r.mean)) svg.appendChild(el("circle", { cx: sx(r.mean), cy: y, r: 3.5, fill: c, "data-interval": r.label }));
     });
