@@ -353,3 +353,14 @@ def test_gymllm_view_prints_its_url_and_serves(written):
     missing = subprocess.run([sys.executable, "-m", "gymllm.cli.main", "view", "/no/such/run"],
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_the_viewer_starts_without_the_model_stack():
+    """Serving a run needs no JAX: the model stack is imported only to decode a trajectory's tokens
+    (a tiny model's tokenizer) or recompute an advantage, lazily."""
+    code = ("import sys, gymllm.viewer, gymllm.viewer.detail, gymllm.cli.view; "
+            "print(sorted(m for m in ('jax', 'flax', 'gymllm.models', 'gymllm.inference', 'gymllm.algos') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -41,7 +41,9 @@ const Charts = (() => {
       svg.appendChild(el("line", { x1: L, x2: W - R, y1: sy(y), y2: sy(y), class: "grid" }));
       svg.appendChild(el("text", { x: L - 4, y: sy(y) + 3, "text-anchor": "end" }, fmt(y)));
     }
-    for (const x of ticks(x0, x1, 4)) {
+    const integral = pts.every(p => Number.isInteger(p[0]));  // steps: whole-number ticks
+    const xt = integral ? [...new Set(ticks(x0, x1, 4).map(Math.round))] : ticks(x0, x1, 4);
+    for (const x of xt) {
       svg.appendChild(el("text", { x: sx(x), y: H - 6, "text-anchor": "middle" }, fmt(Math.round(x * 100) / 100)));
     }
     svg.appendChild(el("line", { x1: L, x2: L, y1: T, y2: H - B, class: "axis" }));
