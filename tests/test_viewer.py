@@ -138,19 +138,24 @@ def test_front_page_draws_the_curves_of_a_gymllm_train_run(server, train_run, wa
     watched.check()
 
 
-def test_curves_follow_a_run_that_is_still_writing(server, written, watched):
-    page = watched.page
-    page.goto(server)
-    card = page.locator('section[data-run="episodes-run"] .steps')
-    page.wait_for_function("() => (document.querySelector('section[data-run=\"episodes-run\"] .steps') || {})"
-                           ".textContent?.includes('last step 3')")
-    with open(written["episodes"] / "metrics.jsonl", "a") as f:  # the run logs step 4 after the page loaded
-        f.write(json.dumps({"step": 4, "time": 0.0, **metrics_record(4)}) + "\n")
-    page.wait_for_function("() => document.querySelector('section[data-run=\"episodes-run\"] .steps')"
-                           ".textContent.includes('last step 4')", timeout=15000)
-    assert "4 metric records" in card.inner_text()
-    legend = page.locator('.chart[data-chart="loss"] .legend').inner_text()
-    assert "(last 0.25 at step 4)" in legend
+def test_curves_follow_a_run_that_is_still_writing(written, watched, tmp_path):
+    run = tmp_path / "live-run"  # its own copy: the other tests see the written run unchanged
+    run.mkdir()
+    shutil.copy2(written["episodes"] / "metrics.jsonl", run / "metrics.jsonl")
+    with ViewerServer(ViewerConfig(runs=(str(run),), port=0)) as url:
+        page = watched.page
+        page.goto(url)
+        steps = page.locator('section[data-run="live-run"] .steps')
+        page.wait_for_function("() => (document.querySelector('section[data-run=\"live-run\"] .steps') || {})"
+                               ".textContent?.includes('last step 3')")
+        with open(run / "metrics.jsonl", "a") as f:  # the run logs step 4 after the page loaded
+            f.write(json.dumps({"step": 4, "time": 0.0, **metrics_record(4)}) + "\n")
+        page.wait_for_function("() => document.querySelector('section[data-run=\"live-run\"] .steps')"
+                               ".textContent.includes('last step 4')", timeout=15000)
+        assert "4 metric records" in steps.inner_text()
+        legend = page.locator('.chart[data-chart="loss"] .legend').inner_text()
+        assert "(last 0.25 at step 4)" in legend
+        assert page.locator('.chart[data-chart="loss"]').get_attribute("data-points") == "4"
     watched.check()
 
 
@@ -222,8 +227,7 @@ def test_trajectory_table_pages_and_filters_on_the_server(server, train_run, wat
     page.wait_for_function(f"() => document.querySelector('#table-count')?.textContent === 'rows 51–{n} of {n}'")
     page.locator("input[name=reward_min]").fill("0.1")
     page.get_by_text("Apply").click()
-    page.wait_for_url("**reward_min=0.1**")
-    page.locator("#trajectory-table tbody tr").first.wait_for()
+    page.locator('#trajectory-table[data-query*="reward_min=0.1"] tbody tr').first.wait_for()  # the filtered page drawn
     rewards = [float(t) for t in page.locator("#trajectory-table tbody tr td:nth-child(7)").all_inner_texts()]
     want = sum(json.loads(line)["reward"] >= 0.1 for line in (train_run / "trajectories.jsonl").read_text().splitlines())
     assert rewards and all(r >= 0.1 for r in rewards) and len(rewards) == min(50, want)

@@ -23,13 +23,14 @@ from __future__ import annotations
 import json
 import pathlib
 import threading
+import time
 from typing import Any, Callable, Iterator
 
 from gymllm.wrappers.trajectory_format import FORMAT
 
 __all__ = ["LogIndex", "detect_format", "Filters", "CHUNK_BYTES"]
 
-CHUNK_BYTES = 1 << 20  # bytes read per locked step: a page request never waits for a whole big log
+CHUNK_BYTES = 1 << 18  # bytes read per locked step: a page request never waits for a whole big log
 
 
 def detect_format(path: pathlib.Path) -> str | None:
@@ -112,6 +113,7 @@ class LogIndex:
         self.pos = 0  # bytes consumed (complete lines only)
         self.line_no = 0
         self.torn_tail = False  # the file ends in a line without its newline (still being written?)
+        self._facets: dict[str, set[Any]] = {"env": set(), "seat": set(), "version": set()}
 
     # ------------------------------------------------------------------------------------ reading
 
@@ -155,11 +157,16 @@ class LogIndex:
             self.torn_tail = False
             return self.pos < size
 
-    def refresh(self, until: Callable[[], bool] | None = None) -> None:
-        """Read what was appended since the last call (stop early once ``until()`` holds)."""
+    def refresh(self, until: Callable[[], bool] | None = None, *, pause_s: float = 0.0) -> None:
+        """Read what was appended since the last call (stop early once ``until()`` holds).
+
+        ``pause_s``: sleep between chunks (the background indexer passes a little, so a page
+        request waiting for the lock gets it between two chunks)."""
         while self.step():
             if until is not None and until():
                 return
+            if pause_s:
+                time.sleep(pause_s)
 
     def _line(self, raw: bytes, offset: int, length: int) -> None:
         self.line_no += 1
@@ -182,6 +189,14 @@ class LogIndex:
         if row["id"] not in self.by_id:
             self.by_id[row["id"]] = len(self.rows)
         self.rows.append(row)
+        self._facet(row)
+
+    def _facet(self, row: dict[str, Any]) -> None:
+        if row.get("env") is not None:
+            self._facets["env"].add(str(row["env"]))
+        if row.get("seat") is not None:
+            self._facets["seat"].add(str(row["seat"]))
+        self._facets["version"].update(int(v) for v in row.get("versions") or ())
 
     def _train_row(self, rec: dict[str, Any], offset: int, length: int) -> None:
         tid = rec.get("trajectory_id")
@@ -225,6 +240,7 @@ class LogIndex:
             v = rec.get("policy_version", rec.get("version"))
             if isinstance(v, int) and v not in row["versions"]:
                 row["versions"].append(v)
+                self._facets["version"].add(v)
         elif kind == "end":
             row["finish"] = "truncated" if rec.get("truncated") else "terminated"
             row["reward"] = _num(rec.get("return"))
@@ -265,14 +281,7 @@ class LogIndex:
 
     def facets(self) -> dict[str, list[Any]]:
         """The distinct envs, seats and versions of the indexed rows (for the filter menus)."""
-        envs, seats, versions = set(), set(), set()
-        for row in self.rows[:]:
-            envs.add(row.get("env"))
-            seats.add(row.get("seat"))
-            versions.update(row.get("versions") or ())
-        return {"env": sorted(str(e) for e in envs if e is not None),
-                "seat": sorted(str(s) for s in seats if s is not None),
-                "version": sorted(int(v) for v in versions)}
+        return {k: sorted(v) for k, v in self._facets.items()}
 
 
 def _num(x: Any) -> float | None:

@@ -107,7 +107,7 @@ def trajectory_page(run: ViewedRun, filters: Filters, page: int, size: int) -> d
 def _index_all(runs: dict[str, ViewedRun]) -> None:
     for run in runs.values():
         for ix in run.logs().values():
-            ix.refresh()
+            ix.refresh(pause_s=0.001)
 
 
 def create_app(config: ViewerConfig) -> Any:

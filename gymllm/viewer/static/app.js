@@ -211,7 +211,7 @@ async function showTable(p) {
   if (data.error_count > data.errors.length) problems.push(h("div", { class: "error" }, `… ${data.error_count - data.errors.length} more unreadable lines`));
   for (const t of data.torn) problems.push(h("div", { class: "note torn" }, `${t} ends in a half-written line (the writer may still be running); it is left out until complete`));
   const first = page * size;
-  const table = h("table", { id: "trajectory-table" },
+  const table = h("table", { id: "trajectory-table", "data-query": q.toString() },
     h("thead", {}, h("tr", {}, ["id", "step", "group", "task", "env", "seat", "reward", "versions", "tokens", "finish", "error"].map(c => h("th", {}, c)))),
     h("tbody", {}, data.rows.map(r => h("tr", { class: "link", "data-id": r.id, on: { click: () => go({ run, trajectory: r.id }) } },
       h("td", {}, h("a", { href: `/?run=${encodeURIComponent(run)}&trajectory=${encodeURIComponent(r.id)}`, on: { click: e => { e.preventDefault(); go({ run, trajectory: r.id }); } } }, r.id)),
