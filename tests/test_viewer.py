@@ -368,3 +368,25 @@ def test_the_viewer_starts_without_the_model_stack():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_a_wheel_carries_the_page_and_its_assets(tmp_path):
+    """The page's files are package data: a wheel built from this tree holds every file of static/."""
+    import zipfile
+
+    from gymllm.viewer import STATIC_DIR
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(root / name, src / name)
+    shutil.copytree(root / "gymllm", src / "gymllm", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
+                          "-w", str(tmp_path / "wheels"), str(src)], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (wheel,) = (tmp_path / "wheels").glob("gymllm-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = {f"gymllm/viewer/static/{p.name}" for p in STATIC_DIR.iterdir() if p.is_file()}
+    assert {"gymllm/viewer/static/index.html", "gymllm/viewer/static/app.js"} <= shipped <= names
