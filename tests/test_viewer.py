@@ -27,8 +27,8 @@ from gymllm.viewer.index import LogIndex
 from gymllm.wrappers.trajectory_reader import read_log, read_tokens
 from viewer_runs import metrics_record, write_episode_run, write_eval_rows, write_suite
 
+# $GYMLLM_CHROMIUM names another Chromium build; by default the Debian package's executable on PATH
 CHROMIUM = os.environ.get("GYMLLM_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-NEEDS_CHROMIUM = "the chromium executable is absent (Debian package `chromium`; .ci/run installs it)"
 
 
 # ------------------------------------------------------------------------------------ fixtures
@@ -67,8 +67,9 @@ def shots(tmp_path_factory) -> pathlib.Path:
 
 @pytest.fixture(scope="module")
 def browser():
-    if not CHROMIUM:
-        pytest.skip(NEEDS_CHROMIUM)
+    if not CHROMIUM or not os.path.isfile(CHROMIUM):
+        pytest.skip(f"the chromium executable is absent ({CHROMIUM or 'no chromium on PATH'}; Debian package "
+                    "`chromium`, which .ci/run installs)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (the `test` extra) is not installed")
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
