@@ -11,7 +11,10 @@ Each benchmark ends with ``emit_result(name, result)``: it prints the ``RESULT {
 ``python benchmarks/results/render.py`` writes the tables of ``docs/benchmarks.md`` from these records
 (figures on the page are never typed by hand). Records imported from the README's text, for figures
 measured before this store existed, carry ``"source": "imported from the README text of commit 0a52cdd"``
-with the commit, machine, load and number of runs that text gave (``spread`` holds the range over runs).
+with the commit, machine, load and number of runs that text gave (null or "not stated" where it gave
+none); their values are strings exactly as the text had them, ``spread`` maps a key to its range over
+runs, ``reported_in`` names the commit that first reported the figure, and ``lead`` marks the
+measurement the README's row led with.
 
 Where the record goes: ``$GYMLLM_BENCH_RECORDS`` (a directory; ``off`` records nothing), else this
 directory. Inside a pytest run (``PYTEST_CURRENT_TEST`` set) nothing is recorded unless

@@ -277,8 +277,9 @@ class Measurement:
         return f"{num(statistics.median(vals))} ({span(min(vals), max(vals))})"
 
     def runs(self) -> str:
-        return str(self.first["runs"] if self.imported else len(self.records)) if (
-            self.first.get("runs") is not None or not self.imported) else "not stated"
+        if not self.imported:
+            return str(len(self.records))
+        return str(self.first["runs"]) if self.first.get("runs") is not None else "not stated"
 
     def date(self) -> str:
         if self.imported:
