@@ -202,7 +202,8 @@ def main() -> None:
     print(reward_table(barrier_free["reward_per_step"], sync["reward_per_step"]))
     print(f"Tunix CPU config: {tunix_step_s:.3f}s per step (peers on this config side by side: benchmarks/peers.py)")
     print(f"load average at the end {out['loadavg']['end']}")
-    print("RESULT " + json.dumps(out))
+    from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+    emit_result("train", out)
 
 
 if __name__ == "__main__":
