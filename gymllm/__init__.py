@@ -32,7 +32,7 @@ _LAZY = {
 SUBMODULES: tuple[str, ...] = (
     "errors", "types", "telemetry", "ray_support",
     "spaces", "core", "vector", "utils", "wrappers", "tools", "registration", "envs",
-    "models", "inference", "rollout", "algos", "cli",
+    "models", "inference", "rollout", "suites", "algos", "cli",
 )
 
 __all__ = ["__version__", "SUBMODULES", *_LAZY, *SUBMODULES]

@@ -43,6 +43,7 @@ ORDER: list[tuple[str, ...]] = [
     ("models",),
     ("inference",),
     ("rollout",),
+    ("suites",),
     ("algos",),
     ("cli",),
 ]
