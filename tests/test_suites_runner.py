@@ -293,3 +293,23 @@ def test_compare_pools_directories(run, tmp_path, capsys):
     assert compare((str(out), str(twin))) == 0
     text = capsys.readouterr().out
     assert f"| {out.name}/a | twin/a | * | mean_reward | +0.000 |" in text
+
+
+def test_a_user_env_named_on_the_command_line(tmp_path, user_dir, capsys):
+    """`gymllm eval suite_user_envs:UserWordRun-v0 ...`: the module is imported, its gymnasium.register
+    call runs, and its env is a one-off suite (the engine settings of the fixture's run: compiled already)."""
+    from gymllm.cli.suite_cli import eval_main, policy_label
+
+    out = tmp_path / "one_off"
+    assert eval_main(["suite_user_envs:UserWordRun-v0", "--model", "tiny-qwen3", "--out", str(out), "--num-seeds", "2",
+                      "--k", "2", "--max-tokens", "4", "--max-turns", "1", "--num-slots", "8", "--max-len", "256",
+                      "--max-concurrency-per-env", "4", "--no-progress", "--oracle"]) == 0
+    rows = ResultsFile(out / "results.jsonl").read()
+    assert {(r["policy"], r["env"]) for r in rows} == {("tiny-qwen3", "suite_user_envs:UserWordRun-v0")}
+    assert len(rows) == 4 and all(r["error"] is None for r in rows)
+    summary = json.loads((out / "summary.json").read_text())
+    assert any("no demo solver" in n for n in summary["notes"])
+    assert "tiny-qwen3" in capsys.readouterr().out
+    assert policy_label(checkpoint=str(tmp_path / "runs" / "exp1")) == "exp1"
+    assert policy_label(checkpoint=str(tmp_path / "runs" / "exp1" / "checkpoints")) == "exp1"
+    assert policy_label(model="smollm2-135m-instruct") == "smollm2-135m-instruct"

@@ -205,12 +205,16 @@ def _print_results(summary: dict[str, Any]) -> None:
 
 
 def eval_main(argv: Sequence[str]) -> int:
-    """``gymllm eval --suite ...``: parse ``argv`` with tyro and run :func:`eval_suite`."""
+    """Run a benchmark suite for several policies (``gymllm eval --suite``): pass@k, intervals, comparisons.
+
+    Parses ``argv`` with tyro and runs :func:`eval_suite`."""
     return int(tyro.cli(eval_suite, prog="gymllm eval", args=list(argv)))
 
 
 def compare_main(argv: Sequence[str]) -> int:
-    """``gymllm compare DIR ...``: parse ``argv`` with tyro and run :func:`compare`."""
+    """Compare the policies of existing suite results: paired differences, intervals, p-values.
+
+    ``gymllm compare DIR ...``: parses ``argv`` with tyro and runs :func:`compare`."""
     return int(tyro.cli(compare, prog="gymllm compare", args=list(argv)))
 
 

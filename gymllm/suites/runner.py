@@ -168,16 +168,19 @@ async def _model_env(policy: PolicySpec, env: SuiteEnv, items: list, engine: Any
     from gymllm.suites.resolve import make_vec_for
 
     n = max(1, min(config.max_concurrency_per_env, len(items)))
+    vec = None
     try:
         agent = agent_for(env.target, policy.loaded.tokenizer, env.kwargs, system_prompt=env.system_prompt,
                           agent=env.agent)
+        prefix_preserving = check_prefix_preserving(agent.tokenizer, agent.observation_roles)
         vec = make_vec_for(env.target, n, env.kwargs, max_turns=env.max_turns)
+        slots = as_env_slots(vec)
     except Exception as e:  # noqa: BLE001 - an env that cannot be built is reported in its rows
+        if vec is not None:
+            vec.close()
         for _, seed, m in items:
             write(_row(policy.label, env, seed, m, error=f"env could not be built: {_message(e)}"))
         return
-    slots = as_env_slots(vec)
-    prefix_preserving = check_prefix_preserving(agent.tokenizer, agent.observation_roles)
     shared = SessionPrefixed(engine, f"{policy.label}/{env.name}/")
     max_len = getattr(engine, "max_len", None)
     limit = int(max_len) - 1 if isinstance(max_len, int) else None

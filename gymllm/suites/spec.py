@@ -254,7 +254,10 @@ def _env(table: Any, index: int, top: Mapping[str, Any], src: str, resolve: bool
     if resolve:
         from gymllm.suites.resolve import resolve_env_id
 
-        target = resolve_env_id(env_id, where=f"{where}: key 'id'")
+        try:
+            target = resolve_env_id(env_id, where=f"{where}: key 'id'")
+        except ConfigError as e:
+            raise SuiteError(str(e)) from e
     return SuiteEnv(id=env_id, name=name, kwargs=dict(kwargs), seeds=seeds_t, k=values["k"], weight=weight,
                     max_turns=values["max_turns"], max_tokens=values["max_tokens"],
                     temperature=values["temperature"], success_threshold=values["success_threshold"],
