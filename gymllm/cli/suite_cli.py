@@ -74,7 +74,7 @@ def eval_suite(
     max_tokens: int | None = None,
     max_turns: int | None = None,
     max_concurrency_per_env: int = 32,
-    num_slots: int = 32,
+    num_slots: int = 16,
     max_len: int = 2048,
     episode_timeout_s: float = 600.0,
     progress: bool = True,

@@ -66,12 +66,14 @@ class PolicySpec:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunnerConfig:
     """max_concurrency_per_env: episodes of one env in flight (its sub-envs); num_slots: the engine's
-    rows decoded together; max_len: the engine's tokens a row; episode_timeout_s: the watchdog (None:
+    rows decoded together (16, as ``gymllm eval``'s engines: on a CPU a decode or prefill call costs
+    about in proportion to the slots' cache, so more slots pay only where batching is cheap, e.g. a
+    GPU); max_len: the engine's tokens a row; episode_timeout_s: the watchdog (None:
     none); progress: a ``rich`` progress bar (rows done / total, ETA); bootstrap_seed and
     num_resamples: the summary's intervals."""
 
     max_concurrency_per_env: int = 32
-    num_slots: int = 32
+    num_slots: int = 16
     max_len: int = 2048
     episode_timeout_s: float | None = 600.0
     progress: bool = True
