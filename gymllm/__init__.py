@@ -32,7 +32,7 @@ _LAZY = {
 SUBMODULES: tuple[str, ...] = (
     "errors", "types", "atomic", "telemetry", "ray_support",
     "spaces", "core", "vector", "utils", "wrappers", "tools", "registration", "envs",
-    "models", "inference", "rollout", "algos", "viewer", "cli",
+    "models", "inference", "rollout", "suites", "algos", "viewer", "cli",
 )
 
 __all__ = ["__version__", "SUBMODULES", *_LAZY, *SUBMODULES]
