@@ -41,7 +41,6 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import math
 import pathlib
@@ -488,7 +487,8 @@ def main() -> None:
     out["faults_total"] = len(args.faults)
     out["steps_per_run"] = steps
     out["machine"] = platform.machine()
-    print("RESULT " + json.dumps(out))
+    from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+    emit_result("drill_faults", out)
 
 
 if __name__ == "__main__":

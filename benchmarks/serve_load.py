@@ -139,7 +139,8 @@ def main() -> None:
               "serve_errors": errors, "serve_rss_growth": round(rss1 / rss0, 3) if rss0 else None,
               "requests": len(lat), "tokens_per_s": round(out["tokens"] / out["wall"], 1), "clients": clients,
               "duration_s": duration, "healthy_after": healthy, "load_average": round(os.getloadavg()[0], 2)}
-    print("RESULT " + json.dumps(result))
+    from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+    emit_result("serve_load", result)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ side: each round's wall seconds, compilations and compile seconds), ``rows`` (ep
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 import time
@@ -131,7 +130,8 @@ def main() -> None:
               "net_of_compile": net_of_compile, "rounds": runs, "rows": sum(len(e.seeds) * e.k for e in suite.envs),
               "rows_match": match, "per_env_rows": per_env_rows, "model": args.model, "quick": args.quick,
               "cpu": describe_cpu(), "cores": os.cpu_count(), "load_average": [load_start, os.getloadavg()[0]]}
-    print("RESULT " + json.dumps(result))
+    from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+    emit_result("suite", result)
 
 
 if __name__ == "__main__":

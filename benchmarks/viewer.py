@@ -112,7 +112,8 @@ def main() -> None:
                "detail_ms": round(detail_ms, 1), "trajectories": args.trajectories,
                "log_mb": round(log.stat().st_size / 1e6, 1), "rounds": rounds,
                "cpu": describe_cpu(), "loadavg": loadavg()}
-    print("RESULT " + json.dumps(out))
+    from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+    emit_result("viewer", out)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,23 @@ class Figure:
 
 F = Figure
 FIGURES: dict[str, tuple[Figure, ...]] = {
+    "serve_load": (
+        F(key="serve_p99_ms", what="p99 latency of a streamed completion, concurrent clients on loopback (ms)"),
+        F(key="serve_p50_ms", what="p50 latency (ms)"),
+        F(key="serve_errors", what="failed requests", goal="0"),
+        F(key="serve_rss_growth", what="server RSS at the end / after warm-up", goal="< 1.2"),
+    ),
+    "viewer": (
+        F(key="viewer_page_ms", what="trajectory table's first page, 100,000 trajectories, HTTP included (ms)",
+          goal="< 200"),
+        F(key="full_read_page_ms", what="the same page parsing the whole log per request (ms)"),
+        F(key="filtered_page_ms", what="a filtered page (ms)"),
+    ),
+    "suite": (
+        F(key="suite_vs_per_env", what="one shared engine, every env in flight, vs one engine per env in turn, "
+          "warm (x)", goal=">= 2"),
+        F(key="cold_suite_vs_per_env", what="the same with compilation included (x)"),
+    ),
     "vector_env": (
         F(key="barrier_free_vs_gym_async", what="env-steps/s, barrier-free recv vs Gymnasium AsyncVectorEnv, 64 envs, "
           "lognormal latency (x)", goal=">= 5"),

@@ -23,17 +23,9 @@ def load_model(m: ModelSection) -> Any:
     the trained weights of ``m.checkpoint`` when it is set (warm start)."""
     from gymllm import models
 
-    if m.is_tiny:
-        loaded = models.make_tiny(m.name[len("tiny-"):], seed=m.seed, vocab_size=m.vocab_size,
-                                  hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
-                                  num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads)
-    else:
-        loaded = models.load(m.name)
-    if m.checkpoint:
-        from gymllm.algos.checkpoint import restore_model_weights
-
-        loaded = dataclasses.replace(loaded, model=restore_model_weights(loaded.model, m.checkpoint),
-                                     source=f"{loaded.source} + {m.checkpoint}")
+    tiny = ({k: getattr(m, k) for k in ("seed", "vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                                         "num_heads", "num_kv_heads")} if m.is_tiny else {})
+    loaded = models.load(m.name, checkpoint=m.checkpoint or None, **tiny)
     return loaded
 
 

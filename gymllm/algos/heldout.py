@@ -11,6 +11,7 @@ from typing import Any
 from gymllm.algos.config_map import eval_config
 from gymllm.algos.train_config import TrainConfig
 from gymllm.errors import ConfigError, explain
+from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 
 __all__ = ["HeldOutHook", "training_seed_bound", "check_heldout_seeds"]
 
@@ -43,7 +44,7 @@ def check_heldout_seeds(cfg: TrainConfig) -> range | None:
         raise ConfigError(explain("eval.seed_base", expected=f"held-out seeds disjoint from the training seeds "
                                   f"{train.start}..{train.stop - 1} (run.seed + up to {len(train)} groups)",
                                   received=f"seeds {heldout.start}..{heldout.stop - 1}", fix=f"--eval.seed-base "
-                                  f"{max(1_000_000, train.stop)} (or fewer steps / a lower run.seed)"))
+                                  f"{max(HELD_OUT_SEED_BASE, train.stop)} (or fewer steps / a lower run.seed)"))
     return heldout
 
 

@@ -40,7 +40,7 @@ from gymllm.algos.components import Components, LocalComponents, RunParts, build
 from gymllm.algos.config_map import engine_config, proxy_source_config, rollout_config, sampling_params, watchdog_config
 from gymllm.algos.heldout import HeldOutHook, check_heldout_seeds, training_seed_bound
 from gymllm.algos.resume import ResumeState, make_group_filter
-from gymllm.algos.step_log import RolloutTally, StepLog, mask_spans
+from gymllm.algos.step_log import RolloutTally, StepLog
 from gymllm.algos.train_config import TrainConfig
 from gymllm.errors import ConfigError, GymLLMError, explain
 from gymllm.rollout.agent_programs import AgentProgramError, AgentPrograms
@@ -50,7 +50,7 @@ from gymllm.telemetry.sinks import ProfileWindow
 from gymllm.telemetry.watchdog import Watchdog
 
 __all__ = ["Run", "Listeners", "LearnerStepError", "Components", "LocalComponents", "AgentPrograms",
-           "AgentProgramError", "load_model", "engine_config", "mask_spans", "RolloutTally", "training_seed_bound",
+           "AgentProgramError", "load_model", "engine_config", "RolloutTally", "training_seed_bound",
            "check_heldout_seeds"]
 
 log = logging.getLogger("gymllm.algos")

@@ -10,7 +10,6 @@ trained trajectories) and :class:`RolloutTally` (figures over every completed ro
 
 from __future__ import annotations
 
-import json
 import pathlib
 import time
 from typing import Any
@@ -19,8 +18,9 @@ import numpy as np
 
 from gymllm.algos.train_config import TrainConfig
 from gymllm.errors import ConfigError, explain
+from gymllm.wrappers.trajectory_writers import TrajectoryRecordWriter
 
-__all__ = ["StepLog", "RolloutTally", "mask_spans", "trajectory_records"]
+__all__ = ["StepLog", "RolloutTally"]
 
 
 class RolloutTally:
@@ -102,7 +102,8 @@ class StepLog:
 
         self.tok = tok
         self.logger = MetricsLogger(run_dir, total_steps=cfg.learner.num_steps, console=cfg.run.console)
-        self.traj_log = open(run_dir / "trajectories.jsonl", "a") if cfg.run.log_trajectories else None
+        self.traj_log = (TrajectoryRecordWriter(run_dir / "trajectories.jsonl", tokenizer=tok, per_token=True)
+                         if cfg.run.log_trajectories else None)
 
     def restart_clock(self) -> None:
         """The current step starts now."""
@@ -139,9 +140,7 @@ class StepLog:
         if self.traj_log is not None:
             used = set(rep.sample_ids)
             mine = [g for g in self.step_groups if any(t.trajectory_id in used for t in g.trajectories)]
-            for rec in trajectory_records(rep.step, mine, self.tok):
-                self.traj_log.write(json.dumps(rec) + "\n")
-            self.traj_log.flush()
+            self.traj_log.write([t for g in mine for t in g.trajectories], step=rep.step)
             self.step_groups = [g for g in self.step_groups if g not in mine]
         return record
 
@@ -150,24 +149,3 @@ class StepLog:
             self.traj_log.close()
         if self.logger is not None:
             self.logger.close()
-
-
-def trajectory_records(step: int, groups: list[Any], tokenizer: Any) -> list[dict[str, Any]]:
-    """One ``trajectories.jsonl`` record per trajectory of ``groups`` trained at ``step``."""
-    out = []
-    for g in groups:
-        for t in g.trajectories:
-            m = np.asarray(t.loss_mask, bool)
-            out.append({"step": step, "group_id": g.group_id, "trajectory_id": t.trajectory_id, "task_id": t.task_id,
-                        "reward": float(t.reward), "finish_reason": t.finish_reason, "num_tokens": len(t.token_ids),
-                        "num_sampled": int(m.sum()), "versions": sorted({int(v) for v in np.asarray(t.versions)[m]}),
-                        "response": tokenizer.decode([int(i) for i in np.asarray(t.token_ids)[m]]),
-                        "token_ids": [int(i) for i in np.asarray(t.token_ids)], "sampled_spans": mask_spans(m)})
-    return out
-
-
-def mask_spans(mask: np.ndarray) -> list[list[int]]:
-    """``[[start, end), ...]`` of the True runs of a 1-D bool mask (the sampled tokens of a trajectory)."""
-    m = np.concatenate([[False], np.asarray(mask, bool), [False]]).astype(np.int8)
-    edges = np.flatnonzero(np.diff(m))
-    return [[int(a), int(b)] for a, b in zip(edges[::2], edges[1::2])]
