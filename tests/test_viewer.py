@@ -173,11 +173,13 @@ def test_deep_link_shows_a_trained_trajectory_text_and_tokens(server, train_run,
     action = page.locator(".turn.action pre").first.inner_text()
     assert action == rec["response"]
     assert "".join(page.locator("#tokens .tok.sampled").all_inner_texts()) == rec["response"]
-    # no per-token logprobs in trajectories.jsonl: that colouring is off and says why; advantage is on
-    assert page.locator('input[name=colour][value=logprob]').is_disabled()
-    page.locator('input[name=colour][value=advantage]').check()
-    styles = page.locator("#tokens .tok.sampled").evaluate_all("els => els.map(e => e.style.background)")
-    assert all(styles), "every sampled token is coloured by its advantage"
+    # the run's trajectories.jsonl carries per-token logprobs and versions: every colouring is on
+    assert len(rec["logprobs"]) == rec["num_tokens"] and len(rec["token_versions"]) == rec["num_tokens"]
+    for colour in ("logprob", "version", "advantage"):
+        assert not page.locator(f'input[name=colour][value={colour}]').is_disabled(), colour
+        page.locator(f'input[name=colour][value={colour}]').check()
+        styles = page.locator("#tokens .tok.sampled").evaluate_all("els => els.map(e => e.style.background)")
+        assert all(styles), f"every sampled token is coloured by its {colour}"
     assert page.locator("#tokens .tok.prompt").first.evaluate("e => e.style.background") == ""
     page.screenshot(path=str(shots / "viewer-trajectory-train.png"), full_page=True)
     watched.check()

@@ -131,7 +131,7 @@ def _train_detail(run: ViewedRun, ix: LogIndex, row: dict[str, Any], rec: dict[s
     if isinstance(rec.get("logprobs"), list) and len(rec["logprobs"]) == n:
         logprob = [float(v) if s else None for v, s in zip(rec["logprobs"], sampled)]
     else:
-        notes.append("logprob: this run's trajectories.jsonl records no per-token logprobs")
+        notes.append("logprob: this run's trajectories.jsonl has no per-token logprobs (written before they were recorded)")
     if rec.get("advantage") is not None:
         adv, note = float(rec["advantage"]), "advantage: as logged"
     else:
