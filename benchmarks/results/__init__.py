@@ -14,7 +14,9 @@ measured before this store existed, carry ``"source": "imported from the README 
 with the commit, machine, load and number of runs that text gave (null or "not stated" where it gave
 none); their values are strings exactly as the text had them, ``spread`` maps a key to its range over
 runs, ``reported_in`` names the commit that first reported the figure, and ``lead`` marks the
-measurement the README's row led with.
+measurement the README's row led with. Figures a benchmark printed during development on a branch,
+before its merge, carry ``"source": "copied from the output of a development run on branch NAME"``
+with that branch's commit and the load it ran under.
 
 Where the record goes: ``$GYMLLM_BENCH_RECORDS`` (a directory; ``off`` records nothing), else this
 directory. Inside a pytest run (``PYTEST_CURRENT_TEST`` set) nothing is recorded unless
