@@ -464,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
             res[k] = round(v, 5)
         if v is None and k not in skipped and k not in errors:
             errors[k] = "not measured (a part before it failed)"
-    print("RESULT " + json.dumps(res))
+    from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+    emit_result("accelerator_check", res, record=not args.dry)
     if errors:
         sys.stderr.write(f"accelerator_check: {len(errors)} figure(s) failed: {sorted(errors)}\n")
         return 1

@@ -83,7 +83,8 @@ def main() -> None:
             res = measure(size, rounds, args.steps, tmp, tok_file)
             out.update({(k if size == "tiny" else f"{k}_{size}"): v for k, v in res.items()})
     out.update(cpu=cpu, loadavg={"start": load0, "end": loadavg()}, rounds=rounds, steps=args.steps)
-    print("RESULT " + json.dumps(out))
+    from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+    emit_result("compile_cache", out)
 
 
 if __name__ == "__main__":

@@ -183,7 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = pathlib.Path(args.work_dir or tmp)
         result = run_drill(work, kills=kills, steps=steps, seed=args.seed)
-    print("RESULT " + json.dumps(result))
+    from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+    emit_result("drill_crash", result)
     ok = result["lost_groups"] == result["duplicated_groups"] == result["torn_records"] == 0 and result["steps_ok"]
     return 0 if ok and result["weights_match"] else 1
 

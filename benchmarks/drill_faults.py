@@ -3,7 +3,7 @@ naming the fault, within a stated bound; the faulty trajectory or group is recor
 nothing else is lost (every other group up to the last trained one is trained).
 
 Faults, each injected through a public surface (envs registered here, tools, an engine and a learner
-wrapped by a :class:`~gymllm.algos.run.LocalComponents` subclass, a real HTTP client):
+wrapped by a :class:`~gymllm.algos.components.LocalComponents` subclass, a real HTTP client):
 
 - ``env_hang``: ``drill/Faulty-v0``'s step for seed 1 sleeps 60 s; ``rollout.group_timeout_s`` = 10 s
   bounds it. Expected: finished; g1 timed out (in ``counts["rollout_errors"]``); the watchdog names
@@ -41,7 +41,6 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import math
 import pathlib
@@ -54,14 +53,16 @@ from typing import Any, Callable
 import gymnasium as gym
 
 from gymllm.algos import config as C
+from gymllm.algos.components import LocalComponents
 from gymllm.algos.learner import LearnerConfig
 from gymllm.algos.optim import OptimizerConfig
-from gymllm.algos.run import LearnerStepError, LocalComponents
+from gymllm.algos.run import LearnerStepError
 from gymllm.algos.trainer import (EngineConfig, EnvSection, ModelSection, RolloutConfig, RunSection,
                                   SamplingParams, TrainConfig, train)
 from gymllm.envs.tiny_tasks import TinyRepeatEnv
 from gymllm.errors import EngineError
 from gymllm.registration import register
+from gymllm.rollout.engine_wrappers import EngineWrapper
 from gymllm.tools import tool
 from gymllm.wrappers import ToolUse
 
@@ -164,24 +165,18 @@ register("drill/Faulty-v0", FaultyRepeatEnv)
 register("drill/ToolFault-v0", make_tool_env)
 
 
-class FailOnceEngine:
+class FailOnceEngine(EngineWrapper):
     """Engine wrapper: the ``fail_at``-th ``generate`` call raises :class:`EngineError`; all else passes."""
 
     def __init__(self, engine: Any, fail_at: int):
-        self.engine, self.fail_at, self.calls = engine, fail_at, 0
-
-    @property
-    def version(self) -> int:
-        return self.engine.version
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.engine, name)
+        super().__init__(engine)
+        self.fail_at, self.calls = fail_at, 0
 
     async def generate(self, prompt_ids, params, *, session_id=None):
         self.calls += 1
         if self.calls == self.fail_at:
             raise EngineError(f"drill: injected engine fault in request {self.calls} ({session_id})")
-        return await self.engine.generate(prompt_ids, params, session_id=session_id)
+        return await super().generate(prompt_ids, params, session_id=session_id)
 
 
 class DrillComponents(LocalComponents):
@@ -223,7 +218,8 @@ def small_config(run_dir: pathlib.Path, *, steps: int, env_id: str = "drill/Faul
     return TrainConfig(
         model=ModelSection(name="tiny-qwen3", vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1),
         env=EnvSection(id=env_id, kwargs={"num_letters": 2, **(kwargs or {})}, num_envs=8),
-        engine=EngineConfig(num_slots=8, max_len=64, min_bucket=64, idle_wait_s=0.002, decode_chunk=8, prefix_reuse=False),
+        engine=EngineConfig(num_slots=8, max_len=64, min_bucket=64, idle_wait_s=0.002, decode_chunk=8,
+                            prefix_reuse=False),
         sampling=SamplingParams(max_tokens=4),
         rollout=RolloutConfig(group_size=4, max_concurrency=8, max_staleness=0, max_model_calls=1,
                               group_timeout_s=group_timeout_s),
@@ -400,7 +396,7 @@ def drill_server_disconnect(root: pathlib.Path, steps: int) -> dict[str, Any]:
     its 40 tokens) and the next request is served, equal to the engine's own answer in process."""
     import httpx
 
-    from gymllm.algos.run import load_model
+    from gymllm.algos.components import load_model
     from gymllm.inference import JaxEngine, SamplingParams, ServerThread, build_app
 
     cfg = small_config(root / "server", steps=steps)  # the drilled runs' model and engine: compiled shapes shared
@@ -494,7 +490,8 @@ def main() -> None:
     out["faults_total"] = len(args.faults)
     out["steps_per_run"] = steps
     out["machine"] = platform.machine()
-    print("RESULT " + json.dumps(out))
+    from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+    emit_result("drill_faults", out)
 
 
 if __name__ == "__main__":

@@ -350,7 +350,8 @@ def main(argv: list[str] | None = None) -> dict:
     }
     if head_name == "tiny":
         result["real_model_note"] = note
-    print("RESULT " + json.dumps(result))
+    from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+    emit_result("engine", result)
     return result
 
 

@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> dict:
         "params": int(sum(np.prod(v.shape) for v in base.values())), "rank": lora.rank,
         "targets": list(lora.targets), "reps": reps, "quick": args.quick,
     }
-    print("RESULT " + json.dumps(result))
+    from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+    emit_result("lora_push", result)
     return result
 
 

@@ -270,7 +270,8 @@ def main() -> None:
               "issue_bar": ISSUE_BAR, "model": args.model, "quick": args.quick, "cpu": cpu,
               "goals": {"decode_vs_bandwidth": "<= 1.5", "fwd_bwd_vs_roofline": ">= 0.5"},
               "load_avg": open("/proc/loadavg").read().split()[:3]}
-    print("RESULT " + json.dumps(result))
+    from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+    emit_result("models", result)
 
 
 if __name__ == "__main__":

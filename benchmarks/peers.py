@@ -370,7 +370,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                       + (f"  x{s['step_s'] / out[f'sides{suffix}']['gymllm']['step_s']:.2f} vs gymllm"
                          if side != "gymllm" and "error" not in out[f"sides{suffix}"]["gymllm"] else ""))
     print(f"cpu: {out['cpu']}; load average start {out['loadavg_start']}, end {out['loadavg_end']}")
-    print(result_line(out))
+    from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+    emit_result("peers", out)
 
 
 if __name__ == "__main__":

@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if a.quick:
         a.num_envs, a.steps = 16, 100
     result = measure(a.num_envs, a.steps, a.envs_per_actor, a.rounds, a.address)
-    print("RESULT " + json.dumps(result))
+    from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+    emit_result("ray_env_overhead", result)
     return result
 
 

@@ -396,7 +396,8 @@ def main(argv=None) -> None:
     result["models"] = _rounded(per_model)
     result["quick"] = a.quick
     result["switch_interval_ms"] = sys.getswitchinterval() * 1e3
-    print("RESULT " + json.dumps(result))
+    from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+    emit_result("rollout", result)
 
 
 if __name__ == "__main__":

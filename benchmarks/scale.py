@@ -343,7 +343,8 @@ def main(argv=None) -> dict[str, Any]:
         result.update(scale)
         result["goals"] = {"scaling_efficiency_8": 0.9, "scaling_efficiency_16": 0.8}
     result["load_average_end"] = os.getloadavg()[0]
-    print("RESULT " + json.dumps(_rounded(result)))
+    from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+    emit_result("scale", _rounded(result))
     return result
 
 

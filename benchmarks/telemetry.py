@@ -242,7 +242,8 @@ def main() -> None:
     result["cpu"], result["loadavg"] = cpu_name, {"start": load0, "end": loadavg()}
     for k, v in result.items():
         print(f"{k:>28}: {v}")
-    print("RESULT " + json.dumps(result))
+    from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+    emit_result("telemetry", result)
 
 
 if __name__ == "__main__":

@@ -158,13 +158,11 @@ def main() -> None:
     scale = args.latency_scale
     bf_cfg = pipeline_config(f"{tmp}/async", mode="async", steps=steps, latency_scale=scale)
     sync_cfg = pipeline_config(f"{tmp}/sync", mode="sync", steps=steps, latency_scale=scale)
-    from gymllm.rollout import RolloutConfig
     from gymllm.rollout.sync_baseline import sync_batch_groups
 
-    r = sync_cfg.rollout
-    sync_groups = sync_batch_groups(sync_cfg.env.num_envs, None, RolloutConfig(
-        group_size=r.group_size, max_concurrency=r.max_concurrency, groups_per_step=sync_cfg.learner.groups_per_step))
-    sync_groups = min(sync_groups, r.engine_slots // r.group_size)  # the engine's rows (the run's engine caps it too)
+    r = sync_cfg.rollout  # the run's own RolloutConfig (its groups_per_step is the learner's)
+    sync_groups = sync_batch_groups(sync_cfg.env.num_envs, None, r)
+    sync_groups = min(sync_groups, sync_cfg.engine.num_slots // r.group_size)  # the engine's rows (it caps them too)
     barrier_free = measure(bf_cfg)
     sync = measure(sync_cfg)
     tunix = measure(tunix_config(f"{tmp}/tunix", steps=tunix_steps))
@@ -206,7 +204,8 @@ def main() -> None:
     print(reward_table(barrier_free["reward_per_step"], sync["reward_per_step"]))
     print(f"Tunix CPU config: {tunix_step_s:.3f}s per step (peers on this config side by side: benchmarks/peers.py)")
     print(f"load average at the end {out['loadavg']['end']}")
-    print("RESULT " + json.dumps(out))
+    from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+    emit_result("train", out)
 
 
 if __name__ == "__main__":

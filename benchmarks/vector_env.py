@@ -154,7 +154,8 @@ def main() -> None:
     for k in ("barrier_free_vs_gym_async", "barrier_free_vs_ours_step", "ours_step_vs_gym_async",
               "overhead_vs_gym_sync"):
         print(f"{k:28s} {result[k]:8.3f}")
-    print("RESULT " + json.dumps(result))
+    from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+    emit_result("vector_env", result)
 
 
 if __name__ == "__main__":

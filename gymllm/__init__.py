@@ -30,9 +30,9 @@ _LAZY = {
 
 # Subpackages and modules reachable as ``gymllm.<name>`` (imported on first access), in layer order.
 SUBMODULES: tuple[str, ...] = (
-    "errors", "types", "validation", "telemetry", "ray_support",
+    "errors", "types", "atomic", "validation", "telemetry", "ray_support",
     "spaces", "core", "vector", "utils", "wrappers", "tools", "registration", "envs",
-    "models", "inference", "rollout", "algos", "cli",
+    "models", "inference", "rollout", "suites", "algos", "viewer", "cli",
 )
 
 __all__ = ["__version__", "SUBMODULES", *_LAZY, *SUBMODULES]

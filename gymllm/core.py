@@ -22,6 +22,10 @@ Hooks: ``_reset(*, seed, options) -> (obs, info)`` and ``_step(action) -> (obs, 
 info)``; ``_step`` may also return a 5-tuple whose ``truncated`` is or-ed with the turn limit.
 Observations are a ``str`` (a new user message) or a ``list`` of message dicts.
 
+The episode's invariants (order of calls, the action check, the result's shape, the reward check,
+turn counting, truncation) live in :class:`EpisodeState`, one per env, so a subclass's own names
+never collide with them; ``TextEnv`` seeds, dispatches to the hooks and bridges sync and async.
+
 :func:`areset_env` / :func:`astep_env` call the async twins on any env, wrapped or not (falling back
 to the sync method in an executor for envs without them).
 """
@@ -39,7 +43,7 @@ import gymnasium as gym
 from gymllm.errors import ConfigError, InvalidActionError, ResetNeededError, RewardError, explain
 from gymllm.spaces import Text
 
-__all__ = ["TextEnv", "areset_env", "astep_env"]
+__all__ = ["TextEnv", "EpisodeState", "areset_env", "astep_env"]
 
 ObsType = TypeVar("ObsType")
 _T = TypeVar("_T")
@@ -86,6 +90,71 @@ def _overrides_cls(cls: type, name: str) -> bool:
     return getattr(cls, name, None) is not getattr(TextEnv, name)
 
 
+class EpisodeState:
+    """One env's episode: its phase (new, running, done), turn count and last observation, and the
+    checks around each hook call (what :class:`TextEnv`'s public methods guarantee).
+
+    - :meth:`check_step` refuses a step before ``reset`` or after the episode ended
+      (:class:`~gymllm.errors.ResetNeededError`) and an action outside the env's ``action_space``
+      (:class:`~gymllm.errors.InvalidActionError`, with the space's reason when it gives one).
+    - :meth:`finish_reset` / :meth:`finish_step` record what the hook returned: a 4- or 5-tuple
+      from ``_step`` (else ``TypeError``), a finite reward (else :class:`~gymllm.errors.RewardError`),
+      one more turn, truncation at ``max_turns``, the episode ended on termination or truncation.
+    """
+
+    __slots__ = ("phase", "turn", "last_obs")
+
+    def __init__(self) -> None:
+        self.phase, self.turn, self.last_obs = _NEW, 0, None
+
+    def begin(self) -> None:
+        """A reset starts: turn 0, the episode running."""
+        self.phase, self.turn = _RUNNING, 0
+
+    def check_step(self, env: Any, action: Any) -> None:
+        """Raise unless the episode is running and ``action`` is in ``env.action_space``."""
+        if self.phase != _RUNNING:
+            what = "before reset()" if self.phase == _NEW else "after the episode ended"
+            raise ResetNeededError(
+                explain(f"{type(env).__name__}.step() called {what}", expected="reset() first",
+                        received=f"step({_short(action)})", fix="call env.reset(seed=...) before step()")
+            )
+        space = env.action_space
+        why_not = getattr(space, "why_not", None)
+        why = why_not(action) if why_not is not None else (None if space.contains(action) else "")
+        if why is not None:
+            raise InvalidActionError(
+                explain(f"{type(env).__name__}.step(action)", expected=f"an action in {space!r}",
+                        received=f"{_short(action)}{' (' + why + ')' if why else ''}",
+                        fix="pass the model's reply as one Python str")
+            )
+
+    def finish_reset(self, obs: Any, info: Any) -> tuple[Any, dict]:
+        """Record the reset's observation; ``(obs, info as a dict)``."""
+        self.last_obs = obs
+        return obs, dict(info) if info is not None else {}
+
+    def finish_step(self, env: Any, result: tuple) -> tuple[Any, float, bool, bool, dict]:
+        """The checked 5-tuple of ``env``'s ``_step`` result; counts the turn and ends the episode."""
+        if len(result) == 5:
+            obs, reward, terminated, truncated, info = result
+        elif len(result) == 4:
+            (obs, reward, terminated, info), truncated = result, False
+        else:
+            raise TypeError(
+                explain(f"{type(env).__name__}._step", expected="(obs, reward, terminated, info)",
+                        received=f"a {len(result)}-tuple", fix="return 4 values from _step")
+            )
+        self.turn += 1
+        terminated = bool(terminated)
+        max_turns = env.max_turns
+        truncated = bool(truncated) or (not terminated and max_turns is not None and self.turn >= max_turns)
+        if terminated or truncated:
+            self.phase = _DONE
+        self.last_obs = obs
+        return obs, _checked_reward(env, reward), terminated, truncated, dict(info) if info is not None else {}
+
+
 class TextEnv(gym.Env[ObsType, str]):
     """A text environment: ``str`` actions, ``str`` or message-list observations, 5-tuple ``step``.
 
@@ -119,21 +188,29 @@ class TextEnv(gym.Env[ObsType, str]):
         raise NotImplementedError(f"{type(self).__name__} must define _step (or async _astep)")
 
     async def _areset(self, *, seed: int | None, options: dict | None) -> tuple[ObsType, dict]:
-        return await self._in_executor(functools.partial(self._reset, seed=seed, options=options))
+        return await _in_executor(functools.partial(self._reset, seed=seed, options=options))
 
     async def _astep(self, action: str) -> tuple:
-        return await self._in_executor(functools.partial(self._step, action))
+        return await _in_executor(functools.partial(self._step, action))
 
     # ------------------------------------------------------------------ state
     @property
     def turn(self) -> int:
         """Number of ``step`` calls in the current episode."""
-        return self.__dict__.get("_turn", 0)
+        return self._text_episode.turn
 
     @property
     def episode_done(self) -> bool:
         """True after the episode terminated or was truncated (until the next reset)."""
-        return self.__dict__.get("_state", _NEW) == _DONE
+        return self._text_episode.phase == _DONE
+
+    @property
+    def _text_episode(self) -> EpisodeState:
+        """This env's :class:`EpisodeState` (made on first use: a subclass may skip ``__init__``)."""
+        ep = self.__dict__.get("_text_episode_state")
+        if ep is None:
+            ep = self.__dict__["_text_episode_state"] = EpisodeState()
+        return ep
 
     # ------------------------------------------------------------------ sync API
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -143,43 +220,45 @@ class TextEnv(gym.Env[ObsType, str]):
         cls._sync_step_hook = _overrides_cls(cls, "_step") or not _overrides_cls(cls, "_astep")
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[ObsType, dict]:
-        self._before_reset(seed)
+        episode = self._before_reset(seed)
         if self._sync_reset_hook:
             obs, info = self._reset(seed=seed, options=options)
         else:
             obs, info = self._loop_thread().run(self._areset(seed=seed, options=options))
-        return self._after_reset(obs, info)
+        return episode.finish_reset(obs, info)
 
     def step(self, action: str) -> tuple[ObsType, float, bool, bool, dict]:
-        self._before_step(action)
+        self._text_episode.check_step(self, action)
         return self.step_prechecked(action)
 
     def step_prechecked(self, action: str) -> tuple[ObsType, float, bool, bool, dict]:
         """``step`` after the action check: for callers that already checked ``action`` against this
         env's ``action_space`` (the vector env validates a whole send before starting any of it)."""
-        if self.__dict__.get("_state", _NEW) != _RUNNING:
-            self._before_step(action)  # raises the order error
+        episode = self._text_episode
+        if episode.phase != _RUNNING:
+            episode.check_step(self, action)  # raises the order error
         if self._sync_step_hook:
             result = self._step(action)
         else:
             result = self._loop_thread().run(self._astep(action))
-        return self._after_step(result)
+        return episode.finish_step(self, result)
 
     # ------------------------------------------------------------------ async API
     async def areset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[ObsType, dict]:
-        self._before_reset(seed)
+        episode = self._before_reset(seed)
         obs, info = await self._areset(seed=seed, options=options)
-        return self._after_reset(obs, info)
+        return episode.finish_reset(obs, info)
 
     async def astep(self, action: str) -> tuple[ObsType, float, bool, bool, dict]:
-        self._before_step(action)
-        return self._after_step(await self._astep(action))
+        episode = self._text_episode
+        episode.check_step(self, action)
+        return episode.finish_step(self, await self._astep(action))
 
     # ------------------------------------------------------------------ misc
     def render(self) -> str | None:
         if self.render_mode != "ansi":
             return None
-        obs = self.__dict__.get("_last_obs")
+        obs = self._text_episode.last_obs
         if isinstance(obs, list):
             return "\n".join(f"[{m.get('role')}] {m.get('content', '')}" for m in obs)
         return None if obs is None else str(obs)
@@ -191,52 +270,13 @@ class TextEnv(gym.Env[ObsType, str]):
         super().close()
 
     # ------------------------------------------------------------------ invariants
-    def _before_reset(self, seed: int | None) -> None:
+    def _before_reset(self, seed: int | None) -> EpisodeState:
         if "action_space" not in self.__dict__ and not hasattr(type(self), "action_space"):
             TextEnv.__init__(self)  # a subclass skipped super().__init__(): install the defaults
         super().reset(seed=seed)  # seeds self.np_random from `seed` (only when one is given)
-        self._turn = 0
-        self._state = _RUNNING
-
-    def _after_reset(self, obs: Any, info: Any) -> tuple[Any, dict]:
-        self._last_obs = obs
-        return obs, dict(info) if info is not None else {}
-
-    def _before_step(self, action: Any) -> None:
-        state = self.__dict__.get("_state", _NEW)
-        if state != _RUNNING:
-            what = "before reset()" if state == _NEW else "after the episode ended"
-            raise ResetNeededError(
-                explain(f"{type(self).__name__}.step() called {what}", expected="reset() first",
-                        received=f"step({_short(action)})", fix="call env.reset(seed=...) before step()")
-            )
-        space = self.action_space
-        why_not = getattr(space, "why_not", None)
-        why = why_not(action) if why_not is not None else (None if space.contains(action) else "")
-        if why is not None:
-            raise InvalidActionError(
-                explain(f"{type(self).__name__}.step(action)", expected=f"an action in {space!r}",
-                        received=f"{_short(action)}{' (' + why + ')' if why else ''}",
-                        fix="pass the model's reply as one Python str")
-            )
-
-    def _after_step(self, result: tuple) -> tuple[Any, float, bool, bool, dict]:
-        if len(result) == 5:
-            obs, reward, terminated, truncated, info = result
-        elif len(result) == 4:
-            (obs, reward, terminated, info), truncated = result, False
-        else:
-            raise TypeError(
-                explain(f"{type(self).__name__}._step", expected="(obs, reward, terminated, info)",
-                        received=f"a {len(result)}-tuple", fix="return 4 values from _step")
-            )
-        self._turn = self.turn + 1
-        terminated = bool(terminated)
-        truncated = bool(truncated) or (not terminated and self.max_turns is not None and self._turn >= self.max_turns)
-        if terminated or truncated:
-            self._state = _DONE
-        self._last_obs = obs
-        return obs, _checked_reward(self, reward), terminated, truncated, dict(info) if info is not None else {}
+        episode = self._text_episode
+        episode.begin()
+        return episode
 
     def _loop_thread(self) -> _LoopThread:
         lt = self.__dict__.get("_loop")
@@ -244,9 +284,9 @@ class TextEnv(gym.Env[ObsType, str]):
             lt = self._loop = _LoopThread()
         return lt
 
-    @staticmethod
-    async def _in_executor(fn: Callable[[], _T]) -> _T:
-        return await asyncio.get_running_loop().run_in_executor(None, fn)
+
+async def _in_executor(fn: Callable[[], _T]) -> _T:
+    return await asyncio.get_running_loop().run_in_executor(None, fn)
 
 
 def _checked_reward(env: Any, reward: Any) -> float:

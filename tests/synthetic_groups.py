@@ -1,5 +1,9 @@
 """Random GRPO groups for learner tests that run in child processes (sharding, multi-host):
-4 members per group, a 4-token prompt, behaviour logprobs near log(1/300)."""
+4 members per group, a 4-token prompt, behaviour logprobs near log(1/300). :class:`StepCounter` is a
+stand-in learner for tests of the training loop's bookkeeping (no model)."""
+
+import collections
+import types
 
 import numpy as np
 
@@ -20,3 +24,28 @@ def groups(n, seed):
                                     trajectory_id=f"{seed}/{k}/{m}"))
         out.append(Group(group_id=f"{seed}/{k}", task_id="t", trajectories=trajs))
     return out
+
+
+class StepCounter:
+    """A stand-in for the learner's interface (no model, no update): an optimizer step every
+    ``groups_per_step`` submitted groups; ``events`` gets ("train", group ids) for each submit."""
+
+    def __init__(self, groups_per_step=2, events=None):
+        self.groups_per_step, self.events = groups_per_step, events if events is not None else []
+        self.version, self.groups_in_step = 0, 0
+        self.consumed_groups: set = set()
+        self.counts: collections.Counter = collections.Counter()
+
+    def submit(self, groups):
+        self.events.append(("train", [g.group_id for g in groups]))
+        reps = []
+        for g in groups:
+            self.consumed_groups.add(g.group_id)
+            self.groups_in_step += 1
+            if self.groups_in_step == self.groups_per_step:
+                self.version, self.groups_in_step = self.version + 1, 0
+                reps.append(types.SimpleNamespace(step=self.version))
+        return reps
+
+    def policy_params(self):
+        return {}

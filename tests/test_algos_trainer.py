@@ -126,42 +126,25 @@ def test_update_is_pushed_before_the_next_steps_groups_are_trained(tmp_path):
     """Groups that arrive together are handed to the learner one step's worth at a time, oldest
     version first: a finished update is pushed (and admits new groups) before the next step trains."""
     import asyncio
-    import collections
     import concurrent.futures
     import types
 
+    from synthetic_groups import StepCounter
+
+    from gymllm.algos.components import RunParts
     from gymllm.algos.run import Run
     from gymllm.types import Group
 
     events: list[tuple] = []
-
-    class Learner:
-        version, groups_in_step = 0, 0
-        consumed_groups: set = set()
-        counts: collections.Counter = collections.Counter()
-
-        def submit(self, groups):
-            events.append(("train", [g.group_id for g in groups]))
-            reps = []
-            for g in groups:
-                self.consumed_groups.add(g.group_id)
-                self.groups_in_step += 1
-                if self.groups_in_step == 2:
-                    self.version, self.groups_in_step = self.version + 1, 0
-                    reps.append(types.SimpleNamespace(step=self.version))
-            return reps
-
-        def policy_params(self):
-            return {}
-
     run = Run(small_config(tmp_path, steps=3), None)
-    run.learner, run.pool = Learner(), concurrent.futures.ThreadPoolExecutor(1)
-    run.pusher = types.SimpleNamespace(push=lambda params, version: events.append(("push", version)) or 0.0)
-    run.set_version = lambda v: events.append(("version", v))
-    run.log_step = lambda rep, sync_s: None
+    push = types.SimpleNamespace(push=lambda params, version: events.append(("push", version)) or 0.0)
+    run.parts = RunParts(tok=None, learner=StepCounter(2, events), ckpt=None, engine=None, gen_engine=None, envs=None,
+                         agent=None, pusher=push, pool=concurrent.futures.ThreadPoolExecutor(1))
+    run.listeners.versions.append(lambda v: events.append(("version", v)))
+    run.log.record = lambda rep, sync_s, stats, filtered: {"step": rep.step}
     groups = [Group(group_id=f"g{k}", task_id="t", trajectories=[], admitted_version=v)
               for k, v in enumerate([1, 0, 0, 1, 1, 1, 1])]
     asyncio.run(run.consume(groups))
-    run.pool.shutdown()
+    run.parts.pool.shutdown()
     assert events == [("train", ["g1", "g2"]), ("push", 1), ("version", 1), ("train", ["g0", "g3"]), ("push", 2),
                       ("version", 2), ("train", ["g4", "g5"]), ("push", 3), ("version", 3)]  # num_steps 3: g6 untouched

@@ -1,6 +1,6 @@
-"""The README's bad-input table, row by row: each bad input gets the error the table names, with a message
-that says what was expected and how to fix it, and nothing else is lost. A row of the table without a
-case here (or a case without a row) fails ``test_every_row_of_the_readme_table_is_checked``."""
+"""The bad-input table (docs/bad-input.md), row by row: each bad input gets the error the table names,
+with a message that says what was expected and how to fix it, and nothing else is lost. A row of the
+table without a case here (or a case without a row) fails ``test_every_row_of_the_readme_table_is_checked``."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def case(key: str):
 
 
 def _readme_keys() -> list[str]:
-    table = ROOT.joinpath("README.md").read_text().split("## Bad input", 1)[1].split("\n## ", 1)[0]
+    table = ROOT.joinpath("docs", "bad-input.md").read_text().split("# Bad input", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"^\| `([a-z0-9_]+)` \|", table, flags=re.M)
 
 

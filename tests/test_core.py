@@ -212,3 +212,32 @@ def test_envs_are_independent_across_threads():
         e = Counter(100)
         e.reset(seed=i)
         assert results[i] == [e.step("a")[0] for _ in range(50)]
+
+
+class OwnNames(Counter):
+    """A subclass using the names TextEnv's invariants once lived under, for its own purposes."""
+
+    def _reset(self, *, seed, options):
+        self._state, self._turn, self._last_obs = "mine", -5, "mine"
+        return super()._reset(seed=seed, options=options)
+
+    def _after_step(self, *args):
+        raise AssertionError("TextEnv must not call a subclass's _after_step")
+
+    def _before_step(self, *args):
+        raise AssertionError("TextEnv must not call a subclass's _before_step")
+
+
+def test_the_episode_invariants_never_collide_with_a_subclass_names_and_survive_pickling():
+    import pickle
+
+    env, ref = OwnNames(length=5, max_turns=2, render_mode="ansi"), Counter(length=5, max_turns=2, render_mode="ansi")
+    assert env.reset(seed=3) == ref.reset(seed=3)
+    assert env.step("a") == ref.step("a") and env.turn == 1 and not env.episode_done
+    copy = pickle.loads(pickle.dumps(env))  # the process backend ships envs pickled: the episode goes along
+    assert copy.turn == 1 and copy.render() == env.render() == ref.render()
+    assert env.step("b") == ref.step("b") and env.episode_done and env.turn == 2  # truncated at max_turns
+    with pytest.raises(ResetNeededError, match="after the episode ended"):
+        env.step("c")
+    assert copy.step("b")[3] and copy.episode_done
+    assert env._state == "mine" and env._turn == -5  # the subclass's own attributes are left alone

@@ -31,6 +31,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 MKDOCS_YML = ROOT / "mkdocs.yml"
 TUTORIALS = ("train-default", "bring-your-env", "custom-algorithm", "cluster")
+# the pages that took what the README held before it became a front page
+GUIDES = ("commands", "recipes", "sft", "scale-out", "network", "design", "bad-input", "benchmarks")
 SKIP = re.compile(r"^<!--\s*docs-test:\s*skip\s*\((?P<reason>[^)]+)\)\s*-->$")
 PAGE_TIMEOUT_S = 300  # per page; the slowest (two tiny training steps) takes ~25 s of CPU
 
@@ -90,6 +92,16 @@ def test_four_tutorials_are_in_the_nav_and_run_code():
     assert any(b.skip and "cluster" in b.skip for b in cluster), "the cluster-only blocks must be marked to skip"
 
 
+def test_guides_are_in_the_nav_and_their_server_blocks_are_marked():
+    nav = MKDOCS_YML.read_text()
+    for name in GUIDES:
+        assert (DOCS / f"{name}.md").exists() and f": {name}.md" in nav, f"docs/{name}.md missing or not in the nav"
+    network = blocks((DOCS / "network.md").read_text())
+    assert [b.skip for b in network if b.lang == "python"] == ["needs a running gymllm serve-env server"]
+    benchmarks = (DOCS / "benchmarks.md").read_text()
+    assert "<!-- BEGIN GENERATED: peers" in benchmarks and "<!-- END GENERATED: peers -->" in benchmarks
+
+
 def test_reference_has_a_page_for_every_subpackage():
     nav = MKDOCS_YML.read_text()
     for name in gymllm.SUBMODULES:
@@ -147,5 +159,10 @@ def test_site_builds_strict_with_the_api_reference(tmp_path):
     assert not any(raw.values()), {k: len(v) for k, v in raw.items() if v}
     for name in TUTORIALS:
         assert (site / "tutorials" / name / "index.html").exists()
+    for name in GUIDES:
+        assert (site / name / "index.html").exists()
+    bench = (site / "benchmarks" / "index.html").read_text()
+    assert "<table>" in bench and "barrier_free_vs_gym_async" in bench and "BEGIN GENERATED" in bench
+    assert "&lt;!-- BEGIN GENERATED" not in bench  # the markers are comments, never shown
     cluster = (site / "tutorials" / "cluster" / "index.html").read_text()
     assert "<!-- docs-test: skip" in cluster and "&lt;!-- docs-test" not in cluster  # a comment, never shown

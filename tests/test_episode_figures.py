@@ -66,7 +66,7 @@ def run_eval(script, kwargs, seeds=12):
     tok = tiny.tiny_tokenizer(512)
     envs = gymllm.make_vec(ENV, 4, **kwargs)
     try:
-        config = EvalConfig(num_seeds=seeds, seed_base=1_000_000, max_turns=30, max_tokens=8)
+        config = EvalConfig(num_seeds=seeds, max_turns=30, max_tokens=8)  # seeds from HELD_OUT_SEED_BASE
         return asyncio.run(evaluate_env(envs, SquareByTurnEngine(tok, script), ModelAgent(tok), config=config,
                                         env_id=ENV, env_kwargs=kwargs))
     finally:

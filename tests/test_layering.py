@@ -2,8 +2,8 @@
 
 Every top-level module and subpackage of ``gymllm`` has a rank (``ORDER``; equal ranks share a layer):
 
-    errors, types, _lazy, validation -> telemetry, ray_support -> spaces -> core -> vector -> utils
-    -> wrappers, tools -> envs, registration -> models -> inference -> rollout -> algos -> cli
+    errors, types, _lazy, atomic, validation -> telemetry, ray_support -> spaces -> core -> vector -> utils
+    -> wrappers, tools -> envs, registration -> models -> inference -> rollout -> suites -> algos -> viewer -> cli
 
 A module may import its own layer and the layers before it; a module missing from ``ORDER`` fails
 (rank it). ``utils`` (the env and vector-env checkers) sits right after ``vector``, which its vector
@@ -32,7 +32,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "gymllm"
 ORDER: list[tuple[str, ...]] = [
-    ("errors", "types", "_lazy", "validation"),
+    ("errors", "types", "_lazy", "atomic", "validation"),
     ("telemetry", "ray_support"),
     ("spaces",),
     ("core",),
@@ -43,7 +43,9 @@ ORDER: list[tuple[str, ...]] = [
     ("models",),
     ("inference",),
     ("rollout",),
+    ("suites",),
     ("algos",),
+    ("viewer",),
     ("cli",),
 ]
 RANK = {name: i for i, layer in enumerate(ORDER) for name in layer}

@@ -15,10 +15,11 @@ import httpx
 import numpy as np
 import pytest
 
-from gymllm.algos.run import AgentProgramError, LocalComponents
+from gymllm.algos.components import LocalComponents
 from gymllm.algos.train_config import RolloutConfig, RunSection, preset
 from gymllm.algos.trainer import train
 from gymllm.errors import ConfigError
+from gymllm.rollout.agent_programs import AgentProgramError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 AGENT = (f"{{python}} {ROOT / 'examples' / 'openai_agent.py'} --base-url {{base_url}} --model {{model}} "

@@ -17,7 +17,7 @@ import pytest
 import gymllm
 
 HEAVY = ("jax", "jaxlib", "flax", "optax", "orbax", "torch", "transformers", "ray", "fastapi", "uvicorn", "pydantic",
-         "tyro", "tensorboardX", "matplotlib", "reasoning_gym", "textarena")
+         "tyro", "tensorboard", "tensorboardX", "matplotlib", "reasoning_gym", "textarena")
 
 
 def _run(code: str) -> dict:

@@ -27,3 +27,34 @@ def test_api_snippet_runs(tmp_path, monkeypatch):
     assert os.path.isdir(tmp_path / "runs" / "readme-log")
     scope["vec"].close()
     scope["env"].close()
+
+
+# What moved out of the README to docs/ (a front page of at most 8,000 characters): each page is linked
+# from the README and is in the site's nav.
+MOVED_TO_DOCS = ("benchmarks.md", "scale-out.md", "tutorials/cluster.md", "network.md", "recipes.md", "sft.md",
+                 "bad-input.md", "design.md", "commands.md", "tutorials/train-default.md")
+
+
+def test_readme_is_a_front_page():
+    assert len(README) <= 8000, f"README.md is {len(README)} characters: move detail to docs/ (at most 8,000)"
+    assert "RESULT key" not in README and not re.search(r"\| `\w+\.py` \|", README), "benchmark tables live in docs/"
+
+
+def test_readme_links_resolve_and_every_moved_page_is_linked_and_in_the_nav():
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README)
+    local = [link for link in links if not re.match(r"[a-z]+://", link)]
+    for link in local:
+        assert (ROOT / link).exists(), f"README links {link}, which does not exist"
+    nav = (ROOT / "mkdocs.yml").read_text()
+    for page in MOVED_TO_DOCS:
+        assert f"docs/{page}" in local, f"README does not link docs/{page}"
+        assert re.search(rf":\s*{re.escape(page)}\s*$", nav, flags=re.M), f"mkdocs.yml's nav lacks {page}"
+
+
+def test_command_table_lists_exactly_the_gymllm_subcommands():
+    from gymllm.cli.main import COMMANDS
+
+    table = README.split("## Commands", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1] for line in table.splitlines() if line.startswith("| `gymllm")]
+    named = {m for row in rows for m in re.findall(r"`gymllm ([a-z][a-z-]*)", row)}
+    assert named == set(COMMANDS), f"table names {sorted(named)}, gymllm has {sorted(COMMANDS)}"

@@ -151,6 +151,27 @@ def test_report_from_metrics_only_and_torn_line(tmp_path):
     assert "staleness: mean 0.67 versions, max 2" in summary
 
 
+def test_summary_table_and_idle_lines_read_the_steps_own_window_first(tmp_path):
+    """The run also logs a top-level ``engine_busy_fraction`` (since the rollout started); the report's
+    per-step figures are the tracer's window of each step (``pipeline/...``), the same as the console's."""
+    from gymllm.telemetry.report import pipeline_table, series
+    from gymllm.telemetry.sinks import progress_line
+
+    records = [{"step": s, "engine_busy_fraction": 0.5, "pipeline/engine_busy_fraction": 0.25 * s,
+                "trainer_idle_fraction": 0.9, "pipeline/trainer_idle_fraction": 0.1} for s in (1, 2, 3)]
+    assert series(records, "engine_busy_fraction") == ([1, 2, 3], [0.25, 0.5, 0.75])
+    assert series(records, "trainer_idle_fraction")[1] == [0.1] * 3
+    assert series([{"step": 1, "engine_busy_fraction": 0.5}], "engine_busy_fraction") == ([1], [0.5])  # fallback
+    assert progress_line(3, None, records[-1], None).endswith("engine busy 75%")
+    table = pipeline_table({"window_s": 12.5, "tokens_per_s_generated": 1234.5, "engine_busy_fraction": 0.873,
+                            "groups_dropped": 2.0})
+    assert table.splitlines()[0] == "pipeline (whole trace, 12.5 s)"
+    assert all(line == line.rstrip() for line in table.splitlines())
+    flat = {" ".join(line.split()) for line in table.splitlines()}
+    assert {"tokens/s generated 1,234", "engine busy 87.3%", "trainer idle n/a", "groups dropped 2"} <= flat
+    assert not any(line.startswith("groups filtered") for line in flat)
+
+
 def test_report_without_inputs_is_explained(tmp_path):
     with pytest.raises(ReportError, match="metrics.jsonl") as exc:
         write_report(tmp_path)

@@ -62,8 +62,8 @@ def test_eval_at_configured_steps_seeds_disjoint_and_profile_window(tmp_path):
     assert all(e["policy_versions"] == [e["step"], e["step"]] for e in run.evals)
     heldout = set(range(500, 503))
     assert all(set(e["seeds"]) == heldout and e["episodes"] == 3 for e in run.evals)
-    assert run.tally.seeds and not run.tally.seeds & heldout  # training's seeds, recorded as groups completed
-    assert max(run.tally.seeds) < cfg.run.seed + training_seed_bound(cfg) <= 500
+    assert run.log.tally.seeds and not run.log.tally.seeds & heldout  # training's seeds, recorded as groups completed
+    assert max(run.log.tally.seeds) < cfg.run.seed + training_seed_bound(cfg) <= 500
     # the profile window: a trace of step 2 that jax/TensorBoard's profile plugin reads
     assert run.profiler.captured == (2, 2)
     (xplane,) = glob.glob(str(tmp_path / "run" / "profile" / "plugins" / "profile" / "*" / "*.xplane.pb"))
@@ -194,4 +194,5 @@ def test_tool_call_figures_on_a_tool_env(tmp_path, agent):
     for h in run.history:  # one episode in four calls the calculator once, over every rollout
         assert h["tool_call_share"] == pytest.approx(0.25) and h["tool_calls_per_episode"] == pytest.approx(0.25)
     assert all(e["tool_call_share"] == 1.0 for e in run.evals)  # held-out: one sample per seed, member 0
-    assert run.tally.totals["episodes"] >= 16 and run.tally.totals["tool_calls"] * 4 == run.tally.totals["episodes"]
+    totals = run.log.tally.totals
+    assert totals["episodes"] >= 16 and totals["tool_calls"] * 4 == totals["episodes"]

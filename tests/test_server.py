@@ -136,7 +136,8 @@ BAD = [
     ("/v1/completions", {"model": MODEL, "prompt": list(range(1, 100))}, 400, "at most 63 tokens"),
     ("/v1/completions", {"model": "gpt-4", "prompt": [1, 2]}, 404, "model: expected"),
     ("/v1/completions", b"{not json", 400, "invalid JSON"),
-    ("/v1/completions", {"prompt": [1, 2], "temperature": -1}, 400, "SamplingParams.temperature"),
+    ("/v1/completions", {"prompt": [1, 2], "temperature": -1}, 400,  # bounded in the request model
+     "temperature: Input should be greater than or equal to 0"),
     ("/v1/completions", {"prompt": {"x": 1}}, 400, "prompt: expected"),
     ("/v1/completions", {"prompt": [1, 99999]}, 400, "ids in [0, 512)"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages: expected"),

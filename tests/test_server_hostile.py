@@ -10,7 +10,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
@@ -20,6 +19,8 @@ psutil = pytest.importorskip("psutil")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from schemathesis import GenerationMode  # noqa: E402
+
+from gymllm.utils.serving import stop_process, wait_until_healthy  # noqa: E402
 
 MAX_LEN = 64
 AUTH = {"Authorization": "Bearer hostile-test-key-0123"}
@@ -40,26 +41,12 @@ def _serve(*args: str) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "GYMLLM_API_KEY": ""}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180  # a watchdog on startup, not a timing assertion
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"gymllm serve exited {proc.returncode}: {proc.stdout.read().decode()[-2000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise AssertionError("gymllm serve did not answer /health within 180 s")
+    wait_until_healthy(url, proc=proc, timeout_s=180)  # a watchdog on startup, not a timing assertion
+    return proc, url
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    stop_process(proc, timeout_s=30)
 
 
 @pytest.fixture(scope="module")
@@ -120,8 +107,11 @@ BAD = [  # (name, path, body bytes or JSON, headers, status, message fragment)
     ("lone surrogate chat", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud83d"}]}', J,
      400, "lone surrogate"),
     ("n=1000", "/v1/completions", {"prompt": "hi", "n": 1000}, None, 400, "less than or equal to 16"),
-    ("max_tokens huge", "/v1/completions", {"prompt": "hi", "max_tokens": 10**15}, None, 400,
+    ("max_tokens past the context", "/v1/completions", {"prompt": "hi", "max_tokens": 1000}, None, 400,
      f"at most {MAX_LEN}"),
+    ("max_tokens huge", "/v1/completions", {"prompt": "hi", "max_tokens": 10**15}, None, 400,
+     "max_tokens: Input should be less than or equal to 2147483647"),
+    ("top_k past int32", "/v1/completions", {"prompt": "hi", "top_k": 2**31}, None, 400, "top_k: Input should be"),
     ("max_tokens inf", "/v1/completions", b'{"prompt": "hi", "max_tokens": 1e400}', J, 400, "max_tokens"),
     ("body over the limit", "/v1/completions", json.dumps({"prompt": "x" * 1_100_000}).encode(), J, 413,
      "at most 1000000 bytes"),

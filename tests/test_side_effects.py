@@ -1,6 +1,6 @@
 """Process-wide side effects only on request (issue 20 part 7): glibc's malloc settings are opt-in
 (GYMLLM_KEEP_FREED_MEMORY=1), TensorBoard events are written without editing ``sys.modules`` (and
-without importing tensorboardX or torch), and no gymllm module assigns into ``sys.modules``."""
+without importing tensorboardX, torch or TensorFlow), and no gymllm module assigns into ``sys.modules``."""
 
 from __future__ import annotations
 
@@ -9,13 +9,12 @@ import json
 import math
 import os
 import pathlib
-import struct
 import subprocess
 import sys
 import textwrap
 
 import gymllm
-from gymllm.telemetry.sinks import ScalarEventWriter, event_bytes, masked_crc32c
+from gymllm.telemetry.sinks import ScalarEventWriter
 
 ROOT = pathlib.Path(gymllm.__file__).resolve().parent
 
@@ -40,48 +39,41 @@ def test_malloc_settings_change_only_on_request():
     assert _run(code, GYMLLM_KEEP_FREED_MEMORY="1") == [True, True]  # applied once: it stays for the process
 
 
-def test_tensorboard_sink_touches_no_sys_modules_and_imports_no_torch(tmp_path):
+def test_tensorboard_sink_touches_no_sys_modules_and_imports_no_torch_or_tensorflow(tmp_path):
+    """torch is installed here; TensorFlow is not, so a stand-in ``tensorflow`` package (an empty one on
+    PYTHONPATH) shows whether anything would import it (``tensorboard.compat.tf`` does when it exists)."""
+    fake = tmp_path / "fake_site" / "tensorflow"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    logdir = tmp_path / "run"
     got = _run(f"""
         import json, sys
         before = {{k: v for k, v in sys.modules.items() if v is None}}
         from gymllm.telemetry.sinks import MetricsLogger
-        with MetricsLogger({str(tmp_path)!r}, console=False, pipeline=False, trace=False) as lg:
+        with MetricsLogger({str(logdir)!r}, console=False, pipeline=False, trace=False) as lg:
             lg.log(1, {{"loss": 0.5, "reward/mean": 1.0}})
         blocked = sorted(k for k, v in sys.modules.items() if v is None and k not in before)
-        print(json.dumps({{"blocked": blocked, "torch": "torch" in sys.modules, "tbx": "tensorboardX" in sys.modules}}))
-    """)
-    assert got == {"blocked": [], "torch": False, "tbx": False}
-    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+        print(json.dumps({{"blocked": blocked, "torch": "torch" in sys.modules, "tbx": "tensorboardX" in sys.modules,
+                          "tf": "tensorflow" in sys.modules}}))
+    """, PYTHONPATH=os.pathsep.join([str(fake.parent), os.environ.get("PYTHONPATH", "")]))
+    assert got == {"blocked": [], "torch": False, "tbx": False, "tf": False}
+    assert list((logdir / "tensorboard").glob("events.out.tfevents.*"))
 
 
-def test_event_file_matches_tensorboards_format(tmp_path):
-    """Read back with tensorboardX's own Event proto and CRC-32C (the reference implementation)."""
-    from tensorboardX.crc32c import crc32c
-    from tensorboardX.proto import event_pb2
+def test_event_file_reads_back_with_tensorboards_own_loader(tmp_path):
+    """TensorBoard's own loader (record framing and CRC checks included) reads every event back."""
+    from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
 
     w = ScalarEventWriter(tmp_path)
     w.add_scalars({"loss": 0.25, "huge": 1e300, "neg": -3.0}, step=7)
     w.add_scalar("late", 2.0, global_step=-1)
     w.close()
-    data = w.path.read_bytes()
-    events, pos = [], 0
-    while pos < len(data):
-        header = data[pos:pos + 8]
-        (n,) = struct.unpack("<Q", header)
-        (hcrc,) = struct.unpack("<I", data[pos + 8:pos + 12])
-        body = data[pos + 12:pos + 12 + n]
-        (bcrc,) = struct.unpack("<I", data[pos + 12 + n:pos + 16 + n])
-        masked = lambda b: (((crc32c(b) >> 15) | (crc32c(b) << 17)) + 0xA282EAD8) & 0xFFFFFFFF  # noqa: E731
-        assert hcrc == masked(header) == masked_crc32c(header) and bcrc == masked(body) == masked_crc32c(body)
-        events.append(event_pb2.Event.FromString(body))
-        pos += 16 + n
+    events = list(LegacyEventFileLoader(str(w.path)).Load())  # the Event protos as written
     assert events[0].file_version == "brain.Event:2"
     assert events[1].step == 7 and [(v.tag, v.simple_value) for v in events[1].summary.value] == [
-        ("loss", 0.25), ("huge", math.inf), ("neg", -3.0)]
-    assert events[2].step == -1 and events[2].summary.value[0].tag == "late"
-    ref = event_pb2.Event(wall_time=1.5, step=3)
-    ref.summary.value.add(tag="x", simple_value=0.5)
-    assert event_bytes(wall_time=1.5, step=3, scalars={"x": 0.5}) == ref.SerializeToString()
+        ("loss", 0.25), ("huge", math.inf), ("neg", -3.0)]  # past float32's range: inf, as a NumPy cast gives
+    assert events[2].step == -1 and [(v.tag, v.simple_value) for v in events[2].summary.value] == [("late", 2.0)]
+    assert len(events) == 3
 
 
 # The one module that edits sys.modules: the sandbox's child process (never the user's process) drops the

@@ -12,16 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gymllm.errors import ConfigError
-from gymllm.telemetry import Tracer, current_span_id, get_tracer, set_tracer, span
+from gymllm.telemetry import Tracer, current_span_id, get_tracer, set_tracer, span, use_tracer
 from gymllm.telemetry.export import assign_lanes, load_chrome_trace, to_chrome_trace
 
 
 @pytest.fixture
 def tracer():
-    tr = Tracer()
-    previous = set_tracer(tr)
-    yield tr
-    set_tracer(previous)
+    with use_tracer() as tr:
+        yield tr
 
 
 def by_name(tr: Tracer) -> dict[str, dict]:
@@ -122,13 +120,19 @@ def test_module_span_uses_tracer_set_later():
     def f():
         return 1
 
-    tr = Tracer()
-    previous = set_tracer(tr)
-    try:
+    before = get_tracer()
+    with use_tracer() as tr:
         f()
-    finally:
-        set_tracer(previous)
     assert [e["name"] for e in tr.events()] == ["late"]
+    assert get_tracer() is before  # put back
+
+
+def test_use_tracer_puts_the_previous_one_back_on_an_exception():
+    before = get_tracer()
+    with pytest.raises(RuntimeError), use_tracer(Tracer(capacity=10)) as tr:
+        assert get_tracer() is tr
+        raise RuntimeError("boom")
+    assert get_tracer() is before
 
 
 def test_threads_append_safely_with_distinct_ids(tracer):

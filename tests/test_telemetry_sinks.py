@@ -3,41 +3,30 @@
 from __future__ import annotations
 
 import json
-import struct
 import time
 
 import numpy as np
 import pytest
 
 from gymllm.errors import MissingExtraError
-from gymllm.telemetry import Tracer, set_tracer, span
+from gymllm.telemetry import span, use_tracer
 from gymllm.telemetry.export import load_chrome_trace
 from gymllm.telemetry.sinks import MetricsLogger, flatten, format_eta, progress_line
 
 
 @pytest.fixture
 def tracer():
-    tr = Tracer()
-    previous = set_tracer(tr)
-    yield tr
-    set_tracer(previous)
+    with use_tracer() as tr:
+        yield tr
 
 
 def read_tensorboard_scalars(logdir) -> dict[str, list[tuple[int, float]]]:
-    """Parse TFRecord-framed Event protos (the TensorBoard file format) without TensorFlow."""
-    from tensorboardX.proto import event_pb2
+    """Every scalar series of ``logdir`` through TensorBoard's own reader (its EventAccumulator)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    out: dict[str, list[tuple[int, float]]] = {}
-    for path in sorted(logdir.glob("events.out.tfevents.*")):
-        data = path.read_bytes()
-        pos = 0
-        while pos < len(data):
-            (n,) = struct.unpack("<Q", data[pos:pos + 8])
-            ev = event_pb2.Event.FromString(data[pos + 12:pos + 12 + n])
-            pos += 12 + n + 4
-            for v in ev.summary.value:
-                out.setdefault(v.tag, []).append((ev.step, v.simple_value))
-    return out
+    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0})  # 0: keep every event
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
 def test_jsonl_and_tensorboard_hold_the_same_values(tracer, tmp_path):
@@ -132,14 +121,12 @@ def test_live_progress_on_a_terminal(tmp_path):
 def test_pipeline_window_follows_a_replaced_tracer(tracer, tmp_path):
     lg = MetricsLogger(tmp_path, console=False, tensorboard=False, trace=False)
     lg.log(0, {})
-    fresh = Tracer()  # e.g. a new run in the same process
-    previous = set_tracer(fresh)
     try:
-        with span("decode", track="engine", tokens=8):
-            time.sleep(0.005)
-        rec = lg.log(1, {})
+        with use_tracer():  # e.g. a new run in the same process
+            with span("decode", track="engine", tokens=8):
+                time.sleep(0.005)
+            rec = lg.log(1, {})
     finally:
-        set_tracer(previous)
         lg.close()
     assert rec["pipeline/tokens_generated"] == pytest.approx(8.0)
     assert 0.0 < rec["pipeline/engine_busy_fraction"] <= 1.0

@@ -1,6 +1,6 @@
 """The vector env's Ray backend on a real 2-node loopback cluster (no local_mode).
 
-One module-scoped ``LocalCluster``: a head with 2 CPUs and a "sandbox" node with 2 CPUs and
+One module-scoped ``LocalCluster`` of 3 CPUs: a head with 1 CPU and a "sandbox" node with 2 CPUs and
 ``{"sandbox": 2}``. Interleavings are forced with gate files the test creates (an env's step
 blocks until its gate exists), never with sleeps racing each other.
 """
@@ -26,9 +26,10 @@ from gymllm.envs.basic import EchoEnv  # noqa: E402
 from gymllm.errors import ConfigError, EnvError, EnvTimeoutError, ResetNeededError  # noqa: E402
 from gymllm.ray_support import LOOPBACK, LocalCluster  # noqa: E402
 from gymllm.vector import VectorEnv  # noqa: E402
-from gymllm.vector.ray_backend import EnvShard  # noqa: E402
+from gymllm.vector.config import RayOptions  # noqa: E402
+from gymllm.vector.ray_backend import ACTORS_PER_CPU, EnvShard, plan_placement  # noqa: E402
 
-SMALL = {"num_cpus": 0.25}  # 4 actors per CPU: the whole module fits the 4-CPU cluster
+SMALL = {"num_cpus": 0.25}  # 4 actors per CPU: the whole module fits the 3-CPU cluster
 
 
 class GateEcho(EchoEnv):
@@ -59,7 +60,7 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # GateEcho trav
 
 @pytest.fixture(scope="module")
 def cluster():
-    with LocalCluster([{"num_cpus": 2}, {"num_cpus": 2, "resources": {"sandbox": 2}}]) as c:
+    with LocalCluster([{"num_cpus": 1}, {"num_cpus": 2, "resources": {"sandbox": 2}}]) as c:
         yield c
 
 
@@ -246,7 +247,8 @@ def test_shards_and_bad_options(cluster):
         vec.send(["a", Unpicklable("a"), "a", "a", "a"])  # a valid action that cannot travel to the actor
         obs, _, _, _, infos, ids = vec.recv(min_ready=5)
         errs = {int(i): infos["error"][j] for j, i in enumerate(ids) if infos["_error"][j]}
-        assert set(errs) == {0, 1, 2} and all(isinstance(e, EnvError) for e in errs.values())  # its shard's call
+        assert set(errs) == {1} and isinstance(errs[1], EnvError)  # one call per env op: its shard-mates go on
+        assert obs[list(ids).index(0)].startswith("You said: a")
     finally:
         vec.close()
     with pytest.raises(ConfigError, match="picklable"):
@@ -257,6 +259,106 @@ def test_shards_and_bad_options(cluster):
         gymllm.make_vec("gymllm/Echo-v0", 2, backend="ray", ray_options={"num_workers": 1, "envs_per_actor": 1})
     with pytest.raises(ConfigError, match="only with backend='ray'"):
         gymllm.make_vec("gymllm/Echo-v0", 2, ray_options={"num_workers": 1})
+
+
+def recv_all(vec, n, timeout=60.0):
+    """``{env_id: (obs, truncated, error or None)}`` of the next ``n`` results (bounded by ``timeout``)."""
+    out = {}
+    end = time.monotonic() + timeout
+    while len(out) < n and time.monotonic() < end:
+        obs, _, _, trunc, infos, ids = vec.recv(min_ready=1, timeout=max(0.0, end - time.monotonic()))
+        for j, i in enumerate(ids):
+            err = infos["error"][j] if "error" in infos and infos["_error"][j] else None
+            out[int(i)] = (obs[j], bool(trunc[j]), err)
+    return out
+
+
+def test_placement_is_fitted_to_the_cluster_and_explicit_options_win():
+    three = {"CPU": 3.0}
+    auto = plan_placement(6, RayOptions(), three, three)
+    assert (auto.envs_per_actor, auto.num_actors, auto.num_cpus) == (1, 6, 0.5)  # one actor per env, 0.5 CPU each
+    busy = plan_placement(6, RayOptions(), three, {"CPU": 2.5})
+    assert busy.num_actors == 6 and busy.num_cpus * 6 <= 2.5 and busy.num_cpus == 0.4166
+    assert plan_placement(2, RayOptions(), three, three).num_cpus == 1.0  # at most one CPU per actor
+    assert plan_placement(6, RayOptions(), three, {"CPU": 0.0}).num_cpus == 0.0  # full: Ray's running default
+    many = plan_placement(100, RayOptions(), three, three)  # more envs than 4 actors per CPU: shards
+    assert many.num_actors <= 3 * ACTORS_PER_CPU and many.envs_per_actor == 9 and many.num_actors == 12
+    assert many.num_cpus == 0.25
+    one_cpu_each = plan_placement(6, RayOptions(num_cpus=1), three, three)  # explicit CPUs: fewer, larger shards
+    assert (one_cpu_each.envs_per_actor, one_cpu_each.num_actors, one_cpu_each.num_cpus) == (2, 3, 1.0)
+    explicit = plan_placement(6, RayOptions(num_workers=4, num_cpus=1), three, three)  # kept as given
+    assert (explicit.envs_per_actor, explicit.num_actors, explicit.num_cpus) == (2, 3, 1.0)
+    per_env = plan_placement(6, RayOptions(envs_per_actor=1), three, three)
+    assert (per_env.num_actors, per_env.num_cpus) == (6, 0.5)
+    sandboxed = plan_placement(6, RayOptions(resources={"sandbox": 1}), {"CPU": 3.0, "sandbox": 2.0},
+                               {"CPU": 3.0, "sandbox": 2.0})
+    assert (sandboxed.envs_per_actor, sandboxed.num_actors) == (3, 2)  # as many actors as sandboxes
+
+
+def test_with_no_options_six_envs_start_on_the_three_cpu_cluster_and_run_barrier_free(cluster, tmp_path):
+    with pytest.raises(ConfigError, match=r"need 6\.0, cluster has 3\.0"):  # a truly impossible request
+        gymllm.make_vec("gymllm/Echo-v0", 6, backend="ray", ray_options={"num_cpus": 1, "envs_per_actor": 1})
+    gate = str(tmp_path / "gate")
+    fns = [functools.partial(GateEcho, episode_length=50, gate=gate)] + echo_fns(5, length=50)
+    vec = VectorEnv(fns, backend="ray")  # no ray_options at all
+    try:
+        placement = vec.runner.placement
+        assert (placement.num_actors, placement.envs_per_actor) == (6, 1) and 0 < placement.num_cpus <= 0.5
+        assert len({vec.runner.where(i)["pid"] for i in range(6)}) == 6  # per-env failure isolation kept
+        ref = gymllm.make_vec("gymllm/Echo-v0", 6, episode_length=50)
+        try:
+            assert list(vec.reset(seed=2)[0]) == list(ref.reset(seed=2)[0])
+        finally:
+            ref.close()
+        vec.send(["a"] * 6)
+        for t in range(3):  # env 0 is blocked on its gate: the other five go round without it
+            got = recv_all(vec, 5)
+            assert sorted(got) == [1, 2, 3, 4, 5] and all(e is None for _, _, e in got.values())
+            assert vec.in_flight == [0]
+            vec.send([f"b{t}"] * 5, env_ids=[1, 2, 3, 4, 5])
+        open(gate, "w").close()
+        got = recv_all(vec, 6)
+        assert sorted(got) == list(range(6)) and got[0][0].startswith("You said: a")
+    finally:
+        vec.close()
+
+
+def test_envs_sharing_an_actor_are_barrier_free_and_its_death_fails_exactly_them(cluster, tmp_path):
+    gate = str(tmp_path / "gate")
+    fns = [functools.partial(GateEcho, episode_length=50, gate=gate)] + echo_fns(3, length=50)
+    vec = VectorEnv(fns, backend="ray", ray_options={**SMALL, "envs_per_actor": 2})
+    try:
+        vec.reset(seed=0)
+        pids = [vec.runner.where(i)["pid"] for i in range(4)]
+        assert pids[0] == pids[1] and pids[2] == pids[3] and pids[0] != pids[2]  # two shards of two
+        vec.send(["a"] * 4)
+        for t in range(3):  # env 0 is blocked inside the actor it shares with env 1: env 1 still goes round
+            got = recv_all(vec, 3)
+            assert sorted(got) == [1, 2, 3] and vec.in_flight == [0]
+            vec.send([f"b{t}"] * 3, env_ids=[1, 2, 3])
+        got = recv_all(vec, 3)
+        assert sorted(got) == [1, 2, 3] and got[1][0].startswith("You said: b2")
+
+        os.kill(pids[0], signal.SIGKILL)  # the shared actor dies with env 0 mid-step
+        got = recv_all(vec, 1)
+        assert got[0][0] is None and got[0][1] and isinstance(got[0][2], EnvError) and got[0][2].env_id == 0
+        assert "actor died" in str(got[0][2])
+        vec.send(["c"] * 3, env_ids=[1, 2, 3])  # env 1 was idle in the dead actor: its episode is gone too
+        got = recv_all(vec, 3)
+        assert isinstance(got[1][2], EnvError) and got[1][2].env_id == 1 and got[1][0] is None
+        assert got[2][2] is None and got[3][2] is None and got[2][0].startswith("You said: c")  # the other shard
+        assert list(vec.ended) == [True, True, False, False]
+
+        open(gate, "w").close()
+        obs, _, _, _, infos = vec.step(["d"] * 4)  # NEXT_STEP: envs 0 and 1 reset onto one new actor
+        assert obs[0].startswith("Repeat:") and obs[1].startswith("Repeat:") and "error" not in infos
+        assert obs[2].startswith("You said: d")
+        new = vec.runner.where(0)["pid"]
+        assert new == vec.runner.where(1)["pid"] and new != pids[0]
+        obs, *_ = vec.step(["e"] * 4)
+        assert all(o.startswith("You said: e") for o in obs)
+    finally:
+        vec.close()
 
 
 def test_env_shard_twin_runs_without_ray():

@@ -83,6 +83,24 @@ def test_beat_resets_and_end_unwatches():
     assert wd.watched() == ["rollout"]
 
 
+def test_stage_context_watches_the_block_and_closes_it_on_an_exception():
+    clock, seen = Clock(), []
+    wd = Watchdog(WatchdogConfig(stall_s=2.0), clock=clock, on_stall=seen.append)
+    with wd.stage("weight_sync", "push weights of step 4"):
+        assert wd.watched() == ["weight_sync"]
+        clock.t += 2.5
+        (stall,) = wd.check()  # recorded while inside: a stall names the stage and what it was doing
+    assert stall.stage == "weight_sync" and stall.doing == "push weights of step 4"
+    assert wd.watched() == []
+    with pytest.raises(RuntimeError, match="push failed"):
+        with wd.stage("learner", "step 5: 2 groups"):
+            assert wd.watched() == ["learner"]
+            raise RuntimeError("push failed")
+    assert wd.watched() == []  # closed by the exception: a failed stage is not reported as stalled
+    clock.t += 100
+    assert wd.check() == [] and len(seen) == 1
+
+
 def test_off_is_a_no_op_and_config_is_validated():
     wd = Watchdog(WatchdogConfig(stall_s=0))
     wd.begin("learner")

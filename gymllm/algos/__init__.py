@@ -43,7 +43,7 @@ _LAZY = {
     "ClusterSection": "gymllm.algos.train_config",
     "EvalSection": "gymllm.algos.train_config",
     "Run": "gymllm.algos.run",
-    "LocalComponents": "gymllm.algos.run",
+    "LocalComponents": "gymllm.algos.components",
     "RayComponents": "gymllm.algos.cluster",
     "TrainResult": "gymllm.algos.trainer",
     "train": "gymllm.algos.trainer",

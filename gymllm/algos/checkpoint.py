@@ -10,6 +10,10 @@ Saved at optimizer-step boundaries (the learner holds no half-accumulated step t
     ckpt = Checkpointer(run_dir / "checkpoints", max_to_keep=3)
     ckpt.save(step, learner, extra={"rng": rng.bit_generator.state})
     step = ckpt.restore_latest(learner)   # None when there is nothing to resume
+
+Reading a run's trained weights back (no learner) lives with the model loaders,
+:mod:`gymllm.models.trained`; :func:`checkpoint_dir`, :func:`restore_trained` and
+:func:`restore_model_weights` (= ``gymllm.models.trained.apply_trained``) are the same functions.
 """
 
 from __future__ import annotations
@@ -20,7 +24,11 @@ from typing import Any
 
 import jax
 
+from gymllm.models.trained import apply_trained as restore_model_weights
+from gymllm.models.trained import checkpoint_dir, restore_trained
 from gymllm.telemetry import span
+
+__all__ = ["Checkpointer", "checkpoint_dir", "restore_trained", "restore_model_weights"]
 
 
 class Checkpointer:
@@ -61,64 +69,3 @@ class Checkpointer:
 
     def close(self) -> None:
         self.manager.close()
-
-
-def checkpoint_dir(path: str | os.PathLike) -> pathlib.Path:
-    """The Orbax checkpoints directory of ``path``: a run directory (``RUN/checkpoints``) or the
-    checkpoints directory itself. Raises :class:`FileNotFoundError` saying what was looked for."""
-    p = pathlib.Path(path).resolve()
-    for cand in (p / "checkpoints", p):
-        if cand.is_dir() and any(c.name.isdigit() for c in cand.iterdir()):
-            return cand
-    raise FileNotFoundError(f"checkpoint: expected a run directory written by `gymllm train` (with checkpoints/<step>/) "
-                            f"or its checkpoints directory, received {str(p)!r} (no numbered step directory there). "
-                            "Fix: pass --run-dir of a run that saved a checkpoint (it saves one at its end)")
-
-
-def restore_trained(path: str | os.PathLike, *, step: int | None = None) -> tuple[dict[str, Any], int]:
-    """The trained arrays (``{"layers.wq": ...}``: full weights, or LoRA adapters) of the latest
-    checkpoint under ``path`` (or of ``step``) and its step; the optimizer state is not loaded."""
-    import orbax.checkpoint as ocp
-
-    directory = checkpoint_dir(path)
-    manager = ocp.CheckpointManager(directory)
-    try:
-        step = manager.latest_step() if step is None else int(step)
-        with span("checkpoint_restore", track="trainer", step=step):
-            out = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-    finally:
-        manager.close()
-    return dict(out["state"]["trainable"]), int(step)
-
-
-def restore_model_weights(model: Any, path: str | os.PathLike, *, lora: Any = None, step: int | None = None) -> Any:
-    """A model of ``model``'s architecture with the trained weights of the checkpoint at ``path`` (a run
-    directory or its checkpoints directory). ``lora`` (a ``LoRAConfig``; read from the run's
-    ``config.json`` when None) merges adapter checkpoints onto ``model``'s own weights, which must be the
-    base weights the run started from."""
-    import json
-
-    from gymllm.algos import lora as lora_mod
-    from gymllm.models.transformer import Transformer
-
-    trained, step = restore_trained(path, step=step)
-    if lora is None:
-        conf = pathlib.Path(path) / "config.json"
-        section = json.loads(conf.read_text()).get("lora", {}) if conf.is_file() else {}
-        lora = lora_mod.LoRAConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in section.items()})
-    base = model.flat_params()
-    if lora.enabled:
-        flat = dict(lora_mod.merge(lora, base, {k: jax.numpy.asarray(v) for k, v in trained.items()}))
-    else:
-        flat = {k: jax.numpy.asarray(v) for k, v in trained.items()}
-    missing, extra = sorted(set(base) - set(flat)), sorted(set(flat) - set(base))
-    if missing or extra:
-        raise ValueError(f"checkpoint {str(path)!r} at step {step}: expected the weights of this model "
-                         f"({len(base)} arrays), received {len(flat)} (missing {missing[:3]}, unexpected {extra[:3]}). "
-                         "Fix: evaluate with the model the run trained (gymllm eval --checkpoint RUN reads it from "
-                         "RUN/config.json when --model is not given)")
-    for k, v in flat.items():
-        if tuple(v.shape) != tuple(base[k].shape):
-            raise ValueError(f"checkpoint {str(path)!r}: expected {k} of shape {tuple(base[k].shape)}, received "
-                             f"{tuple(v.shape)}. Fix: evaluate with the model the run trained")
-    return Transformer(model.config, params={k: v.astype(base[k].dtype) for k, v in flat.items()})

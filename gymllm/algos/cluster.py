@@ -4,7 +4,7 @@ hosts from a :class:`~gymllm.algos.train_config.TrainConfig` (``cluster.backend=
     gymllm train --preset tiny --cluster.backend ray --cluster.env-workers 2 --cluster.engine-replicas 2
     gymllm train ... --cluster.backend ray --cluster.address auto --cluster.learner-hosts 2
 
-:class:`RayComponents` implements :class:`gymllm.algos.run.Components`, so the run (orchestrator,
+:class:`RayComponents` implements :class:`gymllm.algos.components.Components`, so the run (orchestrator,
 checkpoints, resume, telemetry, run directory) stays in the driver and does not know where its parts
 live:
 
@@ -90,7 +90,7 @@ def replica_spec(cfg: TrainConfig, version: int = 0) -> Any:
 
 
 class RayComponents:
-    """:class:`~gymllm.algos.run.Components` on Ray (see the module docstring). Connects on creation
+    """:class:`~gymllm.algos.components.Components` on Ray (see the module docstring). Connects on creation
     (joins ``cluster.address``, or starts a local Ray on 127.0.0.1) and disconnects on ``close`` if it
     connected."""
 
@@ -112,7 +112,7 @@ class RayComponents:
     # ------------------------------------------------------------------ learner
     def make_learner(self, cfg: TrainConfig, lm: Any) -> Any:
         if self.cluster.learner_hosts == 0:
-            from gymllm.algos.run import LocalComponents
+            from gymllm.algos.components import LocalComponents
 
             local = LocalComponents()
             learner = local.make_learner(cfg, lm)
@@ -258,7 +258,7 @@ class LearnerHost:
 
         from gymllm.algos.checkpoint import Checkpointer
         from gymllm.algos.learner import StreamingLearner
-        from gymllm.algos.run import load_model
+        from gymllm.algos.components import load_model
         from gymllm.algos.sharding import make_mesh
 
         lm = load_model(cfg.model)

@@ -32,6 +32,7 @@ from gymllm.errors import ConfigError, explain
 from gymllm.inference.config import EngineConfig
 from gymllm.inference.params import SamplingParams
 from gymllm.rollout.config import RolloutConfig
+from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 from gymllm.validation import apply_overrides, check_choice, check_range, require
 
 __all__ = ["ModelSection", "EnvSection", "RunSection", "EvalSection", "ClusterSection", "TrainConfig", "EngineConfig",
@@ -136,7 +137,7 @@ class EvalSection:
     every: int = 0
     envs: tuple[str, ...] = ()
     seeds: int = 16
-    seed_base: int = 1_000_000
+    seed_base: int = HELD_OUT_SEED_BASE
     temperature: float = 0.0
     max_tokens: int = 0
 

@@ -23,9 +23,12 @@ Cluster: with ``cluster.backend="ray"`` the same run is assembled from Ray actor
 engine replicas behind one pool, optionally learner hosts; see :mod:`gymllm.algos.cluster`); the
 driver keeps the orchestrator, the run directory, checkpoints and telemetry.
 
-Layout: the configs and presets live in :mod:`gymllm.algos.train_config`, the run in
-:mod:`gymllm.algos.run`, the Ray wiring in :mod:`gymllm.algos.cluster`; this module holds
-:func:`train` and :class:`TrainResult` and re-exports the config names.
+Layout: the configs and presets live in :mod:`gymllm.algos.train_config` (mapped onto the components'
+configs in :mod:`gymllm.algos.config_map`), the one training loop in :mod:`gymllm.algos.run` (its parts
+in :mod:`~gymllm.algos.components`, :mod:`~gymllm.algos.resume`, :mod:`~gymllm.algos.step_log` and
+:mod:`~gymllm.algos.heldout`; where its groups come from in :mod:`gymllm.rollout.sources`), the Ray
+wiring in :mod:`gymllm.algos.cluster`; this module holds :func:`train` and :class:`TrainResult` and
+re-exports the config names.
 
 Resume: with ``run.resume`` (default) a run directory holding checkpoints continues from the latest
 one: weights, optimizer state, step, RNG and the ids of every consumed group are restored; the
@@ -43,7 +46,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from gymllm.algos.run import Components, LocalComponents, Run, load_model
+from gymllm.algos.components import Components, LocalComponents, load_model
+from gymllm.algos.run import Run
 from gymllm.algos.train_config import (PRESETS, ClusterSection, EngineConfig, EnvSection, EvalSection, ModelSection,
                                        RolloutConfig, RunSection, SamplingParams, TrainConfig, effective, preset)
 
@@ -107,7 +111,7 @@ class TrainResult:
 
 
 def components_for(cfg: TrainConfig) -> Components:
-    """:class:`~gymllm.algos.run.LocalComponents` for ``cluster.backend="none"`` (Ray never imported),
+    """:class:`~gymllm.algos.components.LocalComponents` for ``cluster.backend="none"`` (Ray never imported),
     else :class:`gymllm.algos.cluster.RayComponents` (connects to or starts Ray)."""
     if not cfg.cluster.distributed:
         return LocalComponents()
@@ -143,8 +147,8 @@ async def _train(cfg: TrainConfig, max_steps: int | None, on_step: Sequence[Call
         components.close()
         raise
     try:
-        counts = await (run.run_sync() if cfg.rollout.mode == "sync" else run.run_async())
-        if run.learner.version and run.ckpt.latest_step() != run.learner.version:
+        counts = await run.train()
+        if run.learner.version and run.parts.ckpt.latest_step() != run.learner.version:
             run.save()
     finally:
         await run.close()
@@ -155,9 +159,9 @@ async def _train(cfg: TrainConfig, max_steps: int | None, on_step: Sequence[Call
             write_report(run.run_dir)
         except Exception as e:  # the run's data is saved; a plotting problem must not lose it
             (run.run_dir / "report_error.txt").write_text(repr(e))
-    return TrainResult(run_dir=run.run_dir, steps=run.learner.version, history=run.history,
-                       trained_ids=run.trained_ids, wall_s=time.perf_counter() - t_start,
-                       resumed_from=run.resumed_from, evals=list(run.evals),
+    return TrainResult(run_dir=run.run_dir, steps=run.learner.version, history=run.log.history,
+                       trained_ids=run.log.trained_ids, wall_s=time.perf_counter() - t_start,
+                       resumed_from=run.resume.resumed_from, evals=list(run.heldout.evals),
                        profile_dir=run.profiler.logdir if run.profiler.captured else None,
                        profile_steps=run.profiler.captured,
-                       counts={**dict(run.learner.counts), "filtered_rollout": len(run.filtered), **counts})
+                       counts={**dict(run.learner.counts), "filtered_rollout": len(run.resume.filtered), **counts})

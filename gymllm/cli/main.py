@@ -1,4 +1,4 @@
-"""The ``gymllm`` command: train, eval, serve, envs, check, replay, report, bench, serve-env, sft, demos.
+"""The ``gymllm`` command: train, eval, serve, envs, check, replay, report, bench, serve-env, sft, demos, view.
 
 Each sub-command is a typed function; its help is generated from the signature and docstring by
 tyro. Errors are printed as one line plus a hint, never a bare traceback (``GYMLLM_DEBUG=1`` shows
@@ -12,7 +12,7 @@ import sys
 import traceback
 from typing import Callable, Sequence
 
-from gymllm.cli import commands, demos, serve_env, sft
+from gymllm.cli import commands, demos, serve_env, sft, view
 
 COMMANDS: dict[str, Callable[..., object]] = {
     "train": commands.train,
@@ -26,6 +26,7 @@ COMMANDS: dict[str, Callable[..., object]] = {
     "serve-env": serve_env.serve_env,
     "sft": sft.sft,
     "demos": demos.demos,
+    "view": view.view,
 }
 
 

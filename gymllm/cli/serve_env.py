@@ -19,6 +19,7 @@ def serve_env(
     env_kwargs: str | None = None,
     max_message_mb: float = 16.0,
     compress: bool = False,
+    send_info: tuple[str, ...] = (),
 ) -> int:
     """Serve an env over OpenEnv's HTTP + WebSocket protocol (any OpenEnv client can reset, step, read state).
 
@@ -32,8 +33,10 @@ def serve_env(
         env_kwargs: The env's keyword arguments as JSON, e.g. '{"digits": 1}'.
         max_message_mb: Largest WebSocket message accepted (a bigger one closes that connection).
         compress: Offer WebSocket compression (permessage-deflate): for big observations over slow links.
+        send_info: info keys to send although they name a gold answer (by default "answer", "solution",
+            ... are withheld from clients: an agent must not read what it is graded against).
     """
-    from gymllm.envs.openenv_server import ServeEnvConfig, serve
+    from gymllm.envs.openenv_server import GOLD_INFO_KEYS, ServeEnvConfig, serve
 
     kwargs = json.loads(env_kwargs) if env_kwargs else {}
     if not isinstance(kwargs, dict):
@@ -41,7 +44,7 @@ def serve_env(
                          "Fix: quote the object for your shell")
     config = ServeEnvConfig(env=env, env_kwargs=kwargs, host=host, port=port, max_sessions=max_sessions,
                             session_timeout_s=session_timeout_s, token=token, max_message_mb=max_message_mb,
-                            compress=compress)
+                            compress=compress, withhold_info=tuple(k for k in GOLD_INFO_KEYS if k not in send_info))
 
     def ready(url: str) -> None:
         ws = url.replace("http://", "ws://", 1)

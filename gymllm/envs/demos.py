@@ -45,14 +45,13 @@ import os
 import pathlib
 from typing import Any, Callable
 
+from gymllm.atomic import atomic_write
 from gymllm.envs import demos_solvers as solvers
 from gymllm.errors import ConfigError, explain
+from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 
 __all__ = ["HELD_OUT_SEED_BASE", "SOLVERS", "Solver", "DemoConfig", "demonstrations", "play_demo", "write_demos",
            "read_demos", "initial_messages", "observation_messages", "supported_ids"]
-
-#: first seed of held-out evaluation (``EvalSection.seed_base``'s default); demos stay below it
-HELD_OUT_SEED_BASE = 1_000_000
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -222,12 +221,9 @@ def write_demos(path: str | os.PathLike, records: list[dict]) -> pathlib.Path:
                                       received=type(rec).__name__ if not isinstance(rec, dict) else sorted(rec),
                                       fix="pass records from demonstrations()"))
     p = pathlib.Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
+    with atomic_write(p) as f:
         for rec in records:
             f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    tmp.replace(p)
     return p
 
 

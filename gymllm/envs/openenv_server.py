@@ -35,16 +35,13 @@ Gymnasium envs whose actions are not text are wrapped with :func:`gymllm.envs.fr
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import functools
 import hmac
 import importlib
-import ipaddress
 import json
+import math
 import os
-import socket
-import threading
 import uuid
 from typing import Any, Callable
 
@@ -53,14 +50,21 @@ import numpy as np
 
 from gymllm.core import TextEnv, areset_env, astep_env, overrides_hook
 from gymllm.envs.openenv_adapter import OBSERVATION_HINT, TOKEN_ENV, import_openenv
-from gymllm.errors import ConfigError, explain
+from gymllm.errors import ConfigError, InvalidActionError, ResetNeededError, explain
 from gymllm.spaces import Chat, Text
+from gymllm.utils import serving
+from gymllm.utils.serving import is_loopback
 
 _core = import_openenv("openenv.core")
 _types = import_openenv("openenv.core.env_server.types")
 
 __all__ = ["ServeEnvConfig", "GymllmEnvironment", "AsyncGymllmEnvironment", "ServedEnvError", "is_async_native",
-           "build_app", "serve", "ServerThread", "make_env_factory", "offline_environ", "TOKEN_ENV"]
+           "build_app", "serve", "ServerThread", "make_env_factory", "offline_environ", "TOKEN_ENV", "GOLD_INFO_KEYS",
+           "withhold"]
+
+GOLD_INFO_KEYS = ("answer", "answers", "gold", "gold_answer", "solution", "solutions", "ground_truth",
+                  "reference_answer", "expected_answer", "correct_answer", "target_answer")
+"""``info`` keys that hold an env's gold answer: never sent to clients unless the operator says so."""
 
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", "ENABLE_WEB_INTERFACE": "false"}
 
@@ -76,7 +80,9 @@ class ServeEnvConfig:
     arguments; host/port: bind address (port 0: a free port); max_sessions: concurrent sessions;
     session_timeout_s: reap sessions idle this long (None: never); token: required from clients
     (mandatory off loopback; default ``$GYMLLM_ENV_TOKEN``); max_message_mb: largest WebSocket frame;
-    compress: offer permessage-deflate (off: on loopback compressing costs more CPU than it saves)."""
+    compress: offer permessage-deflate (off: on loopback compressing costs more CPU than it saves);
+    withhold_info: ``info`` keys (at any depth) never sent to clients, by default the gold-answer keys
+    :data:`GOLD_INFO_KEYS` (an agent must not read the answer it is graded against); ``()`` sends all."""
 
     env: str
     env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -87,8 +93,12 @@ class ServeEnvConfig:
     token: str | None = None
     max_message_mb: float = 16.0
     compress: bool = False
+    withhold_info: tuple[str, ...] = GOLD_INFO_KEYS
 
     def __post_init__(self) -> None:
+        if not isinstance(self.withhold_info, (tuple, list)) or not all(isinstance(k, str) for k in self.withhold_info):
+            raise ConfigError(explain("ServeEnvConfig.withhold_info", expected="a tuple of info keys",
+                                      received=self.withhold_info, fix='pass e.g. ("answer",) or () to send everything'))
         if not isinstance(self.env, str) or not self.env:
             raise ConfigError(explain("ServeEnvConfig.env", expected="an env id or 'module:factory'", received=self.env,
                                       fix="pass e.g. gymllm/Arithmetic-v0"))
@@ -115,15 +125,6 @@ class ServeEnvConfig:
     @property
     def resolved_token(self) -> str | None:
         return self.token or os.environ.get(TOKEN_ENV) or None
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 # ---------------------------------------------------------------------------------------------- env side
@@ -191,6 +192,14 @@ class ServedEnvError(RuntimeError):
     """The served env raised (message: its type and message); OpenEnv sends it as ``EXECUTION_ERROR``."""
 
 
+class EpisodeOrderError(ServedEnvError):
+    """A step before reset (or after the episode ended): the client's order of calls; HTTP answers 409."""
+
+
+class ServedActionError(ServedEnvError):
+    """The env refused the action (an ``InvalidActionError``); HTTP answers 400."""
+
+
 class GymllmObservation(_types.Observation):
     """A text env's observation: ``text`` (a ``str`` observation) or ``messages`` (a message list)."""
 
@@ -212,8 +221,9 @@ class GymllmEnvironment(_core.Environment):
     SUPPORTS_CONCURRENT_SESSIONS = True  # every session builds its own env instance
 
     def __init__(self, make_env: Callable[[], gym.Env], *, env_name: str = "",
-                 observation_cls: type = GymllmObservation):
+                 observation_cls: type = GymllmObservation, withhold_info: tuple[str, ...] = GOLD_INFO_KEYS):
         super().__init__()
+        self._withhold = frozenset(withhold_info)
         self._env = make_env()
         self._env_name = env_name
         self._obs_cls = observation_cls
@@ -262,7 +272,7 @@ class GymllmEnvironment(_core.Environment):
             self._env.close()
 
     def _observation(self, obs: Any, reward: float | None, done: bool, metadata: dict) -> Any:
-        metadata = jsonable(metadata)
+        metadata = withhold(jsonable(metadata), self._withhold)
         if isinstance(obs, str):
             return self._obs_cls(text=obs, done=done, reward=reward, metadata=metadata)
         if isinstance(obs, list):
@@ -305,7 +315,32 @@ def _options(kwargs: dict) -> dict | None:
 
 
 def _served_error(e: BaseException) -> ServedEnvError:
-    return ServedEnvError(f"{type(e).__name__}: {e}")
+    kind = EpisodeOrderError if isinstance(e, ResetNeededError) else (
+        ServedActionError if isinstance(e, InvalidActionError) else ServedEnvError)
+    return kind(f"{type(e).__name__}: {e}")
+
+
+def withhold(x: Any, keys: frozenset[str]) -> Any:
+    """``x`` (JSON values) without the dict entries named in ``keys``, at any depth (iterative)."""
+    if not keys or not isinstance(x, (dict, list)):
+        return x
+    root: list[Any] = [None]
+    stack: list[tuple[Any, Any, Any]] = [(x, root, 0)]
+    while stack:
+        src, parent, slot = stack.pop()
+        if isinstance(src, dict):
+            out: Any = {}
+            for k, v in src.items():
+                if k not in keys:
+                    out[k] = None
+                    stack.append((v, out, k))
+        elif isinstance(src, list):
+            out = [None] * len(src)
+            stack.extend((v, out, i) for i, v in enumerate(src))
+        else:
+            out = src
+        parent[slot] = out
+    return root[0]
 
 
 def is_async_native(env: gym.Env) -> bool:
@@ -337,19 +372,32 @@ def build_app(config: ServeEnvConfig) -> Any:
         "__module__": __name__, "__doc__": GymllmObservation.__doc__,
         "model_config": pyd.ConfigDict(json_schema_extra={OBSERVATION_HINT: hint})})
     env_cls = AsyncGymllmEnvironment if native else GymllmEnvironment
-    factory = functools.partial(env_cls, make_env, env_name=config.env, observation_cls=obs_cls)
+    factory = functools.partial(env_cls, make_env, env_name=config.env, observation_cls=obs_cls,
+                                withhold_info=tuple(config.withhold_info))
     app = _core.create_fastapi_app(
         factory, action_cls, obs_cls,
         concurrency_config=_types.ConcurrencyConfig(max_concurrent_envs=config.max_sessions,
                                                     session_timeout=config.session_timeout_s),
         env_name=config.env.replace("/", "_").replace(":", "_"), state_cls=GymllmState, mode="simulation")
 
-    async def env_error(_request: Any, exc: Exception) -> Any:  # OpenEnv's stateless HTTP /reset, /step
-        from fastapi.responses import JSONResponse
+    from fastapi.responses import JSONResponse
 
+    async def env_error(_request: Any, exc: Exception) -> Any:  # OpenEnv's stateless HTTP /reset, /step
         return JSONResponse({"detail": str(exc), "code": "EXECUTION_ERROR"}, status_code=500)
 
+    async def order_error(_request: Any, exc: Exception) -> Any:
+        return JSONResponse({"detail": f"{exc}. Over HTTP, /reset and /step are stateless (each call builds a fresh "
+                                       "env, so a /step never follows a /reset): keep an episode on one WebSocket "
+                                       "session (/ws, e.g. OpenEnv's GenericEnvClient or gymllm's from_openenv)",
+                             "code": "RESET_NEEDED"}, status_code=409)
+
+    async def action_error(_request: Any, exc: Exception) -> Any:
+        return JSONResponse({"detail": str(exc), "code": "INVALID_ACTION", "field": "action"}, status_code=400)
+
     app.add_exception_handler(ServedEnvError, env_error)
+    app.add_exception_handler(EpisodeOrderError, order_error)
+    app.add_exception_handler(ServedActionError, action_error)
+    app.add_middleware(JsonBodyGuard, max_bytes=int(config.max_message_mb * 2**20))
     token = config.resolved_token
     return _TokenGate(app, token) if token else app
 
@@ -379,48 +427,87 @@ class _TokenGate:
         return getattr(self.app, name)
 
 
-def _uvicorn_server(app: Any, max_message_mb: float, compress: bool = False) -> Any:
-    import uvicorn
-
-    return uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False,
-                                         ws_max_size=int(max_message_mb * 1024 * 1024), ws_per_message_deflate=compress,
-                                         timeout_graceful_shutdown=2))
+_INT64 = 2**63
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
+class _NonFinite(float):
+    """A JSON ``NaN`` / ``Infinity`` / ``-Infinity`` literal, kept apart from ordinary floats while checking."""
+
+
+def _nonfinite_literal(name: str) -> float:
+    return _NonFinite(float(name.replace("Infinity", "inf")))
+
+
+def first_bad_number(body: bytes) -> tuple[str, str] | None:
+    """``(field path, what it holds)`` of the first non-finite number (``NaN``, ``Infinity``, ``1e999``) or
+    integer outside 64 bits in a JSON ``body``, or None (also for a body that is not JSON: FastAPI answers that)."""
+    try:
+        doc = json.loads(body, parse_constant=_nonfinite_literal)
+    except (ValueError, RecursionError):
+        return None
+    stack: list[tuple[str, Any]] = [("", doc)]
+    while stack:
+        path, x = stack.pop()
+        if isinstance(x, dict):
+            stack.extend((f"{path}.{k}" if path else str(k), v) for k, v in reversed(list(x.items())))
+        elif isinstance(x, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(x))))
+        elif isinstance(x, float) and not math.isfinite(x):
+            return path or "body", "a non-finite number (NaN or Infinity, or one too large for a double)"
+        elif isinstance(x, int) and not isinstance(x, bool) and not -_INT64 <= x < _INT64:
+            return path or "body", f"an integer outside the signed 64-bit range ({str(x)[:30]}...)"
+    return None
+
+
+class JsonBodyGuard:
+    """ASGI middleware for the HTTP routes: a body over ``max_bytes`` gets a 413, and a JSON body holding a
+    non-finite number or an integer past 64 bits anywhere a 400, each with a JSON ``{"detail", "code",
+    "field"}`` body, before OpenEnv's handlers (whose validation errors would echo the number and fail to
+    render as JSON)."""
+
+    def __init__(self, app: Any, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT", "PATCH"):
+            return await self.app(scope, receive, send)
+        body = await serving.read_body(receive, self.max_bytes)
+        if body is None:
+            return  # the client went away
+        if body is serving.TOO_LARGE:
+            return await _json_error(send, 413, f"body: expected at most {self.max_bytes} bytes, received more. "
+                                     "Fix: send less (or start the server with a larger --max-message-mb)",
+                                     "REQUEST_TOO_LARGE", "body")
+        bad = first_bad_number(body) if body else None
+        if bad is not None:
+            field, what = bad
+            return await _json_error(send, 400, f"{field}: expected a finite number within 64 bits, received {what}. "
+                                     "Fix: send finite JSON numbers (no NaN, Infinity or 1e999)", "VALIDATION_ERROR",
+                                     field)
+        await self.app(scope, serving.replaying(body, receive), send)
+
+
+async def _json_error(send: Any, status: int, detail: str, code: str, field: str) -> None:
+    body = json.dumps({"detail": detail, "code": code, "field": field}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _uvicorn_options(max_message_mb: float, compress: bool = False) -> dict[str, Any]:
+    return {"lifespan": "on", "access_log": False, "ws_max_size": int(max_message_mb * 1024 * 1024),
+            "ws_per_message_deflate": compress, "timeout_graceful_shutdown": 2}
 
 
 def serve(config: ServeEnvConfig, *, on_ready: Callable[[str], None] | None = None) -> None:
     """Serve until interrupted; ``on_ready(url)`` is called once the server accepts connections."""
-    app = build_app(config)
-    server = _uvicorn_server(app, config.max_message_mb, config.compress)
-    sock = _bind(config.host, config.port)
-    host = f"[{config.host}]" if ":" in config.host else config.host
-    url = f"http://{host}:{sock.getsockname()[1]}"
-
-    async def main() -> None:
-        task = asyncio.ensure_future(server.serve(sockets=[sock]))
-        while not server.started and not task.done():
-            await asyncio.sleep(0.01)
-        if server.started and on_ready is not None:
-            on_ready(url)
-        await task
-
-    try:
-        asyncio.run(main())
-    finally:
-        sock.close()
+    serving.run_server(build_app(config), config.host, config.port, on_ready=on_ready, log_level="warning",
+                       **_uvicorn_options(config.max_message_mb, config.compress))
 
 
-class ServerThread:
-    """An ASGI app served by uvicorn on a free 127.0.0.1 port in a daemon thread (``with`` closes it).
+class ServerThread(serving.ServerThread):
+    """An ASGI app served by uvicorn on a free 127.0.0.1 port in a daemon thread, started at once (``with``
+    closes it).
 
     ``url`` is its ``http://127.0.0.1:PORT``. ``app`` may be an OpenEnv app built with
     ``openenv.core.create_app`` or :func:`build_app`.
@@ -428,28 +515,6 @@ class ServerThread:
 
     def __init__(self, app: Any, *, max_message_mb: float = 16.0, ready_timeout_s: float = 30.0):
         offline_environ()
-        self._server = _uvicorn_server(app, max_message_mb)
-        self._sock = _bind("127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve(sockets=[self._sock])),
-                                        name="gymllm-openenv-server", daemon=True)
-        self._thread.start()
-        deadline = ready_timeout_s / 0.01
-        while not self._server.started and self._thread.is_alive() and deadline > 0:
-            threading.Event().wait(0.01)
-            deadline -= 1
-        if not self._server.started:
-            self.close()
-            raise RuntimeError(explain("ServerThread", expected=f"uvicorn started within {ready_timeout_s} s",
-                                       received="not started", fix="see the server's log above"))
-
-    def close(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10.0)
-        self._sock.close()
-
-    def __enter__(self) -> "ServerThread":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+        super().__init__(app, "127.0.0.1", 0, log_level="warning", ready_timeout_s=ready_timeout_s,
+                         name="gymllm-openenv-server", **_uvicorn_options(max_message_mb))
+        self.start()

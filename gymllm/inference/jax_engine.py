@@ -175,6 +175,16 @@ class JaxEngine:
         return self._weights.latest_version
 
     @property
+    def serving(self) -> bool:
+        """Whether requests are accepted and run: False once closed, or once the loop stopped (see ``failure``)."""
+        return self._thread.is_alive() and not self._gate.closing
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The exception that stopped the engine loop, if one did (the loop fails single requests, not itself)."""
+        return self._loop.crash
+
+    @property
     def prefill_lengths(self) -> tuple[int, ...]:
         """The cached-prefix lengths a prefill call reads (0: no reused prefix), the decode cache lengths."""
         return self._steps.prefill_lengths

@@ -174,7 +174,11 @@ class EngineLoop:
     def prefill(self, reqs: list[EngineRequest], bucket: int) -> None:
         """Prefill one batch of prompt chunks in a call of its own; the requests join the decode rows."""
         p = pick_bucket(len(reqs), self.device.batch_sizes)
-        tokens, positions, rows, last, rp = self.admission.prefill_inputs(reqs, bucket, p)
+        try:
+            tokens, positions, rows, last, rp = self.admission.prefill_inputs(reqs, bucket, p)
+        except Exception as exc:  # a request the host cannot lay out: fail it alone, never the loop
+            self.isolate_inputs(reqs, bucket, exc)
+            return
         try:
             length = self.device.prefill_length(int(positions[:, 0].max()))
             tok, logp = self.device.call_prefill(tokens, positions, rows, last, rp, length)
@@ -187,7 +191,13 @@ class EngineLoop:
         """One decode step over the active rows with ``reqs``' prompt chunks (bucket ``bucket``) prefilled
         in the same call (:mod:`gymllm.inference.piggyback`); a failure fails both."""
         rows, device = self.rows, self.device
-        *pre, pre_rp = self.admission.prefill_inputs(reqs, bucket, self.config.max_prefill_batch)
+        try:
+            *pre, pre_rp = self.admission.prefill_inputs(reqs, bucket, self.config.max_prefill_batch)
+        except Exception as exc:  # prefill them on their own (the bad one fails alone), then decode as usual
+            self.isolate_inputs(reqs, bucket, exc)
+            if rows.active:
+                self.decode()
+            return
         decoding = list(rows.active.items())
         try:
             w = device.width(rows.top_row())
@@ -202,6 +212,14 @@ class EngineLoop:
         for slot, req in decoding:
             self.accept(req, int(tok[slot]), float(logp[slot]))
         self.start(reqs, tok[w:], logp[w:])
+
+    def isolate_inputs(self, reqs: list[EngineRequest], bucket: int, exc: Exception) -> None:
+        """Laying out ``reqs``' inputs raised: prefill each alone, so only the request that raises fails."""
+        if len(reqs) == 1:
+            self.fail_step(reqs, exc)
+            return
+        for req in reqs:
+            self.prefill([req], bucket)
 
     def decode(self) -> None:
         """One decode step (or a chunk of steps) over the active rows; tokens recorded one step at a time."""

@@ -35,6 +35,10 @@ replica spec's ``setup`` attached. The pool keeps the latest update for recreate
 
 Telemetry: span "generate" per attempt and "restart" per recreation on track ``engine/<replica>``,
 counter "load_tokens" there; span "weight_push" on track ``engine/pool``.
+
+Parts, one job each: :class:`EnginePool` (the Engine protocol: attempts, retries, inspection),
+:class:`Router` (which replica serves a request; the session homes) and :class:`Supervisor` (the
+replicas kept serving at the latest weights: pushes, failures, restarts, closing).
 """
 
 from __future__ import annotations
@@ -204,8 +208,106 @@ class Router:
         return out
 
 
+class Supervisor:
+    """Keeps a pool's replicas serving at the latest weights: pushes each weight update to every replica
+    (and remembers it for recreated ones), takes a replica that died out of the routing (its sessions
+    re-homed) and recreates it when it can be rebuilt, and waits for a restart while every replica is
+    down. Closing it stops the restarts and closes the replicas."""
+
+    def __init__(self, slots: list[_Slot], router: Router, config: PoolConfig, version: int = 0):
+        self.slots, self.router, self.config = slots, router, config
+        self.latest: tuple[Any, Any, int] | None = None  # the newest (update, its ObjectRef or None, version)
+        self.version = version
+        self.closed = False
+
+    def push(self, state: Any, version: int) -> None:
+        """``EnginePool.update_weights``: ``state`` at ``version`` to every replica not being rebuilt."""
+        rays = [s for s in self.slots if isinstance(s.replica, RayReplica)]
+        with span("weight_push", track="engine/pool", version=version, replicas=len(self.slots)):
+            ref = None
+            if rays:
+                ref = rays[0].replica.ray.put(_host_arrays(state))  # put once; every actor fetches it
+            for s in self.slots:
+                if s.restarting is not None:
+                    continue  # it rejoins with the latest update when built
+                try:
+                    s.replica.push(ref if isinstance(s.replica, RayReplica) else state, version)
+                except Exception as exc:  # noqa: BLE001 - a failed replica is recreated at the latest version
+                    if failure_kind(exc) == "input":
+                        raise
+                    s.last_error = f"weight push: {type(exc).__name__}: {exc}"
+            self.latest = (state, ref, version)
+            self.version = version
+
+    async def settle(self) -> None:
+        """``EnginePool.settle``: every push sent so far reached every live replica."""
+        live = [s for s in self.slots if not s.down]
+        for s, r in zip(live, await asyncio.gather(*(s.replica.settle() for s in live), return_exceptions=True)):
+            if isinstance(r, BaseException):
+                s.last_error = f"weight push: {type(r).__name__}: {str(r)[:300]}"
+
+    async def pick(self, session_id: str | None, tried: list[int]) -> _Slot:
+        """The router's choice; while every replica is down, wait for a restart (``start_timeout_s``)."""
+        deadline = time.monotonic() + self.config.start_timeout_s
+        while (slot := self.router.choose(session_id, tried)) is None:
+            pending = [s.restarting for s in self.slots if s.restarting is not None]
+            left = deadline - time.monotonic()
+            if not pending or left <= 0:
+                raise ReplicaDied(explain("EnginePool", expected="a live replica", received=[
+                    f"{s.name}: {s.last_error}" for s in self.slots], fix="restart the replicas' hosts or servers"))
+            await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+        return slot
+
+    def failed(self, slot: _Slot, exc: BaseException, kind: str) -> None:
+        """Record an attempt's failure on ``slot``; a death takes it out of the routing and restarts it."""
+        slot.failures += 1
+        slot.last_error = f"{type(exc).__name__}: {str(exc)[:300]}"
+        if kind != "death" or slot.down:
+            return
+        slot.down, slot.down_since = True, time.monotonic()
+        self.router.evict(slot)  # its sessions are re-homed on their next turn
+        if self.config.restart and slot.replica.can_restart and not self.closed:
+            slot.restarting = asyncio.get_running_loop().create_task(self.restart(slot), name=f"restart-{slot.name}")
+
+    async def restart(self, slot: _Slot) -> None:
+        """Recreate ``slot``'s replica at the latest weights; it rejoins the routing when built."""
+        try:
+            while not self.closed:
+                latest = self.latest
+                update, version = _update_for(slot, latest)
+                try:
+                    with span("restart", track=slot.track, version=version):
+                        info = await asyncio.wait_for(slot.replica.restart(update, version), self.config.start_timeout_s)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - the replacement failed too: try again
+                    slot.last_error = f"restart: {type(exc).__name__}: {str(exc)[:300]}"
+                    await asyncio.sleep(1.0)
+                    continue
+                if self.latest is not latest:  # a push landed while it was being built
+                    slot.replica.push(*_update_for(slot, self.latest))
+                slot.max_len = info.get("max_len", slot.max_len)
+                slot.restarts += 1
+                slot.down = False
+                return
+        finally:
+            slot.restarting = None
+
+    async def close(self) -> None:
+        """Stop pending restarts and close every replica. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        for s in self.slots:
+            if s.restarting is not None:
+                s.restarting.cancel()
+        await asyncio.gather(*(s.replica.close() for s in self.slots), return_exceptions=True)
+
+
 class EnginePool:
-    """Implements the :class:`~gymllm.inference.Engine` protocol over replicas (module docstring)."""
+    """Implements the :class:`~gymllm.inference.Engine` protocol over replicas (module docstring): the
+    request path (routing, attempts, retries) and inspection; its :class:`Supervisor` (``pool.supervisor``)
+    keeps the replicas serving at the latest weights."""
 
     #: ``update_weights`` takes :class:`WeightUpdate` objects (the trainer's LoRA push sends adapters only)
     takes_weight_updates = True
@@ -226,10 +328,9 @@ class EnginePool:
         self._slots = [_Slot(i, e if isinstance(e, (LocalReplica, RayReplica)) else LocalReplica(n, e))
                        for i, (e, n) in enumerate(zip(engines, names))]
         self.router = Router(self._slots, self.config)
-        self._latest: tuple[Any, Any, int] | None = None  # the newest (update, its ObjectRef or None, version)
-        self._version = max((int(getattr(s.replica.engine, "version", 0)) for s in self._slots
-                             if isinstance(s.replica, LocalReplica)), default=0)
-        self._closed = False
+        self.supervisor = Supervisor(self._slots, self.router, self.config, version=max(
+            (int(getattr(s.replica.engine, "version", 0)) for s in self._slots if isinstance(s.replica, LocalReplica)),
+            default=0))
         self.retries = 0
         for s in self._slots:
             if isinstance(s.replica, LocalReplica):
@@ -262,7 +363,7 @@ class EnginePool:
         infos = ray.get([s.replica.actor.info.remote() for s in pool._slots], timeout=pool.config.start_timeout_s)
         for s, info in zip(pool._slots, infos):
             s.max_len = info["max_len"]
-        pool._version = max(int(i["version"]) for i in infos)
+        pool.supervisor.version = max(int(i["version"]) for i in infos)
         return pool
 
     @classmethod
@@ -284,7 +385,7 @@ class EnginePool:
     @property
     def version(self) -> int:
         """The newest version pushed (tokens sampled from now on carry it once each replica swapped)."""
-        return self._version
+        return self.supervisor.version
 
     @property
     def max_len(self) -> int | None:
@@ -330,42 +431,17 @@ class EnginePool:
     def update_weights(self, state: Any, version: int) -> None:
         """Push ``state`` at ``version`` to every replica (module docstring); returns without draining.
         Thread-safe with respect to the replicas (each engine queues the swap)."""
-        version = int(version)
-        rays = [s for s in self._slots if isinstance(s.replica, RayReplica)]
-        with span("weight_push", track="engine/pool", version=version, replicas=len(self._slots)):
-            ref = None
-            if rays:
-                ref = rays[0].replica.ray.put(_host_arrays(state))  # put once; every actor fetches it
-            for s in self._slots:
-                if s.restarting is not None:
-                    continue  # it rejoins with the latest update when built
-                try:
-                    s.replica.push(ref if isinstance(s.replica, RayReplica) else state, version)
-                except Exception as exc:  # noqa: BLE001 - a failed replica is recreated at the latest version
-                    if failure_kind(exc) == "input":
-                        raise
-                    s.last_error = f"weight push: {type(exc).__name__}: {exc}"
-            self._latest = (state, ref, version)
-            self._version = version
+        self.supervisor.push(state, int(version))
 
     async def close(self) -> None:
         """Close every replica and stop pending restarts. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        for s in self._slots:
-            if s.restarting is not None:
-                s.restarting.cancel()
-        await asyncio.gather(*(s.replica.close() for s in self._slots), return_exceptions=True)
+        await self.supervisor.close()
 
     # ------------------------------------------------------------------ inspection
     async def settle(self) -> None:
         """Wait until every weight push sent so far has reached every live replica (their engines queued
         the swap, applied between two decode steps); a replica's push error is recorded there."""
-        live = [s for s in self._slots if not s.down]
-        for s, r in zip(live, await asyncio.gather(*(s.replica.settle() for s in live), return_exceptions=True)):
-            if isinstance(r, BaseException):
-                s.last_error = f"weight push: {type(r).__name__}: {str(r)[:300]}"
+        await self.supervisor.settle()
 
     async def replica_versions(self) -> dict[str, int]:
         """Each live replica's engine version once the pushes sent so far landed (a queued swap counts)."""
@@ -401,12 +477,12 @@ class EnginePool:
 
     # ------------------------------------------------------------------ routing and recovery
     async def _attempts(self, call: Any, cost: int, session_id: str | None) -> Any:
-        if self._closed:
+        if self.supervisor.closed:
             raise EngineError("generate: expected an open pool, received a closed one. Fix: build a new EnginePool.")
         tried: list[int] = []
         errors: list[str] = []
         for attempt in range(self.config.max_retries + 1):
-            slot = await self._pick(session_id, tried)
+            slot = await self.supervisor.pick(session_id, tried)
             slot.load_tokens += cost
             slot.inflight += 1
             counter("load_tokens", slot.load_tokens, track=slot.track)
@@ -420,7 +496,7 @@ class EnginePool:
                 if kind == "input":
                     raise
                 errors.append(f"{slot.name}: {type(exc).__name__}: {str(exc)[:200]}")
-                self._failed(slot, exc, kind)
+                self.supervisor.failed(slot, exc, kind)
                 tried.append(slot.index)
                 continue
             finally:
@@ -435,52 +511,6 @@ class EnginePool:
         raise ReplicaDied(explain("EnginePool.generate", expected="a replica that serves the request",
                                   received=errors, fix="check the replicas' logs; raise PoolConfig.max_retries "
                                   "or add replicas"))
-
-    async def _pick(self, session_id: str | None, tried: list[int]) -> _Slot:
-        """The router's choice; while every replica is down, wait for a restart (``start_timeout_s``)."""
-        deadline = time.monotonic() + self.config.start_timeout_s
-        while (slot := self.router.choose(session_id, tried)) is None:
-            pending = [s.restarting for s in self._slots if s.restarting is not None]
-            left = deadline - time.monotonic()
-            if not pending or left <= 0:
-                raise ReplicaDied(explain("EnginePool", expected="a live replica", received=[
-                    f"{s.name}: {s.last_error}" for s in self._slots], fix="restart the replicas' hosts or servers"))
-            await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
-        return slot
-
-    def _failed(self, slot: _Slot, exc: BaseException, kind: str) -> None:
-        slot.failures += 1
-        slot.last_error = f"{type(exc).__name__}: {str(exc)[:300]}"
-        if kind != "death" or slot.down:
-            return
-        slot.down, slot.down_since = True, time.monotonic()
-        self.router.evict(slot)  # its sessions are re-homed on their next turn
-        if self.config.restart and slot.replica.can_restart and not self._closed:
-            slot.restarting = asyncio.get_running_loop().create_task(self._restart(slot), name=f"restart-{slot.name}")
-
-    async def _restart(self, slot: _Slot) -> None:
-        """Recreate ``slot``'s replica at the latest weights; it rejoins the routing when built."""
-        try:
-            while not self._closed:
-                latest = self._latest
-                update, version = _update_for(slot, latest)
-                try:
-                    with span("restart", track=slot.track, version=version):
-                        info = await asyncio.wait_for(slot.replica.restart(update, version), self.config.start_timeout_s)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - the replacement failed too: try again
-                    slot.last_error = f"restart: {type(exc).__name__}: {str(exc)[:300]}"
-                    await asyncio.sleep(1.0)
-                    continue
-                if self._latest is not latest:  # a push landed while it was being built
-                    slot.replica.push(*_update_for(slot, self._latest))
-                slot.max_len = info.get("max_len", slot.max_len)
-                slot.restarts += 1
-                slot.down = False
-                return
-        finally:
-            slot.restarting = None
 
 
 def _host_arrays(state: Any) -> Any:

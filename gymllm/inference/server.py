@@ -32,278 +32,32 @@ longer than the context, unknown model, out-of-range fields.
 
 import asyncio
 import hmac
-import ipaddress
-import json
-import socket
-import threading
 import time
 import uuid
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any, Callable
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gymllm.errors import ConfigError, EngineError, GymLLMError, explain
+from gymllm.errors import EngineError
 from gymllm.inference.completion import Completion
 from gymllm.inference.params import SamplingParams
 from gymllm.inference.proxy import Plan, SessionError, SessionRecorder
-from gymllm.inference.server_models import (ChatCompletionResponse, CompletionResponse, ErrorResponse, Health,
-                                            ModelList, RewardRequest, RewardResponse, ServerConfig, max_tokens_cap,
+from gymllm.inference.server_models import (ChatCompletionResponse, CompletionResponse, ErrorResponse, Health, ModelList,
+                                            RewardRequest, RewardResponse, ServerConfig, max_tokens_cap,
                                             request_models)
+from gymllm.inference.server_requests import (ERROR_RESPONSES, BodyLimit, RequestError, error_response,
+                                              prompts_from_body, render_chat, sampling_params_from_body,
+                                              template_messages, validation_error)
+from gymllm.inference.server_responses import chat_choice, completion_choice, stream_response, usage
+from gymllm.utils import serving
+from gymllm.utils.serving import is_loopback, require_secret_off_loopback
 
-
-class RequestError(GymLLMError, ValueError):
-    """A client error: answered with ``status`` and an OpenAI-style error body."""
-
-    def __init__(self, message: str, *, status: int = 400, param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.status, self.param, self.code = status, param, code
-
-
-def error_response(exc: RequestError) -> Response:
-    """The error body as ASCII JSON (a lone surrogate echoed from the request cannot break it)."""
-    kind = "invalid_request_error" if exc.status < 500 else "server_error"
-    if exc.status == 401:
-        kind = "authentication_error"
-    body = {"error": {"message": str(exc), "type": kind, "param": exc.param, "code": exc.code}}
-    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-    return Response(json.dumps(body, ensure_ascii=True), status_code=exc.status, media_type="application/json",
-                    headers=headers)
-
-
-_ERRORS = {s: {"model": ErrorResponse} for s in (400, 401, 404, 409, 413, 429, 500, 503)}
-
-# what a field expects, and how to fix it, for validation messages
-_EXPECTED = {
-    "prompt": ("a string, a list of token ids, or a list of those", 'send e.g. "prompt": [1, 2, 3] or "prompt": "Hello"'),
-    "messages": ('a non-empty list of {"role": ..., "content": ...} objects', "send at least one message"),
-}
-
-
-def _is_union_tag(part: str) -> bool:
-    """pydantic's names for union branches in an error location ("str", "list[int]", "function-after[...]")."""
-    return "[" in part or part in {"str", "int", "float", "bool", "dict", "list", "none"} or \
-        part.startswith(("function-", "json-or-python", "constrained-"))
-
-
-def validation_error(exc: RequestValidationError) -> RequestError:
-    """FastAPI's validation errors -> one clear RequestError naming the first bad field."""
-    errors = exc.errors()
-    e = errors[0] if errors else {"type": "", "loc": (), "msg": "invalid request"}
-    loc = [str(x) for x in e.get("loc", ()) if x != "body"]
-    if e.get("type") == "json_invalid":
-        detail = (e.get("ctx") or {}).get("error", e.get("msg"))
-        return RequestError(f"invalid JSON body: {detail}. Fix: send a JSON object", code="invalid_json")
-    received = e.get("input")
-    if not loc:
-        what = "a body that is not JSON" if isinstance(received, (bytes, str)) else type(received).__name__
-        return RequestError(f"body: expected a JSON object (Content-Type: application/json), received {what}. "
-                            "Fix: send a JSON object with the request's fields")
-    field = loc[0]
-    path = ".".join(x for x in loc if not _is_union_tag(x))
-    received = "nothing (the field is required)" if e.get("type") == "missing" else repr(received)[:100]
-    if path == field and field in _EXPECTED:
-        expected, fix = _EXPECTED[field]
-        why = [x.get("msg") for x in errors if x.get("type") == "value_error"]  # e.g. a lone surrogate
-        detail = f" ({why[0]})" if why else ""
-        return RequestError(f"{path}: expected {expected}, received {received}{detail}. Fix: {fix}", param=field)
-    return RequestError(f"{path}: {e.get('msg', 'invalid value')}; received {received}. Fix: correct this field "
-                        "(the schema is at /openapi.json)", param=field)
-
-
-# ---------------------------------------------------------------- request mapping (pure)
-_PARAM_FIELDS = ("temperature", "top_p", "top_k", "max_tokens", "stop", "stop_token_ids", "seed", "n")
-
-
-def sampling_params_from_body(body: Any, *, default_max_tokens: int = 256) -> SamplingParams:
-    """Map OpenAI request fields (a model or a dict) to :class:`SamplingParams` (``max_completion_tokens`` too)."""
-    get = body.get if isinstance(body, dict) else (lambda k, d=None: getattr(body, k, d))
-    kw: dict[str, Any] = {k: get(k) for k in _PARAM_FIELDS if get(k) is not None}
-    if get("max_completion_tokens") is not None and "max_tokens" not in kw:
-        kw["max_tokens"] = get("max_completion_tokens")
-    kw.setdefault("max_tokens", default_max_tokens)
-    if kw.get("top_k") == -1:  # vLLM's spelling of "off"
-        kw["top_k"] = 0
-    try:
-        return SamplingParams(**kw)
-    except (ConfigError, TypeError) as exc:
-        field = next((f for f in _PARAM_FIELDS if f"SamplingParams.{f}" in str(exc)), None)
-        raise RequestError(str(exc), param=field) from None
-
-
-def prompts_from_body(prompt: Any, tokenizer: Any) -> list[list[int]]:
-    """``prompt`` (validated: text, token ids, or a list of either) -> a list of token-id prompts."""
-    items = [prompt] if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int) else list(prompt)
-    out = []
-    for p in items:
-        if isinstance(p, str):
-            if tokenizer is None:
-                raise RequestError("prompt: text needs a server tokenizer; send token ids instead", param="prompt")
-            p = tokenizer.encode(p)
-        if not p:
-            raise RequestError("prompt: expected at least one token, received an empty prompt. "
-                               "Fix: send a non-empty prompt", param="prompt")
-        out.append([int(t) for t in p])
-    return out
-
-
-def template_messages(messages: Sequence[Any]) -> list[dict]:
-    """Validated chat messages -> the dicts a chat template renders (content parts joined, tool-call
-    arguments as objects when they are JSON text)."""
-    out = []
-    for m in messages:
-        d: dict[str, Any] = {"role": m.role}
-        content = m.content
-        if isinstance(content, list):
-            content = "".join(p.text for p in content)
-        d["content"] = content or ""
-        if m.tool_calls:
-            calls = []
-            for c in m.tool_calls:
-                args = c.function.arguments
-                if isinstance(args, str):
-                    try:
-                        args = json.loads(args) if args.strip() else {}
-                    except ValueError:
-                        pass
-                calls.append({"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": args}})
-            d["tool_calls"] = calls
-        if m.tool_call_id is not None:
-            d["tool_call_id"] = m.tool_call_id
-        if m.name is not None:
-            d["name"] = m.name
-        out.append(d)
-    return out
-
-
-def render_chat(messages: list[dict], tools: list | None, tokenizer: Any) -> list[int]:
-    if tokenizer is None:
-        raise RequestError("chat completions need a server tokenizer with a chat template", status=400)
-    try:
-        ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
-    except Exception as exc:  # a template error is the client's message shape
-        raise RequestError(f"messages: the chat template could not render them: {exc!r}"[:500], param="messages") from None
-    if not ids:
-        raise RequestError("messages: rendered to an empty prompt. Fix: send some content", param="messages")
-    return list(ids)
-
-
-# ---------------------------------------------------------------- response shaping (pure)
-def visible_ids(c: Completion) -> list[int]:
-    """The sampled ids the text shows: all but a final stop token (its id stays in ``token_ids``)."""
-    ids = [int(t) for t in c.token_ids]
-    if ids and c.finish_reason == "stop" and isinstance(c.stop_reason, int) and ids[-1] == c.stop_reason:
-        ids = ids[:-1]
-    return ids
-
-
-def visible_text(c: Completion, tokenizer: Any) -> str:
-    """The completion's text without the stop token or stop string that ended it (OpenAI's rule)."""
-    if tokenizer is None:
-        return c.text or ""
-    text = tokenizer.decode(visible_ids(c))
-    if c.finish_reason == "stop" and isinstance(c.stop_reason, str):
-        i = text.find(c.stop_reason)
-        if i >= 0:
-            text = text[:i]
-    return text
-
-
-class TextDelta:
-    """Incremental detokenization that never emits half a UTF-8 character and holds back a possible
-    stop token until the next token shows it was not the end."""
-
-    def __init__(self, tokenizer: Any, stop_ids: frozenset[int] = frozenset()):
-        self.tokenizer, self.stop_ids, self.ids, self.sent = tokenizer, stop_ids, [], ""
-
-    def _text(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids)
-
-    def push(self, token: int) -> str:
-        self.ids.append(int(token))
-        if self.tokenizer is None:
-            return ""
-        shown = self.ids[:-1] if self.ids[-1] in self.stop_ids else self.ids
-        text = self._text(shown)
-        if text.endswith("\ufffd") or not text.startswith(self.sent):
-            return ""
-        delta, self.sent = text[len(self.sent):], text
-        return delta
-
-    def flush(self, final: Completion) -> str:
-        """Whatever is still held back, less the stop token or stop string that ended the request."""
-        if self.tokenizer is None:
-            return ""
-        text = visible_text(final, self.tokenizer)
-        if not text.startswith(self.sent):  # a stop string already partly sent: nothing more to add
-            return ""
-        delta, self.sent = text[len(self.sent):], text
-        return delta
-
-
-def _token_strings(tokenizer: Any, ids: Sequence[int], as_ids: bool) -> list[str]:
-    if as_ids or tokenizer is None:
-        return [f"token_id:{int(t)}" for t in ids]
-    return [tokenizer.decode([int(t)]) for t in ids]
-
-
-def _record(c: Completion, prompt: list[int]) -> dict[str, Any]:
-    return {"finish_reason": c.finish_reason, "stop_reason": c.stop_reason, "token_ids": [int(t) for t in c.token_ids],
-            "versions": [int(v) for v in c.versions], "prompt_token_ids": prompt}
-
-
-def completion_choice(index: int, c: Completion, prompt: list[int], tokenizer: Any, body: Any) -> dict:
-    logprobs = None
-    if body.logprobs is not None:
-        logprobs = {"tokens": _token_strings(tokenizer, c.token_ids, bool(body.return_tokens_as_token_ids)),
-                    "token_logprobs": [float(x) for x in c.logprobs], "top_logprobs": None, "text_offset": None}
-    return {"index": index, "text": visible_text(c, tokenizer), "logprobs": logprobs, **_record(c, prompt)}
-
-
-_CALL_MARKERS = ("<tool_call>", "```tool_code", "<|python_tag|>")
-
-
-def split_tool_calls(text: str, fmt: str) -> tuple[str | None, list[dict]]:
-    """``(content, tool_calls)`` of an assistant text in the model's tool-call format."""
-    from gymllm.tools.parsers import parse_tool_calls
-
-    calls = parse_tool_calls(text, fmt)
-    if not calls:
-        return text, []
-    cut = min((i for i in (text.find(m) for m in _CALL_MARKERS) if i >= 0), default=0)
-    content = text[:cut].strip() or None
-    out = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}} for c in calls]
-    return content, out
-
-
-def chat_choice(index: int, c: Completion, prompt: list[int], tokenizer: Any, body: Any,
-                tool_format: str | None = None) -> dict:
-    text = visible_text(c, tokenizer)
-    record = _record(c, prompt)
-    message: dict[str, Any] = {"role": "assistant", "content": text}
-    if tool_format and c.finish_reason != "length":
-        content, calls = split_tool_calls(text, tool_format)
-        if calls:
-            message = {"role": "assistant", "content": content, "tool_calls": calls}
-            record["finish_reason"] = "tool_calls"
-    logprobs = None
-    if body.logprobs:
-        toks = _token_strings(tokenizer, c.token_ids, bool(body.return_tokens_as_token_ids))
-        logprobs = {"content": [{"token": t, "logprob": float(lp), "bytes": list(t.encode()), "top_logprobs": []}
-                                for t, lp in zip(toks, c.logprobs)]}
-    return {"index": index, "message": message, "logprobs": logprobs, **record}
-
-
-def _usage(prompts: list[list[int]], completions: list[Completion]) -> dict[str, Any]:
-    p = sum(len(x) for x in prompts)
-    n = sum(c.num_tokens for c in completions)
-    cached = sum(c.cached_prompt_len for c in completions)  # prompt tokens served from a reused prefix
-    return {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+__all__ = ["build_app", "serve", "ServerThread", "check_bind", "engine_failure", "is_loopback", "tool_format_for",
+           "RequestError"]
 
 
 # ---------------------------------------------------------------- engine calls
@@ -334,79 +88,22 @@ def _check_prompt(engine: Any, prompt: list[int], max_len: int | None) -> None:
                            "Fix: shorten the prompt", param="prompt", code="context_length_exceeded")
 
 
-def _sse(obj: Any) -> str:
-    return f"data: {json.dumps(obj)}\n\n"
-
-
-async def _stream_tokens(engine: Any, prompt: list[int], params: SamplingParams, session_id: str | None
-                         ) -> AsyncIterator[tuple[int, float, int] | Completion]:
-    if hasattr(engine, "stream"):
-        async for item in engine.stream(prompt, params, session_id=session_id):
-            yield item
-        return
-    c = await engine.generate(prompt, params, session_id=session_id)  # no token stream: one burst
-    for t, lp, v in zip(c.token_ids, c.logprobs, c.versions):
-        yield int(t), float(lp), int(v)
-    yield c
-
-
 # ---------------------------------------------------------------- guards
-def is_loopback(host: str) -> bool:
-    if host in ("localhost", "localhost.localdomain"):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def check_bind(host: str, api_key: str | None) -> None:
     """Refuse to bind a non-loopback address without an API key (a clear error at startup)."""
-    if not is_loopback(host) and not api_key:
-        raise ConfigError(explain("server host", expected="a loopback address (127.0.0.1, ::1, localhost), or an "
-                                  "API key when binding any other address", received=f"{host!r} without an API key",
-                                  fix="pass --api-key KEY (or set GYMLLM_API_KEY), or bind --host 127.0.0.1"))
+    require_secret_off_loopback(host, api_key, field="server host",
+                                expected="a loopback address (127.0.0.1, ::1, localhost), or an API key when binding "
+                                         "any other address",
+                                fix="pass --api-key KEY (or set GYMLLM_API_KEY), or bind --host 127.0.0.1")
 
 
-class BodyLimit:
-    """ASGI middleware: a request body over ``max_bytes`` gets a 413, by its Content-Length before
-    anything is read, or, for a chunked body, as soon as more than ``max_bytes`` arrived (at most
-    that much is buffered, then handed to the app)."""
-
-    def __init__(self, app: Any, max_bytes: int):
-        self.app, self.max_bytes = app, max_bytes
-
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        too_big = RequestError(f"body: expected at most {self.max_bytes} bytes, received more. Fix: send a smaller "
-                               "request (or start the server with a larger max_body_bytes)", status=413,
-                               code="request_too_large")
-        length = dict(scope.get("headers") or []).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            return await error_response(too_big)(scope, receive, send)
-        if length is not None and length.isdigit():
-            return await self.app(scope, receive, send)  # the server reads at most Content-Length bytes
-        chunks, seen, more = [], 0, True  # chunked: read at most max_bytes, then replay to the app
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client went away
-            chunks.append(message.get("body", b""))
-            seen += len(chunks[-1])
-            more = message.get("more_body", False)
-            if seen > self.max_bytes:
-                return await error_response(too_big)(scope, receive, send)
-        body, replayed = b"".join(chunks), False
-
-        async def replay() -> dict:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await self.app(scope, replay, send)
+def engine_failure(engine: Any) -> str | None:
+    """Why ``engine`` no longer serves (its loop stopped), or None while it does (or cannot tell)."""
+    serving = getattr(engine, "serving", None)
+    if serving is None or serving:
+        return None
+    why = getattr(engine, "failure", None)
+    return f"the engine stopped serving ({why!r})" if why is not None else "the engine stopped serving"
 
 
 # ---------------------------------------------------------------- the app
@@ -471,11 +168,14 @@ def build_app(engine: Any, tokenizer: Any, model_name: str, *, max_len: int | No
             raise RequestError(f"model: expected {model_name!r}, received {body.model!r}. Fix: use a model listed by "
                                "GET /v1/models", status=404, param="model", code="model_not_found")
 
-    @app.get("/health", response_model=Health)
+    @app.get("/health", response_model=Health, responses={503: {"model": ErrorResponse}})
     async def health():
+        why = engine_failure(engine)
+        if why is not None:  # a supervisor's probe sees the engine is gone (serve() exits non-zero too)
+            raise RequestError(f"{why}. Fix: restart the server", status=503, code="engine_stopped")
         return {"status": "ok", "model": model_name, "version": int(getattr(engine, "version", 0))}
 
-    @app.get("/v1/models", response_model=ModelList, responses=_ERRORS, dependencies=[Depends(authorize)])
+    @app.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES, dependencies=[Depends(authorize)])
     async def models():
         card = {"id": model_name, "object": "model", "created": 0, "owned_by": "gymllm", "max_model_len": max_len}
         return {"object": "list", "data": [card]}
@@ -499,7 +199,7 @@ def build_app(engine: Any, tokenizer: Any, model_name: str, *, max_len: int | No
         except SessionError as exc:
             raise RequestError(str(exc), status=exc.status, code="session") from None
 
-    @app.post("/v1/completions", response_model=CompletionResponse, responses=_ERRORS,
+    @app.post("/v1/completions", response_model=CompletionResponse, responses=ERROR_RESPONSES,
               dependencies=[Depends(authorize)])
     async def completions(body: CompletionRequest, request: Request):  # type: ignore[valid-type]
         check_model(body)
@@ -513,7 +213,7 @@ def build_app(engine: Any, tokenizer: Any, model_name: str, *, max_len: int | No
         _training_checks(plan, params, len(prompts))
         return await respond(body, head(False), prompts, params, False, plan)
 
-    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=_ERRORS,
+    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=ERROR_RESPONSES,
               dependencies=[Depends(authorize)])
     async def chat_completions(body: ChatRequest, request: Request):  # type: ignore[valid-type]
         check_model(body)
@@ -547,7 +247,7 @@ def build_app(engine: Any, tokenizer: Any, model_name: str, *, max_len: int | No
                 raise RequestError("stream: expected one prompt and n == 1 when streaming, received "
                                    f"{len(prompts)} prompts and n={params.n}. Fix: send them as separate requests",
                                    param="stream")
-            gen = _stream_response(engine, tokenizer, hd, prompts[0], params, session_id, chat, body,
+            gen = stream_response(engine, tokenizer, hd, prompts[0], params, session_id, chat, body,
                                    stop_ids | set(params.stop_token_ids), use_fmt, on_done)
             return StreamingResponse(gen, media_type="text/event-stream")
         results = await asyncio.gather(*(_run_one(engine, p, params, session_id) for p in prompts))
@@ -560,10 +260,10 @@ def build_app(engine: Any, tokenizer: Any, model_name: str, *, max_len: int | No
                     on_done(c, choice)
                 choices.append(choice)
                 flat.append(c)
-        return {**hd, "choices": choices, "usage": _usage(prompts, flat)}
+        return {**hd, "choices": choices, "usage": usage(prompts, flat)}
 
     if recorder is not None:
-        @app.post("/v1/sessions/{session_id}/reward", response_model=RewardResponse, responses=_ERRORS,
+        @app.post("/v1/sessions/{session_id}/reward", response_model=RewardResponse, responses=ERROR_RESPONSES,
                   dependencies=[Depends(authorize)])
         async def reward(session_id: str, body: RewardRequest):
             try:
@@ -605,61 +305,8 @@ def tool_format_for(tokenizer: Any, family: str | None = None) -> str:
     return "auto"
 
 
-async def _stream_response(engine, tokenizer, head, prompt, params, session_id, chat: bool, body: Any,
-                           stop_ids: frozenset, tool_format: str | None, on_done: Callable | None):
-    """SSE chunks: one per token (text delta, token id, logprob, version), a final one, [DONE]."""
-    obj = "chat.completion.chunk" if chat else "text_completion"
-    delta = TextDelta(tokenizer, frozenset(stop_ids))
-    as_ids = bool(body.return_tokens_as_token_ids)
-    if chat:
-        yield _sse({**head, "object": obj, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                         "finish_reason": None}]})
-    try:
-        async for item in _stream_tokens(engine, prompt, params, session_id):
-            if isinstance(item, Completion):
-                rest = delta.flush(item)
-                final: dict[str, Any] = {"index": 0, "finish_reason": item.finish_reason, "stop_reason": item.stop_reason}
-                if chat:
-                    choice = chat_choice(0, item, prompt, tokenizer, body, tool_format)
-                    final["finish_reason"] = choice["finish_reason"]
-                    final["delta"] = {"content": rest} if rest else {}
-                    if choice["message"].get("tool_calls"):
-                        final["delta"]["tool_calls"] = [{"index": i, **c} for i, c in
-                                                        enumerate(choice["message"]["tool_calls"])]
-                    if on_done is not None:
-                        on_done(item, choice)
-                else:
-                    final["text"] = rest
-                    if on_done is not None:
-                        on_done(item, final)
-                yield _sse({**head, "object": obj, "choices": [final], "usage": _usage([prompt], [item])})
-                break
-            token, logprob, version = item
-            text = delta.push(token)
-            choice = {"index": 0, "finish_reason": None, "token_ids": [token], "versions": [version], "logprob": logprob}
-            tok_str = _token_strings(tokenizer, [token], as_ids)[0]
-            if chat:
-                choice["delta"] = {"content": text}
-                choice["logprobs"] = {"content": [{"token": tok_str, "logprob": logprob, "top_logprobs": []}]}
-            else:
-                choice["text"] = text
-                choice["logprobs"] = {"tokens": [tok_str], "token_logprobs": [logprob]}
-            yield _sse({**head, "object": obj, "choices": [choice]})
-    except EngineError as exc:
-        yield _sse({"error": {"message": str(exc), "type": "server_error", "param": None, "code": None}})
-    yield "data: [DONE]\n\n"
-
-
 # ---------------------------------------------------------------- running it
-def _bound_socket(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    return sock
-
-
-class ServerThread:
+class ServerThread(serving.ServerThread):
     """Run an app under uvicorn in a background thread (default: loopback, a free port).
 
     ``with ServerThread(app) as s: httpx.get(s.url + "/health")``; ``stop()`` shuts it down. A
@@ -667,45 +314,17 @@ class ServerThread:
     """
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
-        import uvicorn
-
         cfg = getattr(getattr(app, "state", None), "config", None)
         check_bind(host, getattr(cfg, "api_key", None))
-        self._sock = _bound_socket(host, port)
-        self.host, self.port = host, self._sock.getsockname()[1]
-        self.url = f"http://{host}:{self.port}"
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="off"))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
-                                        name="gymllm-server", daemon=True)
-
-    def start(self, timeout: float = 30.0) -> "ServerThread":
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise EngineError(f"server on {self.url} did not start within {timeout} s")
-            time.sleep(0.01)
-        return self
-
-    def stop(self) -> None:
-        self._server.should_exit = True
-        if self._thread.is_alive():
-            self._thread.join(timeout=30)
-        self._sock.close()
-
-    def __enter__(self) -> "ServerThread":
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
+        super().__init__(app, host, port, log_level=log_level, lifespan="off", name="gymllm-server")
 
 
 def serve(engine: Any, tokenizer: Any, model_name: str, *, host: str = "127.0.0.1", port: int = 8000,
           log_level: str = "info", config: ServerConfig | None = None, **app_kwargs: Any) -> None:
     """Serve until interrupted (the ``gymllm serve`` command). Binds to loopback unless told otherwise;
-    any other address needs ``config.api_key``."""
-    import uvicorn
-
+    any other address needs ``config.api_key``. Should the engine stop serving (its loop died), the
+    server shuts down and :class:`~gymllm.utils.serving.ServerStopped` is raised: the process exits
+    non-zero, so a supervisor restarts it, instead of answering every request with an error."""
     check_bind(host, config.api_key if config else None)
-    uvicorn.run(build_app(engine, tokenizer, model_name, config=config, **app_kwargs), host=host, port=port,
-                log_level=log_level)
+    app = build_app(engine, tokenizer, model_name, config=config, **app_kwargs)
+    serving.run_server(app, host, port, log_level=log_level, watchdog=lambda: engine_failure(engine))

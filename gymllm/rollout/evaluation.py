@@ -4,7 +4,7 @@ The one evaluation path of gymllm: ``gymllm eval`` (:mod:`gymllm.cli.evaluate`, 
 model) and the training run's in-loop evaluation (:class:`gymllm.algos.run.Run` with ``eval.every``,
 on the run's own engine at the current policy version) both call :func:`evaluate_env`.
 
-    row = await evaluate_env(vec_env, engine, agent, config=EvalConfig(num_seeds=16, seed_base=1_000_000),
+    row = await evaluate_env(vec_env, engine, agent, config=EvalConfig(num_seeds=16),
                              env_id="gymllm/Arithmetic-v0")
     row["pass@1"], row["mean_reward"], row["tool_calls_per_episode"], row["seeds"]
 
@@ -28,6 +28,7 @@ from gymllm.errors import ConfigError, explain
 from gymllm.rollout.agents import Agent, ModelAgent, ToolAgent
 from gymllm.rollout.config import RolloutConfig
 from gymllm.types import Group
+from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 
 __all__ = ["EvalConfig", "SessionPrefixed", "HeldOutEvaluator", "evaluate_env", "agent_for", "group_episodes",
            "group_tool_calls", "episode_figures", "eval_metrics"]
@@ -35,14 +36,15 @@ __all__ = ["EvalConfig", "SessionPrefixed", "HeldOutEvaluator", "evaluate_env", 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EvalConfig:
-    """num_seeds: held-out env seeds ``seed_base .. seed_base + num_seeds - 1``; k: samples per seed
+    """num_seeds: held-out env seeds ``seed_base .. seed_base + num_seeds - 1`` (``seed_base`` defaults
+    to :data:`~gymllm.utils.seeds.HELD_OUT_SEED_BASE`, the one held-out base of gymllm); k: samples per seed
     (pass@k); temperature: the sampler's (0 = greedy); max_tokens: a reply's budget; max_turns: model
     calls per episode at most; success_threshold: the reward that counts as solved; max_concurrency:
     episodes in flight at once (also bounded by the vector env's sub-envs)."""
 
     num_seeds: int = 16
     k: int = 1
-    seed_base: int = 100_000
+    seed_base: int = HELD_OUT_SEED_BASE
     temperature: float = 0.0
     max_tokens: int = 256
     max_turns: int = 4
@@ -56,7 +58,7 @@ class EvalConfig:
                 raise ConfigError(explain(f"EvalConfig.{f}", expected="an int >= 1", received=v, fix=f"set {f}=1 or more"))
         if not isinstance(self.seed_base, int) or self.seed_base < 0:
             raise ConfigError(explain("EvalConfig.seed_base", expected="an int >= 0", received=self.seed_base,
-                                      fix="e.g. seed_base=1_000_000"))
+                                      fix=f"e.g. seed_base={HELD_OUT_SEED_BASE}"))
         if not self.temperature >= 0:
             raise ConfigError(explain("EvalConfig.temperature", expected="a float >= 0 (0 = greedy)",
                                       received=self.temperature, fix="e.g. temperature=0.0"))

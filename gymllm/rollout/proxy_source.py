@@ -24,10 +24,11 @@ import collections
 import dataclasses
 import threading
 import time
-from typing import Any, AsyncIterator, Callable
+from typing import Any, Callable
 
 from gymllm.errors import ConfigError, explain
 from gymllm.rollout.group_queue import QueueClosed
+from gymllm.rollout.sources import QueueSource
 from gymllm.rollout.token_buffer import Row
 from gymllm.types import Group, Trajectory
 
@@ -83,7 +84,7 @@ def session_trajectories(closed: Any, member: int = 0) -> list[Trajectory]:
     return out
 
 
-class ProxyGroupSource:
+class ProxyGroupSource(QueueSource):
     """Groups closed sessions and queues complete groups (see the module docstring)."""
 
     def __init__(self, config: ProxySourceConfig | None = None, *, clock: Callable[[], float] = time.perf_counter):
@@ -158,13 +159,6 @@ class ProxyGroupSource:
             group.info["consumed_version"] = version
             self.counts["consumed"] += 1
             return group
-
-    async def groups(self) -> AsyncIterator[Group]:
-        while True:
-            try:
-                yield await self.get_group()
-            except QueueClosed:
-                return
 
     @property
     def ready_groups(self) -> int:

@@ -10,6 +10,10 @@ per-trajectory logic is the same :class:`~gymllm.rollout.episode.Episode` the or
 with the same env and sampling seeds, so for a deterministic engine the trajectories are identical;
 only the schedule differs. ``on_batch(groups)`` is called after each batch (e.g. a learner step that
 pushes new weights) before the next batch is generated.
+
+:class:`SyncBatchSource` is the same baseline as a :class:`~gymllm.rollout.sources.GroupSource` (what
+the training loop reads with ``rollout.mode="sync"``): each ``next_groups`` call rolls out the next
+batch at the engine's current policy; :func:`sync_rollout` drives it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import time
 from typing import Any, Awaitable, Callable
+
+from gymllm.rollout.group_queue import QueueClosed
 
 from gymllm.rollout.agents import Agent
 from gymllm.rollout.config import RolloutConfig
@@ -43,6 +49,60 @@ def sync_batch_groups(num_envs: int, engine: Any, config: RolloutConfig, batch_g
     return min(need, max(1, num_envs // G))
 
 
+class SyncBatchSource:
+    """The synchronous baseline as a group source: ``next_groups`` rolls out the next lockstep batch of
+    :func:`sync_batch_groups` groups (group k: env seed ``config.seed + k``) and returns it whole, in
+    group order, after ``group_filter`` (called on every group; a group it rejects is not returned).
+    ``QueueClosed`` once ``config.num_groups`` groups (None: never) were rolled out. A failing
+    trajectory raises (the baseline has no isolation; it is a reference, not a runner)."""
+
+    name = "synchronous baseline"
+    waiting_for = "rolling out the next synchronous batch"
+
+    def __init__(self, envs: Any, engine: Any, agent: Agent, *, sampling: Any, config: RolloutConfig,
+                 batch_groups: int | None = None, fill: bool = True,
+                 group_filter: Callable[[Group], bool] | None = None):
+        self.slots = as_env_slots(envs)
+        self.engine = engine if isinstance(engine, MeteredEngine) else MeteredEngine(engine)
+        self.agent, self.sampling, self.config, self.group_filter = agent, sampling, config, group_filter
+        G = config.group_size
+        self.per_batch = sync_batch_groups(self.slots.num_envs, self.engine.engine, config, batch_groups, fill=fill)
+        if self.per_batch * G > self.slots.num_envs:
+            raise ValueError(f"sync_rollout: a group of {G} needs {G} envs, received {self.slots.num_envs}. "
+                             "Fix: pass more envs.")
+        self.prefix = check_prefix_preserving(agent.tokenizer, agent.observation_roles)
+        self.next_k, self.counts = 0, {"batches": 0, "groups": 0}
+
+    async def start(self) -> "SyncBatchSource":
+        return self
+
+    async def next_groups(self) -> list[Group]:
+        total = self.config.num_groups
+        while total is None or self.next_k < total:
+            end = self.next_k + self.per_batch if total is None else min(self.next_k + self.per_batch, total)
+            ks, self.next_k = list(range(self.next_k, end)), end
+            batch = await _run_batch(self.slots, self.engine, self.agent, self.sampling, self.config, ks, self.prefix)
+            self.counts["batches"] += 1
+            self.counts["groups"] += len(batch)
+            kept = [g for g in batch if self.group_filter is None or self.group_filter(g)]
+            if kept:
+                return kept
+        raise QueueClosed(f"the synchronous baseline rolled out its {total} groups")
+
+    def set_policy_version(self, version: int) -> None:
+        """Nothing to do: each batch is generated at the engine's version when it starts."""
+
+    def stats(self) -> dict[str, Any]:
+        """No live figures (the step log reads them as 0, as before this was a source)."""
+        return {}
+
+    def result(self) -> dict[str, Any]:
+        return {}
+
+    async def close(self) -> None:
+        pass
+
+
 async def sync_rollout(envs: Any, engine: Any, agent: Agent, *, sampling: Any, config: RolloutConfig,
                        batch_groups: int | None = None,
                        on_batch: Callable[[list[Group]], Awaitable[None] | None] | None = None,
@@ -56,23 +116,18 @@ async def sync_rollout(envs: Any, engine: Any, agent: Agent, *, sampling: Any, c
     """
     if config.num_groups is None:
         raise ValueError("sync_rollout: expected config.num_groups (an int), received None. Fix: set num_groups.")
-    slots = as_env_slots(envs)
-    eng = engine if isinstance(engine, MeteredEngine) else MeteredEngine(engine)
-    G = config.group_size
-    per_batch = sync_batch_groups(slots.num_envs, eng.engine, config, batch_groups, fill=fill)
-    if per_batch * G > slots.num_envs:
-        raise ValueError(f"sync_rollout: a group of {G} needs {G} envs, received {slots.num_envs}. Fix: pass more envs.")
-    prefix = check_prefix_preserving(agent.tokenizer, agent.observation_roles)
+    source = SyncBatchSource(envs, engine, agent, sampling=sampling, config=config, batch_groups=batch_groups, fill=fill)
     groups: list[Group] = []
-    for first in range(0, config.num_groups, per_batch):
-        ks = range(first, min(first + per_batch, config.num_groups))
-        batch = await _run_batch(slots, eng, agent, sampling, config, list(ks), prefix)
+    while True:
+        try:
+            batch = await source.next_groups()
+        except QueueClosed:
+            return groups
         groups.extend(batch)
         if on_batch is not None:
             out = on_batch(batch)
             if asyncio.iscoroutine(out):
                 await out
-    return groups
 
 
 async def _timed(aw: Awaitable[Any]) -> tuple[Any, float]:

@@ -10,6 +10,7 @@ Public API (stable; other layers use only this)::
     counter("queue_depth", 3, track="rollout")              # a gauge level
     increment("groups_filtered", 1, track="rollout")        # a running total
     get_tracer().export_chrome_trace("trace.json")          # opens in ui.perfetto.dev
+    with use_tracer() as tr: ...                             # a fresh process-wide tracer in a block
 
 Modules (imported on demand; only :mod:`tracer` is loaded with the package):
 - :mod:`gymllm.telemetry.tracer`: ``Tracer``, ``span``, ``counter``, ``increment``.
@@ -23,6 +24,8 @@ Tracks: "engine" (prefill, decode), "trainer" (train_step, micro_batch, weight_s
 "rollout" (rollout, queue_wait), "env/<id>" (env_step, reward), "tool" (tool).
 """
 
-from gymllm.telemetry.tracer import Span, Tracer, counter, current_span_id, get_tracer, increment, set_tracer, span
+from gymllm.telemetry.tracer import (Span, Tracer, counter, current_span_id, get_tracer, increment, set_tracer, span,
+                                     use_tracer)
 
-__all__ = ["Span", "Tracer", "counter", "current_span_id", "get_tracer", "increment", "set_tracer", "span"]
+__all__ = ["Span", "Tracer", "counter", "current_span_id", "get_tracer", "increment", "set_tracer", "span",
+           "use_tracer"]

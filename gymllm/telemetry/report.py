@@ -20,7 +20,8 @@ Writes, into the run directory:
 - ``staleness.png``: trained tokens by staleness (policy versions behind), from the trace's
   ``micro_batch`` / ``train_step`` tags or the ``pipeline/staleness_hist/<lag>`` columns; without
   a histogram, the per-step ``staleness_mean`` / ``staleness_max`` the learner logs;
-- ``summary.txt``: steps, last reward, throughput, idle fractions and the biggest stall with advice.
+- ``summary.txt``: steps, last reward, the pipeline figures as a table (throughput, busy / idle
+  fractions, latency shares; rendered by rich, :func:`pipeline_table`) and the biggest stall with advice.
 
 Plots use matplotlib's object API with the Agg canvas (no pyplot, no global backend switch), so
 the report is safe to render from any thread or a headless machine.
@@ -84,6 +85,10 @@ ALIASES = {
     "length/min": ("length/min", "length_min", "response_len_min"),
     "length/max": ("length/max", "length_max", "response_len_max"),
     "length/std": ("length/std", "length_std", "response_len_std"),
+    # the step's own window of the tracer's spans first (telemetry.metrics.busy_fraction); a run's
+    # top-level figure (since the rollout started, or the learner's wait) only when that is absent
+    "engine_busy_fraction": ("pipeline/engine_busy_fraction", "engine_busy_fraction"),
+    "trainer_idle_fraction": ("pipeline/trainer_idle_fraction", "trainer_idle_fraction"),
 }
 
 
@@ -366,6 +371,37 @@ def _fmt(v: Any, pct: bool = False) -> str:
     return f"{100 * v:.1f}%" if pct else f"{v:,.3g}" if abs(v) < 1000 else f"{v:,.0f}"
 
 
+_PIPELINE_ROWS = (  # (label, key, as a percentage)
+    ("tokens/s generated", "tokens_per_s_generated", False), ("tokens/s trained", "tokens_per_s_trained", False),
+    ("engine busy", "engine_busy_fraction", True), ("trainer idle", "trainer_idle_fraction", True),
+    ("weight sync", "weight_sync_fraction", True), ("checkpoint", "checkpoint_fraction", True),
+    ("rollout time in tools", "tool_latency_share", True), ("rollout time in env steps", "env_latency_share", True),
+    ("groups dropped", "groups_dropped", False), ("groups filtered", "groups_filtered", False),
+)
+
+
+def pipeline_table(source: dict[str, Any], width: int = 72) -> str:
+    """The pipeline figures of ``source`` (:func:`~gymllm.telemetry.metrics.pipeline_metrics` keys) as a
+    plain-text table rendered by rich; groups rows only when counted. The title names the window
+    (``window_s`` of the whole trace, else the per-step average)."""
+    import io
+
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    window = f"whole trace, {_fmt(source['window_s'])} s" if source.get("window_s") else "per-step average"
+    table = Table("figure", "value", title=f"pipeline ({window})", box=box.SIMPLE_HEAD, title_justify="left")
+    table.columns[1].justify = "right"
+    for label, key, pct in _PIPELINE_ROWS:
+        if key.startswith("groups_") and source.get(key) is None:
+            continue
+        table.add_row(label, _fmt(source.get(key), pct))
+    out = io.StringIO()
+    Console(file=out, width=width, color_system=None, force_terminal=False, legacy_windows=False).print(table)
+    return "\n".join(line.rstrip() for line in out.getvalue().rstrip().splitlines())
+
+
 def summarize(run_dir: pathlib.Path, records, pm: dict[str, Any] | None, hist: dict[int, float]) -> str:
     """The text of summary.txt."""
     lines = [f"run: {run_dir}"]
@@ -398,17 +434,7 @@ def summarize(run_dir: pathlib.Path, records, pm: dict[str, Any] | None, hist: d
                 "tokens_per_s_generated", "tokens_per_s_trained")
         source = {k: (sum(v) / len(v) if (v := series(records, k)[1]) else None) for k in keys}
     if source:
-        lines.append(f"window: {_fmt(source.get('window_s'))} s" if source.get("window_s") else "window: per-step average")
-        lines.append(f"tokens/s generated: {_fmt(source.get('tokens_per_s_generated'))}, "
-                     f"trained: {_fmt(source.get('tokens_per_s_trained'))}")
-        lines.append(f"engine busy: {_fmt(source.get('engine_busy_fraction'), True)}, "
-                     f"trainer idle: {_fmt(source.get('trainer_idle_fraction'), True)}, "
-                     f"weight sync: {_fmt(source.get('weight_sync_fraction'), True)}, "
-                     f"checkpoint: {_fmt(source.get('checkpoint_fraction'), True)}")
-        lines.append(f"share of rollout time in tools: {_fmt(source.get('tool_latency_share'), True)}, "
-                     f"in env steps: {_fmt(source.get('env_latency_share'), True)}")
-        if source.get("groups_dropped") is not None or source.get("groups_filtered") is not None:
-            lines.append(f"groups dropped: {_fmt(source.get('groups_dropped'))}, filtered: {_fmt(source.get('groups_filtered'))}")
+        lines.append(pipeline_table(source))
     if hist:
         total = sum(hist.values())
         mean = sum(k * v for k, v in hist.items()) / total if total else 0.0

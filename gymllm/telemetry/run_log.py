@@ -18,6 +18,8 @@ import json
 import os
 import pathlib
 
+from gymllm.atomic import atomic_write
+
 __all__ = ["RewindReport", "rewind_jsonl", "read_jsonl"]
 
 
@@ -76,11 +78,7 @@ def rewind_jsonl(path: str | os.PathLike, *, step: int, key: str = "step") -> Re
             f.write(json.dumps({"rewound_to": step, "torn": line}) + "\n")
         f.flush()
         os.fsync(f.fileno())
-    tmp = p.with_name(p.name + ".rewind.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_write(p) as f:
         for r in keep:
             f.write(json.dumps(r) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, p)
     return RewindReport(kept=len(keep), lost=len(lost), torn=len(torn))

@@ -11,11 +11,13 @@ What each sink writes:
   and every metric, nested dicts flattened with "/" (``pipeline/engine_busy_fraction``,
   ``pipeline/staleness_hist/1``); NaN / inf become null.
 - ``run_dir/tensorboard/``: TensorBoard event files, one scalar per numeric metric
-  (:class:`ScalarEventWriter`; no tensorboardX import, hence no torch import).
+  (:class:`ScalarEventWriter`: the ``tensorboard`` package's protos and record writer; no torch,
+  no TensorFlow import).
 - console: a live line ``step 12/100 | reward 0.41 | 1,234 tok/s | engine busy 87% | ETA 0:03:10``
   (rich; redrawn in place on a terminal, printed every ``print_every_s`` seconds otherwise). The
   figures are found by key suffix: reward from ``reward/mean`` (or ``reward_mean`` / ``reward``),
-  tok/s from ``tokens_per_s_generated``, busy from ``engine_busy_fraction``. When the step has
+  tok/s from ``tokens_per_s_generated``, busy from ``pipeline/engine_busy_fraction`` (else
+  ``engine_busy_fraction``). When the step has
   ``rollout_reward_mean`` (the mean over every completed rollout, filtered groups included) the line
   reads ``reward (all rollouts) 0.31 | trained groups 0.52``; ``tool_calls_per_episode`` adds
   ``tool calls/episode 0.40``. ETA is
@@ -33,7 +35,6 @@ import json
 import math
 import os
 import pathlib
-import struct
 import time
 from typing import Any, Mapping
 
@@ -45,7 +46,7 @@ _REWARD_KEYS = ("reward/mean", "reward_mean", "reward")
 _ROLLOUT_REWARD_KEYS = ("rollout_reward_mean",)
 _TOOL_KEYS = ("tool_calls_per_episode",)
 _TOKS_KEYS = ("tokens_per_s_generated", "tokens_per_s")
-_BUSY_KEYS = ("engine_busy_fraction",)
+_BUSY_KEYS = ("pipeline/engine_busy_fraction", "engine_busy_fraction")  # the step's window first
 
 
 def flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -180,104 +181,48 @@ written, else None."""
             self._stop(last_step)
 
 
-def _crc32c_table() -> list[int]:
-    table = []
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1  # CRC-32C (Castagnoli), reflected
-        table.append(c)
-    return table
-
-
-_CRC32C = _crc32c_table()
-
-
-def masked_crc32c(data: bytes) -> int:
-    """TFRecord's checksum: CRC-32C of ``data``, rotated and offset (TensorFlow's ``MaskedCrc``)."""
-    crc = 0xFFFFFFFF
-    for b in data:
-        crc = _CRC32C[(crc ^ b) & 0xFF] ^ (crc >> 8)
-    crc ^= 0xFFFFFFFF
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def _varint(n: int) -> bytes:
-    n &= (1 << 64) - 1  # protobuf int64: two's complement
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _float32(value: float) -> bytes:
-    """``value`` as a little-endian float32; beyond float32's range it is +-inf, as a NumPy cast gives."""
-    try:
-        return struct.pack("<f", value)
-    except OverflowError:
-        return struct.pack("<f", math.copysign(math.inf, value))
-
-
-def _field_bytes(number: int, payload: bytes) -> bytes:  # a length-delimited protobuf field
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
-def event_bytes(*, wall_time: float, step: int = 0, file_version: str | None = None,
-                scalars: dict[str, float] | None = None) -> bytes:
-    """One ``tensorflow.Event`` protobuf: wall_time (1, double), step (2, int64), file_version (3) or a
-    summary (5) of ``Summary.Value``s (tag 1, simple_value 2, float) — TensorBoard's scalar events."""
-    out = bytearray(b"\x09" + struct.pack("<d", wall_time))
-    if step:
-        out += b"\x10" + _varint(int(step))
-    if file_version is not None:
-        out += _field_bytes(3, file_version.encode())
-    if scalars:
-        values = b"".join(_field_bytes(1, _field_bytes(1, tag.encode()) + b"\x15" + _float32(value))
-                          for tag, value in scalars.items())
-        out += _field_bytes(5, values)
-    return bytes(out)
-
-
 class ScalarEventWriter:
-    """TensorBoard scalar events, written in TensorBoard's own file format (TFRecord-framed ``Event``
-    protos in ``logdir/events.out.tfevents.<time>.<host>``), flushed at every :meth:`add_scalars`.
+    """TensorBoard scalar events in ``logdir/events.out.tfevents.<time>.<host>.<pid>``, written with the
+    ``tensorboard`` package's own ``Event`` / ``Summary`` protos and its TFRecord ``RecordWriter``
+    (length, masked CRC-32C, payload, CRC), flushed at every :meth:`add_scalars`.
 
-    tensorboardX's ``SummaryWriter`` would do, but importing tensorboardX imports torch when it is
-    installed (seconds and hundreds of MB, only to accept torch tensors); hiding torch from that
-    import meant editing ``sys.modules`` for the whole process. Scalars need only these few bytes.
+    Not tensorboardX: importing any part of it imports torch when torch is installed (seconds and
+    hundreds of MB, only to accept torch tensors). Not ``EventFileWriter`` either: it opens the file
+    through ``tensorboard.compat.tf``, which imports TensorFlow when TensorFlow is installed. The
+    record writer and the protos import neither.
     """
 
     def __init__(self, logdir: str | os.PathLike):
         import socket
 
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.summary.writer.record_writer import RecordWriter
+
+        self._event, self._summary = event_pb2.Event, summary_pb2.Summary
         self.logdir = pathlib.Path(logdir)
         self.logdir.mkdir(parents=True, exist_ok=True)
         now = time.time()
         self.path = self.logdir / f"events.out.tfevents.{int(now)}.{socket.gethostname()}.{os.getpid()}"
-        self._file = open(self.path, "ab")
-        self._record(event_bytes(wall_time=now, file_version="brain.Event:2"))
-        self._file.flush()
+        self._writer = RecordWriter(open(self.path, "ab"))
+        self._write(event_pb2.Event(wall_time=now, file_version="brain.Event:2"))
 
-    def _record(self, data: bytes) -> None:
-        header = struct.pack("<Q", len(data))
-        self._file.write(header + struct.pack("<I", masked_crc32c(header)) + data
-                         + struct.pack("<I", masked_crc32c(data)))
+    def _write(self, event: Any) -> None:
+        self._writer.write(event.SerializeToString())
+        self._writer.flush()
 
     def add_scalars(self, scalars: dict[str, float], step: int) -> None:
         """One event holding every scalar of a step (TensorBoard reads each tag's series from it)."""
-        if scalars and self._file is not None:
-            self._record(event_bytes(wall_time=time.time(), step=step, scalars=scalars))
-            self._file.flush()
+        if scalars and self._writer is not None:
+            values = [self._summary.Value(tag=str(tag), simple_value=float(value)) for tag, value in scalars.items()]
+            self._write(self._event(wall_time=time.time(), step=int(step), summary=self._summary(value=values)))
 
     def add_scalar(self, tag: str, value: float, global_step: int = 0) -> None:
         self.add_scalars({tag: value}, global_step)
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
 
 
 def _import_wandb():

@@ -31,6 +31,7 @@ staleness (see :mod:`gymllm.telemetry.metrics` for the tags that metrics read).
 from __future__ import annotations
 
 import collections
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -294,6 +295,18 @@ def set_tracer(tracer: Tracer) -> Tracer:
     global _TRACER
     previous, _TRACER = _TRACER, tracer
     return previous
+
+
+@contextlib.contextmanager
+def use_tracer(tracer: Tracer | None = None) -> Iterator[Tracer]:
+    """``with use_tracer() as tr:``: ``tracer`` (a fresh :class:`Tracer` when None) is the process-wide
+    tracer inside the block; the previous one is put back on exit, also on an exception."""
+    tr = Tracer() if tracer is None else tracer
+    previous = set_tracer(tr)
+    try:
+        yield tr
+    finally:
+        set_tracer(previous)
 
 
 def span(name: str, /, track: str = "main", **tags: Any) -> Span:

@@ -2,14 +2,16 @@
 
     wd = Watchdog(WatchdogConfig(stall_s=300.0))
     wd.start()                                   # a daemon thread runs check() every check_every_s
-    wd.begin("learner", "step 3: 2 groups")      # the stage is now expected to progress
-    ...; wd.beat("learner", "micro-batch 2/4")   # progress (optional inside a long stage)
-    wd.end("learner")                            # done: a beat, and the stage is idle (not watched)
+    with wd.stage("learner", "step 3: 2 groups"):  # watched from here ...
+        ...; wd.beat("learner", "micro-batch 2/4")  # progress (optional inside a long stage)
+    # ... to here, however the block ends (an exception is a failure, not a stall)
     wd.stop()
 
 Spec
 ----
-- A stage is *watched* from :meth:`begin` (or the first :meth:`beat`) until :meth:`end`. A watched
+- A stage is *watched* from :meth:`begin` (or the first :meth:`beat`) until :meth:`end`;
+  ``with wd.stage(name, doing):`` is the one way the run times a stage: :meth:`begin` on entry,
+  :meth:`end` on exit, also when the block raises or is cancelled. A watched
   stage whose last beat is ``stall_s`` or more seconds old is *stalled*: :meth:`check` reports it
   once, then again after every further ``stall_s`` of silence (stall 1, 2, ...) until it beats.
 - Each report is a :class:`Stall` and is
@@ -30,12 +32,13 @@ Spec
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from gymllm.errors import ConfigError, GymLLMError, explain
 
@@ -152,6 +155,16 @@ class Watchdog:
         if self.config.enabled:
             with self._lock:
                 self._stages.pop(stage, None)
+
+    @contextlib.contextmanager
+    def stage(self, stage: str, doing: str = "") -> Iterator["Watchdog"]:
+        """``with wd.stage("learner", "step 3"):`` watches ``stage`` for the block: :meth:`begin` on
+        entry, :meth:`end` on exit however the block ends (a block that raised failed; it did not stall)."""
+        self.begin(stage, doing)
+        try:
+            yield self
+        finally:
+            self.end(stage)
 
     def watched(self) -> list[str]:
         """The stages currently expected to progress."""

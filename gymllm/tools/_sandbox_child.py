@@ -6,9 +6,10 @@ It reads a JSON spec from ``argv[1]``, then, in this order:
    and all processes together stay under the memory limit;
 2. sets rlimits: CPU seconds, address space, file size, open files, core dumps, and (for a non-root
    user) process count;
-3. enters new user, mount, network and PID namespaces (``unshare``): no network interface but a
-   down loopback, the whole file system re-mounted read-only except the work dir, and no view of
-   the host's processes (best effort: reported, not required);
+3. enters new user, mount, network, PID and IPC namespaces (``unshare``): no network interface but a
+   down loopback, the whole file system re-mounted read-only except the work dir, no view of the
+   host's processes, and SysV IPC / POSIX message queues of its own that die with the run (best
+   effort: reported, not required; without the IPC namespace seccomp refuses those calls);
 4. forks the namespace's init process (which dies with this launcher: ``PR_SET_PDEATHSIG``), which
    applies the two **required** kernel layers, both unprivileged and irreversible, inherited by
    everything it starts:
@@ -17,7 +18,9 @@ It reads a JSON spec from ``argv[1]``, then, in this order:
      in what the interpreter and the shell need (the Python installs, ``/usr``, the libraries, a few
      ``/etc`` files, ``/proc`` only when it shows the sandbox's own PID namespace); no TCP; no signals,
      ``ptrace`` or abstract UNIX sockets reaching processes outside the sandbox;
-   - **seccomp** (``seccomp.py``): no ``socket()`` of any family, no ``ptrace``, mounts, namespaces,
+   - **seccomp** (``seccomp.py``): no ``socket()`` of any family (with ``network``: inet only), no
+     datagram ``socketpair`` (host pathname UNIX sockets unreachable), ``fallocate`` refused, no
+     ``ptrace``, mounts, namespaces,
      ``io_uring``, ``bpf`` ..., and in Python mode without ``allow_subprocess`` no ``fork``/``clone``
      (threads stay) and no ``execve``: the process-count limit that holds for ``ctypes`` too;
 
@@ -42,6 +45,7 @@ CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 CLONE_NEWPID = 0x20000000
+CLONE_NEWIPC = 0x08000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
@@ -117,10 +121,11 @@ def _mountinfo() -> list[tuple[str, list[str]]]:
     return out
 
 
-def isolate(workdir: str, *, net: bool, fs: bool, pid: bool) -> dict:
+def isolate(workdir: str, *, net: bool, fs: bool, pid: bool, ipc: bool = False) -> dict:
     """Enter new namespaces; return which isolation layers took effect."""
-    status = {"net": False, "fs": False, "pid": False}
-    flags = CLONE_NEWUSER | (CLONE_NEWNET if net else 0) | (CLONE_NEWNS if fs else 0) | (CLONE_NEWPID if pid else 0)
+    status = {"net": False, "fs": False, "pid": False, "ipc": False}
+    flags = (CLONE_NEWUSER | (CLONE_NEWNET if net else 0) | (CLONE_NEWNS if fs else 0) | (CLONE_NEWPID if pid else 0)
+             | (CLONE_NEWIPC if ipc else 0))
     if flags == CLONE_NEWUSER:
         return status
     try:
@@ -129,7 +134,7 @@ def isolate(workdir: str, *, net: bool, fs: bool, pid: bool) -> dict:
         return status
     if libc.unshare(flags) != 0:
         return status
-    status["net"], status["pid"] = net, pid
+    status["net"], status["pid"], status["ipc"] = net, pid, ipc
     if not fs:
         return status
 
@@ -325,7 +330,9 @@ def apply_kernel_layers(spec: dict, status: dict) -> None:
     try:
         if sc is None:
             raise OSError(status["seccomp_error"])
-        status["seccomp"] = sc.install(network=spec.get("network", False), processes=not no_processes)
+        # SysV IPC and POSIX message queues only inside a private IPC namespace (it dies with the run)
+        status["seccomp"] = sc.install(network=spec.get("network", False), processes=not no_processes,
+                                       ipc=bool(status.get("ipc")))
     except OSError as e:
         status["seccomp"] = False
         status["seccomp_error"] = str(e)
@@ -377,7 +384,8 @@ def main() -> None:
     status = {"cgroups": {name: join_cgroup(path) for name, path in (spec.get("cgroups") or {}).items()}}
     status["limits"] = set_limits(spec.get("limits", {}))
     iso = spec.get("isolate", {})
-    status.update(isolate(workdir, net=iso.get("net", True), fs=iso.get("fs", True), pid=iso.get("pid", True)))
+    status.update(isolate(workdir, net=iso.get("net", True), fs=iso.get("fs", True), pid=iso.get("pid", True),
+                          ipc=iso.get("ipc", True)))
     fd = spec.get("status_fd")
     child = os.fork()
     if child == 0:

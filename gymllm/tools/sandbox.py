@@ -45,11 +45,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import itertools
 import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -80,6 +82,8 @@ class SandboxConfig:
         max_processes: process limit (pids cgroup, or ``RLIMIT_NPROC`` for a non-root user).
         max_output_bytes: bytes kept of stdout and of stderr each.
         max_file_mb: largest file a process may write (``RLIMIT_FSIZE``).
+        max_disk_mb: total size of the work dir (every file's allocated blocks, plus one block per entry); a
+            run that passes it is killed and its stderr ends with a message naming this cap.
         max_open_files: ``RLIMIT_NOFILE``.
         network: allow network access (default False: an empty network namespace).
         allow_subprocess: Python mode only: allow the code to start processes.
@@ -96,6 +100,7 @@ class SandboxConfig:
     max_processes: int = 64
     max_output_bytes: int = 8192
     max_file_mb: int = 64
+    max_disk_mb: int = 256
     max_open_files: int = 256
     network: bool = False
     allow_subprocess: bool = False
@@ -116,7 +121,7 @@ class SandboxConfig:
                 raise ConfigError(explain(f"SandboxConfig.{name}", expected="a tuple of absolute paths",
                                           received=paths, fix=f'e.g. {name}=("/data/shared",)'))
         for name, low in (("timeout_s", 0.0), ("memory_mb", 16), ("max_processes", 1), ("max_output_bytes", 1),
-                          ("max_file_mb", 1), ("max_open_files", 16)):
+                          ("max_file_mb", 1), ("max_disk_mb", 1), ("max_open_files", 16)):
             check_range("SandboxConfig", name, getattr(self, name), lo=low, lo_open=name == "timeout_s",
                         fix=f"pass {name}= a larger value")
 
@@ -149,6 +154,22 @@ class SandboxResult:
         elif self.exit_code != 0:
             parts.append(f"[exit code {self.exit_code}]")
         return "\n".join(parts) if parts else "[no output]"
+
+
+_DISK_POLL_S = 0.02
+
+
+def _feed(pipe, data: bytes) -> None:
+    """Write ``data`` to the child's stdin and close it; a child that exits or never reads ends it quietly."""
+    try:
+        pipe.write(data)
+    except (OSError, ValueError):
+        pass
+    finally:
+        try:
+            pipe.close()
+        except (OSError, ValueError):
+            pass
 
 
 class _CappedReader(threading.Thread):
@@ -241,6 +262,119 @@ def _remove_cgroup(path: str | None) -> None:
             time.sleep(0.02)
 
 
+def _open_regular(full: str, flags: int, rel: str) -> int:
+    """Open ``full`` without following a last link and without blocking; refuse all but regular files."""
+    try:
+        fd = os.open(full, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENXIO, errno.ENODEV):  # a link, a FIFO with no reader, a device
+            raise ToolError(explain("Sandbox file", expected="a regular file", received=f"{rel!r} ({e.strerror})",
+                                    fix="read and write only regular files in the work dir")) from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise ToolError(explain("Sandbox file", expected="a regular file",
+                                received=f"{rel!r} ({_KINDS.get(stat.S_IFMT(mode), 'not a regular file')})",
+                                fix="read and write only regular files in the work dir"))
+    os.set_blocking(fd, True)
+    return fd
+
+
+_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
+          stat.S_IFBLK: "a block device", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symbolic link"}
+
+
+def disk_usage(root: str, *, limit: int | None = None) -> int:
+    """Bytes the tree at ``root`` holds: allocated blocks of every entry plus one 4 KiB block per entry.
+
+    Iterative (any depth), never follows links; stops early once past ``limit``.
+    """
+    total, stack = 0, [root]
+    while stack:
+        try:
+            it = os.scandir(stack.pop())
+        except OSError:
+            continue
+        with it:
+            for entry in it:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                total += st.st_blocks * 512 + 4096
+                if stat.S_ISDIR(st.st_mode):
+                    stack.append(entry.path)
+                if limit is not None and total > limit:
+                    return total
+    return total
+
+
+def remove_tree(root: str) -> bool:
+    """Remove the tree at ``root`` without recursion (any depth) or following links; True when it is gone.
+
+    Directories the code made unreadable or unwritable get their owner's rights back first. Never raises.
+    """
+    names: list[str] = []
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    try:
+        for _ in range(10_000_000):  # a bound, never reached by a tree the limits allow
+            sub = None
+            with os.scandir(fd) as it:
+                entries = list(itertools.islice(it, 4096))
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    sub = entry.name
+                    break
+                try:
+                    os.unlink(entry.name, dir_fd=fd)
+                except PermissionError:
+                    os.chmod(fd, 0o700)
+                    os.unlink(entry.name, dir_fd=fd)
+            if sub is not None:
+                try:
+                    child = os.open(sub, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                except PermissionError:
+                    os.chmod(sub, 0o700, dir_fd=fd, follow_symlinks=False)
+                    child = os.open(sub, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                os.close(fd)
+                fd = child
+                names.append(sub)
+                continue
+            if entries:
+                continue  # more entries than one listing held
+            if not names:
+                break
+            parent = os.open("..", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = parent
+            name = names.pop()
+            try:
+                os.rmdir(name, dir_fd=fd)
+            except PermissionError:
+                os.chmod(fd, 0o700)
+                os.rmdir(name, dir_fd=fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(root)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        try:
+            shutil.rmtree(root, ignore_errors=True)
+        except Exception:  # noqa: BLE001 - close() never raises
+            pass
+    return not os.path.lexists(root)
+
+
 def _shell_env(workdir: str) -> dict[str, str]:
     bindir = os.path.dirname(sys.executable)
     return {"PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir,
@@ -271,14 +405,18 @@ class Sandbox:
         return full
 
     def write_files(self, files: Mapping[str, str]) -> None:
+        """Write ``{relative path: text}`` into the work dir (regular files only; never follows a link)."""
         for rel, text in files.items():
             full = self._resolve(rel)
             os.makedirs(os.path.dirname(full), exist_ok=True)
-            with open(full, "w") as f:
+            fd = _open_regular(full, os.O_WRONLY | os.O_CREAT, rel)
+            with open(fd, "w", closefd=True) as f:
+                f.truncate(0)
                 f.write(text)
 
     def read_file(self, relpath: str) -> str:
-        with open(self._resolve(relpath)) as f:
+        """The text of a regular file in the work dir (a FIFO, device or socket is refused, never waited on)."""
+        with open(_open_regular(self._resolve(relpath), os.O_RDONLY, relpath)) as f:
             return f.read()
 
     # -- runs -------------------------------------------------------------------------------
@@ -317,7 +455,7 @@ class Sandbox:
             "core_bytes": 0,
             "processes": c.max_processes,
         }
-        iso = {"net": c.namespaces and not c.network, "fs": c.namespaces, "pid": c.namespaces}
+        iso = {"net": c.namespaces and not c.network, "fs": c.namespaces, "pid": c.namespaces, "ipc": c.namespaces}
         return {"workdir": self.workdir, "limits": limits, "isolate": iso, "network": c.network,
                 "status_fd": status_fd, "cgroups": cgroups, "read_paths": list(c.read_paths),
                 "python_paths": sorted({sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable)}),
@@ -349,20 +487,16 @@ class Sandbox:
                    _CappedReader(proc.stderr, self.config.max_output_bytes)]
         for r in readers:
             r.start()
-        if stdin is not None:
-            try:
-                proc.stdin.write(stdin.encode())
-                proc.stdin.close()
-            except OSError:
-                pass
-        timed_out = False
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+        writer = None
+        if stdin is not None:  # fed from a thread: a program that never reads cannot hold the parent past the timeout
+            writer = threading.Thread(target=_feed, args=(proc.stdin, stdin.encode()), daemon=True)
+            writer.start()
+        timed_out, used = self._watch(proc, start + timeout)
         self._kill(proc)
         for path in cgroups.values():
             _remove_cgroup(path)
+        if writer is not None:
+            writer.join(timeout=2.0)
         for r in readers:
             r.join(timeout=2.0)
         for pipe in (proc.stdout, proc.stderr):
@@ -376,10 +510,39 @@ class Sandbox:
                     "without it knowingly"))
         isolation.setdefault("cgroups", {})
         isolation["cgroup"] = bool(isolation["cgroups"].get("pids"))  # the fork-bomb limit took effect
-        return SandboxResult(stdout=readers[0].text(), stderr=readers[1].text(),
+        stderr = readers[1].text()
+        if used is not None:
+            stderr += (f"\n[sandbox: the work dir reached {used / 2**20:.1f} MiB, over its cap "
+                       f"max_disk_mb={self.config.max_disk_mb}; the run was killed. Remove files or raise "
+                       f"SandboxConfig.max_disk_mb]")
+        return SandboxResult(stdout=readers[0].text(), stderr=stderr,
                              exit_code=proc.returncode if not timed_out else -int(signal.SIGKILL),
                              timed_out=timed_out, truncated=any(r.dropped for r in readers),
                              duration_s=time.perf_counter() - start, isolation=isolation)
+
+    def _watch(self, proc: subprocess.Popen, deadline: float) -> tuple[bool, int | None]:
+        """Wait for ``proc`` until ``deadline``, checking the work dir's size meanwhile.
+
+        Returns ``(timed_out, bytes used when over max_disk_mb else None)``. The check runs every
+        ``_DISK_POLL_S`` (longer where the tree takes long to walk), so what the code writes within one
+        interval may pass the cap before the kill.
+        """
+        cap = self.config.max_disk_mb * 2**20
+        while True:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                return True, None
+            t0 = time.perf_counter()
+            used = disk_usage(self.workdir, limit=cap)
+            if used > cap:
+                return False, used
+            walk = time.perf_counter() - t0
+            try:
+                proc.wait(timeout=min(left, max(_DISK_POLL_S, 5 * walk)))
+            except subprocess.TimeoutExpired:
+                continue
+            used = disk_usage(self.workdir, limit=cap)
+            return False, (used if used > cap else None)
 
     @staticmethod
     def _kill(proc: subprocess.Popen) -> None:
@@ -406,9 +569,10 @@ class Sandbox:
         return self._closed
 
     def close(self) -> None:
+        """Remove the work dir and all in it (any depth, any permissions the code set); never raises."""
         if not self._closed:
             self._closed = True
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            remove_tree(self.workdir)
 
     def __enter__(self) -> "Sandbox":
         return self

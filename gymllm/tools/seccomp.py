@@ -13,7 +13,13 @@ mount API), ``bpf``, ``perf_event_open``, ``io_uring_*`` (its operations bypass 
 modules and ``kexec``, keyrings, ``userfaultfd``, ``open_by_handle_at``, clock and host-name
 changes, ``syslog``, ``pidfd_getfd``, ``process_madvise``, the ``TIOCSTI``/``TIOCLINUX`` ioctls
 (typing into a terminal), the x32 ABI and any other architecture's syscalls (the process is killed).
-With ``network=False``: ``socket()`` of every family (``socketpair`` stays: it reaches no one).
+With ``network=False``: ``socket()`` of every family; with ``network=True`` every family but ``AF_INET``
+and ``AF_INET6`` (no ``AF_UNIX``: host pathname sockets stay out of reach). Always: ``socketpair`` of
+any type but ``SOCK_STREAM`` and ``SOCK_SEQPACKET`` (a connected stream pair reaches no one, while a
+datagram pair can ``sendto`` any pathname socket and pass descriptors out through it), and
+``fallocate`` answers ``EOPNOTSUPP`` (``FALLOC_FL_KEEP_SIZE`` reserves blocks past ``RLIMIT_FSIZE``;
+``posix_fallocate`` falls back to writes, which the limit caps). With ``ipc=False`` (no private IPC
+namespace): the SysV IPC calls (``shm*``, ``msg*``, ``sem*``) and POSIX message queues (``mq_*``).
 With ``processes=False``: ``fork``, ``vfork``, ``clone`` without ``CLONE_THREAD`` (threads stay),
 ``execve``, ``execveat``; ``clone3`` returns ``ENOSYS`` so that libc falls back to ``clone``, whose
 flags the filter can read.
@@ -36,7 +42,9 @@ PR_SET_NO_NEW_PRIVS, PR_GET_SECCOMP, PR_SET_SECCOMP = 38, 21, 22
 SECCOMP_MODE_FILTER = 2
 SECCOMP_GET_ACTION_AVAIL = 2
 RET_KILL_PROCESS, RET_ALLOW, RET_ERRNO = 0x80000000, 0x7FFF0000, 0x00050000
-LD_W_ABS, JEQ_K, JGE_K, JSET_K, RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
+LD_W_ABS, JEQ_K, JGE_K, JSET_K, RET_K, AND_K = 0x20, 0x15, 0x35, 0x45, 0x06, 0x54
+AF_INET, AF_INET6 = 2, 10
+SOCK_STREAM, SOCK_SEQPACKET, SOCK_TYPE_MASK = 1, 5, 0xF
 OFF_NR, OFF_ARCH = 0, 4
 CLONE_THREAD = 0x00010000
 TIOCSTI, TIOCLINUX = 0x5412, 0x541C
@@ -48,6 +56,8 @@ _ALWAYS = ("ptrace process_vm_readv process_vm_writev mount umount2 pivot_root c
            "open_by_handle_at name_to_handle_at quotactl quotactl_fd acct settimeofday clock_settime "
            "clock_adjtime adjtimex syslog fsopen fsconfig fsmount fspick move_mount open_tree mount_setattr "
            "pidfd_getfd process_madvise vhangup sethostname setdomainname lookup_dcookie iopl ioperm uselib").split()
+_IPC = ("shmget shmat shmctl shmdt msgget msgsnd msgrcv msgctl semget semop semtimedop semctl mq_open mq_unlink "
+        "mq_timedsend mq_timedreceive mq_notify mq_getsetattr").split()
 
 _GENERIC = dict(  # asm-generic/unistd.h (aarch64)
     ptrace=117, process_vm_readv=270, process_vm_writev=271, mount=40, umount2=39, pivot_root=41, chroot=51,
@@ -58,7 +68,9 @@ _GENERIC = dict(  # asm-generic/unistd.h (aarch64)
     clock_settime=112, clock_adjtime=266, adjtimex=171, syslog=116, fsopen=430, fsconfig=431, fsmount=432,
     fspick=433, move_mount=429, open_tree=428, mount_setattr=442, pidfd_getfd=438, process_madvise=440,
     vhangup=58, sethostname=161, setdomainname=162, lookup_dcookie=18, socket=198, clone=220, clone3=435,
-    execve=221, execveat=281, ioctl=29)
+    execve=221, execveat=281, ioctl=29, socketpair=199, fallocate=47, mq_open=180, mq_unlink=181,
+    mq_timedsend=182, mq_timedreceive=183, mq_notify=184, mq_getsetattr=185, msgget=186, msgctl=187, msgrcv=188,
+    msgsnd=189, semget=190, semctl=191, semtimedop=192, semop=193, shmget=194, shmctl=195, shmat=196, shmdt=197)
 
 _X86_64 = dict(
     ptrace=101, process_vm_readv=310, process_vm_writev=311, mount=165, umount2=166, pivot_root=155, chroot=161,
@@ -69,7 +81,10 @@ _X86_64 = dict(
     clock_settime=227, clock_adjtime=305, adjtimex=159, syslog=103, fsopen=430, fsconfig=431, fsmount=432,
     fspick=433, move_mount=429, open_tree=428, mount_setattr=442, pidfd_getfd=438, process_madvise=440,
     vhangup=153, sethostname=170, setdomainname=171, lookup_dcookie=212, iopl=172, ioperm=173, uselib=134,
-    socket=41, fork=57, vfork=58, clone=56, clone3=435, execve=59, execveat=322, ioctl=16)
+    socket=41, fork=57, vfork=58, clone=56, clone3=435, execve=59, execveat=322, ioctl=16, socketpair=53,
+    fallocate=285, shmget=29, shmat=30, shmctl=31, shmdt=67, semget=64, semop=65, semctl=66, msgget=68, msgsnd=69,
+    msgrcv=70, msgctl=71, semtimedop=220, mq_open=240, mq_unlink=241, mq_timedsend=242, mq_timedreceive=243,
+    mq_notify=244, mq_getsetattr=245)
 
 SYSCALLS = {"x86_64": (0xC000003E, _X86_64), "aarch64": (0xC00000B7, _GENERIC)}
 """``{machine: (AUDIT_ARCH_*, {syscall name: number})}``: the syscalls the filter names."""
@@ -87,7 +102,15 @@ def _arg_low(i: int) -> int:
     return 16 + 8 * i  # seccomp_data.args[i], low 32 bits (little-endian)
 
 
-def build_filter(*, network: bool, processes: bool, machine: str | None = None) -> bytes:
+def _only_args(nr: int, arg: int, allowed: tuple[int, ...], deny: int, mask: int | None = None) -> list[bytes]:
+    """For syscall ``nr``: go on only where ``args[arg]`` (masked) is one of ``allowed``, else return ``deny``."""
+    body = [_insn(LD_W_ABS, _arg_low(arg))] + ([_insn(AND_K, mask)] if mask is not None else [])
+    body += [_insn(JEQ_K, v, len(allowed) - i, 0) for i, v in enumerate(allowed)]
+    body += [_insn(RET_K, deny), _insn(LD_W_ABS, OFF_NR)]
+    return [_insn(JEQ_K, nr, 0, len(body))] + body
+
+
+def build_filter(*, network: bool, processes: bool, ipc: bool = False, machine: str | None = None) -> bytes:
     """The BPF program (``struct sock_filter[]`` bytes) for the given policy and architecture."""
     machine = machine or os.uname().machine
     if machine not in SYSCALLS:
@@ -102,6 +125,8 @@ def build_filter(*, network: bool, processes: bool, machine: str | None = None) 
     denied = [n for n in _ALWAYS if n in nr]
     if not network:
         denied.append("socket")
+    if not ipc:
+        denied += [n for n in _IPC if n in nr]
     if not processes:
         denied += [n for n in ("fork", "vfork", "execve", "execveat") if n in nr]
     for name in denied:
@@ -111,6 +136,10 @@ def build_filter(*, network: bool, processes: bool, machine: str | None = None) 
                  _insn(JEQ_K, nr["clone"], 0, 4), _insn(LD_W_ABS, _arg_low(0)),
                  _insn(JSET_K, CLONE_THREAD, 0, 1), _insn(RET_K, allow), _insn(RET_K, eperm),
                  _insn(LD_W_ABS, OFF_NR)]
+    prog += [_insn(JEQ_K, nr["fallocate"], 0, 1), _insn(RET_K, RET_ERRNO | errno.EOPNOTSUPP)]
+    if network:
+        prog += _only_args(nr["socket"], 0, (AF_INET, AF_INET6), eperm)
+    prog += _only_args(nr["socketpair"], 1, (SOCK_STREAM, SOCK_SEQPACKET), eperm, SOCK_TYPE_MASK)
     prog += [_insn(JEQ_K, nr["ioctl"], 0, 5), _insn(LD_W_ABS, _arg_low(1)), _insn(JEQ_K, TIOCSTI, 2, 0),
              _insn(JEQ_K, TIOCLINUX, 1, 0), _insn(RET_K, allow), _insn(RET_K, eperm)]
     prog.append(_insn(RET_K, allow))
@@ -131,15 +160,16 @@ def available() -> bool:
     return _LIBC.prctl(PR_GET_SECCOMP, 0, 0, 0, 0) >= 0  # -1 (EINVAL) without CONFIG_SECCOMP
 
 
-def install(*, network: bool, processes: bool) -> dict:
+def install(*, network: bool, processes: bool, ipc: bool = False) -> dict:
     """Set ``no_new_privs`` and install the filter on this (single-threaded) process; irreversible.
 
-    Returns ``{"instructions": n, "network": network, "processes": processes}``. Raises
+    ``ipc=True`` lets SysV IPC and POSIX message queues through (only where a private IPC namespace
+    holds them). Returns ``{"instructions": n, "network": network, "processes": processes, "ipc": ipc}``. Raises
     :class:`SeccompError` where the kernel refuses.
     """
     if not sys.platform.startswith("linux"):
         raise SeccompError(errno.ENOSYS, f"seccomp is Linux-only (this is {sys.platform})")
-    prog = build_filter(network=network, processes=processes)
+    prog = build_filter(network=network, processes=processes, ipc=ipc)
     buf = ctypes.create_string_buffer(prog, len(prog))
     fprog = _SockFprog(len=len(prog) // 8, filter=ctypes.cast(buf, ctypes.c_void_p))
     if _LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
@@ -148,4 +178,4 @@ def install(*, network: bool, processes: bool) -> dict:
     if _LIBC.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
         err = ctypes.get_errno()
         raise SeccompError(err, f"prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER): {os.strerror(err)}")
-    return {"instructions": len(prog) // 8, "network": network, "processes": processes}
+    return {"instructions": len(prog) // 8, "network": network, "processes": processes, "ipc": ipc}

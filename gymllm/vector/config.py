@@ -40,10 +40,16 @@ class RayOptions:
             ``"host:port"`` joins a running one. Ignored when Ray is already initialized.
         num_workers: number of env actors; the sub-envs are split into contiguous shards of
             ``ceil(num_envs / num_workers)``. Exclusive with ``envs_per_actor``.
-        envs_per_actor: sub-envs per actor (default 1 when neither is given: each sub-env is its
-            own actor, fully independent). A shard steps the envs of one ``send`` in one actor
-            call (one round trip for them all) and returns them together.
-        num_cpus: CPUs each actor reserves (Ray's ``num_cpus``; fractions allowed).
+        envs_per_actor: sub-envs per actor. When neither this nor ``num_workers`` is given the
+            layout is fitted to the cluster found at build time
+            (:func:`gymllm.vector.ray_backend.plan_placement`): one actor per sub-env (each fully
+            independent) while the cluster can hold that many actor processes, else contiguous
+            shards of several sub-envs per actor. A shard's sub-envs run concurrently in their
+            actor (one thread each; a slow one holds back no other) but share its process: the
+            actor's death fails all of them.
+        num_cpus: CPUs each actor reserves (Ray's ``num_cpus``; fractions allowed). None (the
+            default): fitted to the cluster, an equal share of the CPUs free at build time, at
+            most 1 per actor (0 when none is free: Ray's own actors hold no CPU while they run).
         resources: custom resources each actor reserves, e.g. ``{"sandbox": 1}``: actors are
             placed only on nodes started with them (``ray start --resources='{"sandbox": 8}'``).
         ready_timeout_s: seconds to wait for the actors to be placed and their envs built before
@@ -56,7 +62,7 @@ class RayOptions:
     address: str | None = None
     num_workers: int | None = None
     envs_per_actor: int | None = None
-    num_cpus: float = 1.0
+    num_cpus: float | None = None
     resources: Mapping[str, float] = dataclasses.field(default_factory=dict)
     ready_timeout_s: float = 120.0
     name_prefix: str | None = None
@@ -74,8 +80,8 @@ class RayOptions:
                 raise bad(name, "None or an int >= 1", f"pass {name}=4")
         if self.num_workers is not None and self.envs_per_actor is not None:
             raise bad("envs_per_actor", "num_workers or envs_per_actor, not both", "drop one of them")
-        if not (is_number(self.num_cpus) and self.num_cpus >= 0):
-            raise bad("num_cpus", "CPUs >= 0 per actor", "pass num_cpus=1 (or 0.5)")
+        if self.num_cpus is not None and not (is_number(self.num_cpus) and self.num_cpus >= 0):
+            raise bad("num_cpus", "None (fitted to the cluster) or CPUs >= 0 per actor", "pass num_cpus=1 (or 0.5)")
         res = self.resources
         if not isinstance(res, Mapping) or not all(isinstance(k, str) and is_number(v) and v > 0
                                                    for k, v in res.items()):
@@ -103,11 +109,11 @@ class RayOptions:
                                       fix="drop or rename those keys"))
         return cls(**value)
 
-    def shard_size(self, num_envs: int) -> int:
-        """Sub-envs per actor for ``num_envs`` sub-envs."""
+    def shard_size(self, num_envs: int) -> int | None:
+        """Sub-envs per actor for ``num_envs`` sub-envs (None: not set, fitted to the cluster)."""
         if self.num_workers is not None:
             return -(-num_envs // self.num_workers)
-        return self.envs_per_actor or 1
+        return self.envs_per_actor
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -121,8 +127,7 @@ class VectorEnvConfig:
             (for CPU-heavy sync envs; observations travel pickled through a pipe, never through
             shared memory); ``"ray"`` hosts the sub-envs in Ray actors (see :class:`RayOptions`).
         max_concurrency: most sub-env operations in flight at once (None: ``num_envs``; thread
-            backend: a Ray actor runs at most one op per env and the ops of one send to a shard
-            in turn).
+            backend: a Ray actor runs at most one op per env, its envs' ops concurrently).
         step_timeout: seconds a reset/step may take before the sub-env is reported with
             :class:`~gymllm.errors.EnvTimeoutError` and replaced by a fresh instance on its next
             reset (None: no limit).

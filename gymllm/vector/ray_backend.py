@@ -1,23 +1,37 @@
 """The vector env's Ray backend: sub-envs live in Ray actors, one env or a shard of envs per actor.
 
+    vec = gymllm.make_vec("gymllm/Latency-v0", 64, backend="ray")     # placed to fit the cluster
     vec = gymllm.make_vec("gymllm/Latency-v0", 64, backend="ray",
                           ray_options={"num_workers": 8, "num_cpus": 1, "resources": {"sandbox": 1}})
+
+Placement: what ``ray_options`` leaves unset is fitted to the cluster found at build time
+(:func:`plan_placement`): with no options, one actor per sub-env holding an equal share of the
+free CPUs (at most 1 each), so 6 sub-envs start on a 3-CPU cluster (0.5 CPU each) as Ray's own
+actors would; past ``ACTORS_PER_CPU`` actors per cluster CPU, several sub-envs share an actor.
+Explicit ``num_workers`` / ``envs_per_actor`` / ``num_cpus`` / ``resources`` are kept as given; a
+demand beyond the cluster's total resources is refused at once with a :class:`ConfigError`.
 
 Every contract of the in-process vector env holds (:mod:`gymllm.vector.vector_env`): the three
 autoreset modes (SAME_STEP's reset runs inside the actor), per-env seeds, the async twins,
 ``step_timeout``, ``on_error``. :class:`RayRunner` is the sub-env runner:
 
-- ``send`` groups its work items by actor and makes one actor call per shard (the shard's envs
-  step one after another in that call and come back together); each call's object ref hands its
-  results to the vector env's ledger as soon as it completes (``ObjectRef.future()``: the core
-  worker's completion callback, the mechanism under ``ray.wait``), so ``recv(min_ready)`` returns
-  the first envs to finish and nothing waits for the slowest actor, on any host.
+- ``send`` makes one actor call per sub-env op; an actor is threaded (``max_concurrency``), so
+  the sub-envs of one shard run concurrently and a slow one holds back none of its neighbours
+  (they share the actor's process, so CPU-bound Python envs share its GIL). Each call's object
+  ref hands its result to the vector env's ledger as soon as it completes
+  (``ObjectRef.future()``: the core worker's completion callback, the mechanism under
+  ``ray.wait``), so ``recv(min_ready)`` returns the first envs to finish and nothing waits for
+  the slowest env or actor, on any host.
 - A dead actor (killed process, lost node: ``RayActorError``) is a failure of each sub-env it
-  hosts: their in-flight ops come back as :class:`~gymllm.errors.EnvError` in ``infos["error"]``
-  (obs None, truncated True), the other actors keep running, and the first reset of one of its
-  envs recreates the actor (its other envs report the loss on their next step, then reset too).
+  hosts, and of no other: with one sub-env per actor (the default while the cluster holds that
+  many actors) a crash takes down exactly that env; in a shard it takes down every env of the
+  shard. Their in-flight ops come back as :class:`~gymllm.errors.EnvError` in ``infos["error"]``
+  (obs None, truncated True), the shard's idle envs report the loss on their next step, the
+  other actors keep running, and the first reset of one of its envs recreates the actor (its
+  other envs are reset onto it by their own next reset).
 - ``step_timeout`` abandons a stuck op: a single-env actor is killed and recreated on the next
-  reset; in a larger shard the env is rebuilt inside the actor on its next reset.
+  reset; in a larger shard the env is rebuilt inside the actor on its next reset (the stuck
+  call keeps one of the actor's spare threads until it returns).
 - Env factories travel to the actors pickled (cloudpickle): env ids with kwargs (what
   ``gymllm.make_vec`` builds) always do; a factory that does not pickle is refused with a
   :class:`~gymllm.errors.ConfigError` naming it.
@@ -34,9 +48,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gymllm.errors import ConfigError, EnvError, explain
@@ -47,7 +62,50 @@ from gymllm.vector.ledger import Ledger, Op, Result, Slot, error_result, failure
 from gymllm.vector.process import picklable_error
 from gymllm.vector.runners import SubEnvRunner, action_validator, close_quietly, creation_error, step_function
 
-__all__ = ["EnvShard", "RayRunner", "RayEnvHandle"]
+__all__ = ["EnvShard", "RayRunner", "RayEnvHandle", "Placement", "plan_placement", "ACTORS_PER_CPU"]
+
+#: The most env actors (worker processes) a fitted placement makes per CPU of the cluster.
+ACTORS_PER_CPU = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """How a Ray vector env lays out its sub-envs: ``envs_per_actor`` contiguous sub-envs in each of
+    ``num_actors`` actors, each reserving ``num_cpus`` CPUs (and the options' ``resources``)."""
+
+    envs_per_actor: int
+    num_actors: int
+    num_cpus: float
+
+
+def plan_placement(num_envs: int, options: RayOptions, total: Mapping[str, float],
+                   available: Mapping[str, float]) -> Placement:
+    """The placement of ``num_envs`` sub-envs on a cluster with ``total`` / ``available`` resources
+    (``ray.cluster_resources()`` / ``ray.available_resources()``).
+
+    What ``options`` sets is kept. When it sets neither ``num_workers`` nor ``envs_per_actor``, each
+    sub-env gets its own actor (per-env failure isolation) unless that is more actors than the
+    cluster can hold: at most ``ACTORS_PER_CPU`` per cluster CPU, at most ``available / num_cpus``
+    with explicit ``num_cpus``, at most as many as each custom resource in ``resources`` allows;
+    then the sub-envs are split into the fewest equal shards that fit. When ``num_cpus`` is None,
+    each actor reserves an equal share of the available CPUs, at most 1 (rounded down to Ray's
+    1e-4 granularity; 0 when none is free). A demand that cannot fit at all is left for
+    :meth:`RayRunner.check_fits` to refuse.
+    """
+    size = options.shard_size(num_envs)
+    if size is None:
+        cap = max(1, math.floor(total.get("CPU", 0.0) * ACTORS_PER_CPU + 1e-9))
+        if options.num_cpus:
+            cap = min(cap, max(1, math.floor(available.get("CPU", 0.0) / options.num_cpus + 1e-9)))
+        for name, amount in options.resources.items():
+            fits = [math.floor(have.get(name, 0.0) / amount + 1e-9) for have in (available, total)]
+            cap = min(cap, max(1, fits[0] or fits[1]))  # none free now: one actor waits for one
+        size = -(-num_envs // min(cap, num_envs))
+    actors = -(-num_envs // size)
+    cpus = options.num_cpus
+    if cpus is None:
+        cpus = min(1.0, math.floor(max(available.get("CPU", 0.0), 0.0) / actors * 1e4) / 1e4)
+    return Placement(envs_per_actor=size, num_actors=actors, num_cpus=float(cpus))
 
 # One actor call's work item: (index in the shard, op, action, seed, options, rebuild).
 ShardOp = tuple[int, str, Any, Any, Any, bool]
@@ -171,7 +229,8 @@ class RayRunner(SubEnvRunner):
         if not self.ray.is_initialized():
             init_ray(self.options.address)
         n = len(ledger.slots)
-        size = self.options.shard_size(n)
+        self.placement = plan_placement(n, self.options, self.ray.cluster_resources(), self.ray.available_resources())
+        size = self.placement.envs_per_actor
         self.shards = [_Shard(k, list(range(lo, min(lo + size, n)))) for k, lo in enumerate(range(0, n, size))]
         self.shard_of = [sh for sh in self.shards for _ in sh.env_ids]
         self.env_epoch = [0] * n  # the shard's epoch when the env was last reset
@@ -224,7 +283,7 @@ class RayRunner(SubEnvRunner):
                                           "functools.partial of one")) from e
 
     def actor_demand(self) -> dict[str, float]:
-        return {"CPU": self.options.num_cpus, **self.options.resources}
+        return {"CPU": self.placement.num_cpus, **self.options.resources}
 
     def check_fits(self) -> None:
         """Refuse at once an actor that no cluster could place (more than the cluster holds in total)."""
@@ -235,11 +294,13 @@ class RayRunner(SubEnvRunner):
             raise ConfigError(explain("VectorEnv(backend='ray')", expected=f"{len(self.shards)} env actors of "
                                       f"{self.actor_demand()} each on this cluster",
                                       received={k: f"need {v}, cluster has {h}" for k, (v, h) in short.items()},
-                                      fix="lower ray_options['num_cpus'], use fewer actors (num_workers / "
-                                      "envs_per_actor) or add nodes with those resources"))
+                                      fix="lower ray_options['num_cpus'] (or leave it unset: fitted to the cluster), "
+                                      "use fewer actors (num_workers / envs_per_actor) or add nodes with those "
+                                      "resources"))
 
     def new_actor(self, sh: _Shard) -> Any:
-        opts: dict[str, Any] = {"num_cpus": self.options.num_cpus, "max_concurrency": len(sh.env_ids) + 1}
+        # one thread per env, as many spares for ops abandoned past step_timeout, one for where/close
+        opts: dict[str, Any] = {"num_cpus": self.placement.num_cpus, "max_concurrency": 2 * len(sh.env_ids) + 1}
         if self.options.resources:
             opts["resources"] = dict(self.options.resources)
         if self.options.name_prefix is not None:
@@ -262,24 +323,20 @@ class RayRunner(SubEnvRunner):
                 epoch, actor, dead = sh.epoch, sh.actor, sh.dead
             if fresh and self.config.step_timeout is not None:
                 self.allow_placement(items)
-            calls, payload = [], []
-            for it in items:
+            for it in items:  # one call per op: each env's result comes back on its own
                 env_id = it.slot.env_id
                 if it.op == "reset":
                     self.env_epoch[env_id] = epoch
                 elif dead or self.env_epoch[env_id] != epoch:
                     failed.append((it.slot, it.gen, it.op, failure_result(env_id, self.lost_error(env_id, dead))))
                     continue
-                calls.append(it)
-                payload.append((env_id - sh.env_ids[0], it.op, it.action, it.seed, it.options, it.rebuild))
-            if not calls:
-                continue
-            try:
-                ref = actor.run.remote(payload)
-            except Exception as e:  # noqa: BLE001 - e.g. an action or option that does not pickle
-                failed += [(it.slot, it.gen, it.op, error_result(it.slot.env_id, it.op, e)) for it in calls]
-                continue
-            ref.future().add_done_callback(functools.partial(self.on_done, sh, epoch, calls))
+                try:
+                    j = env_id - sh.env_ids[0]
+                    ref = actor.run.remote([(j, it.op, it.action, it.seed, it.options, it.rebuild)])
+                except Exception as e:  # noqa: BLE001 - e.g. an action or option that does not pickle
+                    failed.append((it.slot, it.gen, it.op, error_result(env_id, it.op, e)))
+                    continue
+                ref.future().add_done_callback(functools.partial(self.on_done, sh, epoch, [it]))
         if failed:
             self.ledger.finish_many(failed)
 

@@ -36,47 +36,33 @@ EnvPool's ``send`` / ``recv`` on Gymnasium's ``VectorEnv``:
   such a failure of each sub-env it hosts; the actor is recreated on their next reset.
   ``close()`` always returns and may be called twice.
 
-Collaborators, one concern each: :mod:`gymllm.vector.runners` (where sub-envs run: the runner
-interface, threads/inline, processes; :mod:`gymllm.vector.ray_backend` for Ray),
-:mod:`gymllm.vector.autoreset` (the three autoreset modes) and :mod:`gymllm.vector.ledger` (the
-send/recv bookkeeping: slots, sinks, deadlines, waiting). This class checks arguments and
-assembles the batches.
+Collaborators, one concern each: :class:`~gymllm.vector.base.SubEnvVector` (the base class: the
+sub-envs, their spaces and state, argument checks, batch assembly, closing),
+:mod:`gymllm.vector.runners` (where sub-envs run: the runner interface, threads/inline, processes;
+:mod:`gymllm.vector.ray_backend` for Ray), :mod:`gymllm.vector.autoreset` (the three autoreset
+modes) and :mod:`gymllm.vector.ledger` (the send/recv bookkeeping: slots, sinks, deadlines,
+waiting). This class holds the operations: send/recv, step/reset and the per-env twins.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
-from gymnasium.vector.utils import batch_space
 
 from gymllm.errors import InvalidActionError, ResetNeededError, explain
 from gymllm.telemetry import span
-from gymllm.vector.args import action_list, check_env_id, check_min_ready, env_id_list, seed_list
-from gymllm.vector.autoreset import AutoresetPolicy
-from gymllm.vector.config import VectorEnvConfig
+from gymllm.vector.args import action_list, env_id_list, seed_list
+from gymllm.vector.base import SubEnvVector
 from gymllm.vector.errors import EnvIdError, VectorStateError  # noqa: F401 - re-exported
 from gymllm.vector.infos import batch_results
-from gymllm.vector.ledger import FutureSink, Ledger, Result, Sink, Slot
-from gymllm.vector.runners import ProcessRunner, SubEnvRunner, ThreadRunner
+from gymllm.vector.ledger import FutureSink, Result, Sink
 
 __all__ = ["VectorEnv", "EnvIdError", "VectorStateError"]
 
 
-def _make_runner(config: VectorEnvConfig, ledger: Ledger) -> SubEnvRunner:
-    if config.backend == "process":
-        return ProcessRunner(config, ledger)
-    if config.backend == "ray":
-        from gymllm.vector.ray_backend import RayRunner  # imports Ray lazily (the ray extra)
-
-        return RayRunner(config, ledger)
-    return ThreadRunner(config, ledger)
-
-
-class VectorEnv(gym.vector.VectorEnv):
+class VectorEnv(SubEnvVector):
     """Barrier-free Gymnasium ``VectorEnv`` over text sub-envs (see the module docstring).
 
     Args:
@@ -85,116 +71,6 @@ class VectorEnv(gym.vector.VectorEnv):
         config: a :class:`VectorEnvConfig`; or pass its fields as keyword arguments
             (``backend="ray", ray_options={...}`` included).
     """
-
-    def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], *, config: VectorEnvConfig | None = None,
-                 **config_kwargs: Any):
-        if config is None:
-            config = VectorEnvConfig(**config_kwargs)
-        elif config_kwargs:
-            config = dataclasses.replace(config, **config_kwargs)
-        env_fns = list(env_fns)
-        if not env_fns or not all(callable(f) for f in env_fns):
-            raise InvalidActionError(explain("VectorEnv(env_fns)", expected="a non-empty list of env factories",
-                                             received=env_fns, fix="pass [lambda: gymllm.make('gymllm/Echo-v0')] * n"))
-        self.config = config
-        self.env_fns = env_fns
-        self.num_envs = len(env_fns)
-        self._slots = [Slot(i, fn) for i, fn in enumerate(env_fns)]
-        self._ledger = Ledger(self._slots, config.step_timeout, abandon=lambda slot: self._runner.abandon(slot))
-        self._runner = _make_runner(config, self._ledger)
-        self._runner.build()
-        self._autoreset = AutoresetPolicy(config.autoreset_mode)
-        self._setup_spaces()
-        self.metadata = {"autoreset_mode": config.autoreset_mode, "render_modes": []}
-        self.render_mode = None
-        self.spec = None
-
-    def _setup_spaces(self) -> None:
-        obs_spaces = [s.env.observation_space for s in self._slots]
-        act_spaces = [s.env.action_space for s in self._slots]
-        self.single_observation_spaces, self.single_action_spaces = obs_spaces, act_spaces
-        self.single_observation_space = obs_spaces[0]
-        self.single_action_space = act_spaces[0]
-        self.observation_space = gym.spaces.Tuple(obs_spaces) if any(
-            s != obs_spaces[0] for s in obs_spaces) else batch_space(obs_spaces[0], self.num_envs)
-        self.action_space = gym.spaces.Tuple(act_spaces) if any(
-            s != act_spaces[0] for s in act_spaces) else batch_space(act_spaces[0], self.num_envs)
-
-    # ------------------------------------------------------------------ state
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
-        ledger = self.__dict__.get("_ledger")
-        return True if ledger is None else ledger.closed
-
-    @closed.setter
-    def closed(self, value: bool) -> None:  # Gymnasium's base class assigns it
-        ledger = self.__dict__.get("_ledger")
-        if ledger is not None and value:
-            ledger.closed = True
-
-    @property
-    def runner(self) -> SubEnvRunner:
-        """Where the sub-envs run: a :class:`~gymllm.vector.runners.SubEnvRunner` (``RayRunner`` with Ray)."""
-        return self._runner
-
-    @property
-    def envs(self) -> list[Any]:
-        """The current sub-env instances (``ProcessEnv`` proxies with the process backend, ``RayEnvHandle``
-        records with the Ray backend)."""
-        return [s.env for s in self._slots]
-
-    @property
-    def ended(self) -> np.ndarray:
-        """[num_envs] bool: sub-envs whose episode ended (or failed) and that have not been reset since."""
-        return np.array([s.state != "running" for s in self._slots], dtype=bool)
-
-    @property
-    def in_flight(self) -> list[int]:
-        """Env ids with an operation sent but not yet received."""
-        return self._ledger.in_flight_ids()
-
-    # ------------------------------------------------------------------ argument checks
-    def _slot(self, env_id: Any) -> Slot:
-        return self._slots[check_env_id(env_id, self.num_envs)]
-
-    def _idle_slot(self, env_id: int) -> Slot:
-        slot = self._slot(env_id)
-        if slot.busy:
-            raise VectorStateError(explain(f"env {slot.env_id}", expected="an env not in flight",
-                                           received="an env with an unreceived operation", fix="recv() it first"))
-        return slot
-
-    def _need(self, min_ready: int) -> int:
-        check_min_ready(min_ready)
-        with self._ledger.cond:
-            self._ledger.check_open()
-            in_flight = self._ledger.count_for_recv()
-        if in_flight == 0:
-            raise VectorStateError(explain("recv()", expected="at least one env in flight", received="none",
-                                           fix="call send(actions, env_ids) before recv()"))
-        return min(int(min_ready), in_flight)
-
-    # ------------------------------------------------------------------ results
-    def _raise_first_error(self, results: list[Result], batch: tuple) -> None:
-        errors = [r.error for r in results if r.error is not None]
-        if errors and self.config.on_error == "raise":
-            err = errors[0]
-            err.results = batch  # the whole batch stays available on the exception
-            err.errors = errors
-            raise err
-
-    def _emit(self, results: list[Result]):
-        batch = batch_results(results, len(results), by_env_id=False)
-        env_ids = np.array([r.env_id for r in results], dtype=np.int64)
-        self._raise_first_error(results, (*batch, env_ids))
-        return (*batch, env_ids)
-
-    @staticmethod
-    def _unwrap(res: Result) -> tuple:
-        if res.error is not None:
-            raise res.error
-        return res.obs, res.reward, res.terminated, res.truncated, res.info
 
     # ------------------------------------------------------------------ barrier-free API
     def send(self, actions: Sequence[Any], env_ids: Sequence[int] | np.ndarray | None = None) -> None:
@@ -330,15 +206,3 @@ class VectorEnv(gym.vector.VectorEnv):
             return await runner.run_here(item, sink)
         runner.dispatch([item], caller_loop=sink.loop)
         return await ledger.await_one(slot, item.gen, sink)
-
-    # ------------------------------------------------------------------ closing
-    def close(self, **kwargs: Any) -> None:
-        """Stop everything and close the sub-envs; always returns, idempotent, never waits on a hung env."""
-        if self._ledger.closed:
-            return
-        busy = self._ledger.close()
-        idle = [s for s in self._slots if s not in busy]
-        self._runner.close(idle, busy)
-
-    def __repr__(self) -> str:
-        return f"gymllm.VectorEnv(num_envs={self.num_envs}, backend={self.config.backend!r})"

@@ -1,6 +1,23 @@
 """The trajectory log's format: :class:`TrajectoryLoggerConfig` (where and how a log is written), the
-format tag and token fields, and the JSON conversion every record goes through (the layout and the
-record types are in :mod:`gymllm.wrappers.trajectory_logger`)."""
+format tag and token fields, the JSON conversion every record goes through (the layout and the
+episode record types are in :mod:`gymllm.wrappers.trajectory_logger`), and the one record of a
+trained :class:`~gymllm.types.Trajectory` (:func:`trajectory_record`).
+
+A ``trajectory`` record (one JSON line; a run's ``trajectories.jsonl``, ``gymllm serve --groups-out``)::
+
+    {"type": "trajectory", "format": "gymllm.trajectory/1", "step": 3,      # step: the optimizer step, if any
+     "group_id": "g4", "trajectory_id": "g4/m0/a1", "task_id": "...", "reward": 1.0,
+     "finish_reason": "terminated", "row_index": 0, "num_tokens": 57, "num_sampled": 12,
+     "versions": [2, 3],                          # policy versions of the sampled tokens (sorted, distinct)
+     "response": "...",                           # the sampled tokens decoded (with a tokenizer)
+     "token_ids": [...], "sampled_spans": [[40, 52]],   # the loss mask as [start, end) runs
+     "turn_boundaries": [[40, 52]], "info": {...},
+     "logprobs": [...], "token_versions": [...]}   # per token, only with per_token=True
+
+:func:`~gymllm.wrappers.trajectory_reader.read_trajectory_records` reads it back, and the two
+layouts written before it (a run's records without ``type``; ``serve --groups-out`` records with
+per-token ``loss_mask`` / ``behaviour_logprobs`` / ``versions``) as the same record.
+"""
 
 from __future__ import annotations
 
@@ -18,10 +35,11 @@ import numpy as np
 from gymllm.errors import ConfigError, explain
 
 __all__ = ["FORMAT", "TOKEN_FIELDS", "TrajectoryLoggerConfig", "to_jsonable", "normalise", "dumps_record",
-           "plain_json", "wrapper_stack", "package_versions"]
+           "plain_json", "wrapper_stack", "package_versions", "TRAJECTORY", "trajectory_record", "mask_spans"]
 
 FORMAT = "gymllm.trajectory/1"
 TOKEN_FIELDS: dict[str, str] = {"token_ids": "int32", "loss_mask": "int8", "logprobs": "float32", "versions": "int32"}
+TRAJECTORY = "trajectory"  # the record type of a trained trajectory (see the module docstring)
 
 
 # --------------------------------------------------------------------------------------------- config
@@ -140,3 +158,46 @@ def package_versions() -> dict[str, str]:
         if m is not None:
             out[mod] = str(getattr(m, "__version__", "?"))
     return out
+
+
+# --------------------------------------------------------------------------------------------- trajectory records
+
+
+def mask_spans(mask: Any) -> list[list[int]]:
+    """``[[start, end), ...]`` of the True runs of a 1-D bool mask (the sampled tokens of a trajectory)."""
+    m = np.concatenate([[False], np.asarray(mask, bool).reshape(-1), [False]]).astype(np.int8)
+    edges = np.flatnonzero(np.diff(m))
+    return [[int(a), int(b)] for a, b in zip(edges[::2], edges[1::2])]
+
+
+def trajectory_record(trajectory: Any, *, step: int | None = None, tokenizer: Any = None,
+                      per_token: bool = False) -> dict[str, Any]:
+    """The one JSON record of a trained :class:`~gymllm.types.Trajectory` (fields: module docstring).
+
+    Args:
+        trajectory: The trajectory (token ids, loss mask, behaviour log-probs, versions, ids, reward).
+        step: The optimizer step that trained it (left out when None).
+        tokenizer: Decodes the sampled tokens into ``response`` (left out when None).
+        per_token: Also write the per-token ``logprobs`` and ``token_versions`` (what off-policy
+            training from the file needs; the loss mask is always there, as ``sampled_spans``).
+    """
+    ids = np.asarray(trajectory.token_ids).reshape(-1)
+    mask = np.asarray(trajectory.loss_mask).reshape(-1).astype(bool)
+    versions = np.asarray(trajectory.versions).reshape(-1)
+    rec: dict[str, Any] = {"type": TRAJECTORY, "format": FORMAT}
+    if step is not None:
+        rec["step"] = int(step)
+    rec.update({"group_id": trajectory.group_id, "trajectory_id": trajectory.trajectory_id,
+                "task_id": trajectory.task_id, "reward": float(trajectory.reward),
+                "finish_reason": trajectory.finish_reason, "row_index": int(trajectory.row_index),
+                "num_tokens": int(ids.size), "num_sampled": int(mask.sum()),
+                "versions": sorted({int(v) for v in versions[mask]})})
+    if tokenizer is not None:
+        rec["response"] = tokenizer.decode([int(i) for i in ids[mask]])
+    rec.update({"token_ids": [int(i) for i in ids], "sampled_spans": mask_spans(mask),
+                "turn_boundaries": to_jsonable(list(trajectory.turn_boundaries)),
+                "info": to_jsonable(dict(trajectory.info))})
+    if per_token:
+        rec["logprobs"] = [float(x) for x in np.asarray(trajectory.behaviour_logprobs).reshape(-1)]
+        rec["token_versions"] = [int(v) for v in versions]
+    return rec

@@ -21,6 +21,11 @@ JSONL records (``"type"`` says which):
 * ``abort``   the episode will never finish (reset before the end, close, or a writer restart after a
   crash); readers drop aborted episodes.
 
+A trained trajectory outside an episode log (a run's ``trajectories.jsonl``, ``serve --groups-out``) is
+one ``trajectory`` record (:func:`~gymllm.wrappers.trajectory_format.trajectory_record`, written by
+:class:`~gymllm.wrappers.trajectory_writers.TrajectoryRecordWriter`, read by
+:func:`~gymllm.wrappers.trajectory_reader.read_trajectory_records`).
+
 Crash safety: every record is one ``write`` of a full line followed by ``flush`` (so a process killed
 with SIGKILL loses at most the line being written); ``fsync`` per episode end by default. Token arrays
 are written before the ``tokens`` record that points at them, so a pointer never dangles. Reopening an
@@ -51,12 +56,14 @@ import numpy as np
 
 from gymllm.errors import ConfigError, GymLLMError, explain
 from gymllm.telemetry import span
-from gymllm.wrappers.trajectory_format import (FORMAT, TOKEN_FIELDS, TrajectoryLoggerConfig, dumps_record, normalise,
-                                               package_versions, to_jsonable, wrapper_stack)
-from gymllm.wrappers.trajectory_reader import (LoggedEpisode, episodes_from_records, log_files, read_log, read_tokens,
-                                               scan_jsonl)
+from gymllm.wrappers.trajectory_format import (FORMAT, TOKEN_FIELDS, TRAJECTORY, TrajectoryLoggerConfig, dumps_record,
+                                               mask_spans, normalise, package_versions, to_jsonable, trajectory_record,
+                                               wrapper_stack)
+from gymllm.wrappers.trajectory_reader import (LoggedEpisode, as_trajectory_record, episodes_from_records, log_files,
+                                               read_log, read_tokens, read_trajectory_records, scan_jsonl,
+                                               trajectory_from_record)
 from gymllm.wrappers.trajectory_tokens import TokenStore
-from gymllm.wrappers.trajectory_writers import claim_writer_name
+from gymllm.wrappers.trajectory_writers import TrajectoryRecordWriter, claim_writer_name
 
 
 class TrajectoryLogger(gym.Wrapper):
@@ -279,4 +286,5 @@ def vector_logger(path: str | os.PathLike, **fields: Any):
 
 __all__ = ["TrajectoryLogger", "vector_logger", "claim_writer_name", "wrapper_stack", "TrajectoryLoggerConfig", "LoggedEpisode",
            "read_log", "read_tokens", "scan_jsonl", "to_jsonable", "normalise", "package_versions", "TokenStore", "FORMAT",
-           "TOKEN_FIELDS", "log_files", "episodes_from_records"]
+           "TOKEN_FIELDS", "log_files", "episodes_from_records", "TRAJECTORY", "trajectory_record", "mask_spans",
+           "TrajectoryRecordWriter", "read_trajectory_records", "as_trajectory_record", "trajectory_from_record"]

@@ -1,0 +1,420 @@
+"""Write the tables of ``docs/benchmarks.md`` from the records in ``benchmarks/results/*.jsonl``.
+
+    python benchmarks/results/render.py            # rewrite the generated parts of docs/benchmarks.md
+    python benchmarks/results/render.py --check    # exit 1 if the page is not what the records give
+
+The page is prose written by hand with generated parts between markers, one per benchmark::
+
+    <!-- BEGIN GENERATED: vector_env (python benchmarks/results/render.py) -->
+    ...two tables: the figures by measurement, then each measurement's CPU, load, date, commit, command
+    <!-- END GENERATED: vector_env -->
+
+Figures are never typed into the page: a run records itself (``benchmarks/results/__init__.py``), this
+script renders. Records of the same benchmark, commit, CPU, command and notes are one measurement:
+its figure is the median over the runs and the range (lo-hi) is theirs. A record imported from the
+README text carries its own aggregate (``runs``, the value and its ``spread``) and is shown as given,
+its values verbatim. Which RESULT keys a benchmark's table shows, and their goals, is ``FIGURES``;
+a benchmark without an entry shows its top-level numeric keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import re
+import statistics
+import sys
+from typing import Any
+
+HERE = pathlib.Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+PAGE = REPO / "docs" / "benchmarks.md"
+MARKER = re.compile(r"<!-- BEGIN GENERATED: (?P<name>[a-z0-9_]+)(?: [^>]*)? -->\n.*?<!-- END GENERATED: (?P=name) -->",
+                    flags=re.S)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Figure:
+    """One row of a benchmark's table: a RESULT key (dotted for nested dicts), what it is, its goal,
+    and optionally the key of a list in the same RESULT whose min-max is a single run's range."""
+
+    key: str
+    what: str
+    goal: str = "-"
+    range_key: str | None = None
+
+
+F = Figure
+FIGURES: dict[str, tuple[Figure, ...]] = {
+    "serve_load": (
+        F(key="serve_p99_ms", what="p99 latency of a streamed completion, concurrent clients on loopback (ms)"),
+        F(key="serve_p50_ms", what="p50 latency (ms)"),
+        F(key="serve_errors", what="failed requests", goal="0"),
+        F(key="serve_rss_growth", what="server RSS at the end / after warm-up", goal="< 1.2"),
+    ),
+    "viewer": (
+        F(key="viewer_page_ms", what="trajectory table's first page, 100,000 trajectories, HTTP included (ms)",
+          goal="< 200"),
+        F(key="full_read_page_ms", what="the same page parsing the whole log per request (ms)"),
+        F(key="filtered_page_ms", what="a filtered page (ms)"),
+    ),
+    "suite": (
+        F(key="suite_vs_per_env", what="one shared engine, every env in flight, vs one engine per env in turn, "
+          "warm (x)", goal=">= 2"),
+        F(key="cold_suite_vs_per_env", what="the same with compilation included (x)"),
+    ),
+    "vector_env": (
+        F(key="barrier_free_vs_gym_async", what="env-steps/s, barrier-free recv vs Gymnasium AsyncVectorEnv, 64 envs, "
+          "lognormal latency (x)", goal=">= 5"),
+        F(key="barrier_free_vs_ours_step", what="barrier-free vs our own step() on the same envs (x)"),
+        F(key="ours_step_vs_gym_async", what="our step() vs Gymnasium async: the transport part (x)"),
+        F(key="overhead_vs_gym_sync", what="per-step time vs Gymnasium SyncVectorEnv, zero latency", goal="< 1"),
+    ),
+    "models": (
+        F(key="prefill_tok_s", what="SmolLM2-135M prefill 16x128, best dtype (tok/s)", goal="315"),
+        F(key="decode_tok_s_b16", what="decode at batch 16, best dtype (tok/s)", goal="100"),
+        F(key="fwd_bwd_s", what="fwd+bwd 8x128, best dtype (s)", goal="9"),
+        F(key="bf16.prefill_tok_s", what="prefill in bf16 (tok/s)"),
+        F(key="bf16.decode_tok_s_b16", what="decode b16 in bf16 (tok/s)"),
+        F(key="bf16.fwd_bwd_s", what="fwd+bwd in bf16 (s)"),
+        F(key="mixed.fwd_bwd_s", what="fwd+bwd mixed: fp32 masters, bf16 compute (s)"),
+        F(key="decode_vs_bandwidth", what="bf16 decode step / max(weight-streaming copy, FLOPs at the run's "
+          "matmul rate)", goal="<= 1.5"),
+        F(key="fp32.decode_vs_bandwidth", what="the same in float32"),
+        F(key="fwd_bwd_vs_roofline", what="fwd+bwd (bf16 compute) as a fraction of the run's bf16 matmul rate",
+          goal=">= 0.5"),
+        F(key="fp32.fwd_bwd_vs_roofline", what="the same in float32, over the fp32 rate"),
+        F(key="forward_vs_roofline", what="forward as a fraction of the run's fastest matmul rate"),
+        F(key="bf16.forward_vs_roofline", what="forward in bf16 over the bf16 matmul rate"),
+        F(key="fp32.forward_vs_roofline", what="forward in float32 over the fp32 matmul rate"),
+    ),
+    "engine": (
+        F(key="models.tiny.continuous_vs_static", what="tiny: continuous vs static batching, heavy-tailed lengths (x)",
+          goal=">= 2"),
+        F(key="models.smollm2-135m-instruct.continuous_vs_static", what="SmolLM2: continuous vs static batching (x)",
+          goal=">= 2"),
+        F(key="models.tiny.continuous_vs_static_compacted", what="tiny: the same waves on the compacting engine (x)"),
+        F(key="models.smollm2-135m-instruct.continuous_vs_static_compacted",
+          what="SmolLM2: the same waves on the compacting engine (x)"),
+        F(key="models.tiny.continuous_vs_sequential", what="tiny: continuous vs one-at-a-time, 32 concurrent (x)"),
+        F(key="models.smollm2-135m-instruct.continuous_vs_sequential",
+          what="SmolLM2: continuous vs one-at-a-time, 32 concurrent (x)", goal=">= 8"),
+        F(key="models.tiny.ttft_ms_p50", what="tiny: time to first token p50 under overload (ms)", goal="reported"),
+        F(key="models.smollm2-135m-instruct.ttft_ms_p50", what="SmolLM2: time to first token p50 (ms)",
+          goal="reported"),
+        F(key="models.smollm2-135m-instruct.ttft_ms_idle", what="SmolLM2: time to first token on an idle engine (ms)"),
+    ),
+    "rollout": (
+        F(key="async_vs_sync", what="async orchestrator vs synchronous baseline, trajectories/s (x)", goal=">= 3"),
+        F(key="async_vs_ceiling", what="async vs its zero-latency ceiling", goal=">= 0.8"),
+        F(key="engine_busy_fraction", what="engine busy, async run"),
+        F(key="models.tiny.ceiling_vs_sync", what="the zero-latency ceiling vs the synchronous loop (x)"),
+        F(key="async_narrow_vs_sync", what="equal widths: 64 in flight vs 64 per batch (x)"),
+        F(key="models.tiny.async_drained_vs_sync", what="drained: exactly 4 batches, timed to the last trajectory (x)"),
+        F(key="models.smollm2.async_vs_sync", what="SmolLM2: async vs sync (x)"),
+        F(key="models.smollm2.async_vs_ceiling", what="SmolLM2: async vs its ceiling"),
+    ),
+    "train": (
+        F(key="barrier_free_vs_sync", what="barrier-free vs synchronous GRPO end to end, equal widths (x)",
+          goal=">= 1.5"),
+        F(key="trainer_idle_fraction_steady", what="trainer idle fraction, barrier-free, after step 1", goal="< 0.2"),
+        F(key="trainer_idle_fraction", what="trainer idle fraction, whole run"),
+        F(key="tunix_config_step_s", what="seconds per step on Tunix's CPU config (absolute; peers below)",
+          goal="see peers"),
+    ),
+    "compile_cache": (
+        F(key="warm_vs_cold", what="tiny config: whole run wall, cold cache / warm cache (x)", goal="reported"),
+        F(key="cold_s", what="tiny: cold run wall (s)"),
+        F(key="warm_s", what="tiny: warm run wall (s)"),
+        F(key="step_s_cold", what="tiny: step after warm-up, cold run (s)"),
+        F(key="step_s_warm", what="tiny: step after warm-up, warm run (s)"),
+        F(key="cache_mb", what="tiny: compiled programs on disk (MB)"),
+        F(key="warm_vs_cold_medium", what="medium config: cold / warm (x)", goal="reported"),
+        F(key="cold_s_medium", what="medium: cold run wall (s)"),
+        F(key="warm_s_medium", what="medium: warm run wall (s)"),
+        F(key="step_s_cold_medium", what="medium: step after warm-up, cold run (s)"),
+        F(key="step_s_warm_medium", what="medium: step after warm-up, warm run (s)"),
+        F(key="cache_mb_medium", what="medium: compiled programs on disk (MB)"),
+    ),
+    "telemetry": (
+        F(key="overhead_fraction", what="tracing cost / step time, wall, median of paired A/B differences",
+          goal="< 0.01"),
+        F(key="overhead_fraction_cpu", what="the same on the process's CPU time", goal="< 0.01"),
+        F(key="overhead_fraction_modelled", what="modelled: events a step x cost of a span / step time"),
+    ),
+    "scale": (
+        F(key="scaling_efficiency_8", what="EnginePool by simulation: throughput at 8 replicas / (8 x at 1)",
+          goal=">= 0.9"),
+        F(key="scaling_efficiency_16", what="the same at 16 replicas", goal=">= 0.8"),
+        F(key="pool_request_overhead_ms", what="per request, a Ray replica over the engine in process (ms)"),
+        F(key="inproc_pool_request_overhead_ms", what="per request, an in-process pool over the engine (ms)"),
+        F(key="ray_env_step_overhead_ms", what="per env step, Ray vector env over threads, one env per actor (ms)",
+          goal="<= 2"),
+        F(key="ray_env_step_overhead_ms_sharded", what="the same with 8 envs per actor (ms)"),
+    ),
+    "remote_env": (
+        F(key="remote_step_overhead_ms", what="OpenEnv env over loopback vs in process, p50 (ms)", goal="<= 2"),
+        F(key="remote_scaling_4", what="make_vec over 4 server processes vs 1, CPU-bound env (x)", goal=">= 1.6"),
+    ),
+    "proxy_overhead": (
+        F(key="proxy_overhead_ms", what="training proxy (HTTP chat request + reward) vs the engine directly (ms)",
+          goal="reported"),
+        F(key="direct_ms_p50", what="engine called directly, p50 (ms)"),
+        F(key="proxy_ms_p50", what="through the proxy, p50 (ms)"),
+    ),
+    "drill_crash": (
+        F(key="kills", what="SIGKILLs (at rollouts, after a step, mid checkpoint write, mid log write)",
+          goal=">= 20"),
+        F(key="lost_groups", what="groups lost", goal="0"),
+        F(key="duplicated_groups", what="groups trained twice", goal="0"),
+        F(key="torn_records", what="torn log records", goal="0"),
+        F(key="max_weight_diff", what="final weights vs the uninterrupted run's, max abs diff"),
+    ),
+    "drill_faults": (
+        F(key="faults_ok", what="faults finished or stopped clearly within their bound", goal="all"),
+        F(key="faults_total", what="faults injected"),
+    ),
+    "lora_push": (
+        F(key="adapter_bytes", what="bytes pushed per weight update, LoRA rank 8 on wq, wv (SmolLM2 shape)"),
+        F(key="merged_bytes", what="bytes pushed per update, full weights"),
+        F(key="push_s_adapters", what="push time, adapters (s)"),
+        F(key="push_s_merged", what="push time, full weights (s)"),
+    ),
+    "peers": (
+        F(key="sides.gymllm.step_s", what="tiny: gymllm step (s)"),
+        F(key="sides.tunix_batch.step_s", what="tiny: Tunix batch GRPO step (s)"),
+        F(key="vs_tunix_batch", what="tiny: Tunix batch / gymllm (x)", goal="2", range_key="vs_tunix_batch_rounds"),
+        F(key="sides.tunix_agentic.step_s", what="tiny: Tunix agentic GRPO step (s)"),
+        F(key="vs_tunix_agentic", what="tiny: Tunix agentic / gymllm (x)", goal="10", range_key="vs_tunix_agentic_rounds"),
+        F(key="sides.trl.step_s", what="tiny: TRL GRPOTrainer step (s)"),
+        F(key="vs_trl", what="tiny: TRL / gymllm (x)", goal="3", range_key="vs_trl_rounds"),
+        F(key="sides_medium.gymllm.step_s", what="medium: gymllm step (s)"),
+        F(key="sides_medium.tunix_batch.step_s", what="medium: Tunix batch step (s)"),
+        F(key="vs_tunix_batch_medium", what="medium: Tunix batch / gymllm (x)", range_key="vs_tunix_batch_medium_rounds"),
+        F(key="sides_medium.tunix_agentic.step_s", what="medium: Tunix agentic step (s)"),
+        F(key="vs_tunix_agentic_medium", what="medium: Tunix agentic / gymllm (x)",
+          range_key="vs_tunix_agentic_medium_rounds"),
+        F(key="sides_medium.trl.step_s", what="medium: TRL step (s)"),
+        F(key="vs_trl_medium", what="medium: TRL / gymllm (x)", range_key="vs_trl_medium_rounds"),
+    ),
+}
+
+
+def load_records(directory: pathlib.Path = HERE) -> dict[str, list[dict[str, Any]]]:
+    """Every record, by benchmark, in file order; a line that is not a record with the required fields
+    is an error naming its file and line."""
+    from results import RECORD_FIELDS
+
+    out: dict[str, list[dict[str, Any]]] = {}
+    for path in sorted(directory.glob("*.jsonl")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path.name}:{n}: expected one JSON record a line, received {line[:80]!r} ({e})")
+            missing = [k for k in RECORD_FIELDS if k not in rec]
+            if missing or not isinstance(rec.get("result"), dict):
+                raise ValueError(f"{path.name}:{n}: a record needs {list(RECORD_FIELDS)} with result a dict; "
+                                 f"missing {missing}")
+            if rec["benchmark"] != path.stem:
+                raise ValueError(f"{path.name}:{n}: benchmark {rec['benchmark']!r} belongs in {rec['benchmark']}.jsonl")
+            out.setdefault(path.stem, []).append(rec)
+    return out
+
+
+def lookup(result: dict[str, Any], key: str) -> Any:
+    """``result["a"]["b"]`` for ``key == "a.b"`` (a top-level key holding the dots wins); None if absent."""
+    if key in result:
+        return result[key]
+    node: Any = result
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def num(v: Any) -> str:
+    """A measured number as the page shows it (4 significant digits); text verbatim."""
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def span(lo: Any, hi: Any) -> str:
+    lo_s, hi_s = num(lo), num(hi)
+    if lo_s == hi_s:
+        return lo_s
+    return f"{lo_s} to {hi_s}" if lo_s.startswith("-") or hi_s.startswith("-") else f"{lo_s}-{hi_s}"
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Measurement:
+    """One column of a benchmark's table: one imported record, or the runs of one recorded setting."""
+
+    records: tuple[dict[str, Any], ...]
+
+    @property
+    def first(self) -> dict[str, Any]:
+        return self.records[0]
+
+    @property
+    def imported(self) -> bool:
+        return self.first["source"] != "run"
+
+    def cell(self, fig: Figure) -> str:
+        if self.imported:
+            v = lookup(self.first["result"], fig.key)
+            if v is None:
+                return ""
+            rng = (self.first.get("spread") or {}).get(fig.key)
+            return num(v) + (f" ({span(*rng)})" if rng else "")
+        vals = [lookup(r["result"], fig.key) for r in self.records]
+        vals = [v for v in vals if v is not None]
+        if not vals:
+            return ""
+        if not all(_is_num(v) for v in vals):
+            return ", ".join(dict.fromkeys(num(v) for v in vals))
+        if len(vals) == 1:
+            rounds = lookup(self.first["result"], fig.range_key) if fig.range_key else None
+            ok = isinstance(rounds, list) and len(rounds) > 1 and all(_is_num(x) for x in rounds)
+            return num(vals[0]) + (f" ({span(min(rounds), max(rounds))} over rounds)" if ok else "")
+        return f"{num(statistics.median(vals))} ({span(min(vals), max(vals))})"
+
+    def runs(self) -> str:
+        if not self.imported:
+            return str(len(self.records))
+        return str(self.first["runs"]) if self.first.get("runs") is not None else "not stated"
+
+    def date(self) -> str:
+        if self.imported:
+            return str(self.first["date"])
+        dates = sorted(str(r["date"]) for r in self.records)
+        d = [x.replace("T", " ").rstrip("Z")[:16] + (" UTC" if x.endswith("Z") else "") for x in (dates[0], dates[-1])]
+        return d[0] if d[0] == d[-1] else f"{d[0]} to {d[-1]}"
+
+    def load(self) -> str:
+        if self.imported:
+            return str(self.first["load"]) if self.first["load"] is not None else "not stated"
+        ones = [r["load"][0] for r in self.records if isinstance(r.get("load"), list) and r["load"]]
+        return span(min(ones), max(ones)) if ones else "not recorded"
+
+    def commit(self) -> str:
+        c = self.first["commit"]
+        text = f"`{c[:7]}`" if c else "not named"
+        if not self.imported and any(r.get("dirty") for r in self.records):
+            text += " + local changes"
+        return text
+
+    @property
+    def lead(self) -> bool:
+        """Whether it leads its table: a recorded run does; an imported record if marked ``lead``."""
+        return bool(self.first.get("lead", not self.imported))
+
+    def sort_key(self) -> str:
+        """The latest ISO date in the records' dates ("2026-12-01 20:25", "by 2026-12-02", ...)."""
+        found = [m for r in self.records for m in re.findall(r"\d{4}-\d{2}-\d{2}", str(r["date"]))]
+        return max(found, default="0000-00-00")
+
+
+def measurements(records: list[dict[str, Any]]) -> list[Measurement]:
+    """The records as measurements: the leading ones first (a recorded run, or an imported figure the
+    README led its row with), each part newest first; ties keep file order."""
+    groups: dict[Any, list[dict[str, Any]]] = {}
+    for i, rec in enumerate(records):
+        key = (("run", rec["commit"], rec["cpu"], rec["command"], rec.get("notes")) if rec["source"] == "run"
+               else ("imported", i))
+        groups.setdefault(key, []).append(rec)
+    ms = [Measurement(records=tuple(g)) for g in groups.values()]
+    order = {id(m): i for i, m in enumerate(ms)}
+    return sorted(ms, key=lambda m: (m.lead, m.sort_key(), -order[id(m)]), reverse=True)
+
+
+def figures_for(name: str, records: list[dict[str, Any]]) -> tuple[Figure, ...]:
+    if name in FIGURES:
+        return FIGURES[name]
+    keys = dict.fromkeys(k for r in records for k, v in r["result"].items()
+                         if _is_num(v) or (r["source"] != "run" and isinstance(v, str)))  # imported: figures only
+    return tuple(Figure(key=k, what="") for k in keys)
+
+
+def cell_text(s: str) -> str:
+    return s.replace("|", "\\|").replace("\n", " ")
+
+
+def render_section(name: str, records: list[dict[str, Any]]) -> str:
+    """The generated part of one benchmark's section: figures by measurement, then the measurements."""
+    if not records:
+        return (f"No recorded run of `{name}.py` yet: `python benchmarks/{name}.py` records one, "
+                "`python benchmarks/results/render.py` shows it here.\n")
+    ms = measurements(records)
+    labels = [chr(ord("A") + i) if i < 26 else f"A{i}" for i in range(len(ms))]
+    figs = [f for f in figures_for(name, records) if any(m.cell(f) for m in ms)]
+    lines = ["| figure (RESULT key) | goal | " + " | ".join(labels) + " |",
+             "|---|---|" + "---|" * len(ms)]
+    for f in figs:
+        what = f"{f.what}: `{f.key}`" if f.what else f"`{f.key}`"
+        cells = [m.cell(f) for m in ms]
+        first = next(i for i, c in enumerate(cells) if c)
+        cells[first] = f"**{cells[first]}**"
+        lines.append("| " + " | ".join(cell_text(c) for c in [what, f.goal, *cells]) + " |")
+    lines += ["", "| | CPU | runs | load | date | commit | command | source and notes |", "|---|---|---|---|---|---|---|---|"]
+    for label, m in zip(labels, ms):
+        src = "recorded by the run" if not m.imported else m.first["source"]
+        if m.first.get("reported_in"):
+            src += f" (first reported in `{m.first['reported_in']}`)"
+        notes = "; ".join(dict.fromkeys(r["notes"] for r in m.records if r.get("notes")))
+        row = [label, m.first["cpu"], m.runs(), m.load(), m.date(), m.commit(), f"`{m.first['command']}`",
+               src + (f". {notes}" if notes else "")]
+        lines.append("| " + " | ".join(cell_text(str(c)) for c in row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def render_page(text: str, records: dict[str, list[dict[str, Any]]]) -> str:
+    """``text`` with every generated part rewritten from ``records``."""
+    def repl(m: re.Match) -> str:
+        name = m.group("name")
+        return (f"<!-- BEGIN GENERATED: {name} (python benchmarks/results/render.py; do not edit) -->\n"
+                + render_section(name, records.get(name, [])) + f"<!-- END GENERATED: {name} -->")
+
+    return MARKER.sub(repl, text)
+
+
+def sections(text: str) -> list[str]:
+    """The benchmarks the page has a generated part for."""
+    return [m.group("name") for m in MARKER.finditer(text)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--check", action="store_true", help="exit 1 if docs/benchmarks.md differs from the records")
+    p.add_argument("--page", default=str(PAGE))
+    a = p.parse_args(argv)
+    page = pathlib.Path(a.page)
+    text = page.read_text()
+    new = render_page(text, load_records())
+    if a.check:
+        if new != text:
+            print(f"{page}: not what the records give; run python benchmarks/results/render.py", file=sys.stderr)
+            return 1
+        return 0
+    page.write_text(new)
+    print(f"wrote {page} ({len(sections(new))} generated parts)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(HERE.parent))
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""A 5-env suite on one shared engine with every env in flight, against today's per-env evaluation.
+
+Both sides evaluate the same policy on the same rows: the core suite's five envs (Arithmetic,
+Countdown, MathWord, CalcMath, FrozenLake), ``num_seeds`` held-out seeds x ``k`` samples each, the
+same env seeds and sampling seeds, the same engine row length.
+
+* ``per_env``: what ``gymllm eval ENV1 ... ENV5`` does today (:func:`gymllm.cli.evaluate.run_eval`): a
+  fresh engine per env, the envs one after another, each through the rollout orchestrator;
+* ``suite``: :func:`gymllm.suites.run_suite`: one engine serves all five envs, all in flight at once
+  (barrier-free), rows written as episodes end.
+
+Both sides run in rounds. Round 0 is cold: the suite side runs first and compiles the engine's
+programs; the per-env side then reuses those of its shapes the suite side compiled (jitted steps are
+cached per engine config and shape in this process), so the cold figure favours the per-env side.
+Later rounds alternate the order. Which shapes a round meets depends on how requests happen to batch,
+so a warm round may still compile (counted with ``jax.monitoring``); rounds continue until each side
+has ``--clean-rounds`` warm rounds without a compilation (at most ``--max-rounds``), and the medians of
+those are the headline (if a side never gets one: warm wall time minus its compile seconds,
+``net_of_compile``). Compiling every shape up front (``JaxEngine.warmup``) takes longer than --quick's
+budget on a small CPU. ``rows_match``: per env, the two sides' mean reward and pass@1 agree (same
+seeds, same sampling seeds).
+
+RESULT keys: ``suite_vs_per_env`` (per-env wall time / suite wall time, warm medians; goal >= 2),
+``suite_s``, ``per_env_s``, ``cold_suite_vs_per_env`` (round 0), ``net_of_compile``, ``rounds`` (per
+side: each round's wall seconds, compilations and compile seconds), ``rows`` (episodes per side),
+``rows_match``, ``per_env_rows`` (each env's figures on both sides), ``cpu``, ``cores``,
+``load_average`` (start, end).
+
+    python benchmarks/suite.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from typing import Any
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="4 seeds x 2 samples, short replies (about 2 minutes)")
+    parser.add_argument("--model", default="tiny-qwen3", help="tiny-<family> or a model name")
+    parser.add_argument("--max-len", type=int, default=1024, help="the engines' tokens per row (both sides)")
+    parser.add_argument("--max-rounds", type=int, default=8, help="rounds of both sides at most")
+    parser.add_argument("--clean-rounds", type=int, default=2,
+                        help="stop once each side has this many warm rounds without a compilation")
+    args = parser.parse_args()
+
+    from gymllm.cli.evaluate import load_model, run_eval
+    from gymllm.suites import PolicySpec, RunnerConfig, load_suite, run_suite
+    from gymllm.utils.host import describe_cpu
+
+    sizes = (dict(num_seeds=4, k=2, max_tokens=16, max_turns=2) if args.quick
+             else dict(num_seeds=16, k=4, max_tokens=64, max_turns=4))
+    suite = load_suite("core", overrides={**sizes, "temperature": 0.7, "seed_base": 1_000_000})
+    load_start = os.getloadavg()[0]
+    print(f"cpu: {describe_cpu()} ({os.cpu_count()} cores), load average {load_start:.1f}", flush=True)
+
+    loaded = load_model(args.model)
+
+    def suite_side() -> tuple[float, dict[str, Any]]:
+        t0 = time.perf_counter()
+        with tempfile.TemporaryDirectory() as out:
+            summary = run_suite(suite, [PolicySpec(label=args.model, loaded=loaded)], out, write_report=False,
+                                config=RunnerConfig(max_len=args.max_len, progress=False))
+        return time.perf_counter() - t0, summary
+
+    def per_env_side() -> tuple[float, list[dict[str, Any]]]:
+        t0 = time.perf_counter()
+        rows = run_eval([e.id for e in suite.envs], model=args.model, num_seeds=sizes["num_seeds"], k=sizes["k"],
+                        seed_offset=1_000_000, temperature=0.7, max_tokens=sizes["max_tokens"],
+                        max_turns=sizes["max_turns"], max_len=args.max_len)
+        return time.perf_counter() - t0, rows
+
+    import jax
+
+    compiled = {"n": 0, "s": 0.0}
+
+    def on_event(event: str, duration: float, **_: Any) -> None:
+        if event.startswith("/jax/core/compile/"):
+            compiled["s"] += duration
+            compiled["n"] += event.endswith("backend_compile_duration")
+
+    jax.monitoring.register_event_duration_secs_listener(on_event)
+    runs: dict[str, list[dict[str, float]]] = {"suite": [], "per_env": []}
+
+    def clean(side: str) -> list[float]:
+        return [r["wall_s"] for r in runs[side][1:] if r["compiles"] == 0]
+
+    for r in range(args.max_rounds):
+        # round 0 compiles: the suite side first, so what the per-env side reuses favours it; then the order
+        # alternates so neither side always runs after the other
+        for side in (("suite", "per_env") if r % 2 == 0 else ("per_env", "suite")):
+            n0, s0 = compiled["n"], compiled["s"]
+            if side == "suite":
+                dt, summary = suite_side()
+            else:
+                dt, rows = per_env_side()
+            runs[side].append({"wall_s": round(dt, 3), "compiles": compiled["n"] - n0,
+                               "compile_s": round(compiled["s"] - s0, 3)})
+            print(f"round {r} {side}: {dt:.2f} s, {compiled['n'] - n0} compilations ({compiled['s'] - s0:.2f} s)",
+                  flush=True)
+        if r >= 1 and min(len(clean("suite")), len(clean("per_env"))) >= args.clean_rounds:
+            break
+
+    def median(xs: list[float]) -> float:
+        return sorted(xs)[(len(xs) - 1) // 2]
+
+    net_of_compile = min(len(clean("suite")), len(clean("per_env"))) == 0
+    if net_of_compile:  # every warm round still compiled something: its compile seconds are taken out
+        suite_s, per_env_s = (median([r["wall_s"] - r["compile_s"] for r in runs[s][1:]] or [runs[s][0]["wall_s"]])
+                              for s in ("suite", "per_env"))
+    else:
+        suite_s, per_env_s = median(clean("suite")), median(clean("per_env"))
+
+    ours = {r["env"]: r for r in summary["results"]}
+    per_env_rows: dict[str, Any] = {}
+    match = True
+    for e, row in zip(suite.envs, rows):
+        mine = ours[e.name]
+        same = (abs(mine["mean_reward"] - row["mean_reward"]) < 1e-6 and abs(mine["pass_at"]["1"] - row["pass@1"]) < 1e-9
+                and mine["samples"] == row["episodes"])
+        match &= same
+        per_env_rows[e.name] = {"suite": [mine["mean_reward"], mine["pass_at"]["1"], mine["samples"], mine["errors"]],
+                                "per_env": [row["mean_reward"], row["pass@1"], row["episodes"]], "match": same}
+    result = {"suite_vs_per_env": round(per_env_s / suite_s, 3), "suite_s": round(suite_s, 2),
+              "per_env_s": round(per_env_s, 2), "cold_suite_vs_per_env": round(runs["per_env"][0]["wall_s"] / runs["suite"][0]["wall_s"], 3),
+              "net_of_compile": net_of_compile, "rounds": runs, "rows": sum(len(e.seeds) * e.k for e in suite.envs),
+              "rows_match": match, "per_env_rows": per_env_rows, "model": args.model, "quick": args.quick,
+              "cpu": describe_cpu(), "cores": os.cpu_count(), "load_average": [load_start, os.getloadavg()[0]]}
+    from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+    emit_result("suite", result)
+
+
+if __name__ == "__main__":
+    main()

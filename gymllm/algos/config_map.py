@@ -1,0 +1,42 @@
+"""The configs of the parts a training run builds from several of its sections. The engine, the
+sampler and the orchestrator take the run's own ``cfg.engine``, ``cfg.sampling`` and ``cfg.rollout``
+as they are (:class:`~gymllm.algos.train_config.TrainConfig` is composed of them); these are the
+rest, each derived in the open from the sections it reads:
+
+    proxy_source_config(cfg)    -> gymllm.rollout.proxy_source.ProxySourceConfig
+    eval_config(cfg)            -> gymllm.rollout.evaluation.EvalConfig (held-out evaluation)
+    watchdog_config(cfg)        -> gymllm.telemetry.watchdog.WatchdogConfig
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gymllm.algos.train_config import TrainConfig
+
+__all__ = ["proxy_source_config", "eval_config", "watchdog_config"]
+
+
+def proxy_source_config(cfg: TrainConfig) -> Any:
+    """The :class:`~gymllm.rollout.proxy_source.ProxySourceConfig` of ``rollout.mode="proxy"``."""
+    from gymllm.rollout.proxy_source import ProxySourceConfig
+
+    return ProxySourceConfig(group_size=cfg.rollout.group_size, max_queued_groups=cfg.rollout.queue_size,
+                             max_staleness=cfg.rollout.max_staleness)
+
+
+def eval_config(cfg: TrainConfig) -> Any:
+    """The :class:`~gymllm.rollout.evaluation.EvalConfig` of the in-run held-out evaluation (``eval``)."""
+    from gymllm.rollout.evaluation import EvalConfig
+
+    e, r = cfg.eval, cfg.rollout
+    return EvalConfig(num_seeds=e.seeds, k=1, seed_base=e.seed_base, temperature=e.temperature,
+                      max_tokens=e.max_tokens or cfg.sampling.max_tokens, max_turns=r.max_model_calls,
+                      max_concurrency=r.max_concurrency)
+
+
+def watchdog_config(cfg: TrainConfig) -> Any:
+    """The :class:`~gymllm.telemetry.watchdog.WatchdogConfig` of the run (``run.stall_timeout_s``)."""
+    from gymllm.telemetry.watchdog import WatchdogConfig
+
+    return WatchdogConfig(stall_s=cfg.run.stall_timeout_s)

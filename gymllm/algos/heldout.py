@@ -1,0 +1,97 @@
+"""Held-out evaluation inside a training run (``eval.every``): the seeds it uses, checked disjoint
+from training's (:func:`check_heldout_seeds`), and :class:`HeldOutHook`, which evaluates the policy
+just pushed at step 0, every ``eval.every`` steps and at the last step.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from gymllm.algos.config_map import eval_config
+from gymllm.algos.train_config import TrainConfig
+from gymllm.errors import ConfigError, explain
+from gymllm.utils.seeds import HELD_OUT_SEED_BASE
+
+__all__ = ["HeldOutHook", "training_seed_bound", "check_heldout_seeds"]
+
+
+def training_seed_bound(cfg: TrainConfig) -> int:
+    """How many env seeds (``run.seed`` upwards) training reaches unless groups go stale or fail:
+    ``num_steps * groups_per_step`` trained groups, up to ``patience - 1`` zero-variance groups filtered
+    before each kept one (:func:`~gymllm.algos.resume.make_group_filter` keeps the ``patience``-th), plus the groups still open
+    or queued when the run stops. Stale-dropped and failed groups have no static bound: the run checks
+    each group's seed as it completes (:class:`~gymllm.algos.step_log.RolloutTally`)."""
+    gps = cfg.learner.groups_per_step
+    patience = max(8, 4 * gps) if cfg.loss.shaping.filter_zero_variance else 1
+    open_groups = 2 * -(-cfg.rollout.max_concurrency // cfg.rollout.group_size) + 1
+    return cfg.learner.num_steps * gps * patience + open_groups + max(8, 2 * gps)
+
+
+def check_heldout_seeds(cfg: TrainConfig) -> range | None:
+    """The held-out seeds (``eval.seed_base ..``), after checking that they cannot meet a training seed
+    (:func:`training_seed_bound`); None when evaluation is off. Raises :class:`ConfigError`."""
+    e = cfg.eval
+    if not e.every:
+        return None
+    if cfg.rollout.mode == "proxy":
+        raise ConfigError(explain("eval.every", expected="0 with rollout.mode='proxy' (the agent program picks its own "
+                                  "tasks, so held-out seeds cannot be checked)", received=e.every,
+                                  fix="evaluate the run directory afterwards: gymllm eval ENV --checkpoint RUN_DIR"))
+    heldout = range(e.seed_base, e.seed_base + e.seeds)
+    train = range(cfg.run.seed, cfg.run.seed + training_seed_bound(cfg))
+    if heldout.start < train.stop and train.start < heldout.stop:
+        raise ConfigError(explain("eval.seed_base", expected=f"held-out seeds disjoint from the training seeds "
+                                  f"{train.start}..{train.stop - 1} (run.seed + up to {len(train)} groups)",
+                                  received=f"seeds {heldout.start}..{heldout.stop - 1}", fix=f"--eval.seed-base "
+                                  f"{max(HELD_OUT_SEED_BASE, train.stop)} (or fewer steps / a lower run.seed)"))
+    return heldout
+
+
+class HeldOutHook:
+    """The run's held-out evaluation: inactive unless ``eval.every``. ``open(agent, tok)`` builds the
+    :class:`~gymllm.rollout.evaluation.HeldOutEvaluator`; ``evals``: every row so far (step, env,
+    pass@1, mean_reward, seeds, ...)."""
+
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        self.evaluator: Any = None
+        self.evals: list[dict[str, Any]] = []
+
+    @property
+    def active(self) -> bool:
+        return self.evaluator is not None
+
+    def open(self, agent: Any, tok: Any) -> None:
+        """The evaluator of ``cfg.eval``: the training env (its kwargs and the run's ``agent``) unless
+        ``eval.envs`` names others (each with the agent its reset asks for)."""
+        from gymllm.rollout.evaluation import HeldOutEvaluator, agent_for
+
+        cfg, e = self.cfg, self.cfg.eval
+        if not e.every:
+            return
+        specs = ([(cfg.env.id, dict(cfg.env.kwargs), agent)] if not e.envs else
+                 [(i, dict(cfg.env.kwargs), agent) if i == cfg.env.id else (i, {}, agent_for(i, tok)) for i in e.envs])
+        self.evaluator = HeldOutEvaluator(specs, config=eval_config(cfg), num_envs=cfg.env.num_envs)
+
+    def due(self, step: int, last: bool) -> bool:
+        """Whether to evaluate after ``step`` (``last``: the run's final step)."""
+        every = self.cfg.eval.every
+        return self.active and bool(every) and (step % every == 0 or last)
+
+    async def evaluate(self, engine: Any, step: int) -> dict[str, float]:
+        """Evaluate on ``engine`` at policy ``step`` (live on it): rows into ``evals``; returns the
+        ``eval/<env>/...`` metrics and ``eval_s`` (the seconds it took)."""
+        from gymllm.rollout.evaluation import eval_metrics
+
+        t = time.perf_counter()
+        rows = await self.evaluator.evaluate(engine, step)
+        dt = time.perf_counter() - t
+        self.evals += rows
+        out = {k: v for row in rows for k, v in eval_metrics(row).items()}
+        out["eval_s"] = dt
+        return out
+
+    def close(self) -> None:
+        if self.evaluator is not None:
+            self.evaluator.close()

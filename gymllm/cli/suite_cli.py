@@ -1,0 +1,245 @@
+"""``gymllm eval --suite S`` (several policies, pass@k, intervals, paired comparisons) and ``gymllm compare``.
+
+    gymllm eval --suite core --model smollm2-135m-instruct --checkpoint runs/a --out out/core
+    gymllm eval --suite my_suite.toml --model tiny-qwen3 --oracle --out out/mine --resume
+    gymllm compare out/core out/other
+
+Policies, in this order: each ``--model`` (a registry name, a local checkpoint directory or
+``tiny-<family>``), each ``--checkpoint`` (a ``gymllm train`` run directory: the model it trained
+with its latest weights), then the oracle (``--oracle``: each env's demo solver). ``--label`` names
+them in the same order (default: the model name, the run directory's name, ``oracle``). The run
+writes ``results.jsonl``, ``suite.json``, ``summary.json``, ``report.md`` and the plots into ``--out``
+(:mod:`gymllm.suites.runner`). ``python -m gymllm.cli.suite_cli eval|compare ...`` runs the same.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import sys
+import traceback
+from typing import Annotated, Any, Sequence
+
+import tyro
+
+__all__ = ["eval_suite", "compare", "eval_main", "compare_main", "policy_label", "main"]
+
+Repeated = tyro.conf.UseAppendAction
+
+
+def policy_label(model: str | None = None, checkpoint: str | None = None) -> str:
+    """A policy's default label: the model name, or the run directory's name (``RUN/checkpoints`` -> RUN)."""
+    if checkpoint is not None:
+        path = pathlib.Path(checkpoint).resolve()
+        return path.parent.name if path.name == "checkpoints" else path.name
+    return str(model)
+
+
+def _policies(model: Sequence[str], checkpoint: Sequence[str], label: Sequence[str], oracle: bool) -> list[Any]:
+    from gymllm.cli.evaluate import load_model
+    from gymllm.errors import ConfigError, explain
+    from gymllm.suites.runner import PolicySpec
+
+    sources: list[tuple[str | None, str | None]] = [(m, None) for m in model] + [(None, c) for c in checkpoint]
+    count = len(sources) + bool(oracle)
+    if count == 0:
+        raise ConfigError(explain("gymllm eval --suite", expected="at least one policy: --model, --checkpoint or --oracle",
+                                  received="none", fix="e.g. --model smollm2-135m-instruct"))
+    if label and len(label) != count:
+        raise ConfigError(explain("--label", expected=f"one label per policy ({count}: the --model ones, then the "
+                                  "--checkpoint ones, then the oracle), or none", received=list(label),
+                                  fix=f"pass --label {count} times"))
+    names = list(label) or [policy_label(m, c) for m, c in sources] + (["oracle"] if oracle else [])
+    specs = [PolicySpec(label=n, loaded=load_model(m, checkpoint=c)) for n, (m, c) in zip(names, sources)]
+    if oracle:
+        specs.append(PolicySpec(label=names[-1], oracle=True))
+    return specs
+
+
+def eval_suite(
+    env: Annotated[tuple[str, ...], tyro.conf.Positional] = (),
+    /,
+    suite: str | None = None,
+    model: Annotated[tuple[str, ...], Repeated] = (),
+    checkpoint: Annotated[tuple[str, ...], Repeated] = (),
+    label: Annotated[tuple[str, ...], Repeated] = (),
+    out: str = "suite_out",
+    resume: bool = False,
+    oracle: bool = False,
+    num_seeds: int | None = None,
+    k: int | None = None,
+    seed_base: int | None = None,
+    temperature: float | None = None,
+    max_tokens: int | None = None,
+    max_turns: int | None = None,
+    max_concurrency_per_env: int = 32,
+    num_slots: int = 16,
+    max_len: int = 2048,
+    episode_timeout_s: float = 600.0,
+    progress: bool = True,
+) -> int:
+    """Run a benchmark suite for one or more policies: pass@k, intervals, paired comparisons.
+
+    Args:
+        env: Env ids of a one-off suite (instead of --suite): registered ids, 'module:EnvId-v0' or 'module:factory'.
+        suite: A suite TOML file, or a shipped suite's name (core, games, reasoning).
+        model: A policy: a model name, a local checkpoint directory, or tiny-<family> (repeatable).
+        checkpoint: A policy: a `gymllm train` run directory, its model with its latest weights (repeatable).
+        label: The policies' names, in order: the --model ones, the --checkpoint ones, the oracle (repeatable).
+        out: The output directory (results.jsonl, summary.json, report.md, plots).
+        resume: Continue the run in --out: rows already written are skipped.
+        oracle: Also run each env's demo solver (envs without one are skipped): pass@1 below 1 flags a broken env.
+        num_seeds: Override the suite's seeds per env (every env).
+        k: Override the samples per seed (every env).
+        seed_base: Override the first held-out seed (every env).
+        temperature: Override the sampling temperature (every env).
+        max_tokens: Override the tokens per model turn (every env).
+        max_turns: Override the model turns per episode (every env).
+        max_concurrency_per_env: Episodes of one env in flight at once.
+        num_slots: Rows the engine decodes together.
+        max_len: The engine's tokens per row.
+        episode_timeout_s: The watchdog: an episode running longer is an error row.
+        progress: Show a progress bar (rows done, total, ETA).
+    """
+    from gymllm.errors import ConfigError, explain
+    from gymllm.suites.report import comparison_table
+    from gymllm.suites.runner import RunnerConfig, run_suite
+    from gymllm.suites.spec import load_suite, one_off_suite
+
+    overrides = {key: v for key, v in (("num_seeds", num_seeds), ("k", k), ("seed_base", seed_base),
+                                        ("temperature", temperature), ("max_tokens", max_tokens),
+                                        ("max_turns", max_turns)) if v is not None}
+    if (suite is None) == (not env):
+        raise ConfigError(explain("gymllm eval", expected="--suite S, or env ids (a one-off suite), not both",
+                                  received=f"suite={suite!r}, env={list(env)}", fix="e.g. gymllm eval --suite core"))
+    the_suite = load_suite(suite, overrides=overrides) if suite is not None else one_off_suite(list(env), **overrides)
+    config = RunnerConfig(max_concurrency_per_env=max_concurrency_per_env, num_slots=num_slots, max_len=max_len,
+                          episode_timeout_s=episode_timeout_s, progress=progress)
+    summary = run_suite(the_suite, _policies(model, checkpoint, label, oracle), out, config=config, resume=resume)
+    _print_results(summary)
+    if summary["comparisons"]:
+        print(comparison_table(summary))
+    for note in summary.get("notes", []):
+        print(f"note: {note}")
+    print(f"wrote {pathlib.Path(out) / 'summary.json'}, report.md, results.jsonl")
+    return 0
+
+
+def compare(
+    dirs: Annotated[tuple[str, ...], tyro.conf.Positional],
+    /,
+    out: str | None = None,
+    seed: int = 0,
+) -> int:
+    """Paired comparisons of the policies in existing suite results (directories written by `gymllm eval --suite`).
+
+    Args:
+        dirs: Result directories (each with results.jsonl and suite.json); their rows are pooled.
+        out: Also write the summary (with the comparisons) as JSON here.
+        seed: The bootstrap's seed.
+    """
+    from gymllm.suites.report import comparison_table
+    from gymllm.suites.results import summarize, write_json
+
+    rows, suite, policies = _pooled(dirs)
+    summary = summarize(rows, suite, policies, seed=seed)
+    _print_results(summary)
+    if summary["comparisons"]:
+        print(comparison_table(summary))
+    else:
+        print("no comparisons: the results hold a single policy (give directories with two or more)")
+    if out:
+        write_json(out, summary)
+        print(f"wrote {out}")
+    return 0
+
+
+def _pooled(dirs: Sequence[str]) -> tuple[list[dict[str, Any]], Any, list[str]]:
+    """The rows of every directory (labels that clash across directories get ``DIR/`` in front), the first
+    directory's suite, and the policies in order of appearance."""
+    from gymllm.errors import ConfigError, explain
+    from gymllm.suites.results import ResultsFile, suite_from_dict
+
+    if not dirs:
+        raise ConfigError(explain("gymllm compare", expected="one or more result directories", received="none",
+                                  fix="gymllm compare out/a out/b"))
+    per_dir = []
+    for d in dirs:
+        path = pathlib.Path(d)
+        if not (path / "results.jsonl").is_file() or not (path / "suite.json").is_file():
+            raise FileNotFoundError(f"{d}: expected a directory written by `gymllm eval --suite` (results.jsonl and "
+                                    "suite.json), received one without them. Fix: pass the --out of a suite run")
+        per_dir.append((path, ResultsFile(path / "results.jsonl").read(),
+                        suite_from_dict(json.loads((path / "suite.json").read_text()))))
+    suite = per_dir[0][2]
+    names = {e.name for e in suite.envs}
+    for path, _, other in per_dir[1:]:
+        if not names & {e.name for e in other.envs}:
+            raise ConfigError(explain(f"gymllm compare {path}", expected=f"results on envs of suite {suite.name!r}",
+                                      received=f"suite {other.name!r} with no env in common",
+                                      fix="compare runs of the same suite"))
+    owners: dict[str, set[pathlib.Path]] = {}
+    for path, rows, _ in per_dir:
+        for r in rows:
+            owners.setdefault(r["policy"], set()).add(path)
+    rows_out: list[dict[str, Any]] = []
+    for path, rows, _ in per_dir:
+        for r in rows:
+            clash = len(owners[r["policy"]]) > 1
+            rows_out.append({**r, "policy": f"{path.name}/{r['policy']}"} if clash else r)
+    policies = list(dict.fromkeys(r["policy"] for r in rows_out))
+    return rows_out, suite, policies
+
+
+def _print_results(summary: dict[str, Any]) -> None:
+    header = f"{'policy':<20} {'env':<20} {'mean_reward':>11} {'95% interval':>17} {'pass@1':>7} {'pass@k':>10} {'errors':>6}"
+    print(header)
+    print("-" * len(header))
+    for r in summary["results"]:
+        lo, hi = r["mean_reward_ci"]
+        pk = r["pass_at"].get(str(r["k"]))
+        pk_text = f"{pk:.3f}@{r['k']}" if pk is not None else "-"
+        print(f"{r['policy']:<20} {r['env']:<20} {r['mean_reward']:>11.3f} {f'[{lo:.3f}, {hi:.3f}]':>17} "
+              f"{r['pass_at'].get('1', float('nan')):>7.3f} {pk_text:>10} {r['errors']:>6}")
+
+
+def eval_main(argv: Sequence[str]) -> int:
+    """Run a benchmark suite for several policies (``gymllm eval --suite``): pass@k, intervals, comparisons.
+
+    Parses ``argv`` with tyro and runs :func:`eval_suite`."""
+    return int(tyro.cli(eval_suite, prog="gymllm eval", args=list(argv)))
+
+
+def compare_main(argv: Sequence[str]) -> int:
+    """Compare the policies of existing suite results: paired differences, intervals, p-values.
+
+    ``gymllm compare DIR ...``: parses ``argv`` with tyro and runs :func:`compare`."""
+    return int(tyro.cli(compare, prog="gymllm compare", args=list(argv)))
+
+
+eval_main.takes_argv = True  # type: ignore[attr-defined]  # gymllm.cli.commands.dispatch passes argv through
+compare_main.takes_argv = True  # type: ignore[attr-defined]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m gymllm.cli.suite_cli eval|compare ...``: errors as one line plus a hint, as ``gymllm`` does."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = {"eval": eval_main, "compare": compare_main}
+    if not argv or argv[0] not in commands:
+        print("usage: python -m gymllm.cli.suite_cli {eval,compare} [ARGS] (--help for the options)", file=sys.stderr)
+        return 2
+    try:
+        return commands[argv[0]](argv[1:])
+    except SystemExit as e:
+        return int(e.code or 0) if isinstance(e.code, int) else 2
+    except Exception as e:  # noqa: BLE001 - the command line's one place that turns errors into a line
+        if os.environ.get("GYMLLM_DEBUG"):
+            traceback.print_exc()
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"error: {type(e).__name__}: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
