@@ -21,6 +21,10 @@ from gymllm.cli.train_args import (parse_train_args, parse_train_plan, recipe_sf
 def dispatch(name: str, fn: Callable[..., object], args: Sequence[str]) -> object:
     if name == "train":
         return _train_dispatch(list(args))
+    if name == "eval" and any(a == "--suite" or a.startswith("--suite=") for a in args):
+        from gymllm.cli.suite_cli import eval_main  # a suite file: several policies, rows, intervals
+
+        return eval_main(list(args))
     if getattr(fn, "takes_argv", False):  # a command that parses its own argv (with tyro), e.g. ``sft``
         return fn(list(args))
     return tyro.cli(fn, prog=f"gymllm {name}", args=list(args))

@@ -12,7 +12,7 @@ import sys
 import traceback
 from typing import Callable, Sequence
 
-from gymllm.cli import commands, demos, serve_env, sft, view
+from gymllm.cli import commands, demos, serve_env, sft, suite_cli, view
 
 COMMANDS: dict[str, Callable[..., object]] = {
     "train": commands.train,
@@ -27,6 +27,7 @@ COMMANDS: dict[str, Callable[..., object]] = {
     "sft": sft.sft,
     "demos": demos.demos,
     "view": view.view,
+    "compare": suite_cli.compare_main,
 }
 
 
