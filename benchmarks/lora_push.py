@@ -35,7 +35,7 @@ import time  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from gymllm.algos.lora import LoRAConfig, init_adapters, merge, nbytes  # noqa: E402
+from gymllm.models.lora import LoRAConfig, init_adapters, merge, nbytes  # noqa: E402
 from gymllm.algos.lora_push import AdapterPusher  # noqa: E402
 from gymllm.algos.sharding import ShardingConfig, make_mesh, shard_params  # noqa: E402
 from gymllm.algos.weight_sync import WeightPusher  # noqa: E402

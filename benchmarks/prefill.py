@@ -27,7 +27,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from gymllm.inference.scheduler import halving_buckets, pick_bucket  # noqa: E402
+from gymllm.inference.slot_table import halving_buckets, pick_bucket  # noqa: E402
 from gymllm.models import KVCache  # noqa: E402
 from gymllm.models.cache import init_cache  # noqa: E402
 from gymllm.models.prefill import prefill_and_write  # noqa: E402

@@ -29,7 +29,7 @@ def proxy_overhead_ms(engine: Any, tokenizer: Any, *, rounds: int = 5, requests:
     import httpx
 
     from gymllm.inference import SamplingParams, ServerThread, build_app
-    from gymllm.inference.proxy import SessionRecorder
+    from gymllm.inference.session_recorder import SessionRecorder
     from gymllm.rollout.proxy_source import ProxyGroupSource, ProxySourceConfig
 
     messages = messages or [{"role": "user", "content": "What is 17 + 25? Answer briefly."}]

@@ -31,7 +31,7 @@ _LAZY = {
 # Subpackages and modules reachable as ``gymllm.<name>`` (imported on first access), in layer order.
 SUBMODULES: tuple[str, ...] = (
     "errors", "types", "atomic", "validation", "telemetry", "ray_support",
-    "spaces", "core", "vector", "utils", "wrappers", "tools", "registration", "envs",
+    "spaces", "space_text", "core", "vector", "utils", "trajectories", "multiagent", "wrappers", "tools", "registration", "envs",
     "models", "inference", "rollout", "suites", "algos", "viewer", "cli",
 )
 

@@ -136,7 +136,7 @@ def client():
     from fastapi.testclient import TestClient
 
     from gymllm.inference import EngineConfig, JaxEngine
-    from gymllm.inference.proxy import SessionRecorder
+    from gymllm.inference.session_recorder import SessionRecorder
     from gymllm.inference.server import build_app
     from gymllm.models import make_tiny
 

@@ -14,7 +14,7 @@ import gymllm
 from gymllm.envs import catalogue
 from gymllm.envs.catalogue import PrivateGlobalRandom, textarena_env
 from gymllm.errors import ConfigError, MissingExtraError
-from gymllm.wrappers.multi_agent import AgentVectorEnv, text_api_test
+from gymllm.multiagent import AgentVectorEnv, text_api_test
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

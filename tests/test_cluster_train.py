@@ -235,7 +235,7 @@ def test_cluster_run_resumes_like_an_uninterrupted_one(tmp_path, cluster):
 def test_lora_cluster_run_pushes_adapters_and_trains_like_in_process(tmp_path, cluster):
     """LoRA on the cluster: each push sends the adapters once through the object store, every replica
     merges them onto its own base; at eta = 0 the same groups and rewards as the in-process LoRA run."""
-    from gymllm.algos.lora import LoRAConfig
+    from gymllm.models.lora import LoRAConfig
 
     lora = LoRAConfig(rank=4)
     local = train(dataclasses.replace(small_tiny(tmp_path / "local"), lora=lora))

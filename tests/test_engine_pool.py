@@ -24,8 +24,8 @@ from gymllm.errors import ConfigError, EngineError
 from gymllm.inference import Engine, EngineConfig, EnginePool, JaxEngine, PoolConfig, ReplicaSpec, SamplingParams
 from gymllm.inference.jax_engine import RequestFailed
 from gymllm.inference.pool import failure_kind
-from gymllm.algos.lora import LoRAConfig, adapter_keys, init_adapters, merge
-from gymllm.algos.lora_receiver import receiver_of
+from gymllm.models.lora import LoRAConfig, adapter_keys, init_adapters, merge
+from gymllm.inference.lora_receiver import receiver_of
 from gymllm.algos.weight_sync import WeightPusher
 from gymllm.models import make_tiny
 from gymllm.models.transformer import Transformer

@@ -15,7 +15,7 @@ from gymllm.models import tiny
 from gymllm.rollout.agents import ModelAgent
 from gymllm.rollout.episode import is_invalid_step
 from gymllm.rollout.evaluation import EvalConfig, episode_figures, eval_metrics, evaluate_env
-from gymllm.wrappers.multi_agent_seat import game_outcome
+from gymllm.multiagent.seat import game_outcome
 
 ENV = "gymllm/TicTacToe-v0"
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gymllm.inference.scheduler import (
+from gymllm.inference.slot_table import (
     Placement,
     SlotTable,
     common_prefix_len,

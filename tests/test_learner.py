@@ -13,7 +13,7 @@ import pytest
 
 from gymllm.algos import config as C
 from gymllm.algos.learner import LearnerConfig, StreamingLearner
-from gymllm.algos.lora import LoRAConfig
+from gymllm.models.lora import LoRAConfig
 from gymllm.algos.optim import OptimizerConfig
 from gymllm.models import make_tiny
 from gymllm.models.logprobs import token_logprobs

@@ -12,13 +12,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gymllm.algos.lora import LoRAConfig, MergedWeights, adapter_keys, init_adapters, merge, nbytes
+from gymllm.models.lora import LoRAConfig, MergedWeights, adapter_keys, init_adapters, merge, nbytes
 from gymllm.algos.lora_push import AdapterPusher
 from gymllm.algos.weight_sync import WeightPusher
 from gymllm.errors import EngineError
 from gymllm.inference import JaxEngine, SamplingParams
 from gymllm.inference.config import EngineConfig
-from gymllm.algos.lora_receiver import LoraReceiver, apply_lora_update, receiver_of
+from gymllm.inference.lora_receiver import LoraReceiver, apply_lora_update, receiver_of
 from gymllm.models import make_tiny, token_logprobs
 from gymllm.models.transformer import Transformer
 

@@ -1,6 +1,6 @@
 """gymllm.models.load: the one model-loading path. Every kind of spec (tiny, Hugging Face dir, GGUF,
 gymllm run directory) and the warm-start ``checkpoint=`` give the weights their own loader or the
-training's own LoRA merge gives (the references: make_tiny, load_hf_dir, load_gguf, algos.lora.merge)."""
+training's own LoRA merge gives (the references: make_tiny, load_hf_dir, load_gguf, models.lora.merge)."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def test_a_run_directory_loads_the_model_it_trained_and_checkpoint_warm_starts(t
 
 
 def test_lora_run_merges_as_the_training_does(tmp_path):
-    from gymllm.algos.lora import LoRAConfig, init_adapters, merge
+    from gymllm.models.lora import LoRAConfig, init_adapters, merge
 
     base = make_tiny("qwen3", **SIZES)
     cfg = LoRAConfig(rank=2, alpha=8.0, targets=("wq", "w_down"), seed=1)

@@ -14,7 +14,7 @@ import gymllm
 from gymllm.envs import from_pettingzoo
 from gymllm.envs.games import TICTACTOE_MOVES, connect_four, tictactoe
 from gymllm.errors import ConfigError
-from gymllm.wrappers.multi_agent import (
+from gymllm.multiagent import (
     AgentVectorEnv,
     MoveText,
     SingleAgentView,

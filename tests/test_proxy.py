@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gymllm.inference import Completion, EngineConfig, JaxEngine, ServerThread, build_app
-from gymllm.inference.proxy import SessionRecorder
+from gymllm.inference.session_recorder import SessionRecorder
 from gymllm.models import make_tiny
 from gymllm.rollout.group_queue import QueueClosed
 from gymllm.rollout.proxy_source import ProxyGroupSource, ProxySourceConfig

@@ -9,7 +9,7 @@ import pytest
 
 import gymllm.wrappers
 from gymllm.core import TextEnv
-from gymllm.wrappers.replaying import ReplayReport
+from gymllm.trajectories.replaying import ReplayReport
 from gymllm.wrappers.trajectory_logger import TrajectoryLogger, read_log
 
 
@@ -47,7 +47,7 @@ def _log(path, noisy, episodes=3):
 
 def test_replay_of_logged_episodes_matches(tmp_path):
     _log(tmp_path / "log", noisy=False)
-    report = gymllm.wrappers.replay(tmp_path / "log")
+    report = gymllm.trajectories.replay(tmp_path / "log")
     assert isinstance(report, ReplayReport)
     assert report.ok, report.summary()
     assert report.episodes_checked == 3 and report.steps_checked == 12
@@ -56,7 +56,7 @@ def test_replay_of_logged_episodes_matches(tmp_path):
 
 def test_nondeterministic_env_is_reported(tmp_path):
     _log(tmp_path / "log", noisy=True)
-    report = gymllm.wrappers.replay(tmp_path / "log", max_episodes=2)
+    report = gymllm.trajectories.replay(tmp_path / "log", max_episodes=2)
     assert not report.ok and report.episodes_checked == 2
     assert {d.field for d in report.differences} == {"reward"}
     assert {d.step for d in report.differences} <= {1, 2, 3, 4}
@@ -68,12 +68,12 @@ def test_replay_names_the_function_after_every_submodule_is_imported(tmp_path):
     import importlib
     import pkgutil
 
-    import gymllm.wrappers as pkg
+    import gymllm.trajectories as pkg
 
     for info in pkgutil.iter_modules(pkg.__path__):
-        importlib.import_module(f"gymllm.wrappers.{info.name}")
-    from gymllm.wrappers import replay as fn
-    from gymllm.wrappers.replaying import replay as same
+        importlib.import_module(f"gymllm.trajectories.{info.name}")
+    from gymllm.trajectories import replay as fn
+    from gymllm.trajectories.replaying import replay as same
 
     assert fn is same and pkg.replay is same and fn(tmp_path / "log").ok
 
@@ -87,14 +87,14 @@ def test_broken_episode_is_isolated(tmp_path):
             raise RuntimeError("cannot build")
         return gym.make("gymllm_test/Walk-v0")
 
-    report = gymllm.wrappers.replay(tmp_path / "log", env_factory=factory)
+    report = gymllm.trajectories.replay(tmp_path / "log", env_factory=factory)
     assert report.episodes_checked == 1 and len(report.errors) == 1 and "cannot build" in report.errors[0]
 
 
 def test_changed_env_is_reported_per_step(tmp_path):
     _log(tmp_path / "log", noisy=False, episodes=1)
     # replaying against a different env (no seeding of the start) reports the reset observation
-    report = gymllm.wrappers.replay(tmp_path / "log", env_factory=lambda ep: _Shifted())
+    report = gymllm.trajectories.replay(tmp_path / "log", env_factory=lambda ep: _Shifted())
     assert not report.ok and report.differences[0].step == 0 and report.differences[0].field == "observation"
 
 
@@ -123,7 +123,7 @@ def test_registered_adapters_replay_exactly(tmp_path, env_id):
             if te or tr:
                 break
     env.close()
-    report = gymllm.wrappers.replay(tmp_path / "log")
+    report = gymllm.trajectories.replay(tmp_path / "log")
     assert report.ok and report.episodes_checked == len(read_log(tmp_path / "log")), report.summary()
 
 
@@ -145,10 +145,10 @@ def test_logged_wrapper_stack_is_rebuilt_for_replay(tmp_path):
     env.close()
     (first, *_) = read_log(tmp_path / "log")
     assert [w["name"] for w in first.wrappers] == ["RecordEpisodeStatistics", "Limits", "RewardTransform"]
-    report = gymllm.wrappers.replay(tmp_path / "log")
+    report = gymllm.trajectories.replay(tmp_path / "log")
     assert report.ok and report.episodes_checked == 3, report.summary()
     # without the stack (the bare registered env) the scaled rewards and the turn limit differ
-    bare = gymllm.wrappers.replay(tmp_path / "log", env_factory=lambda ep: gymllm.make(ep.env_id, **ep.env_kwargs))
+    bare = gymllm.trajectories.replay(tmp_path / "log", env_factory=lambda ep: gymllm.make(ep.env_id, **ep.env_kwargs))
     assert not bare.ok and {d.field for d in bare.differences} & {"reward", "truncated"}
 
     # a wrapper whose kwargs are not plain JSON (a lambda) cannot be rebuilt: a clear per-episode error
@@ -158,5 +158,5 @@ def test_logged_wrapper_stack_is_rebuilt_for_replay(tmp_path):
         if env.step(a)[2:4] != (False, False):
             break
     env.close()
-    report = gymllm.wrappers.replay(tmp_path / "lam")
+    report = gymllm.trajectories.replay(tmp_path / "lam")
     assert not report.ok and "TransformReward" in report.errors[0] and "env_factory" in report.errors[0]

@@ -211,7 +211,7 @@ def test_warm_start_gives_the_learner_the_sft_weights(tmp_path):
 
 def test_lora_sft_run_reads_back_merged(tmp_path):
     from gymllm.algos.checkpoint import restore_model_weights
-    from gymllm.algos.lora import LoRAConfig
+    from gymllm.models.lora import LoRAConfig
     from gymllm.errors import ConfigError
 
     memo = memo_config(tmp_path, "lora", steps=2)

@@ -224,7 +224,7 @@ def test_async_twins_log_the_same_records_as_sync(tmp_path):
 @pytest.mark.parametrize("backend", ["thread", "process"])
 def test_vector_logger_writes_one_file_per_sub_env_and_replays(tmp_path, backend):
     import gymllm
-    from gymllm.wrappers import replay
+    from gymllm.trajectories import replay
     from gymllm.wrappers.trajectory_logger import vector_logger
 
     def run(seed):

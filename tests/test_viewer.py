@@ -24,7 +24,7 @@ import pytest
 from gymllm.errors import ConfigError
 from gymllm.viewer import ViewerConfig, ViewerServer
 from gymllm.viewer.index import LogIndex
-from gymllm.wrappers.trajectory_reader import read_log, read_tokens
+from gymllm.trajectories.reader import read_log, read_tokens
 from viewer_runs import metrics_record, write_episode_run, write_eval_rows, write_suite
 
 # $GYMLLM_CHROMIUM names another Chromium build; by default the Debian package's executable on PATH

@@ -27,7 +27,7 @@ _LAZY = {
     "micro_batch_loss": "gymllm.algos.loss",
     "OptimizerConfig": "gymllm.algos.optim",
     "make_optimizer": "gymllm.algos.optim",
-    "LoRAConfig": "gymllm.algos.lora",
+    "LoRAConfig": "gymllm.models.lora",
     "LearnerConfig": "gymllm.algos.learner",
     "StreamingLearner": "gymllm.algos.learner",
     "StepReport": "gymllm.algos.learner",

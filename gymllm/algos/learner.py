@@ -40,7 +40,7 @@ import optax
 
 from gymllm.algos import advantages as adv_mod
 from gymllm.algos import aggregation as agg
-from gymllm.algos import lora as lora_mod
+from gymllm.models import lora as lora_mod
 from gymllm.algos.batching import (Row, buckets, dropped_sampled_tokens, make_micro_batch, pack, pick_bucket,
                                    row_from_trajectory)
 from gymllm.algos.config import LossConfig, async_agentic, check_range

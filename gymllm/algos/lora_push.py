@@ -2,16 +2,16 @@
 
 With LoRA the learner trains only the adapters; the engine already holds the frozen base. So a push
 moves the adapter arrays (+ the version) and the engine merges them on its own device
-(:class:`gymllm.algos.lora_receiver.LoraReceiver`), swapping between two decode steps.
+(:class:`gymllm.inference.lora_receiver.LoraReceiver`), swapping between two decode steps.
 
 Two ways in:
 
 * :class:`AdapterPusher`: the :class:`~gymllm.algos.weight_sync.WeightPusher` interface
   (``push(weights, version) -> seconds``, ``pushes``, ``total_s``, ``last_s``) plus ``last_bytes``.
 * :func:`push_adapters`, the hook ``WeightPusher.push`` calls first: weights from
-  :func:`gymllm.algos.lora.merge` (the learner's ``policy_params()`` under LoRA) remember their
+  :func:`gymllm.models.lora.merge` (the learner's ``policy_params()`` under LoRA) remember their
   adapters, so the trainer's pushes send only those to an in-process :class:`JaxEngine`. Other
-  engines (HTTP, vLLM) get the merged weights as before (see :mod:`gymllm.algos.lora_receiver`).
+  engines (HTTP, vLLM) get the merged weights as before (see :mod:`gymllm.inference.lora_receiver`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gymllm.algos.lora import LoRAConfig, MergedWeights, nbytes
+from gymllm.models.lora import LoRAConfig, MergedWeights, nbytes
 
 
 class AdapterPusher:
@@ -27,7 +27,7 @@ class AdapterPusher:
     adapters are sent) to ``engine``; ``base``: the frozen weights the engine was built from."""
 
     def __init__(self, engine: Any, model_config: Any, base: dict[str, Any], lora: LoRAConfig):
-        from gymllm.algos.lora_receiver import LoraReceiver
+        from gymllm.inference.lora_receiver import LoraReceiver
 
         self.receiver = LoraReceiver(engine, model_config, base, lora)
         self.pushes, self.total_s, self.last_s, self.last_bytes = 0, 0.0, 0.0, 0
@@ -51,7 +51,7 @@ def push_adapters(engine: Any, model_config: Any, weights: Any, version: int) ->
     attached on the first push, with the weights' base); False (nothing sent) for plain weights or
     another kind of engine, which then take the full weights."""
     from gymllm.inference.jax_engine import JaxEngine
-    from gymllm.algos.lora_receiver import LoraReceiver, LoraUpdate, receiver_of
+    from gymllm.inference.lora_receiver import LoraReceiver, LoraUpdate, receiver_of
 
     if isinstance(weights, MergedWeights) and getattr(engine, "takes_weight_updates", False):  # an EnginePool
         engine.update_weights(LoraUpdate(weights.lora, model_config, weights.adapters, weights.base), version)

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from gymllm.validation import check_range
-from gymllm.algos.lora import LoRAConfig
+from gymllm.models.lora import LoRAConfig
 from gymllm.algos.optim import OptimizerConfig
 from gymllm.algos.sharding import ShardingConfig
 from gymllm.algos.train_config import ModelSection

@@ -7,7 +7,7 @@
   token loss is accumulated, then divided by the step's trained-token count and applied with the
   learner's Optax optimizer (:func:`gymllm.algos.optim.make_optimizer`), so an update does not depend
   on how the step was cut into micro-batches. Mixed precision (``forward(compute_dtype=...)``, float32
-  log-softmax and master weights), LoRA (only adapters train; :func:`gymllm.algos.lora.merge`) and
+  log-softmax and master weights), LoRA (only adapters train; :func:`gymllm.models.lora.merge`) and
   sharding (:mod:`gymllm.algos.sharding`) are the learner's. Its checkpoint state has the
   :class:`~gymllm.algos.learner.StreamingLearner`'s layout (``{"trainable", "opt_state"}``), so
   :class:`~gymllm.algos.checkpoint.Checkpointer` saves / resumes it and
@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from gymllm.algos import lora as lora_mod
+from gymllm.models import lora as lora_mod
 from gymllm.algos.batching import Row, buckets, make_micro_batch, pick_bucket
 from gymllm.algos.learner import FAST_COMPILE
 from gymllm.algos.optim import OptimizerConfig, make_optimizer, make_schedule

@@ -18,7 +18,7 @@ import numpy as np
 
 from gymllm.algos.train_config import TrainConfig
 from gymllm.errors import ConfigError, explain
-from gymllm.wrappers.trajectory_writers import TrajectoryRecordWriter
+from gymllm.trajectories.writers import TrajectoryRecordWriter
 
 __all__ = ["StepLog", "RolloutTally"]
 

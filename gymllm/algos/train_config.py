@@ -25,7 +25,7 @@ from typing import Any, Literal, Mapping
 
 from gymllm.algos.config import LossConfig, async_agentic, loss_preset
 from gymllm.algos.learner import LearnerConfig
-from gymllm.algos.lora import LoRAConfig
+from gymllm.models.lora import LoRAConfig
 from gymllm.algos.optim import OptimizerConfig
 from gymllm.algos.sharding import ShardingConfig
 from gymllm.errors import ConfigError, explain

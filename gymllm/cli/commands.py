@@ -265,7 +265,7 @@ def serve(
         import asyncio
         import threading
 
-        from gymllm.inference.proxy import ProxyConfig, SessionRecorder
+        from gymllm.inference.session_recorder import ProxyConfig, SessionRecorder
         from gymllm.rollout.proxy_source import ProxyGroupSource, ProxySourceConfig
 
         source = ProxyGroupSource(ProxySourceConfig(group_size=group_size, max_queued_groups=max_queued_groups))
@@ -346,7 +346,7 @@ def replay(log: Annotated[str, tyro.conf.Positional], /, max_episodes: int | Non
         log: A trajectory log written by TrajectoryLogger (a JSONL file or its run directory).
         max_episodes: Replay at most this many episodes.
     """
-    from gymllm.wrappers import replay as replay_fn
+    from gymllm.trajectories import replay as replay_fn
 
     report = replay_fn(log, max_episodes=max_episodes)
     print(report.summary() if hasattr(report, "summary") else report)

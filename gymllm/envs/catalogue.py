@@ -10,8 +10,8 @@ Registered ids (registration is cheap: neither library is imported until an env 
 * ``gymllm/ta-<Game>[-<variant>]-v0`` for TextArena's offline single-player games
   (:data:`TEXTARENA_SINGLE_PLAYER`; those that need an API key, a download or that fail to import
   here are left out). Multi-player TextArena games are PettingZoo AEC envs through
-  :func:`textarena_env` (then :class:`~gymllm.wrappers.multi_agent.AgentVectorEnv` for self-play, or
-  :class:`~gymllm.wrappers.multi_agent.SingleAgentView` with an opponent policy).
+  :func:`textarena_env` (then :class:`~gymllm.multiagent.AgentVectorEnv` for self-play, or
+  :class:`~gymllm.multiagent.SingleAgentView` with an opponent policy).
 
 Randomness: TextArena seeds and draws from the global ``random`` module (and a few games from
 ``np.random``); reasoning-gym mostly uses private generators. Every call into either library runs
@@ -402,7 +402,7 @@ def ta_gym_id(ta_id: str) -> str:
 
 def make_textarena_single(*, ta_id: str, max_turns: int | None = None, render_mode: str | None = None):
     """Entry point of the ``gymllm/ta-*`` ids: the single seat of a one-player TextArena game."""
-    from gymllm.wrappers.multi_agent import SingleAgentView
+    from gymllm.multiagent import SingleAgentView
 
     return SingleAgentView(textarena_env(ta_id, num_players=1), learner="player_0", max_turns=max_turns,
                            render_mode=render_mode)

@@ -8,7 +8,7 @@ Ids (all under ``gymllm/``; importing this module only registers them, it builds
 * ``TicTacToe-v0`` and ``ConnectFour-v0``: the PettingZoo classic games as single-agent text envs
   against a scripted opponent (random legal moves from the env's ``np_random``, or ``opponent=``);
   self-play of two policies goes through :func:`tictactoe` / :func:`connect_four` (PettingZoo AEC
-  text envs) and :class:`gymllm.wrappers.multi_agent.AgentVectorEnv`.
+  text envs) and :class:`gymllm.multiagent.AgentVectorEnv`.
 
 Keyword arguments given to ``gymllm.make`` reach the inner env (e.g. ``is_slippery=False``) except
 :class:`~gymllm.envs.gymnasium_adapter.GymnasiumAdapterConfig` fields, which configure the adapter.
@@ -98,7 +98,7 @@ def connect_four(**kwargs: Any):
 def make_board_game(*, game: str, opponent: Any = None, learner: str | None = None, max_turns: int | None = None,
                     render_mode: str | None = None, **kwargs: Any):
     """Entry point of ``TicTacToe-v0`` / ``ConnectFour-v0``: one seat against a scripted opponent."""
-    from gymllm.wrappers.multi_agent import SingleAgentView
+    from gymllm.multiagent import SingleAgentView
 
     maker = {"tictactoe": tictactoe, "connect_four": connect_four}[game]
     return SingleAgentView(maker(**kwargs), learner=learner, opponent=opponent, max_turns=max_turns,

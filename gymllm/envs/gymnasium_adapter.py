@@ -37,7 +37,7 @@ from gymnasium import spaces as gspaces
 from gymllm.core import TextEnv
 from gymllm.errors import ConfigError, explain
 from gymllm.spaces import Text
-from gymllm.wrappers.space_text import (  # noqa: F401  (re-exported: the adapter's public helpers)
+from gymllm.space_text import (  # noqa: F401  (re-exported: the adapter's public helpers)
     ActionParseError,
     KNOWN_ACTION_NAMES,
     action_menu,

@@ -5,10 +5,10 @@
     env.reset(seed=0); obs, reward, term, trunc, info = env.last()         # obs["observation"] is text
     env.step("4")
 
-Keyword arguments are :class:`gymllm.wrappers.multi_agent.MultiAgentConfig` fields. The result is
+Keyword arguments are :class:`gymllm.multiagent.MultiAgentConfig` fields. The result is
 still a PettingZoo env (``TextAECEnv`` or ``TextParallelEnv``); for one seat as a Gymnasium text env
-use :class:`~gymllm.wrappers.multi_agent.SingleAgentView`, for vectorized self-play
-:class:`~gymllm.wrappers.multi_agent.AgentVectorEnv`.
+use :class:`~gymllm.multiagent.SingleAgentView`, for vectorized self-play
+:class:`~gymllm.multiagent.AgentVectorEnv`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def from_pettingzoo(env: Any, **config: Any):
     """
     from pettingzoo import AECEnv, ParallelEnv
 
-    from gymllm.wrappers.multi_agent import MultiAgentConfig, TextAECEnv, TextParallelEnv
+    from gymllm.multiagent import MultiAgentConfig, TextAECEnv, TextParallelEnv
 
     if callable(env) and not isinstance(env, (AECEnv, ParallelEnv)):
         env = env()

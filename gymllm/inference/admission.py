@@ -3,7 +3,7 @@
 :class:`Admission` owns which requests join the decode rows and where:
 
 * the waiting queue (callers enqueue from any thread; the engine thread takes from it);
-* the :class:`~gymllm.inference.scheduler.SlotTable` of cache rows (a request is placed in the free row
+* the :class:`~gymllm.inference.slot_table.SlotTable` of cache rows (a request is placed in the free row
   holding the longest prefix of its prompt, its own session's row first, else the lowest free row);
 * :meth:`Admission.admit`: the requests placed this iteration, grouped into prefill batches by length
   bucket. When more requests wait than rows are free, admission waits until a whole prefill batch of
@@ -26,10 +26,10 @@ from typing import Sequence
 import numpy as np
 
 from gymllm.inference.config import EngineConfig
-from gymllm.inference.device_steps import DeviceSteps
+from gymllm.inference.device_cache import DeviceSteps
 from gymllm.inference.request import EngineRequest
 from gymllm.inference.rows import DecodeRows, SamplingRows
-from gymllm.inference.scheduler import Placement, SlotTable, pick_bucket
+from gymllm.inference.slot_table import Placement, SlotTable, pick_bucket
 from gymllm.telemetry import span
 
 Batch = tuple[list[EngineRequest], int]  # (requests, length bucket of their prompt chunks)

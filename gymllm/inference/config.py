@@ -40,7 +40,7 @@ class EngineConfig:
         row decodes where it was placed until it finishes (a batch's steps keep the width of its
         highest row), as a static-batching server does.
     decode_chunk: decode steps per device call while no request waits to join (1: token by token; the
-        same tokens either way, fewer host round trips; :mod:`gymllm.inference.multistep`).
+        same tokens either way, fewer host round trips; :mod:`gymllm.inference.multi_token_decode`).
     """
 
     num_slots: int = 16

@@ -14,7 +14,7 @@ Design (one background thread owns the device; asyncio callers never block):
   (length bucket) x (cached slots read: 0, or the smallest of ``lengths`` covering every row's
   reused prefix; :mod:`gymllm.models.prefill` reads only those, writes only real tokens), and decode
   over the first W rows for W in ``widths`` (powers of two from 8 up to ``num_slots``, and 24, 48, 96...:
-  :func:`~gymllm.inference.scheduler.decode_widths`; free rows are
+  :func:`~gymllm.inference.slot_table.decode_widths`; free rows are
   taken lowest first, so a lightly loaded engine runs narrow steps) x the first S cache slots for S
   in ``lengths`` (``max_len``, ``max_len / 2``, ...: the smallest covering every active row's
   position, so attention costs what the sequences need). ``trace_counts`` exposes the number of
@@ -44,11 +44,11 @@ Design (one background thread owns the device; asyncio callers never block):
 Rooms (this module is the public face; each collaborator owns one concern):
 
 * :mod:`gymllm.inference.request`: one request's record, its finishing rules, result delivery;
-* :mod:`gymllm.inference.admission`: the waiting queue, the slot table (:mod:`~gymllm.inference.scheduler`),
+* :mod:`gymllm.inference.admission`: the waiting queue, the slot table (:mod:`~gymllm.inference.slot_table`),
   prefill batches and their inputs, row compaction;
 * :mod:`gymllm.inference.rows`: the decode rows on the host (who decodes where, next inputs);
-* :mod:`gymllm.inference.device_steps`: the cache and every compiled call and shape
-  (:mod:`~gymllm.inference.steps`, :mod:`~gymllm.inference.multistep`, :mod:`~gymllm.inference.piggyback`);
+* :mod:`gymllm.inference.device_cache`: the cache and every compiled call and shape
+  (:mod:`~gymllm.inference.jit_steps`, :mod:`~gymllm.inference.multi_token_decode`, :mod:`~gymllm.inference.piggyback`);
 * :mod:`gymllm.inference.weights`: the weights, their version and the pending update;
 * :mod:`gymllm.inference.loop`: the engine thread (when it runs, what one iteration does).
 """
@@ -69,7 +69,7 @@ from gymllm.errors import EngineError, explain
 from gymllm.inference.admission import Admission
 from gymllm.inference.completion import Completion
 from gymllm.inference.config import EngineConfig
-from gymllm.inference.device_steps import DeviceSteps
+from gymllm.inference.device_cache import DeviceSteps
 from gymllm.inference.loop import EngineLoop, LoopGate
 from gymllm.inference.params import SamplingParams
 from gymllm.inference.request import EngineRequest, RequestFailed
@@ -119,7 +119,7 @@ class JaxEngine:
         decode_chunk: int | None = None,
     ):
         """``decode_chunk`` > 1: run up to that many decode steps per device call while no request
-        waits to join (:mod:`gymllm.inference.multistep`; same tokens, fewer host round trips);
+        waits to join (:mod:`gymllm.inference.multi_token_decode`; same tokens, fewer host round trips);
         None: ``config.decode_chunk``."""
         cfg = config or EngineConfig()
         if cfg.compute_dtype == "auto":  # the dtype that is fastest on this host, chosen where the engine runs

@@ -10,7 +10,7 @@
    versions;
 2. finish cancelled requests (finish reason "abort");
 3. admit waiting requests (:class:`~gymllm.inference.admission.Admission`) and prefill them;
-4. one device step (:class:`~gymllm.inference.device_steps.DeviceSteps`): the decode step with the
+4. one device step (:class:`~gymllm.inference.device_cache.DeviceSteps`): the decode step with the
    smallest prompts riding along (piggybacking), or, after compaction, a decode step (or a chunk of
    up to ``decode_chunk`` steps while nobody waits) over the active rows.
 
@@ -33,11 +33,11 @@ import numpy as np
 from gymllm.errors import EngineError
 from gymllm.inference.admission import Admission
 from gymllm.inference.config import EngineConfig
-from gymllm.inference.device_steps import DeviceSteps
-from gymllm.inference.multistep import chunk_limits
+from gymllm.inference.device_cache import DeviceSteps
+from gymllm.inference.multi_token_decode import chunk_limits
 from gymllm.inference.request import EngineRequest, RequestFailed
 from gymllm.inference.rows import DecodeRows
-from gymllm.inference.scheduler import pick_bucket
+from gymllm.inference.slot_table import pick_bucket
 from gymllm.inference.weights import WeightStore
 
 

@@ -23,7 +23,7 @@ Weight updates arrive as ``update_weights(update, version)`` where ``update`` is
   the ObjectRef to every actor, which Ray resolves on the actor's node (one fetch per node);
 * or an object with ``apply_to(engine, version)`` (a :class:`WeightUpdate`): e.g. a LoRA push
   that hands only the adapters to the ``LoraReceiver`` the spec's ``setup`` attached
-  (``gymllm.algos.lora_receiver``; this layer cannot import it, the update object brings the code).
+  (``gymllm.inference.lora_receiver``; this layer cannot import it, the update object brings the code).
 
 ``setup(engine, loaded)``: a picklable callable run once after the engine is built (``loaded``: the
 ``gymllm.models`` LoadedModel for a JAX spec, else None); the place to attach a LoRA receiver.
@@ -53,7 +53,7 @@ KINDS = ("jax", "vllm", "openai", "factory")
 @runtime_checkable
 class WeightUpdate(Protocol):
     """A weight update that knows how to land on one replica's engine (e.g. LoRA adapters only:
-    ``gymllm.algos.lora_receiver.LoraUpdate``). ``model``: the model the replica built its engine
+    ``gymllm.inference.lora_receiver.LoraUpdate``). ``model``: the model the replica built its engine
     from (its weights are the frozen base of a LoRA run), or None for an engine handed in as an object."""
 
     def apply_to(self, engine: Any, version: int, model: Any = None) -> None: ...

@@ -2,7 +2,7 @@
 
 :class:`EngineRequest` is the engine's record of one completion being sampled: the prompt, the
 :class:`~gymllm.inference.SamplingParams`, its key, its cache row (a
-:class:`~gymllm.inference.scheduler.Placement`) and the tokens, logprobs and policy versions sampled so
+:class:`~gymllm.inference.slot_table.Placement`) and the tokens, logprobs and policy versions sampled so
 far. It owns the per-request rules: when it finishes (:meth:`EngineRequest.finish_reason`: a stop id, a
 stop string, ``max_tokens`` or the context), how many tokens it may still sample
 (:meth:`EngineRequest.budget`), the :class:`~gymllm.inference.Completion` it ends with, and handing
@@ -22,7 +22,7 @@ import numpy as np
 from gymllm.errors import EngineError
 from gymllm.inference.completion import Completion
 from gymllm.inference.params import SamplingParams
-from gymllm.inference.scheduler import Placement
+from gymllm.inference.slot_table import Placement
 
 
 class RequestFailed(EngineError):

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gymllm.inference.scheduler import Placement
+from gymllm.inference.slot_table import Placement
 
 if TYPE_CHECKING:
     from gymllm.inference.request import EngineRequest

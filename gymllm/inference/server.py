@@ -7,7 +7,7 @@
 Routes: ``POST /v1/completions`` (``prompt`` as text, one list of token ids, or a list of either),
 ``POST /v1/chat/completions`` (rendered with the tokenizer's chat template), both streaming (SSE,
 ``"stream": true``) and not; ``GET /v1/models``; ``GET /health``; in training mode (a
-:class:`~gymllm.inference.proxy.SessionRecorder`) also ``POST /v1/sessions/{id}/reward`` and
+:class:`~gymllm.inference.session_recorder.SessionRecorder`) also ``POST /v1/sessions/{id}/reward`` and
 ``GET /v1/training/stats``. Bodies and answers are the pydantic models of
 :mod:`gymllm.inference.server_models`, published at ``/openapi.json``.
 
@@ -45,7 +45,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gymllm.errors import EngineError
 from gymllm.inference.completion import Completion
 from gymllm.inference.params import SamplingParams
-from gymllm.inference.proxy import Plan, SessionError, SessionRecorder
+from gymllm.inference.session_recorder import Plan, SessionError, SessionRecorder
 from gymllm.inference.server_models import (ChatCompletionResponse, CompletionResponse, ErrorResponse, Health, ModelList,
                                             RewardRequest, RewardResponse, ServerConfig, max_tokens_cap,
                                             request_models)
@@ -123,7 +123,7 @@ def build_app(engine: Any, tokenizer: Any, model_name: str, *, max_len: int | No
     """A FastAPI app serving ``engine`` as ``model_name``.
 
     config: limits and the API key (:class:`ServerConfig`); recorder: training mode (see
-    :mod:`gymllm.inference.proxy`); admission: an async callable awaited before a session's first
+    :mod:`gymllm.inference.session_recorder`); admission: an async callable awaited before a session's first
     request, returning False when the trainer's queue stays full (then a 503); tool_format: the
     parser format for ``tool_calls`` (default: :func:`tool_format_for` the tokenizer).
     """

@@ -89,7 +89,7 @@ def cache_dir() -> Path:
 TINY_PREFIX = "tiny-"
 
 
-def load(spec: str | os.PathLike, dtype=jnp.float32, *, checkpoint: str | os.PathLike | None = None,
+def load(spec: str | os.PathLike, dtype: Any = jnp.float32, *, checkpoint: str | os.PathLike | None = None,
          **tiny: Any) -> LoadedModel:
     """The one way to get a model: ``spec`` resolved to a :class:`LoadedModel` (the module docstring
     lists the kinds), then, with ``checkpoint``, the trained weights of that gymllm run put in.

@@ -102,11 +102,10 @@ def apply_trained(model: Any, path: str | os.PathLike, *, lora: Any = None, step
     rank, alpha, targets = _lora_settings(path, lora)
     base = model.flat_params()
     flat = {k: jnp.asarray(v) for k, v in trained.items()}
-    if rank > 0:
-        adapters, flat = flat, dict(base)
-        for t in targets:  # the training's merge (gymllm.algos.lora.merge): W + (alpha / r) A @ B
-            a, b = adapters[f"layers.{t}.lora_a"], adapters[f"layers.{t}.lora_b"]
-            flat[f"layers.{t}"] = base[f"layers.{t}"] + (alpha / rank) * jnp.einsum("lir,lro->lio", a, b)
+    if rank > 0:  # the training's own merge: W + (alpha / r) A @ B on the targets
+        from gymllm.models.lora import LoRAConfig, merge
+
+        flat = dict(merge(LoRAConfig(rank=rank, alpha=alpha, targets=targets), base, flat))
     missing, extra = sorted(set(base) - set(flat)), sorted(set(flat) - set(base))
     if missing or extra:
         raise ValueError(f"checkpoint {str(path)!r} at step {step}: expected the weights of this model "

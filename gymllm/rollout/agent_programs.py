@@ -168,7 +168,7 @@ class AgentProgramSource:
         self._monitor: asyncio.Task | None = None
 
     async def start(self) -> "AgentProgramSource":
-        from gymllm.inference.proxy import SessionRecorder
+        from gymllm.inference.session_recorder import SessionRecorder
         from gymllm.inference.server import ServerThread, build_app
 
         if self.server is not None:

@@ -66,7 +66,7 @@ class RolloutConfig:
                           "async" (the barrier-free orchestrator), "sync" (the baseline: roll out a whole
                           step, then train) or "proxy" (an agent program that speaks the OpenAI API plays
                           the episodes against the run's engine served on 127.0.0.1 in training mode; see
-                          :mod:`gymllm.inference.proxy`). The orchestrator itself ignores it.
+                          :mod:`gymllm.inference.session_recorder`). The orchestrator itself ignores it.
     agent_program         proxy mode's command line, formatted with {base_url}
                           (``http://127.0.0.1:PORT/v1``), {python} (this interpreter), {model} (the served
                           name), {group_size}, {seed} (the run's seed + 1000000 * process index) and

@@ -1,12 +1,12 @@
 """ProxyGroupSource: closed training-proxy sessions -> complete GRPO groups for the learner.
 
     source = ProxyGroupSource(ProxySourceConfig(group_size=4, max_queued_groups=8))
-    recorder = SessionRecorder(tokenizer, on_closed=source.add)             # gymllm.inference.proxy
+    recorder = SessionRecorder(tokenizer, on_closed=source.add)             # gymllm.inference.session_recorder
     app = build_app(engine, tokenizer, "policy", recorder=recorder, admission=source.wait_for_room)
     async for group in source.groups():                                     # like RolloutOrchestrator
         ...train on group...; source.set_policy_version(step)
 
-Each :class:`~gymllm.inference.proxy.ClosedSession` becomes one :class:`~gymllm.types.Trajectory` per
+Each :class:`~gymllm.inference.session_recorder.ClosedSession` becomes one :class:`~gymllm.types.Trajectory` per
 segment, built with :class:`~gymllm.rollout.token_buffer.Row` (the orchestrator's machinery): context
 ids with mask 0, logprob 0 and version -1, sampled ids verbatim with mask 1, their behaviour logprobs
 and the policy version of each token. Sessions naming the same group id are held until

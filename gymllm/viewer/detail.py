@@ -6,8 +6,8 @@ page colours: ``sampled`` (the loss mask), ``logprob``, ``version`` and ``advant
 ``None`` when the log does not hold it, with a note saying why.
 
 * A ``gymllm.trajectory/1`` log (:class:`~gymllm.wrappers.TrajectoryLogger`): the episode comes back
-  through :func:`~gymllm.wrappers.trajectory_reader.episodes_from_records`, its token arrays through
-  :func:`~gymllm.wrappers.trajectory_reader.read_tokens` (token ids, loss mask, behaviour logprobs,
+  through :func:`~gymllm.trajectories.reader.episodes_from_records`, its token arrays through
+  :func:`~gymllm.trajectories.reader.read_tokens` (token ids, loss mask, behaviour logprobs,
   policy versions); an advantage is shown when the writer attached one to a step with
   ``annotate(advantage=...)``.
 * A training run's ``trajectories.jsonl``: token ids and the sampled spans are per token; the run
@@ -32,7 +32,7 @@ import numpy as np
 
 from gymllm.viewer.index import LogIndex
 from gymllm.viewer.runs import ViewedRun
-from gymllm.wrappers.trajectory_reader import episodes_from_records, read_tokens
+from gymllm.trajectories.reader import episodes_from_records, read_tokens
 
 __all__ = ["trajectory_detail", "run_tokenizer", "token_texts"]
 

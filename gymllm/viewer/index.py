@@ -8,10 +8,10 @@ Two log formats are indexed:
   ``sampled_spans``, ``versions`` ...): one line is one row.
 * ``episodes``: a :class:`~gymllm.wrappers.TrajectoryLogger` log (``gymllm.trajectory/1``: ``header``,
   ``reset``, ``step``, ``tokens``, ``note``, ``end``, ``abort`` records): one episode is one row, made
-  of the byte ranges of its records; :func:`gymllm.wrappers.trajectory_reader.episodes_from_records`
-  turns those records back into a :class:`~gymllm.wrappers.trajectory_reader.LoggedEpisode`.
+  of the byte ranges of its records; :func:`gymllm.trajectories.reader.episodes_from_records`
+  turns those records back into a :class:`~gymllm.trajectories.reader.LoggedEpisode`.
 
-The project's reader (:func:`~gymllm.wrappers.trajectory_reader.scan_jsonl`) reads a whole file per
+The project's reader (:func:`~gymllm.trajectories.reader.scan_jsonl`) reads a whole file per
 call; the index instead remembers how far it has read (only complete lines: a half-written last line
 waits for its newline) and reads only what was appended since, in chunks, under a lock, so a request
 for the first page is answered as soon as that page's rows are indexed while the rest is read on.
@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Any, Callable, Iterator
 
-from gymllm.wrappers.trajectory_format import FORMAT
+from gymllm.trajectories.format import FORMAT
 
 __all__ = ["LogIndex", "detect_format", "Filters", "CHUNK_BYTES"]
 

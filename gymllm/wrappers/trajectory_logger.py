@@ -22,9 +22,9 @@ JSONL records (``"type"`` says which):
   crash); readers drop aborted episodes.
 
 A trained trajectory outside an episode log (a run's ``trajectories.jsonl``, ``serve --groups-out``) is
-one ``trajectory`` record (:func:`~gymllm.wrappers.trajectory_format.trajectory_record`, written by
-:class:`~gymllm.wrappers.trajectory_writers.TrajectoryRecordWriter`, read by
-:func:`~gymllm.wrappers.trajectory_reader.read_trajectory_records`).
+one ``trajectory`` record (:func:`~gymllm.trajectories.format.trajectory_record`, written by
+:class:`~gymllm.trajectories.writers.TrajectoryRecordWriter`, read by
+:func:`~gymllm.trajectories.reader.read_trajectory_records`).
 
 Crash safety: every record is one ``write`` of a full line followed by ``flush`` (so a process killed
 with SIGKILL loses at most the line being written); ``fsync`` per episode end by default. Token arrays
@@ -35,11 +35,11 @@ lets a runner skip (seed, task) pairs already logged.
 
 Seeds: when ``reset`` is called without a seed and ``assign_seeds`` is on (default), the logger draws a
 fresh seed from its own generator and passes it on, so every logged episode can be replayed exactly
-(:func:`gymllm.wrappers.replay`).
+(:func:`gymllm.trajectories.replay`).
 
-The pieces: :mod:`~gymllm.wrappers.trajectory_format` (config, JSON conversion),
-:mod:`~gymllm.wrappers.trajectory_reader` (reading logs back), :mod:`~gymllm.wrappers.trajectory_tokens`
-(the zarr token store), :mod:`~gymllm.wrappers.trajectory_writers` (writer names); this module holds
+The pieces: :mod:`~gymllm.trajectories.format` (config, JSON conversion),
+:mod:`~gymllm.trajectories.reader` (reading logs back), :mod:`~gymllm.trajectories.tokens`
+(the zarr token store), :mod:`~gymllm.trajectories.writers` (writer names); this module holds
 the wrapper and gathers their public names.
 """
 
@@ -56,14 +56,14 @@ import numpy as np
 
 from gymllm.errors import ConfigError, GymLLMError, explain
 from gymllm.telemetry import span
-from gymllm.wrappers.trajectory_format import (FORMAT, TOKEN_FIELDS, TRAJECTORY, TrajectoryLoggerConfig, dumps_record,
+from gymllm.trajectories.format import (FORMAT, TOKEN_FIELDS, TRAJECTORY, TrajectoryLoggerConfig, dumps_record,
                                                mask_spans, normalise, package_versions, to_jsonable, trajectory_record,
                                                wrapper_stack)
-from gymllm.wrappers.trajectory_reader import (LoggedEpisode, as_trajectory_record, episodes_from_records, log_files,
+from gymllm.trajectories.reader import (LoggedEpisode, as_trajectory_record, episodes_from_records, log_files,
                                                read_log, read_tokens, read_trajectory_records, scan_jsonl,
                                                trajectory_from_record)
-from gymllm.wrappers.trajectory_tokens import TokenStore
-from gymllm.wrappers.trajectory_writers import TrajectoryRecordWriter, claim_writer_name
+from gymllm.trajectories.tokens import TokenStore
+from gymllm.trajectories.writers import TrajectoryRecordWriter, claim_writer_name
 
 
 class TrajectoryLogger(gym.Wrapper):

@@ -1,6 +1,6 @@
 """Text for PettingZoo envs: :class:`MultiAgentConfig` (invalid-move policy, move names, renderer),
 the :class:`MoveText` action space, and :class:`TextCodec`, the per-agent observation/action text
-conversion the AEC and Parallel wrappers share (see :mod:`gymllm.wrappers.multi_agent`)."""
+conversion the AEC and Parallel wrappers share (see :mod:`gymllm.multiagent`)."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ class MoveText(Text):
         self.moves = tuple(moves)
 
     def sample(self, mask: Any = None, probability: Any = None) -> str:  # type: ignore[override]
-        from gymllm.wrappers.space_text import format_action
+        from gymllm.space_text import format_action
 
         if self.moves:
             legal = np.arange(len(self.moves)) if mask is None else np.flatnonzero(np.asarray(mask))
@@ -139,7 +139,7 @@ class TextCodec:
         return np.ones(len(moves), np.int8) if m is None else m
 
     def render(self, agent: str, raw_obs: Any, mask: np.ndarray | None, note: str = "") -> str:
-        from gymllm.wrappers.space_text import action_menu, ansi_to_text, describe
+        from gymllm.space_text import action_menu, ansi_to_text, describe
 
         cfg = self.config
         head = cfg.instructions or f"You are {agent}. Reply with one move."
@@ -163,7 +163,7 @@ class TextCodec:
 
     def parse(self, agent: str, text: Any, mask: np.ndarray | None) -> tuple[Any, str | None]:
         """``(inner_action, None)`` for a legal move, ``(None, why)`` otherwise."""
-        from gymllm.wrappers.space_text import ActionParseError, parse_action
+        from gymllm.space_text import ActionParseError, parse_action
 
         space = self.action_space(agent)
         if not isinstance(text, str):

@@ -8,8 +8,8 @@ from typing import Callable, Iterable
 import numpy as np
 
 from gymllm.errors import ConfigError, GymLLMError, explain
-from gymllm.wrappers.multi_agent_aec import TextAECEnv
-from gymllm.wrappers.multi_agent_policies import Policy, advance_game
+from gymllm.multiagent.aec import TextAECEnv
+from gymllm.multiagent.policies import Policy, advance_game
 
 __all__ = ["AgentVectorEnv"]
 

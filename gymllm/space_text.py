@@ -2,7 +2,7 @@
 model's reply into an action of the space, format an action back as text.
 
 Shared by the single-agent adapter (:mod:`gymllm.envs.gymnasium_adapter`) and the multi-agent
-wrappers (:mod:`gymllm.wrappers.multi_agent`), so it lives in the wrapper layer that both may import.
+wrappers (:mod:`gymllm.multiagent`), so it lives in the wrapper layer that both may import.
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ def format_action(value: Any, space: gym.Space, names: tuple[str, ...] | None = 
     if isinstance(space, (gspaces.MultiDiscrete, gspaces.MultiBinary, gspaces.Box)):
         return " ".join(repr(float(v)) if np.issubdtype(space.dtype, np.floating) else str(int(v))
                         for v in np.asarray(value).reshape(-1))
-    from gymllm.wrappers.trajectory_logger import to_jsonable
+    from gymllm.trajectories.format import to_jsonable
 
     return json.dumps(to_jsonable(value))
 

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from gymllm.wrappers.multi_agent_aec import TextAECEnv
+from gymllm.multiagent.aec import TextAECEnv
 
 __all__ = ["Policy", "random_legal_policy", "policy_move", "advance_game"]
 

@@ -11,7 +11,7 @@ from typing import Any, Iterable
 
 from gymllm.atomic import atomic_write_text
 from gymllm.errors import GymLLMError, explain
-from gymllm.wrappers.trajectory_format import dumps_record, trajectory_record
+from gymllm.trajectories.format import dumps_record, trajectory_record
 
 __all__ = ["claim_writer_name", "TrajectoryRecordWriter"]
 
@@ -57,7 +57,7 @@ def claim_writer_name(path: str | os.PathLike, prefix: str = "env") -> tuple[str
 
 
 class TrajectoryRecordWriter:
-    """Appends one :func:`~gymllm.wrappers.trajectory_format.trajectory_record` line per trajectory to a
+    """Appends one :func:`~gymllm.trajectories.format.trajectory_record` line per trajectory to a
     JSONL file (created with its parents), one whole-line write each, flushed after every :meth:`write`
     (a kill loses at most the line being written; the reader skips it).
 

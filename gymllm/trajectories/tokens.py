@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from gymllm.wrappers.trajectory_format import TOKEN_FIELDS
+from gymllm.trajectories.format import TOKEN_FIELDS
 
 __all__ = ["TokenStore"]
 

@@ -1,5 +1,5 @@
 """:class:`TextAECEnv`: a PettingZoo AEC env with text observations and text actions (the rules are
-in :mod:`gymllm.wrappers.multi_agent`)."""
+in :mod:`gymllm.multiagent`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 from pettingzoo import AECEnv
 
 from gymllm.errors import ConfigError, explain
-from gymllm.wrappers.multi_agent_codec import MoveText, MultiAgentConfig, TextCodec
+from gymllm.multiagent.codec import MoveText, MultiAgentConfig, TextCodec
 
 __all__ = ["TextAECEnv"]
 

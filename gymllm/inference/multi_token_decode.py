@@ -29,7 +29,7 @@ import numpy as np
 from flax import nnx
 
 from gymllm.inference.sampling import sample, step_keys
-from gymllm.inference.steps import decode_logits
+from gymllm.inference.jit_steps import decode_logits
 
 MAX_STOP_IDS = 8  # stop ids per row checked on the device (more are still honoured by the host)
 

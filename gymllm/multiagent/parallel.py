@@ -1,5 +1,5 @@
 """:class:`TextParallelEnv`: a PettingZoo Parallel env with text observations and actions (the rules
-are in :mod:`gymllm.wrappers.multi_agent`)."""
+are in :mod:`gymllm.multiagent`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 from pettingzoo import ParallelEnv
 
 from gymllm.errors import ConfigError, explain
-from gymllm.wrappers.multi_agent_codec import MoveText, MultiAgentConfig, TextCodec
+from gymllm.multiagent.codec import MoveText, MultiAgentConfig, TextCodec
 
 __all__ = ["TextParallelEnv"]
 

@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gymllm.algos.lora import LoRAConfig, adapter_keys, merged_delta, nbytes
+from gymllm.models.lora import LoRAConfig, adapter_keys, merged_delta, nbytes
 from gymllm.errors import EngineError, explain
 
 _RECEIVERS: "weakref.WeakKeyDictionary[Any, LoraReceiver]" = weakref.WeakKeyDictionary()

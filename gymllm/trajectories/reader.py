@@ -14,7 +14,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from gymllm.errors import explain
-from gymllm.wrappers.trajectory_format import FORMAT, TRAJECTORY, dumps_record, mask_spans
+from gymllm.trajectories.format import FORMAT, TRAJECTORY, dumps_record, mask_spans
 
 __all__ = ["scan_jsonl", "LoggedEpisode", "log_files", "episodes_from_records", "read_log", "read_tokens",
            "read_trajectory_records", "as_trajectory_record", "trajectory_from_record"]
@@ -180,7 +180,7 @@ def read_tokens(path: str | os.PathLike, record: dict[str, Any]) -> dict[str, np
 
 
 def as_trajectory_record(rec: dict[str, Any]) -> dict[str, Any]:
-    """``rec`` in today's ``trajectory`` layout (:func:`~gymllm.wrappers.trajectory_format.trajectory_record`).
+    """``rec`` in today's ``trajectory`` layout (:func:`~gymllm.trajectories.format.trajectory_record`).
 
     Also reads the layouts written before it: a run's record without ``type`` (the same fields), and
     a ``serve --groups-out`` record (per-token ``loss_mask``, ``behaviour_logprobs`` and ``versions``

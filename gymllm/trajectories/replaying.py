@@ -1,13 +1,13 @@
 """Replay: re-execute logged episodes and report every observation or reward that differs.
 
-``gymllm.wrappers.replay(log_path)`` reads a :class:`~gymllm.wrappers.TrajectoryLogger` log, rebuilds
+``gymllm.trajectories.replay(log_path)`` reads a :class:`~gymllm.wrappers.TrajectoryLogger` log, rebuilds
 each complete episode's env (its logged env id + kwargs, or ``env_factory``), resets it with the
 logged seed and options, feeds it the logged actions, and compares what comes back (observation,
 reward, terminated, truncated; info optionally) with what was logged, after the same JSON
 normalisation. The result is a :class:`ReplayReport` (``ok``, ``differences``, ``summary()``); the
 CLI ``gymllm replay LOG`` prints its summary and exits non-zero when anything differs.
 
-The module is ``replaying`` so that ``gymllm.wrappers.replay`` always names the function (a submodule
+The module is ``replaying`` so that ``gymllm.trajectories.replay`` always names the function (a submodule
 of the same name would shadow it once imported).
 """
 
@@ -21,7 +21,8 @@ from typing import Any, Callable
 import gymnasium as gym
 
 from gymllm.errors import explain
-from gymllm.wrappers.trajectory_logger import LoggedEpisode, normalise, read_log
+from gymllm.trajectories.format import normalise
+from gymllm.trajectories.reader import LoggedEpisode, read_log
 
 
 @dataclasses.dataclass(frozen=True)

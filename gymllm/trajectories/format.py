@@ -14,7 +14,7 @@ A ``trajectory`` record (one JSON line; a run's ``trajectories.jsonl``, ``gymllm
      "turn_boundaries": [[40, 52]], "info": {...},
      "logprobs": [...], "token_versions": [...]}   # per token, only with per_token=True
 
-:func:`~gymllm.wrappers.trajectory_reader.read_trajectory_records` reads it back, and the two
+:func:`~gymllm.trajectories.reader.read_trajectory_records` reads it back, and the two
 layouts written before it (a run's records without ``type``; ``serve --groups-out`` records with
 per-token ``loss_mask`` / ``behaviour_logprobs`` / ``versions``) as the same record.
 """

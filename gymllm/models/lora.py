@@ -6,7 +6,7 @@ adapted model starts equal to the base; the effective weight is ``W + (alpha / r
 :func:`merge` gives the full weights the engine runs (the base is never modified), as a
 :class:`MergedWeights` dict that also keeps the adapters it was made from: a weight push of merged
 weights sends only those adapters (:mod:`gymllm.algos.lora_push`); the engine keeps its base and
-merges them itself (:mod:`gymllm.algos.lora_receiver`).
+merges them itself (:mod:`gymllm.inference.lora_receiver`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gymllm.algos.config import check_range
+from gymllm.validation import check_range
 from gymllm.errors import ConfigError, explain
 
 PROJECTIONS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")

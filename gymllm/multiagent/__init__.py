@@ -28,22 +28,22 @@ leaves keep the original dtype check). Everything else in ``api_test`` runs unch
 ``test_action_flexibility`` is a no-op for text action spaces (it only acts on Discrete/Box
 spaces), and it warns that observations are not NumPy arrays, which is expected for text.
 
-The pieces live in their own modules: :mod:`~gymllm.wrappers.multi_agent_codec` (config, move space,
-text codec), :mod:`~gymllm.wrappers.multi_agent_aec`, :mod:`~gymllm.wrappers.multi_agent_parallel`,
-:mod:`~gymllm.wrappers.multi_agent_policies`, :mod:`~gymllm.wrappers.multi_agent_seat`,
-:mod:`~gymllm.wrappers.multi_agent_vector` and :mod:`~gymllm.wrappers.multi_agent_check`; this module
+The pieces live in their own modules: :mod:`~gymllm.multiagent.codec` (config, move space,
+text codec), :mod:`~gymllm.multiagent.aec`, :mod:`~gymllm.multiagent.parallel`,
+:mod:`~gymllm.multiagent.policies`, :mod:`~gymllm.multiagent.seat`,
+:mod:`~gymllm.multiagent.vector` and :mod:`~gymllm.multiagent.check`; this module
 gathers their public names.
 """
 
 from __future__ import annotations
 
-from gymllm.wrappers.multi_agent_aec import TextAECEnv
-from gymllm.wrappers.multi_agent_check import text_api_test
-from gymllm.wrappers.multi_agent_codec import MoveText, MultiAgentConfig, TextCodec
-from gymllm.wrappers.multi_agent_parallel import TextParallelEnv
-from gymllm.wrappers.multi_agent_policies import Policy, random_legal_policy
-from gymllm.wrappers.multi_agent_seat import SingleAgentView
-from gymllm.wrappers.multi_agent_vector import AgentVectorEnv
+from gymllm.multiagent.aec import TextAECEnv
+from gymllm.multiagent.check import text_api_test
+from gymllm.multiagent.codec import MoveText, MultiAgentConfig, TextCodec
+from gymllm.multiagent.parallel import TextParallelEnv
+from gymllm.multiagent.policies import Policy, random_legal_policy
+from gymllm.multiagent.seat import SingleAgentView
+from gymllm.multiagent.vector import AgentVectorEnv
 
 __all__ = ["TextAECEnv", "TextParallelEnv", "MultiAgentConfig", "MoveText", "SingleAgentView", "AgentVectorEnv",
            "random_legal_policy", "text_api_test", "TextCodec", "Policy"]

@@ -8,8 +8,8 @@ from typing import Any
 from gymllm.core import TextEnv
 from gymllm.errors import ConfigError, explain
 from gymllm.spaces import Text
-from gymllm.wrappers.multi_agent_aec import TextAECEnv
-from gymllm.wrappers.multi_agent_policies import Policy, advance_game
+from gymllm.multiagent.aec import TextAECEnv
+from gymllm.multiagent.policies import Policy, advance_game
 
 __all__ = ["SingleAgentView", "game_outcome"]
 

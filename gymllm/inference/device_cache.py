@@ -3,16 +3,16 @@
 :class:`DeviceSteps` owns the preallocated cache (``model.init_cache(num_slots, max_len)``) and makes
 every device call of the engine, each under its telemetry span on track "engine":
 
-* prefill (:mod:`gymllm.inference.steps`): P prompt chunks of length bucket T into chosen rows,
+* prefill (:mod:`gymllm.inference.jit_steps`): P prompt chunks of length bucket T into chosen rows,
   reading the first ``length`` cached slots of those rows (0: no reused prefix);
-* decode: one step over rows [0, W) attending over slots [0, S) (:mod:`gymllm.inference.steps`), or up
-  to K steps in one call (:mod:`gymllm.inference.multistep`);
+* decode: one step over rows [0, W) attending over slots [0, S) (:mod:`gymllm.inference.jit_steps`), or up
+  to K steps in one call (:mod:`gymllm.inference.multi_token_decode`);
 * mixed: a decode step with prompt chunks riding along (:mod:`gymllm.inference.piggyback`);
 * row copies for compaction (:func:`copy_rows`).
 
 Compiled shapes are fixed by the config: prefill batch sizes (powers of two up to
 ``max_prefill_batch``) x length ``buckets`` x ``prefill_lengths``; decode ``widths``
-(:func:`~gymllm.inference.scheduler.decode_widths`) x cache ``lengths`` (``max_len``, ``max_len / 2``,
+(:func:`~gymllm.inference.slot_table.decode_widths`) x cache ``lengths`` (``max_len``, ``max_len / 2``,
 ...); mixed: widths x lengths x the piggybacked buckets; copies: ``copy_sizes`` rows.
 :meth:`DeviceSteps.warmup` compiles them all. The compiled steps are shared by engines over equal
 model graphs (``trace_counts`` count their compilations).
@@ -34,11 +34,11 @@ import numpy as np
 from flax import nnx
 
 from gymllm.inference.config import EngineConfig
-from gymllm.inference.multistep import chunk_limits, make_decode_chunk
+from gymllm.inference.multi_token_decode import chunk_limits, make_decode_chunk
 from gymllm.inference.piggyback import make_mixed_step
 from gymllm.inference.rows import SamplingRows
-from gymllm.inference.scheduler import decode_widths, halving_buckets, pick_bucket, power_of_two_buckets
-from gymllm.inference.steps import make_steps
+from gymllm.inference.slot_table import decode_widths, halving_buckets, pick_bucket, power_of_two_buckets
+from gymllm.inference.jit_steps import make_steps
 from gymllm.inference.weights import WeightStore
 from gymllm.telemetry import span
 
