@@ -12,8 +12,10 @@ from typing import Annotated, Callable, Sequence
 
 import tyro
 
+from gymllm.atomic import atomic_write_text
 from gymllm.cli.train_args import (parse_train_args, parse_train_plan, recipe_sft_stage,  # noqa: F401 (re-exported)
                                    train_arguments, train_config_from)
+from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 
 # --------------------------------------------------------------------------------------- dispatch
 
@@ -48,7 +50,6 @@ def run_stages(cfg: object, stage: object, *, log: Callable[[str], None] = print
     output to redo it. A ``cfg`` that already names ``model.checkpoint`` is returned unchanged: the
     warm start is given, so no stage runs."""
     import dataclasses
-    import os
 
     from gymllm.errors import ConfigError, explain
 
@@ -62,9 +63,7 @@ def run_stages(cfg: object, stage: object, *, log: Callable[[str], None] = print
 
     def record(name: str, entry: dict) -> None:
         done[name] = entry
-        tmp = stages_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(done, indent=2))
-        os.replace(tmp, stages_path)
+        atomic_write_text(stages_path, json.dumps(done, indent=2))
 
     demos_path = run_dir / "demos.jsonl"
     if demos_path.is_file() and demos_path.stat().st_size > 0:
@@ -80,9 +79,7 @@ def run_stages(cfg: object, stage: object, *, log: Callable[[str], None] = print
             raise ConfigError(explain("recipe [sft].demos", expected=f"solved episodes of {cfg.env.id}",
                                       received=f"none on seeds {stage.demo_seed}..{stage.demo_seed + stage.demos - 1}",
                                       fix="check env.kwargs (e.g. a map whose goal can be reached)"))
-        tmp = run_dir / "demos.jsonl.tmp"
-        write_demos(str(tmp), records)
-        os.replace(tmp, demos_path)
+        write_demos(demos_path, records)  # atomic: a killed stage leaves no half-written demos
         mean = sum(r["reward"] for r in records) / len(records)
         record("demos", {"episodes": len(records), "played": stage.demos, "mean_reward": mean,
                          "wall_s": round(time.perf_counter() - t0, 1)})
@@ -157,7 +154,7 @@ def eval(
     env_kwargs: str | None = None,
     num_seeds: int = 16,
     k: int = 4,
-    seed_offset: int = 100_000,
+    seed_offset: int = HELD_OUT_SEED_BASE,
     temperature: float = 0.7,
     max_tokens: int = 256,
     max_turns: int = 4,
@@ -274,16 +271,11 @@ def serve(
         app_kwargs = {"recorder": recorder, "admission": source.wait_for_room}
 
         async def write_groups() -> None:
-            with open(groups_out, "a", encoding="utf-8") as f:
+            from gymllm.trajectories.writers import TrajectoryRecordWriter
+
+            with TrajectoryRecordWriter(groups_out, per_token=True) as w:  # the one trajectory record format
                 async for group in source.groups():
-                    for t in group.trajectories:
-                        f.write(json.dumps({
-                            "group_id": t.group_id, "task_id": t.task_id, "trajectory_id": t.trajectory_id,
-                            "reward": t.reward, "row_index": t.row_index, "token_ids": t.token_ids.tolist(),
-                            "loss_mask": t.loss_mask.tolist(), "behaviour_logprobs": t.behaviour_logprobs.tolist(),
-                            "versions": t.versions.tolist(), "turn_boundaries": t.turn_boundaries,
-                            "info": t.info}) + "\n")
-                    f.flush()
+                    w.write(group.trajectories)
 
         threading.Thread(target=asyncio.run, args=(write_groups(),), name="gymllm-groups-out", daemon=True).start()
     mode = f"; training mode, groups -> {groups_out}" if training else ""

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Sequence
 
+from gymllm.utils.seeds import HELD_OUT_SEED_BASE
+
 
 #: the default suite: small, verifiable, offline tasks of several kinds
 SUITE = ("gymllm/Arithmetic-v0", "gymllm/Countdown-v0", "gymllm/MathWord-v0", "gymllm/CalcMath-v0",
@@ -39,19 +41,9 @@ def load_model(name: str | None, *, checkpoint: str | None = None) -> Any:
 
     section = run_config(checkpoint).get("model", {}) if name is None else {}
     name = section.get("name", DEFAULT_MODEL) if name is None else name
-    if name.startswith("tiny-"):
-        dims = {k: section[k] for k in ("seed", "vocab_size", "hidden_size", "intermediate_size", "num_layers",
-                                        "num_heads", "num_kv_heads") if section.get(k) is not None}
-        loaded = models.make_tiny(name.removeprefix("tiny-"), **dims)
-    else:
-        loaded = models.load(name)
-    if checkpoint:
-        import dataclasses
-
-        from gymllm.algos.checkpoint import restore_model_weights
-
-        loaded = dataclasses.replace(loaded, model=restore_model_weights(loaded.model, checkpoint),
-                                     source=f"{loaded.source} + {checkpoint}")
+    dims = ({k: section.get(k) for k in ("seed", "vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                                          "num_heads", "num_kv_heads")} if name.startswith("tiny-") else {})
+    loaded = models.load(name, checkpoint=checkpoint or None, **dims)
     return loaded
 
 
@@ -90,7 +82,7 @@ async def eval_env(env_id: str, loaded: Any, *, num_seeds: int, k: int, seed_off
 
 
 def run_eval(env_ids: Sequence[str], *, model: str | None = None, checkpoint: str | None = None, num_seeds: int = 16,
-             k: int = 4, seed_offset: int = 100_000, temperature: float = 0.7, max_tokens: int = 256, max_turns: int = 4,
+             k: int = 4, seed_offset: int = HELD_OUT_SEED_BASE, temperature: float = 0.7, max_tokens: int = 256, max_turns: int = 4,
              success_threshold: float = 1.0, env_kwargs: dict[str, Any] | None = None,
              system_prompt: str | None = None, max_len: int | None = None) -> list[dict[str, Any]]:
     """Evaluate ``model`` on each env (``["suite"]`` expands to :data:`SUITE`); one row per env.
