@@ -212,7 +212,7 @@ def eval_main(argv: Sequence[str]) -> int:
 
 
 def compare_main(argv: Sequence[str]) -> int:
-    """Compare the policies of existing suite results: paired differences, intervals, p-values.
+    """Paired comparisons of the policies in existing suite results: differences, intervals, p-values.
 
     ``gymllm compare DIR ...``: parses ``argv`` with tyro and runs :func:`compare`."""
     return int(tyro.cli(compare, prog="gymllm compare", args=list(argv)))
