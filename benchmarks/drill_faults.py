@@ -402,20 +402,28 @@ def drill_server_disconnect(root: pathlib.Path, steps: int) -> dict[str, Any]:
     cfg = small_config(root / "server", steps=steps)  # the drilled runs' model and engine: compiled shapes shared
     lm = load_model(cfg.model)
     engine = JaxEngine.from_loaded(lm, config=cfg.engine, stop_token_ids=())
-    closed = threading.Event()
+    closed, hold_after_first = threading.Event(), threading.Event()
 
     class Watched:
-        """The served engine, unchanged, except that the end of each token stream is signalled."""
+        """The served engine, unchanged, except that the end of each token stream is signalled, and that
+        the engine is held (no decode step starts) from the stream's first token until the stream ends:
+        the disconnect is seen before the request could finish, however fast the engine decodes."""
 
         def __getattr__(self, name: str) -> Any:
             return getattr(engine, name)
 
         async def stream(self, *args: Any, **kwargs: Any):
+            hold = None
             try:
                 async for item in engine.stream(*args, **kwargs):
+                    if hold is None and hold_after_first.is_set():
+                        hold = engine.paused()
+                        hold.__enter__()  # waits for the running iteration (at most one decode chunk)
                     yield item
             finally:
                 closed.set()
+                if hold is not None:
+                    hold.__exit__(None, None, None)
 
     body = {"model": "tiny-qwen3", "prompt": [5, 6, 7, 8], "max_tokens": 40, "temperature": 0.0, "stream": True}
     served = cancelled = False
@@ -428,6 +436,7 @@ def drill_server_disconnect(root: pathlib.Path, steps: int) -> dict[str, Any]:
                 with http.stream("POST", "/v1/completions", json=warm) as resp:
                     resp.read()
             closed.clear()
+            hold_after_first.set()
             detail["warmup_s"] = round(time.perf_counter() - t, 2)
             t = time.perf_counter()
             before = engine.stats["generated_tokens"]
@@ -436,6 +445,7 @@ def drill_server_disconnect(root: pathlib.Path, steps: int) -> dict[str, Any]:
                 with engine.paused():  # no decode step runs until the server has seen the disconnect
                     resp.close()
                     cancelled = closed.wait(20.0)
+            hold_after_first.clear()
             nxt = http.post("/v1/completions", json={**body, "stream": False, "max_tokens": 6})
             got = nxt.json()["choices"][0]["text"] if nxt.status_code == 200 else None
             ref = asyncio.run(engine.generate([5, 6, 7, 8], SamplingParams(temperature=0.0, max_tokens=6)))
