@@ -279,6 +279,10 @@ def test_placement_is_fitted_to_the_cluster_and_explicit_options_win():
     assert (auto.envs_per_actor, auto.num_actors, auto.num_cpus) == (1, 6, 0.5)  # one actor per env, 0.5 CPU each
     busy = plan_placement(6, RayOptions(), three, {"CPU": 2.5})
     assert busy.num_actors == 6 and busy.num_cpus * 6 <= 2.5 and busy.num_cpus == 0.4166
+    # 2.5 free CPUs split over two hosts (0.5 + 2.0): a share of 2.5 / 6 would fit only 1 + 4 actors;
+    # the share leaves room for one wasted share per host, so all six fit whatever the split
+    split = plan_placement(6, RayOptions(), three, {"CPU": 2.5}, nodes=2)
+    assert split.num_cpus == 0.3571 and int(0.5 / split.num_cpus) + int(2.0 / split.num_cpus) >= 6
     assert plan_placement(2, RayOptions(), three, three).num_cpus == 1.0  # at most one CPU per actor
     assert plan_placement(6, RayOptions(), three, {"CPU": 0.0}).num_cpus == 0.0  # full: Ray's running default
     many = plan_placement(100, RayOptions(), three, three)  # more envs than 4 actors per CPU: shards

@@ -79,7 +79,7 @@ class Placement:
 
 
 def plan_placement(num_envs: int, options: RayOptions, total: Mapping[str, float],
-                   available: Mapping[str, float]) -> Placement:
+                   available: Mapping[str, float], nodes: int = 1) -> Placement:
     """The placement of ``num_envs`` sub-envs on a cluster with ``total`` / ``available`` resources
     (``ray.cluster_resources()`` / ``ray.available_resources()``).
 
@@ -89,7 +89,9 @@ def plan_placement(num_envs: int, options: RayOptions, total: Mapping[str, float
     with explicit ``num_cpus``, at most as many as each custom resource in ``resources`` allows;
     then the sub-envs are split into the fewest equal shards that fit. When ``num_cpus`` is None,
     each actor reserves an equal share of the available CPUs, at most 1 (rounded down to Ray's
-    1e-4 granularity; 0 when none is free). A demand that cannot fit at all is left for
+    1e-4 granularity; 0 when none is free), made small enough to fit whatever the free CPUs' split
+    over ``nodes`` hosts: each host wastes less than one share, so ``available / (actors + nodes - 1)``
+    fits every actor. A demand that cannot fit at all is left for
     :meth:`RayRunner.check_fits` to refuse.
     """
     size = options.shard_size(num_envs)
@@ -104,7 +106,8 @@ def plan_placement(num_envs: int, options: RayOptions, total: Mapping[str, float
     actors = -(-num_envs // size)
     cpus = options.num_cpus
     if cpus is None:
-        cpus = min(1.0, math.floor(max(available.get("CPU", 0.0), 0.0) / actors * 1e4) / 1e4)
+        share = max(available.get("CPU", 0.0), 0.0) / (actors + max(1, nodes) - 1)
+        cpus = min(1.0, math.floor(share * 1e4) / 1e4)
     return Placement(envs_per_actor=size, num_actors=actors, num_cpus=float(cpus))
 
 # One actor call's work item: (index in the shard, op, action, seed, options, rebuild).
@@ -229,7 +232,9 @@ class RayRunner(SubEnvRunner):
         if not self.ray.is_initialized():
             init_ray(self.options.address)
         n = len(ledger.slots)
-        self.placement = plan_placement(n, self.options, self.ray.cluster_resources(), self.ray.available_resources())
+        hosts = sum(1 for node in self.ray.nodes() if node.get("Alive") and node.get("Resources", {}).get("CPU"))
+        self.placement = plan_placement(n, self.options, self.ray.cluster_resources(), self.ray.available_resources(),
+                                        nodes=hosts)
         size = self.placement.envs_per_actor
         self.shards = [_Shard(k, list(range(lo, min(lo + size, n)))) for k, lo in enumerate(range(0, n, size))]
         self.shard_of = [sh for sh in self.shards for _ in sh.env_ids]
