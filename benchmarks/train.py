@@ -23,7 +23,8 @@ report the mean reward of the groups each step trained on (``reward_per_step``),
 Both run N optimizer steps; every engine and learner shape is compiled before the first rollout
 (``run.warmup``; compiled programs are shared within the process) and the step walls start with the
 rollouts, so the walls compare schedules, not compilers. Reported: wall
-time for N steps, trainer-idle fraction (time the learner waited for groups / wall) for each, over
+time for N steps, trainer-idle fraction (the telemetry's ``pipeline/trainer_idle_fraction``: the share
+of each step's window with no trainer span open, weighted by step wall) for each, over
 the whole run (step 1 includes the pipeline fill: nothing to train before the first groups) and
 after step 1 (``trainer_idle_fraction_steady``). Both schedules get the same rollout resources
 (see ``pipeline_config`` for how the rollout supply is sized against the learner).
@@ -118,8 +119,11 @@ def measure(cfg: TrainConfig) -> dict[str, float]:
     res = train(cfg)
     walls = np.array([h["step_wall_s"] for h in res.history])
     waits = np.array([h["trainer_wait_s"] for h in res.history])
-    return {"steps": res.steps, "wall_s": float(walls.sum()), "trainer_idle_fraction": float(waits.sum() / walls.sum()),
-            "trainer_idle_fraction_steady": float(waits[1:].sum() / max(walls[1:].sum(), 1e-9)),
+    # trainer idle is measured once, by the telemetry (1 - the trainer spans' union over each step's
+    # window, ``pipeline/trainer_idle_fraction``); the run's figure weights the steps by their wall time
+    idle = np.array([h.get("pipeline/trainer_idle_fraction") or 0.0 for h in res.history]) * walls
+    return {"steps": res.steps, "wall_s": float(walls.sum()), "trainer_idle_fraction": float(idle.sum() / walls.sum()),
+            "trainer_idle_fraction_steady": float(idle[1:].sum() / max(walls[1:].sum(), 1e-9)),
             "fill_wait_s": float(waits[0]), "step_s": walls.tolist(), "reward_mean": float(np.mean(res.rewards())),
             "engine_busy_fraction": float(np.mean([h["engine_busy_fraction"] for h in res.history])),
             "weight_sync_s_mean": float(np.mean([h["weight_sync_s"] for h in res.history])),

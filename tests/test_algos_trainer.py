@@ -69,8 +69,8 @@ def test_run_dir_has_every_artifact(tmp_path):
     assert (d / "checkpoints").is_dir()
     rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
-    for key in ("reward_mean", "tokens_per_s_generated", "engine_busy_fraction", "trainer_idle_fraction",
-                "staleness_mean", "clip_fraction", "kl", "entropy", "response_len_mean", "weight_sync_s"):
+    for key in ("reward_mean", "tokens_per_s_generated", "engine_busy_fraction", "pipeline/trainer_idle_fraction",
+                "trainer_wait_s", "staleness_mean", "clip_fraction", "kl", "entropy", "response_len_mean", "weight_sync_s"):
         assert key in rows[0], key
     # every group that reached the learner was counted by the rollout-wide reward, filtered or not
     assert sum(r.get("rollout_groups", 0) for r in rows) >= 2 * 2

@@ -79,7 +79,8 @@ class RolloutTally:
 class StepLog:
     """The run's step records and their timing.
 
-    ``history``: every step's record (``{"step": k, **metrics}``); ``trained_ids``: per step, the
+    ``history``: every step's record as metrics.jsonl holds it (flat: ``step``, ``time``, the step's
+    metrics and the logger's ``pipeline/...`` figures for the step's window); ``trained_ids``: per step, the
     trajectory ids the update used; ``tally``: the :class:`RolloutTally`; ``pending_eval``: held-out
     metrics to add to the next record. Timing: ``t_step`` (the current step's start; time spent in
     held-out evaluation is added to it, so it is left out of the step's wall time), ``wait_s`` (time
@@ -124,7 +125,6 @@ class StepLog:
         wall = time.perf_counter() - self.t_step
         m = dict(rep.metrics)
         m.update(weight_sync_s=sync_s, step_wall_s=wall, trainer_wait_s=self.wait_s,
-                 trainer_idle_fraction=min(1.0, self.wait_s / wall) if wall > 0 else 0.0,
                  tokens_per_s_generated=self.gen_tokens / wall if wall > 0 else 0.0,
                  engine_busy_fraction=float(stats.get("engine_busy_fraction", 0.0)),
                  groups_filtered_rollout=float(filtered), groups_stale_rollout=float(stats.get("stale_dropped", 0)))
@@ -133,10 +133,11 @@ class StepLog:
         m.update(self.tally.pop())  # over every group completed since the last step, filtered ones included
         m.update(self.pending_eval)
         self.pending_eval = {}
-        record = {"step": rep.step, **m}
+        # the record is what metrics.jsonl holds: the logger adds the step window's pipeline figures
+        # (``pipeline/trainer_idle_fraction``, the one trainer-idle figure: 1 - the trainer spans' union)
+        record = self.logger.log(rep.step, m)
         self.history.append(record)
         self.trained_ids.append(rep.sample_ids)
-        self.logger.log(rep.step, m)
         if self.traj_log is not None:
             used = set(rep.sample_ids)
             mine = [g for g in self.step_groups if any(t.trajectory_id in used for t in g.trajectories)]

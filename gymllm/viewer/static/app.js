@@ -71,7 +71,7 @@ const CURVES = [
   ["loss", r => ({ "": r.loss })],
   ["KL", r => ({ "": r.kl })],
   ["staleness (versions)", r => ({ "": r.staleness_mean })],
-  ["trainer idle", r => ({ "": r.trainer_idle_fraction ?? r["pipeline/trainer_idle_fraction"] })],
+  ["trainer idle", r => ({ "": r["pipeline/trainer_idle_fraction"] ?? r.trainer_idle_fraction })],
   ["engine idle", r => ({ "": r["pipeline/engine_idle_fraction"] ?? (r.engine_busy_fraction !== undefined ? 1 - r.engine_busy_fraction : undefined) })],
   ["tool calls per episode", r => ({ "": r.tool_calls_per_episode })],
 ];
