@@ -5,6 +5,15 @@
     vec = gymllm.make_vec("gymllm/Echo-v0", num_envs=8, autoreset_mode="same_step")
     vec = gymllm.make_vec(["gymllm/Echo-v0", "gymllm/Arithmetic-v0"])   # mixed sub-envs
 
+An id may also name a user's module, in the three forms :func:`resolve_env_id` reads (one
+resolver for ``make``, ``make_vec``, ``gymllm train --env.id``, ``gymllm eval`` and suite files):
+a registered id; Gymnasium's ``module:EnvId-v0`` (the module is imported first, so the
+``register`` call it makes at import runs); ``module:factory`` (a callable returning an env, called
+with the env kwargs)::
+
+    vec = gymllm.make_vec("my_pkg.envs:MyTask-v0", num_envs=8)
+    env = gymllm.make("my_pkg.envs:make_env", difficulty=2)
+
 Text envs own their invariants (order of reset/step, action checks), so ids registered here turn
 Gymnasium's passive env checker and order-enforcing wrapper off by default: ``make`` returns the
 ``TextEnv`` itself (plus ``TimeLimit`` when ``max_episode_steps`` is given), which keeps its async
@@ -17,6 +26,8 @@ ids); ``import gymllm`` imports this module, and none of them imports JAX.
 from __future__ import annotations
 
 import difflib
+import importlib
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,9 +35,11 @@ import gymnasium as gym
 
 from gymllm.errors import ConfigError, explain
 
-__all__ = ["NAMESPACE", "register", "make", "make_vec", "registered_ids", "full_id"]
+__all__ = ["NAMESPACE", "register", "make", "make_vec", "registered_ids", "full_id", "resolve_env_id", "nearest_ids"]
 
 NAMESPACE = "gymllm"
+#: an env id in Gymnasium's ``[namespace/](name)[-v(version)]`` form, ending in a version
+_VERSIONED = re.compile(r"^(?:[\w:.-]+/)?[\w:.-]+?-v\d+$")
 _VECTOR_KEYS = ("autoreset_mode", "backend", "max_concurrency", "step_timeout", "on_error", "mp_context", "inline_below_s",
                 "ray_options")
 
@@ -78,6 +91,81 @@ def _unknown_id(env_id: str) -> ConfigError:
     return ConfigError(explain("gymllm.make", expected="a registered env id", received=env_id, fix=hint))
 
 
+# ------------------------------------------------------------------ env ids in three forms
+
+
+def nearest_ids(env_id: str, n: int = 3) -> list[str]:
+    """The registered ids closest to ``env_id`` (``difflib``), ``gymllm/`` ids first in the search."""
+    reg = gym.registry
+    names = sorted(reg)
+    close = difflib.get_close_matches(env_id, names, n=n, cutoff=0.5)
+    if not close and "/" not in env_id:
+        close = difflib.get_close_matches(f"gymllm/{env_id}", names, n=n, cutoff=0.5)
+    return close
+
+
+def _registered(env_id: str) -> str | None:
+    reg = gym.registry
+    for candidate in (env_id if "/" in env_id else f"gymllm/{env_id}", env_id):
+        if candidate in reg:
+            return candidate
+    return None
+
+
+def _unknown(env_id: str, where: str) -> ConfigError:
+    close = nearest_ids(env_id)
+    fix = (f"did you mean {', '.join(repr(c) for c in close)}? (`gymllm envs` lists every registered id)" if close
+           else "`gymllm envs` lists the registered ids; a module of your own is named as 'my_pkg.envs:MyEnv-v0' "
+                "(Gymnasium's convention: the module registers the id on import) or 'my_pkg.envs:make_env'")
+    return ConfigError(explain(where, expected="a registered env id, 'module:EnvId-v0' or 'module:factory'",
+                               received=env_id, fix=fix))
+
+
+def resolve_env_id(env_id: str, *, where: str = "env id") -> str | Callable[..., Any]:
+    """What ``env_id`` names: a registry key (str) or an env factory (callable), in the three forms of
+    the module doc (checked in that order).
+    ``where`` names the setting in error messages (e.g. ``"suite core.toml, [[env]] #2, key 'id'"``)."""
+    if not isinstance(env_id, str) or not env_id.strip():
+        raise ConfigError(explain(where, expected="a non-empty str such as 'gymllm/Arithmetic-v0'", received=env_id,
+                                  fix="set id = 'gymllm/Arithmetic-v0' (`gymllm envs` lists the ids)"))
+    found = _registered(env_id)
+    if found is not None:
+        return found
+    if ":" not in env_id:
+        raise _unknown(env_id, where)
+    module, _, attr = env_id.partition(":")
+    if not module or not attr:
+        raise ConfigError(explain(where, expected="'module:EnvId-v0' or 'module:factory' (both sides non-empty)",
+                                  received=env_id, fix="e.g. 'my_pkg.envs:MyEnv-v0'"))
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        raise ConfigError(explain(where, expected=f"an importable module before ':' ({module!r})",
+                                  received=f"{env_id} ({type(e).__name__}: {e})",
+                                  fix=f"install the package that provides {module!r}, or put its directory on "
+                                      "PYTHONPATH")) from e
+    if _VERSIONED.match(attr) and not callable(getattr(mod, attr, None)):
+        found = _registered(attr)
+        if found is None:
+            close = nearest_ids(attr)
+            raise ConfigError(explain(
+                where, expected=f"module {module!r} to register {attr!r} when imported (gymnasium.register or "
+                                "gymllm.register at its top level)",
+                received=f"{env_id} (not registered after the import)",
+                fix=f"register {attr!r} in {module}" + (f", or did you mean {', '.join(map(repr, close))}?" if close
+                                                         else "")))
+        return found
+    factory = getattr(mod, attr, None)
+    if not callable(factory):
+        public = sorted(n for n in vars(mod) if not n.startswith("_") and callable(getattr(mod, n)))
+        close = difflib.get_close_matches(attr, public, n=3)
+        raise ConfigError(explain(where, expected=f"a callable {attr!r} in module {module!r} that returns an env",
+                                  received=env_id if factory is None else f"{env_id} ({type(factory).__name__})",
+                                  fix=f"did you mean {', '.join(repr(f'{module}:{c}') for c in close)}?" if close
+                                  else f"define `def {attr}(**kwargs): return MyEnv(**kwargs)` in {module}"))
+    return factory
+
+
 def make(id: str | Callable[..., gym.Env], **kwargs: Any) -> gym.Env:
     """``gymnasium.make`` for gymllm ids (``"Echo-v0"`` means ``"gymllm/Echo-v0"``), with a clear unknown-id error.
 
@@ -89,6 +177,8 @@ def make(id: str | Callable[..., gym.Env], **kwargs: Any) -> gym.Env:
         return id(**kwargs)
     env_id = _resolve(id)
     if env_id not in gym.registry:
+        if isinstance(id, str) and ":" in id:  # 'module:EnvId-v0' / 'module:factory'
+            return make(resolve_env_id(id, where="gymllm.make"), **kwargs)
         raise _unknown_id(env_id)
     return gym.make(env_id, **kwargs)
 
@@ -98,7 +188,12 @@ def _env_fn(item: str | Callable[[], gym.Env], wrappers: Sequence[Callable[[gym.
         raise ConfigError(explain("gymllm.make_vec(id)", expected="an env id, an env factory, or a list of them",
                                   received=item, fix="pass 'gymllm/Echo-v0' or lambda: MyEnv()"))
     if isinstance(item, str) and _resolve(item) not in gym.registry:
-        raise _unknown_id(_resolve(item))
+        if ":" not in item:
+            raise _unknown_id(_resolve(item))
+        item = resolve_env_id(item, where="gymllm.make_vec")  # 'module:EnvId-v0' / 'module:factory'
+        if callable(item):
+            factory = item
+            item = lambda: factory(**kwargs)  # noqa: E731 - the factory takes the sub-env kwargs
 
     def fn() -> gym.Env:
         env = make(item, **kwargs) if isinstance(item, str) else item()

@@ -69,7 +69,8 @@ class ModelSection:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EnvSection:
-    """id: a registered env id; kwargs: passed to every sub-env; num_envs: sub-envs of the vector env
+    """id: a registered env id, or a user's module as ``module:EnvId-v0`` (imported first, so its
+    ``register`` call runs) or ``module:factory`` (:func:`gymllm.registration.resolve_env_id`); kwargs: passed to every sub-env; num_envs: sub-envs of the vector env
     (trajectories in flight are bounded by it); agent: model (text actions) | tool (tool calls)."""
 
     id: str = "gymllm/TinyRepeat-v0"

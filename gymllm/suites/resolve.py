@@ -16,101 +16,19 @@ Three forms, checked in this order:
 
 An unknown id is a :class:`~gymllm.errors.ConfigError` naming the nearest registered ids; a module
 that fails to import, or a factory that is missing or not callable, says which and how to fix it.
+The resolver itself lives in :mod:`gymllm.registration`, so ``gymllm.make``, ``gymllm.make_vec``,
+``gymllm train --env.id`` and ``gymllm eval`` take the same three forms; this module adds the
+suite runner's ``make_env_for`` / ``make_vec_for`` (a ``max_turns`` limit on either kind of target).
 """
 
 from __future__ import annotations
 
-import difflib
 import functools
-import importlib
-import re
 from typing import Any, Callable
 
-from gymllm.errors import ConfigError, explain
+from gymllm.registration import nearest_ids, resolve_env_id
 
 __all__ = ["resolve_env_id", "nearest_ids", "make_vec_for", "make_env_for", "target_name"]
-
-#: an env id in Gymnasium's ``[namespace/](name)[-v(version)]`` form, ending in a version
-_VERSIONED = re.compile(r"^(?:[\w:.-]+/)?[\w:.-]+?-v\d+$")
-
-
-def _registry() -> Any:
-    import gymnasium as gym
-
-    import gymllm.registration  # noqa: F401 - importing it registers every gymllm id
-
-    return gym.registry
-
-
-def nearest_ids(env_id: str, n: int = 3) -> list[str]:
-    """The registered ids closest to ``env_id`` (``difflib``), ``gymllm/`` ids first in the search."""
-    reg = _registry()
-    names = sorted(reg)
-    close = difflib.get_close_matches(env_id, names, n=n, cutoff=0.5)
-    if not close and "/" not in env_id:
-        close = difflib.get_close_matches(f"gymllm/{env_id}", names, n=n, cutoff=0.5)
-    return close
-
-
-def _registered(env_id: str) -> str | None:
-    reg = _registry()
-    for candidate in (env_id if "/" in env_id else f"gymllm/{env_id}", env_id):
-        if candidate in reg:
-            return candidate
-    return None
-
-
-def _unknown(env_id: str, where: str) -> ConfigError:
-    close = nearest_ids(env_id)
-    fix = (f"did you mean {', '.join(repr(c) for c in close)}? (`gymllm envs` lists every registered id)" if close
-           else "`gymllm envs` lists the registered ids; a module of your own is named as 'my_pkg.envs:MyEnv-v0' "
-                "(Gymnasium's convention: the module registers the id on import) or 'my_pkg.envs:make_env'")
-    return ConfigError(explain(where, expected="a registered env id, 'module:EnvId-v0' or 'module:factory'",
-                               received=env_id, fix=fix))
-
-
-def resolve_env_id(env_id: str, *, where: str = "env id") -> str | Callable[..., Any]:
-    """What ``env_id`` names: a registry key (str) or an env factory (callable); see the module doc.
-    ``where`` names the setting in error messages (e.g. ``"suite core.toml, [[env]] #2, key 'id'"``)."""
-    if not isinstance(env_id, str) or not env_id.strip():
-        raise ConfigError(explain(where, expected="a non-empty str such as 'gymllm/Arithmetic-v0'", received=env_id,
-                                  fix="set id = 'gymllm/Arithmetic-v0' (`gymllm envs` lists the ids)"))
-    found = _registered(env_id)
-    if found is not None:
-        return found
-    if ":" not in env_id:
-        raise _unknown(env_id, where)
-    module, _, attr = env_id.partition(":")
-    if not module or not attr:
-        raise ConfigError(explain(where, expected="'module:EnvId-v0' or 'module:factory' (both sides non-empty)",
-                                  received=env_id, fix="e.g. 'my_pkg.envs:MyEnv-v0'"))
-    try:
-        mod = importlib.import_module(module)
-    except ImportError as e:
-        raise ConfigError(explain(where, expected=f"an importable module before ':' ({module!r})",
-                                  received=f"{env_id} ({type(e).__name__}: {e})",
-                                  fix=f"install the package that provides {module!r}, or put its directory on "
-                                      "PYTHONPATH")) from e
-    if _VERSIONED.match(attr) and not callable(getattr(mod, attr, None)):
-        found = _registered(attr)
-        if found is None:
-            close = nearest_ids(attr)
-            raise ConfigError(explain(
-                where, expected=f"module {module!r} to register {attr!r} when imported (gymnasium.register or "
-                                "gymllm.register at its top level)",
-                received=f"{env_id} (not registered after the import)",
-                fix=f"register {attr!r} in {module}" + (f", or did you mean {', '.join(map(repr, close))}?" if close
-                                                         else "")))
-        return found
-    factory = getattr(mod, attr, None)
-    if not callable(factory):
-        public = sorted(n for n in vars(mod) if not n.startswith("_") and callable(getattr(mod, n)))
-        close = difflib.get_close_matches(attr, public, n=3)
-        raise ConfigError(explain(where, expected=f"a callable {attr!r} in module {module!r} that returns an env",
-                                  received=env_id if factory is None else f"{env_id} ({type(factory).__name__})",
-                                  fix=f"did you mean {', '.join(repr(f'{module}:{c}') for c in close)}?" if close
-                                  else f"define `def {attr}(**kwargs): return MyEnv(**kwargs)` in {module}"))
-    return factory
 
 
 def target_name(target: str | Callable[..., Any]) -> str:
