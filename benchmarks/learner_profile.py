@@ -8,7 +8,12 @@ process (under contention every phase sees about the same load):
 * ``policy_forward``: the policy's forward + log-probs + entropy alone (what an extra old-policy
   forward would cost; the learner never runs one: see ``old_policy_forward`` in the result);
 * ``policy_fwd_bwd``: the policy's loss gradient without the reference;
-* ``grad_program``: the learner's whole per-micro-batch program (policy fwd+bwd + reference forward);
+* ``grad_program``: the learner's whole per-micro-batch program (policy fwd+bwd + reference forward),
+  and ``grad_program_packed``: the same on the rows packed (when they pack into fewer rows);
+* ``attention_fwd_bwd``: the attention alone (``gymllm.models.attention``, 4 layers' worth, the
+  micro-batch's shape, dense causal mask), and ``attention_block_causal``: the same attention with
+  the queries cut in two halves, the first half against the first half of the keys only (what a
+  block-causal kernel skips: the masked upper-right quarter; exact, ``block_causal_max_diff``);
 * ``optimizer``: the AdamW update (clip, moments, apply) over all weights;
 * ``host_batching``: trajectories -> rows -> the padded micro-batch (NumPy);
 * ``host_to_device`` / ``device_to_host``: the micro-batch's arrays onto the device, the metric sums back;
@@ -49,9 +54,11 @@ import numpy as np
 import optax
 
 from gymllm.algos import config as C
-from gymllm.algos.batching import buckets, make_micro_batch, pick_bucket, row_from_trajectory
+from gymllm.algos.batching import buckets, make_micro_batch, pack_rows, pick_bucket, row_from_trajectory
 from gymllm.algos.learner import LearnerConfig, StreamingLearner, build_loss_fn
 from gymllm.algos.optim import OptimizerConfig, make_optimizer
+from gymllm.models.attention import attention
+from gymllm.models.layers import causal_mask
 from gymllm.models.logprobs import token_logprobs
 from gymllm.models.tiny import tiny_config
 from gymllm.models.transformer import forward, init_params
@@ -164,6 +171,35 @@ def phases(scenario: str, reps: int) -> dict:
 
     grads = jax.tree.map(jnp.ones_like, params)
     _, sums = grad_program(params, a, ref)
+    b, t = mb.shape
+    quantum = -(-lcfg.micro_batch_size // lcfg.pack_row_steps)  # as the learner rounds packed rows
+    packed = pack_rows(rows, b, t, quantum)
+    extra = {}
+    if packed is not None:
+        ap = jax.device_put({**{k: v for k, v in mb.arrays().items() if k in ("mask", "mu", "advantages",
+                                                                               "group_tokens")}, **packed})
+        extra["grad_program_packed"] = lambda: grad_program(params, ap, ref)
+
+    rng = np.random.default_rng(0)
+    h, k, d = cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
+    q_, k_, v_ = (jnp.asarray(rng.normal(size=(b, t, n, d)), jnp.float32) for n in (h, k, k))
+    mask = causal_mask(jnp.asarray(mb.positions), None, jnp.int32(1 << 30))
+    half = t // 2
+
+    def dense(q, kk, v):
+        return attention(q, kk, v, mask, scale=cfg.attn_scale)
+
+    def blocked(q, kk, v):  # first half of the queries sees only the first half of the keys
+        lo = attention(q[:, :half], kk[:, :half], v[:, :half], mask[:, :half, :half], scale=cfg.attn_scale)
+        hi = attention(q[:, half:], kk, v, mask[:, half:], scale=cfg.attn_scale)
+        return jnp.concatenate([lo, hi], axis=1)
+
+    def fwd_bwd_of(fn):
+        return jax.jit(lambda q, kk, v: [jax.grad(lambda *x: jnp.sum(fn(*x) ** 2), argnums=(0, 1, 2))(q, kk, v)
+                                         for _ in range(cfg.num_layers)])
+
+    att_dense, att_blocked = fwd_bwd_of(dense), fwd_bwd_of(blocked)
+    diff = float(jnp.max(jnp.abs(jax.jit(dense)(q_, k_, v_) - jax.jit(blocked)(q_, k_, v_))))
 
     def host_batching():
         return micro_batch_of(gs, lcfg)[0].tokens
@@ -177,11 +213,17 @@ def phases(scenario: str, reps: int) -> dict:
         "host_batching": host_batching,
         "host_to_device": lambda: jax.device_put(mb.arrays()),
         "device_to_host": lambda: jax.device_get(sums),
+        "attention_fwd_bwd": lambda: att_dense(q_, k_, v_),
+        "attention_block_causal": lambda: att_blocked(q_, k_, v_),
+        **extra,
     }, reps)
     positions = mb.tokens.size
     real = sum(r.length for r in rows)
     loss_positions = float(mb.mask.sum())
-    return {"seconds": t, "micro_batch_shape": list(mb.shape), "padding_share": 1 - real / positions,
+    return {"seconds": t, "micro_batch_shape": list(mb.shape), "block_causal_max_diff": diff,
+            "packed_shape": None if packed is None else list(packed["packed_tokens"].shape),
+            "packed_padding_share": None if packed is None else 1 - real / packed["packed_tokens"].size,
+            "padding_share": 1 - real / positions,
             "prompt_share": (real - loss_positions) / positions, "loss_positions_share": loss_positions / positions}
 
 
@@ -189,12 +231,19 @@ class CompileCounter:
     """Counts XLA backend compilations (``jax.monitoring`` duration events) while ``active``."""
 
     def __init__(self):
-        self.active, self.count = False, 0
+        self.active, self.names = False, []
         jax.monitoring.register_event_duration_secs_listener(self._on)
 
-    def _on(self, event: str, duration: float, **_) -> None:
+    def _on(self, event: str, duration: float, fun_name: str = "", **_) -> None:
         if self.active and event == "/jax/core/compile/backend_compile_duration":
-            self.count += 1
+            self.names.append(fun_name)
+
+    def start(self) -> None:
+        self.names, self.active = [], True
+
+    def stop(self) -> dict:
+        self.active = False
+        return {"compiles": len(self.names), "grad_program_compiles": self.names.count("jit(grad)")}
 
 
 def make_learner(packing: bool | None = None) -> StreamingLearner:
@@ -208,32 +257,43 @@ def learner_steps(scenario: str, steps: int, counter: CompileCounter, packing: b
     ln = make_learner(packing)
     ln.warmup(group_size=GROUP)
     ln.submit(groups(scenario, seed=99))  # one step to settle
-    walls, counter.count, counter.active = [], 0, True
+    walls = []
+    counter.start()
     for s in range(steps):
         gs = groups(scenario, seed=s, version=ln.version)
         t = time.perf_counter()
         ln.submit(gs)
         walls.append(time.perf_counter() - t)
-    counter.active = False
-    return {"step_s": walls, "median_step_s": statistics.median(walls), "compiles": counter.count}
+    return {"step_s": walls, "median_step_s": statistics.median(walls), **counter.stop()}
 
 
-def compare(scenario: str, steps: int) -> dict:
-    """Padded vs packed learner step, A/B interleaved (one step each per round), plus the update's agreement."""
+def compare(scenario: str, steps: int, counter: CompileCounter) -> dict:
+    """Padded vs packed learner step, A/B interleaved (one step each per round, the order alternating),
+    plus the updates' agreement. A settle pass over the same groups compiles the packed shapes those
+    steps need first (``warmup()`` would compile all ``pack_row_steps - 1`` per bucket); the timed pass
+    counts its compilations (0 expected)."""
     a, b = make_learner(False), make_learner(True)
-    for ln in (a, b):
-        ln.warmup(group_size=GROUP)
+    a.warmup(group_size=GROUP)  # the padded programs (shared with b: same configuration)
+    rounds = [groups(scenario, seed=s) for s in range(steps)]
+    t = time.perf_counter()
+    for gs in rounds:  # settle: compile the packed shapes these steps use
+        b.submit(gs)
+    settle_s = time.perf_counter() - t
+    a, b = make_learner(False), make_learner(True)
     ta, tb = [], []
-    for s in range(steps + 1):
-        gs = groups(scenario, seed=s, version=s)
+    counter.start()
+    for s, gs in enumerate(rounds):
+        gs = [dataclasses.replace(g, admitted_version=s) for g in gs]
         for ln, out in ((a, ta), (b, tb)) if s % 2 == 0 else ((b, tb), (a, ta)):
             t = time.perf_counter()
             ln.submit(gs)
             out.append(time.perf_counter() - t)
+    compiles = counter.stop()
     diff = max(float(jnp.max(jnp.abs(a.trainable[k] - b.trainable[k]))) for k in a.trainable)
-    pa, pb = statistics.median(ta[1:]), statistics.median(tb[1:])
+    pa, pb = statistics.median(ta), statistics.median(tb)
     return {"padded_step_s": pa, "packed_step_s": pb, "speedup": pa / pb, "max_weight_diff": diff,
-            "padded_rounds": ta[1:], "packed_rounds": tb[1:]}
+            "padded_rounds": ta, "packed_rounds": tb, "packed_settle_s": settle_s,
+            "packed_micro_batches": b.counts["packed_micro_batches"], "timed_pass_compiles": compiles}
 
 
 def main() -> None:
@@ -259,11 +319,15 @@ def main() -> None:
             "optimizer": sec["optimizer"] / total,
             "host_batching": sec["host_batching"] / total,
             "host_device_transfers": (sec["host_to_device"] + sec["device_to_host"]) / total,
+            "attention_fwd_bwd_policy": sec["attention_fwd_bwd"] / total,
         }
+        if "grad_program_packed" in sec:
+            ph["packed_grad_speedup"] = sec["grad_program"] / sec["grad_program_packed"]
+        ph["attention_block_causal_saving"] = 1 - sec["attention_block_causal"] / sec["attention_fwd_bwd"]
         ph["phase_sum_s"] = total
         ph["learner"] = learner_steps(sc, steps, counter)
         if args.compare:
-            ph["packed_vs_padded"] = compare(sc, steps)
+            ph["packed_vs_padded"] = compare(sc, steps, counter)
         result[sc] = ph
         print(sc, json.dumps(ph, indent=1), flush=True)
     print("RESULT " + json.dumps(result), flush=True)

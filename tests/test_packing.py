@@ -86,7 +86,7 @@ jax.monitoring.register_event_duration_secs_listener(
 
 def test_packed_warmup_compiles_every_shape_a_step_runs():
     """After ``warmup()`` a packed step compiles no gradient program: every packed row count was compiled ahead."""
-    ln = learner(C.async_agentic(), opt="sgd", packing=True)
+    ln = learner(C.async_agentic(), opt="sgd", packing=True, pack_row_steps=4)  # packed rows 2, 4, 6
     ln.warmup(group_size=4)
     before = len(COMPILES)
     ln.submit(make_groups(2, seed=0))

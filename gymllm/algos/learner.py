@@ -79,9 +79,10 @@ class LearnerConfig:
     packing: run the model on each micro-batch's rows packed end to end into fewer rows of the same
     bucket length (segment ids, positions restarting per sequence; :func:`gymllm.algos.batching.pack_rows`),
     so padding costs no FLOPs; the loss is computed on the padded layout, so the update is the same up to
-    float32 summation order. The packed row count is rounded up to a multiple of ``ceil(micro_batch_size / 4)``
-    (at most 3 more compiled shapes per bucket, compiled by :meth:`StreamingLearner.warmup`); a
-    micro-batch that would not pack into fewer rows runs padded."""
+    float32 summation order; a micro-batch that would not pack into fewer rows runs padded. pack_row_steps:
+    the packed row count is rounded up to a multiple of ``ceil(micro_batch_size / pack_row_steps)``, so a
+    bucket has at most ``pack_row_steps - 1`` more compiled shapes (:meth:`StreamingLearner.warmup` compiles
+    them all: about as many more compiles as that times the buckets; fewer steps compile less and pad more)."""
 
     groups_per_step: int = 4
     micro_batch_size: int = 8
@@ -96,9 +97,11 @@ class LearnerConfig:
     max_response_len: int = 0
     compute_dtype: str | None = None
     packing: bool = False
+    pack_row_steps: int = 8
 
     def __post_init__(self) -> None:
-        for f in ("groups_per_step", "micro_batch_size", "num_steps", "max_len", "min_bucket", "buckets_per_octave"):
+        for f in ("groups_per_step", "micro_batch_size", "num_steps", "max_len", "min_bucket", "buckets_per_octave",
+                  "pack_row_steps"):
             check_range("LearnerConfig", f, getattr(self, f), lo=1)
         check_range("LearnerConfig", "max_response_len", self.max_response_len, lo=0)
         if self.max_staleness is not None:
@@ -224,7 +227,7 @@ class StreamingLearner:
         self.pad_id = pad_id
         self.buckets = buckets(cfg.min_bucket, cfg.max_len, cfg.buckets_per_octave)
         devices = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
-        q = -(-cfg.micro_batch_size // 4)
+        q = -(-cfg.micro_batch_size // cfg.pack_row_steps)
         self.pack_quantum = -(-q // devices) * devices  # packed rows come in multiples of this (and of the mesh)
         base = {k: jnp.asarray(v) for k, v in params.items()}
         if self.lora is not None:
