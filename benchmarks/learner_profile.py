@@ -26,13 +26,15 @@ Two response-length scenarios: ``full`` (every reply runs to the 64-token budget
 run with its random-init model, which almost never samples EOS) and ``mixed`` (reply lengths uniform
 in 4..64, a trained policy's spread). ``--compare`` also times the learner's whole step with the
 rows packed (``LearnerConfig(packing=True)``: segment ids, no FLOP on padding) against the padded
-path, A/B interleaved in one process, and checks that the two give the same update.
+path, A/B interleaved in one process, and checks that the two give the same update; ``--split 8``
+A/Bs the peers' one micro-batch of 64 rows against micro-batches of 8 rows (the same update).
 
 The machine is shared (2 cores, other jobs): absolute times are contended; the shares and the A/B
 ratios, measured side by side, are the figures to read.
 
     python benchmarks/learner_profile.py --quick            # ~2 min
-    python benchmarks/learner_profile.py --reps 7 --steps 4 --compare
+    python benchmarks/learner_profile.py --reps 5 --steps 4 --compare      # docs/learner-profile.md
+    python benchmarks/learner_profile.py --quick --scenarios full --split 8
 
 Ends with ``RESULT {json}``.
 """
@@ -89,7 +91,8 @@ def groups(scenario: str, *, seed: int = 0, version: int = 0) -> list[Group]:
             mu = np.where(mask > 0, -np.log(MEDIUM["vocab_size"]) + rng.normal(0, 0.05, len(ids)), 0).astype(np.float32)
             trajs.append(Trajectory(token_ids=ids, loss_mask=mask, behaviour_logprobs=mu,
                                     versions=np.where(mask > 0, version, -1).astype(np.int32),
-                                    reward=float(rng.random()), trajectory_id=f"{seed}/{k}/{m}", group_id=f"{seed}/{k}"))
+                                    reward=float(rng.random()), trajectory_id=f"{seed}/{k}/{m}",
+                                    group_id=f"{seed}/{k}"))
         out.append(Group(group_id=f"{seed}/{k}", task_id="t", trajectories=trajs, admitted_version=version))
     return out
 
@@ -246,9 +249,10 @@ class CompileCounter:
         return {"compiles": len(self.names), "grad_program_compiles": self.names.count("jit(grad)")}
 
 
-def make_learner(packing: bool | None = None) -> StreamingLearner:
+def make_learner(packing: bool | None = None, **kw) -> StreamingLearner:
     cfg, params = model()
-    kw = {} if packing is None else {"packing": packing}
+    if packing is not None:
+        kw["packing"] = packing
     return StreamingLearner(cfg, params, loss=peers_loss(), optimizer=optimizer(), config=learner_config(**kw))
 
 
@@ -267,19 +271,23 @@ def learner_steps(scenario: str, steps: int, counter: CompileCounter, packing: b
     return {"step_s": walls, "median_step_s": statistics.median(walls), **counter.stop()}
 
 
-def compare(scenario: str, steps: int, counter: CompileCounter) -> dict:
-    """Padded vs packed learner step, A/B interleaved (one step each per round, the order alternating),
-    plus the updates' agreement. A settle pass over the same groups compiles the packed shapes those
-    steps need first (``warmup()`` would compile all ``pack_row_steps - 1`` per bucket); the timed pass
-    counts its compilations (0 expected)."""
-    a, b = make_learner(False), make_learner(True)
+def compare(scenario: str, steps: int, counter: CompileCounter, a_kw: dict | None = None,
+            b_kw: dict | None = None) -> dict:
+    """Learner step A (default: padded) vs B (default: packed), A/B interleaved (one step each per round,
+    the order alternating), plus the updates' agreement (``speedup``: A's median step over B's).
+    A settle pass over the same groups compiles the packed shapes those steps need first (``warmup()``
+    would compile all ``pack_row_steps - 1`` per bucket); the timed pass counts its compilations (0 expected)."""
+    a_kw, b_kw = a_kw or {"packing": False}, b_kw or {"packing": True}
+    a, b = make_learner(**a_kw), make_learner(**b_kw)
     a.warmup(group_size=GROUP)  # the padded programs (shared with b: same configuration)
+    if b_kw.get("micro_batch_size"):  # another row count: its own shapes
+        b.warmup(group_size=GROUP)
     rounds = [groups(scenario, seed=s) for s in range(steps)]
     t = time.perf_counter()
     for gs in rounds:  # settle: compile the packed shapes these steps use
         b.submit(gs)
     settle_s = time.perf_counter() - t
-    a, b = make_learner(False), make_learner(True)
+    a, b = make_learner(**a_kw), make_learner(**b_kw)
     ta, tb = [], []
     counter.start()
     for s, gs in enumerate(rounds):
@@ -291,8 +299,8 @@ def compare(scenario: str, steps: int, counter: CompileCounter) -> dict:
     compiles = counter.stop()
     diff = max(float(jnp.max(jnp.abs(a.trainable[k] - b.trainable[k]))) for k in a.trainable)
     pa, pb = statistics.median(ta), statistics.median(tb)
-    return {"padded_step_s": pa, "packed_step_s": pb, "speedup": pa / pb, "max_weight_diff": diff,
-            "padded_rounds": ta, "packed_rounds": tb, "packed_settle_s": settle_s,
+    return {"a": a_kw, "b": b_kw, "a_step_s": pa, "b_step_s": pb, "speedup": pa / pb, "max_weight_diff": diff,
+            "a_rounds": ta, "b_rounds": tb, "b_settle_s": settle_s,
             "packed_micro_batches": b.counts["packed_micro_batches"], "timed_pass_compiles": compiles}
 
 
@@ -303,6 +311,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--scenarios", default="full,mixed")
     ap.add_argument("--compare", action="store_true", help="A/B the padded and the packed learner step")
+    ap.add_argument("--split", type=int, default=0,
+                    help="also A/B one micro-batch of 64 rows against micro-batches of this many rows (e.g. 8)")
     args = ap.parse_args()
     reps, steps = args.reps or (3 if args.quick else 7), args.steps or (2 if args.quick else 4)
     counter = CompileCounter()
@@ -312,7 +322,7 @@ def main() -> None:
     for sc in [s.strip() for s in args.scenarios.split(",") if s.strip()]:
         ph = phases(sc, reps)
         sec = ph["seconds"]
-        total = sec["grad_program"] + sec["optimizer"] + sec["host_batching"] + sec["host_to_device"] + sec["device_to_host"]
+        total = sum(sec[k] for k in ("grad_program", "optimizer", "host_batching", "host_to_device", "device_to_host"))
         ph["shares_of_step"] = {
             "reference_forward": sec["ref_forward"] / total,
             "policy_fwd_bwd": (sec["grad_program"] - sec["ref_forward"]) / total,
@@ -328,6 +338,9 @@ def main() -> None:
         ph["learner"] = learner_steps(sc, steps, counter)
         if args.compare:
             ph["packed_vs_padded"] = compare(sc, steps, counter)
+        if args.split:
+            ph[f"micro_batch_{args.split}_vs_64"] = compare(sc, steps, counter, {"packing": False},
+                                                            {"packing": False, "micro_batch_size": args.split})
         result[sc] = ph
         print(sc, json.dumps(ph, indent=1), flush=True)
     print("RESULT " + json.dumps(result), flush=True)

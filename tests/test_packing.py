@@ -56,7 +56,8 @@ def test_packed_loss_and_gradients_equal_padded(loss):
     padded = {k: jnp.asarray(v) for k, v in mb.arrays().items()}
     packed = dict(pack_rows(rows, 8, 16, quantum=1))
     packed.update({k: padded[k] for k in ("mask", "mu", "advantages", "group_tokens")})
-    fn = jax.jit(jax.value_and_grad(build_loss_fn(lm.config, loss, LearnerConfig(fast_compile=True), None), has_aux=True))
+    loss_fn = build_loss_fn(lm.config, loss, LearnerConfig(fast_compile=True), None)
+    fn = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))
     (la, ma), ga = fn(params, None, padded, ref)
     (lb, mb_), gb = fn(params, None, {k: jnp.asarray(v) for k, v in packed.items()}, ref)
     np.testing.assert_allclose(float(la), float(lb), rtol=1e-5, atol=1e-6)

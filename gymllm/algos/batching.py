@@ -11,9 +11,9 @@ Packing (``LearnerConfig.packing``): the model runs on the micro-batch's rows pa
 into fewer rows of the same length (first-fit decreasing), each sequence its own segment (segment
 ids: attention stays inside a segment; positions restart at 0), so no FLOP goes to padding rows or
 to the tails of short rows. The loss still sees the padded ``[batch_size, length]`` layout: the
-per-token log-probabilities are gathered back with one index array (:func:`pack_rows`), so every
-per-row quantity (advantages, sequence means, sequence-level ratios) is computed exactly as
-without packing.
+per-token log-probabilities are gathered back with one index array
+(:func:`gymllm.algos.batching.pack_rows`), so every per-row quantity (advantages, sequence means,
+sequence-level ratios) is computed exactly as without packing.
 """
 
 from __future__ import annotations

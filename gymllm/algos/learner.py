@@ -81,8 +81,9 @@ class LearnerConfig:
     so padding costs no FLOPs; the loss is computed on the padded layout, so the update is the same up to
     float32 summation order; a micro-batch that would not pack into fewer rows runs padded. pack_row_steps:
     the packed row count is rounded up to a multiple of ``ceil(micro_batch_size / pack_row_steps)``, so a
-    bucket has at most ``pack_row_steps - 1`` more compiled shapes (:meth:`StreamingLearner.warmup` compiles
-    them all: about as many more compiles as that times the buckets; fewer steps compile less and pad more)."""
+    bucket has at most ``pack_row_steps - 1`` more compiled shapes
+    (:meth:`gymllm.algos.learner.StreamingLearner.warmup` compiles them all: about as many more compiles as
+    that times the buckets; fewer steps compile less and pad more)."""
 
     groups_per_step: int = 4
     micro_batch_size: int = 8
@@ -277,7 +278,8 @@ class StreamingLearner:
     def warmup(self, group_size: int | None = None) -> None:
         """Compile every program a step runs now, so no compile lands in the middle of a run: the
         gradient program for every length bucket (an all-padding micro-batch per bucket; its gradient
-        is discarded; with packing also every packed row count), the update program (its result discarded: weights and optimizer state stay as
+        is discarded; with packing also every packed row count), the update program (its result discarded:
+        weights and optimizer state stay as
         they are), the reference log-prob program when the KL is a reward penalty, and, given
         ``group_size``, the advantage program (one group, and a step's groups for step-global estimators)."""
         for length in self.buckets:
@@ -397,7 +399,8 @@ class StreamingLearner:
         lags, counts = np.unique(lag, return_counts=True)
         with span("micro_batch", track="trainer", rows=len(rows), length=mb.shape[1], step=self.version + 1) as tags:
             host = mb.arrays()
-            packed = pack_rows(rows, mb.shape[0], mb.shape[1], self.pack_quantum, self.pad_id) if self.config.packing else None
+            packed = (pack_rows(rows, mb.shape[0], mb.shape[1], self.pack_quantum, self.pad_id)
+                      if self.config.packing else None)
             if packed is not None:  # the model runs on the packed rows; the loss reads the padded layout
                 host = {**{k: host[k] for k in ("mask", "mu", "advantages", "group_tokens")}, **packed}
                 tags["packed_rows"] = packed["packed_tokens"].shape[0]
