@@ -304,6 +304,36 @@ def compare(scenario: str, steps: int, counter: CompileCounter, a_kw: dict | Non
             "packed_micro_batches": b.counts["packed_micro_batches"], "timed_pass_compiles": compiles}
 
 
+def end_to_end(rounds: int, steps: int, split: int) -> dict:
+    """The peers' gymllm side (``benchmarks/peers/run_gymllm.py``: engine + rollout + streaming learner,
+    medium spec) with its one 64-row micro-batch (A) against ``split``-row micro-batches (B), the
+    runs interleaved over ``rounds`` (order alternating); mean step wall after the 2 warm-up steps."""
+    import sys
+    import tempfile
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:0] = [here, os.path.join(here, "peers")]
+    import peers
+    import run_gymllm
+
+    from gymllm.algos.trainer import train
+
+    out: dict = {"a": [], "b": [], "a_train_busy_s": [], "b_train_busy_s": []}
+    with tempfile.TemporaryDirectory(prefix="learner-e2e-") as tmp:
+        spec = peers.peer_spec("medium", steps=steps, tokenizer_file=peers.write_tokenizer(tmp))
+        for r in range(rounds):
+            for side in ("a", "b") if r % 2 == 0 else ("b", "a"):
+                cfg = run_gymllm.train_config(spec, os.path.join(tmp, f"{side}{r}"))
+                if side == "b":
+                    cfg = dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, micro_batch_size=split))
+                hist = train(cfg).history[peers.WARMUP_STEPS:]
+                out[side].append(statistics.mean(float(h["step_wall_s"]) for h in hist))
+                out[f"{side}_train_busy_s"].append(statistics.mean(float(h["train_busy_s"]) for h in hist))
+    out["speedup_per_round"] = [a / b for a, b in zip(out["a"], out["b"])]
+    out["speedup"] = statistics.mean(out["a"]) / statistics.mean(out["b"])
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="3 reps, 2 steps (about two minutes here)")
@@ -313,6 +343,9 @@ def main() -> None:
     ap.add_argument("--compare", action="store_true", help="A/B the padded and the packed learner step")
     ap.add_argument("--split", type=int, default=0,
                     help="also A/B one micro-batch of 64 rows against micro-batches of this many rows (e.g. 8)")
+    ap.add_argument("--e2e", type=int, default=0, metavar="ROUNDS",
+                    help="also A/B the peers' gymllm side end to end (medium, 6 steps a run) with 64-row against "
+                         "--split-row micro-batches (default 8), over ROUNDS interleaved rounds")
     args = ap.parse_args()
     reps, steps = args.reps or (3 if args.quick else 7), args.steps or (2 if args.quick else 4)
     counter = CompileCounter()
@@ -343,6 +376,9 @@ def main() -> None:
                                                             {"packing": False, "micro_batch_size": args.split})
         result[sc] = ph
         print(sc, json.dumps(ph, indent=1), flush=True)
+    if args.e2e:
+        result["end_to_end_micro_batch"] = end_to_end(args.e2e, 6, args.split or 8)
+        print(json.dumps(result["end_to_end_micro_batch"]), flush=True)
     print("RESULT " + json.dumps(result), flush=True)
 
 
