@@ -6,6 +6,14 @@ Micro-batches have ``micro_batch_size`` rows and a length from a small fixed set
 of two from ``min_bucket`` up to ``max_len``, optionally with evenly spaced lengths in between), so
 the learner compiles at most one program per bucket. Padding rows and padding tokens have mask 0
 and contribute exactly nothing.
+
+Packing (``LearnerConfig.packing``): the model runs on the micro-batch's rows packed end to end
+into fewer rows of the same length (first-fit decreasing), each sequence its own segment (segment
+ids: attention stays inside a segment; positions restart at 0), so no FLOP goes to padding rows or
+to the tails of short rows. The loss still sees the padded ``[batch_size, length]`` layout: the
+per-token log-probabilities are gathered back with one index array
+(:func:`gymllm.algos.batching.pack_rows`), so every per-row quantity (advantages, sequence means,
+sequence-level ratios) is computed exactly as without packing.
 """
 
 from __future__ import annotations
@@ -125,3 +133,70 @@ def pack(rows: Sequence[Row], batch_size: int, table: Sequence[int], pad_id: int
         chunk = ordered[i:i + batch_size]
         out.append(make_micro_batch(chunk, batch_size, pick_bucket(max(r.length for r in chunk), table), pad_id))
     return out
+
+
+def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Bins (lists of indices into ``lengths``) of total length <= ``capacity``, longest first."""
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        n = lengths[i]
+        if n > capacity:
+            raise ConfigError(explain("row length", expected=f"at most the packed length {capacity}", received=n,
+                                      fix="pack into a bucket at least as long as the longest row"))
+        for b, r in enumerate(room):
+            if n <= r:
+                bins[b].append(i)
+                room[b] -= n
+                break
+        else:
+            bins.append([i])
+            room.append(capacity - n)
+    return bins
+
+
+def packed_rows_count(num_bins: int, quantum: int) -> int:
+    """Packed rows actually run: ``num_bins`` rounded up to a multiple of ``quantum`` (few compiled shapes)."""
+    return -(-max(num_bins, 1) // quantum) * quantum
+
+
+def packed_row_counts(batch_size: int, quantum: int) -> tuple[int, ...]:
+    """Every packed row count a micro-batch of ``batch_size`` rows can run (those below ``batch_size``)."""
+    return tuple(range(quantum, batch_size, quantum))
+
+
+def empty_packed(rows: int, batch_size: int, length: int, pad_id: int = 0) -> dict[str, np.ndarray]:
+    """All-padding packed arrays of ``rows`` packed rows (to compile a packed shape ahead of time)."""
+    z = np.zeros((rows, length), np.int32)
+    return {"packed_tokens": z + pad_id, "packed_positions": z.copy(), "packed_targets": z + pad_id,
+            "segment_ids": z.copy(), "gather": np.zeros((batch_size, length), np.int32)}
+
+
+def pack_rows(rows: Sequence[Row], batch_size: int, length: int, quantum: int,
+              pad_id: int = 0) -> dict[str, np.ndarray] | None:
+    """The model-side arrays of ``rows`` packed into ``[P, length]`` (``P`` a multiple of ``quantum``):
+    ``packed_tokens``, ``packed_positions`` (restarting at 0 in every segment), ``packed_targets``,
+    ``segment_ids`` (1, 2, ... per sequence in a packed row; 0 on padding) and ``gather`` [batch_size,
+    length]: the flat index into ``P * length`` of each position of the padded layout (0 where the
+    padded layout is padding: its mask is 0). None when packing would not run fewer rows than
+    ``batch_size`` (then the padded micro-batch is as cheap)."""
+    bins = first_fit_decreasing([r.length for r in rows], length)
+    p = packed_rows_count(len(bins), quantum)
+    if p >= batch_size:
+        return None
+    tok = np.full((p, length), pad_id, np.int32)
+    tgt = np.full((p, length), pad_id, np.int32)
+    pos = np.zeros((p, length), np.int32)
+    seg = np.zeros((p, length), np.int32)
+    gather = np.zeros((batch_size, length), np.int32)
+    for b, members in enumerate(bins):
+        off = 0
+        for s, i in enumerate(members, start=1):
+            r, n = rows[i], rows[i].length
+            tok[b, off:off + n], tgt[b, off:off + n] = r.inputs, r.targets
+            pos[b, off:off + n] = np.arange(n, dtype=np.int32)
+            seg[b, off:off + n] = s
+            gather[i, :n] = b * length + off + np.arange(n, dtype=np.int32)
+            off += n
+    return {"packed_tokens": tok, "packed_positions": pos, "packed_targets": tgt, "segment_ids": seg,
+            "gather": gather}

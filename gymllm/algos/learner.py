@@ -41,8 +41,8 @@ import optax
 from gymllm.algos import advantages as adv_mod
 from gymllm.algos import aggregation as agg
 from gymllm.models import lora as lora_mod
-from gymllm.algos.batching import (Row, buckets, dropped_sampled_tokens, make_micro_batch, pack, pick_bucket,
-                                   row_from_trajectory)
+from gymllm.algos.batching import (Row, buckets, dropped_sampled_tokens, empty_packed, make_micro_batch, pack,
+                                   pack_rows, packed_row_counts, pick_bucket, row_from_trajectory)
 from gymllm.algos.config import LossConfig, async_agentic, check_range
 from gymllm.algos.kl import kl_reward_penalty
 from gymllm.algos.loss import LossBatch, micro_batch_loss, step_denominator
@@ -75,7 +75,15 @@ class LearnerConfig:
     compute_dtype: None (compute in the weights' dtype) or "bfloat16" / "float16": mixed precision,
     float32 master weights and optimizer state, low-precision matmuls with float32 accumulation
     (``forward(compute_dtype=...)``); log-softmax stays float32. "auto": bfloat16 where bf16 matmuls
-    are native, else float32 (:func:`gymllm.utils.host.resolve_compute_dtype`, resolved by the learner)."""
+    are native, else float32 (:func:`gymllm.utils.host.resolve_compute_dtype`, resolved by the learner);
+    packing: run the model on each micro-batch's rows packed end to end into fewer rows of the same
+    bucket length (segment ids, positions restarting per sequence; :func:`gymllm.algos.batching.pack_rows`),
+    so padding costs no FLOPs; the loss is computed on the padded layout, so the update is the same up to
+    float32 summation order; a micro-batch that would not pack into fewer rows runs padded. pack_row_steps:
+    the packed row count is rounded up to a multiple of ``ceil(micro_batch_size / pack_row_steps)``, so a
+    bucket has at most ``pack_row_steps - 1`` more compiled shapes
+    (:meth:`gymllm.algos.learner.StreamingLearner.warmup` compiles them all: about as many more compiles as
+    that times the buckets; fewer steps compile less and pad more)."""
 
     groups_per_step: int = 4
     micro_batch_size: int = 8
@@ -89,9 +97,12 @@ class LearnerConfig:
     fast_compile: bool = False
     max_response_len: int = 0
     compute_dtype: str | None = None
+    packing: bool = False
+    pack_row_steps: int = 8
 
     def __post_init__(self) -> None:
-        for f in ("groups_per_step", "micro_batch_size", "num_steps", "max_len", "min_bucket", "buckets_per_octave"):
+        for f in ("groups_per_step", "micro_batch_size", "num_steps", "max_len", "min_bucket", "buckets_per_octave",
+                  "pack_row_steps"):
             check_range("LearnerConfig", f, getattr(self, f), lo=1)
         check_range("LearnerConfig", "max_response_len", self.max_response_len, lo=0)
         if self.max_staleness is not None:
@@ -128,16 +139,25 @@ def build_loss_fn(model_config: Any, loss: LossConfig, lcfg: LearnerConfig, lora
     def params_of(trainable, frozen):
         return lora_mod.merge(lora, frozen, trainable) if lora is not None and lora.enabled else trainable
 
-    def f(trainable, frozen, a, ref_params):
-        logits, _ = forward(model_config, params_of(trainable, frozen), a["tokens"], a["positions"],
+    def logprobs(params, a, entropy: bool):
+        # packed arrays (batching.pack_rows): the model runs on [P, L], the results are gathered back
+        # to the padded [B, L] layout the loss reads; else the padded arrays as they are
+        packed = "gather" in a
+        tokens, positions, targets = ((a["packed_tokens"], a["packed_positions"], a["packed_targets"]) if packed
+                                      else (a["tokens"], a["positions"], a["targets"]))
+        logits, _ = forward(model_config, params, tokens, positions, a["segment_ids"] if packed else None,
                             compute_dtype=lcfg.compute_dtype)
-        logp = token_logprobs(logits, a["targets"], lcfg.temperature)  # [B, T] float32
-        ent = entropy_from_logits(logits, lcfg.temperature) if lcfg.compute_entropy else None
+        logp = token_logprobs(logits, targets, lcfg.temperature)  # float32
+        ent = entropy_from_logits(logits, lcfg.temperature) if entropy else None
+        if packed:
+            logp, ent = logp.reshape(-1)[a["gather"]], None if ent is None else ent.reshape(-1)[a["gather"]]
+        return logp, ent
+
+    def f(trainable, frozen, a, ref_params):
+        logp, ent = logprobs(params_of(trainable, frozen), a, lcfg.compute_entropy)  # [B, T] float32
         ref = None
         if ref_params is not None and loss.kl.placement == "loss":
-            ref_logits, _ = forward(model_config, ref_params, a["tokens"], a["positions"],
-                                    compute_dtype=lcfg.compute_dtype)
-            ref = jax.lax.stop_gradient(token_logprobs(ref_logits, a["targets"], lcfg.temperature))
+            ref = jax.lax.stop_gradient(logprobs(ref_params, a, False)[0])
         batch = LossBatch(mask=a["mask"], behaviour_logp=a["mu"], advantages=a["advantages"],
                           group_tokens=a["group_tokens"], ref_logp=ref)
         return micro_batch_loss(loss, logp, batch, ent)
@@ -207,6 +227,9 @@ class StreamingLearner:
         self.mesh = mesh
         self.pad_id = pad_id
         self.buckets = buckets(cfg.min_bucket, cfg.max_len, cfg.buckets_per_octave)
+        devices = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
+        q = -(-cfg.micro_batch_size // cfg.pack_row_steps)
+        self.pack_quantum = -(-q // devices) * devices  # packed rows come in multiples of this (and of the mesh)
         base = {k: jnp.asarray(v) for k, v in params.items()}
         if self.lora is not None:
             self.frozen = shard_params(mesh, base)
@@ -255,7 +278,8 @@ class StreamingLearner:
     def warmup(self, group_size: int | None = None) -> None:
         """Compile every program a step runs now, so no compile lands in the middle of a run: the
         gradient program for every length bucket (an all-padding micro-batch per bucket; its gradient
-        is discarded), the update program (its result discarded: weights and optimizer state stay as
+        is discarded; with packing also every packed row count), the update program (its result discarded:
+        weights and optimizer state stay as
         they are), the reference log-prob program when the KL is a reward penalty, and, given
         ``group_size``, the advantage program (one group, and a step's groups for step-global estimators)."""
         for length in self.buckets:
@@ -263,6 +287,12 @@ class StreamingLearner:
             a = shard_batch(self.mesh, mb.arrays())
             acc = jax.tree.map(jnp.zeros_like, self.trainable)  # donated: not the step's accumulator
             jax.block_until_ready(self._grad(acc, self.trainable, self.frozen, a, self.ref_params))
+            for p in packed_row_counts(self.config.micro_batch_size, self.pack_quantum) if self.config.packing else ():
+                host = {**{k: v for k, v in mb.arrays().items() if k in ("mask", "mu", "advantages", "group_tokens")},
+                        **empty_packed(p, self.config.micro_batch_size, length, self.pad_id)}
+                acc = jax.tree.map(jnp.zeros_like, self.trainable)
+                jax.block_until_ready(self._grad(acc, self.trainable, self.frozen, shard_batch(self.mesh, host),
+                                                 self.ref_params))
             if self.ref_params is not None and self.loss.kl.placement == "reward":
                 jax.block_until_ready(self._ref_logp(self.ref_params, a["tokens"], a["positions"], a["targets"]))
         acc = jax.tree.map(jnp.zeros_like, self.trainable)
@@ -368,7 +398,14 @@ class StreamingLearner:
         lag = (self.version - mb.versions)[valid]
         lags, counts = np.unique(lag, return_counts=True)
         with span("micro_batch", track="trainer", rows=len(rows), length=mb.shape[1], step=self.version + 1) as tags:
-            arrays = shard_batch(self.mesh, mb.arrays())
+            host = mb.arrays()
+            packed = (pack_rows(rows, mb.shape[0], mb.shape[1], self.pack_quantum, self.pad_id)
+                      if self.config.packing else None)
+            if packed is not None:  # the model runs on the packed rows; the loss reads the padded layout
+                host = {**{k: host[k] for k in ("mask", "mu", "advantages", "group_tokens")}, **packed}
+                tags["packed_rows"] = packed["packed_tokens"].shape[0]
+                self.counts["packed_micro_batches"] += 1
+            arrays = shard_batch(self.mesh, host)
             self._acc, sums = self._grad(self._acc, self.trainable, self.frozen, arrays, self.ref_params)
             for k, v in jax.device_get(sums).items():  # one device->host copy (and wait) per micro-batch
                 self._sums[k] += float(v)
