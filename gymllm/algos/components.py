@@ -84,10 +84,21 @@ class LocalComponents:
     def make_envs(self, cfg: TrainConfig) -> Any:
         import gymllm
 
+        if cfg.env.suite:
+            return make_mixture(cfg)
         return gymllm.make_vec(cfg.env.id, cfg.env.num_envs, **cfg.env.kwargs)
 
     def close(self) -> None:
         pass
+
+
+def make_mixture(cfg: TrainConfig) -> Any:
+    """The env side of ``--env.suite``: a :class:`~gymllm.suites.training.MixtureEnvs` of the suite's envs."""
+    from gymllm.suites import load_suite
+    from gymllm.suites.training import MixtureEnvs
+
+    return MixtureEnvs(load_suite(cfg.env.suite), num_envs=cfg.env.num_envs, seed=cfg.run.seed,
+                       curriculum=cfg.env.curriculum)
 
 
 @dataclasses.dataclass

@@ -70,8 +70,14 @@ class HeldOutHook:
         cfg, e = self.cfg, self.cfg.eval
         if not e.every:
             return
-        specs = ([(cfg.env.id, dict(cfg.env.kwargs), agent)] if not e.envs else
-                 [(i, dict(cfg.env.kwargs), agent) if i == cfg.env.id else (i, {}, agent_for(i, tok)) for i in e.envs])
+        if cfg.env.suite and not e.envs:  # a suite's mixture: each of its envs, with its table's kwargs
+            from gymllm.suites import load_suite
+
+            specs = [(s.id, dict(s.kwargs), agent) for s in load_suite(cfg.env.suite).envs]
+        else:
+            specs = ([(cfg.env.id, dict(cfg.env.kwargs), agent)] if not e.envs else
+                     [(i, dict(cfg.env.kwargs), agent) if i == cfg.env.id else (i, {}, agent_for(i, tok))
+                      for i in e.envs])
         self.evaluator = HeldOutEvaluator(specs, config=eval_config(cfg), num_envs=cfg.env.num_envs)
 
     def due(self, step: int, last: bool) -> bool:

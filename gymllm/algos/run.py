@@ -142,6 +142,8 @@ class Run:
         self.log.open(self.run_dir, cfg, self.parts.tok)
         self.profiler = ProfileWindow(self.run_dir / "profile", parse_step_window(cfg.run.profile_steps))
         self.heldout.open(self.parts.agent, self.parts.tok)
+        if cfg.env.suite and self.parts.envs is not None:
+            self.log.extra.append(self.parts.envs.flush)  # env/<name>/reward, success, groups, weight
         self.watchdog.start()
 
     def make_source(self, mode: str | None = None) -> GroupSource:
@@ -154,6 +156,8 @@ class Run:
         cfg, p, resume = self.cfg, self.parts, self.resume
         mode = mode or cfg.rollout.mode
         keep = make_group_filter(cfg, resume.decided, resume.filtered, self.log.tally)
+        if cfg.env.suite and p.envs is not None:  # a suite's mixture: every group also counted under its env
+            keep = p.envs.observe(keep)
         if mode == "proxy":
             r = cfg.rollout
             return AgentProgramSource(p.gen_engine, p.tok, command=r.agent_program, run_dir=self.run_dir,

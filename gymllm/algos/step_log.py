@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pathlib
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -93,6 +93,7 @@ class StepLog:
         self.pending_eval: dict[str, float] = {}
         self.wait_s, self.t_step, self.gen_tokens = 0.0, time.perf_counter(), 0
         self.step_groups: list[Any] = []  # trained groups whose trajectories are not yet logged
+        self.extra: list[Callable[[], dict[str, float]]] = []  # more figures for each step's record
         self.logger: Any = None
         self.traj_log: Any = None
         self.tok: Any = None
@@ -131,6 +132,8 @@ class StepLog:
         if "concurrency_limit" in stats:
             m["rollout_concurrency"] = float(stats["concurrency_limit"])
         m.update(self.tally.pop())  # over every group completed since the last step, filtered ones included
+        for figures in self.extra:  # e.g. a suite mixture's env/<name>/... figures
+            m.update(figures())
         m.update(self.pending_eval)
         self.pending_eval = {}
         # the record is what metrics.jsonl holds: the logger adds the step window's pipeline figures

@@ -67,21 +67,40 @@ class ModelSection:
         return self.name.startswith("tiny-")
 
 
+DEFAULT_ENV_ID = "gymllm/TinyRepeat-v0"
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EnvSection:
     """id: a registered env id, or a user's module as ``module:EnvId-v0`` (imported first, so its
     ``register`` call runs) or ``module:factory`` (:func:`gymllm.registration.resolve_env_id`); kwargs: passed to every sub-env; num_envs: sub-envs of the vector env
-    (trajectories in flight are bounded by it); agent: model (text actions) | tool (tool calls)."""
+    (trajectories in flight are bounded by it); agent: model (text actions) | tool (tool calls);
+    suite: train on a suite's mixture instead of one env (a suite file or a shipped suite's name:
+    each group is one env and seed, drawn in proportion to the tables' ``weight``;
+    :mod:`gymllm.suites.training`); curriculum: ``none`` | ``learnability`` (suite envs weighted by
+    p (1 - p) of their recent success rate)."""
 
-    id: str = "gymllm/TinyRepeat-v0"
+    id: str = DEFAULT_ENV_ID
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     num_envs: int = 16
     agent: str = "model"
     system_prompt: str = ""
+    suite: str = ""
+    curriculum: str = "none"
 
     def __post_init__(self) -> None:
         check_range("EnvSection", "num_envs", self.num_envs, lo=1)
         check_choice("EnvSection", "agent", self.agent, ("model", "tool"))
+        check_choice("EnvSection", "curriculum", self.curriculum, ("none", "learnability"))
+        if self.suite and (self.id != DEFAULT_ENV_ID or self.kwargs):
+            raise ConfigError(explain("env", expected="--env.id (with its kwargs) or --env.suite, not both",
+                                      received=f"id={self.id!r}, kwargs={self.kwargs}, suite={self.suite!r}",
+                                      fix="drop --env.id and its kwargs to train on the suite's mixture (its tables "
+                                          "hold each env's kwargs), or drop --env.suite"))
+        if self.curriculum != "none" and not self.suite:
+            raise ConfigError(explain("env.curriculum", expected="a suite to weight (--env.suite)",
+                                      received=f"curriculum={self.curriculum!r} with one env {self.id!r}",
+                                      fix="add --env.suite S, or drop --env.curriculum"))
         if not isinstance(self.kwargs, dict):
             raise ConfigError(explain("env.kwargs", expected="a dict of constructor arguments", received=self.kwargs,
                                       fix="e.g. kwargs={'num_letters': 4}"))
@@ -279,6 +298,9 @@ class TrainConfig:
                 received=s.n, fix="set --rollout.group-size instead")
         require(self.env.num_envs >= r.group_size, "env.num_envs", expected=f">= rollout.group_size ({r.group_size})",
                 received=self.env.num_envs, fix="give every member of a group its own env: raise --env.num-envs")
+        require(not (self.env.suite and self.cluster.backend == "ray"), "env.suite", expected="--cluster.backend none "
+                "(a suite's mixture runs its envs in this process)", received=f"suite {self.env.suite!r} with "
+                "--cluster.backend ray", fix="drop --cluster.backend ray, or train one env (--env.id) on Ray env workers")
         require(self.cluster.env_workers <= self.env.num_envs, "cluster.env_workers", expected=f"<= env.num_envs "
                 f"({self.env.num_envs})", received=self.cluster.env_workers, fix="give every env worker at least one env")
         for tied, source in TIES.items():  # after the checks: a tie must not hide a bad source value

@@ -53,6 +53,7 @@ class MixtureSampler:
         self.base_weights = _normalised(weights, "MixtureSampler weights")
         self.probs = np.array([self.base_weights[n] for n in self.names])
         self.seed_high = seed_high
+        self.seed = int(seed)
         self.rng = np.random.default_rng(seed)
 
     @classmethod
@@ -77,6 +78,13 @@ class MixtureSampler:
         """One group's env name and env seed."""
         i = int(self.rng.choice(len(self.names), p=self.probs))
         return self.names[i], int(self.rng.integers(0, self.seed_high))
+
+    def name_for(self, key: int) -> str:
+        """The env of the group with key ``key`` (its env seed): drawn with the current weights from a
+        generator seeded by (this sampler's seed, ``key``), so a group's env depends on its key and the
+        weights alone, not on the order in which groups ask (members of one group ask concurrently)."""
+        rng = np.random.default_rng([self.seed, int(key) & 0xFFFFFFFF])
+        return self.names[int(rng.choice(len(self.names), p=self.probs))]
 
     def draws(self, n: int) -> list[tuple[str, int]]:
         return [self.draw() for _ in range(n)]
