@@ -111,6 +111,14 @@ def test_train_on_a_two_env_mixture_logs_per_env_figures(suite_file, tmp_path):
     assert all(f"env/{n}/weight" in last for n in groups)
     trajs = [json.loads(line) for line in (res.run_dir / "trajectories.jsonl").read_text().splitlines()]
     assert trajs and all(t["info"]["env_steps"] >= 1 for t in trajs)
+    from gymllm.telemetry.report import env_table
+
+    table = env_table(rows)
+    assert table is not None and "per env" in table
+    for name, n in groups.items():
+        if n:
+            assert any(line.split()[:2] == [name, f"{n:g}"] for line in table.splitlines()), table
+    assert env_table([{"step": 1, "reward_mean": 0.5}]) is None  # one env: no table
 
 
 def test_bad_mixture_settings_are_clear(suite_file):

@@ -402,6 +402,32 @@ def pipeline_table(source: dict[str, Any], width: int = 72) -> str:
     return "\n".join(line.rstrip() for line in out.getvalue().rstrip().splitlines())
 
 
+def env_table(records, width: int = 72) -> str | None:
+    """Per-env figures of a suite-mixture run (``env/<name>/...`` keys): groups so far, the last
+    recorded reward and success, the current weight; None when the run trained on one env."""
+    import io
+
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    names = sorted({k.split("/")[1] for r in records for k in r if k.startswith("env/") and k.count("/") == 2})
+    if not names:
+        return None
+    table = Table("env", "groups", "reward", "success", "weight", title="per env (last recorded)",
+                  box=box.SIMPLE_HEAD, title_justify="left")
+    for col in table.columns[1:]:
+        col.justify = "right"
+    for name in names:
+        last = {f: (ys[-1] if (ys := series(records, f"env/{name}/{f}")[1]) else None)
+                for f in ("groups", "reward", "success", "weight")}
+        table.add_row(name, _fmt(last["groups"]), _fmt(last["reward"]), _fmt(last["success"], True),
+                      _fmt(last["weight"], True))
+    out = io.StringIO()
+    Console(file=out, width=width, color_system=None, force_terminal=False, legacy_windows=False).print(table)
+    return "\n".join(line.rstrip() for line in out.getvalue().rstrip().splitlines())
+
+
 def summarize(run_dir: pathlib.Path, records, pm: dict[str, Any] | None, hist: dict[int, float]) -> str:
     """The text of summary.txt."""
     lines = [f"run: {run_dir}"]
@@ -424,6 +450,9 @@ def summarize(run_dir: pathlib.Path, records, pm: dict[str, Any] | None, hist: d
         if xs:
             lines.append(f"held-out {key[len('eval/'):-len('/pass@1')]} pass@1: {ys[0]:.3g} (step {xs[0]}) -> "
                          f"{ys[-1]:.3g} (step {xs[-1]})")
+    per_env = env_table(records)
+    if per_env:
+        lines.append(per_env)
     _, length = series(records, "length/mean")
     if length:
         lines.append(f"length mean: last {length[-1]:.4g}")
