@@ -65,3 +65,19 @@ def batch_std(rewards, *, ddof: int = 0, eps: float = 1e-6, eps_placement: str =
 ESTIMATORS: dict[str, AdvantageFn] = {"grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo, "batch_std": batch_std}
 # Estimators whose value for one group depends on the other groups of the optimizer step.
 STEP_GLOBAL = frozenset({"batch_std"})
+
+
+def role_ema_advantages(rewards, roles, baselines, *, decay: float = 0.95):
+    """SPIRAL's role-conditioned advantage (RAE): ``A_i = R_i - b[role_i]`` with ``b`` an exponential
+    moving average of the rewards per role (a role is any hashable key, e.g. ``(game, seat)``), read
+    before it is updated with ``R_i`` (``b <- decay * b + (1 - decay) * R_i``; an unseen role starts at 0),
+    in the order given. No normalization; a group of one works. Pure: returns ``(advantages [N] float32,
+    new baselines)`` and leaves ``baselines`` untouched."""
+    import numpy as np
+
+    out, b = np.zeros(len(rewards), np.float32), dict(baselines)
+    for i, (r, role) in enumerate(zip(rewards, roles)):
+        prev = b.get(role, 0.0)
+        out[i] = float(r) - prev
+        b[role] = decay * prev + (1.0 - decay) * float(r)
+    return out, b
