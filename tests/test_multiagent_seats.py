@@ -269,17 +269,25 @@ def test_role_ema_advantages_match_a_hand_computation():
 # --- training end to end --------------------------------------------------------------------------------
 
 def test_self_play_trains_a_pettingzoo_factory_from_the_command_line(tmp_path):
-    from gymllm.algos.train_config import from_tables, preset
     from gymllm.algos.trainer import train
     from gymllm.cli.train_args import parse_train_args
 
-    cfg = parse_train_args(["--preset", "tiny", "--env.id", "test_multiagent_seats:race", "--run-dir", str(tmp_path),
-                            "--rollout.group-size", "4", "--env.num-envs", "4", "--rollout.max-model-calls", "3",
+    cfg = parse_train_args(["--preset", "tiny", "--env.id", "test_multiagent_seats:race", "--env-kwargs", "{}", "--run-dir", str(tmp_path),
+                            "--rollout.group-size", "2", "--env.num-envs", "2", "--rollout.max-model-calls", "2",
                             "--sampling.max-tokens", "4", "--learner.groups-per-step", "2", "--learner.num-steps", "2",
-                            "--engine.max-len", "256", "--learner.max-len", "256", "--rollout.max-staleness", "1",
+                            "--engine.max-len", "192", "--learner.max-len", "192", "--rollout.max-staleness", "1",
                             "--run.no-report"])
     assert cfg.env.id == "test_multiagent_seats:race" and cfg.multiagent.opponent == "self"
     seen = []
     result = train(cfg, on_step=[seen.append])
     assert result.steps == 2 and len(seen) == 2
-    del from_tables, preset
+    import json
+
+    rows = [json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r.get("type") == "trajectory"]
+    assert {r["info"]["agent"] for r in rows} == {"first", "second"}  # groups of both seats were trained
+    for r in rows:
+        assert r["group_id"].endswith(":" + r["info"]["agent"]) and r["info"]["policy"] == "learner"
+        sampled = [i for i, v in enumerate(r["token_versions"]) if v >= 0]
+        assert sampled and len(r["logprobs"]) == len(r["token_ids"]) == len(r["token_versions"])
+        assert all(r["logprobs"][i] < 0 for i in sampled) and all(r["token_versions"][i] <= r["step"] for i in sampled)

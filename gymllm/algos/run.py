@@ -43,6 +43,7 @@ from gymllm.algos.resume import ResumeState, make_group_filter
 from gymllm.algos.step_log import RolloutTally, StepLog
 from gymllm.algos.train_config import TrainConfig
 from gymllm.errors import ConfigError, GymLLMError, explain
+from gymllm.multiagent.factory import GameFactory
 from gymllm.rollout.agent_programs import AgentProgramError, AgentPrograms
 from gymllm.rollout.group_queue import QueueClosed
 from gymllm.rollout.sources import GroupSource, GroupSourceError
@@ -154,6 +155,11 @@ class Run:
         cfg, p, resume = self.cfg, self.parts, self.resume
         mode = mode or cfg.rollout.mode
         keep = make_group_filter(cfg, resume.decided, resume.filtered, self.log.tally)
+        if isinstance(p.envs, GameFactory):  # a multi-agent game: groups per seat (gymllm.rollout.seat_source)
+            from gymllm.rollout.seat_source import SeatGroupSource
+
+            return SeatGroupSource(p.envs, p.gen_engine, p.agent, sampling=cfg.sampling, rollout=cfg.rollout,
+                                   config=cfg.multiagent, group_filter=keep)
         if mode == "proxy":
             r = cfg.rollout
             return AgentProgramSource(p.gen_engine, p.tok, command=r.agent_program, run_dir=self.run_dir,

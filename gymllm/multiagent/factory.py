@@ -80,7 +80,12 @@ def game_factory(env_id: str, kwargs: dict[str, Any] | None = None) -> GameFacto
         return None  # not a module path we can import: let the single-agent resolution report it
     if not callable(fn) or isinstance(fn, type) and not issubclass(fn, (AECEnv, ParallelEnv)):
         return None
-    probe = fn(**kwargs)
+    try:
+        probe = fn(**kwargs)
+    except TypeError as e:
+        raise ConfigError(explain(f"env.id {env_id!r}", expected=f"a factory that accepts env.kwargs {kwargs}",
+                                  received=f"TypeError: {e}", fix="pass the factory's own arguments with "
+                                  "--env-kwargs '{...}' ('{}' for none)")) from e
     try:
         if as_text_aec(probe) is None:
             return None

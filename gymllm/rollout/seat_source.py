@@ -37,7 +37,8 @@ second set of weights on the engine): building the source raises a ConfigError s
 
 A seat whose game ended before its first move gets a trajectory without sampled tokens (its
 reward counts in the group's baseline, it trains nothing). A learner seat whose trajectory hit its budget (``rollout.max_model_calls`` moves, or the engine's
-context) plays the rest of its game with random legal moves, unrecorded; the trajectory ends truncated.
+context) plays the rest of its game with random legal moves, unrecorded; the trajectory ends truncated and its
+reward still sums every reward the seat received, the game's outcome included.
 """
 
 from __future__ import annotations
@@ -334,6 +335,8 @@ class SeatGroupSource(QueueSource):
                         ep.begin(obs["observation"], info)
                     if ep is not None and not ep.done:
                         ep.on_step(obs["observation"], float(reward), term, trunc, info, 0.0)
+                    elif ep is not None:
+                        ep.rewards.append(float(reward))  # the outcome still counts after its budget
                     game.step(None)
                     continue
                 if ep is None:
@@ -344,6 +347,8 @@ class SeatGroupSource(QueueSource):
                     ep.begin(obs["observation"], info)
                 elif not ep.done:
                     ep.on_step(obs["observation"], float(reward), False, False, info, 0.0)
+                else:
+                    ep.rewards.append(float(reward))
                 if ep.done or not ep.fits(limit):  # over its budget: the rest unrecorded
                     game.step(_random_move(game, agent, rng))
                     continue
