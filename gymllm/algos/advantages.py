@@ -10,6 +10,9 @@ every member, whatever the estimator (no division of round-off by round-off).
 | dr_grpo    | R_i - mean R                                            |
 | rloo       | R_i - mean_{j != i} R_j = G / (G - 1) (R_i - mean R)     |
 | batch_std  | (R_i - group mean) / (std_ddof of all centred rewards of the step + eps) |
+| role_ema   | R_i as given (already R - EMA baseline of its role: :func:`role_ema_advantages`)  |
+
+``role_ema`` is the exception to the equal-rewards rule: its rewards are already advantages.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from __future__ import annotations
 from typing import Callable
 
 import jax.numpy as jnp
+
+from gymllm.multiagent.baseline import role_ema_advantages  # noqa: F401  (the multi-agent RAE baseline)
 
 AdvantageFn = Callable[..., jnp.ndarray]
 
@@ -62,22 +67,14 @@ def batch_std(rewards, *, ddof: int = 0, eps: float = 1e-6, eps_placement: str =
     return c / _scale(c, None, ddof=ddof, eps=eps, eps_placement=eps_placement)
 
 
-ESTIMATORS: dict[str, AdvantageFn] = {"grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo, "batch_std": batch_std}
+def role_ema(rewards, **_: object) -> jnp.ndarray:
+    """The rewards as they come: the multi-agent seat source has already subtracted the role-conditioned
+    EMA baseline (:func:`role_ema_advantages`, ``multiagent.baseline="role_ema"``), so a group of equal
+    rewards keeps its (nonzero) advantage."""
+    return jnp.asarray(rewards, jnp.float32)
+
+
+ESTIMATORS: dict[str, AdvantageFn] = {"grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo, "batch_std": batch_std,
+                                      "role_ema": role_ema}
 # Estimators whose value for one group depends on the other groups of the optimizer step.
 STEP_GLOBAL = frozenset({"batch_std"})
-
-
-def role_ema_advantages(rewards, roles, baselines, *, decay: float = 0.95):
-    """SPIRAL's role-conditioned advantage (RAE): ``A_i = R_i - b[role_i]`` with ``b`` an exponential
-    moving average of the rewards per role (a role is any hashable key, e.g. ``(game, seat)``), read
-    before it is updated with ``R_i`` (``b <- decay * b + (1 - decay) * R_i``; an unseen role starts at 0),
-    in the order given. No normalization; a group of one works. Pure: returns ``(advantages [N] float32,
-    new baselines)`` and leaves ``baselines`` untouched."""
-    import numpy as np
-
-    out, b = np.zeros(len(rewards), np.float32), dict(baselines)
-    for i, (r, role) in enumerate(zip(rewards, roles)):
-        prev = b.get(role, 0.0)
-        out[i] = float(r) - prev
-        b[role] = decay * prev + (1.0 - decay) * float(r)
-    return out, b

@@ -159,7 +159,8 @@ class Run:
             from gymllm.rollout.seat_source import SeatGroupSource
 
             return SeatGroupSource(p.envs, p.gen_engine, p.agent, sampling=cfg.sampling, rollout=cfg.rollout,
-                                   config=cfg.multiagent, group_filter=keep)
+                                   config=cfg.multiagent, group_filter=keep,
+                                   estimator=cfg.loss.advantage.estimator)
         if mode == "proxy":
             r = cfg.rollout
             return AgentProgramSource(p.gen_engine, p.tok, command=r.agent_program, run_dir=self.run_dir,
