@@ -10,9 +10,10 @@ every member, whatever the estimator (no division of round-off by round-off).
 | dr_grpo    | R_i - mean R                                            |
 | rloo       | R_i - mean_{j != i} R_j = G / (G - 1) (R_i - mean R)     |
 | batch_std  | (R_i - group mean) / (std_ddof of all centred rewards of the step + eps) |
-| role_ema   | R_i as given (already R - EMA baseline of its role: :func:`role_ema_advantages`)  |
 
-``role_ema`` is the exception to the equal-rewards rule: its rewards are already advantages.
+
+:func:`role_ema_advantages` (multi-agent self-play, SPIRAL's RAE) is not a group estimator: it keeps
+an EMA baseline per role across steps (see :mod:`gymllm.multiagent.baseline`).
 """
 
 from __future__ import annotations
@@ -67,14 +68,6 @@ def batch_std(rewards, *, ddof: int = 0, eps: float = 1e-6, eps_placement: str =
     return c / _scale(c, None, ddof=ddof, eps=eps, eps_placement=eps_placement)
 
 
-def role_ema(rewards, **_: object) -> jnp.ndarray:
-    """The rewards as they come: the multi-agent seat source has already subtracted the role-conditioned
-    EMA baseline (:func:`role_ema_advantages`, ``multiagent.baseline="role_ema"``), so a group of equal
-    rewards keeps its (nonzero) advantage."""
-    return jnp.asarray(rewards, jnp.float32)
-
-
-ESTIMATORS: dict[str, AdvantageFn] = {"grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo, "batch_std": batch_std,
-                                      "role_ema": role_ema}
+ESTIMATORS: dict[str, AdvantageFn] = {"grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo, "batch_std": batch_std}
 # Estimators whose value for one group depends on the other groups of the optimizer step.
 STEP_GLOBAL = frozenset({"batch_std"})

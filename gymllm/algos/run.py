@@ -159,8 +159,7 @@ class Run:
             from gymllm.rollout.seat_source import SeatGroupSource
 
             return SeatGroupSource(p.envs, p.gen_engine, p.agent, sampling=cfg.sampling, rollout=cfg.rollout,
-                                   config=cfg.multiagent, group_filter=keep,
-                                   estimator=cfg.loss.advantage.estimator)
+                                   config=cfg.multiagent, group_filter=keep)
         if mode == "proxy":
             r = cfg.rollout
             return AgentProgramSource(p.gen_engine, p.tok, command=r.agent_program, run_dir=self.run_dir,

@@ -54,7 +54,6 @@ from typing import Any, Callable
 import numpy as np
 
 from gymllm.errors import ConfigError, explain
-from gymllm.multiagent.baseline import role_ema_advantages
 from gymllm.rollout.config import RolloutConfig
 from gymllm.rollout.episode import Episode, EpisodeKey
 from gymllm.rollout.group_queue import QueueClosed
@@ -78,9 +77,9 @@ class MultiAgentSection:
     ``run:DIR`` (a trained checkpoint, frozen). refresh_every: steps between frozen refreshes (>= 1).
     learner_seats: ``("all",)`` or the seat names the learner plays (the others go to the opponent).
     baseline: ``group`` (per-seat group baseline: the loss's estimator over each seat's group) or
-    ``role_ema`` (SPIRAL's role-conditioned EMA per game and seat, decay ``baseline_decay``: the source
-    subtracts it from each trajectory's reward, keeping the game's in ``info["game_reward"]``; it needs
-    ``loss.advantage.estimator="role_ema"``, which trains on those rewards as they are)."""
+    ``role_ema`` (SPIRAL's role-conditioned EMA per game and seat, decay ``baseline_decay``; the pure
+    function is :func:`gymllm.multiagent.baseline.role_ema_advantages`; the source refuses it until
+    the learner has an estimator that takes rewards as advantages)."""
 
     opponent: str = "self"
     refresh_every: int = 1
@@ -170,22 +169,20 @@ class SeatGroupSource(QueueSource):
 
     def __init__(self, game_fn: Callable[[], Any], engine: Any, agent: Any, *, sampling: Any,
                  rollout: RolloutConfig, config: MultiAgentSection,
-                 group_filter: Callable[[Group], bool] | None = None, estimator: str | None = None):
+                 group_filter: Callable[[Group], bool] | None = None):
         if config.opponent == "frozen" or config.opponent.startswith("run:"):
             raise ConfigError(explain("multiagent.opponent", expected="self, random or MODULE:FN (served today)",
                                       received=config.opponent, fix="a frozen opponent (a second set of weights on "
                                       "the engine) is not served yet: use self or a scripted MODULE:FN"))
-        if (config.baseline == "role_ema") != (estimator == "role_ema") and estimator is not None:
-            raise ConfigError(explain("multiagent.baseline / loss.advantage.estimator", expected="both 'role_ema' "
-                                      "or neither", received=f"baseline={config.baseline!r}, estimator={estimator!r}",
-                                      fix="with --multiagent.baseline role_ema pass --loss.advantage.estimator "
-                                      "role_ema (and the reverse)"))
+        if config.baseline == "role_ema":
+            raise ConfigError(explain("multiagent.baseline", expected="'group' (served today)", received="role_ema",
+                                      fix="use --multiagent.baseline group: the role-conditioned EMA baseline "
+                                      "(gymllm.multiagent.baseline.role_ema_advantages) needs a learner-side "
+                                      "estimator that takes rewards as advantages, which is not wired yet"))
         self.game_fn, self.engine, self.agent, self.sampling = game_fn, engine, agent, sampling
-        self.baselines: dict[tuple[str, str], float] = {}  # role-conditioned EMA per (game, seat)
         self.rollout, self.config, self.group_filter = rollout, config, group_filter
         probe = game_fn()
         self.possible = list(probe.possible_agents)
-        self.game_name = str(getattr(probe, "metadata", {}).get("name", "game"))
         probe.close()
         self.learners = config.seats(self.possible)
         self.scripted = load_scripted_opponent(config.opponent) if config.opponent not in ("self", "random") else None
@@ -303,8 +300,6 @@ class SeatGroupSource(QueueSource):
                     t.group_id = f"g{k}:{seat}"
                     t.info.update(agent=seat, policy="learner", game=m, opponent=self.config.opponent)
                     trajs.append(t)
-            if self.config.baseline == "role_ema":
-                self._subtract_role_baseline(seat, trajs)
             group = Group(group_id=f"g{k}:{seat}", task_id=f"seed{seed}", trajectories=trajs, admitted_version=admitted,
                           info={"agent": seat, "policy": "learner", "seed": seed, "opponent": self.config.opponent,
                                 "released_version": self.version})
@@ -378,16 +373,6 @@ class SeatGroupSource(QueueSource):
                     end(ep.key.trajectory_id)
             game.close()
         return {s: episodes[s] for s in seats}
-
-    def _subtract_role_baseline(self, seat: str, trajs: list) -> None:
-        """Each trajectory's reward minus its role's EMA baseline (pre-update, in game order); the game's
-        own reward stays in ``info["game_reward"]``."""
-        roles = [(self.game_name, seat)] * len(trajs)
-        adv, self.baselines = role_ema_advantages([t.reward for t in trajs], roles, self.baselines,
-                                                  decay=self.config.baseline_decay)
-        for t, a in zip(trajs, adv):
-            t.info["game_reward"] = t.reward
-            t.reward = float(a)
 
     def _opponent_move(self, game: Any, agent: str, rng: np.random.Generator) -> str:
         self.counts["opponent_moves"] += 1
