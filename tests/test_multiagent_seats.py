@@ -311,3 +311,73 @@ def test_self_play_trains_a_pettingzoo_factory_from_the_command_line(tmp_path):
         sampled = [i for i, v in enumerate(r["token_versions"]) if v >= 0]
         assert sampled and len(r["logprobs"]) == len(r["token_ids"]) == len(r["token_versions"])
         assert all(r["logprobs"][i] < 0 for i in sampled) and all(r["token_versions"][i] <= r["step"] for i in sampled)
+
+
+class HeldOpponent:
+    """Test double of FrozenOpponent: its own scripted engine; ``refresh`` records the steps."""
+
+    def __init__(self):
+        self.engine, self.version, self.refreshed, self.closed = ScriptEngine(), 0, [], False
+
+    def refresh(self, version):
+        self.version = version
+        self.refreshed.append(version)
+
+    async def close(self):
+        self.closed = True
+
+
+def test_frozen_opponent_seats_are_played_by_the_opponent_engine_and_refresh_on_schedule():
+    with pytest.raises(ConfigError, match="opponent engine"):
+        _source(ScriptEngine(), MultiAgentSection(opponent="frozen"))
+    engine, opp = ScriptEngine(), HeldOpponent()
+    r = RolloutConfig(group_size=2, max_concurrency=8, max_staleness=None, max_model_calls=4)
+    src = SeatGroupSource(game_factory("test_multiagent_seats:race"), engine, ModelAgent(engine.tok), sampling=_params(),
+                          rollout=r, config=MultiAgentSection(opponent="frozen", refresh_every=2), opponent=opp)
+    for v in (1, 2, 3, 4):
+        src.set_policy_version(v)
+    assert opp.refreshed == [2, 4] and src.stats()["opponent_version"] == 4
+    groups = asyncio.run(_take(src, 2))
+    for g in groups:
+        seat = g.info["agent"]
+        other = "second" if seat == "first" else "first"
+        k = g.group_id.split(":")[0]
+        members = {int(t.trajectory_id.split("/")[1][1:]) for t in g.trajectories}
+        idx = {"first": 0, "second": 1}
+        # the learner seat's sessions went to the learner's engine, the other seat's to the opponent's
+        assert all(f"{k}/m{m}/a0" in engine.calls for m in members)
+        assert all(f"{k}/m{m - idx[seat] + idx[other]}/a0" in opp.engine.calls for m in members)
+        assert not any(f"{k}/m{m}/a0" in opp.engine.calls for m in members)
+    assert opp.closed
+
+
+@pytest.mark.slow  # ~35 s on a shared 2-core machine: three tiny steps with two engines
+def test_frozen_opponent_trains_and_its_weights_change_only_at_a_refresh(tmp_path):
+    from gymllm.algos.run import Run
+    from gymllm.algos.train_config import effective
+    from gymllm.cli.train_args import parse_train_args
+
+    cfg = effective(parse_train_args([
+        "--preset", "tiny", "--env.id", "test_multiagent_seats:race", "--env-kwargs", "{}", "--run-dir", str(tmp_path),
+        "--rollout.group-size", "2", "--env.num-envs", "2", "--rollout.max-model-calls", "2", "--sampling.max-tokens",
+        "4", "--learner.groups-per-step", "1", "--learner.num-steps", "3", "--engine.max-len", "192",
+        "--learner.max-len", "192", "--rollout.max-staleness", "1", "--run.no-report", "--multiagent.opponent",
+        "frozen", "--multiagent.refresh-every", "2"]))
+    seen = []
+
+    def look(record):
+        opp = run.source.opponent
+        seen.append((record["step"], opp.version, opp.weights_hash()))
+
+    run = Run(cfg, on_step=[look])
+
+    async def go():
+        run.setup()
+        try:
+            await run.train()
+        finally:
+            await run.close()
+
+    asyncio.run(go())
+    assert [(s, v) for s, v, _ in seen] == [(1, 0), (2, 2), (3, 2)]  # never ahead of the learner's step
+    assert seen[0][2] != seen[1][2] and seen[1][2] == seen[2][2]

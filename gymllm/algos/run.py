@@ -156,10 +156,13 @@ class Run:
         mode = mode or cfg.rollout.mode
         keep = make_group_filter(cfg, resume.decided, resume.filtered, self.log.tally)
         if isinstance(p.envs, GameFactory):  # a multi-agent game: groups per seat (gymllm.rollout.seat_source)
+            from gymllm.algos.opponents import FrozenOpponent
             from gymllm.rollout.seat_source import SeatGroupSource
 
+            o = cfg.multiagent.opponent
+            opp = FrozenOpponent.build(cfg, p.learner) if o == "frozen" or o.startswith("run:") else None
             return SeatGroupSource(p.envs, p.gen_engine, p.agent, sampling=cfg.sampling, rollout=cfg.rollout,
-                                   config=cfg.multiagent, group_filter=keep)
+                                   config=cfg.multiagent, group_filter=keep, opponent=opp)
         if mode == "proxy":
             r = cfg.rollout
             return AgentProgramSource(p.gen_engine, p.tok, command=r.agent_program, run_dir=self.run_dir,

@@ -32,8 +32,7 @@ Opponents (``opponent``)
 ``self``: the learner itself. ``random``: a uniformly random legal move (per-game RNG from the env
 seed). ``MODULE:FN``: ``fn(observation, agent) -> action`` on the wrapped PettingZoo env's own
 observation and action (as PettingZoo policies are written); the action is turned into the move text
-the text env parses. ``frozen`` and ``run:DIR`` are accepted by the config but not served yet (a
-second set of weights on the engine): building the source raises a ConfigError saying so.
+the text env parses.
 
 A seat whose game ended before its first move gets a trajectory without sampled tokens (its
 reward counts in the group's baseline, it trains nothing). A learner seat whose trajectory hit its budget (``rollout.max_model_calls`` moves, or the engine's
@@ -169,11 +168,13 @@ class SeatGroupSource(QueueSource):
 
     def __init__(self, game_fn: Callable[[], Any], engine: Any, agent: Any, *, sampling: Any,
                  rollout: RolloutConfig, config: MultiAgentSection,
-                 group_filter: Callable[[Group], bool] | None = None):
-        if config.opponent == "frozen" or config.opponent.startswith("run:"):
-            raise ConfigError(explain("multiagent.opponent", expected="self, random or MODULE:FN (served today)",
-                                      received=config.opponent, fix="a frozen opponent (a second set of weights on "
-                                      "the engine) is not served yet: use self or a scripted MODULE:FN"))
+                 group_filter: Callable[[Group], bool] | None = None, opponent: Any = None):
+        self.frozen = config.opponent == "frozen" or config.opponent.startswith("run:")
+        if self.frozen and opponent is None:
+            raise ConfigError(explain("multiagent.opponent", expected="an opponent engine for a frozen or run:DIR "
+                                      "opponent (SeatGroupSource(..., opponent=FrozenOpponent.build(cfg, learner)))",
+                                      received=config.opponent, fix="train through gymllm train / train(), which "
+                                      "builds it, or pass opponent="))
         if config.baseline == "role_ema":
             raise ConfigError(explain("multiagent.baseline", expected="'group' (served today)", received="role_ema",
                                       fix="use --multiagent.baseline group: the role-conditioned EMA baseline "
@@ -181,11 +182,13 @@ class SeatGroupSource(QueueSource):
                                       "estimator that takes rewards as advantages, which is not wired yet"))
         self.game_fn, self.engine, self.agent, self.sampling = game_fn, engine, agent, sampling
         self.rollout, self.config, self.group_filter = rollout, config, group_filter
+        self.opponent = opponent  # frozen / run:DIR: .engine, .version, .refresh(step), .close()
         probe = game_fn()
         self.possible = list(probe.possible_agents)
         probe.close()
         self.learners = config.seats(self.possible)
-        self.scripted = load_scripted_opponent(config.opponent) if config.opponent not in ("self", "random") else None
+        self.scripted = (load_scripted_opponent(config.opponent) if config.opponent not in ("self", "random")
+                         and not self.frozen else None)
         self.version = int(getattr(engine, "version", 0))
         self.queue: asyncio.Queue = asyncio.Queue()
         self.ready: list[Group] = []
@@ -207,10 +210,15 @@ class SeatGroupSource(QueueSource):
 
     def set_policy_version(self, version: int) -> None:
         self.version = int(version)
+        if self.config.opponent == "frozen" and version % self.config.refresh_every == 0:
+            self.opponent.refresh(version)  # games already in flight finish against the new snapshot
         self.changed.set()
 
     def stats(self) -> dict[str, Any]:
-        return {"games_in_flight": self.games_in_flight, "batches_in_flight": len(self.in_flight)}
+        out = {"games_in_flight": self.games_in_flight, "batches_in_flight": len(self.in_flight)}
+        if self.opponent is not None:
+            out["opponent_version"] = self.opponent.version
+        return out
 
     def result(self) -> dict[str, Any]:
         return dict(self.counts)
@@ -239,6 +247,8 @@ class SeatGroupSource(QueueSource):
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self.opponent is not None:
+            await self.opponent.close()
         self.changed.set()
 
     # --- production -------------------------------------------------------------------------------
@@ -320,7 +330,8 @@ class SeatGroupSource(QueueSource):
         """Play game ``member`` of batch ``k`` from ``seed``; returns the learner seats' episodes."""
         game = self.game_fn()
         rng = np.random.default_rng([seed, member])
-        modelled = self.possible if self.config.opponent == "self" else seats  # seats the engine plays
+        modelled = self.possible if self.config.opponent == "self" or self.frozen else seats  # seats a model plays
+        engines = {a: self.engine if a in seats or not self.frozen else self.opponent.engine for a in modelled}
         episodes: dict[str, Episode] = {}
         for i, seat in enumerate(modelled):
             key = EpisodeKey(group_index=k, member=member * len(self.possible) + self.possible.index(seat),
@@ -360,15 +371,15 @@ class SeatGroupSource(QueueSource):
                     game.step(_random_move(game, agent, rng))
                     continue
                 prompt, params = ep.next_request()
-                completion = await self.engine.generate(prompt, params, session_id=ep.key.trajectory_id)
-                self.counts["learner_moves"] += 1
+                completion = await engines[agent].generate(prompt, params, session_id=ep.key.trajectory_id)
+                self.counts["learner_moves" if agent in seats or not self.frozen else "opponent_moves"] += 1
                 game.step(ep.on_completion(completion, 0.0))
             for seat, ep in episodes.items():
                 if seat in started and not ep.done:
                     ep.on_step("The game is over.", 0.0, True, False, {"agent": seat}, 0.0)
         finally:
-            end = getattr(self.engine, "end_session", None)
-            for ep in episodes.values():
+            for seat, ep in episodes.items():
+                end = getattr(engines[seat], "end_session", None)
                 if end is not None:
                     end(ep.key.trajectory_id)
             game.close()
