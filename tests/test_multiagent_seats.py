@@ -123,8 +123,8 @@ def test_config_section_checks_and_unknown_scripted_fn():
         MultiAgentSection(learner_seats=("third",)).seats(["first", "second"])
     with pytest.raises(ConfigError, match="importable MODULE:FN"):
         _source(ScriptEngine(), MultiAgentSection(opponent="test_multiagent_seats:nope"))
-    with pytest.raises(ConfigError, match="not served yet"):
-        _source(ScriptEngine(), MultiAgentSection(opponent="frozen"))
+    with pytest.raises(ConfigError, match="opponent engine"):
+        _source(ScriptEngine(), MultiAgentSection(opponent="run:runs/x"))
 
 
 def test_multiagent_section_is_a_train_flag():
