@@ -381,3 +381,23 @@ def test_frozen_opponent_trains_and_its_weights_change_only_at_a_refresh(tmp_pat
     asyncio.run(go())
     assert [(s, v) for s, v, _ in seen] == [(1, 0), (2, 2), (3, 2)]  # never ahead of the learner's step
     assert seen[0][2] != seen[1][2] and seen[1][2] == seen[2][2]
+
+
+FLAKY = {"calls": 0}
+
+
+def crashes_first(observation, agent):
+    """A scripted opponent whose first three calls raise (a crashing seat), then plays +1."""
+    FLAKY["calls"] += 1
+    if FLAKY["calls"] <= 3:
+        raise RuntimeError("opponent crashed")
+    return 0
+
+
+def test_a_crashing_opponent_drops_its_batch_and_the_run_goes_on(caplog):
+    FLAKY["calls"] = 0
+    src = _source(ScriptEngine(), MultiAgentSection(opponent="test_multiagent_seats:crashes_first"))
+    with caplog.at_level("WARNING", logger="gymllm.rollout"):
+        groups = asyncio.run(_take(src, 3))
+    assert len(groups) >= 3 and src.counts["failed_batches"] >= 1 and "opponent crashed" in caplog.text
+    assert all(len(g.trajectories) == 2 for g in groups)  # a failed game never leaves a group short

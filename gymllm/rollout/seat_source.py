@@ -285,11 +285,15 @@ class SeatGroupSource(QueueSource):
     async def _batch(self, k: int) -> None:
         seed = self.rollout.seed + k
         seats = self.batch_seats(k)
+        tasks = [asyncio.ensure_future(self.play_game(k, m, seed, seats)) for m in range(self.rollout.group_size)]
         try:
-            games = await asyncio.gather(*(self.play_game(k, m, seed, seats) for m in range(self.rollout.group_size)))
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # a game that raised: the batch is lost, the run goes on
+            games = await asyncio.gather(*tasks)
+        except BaseException as e:  # a game that raised: the batch is lost (its other games stop), the run goes on
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if isinstance(e, asyncio.CancelledError):
+                raise
             self.counts["failed_batches"] += 1
             self.failed_streak += 1
             log.warning("multi-agent batch %d (seed %d) failed and is dropped: %s: %s", k, seed, type(e).__name__, e)
