@@ -288,7 +288,7 @@ class SeatGroupSource(QueueSource):
         tasks = [asyncio.ensure_future(self.play_game(k, m, seed, seats)) for m in range(self.rollout.group_size)]
         try:
             games = await asyncio.gather(*tasks)
-        except BaseException as e:  # a game that raised: the batch is lost (its other games stop), the run goes on
+        except (Exception, asyncio.CancelledError) as e:  # a game that raised: the batch is lost (its other games stop), the run goes on
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
