@@ -143,10 +143,10 @@ class RayComponents:
 
     # ------------------------------------------------------------------ envs
     def make_envs(self, cfg: TrainConfig) -> Any:
-        import gymllm
+        from gymllm.suites.resolve import make_vec_for, resolve_env_id
 
-        return gymllm.make_vec(cfg.env.id, cfg.env.num_envs, backend="ray", ray_options=env_ray_options(self.cluster),
-                               **cfg.env.kwargs)
+        return make_vec_for(resolve_env_id(cfg.env.id, where="env.id"), cfg.env.num_envs, dict(cfg.env.kwargs),
+                            backend="ray", ray_options=env_ray_options(self.cluster))
 
     def close(self) -> None:
         """Stop the learner hosts; disconnect from Ray if this object connected."""

@@ -82,9 +82,9 @@ class LocalComponents:
         return WeightPusher(engine, lm.config, gather=self.gather)
 
     def make_envs(self, cfg: TrainConfig) -> Any:
-        import gymllm
+        from gymllm.suites.resolve import make_vec_for, resolve_env_id
 
-        return gymllm.make_vec(cfg.env.id, cfg.env.num_envs, **cfg.env.kwargs)
+        return make_vec_for(resolve_env_id(cfg.env.id, where="env.id"), cfg.env.num_envs, dict(cfg.env.kwargs))
 
     def close(self) -> None:
         pass

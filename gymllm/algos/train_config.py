@@ -70,8 +70,11 @@ class ModelSection:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EnvSection:
-    """id: a registered env id; kwargs: passed to every sub-env; num_envs: sub-envs of the vector env
-    (trajectories in flight are bounded by it); agent: model (text actions) | tool (tool calls)."""
+    """id: a registered env id, Gymnasium's ``module:EnvId-v0`` (the module is imported first, so its
+    ``gymnasium.register`` call runs) or ``module:factory`` (a callable returning an env, given
+    ``kwargs``; see :mod:`gymllm.suites.resolve`); kwargs: passed to every sub-env; num_envs: sub-envs
+    of the vector env (trajectories in flight are bounded by it); agent: model (text actions) | tool
+    (tool calls)."""
 
     id: str = "gymllm/TinyRepeat-v0"
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -85,6 +88,10 @@ class EnvSection:
         if not isinstance(self.kwargs, dict):
             raise ConfigError(explain("env.kwargs", expected="a dict of constructor arguments", received=self.kwargs,
                                       fix="e.g. kwargs={'num_letters': 4}"))
+        if ":" in self.id:  # a user's module: import it now, so a bad module or factory fails before the model loads
+            from gymllm.suites.resolve import resolve_env_id
+
+            resolve_env_id(self.id, where="env.id")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
