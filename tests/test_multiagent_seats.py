@@ -5,7 +5,6 @@ scripted opponents, groups per seat and seed, barrier-free games), a PettingZoo 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 import numpy as np
 import pytest
