@@ -1,12 +1,11 @@
 """A user's own env named by module on the command line: ``module:EnvId-v0`` (Gymnasium's
 convention: the import registers it) and ``module:factory``, through the one resolver in
 ``gymllm.registration``: ``make``, ``make_vec``, ``gymllm train --env.id`` and ``gymllm eval``.
-The module is tests/user_envs.py, which no gymllm code imports by itself."""
+The module is tests/user_envs.py, which no gymllm code imports by itself. Training and evaluating a
+user's module from the command line: tests/test_user_env_train.py."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import pathlib
 import sys
 
@@ -14,9 +13,7 @@ import gymnasium
 import pytest
 
 import gymllm
-from gymllm.algos.trainer import train
 from gymllm.algos.train_config import EnvSection
-from gymllm.cli.main import main
 from gymllm.errors import ConfigError
 from gymllm.utils import check_env
 
@@ -58,21 +55,7 @@ def test_bad_module_ids_say_what_was_expected_and_how_to_fix(env_id, expected):
     assert expected in str(e.value)
 
 
-def test_train_and_eval_a_user_env_named_by_module(tmp_path):
-    from test_algos_trainer import small_config
-
-    base = small_config(tmp_path / "run", steps=2)
-    cfg = dataclasses.replace(base, env=EnvSection(id="user_envs:make_count", kwargs={"start": 5}, num_envs=8),
-                              engine=dataclasses.replace(base.engine, max_len=128),  # the chat prompt is ~70 tokens
-                              learner=dataclasses.replace(base.learner, max_len=128))
-    res = train(cfg)
-    assert res.steps == 2 and len(res.history) == 2
-    trajs = [json.loads(line) for line in (res.run_dir / "trajectories.jsonl").read_text().splitlines()]
-    # the user's env played: one model call and one env step each, its one-turn episodes terminated
-    assert trajs and all(t["info"]["env_steps"] == 1 and t["info"]["terminated"] and t["num_sampled"] > 0
-                         for t in trajs)
-    out = tmp_path / "eval.json"
-    assert main(["eval", "user_envs:UserCount-v0", "--checkpoint", str(res.run_dir), "--num-seeds", "2", "--k", "1",
-                 "--max-tokens", "4", "--max-turns", "1", "--out", str(out)]) == 0
-    (row,) = json.loads(out.read_text())
-    assert row["env"] == "user_envs:UserCount-v0" and row["episodes"] == 2 and 0.0 <= row["mean_reward"] <= 1.0
+def test_a_bad_module_in_env_section_fails_before_any_model_loads():
+    with pytest.raises(ConfigError, match="a callable 'nope' in module 'user_envs'"):
+        EnvSection(id="user_envs:nope")
+    assert EnvSection(id="user_envs:make_count").id == "user_envs:make_count"

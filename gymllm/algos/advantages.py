@@ -10,6 +10,10 @@ every member, whatever the estimator (no division of round-off by round-off).
 | dr_grpo    | R_i - mean R                                            |
 | rloo       | R_i - mean_{j != i} R_j = G / (G - 1) (R_i - mean R)     |
 | batch_std  | (R_i - group mean) / (std_ddof of all centred rewards of the step + eps) |
+
+
+:func:`role_ema_advantages` (multi-agent self-play, SPIRAL's RAE) is not a group estimator: it keeps
+an EMA baseline per role across steps (see :mod:`gymllm.multiagent.baseline`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from __future__ import annotations
 from typing import Callable
 
 import jax.numpy as jnp
+
+from gymllm.multiagent.baseline import role_ema_advantages  # noqa: F401  (the multi-agent RAE baseline)
 
 AdvantageFn = Callable[..., jnp.ndarray]
 

@@ -136,7 +136,11 @@ def build_parts(cfg: TrainConfig, parts: Components) -> tuple[RunParts, ResumeSt
     if cfg.run.warmup:
         engine.warmup()
         learner.warmup(group_size=cfg.rollout.group_size)
-    envs = parts.make_envs(cfg) if cfg.rollout.mode != "proxy" else None  # proxy: the program plays
+    from gymllm.multiagent.factory import game_factory
+
+    game = game_factory(cfg.env.id, cfg.env.kwargs) if cfg.rollout.mode != "proxy" else None
+    # a multi-agent game: envs is its GameFactory (the seat source plays the games); proxy: the program plays
+    envs = game if game is not None else parts.make_envs(cfg) if cfg.rollout.mode != "proxy" else None
     agent_cls = ToolAgent if cfg.env.agent == "tool" else ModelAgent
     return RunParts(tok=tok, learner=learner, ckpt=ckpt, engine=engine, gen_engine=resume.generation_engine(engine, tok),
                     pusher=pusher, envs=envs, agent=agent_cls(tok, system_prompt=cfg.env.system_prompt or None),

@@ -43,6 +43,7 @@ from gymllm.algos.resume import ResumeState, make_group_filter
 from gymllm.algos.step_log import RolloutTally, StepLog
 from gymllm.algos.train_config import TrainConfig
 from gymllm.errors import ConfigError, GymLLMError, explain
+from gymllm.multiagent.factory import GameFactory
 from gymllm.rollout.agent_programs import AgentProgramError, AgentPrograms
 from gymllm.rollout.group_queue import QueueClosed
 from gymllm.rollout.sources import GroupSource, GroupSourceError
@@ -158,6 +159,14 @@ class Run:
         keep = make_group_filter(cfg, resume.decided, resume.filtered, self.log.tally)
         if cfg.env.suite and p.envs is not None:  # a suite's mixture: every group also counted under its env
             keep = p.envs.observe(keep)
+        if isinstance(p.envs, GameFactory):  # a multi-agent game: groups per seat (gymllm.rollout.seat_source)
+            from gymllm.algos.opponents import FrozenOpponent
+            from gymllm.rollout.seat_source import SeatGroupSource
+
+            o = cfg.multiagent.opponent
+            opp = FrozenOpponent.build(cfg, p.learner) if o == "frozen" or o.startswith("run:") else None
+            return SeatGroupSource(p.envs, p.gen_engine, p.agent, sampling=cfg.sampling, rollout=cfg.rollout,
+                                   config=cfg.multiagent, group_filter=keep, opponent=opp)
         if mode == "proxy":
             r = cfg.rollout
             return AgentProgramSource(p.gen_engine, p.tok, command=r.agent_program, run_dir=self.run_dir,

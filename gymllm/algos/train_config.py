@@ -32,6 +32,7 @@ from gymllm.errors import ConfigError, explain
 from gymllm.inference.config import EngineConfig
 from gymllm.inference.params import SamplingParams
 from gymllm.rollout.config import RolloutConfig
+from gymllm.rollout.seat_source import MultiAgentSection
 from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 from gymllm.validation import apply_overrides, check_choice, check_range, require
 
@@ -104,6 +105,10 @@ class EnvSection:
         if not isinstance(self.kwargs, dict):
             raise ConfigError(explain("env.kwargs", expected="a dict of constructor arguments", received=self.kwargs,
                                       fix="e.g. kwargs={'num_letters': 4}"))
+        if ":" in self.id:  # a user's module: import it now, so a bad module or factory fails before the model loads
+            from gymllm.registration import resolve_env_id
+
+            resolve_env_id(self.id, where="env.id")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -265,7 +270,8 @@ def _get(cfg: Any, path: str) -> Any:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """A whole run: model, env, engine, sampling, rollout, loss, optimizer, learner, LoRA, sharding, run,
-    cluster, eval. The fields of :data:`TIES` are set from their sources on creation."""
+    cluster, eval, multiagent (a multi-agent game's opponent and seats,
+    :class:`~gymllm.rollout.seat_source.MultiAgentSection`). The fields of :data:`TIES` are set from their sources on creation."""
 
     model: ModelSection = dataclasses.field(default_factory=ModelSection)
     env: EnvSection = dataclasses.field(default_factory=EnvSection)
@@ -282,6 +288,7 @@ class TrainConfig:
     run: RunSection = dataclasses.field(default_factory=RunSection)
     cluster: ClusterSection = dataclasses.field(default_factory=ClusterSection)
     eval: EvalSection = dataclasses.field(default_factory=EvalSection)
+    multiagent: MultiAgentSection = dataclasses.field(default_factory=MultiAgentSection)
 
     def __post_init__(self) -> None:
         for name, kind in _SECTIONS.items():
@@ -320,7 +327,7 @@ class TrainConfig:
 _SECTIONS = {"model": ModelSection, "env": EnvSection, "engine": EngineConfig, "sampling": SamplingParams,
              "rollout": RolloutConfig, "loss": LossConfig, "optimizer": OptimizerConfig, "learner": LearnerConfig,
              "lora": LoRAConfig, "sharding": ShardingConfig, "run": RunSection, "cluster": ClusterSection,
-             "eval": EvalSection}
+             "eval": EvalSection, "multiagent": MultiAgentSection}
 
 
 def legacy_tables(tables: Mapping[str, Any]) -> dict[str, Any]:

@@ -31,19 +31,23 @@ spaces), and it warns that observations are not NumPy arrays, which is expected 
 The pieces live in their own modules: :mod:`~gymllm.multiagent.codec` (config, move space,
 text codec), :mod:`~gymllm.multiagent.aec`, :mod:`~gymllm.multiagent.parallel`,
 :mod:`~gymllm.multiagent.policies`, :mod:`~gymllm.multiagent.seat`,
-:mod:`~gymllm.multiagent.vector` and :mod:`~gymllm.multiagent.check`; this module
+:mod:`~gymllm.multiagent.vector`, :mod:`~gymllm.multiagent.check`, :mod:`~gymllm.multiagent.factory`
+(which ``env.id`` names a game) and :mod:`~gymllm.multiagent.baseline` (the role EMA baseline); this module
 gathers their public names.
 """
 
 from __future__ import annotations
 
 from gymllm.multiagent.aec import TextAECEnv
+from gymllm.multiagent.baseline import role_ema_advantages
 from gymllm.multiagent.check import text_api_test
 from gymllm.multiagent.codec import MoveText, MultiAgentConfig, TextCodec
+from gymllm.multiagent.factory import GAMES, GameFactory, game_factory
 from gymllm.multiagent.parallel import TextParallelEnv
 from gymllm.multiagent.policies import Policy, random_legal_policy
 from gymllm.multiagent.seat import SingleAgentView
 from gymllm.multiagent.vector import AgentVectorEnv
 
 __all__ = ["TextAECEnv", "TextParallelEnv", "MultiAgentConfig", "MoveText", "SingleAgentView", "AgentVectorEnv",
-           "random_legal_policy", "text_api_test", "TextCodec", "Policy"]
+           "random_legal_policy", "text_api_test", "TextCodec", "Policy", "GAMES", "GameFactory", "game_factory",
+           "role_ema_advantages"]

@@ -1,0 +1,71 @@
+"""Model opponents of multi-agent runs: :class:`FrozenOpponent`, a held copy of the learner's weights
+(``multiagent.opponent="frozen"``, refreshed every ``refresh_every`` steps) or of a trained checkpoint
+(``"run:DIR"``, never refreshed), served by a second in-process engine of the same model.
+
+    opp = FrozenOpponent.build(cfg, learner)          # cfg: the run's TrainConfig
+    source = SeatGroupSource(..., opponent=opp)        # its seats' moves come from opp.engine
+    opp.refresh(step)                                  # the source calls it at each refresh step
+
+The second engine holds its own weights (a second copy of the model's parameters in memory, and its
+own KV cache of ``engine.num_slots`` rows); serving the snapshot as a second set of weights on the one
+engine is the better design and is open.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Any
+
+import numpy as np
+
+__all__ = ["FrozenOpponent"]
+
+
+class FrozenOpponent:
+    """A snapshot of weights on its own engine (see the module docstring). ``version``: the learner
+    step the snapshot was taken at (-1 for a ``run:DIR`` checkpoint); ``refreshes``: how many times
+    it was refreshed; :meth:`weights_hash` fingerprints the weights it serves."""
+
+    def __init__(self, engine: Any, pusher: Any, learner: Any | None, *, version: int, flat: dict[str, Any]):
+        self.engine, self.pusher, self.learner = engine, pusher, learner
+        self.version, self.refreshes, self.flat = version, 0, flat
+
+    @classmethod
+    def build(cls, cfg: Any, learner: Any) -> "FrozenOpponent":
+        """``frozen``: the learner's current weights; ``run:DIR``: the checkpoint's trained weights."""
+        from gymllm.algos.components import load_model
+        from gymllm.algos.weight_sync import WeightPusher
+        from gymllm.inference.jax_engine import JaxEngine
+
+        spec = cfg.multiagent.opponent
+        checkpoint = spec[len("run:"):] if spec.startswith("run:") else ""
+        lm = load_model(dataclasses.replace(cfg.model, checkpoint=checkpoint) if checkpoint else cfg.model)
+        engine = JaxEngine(lm.model, lm.tokenizer, version=0, config=cfg.engine)
+        pusher = WeightPusher(engine, lm.config)
+        if checkpoint:
+            return cls(engine, pusher, None, version=-1, flat=dict(lm.model.flat_params()))
+        opp = cls(engine, pusher, learner, version=learner.version, flat={})
+        opp.refresh(learner.version)
+        opp.refreshes = 0
+        return opp
+
+    def refresh(self, version: int) -> None:
+        """Take the learner's weights of step ``version`` (a ``run:DIR`` opponent never changes)."""
+        if self.learner is None:
+            return
+        self.flat = dict(self.learner.policy_params())
+        self.pusher.push(self.flat, version)
+        self.version = int(version)
+        self.refreshes += 1
+
+    def weights_hash(self) -> str:
+        """A SHA-256 over the served weights (names and bytes)."""
+        h = hashlib.sha256()
+        for name in sorted(self.flat):
+            h.update(name.encode())
+            h.update(np.asarray(self.flat[name]).tobytes())
+        return h.hexdigest()
+
+    async def close(self) -> None:
+        await self.engine.close()

@@ -1,0 +1,397 @@
+"""Multi-agent training groups: :class:`SeatGroupSource`, a :class:`~gymllm.rollout.sources.GroupSource`
+over a multi-agent text game (a :class:`~gymllm.multiagent.TextAECEnv`), and its config section
+:class:`MultiAgentSection` (``--multiagent.*``).
+
+    source = SeatGroupSource(game_fn, engine, agent, sampling=sp, rollout=rcfg, config=MultiAgentSection())
+    run.train(source)                                        # the one training loop, unchanged
+
+Groups and seats
+----------------
+Batch ``k`` plays ``rollout.group_size`` (G) games from env seed ``rollout.seed + k``. A **group** is
+the G trajectories of one seat in that batch (group id ``g<k>:<seat>``, ``group.info["agent"]`` the
+seat, every trajectory's ``info["agent"]`` and ``info["policy"]``), so a group never mixes seats or
+seeds. With ``opponent="self"`` the learner plays every seat of every game and each batch yields one
+group per learner seat (seats outside ``learner_seats`` are played by the same model, not trained).
+With any other opponent each batch has one learner seat, rotating over ``learner_seats`` with ``k``
+(batch ``k`` trains seat ``learner_seats[k % n]``), so no seat is favoured; the other seats are the
+opponent's.
+
+Barrier-free
+------------
+Every game is its own coroutine: it asks the engine for its current mover's reply and waits only for
+that. Moves of different games (and batches) interleave in the engine's continuous batch; a batch's
+groups are released when its G games have ended. Learner moves are sampled through
+:class:`~gymllm.rollout.episode.Episode` exactly as the single-agent path does (token ids, behaviour
+logprobs and the policy version of every sampled token recorded, token-in token-out), so staleness
+and TITO hold. ``rollout.max_staleness`` bounds admission: batch ``k`` starts only while the batches
+in flight were admitted within that many versions of the current one; ``rollout.max_concurrency``
+bounds the games in flight.
+
+Opponents (``opponent``)
+------------------------
+``self``: the learner itself. ``random``: a uniformly random legal move (per-game RNG from the env
+seed). ``MODULE:FN``: ``fn(observation, agent) -> action`` on the wrapped PettingZoo env's own
+observation and action (as PettingZoo policies are written); the action is turned into the move text
+the text env parses.
+
+A seat whose game ended before its first move gets a trajectory without sampled tokens (its
+reward counts in the group's baseline, it trains nothing). A learner seat whose trajectory hit its budget (``rollout.max_model_calls`` moves, or the engine's
+context) plays the rest of its game with random legal moves, unrecorded; the trajectory ends truncated and its
+reward still sums every reward the seat received, the game's outcome included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib
+import json
+import logging
+import re
+from typing import Any, Callable
+
+import numpy as np
+
+from gymllm.errors import ConfigError, explain
+from gymllm.rollout.config import RolloutConfig
+from gymllm.rollout.episode import Episode, EpisodeKey
+from gymllm.rollout.group_queue import QueueClosed
+from gymllm.rollout.producer import RolloutStalledError
+from gymllm.rollout.sources import QueueSource
+from gymllm.types import Group
+
+__all__ = ["MultiAgentSection", "SeatGroupSource", "load_scripted_opponent", "move_text"]
+
+_FN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")
+log = logging.getLogger("gymllm.rollout")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MultiAgentSection:
+    """How a multi-agent env trains (used when ``env.id`` names a multi-agent game).
+
+    opponent: ``self`` (the learner plays every seat), ``frozen`` (a snapshot of the learner refreshed
+    every ``refresh_every`` steps), ``random`` (uniform legal moves), ``MODULE:FN`` (a scripted
+    ``fn(observation, agent) -> action`` on the game's own PettingZoo observation and action) or
+    ``run:DIR`` (a trained checkpoint, frozen). refresh_every: steps between frozen refreshes (>= 1).
+    learner_seats: ``("all",)`` or the seat names the learner plays (the others go to the opponent).
+    baseline: ``group`` (per-seat group baseline: the loss's estimator over each seat's group) or
+    ``role_ema`` (SPIRAL's role-conditioned EMA per game and seat, decay ``baseline_decay``; the pure
+    function is :func:`gymllm.multiagent.baseline.role_ema_advantages`; the source refuses it until
+    the learner has an estimator that takes rewards as advantages)."""
+
+    opponent: str = "self"
+    refresh_every: int = 1
+    learner_seats: tuple[str, ...] = ("all",)
+    baseline: str = "group"
+    baseline_decay: float = 0.95
+
+    def __post_init__(self) -> None:
+        o = self.opponent
+        ok = (o in ("self", "frozen", "random") or (o.startswith("run:") and len(o) > 4)
+              or (not o.startswith("run:") and bool(_FN.match(o))))
+        if not isinstance(o, str) or not ok:
+            raise ConfigError(explain("multiagent.opponent", expected="'self', 'frozen', 'random', 'MODULE:FN' (a "
+                                      "scripted fn(observation, agent) -> action) or 'run:DIR' (a checkpoint)",
+                                      received=o, fix="e.g. --multiagent.opponent random or "
+                                      "--multiagent.opponent my_pkg.policies:greedy"))
+        if not isinstance(self.refresh_every, int) or self.refresh_every < 1:
+            raise ConfigError(explain("multiagent.refresh_every", expected="an int >= 1 (optimizer steps between "
+                                      "frozen-opponent refreshes)", received=self.refresh_every,
+                                      fix="e.g. --multiagent.refresh-every 10"))
+        seats = tuple(self.learner_seats)
+        if not seats or not all(isinstance(s, str) and s for s in seats) or ("all" in seats and len(seats) > 1):
+            raise ConfigError(explain("multiagent.learner_seats", expected="('all',) or a non-empty list of seat "
+                                      "names", received=self.learner_seats,
+                                      fix="e.g. --multiagent.learner-seats player_1 (or all)"))
+        object.__setattr__(self, "learner_seats", seats)
+        if self.baseline not in ("group", "role_ema"):
+            raise ConfigError(explain("multiagent.baseline", expected="'group' or 'role_ema'", received=self.baseline,
+                                      fix="--multiagent.baseline group"))
+        if not 0.0 <= float(self.baseline_decay) < 1.0:
+            raise ConfigError(explain("multiagent.baseline_decay", expected="a float in [0, 1)",
+                                      received=self.baseline_decay, fix="e.g. 0.95 (SPIRAL's)"))
+
+    def seats(self, possible: list[str]) -> list[str]:
+        """The learner's seats among the game's ``possible`` agents (a ConfigError names unknown ones)."""
+        if self.learner_seats == ("all",):
+            return list(possible)
+        bad = [s for s in self.learner_seats if s not in possible]
+        if bad:
+            raise ConfigError(explain("multiagent.learner_seats", expected=f"seats of this game: {possible}",
+                                      received=list(self.learner_seats), fix=f"drop {bad} (or use all)"))
+        return list(self.learner_seats)
+
+
+def load_scripted_opponent(spec: str) -> Callable[[Any, str], Any]:
+    """``MODULE:FN`` -> the callable ``fn(observation, agent) -> action`` (a ConfigError when missing)."""
+    module, _, name = spec.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(explain("multiagent.opponent", expected="an importable MODULE:FN", received=spec,
+                                  fix=f"check the module path and the function name ({type(e).__name__}: {e})")) from e
+    if not callable(fn):
+        raise ConfigError(explain("multiagent.opponent", expected="a callable fn(observation, agent) -> action",
+                                  received=f"{spec} = {type(fn).__name__}", fix="name a function"))
+    return fn
+
+
+def move_text(game: Any, agent: str, action: Any) -> str:
+    """The move text :class:`~gymllm.multiagent.TextAECEnv` parses for the inner env's own ``action``."""
+    space = game.action_space(agent)
+    moves = getattr(space, "moves", ())
+    if moves:
+        return moves[int(action) - int(space.inner.start)]
+    if isinstance(action, np.ndarray):
+        return json.dumps(action.tolist())
+    if isinstance(action, np.generic):
+        return str(action.item())
+    return action if isinstance(action, str) else json.dumps(action)
+
+
+def _random_move(game: Any, agent: str, rng: np.random.Generator) -> str:
+    from gymllm.multiagent.policies import policy_move
+
+    return policy_move(None, game, agent, rng)
+
+
+class SeatGroupSource(QueueSource):
+    """Groups per seat from many multi-agent games in flight on one engine (see the module docstring).
+
+    ``game_fn``: a zero-argument factory of :class:`~gymllm.multiagent.TextAECEnv`; ``agent``: the
+    :class:`~gymllm.rollout.agents.Agent` (chat template, reply -> move); ``group_filter(group) -> bool``
+    decides whether a group reaches the learner (the run's zero-variance filter)."""
+
+    name = "multi-agent seats"
+    waiting_for = "waiting for the next game batch to end"
+
+    def __init__(self, game_fn: Callable[[], Any], engine: Any, agent: Any, *, sampling: Any,
+                 rollout: RolloutConfig, config: MultiAgentSection,
+                 group_filter: Callable[[Group], bool] | None = None, opponent: Any = None):
+        self.frozen = config.opponent == "frozen" or config.opponent.startswith("run:")
+        if self.frozen and opponent is None:
+            raise ConfigError(explain("multiagent.opponent", expected="an opponent engine for a frozen or run:DIR "
+                                      "opponent (SeatGroupSource(..., opponent=FrozenOpponent.build(cfg, learner)))",
+                                      received=config.opponent, fix="train through gymllm train / train(), which "
+                                      "builds it, or pass opponent="))
+        if config.baseline == "role_ema":
+            raise ConfigError(explain("multiagent.baseline", expected="'group' (served today)", received="role_ema",
+                                      fix="use --multiagent.baseline group: the role-conditioned EMA baseline "
+                                      "(gymllm.multiagent.baseline.role_ema_advantages) needs a learner-side "
+                                      "estimator that takes rewards as advantages, which is not wired yet"))
+        self.game_fn, self.engine, self.agent, self.sampling = game_fn, engine, agent, sampling
+        self.rollout, self.config, self.group_filter = rollout, config, group_filter
+        self.opponent = opponent  # frozen / run:DIR: .engine, .version, .refresh(step), .close()
+        probe = game_fn()
+        self.possible = list(probe.possible_agents)
+        probe.close()
+        self.learners = config.seats(self.possible)
+        self.scripted = (load_scripted_opponent(config.opponent) if config.opponent not in ("self", "random")
+                         and not self.frozen else None)
+        self.version = int(getattr(engine, "version", 0))
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.ready: list[Group] = []
+        self.tasks: set[asyncio.Task] = set()
+        self.producer: asyncio.Task | None = None
+        self.changed = asyncio.Event()
+        self.in_flight: dict[int, int] = {}  # batch -> admitted version
+        self.games_in_flight = 0
+        self.counts = {"groups": 0, "games": 0, "filtered": 0, "failed_batches": 0, "opponent_moves": 0,
+                       "learner_moves": 0}
+        self.error: BaseException | None = None
+        self.failed_streak = 0
+        self.closed = False
+
+    # --- GroupSource ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self.producer is None:
+            self.producer = asyncio.ensure_future(self._produce())
+
+    def set_policy_version(self, version: int) -> None:
+        self.version = int(version)
+        if self.config.opponent == "frozen" and version % self.config.refresh_every == 0:
+            self.opponent.refresh(version)  # games already in flight finish against the new snapshot
+        self.changed.set()
+
+    def stats(self) -> dict[str, Any]:
+        out = {"games_in_flight": self.games_in_flight, "batches_in_flight": len(self.in_flight)}
+        if self.opponent is not None:
+            out["opponent_version"] = self.opponent.version
+        return out
+
+    def result(self) -> dict[str, Any]:
+        return dict(self.counts)
+
+    @property
+    def ready_groups(self) -> int:
+        return len(self.ready)
+
+    async def get_group(self) -> Group:
+        await self.start()
+        while not self.ready:
+            if self.error is not None:
+                raise self.error
+            if self.closed:
+                raise QueueClosed("the multi-agent source is closed")
+            self.changed.clear()
+            await self.changed.wait()
+        self.ready.sort(key=lambda g: g.admitted_version)
+        return self.ready.pop(0)
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        tasks = [t for t in (self.producer, *self.tasks) if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self.opponent is not None:
+            await self.opponent.close()
+        self.changed.set()
+
+    # --- production -------------------------------------------------------------------------------
+    def _admissible(self) -> bool:
+        r = self.rollout
+        per_batch = r.group_size
+        if self.games_in_flight + per_batch > max(r.max_concurrency, per_batch):
+            return False
+        if len(self.ready) >= max(r.queue_size, 1):
+            return False
+        bound = r.max_staleness
+        return bound is None or all(self.version - v <= bound for v in self.in_flight.values())
+
+    async def _produce(self) -> None:
+        k = 0
+        while not self.closed:
+            while not self._admissible():
+                self.changed.clear()
+                await self.changed.wait()
+            self.in_flight[k] = self.version
+            self.games_in_flight += self.rollout.group_size
+            task = asyncio.ensure_future(self._batch(k))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+            k += 1
+            await asyncio.sleep(0)
+
+    def batch_seats(self, k: int) -> list[str]:
+        """The seats trained in batch ``k``: every learner seat in self-play, else one, rotating."""
+        if self.config.opponent == "self":
+            return list(self.learners)
+        return [self.learners[k % len(self.learners)]]
+
+    async def _batch(self, k: int) -> None:
+        seed = self.rollout.seed + k
+        seats = self.batch_seats(k)
+        tasks = [asyncio.ensure_future(self.play_game(k, m, seed, seats)) for m in range(self.rollout.group_size)]
+        try:
+            games = await asyncio.gather(*tasks)
+        except (Exception, asyncio.CancelledError) as e:  # a game that raised: the batch is lost (its other games stop), the run goes on
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if isinstance(e, asyncio.CancelledError):
+                raise
+            self.counts["failed_batches"] += 1
+            self.failed_streak += 1
+            log.warning("multi-agent batch %d (seed %d) failed and is dropped: %s: %s", k, seed, type(e).__name__, e)
+            if self.failed_streak > self.rollout.max_failed_streak:
+                self.error = RolloutStalledError(explain(
+                    "multi-agent games", expected="games that finish", received=f"{self.failed_streak} failed "
+                    f"batches in a row, the last: {type(e).__name__}: {e}", fix="fix the game or the opponent"),
+                    failures=self.failed_streak, last_errors=[repr(e)])
+            self._finish_batch(k)
+            return
+        self.failed_streak = 0
+        admitted = self.in_flight[k]
+        for seat in seats:
+            trajs = []
+            for m, episodes in enumerate(games):
+                ep = episodes[seat]
+                for t in ep.trajectories():
+                    t.group_id = f"g{k}:{seat}"
+                    t.info.update(agent=seat, policy="learner", game=m, opponent=self.config.opponent)
+                    trajs.append(t)
+            group = Group(group_id=f"g{k}:{seat}", task_id=f"seed{seed}", trajectories=trajs, admitted_version=admitted,
+                          info={"agent": seat, "policy": "learner", "seed": seed, "opponent": self.config.opponent,
+                                "released_version": self.version})
+            self.counts["groups"] += 1
+            if self.group_filter is None or self.group_filter(group):
+                self.ready.append(group)
+            else:
+                self.counts["filtered"] += 1
+        self.counts["games"] += len(games)
+        self._finish_batch(k)
+
+    def _finish_batch(self, k: int) -> None:
+        self.in_flight.pop(k, None)
+        self.games_in_flight -= self.rollout.group_size
+        self.changed.set()
+
+    async def play_game(self, k: int, member: int, seed: int, seats: list[str]) -> dict[str, Episode]:
+        """Play game ``member`` of batch ``k`` from ``seed``; returns the learner seats' episodes."""
+        game = self.game_fn()
+        rng = np.random.default_rng([seed, member])
+        modelled = self.possible if self.config.opponent == "self" or self.frozen else seats  # seats a model plays
+        engines = {a: self.engine if a in seats or not self.frozen else self.opponent.engine for a in modelled}
+        episodes: dict[str, Episode] = {}
+        for i, seat in enumerate(modelled):
+            key = EpisodeKey(group_index=k, member=member * len(self.possible) + self.possible.index(seat),
+                             env_seed=seed, task_id=f"seed{seed}")
+            episodes[seat] = Episode(key, self.agent, self.sampling, base_seed=self.rollout.seed,
+                                     max_model_calls=self.rollout.max_model_calls, env_id=member)
+        limit = self.rollout.prompt_limit(self.engine)
+        try:
+            game.reset(seed=seed)
+            started: set[str] = set()
+            while game.agents:
+                agent = game.agent_selection
+                obs, reward, term, trunc, info = game.last()
+                ep = episodes.get(agent)
+                info = {**info, "agent": agent}
+                if term or trunc:
+                    if ep is not None and agent not in started:  # the game ended before its first move
+                        started.add(agent)
+                        ep.begin(obs["observation"], info)
+                    if ep is not None and not ep.done:
+                        ep.on_step(obs["observation"], float(reward), term, trunc, info, 0.0)
+                    elif ep is not None:
+                        ep.rewards.append(float(reward))  # the outcome still counts after its budget
+                    game.step(None)
+                    continue
+                if ep is None:
+                    game.step(self._opponent_move(game, agent, rng))
+                    continue
+                if agent not in started:
+                    started.add(agent)
+                    ep.begin(obs["observation"], info)
+                elif not ep.done:
+                    ep.on_step(obs["observation"], float(reward), False, False, info, 0.0)
+                else:
+                    ep.rewards.append(float(reward))
+                if ep.done or not ep.fits(limit):  # over its budget: the rest unrecorded
+                    game.step(_random_move(game, agent, rng))
+                    continue
+                prompt, params = ep.next_request()
+                completion = await engines[agent].generate(prompt, params, session_id=ep.key.trajectory_id)
+                self.counts["learner_moves" if agent in seats or not self.frozen else "opponent_moves"] += 1
+                game.step(ep.on_completion(completion, 0.0))
+            for seat, ep in episodes.items():
+                if seat in started and not ep.done:
+                    ep.on_step("The game is over.", 0.0, True, False, {"agent": seat}, 0.0)
+        finally:
+            for seat, ep in episodes.items():
+                end = getattr(engines[seat], "end_session", None)
+                if end is not None:
+                    end(ep.key.trajectory_id)
+            game.close()
+        return {s: episodes[s] for s in seats}
+
+    def _opponent_move(self, game: Any, agent: str, rng: np.random.Generator) -> str:
+        self.counts["opponent_moves"] += 1
+        if self.scripted is None:
+            return _random_move(game, agent, rng)
+        raw = game.env.observe(agent)  # the wrapped PettingZoo env's own observation
+        return move_text(game, agent, self.scripted(raw, agent))

@@ -1,0 +1,402 @@
+"""Multi-agent training: the ``multiagent`` config section, the seat group source (self-play, random and
+scripted opponents, groups per seat and seed, barrier-free games), a PettingZoo game written here
+(not one of ours) trained from ``MODULE:FACTORY``, and the role-conditioned EMA baseline."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from gymnasium import spaces
+from pettingzoo import AECEnv
+from pettingzoo.utils import AgentSelector
+
+from gymllm.algos.advantages import role_ema_advantages
+from gymllm.errors import ConfigError
+from gymllm.inference.completion import Completion
+from gymllm.multiagent import text_api_test
+from gymllm.multiagent.factory import game_factory
+from gymllm.rollout import ModelAgent
+from gymllm.rollout.config import RolloutConfig
+from gymllm.rollout.seat_source import MultiAgentSection, SeatGroupSource
+
+TARGET = 5
+
+
+class RaceGame(AECEnv):
+    """Race to 5: two players add 1 (move 0) or 2 (move 1) to a shared counter in turn; whoever brings
+    it to 5 or more wins (+1, the other -1). Observation ``{"observation": [counter], "action_mask"}``."""
+
+    metadata = {"name": "race_v0", "render_modes": [], "is_parallelizable": False}
+
+    def __init__(self):
+        super().__init__()
+        self.possible_agents = ["first", "second"]
+        self._obs = {a: spaces.Dict({"observation": spaces.Box(0, TARGET + 1, (1,), np.int64),
+                                     "action_mask": spaces.Box(0, 1, (2,), np.int8)}) for a in self.possible_agents}
+        self._act = {a: spaces.Discrete(2) for a in self.possible_agents}
+        self.render_mode = None
+
+    def observation_space(self, agent):
+        return self._obs[agent]
+
+    def action_space(self, agent):
+        return self._act[agent]
+
+    def observe(self, agent):
+        return {"observation": np.array([self.counter], np.int64), "action_mask": np.ones(2, np.int8)}
+
+    def reset(self, seed=None, options=None):
+        self.agents = list(self.possible_agents)
+        self.counter = 0
+        self.rewards = {a: 0 for a in self.agents}
+        self._cumulative_rewards = {a: 0 for a in self.agents}
+        self.terminations = {a: False for a in self.agents}
+        self.truncations = {a: False for a in self.agents}
+        self.infos = {a: {} for a in self.agents}
+        self._selector = AgentSelector(self.agents)
+        self.agent_selection = self._selector.next()
+
+    def step(self, action):
+        agent = self.agent_selection
+        if self.terminations[agent] or self.truncations[agent]:
+            return self._was_dead_step(action)
+        self._cumulative_rewards[agent] = 0
+        self.counter = min(TARGET + 1, self.counter + int(action) + 1)
+        self.rewards = {a: 0 for a in self.agents}
+        if self.counter >= TARGET:
+            other = [a for a in self.agents if a != agent][0]
+            self.rewards[agent], self.rewards[other] = 1, -1
+            self.terminations = {a: True for a in self.agents}
+        self._accumulate_rewards()
+        self.agent_selection = self._selector.next()
+
+    def render(self):
+        return None
+
+    def close(self):
+        pass
+
+
+def race():
+    """The ``MODULE:FACTORY`` the tests name (``test_multiagent_seats:race``): a raw PettingZoo AEC env."""
+    return RaceGame()
+
+
+CALLS: list[tuple[int, str]] = []
+
+
+def always_two(observation, agent):
+    """A scripted opponent on the game's own observation: always +2 (records what it saw)."""
+    CALLS.append((int(observation["observation"][0]), agent))
+    return 1
+
+
+def test_the_test_game_passes_pettingzoo_api_test_raw_and_as_text():
+    from pettingzoo.test import api_test
+
+    api_test(RaceGame(), num_cycles=50)
+    text_api_test(game_factory("test_multiagent_seats:race")(), num_cycles=50)
+
+
+# --- config ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad", ["", "selfish", "run:", "no_colon_module", "mod:1fn", "a b:c"])
+def test_bad_opponent_strings_are_config_errors(bad):
+    with pytest.raises(ConfigError, match="multiagent.opponent") as e:
+        MultiAgentSection(opponent=bad)
+    assert "MODULE:FN" in str(e.value) and "--multiagent.opponent" in str(e.value)
+
+
+def test_config_section_checks_and_unknown_scripted_fn():
+    for ok in ("self", "frozen", "random", "run:runs/x", "pkg.mod:fn"):
+        assert MultiAgentSection(opponent=ok).opponent == ok
+    with pytest.raises(ConfigError, match="learner_seats"):
+        MultiAgentSection(learner_seats=("all", "first"))
+    with pytest.raises(ConfigError, match="baseline"):
+        MultiAgentSection(baseline="mean")
+    with pytest.raises(ConfigError, match="refresh_every"):
+        MultiAgentSection(refresh_every=0)
+    with pytest.raises(ConfigError, match="seats of this game"):
+        MultiAgentSection(learner_seats=("third",)).seats(["first", "second"])
+    with pytest.raises(ConfigError, match="importable MODULE:FN"):
+        _source(ScriptEngine(), MultiAgentSection(opponent="test_multiagent_seats:nope"))
+    with pytest.raises(ConfigError, match="opponent engine"):
+        _source(ScriptEngine(), MultiAgentSection(opponent="run:runs/x"))
+
+
+def test_multiagent_section_is_a_train_flag():
+    from gymllm.cli.train_args import parse_train_args
+
+    cfg = parse_train_args(["--preset", "tiny", "--multiagent.opponent", "random", "--multiagent.learner-seats",
+                            "first", "--multiagent.baseline", "role_ema"])
+    assert cfg.multiagent == MultiAgentSection(opponent="random", learner_seats=("first",), baseline="role_ema")
+    with pytest.raises((ConfigError, SystemExit)):
+        parse_train_args(["--preset", "tiny", "--multiagent.opponent", "bogus"])
+
+
+# --- the seat source on a scripted engine ---------------------------------------------------------------
+
+def _tok():
+    from gymllm.models.tiny import tiny_tokenizer
+
+    return tiny_tokenizer(512)
+
+
+class ScriptEngine:
+    """Test double of the Engine protocol: replies "0" or "1" (+1 or +2) as the tokenizer's ids, with
+    made-up logprobs and the engine's version per token; ``gates`` hold given sessions' requests."""
+
+    def __init__(self, tok=None, gates=None):
+        self.tok = tok or _tok()
+        self.version, self.calls, self.gates = 0, [], gates or {}
+        self.max_len = 512
+
+    async def generate(self, prompt_ids, params, *, session_id=None):
+        self.calls.append(session_id)
+        gate = self.gates.get(session_id)
+        if gate is not None:
+            await gate()
+        text = "1" if len(self.calls) % 3 else "0"
+        ids = self.tok.encode(text) + [self.tok.eos_token_id]
+        return Completion(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop",
+                          versions=[self.version] * len(ids), prompt_len=len(prompt_ids))
+
+    def end_session(self, session_id):
+        pass
+
+
+def _params():
+    from gymllm.inference.params import SamplingParams
+
+    return SamplingParams(temperature=1.0, max_tokens=4)
+
+
+def _source(engine, config, *, group_size=2):
+    r = RolloutConfig(group_size=group_size, max_concurrency=8, max_staleness=None, max_model_calls=4)
+    return SeatGroupSource(game_factory("test_multiagent_seats:race"), engine, ModelAgent(engine.tok),
+                           sampling=_params(), rollout=r, config=config)
+
+
+async def _take(source, n):
+    await source.start()
+    try:
+        out = []
+        while len(out) < n:
+            out += await asyncio.wait_for(source.next_groups(), 20)
+        return out
+    finally:
+        await source.close()
+
+
+def test_self_play_groups_one_per_seat_and_seed_with_tokens_logprobs_versions():
+    engine = ScriptEngine()
+    engine.version = 3
+    groups = asyncio.run(_take(_source(engine, MultiAgentSection()), 4))
+    by_batch = {}
+    for g in groups:
+        batch, seat = g.group_id.split(":")
+        by_batch.setdefault(batch, set()).add(seat)
+        assert g.info["agent"] == seat and len(g.trajectories) == 2
+        assert len({t.seed for t in g.trajectories}) == 1 and g.trajectories[0].seed == g.info["seed"]
+        for t in g.trajectories:
+            assert t.info["agent"] == seat and t.info["policy"] == "learner"
+            sampled = t.loss_mask.astype(bool)
+            assert sampled.sum() >= 2  # at least one move of 2 tokens
+            assert np.all(t.behaviour_logprobs[sampled] == -0.5) and np.all(t.versions[sampled] == 3)
+    assert by_batch["g0"] == {"first", "second"}  # self-play: both seats of every batch
+    # zero-sum game: a seat's reward is minus the other's in the same game
+    g0 = {g.info["agent"]: g for g in groups if g.group_id.startswith("g0:")}
+    np.testing.assert_allclose(g0["first"].rewards, -g0["second"].rewards)
+
+
+def test_random_and_scripted_opponents_play_the_other_seat_and_seats_rotate():
+    CALLS.clear()
+    engine = ScriptEngine()
+    groups = asyncio.run(_take(_source(engine, MultiAgentSection(opponent="test_multiagent_seats:always_two")), 2))
+    seats = {int(g.group_id.split(":")[0][1:]): g.info["agent"] for g in groups}
+    assert seats[0] == "first" and seats[1] == "second"  # batch k trains seat k % 2
+    assert CALLS and {a for _, a in CALLS} == {"first", "second"}  # the fn played the non-learner seats
+    # the scripted seat moved with its own observation: counters it saw are the game's raw counters
+    assert all(0 <= c < TARGET for c, _ in CALLS)
+    # only learner seats reached the engine
+    assert all(s is not None for s in engine.calls)
+    rnd = _source(ScriptEngine(), MultiAgentSection(opponent="random", learner_seats=("second",)))
+    groups = asyncio.run(_take(rnd, 2))
+    assert {g.info["agent"] for g in groups} == {"second"} and rnd.counts["opponent_moves"] > 0
+
+
+def test_games_interleave_a_game_waits_only_for_its_own_mover():
+    """Game 0's first move is held until game 1 has made two moves: lockstep turns would deadlock."""
+    progress = asyncio.Event()
+    counts = {"g0/m2/a0": 0}
+
+    async def hold():  # game 1 (member 1, seat first -> member index 2) must move twice meanwhile
+        await asyncio.wait_for(progress.wait(), 10)
+
+    engine = ScriptEngine(gates={"g0/m0/a0": hold})
+    orig = engine.generate
+
+    async def generate(prompt_ids, params, *, session_id=None):
+        out = await orig(prompt_ids, params, session_id=session_id)
+        if session_id in ("g0/m2/a0", "g0/m3/a0"):
+            counts["g0/m2/a0"] += 1
+            if counts["g0/m2/a0"] >= 2:
+                progress.set()
+        return out
+
+    engine.generate = generate
+    groups = asyncio.run(_take(_source(engine, MultiAgentSection()), 2))
+    first_g0 = engine.calls.index("g0/m0/a0")
+    game1 = [i for i, s in enumerate(engine.calls) if s in ("g0/m2/a0", "g0/m3/a0")]
+    assert sum(i > first_g0 for i in game1) >= 2 and len(groups) >= 2
+
+
+# --- role-conditioned EMA baseline ----------------------------------------------------------------------
+
+def test_role_ema_advantages_match_a_hand_computation():
+    baselines = {}
+    adv, baselines = role_ema_advantages([1.0, -1.0, 0.0], [("race", "first"), ("race", "second"), ("race", "first")],
+                                         baselines, decay=0.9)
+    # first: b=0 -> A=1, b=0.1; second: b=0 -> A=-1, b=-0.1; first again: b=0.1 -> A=-0.1 (pre-update),
+    # b = 0.9*0.1 + 0.1*0 = 0.09
+    np.testing.assert_allclose(adv, [1.0, -1.0, -0.1], atol=1e-7)
+    assert baselines == pytest.approx({("race", "first"): 0.09, ("race", "second"): -0.1})
+    adv2, b2 = role_ema_advantages([0.5], [("race", "second")], baselines, decay=0.9)
+    np.testing.assert_allclose(adv2, [0.6], atol=1e-7)
+    assert b2[("race", "second")] == pytest.approx(0.9 * -0.1 + 0.1 * 0.5) and baselines[("race", "second")] == pytest.approx(-0.1)
+
+
+def test_role_ema_baseline_is_refused_by_the_source_until_the_learner_takes_it():
+    with pytest.raises(ConfigError, match="not wired yet"):
+        _source(ScriptEngine(), MultiAgentSection(baseline="role_ema"))
+
+
+def test_registered_tic_tac_toe_is_a_game_and_plays_against_random():
+    make = game_factory("tic-tac-toe")
+    assert make is not None and game_factory("gymllm/TinyRepeat-v0") is None
+    text_api_test(make(), num_cycles=20)
+    engine = ScriptEngine()
+    src = SeatGroupSource(make, engine, ModelAgent(engine.tok), sampling=_params(),
+                          rollout=RolloutConfig(group_size=2, max_concurrency=8, max_staleness=None, max_model_calls=3),
+                          config=MultiAgentSection(opponent="random"))
+    groups = asyncio.run(_take(src, 2))
+    assert {g.info["agent"] for g in groups} == set(make().possible_agents) and src.counts["opponent_moves"] > 0
+
+
+# --- training end to end --------------------------------------------------------------------------------
+
+def test_self_play_trains_a_pettingzoo_factory_from_the_command_line(tmp_path):
+    from gymllm.algos.trainer import train
+    from gymllm.cli.train_args import parse_train_args
+
+    cfg = parse_train_args(["--preset", "tiny", "--env.id", "test_multiagent_seats:race", "--env-kwargs", "{}", "--run-dir", str(tmp_path),
+                            "--rollout.group-size", "2", "--env.num-envs", "2", "--rollout.max-model-calls", "2",
+                            "--sampling.max-tokens", "4", "--learner.groups-per-step", "2", "--learner.num-steps", "2",
+                            "--engine.max-len", "192", "--learner.max-len", "192", "--rollout.max-staleness", "1",
+                            "--run.no-report"])
+    assert cfg.env.id == "test_multiagent_seats:race" and cfg.multiagent.opponent == "self"
+    seen = []
+    result = train(cfg, on_step=[seen.append])
+    assert result.steps == 2 and len(seen) == 2
+    import json
+
+    rows = [json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r.get("type") == "trajectory"]
+    assert {r["info"]["agent"] for r in rows} == {"first", "second"}  # groups of both seats were trained
+    for r in rows:
+        assert r["group_id"].endswith(":" + r["info"]["agent"]) and r["info"]["policy"] == "learner"
+        sampled = [i for i, v in enumerate(r["token_versions"]) if v >= 0]
+        assert sampled and len(r["logprobs"]) == len(r["token_ids"]) == len(r["token_versions"])
+        assert all(r["logprobs"][i] < 0 for i in sampled) and all(r["token_versions"][i] <= r["step"] for i in sampled)
+
+
+class HeldOpponent:
+    """Test double of FrozenOpponent: its own scripted engine; ``refresh`` records the steps."""
+
+    def __init__(self):
+        self.engine, self.version, self.refreshed, self.closed = ScriptEngine(), 0, [], False
+
+    def refresh(self, version):
+        self.version = version
+        self.refreshed.append(version)
+
+    async def close(self):
+        self.closed = True
+
+
+def test_frozen_opponent_seats_are_played_by_the_opponent_engine_and_refresh_on_schedule():
+    with pytest.raises(ConfigError, match="opponent engine"):
+        _source(ScriptEngine(), MultiAgentSection(opponent="frozen"))
+    engine, opp = ScriptEngine(), HeldOpponent()
+    r = RolloutConfig(group_size=2, max_concurrency=8, max_staleness=None, max_model_calls=4)
+    src = SeatGroupSource(game_factory("test_multiagent_seats:race"), engine, ModelAgent(engine.tok), sampling=_params(),
+                          rollout=r, config=MultiAgentSection(opponent="frozen", refresh_every=2), opponent=opp)
+    for v in (1, 2, 3, 4):
+        src.set_policy_version(v)
+    assert opp.refreshed == [2, 4] and src.stats()["opponent_version"] == 4
+    groups = asyncio.run(_take(src, 2))
+    for g in groups:
+        seat = g.info["agent"]
+        other = "second" if seat == "first" else "first"
+        k = g.group_id.split(":")[0]
+        members = {int(t.trajectory_id.split("/")[1][1:]) for t in g.trajectories}
+        idx = {"first": 0, "second": 1}
+        # the learner seat's sessions went to the learner's engine, the other seat's to the opponent's
+        assert all(f"{k}/m{m}/a0" in engine.calls for m in members)
+        assert all(f"{k}/m{m - idx[seat] + idx[other]}/a0" in opp.engine.calls for m in members)
+        assert not any(f"{k}/m{m}/a0" in opp.engine.calls for m in members)
+    assert opp.closed
+
+
+@pytest.mark.slow  # ~35 s on a shared 2-core machine: three tiny steps with two engines
+def test_frozen_opponent_trains_and_its_weights_change_only_at_a_refresh(tmp_path):
+    from gymllm.algos.run import Run
+    from gymllm.algos.train_config import effective
+    from gymllm.cli.train_args import parse_train_args
+
+    cfg = effective(parse_train_args([
+        "--preset", "tiny", "--env.id", "test_multiagent_seats:race", "--env-kwargs", "{}", "--run-dir", str(tmp_path),
+        "--rollout.group-size", "2", "--env.num-envs", "2", "--rollout.max-model-calls", "2", "--sampling.max-tokens",
+        "4", "--learner.groups-per-step", "1", "--learner.num-steps", "3", "--engine.max-len", "192",
+        "--learner.max-len", "192", "--rollout.max-staleness", "1", "--run.no-report", "--multiagent.opponent",
+        "frozen", "--multiagent.refresh-every", "2"]))
+    seen = []
+
+    def look(record):
+        opp = run.source.opponent
+        seen.append((record["step"], opp.version, opp.weights_hash()))
+
+    run = Run(cfg, on_step=[look])
+
+    async def go():
+        run.setup()
+        try:
+            await run.train()
+        finally:
+            await run.close()
+
+    asyncio.run(go())
+    assert [(s, v) for s, v, _ in seen] == [(1, 0), (2, 2), (3, 2)]  # never ahead of the learner's step
+    assert seen[0][2] != seen[1][2] and seen[1][2] == seen[2][2]
+
+
+FLAKY = {"calls": 0}
+
+
+def crashes_first(observation, agent):
+    """A scripted opponent whose first three calls raise (a crashing seat), then plays +1."""
+    FLAKY["calls"] += 1
+    if FLAKY["calls"] <= 3:
+        raise RuntimeError("opponent crashed")
+    return 0
+
+
+def test_a_crashing_opponent_drops_its_batch_and_the_run_goes_on(caplog):
+    FLAKY["calls"] = 0
+    src = _source(ScriptEngine(), MultiAgentSection(opponent="test_multiagent_seats:crashes_first"))
+    with caplog.at_level("WARNING", logger="gymllm.rollout"):
+        groups = asyncio.run(_take(src, 3))
+    assert len(groups) >= 3 and src.counts["failed_batches"] >= 1 and "opponent crashed" in caplog.text
+    assert all(len(g.trajectories) == 2 for g in groups)  # a failed game never leaves a group short
