@@ -132,3 +132,32 @@ def test_bad_mixture_settings_are_clear(suite_file):
     with pytest.raises(ConfigError, match="cluster.backend"):
         dataclasses.replace(base, env=EnvSection(suite=str(suite_file), num_envs=8),
                             cluster=ClusterSection(backend="ray"))
+
+
+def test_in_loop_evaluation_runs_the_suites_envs(suite_file, tmp_path):
+    """--eval.suite (and a mixture run's own suite when eval names nothing) evaluates each env of the
+    suite with its table's kwargs; --eval.envs with --eval.suite is a clear error."""
+    from test_algos_trainer import small_config
+
+    from gymllm.algos.heldout import HeldOutHook
+    from gymllm.algos.train_config import EvalSection
+    from gymllm.models import make_tiny
+    from gymllm.rollout import ModelAgent
+
+    tok = make_tiny("qwen3", vocab_size=300).tokenizer
+    base = small_config(tmp_path / "run")
+    for cfg in (dataclasses.replace(base, eval=EvalSection(every=1, seeds=2, suite=str(suite_file))),
+                dataclasses.replace(base, env=EnvSection(suite=str(suite_file), num_envs=8),
+                                    eval=EvalSection(every=1, seeds=2))):
+        hook = HeldOutHook(cfg)
+        hook.open(ModelAgent(tok), tok)
+        try:
+            specs = hook.evaluator.specs
+            assert [(s[0], s[1]) for s in specs] == [("gymllm/TinyRepeat-v0", {"num_letters": 2}),
+                                                      ("user_envs:make_count", {"start": 5})]
+            obs, _ = hook.evaluator.envs[1].reset(seed=0)
+            assert all("number after" in o for o in obs)  # the user's env, built from its table
+        finally:
+            hook.evaluator.close()
+    with pytest.raises(ConfigError, match="not both"):
+        EvalSection(envs=("gymllm/TinyRepeat-v0",), suite=str(suite_file))

@@ -70,10 +70,14 @@ class HeldOutHook:
         cfg, e = self.cfg, self.cfg.eval
         if not e.every:
             return
-        if cfg.env.suite and not e.envs:  # a suite's mixture: each of its envs, with its table's kwargs
+        suite = e.suite or (cfg.env.suite if not e.envs else "")
+        if suite:  # a suite's envs, each with its table's kwargs, agent and system prompt (else the run's)
             from gymllm.suites import load_suite
 
-            specs = [(s.id, dict(s.kwargs), agent) for s in load_suite(cfg.env.suite).envs]
+            specs = [(s.id, dict(s.kwargs),
+                      agent_for(s.id, tok, dict(s.kwargs), system_prompt=s.system_prompt or cfg.env.system_prompt or None,
+                                agent=s.agent))
+                     for s in load_suite(suite).envs]
         else:
             specs = ([(cfg.env.id, dict(cfg.env.kwargs), agent)] if not e.envs else
                      [(i, dict(cfg.env.kwargs), agent) if i == cfg.env.id else (i, {}, agent_for(i, tok))

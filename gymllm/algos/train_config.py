@@ -157,7 +157,9 @@ class EvalSection:
     envs: env ids to evaluate (empty: the training env, with its kwargs); seeds: held-out episodes per
     env; seed_base: the first held-out seed (seeds ``seed_base .. seed_base + seeds - 1``), which must
     lie above every seed training can use; temperature: the sampler's (0 = greedy, so pass@1 is
-    deterministic); max_tokens: a reply's budget (0 = the rollout's)."""
+    deterministic); max_tokens: a reply's budget (0 = the rollout's); suite: evaluate a suite's envs
+    instead (a file or a shipped suite's name; each env with its table's kwargs, agent and system
+    prompt; a mixture run with neither ``envs`` nor ``suite`` evaluates its training suite)."""
 
     every: int = 0
     envs: tuple[str, ...] = ()
@@ -165,9 +167,12 @@ class EvalSection:
     seed_base: int = HELD_OUT_SEED_BASE
     temperature: float = 0.0
     max_tokens: int = 0
+    suite: str = ""
 
     def __post_init__(self) -> None:
         check_range("EvalSection", "every", self.every, lo=0)
+        require(not (self.suite and self.envs), "eval", expected="--eval.envs or --eval.suite, not both",
+                received=f"envs={list(self.envs)}, suite={self.suite!r}", fix="drop one of them")
         check_range("EvalSection", "seeds", self.seeds, lo=1)
         check_range("EvalSection", "seed_base", self.seed_base, lo=0)
         check_range("EvalSection", "temperature", self.temperature, lo=0.0)
