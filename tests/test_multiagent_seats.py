@@ -310,6 +310,14 @@ def test_self_play_trains_a_pettingzoo_factory_from_the_command_line(tmp_path):
         sampled = [i for i, v in enumerate(r["token_versions"]) if v >= 0]
         assert sampled and len(r["logprobs"]) == len(r["token_ids"]) == len(r["token_versions"])
         assert all(r["logprobs"][i] < 0 for i in sampled) and all(r["token_versions"][i] <= r["step"] for i in sampled)
+    # per-seat figures in each step record: every finished group counted under its seat
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    last = metrics[-1]
+    assert {k for k in last if k.startswith("seat/") and k.endswith("/groups")} == {"seat/first/groups",
+                                                                                    "seat/second/groups"}
+    for seat in ("first", "second"):
+        shares = [m[f"seat/{seat}/{o}"] for m in metrics if f"seat/{seat}/win" in m for o in ("win", "draw", "loss")]
+        assert shares and all(0.0 <= x <= 1.0 for x in shares)
 
 
 class HeldOpponent:
@@ -400,3 +408,20 @@ def test_a_crashing_opponent_drops_its_batch_and_the_run_goes_on(caplog):
         groups = asyncio.run(_take(src, 3))
     assert len(groups) >= 3 and src.counts["failed_batches"] >= 1 and "opponent crashed" in caplog.text
     assert all(len(g.trajectories) == 2 for g in groups)  # a failed game never leaves a group short
+
+
+def test_seat_metrics_count_every_group_under_its_seat():
+    from gymllm.rollout.seat_source import SeatMetrics
+
+    class G:
+        def __init__(self, seat, rewards):
+            self.info = {"agent": seat}
+            self.trajectories = [type("T", (), {"reward": r})() for r in rewards]
+
+    m = SeatMetrics(version=lambda: 4)
+    keep = m.observe(lambda g: g.info["agent"] == "first")  # the run's filter still decides
+    assert keep(G("first", [1.0, -1.0, 0.0, 1.0])) and not keep(G("second", [-1.0, -1.0]))
+    out = m.flush()
+    assert out["seat/first/reward"] == 0.25 and out["seat/first/win"] == 0.5 and out["seat/first/draw"] == 0.25
+    assert out["seat/second/loss"] == 1.0 and out["seat/second/groups"] == 1 and out["opponent/version"] == 4
+    assert "seat/first/reward" not in m.flush() and m.flush()["seat/first/groups"] == 1  # figures since the last flush

@@ -163,10 +163,14 @@ class Run:
             from gymllm.algos.opponents import FrozenOpponent
             from gymllm.rollout.seat_source import SeatGroupSource
 
+            from gymllm.rollout.seat_source import SeatMetrics
+
             o = cfg.multiagent.opponent
             opp = FrozenOpponent.build(cfg, p.learner) if o == "frozen" or o.startswith("run:") else None
+            seats = SeatMetrics(version=(lambda: opp.version) if opp is not None else None)
+            self.log.extra.append(seats.flush)  # seat/<seat>/reward|win|draw|loss|groups, opponent/version
             return SeatGroupSource(p.envs, p.gen_engine, p.agent, sampling=cfg.sampling, rollout=cfg.rollout,
-                                   config=cfg.multiagent, group_filter=keep, opponent=opp)
+                                   config=cfg.multiagent, group_filter=seats.observe(keep), opponent=opp)
         if mode == "proxy":
             r = cfg.rollout
             return AgentProgramSource(p.gen_engine, p.tok, command=r.agent_program, run_dir=self.run_dir,

@@ -60,7 +60,7 @@ from gymllm.rollout.producer import RolloutStalledError
 from gymllm.rollout.sources import QueueSource
 from gymllm.types import Group
 
-__all__ = ["MultiAgentSection", "SeatGroupSource", "load_scripted_opponent", "move_text"]
+__all__ = ["MultiAgentSection", "SeatGroupSource", "SeatMetrics", "load_scripted_opponent", "move_text"]
 
 _FN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")
 log = logging.getLogger("gymllm.rollout")
@@ -121,6 +121,42 @@ class MultiAgentSection:
             raise ConfigError(explain("multiagent.learner_seats", expected=f"seats of this game: {possible}",
                                       received=list(self.learner_seats), fix=f"drop {bad} (or use all)"))
         return list(self.learner_seats)
+
+
+class SeatMetrics:
+    """Per-seat figures of a multi-agent run for the step record: ``observe(filter)`` wraps the run's
+    group filter so every finished group (filtered or not) counts under its seat
+    (``group.info["agent"]``); :meth:`flush` returns, over the groups since the last flush,
+    ``seat/<seat>/reward`` (mean), ``seat/<seat>/win`` / ``draw`` / ``loss`` (shares of games with a
+    reward above, at or below 0, the zero-sum convention of PettingZoo's classic games) and
+    ``seat/<seat>/groups`` (so far); ``opponent/version`` when ``version()`` gives one."""
+
+    def __init__(self, version: Callable[[], Any] | None = None):
+        self.version = version
+        self.pending: dict[str, list[float]] = {}
+        self.groups: dict[str, int] = {}
+
+    def observe(self, group_filter: Callable[[Any], bool] | None) -> Callable[[Any], bool]:
+        def keep(group: Any) -> bool:
+            seat = group.info.get("agent")
+            if seat is not None:
+                self.pending.setdefault(seat, []).extend(float(t.reward) for t in group.trajectories)
+                self.groups[seat] = self.groups.get(seat, 0) + 1
+            return True if group_filter is None else bool(group_filter(group))
+        return keep
+
+    def flush(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for seat, rewards in self.pending.items():
+            r = np.asarray(rewards, dtype=np.float64)
+            out.update({f"seat/{seat}/reward": float(r.mean()), f"seat/{seat}/win": float((r > 0).mean()),
+                        f"seat/{seat}/draw": float((r == 0).mean()), f"seat/{seat}/loss": float((r < 0).mean())})
+        out.update({f"seat/{seat}/groups": float(n) for seat, n in self.groups.items()})
+        self.pending = {}
+        v = self.version() if self.version is not None else None
+        if v is not None:
+            out["opponent/version"] = float(v)
+        return out
 
 
 def load_scripted_opponent(spec: str) -> Callable[[Any, str], Any]:
