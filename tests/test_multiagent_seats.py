@@ -425,3 +425,12 @@ def test_seat_metrics_count_every_group_under_its_seat():
     assert out["seat/first/reward"] == 0.25 and out["seat/first/win"] == 0.5 and out["seat/first/draw"] == 0.25
     assert out["seat/second/loss"] == 1.0 and out["seat/second/groups"] == 1 and out["opponent/version"] == 4
     assert "seat/first/reward" not in m.flush() and m.flush()["seat/first/groups"] == 1  # figures since the last flush
+    vs = SeatMetrics(opponent="my_pkg.bots:greedy")
+    keep = vs.observe(None)
+    keep(G("first", [1.0, 0.0])), keep(G("second", [-1.0, 1.0]))
+    out = vs.flush()
+    assert (out["vs/my_pkg.bots:greedy/win"], out["vs/my_pkg.bots:greedy/draw"], out["vs/my_pkg.bots:greedy/loss"]) == (
+        0.5, 0.25, 0.25)
+    selfplay = SeatMetrics()
+    selfplay.observe(None)(G("first", [1.0]))
+    assert not any(k.startswith("vs/") for k in selfplay.flush())  # self-play: no vs/ figures

@@ -167,7 +167,7 @@ class Run:
 
             o = cfg.multiagent.opponent
             opp = FrozenOpponent.build(cfg, p.learner) if o == "frozen" or o.startswith("run:") else None
-            seats = SeatMetrics(version=(lambda: opp.version) if opp is not None else None)
+            seats = SeatMetrics(version=(lambda: opp.version) if opp is not None else None, opponent=o)
             self.log.extra.append(seats.flush)  # seat/<seat>/reward|win|draw|loss|groups, opponent/version
             return SeatGroupSource(p.envs, p.gen_engine, p.agent, sampling=cfg.sampling, rollout=cfg.rollout,
                                    config=cfg.multiagent, group_filter=seats.observe(keep), opponent=opp)

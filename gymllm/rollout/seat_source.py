@@ -129,10 +129,13 @@ class SeatMetrics:
     (``group.info["agent"]``); :meth:`flush` returns, over the groups since the last flush,
     ``seat/<seat>/reward`` (mean), ``seat/<seat>/win`` / ``draw`` / ``loss`` (shares of games with a
     reward above, at or below 0, the zero-sum convention of PettingZoo's classic games) and
-    ``seat/<seat>/groups`` (so far); ``opponent/version`` when ``version()`` gives one."""
+    ``seat/<seat>/groups`` (so far); ``opponent/version`` when ``version()`` gives one; against an
+    ``opponent`` other than ``"self"``, ``vs/<opponent>/win|draw|loss`` over every learner seat's games
+    (the three sum to 1; a ``/`` in the opponent's name becomes ``_``)."""
 
-    def __init__(self, version: Callable[[], Any] | None = None):
+    def __init__(self, version: Callable[[], Any] | None = None, opponent: str = "self"):
         self.version = version
+        self.opponent = opponent.replace("/", "_")
         self.pending: dict[str, list[float]] = {}
         self.groups: dict[str, int] = {}
 
@@ -152,6 +155,10 @@ class SeatMetrics:
             out.update({f"seat/{seat}/reward": float(r.mean()), f"seat/{seat}/win": float((r > 0).mean()),
                         f"seat/{seat}/draw": float((r == 0).mean()), f"seat/{seat}/loss": float((r < 0).mean())})
         out.update({f"seat/{seat}/groups": float(n) for seat, n in self.groups.items()})
+        if self.opponent != "self" and self.pending:
+            r = np.concatenate([np.asarray(v, dtype=np.float64) for v in self.pending.values()])
+            out.update({f"vs/{self.opponent}/win": float((r > 0).mean()), f"vs/{self.opponent}/draw": float((r == 0).mean()),
+                        f"vs/{self.opponent}/loss": float((r < 0).mean())})
         self.pending = {}
         v = self.version() if self.version is not None else None
         if v is not None:
