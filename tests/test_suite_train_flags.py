@@ -39,3 +39,22 @@ def test_suite_with_an_env_flag_is_a_clear_error(flag, value, tmp_path, capsys):
     assert main(["train", "--preset", "tiny", "--run-dir", str(tmp_path / "r"), "--env.suite", "core", flag,
                  value]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+def test_eval_suite_evaluates_a_suites_envs(suite_file):
+    """--eval.suite S: the in-loop evaluator's envs are the suite's, with their tables' kwargs
+    (built here without an engine); with --eval.envs too it is a clear error."""
+    from gymllm.algos.heldout import HeldOutHook
+
+    cfg = parse_train_args(["--preset", "tiny", "--eval.suite", suite_file, "--eval.every", "1"])
+    hook = HeldOutHook(cfg)
+    hook.open(agent="the run's agent", tok=None)
+    try:
+        assert [(i, a) for i, _, a in hook.evaluator.specs] == [("gymllm/TinyRepeat-v0", "the run's agent"),
+                                                                ("gymllm/Arithmetic-v0", "the run's agent")]
+    finally:
+        hook.close()
+    from gymllm.algos.train_config import EvalSection
+
+    with pytest.raises(ConfigError, match="eval.suite or eval.envs, not both"):
+        EvalSection(suite=suite_file, envs=("gymllm/Arithmetic-v0",))

@@ -64,16 +64,17 @@ class HeldOutHook:
 
     def open(self, agent: Any, tok: Any) -> None:
         """The evaluator of ``cfg.eval``: the training env (its kwargs and the run's ``agent``) unless
-        ``eval.envs`` names others (each with the agent its reset asks for)."""
+        ``eval.envs`` names others (each with the agent its reset asks for), or ``eval.suite`` (else, in a
+        mixture run, ``env.suite``) a suite: its envs with their tables' kwargs, played by the run's agent."""
         from gymllm.rollout.evaluation import HeldOutEvaluator, agent_for
 
         cfg, e = self.cfg, self.cfg.eval
         if not e.every:
             return
-        if cfg.env.suite and not e.envs:  # a suite's mixture: each of its envs, with its table's kwargs
+        if e.suite or (cfg.env.suite and not e.envs):  # a suite: each of its envs, with its table's kwargs
             from gymllm.suites import load_suite
 
-            specs = [(s.id, dict(s.kwargs), agent) for s in load_suite(cfg.env.suite).envs]
+            specs = [(s.id, dict(s.kwargs), agent) for s in load_suite(e.suite or cfg.env.suite).envs]
         else:
             specs = ([(cfg.env.id, dict(cfg.env.kwargs), agent)] if not e.envs else
                      [(i, dict(cfg.env.kwargs), agent) if i == cfg.env.id else (i, {}, agent_for(i, tok))

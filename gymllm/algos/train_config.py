@@ -149,13 +149,15 @@ class RunSection:
 class EvalSection:
     """Held-out evaluation inside the run (the ``gymllm eval`` path). every: optimizer steps between
     evaluations (0 = off; when on, the run also evaluates before its first step and after its last);
-    envs: env ids to evaluate (empty: the training env, with its kwargs); seeds: held-out episodes per
+    envs: env ids to evaluate (empty: the training env, with its kwargs); suite: instead, a suite's envs
+    (a file or a shipped name; each with its table's kwargs; not with ``envs``); seeds: held-out episodes per
     env; seed_base: the first held-out seed (seeds ``seed_base .. seed_base + seeds - 1``), which must
     lie above every seed training can use; temperature: the sampler's (0 = greedy, so pass@1 is
     deterministic); max_tokens: a reply's budget (0 = the rollout's)."""
 
     every: int = 0
     envs: tuple[str, ...] = ()
+    suite: str = ""
     seeds: int = 16
     seed_base: int = HELD_OUT_SEED_BASE
     temperature: float = 0.0
@@ -167,6 +169,10 @@ class EvalSection:
         check_range("EvalSection", "seed_base", self.seed_base, lo=0)
         check_range("EvalSection", "temperature", self.temperature, lo=0.0)
         check_range("EvalSection", "max_tokens", self.max_tokens, lo=0)
+        if self.suite and self.envs:
+            raise ConfigError(explain("eval.suite", expected="eval.suite or eval.envs, not both",
+                                      received=f"suite={self.suite!r}, envs={list(self.envs)}",
+                                      fix="list the envs in the suite file, or drop --eval.suite"))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

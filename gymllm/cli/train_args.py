@@ -57,7 +57,7 @@ def train_arguments(default: object) -> type:
 #: the arguments of ``gymllm train`` that choose the config the ``--section.field`` flags apply to
 LEADING = ("preset", "loss_preset", "run_dir", "env_kwargs")
 #: flags whose value is a suite (a TOML file, which :func:`leading_arguments` must not take for the recipe)
-SUITE_FLAGS = ("--env.suite",)
+SUITE_FLAGS = ("--env.suite", "--eval.suite")
 
 
 def leading_arguments(args: Sequence[str]) -> dict[str, str | None]:
