@@ -64,7 +64,8 @@ class HeldOutHook:
 
     def open(self, agent: Any, tok: Any) -> None:
         """The evaluator of ``cfg.eval``: the training env (its kwargs and the run's ``agent``) unless
-        ``eval.envs`` names others (each with the agent its reset asks for)."""
+        ``eval.envs`` names others (each with the agent its reset asks for), or ``eval.suite`` (else, in a
+        mixture run, ``env.suite``) a suite: its envs with their tables' kwargs, played by the run's agent."""
         from gymllm.rollout.evaluation import HeldOutEvaluator, agent_for
 
         cfg, e = self.cfg, self.cfg.eval

@@ -56,6 +56,8 @@ def train_arguments(default: object) -> type:
 
 #: the arguments of ``gymllm train`` that choose the config the ``--section.field`` flags apply to
 LEADING = ("preset", "loss_preset", "run_dir", "env_kwargs")
+#: flags whose value is a suite (a TOML file, which :func:`leading_arguments` must not take for the recipe)
+SUITE_FLAGS = ("--env.suite", "--eval.suite")
 
 
 def leading_arguments(args: Sequence[str]) -> dict[str, str | None]:
@@ -76,6 +78,8 @@ def leading_arguments(args: Sequence[str]) -> dict[str, str | None]:
             has_next = not eq and i + 1 < len(args) and not args[i + 1].startswith("--")
             found[key] = value if eq else (args[i + 1] if has_next else None)
             taken.add(i + 1 if has_next else -1)
+        elif name in SUITE_FLAGS and not eq:
+            taken.add(i + 1)  # a suite file is a .toml too: never the recipe
     for i, arg in enumerate(args):
         if arg.startswith("-") or i in taken:
             continue
@@ -148,6 +152,40 @@ def train_config_from(recipe: str | None, preset: str | None, loss_preset: str |
     return cfg
 
 
+def flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The value of ``flag`` in ``args`` (``--flag V`` or ``--flag=V``; the last one wins), or None."""
+    value = None
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif a.startswith(flag + "="):
+            value = a.split("=", 1)[1]
+    return value
+
+
+def suite_base(base: object, args: Sequence[str]) -> object:
+    """``base`` with the env of ``--env.suite S`` when the command line gives one: the preset's or the
+    recipe's env id and kwargs give way (a suite names its envs, with their kwargs), so
+    ``gymllm train --env.suite core`` works with any preset. ``--env.suite`` with ``--env.id`` or
+    ``--env-kwargs`` on the command line is a :class:`~gymllm.errors.ConfigError`: exactly one env source."""
+    import dataclasses
+
+    from gymllm.algos.train_config import DEFAULT_ENV_ID
+    from gymllm.errors import ConfigError, explain
+
+    suite = flag_value(args, "--env.suite")
+    if not suite:
+        return base
+    for flag in ("--env.id", "--env-kwargs", "--env_kwargs"):
+        given = flag_value(args, flag)
+        if given is not None:
+            raise ConfigError(explain("gymllm train --env.suite", expected=f"--env.suite S or {flag}, not both",
+                                      received=f"--env.suite {suite} {flag} {given}", fix=f"drop {flag} (the suite "
+                                      "names its envs, with their kwargs) or drop --env.suite"))
+    env = base.env  # type: ignore[attr-defined]
+    return dataclasses.replace(base, env=dataclasses.replace(env, id=DEFAULT_ENV_ID, kwargs={}, suite=suite))
+
+
 def recipe_sft_stage(recipe: str | None) -> object:
     """The recipe's ``[sft]`` table as a :class:`~gymllm.cli.recipes.SFTStage`, or None (no recipe or no table)."""
     from gymllm.cli.recipes import load_recipe, sft_stage_from
@@ -170,6 +208,7 @@ def parse_train_plan(args: Sequence[str], *, description: str | None = None) -> 
         if lead[key] not in known:
             lead[key] = None  # tyro's usage error names the choices
     base = train_config_from(lead["recipe"], lead["preset"], lead["loss_preset"], lead["run_dir"], lead["env_kwargs"])
+    base = suite_base(base, args)
     parsed = tyro.cli(train_arguments(base), prog=TRAIN_PROG, description=description, args=args)
     if parsed.recipe != lead["recipe"]:  # a positional the scan could not place (e.g. a recipe that does not exist)
         raise ConfigError(explain("gymllm train RECIPE", expected="a TOML recipe (a path or a shipped name) or a "
