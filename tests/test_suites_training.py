@@ -21,20 +21,10 @@ from gymllm.suites.training import MixtureEnvs
 
 HERE = pathlib.Path(__file__).resolve().parent
 
-SUITE = """
-name = "two"
-max_turns = 1
-[[env]]
-id = "gymllm/TinyRepeat-v0"
-name = "repeat"
-kwargs = { num_letters = 2 }
-weight = 3.0
-[[env]]
-id = "user_envs:make_count"
-name = "count"
-kwargs = { start = 5 }
-weight = 1.0
-"""
+# two envs: a registered one (weight 3) and a user's module (weight 1), one turn each
+SUITE = ('name = "two"\nmax_turns = 1\n'
+         '[[env]]\nname = "repeat"\nweight = 3.0\nid = "gymllm/TinyRepeat-v0"\nkwargs = { num_letters = 2 }\n'
+         '[[env]]\nname = "count"\nweight = 1.0\nid = "user_envs:make_count"\nkwargs = { start = 5 }\n')
 
 
 @pytest.fixture

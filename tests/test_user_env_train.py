@@ -6,6 +6,7 @@ ConfigError before any model loads."""
 from __future__ import annotations
 
 import json
+import pathlib
 
 import pytest
 
@@ -13,49 +14,22 @@ from gymllm.algos.train_config import EnvSection
 from gymllm.cli.main import main
 from gymllm.errors import ConfigError
 
-USER_MODULE = '''
-import gymnasium
-from gymllm.core import TextEnv
+HERE = pathlib.Path(__file__).resolve().parent
 
 
-class Echo(TextEnv):
-    def __init__(self, letter="a", max_turns=None, render_mode=None):
-        super().__init__(max_turns=max_turns, render_mode=render_mode)
-        self.letter = letter
-
-    def _reset(self, *, seed, options):
-        return f"Write the letter {self.letter}.", {"answer": self.letter}
-
-    def _step(self, action):
-        return "done", float(self.letter in action), True, {}
-
-
-def make_echo(**kwargs):
-    return Echo(**kwargs)
-
-
-gymnasium.register(id="UserTrainEcho-v0", entry_point=__name__ + ":Echo")
-'''
-
-
-@pytest.fixture(scope="module")
-def user_module(tmp_path_factory):
-    import sys
-
-    d = tmp_path_factory.mktemp("user_train_mod")
-    (d / "user_train_envs.py").write_text(USER_MODULE)
-    sys.path.insert(0, str(d))
-    yield "user_train_envs"
-    sys.path.remove(str(d))
-    sys.modules.pop("user_train_envs", None)
+@pytest.fixture
+def user_module(monkeypatch):
+    """tests/user_envs.py, a user's module that no gymllm code imports by itself."""
+    monkeypatch.syspath_prepend(str(HERE))
+    return "user_envs"
 
 
 def _train(run, env_id):
     return main(["train", "--preset", "tiny", "--run-dir", str(run), "--env.id", env_id, "--env-kwargs",
-                 '{"letter": "b"}', "--learner.num-steps", "2", "--run.no-console", "--run.no-report"])
+                 '{"start": 5}', "--learner.num-steps", "2", "--run.no-console", "--run.no-report"])
 
 
-@pytest.mark.parametrize("attr", ["UserTrainEcho-v0", "make_echo"])
+@pytest.mark.parametrize("attr", ["UserCount-v0", "make_count"])
 def test_user_env_trains_from_the_command_line(tmp_path, user_module, attr):
     run = tmp_path / "run"
     assert _train(run, f"{user_module}:{attr}") == 0
@@ -66,17 +40,17 @@ def test_user_env_trains_from_the_command_line(tmp_path, user_module, attr):
 
 def test_user_env_is_evaluated_by_gymllm_eval(tmp_path, user_module, capsys):
     out = tmp_path / "eval"
-    assert main(["eval", "--suite", _suite(tmp_path, f"{user_module}:make_echo"), "--model", "tiny-qwen3", "--out",
+    assert main(["eval", "--suite", _suite(tmp_path, f"{user_module}:make_count"), "--model", "tiny-qwen3", "--out",
                  str(out), "--num-slots", "8", "--max-len", "256", "--max-concurrency-per-env", "4",
                  "--no-progress"]) == 0
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
-    assert len(rows) == 2 * 2 and {r["env"] for r in rows} == {"echo"} and all(r["error"] is None for r in rows)
+    assert len(rows) == 2 * 2 and {r["env"] for r in rows} == {"count"} and all(r["error"] is None for r in rows)
 
 
 def _suite(tmp_path, env_id):
     path = tmp_path / "user.toml"
     path.write_text(f'name = "user"\nk = 2\nnum_seeds = 2\nmax_tokens = 4\nmax_turns = 1\n\n'
-                    f'[[env]]\nid = "{env_id}"\nname = "echo"\nkwargs = {{ letter = "b" }}\n')
+                    f'[[env]]\nid = "{env_id}"\nname = "count"\nkwargs = {{ start = 5 }}\n')
     return str(path)
 
 
@@ -85,8 +59,8 @@ def test_bad_module_and_missing_factory_are_clear_errors(user_module):
         EnvSection(id="no_such_module_xyz:Env-v0")
     assert "env.id" in str(e.value) and "no_such_module_xyz" in str(e.value) and "PYTHONPATH" in str(e.value)
     with pytest.raises(ConfigError) as e:
-        EnvSection(id=f"{user_module}:make_ech")
-    assert "env.id" in str(e.value) and "make_echo" in str(e.value)  # the nearest callable is suggested
+        EnvSection(id=f"{user_module}:make_coun")
+    assert "env.id" in str(e.value) and "make_count" in str(e.value)  # the nearest callable is suggested
     with pytest.raises(ConfigError) as e:
         EnvSection(id=f"{user_module}:Missing-v0")
     assert "register" in str(e.value)
