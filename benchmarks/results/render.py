@@ -60,6 +60,19 @@ FIGURES: dict[str, tuple[Figure, ...]] = {
         F(key="full_read_page_ms", what="the same page parsing the whole log per request (ms)"),
         F(key="filtered_page_ms", what="a filtered page (ms)"),
     ),
+    "learner_profile": (
+        F(key="full.shares_of_step.reference_forward", what="medium learner step, full replies: share in the "
+          "reference forward"),
+        F(key="full.shares_of_step.policy_fwd_bwd", what="share in the policy forward + backward"),
+        F(key="full.shares_of_step.attention_fwd_bwd_policy", what="of the step, attention fwd + bwd"),
+        F(key="full.shares_of_step.optimizer", what="share in the optimizer update"),
+        F(key="full.shares_of_step.host_device_transfers", what="share in host <-> device copies"),
+        F(key="full.learner.grad_program_compiles", what="gradient-program compiles in steady steps", goal="0"),
+        F(key="full.padding_share", what="padded positions / all, full replies"),
+        F(key="mixed.padding_share", what="padded positions / all, mixed reply lengths"),
+        F(key="full.learner.median_step_s", what="whole learner step, full replies (s)"),
+        F(key="mixed.packed_grad_speedup", what="gradient program packed vs padded, mixed reply lengths (x)"),
+    ),
     "suite": (
         F(key="suite_vs_per_env", what="one shared engine, every env in flight, vs one engine per env in turn, "
           "warm (x)", goal=">= 2"),
