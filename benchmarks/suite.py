@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import tempfile
 import time
@@ -57,6 +58,8 @@ def main() -> None:
                         help="rows each engine decodes together, both sides (16: gymllm eval's default); "
                              "`inflight`: each engine as many as it has episodes in flight (per-env: one env's, "
                              "suite: every env's), where batching is cheap (a GPU)")
+    parser.add_argument("--engine", action="append", default=[], metavar="FIELD=VALUE",
+                        help="an EngineConfig field for both sides' engines, e.g. decode_chunk=8 (repeatable)")
     parser.add_argument("--full-sizes", action="store_true",
                         help="with --quick's round limits, the full run's rows (16 seeds x 4 samples, 64 tokens)")
     parser.add_argument("--max-len", type=int, default=1024, help="the engines' tokens per row (both sides)")
@@ -83,6 +86,19 @@ def main() -> None:
     rows_of = {e.name: len(e.seeds) * e.k for e in suite.envs}
     per_env_slots = {e.name: (min(per_env_cap, rows_of[e.name]) if inflight else int(args.num_slots)) for e in suite.envs}
     suite_slots = (sum(min(per_env_cap, n) for n in rows_of.values()) if inflight else int(args.num_slots))
+    import ast
+
+    from gymllm.inference import EngineConfig, JaxEngine
+
+    engine_fields: dict[str, Any] = {}
+    for item in args.engine:
+        key, sep, value = item.partition("=")
+        if not sep or key not in {f.name for f in dataclasses.fields(EngineConfig)}:
+            parser.error(f"--engine: expected FIELD=VALUE with FIELD an EngineConfig field, received {item!r}")
+        try:
+            engine_fields[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            engine_fields[key] = value
     if args.model.startswith("shape:"):
         from accelerator_check import shaped_model  # the same architectures the accelerator check uses
         loaded = shaped_model(args.model)
@@ -92,7 +108,10 @@ def main() -> None:
     def suite_side() -> tuple[float, dict[str, Any]]:
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory() as out:
-            summary = run_suite(suite, [PolicySpec(label=args.model, loaded=loaded)], out, write_report=False,
+            engine = EngineConfig(num_slots=suite_slots, max_len=args.max_len, **engine_fields)
+            policy = PolicySpec(label=args.model, loaded=loaded,
+                                make_engine=lambda: JaxEngine.from_loaded(loaded, config=engine))
+            summary = run_suite(suite, [policy], out, write_report=False,
                                 config=RunnerConfig(max_len=args.max_len, num_slots=suite_slots, max_concurrency_per_env=per_env_cap,
                                                     progress=False))
         return time.perf_counter() - t0, summary
@@ -102,7 +121,8 @@ def main() -> None:
         t0 = time.perf_counter()
         rows = [asyncio.run(eval_env(e.id, loaded, num_seeds=sizes["num_seeds"], k=sizes["k"], seed_offset=1_000_000,
                                      temperature=0.7, max_tokens=sizes["max_tokens"], max_turns=sizes["max_turns"],
-                                     success_threshold=1.0, max_len=args.max_len, num_slots=per_env_slots[e.name]))
+                                     success_threshold=1.0, max_len=args.max_len, num_slots=per_env_slots[e.name],
+                                     engine=engine_fields))
                 for e in suite.envs]
         return time.perf_counter() - t0, rows
 
@@ -161,7 +181,7 @@ def main() -> None:
               "per_env_s": round(per_env_s, 2), "cold_suite_vs_per_env": round(runs["per_env"][0]["wall_s"] / runs["suite"][0]["wall_s"], 3),
               "net_of_compile": net_of_compile, "rounds": runs, "rows": sum(len(e.seeds) * e.k for e in suite.envs),
               "rows_match": match, "per_env_rows": per_env_rows, "model": args.model, "num_slots": {"suite": suite_slots, "per_env": per_env_slots},
-              "quick": args.quick, "device": jax.devices()[0].device_kind,
+              "engine": engine_fields, "quick": args.quick, "device": jax.devices()[0].device_kind,
               "cpu": describe_cpu(), "cores": os.cpu_count(), "load_average": [load_start, os.getloadavg()[0]]}
     from results import emit_result  # the RESULT line, and its record in benchmarks/results/
     emit_result("suite", result)
