@@ -277,7 +277,8 @@ async def play_game(make_game: Callable[[], Any], item: dict[str, Any], players:
                 else:
                     move = move_text(game, agent, player.fn(game.env.observe(agent), agent))
             except Exception as e:  # noqa: BLE001 - a failing side is a recorded loss (or unscored), never a lost row
-                why = "no reply within move_timeout_s" if isinstance(e, asyncio.TimeoutError) else f"{type(e).__name__}: {e}"
+                why = ("no reply within move_timeout_s" if isinstance(e, asyncio.TimeoutError)
+                       else str(e) if isinstance(e, _SideError) else f"{type(e).__name__}: {e}")
                 row["error"], row["crashed"] = f"{label} ({agent}) failed: {why}", label
                 break
             row["moves"].append([agent, str(move)[:200]])
