@@ -181,6 +181,17 @@ def test_a_crashing_player_gives_error_rows_and_the_other_games_go_on(tmp_path, 
     assert {r["player"] for r in summary["ratings"]["ratings"]} | set(summary["ratings"]["unrated"]) == {"random", "flaky", "first"}
 
 
+def test_a_pettingzoo_game_named_by_module_factory_is_played(tmp_path):
+    """The race game written in the seat tests (a raw PettingZoo AEC env, not one of ours) as MODULE:FACTORY."""
+    summary = run_matches(resolve_game("test_multiagent_seats:race"),
+                          [opponent_player("random"), opponent_player("test_game_eval:first_legal", label="plus_one")],
+                          tmp_path, config=MatchConfig(games=4, **FAST))
+    rows = _rows(tmp_path)
+    assert len(rows) == 4 and all(r["error"] is None and not r["draw"] for r in rows)  # a race always has a winner
+    assert {r["players"]["first"] for r in rows} == {"random", "plus_one"}
+    assert summary["pairings"][0]["seats"] == {"first": 2, "second": 2}
+
+
 def test_bad_names_and_schedules_are_config_errors_naming_the_fix():
     with pytest.raises(ConfigError, match="tic-tac-toe"):
         resolve_game("chess")

@@ -111,7 +111,8 @@ class MatchConfig:
     watchdog on one model reply (None: none); errors: ``loss`` (a crashing side loses) or ``exclude``
     (its game is not scored); anchor: the player rated ``anchor_value`` when it plays (else the mean
     is ``anchor_value``); prior_draws: virtual draws per pairing in the rating fit (keeps a perfect
-    record finite); confidence, num_resamples, bootstrap_seed: the intervals."""
+    record finite); confidence, num_resamples, bootstrap_seed: the intervals. A scripted policy runs
+    inline in the event loop (no watchdog: it must return)."""
 
     games: int = 20
     seed: int = HELD_OUT_SEED_BASE
@@ -174,7 +175,10 @@ def resolve_game(game: str, kwargs: dict[str, Any] | None = None) -> Any:
     registered name or ``MODULE:FACTORY``, as training resolves ``env.id``); a ConfigError otherwise."""
     from gymllm.multiagent.factory import GAMES, game_factory
 
-    make = game_factory(game, kwargs or {})
+    try:
+        make = game_factory(game, kwargs or {})
+    except ConfigError as e:  # the factory refused the kwargs: name this command's flag
+        raise ConfigError(str(e).replace("--env-kwargs", "--game-kwargs").replace("env.kwargs", "--game-kwargs")) from e
     if make is None:
         raise ConfigError(explain("--game", expected=f"a multi-agent game: {GAME_HELP}", received=game,
                                   fix=f"use one of {sorted(GAMES)} or point MODULE:FACTORY at an importable factory "
@@ -211,8 +215,7 @@ class _SideError(Exception):
     """A side failed to produce a move (its policy or engine raised, timed out or ran out of context)."""
 
 
-async def _model_move(game: Any, agent: str, player: Player, ep: Any, engine: Any, started: set[str],
-                      config: MatchConfig) -> str:
+async def _model_move(game: Any, agent: str, ep: Any, engine: Any, started: set[str], config: MatchConfig) -> str:
     obs, reward, _, _, info = game.last()
     info = {**info, "agent": agent}
     if agent not in started:
@@ -271,7 +274,7 @@ async def play_game(make_game: Callable[[], Any], item: dict[str, Any], players:
             player = players[label]
             try:
                 if player.kind == "model":
-                    move = await _model_move(game, agent, player, episodes[agent], engines[label], started, config)
+                    move = await _model_move(game, agent, episodes[agent], engines[label], started, config)
                 elif player.kind == "random":
                     move = policy_move(None, game, agent, rng)
                 else:
