@@ -284,3 +284,27 @@ def test_gymllm_eval_game_writes_games_summary_and_ratings(tmp_path, capsys):
     assert main(["eval", "--game", "tic-tac-toe", "--model", "tiny-qwen3", "--opponent", "nobody",
                  "--out", str(tmp_path / "x")]) == 2
     assert "--opponent random" in capsys.readouterr().err
+
+
+def test_players_from_flags_label_checkpoints_like_the_suite_and_keep_their_system_prompt(tmp_path, monkeypatch):
+    from gymllm import models
+    from gymllm.cli import evaluate
+    from gymllm.cli.game_cli import players_from_flags
+
+    run = tmp_path / "ttt-run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"env": {"id": "tic-tac-toe", "system_prompt": "Play well."}}))
+    tiny = models.make_tiny("qwen3")
+    loads = []
+    monkeypatch.setattr(evaluate, "load_model", lambda name, checkpoint=None: loads.append((name, checkpoint)) or tiny)
+    players = players_from_flags(["tiny-qwen3"], [str(run / "checkpoints")], [], ["random"])
+    assert [p.label for p in players] == ["tiny-qwen3", "ttt-run", "random"]
+    assert [p.kind for p in players] == ["model", "model", "random"]
+    assert players[0].system_prompt is None and players[1].system_prompt == "Play well."  # the run's, read from RUN
+    assert loads == [("tiny-qwen3", None), (None, str(run / "checkpoints"))]
+    with pytest.raises(ConfigError, match="--label"):
+        players_from_flags(["tiny-qwen3"], [], ["a", "b"], [])
+    loads.clear()
+    with pytest.raises(ConfigError, match="--opponent"):
+        players_from_flags(["tiny-qwen3"], [], [], ["nobody"])
+    assert loads == []  # a bad opponent is refused before any model loads

@@ -27,12 +27,15 @@ import tyro
 
 from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 
-__all__ = ["eval_game", "eval_main", "main"]
+__all__ = ["eval_game", "eval_main", "players_from_flags", "main"]
 
 Repeated = tyro.conf.UseAppendAction
 
 
-def _players(model: Sequence[str], checkpoint: Sequence[str], label: Sequence[str], opponent: Sequence[str]) -> list[Any]:
+def players_from_flags(model: Sequence[str], checkpoint: Sequence[str], label: Sequence[str],
+                       opponent: Sequence[str]) -> list[Any]:
+    """The :class:`~gymllm.suites.games.Player` list of the flags, in order (module doc); opponents are
+    checked before any model loads, a checkpoint plays with its run's system prompt."""
     from gymllm.algos.train_config import legacy_tables
     from gymllm.cli.evaluate import load_model, run_config
     from gymllm.cli.suite_cli import policy_label
@@ -47,7 +50,8 @@ def _players(model: Sequence[str], checkpoint: Sequence[str], label: Sequence[st
     names = list(label) or [policy_label(m, c) for m, c in sources]
     players = []
     for name, (m, c) in zip(names, sources):
-        trained = legacy_tables(run_config(c)).get("env", {}) if c else {}
+        run_dir = c and (str(pathlib.Path(c).parent) if pathlib.Path(c).name == "checkpoints" else c)
+        trained = legacy_tables(run_config(run_dir)).get("env", {}) if run_dir else {}
         players.append(Player(label=name, loaded=load_model(m, checkpoint=c),
                               system_prompt=trained.get("system_prompt") or None))
     return players + opponents
@@ -114,7 +118,7 @@ def eval_game(
     if not model and not checkpoint and len(opponent) < 2:
         raise ConfigError(explain("gymllm eval --game", expected="a player to evaluate: --model or --checkpoint (or two "
                                   "--opponent)", received="none", fix="e.g. --model smollm2-135m-instruct --opponent random"))
-    summary = run_matches(make_game, _players(model, checkpoint, label, opponent), out, config=config)
+    summary = run_matches(make_game, players_from_flags(model, checkpoint, label, opponent), out, config=config)
     _print(summary)
     print(f"wrote {pathlib.Path(out) / 'games.jsonl'}, summary.json, ratings.json")
     return 0
