@@ -19,9 +19,8 @@ import asyncio
 import collections
 import dataclasses
 import json
+import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
@@ -123,16 +122,17 @@ def test_slot_env_errors_name_the_fix(mix_file):
         MixtureEnvs(load_suite(mix_file), num_envs=4, vec=mixture_vec(load_suite(mix_file), 2))
 
 
-def test_eval_takes_the_cluster_flags_of_train_and_refuses_learner_hosts(monkeypatch):
+def test_eval_takes_the_cluster_flags_of_train_and_refuses_learner_hosts(monkeypatch, capsys):
     from gymllm.algos import cluster as cluster_mod
     from gymllm.cli import suite_cli
 
-    proc = subprocess.run([sys.executable, "-m", "gymllm.cli.main", "eval", "--suite", "core", "--help"],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    with pytest.raises(SystemExit) as done:
+        suite_cli.eval_main(["--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
     for flag in ("--cluster.backend", "--cluster.address", "--cluster.env-workers", "--cluster.engine-replicas",
                  "--cluster.engine-num-gpus", "--cluster.env-resources"):
-        assert flag in proc.stdout
+        assert flag in text
 
     class Seen(Exception):
         pass
@@ -160,10 +160,11 @@ ray_needed = pytest.mark.skipif(__import__("importlib").util.find_spec("ray") is
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A real two-node cluster on 127.0.0.1: the head, and a node for the engine replicas."""
+    """A real Ray cluster on 127.0.0.1 (one raylet: the cheapest real cluster; the replicas and env
+    workers are actors, processes of their own, as on several hosts)."""
     from gymllm.ray_support import LOOPBACK, LocalCluster
 
-    with LocalCluster([{"num_cpus": 3}, {"num_cpus": 2, "resources": {"engine": 2}}]) as c:
+    with LocalCluster([{"num_cpus": 4}]) as c:
         import ray
 
         assert {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]} == {LOOPBACK}
@@ -171,8 +172,7 @@ def cluster():
 
 
 def ray_section(address: str, **kw) -> ClusterSection:
-    return ClusterSection(backend="ray", address=address, env_num_cpus=0.25, engine_num_cpus=0.5,
-                          engine_resources={"engine": 1}, **kw)
+    return ClusterSection(backend="ray", address=address, env_num_cpus=0.25, engine_num_cpus=0.5, **kw)
 
 
 def rows_by_key(out: pathlib.Path) -> dict[tuple, dict]:
@@ -182,16 +182,16 @@ def rows_by_key(out: pathlib.Path) -> dict[tuple, dict]:
     return by
 
 
-@ray_needed
-def test_suite_eval_on_ray_gives_the_rows_of_the_in_process_run(tmp_path, cluster):
+def eval_local_and_on_ray(tmp_path, suite_text: str, cluster_section: ClusterSection):
+    """The suite run in process and on the cluster: (suite, local rows, cluster rows) by key; the
+    keys, the fields of every row and the summaries' results are checked equal here."""
     from gymllm.cli.suite_cli import eval_suite
     from gymllm.suites.runner import work_items
 
     suite_path = tmp_path / "tiny.toml"
-    suite_path.write_text(EVAL_SUITE)
+    suite_path.write_text(suite_text)
     assert eval_suite(suite=str(suite_path), out=str(tmp_path / "local"), **EVAL_ARGS) == 0
-    assert eval_suite(suite=str(suite_path), out=str(tmp_path / "ray"), **EVAL_ARGS,
-                      cluster=ray_section(cluster.address, engine_replicas=2, env_workers=2)) == 0
+    assert eval_suite(suite=str(suite_path), out=str(tmp_path / "ray"), **EVAL_ARGS, cluster=cluster_section) == 0
     local, remote = rows_by_key(tmp_path / "local"), rows_by_key(tmp_path / "ray")
     suite = load_suite(suite_path)
     expected = {("tiny-qwen3", e.name, seed, m) for e in suite.envs for _, seed, m in work_items(e)}
@@ -200,9 +200,30 @@ def test_suite_eval_on_ray_gives_the_rows_of_the_in_process_run(tmp_path, cluste
     assert {k: [r[f] for f in fields] for k, r in remote.items()} == {k: [r[f] for f in fields] for k, r in local.items()}
     for k in expected:  # a failing env's episodes are error rows on both paths, the others are not
         assert (local[k]["error"] is None) == (remote[k]["error"] is None) == (k[1] != "failing"), (local[k], remote[k])
-    assert 0 < sum(r["reward"] for r in local.values() if r["env"] != "failing") < len(local) - 4  # rewards vary
     summaries = [json.loads((tmp_path / d / "summary.json").read_text()) for d in ("local", "ray")]
-    assert [s["results"] for s in summaries[:1]] == [summaries[1]["results"]]  # the same summary, intervals too
+    assert summaries[0]["results"] == summaries[1]["results"]  # the same summary, intervals included
+    return suite, local, remote
+
+
+@ray_needed
+def test_suite_eval_on_ray_gives_the_rows_of_the_in_process_run(tmp_path, cluster):
+    """One engine replica actor and one env actor per env: the same rows as the in-process run."""
+    text = EVAL_SUITE.replace('num_seeds = 3\n', '').split('[[env]]\nid = "gymllm/TinyRepeat-v0"\nname = "repeat3"')[0]
+    text += '[[env]]\nid = "gymllm/Failing-v0"\nname = "failing"\nkwargs = { fail_at_step = 1 }\nnum_seeds = 1\nk = 1\n'
+    _, local, _ = eval_local_and_on_ray(tmp_path, text, ray_section(cluster.address))
+    assert len(local) == 5
+
+
+@ray_needed
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_suite_eval_on_two_replicas_and_two_env_workers_gives_the_in_process_rows(tmp_path, cluster):
+    """Two engine replicas behind the pool (requests of one policy spread over both) and two env
+    actors per env, three envs in flight: still the in-process rows (the per-request seeds do not
+    depend on the replica or the batch)."""
+    _, local, _ = eval_local_and_on_ray(tmp_path, EVAL_SUITE, ray_section(cluster.address, engine_replicas=2,
+                                                                          env_workers=2))
+    assert 0 < sum(r["reward"] for r in local.values() if r["env"] != "failing") < len(local) - 4  # rewards vary
 
 
 def group_rewards(run_dir: pathlib.Path) -> dict[str, list[tuple[str, float]]]:
@@ -214,6 +235,36 @@ def group_rewards(run_dir: pathlib.Path) -> dict[str, list[tuple[str, float]]]:
 
 
 @ray_needed
+def test_a_mixture_on_ray_env_workers_plays_what_the_in_process_mixture_plays(mix_file, cluster):
+    """The env side of `gymllm train --env.suite S --cluster.backend ray`: the sub-envs in two Ray env
+    actors, told by the driver's draw which env to play, give the groups' envs, observations and
+    rewards of the in-process mixture."""
+    suite = load_suite(mix_file)
+    local = MixtureEnvs(suite, num_envs=4, seed=5)
+    remote = MixtureEnvs(suite, num_envs=4, seed=5, vec=mixture_vec(
+        suite, 4, backend="ray", ray_options={"num_workers": 2, "num_cpus": 0.25}))
+
+    async def play(envs):
+        out = []
+        for k, seed in enumerate(range(10)):
+            obs, info = await envs.areset_env(k % 4, seed=seed)
+            _, reward, terminated, _, _ = await envs.astep_env(k % 4, obs.split()[-1].rstrip("."))
+            out.append((info["suite_env"], obs, reward, terminated))
+        return out
+
+    try:
+        pids = {remote.vec.runner.where(i)["pid"] for i in range(4)}
+        a, b = asyncio.run(play(local)), asyncio.run(play(remote))
+    finally:
+        local.close()
+        remote.close()
+    assert a == b and {name for name, *_ in a} == {"two", "three"}
+    assert len(pids) == 2 and os.getpid() not in pids  # two env-worker processes, not this one
+
+
+@ray_needed
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_training_on_a_mixture_on_ray_logs_per_env_groups_like_in_process(tmp_path, cluster, mix_file):
     """2 steps on a two-env mixture with the sub-envs on 2 Ray env workers and the engine on a replica
     actor: env/<name>/groups per env, summing to the groups that finished, and (eta = 0, seeded
