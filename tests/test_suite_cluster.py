@@ -60,6 +60,21 @@ name = "failing"
 kwargs = { fail_at_step = 1 }
 """
 
+# the default tier's: one env, 2 seeds, 2 samples each
+SMALL_SUITE = """
+name = "small"
+k = 2
+num_seeds = 2
+max_tokens = 4
+max_turns = 1
+temperature = 1.0
+
+[[env]]
+id = "gymllm/TinyRepeat-v0"
+name = "repeat"
+kwargs = { num_letters = 2 }
+"""
+
 # a training mixture of registered envs only: a Ray worker imports what the suite names by id itself
 MIX_SUITE = ('name = "mix"\nmax_turns = 1\n'
              '[[env]]\nname = "two"\nweight = 3.0\nid = "gymllm/TinyRepeat-v0"\nkwargs = { num_letters = 2 }\n'
@@ -207,11 +222,10 @@ def eval_local_and_on_ray(tmp_path, suite_text: str, cluster_section: ClusterSec
 
 @ray_needed
 def test_suite_eval_on_ray_gives_the_rows_of_the_in_process_run(tmp_path, cluster):
-    """One engine replica actor and one env actor per env: the same rows as the in-process run."""
-    text = EVAL_SUITE.replace('num_seeds = 3\n', '').split('[[env]]\nid = "gymllm/TinyRepeat-v0"\nname = "repeat3"')[0]
-    text += '[[env]]\nid = "gymllm/Failing-v0"\nname = "failing"\nkwargs = { fail_at_step = 1 }\nnum_seeds = 1\nk = 1\n'
-    _, local, _ = eval_local_and_on_ray(tmp_path, text, ray_section(cluster.address))
-    assert len(local) == 5
+    """One engine replica actor and one env actor: the same rows as the in-process run (the slow test
+    below spreads three envs, a failing one among them, over two replicas and two env actors each)."""
+    _, local, _ = eval_local_and_on_ray(tmp_path, SMALL_SUITE, ray_section(cluster.address))
+    assert len(local) == 4
 
 
 @ray_needed
