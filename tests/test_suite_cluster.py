@@ -162,6 +162,12 @@ def test_eval_takes_the_cluster_flags_of_train_and_refuses_learner_hosts(monkeyp
                              "2", "--cluster.env-resources", "sandbox", "1"])
     assert seen.value.args == (ClusterSection(backend="ray", address="auto", env_workers=3, engine_replicas=2,
                                               env_resources={"sandbox": 1.0}), len(load_suite("core").envs))
+    from gymllm.cli.commands import dispatch  # `gymllm eval ENV ... --cluster.*`: the env ids as a one-off suite
+
+    with pytest.raises(Seen) as seen:
+        dispatch("eval", lambda *a, **k: pytest.fail("the single-env path took --cluster.*"),
+                 ["gymllm/Arithmetic-v0", "--model", "tiny-qwen3", "--cluster.backend", "ray"])
+    assert seen.value.args == (ClusterSection(backend="ray"), 1)
     monkeypatch.undo()
     with pytest.raises(ConfigError, match="learner_hosts=0"):
         cluster_mod.SuiteOnRay(ClusterSection(backend="ray", learner_hosts=2))

@@ -23,8 +23,9 @@ from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 def dispatch(name: str, fn: Callable[..., object], args: Sequence[str]) -> object:
     if name == "train":
         return _train_dispatch(list(args))
-    if name == "eval" and any(a == "--suite" or a.startswith("--suite=") for a in args):
-        from gymllm.cli.suite_cli import eval_main  # a suite file: several policies, rows, intervals
+    if name == "eval" and any(a == "--suite" or a.startswith(("--suite=", "--cluster.")) for a in args):
+        # a suite file (several policies, rows, intervals); env ids with --cluster.* run as a one-off suite there
+        from gymllm.cli.suite_cli import eval_main
 
         return eval_main(list(args))
     if name == "eval" and any(a == "--game" or a.startswith("--game=") for a in args):
