@@ -210,6 +210,7 @@ def test_groups_are_routed_by_seat_and_never_mix_seats_or_policies():
         seat, policy = g.info["agent"], g.info["policy"]
         assert policy == {"north": "a", "south": "b"}[seat] and g.group_id.endswith(":" + seat)
         assert {t.info["agent"] for t in g.trajectories} == {seat}
+        assert len({t.seed for t in g.trajectories}) == 1 and g.trajectories[0].seed == g.info["seed"]
         assert {t.info["policy"] for t in g.trajectories} == {policy}
         for t in g.trajectories:  # every sampled token came from this policy's engine, at its version
             sampled = t.loss_mask.astype(bool)
@@ -230,6 +231,65 @@ def test_one_policy_against_a_random_opponent_trains_only_its_seat():
     groups = asyncio.run(_take(src, 3))
     assert {(g.info["agent"], g.info["policy"]) for g in groups} == {("south", "solo")}
     assert src.counts["opponent_moves"] > 0
+
+
+class CountingLearner:
+    """Test double of the learner interface: one update every ``per_step`` groups; records what it got."""
+
+    def __init__(self, per_step=2):
+        import collections
+
+        self.version, self.per_step, self.got, self.consumed_groups = 0, per_step, [], set()
+        self.counts = collections.Counter()
+
+    @property
+    def groups_in_step(self):
+        return len(self.got) % self.per_step
+
+    def submit(self, groups):
+        from gymllm.algos.learner import StepReport
+
+        out = []
+        for g in groups:
+            self.got.append(g.group_id)
+            self.consumed_groups.add(g.group_id)
+            if len(self.got) % self.per_step == 0:
+                self.version += 1
+                out.append(StepReport(step=self.version, metrics={"loss": 0.5, "reward_mean": float(self.version)},
+                                      sample_ids=[]))
+        return out
+
+    def policy_params(self):
+        return {"w": self.version}
+
+
+def test_policy_set_routes_each_group_to_its_policy_and_stops_at_num_steps():
+    from gymllm.algos.policies import PolicySet
+    from gymllm.types import Group
+
+    def group(k, seat, policy):
+        return Group(group_id=f"g{k}:{seat}", task_id="t", trajectories=[], admitted_version=0,
+                     info={"agent": seat, "policy": policy})
+
+    a, b = CountingLearner(), CountingLearner()
+    ps = PolicySet({"a": a, "b": b}, {"north": "a", "south": "b"}, num_steps=3)
+    assert ps.groups_in_step == 0 and ps.version == 0
+    reps = ps.submit([group(0, "north", "a"), group(0, "south", "b"), group(1, "north", "a")])
+    assert a.got == ["g0:north", "g1:north"] and b.got == ["g0:south"] and ps.groups_in_step == 0  # b holds 1
+    assert [r.step for r in reps] == [1] and reps[0].metrics["policy/a/version"] == 1
+    assert reps[0].metrics["policy/b/version"] == 0 and reps[0].metrics["policy/a/loss"] == 0.5
+    assert ps.policy_params() == {"w": 1} and list(ps.to_push) == ["a"]  # the next push is a's
+    assert ps.consumed_groups == {"g0:north", "g0:south", "g1:north"}
+    reps = ps.submit([group(2, "north", "a"), group(1, "south", "b"), group(3, "north", "a"), group(4, "north", "a")])
+    # b's second group completes its update (step 2), a's fourth completes a's second (step 3)
+    assert [r.step for r in reps] == [2, 3] and ps.version == 3 and ps.versions() == {"a": 2, "b": 1}
+    assert [r.metrics["policy/b/version"] for r in reps] == [1, 1] and list(ps.to_push) == ["a", "b", "a"]
+    assert a.got[-1] == "g3:north" and ps.counts["groups_after_end"] == 1  # past num_steps: left untrained
+    assert "g4:north" not in ps.consumed_groups
+    with pytest.raises(ConfigError, match="info\\['policy'\\]"):
+        PolicySet({"a": CountingLearner()}, {"north": "a"}, num_steps=5).submit([group(0, "north", "zz")])
+    with pytest.raises(ConfigError, match="policy names among"):
+        PolicySet({"a": a}, {"north": "a", "south": "b"}, num_steps=3)
 
 
 # --- training end to end ---------------------------------------------------------------------------------
