@@ -56,6 +56,7 @@ from gymllm.errors import ConfigError, explain
 from gymllm.rollout.config import RolloutConfig
 from gymllm.rollout.episode import Episode, EpisodeKey
 from gymllm.rollout.group_queue import QueueClosed
+from gymllm.rollout.policy_map import check_policies
 from gymllm.rollout.producer import RolloutStalledError
 from gymllm.rollout.sources import QueueSource
 from gymllm.types import Group
@@ -78,13 +79,20 @@ class MultiAgentSection:
     baseline: ``group`` (per-seat group baseline: the loss's estimator over each seat's group) or
     ``role_ema`` (SPIRAL's role-conditioned EMA per game and seat, decay ``baseline_decay``; the pure
     function is :func:`gymllm.multiagent.baseline.role_ema_advantages`; the source refuses it until
-    the learner has an estimator that takes rewards as advantages)."""
+    the learner has an estimator that takes rewards as advantages).
+    policies: ``""`` (one learner) or a JSON object from seat to policy name (``{"first": "a",
+    "second": "b"}``): several policies trained in one run, each with its own weights, optimizer,
+    groups and version (:mod:`gymllm.algos.policies`); policy_weights: ``lora`` (an adapter per policy
+    on the shared base, ``lora.rank`` or 8) or ``full``. Checked by
+    :func:`gymllm.rollout.policy_map.check_policies`."""
 
     opponent: str = "self"
     refresh_every: int = 1
     learner_seats: tuple[str, ...] = ("all",)
     baseline: str = "group"
     baseline_decay: float = 0.95
+    policies: str = ""
+    policy_weights: str = "lora"
 
     def __post_init__(self) -> None:
         o = self.opponent
@@ -111,6 +119,7 @@ class MultiAgentSection:
         if not 0.0 <= float(self.baseline_decay) < 1.0:
             raise ConfigError(explain("multiagent.baseline_decay", expected="a float in [0, 1)",
                                       received=self.baseline_decay, fix="e.g. 0.95 (SPIRAL's)"))
+        check_policies(self)
 
     def seats(self, possible: list[str]) -> list[str]:
         """The learner's seats among the game's ``possible`` agents (a ConfigError names unknown ones)."""
@@ -319,6 +328,14 @@ class SeatGroupSource(QueueSource):
             k += 1
             await asyncio.sleep(0)
 
+    def engine_for(self, seat: str, seats: list[str]) -> Any:
+        """The engine that plays ``seat`` in a batch training ``seats`` (a hook: one engine per policy)."""
+        return self.engine if seat in seats or not self.frozen else self.opponent.engine
+
+    def policy_of(self, seat: str) -> str:
+        """The policy name a trained ``seat``'s groups and trajectories carry (a hook)."""
+        return "learner"
+
     def batch_seats(self, k: int) -> list[str]:
         """The seats trained in batch ``k``: every learner seat in self-play, else one, rotating."""
         if self.config.opponent == "self":
@@ -355,10 +372,10 @@ class SeatGroupSource(QueueSource):
                 ep = episodes[seat]
                 for t in ep.trajectories():
                     t.group_id = f"g{k}:{seat}"
-                    t.info.update(agent=seat, policy="learner", game=m, opponent=self.config.opponent)
+                    t.info.update(agent=seat, policy=self.policy_of(seat), game=m, opponent=self.config.opponent)
                     trajs.append(t)
             group = Group(group_id=f"g{k}:{seat}", task_id=f"seed{seed}", trajectories=trajs, admitted_version=admitted,
-                          info={"agent": seat, "policy": "learner", "seed": seed, "opponent": self.config.opponent,
+                          info={"agent": seat, "policy": self.policy_of(seat), "seed": seed, "opponent": self.config.opponent,
                                 "released_version": self.version})
             self.counts["groups"] += 1
             if self.group_filter is None or self.group_filter(group):
@@ -378,7 +395,7 @@ class SeatGroupSource(QueueSource):
         game = self.game_fn()
         rng = np.random.default_rng([seed, member])
         modelled = self.possible if self.config.opponent == "self" or self.frozen else seats  # seats a model plays
-        engines = {a: self.engine if a in seats or not self.frozen else self.opponent.engine for a in modelled}
+        engines = {a: self.engine_for(a, seats) for a in modelled}
         episodes: dict[str, Episode] = {}
         for i, seat in enumerate(modelled):
             key = EpisodeKey(group_index=k, member=member * len(self.possible) + self.possible.index(seat),
