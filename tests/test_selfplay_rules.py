@@ -249,3 +249,66 @@ def test_training_goes_on_against_a_crashing_seat_and_records_it(tmp_path):
     step = [m for m in metrics if "opponent/errors" in m]
     assert step and step[-1]["opponent/errors"] > 0 and step[-1]["opponent/illegal"] > 0
     assert any(k.startswith("seat/") and k.endswith("/illegal") for k in step[-1])
+
+
+# --- a trained checkpoint as the opponent (--multiagent.opponent run:DIR) ---------------------------------
+
+def _weights_hash(flat) -> str:
+    from gymllm.algos.opponents import FrozenOpponent
+
+    return FrozenOpponent(None, None, None, version=0, flat=dict(flat)).weights_hash()
+
+
+def _run(args, on_step):
+    from gymllm.algos.run import Run
+    from gymllm.algos.train_config import effective
+    from gymllm.cli.train_args import parse_train_args
+
+    run = Run(effective(parse_train_args(args)), on_step=[lambda record: on_step(run, record)])
+
+    async def go():
+        run.setup()
+        try:
+            await run.train()
+        finally:
+            await run.close()
+
+    asyncio.run(go())
+    return run
+
+
+@pytest.mark.slow  # two tiny runs (the second with a second engine): ~3 minutes on a shared 2-core machine
+def test_a_run_dir_opponent_serves_the_saved_weights_and_the_games_complete(tmp_path):
+    import json
+
+    from gymllm.algos.components import load_model
+    from gymllm.algos.train_config import effective
+    from gymllm.cli.train_args import parse_train_args
+
+    common = ["--preset", "tiny", "--env.id", "test_selfplay_rules:pile", "--env-kwargs", "{}", "--rollout.group-size",
+              "2", "--env.num-envs", "2", "--rollout.max-model-calls", "2", "--sampling.max-tokens", "4",
+              "--learner.groups-per-step", "1", "--learner.num-steps", "1", "--engine.max-len", "192",
+              "--learner.max-len", "192", "--rollout.max-staleness", "1", "--run.no-report",
+              "--multiagent.illegal-move", "random"]
+    first, second = tmp_path / "first", tmp_path / "second"
+    trained = {}
+    _run(common + ["--run-dir", str(first)], lambda run, rec: trained.update(h=_weights_hash(run.parts.learner.policy_params())))
+    base = load_model(effective(parse_train_args(common)).model)  # the preset's weights before training
+    assert trained["h"] != _weights_hash(base.model.flat_params())  # the first run's step changed its weights
+
+    seen = []
+
+    def look(run, record):
+        opp = run.source.opponent
+        seen.append((opp.version, opp.weights_hash(), _weights_hash(run.parts.learner.policy_params()),
+                     dict(run.source.counts)))
+
+    _run(common + ["--run-dir", str(second), "--multiagent.opponent", f"run:{first}", "--learner.num-steps", "2"], look)
+    assert len(seen) == 2
+    for version, opp_hash, learner_hash, counts in seen:
+        assert version == -1 and opp_hash == trained["h"]  # the saved weights, never refreshed
+        assert counts["opponent_moves"] > 0 and counts["games"] >= 2 and counts["failed_batches"] == 0
+    assert seen[0][2] != seen[1][2]  # the learner trained on between the two steps; the opponent stayed the checkpoint
+    metrics = [json.loads(line) for line in (second / "metrics.jsonl").read_text().splitlines()]
+    assert [m["opponent/version"] for m in metrics if "opponent/version" in m] == [-1.0, -1.0]
+    assert any("vs/" + f"run:{first}".replace("/", "_") + "/win" in m for m in metrics)
