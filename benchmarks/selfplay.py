@@ -61,8 +61,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 GAMES = ("tic-tac-toe", "connect-four")
 # flag -> (default, --quick); --quick never overrides a flag given explicitly
-DEFAULTS = {"num_games": (512, 64), "num_slots": (256, 32), "group_size": (8, 4), "rounds": (3, 3),
-            "max_tokens": (48, 24), "reply_median": (8.0, 4.0), "reply_p99": (48.0, 24.0), "max_len": (4096, 1024),
+DEFAULTS = {"num_games": (256, 64), "num_slots": (128, 32), "group_size": (8, 4), "rounds": (3, 3),
+            "max_tokens": (128, 48), "reply_median": (16.0, 8.0), "reply_p99": (128.0, 48.0), "max_len": (4096, 1024),
             "max_model_calls": (24, 5)}
 
 
@@ -82,6 +82,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reply-p99", type=float, default=None, help="99th percentile reply cap (tokens)")
     p.add_argument("--max-len", type=int, default=None, help="the engine's context per row")
     p.add_argument("--max-model-calls", type=int, default=None, help="model moves per seat per game (then random)")
+    p.add_argument("--piggyback-tokens", default="0", help="comma list of EngineConfig.piggyback_tokens values, "
+                   "each an engine config both sides are measured on (a turn's new tokens up to this bucket ride "
+                   "along decode steps instead of a prefill call of their own; 0: off)")
     p.add_argument("--compute-dtype", default="auto", help="EngineConfig.compute_dtype ('auto', 'bfloat16', 'none')")
     p.add_argument("--compile-cache", default=None, help="directory for JAX's persistent compilation cache")
     p.add_argument("--full-warmup", action="store_true", help="compile every engine shape up front "
@@ -92,6 +95,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(a, flag) is None:
             setattr(a, flag, quick if a.quick else full)
     a.games = [g.strip() for g in a.games.split(",") if g.strip()]
+    a.piggyback = [int(x) for x in str(a.piggyback_tokens).split(",") if x.strip()]
     wave = a.num_slots // 2
     if wave < a.group_size or wave % a.group_size:
         p.error(f"--num-slots: expected twice a multiple of --group-size {a.group_size} (two rows per game in "
@@ -280,13 +284,14 @@ async def lockstep(src: Any, engine: Any, n_games: int, wave: int) -> tuple[floa
     return time.perf_counter() - t0, outcomes
 
 
-def engine_for(lm: Any, a: argparse.Namespace, warm: bool) -> Any:
+def engine_for(lm: Any, a: argparse.Namespace, warm: bool, piggyback: int = 0) -> Any:
     from gymllm.inference.config import EngineConfig
     from gymllm.inference.jax_engine import JaxEngine
 
     dtype = None if a.compute_dtype == "none" else a.compute_dtype
     engine = JaxEngine(lm.model, lm.tokenizer, config=EngineConfig(num_slots=a.num_slots, max_len=a.max_len,
-                                                                   min_bucket=16, compute_dtype=dtype))
+                                                                   min_bucket=16, compute_dtype=dtype,
+                                                                   piggyback_tokens=piggyback))
     if warm:
         engine.warmup()
     return ReplyPlan(engine, median=a.reply_median, p99=a.reply_p99, max_tokens=a.max_tokens, seed=a.seed)
@@ -301,9 +306,10 @@ def on_event(event: str, duration: float, **_: Any) -> None:
         COMPILED["n"] += event.endswith("backend_compile_duration")
 
 
-def run_side(side: str, game: str, lm: Any, a: argparse.Namespace, n_games: int, warm: bool = False) -> dict:
+def run_side(side: str, game: str, lm: Any, a: argparse.Namespace, n_games: int, warm: bool = False,
+             piggyback: int = 0) -> dict:
     n0, s0 = COMPILED["n"], COMPILED["s"]
-    plan = engine_for(lm, a, warm)
+    plan = engine_for(lm, a, warm, piggyback)
     src = make_source(game, plan, lm, a)
     try:
         if side == "barrier_free":
@@ -312,7 +318,8 @@ def run_side(side: str, game: str, lm: Any, a: argparse.Namespace, n_games: int,
             wall, outcomes = asyncio.run(lockstep(src, plan, n_games, a.num_slots // 2))
     finally:
         plan.engine.shutdown()
-    return {"wall_s": wall, "games": len({(k, m) for k, m, _ in outcomes}), "outcomes": outcomes,
+    stats = {k: plan.engine.stats[k] for k in ("decode_steps", "prefill_tokens", "generated_tokens")}
+    return {"wall_s": wall, "games": len({(k, m) for k, m, _ in outcomes}), "outcomes": outcomes, **stats,
             "tokens": plan.tokens, "compiles": COMPILED["n"] - n0, "compile_s": round(COMPILED["s"] - s0, 2)}
 
 
@@ -328,6 +335,66 @@ def spread(xs: list[float]) -> list[float]:
     return [round(min(xs), 3), round(max(xs), 3)]
 
 
+def median_rounds(rows: list[dict], key: str) -> float:
+    """The median of ``key`` over the rounds that compiled nothing (all of them if every round did)."""
+    clean = [r for r in rows if r["compiles"] == 0] or rows
+    return statistics.median(r[key] for r in clean)
+
+
+def measure(a: argparse.Namespace, lm: Any, piggyback: int) -> dict:
+    """Warm-up, then ``a.rounds`` interleaved rounds of both sides on every game, one engine config."""
+    t = time.perf_counter()
+    n0 = COMPILED["n"]
+    for game in a.games:  # warm-up: compiles the shapes a wave meets (untimed); later engines reuse the programs
+        for side in ("barrier_free", "lockstep"):
+            run_side(side, game, lm, a, a.num_slots // 2, warm=a.full_warmup, piggyback=piggyback)
+    print(f"[piggyback {piggyback}] warm-up {time.perf_counter() - t:.1f} s, {COMPILED['n'] - n0} programs compiled",
+          flush=True)
+    rounds: dict[str, dict[str, list[dict]]] = {g: {"barrier_free": [], "lockstep": []} for g in a.games}
+    last: dict[tuple[str, str], dict] = {}
+    for r in range(a.rounds):
+        for game in a.games:
+            for side in (("barrier_free", "lockstep") if r % 2 == 0 else ("lockstep", "barrier_free")):
+                out = run_side(side, game, lm, a, a.num_games, piggyback=piggyback)
+                last[(game, side)] = out
+                row = {"wall_s": round(out["wall_s"], 3), "games": out["games"],
+                       "games_per_s": round(out["games"] / out["wall_s"], 3)}
+                row.update({k: out[k] for k in ("tokens", "decode_steps", "prefill_tokens", "compiles", "compile_s")})
+                rounds[game][side].append(row)
+                print(f"[piggyback {piggyback}] round {r} {game:13s} {side:12s} {out['games']:4d} games in "
+                      f"{out['wall_s']:7.2f} s = {row['games_per_s']:7.2f} games/s, {out['tokens']} tokens, "
+                      f"{out['decode_steps']} decode steps, {out['compiles']} compiles ({out['compile_s']} s)", flush=True)
+    per_game: dict[str, Any] = {}
+    wall = {"barrier_free": 0.0, "lockstep": 0.0}
+    matched = compared = 0
+    for game in a.games:
+        row: dict[str, Any] = {}
+        for side in ("barrier_free", "lockstep"):
+            rows = rounds[game][side]
+            row[f"{side}_games_per_s"] = round(median_rounds(rows, "games_per_s"), 3)
+            row[f"{side}_spread"] = spread([x["games_per_s"] for x in rows])
+            row[f"{side}_decode_steps"] = median_rounds(rows, "decode_steps")
+            wall[side] += median_rounds(rows, "wall_s")
+        row["ratio"] = round(row["barrier_free_games_per_s"] / row["lockstep_games_per_s"], 3)
+        row["ratio_spread"] = spread([b["games_per_s"] / s["games_per_s"] for b, s in
+                                      zip(rounds[game]["barrier_free"], rounds[game]["lockstep"])])
+        bf, ls = (by_game(last[(game, side)]["outcomes"]) for side in ("barrier_free", "lockstep"))
+        games = bf.keys() & ls.keys()
+        same = sum(bf[km] == ls[km] for km in games)
+        row["games_match"] = round(same / max(len(games), 1), 3)
+        matched, compared = matched + same, compared + len(games)
+        per_game[game] = row
+        print(f"[piggyback {piggyback}] {game}: barrier-free {row['barrier_free_games_per_s']} games/s "
+              f"{row['barrier_free_spread']}, lock-step {row['lockstep_games_per_s']} {row['lockstep_spread']}: "
+              f"{row['ratio']}x (rounds {row['ratio_spread']}); decode steps {row['barrier_free_decode_steps']} vs "
+              f"{row['lockstep_decode_steps']}; games match {row['games_match']}", flush=True)
+    n = a.num_games * len(a.games)
+    bf_rate, ls_rate = n / wall["barrier_free"], n / wall["lockstep"]
+    return {"selfplay_vs_lockstep": round(bf_rate / ls_rate, 3), "barrier_free_games_per_s": round(bf_rate, 3),
+            "lockstep_games_per_s": round(ls_rate, 3), "per_game": per_game, "rounds": rounds,
+            "games_match": round(matched / max(compared, 1), 3)}
+
+
 def main(argv: list[str] | None = None) -> None:
     a = parse_args(argv)
     import jax
@@ -336,7 +403,6 @@ def main(argv: list[str] | None = None) -> None:
         jax.config.update("jax_compilation_cache_dir", a.compile_cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.monitoring.register_event_duration_secs_listener(on_event)
-
     from gymllm.utils.host import describe_cpu
 
     dev = jax.devices()[0]
@@ -344,60 +410,25 @@ def main(argv: list[str] | None = None) -> None:
                                                      if dev.platform == "cpu" else "")
     load0 = os.getloadavg()[0]
     print(f"device {device}; load average {load0:.1f}; model {a.model}; games {a.games}; {a.num_games} games per "
-          f"side/game/round, {a.num_slots // 2} in flight ({a.num_slots} rows), G={a.group_size}", flush=True)
+          f"side/game/round, {a.num_slots // 2} in flight ({a.num_slots} rows), G={a.group_size}; engine configs "
+          f"piggyback_tokens {a.piggyback}", flush=True)
     lm = load_model(a.model)
-    t = time.perf_counter()
-    for game in a.games:  # warm-up: compiles every shape (untimed); the later engines reuse the programs
-        for side in ("barrier_free", "lockstep"):
-            run_side(side, game, lm, a, a.num_slots // 2, warm=a.full_warmup)
-    print(f"warm-up {time.perf_counter() - t:.1f} s, {COMPILED['n']} programs compiled", flush=True)
-    rounds: dict[str, dict[str, list[dict]]] = {g: {"barrier_free": [], "lockstep": []} for g in a.games}
-    last: dict[tuple[str, str], dict] = {}
-    for r in range(a.rounds):
-        for game in a.games:
-            for side in (("barrier_free", "lockstep") if r % 2 == 0 else ("lockstep", "barrier_free")):
-                out = run_side(side, game, lm, a, a.num_games)
-                last[(game, side)] = out
-                rounds[game][side].append({"wall_s": round(out["wall_s"], 3), "games": out["games"],
-                                           "games_per_s": round(out["games"] / out["wall_s"], 3),
-                                           "tokens": out["tokens"], "compiles": out["compiles"],
-                                           "compile_s": out["compile_s"]})
-                print(f"round {r} {game:13s} {side:12s} {out['games']:4d} games in {out['wall_s']:7.2f} s = "
-                      f"{out['games'] / out['wall_s']:7.2f} games/s, {out['tokens']} tokens, {out['compiles']} "
-                      f"compiles ({out['compile_s']} s)", flush=True)
-    per_game: dict[str, Any] = {}
-    total = {"barrier_free": [0.0, 0], "lockstep": [0.0, 0]}
-    matched = compared = 0
-    for game in a.games:
-        row: dict[str, Any] = {}
-        for side in ("barrier_free", "lockstep"):
-            rates = [x["games_per_s"] for x in rounds[game][side]]
-            row[f"{side}_games_per_s"] = round(statistics.median(rates), 3)
-            row[f"{side}_spread"] = spread(rates)
-            med_wall = statistics.median(x["wall_s"] for x in rounds[game][side])
-            total[side][0] += med_wall
-            total[side][1] += a.num_games
-        row["ratio"] = round(row["barrier_free_games_per_s"] / row["lockstep_games_per_s"], 3)
-        ratios = [b["games_per_s"] / s["games_per_s"] for b, s in zip(rounds[game]["barrier_free"], rounds[game]["lockstep"])]
-        row["ratio_spread"] = spread(ratios)
-        bf, ls = (by_game(last[(game, side)]["outcomes"]) for side in ("barrier_free", "lockstep"))
-        games = bf.keys() & ls.keys()
-        same = sum(bf[km] == ls[km] for km in games)
-        row["games_match"] = round(same / max(len(games), 1), 3)
-        matched, compared = matched + same, compared + len(games)
-        per_game[game] = row
-        print(f"{game}: barrier-free {row['barrier_free_games_per_s']} games/s {row['barrier_free_spread']}, "
-              f"lock-step {row['lockstep_games_per_s']} {row['lockstep_spread']}: {row['ratio']}x "
-              f"(rounds {row['ratio_spread']}), games match {row['games_match']}", flush=True)
-    bf_rate = total["barrier_free"][1] / total["barrier_free"][0]
-    ls_rate = total["lockstep"][1] / total["lockstep"][0]
-    result = {"selfplay_vs_lockstep": round(bf_rate / ls_rate, 3), "barrier_free_games_per_s": round(bf_rate, 3),
-              "lockstep_games_per_s": round(ls_rate, 3), "per_game": per_game, "rounds": rounds,
-              "games_match": round(matched / max(compared, 1), 3), "model": a.model, "device": device,
+    configs = {p: measure(a, lm, p) for p in a.piggyback}
+    # each side at the engine config that serves it best (both were offered the same configs)
+    best_bf = max(configs, key=lambda p: configs[p]["barrier_free_games_per_s"])
+    best_ls = max(configs, key=lambda p: configs[p]["lockstep_games_per_s"])
+    bf_rate, ls_rate = configs[best_bf]["barrier_free_games_per_s"], configs[best_ls]["lockstep_games_per_s"]
+    first = configs[a.piggyback[0]]
+    result = {"selfplay_vs_lockstep": round(bf_rate / ls_rate, 3), "barrier_free_games_per_s": bf_rate,
+              "lockstep_games_per_s": ls_rate, "best_piggyback_tokens": {"barrier_free": best_bf, "lockstep": best_ls},
+              "per_game": first["per_game"], "games_match": first["games_match"], "rounds": first["rounds"],
+              "configs": {str(p): c for p, c in configs.items()}, "model": a.model, "device": device,
               "quick": a.quick, "load_average": [round(load0, 2), round(os.getloadavg()[0], 2)],
               "workload": {k: getattr(a, k) for k in ("games", "num_games", "num_slots", "group_size", "rounds",
                                                       "max_tokens", "reply_median", "reply_p99", "max_len",
-                                                      "max_model_calls", "compute_dtype", "seed")}}
+                                                      "max_model_calls", "piggyback", "compute_dtype", "seed")}}
+    if len(configs) == 1:
+        del result["configs"]
     from results import emit_result  # the RESULT line, and its record in benchmarks/results/
 
     emit_result("selfplay", result)
