@@ -37,12 +37,24 @@ prefixes: the prompts are the same), the side order alternating by round. Figure
 batching may change the numerics, and with it a sampled token) and, per round, the programs compiled
 inside it (``jax.monitoring``: a shape first met in a timed round; ``compiles`` in ``rounds``).
 
+What the two sides cost (``--quick``, tiny model, a contended 2-core CPU): barrier-free runs about
+2.2x fewer decode steps (each turn of a lock-step wave lasts as long as its longest reply) but they
+are wider, and a CPU decode step costs about in proportion to its rows, so fewer wider steps save
+little; and its moves reach the engine one by one, so it makes about 2.5x the prefill calls of
+lock-step's whole-turn batches (345 against 140 on tic-tac-toe, counted by wrapping the engine's
+device calls), each costing about the same there: about 1x on that CPU. On an accelerator a decode
+step costs about the same from 1 to 128 rows, which is where the steps saved count;
+``--piggyback-tokens 0,256`` also offers both sides the engine config whose new turns ride along
+decode steps instead of prefill calls of their own.
+
 RESULT keys: ``selfplay_vs_lockstep`` (barrier-free games/s / lock-step games/s over both games,
-medians; goal >= 2), ``barrier_free_games_per_s``, ``lockstep_games_per_s``, ``per_game`` (each game's
-figures and spreads), ``rounds``, ``games_match``, ``device``, ``workload``.
+medians, each side at the engine config that served it best; goal >= 2), ``barrier_free_games_per_s``,
+``lockstep_games_per_s``, ``best_piggyback_tokens``, ``per_game`` (each game's figures, spreads and
+decode steps, first config), ``rounds``, ``games_match``, ``configs`` (every config's figures, when
+more than one), ``device``, ``workload``.
 
     python benchmarks/selfplay.py --quick                     # tiny random model, ~2 minutes idle
-    python benchmarks/selfplay.py --model shape:smollm2-135m  # SmolLM2-135M's shape, random weights (GPU)
+    python benchmarks/selfplay.py --model shape:smollm2-135m --piggyback-tokens 0,256   # on a GPU
 """
 
 from __future__ import annotations

@@ -85,6 +85,8 @@ FIGURES: dict[str, tuple[Figure, ...]] = {
         F(key="lockstep_games_per_s", what="lock-step games/s (both games)"),
         F(key="per_game.tic-tac-toe.ratio", what="tic-tac-toe: barrier-free vs lock-step (x)"),
         F(key="per_game.connect-four.ratio", what="connect-four: barrier-free vs lock-step (x)"),
+        F(key="per_game.tic-tac-toe.barrier_free_decode_steps", what="tic-tac-toe: engine decode steps, barrier-free"),
+        F(key="per_game.tic-tac-toe.lockstep_decode_steps", what="tic-tac-toe: engine decode steps, lock-step"),
         F(key="games_match", what="games whose seats' rewards agree on both sides (share)"),
     ),
     "vector_env": (
