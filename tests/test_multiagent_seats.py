@@ -401,13 +401,18 @@ def crashes_first(observation, agent):
     return 0
 
 
-def test_a_crashing_opponent_drops_its_batch_and_the_run_goes_on(caplog):
+def test_a_crashing_opponent_is_an_illegal_move_and_the_run_goes_on(caplog):
+    """Each crash is an illegal move (multiagent.illegal_move, default retry with max_invalid 3): the three
+    crashes come in one game (the seat is asked again at once), which the opponent forfeits; no batch is lost."""
     FLAKY["calls"] = 0
     src = _source(ScriptEngine(), MultiAgentSection(opponent="test_multiagent_seats:crashes_first"))
     with caplog.at_level("WARNING", logger="gymllm.rollout"):
         groups = asyncio.run(_take(src, 3))
-    assert len(groups) >= 3 and src.counts["failed_batches"] >= 1 and "opponent crashed" in caplog.text
-    assert all(len(g.trajectories) == 2 for g in groups)  # a failed game never leaves a group short
+    assert len(groups) >= 3 and src.counts["failed_batches"] == 0 and "opponent crashed" in caplog.text
+    assert src.counts["seat_errors"] == 3 and sum(g.info["opponent_errors"] for g in groups) == 3
+    assert all(len(g.trajectories) == 2 for g in groups)  # every game ended, none left a group short
+    forfeited = [t for g in groups for t in g.trajectories if g.info["opponent_errors"]]
+    assert any(t.rewards[-1] == 0.0 for t in forfeited)  # the crashing seat forfeited: the learner gets 0
 
 
 def test_seat_metrics_count_every_group_under_its_seat():

@@ -78,6 +78,17 @@ FIGURES: dict[str, tuple[Figure, ...]] = {
           "warm (x)", goal=">= 2"),
         F(key="cold_suite_vs_per_env", what="the same with compilation included (x)"),
     ),
+    "selfplay": (
+        F(key="selfplay_vs_lockstep", what="self-play games/s, barrier-free games on one engine vs lock-step turns, "
+          "tic-tac-toe + connect-four (x)", goal=">= 2"),
+        F(key="barrier_free_games_per_s", what="barrier-free games/s (both games)"),
+        F(key="lockstep_games_per_s", what="lock-step games/s (both games)"),
+        F(key="per_game.tic-tac-toe.ratio", what="tic-tac-toe: barrier-free vs lock-step (x)"),
+        F(key="per_game.connect-four.ratio", what="connect-four: barrier-free vs lock-step (x)"),
+        F(key="per_game.tic-tac-toe.barrier_free_decode_steps", what="tic-tac-toe: engine decode steps, barrier-free"),
+        F(key="per_game.tic-tac-toe.lockstep_decode_steps", what="tic-tac-toe: engine decode steps, lock-step"),
+        F(key="games_match", what="games whose seats' rewards agree on both sides (share)"),
+    ),
     "vector_env": (
         F(key="barrier_free_vs_gym_async", what="env-steps/s, barrier-free recv vs Gymnasium AsyncVectorEnv, 64 envs, "
           "lognormal latency (x)", goal=">= 5"),

@@ -34,6 +34,16 @@ seed). ``MODULE:FN``: ``fn(observation, agent) -> action`` on the wrapped Pettin
 observation and action (as PettingZoo policies are written); the action is turned into the move text
 the text env parses.
 
+Illegal moves (``illegal_move``)
+--------------------------------
+Every seat's move, the learner's reply and a scripted seat's action alike, is checked before the game
+sees it; an illegal one (a scripted seat that raised is a :class:`SeatError`, an illegal move too)
+is counted (``tally``, trajectory ``info["illegal"]``, the :class:`SeatMetrics` figures) and handled
+as the section says: ``retry`` and ``forfeit`` are the game's own rules
+(:class:`~gymllm.multiagent.MultiAgentConfig` set from the section), ``random`` plays a random legal
+move instead and owes the mover the game's ``invalid_penalty``. A game never stops on a seat's error;
+a batch is dropped only when the game itself or an engine raises.
+
 A seat whose game ended before its first move gets a trajectory without sampled tokens (its
 reward counts in the group's baseline, it trains nothing). A learner seat whose trajectory hit its budget (``rollout.max_model_calls`` moves, or the engine's
 context) plays the rest of its game with random legal moves, unrecorded; the trajectory ends truncated and its
@@ -48,7 +58,7 @@ import importlib
 import json
 import logging
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import numpy as np
 
@@ -61,7 +71,7 @@ from gymllm.rollout.producer import RolloutStalledError
 from gymllm.rollout.sources import QueueSource
 from gymllm.types import Group
 
-__all__ = ["MultiAgentSection", "SeatGroupSource", "SeatMetrics", "load_scripted_opponent", "move_text"]
+__all__ = ["MultiAgentSection", "SeatError", "SeatGroupSource", "SeatMetrics", "load_scripted_opponent", "move_text"]
 
 _FN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")
 log = logging.getLogger("gymllm.rollout")
@@ -84,7 +94,15 @@ class MultiAgentSection:
     "second": "b"}``): several policies trained in one run, each with its own weights, optimizer,
     groups and version (:mod:`gymllm.algos.policies`); policy_weights: ``lora`` (an adapter per policy
     on the shared base, ``lora.rank`` or 8) or ``full``. Checked by
-    :func:`gymllm.rollout.policy_map.check_policies`."""
+    :func:`gymllm.rollout.policy_map.check_policies`.
+    illegal_move: what a seat's illegal move does (a reply that names no legal move; a scripted seat
+    that raises, or returns something that is not a move of the game, makes one too): ``retry`` (the
+    mover gets the game's ``invalid_penalty`` and moves again; ``max_invalid`` illegal moves in a row
+    forfeit the game: the mover gets the game's ``forfeit_reward``, every other seat 0), ``forfeit``
+    (the first one forfeits) or ``random`` (a uniformly random legal move is played instead and the
+    mover gets the game's ``invalid_penalty``). It overrides the game's own
+    :class:`~gymllm.multiagent.MultiAgentConfig` ``invalid_action`` / ``max_invalid`` in training; the
+    game goes on (or ends by forfeit) and so does the run. max_invalid: see ``retry`` (>= 1)."""
 
     opponent: str = "self"
     refresh_every: int = 1
@@ -93,6 +111,8 @@ class MultiAgentSection:
     baseline_decay: float = 0.95
     policies: str = ""
     policy_weights: str = "lora"
+    illegal_move: Literal["retry", "forfeit", "random"] = "retry"
+    max_invalid: int = 3
 
     def __post_init__(self) -> None:
         o = self.opponent
@@ -119,6 +139,13 @@ class MultiAgentSection:
         if not 0.0 <= float(self.baseline_decay) < 1.0:
             raise ConfigError(explain("multiagent.baseline_decay", expected="a float in [0, 1)",
                                       received=self.baseline_decay, fix="e.g. 0.95 (SPIRAL's)"))
+        if self.illegal_move not in ("retry", "forfeit", "random"):
+            raise ConfigError(explain("multiagent.illegal_move", expected="'retry', 'forfeit' or 'random'",
+                                      received=self.illegal_move, fix="e.g. --multiagent.illegal-move forfeit"))
+        if isinstance(self.max_invalid, bool) or not isinstance(self.max_invalid, int) or self.max_invalid < 1:
+            raise ConfigError(explain("multiagent.max_invalid", expected="an int >= 1 (illegal moves in a row that "
+                                      "forfeit under illegal_move='retry')", received=self.max_invalid,
+                                      fix="e.g. --multiagent.max-invalid 3"))
         check_policies(self)
 
     def seats(self, possible: list[str]) -> list[str]:
@@ -140,12 +167,17 @@ class SeatMetrics:
     reward above, at or below 0, the zero-sum convention of PettingZoo's classic games) and
     ``seat/<seat>/groups`` (so far); ``opponent/version`` when ``version()`` gives one; against an
     ``opponent`` other than ``"self"``, ``vs/<opponent>/win|draw|loss`` over every learner seat's games
-    (the three sum to 1; a ``/`` in the opponent's name becomes ``_``)."""
+    (the three sum to 1; a ``/`` in the opponent's name becomes ``_``). Illegal moves
+    (:attr:`MultiAgentSection.illegal_move`): ``seat/<seat>/illegal`` (the seat's illegal moves per
+    game) and, against an opponent, ``opponent/illegal`` (its illegal moves per game, errors included)
+    and ``opponent/errors`` (its seats' crashes since the last flush)."""
 
     def __init__(self, version: Callable[[], Any] | None = None, opponent: str = "self"):
         self.version = version
         self.opponent = opponent.replace("/", "_")
         self.pending: dict[str, list[float]] = {}
+        self.illegal: dict[str, list[int]] = {}
+        self.others = {"illegal": 0, "errors": 0, "games": 0}
         self.groups: dict[str, int] = {}
 
     def observe(self, group_filter: Callable[[Any], bool] | None) -> Callable[[Any], bool]:
@@ -153,7 +185,12 @@ class SeatMetrics:
             seat = group.info.get("agent")
             if seat is not None:
                 self.pending.setdefault(seat, []).extend(float(t.reward) for t in group.trajectories)
+                self.illegal.setdefault(seat, []).extend(int(getattr(t, "info", {}).get("illegal", 0))
+                                                         for t in group.trajectories)
                 self.groups[seat] = self.groups.get(seat, 0) + 1
+                self.others["games"] += len(group.trajectories)
+                self.others["illegal"] += int(group.info.get("opponent_illegal", 0))
+                self.others["errors"] += int(group.info.get("opponent_errors", 0))
             return True if group_filter is None else bool(group_filter(group))
         return keep
 
@@ -168,7 +205,12 @@ class SeatMetrics:
             r = np.concatenate([np.asarray(v, dtype=np.float64) for v in self.pending.values()])
             out.update({f"vs/{self.opponent}/win": float((r > 0).mean()), f"vs/{self.opponent}/draw": float((r == 0).mean()),
                         f"vs/{self.opponent}/loss": float((r < 0).mean())})
-        self.pending = {}
+        out.update({f"seat/{seat}/illegal": float(np.mean(n)) for seat, n in self.illegal.items() if n})
+        if self.opponent != "self" and self.others["games"]:
+            out["opponent/illegal"] = self.others["illegal"] / self.others["games"]
+            out["opponent/errors"] = float(self.others["errors"])
+        self.pending, self.illegal = {}, {}
+        self.others = {"illegal": 0, "errors": 0, "games": 0}
         v = self.version() if self.version is not None else None
         if v is not None:
             out["opponent/version"] = float(v)
@@ -194,12 +236,28 @@ def move_text(game: Any, agent: str, action: Any) -> str:
     space = game.action_space(agent)
     moves = getattr(space, "moves", ())
     if moves:
-        return moves[int(action) - int(space.inner.start)]
+        i = int(action) - int(space.inner.start)
+        if not 0 <= i < len(moves):
+            raise ValueError(explain(f"{agent}'s action", expected=f"a move of the game in [{space.inner.start}, "
+                                     f"{space.inner.start + len(moves)})", received=action, fix="return one of the "
+                                     "game's own actions"))
+        return moves[i]
     if isinstance(action, np.ndarray):
         return json.dumps(action.tolist())
     if isinstance(action, np.generic):
         return str(action.item())
     return action if isinstance(action, str) else json.dumps(action)
+
+
+class SeatError:
+    """The move of a scripted seat that raised (or returned no move of the game): an illegal move under
+    :attr:`MultiAgentSection.illegal_move` (the game never parses it as text)."""
+
+    def __init__(self, agent: str, error: BaseException):
+        self.agent, self.why = agent, f"{agent} crashed: {type(error).__name__}: {error}"
+
+    def __repr__(self) -> str:
+        return f"SeatError({self.why!r})"
 
 
 def _random_move(game: Any, agent: str, rng: np.random.Generator) -> str:
@@ -250,7 +308,7 @@ class SeatGroupSource(QueueSource):
         self.in_flight: dict[int, int] = {}  # batch -> admitted version
         self.games_in_flight = 0
         self.counts = {"groups": 0, "games": 0, "filtered": 0, "failed_batches": 0, "opponent_moves": 0,
-                       "learner_moves": 0}
+                       "learner_moves": 0, "illegal_moves": 0, "seat_errors": 0}
         self.error: BaseException | None = None
         self.failed_streak = 0
         self.closed = False
@@ -368,15 +426,20 @@ class SeatGroupSource(QueueSource):
         admitted = self.in_flight[k]
         for seat in seats:
             trajs = []
-            for m, episodes in enumerate(games):
+            others = {"illegal": 0, "errors": 0}  # the seats no group of this batch trains (the opponent's)
+            for m, (episodes, tally) in enumerate(games):
                 ep = episodes[seat]
                 for t in ep.trajectories():
                     t.group_id = f"g{k}:{seat}"
-                    t.info.update(agent=seat, policy=self.policy_of(seat), game=m, opponent=self.config.opponent)
+                    t.info.update(agent=seat, policy=self.policy_of(seat), game=m, opponent=self.config.opponent,
+                                  illegal=tally["illegal"].get(seat, 0))
                     trajs.append(t)
+                for key in others:  # counted once per batch: in its first seat's group
+                    others[key] += sum(n for a, n in tally[key].items() if a not in seats) if seat == seats[0] else 0
             group = Group(group_id=f"g{k}:{seat}", task_id=f"seed{seed}", trajectories=trajs, admitted_version=admitted,
                           info={"agent": seat, "policy": self.policy_of(seat), "seed": seed, "opponent": self.config.opponent,
-                                "released_version": self.version})
+                                "released_version": self.version, "opponent_illegal": others["illegal"],
+                                "opponent_errors": others["errors"]})
             self.counts["groups"] += 1
             if self.group_filter is None or self.group_filter(group):
                 self.ready.append(group)
@@ -390,9 +453,46 @@ class SeatGroupSource(QueueSource):
         self.games_in_flight -= self.rollout.group_size
         self.changed.set()
 
-    async def play_game(self, k: int, member: int, seed: int, seats: list[str]) -> dict[str, Episode]:
-        """Play game ``member`` of batch ``k`` from ``seed``; returns the learner seats' episodes."""
+    def new_game(self) -> Any:
+        """A game from ``game_fn`` whose illegal moves follow ``illegal_move`` / ``max_invalid``."""
         game = self.game_fn()
+        mode = "retry" if self.config.illegal_move == "random" else self.config.illegal_move  # random: never stepped
+        game.config = dataclasses.replace(game.config, invalid_action=mode, max_invalid=self.config.max_invalid)
+        return game
+
+    def play_move(self, game: Any, agent: str, move: Any, rng: np.random.Generator,
+                  tally: dict[str, dict[str, int]]) -> float:
+        """Step ``game`` with ``agent``'s ``move`` (its text, or a :class:`SeatError`) under ``illegal_move``;
+        an illegal one is counted in ``tally["illegal"]`` (a SeatError in ``tally["errors"]`` too). Returns
+        the penalty the mover is owed on top of the game's rewards (``random``: the game saw a legal move)."""
+        if isinstance(move, SeatError):
+            why: str | None = move.why
+            tally["errors"][agent] = tally["errors"].get(agent, 0) + 1
+            self.counts["seat_errors"] += 1
+            if self.counts["seat_errors"] & (self.counts["seat_errors"] - 1) == 0:  # the 1st, 2nd, 4th, 8th...
+                log.warning("multi-agent seat error #%d (an illegal move under multiagent.illegal_move=%s, the game "
+                            "goes on): %s", self.counts["seat_errors"], self.config.illegal_move, why)
+        else:
+            mask = game.codec.mask(agent, game.env.observe(agent), game.infos.get(agent))
+            why = game.codec.parse(agent, move, mask)[1]
+        if why is None:
+            game.step(move)
+            return 0.0
+        tally["illegal"][agent] = tally["illegal"].get(agent, 0) + 1
+        self.counts["illegal_moves"] += 1
+        if self.config.illegal_move == "random":
+            game.step(_random_move(game, agent, rng))
+            return float(game.config.invalid_penalty)
+        game.step(move)  # the game's retry (penalty, the mover again) or forfeit, as new_game set them
+        return 0.0
+
+    async def play_game(self, k: int, member: int, seed: int,
+                        seats: list[str]) -> tuple[dict[str, Episode], dict[str, dict[str, int]]]:
+        """Play game ``member`` of batch ``k`` from ``seed``; returns the learner seats' episodes and the
+        game's tally (``{"illegal": {seat: n}, "errors": {seat: n}}``, see :meth:`play_move`)."""
+        game = self.new_game()
+        tally: dict[str, dict[str, int]] = {"illegal": {}, "errors": {}}
+        owed: dict[str, float] = {}  # penalties of ``random`` illegal moves, paid with the mover's next reward
         rng = np.random.default_rng([seed, member])
         modelled = self.possible if self.config.opponent == "self" or self.frozen else seats  # seats a model plays
         engines = {a: self.engine_for(a, seats) for a in modelled}
@@ -409,6 +509,7 @@ class SeatGroupSource(QueueSource):
             while game.agents:
                 agent = game.agent_selection
                 obs, reward, term, trunc, info = game.last()
+                reward = float(reward) + owed.pop(agent, 0.0)
                 ep = episodes.get(agent)
                 info = {**info, "agent": agent}
                 if term or trunc:
@@ -422,7 +523,7 @@ class SeatGroupSource(QueueSource):
                     game.step(None)
                     continue
                 if ep is None:
-                    game.step(self._opponent_move(game, agent, rng))
+                    self.play_move(game, agent, self._opponent_move(game, agent, rng), rng, tally)
                     continue
                 if agent not in started:
                     started.add(agent)
@@ -437,21 +538,26 @@ class SeatGroupSource(QueueSource):
                 prompt, params = ep.next_request()
                 completion = await engines[agent].generate(prompt, params, session_id=ep.key.trajectory_id)
                 self.counts["learner_moves" if agent in seats or not self.frozen else "opponent_moves"] += 1
-                game.step(ep.on_completion(completion, 0.0))
+                owe = self.play_move(game, agent, ep.on_completion(completion, 0.0), rng, tally)
+                if owe:
+                    owed[agent] = owed.get(agent, 0.0) + owe
             for seat, ep in episodes.items():
                 if seat in started and not ep.done:
-                    ep.on_step("The game is over.", 0.0, True, False, {"agent": seat}, 0.0)
+                    ep.on_step("The game is over.", owed.pop(seat, 0.0), True, False, {"agent": seat}, 0.0)
         finally:
             for seat, ep in episodes.items():
                 end = getattr(engines[seat], "end_session", None)
                 if end is not None:
                     end(ep.key.trajectory_id)
             game.close()
-        return {s: episodes[s] for s in seats}
+        return {s: episodes[s] for s in seats}, tally
 
-    def _opponent_move(self, game: Any, agent: str, rng: np.random.Generator) -> str:
+    def _opponent_move(self, game: Any, agent: str, rng: np.random.Generator) -> str | SeatError:
         self.counts["opponent_moves"] += 1
         if self.scripted is None:
             return _random_move(game, agent, rng)
-        raw = game.env.observe(agent)  # the wrapped PettingZoo env's own observation
-        return move_text(game, agent, self.scripted(raw, agent))
+        try:
+            raw = game.env.observe(agent)  # the wrapped PettingZoo env's own observation
+            return move_text(game, agent, self.scripted(raw, agent))
+        except Exception as e:  # a crashing seat: an illegal move (multiagent.illegal_move); the game goes on
+            return SeatError(agent, e)
