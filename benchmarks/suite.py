@@ -26,12 +26,23 @@ side: each round's wall seconds, compilations and compile seconds), ``rows`` (ep
 ``rows_match``, ``per_env_rows`` (each env's figures on both sides), ``cpu``, ``cores``,
 ``load_average`` (start, end).
 
+``--num-slots`` sets each engine's rows decoded together on both sides (16, ``gymllm eval``'s default);
+``inflight`` gives each engine as many as it has episodes in flight (a per-env engine: one env's, up to
+``EvalConfig.max_concurrency``; the suite's engine: every env's). On a CPU a decode call costs about in
+proportion to its rows, so 16 is the like-for-like figure there; on a GPU a decode call costs about the
+same for 16 or 160 rows, and ``inflight`` is what each side would be run with. ``--model shape:NAME``
+(random weights in a real architecture, :func:`accelerator_check.shaped_model`) and ``--full-sizes``
+(the full rows under --quick's round limits) are for an accelerator run.
+
     python benchmarks/suite.py --quick
+    python benchmarks/suite.py --quick --full-sizes --model shape:smollm2-135m --num-slots inflight   # a GPU
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import dataclasses
 import os
 import tempfile
 import time
@@ -41,37 +52,78 @@ from typing import Any
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="4 seeds x 2 samples, short replies (about 2 minutes)")
-    parser.add_argument("--model", default="tiny-qwen3", help="tiny-<family> or a model name")
+    parser.add_argument("--model", default="tiny-qwen3",
+                        help="tiny-<family>, a model name, or shape:NAME (random weights in a real architecture)")
+    parser.add_argument("--num-slots", default="16",
+                        help="rows each engine decodes together, both sides (16: gymllm eval's default); "
+                             "`inflight`: each engine as many as it has episodes in flight (per-env: one env's, "
+                             "suite: every env's), where batching is cheap (a GPU)")
+    parser.add_argument("--engine", action="append", default=[], metavar="FIELD=VALUE",
+                        help="an EngineConfig field for both sides' engines, e.g. decode_chunk=8 (repeatable)")
+    parser.add_argument("--full-sizes", action="store_true",
+                        help="with --quick's round limits, the full run's rows (16 seeds x 4 samples, 64 tokens)")
     parser.add_argument("--max-len", type=int, default=1024, help="the engines' tokens per row (both sides)")
     parser.add_argument("--max-rounds", type=int, default=8, help="rounds of both sides at most")
     parser.add_argument("--clean-rounds", type=int, default=2,
                         help="stop once each side has this many warm rounds without a compilation")
     args = parser.parse_args()
 
-    from gymllm.cli.evaluate import load_model, run_eval
+    from gymllm.cli.evaluate import eval_env, load_model
+    from gymllm.rollout.evaluation import EvalConfig
     from gymllm.suites import PolicySpec, RunnerConfig, load_suite, run_suite
     from gymllm.utils.host import describe_cpu
 
-    sizes = (dict(num_seeds=4, k=2, max_tokens=16, max_turns=2) if args.quick
+    sizes = (dict(num_seeds=4, k=2, max_tokens=16, max_turns=2) if args.quick and not args.full_sizes
              else dict(num_seeds=16, k=4, max_tokens=64, max_turns=4))
     suite = load_suite("core", overrides={**sizes, "temperature": 0.7, "seed_base": 1_000_000})
     load_start = os.getloadavg()[0]
     print(f"cpu: {describe_cpu()} ({os.cpu_count()} cores), load average {load_start:.1f}", flush=True)
 
-    loaded = load_model(args.model)
+    inflight = args.num_slots == "inflight"
+    if not inflight and not args.num_slots.isdigit():
+        parser.error(f"--num-slots: expected a positive int or `inflight`, received {args.num_slots!r}")
+    per_env_cap = EvalConfig().max_concurrency  # the per-env path's episodes in flight; the suite's per env
+    rows_of = {e.name: len(e.seeds) * e.k for e in suite.envs}
+    per_env_slots = {e.name: (min(per_env_cap, rows_of[e.name]) if inflight else int(args.num_slots)) for e in suite.envs}
+    suite_slots = (sum(min(per_env_cap, n) for n in rows_of.values()) if inflight else int(args.num_slots))
+    import ast
+
+    from gymllm.inference import EngineConfig, JaxEngine
+
+    engine_fields: dict[str, Any] = {}
+    for item in args.engine:
+        key, sep, value = item.partition("=")
+        if not sep or key not in {f.name for f in dataclasses.fields(EngineConfig)}:
+            parser.error(f"--engine: expected FIELD=VALUE with FIELD an EngineConfig field, received {item!r}")
+        try:
+            engine_fields[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            engine_fields[key] = value
+    if args.model.startswith("shape:"):
+        from accelerator_check import shaped_model  # the same architectures the accelerator check uses
+        loaded = shaped_model(args.model)
+    else:
+        loaded = load_model(args.model)
 
     def suite_side() -> tuple[float, dict[str, Any]]:
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory() as out:
-            summary = run_suite(suite, [PolicySpec(label=args.model, loaded=loaded)], out, write_report=False,
-                                config=RunnerConfig(max_len=args.max_len, progress=False))
+            engine = EngineConfig(num_slots=suite_slots, max_len=args.max_len, **engine_fields)
+            policy = PolicySpec(label=args.model, loaded=loaded,
+                                make_engine=lambda: JaxEngine.from_loaded(loaded, config=engine))
+            summary = run_suite(suite, [policy], out, write_report=False,
+                                config=RunnerConfig(max_len=args.max_len, num_slots=suite_slots, max_concurrency_per_env=per_env_cap,
+                                                    progress=False))
         return time.perf_counter() - t0, summary
 
     def per_env_side() -> tuple[float, list[dict[str, Any]]]:
+        # what `gymllm eval ENV1 ... ENV5` runs (run_eval): a fresh engine per env, one env after another
         t0 = time.perf_counter()
-        rows = run_eval([e.id for e in suite.envs], model=args.model, num_seeds=sizes["num_seeds"], k=sizes["k"],
-                        seed_offset=1_000_000, temperature=0.7, max_tokens=sizes["max_tokens"],
-                        max_turns=sizes["max_turns"], max_len=args.max_len)
+        rows = [asyncio.run(eval_env(e.id, loaded, num_seeds=sizes["num_seeds"], k=sizes["k"], seed_offset=1_000_000,
+                                     temperature=0.7, max_tokens=sizes["max_tokens"], max_turns=sizes["max_turns"],
+                                     success_threshold=1.0, max_len=args.max_len, num_slots=per_env_slots[e.name],
+                                     engine=engine_fields))
+                for e in suite.envs]
         return time.perf_counter() - t0, rows
 
     import jax
@@ -128,7 +180,8 @@ def main() -> None:
     result = {"suite_vs_per_env": round(per_env_s / suite_s, 3), "suite_s": round(suite_s, 2),
               "per_env_s": round(per_env_s, 2), "cold_suite_vs_per_env": round(runs["per_env"][0]["wall_s"] / runs["suite"][0]["wall_s"], 3),
               "net_of_compile": net_of_compile, "rounds": runs, "rows": sum(len(e.seeds) * e.k for e in suite.envs),
-              "rows_match": match, "per_env_rows": per_env_rows, "model": args.model, "quick": args.quick,
+              "rows_match": match, "per_env_rows": per_env_rows, "model": args.model, "num_slots": {"suite": suite_slots, "per_env": per_env_slots},
+              "engine": engine_fields, "quick": args.quick, "device": jax.devices()[0].device_kind,
               "cpu": describe_cpu(), "cores": os.cpu_count(), "load_average": [load_start, os.getloadavg()[0]]}
     from results import emit_result  # the RESULT line, and its record in benchmarks/results/
     emit_result("suite", result)

@@ -12,7 +12,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from gymllm.algos.train_config import ClusterSection, EnvSection
+from gymllm.algos.train_config import EnvSection
 from gymllm.algos.trainer import train
 from gymllm.errors import ConfigError
 from gymllm.suites import load_suite
@@ -116,12 +116,6 @@ def test_bad_mixture_settings_are_clear(suite_file):
         EnvSection(suite=str(suite_file), id="gymllm/Arithmetic-v0")
     with pytest.raises(ConfigError, match="--env.suite"):
         EnvSection(curriculum="learnability")
-    from test_algos_trainer import small_config
-
-    base = small_config("unused")
-    with pytest.raises(ConfigError, match="cluster.backend"):
-        dataclasses.replace(base, env=EnvSection(suite=str(suite_file), num_envs=8),
-                            cluster=ClusterSection(backend="ray"))
 
 
 def test_in_loop_evaluation_runs_the_suites_envs(suite_file, tmp_path):

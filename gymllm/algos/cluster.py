@@ -20,12 +20,23 @@ live:
   own rows (:mod:`gymllm.algos.multihost`), host 0's report is the run's. :class:`LearnerGroup` and
   :class:`GroupCheckpointer` give the run the learner's and checkpointer's interfaces.
 
+A suite's mixture (``--env.suite``) on Ray: the ``env.num_envs`` sub-envs are
+:class:`~gymllm.suites.training.SuiteSlotEnv` s in the env workers (:func:`mixture_on_ray`); the draw of
+each group's env and the per-env figures stay in the driver's
+:class:`~gymllm.suites.training.MixtureEnvs`.
+
+``gymllm eval --suite S --cluster.backend ray`` uses the same parts through :class:`SuiteOnRay`: each
+policy's engine is ``cluster.engine_replicas`` replica actors behind one pool, each env of the suite
+has its sub-envs in ``cluster.env_workers`` env actors (at most one per sub-env).
+
 Ray is imported here only (through :mod:`gymllm.ray_support`); ``backend="none"`` never loads this module.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
+import functools
 import pathlib
 from typing import Any, Mapping
 
@@ -33,7 +44,7 @@ from gymllm.algos.train_config import ClusterSection, ModelSection, TrainConfig
 from gymllm.errors import ConfigError, explain
 
 __all__ = ["RayComponents", "LearnerHost", "LearnerGroup", "GroupCheckpointer", "replica_spec", "env_ray_options",
-           "actor_options", "join_learner_hosts"]
+           "actor_options", "join_learner_hosts", "connect", "mixture_on_ray", "SuiteOnRay"]
 
 
 def actor_options(num_cpus: float, resources: Mapping[str, float], num_gpus: float = 0.0) -> dict[str, Any]:
@@ -69,6 +80,20 @@ def local_demand(cluster: ClusterSection) -> tuple[int, dict[str, float]]:
     return max(os.cpu_count() or 1, math.ceil(cpus)), dict(resources)
 
 
+def connect(cluster: ClusterSection, *, env_groups: int = 1) -> tuple[Any, bool]:
+    """``(ray, connected_here)``: join ``cluster.address``, or start a local Ray on 127.0.0.1 that holds
+    every actor asked for (:func:`local_demand`; ``env_groups`` vector envs of ``env_workers`` actors
+    each); ``connected_here`` is False when this process was connected already."""
+    from gymllm.ray_support import init_ray, require_ray
+
+    ray = require_ray()
+    connected_here = not ray.is_initialized()
+    if connected_here and cluster.address is None:
+        cpus, resources = local_demand(dataclasses.replace(cluster, env_workers=cluster.env_workers * max(1, env_groups)))
+        return init_ray(None, num_cpus=cpus, resources=resources), connected_here
+    return init_ray(cluster.address), connected_here
+
+
 def tiny_kwargs(m: ModelSection) -> dict[str, Any]:
     """``gymllm.models.make_tiny`` keyword arguments of a ``tiny-<family>`` model section (the same
     seeded weights in every process)."""
@@ -95,16 +120,8 @@ class RayComponents:
     connected."""
 
     def __init__(self, cluster: ClusterSection):
-        from gymllm.ray_support import init_ray, require_ray
-
         self.cluster = cluster
-        ray = require_ray()
-        self.connected_here = not ray.is_initialized()
-        if self.connected_here and cluster.address is None:  # a local Ray that holds every actor asked for
-            cpus, resources = local_demand(cluster)
-            self.ray = init_ray(None, num_cpus=cpus, resources=resources)
-        else:
-            self.ray = init_ray(cluster.address)
+        self.ray, self.connected_here = connect(cluster)
         self.pool: Any = None  # the EnginePool once built
         self.learner_group: LearnerGroup | None = None
         self.gather = False
@@ -145,6 +162,8 @@ class RayComponents:
     def make_envs(self, cfg: TrainConfig) -> Any:
         import gymllm
 
+        if cfg.env.suite:
+            return mixture_on_ray(cfg, self.cluster)
         return gymllm.make_vec(cfg.env.id, cfg.env.num_envs, backend="ray", ray_options=env_ray_options(self.cluster),
                                **cfg.env.kwargs)
 
@@ -153,6 +172,61 @@ class RayComponents:
         if self.learner_group is not None:
             self.learner_group.shutdown()
             self.learner_group = None
+        if self.connected_here and self.ray.is_initialized():
+            self.ray.shutdown()
+
+
+def mixture_on_ray(cfg: TrainConfig, cluster: ClusterSection) -> Any:
+    """The env side of ``--env.suite`` on Ray: a :class:`~gymllm.suites.training.MixtureEnvs` over
+    ``env.num_envs`` :class:`~gymllm.suites.training.SuiteSlotEnv` sub-envs in the env workers."""
+    from gymllm.suites import load_suite
+    from gymllm.suites.training import MixtureEnvs, mixture_vec
+
+    suite = load_suite(cfg.env.suite)
+    vec = mixture_vec(suite, cfg.env.num_envs, backend="ray", ray_options=env_ray_options(cluster))
+    return MixtureEnvs(suite, num_envs=cfg.env.num_envs, seed=cfg.run.seed, curriculum=cfg.env.curriculum, vec=vec)
+
+
+class SuiteOnRay:
+    """Where ``gymllm eval --suite S --cluster.backend ray`` runs its parts (see the module docstring):
+    :meth:`engine` (a policy's :class:`~gymllm.inference.pool.EnginePool` of ``engine_replicas``
+    replica actors, each built from ``spec`` on its host) and :meth:`make_vec` (an env's vector env,
+    its sub-envs in ``env_workers`` Ray actors), the two hooks of
+    :func:`gymllm.suites.runner.run_suite` (``PolicySpec.make_engine`` and ``make_vec``).
+
+    ``num_envs``: the suite's envs (each runs its own env actors; a local Ray, ``address=None``, is
+    sized for all of them). The learner options (``learner_hosts``) have no place in an evaluation."""
+
+    def __init__(self, cluster: ClusterSection, *, num_envs: int = 1):
+        if cluster.backend != "ray" or cluster.learner_hosts:
+            raise ConfigError(explain("gymllm eval --cluster", expected="backend='ray' and learner_hosts=0 (an "
+                                      "evaluation has engines and envs, no learner)", received={
+                                          "backend": cluster.backend, "learner_hosts": cluster.learner_hosts},
+                                      fix="pass --cluster.backend ray and drop --cluster.learner-hosts"))
+        self.cluster = cluster
+        self.ray, self.connected_here = connect(cluster, env_groups=num_envs)
+
+    def engine(self, spec: Any) -> Any:
+        """``engine_replicas`` replica actors of ``spec`` (a ReplicaSpec) behind one EnginePool."""
+        from gymllm.inference.pool import EnginePool
+
+        c = self.cluster
+        return EnginePool.from_ray(spec, num_replicas=c.engine_replicas,
+                                   ray_options=actor_options(c.engine_num_cpus, c.engine_resources, c.engine_num_gpus))
+
+    def make_vec(self, env: Any, num_envs: int) -> Any:
+        """The vector env of ``num_envs`` sub-envs of suite env ``env`` (a SuiteEnv) on the env workers:
+        built there from the suite table's id (a ``module:EnvId-v0``'s module is imported there) or factory."""
+        import gymllm
+        from gymllm.suites.resolve import make_env_for
+
+        target = env.target if callable(env.target) else env.id
+        options = {**env_ray_options(self.cluster), "num_workers": min(self.cluster.env_workers, int(num_envs))}
+        return gymllm.make_vec(functools.partial(make_env_for, target, dict(env.kwargs), max_turns=env.max_turns),
+                               int(num_envs), backend="ray", ray_options=options)
+
+    def close(self) -> None:
+        """Disconnect from Ray if this object connected."""
         if self.connected_here and self.ray.is_initialized():
             self.ray.shutdown()
 

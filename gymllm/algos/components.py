@@ -63,6 +63,10 @@ class LocalComponents:
 
         mesh = make_mesh(cfg.sharding)
         self.gather = mesh is not None
+        if cfg.multiagent.policies:  # several policies: a learner each (gymllm.algos.policies)
+            from gymllm.algos.policies import build_policy_set
+
+            return build_policy_set(cfg, lm, mesh)
         return StreamingLearner(lm.config, lm.model.flat_params(), loss=cfg.loss, optimizer=cfg.optimizer,
                                 config=cfg.learner, lora=cfg.lora, mesh=mesh, pad_id=int(lm.tokenizer.pad_token_id or 0))
 
@@ -77,8 +81,11 @@ class LocalComponents:
         return JaxEngine(lm.model, lm.tokenizer, version=version, config=cfg.engine)
 
     def make_pusher(self, cfg: TrainConfig, engine: Any, lm: Any, learner: Any) -> Any:
+        from gymllm.algos.policies import PolicySet
         from gymllm.algos.weight_sync import WeightPusher
 
+        if isinstance(learner, PolicySet):  # an engine per policy, each update pushed to its own
+            return learner.make_pusher(cfg, engine, lm, gather=self.gather)
         return WeightPusher(engine, lm.config, gather=self.gather)
 
     def make_envs(self, cfg: TrainConfig) -> Any:

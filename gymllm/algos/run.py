@@ -165,6 +165,10 @@ class Run:
 
             from gymllm.rollout.seat_source import SeatMetrics
 
+            if cfg.multiagent.policies:  # several policies, an engine each (gymllm.algos.policies)
+                from gymllm.algos.policies import policy_source
+
+                return policy_source(self, keep)
             o = cfg.multiagent.opponent
             opp = FrozenOpponent.build(cfg, p.learner) if o == "frozen" or o.startswith("run:") else None
             seats = SeatMetrics(version=(lambda: opp.version) if opp is not None else None, opponent=o)
@@ -304,6 +308,9 @@ class Run:
             self.profiler.close(p.learner.version)
             self.heldout.close()
             await p.engine.close()
+            aclose = getattr(p.learner, "aclose", None)  # engines a learner built (several policies)
+            if aclose is not None:
+                await aclose()
             close = getattr(p.envs, "close", None)
             if close is not None:
                 close()

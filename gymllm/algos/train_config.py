@@ -310,9 +310,6 @@ class TrainConfig:
                 received=s.n, fix="set --rollout.group-size instead")
         require(self.env.num_envs >= r.group_size, "env.num_envs", expected=f">= rollout.group_size ({r.group_size})",
                 received=self.env.num_envs, fix="give every member of a group its own env: raise --env.num-envs")
-        require(not (self.env.suite and self.cluster.backend == "ray"), "env.suite", expected="--cluster.backend none "
-                "(a suite's mixture runs its envs in this process)", received=f"suite {self.env.suite!r} with "
-                "--cluster.backend ray", fix="drop --cluster.backend ray, or train one env (--env.id) on Ray env workers")
         require(self.cluster.env_workers <= self.env.num_envs, "cluster.env_workers", expected=f"<= env.num_envs "
                 f"({self.env.num_envs})", received=self.cluster.env_workers, fix="give every env worker at least one env")
         for tied, source in TIES.items():  # after the checks: a tie must not hide a bad source value

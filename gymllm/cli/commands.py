@@ -23,10 +23,15 @@ from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 def dispatch(name: str, fn: Callable[..., object], args: Sequence[str]) -> object:
     if name == "train":
         return _train_dispatch(list(args))
-    if name == "eval" and any(a == "--suite" or a.startswith("--suite=") for a in args):
-        from gymllm.cli.suite_cli import eval_main  # a suite file: several policies, rows, intervals
+    if name == "eval" and any(a == "--suite" or a.startswith(("--suite=", "--cluster.")) for a in args):
+        # a suite file (several policies, rows, intervals); env ids with --cluster.* run as a one-off suite there
+        from gymllm.cli.suite_cli import eval_main
 
         return eval_main(list(args))
+    if name == "eval" and any(a == "--game" or a.startswith("--game=") for a in args):
+        from gymllm.cli import game_cli  # a two-player game: matches, win/draw/loss, an Elo table
+
+        return game_cli.eval_main(list(args))
     if getattr(fn, "takes_argv", False):  # a command that parses its own argv (with tyro), e.g. ``sft``
         return fn(list(args))
     return tyro.cli(fn, prog=f"gymllm {name}", args=list(args))
@@ -161,6 +166,9 @@ def eval(
     out: str | None = None,
 ) -> int:
     """Evaluate a model on one or more registered envs: pass@k and mean reward on held-out seeds.
+
+    Several policies on a suite: `gymllm eval --suite S ...`; players on a two-player game (win/draw/loss,
+    an Elo table): `gymllm eval --game GAME ...` (each has its own --help).
 
     Args:
         env: One or more env ids (e.g. gymllm/Arithmetic-v0), or `suite` for the default suite.

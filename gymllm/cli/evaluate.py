@@ -59,8 +59,11 @@ def make_agent(env_id: str, tokenizer: Any, env_kwargs: dict | None = None, *, s
 async def eval_env(env_id: str, loaded: Any, *, num_seeds: int, k: int, seed_offset: int, temperature: float,
                    max_tokens: int, max_turns: int, success_threshold: float,
                    env_kwargs: dict[str, Any] | None = None, system_prompt: str | None = None,
-                   agent: str | None = None, max_len: int = 2048) -> dict[str, Any]:
-    """One env's row: a fresh engine (``max_len`` tokens a row) over ``loaded`` and a vector env, then
+                   agent: str | None = None, max_len: int = 2048, num_slots: int | None = None,
+                   engine: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One env's row: a fresh engine (``max_len`` tokens a row, ``num_slots`` rows decoded together;
+    default: up to 16; ``engine``: more :class:`~gymllm.inference.EngineConfig` fields) over ``loaded``
+    and a vector env, then
     :func:`gymllm.rollout.evaluation.evaluate_env` (the path the training run's evaluation takes)."""
     import gymllm
     from gymllm.inference import EngineConfig, JaxEngine
@@ -70,7 +73,8 @@ async def eval_env(env_id: str, loaded: Any, *, num_seeds: int, k: int, seed_off
                         max_tokens=max_tokens, max_turns=max_turns, success_threshold=success_threshold)
     concurrency = min(config.max_concurrency, num_seeds * k)
     vec = gymllm.make_vec(env_id, num_envs=concurrency, max_episode_steps=max_turns, **(env_kwargs or {}))
-    engine = JaxEngine.from_loaded(loaded, config=EngineConfig(num_slots=min(16, concurrency), max_len=max_len))
+    engine = JaxEngine.from_loaded(loaded, config=EngineConfig(num_slots=num_slots or min(16, concurrency), max_len=max_len,
+                                                              **(engine or {})))
     try:
         agent_ = make_agent(env_id, loaded.tokenizer, env_kwargs, system_prompt=system_prompt, agent=agent)
         row = await evaluate_env(vec, engine, agent_, config=config,

@@ -10,10 +10,22 @@ with its latest weights), then the oracle (``--oracle``: each env's demo solver)
 them in the same order (default: the model name, the run directory's name, ``oracle``). The run
 writes ``results.jsonl``, ``suite.json``, ``summary.json``, ``report.md`` and the plots into ``--out``
 (:mod:`gymllm.suites.runner`). ``python -m gymllm.cli.suite_cli eval|compare ...`` runs the same.
+
+On a Ray cluster (the ``--cluster.*`` options of ``gymllm train``, the same
+:class:`~gymllm.algos.train_config.ClusterSection`):
+
+    gymllm eval --suite core --model smollm2-135m-instruct --out out/core \
+        --cluster.backend ray --cluster.address auto --cluster.engine-replicas 4 --cluster.env-workers 8
+
+each policy's engine is ``engine_replicas`` replica actors (each loads the model, and the
+``--checkpoint`` weights, on its own host) behind one pool, and each env's sub-envs live in
+``env_workers`` env actors (:class:`gymllm.algos.cluster.SuiteOnRay`); the rows are those of the
+in-process run.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pathlib
@@ -23,7 +35,9 @@ from typing import Annotated, Any, Sequence
 
 import tyro
 
-__all__ = ["eval_suite", "compare", "eval_main", "compare_main", "policy_label", "main"]
+from gymllm.algos.train_config import ClusterSection
+
+__all__ = ["eval_suite", "compare", "eval_main", "compare_main", "policy_label", "policy_engine", "main"]
 
 Repeated = tyro.conf.UseAppendAction
 
@@ -36,7 +50,19 @@ def policy_label(model: str | None = None, checkpoint: str | None = None) -> str
     return str(model)
 
 
-def _policies(model: Sequence[str], checkpoint: Sequence[str], label: Sequence[str], oracle: bool) -> list[Any]:
+def policy_engine(model: str | None, checkpoint: str | None, num_slots: int, max_len: int) -> Any:
+    """The JaxEngine of one policy, as the in-process suite runner builds it (``num_slots`` rows of
+    ``max_len`` tokens): what each Ray replica of that policy runs (a module-level function, so that
+    a ``ReplicaSpec(factory=partial(policy_engine, ...))`` pickles to the replica's host)."""
+    from gymllm.cli.evaluate import load_model
+    from gymllm.inference import EngineConfig, JaxEngine
+
+    return JaxEngine.from_loaded(load_model(model, checkpoint=checkpoint),
+                                 config=EngineConfig(num_slots=num_slots, max_len=max_len))
+
+
+def _policies(model: Sequence[str], checkpoint: Sequence[str], label: Sequence[str], oracle: bool,
+              on_ray: Any = None, engine_shape: tuple[int, int] = (16, 2048)) -> list[Any]:
     from gymllm.cli.evaluate import load_model
     from gymllm.errors import ConfigError, explain
     from gymllm.suites.runner import PolicySpec
@@ -51,10 +77,20 @@ def _policies(model: Sequence[str], checkpoint: Sequence[str], label: Sequence[s
                                   "--checkpoint ones, then the oracle), or none", received=list(label),
                                   fix=f"pass --label {count} times"))
     names = list(label) or [policy_label(m, c) for m, c in sources] + (["oracle"] if oracle else [])
-    specs = [PolicySpec(label=n, loaded=load_model(m, checkpoint=c)) for n, (m, c) in zip(names, sources)]
+    specs = [PolicySpec(label=n, loaded=load_model(m, checkpoint=c), make_engine=None if on_ray is None else
+                        functools.partial(on_ray.engine, _replica_spec(m, c, engine_shape)))
+             for n, (m, c) in zip(names, sources)]
     if oracle:
         specs.append(PolicySpec(label=names[-1], oracle=True))
     return specs
+
+
+def _replica_spec(model: str | None, checkpoint: str | None, engine_shape: tuple[int, int]) -> Any:
+    from gymllm.inference.replica import ReplicaSpec
+
+    if checkpoint is not None:  # every replica restores it on its host: the same path there (a shared disk)
+        checkpoint = str(pathlib.Path(checkpoint).resolve())
+    return ReplicaSpec(factory=functools.partial(policy_engine, model, checkpoint, *engine_shape))
 
 
 def eval_suite(
@@ -78,6 +114,7 @@ def eval_suite(
     max_len: int = 2048,
     episode_timeout_s: float = 600.0,
     progress: bool = True,
+    cluster: ClusterSection = ClusterSection(),
 ) -> int:
     """Run a benchmark suite for one or more policies: pass@k, intervals, paired comparisons.
 
@@ -101,6 +138,8 @@ def eval_suite(
         max_len: The engine's tokens per row.
         episode_timeout_s: The watchdog: an episode running longer is an error row.
         progress: Show a progress bar (rows done, total, ETA).
+        cluster: Where engines and envs run (backend ray: each policy on engine_replicas replica actors,
+            each env's sub-envs on env_workers env actors; the options of `gymllm train`, learner ones excepted).
     """
     from gymllm.errors import ConfigError, explain
     from gymllm.suites.report import comparison_table
@@ -116,7 +155,18 @@ def eval_suite(
     the_suite = load_suite(suite, overrides=overrides) if suite is not None else one_off_suite(list(env), **overrides)
     config = RunnerConfig(max_concurrency_per_env=max_concurrency_per_env, num_slots=num_slots, max_len=max_len,
                           episode_timeout_s=episode_timeout_s, progress=progress)
-    summary = run_suite(the_suite, _policies(model, checkpoint, label, oracle), out, config=config, resume=resume)
+    on_ray = None
+    if cluster.backend == "ray":
+        from gymllm.algos.cluster import SuiteOnRay
+
+        on_ray = SuiteOnRay(cluster, num_envs=len(the_suite.envs))
+    try:
+        policies = _policies(model, checkpoint, label, oracle, on_ray, (num_slots, max_len))
+        summary = run_suite(the_suite, policies, out, config=config, resume=resume,
+                            make_vec=None if on_ray is None else on_ray.make_vec)
+    finally:
+        if on_ray is not None:
+            on_ray.close()
     _print_results(summary)
     if summary["comparisons"]:
         print(comparison_table(summary))

@@ -66,6 +66,7 @@ from gymllm.errors import ConfigError, explain
 from gymllm.rollout.config import RolloutConfig
 from gymllm.rollout.episode import Episode, EpisodeKey
 from gymllm.rollout.group_queue import QueueClosed
+from gymllm.rollout.policy_map import check_policies
 from gymllm.rollout.producer import RolloutStalledError
 from gymllm.rollout.sources import QueueSource
 from gymllm.types import Group
@@ -89,6 +90,11 @@ class MultiAgentSection:
     ``role_ema`` (SPIRAL's role-conditioned EMA per game and seat, decay ``baseline_decay``; the pure
     function is :func:`gymllm.multiagent.baseline.role_ema_advantages`; the source refuses it until
     the learner has an estimator that takes rewards as advantages).
+    policies: ``""`` (one learner) or a JSON object from seat to policy name (``{"first": "a",
+    "second": "b"}``): several policies trained in one run, each with its own weights, optimizer,
+    groups and version (:mod:`gymllm.algos.policies`); policy_weights: ``lora`` (an adapter per policy
+    on the shared base, ``lora.rank`` or 8) or ``full``. Checked by
+    :func:`gymllm.rollout.policy_map.check_policies`.
     illegal_move: what a seat's illegal move does (a reply that names no legal move; a scripted seat
     that raises, or returns something that is not a move of the game, makes one too): ``retry`` (the
     mover gets the game's ``invalid_penalty`` and moves again; ``max_invalid`` illegal moves in a row
@@ -103,6 +109,8 @@ class MultiAgentSection:
     learner_seats: tuple[str, ...] = ("all",)
     baseline: str = "group"
     baseline_decay: float = 0.95
+    policies: str = ""
+    policy_weights: str = "lora"
     illegal_move: Literal["retry", "forfeit", "random"] = "retry"
     max_invalid: int = 3
 
@@ -138,6 +146,7 @@ class MultiAgentSection:
             raise ConfigError(explain("multiagent.max_invalid", expected="an int >= 1 (illegal moves in a row that "
                                       "forfeit under illegal_move='retry')", received=self.max_invalid,
                                       fix="e.g. --multiagent.max-invalid 3"))
+        check_policies(self)
 
     def seats(self, possible: list[str]) -> list[str]:
         """The learner's seats among the game's ``possible`` agents (a ConfigError names unknown ones)."""
@@ -377,6 +386,14 @@ class SeatGroupSource(QueueSource):
             k += 1
             await asyncio.sleep(0)
 
+    def engine_for(self, seat: str, seats: list[str]) -> Any:
+        """The engine that plays ``seat`` in a batch training ``seats`` (a hook: one engine per policy)."""
+        return self.engine if seat in seats or not self.frozen else self.opponent.engine
+
+    def policy_of(self, seat: str) -> str:
+        """The policy name a trained ``seat``'s groups and trajectories carry (a hook)."""
+        return "learner"
+
     def batch_seats(self, k: int) -> list[str]:
         """The seats trained in batch ``k``: every learner seat in self-play, else one, rotating."""
         if self.config.opponent == "self":
@@ -414,13 +431,13 @@ class SeatGroupSource(QueueSource):
                 ep = episodes[seat]
                 for t in ep.trajectories():
                     t.group_id = f"g{k}:{seat}"
-                    t.info.update(agent=seat, policy="learner", game=m, opponent=self.config.opponent,
+                    t.info.update(agent=seat, policy=self.policy_of(seat), game=m, opponent=self.config.opponent,
                                   illegal=tally["illegal"].get(seat, 0))
                     trajs.append(t)
                 for key in others:  # counted once per batch: in its first seat's group
                     others[key] += sum(n for a, n in tally[key].items() if a not in seats) if seat == seats[0] else 0
             group = Group(group_id=f"g{k}:{seat}", task_id=f"seed{seed}", trajectories=trajs, admitted_version=admitted,
-                          info={"agent": seat, "policy": "learner", "seed": seed, "opponent": self.config.opponent,
+                          info={"agent": seat, "policy": self.policy_of(seat), "seed": seed, "opponent": self.config.opponent,
                                 "released_version": self.version, "opponent_illegal": others["illegal"],
                                 "opponent_errors": others["errors"]})
             self.counts["groups"] += 1
@@ -478,7 +495,7 @@ class SeatGroupSource(QueueSource):
         owed: dict[str, float] = {}  # penalties of ``random`` illegal moves, paid with the mover's next reward
         rng = np.random.default_rng([seed, member])
         modelled = self.possible if self.config.opponent == "self" or self.frozen else seats  # seats a model plays
-        engines = {a: self.engine if a in seats or not self.frozen else self.opponent.engine for a in modelled}
+        engines = {a: self.engine_for(a, seats) for a in modelled}
         episodes: dict[str, Episode] = {}
         for i, seat in enumerate(modelled):
             key = EpisodeKey(group_index=k, member=member * len(self.possible) + self.possible.index(seat),

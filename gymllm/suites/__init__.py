@@ -9,7 +9,8 @@ See :mod:`gymllm.suites.spec` (the file), :mod:`~gymllm.suites.resolve` (env ids
 every env in flight), :mod:`~gymllm.suites.results` (rows, resume, summary),
 :mod:`~gymllm.suites.stats` (pass@k, bootstrap intervals, paired comparisons),
 :mod:`~gymllm.suites.report` (report.md, plots) and :mod:`~gymllm.suites.mixture` (training on a
-suite's mixture: sampler, curriculum, per-env metrics).
+suite's mixture: sampler, curriculum, per-env metrics); :mod:`~gymllm.suites.games` plays two-player
+games between models, checkpoints and scripted opponents (win/draw/loss, Elo ratings).
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ _LAZY = {
     "MixtureSampler": "gymllm.suites.mixture",
     "learnability_weights": "gymllm.suites.mixture",
     "EnvMetrics": "gymllm.suites.mixture",
+    "Player": "gymllm.suites.games",
+    "MatchConfig": "gymllm.suites.games",
+    "run_matches": "gymllm.suites.games",
 }
 
 __all__ = list(_LAZY)

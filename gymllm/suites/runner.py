@@ -24,6 +24,12 @@ summary's ``notes``).
 
 At the end: ``summary.json`` (:func:`gymllm.suites.results.summarize`), ``report.md`` and the plots
 (:mod:`gymllm.suites.report`).
+
+Elsewhere than this process: ``PolicySpec.make_engine`` builds a policy's engine (e.g. an
+:class:`~gymllm.inference.pool.EnginePool` of Ray replica actors) and ``run_suite(make_vec=...)`` each
+env's vector env (e.g. its sub-envs on Ray env workers): :class:`gymllm.algos.cluster.SuiteOnRay`
+gives both, for ``gymllm eval --suite S --cluster.backend ray``. The episodes, their seeds and the
+rows are the same; only where the engine and the envs run changes.
 """
 
 from __future__ import annotations
@@ -162,7 +168,7 @@ class _Progress:
 
 
 async def _model_env(policy: PolicySpec, env: SuiteEnv, items: list, engine: Any, write: Callable,
-                     config: RunnerConfig) -> None:
+                     config: RunnerConfig, make_vec: Callable[[SuiteEnv, int], Any] | None = None) -> None:
     """Every pending episode of one env on ``engine``: one worker per sub-env."""
     from gymllm.inference.params import SamplingParams
     from gymllm.rollout import Episode, EpisodeKey, as_env_slots, check_prefix_preserving, run_episode
@@ -175,7 +181,10 @@ async def _model_env(policy: PolicySpec, env: SuiteEnv, items: list, engine: Any
         agent = agent_for(env.target, policy.loaded.tokenizer, env.kwargs, system_prompt=env.system_prompt,
                           agent=env.agent)
         prefix_preserving = check_prefix_preserving(agent.tokenizer, agent.observation_roles)
-        vec = make_vec_for(env.target, n, env.kwargs, max_turns=env.max_turns)
+        if make_vec is None:
+            vec = make_vec_for(env.target, n, env.kwargs, max_turns=env.max_turns)
+        else:  # e.g. on Ray env workers: off the event loop, so the other envs start meanwhile
+            vec = await asyncio.to_thread(make_vec, env, n)
         slots = as_env_slots(vec)
     except Exception as e:  # noqa: BLE001 - an env that cannot be built is reported in its rows
         if vec is not None:
@@ -264,7 +273,7 @@ async def _oracle_env(policy: PolicySpec, env: SuiteEnv, items: list, write: Cal
 
 
 async def _run_policy(policy: PolicySpec, todo: dict[str, list], suite: Suite, write: Callable,
-                      config: RunnerConfig) -> None:
+                      config: RunnerConfig, make_vec: Callable[[SuiteEnv, int], Any] | None = None) -> None:
     envs = [e for e in suite.envs if todo.get(e.name)]
     if policy.oracle:
         await asyncio.gather(*(_oracle_env(policy, e, todo[e.name], write, config) for e in envs))
@@ -277,7 +286,7 @@ async def _run_policy(policy: PolicySpec, todo: dict[str, list], suite: Suite, w
         engine = JaxEngine.from_loaded(policy.loaded, config=EngineConfig(num_slots=config.num_slots,
                                                                           max_len=config.max_len))
     try:
-        await asyncio.gather(*(_model_env(policy, e, todo[e.name], engine, write, config) for e in envs))
+        await asyncio.gather(*(_model_env(policy, e, todo[e.name], engine, write, config, make_vec) for e in envs))
     finally:
         close = getattr(engine, "close", None)
         if close is not None:
@@ -287,9 +296,12 @@ async def _run_policy(policy: PolicySpec, todo: dict[str, list], suite: Suite, w
 
 
 def run_suite(suite: Suite, policies: Sequence[PolicySpec], out: str | pathlib.Path, *,
-              config: RunnerConfig | None = None, resume: bool = False, write_report: bool = True) -> dict[str, Any]:
+              config: RunnerConfig | None = None, resume: bool = False, write_report: bool = True,
+              make_vec: Callable[[SuiteEnv, int], Any] | None = None) -> dict[str, Any]:
     """Run every policy on every env of ``suite`` into ``out`` (see the module doc); returns the summary
-    (also written to ``out/summary.json``, with ``report.md`` and the plots unless ``write_report`` is off)."""
+    (also written to ``out/summary.json``, with ``report.md`` and the plots unless ``write_report`` is off).
+    ``make_vec(env, n)``: builds an env's vector env of ``n`` sub-envs for the model policies (default:
+    in this process, :func:`~gymllm.suites.resolve.make_vec_for`); the oracle plays in this process."""
     config = config or RunnerConfig()
     labels = [p.label for p in policies]
     if not policies or len(set(labels)) != len(labels):
@@ -334,7 +346,7 @@ def run_suite(suite: Suite, policies: Sequence[PolicySpec], out: str | pathlib.P
         for p, todo in plan:
             bar.describe(p.label)
             if any(todo.values()):
-                asyncio.run(_run_policy(p, todo, suite, write, config))
+                asyncio.run(_run_policy(p, todo, suite, write, config, make_vec))
     finally:
         bar.close()
         results.close()

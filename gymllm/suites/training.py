@@ -22,18 +22,30 @@ and ``env/<name>/groups`` (:class:`~gymllm.suites.mixture.EnvMetrics`) for the s
 
 One agent plays every env (the run's ``env.agent`` and ``env.system_prompt``); a suite table's own
 ``agent`` / ``system_prompt`` apply to evaluation (``gymllm eval --suite``), not to this mixture.
+
+Elsewhere than this process (``gymllm train --env.suite S --cluster.backend ray``): ``vec=`` a vector env
+of :class:`SuiteSlotEnv` sub-envs (:func:`mixture_vec`, e.g. on Ray env workers). The draw stays here
+(the sampler, the per-env figures); each reset tells its sub-env which suite env to play
+(``options={"suite_env": name}``), and the sub-env, in its worker, plays an instance of that env it
+made on first need. The groups, their envs and seeds are the same wherever the sub-envs live.
+
+    vec = mixture_vec(suite, 16, backend="ray", ray_options={"num_workers": 4})
+    envs = MixtureEnvs(suite, num_envs=16, seed=0, vec=vec)
 """
 
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable
+import functools
+from typing import Any, Callable, Mapping
+
+import gymnasium
 
 from gymllm.errors import ConfigError, explain
 from gymllm.suites.mixture import EnvMetrics, MixtureSampler, learnability_weights
 from gymllm.suites.resolve import make_env_for
 
-__all__ = ["MixtureEnvs", "CURRICULA"]
+__all__ = ["MixtureEnvs", "CURRICULA", "SuiteSlotEnv", "slot_table", "mixture_vec"]
 
 CURRICULA = ("none", "learnability")
 
@@ -41,10 +53,15 @@ CURRICULA = ("none", "learnability")
 class MixtureEnvs:
     """``num_envs`` slots over the envs of ``suite`` (see the module doc)."""
 
-    def __init__(self, suite: Any, *, num_envs: int, seed: int = 0, curriculum: str = "none"):
+    def __init__(self, suite: Any, *, num_envs: int, seed: int = 0, curriculum: str = "none", vec: Any = None):
         if curriculum not in CURRICULA:
             raise ConfigError(explain("env.curriculum", expected=f"one of {CURRICULA}", received=curriculum,
                                       fix="--env.curriculum learnability (or none)"))
+        if vec is not None and getattr(vec, "num_envs", None) != int(num_envs):
+            raise ConfigError(explain("MixtureEnvs(vec)", expected=f"a vector env of num_envs={num_envs} "
+                                      "SuiteSlotEnv sub-envs", received=f"num_envs={getattr(vec, 'num_envs', None)}",
+                                      fix="build it with mixture_vec(suite, num_envs, ...)"))
+        self.vec = vec
         self.suite = suite
         self.envs_by_name = {e.name: e for e in suite.envs}
         self.num_envs = int(num_envs)
@@ -84,6 +101,9 @@ class MixtureEnvs:
             raise ConfigError(explain("MixtureEnvs.areset_env(seed)", expected="the group's env seed (an int)",
                                       received=None, fix="the orchestrator passes each group's seed"))
         name = self.env_of_seed(int(seed))
+        if self.vec is not None:  # the sub-env (in its worker) plays the env it is told to
+            obs, info = await self.vec.areset_env(env_id, seed=seed, options={**(options or {}), "suite_env": name})
+            return obs, {**info, "suite_env": name}
         env = self._bind(env_id, name)
         obs, info = await areset_env(env, seed=seed, options=options)
         return obs, {**info, "suite_env": name}
@@ -91,6 +111,8 @@ class MixtureEnvs:
     async def astep_env(self, env_id: int, action: Any) -> tuple[Any, float, bool, bool, dict]:
         from gymllm.core import astep_env
 
+        if self.vec is not None:
+            return await self.vec.astep_env(env_id, action)
         if env_id not in self.bound:
             raise ConfigError(explain("MixtureEnvs.astep_env", expected=f"slot {env_id} reset first",
                                       received="a step on a slot never reset", fix="reset the slot before stepping"))
@@ -115,6 +137,8 @@ class MixtureEnvs:
         return out
 
     def close(self) -> None:
+        if self.vec is not None:
+            self.vec.close()
         envs = [e for pool in self.idle.values() for e in pool] + [e for _, e in self.bound.values()]
         self.idle.clear()
         self.bound.clear()
@@ -123,3 +147,75 @@ class MixtureEnvs:
                 env.close()
             except Exception:  # noqa: BLE001 - closing the rest matters more than one env's close error
                 pass
+
+
+def slot_table(suite: Any) -> dict[str, tuple[Any, dict[str, Any], int | None]]:
+    """``{name: (target, kwargs, max_turns)}`` of every env of ``suite``, as a :class:`SuiteSlotEnv` in
+    another process builds them: the suite table's own ``id`` for a registered or ``module:EnvId-v0``
+    env (the worker imports the module itself), the factory for ``module:factory``."""
+    return {e.name: (e.target if callable(e.target) else e.id, dict(e.kwargs), e.max_turns) for e in suite.envs}
+
+
+class SuiteSlotEnv(gymnasium.Env):
+    """One sub-env of a mixture's vector env that plays the suite env each reset names.
+
+    Args:
+        table: :func:`slot_table` of the suite (picklable: it travels to a Ray env worker).
+
+    ``reset(seed=s, options={"suite_env": name, ...})`` resets an instance of env ``name`` (made on first
+    need with its table's kwargs and ``max_turns``, then kept: one instance per env a sub-env has
+    played) and returns its observation with ``info["suite_env"] = name``; the other options go to that
+    env. ``step`` steps the env of the last reset. A reset without ``suite_env`` (an autoreset) plays
+    the last env again. The spaces are :class:`~gymllm.spaces.Text` (the envs of a suite are text envs;
+    each checks its own actions).
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(self, table: Mapping[str, tuple[Any, Mapping[str, Any], int | None]]):
+        from gymllm.spaces import Text
+
+        self.table = {str(k): tuple(v) for k, v in table.items()}
+        if not self.table:
+            raise ConfigError(explain("SuiteSlotEnv(table)", expected="one entry per suite env", received={},
+                                      fix="pass slot_table(suite)"))
+        self.observation_space, self.action_space = Text(), Text()
+        self.envs: dict[str, Any] = {}
+        self.current: str | None = None
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
+        options = dict(options or {})
+        name = options.pop("suite_env", self.current)
+        if name not in self.table:
+            raise ConfigError(explain("SuiteSlotEnv.reset(options['suite_env'])", expected=f"one of "
+                                      f"{sorted(self.table)}", received=name, fix="reset with options="
+                                      "{'suite_env': NAME} (MixtureEnvs passes the group's env)"))
+        env = self.envs.get(name)
+        if env is None:
+            target, kwargs, max_turns = self.table[name]
+            env = self.envs[name] = make_env_for(target, dict(kwargs), max_turns=max_turns)
+        self.current = name
+        obs, info = env.reset(seed=seed, options=options or None)
+        return obs, {**info, "suite_env": name}
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        if self.current is None:
+            raise ConfigError(explain("SuiteSlotEnv.step", expected="a reset first", received="a step",
+                                      fix="reset with options={'suite_env': NAME} before stepping"))
+        return self.envs[self.current].step(action)
+
+    def close(self) -> None:
+        envs, self.envs = list(self.envs.values()), {}
+        for env in envs:
+            try:
+                env.close()
+            except Exception:  # noqa: BLE001 - closing the rest matters more than one env's close error
+                pass
+
+
+def mixture_vec(suite: Any, num_envs: int, **vector_kwargs: Any) -> Any:
+    """A ``gymllm.make_vec`` of ``num_envs`` :class:`SuiteSlotEnv` sub-envs of ``suite`` (``vector_kwargs``:
+    ``backend="ray"``, ``ray_options``, ...), for ``MixtureEnvs(..., vec=)``."""
+    from gymllm.registration import make_vec
+
+    return make_vec(functools.partial(SuiteSlotEnv, slot_table(suite)), num_envs, vector_kwargs=vector_kwargs)

@@ -1,0 +1,169 @@
+"""``gymllm eval --game GAME``: matches between players on a two-player game, win/draw/loss and an Elo table.
+
+    gymllm eval --game tic-tac-toe --model smollm2-135m-instruct --checkpoint runs/ttt \\
+        --opponent random --opponent my_pkg.policies:greedy --games 20 --out out/ttt
+
+Players, in this order: each ``--model`` (a registry name, a local checkpoint directory or
+``tiny-<family>``), each ``--checkpoint`` (a ``gymllm train`` run directory: the model it trained with
+its latest weights and its system prompt), then each ``--opponent`` (``random``, or ``MODULE:FN``: a
+scripted ``fn(observation, agent) -> action`` on the game's own PettingZoo observation and action).
+``--label`` names the models and checkpoints in the same order (default: the model name, the run
+directory's name, as ``gymllm eval --suite`` does); opponents are named by their spec. Every pair of
+players meets for ``--games`` games, seats swapped in pairs. The run writes ``games.jsonl``,
+``summary.json`` and ``ratings.json`` into ``--out`` (:mod:`gymllm.suites.games`).
+``python -m gymllm.cli.game_cli ...`` runs the same.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import sys
+import traceback
+from typing import Annotated, Any, Literal, Sequence
+
+import tyro
+
+from gymllm.utils.seeds import HELD_OUT_SEED_BASE
+
+__all__ = ["eval_game", "eval_main", "players_from_flags", "main"]
+
+Repeated = tyro.conf.UseAppendAction
+
+
+def players_from_flags(model: Sequence[str], checkpoint: Sequence[str], label: Sequence[str],
+                       opponent: Sequence[str]) -> list[Any]:
+    """The :class:`~gymllm.suites.games.Player` list of the flags, in order (module doc); opponents are
+    checked before any model loads, a checkpoint plays with its run's system prompt."""
+    from gymllm.algos.train_config import legacy_tables
+    from gymllm.cli.evaluate import load_model, run_config
+    from gymllm.cli.suite_cli import policy_label
+    from gymllm.errors import ConfigError, explain
+    from gymllm.suites.games import Player, opponent_player
+
+    sources: list[tuple[str | None, str | None]] = [(m, None) for m in model] + [(None, c) for c in checkpoint]
+    if label and len(label) != len(sources):
+        raise ConfigError(explain("--label", expected=f"one label per --model / --checkpoint ({len(sources)}, in that "
+                                  "order), or none", received=list(label), fix=f"pass --label {len(sources)} times"))
+    opponents = [opponent_player(o) for o in opponent]  # checked before any model loads
+    names = list(label) or [policy_label(m, c) for m, c in sources]
+    players = []
+    for name, (m, c) in zip(names, sources):
+        run_dir = c and (str(pathlib.Path(c).parent) if pathlib.Path(c).name == "checkpoints" else c)
+        trained = legacy_tables(run_config(run_dir)).get("env", {}) if run_dir else {}
+        players.append(Player(label=name, loaded=load_model(m, checkpoint=c),
+                              system_prompt=trained.get("system_prompt") or None))
+    return players + opponents
+
+
+def eval_game(
+    game: str,
+    model: Annotated[tuple[str, ...], Repeated] = (),
+    checkpoint: Annotated[tuple[str, ...], Repeated] = (),
+    label: Annotated[tuple[str, ...], Repeated] = (),
+    opponent: Annotated[tuple[str, ...], Repeated] = (),
+    game_kwargs: str | None = None,
+    games: int = 20,
+    out: str = "games_out",
+    seed: int = HELD_OUT_SEED_BASE,
+    temperature: float = 0.7,
+    max_tokens: int = 64,
+    max_moves: int = 200,
+    max_concurrency: int = 64,
+    num_slots: int = 16,
+    max_len: int = 2048,
+    move_timeout_s: float = 300.0,
+    errors: Literal["loss", "exclude"] = "loss",
+    prior_draws: float = 1.0,
+    num_resamples: int = 1000,
+) -> int:
+    """Play every pair of players on a two-player game: win/draw/loss per pairing and an Elo table.
+
+    Args:
+        game: The game: tic-tac-toe, connect-four, or MODULE:FACTORY (a function returning a PettingZoo AEC or Parallel env).
+        model: A player: a model name, a local checkpoint directory, or tiny-<family> (repeatable).
+        checkpoint: A player: a `gymllm train` run directory, its model with its latest weights (repeatable).
+        label: The models' and checkpoints' names, in order: the --model ones, then the --checkpoint ones (repeatable).
+        opponent: A player: `random` (uniform legal moves) or MODULE:FN, a scripted fn(observation, agent) -> action (repeatable).
+        game_kwargs: The game factory's keyword arguments as JSON (e.g. '{"move_names": null}').
+        games: Games per pairing (even: each side plays each seat equally often).
+        out: The output directory (games.jsonl, summary.json, ratings.json).
+        seed: The first env seed (games 2i and 2i+1 of a pairing share seed + i, seats swapped).
+        temperature: A model's sampling temperature.
+        max_tokens: A model's tokens per move.
+        max_moves: Moves of one game before it is adjudicated a draw.
+        max_concurrency: Games in flight at once (all pairings together).
+        num_slots: Rows each model engine decodes together.
+        max_len: Each model engine's tokens per row.
+        move_timeout_s: The watchdog: a model reply taking longer is a failed move (its side loses, see --errors).
+        errors: A side that raises or stalls: `loss` (it loses the game) or `exclude` (the game is recorded, not scored).
+        prior_draws: Virtual draws per pairing in the Elo fit (keeps a perfect record's rating finite).
+        num_resamples: Bootstrap resamples of the rating intervals.
+    """
+    from gymllm.errors import ConfigError, explain
+    from gymllm.suites.games import MatchConfig, resolve_game, run_matches
+
+    kwargs: dict[str, Any] = {}
+    if game_kwargs is not None:
+        kwargs = json.loads(game_kwargs)
+        if not isinstance(kwargs, dict):
+            raise ConfigError(explain("--game-kwargs", expected="a JSON object such as '{\"move_names\": null}'",
+                                      received=game_kwargs, fix="quote the object for your shell"))
+    config = MatchConfig(games=games, seed=seed, temperature=temperature, max_tokens=max_tokens, max_moves=max_moves,
+                         max_concurrency=max_concurrency, num_slots=num_slots, max_len=max_len,
+                         move_timeout_s=move_timeout_s, errors=errors, prior_draws=prior_draws,
+                         num_resamples=num_resamples)
+    make_game = resolve_game(game, kwargs)
+    if not model and not checkpoint and len(opponent) < 2:
+        raise ConfigError(explain("gymllm eval --game", expected="a player to evaluate: --model or --checkpoint (or two "
+                                  "--opponent)", received="none", fix="e.g. --model smollm2-135m-instruct --opponent random"))
+    summary = run_matches(make_game, players_from_flags(model, checkpoint, label, opponent), out, config=config)
+    _print(summary)
+    print(f"wrote {pathlib.Path(out) / 'games.jsonl'}, summary.json, ratings.json")
+    return 0
+
+
+def _print(summary: dict[str, Any]) -> None:
+    header = f"{'player':<24} {'opponent':<24} {'games':>5} {'win':>6} {'draw':>6} {'loss':>6} {'errors':>6}"
+    print(header)
+    print("-" * len(header))
+    for r in summary["pairings"]:
+        rates = " ".join(f"{r[k]:>6.3f}" if r[k] is not None else f"{'-':>6}" for k in ("win", "draw", "loss"))
+        print(f"{r['player']:<24} {r['opponent']:<24} {r['games']:>5} {rates} {r['errors']:>6}")
+    ratings = summary["ratings"]
+    print(f"\nElo ({ratings['anchor']}; {ratings['interval']})")
+    for r in ratings["ratings"]:
+        lo, hi = r["ci"]
+        print(f"{r['player']:<24} {r['elo']:>7.0f}  [{lo:.0f}, {hi:.0f}]  games {r['games']}, score {r['score']:.3f}")
+    if "error" in ratings:
+        print(f"note: no ratings: {ratings['error']}")
+
+
+def eval_main(argv: Sequence[str]) -> int:
+    """Matches on a two-player game (``gymllm eval --game``): win/draw/loss per pairing, an Elo table.
+
+    Parses ``argv`` with tyro and runs :func:`eval_game`."""
+    return int(tyro.cli(eval_game, prog="gymllm eval --game", args=list(argv)))
+
+
+eval_main.takes_argv = True  # type: ignore[attr-defined]  # gymllm.cli.commands.dispatch passes argv through
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m gymllm.cli.game_cli ...``: errors as one line, as ``gymllm`` does."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return eval_main(argv)
+    except SystemExit as e:
+        return int(e.code or 0) if isinstance(e.code, int) else 2
+    except Exception as e:  # noqa: BLE001 - the command line's one place that turns errors into a line
+        if os.environ.get("GYMLLM_DEBUG"):
+            traceback.print_exc()
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"error: {type(e).__name__}: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

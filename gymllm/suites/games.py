@@ -1,0 +1,460 @@
+"""Matches on a two-player text game: win/draw/loss per pairing and an Elo table over every player.
+
+    game = resolve_game("tic-tac-toe")
+    players = [Player(label="base", loaded=models.load(name)), opponent_player("random")]
+    summary = run_matches(game, players, "out/ttt", config=MatchConfig(games=20))
+
+Players
+-------
+A :class:`Player` is a model (``loaded``: a ``LoadedModel``, served by its own
+:class:`~gymllm.inference.JaxEngine`; or ``make_engine``), a scripted policy (``fn(observation,
+agent) -> action`` on the wrapped PettingZoo env's own observation and action, as PettingZoo policies
+are written and as ``--multiagent.opponent MODULE:FN`` takes it) or the random player (a uniformly
+random legal move). A model moves through :class:`~gymllm.rollout.episode.Episode`, the path training
+takes (:class:`~gymllm.rollout.seat_source.SeatGroupSource`): the same agent, chat template and token
+buffer, one conversation per seat and game.
+
+Schedule
+--------
+Every pair of players meets (a round robin: the opponents play each other too, which costs no model
+call and ties the ratings to them); each pairing plays ``games`` games (even): games ``2i`` and
+``2i + 1`` share the env seed ``seed + i`` with the seats swapped, so each side plays each seat
+equally often. Every game of every pairing is in flight at once (up to ``max_concurrency``): a game
+awaits only its own mover's reply, so moves of different games interleave in each player's engine
+(continuous batching), and no game waits for another.
+
+Rows and scoring
+----------------
+``games.jsonl`` gets one row per game the moment it ends: the players by seat, the winner (a label,
+or None for a draw), ``draw``, the moves (``[seat, move]``), invalid moves per player, the forfeit,
+``error`` and ``scored``. The winner is the seat with the higher final reward (the game's own
+outcome; invalid-move penalties are cleared by the next legal move), a forfeit (an illegal move
+under the game's ``MultiAgentConfig``) loses. A side that raises (a scripted policy's exception, an
+engine error, a model reply past ``move_timeout_s``, a prompt past the engine's context) is recorded
+with ``error`` and ``crashed``: with ``errors="loss"`` (default, the engine-tournament convention:
+a crash, a stall or an illegal move loses) the other side wins; with ``errors="exclude"`` the row is
+kept but not scored. A game past ``max_moves`` moves is adjudicated a draw (``truncated``). An
+error of the game itself (its reset or step raising) is an unscored row with ``crashed`` None.
+Nothing is dropped: the other games go on.
+
+Outputs
+-------
+``summary.json``: per ordered (player, opponent) the scored games, ``win`` / ``draw`` / ``loss``
+(rates that sum to 1), their 95% Wilson intervals, the score rate (wins + draws / 2) and the games
+played in each seat; ``ratings.json``: the Bradley-Terry maximum-likelihood Elo ratings of every
+player from all scored games (draws half a win; :mod:`gymllm.utils.elo`), anchored ``random = 1000``
+when the random player plays, else the mean at 1000, with a bootstrap interval per rating (games
+resampled within each pairing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import json
+import pathlib
+import re
+from typing import Any, Callable, Literal, Sequence
+
+import numpy as np
+
+from gymllm.errors import ConfigError, explain
+from gymllm.utils.seeds import HELD_OUT_SEED_BASE
+
+__all__ = ["Player", "MatchConfig", "opponent_player", "resolve_game", "schedule", "run_matches", "arun_matches",
+           "play_game", "summarize_games", "ratings_table"]
+
+_FN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")
+GAME_HELP = "tic-tac-toe, connect-four, or MODULE:FACTORY (a function returning a PettingZoo AEC or Parallel env)"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Player:
+    """label: the player's name in every row and table. Exactly one of: ``loaded`` (a ``LoadedModel``
+    its own engine serves; ``make_engine`` may build the engine instead, ``loaded`` still giving the
+    tokenizer), ``fn`` (a scripted ``fn(observation, agent) -> action``) or ``random=True``.
+    system_prompt: a model's system prompt (a run's ``env.system_prompt``)."""
+
+    label: str
+    loaded: Any = None
+    make_engine: Callable[[], Any] | None = None
+    fn: Callable[[Any, str], Any] | None = None
+    random: bool = False
+    system_prompt: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.label, str) or not self.label.strip():
+            raise ConfigError(explain("Player.label", expected="a non-empty str", received=self.label,
+                                      fix="pass --label NAME"))
+        kinds = [self.loaded is not None, self.fn is not None, bool(self.random)]
+        if sum(kinds) != 1:
+            raise ConfigError(explain(f"player {self.label!r}", expected="exactly one of loaded= (a model), fn= "
+                                      "(a scripted policy) or random=True", received=f"{sum(kinds)} of them",
+                                      fix="give one kind per player"))
+        if self.fn is not None and not callable(self.fn):
+            raise ConfigError(explain(f"player {self.label!r}.fn", expected="a callable fn(observation, agent)",
+                                      received=type(self.fn).__name__, fix="name a function"))
+
+    @property
+    def kind(self) -> str:
+        """``model``, ``scripted`` or ``random``."""
+        return "model" if self.loaded is not None else "scripted" if self.fn is not None else "random"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MatchConfig:
+    """games: games per pairing (even: seats swap in pairs); seed: the first env seed (held-out
+    range); temperature, max_tokens: a model's sampling per move; max_moves: moves of one game before
+    it is adjudicated a draw; max_concurrency: games in flight at once (all pairings together);
+    num_slots, max_len: each model engine's rows decoded together and tokens a row; move_timeout_s: the
+    watchdog on one model reply (None: none); errors: ``loss`` (a crashing side loses) or ``exclude``
+    (its game is not scored); anchor: the player rated ``anchor_value`` when it plays (else the mean
+    is ``anchor_value``); prior_draws: virtual draws per pairing in the rating fit (keeps a perfect
+    record finite); confidence, num_resamples, bootstrap_seed: the intervals. A scripted policy runs
+    inline in the event loop (no watchdog: it must return)."""
+
+    games: int = 20
+    seed: int = HELD_OUT_SEED_BASE
+    temperature: float = 0.7
+    max_tokens: int = 64
+    max_moves: int = 200
+    max_concurrency: int = 64
+    num_slots: int = 16
+    max_len: int = 2048
+    move_timeout_s: float | None = 300.0
+    errors: Literal["loss", "exclude"] = "loss"
+    anchor: str | None = "random"
+    anchor_value: float = 1000.0
+    prior_draws: float = 1.0
+    confidence: float = 0.95
+    num_resamples: int = 1000
+    bootstrap_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.games, int) or self.games < 2 or self.games % 2:
+            raise ConfigError(explain("games", expected="an even int >= 2 (seats swap in pairs, so each side plays "
+                                      "each seat equally)", received=self.games, fix="e.g. --games 20"))
+        for name, lo in (("max_tokens", 1), ("max_moves", 1), ("max_concurrency", 1), ("num_slots", 1),
+                         ("max_len", 16), ("num_resamples", 1)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < lo:
+                raise ConfigError(explain(name, expected=f"an int >= {lo}", received=v, fix=f"e.g. {name}={max(lo, 16)}"))
+        if self.errors not in ("loss", "exclude"):
+            raise ConfigError(explain("errors", expected="'loss' or 'exclude'", received=self.errors,
+                                      fix="--errors loss"))
+        if self.move_timeout_s is not None and not self.move_timeout_s > 0:
+            raise ConfigError(explain("move_timeout_s", expected="a number > 0 or None", received=self.move_timeout_s,
+                                      fix="e.g. 300"))
+        if not 0.0 < self.confidence < 1.0 or self.prior_draws < 0 or self.temperature < 0:
+            raise ConfigError(explain("MatchConfig", expected="0 < confidence < 1, prior_draws >= 0, temperature >= 0",
+                                      received=(self.confidence, self.prior_draws, self.temperature),
+                                      fix="e.g. confidence=0.95, prior_draws=1, temperature=0.7"))
+
+
+def opponent_player(spec: str, label: str | None = None) -> Player:
+    """``random`` or ``MODULE:FN`` as a :class:`Player` (a ConfigError names the fix otherwise)."""
+    from gymllm.rollout.seat_source import load_scripted_opponent
+
+    if spec == "random":
+        return Player(label=label or "random", random=True)
+    if not isinstance(spec, str) or not _FN.match(spec):
+        raise ConfigError(explain("--opponent", expected="'random' or 'MODULE:FN' (a scripted fn(observation, agent) "
+                                  "-> action on the game's own PettingZoo observation and action)", received=spec,
+                                  fix="e.g. --opponent random or --opponent my_pkg.policies:greedy; a model or a run "
+                                  "is a player: --model NAME / --checkpoint RUN"))
+    try:
+        fn = load_scripted_opponent(spec)
+    except ConfigError as e:
+        raise ConfigError(str(e).replace("multiagent.opponent", "--opponent")) from e
+    return Player(label=label or spec, fn=fn)
+
+
+def resolve_game(game: str, kwargs: dict[str, Any] | None = None) -> Any:
+    """A zero-argument factory of two-seat :class:`~gymllm.multiagent.TextAECEnv` for ``game`` (a
+    registered name or ``MODULE:FACTORY``, as training resolves ``env.id``); a ConfigError otherwise."""
+    from gymllm.multiagent.factory import GAMES, game_factory
+
+    try:
+        make = game_factory(game, kwargs or {})
+    except ConfigError as e:  # the factory refused the kwargs: name this command's flag
+        raise ConfigError(str(e).replace("--env-kwargs", "--game-kwargs").replace("env.kwargs", "--game-kwargs")) from e
+    if make is None:
+        raise ConfigError(explain("--game", expected=f"a multi-agent game: {GAME_HELP}", received=game,
+                                  fix=f"use one of {sorted(GAMES)} or point MODULE:FACTORY at an importable factory "
+                                  "(single-agent envs are evaluated with gymllm eval ENV)"))
+    probe = make()
+    seats = list(probe.possible_agents)
+    probe.close()
+    if len(seats) != 2:
+        raise ConfigError(explain("--game", expected="a two-player game (pairings, win/draw/loss and Elo are pairwise)",
+                                  received=f"{game} with seats {seats}", fix="evaluate a two-player game"))
+    return make
+
+
+def schedule(labels: Sequence[str], games: int, seed: int, seats: Sequence[str]) -> list[dict[str, Any]]:
+    """Every game of a round robin: ``{"pairing", "game", "seed", "players": {seat: label}}``; in pairing
+    ``(a, b)`` game ``2i`` seats ``a`` first and ``b`` second with env seed ``seed + i``, game ``2i + 1``
+    the same seed with the seats swapped."""
+    if len(set(labels)) != len(labels):
+        raise ConfigError(explain("players", expected="distinct labels", received=list(labels),
+                                  fix="name them apart with --label"))
+    if len(labels) < 2:
+        raise ConfigError(explain("players", expected="at least two players (a --model or --checkpoint and an "
+                                  "--opponent, or two of either)", received=list(labels), fix="add --opponent random"))
+    out = []
+    for p, (a, b) in enumerate(itertools.combinations(labels, 2)):
+        for j in range(games):
+            order = (a, b) if j % 2 == 0 else (b, a)
+            out.append({"pairing": p, "game": j, "seed": seed + j // 2, "players": dict(zip(seats, order)),
+                        "labels": [a, b]})
+    return out
+
+
+class _SideError(Exception):
+    """A side failed to produce a move (its policy or engine raised, timed out or ran out of context)."""
+
+
+async def _model_move(game: Any, agent: str, ep: Any, engine: Any, started: set[str], config: MatchConfig) -> str:
+    obs, reward, _, _, info = game.last()
+    info = {**info, "agent": agent}
+    if agent not in started:
+        started.add(agent)
+        ep.begin(obs["observation"], info)
+    else:
+        ep.on_step(obs["observation"], float(reward), False, False, info, 0.0)
+    max_len = getattr(engine, "max_len", None)
+    if not ep.fits(int(max_len) - 1 if isinstance(max_len, int) else None):
+        raise _SideError(f"the prompt ({len(ep.buffer.prompt_ids)} tokens) is past the engine's context ({max_len}); "
+                         "fix: raise --max-len")
+    prompt, params = ep.next_request()
+    call = engine.generate(prompt, params, session_id=ep.key.trajectory_id)
+    completion = await (asyncio.wait_for(call, config.move_timeout_s) if config.move_timeout_s else call)
+    return ep.on_completion(completion, 0.0)
+
+
+async def play_game(make_game: Callable[[], Any], item: dict[str, Any], players: dict[str, Player],
+                    engines: dict[str, Any], agents: dict[str, Any], config: MatchConfig) -> dict[str, Any]:
+    """Play one scheduled game (:func:`schedule`'s ``item``); returns its row (module doc)."""
+    from gymllm.inference.params import SamplingParams
+    from gymllm.multiagent.policies import policy_move
+    from gymllm.multiagent.seat import game_outcome
+    from gymllm.rollout.episode import Episode, EpisodeKey
+    from gymllm.rollout.seat_source import move_text
+
+    by_seat: dict[str, str] = item["players"]
+    seats = list(by_seat)
+    row: dict[str, Any] = {"pairing": item["labels"], "game": item["game"], "seed": item["seed"], "players": by_seat,
+                           "winner": None, "draw": False, "outcomes": {}, "moves": [],
+                           "invalid": {label: 0 for label in by_seat.values()}, "forfeit": None, "truncated": False,
+                           "error": None, "crashed": None, "scored": True}
+    rng = np.random.default_rng([item["seed"], item["pairing"], item["game"]])
+    sampling = SamplingParams(temperature=config.temperature, max_tokens=config.max_tokens)
+    episodes = {seat: Episode(EpisodeKey(group_index=item["pairing"], member=item["game"] * len(seats) + i,
+                                         env_seed=item["seed"]), agents[label], sampling, base_seed=config.seed,
+                              max_model_calls=config.max_moves + 1)
+                for i, (seat, label) in enumerate(by_seat.items()) if players[label].kind == "model"}
+    started: set[str] = set()
+    final: dict[str, tuple[float, dict]] = {}
+    game = None
+    try:
+        game = make_game()
+        game.reset(seed=item["seed"])
+        while game.agents:
+            agent = game.agent_selection
+            obs, reward, term, trunc, info = game.last()
+            if term or trunc:
+                final[agent] = (float(reward), dict(info))
+                game.step(None)
+                continue
+            if len(row["moves"]) >= config.max_moves:
+                row["truncated"] = True
+                break
+            label = by_seat[agent]
+            player = players[label]
+            try:
+                if player.kind == "model":
+                    move = await _model_move(game, agent, episodes[agent], engines[label], started, config)
+                elif player.kind == "random":
+                    move = policy_move(None, game, agent, rng)
+                else:
+                    move = move_text(game, agent, player.fn(game.env.observe(agent), agent))
+            except Exception as e:  # noqa: BLE001 - a failing side is a recorded loss (or unscored), never a lost row
+                why = ("no reply within move_timeout_s" if isinstance(e, asyncio.TimeoutError)
+                       else str(e) if isinstance(e, _SideError) else f"{type(e).__name__}: {e}")
+                row["error"], row["crashed"] = f"{label} ({agent}) failed: {why}", label
+                break
+            row["moves"].append([agent, str(move)[:200]])
+            game.step(move)
+            after = game.infos.get(agent, {}) if agent in game.agents else {}
+            if after.get("invalid_action") or after.get("forfeit") == agent:
+                row["invalid"][label] += 1
+    except Exception as e:  # noqa: BLE001 - the game itself failed: an unscored row, the other games go on
+        row["error"], row["scored"] = f"the game failed: {type(e).__name__}: {e}", False
+    finally:
+        for seat, ep in episodes.items():
+            end = getattr(engines[by_seat[seat]], "end_session", None)
+            if end is not None and seat in started:
+                end(ep.key.trajectory_id)
+        if game is not None:
+            game.close()
+    _score(row, final, by_seat, config, game_outcome)
+    return row
+
+
+def _score(row: dict[str, Any], final: dict[str, tuple[float, dict]], by_seat: dict[str, str], config: MatchConfig,
+           game_outcome: Callable[[str, float, dict], str]) -> None:
+    seats = list(by_seat)
+    if row["crashed"] is not None:
+        other = [label for label in by_seat.values() if label != row["crashed"]][0]
+        row["scored"] = config.errors == "loss"
+        row["winner"] = other if row["scored"] else None
+        return
+    if not row["scored"]:
+        return
+    if row["truncated"] or set(final) != set(seats):
+        row["truncated"] = True
+        row["draw"] = True
+        return
+    row["outcomes"] = {by_seat[s]: game_outcome(s, r, i) for s, (r, i) in final.items()}
+    forfeit = next((i.get("forfeit") for _, i in final.values() if i.get("forfeit") is not None), None)
+    if forfeit is not None:
+        row["forfeit"] = by_seat.get(forfeit, forfeit)
+        row["winner"] = next(label for s, label in by_seat.items() if s != forfeit)
+        return
+    r0, r1 = final[seats[0]][0], final[seats[1]][0]
+    row["draw"] = r0 == r1
+    row["winner"] = None if r0 == r1 else by_seat[seats[0]] if r0 > r1 else by_seat[seats[1]]
+
+
+def row_score(row: dict[str, Any]) -> float | None:
+    """The first label of ``row["pairing"]``'s score in a scored row (1 win, 0.5 draw, 0 loss), else None."""
+    if not row.get("scored"):
+        return None
+    a = row["pairing"][0]
+    return 0.5 if row["winner"] is None else 1.0 if row["winner"] == a else 0.0
+
+
+def summarize_games(rows: Sequence[dict[str, Any]], labels: Sequence[str], *, confidence: float = 0.95) -> list[dict[str, Any]]:
+    """Per ordered (player, opponent) that met: scored ``games``, ``errors`` (rows with an error),
+    ``win`` / ``draw`` / ``loss`` rates (summing to 1; None without a scored game), their Wilson
+    intervals (``win_ci``...), ``score`` (wins + draws / 2 over games) and ``seats`` (games played in
+    each seat, scored or not)."""
+    from gymllm.utils.elo import wilson_interval
+
+    out = []
+    for a, b in itertools.permutations(labels, 2):
+        mine = [r for r in rows if set(r["pairing"]) == {a, b}]
+        if not mine:
+            continue
+        scored = [r for r in mine if r["scored"]]
+        n = len(scored)
+        w = sum(r["winner"] == a for r in scored)
+        d = sum(r["winner"] is None for r in scored)
+        line: dict[str, Any] = {"player": a, "opponent": b, "games": n, "errors": sum(r["error"] is not None for r in mine)}
+        for name, k in (("win", w), ("draw", d), ("loss", n - w - d)):
+            line[name] = k / n if n else None
+            line[f"{name}_ci"] = list(wilson_interval(k, n, confidence)) if n else None
+        line["score"] = (w + d / 2) / n if n else None
+        seats: dict[str, int] = {}
+        for r in mine:
+            for seat, label in r["players"].items():
+                if label == a:
+                    seats[seat] = seats.get(seat, 0) + 1
+        line["seats"] = seats
+        out.append(line)
+    return out
+
+
+def ratings_table(rows: Sequence[dict[str, Any]], labels: Sequence[str], config: MatchConfig) -> dict[str, Any]:
+    """``ratings.json``'s content: Bradley-Terry Elo ratings of every player with scored games (anchored
+    as the module doc says), sorted best first, each with its bootstrap interval, games and score."""
+    from gymllm.utils.elo import bootstrap_ratings, elo_ratings
+
+    games = [(r["pairing"][0], r["pairing"][1], row_score(r)) for r in rows if row_score(r) is not None]
+    rated = [label for label in labels if any(label in g[:2] for g in games)]
+    anchor = config.anchor if config.anchor in rated else None
+    out: dict[str, Any] = {
+        "method": "Bradley-Terry maximum likelihood on the Elo scale (P(a beats b) = 1 / (1 + 10^((r_b - r_a) / 400))), "
+                  f"draws as half a win, {config.prior_draws:g} virtual draw(s) per pairing",
+        "anchor": f"{anchor} = {config.anchor_value:g}" if anchor else f"mean = {config.anchor_value:g}",
+        "interval": f"{config.confidence:.0%} percentile bootstrap, {config.num_resamples} resamples of the games "
+                    "within each pairing",
+        "games": len(games), "unrated": [label for label in labels if label not in rated], "ratings": []}
+    if len(rated) < 2:
+        out["error"] = "fewer than two players have scored games"
+        return out
+    try:
+        point = elo_ratings(games, rated, anchor=anchor, anchor_value=config.anchor_value, prior_draws=config.prior_draws)
+        ci = bootstrap_ratings(games, rated, rng=np.random.default_rng(config.bootstrap_seed), anchor=anchor,
+                               anchor_value=config.anchor_value, prior_draws=config.prior_draws,
+                               confidence=config.confidence, num_resamples=config.num_resamples)
+    except ValueError as e:
+        out["error"] = str(e)
+        return out
+    for label in sorted(rated, key=lambda x: -point[x]):
+        mine = [g for g in games if label in g[:2]]
+        score = sum(s if g0 == label else 1.0 - s for g0, _, s in mine)
+        out["ratings"].append({"player": label, "elo": point[label], "ci": list(ci[label]), "games": len(mine),
+                               "score": score / len(mine)})
+    return out
+
+
+async def arun_matches(make_game: Callable[[], Any], players: Sequence[Player], out: str | pathlib.Path, *,
+                       config: MatchConfig = MatchConfig()) -> dict[str, Any]:
+    """Play the round robin (module doc) and write ``games.jsonl``, ``summary.json`` and ``ratings.json``
+    into ``out``; returns the summary (``ratings`` included)."""
+    from gymllm.rollout import ModelAgent
+
+    out = pathlib.Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    labels = [p.label for p in players]
+    by_label = {p.label: p for p in players}
+    probe = make_game()
+    seats = list(probe.possible_agents)
+    probe.close()
+    items = schedule(labels, config.games, config.seed, seats)
+    engines: dict[str, Any] = {}
+    agents = {p.label: ModelAgent(p.loaded.tokenizer, system_prompt=p.system_prompt) for p in players if p.kind == "model"}
+    rows: list[dict[str, Any]] = []
+    gate = asyncio.Semaphore(config.max_concurrency)
+    try:
+        for p in players:
+            if p.kind == "model":
+                engines[p.label] = p.make_engine() if p.make_engine is not None else _engine(p.loaded, config)
+        with open(out / "games.jsonl", "w") as f:
+            async def one(item: dict[str, Any]) -> None:
+                async with gate:
+                    row = await play_game(make_game, item, by_label, engines, agents, config)
+                rows.append(row)
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+
+            await asyncio.gather(*(one(i) for i in items))
+    finally:
+        for engine in engines.values():
+            close = getattr(engine, "close", None)
+            if close is not None:
+                result = close()
+                if asyncio.iscoroutine(result):
+                    await result
+    summary = {"players": [{"label": p.label, "kind": p.kind} for p in players], "seats": seats,
+               "config": {k: v for k, v in dataclasses.asdict(config).items()},
+               "games": len(rows), "errors": sum(r["error"] is not None for r in rows),
+               "pairings": summarize_games(rows, labels, confidence=config.confidence)}
+    ratings = ratings_table(rows, labels, config)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    (out / "ratings.json").write_text(json.dumps(ratings, indent=2))
+    return {**summary, "ratings": ratings}
+
+
+def _engine(loaded: Any, config: MatchConfig) -> Any:
+    from gymllm.inference import EngineConfig, JaxEngine
+
+    return JaxEngine.from_loaded(loaded, config=EngineConfig(num_slots=config.num_slots, max_len=config.max_len))
+
+
+def run_matches(make_game: Callable[[], Any], players: Sequence[Player], out: str | pathlib.Path, *,
+                config: MatchConfig = MatchConfig()) -> dict[str, Any]:
+    """:func:`arun_matches` in a fresh event loop."""
+    return asyncio.run(arun_matches(make_game, players, out, config=config))
