@@ -45,7 +45,9 @@ lock-step's whole-turn batches (345 against 140 on tic-tac-toe, counted by wrapp
 device calls), each costing about the same there: about 1x on that CPU. On an accelerator a decode
 step costs about the same from 1 to 128 rows, which is where the steps saved count;
 ``--piggyback-tokens 0,256`` also offers both sides the engine config whose new turns ride along
-decode steps instead of prefill calls of their own.
+decode steps instead of prefill calls of their own, and ``--engine FIELD=VALUE`` sets any other
+:class:`~gymllm.inference.config.EngineConfig` field for both sides (``max_prefill_batch=32`` lets a
+lock-step turn prefill in fewer calls).
 
 RESULT keys: ``selfplay_vs_lockstep`` (barrier-free games/s / lock-step games/s over both games,
 medians, each side at the engine config that served it best; goal >= 2), ``barrier_free_games_per_s``,
@@ -97,6 +99,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--piggyback-tokens", default="0", help="comma list of EngineConfig.piggyback_tokens values, "
                    "each an engine config both sides are measured on (a turn's new tokens up to this bucket ride "
                    "along decode steps instead of a prefill call of their own; 0: off)")
+    p.add_argument("--engine", action="append", default=[], metavar="FIELD=VALUE", help="an EngineConfig field for "
+                   "both sides' engines, e.g. max_prefill_batch=32 or decode_chunk=8 (repeatable)")
     p.add_argument("--compute-dtype", default="auto", help="EngineConfig.compute_dtype ('auto', 'bfloat16', 'none')")
     p.add_argument("--compile-cache", default=None, help="directory for JAX's persistent compilation cache")
     p.add_argument("--full-warmup", action="store_true", help="compile every engine shape up front "
@@ -108,6 +112,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             setattr(a, flag, quick if a.quick else full)
     a.games = [g.strip() for g in a.games.split(",") if g.strip()]
     a.piggyback = [int(x) for x in str(a.piggyback_tokens).split(",") if x.strip()]
+    import ast
+
+    from gymllm.inference.config import EngineConfig
+
+    names = {f.name for f in dataclasses.fields(EngineConfig)} - {"num_slots", "max_len", "piggyback_tokens", "compute_dtype"}
+    a.engine_fields = {}
+    for item in a.engine:
+        key, eq, value = item.partition("=")
+        if not eq or key not in names:
+            p.error(f"--engine: expected FIELD=VALUE with FIELD one of {sorted(names)}, received {item!r} (num_slots, "
+                    "max_len, piggyback_tokens and compute_dtype have flags of their own)")
+        try:
+            a.engine_fields[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            a.engine_fields[key] = value
     wave = a.num_slots // 2
     if wave < a.group_size or wave % a.group_size:
         p.error(f"--num-slots: expected twice a multiple of --group-size {a.group_size} (two rows per game in "
@@ -301,9 +320,9 @@ def engine_for(lm: Any, a: argparse.Namespace, warm: bool, piggyback: int = 0) -
     from gymllm.inference.jax_engine import JaxEngine
 
     dtype = None if a.compute_dtype == "none" else a.compute_dtype
-    engine = JaxEngine(lm.model, lm.tokenizer, config=EngineConfig(num_slots=a.num_slots, max_len=a.max_len,
-                                                                   min_bucket=16, compute_dtype=dtype,
-                                                                   piggyback_tokens=piggyback))
+    engine = JaxEngine(lm.model, lm.tokenizer, config=EngineConfig(**{
+        "min_bucket": 16, **a.engine_fields, "num_slots": a.num_slots, "max_len": a.max_len, "compute_dtype": dtype,
+        "piggyback_tokens": piggyback}))
     if warm:
         engine.warmup()
     return ReplyPlan(engine, median=a.reply_median, p99=a.reply_p99, max_tokens=a.max_tokens, seed=a.seed)
@@ -438,7 +457,8 @@ def main(argv: list[str] | None = None) -> None:
               "quick": a.quick, "load_average": [round(load0, 2), round(os.getloadavg()[0], 2)],
               "workload": {k: getattr(a, k) for k in ("games", "num_games", "num_slots", "group_size", "rounds",
                                                       "max_tokens", "reply_median", "reply_p99", "max_len",
-                                                      "max_model_calls", "piggyback", "compute_dtype", "seed")}}
+                                                      "max_model_calls", "piggyback", "compute_dtype", "engine_fields",
+                                                      "seed")}}
     if len(configs) == 1:
         del result["configs"]
     from results import emit_result  # the RESULT line, and its record in benchmarks/results/

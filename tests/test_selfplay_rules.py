@@ -266,10 +266,11 @@ def _run(args, on_step):
 
     run = Run(effective(parse_train_args(args)), on_step=[lambda record: on_step(run, record)])
 
-    async def go():
+    async def go():  # as gymllm.algos.trainer.train runs it: the run saves its checkpoint at its end
         run.setup()
         try:
             await run.train()
+            run.save()
         finally:
             await run.close()
 
@@ -277,7 +278,7 @@ def _run(args, on_step):
     return run
 
 
-@pytest.mark.slow  # two tiny runs (the second with a second engine): ~3 minutes on a shared 2-core machine
+@pytest.mark.slow  # two tiny runs (the second with a second engine): ~70 s on a shared 2-core machine
 def test_a_run_dir_opponent_serves_the_saved_weights_and_the_games_complete(tmp_path):
     import json
 
@@ -285,14 +286,16 @@ def test_a_run_dir_opponent_serves_the_saved_weights_and_the_games_complete(tmp_
     from gymllm.algos.train_config import effective
     from gymllm.cli.train_args import parse_train_args
 
+    # illegal replies become random legal moves, so the G games of a seed differ and every group has a
+    # reward spread: each step updates the weights (zero-spread groups would leave them unchanged)
     common = ["--preset", "tiny", "--env.id", "test_selfplay_rules:pile", "--env-kwargs", "{}", "--rollout.group-size",
-              "2", "--env.num-envs", "2", "--rollout.max-model-calls", "2", "--sampling.max-tokens", "4",
-              "--learner.groups-per-step", "1", "--learner.num-steps", "1", "--engine.max-len", "192",
-              "--learner.max-len", "192", "--rollout.max-staleness", "1", "--run.no-report",
-              "--multiagent.illegal-move", "random"]
+              "4", "--env.num-envs", "4", "--rollout.max-model-calls", "2", "--sampling.max-tokens", "4",
+              "--learner.groups-per-step", "2", "--engine.max-len", "192", "--learner.max-len", "192",
+              "--rollout.max-staleness", "1", "--run.no-report", "--multiagent.illegal-move", "random"]
     first, second = tmp_path / "first", tmp_path / "second"
     trained = {}
-    _run(common + ["--run-dir", str(first)], lambda run, rec: trained.update(h=_weights_hash(run.parts.learner.policy_params())))
+    _run(common + ["--run-dir", str(first), "--learner.num-steps", "1", "--multiagent.opponent", "random"],
+         lambda run, rec: trained.update(h=_weights_hash(run.parts.learner.policy_params())))
     base = load_model(effective(parse_train_args(common)).model)  # the preset's weights before training
     assert trained["h"] != _weights_hash(base.model.flat_params())  # the first run's step changed its weights
 
@@ -303,7 +306,7 @@ def test_a_run_dir_opponent_serves_the_saved_weights_and_the_games_complete(tmp_
         seen.append((opp.version, opp.weights_hash(), _weights_hash(run.parts.learner.policy_params()),
                      dict(run.source.counts)))
 
-    _run(common + ["--run-dir", str(second), "--multiagent.opponent", f"run:{first}", "--learner.num-steps", "2"], look)
+    _run(common + ["--run-dir", str(second), "--learner.num-steps", "2", "--multiagent.opponent", f"run:{first}"], look)
     assert len(seen) == 2
     for version, opp_hash, learner_hash, counts in seen:
         assert version == -1 and opp_hash == trained["h"]  # the saved weights, never refreshed
