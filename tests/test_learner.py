@@ -271,3 +271,28 @@ def test_keep_freed_memory_is_idempotent_and_can_be_disabled(monkeypatch):
     assert host_memory.keep_freed_memory() is first  # applied once per process
     x = np.ones((512, 1024), np.float32)  # allocations still work
     assert float(x.sum()) == 512 * 1024
+
+
+def test_role_ema_advantages_are_reward_minus_the_roles_ema_and_equal_rewards_still_train():
+    """``role_ema``: every member gets R - b[role] (b before the group), b then takes the group's mean;
+    a group of equal rewards is not filtered (it carries R - b), and b is checkpointed."""
+    loss = dataclasses.replace(C.async_agentic(), advantage=C.AdvantageConfig(estimator="role_ema", ema_decay=0.5),
+                               shaping=C.ShapingConfig(filter_zero_variance=True))
+    lrn = learner(loss)
+    first, second = make_groups(2, equal_rewards=True, seed=7)
+    first.info["role"], second.info["agent"] = "x", "o"  # a seat source's role, else the seat
+    seen = []
+    lrn._add_rows = lambda group, adv: seen.append(np.asarray(adv))  # what the rows would carry
+    lrn._consume(first)
+    lrn._consume(second)
+    np.testing.assert_allclose(seen[0], [1.0] * 4)
+    np.testing.assert_allclose(seen[1], [1.0] * 4)
+    assert lrn.counts["filtered_groups"] == 0 and lrn.role_baselines == pytest.approx({"x": 0.5, "o": 0.5})
+    third = make_groups(1, seed=8)[0]
+    third.info["role"] = "x"
+    lrn._consume(third)
+    np.testing.assert_allclose(seen[2], third.rewards - 0.5, atol=1e-6)
+    assert lrn.role_baselines["x"] == pytest.approx(0.5 * 0.5 + 0.5 * float(np.mean(third.rewards)))
+    other = learner(loss)
+    other.restore(lrn.state(), lrn.bookkeeping())
+    assert other.role_baselines == lrn.role_baselines

@@ -4,6 +4,8 @@ scripted opponents, groups per seat and seed, barrier-free games), a PettingZoo 
 
 from __future__ import annotations
 
+import dataclasses
+
 import asyncio
 
 import numpy as np
@@ -268,9 +270,16 @@ def test_role_ema_advantages_match_a_hand_computation():
     assert b2[("race", "second")] == pytest.approx(0.9 * -0.1 + 0.1 * 0.5) and baselines[("race", "second")] == pytest.approx(-0.1)
 
 
-def test_role_ema_baseline_is_refused_by_the_source_until_the_learner_takes_it():
-    with pytest.raises(ConfigError, match="not wired yet"):
-        _source(ScriptEngine(), MultiAgentSection(baseline="role_ema"))
+def test_role_ema_baseline_sets_the_learners_estimator_and_the_groups_carry_their_role():
+    from gymllm.algos.config_map import learner_loss
+    from gymllm.cli.train_args import parse_train_args
+
+    cfg = parse_train_args(["--preset", "tiny", "--multiagent.baseline", "role_ema", "--multiagent.baseline-decay", "0.8"])
+    a = learner_loss(cfg).advantage
+    assert (a.estimator, a.ema_decay) == ("role_ema", 0.8)
+    assert learner_loss(dataclasses.replace(cfg, multiagent=MultiAgentSection())) is cfg.loss
+    src = _source(ScriptEngine(), MultiAgentSection(baseline="role_ema"))  # no longer refused
+    assert src.config.baseline == "role_ema"
 
 
 def test_registered_tic_tac_toe_is_a_game_and_plays_against_random():

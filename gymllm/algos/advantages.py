@@ -13,7 +13,10 @@ every member, whatever the estimator (no division of round-off by round-off).
 
 
 :func:`role_ema_advantages` (multi-agent self-play, SPIRAL's RAE) is not a group estimator: it keeps
-an EMA baseline per role across steps (see :mod:`gymllm.multiagent.baseline`).
+an EMA baseline per role across steps (see :mod:`gymllm.multiagent.baseline`). The learner runs it as
+the estimator ``role_ema`` (:data:`STATEFUL`): ``A_i = R_i - b[role]`` for every member of a group,
+with the group's role (``group.info["role"]``, else its seat ``"agent"``) and ``b`` the EMA the learner
+keeps (and checkpoints), then updated with the group's mean reward, as SPIRAL updates it per batch.
 """
 
 from __future__ import annotations
@@ -71,3 +74,5 @@ def batch_std(rewards, *, ddof: int = 0, eps: float = 1e-6, eps_placement: str =
 ESTIMATORS: dict[str, AdvantageFn] = {"grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo, "batch_std": batch_std}
 # Estimators whose value for one group depends on the other groups of the optimizer step.
 STEP_GLOBAL = frozenset({"batch_std"})
+# Estimators with state across groups, run by the learner itself (not a jitted rewards -> advantages fn).
+STATEFUL = frozenset({"role_ema"})

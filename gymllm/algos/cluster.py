@@ -331,6 +331,7 @@ class LearnerHost:
         import jax
 
         from gymllm.algos.checkpoint import Checkpointer
+        from gymllm.algos.config_map import learner_loss
         from gymllm.algos.learner import StreamingLearner
         from gymllm.algos.components import load_model
         from gymllm.algos.sharding import make_mesh
@@ -339,7 +340,7 @@ class LearnerHost:
         sharding = cfg.sharding
         if make_mesh(sharding) is None:  # one device per the config: spread the batch over every host's devices
             sharding = dataclasses.replace(sharding, data=len(jax.devices()))
-        self.learner = StreamingLearner(lm.config, lm.model.flat_params(), loss=cfg.loss, optimizer=cfg.optimizer,
+        self.learner = StreamingLearner(lm.config, lm.model.flat_params(), loss=learner_loss(cfg), optimizer=cfg.optimizer,
                                         config=cfg.learner, lora=cfg.lora, mesh=make_mesh(sharding),
                                         pad_id=int(lm.tokenizer.pad_token_id or 0))
         self.ckpt = Checkpointer(pathlib.Path(cfg.run.run_dir) / "checkpoints", max_to_keep=cfg.run.keep_checkpoints)

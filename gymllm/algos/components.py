@@ -58,6 +58,7 @@ class LocalComponents:
         self.gather = False
 
     def make_learner(self, cfg: TrainConfig, lm: Any) -> Any:
+        from gymllm.algos.config_map import learner_loss
         from gymllm.algos.learner import StreamingLearner
         from gymllm.algos.sharding import make_mesh
 
@@ -67,7 +68,7 @@ class LocalComponents:
             from gymllm.algos.policies import build_policy_set
 
             return build_policy_set(cfg, lm, mesh)
-        return StreamingLearner(lm.config, lm.model.flat_params(), loss=cfg.loss, optimizer=cfg.optimizer,
+        return StreamingLearner(lm.config, lm.model.flat_params(), loss=learner_loss(cfg), optimizer=cfg.optimizer,
                                 config=cfg.learner, lora=cfg.lora, mesh=mesh, pad_id=int(lm.tokenizer.pad_token_id or 0))
 
     def make_checkpointer(self, cfg: TrainConfig, learner: Any) -> Any:

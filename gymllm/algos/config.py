@@ -16,18 +16,22 @@ from gymllm.validation import check_choice, check_range  # noqa: F401 - re-expor
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AdvantageConfig:
-    """estimator: grpo | dr_grpo | rloo | batch_std; ddof: 0 (population) or 1 (Bessel);
-    eps_placement: "std" (std + eps) or "var" (sqrt(var + eps))."""
+    """estimator: grpo | dr_grpo | rloo | batch_std | role_ema (SPIRAL's role-conditioned EMA baseline,
+    ``R - b[role]``, no normalization; a run on a game sets it with ``--multiagent.baseline role_ema``);
+    ddof: 0 (population) or 1 (Bessel); eps_placement: "std" (std + eps) or "var" (sqrt(var + eps));
+    ema_decay: role_ema's decay (``b <- decay * b + (1 - decay) * R``)."""
 
     estimator: str = "grpo"
     ddof: int = 0
     eps: float = 1e-6
     eps_placement: str = "std"
+    ema_decay: float = 0.95
 
     def __post_init__(self) -> None:
-        from gymllm.algos.advantages import ESTIMATORS
+        from gymllm.algos.advantages import ESTIMATORS, STATEFUL
 
-        check_choice("AdvantageConfig", "estimator", self.estimator, ESTIMATORS)
+        check_choice("AdvantageConfig", "estimator", self.estimator, (*ESTIMATORS, *sorted(STATEFUL)))
+        check_range("AdvantageConfig", "ema_decay", self.ema_decay, lo=0.0, hi=1.0)
         check_choice("AdvantageConfig", "ddof", self.ddof, (0, 1))
         check_range("AdvantageConfig", "eps", self.eps, lo=0.0)
         check_choice("AdvantageConfig", "eps_placement", self.eps_placement, ("std", "var"))

@@ -6,6 +6,7 @@ rest, each derived in the open from the sections it reads:
     proxy_source_config(cfg)    -> gymllm.rollout.proxy_source.ProxySourceConfig
     eval_config(cfg)            -> gymllm.rollout.evaluation.EvalConfig (held-out evaluation)
     watchdog_config(cfg)        -> gymllm.telemetry.watchdog.WatchdogConfig
+    learner_loss(cfg)           -> gymllm.algos.config.LossConfig (the run's, with a game's baseline)
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from gymllm.algos.train_config import TrainConfig
 
-__all__ = ["proxy_source_config", "eval_config", "watchdog_config"]
+__all__ = ["proxy_source_config", "eval_config", "watchdog_config", "learner_loss"]
 
 
 def proxy_source_config(cfg: TrainConfig) -> Any:
@@ -40,3 +41,15 @@ def watchdog_config(cfg: TrainConfig) -> Any:
     from gymllm.telemetry.watchdog import WatchdogConfig
 
     return WatchdogConfig(stall_s=cfg.run.stall_timeout_s)
+
+
+def learner_loss(cfg: TrainConfig) -> Any:
+    """The learner's :class:`~gymllm.algos.config.LossConfig`: ``cfg.loss``, with the advantage estimator
+    ``role_ema`` (decay ``multiagent.baseline_decay``) when a game trains with ``multiagent.baseline =
+    "role_ema"``; with ``"group"`` the run's estimator as it is."""
+    import dataclasses
+
+    if cfg.multiagent.baseline != "role_ema":
+        return cfg.loss
+    advantage = dataclasses.replace(cfg.loss.advantage, estimator="role_ema", ema_decay=cfg.multiagent.baseline_decay)
+    return dataclasses.replace(cfg.loss, advantage=advantage)

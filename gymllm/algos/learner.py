@@ -242,7 +242,9 @@ class StreamingLearner:
         self._grad, self._apply, self._ref_logp, self.tx = _programs(model_config, self.loss, cfg, self.lora,
                                                                     self.optimizer_config)
         a = self.loss.advantage
-        self._adv = _advantage_program(a.estimator, a.ddof, a.eps, a.eps_placement)
+        self._adv = (None if a.estimator in adv_mod.STATEFUL
+                     else _advantage_program(a.estimator, a.ddof, a.eps, a.eps_placement))
+        self.role_baselines: dict[str, float] = {}  # role_ema's EMA per role (checkpointed)
         self.schedule = make_schedule(self.optimizer_config, cfg.num_steps)
         self.opt_state = self.tx.init(self.trainable)
         self.version = version  # == optimizer updates applied
@@ -297,7 +299,7 @@ class StreamingLearner:
                 jax.block_until_ready(self._ref_logp(self.ref_params, a["tokens"], a["positions"], a["targets"]))
         acc = jax.tree.map(jnp.zeros_like, self.trainable)
         jax.block_until_ready(self._apply(self.trainable, self.opt_state, acc, jnp.float32(1.0)))
-        if group_size:
+        if group_size and self._adv is not None:
             rows = (1, self.config.groups_per_step) if self.loss.advantage.estimator in adv_mod.STEP_GLOBAL else (1,)
             for n in rows:  # rewards [n, G]
                 jax.block_until_ready(self._advantages(np.zeros((n, group_size), np.float32)))
@@ -327,7 +329,8 @@ class StreamingLearner:
             counter("stale_groups", self.counts["stale_groups"], track="trainer")
             return None
         rewards = self._shaped_rewards(group)
-        if (self.loss.shaping.filter_zero_variance and not group.info.get("kept_zero_variance")
+        stateful = self.loss.advantage.estimator in adv_mod.STATEFUL  # equal rewards still carry R - b[role]
+        if (self.loss.shaping.filter_zero_variance and not group.info.get("kept_zero_variance") and not stateful
                 and not bool(nonzero_variance(rewards[None])[0])):
             self.counts["filtered_groups"] += 1
             self.consumed_groups.add(gid)
@@ -340,6 +343,12 @@ class StreamingLearner:
         self._step_lengths += [t.num_sampled for t in group.trajectories]
         if self.loss.advantage.estimator in adv_mod.STEP_GLOBAL:
             self._deferred.append((group, rewards))
+        elif stateful:  # role_ema: R - b[role] with b read before it takes the group's mean reward (SPIRAL)
+            role = str(group.info.get("role") or group.info.get("agent") or "all")
+            adv = rewards - np.float32(self.role_baselines.get(role, 0.0))
+            _, self.role_baselines = adv_mod.role_ema_advantages([float(rewards.mean())], [role], self.role_baselines,
+                                                                 decay=self.loss.advantage.ema_decay)
+            self._add_rows(group, adv)
         else:
             self._add_rows(group, np.asarray(self._advantages(rewards[None]))[0])
         if self._step_groups < self.config.groups_per_step:
@@ -471,7 +480,8 @@ class StreamingLearner:
         return {"trainable": self.trainable, "opt_state": self.opt_state}
 
     def bookkeeping(self) -> dict[str, Any]:
-        return {"version": self.version, "counts": dict(self.counts), "consumed_groups": sorted(self.consumed_groups)}
+        return {"version": self.version, "counts": dict(self.counts), "consumed_groups": sorted(self.consumed_groups),
+                "role_baselines": dict(self.role_baselines)}
 
     def restore(self, state: dict[str, Any], bookkeeping: dict[str, Any]) -> None:
         self.trainable = shard_params(self.mesh, state["trainable"])
@@ -479,6 +489,7 @@ class StreamingLearner:
         self.version = int(bookkeeping["version"])
         self.counts = collections.Counter(bookkeeping.get("counts", {}))
         self.consumed_groups = set(bookkeeping.get("consumed_groups", []))
+        self.role_baselines = {str(k): float(v) for k, v in bookkeeping.get("role_baselines", {}).items()}
         self._reset_step()
 
 

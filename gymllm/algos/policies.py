@@ -68,6 +68,7 @@ def build_policy_set(cfg: Any, lm: Any, mesh: Any = None) -> "PolicySet":
     """One :class:`~gymllm.algos.learner.StreamingLearner` per policy of ``cfg.multiagent.policies``
     over the weights of ``lm`` (shared: LoRA policies share the frozen base arrays); the map is checked
     against the game of ``cfg.env.id`` first."""
+    from gymllm.algos.config_map import learner_loss
     from gymllm.algos.learner import StreamingLearner
     from gymllm.multiagent.factory import game_factory
 
@@ -84,7 +85,7 @@ def build_policy_set(cfg: Any, lm: Any, mesh: Any = None) -> "PolicySet":
     lora = policy_lora(cfg)
     flat = lm.model.flat_params()
     pad = int(lm.tokenizer.pad_token_id or 0)
-    learners = {name: StreamingLearner(lm.config, flat, loss=cfg.loss, optimizer=cfg.optimizer, config=cfg.learner,
+    learners = {name: StreamingLearner(lm.config, flat, loss=learner_loss(cfg), optimizer=cfg.optimizer, config=cfg.learner,
                                        lora=lora, mesh=mesh, pad_id=pad) for name in dict.fromkeys(seats.values())}
     return PolicySet(learners, seats, num_steps=cfg.learner.num_steps)
 

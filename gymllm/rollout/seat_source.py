@@ -88,8 +88,9 @@ class MultiAgentSection:
     learner_seats: ``("all",)`` or the seat names the learner plays (the others go to the opponent).
     baseline: ``group`` (per-seat group baseline: the loss's estimator over each seat's group) or
     ``role_ema`` (SPIRAL's role-conditioned EMA per game and seat, decay ``baseline_decay``; the pure
-    function is :func:`gymllm.multiagent.baseline.role_ema_advantages`; the source refuses it until
-    the learner has an estimator that takes rewards as advantages).
+    function is :func:`gymllm.multiagent.baseline.role_ema_advantages`; the run's learner then uses the
+    advantage estimator ``role_ema``, a group's role being its seat:
+    :func:`gymllm.algos.config_map.learner_loss`).
     policies: ``""`` (one learner) or a JSON object from seat to policy name (``{"first": "a",
     "second": "b"}``): several policies trained in one run, each with its own weights, optimizer,
     groups and version (:mod:`gymllm.algos.policies`); policy_weights: ``lora`` (an adapter per policy
@@ -285,11 +286,6 @@ class SeatGroupSource(QueueSource):
                                       "opponent (SeatGroupSource(..., opponent=FrozenOpponent.build(cfg, learner)))",
                                       received=config.opponent, fix="train through gymllm train / train(), which "
                                       "builds it, or pass opponent="))
-        if config.baseline == "role_ema":
-            raise ConfigError(explain("multiagent.baseline", expected="'group' (served today)", received="role_ema",
-                                      fix="use --multiagent.baseline group: the role-conditioned EMA baseline "
-                                      "(gymllm.multiagent.baseline.role_ema_advantages) needs a learner-side "
-                                      "estimator that takes rewards as advantages, which is not wired yet"))
         self.game_fn, self.engine, self.agent, self.sampling = game_fn, engine, agent, sampling
         self.rollout, self.config, self.group_filter = rollout, config, group_filter
         self.opponent = opponent  # frozen / run:DIR: .engine, .version, .refresh(step), .close()
@@ -437,7 +433,7 @@ class SeatGroupSource(QueueSource):
                 for key in others:  # counted once per batch: in its first seat's group
                     others[key] += sum(n for a, n in tally[key].items() if a not in seats) if seat == seats[0] else 0
             group = Group(group_id=f"g{k}:{seat}", task_id=f"seed{seed}", trajectories=trajs, admitted_version=admitted,
-                          info={"agent": seat, "policy": self.policy_of(seat), "seed": seed, "opponent": self.config.opponent,
+                          info={"agent": seat, "role": seat, "policy": self.policy_of(seat), "seed": seed, "opponent": self.config.opponent,
                                 "released_version": self.version, "opponent_illegal": others["illegal"],
                                 "opponent_errors": others["errors"]})
             self.counts["groups"] += 1
