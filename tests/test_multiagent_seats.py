@@ -280,6 +280,18 @@ def test_role_ema_baseline_sets_the_learners_estimator_and_the_groups_carry_thei
     assert learner_loss(dataclasses.replace(cfg, multiagent=MultiAgentSection())) is cfg.loss
     src = _source(ScriptEngine(), MultiAgentSection(baseline="role_ema"))  # no longer refused
     assert src.config.baseline == "role_ema"
+    from gymllm.algos.config import ShapingConfig
+    from gymllm.algos.resume import make_group_filter
+    from gymllm.types import Group, Trajectory
+
+    filtering = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, shaping=ShapingConfig(filter_zero_variance=True)))
+    equal = Group(group_id="g0:first", task_id="seed0", trajectories=[
+        Trajectory(token_ids=np.array([1, 2], np.int32), loss_mask=np.array([0, 1], np.int8), reward=1.0,
+                   behaviour_logprobs=np.zeros(2, np.float32), versions=np.array([-1, 0], np.int32),
+                   trajectory_id=f"t{i}", group_id="g0:first") for i in range(2)])
+    assert make_group_filter(filtering, {}, set())(equal)  # R - b[seat] is not 0: the group trains
+    plain = dataclasses.replace(filtering, multiagent=MultiAgentSection())
+    assert not make_group_filter(plain, {}, set())(equal)  # a group estimator would centre it to 0
 
 
 def test_registered_tic_tac_toe_is_a_game_and_plays_against_random():

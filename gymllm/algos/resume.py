@@ -82,7 +82,11 @@ def make_group_filter(cfg: TrainConfig, decided: dict[str, bool], filtered: set[
 
     from gymllm.algos.shaping import nonzero_variance, overlong_penalty
 
+    from gymllm.algos.advantages import STATEFUL
+    from gymllm.algos.config_map import learner_loss
+
     sh = cfg.loss.shaping
+    role_ema = learner_loss(cfg).advantage.estimator in STATEFUL
     patience = max(8, 4 * cfg.learner.groups_per_step)
     streak = [0]
 
@@ -91,7 +95,7 @@ def make_group_filter(cfg: TrainConfig, decided: dict[str, bool], filtered: set[
             return decided[group.group_id]
         if seen is not None:
             seen.add(group)
-        if not sh.filter_zero_variance:
+        if not sh.filter_zero_variance or role_ema:  # role_ema: equal rewards still carry R - b[role]
             return True
         r = group.rewards
         if sh.overlong_buffer:
