@@ -10,11 +10,9 @@ import json
 
 import numpy as np
 import pytest
-from gymnasium import spaces
-from pettingzoo import AECEnv
-from pettingzoo.utils import AgentSelector
 
 from gymllm.errors import ConfigError
+from turn_games import CounterGame
 from gymllm.inference.completion import Completion
 from gymllm.multiagent.factory import game_factory
 from gymllm.rollout import ModelAgent
@@ -25,61 +23,19 @@ from gymllm.rollout.seat_source import MultiAgentSection
 PILE = 4
 
 
-class NimGame(AECEnv):
-    """Nim on one pile of 4: ``north`` and ``south`` take 1 (move 0) or 2 (move 1) in turn; whoever
+class NimGame(CounterGame):
+    """Nim on one pile of 4: take 1 (move 0) or 2 (move 1, masked out below 2 stones); whoever
     takes the last stone wins (+1, the other -1). Observation ``{"observation": [pile], "action_mask"}``."""
 
     metadata = {"name": "nim_v0", "render_modes": [], "is_parallelizable": False}
+    start, high = PILE, PILE
 
-    def __init__(self):
-        super().__init__()
-        self.possible_agents = ["north", "south"]
-        self.observation_spaces = {a: spaces.Dict({"observation": spaces.Box(0, PILE, (1,), np.int64),
-                                                   "action_mask": spaces.Box(0, 1, (2,), np.int8)})
-                                   for a in self.possible_agents}
-        self.action_spaces = {a: spaces.Discrete(2) for a in self.possible_agents}
-        self.render_mode = None
+    def legal(self):
+        return np.array([1, 1 if self.count >= 2 else 0], np.int8)
 
-    def observation_space(self, agent):
-        return self.observation_spaces[agent]
-
-    def action_space(self, agent):
-        return self.action_spaces[agent]
-
-    def observe(self, agent):
-        return {"observation": np.array([self.pile], np.int64),
-                "action_mask": np.array([1, 1 if self.pile >= 2 else 0], np.int8)}
-
-    def reset(self, seed=None, options=None):
-        self.agents = list(self.possible_agents)
-        self.pile = PILE
-        self.rewards = {a: 0 for a in self.agents}
-        self._cumulative_rewards = {a: 0 for a in self.agents}
-        self.terminations = {a: False for a in self.agents}
-        self.truncations = {a: False for a in self.agents}
-        self.infos = {a: {} for a in self.agents}
-        self._selector = AgentSelector(self.agents)
-        self.agent_selection = self._selector.next()
-
-    def step(self, action):
-        agent = self.agent_selection
-        if self.terminations[agent] or self.truncations[agent]:
-            return self._was_dead_step(action)
-        self._cumulative_rewards[agent] = 0
-        self.pile = max(0, self.pile - min(int(action) + 1, self.pile))
-        self.rewards = {a: 0 for a in self.agents}
-        if self.pile == 0:
-            other = [a for a in self.agents if a != agent][0]
-            self.rewards[agent], self.rewards[other] = 1, -1
-            self.terminations = {a: True for a in self.agents}
-        self._accumulate_rewards()
-        self.agent_selection = self._selector.next()
-
-    def render(self):
-        return None
-
-    def close(self):
-        pass
+    def advance(self, action):
+        self.count = max(0, self.count - min(action + 1, self.count))
+        return self.count == 0
 
 
 def nim():

@@ -10,12 +10,10 @@ import asyncio
 
 import numpy as np
 import pytest
-from gymnasium import spaces
-from pettingzoo import AECEnv
-from pettingzoo.utils import AgentSelector
 
 from gymllm.algos.advantages import role_ema_advantages
 from gymllm.errors import ConfigError
+from turn_games import CounterGame
 from gymllm.inference.completion import Completion
 from gymllm.multiagent import text_api_test
 from gymllm.multiagent.factory import game_factory
@@ -26,59 +24,16 @@ from gymllm.rollout.seat_source import MultiAgentSection, SeatGroupSource
 TARGET = 5
 
 
-class RaceGame(AECEnv):
+class RaceGame(CounterGame):
     """Race to 5: two players add 1 (move 0) or 2 (move 1) to a shared counter in turn; whoever brings
     it to 5 or more wins (+1, the other -1). Observation ``{"observation": [counter], "action_mask"}``."""
 
     metadata = {"name": "race_v0", "render_modes": [], "is_parallelizable": False}
+    seats, start, high = ("first", "second"), 0, TARGET + 1
 
-    def __init__(self):
-        super().__init__()
-        self.possible_agents = ["first", "second"]
-        self._obs = {a: spaces.Dict({"observation": spaces.Box(0, TARGET + 1, (1,), np.int64),
-                                     "action_mask": spaces.Box(0, 1, (2,), np.int8)}) for a in self.possible_agents}
-        self._act = {a: spaces.Discrete(2) for a in self.possible_agents}
-        self.render_mode = None
-
-    def observation_space(self, agent):
-        return self._obs[agent]
-
-    def action_space(self, agent):
-        return self._act[agent]
-
-    def observe(self, agent):
-        return {"observation": np.array([self.counter], np.int64), "action_mask": np.ones(2, np.int8)}
-
-    def reset(self, seed=None, options=None):
-        self.agents = list(self.possible_agents)
-        self.counter = 0
-        self.rewards = {a: 0 for a in self.agents}
-        self._cumulative_rewards = {a: 0 for a in self.agents}
-        self.terminations = {a: False for a in self.agents}
-        self.truncations = {a: False for a in self.agents}
-        self.infos = {a: {} for a in self.agents}
-        self._selector = AgentSelector(self.agents)
-        self.agent_selection = self._selector.next()
-
-    def step(self, action):
-        agent = self.agent_selection
-        if self.terminations[agent] or self.truncations[agent]:
-            return self._was_dead_step(action)
-        self._cumulative_rewards[agent] = 0
-        self.counter = min(TARGET + 1, self.counter + int(action) + 1)
-        self.rewards = {a: 0 for a in self.agents}
-        if self.counter >= TARGET:
-            other = [a for a in self.agents if a != agent][0]
-            self.rewards[agent], self.rewards[other] = 1, -1
-            self.terminations = {a: True for a in self.agents}
-        self._accumulate_rewards()
-        self.agent_selection = self._selector.next()
-
-    def render(self):
-        return None
-
-    def close(self):
-        pass
+    def advance(self, action):
+        self.count = min(TARGET + 1, self.count + action + 1)
+        return self.count >= TARGET
 
 
 def race():

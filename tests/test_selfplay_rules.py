@@ -9,11 +9,9 @@ import asyncio
 
 import numpy as np
 import pytest
-from gymnasium import spaces
-from pettingzoo import AECEnv
-from pettingzoo.utils import AgentSelector
 
 from gymllm.errors import ConfigError
+from turn_games import CounterGame
 from gymllm.inference.completion import Completion
 from gymllm.multiagent.factory import game_factory
 from gymllm.rollout import ModelAgent
@@ -23,61 +21,20 @@ from gymllm.rollout.seat_source import MultiAgentSection, SeatGroupSource, SeatM
 STONES = 5
 
 
-class PileGame(AECEnv):
-    """Two players take 1 (move 0) or 2 (move 1) stones in turn from a pile of 5; taking 2 from a pile of
-    1 is illegal (masked out). Whoever takes the last stone wins (+1, the other -1)."""
+class PileGame(CounterGame):
+    """A pile of 5 stones: take 1 (move 0) or 2 (move 1); taking the last stone wins. The game's own
+    mask forbids taking 2 from a pile of 1, and its step asserts no illegal move reaches it."""
 
     metadata = {"name": "pile_v0", "render_modes": [], "is_parallelizable": False}
+    start, high = STONES, STONES
 
-    def __init__(self):
-        super().__init__()
-        self.possible_agents = ["north", "south"]
-        self._obs = {a: spaces.Dict({"observation": spaces.Box(0, STONES, (1,), np.int64),
-                                     "action_mask": spaces.Box(0, 1, (2,), np.int8)}) for a in self.possible_agents}
-        self._act = {a: spaces.Discrete(2) for a in self.possible_agents}
-        self.render_mode = None
+    def legal(self):
+        return np.array([self.count >= 1, self.count >= 2], np.int8)
 
-    def observation_space(self, agent):
-        return self._obs[agent]
-
-    def action_space(self, agent):
-        return self._act[agent]
-
-    def observe(self, agent):
-        return {"observation": np.array([self.pile], np.int64),
-                "action_mask": np.array([self.pile >= 1, self.pile >= 2], np.int8)}
-
-    def reset(self, seed=None, options=None):
-        self.agents = list(self.possible_agents)
-        self.pile = STONES
-        self.rewards = {a: 0 for a in self.agents}
-        self._cumulative_rewards = {a: 0 for a in self.agents}
-        self.terminations = {a: False for a in self.agents}
-        self.truncations = {a: False for a in self.agents}
-        self.infos = {a: {} for a in self.agents}
-        self._selector = AgentSelector(self.agents)
-        self.agent_selection = self._selector.next()
-
-    def step(self, action):
-        agent = self.agent_selection
-        if self.terminations[agent] or self.truncations[agent]:
-            return self._was_dead_step(action)
-        assert self.observe(agent)["action_mask"][int(action)], "the text layer let an illegal move through"
-        self._cumulative_rewards[agent] = 0
-        self.pile -= int(action) + 1
-        self.rewards = {a: 0 for a in self.agents}
-        if self.pile == 0:
-            other = [a for a in self.agents if a != agent][0]
-            self.rewards[agent], self.rewards[other] = 1, -1
-            self.terminations = {a: True for a in self.agents}
-        self._accumulate_rewards()
-        self.agent_selection = self._selector.next()
-
-    def render(self):
-        return None
-
-    def close(self):
-        pass
+    def advance(self, action):
+        assert self.legal()[action], "the text layer let an illegal move through"
+        self.count -= action + 1
+        return self.count == 0
 
 
 def pile():
