@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gymllm.errors import ConfigError
-from turn_games import CounterGame
+from turn_games import CounterGame, take_groups
 from gymllm.inference.completion import Completion
 from gymllm.multiagent.factory import game_factory
 from gymllm.rollout import ModelAgent
@@ -144,23 +144,12 @@ def _source(engines, policies, opponent="self"):
                             sampling=SamplingParams(temperature=1.0, max_tokens=4), rollout=r, config=cfg)
 
 
-async def _take(source, n):
-    await source.start()
-    try:
-        out = []
-        while len(out) < n:
-            out += await asyncio.wait_for(source.next_groups(), 20)
-        return out
-    finally:
-        await source.close()
-
-
 def test_groups_are_routed_by_seat_and_never_mix_seats_or_policies():
     from gymllm.models.tiny import tiny_tokenizer
 
     tok = tiny_tokenizer(512)
     engines = {"a": ScriptEngine(tok, 3), "b": ScriptEngine(tok, 7)}
-    groups = asyncio.run(_take(_source(engines, {"north": "a", "south": "b"}), 4))
+    groups = asyncio.run(take_groups(_source(engines, {"north": "a", "south": "b"}), 4))
     seat_index = {"north": 0, "south": 1}
     for g in groups:
         seat, policy = g.info["agent"], g.info["policy"]
@@ -184,7 +173,7 @@ def test_one_policy_against_a_random_opponent_trains_only_its_seat():
 
     engines = {"solo": ScriptEngine(tiny_tokenizer(512), 0)}
     src = _source(engines, {"south": "solo"}, opponent="random")
-    groups = asyncio.run(_take(src, 3))
+    groups = asyncio.run(take_groups(src, 3))
     assert {(g.info["agent"], g.info["policy"]) for g in groups} == {("south", "solo")}
     assert src.counts["opponent_moves"] > 0
 

@@ -13,7 +13,7 @@ import pytest
 
 from gymllm.algos.advantages import role_ema_advantages
 from gymllm.errors import ConfigError
-from turn_games import CounterGame
+from turn_games import CounterGame, take_groups
 from gymllm.inference.completion import Completion
 from gymllm.multiagent import text_api_test
 from gymllm.multiagent.factory import game_factory
@@ -136,21 +136,10 @@ def _source(engine, config, *, group_size=2):
                            sampling=_params(), rollout=r, config=config)
 
 
-async def _take(source, n):
-    await source.start()
-    try:
-        out = []
-        while len(out) < n:
-            out += await asyncio.wait_for(source.next_groups(), 20)
-        return out
-    finally:
-        await source.close()
-
-
 def test_self_play_groups_one_per_seat_and_seed_with_tokens_logprobs_versions():
     engine = ScriptEngine()
     engine.version = 3
-    groups = asyncio.run(_take(_source(engine, MultiAgentSection()), 4))
+    groups = asyncio.run(take_groups(_source(engine, MultiAgentSection()), 4))
     by_batch = {}
     for g in groups:
         batch, seat = g.group_id.split(":")
@@ -171,7 +160,7 @@ def test_self_play_groups_one_per_seat_and_seed_with_tokens_logprobs_versions():
 def test_random_and_scripted_opponents_play_the_other_seat_and_seats_rotate():
     CALLS.clear()
     engine = ScriptEngine()
-    groups = asyncio.run(_take(_source(engine, MultiAgentSection(opponent="test_multiagent_seats:always_two")), 2))
+    groups = asyncio.run(take_groups(_source(engine, MultiAgentSection(opponent="test_multiagent_seats:always_two")), 2))
     seats = {int(g.group_id.split(":")[0][1:]): g.info["agent"] for g in groups}
     assert seats[0] == "first" and seats[1] == "second"  # batch k trains seat k % 2
     assert CALLS and {a for _, a in CALLS} == {"first", "second"}  # the fn played the non-learner seats
@@ -180,7 +169,7 @@ def test_random_and_scripted_opponents_play_the_other_seat_and_seats_rotate():
     # only learner seats reached the engine
     assert all(s is not None for s in engine.calls)
     rnd = _source(ScriptEngine(), MultiAgentSection(opponent="random", learner_seats=("second",)))
-    groups = asyncio.run(_take(rnd, 2))
+    groups = asyncio.run(take_groups(rnd, 2))
     assert {g.info["agent"] for g in groups} == {"second"} and rnd.counts["opponent_moves"] > 0
 
 
@@ -204,7 +193,7 @@ def test_games_interleave_a_game_waits_only_for_its_own_mover():
         return out
 
     engine.generate = generate
-    groups = asyncio.run(_take(_source(engine, MultiAgentSection()), 2))
+    groups = asyncio.run(take_groups(_source(engine, MultiAgentSection()), 2))
     first_g0 = engine.calls.index("g0/m0/a0")
     game1 = [i for i, s in enumerate(engine.calls) if s in ("g0/m2/a0", "g0/m3/a0")]
     assert sum(i > first_g0 for i in game1) >= 2 and len(groups) >= 2
@@ -257,7 +246,7 @@ def test_registered_tic_tac_toe_is_a_game_and_plays_against_random():
     src = SeatGroupSource(make, engine, ModelAgent(engine.tok), sampling=_params(),
                           rollout=RolloutConfig(group_size=2, max_concurrency=8, max_staleness=None, max_model_calls=3),
                           config=MultiAgentSection(opponent="random"))
-    groups = asyncio.run(_take(src, 2))
+    groups = asyncio.run(take_groups(src, 2))
     assert {g.info["agent"] for g in groups} == set(make().possible_agents) and src.counts["opponent_moves"] > 0
 
 
@@ -320,7 +309,7 @@ def test_frozen_opponent_seats_are_played_by_the_opponent_engine_and_refresh_on_
     for v in (1, 2, 3, 4):
         src.set_policy_version(v)
     assert opp.refreshed == [2, 4] and src.stats()["opponent_version"] == 4
-    groups = asyncio.run(_take(src, 2))
+    groups = asyncio.run(take_groups(src, 2))
     for g in groups:
         seat = g.info["agent"]
         other = "second" if seat == "first" else "first"
@@ -383,7 +372,7 @@ def test_a_crashing_opponent_is_an_illegal_move_and_the_run_goes_on(caplog):
     FLAKY["calls"] = 0
     src = _source(ScriptEngine(), MultiAgentSection(opponent="test_multiagent_seats:crashes_first"))
     with caplog.at_level("WARNING", logger="gymllm.rollout"):
-        groups = asyncio.run(_take(src, 3))
+        groups = asyncio.run(take_groups(src, 3))
     assert len(groups) >= 3 and src.counts["failed_batches"] == 0 and "opponent crashed" in caplog.text
     assert src.counts["seat_errors"] == 3 and sum(g.info["opponent_errors"] for g in groups) == 3
     assert all(len(g.trajectories) == 2 for g in groups)  # every game ended, none left a group short

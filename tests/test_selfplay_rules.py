@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gymllm.errors import ConfigError
-from turn_games import CounterGame
+from turn_games import CounterGame, take_groups
 from gymllm.inference.completion import Completion
 from gymllm.multiagent.factory import game_factory
 from gymllm.rollout import ModelAgent
@@ -89,16 +89,7 @@ def _source(engine, config, metrics=None):
 
 
 def _take(source, n):
-    async def go():
-        await source.start()
-        try:
-            out = []
-            while len(out) < n:
-                out += await asyncio.wait_for(source.next_groups(), 20)
-            return out
-        finally:
-            await source.close()
-    return asyncio.run(go())
+    return asyncio.run(take_groups(source, n))
 
 
 def test_illegal_move_fields_are_checked_and_are_train_flags():

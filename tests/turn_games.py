@@ -1,4 +1,5 @@
-"""The base of the tiny two-seat PettingZoo games the multi-agent tests write (not games of gymllm's).
+"""What the multi-agent tests share: the base of the tiny two-seat PettingZoo games they write (not
+games of gymllm's) and :func:`take_groups`, which drains a group source.
 
 :class:`CounterGame` owns the AEC bookkeeping (agents, spaces, rewards, terminations, the turn order,
 ``_was_dead_step``); a game fills in its seats, where the counter starts, its legal moves and what a move
@@ -9,12 +10,14 @@ ends the game wins (+1, the other seat -1).
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 from gymnasium import spaces
 from pettingzoo import AECEnv
 from pettingzoo.utils import AgentSelector
 
-__all__ = ["CounterGame"]
+__all__ = ["CounterGame", "take_groups"]
 
 
 class CounterGame(AECEnv):
@@ -81,3 +84,15 @@ class CounterGame(AECEnv):
 
     def close(self):
         pass
+
+
+async def take_groups(source, n: int, *, timeout_s: float = 20.0) -> list:
+    """Start ``source``, collect at least ``n`` groups (each wait bounded by ``timeout_s``), close it."""
+    await source.start()
+    try:
+        out: list = []
+        while len(out) < n:
+            out += await asyncio.wait_for(source.next_groups(), timeout_s)
+        return out
+    finally:
+        await source.close()
