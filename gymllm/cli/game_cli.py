@@ -17,10 +17,8 @@ players meets for ``--games`` games, seats swapped in pairs. The run writes ``ga
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import sys
-import traceback
 from typing import Annotated, Any, Literal, Sequence
 
 import tyro
@@ -152,18 +150,10 @@ eval_main.takes_argv = True  # type: ignore[attr-defined]  # gymllm.cli.commands
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m gymllm.cli.game_cli ...``: errors as one line, as ``gymllm`` does."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        return eval_main(argv)
-    except SystemExit as e:
-        return int(e.code or 0) if isinstance(e.code, int) else 2
-    except Exception as e:  # noqa: BLE001 - the command line's one place that turns errors into a line
-        if os.environ.get("GYMLLM_DEBUG"):
-            traceback.print_exc()
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"error: {type(e).__name__}: {msg}", file=sys.stderr)
-        return 2
+    from gymllm.cli.main import guarded
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return guarded(lambda: eval_main(argv))
 
 if __name__ == "__main__":
     sys.exit(main())

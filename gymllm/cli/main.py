@@ -70,8 +70,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: unknown command {name!r}; expected one of {', '.join(COMMANDS)}.", file=sys.stderr)
         print("hint: gymllm --help", file=sys.stderr)
         return 2
+    return guarded(lambda: commands.dispatch(name, COMMANDS[name], rest))
+
+
+def guarded(call: Callable[[], object]) -> int:
+    """Run a command and return its exit status: a usage error or ``--help`` (tyro's SystemExit) as its
+    code, any other error as one line plus a hint on stderr and status 2 (``GYMLLM_DEBUG=1``: the
+    traceback too). The one place the command line turns errors into a line (``python -m
+    gymllm.cli.suite_cli`` and ``gymllm.cli.game_cli`` use it as well)."""
     try:
-        result = commands.dispatch(name, COMMANDS[name], rest)
+        result = call()
     except SystemExit as e:  # tyro's --help and argument errors
         return int(e.code or 0) if isinstance(e.code, int) else 2
     except KeyboardInterrupt:
@@ -85,7 +93,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"hint: {_hint(e)}", file=sys.stderr)
         return 2
     return int(result) if isinstance(result, int) else 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import pathlib
 import sys
-import traceback
 from typing import Annotated, Any, Sequence
 
 import tyro
@@ -279,17 +277,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv or argv[0] not in commands:
         print("usage: python -m gymllm.cli.suite_cli {eval,compare} [ARGS] (--help for the options)", file=sys.stderr)
         return 2
-    try:
-        return commands[argv[0]](argv[1:])
-    except SystemExit as e:
-        return int(e.code or 0) if isinstance(e.code, int) else 2
-    except Exception as e:  # noqa: BLE001 - the command line's one place that turns errors into a line
-        if os.environ.get("GYMLLM_DEBUG"):
-            traceback.print_exc()
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"error: {type(e).__name__}: {msg}", file=sys.stderr)
-        return 2
+    from gymllm.cli.main import guarded
 
+    return guarded(lambda: commands[argv[0]](argv[1:]))
 
 if __name__ == "__main__":
     sys.exit(main())
