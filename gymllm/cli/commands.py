@@ -78,10 +78,11 @@ def run_stages(cfg: object, stage: object, *, log: Callable[[str], None] = print
         from gymllm.envs.demos import demonstrations, write_demos
 
         t0 = time.perf_counter()
-        records = demonstrations(cfg.env.id, n=stage.demos, seed=stage.demo_seed, env_kwargs=dict(cfg.env.kwargs),
+        demo_env = stage.demo_env or cfg.env.id
+        records = demonstrations(demo_env, n=stage.demos, seed=stage.demo_seed, env_kwargs=dict(cfg.env.kwargs),
                                  system_prompt=cfg.env.system_prompt, agent="tool" if cfg.env.agent == "tool" else "model")
         if not records:
-            raise ConfigError(explain("recipe [sft].demos", expected=f"solved episodes of {cfg.env.id}",
+            raise ConfigError(explain("recipe [sft].demos", expected=f"solved episodes of {demo_env}",
                                       received=f"none on seeds {stage.demo_seed}..{stage.demo_seed + stage.demos - 1}",
                                       fix="check env.kwargs (e.g. a map whose goal can be reached)"))
         write_demos(demos_path, records)  # atomic: a killed stage leaves no half-written demos

@@ -107,6 +107,9 @@ class SFTStage:
 
     demos: episodes the env's solver plays (``gymllm.envs.demos.demonstrations``; solved or won/drawn
     ones are kept), seeds ``demo_seed .. demo_seed + demos - 1`` (below the held-out seeds);
+    demo_env: the env whose solver plays them (default ``""``: the recipe's ``env.id``), with the
+    recipe's ``env.kwargs`` and system prompt, e.g. ``gymllm/TicTacToe-v0`` (one seat against a
+    scripted opponent, which has a minimax solver) for a self-play run on the game ``tic-tac-toe``;
     overrides: the table's other keys, applied onto :class:`gymllm.algos.sft.SFTConfig` by
     :func:`sft_config_for`: a key of ``SFTConfig`` itself (``seed``, ``checkpoint_every``, a ``[sft.lora]``
     table...), else of its ``sft`` section (``num_steps``, ``batch_size``, ``max_len``...), else of its
@@ -115,6 +118,7 @@ class SFTStage:
 
     demos: int = 256
     demo_seed: int = 0
+    demo_env: str = ""
     overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -123,6 +127,9 @@ class SFTStage:
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ConfigError(f"recipe [sft].{name}: expected an int >= {lo}, received {v!r}. "
                                   f"Fix: write {name} = {256 if name == 'demos' else 0}.")
+        if not isinstance(self.demo_env, str):
+            raise ConfigError(f"recipe [sft].demo_env: expected an env id string, received {self.demo_env!r}. "
+                              "Fix: write demo_env = \"gymllm/TicTacToe-v0\" (or leave it out for env.id).")
         fixed = sorted(set(self.overrides) & set(SFT_STAGE_OWNED))
         if fixed:
             raise ConfigError(f"recipe [sft]: expected no {fixed} (the stage sets them: the demos file, the recipe's "
@@ -139,7 +146,7 @@ def sft_stage_from(table: Any) -> SFTStage:
         raise ConfigError(f"recipe 'sft': expected a table ([sft] with demos = N, num_steps = ...), received "
                           f"{table!r}. Fix: write it as an [sft] table.")
     rest = dict(table)
-    known = {k: rest.pop(k) for k in ("demos", "demo_seed") if k in rest}
+    known = {k: rest.pop(k) for k in ("demos", "demo_seed", "demo_env") if k in rest}
     return SFTStage(**known, overrides=rest)
 
 
@@ -163,7 +170,7 @@ def sft_config_for(stage: SFTStage, train_cfg: Any, *, data: str, run_dir: str) 
         name = key.replace("-", "_")
         where = "" if name in top else "sft" if name in sec else "optimizer" if name in opt else None
         if where is None:
-            raise ConfigError(f"bad recipe key 'sft.{key}': expected demos, demo_seed or a field of SFTConfig "
+            raise ConfigError(f"bad recipe key 'sft.{key}': expected demos, demo_seed, demo_env or a field of SFTConfig "
                               f"{sorted(top - set(SFT_STAGE_OWNED))}, its sft section {sorted(sec)} or its optimizer "
                               f"{sorted(opt)}, received {key!r}. Fix: rename or remove {key!r}.")
         if where:
