@@ -53,15 +53,17 @@ step (executed, counted per micro-batch of B x T positions)::
 (3 = forward + backward's two matmuls; attention dense over T keys, as the kernel runs it; the LM head
 on the P = B x min(T, budget) loss positions the learner projects, ``LearnerConfig.loss_positions_only``).
 ``learner_vs_roofline`` = executed FLOP/s / roofline FLOP/s (``learner_vs_roofline_fp32``: against the
-float32 matmul alone, which flatters a bf16 learner on a CPU whose bf16 matmul is faster); ``learner_vs_roofline_6nt`` uses the
-textbook ``6 N T + attention`` (N all matmul weights, the head at every position) for the same step
-time, i.e. the learner's tokens/s against the tokens/s of a full-head step at the roofline;
+float32 matmul alone, which flatters a bf16 learner on a CPU whose bf16 matmul is faster);
+``learner_vs_roofline_6nt`` uses the textbook ``6 N T + attention`` (N all matmul weights, the head at
+every position) for the same step time, i.e. the learner's tokens/s against the tokens/s of a
+full-head step at the roofline;
 ``learner_tokens_per_s`` = positions trained per second. ``--roofline-only`` runs just this part.
 
 Ends with ``RESULT {json}``: ``barrier_free_vs_sync`` (sync wall / barrier-free wall, equal width),
 ``trainer_idle_fraction`` (barrier-free, whole run), ``trainer_idle_fraction_steady``,
 ``barrier_free_staleness_mean`` / ``_max``, ``reward_per_step`` (both sides), ``tunix_config_step_s``,
-``learner_vs_roofline`` (and its parts under ``learner_roofline``), ``cpu`` and ``loadavg``. (``async_vs_sync`` and ``async_narrow_vs_sync``, the rollout-only ratios,
+``learner_vs_roofline`` (and its parts under ``learner_roofline``), ``cpu`` and ``loadavg``.
+(``async_vs_sync`` and ``async_narrow_vs_sync``, the rollout-only ratios,
 are ``benchmarks/rollout.py``'s.)
 
     python benchmarks/train.py --quick
@@ -247,7 +249,8 @@ def learner_roofline(steps: int, reps: int) -> dict:
             "positions_per_step": positions, "micro_batches": micro_batches, "head_positions_per_micro_batch": head,
             "compute_dtype": lc.compute_dtype, "model": qs.model.name, "params_matmul": n_matmul,
             "loss_positions_only": lc.loss_positions_only,
-            "flops_formula": "3 x [B T (L (2 E (H D + 2 K D) + 2 H D E + 6 E F) + 4 L H D T) + 2 E V P] per micro-batch"}
+            "flops_formula": "3 x [B T (L (2 E (H D + 2 K D) + 2 H D E + 6 E F) + 4 L H D T) + 2 E V P] "
+                             "per micro-batch"}
 
 
 def reward_table(a: list[float], b: list[float]) -> str:

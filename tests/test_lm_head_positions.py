@@ -32,8 +32,8 @@ def multi_turn(groups):
                 mask = t.loss_mask.copy()
                 j = int(np.flatnonzero(mask)[2])
                 mask[j:j + 2] = 0
-                t = dataclasses.replace(t, loss_mask=mask, behaviour_logprobs=np.where(mask > 0, t.behaviour_logprobs, 0)
-                                        .astype(np.float32))
+                mu = np.where(mask > 0, t.behaviour_logprobs, 0).astype(np.float32)
+                t = dataclasses.replace(t, loss_mask=mask, behaviour_logprobs=mu)
             trajs.append(t)
         out.append(dataclasses.replace(g, trajectories=trajs))
     return out

@@ -20,7 +20,8 @@ Rules (see ``grpo-reference.md``):
   devices), and no update ever waits for a whole rollout batch.
 * Log-probabilities are recomputed in float32 with :func:`gymllm.models.token_logprobs` at the
   sampling temperature, by default only where the loss reads them (``loss_positions_only``: the
-  transformer runs on every position, the vocab projection and log-softmax on the sampled ones). ``kl.beta == 0`` means no reference parameters are kept or run.
+  transformer runs on every position, the vocab projection and log-softmax on the sampled ones).
+  ``kl.beta == 0`` means no reference parameters are kept or run.
 * With LoRA only the adapters are trained (and held in the optimizer state); :meth:`policy_params`
   gives the merged weights for the engine.
 """
