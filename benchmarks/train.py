@@ -41,9 +41,10 @@ its real weights, ``LearnerConfig`` as ``effective()`` completes it: 6-row micro
 bf16 compute where native, response budget 48, the async-agentic loss without a reference model)
 trains on 2 groups of 6 trajectories of the Quickstart's shape (97-token prompt, two 24-token replies
 around a 14-token tool observation: 159 tokens, the bucket's rows full; synthetic tokens, the same
-shapes) for ``--roofline-steps`` timed steps after one settling (compiling) step. In the same run the
-roofline is measured on the model's own matmul shapes: every projection of a layer ([960, 576] x
-[576, 576 | 192 | 1536], [960, 1536] x [1536, 576]) and the LM head ([M, 576] x [576, 49152]), each a
+shapes) for ``--roofline-steps`` timed steps after one settling (compiling) step. After each step
+the roofline is measured on the model's own matmul shapes (each step and its roofline see about the
+same load on a shared machine; the figure is the median of the per-step ratios): every projection
+of a layer ([960, 576] x [576, 576 | 192 | 1536], [960, 1536] x [1536, 576]) and the LM head ([M, 576] x [576, 49152]), each a
 jitted matmul timed best of several, weighted by how often a forward runs it, in float32 and in the
 learner's compute dtype (bf16 x bf16 -> f32); the roofline is the faster of the two. FLOPs of a
 step (executed, counted per micro-batch of B x T positions)::
@@ -72,6 +73,7 @@ are ``benchmarks/rollout.py``'s.)
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import tempfile
@@ -160,15 +162,23 @@ def measure(cfg: TrainConfig) -> dict[str, float]:
             "staleness_mean_per_step": [float(h["staleness_mean"]) for h in res.history]}
 
 
-def matmul_seconds(m: int, k: int, n: int, dtype, reps: int) -> float:
-    """Best seconds of a jitted [m, k] x [k, n] matmul (float32 accumulation, as the model's ``dense``)."""
+@functools.lru_cache(maxsize=None)
+def _matmul_case(m: int, k: int, n: int, dtype):
     import jax
     import jax.numpy as jnp
 
     a = jax.random.normal(jax.random.key(0), (m, k), dtype)
     b = jax.random.normal(jax.random.key(1), (k, n), dtype)
     f = jax.jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32))
-    jax.block_until_ready(f(a, b))
+    jax.block_until_ready(f(a, b))  # compiled once
+    return f, a, b
+
+
+def matmul_seconds(m: int, k: int, n: int, dtype, reps: int) -> float:
+    """Best seconds of a jitted [m, k] x [k, n] matmul (float32 accumulation, as the model's ``dense``)."""
+    import jax
+
+    f, a, b = _matmul_case(m, k, n, dtype)
     best = float("inf")
     for _ in range(reps):
         t = time.perf_counter()
@@ -193,8 +203,22 @@ def step_flops(cfg, rows: int, length: int, head_positions: int) -> float:
     return 3.0 * (rows * length * per_position + 2 * e * v * head_positions)
 
 
+def roofline_rates(cfg, rows: int, head: int, dtypes: dict, reps: int) -> dict[str, float]:
+    """FLOP/s of the model's own weight matmuls (one forward's mix, each shape best of ``reps``) per dtype."""
+    rates = {}
+    for name, dt in dtypes.items():
+        total_f = total_t = 0.0
+        for m, k, n, c in model_matmuls(cfg, rows, head):
+            total_f += c * 2.0 * m * k * n
+            total_t += c * matmul_seconds(m, k, n, dt, reps)
+        rates[name] = total_f / total_t
+    return rates
+
+
 def learner_roofline(steps: int, reps: int) -> dict:
-    """The Quickstart's learner step against the matmul roofline of this CPU (module docstring)."""
+    """The Quickstart's learner step against the matmul roofline of this CPU (module docstring). The
+    roofline is measured after every timed step (so each step and its roofline see about the same
+    load on a shared machine); the figure is the median of the per-step ratios."""
     import statistics
 
     import jax.numpy as jnp
@@ -209,41 +233,38 @@ def learner_roofline(steps: int, reps: int) -> dict:
     cfg = lm.config
     ln = StreamingLearner(cfg, lm.model.flat_params(), loss=qs.loss, optimizer=qs.optimizer, config=qs.learner)
     lc = ln.config
+    rows, length = lc.micro_batch_size, 160  # every row is 159 tokens: the 160 bucket
+    budget = lc.max_response_len if lc.loss_positions_only and 0 < lc.max_response_len < length else length
+    head = rows * budget
+    dtypes = {"float32": jnp.float32}
+    if lc.compute_dtype not in (None, "float32"):
+        dtypes[lc.compute_dtype] = getattr(jnp, lc.compute_dtype)
     t0 = time.perf_counter()
     ln.submit(quickstart_groups(seed=100, vocab=cfg.vocab_size))  # settle: compiles the step's programs
     settle_s = time.perf_counter() - t0
-    walls, tokens = [], 0
+    walls, rounds = [], []
     for s in range(steps):
         gs = quickstart_groups(seed=s, version=ln.version, vocab=cfg.vocab_size)
         t = time.perf_counter()
         rep = ln.submit(gs)[0]
         walls.append(time.perf_counter() - t)
-    step_s = statistics.median(walls)
-    rows, length = lc.micro_batch_size, 160  # every row is 159 tokens: the 160 bucket
+        rounds.append(roofline_rates(cfg, rows * length, head, dtypes, reps))
     micro_batches = int(rep.metrics["micro_batches"])
-    budget = lc.max_response_len if lc.loss_positions_only and 0 < lc.max_response_len < length else length
-    head = rows * budget
     flops = micro_batches * step_flops(cfg, rows, length, head)
     positions = micro_batches * rows * length
     n_matmul = sum(k * n * c for _, k, n, c in model_matmuls(cfg, 1, 1))  # every weight a position multiplies
     attn = 3 * cfg.num_layers * 4 * cfg.num_heads * cfg.resolved_head_dim * length  # per position, fwd + bwd
     flops_6nt = positions * (6.0 * n_matmul + attn)
-    rates = {}
-    dtypes = {"float32": jnp.float32}
-    if lc.compute_dtype not in (None, "float32"):
-        dtypes[lc.compute_dtype] = getattr(jnp, lc.compute_dtype)
-    for name, dt in dtypes.items():
-        total_f = total_t = 0.0
-        for m, k, n, c in model_matmuls(cfg, rows * length, head):
-            total_f += c * 2.0 * m * k * n
-            total_t += c * matmul_seconds(m, k, n, dt, reps)
-        rates[name] = total_f / total_t
+    ratios = [flops / w / max(r.values()) for w, r in zip(walls, rounds)]
+    step_s = statistics.median(walls)
+    rates = {k: statistics.median(r[k] for r in rounds) for k in dtypes}
     roof = max(rates.values())
     achieved = flops / step_s
-    return {"learner_vs_roofline": achieved / roof, "learner_vs_roofline_6nt": flops_6nt / step_s / roof,
-            "learner_vs_roofline_fp32": achieved / rates["float32"],
-            "learner_tokens_per_s": positions / step_s, "learner_sampled_tokens_per_s":
-            micro_batches * rows * 2 * 24 / step_s, "step_s": step_s, "step_s_all": walls, "settle_s": settle_s,
+    return {"learner_vs_roofline": statistics.median(ratios), "learner_vs_roofline_rounds": ratios,
+            "learner_vs_roofline_6nt": statistics.median(flops_6nt / w / max(r.values())
+                                                         for w, r in zip(walls, rounds)),
+            "learner_vs_roofline_fp32": statistics.median(flops / w / r["float32"] for w, r in zip(walls, rounds)),
+            "learner_tokens_per_s": positions / step_s, "step_s": step_s, "step_s_all": walls, "settle_s": settle_s,
             "executed_tflops_per_step": flops / 1e12, "achieved_gflops": achieved / 1e9,
             "roofline_gflops": roof / 1e9, "matmul_gflops_by_dtype": {k: v / 1e9 for k, v in rates.items()},
             "positions_per_step": positions, "micro_batches": micro_batches, "head_positions_per_micro_batch": head,
@@ -278,15 +299,15 @@ def main() -> None:
     ap.add_argument("--latency-scale", type=float, default=1.0,
                     help="multiply the env latency (diagnostic: on a loaded machine, its CPU slowdown factor "
                          "reproduces the idle machine's learner/tool time ratio); RESULT figures are for 1.0")
-    ap.add_argument("--roofline-steps", type=int, default=None, help="timed Quickstart learner steps (2 quick, 4)")
+    ap.add_argument("--roofline-steps", type=int, default=None, help="timed Quickstart learner steps (3 quick, 5)")
     ap.add_argument("--roofline-only", action="store_true",
                     help="only the Quickstart learner against the matmul roofline (learner_vs_roofline)")
     args = ap.parse_args()
-    roof_steps = args.roofline_steps or (2 if args.quick else 4)
+    roof_steps = args.roofline_steps or (3 if args.quick else 5)
     if args.roofline_only:
         cpu, load0 = describe_cpu(), loadavg()
         print(f"CPU: {cpu}; load average {load0}", flush=True)
-        roof = learner_roofline(roof_steps, 3 if args.quick else 5)
+        roof = learner_roofline(roof_steps, 2 if args.quick else 3)
         print_roofline(roof)
         from results import emit_result
 
@@ -311,7 +332,7 @@ def main() -> None:
     sync = measure(sync_cfg)
     tunix = measure(tunix_config(f"{tmp}/tunix", steps=tunix_steps))
     tunix_step_s = float(np.mean(tunix["step_s"][2:]))
-    roof = learner_roofline(roof_steps, 3 if args.quick else 5)
+    roof = learner_roofline(roof_steps, 2 if args.quick else 3)
     out = {
         "barrier_free_vs_sync": sync["wall_s"] / barrier_free["wall_s"],
         "trainer_idle_fraction": barrier_free["trainer_idle_fraction"],

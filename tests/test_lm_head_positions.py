@@ -141,3 +141,17 @@ def test_kl_reward_reference_forward_on_loss_positions_equals_full():
     b = learner(loss, opt="sgd", max_response_len=BUDGET)
     np.testing.assert_allclose(b._shaped_rewards(groups[0]), a._shaped_rewards(groups[0]), rtol=1e-6, atol=1e-7)
     assert np.any(a._shaped_rewards(groups[0]) != groups[0].rewards)
+
+
+def test_auto_skips_the_head_only_where_it_is_a_large_share():
+    from gymllm.algos.learner import HEAD_SHARE_AUTO, StreamingLearner, head_flops_share
+    from gymllm.models.tiny import tiny_config
+    from gymllm.models.transformer import init_params
+
+    assert learner().config.loss_positions_only is True  # vocab 300 at d 32: the head is half the FLOPs
+    medium = tiny_config("qwen3", vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=4, num_heads=8,
+                         num_kv_heads=4)  # the peers' medium config: 0.10
+    assert head_flops_share(medium) < HEAD_SHARE_AUTO
+    assert StreamingLearner(medium, init_params(medium, 0)).config.loss_positions_only is False
+    on = StreamingLearner(medium, init_params(medium, 0), config=LearnerConfig(loss_positions_only=True))
+    assert on.config.loss_positions_only is True  # an explicit choice stands
