@@ -62,7 +62,8 @@ import numpy as np
 import optax
 
 from gymllm.algos import config as C
-from gymllm.algos.batching import buckets, make_micro_batch, pack_rows, pick_bucket, row_from_trajectory
+from gymllm.algos.batching import (buckets, loss_positions, make_micro_batch, on_loss_positions, pack_rows,
+                                   pick_bucket, row_from_trajectory)
 from gymllm.algos.learner import LearnerConfig, StreamingLearner, build_loss_fn
 from gymllm.algos.optim import OptimizerConfig, make_optimizer
 from gymllm.models.attention import attention
@@ -363,6 +364,36 @@ def compare(scenario: str, steps: int, counter: CompileCounter, a_kw: dict | Non
             "full_head_micro_batches": a.counts["full_head_micro_batches"] + b.counts["full_head_micro_batches"]}
 
 
+def head_grad_program(scenario: str, workload: str, layers: int, reps: int) -> dict:
+    """The learner's gradient program alone on one micro-batch, head on every position (A) vs on the loss
+    positions (B), ``reps`` calls each interleaved: the fastest call of each (the least disturbed by other
+    jobs on a shared machine) and the medians."""
+    cfg, params = model(workload, layers)
+    ln = make_learner(workload=workload, layers=layers, packing=False, loss_positions_only=True,
+                      **({"max_response_len": NEW_TOKENS} if workload == "medium" else {}))
+    lcfg = ln.config
+    table = buckets(lcfg.min_bucket, lcfg.max_len, lcfg.buckets_per_octave)
+    gs = workload_groups(workload, scenario, 0)
+    rows = [row_from_trajectory(t, advantage=0.5, group_tokens=64.0, sample_id=t.trajectory_id, max_len=table[-1])
+            for g in gs for t in g.trajectories][:lcfg.micro_batch_size]
+    mb = make_micro_batch(rows, lcfg.micro_batch_size, pick_bucket(max(r.length for r in rows), table))
+    sel = loss_positions(mb.mask, lcfg.max_response_len)
+    full = jax.device_put(mb.arrays())
+    part = jax.device_put(on_loss_positions(mb.arrays(), sel))
+    loss_fn = build_loss_fn(cfg, ln.loss, lcfg, None)
+    grad = jax.jit(lambda p, a: jax.value_and_grad(loss_fn, has_aux=True)(p, None, a, ln.ref_params))
+    times = {"a": [], "b": []}
+    for arrays in (full, part):
+        jax.block_until_ready(grad(params, arrays))
+    for i in range(reps):
+        for side, arrays in (("a", full), ("b", part)) if i % 2 == 0 else (("b", part), ("a", full)):
+            times[side] += median_s(lambda: grad(params, arrays), 1)
+    a_min, b_min = min(times["a"]), min(times["b"])
+    a_med, b_med = statistics.median(times["a"]), statistics.median(times["b"])
+    return {"a_s": times["a"], "b_s": times["b"], "a_min_s": a_min, "b_min_s": b_min, "speedup_min": a_min / b_min,
+            "speedup_median": a_med / b_med, "shape": list(mb.shape), "head_positions_per_row": sel["select"].shape[1]}
+
+
 def head_compare(scenario: str, steps: int, counter: CompileCounter, workload: str, layers: int) -> dict:
     """The learner step with the LM head on every position (A) against the loss positions only (B)."""
     kw = {"workload": workload, "layers": layers, "packing": False}
@@ -370,6 +401,7 @@ def head_compare(scenario: str, steps: int, counter: CompileCounter, workload: s
         kw["max_response_len"] = NEW_TOKENS  # what the trainer's effective() sets (max_tokens x max_model_calls)
     out = compare(scenario, steps, counter, {**kw, "loss_positions_only": False},
                   {**kw, "loss_positions_only": True}, settle=False)
+    out["grad_program"] = head_grad_program(scenario, workload, layers, max(steps, 5))
     cfg, _ = model(workload, layers)
     out["model"] = {"workload": workload, "layers": cfg.num_layers, "hidden_size": cfg.hidden_size,
                     "vocab_size": cfg.vocab_size}
