@@ -74,6 +74,8 @@ FIGURES: dict[str, tuple[Figure, ...]] = {
         F(key="mixed.packed_grad_speedup", what="gradient program packed vs padded, mixed reply lengths (x)"),
         F(key="smollm2_shaped_head_loss_positions_vs_all.speedup", what="SmolLM2-shaped Quickstart learner step, "
           "LM head on the loss positions only vs on every position (x)"),
+        F(key="smollm2_shaped_head_loss_positions_vs_all.grad_program.speedup_min", what="its gradient program "
+          "alone, the same A/B, fastest of the interleaved calls (x)"),
         F(key="smollm2_shaped_head_loss_positions_vs_all.model.layers", what="its layers (of SmolLM2's 30)"),
         F(key="smollm2_shaped_head_loss_positions_vs_all.b_step_s", what="its step, head on the loss positions (s)"),
         F(key="full.head_loss_positions_vs_all.speedup", what="medium learner step, full replies: the same A/B (x)"),
