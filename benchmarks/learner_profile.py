@@ -27,7 +27,12 @@ run with its random-init model, which almost never samples EOS) and ``mixed`` (r
 in 4..64, a trained policy's spread). ``--compare`` also times the learner's whole step with the
 rows packed (``LearnerConfig(packing=True)``: segment ids, no FLOP on padding) against the padded
 path, A/B interleaved in one process, and checks that the two give the same update; ``--split 8``
-A/Bs the peers' one micro-batch of 64 rows against micro-batches of 8 rows (the same update).
+A/Bs the peers' one micro-batch of 64 rows against micro-batches of 8 rows (the same update);
+``--head`` A/Bs the learner step with the LM head on every position (``loss_positions_only=False``)
+against the head on the loss positions only (the default; ``max_response_len`` as the trainer sets it:
+64 here), on the medium workload and on a SmolLM2-135M-shaped one (``--head-layers`` of its 30
+layers, random weights; the Quickstart's learner: 2 groups of 6 rows, 97-token prompt, two 24-token
+replies around a 14-token observation, bucket 160, budget 48, ``compute_dtype="auto"``).
 
 The machine is shared (2 cores, other jobs): absolute times are contended; the shares and the A/B
 ratios, measured side by side, are the figures to read.
@@ -35,6 +40,7 @@ ratios, measured side by side, are the figures to read.
     python benchmarks/learner_profile.py --quick            # ~2 min
     python benchmarks/learner_profile.py --reps 5 --steps 4 --compare      # docs/learner-profile.md
     python benchmarks/learner_profile.py --quick --scenarios full --split 8
+    python benchmarks/learner_profile.py --quick --scenarios full --head --no-phases
 
 Ends with ``RESULT {json}``.
 """
@@ -56,7 +62,8 @@ import numpy as np
 import optax
 
 from gymllm.algos import config as C
-from gymllm.algos.batching import buckets, make_micro_batch, pack_rows, pick_bucket, row_from_trajectory
+from gymllm.algos.batching import (buckets, loss_positions, make_micro_batch, on_loss_positions, pack_rows,
+                                   pick_bucket, row_from_trajectory)
 from gymllm.algos.learner import LearnerConfig, StreamingLearner, build_loss_fn
 from gymllm.algos.optim import OptimizerConfig, make_optimizer
 from gymllm.models.attention import attention
@@ -69,11 +76,49 @@ from gymllm.types import Group, Trajectory
 # the peers' medium spec (benchmarks/peers.py SIZES["medium"]): 4 layers, d 128, 8 prompts x 8 samples, 64 new tokens
 MEDIUM = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=4, num_heads=8, num_kv_heads=4)
 PROMPTS, GROUP, NEW_TOKENS, PROMPT_LEN, MAX_PROMPT = 8, 8, 64, 44, 64
+# the Quickstart's learner workload (train_config preset "default": SmolLM2-135M on ArithmeticTool-v0):
+# a 97-token chat prompt, reply (<= 24), tool observation, reply (<= 24); 2 groups of 6 a step
+QS_PROMPT, QS_REPLY, QS_OBS, QS_GROUPS, QS_GROUP = 97, 24, 14, 2, 6
 
 
-def model():
+def model(workload: str = "medium", layers: int = 4):
+    if workload == "smollm2":  # SmolLM2-135M's exact architecture (benchmarks/accelerator_check.py), fewer layers
+        from accelerator_check import SHAPES
+
+        cfg = tiny_config("llama", **{**SHAPES["smollm2-135m"], "num_layers": layers})
+        return cfg, init_params(cfg, 0, std=0.02)
     cfg = tiny_config("qwen3", **MEDIUM)
     return cfg, init_params(cfg, 0)
+
+
+def quickstart_groups(*, seed: int = 0, version: int = 0, vocab: int = 49152) -> list[Group]:
+    """2 groups x 6 trajectories of the Quickstart's layout: prompt, reply, observation, reply (159
+    tokens: the 160 bucket's rows full, the 48-token response budget full)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for k in range(QS_GROUPS):
+        prompt = rng.integers(3, vocab, QS_PROMPT)
+        trajs = []
+        for m in range(QS_GROUP):
+            parts = [prompt, rng.integers(3, vocab, QS_REPLY), rng.integers(3, vocab, QS_OBS),
+                     rng.integers(3, vocab, QS_REPLY)]
+            ids = np.concatenate(parts).astype(np.int32)
+            mask = np.concatenate([np.full(len(p), i % 2) for i, p in enumerate(parts)]).astype(np.int8)
+            mu = np.where(mask > 0, -3.0 + rng.normal(0, 0.05, len(ids)), 0).astype(np.float32)
+            trajs.append(Trajectory(token_ids=ids, loss_mask=mask, behaviour_logprobs=mu,
+                                    versions=np.where(mask > 0, version, -1).astype(np.int32),
+                                    reward=float(rng.random()), trajectory_id=f"q{seed}/{k}/{m}",
+                                    group_id=f"q{seed}/{k}"))
+        out.append(Group(group_id=f"q{seed}/{k}", task_id="t", trajectories=trajs, admitted_version=version))
+    return out
+
+
+def quickstart_learner_config(**kw) -> LearnerConfig:
+    """The Quickstart's learner (train_config preset "default", as ``effective()`` completes it)."""
+    base = dict(groups_per_step=QS_GROUPS, micro_batch_size=QS_GROUP, num_steps=12, max_len=256, min_bucket=160,
+                compute_dtype="auto", max_response_len=2 * QS_REPLY)
+    base.update(kw)
+    return LearnerConfig(**base)
 
 
 def groups(scenario: str, *, seed: int = 0, version: int = 0) -> list[Group]:
@@ -249,11 +294,19 @@ class CompileCounter:
         return {"compiles": len(self.names), "grad_program_compiles": self.names.count("jit(grad)")}
 
 
-def make_learner(packing: bool | None = None, **kw) -> StreamingLearner:
-    cfg, params = model()
+def make_learner(packing: bool | None = None, workload: str = "medium", layers: int = 4, **kw) -> StreamingLearner:
+    cfg, params = model(workload, layers)
     if packing is not None:
         kw["packing"] = packing
+    if workload == "smollm2":
+        return StreamingLearner(cfg, params, loss=C.async_agentic(), optimizer=optimizer(),
+                                config=quickstart_learner_config(**kw))
     return StreamingLearner(cfg, params, loss=peers_loss(), optimizer=optimizer(), config=learner_config(**kw))
+
+
+def workload_groups(workload: str, scenario: str, seed: int, version: int = 0) -> list[Group]:
+    return quickstart_groups(seed=seed, version=version) if workload == "smollm2" else groups(scenario, seed=seed,
+                                                                                               version=version)
 
 
 def learner_steps(scenario: str, steps: int, counter: CompileCounter, packing: bool | None = None) -> dict:
@@ -272,21 +325,27 @@ def learner_steps(scenario: str, steps: int, counter: CompileCounter, packing: b
 
 
 def compare(scenario: str, steps: int, counter: CompileCounter, a_kw: dict | None = None,
-            b_kw: dict | None = None) -> dict:
+            b_kw: dict | None = None, settle: bool = True) -> dict:
     """Learner step A (default: padded) vs B (default: packed), A/B interleaved (one step each per round,
     the order alternating), plus the updates' agreement (``speedup``: A's median step over B's).
     A settle pass over the same groups compiles the packed shapes those steps need first (``warmup()``
     would compile all ``pack_row_steps - 1`` per bucket); the timed pass counts its compilations (0 expected)."""
     a_kw, b_kw = a_kw or {"packing": False}, b_kw or {"packing": True}
     a, b = make_learner(**a_kw), make_learner(**b_kw)
-    a.warmup(group_size=GROUP)  # the padded programs (shared with b: same configuration)
-    if b_kw.get("micro_batch_size"):  # another row count: its own shapes
-        b.warmup(group_size=GROUP)
-    rounds = [groups(scenario, seed=s) for s in range(steps)]
-    t = time.perf_counter()
-    for gs in rounds:  # settle: compile the packed shapes these steps use
-        b.submit(gs)
-    settle_s = time.perf_counter() - t
+    work = a_kw.get("workload", "medium")
+    rounds = [workload_groups(work, scenario, s) for s in range(steps)]
+    settle_s = 0.0
+    if settle:
+        a.warmup(group_size=GROUP)  # the padded programs (shared with b: same configuration)
+        if b_kw.get("micro_batch_size"):  # another row count: its own shapes
+            b.warmup(group_size=GROUP)
+        t = time.perf_counter()
+        for gs in rounds:  # settle: compile the packed shapes these steps use
+            b.submit(gs)
+        settle_s = time.perf_counter() - t
+    else:  # compile only the shapes these steps use: one step of the first round on each side
+        for ln in (a, b):
+            ln.submit(rounds[0])
     a, b = make_learner(**a_kw), make_learner(**b_kw)
     ta, tb = [], []
     counter.start()
@@ -301,7 +360,52 @@ def compare(scenario: str, steps: int, counter: CompileCounter, a_kw: dict | Non
     pa, pb = statistics.median(ta), statistics.median(tb)
     return {"a": a_kw, "b": b_kw, "a_step_s": pa, "b_step_s": pb, "speedup": pa / pb, "max_weight_diff": diff,
             "a_rounds": ta, "b_rounds": tb, "b_settle_s": settle_s,
-            "packed_micro_batches": b.counts["packed_micro_batches"], "timed_pass_compiles": compiles}
+            "packed_micro_batches": b.counts["packed_micro_batches"], "timed_pass_compiles": compiles,
+            "full_head_micro_batches": a.counts["full_head_micro_batches"] + b.counts["full_head_micro_batches"]}
+
+
+def head_grad_program(scenario: str, workload: str, layers: int, reps: int) -> dict:
+    """The learner's gradient program alone on one micro-batch, head on every position (A) vs on the loss
+    positions (B), ``reps`` calls each interleaved: the fastest call of each (the least disturbed by other
+    jobs on a shared machine) and the medians."""
+    cfg, params = model(workload, layers)
+    ln = make_learner(workload=workload, layers=layers, packing=False, loss_positions_only=True,
+                      **({"max_response_len": NEW_TOKENS} if workload == "medium" else {}))
+    lcfg = ln.config
+    table = buckets(lcfg.min_bucket, lcfg.max_len, lcfg.buckets_per_octave)
+    gs = workload_groups(workload, scenario, 0)
+    rows = [row_from_trajectory(t, advantage=0.5, group_tokens=64.0, sample_id=t.trajectory_id, max_len=table[-1])
+            for g in gs for t in g.trajectories][:lcfg.micro_batch_size]
+    mb = make_micro_batch(rows, lcfg.micro_batch_size, pick_bucket(max(r.length for r in rows), table))
+    sel = loss_positions(mb.mask, lcfg.max_response_len)
+    full = jax.device_put(mb.arrays())
+    part = jax.device_put(on_loss_positions(mb.arrays(), sel))
+    loss_fn = build_loss_fn(cfg, ln.loss, lcfg, None)
+    grad = jax.jit(lambda p, a: jax.value_and_grad(loss_fn, has_aux=True)(p, None, a, ln.ref_params))
+    times = {"a": [], "b": []}
+    for arrays in (full, part):
+        jax.block_until_ready(grad(params, arrays))
+    for i in range(reps):
+        for side, arrays in (("a", full), ("b", part)) if i % 2 == 0 else (("b", part), ("a", full)):
+            times[side] += median_s(lambda: grad(params, arrays), 1)
+    a_min, b_min = min(times["a"]), min(times["b"])
+    a_med, b_med = statistics.median(times["a"]), statistics.median(times["b"])
+    return {"a_s": times["a"], "b_s": times["b"], "a_min_s": a_min, "b_min_s": b_min, "speedup_min": a_min / b_min,
+            "speedup_median": a_med / b_med, "shape": list(mb.shape), "head_positions_per_row": sel["select"].shape[1]}
+
+
+def head_compare(scenario: str, steps: int, counter: CompileCounter, workload: str, layers: int) -> dict:
+    """The learner step with the LM head on every position (A) against the loss positions only (B)."""
+    kw = {"workload": workload, "layers": layers, "packing": False}
+    if workload == "medium":
+        kw["max_response_len"] = NEW_TOKENS  # what the trainer's effective() sets (max_tokens x max_model_calls)
+    out = compare(scenario, steps, counter, {**kw, "loss_positions_only": False},
+                  {**kw, "loss_positions_only": True}, settle=False)
+    out["grad_program"] = head_grad_program(scenario, workload, layers, max(steps, 5))
+    cfg, _ = model(workload, layers)
+    out["model"] = {"workload": workload, "layers": cfg.num_layers, "hidden_size": cfg.hidden_size,
+                    "vocab_size": cfg.vocab_size}
+    return out
 
 
 def end_to_end(rounds: int, steps: int, split: int) -> dict:
@@ -343,6 +447,11 @@ def main() -> None:
     ap.add_argument("--compare", action="store_true", help="A/B the padded and the packed learner step")
     ap.add_argument("--split", type=int, default=0,
                     help="also A/B one micro-batch of 64 rows against micro-batches of this many rows (e.g. 8)")
+    ap.add_argument("--head", action="store_true",
+                    help="A/B the learner step with the LM head on every position against the loss positions only "
+                         "(medium, and SmolLM2-shaped with --head-layers layers)")
+    ap.add_argument("--head-layers", type=int, default=4, help="layers of the SmolLM2-shaped model for --head")
+    ap.add_argument("--no-phases", action="store_true", help="skip the phase breakdown (only the A/Bs asked for)")
     ap.add_argument("--e2e", type=int, default=0, metavar="ROUNDS",
                     help="also A/B the peers' gymllm side end to end (medium, 6 steps a run) with 64-row against "
                          "--split-row micro-batches (default 8), over ROUNDS interleaved rounds")
@@ -353,35 +462,47 @@ def main() -> None:
                     "old_policy_forward": "never run: ratio_against='behaviour' uses the engine's logprobs (mu), "
                                           "'proximal' the detached logprobs of the same policy forward"}
     for sc in [s.strip() for s in args.scenarios.split(",") if s.strip()]:
-        ph = phases(sc, reps)
-        sec = ph["seconds"]
-        total = sum(sec[k] for k in ("grad_program", "optimizer", "host_batching", "host_to_device", "device_to_host"))
-        ph["shares_of_step"] = {
-            "reference_forward": sec["ref_forward"] / total,
-            "policy_fwd_bwd": (sec["grad_program"] - sec["ref_forward"]) / total,
-            "optimizer": sec["optimizer"] / total,
-            "host_batching": sec["host_batching"] / total,
-            "host_device_transfers": (sec["host_to_device"] + sec["device_to_host"]) / total,
-            "attention_fwd_bwd_policy": sec["attention_fwd_bwd"] / total,
-        }
-        if "grad_program_packed" in sec:
-            ph["packed_grad_speedup"] = sec["grad_program"] / sec["grad_program_packed"]
-        ph["attention_block_causal_saving"] = 1 - sec["attention_block_causal"] / sec["attention_fwd_bwd"]
-        ph["phase_sum_s"] = total
-        ph["learner"] = learner_steps(sc, steps, counter)
+        ph = {} if args.no_phases else phase_report(sc, reps, steps, counter)
         if args.compare:
             ph["packed_vs_padded"] = compare(sc, steps, counter)
         if args.split:
             ph[f"micro_batch_{args.split}_vs_64"] = compare(sc, steps, counter, {"packing": False},
                                                             {"packing": False, "micro_batch_size": args.split})
+        if args.head:
+            ph["head_loss_positions_vs_all"] = head_compare(sc, steps, counter, "medium", 4)
         result[sc] = ph
         print(sc, json.dumps(ph, indent=1), flush=True)
+    if args.head:  # the Quickstart's layout (the scenarios do not apply)
+        result["smollm2_shaped_head_loss_positions_vs_all"] = head_compare("full", steps, counter, "smollm2",
+                                                                          args.head_layers)
+        print(json.dumps(result["smollm2_shaped_head_loss_positions_vs_all"], indent=1), flush=True)
     if args.e2e:
         result["end_to_end_micro_batch"] = end_to_end(args.e2e, 6, args.split or 8)
         print(json.dumps(result["end_to_end_micro_batch"]), flush=True)
     from results import emit_result  # the RESULT line, and its record in benchmarks/results/
 
     emit_result("learner_profile", result)
+
+
+def phase_report(sc: str, reps: int, steps: int, counter: CompileCounter) -> dict:
+    """The phase breakdown of one scenario and its end-to-end learner steps."""
+    ph = phases(sc, reps)
+    sec = ph["seconds"]
+    total = sum(sec[k] for k in ("grad_program", "optimizer", "host_batching", "host_to_device", "device_to_host"))
+    ph["shares_of_step"] = {
+        "reference_forward": sec["ref_forward"] / total,
+        "policy_fwd_bwd": (sec["grad_program"] - sec["ref_forward"]) / total,
+        "optimizer": sec["optimizer"] / total,
+        "host_batching": sec["host_batching"] / total,
+        "host_device_transfers": (sec["host_to_device"] + sec["device_to_host"]) / total,
+        "attention_fwd_bwd_policy": sec["attention_fwd_bwd"] / total,
+    }
+    if "grad_program_packed" in sec:
+        ph["packed_grad_speedup"] = sec["grad_program"] / sec["grad_program_packed"]
+    ph["attention_block_causal_saving"] = 1 - sec["attention_block_causal"] / sec["attention_fwd_bwd"]
+    ph["phase_sum_s"] = total
+    ph["learner"] = learner_steps(sc, steps, counter)
+    return ph
 
 
 if __name__ == "__main__":

@@ -35,10 +35,36 @@ forward every step), AdamW 1e-4: steady seconds per optimizer step = mean after 
 reported as an absolute time (``tunix_config_step_s``). The peers on the same config, run side by
 side in one invocation, are ``benchmarks/peers.py``'s (no figure typed into this script).
 
+The Quickstart's learner against this CPU's matmul roofline (issue 35; ``learner_vs_roofline``, goal
+>= 0.6): the learner of the README's Quickstart run (``gymllm train``'s default preset: SmolLM2-135M-Instruct,
+its real weights, ``LearnerConfig`` as ``effective()`` completes it: 6-row micro-batches, bucket 160,
+bf16 compute where native, response budget 48, the async-agentic loss without a reference model)
+trains on 2 groups of 6 trajectories of the Quickstart's shape (97-token prompt, two 24-token replies
+around a 14-token tool observation: 159 tokens, the bucket's rows full; synthetic tokens, the same
+shapes) for ``--roofline-steps`` timed steps after one settling (compiling) step. After each step
+the roofline is measured on the model's own matmul shapes (each step and its roofline see about the
+same load on a shared machine; the figure is the median of the per-step ratios): every projection
+of a layer ([960, 576] x [576, 576 | 192 | 1536], [960, 1536] x [1536, 576]) and the LM head ([M, 576] x [576, 49152]), each a
+jitted matmul timed best of several, weighted by how often a forward runs it, in float32 and in the
+learner's compute dtype (bf16 x bf16 -> f32); the roofline is the faster of the two. FLOPs of a
+step (executed, counted per micro-batch of B x T positions)::
+
+    3 x [ B T (L (2 E (H D + 2 K D) + 2 H D E + 6 E F) + L 4 H D T) + 2 E V P ]
+
+(3 = forward + backward's two matmuls; attention dense over T keys, as the kernel runs it; the LM head
+on the P = B x min(T, budget) loss positions the learner projects, ``LearnerConfig.loss_positions_only``).
+``learner_vs_roofline`` = executed FLOP/s / roofline FLOP/s (``learner_vs_roofline_fp32``: against the
+float32 matmul alone, which flatters a bf16 learner on a CPU whose bf16 matmul is faster);
+``learner_vs_roofline_6nt`` uses the textbook ``6 N T + attention`` (N all matmul weights, the head at
+every position) for the same step time, i.e. the learner's tokens/s against the tokens/s of a
+full-head step at the roofline;
+``learner_tokens_per_s`` = positions trained per second. ``--roofline-only`` runs just this part.
+
 Ends with ``RESULT {json}``: ``barrier_free_vs_sync`` (sync wall / barrier-free wall, equal width),
 ``trainer_idle_fraction`` (barrier-free, whole run), ``trainer_idle_fraction_steady``,
 ``barrier_free_staleness_mean`` / ``_max``, ``reward_per_step`` (both sides), ``tunix_config_step_s``,
-``cpu`` and ``loadavg``. (``async_vs_sync`` and ``async_narrow_vs_sync``, the rollout-only ratios,
+``learner_vs_roofline`` (and its parts under ``learner_roofline``), ``cpu`` and ``loadavg``.
+(``async_vs_sync`` and ``async_narrow_vs_sync``, the rollout-only ratios,
 are ``benchmarks/rollout.py``'s.)
 
     python benchmarks/train.py --quick
@@ -47,6 +73,7 @@ are ``benchmarks/rollout.py``'s.)
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import tempfile
@@ -135,6 +162,118 @@ def measure(cfg: TrainConfig) -> dict[str, float]:
             "staleness_mean_per_step": [float(h["staleness_mean"]) for h in res.history]}
 
 
+@functools.lru_cache(maxsize=None)
+def _matmul_case(m: int, k: int, n: int, dtype):
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.random.normal(jax.random.key(0), (m, k), dtype)
+    b = jax.random.normal(jax.random.key(1), (k, n), dtype)
+    f = jax.jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32))
+    jax.block_until_ready(f(a, b))  # compiled once
+    return f, a, b
+
+
+def matmul_seconds(m: int, k: int, n: int, dtype, reps: int) -> float:
+    """Best seconds of a jitted [m, k] x [k, n] matmul (float32 accumulation, as the model's ``dense``)."""
+    import jax
+
+    f, a, b = _matmul_case(m, k, n, dtype)
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        jax.block_until_ready(f(a, b))
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def model_matmuls(cfg, positions: int, head_positions: int) -> list[tuple[int, int, int, int]]:
+    """(m, k, n, count per forward) of every weight matmul of a forward over ``positions`` tokens."""
+    e, f, v, layers = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_layers
+    hd, kd = cfg.num_heads * cfg.resolved_head_dim, cfg.num_kv_heads * cfg.resolved_head_dim
+    return [(positions, e, hd, layers), (positions, e, kd, 2 * layers), (positions, hd, e, layers),
+            (positions, e, f, 2 * layers), (positions, f, e, layers), (head_positions, e, v, 1)]
+
+
+def step_flops(cfg, rows: int, length: int, head_positions: int) -> float:
+    """Executed matmul FLOPs of one micro-batch's forward + backward (see the module docstring)."""
+    e, f, v, layers = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_layers
+    h, d, k = cfg.num_heads, cfg.resolved_head_dim, cfg.num_kv_heads
+    per_position = layers * (2 * e * (h * d + 2 * k * d) + 2 * h * d * e + 6 * e * f + 4 * h * d * length)
+    return 3.0 * (rows * length * per_position + 2 * e * v * head_positions)
+
+
+def roofline_rates(cfg, rows: int, head: int, dtypes: dict, reps: int) -> dict[str, float]:
+    """FLOP/s of the model's own weight matmuls (one forward's mix, each shape best of ``reps``) per dtype."""
+    rates = {}
+    for name, dt in dtypes.items():
+        total_f = total_t = 0.0
+        for m, k, n, c in model_matmuls(cfg, rows, head):
+            total_f += c * 2.0 * m * k * n
+            total_t += c * matmul_seconds(m, k, n, dt, reps)
+        rates[name] = total_f / total_t
+    return rates
+
+
+def learner_roofline(steps: int, reps: int) -> dict:
+    """The Quickstart's learner step against the matmul roofline of this CPU (module docstring). The
+    roofline is measured after every timed step (so each step and its roofline see about the same
+    load on a shared machine); the figure is the median of the per-step ratios."""
+    import statistics
+
+    import jax.numpy as jnp
+
+    from gymllm.algos.learner import StreamingLearner
+    from gymllm.algos.train_config import effective, preset
+    from gymllm.models import load
+    from learner_profile import quickstart_groups
+
+    qs = effective(preset("default"))
+    lm = load(qs.model.name)  # float32 master weights, as the trainer loads them
+    cfg = lm.config
+    ln = StreamingLearner(cfg, lm.model.flat_params(), loss=qs.loss, optimizer=qs.optimizer, config=qs.learner)
+    lc = ln.config
+    rows, length = lc.micro_batch_size, 160  # every row is 159 tokens: the 160 bucket
+    budget = lc.max_response_len if lc.loss_positions_only and 0 < lc.max_response_len < length else length
+    head = rows * budget
+    dtypes = {"float32": jnp.float32}
+    if lc.compute_dtype not in (None, "float32"):
+        dtypes[lc.compute_dtype] = getattr(jnp, lc.compute_dtype)
+    t0 = time.perf_counter()
+    ln.submit(quickstart_groups(seed=100, vocab=cfg.vocab_size))  # settle: compiles the step's programs
+    settle_s = time.perf_counter() - t0
+    walls, rounds = [], []
+    for s in range(steps):
+        gs = quickstart_groups(seed=s, version=ln.version, vocab=cfg.vocab_size)
+        t = time.perf_counter()
+        rep = ln.submit(gs)[0]
+        walls.append(time.perf_counter() - t)
+        rounds.append(roofline_rates(cfg, rows * length, head, dtypes, reps))
+    micro_batches = int(rep.metrics["micro_batches"])
+    flops = micro_batches * step_flops(cfg, rows, length, head)
+    positions = micro_batches * rows * length
+    n_matmul = sum(k * n * c for _, k, n, c in model_matmuls(cfg, 1, 1))  # every weight a position multiplies
+    attn = 3 * cfg.num_layers * 4 * cfg.num_heads * cfg.resolved_head_dim * length  # per position, fwd + bwd
+    flops_6nt = positions * (6.0 * n_matmul + attn)
+    ratios = [flops / w / max(r.values()) for w, r in zip(walls, rounds)]
+    step_s = statistics.median(walls)
+    rates = {k: statistics.median(r[k] for r in rounds) for k in dtypes}
+    roof = max(rates.values())
+    achieved = flops / step_s
+    return {"learner_vs_roofline": statistics.median(ratios), "learner_vs_roofline_rounds": ratios,
+            "learner_vs_roofline_6nt": statistics.median(flops_6nt / w / max(r.values())
+                                                         for w, r in zip(walls, rounds)),
+            "learner_vs_roofline_fp32": statistics.median(flops / w / r["float32"] for w, r in zip(walls, rounds)),
+            "learner_tokens_per_s": positions / step_s, "step_s": step_s, "step_s_all": walls, "settle_s": settle_s,
+            "executed_tflops_per_step": flops / 1e12, "achieved_gflops": achieved / 1e9,
+            "roofline_gflops": roof / 1e9, "matmul_gflops_by_dtype": {k: v / 1e9 for k, v in rates.items()},
+            "positions_per_step": positions, "micro_batches": micro_batches, "head_positions_per_micro_batch": head,
+            "compute_dtype": lc.compute_dtype, "model": qs.model.name, "params_matmul": n_matmul,
+            "loss_positions_only": lc.loss_positions_only,
+            "flops_formula": "3 x [B T (L (2 E (H D + 2 K D) + 2 H D E + 6 E F) + 4 L H D T) + 2 E V P] "
+                             "per micro-batch"}
+
+
 def reward_table(a: list[float], b: list[float]) -> str:
     """The two reward curves side by side, one step a line."""
     lines = ["step  reward barrier-free  reward sync"]
@@ -145,6 +284,14 @@ def reward_table(a: list[float], b: list[float]) -> str:
     return "\n".join(lines)
 
 
+def print_roofline(r: dict) -> None:
+    print(f"Quickstart learner ({r['model']}, {r['compute_dtype']}): {r['step_s']:.2f}s a step, "
+          f"{r['learner_tokens_per_s']:.0f} positions/s, {r['achieved_gflops']:.1f} GFLOP/s executed against a "
+          f"{r['roofline_gflops']:.1f} GFLOP/s matmul roofline ({r['matmul_gflops_by_dtype']}): "
+          f"learner_vs_roofline {r['learner_vs_roofline']:.2f} (6NT formula: {r['learner_vs_roofline_6nt']:.2f})",
+          flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer steps (about two minutes on an idle 2-core CPU)")
@@ -152,7 +299,21 @@ def main() -> None:
     ap.add_argument("--latency-scale", type=float, default=1.0,
                     help="multiply the env latency (diagnostic: on a loaded machine, its CPU slowdown factor "
                          "reproduces the idle machine's learner/tool time ratio); RESULT figures are for 1.0")
+    ap.add_argument("--roofline-steps", type=int, default=None, help="timed Quickstart learner steps (3 quick, 5)")
+    ap.add_argument("--roofline-only", action="store_true",
+                    help="only the Quickstart learner against the matmul roofline (learner_vs_roofline)")
     args = ap.parse_args()
+    roof_steps = args.roofline_steps or (3 if args.quick else 5)
+    if args.roofline_only:
+        cpu, load0 = describe_cpu(), loadavg()
+        print(f"CPU: {cpu}; load average {load0}", flush=True)
+        roof = learner_roofline(roof_steps, 2 if args.quick else 3)
+        print_roofline(roof)
+        from results import emit_result
+
+        emit_result("train", {"learner_vs_roofline": roof["learner_vs_roofline"], "learner_roofline": roof,
+                              "cpu": cpu, "loadavg": {"start": load0, "end": loadavg()}})
+        return
     steps = args.steps or (6 if args.quick else 20)
     tunix_steps = 6 if args.quick else 12
     tmp = tempfile.mkdtemp(prefix="gymllm-bench-train-")
@@ -171,6 +332,7 @@ def main() -> None:
     sync = measure(sync_cfg)
     tunix = measure(tunix_config(f"{tmp}/tunix", steps=tunix_steps))
     tunix_step_s = float(np.mean(tunix["step_s"][2:]))
+    roof = learner_roofline(roof_steps, 2 if args.quick else 3)
     out = {
         "barrier_free_vs_sync": sync["wall_s"] / barrier_free["wall_s"],
         "trainer_idle_fraction": barrier_free["trainer_idle_fraction"],
@@ -184,6 +346,7 @@ def main() -> None:
                   "groups_per_step": sync_cfg.learner.groups_per_step},
         "tunix_config_step_s": tunix_step_s,
         "tunix_config_side_by_side": "benchmarks/peers.py",
+        "learner_vs_roofline": roof["learner_vs_roofline"], "learner_roofline": roof,
         "steps": steps, "latency_scale": scale,
         "barrier_free": {k: v for k, v in barrier_free.items() if k != "step_s"},
         "sync": {k: v for k, v in sync.items() if k != "step_s"},
@@ -207,6 +370,7 @@ def main() -> None:
           np.round(sync["step_s"], 2).tolist())
     print(reward_table(barrier_free["reward_per_step"], sync["reward_per_step"]))
     print(f"Tunix CPU config: {tunix_step_s:.3f}s per step (peers on this config side by side: benchmarks/peers.py)")
+    print_roofline(roof)
     print(f"load average at the end {out['loadavg']['end']}")
     from results import emit_result  # the RESULT line, and its record in benchmarks/results/
     emit_result("train", out)

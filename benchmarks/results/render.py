@@ -72,6 +72,14 @@ FIGURES: dict[str, tuple[Figure, ...]] = {
         F(key="mixed.padding_share", what="padded positions / all, mixed reply lengths"),
         F(key="full.learner.median_step_s", what="whole learner step, full replies (s)"),
         F(key="mixed.packed_grad_speedup", what="gradient program packed vs padded, mixed reply lengths (x)"),
+        F(key="smollm2_shaped_head_loss_positions_vs_all.speedup", what="SmolLM2-shaped Quickstart learner step, "
+          "LM head on the loss positions only vs on every position (x)"),
+        F(key="smollm2_shaped_head_loss_positions_vs_all.grad_program.speedup_min", what="its gradient program "
+          "alone, the same A/B, fastest of the interleaved calls (x)"),
+        F(key="smollm2_shaped_head_loss_positions_vs_all.model.layers", what="its layers (of SmolLM2's 30)"),
+        F(key="smollm2_shaped_head_loss_positions_vs_all.b_step_s", what="its step, head on the loss positions (s)"),
+        F(key="full.head_loss_positions_vs_all.speedup", what="medium learner step, full replies: the same A/B (x)"),
+        F(key="mixed.head_loss_positions_vs_all.speedup", what="medium, mixed reply lengths: the same A/B (x)"),
     ),
     "suite": (
         F(key="suite_vs_per_env", what="one shared engine, every env in flight, vs one engine per env in turn, "
@@ -147,6 +155,11 @@ FIGURES: dict[str, tuple[Figure, ...]] = {
         F(key="trainer_idle_fraction", what="trainer idle fraction, whole run"),
         F(key="tunix_config_step_s", what="seconds per step on Tunix's CPU config (absolute; peers below)",
           goal="see peers"),
+        F(key="learner_vs_roofline", what="Quickstart learner step: executed FLOP/s over this CPU's matmul roofline "
+          "on the model's shapes (faster of fp32 and bf16)", goal=">= 0.6",
+          range_key="learner_roofline.learner_vs_roofline_rounds"),
+        F(key="learner_roofline.learner_vs_roofline_fp32", what="the same against the float32 matmul alone"),
+        F(key="learner_roofline.learner_tokens_per_s", what="Quickstart learner positions trained per second"),
     ),
     "compile_cache": (
         F(key="warm_vs_cold", what="tiny config: whole run wall, cold cache / warm cache (x)", goal="reported"),

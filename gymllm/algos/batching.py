@@ -14,6 +14,13 @@ to the tails of short rows. The loss still sees the padded ``[batch_size, length
 per-token log-probabilities are gathered back with one index array
 (:func:`gymllm.algos.batching.pack_rows`), so every per-row quantity (advantages, sequence means,
 sequence-level ratios) is computed exactly as without packing.
+
+Loss positions (``LearnerConfig.loss_positions_only``): a row's loss reads the log-probabilities of its
+policy-sampled targets only (mask > 0), at most the response budget of them. :func:`loss_positions`
+picks a fixed number of positions per row (every masked one, then unmasked fillers), so the learner
+runs the vocab projection and the log-softmax on those alone (static shape), not on the prompt;
+:func:`on_loss_positions` gives the loss its per-token arrays on those positions ([B, K]): every
+per-row quantity is a masked sum or mean over a row, the same over the K positions as over T.
 """
 
 from __future__ import annotations
@@ -200,3 +207,34 @@ def pack_rows(rows: Sequence[Row], batch_size: int, length: int, quantum: int,
             off += n
     return {"packed_tokens": tok, "packed_positions": pos, "packed_targets": tgt, "segment_ids": seg,
             "gather": gather}
+
+
+def loss_positions(mask: np.ndarray, count: int, gather: np.ndarray | None = None) -> dict[str, np.ndarray] | None:
+    """The ``count`` positions of each row whose log-probabilities the loss needs, for running the
+    vocab projection on them alone: ``select`` [B, count], sorted, distinct indices into the padded
+    layout's T axis (every position with ``mask > 0``, then the first unmasked ones to fill the row up), and
+    ``select_flat`` [B, count], the same positions' flat index into the rows the model runs (``b * T + t``
+    for padded rows; ``gather[b, t]`` for packed ones, :func:`pack_rows`). None when that would save
+    nothing (``count >= T``) or a row has more than ``count`` positions with ``mask > 0`` (then the caller
+    projects every position)."""
+    b, t = mask.shape
+    on = np.asarray(mask) > 0
+    if count >= t or int(on.sum(axis=1).max(initial=0)) > count:
+        return None
+    first = np.argsort(~on, axis=1, kind="stable")[:, :count]  # masked positions first, each part in order
+    select = np.sort(first, axis=1).astype(np.int32)
+    flat = np.arange(b)[:, None] * t + select if gather is None else np.take_along_axis(gather, select, axis=1)
+    return {"select": select, "select_flat": flat.astype(np.int32)}
+
+
+def on_loss_positions(arrays: dict[str, np.ndarray], selection: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``arrays`` (a micro-batch's, padded or packed) for the LM head on the loss positions only: the
+    per-token loss arrays (``mask``, ``mu``) taken at ``selection["select"]`` ([B, K]), plus
+    ``select_flat`` (the model side's flat index of each; :func:`loss_positions`)."""
+    sel = selection["select"]
+    out = {k: v for k, v in arrays.items()}
+    for k in ("mask", "mu"):
+        if k in out:
+            out[k] = np.take_along_axis(out[k], sel, axis=1)
+    out["select_flat"] = selection["select_flat"]
+    return out

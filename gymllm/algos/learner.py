@@ -19,7 +19,9 @@ Rules (see ``grpo-reference.md``):
   update. The update therefore does not depend on how the step was cut into micro-batches (or
   devices), and no update ever waits for a whole rollout batch.
 * Log-probabilities are recomputed in float32 with :func:`gymllm.models.token_logprobs` at the
-  sampling temperature. ``kl.beta == 0`` means no reference parameters are kept or run.
+  sampling temperature, by default only where the loss reads them (``loss_positions_only``: the
+  transformer runs on every position, the vocab projection and log-softmax on the sampled ones).
+  ``kl.beta == 0`` means no reference parameters are kept or run.
 * With LoRA only the adapters are trained (and held in the optimizer state); :meth:`policy_params`
   gives the merged weights for the engine.
 """
@@ -41,8 +43,9 @@ import optax
 from gymllm.algos import advantages as adv_mod
 from gymllm.algos import aggregation as agg
 from gymllm.models import lora as lora_mod
-from gymllm.algos.batching import (Row, buckets, dropped_sampled_tokens, empty_packed, make_micro_batch, pack,
-                                   pack_rows, packed_row_counts, pick_bucket, row_from_trajectory)
+from gymllm.algos.batching import (Row, buckets, dropped_sampled_tokens, empty_packed, loss_positions,
+                                   make_micro_batch, on_loss_positions, pack, pack_rows, packed_row_counts,
+                                   pick_bucket, row_from_trajectory)
 from gymllm.algos.config import LossConfig, async_agentic, check_range
 from gymllm.algos.kl import kl_reward_penalty
 from gymllm.algos.loss import LossBatch, micro_batch_loss, step_denominator
@@ -83,7 +86,18 @@ class LearnerConfig:
     the packed row count is rounded up to a multiple of ``ceil(micro_batch_size / pack_row_steps)``, so a
     bucket has at most ``pack_row_steps - 1`` more compiled shapes
     (:meth:`gymllm.algos.learner.StreamingLearner.warmup` compiles them all: about as many more compiles as
-    that times the buckets; fewer steps compile less and pad more)."""
+    that times the buckets; fewer steps compile less and pad more);
+    loss_positions_only: run the LM head (vocab projection, log-softmax, entropy) of the policy and
+    reference forwards only on the positions the loss reads, ``min(max_response_len, bucket)`` per row
+    (every policy-sampled target, then fillers: :func:`gymllm.algos.batching.loss_positions`), not on
+    prompt or observation positions; the hidden states are computed for all positions as before, so
+    the loss and gradients are those of the full projection (up to float32 summation order). A
+    micro-batch with a row of more sampled tokens than ``max_response_len`` (or a learner with
+    ``max_response_len`` 0, or a bucket no longer than it) projects every position (counted:
+    ``full_head_micro_batches`` when rows outgrew the budget). None (default): on when the LM head is at
+    least :data:`HEAD_SHARE_AUTO` of a position's weight-matmul FLOPs (:func:`head_flops_share`: SmolLM2-135M
+    0.21, Qwen2.5-0.5B 0.28; the peers' medium config, vocab 512 at d 128, 0.10, where skipping it measured
+    no faster: the gather costs what the smaller projection saves), resolved by the learner."""
 
     groups_per_step: int = 4
     micro_batch_size: int = 8
@@ -99,6 +113,7 @@ class LearnerConfig:
     compute_dtype: str | None = None
     packing: bool = False
     pack_row_steps: int = 8
+    loss_positions_only: bool | None = None
 
     def __post_init__(self) -> None:
         for f in ("groups_per_step", "micro_batch_size", "num_steps", "max_len", "min_bucket", "buckets_per_octave",
@@ -117,6 +132,17 @@ class LearnerConfig:
                                       received=self.min_bucket, fix="lower min_bucket or raise max_len"))
 
 
+HEAD_SHARE_AUTO = 0.15  # loss_positions_only=None turns on at this LM-head share of a position's matmul FLOPs
+
+
+def head_flops_share(model_config: Any) -> float:
+    """The LM head's share of one position's weight-matmul FLOPs (attention scores left out)."""
+    c = model_config
+    e, hd, kd = c.hidden_size, c.num_heads * c.resolved_head_dim, c.num_kv_heads * c.resolved_head_dim
+    head = e * c.vocab_size
+    return head / (head + c.num_layers * (e * (hd + 2 * kd) + hd * e + 3 * e * c.intermediate_size))
+
+
 @dataclasses.dataclass
 class StepReport:
     """What one optimizer update did (all floats; ``sample_ids`` are the trained trajectory ids)."""
@@ -131,13 +157,16 @@ def entropy_from_logits(logits, temperature) -> jnp.ndarray:  # [B, T, V] -> [B,
     return -jnp.sum(jnp.exp(lp) * lp, axis=-1)
 
 
-def build_loss_fn(model_config: Any, loss: LossConfig, lcfg: LearnerConfig, lora: lora_mod.LoRAConfig | None):
-    """``f(trainable, frozen, arrays, ref_params) -> (loss_sum, metric sums)``: pure, jit-able."""
-    from gymllm.models.logprobs import token_logprobs
-    from gymllm.models.transformer import forward
+def build_logprobs(model_config: Any, lcfg: LearnerConfig):
+    """``f(params, arrays, entropy) -> (logp [B, T] float32, entropy [B, T] or None)``: pure, jit-able.
 
-    def params_of(trainable, frozen):
-        return lora_mod.merge(lora, frozen, trainable) if lora is not None and lora.enabled else trainable
+    ``arrays`` are a micro-batch's (``tokens``, ``positions``, ``targets`` [B, T]), or its packed form
+    (``packed_*``, ``segment_ids``, ``gather``: :func:`gymllm.algos.batching.pack_rows`), optionally with
+    ``select_flat`` [B, K] (:func:`gymllm.algos.batching.on_loss_positions`): then the vocab projection,
+    log-softmax and entropy run on those K positions of each row only, and the results are [B, K]
+    (aligned with that layout's ``mask`` and ``mu``)."""
+    from gymllm.models.logprobs import token_logprobs
+    from gymllm.models.transformer import forward, hidden_states, lm_logits
 
     def logprobs(params, a, entropy: bool):
         # packed arrays (batching.pack_rows): the model runs on [P, L], the results are gathered back
@@ -145,13 +174,31 @@ def build_loss_fn(model_config: Any, loss: LossConfig, lcfg: LearnerConfig, lora
         packed = "gather" in a
         tokens, positions, targets = ((a["packed_tokens"], a["packed_positions"], a["packed_targets"]) if packed
                                       else (a["tokens"], a["positions"], a["targets"]))
-        logits, _ = forward(model_config, params, tokens, positions, a["segment_ids"] if packed else None,
-                            compute_dtype=lcfg.compute_dtype)
+        segments = a["segment_ids"] if packed else None
+        if "select_flat" in a:  # the LM head on the loss positions only: [B, K] of the model rows' flat positions
+            h = hidden_states(model_config, params, tokens, positions, segments, compute_dtype=lcfg.compute_dtype)
+            idx = a["select_flat"]
+            logits = lm_logits(model_config, params, h.reshape(-1, h.shape[-1])[idx],
+                               compute_dtype=lcfg.compute_dtype)  # [B, K, V]
+            logp = token_logprobs(logits, targets.reshape(-1)[idx], lcfg.temperature)
+            return logp, entropy_from_logits(logits, lcfg.temperature) if entropy else None
+        logits, _ = forward(model_config, params, tokens, positions, segments, compute_dtype=lcfg.compute_dtype)
         logp = token_logprobs(logits, targets, lcfg.temperature)  # float32
         ent = entropy_from_logits(logits, lcfg.temperature) if entropy else None
         if packed:
             logp, ent = logp.reshape(-1)[a["gather"]], None if ent is None else ent.reshape(-1)[a["gather"]]
         return logp, ent
+
+    return logprobs
+
+
+def build_loss_fn(model_config: Any, loss: LossConfig, lcfg: LearnerConfig, lora: lora_mod.LoRAConfig | None):
+    """``f(trainable, frozen, arrays, ref_params) -> (loss_sum, metric sums)``: pure, jit-able (arrays:
+    see :func:`build_logprobs`)."""
+    logprobs = build_logprobs(model_config, lcfg)
+
+    def params_of(trainable, frozen):
+        return lora_mod.merge(lora, frozen, trainable) if lora is not None and lora.enabled else trainable
 
     def f(trainable, frozen, a, ref_params):
         logp, ent = logprobs(params_of(trainable, frozen), a, lcfg.compute_entropy)  # [B, T] float32
@@ -175,9 +222,7 @@ def _programs(model_config: Any, loss: LossConfig, lcfg: LearnerConfig, lora: An
 
 @functools.lru_cache(maxsize=32)
 def _cached_programs(model_config: Any, loss: LossConfig, lcfg: LearnerConfig, lora: Any, opt: OptimizerConfig):
-    from gymllm.models.logprobs import token_logprobs
-    from gymllm.models.transformer import forward
-
+    logprobs = build_logprobs(model_config, lcfg)
     loss_fn = build_loss_fn(model_config, loss, lcfg, lora)
     tx = make_optimizer(opt, lcfg.num_steps)
 
@@ -193,9 +238,8 @@ def _cached_programs(model_config: Any, loss: LossConfig, lcfg: LearnerConfig, l
         zeros = jax.tree.map(jnp.zeros_like, acc)
         return optax.apply_updates(trainable, updates), opt_state, optax.global_norm(g), zeros
 
-    def ref_logp(ref_params, tokens, positions, targets):
-        logits, _ = forward(model_config, ref_params, tokens, positions, compute_dtype=lcfg.compute_dtype)
-        return token_logprobs(logits, targets, lcfg.temperature)
+    def ref_logp(ref_params, arrays):
+        return logprobs(ref_params, arrays, False)[0]
 
     jit = functools.partial(jax.jit, compiler_options=FAST_COMPILE if lcfg.fast_compile else None)
     # the accumulator is donated (updated in place); weights are not: the engine may hold them
@@ -222,6 +266,8 @@ class StreamingLearner:
         cfg = config or LearnerConfig()
         if cfg.compute_dtype == "auto":  # resolved where the learner runs
             cfg = dataclasses.replace(cfg, compute_dtype=resolve_compute_dtype("auto"))
+        if cfg.loss_positions_only is None:
+            cfg = dataclasses.replace(cfg, loss_positions_only=head_flops_share(model_config) >= HEAD_SHARE_AUTO)
         self.config = cfg
         self.lora = lora if lora is not None and lora.enabled else None
         self.mesh = mesh
@@ -286,17 +332,18 @@ class StreamingLearner:
         ``group_size``, the advantage program (one group, and a step's groups for step-global estimators)."""
         for length in self.buckets:
             mb = make_micro_batch([], self.config.micro_batch_size, length, self.pad_id)
-            a = shard_batch(self.mesh, mb.arrays())
+            a = shard_batch(self.mesh, self._on_loss_positions(mb.arrays(), mb.mask))
             acc = jax.tree.map(jnp.zeros_like, self.trainable)  # donated: not the step's accumulator
             jax.block_until_ready(self._grad(acc, self.trainable, self.frozen, a, self.ref_params))
             for p in packed_row_counts(self.config.micro_batch_size, self.pack_quantum) if self.config.packing else ():
                 host = {**{k: v for k, v in mb.arrays().items() if k in ("mask", "mu", "advantages", "group_tokens")},
                         **empty_packed(p, self.config.micro_batch_size, length, self.pad_id)}
+                host = self._on_loss_positions(host, mb.mask, host["gather"])
                 acc = jax.tree.map(jnp.zeros_like, self.trainable)
                 jax.block_until_ready(self._grad(acc, self.trainable, self.frozen, shard_batch(self.mesh, host),
                                                  self.ref_params))
             if self.ref_params is not None and self.loss.kl.placement == "reward":
-                jax.block_until_ready(self._ref_logp(self.ref_params, a["tokens"], a["positions"], a["targets"]))
+                jax.block_until_ready(self._ref_logp(self.ref_params, self._ref_arrays(mb)))
         acc = jax.tree.map(jnp.zeros_like, self.trainable)
         jax.block_until_ready(self._apply(self.trainable, self.opt_state, acc, jnp.float32(1.0)))
         if group_size and self._adv is not None:
@@ -376,8 +423,8 @@ class StreamingLearner:
             chunk = rows[i:i + self.config.micro_batch_size]
             mb = make_micro_batch(chunk, self.config.micro_batch_size,
                                   pick_bucket(max(r.length for r in chunk), self.buckets), self.pad_id)
-            a = shard_batch(self.mesh, mb.arrays())
-            ref = self._ref_logp(self.ref_params, a["tokens"], a["positions"], a["targets"])
+            a = self._ref_arrays(mb)
+            ref = self._ref_logp(self.ref_params, a)
             # the behaviour logprobs stand in for pi_theta's (the sampled policy's) in the k1 estimate
             pen = kl_reward_penalty(a["mu"], ref, a["mask"], beta=self.loss.kl.beta)
             out.append(np.asarray(pen)[:len(chunk)])
@@ -399,6 +446,24 @@ class StreamingLearner:
             self._pending = [r for r in self._pending if id(r) not in ids]
             self._run_micro_batch(chunk)
 
+    def _on_loss_positions(self, host: dict[str, np.ndarray], mask: np.ndarray,
+                           gather: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """``host`` arrays for the LM head on the loss positions only (``loss_positions_only``), or as
+        they are (every position) when that saves nothing or a row outgrew the budget (counted)."""
+        budget = self.config.max_response_len
+        if not self.config.loss_positions_only or not budget or budget >= mask.shape[1]:
+            return host
+        sel = loss_positions(mask, budget, gather)
+        if sel is None:
+            self.counts["full_head_micro_batches"] += 1  # a row sampled more tokens than the budget
+            return host
+        return on_loss_positions(host, sel)
+
+    def _ref_arrays(self, mb) -> dict[str, Any]:
+        """The reward-placement reference forward's arrays (and the ``mu`` / ``mask`` its penalty reads)."""
+        host = {k: getattr(mb, k) for k in ("tokens", "positions", "targets", "mask", "mu")}
+        return shard_batch(self.mesh, self._on_loss_positions(host, mb.mask))
+
     def _run_micro_batch(self, rows: list[Row]) -> None:
         mb = make_micro_batch(rows, self.config.micro_batch_size,
                               pick_bucket(max(r.length for r in rows), self.buckets), self.pad_id)
@@ -414,6 +479,8 @@ class StreamingLearner:
                 host = {**{k: host[k] for k in ("mask", "mu", "advantages", "group_tokens")}, **packed}
                 tags["packed_rows"] = packed["packed_tokens"].shape[0]
                 self.counts["packed_micro_batches"] += 1
+            host = self._on_loss_positions(host, mb.mask, None if packed is None else packed["gather"])
+            tags["head_positions"] = host["mask"].shape[1]  # per row
             arrays = shard_batch(self.mesh, host)
             self._acc, sums = self._grad(self._acc, self.trainable, self.frozen, arrays, self.ref_params)
             for k, v in jax.device_get(sums).items():  # one device->host copy (and wait) per micro-batch

@@ -38,7 +38,8 @@ from gymllm.models.blocks import (embed_tokens, final_logits, global_params, lay
 from gymllm.models.attention import attention
 from gymllm.models.layers import cache_mask, causal_mask
 
-__all__ = ["Blocks", "Transformer", "forward", "init_params", "pack_bf16", "param_shapes"]
+__all__ = ["Blocks", "Transformer", "forward", "hidden_states", "init_params", "lm_logits", "pack_bf16",
+           "param_shapes"]
 
 
 def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -184,6 +185,34 @@ def forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, p
 
     One-token decode steps over a cache have a faster path: :func:`gymllm.models.decode.decode_forward`."""
     params = global_params(params, compute_dtype)
+    x, cache = _trunk(cfg, params, tokens, positions, segment_ids, cache, compute_dtype)
+    if logits_at is not None:
+        x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)  # [B, 1, E]
+    return final_logits(cfg, params, x), cache
+
+
+@functools.partial(jax.jit, static_argnums=0, static_argnames=("compute_dtype",))
+def hidden_states(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, positions: jax.Array,
+                  segment_ids: jax.Array | None = None, *, compute_dtype: Any = None) -> jax.Array:
+    """The last layer's output [B, T, E] (before the final norm), masked as :func:`forward` without a
+    cache: ``forward(...)[0] == lm_logits(cfg, params, hidden_states(...))``. With :func:`lm_logits` it
+    lets a caller run the vocab projection (and its log-softmax) only on the positions it needs, e.g.
+    the learner on the positions that carry a loss (``LearnerConfig.loss_positions_only``)."""
+    return _trunk(cfg, global_params(params, compute_dtype), tokens, positions, segment_ids, None, compute_dtype)[0]
+
+
+def lm_logits(cfg: ModelConfig, params: dict[str, jax.Array], x: jax.Array, *, compute_dtype: Any = None
+              ) -> jax.Array:
+    """Final norm + vocab projection (+ final softcap) of hidden states ``x`` [..., E] from
+    :func:`hidden_states`: float32 logits [..., V], as :func:`forward` computes them."""
+    head = {n: params[n] for n in ("embed", "final_norm", "lm_head") if n in params}
+    return final_logits(cfg, global_params(head, compute_dtype), x)
+
+
+def _trunk(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, positions: jax.Array,
+           segment_ids: jax.Array | None, cache: KVCache | None, compute_dtype: Any
+           ) -> tuple[jax.Array, KVCache | None]:
+    """Embedding and every layer (params already through ``global_params``): hidden [B, T, E], cache."""
     b = tokens.shape[0]
     x = embed_tokens(cfg, params, tokens)  # [B, T, E]
     rows = jnp.arange(b)[:, None]  # [B, 1]
@@ -206,6 +235,4 @@ def forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, p
 
     kc, vc = (None, None) if cache is None else (cache.k, cache.v)
     (x, kc, vc), _ = jax.lax.scan(layer, (x, kc, vc), layer_xs(cfg, params), unroll=layer_unroll(cfg))
-    if logits_at is not None:
-        x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)  # [B, 1, E]
-    return final_logits(cfg, params, x), (None if cache is None else KVCache(kc, vc))
+    return x, (None if cache is None else KVCache(kc, vc))
