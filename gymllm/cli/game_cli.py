@@ -150,7 +150,7 @@ eval_main.takes_argv = True  # type: ignore[attr-defined]  # gymllm.cli.commands
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m gymllm.cli.game_cli ...``: errors as one line, as ``gymllm`` does."""
-    from gymllm.cli.main import guarded
+    from gymllm.cli.guard import guarded
 
     argv = list(sys.argv[1:] if argv is None else argv)
     return guarded(lambda: eval_main(argv))

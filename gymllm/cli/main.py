@@ -7,12 +7,11 @@ the traceback).
 
 from __future__ import annotations
 
-import os
 import sys
-import traceback
 from typing import Callable, Sequence
 
 from gymllm.cli import commands, demos, serve_env, sft, suite_cli, view
+from gymllm.cli.guard import guarded
 
 COMMANDS: dict[str, Callable[..., object]] = {
     "train": commands.train,
@@ -39,22 +38,6 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
-def _hint(exc: BaseException) -> str:
-    from gymllm.errors import MissingExtraError
-
-    if isinstance(exc, MissingExtraError):
-        return f"pip install 'gymllm[{exc.extra}]'"
-    if isinstance(exc, ModuleNotFoundError):
-        return f"pip install {exc.name} (or reinstall gymllm: pip install -e .)"
-    if type(exc).__name__ in ("NameNotFound", "NamespaceNotFound", "VersionNotFound", "UnregisteredEnv") or (
-        "registered env id" in str(exc)
-    ):
-        return "`gymllm envs` lists the registered env ids"
-    if isinstance(exc, FileNotFoundError):
-        return "check the path; run directories are written by `gymllm train --run-dir DIR`"
-    return "run with GYMLLM_DEBUG=1 for the full traceback"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -72,27 +55,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     return guarded(lambda: commands.dispatch(name, COMMANDS[name], rest))
 
-
-def guarded(call: Callable[[], object]) -> int:
-    """Run a command and return its exit status: a usage error or ``--help`` (tyro's SystemExit) as its
-    code, any other error as one line plus a hint on stderr and status 2 (``GYMLLM_DEBUG=1``: the
-    traceback too). The one place the command line turns errors into a line (``python -m
-    gymllm.cli.suite_cli`` and ``gymllm.cli.game_cli`` use it as well)."""
-    try:
-        result = call()
-    except SystemExit as e:  # tyro's --help and argument errors
-        return int(e.code or 0) if isinstance(e.code, int) else 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except Exception as e:  # noqa: BLE001 - the CLI's one place that turns errors into a line + hint
-        if os.environ.get("GYMLLM_DEBUG"):
-            traceback.print_exc()
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"error: {type(e).__name__}: {msg}", file=sys.stderr)
-        print(f"hint: {_hint(e)}", file=sys.stderr)
-        return 2
-    return int(result) if isinstance(result, int) else 0
 
 if __name__ == "__main__":
     sys.exit(main())

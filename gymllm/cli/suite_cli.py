@@ -277,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv or argv[0] not in commands:
         print("usage: python -m gymllm.cli.suite_cli {eval,compare} [ARGS] (--help for the options)", file=sys.stderr)
         return 2
-    from gymllm.cli.main import guarded
+    from gymllm.cli.guard import guarded
 
     return guarded(lambda: commands[argv[0]](argv[1:]))
 
