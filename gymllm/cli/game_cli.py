@@ -31,9 +31,10 @@ Repeated = tyro.conf.UseAppendAction
 
 
 def players_from_flags(model: Sequence[str], checkpoint: Sequence[str], label: Sequence[str],
-                       opponent: Sequence[str]) -> list[Any]:
+                       opponent: Sequence[str], system_prompt: str | None = None) -> list[Any]:
     """The :class:`~gymllm.suites.games.Player` list of the flags, in order (module doc); opponents are
-    checked before any model loads, a checkpoint plays with its run's system prompt."""
+    checked before any model loads, a checkpoint plays with its run's system prompt (else
+    ``system_prompt``), a ``--model`` with ``system_prompt``."""
     from gymllm.algos.train_config import legacy_tables
     from gymllm.cli.evaluate import load_model, run_config
     from gymllm.cli.suite_cli import policy_label
@@ -51,7 +52,7 @@ def players_from_flags(model: Sequence[str], checkpoint: Sequence[str], label: S
         run_dir = c and (str(pathlib.Path(c).parent) if pathlib.Path(c).name == "checkpoints" else c)
         trained = legacy_tables(run_config(run_dir)).get("env", {}) if run_dir else {}
         players.append(Player(label=name, loaded=load_model(m, checkpoint=c),
-                              system_prompt=trained.get("system_prompt") or None))
+                              system_prompt=trained.get("system_prompt") or system_prompt or None))
     return players + opponents
 
 
@@ -61,6 +62,7 @@ def eval_game(
     checkpoint: Annotated[tuple[str, ...], Repeated] = (),
     label: Annotated[tuple[str, ...], Repeated] = (),
     opponent: Annotated[tuple[str, ...], Repeated] = (),
+    system_prompt: str | None = None,
     game_kwargs: str | None = None,
     games: int = 20,
     out: str = "games_out",
@@ -84,6 +86,7 @@ def eval_game(
         checkpoint: A player: a `gymllm train` run directory, its model with its latest weights (repeatable).
         label: The models' and checkpoints' names, in order: the --model ones, then the --checkpoint ones (repeatable).
         opponent: A player: `random` (uniform legal moves) or MODULE:FN, a scripted fn(observation, agent) -> action (repeatable).
+        system_prompt: The --model players' system prompt (a --checkpoint plays with its run's), e.g. the one a run trained with.
         game_kwargs: The game factory's keyword arguments as JSON (e.g. '{"move_names": null}').
         games: Games per pairing (even: each side plays each seat equally often).
         out: The output directory (games.jsonl, summary.json, ratings.json).
@@ -116,7 +119,7 @@ def eval_game(
     if not model and not checkpoint and len(opponent) < 2:
         raise ConfigError(explain("gymllm eval --game", expected="a player to evaluate: --model or --checkpoint (or two "
                                   "--opponent)", received="none", fix="e.g. --model smollm2-135m-instruct --opponent random"))
-    summary = run_matches(make_game, players_from_flags(model, checkpoint, label, opponent), out, config=config)
+    summary = run_matches(make_game, players_from_flags(model, checkpoint, label, opponent, system_prompt), out, config=config)
     _print(summary)
     print(f"wrote {pathlib.Path(out) / 'games.jsonl'}, summary.json, ratings.json")
     return 0
