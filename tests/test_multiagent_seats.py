@@ -238,6 +238,31 @@ def test_role_ema_baseline_sets_the_learners_estimator_and_the_groups_carry_thei
     assert not make_group_filter(plain, {}, set())(equal)  # a group estimator would centre it to 0
 
 
+def test_a_drained_full_queue_wakes_the_producer_with_no_batch_in_flight():
+    """The producer stops at a full queue (rollout.queue_size); when the consumer drains it while no
+    batch is in flight (so no batch's end will wake the producer), taking groups must wake it."""
+    engine = ScriptEngine()
+    r = RolloutConfig(group_size=2, max_concurrency=2, max_staleness=None, max_model_calls=4, queue_size=2)
+    src = SeatGroupSource(game_factory("test_multiagent_seats:race"), engine, ModelAgent(engine.tok),
+                          sampling=_params(), rollout=r, config=MultiAgentSection())
+
+    async def go():
+        await src.start()
+        try:
+            while not (src.ready_groups >= 2 and not src.in_flight):  # full, and nothing left to finish
+                await asyncio.sleep(0.01)
+            for _ in range(20):  # let the producer run until it waits on the full queue
+                await asyncio.sleep(0)
+            first = await src.next_groups()
+            more = await asyncio.wait_for(src.next_groups(), 20)  # hung here before the fix
+            return first, more
+        finally:
+            await src.close()
+
+    first, more = asyncio.run(go())
+    assert len(first) == 2 and more and {g.group_id for g in first}.isdisjoint(g.group_id for g in more)
+
+
 def test_registered_tic_tac_toe_is_a_game_and_plays_against_random():
     make = game_factory("tic-tac-toe")
     assert make is not None and game_factory("gymllm/TinyRepeat-v0") is None

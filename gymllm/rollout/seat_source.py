@@ -343,7 +343,9 @@ class SeatGroupSource(QueueSource):
             self.changed.clear()
             await self.changed.wait()
         self.ready.sort(key=lambda g: g.admitted_version)
-        return self.ready.pop(0)
+        group = self.ready.pop(0)
+        self.changed.set()  # a full queue has room again: the producer may be waiting on exactly that
+        return group
 
     async def close(self) -> None:
         if self.closed:
