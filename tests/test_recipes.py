@@ -45,7 +45,9 @@ def test_there_are_recipes_for_every_kind_of_task():
     assert {"arithmetic_tiny", "math_word", "calc_math", "frozenlake", "tictactoe", "code", "terminal"} <= set(RECIPES)
 
 
-@pytest.mark.parametrize("name", RECIPES)
+# the self-play recipe's two steps (about 30 s) run in the slow tier; its game path has default-tier CLI tests
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "tictactoe_selfplay" else n
+                                  for n in RECIPES])
 def test_recipe_trains_a_couple_of_steps(name, tmp_path):
     from gymllm.algos.trainer import train
 
@@ -59,7 +61,7 @@ def test_recipe_trains_a_couple_of_steps(name, tmp_path):
     assert result.steps == 2
 
 
-STAGED = ("tictactoe", "calc_math", "frozenlake")
+STAGED = ("tictactoe", "calc_math", "frozenlake", "tictactoe_selfplay")
 
 
 @pytest.mark.parametrize("name", STAGED)
@@ -70,8 +72,8 @@ def test_staged_recipe_sft_table_builds_a_valid_sft_config(name, tmp_path):
 
     table = load_recipe(name)["sft"]
     cfg = train_config_from(name, None, None, str(tmp_path))
-    assert cfg.env.id in SOLVERS, f"{name}: its env needs a demo solver"
     stage = sft_stage_from(table)
+    assert (stage.demo_env or cfg.env.id) in SOLVERS, f"{name}: its env (or [sft].demo_env) needs a demo solver"
     sft = sft_config_for(stage, cfg, data="d.jsonl", run_dir=str(tmp_path / "sft"))
     assert isinstance(sft, SFTConfig) and sft.model.name == cfg.model.name and sft.data == "d.jsonl"
     if "num_steps" in table:
@@ -91,6 +93,9 @@ def test_sft_table_bad_keys_are_named():
         sft_stage_from({"run_dir": "x"})
     with pytest.raises(ConfigError, match="demos"):
         sft_stage_from({"demos": 0})
+    with pytest.raises(ConfigError, match="demo_env"):
+        sft_stage_from({"demo_env": 3})
+    assert sft_stage_from({"demo_env": "gymllm/TicTacToe-v0"}).demo_env == "gymllm/TicTacToe-v0"
 
 
 TINY_STAGED = """
