@@ -340,3 +340,23 @@ def test_full_weight_policies_checkpoint_and_resume_each_policy(tmp_path):
     last = seen[-1]
     assert last["policy/a/version"] + last["policy/b/version"] == 4
     assert min(last["policy/a/version"], last["policy/b/version"]) >= 1
+
+
+def test_several_policies_are_refused_on_ray_and_their_checkpoint_says_so_when_loaded_as_one(tmp_path):
+    import dataclasses
+
+    import orbax.checkpoint as ocp
+
+    from gymllm.algos.train_config import ClusterSection, preset
+    from gymllm.models.trained import restore_trained
+
+    base = preset("tiny")
+    with pytest.raises(ConfigError, match="drop --cluster.backend ray"):
+        dataclasses.replace(base, multiagent=MultiAgentSection(policies=MAP), cluster=ClusterSection(backend="ray"))
+    manager = ocp.CheckpointManager(tmp_path / "checkpoints")  # what a --multiagent.policies run saves: state/policies/<name>
+    manager.save(2, args=ocp.args.Composite(state=ocp.args.StandardSave(
+        {"policies": {name: {"trainable": {"w": np.zeros(2, np.float32)}} for name in ("a", "b")}})))
+    manager.wait_until_finished()
+    manager.close()
+    with pytest.raises(ConfigError, match=r"several policies \(a, b\)"):
+        restore_trained(tmp_path)

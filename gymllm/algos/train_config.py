@@ -310,6 +310,9 @@ class TrainConfig:
                 received=s.n, fix="set --rollout.group-size instead")
         require(self.env.num_envs >= r.group_size, "env.num_envs", expected=f">= rollout.group_size ({r.group_size})",
                 received=self.env.num_envs, fix="give every member of a group its own env: raise --env.num-envs")
+        require(not (self.multiagent.policies and self.cluster.backend == "ray"), "multiagent.policies",
+                expected="--cluster.backend none (several policies train in one process)", received="--cluster.backend ray",
+                fix="drop --cluster.backend ray, or train one policy on Ray (drop --multiagent.policies)")
         require(self.cluster.env_workers <= self.env.num_envs, "cluster.env_workers", expected=f"<= env.num_envs "
                 f"({self.env.num_envs})", received=self.cluster.env_workers, fix="give every env worker at least one env")
         for tied, source in TIES.items():  # after the checks: a tie must not hide a bad source value

@@ -77,7 +77,14 @@ def restore_trained(path: str | os.PathLike, *, step: int | None = None) -> tupl
             out = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
     finally:
         manager.close()
-    return dict(out["state"]["trainable"]), int(step)
+    state = out["state"]
+    if "trainable" not in state and "policies" in state:  # a --multiagent.policies run: one state per policy
+        from gymllm.errors import ConfigError
+
+        raise ConfigError(f"checkpoint {directory}: expected one policy's weights (state/trainable), received a "
+                          f"run of several policies ({', '.join(sorted(state['policies']))}). Fix: evaluate or "
+                          "play against a run of one policy; loading one policy of several is not supported yet")
+    return dict(state["trainable"]), int(step)
 
 
 def _lora_settings(path: str | os.PathLike, lora: Any) -> tuple[int, float, tuple[str, ...]]:
