@@ -123,7 +123,9 @@ def test_bare_unknown_and_misplaced_policy_names_say_what_would_load(lora_run, t
     from gymllm.algos.checkpoint import Checkpointer
     from gymllm.algos.components import load_model
     from gymllm.algos.policies import build_policy_set
-    from gymllm.models.trained import restore_trained
+    import orbax.checkpoint as ocp
+
+    from gymllm.models.trained import checkpoint_policies, policy_refs, restore_trained
 
     run, _ = lora_run
     with pytest.raises(ConfigError) as e:
@@ -144,6 +146,15 @@ def test_bare_unknown_and_misplaced_policy_names_say_what_would_load(lora_run, t
         restore_trained(f"{one}#a")
     trained, step = restore_trained(one)
     assert step == 1 and all(k.endswith(("lora_a", "lora_b")) for k in trained)
+    assert checkpoint_policies(one) == [] and policy_refs(one) == [str(one)]
+    # without the run's JSON metadata the policies are read from the arrays' tree
+    bare = tmp_path / "bare" / "checkpoints"
+    manager = ocp.CheckpointManager(bare)
+    manager.save(2, args=ocp.args.Composite(state=ocp.args.StandardSave(
+        {"policies": {n: {"trainable": {"w": np.zeros(2, np.float32)}} for n in ("x", "y")}})))
+    manager.wait_until_finished()
+    manager.close()
+    assert checkpoint_policies(bare.parent) == ["x", "y"] and policy_refs(bare) == [f"{bare}#x", f"{bare}#y"]
 
 
 def test_a_run_opponent_names_one_policy_and_plays_with_its_weights(lora_run, tmp_path):
@@ -177,6 +188,9 @@ def test_a_run_opponent_names_one_policy_and_plays_with_its_weights(lora_run, tm
 
     assert done.logprobs[0] == pytest.approx(logprob(expected["b"]), abs=1e-3)
     assert abs(done.logprobs[0] - logprob(expected["a"])) > 1e-3  # a's weights would have scored it otherwise
+    other = _cfg(tmp_path / "vs2", "--model.name", "tiny-llama", "--multiagent.opponent", f"run:{run}#a")
+    with pytest.raises(ConfigError, match="a run of this run's model \\(tiny-llama\\)"):
+        FrozenOpponent.build(other, None)
 
 
 class SquareEngine:
@@ -257,7 +271,8 @@ def test_a_trained_policies_run_loads_each_policy_as_its_learner_left_it(tmp_pat
     cfg = _cfg(tmp_path, "--rollout.group-size", "2", "--env.num-envs", "2", "--rollout.max-model-calls", "2",
                "--sampling.max-tokens", "4", "--learner.groups-per-step", "1", "--learner.num-steps", "2",
                "--learner.max-len", "256", "--rollout.max-staleness", "2", "--run.no-report",
-               "--loss.shaping.no-filter-zero-variance", "--loss.entropy-coef", "0.01", "--multiagent.policies", MAP)
+               "--loss.shaping.no-filter-zero-variance", "--loss.entropy-coef", "0.01", "--run.checkpoint-every", "1",
+               "--multiagent.policies", MAP)
     run = Run(cfg)
 
     async def go():
@@ -269,6 +284,7 @@ def test_a_trained_policies_run_loads_each_policy_as_its_learner_left_it(tmp_pat
 
     asyncio.run(go())
     final = {n: {k: np.asarray(v) for k, v in l.policy_params().items()} for n, l in run.learner.learners.items()}
+    assert _hash(final["a"]) != _hash(final["b"])  # each policy trained its own adapters
     for name in ("a", "b"):
         _assert_weights(_flat(models.load(f"{tmp_path}#{name}")), final[name])
     rows = run_eval(["gymllm/TinyRepeat-v0"], checkpoint=f"{tmp_path}#b", num_seeds=1, k=1, max_tokens=4, max_turns=1)

@@ -117,10 +117,13 @@ def checkpoint_policies(path: str | os.PathLike, *, step: int | None = None) -> 
     manager = ocp.CheckpointManager(directory)
     try:
         step = _latest(manager, directory, step)
-        meta_file = directory / str(step) / "meta"
-        if meta_file.exists():
+        if (directory / str(step) / "meta").exists():  # what a run saves: its bookkeeping names the policies
             meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
             return list(meta.get("policies") or {})
+    finally:
+        manager.close()
+    manager = ocp.CheckpointManager(directory, item_handlers={"state": ocp.StandardCheckpointHandler()})
+    try:
         tree = manager.item_metadata(step)["state"]
     finally:
         manager.close()
