@@ -1,6 +1,10 @@
 """Model opponents of multi-agent runs: :class:`FrozenOpponent`, a held copy of the learner's weights
 (``multiagent.opponent="frozen"``, refreshed every ``refresh_every`` steps) or of a trained checkpoint
 (``"run:DIR"``, never refreshed), served by a second in-process engine of the same model.
+``run:DIR#NAME`` plays policy ``NAME`` of a run trained with ``--multiagent.policies``
+(:mod:`gymllm.models.trained`); a run directory is loaded as the model it trained (its base, and under
+LoRA adapters the weights it started from, then its trained weights), as ``gymllm eval --checkpoint``
+loads it.
 
     opp = FrozenOpponent.build(cfg, learner)          # cfg: the run's TrainConfig
     source = SeatGroupSource(..., opponent=opp)        # its seats' moves come from opp.engine
@@ -40,7 +44,7 @@ class FrozenOpponent:
 
         spec = cfg.multiagent.opponent
         checkpoint = spec[len("run:"):] if spec.startswith("run:") else ""
-        lm = load_model(dataclasses.replace(cfg.model, checkpoint=checkpoint) if checkpoint else cfg.model)
+        lm = _checkpoint_model(cfg, checkpoint) if checkpoint else load_model(cfg.model)
         engine = JaxEngine(lm.model, lm.tokenizer, version=0, config=cfg.engine)
         pusher = WeightPusher(engine, lm.config)
         if checkpoint:
@@ -69,3 +73,22 @@ class FrozenOpponent:
 
     async def close(self) -> None:
         await self.engine.close()
+
+
+def _checkpoint_model(cfg: Any, checkpoint: str) -> Any:
+    """The model of a ``run:`` opponent: a run directory (``DIR`` or ``DIR#NAME``) as the model it trained,
+    which must be this run's model; any other checkpoint's weights on this run's model."""
+    from gymllm import models
+    from gymllm.algos.components import load_model
+    from gymllm.errors import ConfigError, explain
+    from gymllm.models.trained import is_run_dir, run_model_section
+
+    if not is_run_dir(checkpoint):
+        return load_model(dataclasses.replace(cfg.model, checkpoint=checkpoint))
+    theirs = run_model_section(checkpoint).get("name")
+    if theirs != cfg.model.name:
+        raise ConfigError(explain("multiagent.opponent", expected=f"a run of this run's model ({cfg.model.name}): the "
+                                  "opponent's moves are read with this run's tokenizer",
+                                  received=f"run:{checkpoint} (a run of {theirs})",
+                                  fix="name a run trained from --model.name " + cfg.model.name))
+    return models.load(checkpoint)

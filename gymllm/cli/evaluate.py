@@ -24,21 +24,25 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
 def run_config(checkpoint: str | None) -> dict[str, Any]:
-    """The ``config.json`` a ``gymllm train`` run directory holds (``{}`` for anything else)."""
-    import json
-    import pathlib
+    """The ``config.json`` a ``gymllm train`` run directory holds (of ``RUN`` for ``RUN/checkpoints`` and
+    for one policy ``RUN#NAME``; ``{}`` for anything else)."""
+    from gymllm.models.trained import run_config as read
 
-    conf = pathlib.Path(checkpoint) / "config.json" if checkpoint else None
-    return json.loads(conf.read_text()) if conf is not None and conf.is_file() else {}
+    return read(checkpoint) if checkpoint else {}
 
 
 def load_model(name: str | None, *, checkpoint: str | None = None) -> Any:
     """``tiny-<family>`` builds a random tiny model; anything else goes to ``gymllm.models.load``.
-    ``checkpoint`` (a run directory or checkpoint written by ``gymllm train``) replaces the weights; with
-    ``name=None`` the model is the one the run trained (its ``config.json``'s model section, tiny
-    dimensions included), else :data:`DEFAULT_MODEL`."""
+    ``checkpoint`` (a run directory or checkpoint written by ``gymllm train``; ``RUN#NAME``: policy
+    ``NAME`` of a ``--multiagent.policies`` run) replaces the weights; with ``name=None`` the model is
+    the one the run trained (the run directory loaded as a model: its ``config.json``'s model section,
+    tiny dimensions included, and, under LoRA adapters, the weights the run started from), else
+    :data:`DEFAULT_MODEL`."""
     from gymllm import models
+    from gymllm.models.trained import is_run_dir
 
+    if name is None and checkpoint and is_run_dir(checkpoint):
+        return models.load(checkpoint)
     section = run_config(checkpoint).get("model", {}) if name is None else {}
     name = section.get("name", DEFAULT_MODEL) if name is None else name
     dims = ({k: section.get(k) for k in ("seed", "vocab_size", "hidden_size", "intermediate_size", "num_layers",

@@ -8,7 +8,10 @@ Players, in this order: each ``--model`` (a registry name, a local checkpoint di
 its latest weights and its system prompt), then each ``--opponent`` (``random``, or ``MODULE:FN``: a
 scripted ``fn(observation, agent) -> action`` on the game's own PettingZoo observation and action).
 ``--label`` names the models and checkpoints in the same order (default: the model name, the run
-directory's name, as ``gymllm eval --suite`` does); opponents are named by their spec. Every pair of
+directory's name, as ``gymllm eval --suite`` does); opponents are named by their spec. A run trained
+with ``--multiagent.policies`` holds several policies: ``--checkpoint RUN#NAME`` plays policy ``NAME``
+(:mod:`gymllm.models.trained`), and a bare ``--checkpoint RUN`` enters every policy as its own player,
+labelled ``RUN#NAME`` (``LABEL#NAME`` with ``--label``), so one command rates them all. Every pair of
 players meets for ``--games`` games, seats swapped in pairs. The run writes ``games.jsonl``,
 ``summary.json`` and ``ratings.json`` into ``--out`` (:mod:`gymllm.suites.games`).
 ``python -m gymllm.cli.game_cli ...`` runs the same.
@@ -34,11 +37,14 @@ def players_from_flags(model: Sequence[str], checkpoint: Sequence[str], label: S
                        opponent: Sequence[str], system_prompt: str | None = None) -> list[Any]:
     """The :class:`~gymllm.suites.games.Player` list of the flags, in order (module doc); opponents are
     checked before any model loads, a checkpoint plays with its run's system prompt (else
-    ``system_prompt``), a ``--model`` with ``system_prompt``."""
+    ``system_prompt``), a ``--model`` with ``system_prompt``. A checkpoint of several policies
+    (``--multiagent.policies``) named without ``#NAME`` enters each policy as its own player,
+    ``RUN#NAME`` (or ``LABEL#NAME`` with ``--label``)."""
     from gymllm.algos.train_config import legacy_tables
     from gymllm.cli.evaluate import load_model, run_config
     from gymllm.cli.suite_cli import policy_label
     from gymllm.errors import ConfigError, explain
+    from gymllm.models.trained import POLICY_SEP, policy_refs, split_policy
     from gymllm.suites.games import Player, opponent_player
 
     sources: list[tuple[str | None, str | None]] = [(m, None) for m in model] + [(None, c) for c in checkpoint]
@@ -46,11 +52,22 @@ def players_from_flags(model: Sequence[str], checkpoint: Sequence[str], label: S
         raise ConfigError(explain("--label", expected=f"one label per --model / --checkpoint ({len(sources)}, in that "
                                   "order), or none", received=list(label), fix=f"pass --label {len(sources)} times"))
     opponents = [opponent_player(o) for o in opponent]  # checked before any model loads
-    names = list(label) or [policy_label(m, c) for m, c in sources]
-    players = []
+
+    def default_label(m: str | None, c: str | None) -> str:  # RUN, or RUN#NAME for one policy of it
+        run, policy = split_policy(c) if c else (c, None)
+        return policy_label(m, run) + (f"{POLICY_SEP}{policy}" if policy else "")
+
+    names = list(label) or [default_label(m, c) for m, c in sources]
+    entries: list[tuple[str, str | None, str | None]] = []
     for name, (m, c) in zip(names, sources):
-        run_dir = c and (str(pathlib.Path(c).parent) if pathlib.Path(c).name == "checkpoints" else c)
-        trained = legacy_tables(run_config(run_dir)).get("env", {}) if run_dir else {}
+        refs = policy_refs(c) if c else [c]
+        if len(refs) > 1:  # a checkpoint of several policies: one player each, NAME#POLICY
+            entries += [(f"{name}{POLICY_SEP}{split_policy(r)[1]}", m, r) for r in refs]
+        else:
+            entries.append((name, m, c))
+    players = []
+    for name, m, c in entries:
+        trained = legacy_tables(run_config(c)).get("env", {}) if c else {}
         players.append(Player(label=name, loaded=load_model(m, checkpoint=c),
                               system_prompt=trained.get("system_prompt") or system_prompt or None))
     return players + opponents
@@ -83,7 +100,7 @@ def eval_game(
     Args:
         game: The game: tic-tac-toe, connect-four, or MODULE:FACTORY (a function returning a PettingZoo AEC or Parallel env).
         model: A player: a model name, a local checkpoint directory, or tiny-<family> (repeatable).
-        checkpoint: A player: a `gymllm train` run directory, its model with its latest weights (repeatable).
+        checkpoint: A player: a `gymllm train` run directory, its model with its latest weights (repeatable); RUN#NAME: policy NAME of a --multiagent.policies run (a bare RUN of several policies enters each as a player).
         label: The models' and checkpoints' names, in order: the --model ones, then the --checkpoint ones (repeatable).
         opponent: A player: `random` (uniform legal moves) or MODULE:FN, a scripted fn(observation, agent) -> action (repeatable).
         system_prompt: The --model players' system prompt (a --checkpoint plays with its run's), e.g. the one a run trained with.

@@ -123,9 +123,8 @@ def load(spec: str | os.PathLike, dtype: Any = jnp.float32, *, checkpoint: str |
     elif trained.is_run_dir(os.path.expanduser(name)):
         run = Path(os.path.expanduser(name))
         section = trained.run_model_section(run)
-        lora_rank = int((trained.run_config(run).get("lora") or {}).get("rank", 0) or 0)
         base_ckpt = section.get("checkpoint") or None  # adapters sit on the weights the run started from
-        loaded = load(section["name"], dtype, checkpoint=base_ckpt if lora_rank else None,
+        loaded = load(section["name"], dtype, checkpoint=base_ckpt if trained.holds_adapters(run) else None,
                       **{k: section.get(k) for k in _TINY_FIELDS if str(section["name"]).startswith(TINY_PREFIX)})
         checkpoint = run if checkpoint is None else checkpoint
     else:
