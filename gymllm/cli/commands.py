@@ -176,7 +176,8 @@ def eval(
         model: A model name (`smollm2-135m-instruct`), a local checkpoint directory, or `tiny-<family>`
             (default: the model the `--checkpoint` run trained, else smollm2-135m-instruct).
         checkpoint: A run directory written by `gymllm train` (or its checkpoints/ directory): its latest
-            checkpoint's weights are evaluated instead of the base weights.
+            checkpoint's weights are evaluated instead of the base weights. `RUN#NAME`: policy NAME of a
+            `--multiagent.policies` run.
         env_kwargs: The envs' keyword arguments as JSON (e.g. '{"digits": 1}'); default: the run's own env
             kwargs for the env it trained on (with --checkpoint), else each env's defaults.
         num_seeds: Held-out seeds per env.
