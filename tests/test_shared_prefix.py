@@ -138,11 +138,11 @@ def test_loss_metrics_and_gradients_equal_the_flat_path(head_on_loss_positions):
     assert scale > 0 and max_diff(ga, gb) < 1e-5 * scale
 
 
-def learner(**kw):
+def learner(loss=LOSSES[1], **kw):
     lm = tiny()
     cfg = dict(groups_per_step=2, micro_batch_size=8, num_steps=10, max_len=MAX_LEN, min_bucket=16, fast_compile=True)
     cfg.update(kw)
-    return StreamingLearner(lm.config, lm.model.flat_params(), loss=LOSSES[1],
+    return StreamingLearner(lm.config, lm.model.flat_params(), loss=loss,
                             optimizer=OptimizerConfig(name="sgd", learning_rate=1e-2, max_grad_norm=0.0),
                             config=LearnerConfig(**cfg))
 
@@ -160,6 +160,17 @@ def test_learner_update_equals_the_flat_path(differ):
     assert max_diff(a.trainable, b.trainable) < 1e-6
     for k in ("loss", "entropy", "ratio_mean", "clip_fraction", "grad_norm"):
         np.testing.assert_allclose(rb[0].metrics[k], ra[0].metrics[k], rtol=1e-5, atol=1e-7, err_msg=k)
+
+
+def test_kl_reward_reference_forward_equals_the_flat_path():
+    """The reward-placement reference forward (a group's rows, one micro-batch) runs shared too."""
+    loss = dataclasses.replace(C.grpo(), kl=dataclasses.replace(C.grpo().kl, placement="reward", beta=0.5))
+    group = groups_with(seed=3)[0]
+    a, b = learner(loss, shared_prefix=False), learner(loss, shared_prefix=True)
+    ra, rb = a._shaped_rewards(group), b._shaped_rewards(group)
+    assert np.any(ra != group.rewards)
+    assert (a.counts["shared_prefix_reference_batches"], b.counts["shared_prefix_reference_batches"]) == (0, 1)
+    np.testing.assert_allclose(rb, ra, rtol=1e-5, atol=1e-6)
 
 
 def test_config_rejects_a_non_bool():

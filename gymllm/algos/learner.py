@@ -22,6 +22,8 @@ Rules (see ``grpo-reference.md``):
   sampling temperature, by default only where the loss reads them (``loss_positions_only``: the
   transformer runs on every position, the vocab projection and log-softmax on the sampled ones).
   ``kl.beta == 0`` means no reference parameters are kept or run.
+* Rows that share a prompt (a GRPO group's samples) run it once (``shared_prefix``,
+  :mod:`gymllm.models.shared_prefix`), for the policy and the reference forward alike.
 * With LoRA only the adapters are trained (and held in the optimizer state); :meth:`policy_params`
   gives the merged weights for the engine.
 """
@@ -310,7 +312,8 @@ class StreamingLearner:
         is discarded; with packing also every packed row count), the update program (its result discarded:
         weights and optimizer state stay as
         they are), the reference log-prob program when the KL is a reward penalty, and, given
-        ``group_size``, the advantage program (one group, and a step's groups for step-global estimators)."""
+        ``group_size``, the advantage program (one group, and a step's groups for step-global estimators).
+        Not the shared-prefix shapes (``LearnerConfig.shared_prefix``): those compile at first use."""
         for length in self.buckets:
             mb = make_micro_batch([], self.config.micro_batch_size, length, self.pad_id)
             a = shard_batch(self.mesh, self._on_loss_positions(mb.arrays(), mb.mask))
@@ -447,6 +450,7 @@ class StreamingLearner:
         sp = self._shared_prefix(rows, mb.shape)
         if sp is not None:
             host = {"mask": host["mask"], "mu": host["mu"], **sp}
+            self.counts["shared_prefix_reference_batches"] += 1
         return shard_batch(self.mesh, self._on_loss_positions(host, mb.mask, None if sp is None else sp["sp_gather"]))
 
     def _shared_prefix(self, rows: list[Row], shape: tuple[int, int], fewer_than: int | None = None
