@@ -176,3 +176,47 @@ def test_kl_reward_reference_forward_equals_the_flat_path():
 def test_config_rejects_a_non_bool():
     with pytest.raises(ConfigError, match="shared_prefix"):
         LearnerConfig(shared_prefix="yes")
+
+
+MESH_SCRIPT = """
+import jax, jax.numpy as jnp
+from gymllm.algos.learner import LearnerConfig, StreamingLearner
+from gymllm.algos.optim import OptimizerConfig
+from gymllm.algos.sharding import ShardingConfig, make_mesh
+from test_learner import tiny
+from test_shared_prefix import LOSSES, groups_with
+lm = tiny()
+def run(mesh, shared, groups):
+    ln = StreamingLearner(lm.config, lm.model.flat_params(), loss=LOSSES[0], mesh=mesh,
+                          optimizer=OptimizerConfig(name="sgd", learning_rate=1e-2, max_grad_norm=0.0),
+                          config=LearnerConfig(groups_per_step=len(groups), micro_batch_size=4 * len(groups),
+                                               max_len=32, min_bucket=16, fast_compile=True, shared_prefix=shared))
+    ln.submit(groups)
+    return ln
+out = []
+for n in (4, 2):  # 4 prompts split over 4 devices; 2 prompts do not: the flat path
+    groups = groups_with((20, 17, 20, 17)[:n], seed=4)
+    a, b = run(None, False, groups), run(make_mesh(ShardingConfig(data=2, fsdp=2)), True, groups)
+    diff = max(float(jnp.max(jnp.abs(a.trainable[k] - jax.device_get(b.trainable[k])))) for k in a.trainable)
+    moved = max(float(jnp.max(jnp.abs(a.trainable[k] - lm.model.flat_params()[k]))) for k in a.trainable)
+    out += [b.counts["shared_prefix_micro_batches"], diff, moved]
+print("RESULT", *out)
+"""
+
+
+@pytest.mark.slow
+def test_shared_step_on_a_four_device_mesh_equals_flat_on_one():
+    """Prompts split over the mesh's devices: the same update as the flat rows on one device; a layout
+    whose prompts do not split evenly takes the flat path."""
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(here), here]))
+    p = subprocess.run([sys.executable, "-c", MESH_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-4000:]
+    shared4, diff4, moved4, shared2, diff2, moved2 = map(float, p.stdout.strip().splitlines()[-1].split()[1:])
+    assert (shared4, shared2) == (1, 0)
+    assert moved4 > 1e-4 and diff4 < 1e-6 and moved2 > 1e-4 and diff2 < 1e-6

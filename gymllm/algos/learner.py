@@ -256,7 +256,7 @@ class StreamingLearner:
         self.pad_id = pad_id
         self.buckets = buckets(cfg.min_bucket, cfg.max_len, cfg.buckets_per_octave)
         self.prefix_table = shared_prefix_table(cfg.max_len)
-        devices = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
+        self.devices = devices = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
         q = -(-cfg.micro_batch_size // cfg.pack_row_steps)
         self.pack_quantum = -(-q // devices) * devices  # packed rows come in multiples of this (and of the mesh)
         base = {k: jnp.asarray(v) for k, v in params.items()}
@@ -455,9 +455,11 @@ class StreamingLearner:
 
     def _shared_prefix(self, rows: list[Row], shape: tuple[int, int], fewer_than: int | None = None
                        ) -> dict[str, np.ndarray] | None:
-        """The shared-prefix layout of ``rows`` when on and it runs fewer positions (than ``fewer_than``)."""
-        return (shared_prefix_layout(rows, *shape, self.prefix_table, self.pad_id, fewer_than)
-                if self.config.shared_prefix and rows else None)
+        """The shared-prefix layout of ``rows`` when on and it runs fewer positions (than ``fewer_than``), and
+        its prompts split evenly over the mesh's devices (as the micro-batch's rows do)."""
+        sp = (shared_prefix_layout(rows, *shape, self.prefix_table, self.pad_id, fewer_than)
+              if self.config.shared_prefix and rows else None)
+        return None if sp is None or sp["sp_prefix_tokens"].shape[0] % self.devices else sp
 
     def _run_micro_batch(self, rows: list[Row]) -> None:
         mb = make_micro_batch(rows, self.config.micro_batch_size,
