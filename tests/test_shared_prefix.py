@@ -76,7 +76,8 @@ def groups_with(prompt_lens=(20, 17), g=4, *, seed=0, differ=False, turns=False)
             mu = np.where(mask > 0, -5.7 + rng.normal(0, 0.3, len(ids)), 0).astype(np.float32)
             trajs.append(Trajectory(token_ids=ids, loss_mask=mask, behaviour_logprobs=mu,
                                     versions=np.where(mask > 0, 0, -1).astype(np.int32),
-                                    reward=float(rng.random()), trajectory_id=f"{seed}/{k}/{m}", group_id=f"{seed}/{k}"))
+                                    reward=float(rng.random()), trajectory_id=f"{seed}/{k}/{m}",
+                                    group_id=f"{seed}/{k}"))
         out.append(Group(group_id=f"{seed}/{k}", task_id="t", trajectories=trajs, admitted_version=0))
     return out
 

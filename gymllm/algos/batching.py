@@ -236,7 +236,8 @@ def loss_positions(mask: np.ndarray, count: int, gather: np.ndarray | None = Non
 
 def on_loss_positions(arrays: dict[str, np.ndarray], selection: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """``arrays`` (a micro-batch's, padded, packed or shared-prefix) for the LM head on the loss positions
-    only: the per-token loss arrays (``mask``, ``mu``, a shared-prefix layout's ``sp_targets``) taken at ``selection["select"]`` ([B, K]), plus
+    only: the per-token loss arrays (``mask``, ``mu``, a shared-prefix layout's ``sp_targets``) taken at
+    ``selection["select"]`` ([B, K]), plus
     ``select_flat`` (the model side's flat index of each; :func:`loss_positions`)."""
     sel = selection["select"]
     out = {k: v for k, v in arrays.items() if k != "sp_gather"}  # shared prefix: select_flat replaces it

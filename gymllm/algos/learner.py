@@ -50,7 +50,7 @@ from gymllm.algos.batching import (Row, buckets, dropped_sampled_tokens, empty_p
                                    pick_bucket, row_from_trajectory, shared_prefix_layout, shared_prefix_table)
 from gymllm.algos.config import LossConfig, async_agentic, check_range
 from gymllm.algos.kl import kl_reward_penalty
-from gymllm.algos.learner_logprobs import build_logprobs, entropy_from_logits
+from gymllm.algos.learner_logprobs import build_logprobs, entropy_from_logits  # noqa: F401 (re-exported)
 from gymllm.algos.loss import LossBatch, micro_batch_loss, step_denominator
 from gymllm.algos.optim import OptimizerConfig, make_optimizer, make_schedule
 from gymllm.algos.shaping import nonzero_variance, overlong_penalty
@@ -174,7 +174,7 @@ class StepReport:
 
 def build_loss_fn(model_config: Any, loss: LossConfig, lcfg: LearnerConfig, lora: lora_mod.LoRAConfig | None):
     """``f(trainable, frozen, arrays, ref_params) -> (loss_sum, metric sums)``: pure, jit-able (arrays:
-    see :func:`build_logprobs`)."""
+    see :func:`gymllm.algos.learner_logprobs.build_logprobs`)."""
     logprobs = build_logprobs(model_config, lcfg)
 
     def params_of(trainable, frozen):
