@@ -106,8 +106,8 @@ class LearnerConfig:
     forward and S continuations attending to its keys/values
     (:func:`gymllm.models.shared_prefix.shared_prefix_hidden`; the same loss and gradients up to float32
     summation order), when that runs fewer positions than the padded micro-batch (counted:
-    ``shared_prefix_micro_batches``); micro-batches are then filled in arrival order, so a group's rows
-    stay together (a group split over two micro-batches is a smaller group in each). Padded layout only:
+    ``shared_prefix_micro_batches``); micro-batches then take whole groups, shortest longest-row first, so
+    a group's rows stay together (a group split over two micro-batches is a smaller group in each). Padded layout only:
     with ``packing`` too, the layout running fewer positions wins. Its shapes (prompts, samples, prompt
     and continuation lengths rounded up to :func:`gymllm.algos.batching.shared_prefix_table`) compile at
     first use, not in :meth:`StreamingLearner.warmup` (every possible pair would be tens of compiles; a
@@ -279,6 +279,7 @@ class StreamingLearner:
         self.version = version  # == optimizer updates applied
         self.counts: collections.Counter = collections.Counter()
         self.consumed_groups: set[str] = set()  # trained + filtered + stale (rollout bookkeeping)
+        self._groups_added = 0  # rows' group_index: micro-batches keep a group's rows together (shared_prefix)
         self._reset_step()
 
     # ------------------------------------------------------------------ public API
@@ -418,18 +419,29 @@ class StreamingLearner:
         tokens = float(sum(t.num_sampled for t in group.trajectories))
         for t, a in zip(group.trajectories, advantages):
             sid = t.trajectory_id or f"{group.group_id}/{len(self._step_rows)}"
-            r = row_from_trajectory(t, advantage=float(a), group_tokens=tokens, sample_id=sid, max_len=self.buckets[-1])
+            r = row_from_trajectory(t, advantage=float(a), group_tokens=tokens, sample_id=sid, max_len=self.buckets[-1],
+                                    group_index=self._groups_added)
             if len(t.token_ids) - 1 > r.length:  # a truncated episode's last observation ran past max_len: cut
                 increment("rows_truncated", 1, track="trainer")
                 increment("sampled_tokens_truncated", dropped_sampled_tokens(t, r.length), track="trainer")
             self._pending.append(r)
             self._step_rows.append(r)
+        self._groups_added += 1
         while len(self._pending) >= self.config.micro_batch_size:
-            chunk = self._pending[: self.config.micro_batch_size] if self.config.shared_prefix else \
-                sorted(self._pending, key=lambda r: r.length)[: self.config.micro_batch_size]
+            chunk = self._ordered(self._pending)[: self.config.micro_batch_size]
             ids = {id(r) for r in chunk}
             self._pending = [r for r in self._pending if id(r) not in ids]
             self._run_micro_batch(chunk)
+
+    def _ordered(self, rows: list[Row]) -> list[Row]:
+        """Rows in the order micro-batches take them: shortest first (less padding); with shared prefix
+        whole groups (by their longest row) so that a group's rows share a micro-batch."""
+        if not self.config.shared_prefix:
+            return sorted(rows, key=lambda r: r.length)
+        longest: dict[int, int] = {}
+        for r in rows:
+            longest[r.group_index] = max(longest.get(r.group_index, 0), r.length)
+        return sorted(rows, key=lambda r: (longest[r.group_index], r.group_index))
 
     def _on_loss_positions(self, host: dict[str, np.ndarray], mask: np.ndarray,
                            gather: np.ndarray | None = None) -> dict[str, np.ndarray]:
@@ -506,8 +518,7 @@ class StreamingLearner:
                 for (g, _), a in zip(self._deferred, adv):
                     self._add_rows(g, a)
             if self._pending:
-                rest = self._pending if self.config.shared_prefix else sorted(self._pending, key=lambda r: r.length)
-                for mb_rows in _chunks(rest, self.config.micro_batch_size):
+                for mb_rows in _chunks(self._ordered(self._pending), self.config.micro_batch_size):
                     self._run_micro_batch(mb_rows)
                 self._pending = []
             stats = agg.StepStats(num_tokens=float(sum(r.mask.sum() for r in self._step_rows)),
