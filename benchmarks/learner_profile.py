@@ -32,7 +32,10 @@ A/Bs the peers' one micro-batch of 64 rows against micro-batches of 8 rows (the 
 against the head on the loss positions only (the default; ``max_response_len`` as the trainer sets it:
 64 here), on the medium workload and on a SmolLM2-135M-shaped one (``--head-layers`` of its 30
 layers, random weights; the Quickstart's learner: 2 groups of 6 rows, 97-token prompt, two 24-token
-replies around a 14-token observation, bucket 160, budget 48, ``compute_dtype="auto"``).
+replies around a 14-token observation, bucket 160, budget 48, ``compute_dtype="auto"``); ``--shared-prefix``
+A/Bs the learner step (and its gradient program alone, fastest of N) with every row run whole
+(``shared_prefix=False``) against each group's prompt run once (``shared_prefix=True``,
+:mod:`gymllm.models.shared_prefix`) on the same two workloads.
 
 The machine is shared (2 cores, other jobs): absolute times are contended; the shares and the A/B
 ratios, measured side by side, are the figures to read.
@@ -41,6 +44,7 @@ ratios, measured side by side, are the figures to read.
     python benchmarks/learner_profile.py --reps 5 --steps 4 --compare      # docs/learner-profile.md
     python benchmarks/learner_profile.py --quick --scenarios full --split 8
     python benchmarks/learner_profile.py --quick --scenarios full --head --no-phases
+    python benchmarks/learner_profile.py --quick --scenarios full --shared-prefix --no-phases
 
 Ends with ``RESULT {json}``.
 """
@@ -63,7 +67,7 @@ import optax
 
 from gymllm.algos import config as C
 from gymllm.algos.batching import (buckets, loss_positions, make_micro_batch, on_loss_positions, pack_rows,
-                                   pick_bucket, row_from_trajectory)
+                                   pick_bucket, row_from_trajectory, shared_prefix_layout, shared_prefix_table)
 from gymllm.algos.learner import LearnerConfig, StreamingLearner, build_loss_fn
 from gymllm.algos.optim import OptimizerConfig, make_optimizer
 from gymllm.models.attention import attention
@@ -361,6 +365,8 @@ def compare(scenario: str, steps: int, counter: CompileCounter, a_kw: dict | Non
     return {"a": a_kw, "b": b_kw, "a_step_s": pa, "b_step_s": pb, "speedup": pa / pb, "max_weight_diff": diff,
             "a_rounds": ta, "b_rounds": tb, "b_settle_s": settle_s,
             "packed_micro_batches": b.counts["packed_micro_batches"], "timed_pass_compiles": compiles,
+            "shared_prefix_micro_batches": [a.counts["shared_prefix_micro_batches"],
+                                            b.counts["shared_prefix_micro_batches"]],
             "full_head_micro_batches": a.counts["full_head_micro_batches"] + b.counts["full_head_micro_batches"]}
 
 
@@ -402,6 +408,62 @@ def head_compare(scenario: str, steps: int, counter: CompileCounter, workload: s
     out = compare(scenario, steps, counter, {**kw, "loss_positions_only": False},
                   {**kw, "loss_positions_only": True}, settle=False)
     out["grad_program"] = head_grad_program(scenario, workload, layers, max(steps, 5))
+    cfg, _ = model(workload, layers)
+    out["model"] = {"workload": workload, "layers": cfg.num_layers, "hidden_size": cfg.hidden_size,
+                    "vocab_size": cfg.vocab_size}
+    return out
+
+
+def prefix_grad_program(scenario: str, workload: str, layers: int, reps: int) -> dict:
+    """The learner's gradient program alone on one micro-batch (policy fwd+bwd, and the reference forward
+    where the loss has one), the rows flat (A) vs each group's prompt once (B, ``shared_prefix_layout``),
+    ``reps`` calls each interleaved (order alternating): the fastest call of each and the medians, and the
+    two results' agreement (loss and gradients)."""
+    cfg, params = model(workload, layers)
+    ln = make_learner(workload=workload, layers=layers, packing=False, shared_prefix=True)
+    lcfg = ln.config
+    table = buckets(lcfg.min_bucket, lcfg.max_len, lcfg.buckets_per_octave)
+    gs = workload_groups(workload, scenario, 0)
+    rows = [row_from_trajectory(t, advantage=0.5 - (i % 3) * 0.4, group_tokens=64.0, sample_id=t.trajectory_id,
+                                max_len=table[-1]) for i, t in enumerate(t for g in gs for t in g.trajectories)]
+    rows = rows[:lcfg.micro_batch_size]
+    mb = make_micro_batch(rows, lcfg.micro_batch_size, pick_bucket(max(r.length for r in rows), table))
+    sp = shared_prefix_layout(rows, *mb.shape, shared_prefix_table(lcfg.max_len))
+    flat_host = mb.arrays()
+    sp_host = {**{k: flat_host[k] for k in ("mask", "mu", "advantages", "group_tokens")}, **sp}
+    if lcfg.loss_positions_only:
+        flat_host = on_loss_positions(flat_host, loss_positions(mb.mask, lcfg.max_response_len))
+        sp_host = on_loss_positions(sp_host, loss_positions(mb.mask, lcfg.max_response_len, sp["sp_gather"]))
+    flat, shared = jax.device_put(flat_host), jax.device_put(sp_host)
+    loss_fn = build_loss_fn(cfg, ln.loss, lcfg, None)
+    grad = jax.jit(lambda p, a: jax.value_and_grad(loss_fn, has_aux=True)(p, None, a, ln.ref_params))
+    (la, _), ga = grad(params, flat)
+    (lb, _), gb = grad(params, shared)
+    times = {"a": [], "b": []}
+    for i in range(reps):
+        for side, arrays in (("a", flat), ("b", shared)) if i % 2 == 0 else (("b", shared), ("a", flat)):
+            times[side] += median_s(lambda: grad(params, arrays), 1)
+    a_min, b_min = min(times["a"]), min(times["b"])
+    scale = max(float(jnp.max(jnp.abs(g))) for g in ga.values())
+    positions_b = sp["sp_prefix_tokens"].size + sp["sp_suffix_tokens"].size
+    return {"a_s": times["a"], "b_s": times["b"], "a_min_s": a_min, "b_min_s": b_min, "speedup_min": a_min / b_min,
+            "speedup_median": statistics.median(times["a"]) / statistics.median(times["b"]),
+            "flat_shape": list(mb.shape), "prefixes_shape": list(sp["sp_prefix_tokens"].shape),
+            "continuations_shape": list(sp["sp_suffix_tokens"].shape),
+            "positions_run": {"flat": int(mb.tokens.size), "shared": int(positions_b),
+                              "saved_share": 1 - positions_b / mb.tokens.size},
+            "loss_rel_diff": abs(float(la) - float(lb)) / max(abs(float(la)), 1e-12),
+            "grad_max_diff_over_max": max(float(jnp.max(jnp.abs(ga[k] - gb[k]))) for k in ga) / scale,
+            "compute_dtype": lcfg.compute_dtype, "loss_positions_only": lcfg.loss_positions_only}
+
+
+def prefix_compare(scenario: str, steps: int, counter: CompileCounter, workload: str, layers: int, reps: int) -> dict:
+    """The learner step with the rows flat (A, ``shared_prefix=False``) against each group's prompt run
+    once (B, ``shared_prefix=True``), interleaved, plus the gradient program alone (fastest of ``reps``)."""
+    kw = {"workload": workload, "layers": layers, "packing": False}
+    out = compare(scenario, steps, counter, {**kw, "shared_prefix": False}, {**kw, "shared_prefix": True},
+                  settle=False)
+    out["grad_program"] = prefix_grad_program(scenario, workload, layers, reps)
     cfg, _ = model(workload, layers)
     out["model"] = {"workload": workload, "layers": cfg.num_layers, "hidden_size": cfg.hidden_size,
                     "vocab_size": cfg.vocab_size}
@@ -451,6 +513,9 @@ def main() -> None:
                     help="A/B the learner step with the LM head on every position against the loss positions only "
                          "(medium, and SmolLM2-shaped with --head-layers layers)")
     ap.add_argument("--head-layers", type=int, default=4, help="layers of the SmolLM2-shaped model for --head")
+    ap.add_argument("--shared-prefix", action="store_true",
+                    help="A/B the learner step and its gradient program with the rows flat against each group's "
+                         "prompt run once (medium, and SmolLM2-shaped with --head-layers layers)")
     ap.add_argument("--no-phases", action="store_true", help="skip the phase breakdown (only the A/Bs asked for)")
     ap.add_argument("--e2e", type=int, default=0, metavar="ROUNDS",
                     help="also A/B the peers' gymllm side end to end (medium, 6 steps a run) with 64-row against "
@@ -470,12 +535,18 @@ def main() -> None:
                                                             {"packing": False, "micro_batch_size": args.split})
         if args.head:
             ph["head_loss_positions_vs_all"] = head_compare(sc, steps, counter, "medium", 4)
+        if args.shared_prefix:
+            ph["shared_prefix_vs_flat"] = prefix_compare(sc, steps, counter, "medium", 4, max(reps, 5))
         result[sc] = ph
         print(sc, json.dumps(ph, indent=1), flush=True)
     if args.head:  # the Quickstart's layout (the scenarios do not apply)
         result["smollm2_shaped_head_loss_positions_vs_all"] = head_compare("full", steps, counter, "smollm2",
                                                                           args.head_layers)
         print(json.dumps(result["smollm2_shaped_head_loss_positions_vs_all"], indent=1), flush=True)
+    if args.shared_prefix:  # the Quickstart's layout (the scenarios do not apply)
+        result["smollm2_shaped_shared_prefix_vs_flat"] = prefix_compare("full", steps, counter, "smollm2",
+                                                                        args.head_layers, max(reps, 5))
+        print(json.dumps(result["smollm2_shaped_shared_prefix_vs_flat"], indent=1), flush=True)
     if args.e2e:
         result["end_to_end_micro_batch"] = end_to_end(args.e2e, 6, args.split or 8)
         print(json.dumps(result["end_to_end_micro_batch"]), flush=True)

@@ -21,6 +21,13 @@ picks a fixed number of positions per row (every masked one, then unmasked fille
 runs the vocab projection and the log-softmax on those alone (static shape), not on the prompt;
 :func:`on_loss_positions` gives the loss its per-token arrays on those positions ([B, K]): every
 per-row quantity is a masked sum or mean over a row, the same over the K positions as over T.
+
+Shared prefix (``LearnerConfig.shared_prefix``): rows whose prompts (every input before the first
+policy-sampled target, :func:`prompt_length`) are the same token ids are laid out as Gp prompts and S
+continuations each (:func:`shared_prefix_layout`) for :func:`gymllm.models.shared_prefix.shared_prefix_hidden`,
+which runs each prompt once; the loss again reads the padded layout through one index array
+(``sp_gather``), like packing's ``gather``. Applies to the padded layout only (packed rows keep
+their own path): the learner runs whichever of the two runs fewer positions.
 """
 
 from __future__ import annotations
@@ -228,13 +235,75 @@ def loss_positions(mask: np.ndarray, count: int, gather: np.ndarray | None = Non
 
 
 def on_loss_positions(arrays: dict[str, np.ndarray], selection: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """``arrays`` (a micro-batch's, padded or packed) for the LM head on the loss positions only: the
-    per-token loss arrays (``mask``, ``mu``) taken at ``selection["select"]`` ([B, K]), plus
+    """``arrays`` (a micro-batch's, padded, packed or shared-prefix) for the LM head on the loss positions
+    only: the per-token loss arrays (``mask``, ``mu``, a shared-prefix layout's ``sp_targets``) taken at
+    ``selection["select"]`` ([B, K]), plus
     ``select_flat`` (the model side's flat index of each; :func:`loss_positions`)."""
     sel = selection["select"]
-    out = {k: v for k, v in arrays.items()}
-    for k in ("mask", "mu"):
+    out = {k: v for k, v in arrays.items() if k != "sp_gather"}  # shared prefix: select_flat replaces it
+    for k in ("mask", "mu", "sp_targets"):
         if k in out:
             out[k] = np.take_along_axis(out[k], sel, axis=1)
     out["select_flat"] = selection["select_flat"]
     return out
+
+
+def prompt_length(row: Row) -> int:
+    """The inputs of ``row`` before its first policy-sampled target: ``i + 1`` for the first ``i`` with
+    ``mask[i] > 0`` (input ``i`` predicts the first sampled token, which is not itself an input of the
+    prompt); the whole row when nothing is sampled."""
+    on = np.flatnonzero(np.asarray(row.mask) > 0)
+    return int(on[0]) + 1 if on.size else row.length
+
+
+def shared_prefix_layout(rows: Sequence[Row], batch_size: int, length: int, table: Sequence[int],
+                         pad_id: int = 0, max_positions: int | None = None) -> dict[str, np.ndarray] | None:
+    """The model-side arrays of ``rows`` (at most ``batch_size``, padded layout ``[batch_size, length]``)
+    as Gp distinct prompts with S continuations each, for
+    :func:`gymllm.models.shared_prefix.shared_prefix_hidden`: rows are grouped by the exact token ids of
+    their prompt (:func:`prompt_length`; equal ids, not group membership, decide), S is the largest
+    group, Gp the number of prompts; Tp / Ts are the longest prompt / continuation rounded up to
+    ``table`` (few compiled shapes).
+
+    ``sp_prefix_tokens`` [Gp, Tp], ``sp_prefix_lens`` [Gp], ``sp_suffix_tokens`` [Gp, S, Ts],
+    ``sp_targets`` [batch_size, length] (the padded layout's targets) and ``sp_gather``
+    [batch_size, length]: each padded position's flat index into the prompts' then the continuations'
+    positions (``g * Tp + t`` for prompt tokens, ``Gp * Tp + (g * S + j) * Ts + t - len`` for
+    continuation ones; 0 on padding, whose mask is 0). None when the layout would run at least as many
+    positions as the padded micro-batch (e.g. no two rows share a prompt), or as ``max_positions``."""
+    groups: dict[bytes, list[int]] = {}
+    lens = [prompt_length(r) for r in rows]
+    for i, r in enumerate(rows):
+        groups.setdefault(r.inputs[:lens[i]].tobytes(), []).append(i)
+    members = list(groups.values())
+    gp, s = len(members), max((len(m) for m in members), default=0)
+    if not rows or s < 2:
+        return None
+    tp = pick_bucket(max(lens), table)
+    ts = pick_bucket(max(max(r.length - n for r, n in zip(rows, lens)), 1), table)
+    if gp * tp + gp * s * ts >= min(batch_size * length, max_positions or batch_size * length):
+        return None
+    pre = np.full((gp, tp), pad_id, np.int32)
+    plen = np.zeros(gp, np.int32)
+    suf = np.full((gp, s, ts), pad_id, np.int32)
+    tgt = np.full((batch_size, length), pad_id, np.int32)
+    gather = np.zeros((batch_size, length), np.int32)
+    for g, idx in enumerate(members):
+        n = lens[idx[0]]
+        pre[g, :n], plen[g] = rows[idx[0]].inputs[:n], n
+        for j, i in enumerate(idx):
+            r = rows[i]
+            m = r.length - n
+            suf[g, j, :m] = r.inputs[n:]
+            tgt[i, :r.length] = r.targets
+            gather[i, :n] = g * tp + np.arange(n)
+            gather[i, n:r.length] = gp * tp + (g * s + j) * ts + np.arange(m)
+    return {"sp_prefix_tokens": pre, "sp_prefix_lens": plen, "sp_suffix_tokens": suf, "sp_targets": tgt,
+            "sp_gather": gather}
+
+
+def shared_prefix_table(max_len: int) -> tuple[int, ...]:
+    """The lengths a shared-prefix layout rounds prompts and continuations up to: powers of two from 16
+    (a prompt or continuation is often shorter than a row's smallest bucket) and ``max_len``; coarse, as
+    every (prompt length, continuation length, row bucket) met is a compiled shape."""
+    return buckets(min(16, max_len), max_len, 1)

@@ -22,6 +22,8 @@ Rules (see ``grpo-reference.md``):
   sampling temperature, by default only where the loss reads them (``loss_positions_only``: the
   transformer runs on every position, the vocab projection and log-softmax on the sampled ones).
   ``kl.beta == 0`` means no reference parameters are kept or run.
+* Rows that share a prompt (a GRPO group's samples) run it once (``shared_prefix``,
+  :mod:`gymllm.models.shared_prefix`), for the policy and the reference forward alike.
 * With LoRA only the adapters are trained (and held in the optimizer state); :meth:`policy_params`
   gives the merged weights for the engine.
 """
@@ -45,9 +47,10 @@ from gymllm.algos import aggregation as agg
 from gymllm.models import lora as lora_mod
 from gymllm.algos.batching import (Row, buckets, dropped_sampled_tokens, empty_packed, loss_positions,
                                    make_micro_batch, on_loss_positions, pack, pack_rows, packed_row_counts,
-                                   pick_bucket, row_from_trajectory)
+                                   pick_bucket, row_from_trajectory, shared_prefix_layout, shared_prefix_table)
 from gymllm.algos.config import LossConfig, async_agentic, check_range
 from gymllm.algos.kl import kl_reward_penalty
+from gymllm.algos.learner_logprobs import build_logprobs, entropy_from_logits  # noqa: F401 (re-exported)
 from gymllm.algos.loss import LossBatch, micro_batch_loss, step_denominator
 from gymllm.algos.optim import OptimizerConfig, make_optimizer, make_schedule
 from gymllm.algos.shaping import nonzero_variance, overlong_penalty
@@ -97,7 +100,19 @@ class LearnerConfig:
     ``full_head_micro_batches`` when rows outgrew the budget). None (default): on when the LM head is at
     least :data:`HEAD_SHARE_AUTO` of a position's weight-matmul FLOPs (:func:`head_flops_share`: SmolLM2-135M
     0.21, Qwen2.5-0.5B 0.28; the peers' medium config, vocab 512 at d 128, 0.10, where skipping it measured
-    no faster: the gather costs what the smaller projection saves), resolved by the learner."""
+    no faster: the gather costs what the smaller projection saves), resolved by the learner;
+    shared_prefix: run each micro-batch's rows that share a prompt (the same token ids before the first
+    sampled token: single-turn GRPO groups, and multi-turn ones up to their first reply) as one prompt
+    forward and S continuations attending to its keys/values
+    (:func:`gymllm.models.shared_prefix.shared_prefix_hidden`; the same loss and gradients up to float32
+    summation order), when that runs fewer positions than the padded micro-batch (counted:
+    ``shared_prefix_micro_batches``); micro-batches then take whole groups, shortest longest-row first, so
+    a group's rows stay together (a group split over two micro-batches is a smaller group in each). Padded layout only:
+    with ``packing`` too, the layout running fewer positions wins. Its shapes (prompts, samples, prompt
+    and continuation lengths rounded up to :func:`gymllm.algos.batching.shared_prefix_table`) compile at
+    first use, not in :meth:`StreamingLearner.warmup` (every possible pair would be tens of compiles; a
+    run's prompts usually meet one or two). None (default): :data:`SHARED_PREFIX_AUTO`, resolved by the
+    learner."""
 
     groups_per_step: int = 4
     micro_batch_size: int = 8
@@ -114,6 +129,7 @@ class LearnerConfig:
     packing: bool = False
     pack_row_steps: int = 8
     loss_positions_only: bool | None = None
+    shared_prefix: bool | None = None
 
     def __post_init__(self) -> None:
         for f in ("groups_per_step", "micro_batch_size", "num_steps", "max_len", "min_bucket", "buckets_per_octave",
@@ -127,11 +143,15 @@ class LearnerConfig:
             raise ConfigError(explain("LearnerConfig.compute_dtype",
                                       expected='None, "auto", "bfloat16", "float16" or "float32"',
                                       received=self.compute_dtype, fix='use "bfloat16" for mixed precision'))
+        if self.shared_prefix not in (None, True, False):
+            raise ConfigError(explain("LearnerConfig.shared_prefix", expected="None (auto), True or False",
+                                      received=self.shared_prefix, fix="pass a bool, or None for the default"))
         if self.min_bucket > self.max_len:
             raise ConfigError(explain("LearnerConfig.min_bucket", expected=f"<= max_len ({self.max_len})",
                                       received=self.min_bucket, fix="lower min_bucket or raise max_len"))
 
 
+SHARED_PREFIX_AUTO = True  # shared_prefix=None: docs/learner-profile.md "The shared-prefix forward"
 HEAD_SHARE_AUTO = 0.15  # loss_positions_only=None turns on at this LM-head share of a position's matmul FLOPs
 
 
@@ -152,49 +172,9 @@ class StepReport:
     sample_ids: list[str]
 
 
-def entropy_from_logits(logits, temperature) -> jnp.ndarray:  # [B, T, V] -> [B, T]
-    lp = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
-    return -jnp.sum(jnp.exp(lp) * lp, axis=-1)
-
-
-def build_logprobs(model_config: Any, lcfg: LearnerConfig):
-    """``f(params, arrays, entropy) -> (logp [B, T] float32, entropy [B, T] or None)``: pure, jit-able.
-
-    ``arrays`` are a micro-batch's (``tokens``, ``positions``, ``targets`` [B, T]), or its packed form
-    (``packed_*``, ``segment_ids``, ``gather``: :func:`gymllm.algos.batching.pack_rows`), optionally with
-    ``select_flat`` [B, K] (:func:`gymllm.algos.batching.on_loss_positions`): then the vocab projection,
-    log-softmax and entropy run on those K positions of each row only, and the results are [B, K]
-    (aligned with that layout's ``mask`` and ``mu``)."""
-    from gymllm.models.logprobs import token_logprobs
-    from gymllm.models.transformer import forward, hidden_states, lm_logits
-
-    def logprobs(params, a, entropy: bool):
-        # packed arrays (batching.pack_rows): the model runs on [P, L], the results are gathered back
-        # to the padded [B, L] layout the loss reads; else the padded arrays as they are
-        packed = "gather" in a
-        tokens, positions, targets = ((a["packed_tokens"], a["packed_positions"], a["packed_targets"]) if packed
-                                      else (a["tokens"], a["positions"], a["targets"]))
-        segments = a["segment_ids"] if packed else None
-        if "select_flat" in a:  # the LM head on the loss positions only: [B, K] of the model rows' flat positions
-            h = hidden_states(model_config, params, tokens, positions, segments, compute_dtype=lcfg.compute_dtype)
-            idx = a["select_flat"]
-            logits = lm_logits(model_config, params, h.reshape(-1, h.shape[-1])[idx],
-                               compute_dtype=lcfg.compute_dtype)  # [B, K, V]
-            logp = token_logprobs(logits, targets.reshape(-1)[idx], lcfg.temperature)
-            return logp, entropy_from_logits(logits, lcfg.temperature) if entropy else None
-        logits, _ = forward(model_config, params, tokens, positions, segments, compute_dtype=lcfg.compute_dtype)
-        logp = token_logprobs(logits, targets, lcfg.temperature)  # float32
-        ent = entropy_from_logits(logits, lcfg.temperature) if entropy else None
-        if packed:
-            logp, ent = logp.reshape(-1)[a["gather"]], None if ent is None else ent.reshape(-1)[a["gather"]]
-        return logp, ent
-
-    return logprobs
-
-
 def build_loss_fn(model_config: Any, loss: LossConfig, lcfg: LearnerConfig, lora: lora_mod.LoRAConfig | None):
     """``f(trainable, frozen, arrays, ref_params) -> (loss_sum, metric sums)``: pure, jit-able (arrays:
-    see :func:`build_logprobs`)."""
+    see :func:`gymllm.algos.learner_logprobs.build_logprobs`)."""
     logprobs = build_logprobs(model_config, lcfg)
 
     def params_of(trainable, frozen):
@@ -268,12 +248,15 @@ class StreamingLearner:
             cfg = dataclasses.replace(cfg, compute_dtype=resolve_compute_dtype("auto"))
         if cfg.loss_positions_only is None:
             cfg = dataclasses.replace(cfg, loss_positions_only=head_flops_share(model_config) >= HEAD_SHARE_AUTO)
+        if cfg.shared_prefix is None:
+            cfg = dataclasses.replace(cfg, shared_prefix=SHARED_PREFIX_AUTO)
         self.config = cfg
         self.lora = lora if lora is not None and lora.enabled else None
         self.mesh = mesh
         self.pad_id = pad_id
         self.buckets = buckets(cfg.min_bucket, cfg.max_len, cfg.buckets_per_octave)
-        devices = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
+        self.prefix_table = shared_prefix_table(cfg.max_len)
+        self.devices = devices = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
         q = -(-cfg.micro_batch_size // cfg.pack_row_steps)
         self.pack_quantum = -(-q // devices) * devices  # packed rows come in multiples of this (and of the mesh)
         base = {k: jnp.asarray(v) for k, v in params.items()}
@@ -296,6 +279,7 @@ class StreamingLearner:
         self.version = version  # == optimizer updates applied
         self.counts: collections.Counter = collections.Counter()
         self.consumed_groups: set[str] = set()  # trained + filtered + stale (rollout bookkeeping)
+        self._groups_added = 0  # rows' group_index: micro-batches keep a group's rows together (shared_prefix)
         self._reset_step()
 
     # ------------------------------------------------------------------ public API
@@ -329,7 +313,8 @@ class StreamingLearner:
         is discarded; with packing also every packed row count), the update program (its result discarded:
         weights and optimizer state stay as
         they are), the reference log-prob program when the KL is a reward penalty, and, given
-        ``group_size``, the advantage program (one group, and a step's groups for step-global estimators)."""
+        ``group_size``, the advantage program (one group, and a step's groups for step-global estimators).
+        Not the shared-prefix shapes (``LearnerConfig.shared_prefix``): those compile at first use."""
         for length in self.buckets:
             mb = make_micro_batch([], self.config.micro_batch_size, length, self.pad_id)
             a = shard_batch(self.mesh, self._on_loss_positions(mb.arrays(), mb.mask))
@@ -423,7 +408,7 @@ class StreamingLearner:
             chunk = rows[i:i + self.config.micro_batch_size]
             mb = make_micro_batch(chunk, self.config.micro_batch_size,
                                   pick_bucket(max(r.length for r in chunk), self.buckets), self.pad_id)
-            a = self._ref_arrays(mb)
+            a = self._ref_arrays(mb, chunk)
             ref = self._ref_logp(self.ref_params, a)
             # the behaviour logprobs stand in for pi_theta's (the sampled policy's) in the k1 estimate
             pen = kl_reward_penalty(a["mu"], ref, a["mask"], beta=self.loss.kl.beta)
@@ -434,17 +419,29 @@ class StreamingLearner:
         tokens = float(sum(t.num_sampled for t in group.trajectories))
         for t, a in zip(group.trajectories, advantages):
             sid = t.trajectory_id or f"{group.group_id}/{len(self._step_rows)}"
-            r = row_from_trajectory(t, advantage=float(a), group_tokens=tokens, sample_id=sid, max_len=self.buckets[-1])
+            r = row_from_trajectory(t, advantage=float(a), group_tokens=tokens, sample_id=sid, max_len=self.buckets[-1],
+                                    group_index=self._groups_added)
             if len(t.token_ids) - 1 > r.length:  # a truncated episode's last observation ran past max_len: cut
                 increment("rows_truncated", 1, track="trainer")
                 increment("sampled_tokens_truncated", dropped_sampled_tokens(t, r.length), track="trainer")
             self._pending.append(r)
             self._step_rows.append(r)
+        self._groups_added += 1
         while len(self._pending) >= self.config.micro_batch_size:
-            chunk = sorted(self._pending, key=lambda r: r.length)[: self.config.micro_batch_size]
+            chunk = self._ordered(self._pending)[: self.config.micro_batch_size]
             ids = {id(r) for r in chunk}
             self._pending = [r for r in self._pending if id(r) not in ids]
             self._run_micro_batch(chunk)
+
+    def _ordered(self, rows: list[Row]) -> list[Row]:
+        """Rows in the order micro-batches take them: shortest first (less padding); with shared prefix
+        whole groups (by their longest row) so that a group's rows share a micro-batch."""
+        if not self.config.shared_prefix:
+            return sorted(rows, key=lambda r: r.length)
+        longest: dict[int, int] = {}
+        for r in rows:
+            longest[r.group_index] = max(longest.get(r.group_index, 0), r.length)
+        return sorted(rows, key=lambda r: (longest[r.group_index], r.group_index))
 
     def _on_loss_positions(self, host: dict[str, np.ndarray], mask: np.ndarray,
                            gather: np.ndarray | None = None) -> dict[str, np.ndarray]:
@@ -459,10 +456,22 @@ class StreamingLearner:
             return host
         return on_loss_positions(host, sel)
 
-    def _ref_arrays(self, mb) -> dict[str, Any]:
+    def _ref_arrays(self, mb, rows: list[Row] = ()) -> dict[str, Any]:
         """The reward-placement reference forward's arrays (and the ``mu`` / ``mask`` its penalty reads)."""
         host = {k: getattr(mb, k) for k in ("tokens", "positions", "targets", "mask", "mu")}
-        return shard_batch(self.mesh, self._on_loss_positions(host, mb.mask))
+        sp = self._shared_prefix(rows, mb.shape)
+        if sp is not None:
+            host = {"mask": host["mask"], "mu": host["mu"], **sp}
+            self.counts["shared_prefix_reference_batches"] += 1
+        return shard_batch(self.mesh, self._on_loss_positions(host, mb.mask, None if sp is None else sp["sp_gather"]))
+
+    def _shared_prefix(self, rows: list[Row], shape: tuple[int, int], fewer_than: int | None = None
+                       ) -> dict[str, np.ndarray] | None:
+        """The shared-prefix layout of ``rows`` when on and it runs fewer positions (than ``fewer_than``), and
+        its prompts split evenly over the mesh's devices (as the micro-batch's rows do)."""
+        sp = (shared_prefix_layout(rows, *shape, self.prefix_table, self.pad_id, fewer_than)
+              if self.config.shared_prefix and rows else None)
+        return None if sp is None or sp["sp_prefix_tokens"].shape[0] % self.devices else sp
 
     def _run_micro_batch(self, rows: list[Row]) -> None:
         mb = make_micro_batch(rows, self.config.micro_batch_size,
@@ -475,11 +484,19 @@ class StreamingLearner:
             host = mb.arrays()
             packed = (pack_rows(rows, mb.shape[0], mb.shape[1], self.pack_quantum, self.pad_id)
                       if self.config.packing else None)
-            if packed is not None:  # the model runs on the packed rows; the loss reads the padded layout
+            sp = self._shared_prefix(rows, mb.shape, None if packed is None else packed["packed_tokens"].size)
+            gather = None
+            if sp is not None:  # each shared prompt runs once; the loss reads the padded layout
+                host = {**{k: host[k] for k in ("mask", "mu", "advantages", "group_tokens")}, **sp}
+                tags["shared_prefixes"] = sp["sp_prefix_tokens"].shape[0]
+                self.counts["shared_prefix_micro_batches"] += 1
+                gather = sp["sp_gather"]
+            elif packed is not None:  # the model runs on the packed rows; the loss reads the padded layout
                 host = {**{k: host[k] for k in ("mask", "mu", "advantages", "group_tokens")}, **packed}
                 tags["packed_rows"] = packed["packed_tokens"].shape[0]
                 self.counts["packed_micro_batches"] += 1
-            host = self._on_loss_positions(host, mb.mask, None if packed is None else packed["gather"])
+                gather = packed["gather"]
+            host = self._on_loss_positions(host, mb.mask, gather)
             tags["head_positions"] = host["mask"].shape[1]  # per row
             arrays = shard_batch(self.mesh, host)
             self._acc, sums = self._grad(self._acc, self.trainable, self.frozen, arrays, self.ref_params)
@@ -501,7 +518,7 @@ class StreamingLearner:
                 for (g, _), a in zip(self._deferred, adv):
                     self._add_rows(g, a)
             if self._pending:
-                for mb_rows in _chunks(sorted(self._pending, key=lambda r: r.length), self.config.micro_batch_size):
+                for mb_rows in _chunks(self._ordered(self._pending), self.config.micro_batch_size):
                     self._run_micro_batch(mb_rows)
                 self._pending = []
             stats = agg.StepStats(num_tokens=float(sum(r.mask.sum() for r in self._step_rows)),
