@@ -149,6 +149,15 @@ class AdapterStore:
         return (k, self.version_of(k, base_version), base_version)
 
 
+def require_store(store: AdapterStore | None, what: str) -> AdapterStore:
+    """``store``, or an :class:`EngineError` saying that ``JaxEngine.<what>`` needs an engine built with adapters."""
+    if store is None:
+        raise EngineError(explain(f"JaxEngine.{what}", expected="an engine built with adapters=AdapterConfig(...)",
+                                  received="an engine without adapters", fix="build JaxEngine(..., adapters="
+                                  "AdapterConfig(lora=LoRAConfig(rank=...), names=(...)))"))
+    return store
+
+
 class AdapterView:
     """One adapter of a shared engine as an Engine of its own (see the module docstring): requests
     go to ``engine`` with ``adapter=name``; ``version`` is that adapter's; ``update_weights`` takes
@@ -156,12 +165,13 @@ class AdapterView:
     shared engine to its owner."""
 
     def __init__(self, engine: Any, name: str):
-        engine.adapter_version(name)  # an unknown name fails here, clearly
+        require_store(engine.adapters, "for_adapter(name)").resolve(name)  # an unknown name fails here, clearly
         self.engine, self.name = engine, name
 
     @property
     def version(self) -> int:
-        return self.engine.adapter_version(self.name)
+        """This adapter's version, which its tokens sampled from now on carry (a pending update counts)."""
+        return self.engine.adapters.latest_version(self.name)
 
     @property
     def max_len(self) -> int:

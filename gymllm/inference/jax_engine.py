@@ -72,7 +72,7 @@ import numpy as np
 from flax import nnx
 
 from gymllm.errors import EngineError, explain
-from gymllm.inference.adapters import BASE, AdapterConfig, AdapterStore, AdapterView
+from gymllm.inference.adapters import BASE, AdapterConfig, AdapterStore, AdapterView, require_store
 from gymllm.inference.admission import Admission
 from gymllm.inference.completion import Completion
 from gymllm.inference.config import EngineConfig
@@ -190,35 +190,23 @@ class JaxEngine:
         return self._weights.latest_version
 
     @property
-    def adapter_names(self) -> tuple[str, ...]:
-        """The LoRA adapters this engine serves per request (empty: none; :mod:`gymllm.inference.adapters`)."""
-        store = self._weights.adapters
-        return () if store is None else store.names
-
-    def adapter_version(self, name: str) -> int:
-        """Adapter ``name``'s version, which its tokens sampled from now on carry (a pending update counts)."""
-        return self._adapter_store("adapter_version(name)").latest_version(name)
+    def adapters(self) -> AdapterStore | None:
+        """The LoRA adapters this engine serves per request (names, versions, stacks; None: none;
+        :mod:`gymllm.inference.adapters`)."""
+        return self._weights.adapters
 
     def update_adapter(self, name: str, adapters: Any, version: int) -> None:
         """Swap in adapter ``name``'s new LoRA arrays (``{"layers.<t>.lora_a": [L, in, r], "layers.<t>.lora_b":
         [L, r, out]}`` of the engine's LoRAConfig, unscaled, or ``lora.merge``'s MergedWeights) at
         ``version``. Thread-safe; the loop applies it between two device steps; other adapters' rows
         keep their weights and versions."""
-        self._adapter_store("update_adapter").submit(name, adapters, version)
+        require_store(self._weights.adapters, "update_adapter").submit(name, adapters, version)
 
     def for_adapter(self, name: str) -> AdapterView:
         """An Engine (generate, generate_n, stream, version, end_session, update_weights) that serves adapter
         ``name`` of this engine (:class:`~gymllm.inference.adapters.AdapterView`)."""
-        self._adapter_store("for_adapter(name)").resolve(name)
+        require_store(self._weights.adapters, "for_adapter(name)").resolve(name)
         return AdapterView(self, name)
-
-    def _adapter_store(self, what: str) -> AdapterStore:
-        store = self._weights.adapters
-        if store is None:
-            raise EngineError(explain(f"JaxEngine.{what}", expected="an engine built with adapters=AdapterConfig(...)",
-                                      received="an engine without adapters", fix="build JaxEngine(..., adapters="
-                                      "AdapterConfig(lora=LoRAConfig(rank=...), names=(...)))"))
-        return store
 
     @property
     def serving(self) -> bool:
@@ -360,7 +348,7 @@ class JaxEngine:
                                       "tokenizer", received=params.stop, fix="pass the tokenizer to JaxEngine or "
                                       "use stop_token_ids"))
         ids = self.validate_prompt(prompt_ids)
-        slot = BASE if adapter is None else self._adapter_store("generate(adapter=...)").resolve(adapter)
+        slot = BASE if adapter is None else require_store(self._weights.adapters, "generate(adapter=...)").resolve(adapter)
         seed = params.seed if params.seed is not None else int(self._rng.integers(0, 2**63 - 1))
         loop = asyncio.get_running_loop()
         req = EngineRequest(ids, params, request_key(seed, index), session_id, loop, loop.create_future(),
