@@ -36,7 +36,6 @@ import jax
 import numpy as np
 
 from gymllm.errors import EngineError, explain
-from gymllm.inference.weights import as_engine_dtype
 from gymllm.models.lora import LoRAConfig, MergedWeights, adapter_keys
 from gymllm.validation import require
 
@@ -61,6 +60,14 @@ class AdapterConfig:
         object.__setattr__(self, "names", names)
 
 
+@jax.jit
+def write_slot(stacks: dict[str, jax.Array], arrays: dict[str, jax.Array], k: jax.Array) -> dict[str, jax.Array]:
+    """``stacks`` with slot ``k`` (axis 1) of each replaced by ``arrays[key]`` ([L, ...]); one program for
+    every slot (``k`` traced)."""
+    return {key: jax.lax.dynamic_update_index_in_dim(v, arrays[key].astype(v.dtype)[:, None], k, 1)
+            for key, v in stacks.items()}
+
+
 class AdapterStore:
     """The engine's adapter stacks, their versions and the pending updates (see the module docstring).
 
@@ -78,8 +85,8 @@ class AdapterStore:
             layers, d_in, d_out = w.shape
             self.shapes[f"layers.{t}.lora_a"] = (layers, d_in, r)
             self.shapes[f"layers.{t}.lora_b"] = (layers, r, d_out)
-            self.stacks[f"layers.{t}.lora_a"] = jax.numpy.zeros((layers, n, d_in, r), w.dtype)
-            self.stacks[f"layers.{t}.lora_b"] = jax.numpy.zeros((layers, n, r, d_out), w.dtype)
+            self.stacks[f"layers.{t}.lora_a"] = jax.numpy.asarray(np.zeros((layers, n, d_in, r), w.dtype))
+            self.stacks[f"layers.{t}.lora_b"] = jax.numpy.asarray(np.zeros((layers, n, r, d_out), w.dtype))
         self.versions = [int(version)] * n
         self.pending: dict[int, tuple[dict[str, jax.Array], int]] = {}  # stack index -> (arrays, version)
 
@@ -122,22 +129,32 @@ class AdapterStore:
         lora = self.config.lora
         scale = np.float32(lora.alpha / lora.rank)
         arrays = {}
-        for key in adapter_keys(lora):
-            x = jax.numpy.asarray(adapters[key], jax.numpy.float32)
-            arrays[key] = as_engine_dtype(x * scale if key.endswith("lora_b") else x, self.stacks[key].dtype)
+        for key in adapter_keys(lora):  # on the host: no compile per array shape
+            x = np.asarray(adapters[key], np.float32)
+            x = x * scale if key.endswith("lora_b") else x
+            dtype = np.dtype(self.stacks[key].dtype)  # uint16 storage holds bfloat16 bit patterns
+            arrays[key] = x.astype(jax.numpy.bfloat16).view(np.uint16) if dtype == np.uint16 else x.astype(dtype)
         with self.cv:
             self.pending[k] = (arrays, int(version))
             self.cv.notify_all()
 
     def apply(self) -> bool:
-        """(Engine thread, between device steps.) Write the pending adapters into their stack slots."""
+        """(Engine thread, between device steps.) Write the pending adapters into their stack slots; an
+        update stays pending (its version the one callers read) until its weights are in place."""
         with self.cv:
-            pending, self.pending = self.pending, {}
-        for k, (arrays, version) in pending.items():
-            for key, x in arrays.items():
-                self.stacks[key] = self.stacks[key].at[:, k].set(x)
-            self.versions[k] = version
-        return bool(pending)
+            pending = dict(self.pending)
+        if not pending:
+            return False
+        stacks = self.stacks
+        for k, (arrays, _) in pending.items():
+            stacks = write_slot(stacks, arrays, np.int32(k))
+        with self.cv:
+            self.stacks = stacks
+            for k, item in pending.items():
+                self.versions[k] = item[1]
+                if self.pending.get(k) is item:  # not replaced by a newer update meanwhile
+                    del self.pending[k]
+        return True
 
     def version_of(self, k: int, base_version: int) -> int:
         """The version a token of a row of stack index ``k`` records (the base's for index 0)."""
