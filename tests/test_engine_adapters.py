@@ -48,8 +48,11 @@ def setup():
 def adapter_engine(lm, ads, config=CFG, **kw):
     engine = JaxEngine(lm.model, lm.tokenizer, config=config, stop_token_ids=(),
                        adapters=AdapterConfig(lora=LORA, names=("a", "b")), **kw)
-    for name, a in ads.items():
-        engine.update_adapter(name, a, version=1)
+    with engine.paused():  # both land in one iteration, before any request (none waits yet)
+        for name, a in ads.items():
+            engine.update_adapter(name, a, version=1)
+        engine.run_iterations(1)
+    assert engine.adapters.versions == [0, 1, 1] and not engine.adapters.pending
     return engine
 
 
