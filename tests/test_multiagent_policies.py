@@ -264,7 +264,9 @@ def test_two_policies_both_update_differ_and_keep_their_own_versions(tmp_path):
         nonlocal base
         run.setup()
         assert isinstance(run.learner, PolicySet) and set(run.learner.engines) == {"a", "b"}
-        assert run.learner.engines["a"] is run.parts.engine and run.learner.engines["b"] is not run.parts.engine
+        # LoRA policies: the run's one engine serves both, an adapter each (no engine of their own)
+        assert all(e.engine is run.parts.engine for e in run.learner.engines.values())
+        assert run.learner.extra_engines == [] and run.parts.engine.adapters.names == ("a", "b")
         base = {n: {k: np.asarray(v) for k, v in l.trainable.items()} for n, l in run.learner.learners.items()}
         try:
             await run.train()
@@ -279,7 +281,7 @@ def test_two_policies_both_update_differ_and_keep_their_own_versions(tmp_path):
     for record, versions, engine_versions in seen:
         moved = [n for n in versions if versions[n] != prev[n]]
         assert len(moved) == 1 and versions[moved[0]] == prev[moved[0]] + 1  # one policy per step, by one
-        assert engine_versions[moved[0]] == versions[moved[0]]  # pushed to its own engine only
+        assert engine_versions == versions  # pushed to its own adapter only, at its own version
         name = moved[0]
         assert record[f"policy/{name}/version"] == versions[name] and record[f"policy/{name}/loss"] == record["loss"]
         assert record[f"policy/{name}/reward"] == record["reward_mean"]

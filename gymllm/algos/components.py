@@ -77,9 +77,11 @@ class LocalComponents:
         return Checkpointer(pathlib.Path(cfg.run.run_dir) / "checkpoints", max_to_keep=cfg.run.keep_checkpoints)
 
     def make_engine(self, cfg: TrainConfig, lm: Any, version: int) -> Any:
+        from gymllm.algos.policies import policy_adapters
         from gymllm.inference.jax_engine import JaxEngine
 
-        return JaxEngine(lm.model, lm.tokenizer, version=version, config=cfg.engine)
+        # several LoRA policies: the one engine serves an adapter per policy (gymllm.algos.policies)
+        return JaxEngine(lm.model, lm.tokenizer, version=version, config=cfg.engine, adapters=policy_adapters(cfg))
 
     def make_pusher(self, cfg: TrainConfig, engine: Any, lm: Any, learner: Any) -> Any:
         from gymllm.algos.policies import PolicySet

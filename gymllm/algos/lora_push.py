@@ -10,7 +10,8 @@ Two ways in:
   (``push(weights, version) -> seconds``, ``pushes``, ``total_s``, ``last_s``) plus ``last_bytes``.
 * :func:`push_adapters`, the hook ``WeightPusher.push`` calls first: weights from
   :func:`gymllm.models.lora.merge` (the learner's ``policy_params()`` under LoRA) remember their
-  adapters, so the trainer's pushes send only those to an in-process :class:`JaxEngine`. Other
+  adapters, so the trainer's pushes send only those to an in-process :class:`JaxEngine` (or to one
+  adapter slot of an engine serving several, :class:`~gymllm.inference.adapters.AdapterView`). Other
   engines (HTTP, vLLM) get the merged weights as before (see :mod:`gymllm.inference.lora_receiver`).
 """
 
@@ -50,11 +51,15 @@ def push_adapters(engine: Any, model_config: Any, weights: Any, version: int) ->
     """Send only the adapters of LoRA-merged ``weights`` to an in-process JaxEngine (its receiver is
     attached on the first push, with the weights' base); False (nothing sent) for plain weights or
     another kind of engine, which then take the full weights."""
+    from gymllm.inference.adapters import AdapterView
     from gymllm.inference.jax_engine import JaxEngine
     from gymllm.inference.lora_receiver import LoraReceiver, LoraUpdate, receiver_of
 
     if isinstance(weights, MergedWeights) and getattr(engine, "takes_weight_updates", False):  # an EnginePool
         engine.update_weights(LoraUpdate(weights.lora, model_config, weights.adapters, weights.base), version)
+        return True
+    if isinstance(weights, MergedWeights) and isinstance(engine, AdapterView):  # one adapter of a shared engine
+        engine.update_weights(weights.adapters, version)
         return True
     if not isinstance(weights, MergedWeights) or not isinstance(engine, JaxEngine):
         return False

@@ -5,7 +5,7 @@ weights), its own optimizer state, its own groups and its own version counter; t
 learner's interface and routes every group to the policy that played it.
 
     policies = build_policy_set(cfg, lm, mesh)        # LocalComponents.make_learner does this
-    pusher = policies.make_pusher(cfg, engine, lm)     # one engine per policy; the run's engine is the first
+    pusher = policies.make_pusher(cfg, engine, lm)     # LoRA: the run's engine serves every policy's adapter
     source = policy_source(run, group_filter)          # Run.make_source does this for a game
     reports = policies.submit(groups)                  # each group to group.info["policy"]'s learner
 
@@ -20,11 +20,14 @@ two policies it is about twice as tight as each policy's own.
 
 Serving
 -------
-Each policy is served by its own in-process :class:`~gymllm.inference.jax_engine.JaxEngine` over the
-same model (the run's engine serves the first policy); a policy's update is pushed to its engine
-only (a LoRA policy pushes its adapters, merged on that engine). The engine cannot yet choose an
-adapter per request, so every policy costs one more copy of the served weights and one more KV cache;
-one engine serving every adapter is open.
+LoRA policies (``policy_weights="lora"``, the default) are all served by the run's one in-process
+:class:`~gymllm.inference.jax_engine.JaxEngine`, built with an adapter per policy
+(:func:`policy_adapters`; multi-LoRA serving, :mod:`gymllm.inference.adapters`): the frozen base once,
+one KV cache, each request naming its policy's adapter (``engine.for_adapter(name)`` is the policy's
+engine), rows of different policies decoding in the same steps. A policy's update pushes only its
+adapters, to its adapter slot, at its own version; the other policies' rows keep theirs. Full-weight
+policies (``policy_weights="full"``) are each served by an engine of their own over the same model
+(the run's engine serves the first policy), one more copy of the weights and KV cache per policy.
 
 Records
 -------
@@ -44,7 +47,8 @@ from gymllm.errors import ConfigError, explain
 from gymllm.rollout.policy_map import check_policy_seats, policy_map
 from gymllm.rollout.seat_source import SeatGroupSource, SeatMetrics
 
-__all__ = ["PolicySet", "PolicyPusher", "PolicySeatSource", "build_policy_set", "policy_lora", "policy_source"]
+__all__ = ["PolicySet", "PolicyPusher", "PolicySeatSource", "build_policy_set", "policy_adapters", "policy_lora",
+           "policy_source"]
 
 DEFAULT_RANK = 8
 
@@ -62,6 +66,17 @@ def policy_lora(cfg: Any) -> Any:
                                       "weights per policy, or use --multiagent.policy-weights lora"))
         return None
     return lora if lora.enabled else LoRAConfig(**{**dataclasses.asdict(lora), "rank": DEFAULT_RANK})
+
+
+def policy_adapters(cfg: Any) -> Any:
+    """The adapters the run's engine serves (an :class:`~gymllm.inference.adapters.AdapterConfig`: one per
+    policy, named after it) for LoRA policies; None without ``multiagent.policies`` or with full weights."""
+    if not cfg.multiagent.policies or cfg.multiagent.policy_weights != "lora":
+        return None
+    from gymllm.inference.adapters import AdapterConfig
+
+    names = tuple(dict.fromkeys(policy_map(cfg.multiagent.policies).values()))
+    return AdapterConfig(lora=policy_lora(cfg), names=names)
 
 
 def build_policy_set(cfg: Any, lm: Any, mesh: Any = None) -> "PolicySet":
@@ -170,10 +185,15 @@ class PolicySet:
 
     # --- serving ----------------------------------------------------------------------------------
     def make_pusher(self, cfg: Any, engine: Any, lm: Any, *, gather: bool = False) -> "PolicyPusher":
-        """Serve the first policy on ``engine`` (the run's) and every other on a new engine of ``lm``."""
+        """Serve every policy on ``engine`` (the run's) when it serves an adapter per policy (LoRA policies:
+        :func:`policy_adapters`); else the first policy on ``engine`` and every other on a new engine of ``lm``."""
         from gymllm.inference.jax_engine import JaxEngine
 
         names = list(self.learners)
+        served = getattr(engine, "adapters", None)
+        if served is not None and set(names) <= set(served.names):  # one engine, an adapter per policy
+            self.engines = {name: engine.for_adapter(name) for name in names}
+            return PolicyPusher(self, lm.config, gather=gather)
         self.engines = {names[0]: engine}
         for name in names[1:]:
             e = JaxEngine(lm.model, lm.tokenizer, version=self.learners[name].version, config=cfg.engine)
@@ -210,7 +230,8 @@ class PolicySet:
 
 class PolicyPusher:
     """The run's weight push for a :class:`PolicySet`: ``push(weights, step)`` sends the weights of the
-    policy whose report comes next to that policy's engine, at that policy's own version (a push
+    policy whose report comes next to that policy's engine (LoRA: its adapters to its adapter slot of the
+    shared engine), at that policy's own version (a push
     with no update pending, as on resume, sends every policy's weights). The interface of
     :class:`~gymllm.algos.weight_sync.WeightPusher`."""
 

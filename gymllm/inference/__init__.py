@@ -4,7 +4,8 @@
     engine = JaxEngine.from_loaded(gymllm.models.load("smollm2-135m-instruct"), config=EngineConfig(num_slots=16))
     completion = await engine.generate(prompt_ids, SamplingParams(temperature=1.0))
 
-Backends: :class:`JaxEngine` (embedded, continuous batching), :class:`OpenAIClientEngine` (any
+Backends: :class:`JaxEngine` (embedded, continuous batching; with :class:`AdapterConfig` it serves
+several LoRA adapters over one base, chosen per request), :class:`OpenAIClientEngine` (any
 OpenAI-compatible server, token ids in and out), :class:`VllmEngine` (optional extra ``vllm``).
 :class:`EnginePool` spreads requests over N replicas of any of them (in process or Ray actors built
 from a :class:`ReplicaSpec`). :func:`build_app` / :func:`serve` expose an engine as an OpenAI-compatible HTTP server.
@@ -21,6 +22,7 @@ _LAZY = {
     "Engine": "gymllm.inference.protocol",
     "EngineConfig": "gymllm.inference.config",
     "JaxEngine": "gymllm.inference.jax_engine",
+    "AdapterConfig": "gymllm.inference.adapters",
     "OpenAIClientEngine": "gymllm.inference.client",
     "build_app": "gymllm.inference.server",
     "serve": "gymllm.inference.server",

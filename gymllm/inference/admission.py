@@ -21,7 +21,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -71,8 +71,10 @@ class Admission:
         return waiting
 
     # ------------------------------------------------------------------ admission (engine thread)
-    def admit(self, decoding: bool, version: int) -> tuple[list[Batch], Batch | None]:
-        """Place waiting requests in free rows under policy ``version`` and group them into prefill batches
+    def admit(self, decoding: bool, version: Any) -> tuple[list[Batch], Batch | None]:
+        """Place waiting requests in free rows under policy ``version`` (an int, or a function of a request's
+        adapter index giving the kv tag its row computes under: a cached prefix is reused only under an
+        equal one) and group them into prefill batches
         ``[(requests, bucket)]`` (ascending buckets, at most ``max_prefill_batch`` each). ``decoding``: rows
         are decoding; then a saturated engine admits nothing until a whole batch of rows is free, and
         the smallest bucket's batch is returned apart (``ride``) when piggybacking covers it."""
@@ -85,8 +87,9 @@ class Admission:
             while self.waiting and self.table.num_free:
                 req = self.waiting.pop(0)
                 reuse_ok = cfg.prefix_reuse
-                req.placement = self.table.acquire(req.prompt if reuse_ok else [], req.session_id, version)
-                req.kv_version = version
+                tag = version(req.adapter) if callable(version) else version
+                req.placement = self.table.acquire(req.prompt if reuse_ok else [], req.session_id, tag)
+                req.kv_version = tag
                 if not reuse_ok:
                     req.placement = Placement(req.placement.slot, 0)
                 admitted.append(req)
@@ -121,7 +124,7 @@ class Admission:
             positions[i] = np.minimum(start + np.arange(bucket), max_len - 1)
             rows[i] = r.slot
             last[i] = len(chunk) - 1
-            rp.set(i, r.key, 0, r.params)
+            rp.set(i, r.key, 0, r.params, r.adapter)
             self.stats["prefill_tokens"] += len(chunk)
             self.stats["reused_tokens"] += start
         return tokens, positions, rows, last, rp

@@ -96,6 +96,12 @@ class DeviceSteps:
         return [(t, n) for t in buckets for n in self.prefill_lengths if starts[n] + lows[t] + 1 <= max_prompt]
 
     # ------------------------------------------------------------------ calls
+    def adapter_args(self, rp: SamplingRows) -> dict[str, Any]:
+        """A step's LoRA arguments: the adapter stacks and each row's index when the engine serves adapters
+        (:mod:`gymllm.inference.adapters`), else none (the plain steps)."""
+        store = self.weights.adapters
+        return {} if store is None else {"adapters": store.stacks, "adapter": rp.adapter}
+
     def call_prefill(self, tokens, positions, rows, last, rp: SamplingRows, length: int
                      ) -> tuple[np.ndarray, np.ndarray]:
         """One prefill call: chunks tokens/positions [P, T] into cache rows ``rows`` [P] (``num_slots``: a
@@ -104,6 +110,7 @@ class DeviceSteps:
         with span("prefill", track="engine", batch=int(tokens.shape[0]), bucket=int(tokens.shape[1]), length=length):
             self.cache, tok, logp = self.prefill(
                 self.weights.state, self.cache, tokens, positions, rows, last, *rp.arrays(), length,
+                **self.adapter_args(rp),
             )
             return np.asarray(tok), np.asarray(logp)
 
@@ -114,7 +121,7 @@ class DeviceSteps:
         w = int(tokens.shape[0])
         with span("decode", track="engine", active=active, width=w, length=length):
             self.cache, tok, logp = self.decode(
-                self.weights.state, self.cache, tokens, positions, *rp.arrays(), length,
+                self.weights.state, self.cache, tokens, positions, *rp.arrays(), length, **self.adapter_args(rp),
             )
             return np.asarray(tok), np.asarray(logp)
 
@@ -126,6 +133,7 @@ class DeviceSteps:
         with span("decode", track="engine", active=active, width=w, length=length, steps=k):
             self.cache, tok, logp, ran = self.decode_k(
                 self.weights.state, self.cache, tokens, positions, *rp.arrays(), stop, budget, np.int32(k), length,
+                **self.adapter_args(rp),
             )
             ran = int(ran)
             return np.asarray(tok)[:ran], np.asarray(logp)[:ran], ran
@@ -138,8 +146,9 @@ class DeviceSteps:
         tokens = pre[0]
         with span("decode", track="engine", active=active, width=int(dec[0].shape[0]), length=length,
                   prefill=int(tokens.shape[0]), bucket=int(tokens.shape[1])):
+            rp = dec_rp.concat(pre_rp)
             self.cache, tok, logp = self.mixed(
-                self.weights.state, self.cache, dec, pre, *dec_rp.concat(pre_rp).arrays(), length,
+                self.weights.state, self.cache, dec, pre, *rp.arrays(), length, **self.adapter_args(rp),
             )
             return np.asarray(tok), np.asarray(logp)
 

@@ -38,6 +38,12 @@ Design (one background thread owns the device; asyncio callers never block):
   tokens (the same ``session_id`` first) prefills only the rest.
 * ``update_weights(state, version)`` is thread-safe and is applied by the loop between steps, so no
   forward pass mixes versions; every token records the version of the forward that produced it.
+* Multi-LoRA serving (``adapters=AdapterConfig(lora=..., names=(...))``, :mod:`gymllm.inference.adapters`):
+  one engine holds the frozen base and a stack of named LoRA adapters; a request names its adapter
+  (``generate(..., adapter="a")`` or the Engine view ``for_adapter("a")``), rows of different adapters
+  decode in the same step (one compiled program for every mix), ``update_adapter(name, adapters,
+  version)`` swaps one adapter between steps, every token records its own adapter's version, and a
+  cached prefix is reused only by the same adapter at the same versions.
 * Spans "prefill" / "decode" on track "engine" measure busy time (a piggybacked step is a "decode"
   span with ``prefill`` and ``bucket`` tags).
 
@@ -66,6 +72,7 @@ import numpy as np
 from flax import nnx
 
 from gymllm.errors import EngineError, explain
+from gymllm.inference.adapters import BASE, AdapterConfig, AdapterStore, AdapterView, require_store
 from gymllm.inference.admission import Admission
 from gymllm.inference.completion import Completion
 from gymllm.inference.config import EngineConfig
@@ -117,10 +124,12 @@ class JaxEngine:
         version: int = 0,
         cache_dtype: Any = None,
         decode_chunk: int | None = None,
+        adapters: AdapterConfig | None = None,
     ):
         """``decode_chunk`` > 1: run up to that many decode steps per device call while no request
         waits to join (:mod:`gymllm.inference.multi_token_decode`; same tokens, fewer host round trips);
-        None: ``config.decode_chunk``."""
+        None: ``config.decode_chunk``. ``adapters``: the LoRA adapters this engine serves per request
+        (:mod:`gymllm.inference.adapters`; each starts as zeros, the base model, at ``version``)."""
         cfg = config or EngineConfig()
         if cfg.compute_dtype == "auto":  # the dtype that is fastest on this host, chosen where the engine runs
             cfg = dataclasses.replace(cfg, compute_dtype=resolve_compute_dtype("auto"))
@@ -135,6 +144,12 @@ class JaxEngine:
         self._device_lock = threading.Lock()  # guards the cache and weights during device steps
         graphdef, state = nnx.split(model)
         self._weights = WeightStore(state, version, compute_dtype=cfg.compute_dtype, cv=self._cv)
+        if adapters is not None:
+            if not isinstance(adapters, AdapterConfig):
+                raise EngineError(explain("JaxEngine(adapters)", expected="an AdapterConfig", received=adapters,
+                                          fix="pass AdapterConfig(lora=LoRAConfig(rank=...), names=(...))"))
+            base = nnx.merge(graphdef, self._weights.state).flat_params()
+            self._weights.adapters = AdapterStore(adapters, base, version, cv=self._cv)
         self.vocab_size = infer_vocab(model, tokenizer)
         cache = model.init_cache(cfg.num_slots, cfg.max_len, kv_cache_dtype(cfg, cache_dtype))
         self._steps = steps = DeviceSteps(graphdef, self._weights, cache, config=cfg, decode_chunk=self.decode_chunk)
@@ -175,6 +190,25 @@ class JaxEngine:
         return self._weights.latest_version
 
     @property
+    def adapters(self) -> AdapterStore | None:
+        """The LoRA adapters this engine serves per request (names, versions, stacks; None: none;
+        :mod:`gymllm.inference.adapters`)."""
+        return self._weights.adapters
+
+    def update_adapter(self, name: str, adapters: Any, version: int) -> None:
+        """Swap in adapter ``name``'s new LoRA arrays (``{"layers.<t>.lora_a": [L, in, r], "layers.<t>.lora_b":
+        [L, r, out]}`` of the engine's LoRAConfig, unscaled, or ``lora.merge``'s MergedWeights) at
+        ``version``. Thread-safe; the loop applies it between two device steps; other adapters' rows
+        keep their weights and versions."""
+        require_store(self._weights.adapters, "update_adapter").submit(name, adapters, version)
+
+    def for_adapter(self, name: str) -> AdapterView:
+        """An Engine (generate, generate_n, stream, version, end_session, update_weights) that serves adapter
+        ``name`` of this engine (:class:`~gymllm.inference.adapters.AdapterView`)."""
+        require_store(self._weights.adapters, "for_adapter(name)").resolve(name)
+        return AdapterView(self, name)
+
+    @property
     def serving(self) -> bool:
         """Whether requests are accepted and run: False once closed, or once the loop stopped (see ``failure``)."""
         return self._thread.is_alive() and not self._gate.closing
@@ -213,30 +247,35 @@ class JaxEngine:
         return ids
 
     async def generate(
-        self, prompt_ids: Sequence[int], params: SamplingParams | None = None, *, session_id: str | None = None
+        self, prompt_ids: Sequence[int], params: SamplingParams | None = None, *, session_id: str | None = None,
+        adapter: str | None = None,
     ) -> Completion:
-        """Sample one completion of ``prompt_ids``; cancellation aborts the request."""
+        """Sample one completion of ``prompt_ids``; cancellation aborts the request. ``adapter``: the LoRA
+        adapter that serves it (an engine built with adapters; None: the base model)."""
         params = params or SamplingParams()
         if params.n != 1:
             raise EngineError(explain("SamplingParams.n", expected="1 for generate", received=params.n,
                                       fix="call generate_n(prompt_ids, params) to get n completions"))
-        req = self._make_request(prompt_ids, params, session_id, 0, stream=False)
+        req = self._make_request(prompt_ids, params, session_id, 0, stream=False, adapter=adapter)
         return await self._await(req)
 
-    async def generate_n(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[Completion]:
-        """Sample ``params.n`` completions of one prompt (each with its own key)."""
-        reqs = [self._make_request(prompt_ids, params, None, i, stream=False) for i in range(params.n)]
+    async def generate_n(self, prompt_ids: Sequence[int], params: SamplingParams, *, adapter: str | None = None
+                         ) -> list[Completion]:
+        """Sample ``params.n`` completions of one prompt (each with its own key); ``adapter`` as in generate."""
+        reqs = [self._make_request(prompt_ids, params, None, i, stream=False, adapter=adapter) for i in range(params.n)]
         return list(await asyncio.gather(*(self._await(r) for r in reqs)))
 
     async def stream(
-        self, prompt_ids: Sequence[int], params: SamplingParams | None = None, *, session_id: str | None = None
+        self, prompt_ids: Sequence[int], params: SamplingParams | None = None, *, session_id: str | None = None,
+        adapter: str | None = None,
     ):
-        """Yield ``(token_id, logprob, version)`` per sampled token, then the final Completion."""
+        """Yield ``(token_id, logprob, version)`` per sampled token, then the final Completion; ``adapter`` as
+        in generate."""
         params = params or SamplingParams()
         if params.n != 1:
             raise EngineError(explain("SamplingParams.n", expected="1 for stream", received=params.n,
                                       fix="stream each sample separately"))
-        req = self._make_request(prompt_ids, params, session_id, 0, stream=True)
+        req = self._make_request(prompt_ids, params, session_id, 0, stream=True, adapter=adapter)
         assert req.stream is not None
         try:
             while True:
@@ -299,7 +338,8 @@ class JaxEngine:
             self._steps.warmup(self._rows, max_prompt_len)
 
     # ------------------------------------------------------------------ request plumbing
-    def _make_request(self, prompt_ids, params, session_id, index: int, *, stream: bool) -> EngineRequest:
+    def _make_request(self, prompt_ids, params, session_id, index: int, *, stream: bool,
+                      adapter: str | None = None) -> EngineRequest:
         if not isinstance(params, SamplingParams):
             raise EngineError(explain("params", expected="a SamplingParams", received=type(params).__name__,
                                       fix="pass gymllm.inference.SamplingParams(...)"))
@@ -308,10 +348,11 @@ class JaxEngine:
                                       "tokenizer", received=params.stop, fix="pass the tokenizer to JaxEngine or "
                                       "use stop_token_ids"))
         ids = self.validate_prompt(prompt_ids)
+        slot = BASE if adapter is None else require_store(self._weights.adapters, "generate(adapter=...)").resolve(adapter)
         seed = params.seed if params.seed is not None else int(self._rng.integers(0, 2**63 - 1))
         loop = asyncio.get_running_loop()
         req = EngineRequest(ids, params, request_key(seed, index), session_id, loop, loop.create_future(),
-                            asyncio.Queue() if stream else None)
+                            asyncio.Queue() if stream else None, adapter=slot)
         with self._cv:
             if self._gate.closing:
                 crash = self._loop.crash

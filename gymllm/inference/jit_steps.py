@@ -14,6 +14,11 @@ row's position), so a lightly loaded engine or one with short sequences does not
 empty slots: the cache is only read inside the layer loop, and each row's new k/v are written into
 the donated cache afterwards (O(W) writes).
 Prefill computes the vocab projection at each row's last prompt token only (``logits_at``).
+
+An engine serving LoRA adapters (:mod:`gymllm.inference.adapters`) passes every step two more
+arguments: ``adapters`` (the flat adapter stacks ``{"layers.<t>.lora_a": [L, N, in, r], ...}``, joined
+to the model's flat params) and ``adapter`` (each row's stack index [rows]); without them (None) the
+steps trace exactly as before.
 """
 
 from __future__ import annotations
@@ -32,18 +37,30 @@ from gymllm.models.prefill import prefill_and_write
 CACHE_BATCH_AXIS = 1
 
 
+def served_params(model: Any, adapters: dict[str, jax.Array] | None) -> dict[str, jax.Array]:
+    """``model``'s flat params, with the adapter stacks joined when the engine serves adapters."""
+    params = model.flat_params()
+    return params if adapters is None else {**params, **adapters}
+
+
 def prefill_logits(model: Any, cache: Any, tokens: jax.Array, positions: jax.Array, rows: jax.Array,
-                   last: jax.Array, length: int | None) -> tuple[jax.Array, Any]:
+                   last: jax.Array, length: int | None, adapters: dict[str, jax.Array] | None = None,
+                   adapter: jax.Array | None = None) -> tuple[jax.Array, Any]:
     """One prefill chunk of ``model`` into cache rows ``rows`` reading cached slots [0, length):
-    (logits [P, V] float32 at index ``last`` of each row, the cache with the real tokens' k/v written)."""
-    return prefill_and_write(model.config, model.flat_params(), tokens, positions, rows, cache, length, last)
+    (logits [P, V] float32 at index ``last`` of each row, the cache with the real tokens' k/v written).
+    ``adapters``/``adapter``: LoRA stacks and each row's index (module docstring)."""
+    return prefill_and_write(model.config, served_params(model, adapters), tokens, positions, rows, cache, length,
+                             last, adapter=adapter)
 
 
-def decode_logits(model: Any, cache: Any, tokens: jax.Array, positions: jax.Array, length: int | None
+def decode_logits(model: Any, cache: Any, tokens: jax.Array, positions: jax.Array, length: int | None,
+                  adapters: dict[str, jax.Array] | None = None, adapter: jax.Array | None = None
                   ) -> tuple[jax.Array, Any]:
     """One decode step of ``model`` over cache rows [0, W) (W = len(tokens)) attending over slots
-    [0, length): (logits [W, V] float32, the cache with each row's new k/v at its position)."""
-    return decode_and_write(model.config, model.flat_params(), tokens, positions, cache, length)
+    [0, length): (logits [W, V] float32, the cache with each row's new k/v at its position).
+    ``adapters``/``adapter``: LoRA stacks and each row's index (module docstring)."""
+    return decode_and_write(model.config, served_params(model, adapters), tokens, positions, cache, length,
+                            adapter=adapter)
 
 
 @functools.lru_cache(maxsize=16)
@@ -54,30 +71,33 @@ def make_steps(graphdef: Any) -> tuple[Callable, Callable, dict[str, int]]:
     trace_counts: dict[str, int] = {"prefill": 0, "decode": 0}
 
     @functools.partial(jax.jit, donate_argnums=(1,), static_argnums=(11,))
-    def prefill_jit(state, cache, tokens, positions, rows, last, keys, steps, temperature, top_k, top_p, length):
+    def prefill_jit(state, cache, tokens, positions, rows, last, keys, steps, temperature, top_k, top_p, length,
+                    adapters, adapter):
         trace_counts["prefill"] += 1
         model = nnx.merge(graphdef, state)
-        logits, cache = prefill_logits(model, cache, tokens, positions, rows, last, length)  # [P, V]
+        logits, cache = prefill_logits(model, cache, tokens, positions, rows, last, length, adapters, adapter)  # [P, V]
         tok, logp = sample(logits, step_keys(keys, steps), temperature, top_k, top_p)
         return cache, tok, logp
 
-    def prefill(state, cache, tokens, positions, rows, last, keys, steps, temperature, top_k, top_p, length=None):
+    def prefill(state, cache, tokens, positions, rows, last, keys, steps, temperature, top_k, top_p, length=None,
+                adapters=None, adapter=None):
         # tokens/positions [P, T] int32; rows/last/steps/top_k [P] int32; keys [P, 2] uint32. ``length``
         # (static, default the whole context): cached slots read, >= every row's start (positions[:, 0]);
         # tokens past ``last`` write nothing.
         length = jax.tree.leaves(cache)[0].shape[2] if length is None else length
         return prefill_jit(state, cache, tokens, positions, rows, last, keys, steps, temperature, top_k, top_p,
-                           length)
+                           length, adapters, adapter)
 
     @functools.partial(jax.jit, donate_argnums=(1,), static_argnums=(9,))
-    def decode(state, cache, tokens, positions, keys, steps, temperature, top_k, top_p, length=None):
+    def decode(state, cache, tokens, positions, keys, steps, temperature, top_k, top_p, length=None, adapters=None,
+               adapter=None):
         # tokens/positions/steps/top_k [W] int32; keys [W, 2] uint32; temperature/top_p [W] f32.
         # W (a static shape) <= the cache's rows: the step runs over rows [0, W) only. ``length`` (static,
         # default the whole context): attend over cache slots [0, length) only; every active row's
         # position must be < length (a row at a position >= length writes nothing and its output is junk).
         trace_counts["decode"] += 1
         model = nnx.merge(graphdef, state)
-        logits, cache = decode_logits(model, cache, tokens, positions, length)  # [W, V]
+        logits, cache = decode_logits(model, cache, tokens, positions, length, adapters, adapter)  # [W, V]
         tok, logp = sample(logits, step_keys(keys, steps), temperature, top_k, top_p)
         return cache, tok, logp
 

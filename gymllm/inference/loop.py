@@ -15,7 +15,7 @@
    up to ``decode_chunk`` steps while nobody waits) over the active rows.
 
 It then records what was sampled, token by token: each token carries the version of the forward that
-produced it, is streamed, and may finish its request (stop ids, stop strings, ``max_tokens``, the
+produced it (on an engine serving LoRA adapters, the version of the row's own adapter), is streamed, and may finish its request (stop ids, stop strings, ``max_tokens``, the
 context); a finished row keeps its k/v for prefix reuse. A step that raises fails only the requests
 in it (:class:`~gymllm.inference.request.RequestFailed`); if it took the (donated) cache with it, the
 cache is rebuilt and every row forgotten. A bug in the loop itself fails every request clearly.
@@ -147,13 +147,13 @@ class EngineLoop:
 
     def has_work(self) -> bool:
         """(Holding ``cv``.) Requests wait or decode, or weights are pending."""
-        return bool(self.admission.waiting or self.rows.active or self.weights.pending)
+        return bool(self.admission.waiting or self.rows.active or self.weights.has_pending())
 
     def iterate(self) -> None:
         """One iteration: weights, cancellations, admission (and prefill), then one device step."""
         self.weights.apply()
         self.drop_cancelled()
-        batches, ride = self.admission.admit(bool(self.rows.active), self.weights.version)
+        batches, ride = self.admission.admit(bool(self.rows.active), self.weights.kv_tag)
         for reqs, bucket in batches:
             self.prefill(reqs, bucket)
         if ride is not None:
@@ -263,8 +263,8 @@ class EngineLoop:
 
     def accept(self, req: EngineRequest, token: int, logprob: float) -> None:
         """Record one sampled token; finish the request or schedule its next decode input."""
-        version = self.weights.version
-        req.record(token, logprob, version)
+        version = self.weights.version_of(req.adapter)  # with adapters: the version of the row's own adapter
+        req.record(token, logprob, version, self.weights.kv_tag(req.adapter))
         self.stats["generated_tokens"] += 1
         if req.stream is not None:
             req.deliver("token", (token, logprob, version))

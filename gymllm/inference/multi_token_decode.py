@@ -52,13 +52,14 @@ def chunk_limits(active: dict[int, Any], width: int, stop_ids: frozenset[int], m
 def make_decode_chunk(graphdef: Any, max_steps: int) -> tuple[Callable, dict[str, int]]:
     """``(decode_chunk, trace_counts)`` for a model graph: ``decode_chunk(state, cache, tokens, positions,
     keys, steps, temperature, top_k, top_p, stop_ids, budget, n, length) -> (cache, tokens [K, W],
-    logprobs [K, W], steps_run)`` (``K = max_steps``; ``length`` static, as in the single decode step);
+    logprobs [K, W], steps_run)`` (``K = max_steps``; ``length`` static, as in the single decode step;
+    optional ``adapters``/``adapter`` as there: LoRA stacks and each row's index);
     ``trace_counts["decode_chunk"]`` counts its compilations. Shared by engines over equal graphs."""
     trace_counts = {"decode_chunk": 0}
 
     @functools.partial(jax.jit, donate_argnums=(1,), static_argnums=(12,))
     def decode_chunk(state, cache, tokens, positions, keys, steps, temperature, top_k, top_p, stop_ids, budget, n,
-                     length):
+                     length, adapters=None, adapter=None):
         # tokens/positions/steps/top_k/budget [W] int32; keys [W, 2] uint32; temperature/top_p [W] f32;
         # stop_ids [W, MAX_STOP_IDS] int32 (-1 pads); n: int32 scalar <= K steps to run at most.
         trace_counts["decode_chunk"] += 1
@@ -73,7 +74,7 @@ def make_decode_chunk(graphdef: Any, max_steps: int) -> tuple[Callable, dict[str
 
         def body(c):
             j, cache, tok, pos, done, out_t, out_l = c
-            logits, cache = decode_logits(model, cache, tok, pos, length)  # [W, V]
+            logits, cache = decode_logits(model, cache, tok, pos, length, adapters, adapter)  # [W, V]
             t, lp = sample(logits, step_keys(keys, steps + j), temperature, top_k, top_p)
             done = done | jnp.any(t[:, None] == stop_ids, axis=-1) | (j + 1 >= budget)
             pos = jnp.where(live, jnp.minimum(pos + 1, last_slot), pos)

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import jax
 from flax import nnx
 
+from gymllm.inference.jit_steps import served_params
 from gymllm.inference.sampling import sample, step_keys
 from gymllm.models.mixed import mixed_and_write
 
@@ -29,15 +30,17 @@ def make_mixed_step(graphdef: Any) -> tuple[Callable, dict[str, int]]:
     """``(mixed, trace_counts)`` for a model graph: ``mixed(state, cache, dec, pre, keys, steps, temperature,
     top_k, top_p, length) -> (cache, tokens [W + P], logprobs [W + P])`` with ``dec = (tokens [W],
     positions [W])``, ``pre = (tokens [P, T], positions [P, T], rows [P], last [P])`` and the sampling
-    inputs of the decode rows followed by the chunks' ([W + P]; keys [W + P, 2]); ``length`` static.
+    inputs of the decode rows followed by the chunks' ([W + P]; keys [W + P, 2]); ``length`` static;
+    optional ``adapters``/``adapter`` [W + P]: LoRA stacks and each row's index (:mod:`gymllm.inference.jit_steps`).
     ``trace_counts["mixed"]`` counts compilations. Shared by engines over equal graphs."""
     trace_counts = {"mixed": 0}
 
     @functools.partial(jax.jit, donate_argnums=(1,), static_argnums=(9,))
-    def mixed(state, cache, dec, pre, keys, steps, temperature, top_k, top_p, length):
+    def mixed(state, cache, dec, pre, keys, steps, temperature, top_k, top_p, length, adapters=None, adapter=None):
         trace_counts["mixed"] += 1
         model = nnx.merge(graphdef, state)
-        logits, cache = mixed_and_write(model.config, model.flat_params(), *dec, *pre, cache, length)  # [W + P, V]
+        logits, cache = mixed_and_write(model.config, served_params(model, adapters), *dec, *pre, cache, length,
+                                        adapter=adapter)  # [W + P, V]
         tok, logp = sample(logits, step_keys(keys, steps), temperature, top_k, top_p)
         return cache, tok, logp
 

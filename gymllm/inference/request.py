@@ -48,7 +48,8 @@ class EngineRequest:
     placement: Placement | None = None
     cancelled: bool = False
     stop_reason: int | str | None = None
-    kv_version: int | None = None  # the version of all k/v in the row; None once it spans versions
+    kv_version: Any = None  # the version (kv tag) of all k/v in the row; None once it spans versions
+    adapter: int = 0  # the stack index of the request's LoRA adapter (0: the base model; gymllm.inference.adapters)
 
     @property
     def slot(self) -> int:
@@ -59,12 +60,14 @@ class EngineRequest:
         """Ids whose k/v this request's row holds: the prompt and every sampled id fed back."""
         return self.prompt + self.tokens[:-1]
 
-    def record(self, token: int, logprob: float, version: int) -> None:
-        """Append one sampled token, produced by a forward under policy ``version``."""
+    def record(self, token: int, logprob: float, version: int, kv_tag: Any = None) -> None:
+        """Append one sampled token, produced by a forward under policy ``version``; ``kv_tag``: what the
+        row's k/v are computed under now (default: ``version``; see :meth:`WeightStore.kv_tag
+        <gymllm.inference.weights.WeightStore.kv_tag>`)."""
         self.tokens.append(token)
         self.logprobs.append(logprob)
         self.versions.append(version)
-        if self.kv_version != version:
+        if self.kv_version != (version if kv_tag is None else kv_tag):
             self.kv_version = None  # this row now mixes versions: its prefix is not reused
 
     def budget(self, max_len: int) -> int:

@@ -6,7 +6,8 @@ the scratch slot ``max_len - 1``, greedy, unfiltered). Written by the engine thr
 
 :class:`SamplingRows`: the per-row sampling inputs of one device step. Every device step (decode,
 prefill, piggybacked) samples each of its R rows with that row's own key, step index, temperature,
-top-k and top-p. The engine keeps one ``SamplingRows`` over all its cache
+top-k and top-p, and runs it with its own LoRA adapter (``adapter``: a stack index, 0 the base model;
+:mod:`gymllm.inference.adapters`). The engine keeps one ``SamplingRows`` over all its cache
 rows (what each row samples at its next decode step) and builds one per prefill batch; a step over
 the first W rows passes :meth:`head` ``(W)``. Inert rows (padding, rows nobody decodes) are greedy and
 unfiltered.
@@ -32,14 +33,17 @@ class SamplingRows:
     temperature: np.ndarray  # [R] float32 (0: greedy)
     top_k: np.ndarray  # [R] int32 (0: off)
     top_p: np.ndarray  # [R] float32 (1: off)
+    adapter: np.ndarray  # [R] int32: the row's LoRA adapter (stack index; 0: the base model)
 
     @classmethod
     def inert(cls, rows: int) -> "SamplingRows":
         return cls(np.zeros((rows, 2), np.uint32), np.zeros(rows, np.int32), np.zeros(rows, np.float32),
-                   np.zeros(rows, np.int32), np.ones(rows, np.float32))
+                   np.zeros(rows, np.int32), np.ones(rows, np.float32), np.zeros(rows, np.int32))
 
-    def set(self, row: int, key: np.ndarray, step: int, params) -> None:
-        """Row ``row`` samples its ``step``-th token for a request with ``key`` and SamplingParams ``params``."""
+    def set(self, row: int, key: np.ndarray, step: int, params, adapter: int = 0) -> None:
+        """Row ``row`` samples its ``step``-th token for a request with ``key`` and SamplingParams ``params``
+        under LoRA adapter ``adapter`` (a stack index)."""
+        self.adapter[row] = adapter
         self.keys[row] = key
         self.steps[row] = step
         self.temperature[row] = params.temperature
@@ -51,18 +55,20 @@ class SamplingRows:
         self.temperature[row] = 0.0
         self.top_k[row] = 0
         self.top_p[row] = 1.0
+        self.adapter[row] = 0
 
     def copy_row(self, src: int, dst: int) -> None:
-        for a in self.arrays():
+        for a in (*self.arrays(), self.adapter):
             a[dst] = a[src]
 
     def head(self, rows: int) -> "SamplingRows":
         """The first ``rows`` rows (views, no copy)."""
-        return SamplingRows(*(a[:rows] for a in self.arrays()))
+        return SamplingRows(*(a[:rows] for a in (*self.arrays(), self.adapter)))
 
     def concat(self, other: "SamplingRows") -> "SamplingRows":
         """These rows, then ``other``'s."""
-        return SamplingRows(*(np.concatenate([a, b]) for a, b in zip(self.arrays(), other.arrays())))
+        return SamplingRows(*(np.concatenate([a, b]) for a, b in zip((*self.arrays(), self.adapter),
+                                                                     (*other.arrays(), other.adapter))))
 
     def arrays(self) -> tuple[np.ndarray, ...]:
         """(keys, steps, temperature, top_k, top_p): the order the compiled steps take them in."""
@@ -102,7 +108,7 @@ class DecodeRows:
         s = req.slot
         self.tokens[s] = req.tokens[-1]
         self.positions[s] = len(req.prompt) + len(req.tokens) - 1
-        self.sampling.set(s, req.key, len(req.tokens), req.params)
+        self.sampling.set(s, req.key, len(req.tokens), req.params, req.adapter)
 
     def leave(self, req: EngineRequest) -> None:
         """``req`` stops decoding: its row (if it is still the row's request) becomes idle."""

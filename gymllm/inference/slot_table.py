@@ -11,13 +11,14 @@ Pure Python (no JAX), so its invariants are tested directly.
   lowest free row is taken, so active rows stay packed at the front and the engine's decode step
   can run over only the first ``width`` rows. A row's k/v are
   reused only under the policy version that computed them (``version``), so no new request
-  attends to k/v of older weights.
+  attends to k/v of older weights. An engine serving LoRA adapters passes a tag (adapter, its
+  version, the base version) as the version, so a prefix is never reused across adapters.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Any, Sequence
 
 
 def power_of_two_buckets(limit: int, smallest: int) -> tuple[int, ...]:
@@ -67,7 +68,7 @@ class Slot:
     cached: list[int] = dataclasses.field(default_factory=list)  # ids whose k/v are in this row
     session_id: str | None = None  # the session pinning this slot's prefix
     last_used: int = 0
-    version: int | None = None  # policy version of every k/v in ``cached`` (None: mixed or unknown)
+    version: Any = None  # policy version (or adapter tag) of every k/v in ``cached`` (None: mixed or unknown)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -69,6 +69,20 @@ class WeightStore:
         self.version = version
         self.pending: tuple[Any, int] | None = None  # (state, version), guarded by ``cv``
         self.cv = cv
+        self.adapters: Any = None  # an AdapterStore (gymllm.inference.adapters) when the engine serves LoRA adapters
+
+    def has_pending(self) -> bool:
+        """(Holding ``cv``.) A weight or adapter update waits for the loop."""
+        return self.pending is not None or bool(self.adapters is not None and self.adapters.pending)
+
+    def version_of(self, adapter: int) -> int:
+        """The version a token sampled now by a row of stack index ``adapter`` records (0: the base's)."""
+        return self.version if self.adapters is None else self.adapters.version_of(adapter, self.version)
+
+    def kv_tag(self, adapter: int) -> Any:
+        """What a row of stack index ``adapter`` computes its k/v under now: the version, or with adapters
+        (adapter, its version, the base version); a cached prefix is reused only under an equal tag."""
+        return self.version if self.adapters is None else self.adapters.kv_tag(adapter, self.version)
 
     @property
     def latest_version(self) -> int:
@@ -100,11 +114,13 @@ class WeightStore:
             self.cv.notify_all()
 
     def apply(self) -> bool:
-        """(Engine thread, between device steps.) Swap in the pending update, if any; True if one landed."""
+        """(Engine thread, between device steps.) Swap in the pending update (and adapter updates), if
+        any; True if one landed."""
+        landed = self.adapters is not None and self.adapters.apply()
         with self.cv:
             pending, self.pending = self.pending, None
         if pending is None:
-            return False
+            return landed
         self.state, self.version = pending
         counter("policy_version", self.version, track="engine")
         return True

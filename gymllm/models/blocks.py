@@ -6,6 +6,12 @@
   attention windows [L], layer index [L]) from :func:`layer_tables`;
 * one layer: :func:`qkv` (norm, projections, biases, qk-norm, RoPE) before attention and
   :func:`layer_rest` (output projection, post norms, residuals, gated MLP) after it;
+* LoRA adapters served per row (multi-LoRA serving, as vLLM/punica and S-LoRA): the flat params may
+  carry stacks ``layers.<t>.lora_a`` [L, N, in, r] and ``layers.<t>.lora_b`` [L, N, r, out] (the
+  ``alpha / r`` scale folded into B) for projections ``t``; with a per-row one-hot ``mix`` [..., N]
+  (:func:`adapter_mix`) a targeted projection is ``x @ W + (x @ A_k) @ B_k`` for the row's adapter k
+  (:func:`project`: the delta of every adapter computed, then masked per row, no gather), so rows of
+  different adapters share one step; ``mix`` None is the plain path, unchanged;
 * the ends: :func:`embed_tokens` (Gemma's embedding scale) and :func:`final_logits` (final norm, vocab
   projection in float32, final softcap);
 * weight and cache storage: :func:`global_params` / :func:`layer_weights` decode and cast the weights
@@ -83,13 +89,35 @@ def embed_tokens(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Arr
     return x
 
 
-def qkv(cfg: ModelConfig, lw: dict[str, jax.Array], x: jax.Array, positions: jax.Array, inv_l: jax.Array
-        ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """x [B, T, E] -> roped q [B, T, H, D], roped k [B, T, K, D], v [B, T, K, D] (biases, qk-norm)."""
+def adapter_mix(params: dict[str, jax.Array], adapter: jax.Array | None) -> jax.Array | None:
+    """Each row's adapter as a float32 one-hot [rows, N] over the params' adapter stacks (N from any
+    ``layers.<t>.lora_a`` [L, N, in, r]); None when ``adapter`` is None or the params carry no stack."""
+    n = next((v.shape[1] for k, v in params.items() if k.endswith(".lora_a")), None)
+    if adapter is None or n is None:
+        return None
+    return jax.nn.one_hot(adapter, n, dtype=jnp.float32)
+
+
+def project(lw: dict[str, jax.Array], name: str, x: jax.Array, mix: jax.Array | None) -> jax.Array:
+    """``x @ lw[name]``, plus each row's LoRA delta ``(x @ A_k) @ B_k`` when ``mix`` (one-hot [..., N],
+    broadcasting against x [..., in]'s leading dims) is given and ``name`` carries adapter stacks
+    (``lw[name + ".lora_a"]`` [N, in, r], ``lw[name + ".lora_b"]`` [N, r, out], scale folded in B)."""
+    out = dense(x, lw[name])
+    if mix is None or f"{name}.lora_a" not in lw:
+        return out
+    xa = jnp.einsum("...i,nir->...nr", x, lw[f"{name}.lora_a"])  # every adapter's [.., N, r]
+    xa = xa * mix.astype(xa.dtype)[..., None]  # only the row's own adapter survives
+    return out + jnp.einsum("...nr,nro->...o", xa, lw[f"{name}.lora_b"]).astype(out.dtype)
+
+
+def qkv(cfg: ModelConfig, lw: dict[str, jax.Array], x: jax.Array, positions: jax.Array, inv_l: jax.Array,
+        mix: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """x [B, T, E] -> roped q [B, T, H, D], roped k [B, T, K, D], v [B, T, K, D] (biases, qk-norm);
+    ``mix``: each row's adapter one-hot (:func:`project`), None for the base weights alone."""
     b, t = x.shape[:2]
     h, k, d = cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
     hdn = rms_norm(x, lw["attn_norm"], cfg.rms_norm_eps, cfg.norm_plus_one)
-    q, kk, vv = dense(hdn, lw["wq"]), dense(hdn, lw["wk"]), dense(hdn, lw["wv"])  # [B, T, H*D], [B, T, K*D]
+    q, kk, vv = (project(lw, n, hdn, mix) for n in ("wq", "wk", "wv"))  # [B, T, H*D], [B, T, K*D]
     if cfg.attention_bias:
         q, kk, vv = q + lw["bq"], kk + lw["bk"], vv + lw["bv"]
     q, kk, vv = q.reshape(b, t, h, d), kk.reshape(b, t, k, d), vv.reshape(b, t, k, d)
@@ -99,15 +127,22 @@ def qkv(cfg: ModelConfig, lw: dict[str, jax.Array], x: jax.Array, positions: jax
     return apply_rope(q, positions, inv_l), apply_rope(kk, positions, inv_l), vv
 
 
-def layer_rest(cfg: ModelConfig, lw: dict[str, jax.Array], x: jax.Array, attn: jax.Array) -> jax.Array:
-    """The layer after attention: output projection, post norms, residuals, MLP. attn [B, T, H*D]."""
+def layer_rest(cfg: ModelConfig, lw: dict[str, jax.Array], x: jax.Array, attn: jax.Array,
+               mix: jax.Array | None = None) -> jax.Array:
+    """The layer after attention: output projection, post norms, residuals, MLP. attn [B, T, H*D];
+    ``mix``: each row's adapter one-hot (:func:`project`), None for the base weights alone."""
     eps, plus_one = cfg.rms_norm_eps, cfg.norm_plus_one
-    out = dense(attn, lw["wo"])
+    out = project(lw, "wo", attn, mix)
     if cfg.post_norms:
         out = rms_norm(out, lw["post_attn_norm"], eps, plus_one)
     x = x + out
     hdn = rms_norm(x, lw["mlp_norm"], eps, plus_one)
-    out = gated_mlp(hdn, lw["w_gate"], lw["w_up"], lw["w_down"], cfg.activation)
+    if mix is None:
+        out = gated_mlp(hdn, lw["w_gate"], lw["w_up"], lw["w_down"], cfg.activation)
+    else:  # gated_mlp's math with each projection adapted
+        gate = project(lw, "w_gate", hdn, mix)
+        act = jax.nn.silu(gate) if cfg.activation == "silu" else jax.nn.gelu(gate, approximate=True)
+        out = project(lw, "w_down", act * project(lw, "w_up", hdn, mix), mix)
     if cfg.post_norms:
         out = rms_norm(out, lw["post_mlp_norm"], eps, plus_one)
     return x + out

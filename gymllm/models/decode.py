@@ -31,7 +31,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from gymllm.models.blocks import (embed_tokens, final_logits, global_params, layer_rest, layer_weights,
+from gymllm.models.blocks import (adapter_mix, embed_tokens, final_logits, global_params, layer_rest, layer_weights,
                                   layer_unroll, layer_xs, pack_like, qkv, unpack)
 from gymllm.models.cache import KVCache
 from gymllm.models.config import ModelConfig
@@ -39,15 +39,19 @@ from gymllm.models.layers import decode_attention
 
 
 def decode_forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, positions: jax.Array,
-                   cache: KVCache, length: int | None = None, *, compute_dtype: Any = None
-                   ) -> tuple[jax.Array, jax.Array, jax.Array]:
+                   cache: KVCache, length: int | None = None, *, compute_dtype: Any = None,
+                   adapter: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One decode step: logits [W, V] float32 and the new k/v [L, W, K, D] (cache dtype) of every layer.
 
     tokens/positions [W] int32 (W <= the cache's rows: rows [0, W) are used); ``length`` (static, default
     the cache's): cache slots attended, every row's position must be <= ``length`` (a row past it,
     e.g. an idle row at the scratch slot, gets junk logits). Slot ``positions[w]`` itself is not read
-    (the new token stands in for it). Call it inside ``jit`` (``cfg`` and ``length`` static)."""
+    (the new token stands in for it). ``adapter`` [W] int32: each row's LoRA adapter among the params'
+    stacks (:func:`gymllm.models.blocks.project`; None: the base weights). Call it inside ``jit``
+    (``cfg`` and ``length`` static)."""
     w = tokens.shape[0]
+    mix = adapter_mix(params, adapter)
+    mix = None if mix is None else mix[:, None]  # [W, 1, N]
     length = length or cache.k.shape[2]
     h, d = cfg.num_heads, cfg.resolved_head_dim
     params = global_params(params, compute_dtype)
@@ -58,13 +62,13 @@ def decode_forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.A
     def layer(x, xs):
         lw, inv_l, win_l, i = xs
         lw = layer_weights(lw, compute_dtype)
-        q, kk, vv = qkv(cfg, lw, x, pos, inv_l)  # [W, 1, H, D], [W, 1, K, D] x2
+        q, kk, vv = qkv(cfg, lw, x, pos, inv_l, mix)  # [W, 1, H, D], [W, 1, K, D] x2
         keys = jax.lax.dynamic_index_in_dim(cache.k, i, 0, keepdims=False)[:w, :length]  # [W, S, K, D]
         values = jax.lax.dynamic_index_in_dim(cache.v, i, 0, keepdims=False)[:w, :length]
         visible = (idx < pos) & (pos - idx < win_l)  # [W, S]
         attn = decode_attention(q[:, 0], unpack(keys), unpack(values), kk[:, 0], vv[:, 0], visible,
                                 scale=cfg.attn_scale, softcap=cfg.attn_logit_softcap)  # [W, H*D]
-        x = layer_rest(cfg, lw, x, attn.reshape(w, 1, h * d))
+        x = layer_rest(cfg, lw, x, attn.reshape(w, 1, h * d), mix)
         return x, (pack_like(kk[:, 0], cache.k), pack_like(vv[:, 0], cache.v))
 
     x, (k_new, v_new) = jax.lax.scan(layer, x, layer_xs(cfg, params), unroll=layer_unroll(cfg))
@@ -80,11 +84,12 @@ def write_new_kv(cache: KVCache, k_new: jax.Array, v_new: jax.Array, positions: 
 
 
 def decode_and_write(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, positions: jax.Array,
-                     cache: KVCache, length: int | None = None, *, compute_dtype: Any = None
-                     ) -> tuple[jax.Array, KVCache]:
+                     cache: KVCache, length: int | None = None, *, compute_dtype: Any = None,
+                     adapter: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
     """:func:`decode_forward` then :func:`write_new_kv`: (logits [W, V], the updated cache). Call it
     inside ``jit`` (the engine's steps do); :func:`decode_step` is the standalone jitted form."""
-    logits, k_new, v_new = decode_forward(cfg, params, tokens, positions, cache, length, compute_dtype=compute_dtype)
+    logits, k_new, v_new = decode_forward(cfg, params, tokens, positions, cache, length, compute_dtype=compute_dtype,
+                                          adapter=adapter)
     return logits, write_new_kv(cache, k_new, v_new, positions)
 
 

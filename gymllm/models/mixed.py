@@ -29,7 +29,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from gymllm.models.blocks import (embed_tokens, final_logits, global_params, layer_rest, layer_weights,
+from gymllm.models.blocks import (adapter_mix, embed_tokens, final_logits, global_params, layer_rest, layer_weights,
                                   layer_unroll, layer_xs, pack_like, qkv, unpack)
 from gymllm.models.cache import KVCache
 from gymllm.models.config import ModelConfig
@@ -40,15 +40,21 @@ from gymllm.models.prefill import chunk_attention, write_chunk_kv
 
 def mixed_forward(cfg: ModelConfig, params: dict[str, jax.Array], dec_tokens: jax.Array, dec_positions: jax.Array,
                   pre_tokens: jax.Array, pre_positions: jax.Array, pre_rows: jax.Array, pre_last: jax.Array,
-                  cache: KVCache, length: int | None = None, *, compute_dtype: Any = None
+                  cache: KVCache, length: int | None = None, *, compute_dtype: Any = None,
+                  adapter: jax.Array | None = None
                   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]:
     """Logits [W + P, V] float32 (decode rows, then each chunk at its ``pre_last`` index), the decode rows'
     new (k, v) [L, W, K, D] and the chunks' new (k, v) [L, P, T, K, D] (cache dtype).
 
     dec_tokens/dec_positions [W] int32 (cache rows [0, W)); pre_tokens/pre_positions [P, T] int32,
     pre_rows/pre_last [P] int32. ``length`` (static): cache slots read; it must cover every decode
-    row's position and every chunk's start. Call it inside ``jit`` (``cfg`` and ``length`` static)."""
+    row's position and every chunk's start. ``adapter`` [W + P] int32: each decode row's, then each
+    chunk's LoRA adapter among the params' stacks (:func:`gymllm.models.blocks.project`; None: the
+    base weights). Call it inside ``jit`` (``cfg`` and ``length`` static)."""
     w, (p, t) = dec_tokens.shape[0], pre_tokens.shape
+    mix = adapter_mix(params, adapter)
+    if mix is not None:  # per token: the decode rows', then every chunk token its chunk's
+        mix = jnp.concatenate([mix[:w], jnp.repeat(mix[w:], t, axis=0)])[None]  # [1, N, adapters]
     length = length or cache.k.shape[2]
     h, d = cfg.num_heads, cfg.resolved_head_dim
     params = global_params(params, compute_dtype)
@@ -60,7 +66,7 @@ def mixed_forward(cfg: ModelConfig, params: dict[str, jax.Array], dec_tokens: ja
     def layer(x, xs):
         lw, inv_l, win_l, i = xs
         lw = layer_weights(lw, compute_dtype)
-        q, kk, vv = (a[0] for a in qkv(cfg, lw, x, positions, inv_l))  # [N, H, D], [N, K, D] x2
+        q, kk, vv = (a[0] for a in qkv(cfg, lw, x, positions, inv_l, mix))  # [N, H, D], [N, K, D] x2
         visible = (idx < dpos) & (dpos - idx < win_l)  # [W, S]
         keys = jax.lax.dynamic_index_in_dim(cache.k, i, 0, keepdims=False)[:w, :length]  # [W, S, K, D]
         values = jax.lax.dynamic_index_in_dim(cache.v, i, 0, keepdims=False)[:w, :length]
@@ -70,7 +76,7 @@ def mixed_forward(cfg: ModelConfig, params: dict[str, jax.Array], dec_tokens: ja
         kp, vp = pack_like(kp, cache.k), pack_like(vp, cache.v)  # as stored (and read back by later steps)
         attn_p = chunk_attention(cfg, qp, kp, vp, pre_positions, pre_rows, cache, i, length, win_l)  # [P, T, H*D]
         attn = jnp.concatenate([attn_d.astype(attn_p.dtype), attn_p.reshape(p * t, h * d)])[None]  # [1, N, H*D]
-        return layer_rest(cfg, lw, x, attn), (pack_like(kk[:w], cache.k), pack_like(vv[:w], cache.v), kp, vp)
+        return layer_rest(cfg, lw, x, attn, mix), (pack_like(kk[:w], cache.k), pack_like(vv[:w], cache.v), kp, vp)
 
     x, (kd, vd, kp, vp) = jax.lax.scan(layer, x, layer_xs(cfg, params), unroll=layer_unroll(cfg))
     x_last = jnp.take_along_axis(x[0, w:].reshape(p, t, -1), pre_last[:, None, None], axis=1)[:, 0]  # [P, E]
@@ -90,11 +96,12 @@ def write_mixed_kv(cache: KVCache, dec_kv: tuple[jax.Array, jax.Array], dec_posi
 
 def mixed_and_write(cfg: ModelConfig, params: dict[str, jax.Array], dec_tokens: jax.Array, dec_positions: jax.Array,
                     pre_tokens: jax.Array, pre_positions: jax.Array, pre_rows: jax.Array, pre_last: jax.Array,
-                    cache: KVCache, length: int | None = None, *, compute_dtype: Any = None
-                    ) -> tuple[jax.Array, KVCache]:
+                    cache: KVCache, length: int | None = None, *, compute_dtype: Any = None,
+                    adapter: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
     """:func:`mixed_forward` then :func:`write_mixed_kv`: (logits [W + P, V], the updated cache)."""
     logits, dec_kv, pre_kv = mixed_forward(cfg, params, dec_tokens, dec_positions, pre_tokens, pre_positions,
-                                           pre_rows, pre_last, cache, length, compute_dtype=compute_dtype)
+                                           pre_rows, pre_last, cache, length, compute_dtype=compute_dtype,
+                                           adapter=adapter)
     return logits, write_mixed_kv(cache, dec_kv, dec_positions, pre_kv, pre_positions, pre_rows, pre_last)
 
 

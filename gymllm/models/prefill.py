@@ -35,7 +35,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from gymllm.models.blocks import (embed_tokens, final_logits, global_params, layer_rest, layer_weights,
+from gymllm.models.blocks import (adapter_mix, embed_tokens, final_logits, global_params, layer_rest, layer_weights,
                                   layer_unroll, layer_xs, pack_like, qkv, unpack)
 from gymllm.models.cache import KVCache
 from gymllm.models.config import ModelConfig
@@ -68,13 +68,18 @@ def chunk_attention(cfg: ModelConfig, q: jax.Array, k_own: jax.Array, v_own: jax
 
 def prefill_forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, positions: jax.Array,
                     rows: jax.Array, cache: KVCache, length: int | None, logits_at: jax.Array, *,
-                    compute_dtype: Any = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+                    compute_dtype: Any = None, adapter: jax.Array | None = None
+                    ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """A prefill chunk: logits [P, V] float32 at ``logits_at`` and the new k/v [L, P, T, K, D] (cache dtype).
 
     tokens/positions [P, T] int32 (row p's positions continue from ``start_p = positions[p, 0]``);
     rows [P] int32 cache rows (``B``: a padding row); ``length`` (static; None: the whole cache): cached
-    slots read, must be >= every row's start (0: no cached prefix, nothing read); logits_at [P] int32. Call it inside
-    ``jit`` (``cfg`` and ``length`` static)."""
+    slots read, must be >= every row's start (0: no cached prefix, nothing read); logits_at [P] int32;
+    ``adapter`` [P] int32: each row's LoRA adapter among the params' stacks
+    (:func:`gymllm.models.blocks.project`; None: the base weights). Call it inside ``jit`` (``cfg``
+    and ``length`` static)."""
+    mix = adapter_mix(params, adapter)
+    mix = None if mix is None else mix[:, None]  # [P, 1, N]
     length = cache.k.shape[2] if length is None else length
     params = global_params(params, compute_dtype)
     x = embed_tokens(cfg, params, tokens)  # [P, T, E]
@@ -82,10 +87,10 @@ def prefill_forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.
     def layer(x, xs):
         lw, inv_l, win_l, i = xs
         lw = layer_weights(lw, compute_dtype)
-        q, kk, vv = qkv(cfg, lw, x, positions, inv_l)  # [P, T, H, D], [P, T, K, D] x2
+        q, kk, vv = qkv(cfg, lw, x, positions, inv_l, mix)  # [P, T, H, D], [P, T, K, D] x2
         k_st, v_st = pack_like(kk, cache.k), pack_like(vv, cache.v)  # as stored
         attn = chunk_attention(cfg, q, k_st, v_st, positions, rows, cache, i, length, win_l)  # [P, T, H*D]
-        return layer_rest(cfg, lw, x, attn), (k_st, v_st)
+        return layer_rest(cfg, lw, x, attn, mix), (k_st, v_st)
 
     x, (k_new, v_new) = jax.lax.scan(layer, x, layer_xs(cfg, params), unroll=layer_unroll(cfg))
     x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)[:, 0]  # [P, E]
@@ -107,12 +112,12 @@ def write_chunk_kv(cache: KVCache, k_new: jax.Array, v_new: jax.Array, rows: jax
 
 def prefill_and_write(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, positions: jax.Array,
                       rows: jax.Array, cache: KVCache, length: int | None, logits_at: jax.Array, *,
-                      compute_dtype: Any = None) -> tuple[jax.Array, KVCache]:
+                      compute_dtype: Any = None, adapter: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
     """:func:`prefill_forward` then :func:`write_chunk_kv` (tokens past ``logits_at`` are padding and
     write nothing): (logits [P, V], the updated cache). Call it inside ``jit``; :func:`prefill_step`
     is the standalone jitted form."""
     logits, k_new, v_new = prefill_forward(cfg, params, tokens, positions, rows, cache, length, logits_at,
-                                           compute_dtype=compute_dtype)
+                                           compute_dtype=compute_dtype, adapter=adapter)
     return logits, write_chunk_kv(cache, k_new, v_new, rows, positions, logits_at + 1)
 
 
