@@ -52,12 +52,15 @@ step (executed, counted per micro-batch of B x T positions)::
     3 x [ B T (L (2 E (H D + 2 K D) + 2 H D E + 6 E F) + L 4 H D T) + 2 E V P ]
 
 (3 = forward + backward's two matmuls; attention dense over T keys, as the kernel runs it; the LM head
-on the P = B x min(T, budget) loss positions the learner projects, ``LearnerConfig.loss_positions_only``).
+on the P = B x min(T, budget) loss positions the learner projects, ``LearnerConfig.loss_positions_only``;
+with ``LearnerConfig.shared_prefix`` the trunk term counts what runs: each group's prompt once over its own
+keys and each continuation over the prompt's and its own keys, :func:`step_flops`).
 ``learner_vs_roofline`` = executed FLOP/s / roofline FLOP/s (``learner_vs_roofline_fp32``: against the
 float32 matmul alone, which flatters a bf16 learner on a CPU whose bf16 matmul is faster);
 ``learner_vs_roofline_6nt`` uses the textbook ``6 N T + attention`` (N all matmul weights, the head at
-every position) for the same step time, i.e. the learner's tokens/s against the tokens/s of a
-full-head step at the roofline;
+every position, T the rows' positions) for the same step time, i.e. the learner's tokens/s against the
+tokens/s of a flat full-head step at the roofline (the figure that credits the FLOPs the learner skips:
+the head off the loss positions, the shared prompts);
 ``learner_tokens_per_s`` = positions trained per second. ``--roofline-only`` runs just this part.
 
 Ends with ``RESULT {json}``: ``barrier_free_vs_sync`` (sync wall / barrier-free wall, equal width),
@@ -195,12 +198,38 @@ def model_matmuls(cfg, positions: int, head_positions: int) -> list[tuple[int, i
             (positions, e, f, 2 * layers), (positions, f, e, layers), (head_positions, e, v, 1)]
 
 
-def step_flops(cfg, rows: int, length: int, head_positions: int) -> float:
-    """Executed matmul FLOPs of one micro-batch's forward + backward (see the module docstring)."""
+def step_flops(cfg, rows: int, length: int, head_positions: int, shared: tuple[int, int, int, int] | None = None
+               ) -> float:
+    """Executed matmul FLOPs of one micro-batch's forward + backward (see the module docstring). With
+    ``shared`` = (Gp, Tp, S, Ts), the shared-prefix layout the learner ran instead of ``rows x length``:
+    Gp prompts of Tp positions (attending over Tp keys) and Gp x S continuations of Ts positions
+    (attending over Tp + Ts keys)."""
     e, f, v, layers = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_layers
     h, d, k = cfg.num_heads, cfg.resolved_head_dim, cfg.num_kv_heads
-    per_position = layers * (2 * e * (h * d + 2 * k * d) + 2 * h * d * e + 6 * e * f + 4 * h * d * length)
-    return 3.0 * (rows * length * per_position + 2 * e * v * head_positions)
+    proj = layers * (2 * e * (h * d + 2 * k * d) + 2 * h * d * e + 6 * e * f)  # per position
+    attn = layers * 4 * h * d  # per position and key
+    if shared is None:
+        trunk = rows * length * (proj + attn * length)
+    else:
+        gp, tp, s, ts = shared
+        trunk = gp * tp * (proj + attn * tp) + gp * s * ts * (proj + attn * (tp + ts))
+    return 3.0 * (trunk + 2 * e * v * head_positions)
+
+
+def shared_layout(ln, groups: list, rows: int, length: int) -> tuple[int, int, int, int] | None:
+    """(Gp, Tp, S, Ts) of the shared-prefix layout the learner ``ln`` runs for one micro-batch of one
+    group of ``groups`` (the learner's own :func:`~gymllm.algos.batching.shared_prefix_layout`), or None
+    when it runs the flat rows."""
+    from gymllm.algos.batching import row_from_trajectory, shared_prefix_layout
+
+    if not ln.config.shared_prefix:
+        return None
+    batch = [row_from_trajectory(t, advantage=0.0, group_tokens=1.0, sample_id="") for t in groups[0].trajectories]
+    sp = shared_prefix_layout(batch[:rows], rows, length, ln.prefix_table)
+    if sp is None:
+        return None
+    gp, tp = sp["sp_prefix_tokens"].shape
+    return gp, tp, sp["sp_suffix_tokens"].shape[1], sp["sp_suffix_tokens"].shape[2]
 
 
 def roofline_rates(cfg, rows: int, head: int, dtypes: dict, reps: int) -> dict[str, float]:
@@ -250,8 +279,10 @@ def learner_roofline(steps: int, reps: int) -> dict:
         walls.append(time.perf_counter() - t)
         rounds.append(roofline_rates(cfg, rows * length, head, dtypes, reps))
     micro_batches = int(rep.metrics["micro_batches"])
-    flops = micro_batches * step_flops(cfg, rows, length, head)
-    positions = micro_batches * rows * length
+    shared = shared_layout(ln, gs, rows, length)
+    flops = micro_batches * step_flops(cfg, rows, length, head, shared)
+    positions = micro_batches * rows * length  # the rows' positions trained (what the learner computes once
+    executed = positions if shared is None else micro_batches * shared[0] * (shared[1] + shared[2] * shared[3])
     n_matmul = sum(k * n * c for _, k, n, c in model_matmuls(cfg, 1, 1))  # every weight a position multiplies
     attn = 3 * cfg.num_layers * 4 * cfg.num_heads * cfg.resolved_head_dim * length  # per position, fwd + bwd
     flops_6nt = positions * (6.0 * n_matmul + attn)
@@ -267,11 +298,13 @@ def learner_roofline(steps: int, reps: int) -> dict:
             "learner_tokens_per_s": positions / step_s, "step_s": step_s, "step_s_all": walls, "settle_s": settle_s,
             "executed_tflops_per_step": flops / 1e12, "achieved_gflops": achieved / 1e9,
             "roofline_gflops": roof / 1e9, "matmul_gflops_by_dtype": {k: v / 1e9 for k, v in rates.items()},
-            "positions_per_step": positions, "micro_batches": micro_batches, "head_positions_per_micro_batch": head,
+            "positions_per_step": positions, "executed_positions_per_step": executed,
+            "shared_prefix_layout": shared, "micro_batches": micro_batches, "head_positions_per_micro_batch": head,
             "compute_dtype": lc.compute_dtype, "model": qs.model.name, "params_matmul": n_matmul,
             "loss_positions_only": lc.loss_positions_only,
             "flops_formula": "3 x [B T (L (2 E (H D + 2 K D) + 2 H D E + 6 E F) + 4 L H D T) + 2 E V P] "
-                             "per micro-batch"}
+                             "per micro-batch (shared prefix: the prompts' Gp Tp positions over Tp keys and the "
+                             "continuations' Gp S Ts positions over Tp + Ts keys in place of B T over T)"}
 
 
 def reward_table(a: list[float], b: list[float]) -> str:
