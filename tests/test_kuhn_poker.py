@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("textarena")  # the catalogue extra
 
 from gymllm.envs.kuhn_poker import (KUHN_CARDS, KUHN_GAME_VALUE, KUHN_MOVES, KuhnPokerAEC, KuhnPokerConfig,  # noqa: E402
-                                    kuhn_equilibrium, kuhn_poker)
+                                    kuhn_equilibrium, kuhn_poker, replay_chips)
 from gymllm.errors import ConfigError  # noqa: E402
 
 DEALS = list(itertools.permutations(range(3), 2))  # (first actor's card, second actor's card): the 6 deals
@@ -184,6 +184,12 @@ def test_gymllm_eval_game_plays_it_and_scores_by_chips(tmp_path):
     assert summary["games"] == 8 and summary["errors"] == 0 and all(r["scored"] for r in rows)
     assert all(not r["draw"] and r["winner"] in ("a", "b") and r["moves"] for r in rows)  # one hand: no draws
     assert all(r["outcomes"][r["winner"]] == "win" for r in rows)
+    for r in rows:  # the replayed chips: zero-sum, the winner's positive, a called bet doubles the stake
+        chips = replay_chips(r, max_invalid=2)
+        moves = [m for _, m in r["moves"]]
+        assert chips["a"] == -chips["b"] and chips[r["winner"]] == (2.0 if "[call]" in moves else 1.0)
+    with pytest.raises(ConfigError, match="finished game"):
+        replay_chips({**rows[0], "error": "boom"})
 
 
 def test_the_recipe_builds_valid_train_and_sft_configs(tmp_path):

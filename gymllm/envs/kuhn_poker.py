@@ -52,7 +52,7 @@ from gymllm.errors import ConfigError, MissingExtraError, explain
 from gymllm.spaces import Text
 
 __all__ = ["KUHN_MOVES", "KUHN_CARDS", "KUHN_GAME_VALUE", "KuhnPokerConfig", "KuhnPokerAEC", "kuhn_poker",
-           "make_kuhn_poker_seat", "kuhn_equilibrium", "render_kuhn_poker"]
+           "make_kuhn_poker_seat", "kuhn_equilibrium", "render_kuhn_poker", "replay_chips"]
 
 KUHN_MOVES: tuple[str, ...] = ("[check]", "[bet]", "[call]", "[fold]")
 KUHN_CARDS: tuple[str, ...] = ("J", "Q", "K")
@@ -259,3 +259,29 @@ def make_kuhn_poker_seat(*, opponent: Any = None, learner: str | None = None, ma
 
     return SingleAgentView(kuhn_poker(**kwargs), learner=learner, opponent=opponent, max_turns=max_turns,
                            render_mode=render_mode)
+
+
+def replay_chips(row: dict[str, Any], **game_kwargs: Any) -> dict[str, float]:
+    """Each player's reward in one ``games.jsonl`` row of ``gymllm eval --game`` (net chips; a forfeit
+    is ``forfeit_reward``), by replaying the row's moves on its seed: ``{label: reward}``. ``game_kwargs``:
+    the ``--game-kwargs`` the games were played with. A row whose game did not finish (an error, a
+    crash, a truncation) has no chips: a ConfigError says so."""
+    if row.get("error") is not None or row.get("truncated"):
+        raise ConfigError(explain("replay_chips(row)", expected="a finished game", received=row.get("error") or "truncated",
+                                  fix="leave out rows with an error or truncated"))
+    game = kuhn_poker(**game_kwargs)
+    game.reset(seed=int(row["seed"]))
+    moves = list(row["moves"])
+    final: dict[str, float] = {}
+    while game.agents:
+        agent = game.agent_selection
+        _, reward, term, trunc, _ = game.last()
+        if term or trunc:
+            final[agent] = float(reward)
+            game.step(None)
+            continue
+        if not moves or moves[0][0] != agent:
+            raise ConfigError(explain("replay_chips(row)", expected=f"a move of {agent} next", received=moves[:1],
+                                      fix="pass the row with the --game-kwargs its games were played with"))
+        game.step(moves.pop(0)[1])
+    return {row["players"][seat]: r for seat, r in final.items()}
