@@ -45,8 +45,11 @@ def test_there_are_recipes_for_every_kind_of_task():
     assert {"arithmetic_tiny", "math_word", "calc_math", "frozenlake", "tictactoe", "code", "terminal"} <= set(RECIPES)
 
 
-# the self-play recipe's two steps (about 30 s) run in the slow tier; its game path has default-tier CLI tests
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "tictactoe_selfplay" else n
+# the self-play recipes' two steps (about 30 s each) run in the slow tier; their game paths have default-tier tests
+SELF_PLAY = ("tictactoe_selfplay", "kuhn_poker_selfplay")
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SELF_PLAY else n
                                   for n in RECIPES])
 def test_recipe_trains_a_couple_of_steps(name, tmp_path):
     from gymllm.algos.trainer import train
@@ -61,7 +64,7 @@ def test_recipe_trains_a_couple_of_steps(name, tmp_path):
     assert result.steps == 2
 
 
-STAGED = ("tictactoe", "calc_math", "frozenlake", "tictactoe_selfplay")
+STAGED = ("tictactoe", "calc_math", "frozenlake", "tictactoe_selfplay", "kuhn_poker_selfplay")
 
 
 @pytest.mark.parametrize("name", STAGED)

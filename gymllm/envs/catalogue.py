@@ -12,6 +12,10 @@ Registered ids (registration is cheap: neither library is imported until an env 
   here are left out). Multi-player TextArena games are PettingZoo AEC envs through
   :func:`textarena_env` (then :class:`~gymllm.multiagent.AgentVectorEnv` for self-play, or
   :class:`~gymllm.multiagent.SingleAgentView` with an opponent policy).
+* ``gymllm/ta-KuhnPoker-v0``: one seat of TextArena's Kuhn poker against random legal moves; the
+  two-player game itself is ``gymllm.envs.kuhn_poker:kuhn_poker`` (a ``MODULE:FACTORY`` env id for
+  self-play and ``gymllm eval --game``), with legal-move masks, Kuhn's chip rewards and the closed-form
+  equilibrium its demonstrations play (:mod:`gymllm.envs.kuhn_poker`).
 
 Randomness: TextArena seeds and draws from the global ``random`` module (and a few games from
 ``np.random``); reasoning-gym mostly uses private generators. Every call into either library runs
@@ -420,7 +424,9 @@ def register_textarena(ta_ids: tuple[str, ...] = TEXTARENA_SINGLE_PLAYER) -> lis
 
 REASONING_GYM_IDS = register_reasoning_gym(REASONING_GYM_DATASETS)
 TEXTARENA_IDS = register_textarena()
+register("ta-KuhnPoker-v0", entry_point="gymllm.envs.kuhn_poker:make_kuhn_poker_seat")
+KUHN_POKER_ID = "gymllm/ta-KuhnPoker-v0"
 
 __all__ = ["ReasoningGymEnv", "ReasoningGymConfig", "register_reasoning_gym", "textarena_env", "register_textarena",
            "PrivateGlobalRandom", "format_textarena_observation", "ta_gym_id", "REASONING_GYM_DATASETS",
-           "TEXTARENA_SINGLE_PLAYER", "REASONING_GYM_IDS", "TEXTARENA_IDS"]
+           "TEXTARENA_SINGLE_PLAYER", "REASONING_GYM_IDS", "TEXTARENA_IDS", "KUHN_POKER_ID"]

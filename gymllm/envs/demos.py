@@ -7,8 +7,9 @@
 Where an env can solve its own task (:data:`SOLVERS`; the solvers are in
 :mod:`gymllm.envs.demos_solvers`): tic-tac-toe by minimax, connect four by depth-limited alpha-beta
 search, FrozenLake by a shortest path (non-slippery maps only; a slippery one is refused with the
-fix), arithmetic by computing the answer, and calculator math (ArithmeticTool, CalcMath) with the
-tool call in the env's tool-call format, the tool's reply, then the final answer.
+fix), arithmetic by computing the answer, calculator math (ArithmeticTool, CalcMath) with the
+tool call in the env's tool-call format, the tool's reply, then the final answer, and Kuhn poker
+(TextArena) by its closed-form Nash equilibrium (every hand kept: chance decides the result).
 
 Every episode is played through the real env: ``env.reset(seed=s)``, then ``env.step(action)`` with
 each demonstrated action text, and the env's reward decides what is kept: games keep wins and draws
@@ -81,6 +82,9 @@ SOLVERS: dict[str, Solver] = {
     "gymllm/Arithmetic-v0": Solver(make_policy=solvers.arithmetic_solver, **_SOLVED),
     "gymllm/ArithmeticTool-v0": Solver(make_policy=solvers.calculator_solver, **_SOLVED),
     "gymllm/CalcMath-v0": Solver(make_policy=solvers.calculator_solver, **_SOLVED),
+    # chance decides a hand, so every hand is kept: filtering on the result would skew the mixed strategy
+    "gymllm/ta-KuhnPoker-v0": Solver(make_policy=solvers.kuhn_poker_solver, min_reward=-math.inf,
+                                     kept="every hand (the equilibrium strategy; keeping only won hands would skew it)"),
 }
 
 

@@ -21,6 +21,8 @@ the env's reward checks every episode.
 * Calculator math (ArithmeticTool, CalcMath): a calculator call with the problem's expression in the
   env's tool-call format (``gymllm.tools.parsers.format_tool_calls``, the env's ``parser``), then,
   on the tool's reply, ``\\boxed{result}``.
+* Kuhn poker (TextArena, ``gymllm/ta-KuhnPoker-v0``): the closed-form Nash equilibrium (alpha = 1/3),
+  a mixed strategy sampled per decision; its moves in TextArena's syntax (``[check]``, ``[bet]``...).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from gymllm.types import ToolCall
 
 __all__ = ["Unsolvable", "Policy", "tictactoe_solver", "connect_four_solver", "frozenlake_solver",
            "arithmetic_solver", "calculator_solver", "tictactoe_best_move", "connect_four_best_move",
-           "frozenlake_shortest_path", "CONNECT_FOUR_DEPTH"]
+           "frozenlake_shortest_path", "CONNECT_FOUR_DEPTH", "kuhn_poker_solver"]
 
 Policy = Callable[[Any, dict], str]
 
@@ -348,5 +350,34 @@ def calculator_solver(env: Any, observation: Any, info: dict) -> Policy:
         if not re.fullmatch(r"-?\d+", result):
             raise Unsolvable(f"the calculator answered {result!r} for {expression!r}")
         return boxed(result)
+
+    return policy
+
+
+# ------------------------------------------------------------------------------------------ Kuhn poker
+
+
+def kuhn_poker_solver(env: Any, observation: Any, info: dict, alpha: float = 1.0 / 3.0) -> Policy:
+    """Kuhn poker (``gymllm/ta-KuhnPoker-v0``): the closed-form Nash equilibrium
+    (:func:`gymllm.envs.kuhn_poker.kuhn_equilibrium`, ``alpha`` = 1/3 by default: a K is always bet
+    first), a mixed strategy drawn from a generator seeded by the env's ``np_random`` after reset
+    (so an episode's seed fixes its demo). The move is written in TextArena's syntax (``[bet]``)."""
+    from gymllm.envs.kuhn_poker import KUHN_MOVES, kuhn_equilibrium
+
+    view = env.unwrapped  # SingleAgentView -> TextAECEnv -> KuhnPokerAEC
+    game = view.env.env
+    if not hasattr(game, "decision_state"):
+        raise ConfigError(explain("demonstrations(Kuhn poker)", expected="the gymllm/ta-KuhnPoker-v0 env",
+                                  received=type(game).__name__, fix="make the env with gymllm.make('gymllm/ta-KuhnPoker-v0')"))
+    rng = np.random.default_rng(int(view.np_random.integers(2**63 - 1)))
+
+    def policy(observation: Any, info: dict) -> str:
+        card, history = game.decision_state(info.get("agent") or view.learner)
+        probs = kuhn_equilibrium(card, history, alpha)
+        mask = info.get("action_mask")
+        if mask is not None and any(not mask[KUHN_MOVES.index(m)] for m, p in probs.items() if p > 0):
+            raise Unsolvable(f"the equilibrium's moves {probs} are not all legal under the mask {list(mask)}")
+        moves = list(probs)
+        return moves[int(rng.choice(len(moves), p=[probs[m] for m in moves]))]
 
     return policy

@@ -1,0 +1,287 @@
+"""Kuhn poker from TextArena (``KuhnPoker-v0``, optional extra ``gymllm[catalogue]``) as a two-player text game.
+
+    game = kuhn_poker()                      # a TextAECEnv: self-play, `gymllm eval --game`
+    env = gymllm.make("gymllm/ta-KuhnPoker-v0")   # one seat against random legal moves (demos, eval)
+
+On the command line the game is ``--env.id gymllm.envs.kuhn_poker:kuhn_poker`` (training) and
+``--game gymllm.envs.kuhn_poker:kuhn_poker`` (``gymllm eval --game``); the one-seat env is
+``gymllm/ta-KuhnPoker-v0``.
+
+The game
+--------
+A 3-card deck (J < Q < K), each player antes 1 chip and gets one card; the first to act may
+``[check]`` or ``[bet]`` (1 chip); facing a bet a player may ``[call]`` (1 chip, then showdown) or
+``[fold]`` (the other takes the pot); check-check is a showdown. ``max_rounds`` hands are played (1 by
+default, TextArena's registered id plays 3); the starting player alternates, and in hand 1 it is
+``player_1`` (TextArena's order). Moves and observations are TextArena's own: the action syntax is
+``[check]`` / ``[bet]`` / ``[call]`` / ``[fold]``, and each observation is the TextArena messages the
+player received since its previous move (the rules prompt, its card, the opponent's moves, the legal
+actions), with the legal moves listed after them.
+
+:class:`KuhnPokerAEC` is the PettingZoo AEC env under the text wrapper: a ``Discrete(4)`` action per
+player in :data:`KUHN_MOVES` order with an ``action_mask`` of the legal ones, so a random opponent plays
+legal moves and an illegal or unparsable reply is the text wrapper's invalid move (``MultiAgentConfig``:
+retried with ``invalid_penalty``, ``max_invalid`` in a row forfeit).
+
+Reward: each player's net chips over the game, paid when it ends (zero-sum; +1 / +2 for a hand won
+without / with a called bet). TextArena 0.7.4 never adds a bet or a call to the pot (every hand is
+worth the antes alone, so betting is free and folding is never right); :class:`KuhnPokerAEC` plays the
+TextArena env with that fixed (a bet or call moves one chip from the player into the pot before
+TextArena resolves the move), so its score messages, its winner and the reward follow Kuhn's rules.
+
+Equilibrium
+-----------
+:func:`kuhn_equilibrium` is the closed-form Nash equilibrium family (Kuhn 1950), parameter
+``alpha`` in [0, 1/3] (default 1/3): first to act, bet a J with probability alpha, never a Q, a K with
+3 alpha; facing a bet after checking, fold a J, call a Q with alpha + 1/3, call a K; second to act
+after a check, bet a J with 1/3, check a Q, bet a K; facing a bet, fold a J, call a Q with 1/3, call a
+K. The first player's value is -1/18 (:data:`KUHN_GAME_VALUE`) for every alpha.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import gymnasium.spaces as gspaces
+import numpy as np
+from pettingzoo import AECEnv
+
+from gymllm.envs.catalogue import PrivateGlobalRandom, format_textarena_observation
+from gymllm.errors import ConfigError, MissingExtraError, explain
+from gymllm.spaces import Text
+
+__all__ = ["KUHN_MOVES", "KUHN_CARDS", "KUHN_GAME_VALUE", "KuhnPokerConfig", "KuhnPokerAEC", "kuhn_poker",
+           "make_kuhn_poker_seat", "kuhn_equilibrium", "render_kuhn_poker", "replay_chips"]
+
+KUHN_MOVES: tuple[str, ...] = ("[check]", "[bet]", "[call]", "[fold]")
+KUHN_CARDS: tuple[str, ...] = ("J", "Q", "K")
+KUHN_GAME_VALUE = -1.0 / 18.0  # the first player's expected chips per hand at equilibrium
+KUHN_INSTRUCTIONS = "You play Kuhn poker. Reply with one legal action in brackets, e.g. [check], and nothing else."
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class KuhnPokerConfig:
+    """max_rounds: hands per game (the reward is the net chips over all of them); ta_id: the TextArena
+    id played (its ``-raw`` form: no TextArena wrappers, gymllm formats the messages)."""
+
+    max_rounds: int = 1
+    ta_id: str = "KuhnPoker-v0-raw"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_rounds, bool) or not isinstance(self.max_rounds, int) or self.max_rounds < 1:
+            raise ConfigError(explain("KuhnPokerConfig.max_rounds", expected="an int >= 1 (hands per game)",
+                                      received=self.max_rounds, fix="pass max_rounds=1"))
+        if not isinstance(self.ta_id, str) or not self.ta_id.startswith("KuhnPoker-v0"):
+            raise ConfigError(explain("KuhnPokerConfig.ta_id", expected="a TextArena KuhnPoker-v0 id",
+                                      received=self.ta_id, fix="leave ta_id at 'KuhnPoker-v0-raw'"))
+
+
+def _textarena() -> Any:
+    try:
+        with PrivateGlobalRandom(0).active():  # TextArena draws from `random` at import time
+            import textarena
+    except ImportError as e:
+        raise MissingExtraError("textarena", "catalogue") from e
+    return textarena
+
+
+def kuhn_equilibrium(card: str, history: tuple[str, ...] | list[str], alpha: float = 1.0 / 3.0) -> dict[str, float]:
+    """The equilibrium probability of each legal move (module doc) for the player holding ``card``
+    ("J", "Q" or "K") after ``history``, the hand's moves so far without brackets: ``()`` (first to
+    act), ``("check",)`` / ``("bet",)`` (second to act) or ``("check", "bet")`` (first, facing a bet)."""
+    if card not in KUHN_CARDS:
+        raise ConfigError(explain("kuhn_equilibrium(card)", expected=f"one of {KUHN_CARDS}", received=card,
+                                  fix="pass the card as a letter"))
+    if not 0.0 <= alpha <= 1.0 / 3.0:
+        raise ConfigError(explain("kuhn_equilibrium(alpha)", expected="a number in [0, 1/3]", received=alpha,
+                                  fix="pass alpha=1/3"))
+    j, q, k = (card == c for c in KUHN_CARDS)
+    h = tuple(history)
+    if h == ():
+        p = alpha if j else 3 * alpha if k else 0.0
+        return {"[check]": 1.0 - p, "[bet]": p}
+    if h == ("check",):
+        p = 1.0 / 3.0 if j else 1.0 if k else 0.0
+        return {"[check]": 1.0 - p, "[bet]": p}
+    if h in (("bet",), ("check", "bet")):
+        p = 0.0 if j else 1.0 if k else (1.0 / 3.0 if h == ("bet",) else alpha + 1.0 / 3.0)
+        return {"[call]": p, "[fold]": 1.0 - p}
+    raise ConfigError(explain("kuhn_equilibrium(history)", expected="(), ('check',), ('bet',) or ('check', 'bet')",
+                              received=h, fix="pass the moves of the current hand before this decision"))
+
+
+class KuhnPokerAEC(AECEnv):
+    """TextArena's Kuhn poker as a PettingZoo AEC env with ``Discrete(4)`` actions in :data:`KUHN_MOVES`
+    order and an ``action_mask`` (module doc). ``reset(seed)`` seeds the deal (TextArena's own RNG, kept
+    private: :class:`~gymllm.envs.catalogue.PrivateGlobalRandom`)."""
+
+    def __init__(self, config: KuhnPokerConfig | None = None):
+        super().__init__()
+        self.config = config or KuhnPokerConfig()
+        ta = _textarena()
+        with PrivateGlobalRandom(0).active():
+            self.ta = ta.make(self.config.ta_id, max_rounds=self.config.max_rounds)
+        self.possible_agents = ["player_0", "player_1"]
+        self.metadata = {"name": "textarena_kuhn_poker", "render_modes": ["ansi"], "is_parallelizable": False}
+        self.render_mode = None
+        self._rng = PrivateGlobalRandom(0)
+        self._seed_rng = np.random.default_rng()
+        self._obs_space = gspaces.Dict({"observation": Text(max_length=1 << 16),
+                                        "action_mask": gspaces.Box(0, 1, (len(KUHN_MOVES),), np.int8)})
+        self._act_space = gspaces.Discrete(len(KUHN_MOVES))
+
+    def observation_space(self, agent: str) -> Any:
+        return self._obs_space
+
+    def action_space(self, agent: str) -> Any:
+        return self._act_space
+
+    # --- state
+    def _game(self) -> dict[str, Any]:
+        return self.ta.state.game_state
+
+    def _legal(self) -> list[str]:
+        tree = self._game()["current_legal_action_tree"]
+        return [m for m in ("check", "bet", "call", "fold") if isinstance(tree, dict) and m in tree]
+
+    def decision_state(self, agent: str) -> tuple[str, tuple[str, ...]]:
+        """``(agent's card, the current hand's moves so far)``: what :func:`kuhn_equilibrium` takes."""
+        pid = int(agent.split("_")[1])
+        return KUHN_CARDS[self._game()["player_cards"][pid]], tuple(self._history)
+
+    def _pull(self) -> None:
+        with self._rng.active():
+            pid, obs = self.ta.get_observation()
+        agent = f"player_{pid}"
+        self.agent_selection = agent
+        self._texts[agent] = format_textarena_observation(obs)
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> None:
+        if seed is not None:
+            self._seed_rng = np.random.default_rng(seed)
+        ta_seed = int(self._seed_rng.integers(0, 2**31 - 1))
+        self._rng.seed(ta_seed)
+        with self._rng.active():
+            self.ta.reset(num_players=2, seed=ta_seed)
+        self.agents = list(self.possible_agents)
+        self.rewards = {a: 0.0 for a in self.agents}
+        self._cumulative_rewards = {a: 0.0 for a in self.agents}
+        self.terminations = {a: False for a in self.agents}
+        self.truncations = {a: False for a in self.agents}
+        self.infos = {a: {} for a in self.agents}
+        self._texts = {a: "" for a in self.agents}
+        self._history: list[str] = []
+        self._round = self._game()["current_round"]
+        self._pull()
+
+    def observe(self, agent: str) -> dict[str, Any]:
+        mask = np.zeros(len(KUHN_MOVES), np.int8)
+        if agent == self.agent_selection and not self.terminations.get(agent, True):
+            legal = self._legal()
+            mask[:] = [m.strip("[]") in legal for m in KUHN_MOVES]
+        return {"observation": self._texts.get(agent, ""), "action_mask": mask}
+
+    def step(self, action: Any) -> None:
+        agent = self.agent_selection
+        if self.terminations[agent] or self.truncations[agent]:
+            return self._was_dead_step(action)
+        move = KUHN_MOVES[int(action)].strip("[]")
+        if move not in self._legal():
+            raise ValueError(f"KuhnPokerAEC: {KUHN_MOVES[int(action)]} is not legal now (legal: {self._legal()}); "
+                             "the action_mask says which moves are")
+        self._cumulative_rewards[agent] = 0.0
+        game, pid = self._game(), int(agent.split("_")[1])
+        if move in ("bet", "call"):  # TextArena 0.7.4 leaves the pot at the antes; put the chip in (module doc)
+            game["pot"] += 1
+            game["player_chips"][pid] -= 1
+        with self._rng.active():
+            done, _ = self.ta.step(KUHN_MOVES[int(action)])
+        self._history.append(move)
+        if self._game()["current_round"] != self._round:
+            self._round, self._history = self._game()["current_round"], []
+        self.rewards = {a: 0.0 for a in self.agents}
+        if done:
+            self._finish()
+        else:
+            self._pull()
+        self._accumulate_rewards()
+
+    def _finish(self) -> None:
+        with self._rng.active():
+            _, game_info = self.ta.close()
+        chips = self._game()["player_chips"]
+        net0 = (chips[0] - chips[1]) / 2  # zero-sum; both paid the ante of the hand dealt after the last
+        for a in self.agents:
+            pid = int(a.split("_")[1])
+            self.rewards[a] = float(net0 if pid == 0 else -net0)
+            self.terminations[a] = True
+            reason = str((game_info or {}).get(pid, {}).get("reason", ""))
+            self.infos[a] = {"chips": self.rewards[a], "reason": reason}
+            self._texts[a] = f"The game is over. {reason} Your net chips: {self.rewards[a]:+g}."
+
+    def render(self) -> str:
+        return self._texts.get(self.agent_selection, "")
+
+    def close(self) -> None:
+        pass
+
+
+def render_kuhn_poker(env: Any, agent: str, raw: Any) -> str:
+    """The TextArena messages of ``raw["observation"]`` with repeated consecutive lines dropped
+    (TextArena 0.7.4 sends the second player its card line twice)."""
+    lines: list[str] = []
+    for line in str(raw["observation"]).split("\n"):
+        if not lines or line != lines[-1] or not line.strip():
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def kuhn_poker(*, max_rounds: int = 1, **kwargs: Any):
+    """Kuhn poker as a PettingZoo AEC text env (``TextAECEnv``); ``kwargs`` are ``MultiAgentConfig``
+    fields (``instructions``, ``max_invalid``, ``invalid_penalty``...; moves and renderer are set)."""
+    from gymllm.envs.pettingzoo_adapter import from_pettingzoo
+
+    for fixed in ("move_names", "renderer"):
+        if fixed in kwargs:
+            raise ConfigError(explain(f"kuhn_poker({fixed}=)", expected="no move_names / renderer (the game sets them)",
+                                      received=fixed, fix=f"remove {fixed}"))
+    aec = KuhnPokerAEC(KuhnPokerConfig(max_rounds=max_rounds))
+    return from_pettingzoo(aec, **{"instructions": KUHN_INSTRUCTIONS, **kwargs, "move_names": KUHN_MOVES,
+                                   "renderer": render_kuhn_poker})
+
+
+def make_kuhn_poker_seat(*, opponent: Any = None, learner: str | None = None, max_turns: int | None = None,
+                         render_mode: str | None = None, **kwargs: Any):
+    """Entry point of ``gymllm/ta-KuhnPoker-v0``: one seat (drawn each reset unless ``learner``) against
+    ``opponent`` (None: random legal moves); ``kwargs`` go to :func:`kuhn_poker`."""
+    from gymllm.multiagent import SingleAgentView
+
+    return SingleAgentView(kuhn_poker(**kwargs), learner=learner, opponent=opponent, max_turns=max_turns,
+                           render_mode=render_mode)
+
+
+def replay_chips(row: dict[str, Any], **game_kwargs: Any) -> dict[str, float]:
+    """Each player's reward in one ``games.jsonl`` row of ``gymllm eval --game`` (net chips; a forfeit
+    is ``forfeit_reward``), by replaying the row's moves on its seed: ``{label: reward}``. ``game_kwargs``:
+    the ``--game-kwargs`` the games were played with. A row whose game did not finish (an error, a
+    crash, a truncation) has no chips: a ConfigError says so."""
+    if row.get("error") is not None or row.get("truncated"):
+        raise ConfigError(explain("replay_chips(row)", expected="a finished game", received=row.get("error") or "truncated",
+                                  fix="leave out rows with an error or truncated"))
+    game = kuhn_poker(**game_kwargs)
+    game.reset(seed=int(row["seed"]))
+    moves = list(row["moves"])
+    final: dict[str, float] = {}
+    while game.agents:
+        agent = game.agent_selection
+        _, reward, term, trunc, _ = game.last()
+        if term or trunc:
+            final[agent] = float(reward)
+            game.step(None)
+            continue
+        if not moves or moves[0][0] != agent:
+            raise ConfigError(explain("replay_chips(row)", expected=f"a move of {agent} next", received=moves[:1],
+                                      fix="pass the row with the --game-kwargs its games were played with"))
+        game.step(moves.pop(0)[1])
+    return {row["players"][seat]: r for seat, r in final.items()}
