@@ -29,6 +29,7 @@ __all__ = ["GAMES", "GameFactory", "game_factory", "as_text_aec"]
 GAMES = {
     "tic-tac-toe": "gymllm.envs.games:tictactoe",
     "connect-four": "gymllm.envs.games:connect_four",
+    "kuhn-poker": "gymllm.envs.kuhn_poker:kuhn_poker",
 }
 
 
