@@ -61,7 +61,11 @@ float32 matmul alone, which flatters a bf16 learner on a CPU whose bf16 matmul i
 every position, T the rows' positions) for the same step time, i.e. the learner's tokens/s against the
 tokens/s of a flat full-head step at the roofline (the figure that credits the FLOPs the learner skips:
 the head off the loss positions, the shared prompts);
-``learner_tokens_per_s`` = positions trained per second. ``--roofline-only`` runs just this part.
+``learner_tokens_per_s`` = positions trained per second. ``learner_vs_plain_fwd_bwd`` (issue 35's goal
+>= 0.6): a plain jitted forward + backward over the same ``B x T`` tokens in the same compute dtype
+(``benchmarks/models.py``'s, on the micro-batch's shape; best of ``reps``) over the learner's seconds per
+micro-batch (its fastest step / micro-batches, the optimizer update included).
+``--roofline-only`` runs just this part.
 
 Ends with ``RESULT {json}``: ``barrier_free_vs_sync`` (sync wall / barrier-free wall, equal width),
 ``trainer_idle_fraction`` (barrier-free, whole run), ``trainer_idle_fraction_steady``,
@@ -244,6 +248,34 @@ def roofline_rates(cfg, rows: int, head: int, dtypes: dict, reps: int) -> dict[s
     return rates
 
 
+def plain_fwd_bwd_seconds(cfg, params, rows: int, length: int, compute_dtype, reps: int) -> float:
+    """Best seconds of a plain jitted forward + backward (mean token log-prob, every position, no loss
+    machinery, no optimizer) over ``rows x length`` tokens in ``compute_dtype``: ``benchmarks/models.py``'s
+    fwd+bwd on the learner's own micro-batch shape."""
+    import jax
+    import jax.numpy as jnp
+
+    from gymllm.models.logprobs import token_logprobs
+    from gymllm.models.transformer import forward
+
+    rng = np.random.default_rng(0)
+    toks = jnp.asarray(rng.integers(3, cfg.vocab_size, (rows, length + 1)), jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (rows, length))
+
+    def loss(p):
+        logits, _ = forward(cfg, p, toks[:, :-1], pos, compute_dtype=compute_dtype)
+        return -jnp.mean(token_logprobs(logits, toks[:, 1:]))
+
+    grad = jax.jit(jax.value_and_grad(loss))
+    jax.block_until_ready(grad(params))  # compile
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        jax.block_until_ready(grad(params))
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
 def learner_roofline(steps: int, reps: int) -> dict:
     """The Quickstart's learner step against the matmul roofline of this CPU (module docstring). The
     roofline is measured after every timed step (so each step and its roofline see about the same
@@ -291,10 +323,15 @@ def learner_roofline(steps: int, reps: int) -> dict:
     rates = {k: statistics.median(r[k] for r in rounds) for k in dtypes}
     roof = max(rates.values())
     achieved = flops / step_s
+    dt = None if lc.compute_dtype in (None, "float32") else getattr(jnp, lc.compute_dtype)
+    plain_s = plain_fwd_bwd_seconds(cfg, lm.model.flat_params(), rows, length, dt, reps)
+    per_micro_batch = min(walls) / micro_batches  # the fastest step, optimizer update included
     return {"learner_vs_roofline": statistics.median(ratios), "learner_vs_roofline_rounds": ratios,
             "learner_vs_roofline_6nt": statistics.median(flops_6nt / w / max(r.values())
                                                          for w, r in zip(walls, rounds)),
             "learner_vs_roofline_fp32": statistics.median(flops / w / r["float32"] for w, r in zip(walls, rounds)),
+            "learner_vs_plain_fwd_bwd": plain_s / per_micro_batch, "plain_fwd_bwd_s": plain_s,
+            "learner_s_per_micro_batch": per_micro_batch,
             "learner_tokens_per_s": positions / step_s, "step_s": step_s, "step_s_all": walls, "settle_s": settle_s,
             "executed_tflops_per_step": flops / 1e12, "achieved_gflops": achieved / 1e9,
             "roofline_gflops": roof / 1e9, "matmul_gflops_by_dtype": {k: v / 1e9 for k, v in rates.items()},
@@ -321,8 +358,9 @@ def print_roofline(r: dict) -> None:
     print(f"Quickstart learner ({r['model']}, {r['compute_dtype']}): {r['step_s']:.2f}s a step, "
           f"{r['learner_tokens_per_s']:.0f} positions/s, {r['achieved_gflops']:.1f} GFLOP/s executed against a "
           f"{r['roofline_gflops']:.1f} GFLOP/s matmul roofline ({r['matmul_gflops_by_dtype']}): "
-          f"learner_vs_roofline {r['learner_vs_roofline']:.2f} (6NT formula: {r['learner_vs_roofline_6nt']:.2f})",
-          flush=True)
+          f"learner_vs_roofline {r['learner_vs_roofline']:.2f} (6NT formula: {r['learner_vs_roofline_6nt']:.2f}); "
+          f"a micro-batch {r['learner_s_per_micro_batch']:.2f}s against a plain fwd+bwd of the same positions "
+          f"{r['plain_fwd_bwd_s']:.2f}s: learner_vs_plain_fwd_bwd {r['learner_vs_plain_fwd_bwd']:.2f}", flush=True)
 
 
 def main() -> None:
@@ -344,7 +382,8 @@ def main() -> None:
         print_roofline(roof)
         from results import emit_result
 
-        emit_result("train", {"learner_vs_roofline": roof["learner_vs_roofline"], "learner_roofline": roof,
+        emit_result("train", {"learner_vs_roofline": roof["learner_vs_roofline"],
+                              "learner_vs_plain_fwd_bwd": roof["learner_vs_plain_fwd_bwd"], "learner_roofline": roof,
                               "cpu": cpu, "loadavg": {"start": load0, "end": loadavg()}})
         return
     steps = args.steps or (6 if args.quick else 20)
@@ -379,7 +418,8 @@ def main() -> None:
                   "groups_per_step": sync_cfg.learner.groups_per_step},
         "tunix_config_step_s": tunix_step_s,
         "tunix_config_side_by_side": "benchmarks/peers.py",
-        "learner_vs_roofline": roof["learner_vs_roofline"], "learner_roofline": roof,
+        "learner_vs_roofline": roof["learner_vs_roofline"], "learner_vs_plain_fwd_bwd": roof["learner_vs_plain_fwd_bwd"],
+        "learner_roofline": roof,
         "steps": steps, "latency_scale": scale,
         "barrier_free": {k: v for k, v in barrier_free.items() if k != "step_s"},
         "sync": {k: v for k, v in sync.items() if k != "step_s"},
