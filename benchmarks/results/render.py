@@ -160,6 +160,19 @@ FIGURES: dict[str, tuple[Figure, ...]] = {
           range_key="learner_roofline.learner_vs_roofline_rounds"),
         F(key="learner_roofline.learner_vs_roofline_fp32", what="the same against the float32 matmul alone"),
         F(key="learner_roofline.learner_tokens_per_s", what="Quickstart learner positions trained per second"),
+        F(key="learner_roofline.learner_vs_roofline_6nt", what="Quickstart learner tokens/s over the tokens/s of a "
+          "flat full-head step at the matmul roofline (6 N T + attention)", goal=">= 0.6"),
+        F(key="learner_vs_plain_fwd_bwd", what="a plain fwd+bwd of a micro-batch's tokens (s) over the learner's "
+          "seconds per micro-batch, optimizer included", goal=">= 0.6"),
+    ),
+    "quickstart": (
+        F(key="quickstart_train_s", what="the README's Quickstart (gymllm train): 12 steps' training time (s)",
+          goal="<= 115"),
+        F(key="quickstart_wall_s", what="the whole command (load, compiles, checkpoints, report) (s)"),
+        F(key="reward_first3", what="reward over every rollout, steps 1-3", goal="about 0.3"),
+        F(key="reward_last3", what="reward over every rollout, steps 10-12", goal="> 0.6"),
+        F(key="engine_busy", what="engine busy share (step-weighted)"),
+        F(key="trainer_idle", what="trainer idle share (step-weighted)"),
     ),
     "compile_cache": (
         F(key="warm_vs_cold", what="tiny config: whole run wall, cold cache / warm cache (x)", goal="reported"),

@@ -1,6 +1,7 @@
-"""benchmarks/train.py's FLOP count for ``learner_vs_roofline``: the shared-prefix layout counts what runs
+"""Figures of issue 35's benchmarks: benchmarks/quickstart.py reads a run's own records, and
+benchmarks/train.py's FLOP count for ``learner_vs_roofline`` counts what the shared-prefix layout runs
 (each prompt once, continuations over the prompt's keys and their own), checked against the flat formula
-by hand, and the layout it reads is the learner's own for the Quickstart's rows."""
+by hand, with the learner's own layout for the Quickstart's rows."""
 
 from __future__ import annotations
 
@@ -40,3 +41,25 @@ def test_shared_layout_is_the_learners_for_the_quickstart_rows():
     gp, tp, s, ts = train.shared_layout(on, groups, QS_GROUP, 160)
     assert (gp, s) == (1, QS_GROUP) and tp >= QS_PROMPT + 1 and tp in on.prefix_table and ts in on.prefix_table
     assert train.shared_layout(off, groups, QS_GROUP, 160) is None
+
+
+def test_quickstart_summary_reads_the_runs_own_records(tmp_path):
+    import json
+
+    import pytest
+
+    import quickstart
+
+    rows = [{"step": i + 1, "rollout_reward_mean": r, "step_wall_s": w, "pipeline/engine_busy_fraction": b,
+             "pipeline/trainer_idle_fraction": 1 - b}
+            for i, (r, w, b) in enumerate(zip([0.2, 0.3, 0.4, 0.5, 0.7, 0.8], [10, 20, 10, 10, 10, 20],
+                                              [1.0, 0.5, 1.0, 1.0, 1.0, 0.5]))]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (tmp_path / "summary.txt").write_text("run: x\nbiggest stall: trainer idle (10%) -> more envs\n")
+    out = quickstart.summarize(tmp_path, "...\ntrained 6 steps in 81.5s; reward ...\n")
+    assert out["quickstart_train_s"] == 81.5 and out["steps"] == 6
+    assert out["reward_first3"] == pytest.approx(0.3) and out["reward_last3"] == pytest.approx(2.0 / 3)
+    assert out["engine_busy"] == pytest.approx((10 + 10 + 10 + 10 + 10 + 10) / 80)  # step-wall weighted
+    assert out["biggest_stall"].startswith("biggest stall: trainer idle")
+    with pytest.raises(RuntimeError, match="trained N steps"):
+        quickstart.summarize(tmp_path, "no summary line")
