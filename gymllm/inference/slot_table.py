@@ -119,6 +119,12 @@ class SlotTable:
         chosen.last_used = self._tick()
         return Placement(chosen.index, reuse)
 
+    def best_reuse(self, prompt: Sequence[int], version: Any) -> int:
+        """The most prompt tokens a free slot holds under ``version`` (what :meth:`acquire` could reuse at
+        best; at most ``len(prompt) - 1``)."""
+        return max((min(common_prefix_len(s.cached, prompt), len(prompt) - 1) for s in self.slots
+                    if not s.busy and s.version == version), default=0)
+
     def _best_free(self, free: list[Slot], prompt: Sequence[int]) -> Slot:
         unpinned = [s for s in free if s.session_id is None]
         pool = unpinned or free  # evict a pinned prefix only when nothing else is free
