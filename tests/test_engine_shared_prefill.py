@@ -18,9 +18,9 @@ from gymllm.inference.params import SamplingParams
 from gymllm.models import lora
 from gymllm.models.tiny import make_tiny
 
-# few compiled shapes (prefill: up to 4 prompts, buckets 16/32/64; decode: 8 rows over 64 slots)
-CFG = EngineConfig(num_slots=8, max_len=64, min_bucket=16, max_prefill_batch=4, decode_lengths=1)
-OFF = EngineConfig(num_slots=8, max_len=64, min_bucket=16, max_prefill_batch=4, decode_lengths=1,
+# few compiled shapes (prefill: up to 2 prompts, buckets 16/32/64; decode: 8 rows over 64 slots)
+CFG = EngineConfig(num_slots=8, max_len=64, min_bucket=16, max_prefill_batch=2, decode_lengths=1)
+OFF = EngineConfig(num_slots=8, max_len=64, min_bucket=16, max_prefill_batch=2, decode_lengths=1,
                    share_prompt_prefill=False)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6)
 PROMPT = [int(x) for x in np.random.default_rng(0).integers(3, 500, size=40)]
@@ -28,7 +28,7 @@ PROMPT = [int(x) for x in np.random.default_rng(0).integers(3, 500, size=40)]
 
 @pytest.fixture(scope="module")
 def lm():
-    return make_tiny("llama", num_layers=2)
+    return make_tiny("llama", num_layers=1)
 
 
 async def submit(engine, n, prompt=PROMPT, **kw):
@@ -108,6 +108,7 @@ def test_no_sharing_across_weight_versions(lm):
     assert b.versions.tolist() == [1] * len(b.token_ids)
 
 
+@pytest.mark.slow  # compiles the adapter steps (~9 s)
 def test_adapters_of_different_names_never_share(lm):
     cfg = lora.LoRAConfig(rank=4, alpha=8.0, targets=lora.PROJECTIONS)
     base = lm.model.flat_params()
