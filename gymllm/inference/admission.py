@@ -11,7 +11,8 @@
   of the smallest bucket rides along the next decode step when ``EngineConfig.piggyback_tokens``
   allows (:mod:`gymllm.inference.piggyback`);
 * prompt sharing (``EngineConfig.share_prompt_prefill``): a request whose prompt shares at least
-  ``min_bucket`` tokens with the prompt of a row that is decoding (k/v computed under the same kv tag:
+  ``min_bucket`` tokens (enough that the rest falls in a smaller prefill bucket) with the prompt of a
+  row that is decoding (k/v computed under the same kv tag:
   weights version and adapter) is placed with that prefix reused, and :meth:`Admission.copy_shared`
   copies the source row into its row before the prefill; a request sharing such a prefix with one
   admitted in the same round waits one iteration (its source is prefilled by then), so a group of
@@ -150,13 +151,21 @@ class Admission:
         if later < self.config.min_bucket:
             return False
         now = max(self.table.best_reuse(req.prompt, tag), self.best_source(req, tag, sources)[1])
-        return later > now
+        return self.worth(req, later, now)
+
+    def worth(self, req: EngineRequest, shared: int, reused: int) -> bool:
+        """Sharing ``shared`` prompt tokens pays over reusing ``reused``: at least ``min_bucket`` tokens, and
+        the chunk left to prefill falls in a smaller length bucket (a prompt that shares only a short
+        head, such as a chat template's system prompt, prefills as it would without sharing)."""
+        n = len(req.prompt)
+        return (shared >= self.config.min_bucket and shared > reused
+                and pick_bucket(n - shared, self.buckets) < pick_bucket(n - reused, self.buckets))
 
     def share_from(self, req: EngineRequest, tag: Any, sources: list[tuple[int, list[int], Any]]) -> None:
         """(Holding ``cv``.) If a decoding row holds more of ``req``'s prompt (at least ``min_bucket``
         tokens) than its own row, plan the copy of that row into it and reuse that prefix."""
         slot, n = self.best_source(req, tag, sources)
-        if n < self.config.min_bucket or n <= req.placement.reuse_len:
+        if not self.worth(req, n, req.placement.reuse_len):
             return
         self.copies.append((slot, req.slot))
         req.placement = Placement(req.slot, n)

@@ -42,10 +42,11 @@ class EngineConfig:
     decode_chunk: decode steps per device call while no request waits to join (1: token by token; the
         same tokens either way, fewer host round trips; :mod:`gymllm.inference.multi_token_decode`).
     share_prompt_prefill: (with ``prefix_reuse``) a request whose prompt shares at least ``min_bucket``
-        tokens with the prompt of a row still decoding (same weights version and adapter) copies that
-        row's cache into its own and prefills only the rest; several such prompts arriving together
-        (a GRPO group) prefill the first and join one iteration later, copying from it. False: every
-        request prefills all but what a finished row holds.
+        tokens (enough that the rest falls in a smaller prefill bucket) with the prompt of a row still
+        decoding (same weights version and adapter) copies that row's cache into its own and prefills
+        only the rest; several such prompts arriving together (a GRPO group) prefill the first and join
+        one iteration later, copying from it. False: every request prefills all but what a finished row
+        holds.
     """
 
     num_slots: int = 16
