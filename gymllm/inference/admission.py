@@ -105,6 +105,8 @@ class Admission:
                 tag = version(req.adapter) if callable(version) else version
                 if share and self.wait_for_source(req, tag, admitted, sources):
                     deferred.append(req)  # its source is prefilled this round: it copies from it next round
+                    if len(deferred) >= cfg.num_slots:
+                        break  # enough wait for a round; the rest keep their place in the queue unexamined
                     continue
                 req.placement = self.table.acquire(req.prompt if reuse_ok else [], req.session_id, tag)
                 req.kv_version = tag

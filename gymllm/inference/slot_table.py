@@ -54,11 +54,17 @@ def pick_bucket(n: int, buckets: Sequence[int]) -> int:
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    """The length of the longest common prefix of ``a`` and ``b`` (slices compared in bisection steps, so
+    admission compares long prompts at C speed)."""
+    a, b = list(a), list(b)
+    lo, hi = 0, min(len(a), len(b))  # a[:lo] == b[:lo]; the prefix is at most hi long
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 @dataclasses.dataclass
