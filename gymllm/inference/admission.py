@@ -10,6 +10,13 @@
   rows is free, so a saturated engine makes fewer, fuller prefill calls. With rows decoding, the batch
   of the smallest bucket rides along the next decode step when ``EngineConfig.piggyback_tokens``
   allows (:mod:`gymllm.inference.piggyback`);
+* prompt sharing (``EngineConfig.share_prompt_prefill``): a request whose prompt shares at least
+  ``min_bucket`` tokens (enough that the rest falls in a smaller prefill bucket) with the prompt of a
+  row that is decoding (k/v computed under the same kv tag:
+  weights version and adapter) is placed with that prefix reused, and :meth:`Admission.copy_shared`
+  copies the source row into its row before the prefill; a request sharing such a prefix with one
+  admitted in the same round waits one iteration (its source is prefilled by then), so a group of
+  identical prompts prefills the prompt once;
 * :meth:`Admission.prefill_inputs`: the host arrays of one batch of prompt chunks;
 * :meth:`Admission.compact` (``EngineConfig.compact_rows``): before a decode step, active rows above the
   narrowest width that could hold them trade places with idle rows below it (a session's cached
@@ -29,7 +36,7 @@ from gymllm.inference.config import EngineConfig
 from gymllm.inference.device_cache import DeviceSteps
 from gymllm.inference.request import EngineRequest
 from gymllm.inference.rows import DecodeRows, SamplingRows
-from gymllm.inference.slot_table import Placement, SlotTable, pick_bucket
+from gymllm.inference.slot_table import Placement, SlotTable, common_prefix_len, pick_bucket
 from gymllm.telemetry import span
 
 Batch = tuple[list[EngineRequest], int]  # (requests, length bucket of their prompt chunks)
@@ -45,6 +52,7 @@ class Admission:
         self.stats = stats  # the engine's counters: "prefill_tokens", "reused_tokens" are counted here
         self.table = SlotTable(config.num_slots)
         self.waiting: list[EngineRequest] = []
+        self.copies: list[tuple[int, int]] = []  # (source row, destination row) to copy before this round's prefill
 
     # ------------------------------------------------------------------ the queue (any thread)
     def enqueue(self, req: EngineRequest) -> None:
@@ -71,15 +79,22 @@ class Admission:
         return waiting
 
     # ------------------------------------------------------------------ admission (engine thread)
-    def admit(self, decoding: bool, version: Any) -> tuple[list[Batch], Batch | None]:
+    def admit(self, decoding: bool, version: Any, active: dict[int, EngineRequest] | None = None
+              ) -> tuple[list[Batch], Batch | None]:
         """Place waiting requests in free rows under policy ``version`` (an int, or a function of a request's
         adapter index giving the kv tag its row computes under: a cached prefix is reused only under an
         equal one) and group them into prefill batches
         ``[(requests, bucket)]`` (ascending buckets, at most ``max_prefill_batch`` each). ``decoding``: rows
         are decoding; then a saturated engine admits nothing until a whole batch of rows is free, and
-        the smallest bucket's batch is returned apart (``ride``) when piggybacking covers it."""
+        the smallest bucket's batch is returned apart (``ride``) when piggybacking covers it. ``active``:
+        the decoding rows (slot -> request), sources of prompt sharing; the row copies it needs are left
+        in :attr:`copies` for :meth:`copy_shared`."""
         cfg = self.config
+        share = cfg.prefix_reuse and cfg.share_prompt_prefill
+        sources = [(r.slot, r.prompt, r.kv_version) for r in (active or {}).values()] if share else []
         admitted: list[EngineRequest] = []
+        deferred: list[EngineRequest] = []
+        self.copies = []
         with self.cv:
             free, fill = self.table.num_free, min(cfg.max_prefill_batch, cfg.num_slots)
             if decoding and len(self.waiting) > free and free < fill:
@@ -88,11 +103,19 @@ class Admission:
                 req = self.waiting.pop(0)
                 reuse_ok = cfg.prefix_reuse
                 tag = version(req.adapter) if callable(version) else version
+                if share and self.wait_for_source(req, tag, admitted, sources):
+                    deferred.append(req)  # its source is prefilled this round: it copies from it next round
+                    if len(deferred) >= cfg.num_slots:
+                        break  # enough wait for a round; the rest keep their place in the queue unexamined
+                    continue
                 req.placement = self.table.acquire(req.prompt if reuse_ok else [], req.session_id, tag)
                 req.kv_version = tag
                 if not reuse_ok:
                     req.placement = Placement(req.placement.slot, 0)
+                elif share:
+                    self.share_from(req, tag, sources)
                 admitted.append(req)
+            self.waiting[:0] = deferred
         by_bucket: dict[int, list[EngineRequest]] = {}
         for req in admitted:
             chunk = len(req.prompt) - req.placement.reuse_len
@@ -103,6 +126,61 @@ class Admission:
         if decoding and batches and batches[0][1] <= cfg.piggyback_tokens:
             ride = batches.pop(0)  # the smallest bucket rides along the decode step
         return batches, ride
+
+    @staticmethod
+    def shared_len(prompt: list[int], other: list[int]) -> int:
+        """Prompt tokens whose k/v ``other``'s row holds once prefilled (at least one token is left to prefill)."""
+        return min(common_prefix_len(prompt, other), len(prompt) - 1)
+
+    def best_source(self, req: EngineRequest, tag: Any, sources: list[tuple[int, list[int], Any]]
+                    ) -> tuple[int, int]:
+        """(row, shared tokens) of the decoding row whose prompt k/v (computed under ``tag``) cover most of
+        ``req``'s prompt; (-1, 0) if none."""
+        best = (-1, 0)
+        for slot, prompt, kv in sources:
+            if kv is not None and kv == tag:
+                n = self.shared_len(req.prompt, prompt)
+                if n > best[1]:
+                    best = (slot, n)
+        return best
+
+    def wait_for_source(self, req: EngineRequest, tag: Any, admitted: list[EngineRequest],
+                        sources: list[tuple[int, list[int], Any]]) -> bool:
+        """(Holding ``cv``.) Whether ``req`` should wait a round: a request admitted this round under the
+        same tag shares at least ``min_bucket`` prompt tokens with it, more than any free or decoding row
+        holds now."""
+        later = max((self.shared_len(req.prompt, r.prompt) for r in admitted if r.kv_version == tag), default=0)
+        if later < self.config.min_bucket:
+            return False
+        now = max(self.table.best_reuse(req.prompt, tag), self.best_source(req, tag, sources)[1])
+        return self.worth(req, later, now)
+
+    def worth(self, req: EngineRequest, shared: int, reused: int) -> bool:
+        """Sharing ``shared`` prompt tokens pays over reusing ``reused``: at least ``min_bucket`` tokens, and
+        the chunk left to prefill falls in a smaller length bucket (a prompt that shares only a short
+        head, such as a chat template's system prompt, prefills as it would without sharing)."""
+        n = len(req.prompt)
+        return (shared >= self.config.min_bucket and shared > reused
+                and pick_bucket(n - shared, self.buckets) < pick_bucket(n - reused, self.buckets))
+
+    def share_from(self, req: EngineRequest, tag: Any, sources: list[tuple[int, list[int], Any]]) -> None:
+        """(Holding ``cv``.) If a decoding row holds more of ``req``'s prompt (at least ``min_bucket``
+        tokens) than its own row, plan the copy of that row into it and reuse that prefix."""
+        slot, n = self.best_source(req, tag, sources)
+        if not self.worth(req, n, req.placement.reuse_len):
+            return
+        self.copies.append((slot, req.slot))
+        req.placement = Placement(req.slot, n)
+        self.stats["shared_prefill_tokens"] = self.stats.get("shared_prefill_tokens", 0) + n
+
+    def copy_shared(self, device: DeviceSteps) -> None:
+        """Copy the source rows planned by :meth:`admit` into their destination rows (span "share")."""
+        if not self.copies:
+            return
+        copies, self.copies = self.copies, []
+        src, dst = (list(x) for x in zip(*copies))
+        with span("share", track="engine", rows=len(src)):
+            device.copy(src, dst)
 
     def prefill_inputs(self, reqs: list[EngineRequest], bucket: int, p: int
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, SamplingRows]:

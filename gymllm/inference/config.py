@@ -41,6 +41,12 @@ class EngineConfig:
         highest row), as a static-batching server does.
     decode_chunk: decode steps per device call while no request waits to join (1: token by token; the
         same tokens either way, fewer host round trips; :mod:`gymllm.inference.multi_token_decode`).
+    share_prompt_prefill: (with ``prefix_reuse``) a request whose prompt shares at least ``min_bucket``
+        tokens (enough that the rest falls in a smaller prefill bucket) with the prompt of a row still
+        decoding (same weights version and adapter) copies that row's cache into its own and prefills
+        only the rest; several such prompts arriving together (a GRPO group) prefill the first and join
+        one iteration later, copying from it. False: every request prefills all but what a finished row
+        holds.
     """
 
     num_slots: int = 16
@@ -55,6 +61,7 @@ class EngineConfig:
     piggyback_tokens: int = 0
     compact_rows: bool = True
     decode_chunk: int = 1
+    share_prompt_prefill: bool = True
 
     def __post_init__(self) -> None:
         c = "EngineConfig"
@@ -68,6 +75,8 @@ class EngineConfig:
         check_range(c, "idle_wait_s", self.idle_wait_s, lo=0, lo_open=True, fix="use e.g. 0.05")
         require(isinstance(self.prefix_reuse, bool), f"{c}.prefix_reuse", expected="a bool", received=self.prefix_reuse,
                 fix="use True (default) or False")
+        require(isinstance(self.share_prompt_prefill, bool), f"{c}.share_prompt_prefill", expected="a bool",
+                received=self.share_prompt_prefill, fix="use True (default) or False")
         require(isinstance(self.compact_rows, bool), f"{c}.compact_rows", expected="a bool", received=self.compact_rows,
                 fix="use True (default) or False")
         check_choice(c, "compute_dtype", self.compute_dtype, _COMPUTE_DTYPES,

@@ -189,7 +189,7 @@ class DeviceSteps:
                     self.call_decode_chunk(tokens, positions, rp, stop, budget, 1, n, active=0)
                 else:
                     self.call_decode(tokens, positions, rp, n, active=0)
-        for n in self.copy_sizes if cfg.compact_rows else ():
+        for n in self.copy_sizes if cfg.compact_rows or (cfg.prefix_reuse and cfg.share_prompt_prefill) else ():
             self.cache = copy_rows(self.cache, np.zeros(n, np.int32), np.full(n, cfg.num_slots, np.int32))
         p = cfg.max_prefill_batch
         for t in (b for b in self.buckets if b <= min(limit, cfg.piggyback_tokens)):

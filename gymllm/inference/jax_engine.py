@@ -36,6 +36,11 @@ Design (one background thread owns the device; asyncio callers never block):
   samples the same tokens whatever else is batched with it (up to float rounding of the logits).
 * Prefix reuse: a finished row keeps its k/v; a later request whose prompt starts with that row's
   tokens (the same ``session_id`` first) prefills only the rest.
+* Prompt sharing (``EngineConfig.share_prompt_prefill``): a request whose prompt shares at least
+  ``min_bucket`` tokens with a row still decoding (k/v of the same version and adapter) copies that
+  row into its own (the compaction copy program) and prefills only the rest; identical prompts
+  arriving together (a GRPO group) prefill once, the others joining one iteration later
+  (``stats["shared_prefill_tokens"]``, also in ``reused_tokens``; span "share").
 * ``update_weights(state, version)`` is thread-safe and is applied by the loop between steps, so no
   forward pass mixes versions; every token records the version of the forward that produced it.
 * Multi-LoRA serving (``adapters=AdapterConfig(lora=..., names=(...))``, :mod:`gymllm.inference.adapters`):
@@ -158,7 +163,8 @@ class JaxEngine:
             self.chunk_trace_counts = steps.chunk_trace_counts
         self.buckets, self.batch_sizes = steps.buckets, steps.batch_sizes  # prefill lengths and batch sizes
         self.widths, self.lengths = steps.widths, steps.lengths  # decode row counts and cache lengths
-        self.stats = {"prefill_tokens": 0, "reused_tokens": 0, "decode_steps": 0, "generated_tokens": 0}
+        self.stats = {"prefill_tokens": 0, "reused_tokens": 0, "shared_prefill_tokens": 0, "decode_steps": 0,
+                      "generated_tokens": 0}
         self._rng = np.random.default_rng(cfg.seed)
         self._rows = DecodeRows(cfg.num_slots, cfg.max_len)
         self._admission = Admission(cfg, self._cv, self.buckets, self.stats)

@@ -153,7 +153,13 @@ class EngineLoop:
         """One iteration: weights, cancellations, admission (and prefill), then one device step."""
         self.weights.apply()
         self.drop_cancelled()
-        batches, ride = self.admission.admit(bool(self.rows.active), self.weights.kv_tag)
+        batches, ride = self.admission.admit(bool(self.rows.active), self.weights.kv_tag, self.rows.active)
+        if self.admission.copies:
+            try:
+                self.admission.copy_shared(self.device)
+            except Exception as exc:  # the copy failed: fail this round's requests, keep serving the rest
+                self.fail_step([r for reqs, _ in batches + ([ride] if ride else []) for r in reqs], exc)
+                return
         for reqs, bucket in batches:
             self.prefill(reqs, bucket)
         if ride is not None:

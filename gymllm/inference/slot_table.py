@@ -54,11 +54,17 @@ def pick_bucket(n: int, buckets: Sequence[int]) -> int:
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    """The length of the longest common prefix of ``a`` and ``b`` (slices compared in bisection steps, so
+    admission compares long prompts at C speed)."""
+    a, b = list(a), list(b)
+    lo, hi = 0, min(len(a), len(b))  # a[:lo] == b[:lo]; the prefix is at most hi long
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 @dataclasses.dataclass
@@ -118,6 +124,12 @@ class SlotTable:
         chosen.busy = True
         chosen.last_used = self._tick()
         return Placement(chosen.index, reuse)
+
+    def best_reuse(self, prompt: Sequence[int], version: Any) -> int:
+        """The most prompt tokens a free slot holds under ``version`` (what :meth:`acquire` could reuse at
+        best; at most ``len(prompt) - 1``)."""
+        return max((min(common_prefix_len(s.cached, prompt), len(prompt) - 1) for s in self.slots
+                    if not s.busy and s.version == version), default=0)
 
     def _best_free(self, free: list[Slot], prompt: Sequence[int]) -> Slot:
         unpinned = [s for s in free if s.session_id is None]
