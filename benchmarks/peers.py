@@ -37,7 +37,8 @@ Measured (2026-12-02, AMD EPYC 2-core, no AMX, quiet, code 0245041, ``--rounds 3
 (3 measured steps, in the gymllm side's slower first steps): 1.44x / 15.4x / 2.73x. Medium
 (2026-12-03, ``--rounds 3 --sizes medium``, code 1c8900d, quiet): gymllm 1.64 s (1.56-1.79), Tunix
 batch 2.84 s (1.73x; per round 1.60-1.85), agentic 6.07 s (3.70x; 3.38-3.88), TRL 1.83 s (1.12x;
-1.00-1.30).
+1.00-1.30). With the shared-prefix learner (2026-12-04, ``--rounds 2 --steps 6 --sizes medium``, code
+52cf8d6, quiet): gymllm 1.32 s, Tunix batch 1.85 s (1.40x), agentic 4.39 s (3.33x), TRL 1.44 s (1.09x).
 
     python benchmarks/peers.py --quick                 # 1 round, fewer steps
     python benchmarks/peers.py --peers tunix --rounds 3
