@@ -143,6 +143,20 @@ def test_rewards_are_kuhns_chips_with_bets_in_the_pot(max_rounds):
     assert len(seen) == 5  # every betting line was played
 
 
+def test_a_seed_deals_the_same_cards_whatever_was_played_before():
+    """TextArena shuffles its deck in place; the env restores it, so a seed alone decides the deal."""
+    game = KuhnPokerAEC()
+    deals = []
+    for played in range(3):
+        game.reset(seed=5)
+        for _ in range(played):
+            if game.agents:
+                game.step(int(np.flatnonzero(game.observe(game.agent_selection)["action_mask"])[0]))
+        game.reset(seed=1273345680)
+        deals.append((game.decision_state("player_0"), game.decision_state("player_1")))
+    assert deals[0] == deals[1] == deals[2]
+
+
 def test_demos_are_legal_moves_and_follow_the_equilibrium(tmp_path):
     from gymllm.envs.demos import demonstrations
 

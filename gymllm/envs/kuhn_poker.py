@@ -122,6 +122,12 @@ class KuhnPokerAEC(AECEnv):
         ta = _textarena()
         with PrivateGlobalRandom(0).active():
             self.ta = ta.make(self.config.ta_id, max_rounds=self.config.max_rounds)
+        # TextArena shuffles its deck in place (``random.shuffle(self.deck)`` each round), so a reset's
+        # cards would depend on the hands before it; every reset restores this order first.
+        self._deck_env = self.ta
+        while not hasattr(self._deck_env, "deck") and hasattr(self._deck_env, "env"):
+            self._deck_env = self._deck_env.env
+        self._deck = list(getattr(self._deck_env, "deck", []))
         self.possible_agents = ["player_0", "player_1"]
         self.metadata = {"name": "textarena_kuhn_poker", "render_modes": ["ansi"], "is_parallelizable": False}
         self.render_mode = None
@@ -162,6 +168,8 @@ class KuhnPokerAEC(AECEnv):
             self._seed_rng = np.random.default_rng(seed)
         ta_seed = int(self._seed_rng.integers(0, 2**31 - 1))
         self._rng.seed(ta_seed)
+        if self._deck:
+            self._deck_env.deck = list(self._deck)
         with self._rng.active():
             self.ta.reset(num_players=2, seed=ta_seed)
         self.agents = list(self.possible_agents)
