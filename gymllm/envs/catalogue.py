@@ -278,6 +278,35 @@ def _numeric_reward(r: Any) -> tuple[float, str | None]:
         return INVALID_MOVE_REWARD, repr(r)
 
 
+def textarena_pull(env: Any) -> None:
+    """The AEC env ``env`` (fields ``ta``, ``_rng``, ``_texts``) takes TextArena's next observation: its
+    player becomes ``agent_selection`` and the text is that agent's observation."""
+    with env._rng.active():
+        pid, obs = env.ta.get_observation()
+    agent = f"player_{pid}"
+    env.agent_selection = agent
+    env._texts[agent] = format_textarena_observation(obs)
+
+
+def textarena_reset(env: Any, seed: int | None, num_players: int) -> None:
+    """Reset the TextArena game of the AEC env ``env`` (``ta``, ``_rng``, ``_seed_rng``) and its
+    per-agent fields: ``seed`` (None: the next draw of the last seed's generator) decides TextArena's
+    own seed and the private ``random`` state it runs under. The caller pulls the first observation."""
+    if seed is not None:
+        env._seed_rng = np.random.default_rng(seed)
+    ta_seed = int(env._seed_rng.integers(0, 2**31 - 1))
+    env._rng.seed(ta_seed)
+    with env._rng.active():
+        env.ta.reset(num_players=num_players, seed=ta_seed)
+    env.agents = list(env.possible_agents)
+    env.rewards = {a: 0.0 for a in env.agents}
+    env._cumulative_rewards = {a: 0.0 for a in env.agents}
+    env.terminations = {a: False for a in env.agents}
+    env.truncations = {a: False for a in env.agents}
+    env.infos = {a: {} for a in env.agents}
+    env._texts = {a: "" for a in env.agents}
+
+
 def textarena_env(env_id: str, *, num_players: int | None = None, **kwargs: Any):
     """A TextArena game as a PettingZoo AEC env with text observations and free-text actions.
 
@@ -335,26 +364,10 @@ def _textarena_aec_class():
             return self._act_spaces[agent]
 
         def _pull(self) -> None:
-            with self._rng.active():
-                pid, obs = self.ta.get_observation()
-            agent = f"player_{pid}"
-            self.agent_selection = agent
-            self._texts[agent] = format_textarena_observation(obs)
+            textarena_pull(self)
 
         def reset(self, seed: int | None = None, options: dict | None = None) -> None:
-            if seed is not None:
-                self._seed_rng = np.random.default_rng(seed)
-            ta_seed = int(self._seed_rng.integers(0, 2**31 - 1))
-            self._rng.seed(ta_seed)
-            with self._rng.active():
-                self.ta.reset(num_players=self.num_players_, seed=ta_seed)
-            self.agents = list(self.possible_agents)
-            self.rewards = {a: 0.0 for a in self.agents}
-            self._cumulative_rewards = {a: 0.0 for a in self.agents}
-            self.terminations = {a: False for a in self.agents}
-            self.truncations = {a: False for a in self.agents}
-            self.infos = {a: {} for a in self.agents}
-            self._texts = {a: "" for a in self.agents}
+            textarena_reset(self, seed, self.num_players_)
             self._pull()
 
         def observe(self, agent: str) -> dict[str, Any]:

@@ -47,7 +47,7 @@ import gymnasium.spaces as gspaces
 import numpy as np
 from pettingzoo import AECEnv
 
-from gymllm.envs.catalogue import PrivateGlobalRandom, format_textarena_observation
+from gymllm.envs.catalogue import PrivateGlobalRandom, textarena_pull, textarena_reset
 from gymllm.errors import ConfigError, MissingExtraError, explain
 from gymllm.spaces import Text
 
@@ -157,28 +157,12 @@ class KuhnPokerAEC(AECEnv):
         return KUHN_CARDS[self._game()["player_cards"][pid]], tuple(self._history)
 
     def _pull(self) -> None:
-        with self._rng.active():
-            pid, obs = self.ta.get_observation()
-        agent = f"player_{pid}"
-        self.agent_selection = agent
-        self._texts[agent] = format_textarena_observation(obs)
+        textarena_pull(self)
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> None:
-        if seed is not None:
-            self._seed_rng = np.random.default_rng(seed)
-        ta_seed = int(self._seed_rng.integers(0, 2**31 - 1))
-        self._rng.seed(ta_seed)
         if self._deck:
             self._deck_env.deck = list(self._deck)
-        with self._rng.active():
-            self.ta.reset(num_players=2, seed=ta_seed)
-        self.agents = list(self.possible_agents)
-        self.rewards = {a: 0.0 for a in self.agents}
-        self._cumulative_rewards = {a: 0.0 for a in self.agents}
-        self.terminations = {a: False for a in self.agents}
-        self.truncations = {a: False for a in self.agents}
-        self.infos = {a: {} for a in self.agents}
-        self._texts = {a: "" for a in self.agents}
+        textarena_reset(self, seed, 2)
         self._history: list[str] = []
         self._round = self._game()["current_round"]
         self._pull()
