@@ -91,6 +91,29 @@ def test_filter_matches_numpy(logits, ks, ps):
         np.testing.assert_array_equal(got[b][np.isfinite(got[b])], x[b][np.isfinite(got[b])])
 
 
+def test_filter_keeps_exactly_k_for_the_nucleus_when_the_kth_value_ties():
+    # one 1.0 among fifteen 0.0: top-k 2 renormalises over the 1.0 and ONE of the zeros (0.73 / 0.27),
+    # so top-p 0.5 keeps the 1.0 alone; weighting all fifteen tied zeros would keep every token
+    x = np.zeros((1, V), np.float32)
+    x[0, 5] = 1.0
+    got = np.asarray(_filter(x, np.array([2], np.int32), np.array([0.5], np.float32)))
+    assert np.isfinite(got[0]).tolist() == ref_filter(x[0], 2, 0.5)[0].tolist() == [i == 5 for i in range(V)]
+    # top-k alone keeps every token tied at the k-th value (as the reference's threshold does)
+    got = np.asarray(_filter(x, np.array([2], np.int32), np.array([1.0], np.float32)))
+    assert np.isfinite(got[0]).all()
+
+
+def test_filter_matches_numpy_on_a_real_vocabulary():
+    # SmolLM2's 49,152-token vocabulary: thresholds found by bisection over the values, not a sort
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((4, 49152)) * 3).astype(np.float32)
+    ks, ps = np.array([0, 40, 1000, 0], np.int32), np.array([0.9, 0.95, 1.0, 0.3], np.float32)
+    got = np.asarray(_filter(x, ks, ps))
+    for b in range(4):
+        want, near = ref_filter(x[b], int(ks[b]), float(ps[b]))
+        np.testing.assert_array_equal(np.isfinite(got[b])[~near], want[~near])
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     logits=st.lists(st.floats(-5, 5, allow_nan=False, width=32), min_size=B * V, max_size=B * V),
