@@ -10,7 +10,10 @@ backend compile. The variants tell the parts apart:
   sampling, exactly as the engine calls it; ``prefill_read``: the same reading 160 cached slots;
 * ``decode``: one decode step over 12 rows attending over 160 slots;
 * ``prefill_no_sample``: the prefill forward and cache write alone (``models.prefill.prefill_step``);
-* ``sample``: the sampler alone on [4, vocab] logits (top-k / top-p sorts over the vocabulary);
+* ``sample``: the sampler alone on [4, vocab] logits; ``sample_sort``: the same with the top-k / top-p
+  filter of commit be7f557 (a descending sort and a cumulative sum over the vocabulary), the filter that
+  ``sample`` replaced with a bisection over the values; ``sample_no_filter``: the sampler without any
+  filter (what is left: the inverse-CDF draw, greedy argmax, log-probabilities);
 * ``prefill_2_layers``: the engine's prefill on a 2-layer model of the same width (how much is per
   layer: the layer loop is one scanned body, so the depth should not matter);
 * ``prefill_effort_low``: ``prefill`` with ``jax_exec_time_optimization_effort = -1`` (XLA's cheapest
@@ -91,7 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="the same variants (each is a single compile)")
     ap.add_argument("--variants", default="prefill,prefill_read,decode,prefill_no_sample,sample,prefill_2_layers,"
-                                          "prefill_effort_low,grad")
+                                          "prefill_effort_low,grad,sample_sort,sample_no_filter")
     args = ap.parse_args(argv)
     import jax
     import jax.numpy as jnp
@@ -145,6 +148,30 @@ def main(argv: list[str] | None = None) -> dict:
         finally:
             jax.config.update("jax_exec_time_optimization_effort", 0.0)
 
+    def sort_filter(x, top_k, top_p):  # the filter before the bisection (be7f557), for the comparison
+        vocab = x.shape[-1]
+        srt = jnp.flip(jnp.sort(x, axis=-1), axis=-1)
+        rank = jnp.arange(vocab)[None, :]
+        k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)[:, None]
+        s_k = jnp.where(rank < k, srt, -jnp.inf)
+        probs = jax.nn.softmax(s_k, axis=-1)
+        before = jnp.cumsum(probs, axis=-1) - probs
+        keep = ((before < top_p[:, None]) | (top_p[:, None] >= 1.0)) & (rank < k)
+        threshold = jnp.min(jnp.where(keep, s_k, jnp.inf), axis=-1, keepdims=True)
+        return jnp.where(x >= threshold, x, -jnp.inf)
+
+    def sampler_with(filter_fn):
+        import gymllm.inference.sampling as sampling_mod
+
+        def run():
+            saved = sampling_mod.filter_top_k_top_p
+            sampling_mod.filter_top_k_top_p = filter_fn
+            try:
+                sampler()
+            finally:
+                sampling_mod.filter_top_k_top_p = saved
+        return run
+
     def grad():
         from gymllm.models.logprobs import token_logprobs
         from gymllm.models.transformer import forward
@@ -160,7 +187,8 @@ def main(argv: list[str] | None = None) -> dict:
         jax.block_until_ready(fn(params, jnp.zeros((6, 160), jnp.int32)))
 
     table = {"prefill": prefill(0), "prefill_read": prefill(160), "decode": decode, "prefill_no_sample": no_sample,
-             "sample": sampler, "prefill_2_layers": two_layers, "prefill_effort_low": effort_low, "grad": grad}
+             "sample": sampler, "prefill_2_layers": two_layers, "prefill_effort_low": effort_low, "grad": grad,
+             "sample_sort": sampler_with(sort_filter), "sample_no_filter": sampler_with(lambda x, k, p: x)}
     result: dict = {"device": jax.devices()[0].device_kind, "platform": jax.devices()[0].platform,
                     "compute_dtype": engine.config.compute_dtype}
     for name in args.variants.split(","):
