@@ -120,6 +120,24 @@ def test_env_kwargs_json_replaces_the_presets_for_another_env():
     assert parse_train_args(["--preset", "tiny"]).env.kwargs == {"num_letters": 2}  # unchanged without it
 
 
+def test_another_env_id_takes_the_presets_env_kwargs_away(tmp_path, monkeypatch):
+    """`gymllm train --preset tiny --env.id my_games:nim_env`: the preset's TinyRepeat kwargs are not handed
+    to the user's factory (which does not take them); the same env id keeps them; --env-kwargs still sets them."""
+    (tmp_path / "my_games.py").write_text(
+        "import gymllm\n"
+        "def nim_env(*, heap=3):\n"
+        "    return gymllm.make('gymllm/TinyRepeat-v0')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = parse_train_args(["--preset", "tiny", "--env.id", "my_games:nim_env"])
+    assert cfg.env.id == "my_games:nim_env" and cfg.env.kwargs == {}
+    import gymllm
+
+    gymllm.make(cfg.env.id, **cfg.env.kwargs).close()  # no stray kwargs (num_letters would be a TypeError)
+    assert parse_train_args(["--preset", "tiny", "--env.id", "gymllm/TinyRepeat-v0"]).env.kwargs == {"num_letters": 2}
+    assert parse_train_args(["--preset", "tiny", "--env.id", "my_games:nim_env", "--env-kwargs",
+                             '{"heap": 5}']).env.kwargs == {"heap": 5}
+
+
 def test_env_kwargs_that_are_not_a_json_object_are_a_clear_error(capsys):
     assert main(["train", "--preset", "tiny", "--env-kwargs", "[1, 2]"]) == 2
     err = capsys.readouterr().err

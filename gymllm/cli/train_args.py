@@ -186,6 +186,21 @@ def suite_base(base: object, args: Sequence[str]) -> object:
     return dataclasses.replace(base, env=dataclasses.replace(env, id=DEFAULT_ENV_ID, kwargs={}, suite=suite))
 
 
+def env_id_base(base: object, args: Sequence[str]) -> object:
+    """``base`` without its env kwargs when ``--env.id`` on the command line names another env than the
+    preset's or the recipe's: those kwargs belong to that env (``--preset tiny --env.id my_games:nim_env``
+    must not hand TinyRepeat's ``num_letters`` to the user's factory), so the env id takes them away with
+    it, as a suite does. ``--env-kwargs`` (applied before) and ``--env.kwargs`` still set the new env's own."""
+    import dataclasses
+
+    env_id = flag_value(args, "--env.id")
+    env = base.env  # type: ignore[attr-defined]
+    if env_id is None or env_id == env.id or flag_value(args, "--env-kwargs") is not None \
+            or flag_value(args, "--env_kwargs") is not None:
+        return base
+    return dataclasses.replace(base, env=dataclasses.replace(env, kwargs={}))
+
+
 def recipe_sft_stage(recipe: str | None) -> object:
     """The recipe's ``[sft]`` table as a :class:`~gymllm.cli.recipes.SFTStage`, or None (no recipe or no table)."""
     from gymllm.cli.recipes import load_recipe, sft_stage_from
@@ -208,7 +223,7 @@ def parse_train_plan(args: Sequence[str], *, description: str | None = None) -> 
         if lead[key] not in known:
             lead[key] = None  # tyro's usage error names the choices
     base = train_config_from(lead["recipe"], lead["preset"], lead["loss_preset"], lead["run_dir"], lead["env_kwargs"])
-    base = suite_base(base, args)
+    base = env_id_base(suite_base(base, args), args)
     parsed = tyro.cli(train_arguments(base), prog=TRAIN_PROG, description=description, args=args)
     if parsed.recipe != lead["recipe"]:  # a positional the scan could not place (e.g. a recipe that does not exist)
         raise ConfigError(explain("gymllm train RECIPE", expected="a TOML recipe (a path or a shipped name) or a "
