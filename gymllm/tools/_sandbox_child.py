@@ -121,13 +121,45 @@ def _mountinfo() -> list[tuple[str, list[str]]]:
     return out
 
 
-def isolate(workdir: str, *, net: bool, fs: bool, pid: bool, ipc: bool = False) -> dict:
-    """Enter new namespaces; return which isolation layers took effect."""
+def join_workdir(ns_fds: dict) -> str | None:
+    """Enter the user and mount namespaces holding the work dir's tmpfs (``setns``); None, or why not.
+
+    The keeper (``_sandbox_keeper.py``) made them; its user namespace maps one unprivileged uid to the
+    caller's, so this process has every capability there (needed for the namespaces made next) and
+    none on the host.
+    """
+    try:
+        ctypes, libc = _libc()
+    except (ImportError, OSError) as e:
+        return f"ctypes: {e}"
+    for name, flag in (("user", CLONE_NEWUSER), ("mnt", CLONE_NEWNS)):
+        fd = ns_fds.get(name)
+        if fd is None or libc.setns(int(fd), flag) != 0:
+            return f"setns({name}): {os.strerror(ctypes.get_errno())}"
+        os.close(int(fd))
+    return None
+
+
+def drop_capabilities() -> bool:
+    """Empty this process's capability sets (``capset``): the code keeps none, even in its own namespaces."""
+    try:
+        ctypes, libc = _libc()
+        header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+        data = (ctypes.c_uint32 * 6)()
+        return libc.capset(header, data) == 0
+    except (ImportError, OSError, AttributeError):
+        return False
+
+
+def isolate(workdir: str, *, net: bool, fs: bool, pid: bool, ipc: bool = False, new_user: bool = True) -> dict:
+    """Enter new namespaces (a new user namespace too unless ``new_user=False``: already in the keeper's);
+    return which isolation layers took effect."""
     status = {"net": False, "fs": False, "pid": False, "ipc": False}
-    flags = (CLONE_NEWUSER | (CLONE_NEWNET if net else 0) | (CLONE_NEWNS if fs else 0) | (CLONE_NEWPID if pid else 0)
+    flags = ((CLONE_NEWNET if net else 0) | (CLONE_NEWNS if fs else 0) | (CLONE_NEWPID if pid else 0)
              | (CLONE_NEWIPC if ipc else 0))
-    if flags == CLONE_NEWUSER:
+    if not flags:
         return status
+    flags |= CLONE_NEWUSER if new_user else 0
     try:
         ctypes, libc = _libc()
     except (ImportError, OSError):
@@ -383,10 +415,17 @@ def main() -> None:
     workdir = spec["workdir"]
     status = {"cgroups": {name: join_cgroup(path) for name, path in (spec.get("cgroups") or {}).items()}}
     status["limits"] = set_limits(spec.get("limits", {}))
+    fd = spec.get("status_fd")
+    ns_fds = spec.get("ns_fds") or {}
+    if ns_fds:
+        why = join_workdir(ns_fds)
+        if why is not None:  # the tmpfs would be missing: run nothing rather than in the empty host directory
+            status["refused"] = f"workdir: cannot enter the work dir's namespaces ({why})"
+            _write_status(fd, status)
+            os._exit(126)
     iso = spec.get("isolate", {})
     status.update(isolate(workdir, net=iso.get("net", True), fs=iso.get("fs", True), pid=iso.get("pid", True),
-                          ipc=iso.get("ipc", True)))
-    fd = spec.get("status_fd")
+                          ipc=iso.get("ipc", True), new_user=not ns_fds))
     child = os.fork()
     if child == 0:
         try:
@@ -404,6 +443,7 @@ def main() -> None:
             status["refused"] = refusal(status, missing)
             _write_status(fd, status)
             os._exit(126)
+        status["capabilities_dropped"] = drop_capabilities()
         _write_status(fd, status)  # closed: the code cannot forge the report
         if spec["mode"] == "python":
             # ctypes can call libc around the audit hook; allow it (sympy needs it) only where the kernel
