@@ -491,9 +491,8 @@ class Sandbox:
                        f"max_disk_mb={self.config.max_disk_mb}; the run was killed. Remove files or raise "
                        f"SandboxConfig.max_disk_mb]")
         elif self._dir.full():
-            stderr += (f"\n[sandbox: the work dir is full (max_disk_mb={self.config.max_disk_mb}, files unlinked "
-                       f"but still open included): writes failed with ENOSPC. Remove files or raise "
-                       f"SandboxConfig.max_disk_mb]")
+            stderr += (f"\n[sandbox: the work dir is full (max_disk_mb={self.config.max_disk_mb}): writes failed "
+                       f"with ENOSPC. Remove files or raise SandboxConfig.max_disk_mb]")
         if self._closed:
             stderr += "\n[sandbox: closed during the run; the run was killed]"
         return SandboxResult(stdout=readers[0].text(), stderr=stderr,

@@ -20,7 +20,8 @@ directory of the path with a symbolic link between a check and an open (``rename
 
 ``race_hook`` is a seam for tests: when set, it is called as ``race_hook(event, dir_fd, name)`` right
 before each resolution (``"open"`` / ``"parents"``: the path's check is done, the open is next;
-``"descend"``: :func:`empty_dir` is about to open ``name`` beneath ``dir_fd``), so a test performs a swap
+``"descend"``: :func:`empty_dir` has just opened the directory ``name`` as ``dir_fd`` and is about to
+empty it), so a test performs a swap
 at the worst moment deterministically instead of racing for it.
 """
 
@@ -221,6 +222,13 @@ def _open_dir(dir_fd: int, name: str) -> int:
         return os.open(name, flags, dir_fd=dir_fd)
 
 
+def _quietly(remove, name: str, dir_fd: int) -> None:
+    try:
+        remove(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+
+
 def _empty(fd: int, root_fd: int, depth: int, names) -> bool:
     """Remove what is in ``fd``; True when some deeper directory was moved up to ``root_fd`` for later."""
     try:
@@ -235,7 +243,7 @@ def _empty(fd: int, root_fd: int, depth: int, names) -> bool:
             return moved
         for entry in entries:
             if not entry.is_dir(follow_symlinks=False):
-                os.unlink(entry.name, dir_fd=fd)
+                _quietly(os.unlink, entry.name, fd)
                 continue
             if depth >= MAX_DEPTH:
                 while True:
@@ -247,13 +255,16 @@ def _empty(fd: int, root_fd: int, depth: int, names) -> bool:
                 os.rename(entry.name, new, src_dir_fd=fd, dst_dir_fd=root_fd)
                 moved = True
                 continue
-            _hook("descend", fd, entry.name)
-            sub = _open_dir(fd, entry.name)
             try:
+                sub = _open_dir(fd, entry.name)
+            except FileNotFoundError:
+                continue
+            try:
+                _hook("descend", sub, entry.name)
                 moved |= _empty(sub, root_fd, depth + 1, names)
             finally:
                 os.close(sub)
-            os.rmdir(entry.name, dir_fd=fd)
+            _quietly(os.rmdir, entry.name, fd)  # gone: moved elsewhere in the tree, found by the next listing
 
 
 def empty_dir(root_fd: int) -> bool:
