@@ -6,7 +6,10 @@ It reads a JSON spec from ``argv[1]``, then, in this order:
    and all processes together stay under the memory limit;
 2. sets rlimits: CPU seconds, address space, file size, open files, core dumps, and (for a non-root
    user) process count;
-3. enters new user, mount, network, PID and IPC namespaces (``unshare``): no network interface but a
+3. joins the user and mount namespaces that hold the work dir's tmpfs (``setns`` on the descriptors the
+   parent passed; ``_sandbox_keeper.py`` made them; where that fails nothing runs), then enters new mount,
+   network, PID and IPC namespaces (``unshare``; a new user namespace too where the work dir is a plain
+   directory): no network interface but a
    down loopback, the whole file system re-mounted read-only except the work dir, no view of the
    host's processes, and SysV IPC / POSIX message queues of its own that die with the run (best
    effort: reported, not required; without the IPC namespace seccomp refuses those calls);
@@ -24,12 +27,12 @@ It reads a JSON spec from ``argv[1]``, then, in this order:
      ``io_uring``, ``bpf`` ..., and in Python mode without ``allow_subprocess`` no ``fork``/``clone``
      (threads stay) and no ``execve``: the process-count limit that holds for ``ctypes`` too;
 
-   then checks the guarantees (``landlock``, ``seccomp``, ``process_limit``, ``signals``): one that no
-   mechanism provides, and that the spec's ``allow_missing`` does not name, makes it refuse to run
-   anything (``"refused"`` in the status; the parent raises). Then it either execs a program
-   (``mode == "exec"``) or runs Python code in-process under an audit hook (``mode == "python"``)
-   that refuses writes outside the work dir, sockets and process creation with readable messages (a
-   further layer; where the mount and network namespaces are missing it also refuses ``ctypes``).
+   then empties its capability sets (``capset``) and checks the guarantees (``landlock``, ``seccomp``,
+   ``process_limit``, ``signals``): one that no mechanism provides, and that the spec's ``allow_missing``
+   does not name, makes it refuse to run anything (``"refused"`` in the status; the parent raises). Then
+   it either execs a program (``mode == "exec"``) or runs Python code in-process under an audit hook
+   (``mode == "python"``) that refuses writes outside the work dir, sockets and process creation with
+   readable messages (a further layer; where the mount and network namespaces are missing it also refuses ``ctypes``).
 
 What took effect is written as JSON to the status fd (closed before any untrusted code runs).
 """

@@ -1,4 +1,9 @@
-"""A subprocess sandbox: a temporary work dir in which Python code or shell commands run isolated.
+"""A subprocess sandbox: a private work dir in which Python code or shell commands run isolated.
+
+The work dir is a size-limited tmpfs only this sandbox's runs see (:mod:`gymllm.tools.sandbox_workdir`:
+``max_disk_mb`` is the kernel's, and on the host its path is an empty directory); the parent reaches its
+files by descriptors, never following a link (:mod:`gymllm.tools.sandbox_fs`); runs and file helpers of
+one ``Sandbox`` take turns, and ``close()`` kills a run in progress before dropping the work dir.
 
 Required kernel layers (unprivileged, inherited by every process the code starts, irreversible); a
 run where one is missing raises :class:`SandboxUnavailableError` naming it, never a silent
@@ -9,7 +14,8 @@ downgrade (``SandboxConfig(allow_missing=("landlock",))`` and the like run witho
   a few ``/etc`` files, ``/dev/null``..., ``/proc`` only when it is the sandbox's own); no TCP
   bind/connect; no signals, ``ptrace`` or abstract UNIX sockets reaching processes outside;
 - **seccomp** (:mod:`gymllm.tools.seccomp`): no ``socket()`` of any family (inet, inet6, unix,
-  netlink, ...), no ``ptrace``, mount, namespace, ``io_uring``, ``bpf``, ``TIOCSTI`` ...; in Python
+  netlink, ...), no ``ptrace``, mount, namespace, ``io_uring``, ``bpf``, ``TIOCSTI``, ``inotify``,
+  ``fanotify`` ...; file locks succeed without locking (nothing another sandbox could observe); in Python
   mode without ``allow_subprocess`` no ``fork``/``clone``/``execve`` at all (threads stay), which
   also holds for ``fork`` called through ``ctypes``;
 - a **process-count limit** (``process_limit``): that seccomp rule in Python mode, else a ``pids``
@@ -18,7 +24,8 @@ downgrade (``SandboxConfig(allow_missing=("landlock",))`` and the like run witho
 
 Further layers (each reported in :attr:`SandboxResult.isolation`, so a caller knows what took effect):
 
-- **kernel namespaces** (Linux, when user namespaces are allowed; best effort): no network (an empty
+- **kernel namespaces** (Linux, when user namespaces are allowed; best effort): the code runs as uid 1000
+  of the work dir's user namespace with no capabilities; no network (an empty
   network namespace), the whole file system read-only except the work dir (a private mount
   namespace), no view of or signals to host processes (a PID namespace whose death kills everything
   inside, with its own ``/proc``);
@@ -29,6 +36,8 @@ Further layers (each reported in :attr:`SandboxResult.isolation`, so a caller kn
 - a **Python audit hook** in Python mode: writes outside the work dir, sockets and new processes
   are refused with readable messages before the kernel sees them (and where the mount and network
   namespaces are missing ``ctypes`` is refused too);
+- the **disk cap** ``max_disk_mb``: the tmpfs's size (``isolation["disk_cap"] == "tmpfs (kernel)"``), or, where
+  no tmpfs could be made, a poll of the named files that kills the run past it (``"poll (why)"``);
 - a **wall-clock timeout** that kills the whole process group, and stdout/stderr capped at
   ``max_output_bytes`` each (the rest is drained and counted, never buffered);
 - an **allowlisted environment**: the code sees only ``PATH``, ``HOME`` and ``TMPDIR`` (the work dir),
@@ -39,6 +48,7 @@ Usage::
     with Sandbox(SandboxConfig(timeout_s=5)) as sb:
         res = sb.run_python("print(2 + 2)")      # res.stdout == "4\\n"
         res = sb.run_shell("ls -la && cat x.txt")
+        sb.read_file("out.txt"); sb.write_files({"in.txt": "..."}); sb.listdir()
 """
 
 from __future__ import annotations
@@ -81,8 +91,9 @@ class SandboxConfig:
         max_processes: process limit (pids cgroup, or ``RLIMIT_NPROC`` for a non-root user).
         max_output_bytes: bytes kept of stdout and of stderr each.
         max_file_mb: largest file a process may write (``RLIMIT_FSIZE``).
-        max_disk_mb: total size of the work dir (every file's allocated blocks, plus one block per entry); a
-            run that passes it is killed and its stderr ends with a message naming this cap.
+        max_disk_mb: total size of the work dir: the size of its tmpfs (every page the code holds, named or
+            not, in memory; one inode per 4 KiB), past which writes fail with ENOSPC; a run's stderr then ends
+            with a message naming this cap. Where no tmpfs can be made, a poll of named files kills the run.
         max_open_files: ``RLIMIT_NOFILE``.
         network: allow network access (default False: an empty network namespace).
         allow_subprocess: Python mode only: allow the code to start processes.

@@ -37,8 +37,8 @@ from typing import Callable
 
 from gymllm.errors import ToolError, explain
 
-__all__ = ["MAX_DEPTH", "openat2_available", "split_path", "open_beneath", "open_dir_beneath", "make_parents", "empty_dir",
-           "tree_usage", "race_hook"]
+__all__ = ["MAX_DEPTH", "openat2_available", "split_path", "open_beneath", "open_dir_beneath", "make_parents",
+           "empty_dir", "tree_usage", "race_hook"]
 
 SYS_OPENAT2 = 437  # the same on every architecture (the unified syscall table)
 RESOLVE_NO_XDEV, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x01, 0x02, 0x04, 0x08
@@ -89,7 +89,7 @@ def _use_openat2() -> bool:
     return openat2_available() if USE_OPENAT2 is None else bool(USE_OPENAT2 and openat2_available())
 
 
-def _refuse(rel: str, why: str, fix: str = "use a relative path of plain directories inside the work dir") -> ToolError:
+def _refuse(rel: str, why: str, fix: str = "use a relative path of plain directories in the work dir") -> ToolError:
     return ToolError(explain("Sandbox file path", expected="a path inside the work dir, without links",
                              received=f"{rel!r} ({why})", fix=fix))
 
