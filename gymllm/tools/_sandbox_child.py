@@ -32,7 +32,8 @@ It reads a JSON spec from ``argv[1]``, then, in this order:
    does not name, makes it refuse to run anything (``"refused"`` in the status; the parent raises). Then
    it either execs a program (``mode == "exec"``) or runs Python code in-process under an audit hook
    (``mode == "python"``) that refuses writes outside the work dir, sockets and process creation with
-   readable messages (a further layer; where the mount and network namespaces are missing it also refuses ``ctypes``).
+   readable messages (a further layer; where the mount and network namespaces are missing it also
+   refuses ``ctypes``).
 
 What took effect is written as JSON to the status fd (closed before any untrusted code runs).
 """
