@@ -56,7 +56,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import itertools
 import json
 import os
 import signal
@@ -67,12 +66,12 @@ import time
 from typing import Mapping
 
 from gymllm.errors import ConfigError, ToolError, explain
+from gymllm.tools.sandbox_cgroups import make_cgroups, remove_cgroup
 from gymllm.tools.sandbox_fs import empty_dir, open_beneath, open_dir_beneath
 from gymllm.tools.sandbox_workdir import WorkDir
 from gymllm.validation import check_range
 
 _CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_child.py")
-_COUNTER = itertools.count()
 GUARANTEES = ("landlock", "seccomp", "process_limit", "signals")
 """The required layers; ``SandboxConfig.allow_missing`` may name those a run may go without."""
 
@@ -167,6 +166,7 @@ class SandboxResult:
 
 
 _DISK_POLL_S = 0.02
+_CLOSE_WAIT_S = 60.0  # how long close() waits for a killed run's thread to hand the sandbox back
 
 
 def _feed(pipe, data: bytes) -> None:
@@ -203,73 +203,6 @@ class _CappedReader(threading.Thread):
         if self.dropped:
             out += f"\n... [output truncated: {self.dropped} more bytes]"
         return out
-
-
-def _own_cgroup(controller: str) -> str | None:
-    """This process's cgroup directory in the v1 ``controller`` hierarchy, when it exists and is writable."""
-    base = f"/sys/fs/cgroup/{controller}"
-    try:
-        with open("/proc/self/cgroup") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, controllers, rel = line.split(":", 2)
-        if controller in controllers.split(","):
-            path = os.path.normpath(base + rel)
-            return path if os.path.isdir(path) and os.access(path, os.W_OK) else None
-    return None
-
-
-def _make_cgroups(config: "SandboxConfig") -> dict[str, str]:
-    """Child cgroups (under this process's own) capping processes and total memory: ``{controller: path}``."""
-    limits = {"pids": {"pids.max": config.max_processes},
-              "memory": {"memory.limit_in_bytes": config.memory_mb * 2**20,
-                         "memory.memsw.limit_in_bytes": config.memory_mb * 2**20}}
-    made: dict[str, str] = {}
-    for controller, files in limits.items():
-        parent = _own_cgroup(controller)
-        if parent is None:
-            continue
-        path = os.path.join(parent, f"gymllm-sbx-{os.getpid()}-{next(_COUNTER)}")
-        try:
-            os.mkdir(path)
-            first = True
-            for name, value in files.items():
-                try:
-                    with open(os.path.join(path, name), "w") as f:
-                        f.write(str(value))
-                except OSError:
-                    if first:
-                        raise
-                first = False
-            made[controller] = path
-        except OSError:
-            _remove_cgroup(path)
-    return made
-
-
-def _remove_cgroup(path: str | None) -> None:
-    if not path:
-        return
-    for _ in range(50):
-        try:
-            with open(os.path.join(path, "cgroup.procs")) as f:
-                pids = [int(x) for x in f.read().split()]
-        except OSError:
-            pids = []
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        try:
-            os.rmdir(path)
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.02)
 
 
 def _spec(c: SandboxConfig, workdir: str, ns_fds: dict, extra: dict, status_fd: int, cgroups: dict[str, str]) -> dict:
@@ -447,7 +380,7 @@ class Sandbox:
 
     def _run_held(self, extra: dict, timeout_s: float | None, stdin: str | None) -> SandboxResult:
         timeout = self.config.timeout_s if timeout_s is None else timeout_s
-        cgroups = _make_cgroups(self.config)
+        cgroups = make_cgroups(self.config)
         r_fd, w_fd = os.pipe()
         spec = _spec(self.config, self.workdir, self._dir.ns_fds, extra, w_fd, cgroups)
         start = time.perf_counter()
@@ -461,7 +394,7 @@ class Sandbox:
             os.close(r_fd)
             os.close(w_fd)
             for path in cgroups.values():
-                _remove_cgroup(path)
+                remove_cgroup(path)
             raise ToolError(f"sandbox could not start: {e}") from e
         with self._state:
             self._proc = proc
@@ -479,7 +412,7 @@ class Sandbox:
         timed_out, used = (False, None) if closing else self._watch(proc, start + timeout)
         _kill(proc)
         for path in cgroups.values():
-            _remove_cgroup(path)
+            remove_cgroup(path)
         if writer is not None:
             writer.join(timeout=2.0)
         for r in readers:
@@ -559,6 +492,9 @@ class Sandbox:
         directory is emptied by descriptors (:func:`gymllm.tools.sandbox_fs.empty_dir`, any depth, any rights
         the code set). Later calls of any method but ``close`` raise ToolError.
         """
+        self._close(wait_s=_CLOSE_WAIT_S)
+
+    def _close(self, *, wait_s: float) -> None:
         with self._state:
             if self._closed:
                 return
@@ -566,8 +502,11 @@ class Sandbox:
             proc = self._proc
         if proc is not None:
             _kill(proc, wait=False)  # the run's own thread reaps it and releases the sandbox
-        with self._lock:
-            self._dir.close()
+        if self._lock.acquire(timeout=wait_s):  # bounded: a run thread frozen at interpreter exit never hangs it
+            try:
+                self._dir.close()
+            finally:
+                self._lock.release()
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -577,7 +516,7 @@ class Sandbox:
 
     def __del__(self) -> None:
         try:
-            self.close()
+            self._close(wait_s=2.0)
         except Exception:  # noqa: BLE001 - best effort at interpreter exit
             pass
 
