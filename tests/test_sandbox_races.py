@@ -353,3 +353,11 @@ def test_read_file_returns_bytes_on_request_and_refuses_undecodable_text():
             box.read_file("bin")
         with pytest.raises(ToolError, match="str or bytes"):
             box.write_files({"n": 3})
+
+
+def test_write_files_past_the_disk_cap_is_a_clear_error():
+    with Sandbox(SandboxConfig(timeout_s=8, max_disk_mb=2)) as box:
+        if box.run_shell("true").isolation["disk_cap"] != "tmpfs (kernel)":
+            pytest.skip("no private tmpfs here: the cap is a poll during runs")
+        with pytest.raises(ToolError, match="max_disk_mb=2"):
+            box.write_files({"big": b"x" * (3 << 20)})

@@ -56,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import signal
@@ -299,10 +300,17 @@ class Sandbox:
                 if not isinstance(data, (str, bytes)):
                     raise ToolError(explain("Sandbox.write_files", expected="str or bytes contents",
                                             received=f"{rel!r}: {type(data).__name__}", fix="encode the contents"))
-                fd = open_beneath(self._dir.fd, rel, os.O_WRONLY | os.O_CREAT, create_parents=True)
-                with open(fd, "wb", closefd=True) as f:
-                    f.truncate(0)
-                    f.write(data.encode() if isinstance(data, str) else data)
+                try:
+                    fd = open_beneath(self._dir.fd, rel, os.O_WRONLY | os.O_CREAT, create_parents=True)
+                    with open(fd, "wb", closefd=True) as f:
+                        f.truncate(0)
+                        f.write(data.encode() if isinstance(data, str) else data)
+                except OSError as e:
+                    if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                        raise
+                    raise ToolError(explain("Sandbox.write_files", expected=f"room in the work dir (max_disk_mb="
+                                            f"{self.config.max_disk_mb})", received=f"{rel!r}: {e.strerror}",
+                                            fix="remove files or raise SandboxConfig.max_disk_mb")) from None
 
     def read_file(self, relpath: str, *, binary: bool = False) -> str | bytes:
         """A regular file of the work dir: its text (UTF-8), or its bytes with ``binary=True``.
