@@ -222,8 +222,8 @@ def world():
 
 
 def _run(box: Sandbox, mode: str, body: str, fmt: dict):
-    subprocess.run(["rm", "-rf", *(os.path.join(box.workdir, n) for n in os.listdir(box.workdir) if n != "data")],
-                   check=True)  # a fresh work dir per attempt (the links and files of the last one gone)
+    box.clear()  # a fresh work dir per attempt (the links and files of the last one gone)
+    box.write_files({"data/input.txt": "hello"})
     code = PRELUDE + "\ndef go():\n    " + body.format(**fmt) + "\n\nprint('RESULT', outcome(go))\n"
     res = box.run_python(code) if mode == "p" else box.run_argv(["python", "-I", "-S", "-c", code])
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]

@@ -6,7 +6,10 @@ It reads a JSON spec from ``argv[1]``, then, in this order:
    and all processes together stay under the memory limit;
 2. sets rlimits: CPU seconds, address space, file size, open files, core dumps, and (for a non-root
    user) process count;
-3. enters new user, mount, network, PID and IPC namespaces (``unshare``): no network interface but a
+3. joins the user and mount namespaces that hold the work dir's tmpfs (``setns`` on the descriptors the
+   parent passed; ``_sandbox_keeper.py`` made them; where that fails nothing runs), then enters new mount,
+   network, PID and IPC namespaces (``unshare``; a new user namespace too where the work dir is a plain
+   directory): no network interface but a
    down loopback, the whole file system re-mounted read-only except the work dir, no view of the
    host's processes, and SysV IPC / POSIX message queues of its own that die with the run (best
    effort: reported, not required; without the IPC namespace seccomp refuses those calls);
@@ -24,12 +27,13 @@ It reads a JSON spec from ``argv[1]``, then, in this order:
      ``io_uring``, ``bpf`` ..., and in Python mode without ``allow_subprocess`` no ``fork``/``clone``
      (threads stay) and no ``execve``: the process-count limit that holds for ``ctypes`` too;
 
-   then checks the guarantees (``landlock``, ``seccomp``, ``process_limit``, ``signals``): one that no
-   mechanism provides, and that the spec's ``allow_missing`` does not name, makes it refuse to run
-   anything (``"refused"`` in the status; the parent raises). Then it either execs a program
-   (``mode == "exec"``) or runs Python code in-process under an audit hook (``mode == "python"``)
-   that refuses writes outside the work dir, sockets and process creation with readable messages (a
-   further layer; where the mount and network namespaces are missing it also refuses ``ctypes``).
+   then empties its capability sets (``capset``) and checks the guarantees (``landlock``, ``seccomp``,
+   ``process_limit``, ``signals``): one that no mechanism provides, and that the spec's ``allow_missing``
+   does not name, makes it refuse to run anything (``"refused"`` in the status; the parent raises). Then
+   it either execs a program (``mode == "exec"``) or runs Python code in-process under an audit hook
+   (``mode == "python"``) that refuses writes outside the work dir, sockets and process creation with
+   readable messages (a further layer; where the mount and network namespaces are missing it also
+   refuses ``ctypes``).
 
 What took effect is written as JSON to the status fd (closed before any untrusted code runs).
 """
@@ -121,13 +125,45 @@ def _mountinfo() -> list[tuple[str, list[str]]]:
     return out
 
 
-def isolate(workdir: str, *, net: bool, fs: bool, pid: bool, ipc: bool = False) -> dict:
-    """Enter new namespaces; return which isolation layers took effect."""
+def join_workdir(ns_fds: dict) -> str | None:
+    """Enter the user and mount namespaces holding the work dir's tmpfs (``setns``); None, or why not.
+
+    The keeper (``_sandbox_keeper.py``) made them; its user namespace maps one unprivileged uid to the
+    caller's, so this process has every capability there (needed for the namespaces made next) and
+    none on the host.
+    """
+    try:
+        ctypes, libc = _libc()
+    except (ImportError, OSError) as e:
+        return f"ctypes: {e}"
+    for name, flag in (("user", CLONE_NEWUSER), ("mnt", CLONE_NEWNS)):
+        fd = ns_fds.get(name)
+        if fd is None or libc.setns(int(fd), flag) != 0:
+            return f"setns({name}): {os.strerror(ctypes.get_errno())}"
+        os.close(int(fd))
+    return None
+
+
+def drop_capabilities() -> bool:
+    """Empty this process's capability sets (``capset``): the code keeps none, even in its own namespaces."""
+    try:
+        ctypes, libc = _libc()
+        header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+        data = (ctypes.c_uint32 * 6)()
+        return libc.capset(header, data) == 0
+    except (ImportError, OSError, AttributeError):
+        return False
+
+
+def isolate(workdir: str, *, net: bool, fs: bool, pid: bool, ipc: bool = False, new_user: bool = True) -> dict:
+    """Enter new namespaces (a new user namespace too unless ``new_user=False``: already in the keeper's);
+    return which isolation layers took effect."""
     status = {"net": False, "fs": False, "pid": False, "ipc": False}
-    flags = (CLONE_NEWUSER | (CLONE_NEWNET if net else 0) | (CLONE_NEWNS if fs else 0) | (CLONE_NEWPID if pid else 0)
+    flags = ((CLONE_NEWNET if net else 0) | (CLONE_NEWNS if fs else 0) | (CLONE_NEWPID if pid else 0)
              | (CLONE_NEWIPC if ipc else 0))
-    if flags == CLONE_NEWUSER:
+    if not flags:
         return status
+    flags |= CLONE_NEWUSER if new_user else 0
     try:
         ctypes, libc = _libc()
     except (ImportError, OSError):
@@ -383,10 +419,17 @@ def main() -> None:
     workdir = spec["workdir"]
     status = {"cgroups": {name: join_cgroup(path) for name, path in (spec.get("cgroups") or {}).items()}}
     status["limits"] = set_limits(spec.get("limits", {}))
+    fd = spec.get("status_fd")
+    ns_fds = spec.get("ns_fds") or {}
+    if ns_fds:
+        why = join_workdir(ns_fds)
+        if why is not None:  # the tmpfs would be missing: run nothing rather than in the empty host directory
+            status["refused"] = f"workdir: cannot enter the work dir's namespaces ({why})"
+            _write_status(fd, status)
+            os._exit(126)
     iso = spec.get("isolate", {})
     status.update(isolate(workdir, net=iso.get("net", True), fs=iso.get("fs", True), pid=iso.get("pid", True),
-                          ipc=iso.get("ipc", True)))
-    fd = spec.get("status_fd")
+                          ipc=iso.get("ipc", True), new_user=not ns_fds))
     child = os.fork()
     if child == 0:
         try:
@@ -404,6 +447,7 @@ def main() -> None:
             status["refused"] = refusal(status, missing)
             _write_status(fd, status)
             os._exit(126)
+        status["capabilities_dropped"] = drop_capabilities()
         _write_status(fd, status)  # closed: the code cannot forge the report
         if spec["mode"] == "python":
             # ctypes can call libc around the audit hook; allow it (sympy needs it) only where the kernel

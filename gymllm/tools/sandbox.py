@@ -1,4 +1,9 @@
-"""A subprocess sandbox: a temporary work dir in which Python code or shell commands run isolated.
+"""A subprocess sandbox: a private work dir in which Python code or shell commands run isolated.
+
+The work dir is a size-limited tmpfs only this sandbox's runs see (:mod:`gymllm.tools.sandbox_workdir`:
+``max_disk_mb`` is the kernel's, and on the host its path is an empty directory); the parent reaches its
+files by descriptors, never following a link (:mod:`gymllm.tools.sandbox_fs`); runs and file helpers of
+one ``Sandbox`` take turns, and ``close()`` kills a run in progress before dropping the work dir.
 
 Required kernel layers (unprivileged, inherited by every process the code starts, irreversible); a
 run where one is missing raises :class:`SandboxUnavailableError` naming it, never a silent
@@ -9,7 +14,8 @@ downgrade (``SandboxConfig(allow_missing=("landlock",))`` and the like run witho
   a few ``/etc`` files, ``/dev/null``..., ``/proc`` only when it is the sandbox's own); no TCP
   bind/connect; no signals, ``ptrace`` or abstract UNIX sockets reaching processes outside;
 - **seccomp** (:mod:`gymllm.tools.seccomp`): no ``socket()`` of any family (inet, inet6, unix,
-  netlink, ...), no ``ptrace``, mount, namespace, ``io_uring``, ``bpf``, ``TIOCSTI`` ...; in Python
+  netlink, ...), no ``ptrace``, mount, namespace, ``io_uring``, ``bpf``, ``TIOCSTI``, ``inotify``,
+  ``fanotify`` ...; file locks succeed without locking (nothing another sandbox could observe); in Python
   mode without ``allow_subprocess`` no ``fork``/``clone``/``execve`` at all (threads stay), which
   also holds for ``fork`` called through ``ctypes``;
 - a **process-count limit** (``process_limit``): that seccomp rule in Python mode, else a ``pids``
@@ -18,7 +24,8 @@ downgrade (``SandboxConfig(allow_missing=("landlock",))`` and the like run witho
 
 Further layers (each reported in :attr:`SandboxResult.isolation`, so a caller knows what took effect):
 
-- **kernel namespaces** (Linux, when user namespaces are allowed; best effort): no network (an empty
+- **kernel namespaces** (Linux, when user namespaces are allowed; best effort): the code runs as uid 1000
+  of the work dir's user namespace with no capabilities; no network (an empty
   network namespace), the whole file system read-only except the work dir (a private mount
   namespace), no view of or signals to host processes (a PID namespace whose death kills everything
   inside, with its own ``/proc``);
@@ -29,6 +36,8 @@ Further layers (each reported in :attr:`SandboxResult.isolation`, so a caller kn
 - a **Python audit hook** in Python mode: writes outside the work dir, sockets and new processes
   are refused with readable messages before the kernel sees them (and where the mount and network
   namespaces are missing ``ctypes`` is refused too);
+- the **disk cap** ``max_disk_mb``: the tmpfs's size (``isolation["disk_cap"] == "tmpfs (kernel)"``), or, where
+  no tmpfs could be made, a poll of the named files that kills the run past it (``"poll (why)"``);
 - a **wall-clock timeout** that kills the whole process group, and stdout/stderr capped at
   ``max_output_bytes`` each (the rest is drained and counted, never buffered);
 - an **allowlisted environment**: the code sees only ``PATH``, ``HOME`` and ``TMPDIR`` (the work dir),
@@ -39,31 +48,31 @@ Usage::
     with Sandbox(SandboxConfig(timeout_s=5)) as sb:
         res = sb.run_python("print(2 + 2)")      # res.stdout == "4\\n"
         res = sb.run_shell("ls -la && cat x.txt")
+        sb.read_file("out.txt"); sb.write_files({"in.txt": "..."}); sb.listdir()
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import errno
-import itertools
 import json
 import os
-import shutil
 import signal
-import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from typing import Mapping
 
 from gymllm.errors import ConfigError, ToolError, explain
+from gymllm.tools.sandbox_cgroups import make_cgroups, remove_cgroup
+from gymllm.tools.sandbox_fs import empty_dir, open_beneath, open_dir_beneath
+from gymllm.tools.sandbox_workdir import WorkDir
 from gymllm.validation import check_range
 
 _CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_child.py")
-_COUNTER = itertools.count()
 GUARANTEES = ("landlock", "seccomp", "process_limit", "signals")
 """The required layers; ``SandboxConfig.allow_missing`` may name those a run may go without."""
 
@@ -82,8 +91,9 @@ class SandboxConfig:
         max_processes: process limit (pids cgroup, or ``RLIMIT_NPROC`` for a non-root user).
         max_output_bytes: bytes kept of stdout and of stderr each.
         max_file_mb: largest file a process may write (``RLIMIT_FSIZE``).
-        max_disk_mb: total size of the work dir (every file's allocated blocks, plus one block per entry); a
-            run that passes it is killed and its stderr ends with a message naming this cap.
+        max_disk_mb: total size of the work dir: the size of its tmpfs (every page the code holds, named or
+            not, in memory; one inode per 4 KiB), past which writes fail with ENOSPC; a run's stderr then ends
+            with a message naming this cap. Where no tmpfs can be made, a poll of named files kills the run.
         max_open_files: ``RLIMIT_NOFILE``.
         network: allow network access (default False: an empty network namespace).
         allow_subprocess: Python mode only: allow the code to start processes.
@@ -157,6 +167,7 @@ class SandboxResult:
 
 
 _DISK_POLL_S = 0.02
+_CLOSE_WAIT_S = 60.0  # how long close() waits for a killed run's thread to hand the sandbox back
 
 
 def _feed(pipe, data: bytes) -> None:
@@ -195,184 +206,41 @@ class _CappedReader(threading.Thread):
         return out
 
 
-def _own_cgroup(controller: str) -> str | None:
-    """This process's cgroup directory in the v1 ``controller`` hierarchy, when it exists and is writable."""
-    base = f"/sys/fs/cgroup/{controller}"
+def _spec(c: SandboxConfig, workdir: str, ns_fds: dict, extra: dict, status_fd: int, cgroups: dict[str, str]) -> dict:
+    """The launcher's JSON spec for one run."""
+    limits = {
+        "cpu_s": int(c.timeout_s) + 1,
+        "address_space_bytes": c.memory_mb * 2**20,
+        "file_size_bytes": c.max_file_mb * 2**20,
+        "open_files": c.max_open_files,
+        "core_bytes": 0,
+        "processes": c.max_processes,
+    }
+    iso = {"net": c.namespaces and not c.network, "fs": c.namespaces, "pid": c.namespaces, "ipc": c.namespaces}
+    return {"workdir": workdir, "ns_fds": dict(ns_fds), "limits": limits, "isolate": iso, "network": c.network,
+            "status_fd": status_fd, "cgroups": cgroups, "read_paths": list(c.read_paths),
+            "python_paths": sorted({sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable)}),
+            "extra_paths": list(c.extra_paths), "allow_missing": list(c.allow_missing), **extra}
+
+
+def _kill(proc: subprocess.Popen, *, wait: bool = True) -> None:
     try:
-        with open("/proc/self/cgroup") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, controllers, rel = line.split(":", 2)
-        if controller in controllers.split(","):
-            path = os.path.normpath(base + rel)
-            return path if os.path.isdir(path) and os.access(path, os.W_OK) else None
-    return None
-
-
-def _make_cgroups(config: "SandboxConfig") -> dict[str, str]:
-    """Child cgroups (under this process's own) capping processes and total memory: ``{controller: path}``."""
-    limits = {"pids": {"pids.max": config.max_processes},
-              "memory": {"memory.limit_in_bytes": config.memory_mb * 2**20,
-                         "memory.memsw.limit_in_bytes": config.memory_mb * 2**20}}
-    made: dict[str, str] = {}
-    for controller, files in limits.items():
-        parent = _own_cgroup(controller)
-        if parent is None:
-            continue
-        path = os.path.join(parent, f"gymllm-sbx-{os.getpid()}-{next(_COUNTER)}")
-        try:
-            os.mkdir(path)
-            first = True
-            for name, value in files.items():
-                try:
-                    with open(os.path.join(path, name), "w") as f:
-                        f.write(str(value))
-                except OSError:
-                    if first:
-                        raise
-                first = False
-            made[controller] = path
-        except OSError:
-            _remove_cgroup(path)
-    return made
-
-
-def _remove_cgroup(path: str | None) -> None:
-    if not path:
-        return
-    for _ in range(50):
-        try:
-            with open(os.path.join(path, "cgroup.procs")) as f:
-                pids = [int(x) for x in f.read().split()]
-        except OSError:
-            pids = []
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        try:
-            os.rmdir(path)
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.02)
-
-
-def _open_regular(full: str, flags: int, rel: str) -> int:
-    """Open ``full`` without following a last link and without blocking; refuse all but regular files."""
-    try:
-        fd = os.open(full, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
-    except OSError as e:
-        if e.errno in (errno.ELOOP, errno.ENXIO, errno.ENODEV):  # a link, a FIFO with no reader, a device
-            raise ToolError(explain("Sandbox file", expected="a regular file", received=f"{rel!r} ({e.strerror})",
-                                    fix="read and write only regular files in the work dir")) from None
-        raise
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise ToolError(explain("Sandbox file", expected="a regular file",
-                                received=f"{rel!r} ({_KINDS.get(stat.S_IFMT(mode), 'not a regular file')})",
-                                fix="read and write only regular files in the work dir"))
-    os.set_blocking(fd, True)
-    return fd
-
-
-_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
-          stat.S_IFBLK: "a block device", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symbolic link"}
-
-
-def disk_usage(root: str, *, limit: int | None = None) -> int:
-    """Bytes the tree at ``root`` holds: allocated blocks of every entry plus one 4 KiB block per entry.
-
-    Iterative (any depth), never follows links; stops early once past ``limit``.
-    """
-    total, stack = 0, [root]
-    while stack:
-        try:
-            it = os.scandir(stack.pop())
-        except OSError:
-            continue
-        with it:
-            for entry in it:
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                total += st.st_blocks * 512 + 4096
-                if stat.S_ISDIR(st.st_mode):
-                    stack.append(entry.path)
-                if limit is not None and total > limit:
-                    return total
-    return total
-
-
-def remove_tree(root: str) -> bool:
-    """Remove the tree at ``root`` without recursion (any depth) or following links; True when it is gone.
-
-    Directories the code made unreadable or unwritable get their owner's rights back first. Never raises.
-    """
-    names: list[str] = []
-    try:
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
-    try:
-        for _ in range(10_000_000):  # a bound, never reached by a tree the limits allow
-            sub = None
-            with os.scandir(fd) as it:
-                entries = list(itertools.islice(it, 4096))
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    sub = entry.name
-                    break
-                try:
-                    os.unlink(entry.name, dir_fd=fd)
-                except PermissionError:
-                    os.chmod(fd, 0o700)
-                    os.unlink(entry.name, dir_fd=fd)
-            if sub is not None:
-                try:
-                    child = os.open(sub, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-                except PermissionError:
-                    os.chmod(sub, 0o700, dir_fd=fd, follow_symlinks=False)
-                    child = os.open(sub, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-                os.close(fd)
-                fd = child
-                names.append(sub)
-                continue
-            if entries:
-                continue  # more entries than one listing held
-            if not names:
-                break
-            parent = os.open("..", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
-            os.close(fd)
-            fd = parent
-            name = names.pop()
-            try:
-                os.rmdir(name, dir_fd=fd)
-            except PermissionError:
-                os.chmod(fd, 0o700)
-                os.rmdir(name, dir_fd=fd)
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher, the namespace init, and their group
     except OSError:
         pass
+    if wait:
+        proc.wait()
+
+
+def _read_status(fd: int) -> dict:
+    try:
+        data = os.read(fd, 65536)
     finally:
         os.close(fd)
     try:
-        os.rmdir(root)
-    except FileNotFoundError:
-        pass
-    except OSError:
-        try:
-            shutil.rmtree(root, ignore_errors=True)
-        except Exception:  # noqa: BLE001 - close() never raises
-            pass
-    return not os.path.lexists(root)
+        return json.loads(data.decode()) if data else {}
+    except ValueError:
+        return {}
 
 
 def _shell_env(workdir: str) -> dict[str, str]:
@@ -382,42 +250,106 @@ def _shell_env(workdir: str) -> dict[str, str]:
 
 
 class Sandbox:
-    """A temporary work dir (removed on :meth:`close`) in which code and commands run isolated.
+    """A private work dir (dropped on :meth:`close`) in which code and commands run isolated.
+
+    The work dir is a size-limited tmpfs that only this sandbox's runs see (:mod:`gymllm.tools.sandbox_workdir`;
+    a plain directory where user namespaces are unavailable, see ``SandboxResult.isolation["disk_cap"]``):
+    :attr:`workdir` is its path *as the code sees it*; on the host that path is an empty directory, so
+    read and write files through :meth:`read_file`, :meth:`write_files`, :meth:`listdir` and :meth:`clear`.
+
+    One operation at a time: a run and the file helpers hold the sandbox in turn (a call from another
+    thread, or after an ``asyncio`` timeout left a run going, waits for it), so nothing of the parent
+    touches the work dir while code of this sandbox runs. :meth:`close` kills a run in progress first,
+    waits for it, then drops the work dir.
 
     Args:
         config: limits; defaults to ``SandboxConfig()``.
-        files: ``{relative path: text}`` written into the work dir before any run.
+        files: ``{relative path: text or bytes}`` written into the work dir before any run.
     """
 
-    def __init__(self, config: SandboxConfig | None = None, *, files: Mapping[str, str] | None = None):
+    def __init__(self, config: SandboxConfig | None = None, *, files: Mapping[str, str | bytes] | None = None):
         self.config = config or SandboxConfig()
-        self.workdir = os.path.realpath(tempfile.mkdtemp(prefix="gymllm-sandbox-"))
+        self._dir = WorkDir(max_disk_mb=self.config.max_disk_mb, namespaces=self.config.namespaces)
+        self.workdir = self._dir.path
         self._closed = False
+        self._lock = threading.Lock()  # one run or file operation at a time
+        self._state = threading.Lock()  # guards _closed and _proc between close() and a run
+        self._proc: subprocess.Popen | None = None
+        self._started = threading.Event()
         if files:
             self.write_files(files)
 
-    # -- files (written by the trusted parent) --------------------------------------------
-    def _resolve(self, relpath: str) -> str:
-        full = os.path.realpath(os.path.join(self.workdir, relpath))
-        if not (full == self.workdir or full.startswith(self.workdir + os.sep)):
-            raise ToolError(explain("Sandbox file path", expected="a path inside the work dir",
-                                    received=relpath, fix="use a relative path without '..'"))
-        return full
+    # -- files (read and written by the trusted parent, by descriptors beneath the work dir) ----------
+    @contextlib.contextmanager
+    def _exclusive(self, what: str):
+        """Hold the sandbox for one operation: a run, or a file helper, never both at once (see the class doc)."""
+        with self._lock:
+            if self._closed:
+                raise ToolError(explain(f"Sandbox.{what}", expected="an open sandbox", received="a closed one",
+                                        fix="create a new Sandbox"))
+            yield
 
-    def write_files(self, files: Mapping[str, str]) -> None:
-        """Write ``{relative path: text}`` into the work dir (regular files only; never follows a link)."""
-        for rel, text in files.items():
-            full = self._resolve(rel)
-            os.makedirs(os.path.dirname(full), exist_ok=True)
-            fd = _open_regular(full, os.O_WRONLY | os.O_CREAT, rel)
-            with open(fd, "w", closefd=True) as f:
-                f.truncate(0)
-                f.write(text)
+    def write_files(self, files: Mapping[str, str | bytes]) -> None:
+        """Write ``{relative path: text or bytes}`` into the work dir, making missing directories.
 
-    def read_file(self, relpath: str) -> str:
-        """The text of a regular file in the work dir (a FIFO, device or socket is refused, never waited on)."""
-        with open(_open_regular(self._resolve(relpath), os.O_RDONLY, relpath)) as f:
-            return f.read()
+        Every component is resolved beneath the work dir without following a link (see
+        :mod:`gymllm.tools.sandbox_fs`); only regular files are written. Waits for a run in progress.
+        """
+        with self._exclusive("write_files"):
+            for rel, data in files.items():
+                if not isinstance(data, (str, bytes)):
+                    raise ToolError(explain("Sandbox.write_files", expected="str or bytes contents",
+                                            received=f"{rel!r}: {type(data).__name__}", fix="encode the contents"))
+                try:
+                    fd = open_beneath(self._dir.fd, rel, os.O_WRONLY | os.O_CREAT, create_parents=True)
+                    with open(fd, "wb", closefd=True) as f:
+                        f.truncate(0)
+                        f.write(data.encode() if isinstance(data, str) else data)
+                except OSError as e:
+                    if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                        raise
+                    raise ToolError(explain("Sandbox.write_files", expected=f"room in the work dir (max_disk_mb="
+                                            f"{self.config.max_disk_mb})", received=f"{rel!r}: {e.strerror}",
+                                            fix="remove files or raise SandboxConfig.max_disk_mb")) from None
+
+    def read_file(self, relpath: str, *, binary: bool = False) -> str | bytes:
+        """A regular file of the work dir: its text (UTF-8), or its bytes with ``binary=True``.
+
+        A FIFO, device or socket is refused, never waited on; a link anywhere in the path is refused;
+        text that is not UTF-8 raises ToolError (read it with ``binary=True``). Waits for a run in progress.
+        """
+        with self._exclusive("read_file"):
+            with open(open_beneath(self._dir.fd, relpath, os.O_RDONLY), "rb") as f:
+                data = f.read()
+        if binary:
+            return data
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ToolError(explain("Sandbox.read_file", expected="UTF-8 text",
+                                    received=f"{relpath!r}: undecodable byte at offset {e.start}",
+                                    fix="pass binary=True to get the bytes")) from None
+
+    def listdir(self, relpath: str = ".") -> list[str]:
+        """The sorted names in a directory of the work dir (``"."``: the work dir itself)."""
+        with self._exclusive("listdir"):
+            fd = open_dir_beneath(self._dir.fd, relpath)
+            try:
+                return sorted(os.listdir(fd))
+            finally:
+                os.close(fd)
+
+    def clear(self) -> None:
+        """Remove everything in the work dir (by descriptors, any depth, any rights the code set)."""
+        with self._exclusive("clear"):
+            if not empty_dir(self._dir.fd):
+                raise ToolError(explain("Sandbox.clear", expected="an emptied work dir", received="entries left",
+                                        fix="create a new Sandbox"))
+
+    def disk_usage(self) -> int:
+        """Bytes the work dir holds (the tmpfs's count: unlinked and ``O_TMPFILE`` files included)."""
+        with self._exclusive("disk_usage"):
+            return self._dir.usage()
 
     # -- runs -------------------------------------------------------------------------------
     def run_python(self, code: str, *, timeout_s: float | None = None, stdin: str | None = None) -> SandboxResult:
@@ -445,43 +377,37 @@ class Sandbox:
     async def arun_shell(self, command: str, **kw) -> SandboxResult:
         return await asyncio.to_thread(self.run_shell, command, **kw)
 
-    def _spec(self, extra: dict, status_fd: int, cgroups: dict[str, str]) -> dict:
-        c = self.config
-        limits = {
-            "cpu_s": int(c.timeout_s) + 1,
-            "address_space_bytes": c.memory_mb * 2**20,
-            "file_size_bytes": c.max_file_mb * 2**20,
-            "open_files": c.max_open_files,
-            "core_bytes": 0,
-            "processes": c.max_processes,
-        }
-        iso = {"net": c.namespaces and not c.network, "fs": c.namespaces, "pid": c.namespaces, "ipc": c.namespaces}
-        return {"workdir": self.workdir, "limits": limits, "isolate": iso, "network": c.network,
-                "status_fd": status_fd, "cgroups": cgroups, "read_paths": list(c.read_paths),
-                "python_paths": sorted({sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable)}),
-                "extra_paths": list(c.extra_paths), "allow_missing": list(c.allow_missing), **extra}
-
     def _run(self, extra: dict, timeout_s: float | None, stdin: str | None) -> SandboxResult:
-        if self._closed:
-            raise ToolError(explain("Sandbox run", expected="an open sandbox", received="a closed one",
-                                    fix="create a new Sandbox"))
+        with self._exclusive("run"):
+            try:
+                return self._run_held(extra, timeout_s, stdin)
+            finally:
+                with self._state:
+                    self._proc = None
+                self._started.clear()
+
+    def _run_held(self, extra: dict, timeout_s: float | None, stdin: str | None) -> SandboxResult:
         timeout = self.config.timeout_s if timeout_s is None else timeout_s
-        cgroups = _make_cgroups(self.config)
+        cgroups = make_cgroups(self.config)
         r_fd, w_fd = os.pipe()
-        spec = self._spec(extra, w_fd, cgroups)
+        spec = _spec(self.config, self.workdir, self._dir.ns_fds, extra, w_fd, cgroups)
         start = time.perf_counter()
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-B", _CHILD, json.dumps(spec)],
                 stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=self.workdir,
-                env=_shell_env(self.workdir), pass_fds=(w_fd,), start_new_session=True)
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/",
+                env=_shell_env(self.workdir), pass_fds=(w_fd, *self._dir.ns_fds.values()), start_new_session=True)
         except OSError as e:
             os.close(r_fd)
             os.close(w_fd)
             for path in cgroups.values():
-                _remove_cgroup(path)
+                remove_cgroup(path)
             raise ToolError(f"sandbox could not start: {e}") from e
+        with self._state:
+            self._proc = proc
+            closing = self._closed
+        self._started.set()
         os.close(w_fd)
         readers = [_CappedReader(proc.stdout, self.config.max_output_bytes),
                    _CappedReader(proc.stderr, self.config.max_output_bytes)]
@@ -491,17 +417,17 @@ class Sandbox:
         if stdin is not None:  # fed from a thread: a program that never reads cannot hold the parent past the timeout
             writer = threading.Thread(target=_feed, args=(proc.stdin, stdin.encode()), daemon=True)
             writer.start()
-        timed_out, used = self._watch(proc, start + timeout)
-        self._kill(proc)
+        timed_out, used = (False, None) if closing else self._watch(proc, start + timeout)
+        _kill(proc)
         for path in cgroups.values():
-            _remove_cgroup(path)
+            remove_cgroup(path)
         if writer is not None:
             writer.join(timeout=2.0)
         for r in readers:
             r.join(timeout=2.0)
         for pipe in (proc.stdout, proc.stderr):
             pipe.close()
-        isolation = self._read_status(r_fd)
+        isolation = _read_status(r_fd)
         if isolation.get("refused"):
             raise SandboxUnavailableError(explain(
                 "Sandbox isolation", expected=f"every required layer {GUARANTEES}",
@@ -510,30 +436,43 @@ class Sandbox:
                     "without it knowingly"))
         isolation.setdefault("cgroups", {})
         isolation["cgroup"] = bool(isolation["cgroups"].get("pids"))  # the fork-bomb limit took effect
+        isolation["disk_cap"] = self._dir.describe()
         stderr = readers[1].text()
         if used is not None:
             stderr += (f"\n[sandbox: the work dir reached {used / 2**20:.1f} MiB, over its cap "
                        f"max_disk_mb={self.config.max_disk_mb}; the run was killed. Remove files or raise "
                        f"SandboxConfig.max_disk_mb]")
+        elif self._dir.full():
+            stderr += (f"\n[sandbox: the work dir is full (max_disk_mb={self.config.max_disk_mb}): writes failed "
+                       f"with ENOSPC. Remove files or raise SandboxConfig.max_disk_mb]")
+        if self._closed:
+            stderr += "\n[sandbox: closed during the run; the run was killed]"
         return SandboxResult(stdout=readers[0].text(), stderr=stderr,
                              exit_code=proc.returncode if not timed_out else -int(signal.SIGKILL),
                              timed_out=timed_out, truncated=any(r.dropped for r in readers),
                              duration_s=time.perf_counter() - start, isolation=isolation)
 
     def _watch(self, proc: subprocess.Popen, deadline: float) -> tuple[bool, int | None]:
-        """Wait for ``proc`` until ``deadline``, checking the work dir's size meanwhile.
+        """Wait for ``proc`` until ``deadline``; returns ``(timed_out, bytes used when over max_disk_mb else None)``.
 
-        Returns ``(timed_out, bytes used when over max_disk_mb else None)``. The check runs every
-        ``_DISK_POLL_S`` (longer where the tree takes long to walk), so what the code writes within one
-        interval may pass the cap before the kill.
+        On the tmpfs the kernel enforces ``max_disk_mb``: nothing is polled. On a plain directory (the
+        fallback) the tree's size is walked by descriptors every ``_DISK_POLL_S`` (longer where the walk takes
+        long), so what the code writes within one interval may pass the cap before the kill, and files it
+        unlinked while holding them open are not seen.
         """
+        if self._dir.kind == "tmpfs":
+            try:
+                proc.wait(timeout=max(deadline - time.perf_counter(), 0.0))
+                return False, None
+            except subprocess.TimeoutExpired:
+                return True, None
         cap = self.config.max_disk_mb * 2**20
         while True:
             left = deadline - time.perf_counter()
             if left <= 0:
                 return True, None
             t0 = time.perf_counter()
-            used = disk_usage(self.workdir, limit=cap)
+            used = self._dir.usage(limit=cap)
             if used > cap:
                 return False, used
             walk = time.perf_counter() - t0
@@ -541,27 +480,13 @@ class Sandbox:
                 proc.wait(timeout=min(left, max(_DISK_POLL_S, 5 * walk)))
             except subprocess.TimeoutExpired:
                 continue
-            used = disk_usage(self.workdir, limit=cap)
+            used = self._dir.usage(limit=cap)
             return False, (used if used > cap else None)
 
-    @staticmethod
-    def _kill(proc: subprocess.Popen) -> None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the launcher, the namespace init, and their group
-        except OSError:
-            pass
-        proc.wait()
-
-    @staticmethod
-    def _read_status(fd: int) -> dict:
-        try:
-            data = os.read(fd, 65536)
-        finally:
-            os.close(fd)
-        try:
-            return json.loads(data.decode()) if data else {}
-        except ValueError:
-            return {}
+    @property
+    def running(self) -> bool:
+        """Whether a run's process is going now (set once it started, cleared when it is gone)."""
+        return self._started.is_set()
 
     @property
     def closed(self) -> bool:
@@ -569,10 +494,27 @@ class Sandbox:
         return self._closed
 
     def close(self) -> None:
-        """Remove the work dir and all in it (any depth, any permissions the code set); never raises."""
-        if not self._closed:
-            self._closed = True
-            remove_tree(self.workdir)
+        """Kill a run in progress and wait for it, then drop the work dir and all in it; never raises.
+
+        The tmpfs is freed by the kernel once its descriptors are closed (nothing is removed by name); a plain
+        directory is emptied by descriptors (:func:`gymllm.tools.sandbox_fs.empty_dir`, any depth, any rights
+        the code set). Later calls of any method but ``close`` raise ToolError.
+        """
+        self._close(wait_s=_CLOSE_WAIT_S)
+
+    def _close(self, *, wait_s: float) -> None:
+        with self._state:
+            if self._closed:
+                return
+            self._closed = True  # no run or file operation starts from now on
+            proc = self._proc
+        if proc is not None:
+            _kill(proc, wait=False)  # the run's own thread reaps it and releases the sandbox
+        if self._lock.acquire(timeout=wait_s):  # bounded: a run thread frozen at interpreter exit never hangs it
+            try:
+                self._dir.close()
+            finally:
+                self._lock.release()
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -582,7 +524,7 @@ class Sandbox:
 
     def __del__(self) -> None:
         try:
-            self.close()
+            self._close(wait_s=2.0)
         except Exception:  # noqa: BLE001 - best effort at interpreter exit
             pass
 

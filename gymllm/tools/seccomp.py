@@ -12,13 +12,20 @@ namespace call (``mount``, ``umount2``, ``pivot_root``, ``chroot``, ``unshare``,
 mount API), ``bpf``, ``perf_event_open``, ``io_uring_*`` (its operations bypass seccomp), kernel
 modules and ``kexec``, keyrings, ``userfaultfd``, ``open_by_handle_at``, clock and host-name
 changes, ``syslog``, ``pidfd_getfd``, ``process_madvise``, the ``TIOCSTI``/``TIOCLINUX`` ioctls
-(typing into a terminal), the x32 ABI and any other architecture's syscalls (the process is killed).
+(typing into a terminal), ``inotify_init``/``inotify_init1`` and ``fanotify_init`` (a watch on a shared
+directory would show another sandbox's activity, and instances count against the uid's host-wide
+limit), the x32 ABI and any other architecture's syscalls (the process is killed).
 With ``network=False``: ``socket()`` of every family; with ``network=True`` every family but ``AF_INET``
 and ``AF_INET6`` (no ``AF_UNIX``: host pathname sockets stay out of reach). Always: ``socketpair`` of
 any type but ``SOCK_STREAM`` and ``SOCK_SEQPACKET`` (a connected stream pair reaches no one, while a
 datagram pair can ``sendto`` any pathname socket and pass descriptors out through it), and
 ``fallocate`` answers ``EOPNOTSUPP`` (``FALLOC_FL_KEEP_SIZE`` reserves blocks past ``RLIMIT_FSIZE``;
-``posix_fallocate`` falls back to writes, which the limit caps). With ``ipc=False`` (no private IPC
+``posix_fallocate`` falls back to writes, which the limit caps). File locks cannot carry a message between sandboxes: ``flock`` and the ``fcntl`` commands that set a
+record lock (``F_SETLK``, ``F_SETLKW``, ``F_OFD_SETLK``, ``F_OFD_SETLKW``) answer 0 *without taking a
+lock* (no lock exists for another process to see, so SQLite and other single-process lock users keep
+working; processes of one sandbox cannot exclude each other through locks either), the lock queries
+(``F_GETLK``, ``F_OFD_GETLK``) answer ``ENOLCK``, and leases and directory notification (``F_SETLEASE``,
+``F_GETLEASE``, ``F_NOTIFY``) ``EPERM``. With ``ipc=False`` (no private IPC
 namespace): the SysV IPC calls (``shm*``, ``msg*``, ``sem*``) and POSIX message queues (``mq_*``).
 With ``processes=False``: ``fork``, ``vfork``, ``clone`` without ``CLONE_THREAD`` (threads stay),
 ``execve``, ``execveat``; ``clone3`` returns ``ENOSYS`` so that libc falls back to ``clone``, whose
@@ -55,7 +62,12 @@ _ALWAYS = ("ptrace process_vm_readv process_vm_writev mount umount2 pivot_root c
            "swapoff keyctl add_key request_key userfaultfd io_uring_setup io_uring_enter io_uring_register "
            "open_by_handle_at name_to_handle_at quotactl quotactl_fd acct settimeofday clock_settime "
            "clock_adjtime adjtimex syslog fsopen fsconfig fsmount fspick move_mount open_tree mount_setattr "
-           "pidfd_getfd process_madvise vhangup sethostname setdomainname lookup_dcookie iopl ioperm uselib").split()
+           "pidfd_getfd process_madvise vhangup sethostname setdomainname lookup_dcookie iopl ioperm uselib "
+           "inotify_init inotify_init1 fanotify_init").split()
+F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK, F_OFD_SETLK, F_OFD_SETLKW = 5, 6, 7, 36, 37, 38
+F_SETLEASE, F_GETLEASE, F_NOTIFY = 1024, 1025, 1026
+LOCK_SETS = (F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW)
+"""``fcntl`` commands that take or drop a record lock: accepted and not performed (see the module doc)."""
 _IPC = ("shmget shmat shmctl shmdt msgget msgsnd msgrcv msgctl semget semop semtimedop semctl mq_open mq_unlink "
         "mq_timedsend mq_timedreceive mq_notify mq_getsetattr").split()
 
@@ -67,7 +79,8 @@ _GENERIC = dict(  # asm-generic/unistd.h (aarch64)
     open_by_handle_at=265, name_to_handle_at=264, quotactl=60, quotactl_fd=443, acct=89, settimeofday=170,
     clock_settime=112, clock_adjtime=266, adjtimex=171, syslog=116, fsopen=430, fsconfig=431, fsmount=432,
     fspick=433, move_mount=429, open_tree=428, mount_setattr=442, pidfd_getfd=438, process_madvise=440,
-    vhangup=58, sethostname=161, setdomainname=162, lookup_dcookie=18, socket=198, clone=220, clone3=435,
+    vhangup=58, sethostname=161, setdomainname=162, lookup_dcookie=18, inotify_init1=26, fanotify_init=262,
+    flock=32, fcntl=25, socket=198, clone=220, clone3=435,
     execve=221, execveat=281, ioctl=29, socketpair=199, fallocate=47, mq_open=180, mq_unlink=181,
     mq_timedsend=182, mq_timedreceive=183, mq_notify=184, mq_getsetattr=185, msgget=186, msgctl=187, msgrcv=188,
     msgsnd=189, semget=190, semctl=191, semtimedop=192, semop=193, shmget=194, shmctl=195, shmat=196, shmdt=197)
@@ -81,6 +94,7 @@ _X86_64 = dict(
     clock_settime=227, clock_adjtime=305, adjtimex=159, syslog=103, fsopen=430, fsconfig=431, fsmount=432,
     fspick=433, move_mount=429, open_tree=428, mount_setattr=442, pidfd_getfd=438, process_madvise=440,
     vhangup=153, sethostname=170, setdomainname=171, lookup_dcookie=212, iopl=172, ioperm=173, uselib=134,
+    inotify_init=253, inotify_init1=294, fanotify_init=300, flock=73, fcntl=72,
     socket=41, fork=57, vfork=58, clone=56, clone3=435, execve=59, execveat=322, ioctl=16, socketpair=53,
     fallocate=285, shmget=29, shmat=30, shmctl=31, shmdt=67, semget=64, semop=65, semctl=66, msgget=68, msgsnd=69,
     msgrcv=70, msgctl=71, semtimedop=220, mq_open=240, mq_unlink=241, mq_timedsend=242, mq_timedreceive=243,
@@ -107,6 +121,17 @@ def _only_args(nr: int, arg: int, allowed: tuple[int, ...], deny: int, mask: int
     body = [_insn(LD_W_ABS, _arg_low(arg))] + ([_insn(AND_K, mask)] if mask is not None else [])
     body += [_insn(JEQ_K, v, len(allowed) - i, 0) for i, v in enumerate(allowed)]
     body += [_insn(RET_K, deny), _insn(LD_W_ABS, OFF_NR)]
+    return [_insn(JEQ_K, nr, 0, len(body))] + body
+
+
+def _fcntl_rules(nr: int) -> list[bytes]:
+    """``fcntl``: lock commands answer 0 without locking; lock queries ``ENOLCK``; leases and ``F_NOTIFY`` ``EPERM``."""
+    answers = [(c, RET_ERRNO | 0) for c in LOCK_SETS] + [(c, RET_ERRNO | errno.ENOLCK) for c in (F_GETLK, F_OFD_GETLK)]
+    answers += [(c, RET_ERRNO | errno.EPERM) for c in (F_SETLEASE, F_GETLEASE, F_NOTIFY)]
+    body = [_insn(LD_W_ABS, _arg_low(1))]
+    for cmd, ret in answers:
+        body += [_insn(JEQ_K, cmd, 0, 1), _insn(RET_K, ret)]
+    body.append(_insn(LD_W_ABS, OFF_NR))
     return [_insn(JEQ_K, nr, 0, len(body))] + body
 
 
@@ -137,6 +162,8 @@ def build_filter(*, network: bool, processes: bool, ipc: bool = False, machine: 
                  _insn(JSET_K, CLONE_THREAD, 0, 1), _insn(RET_K, allow), _insn(RET_K, eperm),
                  _insn(LD_W_ABS, OFF_NR)]
     prog += [_insn(JEQ_K, nr["fallocate"], 0, 1), _insn(RET_K, RET_ERRNO | errno.EOPNOTSUPP)]
+    prog += [_insn(JEQ_K, nr["flock"], 0, 1), _insn(RET_K, RET_ERRNO | 0)]  # no lock is taken: nothing to observe
+    prog += _fcntl_rules(nr["fcntl"])
     if network:
         prog += _only_args(nr["socket"], 0, (AF_INET, AF_INET6), eperm)
     prog += _only_args(nr["socketpair"], 1, (SOCK_STREAM, SOCK_SEQPACKET), eperm, SOCK_TYPE_MASK)
