@@ -252,6 +252,17 @@ def test_terminal_fix_by_commands_and_tests_cannot_be_edited_away():
     env.close()
 
 
+def test_terminal_reset_removes_what_the_agent_left():
+    env = gymllm.make("gymllm/Terminal-v0")
+    env.reset(seed=2)
+    env.step("```bash\nmkdir -p junk/deep && echo x > junk/deep/f && echo y > stray.txt\n```")
+    assert {"junk", "stray.txt"} <= set(env.unwrapped.sandbox.listdir())
+    env.reset(seed=2)
+    left = set(env.unwrapped.sandbox.listdir())
+    assert "junk" not in left and "stray.txt" not in left and left  # the task's files are back, nothing else
+    env.close()
+
+
 def test_terminal_tools_variant_and_truncation():
     env = gymllm.make("gymllm/TerminalTools-v0", max_turns=2)
     obs, info = env.reset(seed=1)

@@ -32,7 +32,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 
 from gymllm.core import TextEnv
 from gymllm.errors import ConfigError, explain
@@ -226,9 +225,7 @@ class TerminalEnv(TextEnv):
                 "tests/test_lib.py": self._tests}
 
     def _clear(self) -> None:
-        for name in os.listdir(self.sandbox.workdir):
-            path = os.path.join(self.sandbox.workdir, name)
-            shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+        self.sandbox.clear()  # by descriptors, inside the sandbox's own work dir (its host path is empty)
 
     def _reset(self, *, seed, options):
         if self.sandbox.closed:
