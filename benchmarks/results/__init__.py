@@ -6,7 +6,13 @@ Each benchmark ends with ``emit_result(name, result)``: it prints the ``RESULT {
     {"benchmark": "vector_env", "result": {...the RESULT json...}, "runs": 1,
      "cpu": "AMD EPYC 9B14 (no AMX)", "cores": 2, "date": "2026-12-04T05:40:12Z",
      "commit": "<git rev-parse HEAD>", "dirty": false, "command": "python benchmarks/vector_env.py --quick",
-     "load": [1.9, 1.7, 1.5], "notes": null, "source": "run"}
+     "load": [1.9, 1.7, 1.5], "notes": null, "source": "run",
+     "device": {"platform": "tpu", "kind": "TPU v5 lite", "count": 1}}
+
+``device`` (``results/device.py``) is where the figures were measured: JAX's devices in the benchmark's
+process, or, for one whose JAX work runs in child processes, the ``JAX_PLATFORMS`` they were given. The
+RESULT line carries it too (key ``device``, unless the benchmark reports its own). Records from before
+it existed have none: JAX was pinned to the CPU then.
 
 ``python benchmarks/results/render.py`` writes the tables of ``docs/benchmarks.md`` from these records
 (figures on the page are never typed by hand). Records imported from the README's text, for figures
@@ -34,6 +40,8 @@ import shlex
 import subprocess
 import sys
 from typing import Any
+
+from . import device  # noqa: F401 - results.device: the device a run measured on
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -76,8 +84,12 @@ def _cpu() -> str:
 
 def make_record(benchmark: str, result: dict[str, Any], *, argv: list[str] | None = None) -> dict[str, Any]:
     """The record of one run: the RESULT, the CPU, UTC date, commit (and whether the tree had local
-    changes), the command line, the load average at the end and ``$GYMLLM_BENCH_NOTES``."""
+    changes), the command line, the load average at the end, ``$GYMLLM_BENCH_NOTES`` and the device."""
+    from . import device as dev
+
     argv = list(sys.argv if argv is None else argv)
+    if dev.CPU_FLAG_TAKEN and dev.CPU_FLAG not in argv:
+        argv.append(dev.CPU_FLAG)
     status = _git("status", "--porcelain", "--untracked-files=no")
     try:
         load = [round(x, 2) for x in os.getloadavg()]
@@ -96,6 +108,7 @@ def make_record(benchmark: str, result: dict[str, Any], *, argv: list[str] | Non
         "load": load,
         "notes": os.environ.get("GYMLLM_BENCH_NOTES") or None,
         "source": "run",
+        "device": result.get("device") if isinstance(result.get("device"), dict) else dev.device_info(),
     }
 
 
@@ -120,7 +133,13 @@ def emit_result(benchmark: str, result: dict[str, Any], *, record: bool = True) 
         benchmark: The script's name without ``.py`` (the record file's name).
         result: The RESULT dict, JSON-serializable.
         record: False prints only (a dry rehearsal whose figures mean nothing).
+
+    The RESULT gains a ``device`` key (``results.device.device_info``) unless it has one.
     """
+    from .device import device_info
+
+    if "device" not in result:
+        result = {**result, "device": device_info()}
     line = "RESULT " + json.dumps(result)
     print(line, flush=True)
     directory = records_dir() if record else None
