@@ -82,7 +82,8 @@ def _cpu() -> str:
         return "unknown CPU"
 
 
-def make_record(benchmark: str, result: dict[str, Any], *, argv: list[str] | None = None) -> dict[str, Any]:
+def make_record(benchmark: str, result: dict[str, Any], *, argv: list[str] | None = None,
+                device: dict[str, Any] | None = None) -> dict[str, Any]:
     """The record of one run: the RESULT, the CPU, UTC date, commit (and whether the tree had local
     changes), the command line, the load average at the end, ``$GYMLLM_BENCH_NOTES`` and the device."""
     from . import device as dev
@@ -108,7 +109,7 @@ def make_record(benchmark: str, result: dict[str, Any], *, argv: list[str] | Non
         "load": load,
         "notes": os.environ.get("GYMLLM_BENCH_NOTES") or None,
         "source": "run",
-        "device": result.get("device") if isinstance(result.get("device"), dict) else dev.device_info(),
+        "device": device or (result["device"] if isinstance(result.get("device"), dict) else dev.device_info()),
     }
 
 
@@ -126,26 +127,29 @@ def append_record(record: dict[str, Any], directory: pathlib.Path) -> pathlib.Pa
     return path
 
 
-def emit_result(benchmark: str, result: dict[str, Any], *, record: bool = True) -> str:
+def emit_result(benchmark: str, result: dict[str, Any], *, record: bool = True,
+                device: dict[str, Any] | None = None) -> str:
     """Print ``RESULT {json}`` (flushed) and append the run's record; returns the printed line.
 
     Args:
         benchmark: The script's name without ``.py`` (the record file's name).
         result: The RESULT dict, JSON-serializable.
         record: False prints only (a dry rehearsal whose figures mean nothing).
+        device: The record's device when the benchmark knows it better than this process does (its
+            figures were measured by child processes); default :func:`results.device.device_info`.
 
     The RESULT gains a ``device`` key (``results.device.device_info``) unless it has one.
     """
     from .device import device_info
 
     if "device" not in result:
-        result = {**result, "device": device_info()}
+        result = {**result, "device": device or device_info()}
     line = "RESULT " + json.dumps(result)
     print(line, flush=True)
     directory = records_dir() if record else None
     if directory is not None:
         try:
-            path = append_record(make_record(benchmark, result), directory)
+            path = append_record(make_record(benchmark, result, device=device), directory)
             print(f"(recorded in {path}; python benchmarks/results/render.py updates docs/benchmarks.md)",
                   file=sys.stderr, flush=True)
         except OSError as e:  # the figure is printed either way; say why it was not kept
