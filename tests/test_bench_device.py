@@ -56,4 +56,4 @@ def test_page_shows_each_measurements_device_and_heads_a_tpu_column_with_it():
     rows = [ln for ln in section.splitlines() if re.match(r"\| [A-C] \|", ln)]
     assert len(rows) == 3  # same commit and command, different devices: three measurements
     assert sorted(r.split(" | ")[2] for r in rows) == sorted(
-        ["TPU v5 lite x1", "CPU", "CPU (before device reporting, JAX was pinned to the CPU)"])
+        ["TPU v5 lite x1", "CPU", "CPU (before device records)"])

@@ -72,7 +72,7 @@ def describe(device: Any) -> str:
     if isinstance(device, str):
         return device
     if not isinstance(device, dict):
-        return "CPU (before device reporting, JAX was pinned to the CPU)"
+        return "CPU (before device records)"  # every benchmark pinned JAX to the CPU then
     plat = device.get("platform")
     if plat == "cpu":
         return "CPU"
