@@ -87,7 +87,9 @@ def main() -> None:
             out.update({(k if size == "tiny" else f"{k}_{size}"): v for k, v in res.items()})
     out.update(cpu=cpu, loadavg={"start": load0, "end": loadavg()}, rounds=rounds, steps=args.steps)
     from results import emit_result  # the RESULT line, and its record in benchmarks/results/
-    emit_result("compile_cache", out)
+    from results.device import child_device_info
+
+    emit_result("compile_cache", out, device=child_device_info())  # the device the runs compiled for
 
 
 if __name__ == "__main__":

@@ -84,8 +84,9 @@ def main() -> None:
           f"-> last 3); engine busy {out['engine_busy']:.0%}, trainer idle {out['trainer_idle']:.0%}; "
           f"{out['biggest_stall']}", flush=True)
     from results import emit_result
+    from results.device import child_device_info
 
-    emit_result("quickstart", out)
+    emit_result("quickstart", out, device=child_device_info())  # the device `gymllm train` ran on
 
 
 if __name__ == "__main__":

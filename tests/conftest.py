@@ -3,7 +3,8 @@ finds with ``GYMLLM_TEST_DEVICE=accelerator`` (see ``tests/accel.py``).
 
 * ``GYMLLM_TEST_DEVICE`` unset or ``cpu``: ``JAX_PLATFORMS=cpu`` unless the environment says otherwise.
 * ``GYMLLM_TEST_DEVICE=accelerator``: ``JAX_PLATFORMS`` is left as the environment has it (unset: JAX
-  picks the TPU or GPU); the session stops at once, with the reason, when JAX finds none.
+  picks the TPU or GPU); the session stops at once, with the reason, when JAX finds none. Once this
+  process holds the chip, ``JAX_PLATFORMS=cpu`` is set for the processes tests start.
 * Markers: ``tpu`` / ``gpu`` tests run only on that platform and are skipped elsewhere with the reason;
   ``highest_precision`` (on a module) runs it under ``jax_default_matmul_precision="highest"`` on an
   accelerator; ``loopback`` tests, and every test of :data:`LOOPBACK_MODULES`, are skipped with the
@@ -45,13 +46,18 @@ LOOPBACK_MODULES = frozenset({
 
 
 def pytest_configure(config):
-    if DEVICE == "accelerator" and platform() == "cpu":
+    if DEVICE != "accelerator":
+        return
+    if platform() == "cpu":
         import jax
 
         pytest.exit(f"GYMLLM_TEST_DEVICE=accelerator: expected a TPU or GPU visible to JAX, received {jax.devices()} "
                     f"(JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS')!r}). Fix: run on the accelerator machine with "
                     "jax[tpu] or jax[cuda12] installed and JAX_PLATFORMS unset (or naming it), or unset "
                     "GYMLLM_TEST_DEVICE for the CPU.", returncode=4)
+    # this process holds the chip now (one process at a time may hold a TPU): processes the tests start
+    # run JAX on the CPU (this process's backends are set up already; the variable no longer moves them)
+    os.environ["JAX_PLATFORMS"] = "cpu"
 
 
 def pytest_report_header(config):

@@ -135,3 +135,16 @@ def test_temperature_one_percent_off_is_caught(lm):
     assert np.abs(good - ref).max() < tolerance("logprob")["atol"]
     bad = np.asarray(token_logprobs(logits[:, :-1], toks[:, 1:], 0.7 * 1.01))  # the bug: T 1% off
     assert np.abs(bad - ref).max() > tolerance("logprob")["atol"]
+
+
+@pytest.mark.tpu
+def test_the_module_runs_at_the_highest_matmul_precision_on_the_chip():
+    """On a TPU the mark is in force: a float32 matmul is float32-accurate (at the default precision
+    its bf16 passes give about 3 digits)."""
+    import jax
+
+    assert jax.config.jax_default_matmul_precision == "highest"
+    rng = np.random.default_rng(4)
+    a, b = rng.normal(size=(64, 256)), rng.normal(size=(256, 64))
+    got = np.asarray(jnp.asarray(a, jnp.float32) @ jnp.asarray(b, jnp.float32))
+    assert np.abs(got - a @ b).max() < 1e-4 * np.abs(a @ b).max()

@@ -57,3 +57,13 @@ def test_page_shows_each_measurements_device_and_heads_a_tpu_column_with_it():
     assert len(rows) == 3  # same commit and command, different devices: three measurements
     assert sorted(r.split(" | ")[2] for r in rows) == sorted(
         ["TPU v5 lite x1", "CPU", "CPU (before device records)"])
+
+
+def test_a_child_process_reports_its_device_and_a_result_naming_one_is_read():
+    import jax
+
+    child = device.child_device_info()
+    assert child["platform"] == jax.devices()[0].platform and child["count"] >= 1  # JAX_PLATFORMS=cpu here
+    assert device.from_result({"platform": "tpu", "device_kind": "TPU v5 lite"}) == {
+        "platform": "tpu", "kind": "TPU v5 lite", "count": 1}
+    assert device.from_result({"cpu": "EPYC"}) is None

@@ -140,8 +140,9 @@ def emit_result(benchmark: str, result: dict[str, Any], *, record: bool = True,
 
     The RESULT gains a ``device`` key (``results.device.device_info``) unless it has one.
     """
-    from .device import device_info
+    from .device import device_info, from_result
 
+    device = device or from_result(result)
     if "device" not in result:
         result = {**result, "device": device or device_info()}
     line = "RESULT " + json.dumps(result)

@@ -67,6 +67,32 @@ def device_info() -> dict[str, Any]:
             "jax_platforms": os.environ.get("JAX_PLATFORMS") or None}
 
 
+def child_device_info(timeout: float = 300.0) -> dict[str, Any]:
+    """:func:`device_info` as a child process sees it (the environment the benchmark's children get),
+    asked in a short-lived subprocess that lets go of the device before they start."""
+    import json
+    import subprocess
+
+    code = ("import json, jax; d = jax.devices(); p = d[0].platform; print('DEVICE ' + json.dumps({'platform': "
+            "'gpu' if p in ('cuda', 'rocm') else p, 'kind': d[0].device_kind, 'count': len(d)}))")
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.SubprocessError) as e:
+        return {"platform": None, "kind": f"could not ask JAX for its device ({e})"[:200]}
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("DEVICE ")), None)
+    if line is None:
+        return {"platform": None, "kind": f"could not ask JAX for its device: {out.stderr.strip()[-150:]}"}
+    return json.loads(line[len("DEVICE "):])
+
+
+def from_result(result: dict[str, Any]) -> dict[str, Any] | None:
+    """The device a RESULT reports in ``platform`` / ``device_kind`` keys (benchmarks/compile.py's), or None."""
+    if isinstance(result.get("platform"), str) and isinstance(result.get("device_kind"), str):
+        return {"platform": "gpu" if result["platform"] in ("cuda", "rocm") else result["platform"],
+                "kind": result["device_kind"], "count": result.get("device_count", 1)}
+    return None
+
+
 def describe(device: Any) -> str:
     """One line for the benchmarks page: "CPU", "TPU v5 lite x1", or what the record says."""
     if isinstance(device, str):
@@ -97,4 +123,4 @@ def platform_of(device: Any) -> str:
     return "cpu"
 
 
-__all__ = ["choose_platform", "choose_platform_args", "device_info", "describe", "platform_of", "CPU_FLAG"]
+__all__ = ["choose_platform", "choose_platform_args", "device_info", "child_device_info", "from_result", "describe", "platform_of", "CPU_FLAG"]
