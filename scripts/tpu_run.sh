@@ -16,7 +16,8 @@
 #                rate); args: $LEARNER_MFU_ARGS
 #
 # Logs go to $OUT (one file per part, at most 8 files with the records): setup.log, tests.log, ...;
-# benchmark records to $OUT/records/*.jsonl (append them to benchmarks/results/ and re-render the page).
+# benchmark records to $OUT/records/*.jsonl (append them to benchmarks/results/ and re-render the page;
+# GYMLLM_BENCH_COMMIT=<sha> names the commit in them, the copy on the machine has no git history).
 # The bundle (.offline/, from `python scripts/offline_bundle.py build`) is what the calls carry.
 # PYTHONPATH is appended to, never replaced (the machine's JAX and libtpu stay first). Exit status: the
 # number of parts that failed (0: all passed).
@@ -36,7 +37,7 @@ export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$ROOT:$SITE"
 mkdir -p "$OUT" "$GYMLLM_CACHE"
 
 if [ "$#" -eq 0 ]; then
-  sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
+  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
   exit 2
 fi
 

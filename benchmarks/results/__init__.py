@@ -27,7 +27,8 @@ with that branch's commit and the load it ran under.
 Where the record goes: ``$GYMLLM_BENCH_RECORDS`` (a directory; ``off`` records nothing), else this
 directory. Inside a pytest run (``PYTEST_CURRENT_TEST`` set) nothing is recorded unless
 ``GYMLLM_BENCH_RECORDS`` names a directory, so tests that run a benchmark never touch the store.
-``$GYMLLM_BENCH_NOTES`` becomes the record's ``notes`` (say what else ran on the machine).
+``$GYMLLM_BENCH_NOTES`` becomes the record's ``notes`` (say what else ran on the machine);
+``$GYMLLM_BENCH_COMMIT`` names the commit where the checkout has no git history (a copy on a lent machine).
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def make_record(benchmark: str, result: dict[str, Any], *, argv: list[str] | Non
         "cpu": _cpu(),
         "cores": os.cpu_count(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "commit": _git("rev-parse", "HEAD"),
+        "commit": _git("rev-parse", "HEAD") or os.environ.get("GYMLLM_BENCH_COMMIT") or None,
         "dirty": bool(status) if status is not None else None,
         "command": "python " + shlex.join([os.path.relpath(argv[0], REPO) if argv and argv[0] else "?", *argv[1:]]),
         "load": load,
