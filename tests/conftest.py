@@ -43,6 +43,16 @@ LOOPBACK_MODULES = frozenset({
     "test_server_engine_faults.py", "test_server_hostile.py", "test_suite_cluster.py", "test_vector_ray.py",
     "test_viewer.py",
 })
+#: single tests that bind a socket on 127.0.0.1 (file::name), and (file, fixture) pairs whose fixture does
+LOOPBACK_TESTS = frozenset({"test_sandbox.py::test_no_network"})
+LOOPBACK_FIXTURES = frozenset({("test_sandbox_escapes.py", "world")})
+
+
+def needs_loopback(item) -> bool:
+    name = item.path.name
+    return (name in LOOPBACK_MODULES or item.get_closest_marker("loopback") is not None
+            or f"{name}::{getattr(item, 'originalname', item.name)}" in LOOPBACK_TESTS
+            or any((name, f) in LOOPBACK_FIXTURES for f in getattr(item, "fixturenames", ())))
 
 
 def pytest_configure(config):
@@ -75,7 +85,7 @@ def pytest_collection_modifyitems(config, items):
             if item.get_closest_marker(plat) is not None and here != plat:
                 item.add_marker(pytest.mark.skip(reason=f"needs a {plat.upper()}; JAX's device here is {here} "
                                                         "(GYMLLM_TEST_DEVICE=accelerator on that machine runs it)"))
-        if no_loopback and (item.path.name in LOOPBACK_MODULES or item.get_closest_marker("loopback") is not None):
+        if no_loopback and needs_loopback(item):
             item.add_marker(pytest.mark.skip(reason=no_loopback))
 
 

@@ -65,3 +65,14 @@ def test_asking_for_an_accelerator_without_one_stops_the_session_with_the_fix():
     assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr[-2000:]
     out = proc.stdout + proc.stderr
     assert "expected a TPU or GPU visible to JAX" in out and "Fix:" in out
+
+
+def test_socket_tests_skip_with_the_reason_where_no_socket_binds():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
+    env.pop("PYTEST_CURRENT_TEST", None)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no_network_plugin", "-rs", "-k", "no_network or accel",
+                           "tests/test_sandbox.py", "tests/test_accel_support.py::test_device_choice_is_validated"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "1 passed, 1 skipped" in proc.stdout  # the socket test skips, the others still run
+    assert "no TCP socket can be bound on 127.0.0.1 on this machine" in proc.stdout and "stand-in" in proc.stdout
