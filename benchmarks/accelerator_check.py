@@ -363,7 +363,7 @@ PART_KEYS: dict[str, list[str]] = {
              "vllm_logprob_gap_p99"],
 }
 #: each part's time guard, as a share of --budget-s (compiles included); the probe loads the model once
-PART_SHARE = {"probe": 0.2, "decode": 0.3, "big": 0.2, "continuous": 0.2, "learner": 0.15, "jax": 0.2, "vllm": 0.25}
+PART_SHARE = {"probe": 0.25, "decode": 0.3, "big": 0.2, "continuous": 0.2, "learner": 0.15, "jax": 0.2, "vllm": 0.25}
 MIN_PART_S, RESERVE_S = 15.0, 5.0  # a part is not started with less left; kept for printing the RESULT
 
 

@@ -61,6 +61,10 @@ setup() {
     if [ -f "$BUNDLE/model/manifest.json" ]; then
       "$PY" scripts/offline_bundle.py reassemble --manifest "$BUNDLE/model/manifest.json" \
         --from "$BUNDLE/model" --from "$STASH" --cache "$GYMLLM_CACHE" || exit 1
+      if [ -f "$GYMLLM_CACHE/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then
+        # the first load converts the GGUF to a cached safetensors directory: once, here, on the CPU
+        JAX_PLATFORMS=cpu "$PY" -c "from gymllm.models import load; print('model:', load('smollm2-135m-instruct').source)" || exit 1
+      fi
     else
       note "no $BUNDLE/model/manifest.json: SmolLM2 must already be in $GYMLLM_CACHE (or reachable) for the model parts"
     fi
