@@ -1,38 +1,37 @@
-"""The prepared accelerator check (issue #21 part 6): one script, under 8 minutes on one GPU, that
-measures what a CPU cannot, for the first session a GPU is lent to. It installs nothing: it needs
-the ``cuda`` extra (``pip install -e '.[cuda,vllm]'``) and, for the vLLM rows, the ``vllm`` extra.
+"""The prepared accelerator check (issue #21 part 6, issue 42): one script, under 8 minutes on one TPU
+or GPU, that measures what a CPU cannot, for a session the chip is lent to. It installs nothing: a TPU
+VM needs the ``tpu`` extra (``pip install -e '.[tpu]'``; offline, ``scripts/offline_bundle.py``), a
+GPU machine the ``cuda`` extra and, for the vLLM rows, ``vllm``.
 
 What it measures (every figure in one ``RESULT {json}`` line at the end):
 
-* ``jax_decode_tok_s_64`` / ``jax_decode_tok_s_256``: JaxEngine decode tokens/s with 64 and 256
-  rows busy on SmolLM2-135M (bf16 compute; every row generates ``--decode-tokens`` tokens, stop ids
-  off, after a warm-up), and the same for a 0.5-1.5B model given by ``--big-model PATH`` (a GGUF or
-  a Hugging Face directory; none can be had offline here, so without it the rows are skipped);
-* ``continuous_vs_static``: a heavy-tailed workload on the same engine, all requests submitted at
-  once (continuous batching) over the same requests in waves of ``num_slots`` (each wave waits for
-  its longest member): tokens/s ratio;
+* ``jax_decode_tok_s_64`` / ``_256``: JaxEngine decode tokens/s with 64 and 256 rows busy on
+  SmolLM2-135M (bf16 compute; every row generates ``decode_tokens`` tokens, stop ids off, after a
+  warm-up), and ``big_*`` the same for a 0.5-1.5B model given by ``--big-model PATH`` (else skipped);
+* ``continuous_vs_static``: a heavy-tailed workload, all requests at once (continuous batching) over
+  waves of ``slots`` (each wave waits for its longest member): tokens/s ratio;
 * ``learner_step_s``: one StreamingLearner step (4 groups x 8, the async-agentic loss) after warm-up;
-* for each engine, JaxEngine and ``VllmEngine`` on real vLLM (``jax_*`` / ``vllm_*``): generation
-  tokens/s, a weight push under load (``*_push_s``; long requests in flight; the per-token versions
-  must run 0..1 and ``*_push_versions`` counts the tokens under each), and the logprob gap between
-  the engine's sampled-token logprobs and the trainer's recomputation (float32 ``forward`` +
-  ``token_logprobs`` at the sampling temperature): ``*_logprob_gap_mean`` / ``*_logprob_gap_p99``
-  (absolute, over every sampled token).
+* per engine, JaxEngine and ``VllmEngine`` on real vLLM (``jax_*`` / ``vllm_*``): generation tokens/s,
+  a weight push under load (``*_push_s``; ``*_push_versions`` counts the tokens under versions 0 and
+  1), and the gap between the engine's sampled-token logprobs and the trainer's float32
+  recomputation (``*_logprob_gap_mean`` / ``_p99``). The vLLM rows run on a GPU only (skipped on a TPU).
 
-A figure that could not be measured is ``null`` with its reason under ``skipped`` (vLLM absent, no
-big model); a part that raised is ``null`` with the error under ``errors`` and the script exits 1
-after printing RESULT (so a blind run still reports everything else).
+Each part runs in its own process (the parent never imports JAX: one process at a time holds a TPU;
+``--dry`` runs them in one process) under a time guard, a share of ``--budget-s`` (default 480 s; ``PART_SHARE``): a part past its guard
+is killed and its unfinished figures are errors naming the guard, the figures it finished are kept,
+and the next part runs. A figure not measured is ``null`` with its reason under ``skipped`` (vLLM
+absent or a TPU, no big model, no time left) or ``errors`` (the part raised or overran); the script
+then exits 1 after printing RESULT, so a blind run still reports everything else.
 
-``--dry`` runs the same code on the CPU in seconds: the tiny test model, tiny sizes, and the vLLM
-rows against ``tests/vllm_standin.py`` (a STAND-IN for vLLM's API, not vLLM; its "model" is a
-script, so its logprob gap is skipped) when vLLM is not installed. Without ``--dry`` and with no GPU
-visible to JAX the script stops at once with exit status 2 and says why.
+``--dry`` runs the same code on the CPU: the tiny test model, tiny sizes, and the vLLM rows against
+``tests/vllm_standin.py`` (a STAND-IN for vLLM's API, not vLLM; its logprob gap is skipped). Without
+``--dry`` and with no TPU or GPU visible to JAX the script stops at once with exit status 2 and why.
 
-The GPU machine has no network: SmolLM2 loads from gymllm's cache (``$GYMLLM_CACHE``) or from a local
-path given as ``--model`` (the cached Hugging Face directory or the GGUF file); a model that does
-not load stops the script with exit status 3 and the fix.
+An accelerator machine may have no network: SmolLM2 loads from gymllm's cache (``$GYMLLM_CACHE``;
+``scripts/offline_bundle.py`` carries the GGUF there in pieces) or a local path as ``--model``; a
+model that does not load stops the script with exit status 3 and the fix.
 
-    python benchmarks/accelerator_check.py            # on a GPU machine
+    python benchmarks/accelerator_check.py            # on a TPU or GPU machine
     python benchmarks/accelerator_check.py --dry      # anywhere (tests/test_accelerator_check.py)
 """
 
@@ -45,6 +44,8 @@ import importlib.util
 import json
 import os
 import pathlib
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -54,22 +55,19 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 # every RESULT key and its type (besides null with a reason); tests/test_accelerator_check.py checks them
 RESULT_KEYS: dict[str, type] = {
-    "dry": bool, "device": str, "model": str, "big_model": str,
-    "jax_decode_tok_s_64": float, "jax_decode_tok_s_256": float,
-    "big_decode_tok_s_64": float, "big_decode_tok_s_256": float,
-    "continuous_tok_s": float, "static_tok_s": float, "continuous_vs_static": float,
-    "learner_step_s": float,
-    "jax_generate_tok_s": float, "jax_push_s": float, "jax_push_versions": dict,
-    "jax_logprob_gap_mean": float, "jax_logprob_gap_p99": float,
-    "vllm_backend": str, "vllm_generate_tok_s": float, "vllm_push_s": float, "vllm_push_versions": dict,
-    "vllm_logprob_gap_mean": float, "vllm_logprob_gap_p99": float,
+    "dry": bool, "device": str, "model": str, "big_model": str, "jax_decode_tok_s_64": float,
+    "jax_decode_tok_s_256": float, "big_decode_tok_s_64": float, "big_decode_tok_s_256": float,
+    "continuous_tok_s": float, "static_tok_s": float, "continuous_vs_static": float, "learner_step_s": float,
+    "jax_generate_tok_s": float, "jax_push_s": float, "jax_push_versions": dict, "jax_logprob_gap_mean": float,
+    "jax_logprob_gap_p99": float, "vllm_backend": str, "vllm_generate_tok_s": float, "vllm_push_s": float,
+    "vllm_push_versions": dict, "vllm_logprob_gap_mean": float, "vllm_logprob_gap_p99": float,
     "wall_s": float, "skipped": dict, "errors": dict,
 }
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Sizes:
-    rows: tuple[int, int]  # the two decode widths ("64" and "256" on a GPU)
+    rows: tuple[int, int]  # the two decode widths ("64" and "256" on an accelerator)
     decode_tokens: int  # tokens per row in the decode measurement
     max_len: int
     prompt_len: int
@@ -84,29 +82,10 @@ class Sizes:
     push_requests: int
 
 
-GPU = Sizes(rows=(64, 256), decode_tokens=128, max_len=512, prompt_len=32, requests=512, slots=64, short=(8, 48),
+ACCEL = Sizes(rows=(64, 256), decode_tokens=128, max_len=512, prompt_len=32, requests=512, slots=64, short=(8, 48),
             long=256, learner_groups=4, group_size=8, traj_len=256, push_tokens=256, push_requests=32)
 DRY = Sizes(rows=(2, 4), decode_tokens=4, max_len=32, prompt_len=8, requests=6, slots=2, short=(2, 5),
             long=12, learner_groups=1, group_size=2, traj_len=16, push_tokens=20, push_requests=2)
-
-
-def _fail_without_gpu() -> str:
-    """The JAX device string; exits 2 with a clear message when no GPU is visible."""
-    import jax
-
-    try:
-        devs = jax.devices("gpu")
-    except RuntimeError as exc:
-        devs, why = [], str(exc)
-    else:
-        why = ""
-    if not devs:
-        sys.stderr.write(
-            "accelerator_check: expected a GPU visible to JAX, received none "
-            f"(jax.devices(): {jax.devices()}; {why or 'no gpu platform'}). Fix: run on a GPU machine with "
-            "pip install -e '.[cuda,vllm]' (and CUDA_VISIBLE_DEVICES set), or pass --dry for the CPU rehearsal.\n")
-        sys.exit(2)
-    return f"{devs[0].device_kind} x{len(devs)}"
 
 
 class _Patch:
@@ -124,7 +103,7 @@ def decode_tok_s(lm, rows: int, sz: Sizes, compute_dtype) -> float:
 
     from gymllm.inference import EngineConfig, JaxEngine, SamplingParams
 
-    cfg = EngineConfig(num_slots=rows, max_len=sz.max_len, min_bucket=sz.prompt_len, max_prefill_batch=1 if sz is DRY else 64,
+    cfg = EngineConfig(num_slots=rows, max_len=sz.max_len, min_bucket=sz.prompt_len, max_prefill_batch=1 if sz is DRY else 16,
                        compute_dtype=compute_dtype, decode_lengths=1 if sz is DRY else 4)
     engine = JaxEngine.from_loaded(lm, config=cfg, stop_token_ids=())
     engine.warmup(sz.prompt_len)
@@ -220,16 +199,10 @@ def learner_step_s(lm, sz: Sizes) -> float:
     learner.submit(groups("warm"))  # one step untimed (first dispatches)
     t = time.perf_counter()
     reports = learner.submit(groups("timed"))
-    jax_block(learner.policy_params())
+    __import__("jax").block_until_ready(learner.policy_params())
     if len(reports) != 1:
         raise RuntimeError(f"learner: expected one step from {sz.learner_groups} groups, received {len(reports)}")
     return time.perf_counter() - t
-
-
-def jax_block(tree: Any) -> None:
-    import jax
-
-    jax.block_until_ready(tree)
 
 
 def logprob_gap(lm, pairs: list[tuple[list[int], Any]], temperature: float) -> tuple[float, float]:
@@ -368,7 +341,7 @@ SHAPES = {"smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_s
 
 def shaped_model(spec: str):
     """``shape:NAME``: random weights in NAME's exact architecture (:data:`SHAPES`), for a machine the
-    checkpoint cannot reach (the 98 MB GGUF is over what travels to the GPU machine). Throughput does
+    checkpoint cannot reach (the 98 MB GGUF is over what travels to a lent machine in one piece). Throughput does
     not depend on the weights' values; the logprob gap is then measured on random weights."""
     from gymllm.models import make_tiny
 
@@ -378,7 +351,163 @@ def shaped_model(spec: str):
     return make_tiny("llama", std=0.02, **SHAPES[name])
 
 
-# ------------------------------------------------------------------ the run
+# ------------------------------------------------------------------ one part, in its own process
+#: the RESULT keys each part measures, in the order the parts run
+PART_KEYS: dict[str, list[str]] = {
+    "decode": ["jax_decode_tok_s_64", "jax_decode_tok_s_256"],
+    "big": ["big_decode_tok_s_64", "big_decode_tok_s_256"],
+    "continuous": ["continuous_vs_static", "continuous_tok_s", "static_tok_s"],
+    "learner": ["learner_step_s"],
+    "jax": ["jax_generate_tok_s", "jax_push_s", "jax_push_versions", "jax_logprob_gap_mean", "jax_logprob_gap_p99"],
+    "vllm": ["vllm_generate_tok_s", "vllm_push_s", "vllm_push_versions", "vllm_logprob_gap_mean",
+             "vllm_logprob_gap_p99"],
+}
+#: each part's time guard, as a share of --budget-s (compiles included); the probe loads the model once
+PART_SHARE = {"probe": 0.25, "decode": 0.3, "big": 0.2, "continuous": 0.2, "learner": 0.15, "jax": 0.2, "vllm": 0.25}
+MIN_PART_S, RESERVE_S = 15.0, 5.0  # a part is not started with less left; kept for printing the RESULT
+
+
+class PartOutput:
+    """What a part's process measured, rewritten (atomically) after every figure, so a part killed by
+    its time guard still hands back the figures it finished."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.data: dict[str, dict] = {"values": {}, "skipped": {}, "errors": {}}
+        self.save()
+
+    def put(self, **values: Any) -> None:
+        self.data["values"].update(values)
+        self.save()
+
+    def note(self, kind: str, keys: list[str], why: str) -> None:
+        for k in keys:
+            if k not in self.data["values"]:
+                self.data[kind][k] = why
+        self.save()
+
+    def save(self) -> None:
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.data, f, default=str)
+        os.replace(tmp, self.path)
+
+
+def probe(args, out: PartOutput) -> int:
+    """The device (exit 2 without an accelerator, unless --dry) and the model (exit 3 if it does not load)."""
+    import jax
+
+    devs = jax.devices()
+    plat = "gpu" if devs[0].platform in ("cuda", "rocm") else devs[0].platform
+    if args.dry:
+        device = f"cpu (dry run; {devs[0].device_kind})"
+    elif plat == "cpu":
+        sys.stderr.write(
+            f"accelerator_check: expected a TPU or GPU visible to JAX, received none (jax.devices(): {devs}; "
+            f"JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS')!r}). Fix: run on the accelerator machine with "
+            "pip install -e '.[tpu]' (a TPU VM) or -e '.[cuda,vllm]' (a GPU machine) and JAX_PLATFORMS unset, "
+            "or pass --dry for the CPU rehearsal.\n")
+        return 2
+    else:
+        device = f"{devs[0].device_kind} x{len(devs)}"
+    try:
+        load_model(args)
+    except Exception as exc:  # an offline accelerator machine cannot pip-download the registry's wheel
+        sys.stderr.write(f"accelerator_check: expected model {args.model!r} to load, received {type(exc).__name__}: "
+                         f"{exc}. Fix: pass --model a local path (the SmolLM2 GGUF file, or the Hugging Face "
+                         "directory gymllm caches under $GYMLLM_CACHE), carried to the machine "
+                         "(scripts/offline_bundle.py splits and reassembles the GGUF).\n")
+        return 3
+    out.put(device=device, platform=plat, device_info={"platform": plat, "kind": devs[0].device_kind, "count": len(devs)},
+            model=(f"{args.model} (random weights)" if args.model.startswith("shape:")
+                   else "tiny llama (make_tiny)" if args.dry else args.model))
+    return 0
+
+
+def load_model(args):
+    from gymllm.models import load, make_tiny
+
+    if args.model.startswith("shape:"):
+        return shaped_model(args.model)
+    return make_tiny("llama") if args.dry else load(args.model)
+
+
+def run_part(part: str, args, out: PartOutput) -> int:
+    """Measure one part into ``out`` (each figure saved as it lands; an exception is the part's error)."""
+    if args.dry:
+        os.environ["JAX_PLATFORMS"] = "cpu"
+    if part == "probe":
+        return probe(args, out)
+    if part == "stall":  # a STAND-IN part for tests/test_accelerator_check.py: one figure, then it hangs
+        out.put(stall_first=1.0)
+        time.sleep(3600)
+    sz, dtype, keys = DRY if args.dry else ACCEL, args.compute_dtype or None, PART_KEYS[part]
+    try:
+        if part in ("decode", "big"):
+            from gymllm.models import load
+
+            lm = load(args.big_model) if part == "big" else load_model(args)
+            for key, rows in zip(keys, sz.rows):
+                out.put(**{key: decode_tok_s(lm, rows, sz, dtype)})
+        elif part == "continuous":
+            out.put(**continuous_vs_static(load_model(args), sz, dtype))
+        elif part == "learner":
+            out.put(learner_step_s=learner_step_s(load_model(args), sz))
+        elif part == "jax":
+            lm = load_model(args)
+            r = jax_engine_rows(lm, sz, dtype)
+            out.put(jax_generate_tok_s=r["generate_tok_s"], jax_push_s=r["push_s"], jax_push_versions=r["push_versions"],
+                    jax_logprob_gap_mean=r["gap"][0], jax_logprob_gap_p99=r["gap"][1])
+        elif part == "vllm":
+            with tempfile.TemporaryDirectory(prefix="gymllm-accel-") as d:
+                r, backend = vllm_rows(load_model(args), sz, args.dry, d)
+            out.put(vllm_backend=backend, vllm_generate_tok_s=r["generate_tok_s"], vllm_push_s=r["push_s"],
+                    vllm_push_versions=r["push_versions"])
+            if r["gap"] is None:
+                out.note("skipped", ["vllm_logprob_gap_mean", "vllm_logprob_gap_p99"],
+                         "the vLLM stand-in's logprobs are scripted, not a model's: no gap to measure")
+            else:
+                out.put(vllm_logprob_gap_mean=r["gap"][0], vllm_logprob_gap_p99=r["gap"][1])
+    except Exception as exc:  # recorded, reported; the other parts still run
+        import traceback
+
+        traceback.print_exc()
+        out.note("errors", keys, f"{type(exc).__name__}: {exc}"[:400])
+        return 1
+    return 0
+
+
+# ------------------------------------------------------------------ the run: one process per part
+def spawn(part: str, args, timeout: float, workdir: str) -> tuple[dict, str]:
+    """Run ``part`` in a child process for at most ``timeout`` s; its output and, if it did not finish
+    cleanly, why ("" if it did). The parent never imports JAX: one process at a time holds a TPU."""
+    path = os.path.join(workdir, f"{part}.json")
+    cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--child", part, "--child-out", path,
+           "--model", args.model, "--big-model", args.big_model, "--compute-dtype", args.compute_dtype,
+           *(["--dry"] if args.dry else [])]
+    proc = subprocess.Popen(cmd, start_new_session=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        rc, why = proc.wait(timeout=timeout), ""
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        rc, why = -9, (f"exceeded its time guard of {timeout:.0f} s (compiles included; --budget-s "
+                       f"{args.budget_s:.0f}); killed")
+    try:
+        data = json.loads(pathlib.Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        data = {"values": {}, "skipped": {}, "errors": {}}
+    if rc and not why:
+        why = f"its process exited with status {rc}"
+    return {**data, "rc": rc}, why
+
+
+def inline(part: str, args, timeout: float, workdir: str) -> tuple[dict, str]:
+    """:func:`spawn`'s ``--dry`` twin: the part in this process (no guard; the CPU rehearsal stays cheap)."""
+    rc = run_part(part, args, out := PartOutput(os.path.join(workdir, f"{part}.json")))
+    return {**out.data, "rc": rc}, (f"the part returned status {rc}" if rc else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dry", action="store_true", help="CPU rehearsal: tiny model and sizes, vLLM stand-in")
@@ -387,123 +516,83 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parts", default="decode,continuous,learner,jax,vllm",
                     help="which parts to run (comma list); the others are skipped with that reason")
     ap.add_argument("--compute-dtype", default="bfloat16", help="the JaxEngine's EngineConfig.compute_dtype")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="the whole run's wall limit (default 480 s: 8 minutes; --dry 900 s); each part's guard "
+                         "is a share of it (PART_SHARE) and a part past its guard is killed, its figures so far kept")
+    ap.add_argument("--child", default="", help=argparse.SUPPRESS)  # one part, in its own process
+    ap.add_argument("--child-out", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.budget_s is None:
+        args.budget_s = 900.0 if args.dry else 480.0
+    if args.child:
+        return run_part(args.child, args, PartOutput(args.child_out))
     t0 = time.perf_counter()
-    if args.dry:
-        os.environ["JAX_PLATFORMS"] = "cpu"
-    import jax
-
-    from gymllm.models import load, make_tiny
-
-    device = f"cpu (dry run; {jax.devices()[0].device_kind})" if args.dry else _fail_without_gpu()
-    sz = DRY if args.dry else GPU
+    left = lambda: args.budget_s - (time.perf_counter() - t0) - RESERVE_S  # noqa: E731
     res: dict[str, Any] = {k: None for k in RESULT_KEYS}
-    skipped: dict[str, str] = {}
-    errors: dict[str, str] = {}
-    res.update(dry=args.dry, device=device, skipped=skipped, errors=errors)
-
-    wanted = {p.strip() for p in args.parts.split(",") if p.strip()}
-    part_of = {"jax_decode_tok_s_64": "decode", "continuous_vs_static": "continuous", "learner_step_s": "learner",
-               "jax_generate_tok_s": "jax", "vllm_generate_tok_s": "vllm", "big_decode_tok_s_64": "decode"}
-
-    def part(keys: list[str], fn: Callable[[], dict]) -> None:
-        if part_of.get(keys[0], "") not in wanted:
+    skipped, errors = {}, {}  # RESULT key -> why it has no figure
+    res.update(dry=args.dry, skipped=skipped, errors=errors, big_model=args.big_model or "none")
+    with tempfile.TemporaryDirectory(prefix="gymllm-accel-parts-") as work:
+        run = inline if args.dry else spawn
+        first, why = run("probe", args, min(PART_SHARE["probe"] * args.budget_s, left()), work)
+        if first["rc"] in (2, 3):  # no accelerator / no model: the child said why on stderr
+            return first["rc"]
+        if why:
+            sys.stderr.write(f"accelerator_check: the probe (device and model load) did not finish: {why}\n")
+            return 1
+        info = first["values"]
+        res.update(device=info["device"], model=info["model"])
+        wanted = {p.strip() for p in args.parts.split(",") if p.strip()} | ({"big"} if args.big_model else set())
+        for part, keys in PART_KEYS.items():
+            reason = part_skip_reason(part, wanted, args, info["platform"])
+            if not reason and left() < MIN_PART_S:
+                reason = f"no time left: {max(left(), 0):.0f} s of --budget-s {args.budget_s:.0f} remained"
+            if reason:
+                skipped.update({k: reason for k in keys})
+                if part == "vllm":
+                    res["vllm_backend"] = "absent" if "install" in reason else "not run"
+                continue
+            t = time.perf_counter()
+            out, why = run(part, args, min(PART_SHARE[part] * args.budget_s, left()), work)
+            res.update(out["values"])
+            skipped.update(out["skipped"])
+            errors.update(out["errors"])
             for k in keys:
-                skipped[k] = f"not in --parts {args.parts}"
-            return
-        t = time.perf_counter()
-        try:
-            res.update(fn())
-        except Exception as exc:  # recorded, reported, the rest still runs
-            import traceback
-
-            traceback.print_exc()
-            for k in keys:
-                errors[k] = f"{type(exc).__name__}: {exc}"[:400]
-        print(f"[{keys[0]}...] {time.perf_counter() - t:.1f}s "
-              + json.dumps({k: res.get(k) for k in keys}, default=str), flush=True)
-
-    try:
-        if args.model.startswith("shape:"):
-            lm = shaped_model(args.model)
-        else:
-            lm = make_tiny("llama") if args.dry else load(args.model)
-    except Exception as exc:  # an offline GPU machine cannot pip-download the registry's wheel
-        sys.stderr.write(f"accelerator_check: expected model {args.model!r} to load, received {type(exc).__name__}: "
-                         f"{exc}. Fix: pass --model a local path (the Hugging Face directory gymllm caches under "
-                         "$GYMLLM_CACHE, default ~/.cache/gymllm, after one load on a networked machine, or the "
-                         "SmolLM2 GGUF file), carried to the GPU machine.\n")
-        return 3
-    res["model"] = (f"{args.model} (random weights)" if args.model.startswith("shape:")
-                    else "tiny llama (make_tiny)" if args.dry else args.model)
-    dtype = args.compute_dtype or None
-    part(["jax_decode_tok_s_64", "jax_decode_tok_s_256"], lambda: {
-        "jax_decode_tok_s_64": decode_tok_s(lm, sz.rows[0], sz, dtype),
-        "jax_decode_tok_s_256": decode_tok_s(lm, sz.rows[1], sz, dtype)})
-    if args.big_model:
-        res["big_model"] = args.big_model
-
-        def big() -> dict:
-            blm = load(args.big_model)
-            return {"big_decode_tok_s_64": decode_tok_s(blm, sz.rows[0], sz, dtype),
-                    "big_decode_tok_s_256": decode_tok_s(blm, sz.rows[1], sz, dtype)}
-        part(["big_decode_tok_s_64", "big_decode_tok_s_256"], big)
-    else:
-        res["big_model"] = "none"
-        for k in ("big_decode_tok_s_64", "big_decode_tok_s_256"):
-            skipped[k] = ("no --big-model: no 0.5-1.5B model's weights can be had offline "
-                          "(/work/shared/notes/models.md lists SmolLM2-135M and Gemma 3 270M)")
-    part(["continuous_vs_static", "continuous_tok_s", "static_tok_s"], lambda: continuous_vs_static(lm, sz, dtype))
-    part(["learner_step_s"], lambda: {"learner_step_s": learner_step_s(lm, sz)})
-
-    def jax_rows() -> dict:
-        r = jax_engine_rows(lm, sz, dtype)
-        return {"jax_generate_tok_s": r["generate_tok_s"], "jax_push_s": r["push_s"],
-                "jax_push_versions": r["push_versions"], "jax_logprob_gap_mean": r["gap"][0],
-                "jax_logprob_gap_p99": r["gap"][1]}
-    part(["jax_generate_tok_s", "jax_push_s", "jax_push_versions", "jax_logprob_gap_mean", "jax_logprob_gap_p99"],
-         jax_rows)
-
-    vkeys = ["vllm_generate_tok_s", "vllm_push_s", "vllm_push_versions", "vllm_logprob_gap_mean",
-             "vllm_logprob_gap_p99"]
-    have_vllm = importlib.util.find_spec("vllm") is not None
-    have_torch = importlib.util.find_spec("torch") is not None
-    if not have_vllm and not args.dry:
-        res["vllm_backend"] = "absent"
-        for k in vkeys:
-            skipped[k] = "vllm is not installed: pip install -e '.[vllm]'"
-    elif not have_vllm and not have_torch:
-        res["vllm_backend"] = "absent"
-        for k in vkeys:
-            skipped[k] = "neither vllm nor torch (which the stand-in's weight files need) is installed"
-    else:
-        def vrows() -> dict:
-            with tempfile.TemporaryDirectory(prefix="gymllm-accel-") as d:
-                r, backend = vllm_rows(lm, sz, args.dry, d)
-            out = {"vllm_backend": backend, "vllm_generate_tok_s": r["generate_tok_s"], "vllm_push_s": r["push_s"],
-                   "vllm_push_versions": r["push_versions"]}
-            if r["gap"] is None:
-                for k in ("vllm_logprob_gap_mean", "vllm_logprob_gap_p99"):
-                    skipped[k] = "the vLLM stand-in's logprobs are scripted, not a model's: no gap to measure"
-            else:
-                out.update(vllm_logprob_gap_mean=r["gap"][0], vllm_logprob_gap_p99=r["gap"][1])
-            return out
-        part(vkeys, vrows)
-        if res["vllm_backend"] is None:
-            res["vllm_backend"] = "error" if "vllm" in wanted else "not run"
-
+                if res.get(k) is None and k not in skipped and k not in errors:
+                    errors[k] = why or "not measured"
+            print(f"[{part}] {time.perf_counter() - t:.1f}s " + json.dumps({k: res.get(k) for k in keys}, default=str),
+                  flush=True)
+    if res["vllm_backend"] is None:
+        res["vllm_backend"] = "error"
     res["wall_s"] = time.perf_counter() - t0
     for k, v in res.items():
         if isinstance(v, float):
             res[k] = round(v, 5)
-        if v is None and k not in skipped and k not in errors:
-            errors[k] = "not measured (a part before it failed)"
     from results import emit_result  # the RESULT line, and its record in benchmarks/results/
-    emit_result("accelerator_check", res, record=not args.dry)
+
+    emit_result("accelerator_check", res, record=not args.dry, device=info.get("device_info"))
     if errors:
         sys.stderr.write(f"accelerator_check: {len(errors)} figure(s) failed: {sorted(errors)}\n")
         return 1
     return 0
+
+
+def part_skip_reason(part: str, wanted: set[str], args, platform: str) -> str:
+    """Why ``part`` does not run here ("" when it does)."""
+    if part == "big" and not args.big_model:
+        return ("no --big-model: no 0.5-1.5B model's weights can be had offline "
+                "(/work/shared/notes/models.md lists SmolLM2-135M and Gemma 3 270M)")
+    if part not in wanted:
+        return f"not in --parts {args.parts}"
+    if part != "vllm":
+        return ""
+    if platform == "tpu":
+        return "vLLM rows run on a GPU only: VllmEngine drives vLLM's CUDA build; skipped on a TPU"
+    have_vllm, have_torch = (importlib.util.find_spec(m) is not None for m in ("vllm", "torch"))
+    if not have_vllm and not args.dry:
+        return "vllm is not installed: pip install -e '.[vllm]'"
+    if not have_vllm and not have_torch:
+        return "neither vllm nor torch (which the stand-in's weight files need) is installed"
+    return ""
 
 
 if __name__ == "__main__":

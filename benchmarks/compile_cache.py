@@ -35,7 +35,7 @@ from gymllm.utils.host import describe_cpu, loadavg  # noqa: E402
 
 
 def timed_run(spec_file: str, cache_dir: str) -> dict:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", GYMLLM_COMPILE_CACHE=cache_dir, TOKENIZERS_PARALLELISM="false")
+    env = dict(os.environ, GYMLLM_COMPILE_CACHE=cache_dir, TOKENIZERS_PARALLELISM="false")
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
     t = time.perf_counter()
     proc = subprocess.run([sys.executable, str(HERE / "peers" / "run_gymllm.py"), "--spec", spec_file],
@@ -71,6 +71,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="tiny config only, 2 rounds (about 3 minutes here)")
     ap.add_argument("--rounds", type=int, default=None, help="cold + warm pairs per config (default 3; --quick: 2)")
     ap.add_argument("--steps", type=int, default=4, help="optimizer steps per run")
+    from results.device import choose_platform
+
+    choose_platform()  # --cpu: JAX on the CPU (children too); else JAX_PLATFORMS or JAX's default
     args = ap.parse_args()
     rounds = args.rounds or (2 if args.quick else 3)
     sizes = ("tiny",) if args.quick else ("tiny", "medium")
@@ -84,7 +87,9 @@ def main() -> None:
             out.update({(k if size == "tiny" else f"{k}_{size}"): v for k, v in res.items()})
     out.update(cpu=cpu, loadavg={"start": load0, "end": loadavg()}, rounds=rounds, steps=args.steps)
     from results import emit_result  # the RESULT line, and its record in benchmarks/results/
-    emit_result("compile_cache", out)
+    from results.device import child_device_info
+
+    emit_result("compile_cache", out, device=child_device_info())  # the device the runs compiled for
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ def train_command(run_dir: pathlib.Path, steps: int, extra: Sequence[str] = ()) 
 
 
 def _env() -> dict[str, str]:
-    return dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+    return dict(os.environ, PYTHONUNBUFFERED="1")  # JAX_PLATFORMS: --cpu or the user's
 
 
 def _size(p: pathlib.Path) -> int:
@@ -176,6 +176,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work-dir", default=None, help="keep the two run directories here")
+    from results.device import choose_platform_args
+
+    argv = choose_platform_args(argv)  # --cpu: JAX on the CPU (children too); else JAX_PLATFORMS or JAX's default
     args = ap.parse_args(argv)
     kills = args.kills if args.kills is not None else (4 if args.quick else 20)
     steps = args.steps if args.steps is not None else (8 if args.quick else 40)

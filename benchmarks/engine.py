@@ -55,7 +55,9 @@ import os
 import sys
 import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from results.device import choose_platform  # noqa: E402
+
+choose_platform()  # --cpu: JAX on the CPU; else JAX_PLATFORMS as set, or JAX's default device
 
 import numpy as np  # noqa: E402
 

@@ -58,7 +58,9 @@ import os
 import statistics
 import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from results.device import choose_platform  # noqa: E402
+
+choose_platform()  # --cpu: JAX on the CPU; else JAX_PLATFORMS as set, or JAX's default device
 
 import jax
 import jax.numpy as jnp

@@ -38,7 +38,11 @@ import argparse
 import json
 import time
 
-import jax
+from results.device import choose_platform  # noqa: E402
+
+choose_platform()  # --cpu: JAX on the CPU; else JAX_PLATFORMS as set, or JAX's default device
+
+import jax  # noqa: E402
 import jax.numpy as jnp
 import numpy as np
 

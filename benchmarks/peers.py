@@ -232,7 +232,7 @@ def run_side(side: str, python: str, spec_file: str, *, timeout_s: float) -> dic
     """One run of ``side``'s runner; its RESULT dict, or ``{"error": ...}``."""
     script, mode = RUNNER_OF[side]
     cmd = [python, str(HERE / script), "--spec", spec_file, "--mode", mode]
-    env = dict(os.environ, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="disabled", TF_CPP_MIN_LOG_LEVEL="3",
                GYMLLM_COMPILE_CACHE="off")  # every side compiles from scratch (benchmarks/compile_cache.py: a rerun's gain)
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
@@ -356,6 +356,9 @@ def result_line(out: dict) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    from results.device import choose_platform_args
+
+    argv = choose_platform_args(argv)  # --cpu: JAX on the CPU (children too); else JAX_PLATFORMS or JAX's default
     cfg = parse_args(argv)
     out = bench(cfg, log=lambda msg: print(msg, flush=True))  # progress shows while stdout is a file
     for suffix in ("", "_medium"):

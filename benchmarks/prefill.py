@@ -21,7 +21,9 @@ import json
 import os
 import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from results.device import choose_platform  # noqa: E402
+
+choose_platform()  # --cpu: JAX on the CPU; else JAX_PLATFORMS as set, or JAX's default device
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

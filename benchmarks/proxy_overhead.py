@@ -70,8 +70,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer requests")
     parser.add_argument("--model", default="tiny-qwen3", help="tiny-<family> or a model name")
+    from results.device import choose_platform
+
+    choose_platform()  # --cpu: JAX on the CPU; else JAX_PLATFORMS as set, or JAX's default device
     args = parser.parse_args()
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
     from gymllm import models
     from gymllm.inference import EngineConfig, JaxEngine
 

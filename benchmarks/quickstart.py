@@ -61,6 +61,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="the same run (about 3.5 minutes on an idle 2-core CPU)")
     ap.add_argument("extra", nargs="*", help="arguments for gymllm train (after --)")
+    from results.device import choose_platform
+
+    choose_platform()  # --cpu: JAX on the CPU (children too); else JAX_PLATFORMS or JAX's default
     args = ap.parse_args()
     from gymllm.utils.host import describe_cpu, loadavg
 
@@ -81,8 +84,9 @@ def main() -> None:
           f"-> last 3); engine busy {out['engine_busy']:.0%}, trainer idle {out['trainer_idle']:.0%}; "
           f"{out['biggest_stall']}", flush=True)
     from results import emit_result
+    from results.device import child_device_info
 
-    emit_result("quickstart", out)
+    emit_result("quickstart", out, device=child_device_info())  # the device `gymllm train` ran on
 
 
 if __name__ == "__main__":

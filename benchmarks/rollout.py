@@ -81,7 +81,9 @@ import os
 import sys
 import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from results.device import choose_platform  # noqa: E402
+
+choose_platform()  # --cpu: JAX on the CPU; else JAX_PLATFORMS as set, or JAX's default device
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # flag -> (default, default under --quick); --quick never overrides a flag given explicitly

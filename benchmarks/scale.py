@@ -46,7 +46,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from results.device import choose_platform  # noqa: E402
+
+choose_platform()  # --cpu: JAX on the CPU; else JAX_PLATFORMS as set, or JAX's default device
 
 import gymllm.ray_support as ray_support  # noqa: E402 - before ray: loopback nodes, no usage stats
 import numpy as np  # noqa: E402

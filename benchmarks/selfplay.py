@@ -427,6 +427,9 @@ def measure(a: argparse.Namespace, lm: Any, piggyback: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from results.device import choose_platform_args
+
+    argv = choose_platform_args(argv)  # --cpu: JAX on the CPU (children too); else JAX_PLATFORMS or JAX's default
     a = parse_args(argv)
     import jax
 

@@ -113,6 +113,9 @@ def main() -> None:
     ap.add_argument("--max-len", type=int, default=128)
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
+    from results.device import choose_platform
+
+    choose_platform()  # --cpu: JAX on the CPU (children too); else JAX_PLATFORMS or JAX's default
     args = ap.parse_args()
     clients = args.clients or (8 if args.quick else 16)
     duration = args.duration_s or (20.0 if args.quick else 60.0)

@@ -66,6 +66,9 @@ def main() -> None:
     parser.add_argument("--max-rounds", type=int, default=8, help="rounds of both sides at most")
     parser.add_argument("--clean-rounds", type=int, default=2,
                         help="stop once each side has this many warm rounds without a compilation")
+    from results.device import choose_platform
+
+    choose_platform()  # --cpu: JAX on the CPU (children too); else JAX_PLATFORMS or JAX's default
     args = parser.parse_args()
 
     from gymllm.cli.evaluate import eval_env, load_model

@@ -86,7 +86,9 @@ import os
 import tempfile
 import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from results.device import choose_platform  # noqa: E402
+
+choose_platform()  # --cpu: JAX on the CPU; else JAX_PLATFORMS as set, or JAX's default device
 os.environ.setdefault("GYMLLM_KEEP_FREED_MEMORY", "1")  # its figures were measured with malloc kept (gymllm.utils.host_memory)
 
 import numpy as np  # noqa: E402

@@ -1,6 +1,7 @@
 """benchmarks/accelerator_check.py: its ``--dry`` CPU rehearsal runs end to end in a subprocess and prints
-every RESULT key, well typed (a figure or null with its reason), so the first GPU session can run
-the real check blind; without ``--dry`` and without a GPU it stops at once with a clear message."""
+every RESULT key, well typed (a figure or null with its reason), so a TPU or GPU session can run the
+real check blind; without ``--dry`` and without an accelerator it stops at once with a clear message;
+a part past its time guard is killed and the figures it finished are kept."""
 
 from __future__ import annotations
 
@@ -18,12 +19,16 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "accelerator_check.py"
 
 
-def _result_keys() -> dict[str, type]:
+def _module():
     spec = importlib.util.spec_from_file_location("accelerator_check", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("accelerator_check", mod)  # its dataclasses resolve their module
     spec.loader.exec_module(mod)
-    return mod.RESULT_KEYS
+    return mod
+
+
+def _result_keys() -> dict[str, type]:
+    return _module().RESULT_KEYS
 
 
 def _run(*args: str, timeout: float) -> subprocess.CompletedProcess:
@@ -64,9 +69,25 @@ def test_dry_run_prints_every_result_key_well_typed():
         assert res["vllm_generate_tok_s"] > 0
 
 
-@pytest.mark.skipif(any(d.platform == "gpu" for d in jax.devices()), reason="a GPU is visible")
-def test_without_dry_and_without_gpu_it_fails_loudly():
+@pytest.mark.skipif(any(d.platform != "cpu" for d in jax.devices()), reason="an accelerator is visible")
+def test_without_dry_and_without_an_accelerator_it_fails_loudly():
     proc = _run(timeout=120)
     assert proc.returncode == 2
-    assert "expected a GPU visible to JAX" in proc.stderr and "--dry" in proc.stderr
+    assert "expected a TPU or GPU visible to JAX" in proc.stderr and "--dry" in proc.stderr
     assert "RESULT" not in proc.stdout
+
+
+def test_a_part_past_its_time_guard_is_killed_and_keeps_what_it_measured(tmp_path):
+    mod = _module()
+    args = mod.argparse.Namespace(model="m", big_model="", compute_dtype="bfloat16", dry=True, budget_s=60.0)
+    out, why = mod.spawn("stall", args, timeout=6.0, workdir=str(tmp_path))  # one figure, then it hangs
+    assert out["values"] == {"stall_first": 1.0} and out["rc"] == -9
+    assert why.startswith("exceeded its time guard of 6 s") and "killed" in why
+
+
+def test_vllm_rows_are_skipped_on_a_tpu_with_the_reason():
+    mod = _module()
+    args = mod.argparse.Namespace(big_model="", parts="decode,vllm", dry=False)
+    assert "GPU only" in mod.part_skip_reason("vllm", {"decode", "vllm"}, args, "tpu")
+    assert mod.part_skip_reason("decode", {"decode", "vllm"}, args, "tpu") == ""
+    assert mod.part_skip_reason("learner", {"decode", "vllm"}, args, "tpu").startswith("not in --parts")

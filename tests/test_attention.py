@@ -16,6 +16,9 @@ import pytest
 from gymllm.models.attention import attention
 from gymllm.models.layers import NEG_INF
 
+# float32 comparisons between code paths: full-precision matmuls on an accelerator too (tests/accel.py)
+pytestmark = pytest.mark.highest_precision
+
 
 def reference_attention(q, k, v, mask, *, scale, softcap=0.0):
     """Plain grouped-query attention, differentiated by autodiff."""

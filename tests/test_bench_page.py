@@ -78,16 +78,20 @@ def test_emit_result_prints_the_line_and_appends_a_record(tmp_path, monkeypatch,
     monkeypatch.setenv("GYMLLM_BENCH_RECORDS", str(tmp_path))
     monkeypatch.setenv("GYMLLM_BENCH_NOTES", "two other jobs running")
     monkeypatch.setattr(sys, "argv", [str(ROOT / "benchmarks" / "vector_env.py"), "--quick"])
+    tpu = {"platform": "tpu", "kind": "TPU v5 lite", "count": 1}
+    monkeypatch.setattr(results.device, "device_info", lambda: dict(tpu))
     line = results.emit_result("vector_env", {"barrier_free_vs_gym_async": 11.5})
     out = capsys.readouterr().out
-    assert out == 'RESULT {"barrier_free_vs_gym_async": 11.5}\n' == line + "\n"  # the line gymllm bench parses
+    want = 'RESULT {"barrier_free_vs_gym_async": 11.5, "device": ' + json.dumps(tpu) + '}\n'
+    assert out == want == line + "\n"  # the line gymllm bench parses, with the device it ran on
     results.emit_result("vector_env", {"barrier_free_vs_gym_async": 12.5})
     results.emit_result("vector_env", {"barrier_free_vs_gym_async": 99.0}, record=False)  # a dry rehearsal
     recs = [json.loads(x) for x in (tmp_path / "vector_env.jsonl").read_text().splitlines()]
     assert len(recs) == 2
     r = recs[0]
     assert set(results.RECORD_FIELDS) <= set(r)
-    assert r["result"] == {"barrier_free_vs_gym_async": 11.5} and r["source"] == "run" and r["runs"] == 1
+    assert r["result"] == {"barrier_free_vs_gym_async": 11.5, "device": tpu} and r["source"] == "run" and r["runs"] == 1
+    assert r["device"] == tpu
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     assert r["commit"] == (head or None)
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", r["date"])

@@ -18,6 +18,9 @@ from gymllm.algos.learner import FAST_COMPILE, LearnerConfig, build_loss_fn
 from gymllm.models.transformer import forward, hidden_states, lm_logits
 from test_learner import learner, make_groups, max_diff, tiny
 
+# float32 comparisons between code paths: full-precision matmuls on an accelerator too (tests/accel.py)
+pytestmark = pytest.mark.highest_precision
+
 BUDGET = 12  # make_groups' replies are 2..11 tokens; rows are 16 long
 
 

@@ -15,7 +15,11 @@ from gymllm.errors import ConfigError, ModelLoadError
 from gymllm.models import FAMILIES, ModelConfig, Transformer, make_tiny, token_logprobs
 from gymllm.models.tiny import tiny_config
 
+from accel import tolerance
+
 T = 12
+# float32 comparisons against the full forward / NumPy: full-precision matmuls on an accelerator too
+pytestmark = pytest.mark.highest_precision
 
 
 def tiny_model(family: str, seed: int = 0, **kw):
@@ -55,10 +59,10 @@ def test_cached_decoding_equals_full_forward(tiny):
     if tiny.config.family == "llama":  # last-token logits only (one family: it is shared code)
         last, _ = tiny.model(prompt, _pos(2, T), cache=cache, logits_at=jnp.asarray(lengths - 1))  # [2, 1, V]
         for row, n in enumerate(lengths):
-            np.testing.assert_allclose(np.asarray(last[row, 0]), np.asarray(full[row, n - 1]), atol=2e-5, rtol=1e-5)
+            np.testing.assert_allclose(np.asarray(last[row, 0]), np.asarray(full[row, n - 1]), **tolerance("logits"))
     first, cache = tiny.model(prompt, _pos(2, T), cache=cache)
     for row, n in enumerate(lengths):
-        np.testing.assert_allclose(np.asarray(first[row, :n]), np.asarray(full[row, :n]), atol=2e-5, rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(first[row, :n]), np.asarray(full[row, :n]), **tolerance("logits"))
     got = {0: [], 1: []}
     for step in range(T - lengths.max()):
         pos = jnp.asarray(lengths + step, jnp.int32)[:, None]  # [2, 1]
@@ -67,7 +71,7 @@ def test_cached_decoding_equals_full_forward(tiny):
             got[row].append(np.asarray(out[row, 0]))
     for row, n in enumerate(lengths):
         want = np.asarray(full[row, n : n + len(got[row])])
-        np.testing.assert_allclose(np.stack(got[row]), want, atol=2e-5, rtol=1e-5)
+        np.testing.assert_allclose(np.stack(got[row]), want, **tolerance("logits"))
 
 
 def test_packed_segments_equal_separate_rows():
@@ -82,8 +86,8 @@ def test_packed_segments_equal_separate_rows():
     out, _ = tiny.model(packed, pos, segment_ids=seg)
     alone = jnp.stack([jnp.pad(a, (0, 7)), jnp.pad(b, (0, 5))])
     ref, _ = tiny.model(alone, _pos(2, T))
-    np.testing.assert_allclose(np.asarray(out[0, :5]), np.asarray(ref[0, :5]), atol=2e-5, rtol=1e-5)
-    np.testing.assert_allclose(np.asarray(out[0, 5:]), np.asarray(ref[1, :7]), atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(out[0, :5]), np.asarray(ref[0, :5]), **tolerance("logits"))
+    np.testing.assert_allclose(np.asarray(out[0, 5:]), np.asarray(ref[1, :7]), **tolerance("logits"))
 
 
 _GEMMA: dict = {}
@@ -107,7 +111,7 @@ def test_chunked_prefill_equals_full_forward(split, chunk, seed):
         n = min(chunk, T - s)
         out, cache = lm.model(toks[:, s : s + CHUNK], _pos(2, CHUNK, s), cache=cache)
         outs.append(np.asarray(out[:, :n]))
-    np.testing.assert_allclose(np.concatenate(outs, 1), np.asarray(full), atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(np.concatenate(outs, 1), np.asarray(full), **tolerance("logits"))
 
 
 def test_bf16_forward_close_to_fp32():
@@ -146,7 +150,7 @@ def test_dense_bf16_value_and_grads_match_float32_reference(transposed, f32_out)
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b), rtol=3e-2, atol=0.15)
     x32, w32 = x.astype(jnp.float32), w.astype(jnp.float32)
     np.testing.assert_allclose(np.asarray(dense(x32, w32, transposed=transposed, f32_out=f32_out)),
-                               np.asarray(ref(x32, w32)), rtol=1e-5, atol=1e-5)
+                               np.asarray(ref(x32, w32)), **tolerance("reference"))
 
 
 def test_packed_bf16_weights_equal_bf16_weights():
@@ -202,7 +206,7 @@ def test_token_logprobs_matches_numpy(seed, temperature):
     ref = np.take_along_axis(ref, targets[..., None], -1)[..., 0]
     got = token_logprobs(jnp.asarray(logits), jnp.asarray(targets), temperature)
     assert got.dtype == jnp.float32 and got.shape == (2, 3)
-    np.testing.assert_allclose(np.asarray(got), ref, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(got), ref, **tolerance("reference"))
 
 
 def test_split_merge_roundtrip_under_jit():
@@ -318,4 +322,4 @@ def test_attention_matches_numpy_reference_with_softcap_and_gqa():
     probs = np.exp(scores - scores.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
     ref = np.einsum("bhts,bshd->bthd", probs, vrep).reshape(b, t, h * d)
-    np.testing.assert_allclose(np.asarray(got), ref, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(got), ref, **tolerance("reference"))

@@ -16,6 +16,11 @@ from gymllm.models import FAMILIES, KVCache, make_tiny
 from gymllm.models.decode import decode_forward, decode_step, write_new_kv
 from gymllm.models.transformer import forward, pack_bf16
 
+from accel import tolerance
+
+# float32 comparisons between code paths: full-precision matmuls on an accelerator too (tests/accel.py)
+pytestmark = pytest.mark.highest_precision
+
 S = 16  # cache slots
 B = 3  # cache rows (decode runs over the first W)
 
@@ -70,10 +75,10 @@ def test_decode_equals_the_cached_forward_logits_and_written_kv(lm):
         logits, k_new, v_new = _decode(cfg, params, tok, pos, cache, length)
         assert logits.shape == (B, cfg.vocab_size) and logits.dtype == jnp.float32
         assert k_new.shape == (cfg.num_layers, B, cfg.num_kv_heads, cfg.resolved_head_dim)
-        np.testing.assert_allclose(np.asarray(logits), np.asarray(want[:, 0]), atol=2e-5, rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(logits), np.asarray(want[:, 0]), **tolerance("logits"))
         got = write_new_kv(cache, k_new, v_new, pos)
         for g, w in zip(got, want_cache):
-            np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=2e-5, rtol=1e-5)
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), **tolerance("logits"))
 
 
 def test_greedy_decoding_equals_the_full_forward(lm):
@@ -87,7 +92,7 @@ def test_greedy_decoding_equals_the_full_forward(lm):
         pos = jnp.asarray(lengths[:2] + step, jnp.int32)
         logits, cache = decode_step(cfg, params, toks[jnp.arange(2), pos], pos, cache, 12)
         want = full[jnp.arange(2), pos]
-        np.testing.assert_allclose(np.asarray(logits), np.asarray(want), atol=2e-5, rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(logits), np.asarray(want), **tolerance("logits"))
 
 
 def test_packed_bf16_weights_and_cache_match_the_cached_forward():

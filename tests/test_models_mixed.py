@@ -17,6 +17,9 @@ from gymllm.models import FAMILIES, KVCache, make_tiny
 from gymllm.models.mixed import mixed_forward, mixed_step, write_mixed_kv
 from gymllm.models.transformer import forward, pack_bf16
 
+# float32 comparisons between code paths: full-precision matmuls on an accelerator too (tests/accel.py)
+pytestmark = pytest.mark.highest_precision
+
 S = 24  # cache slots
 B = 5  # cache rows: decode over rows [0, 2), chunks into rows 2..4
 W = 2

@@ -19,6 +19,11 @@ from gymllm.models import FAMILIES, KVCache, make_tiny
 from gymllm.models.prefill import prefill_forward, prefill_step, write_chunk_kv
 from gymllm.models.transformer import forward, pack_bf16
 
+from accel import tolerance
+
+# float32 comparisons between code paths: full-precision matmuls on an accelerator too (tests/accel.py)
+pytestmark = pytest.mark.highest_precision
+
 S = 24  # cache slots
 B = 3  # cache rows
 T = 8  # chunk bucket
@@ -79,7 +84,7 @@ def _check_cache(got, want_part, before, rows, starts, lens, close):
 
 
 def _close32(a, b):
-    np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(a, b, **tolerance("logits"))
 
 
 def test_prefill_equals_the_cached_forward_logits_and_cache(lm):
@@ -95,7 +100,7 @@ def test_prefill_equals_the_cached_forward_logits_and_cache(lm):
         logits, k_new, v_new = _prefill(cfg, params, toks, pos, r, cache, length, last)
         assert logits.shape == (4, cfg.vocab_size) and logits.dtype == jnp.float32
         assert k_new.shape == (cfg.num_layers, 4, T, cfg.num_kv_heads, cfg.resolved_head_dim)
-        np.testing.assert_allclose(np.asarray(logits[:3]), np.asarray(want[:3]), atol=2e-5, rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(logits[:3]), np.asarray(want[:3]), **tolerance("logits"))
         got = write_chunk_kv(cache, k_new, v_new, r, pos, last + 1)
         _check_cache(got, want_part, cache, rows, starts, lens, _close32)
 
@@ -117,7 +122,7 @@ def test_two_chunks_then_the_full_forward(lm):
         pos = jnp.asarray(np.minimum(start + np.arange(T), S - 1)[None].repeat(2, 0), jnp.int32)
         last = jnp.full(2, stop - start - 1, jnp.int32)
         logits, cache = prefill_step(cfg, params, jnp.asarray(toks), pos, rows, cache, length, last)
-        np.testing.assert_allclose(np.asarray(logits), np.asarray(full[:, stop - 1]), atol=2e-5, rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(logits), np.asarray(full[:, stop - 1]), **tolerance("logits"))
     for got, before in zip(cache, noise):  # the padded tails (slot 14 on) and row 0 keep their noise
         np.testing.assert_array_equal(np.asarray(got)[:, 1:, 14:], before[:, 1:, 14:])
         np.testing.assert_array_equal(np.asarray(got)[:, 0], before[:, 0])
@@ -189,6 +194,6 @@ def test_any_starts_and_chunk_lengths_match_the_cached_forward(gemma, rows_spec,
     want, want_part = _oracle(cfg, params, cache, toks, pos, r, last)
     length = S if long_read else (0 if starts.max() == 0 else (12 if starts.max() <= 12 else S))
     logits, k_new, v_new = _prefill(cfg, params, toks, pos, r, cache, length, last)
-    np.testing.assert_allclose(np.asarray(logits[:2]), np.asarray(want[:2]), atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(logits[:2]), np.asarray(want[:2]), **tolerance("logits"))
     got = write_chunk_kv(cache, k_new, v_new, r, pos, last + 1)
     _check_cache(got, want_part, cache, rows, starts, lens, _close32)

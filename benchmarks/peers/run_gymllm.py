@@ -19,7 +19,7 @@ import json
 import os
 import tempfile
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# JAX_PLATFORMS: as benchmarks/peers.py (or the user) gives it; peers.py --cpu pins the CPU
 os.environ.setdefault("GYMLLM_KEEP_FREED_MEMORY", "1")
 
 

@@ -23,7 +23,7 @@ import os
 import sys
 import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# JAX_PLATFORMS: as benchmarks/peers.py (or the user) gives it; peers.py --cpu pins the CPU
 
 
 class ByteTokenizer:

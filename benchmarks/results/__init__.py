@@ -6,7 +6,13 @@ Each benchmark ends with ``emit_result(name, result)``: it prints the ``RESULT {
     {"benchmark": "vector_env", "result": {...the RESULT json...}, "runs": 1,
      "cpu": "AMD EPYC 9B14 (no AMX)", "cores": 2, "date": "2026-12-04T05:40:12Z",
      "commit": "<git rev-parse HEAD>", "dirty": false, "command": "python benchmarks/vector_env.py --quick",
-     "load": [1.9, 1.7, 1.5], "notes": null, "source": "run"}
+     "load": [1.9, 1.7, 1.5], "notes": null, "source": "run",
+     "device": {"platform": "tpu", "kind": "TPU v5 lite", "count": 1}}
+
+``device`` (``results/device.py``) is where the figures were measured: JAX's devices in the benchmark's
+process, or, for one whose JAX work runs in child processes, the ``JAX_PLATFORMS`` they were given. The
+RESULT line carries it too (key ``device``, unless the benchmark reports its own). Records from before
+it existed have none: JAX was pinned to the CPU then.
 
 ``python benchmarks/results/render.py`` writes the tables of ``docs/benchmarks.md`` from these records
 (figures on the page are never typed by hand). Records imported from the README's text, for figures
@@ -21,7 +27,8 @@ with that branch's commit and the load it ran under.
 Where the record goes: ``$GYMLLM_BENCH_RECORDS`` (a directory; ``off`` records nothing), else this
 directory. Inside a pytest run (``PYTEST_CURRENT_TEST`` set) nothing is recorded unless
 ``GYMLLM_BENCH_RECORDS`` names a directory, so tests that run a benchmark never touch the store.
-``$GYMLLM_BENCH_NOTES`` becomes the record's ``notes`` (say what else ran on the machine).
+``$GYMLLM_BENCH_NOTES`` becomes the record's ``notes`` (say what else ran on the machine);
+``$GYMLLM_BENCH_COMMIT`` names the commit where the checkout has no git history (a copy on a lent machine).
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ import shlex
 import subprocess
 import sys
 from typing import Any
+
+from . import device  # noqa: F401 - results.device: the device a run measured on
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -74,10 +83,15 @@ def _cpu() -> str:
         return "unknown CPU"
 
 
-def make_record(benchmark: str, result: dict[str, Any], *, argv: list[str] | None = None) -> dict[str, Any]:
+def make_record(benchmark: str, result: dict[str, Any], *, argv: list[str] | None = None,
+                device: dict[str, Any] | None = None) -> dict[str, Any]:
     """The record of one run: the RESULT, the CPU, UTC date, commit (and whether the tree had local
-    changes), the command line, the load average at the end and ``$GYMLLM_BENCH_NOTES``."""
+    changes), the command line, the load average at the end, ``$GYMLLM_BENCH_NOTES`` and the device."""
+    from . import device as dev
+
     argv = list(sys.argv if argv is None else argv)
+    if dev.CPU_FLAG_TAKEN and dev.CPU_FLAG not in argv:
+        argv.append(dev.CPU_FLAG)
     status = _git("status", "--porcelain", "--untracked-files=no")
     try:
         load = [round(x, 2) for x in os.getloadavg()]
@@ -90,12 +104,13 @@ def make_record(benchmark: str, result: dict[str, Any], *, argv: list[str] | Non
         "cpu": _cpu(),
         "cores": os.cpu_count(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "commit": _git("rev-parse", "HEAD"),
+        "commit": _git("rev-parse", "HEAD") or os.environ.get("GYMLLM_BENCH_COMMIT") or None,
         "dirty": bool(status) if status is not None else None,
         "command": "python " + shlex.join([os.path.relpath(argv[0], REPO) if argv and argv[0] else "?", *argv[1:]]),
         "load": load,
         "notes": os.environ.get("GYMLLM_BENCH_NOTES") or None,
         "source": "run",
+        "device": device or (result["device"] if isinstance(result.get("device"), dict) else dev.device_info()),
     }
 
 
@@ -113,20 +128,30 @@ def append_record(record: dict[str, Any], directory: pathlib.Path) -> pathlib.Pa
     return path
 
 
-def emit_result(benchmark: str, result: dict[str, Any], *, record: bool = True) -> str:
+def emit_result(benchmark: str, result: dict[str, Any], *, record: bool = True,
+                device: dict[str, Any] | None = None) -> str:
     """Print ``RESULT {json}`` (flushed) and append the run's record; returns the printed line.
 
     Args:
         benchmark: The script's name without ``.py`` (the record file's name).
         result: The RESULT dict, JSON-serializable.
         record: False prints only (a dry rehearsal whose figures mean nothing).
+        device: The record's device when the benchmark knows it better than this process does (its
+            figures were measured by child processes); default :func:`results.device.device_info`.
+
+    The RESULT gains a ``device`` key (``results.device.device_info``) unless it has one.
     """
+    from .device import device_info, from_result
+
+    device = device or from_result(result)
+    if "device" not in result:
+        result = {**result, "device": device or device_info()}
     line = "RESULT " + json.dumps(result)
     print(line, flush=True)
     directory = records_dir() if record else None
     if directory is not None:
         try:
-            path = append_record(make_record(benchmark, result), directory)
+            path = append_record(make_record(benchmark, result, device=device), directory)
             print(f"(recorded in {path}; python benchmarks/results/render.py updates docs/benchmarks.md)",
                   file=sys.stderr, flush=True)
         except OSError as e:  # the figure is printed either way; say why it was not kept

@@ -10,7 +10,10 @@ The page is prose written by hand with generated parts between markers, one per 
     <!-- END GENERATED: vector_env -->
 
 Figures are never typed into the page: a run records itself (``benchmarks/results/__init__.py``), this
-script renders. Records of the same benchmark, commit, CPU, command and notes are one measurement:
+script renders. Every measurement names its device (``results/device.py``: the record's ``device``, else
+the RESULT's own ``device`` text, else the CPU, where JAX was pinned before devices were recorded); a
+measurement on an accelerator is headed with its device in the figures table (a TPU column next to the
+CPU ones). Records of the same benchmark, commit, CPU, device, command and notes are one measurement:
 its figure is the median over the runs and the range (lo-hi) is theirs. A record imported from the
 README text carries its own aggregate (``runs``, the value and its ``spread``) and is shown as given,
 its values verbatim. Which RESULT keys a benchmark's table shows, and their goals, is ``FIGURES``;
@@ -320,6 +323,14 @@ class Measurement:
     def first(self) -> dict[str, Any]:
         return self.records[0]
 
+    def device(self) -> str:
+        """Where it was measured, as the page says it (:func:`device_of`)."""
+        return device_of(self.first)
+
+    def header(self, label: str) -> str:
+        """The figures table's column head: the label, with the device for an accelerator's run."""
+        return label if platform_of_record(self.first) in ("cpu", "other") else f"{label} ({self.device()})"
+
     @property
     def imported(self) -> bool:
         return self.first["source"] != "run"
@@ -379,12 +390,33 @@ class Measurement:
         return max(found, default="0000-00-00")
 
 
+def _device_field(rec: dict[str, Any]) -> Any:
+    """The record's device: its ``device`` field, else a text ``device`` in its RESULT, else None."""
+    if rec.get("device") is not None:
+        return rec["device"]
+    dev = rec["result"].get("device")
+    return dev if isinstance(dev, str) else None
+
+
+def device_of(rec: dict[str, Any]) -> str:
+    from results.device import describe
+
+    return describe(_device_field(rec))
+
+
+def platform_of_record(rec: dict[str, Any]) -> str:
+    from results.device import platform_of
+
+    return platform_of(_device_field(rec))
+
+
 def measurements(records: list[dict[str, Any]]) -> list[Measurement]:
     """The records as measurements: the leading ones first (a recorded run, or an imported figure the
     README led its row with), each part newest first; ties keep file order."""
     groups: dict[Any, list[dict[str, Any]]] = {}
     for i, rec in enumerate(records):
-        key = (("run", rec["commit"], rec["cpu"], rec["command"], rec.get("notes")) if rec["source"] == "run"
+        key = (("run", rec["commit"], rec["cpu"], device_of(rec), rec["command"], rec.get("notes"))
+               if rec["source"] == "run"
                else ("imported", i))
         groups.setdefault(key, []).append(rec)
     ms = [Measurement(records=tuple(g)) for g in groups.values()]
@@ -412,7 +444,7 @@ def render_section(name: str, records: list[dict[str, Any]]) -> str:
     ms = measurements(records)
     labels = [chr(ord("A") + i) if i < 26 else f"A{i}" for i in range(len(ms))]
     figs = [f for f in figures_for(name, records) if any(m.cell(f) for m in ms)]
-    lines = ["| figure (RESULT key) | goal | " + " | ".join(labels) + " |",
+    lines = ["| figure (RESULT key) | goal | " + " | ".join(cell_text(m.header(x)) for x, m in zip(labels, ms)) + " |",
              "|---|---|" + "---|" * len(ms)]
     for f in figs:
         what = f"{f.what}: `{f.key}`" if f.what else f"`{f.key}`"
@@ -420,13 +452,14 @@ def render_section(name: str, records: list[dict[str, Any]]) -> str:
         first = next(i for i, c in enumerate(cells) if c)
         cells[first] = f"**{cells[first]}**"
         lines.append("| " + " | ".join(cell_text(c) for c in [what, f.goal, *cells]) + " |")
-    lines += ["", "| | CPU | runs | load | date | commit | command | source and notes |", "|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| | CPU | device | runs | load | date | commit | command | source and notes |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for label, m in zip(labels, ms):
         src = "recorded by the run" if not m.imported else m.first["source"]
         if m.first.get("reported_in"):
             src += f" (first reported in `{m.first['reported_in']}`)"
         notes = "; ".join(dict.fromkeys(r["notes"] for r in m.records if r.get("notes")))
-        row = [label, m.first["cpu"], m.runs(), m.load(), m.date(), m.commit(), f"`{m.first['command']}`",
+        row = [label, m.first["cpu"], m.device(), m.runs(), m.load(), m.date(), m.commit(), f"`{m.first['command']}`",
                src + (f". {notes}" if notes else "")]
         lines.append("| " + " | ".join(cell_text(str(c)) for c in row) + " |")
     return "\n".join(lines) + "\n"

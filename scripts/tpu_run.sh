@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# One command on a lent TPU (or GPU) machine, offline: set up once, then run the named parts.
+#
+#   scripts/tpu_run.sh PART...
+#
+# PART:
+#   stash        keep the model pieces carried in this call in $GYMLLM_STASH (first of two calls)
+#   setup        install the carried wheels and the machine index's packages into $GYMLLM_SITE, and
+#                reassemble the SmolLM2 GGUF into $GYMLLM_CACHE (every other part runs it first; once)
+#   tests        the default tier's model / engine / losses / learner / compute-dtype files and the
+#                tolerance check, on the accelerator (GYMLLM_TEST_DEVICE=accelerator); $TPU_TESTS
+#                replaces the file list (e.g. tests/test_models_decode.py tests/test_attention.py)
+#   quickstart   `gymllm train` (the README Quickstart) cold then warm in a fresh compile cache
+#                (benchmarks/compile.py, else benchmarks/quickstart.py twice); args: $QUICKSTART_ARGS
+#   accel        benchmarks/accelerator_check.py (8-minute budget); args: $ACCEL_ARGS
+#   learner_mfu  benchmarks/train.py --roofline-only (the Quickstart learner against the device's matmul
+#                rate); args: $LEARNER_MFU_ARGS
+#
+# Logs go to $OUT (one file per part, at most 8 files with the records): setup.log, tests.log, ...;
+# benchmark records to $OUT/records/*.jsonl (append them to benchmarks/results/ and re-render the page;
+# GYMLLM_BENCH_COMMIT=<sha> names the commit in them, the copy on the machine has no git history).
+# The bundle (.offline/, from `python scripts/offline_bundle.py build`) is what the calls carry.
+# PYTHONPATH is appended to, never replaced (the machine's JAX and libtpu stay first). Exit status: the
+# number of parts that failed (0: all passed).
+set -uo pipefail
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT" || exit 100
+PY="${PYTHON:-python3}"
+OUT="${OUT:-$ROOT/.offline/out}"
+BUNDLE="${GYMLLM_BUNDLE:-$ROOT/.offline}"
+SITE="${GYMLLM_SITE:-/tmp/gymllm-site}"
+STASH="${GYMLLM_STASH:-/tmp/gymllm-pieces}"
+export GYMLLM_CACHE="${GYMLLM_CACHE:-/tmp/gymllm-cache}"
+export GYMLLM_BENCH_RECORDS="${GYMLLM_BENCH_RECORDS:-$OUT/records}"
+export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$ROOT:$SITE"
+mkdir -p "$OUT" "$GYMLLM_CACHE"
+
+if [ "$#" -eq 0 ]; then
+  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
+  exit 2
+fi
+
+failed=0
+setup_rc=""  # the setup's exit status once it ran
+
+note() { echo "== tpu_run: $*"; }
+
+setup() {
+  [ -n "$setup_rc" ] && return "$setup_rc"
+  (
+    note "setup $(date -u +%FT%TZ) on $(hostname); PYTHONPATH=$PYTHONPATH"
+    if [ -d "$BUNDLE/wheels" ]; then
+      "$PY" scripts/offline_bundle.py install --wheels "$BUNDLE/wheels" --target "$SITE" || exit 1
+    elif "$PY" -c "import flax, optax, orbax.checkpoint, tyro, math_verify" 2>/dev/null; then
+      note "no $BUNDLE/wheels: gymllm's dependencies are importable already (pip install -e '.[tpu]')"
+    else
+      note "no $BUNDLE/wheels and gymllm's dependencies do not import. Fix: carry .offline/wheels (python scripts/offline_bundle.py build), or pip install -e '.[tpu]' where there is a network"
+      exit 1
+    fi
+    if [ -f "$BUNDLE/model/manifest.json" ]; then
+      "$PY" scripts/offline_bundle.py reassemble --manifest "$BUNDLE/model/manifest.json" \
+        --from "$BUNDLE/model" --from "$STASH" --cache "$GYMLLM_CACHE" || exit 1
+      if [ -f "$GYMLLM_CACHE/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then
+        # the first load converts the GGUF to a cached safetensors directory: once, here, on the CPU
+        JAX_PLATFORMS=cpu "$PY" -c "from gymllm.models import load; print('model:', load('smollm2-135m-instruct').source)" || exit 1
+      fi
+    else
+      note "no $BUNDLE/model/manifest.json: SmolLM2 must already be in $GYMLLM_CACHE (or reachable) for the model parts"
+    fi
+    "$PY" -c "import jax; d = jax.devices(); print('devices:', d[0].platform, d[0].device_kind, 'x', len(d))"
+  ) 2>&1 | tee -a "$OUT/setup.log"
+  setup_rc=$?
+  return "$setup_rc"
+}
+
+run_part() {
+  local part="$1"
+  case "$part" in
+    stash)
+      "$PY" scripts/offline_bundle.py stash --manifest "$BUNDLE/model/manifest.json" --from "$BUNDLE/model" \
+        --to "$STASH" 2>&1 | tee -a "$OUT/setup.log"
+      ;;
+    setup)
+      setup
+      ;;
+    tests)
+      setup || return 1
+      # shellcheck disable=SC2086
+      GYMLLM_TEST_DEVICE=accelerator "$PY" -m pytest -p no:cacheprovider -q -rs ${TPU_TESTS:-tests/test_models.py \
+        tests/test_engine.py tests/test_losses.py tests/test_learner.py tests/test_compute_dtype.py \
+        tests/test_accel_tolerances.py} 2>&1 | tee "$OUT/tests.log"
+      ;;
+    quickstart)
+      setup || return 1
+      if [ -f benchmarks/compile.py ]; then
+        # shellcheck disable=SC2086
+        "$PY" benchmarks/compile.py ${QUICKSTART_ARGS:-} 2>&1 | tee "$OUT/quickstart.log"
+      else
+        local cache
+        cache="$(mktemp -d /tmp/gymllm-xla-XXXXXX)"
+        (
+          rc=0
+          for temp in cold warm; do
+            note "quickstart ($temp compile cache $cache)"
+            # shellcheck disable=SC2086
+            GYMLLM_COMPILE_CACHE="$cache" "$PY" benchmarks/quickstart.py ${QUICKSTART_ARGS:-} || rc=1
+          done
+          exit "$rc"
+        ) 2>&1 | tee "$OUT/quickstart.log"
+      fi
+      ;;
+    accel)
+      setup || return 1
+      # shellcheck disable=SC2086
+      "$PY" benchmarks/accelerator_check.py ${ACCEL_ARGS:-} 2>&1 | tee "$OUT/accel.log"
+      ;;
+    learner_mfu)
+      setup || return 1
+      # shellcheck disable=SC2086
+      "$PY" benchmarks/train.py --roofline-only ${LEARNER_MFU_ARGS:-} 2>&1 | tee "$OUT/learner_mfu.log"
+      ;;
+    *)
+      note "unknown part '$part': expected stash, setup, tests, quickstart, accel or learner_mfu"
+      return 2
+      ;;
+  esac
+}
+
+for part in "$@"; do
+  start=$(date +%s)
+  run_part "$part"
+  rc=$?
+  note "$part: exit $rc after $(( $(date +%s) - start )) s" | tee -a "$OUT/setup.log"
+  [ "$rc" = 0 ] || failed=$((failed + 1))
+done
+exit "$failed"

@@ -1,0 +1,46 @@
+"""scripts/tpu_run.sh on the CPU, with a small stand-in bundle (no wheels: the test environment has
+gymllm's dependencies already): call 1 stashes its piece, call 2 reassembles the file from its own
+piece and the stashed one into $GYMLLM_CACHE; an unknown part fails with the list of parts."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import offline_bundle as ob  # noqa: E402
+
+
+def _run(tmp: pathlib.Path, bundle: pathlib.Path, *parts: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp / "out"), "GYMLLM_BUNDLE": str(bundle),
+           "GYMLLM_STASH": str(tmp / "stash"), "GYMLLM_CACHE": str(tmp / "cache"), "GYMLLM_SITE": str(tmp / "site")}
+    return subprocess.run(["bash", str(ROOT / "scripts" / "tpu_run.sh"), *parts], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+def test_two_calls_stash_then_reassemble_and_a_bad_part_is_named(tmp_path):
+    src = tmp_path / "m.gguf"
+    src.write_bytes(os.urandom(5000))
+    whole = tmp_path / "whole"
+    m = ob.split_file(src, whole, max_piece_bytes=3000, target="models/m/m.gguf")
+    calls = []
+    for piece in m["pieces"]:  # each call carries the manifest and one piece
+        d = tmp_path / f"call-{piece['file']}" / "model"
+        d.mkdir(parents=True)
+        for name in ("manifest.json", piece["file"]):
+            (d / name).write_bytes((whole / name).read_bytes())
+        calls.append(d.parent)
+    first = _run(tmp_path, calls[0], "stash")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert (tmp_path / "stash" / m["pieces"][0]["file"]).is_file()
+    second = _run(tmp_path, calls[1], "setup")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert (tmp_path / "cache" / "models/m/m.gguf").read_bytes() == src.read_bytes()
+    log = (tmp_path / "out" / "setup.log").read_text()
+    assert "importable already" in log and "devices: cpu" in log and "setup: exit 0" in log
+    bad = _run(tmp_path, calls[1], "setup", "bogus")
+    assert bad.returncode == 1 and "unknown part 'bogus': expected stash, setup, tests" in bad.stdout
