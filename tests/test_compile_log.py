@@ -5,6 +5,7 @@ biggest stall that count compile time; the report's compile line."""
 
 from __future__ import annotations
 
+import json
 import threading
 
 import jax
@@ -141,3 +142,17 @@ def test_report_counts_compiles_from_the_run_or_its_trace(tmp_path):
     write_report(tmp_path / "a")
     assert line in (tmp_path / "a" / "summary.txt").read_text().splitlines()
     assert log.counts() == {"jit(scaled_tanh_sum)": 1}
+
+
+def test_the_viewer_shows_the_runs_compile_figures(tmp_path):
+    from gymllm.viewer.runs import ViewedRun
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    assert ViewedRun(run, "run").overview()["compiles"] is None  # no compiles.jsonl: nothing claimed
+    recs = [_rec("jit(prefill)", 3.0), _rec("jit(grad)", 0.5, hit=True), _rec("jit(maximum)", 0.25, kind="op")]
+    (run / "compiles.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in recs) + '{"name": "torn')
+    shown = ViewedRun(run, "run").overview()["compiles"]
+    assert shown == {k: v for k, v in summarize(recs).items() if k != "by_name"}
+    assert (shown["programs"], shown["programs_loaded"], shown["programs_all"]) == (1, 1, 2)
