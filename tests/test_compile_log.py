@@ -98,8 +98,9 @@ def test_summary_figures_and_line():
     assert s["slowest"] == ("jit(prefill)", 3.0) and s["by_name"]["jit(prefill)"] == {"n": 2, "s": 4.0, "hits": 0,
                                                                                      "kind": "program"}
     assert summarize([r.to_json() for r in recs]) == s  # the JSON records read back give the same figures
-    line = summary_line(s, run_s=19.0)
-    assert line.startswith("compile: 4.8 s (25% of the 19 s run); 2 program compile(s) (2 distinct), 1 loaded")
+    line = summary_line(s, share=0.25)
+    assert line.startswith("compile: 4.8 s (25% of the run's wall had a compile under way); 2 program compile(s) "
+                           "(2 distinct), 1 loaded from the persistent cache; 4 compiles in all")
 
 
 def _span(name: str, track: str, ts: float, dur: float) -> dict:

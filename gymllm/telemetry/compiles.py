@@ -219,10 +219,12 @@ def summarize(records: Iterable[CompileRecord | Mapping[str, Any]]) -> dict[str,
             "by_name": by_name}
 
 
-def summary_line(s: Mapping[str, Any], run_s: float | None = None) -> str:
-    """One line for summary.txt from :func:`summarize`'s figures (``run_s``: the run's wall, for a share)."""
-    share = f" ({100 * s['compile_s'] / run_s:.0f}% of the {run_s:.0f} s run)" if run_s else ""
-    line = (f"compile: {s['compile_s']:.1f} s{share}; {s['programs']} program compile(s) "
+def summary_line(s: Mapping[str, Any], share: float | None = None) -> str:
+    """One line for summary.txt from :func:`summarize`'s figures. ``share``: the part of the run's wall
+    with a compile under way (``compile_fraction`` of :func:`gymllm.telemetry.metrics.pipeline_metrics`;
+    compiles on two threads at once overlap, so the seconds may add up to more than the wall)."""
+    during = f" ({100 * share:.0f}% of the run's wall had a compile under way)" if share is not None else ""
+    line = (f"compile: {s['compile_s']:.1f} s{during}; {s['programs']} program compile(s) "
             f"({s['programs_distinct']} distinct), {s['programs_loaded']} loaded from the persistent cache; "
             f"{s['programs_all'] + s['loaded_all']} compiles in all, eager ops included")
     if s.get("slowest"):

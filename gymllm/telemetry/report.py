@@ -452,7 +452,7 @@ def summarize(run_dir: pathlib.Path, records, pm: dict[str, Any] | None, hist: d
     if records:
         lines.append(f"steps logged: {len(records)} (last step {records[-1].get('step')})")
     if compiles:
-        lines.append(summary_line(compile_figures(compiles), (pm or {}).get("window_s")))
+        lines.append(summary_line(compile_figures(compiles), (pm or {}).get("compile_fraction")))
     _, every = series(records, "rollout_reward_mean")
     if every:
         lines.append(f"reward over every rollout: first {every[0]:.4g}, last {every[-1]:.4g}, best {max(every):.4g}")
