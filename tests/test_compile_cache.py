@@ -1,6 +1,7 @@
 """The persistent compilation cache (``gymllm.utils.compile_cache``): what a setting names, the
-process's JAX setting scoped to the block and put back, bad settings named, and a rerun of a run
-that loads every program the first run stored (counted by JAX's own cache events)."""
+process's JAX setting scoped to the block and put back, bad settings named, and a new process that
+loads every program an earlier one stored (counted by JAX's own cache events). A whole run stored and
+loaded again: ``tests/test_compile_cache_rerun.py``."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import pytest
 from gymllm.algos.sft import SFTConfig
 from gymllm.algos.trainer import RunSection
 from gymllm.errors import ConfigError
-from gymllm.utils.compile_cache import DEFAULT_DIR, ENV_VAR, persistent_compile_cache, resolve_cache_dir
+from gymllm.utils.compile_cache import (DEFAULT_DIR, ENV_VAR, JAX_DEFAULTS, STORE_EVERY_PROGRAM, persistent_compile_cache,
+                                        resolve_cache_dir)
 
 
 def test_settings_name_a_directory_or_off(monkeypatch, tmp_path):
@@ -38,45 +40,32 @@ def test_bad_setting_is_named(make):
         make(3)
 
 
+def _thresholds() -> dict:
+    return {k: getattr(jax.config, k) for k in JAX_DEFAULTS}
+
+
 def test_the_setting_is_scoped_and_put_back(tmp_path):
-    before = jax.config.jax_compilation_cache_dir
+    before, limits = jax.config.jax_compilation_cache_dir, _thresholds()
+    assert limits == JAX_DEFAULTS  # nothing in this process changed JAX's thresholds
     with persistent_compile_cache(str(tmp_path / "a")) as d:
         assert d == str(tmp_path / "a") and jax.config.jax_compilation_cache_dir == d and os.path.isdir(d)
-    assert jax.config.jax_compilation_cache_dir == before
+        assert _thresholds() == STORE_EVERY_PROGRAM  # every program stored, however fast it compiled
+    assert jax.config.jax_compilation_cache_dir == before and _thresholds() == limits
     with persistent_compile_cache("off") as d:
-        assert d is None and jax.config.jax_compilation_cache_dir is None
+        assert d is None and jax.config.jax_compilation_cache_dir is None and _thresholds() == limits
     assert jax.config.jax_compilation_cache_dir == before
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 2.5)  # the process's own choice is kept
+    try:
+        with persistent_compile_cache(str(tmp_path / "a")):
+            assert jax.config.jax_persistent_cache_min_compile_time_secs == 2.5
+            assert jax.config.jax_persistent_cache_min_entry_size_bytes == -1
+    finally:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", limits["jax_persistent_cache_min_compile_time_secs"])
+    assert _thresholds() == limits
     # "auto" keeps a directory the process chose itself
     with persistent_compile_cache(str(tmp_path / "mine")):
         with persistent_compile_cache("auto") as d:
             assert d == str(tmp_path / "mine")
-    assert jax.config.jax_compilation_cache_dir == before
-
-
-@pytest.fixture
-def store_every_program():
-    """JAX stores only programs that took >= 1 s to compile; the tiny ones here take less."""
-    before = jax.config.jax_persistent_cache_min_compile_time_secs
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    yield
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", before)
-
-
-def test_a_run_stores_its_programs_and_puts_the_setting_back(tmp_path, store_every_program):
-    from gymllm.algos.learner import LearnerConfig
-    from gymllm.algos.trainer import (EngineConfig, EnvSection, ModelSection, RolloutConfig, SamplingParams, TrainConfig,
-                                      train)
-
-    before, cache = jax.config.jax_compilation_cache_dir, tmp_path / "xla"
-    cfg = TrainConfig(
-        model=ModelSection(name="tiny-qwen3", vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1),
-        env=EnvSection(id="gymllm/TinyRepeat-v0", kwargs={"num_letters": 2}, num_envs=8),
-        engine=EngineConfig(num_slots=8, max_len=64, min_bucket=64, decode_chunk=8), sampling=SamplingParams(max_tokens=4),
-        rollout=RolloutConfig(group_size=4, max_concurrency=8, max_model_calls=1),
-        learner=LearnerConfig(groups_per_step=2, micro_batch_size=8, num_steps=1, max_len=64, min_bucket=64),
-        run=RunSection(run_dir=str(tmp_path / "run"), console=False, report=False, compile_cache=str(cache)))
-    assert train(cfg).steps == 1
-    assert len(list(cache.glob("*-cache"))) > 0  # the run's programs are on disk for the next run
     assert jax.config.jax_compilation_cache_dir == before
 
 

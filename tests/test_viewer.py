@@ -125,12 +125,16 @@ def test_front_page_draws_the_curves_of_a_gymllm_train_run(server, train_run, wa
     logged = sum(isinstance(r.get("rollout_reward_mean"), float) for r in records)  # a step may have no rollout end
     assert int(chart.get_attribute("data-points")) == logged + 3
     for name in ("reward (trained groups)", "loss", "KL", "staleness (versions)", "trainer idle", "engine idle",
-                 "tool calls per episode", "success"):
+                 "tool calls per episode", "success", "compile (s in the step)"):
         assert page.locator(f'.chart[data-chart="{name}"] polyline').count() >= 1, name
     legend = chart.locator(".legend").inner_text()
     assert f"at step {records[-1]['step']}" in legend and "tiny-run" in legend
     card = page.locator('section[data-run="tiny-run"]')
     assert "steps logged: 3" in card.locator("details pre").first.inner_text()  # summary.txt
+    compiled = [json.loads(line) for line in (train_run / "compiles.jsonl").read_text().splitlines()]
+    n = sum(r["kind"] == "program" and not r["cache_hit"] for r in compiled)  # the run's compiles.jsonl, counted
+    assert card.locator(".compiles").inner_text().startswith("compile: ")
+    assert f"; {n} program compile(s)" in card.locator(".compiles").inner_text()
     trace = card.locator("a.trace-link")
     assert trace.get_attribute("href") == "/files/tiny-run/trace.json"
     body = httpx.get(urllib.parse.urljoin(server, trace.get_attribute("href"))).json()

@@ -18,8 +18,10 @@ groups come from: :meth:`Run.make_source` picks the source of ``rollout.mode`` (
 The run's state is kept in small parts with one job each: ``parts`` (the built components,
 :class:`~gymllm.algos.components.RunParts`), ``resume`` (:class:`~gymllm.algos.resume.ResumeState`),
 ``log`` (the step records and their timing, :class:`~gymllm.algos.step_log.StepLog`), ``heldout``
-(in-run evaluation, :class:`~gymllm.algos.heldout.HeldOutHook`), ``profiler``, ``listeners`` and the
-stage ``watchdog``.
+(in-run evaluation, :class:`~gymllm.algos.heldout.HeldOutHook`), ``profiler``, ``listeners``, the
+stage ``watchdog`` and ``compiles`` (every XLA compile from setup to close,
+:class:`~gymllm.telemetry.compiles.CompileLog`: ``run_dir/compiles.jsonl``, spans on the trace's
+"compile" track, ``compile_s`` in each step's record).
 
 Policy versions: after an update's weights are pushed, every listener in ``listeners.versions`` is
 told (the group source's ``set_policy_version``, registered when the loop starts); ``listeners.steps``
@@ -47,6 +49,7 @@ from gymllm.multiagent.factory import GameFactory
 from gymllm.rollout.agent_programs import AgentProgramError, AgentPrograms
 from gymllm.rollout.group_queue import QueueClosed
 from gymllm.rollout.sources import GroupSource, GroupSourceError
+from gymllm.telemetry.compiles import CompileLog
 from gymllm.telemetry.sinks import ProfileWindow
 from gymllm.telemetry.watchdog import Watchdog
 
@@ -109,6 +112,7 @@ class Run:
         self.parts: RunParts | None = None  # setup
         self.source: GroupSource | None = None  # while the loop runs
         self.watchdog = Watchdog(watchdog_config(cfg))  # started by setup, stopped by close
+        self.compiles = CompileLog(self.run_dir / "compiles.jsonl")  # started by setup, stopped by close
 
     @property
     def learner(self) -> Any:
@@ -137,6 +141,7 @@ class Run:
         self.components = components if components is not None else LocalComponents()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(cfg.to_json())
+        self.log.compiles = self.compiles.start()  # model load and warm-up compiles count too
         self.parts, self.resume = build_parts(cfg, self.components)
         if cfg.run.resume:  # a killed run's records past the restored checkpoint are a lost lineage: set aside
             self.resume.rewind_logs(self.run_dir)
@@ -318,5 +323,6 @@ class Run:
             p.ckpt.close()
         finally:
             self.watchdog.stop()
+            self.compiles.stop()
             if self.components is not None:
                 self.components.close()

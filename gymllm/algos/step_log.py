@@ -84,7 +84,10 @@ class StepLog:
     trajectory ids the update used; ``tally``: the :class:`RolloutTally`; ``pending_eval``: held-out
     metrics to add to the next record. Timing: ``t_step`` (the current step's start; time spent in
     held-out evaluation is added to it, so it is left out of the step's wall time), ``wait_s`` (time
-    the loop waited for groups this step) and ``gen_tokens`` (sampled tokens of the groups trained)."""
+    the loop waited for groups this step) and ``gen_tokens`` (sampled tokens of the groups trained).
+    ``compiles``: the run's :class:`~gymllm.telemetry.compiles.CompileLog` (None: not counted); each
+    record then has ``compile_s`` (seconds of XLA compiles and cache loads since the previous step's
+    record, the first step's since the run started) and ``compiles`` (how many)."""
 
     def __init__(self, tally: RolloutTally):
         self.tally = tally
@@ -97,6 +100,8 @@ class StepLog:
         self.logger: Any = None
         self.traj_log: Any = None
         self.tok: Any = None
+        self.compiles: Any = None  # the run's CompileLog
+        self.compile_cursor = 0
 
     def open(self, run_dir: pathlib.Path, cfg: TrainConfig, tok: Any) -> None:
         """Open the run directory's metrics logger and (``run.log_trajectories``) ``trajectories.jsonl``."""
@@ -131,6 +136,10 @@ class StepLog:
                  groups_filtered_rollout=float(filtered), groups_stale_rollout=float(stats.get("stale_dropped", 0)))
         if "concurrency_limit" in stats:
             m["rollout_concurrency"] = float(stats["concurrency_limit"])
+        if self.compiles is not None:  # a step that compiled shows it (the first steps, a new shape)
+            done = self.compiles.since(self.compile_cursor)
+            self.compile_cursor += len(done)
+            m.update(compile_s=sum(c.seconds for c in done), compiles=len(done))
         m.update(self.tally.pop())  # over every group completed since the last step, filtered ones included
         for figures in self.extra:  # e.g. a suite mixture's env/<name>/... figures
             m.update(figures())

@@ -19,9 +19,10 @@ Modules (imported on demand; only :mod:`tracer` is loaded with the package):
   ``learner_step_metrics``, ``aggregate``, ``staleness_histogram``, ``biggest_stall``.
 - :mod:`gymllm.telemetry.sinks`: ``MetricsLogger(run_dir, ...)`` (JSONL, TensorBoard, console, W&B).
 - :mod:`gymllm.telemetry.report`: ``write_report(run_dir)`` (PNG plots and summary.txt).
+- :mod:`gymllm.telemetry.compiles`: ``CompileLog`` (every XLA compile: program, seconds, cache hit).
 
 Tracks: "engine" (prefill, decode), "trainer" (train_step, micro_batch, weight_sync, checkpoint),
-"rollout" (rollout, queue_wait), "env/<id>" (env_step, reward), "tool" (tool).
+"rollout" (rollout, queue_wait), "env/<id>" (env_step, reward), "tool" (tool), "compile" (one span per XLA compile, named by the program).
 """
 
 from gymllm.telemetry.tracer import (Span, Tracer, counter, current_span_id, get_tracer, increment, set_tracer, span,

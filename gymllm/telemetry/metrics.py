@@ -24,6 +24,10 @@ spans on "tool*"             tool time -> ``tool_latency_share`` (of summed roll
 spans on "env*"              env time -> ``env_latency_share`` (the vector env's own
                              "vector.*" waits excluded)
 "queue_wait"                 summed -> ``queue_wait_s``
+spans on "compile"           XLA compiles and cache loads (:class:`gymllm.telemetry.compiles.CompileLog`):
+                             their union -> ``compile_fraction``; the part of it in which no
+                             trainer span was open -> ``trainer_idle_compile_fraction`` (the trainer
+                             waited on a compile, e.g. the engine's, not on generation)
 
 Shares and sums use :func:`work_time`: concurrent spans (two tool calls at once) count each,
 a span nested in another of the same kind (the vector env's "env.step" inside the rollout's
@@ -43,9 +47,10 @@ Keys returned: ``window_s``, ``engine_busy_fraction``, ``engine_idle_fraction``,
 ``tokens_per_s_trained``, ``staleness_hist`` ({lag: tokens}), ``staleness_mean``,
 ``staleness_max``, ``queue_depth_mean``, ``queue_depth_max``, ``queue_depth_last``,
 ``tool_latency_share``, ``env_latency_share``, ``queue_wait_s``, ``rollouts_completed``,
-``rollout_latency_mean_s``, ``groups_dropped``, ``groups_filtered``. A figure with nothing to
-measure (no rollout spans for a share, no queue counter, no span at all on the engine or trainer
-tracks for their fractions) is ``None``.
+``rollout_latency_mean_s``, ``groups_dropped``, ``groups_filtered``, ``compile_fraction``,
+``trainer_idle_compile_fraction``. A figure with nothing to
+measure (no rollout spans for a share, no queue counter, no span at all on the engine, trainer or
+compile tracks for their fractions) is ``None``.
 
 The learner computes its own per-step figures with :func:`learner_step_metrics` (reward and
 length statistics, sampler/trainer log-prob gap, clip fraction, KL, entropy) and combines
@@ -254,6 +259,12 @@ def pipeline_metrics(events: Sequence[Event], *, window: tuple[float, float] | N
         busy = busy_fraction(events, name, window=(lo, hi))  # never traced: None (unknown)
         out[f"{name}_busy_fraction"] = busy
         out[f"{name}_idle_fraction"] = None if busy is None else 1.0 - busy
+    compiling = [_clip(e, lo, hi) for e in fam("compile")]
+    seen = any(e["ph"] == "X" and _family(e["track"]) == "compile" for e in events)
+    out["compile_fraction"] = union_length(compiling) / (hi - lo) if seen else None
+    busy_trainer = [_clip(e, lo, hi) for e in trainer]  # idle while compiling = |C u T| - |T|
+    out["trainer_idle_compile_fraction"] = ((union_length(compiling + busy_trainer) - union_length(busy_trainer))
+                                            / (hi - lo) if seen else None)
     out["weight_sync_fraction"] = _busy_fraction(named(trainer, "weight_sync"), lo, hi)
     out["checkpoint_fraction"] = _busy_fraction(named(trainer, "checkpoint"), lo, hi)
 
@@ -288,20 +299,29 @@ def pipeline_metrics(events: Sequence[Event], *, window: tuple[float, float] | N
 def biggest_stall(m: Mapping[str, Any]) -> tuple[str, float, str]:
     """(name, fraction, advice) for the largest stall in a :func:`pipeline_metrics` result.
 
-    Candidates: the engine idle fraction ("generation starved"), the trainer idle fraction
-    ("training starved"), weight sync and checkpoint fractions of the wall time, and the tool and
-    env shares of rollout time.
+    Candidates: XLA compiles (``compile_fraction``), the engine idle fraction ("generation starved"),
+    the trainer idle fraction less the part of it spent waiting on a compile ("training starved":
+    ``trainer_idle_fraction - trainer_idle_compile_fraction``), weight sync and checkpoint fractions
+    of the wall time, and the tool and env shares of rollout time.
     """
     advice = {
-        "trainer idle (waiting for rollouts)": "generation or envs are the bottleneck: add engine batch slots, envs, or allow more staleness",
+        "compile": "XLA compiles take the most time: an identical rerun loads every program from the persistent "
+                   "compile cache (run.compile_cache, on by default); fewer distinct shapes (engine buckets and "
+                   "widths, learner length buckets) compile fewer programs",
+        "trainer idle (waiting for rollouts)": "compiles excluded, the trainer waits for rollouts: with the engine "
+                                               "busy, add engine batch slots or allow more staleness; with it idle, "
+                                               "add envs or concurrent trajectories",
         "engine idle (waiting for requests)": "rollouts do not keep the engine fed: more concurrent trajectories, faster envs/tools",
         "weight sync": "weight updates block the engine: sync less often or overlap the copy",
         "checkpoint": "checkpointing blocks training: save less often or asynchronously",
         "tool calls": "tool latency dominates rollouts: cache results, raise tool concurrency, lower timeouts",
         "env steps": "env steps dominate rollouts: use the process-backed vector env or cheaper envs",
     }
+    idle, idle_compiling = m.get("trainer_idle_fraction"), m.get("trainer_idle_compile_fraction")
     cands = {
-        "trainer idle (waiting for rollouts)": m.get("trainer_idle_fraction"),
+        "compile": m.get("compile_fraction"),
+        "trainer idle (waiting for rollouts)": (None if idle is None else
+                                                max(0.0, float(idle) - float(idle_compiling or 0.0))),
         "engine idle (waiting for requests)": m.get("engine_idle_fraction"),
         "weight sync": m.get("weight_sync_fraction"),
         "checkpoint": m.get("checkpoint_fraction"),

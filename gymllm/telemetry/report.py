@@ -20,8 +20,11 @@ Writes, into the run directory:
 - ``staleness.png``: trained tokens by staleness (policy versions behind), from the trace's
   ``micro_batch`` / ``train_step`` tags or the ``pipeline/staleness_hist/<lag>`` columns; without
   a histogram, the per-step ``staleness_mean`` / ``staleness_max`` the learner logs;
-- ``summary.txt``: steps, last reward, the pipeline figures as a table (throughput, busy / idle
-  fractions, latency shares; rendered by rich, :func:`pipeline_table`) and the biggest stall with advice.
+- ``summary.txt``: steps, last reward, the compile line (seconds compiling, program compiles, how many
+  the persistent cache supplied: ``compiles.jsonl``, else the trace's "compile" spans;
+  :func:`gymllm.telemetry.compiles.summary_line`), the pipeline figures as a table (throughput, busy /
+  idle fractions, compile share, latency shares; rendered by rich, :func:`pipeline_table`) and the
+  biggest stall with advice.
 
 Plots use matplotlib's object API with the Agg canvas (no pyplot, no global backend switch), so
 the report is safe to render from any thread or a headless machine.
@@ -374,6 +377,7 @@ def _fmt(v: Any, pct: bool = False) -> str:
 _PIPELINE_ROWS = (  # (label, key, as a percentage)
     ("tokens/s generated", "tokens_per_s_generated", False), ("tokens/s trained", "tokens_per_s_trained", False),
     ("engine busy", "engine_busy_fraction", True), ("trainer idle", "trainer_idle_fraction", True),
+    ("trainer idle while compiling", "trainer_idle_compile_fraction", True), ("compile", "compile_fraction", True),
     ("weight sync", "weight_sync_fraction", True), ("checkpoint", "checkpoint_fraction", True),
     ("rollout time in tools", "tool_latency_share", True), ("rollout time in env steps", "env_latency_share", True),
     ("groups dropped", "groups_dropped", False), ("groups filtered", "groups_filtered", False),
@@ -394,7 +398,7 @@ def pipeline_table(source: dict[str, Any], width: int = 72) -> str:
     table = Table("figure", "value", title=f"pipeline ({window})", box=box.SIMPLE_HEAD, title_justify="left")
     table.columns[1].justify = "right"
     for label, key, pct in _PIPELINE_ROWS:
-        if key.startswith("groups_") and source.get(key) is None:
+        if (key.startswith("groups_") or "compile" in key) and source.get(key) is None:
             continue
         table.add_row(label, _fmt(source.get(key), pct))
     out = io.StringIO()
@@ -428,12 +432,27 @@ def env_table(records, width: int = 72) -> str | None:
     return "\n".join(line.rstrip() for line in out.getvalue().rstrip().splitlines())
 
 
-def summarize(run_dir: pathlib.Path, records, pm: dict[str, Any] | None, hist: dict[int, float]) -> str:
-    """The text of summary.txt."""
+def compile_records(run_dir: pathlib.Path, events: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+    """The run's compiles: ``compiles.jsonl`` when the run wrote it, else the trace's "compile" spans."""
+    from gymllm.telemetry.compiles import COMPILE_TRACK, read_compiles
+
+    recs = read_compiles(run_dir / "compiles.jsonl")
+    return recs or [{"name": e["name"], "seconds": e["dur"] / 1e6, "cache_hit": bool(e["args"].get("cache_hit")),
+                     "kind": e["args"].get("kind", "program"), "lower_s": e["args"].get("lower_s")}
+                    for e in events if e["ph"] == "X" and e["track"] == COMPILE_TRACK]
+
+
+def summarize(run_dir: pathlib.Path, records, pm: dict[str, Any] | None, hist: dict[int, float],
+              compiles: Sequence[dict[str, Any]] = ()) -> str:
+    """The text of summary.txt (``compiles``: :func:`compile_records`)."""
+    from gymllm.telemetry.compiles import summarize as compile_figures, summary_line
+
     lines = [f"run: {run_dir}"]
     steps, reward = series(records, "reward/mean")
     if records:
         lines.append(f"steps logged: {len(records)} (last step {records[-1].get('step')})")
+    if compiles:
+        lines.append(summary_line(compile_figures(compiles), (pm or {}).get("compile_fraction")))
     _, every = series(records, "rollout_reward_mean")
     if every:
         lines.append(f"reward over every rollout: first {every[0]:.4g}, last {every[-1]:.4g}, best {max(every):.4g}")
@@ -459,6 +478,7 @@ def summarize(run_dir: pathlib.Path, records, pm: dict[str, Any] | None, hist: d
     source = pm
     if source is None and records:  # no trace: average the per-step pipeline figures
         keys = ("engine_busy_fraction", "engine_idle_fraction", "trainer_idle_fraction", "trainer_busy_fraction",
+                "compile_fraction", "trainer_idle_compile_fraction",
                 "weight_sync_fraction", "checkpoint_fraction", "tool_latency_share", "env_latency_share",
                 "tokens_per_s_generated", "tokens_per_s_trained")
         source = {k: (sum(v) / len(v) if (v := series(records, k)[1]) else None) for k in keys}
@@ -504,7 +524,7 @@ def write_report(run_dir: str | os.PathLike) -> list[pathlib.Path]:
         plot_staleness(hist, run_dir / "staleness.png", records),
     ]
     summary = run_dir / "summary.txt"
-    text = summarize(run_dir, records, pm, hist)
+    text = summarize(run_dir, records, pm, hist, compile_records(run_dir, events))
     if trace_meta.get("dropped_events"):
         text += (f"note: the trace holds the newest events only; {trace_meta['dropped_events']:,} older ones were "
                  "dropped by the ring buffer (raise Tracer capacity or set spill_path to keep them)\n")

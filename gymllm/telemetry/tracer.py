@@ -176,6 +176,14 @@ class Tracer:
         ``name`` is positional-only, so ``name=...`` may be used as a tag (e.g. a tool's name)."""
         return Span(self, name, track, tags)
 
+    def add_span(self, name: str, /, seconds: float, track: str = "main", **tags: Any) -> None:
+        """Record a span that ended just now and lasted ``seconds`` (work reported after the fact by a
+        callback, e.g. an XLA compile from ``jax.monitoring``). Top level: it has no parent span."""
+        if self.enabled:
+            end = time.perf_counter_ns()
+            dur = max(0, int(seconds * 1e9))
+            self._append(("X", name, track, end - dur, dur, tags, next(self._ids), None))
+
     def counter(self, name: str, value: float, track: str = "main") -> None:
         """Record the level of a gauge (queue depth, KV pages in use, ...)."""
         if self.enabled:

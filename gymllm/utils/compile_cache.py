@@ -17,8 +17,15 @@ library should not leave it changed). What the directory is:
 
 A directory the process already set for JAX (``JAX_COMPILATION_CACHE_DIR`` or
 ``jax.config.update("jax_compilation_cache_dir", ...)``) wins over ``"auto"``: the user's choice is
-kept. Which programs are stored is JAX's call (``jax_persistent_cache_min_compile_time_secs``,
-default 1 s: programs that compile faster are cheaper to recompile than to load). The cache is
+kept. Every program is stored: within the block JAX's thresholds are lowered to store a program
+whatever its compile time (``jax_persistent_cache_min_compile_time_secs`` 0; JAX's default, 1 s,
+leaves a run's many sub-second programs, on a TPU most of them, to compile again in every run) and
+whatever its size (``jax_persistent_cache_min_entry_size_bytes`` -1), so an identical second run
+compiles nothing (``tests/test_compile_cache_rerun.py``; counted with
+:class:`gymllm.telemetry.compiles.CompileLog`). A threshold the process set to anything but JAX's
+default is kept, and both are put back on exit. JAX's cache key is the lowered program (so every
+shape, dtype and constant the config bakes in), the compile options, the devices and the JAX /
+jaxlib versions: a changed config compiles what it changed and loads the rest. The cache is
 trusted code: keep it in a directory only you can write (JAX's own warning). It lives in the
 process that calls ``train``; Ray actors (engine replicas, env workers, learner hosts) compile on
 their own.
@@ -35,6 +42,11 @@ from gymllm.errors import ConfigError, explain
 ENV_VAR = "GYMLLM_COMPILE_CACHE"
 DEFAULT_DIR = "~/.cache/gymllm/xla"
 OFF = ("", "off", "none", "0", "false", "no")
+#: JAX's thresholds for storing a compiled program, as :func:`persistent_compile_cache` sets them
+STORE_EVERY_PROGRAM = {"jax_persistent_cache_min_compile_time_secs": 0.0,
+                       "jax_persistent_cache_min_entry_size_bytes": -1}
+#: their JAX defaults (a value other than these was the process's choice and is kept)
+JAX_DEFAULTS = {"jax_persistent_cache_min_compile_time_secs": 1.0, "jax_persistent_cache_min_entry_size_bytes": 0}
 
 
 def check_setting(value: object, where: str = "RunSection.compile_cache") -> str:
@@ -73,12 +85,19 @@ def persistent_compile_cache(value: str = "auto") -> Iterator[str | None]:
     if wanted is not None:
         os.makedirs(wanted, exist_ok=True)
     changed = wanted != previous
+    thresholds = {k: v for k, v in STORE_EVERY_PROGRAM.items()
+                  if wanted is not None and getattr(jax.config, k) == JAX_DEFAULTS[k]}
+    saved = {k: getattr(jax.config, k) for k in thresholds}
+    for k, v in thresholds.items():
+        jax.config.update(k, v)
     if changed:
         jax.config.update("jax_compilation_cache_dir", wanted)
         cc.reset_cache()  # the cache object is built lazily from the directory: rebuild it for the new one
     try:
         yield wanted
     finally:
+        for k, v in saved.items():
+            jax.config.update(k, v)
         if changed:
             jax.config.update("jax_compilation_cache_dir", previous)
             cc.reset_cache()

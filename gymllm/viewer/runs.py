@@ -3,7 +3,7 @@ directory, a suite evaluation's directory or ``summary.json``, or a ``gymllm eva
 
 What a run directory holds (see :mod:`gymllm.algos.trainer`): ``config.json``, ``metrics.jsonl`` (one
 object per optimizer step), ``summary.txt``, ``trajectories.jsonl``, ``trace.json`` (Chrome/Perfetto
-format), the report PNGs, ``tensorboard/``, ``checkpoints/``. Any ``gymllm.trajectory/1`` log
+format), ``compiles.jsonl`` (every XLA compile; its figures are shown while the run goes on), the report PNGs, ``tensorboard/``, ``checkpoints/``. Any ``gymllm.trajectory/1`` log
 (:class:`~gymllm.wrappers.TrajectoryLogger`) inside it, up to two folders down, is shown as well.
 
 Everything is read on request and never written; a file that does not parse becomes an error
@@ -122,14 +122,19 @@ class ViewedRun:
         return next((n for n in TRACE_NAMES if (self.root / n).is_file()), None) if self.path.is_dir() else None
 
     def overview(self) -> dict[str, Any]:
-        """What the run page shows first: kind, config, summary, plots, trace, logs, problems."""
+        """What the run page shows first: kind, config, summary, compiles (the figures of ``compiles.jsonl``,
+        :func:`gymllm.telemetry.compiles.summarize` without ``by_name``; None without the file), plots,
+        trace, logs, problems."""
+        from gymllm.telemetry.compiles import read_compiles, summarize
         conf, conf_err = self.config()
         summary = self.root / "summary.txt"
         errors = [conf_err] if conf_err else []
         if self.kind() == "unknown":
             errors.append(f"{self.path}: expected a run directory (metrics.jsonl, config.json) or a suite "
                           "summary.json / `gymllm eval --out` table, found neither")
-        return {"name": self.name, "path": str(self.path), "kind": self.kind(), "config": conf,
+        recs = read_compiles(self.root / "compiles.jsonl") if self.path.is_dir() else []
+        compiles = {k: v for k, v in summarize(recs).items() if k != "by_name"} if recs else None
+        return {"name": self.name, "path": str(self.path), "kind": self.kind(), "config": conf, "compiles": compiles,
                 "summary": summary.read_text(errors="replace") if self.path.is_dir() and summary.is_file() else None,
                 "plots": [f for f in self.files() if f.endswith(".png")], "trace": self.trace(),
                 "logs": [{"file": str(p.relative_to(self.root)), "format": ix.format} for p, ix in self.logs().items()],

@@ -74,6 +74,7 @@ const CURVES = [
   ["trainer idle", r => ({ "": r["pipeline/trainer_idle_fraction"] ?? r.trainer_idle_fraction })],
   ["engine idle", r => ({ "": r["pipeline/engine_idle_fraction"] ?? (r.engine_busy_fraction !== undefined ? 1 - r.engine_busy_fraction : undefined) })],
   ["tool calls per episode", r => ({ "": r.tool_calls_per_episode })],
+  ["compile (s in the step)", r => ({ "": r.compile_s })],
 ];
 
 async function loadMetrics(run) {
@@ -157,6 +158,11 @@ function updateStepCounts(runs) {
     if (e) e.textContent = `${recs.length} metric records, last step ${recs.length ? recs[recs.length - 1].step : "-"}`;
   }
 }
+function compileLine(c) {  // compiles.jsonl's figures (gymllm.telemetry.compiles.summarize)
+  const slow = c.slowest ? `; slowest ${c.slowest[0]} ${c.slowest[1].toFixed(1)} s` : "";
+  return `compile: ${c.compile_s.toFixed(1)} s; ${c.programs} program compile(s) (${c.programs_distinct} distinct), ` +
+    `${c.programs_loaded} loaded from the persistent cache; ${c.programs_all + c.loaded_all} compiles in all${slow}`;
+}
 function runCard(r) {
   const enc = encodeURIComponent(r.name);
   return h("section", { class: "card", "data-run": r.name },
@@ -170,6 +176,7 @@ function runCard(r) {
         `Trace: ${r.trace} (Chrome/Perfetto trace format; open it in the Perfetto UI)`) : h("span", { class: "muted" }, "no trace.json"),
       r.logs.length ? h("a", { href: `/?tab=trajectories&run=${enc}` }, `Trajectories (${r.logs.map(l => l.file).join(", ")})`) : null,
       r.suite ? h("a", { href: `/?tab=suites&run=${enc}` }, "Suite results") : null),
+    r.compiles ? h("div", { class: "note compiles" }, compileLine(r.compiles)) : null,
     r.summary ? h("details", { open: true }, h("summary", {}, "summary.txt"), h("pre", {}, r.summary)) : null,
     r.config ? h("details", {}, h("summary", {}, "config.json"), h("pre", {}, JSON.stringify(r.config, null, 2))) : null,
     r.plots.length ? h("details", {}, h("summary", {}, `report plots (${r.plots.length})`),
