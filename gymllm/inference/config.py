@@ -15,8 +15,10 @@ class EngineConfig:
 
     num_slots: concurrent sequences (rows of the preallocated KV cache, the decode batch).
     max_len: context length per slot (prompt + completion tokens).
-    min_bucket: the smallest prefill length bucket; buckets double up to ``max_len``.
-    max_prefill_batch: most prompts prefilled in one call (batch sizes are powers of two).
+    min_bucket: the smallest prefill length bucket; buckets double up to ``max_len`` (with
+        ``shapes="fixed"``: no buckets; the least prompt prefix worth sharing, ``share_prompt_prefill``).
+    max_prefill_batch: most prompts prefilled in one call (batch sizes are powers of two; with
+        ``shapes="fixed"``: the prompt pieces one packed call holds, its only batch size).
     prefix_reuse: keep each finished row's k/v and skip re-prefilling a shared prompt prefix.
     seed: seeds the engine's own generator of per-request keys (requests without a seed).
     idle_wait_s: how long the idle loop sleeps between checks for new work.
