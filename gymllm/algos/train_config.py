@@ -281,7 +281,8 @@ class TrainConfig:
     model: ModelSection = dataclasses.field(default_factory=ModelSection)
     env: EnvSection = dataclasses.field(default_factory=EnvSection)
     engine: EngineConfig = dataclasses.field(default_factory=lambda: EngineConfig(
-        num_slots=32, max_len=64, min_bucket=64, idle_wait_s=0.002, decode_chunk=8))
+        num_slots=32, max_len=64, min_bucket=64, idle_wait_s=0.002, decode_chunk=8, shapes="fixed", prefill_tokens=128,
+        decode_lengths=1))
     sampling: SamplingParams = dataclasses.field(default_factory=lambda: SamplingParams(max_tokens=8))
     rollout: RolloutConfig = dataclasses.field(default_factory=lambda: RolloutConfig(
         group_size=8, max_concurrency=32, max_staleness=2, max_model_calls=1))
@@ -363,7 +364,7 @@ def _tiny() -> TrainConfig:
         model=ModelSection(name="tiny-qwen3", hidden_size=64, num_layers=2),
         env=EnvSection(id="gymllm/TinyRepeat-v0", kwargs={"num_letters": 2}, num_envs=32),
         engine=EngineConfig(num_slots=32, max_len=64, min_bucket=64, idle_wait_s=0.002, decode_chunk=8,
-                            shapes="fixed", prefill_tokens=64, max_prefill_batch=8, decode_lengths=1),
+                            shapes="fixed", prefill_tokens=128, decode_lengths=1),
         sampling=SamplingParams(temperature=1.0, max_tokens=6),
         rollout=RolloutConfig(group_size=8, max_concurrency=32, max_staleness=1, max_model_calls=1),
         optimizer=OptimizerConfig(learning_rate=1e-2, max_grad_norm=1.0),
