@@ -9,12 +9,14 @@ context, decode chunks of 8, ``compute_dtype="auto"``), under each program set:
 * ``fixed``: ``shapes="fixed"``, ``decode_lengths=1`` and each ``--budgets`` token budget
   (``prefill_tokens``).
 
-Per set: the programs compiled (JAX's backend-compile events during ``warmup()``, every compiled
-program dropped before it so each set compiles its whole set, and during the runs, by program name) and their compile seconds (the events' durations; ``warmup_s``: the wall time of
+Per set: the programs compiled (JAX's backend-compile events of the weight install and ``warmup()``,
+every compiled program dropped before them so each set compiles its whole set, and during the runs, by
+program name) and their compile seconds (the events' durations; ``warmup_s``: the wall time of
 ``warmup()``, tracing and lowering included), then tokens/s on a GRPO-like burst over fresh engines
 (the compiled programs are shared): 12 rows (2 groups of 6 identical ~100-token prompts, as the
 Quickstart's ArithmeticTool groups) sample 24 tokens each, then every row's second turn (its prompt, its
-completion and a ~20-token observation; the prefix reused) samples 24 more. Stop ids are off, so every
+completion and a ~20-token observation; the prefix reused) samples up to 24 more (the 160-token
+context ends some). Stop ids are off, so every
 run generates the same number of tokens. The sets run interleaved for a few rounds, the order rotating
 (the machine's load drifts); the mean and spread per set are reported. Real weights when the model
 loads, else random weights of its shape (``random_weights: true``). Ends with ``RESULT {json}``.
@@ -88,12 +90,13 @@ def run(lm, budgets: list[int], rounds: int, random_weights: bool) -> dict:
         for name in [*list(sets)[1:], "buckets"]:  # each set compiles all of its own programs (caches cleared)
             cfg = sets[name]
             jax.clear_caches()
-            engine = JaxEngine.from_loaded(lm, config=cfg, stop_token_ids=())
             log.take()
             t = time.perf_counter()
+            engine = JaxEngine.from_loaded(lm, config=cfg, stop_token_ids=())  # the weight install: a program
+            installed = [e for e in log.take() if "convert_leaves" in e[0]]
             engine.warmup()
             warm_s = time.perf_counter() - t
-            ev = log.take()
+            ev = installed + log.take()
             out[name] = {"config": {k: getattr(engine.config, k) for k in ("shapes", "prefill_tokens", "decode_lengths",
                                                                            "max_prefill_batch", "compute_dtype")},
                          "listed_programs": len(engine.program_shapes()), "warmup_programs": len(ev),
