@@ -254,3 +254,36 @@ def test_the_presets_use_the_fixed_set():
     for name in ("default", "tiny"):
         cfg = preset(name).engine
         assert cfg.shapes == "fixed" and cfg.piggyback_tokens == 0
+
+
+def test_a_failing_packed_call_fails_only_the_requests_in_it(lm):
+    """Budget 32: the first call holds the 10-token prompt whole and the head of the 40-token one, the
+    second the rest of it; the second call raises: the long request fails, the short one is served."""
+    from gymllm.inference.request import RequestFailed
+
+    short, long_ = PROMPTS[1][:10], PROMPTS[5][:40]
+    want, _ = serve(lm, BUCKETS, lambda e: e.generate(short, GREEDY))
+
+    async def scenario(engine):
+        real, calls = engine._steps.prefill_packed, []
+
+        def flaky(*args, **kw):
+            calls.append(1)
+            if len(calls) == 2:
+                raise RuntimeError("injected")
+            return real(*args, **kw)
+
+        engine._steps.prefill_packed = flaky
+        with engine.paused():
+            futs = [asyncio.ensure_future(engine.generate(p, GREEDY)) for p in (short, long_)]
+            await asyncio.sleep(0)
+        got = await asyncio.gather(*futs, return_exceptions=True)
+        engine._steps.prefill_packed = real
+        again = await engine.generate(long_, GREEDY)  # the engine still serves
+        return got, again, len(calls)
+
+    (got, again, n), _ = serve(lm, FIXED, scenario)
+    assert n == 2
+    same([got[0]], [want])
+    assert isinstance(got[1], RequestFailed) and "injected" in str(got[1])
+    assert len(again.token_ids) == GREEDY.max_tokens
