@@ -74,7 +74,8 @@ class DeviceSteps:
         self.lengths = halving_buckets(cfg.max_len, cfg.decode_lengths)  # decode cache lengths
         self.copy_sizes = power_of_two_buckets(cfg.num_slots, min(4, cfg.num_slots))  # rows one compaction copies
         if self.fixed:  # one width, one copy size, one packed prefill batch (module docstring)
-            self.batch_sizes, self.widths, self.copy_sizes = (cfg.max_prefill_batch,), (cfg.num_slots,), (cfg.num_slots,)
+            self.batch_sizes, self.widths = (cfg.max_prefill_batch,), (cfg.num_slots,)
+            self.copy_sizes = (cfg.num_slots,)
 
     # ------------------------------------------------------------------ shapes
     @property
@@ -209,8 +210,8 @@ class DeviceSteps:
             out += [("prefill_jit", p, t, n) for p in self.batch_sizes for t, n in shapes]
         step = "decode_chunk" if self.decode_chunk > 1 else "decode"
         out += [(step, w, n) for w in self.widths for n in self.lengths]
-        if cfg.compact_rows or (cfg.prefix_reuse and cfg.share_prompt_prefill):
-            out += [("copy_rows", n) for n in self.copy_sizes]
+        if (cfg.compact_rows and not self.fixed) or (cfg.prefix_reuse and cfg.share_prompt_prefill):
+            out += [("copy_rows", n) for n in self.copy_sizes]  # compaction (one width: none) or prompt sharing
         if not self.fixed and cfg.piggyback_tokens:
             limit = pick_bucket(min(max_prompt_len, max_len - 1), self.buckets) if max_prompt_len else max_len
             out += [("mixed", w, t, n) for t in self.buckets if t <= min(limit, cfg.piggyback_tokens)

@@ -10,7 +10,8 @@
    versions;
 2. finish cancelled requests (finish reason "abort");
 3. admit waiting requests (:class:`~gymllm.inference.admission.Admission`) and prefill them (with
-   ``EngineConfig.shapes="fixed"``: in packed calls of ``prefill_tokens`` tokens, :meth:`EngineLoop.prefill_packed`);
+   ``EngineConfig.shapes="fixed"``: in packed calls of ``prefill_tokens`` tokens,
+   :meth:`EngineLoop.prefill_packed`);
 4. one device step (:class:`~gymllm.inference.device_cache.DeviceSteps`): the decode step with the
    smallest prompts riding along (piggybacking), or, after compaction, a decode step (or a chunk of
    up to ``decode_chunk`` steps while nobody waits) over the active rows.
