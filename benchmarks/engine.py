@@ -43,6 +43,12 @@ cannot be loaded). Ends with ``RESULT {json}``: ``continuous_vs_static``,
 when it loaded, else for the tiny one; per-model figures are under ``models``.
 
     python benchmarks/engine.py --quick
+
+``--shapes`` runs instead the program-set comparison of :mod:`engine_shapes` (the Quickstart's engine with
+bucketed shapes vs the fixed set: programs compiled, compile seconds, tokens/s on a GRPO-like burst),
+recorded as ``engine_shapes``:
+
+    python benchmarks/engine.py --shapes --quick --budgets 128,256
 """
 
 from __future__ import annotations
@@ -316,7 +322,16 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--piggyback-tokens", type=int, default=-1,
                     help="EngineConfig.piggyback_tokens: prompts up to this bucket ride along decode steps "
                          "(-1: the workload's choice: SmolLM2 its smallest prefill bucket, tiny off; 0: off)")
+    ap.add_argument("--shapes", action="store_true",
+                    help="compare the engine's program sets instead (EngineConfig.shapes: buckets vs fixed) on the "
+                         "Quickstart's engine: programs, compile seconds, tokens/s on a GRPO-like burst")
+    ap.add_argument("--budgets", default="128",
+                    help="with --shapes: the fixed set's prefill token budgets to run (comma-separated)")
     args = ap.parse_args(argv)
+    if args.shapes:
+        import engine_shapes  # emits its own RESULT (record "engine_shapes")
+
+        return engine_shapes.main(args.quick, [int(b) for b in args.budgets.split(",") if b.strip()])
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     from gymllm.models import make_tiny
 

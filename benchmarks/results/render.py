@@ -141,6 +141,15 @@ FIGURES: dict[str, tuple[Figure, ...]] = {
           goal="reported"),
         F(key="models.smollm2-135m-instruct.ttft_ms_idle", what="SmolLM2: time to first token on an idle engine (ms)"),
     ),
+    "engine_shapes": (
+        F(key="programs.buckets", what="Quickstart engine, bucketed shapes: programs compiled"),
+        F(key="programs.fixed_128", what="the fixed set (128-token packed prefill): programs compiled", goal="<= 5"),
+        F(key="compile_s.buckets", what="bucketed shapes: compile seconds (backend compile events)"),
+        F(key="compile_s.fixed_128", what="the fixed set: compile seconds"),
+        F(key="tps.buckets", what="bucketed shapes: tokens/s, GRPO-like burst and second turns"),
+        F(key="tps.fixed_128", what="the fixed set: tokens/s, same burst"),
+        F(key="fixed_vs_buckets_tps", what="best fixed budget over bucketed shapes, tokens/s (x)", goal="~1 (CPU)"),
+    ),
     "rollout": (
         F(key="async_vs_sync", what="async orchestrator vs synchronous baseline, trajectories/s (x)", goal=">= 3"),
         F(key="async_vs_ceiling", what="async vs its zero-latency ceiling", goal=">= 0.8"),

@@ -281,7 +281,8 @@ class TrainConfig:
     model: ModelSection = dataclasses.field(default_factory=ModelSection)
     env: EnvSection = dataclasses.field(default_factory=EnvSection)
     engine: EngineConfig = dataclasses.field(default_factory=lambda: EngineConfig(
-        num_slots=32, max_len=64, min_bucket=64, idle_wait_s=0.002, decode_chunk=8))
+        num_slots=32, max_len=64, min_bucket=64, idle_wait_s=0.002, decode_chunk=8, shapes="fixed", prefill_tokens=128,
+        decode_lengths=1))
     sampling: SamplingParams = dataclasses.field(default_factory=lambda: SamplingParams(max_tokens=8))
     rollout: RolloutConfig = dataclasses.field(default_factory=lambda: RolloutConfig(
         group_size=8, max_concurrency=32, max_staleness=2, max_model_calls=1))
@@ -362,7 +363,8 @@ def _tiny() -> TrainConfig:
     return TrainConfig(
         model=ModelSection(name="tiny-qwen3", hidden_size=64, num_layers=2),
         env=EnvSection(id="gymllm/TinyRepeat-v0", kwargs={"num_letters": 2}, num_envs=32),
-        engine=EngineConfig(num_slots=32, max_len=64, min_bucket=64, idle_wait_s=0.002, decode_chunk=8),
+        engine=EngineConfig(num_slots=32, max_len=64, min_bucket=64, idle_wait_s=0.002, decode_chunk=8,
+                            shapes="fixed", prefill_tokens=128, decode_lengths=1),
         sampling=SamplingParams(temperature=1.0, max_tokens=6),
         rollout=RolloutConfig(group_size=8, max_concurrency=32, max_staleness=1, max_model_calls=1),
         optimizer=OptimizerConfig(learning_rate=1e-2, max_grad_norm=1.0),
@@ -389,7 +391,7 @@ def _default() -> TrainConfig:
         model=ModelSection(name="smollm2-135m-instruct"),
         env=EnvSection(id="gymllm/ArithmeticTool-v0", kwargs={"digits": 1}, num_envs=12),
         engine=EngineConfig(num_slots=12, max_len=160, min_bucket=64, idle_wait_s=0.002, decode_chunk=8,
-                            compute_dtype="auto"),
+                            compute_dtype="auto", shapes="fixed", prefill_tokens=128, decode_lengths=1),
         sampling=SamplingParams(temperature=0.8, max_tokens=24),
         rollout=RolloutConfig(group_size=6, max_concurrency=12, max_staleness=2, max_model_calls=2),
         optimizer=OptimizerConfig(learning_rate=1e-5, warmup_steps=2),

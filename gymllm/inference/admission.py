@@ -17,7 +17,10 @@
   copies the source row into its row before the prefill; a request sharing such a prefix with one
   admitted in the same round waits one iteration (its source is prefilled by then), so a group of
   identical prompts prefills the prompt once;
-* :meth:`Admission.prefill_inputs`: the host arrays of one batch of prompt chunks;
+* :meth:`Admission.prefill_inputs`: the host arrays of one batch of prompt chunks; with
+  ``EngineConfig.shapes="fixed"`` every request admitted in a round forms one batch, laid out in
+  packed calls of ``prefill_tokens`` tokens (:func:`~gymllm.inference.token_budget.pack_pieces`,
+  :meth:`Admission.packed_inputs`);
 * :meth:`Admission.compact` (``EngineConfig.compact_rows``): before a decode step, active rows above the
   narrowest width that could hold them trade places with idle rows below it (a session's cached
   prefix moves with its row), so the tail of a batch decodes narrow; span "compact".
@@ -37,6 +40,7 @@ from gymllm.inference.device_cache import DeviceSteps
 from gymllm.inference.request import EngineRequest
 from gymllm.inference.rows import DecodeRows, SamplingRows
 from gymllm.inference.slot_table import Placement, SlotTable, common_prefix_len, pick_bucket
+from gymllm.inference.token_budget import Piece
 from gymllm.telemetry import span
 
 Batch = tuple[list[EngineRequest], int]  # (requests, length bucket of their prompt chunks)
@@ -116,6 +120,8 @@ class Admission:
                     self.share_from(req, tag, sources)
                 admitted.append(req)
             self.waiting[:0] = deferred
+        if cfg.shapes == "fixed":  # one round, packed into calls of prefill_tokens tokens by the loop
+            return ([(admitted, cfg.prefill_tokens)] if admitted else []), None
         by_bucket: dict[int, list[EngineRequest]] = {}
         for req in admitted:
             chunk = len(req.prompt) - req.placement.reuse_len
@@ -158,8 +164,12 @@ class Admission:
     def worth(self, req: EngineRequest, shared: int, reused: int) -> bool:
         """Sharing ``shared`` prompt tokens pays over reusing ``reused``: at least ``min_bucket`` tokens, and
         the chunk left to prefill falls in a smaller length bucket (a prompt that shares only a short
-        head, such as a chat template's system prompt, prefills as it would without sharing)."""
+        head, such as a chat template's system prompt, prefills as it would without sharing). With fixed
+        shapes every token costs its place in a packed call: at least ``min_bucket`` tokens more than
+        ``reused`` pay."""
         n = len(req.prompt)
+        if self.config.shapes == "fixed":
+            return shared >= self.config.min_bucket and shared > reused
         return (shared >= self.config.min_bucket and shared > reused
                 and pick_bucket(n - shared, self.buckets) < pick_bucket(n - reused, self.buckets))
 
@@ -206,6 +216,33 @@ class Admission:
             self.stats["prefill_tokens"] += len(chunk)
             self.stats["reused_tokens"] += start
         return tokens, positions, rows, last, rp
+
+    def packed_inputs(self, reqs: list[EngineRequest], pieces: list[Piece], tokens: int, p: int
+                      ) -> tuple[np.ndarray, ...]:
+        """Host inputs of one packed prefill call (:meth:`DeviceSteps.call_prefill_packed`): ``pieces`` (at
+        most ``p``) of ``reqs``' prompt chunks end to end in ``tokens`` slots, then padding: (tokens [N],
+        positions [N], seg [N], rows [p], starts [p], last [p], sampling inputs [p]); counts the tokens
+        prefilled and (at a request's first piece) reused."""
+        max_len, s = self.config.max_len, self.config.num_slots
+        ids = np.zeros(tokens, np.int32)
+        positions = np.full(tokens, max_len - 1, np.int32)  # padding: the scratch slot, segment p (none)
+        seg = np.full(tokens, p, np.int32)
+        rows, starts, last = np.full(p, s, np.int32), np.zeros(p, np.int32), np.zeros(p, np.int32)
+        rp = SamplingRows.inert(p)
+        at = 0
+        for j, piece in enumerate(pieces):
+            r = reqs[piece.index]
+            start = r.placement.reuse_len + piece.offset
+            ids[at : at + piece.length] = r.prompt[start : start + piece.length]
+            positions[at : at + piece.length] = start + np.arange(piece.length)
+            seg[at : at + piece.length] = j
+            rows[j], starts[j], last[j] = r.slot, start, at + piece.length - 1
+            rp.set(j, r.key, 0, r.params, r.adapter)
+            at += piece.length
+            self.stats["prefill_tokens"] += piece.length
+            if piece.offset == 0:
+                self.stats["reused_tokens"] += r.placement.reuse_len
+        return ids, positions, seg, rows, starts, last, rp
 
     def compact(self, rows: DecodeRows, device: DeviceSteps) -> None:
         """Pack the active rows into the narrowest decode width that holds them: each active row above it

@@ -15,8 +15,10 @@ class EngineConfig:
 
     num_slots: concurrent sequences (rows of the preallocated KV cache, the decode batch).
     max_len: context length per slot (prompt + completion tokens).
-    min_bucket: the smallest prefill length bucket; buckets double up to ``max_len``.
-    max_prefill_batch: most prompts prefilled in one call (batch sizes are powers of two).
+    min_bucket: the smallest prefill length bucket; buckets double up to ``max_len`` (with
+        ``shapes="fixed"``: no buckets; the least prompt prefix worth sharing, ``share_prompt_prefill``).
+    max_prefill_batch: most prompts prefilled in one call (batch sizes are powers of two; with
+        ``shapes="fixed"``: the prompt pieces one packed call holds, its only batch size).
     prefix_reuse: keep each finished row's k/v and skip re-prefilling a shared prompt prefix.
     seed: seeds the engine's own generator of per-request keys (requests without a seed).
     idle_wait_s: how long the idle loop sleeps between checks for new work.
@@ -47,6 +49,21 @@ class EngineConfig:
         only the rest; several such prompts arriving together (a GRPO group) prefill the first and join
         one iteration later, copying from it. False: every request prefills all but what a finished row
         holds.
+    shapes: which set of programs the engine compiles. ``"buckets"``: the shapes above (prefill batch
+        sizes x length buckets x cached lengths; decode widths x cache lengths; copy sizes; mixed
+        shapes): each step fits its work closely, but the set grows with the config and the traffic
+        decides which of them compile. ``"fixed"``: a small set known in advance whatever the prompt
+        lengths, group mix, multi-turn lengths and adapter mix: one packed prefill of
+        ``prefill_tokens`` tokens (up to ``max_prefill_batch`` prompt pieces laid end to end, each
+        reading its row's cached prefix; a longer prompt continues in the next call,
+        :mod:`gymllm.models.packed_prefill`) per cache length, one decode program (width
+        ``num_slots``; the single step is the chunked decode with one step when ``decode_chunk`` > 1)
+        per cache length (``decode_lengths`` of them: 1 gives one), one row-copy program; no
+        piggybacking (``piggyback_tokens`` must be 0) and no row compaction (one width).
+        ``DeviceSteps.program_shapes()`` lists the set; ``warmup()`` compiles it.
+    prefill_tokens: (``shapes="fixed"``) the token budget of one packed prefill call: every call costs
+        this many tokens however many prompts it holds (e.g. 128: a ~100-token prompt in one call, a
+        GRPO group's one-token remainders together).
     """
 
     num_slots: int = 16
@@ -62,6 +79,8 @@ class EngineConfig:
     compact_rows: bool = True
     decode_chunk: int = 1
     share_prompt_prefill: bool = True
+    shapes: str = "buckets"
+    prefill_tokens: int = 128
 
     def __post_init__(self) -> None:
         c = "EngineConfig"
@@ -69,7 +88,8 @@ class EngineConfig:
                               ("min_bucket", 1, "use e.g. 16"), ("max_prefill_batch", 1, "use e.g. 4"),
                               ("decode_lengths", 1, "use e.g. 4 (1: always attend over the whole context)"),
                               ("piggyback_tokens", 0, "use 0 (off) or a prompt length bucket such as 64"),
-                              ("decode_chunk", 1, "use 1 (token by token) or e.g. 8")):
+                              ("decode_chunk", 1, "use 1 (token by token) or e.g. 8"),
+                              ("prefill_tokens", 1, "use e.g. 128 (tokens per packed prefill call)")):
             check_range(c, name, getattr(self, name), lo=lo, integer=True, fix=fix)
         require(is_int(self.seed), f"{c}.seed", expected="an int", received=self.seed, fix="use e.g. 0")
         check_range(c, "idle_wait_s", self.idle_wait_s, lo=0, lo_open=True, fix="use e.g. 0.05")
@@ -79,5 +99,10 @@ class EngineConfig:
                 received=self.share_prompt_prefill, fix="use True (default) or False")
         require(isinstance(self.compact_rows, bool), f"{c}.compact_rows", expected="a bool", received=self.compact_rows,
                 fix="use True (default) or False")
+        check_choice(c, "shapes", self.shapes, ("buckets", "fixed"),
+                     fix='use "fixed" (a small program set known in advance) or "buckets"')
+        require(self.shapes != "fixed" or self.piggyback_tokens == 0, f"{c}.piggyback_tokens",
+                expected='0 with shapes="fixed" (piggybacked prefill has bucketed shapes)',
+                received=self.piggyback_tokens, fix='set piggyback_tokens=0, or shapes="buckets"')
         check_choice(c, "compute_dtype", self.compute_dtype, _COMPUTE_DTYPES,
                      fix='use None (the model\'s dtype), "auto" or "bfloat16"')

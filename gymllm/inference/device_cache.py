@@ -10,12 +10,17 @@ every device call of the engine, each under its telemetry span on track "engine"
 * mixed: a decode step with prompt chunks riding along (:mod:`gymllm.inference.piggyback`);
 * row copies for compaction (:func:`copy_rows`).
 
-Compiled shapes are fixed by the config: prefill batch sizes (powers of two up to
-``max_prefill_batch``) x length ``buckets`` x ``prefill_lengths``; decode ``widths``
+Compiled shapes are fixed by the config (:meth:`DeviceSteps.program_shapes` lists them,
+:meth:`DeviceSteps.warmup` compiles them). ``EngineConfig.shapes="buckets"``: prefill batch sizes (powers
+of two up to ``max_prefill_batch``) x length ``buckets`` x ``prefill_lengths``; decode ``widths``
 (:func:`~gymllm.inference.slot_table.decode_widths`) x cache ``lengths`` (``max_len``, ``max_len / 2``,
 ...); mixed: widths x lengths x the piggybacked buckets; copies: ``copy_sizes`` rows.
-:meth:`DeviceSteps.warmup` compiles them all. The compiled steps are shared by engines over equal
-model graphs (``trace_counts`` count their compilations).
+``shapes="fixed"``: a set that does not depend on the traffic: the packed prefill
+(:func:`~gymllm.inference.jit_steps.make_packed_prefill`: ``prefill_tokens`` tokens, ``max_prefill_batch``
+pieces) per cache length, one decode program (width ``num_slots``; the chunked one when
+``decode_chunk`` > 1, a single step being a chunk of one) per cache length, one copy size
+(``num_slots`` rows, padded with copies that drop). The compiled steps are shared by engines over
+equal model graphs (``trace_counts`` count their compilations).
 
 Callers pick the shapes (from the rows they decode) and hold the engine's device lock; the steps read
 the weights from the engine's :class:`~gymllm.inference.weights.WeightStore` at call time. The
@@ -38,7 +43,7 @@ from gymllm.inference.multi_token_decode import chunk_limits, make_decode_chunk
 from gymllm.inference.piggyback import make_mixed_step
 from gymllm.inference.rows import SamplingRows
 from gymllm.inference.slot_table import decode_widths, halving_buckets, pick_bucket, power_of_two_buckets
-from gymllm.inference.jit_steps import make_steps
+from gymllm.inference.jit_steps import make_packed_prefill, make_steps
 from gymllm.inference.weights import WeightStore
 from gymllm.telemetry import span
 
@@ -58,20 +63,26 @@ class DeviceSteps:
         self.graphdef, self.weights, self.cache = graphdef, weights, cache
         self.prefill, self.decode, self.trace_counts = make_steps(graphdef)
         self.mixed, self.mixed_trace_counts = make_mixed_step(graphdef)
+        self.prefill_packed, self.packed_trace_counts = make_packed_prefill(graphdef)
         self.decode_chunk = decode_chunk
         if decode_chunk > 1:
             self.decode_k, self.chunk_trace_counts = make_decode_chunk(graphdef, decode_chunk)
+        self.fixed = cfg.shapes == "fixed"
         self.buckets = power_of_two_buckets(cfg.max_len, cfg.min_bucket)  # prefill chunk lengths
         self.batch_sizes = power_of_two_buckets(cfg.max_prefill_batch, 1)  # prefill batch sizes
         self.widths = decode_widths(cfg.num_slots)  # decode row counts
         self.lengths = halving_buckets(cfg.max_len, cfg.decode_lengths)  # decode cache lengths
         self.copy_sizes = power_of_two_buckets(cfg.num_slots, min(4, cfg.num_slots))  # rows one compaction copies
+        if self.fixed:  # one width, one copy size, one packed prefill batch (module docstring)
+            self.batch_sizes, self.widths = (cfg.max_prefill_batch,), (cfg.num_slots,)
+            self.copy_sizes = (cfg.num_slots,)
 
     # ------------------------------------------------------------------ shapes
     @property
     def prefill_lengths(self) -> tuple[int, ...]:
-        """The cached-prefix lengths a prefill call reads (0: no reused prefix), the decode cache lengths."""
-        return (0, *self.lengths)
+        """The cached-prefix lengths a prefill call reads: 0 (no reused prefix) and the decode cache lengths;
+        with fixed shapes the decode cache lengths only (a packed call reads its rows whatever they hold)."""
+        return self.lengths if self.fixed else (0, *self.lengths)
 
     def prefill_length(self, max_start: int) -> int:
         """The smallest prefill length covering every row's start (reused prefix) ``max_start``."""
@@ -110,6 +121,19 @@ class DeviceSteps:
         with span("prefill", track="engine", batch=int(tokens.shape[0]), bucket=int(tokens.shape[1]), length=length):
             self.cache, tok, logp = self.prefill(
                 self.weights.state, self.cache, tokens, positions, rows, last, *rp.arrays(), length,
+                **self.adapter_args(rp),
+            )
+            return np.asarray(tok), np.asarray(logp)
+
+    def call_prefill_packed(self, tokens, positions, seg, rows, starts, last, rp: SamplingRows, length: int
+                            ) -> tuple[np.ndarray, np.ndarray]:
+        """One packed prefill call: pieces laid end to end in tokens/positions/seg [N] (segment ``seg[n]``;
+        ``len(rows)``: padding), segment p continuing cache row ``rows[p]`` from slot ``starts[p]`` and
+        sampling at token index ``last[p]``; ``length`` (one of :attr:`prefill_lengths`, >= every start):
+        the cached slots read per row. Returns (tokens [P], logprobs [P])."""
+        with span("prefill", track="engine", tokens=int(tokens.shape[0]), segments=int(rows.shape[0]), length=length):
+            self.cache, tok, logp = self.prefill_packed(
+                self.weights.state, self.cache, tokens, positions, seg, rows, starts, last, *rp.arrays(), length,
                 **self.adapter_args(rp),
             )
             return np.asarray(tok), np.asarray(logp)
@@ -170,32 +194,60 @@ class DeviceSteps:
             self.config.num_slots, self.config.max_len, jax.tree.leaves(self.cache)[0].dtype)
 
     # ------------------------------------------------------------------ compilation
-    def warmup(self, rows: Any, max_prompt_len: int | None = None) -> None:
-        """Compile every step shape now (prefill buckets only up to the one holding ``max_prompt_len``,
-        when given), decoding the idle ``rows`` (a :class:`~gymllm.inference.rows.DecodeRows`; padding
-        prefill rows write nothing). The caller holds the device lock and the engine is idle."""
+    def program_shapes(self, max_prompt_len: int | None = None) -> list[tuple]:
+        """Every program this config runs, as ``(step, *shape)`` with ``step`` the jitted function's name:
+        ``("prefill_jit", batch, bucket, length)``, ``("prefill_packed", tokens, segments, length)``,
+        ``("decode", width, length)``, ``("decode_chunk", width, length)``, ``("copy_rows", rows)``,
+        ``("mixed", width, bucket, length)``. Bucketed prefill shapes only up to the bucket holding
+        ``max_prompt_len`` when given (the fixed set does not depend on it). :meth:`warmup` compiles these."""
         cfg, max_len = self.config, self.config.max_len
-        limit = pick_bucket(min(max_prompt_len, max_len - 1), self.buckets) if max_prompt_len else max_len
-        for p in self.batch_sizes:
-            for t, n in self.prefill_shapes(limit, min(max_prompt_len or max_len, max_len - 1)):
-                pad = np.full(p, cfg.num_slots, np.int32)  # padding rows only: nothing is written
+        out: list[tuple] = []
+        if self.fixed:
+            out += [("prefill_packed", cfg.prefill_tokens, cfg.max_prefill_batch, n) for n in self.prefill_lengths]
+        else:
+            limit = pick_bucket(min(max_prompt_len, max_len - 1), self.buckets) if max_prompt_len else max_len
+            shapes = self.prefill_shapes(limit, min(max_prompt_len or max_len, max_len - 1))
+            out += [("prefill_jit", p, t, n) for p in self.batch_sizes for t, n in shapes]
+        step = "decode_chunk" if self.decode_chunk > 1 else "decode"
+        out += [(step, w, n) for w in self.widths for n in self.lengths]
+        if (cfg.compact_rows and not self.fixed) or (cfg.prefix_reuse and cfg.share_prompt_prefill):
+            out += [("copy_rows", n) for n in self.copy_sizes]  # compaction (one width: none) or prompt sharing
+        if not self.fixed and cfg.piggyback_tokens:
+            limit = pick_bucket(min(max_prompt_len, max_len - 1), self.buckets) if max_prompt_len else max_len
+            out += [("mixed", w, t, n) for t in self.buckets if t <= min(limit, cfg.piggyback_tokens)
+                    for w in self.widths for n in self.lengths]
+        return out
+
+    def warmup(self, rows: Any, max_prompt_len: int | None = None) -> None:
+        """Compile every program of :meth:`program_shapes` now, decoding the idle ``rows`` (a
+        :class:`~gymllm.inference.rows.DecodeRows`; padding prefill rows write nothing). The caller holds
+        the device lock and the engine is idle."""
+        cfg, s = self.config, self.config.num_slots
+        for step, *shape in self.program_shapes(max_prompt_len):
+            if step == "prefill_packed":
+                tokens, p, n = shape
+                z = np.zeros(tokens, np.int32)
+                self.call_prefill_packed(z, z, np.full(tokens, p, np.int32), np.full(p, s, np.int32),
+                                         np.zeros(p, np.int32), np.zeros(p, np.int32), SamplingRows.inert(p), n)
+            elif step == "prefill_jit":
+                p, t, n = shape
+                pad = np.full(p, s, np.int32)  # padding rows only: nothing is written
                 self.call_prefill(np.zeros((p, t), np.int32), np.zeros((p, t), np.int32), pad,
                                   np.zeros(p, np.int32), SamplingRows.inert(p), n)
-        for w in self.widths:
-            tokens, positions, rp = rows.inputs(w)
-            for n in sorted({self.decode_length(n - 1) for n in self.lengths}):
-                if self.decode_chunk > 1:
-                    stop, budget = chunk_limits({}, w, frozenset(), max_len)
+            elif step in ("decode", "decode_chunk"):
+                w, n = shape
+                tokens, positions, rp = rows.inputs(w)
+                if step == "decode_chunk":
+                    stop, budget = chunk_limits({}, w, frozenset(), cfg.max_len)
                     self.call_decode_chunk(tokens, positions, rp, stop, budget, 1, n, active=0)
                 else:
                     self.call_decode(tokens, positions, rp, n, active=0)
-        for n in self.copy_sizes if cfg.compact_rows or (cfg.prefix_reuse and cfg.share_prompt_prefill) else ():
-            self.cache = copy_rows(self.cache, np.zeros(n, np.int32), np.full(n, cfg.num_slots, np.int32))
-        p = cfg.max_prefill_batch
-        for t in (b for b in self.buckets if b <= min(limit, cfg.piggyback_tokens)):
-            pre = (np.zeros((p, t), np.int32), np.zeros((p, t), np.int32), np.full(p, cfg.num_slots, np.int32),
-                   np.zeros(p, np.int32))
-            for w in self.widths:
+            elif step == "copy_rows":
+                self.cache = copy_rows(self.cache, np.zeros(shape[0], np.int32), np.full(shape[0], s, np.int32))
+            else:  # mixed
+                w, t, n = shape
+                p = cfg.max_prefill_batch
+                pre = (np.zeros((p, t), np.int32), np.zeros((p, t), np.int32), np.full(p, s, np.int32),
+                       np.zeros(p, np.int32))
                 tokens, positions, rp = rows.inputs(w)
-                for n in self.lengths:
-                    self.call_mixed((tokens, positions), rp, pre, SamplingRows.inert(p), n, active=0)
+                self.call_mixed((tokens, positions), rp, pre, SamplingRows.inert(p), n, active=0)

@@ -10,7 +10,12 @@ Design (one background thread owns the device; asyncio callers never block):
   they finish; one jitted decode step advances every slot at once. When more requests wait than
   rows are free, admission waits until a whole prefill batch of rows is free, so a saturated engine
   makes fewer, fuller prefill calls.
-* Compiled shapes are fixed: prefill (batch size in powers of two up to ``max_prefill_batch``) x
+* Compiled shapes are fixed. ``EngineConfig.shapes="fixed"``: a set known in advance whatever the
+  traffic: one packed prefill of ``prefill_tokens`` tokens (prompts of any lengths and counts laid end to
+  end, each piece reading its row's cached prefix, a long prompt continuing in the next call), one
+  decode program over all ``num_slots`` rows, one row-copy program, per cache length
+  (``decode_lengths``); no piggybacking, no compaction (:meth:`JaxEngine.program_shapes`).
+  ``shapes="buckets"``: prefill (batch size in powers of two up to ``max_prefill_batch``) x
   (length bucket) x (cached slots read: 0, or the smallest of ``lengths`` covering every row's
   reused prefix; :mod:`gymllm.models.prefill` reads only those, writes only real tokens), and decode
   over the first W rows for W in ``widths`` (powers of two from 8 up to ``num_slots``, and 24, 48, 96...:
@@ -161,6 +166,7 @@ class JaxEngine:
         self.trace_counts, self.mixed_trace_counts = steps.trace_counts, steps.mixed_trace_counts
         if self.decode_chunk > 1:
             self.chunk_trace_counts = steps.chunk_trace_counts
+        self.packed_trace_counts = steps.packed_trace_counts  # the packed prefill's (shapes="fixed")
         self.buckets, self.batch_sizes = steps.buckets, steps.batch_sizes  # prefill lengths and batch sizes
         self.widths, self.lengths = steps.widths, steps.lengths  # decode row counts and cache lengths
         self.stats = {"prefill_tokens": 0, "reused_tokens": 0, "shared_prefill_tokens": 0, "decode_steps": 0,
@@ -335,9 +341,14 @@ class JaxEngine:
             self._thread.join()
         self._closed = True
 
+    def program_shapes(self, max_prompt_len: int | None = None) -> list[tuple]:
+        """Every device program this engine's config runs (:meth:`DeviceSteps.program_shapes
+        <gymllm.inference.device_cache.DeviceSteps.program_shapes>`): what :meth:`warmup` compiles."""
+        return self._steps.program_shapes(max_prompt_len)
+
     def warmup(self, max_prompt_len: int | None = None) -> None:
-        """Compile the decode step and every prefill shape (only the length buckets up to the one
-        holding ``max_prompt_len``, when given) now; blocks. Call before serving or timing."""
+        """Compile every program of :meth:`program_shapes` now (bucketed prefill shapes only up to the
+        length bucket holding ``max_prompt_len``, when given); blocks. Call before serving or timing."""
         if self._rows.active or self._admission.waiting:
             raise EngineError("warmup: expected an idle engine, received one with requests. Fix: warm up first.")
         with self._device_lock:

@@ -14,6 +14,8 @@ row's position), so a lightly loaded engine or one with short sequences does not
 empty slots: the cache is only read inside the layer loop, and each row's new k/v are written into
 the donated cache afterwards (O(W) writes).
 Prefill computes the vocab projection at each row's last prompt token only (``logits_at``).
+The packed prefill (:func:`make_packed_prefill`, the engine's fixed shapes) lays up to P prompt pieces
+end to end in one budget of N tokens (:mod:`gymllm.models.packed_prefill`): one program for every mix.
 
 An engine serving LoRA adapters (:mod:`gymllm.inference.adapters`) passes every step two more
 arguments: ``adapters`` (the flat adapter stacks ``{"layers.<t>.lora_a": [L, N, in, r], ...}``, joined
@@ -31,6 +33,7 @@ from flax import nnx
 
 from gymllm.inference.sampling import sample, step_keys
 from gymllm.models.decode import decode_and_write
+from gymllm.models.packed_prefill import packed_prefill_and_write
 from gymllm.models.prefill import prefill_and_write
 
 
@@ -102,3 +105,27 @@ def make_steps(graphdef: Any) -> tuple[Callable, Callable, dict[str, int]]:
         return cache, tok, logp
 
     return prefill, decode, trace_counts
+
+
+@functools.lru_cache(maxsize=16)
+def make_packed_prefill(graphdef: Any) -> tuple[Callable, dict[str, int]]:
+    """``(prefill_packed, trace_counts)`` for a model graph: ``prefill_packed(state, cache, tokens [N],
+    positions [N], seg [N], rows [P], starts [P], last [P], keys, steps, temperature, top_k, top_p, length,
+    adapters=None, adapter=None) -> (cache, tokens [P], logprobs [P])``: segment p's pieces continue cache
+    row ``rows[p]`` from slot ``starts[p]`` and sample at token index ``last[p]``
+    (:func:`gymllm.models.packed_prefill.packed_prefill_and_write`); ``length`` static (cached slots read
+    per row); ``adapter`` [P]: each segment's LoRA adapter. ``trace_counts["prefill_packed"]`` counts its
+    compilations. Shared by engines over equal graphs."""
+    trace_counts = {"prefill_packed": 0}
+
+    @functools.partial(jax.jit, donate_argnums=(1,), static_argnums=(13,))
+    def prefill_packed(state, cache, tokens, positions, seg, rows, starts, last, keys, steps, temperature, top_k,
+                       top_p, length, adapters=None, adapter=None):
+        trace_counts["prefill_packed"] += 1
+        model = nnx.merge(graphdef, state)
+        logits, cache = packed_prefill_and_write(model.config, served_params(model, adapters), tokens, positions, seg,
+                                                 rows, starts, cache, length, last, adapter=adapter)  # [P, V]
+        tok, logp = sample(logits, step_keys(keys, steps), temperature, top_k, top_p)
+        return cache, tok, logp
+
+    return prefill_packed, trace_counts

@@ -9,7 +9,9 @@
 1. apply a pending weight update (:class:`~gymllm.inference.weights.WeightStore`), so no forward mixes
    versions;
 2. finish cancelled requests (finish reason "abort");
-3. admit waiting requests (:class:`~gymllm.inference.admission.Admission`) and prefill them;
+3. admit waiting requests (:class:`~gymllm.inference.admission.Admission`) and prefill them (with
+   ``EngineConfig.shapes="fixed"``: in packed calls of ``prefill_tokens`` tokens,
+   :meth:`EngineLoop.prefill_packed`);
 4. one device step (:class:`~gymllm.inference.device_cache.DeviceSteps`): the decode step with the
    smallest prompts riding along (piggybacking), or, after compaction, a decode step (or a chunk of
    up to ``decode_chunk`` steps while nobody waits) over the active rows.
@@ -38,6 +40,7 @@ from gymllm.inference.multi_token_decode import chunk_limits
 from gymllm.inference.request import EngineRequest, RequestFailed
 from gymllm.inference.rows import DecodeRows
 from gymllm.inference.slot_table import pick_bucket
+from gymllm.inference.token_budget import pack_pieces
 from gymllm.inference.weights import WeightStore
 
 
@@ -161,7 +164,10 @@ class EngineLoop:
                 self.fail_step([r for reqs, _ in batches + ([ride] if ride else []) for r in reqs], exc)
                 return
         for reqs, bucket in batches:
-            self.prefill(reqs, bucket)
+            if self.device.fixed:
+                self.prefill_packed(reqs)
+            else:
+                self.prefill(reqs, bucket)
         if ride is not None:
             self.mixed(*ride)
         elif self.rows.active:
@@ -192,6 +198,33 @@ class EngineLoop:
             self.fail_step(reqs, exc)
             return
         self.start(reqs, tok, logp)
+
+    def prefill_packed(self, reqs: list[EngineRequest]) -> None:
+        """(Fixed shapes.) Prefill a round's requests in packed calls of ``prefill_tokens`` tokens
+        (:func:`~gymllm.inference.token_budget.pack_pieces`); a request joins the decode rows after the call
+        holding its last piece. A call that raises fails the requests with a piece in it (and, if it took
+        the cache with it, every request of the round not yet decoding)."""
+        cfg, device = self.config, self.device
+        chunks = [len(r.prompt) - r.placement.reuse_len for r in reqs]
+        over: set[int] = set()  # requests started or failed
+        for call in pack_pieces(chunks, cfg.prefill_tokens, cfg.max_prefill_batch):
+            call = [piece for piece in call if piece.index not in over]
+            if not call:
+                continue
+            try:
+                *inputs, rp = self.admission.packed_inputs(reqs, call, cfg.prefill_tokens, cfg.max_prefill_batch)
+                length = device.prefill_length(int(inputs[4].max()))
+                tok, logp = device.call_prefill_packed(*inputs, rp, length)
+            except Exception as exc:  # isolate: fail these requests, keep serving the rest
+                hit = {piece.index for piece in call}
+                if device.cache_lost():  # the earlier pieces of the round went with it
+                    hit = set(range(len(reqs))) - over
+                over |= hit
+                self.fail_step([reqs[i] for i in sorted(hit)], exc)
+                continue
+            done = [j for j, piece in enumerate(call) if piece.final]
+            over.update(call[j].index for j in done)
+            self.start([reqs[call[j].index] for j in done], tok[done], logp[done])
 
     def mixed(self, reqs: list[EngineRequest], bucket: int) -> None:
         """One decode step over the active rows with ``reqs``' prompt chunks (bucket ``bucket``) prefilled

@@ -14,6 +14,7 @@ format: the forwards decode them per layer, since XLA:CPU slices bf16 layer stac
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any
 
@@ -37,12 +38,35 @@ def as_engine_dtype(x: Any, dtype: Any) -> jax.Array:
     return x.astype(dtype)
 
 
+@functools.partial(jax.jit, static_argnums=(1,))
+def convert_leaves(leaves: list[jax.Array], dtypes: tuple[str, ...]) -> list[jax.Array]:
+    """``leaves[i]`` in storage dtype ``dtypes[i]`` (:func:`as_engine_dtype`), in one compiled program: a
+    weight install or update is one program for the whole model (the same one at every update), not
+    one conversion program per leaf shape."""
+    return [as_engine_dtype(x, d) for x, d in zip(leaves, dtypes)]
+
+
+def convert_tree(tree: Any, dtypes: list[Any]) -> Any:
+    """``tree``'s leaves in ``dtypes`` (flattened order); leaves already of their dtype are kept as they are
+    (no copy), the others converted together (:func:`convert_leaves`)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    leaves = [jnp.asarray(x) for x in leaves]  # host arrays moved to the device (a jax array stays as it is)
+    todo = [i for i, (x, d) in enumerate(zip(leaves, dtypes)) if jnp.dtype(np.result_type(x)) != jnp.dtype(d)]
+    if todo:
+        done = convert_leaves([leaves[i] for i in todo], tuple(jnp.dtype(dtypes[i]).name for i in todo))
+        for i, x in zip(todo, done):
+            leaves[i] = x
+    return jax.tree.unflatten(treedef, leaves)
+
+
 def cast_floats(state: Any, dtype: Any) -> Any:
     """The weights with every floating-point leaf cast to ``dtype`` (integer leaves unchanged). On CPU,
     bfloat16 weights are stored as their uint16 bit patterns (``models.transformer.pack_bf16``: the
     forward decodes them per layer; XLA:CPU slices bf16 layer stacks slowly)."""
     packed = jnp.dtype(dtype) == jnp.bfloat16 and jax.default_backend() == "cpu"
-    return jax.tree.map(lambda x: as_engine_dtype(x, jnp.uint16 if packed else dtype), state)
+    store = jnp.uint16 if packed else dtype
+    floating = lambda x: jnp.issubdtype(np.result_type(x), jnp.floating) or np.result_type(x) == np.uint16  # noqa: E731
+    return convert_tree(state, [store if floating(x) else np.result_type(x) for x in jax.tree.leaves(state)])
 
 
 def kv_cache_dtype(cfg: EngineConfig, requested: Any) -> Any:
@@ -107,8 +131,7 @@ class WeightStore:
                 raise EngineError(explain("update_weights(state)", expected=f"a leaf of shape {o.shape}",
                                           received=np.shape(n), fix="pass weights of the same model config"))
         # same dtypes as compiled: a weight update never triggers a recompile
-        leaves = [as_engine_dtype(n, o.dtype) for n, o in zip(new_leaves, old_leaves)]
-        converted = jax.tree.unflatten(old_def, leaves)
+        converted = convert_tree(jax.tree.unflatten(old_def, new_leaves), [o.dtype for o in old_leaves])
         with self.cv:
             self.pending = (converted, int(version))
             self.cv.notify_all()
