@@ -156,6 +156,15 @@ def test_more_prompts_than_slots_run_in_passes_with_the_same_update():
     assert b.counts["shared_prefix_passes"] >= 2 * 3  # a step: 8 rows of two prompts (2 passes), 4 of one
 
 
+def test_a_prefix_len_past_the_prompts_costs_passes_says_so_and_trains_the_same():
+    """prefix_len 24 over prompts of 20, 17 and 12 tokens: most rows do not fit their group's slot (a
+    continuation of 8), so they run in extra passes (counted, one warning naming the fix); same update."""
+    a, b = make(False, shared_prefix=False), make(True, prefix_len=24)
+    with pytest.warns(UserWarning, match="prefix-len"):
+        assert_same_run(a, b, steps_of(50)[:1])
+    assert b.counts["shared_prefix_extra_passes"] > 0
+
+
 def test_kl_reward_reference_forward_runs_the_fixed_program():
     loss = dataclasses.replace(C.grpo(), kl=dataclasses.replace(C.grpo().kl, placement="reward", beta=0.5))
     group = groups_with((20,), turns=True, seed=3)[0]

@@ -28,6 +28,12 @@ continuations each (:func:`shared_prefix_layout`) for :func:`gymllm.models.share
 which runs each prompt once; the loss again reads the padded layout through one index array
 (``sp_gather``), like packing's ``gather``. Applies to the padded layout only (packed rows keep
 their own path): the learner runs whichever of the two runs fewer positions.
+
+Fixed shared prefix (``LearnerConfig.fixed_shapes``): one layout for the whole run, whatever the rows:
+``slots`` prompt slots of ``prefix_len`` tokens and ``batch_size`` continuation rows of ``length -
+prefix_len``, each row naming its slot (:func:`fixed_prefix_slots` assigns rows to slots and passes,
+:func:`fixed_prefix_arrays` lays one pass out); a slot holds its rows' common prefix (at most
+``prefix_len`` tokens), so any row fits, alone if need be.
 """
 
 from __future__ import annotations

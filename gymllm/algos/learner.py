@@ -24,6 +24,9 @@ Rules (see ``grpo-reference.md``):
   ``kl.beta == 0`` means no reference parameters are kept or run.
 * Rows that share a prompt (a GRPO group's samples) run it once (``shared_prefix``,
   :mod:`gymllm.models.shared_prefix`), for the policy and the reference forward alike.
+* With ``fixed_shapes`` the programs are fixed when the learner is built (:meth:`StreamingLearner.program_shapes`:
+  one gradient program, the update, a reference forward only for a reward-placement KL) and
+  :meth:`StreamingLearner.warmup` compiles exactly those ahead of time (in a thread with ``background=True``).
 * With LoRA only the adapters are trained (and held in the optimizer state); :meth:`policy_params`
   gives the merged weights for the engine.
 """
@@ -446,6 +449,18 @@ class StreamingLearner:
                         self._on_loss_positions(host, mb.mask, sp["sp_gather"])))
         return out
 
+    def _check_passes(self, rows: list[Row], passes: int) -> None:
+        """Count (and say once) the passes beyond one per ``prefix_slots`` groups: a group whose rows did not
+        fit one slot, as its common prefix is shorter than ``prefix_len``."""
+        extra = passes - -(-len({r.group_index for r in rows}) // self.prefix_slots)
+        if extra > 0:
+            self.counts["shared_prefix_extra_passes"] += extra
+            if self.counts["shared_prefix_extra_passes"] == extra:
+                warnings.warn(f"LearnerConfig.prefix_len: expected at most the shortest prompt, received "
+                              f"{self.prefix_len} while a group shares fewer tokens, so its rows take {extra} more "
+                              f"pass(es) of the gradient program. Fix: set --learner.prefix-len to at most the "
+                              f"shortest prompt's length (counted: shared_prefix_extra_passes)", stacklevel=2)
+
     def _run_micro_batch(self, rows: list[Row]) -> None:
         self._await_warmup()
         mb = make_micro_batch(rows, self.config.micro_batch_size,
@@ -459,6 +474,8 @@ class StreamingLearner:
                 hosts = [h for _, h in self._fixed_hosts(rows)]
                 key = "shared_prefix_passes" if self.config.shared_prefix else "fixed_micro_batches"
                 self.counts[key] += len(hosts)
+                if self.config.shared_prefix:
+                    self._check_passes(rows, len(hosts))
                 tags["passes"] = len(hosts)
             else:
                 hosts = [self._layout(rows, mb, tags)]
