@@ -133,7 +133,7 @@ def assert_same_run(a: StreamingLearner, b: StreamingLearner, steps: list[list[G
 
 
 @pytest.mark.parametrize("shared_prefix,lora", [(True, False), (False, False),
-                                                pytest.param(True, True, marks=pytest.mark.slow),
+                                                (True, True),
                                                 pytest.param(False, True, marks=pytest.mark.slow)],
                          ids=["shared", "flat", "shared-lora", "flat-lora"])
 def test_fixed_shapes_train_exactly_as_today(shared_prefix, lora):
