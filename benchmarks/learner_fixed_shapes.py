@@ -18,7 +18,7 @@ micro-batch, and the weights' agreement after the run (float32 would agree to ~1
 "auto" is bfloat16 on AMX CPUs).
 
     python benchmarks/learner_fixed_shapes.py --quick      # 4 layers, 3 steps: about two minutes here
-    python benchmarks/learner_fixed_shapes.py --layers 30 --steps 4
+    python benchmarks/learner_fixed_shapes.py --layers 30 --steps 4 --variants today,fixed_shared  # ~8 GB
 """
 
 from __future__ import annotations
@@ -81,12 +81,15 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="4 layers, 3 steps")
     ap.add_argument("--layers", type=int, default=None, help="SmolLM2-135M layers (30: the whole model)")
     ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="which learners (comma list; fewer: less memory)")
     args = ap.parse_args()
     layers, steps = args.layers or (4 if args.quick else 30), args.steps or (3 if args.quick else 4)
     cfg, params = model("smollm2", layers)
     counter = Compiles()
     learners, out = {}, {}
-    for name, kw in VARIANTS.items():
+    names = [v.strip() for v in args.variants.split(",") if v.strip()]
+    for name in names:
+        kw = VARIANTS[name]
         ln = StreamingLearner(cfg, params, loss=C.async_agentic(), optimizer=optimizer(),
                               config=quickstart_learner_config(**kw))
         counter.take()
@@ -97,22 +100,21 @@ def main() -> None:
         out[name] = {"warmup_s": time.perf_counter() - t, "warmup_programs": [n for n in warm if n in WEIGHT_PROGRAMS],
                      "step_s": [], "step_programs": [], "positions": positions(ln),
                      "program_shapes": ([n for n, _ in ln.program_shapes()] if ln.config.fixed_shapes else None)}
-    names = list(VARIANTS)
     for s in range(steps):
         groups = quickstart_groups(seed=s, version=s)
-        for name in names[s % 3:] + names[:s % 3]:
+        for name in names[s % len(names):] + names[:s % len(names)]:
             counter.take()
             t = time.perf_counter()
             learners[name].submit(groups)
             out[name]["step_s"].append(time.perf_counter() - t)
             out[name]["step_programs"].append([n for n in counter.take() if n in WEIGHT_PROGRAMS])
-    ref = learners["today"].trainable
+    ref = learners[names[0]].trainable
     for name, r in out.items():
         r["first_step_s"], r["steady_step_s"] = r["step_s"][0], statistics.median(r["step_s"][1:] or r["step_s"])
         r["programs"] = len(r["warmup_programs"]) + sum(len(p) for p in r["step_programs"])
-        r["max_weight_diff_vs_today"] = max(float(jnp.max(jnp.abs(learners[name].trainable[k] - ref[k]))) for k in ref)
+        r[f"max_weight_diff_vs_{names[0]}"] = max(float(jnp.max(jnp.abs(learners[name].trainable[k] - ref[k]))) for k in ref)
         r["counts"] = {k: v for k, v in learners[name].counts.items() if "micro_batches" in k or "passes" in k}
-    result = {"layers": layers, "steps": steps, "compute_dtype": learners["today"].config.compute_dtype,
+    result = {"layers": layers, "steps": steps, "compute_dtype": learners[names[0]].config.compute_dtype,
               "load_avg_1m": os.getloadavg()[0], "cpus": os.cpu_count(), **out}
     from results import emit_result
 
