@@ -99,17 +99,13 @@ def test_config_validation_names_fields():
 
 def test_default_preset_is_sized_for_a_cpu():
     """The embedded default computes in the host's fastest dtype ("auto": bf16 where native, else
-    float32; engine and learner); every trajectory the engine's context
-    holds fits the learner's first length bucket (one compiled gradient shape in the common case), and
-    the last bucket leaves room for an observation appended past that context (a truncated episode
-    keeps it), so no trajectory is too long for the learner."""
-    from gymllm.algos.batching import buckets
-
+    float32; engine and learner); the learner runs one fixed program set (``fixed_shapes``) whose length
+    holds every trajectory the engine's context holds (an observation appended past it is cut: it carries
+    no loss), its prompt slot no longer than ArithmeticTool's 97-token prompt."""
     cfg = preset("default")
     assert cfg.engine.compute_dtype == cfg.learner.compute_dtype == "auto"
-    table = buckets(cfg.learner.min_bucket, cfg.learner.max_len)
-    assert table[0] >= cfg.engine.max_len
-    assert cfg.learner.max_len >= cfg.engine.max_len + 64
+    assert cfg.learner.fixed_shapes and cfg.learner.max_len >= cfg.engine.max_len
+    assert 0 < cfg.learner.prefix_len <= 97 and cfg.learner.micro_batch_size == cfg.rollout.group_size
     assert cfg.rollout.max_model_calls >= 2 and cfg.model.name == "smollm2-135m-instruct"
 
 

@@ -28,6 +28,12 @@ continuations each (:func:`shared_prefix_layout`) for :func:`gymllm.models.share
 which runs each prompt once; the loss again reads the padded layout through one index array
 (``sp_gather``), like packing's ``gather``. Applies to the padded layout only (packed rows keep
 their own path): the learner runs whichever of the two runs fewer positions.
+
+Fixed shared prefix (``LearnerConfig.fixed_shapes``): one layout for the whole run, whatever the rows:
+``slots`` prompt slots of ``prefix_len`` tokens and ``batch_size`` continuation rows of ``length -
+prefix_len``, each row naming its slot (:func:`fixed_prefix_slots` assigns rows to slots and passes,
+:func:`fixed_prefix_arrays` lays one pass out); a slot holds its rows' common prefix (at most
+``prefix_len`` tokens), so any row fits, alone if need be.
 """
 
 from __future__ import annotations
@@ -307,3 +313,93 @@ def shared_prefix_table(max_len: int) -> tuple[int, ...]:
     (a prompt or continuation is often shorter than a row's smallest bucket) and ``max_len``; coarse, as
     every (prompt length, continuation length, row bucket) met is a compiled shape."""
     return buckets(min(16, max_len), max_len, 1)
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """How many leading entries ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if diff.size else n
+
+
+def fixed_prefix_slots(rows: Sequence[Row], batch_size: int, length: int, prefix_len: int,
+                       slots: int) -> list[list[tuple[int, list[int]]]]:
+    """``rows`` (each at most ``length`` long) assigned, in order and first fit, to passes of the fixed
+    shared-prefix layout (:func:`fixed_prefix_arrays`): a pass has at most ``batch_size`` rows and ``slots``
+    prompt slots, each slot ``(n, [row indices])``: its rows share their first ``n <= prefix_len`` inputs
+    (the common prefix of their inputs: a GRPO group's prompt, and more when its samples begin alike), and
+    every row's rest fits the ``length - prefix_len`` continuation. A row joins the first slot whose shared
+    prefix, cut to what it has in common with the row, still leaves every member fitting; else it opens a
+    slot of its own (``n = min(prefix_len, row length)``, which always fits), or, when the pass is full, a
+    new pass. So any rows fit; rows that share a prompt of at least ``prefix_len`` tokens run in
+    ``ceil(prompts / slots)`` passes."""
+    ts = length - prefix_len
+    passes: list[list[list]] = [[]]
+    count = 0
+    for i, r in enumerate(rows):
+        if r.length > length:
+            raise ConfigError(explain("row length", expected=f"at most the fixed length {length}", received=r.length,
+                                      fix="cut rows to LearnerConfig.max_len (row_from_trajectory(max_len=...))"))
+        cur = passes[-1]
+        if count == batch_size:
+            cur, count = [], 0
+            passes.append(cur)
+        for slot in cur:
+            n = min(slot[0], common_prefix(rows[slot[1][0]].inputs, r.inputs))
+            if all(rows[j].length - n <= ts for j in (*slot[1], i)):
+                slot[0] = n
+                slot[1].append(i)
+                break
+        else:
+            if len(cur) == slots:
+                cur, count = [], 0
+                passes.append(cur)
+            cur.append([min(prefix_len, r.length), [i]])
+        count += 1
+    return [[(n, members) for n, members in p] for p in passes]
+
+
+def fixed_prefix_arrays(rows: Sequence[Row], slot_rows: list[tuple[int, list[int]]], batch_size: int, length: int,
+                        prefix_len: int, slots: int, pad_id: int = 0) -> dict[str, np.ndarray]:
+    """The model-side arrays of one pass (:func:`fixed_prefix_slots`) in the fixed shared-prefix layout, for
+    :func:`gymllm.models.shared_prefix.shared_prefix_rows_hidden`; the pass's rows are numbered in slot
+    order (the order :func:`fixed_prefix_rows` gives them). Shapes depend only on the arguments, never on
+    the rows: ``sp_prefix_tokens`` [slots, prefix_len], ``sp_prefix_lens`` [slots] (0 for an unused slot),
+    ``sp_suffix_tokens`` [batch_size, length - prefix_len], ``sp_suffix_prefix`` [batch_size] (each row's
+    slot), ``sp_targets`` and ``sp_gather`` [batch_size, length] (as :func:`shared_prefix_layout`'s:
+    ``g * prefix_len + t`` on the shared part, ``slots * prefix_len + b * Ts + t - n`` after it)."""
+    tp, ts = prefix_len, length - prefix_len
+    pre = np.full((slots, tp), pad_id, np.int32)
+    plen = np.zeros(slots, np.int32)
+    suf = np.full((batch_size, ts), pad_id, np.int32)
+    owner = np.zeros(batch_size, np.int32)
+    tgt = np.full((batch_size, length), pad_id, np.int32)
+    gather = np.zeros((batch_size, length), np.int32)
+    b = 0
+    for g, (n, members) in enumerate(slot_rows):
+        pre[g, :n], plen[g] = rows[members[0]].inputs[:n], n
+        for i in members:
+            r, m = rows[i], rows[i].length
+            suf[b, :m - n], owner[b] = r.inputs[n:], g
+            tgt[b, :m] = r.targets
+            gather[b, :n] = g * tp + np.arange(n)
+            gather[b, n:m] = slots * tp + b * ts + np.arange(m - n)
+            b += 1
+    return {"sp_prefix_tokens": pre, "sp_prefix_lens": plen, "sp_suffix_tokens": suf, "sp_suffix_prefix": owner,
+            "sp_targets": tgt, "sp_gather": gather}
+
+
+def fixed_prefix_rows(rows: Sequence[Row], slot_rows: list[tuple[int, list[int]]]) -> list[Row]:
+    """The rows of one pass in the order :func:`fixed_prefix_arrays` lays them out (slot by slot)."""
+    return [rows[i] for _, members in slot_rows for i in members]
+
+
+def cap_sampled(row: Row, budget: int) -> int:
+    """Zero ``row``'s mask past its first ``budget`` sampled targets (in place), so the LM head's fixed
+    ``budget`` loss positions hold every one it keeps; returns how many it dropped."""
+    on = np.flatnonzero(row.mask > 0)
+    if on.size <= budget:
+        return 0
+    row.mask = row.mask.copy()
+    row.mask[on[budget:]] = 0.0
+    return int(on.size - budget)

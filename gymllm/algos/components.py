@@ -131,7 +131,8 @@ class RunParts:
 
 def build_parts(cfg: TrainConfig, parts: Components) -> tuple[RunParts, ResumeState]:
     """Build the run's parts with ``parts``; with ``run.resume`` restore the latest checkpoint into the
-    learner and push its weights to the engine; with ``run.warmup`` compile the engine and learner."""
+    learner and push its weights to the engine; with ``run.warmup`` compile the engine and learner, else a
+    learner with ``fixed_shapes`` compiles its program set in a background thread (its first step waits)."""
     from gymllm.rollout import ModelAgent, ToolAgent
 
     lm = load_model(cfg.model)
@@ -146,6 +147,8 @@ def build_parts(cfg: TrainConfig, parts: Components) -> tuple[RunParts, ResumeSt
     if cfg.run.warmup:
         engine.warmup()
         learner.warmup(group_size=cfg.rollout.group_size)
+    elif getattr(getattr(learner, "config", None), "fixed_shapes", False):  # its few programs, while rollouts start
+        learner.warmup(group_size=cfg.rollout.group_size, background=True)
     from gymllm.multiagent.factory import game_factory
 
     game = game_factory(cfg.env.id, cfg.env.kwargs) if cfg.rollout.mode != "proxy" else None

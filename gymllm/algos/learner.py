@@ -24,6 +24,9 @@ Rules (see ``grpo-reference.md``):
   ``kl.beta == 0`` means no reference parameters are kept or run.
 * Rows that share a prompt (a GRPO group's samples) run it once (``shared_prefix``,
   :mod:`gymllm.models.shared_prefix`), for the policy and the reference forward alike.
+* With ``fixed_shapes`` the programs are fixed when the learner is built (:meth:`StreamingLearner.program_shapes`:
+  one gradient program, the update, a reference forward only for a reward-placement KL) and
+  :meth:`StreamingLearner.warmup` compiles exactly those ahead of time (in a thread with ``background=True``).
 * With LoRA only the adapters are trained (and held in the optimizer state); :meth:`policy_params`
   gives the merged weights for the engine.
 """
@@ -32,7 +35,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
+import threading
 import time
 import warnings
 from typing import Any, Iterable
@@ -40,20 +43,23 @@ from typing import Any, Iterable
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from gymllm.algos import advantages as adv_mod
 from gymllm.algos import aggregation as agg
 from gymllm.models import lora as lora_mod
-from gymllm.algos.batching import (Row, buckets, dropped_sampled_tokens, empty_packed, loss_positions,
-                                   make_micro_batch, on_loss_positions, pack, pack_rows, packed_row_counts,
-                                   pick_bucket, row_from_trajectory, shared_prefix_layout, shared_prefix_table)
-from gymllm.algos.config import LossConfig, async_agentic, check_range
+from gymllm.algos.batching import (Row, buckets, cap_sampled, dropped_sampled_tokens, empty_packed,
+                                   fixed_prefix_arrays, fixed_prefix_rows, fixed_prefix_slots, loss_positions,
+                                   make_micro_batch, on_loss_positions, pack_rows, packed_row_counts, pick_bucket,
+                                   row_from_trajectory, shared_prefix_layout, shared_prefix_table)
+from gymllm.algos.config import LossConfig, async_agentic
 from gymllm.algos.kl import kl_reward_penalty
+from gymllm.algos.learner_config import (HEAD_SHARE_AUTO, SHARED_PREFIX_AUTO, LearnerConfig,  # noqa: F401
+                                         head_flops_share)
 from gymllm.algos.learner_logprobs import build_logprobs, entropy_from_logits  # noqa: F401 (re-exported)
-from gymllm.algos.loss import LossBatch, micro_batch_loss, step_denominator
-from gymllm.algos.optim import OptimizerConfig, make_optimizer, make_schedule
-from gymllm.algos.shaping import nonzero_variance, overlong_penalty
+from gymllm.algos.learner_programs import FAST_COMPILE, advantage_program, build_loss_fn, programs  # noqa: F401
+from gymllm.algos.loss import step_denominator
+from gymllm.algos.optim import OptimizerConfig, make_schedule
+from gymllm.algos.shaping import overlong_penalty
 from gymllm.algos.sharding import shard_batch, shard_params
 from gymllm.errors import ConfigError, explain
 from gymllm.telemetry import counter, increment, span
@@ -61,106 +67,7 @@ from gymllm.types import Group
 from gymllm.utils.host import resolve_compute_dtype
 
 
-# XLA CPU options that cut compile time ~3x at a small cost in run time (tiny models, tests).
-FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class LearnerConfig:
-    """groups_per_step: B groups per optimizer update; micro_batch_size: rows per compiled micro-batch;
-    num_steps: optimizer updates of a run; max_len / min_bucket: the length buckets of micro-batches
-    (powers of two, each octave cut into ``buckets_per_octave`` steps: less padding, more compiles);
-    max_staleness: drop groups more than this many versions old (None = no bound);
-    temperature: the sampling temperature (logprobs are of the same tempered distribution);
-    compute_entropy: report the policy entropy (costs one pass over the logits);
-    fast_compile: compile with XLA's cheap CPU settings (about 3x faster compiles, for tiny models,
-    tests and CPU runs; off for real models, where the optimized code matters);
-    max_response_len: L_max of the "constant" aggregation (Dr. GRPO), the sampling budget of a
-    trajectory (0 = max_len); the trainer sets it to max_tokens * max_turns;
-    compute_dtype: None (compute in the weights' dtype) or "bfloat16" / "float16": mixed precision,
-    float32 master weights and optimizer state, low-precision matmuls with float32 accumulation
-    (``forward(compute_dtype=...)``); log-softmax stays float32. "auto": bfloat16 where bf16 matmuls
-    are native, else float32 (:func:`gymllm.utils.host.resolve_compute_dtype`, resolved by the learner);
-    packing: run the model on each micro-batch's rows packed end to end into fewer rows of the same
-    bucket length (segment ids, positions restarting per sequence; :func:`gymllm.algos.batching.pack_rows`),
-    so padding costs no FLOPs; the loss is computed on the padded layout, so the update is the same up to
-    float32 summation order; a micro-batch that would not pack into fewer rows runs padded. pack_row_steps:
-    the packed row count is rounded up to a multiple of ``ceil(micro_batch_size / pack_row_steps)``, so a
-    bucket has at most ``pack_row_steps - 1`` more compiled shapes
-    (:meth:`gymllm.algos.learner.StreamingLearner.warmup` compiles them all: about as many more compiles as
-    that times the buckets; fewer steps compile less and pad more);
-    loss_positions_only: run the LM head (vocab projection, log-softmax, entropy) of the policy and
-    reference forwards only on the positions the loss reads, ``min(max_response_len, bucket)`` per row
-    (every policy-sampled target, then fillers: :func:`gymllm.algos.batching.loss_positions`), not on
-    prompt or observation positions; the hidden states are computed for all positions as before, so
-    the loss and gradients are those of the full projection (up to float32 summation order). A
-    micro-batch with a row of more sampled tokens than ``max_response_len`` (or a learner with
-    ``max_response_len`` 0, or a bucket no longer than it) projects every position (counted:
-    ``full_head_micro_batches`` when rows outgrew the budget). None (default): on when the LM head is at
-    least :data:`HEAD_SHARE_AUTO` of a position's weight-matmul FLOPs (:func:`head_flops_share`: SmolLM2-135M
-    0.21, Qwen2.5-0.5B 0.28; the peers' medium config, vocab 512 at d 128, 0.10, where skipping it measured
-    no faster: the gather costs what the smaller projection saves), resolved by the learner;
-    shared_prefix: run each micro-batch's rows that share a prompt (the same token ids before the first
-    sampled token: single-turn GRPO groups, and multi-turn ones up to their first reply) as one prompt
-    forward and S continuations attending to its keys/values
-    (:func:`gymllm.models.shared_prefix.shared_prefix_hidden`; the same loss and gradients up to float32
-    summation order), when that runs fewer positions than the padded micro-batch (counted:
-    ``shared_prefix_micro_batches``); micro-batches then take whole groups, shortest longest-row first, so
-    a group's rows stay together (a group split over two micro-batches is a smaller group in each). Padded layout only:
-    with ``packing`` too, the layout running fewer positions wins. Its shapes (prompts, samples, prompt
-    and continuation lengths rounded up to :func:`gymllm.algos.batching.shared_prefix_table`) compile at
-    first use, not in :meth:`StreamingLearner.warmup` (every possible pair would be tens of compiles; a
-    run's prompts usually meet one or two). None (default): :data:`SHARED_PREFIX_AUTO`, resolved by the
-    learner."""
-
-    groups_per_step: int = 4
-    micro_batch_size: int = 8
-    num_steps: int = 100
-    max_len: int = 512
-    min_bucket: int = 32
-    buckets_per_octave: int = 1
-    max_staleness: int | None = None
-    temperature: float = 1.0
-    compute_entropy: bool = True
-    fast_compile: bool = False
-    max_response_len: int = 0
-    compute_dtype: str | None = None
-    packing: bool = False
-    pack_row_steps: int = 8
-    loss_positions_only: bool | None = None
-    shared_prefix: bool | None = None
-
-    def __post_init__(self) -> None:
-        for f in ("groups_per_step", "micro_batch_size", "num_steps", "max_len", "min_bucket", "buckets_per_octave",
-                  "pack_row_steps"):
-            check_range("LearnerConfig", f, getattr(self, f), lo=1)
-        check_range("LearnerConfig", "max_response_len", self.max_response_len, lo=0)
-        if self.max_staleness is not None:
-            check_range("LearnerConfig", "max_staleness", self.max_staleness, lo=0)
-        check_range("LearnerConfig", "temperature", self.temperature, lo=0.0, lo_open=True)
-        if self.compute_dtype not in (None, "auto", "bfloat16", "float16", "float32"):
-            raise ConfigError(explain("LearnerConfig.compute_dtype",
-                                      expected='None, "auto", "bfloat16", "float16" or "float32"',
-                                      received=self.compute_dtype, fix='use "bfloat16" for mixed precision'))
-        if self.shared_prefix not in (None, True, False):
-            raise ConfigError(explain("LearnerConfig.shared_prefix", expected="None (auto), True or False",
-                                      received=self.shared_prefix, fix="pass a bool, or None for the default"))
-        if self.min_bucket > self.max_len:
-            raise ConfigError(explain("LearnerConfig.min_bucket", expected=f"<= max_len ({self.max_len})",
-                                      received=self.min_bucket, fix="lower min_bucket or raise max_len"))
-
-
-SHARED_PREFIX_AUTO = True  # shared_prefix=None: docs/learner-profile.md "The shared-prefix forward"
-HEAD_SHARE_AUTO = 0.15  # loss_positions_only=None turns on at this LM-head share of a position's matmul FLOPs
-
-
-def head_flops_share(model_config: Any) -> float:
-    """The LM head's share of one position's weight-matmul FLOPs (attention scores left out)."""
-    c = model_config
-    e, hd, kd = c.hidden_size, c.num_heads * c.resolved_head_dim, c.num_kv_heads * c.resolved_head_dim
-    head = e * c.vocab_size
-    return head / (head + c.num_layers * (e * (hd + 2 * kd) + hd * e + 3 * e * c.intermediate_size))
 
 
 @dataclasses.dataclass
@@ -170,67 +77,6 @@ class StepReport:
     step: int
     metrics: dict[str, float]
     sample_ids: list[str]
-
-
-def build_loss_fn(model_config: Any, loss: LossConfig, lcfg: LearnerConfig, lora: lora_mod.LoRAConfig | None):
-    """``f(trainable, frozen, arrays, ref_params) -> (loss_sum, metric sums)``: pure, jit-able (arrays:
-    see :func:`gymllm.algos.learner_logprobs.build_logprobs`)."""
-    logprobs = build_logprobs(model_config, lcfg)
-
-    def params_of(trainable, frozen):
-        return lora_mod.merge(lora, frozen, trainable) if lora is not None and lora.enabled else trainable
-
-    def f(trainable, frozen, a, ref_params):
-        logp, ent = logprobs(params_of(trainable, frozen), a, lcfg.compute_entropy)  # [B, T] float32
-        ref = None
-        if ref_params is not None and loss.kl.placement == "loss":
-            ref = jax.lax.stop_gradient(logprobs(ref_params, a, False)[0])
-        batch = LossBatch(mask=a["mask"], behaviour_logp=a["mu"], advantages=a["advantages"],
-                          group_tokens=a["group_tokens"], ref_logp=ref)
-        return micro_batch_loss(loss, logp, batch, ent)
-
-    return f
-
-
-def _programs(model_config: Any, loss: LossConfig, lcfg: LearnerConfig, lora: Any, opt: OptimizerConfig):
-    """The jitted (grad-accumulate, apply-update, reference-logprob) programs of one configuration,
-    shared by every learner with the same configs (compiled once per shape)."""
-    key = LearnerConfig(temperature=lcfg.temperature, compute_entropy=lcfg.compute_entropy, num_steps=lcfg.num_steps,
-                        fast_compile=lcfg.fast_compile, compute_dtype=lcfg.compute_dtype)
-    return _cached_programs(model_config, loss, key, lora, opt)
-
-
-@functools.lru_cache(maxsize=32)
-def _cached_programs(model_config: Any, loss: LossConfig, lcfg: LearnerConfig, lora: Any, opt: OptimizerConfig):
-    logprobs = build_logprobs(model_config, lcfg)
-    loss_fn = build_loss_fn(model_config, loss, lcfg, lora)
-    tx = make_optimizer(opt, lcfg.num_steps)
-
-    def grad(acc, trainable, frozen, arrays, ref_params):
-        # acc (donated) + this micro-batch's gradient; the loss sum and metric sums as one dict
-        (total, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable, frozen, arrays, ref_params)
-        return jax.tree.map(jnp.add, acc, grads), {"loss_sum": total, **metrics}
-
-    def apply(trainable, opt_state, acc, denom):
-        # -> new weights, optimizer state, grad norm, and the zeroed accumulator of the next step
-        g = jax.tree.map(lambda x: x / denom, acc)
-        updates, opt_state = tx.update(g, opt_state, trainable)
-        zeros = jax.tree.map(jnp.zeros_like, acc)
-        return optax.apply_updates(trainable, updates), opt_state, optax.global_norm(g), zeros
-
-    def ref_logp(ref_params, arrays):
-        return logprobs(ref_params, arrays, False)[0]
-
-    jit = functools.partial(jax.jit, compiler_options=FAST_COMPILE if lcfg.fast_compile else None)
-    # the accumulator is donated (updated in place); weights are not: the engine may hold them
-    return jit(grad, donate_argnums=(0,)), jit(apply, donate_argnums=(2,)), jit(ref_logp), tx
-
-
-@functools.lru_cache(maxsize=32)
-def _advantage_program(estimator: str, ddof: int, eps: float, eps_placement: str):
-    """One jitted call per group instead of a dozen eager ops (``rewards [N, G] -> advantages [N, G]``)."""
-    fn = adv_mod.ESTIMATORS[estimator]
-    return jax.jit(lambda r: fn(r, ddof=ddof, eps=eps, eps_placement=eps_placement))
 
 
 class StreamingLearner:
@@ -254,9 +100,14 @@ class StreamingLearner:
         self.lora = lora if lora is not None and lora.enabled else None
         self.mesh = mesh
         self.pad_id = pad_id
-        self.buckets = buckets(cfg.min_bucket, cfg.max_len, cfg.buckets_per_octave)
+        self.buckets = (cfg.max_len,) if cfg.fixed_shapes else buckets(cfg.min_bucket, cfg.max_len,
+                                                                       cfg.buckets_per_octave)
         self.prefix_table = shared_prefix_table(cfg.max_len)
         self.devices = devices = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
+        self.prefix_len = cfg.prefix_len or cfg.max_len // 2  # the fixed layout's (fixed_shapes)
+        self.prefix_slots = -(-cfg.prefix_slots // devices) * devices
+        self._warm_thread: threading.Thread | None = None
+        self._warm_error: BaseException | None = None
         q = -(-cfg.micro_batch_size // cfg.pack_row_steps)
         self.pack_quantum = -(-q // devices) * devices  # packed rows come in multiples of this (and of the mesh)
         base = {k: jnp.asarray(v) for k, v in params.items()}
@@ -268,11 +119,11 @@ class StreamingLearner:
             self.trainable = shard_params(mesh, base)
         # beta == 0: no reference parameters at all
         self.ref_params = shard_params(mesh, dict(base)) if self.loss.kl.needs_reference else None
-        self._grad, self._apply, self._ref_logp, self.tx = _programs(model_config, self.loss, cfg, self.lora,
-                                                                    self.optimizer_config)
+        self._grad, self._apply, self._ref_logp, self.tx = programs(model_config, self.loss, cfg, self.lora,
+                                                                   self.optimizer_config)
         a = self.loss.advantage
         self._adv = (None if a.estimator in adv_mod.STATEFUL
-                     else _advantage_program(a.estimator, a.ddof, a.eps, a.eps_placement))
+                     else advantage_program(a.estimator, a.ddof, a.eps, a.eps_placement))
         self.role_baselines: dict[str, float] = {}  # role_ema's EMA per role (checkpointed)
         self.schedule = make_schedule(self.optimizer_config, cfg.num_steps)
         self.opt_state = self.tx.init(self.trainable)
@@ -307,14 +158,80 @@ class StreamingLearner:
         """Groups the current (unfinished) step holds so far (``groups_per_step`` complete it)."""
         return self._step_groups
 
-    def warmup(self, group_size: int | None = None) -> None:
-        """Compile every program a step runs now, so no compile lands in the middle of a run: the
-        gradient program for every length bucket (an all-padding micro-batch per bucket; its gradient
-        is discarded; with packing also every packed row count), the update program (its result discarded:
-        weights and optimizer state stay as
-        they are), the reference log-prob program when the KL is a reward penalty, and, given
-        ``group_size``, the advantage program (one group, and a step's groups for step-global estimators).
-        Not the shared-prefix shapes (``LearnerConfig.shared_prefix``): those compile at first use."""
+    def program_shapes(self) -> list[tuple[str, dict[str, tuple[tuple[int, ...], str]] | None]]:
+        """The programs taking the model's weights that this learner runs (``fixed_shapes``), each as
+        ``(name, {array: (shape, dtype)})`` of the micro-batch arrays it is compiled for (None: the update,
+        whose inputs are the weights, optimizer state and accumulator): ``grad``, ``apply``, and ``ref_logp``
+        where a reward-placement KL needs it. :meth:`warmup` compiles exactly these (and the advantage
+        program, which takes no weights)."""
+        if not self.config.fixed_shapes:
+            raise ConfigError(explain("StreamingLearner.program_shapes", expected="LearnerConfig(fixed_shapes=True)",
+                                      received="fixed_shapes=False (shapes follow the rollouts)",
+                                      fix="build the learner with fixed_shapes=True"))
+        (_, host), = self._fixed_hosts([])
+        arrays = {k: (tuple(v.shape), str(v.dtype)) for k, v in sorted(host.items())}
+        out: list = [("grad", arrays), ("apply", None)]
+        if self.ref_params is not None and self.loss.kl.placement == "reward":
+            out.append(("ref_logp", arrays))
+        return out
+
+    def warmup(self, group_size: int | None = None, *, background: bool = False) -> None:
+        """Compile every program a step runs now, so no compile lands in the middle of a run.
+
+        With ``fixed_shapes``: exactly :meth:`program_shapes`, ahead of time (``lower().compile()``: nothing
+        runs, and a later call with those shapes neither traces nor compiles again). Else: the gradient
+        program for every length bucket (an all-padding micro-batch per bucket; its gradient is discarded;
+        with packing also every packed row count), the update program (its result discarded: weights and
+        optimizer state stay as they are), the reference log-prob program when the KL is a reward penalty
+        (not the shared-prefix shapes, ``LearnerConfig.shared_prefix``: those compile at first use). Given
+        ``group_size``, also the advantage program (one group, and a step's groups for step-global estimators).
+
+        ``background=True`` compiles in a thread and returns at once (the trainer overlaps it with starting
+        the envs and the first rollouts); the learner's first program call waits for it (and raises what it
+        raised)."""
+        if background:
+            self._warm_thread = threading.Thread(target=self._warm_in_thread, args=(group_size,), daemon=True,
+                                                 name="gymllm-learner-warmup")
+            self._warm_thread.start()
+            return
+        self._warm(group_size)
+
+    def _warm_in_thread(self, group_size: int | None) -> None:
+        try:
+            self._warm(group_size)
+        except BaseException as e:  # noqa: BLE001 (re-raised in the caller's thread by _await_warmup)
+            self._warm_error = e
+
+    def _await_warmup(self) -> None:
+        """Wait for a background :meth:`warmup` (raising what it raised) before running a program."""
+        if self._warm_thread is not None and self._warm_thread is not threading.current_thread():
+            self._warm_thread.join()
+            self._warm_thread = None
+            if self._warm_error is not None:
+                err, self._warm_error = self._warm_error, None
+                raise err
+
+    def _warm(self, group_size: int | None) -> None:
+        with span("learner_warmup", track="trainer", fixed_shapes=self.config.fixed_shapes):
+            if self.config.fixed_shapes:
+                self._compile_fixed()
+            else:
+                self._warm_buckets()
+            if group_size and self._adv is not None:
+                step_global = self.loss.advantage.estimator in adv_mod.STEP_GLOBAL
+                for n in (1, self.config.groups_per_step) if step_global else (1,):  # rewards [n, G]
+                    jax.block_until_ready(self._advantages(np.zeros((n, group_size), np.float32)))
+
+    def _compile_fixed(self) -> None:
+        """Compile :meth:`program_shapes` ahead of time (nothing runs; the inputs only lend their shapes)."""
+        (_, host), = self._fixed_hosts([])
+        a = shard_batch(self.mesh, host)
+        self._grad.lower(self._acc, self.trainable, self.frozen, a, self.ref_params).compile()
+        if self.ref_params is not None and self.loss.kl.placement == "reward":
+            self._ref_logp.lower(self.ref_params, a).compile()
+        self._apply.lower(self.trainable, self.opt_state, self._acc, jnp.float32(1.0)).compile()
+
+    def _warm_buckets(self) -> None:
         for length in self.buckets:
             mb = make_micro_batch([], self.config.micro_batch_size, length, self.pad_id)
             a = shard_batch(self.mesh, self._on_loss_positions(mb.arrays(), mb.mask))
@@ -331,10 +248,6 @@ class StreamingLearner:
                 jax.block_until_ready(self._ref_logp(self.ref_params, self._ref_arrays(mb)))
         acc = jax.tree.map(jnp.zeros_like, self.trainable)
         jax.block_until_ready(self._apply(self.trainable, self.opt_state, acc, jnp.float32(1.0)))
-        if group_size and self._adv is not None:
-            rows = (1, self.config.groups_per_step) if self.loss.advantage.estimator in adv_mod.STEP_GLOBAL else (1,)
-            for n in rows:  # rewards [n, G]
-                jax.block_until_ready(self._advantages(np.zeros((n, group_size), np.float32)))
 
     # ------------------------------------------------------------------ consumption
     def _reset_step(self, zeros: Any = None) -> None:
@@ -363,7 +276,7 @@ class StreamingLearner:
         rewards = self._shaped_rewards(group)
         stateful = self.loss.advantage.estimator in adv_mod.STATEFUL  # equal rewards still carry R - b[role]
         if (self.loss.shaping.filter_zero_variance and not group.info.get("kept_zero_variance") and not stateful
-                and not bool(nonzero_variance(rewards[None])[0])):
+                and rewards.max() == rewards.min()):  # shaping.nonzero_variance, on the host: no compile
             self.counts["filtered_groups"] += 1
             self.consumed_groups.add(gid)
             counter("filtered_groups", self.counts["filtered_groups"], track="trainer")
@@ -388,6 +301,7 @@ class StreamingLearner:
         return self._finish_step()
 
     def _advantages(self, rewards: np.ndarray) -> jnp.ndarray:
+        self._await_warmup()
         return self._adv(np.asarray(rewards, np.float32))
 
     def _shaped_rewards(self, group: Group) -> np.ndarray:
@@ -401,8 +315,10 @@ class StreamingLearner:
         return r.astype(np.float32)
 
     def _kl_penalty(self, group: Group) -> np.ndarray:
-        rows = [row_from_trajectory(t, advantage=0.0, group_tokens=1.0, sample_id="", max_len=self.buckets[-1])
-                for t in group.trajectories]
+        self._await_warmup()
+        rows = [self._row(t, advantage=0.0, group_tokens=1.0, sample_id="") for t in group.trajectories]
+        if self.config.fixed_shapes:
+            return self._fixed_kl_penalty(rows)
         out = []
         for i in range(0, len(rows), self.config.micro_batch_size):
             chunk = rows[i:i + self.config.micro_batch_size]
@@ -415,12 +331,34 @@ class StreamingLearner:
             out.append(np.asarray(pen)[:len(chunk)])
         return np.concatenate(out)
 
+    def _fixed_kl_penalty(self, rows: list[Row]) -> np.ndarray:
+        """:meth:`_kl_penalty` through the fixed reference program (``fixed_shapes``), pass by pass."""
+        out = np.zeros(len(rows), np.float32)
+        for i in range(0, len(rows), self.config.micro_batch_size):
+            chunk = rows[i:i + self.config.micro_batch_size]
+            for order, host in self._fixed_hosts(chunk):
+                ref = self._ref_logp(self.ref_params, shard_batch(self.mesh, host))
+                pen = kl_reward_penalty(host["mu"], ref, host["mask"], beta=self.loss.kl.beta)
+                out[[i + j for j in order]] = np.asarray(pen)[:len(order)]
+        return out
+
+    def _row(self, t: Any, **kw: Any) -> Row:
+        """``t`` as a training row cut to ``max_len``; with ``fixed_shapes`` and the LM head on the loss
+        positions, at most ``max_response_len`` sampled targets in its loss (the rest counted)."""
+        r = row_from_trajectory(t, max_len=self.buckets[-1], **kw)
+        budget = self.config.max_response_len
+        if self.config.fixed_shapes and self.config.loss_positions_only and 0 < budget < self.buckets[-1]:
+            dropped = cap_sampled(r, budget)
+            if dropped:
+                self.counts["sampled_tokens_over_budget"] += dropped
+                increment("sampled_tokens_over_budget", dropped, track="trainer")
+        return r
+
     def _add_rows(self, group: Group, advantages: np.ndarray) -> None:
         tokens = float(sum(t.num_sampled for t in group.trajectories))
         for t, a in zip(group.trajectories, advantages):
             sid = t.trajectory_id or f"{group.group_id}/{len(self._step_rows)}"
-            r = row_from_trajectory(t, advantage=float(a), group_tokens=tokens, sample_id=sid, max_len=self.buckets[-1],
-                                    group_index=self._groups_added)
+            r = self._row(t, advantage=float(a), group_tokens=tokens, sample_id=sid, group_index=self._groups_added)
             if len(t.token_ids) - 1 > r.length:  # a truncated episode's last observation ran past max_len: cut
                 increment("rows_truncated", 1, track="trainer")
                 increment("sampled_tokens_truncated", dropped_sampled_tokens(t, r.length), track="trainer")
@@ -473,7 +411,58 @@ class StreamingLearner:
               if self.config.shared_prefix and rows else None)
         return None if sp is None or sp["sp_prefix_tokens"].shape[0] % self.devices else sp
 
+    def _layout(self, rows: list[Row], mb: Any, tags: dict) -> dict[str, np.ndarray]:
+        """The host arrays of one micro-batch as the (not fixed) gradient program reads them: padded,
+        packed or shared-prefix (whichever runs fewest positions), the LM head on the loss positions."""
+        host = mb.arrays()
+        packed = (pack_rows(rows, mb.shape[0], mb.shape[1], self.pack_quantum, self.pad_id)
+                  if self.config.packing else None)
+        sp = self._shared_prefix(rows, mb.shape, None if packed is None else packed["packed_tokens"].size)
+        gather = None
+        if sp is not None:  # each shared prompt runs once; the loss reads the padded layout
+            host = {**{k: host[k] for k in ("mask", "mu", "advantages", "group_tokens")}, **sp}
+            tags["shared_prefixes"] = sp["sp_prefix_tokens"].shape[0]
+            self.counts["shared_prefix_micro_batches"] += 1
+            gather = sp["sp_gather"]
+        elif packed is not None:  # the model runs on the packed rows; the loss reads the padded layout
+            host = {**{k: host[k] for k in ("mask", "mu", "advantages", "group_tokens")}, **packed}
+            tags["packed_rows"] = packed["packed_tokens"].shape[0]
+            self.counts["packed_micro_batches"] += 1
+            gather = packed["gather"]
+        return self._on_loss_positions(host, mb.mask, gather)
+
+    def _fixed_hosts(self, rows: list[Row]) -> list[tuple[list[int], dict[str, np.ndarray]]]:
+        """``rows`` (at most ``micro_batch_size``) in the fixed program's layout (``fixed_shapes``): one
+        ``(indices into rows, host arrays)`` per pass, the arrays' shapes the same whatever the rows (no
+        rows: one all-padding pass). Padded rows at ``max_len``, or the fixed shared-prefix layout."""
+        b, length = self.config.micro_batch_size, self.buckets[-1]
+        keep = ("mask", "mu", "advantages", "group_tokens")
+        if not self.config.shared_prefix:
+            mb = make_micro_batch(rows, b, length, self.pad_id)
+            return [(list(range(len(rows))), self._on_loss_positions(mb.arrays(), mb.mask))]
+        out = []
+        for slot_rows in fixed_prefix_slots(rows, b, length, self.prefix_len, self.prefix_slots):
+            mb = make_micro_batch(fixed_prefix_rows(rows, slot_rows), b, length, self.pad_id)
+            sp = fixed_prefix_arrays(rows, slot_rows, b, length, self.prefix_len, self.prefix_slots, self.pad_id)
+            host = {**{k: getattr(mb, k) for k in keep}, **sp}
+            out.append(([i for _, members in slot_rows for i in members],
+                        self._on_loss_positions(host, mb.mask, sp["sp_gather"])))
+        return out
+
+    def _check_passes(self, rows: list[Row], passes: int) -> None:
+        """Count (and say once) the passes beyond one per ``prefix_slots`` groups: a group whose rows did not
+        fit one slot, as its common prefix is shorter than ``prefix_len``."""
+        extra = passes - -(-len({r.group_index for r in rows}) // self.prefix_slots)
+        if extra > 0:
+            self.counts["shared_prefix_extra_passes"] += extra
+            if self.counts["shared_prefix_extra_passes"] == extra:
+                warnings.warn(f"LearnerConfig.prefix_len: expected at most the shortest prompt, received "
+                              f"{self.prefix_len} while a group shares fewer tokens, so its rows take {extra} more "
+                              f"pass(es) of the gradient program. Fix: set --learner.prefix-len to at most the "
+                              f"shortest prompt's length (counted: shared_prefix_extra_passes)", stacklevel=2)
+
     def _run_micro_batch(self, rows: list[Row]) -> None:
+        self._await_warmup()
         mb = make_micro_batch(rows, self.config.micro_batch_size,
                               pick_bucket(max(r.length for r in rows), self.buckets), self.pad_id)
         t = time.perf_counter()
@@ -481,27 +470,21 @@ class StreamingLearner:
         lag = (self.version - mb.versions)[valid]
         lags, counts = np.unique(lag, return_counts=True)
         with span("micro_batch", track="trainer", rows=len(rows), length=mb.shape[1], step=self.version + 1) as tags:
-            host = mb.arrays()
-            packed = (pack_rows(rows, mb.shape[0], mb.shape[1], self.pack_quantum, self.pad_id)
-                      if self.config.packing else None)
-            sp = self._shared_prefix(rows, mb.shape, None if packed is None else packed["packed_tokens"].size)
-            gather = None
-            if sp is not None:  # each shared prompt runs once; the loss reads the padded layout
-                host = {**{k: host[k] for k in ("mask", "mu", "advantages", "group_tokens")}, **sp}
-                tags["shared_prefixes"] = sp["sp_prefix_tokens"].shape[0]
-                self.counts["shared_prefix_micro_batches"] += 1
-                gather = sp["sp_gather"]
-            elif packed is not None:  # the model runs on the packed rows; the loss reads the padded layout
-                host = {**{k: host[k] for k in ("mask", "mu", "advantages", "group_tokens")}, **packed}
-                tags["packed_rows"] = packed["packed_tokens"].shape[0]
-                self.counts["packed_micro_batches"] += 1
-                gather = packed["gather"]
-            host = self._on_loss_positions(host, mb.mask, gather)
-            tags["head_positions"] = host["mask"].shape[1]  # per row
-            arrays = shard_batch(self.mesh, host)
-            self._acc, sums = self._grad(self._acc, self.trainable, self.frozen, arrays, self.ref_params)
-            for k, v in jax.device_get(sums).items():  # one device->host copy (and wait) per micro-batch
-                self._sums[k] += float(v)
+            if self.config.fixed_shapes:
+                hosts = [h for _, h in self._fixed_hosts(rows)]
+                key = "shared_prefix_passes" if self.config.shared_prefix else "fixed_micro_batches"
+                self.counts[key] += len(hosts)
+                if self.config.shared_prefix:
+                    self._check_passes(rows, len(hosts))
+                tags["passes"] = len(hosts)
+            else:
+                hosts = [self._layout(rows, mb, tags)]
+            tags["head_positions"] = hosts[0]["mask"].shape[1]  # per row
+            for host in hosts:
+                arrays = shard_batch(self.mesh, host)
+                self._acc, sums = self._grad(self._acc, self.trainable, self.frozen, arrays, self.ref_params)
+                for k, v in jax.device_get(sums).items():  # one device->host copy (and wait) per pass
+                    self._sums[k] += float(v)
             tags["tokens"] = int(valid.sum())
             tags["staleness"] = {int(a): int(c) for a, c in zip(lags, counts)}
         self._busy_s += time.perf_counter() - t
@@ -510,6 +493,7 @@ class StreamingLearner:
         self._micro_batches += 1
 
     def _finish_step(self) -> StepReport:
+        self._await_warmup()
         t = time.perf_counter()
         with span("train_step", track="trainer", step=self.version + 1, groups=self._step_groups):
             if self._deferred:

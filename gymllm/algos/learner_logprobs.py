@@ -30,18 +30,24 @@ def build_logprobs(model_config: Any, lcfg: Any):
 
     ``arrays`` are a micro-batch's (``tokens``, ``positions``, ``targets`` [B, T]), or its packed form
     (``packed_*``, ``segment_ids``, ``gather``: :func:`gymllm.algos.batching.pack_rows`), or its shared-prefix
-    form (``sp_*``: :func:`gymllm.algos.batching.shared_prefix_layout`), optionally with
+    form (``sp_*``: :func:`gymllm.algos.batching.shared_prefix_layout`, or the fixed-shape
+    :func:`gymllm.algos.batching.fixed_prefix_arrays` with ``sp_suffix_prefix``), optionally with
     ``select_flat`` [B, K] (:func:`gymllm.algos.batching.on_loss_positions`): then the vocab projection,
     log-softmax and entropy run on those K positions of each row only, and the results are [B, K]
     (aligned with that layout's ``mask`` and ``mu``)."""
     from gymllm.models.logprobs import token_logprobs
-    from gymllm.models.shared_prefix import shared_prefix_hidden
+    from gymllm.models.shared_prefix import shared_prefix_hidden, shared_prefix_rows_hidden
     from gymllm.models.transformer import forward, hidden_states, lm_logits
 
     def logprobs(params, a, entropy: bool):
         if "sp_prefix_tokens" in a:  # shared prefix (batching.shared_prefix_layout): each prompt runs once
-            hp, hs = shared_prefix_hidden(model_config, params, a["sp_prefix_tokens"], a["sp_prefix_lens"],
-                                          a["sp_suffix_tokens"], compute_dtype=lcfg.compute_dtype)
+            if "sp_suffix_prefix" in a:  # the fixed layout (batching.fixed_prefix_arrays): rows name their prompt
+                hp, hs = shared_prefix_rows_hidden(model_config, params, a["sp_prefix_tokens"], a["sp_prefix_lens"],
+                                                   a["sp_suffix_tokens"], a["sp_suffix_prefix"],
+                                                   compute_dtype=lcfg.compute_dtype)
+            else:
+                hp, hs = shared_prefix_hidden(model_config, params, a["sp_prefix_tokens"], a["sp_prefix_lens"],
+                                              a["sp_suffix_tokens"], compute_dtype=lcfg.compute_dtype)
             h = jnp.concatenate([hp.reshape(-1, hp.shape[-1]), hs.reshape(-1, hs.shape[-1])])
             idx = a["select_flat"] if "select_flat" in a else a["sp_gather"]  # [B, K] or [B, T]
             logits = lm_logits(model_config, params, h[idx], compute_dtype=lcfg.compute_dtype)

@@ -368,8 +368,8 @@ def _tiny() -> TrainConfig:
         sampling=SamplingParams(temperature=1.0, max_tokens=6),
         rollout=RolloutConfig(group_size=8, max_concurrency=32, max_staleness=1, max_model_calls=1),
         optimizer=OptimizerConfig(learning_rate=1e-2, max_grad_norm=1.0),
-        learner=LearnerConfig(groups_per_step=4, micro_batch_size=32, num_steps=30, max_len=64, min_bucket=32,
-                              fast_compile=True),
+        learner=LearnerConfig(groups_per_step=4, micro_batch_size=32, num_steps=30, max_len=64, fast_compile=True,
+                              fixed_shapes=True, prefix_len=40, prefix_slots=4),
         run=RunSection(run_dir="runs/tiny", checkpoint_every=0),
     )
 
@@ -380,9 +380,11 @@ def _default() -> TrainConfig:
     (multi-turn), async rollouts, barrier-free GRPO. Sized for a 2-core CPU: bf16 engine and bf16
     mixed-precision learner (bf16 x bf16 -> f32 matmuls are 2-3.5x a float32 matmul on AMX CPUs),
     replies of at most 24 tokens (right answers take ~9: "7 - 3 = 4"), 12 trajectories (2 groups
-    of 6) a step, a 160-token learner bucket for every trajectory the engine's 160-token context
-    holds, and a 256 bucket (compiled only if needed) for the rare one that ends with an observation
-    appended past the engine's context (longer ones are cut to 256 and counted).
+    of 6) a step. The learner runs one fixed program set, compiled once (``fixed_shapes``): a group's
+    97-token chat prompt once in a 96-token prompt slot and its 6 rows' rest in 64-token continuations
+    (160 = the engine's context: a trajectory that ends with an observation appended past it loses
+    only that observation, which carries no loss; counted); another env should set ``prefix_len`` to at
+    most its shortest prompt. The tiny preset: a 44-token prompt, 4 groups of 8 per micro-batch.
     Measured on an idle 2-core machine: 12 steps in 4.9 min; reward over every rollout 0.33 (steps
     1-3) -> 0.66 (steps 10-12), trained groups 0.47 -> 0.72 (before the engine's row swapping: 6.1
     min, 0.31 -> 0.71). On shared machines (load 3-12), seeds 0
@@ -395,8 +397,8 @@ def _default() -> TrainConfig:
         sampling=SamplingParams(temperature=0.8, max_tokens=24),
         rollout=RolloutConfig(group_size=6, max_concurrency=12, max_staleness=2, max_model_calls=2),
         optimizer=OptimizerConfig(learning_rate=1e-5, warmup_steps=2),
-        learner=LearnerConfig(groups_per_step=2, micro_batch_size=6, num_steps=12, max_len=256, min_bucket=160,
-                              compute_dtype="auto"),
+        learner=LearnerConfig(groups_per_step=2, micro_batch_size=6, num_steps=12, max_len=160, compute_dtype="auto",
+                              fixed_shapes=True, prefix_len=96, prefix_slots=1),
         run=RunSection(run_dir="runs/default", checkpoint_every=10),
     )
 

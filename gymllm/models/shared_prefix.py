@@ -24,6 +24,11 @@ prompts over themselves, the continuations over [prompt keys | own keys]), so ev
 :func:`gymllm.models.transformer.forward`. The prompt's keys are copied S times per layer for the
 continuations' attention (a [Gp*S, Tp, K, D] array: small next to the matmuls it saves).
 
+:func:`shared_prefix_rows_hidden` is the same forward with R continuation rows, each naming its prompt slot
+(any number of rows per prompt): the learner's fixed-shape layout
+(:func:`gymllm.algos.batching.fixed_prefix_passes`), where a micro-batch's rows fill Gp prompt slots
+and R = ``micro_batch_size`` rows whatever its groups look like.
+
 Shapes: Gp prompts, S continuations each, Tp / Ts their padded lengths, E hidden, H / K query / kv heads,
 D head dim.
 """
@@ -42,7 +47,7 @@ from gymllm.models.blocks import (embed_tokens, final_logits, global_params, lay
 from gymllm.models.config import ModelConfig
 from gymllm.models.layers import causal_mask
 
-__all__ = ["shared_prefix_hidden", "shared_prefix_logits", "suffix_mask"]
+__all__ = ["shared_prefix_hidden", "shared_prefix_logits", "shared_prefix_rows_hidden", "suffix_mask"]
 
 
 def suffix_mask(prefix_lens_rows: jax.Array, tp: int, ts: int, window: jax.Array) -> jax.Array:
@@ -66,40 +71,55 @@ def shared_prefix_hidden(cfg: ModelConfig, params: dict[str, jax.Array], prefix_
     continuations [Gp, S, Ts, E] (module docstring): at every real token, what
     :func:`gymllm.models.transformer.hidden_states` gives on the row prompt + continuation.
     ``compute_dtype`` as :func:`gymllm.models.transformer.forward`'s."""
+    gp, s, ts = suffix_tokens.shape
+    owner = jnp.repeat(jnp.arange(gp, dtype=jnp.int32), s)
+    hp, hs = shared_prefix_rows_hidden(cfg, params, prefix_tokens, prefix_lens, suffix_tokens.reshape(gp * s, ts),
+                                       owner, compute_dtype=compute_dtype)
+    return hp, hs.reshape(gp, s, ts, -1)
+
+
+@functools.partial(jax.jit, static_argnums=0, static_argnames=("compute_dtype",))
+def shared_prefix_rows_hidden(cfg: ModelConfig, params: dict[str, jax.Array], prefix_tokens: jax.Array,
+                              prefix_lens: jax.Array, suffix_tokens: jax.Array, suffix_prefix: jax.Array, *,
+                              compute_dtype: Any = None) -> tuple[jax.Array, jax.Array]:
+    """:func:`shared_prefix_hidden` with R continuation rows ``suffix_tokens`` [R, Ts], row ``r`` continuing
+    prompt ``suffix_prefix[r]`` (any number of rows per prompt, none for an unused prompt slot): the
+    prompts' [Gp, Tp, E] and the rows' [R, Ts, E] last-layer outputs. A prompt slot may hold any common
+    prefix of its rows' inputs (``prefix_lens[g]`` tokens, 0 for none), not only their whole prompt."""
     params = global_params(params, compute_dtype)
     gp, tp = prefix_tokens.shape
-    s, ts = suffix_tokens.shape[1:]
-    rows, n_pre = gp * s, gp * tp
+    rows, ts = suffix_tokens.shape
+    n_pre = gp * tp
     prefix_lens = prefix_lens.astype(jnp.int32)
+    owner = suffix_prefix.astype(jnp.int32)
     pos_pre = jnp.broadcast_to(jnp.arange(tp, dtype=jnp.int32), (gp, tp))  # [Gp, Tp]
-    lens_rows = jnp.repeat(prefix_lens, s)  # [Gp*S]
-    pos_suf = lens_rows[:, None] + jnp.arange(ts, dtype=jnp.int32)  # [Gp*S, Ts]
+    lens_rows = prefix_lens[owner]  # [R]
+    pos_suf = lens_rows[:, None] + jnp.arange(ts, dtype=jnp.int32)  # [R, Ts]
     positions = jnp.concatenate([pos_pre.reshape(-1), pos_suf.reshape(-1)])[None]  # [1, N]
     tokens = jnp.concatenate([prefix_tokens.reshape(-1), suffix_tokens.reshape(-1)]).astype(jnp.int32)
-    x = embed_tokens(cfg, params, tokens)[None]  # [1, N, E], N = Gp*Tp + Gp*S*Ts
+    x = embed_tokens(cfg, params, tokens)[None]  # [1, N, E], N = Gp*Tp + R*Ts
 
     def layer(x, xs):
         lw, inv_l, win_l, _ = xs
         lw = layer_weights(lw, compute_dtype)
         q, kk, vv = qkv(cfg, lw, x, positions, inv_l)  # [1, N, H, D], [1, N, K, D]
-        h, k, d = q.shape[2], kk.shape[2], q.shape[3]
+        h, d = q.shape[2], q.shape[3]
         qp, kp, vp = (a[0, :n_pre].reshape(gp, tp, -1, d) for a in (q, kk, vv))  # prompts [Gp, Tp, ., D]
-        qs, ks, vs = (a[0, n_pre:].reshape(rows, ts, -1, d) for a in (q, kk, vv))  # continuations [Gp*S, Ts, ., D]
+        qs, ks, vs = (a[0, n_pre:].reshape(rows, ts, -1, d) for a in (q, kk, vv))  # continuations [R, Ts, ., D]
         attn_p = attention(qp, kp, vp, causal_mask(pos_pre, None, win_l), scale=cfg.attn_scale,
                            softcap=cfg.attn_logit_softcap)  # [Gp, Tp, H*D]
 
-        def with_prompt(own, pre):  # [Gp*S, Tp + Ts, K, D]: the prompt's k/v for each of its S rows, then own
-            pre = jnp.broadcast_to(pre[:, None], (gp, s, tp, k, d)).reshape(rows, tp, k, d)
-            return jnp.concatenate([pre, own], axis=1)
+        def with_prompt(own, pre):  # [R, Tp + Ts, K, D]: each row's prompt k/v, then its own
+            return jnp.concatenate([pre[owner], own], axis=1)
 
         attn_s = attention(qs, with_prompt(ks, kp), with_prompt(vs, vp), suffix_mask(lens_rows, tp, ts, win_l),
-                           scale=cfg.attn_scale, softcap=cfg.attn_logit_softcap)  # [Gp*S, Ts, H*D]
+                           scale=cfg.attn_scale, softcap=cfg.attn_logit_softcap)  # [R, Ts, H*D]
         attn = jnp.concatenate([attn_p.reshape(-1, h * d), attn_s.reshape(-1, h * d)])[None]  # [1, N, H*D]
         return layer_rest(cfg, lw, x, attn), None
 
     x, _ = jax.lax.scan(layer, x, layer_xs(cfg, params), unroll=layer_unroll(cfg))
     x = x[0]
-    return x[:n_pre].reshape(gp, tp, -1), x[n_pre:].reshape(gp, s, ts, -1)
+    return x[:n_pre].reshape(gp, tp, -1), x[n_pre:].reshape(rows, ts, -1)
 
 
 def shared_prefix_logits(cfg: ModelConfig, params: dict[str, jax.Array], prefix_tokens: jax.Array,
