@@ -44,7 +44,10 @@ def two_runs(tmp_path_factory):
     for i in range(2):
         jax.clear_caches()  # nothing compiled stays in memory: the second run starts as a new process would
         with CompileLog(trace=False) as log:
-            assert train(_tiny(tmp / f"run{i}", cache, report=i == 1)).steps == 1
+            result = train(_tiny(tmp / f"run{i}", cache, report=i == 1))
+        assert result.steps == 1
+        # what `gymllm train` prints counts the run's own compiles (its log started in setup, as ours did before)
+        assert result.compiles["programs"] == log.summary()["programs"] and "\ncompile: " in result.summary()
         logs.append(log)
     return tmp, logs
 

@@ -67,6 +67,7 @@ class TrainResult:
     evals: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # held-out rows, with "step"
     profile_dir: pathlib.Path | None = None  # the jax.profiler trace of run.profile_steps, when written
     profile_steps: tuple[int, int] | None = None  # the optimizer steps that trace covers
+    compiles: dict[str, Any] = dataclasses.field(default_factory=dict)  # telemetry.compiles.summarize of the run
 
     def rewards(self) -> list[float]:
         """The trained groups' mean reward per step (``reward_mean``; filtered groups left out)."""
@@ -79,7 +80,7 @@ class TrainResult:
     def summary(self) -> str:
         """What the run did: the reward over every completed rollout (filtered groups included) and the
         trained groups' reward, first 3 vs last 3 steps; tool use; held-out figures before and after
-        training; where the op-level profile is."""
+        training; what the run compiled (``compile: ...``); where the op-level profile is."""
         def span(values: list[float], fmt: str = "{:.3f}") -> str:
             if not values:
                 return "n/a"
@@ -103,6 +104,10 @@ class TrainResult:
                          + "".join(f"; {name} {a[k]:.3f} -> {b[k]:.3f}" for k, name in (
                              ("valid_action_rate", "valid-action (legal-move) rate"), ("win_or_draw", "win-or-draw"))
                                    if k in a and k in b))
+        if self.compiles:
+            from gymllm.telemetry.compiles import summary_line
+
+            lines.append(summary_line(self.compiles))
         if self.profile_dir is not None:
             lo, hi = self.profile_steps or (0, 0)
             lines.append(f"op-level profile of steps {lo}..{hi}: {self.profile_dir} (tensorboard --logdir "
@@ -163,5 +168,5 @@ async def _train(cfg: TrainConfig, max_steps: int | None, on_step: Sequence[Call
                        trained_ids=run.log.trained_ids, wall_s=time.perf_counter() - t_start,
                        resumed_from=run.resume.resumed_from, evals=list(run.heldout.evals),
                        profile_dir=run.profiler.logdir if run.profiler.captured else None,
-                       profile_steps=run.profiler.captured,
+                       profile_steps=run.profiler.captured, compiles=run.compiles.summary(),
                        counts={**dict(run.learner.counts), "filtered_rollout": len(run.resume.filtered), **counts})

@@ -11,7 +11,10 @@ Where the figures come from: JAX reports each backend compile through :mod:`jax.
 ``/jax/core/compile/backend_compile_duration``, kwarg ``fun_name``, e.g. ``'jit(prefill_jit)'``). When
 the persistent cache holds the program, JAX loads it inside that same event and reports
 ``/jax/compilation_cache/cache_hits`` just before it, in the same thread: such a compile is recorded
-with ``cache_hit=True`` (its seconds are the load). Lowering to StableHLO
+with ``cache_hit=True`` (its seconds are the load) and the persistent-cache ``key`` it was loaded
+from; a compile JAX then stores reports ``/jax/compilation_cache/cache_misses`` as it writes, and is
+recorded with the key it was stored under (``key`` None: the cache is off or JAX did not store
+it). Lowering to StableHLO
 (``/jax/core/compile/jaxpr_to_mlir_module_duration``, before every compile and every cache load: the
 cache key is the lowered module) is kept per compile as ``lower_s``.
 

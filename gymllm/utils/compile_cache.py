@@ -74,7 +74,8 @@ def persistent_compile_cache(value: str = "auto") -> Iterator[str | None]:
     """Within the block, JAX stores and loads compiled programs in the directory ``value`` names
     (module docstring); yields the directory in use (None: off). A directory the process set for
     JAX before is kept when ``value`` is ``"auto"``; an explicit path or ``"off"`` applies for the
-    block. The previous setting is restored on exit."""
+    block. Within the block JAX stores every program (:data:`STORE_EVERY_PROGRAM`, unless the process
+    changed those thresholds itself). The previous settings are restored on exit."""
     import jax
     from jax.experimental.compilation_cache import compilation_cache as cc
 
