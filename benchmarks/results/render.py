@@ -200,6 +200,17 @@ FIGURES: dict[str, tuple[Figure, ...]] = {
         F(key="quickstart_train_s_tpu", what="TPU: training time, cold (s)"),
         F(key="quickstart_train_s_tpu_warm", what="TPU: training time, warm (s)"),
     ),
+    "compile_anatomy": (
+        F(key="prefill.backend_s", what="engine prefill program (4 x 64, sampling in it): XLA backend compile (s)"),
+        F(key="prefill_no_sample.backend_s", what="the same prefill without sampling (s)"),
+        F(key="sample.backend_s", what="the sampler alone, [4, 49152] logits (s)"),
+        F(key="sample_sort.backend_s", what="the sampler with the former sort filter (s)"),
+        F(key="sample_no_filter.backend_s", what="the sampler with no filter (s)"),
+        F(key="decode.backend_s", what="one decode step over 12 rows, 160 slots (s)"),
+        F(key="prefill_2_layers.backend_s", what="prefill on a 2-layer model of the same width (s)"),
+        F(key="prefill_effort_low.backend_s", what="prefill at exec_time_optimization_effort -1 (s)"),
+        F(key="grad.backend_s", what="a learner gradient, 6 x 160 tokens (s)"),
+    ),
     "compile_cache": (
         F(key="warm_vs_cold", what="tiny config: whole run wall, cold cache / warm cache (x)", goal="reported"),
         F(key="cold_s", what="tiny: cold run wall (s)"),
