@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from accel import on_accelerator
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -175,7 +176,8 @@ def test_cispo_keeps_every_token_gradient_and_detaches_weight():
 
     g = np.asarray(jax.grad(f)(r_log))
     w = np.clip(np.exp(np.asarray(r_log)), 0.0, 3.0)
-    np.testing.assert_allclose(g, -w, rtol=1e-6)  # d/dlogp of -sg(w) A logp = -w A
+    # d/dlogp of -sg(w) A logp = -w A; an accelerator's exp agrees with NumPy's to about 2e-6 (TPU v5e)
+    np.testing.assert_allclose(g, -w, rtol=1e-5 if on_accelerator() else 1e-6)
     assert np.all(g != 0)
 
 
