@@ -156,6 +156,13 @@ def _print(summary: dict[str, Any]) -> None:
         print(f"{r['player']:<24} {r['elo']:>7.0f}  [{lo:.0f}, {hi:.0f}]  games {r['games']}, score {r['score']:.3f}")
     if "error" in ratings:
         print(f"note: no ratings: {ratings['error']}")
+    if summary.get("paired"):
+        print(f"\nPaired by seed (later player - earlier one; {summary['paired'][0]['confidence']:.0%} Student's t interval "
+              "over the seeds, each seed's seat-swapped games averaged)")
+        for d in summary["paired"]:
+            print(f"{d['player']:<16} - {d['baseline']:<16} vs {d['opponent']:<16} {d['metric']:<12} "
+                  f"{d['mean_b']:>7.3f} - {d['mean_a']:>7.3f} = {d['diff']:>+7.3f}  [{d['lo']:+.3f}, {d['hi']:+.3f}]  "
+                  f"seeds {d['n']}")
 
 
 def eval_main(argv: Sequence[str]) -> int:

@@ -551,11 +551,13 @@ class SeatGroupSource(QueueSource):
         return {s: episodes[s] for s in seats}, tally
 
     def _opponent_move(self, game: Any, agent: str, rng: np.random.Generator) -> str | SeatError:
+        from gymllm.multiagent.policies import call_scripted
+
         self.counts["opponent_moves"] += 1
         if self.scripted is None:
             return _random_move(game, agent, rng)
         try:
             raw = game.env.observe(agent)  # the wrapped PettingZoo env's own observation
-            return move_text(game, agent, self.scripted(raw, agent))
+            return move_text(game, agent, call_scripted(self.scripted, raw, agent, game.env, rng))
         except Exception as e:  # a crashing seat: an illegal move (multiagent.illegal_move); the game goes on
             return SeatError(agent, e)

@@ -27,7 +27,7 @@ Rows and scoring
 ----------------
 ``games.jsonl`` gets one row per game the moment it ends: the players by seat, the winner (a label,
 or None for a draw), ``draw``, the moves (``[seat, move]``), invalid moves per player, the forfeit,
-``error`` and ``scored``. The winner is the seat with the higher final reward (the game's own
+``error`` and ``scored``, and each player's final ``rewards``. The winner is the seat with the higher final reward (the game's own
 outcome; invalid-move penalties are cleared by the next legal move), a forfeit (an illegal move
 under the game's ``MultiAgentConfig``) loses. A side that raises (a scripted policy's exception, an
 engine error, a model reply past ``move_timeout_s``, a prompt past the engine's context) is recorded
@@ -41,7 +41,9 @@ Outputs
 -------
 ``summary.json``: per ordered (player, opponent) the scored games, ``win`` / ``draw`` / ``loss``
 (rates that sum to 1), their 95% Wilson intervals, the score rate (wins + draws / 2) and the games
-played in each seat; ``ratings.json``: the Bradley-Terry maximum-likelihood Elo ratings of every
+played in each seat; under ``paired``, every two model players compared against each opponent both met,
+paired by seed with a Student's t interval on the difference (:mod:`gymllm.suites.game_stats`: score,
+win-or-draw, win and final reward); ``ratings.json``: the Bradley-Terry maximum-likelihood Elo ratings of every
 player from all scored games (draws half a win; :mod:`gymllm.utils.elo`), anchored ``random = 1000``
 when the random player plays, else the mean at 1000, with a bootstrap interval per rating (games
 resampled within each pairing).
@@ -237,7 +239,7 @@ async def play_game(make_game: Callable[[], Any], item: dict[str, Any], players:
                     engines: dict[str, Any], agents: dict[str, Any], config: MatchConfig) -> dict[str, Any]:
     """Play one scheduled game (:func:`schedule`'s ``item``); returns its row (module doc)."""
     from gymllm.inference.params import SamplingParams
-    from gymllm.multiagent.policies import policy_move
+    from gymllm.multiagent.policies import call_scripted, policy_move
     from gymllm.multiagent.seat import game_outcome
     from gymllm.rollout.episode import Episode, EpisodeKey
     from gymllm.rollout.seat_source import move_text
@@ -245,10 +247,10 @@ async def play_game(make_game: Callable[[], Any], item: dict[str, Any], players:
     by_seat: dict[str, str] = item["players"]
     seats = list(by_seat)
     row: dict[str, Any] = {"pairing": item["labels"], "game": item["game"], "seed": item["seed"], "players": by_seat,
-                           "winner": None, "draw": False, "outcomes": {}, "moves": [],
+                           "winner": None, "draw": False, "outcomes": {}, "rewards": {}, "moves": [],
                            "invalid": {label: 0 for label in by_seat.values()}, "forfeit": None, "truncated": False,
                            "error": None, "crashed": None, "scored": True}
-    rng = np.random.default_rng([item["seed"], item["pairing"], item["game"]])
+    rng = np.random.default_rng([item["seed"], item["game"]])  # not the pairing: two players meet the same draws
     sampling = SamplingParams(temperature=config.temperature, max_tokens=config.max_tokens)
     episodes = {seat: Episode(EpisodeKey(group_index=item["pairing"], member=item["game"] * len(seats) + i,
                                          env_seed=item["seed"]), agents[label], sampling, base_seed=config.seed,
@@ -278,7 +280,7 @@ async def play_game(make_game: Callable[[], Any], item: dict[str, Any], players:
                 elif player.kind == "random":
                     move = policy_move(None, game, agent, rng)
                 else:
-                    move = move_text(game, agent, player.fn(game.env.observe(agent), agent))
+                    move = move_text(game, agent, call_scripted(player.fn, game.env.observe(agent), agent, game.env, rng))
             except Exception as e:  # noqa: BLE001 - a failing side is a recorded loss (or unscored), never a lost row
                 why = ("no reply within move_timeout_s" if isinstance(e, asyncio.TimeoutError)
                        else str(e) if isinstance(e, _SideError) else f"{type(e).__name__}: {e}")
@@ -317,6 +319,7 @@ def _score(row: dict[str, Any], final: dict[str, tuple[float, dict]], by_seat: d
         row["draw"] = True
         return
     row["outcomes"] = {by_seat[s]: game_outcome(s, r, i) for s, (r, i) in final.items()}
+    row["rewards"] = {by_seat[s]: r for s, (r, _) in final.items()}
     forfeit = next((i.get("forfeit") for _, i in final.values() if i.get("forfeit") is not None), None)
     if forfeit is not None:
         row["forfeit"] = by_seat.get(forfeit, forfeit)
@@ -405,6 +408,7 @@ async def arun_matches(make_game: Callable[[], Any], players: Sequence[Player], 
     """Play the round robin (module doc) and write ``games.jsonl``, ``summary.json`` and ``ratings.json``
     into ``out``; returns the summary (``ratings`` included)."""
     from gymllm.rollout import ModelAgent
+    from gymllm.suites.game_stats import paired_comparisons
 
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -441,7 +445,9 @@ async def arun_matches(make_game: Callable[[], Any], players: Sequence[Player], 
     summary = {"players": [{"label": p.label, "kind": p.kind} for p in players], "seats": seats,
                "config": {k: v for k, v in dataclasses.asdict(config).items()},
                "games": len(rows), "errors": sum(r["error"] is not None for r in rows),
-               "pairings": summarize_games(rows, labels, confidence=config.confidence)}
+               "pairings": summarize_games(rows, labels, confidence=config.confidence),
+               "paired": paired_comparisons(rows, [p.label for p in players if p.kind == "model"], labels,
+                                            confidence=config.confidence)}
     ratings = ratings_table(rows, labels, config)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     (out / "ratings.json").write_text(json.dumps(ratings, indent=2))
