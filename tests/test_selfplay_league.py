@@ -157,3 +157,18 @@ def test_a_league_run_logs_its_learning_curve(tmp_path):
     assert [r["step"] for r in curve] == [0, 1, 2, 3]
     assert all("eval/vs/tictactoe_one_ply/score" in r for r in curve)
     assert run.source.opponent.league.draws and len(run.source.opponent.league.pool) == 2
+
+
+def test_checkpoints_compared_without_model_pairings_get_a_paired_row_per_opponent(tmp_path):
+    from gymllm.models.tiny import tiny_tokenizer
+
+    tok = tiny_tokenizer(512)
+    models = [Player(label=name, loaded=types.SimpleNamespace(tokenizer=tok), make_engine=lambda: CyclingEngine(tok))
+              for name in ("sft", "selfplay")]
+    summary = run_matches(resolve_game("tic-tac-toe"), [*models, opponent_player("random")], tmp_path,
+                          config=MatchConfig(games=6, temperature=0.0, max_tokens=4, num_resamples=20, model_pairs=False))
+    rows = [json.loads(x) for x in (tmp_path / "games.jsonl").read_text().splitlines()]
+    assert len(rows) == 12 and all("random" in r["pairing"] for r in rows)  # no sft-vs-selfplay games
+    paired = [d for d in summary["paired"] if d["metric"] == "score"]
+    assert [(d["player"], d["baseline"], d["opponent"]) for d in paired] == [("selfplay", "sft", "random")]
+    assert paired[0]["n"] == 3 and paired[0]["diff"] == 0.0  # the same deterministic player on the same games

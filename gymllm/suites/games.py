@@ -113,7 +113,9 @@ class MatchConfig:
     watchdog on one model reply (None: none); errors: ``loss`` (a crashing side loses) or ``exclude``
     (its game is not scored); anchor: the player rated ``anchor_value`` when it plays (else the mean
     is ``anchor_value``); prior_draws: virtual draws per pairing in the rating fit (keeps a perfect
-    record finite); confidence, num_resamples, bootstrap_seed: the intervals. A scripted policy runs
+    record finite); confidence, num_resamples, bootstrap_seed: the intervals; model_pairs: False leaves out
+    the pairings of two models (each model then meets only the scripted and random players, which is what
+    a paired comparison of checkpoints needs, at a fraction of the model calls). A scripted policy runs
     inline in the event loop (no watchdog: it must return)."""
 
     games: int = 20
@@ -132,6 +134,7 @@ class MatchConfig:
     confidence: float = 0.95
     num_resamples: int = 1000
     bootstrap_seed: int = 0
+    model_pairs: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.games, int) or self.games < 2 or self.games % 2:
@@ -194,10 +197,11 @@ def resolve_game(game: str, kwargs: dict[str, Any] | None = None) -> Any:
     return make
 
 
-def schedule(labels: Sequence[str], games: int, seed: int, seats: Sequence[str]) -> list[dict[str, Any]]:
+def schedule(labels: Sequence[str], games: int, seed: int, seats: Sequence[str], *,
+             skip: Callable[[str, str], bool] | None = None) -> list[dict[str, Any]]:
     """Every game of a round robin: ``{"pairing", "game", "seed", "players": {seat: label}}``; in pairing
     ``(a, b)`` game ``2i`` seats ``a`` first and ``b`` second with env seed ``seed + i``, game ``2i + 1``
-    the same seed with the seats swapped."""
+    the same seed with the seats swapped. ``skip(a, b)`` True leaves the pairing out."""
     if len(set(labels)) != len(labels):
         raise ConfigError(explain("players", expected="distinct labels", received=list(labels),
                                   fix="name them apart with --label"))
@@ -206,6 +210,8 @@ def schedule(labels: Sequence[str], games: int, seed: int, seats: Sequence[str])
                                   "--opponent, or two of either)", received=list(labels), fix="add --opponent random"))
     out = []
     for p, (a, b) in enumerate(itertools.combinations(labels, 2)):
+        if skip is not None and skip(a, b):
+            continue
         for j in range(games):
             order = (a, b) if j % 2 == 0 else (b, a)
             out.append({"pairing": p, "game": j, "seed": seed + j // 2, "players": dict(zip(seats, order)),
@@ -417,7 +423,9 @@ async def arun_matches(make_game: Callable[[], Any], players: Sequence[Player], 
     probe = make_game()
     seats = list(probe.possible_agents)
     probe.close()
-    items = schedule(labels, config.games, config.seed, seats)
+    models = {p.label for p in players if p.kind == "model"}
+    items = schedule(labels, config.games, config.seed, seats,
+                     skip=None if config.model_pairs else lambda a, b: a in models and b in models)
     engines: dict[str, Any] = {}
     agents = {p.label: ModelAgent(p.loaded.tokenizer, system_prompt=p.system_prompt) for p in players if p.kind == "model"}
     rows: list[dict[str, Any]] = []
