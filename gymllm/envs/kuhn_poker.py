@@ -222,12 +222,18 @@ class KuhnPokerAEC(AECEnv):
 
 def render_kuhn_poker(env: Any, agent: str, raw: Any) -> str:
     """The TextArena messages of ``raw["observation"]`` with repeated consecutive lines dropped
-    (TextArena 0.7.4 sends the second player its card line twice)."""
+    (TextArena 0.7.4 sends the second player its card line twice); when the player is to act and the
+    messages since its last move do not show its card (TextArena says it once, at the deal), TextArena's
+    card line is repeated at the end, so every decision is made next to the card it should depend on."""
     lines: list[str] = []
     for line in str(raw["observation"]).split("\n"):
         if not lines or line != lines[-1] or not line.strip():
             lines.append(line)
-    return "\n".join(lines)
+    text = "\n".join(lines)
+    to_act = np.asarray(raw.get("action_mask", ())).any() if isinstance(raw, dict) else False
+    if to_act and "Your card is:" not in text and hasattr(env, "decision_state"):
+        text += f"\n[GAME] Your card is: '{env.decision_state(agent)[0]}'"
+    return text
 
 
 def kuhn_poker(*, max_rounds: int = 1, **kwargs: Any):
