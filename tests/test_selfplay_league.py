@@ -118,7 +118,7 @@ def test_the_learning_curve_rows_are_the_games_gymllm_eval_game_plays(tmp_path):
         assert r["games"] == 8 and r["win"] + r["draw"] + r["loss"] == pytest.approx(1.0)
         assert r["win_or_draw"] == pytest.approx(r["win"] + r["draw"])
     m = GameEvaluator.metrics(rows[0])
-    assert set(m) == {f"eval/vs/random/{k}" for k in ("win", "draw", "loss", "win_or_draw", "score", "reward", "illegal")}
+    assert set(m) == {f"eval/vs/random/{k}" for k in ("win", "draw", "loss", "win_or_draw", "score", "reward", "illegal", "overflow")}
     # the reference: the same player through gymllm eval --game's runner, same schedule and seeds
     player = Player(label="policy", loaded=types.SimpleNamespace(tokenizer=tok), make_engine=lambda: CyclingEngine(tok))
     summary = run_matches(make, [player, opponent_player("random")], tmp_path,
@@ -172,3 +172,21 @@ def test_checkpoints_compared_without_model_pairings_get_a_paired_row_per_oppone
     paired = [d for d in summary["paired"] if d["metric"] == "score"]
     assert [(d["player"], d["baseline"], d["opponent"]) for d in paired] == [("selfplay", "sft", "random")]
     assert paired[0]["n"] == 3 and paired[0]["diff"] == 0.0  # the same deterministic player on the same games
+
+
+@pytest.mark.parametrize("overflow", ["error", "random"])
+def test_a_conversation_past_the_context_errors_or_plays_random_moves_as_training_does(tmp_path, overflow):
+    from gymllm.models.tiny import tiny_tokenizer
+
+    tok = tiny_tokenizer(512)
+    engine = CyclingEngine(tok)
+    engine.max_len = 200  # the first observations fit, a whole game's conversation does not
+    player = Player(label="m", loaded=types.SimpleNamespace(tokenizer=tok), make_engine=lambda: engine)
+    run_matches(resolve_game("tic-tac-toe"), [player, opponent_player("random")], tmp_path,
+                config=MatchConfig(games=4, temperature=0.0, max_tokens=4, num_resamples=20, overflow=overflow))
+    rows = [json.loads(x) for x in (tmp_path / "games.jsonl").read_text().splitlines()]
+    if overflow == "error":
+        assert all(r["crashed"] == "m" and "past the engine's context" in r["error"] for r in rows)
+    else:
+        assert all(r["error"] is None and r["overflow"].get("m", 0) > 0 for r in rows)
+        assert all(r["outcomes"] for r in rows)  # every game finished, by the game's own rules

@@ -11,7 +11,8 @@ have trained against), on the schedule of ``gymllm eval --game`` (:func:`gymllm.
 seeds from ``eval.seed_base``, each from both seats; the opponent's random draws depend only on the seed
 and the game, so every evaluation step meets the same games and the curve's steps are paired), moving
 as training plays (the run's agent, chat template and token buffer) at ``eval.temperature`` (greedy by
-default). Each row goes to the step's record as ``eval/vs/<opponent>/win``, ``draw``, ``loss``,
+default). Past the engine's context a move is a random legal one, as in training (``overflow``
+in the row: such moves a game). Each row goes to the step's record as ``eval/vs/<opponent>/win``, ``draw``, ``loss``,
 ``win_or_draw``, ``score`` (wins + draws / 2) and ``reward`` (the mean final reward, e.g. chips),
 ``<opponent>`` being ``random`` or the scripted function's name; ``gymllm view`` draws them.
 """
@@ -46,7 +47,8 @@ class GameEvaluator:
         self.make_game, self.agent = make_game, agent
         self.opponents = [opponent_player(spec, label=opponent_key(spec)) for spec in opponents]
         self.config = MatchConfig(games=games, seed=seed, temperature=temperature, max_tokens=max_tokens,
-                                  max_moves=max_moves, max_concurrency=max_concurrency, move_timeout_s=None)
+                                  max_moves=max_moves, max_concurrency=max_concurrency, move_timeout_s=None,
+                                  overflow="random")
         probe = make_game()
         self.seats = list(probe.possible_agents)
         probe.close()
@@ -54,7 +56,8 @@ class GameEvaluator:
     async def evaluate(self, engine: Any, step: int) -> list[dict[str, Any]]:
         """Play every opponent's games on ``engine`` (at policy ``step``); one row per opponent: ``step``,
         ``opponent``, ``games``, ``errors``, ``win``, ``draw``, ``loss``, ``win_or_draw``, ``score``,
-        ``reward`` and ``illegal`` (the policy's illegal moves per game)."""
+        ``reward``, ``illegal`` (the policy's illegal moves per game) and ``overflow`` (its moves past the
+        engine's context, played at random, per game)."""
         me = Player(label=POLICY, loaded=types.SimpleNamespace(tokenizer=None), make_engine=lambda: engine)
         gate = asyncio.Semaphore(self.config.max_concurrency)
         out = []
@@ -82,12 +85,13 @@ class GameEvaluator:
         return {"step": step, "opponent": opponent, "games": len(scored), "errors": sum(r["error"] is not None for r in rows),
                 "win": win, "draw": draw, "loss": 1.0 - win - draw if scored else 0.0, "win_or_draw": win + draw,
                 "score": win + draw / 2, "reward": sum(rewards) / len(rewards) if rewards else 0.0,
-                "illegal": sum(r["invalid"].get(POLICY, 0) for r in rows) / max(len(rows), 1)}
+                "illegal": sum(r["invalid"].get(POLICY, 0) for r in rows) / max(len(rows), 1),
+                "overflow": sum(r.get("overflow", {}).get(POLICY, 0) for r in rows) / max(len(rows), 1)}
 
     @staticmethod
     def metrics(row: dict[str, Any]) -> dict[str, float]:
         """The step record's ``eval/vs/<opponent>/...`` figures of one row."""
-        keys = ("win", "draw", "loss", "win_or_draw", "score", "reward", "illegal")
+        keys = ("win", "draw", "loss", "win_or_draw", "score", "reward", "illegal", "overflow")
         return {f"eval/vs/{row['opponent']}/{k}": float(row[k]) for k in keys}
 
     def close(self) -> None:

@@ -115,7 +115,10 @@ class MatchConfig:
     is ``anchor_value``); prior_draws: virtual draws per pairing in the rating fit (keeps a perfect
     record finite); confidence, num_resamples, bootstrap_seed: the intervals; model_pairs: False leaves out
     the pairings of two models (each model then meets only the scripted and random players, which is what
-    a paired comparison of checkpoints needs, at a fraction of the model calls). A scripted policy runs
+    a paired comparison of checkpoints needs, at a fraction of the model calls); overflow: a model whose
+    conversation outgrows its engine's context ``error``\ s (its side loses, ``errors``) or plays a ``random``
+    legal move from then on, as training does past its budget (counted in the row's ``overflow``). A
+    scripted policy runs
     inline in the event loop (no watchdog: it must return)."""
 
     games: int = 20
@@ -135,6 +138,7 @@ class MatchConfig:
     num_resamples: int = 1000
     bootstrap_seed: int = 0
     model_pairs: bool = True
+    overflow: Literal["error", "random"] = "error"
 
     def __post_init__(self) -> None:
         if not isinstance(self.games, int) or self.games < 2 or self.games % 2:
@@ -223,7 +227,7 @@ class _SideError(Exception):
     """A side failed to produce a move (its policy or engine raised, timed out or ran out of context)."""
 
 
-async def _model_move(game: Any, agent: str, ep: Any, engine: Any, started: set[str], config: MatchConfig) -> str:
+async def _model_move(game: Any, agent: str, ep: Any, engine: Any, started: set[str], config: MatchConfig) -> str | None:
     obs, reward, _, _, info = game.last()
     info = {**info, "agent": agent}
     if agent not in started:
@@ -233,6 +237,8 @@ async def _model_move(game: Any, agent: str, ep: Any, engine: Any, started: set[
         ep.on_step(obs["observation"], float(reward), False, False, info, 0.0)
     max_len = getattr(engine, "max_len", None)
     if not ep.fits(int(max_len) - 1 if isinstance(max_len, int) else None):
+        if config.overflow == "random":
+            return None  # the caller plays a random legal move (training's convention past the context)
         raise _SideError(f"the prompt ({len(ep.buffer.prompt_ids)} tokens) is past the engine's context ({max_len}); "
                          "fix: raise --max-len")
     prompt, params = ep.next_request()
@@ -255,7 +261,7 @@ async def play_game(make_game: Callable[[], Any], item: dict[str, Any], players:
     row: dict[str, Any] = {"pairing": item["labels"], "game": item["game"], "seed": item["seed"], "players": by_seat,
                            "winner": None, "draw": False, "outcomes": {}, "rewards": {}, "moves": [],
                            "invalid": {label: 0 for label in by_seat.values()}, "forfeit": None, "truncated": False,
-                           "error": None, "crashed": None, "scored": True}
+                           "error": None, "crashed": None, "scored": True, "overflow": {}}
     rng = np.random.default_rng([item["seed"], item["game"]])  # not the pairing: two players meet the same draws
     sampling = SamplingParams(temperature=config.temperature, max_tokens=config.max_tokens)
     episodes = {seat: Episode(EpisodeKey(group_index=item["pairing"], member=item["game"] * len(seats) + i,
@@ -263,6 +269,7 @@ async def play_game(make_game: Callable[[], Any], item: dict[str, Any], players:
                               max_model_calls=config.max_moves + 1)
                 for i, (seat, label) in enumerate(by_seat.items()) if players[label].kind == "model"}
     started: set[str] = set()
+    overflowed: set[str] = set()  # model seats past their engine's context (config.overflow == "random")
     final: dict[str, tuple[float, dict]] = {}
     game = None
     try:
@@ -281,8 +288,15 @@ async def play_game(make_game: Callable[[], Any], item: dict[str, Any], players:
             label = by_seat[agent]
             player = players[label]
             try:
-                if player.kind == "model":
+                if player.kind == "model" and agent in overflowed:  # past its context: random from then on
+                    row["overflow"][label] += 1
+                    move = policy_move(None, game, agent, rng)
+                elif player.kind == "model":
                     move = await _model_move(game, agent, episodes[agent], engines[label], started, config)
+                    if move is None:
+                        overflowed.add(agent)
+                        row["overflow"][label] = 1
+                        move = policy_move(None, game, agent, rng)
                 elif player.kind == "random":
                     move = policy_move(None, game, agent, rng)
                 else:
