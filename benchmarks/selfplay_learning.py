@@ -5,10 +5,10 @@ For each recipe (``tictactoe_selfplay``, ``kuhn_poker_selfplay``):
 1. ``gymllm train RECIPE --run-dir DIR`` (demos -> SFT at ``DIR/sft`` -> self-play GRPO at ``DIR``), timed as
    a whole (goal: <= 20 minutes on the 2-core CPU); its learning curve is read from ``DIR/metrics.jsonl``
    (``eval/vs/<opponent>/...`` at every evaluation step, :mod:`gymllm.suites.game_eval`).
-2. ``gymllm eval --game`` with both checkpoints (``sft``, ``selfplay``) against fixed players neither
+2. ``gymllm eval --game`` with each checkpoint (``sft``, ``selfplay``) against fixed players neither
    trained against: ``random`` and a scripted heuristic (tic-tac-toe: ``tictactoe_one_ply``, take a win,
    block a loss; Kuhn poker: ``kuhn_card_player``, bet/call a K, check/fold a J), ``--games`` greedy games
-   a pairing (default 128), seats swapped, held-out seeds; no model-vs-model pairing (``--no-model-pairs``).
+   a pairing (default 128), seats swapped, held-out seeds (``RUN/eval/<label>``; one already there is reused).
 3. The paired comparison (:mod:`gymllm.suites.game_stats`: self-play minus SFT per seed, Student's t 95%
    interval) and, for Kuhn poker, the action table by card (:func:`gymllm.envs.kuhn_poker.kuhn_action_table`).
 
@@ -61,25 +61,43 @@ def curve(run_dir: pathlib.Path) -> list[dict]:
             for r in rows if any(k.startswith("eval/vs/") for k in r)]
 
 
-def measure(recipe: str, run_dir: pathlib.Path, games: int) -> dict:
-    """Step 2 and 3 of the module doc on a finished run directory."""
+def evaluate(recipe: str, run_dir: pathlib.Path, label: str, checkpoint: pathlib.Path, games: int) -> list[dict]:
+    """``gymllm eval --game`` of one checkpoint against the fixed players into ``run_dir/eval/<label>``
+    (kept: a directory whose summary has the same games is reused); its rows."""
     spec = RECIPES[recipe]
     table = tomllib.loads((REPO / "gymllm" / "recipes" / f"{recipe}.toml").read_text())
-    kwargs = table["env"].get("kwargs", {})
-    out_dir = run_dir / "eval"
-    cmd = [sys.executable, "-m", "gymllm.cli.main", "eval", "--game", spec["game"], "--checkpoint", str(run_dir / "sft"),
-           "--checkpoint", str(run_dir), "--label", "sft", "--label", "selfplay", "--opponent", "random",
-           "--opponent", spec["heuristic"], "--game-kwargs", json.dumps(kwargs), "--games", str(games),
-           "--temperature", "0", "--max-tokens", str(table.get("sampling", {}).get("max_tokens", 6)),
-           "--max-len", "1024", "--no-model-pairs", "--num-resamples", "200", "--out", str(out_dir)]
-    eval_s = run(cmd, run_dir / "eval.log")
-    summary = json.loads((out_dir / "summary.json").read_text())
+    out_dir = run_dir / "eval" / label
+    done = out_dir / "summary.json"
+    if not (done.exists() and json.loads(done.read_text())["config"]["games"] == games):
+        cmd = [sys.executable, "-m", "gymllm.cli.main", "eval", "--game", spec["game"], "--checkpoint", str(checkpoint),
+               "--label", label, "--opponent", "random", "--opponent", spec["heuristic"],
+               "--game-kwargs", json.dumps(table["env"].get("kwargs", {})), "--games", str(games), "--temperature", "0",
+               "--max-tokens", str(table.get("sampling", {}).get("max_tokens", 6)), "--max-len", "1024",
+               "--num-resamples", "200", "--out", str(out_dir)]
+        run(cmd, run_dir / f"eval_{label}.log")
+    return [json.loads(x) for x in (out_dir / "games.jsonl").read_text().splitlines() if x.strip()]
+
+
+def measure(recipe: str, run_dir: pathlib.Path, games: int) -> dict:
+    """Step 2 and 3 of the module doc on a finished run directory. Each checkpoint is evaluated by its
+    own command (the schedule and the random player's draws depend only on the seeds and the games, so
+    both meet the same games, as in one command with ``--no-model-pairs``); the rows are then compared."""
+    from gymllm.suites.game_stats import paired_comparisons
+    from gymllm.suites.games import summarize_games
+
+    spec = RECIPES[recipe]
+    kwargs = tomllib.loads((REPO / "gymllm" / "recipes" / f"{recipe}.toml").read_text())["env"].get("kwargs", {})
+    t = time.perf_counter()
+    rows = evaluate(recipe, run_dir, "sft", run_dir / "sft", games) + evaluate(recipe, run_dir, "selfplay", run_dir, games)
+    eval_s = time.perf_counter() - t
+    h = spec["heuristic"]
+    labels = ["sft", "selfplay", "random", h]
     rates = {f"{x['player']}_vs_{x['opponent'].rsplit(':', 1)[-1]}": {k: x[k] for k in ("games", "win", "draw", "loss")}
-             for x in summary["pairings"] if x["player"] in ("sft", "selfplay")}
+             for x in summarize_games(rows, labels) if x["player"] in ("sft", "selfplay")}
     for v in rates.values():
         v["win_or_draw"] = v["win"] + v["draw"] if v["win"] is not None else None
     paired = {f"{d['metric']}_vs_{d['opponent'].rsplit(':', 1)[-1]}": {k: d[k] for k in ("n", "mean_a", "mean_b", "diff", "lo", "hi")}
-              for d in summary["paired"] if (d["player"], d["baseline"]) == ("selfplay", "sft")}
+              for d in paired_comparisons(rows, ["sft", "selfplay"], ["random", h])}
     out = {"eval_s": eval_s, "games": games, "rates": rates, "paired": paired}
     h = spec["heuristic"].rsplit(":", 1)[-1]
     if recipe == "tictactoe_selfplay":
@@ -91,7 +109,6 @@ def measure(recipe: str, run_dir: pathlib.Path, games: int) -> dict:
     else:
         from gymllm.envs.kuhn_poker import kuhn_action_table
 
-        rows = [json.loads(x) for x in (out_dir / "games.jsonl").read_text().splitlines() if x.strip()]
         actions = {p: kuhn_action_table(rows, p, **kwargs) for p in ("sft", "selfplay")}
         out["actions"] = {p: {c: {k: t[k] for k in ("decisions", "aggressive", "[bet]", "[check]", "[call]", "[fold]")}
                               for c, t in tab.items()} for p, tab in actions.items()}
