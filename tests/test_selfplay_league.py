@@ -190,3 +190,15 @@ def test_a_conversation_past_the_context_errors_or_plays_random_moves_as_trainin
     else:
         assert all(r["error"] is None and r["overflow"].get("m", 0) > 0 for r in rows)
         assert all(r["outcomes"] for r in rows)  # every game finished, by the game's own rules
+
+
+def test_the_run_summary_names_a_games_learning_curve():
+    import pathlib
+
+    from gymllm.algos.trainer import TrainResult
+
+    rows = [{"step": 0, "opponent": "random", "games": 16, "win_or_draw": 0.75, "reward": 0.5},
+            {"step": 3, "opponent": "random", "games": 16, "win_or_draw": 0.875, "reward": 0.625}]
+    text = TrainResult(run_dir=pathlib.Path("r"), steps=3, history=[{"reward_mean": 0.0, "rollout_reward_mean": 0.0}],
+                       trained_ids=[], wall_s=1.0, evals=rows).summary()
+    assert "against random (16 games, eval/vs/random/...): win-or-draw 0.750 (step 0) -> 0.875 (step 3)" in text
