@@ -216,7 +216,9 @@ def test_the_recipe_builds_valid_train_and_sft_configs(tmp_path):
     recipe = load_recipe("kuhn_poker_selfplay")
     assert "Measured" in recipe["description"]
     cfg = train_config_from("kuhn_poker_selfplay", None, None, str(tmp_path))
-    assert cfg.multiagent.opponent == "self" and game_factory(cfg.env.id, dict(cfg.env.kwargs)) is not None
+    assert cfg.multiagent.opponent == "frozen" and cfg.multiagent.league_size >= 1  # a league of earlier snapshots
+    assert cfg.multiagent.baseline == "role_ema" and "gymllm.envs.kuhn_poker:kuhn_card_player" in cfg.multiagent.eval_opponents
+    assert game_factory(cfg.env.id, dict(cfg.env.kwargs)) is not None
     stage = sft_stage_from(recipe["sft"])
     assert stage.demo_env in SOLVERS
     sft = sft_config_for(stage, cfg, data="d.jsonl", run_dir=str(tmp_path / "sft"))
@@ -235,7 +237,8 @@ def test_the_recipe_runs_demos_sft_and_one_self_play_step(tmp_path, capsys):
     text = (RECIPES_DIR / "kuhn_poker_selfplay.toml").read_text()
     for old, new in (("max_len = 512", "max_len = 1024"), ("min_bucket = 512", "min_bucket = 1024"),
                      ("max_len = 448", "max_len = 1024"), ("min_bucket = 448", "min_bucket = 1024"),
-                     ("num_steps = 4", "num_steps = 1"), ("num_steps = 8", "num_steps = 1"), ("demos = 256", "demos = 8"),
+                     ("num_steps = 12", "num_steps = 1"), ("num_steps = 3", "num_steps = 1"), ("demos = 256", "demos = 8"),
+                     ("every = 3", "every = 1"),
                      ('run_dir = "runs/kuhn_poker_selfplay"', f'run_dir = "{run_dir}"'),
                      ('preset = "default"', 'preset = "default"\n[model]\nname = "tiny-qwen3"')):
         assert old in text, old

@@ -37,6 +37,7 @@ def _config(name: str, run_dir: pathlib.Path):
         "learner": {"groups_per_step": 2, "num_steps": 2, "micro_batch_size": 4},
         "run": {"run_dir": str(run_dir), "console": False, "report": False, "checkpoint_every": 0},
         "eval": {"seeds": min(cfg.eval.seeds, 2)},  # a recipe's [eval] table runs, on 2 held-out seeds
+        "multiagent": {"eval_games": 2},  # a game's learning curve: 2 games against each fixed player
     }
     return apply_overrides(cfg, small)
 

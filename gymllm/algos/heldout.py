@@ -65,12 +65,26 @@ class HeldOutHook:
     def open(self, agent: Any, tok: Any) -> None:
         """The evaluator of ``cfg.eval``: the training env (its kwargs and the run's ``agent``) unless
         ``eval.envs`` names others (each with the agent its reset asks for), or ``eval.suite`` (else, in a
-        mixture run, ``env.suite``) a suite: its envs with their tables' kwargs, played by the run's agent."""
+        mixture run, ``env.suite``) a suite: its envs with their tables' kwargs, played by the run's agent.
+        A multi-agent game (neither ``eval.envs`` nor a suite) gets its learning curve instead: games against
+        ``multiagent.eval_opponents`` (:class:`~gymllm.suites.game_eval.GameEvaluator`)."""
         from gymllm.rollout.evaluation import HeldOutEvaluator, agent_for
 
         cfg, e = self.cfg, self.cfg.eval
         if not e.every:
             return
+        if not (e.suite or e.envs):  # a multi-agent game: its learning curve against fixed players
+            from gymllm.multiagent.factory import game_factory
+
+            make = game_factory(cfg.env.id, dict(cfg.env.kwargs))
+            if make is not None:
+                from gymllm.suites.game_eval import GameEvaluator
+
+                ma = cfg.multiagent
+                self.evaluator = GameEvaluator(make, agent, opponents=ma.eval_opponents, games=ma.eval_games,
+                                               seed=e.seed_base, temperature=e.temperature,
+                                               max_tokens=e.max_tokens or cfg.sampling.max_tokens)
+                return
         suite = e.suite or (cfg.env.suite if not e.envs else "")
         if suite:  # a suite's envs, each with its table's kwargs, agent and system prompt (else the run's)
             from gymllm.suites import load_suite
@@ -99,7 +113,8 @@ class HeldOutHook:
         rows = await self.evaluator.evaluate(engine, step)
         dt = time.perf_counter() - t
         self.evals += rows
-        out = {k: v for row in rows for k, v in eval_metrics(row).items()}
+        metrics = getattr(self.evaluator, "metrics", eval_metrics)  # a game's: eval/vs/<opponent>/...
+        out = {k: v for row in rows for k, v in metrics(row).items()}
         out["eval_s"] = dt
         return out
 

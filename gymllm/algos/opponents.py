@@ -10,6 +10,13 @@ loads it.
     source = SeatGroupSource(..., opponent=opp)        # its seats' moves come from opp.engine
     opp.refresh(step)                                  # the source calls it at each refresh step
 
+League (``multiagent.league_size = N``, with ``frozen``): the opponent is drawn from a pool of the
+learner's earlier snapshots instead of being the latest one, so the policy does not chase its own
+latest self (SPIRAL, AlphaStar's league). At every refresh the learner's current weights join the pool
+(the oldest leaves past ``N``; JAX arrays are immutable, so a snapshot is a reference, not a copy) and the
+snapshot served until the next refresh is drawn from the pool: the latest with probability
+``league_latest``, else uniformly among all (:class:`League`, seeded by ``run.seed``).
+
 The second engine holds its own weights (a second copy of the model's parameters in memory, and its
 own KV cache of ``engine.num_slots`` rows); serving the snapshot as a second set of weights on the one
 engine is the better design and is open.
@@ -23,7 +30,34 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FrozenOpponent"]
+__all__ = ["FrozenOpponent", "League"]
+
+
+class League:
+    """A pool of at most ``size`` snapshots ``(version, flat weights)`` and the draw of the one to serve
+    (module doc): :meth:`add` puts one in (the oldest leaves past ``size``), :meth:`draw` picks the latest
+    with probability ``latest``, else one uniformly from the pool, from ``rng`` (seeded: a run replays)."""
+
+    def __init__(self, size: int, *, latest: float = 0.0, seed: int = 0):
+        if size < 1 or not 0.0 <= latest <= 1.0:
+            raise ValueError(f"League: expected size >= 1 and 0 <= latest <= 1, received size={size}, latest={latest}; "
+                             "fix: e.g. League(4, latest=0.25)")
+        self.size, self.latest = int(size), float(latest)
+        self.rng = np.random.default_rng([int(seed), 0x1EA6])
+        self.pool: list[tuple[int, dict[str, Any]]] = []
+        self.draws: list[int] = []  # the version drawn at each refresh, in order
+
+    def add(self, version: int, flat: dict[str, Any]) -> None:
+        self.pool.append((int(version), flat))
+        del self.pool[:-self.size]
+
+    def draw(self) -> tuple[int, dict[str, Any]]:
+        if not self.pool:
+            raise ValueError("League.draw: the pool is empty; fix: add a snapshot first")
+        pick = (len(self.pool) - 1 if self.rng.random() < self.latest else int(self.rng.integers(len(self.pool))))
+        version, flat = self.pool[pick]
+        self.draws.append(version)
+        return version, flat
 
 
 class FrozenOpponent:
@@ -31,9 +65,11 @@ class FrozenOpponent:
     step the snapshot was taken at (-1 for a ``run:DIR`` checkpoint); ``refreshes``: how many times
     it was refreshed; :meth:`weights_hash` fingerprints the weights it serves."""
 
-    def __init__(self, engine: Any, pusher: Any, learner: Any | None, *, version: int, flat: dict[str, Any]):
+    def __init__(self, engine: Any, pusher: Any, learner: Any | None, *, version: int, flat: dict[str, Any],
+                 league: League | None = None):
         self.engine, self.pusher, self.learner = engine, pusher, learner
         self.version, self.refreshes, self.flat = version, 0, flat
+        self.league = league
 
     @classmethod
     def build(cls, cfg: Any, learner: Any) -> "FrozenOpponent":
@@ -49,16 +85,23 @@ class FrozenOpponent:
         pusher = WeightPusher(engine, lm.config)
         if checkpoint:
             return cls(engine, pusher, None, version=-1, flat=dict(lm.model.flat_params()))
-        opp = cls(engine, pusher, learner, version=learner.version, flat={})
+        ma = cfg.multiagent
+        league = League(ma.league_size, latest=ma.league_latest, seed=cfg.run.seed) if ma.league_size else None
+        opp = cls(engine, pusher, learner, version=learner.version, flat={}, league=league)
         opp.refresh(learner.version)
         opp.refreshes = 0
         return opp
 
     def refresh(self, version: int) -> None:
-        """Take the learner's weights of step ``version`` (a ``run:DIR`` opponent never changes)."""
+        """Take the learner's weights of step ``version`` (a ``run:DIR`` opponent never changes); with a
+        league, add them to the pool and serve a snapshot drawn from it (``version`` then says which)."""
         if self.learner is None:
             return
-        self.flat = dict(self.learner.policy_params())
+        flat = dict(self.learner.policy_params())
+        if self.league is not None:  # the pool takes the latest; the one served is drawn from it
+            self.league.add(int(version), flat)
+            version, flat = self.league.draw()
+        self.flat = flat
         self.pusher.push(self.flat, version)
         self.version = int(version)
         self.refreshes += 1

@@ -93,7 +93,13 @@ class TrainResult:
         if calls:
             lines.append(f"tool calls per episode {span(calls, '{:.2f}')}; episodes with a tool call "
                          f"{span([100 * x for x in share], '{:.1f}%')} (every rollout, first 3 steps -> last 3)")
-        for env in dict.fromkeys(r["env"] for r in self.evals):
+        for opp in dict.fromkeys(r["opponent"] for r in self.evals if "opponent" in r):  # a game's learning curve
+            rows = sorted((r for r in self.evals if r.get("opponent") == opp), key=lambda r: r["step"])
+            a, b = rows[0], rows[-1]
+            lines.append(f"against {opp} ({a['games']} games, eval/vs/{opp}/...): win-or-draw {a['win_or_draw']:.3f} "
+                         f"(step {a['step']}) -> {b['win_or_draw']:.3f} (step {b['step']}); mean reward "
+                         f"{a['reward']:.3f} -> {b['reward']:.3f}")
+        for env in dict.fromkeys(r["env"] for r in self.evals if "env" in r):
             rows = sorted((r for r in self.evals if r["env"] == env), key=lambda r: r["step"])
             a, b = rows[0], rows[-1]
             seeds = a.get("seeds") or [0]

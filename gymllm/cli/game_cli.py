@@ -94,6 +94,7 @@ def eval_game(
     errors: Literal["loss", "exclude"] = "loss",
     prior_draws: float = 1.0,
     num_resamples: int = 1000,
+    model_pairs: bool = True,
 ) -> int:
     """Play every pair of players on a two-player game: win/draw/loss per pairing and an Elo table.
 
@@ -118,6 +119,7 @@ def eval_game(
         errors: A side that raises or stalls: `loss` (it loses the game) or `exclude` (the game is recorded, not scored).
         prior_draws: Virtual draws per pairing in the Elo fit (keeps a perfect record's rating finite).
         num_resamples: Bootstrap resamples of the rating intervals.
+        model_pairs: Play the pairings of two models too (--no-model-pairs: each model meets only the --opponent players, enough for the paired comparison of checkpoints at a fraction of the cost).
     """
     from gymllm.errors import ConfigError, explain
     from gymllm.suites.games import MatchConfig, resolve_game, run_matches
@@ -131,13 +133,17 @@ def eval_game(
     config = MatchConfig(games=games, seed=seed, temperature=temperature, max_tokens=max_tokens, max_moves=max_moves,
                          max_concurrency=max_concurrency, num_slots=num_slots, max_len=max_len,
                          move_timeout_s=move_timeout_s, errors=errors, prior_draws=prior_draws,
-                         num_resamples=num_resamples)
+                         num_resamples=num_resamples, model_pairs=model_pairs)
     make_game = resolve_game(game, kwargs)
     if not model and not checkpoint and len(opponent) < 2:
         raise ConfigError(explain("gymllm eval --game", expected="a player to evaluate: --model or --checkpoint (or two "
                                   "--opponent)", received="none", fix="e.g. --model smollm2-135m-instruct --opponent random"))
     summary = run_matches(make_game, players_from_flags(model, checkpoint, label, opponent, system_prompt), out, config=config)
     _print(summary)
+    from gymllm.multiagent.factory import GAMES
+
+    if GAMES.get(game, game) == "gymllm.envs.kuhn_poker:kuhn_poker":  # how each model acts by card
+        _kuhn_actions(summary, out, kwargs)
     print(f"wrote {pathlib.Path(out) / 'games.jsonl'}, summary.json, ratings.json")
     return 0
 
@@ -156,6 +162,29 @@ def _print(summary: dict[str, Any]) -> None:
         print(f"{r['player']:<24} {r['elo']:>7.0f}  [{lo:.0f}, {hi:.0f}]  games {r['games']}, score {r['score']:.3f}")
     if "error" in ratings:
         print(f"note: no ratings: {ratings['error']}")
+    if summary.get("paired"):
+        print(f"\nPaired by seed (later player - earlier one; {summary['paired'][0]['confidence']:.0%} Student's t interval "
+              "over the seeds, each seed's seat-swapped games averaged)")
+        for d in summary["paired"]:
+            print(f"{d['player']:<16} - {d['baseline']:<16} vs {d['opponent']:<16} {d['metric']:<12} "
+                  f"{d['mean_b']:>7.3f} - {d['mean_a']:>7.3f} = {d['diff']:>+7.3f}  [{d['lo']:+.3f}, {d['hi']:+.3f}]  "
+                  f"seeds {d['n']}")
+
+
+def _kuhn_actions(summary: dict[str, Any], out: str, kwargs: dict[str, Any]) -> None:
+    """Kuhn poker: each model player's moves by card (:func:`gymllm.envs.kuhn_poker.kuhn_action_table`) to
+    ``actions.json`` and the screen."""
+    from gymllm.envs.kuhn_poker import kuhn_action_table
+
+    rows = [json.loads(x) for x in (pathlib.Path(out) / "games.jsonl").read_text().splitlines() if x.strip()]
+    tables = {p["label"]: kuhn_action_table(rows, p["label"], **kwargs) for p in summary["players"] if p["kind"] == "model"}
+    (pathlib.Path(out) / "actions.json").write_text(json.dumps(tables, indent=2))
+    print("\nMoves by card (bet or call share of decisions; counts)")
+    for label, table in tables.items():
+        for card, t in table.items():
+            share = f"{t['aggressive']:.2f}" if t["aggressive"] is not None else "-"
+            print(f"{label:<24} {card}  {share:>5}  bet {t['[bet]']:>4} check {t['[check]']:>4} call {t['[call]']:>4} "
+                  f"fold {t['[fold]']:>4}")
 
 
 def eval_main(argv: Sequence[str]) -> int:

@@ -95,6 +95,32 @@ def connect_four(**kwargs: Any):
     return from_pettingzoo(connect_four_v3.env(), **{"move_names": CONNECT_FOUR_MOVES, "renderer": render_connect_four, **kwargs})
 
 
+TICTACTOE_LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
+
+
+def tictactoe_one_ply(observation: Any, agent: str, context: Any = None) -> int:
+    """A scripted tic-tac-toe player one ply deep (``--opponent gymllm.envs.games:tictactoe_one_ply``):
+    take a winning cell if there is one, else block the opponent's winning cell, else a uniformly random
+    legal cell from the game's seeded RNG (``context.rng``; the first legal cell without a context).
+    ``observation`` is PettingZoo ``tictactoe_v3``'s own (planes of the mover's and the opponent's marks,
+    cell ``i`` at ``[i // 3, i % 3]``, and the ``action_mask``); returns the cell index."""
+    import numpy as np
+
+    planes = np.asarray(observation["observation"])
+    mine, theirs = planes[..., 0].reshape(9), planes[..., 1].reshape(9)
+    legal = [int(i) for i in np.flatnonzero(observation["action_mask"])]
+    for marks in (mine, theirs):  # a win first, then a block
+        for cell in legal:
+            if any(cell in line and sum(marks[j] for j in line if j != cell) == 2 for line in TICTACTOE_LINES):
+                return cell
+    if context is None:
+        return legal[0]
+    return legal[int(context.rng.integers(len(legal)))]
+
+
+tictactoe_one_ply.takes_context = True  # type: ignore[attr-defined]  # gymllm.multiagent.policies.call_scripted
+
+
 def make_board_game(*, game: str, opponent: Any = None, learner: str | None = None, max_turns: int | None = None,
                     render_mode: str | None = None, **kwargs: Any):
     """Entry point of ``TicTacToe-v0`` / ``ConnectFour-v0``: one seat against a scripted opponent."""
@@ -108,4 +134,4 @@ def make_board_game(*, game: str, opponent: Any = None, learner: str | None = No
 register("TicTacToe-v0", entry_point="gymllm.envs.games:make_board_game", kwargs={"game": "tictactoe"})
 register("ConnectFour-v0", entry_point="gymllm.envs.games:make_board_game", kwargs={"game": "connect_four"})
 
-__all__ = ["make_gym_game", "make_board_game", "tictactoe", "connect_four"]
+__all__ = ["make_gym_game", "make_board_game", "tictactoe", "connect_four", "tictactoe_one_ply"]

@@ -52,7 +52,8 @@ from gymllm.errors import ConfigError, MissingExtraError, explain
 from gymllm.spaces import Text
 
 __all__ = ["KUHN_MOVES", "KUHN_CARDS", "KUHN_GAME_VALUE", "KuhnPokerConfig", "KuhnPokerAEC", "kuhn_poker",
-           "make_kuhn_poker_seat", "kuhn_equilibrium", "render_kuhn_poker", "replay_chips"]
+           "make_kuhn_poker_seat", "kuhn_equilibrium", "kuhn_equilibrium_player", "kuhn_card_player",
+           "render_kuhn_poker", "replay_chips", "kuhn_action_table"]
 
 KUHN_MOVES: tuple[str, ...] = ("[check]", "[bet]", "[call]", "[fold]")
 KUHN_CARDS: tuple[str, ...] = ("J", "Q", "K")
@@ -221,12 +222,18 @@ class KuhnPokerAEC(AECEnv):
 
 def render_kuhn_poker(env: Any, agent: str, raw: Any) -> str:
     """The TextArena messages of ``raw["observation"]`` with repeated consecutive lines dropped
-    (TextArena 0.7.4 sends the second player its card line twice)."""
+    (TextArena 0.7.4 sends the second player its card line twice); when the player is to act and the
+    messages since its last move do not show its card (TextArena says it once, at the deal), TextArena's
+    card line is repeated at the end, so every decision is made next to the card it should depend on."""
     lines: list[str] = []
     for line in str(raw["observation"]).split("\n"):
         if not lines or line != lines[-1] or not line.strip():
             lines.append(line)
-    return "\n".join(lines)
+    text = "\n".join(lines)
+    to_act = np.asarray(raw.get("action_mask", ())).any() if isinstance(raw, dict) else False
+    if to_act and "Your card is:" not in text and hasattr(env, "decision_state"):
+        text += f"\n[GAME] Your card is: '{env.decision_state(agent)[0]}'"
+    return text
 
 
 def kuhn_poker(*, max_rounds: int = 1, **kwargs: Any):
@@ -251,6 +258,79 @@ def make_kuhn_poker_seat(*, opponent: Any = None, learner: str | None = None, ma
 
     return SingleAgentView(kuhn_poker(**kwargs), learner=learner, opponent=opponent, max_turns=max_turns,
                            render_mode=render_mode)
+
+
+def _inner(env: Any) -> "KuhnPokerAEC":
+    return env if isinstance(env, KuhnPokerAEC) else env.unwrapped
+
+
+def _scripted(probs: dict[str, float], context: Any) -> int:
+    moves = sorted(probs)
+    p = np.asarray([probs[m] for m in moves], dtype=np.float64)
+    return KUHN_MOVES.index(moves[int(context.rng.choice(len(moves), p=p / p.sum()))])
+
+
+def kuhn_equilibrium_player(observation: Any, agent: str, context: Any) -> int:
+    """A scripted Kuhn player of the equilibrium (:func:`kuhn_equilibrium`, alpha = 1/3), sampled from the
+    game's seeded RNG (``--opponent gymllm.envs.kuhn_poker:kuhn_equilibrium_player``). It reads only its
+    own card and the hand's moves (``decision_state``; TextArena's observation after the first move no
+    longer repeats the card); returns the action index in :data:`KUHN_MOVES`."""
+    card, history = _inner(context.env).decision_state(agent)
+    return _scripted(kuhn_equilibrium(card, history), context)
+
+
+kuhn_equilibrium_player.takes_context = True  # type: ignore[attr-defined]
+
+
+def kuhn_card_player(observation: Any, agent: str, context: Any) -> int:
+    """A simple scripted Kuhn player that follows its card (``--opponent gymllm.envs.kuhn_poker:kuhn_card_player``):
+    a K bets or calls, a J checks or folds, a Q checks, and calls a bet half the time (seeded RNG)."""
+    card, history = _inner(context.env).decision_state(agent)
+    facing = bool(history) and history[-1] == "bet"
+    if card == "K":
+        return KUHN_MOVES.index("[call]" if facing else "[bet]")
+    if card == "J" or not facing:
+        return KUHN_MOVES.index("[fold]" if facing else "[check]")
+    return _scripted({"[call]": 0.5, "[fold]": 0.5}, context)
+
+
+kuhn_card_player.takes_context = True  # type: ignore[attr-defined]
+
+
+def kuhn_action_table(rows: list[dict[str, Any]], player: str, **game_kwargs: Any) -> dict[str, dict[str, Any]]:
+    """How ``player`` acted by card over ``games.jsonl`` rows of ``gymllm eval --game`` (each replayed on its
+    seed with ``game_kwargs``, the ``--game-kwargs`` it was played with): ``{card: {"decisions": n, "[bet]":
+    k, "[check]": k, "[call]": k, "[fold]": k, "aggressive": (bets + calls) / n, "first": {...},
+    "after_check": {...}, "facing_bet": {...}}}`` (the last three: move counts in each situation). Only
+    legal moves count (an illegal reply is retried by the game); rows with an error or truncated are skipped."""
+    table = {c: {"decisions": 0, **{m: 0 for m in KUHN_MOVES}, "first": {}, "after_check": {}, "facing_bet": {}}
+             for c in KUHN_CARDS}
+    for row in rows:
+        if row.get("error") is not None or row.get("truncated") or player not in row["players"].values():
+            continue
+        game = kuhn_poker(**game_kwargs)
+        game.reset(seed=int(row["seed"]))
+        for agent, move in row["moves"]:
+            while game.agents and (game.terminations[game.agent_selection] or game.truncations[game.agent_selection]):
+                game.step(None)
+            if not game.agents:
+                break
+            if row["players"].get(agent) == player:
+                card, history = _inner(game.env).decision_state(agent)
+                mask = game.codec.mask(agent, game.env.observe(agent), game.infos.get(agent))
+                action, why = game.codec.parse(agent, move, mask)
+                if why is None:
+                    name = KUHN_MOVES[int(action) - int(game.action_space(agent).inner.start)]
+                    where = ("facing_bet" if history and history[-1] == "bet" else
+                             "after_check" if history else "first")
+                    t = table[card]
+                    t["decisions"] += 1
+                    t[name] += 1
+                    t[where][name] = t[where].get(name, 0) + 1
+            game.step(move)
+    for t in table.values():
+        t["aggressive"] = (t["[bet]"] + t["[call]"]) / t["decisions"] if t["decisions"] else None
+    return table
 
 
 def replay_chips(row: dict[str, Any], **game_kwargs: Any) -> dict[str, float]:

@@ -1,17 +1,41 @@
 """Scripted seats for multi-agent text games: a policy is ``f(observation: dict, rng) -> str``;
-:func:`advance_game` plays the scripted seats of a :class:`TextAECEnv` until a learning seat is due."""
+:func:`advance_game` plays the scripted seats of a :class:`TextAECEnv` until a learning seat is due.
+
+A PettingZoo-style scripted player (``--multiagent.opponent MODULE:FN``, ``gymllm eval --game --opponent
+MODULE:FN``) is ``fn(observation, agent) -> action``; one that sets ``fn.takes_context = True`` is called
+``fn(observation, agent, context)`` with a :class:`ScriptedContext` (the game's seeded RNG, so its random
+choices replay with the seed, and the wrapped PettingZoo env, for a game whose observation does not hold
+what the player may know, e.g. its own card in Kuhn poker): :func:`call_scripted` makes the call."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import numpy as np
 
 from gymllm.multiagent.aec import TextAECEnv
 
-__all__ = ["Policy", "random_legal_policy", "policy_move", "advance_game"]
+__all__ = ["Policy", "ScriptedContext", "call_scripted", "random_legal_policy", "policy_move", "advance_game"]
 
 Policy = Callable[[dict[str, Any], np.random.Generator], str]
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptedContext:
+    """What a ``takes_context`` scripted player gets besides its observation: ``rng`` (the game's seeded
+    generator) and ``env`` (the wrapped PettingZoo env; read only what the seat may know)."""
+
+    rng: np.random.Generator
+    env: Any
+
+
+def call_scripted(fn: Callable[..., Any], observation: Any, agent: str, env: Any, rng: np.random.Generator) -> Any:
+    """``fn(observation, agent)``, or ``fn(observation, agent, ScriptedContext(rng, env))`` when
+    ``fn.takes_context`` (module doc)."""
+    if getattr(fn, "takes_context", False):
+        return fn(observation, agent, ScriptedContext(rng, env))
+    return fn(observation, agent)
 
 
 def random_legal_policy(observation: dict[str, Any], rng: np.random.Generator, moves: tuple[str, ...] = ()) -> str:

@@ -103,7 +103,15 @@ class MultiAgentSection:
     (the first one forfeits) or ``random`` (a uniformly random legal move is played instead and the
     mover gets the game's ``invalid_penalty``). It overrides the game's own
     :class:`~gymllm.multiagent.MultiAgentConfig` ``invalid_action`` / ``max_invalid`` in training; the
-    game goes on (or ends by forfeit) and so does the run. max_invalid: see ``retry`` (>= 1)."""
+    game goes on (or ends by forfeit) and so does the run. max_invalid: see ``retry`` (>= 1).
+    league_size: with ``frozen``, a league of the learner's last ``league_size`` snapshots (0: none, the
+    latest snapshot only): at each refresh the current weights join the pool and the opponent served until
+    the next refresh is drawn from it (:class:`gymllm.algos.opponents.League`). league_latest: the chance
+    that draw is the latest snapshot (else uniform over the pool).
+    eval_opponents: the fixed players the in-run evaluation plays (``eval.every``): ``random`` or
+    ``MODULE:FN`` scripted players the run need never have trained against
+    (:mod:`gymllm.suites.game_eval`). eval_games: games against each of them per evaluation (even: seeds
+    from ``eval.seed_base``, each played from both seats, greedy at ``eval.temperature``)."""
 
     opponent: str = "self"
     refresh_every: int = 1
@@ -114,6 +122,10 @@ class MultiAgentSection:
     policy_weights: str = "lora"
     illegal_move: Literal["retry", "forfeit", "random"] = "retry"
     max_invalid: int = 3
+    league_size: int = 0
+    league_latest: float = 0.0
+    eval_opponents: tuple[str, ...] = ("random",)
+    eval_games: int = 32
 
     def __post_init__(self) -> None:
         o = self.opponent
@@ -147,6 +159,27 @@ class MultiAgentSection:
             raise ConfigError(explain("multiagent.max_invalid", expected="an int >= 1 (illegal moves in a row that "
                                       "forfeit under illegal_move='retry')", received=self.max_invalid,
                                       fix="e.g. --multiagent.max-invalid 3"))
+        if isinstance(self.league_size, bool) or not isinstance(self.league_size, int) or self.league_size < 0:
+            raise ConfigError(explain("multiagent.league_size", expected="an int >= 0 (earlier snapshots the frozen "
+                                      "opponent is drawn from; 0: the latest only)", received=self.league_size,
+                                      fix="e.g. --multiagent.league-size 4"))
+        if self.league_size and self.opponent != "frozen":
+            raise ConfigError(explain("multiagent.league_size", expected="0 unless --multiagent.opponent frozen (the "
+                                      "league is a pool of frozen snapshots)", received=f"{self.league_size} with "
+                                      f"opponent={self.opponent!r}", fix="add --multiagent.opponent frozen"))
+        if not 0.0 <= float(self.league_latest) <= 1.0:
+            raise ConfigError(explain("multiagent.league_latest", expected="a probability in [0, 1]",
+                                      received=self.league_latest, fix="e.g. 0.25"))
+        ev = tuple(self.eval_opponents)
+        if not ev or not all(isinstance(o, str) and (o == "random" or _FN.match(o)) for o in ev):
+            raise ConfigError(explain("multiagent.eval_opponents", expected="'random' or 'MODULE:FN' scripted players",
+                                      received=self.eval_opponents, fix="e.g. --multiagent.eval-opponents random "
+                                      "gymllm.envs.games:tictactoe_one_ply"))
+        object.__setattr__(self, "eval_opponents", ev)
+        if isinstance(self.eval_games, bool) or not isinstance(self.eval_games, int) or self.eval_games < 2 \
+                or self.eval_games % 2:
+            raise ConfigError(explain("multiagent.eval_games", expected="an even int >= 2 (each seed from both seats)",
+                                      received=self.eval_games, fix="e.g. --multiagent.eval-games 32"))
         check_policies(self)
 
     def seats(self, possible: list[str]) -> list[str]:
@@ -551,11 +584,13 @@ class SeatGroupSource(QueueSource):
         return {s: episodes[s] for s in seats}, tally
 
     def _opponent_move(self, game: Any, agent: str, rng: np.random.Generator) -> str | SeatError:
+        from gymllm.multiagent.policies import call_scripted
+
         self.counts["opponent_moves"] += 1
         if self.scripted is None:
             return _random_move(game, agent, rng)
         try:
             raw = game.env.observe(agent)  # the wrapped PettingZoo env's own observation
-            return move_text(game, agent, self.scripted(raw, agent))
+            return move_text(game, agent, call_scripted(self.scripted, raw, agent, game.env, rng))
         except Exception as e:  # a crashing seat: an illegal move (multiagent.illegal_move); the game goes on
             return SeatError(agent, e)

@@ -27,7 +27,7 @@ Rows and scoring
 ----------------
 ``games.jsonl`` gets one row per game the moment it ends: the players by seat, the winner (a label,
 or None for a draw), ``draw``, the moves (``[seat, move]``), invalid moves per player, the forfeit,
-``error`` and ``scored``. The winner is the seat with the higher final reward (the game's own
+``error`` and ``scored``, and each player's final ``rewards``. The winner is the seat with the higher final reward (the game's own
 outcome; invalid-move penalties are cleared by the next legal move), a forfeit (an illegal move
 under the game's ``MultiAgentConfig``) loses. A side that raises (a scripted policy's exception, an
 engine error, a model reply past ``move_timeout_s``, a prompt past the engine's context) is recorded
@@ -41,7 +41,9 @@ Outputs
 -------
 ``summary.json``: per ordered (player, opponent) the scored games, ``win`` / ``draw`` / ``loss``
 (rates that sum to 1), their 95% Wilson intervals, the score rate (wins + draws / 2) and the games
-played in each seat; ``ratings.json``: the Bradley-Terry maximum-likelihood Elo ratings of every
+played in each seat; under ``paired``, every two model players compared against each opponent both met,
+paired by seed with a Student's t interval on the difference (:mod:`gymllm.suites.game_stats`: score,
+win-or-draw, win and final reward); ``ratings.json``: the Bradley-Terry maximum-likelihood Elo ratings of every
 player from all scored games (draws half a win; :mod:`gymllm.utils.elo`), anchored ``random = 1000``
 when the random player plays, else the mean at 1000, with a bootstrap interval per rating (games
 resampled within each pairing).
@@ -111,7 +113,12 @@ class MatchConfig:
     watchdog on one model reply (None: none); errors: ``loss`` (a crashing side loses) or ``exclude``
     (its game is not scored); anchor: the player rated ``anchor_value`` when it plays (else the mean
     is ``anchor_value``); prior_draws: virtual draws per pairing in the rating fit (keeps a perfect
-    record finite); confidence, num_resamples, bootstrap_seed: the intervals. A scripted policy runs
+    record finite); confidence, num_resamples, bootstrap_seed: the intervals; model_pairs: False leaves out
+    the pairings of two models (each model then meets only the scripted and random players, which is what
+    a paired comparison of checkpoints needs, at a fraction of the model calls); overflow: a model whose
+    conversation outgrows its engine's context ``error``\ s (its side loses, ``errors``) or plays a ``random``
+    legal move from then on, as training does past its budget (counted in the row's ``overflow``). A
+    scripted policy runs
     inline in the event loop (no watchdog: it must return)."""
 
     games: int = 20
@@ -130,6 +137,8 @@ class MatchConfig:
     confidence: float = 0.95
     num_resamples: int = 1000
     bootstrap_seed: int = 0
+    model_pairs: bool = True
+    overflow: Literal["error", "random"] = "error"
 
     def __post_init__(self) -> None:
         if not isinstance(self.games, int) or self.games < 2 or self.games % 2:
@@ -192,10 +201,11 @@ def resolve_game(game: str, kwargs: dict[str, Any] | None = None) -> Any:
     return make
 
 
-def schedule(labels: Sequence[str], games: int, seed: int, seats: Sequence[str]) -> list[dict[str, Any]]:
+def schedule(labels: Sequence[str], games: int, seed: int, seats: Sequence[str], *,
+             skip: Callable[[str, str], bool] | None = None) -> list[dict[str, Any]]:
     """Every game of a round robin: ``{"pairing", "game", "seed", "players": {seat: label}}``; in pairing
     ``(a, b)`` game ``2i`` seats ``a`` first and ``b`` second with env seed ``seed + i``, game ``2i + 1``
-    the same seed with the seats swapped."""
+    the same seed with the seats swapped. ``skip(a, b)`` True leaves the pairing out."""
     if len(set(labels)) != len(labels):
         raise ConfigError(explain("players", expected="distinct labels", received=list(labels),
                                   fix="name them apart with --label"))
@@ -204,6 +214,8 @@ def schedule(labels: Sequence[str], games: int, seed: int, seats: Sequence[str])
                                   "--opponent, or two of either)", received=list(labels), fix="add --opponent random"))
     out = []
     for p, (a, b) in enumerate(itertools.combinations(labels, 2)):
+        if skip is not None and skip(a, b):
+            continue
         for j in range(games):
             order = (a, b) if j % 2 == 0 else (b, a)
             out.append({"pairing": p, "game": j, "seed": seed + j // 2, "players": dict(zip(seats, order)),
@@ -215,7 +227,7 @@ class _SideError(Exception):
     """A side failed to produce a move (its policy or engine raised, timed out or ran out of context)."""
 
 
-async def _model_move(game: Any, agent: str, ep: Any, engine: Any, started: set[str], config: MatchConfig) -> str:
+async def _model_move(game: Any, agent: str, ep: Any, engine: Any, started: set[str], config: MatchConfig) -> str | None:
     obs, reward, _, _, info = game.last()
     info = {**info, "agent": agent}
     if agent not in started:
@@ -225,6 +237,8 @@ async def _model_move(game: Any, agent: str, ep: Any, engine: Any, started: set[
         ep.on_step(obs["observation"], float(reward), False, False, info, 0.0)
     max_len = getattr(engine, "max_len", None)
     if not ep.fits(int(max_len) - 1 if isinstance(max_len, int) else None):
+        if config.overflow == "random":
+            return None  # the caller plays a random legal move (training's convention past the context)
         raise _SideError(f"the prompt ({len(ep.buffer.prompt_ids)} tokens) is past the engine's context ({max_len}); "
                          "fix: raise --max-len")
     prompt, params = ep.next_request()
@@ -237,7 +251,7 @@ async def play_game(make_game: Callable[[], Any], item: dict[str, Any], players:
                     engines: dict[str, Any], agents: dict[str, Any], config: MatchConfig) -> dict[str, Any]:
     """Play one scheduled game (:func:`schedule`'s ``item``); returns its row (module doc)."""
     from gymllm.inference.params import SamplingParams
-    from gymllm.multiagent.policies import policy_move
+    from gymllm.multiagent.policies import call_scripted, policy_move
     from gymllm.multiagent.seat import game_outcome
     from gymllm.rollout.episode import Episode, EpisodeKey
     from gymllm.rollout.seat_source import move_text
@@ -245,16 +259,17 @@ async def play_game(make_game: Callable[[], Any], item: dict[str, Any], players:
     by_seat: dict[str, str] = item["players"]
     seats = list(by_seat)
     row: dict[str, Any] = {"pairing": item["labels"], "game": item["game"], "seed": item["seed"], "players": by_seat,
-                           "winner": None, "draw": False, "outcomes": {}, "moves": [],
+                           "winner": None, "draw": False, "outcomes": {}, "rewards": {}, "moves": [],
                            "invalid": {label: 0 for label in by_seat.values()}, "forfeit": None, "truncated": False,
-                           "error": None, "crashed": None, "scored": True}
-    rng = np.random.default_rng([item["seed"], item["pairing"], item["game"]])
+                           "error": None, "crashed": None, "scored": True, "overflow": {}}
+    rng = np.random.default_rng([item["seed"], item["game"]])  # not the pairing: two players meet the same draws
     sampling = SamplingParams(temperature=config.temperature, max_tokens=config.max_tokens)
     episodes = {seat: Episode(EpisodeKey(group_index=item["pairing"], member=item["game"] * len(seats) + i,
                                          env_seed=item["seed"]), agents[label], sampling, base_seed=config.seed,
                               max_model_calls=config.max_moves + 1)
                 for i, (seat, label) in enumerate(by_seat.items()) if players[label].kind == "model"}
     started: set[str] = set()
+    overflowed: set[str] = set()  # model seats past their engine's context (config.overflow == "random")
     final: dict[str, tuple[float, dict]] = {}
     game = None
     try:
@@ -273,12 +288,19 @@ async def play_game(make_game: Callable[[], Any], item: dict[str, Any], players:
             label = by_seat[agent]
             player = players[label]
             try:
-                if player.kind == "model":
+                if player.kind == "model" and agent in overflowed:  # past its context: random from then on
+                    row["overflow"][label] += 1
+                    move = policy_move(None, game, agent, rng)
+                elif player.kind == "model":
                     move = await _model_move(game, agent, episodes[agent], engines[label], started, config)
+                    if move is None:
+                        overflowed.add(agent)
+                        row["overflow"][label] = 1
+                        move = policy_move(None, game, agent, rng)
                 elif player.kind == "random":
                     move = policy_move(None, game, agent, rng)
                 else:
-                    move = move_text(game, agent, player.fn(game.env.observe(agent), agent))
+                    move = move_text(game, agent, call_scripted(player.fn, game.env.observe(agent), agent, game.env, rng))
             except Exception as e:  # noqa: BLE001 - a failing side is a recorded loss (or unscored), never a lost row
                 why = ("no reply within move_timeout_s" if isinstance(e, asyncio.TimeoutError)
                        else str(e) if isinstance(e, _SideError) else f"{type(e).__name__}: {e}")
@@ -317,6 +339,7 @@ def _score(row: dict[str, Any], final: dict[str, tuple[float, dict]], by_seat: d
         row["draw"] = True
         return
     row["outcomes"] = {by_seat[s]: game_outcome(s, r, i) for s, (r, i) in final.items()}
+    row["rewards"] = {by_seat[s]: r for s, (r, _) in final.items()}
     forfeit = next((i.get("forfeit") for _, i in final.values() if i.get("forfeit") is not None), None)
     if forfeit is not None:
         row["forfeit"] = by_seat.get(forfeit, forfeit)
@@ -405,6 +428,7 @@ async def arun_matches(make_game: Callable[[], Any], players: Sequence[Player], 
     """Play the round robin (module doc) and write ``games.jsonl``, ``summary.json`` and ``ratings.json``
     into ``out``; returns the summary (``ratings`` included)."""
     from gymllm.rollout import ModelAgent
+    from gymllm.suites.game_stats import paired_comparisons
 
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -413,7 +437,9 @@ async def arun_matches(make_game: Callable[[], Any], players: Sequence[Player], 
     probe = make_game()
     seats = list(probe.possible_agents)
     probe.close()
-    items = schedule(labels, config.games, config.seed, seats)
+    models = {p.label for p in players if p.kind == "model"}
+    items = schedule(labels, config.games, config.seed, seats,
+                     skip=None if config.model_pairs else lambda a, b: a in models and b in models)
     engines: dict[str, Any] = {}
     agents = {p.label: ModelAgent(p.loaded.tokenizer, system_prompt=p.system_prompt) for p in players if p.kind == "model"}
     rows: list[dict[str, Any]] = []
@@ -441,7 +467,9 @@ async def arun_matches(make_game: Callable[[], Any], players: Sequence[Player], 
     summary = {"players": [{"label": p.label, "kind": p.kind} for p in players], "seats": seats,
                "config": {k: v for k, v in dataclasses.asdict(config).items()},
                "games": len(rows), "errors": sum(r["error"] is not None for r in rows),
-               "pairings": summarize_games(rows, labels, confidence=config.confidence)}
+               "pairings": summarize_games(rows, labels, confidence=config.confidence),
+               "paired": paired_comparisons(rows, [p.label for p in players if p.kind == "model"], labels,
+                                            confidence=config.confidence)}
     ratings = ratings_table(rows, labels, config)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     (out / "ratings.json").write_text(json.dumps(ratings, indent=2))

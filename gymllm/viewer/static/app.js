@@ -68,6 +68,10 @@ const CURVES = [
   ["reward (trained groups)", r => ({ "": r.reward_mean })],
   ["success", r => Object.fromEntries(Object.entries(r).filter(([k]) => /^eval\/.*\/pass@1$/.test(k) || k === "success_rate")
     .map(([k, v]) => [k.replace(/^eval\//, "").replace(/\/pass@1$/, " pass@1"), v]))],
+  ["games vs fixed opponents (win or draw)", r => Object.fromEntries(Object.entries(r).filter(([k]) => /^eval\/vs\/.*\/win_or_draw$/.test(k))
+    .map(([k, v]) => [k.replace(/^eval\/vs\//, "vs ").replace(/\/win_or_draw$/, ""), v]))],
+  ["games vs fixed opponents (mean reward)", r => Object.fromEntries(Object.entries(r).filter(([k]) => /^eval\/vs\/.*\/reward$/.test(k))
+    .map(([k, v]) => [k.replace(/^eval\/vs\//, "vs ").replace(/\/reward$/, ""), v]))],
   ["loss", r => ({ "": r.loss })],
   ["KL", r => ({ "": r.kl })],
   ["staleness (versions)", r => ({ "": r.staleness_mean })],

@@ -1,0 +1,159 @@
+"""Does self-play learn? Each self-play recipe end to end, then its checkpoints measured on held-out games.
+
+For each recipe (``tictactoe_selfplay``, ``kuhn_poker_selfplay``):
+
+1. ``gymllm train RECIPE --run-dir DIR`` (demos -> SFT at ``DIR/sft`` -> self-play GRPO at ``DIR``), timed as
+   a whole (goal: <= 20 minutes on the 2-core CPU); its learning curve is read from ``DIR/metrics.jsonl``
+   (``eval/vs/<opponent>/...`` at every evaluation step, :mod:`gymllm.suites.game_eval`).
+2. ``gymllm eval --game`` with each checkpoint (``sft``, ``selfplay``) against fixed players neither
+   trained against: ``random`` and a scripted heuristic (tic-tac-toe: ``tictactoe_one_ply``, take a win,
+   block a loss; Kuhn poker: ``kuhn_card_player``, bet/call a K, check/fold a J), ``--games`` greedy games
+   a pairing (default 128), seats swapped, held-out seeds (``RUN/eval/<label>``; one already there is reused).
+3. The paired comparison (:mod:`gymllm.suites.game_stats`: self-play minus SFT per seed, Student's t 95%
+   interval) and, for Kuhn poker, the action table by card (:func:`gymllm.envs.kuhn_poker.kuhn_action_table`).
+
+Reported per recipe, with each issue-44 goal and whether it is met: tic-tac-toe ``win_or_draw`` of both
+checkpoints against random and the one-ply heuristic, the paired gain over SFT and its interval (goals:
+>= 0.85 against random after self-play, a gain with its interval above 0, and a rise against the
+heuristic); Kuhn poker chips a game against random of both and the paired gain (goal: interval above 0),
+and the bet-or-call share with a K and with a J (goal: K above J). ``--eval-only`` measures existing run
+directories (``--run-root``) without training; ``--quick`` is a smoke run (2 GRPO steps, 16 games: its
+figures do not measure the goals). Extra arguments after ``--`` go to every ``gymllm train``.
+
+    python benchmarks/selfplay_learning.py --recipe tictactoe_selfplay --run-root runs/selfplay_learning
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import subprocess
+import sys
+import time
+import tomllib
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+RECIPES = {
+    "tictactoe_selfplay": {"game": "tic-tac-toe", "heuristic": "gymllm.envs.games:tictactoe_one_ply"},
+    "kuhn_poker_selfplay": {"game": "kuhn-poker", "heuristic": "gymllm.envs.kuhn_poker:kuhn_card_player"},
+}
+BUDGET_S = 20 * 60
+
+
+def run(cmd: list[str], log: pathlib.Path) -> float:
+    """Run ``cmd`` (output to ``log``); its wall seconds. A failure raises with the log's tail."""
+    t = time.perf_counter()
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO)
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{log.read_text()[-3000:]}")
+    return time.perf_counter() - t
+
+
+def curve(run_dir: pathlib.Path) -> list[dict]:
+    """The run's learning curve: every step record with ``eval/vs/...`` figures."""
+    path = run_dir / "metrics.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    return [{"step": r["step"], **{k[len("eval/vs/"):]: r[k] for k in r if k.startswith("eval/vs/")}}
+            for r in rows if any(k.startswith("eval/vs/") for k in r)]
+
+
+def evaluate(recipe: str, run_dir: pathlib.Path, label: str, checkpoint: pathlib.Path, games: int) -> list[dict]:
+    """``gymllm eval --game`` of one checkpoint against the fixed players into ``run_dir/eval/<label>``
+    (kept: a directory whose summary has the same games is reused); its rows."""
+    spec = RECIPES[recipe]
+    table = tomllib.loads((REPO / "gymllm" / "recipes" / f"{recipe}.toml").read_text())
+    out_dir = run_dir / "eval" / label
+    done = out_dir / "summary.json"
+    if not (done.exists() and json.loads(done.read_text())["config"]["games"] == games):
+        cmd = [sys.executable, "-m", "gymllm.cli.main", "eval", "--game", spec["game"], "--checkpoint", str(checkpoint),
+               "--label", label, "--opponent", "random", "--opponent", spec["heuristic"],
+               "--game-kwargs", json.dumps(table["env"].get("kwargs", {})), "--games", str(games), "--temperature", "0",
+               "--max-tokens", str(table.get("sampling", {}).get("max_tokens", 6)), "--max-len", "1024",
+               "--num-resamples", "200", "--out", str(out_dir)]
+        run(cmd, run_dir / f"eval_{label}.log")
+    return [json.loads(x) for x in (out_dir / "games.jsonl").read_text().splitlines() if x.strip()]
+
+
+def measure(recipe: str, run_dir: pathlib.Path, games: int) -> dict:
+    """Step 2 and 3 of the module doc on a finished run directory. Each checkpoint is evaluated by its
+    own command (the schedule and the random player's draws depend only on the seeds and the games, so
+    both meet the same games, as in one command with ``--no-model-pairs``); the rows are then compared."""
+    from gymllm.suites.game_stats import paired_comparisons
+    from gymllm.suites.games import summarize_games
+
+    spec = RECIPES[recipe]
+    kwargs = tomllib.loads((REPO / "gymllm" / "recipes" / f"{recipe}.toml").read_text())["env"].get("kwargs", {})
+    t = time.perf_counter()
+    rows = evaluate(recipe, run_dir, "sft", run_dir / "sft", games) + evaluate(recipe, run_dir, "selfplay", run_dir, games)
+    eval_s = time.perf_counter() - t
+    h = spec["heuristic"]
+    labels = ["sft", "selfplay", "random", h]
+    rates = {f"{x['player']}_vs_{x['opponent'].rsplit(':', 1)[-1]}": {k: x[k] for k in ("games", "win", "draw", "loss")}
+             for x in summarize_games(rows, labels) if x["player"] in ("sft", "selfplay")}
+    for v in rates.values():
+        v["win_or_draw"] = v["win"] + v["draw"] if v["win"] is not None else None
+    paired = {f"{d['metric']}_vs_{d['opponent'].rsplit(':', 1)[-1]}": {k: d[k] for k in ("n", "mean_a", "mean_b", "diff", "lo", "hi")}
+              for d in paired_comparisons(rows, ["sft", "selfplay"], ["random", h])}
+    out = {"eval_s": eval_s, "games": games, "rates": rates, "paired": paired}
+    h = spec["heuristic"].rsplit(":", 1)[-1]
+    if recipe == "tictactoe_selfplay":
+        wd = paired.get("win_or_draw_vs_random", {})
+        out["goals"] = {
+            "selfplay_win_or_draw_vs_random>=0.85": rates["selfplay_vs_random"]["win_or_draw"] >= 0.85,
+            "gain_over_sft_vs_random_interval_above_0": wd.get("lo", -1) > 0,
+            f"win_or_draw_vs_{h}_rises": paired.get(f"win_or_draw_vs_{h}", {}).get("diff", 0) > 0}
+    else:
+        from gymllm.envs.kuhn_poker import kuhn_action_table
+
+        actions = {p: kuhn_action_table(rows, p, **kwargs) for p in ("sft", "selfplay")}
+        out["actions"] = {p: {c: {k: t[k] for k in ("decisions", "aggressive", "[bet]", "[check]", "[call]", "[fold]")}
+                              for c, t in tab.items()} for p, tab in actions.items()}
+        chips = paired.get("reward_vs_random", {})
+        k, j = actions["selfplay"]["K"]["aggressive"], actions["selfplay"]["J"]["aggressive"]
+        out["goals"] = {"chips_gain_over_sft_vs_random_interval_above_0": chips.get("lo", -1) > 0,
+                        "selfplay_bets_or_calls_K_more_than_J": k is not None and j is not None and k > j}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--recipe", action="append", choices=sorted(RECIPES), help="repeatable (default: both)")
+    ap.add_argument("--run-root", default="runs/selfplay_learning", help="run directories go under it, one per recipe")
+    ap.add_argument("--games", type=int, default=128, help="games a pairing in the final evaluation (even)")
+    ap.add_argument("--eval-only", action="store_true", help="measure existing run directories, no training")
+    ap.add_argument("--quick", action="store_true", help="a smoke run: 2 GRPO steps, 16 games (not the goals' figures)")
+    ap.add_argument("extra", nargs="*", help="arguments for gymllm train (after --)")
+    args = ap.parse_args()
+    from gymllm.utils.host import describe_cpu, loadavg
+
+    cpu, load0 = describe_cpu(), loadavg()
+    print(f"CPU: {cpu}; load average {load0}", flush=True)
+    games = 16 if args.quick else args.games
+    extra = [*args.extra, *(["--learner.num-steps", "2"] if args.quick else [])]
+    result: dict = {"cpu": cpu, "quick": args.quick}
+    for recipe in args.recipe or sorted(RECIPES):
+        run_dir = (REPO / args.run_root / recipe).resolve()
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        fig: dict = {}
+        if not args.eval_only:
+            fig["train_s"] = run([sys.executable, "-m", "gymllm.cli.main", "train", recipe, "--run-dir", str(run_dir),
+                                  *extra], run_dir.parent / f"{recipe}.train.log")
+            fig["within_20_min"] = fig["train_s"] <= BUDGET_S
+        stages = json.loads((run_dir / "stages.json").read_text()) if (run_dir / "stages.json").exists() else {}
+        fig["sft_s"] = stages.get("sft", {}).get("wall_s")
+        fig["curve"] = curve(run_dir)
+        fig.update(measure(recipe, run_dir, games))
+        print(f"{recipe}: {json.dumps(fig)}", flush=True)
+        result[recipe] = fig
+    result["loadavg"] = {"start": load0, "end": loadavg()}
+    from results import emit_result
+
+    emit_result("selfplay_learning", result)
+
+
+if __name__ == "__main__":
+    main()
