@@ -85,6 +85,20 @@ def test_one_listener_serves_every_active_log_and_every_thread():
     assert not a.active and not b.active  # (one record per compile above: the listener is registered once)
 
 
+def test_two_active_logs_put_one_span_per_compile_in_one_tracer():
+    # a run's log beside another active log (e.g. one a caller left running) must not double the trace
+    tr, other = Tracer(), Tracer()
+    a, b, c = CompileLog(tracer=tr).start(), CompileLog(tracer=tr).start(), CompileLog(tracer=other).start()
+    try:
+        _fresh_program(6.0)(np.ones(3, np.float32))
+    finally:
+        a.stop(), b.stop(), c.stop()
+    names = [r.name for r in a.records]
+    assert names and names == [r.name for r in b.records] == [r.name for r in c.records]
+    spans = lambda t: sorted(e["name"] for e in t.events() if e["track"] == COMPILE_TRACK)  # noqa: E731
+    assert spans(tr) == sorted(names) and spans(other) == sorted(names)  # once each, in each tracer
+
+
 def _rec(name: str, seconds: float, hit: bool = False, kind: str = "program") -> CompileRecord:
     return CompileRecord(name=name, seconds=seconds, cache_hit=hit, kind=kind, end=0.0)
 

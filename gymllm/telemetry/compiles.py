@@ -153,15 +153,23 @@ class CompileLog:
 
     # ------------------------------------------------------------------ recording
 
-    def add(self, rec: CompileRecord) -> None:
-        """Keep ``rec`` (the listener calls this for every compile; tests may call it directly)."""
+    def span_tracer(self) -> _tracer_mod.Tracer | None:
+        """The tracer this log records its spans in now (None: ``trace=False``)."""
+        if not self.trace:
+            return None
+        return self.tracer if self.tracer is not None else _tracer_mod.get_tracer()
+
+    def add(self, rec: CompileRecord, *, span: bool = True) -> None:
+        """Keep ``rec`` (the listener calls this for every compile; tests may call it directly) and, with
+        ``span``, record its span (the listener passes False when another active log already put this
+        compile's span in the same tracer: one compile, one span)."""
         with self._lock:
             self.records.append(rec)
             if self._file is not None:
                 self._file.write(json.dumps(rec.to_json()) + "\n")
                 self._file.flush()
-        if self.trace:
-            tr = self.tracer if self.tracer is not None else _tracer_mod.get_tracer()
+        tr = self.span_tracer() if span else None
+        if tr is not None:
             tr.add_span(rec.name, rec.seconds, track=COMPILE_TRACK, kind=rec.kind, cache_hit=rec.cache_hit,
                         lower_s=rec.lower_s, in_bytes=rec.in_bytes)
 
@@ -316,8 +324,12 @@ def _on_compile(seconds: float, name: str) -> None:
         kind, in_bytes = "program", None
     rec = CompileRecord(name=name, seconds=seconds, cache_hit=bool(hit), kind=kind, end=time.time(),
                         lower_s=lower_s, in_bytes=in_bytes, thread=threading.current_thread().name, key=key)
+    traced: set[int] = set()  # tracers that already have this compile's span
     for log in logs:
-        log.add(rec)
+        tr = log.span_tracer()
+        log.add(rec, span=tr is not None and id(tr) not in traced)
+        if tr is not None:
+            traced.add(id(tr))
 
 
 def _inspect_stack(frame: Any, depth: int = 40) -> tuple[str, int | None]:
