@@ -12,6 +12,7 @@ tiny preset compiles 40 programs (over 2 minutes here; ``benchmarks/compile.py -
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 
@@ -84,7 +85,10 @@ def test_the_run_records_its_compiles(two_runs):
     step = json.loads((tmp / "run0" / "metrics.jsonl").read_text().splitlines()[-1])
     assert step["compiles"] == len(recs) and step["compile_s"] == pytest.approx(sum(r["seconds"] for r in recs))
     trace = [e for e in load_chrome_trace(tmp / "run0" / "trace.json") if e.get("track") == COMPILE_TRACK]
-    assert sorted(e["name"] for e in trace) == sorted(r["name"] for r in recs)
+    # every compile of the run has its span on the compile track (the track may hold more: compiles of the
+    # process recorded into the same tracer outside the run's log, seen when other test modules ran first)
+    spans, logged = collections.Counter(e["name"] for e in trace), collections.Counter(r["name"] for r in recs)
+    assert not logged - spans, logged - spans
     assert {e["args"]["kind"] for e in trace} == {"program", "op"}
 
 

@@ -171,3 +171,25 @@ def test_the_viewer_shows_the_runs_compile_figures(tmp_path):
     shown = ViewedRun(run, "run").overview()["compiles"]
     assert shown == {k: v for k, v in summarize(recs).items() if k != "by_name"}
     assert (shown["programs"], shown["programs_loaded"], shown["programs_all"]) == (1, 1, 2)
+
+
+def test_a_run_whose_setup_fails_leaves_no_log_recording(tmp_path):
+    # setup starts the run's compile log before building the parts; no close() follows a failed setup, so a
+    # log left active would record (and write) every later compile of the process
+    import dataclasses
+
+    from gymllm.algos.run import Run
+    from gymllm.algos.train_config import preset
+    from gymllm.telemetry.compiles import active_logs
+
+    cfg = preset("tiny")
+    cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, id="gymllm/NoSuchEnv-v0", kwargs={}),
+                              run=dataclasses.replace(cfg.run, run_dir=str(tmp_path / "run")))
+    before = active_logs()
+    run = Run(cfg, None)
+    try:
+        with pytest.raises(Exception, match="NoSuchEnv"):
+            run.setup()
+    finally:
+        run.components.close()  # as train() does after a failed setup
+    assert not run.compiles.active and active_logs() == before

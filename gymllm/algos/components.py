@@ -144,16 +144,17 @@ def build_parts(cfg: TrainConfig, parts: Components) -> tuple[RunParts, ResumeSt
     pusher = parts.make_pusher(cfg, engine, lm, learner)
     if resume.resumed_from is not None:
         pusher.push(learner.policy_params(), learner.version)
+    from gymllm.multiagent.factory import game_factory
+
+    # the envs before any warm-up: an env that fails to build fails the setup with no compile thread left behind
+    game = game_factory(cfg.env.id, cfg.env.kwargs) if cfg.rollout.mode != "proxy" else None
+    # a multi-agent game: envs is its GameFactory (the seat source plays the games); proxy: the program plays
+    envs = game if game is not None else parts.make_envs(cfg) if cfg.rollout.mode != "proxy" else None
     if cfg.run.warmup:
         engine.warmup()
         learner.warmup(group_size=cfg.rollout.group_size)
     elif getattr(getattr(learner, "config", None), "fixed_shapes", False):  # its few programs, while rollouts start
         learner.warmup(group_size=cfg.rollout.group_size, background=True)
-    from gymllm.multiagent.factory import game_factory
-
-    game = game_factory(cfg.env.id, cfg.env.kwargs) if cfg.rollout.mode != "proxy" else None
-    # a multi-agent game: envs is its GameFactory (the seat source plays the games); proxy: the program plays
-    envs = game if game is not None else parts.make_envs(cfg) if cfg.rollout.mode != "proxy" else None
     agent_cls = ToolAgent if cfg.env.agent == "tool" else ModelAgent
     return RunParts(tok=tok, learner=learner, ckpt=ckpt, engine=engine, gen_engine=resume.generation_engine(engine, tok),
                     pusher=pusher, envs=envs, agent=agent_cls(tok, system_prompt=cfg.env.system_prompt or None),

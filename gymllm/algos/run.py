@@ -142,7 +142,11 @@ class Run:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(cfg.to_json())
         self.log.compiles = self.compiles.start()  # model load and warm-up compiles count too
-        self.parts, self.resume = build_parts(cfg, self.components)
+        try:
+            self.parts, self.resume = build_parts(cfg, self.components)
+        except BaseException:  # no close() follows a failed setup: the process-wide log must not stay active
+            self.compiles.stop()
+            raise
         if cfg.run.resume:  # a killed run's records past the restored checkpoint are a lost lineage: set aside
             self.resume.rewind_logs(self.run_dir)
         self.log.open(self.run_dir, cfg, self.parts.tok)

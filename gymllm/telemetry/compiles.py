@@ -263,6 +263,11 @@ def read_compiles(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 _ACTIVE: tuple[CompileLog, ...] = ()
 _ACTIVE_LOCK = threading.Lock()
+
+
+def active_logs() -> tuple[CompileLog, ...]:
+    """The compile logs recording now (started, not stopped)."""
+    return _ACTIVE
 _INSTALLED = False
 _LOCAL = threading.local()  # per thread: a cache hit / lowering time waiting for its compile event
 _JAX_DIR: str | None = None
