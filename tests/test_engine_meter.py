@@ -29,20 +29,43 @@ class GatedEngine:
         return f"done {session_id}"
 
 
-def test_calls_become_engine_spans_and_the_fraction_is_their_union():
+class FakeClock:
+    """The tracer's clock, moved by the test (so every fraction below is exact, not a timing)."""
+
+    def __init__(self):
+        self.ns = 1_000_000_000
+
+    def perf_counter_ns(self) -> int:
+        return self.ns
+
+    def time(self) -> float:
+        return self.ns / 1e9
+
+    def advance_us(self, us: float) -> None:
+        self.ns += int(us * 1000)
+
+
+def test_calls_become_engine_spans_and_the_fraction_is_their_union(monkeypatch):
+    import gymllm.telemetry.tracer as tracer_module
+
+    clock = FakeClock()
+    monkeypatch.setattr(tracer_module, "time", clock)
+
     async def main(tr):
         eng = MeteredEngine(GatedEngine())
         a = asyncio.create_task(eng.generate([1], None, session_id="a"))
         b = asyncio.create_task(eng.generate([1], None, session_id="b"))
         await asyncio.sleep(0)
         assert eng.inflight == 2 and eng.max_inflight == 2
-        open_fraction = eng.busy_fraction()  # both in flight since (almost) the clock start: counted up to now
+        clock.advance_us(1000)
+        open_fraction = eng.busy_fraction()  # both in flight since the clock start: counted up to now
+        clock.advance_us(1000)
         eng.engine.gates["a"].set()
         assert await a == "done a"
-        await asyncio.sleep(0.002)  # b still in flight
+        clock.advance_us(1000)  # b still in flight
         eng.engine.gates["b"].set()
         await b
-        await asyncio.sleep(0.01)  # idle
+        clock.advance_us(1000)  # idle
         return eng, open_fraction
 
     with use_tracer() as tr:
@@ -51,11 +74,12 @@ def test_calls_become_engine_spans_and_the_fraction_is_their_union():
         events = tr.events()
     calls = [e for e in events if e["track"] == TRACK]
     assert [e["args"]["session"] for e in calls] == ["a", "b"] and eng.calls == 2 and eng.inflight == 0
-    assert open_fraction > 0.5
+    assert open_fraction == pytest.approx(1.0)
+    assert [e["dur"] for e in calls] == pytest.approx([2000, 3000])
     lo, hi = eng.started_us, calls[-1]["ts"] + calls[-1]["dur"]  # the union is the span of b (a lies inside it)
     expected = union_length((e["ts"], e["ts"] + e["dur"]) for e in calls)
-    assert busy_fraction(events, "engine", window=(lo, hi)) == pytest.approx(expected / (hi - lo))
-    assert 0.0 < got < 1.0  # the idle tail after b counts as idle
+    assert busy_fraction(events, "engine", window=(lo, hi)) == pytest.approx(expected / (hi - lo)) == pytest.approx(1.0)
+    assert got == pytest.approx(0.75)  # 3 ms busy, then 1 ms idle after b
     assert eng.version == 3
 
 
