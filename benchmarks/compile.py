@@ -27,6 +27,7 @@ times are also given as ``quickstart_train_s_tpu`` / ``quickstart_train_s_tpu_wa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -84,6 +85,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help=f"the Quickstart with {QUICK_STEPS} steps instead of 12")
     ap.add_argument("--preset", default="default", choices=("default", "tiny"), help="gymllm train's preset")
+    ap.add_argument("--keep-runs", type=pathlib.Path, default=None,
+                    help="keep the two run directories (cold/, warm/) and the cache under this directory "
+                         "instead of a temporary one (e.g. to read their traces afterwards)")
     ap.add_argument("extra", nargs="*", help="arguments for gymllm train (after --)")
     a = ap.parse_args()
     from gymllm.utils.host import describe_cpu, loadavg
@@ -91,7 +95,14 @@ def main() -> None:
     cpu, load0, dev = describe_cpu(), loadavg(), device()
     print(f"CPU: {cpu}; device: {dev['device_kind']} ({dev['platform']}); load average {load0}", flush=True)
     args = ["--preset", a.preset, *(["--learner.num-steps", str(QUICK_STEPS)] if a.quick else []), *a.extra]
-    with tempfile.TemporaryDirectory(prefix="gymllm-bench-compile-") as tmp:
+    keep = a.keep_runs
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        if any(keep.iterdir()):
+            raise SystemExit(f"--keep-runs {keep}: expected an empty or new directory (the cold run needs an "
+                             "empty compile cache); pick another directory or empty it")
+    with (contextlib.nullcontext(str(keep)) if keep is not None
+          else tempfile.TemporaryDirectory(prefix="gymllm-bench-compile-")) as tmp:
         cache = pathlib.Path(tmp) / "xla"
         cold = run_train(pathlib.Path(tmp) / "cold", cache, args)
         print(f"cold: trained {cold['steps']} steps in {cold['train_s']:.1f} s; {cold['figures']['programs']} "

@@ -11,7 +11,8 @@
 #                tolerance check, on the accelerator (GYMLLM_TEST_DEVICE=accelerator); $TPU_TESTS
 #                replaces the file list (e.g. tests/test_models_decode.py tests/test_attention.py)
 #   quickstart   `gymllm train` (the README Quickstart) cold then warm in a fresh compile cache
-#                (benchmarks/compile.py, else benchmarks/quickstart.py twice); args: $QUICKSTART_ARGS
+#                (benchmarks/compile.py, else benchmarks/quickstart.py twice); args: $QUICKSTART_ARGS;
+#                the two runs' telemetry (no checkpoints) in $OUT/quickstart_runs.tar.gz
 #   accel        benchmarks/accelerator_check.py (8-minute budget); args: $ACCEL_ARGS
 #   learner_mfu  benchmarks/train.py --roofline-only (the Quickstart learner against the device's matmul
 #                rate); args: $LEARNER_MFU_ARGS
@@ -96,7 +97,14 @@ run_part() {
       setup || return 1
       if [ -f benchmarks/compile.py ]; then
         # shellcheck disable=SC2086
-        "$PY" benchmarks/compile.py ${QUICKSTART_ARGS:-} 2>&1 | tee "$OUT/quickstart.log"
+        local keep
+        keep="$(mktemp -d /tmp/gymllm-qs-XXXXXX)"
+        "$PY" benchmarks/compile.py --keep-runs "$keep" ${QUICKSTART_ARGS:-} 2>&1 | tee "$OUT/quickstart.log"
+        local rc=${PIPESTATUS[0]}
+        # the runs' telemetry (not their checkpoints) in one file: summaries, metrics, traces, compiles
+        (cd "$keep" && tar czf "$OUT/quickstart_runs.tar.gz" --exclude='*/checkpoints' --exclude='xla' \
+          --exclude='*/trajectories*' cold warm 2>/dev/null)
+        return "$rc"
       else
         local cache
         cache="$(mktemp -d /tmp/gymllm-xla-XXXXXX)"
