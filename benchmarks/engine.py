@@ -326,12 +326,12 @@ def main(argv: list[str] | None = None) -> dict:
                     help="compare the engine's program sets instead (EngineConfig.shapes: buckets vs fixed) on the "
                          "Quickstart's engine: programs, compile seconds, tokens/s on a GRPO-like burst")
     ap.add_argument("--budgets", default="128",
-                    help="with --shapes: the fixed set's prefill token budgets to run (comma-separated)")
+                    help="with --shapes: the fixed sets' prefill token budgets, comma-separated (128/32: with a 32-token program)")
     args = ap.parse_args(argv)
     if args.shapes:
         import engine_shapes  # emits its own RESULT (record "engine_shapes")
 
-        return engine_shapes.main(args.quick, [int(b) for b in args.budgets.split(",") if b.strip()])
+        return engine_shapes.main(args.quick, [b.strip() for b in args.budgets.split(",") if b.strip()])
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     from gymllm.models import make_tiny
 

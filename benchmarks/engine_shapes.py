@@ -7,15 +7,16 @@ context, decode chunks of 8, ``compute_dtype="auto"``), under each program set:
 * ``buckets``: the preset's engine as it was (prefill batch sizes {1, 2, 4} x length buckets
   {64, 128, 160} x cached lengths {0, 20, 40, 80, 160}; decode widths {8, 12} x 4 cache lengths; copies);
 * ``fixed``: ``shapes="fixed"``, ``decode_lengths=1`` and each ``--budgets`` token budget
-  (``prefill_tokens``).
+  (``prefill_tokens``; ``128/32``: with ``prefill_tokens_small=32``).
 
 Per set: the programs compiled (JAX's backend-compile events of the weight install and ``warmup()``,
 every compiled program dropped before them so each set compiles its whole set, and during the runs, by
 program name) and their compile seconds (the events' durations; ``warmup_s``: the wall time of
 ``warmup()``, tracing and lowering included), then tokens/s on a GRPO-like burst over fresh engines
 (the compiled programs are shared): 12 rows (2 groups of 6 identical ~100-token prompts, as the
-Quickstart's ArithmeticTool groups) sample 24 tokens each, then every row's second turn (its prompt, its
-completion and a ~20-token observation; the prefix reused) samples up to 24 more (the 160-token
+Quickstart's ArithmeticTool groups) sample 24 tokens each, and each row's second turn (its prompt, its
+completion and a ~20-token observation; the prefix reused), sent as soon as that row's first turn ends
+(as a rollout does), samples up to 24 more (the 160-token
 context ends some). Stop ids are off, so every
 run generates the same number of tokens. The sets run interleaved for a few rounds, the order rotating
 (the machine's load drifts); the mean and spread per set are reported. Real weights when the model
@@ -49,8 +50,10 @@ GROUPS, GROUP_SIZE, PROMPT_LEN, OBS_LEN, MAX_TOKENS = 2, 6, 100, 20, 24
 
 def configs(budgets: list[int]) -> dict[str, EngineConfig]:
     out = {"buckets": QUICKSTART}
-    for b in budgets:
-        out[f"fixed_{b}"] = dataclasses.replace(QUICKSTART, shapes="fixed", decode_lengths=1, prefill_tokens=b)
+    for b in budgets:  # "128" or "128/32" (prefill_tokens / prefill_tokens_small)
+        full, _, small = str(b).partition("/")
+        out[f"fixed_{full}" + (f"_{small}" if small else "")] = dataclasses.replace(
+            QUICKSTART, shapes="fixed", decode_lengths=1, prefill_tokens=int(full), prefill_tokens_small=int(small or 0))
     return out
 
 
@@ -77,12 +80,15 @@ async def burst(engine: JaxEngine, vocab: int, seed: int) -> tuple[int, float]:
     params = [SamplingParams(temperature=0.8, max_tokens=MAX_TOKENS, seed=seed * 100 + i)
               for i in range(GROUPS * GROUP_SIZE)]
     rows = [(prompts[i // GROUP_SIZE], params[i], f"r{seed}-{i}") for i in range(GROUPS * GROUP_SIZE)]
-    first = await asyncio.gather(*(engine.generate(p, q, session_id=s) for p, q, s in rows))
     obs = [[int(x) for x in rng.integers(3, vocab, size=OBS_LEN)] for _ in rows]
-    second = await asyncio.gather(*(engine.generate(p + list(c.token_ids) + o, q, session_id=s)
-                                    for (p, q, s), c, o in zip(rows, first, obs)))
+
+    async def row(p, q, s, o):  # a trajectory: its second turn starts when its own first turn ends
+        c = await engine.generate(p, q, session_id=s)
+        return c, await engine.generate(p + list(c.token_ids) + o, q, session_id=s)
+
+    done = await asyncio.gather(*(row(p, q, s, o) for (p, q, s), o in zip(rows, obs)))
     wall = time.perf_counter() - t0
-    return sum(len(c.token_ids) for c in [*first, *second]), wall
+    return sum(len(c.token_ids) for pair in done for c in pair), wall
 
 
 def run(lm, budgets: list[int], rounds: int, random_weights: bool) -> dict:
@@ -102,7 +108,8 @@ def run(lm, budgets: list[int], rounds: int, random_weights: bool) -> dict:
             warm_s = time.perf_counter() - t
             ev = installed + log.take()
             out[name] = {"config": {k: getattr(engine.config, k) for k in ("shapes", "prefill_tokens", "decode_lengths",
-                                                                           "max_prefill_batch", "compute_dtype")},
+                                                                           "max_prefill_batch", "compute_dtype",
+                                                                           "prefill_tokens_small")},
                          "listed_programs": len(engine.program_shapes()), "warmup_programs": len(ev),
                          "warmup_compile_s": round(sum(d for _, d in ev), 2), "warmup_s": round(warm_s, 2),
                          "programs_by_name": {n: sum(1 for x, _ in ev if x == n) for n in sorted({x for x, _ in ev})},
@@ -182,6 +189,6 @@ if __name__ == "__main__":
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="2 rounds (about five minutes on a quiet 2-core CPU)")
-    ap.add_argument("--budgets", default="128", help="the fixed set's prefill token budgets (comma-separated)")
+    ap.add_argument("--budgets", default="128", help="the fixed sets' prefill token budgets, comma-separated; 128/32 adds a 32-token program (prefill_tokens_small)")
     a = ap.parse_args()
-    main(a.quick, [int(b) for b in a.budgets.split(",") if b.strip()])
+    main(a.quick, [b.strip() for b in a.budgets.split(",") if b.strip()])

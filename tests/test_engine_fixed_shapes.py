@@ -10,6 +10,7 @@ ones ``program_shapes()`` lists, and more traffic compiles nothing. Interleaving
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -18,10 +19,11 @@ import pytest
 
 from gymllm.errors import ConfigError
 from gymllm.inference.adapters import AdapterConfig
+from gymllm.telemetry import use_tracer
 from gymllm.inference.config import EngineConfig
 from gymllm.inference.jax_engine import JaxEngine
 from gymllm.inference.params import SamplingParams
-from gymllm.inference.token_budget import pack_pieces
+from gymllm.inference.token_budget import pack_pieces, plan_calls
 from gymllm.models import lora
 from gymllm.models.packed_prefill import packed_prefill_and_write
 from gymllm.models.prefill import prefill_and_write
@@ -135,6 +137,36 @@ def test_fixed_shapes_serve_the_tokens_of_the_buckets_over_two_turns(lm, decode_
     same(got, want)
     assert [c.cached_prompt_len for c in got[len(PROMPTS):]] == [len(p) + 5 for p in PROMPTS]  # turn 2 reused
     assert engine.stats["prefill_tokens"] == sum(len(p) for p in PROMPTS) + 3 * len(PROMPTS) + len(PROMPTS)
+
+
+def test_a_small_budget_serves_the_same_tokens_and_takes_the_calls_that_fit_it(lm):
+    """``prefill_tokens_small=8``: the second turns (six pieces of 4 new tokens in one round: 24 tokens in
+    three 8-token calls, not two 32-token ones) run the 8-token program, the first round (208 tokens)
+    the 32-token one; tokens and logprobs stay the bucketed path's."""
+    want, _ = serve(lm, BUCKETS, two_turns)
+    with use_tracer() as tr:
+        got, engine = serve(lm, dataclasses.replace(FIXED, prefill_tokens_small=8), two_turns, decode_chunk=4)
+        sizes = [e["args"]["tokens"] for e in tr.events() if e["name"] == "prefill" and e["ph"] == "X"]
+    same(got, want)
+    assert engine.program_shapes()[:2] == [("prefill_packed", 8, 3, 96), ("prefill_packed", 32, 3, 96)]
+    assert sizes[-3:] == [8, 8, 8] and set(sizes[:-3]) == {32}
+    assert engine.stats["prefill_tokens"] == sum(len(p) for p in PROMPTS) + 3 * len(PROMPTS) + len(PROMPTS)
+
+
+@pytest.mark.parametrize("chunks,want", [([97, 1, 1], [128]), ([16, 16, 16], [32, 32]), ([16], [32]),
+                                         ([40, 30, 30], [128]), ([3] * 9, [32, 32, 32]), ([200], [128, 128])])
+def test_a_round_runs_the_plan_that_processes_fewer_tokens(chunks, want):
+    plan = plan_calls(chunks, (32, 128), 4)
+    assert [b for b, _ in plan] == want
+    assert all(sum(p.length for p in call) <= b for b, call in plan)
+    got = [(p.index, p.offset, p.length) for _, call in plan for p in call]
+    assert [n for *_, n in got] and sum(n for *_, n in got) == sum(chunks)  # every token once, in order
+    assert plan_calls(chunks, (128,), 4) == [(128, c) for c in pack_pieces(chunks, 128, 4)]
+
+
+def test_the_small_budget_is_checked():
+    with pytest.raises(ValueError, match="prefill_tokens_small"):
+        dataclasses.replace(FIXED, prefill_tokens_small=32)  # not below prefill_tokens=32
 
 
 async def group(engine):

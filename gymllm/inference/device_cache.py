@@ -84,6 +84,17 @@ class DeviceSteps:
         with fixed shapes the decode cache lengths only (a packed call reads its rows whatever they hold)."""
         return self.lengths if self.fixed else (0, *self.lengths)
 
+    @property
+    def prefill_budgets(self) -> tuple[int, ...]:
+        """(Fixed shapes.) The token budgets of the packed prefill programs, smallest first:
+        ``prefill_tokens_small`` (when set) and ``prefill_tokens``."""
+        small, full = self.config.prefill_tokens_small, self.config.prefill_tokens
+        return (small, full) if small else (full,)
+
+    def prefill_budget(self, used: int) -> int:
+        """(Fixed shapes.) The smallest packed prefill budget that holds ``used`` tokens."""
+        return next(t for t in self.prefill_budgets if used <= t)
+
     def prefill_length(self, max_start: int) -> int:
         """The smallest prefill length covering every row's start (reused prefix) ``max_start``."""
         return pick_bucket(max_start, self.prefill_lengths)
@@ -203,7 +214,8 @@ class DeviceSteps:
         cfg, max_len = self.config, self.config.max_len
         out: list[tuple] = []
         if self.fixed:
-            out += [("prefill_packed", cfg.prefill_tokens, cfg.max_prefill_batch, n) for n in self.prefill_lengths]
+            out += [("prefill_packed", t, cfg.max_prefill_batch, n) for t in self.prefill_budgets
+                    for n in self.prefill_lengths]
         else:
             limit = pick_bucket(min(max_prompt_len, max_len - 1), self.buckets) if max_prompt_len else max_len
             shapes = self.prefill_shapes(limit, min(max_prompt_len or max_len, max_len - 1))

@@ -40,7 +40,7 @@ from gymllm.inference.multi_token_decode import chunk_limits
 from gymllm.inference.request import EngineRequest, RequestFailed
 from gymllm.inference.rows import DecodeRows
 from gymllm.inference.slot_table import pick_bucket
-from gymllm.inference.token_budget import pack_pieces
+from gymllm.inference.token_budget import plan_calls
 from gymllm.inference.weights import WeightStore
 
 
@@ -201,18 +201,19 @@ class EngineLoop:
 
     def prefill_packed(self, reqs: list[EngineRequest]) -> None:
         """(Fixed shapes.) Prefill a round's requests in packed calls of ``prefill_tokens`` tokens
-        (:func:`~gymllm.inference.token_budget.pack_pieces`); a request joins the decode rows after the call
+        (:func:`~gymllm.inference.token_budget.plan_calls`: with ``prefill_tokens_small``, calls of
+        either budget); a request joins the decode rows after the call
         holding its last piece. A call that raises fails the requests with a piece in it (and, if it took
         the cache with it, every request of the round not yet decoding)."""
         cfg, device = self.config, self.device
         chunks = [len(r.prompt) - r.placement.reuse_len for r in reqs]
         over: set[int] = set()  # requests started or failed
-        for call in pack_pieces(chunks, cfg.prefill_tokens, cfg.max_prefill_batch):
+        for budget, call in plan_calls(chunks, device.prefill_budgets, cfg.max_prefill_batch):
             call = [piece for piece in call if piece.index not in over]
             if not call:
                 continue
             try:
-                *inputs, rp = self.admission.packed_inputs(reqs, call, cfg.prefill_tokens, cfg.max_prefill_batch)
+                *inputs, rp = self.admission.packed_inputs(reqs, call, budget, cfg.max_prefill_batch)
                 length = device.prefill_length(int(inputs[4].max()))
                 tok, logp = device.call_prefill_packed(*inputs, rp, length)
             except Exception as exc:  # isolate: fail these requests, keep serving the rest

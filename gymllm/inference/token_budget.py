@@ -5,7 +5,9 @@ With ``EngineConfig.shapes="fixed"`` the engine prefills through one packed prog
 tokens. :func:`pack_pieces` plans the calls of one admission round: requests in order, each call filled
 until its budget or its segment count runs out; a chunk that does not fit continues in the next call
 (that piece reads the first from the cache, which the earlier call wrote). A request samples its first
-token in the call holding its last piece (``Piece.final``). Pure Python, tested directly.
+token in the call holding its last piece (``Piece.final``). With a second, smaller budget
+(``EngineConfig.prefill_tokens_small``) :func:`plan_calls` picks, per round, the plan that processes
+fewer tokens. Pure Python, tested directly.
 """
 
 from __future__ import annotations
@@ -45,3 +47,25 @@ def pack_pieces(chunks: Sequence[int], budget: int, segments: int) -> list[list[
                 i, off = i + 1, 0
         calls.append(call)
     return calls
+
+
+def plan_calls(chunks: Sequence[int], budgets: Sequence[int], segments: int) -> list[tuple[int, list[Piece]]]:
+    """The packed calls of one round when the engine has programs of several token ``budgets``: each call
+    as ``(budget, pieces)``. Two plans: :func:`pack_pieces` at the largest budget, each call then run by
+    the smallest program that holds it; and :func:`pack_pieces` at the smallest budget (short pieces in
+    more, smaller calls). Each is weighed by the tokens its programs process (padding included) plus,
+    for every call, the smallest budget's worth (a call reads every weight, whatever it holds: a long
+    prompt is not cut into many small calls), the fewer calls breaking a tie."""
+    budgets = sorted(budgets)
+    if len(budgets) > 1 and not all(isinstance(b, int) and b >= 1 for b in budgets):
+        raise ValueError(f"plan_calls: expected budgets of at least one token, received {budgets}")
+
+    def fit(used: int) -> int:
+        return next(b for b in budgets if used <= b)
+
+    wide = [(fit(sum(p.length for p in call)), call) for call in pack_pieces(chunks, budgets[-1], segments)]
+    if len(budgets) == 1:
+        return wide
+    narrow = [(budgets[0], call) for call in pack_pieces(chunks, budgets[0], segments)]
+    cost = lambda plan: (sum(b for b, _ in plan) + budgets[0] * len(plan), len(plan))  # noqa: E731
+    return narrow if cost(narrow) < cost(wide) else wide
