@@ -69,11 +69,11 @@ def evaluate(recipe: str, run_dir: pathlib.Path, label: str, checkpoint: pathlib
     out_dir = run_dir / "eval" / label
     done = out_dir / "summary.json"
     if not (done.exists() and json.loads(done.read_text())["config"]["games"] == games):
-        cmd = [sys.executable, "-m", "gymllm.cli.main", "eval", "--game", spec["game"], "--checkpoint", str(checkpoint),
-               "--label", label, "--opponent", "random", "--opponent", spec["heuristic"],
-               "--game-kwargs", json.dumps(table["env"].get("kwargs", {})), "--games", str(games), "--temperature", "0",
-               "--max-tokens", str(table.get("sampling", {}).get("max_tokens", 6)), "--max-len", "1024",
-               "--num-resamples", "200", "--out", str(out_dir)]
+        cmd = [sys.executable, "-m", "gymllm.cli.main", "eval", "game", spec["game"], "--model.checkpoint", str(checkpoint),
+               "--model.label", label, "--opponent", "random", "--opponent", spec["heuristic"],
+               "--env-kwargs", json.dumps(table["env"].get("kwargs", {})), "--eval.games", str(games),
+               "--sampling.temperature", "0", "--sampling.max-tokens", str(table.get("sampling", {}).get("max_tokens", 6)),
+               "--engine.max-len", "1024", "--eval.num-resamples", "200", "--out", str(out_dir)]
         run(cmd, run_dir / f"eval_{label}.log")
     return [json.loads(x) for x in (out_dir / "games.jsonl").read_text().splitlines() if x.strip()]
 

@@ -257,9 +257,9 @@ def test_gymllm_eval_game_writes_games_summary_and_ratings(tmp_path, capsys):
     from gymllm.cli.main import main
 
     out = tmp_path / "ttt"
-    rc = main(["eval", "--game", "tic-tac-toe", "--model", "tiny-qwen3", "--opponent", "random", "--opponent",
-               "test_game_eval:first_legal", "--games", "2", "--max-tokens", "4", "--max-len", "512",
-               "--num-slots", "4", "--num-resamples", "100", "--out", str(out)])
+    rc = main(["eval", "game", "tic-tac-toe", "--model.name", "tiny-qwen3", "--opponent", "random", "--opponent",
+               "test_game_eval:first_legal", "--eval.games", "2", "--sampling.max-tokens", "4", "--engine.max-len",
+               "512", "--engine.num-slots", "4", "--eval.num-resamples", "100", "--out", str(out)])
     assert rc == 0
     assert {p.name for p in out.iterdir()} == {"games.jsonl", "summary.json", "ratings.json"}
     rows = _rows(out)
@@ -279,9 +279,9 @@ def test_gymllm_eval_game_writes_games_summary_and_ratings(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "tiny-qwen3" in printed and "Elo (random = 1000" in printed
     # an unknown game or opponent is one error line naming the fix (checked before any model loads)
-    assert main(["eval", "--game", "chess", "--model", "tiny-qwen3", "--out", str(tmp_path / "x")]) == 2
+    assert main(["eval", "game", "chess", "--model.name", "tiny-qwen3", "--out", str(tmp_path / "x")]) == 2
     assert "tic-tac-toe, connect-four, or MODULE:FACTORY" in capsys.readouterr().err
-    assert main(["eval", "--game", "tic-tac-toe", "--model", "tiny-qwen3", "--opponent", "nobody",
+    assert main(["eval", "game", "tic-tac-toe", "--model.name", "tiny-qwen3", "--opponent", "nobody",
                  "--out", str(tmp_path / "x")]) == 2
     assert "--opponent random" in capsys.readouterr().err
 
