@@ -5,7 +5,7 @@ For each recipe (``tictactoe_selfplay``, ``kuhn_poker_selfplay``):
 1. ``gymllm train RECIPE --run-dir DIR`` (demos -> SFT at ``DIR/sft`` -> self-play GRPO at ``DIR``), timed as
    a whole (goal: <= 20 minutes on the 2-core CPU); its learning curve is read from ``DIR/metrics.jsonl``
    (``eval/vs/<opponent>/...`` at every evaluation step, :mod:`gymllm.suites.game_eval`).
-2. ``gymllm eval --game`` with each checkpoint (``sft``, ``selfplay``) against fixed players neither
+2. ``gymllm eval game`` with each checkpoint (``sft``, ``selfplay``) against fixed players neither
    trained against: ``random`` and a scripted heuristic (tic-tac-toe: ``tictactoe_one_ply``, take a win,
    block a loss; Kuhn poker: ``kuhn_card_player``, bet/call a K, check/fold a J), ``--games`` greedy games
    a pairing (default 128), seats swapped, held-out seeds (``RUN/eval/<label>``; one already there is reused).
@@ -62,7 +62,7 @@ def curve(run_dir: pathlib.Path) -> list[dict]:
 
 
 def evaluate(recipe: str, run_dir: pathlib.Path, label: str, checkpoint: pathlib.Path, games: int) -> list[dict]:
-    """``gymllm eval --game`` of one checkpoint against the fixed players into ``run_dir/eval/<label>``
+    """``gymllm eval game`` of one checkpoint against the fixed players into ``run_dir/eval/<label>``
     (kept: a directory whose summary has the same games is reused); its rows."""
     spec = RECIPES[recipe]
     table = tomllib.loads((REPO / "gymllm" / "recipes" / f"{recipe}.toml").read_text())

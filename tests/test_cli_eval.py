@@ -1,4 +1,4 @@
-"""`gymllm eval --checkpoint RUN_DIR` evaluates what `gymllm train` trained: train two steps through the
+"""`gymllm eval env ENV --model.checkpoint RUN_DIR` evaluates what `gymllm train` trained: train two steps through the
 CLI, then evaluate that run directory through the CLI (the run's model, its trained weights, its env kwargs)."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def run_dir(tmp_path_factory):
 def test_restored_weights_are_the_trained_ones(run_dir):
     trained, step = restore_trained(run_dir)
     assert step == 2
-    loaded = load_model(None, checkpoint=str(run_dir))  # no --model: the run's own model section
+    loaded = load_model(None, checkpoint=str(run_dir))  # no --model.name: the run's own model section
     assert loaded.config.hidden_size == 64 and loaded.config.num_layers == 2  # the tiny preset's dims
     flat = loaded.model.flat_params()
     assert set(flat) == set(trained)

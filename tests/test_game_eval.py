@@ -1,4 +1,4 @@
-"""``gymllm eval --game``: the Elo math against reference formulas and a synthetic tournament, the match
+"""``gymllm eval game``: the Elo math against reference formulas and a synthetic tournament, the match
 runner on tic-tac-toe (scripted players with a forced outcome, a crashing player, seats balanced, games
 interleaved on an engine) and the command line end to end with a tiny model."""
 
@@ -303,8 +303,8 @@ def test_players_from_flags_label_checkpoints_like_the_suite_and_keep_their_syst
     assert players[0].system_prompt is None and players[1].system_prompt == "Play well."  # the run's, read from RUN
     assert loads == [("tiny-qwen3", None), (None, str(run / "checkpoints"))]
     given = players_from_flags(["tiny-qwen3"], [str(run)], [], [], system_prompt="Reply with a move.")
-    assert [p.system_prompt for p in given] == ["Reply with a move.", "Play well."]  # --model's; the run keeps its own
-    with pytest.raises(ConfigError, match="--label"):
+    assert [p.system_prompt for p in given] == ["Reply with a move.", "Play well."]  # --model.name's; the run keeps its own
+    with pytest.raises(ConfigError, match="--model.label"):
         players_from_flags(["tiny-qwen3"], [], ["a", "b"], [])
     loads.clear()
     with pytest.raises(ConfigError, match="--opponent"):

@@ -2,7 +2,7 @@
 checkpoint is written by the run's own writer (:class:`~gymllm.algos.checkpoint.Checkpointer` saving a
 :class:`~gymllm.algos.policies.PolicySet` built from a training config, with each policy's trained
 arrays moved apart), then read back through the paths the commands take: ``gymllm.models.load``,
-``gymllm eval --checkpoint``'s loader, a ``run:RUN#NAME`` opponent's engine and ``gymllm eval --game``,
+``gymllm eval env ENV --model.checkpoint``'s loader, a ``run:RUN#NAME`` opponent's engine and ``gymllm eval game``,
 which enters every policy of a bare ``RUN`` as its own player."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Benchmark suites on a real Ray cluster (every node a raylet on 127.0.0.1; no local_mode).
 
-- ``gymllm eval --suite S --cluster.backend ray``: each policy on engine replica actors, each env's
+- ``gymllm eval suite --eval.suite S --cluster.backend ray``: each policy on engine replica actors, each env's
   sub-envs on env-worker actors, gives the rows of the in-process run: the same (policy, env, seed,
   sample) keys and, the sampling being seeded per request (the seed follows from the env's seed_base,
   the group and the sample, not from the replica or the batch that serves it), the same rewards,

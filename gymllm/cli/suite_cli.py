@@ -199,7 +199,7 @@ def compare(
     out: str | None = None,
     seed: int = 0,
 ) -> int:
-    """Paired comparisons of the policies in existing suite results (directories written by `gymllm eval --suite`).
+    """Paired comparisons of the policies in existing suite results (directories written by `gymllm eval suite`).
 
     Args:
         dirs: Result directories (each with results.jsonl and suite.json); their rows are pooled.
@@ -235,7 +235,7 @@ def _pooled(dirs: Sequence[str]) -> tuple[list[dict[str, Any]], Any, list[str]]:
     for d in dirs:
         path = pathlib.Path(d)
         if not (path / "results.jsonl").is_file() or not (path / "suite.json").is_file():
-            raise FileNotFoundError(f"{d}: expected a directory written by `gymllm eval --suite` (results.jsonl and "
+            raise FileNotFoundError(f"{d}: expected a directory written by `gymllm eval suite` (results.jsonl and "
                                     "suite.json), received one without them. Fix: pass the --out of a suite run")
         per_dir.append((path, ResultsFile(path / "results.jsonl").read(),
                         suite_from_dict(json.loads((path / "suite.json").read_text()))))
