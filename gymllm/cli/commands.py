@@ -17,6 +17,7 @@ from gymllm.atomic import atomic_write_text
 from gymllm.cli.train_args import (parse_train_args, parse_train_plan, recipe_sft_stage,  # noqa: F401 (re-exported)
                                    train_arguments, train_config_from)
 from gymllm.cli.eval_args import EngineShape, ModelChoice
+from gymllm.cli.tables import print_table
 
 # --------------------------------------------------------------------------------------- dispatch
 
@@ -372,28 +373,4 @@ def bench(
     return 0
 
 
-# ------------------------------------------------------------------------------------- helpers
-
-
-def print_table(rows: list[dict], columns: list[str]) -> None:
-    """``rows`` as a ``rich`` table of ``columns`` on stdout (floats to 3 decimals). Off a terminal the
-    table is as wide as its longest cells (nothing wrapped or cut), so output stays greppable."""
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-
-    def cell(v: object) -> str:
-        return f"{v:.3f}" if isinstance(v, float) else str(v)
-
-    cells = [[cell(r.get(c, "")) for c in columns] for r in rows]
-    table = Table(*columns, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, highlight=False)
-    for row in cells:
-        table.add_row(*row)
-    console = Console()
-    if not console.is_terminal:
-        widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
-        console = Console(width=sum(widths) + 3 * len(widths) + 2, soft_wrap=False)
-    console.print(table)
-
-
-__all__ = ["train", "serve", "ServeEngine", "envs", "check", "replay", "report", "bench", "dispatch", "print_table"]
+__all__ = ["train", "serve", "ServeEngine", "envs", "check", "replay", "report", "bench", "dispatch"]

@@ -156,7 +156,7 @@ def eval_envs(args: EnvEval) -> int:
     import json
     import pathlib
 
-    from gymllm.cli.commands import print_table
+    from gymllm.cli.tables import print_table
     from gymllm.errors import ConfigError, explain
 
     kwargs = None
