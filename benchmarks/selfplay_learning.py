@@ -5,7 +5,7 @@ For each recipe (``tictactoe_selfplay``, ``kuhn_poker_selfplay``):
 1. ``gymllm train RECIPE --run-dir DIR`` (demos -> SFT at ``DIR/sft`` -> self-play GRPO at ``DIR``), timed as
    a whole (goal: <= 20 minutes on the 2-core CPU); its learning curve is read from ``DIR/metrics.jsonl``
    (``eval/vs/<opponent>/...`` at every evaluation step, :mod:`gymllm.suites.game_eval`).
-2. ``gymllm eval --game`` with each checkpoint (``sft``, ``selfplay``) against fixed players neither
+2. ``gymllm eval game`` with each checkpoint (``sft``, ``selfplay``) against fixed players neither
    trained against: ``random`` and a scripted heuristic (tic-tac-toe: ``tictactoe_one_ply``, take a win,
    block a loss; Kuhn poker: ``kuhn_card_player``, bet/call a K, check/fold a J), ``--games`` greedy games
    a pairing (default 128), seats swapped, held-out seeds (``RUN/eval/<label>``; one already there is reused).
@@ -62,18 +62,18 @@ def curve(run_dir: pathlib.Path) -> list[dict]:
 
 
 def evaluate(recipe: str, run_dir: pathlib.Path, label: str, checkpoint: pathlib.Path, games: int) -> list[dict]:
-    """``gymllm eval --game`` of one checkpoint against the fixed players into ``run_dir/eval/<label>``
+    """``gymllm eval game`` of one checkpoint against the fixed players into ``run_dir/eval/<label>``
     (kept: a directory whose summary has the same games is reused); its rows."""
     spec = RECIPES[recipe]
     table = tomllib.loads((REPO / "gymllm" / "recipes" / f"{recipe}.toml").read_text())
     out_dir = run_dir / "eval" / label
     done = out_dir / "summary.json"
     if not (done.exists() and json.loads(done.read_text())["config"]["games"] == games):
-        cmd = [sys.executable, "-m", "gymllm.cli.main", "eval", "--game", spec["game"], "--checkpoint", str(checkpoint),
-               "--label", label, "--opponent", "random", "--opponent", spec["heuristic"],
-               "--game-kwargs", json.dumps(table["env"].get("kwargs", {})), "--games", str(games), "--temperature", "0",
-               "--max-tokens", str(table.get("sampling", {}).get("max_tokens", 6)), "--max-len", "1024",
-               "--num-resamples", "200", "--out", str(out_dir)]
+        cmd = [sys.executable, "-m", "gymllm.cli.main", "eval", "game", spec["game"], "--model.checkpoint", str(checkpoint),
+               "--model.label", label, "--opponent", "random", "--opponent", spec["heuristic"],
+               "--env-kwargs", json.dumps(table["env"].get("kwargs", {})), "--eval.games", str(games),
+               "--sampling.temperature", "0", "--sampling.max-tokens", str(table.get("sampling", {}).get("max_tokens", 6)),
+               "--engine.max-len", "1024", "--eval.num-resamples", "200", "--out", str(out_dir)]
         run(cmd, run_dir / f"eval_{label}.log")
     return [json.loads(x) for x in (out_dir / "games.jsonl").read_text().splitlines() if x.strip()]
 

@@ -1,6 +1,6 @@
 """A bounded load test of ``gymllm serve``: concurrent streaming clients on loopback for a fixed time.
 
-A real ``gymllm serve --model tiny-qwen3`` process (uvicorn, the JaxEngine, SSE streaming) on 127.0.0.1;
+A real ``gymllm serve --model.name tiny-qwen3`` process (uvicorn, the JaxEngine, SSE streaming) on 127.0.0.1;
 ``--clients`` asyncio clients each send streaming completions back to back for ``--duration-s`` seconds
 (prompts and lengths vary per request, seeded). Measured: latency of each whole stream (request sent to
 ``[DONE]``), p50 and p99; errors (a non-200 answer, an error event in the stream, a missing ``[DONE]``, a
@@ -38,8 +38,8 @@ def start_server(model: str, max_len: int, slots: int) -> tuple[subprocess.Popen
     from gymllm.utils.serving import wait_until_healthy
 
     port = _free_port()
-    cmd = [sys.executable, "-m", "gymllm.cli.main", "serve", "--model", model, "--port", str(port),
-           "--max-len", str(max_len), "--max-slots", str(slots), "--min-bucket", str(max_len)]
+    cmd = [sys.executable, "-m", "gymllm.cli.main", "serve", "--model.name", model, "--port", str(port),
+           "--engine.max-len", str(max_len), "--engine.num-slots", str(slots), "--engine.min-bucket", str(max_len)]
     env = {**os.environ, "GYMLLM_API_KEY": ""}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"

@@ -4,7 +4,7 @@ Both sides evaluate the same policy on the same rows: the core suite's five envs
 Countdown, MathWord, CalcMath, FrozenLake), ``num_seeds`` held-out seeds x ``k`` samples each, the
 same env seeds and sampling seeds, the same engine row length.
 
-* ``per_env``: what ``gymllm eval ENV1 ... ENV5`` does today (:func:`gymllm.cli.evaluate.run_eval`): a
+* ``per_env``: what ``gymllm eval env ENV1 ... ENV5`` does today (:func:`gymllm.cli.evaluate.run_eval`): a
   fresh engine per env, the envs one after another, each through the rollout orchestrator;
 * ``suite``: :func:`gymllm.suites.run_suite`: one engine serves all five envs, all in flight at once
   (barrier-free), rows written as episodes end.
@@ -72,6 +72,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from gymllm.cli.evaluate import eval_env, load_model
+    from gymllm.inference.params import SamplingParams
     from gymllm.rollout.evaluation import EvalConfig
     from gymllm.suites import PolicySpec, RunnerConfig, load_suite, run_suite
     from gymllm.utils.host import describe_cpu
@@ -120,11 +121,11 @@ def main() -> None:
         return time.perf_counter() - t0, summary
 
     def per_env_side() -> tuple[float, list[dict[str, Any]]]:
-        # what `gymllm eval ENV1 ... ENV5` runs (run_eval): a fresh engine per env, one env after another
+        # what `gymllm eval env ENV1 ... ENV5` runs (run_eval): a fresh engine per env, one env after another
         t0 = time.perf_counter()
-        rows = [asyncio.run(eval_env(e.id, loaded, num_seeds=sizes["num_seeds"], k=sizes["k"], seed_offset=1_000_000,
-                                     temperature=0.7, max_tokens=sizes["max_tokens"], max_turns=sizes["max_turns"],
-                                     success_threshold=1.0, max_len=args.max_len, num_slots=per_env_slots[e.name],
+        config = EvalConfig(seeds=sizes["num_seeds"], k=sizes["k"], seed_base=1_000_000, max_turns=sizes["max_turns"],
+                            success_threshold=1.0, sampling=SamplingParams(temperature=0.7, max_tokens=sizes["max_tokens"]))
+        rows = [asyncio.run(eval_env(e.id, loaded, config=config, max_len=args.max_len, num_slots=per_env_slots[e.name],
                                      engine=engine_fields))
                 for e in suite.envs]
         return time.perf_counter() - t0, rows

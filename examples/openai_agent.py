@@ -7,7 +7,7 @@ it). Against ``gymllm serve`` in training mode every episode is a session (``X-S
 ``group_size`` episodes of one problem share a group (``X-Group-Id``), and the reward closes the
 session, so the server turns the episodes into GRPO groups of exactly the sampled tokens.
 
-    gymllm serve --model tiny-qwen3 --training --groups-out groups.jsonl --group-size 4 &
+    gymllm serve --model.name tiny-qwen3 --training --groups-out groups.jsonl --group-size 4 &
     python examples/openai_agent.py --base-url http://127.0.0.1:8000/v1 --problems 4 --group-size 4
 
 ``--task gymllm/TinyRepeat-v0 --env-kwargs '{"num_letters": 2}' --no-tools`` plays the tiny task (no

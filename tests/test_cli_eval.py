@@ -1,4 +1,4 @@
-"""`gymllm eval --checkpoint RUN_DIR` evaluates what `gymllm train` trained: train two steps through the
+"""`gymllm eval env ENV --model.checkpoint RUN_DIR` evaluates what `gymllm train` trained: train two steps through the
 CLI, then evaluate that run directory through the CLI (the run's model, its trained weights, its env kwargs)."""
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import pytest
 from gymllm.algos.checkpoint import checkpoint_dir, restore_model_weights, restore_trained
 from gymllm.cli.evaluate import load_model
 from gymllm.cli.main import main
+from gymllm.inference.params import SamplingParams
+from gymllm.rollout.evaluation import EvalConfig
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +26,7 @@ def run_dir(tmp_path_factory):
 def test_restored_weights_are_the_trained_ones(run_dir):
     trained, step = restore_trained(run_dir)
     assert step == 2
-    loaded = load_model(None, checkpoint=str(run_dir))  # no --model: the run's own model section
+    loaded = load_model(None, checkpoint=str(run_dir))  # no --model.name: the run's own model section
     assert loaded.config.hidden_size == 64 and loaded.config.num_layers == 2  # the tiny preset's dims
     flat = loaded.model.flat_params()
     assert set(flat) == set(trained)
@@ -46,22 +48,23 @@ def test_restored_weights_differ_from_the_initial_ones(run_dir):
 
 def test_eval_cli_on_the_run_directory_uses_the_runs_env_kwargs(run_dir, tmp_path, capsys):
     out = tmp_path / "eval.json"
-    assert main(["eval", "gymllm/TinyRepeat-v0", "--checkpoint", str(run_dir), "--num-seeds", "2", "--k", "2",
-                 "--max-tokens", "6", "--max-turns", "1", "--out", str(out)]) == 0
+    assert main(["eval", "env", "gymllm/TinyRepeat-v0", "--model.checkpoint", str(run_dir), "--eval.seeds", "2",
+                 "--eval.k", "2", "--sampling.max-tokens", "6", "--eval.max-turns", "1", "--out", str(out)]) == 0
     (row,) = json.loads(out.read_text())
     assert row["env"] == "gymllm/TinyRepeat-v0" and row["env_kwargs"] == {"num_letters": 2}  # the trained setting
     assert row["episodes"] == 4 and 0.0 <= row["mean_reward"] <= 1.0
-    assert main(["eval", "gymllm/TinyRepeat-v0", "--checkpoint", str(run_dir), "--num-seeds", "1", "--k", "2",
-                 "--max-tokens", "6", "--max-turns", "1", "--env-kwargs", '{"num_letters": 3}', "--out", str(out)]) == 0
+    assert main(["eval", "env", "gymllm/TinyRepeat-v0", "--model.checkpoint", str(run_dir), "--eval.seeds", "1",
+                 "--eval.k", "2", "--sampling.max-tokens", "6", "--eval.max-turns", "1", "--env-kwargs",
+                 '{"num_letters": 3}', "--out", str(out)]) == 0
     assert json.loads(out.read_text())[0]["env_kwargs"] == {"num_letters": 3}
 
 
 def test_eval_errors_are_clear(tmp_path, capsys):
     with pytest.raises(FileNotFoundError, match="run directory written by `gymllm train`"):
         checkpoint_dir(tmp_path)
-    assert main(["eval", "gymllm/TinyRepeat-v0", "--checkpoint", str(tmp_path), "--model", "tiny-qwen3"]) == 2
+    assert main(["eval", "env", "gymllm/TinyRepeat-v0", "--model.checkpoint", str(tmp_path), "--model.name", "tiny-qwen3"]) == 2
     assert "checkpoints" in capsys.readouterr().err
-    assert main(["eval", "gymllm/TinyRepeat-v0", "--model", "tiny-qwen3", "--env-kwargs", "[1]"]) == 2
+    assert main(["eval", "env", "gymllm/TinyRepeat-v0", "--model.name", "tiny-qwen3", "--env-kwargs", "[1]"]) == 2
     assert "JSON object" in capsys.readouterr().err
 
 
@@ -89,8 +92,8 @@ def test_eval_plays_the_trained_env_as_the_run_did(tmp_path, monkeypatch):
 
     monkeypatch.setattr(evaluate, "load_model", lambda name, checkpoint=None: models.make_tiny("qwen3"))
     monkeypatch.setattr(evaluate, "eval_env", fake_eval_env)
-    evaluate.run_eval(["gymllm/ArithmeticTool-v0", "gymllm/CalcMath-v0"], checkpoint=str(run), max_tokens=8,
-                      max_turns=2)
+    evaluate.run_eval(["gymllm/ArithmeticTool-v0", "gymllm/CalcMath-v0"], checkpoint=str(run),
+                      config=EvalConfig(max_turns=2, sampling=SamplingParams(max_tokens=8)))
     assert seen["gymllm/ArithmeticTool-v0"] == (ModelAgent, "Answer in one line.", {"digits": 1}, 96 + 16)
     other = seen["gymllm/CalcMath-v0"]
     assert other[0] is ToolAgent and other[1] != "Answer in one line." and other[2] == {}  # its own defaults

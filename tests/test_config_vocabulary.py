@@ -16,7 +16,7 @@ import pytest
 
 from gymllm.algos.train_config import (LEGACY_KEYS, TIES, EngineConfig, RolloutConfig, SamplingParams, TrainConfig,
                                        from_tables, legacy_tables, preset)
-from gymllm.cli.commands import print_table
+from gymllm.cli.tables import print_table
 from gymllm.cli.train_args import parse_train_args, train_arguments, train_config_from
 from gymllm.cli.recipes import shipped_recipes
 from gymllm.cli.sft import PROG as SFT_PROG, parse_sft_args
@@ -40,6 +40,13 @@ def _help_flags(cls, default=None, prog="gymllm", capsys=None) -> set[str]:
 
 def train_flags(cfg, capsys) -> set[str]:
     return _help_flags(train_arguments(cfg), capsys=capsys)
+
+
+def eval_flags(capsys) -> set[str]:
+    """The flags of ``gymllm eval env|suite|game`` (train's names, plus their own ``--eval.*`` and ``--model.label``)."""
+    from gymllm.cli.eval_args import subcommand_configs
+
+    return set().union(*(_help_flags(cls, capsys=capsys) for cls in subcommand_configs().values()))
 
 
 def _leaf_flags(written: dict, cfg, prefix: str = "-") -> list[str]:
@@ -95,7 +102,7 @@ def _messages() -> list[tuple[str, str]]:
 
 
 def test_every_flag_an_error_message_names_exists(capsys):
-    train = train_flags(preset("default"), capsys) | train_flags(preset("tiny"), capsys)
+    train = train_flags(preset("default"), capsys) | train_flags(preset("tiny"), capsys) | eval_flags(capsys)
     sft = _help_flags(__import__("gymllm.algos.sft", fromlist=["SFTConfig"]).SFTConfig, capsys=capsys)
     named = []
     for file, text in _messages():
@@ -257,7 +264,7 @@ def test_every_section_flag_the_docs_name_exists(capsys):
     """README.md, ARCHITECTURE.md and docs/ name ``--section.field`` flags of gymllm train and gymllm sft."""
     from gymllm.algos.sft import SFTConfig
 
-    known = train_flags(preset("default"), capsys) | _help_flags(SFTConfig, capsys=capsys)
+    known = train_flags(preset("default"), capsys) | _help_flags(SFTConfig, capsys=capsys) | eval_flags(capsys)
     top = ROOT.parent
     named = {}
     for page in [top / "README.md", top / "ARCHITECTURE.md", *sorted((top / "docs").rglob("*.md"))]:
@@ -267,4 +274,4 @@ def test_every_section_flag_the_docs_name_exists(capsys):
                 named.setdefault(flag, page.name)
     assert "--cluster.backend" in named and "--learner.num-steps" in named
     missing = {flag: page for flag, page in named.items() if flag not in known}
-    assert not missing, f"flags the docs name that gymllm train/sft lack: {missing}"
+    assert not missing, f"flags the docs name that gymllm train/sft/eval lack: {missing}"

@@ -14,6 +14,7 @@ from gymllm.envs.games import TICTACTOE_MOVES
 from gymllm.models import tiny
 from gymllm.rollout.agents import ModelAgent
 from gymllm.rollout.episode import is_invalid_step
+from gymllm.inference.params import SamplingParams
 from gymllm.rollout.evaluation import EvalConfig, episode_figures, eval_metrics, evaluate_env
 from gymllm.multiagent.seat import game_outcome
 
@@ -66,7 +67,7 @@ def run_eval(script, kwargs, seeds=12):
     tok = tiny.tiny_tokenizer(512)
     envs = gymllm.make_vec(ENV, 4, **kwargs)
     try:
-        config = EvalConfig(num_seeds=seeds, max_turns=30, max_tokens=8)  # seeds from HELD_OUT_SEED_BASE
+        config = EvalConfig(seeds=seeds, max_turns=30, sampling=SamplingParams(temperature=0.0, max_tokens=8))  # seeds from HELD_OUT_SEED_BASE
         return asyncio.run(evaluate_env(envs, SquareByTurnEngine(tok, script), ModelAgent(tok), config=config,
                                         env_id=ENV, env_kwargs=kwargs))
     finally:

@@ -1,4 +1,4 @@
-"""``gymllm eval --game``: the Elo math against reference formulas and a synthetic tournament, the match
+"""``gymllm eval game``: the Elo math against reference formulas and a synthetic tournament, the match
 runner on tic-tac-toe (scripted players with a forced outcome, a crashing player, seats balanced, games
 interleaved on an engine) and the command line end to end with a tiny model."""
 
@@ -257,9 +257,9 @@ def test_gymllm_eval_game_writes_games_summary_and_ratings(tmp_path, capsys):
     from gymllm.cli.main import main
 
     out = tmp_path / "ttt"
-    rc = main(["eval", "--game", "tic-tac-toe", "--model", "tiny-qwen3", "--opponent", "random", "--opponent",
-               "test_game_eval:first_legal", "--games", "2", "--max-tokens", "4", "--max-len", "512",
-               "--num-slots", "4", "--num-resamples", "100", "--out", str(out)])
+    rc = main(["eval", "game", "tic-tac-toe", "--model.name", "tiny-qwen3", "--opponent", "random", "--opponent",
+               "test_game_eval:first_legal", "--eval.games", "2", "--sampling.max-tokens", "4", "--engine.max-len",
+               "512", "--engine.num-slots", "4", "--eval.num-resamples", "100", "--out", str(out)])
     assert rc == 0
     assert {p.name for p in out.iterdir()} == {"games.jsonl", "summary.json", "ratings.json"}
     rows = _rows(out)
@@ -279,9 +279,9 @@ def test_gymllm_eval_game_writes_games_summary_and_ratings(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "tiny-qwen3" in printed and "Elo (random = 1000" in printed
     # an unknown game or opponent is one error line naming the fix (checked before any model loads)
-    assert main(["eval", "--game", "chess", "--model", "tiny-qwen3", "--out", str(tmp_path / "x")]) == 2
+    assert main(["eval", "game", "chess", "--model.name", "tiny-qwen3", "--out", str(tmp_path / "x")]) == 2
     assert "tic-tac-toe, connect-four, or MODULE:FACTORY" in capsys.readouterr().err
-    assert main(["eval", "--game", "tic-tac-toe", "--model", "tiny-qwen3", "--opponent", "nobody",
+    assert main(["eval", "game", "tic-tac-toe", "--model.name", "tiny-qwen3", "--opponent", "nobody",
                  "--out", str(tmp_path / "x")]) == 2
     assert "--opponent random" in capsys.readouterr().err
 
@@ -303,8 +303,8 @@ def test_players_from_flags_label_checkpoints_like_the_suite_and_keep_their_syst
     assert players[0].system_prompt is None and players[1].system_prompt == "Play well."  # the run's, read from RUN
     assert loads == [("tiny-qwen3", None), (None, str(run / "checkpoints"))]
     given = players_from_flags(["tiny-qwen3"], [str(run)], [], [], system_prompt="Reply with a move.")
-    assert [p.system_prompt for p in given] == ["Reply with a move.", "Play well."]  # --model's; the run keeps its own
-    with pytest.raises(ConfigError, match="--label"):
+    assert [p.system_prompt for p in given] == ["Reply with a move.", "Play well."]  # --model.name's; the run keeps its own
+    with pytest.raises(ConfigError, match="--model.label"):
         players_from_flags(["tiny-qwen3"], [], ["a", "b"], [])
     loads.clear()
     with pytest.raises(ConfigError, match="--opponent"):

@@ -2,7 +2,7 @@
 checkpoint is written by the run's own writer (:class:`~gymllm.algos.checkpoint.Checkpointer` saving a
 :class:`~gymllm.algos.policies.PolicySet` built from a training config, with each policy's trained
 arrays moved apart), then read back through the paths the commands take: ``gymllm.models.load``,
-``gymllm eval --checkpoint``'s loader, a ``run:RUN#NAME`` opponent's engine and ``gymllm eval --game``,
+``gymllm eval env ENV --model.checkpoint``'s loader, a ``run:RUN#NAME`` opponent's engine and ``gymllm eval game``,
 which enters every policy of a bare ``RUN`` as its own player."""
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def test_each_policy_loads_its_own_lora_weights_through_every_loader(lora_run):
     _assert_weights(a, expected["a"])
     _assert_weights(b, expected["b"])
     assert _hash(a) != _hash(b)
-    # gymllm eval --checkpoint RUN#NAME (no --model: the model the run trained) and --model.checkpoint
+    # gymllm eval env --model.checkpoint RUN#NAME (no --model.name: the model the run trained), and with a model name
     _assert_weights(_flat(load_model(None, checkpoint=f"{run}#b")), expected["b"])
     _assert_weights(_flat(load_model("tiny-qwen3", checkpoint=f"{run}/checkpoints#a")), expected["a"])
 
@@ -239,8 +239,9 @@ def test_gymllm_eval_game_of_a_policies_run_rates_every_policy(lora_run, tmp_pat
 
     run, _ = lora_run
     out = tmp_path / "games"
-    rc = main(["eval", "--game", "tic-tac-toe", "--checkpoint", str(run), "--games", "2", "--max-tokens", "4",
-               "--max-len", "512", "--num-slots", "2", "--num-resamples", "50", "--out", str(out)])
+    rc = main(["eval", "game", "tic-tac-toe", "--model.checkpoint", str(run), "--eval.games", "2",
+               "--sampling.max-tokens", "4", "--engine.max-len", "512", "--engine.num-slots", "2",
+               "--eval.num-resamples", "50", "--out", str(out)])
     assert rc == 0
     summary = json.loads((out / "summary.json").read_text())
     assert [p["label"] for p in summary["players"]] == ["ttt#a", "ttt#b"]  # every policy of the run, a player each
@@ -257,7 +258,7 @@ def test_env_eval_of_a_bare_policies_run_names_the_policy_forms(lora_run, capsys
     from gymllm.cli.main import main
 
     run, _ = lora_run
-    assert main(["eval", "gymllm/TinyRepeat-v0", "--checkpoint", str(run), "--num-seeds", "1", "--k", "1"]) == 2
+    assert main(["eval", "env", "gymllm/TinyRepeat-v0", "--model.checkpoint", str(run), "--eval.seeds", "1", "--eval.k", "1"]) == 2
     err = capsys.readouterr().err
     assert f"{run}#a" in err and f"{run}#b" in err
 
@@ -267,6 +268,8 @@ def test_a_trained_policies_run_loads_each_policy_as_its_learner_left_it(tmp_pat
     from gymllm import models
     from gymllm.algos.run import Run
     from gymllm.cli.evaluate import run_eval
+    from gymllm.inference.params import SamplingParams
+    from gymllm.rollout.evaluation import EvalConfig
 
     cfg = _cfg(tmp_path, "--rollout.group-size", "2", "--env.num-envs", "2", "--rollout.max-model-calls", "2",
                "--sampling.max-tokens", "4", "--learner.groups-per-step", "1", "--learner.num-steps", "2",
@@ -287,5 +290,6 @@ def test_a_trained_policies_run_loads_each_policy_as_its_learner_left_it(tmp_pat
     assert _hash(final["a"]) != _hash(final["b"])  # each policy trained its own adapters
     for name in ("a", "b"):
         _assert_weights(_flat(models.load(f"{tmp_path}#{name}")), final[name])
-    rows = run_eval(["gymllm/TinyRepeat-v0"], checkpoint=f"{tmp_path}#b", num_seeds=1, k=1, max_tokens=4, max_turns=1)
+    rows = run_eval(["gymllm/TinyRepeat-v0"], checkpoint=f"{tmp_path}#b",
+                    config=EvalConfig(seeds=1, k=1, max_turns=1, sampling=SamplingParams(max_tokens=4)))
     assert rows[0]["env"] == "gymllm/TinyRepeat-v0" and rows[0]["episodes"] == 1

@@ -119,7 +119,7 @@ def test_the_learning_curve_rows_are_the_games_gymllm_eval_game_plays(tmp_path):
         assert r["win_or_draw"] == pytest.approx(r["win"] + r["draw"])
     m = GameEvaluator.metrics(rows[0])
     assert set(m) == {f"eval/vs/random/{k}" for k in ("win", "draw", "loss", "win_or_draw", "score", "reward", "illegal", "overflow")}
-    # the reference: the same player through gymllm eval --game's runner, same schedule and seeds
+    # the reference: the same player through gymllm eval game's runner, same schedule and seeds
     player = Player(label="policy", loaded=types.SimpleNamespace(tokenizer=tok), make_engine=lambda: CyclingEngine(tok))
     summary = run_matches(make, [player, opponent_player("random")], tmp_path,
                           config=MatchConfig(games=8, seed=1_000_000, temperature=0.0, max_tokens=4, num_resamples=20))

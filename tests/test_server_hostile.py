@@ -1,4 +1,4 @@
-"""Hostile HTTP against a live ``gymllm serve --model tiny-qwen3`` (a real uvicorn subprocess on
+"""Hostile HTTP against a live ``gymllm serve --model.name tiny-qwen3`` (a real uvicorn subprocess on
 127.0.0.1): schemathesis-generated requests from the server's own OpenAPI schema (valid and invalid
 bodies) never get a 5xx, the server never crashes and its memory stays bounded; then a table of
 named bad requests, each with its status and message, the server serving a good request after each."""
@@ -35,8 +35,9 @@ def _free_port() -> int:
 
 def _serve(*args: str) -> tuple[subprocess.Popen, str]:
     port = _free_port()
-    cmd = [sys.executable, "-m", "gymllm.cli.main", "serve", "--model", "tiny-qwen3", "--port", str(port),
-           "--max-len", str(MAX_LEN), "--max-slots", "2", "--min-bucket", str(MAX_LEN), "--decode-lengths", "1",
+    cmd = [sys.executable, "-m", "gymllm.cli.main", "serve", "--model.name", "tiny-qwen3", "--port", str(port),
+           "--engine.max-len", str(MAX_LEN), "--engine.num-slots", "2", "--engine.min-bucket", str(MAX_LEN),
+           "--engine.decode-lengths", "1",
            *args]  # few compiled shapes: the test measures requests, not compiles
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "GYMLLM_API_KEY": ""}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -172,7 +173,7 @@ def test_a_chunked_body_over_the_limit_gets_a_413(live):
 
 def test_non_loopback_without_a_key_is_refused_at_startup():
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "GYMLLM_API_KEY": ""}
-    out = subprocess.run([sys.executable, "-m", "gymllm.cli.main", "serve", "--model", "tiny-qwen3", "--host",
+    out = subprocess.run([sys.executable, "-m", "gymllm.cli.main", "serve", "--model.name", "tiny-qwen3", "--host",
                           "0.0.0.0", "--port", str(_free_port())], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "API key" in out.stderr and "--api-key" in out.stderr, out.stderr[-1000:]
 

@@ -333,8 +333,8 @@ def test_cli_end_to_end(tmp_path, capsys):
     assert "SFT: 2 steps on 6 rows" in out and f"--model.checkpoint {tmp_path / 'run'}" in out
     assert (tmp_path / "run" / "checkpoints" / "2").is_dir()
     table = tmp_path / "eval.json"  # the SFT run directory is evaluated as a training run's is
-    assert main(["eval", "gymllm/TinyRepeat-v0", "--checkpoint", str(tmp_path / "run"), "--num-seeds", "2", "--k", "1",
-                 "--max-tokens", "4", "--max-turns", "1", "--out", str(table)]) == 0
+    assert main(["eval", "env", "gymllm/TinyRepeat-v0", "--model.checkpoint", str(tmp_path / "run"), "--eval.seeds", "2",
+                 "--eval.k", "1", "--sampling.max-tokens", "4", "--eval.max-turns", "1", "--out", str(table)]) == 0
     capsys.readouterr()
     assert table.is_file() and "TinyRepeat" in table.read_text()
     assert main(["sft", "--run-dir", str(tmp_path / "x"), "--model.name", "tiny-qwen3"]) == 2  # no data: one line

@@ -1,6 +1,6 @@
 """Benchmark suites on a real Ray cluster (every node a raylet on 127.0.0.1; no local_mode).
 
-- ``gymllm eval --suite S --cluster.backend ray``: each policy on engine replica actors, each env's
+- ``gymllm eval suite --eval.suite S --cluster.backend ray``: each policy on engine replica actors, each env's
   sub-envs on env-worker actors, gives the rows of the in-process run: the same (policy, env, seed,
   sample) keys and, the sampling being seeded per request (the seed follows from the env's seed_base,
   the group and the sample, not from the replica or the batch that serves it), the same rewards,
@@ -26,6 +26,7 @@ import pytest
 
 import gymllm.ray_support  # noqa: F401  before ray: every node this file starts binds 127.0.0.1
 from gymllm.algos.train_config import ClusterSection, EnvSection
+from gymllm.cli.eval_args import EngineShape, Policies
 from gymllm.errors import ConfigError
 from gymllm.suites import load_suite
 from gymllm.suites.results import ResultsFile, row_key
@@ -80,8 +81,8 @@ MIX_SUITE = ('name = "mix"\nmax_turns = 1\n'
              '[[env]]\nname = "two"\nweight = 3.0\nid = "gymllm/TinyRepeat-v0"\nkwargs = { num_letters = 2 }\n'
              '[[env]]\nname = "three"\nweight = 1.0\nid = "gymllm/TinyRepeat-v0"\nkwargs = { num_letters = 3 }\n')
 
-EVAL_ARGS = dict(model=("tiny-qwen3",), max_concurrency_per_env=3, num_slots=4, max_len=64, episode_timeout_s=120.0,
-                 progress=False)
+EVAL_ARGS = dict(model=Policies(name=("tiny-qwen3",)), max_concurrency_per_env=3, engine=EngineShape(num_slots=4, max_len=64),
+                 episode_timeout_s=120.0, progress=False)
 
 
 @pytest.fixture
@@ -139,10 +140,10 @@ def test_slot_env_errors_name_the_fix(mix_file):
 
 def test_eval_takes_the_cluster_flags_of_train_and_refuses_learner_hosts(monkeypatch, capsys):
     from gymllm.algos import cluster as cluster_mod
-    from gymllm.cli import suite_cli
+    from gymllm.cli.eval_args import eval_main
 
     with pytest.raises(SystemExit) as done:
-        suite_cli.eval_main(["--help"])
+        eval_main(["suite", "--help"])
     assert done.value.code == 0
     text = capsys.readouterr().out
     for flag in ("--cluster.backend", "--cluster.address", "--cluster.env-workers", "--cluster.engine-replicas",
@@ -152,21 +153,19 @@ def test_eval_takes_the_cluster_flags_of_train_and_refuses_learner_hosts(monkeyp
     class Seen(Exception):
         pass
 
-    def placement(cluster, *, num_envs):  # what `gymllm eval` hands the Ray placement, without starting Ray
+    def placement(cluster, *, num_envs):  # what `gymllm eval suite` hands the Ray placement, without starting Ray
         raise Seen(cluster, num_envs)
 
     monkeypatch.setattr(cluster_mod, "SuiteOnRay", placement)
     with pytest.raises(Seen) as seen:
-        suite_cli.eval_main(["--suite", "core", "--model", "tiny-qwen3", "--cluster.backend", "ray",
-                             "--cluster.address", "auto", "--cluster.env-workers", "3", "--cluster.engine-replicas",
-                             "2", "--cluster.env-resources", "sandbox", "1"])
+        eval_main(["suite", "--eval.suite", "core", "--model.name", "tiny-qwen3", "--cluster.backend", "ray",
+                   "--cluster.address", "auto", "--cluster.env-workers", "3", "--cluster.engine-replicas",
+                   "2", "--cluster.env-resources", "sandbox", "1"])
     assert seen.value.args == (ClusterSection(backend="ray", address="auto", env_workers=3, engine_replicas=2,
                                               env_resources={"sandbox": 1.0}), len(load_suite("core").envs))
-    from gymllm.cli.commands import dispatch  # `gymllm eval ENV ... --cluster.*`: the env ids as a one-off suite
-
-    with pytest.raises(Seen) as seen:
-        dispatch("eval", lambda *a, **k: pytest.fail("the single-env path took --cluster.*"),
-                 ["gymllm/Arithmetic-v0", "--model", "tiny-qwen3", "--cluster.backend", "ray"])
+    with pytest.raises(Seen) as seen:  # env ids as a one-off suite on the cluster
+        eval_main(["suite", "--eval.envs", "gymllm/Arithmetic-v0", "--model.name", "tiny-qwen3",
+                   "--cluster.backend", "ray"])
     assert seen.value.args == (ClusterSection(backend="ray"), 1)
     monkeypatch.undo()
     with pytest.raises(ConfigError, match="learner_hosts=0"):
@@ -206,13 +205,14 @@ def rows_by_key(out: pathlib.Path) -> dict[tuple, dict]:
 def eval_local_and_on_ray(tmp_path, suite_text: str, cluster_section: ClusterSection):
     """The suite run in process and on the cluster: (suite, local rows, cluster rows) by key; the
     keys, the fields of every row and the summaries' results are checked equal here."""
-    from gymllm.cli.suite_cli import eval_suite
+    from gymllm.cli.suite_cli import SuiteEval, SuiteSelection, eval_suite
     from gymllm.suites.runner import work_items
 
     suite_path = tmp_path / "tiny.toml"
     suite_path.write_text(suite_text)
-    assert eval_suite(suite=str(suite_path), out=str(tmp_path / "local"), **EVAL_ARGS) == 0
-    assert eval_suite(suite=str(suite_path), out=str(tmp_path / "ray"), **EVAL_ARGS, cluster=cluster_section) == 0
+    picked = SuiteSelection(suite=str(suite_path))
+    assert eval_suite(SuiteEval(eval=picked, out=str(tmp_path / "local"), **EVAL_ARGS)) == 0
+    assert eval_suite(SuiteEval(eval=picked, out=str(tmp_path / "ray"), **EVAL_ARGS, cluster=cluster_section)) == 0
     local, remote = rows_by_key(tmp_path / "local"), rows_by_key(tmp_path / "ray")
     suite = load_suite(suite_path)
     expected = {("tiny-qwen3", e.name, seed, m) for e in suite.envs for _, seed, m in work_items(e)}

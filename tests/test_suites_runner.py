@@ -171,12 +171,15 @@ def test_rows_match_the_evaluation_path_of_gymllm_eval(run, loaded):
     import asyncio
 
     from gymllm.cli.evaluate import eval_env
+    from gymllm.inference.params import SamplingParams
+    from gymllm.rollout.evaluation import EvalConfig
 
     out, suite, summary = run
     e = suite.env("repeat")
-    row = asyncio.run(eval_env(e.id, loaded[0], num_seeds=len(e.seeds), k=e.k, seed_offset=e.seed_base,
-                               temperature=e.temperature, max_tokens=e.max_tokens, max_turns=e.max_turns,
-                               success_threshold=e.success_threshold, env_kwargs=e.kwargs, max_len=CONFIG.max_len))
+    config = EvalConfig(seeds=len(e.seeds), k=e.k, seed_base=e.seed_base, max_turns=e.max_turns,
+                        success_threshold=e.success_threshold,
+                        sampling=SamplingParams(temperature=e.temperature, max_tokens=e.max_tokens))
+    row = asyncio.run(eval_env(e.id, loaded[0], config=config, env_kwargs=e.kwargs, max_len=CONFIG.max_len))
     ours = [r for r in ResultsFile(out / "results.jsonl").read() if r["policy"] == "a" and r["env"] == "repeat"]
     assert row["seeds"] == list(e.seeds)
     assert np.mean([r["reward"] for r in ours]) == pytest.approx(row["mean_reward"], abs=1e-9)
@@ -236,8 +239,8 @@ def test_kill_9_then_resume_gives_every_row_exactly_once(tmp_path, user_dir):
     """))
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(user_dir), os.environ.get("PYTHONPATH", "")])}
-    args = ["eval", "--suite", str(suite), "--model", "tiny-qwen3", "--label", "tiny", "--out", str(out),
-            "--max-concurrency-per-env", "1", "--num-slots", "4", "--max-len", "256", "--no-progress"]
+    args = ["eval", "--eval.suite", str(suite), "--model.name", "tiny-qwen3", "--model.label", "tiny", "--out", str(out),
+            "--max-concurrency-per-env", "1", "--engine.num-slots", "4", "--engine.max-len", "256", "--no-progress"]
     proc = _cli(args, env)
     results = out / "results.jsonl"
     deadline = time.monotonic() + 500
@@ -266,7 +269,8 @@ def test_kill_9_then_resume_gives_every_row_exactly_once(tmp_path, user_dir):
 
 
 def test_cli_errors_are_one_line(tmp_path):
-    proc = _cli(["eval", "--suite", "cor", "--model", "tiny-qwen3", "--out", str(tmp_path / "o")], dict(os.environ))
+    proc = _cli(["eval", "--eval.suite", "cor", "--model.name", "tiny-qwen3", "--out", str(tmp_path / "o")],
+                dict(os.environ))
     text = proc.communicate(timeout=120)[0]
     assert proc.returncode == 2 and "error: SuiteError" in text and "did you mean core" in text
     proc = _cli(["compare", str(tmp_path)], dict(os.environ))
@@ -296,14 +300,16 @@ def test_compare_pools_directories(run, tmp_path, capsys):
 
 
 def test_a_user_env_named_on_the_command_line(tmp_path, user_dir, capsys):
-    """`gymllm eval suite_user_envs:UserWordRun-v0 ...`: the module is imported, its gymnasium.register
+    """`gymllm eval suite --eval.envs suite_user_envs:UserWordRun-v0 ...`: the module is imported, its gymnasium.register
     call runs, and its env is a one-off suite (the engine settings of the fixture's run: compiled already)."""
-    from gymllm.cli.suite_cli import eval_main, policy_label
+    from gymllm.cli.eval_args import eval_main
+    from gymllm.cli.suite_cli import policy_label
 
     out = tmp_path / "one_off"
-    assert eval_main(["suite_user_envs:UserWordRun-v0", "--model", "tiny-qwen3", "--out", str(out), "--num-seeds", "2",
-                      "--k", "2", "--max-tokens", "4", "--max-turns", "1", "--num-slots", "8", "--max-len", "256",
-                      "--max-concurrency-per-env", "4", "--no-progress", "--oracle"]) == 0
+    assert eval_main(["suite", "--eval.envs", "suite_user_envs:UserWordRun-v0", "--model.name", "tiny-qwen3", "--out",
+                      str(out), "--eval.seeds", "2", "--eval.k", "2", "--sampling.max-tokens", "4", "--eval.max-turns",
+                      "1", "--engine.num-slots", "8", "--engine.max-len", "256", "--max-concurrency-per-env", "4",
+                      "--no-progress", "--oracle"]) == 0
     rows = ResultsFile(out / "results.jsonl").read()
     assert {(r["policy"], r["env"]) for r in rows} == {("tiny-qwen3", "suite_user_envs:UserWordRun-v0")}
     assert len(rows) == 4 and all(r["error"] is None for r in rows)

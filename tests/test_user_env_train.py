@@ -40,9 +40,9 @@ def test_user_env_trains_from_the_command_line(tmp_path, user_module, attr):
 
 def test_user_env_is_evaluated_by_gymllm_eval(tmp_path, user_module, capsys):
     out = tmp_path / "eval"
-    assert main(["eval", "--suite", _suite(tmp_path, f"{user_module}:make_count"), "--model", "tiny-qwen3", "--out",
-                 str(out), "--num-slots", "8", "--max-len", "256", "--max-concurrency-per-env", "4",
-                 "--no-progress"]) == 0
+    assert main(["eval", "suite", "--eval.suite", _suite(tmp_path, f"{user_module}:make_count"), "--model.name",
+                 "tiny-qwen3", "--out", str(out), "--engine.num-slots", "8", "--engine.max-len", "256",
+                 "--max-concurrency-per-env", "4", "--no-progress"]) == 0
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
     assert len(rows) == 2 * 2 and {r["env"] for r in rows} == {"count"} and all(r["error"] is None for r in rows)
 

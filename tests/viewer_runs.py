@@ -1,7 +1,7 @@
 """Run directories for the viewer tests, written with the project's own writers: metrics with
 :class:`~gymllm.telemetry.sinks.MetricsLogger`, episodes of a real env (``gymllm/ArithmeticTool-v0``,
 with a calculator tool call) with :class:`~gymllm.wrappers.TrajectoryLogger` and its token arrays,
-plus a suite ``summary.json`` (the shape issue 31 specifies) and a ``gymllm eval --out`` table."""
+plus a suite ``summary.json`` (the shape issue 31 specifies) and a ``gymllm eval env --out`` table."""
 
 from __future__ import annotations
 

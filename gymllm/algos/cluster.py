@@ -25,7 +25,7 @@ A suite's mixture (``--env.suite``) on Ray: the ``env.num_envs`` sub-envs are
 each group's env and the per-env figures stay in the driver's
 :class:`~gymllm.suites.training.MixtureEnvs`.
 
-``gymllm eval --suite S --cluster.backend ray`` uses the same parts through :class:`SuiteOnRay`: each
+``gymllm eval suite --eval.suite S --cluster.backend ray`` uses the same parts through :class:`SuiteOnRay`: each
 policy's engine is ``cluster.engine_replicas`` replica actors behind one pool, each env of the suite
 has its sub-envs in ``cluster.env_workers`` env actors (at most one per sub-env).
 
@@ -188,7 +188,7 @@ def mixture_on_ray(cfg: TrainConfig, cluster: ClusterSection) -> Any:
 
 
 class SuiteOnRay:
-    """Where ``gymllm eval --suite S --cluster.backend ray`` runs its parts (see the module docstring):
+    """Where ``gymllm eval suite --eval.suite S --cluster.backend ray`` runs its parts (see the module docstring):
     :meth:`engine` (a policy's :class:`~gymllm.inference.pool.EnginePool` of ``engine_replicas``
     replica actors, each built from ``spec`` on its host) and :meth:`make_vec` (an env's vector env,
     its sub-envs in ``env_workers`` Ray actors), the two hooks of
@@ -199,7 +199,7 @@ class SuiteOnRay:
 
     def __init__(self, cluster: ClusterSection, *, num_envs: int = 1):
         if cluster.backend != "ray" or cluster.learner_hosts:
-            raise ConfigError(explain("gymllm eval --cluster", expected="backend='ray' and learner_hosts=0 (an "
+            raise ConfigError(explain("gymllm eval suite --cluster", expected="backend='ray' and learner_hosts=0 (an "
                                       "evaluation has engines and envs, no learner)", received={
                                           "backend": cluster.backend, "learner_hosts": cluster.learner_hosts},
                                       fix="pass --cluster.backend ray and drop --cluster.learner-hosts"))

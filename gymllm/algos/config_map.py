@@ -28,11 +28,12 @@ def proxy_source_config(cfg: TrainConfig) -> Any:
 
 def eval_config(cfg: TrainConfig) -> Any:
     """The :class:`~gymllm.rollout.evaluation.EvalConfig` of the in-run held-out evaluation (``eval``)."""
+    from gymllm.inference.params import SamplingParams
     from gymllm.rollout.evaluation import EvalConfig
 
     e, r = cfg.eval, cfg.rollout
-    return EvalConfig(num_seeds=e.seeds, k=1, seed_base=e.seed_base, temperature=e.temperature,
-                      max_tokens=e.max_tokens or cfg.sampling.max_tokens, max_turns=r.max_model_calls,
+    sampling = SamplingParams(temperature=e.temperature, max_tokens=e.max_tokens or cfg.sampling.max_tokens)
+    return EvalConfig(seeds=e.seeds, k=1, seed_base=e.seed_base, sampling=sampling, max_turns=r.max_model_calls,
                       max_concurrency=r.max_concurrency)
 
 

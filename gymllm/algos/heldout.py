@@ -37,7 +37,7 @@ def check_heldout_seeds(cfg: TrainConfig) -> range | None:
     if cfg.rollout.mode == "proxy":
         raise ConfigError(explain("eval.every", expected="0 with rollout.mode='proxy' (the agent program picks its own "
                                   "tasks, so held-out seeds cannot be checked)", received=e.every,
-                                  fix="evaluate the run directory afterwards: gymllm eval ENV --checkpoint RUN_DIR"))
+                                  fix="evaluate the run directory afterwards: gymllm eval env ENV --model.checkpoint RUN_DIR"))
     heldout = range(e.seed_base, e.seed_base + e.seeds)
     train = range(cfg.run.seed, cfg.run.seed + training_seed_bound(cfg))
     if heldout.start < train.stop and train.start < heldout.stop:

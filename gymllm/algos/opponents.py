@@ -3,7 +3,7 @@
 (``"run:DIR"``, never refreshed), served by a second in-process engine of the same model.
 ``run:DIR#NAME`` plays policy ``NAME`` of a run trained with ``--multiagent.policies``
 (:mod:`gymllm.models.trained`); a run directory is loaded as the model it trained (its base, and under
-LoRA adapters the weights it started from, then its trained weights), as ``gymllm eval --checkpoint``
+LoRA adapters the weights it started from, then its trained weights), as ``gymllm eval env ENV --model.checkpoint``
 loads it.
 
     opp = FrozenOpponent.build(cfg, learner)          # cfg: the run's TrainConfig

@@ -11,7 +11,7 @@ from ``RUN/trajectories.jsonl`` with ``from_run`` and ``min_reward``); updates f
 LoRA, sharding). The run directory has the layout of a ``gymllm train`` run: ``config.json`` (with
 its ``model`` and ``lora`` sections), ``checkpoints/<step>/`` (Orbax, ``state["trainable"]``),
 ``metrics.jsonl``, ``tensorboard/`` and ``trace.json``; so ``gymllm train --model.checkpoint DIR``
-and ``gymllm eval --checkpoint DIR`` read it. A run with ``resume`` continues from its latest
+and ``gymllm eval env ENV --model.checkpoint DIR`` read it. A run with ``resume`` continues from its latest
 checkpoint at the saved step.
 
 Data order: step ``k`` trains rows ``k * batch_size ... (k + 1) * batch_size - 1`` of an endless
@@ -149,7 +149,7 @@ class SFTResult:
                  f"  loss (masked assistant-token cross-entropy): {first}{self.final_loss:.4f}",
                  f"  run dir: {self.run_dir} (checkpoints/, metrics.jsonl, tensorboard/)",
                  f"  use it: gymllm train ... --model.name {self.model_name} --model.checkpoint {self.run_dir}",
-                 f"          gymllm eval ENV --checkpoint {self.run_dir}"]
+                 f"          gymllm eval env ENV --model.checkpoint {self.run_dir}"]
         return "\n".join(lines)
 
 

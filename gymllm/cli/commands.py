@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import re
@@ -15,7 +16,8 @@ import tyro
 from gymllm.atomic import atomic_write_text
 from gymllm.cli.train_args import (parse_train_args, parse_train_plan, recipe_sft_stage,  # noqa: F401 (re-exported)
                                    train_arguments, train_config_from)
-from gymllm.utils.seeds import HELD_OUT_SEED_BASE
+from gymllm.cli.eval_args import EngineShape, ModelChoice
+from gymllm.cli.tables import print_table
 
 # --------------------------------------------------------------------------------------- dispatch
 
@@ -23,16 +25,7 @@ from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 def dispatch(name: str, fn: Callable[..., object], args: Sequence[str]) -> object:
     if name == "train":
         return _train_dispatch(list(args))
-    if name == "eval" and any(a == "--suite" or a.startswith(("--suite=", "--cluster.")) for a in args):
-        # a suite file (several policies, rows, intervals); env ids with --cluster.* run as a one-off suite there
-        from gymllm.cli.suite_cli import eval_main
-
-        return eval_main(list(args))
-    if name == "eval" and any(a == "--game" or a.startswith("--game=") for a in args):
-        from gymllm.cli import game_cli  # a two-player game: matches, win/draw/loss, an Elo table
-
-        return game_cli.eval_main(list(args))
-    if getattr(fn, "takes_argv", False):  # a command that parses its own argv (with tyro), e.g. ``sft``
+    if getattr(fn, "takes_argv", False):  # a command that parses its own argv with tyro: eval, sft, compare
         return fn(list(args))
     return tyro.cli(fn, prog=f"gymllm {name}", args=list(args))
 
@@ -54,8 +47,6 @@ def run_stages(cfg: object, stage: object, *, log: Callable[[str], None] = print
     itself resumes from ``RUN_DIR/checkpoints`` as any run does (``run.resume``). Delete a stage's
     output to redo it. A ``cfg`` that already names ``model.checkpoint`` is returned unchanged: the
     warm start is given, so no stage runs."""
-    import dataclasses
-
     from gymllm.errors import ConfigError, explain
 
     if cfg.model.checkpoint:
@@ -152,73 +143,25 @@ def train() -> None:
     """
 
 
-def eval(
-    env: Annotated[tuple[str, ...], tyro.conf.Positional],
-    /,
-    model: str | None = None,
-    checkpoint: str | None = None,
-    env_kwargs: str | None = None,
-    num_seeds: int = 16,
-    k: int = 4,
-    seed_offset: int = HELD_OUT_SEED_BASE,
-    temperature: float = 0.7,
-    max_tokens: int = 256,
-    max_turns: int = 4,
-    out: str | None = None,
-) -> int:
-    """Evaluate a model on one or more registered envs: pass@k and mean reward on held-out seeds.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ServeEngine(EngineShape):
+    """The served engine (``--engine.*``, the :class:`~gymllm.inference.EngineConfig` fields of the same names)."""
 
-    Several policies on a suite: `gymllm eval --suite S ...`; players on a two-player game (win/draw/loss,
-    an Elo table): `gymllm eval --game GAME ...` (each has its own --help).
-
-    Args:
-        env: One or more env ids (e.g. gymllm/Arithmetic-v0), or `suite` for the default suite.
-        model: A model name (`smollm2-135m-instruct`), a local checkpoint directory, or `tiny-<family>`
-            (default: the model the `--checkpoint` run trained, else smollm2-135m-instruct).
-        checkpoint: A run directory written by `gymllm train` (or its checkpoints/ directory): its latest
-            checkpoint's weights are evaluated instead of the base weights. `RUN#NAME`: policy NAME of a
-            `--multiagent.policies` run.
-        env_kwargs: The envs' keyword arguments as JSON (e.g. '{"digits": 1}'); default: the run's own env
-            kwargs for the env it trained on (with --checkpoint), else each env's defaults.
-        num_seeds: Held-out seeds per env.
-        k: Samples per seed (pass@k).
-        seed_offset: First held-out seed (training uses seeds below it).
-        temperature: Sampling temperature.
-        max_tokens: Tokens per model turn.
-        max_turns: Turns per episode.
-        out: Write the results table as JSON here.
-    """
-    from gymllm.cli.evaluate import run_eval
-
-    kwargs = None
-    if env_kwargs is not None:
-        kwargs = json.loads(env_kwargs)
-        if not isinstance(kwargs, dict):
-            raise ValueError(f"--env-kwargs: expected a JSON object such as '{{\"digits\": 1}}', received "
-                             f"{env_kwargs!r}. Fix: quote the object for your shell")
-    rows = run_eval(
-        list(env), model=model, checkpoint=checkpoint, num_seeds=num_seeds, k=k, seed_offset=seed_offset,
-        temperature=temperature, max_tokens=max_tokens, max_turns=max_turns, env_kwargs=kwargs,
-    )
-    extra = [c for c in ("valid_action_rate", "win_or_draw") if any(c in r for r in rows)]
-    print_table(rows, ["env", "mean_reward", "pass@1", f"pass@{k}", "episodes", *extra])
-    if out:
-        pathlib.Path(out).write_text(json.dumps(rows, indent=2))
-        print(f"wrote {out}")
-    return 0
+    min_bucket: int | None = None
+    """Smallest prefill length bucket (the engine's default if unset; = max_len: one prefill shape)."""
+    decode_lengths: int | None = None
+    """Cache lengths the decode step picks from (the engine's default if unset; 1: one shape). Fewer compiled
+    shapes start faster and cost speed on mixed lengths."""
 
 
 def serve(
-    model: str = "smollm2-135m-instruct",
+    model: ModelChoice = ModelChoice(),
+    engine: ServeEngine = ServeEngine(),
     host: str = "127.0.0.1",
     port: int = 8000,
-    max_slots: int = 16,
-    max_len: int = 2048,
     api_key: str | None = None,
     max_n: int = 16,
     max_body_bytes: int = 1_000_000,
-    min_bucket: int | None = None,
-    decode_lengths: int | None = None,
     training: bool = False,
     groups_out: str | None = None,
     group_size: int = 1,
@@ -228,17 +171,14 @@ def serve(
     """Serve a model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions).
 
     Args:
-        model: A model name, a local checkpoint directory, or `tiny-<family>` for a random tiny model.
+        model: The model to serve (a name, a local checkpoint directory, or `tiny-<family>` for a random tiny
+            model) and the trained weights of a `gymllm train` run to serve instead of its base weights.
+        engine: The continuous-batching engine: its rows (concurrent sequences) and their context length.
         host: Bind address (loopback by default; any other address needs an API key).
         port: TCP port.
-        max_slots: Concurrent sequences in the continuous-batching engine.
-        max_len: Context length of each slot.
         api_key: Required as `Authorization: Bearer KEY` on /v1/* (default: $GYMLLM_API_KEY).
         max_n: Most samples per prompt (`n`) one request may ask for.
         max_body_bytes: Larger request bodies get a 413.
-        min_bucket: Smallest prefill length bucket (engine default if unset; = max_len: one prefill shape).
-        decode_lengths: Cache lengths the decode step picks from (engine default if unset; 1: one shape).
-            Fewer compiled shapes start faster and cost speed on mixed lengths.
         training: Training mode: record each session's (X-Session-Id header or `user` field) token ids
             exactly; POST /v1/sessions/{id}/reward closes it; complete groups (X-Group-Id) are written
             to --groups-out as JSON lines, one trajectory each.
@@ -259,13 +199,15 @@ def serve(
         raise ValueError("--training: expected --groups-out PATH (where the recorded trajectories go), received "
                          "none. Fix: add --groups-out groups.jsonl, or run the proxy source inside the trainer")
 
-    from gymllm.cli.evaluate import load_model
+    from gymllm.cli.evaluate import DEFAULT_MODEL, load_model
     from gymllm.inference import EngineConfig, JaxEngine
     from gymllm.inference.server import serve as serve_fn, tool_format_for
 
-    loaded = load_model(model)
-    shapes = {k: v for k, v in (("min_bucket", min_bucket), ("decode_lengths", decode_lengths)) if v is not None}
-    engine = JaxEngine.from_loaded(loaded, config=EngineConfig(num_slots=max_slots, max_len=max_len, **shapes))
+    loaded = load_model(model.name, checkpoint=model.checkpoint)
+    served = model.name or model.checkpoint or DEFAULT_MODEL  # the model id clients name
+    shapes = {k: getattr(engine, k) for k in ("min_bucket", "decode_lengths") if getattr(engine, k) is not None}
+    jax_engine = JaxEngine.from_loaded(loaded, config=EngineConfig(num_slots=engine.num_slots, max_len=engine.max_len,
+                                                                  **shapes))
     fmt = tool_format_for(loaded.tokenizer, getattr(loaded.config, "family", None))
     app_kwargs: dict = {}
     if training:
@@ -289,8 +231,8 @@ def serve(
 
         threading.Thread(target=asyncio.run, args=(write_groups(),), name="gymllm-groups-out", daemon=True).start()
     mode = f"; training mode, groups -> {groups_out}" if training else ""
-    print(f"serving {model} on http://{host}:{port}/v1 (OpenAI-compatible; tool calls: {fmt}{mode})", flush=True)
-    serve_fn(engine, loaded.tokenizer, model, host=host, port=port, config=config, tool_format=fmt, **app_kwargs)
+    print(f"serving {served} on http://{host}:{port}/v1 (OpenAI-compatible; tool calls: {fmt}{mode})", flush=True)
+    serve_fn(jax_engine, loaded.tokenizer, served, host=host, port=port, config=config, tool_format=fmt, **app_kwargs)
     return 0
 
 
@@ -431,28 +373,4 @@ def bench(
     return 0
 
 
-# ------------------------------------------------------------------------------------- helpers
-
-
-def print_table(rows: list[dict], columns: list[str]) -> None:
-    """``rows`` as a ``rich`` table of ``columns`` on stdout (floats to 3 decimals). Off a terminal the
-    table is as wide as its longest cells (nothing wrapped or cut), so output stays greppable."""
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-
-    def cell(v: object) -> str:
-        return f"{v:.3f}" if isinstance(v, float) else str(v)
-
-    cells = [[cell(r.get(c, "")) for c in columns] for r in rows]
-    table = Table(*columns, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, highlight=False)
-    for row in cells:
-        table.add_row(*row)
-    console = Console()
-    if not console.is_terminal:
-        widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
-        console = Console(width=sum(widths) + 3 * len(widths) + 2, soft_wrap=False)
-    console.print(table)
-
-
-__all__ = ["train", "eval", "serve", "envs", "check", "replay", "report", "bench", "dispatch", "print_table"]
+__all__ = ["train", "serve", "ServeEngine", "envs", "check", "replay", "report", "bench", "dispatch"]

@@ -1,24 +1,25 @@
-"""``gymllm eval --game GAME``: matches between players on a two-player game, win/draw/loss and an Elo table.
+"""``gymllm eval game GAME``: matches between players on a two-player game, win/draw/loss and an Elo table.
 
-    gymllm eval --game tic-tac-toe --model smollm2-135m-instruct --checkpoint runs/ttt \\
-        --opponent random --opponent my_pkg.policies:greedy --games 20 --out out/ttt
+    gymllm eval game tic-tac-toe --model.name smollm2-135m-instruct --model.checkpoint runs/ttt \\
+        --opponent random --opponent my_pkg.policies:greedy --eval.games 20 --out out/ttt
 
-Players, in this order: each ``--model`` (a registry name, a local checkpoint directory or
-``tiny-<family>``), each ``--checkpoint`` (a ``gymllm train`` run directory: the model it trained with
-its latest weights and its system prompt), then each ``--opponent`` (``random``, or ``MODULE:FN``: a
+Players, in this order: each ``--model.name`` (a registry name, a local checkpoint directory or
+``tiny-<family>``), each ``--model.checkpoint`` (a ``gymllm train`` run directory: the model it trained
+with its latest weights and its system prompt), then each ``--opponent`` (``random``, or ``MODULE:FN``: a
 scripted ``fn(observation, agent) -> action`` on the game's own PettingZoo observation and action).
-``--label`` names the models and checkpoints in the same order (default: the model name, the run
-directory's name, as ``gymllm eval --suite`` does); opponents are named by their spec. A run trained
-with ``--multiagent.policies`` holds several policies: ``--checkpoint RUN#NAME`` plays policy ``NAME``
-(:mod:`gymllm.models.trained`), and a bare ``--checkpoint RUN`` enters every policy as its own player,
-labelled ``RUN#NAME`` (``LABEL#NAME`` with ``--label``), so one command rates them all. Every pair of
-players meets for ``--games`` games, seats swapped in pairs. The run writes ``games.jsonl``,
+``--model.label`` names the models and checkpoints in the same order (default: the model name, the run
+directory's name, as ``gymllm eval suite`` does); opponents are named by their spec. A run trained
+with ``--multiagent.policies`` holds several policies: ``--model.checkpoint RUN#NAME`` plays policy ``NAME``
+(:mod:`gymllm.models.trained`), and a bare ``--model.checkpoint RUN`` enters every policy as its own player,
+labelled ``RUN#NAME`` (``LABEL#NAME`` with ``--model.label``), so one command rates them all. Every pair of
+players meets for ``--eval.games`` games, seats swapped in pairs. The run writes ``games.jsonl``,
 ``summary.json`` and ``ratings.json`` into ``--out`` (:mod:`gymllm.suites.games`).
-``python -m gymllm.cli.game_cli ...`` runs the same.
+``python -m gymllm.cli.game_cli GAME ...`` runs the same.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import sys
@@ -26,9 +27,10 @@ from typing import Annotated, Any, Literal, Sequence
 
 import tyro
 
+from gymllm.cli.eval_args import EngineShape, Policies
 from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 
-__all__ = ["eval_game", "eval_main", "players_from_flags", "main"]
+__all__ = ["GameEval", "Matches", "MoveSampling", "eval_game", "players_from_flags", "main"]
 
 Repeated = tyro.conf.UseAppendAction
 
@@ -37,9 +39,9 @@ def players_from_flags(model: Sequence[str], checkpoint: Sequence[str], label: S
                        opponent: Sequence[str], system_prompt: str | None = None) -> list[Any]:
     """The :class:`~gymllm.suites.games.Player` list of the flags, in order (module doc); opponents are
     checked before any model loads, a checkpoint plays with its run's system prompt (else
-    ``system_prompt``), a ``--model`` with ``system_prompt``. A checkpoint of several policies
+    ``system_prompt``), a ``--model.name`` with ``system_prompt``. A checkpoint of several policies
     (``--multiagent.policies``) named without ``#NAME`` enters each policy as its own player,
-    ``RUN#NAME`` (or ``LABEL#NAME`` with ``--label``)."""
+    ``RUN#NAME`` (or ``LABEL#NAME`` with ``--model.label``)."""
     from gymllm.algos.train_config import legacy_tables
     from gymllm.cli.evaluate import load_model, run_config
     from gymllm.cli.suite_cli import policy_label
@@ -49,8 +51,9 @@ def players_from_flags(model: Sequence[str], checkpoint: Sequence[str], label: S
 
     sources: list[tuple[str | None, str | None]] = [(m, None) for m in model] + [(None, c) for c in checkpoint]
     if label and len(label) != len(sources):
-        raise ConfigError(explain("--label", expected=f"one label per --model / --checkpoint ({len(sources)}, in that "
-                                  "order), or none", received=list(label), fix=f"pass --label {len(sources)} times"))
+        raise ConfigError(explain("--model.label", expected=f"one label per --model.name / --model.checkpoint "
+                                  f"({len(sources)}, in that order), or none", received=list(label),
+                                  fix=f"pass --model.label {len(sources)} times"))
     opponents = [opponent_player(o) for o in opponent]  # checked before any model loads
 
     def default_label(m: str | None, c: str | None) -> str:  # RUN, or RUN#NAME for one policy of it
@@ -73,78 +76,104 @@ def players_from_flags(model: Sequence[str], checkpoint: Sequence[str], label: S
     return players + opponents
 
 
-def eval_game(
-    game: str,
-    model: Annotated[tuple[str, ...], Repeated] = (),
-    checkpoint: Annotated[tuple[str, ...], Repeated] = (),
-    label: Annotated[tuple[str, ...], Repeated] = (),
-    opponent: Annotated[tuple[str, ...], Repeated] = (),
-    system_prompt: str | None = None,
-    game_kwargs: str | None = None,
-    games: int = 20,
-    out: str = "games_out",
-    seed: int = HELD_OUT_SEED_BASE,
-    temperature: float = 0.7,
-    max_tokens: int = 64,
-    max_moves: int = 200,
-    max_concurrency: int = 64,
-    num_slots: int = 16,
-    max_len: int = 2048,
-    move_timeout_s: float = 300.0,
-    errors: Literal["loss", "exclude"] = "loss",
-    prior_draws: float = 1.0,
-    num_resamples: int = 1000,
-    model_pairs: bool = True,
-) -> int:
-    """Play every pair of players on a two-player game: win/draw/loss per pairing and an Elo table.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Matches:
+    """The games and their scoring (``--eval.*``; ``--eval.seed-base`` as ``gymllm train`` names it)."""
 
-    Args:
-        game: The game: tic-tac-toe, connect-four, or MODULE:FACTORY (a function returning a PettingZoo AEC or Parallel env).
-        model: A player: a model name, a local checkpoint directory, or tiny-<family> (repeatable).
-        checkpoint: A player: a `gymllm train` run directory, its model with its latest weights (repeatable); RUN#NAME: policy NAME of a --multiagent.policies run (a bare RUN of several policies enters each as a player).
-        label: The models' and checkpoints' names, in order: the --model ones, then the --checkpoint ones (repeatable).
-        opponent: A player: `random` (uniform legal moves) or MODULE:FN, a scripted fn(observation, agent) -> action (repeatable).
-        system_prompt: The --model players' system prompt (a --checkpoint plays with its run's), e.g. the one a run trained with.
-        game_kwargs: The game factory's keyword arguments as JSON (e.g. '{"move_names": null}').
-        games: Games per pairing (even: each side plays each seat equally often).
-        out: The output directory (games.jsonl, summary.json, ratings.json).
-        seed: The first env seed (games 2i and 2i+1 of a pairing share seed + i, seats swapped).
-        temperature: A model's sampling temperature.
-        max_tokens: A model's tokens per move.
-        max_moves: Moves of one game before it is adjudicated a draw.
-        max_concurrency: Games in flight at once (all pairings together).
-        num_slots: Rows each model engine decodes together.
-        max_len: Each model engine's tokens per row.
-        move_timeout_s: The watchdog: a model reply taking longer is a failed move (its side loses, see --errors).
-        errors: A side that raises or stalls: `loss` (it loses the game) or `exclude` (the game is recorded, not scored).
-        prior_draws: Virtual draws per pairing in the Elo fit (keeps a perfect record's rating finite).
-        num_resamples: Bootstrap resamples of the rating intervals.
-        model_pairs: Play the pairings of two models too (--no-model-pairs: each model meets only the --opponent players, enough for the paired comparison of checkpoints at a fraction of the cost).
-    """
+    games: int = 20
+    """Games per pairing (even: each side plays each seat equally often)."""
+    seed_base: int = HELD_OUT_SEED_BASE
+    """The first env seed (games 2i and 2i+1 of a pairing share seed_base + i, seats swapped)."""
+    max_moves: int = 200
+    """Moves of one game before it is adjudicated a draw."""
+    max_concurrency: int = 64
+    """Games in flight at once (all pairings together)."""
+    move_timeout_s: float = 300.0
+    """The watchdog: a model reply taking longer is a failed move (its side loses, see --eval.errors)."""
+    errors: Literal["loss", "exclude"] = "loss"
+    """A side that raises or stalls: `loss` (it loses the game) or `exclude` (the game is recorded, not scored)."""
+    prior_draws: float = 1.0
+    """Virtual draws per pairing in the Elo fit (keeps a perfect record's rating finite)."""
+    num_resamples: int = 1000
+    """Bootstrap resamples of the rating intervals."""
+    model_pairs: bool = True
+    """Play the pairings of two models too (--eval.no-model-pairs: each model meets only the --opponent players,
+    enough for the paired comparison of checkpoints at a fraction of the cost)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MoveSampling:
+    """A model's sampling per move (``--sampling.*``, the :class:`~gymllm.inference.SamplingParams` fields of
+    the same names)."""
+
+    temperature: float = 0.7
+    """A model's sampling temperature (0: greedy)."""
+    max_tokens: int = 64
+    """A model's tokens per move."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GameEval:
+    """Play every pair of players on a two-player game: win/draw/loss per pairing and an Elo table."""
+
+    game: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="GAME")]
+    """The game: tic-tac-toe, connect-four, kuhn-poker, or MODULE:FACTORY (a function returning a PettingZoo AEC or
+    Parallel env)."""
+    model: Policies = Policies()
+    """The model players: each --model.name, then each --model.checkpoint (a bare RUN of several policies enters
+    each policy as a player); --model.label names them in that order."""
+    opponent: Annotated[tuple[str, ...], Repeated] = ()
+    """A player: `random` (uniform legal moves) or MODULE:FN, a scripted fn(observation, agent) -> action
+    (repeatable)."""
+    system_prompt: str | None = None
+    """The --model.name players' system prompt (a --model.checkpoint plays with its run's), e.g. the one a run
+    trained with."""
+    env_kwargs: str | None = None
+    """The game factory's keyword arguments as a JSON object (e.g. '{"move_names": null}')."""
+    eval: Matches = Matches()
+    """The games, their seeds and their scoring."""
+    sampling: MoveSampling = MoveSampling()
+    """A model's sampling per move."""
+    engine: EngineShape = EngineShape()
+    """Each model player's engine."""
+    out: str = "games_out"
+    """The output directory (games.jsonl, summary.json, ratings.json)."""
+
+
+def eval_game(args: GameEval) -> int:
+    """``gymllm eval game``: every pairing of ``args``' players, the table, the ratings and the paired comparisons."""
     from gymllm.errors import ConfigError, explain
     from gymllm.suites.games import MatchConfig, resolve_game, run_matches
 
     kwargs: dict[str, Any] = {}
-    if game_kwargs is not None:
-        kwargs = json.loads(game_kwargs)
+    if args.env_kwargs is not None:
+        try:
+            kwargs = json.loads(args.env_kwargs)
+        except json.JSONDecodeError:
+            kwargs = None  # type: ignore[assignment]
         if not isinstance(kwargs, dict):
-            raise ConfigError(explain("--game-kwargs", expected="a JSON object such as '{\"move_names\": null}'",
-                                      received=game_kwargs, fix="quote the object for your shell"))
-    config = MatchConfig(games=games, seed=seed, temperature=temperature, max_tokens=max_tokens, max_moves=max_moves,
-                         max_concurrency=max_concurrency, num_slots=num_slots, max_len=max_len,
-                         move_timeout_s=move_timeout_s, errors=errors, prior_draws=prior_draws,
-                         num_resamples=num_resamples, model_pairs=model_pairs)
-    make_game = resolve_game(game, kwargs)
-    if not model and not checkpoint and len(opponent) < 2:
-        raise ConfigError(explain("gymllm eval --game", expected="a player to evaluate: --model or --checkpoint (or two "
-                                  "--opponent)", received="none", fix="e.g. --model smollm2-135m-instruct --opponent random"))
-    summary = run_matches(make_game, players_from_flags(model, checkpoint, label, opponent, system_prompt), out, config=config)
+            raise ConfigError(explain("--env-kwargs", expected="a JSON object such as '{\"move_names\": null}'",
+                                      received=args.env_kwargs, fix="quote the object for your shell"))
+    m = args.eval
+    config = MatchConfig(games=m.games, seed=m.seed_base, temperature=args.sampling.temperature,
+                         max_tokens=args.sampling.max_tokens, max_moves=m.max_moves, max_concurrency=m.max_concurrency,
+                         num_slots=args.engine.num_slots, max_len=args.engine.max_len, move_timeout_s=m.move_timeout_s,
+                         errors=m.errors, prior_draws=m.prior_draws, num_resamples=m.num_resamples,
+                         model_pairs=m.model_pairs)
+    make_game = resolve_game(args.game, kwargs)
+    p = args.model
+    if not p.name and not p.checkpoint and len(args.opponent) < 2:
+        raise ConfigError(explain("gymllm eval game", expected="a player to evaluate: --model.name or --model.checkpoint "
+                                  "(or two --opponent)", received="none",
+                                  fix="e.g. --model.name smollm2-135m-instruct --opponent random"))
+    players = players_from_flags(p.name, p.checkpoint, p.label, args.opponent, args.system_prompt)
+    summary = run_matches(make_game, players, args.out, config=config)
     _print(summary)
     from gymllm.multiagent.factory import GAMES
 
-    if GAMES.get(game, game) == "gymllm.envs.kuhn_poker:kuhn_poker":  # how each model acts by card
-        _kuhn_actions(summary, out, kwargs)
-    print(f"wrote {pathlib.Path(out) / 'games.jsonl'}, summary.json, ratings.json")
+    if GAMES.get(args.game, args.game) == "gymllm.envs.kuhn_poker:kuhn_poker":  # how each model acts by card
+        _kuhn_actions(summary, args.out, kwargs)
+    print(f"wrote {pathlib.Path(args.out) / 'games.jsonl'}, summary.json, ratings.json")
     return 0
 
 
@@ -187,22 +216,13 @@ def _kuhn_actions(summary: dict[str, Any], out: str, kwargs: dict[str, Any]) -> 
                   f"fold {t['[fold]']:>4}")
 
 
-def eval_main(argv: Sequence[str]) -> int:
-    """Matches on a two-player game (``gymllm eval --game``): win/draw/loss per pairing, an Elo table.
-
-    Parses ``argv`` with tyro and runs :func:`eval_game`."""
-    return int(tyro.cli(eval_game, prog="gymllm eval --game", args=list(argv)))
-
-
-eval_main.takes_argv = True  # type: ignore[attr-defined]  # gymllm.cli.commands.dispatch passes argv through
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m gymllm.cli.game_cli ...``: errors as one line, as ``gymllm`` does."""
+    """``python -m gymllm.cli.game_cli ...``: ``gymllm eval game ...``, errors as one line, as ``gymllm`` does."""
+    from gymllm.cli.eval_args import eval_main
     from gymllm.cli.guard import guarded
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    return guarded(lambda: eval_main(argv))
+    return guarded(lambda: eval_main(["game", *argv]))
 
 if __name__ == "__main__":
     sys.exit(main())

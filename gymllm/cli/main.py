@@ -10,12 +10,12 @@ from __future__ import annotations
 import sys
 from typing import Callable, Sequence
 
-from gymllm.cli import commands, demos, serve_env, sft, suite_cli, view
+from gymllm.cli import commands, demos, eval_args, serve_env, sft, suite_cli, view
 from gymllm.cli.guard import guarded
 
 COMMANDS: dict[str, Callable[..., object]] = {
     "train": commands.train,
-    "eval": commands.eval,
+    "eval": eval_args.eval_main,
     "serve": commands.serve,
     "envs": commands.envs,
     "check": commands.check,

@@ -39,7 +39,7 @@ def sft(args: Sequence[str] = ()) -> int:
     renders the conversation, end-of-turn token included). With --from-run RUN --min-reward R the rows
     are RUN's logged trajectories with reward >= R, token for token (rejection-sampling fine-tuning).
     The run directory (checkpoints, metrics.jsonl, TensorBoard) warm-starts RL with
-    `gymllm train ... --model.checkpoint DIR` and is evaluated with `gymllm eval ENV --checkpoint DIR`.
+    `gymllm train ... --model.checkpoint DIR` and is evaluated with `gymllm eval env ENV --model.checkpoint DIR`.
     """
     from gymllm.algos.sft import run_sft
 

@@ -1,12 +1,12 @@
-"""``gymllm eval --suite S`` (several policies, pass@k, intervals, paired comparisons) and ``gymllm compare``.
+"""``gymllm eval suite`` (several policies, pass@k, intervals, paired comparisons) and ``gymllm compare``.
 
-    gymllm eval --suite core --model smollm2-135m-instruct --checkpoint runs/a --out out/core
-    gymllm eval --suite my_suite.toml --model tiny-qwen3 --oracle --out out/mine --resume
+    gymllm eval suite --eval.suite core --model.name smollm2-135m-instruct --model.checkpoint runs/a --out out/core
+    gymllm eval suite --eval.suite my_suite.toml --model.name tiny-qwen3 --oracle --out out/mine --resume
     gymllm compare out/core out/other
 
-Policies, in this order: each ``--model`` (a registry name, a local checkpoint directory or
-``tiny-<family>``), each ``--checkpoint`` (a ``gymllm train`` run directory: the model it trained
-with its latest weights), then the oracle (``--oracle``: each env's demo solver). ``--label`` names
+Policies, in this order: each ``--model.name`` (a registry name, a local checkpoint directory or
+``tiny-<family>``), each ``--model.checkpoint`` (a ``gymllm train`` run directory: the model it trained
+with its latest weights), then the oracle (``--oracle``: each env's demo solver). ``--model.label`` names
 them in the same order (default: the model name, the run directory's name, ``oracle``). The run
 writes ``results.jsonl``, ``suite.json``, ``summary.json``, ``report.md`` and the plots into ``--out``
 (:mod:`gymllm.suites.runner`). ``python -m gymllm.cli.suite_cli eval|compare ...`` runs the same.
@@ -14,17 +14,18 @@ writes ``results.jsonl``, ``suite.json``, ``summary.json``, ``report.md`` and th
 On a Ray cluster (the ``--cluster.*`` options of ``gymllm train``, the same
 :class:`~gymllm.algos.train_config.ClusterSection`):
 
-    gymllm eval --suite core --model smollm2-135m-instruct --out out/core \
+    gymllm eval suite --eval.suite core --model.name smollm2-135m-instruct --out out/core \
         --cluster.backend ray --cluster.address auto --cluster.engine-replicas 4 --cluster.env-workers 8
 
 each policy's engine is ``engine_replicas`` replica actors (each loads the model, and the
-``--checkpoint`` weights, on its own host) behind one pool, and each env's sub-envs live in
+``--model.checkpoint`` weights, on its own host) behind one pool, and each env's sub-envs live in
 ``env_workers`` env actors (:class:`gymllm.algos.cluster.SuiteOnRay`); the rows are those of the
 in-process run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import pathlib
@@ -34,10 +35,11 @@ from typing import Annotated, Any, Sequence
 import tyro
 
 from gymllm.algos.train_config import ClusterSection
+from gymllm.cli.eval_args import EngineShape, Policies
 
-__all__ = ["eval_suite", "compare", "eval_main", "compare_main", "policy_label", "policy_engine", "main"]
+__all__ = ["SuiteEval", "SuiteSelection", "SamplingOverrides", "eval_suite", "compare", "compare_main", "policy_label",
+           "policy_engine", "main"]
 
-Repeated = tyro.conf.UseAppendAction
 
 
 def policy_label(model: str | None = None, checkpoint: str | None = None) -> str:
@@ -59,21 +61,22 @@ def policy_engine(model: str | None, checkpoint: str | None, num_slots: int, max
                                  config=EngineConfig(num_slots=num_slots, max_len=max_len))
 
 
-def _policies(model: Sequence[str], checkpoint: Sequence[str], label: Sequence[str], oracle: bool,
-              on_ray: Any = None, engine_shape: tuple[int, int] = (16, 2048)) -> list[Any]:
+def _policies(policies: Policies, oracle: bool, on_ray: Any = None,
+              engine_shape: tuple[int, int] = (16, 2048)) -> list[Any]:
     from gymllm.cli.evaluate import load_model
     from gymllm.errors import ConfigError, explain
     from gymllm.suites.runner import PolicySpec
 
+    model, checkpoint, label = policies.name, policies.checkpoint, policies.label
     sources: list[tuple[str | None, str | None]] = [(m, None) for m in model] + [(None, c) for c in checkpoint]
     count = len(sources) + bool(oracle)
     if count == 0:
-        raise ConfigError(explain("gymllm eval --suite", expected="at least one policy: --model, --checkpoint or --oracle",
-                                  received="none", fix="e.g. --model smollm2-135m-instruct"))
+        raise ConfigError(explain("gymllm eval suite", expected="at least one policy: --model.name, --model.checkpoint "
+                                  "or --oracle", received="none", fix="e.g. --model.name smollm2-135m-instruct"))
     if label and len(label) != count:
-        raise ConfigError(explain("--label", expected=f"one label per policy ({count}: the --model ones, then the "
-                                  "--checkpoint ones, then the oracle), or none", received=list(label),
-                                  fix=f"pass --label {count} times"))
+        raise ConfigError(explain("--model.label", expected=f"one label per policy ({count}: the --model.name ones, "
+                                  "then the --model.checkpoint ones, then the oracle), or none", received=list(label),
+                                  fix=f"pass --model.label {count} times"))
     names = list(label) or [policy_label(m, c) for m, c in sources] + (["oracle"] if oracle else [])
     specs = [PolicySpec(label=n, loaded=load_model(m, checkpoint=c), make_engine=None if on_ray is None else
                         functools.partial(on_ray.engine, _replica_spec(m, c, engine_shape)))
@@ -91,76 +94,92 @@ def _replica_spec(model: str | None, checkpoint: str | None, engine_shape: tuple
     return ReplicaSpec(factory=functools.partial(policy_engine, model, checkpoint, *engine_shape))
 
 
-def eval_suite(
-    env: Annotated[tuple[str, ...], tyro.conf.Positional] = (),
-    /,
-    suite: str | None = None,
-    model: Annotated[tuple[str, ...], Repeated] = (),
-    checkpoint: Annotated[tuple[str, ...], Repeated] = (),
-    label: Annotated[tuple[str, ...], Repeated] = (),
-    out: str = "suite_out",
-    resume: bool = False,
-    oracle: bool = False,
-    num_seeds: int | None = None,
-    k: int | None = None,
-    seed_base: int | None = None,
-    temperature: float | None = None,
-    max_tokens: int | None = None,
-    max_turns: int | None = None,
-    max_concurrency_per_env: int = 32,
-    num_slots: int = 16,
-    max_len: int = 2048,
-    episode_timeout_s: float = 600.0,
-    progress: bool = True,
-    cluster: ClusterSection = ClusterSection(),
-) -> int:
-    """Run a benchmark suite for one or more policies: pass@k, intervals, paired comparisons.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SuiteSelection:
+    """What to evaluate and the held-out seeds (``--eval.*``, the names ``gymllm train``'s ``--eval.*`` give
+    the same ideas); a flag left unset keeps the suite file's value."""
 
-    Args:
-        env: Env ids of a one-off suite (instead of --suite): registered ids, 'module:EnvId-v0' or 'module:factory'.
-        suite: A suite TOML file, or a shipped suite's name (core, games, reasoning).
-        model: A policy: a model name, a local checkpoint directory, or tiny-<family> (repeatable).
-        checkpoint: A policy: a `gymllm train` run directory, its model with its latest weights (repeatable).
-        label: The policies' names, in order: the --model ones, the --checkpoint ones, the oracle (repeatable).
-        out: The output directory (results.jsonl, summary.json, report.md, plots).
-        resume: Continue the run in --out: rows already written are skipped.
-        oracle: Also run each env's demo solver (envs without one are skipped): pass@1 below 1 flags a broken env.
-        num_seeds: Override the suite's seeds per env (every env).
-        k: Override the samples per seed (every env).
-        seed_base: Override the first held-out seed (every env).
-        temperature: Override the sampling temperature (every env).
-        max_tokens: Override the tokens per model turn (every env).
-        max_turns: Override the model turns per episode (every env).
-        max_concurrency_per_env: Episodes of one env in flight at once.
-        num_slots: Rows the engine decodes together.
-        max_len: The engine's tokens per row.
-        episode_timeout_s: The watchdog: an episode running longer is an error row.
-        progress: Show a progress bar (rows done, total, ETA).
-        cluster: Where engines and envs run (backend ray: each policy on engine_replicas replica actors,
-            each env's sub-envs on env_workers env actors; the options of `gymllm train`, learner ones excepted).
-    """
+    suite: str | None = None
+    """A suite TOML file, or a shipped suite's name (core, games, reasoning)."""
+    envs: tuple[str, ...] = ()
+    """Env ids of a one-off suite (instead of --eval.suite): registered ids, 'module:EnvId-v0' or 'module:factory'."""
+    seeds: int | None = None
+    """Override the held-out seeds per env (every env)."""
+    k: int | None = None
+    """Override the samples per seed (every env)."""
+    seed_base: int | None = None
+    """Override the first held-out seed (every env)."""
+    max_turns: int | None = None
+    """Override the model turns per episode (every env)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SamplingOverrides:
+    """The sampler (``--sampling.*``, the :class:`~gymllm.inference.SamplingParams` fields of the same names);
+    a flag left unset keeps the suite file's value."""
+
+    temperature: float | None = None
+    """Override the sampling temperature (every env)."""
+    max_tokens: int | None = None
+    """Override the tokens per model turn (every env)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SuiteEval:
+    """Run a benchmark suite for one or more policies: pass@k, intervals, paired comparisons."""
+
+    eval: SuiteSelection = SuiteSelection()
+    """The suite (or env ids) and the held-out seeds."""
+    model: Policies = Policies()
+    """The policies: each --model.name, then each --model.checkpoint, then the oracle."""
+    sampling: SamplingOverrides = SamplingOverrides()
+    """The sampler's settings the suite file sets, overridden for every env."""
+    engine: EngineShape = EngineShape()
+    """Each policy's engine."""
+    out: str = "suite_out"
+    """The output directory (results.jsonl, summary.json, report.md, plots)."""
+    resume: bool = False
+    """Continue the run in --out: rows already written are skipped."""
+    oracle: bool = False
+    """Also run each env's demo solver (envs without one are skipped): pass@1 below 1 flags a broken env."""
+    max_concurrency_per_env: int = 32
+    """Episodes of one env in flight at once."""
+    episode_timeout_s: float = 600.0
+    """The watchdog: an episode running longer is an error row."""
+    progress: bool = True
+    """Show a progress bar (rows done, total, ETA)."""
+    cluster: ClusterSection = ClusterSection()
+    """Where engines and envs run (backend ray: each policy on engine_replicas replica actors, each env's sub-envs
+    on env_workers env actors; the options of `gymllm train`, learner ones excepted)."""
+
+
+def eval_suite(args: SuiteEval) -> int:
+    """``gymllm eval suite``: run ``args``' suite for its policies, print the table and the comparisons."""
     from gymllm.errors import ConfigError, explain
     from gymllm.suites.report import comparison_table
     from gymllm.suites.runner import RunnerConfig, run_suite
     from gymllm.suites.spec import load_suite, one_off_suite
 
-    overrides = {key: v for key, v in (("num_seeds", num_seeds), ("k", k), ("seed_base", seed_base),
-                                        ("temperature", temperature), ("max_tokens", max_tokens),
-                                        ("max_turns", max_turns)) if v is not None}
-    if (suite is None) == (not env):
-        raise ConfigError(explain("gymllm eval", expected="--suite S, or env ids (a one-off suite), not both",
-                                  received=f"suite={suite!r}, env={list(env)}", fix="e.g. gymllm eval --suite core"))
-    the_suite = load_suite(suite, overrides=overrides) if suite is not None else one_off_suite(list(env), **overrides)
-    config = RunnerConfig(max_concurrency_per_env=max_concurrency_per_env, num_slots=num_slots, max_len=max_len,
-                          episode_timeout_s=episode_timeout_s, progress=progress)
+    e, sampling = args.eval, args.sampling
+    overrides = {key: v for key, v in (("num_seeds", e.seeds), ("k", e.k), ("seed_base", e.seed_base),
+                                        ("temperature", sampling.temperature), ("max_tokens", sampling.max_tokens),
+                                        ("max_turns", e.max_turns)) if v is not None}
+    if (e.suite is None) == (not e.envs):
+        raise ConfigError(explain("gymllm eval suite", expected="--eval.suite S, or --eval.envs ID ... (a one-off "
+                                  "suite), not both", received=f"suite={e.suite!r}, envs={list(e.envs)}",
+                                  fix="e.g. gymllm eval suite --eval.suite core"))
+    the_suite = load_suite(e.suite, overrides=overrides) if e.suite is not None else one_off_suite(list(e.envs), **overrides)
+    shape = args.engine
+    config = RunnerConfig(max_concurrency_per_env=args.max_concurrency_per_env, num_slots=shape.num_slots,
+                          max_len=shape.max_len, episode_timeout_s=args.episode_timeout_s, progress=args.progress)
     on_ray = None
-    if cluster.backend == "ray":
+    if args.cluster.backend == "ray":
         from gymllm.algos.cluster import SuiteOnRay
 
-        on_ray = SuiteOnRay(cluster, num_envs=len(the_suite.envs))
+        on_ray = SuiteOnRay(args.cluster, num_envs=len(the_suite.envs))
     try:
-        policies = _policies(model, checkpoint, label, oracle, on_ray, (num_slots, max_len))
-        summary = run_suite(the_suite, policies, out, config=config, resume=resume,
+        policies = _policies(args.model, args.oracle, on_ray, (shape.num_slots, shape.max_len))
+        summary = run_suite(the_suite, policies, args.out, config=config, resume=args.resume,
                             make_vec=None if on_ray is None else on_ray.make_vec)
     finally:
         if on_ray is not None:
@@ -170,7 +189,7 @@ def eval_suite(
         print(comparison_table(summary))
     for note in summary.get("notes", []):
         print(f"note: {note}")
-    print(f"wrote {pathlib.Path(out) / 'summary.json'}, report.md, results.jsonl")
+    print(f"wrote {pathlib.Path(args.out) / 'summary.json'}, report.md, results.jsonl")
     return 0
 
 
@@ -180,7 +199,7 @@ def compare(
     out: str | None = None,
     seed: int = 0,
 ) -> int:
-    """Paired comparisons of the policies in existing suite results (directories written by `gymllm eval --suite`).
+    """Paired comparisons of the policies in existing suite results (directories written by `gymllm eval suite`).
 
     Args:
         dirs: Result directories (each with results.jsonl and suite.json); their rows are pooled.
@@ -216,7 +235,7 @@ def _pooled(dirs: Sequence[str]) -> tuple[list[dict[str, Any]], Any, list[str]]:
     for d in dirs:
         path = pathlib.Path(d)
         if not (path / "results.jsonl").is_file() or not (path / "suite.json").is_file():
-            raise FileNotFoundError(f"{d}: expected a directory written by `gymllm eval --suite` (results.jsonl and "
+            raise FileNotFoundError(f"{d}: expected a directory written by `gymllm eval suite` (results.jsonl and "
                                     "suite.json), received one without them. Fix: pass the --out of a suite run")
         per_dir.append((path, ResultsFile(path / "results.jsonl").read(),
                         suite_from_dict(json.loads((path / "suite.json").read_text()))))
@@ -252,13 +271,6 @@ def _print_results(summary: dict[str, Any]) -> None:
               f"{r['pass_at'].get('1', float('nan')):>7.3f} {pk_text:>10} {r['errors']:>6}")
 
 
-def eval_main(argv: Sequence[str]) -> int:
-    """Run a benchmark suite for several policies (``gymllm eval --suite``): pass@k, intervals, comparisons.
-
-    Parses ``argv`` with tyro and runs :func:`eval_suite`."""
-    return int(tyro.cli(eval_suite, prog="gymllm eval", args=list(argv)))
-
-
 def compare_main(argv: Sequence[str]) -> int:
     """Paired comparisons of the policies in existing suite results: differences, intervals, p-values.
 
@@ -266,14 +278,16 @@ def compare_main(argv: Sequence[str]) -> int:
     return int(tyro.cli(compare, prog="gymllm compare", args=list(argv)))
 
 
-eval_main.takes_argv = True  # type: ignore[attr-defined]  # gymllm.cli.commands.dispatch passes argv through
 compare_main.takes_argv = True  # type: ignore[attr-defined]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m gymllm.cli.suite_cli eval|compare ...``: errors as one line plus a hint, as ``gymllm`` does."""
+    """``python -m gymllm.cli.suite_cli eval|compare ...``: errors as one line plus a hint, as ``gymllm`` does
+    (``eval ...`` is ``gymllm eval suite ...``)."""
+    from gymllm.cli.eval_args import eval_main
+
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"eval": eval_main, "compare": compare_main}
+    commands = {"eval": lambda rest: eval_main(["suite", *rest]), "compare": compare_main}
     if not argv or argv[0] not in commands:
         print("usage: python -m gymllm.cli.suite_cli {eval,compare} [ARGS] (--help for the options)", file=sys.stderr)
         return 2

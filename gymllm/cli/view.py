@@ -20,7 +20,7 @@ def view(
 
     Args:
         runs: Run directories written by `gymllm train --run-dir` (several are overlaid), suite
-            directories, or `summary.json` / `gymllm eval --out` files.
+            directories, or `summary.json` / `gymllm eval env --out` files.
         host: The interface to bind; 127.0.0.1 keeps the viewer on this machine.
         port: The port (0: a free one).
         open: Also open the page in the default browser.

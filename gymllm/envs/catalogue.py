@@ -14,7 +14,7 @@ Registered ids (registration is cheap: neither library is imported until an env 
   :class:`~gymllm.multiagent.SingleAgentView` with an opponent policy).
 * ``gymllm/ta-KuhnPoker-v0``: one seat of TextArena's Kuhn poker against random legal moves; the
   two-player game itself is ``gymllm.envs.kuhn_poker:kuhn_poker`` (a ``MODULE:FACTORY`` env id for
-  self-play and ``gymllm eval --game``), with legal-move masks, Kuhn's chip rewards and the closed-form
+  self-play and ``gymllm eval game``), with legal-move masks, Kuhn's chip rewards and the closed-form
   equilibrium its demonstrations play (:mod:`gymllm.envs.kuhn_poker`).
 
 Randomness: TextArena seeds and draws from the global ``random`` module (and a few games from

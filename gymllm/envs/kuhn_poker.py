@@ -1,10 +1,10 @@
 """Kuhn poker from TextArena (``KuhnPoker-v0``, optional extra ``gymllm[catalogue]``) as a two-player text game.
 
-    game = kuhn_poker()                      # a TextAECEnv: self-play, `gymllm eval --game`
+    game = kuhn_poker()                      # a TextAECEnv: self-play, `gymllm eval game`
     env = gymllm.make("gymllm/ta-KuhnPoker-v0")   # one seat against random legal moves (demos, eval)
 
 On the command line the game is ``--env.id gymllm.envs.kuhn_poker:kuhn_poker`` (training) and
-``--game gymllm.envs.kuhn_poker:kuhn_poker`` (``gymllm eval --game``); the one-seat env is
+``--game gymllm.envs.kuhn_poker:kuhn_poker`` (``gymllm eval game``); the one-seat env is
 ``gymllm/ta-KuhnPoker-v0``.
 
 The game
@@ -298,7 +298,7 @@ kuhn_card_player.takes_context = True  # type: ignore[attr-defined]
 
 
 def kuhn_action_table(rows: list[dict[str, Any]], player: str, **game_kwargs: Any) -> dict[str, dict[str, Any]]:
-    """How ``player`` acted by card over ``games.jsonl`` rows of ``gymllm eval --game`` (each replayed on its
+    """How ``player`` acted by card over ``games.jsonl`` rows of ``gymllm eval game`` (each replayed on its
     seed with ``game_kwargs``, the ``--game-kwargs`` it was played with): ``{card: {"decisions": n, "[bet]":
     k, "[check]": k, "[call]": k, "[fold]": k, "aggressive": (bets + calls) / n, "first": {...},
     "after_check": {...}, "facing_bet": {...}}}`` (the last three: move counts in each situation). Only
@@ -334,7 +334,7 @@ def kuhn_action_table(rows: list[dict[str, Any]], player: str, **game_kwargs: An
 
 
 def replay_chips(row: dict[str, Any], **game_kwargs: Any) -> dict[str, float]:
-    """Each player's reward in one ``games.jsonl`` row of ``gymllm eval --game`` (net chips; a forfeit
+    """Each player's reward in one ``games.jsonl`` row of ``gymllm eval game`` (net chips; a forfeit
     is ``forfeit_reward``), by replaying the row's moves on its seed: ``{label: reward}``. ``game_kwargs``:
     the ``--game-kwargs`` the games were played with. A row whose game did not finish (an error, a
     crash, a truncation) has no chips: a ConfigError says so."""

@@ -10,12 +10,12 @@ A run with ``--multiagent.policies`` saves every policy's state under its name
 (``state/policies/<name>/trainable``: a LoRA adapter on the shared base, or full weights with
 ``--multiagent.policy-weights full``). One policy of it is named ``DIR#NAME`` (the run directory,
 ``#``, the policy name: letters, digits, ``_`` and ``-``, as the policy map allows) wherever a
-checkpoint is named: ``gymllm eval --checkpoint DIR#a``, ``--multiagent.opponent run:DIR#a``,
-``gymllm eval --game GAME --checkpoint DIR#a``, ``models.load("DIR#a")``. A path that exists as written
+checkpoint is named: ``gymllm eval env ENV --model.checkpoint DIR#a``, ``--multiagent.opponent run:DIR#a``,
+``gymllm eval game GAME --model.checkpoint DIR#a``, ``models.load("DIR#a")``. A path that exists as written
 is never split, so a directory whose name holds a ``#`` still loads as itself. Loading a bare ``DIR``
 of several policies as one raises a :class:`~gymllm.errors.ConfigError` that lists the ``DIR#NAME``
 forms; ``#NAME`` on a one-policy checkpoint, or a name the checkpoint does not hold, says so too.
-``gymllm eval --game GAME --checkpoint DIR`` enters every policy as its own player
+``gymllm eval game GAME --model.checkpoint DIR`` enters every policy as its own player
 (:func:`policy_refs`).
 
 * :func:`checkpoint_dir`: the Orbax directory of a run directory (or the directory itself);
@@ -155,8 +155,8 @@ def _pick_policy(state: Mapping[str, Any], directory: pathlib.Path, path: str | 
         if name is None:
             raise ConfigError(f"checkpoint {directory}: expected one policy's weights (state/trainable), received a "
                               f"run of several policies ({', '.join(sorted(names))}). Fix: name one of them: {forms} "
-                              f"(e.g. gymllm eval --checkpoint {run}{POLICY_SEP}{names[0]}, --multiagent.opponent "
-                              f"run:{run}{POLICY_SEP}{names[0]}); gymllm eval --game GAME --checkpoint {run} rates them all")
+                              f"(e.g. gymllm eval env ENV --model.checkpoint {run}{POLICY_SEP}{names[0]}, --multiagent.opponent "
+                              f"run:{run}{POLICY_SEP}{names[0]}); gymllm eval game GAME --model.checkpoint {run} rates them all")
         if name not in state["policies"]:
             raise ConfigError(f"checkpoint {directory}: expected a policy it holds after '{POLICY_SEP}', received "
                               f"{name!r}; it holds {', '.join(names)}. Fix: use one of {forms}")
@@ -231,7 +231,7 @@ def apply_trained(model: Any, path: str | os.PathLike, *, lora: Any = None, step
     if missing or extra:
         raise ValueError(f"checkpoint {str(path)!r} at step {step}: expected the weights of this model "
                          f"({len(base)} arrays), received {len(flat)} (missing {missing[:3]}, unexpected {extra[:3]}). "
-                         "Fix: evaluate with the model the run trained (gymllm eval --checkpoint RUN reads it from "
+                         "Fix: evaluate with the model the run trained (gymllm eval env ENV --model.checkpoint RUN reads it from "
                          "RUN/config.json when --model is not given)")
     for k, v in flat.items():
         if tuple(v.shape) != tuple(base[k].shape):

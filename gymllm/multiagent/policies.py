@@ -1,7 +1,7 @@
 """Scripted seats for multi-agent text games: a policy is ``f(observation: dict, rng) -> str``;
 :func:`advance_game` plays the scripted seats of a :class:`TextAECEnv` until a learning seat is due.
 
-A PettingZoo-style scripted player (``--multiagent.opponent MODULE:FN``, ``gymllm eval --game --opponent
+A PettingZoo-style scripted player (``--multiagent.opponent MODULE:FN``, ``gymllm eval game --opponent
 MODULE:FN``) is ``fn(observation, agent) -> action``; one that sets ``fn.takes_context = True`` is called
 ``fn(observation, agent, context)`` with a :class:`ScriptedContext` (the game's seeded RNG, so its random
 choices replay with the seed, and the wrapped PettingZoo env, for a game whose observation does not hold

@@ -4,11 +4,11 @@ The one evaluation path of gymllm: ``gymllm eval`` (:mod:`gymllm.cli.evaluate`, 
 model) and the training run's in-loop evaluation (:class:`gymllm.algos.run.Run` with ``eval.every``,
 on the run's own engine at the current policy version) both call :func:`evaluate_env`.
 
-    row = await evaluate_env(vec_env, engine, agent, config=EvalConfig(num_seeds=16),
+    row = await evaluate_env(vec_env, engine, agent, config=EvalConfig(seeds=16),
                              env_id="gymllm/Arithmetic-v0")
     row["pass@1"], row["mean_reward"], row["tool_calls_per_episode"], row["seeds"]
 
-Each held-out seed ``seed_base + i`` (``i < num_seeds``) is one group of ``k`` samples (the same env
+Each held-out seed ``seed_base + i`` (``i < seeds``) is one group of ``k`` samples (the same env
 seed, distinct sampling seeds) run by the :class:`~gymllm.rollout.RolloutOrchestrator`, so an
 evaluation episode is exactly a training episode. pass@1 is the mean success rate; pass@k the
 fraction of seeds with at least one success (success: reward >= ``success_threshold``).
@@ -20,11 +20,13 @@ trajectories never meet a training rollout's cached prefix on the same engine.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Annotated, Any, Sequence
 
 import numpy as np
+import tyro
 
 from gymllm.errors import ConfigError, explain
+from gymllm.inference.params import SamplingParams
 from gymllm.rollout.agents import Agent, ModelAgent, ToolAgent
 from gymllm.rollout.config import RolloutConfig
 from gymllm.types import Group
@@ -34,39 +36,49 @@ __all__ = ["EvalConfig", "SessionPrefixed", "HeldOutEvaluator", "evaluate_env", 
            "group_tool_calls", "episode_figures", "eval_metrics"]
 
 
+def _eval_sampling() -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=256)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EvalConfig:
-    """num_seeds: held-out env seeds ``seed_base .. seed_base + num_seeds - 1`` (``seed_base`` defaults
-    to :data:`~gymllm.utils.seeds.HELD_OUT_SEED_BASE`, the one held-out base of gymllm); k: samples per seed
-    (pass@k); temperature: the sampler's (0 = greedy); max_tokens: a reply's budget; max_turns: model
-    calls per episode at most; success_threshold: the reward that counts as solved; max_concurrency:
-    episodes in flight at once (also bounded by the vector env's sub-envs)."""
+    """Held-out evaluation of one env: ``seeds`` groups of ``k`` episodes, on env seeds ``seed_base ..
+    seed_base + seeds - 1``, sampled with ``sampling``. ``gymllm eval env`` takes it as its ``--eval.*``
+    flags and ``--sampling.*`` (the sampler's own flags, as ``gymllm train`` names them)."""
 
-    num_seeds: int = 16
+    seeds: int = 16
+    """Held-out env seeds per env (one group of --eval.k episodes each)."""
     k: int = 1
+    """Samples per seed: pass@k counts a seed solved when any of its k episodes is."""
     seed_base: int = HELD_OUT_SEED_BASE
-    temperature: float = 0.0
-    max_tokens: int = 256
+    """The first held-out seed; training uses seeds below it (utils.seeds.HELD_OUT_SEED_BASE)."""
     max_turns: int = 4
+    """Model calls per episode at most (the env's step limit too)."""
     success_threshold: float = 1.0
+    """The reward that counts an episode as solved (pass@k)."""
     max_concurrency: int = 32
+    """Episodes in flight at once (also bounded by the vector env's sub-envs)."""
+    sampling: Annotated[SamplingParams, tyro.conf.arg(prefix_name=False)] = dataclasses.field(
+        default_factory=_eval_sampling)
+    """How each reply is sampled (temperature 0: greedy, so pass@1 is deterministic; max_tokens: a reply's
+    budget); n must be 1 (k sets the samples per seed)."""
 
     def __post_init__(self) -> None:
-        for f in ("num_seeds", "k", "max_tokens", "max_turns", "max_concurrency"):
+        for f in ("seeds", "k", "max_turns", "max_concurrency"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(explain(f"EvalConfig.{f}", expected="an int >= 1", received=v, fix=f"set {f}=1 or more"))
         if not isinstance(self.seed_base, int) or self.seed_base < 0:
             raise ConfigError(explain("EvalConfig.seed_base", expected="an int >= 0", received=self.seed_base,
-                                      fix=f"e.g. seed_base={HELD_OUT_SEED_BASE}"))
-        if not self.temperature >= 0:
-            raise ConfigError(explain("EvalConfig.temperature", expected="a float >= 0 (0 = greedy)",
-                                      received=self.temperature, fix="e.g. temperature=0.0"))
+                                      fix=f"e.g. --eval.seed-base {HELD_OUT_SEED_BASE}"))
+        if not isinstance(self.sampling, SamplingParams) or self.sampling.n != 1:
+            raise ConfigError(explain("EvalConfig.sampling", expected="a SamplingParams with n=1 (k sets the samples "
+                                      "per seed)", received=self.sampling, fix="e.g. SamplingParams(temperature=0.0)"))
 
     @property
-    def seeds(self) -> range:
+    def seed_range(self) -> range:
         """The held-out env seeds."""
-        return range(self.seed_base, self.seed_base + self.num_seeds)
+        return range(self.seed_base, self.seed_base + self.seeds)
 
 
 class SessionPrefixed:
@@ -148,32 +160,30 @@ def episode_figures(episodes: Sequence[Any]) -> dict[str, float]:
 
 async def evaluate_env(envs: Any, engine: Any, agent: Agent, *, config: EvalConfig, env_id: str = "",
                        env_kwargs: dict[str, Any] | None = None, session_prefix: str = "eval/") -> dict[str, Any]:
-    """Run ``config.num_seeds`` groups of ``config.k`` episodes on ``envs`` (a vector env; not closed
+    """Run ``config.seeds`` groups of ``config.k`` episodes on ``envs`` (a vector env; not closed
     here) with ``engine`` (not closed either) and return one row: ``env``, ``env_kwargs``, ``mean_reward``,
     ``pass@1``, ``pass@<k>``, ``episodes``, ``tool_calls_per_episode``, ``tool_call_share`` (episodes with
     at least one call), the :func:`episode_figures` (``valid_action_rate``; ``win_or_draw`` and
     ``outcome/<result>`` for games), ``seeds`` (the env seeds the episodes used), ``policy_versions`` (of every
     sampled token: [min, max])."""
-    from gymllm.inference.params import SamplingParams
     from gymllm.rollout.orchestrator import RolloutOrchestrator
 
     c = config
     num_envs = int(getattr(envs, "num_envs", c.max_concurrency))
-    concurrency = max(1, min(c.max_concurrency, c.num_seeds * c.k, num_envs))
-    rcfg = RolloutConfig(group_size=c.k, max_concurrency=concurrency, num_groups=c.num_seeds, max_staleness=None,
+    concurrency = max(1, min(c.max_concurrency, c.seeds * c.k, num_envs))
+    rcfg = RolloutConfig(group_size=c.k, max_concurrency=concurrency, num_groups=c.seeds, max_staleness=None,
                          groups_per_step=1, seed=c.seed_base, max_model_calls=c.max_turns)
-    sampling = SamplingParams(temperature=c.temperature, max_tokens=c.max_tokens)
     groups: list[Group] = []
-    async with RolloutOrchestrator(envs, SessionPrefixed(engine, session_prefix), agent, sampling=sampling,
+    async with RolloutOrchestrator(envs, SessionPrefixed(engine, session_prefix), agent, sampling=c.sampling,
                                    config=rcfg) as orch:
         async for group in orch.groups():
             groups.append(group)
-    if len(groups) != c.num_seeds:
-        raise RuntimeError(f"evaluation of {env_id or 'the env'}: expected {c.num_seeds} complete groups, received "
+    if len(groups) != c.seeds:
+        raise RuntimeError(f"evaluation of {env_id or 'the env'}: expected {c.seeds} complete groups, received "
                            f"{len(groups)} (errors: {'; '.join(orch.errors[-3:]) or 'none'}). Fix: run the env alone "
                            f"with `gymllm check {env_id or 'ENV_ID'}`")
     groups.sort(key=lambda g: int(g.group_id[1:]))
-    r = np.stack([g.rewards for g in groups])  # [num_seeds, k]
+    r = np.stack([g.rewards for g in groups])  # [seeds, k]
     ok = r >= c.success_threshold
     calls = np.array([n for g in groups for n in group_tool_calls(g)], dtype=np.float64)
     versions = [int(v) for g in groups for t in g.trajectories for v in np.asarray(t.versions)[np.asarray(t.loss_mask, bool)]]
@@ -202,7 +212,7 @@ class HeldOutEvaluator:
     for the run), each evaluated on the run's engine at whatever policy version it holds.
 
     ``specs``: ``(env_id, env_kwargs, agent)`` per env; ``num_envs``: sub-envs per vector env (at most
-    ``config.num_seeds * config.k`` are used). :meth:`evaluate` returns one :func:`evaluate_env` row per
+    ``config.seeds * config.k`` are used). :meth:`evaluate` returns one :func:`evaluate_env` row per
     env, with ``step`` added; :meth:`close` closes the vector envs."""
 
     def __init__(self, specs: Sequence[tuple[str, dict[str, Any], Agent]], *, config: EvalConfig, num_envs: int):
@@ -210,7 +220,7 @@ class HeldOutEvaluator:
 
         self.config = config
         self.specs = list(specs)
-        n = max(1, min(num_envs, config.num_seeds * config.k))
+        n = max(1, min(num_envs, config.seeds * config.k))
         self.envs: list[Any] = []
         try:
             for env_id, kwargs, _ in self.specs:

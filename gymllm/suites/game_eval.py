@@ -7,7 +7,7 @@
 A training run on a game with ``eval.every`` set evaluates this way (:class:`gymllm.algos.heldout.HeldOutHook`):
 the policy just pushed to the run's engine plays ``multiagent.eval_games`` games against each of
 ``multiagent.eval_opponents`` (``random`` or ``MODULE:FN`` scripted players, which the run need never
-have trained against), on the schedule of ``gymllm eval --game`` (:func:`gymllm.suites.games.schedule`:
+have trained against), on the schedule of ``gymllm eval game`` (:func:`gymllm.suites.games.schedule`:
 seeds from ``eval.seed_base``, each from both seats; the opponent's random draws depend only on the seed
 and the game, so every evaluation step meets the same games and the curve's steps are paired), moving
 as training plays (the run's agent, chat template and token buffer) at ``eval.temperature`` (greedy by

@@ -1,4 +1,4 @@
-"""Paired comparisons of players from the rows of ``gymllm eval --game`` (``games.jsonl``).
+"""Paired comparisons of players from the rows of ``gymllm eval game`` (``games.jsonl``).
 
     rows = [json.loads(x) for x in open("out/games.jsonl")]
     seed_results(rows, "selfplay", "random", "win_or_draw")     # {seed: mean over its seat-swapped games}

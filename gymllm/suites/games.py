@@ -191,7 +191,7 @@ def resolve_game(game: str, kwargs: dict[str, Any] | None = None) -> Any:
     if make is None:
         raise ConfigError(explain("--game", expected=f"a multi-agent game: {GAME_HELP}", received=game,
                                   fix=f"use one of {sorted(GAMES)} or point MODULE:FACTORY at an importable factory "
-                                  "(single-agent envs are evaluated with gymllm eval ENV)"))
+                                  "(single-agent envs are evaluated with gymllm eval env ENV)"))
     probe = make()
     seats = list(probe.possible_agents)
     probe.close()

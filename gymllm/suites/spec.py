@@ -299,7 +299,7 @@ def parse_suite(data: Mapping[str, Any], *, source: str = "<suite>", default_nam
 
 def one_off_suite(env_ids: Sequence[str], *, name: str = "one-off", env_kwargs: Mapping[str, Any] | None = None,
                   resolve: bool = True, **defaults: Any) -> Suite:
-    """The suite ``gymllm eval ENV...`` runs: one env per id, ``env_kwargs`` for each, ``defaults`` (any
+    """The suite ``gymllm eval env ENV...`` runs: one env per id, ``env_kwargs`` for each, ``defaults`` (any
     of :data:`DEFAULTS`) at the top level."""
     data = {"name": name, **defaults, "env": [{"id": i, **({"kwargs": dict(env_kwargs)} if env_kwargs else {})}
                                               for i in env_ids]}

@@ -21,7 +21,7 @@ and ``env/<name>/groups`` (:class:`~gymllm.suites.mixture.EnvMetrics`) for the s
     step_metrics.update(envs.flush())
 
 One agent plays every env (the run's ``env.agent`` and ``env.system_prompt``); a suite table's own
-``agent`` / ``system_prompt`` apply to evaluation (``gymllm eval --suite``), not to this mixture.
+``agent`` / ``system_prompt`` apply to evaluation (``gymllm eval suite``), not to this mixture.
 
 Elsewhere than this process (``gymllm train --env.suite S --cluster.backend ray``): ``vec=`` a vector env
 of :class:`SuiteSlotEnv` sub-envs (:func:`mixture_vec`, e.g. on Ray env workers). The draw stays here

@@ -3,7 +3,7 @@
     d = paired_difference({1: 1.0, 2: 0.5, 3: 0.0}, {1: 0.5, 2: 0.5, 3: 0.0})
     d["diff"], d["lo"], d["hi"]            # mean of a - b over the shared units, and its 95% interval
 
-Two checkpoints evaluated on the same schedule (``gymllm eval --game``: the same env seeds, each seed
+Two checkpoints evaluated on the same schedule (``gymllm eval game``: the same env seeds, each seed
 played from both seats) meet the same deals and openings, so their per-seed results are correlated and
 the difference of two independent means overstates the noise. :func:`paired_difference` takes each
 player's result per unit (a unit is an env seed: the mean of its seat-swapped games, so a unit holds

@@ -1,5 +1,5 @@
 """The directories and files ``gymllm view`` shows: :class:`ViewedRun` (a ``gymllm train`` run
-directory, a suite evaluation's directory or ``summary.json``, or a ``gymllm eval --out`` table).
+directory, a suite evaluation's directory or ``summary.json``, or a ``gymllm eval env --out`` table).
 
 What a run directory holds (see :mod:`gymllm.algos.trainer`): ``config.json``, ``metrics.jsonl`` (one
 object per optimizer step), ``summary.txt``, ``trajectories.jsonl``, ``trace.json`` (Chrome/Perfetto
@@ -131,7 +131,7 @@ class ViewedRun:
         errors = [conf_err] if conf_err else []
         if self.kind() == "unknown":
             errors.append(f"{self.path}: expected a run directory (metrics.jsonl, config.json) or a suite "
-                          "summary.json / `gymllm eval --out` table, found neither")
+                          "summary.json / `gymllm eval env --out` table, found neither")
         recs = read_compiles(self.root / "compiles.jsonl") if self.path.is_dir() else []
         compiles = {k: v for k, v in summarize(recs).items() if k != "by_name"} if recs else None
         return {"name": self.name, "path": str(self.path), "kind": self.kind(), "config": conf, "compiles": compiles,
@@ -147,7 +147,7 @@ class ViewedRun:
 
     def suite(self) -> dict[str, Any]:
         """The suite summary (``summary.json`` with ``suite``/``results``/``comparisons``) or a
-        ``gymllm eval --out`` table (a list of rows), as ``{"format", "data", "errors"}``."""
+        ``gymllm eval env --out`` table (a list of rows), as ``{"format", "data", "errors"}``."""
         p = self.suite_file()
         if p is None:
             return {"format": None, "data": None, "errors": []}
@@ -159,7 +159,7 @@ class ViewedRun:
         if isinstance(data, dict) and isinstance(data.get("results"), list):
             return {"format": "suite", "data": data, "errors": [], "file": p.name}
         return {"format": None, "data": None, "file": p.name,
-                "errors": [f"{p.name}: expected a `gymllm eval --out` list of rows or a suite summary with a "
+                "errors": [f"{p.name}: expected a `gymllm eval env --out` list of rows or a suite summary with a "
                            f"`results` list, received {type(data).__name__} with keys "
                            f"{sorted(data)[:8] if isinstance(data, dict) else '-'}"]}
 

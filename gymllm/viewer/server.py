@@ -10,7 +10,7 @@ Routes (all GET; ``run`` is a run's name as ``/api/runs`` lists it):
 * ``/api/trajectories?run=&page=&size=&env=&seat=&reward_min=&reward_max=&step_min=&step_max=&version=&error=&q=``:
   one page of the trajectory table, from the index (:mod:`gymllm.viewer.index`).
 * ``/api/trajectory?run=&id=``: one trajectory (:func:`gymllm.viewer.detail.trajectory_detail`).
-* ``/api/suite?run=``: a suite summary or ``gymllm eval --out`` table.
+* ``/api/suite?run=``: a suite summary or ``gymllm eval env --out`` table.
 * ``/files/<run>/<name>``: a file of the run directory itself (trace.json, the PNGs, config.json);
   only names the directory listing holds, never a path.
 
