@@ -14,9 +14,9 @@ every compiled program dropped before them so each set compiles its whole set, a
 program name) and their compile seconds (the events' durations; ``warmup_s``: the wall time of
 ``warmup()``, tracing and lowering included), then tokens/s on a GRPO-like burst over fresh engines
 (the compiled programs are shared): 12 rows (2 groups of 6 identical ~100-token prompts, as the
-Quickstart's ArithmeticTool groups) sample 24 tokens each, and each row's second turn (its prompt, its
-completion and a ~20-token observation; the prefix reused), sent as soon as that row's first turn ends
-(as a rollout does), samples up to 24 more (the 160-token
+Quickstart's ArithmeticTool groups) sample 10 tokens each (its answers take ~9), and each row's second
+turn (its prompt, its completion and an 8-token observation: ~18 new tokens, as the Quickstart's second
+turns; the prefix reused), sent as soon as that row's first turn ends (as a rollout does), samples 24 more (the 160-token
 context ends some). Stop ids are off, so every
 run generates the same number of tokens. The sets run interleaved for a few rounds, the order rotating
 (the machine's load drifts); the mean and spread per set are reported. Real weights when the model
@@ -45,7 +45,9 @@ from gymllm.utils.host import describe_cpu, loadavg  # noqa: E402
 # the "default" preset's engine before the fixed set (gymllm/algos/train_config.py)
 QUICKSTART = EngineConfig(num_slots=12, max_len=160, min_bucket=64, idle_wait_s=0.002, decode_chunk=8,
                           compute_dtype="auto")
-GROUPS, GROUP_SIZE, PROMPT_LEN, OBS_LEN, MAX_TOKENS = 2, 6, 100, 20, 24
+# the Quickstart's trajectories (runs/default/trajectories.jsonl): ~100-token prompts, answers of ~9 tokens,
+# second-turn pieces (the answer's end and the observation) of ~17 tokens, replies of at most 24 tokens
+GROUPS, GROUP_SIZE, PROMPT_LEN, FIRST_TOKENS, OBS_LEN, MAX_TOKENS = 2, 6, 100, 10, 8, 24
 
 
 def configs(budgets: list[int]) -> dict[str, EngineConfig]:
@@ -80,13 +82,14 @@ async def burst(engine: JaxEngine, vocab: int, seed: int) -> tuple[int, float]:
     params = [SamplingParams(temperature=0.8, max_tokens=MAX_TOKENS, seed=seed * 100 + i)
               for i in range(GROUPS * GROUP_SIZE)]
     rows = [(prompts[i // GROUP_SIZE], params[i], f"r{seed}-{i}") for i in range(GROUPS * GROUP_SIZE)]
+    short = [dataclasses.replace(q, max_tokens=FIRST_TOKENS) for q in params]
     obs = [[int(x) for x in rng.integers(3, vocab, size=OBS_LEN)] for _ in rows]
 
-    async def row(p, q, s, o):  # a trajectory: its second turn starts when its own first turn ends
-        c = await engine.generate(p, q, session_id=s)
+    async def row(p, q, s, o, q1):  # a trajectory: its second turn starts when its own first turn ends
+        c = await engine.generate(p, q1, session_id=s)
         return c, await engine.generate(p + list(c.token_ids) + o, q, session_id=s)
 
-    done = await asyncio.gather(*(row(p, q, s, o) for (p, q, s), o in zip(rows, obs)))
+    done = await asyncio.gather(*(row(p, q, s, o, q1) for (p, q, s), o, q1 in zip(rows, obs, short)))
     wall = time.perf_counter() - t0
     return sum(len(c.token_ids) for pair in done for c in pair), wall
 
