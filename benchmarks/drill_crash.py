@@ -113,7 +113,7 @@ def finish(cmd: list[str], timeout_s: float) -> None:
 
 
 def trained_arrays(run_dir: pathlib.Path) -> dict:
-    from gymllm.algos.checkpoint import restore_trained
+    from gymllm.models.trained import restore_trained
 
     return restore_trained(run_dir)[0]
 

@@ -11,10 +11,14 @@ import numpy as np
 
 from gymllm.algos import config as C
 from gymllm.algos.checkpoint import Checkpointer
-from gymllm.algos.learner import LearnerConfig, StreamingLearner
+from gymllm.algos.learner import StreamingLearner
+from gymllm.algos.learner_config import LearnerConfig
 from gymllm.algos.optim import OptimizerConfig
-from gymllm.algos.trainer import (EngineConfig, EnvSection, ModelSection, RolloutConfig, RunSection, SamplingParams,
-                                  TrainConfig, train)
+from gymllm.algos.trainer import train
+from gymllm.inference.config import EngineConfig
+from gymllm.algos.train_config import EnvSection, ModelSection, RunSection, TrainConfig
+from gymllm.rollout.config import RolloutConfig
+from gymllm.inference.params import SamplingParams
 
 
 def small_config(run_dir, *, steps=3, every=1) -> TrainConfig:

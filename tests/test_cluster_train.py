@@ -25,7 +25,7 @@ import gymllm.ray_support  # noqa: F401  before ray: every node this file starts
 
 pytest.importorskip("ray", reason="the cluster tests need the optional package ray (pip install 'gymllm[ray]')")
 
-from gymllm.algos.learner import LearnerConfig  # noqa: E402
+from gymllm.algos.learner_config import LearnerConfig  # noqa: E402
 from gymllm.algos.train_config import ClusterSection, EnvSection, RunSection, TrainConfig, preset  # noqa: E402
 from gymllm.algos.trainer import train  # noqa: E402
 from gymllm.errors import ConfigError  # noqa: E402

@@ -24,7 +24,7 @@ from gymllm.telemetry.export import load_chrome_trace
 
 
 def _tiny(run_dir, cache, report: bool):
-    from gymllm.algos.trainer import RunSection, preset
+    from gymllm.algos.train_config import RunSection, preset
 
     cfg = preset("tiny")
     r = dataclasses.replace

@@ -14,8 +14,11 @@ import re
 
 import pytest
 
-from gymllm.algos.train_config import (LEGACY_KEYS, TIES, EngineConfig, RolloutConfig, SamplingParams, TrainConfig,
-                                       from_tables, legacy_tables, preset)
+from gymllm.algos.train_config import (LEGACY_KEYS, TIES, TrainConfig, from_tables, legacy_tables,
+                                       preset)
+from gymllm.inference.config import EngineConfig
+from gymllm.rollout.config import RolloutConfig
+from gymllm.inference.params import SamplingParams
 from gymllm.cli.commands import print_table
 from gymllm.cli.train_args import parse_train_args, train_arguments, train_config_from
 from gymllm.cli.recipes import shipped_recipes

@@ -19,7 +19,7 @@ from flax import nnx
 
 from gymllm.errors import EngineError
 from gymllm.inference import Completion, Engine, EngineConfig, JaxEngine, SamplingParams
-from gymllm.inference.jax_engine import RequestFailed
+from gymllm.inference.request import RequestFailed
 from gymllm.inference.jit_steps import make_steps
 from gymllm.models import make_tiny, token_logprobs
 from gymllm.telemetry import get_tracer

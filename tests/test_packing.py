@@ -12,7 +12,8 @@ import pytest
 
 from gymllm.algos import config as C
 from gymllm.algos.batching import first_fit_decreasing, make_micro_batch, pack_rows, row_from_trajectory
-from gymllm.algos.learner import LearnerConfig, build_loss_fn
+from gymllm.algos.learner_config import LearnerConfig
+from gymllm.algos.learner_programs import build_loss_fn
 from gymllm.errors import ConfigError
 from test_learner import learner, make_groups, max_diff, tiny
 

@@ -10,5 +10,5 @@ from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 
 def test_every_held_out_default_is_the_one_base():
     assert HELD_OUT_SEED_BASE == 1_000_000
-    assert EvalConfig().seed_base == EvalSection().seed_base == demos.HELD_OUT_SEED_BASE == HELD_OUT_SEED_BASE
+    assert EvalConfig().seed_base == EvalSection().seed_base == HELD_OUT_SEED_BASE
     assert EvalConfig(num_seeds=3).seeds == range(HELD_OUT_SEED_BASE, HELD_OUT_SEED_BASE + 3)

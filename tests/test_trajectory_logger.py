@@ -14,13 +14,9 @@ import pytest
 
 from gymllm.core import TextEnv
 from gymllm.types import Trajectory
-from gymllm.wrappers.trajectory_logger import (
-    TrajectoryLogger,
-    TrajectoryLoggerConfig,
-    read_log,
-    read_tokens,
-    scan_jsonl,
-)
+from gymllm.wrappers.trajectory_logger import TrajectoryLogger
+from gymllm.trajectories.format import TrajectoryLoggerConfig
+from gymllm.trajectories.reader import read_log, read_tokens, scan_jsonl
 from gymllm.errors import ConfigError
 
 
@@ -249,7 +245,7 @@ def test_vector_logger_writes_one_file_per_sub_env_and_replays(tmp_path, backend
 
 
 def test_stale_writer_lock_is_taken_over(tmp_path):
-    from gymllm.wrappers.trajectory_logger import claim_writer_name
+    from gymllm.trajectories.writers import claim_writer_name
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     (tmp_path / "env-000.lock").write_text(dead.stdout.strip())  # a crashed run's lock

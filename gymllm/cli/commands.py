@@ -13,8 +13,7 @@ from typing import Annotated, Callable, Sequence
 import tyro
 
 from gymllm.atomic import atomic_write_text
-from gymllm.cli.train_args import (parse_train_args, parse_train_plan, recipe_sft_stage,  # noqa: F401 (re-exported)
-                                   train_arguments, train_config_from)
+from gymllm.cli.train_args import parse_train_plan
 from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 
 # --------------------------------------------------------------------------------------- dispatch

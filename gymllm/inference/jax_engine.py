@@ -89,7 +89,7 @@ from gymllm.inference.config import EngineConfig
 from gymllm.inference.device_cache import DeviceSteps
 from gymllm.inference.loop import EngineLoop, LoopGate
 from gymllm.inference.params import SamplingParams
-from gymllm.inference.request import EngineRequest, RequestFailed
+from gymllm.inference.request import EngineRequest
 from gymllm.inference.rows import DecodeRows
 from gymllm.inference.sampling import request_key
 from gymllm.inference.weights import WeightStore, kv_cache_dtype
@@ -97,7 +97,7 @@ from gymllm.utils.host import resolve_compute_dtype
 
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
-__all__ = ["JaxEngine", "RequestFailed"]
+__all__ = ["JaxEngine"]
 
 
 def infer_vocab(model: Any, tokenizer: Any) -> int:

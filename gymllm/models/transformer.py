@@ -34,11 +34,11 @@ from flax import nnx
 from gymllm.models.cache import KVCache, init_cache
 from gymllm.models.config import ModelConfig
 from gymllm.models.blocks import (embed_tokens, final_logits, global_params, layer_rest, layer_weights,
-                                  layer_unroll, layer_xs, pack_bf16, pack_like, qkv, unpack)
+                                  layer_unroll, layer_xs, pack_like, qkv, unpack)
 from gymllm.models.attention import attention
 from gymllm.models.layers import cache_mask, causal_mask
 
-__all__ = ["Blocks", "Transformer", "forward", "hidden_states", "init_params", "lm_logits", "pack_bf16",
+__all__ = ["Blocks", "Transformer", "forward", "hidden_states", "init_params", "lm_logits",
            "param_shapes"]
 
 
