@@ -114,13 +114,6 @@ def infer_vocab(model: Any, tokenizer: Any) -> int:
     return int(v)
 
 
-def _alias(owner: str, name: str) -> property:
-    """A read-write alias of ``self.<owner>.<name>``: the names the engine's state had before it was split
-    into collaborators, which tests read and patch (``_cache``, ``_decode``...)."""
-    return property(lambda self: getattr(getattr(self, owner), name),
-                    lambda self, value: setattr(getattr(self, owner), name, value))
-
-
 class JaxEngine:
     """Continuous-batching engine; implements the :class:`~gymllm.inference.Engine` protocol."""
 
@@ -181,14 +174,6 @@ class JaxEngine:
         self._closed = False
         self._thread = threading.Thread(target=self._loop.run, name="gymllm-jax-engine", daemon=True)
         self._thread.start()
-
-    # the pre-split names of the engine's state (tests read and patch them)
-    _state = _alias("_weights", "state")
-    _cache = _alias("_steps", "cache")
-    _decode = _alias("_steps", "decode")
-    _decode_k = _alias("_steps", "decode_k")
-    _table = _alias("_admission", "table")
-    _active = _alias("_rows", "active")
 
     @classmethod
     def from_loaded(cls, loaded: Any, **kwargs: Any) -> "JaxEngine":
