@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import time
 
 from results.device import choose_platform  # noqa: E402

@@ -81,7 +81,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import tempfile
 import time

@@ -66,9 +66,11 @@ def test_learner_state_round_trips_exactly(tmp_path):
     from gymllm.models import make_tiny
 
     lm = make_tiny("qwen3", seed=0, vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1)
-    mk = lambda: StreamingLearner(lm.config, lm.model.flat_params(), loss=C.async_agentic(),
-                                  optimizer=OptimizerConfig(learning_rate=1e-2),
-                                  config=LearnerConfig(groups_per_step=1, micro_batch_size=8, max_len=16, min_bucket=16))
+    def mk():
+        return StreamingLearner(lm.config, lm.model.flat_params(), loss=C.async_agentic(),
+                                optimizer=OptimizerConfig(learning_rate=1e-2),
+                                config=LearnerConfig(groups_per_step=1, micro_batch_size=8, max_len=16, min_bucket=16))
+
     a = mk()
     a.version = 7
     a.consumed_groups = {"g1", "g2"}

@@ -97,4 +97,4 @@ def test_the_summary_counts_compiles(two_runs):
     text = (tmp / "run1" / "summary.txt").read_text()
     line = next(ln for ln in text.splitlines() if ln.startswith("compile: "))
     n = warm.summary()["programs_loaded"]
-    assert f"; 0 program compile(s)" in line and f"{n} loaded from the persistent cache" in line, line
+    assert "; 0 program compile(s)" in line and f"{n} loaded from the persistent cache" in line, line

@@ -7,7 +7,6 @@ from __future__ import annotations
 import glob
 import tomllib
 
-import jax.numpy as jnp
 import pytest
 
 from gymllm.errors import ConfigError

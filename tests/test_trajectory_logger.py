@@ -63,10 +63,11 @@ def test_jsonl_is_readable_and_complete(tmp_path):
         # the logged rewards/ends agree with a fresh env driven by the same seed and actions (reference)
         ref = DiceEnv(sides=4)
         ref.reset(seed=e.seed)
-        for st in e.steps:
-            obs, r, term, trunc, _ = ref.step(st["action"])
-            assert (obs, r, term, trunc) == (st["observation"], st["reward"], st["terminated"], st["truncated"])
-            assert st["timing"]["step_s"] >= 0
+        for step in e.steps:
+            obs, r, term, trunc, _ = ref.step(step["action"])
+            assert (obs, r, term, trunc) == (step["observation"], step["reward"], step["terminated"],
+                                             step["truncated"])
+            assert step["timing"]["step_s"] >= 0
         assert e.end["return"] == e.episode_return
         msgs = e.messages()
         assert msgs[0] == {"role": "user", "content": "Guess a number from 1 to 4."}
