@@ -1,6 +1,6 @@
 """The trainer entry point: ``train(TrainConfig) -> TrainResult`` (what ``gymllm train`` calls).
 
-    from gymllm.algos.trainer import preset, train
+    from gymllm.algos import preset, train
     result = train(preset("tiny"))            # tiny model on TinyRepeat-v0: reward rises in ~1-2 min
     print(result.summary())
 
