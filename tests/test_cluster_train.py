@@ -118,7 +118,8 @@ def test_cluster_section_rejects_bad_input_with_a_fix():
 
 def test_embedded_run_never_imports_ray(tmp_path):
     """backend 'none' builds LocalComponents; the cluster module and Ray stay unloaded."""
-    code = ("import sys, dataclasses; from gymllm.algos.trainer import components_for, preset; "
+    code = ("import sys, dataclasses; from gymllm.algos.train_config import preset; "
+            "from gymllm.algos.trainer import components_for; "
             "c = components_for(preset('tiny')); "
             "print(type(c).__name__, 'ray' in sys.modules, 'gymllm.algos.cluster' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)

@@ -151,13 +151,30 @@ def _resolve(node: ast.ImportFrom, path: Path) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
+def _import_nodes(tree: ast.Module) -> list[ast.ImportFrom]:
+    """Every ``from X import ...`` in ``tree``, and in the Python source its string constants hold (the
+    code a test hands to ``python -c``); a string's imports carry the line of the string."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            found.append(node)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "import" in node.value:
+            try:
+                inner = ast.parse(node.value)
+            except (SyntaxError, ValueError):
+                continue
+            for imp in ast.walk(inner):
+                if isinstance(imp, ast.ImportFrom):
+                    imp.lineno = node.lineno
+                    found.append(imp)
+    return found
+
+
 def reexports(path: Path) -> list[str]:
     """One line per name ``path`` imports from a repository module that does not define it."""
     tree = ast.parse(path.read_text(), filename=str(path))
     out = []
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.ImportFrom):
-            continue
+    for node in _import_nodes(tree):
         module = _resolve(node, path)
         if module in PUBLIC_ENTRY_POINTS or module == "__future__":
             continue
@@ -172,7 +189,7 @@ def reexports(path: Path) -> list[str]:
                 continue
             if source.name == "__init__.py" and _locate(f"{module}.{alias.name}", path) is not None:
                 continue  # a submodule of the package
-            home = _definer(alias.name, source) or "?"
+            home = _definer(alias.name, source) or "no module it imports from"
             out.append(f"{path.relative_to(REPO)}:{node.lineno}: `{alias.name}` from {module}, which does not "
                        f"define it (defined in {home}): import it from there")
     return out

@@ -186,7 +186,8 @@ def test_config_rejects_a_non_bool():
 
 MESH_SCRIPT = """
 import jax, jax.numpy as jnp
-from gymllm.algos.learner import LearnerConfig, StreamingLearner
+from gymllm.algos.learner import StreamingLearner
+from gymllm.algos.learner_config import LearnerConfig
 from gymllm.algos.optim import OptimizerConfig
 from gymllm.algos.sharding import ShardingConfig, make_mesh
 from test_learner import tiny

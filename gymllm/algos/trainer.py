@@ -48,7 +48,7 @@ import numpy as np
 
 from gymllm.algos.components import Components, LocalComponents
 from gymllm.algos.run import Run
-from gymllm.algos.train_config import (TrainConfig, effective)
+from gymllm.algos.train_config import TrainConfig, effective
 
 __all__ = ["train", "TrainResult"]
 
