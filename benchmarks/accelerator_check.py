@@ -178,7 +178,8 @@ def learner_step_s(lm, sz: Sizes) -> float:
     """Seconds of one StreamingLearner step (groups of random trajectories, warm programs)."""
     import numpy as np
 
-    from gymllm.algos.learner import LearnerConfig, StreamingLearner
+    from gymllm.algos.learner import StreamingLearner
+    from gymllm.algos.learner_config import LearnerConfig
     from gymllm.types import Group, Trajectory
 
     rng = np.random.default_rng(2)

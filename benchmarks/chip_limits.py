@@ -144,7 +144,8 @@ def learner_mfu(lm, groups: int, group_size: int, traj_len: int, micro: int, pea
     import jax
     import numpy as np
 
-    from gymllm.algos.learner import LearnerConfig, StreamingLearner
+    from gymllm.algos.learner import StreamingLearner
+    from gymllm.algos.learner_config import LearnerConfig
     from gymllm.types import Group, Trajectory
 
     rng = np.random.default_rng(2)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import pathlib
 import random
@@ -113,7 +112,7 @@ def finish(cmd: list[str], timeout_s: float) -> None:
 
 
 def trained_arrays(run_dir: pathlib.Path) -> dict:
-    from gymllm.algos.checkpoint import restore_trained
+    from gymllm.models.trained import restore_trained
 
     return restore_trained(run_dir)[0]
 

@@ -54,11 +54,14 @@ import gymnasium as gym
 
 from gymllm.algos import config as C
 from gymllm.algos.components import LocalComponents
-from gymllm.algos.learner import LearnerConfig
+from gymllm.algos.learner_config import LearnerConfig
 from gymllm.algos.optim import OptimizerConfig
 from gymllm.algos.run import LearnerStepError
-from gymllm.algos.trainer import (EngineConfig, EnvSection, ModelSection, RolloutConfig, RunSection,
-                                  SamplingParams, TrainConfig, train)
+from gymllm.algos.trainer import train
+from gymllm.inference.config import EngineConfig
+from gymllm.algos.train_config import EnvSection, ModelSection, RunSection, TrainConfig
+from gymllm.rollout.config import RolloutConfig
+from gymllm.inference.params import SamplingParams
 from gymllm.envs.tiny_tasks import TinyRepeatEnv
 from gymllm.errors import EngineError
 from gymllm.registration import register

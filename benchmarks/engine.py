@@ -57,7 +57,6 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import os
 import sys
 import time
 

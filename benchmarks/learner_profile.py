@@ -70,7 +70,9 @@ import optax
 from gymllm.algos import config as C
 from gymllm.algos.batching import (buckets, loss_positions, make_micro_batch, on_loss_positions, pack_rows,
                                    pick_bucket, row_from_trajectory, shared_prefix_layout, shared_prefix_table)
-from gymllm.algos.learner import LearnerConfig, StreamingLearner, build_loss_fn
+from gymllm.algos.learner import StreamingLearner
+from gymllm.algos.learner_config import LearnerConfig
+from gymllm.algos.learner_programs import build_loss_fn
 from gymllm.algos.optim import OptimizerConfig, make_optimizer
 from gymllm.models.attention import attention
 from gymllm.models.layers import causal_mask

@@ -29,7 +29,6 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import time  # noqa: E402
 
 import jax  # noqa: E402

@@ -18,7 +18,7 @@ times move between machines; the CPU is printed, ``describe_cpu``):
   larger of (a) ``stream_s``: copying as many bytes as the weights once (a jitted ``x + 1`` over a
   uint32 buffer of the weights' byte size, best of several) and (b) ``flops_s``: the step's matmul
   FLOPs at the bf16 matmul rate measured in this run. Goal: <= 1.5 (1.0 = at the limit).
-* ``fwd_bwd_vs_roofline``: the learner's loss gradient (``gymllm.algos.learner.build_loss_fn``, the
+* ``fwd_bwd_vs_roofline``: the learner's loss gradient (``gymllm.algos.learner_programs.build_loss_fn``, the
   async-agentic loss with entropy, as the learner runs it) over 8 x 128 tokens: its achieved
   FLOP/s (3 x the forward's matmul FLOPs) over the same-dtype (bf16) matmul rate. Top level: the
   better of bf16 weights and ``mixed`` (float32 master, bf16 compute), both computing in bf16.
@@ -47,7 +47,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from gymllm.algos.config import async_agentic
-from gymllm.algos.learner import LearnerConfig, build_loss_fn
+from gymllm.algos.learner_config import LearnerConfig
+from gymllm.algos.learner_programs import build_loss_fn
 from gymllm.models import load, token_logprobs
 from gymllm.models.decode import decode_forward, write_new_kv
 from gymllm.models.transformer import forward

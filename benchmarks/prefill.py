@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import time
 
 from results.device import choose_platform  # noqa: E402
@@ -33,7 +32,8 @@ from gymllm.inference.slot_table import halving_buckets, pick_bucket  # noqa: E4
 from gymllm.models import KVCache  # noqa: E402
 from gymllm.models.cache import init_cache  # noqa: E402
 from gymllm.models.prefill import prefill_and_write  # noqa: E402
-from gymllm.models.transformer import forward, pack_bf16  # noqa: E402
+from gymllm.models.transformer import forward  # noqa: E402
+from gymllm.models.blocks import pack_bf16  # noqa: E402
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=(5,))

@@ -16,7 +16,6 @@ RESULT keys: ``ray_env_step_overhead_ms`` (one actor per env; goal <= 2 ms) and
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from typing import Any

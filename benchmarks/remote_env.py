@@ -25,9 +25,7 @@ with ``local_step_ms_p50``, ``remote_step_ms_p50``, ``steps_per_s`` by process c
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys

@@ -76,7 +76,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import os
 import sys
 import time

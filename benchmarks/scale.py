@@ -37,9 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
 import statistics
 import sys
 import time

@@ -81,7 +81,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import tempfile
 import time
@@ -94,10 +93,13 @@ os.environ.setdefault("GYMLLM_KEEP_FREED_MEMORY", "1")  # its figures were measu
 import numpy as np  # noqa: E402
 
 from gymllm.algos import config as C  # noqa: E402
-from gymllm.algos.learner import LearnerConfig  # noqa: E402
+from gymllm.algos.learner_config import LearnerConfig  # noqa: E402
 from gymllm.algos.optim import OptimizerConfig  # noqa: E402
-from gymllm.algos.trainer import (EngineConfig, EnvSection, ModelSection, RolloutConfig, RunSection,  # noqa: E402
-                                  SamplingParams, TrainConfig, train)
+from gymllm.algos.trainer import train  # noqa: E402
+from gymllm.inference.config import EngineConfig  # noqa: E402
+from gymllm.algos.train_config import EnvSection, ModelSection, RunSection, TrainConfig  # noqa: E402
+from gymllm.rollout.config import RolloutConfig  # noqa: E402
+from gymllm.inference.params import SamplingParams  # noqa: E402
 from gymllm.utils.host import describe_cpu, loadavg  # noqa: E402
 
 

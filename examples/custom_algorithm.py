@@ -8,7 +8,6 @@ The vector env is used like any Gymnasium vector env, the engine samples, the mo
 import argparse
 import asyncio
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax

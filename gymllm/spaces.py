@@ -129,7 +129,7 @@ class Text(Space[str]):
                         fix="pass a length inside the space's bounds",
                     )
                 )
-            lo = hi = int(mask)
+            lo = int(mask)
             idx = self.np_random.integers(0, len(self.alphabet), size=lo)
             return "".join(self.alphabet[i] for i in idx)
         return _sample_string(self.np_random, self.min_length, self.max_length, self.alphabet)

@@ -10,10 +10,13 @@ import numpy as np
 import pytest
 
 from gymllm.algos import config as C
-from gymllm.algos.learner import LearnerConfig
+from gymllm.algos.learner_config import LearnerConfig
 from gymllm.algos.optim import OptimizerConfig
-from gymllm.algos.trainer import (EngineConfig, EnvSection, ModelSection, RolloutConfig, RunSection, SamplingParams,
-                                  TrainConfig, preset, train)
+from gymllm.algos.trainer import train
+from gymllm.inference.config import EngineConfig
+from gymllm.algos.train_config import EnvSection, ModelSection, RunSection, TrainConfig, preset
+from gymllm.rollout.config import RolloutConfig
+from gymllm.inference.params import SamplingParams
 from gymllm.errors import ConfigError
 
 NO_FILTER = dataclasses.replace(C.async_agentic(), shaping=C.ShapingConfig())

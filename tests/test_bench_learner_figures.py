@@ -14,7 +14,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import train  # noqa: E402
-from gymllm.algos.learner import LearnerConfig, StreamingLearner  # noqa: E402
+from gymllm.algos.learner import StreamingLearner  # noqa: E402
+from gymllm.algos.learner_config import LearnerConfig  # noqa: E402
 from gymllm.models.tiny import make_tiny  # noqa: E402
 from learner_profile import QS_GROUP, QS_PROMPT, quickstart_groups  # noqa: E402
 

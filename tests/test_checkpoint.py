@@ -11,10 +11,14 @@ import numpy as np
 
 from gymllm.algos import config as C
 from gymllm.algos.checkpoint import Checkpointer
-from gymllm.algos.learner import LearnerConfig, StreamingLearner
+from gymllm.algos.learner import StreamingLearner
+from gymllm.algos.learner_config import LearnerConfig
 from gymllm.algos.optim import OptimizerConfig
-from gymllm.algos.trainer import (EngineConfig, EnvSection, ModelSection, RolloutConfig, RunSection, SamplingParams,
-                                  TrainConfig, train)
+from gymllm.algos.trainer import train
+from gymllm.inference.config import EngineConfig
+from gymllm.algos.train_config import EnvSection, ModelSection, RunSection, TrainConfig
+from gymllm.rollout.config import RolloutConfig
+from gymllm.inference.params import SamplingParams
 
 
 def small_config(run_dir, *, steps=3, every=1) -> TrainConfig:
@@ -62,9 +66,11 @@ def test_learner_state_round_trips_exactly(tmp_path):
     from gymllm.models import make_tiny
 
     lm = make_tiny("qwen3", seed=0, vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1)
-    mk = lambda: StreamingLearner(lm.config, lm.model.flat_params(), loss=C.async_agentic(),
-                                  optimizer=OptimizerConfig(learning_rate=1e-2),
-                                  config=LearnerConfig(groups_per_step=1, micro_batch_size=8, max_len=16, min_bucket=16))
+    def mk():
+        return StreamingLearner(lm.config, lm.model.flat_params(), loss=C.async_agentic(),
+                                optimizer=OptimizerConfig(learning_rate=1e-2),
+                                config=LearnerConfig(groups_per_step=1, micro_batch_size=8, max_len=16, min_bucket=16))
+
     a = mk()
     a.version = 7
     a.consumed_groups = {"g1", "g2"}

@@ -10,7 +10,8 @@ import textwrap
 import pytest
 
 from gymllm.cli.main import COMMANDS, main
-from gymllm.cli.recipes import apply_overrides, find_recipe
+from gymllm.cli.recipes import find_recipe
+from gymllm.validation import apply_overrides
 from gymllm.errors import ConfigError
 
 

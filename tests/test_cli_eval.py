@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from gymllm.algos.checkpoint import checkpoint_dir, restore_model_weights, restore_trained
+from gymllm.models.trained import checkpoint_dir, apply_trained, restore_trained
 from gymllm.cli.evaluate import load_model
 from gymllm.cli.main import main
 from gymllm.inference.params import SamplingParams
@@ -41,7 +41,7 @@ def test_restored_weights_differ_from_the_initial_ones(run_dir):
     init = make_tiny("qwen3", seed=cfg["seed"], vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
                      intermediate_size=cfg["intermediate_size"], num_layers=cfg["num_layers"],
                      num_heads=cfg["num_heads"], num_kv_heads=cfg["num_kv_heads"])
-    restored = restore_model_weights(init.model, run_dir).flat_params()
+    restored = apply_trained(init.model, run_dir).flat_params()
     changed = [k for k, v in init.model.flat_params().items() if not np.array_equal(np.asarray(v), np.asarray(restored[k]))]
     assert changed, "two optimizer steps at lr 1e-2 must move some weights"
 

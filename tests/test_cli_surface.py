@@ -6,10 +6,11 @@ import sys
 
 import pytest
 
-from gymllm.algos import trainer
-from gymllm.cli.commands import parse_train_args, train_config_from
+from gymllm.algos.train_config import preset
+from gymllm.cli.train_args import parse_train_args, train_config_from
 from gymllm.cli.main import main
-from gymllm.cli.recipes import RECIPES_DIR, apply_overrides, load_recipe
+from gymllm.cli.recipes import RECIPES_DIR, load_recipe
+from gymllm.validation import apply_overrides
 
 
 def _usage_error(args, capsys) -> str:
@@ -47,13 +48,13 @@ def test_main_returns_2_for_a_usage_error_and_prints_no_traceback():
 def test_preset_equals_form_is_accepted(tmp_path):
     a = parse_train_args(["--preset=tiny", f"--run-dir={tmp_path}"])
     b = parse_train_args(["--preset", "tiny", "--run-dir", str(tmp_path)])
-    assert a == b == apply_overrides(trainer.preset("tiny"), {"run": {"run_dir": str(tmp_path)}})
+    assert a == b == apply_overrides(preset("tiny"), {"run": {"run_dir": str(tmp_path)}})
 
 
 def test_preset_run_dir_and_section_flags(tmp_path):
     cfg = parse_train_args(["--preset", "tiny", "--run-dir", str(tmp_path), "--learner.num-steps", "3",
                             "--run.no-console", "--loss-preset", "gspo"])
-    ref = apply_overrides(trainer.preset("tiny").with_loss("gspo"),
+    ref = apply_overrides(preset("tiny").with_loss("gspo"),
                           {"run": {"run_dir": str(tmp_path), "console": False}, "learner": {"num_steps": 3}})
     assert cfg == ref
 
@@ -65,8 +66,8 @@ def test_recipe_then_flags_override_the_recipe():
     assert cfg.env.id == recipe["env"]["id"] and cfg.env.num_envs == recipe["env"]["num_envs"]
     assert cfg == apply_overrides(train_config_from("arithmetic_tiny", None, None, None), {"learner": {"num_steps": 10}})
     # the recipe's own presets apply, and the flags win over them
-    assert cfg.loss == trainer.preset("tiny").with_loss("dapo").loss
-    assert parse_train_args(["arithmetic_tiny", "--loss-preset", "grpo"]).loss == trainer.preset("tiny").with_loss("grpo").loss
+    assert cfg.loss == preset("tiny").with_loss("dapo").loss
+    assert parse_train_args(["arithmetic_tiny", "--loss-preset", "grpo"]).loss == preset("tiny").with_loss("grpo").loss
 
 
 def test_a_recipe_given_by_path_and_flags_in_any_order(tmp_path):
@@ -80,7 +81,7 @@ def test_a_recipe_given_by_path_and_flags_in_any_order(tmp_path):
 
 def test_first_parse_does_not_check_the_config_on_defaults_the_recipe_replaces():
     """arithmetic_tiny has 32 envs; the default preset fewer: a group of 16 is valid only with the recipe."""
-    default_envs = trainer.preset("default").env.num_envs
+    default_envs = preset("default").env.num_envs
     group = load_recipe("arithmetic_tiny")["env"]["num_envs"] // 2
     assert group > default_envs, "pick a group size the default preset's envs cannot hold"
     cfg = parse_train_args(["arithmetic_tiny", "--rollout.group-size", str(group)])

@@ -25,7 +25,6 @@ import gymllm.ray_support  # noqa: F401  before ray: every node this file starts
 
 pytest.importorskip("ray", reason="the cluster tests need the optional package ray (pip install 'gymllm[ray]')")
 
-from gymllm.algos.learner import LearnerConfig  # noqa: E402
 from gymllm.algos.train_config import ClusterSection, EnvSection, RunSection, TrainConfig, preset  # noqa: E402
 from gymllm.algos.trainer import train  # noqa: E402
 from gymllm.errors import ConfigError  # noqa: E402
@@ -119,7 +118,8 @@ def test_cluster_section_rejects_bad_input_with_a_fix():
 
 def test_embedded_run_never_imports_ray(tmp_path):
     """backend 'none' builds LocalComponents; the cluster module and Ray stay unloaded."""
-    code = ("import sys, dataclasses; from gymllm.algos.trainer import components_for, preset; "
+    code = ("import sys, dataclasses; from gymllm.algos.train_config import preset; "
+            "from gymllm.algos.trainer import components_for; "
             "c = components_for(preset('tiny')); "
             "print(type(c).__name__, 'ray' in sys.modules, 'gymllm.algos.cluster' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
@@ -143,7 +143,6 @@ def test_losing_a_replicas_node_mid_run_loses_nothing(tmp_path, cluster, referen
     """After step 1 the node of replica r0 is removed (a spare engine node joins first, so the pool can
     recreate it there); the run finishes, no group is trained twice, every live replica ends on the
     final version, and (eta = 0: a retried request keeps its seed) it trains what the in-process run does."""
-    import ray
 
     from gymllm.algos.cluster import RayComponents
 

@@ -24,7 +24,7 @@ from gymllm.telemetry.export import load_chrome_trace
 
 
 def _tiny(run_dir, cache, report: bool):
-    from gymllm.algos.trainer import RunSection, preset
+    from gymllm.algos.train_config import RunSection, preset
 
     cfg = preset("tiny")
     r = dataclasses.replace
@@ -97,4 +97,4 @@ def test_the_summary_counts_compiles(two_runs):
     text = (tmp / "run1" / "summary.txt").read_text()
     line = next(ln for ln in text.splitlines() if ln.startswith("compile: "))
     n = warm.summary()["programs_loaded"]
-    assert f"; 0 program compile(s)" in line and f"{n} loaded from the persistent cache" in line, line
+    assert "; 0 program compile(s)" in line and f"{n} loaded from the persistent cache" in line, line

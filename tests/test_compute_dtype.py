@@ -7,7 +7,6 @@ from __future__ import annotations
 import glob
 import tomllib
 
-import jax.numpy as jnp
 import pytest
 
 from gymllm.errors import ConfigError
@@ -53,7 +52,8 @@ def test_engine_resolves_auto_on_its_host_and_computes_in_it():
 
 
 def test_learners_resolve_auto():
-    from gymllm.algos.learner import LearnerConfig, StreamingLearner
+    from gymllm.algos.learner import StreamingLearner
+    from gymllm.algos.learner_config import LearnerConfig
     from gymllm.algos.optim import OptimizerConfig
     from gymllm.algos.sft_step import SFTLearner
     from gymllm.models.tiny import make_tiny
@@ -67,7 +67,7 @@ def test_learners_resolve_auto():
 
 
 def test_configs_accept_auto_and_name_it_in_the_error():
-    from gymllm.algos.learner import LearnerConfig
+    from gymllm.algos.learner_config import LearnerConfig
     from gymllm.inference import EngineConfig
 
     assert EngineConfig(compute_dtype="auto").compute_dtype == "auto"

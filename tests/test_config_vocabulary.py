@@ -14,9 +14,12 @@ import re
 
 import pytest
 
-from gymllm.algos.train_config import (LEGACY_KEYS, TIES, EngineConfig, RolloutConfig, SamplingParams, TrainConfig,
-                                       from_tables, legacy_tables, preset)
+from gymllm.algos.train_config import (LEGACY_KEYS, TIES, TrainConfig, from_tables, legacy_tables,
+                                       preset)
 from gymllm.cli.tables import print_table
+from gymllm.inference.config import EngineConfig
+from gymllm.inference.params import SamplingParams
+from gymllm.rollout.config import RolloutConfig
 from gymllm.cli.train_args import parse_train_args, train_arguments, train_config_from
 from gymllm.cli.recipes import shipped_recipes
 from gymllm.cli.sft import PROG as SFT_PROG, parse_sft_args

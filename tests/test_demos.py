@@ -14,8 +14,8 @@ import pytest
 import gymllm
 from gymllm.cli.main import main
 from gymllm.envs import demos_solvers as S
-from gymllm.envs.demos import (HELD_OUT_SEED_BASE, SOLVERS, demonstrations, initial_messages, read_demos,
-                               write_demos)
+from gymllm.envs.demos import SOLVERS, demonstrations, initial_messages, read_demos, write_demos
+from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 from gymllm.errors import ConfigError
 from gymllm.models import tiny
 from gymllm.rollout.agents import ModelAgent, ToolAgent

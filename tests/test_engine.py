@@ -19,7 +19,7 @@ from flax import nnx
 
 from gymllm.errors import EngineError
 from gymllm.inference import Completion, Engine, EngineConfig, JaxEngine, SamplingParams
-from gymllm.inference.jax_engine import RequestFailed
+from gymllm.inference.request import RequestFailed
 from gymllm.inference.jit_steps import make_steps
 from gymllm.models import make_tiny, token_logprobs
 from gymllm.telemetry import get_tracer
@@ -251,10 +251,10 @@ def test_cancelled_request_frees_its_slot(engine):
         with pytest.raises(asyncio.CancelledError):
             await task
         for _ in range(200):
-            if engine._table.num_free == CFG.num_slots:
+            if engine._admission.table.num_free == CFG.num_slots:
                 break
             await asyncio.sleep(0.01)
-        return engine._table.num_free
+        return engine._admission.table.num_free
 
     assert run(main()) == CFG.num_slots
 
@@ -337,7 +337,7 @@ def test_close_aborts_waiting_and_running_requests(lm):
 def test_a_failing_step_fails_only_its_requests_and_the_engine_keeps_serving(engine):
     # Fault injection (a device step that raises cannot be provoked on purpose with valid inputs):
     # the next decode call raises once, after deleting the donated cache as a real failure might.
-    real = engine._decode
+    real = engine._steps.decode
     calls = {"n": 0}
 
     def flaky(state, cache, *args):
@@ -349,16 +349,16 @@ def test_a_failing_step_fails_only_its_requests_and_the_engine_keeps_serving(eng
         return real(state, cache, *args)
 
     async def main():
-        engine._decode = flaky
+        engine._steps.decode = flaky
         try:
             with pytest.raises(RequestFailed, match="injected device failure"):
                 await engine.generate([1, 2, 3], SamplingParams(max_tokens=5))
         finally:
-            engine._decode = real
+            engine._steps.decode = real
         return await engine.generate([1, 2, 3], SamplingParams(temperature=0.0, max_tokens=5))
 
     after = run(main())
-    assert after.num_tokens == 5 and engine._table.num_free == CFG.num_slots
+    assert after.num_tokens == 5 and engine._admission.table.num_free == CFG.num_slots
 
 
 # ------------------------------------------------------------------ compute dtype
@@ -372,8 +372,8 @@ def test_bf16_compute_dtype_keeps_greedy_batching_exact_and_logprobs_close(lm):
     try:
         # bf16 weights (stored as their uint16 bit patterns on CPU, decoded per layer by the forward)
         stored = jnp.uint16 if jax.default_backend() == "cpu" else jnp.bfloat16
-        assert {leaf.dtype for leaf in jax.tree.leaves(eng._state)} == {jnp.dtype(stored)}
-        assert {leaf.dtype for leaf in jax.tree.leaves(eng._cache)} == {jnp.dtype(stored)}  # k/v too
+        assert {leaf.dtype for leaf in jax.tree.leaves(eng._weights.state)} == {jnp.dtype(stored)}
+        assert {leaf.dtype for leaf in jax.tree.leaves(eng._steps.cache)} == {jnp.dtype(stored)}  # k/v too
         assert lm.model.dtype == jnp.float32
         ps = prompts(8, seed=71)
         sp = SamplingParams(temperature=0.0, max_tokens=12)

@@ -95,7 +95,7 @@ def test_device_spans_inside_a_call_count_once_in_every_reader():
         return eng
 
     with use_tracer() as tr:
-        eng = asyncio.run(main())
+        _engine = asyncio.run(main())  # held until the events are read
         events = tr.events()
     call = next(e for e in events if e["track"] == TRACK)
     window = (call["ts"], call["ts"] + call["dur"])

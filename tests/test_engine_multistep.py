@@ -74,17 +74,17 @@ def test_chunks_run_several_steps_per_call_and_never_recompile(lm, engines):
     _, chunked = engines
     before = dict(chunked.chunk_trace_counts)
     calls = []
-    real = chunked._decode_k
+    real = chunked._steps.decode_k
 
     def counting(*args):
         calls.append(int(args[11]))  # n: the steps asked for
         return real(*args)
 
-    chunked._decode_k = counting
+    chunked._steps.decode_k = counting
     try:
         out = asyncio.run(run_all(chunked, [([5, 6, 7], SamplingParams(temperature=1.0, max_tokens=17, seed=1))]))
     finally:
-        chunked._decode_k = real
+        chunked._steps.decode_k = real
     assert len(out[0].token_ids) <= 17
     assert max(calls) == 8 and len(calls) <= 3  # 16 tokens after the prefill's first: two chunks of 8
     assert chunked.chunk_trace_counts == before

@@ -22,7 +22,7 @@ from flax import nnx
 import gymllm.ray_support  # noqa: F401 - before ray: every Ray node of this module binds 127.0.0.1
 from gymllm.errors import ConfigError, EngineError
 from gymllm.inference import Engine, EngineConfig, EnginePool, JaxEngine, PoolConfig, ReplicaSpec, SamplingParams
-from gymllm.inference.jax_engine import RequestFailed
+from gymllm.inference.request import RequestFailed
 from gymllm.inference.pool import failure_kind
 from gymllm.models.lora import LoRAConfig, adapter_keys, init_adapters, merge
 from gymllm.inference.lora_receiver import receiver_of

@@ -151,7 +151,7 @@ def test_compaction_narrows_the_tail_and_keeps_every_request_s_tokens(engines):
     alone = [asyncio.run(off.generate(p, sp)) for p, sp in zip(ps, params)]
     for a, b in zip(together, alone):
         assert a.token_ids.tolist() == b.token_ids.tolist()
-    assert off._table.num_free == 12 and not off._active
+    assert off._admission.table.num_free == 12 and not off._rows.active
 
 
 def test_a_busy_high_row_trades_places_with_a_pinned_row_and_every_session_keeps_its_prefix(engines, lm):
@@ -167,7 +167,7 @@ def test_a_busy_high_row_trades_places_with_a_pinned_row_and_every_session_keeps
     async def episode(engine):
         sp = SamplingParams(temperature=0.0, max_tokens=2)
         first = await asyncio.gather(*(engine.generate(p, sp, session_id=f"s{i}") for i, p in enumerate(ps)))
-        assert engine._table.sessions == {f"s{i}": i for i in range(12)}  # one pinned row per session
+        assert engine._admission.table.sessions == {f"s{i}": i for i in range(12)}  # one pinned row per session
         nxt = [p + c.token_ids.tolist() + [5, 6] for p, c in zip(ps, first)]
         cursor = get_tracer().cursor()
         long = await engine.generate(nxt[11], SamplingParams(temperature=0.0, max_tokens=24), session_id="s11")
@@ -183,7 +183,7 @@ def test_a_busy_high_row_trades_places_with_a_pinned_row_and_every_session_keeps
     assert [e["args"]["rows"] for e in events if e["name"] == "compact"] == [1]
     widths = [e["args"]["width"] for e in events if e["name"] == "decode"]
     assert widths[-1] == 8 and widths.count(12) <= 1  # the check can fail: without the swap it stays 12 wide
-    assert off._table.sessions["s11"] < 8
+    assert off._admission.table.sessions["s11"] < 8
     for c, p, n in zip(comps, plain, [nxt[11], *nxt[:11]]):
         assert c.cached_prompt_len == len(n) - 3  # all but the last sampled id and the 2 new ones, wherever the row is
         assert c.token_ids.tolist() == p.token_ids.tolist()

@@ -13,7 +13,7 @@ import pytest
 from gymllm.envs.games import tictactoe_one_ply
 from gymllm.multiagent.policies import ScriptedContext
 from gymllm.suites.game_stats import game_value, paired_comparisons, seed_results
-from gymllm.suites.games import MatchConfig, Player, opponent_player, resolve_game, run_matches
+from gymllm.suites.games import MatchConfig, opponent_player, resolve_game, run_matches
 from gymllm.utils.paired import paired_difference
 
 FAST = dict(num_resamples=50)

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 import gymllm
 from gymllm.envs import from_gymnasium
-from gymllm.envs.gymnasium_adapter import ansi_to_text, format_action, parse_action
+from gymllm.space_text import ansi_to_text, format_action, parse_action
 from gymllm.errors import ConfigError
 
 pytestmark = pytest.mark.filterwarnings("ignore")

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from gymllm.algos import config as C
-from gymllm.algos.learner import LearnerConfig, StreamingLearner
+from gymllm.algos.learner import StreamingLearner
+from gymllm.algos.learner_config import LearnerConfig
 from gymllm.models.lora import LoRAConfig
 from gymllm.algos.optim import OptimizerConfig
 from gymllm.models import make_tiny
@@ -123,7 +124,7 @@ def test_step_equals_one_batch_reference_gradient():
         w = token_tis(jax.lax.stop_gradient(logp) - mu, mask, cap=2.0)
         return jnp.sum(tok * w * mask) / mask.sum()
 
-    from gymllm.algos.learner import FAST_COMPILE
+    from gymllm.algos.learner_programs import FAST_COMPILE
 
     want = jax.jit(jax.grad(f), compiler_options=FAST_COMPILE)(tiny().model.flat_params())
     denom = mask.sum()

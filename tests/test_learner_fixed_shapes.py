@@ -13,7 +13,9 @@ import pytest
 from gymllm.algos import config as C
 from gymllm.algos.batching import (fixed_prefix_arrays, fixed_prefix_rows, fixed_prefix_slots, make_micro_batch,
                                    row_from_trajectory)
-from gymllm.algos.learner import FAST_COMPILE, LearnerConfig, StreamingLearner
+from gymllm.algos.learner import StreamingLearner
+from gymllm.algos.learner_programs import FAST_COMPILE
+from gymllm.algos.learner_config import LearnerConfig
 from gymllm.algos.learner_programs import TRACES
 from gymllm.algos.optim import OptimizerConfig
 from gymllm.errors import ConfigError

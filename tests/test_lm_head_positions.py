@@ -14,7 +14,8 @@ import pytest
 from gymllm.algos import config as C
 from gymllm.algos.batching import (loss_positions, make_micro_batch, on_loss_positions, pack_rows,
                                    row_from_trajectory)
-from gymllm.algos.learner import FAST_COMPILE, LearnerConfig, build_loss_fn
+from gymllm.algos.learner_programs import FAST_COMPILE, build_loss_fn
+from gymllm.algos.learner_config import LearnerConfig
 from gymllm.models.transformer import forward, hidden_states, lm_logits
 from test_learner import learner, make_groups, max_diff, tiny
 
@@ -147,7 +148,8 @@ def test_kl_reward_reference_forward_on_loss_positions_equals_full():
 
 
 def test_auto_skips_the_head_only_where_it_is_a_large_share():
-    from gymllm.algos.learner import HEAD_SHARE_AUTO, StreamingLearner, head_flops_share
+    from gymllm.algos.learner import StreamingLearner
+    from gymllm.algos.learner_config import HEAD_SHARE_AUTO, head_flops_share
     from gymllm.models.tiny import tiny_config
     from gymllm.models.transformer import init_params
 

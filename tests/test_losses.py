@@ -242,10 +242,15 @@ def test_detached_quantities_do_not_change_gradients(x, cfg, shift):
     # token-level ratio: there a token's gradient is its own weight times its own base gradient
     cfg = dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, ratio_against="proximal", ratio_level="token"),
                               kl=C.KLConfig(beta=0.0), aggregation="token_mean")
-    bt = lambda m: L.LossBatch(mask=jnp.asarray(mask), behaviour_logp=jnp.asarray(m), advantages=jnp.asarray(adv),
-                               group_tokens=jnp.ones(len(adv)))
+    def bt(m):
+        return L.LossBatch(mask=jnp.asarray(mask), behaviour_logp=jnp.asarray(m), advantages=jnp.asarray(adv),
+                           group_tokens=jnp.ones(len(adv)))
+
     base = dataclasses.replace(cfg, correction=C.CorrectionConfig())
-    grad = lambda c, m: np.asarray(jax.grad(lambda lp: L.micro_batch_loss(c, lp, bt(m))[0])(jnp.asarray(logp)))
+
+    def grad(c, m):
+        return np.asarray(jax.grad(lambda lp: L.micro_batch_loss(c, lp, bt(m))[0])(jnp.asarray(logp)))
+
     w = np.asarray(compose(cfg.correction.kinds, jnp.where(mask > 0, logp - mu, 0.0), jnp.asarray(mask),
                            **cfg.correction.params()))
     np.testing.assert_allclose(grad(cfg, mu), w * grad(base, mu), rtol=1e-5, atol=1e-6)

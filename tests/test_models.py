@@ -155,7 +155,8 @@ def test_dense_bf16_value_and_grads_match_float32_reference(transposed, f32_out)
 
 def test_packed_bf16_weights_equal_bf16_weights():
     """uint16 bit patterns (pack_bf16) decode to exactly the bf16 model, with and without a cache."""
-    from gymllm.models.transformer import forward, pack_bf16
+    from gymllm.models.transformer import forward
+    from gymllm.models.blocks import pack_bf16
 
     lm = tiny_model("gemma3", seed=4, dtype=jnp.bfloat16)
     cfg, params = lm.config, lm.model.flat_params()

@@ -14,7 +14,8 @@ import pytest
 
 from gymllm.models import FAMILIES, KVCache, make_tiny
 from gymllm.models.decode import decode_forward, decode_step, write_new_kv
-from gymllm.models.transformer import forward, pack_bf16
+from gymllm.models.transformer import forward
+from gymllm.models.blocks import pack_bf16
 
 from accel import tolerance
 

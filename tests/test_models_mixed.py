@@ -15,7 +15,8 @@ from hypothesis import given, settings, strategies as st
 
 from gymllm.models import FAMILIES, KVCache, make_tiny
 from gymllm.models.mixed import mixed_forward, mixed_step, write_mixed_kv
-from gymllm.models.transformer import forward, pack_bf16
+from gymllm.models.transformer import forward
+from gymllm.models.blocks import pack_bf16
 
 # float32 comparisons between code paths: full-precision matmuls on an accelerator too (tests/accel.py)
 pytestmark = pytest.mark.highest_precision

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from gymllm.models import FAMILIES, KVCache, make_tiny
 from gymllm.models.prefill import prefill_forward, prefill_step, write_chunk_kv
-from gymllm.models.transformer import forward, pack_bf16
+from gymllm.models.transformer import forward
+from gymllm.models.blocks import pack_bf16
 
 from accel import tolerance
 

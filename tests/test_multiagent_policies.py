@@ -267,7 +267,7 @@ def test_two_policies_both_update_differ_and_keep_their_own_versions(tmp_path):
         # LoRA policies: the run's one engine serves both, an adapter each (no engine of their own)
         assert all(e.engine is run.parts.engine for e in run.learner.engines.values())
         assert run.learner.extra_engines == [] and run.parts.engine.adapters.names == ("a", "b")
-        base = {n: {k: np.asarray(v) for k, v in l.trainable.items()} for n, l in run.learner.learners.items()}
+        base = {n: {k: np.asarray(v) for k, v in lrn.trainable.items()} for n, lrn in run.learner.learners.items()}
         try:
             await run.train()
         finally:

@@ -11,7 +11,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from gymllm.algos.advantages import role_ema_advantages
+from gymllm.multiagent.baseline import role_ema_advantages
 from gymllm.errors import ConfigError
 from turn_games import CounterGame, take_groups
 from gymllm.inference.completion import Completion

@@ -12,7 +12,8 @@ import pytest
 
 from gymllm.algos import config as C
 from gymllm.algos.batching import first_fit_decreasing, make_micro_batch, pack_rows, row_from_trajectory
-from gymllm.algos.learner import LearnerConfig, build_loss_fn
+from gymllm.algos.learner_config import LearnerConfig
+from gymllm.algos.learner_programs import build_loss_fn
 from gymllm.errors import ConfigError
 from test_learner import learner, make_groups, max_diff, tiny
 
@@ -99,7 +100,8 @@ def test_packed_warmup_compiles_every_shape_a_step_runs():
 MESH_SCRIPT = """
 import jax, jax.numpy as jnp
 from gymllm.algos import config as C
-from gymllm.algos.learner import LearnerConfig, StreamingLearner
+from gymllm.algos.learner import StreamingLearner
+from gymllm.algos.learner_config import LearnerConfig
 from gymllm.algos.optim import OptimizerConfig
 from gymllm.algos.sharding import ShardingConfig, make_mesh
 from test_learner import tiny, make_groups

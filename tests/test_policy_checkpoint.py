@@ -286,7 +286,7 @@ def test_a_trained_policies_run_loads_each_policy_as_its_learner_left_it(tmp_pat
             await run.close()
 
     asyncio.run(go())
-    final = {n: {k: np.asarray(v) for k, v in l.policy_params().items()} for n, l in run.learner.learners.items()}
+    final = {n: {k: np.asarray(v) for k, v in lrn.policy_params().items()} for n, lrn in run.learner.learners.items()}
     assert _hash(final["a"]) != _hash(final["b"])  # each policy trained its own adapters
     for name in ("a", "b"):
         _assert_weights(_flat(models.load(f"{tmp_path}#{name}")), final[name])

@@ -6,7 +6,6 @@ the same conversation."""
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
 

@@ -11,20 +11,21 @@ import textwrap
 
 import pytest
 
-from gymllm.cli.recipes import (EXAMPLES_DIR, apply_overrides, load_recipe, recipe_tables, sft_config_for,
+from gymllm.cli.recipes import (EXAMPLES_DIR, load_recipe, recipe_tables, sft_config_for,
                                 sft_stage_from)
+from gymllm.validation import apply_overrides
 from gymllm.errors import ConfigError
 
 RECIPES = sorted(p.stem for p in EXAMPLES_DIR.glob("*.toml"))
 
 
 def _config(name: str, run_dir: pathlib.Path):
-    from gymllm.algos import trainer
+    from gymllm.algos.train_config import preset
 
     overrides = load_recipe(name)
     assert overrides.pop("description", "").strip(), f"{name}: document what reward to expect"
     overrides.pop("sft", None)  # the SFT stage's table: test_staged_recipe_* run it
-    cfg = trainer.preset(overrides.pop("preset", "default"))
+    cfg = preset(overrides.pop("preset", "default"))
     if "loss_preset" in overrides:
         cfg = cfg.with_loss(overrides.pop("loss_preset"))
     cfg = recipe_tables(overrides, cfg)
@@ -71,7 +72,7 @@ STAGED = ("tictactoe", "calc_math", "frozenlake", "tictactoe_selfplay", "kuhn_po
 @pytest.mark.parametrize("name", STAGED)
 def test_staged_recipe_sft_table_builds_a_valid_sft_config(name, tmp_path):
     from gymllm.algos.sft import SFTConfig
-    from gymllm.cli.commands import train_config_from
+    from gymllm.cli.train_args import train_config_from
     from gymllm.envs.demos import SOLVERS
 
     table = load_recipe(name)["sft"]
@@ -88,9 +89,9 @@ def test_staged_recipe_sft_table_builds_a_valid_sft_config(name, tmp_path):
 
 
 def test_sft_table_bad_keys_are_named():
-    from gymllm.algos import trainer
+    from gymllm.algos.train_config import preset
 
-    cfg = trainer.preset("tiny")
+    cfg = preset("tiny")
     with pytest.raises(ConfigError, match="sft.num_stepz"):
         sft_config_for(sft_stage_from({"num_stepz": 3}), cfg, data="d", run_dir="r")
     with pytest.raises(ConfigError, match="run_dir"):
@@ -167,11 +168,11 @@ def test_staged_recipe_runs_demos_sft_grpo_through_the_cli_and_skips_on_rerun(tm
 
 
 def test_given_checkpoint_skips_the_stages(tmp_path):
-    from gymllm.algos import trainer
+    from gymllm.algos.train_config import preset
     from gymllm.cli.commands import run_stages
     import dataclasses
 
-    cfg = trainer.preset("tiny")
+    cfg = preset("tiny")
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, checkpoint=str(tmp_path / "elsewhere")),
                               run=dataclasses.replace(cfg.run, run_dir=str(tmp_path / "r")))
     lines = []

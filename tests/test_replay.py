@@ -10,7 +10,8 @@ import pytest
 import gymllm.wrappers
 from gymllm.core import TextEnv
 from gymllm.trajectories.replaying import ReplayReport
-from gymllm.wrappers.trajectory_logger import TrajectoryLogger, read_log
+from gymllm.wrappers.trajectory_logger import TrajectoryLogger
+from gymllm.trajectories.reader import read_log
 
 
 class Walk(TextEnv):

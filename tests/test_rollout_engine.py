@@ -11,7 +11,6 @@ import asyncio
 import functools
 
 import numpy as np
-import pytest
 
 from gymllm.inference import jax_engine  # noqa: E402
 from gymllm.models import tiny  # noqa: E402

@@ -16,8 +16,15 @@ import pathlib
 import numpy as np
 import pytest
 
-from gymllm.algos.run import LocalComponents, RolloutTally, Run, check_heldout_seeds, training_seed_bound
-from gymllm.algos.trainer import EngineConfig, EvalSection, EnvSection, RolloutConfig, SamplingParams, effective, train
+from gymllm.algos.run import Run
+from gymllm.algos.components import LocalComponents
+from gymllm.algos.step_log import RolloutTally
+from gymllm.algos.heldout import check_heldout_seeds, training_seed_bound
+from gymllm.algos.trainer import train
+from gymllm.inference.config import EngineConfig
+from gymllm.algos.train_config import EvalSection, EnvSection, effective
+from gymllm.rollout.config import RolloutConfig
+from gymllm.inference.params import SamplingParams
 from gymllm.errors import ConfigError
 from gymllm.telemetry.report import read_metrics, write_report
 from gymllm.telemetry.sinks import parse_step_window, progress_line
@@ -124,7 +131,7 @@ def test_profile_steps_are_validated():
     for bad in ("3", "5:2", "a:b", "0:1"):
         with pytest.raises(ConfigError, match="profile_steps"):
             parse_step_window(bad)
-    from gymllm.algos.trainer import RunSection
+    from gymllm.algos.train_config import RunSection
 
     with pytest.raises(ConfigError, match="run.profile_steps"):
         RunSection(profile_steps="5:2")

@@ -65,9 +65,9 @@ def test_client_engine_over_http_equals_the_engine_in_process(server, engine):
             await client.close()
 
     remote, local, sampled, direct, models = run(main())
-    for r, l, p in zip(remote, local, prompts):
-        assert r.token_ids.tolist() == l.token_ids.tolist() and r.finish_reason == l.finish_reason == "length"
-        np.testing.assert_allclose(r.logprobs, l.logprobs, atol=1e-4)
+    for r, loc, p in zip(remote, local, prompts):
+        assert r.token_ids.tolist() == loc.token_ids.tolist() and r.finish_reason == loc.finish_reason == "length"
+        np.testing.assert_allclose(r.logprobs, loc.logprobs, atol=1e-4)
         assert r.versions.tolist() == [engine.version] * 9 and r.prompt_len == len(p)
     assert sampled.token_ids.tolist() == direct.token_ids.tolist()  # seeds travel over HTTP
     assert models == [MODEL]

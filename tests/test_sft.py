@@ -150,7 +150,7 @@ def greedy(lm, prompts, max_tokens=8):
 
 
 def test_sft_memorizes_20_examples_and_greedy_decoding_reproduces_them(tmp_path):
-    from gymllm.algos.checkpoint import restore_model_weights
+    from gymllm.models.trained import apply_trained
 
     cfg = memo_config(tmp_path)
     res = run_sft(cfg)
@@ -158,7 +158,7 @@ def test_sft_memorizes_20_examples_and_greedy_decoding_reproduces_them(tmp_path)
     assert res.losses[0] > 3.0 and res.final_loss < 0.02, res.losses[::10]
     lm = tiny_lm()
     tok = lm.tokenizer
-    trained = dataclasses.replace(lm, model=restore_model_weights(lm.model, cfg.run_dir))  # what eval reads
+    trained = dataclasses.replace(lm, model=apply_trained(lm.model, cfg.run_dir))  # what eval reads
     prompts = [tok.apply_chat_template(r["messages"][:1], add_generation_prompt=True, tokenize=True)
                for r in memo_records()]
     outs = greedy(trained, prompts)
@@ -174,7 +174,7 @@ def test_sft_memorizes_20_examples_and_greedy_decoding_reproduces_them(tmp_path)
 
 
 def test_resume_continues_at_the_saved_step(tmp_path):
-    from gymllm.algos.checkpoint import restore_trained
+    from gymllm.models.trained import restore_trained
 
     full = run_sft(memo_config(tmp_path, "full", steps=4))
     part = run_sft(memo_config(tmp_path, "resumed", steps=2, checkpoint_every=1))
@@ -192,8 +192,8 @@ def test_resume_continues_at_the_saved_step(tmp_path):
 
 
 def test_warm_start_gives_the_learner_the_sft_weights(tmp_path):
-    from gymllm.algos.checkpoint import restore_trained
-    from gymllm.algos.run import LocalComponents, load_model
+    from gymllm.models.trained import restore_trained
+    from gymllm.algos.components import LocalComponents, load_model
     from gymllm.algos.train_config import TrainConfig, effective, preset
 
     run_sft(memo_config(tmp_path, "sft", steps=2))
@@ -210,7 +210,7 @@ def test_warm_start_gives_the_learner_the_sft_weights(tmp_path):
 
 
 def test_lora_sft_run_reads_back_merged(tmp_path):
-    from gymllm.algos.checkpoint import restore_model_weights
+    from gymllm.models.trained import apply_trained
     from gymllm.models.lora import LoRAConfig
     from gymllm.errors import ConfigError
 
@@ -222,7 +222,7 @@ def test_lora_sft_run_reads_back_merged(tmp_path):
     with pytest.raises(ConfigError, match="fresh run_dir"):  # a finished run is not silently overwritten
         run_sft(dataclasses.replace(cfg, resume=False))
     lm = tiny_lm()
-    merged = restore_model_weights(lm.model, cfg.run_dir).flat_params()  # lora read from config.json
+    merged = apply_trained(lm.model, cfg.run_dir).flat_params()  # lora read from config.json
     base = lm.model.flat_params()
     assert not np.allclose(merged["layers.wq"], base["layers.wq"])
     np.testing.assert_array_equal(merged["layers.wk"], base["layers.wk"])
@@ -230,9 +230,11 @@ def test_lora_sft_run_reads_back_merged(tmp_path):
 
 def small_train_config(run_dir):
     from gymllm.algos import config as C
-    from gymllm.algos.learner import LearnerConfig
-    from gymllm.algos.train_config import (EngineConfig, EnvSection, RolloutConfig, RunSection, SamplingParams,
-                                           TrainConfig)
+    from gymllm.algos.learner_config import LearnerConfig
+    from gymllm.algos.train_config import EnvSection, RunSection, TrainConfig
+    from gymllm.inference.config import EngineConfig
+    from gymllm.rollout.config import RolloutConfig
+    from gymllm.inference.params import SamplingParams
 
     return TrainConfig(
         model=MODEL, env=EnvSection(id="gymllm/TinyRepeat-v0", kwargs={"num_letters": 2}, num_envs=8),

@@ -14,7 +14,9 @@ import pytest
 from gymllm.algos import config as C
 from gymllm.algos.batching import (loss_positions, make_micro_batch, on_loss_positions, prompt_length,
                                    row_from_trajectory, shared_prefix_layout, shared_prefix_table)
-from gymllm.algos.learner import FAST_COMPILE, LearnerConfig, StreamingLearner, build_loss_fn
+from gymllm.algos.learner import StreamingLearner
+from gymllm.algos.learner_programs import FAST_COMPILE, build_loss_fn
+from gymllm.algos.learner_config import LearnerConfig
 from gymllm.algos.optim import OptimizerConfig
 from gymllm.errors import ConfigError
 from gymllm.models import make_tiny
@@ -184,7 +186,8 @@ def test_config_rejects_a_non_bool():
 
 MESH_SCRIPT = """
 import jax, jax.numpy as jnp
-from gymllm.algos.learner import LearnerConfig, StreamingLearner
+from gymllm.algos.learner import StreamingLearner
+from gymllm.algos.learner_config import LearnerConfig
 from gymllm.algos.optim import OptimizerConfig
 from gymllm.algos.sharding import ShardingConfig, make_mesh
 from test_learner import tiny

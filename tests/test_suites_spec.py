@@ -10,7 +10,8 @@ import textwrap
 import pytest
 
 import gymllm
-from gymllm.suites.resolve import make_vec_for, resolve_env_id
+from gymllm.suites.resolve import make_vec_for
+from gymllm.registration import resolve_env_id
 from gymllm.suites.spec import SUITES_DIR, SuiteError, load_suite, one_off_suite, parse_suite, shipped_suites
 
 USER_MODULE = '''

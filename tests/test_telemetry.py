@@ -225,7 +225,7 @@ def test_assign_lanes_gives_properly_nested_lanes(intervals):
     lanes = assign_lanes(spans)
     assert len(lanes) == len(spans)
     for lane in set(lanes):
-        assert _laminar([s for s, l in zip(spans, lanes) if l == lane])
+        assert _laminar([s for s, ln in zip(spans, lanes) if ln == lane])
     # a laminar set needs exactly one lane
     if _laminar(spans):
         assert set(lanes) == {0}

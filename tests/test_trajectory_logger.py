@@ -14,13 +14,9 @@ import pytest
 
 from gymllm.core import TextEnv
 from gymllm.types import Trajectory
-from gymllm.wrappers.trajectory_logger import (
-    TrajectoryLogger,
-    TrajectoryLoggerConfig,
-    read_log,
-    read_tokens,
-    scan_jsonl,
-)
+from gymllm.wrappers.trajectory_logger import TrajectoryLogger
+from gymllm.trajectories.format import TrajectoryLoggerConfig
+from gymllm.trajectories.reader import read_log, read_tokens, scan_jsonl
 from gymllm.errors import ConfigError
 
 
@@ -67,10 +63,11 @@ def test_jsonl_is_readable_and_complete(tmp_path):
         # the logged rewards/ends agree with a fresh env driven by the same seed and actions (reference)
         ref = DiceEnv(sides=4)
         ref.reset(seed=e.seed)
-        for st in e.steps:
-            obs, r, term, trunc, _ = ref.step(st["action"])
-            assert (obs, r, term, trunc) == (st["observation"], st["reward"], st["terminated"], st["truncated"])
-            assert st["timing"]["step_s"] >= 0
+        for step in e.steps:
+            obs, r, term, trunc, _ = ref.step(step["action"])
+            assert (obs, r, term, trunc) == (step["observation"], step["reward"], step["terminated"],
+                                             step["truncated"])
+            assert step["timing"]["step_s"] >= 0
         assert e.end["return"] == e.episode_return
         msgs = e.messages()
         assert msgs[0] == {"role": "user", "content": "Guess a number from 1 to 4."}
@@ -249,7 +246,7 @@ def test_vector_logger_writes_one_file_per_sub_env_and_replays(tmp_path, backend
 
 
 def test_stale_writer_lock_is_taken_over(tmp_path):
-    from gymllm.wrappers.trajectory_logger import claim_writer_name
+    from gymllm.trajectories.writers import claim_writer_name
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     (tmp_path / "env-000.lock").write_text(dead.stdout.strip())  # a crashed run's lock

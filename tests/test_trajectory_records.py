@@ -12,8 +12,9 @@ import pytest
 
 from gymllm.algos.sft_data import rows_from_run
 from gymllm.types import Trajectory
-from gymllm.wrappers.trajectory_logger import (TrajectoryRecordWriter, read_log, read_trajectory_records,
-                                               trajectory_from_record, trajectory_record)
+from gymllm.trajectories.writers import TrajectoryRecordWriter
+from gymllm.trajectories.reader import read_log, read_trajectory_records, trajectory_from_record
+from gymllm.trajectories.format import trajectory_record
 
 # the ids, mask, log-probs and versions every frozen line below was written from
 IDS = [5, 6, 7, 8, 9, 10, 11]

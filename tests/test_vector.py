@@ -9,7 +9,6 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-import gymllm
 from gymllm import TextEnv
 from gymllm.envs.basic import EchoEnv, FailingEnv, LatencyEnv
 from gymllm.errors import EnvError, EnvTimeoutError, InvalidActionError, ResetNeededError

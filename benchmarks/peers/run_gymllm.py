@@ -25,10 +25,12 @@ os.environ.setdefault("GYMLLM_KEEP_FREED_MEMORY", "1")
 
 def train_config(spec: dict, run_dir: str):
     from gymllm.algos import config as C
-    from gymllm.algos.learner import LearnerConfig
+    from gymllm.algos.learner_config import LearnerConfig
     from gymllm.algos.optim import OptimizerConfig
-    from gymllm.algos.trainer import (EngineConfig, EnvSection, ModelSection, RolloutConfig, RunSection, SamplingParams,
-                                      TrainConfig)
+    from gymllm.inference.config import EngineConfig
+    from gymllm.algos.train_config import EnvSection, ModelSection, RunSection, TrainConfig
+    from gymllm.rollout.config import RolloutConfig
+    from gymllm.inference.params import SamplingParams
 
     m, s, o, a = spec["model"], spec["sampling"], spec["optimizer"], spec["algo"]
     rows = spec["num_prompts"] * spec["group_size"]

@@ -42,7 +42,7 @@ import subprocess
 import sys
 from typing import Any
 
-from . import device  # noqa: F401 - results.device: the device a run measured on
+from . import device as device_module  # noqa: F401 - results.device: the device a run measured on
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]

@@ -28,7 +28,7 @@ _LAZY = {
     "OptimizerConfig": "gymllm.algos.optim",
     "make_optimizer": "gymllm.algos.optim",
     "LoRAConfig": "gymllm.models.lora",
-    "LearnerConfig": "gymllm.algos.learner",
+    "LearnerConfig": "gymllm.algos.learner_config",
     "StreamingLearner": "gymllm.algos.learner",
     "StepReport": "gymllm.algos.learner",
     "ShardingConfig": "gymllm.algos.sharding",

@@ -25,7 +25,6 @@ from typing import Callable
 
 import jax.numpy as jnp
 
-from gymllm.multiagent.baseline import role_ema_advantages  # noqa: F401  (the multi-agent RAE baseline)
 
 AdvantageFn = Callable[..., jnp.ndarray]
 

@@ -12,8 +12,7 @@ Saved at optimizer-step boundaries (the learner holds no half-accumulated step t
     step = ckpt.restore_latest(learner)   # None when there is nothing to resume
 
 Reading a run's trained weights back (no learner) lives with the model loaders,
-:mod:`gymllm.models.trained`; :func:`checkpoint_dir`, :func:`restore_trained` and
-:func:`restore_model_weights` (= ``gymllm.models.trained.apply_trained``) are the same functions.
+:mod:`gymllm.models.trained` (``checkpoint_dir``, ``restore_trained``, ``apply_trained``).
 """
 
 from __future__ import annotations
@@ -24,11 +23,9 @@ from typing import Any
 
 import jax
 
-from gymllm.models.trained import apply_trained as restore_model_weights
-from gymllm.models.trained import checkpoint_dir, restore_trained
 from gymllm.telemetry import span
 
-__all__ = ["Checkpointer", "checkpoint_dir", "restore_trained", "restore_model_weights"]
+__all__ = ["Checkpointer"]
 
 
 class Checkpointer:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from gymllm.errors import ConfigError, explain
-from gymllm.validation import check_choice, check_range  # noqa: F401 - re-exported for the config modules
+from gymllm.validation import check_choice, check_range
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -53,15 +53,15 @@ from gymllm.algos.batching import (Row, buckets, cap_sampled, dropped_sampled_to
                                    row_from_trajectory, shared_prefix_layout, shared_prefix_table)
 from gymllm.algos.config import LossConfig, async_agentic
 from gymllm.algos.kl import kl_reward_penalty
-from gymllm.algos.learner_config import (HEAD_SHARE_AUTO, SHARED_PREFIX_AUTO, LearnerConfig,  # noqa: F401
+from gymllm.algos.learner_config import (HEAD_SHARE_AUTO, SHARED_PREFIX_AUTO, LearnerConfig,
                                          head_flops_share)
-from gymllm.algos.learner_logprobs import build_logprobs, entropy_from_logits  # noqa: F401 (re-exported)
-from gymllm.algos.learner_programs import FAST_COMPILE, advantage_program, build_loss_fn, programs  # noqa: F401
+from gymllm.algos.learner_programs import advantage_program, programs
 from gymllm.algos.loss import step_denominator
 from gymllm.algos.optim import OptimizerConfig, make_schedule
 from gymllm.algos.shaping import overlong_penalty
 from gymllm.algos.sharding import shard_batch, shard_params
 from gymllm.errors import ConfigError, explain
+from gymllm.multiagent.baseline import role_ema_advantages
 from gymllm.telemetry import counter, increment, span
 from gymllm.types import Group
 from gymllm.utils.host import resolve_compute_dtype
@@ -291,7 +291,7 @@ class StreamingLearner:
         elif stateful:  # role_ema: R - b[role] with b read before it takes the group's mean reward (SPIRAL)
             role = str(group.info.get("role") or group.info.get("agent") or "all")
             adv = rewards - np.float32(self.role_baselines.get(role, 0.0))
-            _, self.role_baselines = adv_mod.role_ema_advantages([float(rewards.mean())], [role], self.role_baselines,
+            _, self.role_baselines = role_ema_advantages([float(rewards.mean())], [role], self.role_baselines,
                                                                  decay=self.loss.advantage.ema_decay)
             self._add_rows(group, adv)
         else:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from gymllm.algos.config import check_range
+from gymllm.validation import check_range
 from gymllm.errors import ConfigError, explain
 
 __all__ = ["HEAD_SHARE_AUTO", "LearnerConfig", "SHARED_PREFIX_AUTO", "head_flops_share"]

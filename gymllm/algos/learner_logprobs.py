@@ -26,7 +26,7 @@ def entropy_from_logits(logits, temperature) -> jnp.ndarray:  # [B, T, V] -> [B,
 
 def build_logprobs(model_config: Any, lcfg: Any):
     """``f(params, arrays, entropy) -> (logp [B, T] float32, entropy [B, T] or None)``: pure, jit-able
-    (``lcfg``: the :class:`gymllm.algos.learner.LearnerConfig`, for ``compute_dtype`` and ``temperature``).
+    (``lcfg``: the :class:`gymllm.algos.learner_config.LearnerConfig`, for ``compute_dtype`` and ``temperature``).
 
     ``arrays`` are a micro-batch's (``tokens``, ``positions``, ``targets`` [B, T]), or its packed form
     (``packed_*``, ``segment_ids``, ``gather``: :func:`gymllm.algos.batching.pack_rows`), or its shared-prefix

@@ -35,7 +35,7 @@ TRACES: collections.Counter = collections.Counter()  # "grad" / "apply" / "ref_l
 def build_loss_fn(model_config: Any, loss: LossConfig, lcfg: Any, lora: lora_mod.LoRAConfig | None):
     """``f(trainable, frozen, arrays, ref_params) -> (loss_sum, metric sums)``: pure, jit-able (arrays:
     see :func:`gymllm.algos.learner_logprobs.build_logprobs`; ``lcfg``: a
-    :class:`~gymllm.algos.learner.LearnerConfig`)."""
+    :class:`~gymllm.algos.learner_config.LearnerConfig`)."""
     logprobs = build_logprobs(model_config, lcfg)
 
     def params_of(trainable, frozen):
@@ -55,7 +55,7 @@ def build_loss_fn(model_config: Any, loss: LossConfig, lcfg: Any, lora: lora_mod
 
 def programs(model_config: Any, loss: LossConfig, lcfg: Any, lora: Any, opt: OptimizerConfig):
     """The jitted ``(grad, apply, ref_logp)`` programs and the Optax transform of one configuration
-    (``lcfg``: a :class:`~gymllm.algos.learner.LearnerConfig`; only the fields the programs read key
+    (``lcfg``: a :class:`~gymllm.algos.learner_config.LearnerConfig`; only the fields the programs read key
     the cache). ``grad(acc, trainable, frozen, arrays, ref_params) -> (acc + gradient, sums)`` (the
     accumulator donated); ``apply(trainable, opt_state, acc, denom) -> (trainable, opt_state, grad norm,
     zeroed accumulator)`` (the accumulator donated; weights are not: the engine may hold them);

@@ -28,7 +28,7 @@ import dataclasses
 import os
 from typing import Any, Mapping
 
-from gymllm.algos.config import check_range
+from gymllm.validation import check_range
 from gymllm.errors import ConfigError, explain
 
 ENV_COORDINATOR = "GYMLLM_COORDINATOR"

@@ -127,7 +127,7 @@ class PolicySet:
     @property
     def version(self) -> int:
         """The run's step: updates of every policy together."""
-        return sum(int(l.version) for l in self.learners.values())
+        return sum(int(lrn.version) for lrn in self.learners.values())
 
     @property
     def step(self) -> int:
@@ -135,17 +135,17 @@ class PolicySet:
 
     @property
     def consumed_groups(self) -> set[str]:
-        return set().union(*(l.consumed_groups for l in self.learners.values()))
+        return set().union(*(lrn.consumed_groups for lrn in self.learners.values()))
 
     @property
     def groups_in_step(self) -> int:
         """The fewest groups any policy's unfinished update holds (the run takes at least one more group
         while a step is still due)."""
-        return min(l.groups_in_step for l in self.learners.values())
+        return min(lrn.groups_in_step for lrn in self.learners.values())
 
     def versions(self) -> dict[str, int]:
         """Each policy's own version."""
-        return {name: int(l.version) for name, l in self.learners.items()}
+        return {name: int(lrn.version) for name, lrn in self.learners.items()}
 
     def policy_params(self) -> dict[str, Any]:
         """The weights the next push sends: the next updated policy's (else the first policy's)."""
@@ -176,7 +176,7 @@ class PolicySet:
                 self.counts[f"policy/{name}/steps"] += 1
                 reports.append(StepReport(step=self.version, metrics=m, sample_ids=rep.sample_ids))
         for key in ("groups_in", "groups_trained", "rows_trained", "steps", "stale_groups", "filtered_groups"):
-            self.counts[key] = sum(l.counts[key] for l in self.learners.values())
+            self.counts[key] = sum(lrn.counts[key] for lrn in self.learners.values())
         return reports
 
     def warmup(self, group_size: int | None = None) -> None:
@@ -211,11 +211,11 @@ class PolicySet:
 
     # --- checkpoints ------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
-        return {"policies": {name: l.state() for name, l in self.learners.items()}}
+        return {"policies": {name: lrn.state() for name, lrn in self.learners.items()}}
 
     def bookkeeping(self) -> dict[str, Any]:
         return {"version": self.version, "counts": dict(self.counts), "consumed_groups": sorted(self.consumed_groups),
-                "policies": {name: l.bookkeeping() for name, l in self.learners.items()}}
+                "policies": {name: lrn.bookkeeping() for name, lrn in self.learners.items()}}
 
     def restore(self, state: dict[str, Any], bookkeeping: dict[str, Any]) -> None:
         saved = sorted(bookkeeping.get("policies", {}))
@@ -248,7 +248,7 @@ class PolicyPusher:
             name = ps.to_push.popleft()
             s = self.pushers[name].push(weights, ps.learners[name].version)
         else:
-            s = sum(self.pushers[n].push(l.policy_params(), l.version) for n, l in ps.learners.items())
+            s = sum(self.pushers[n].push(lrn.policy_params(), lrn.version) for n, lrn in ps.learners.items())
         self.pushes += 1
         self.last_s = s
         self.total_s += s

@@ -38,24 +38,21 @@ import pathlib
 import time
 from typing import Any, Callable, Sequence
 
-from gymllm.algos.components import Components, LocalComponents, RunParts, build_parts, load_model
+from gymllm.algos.components import Components, LocalComponents, RunParts, build_parts
 from gymllm.algos.config_map import proxy_source_config, watchdog_config
-from gymllm.algos.heldout import HeldOutHook, check_heldout_seeds, training_seed_bound
+from gymllm.algos.heldout import HeldOutHook, check_heldout_seeds
 from gymllm.algos.resume import ResumeState, make_group_filter
 from gymllm.algos.step_log import RolloutTally, StepLog
 from gymllm.algos.train_config import TrainConfig
 from gymllm.errors import ConfigError, GymLLMError, explain
 from gymllm.multiagent.factory import GameFactory
-from gymllm.rollout.agent_programs import AgentProgramError, AgentPrograms
 from gymllm.rollout.group_queue import QueueClosed
 from gymllm.rollout.sources import GroupSource, GroupSourceError
 from gymllm.telemetry.compiles import CompileLog
 from gymllm.telemetry.sinks import ProfileWindow
 from gymllm.telemetry.watchdog import Watchdog
 
-__all__ = ["Run", "Listeners", "LearnerStepError", "Components", "LocalComponents", "AgentPrograms",
-           "AgentProgramError", "load_model", "RolloutTally", "training_seed_bound",
-           "check_heldout_seeds"]
+__all__ = ["Run", "Listeners", "LearnerStepError"]
 
 log = logging.getLogger("gymllm.algos")
 

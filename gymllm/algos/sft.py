@@ -188,7 +188,7 @@ def run_sft(cfg: SFTConfig) -> SFTResult:
 
 def _run_sft(cfg: SFTConfig) -> SFTResult:
     from gymllm.algos.checkpoint import Checkpointer
-    from gymllm.algos.run import load_model
+    from gymllm.algos.components import load_model
     from gymllm.algos.sft_step import SFTLearner, sft_row
     from gymllm.algos.sharding import make_mesh
     from gymllm.telemetry.run_log import rewind_jsonl

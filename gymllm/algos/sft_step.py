@@ -11,7 +11,7 @@
   sharding (:mod:`gymllm.algos.sharding`) are the learner's. Its checkpoint state has the
   :class:`~gymllm.algos.learner.StreamingLearner`'s layout (``{"trainable", "opt_state"}``), so
   :class:`~gymllm.algos.checkpoint.Checkpointer` saves / resumes it and
-  :func:`~gymllm.algos.checkpoint.restore_model_weights` reads an SFT run directory like a GRPO one.
+  :func:`~gymllm.models.trained.apply_trained` reads an SFT run directory like a GRPO one.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import optax
 
 from gymllm.models import lora as lora_mod
 from gymllm.algos.batching import Row, buckets, make_micro_batch, pick_bucket
-from gymllm.algos.learner import FAST_COMPILE
+from gymllm.algos.learner_programs import FAST_COMPILE
 from gymllm.algos.optim import OptimizerConfig, make_optimizer, make_schedule
 from gymllm.algos.sharding import shard_batch, shard_params
 from gymllm.telemetry import counter, span

@@ -25,7 +25,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from gymllm.algos.config import check_range
+from gymllm.validation import check_range
 from gymllm.errors import ConfigError, explain
 
 

@@ -24,7 +24,7 @@ import json
 from typing import Any, Literal, Mapping
 
 from gymllm.algos.config import LossConfig, async_agentic, loss_preset
-from gymllm.algos.learner import LearnerConfig
+from gymllm.algos.learner_config import LearnerConfig
 from gymllm.models.lora import LoRAConfig
 from gymllm.algos.optim import OptimizerConfig
 from gymllm.algos.sharding import ShardingConfig
@@ -36,8 +36,8 @@ from gymllm.rollout.seat_source import MultiAgentSection
 from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 from gymllm.validation import apply_overrides, check_choice, check_range, require
 
-__all__ = ["ModelSection", "EnvSection", "RunSection", "EvalSection", "ClusterSection", "TrainConfig", "EngineConfig",
-           "SamplingParams", "RolloutConfig", "PRESETS", "preset", "effective", "TIES", "LEGACY_KEYS", "from_tables",
+__all__ = ["ModelSection", "EnvSection", "RunSection", "EvalSection", "ClusterSection",
+           "TrainConfig", "PRESETS", "preset", "effective", "TIES", "LEGACY_KEYS", "from_tables",
            "legacy_tables"]
 
 

@@ -1,6 +1,6 @@
 """The trainer entry point: ``train(TrainConfig) -> TrainResult`` (what ``gymllm train`` calls).
 
-    from gymllm.algos.trainer import preset, train
+    from gymllm.algos import preset, train
     result = train(preset("tiny"))            # tiny model on TinyRepeat-v0: reward rises in ~1-2 min
     print(result.summary())
 
@@ -46,13 +46,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from gymllm.algos.components import Components, LocalComponents, load_model
+from gymllm.algos.components import Components, LocalComponents
 from gymllm.algos.run import Run
-from gymllm.algos.train_config import (PRESETS, ClusterSection, EngineConfig, EnvSection, EvalSection, ModelSection,
-                                       RolloutConfig, RunSection, SamplingParams, TrainConfig, effective, preset)
+from gymllm.algos.train_config import TrainConfig, effective
 
-__all__ = ["train", "TrainResult", "TrainConfig", "ModelSection", "EnvSection", "EngineConfig", "SamplingParams",
-           "RolloutConfig", "RunSection", "EvalSection", "ClusterSection", "PRESETS", "preset", "load_model", "Run"]
+__all__ = ["train", "TrainResult"]
 
 
 @dataclasses.dataclass

@@ -14,10 +14,9 @@ from typing import Annotated, Callable, Sequence
 import tyro
 
 from gymllm.atomic import atomic_write_text
-from gymllm.cli.train_args import (parse_train_args, parse_train_plan, recipe_sft_stage,  # noqa: F401 (re-exported)
-                                   train_arguments, train_config_from)
 from gymllm.cli.eval_args import EngineShape, ModelChoice
 from gymllm.cli.tables import print_table
+from gymllm.cli.train_args import parse_train_plan
 
 # --------------------------------------------------------------------------------------- dispatch
 

@@ -39,7 +39,7 @@ from typing import Any
 from gymllm.errors import ConfigError, explain
 from gymllm.validation import apply_overrides
 
-__all__ = ["RECIPES_DIR", "shipped_recipes", "find_recipe", "load_recipe", "recipe_tables", "apply_overrides",
+__all__ = ["RECIPES_DIR", "shipped_recipes", "find_recipe", "load_recipe", "recipe_tables",
            "SFTStage", "sft_stage_from", "sft_config_for", "NOT_SECTIONS"]
 
 RECIPES_DIR = pathlib.Path(__file__).resolve().parents[1] / "recipes"  # package data: gymllm/recipes/*.toml

@@ -128,11 +128,11 @@ def train_config_from(recipe: str | None, preset: str | None, loss_preset: str |
     recipe's tables, then ``run_dir``, then ``env_kwargs`` (a JSON object replacing ``env.kwargs``)."""
     import dataclasses
 
-    from gymllm.algos import trainer as trainer_mod
+    from gymllm.algos.train_config import preset as train_preset
     from gymllm.cli.recipes import load_recipe, recipe_tables
 
     overrides = load_recipe(recipe) if recipe else {}
-    cfg = trainer_mod.preset(preset or overrides.get("preset") or "default")
+    cfg = train_preset(preset or overrides.get("preset") or "default")
     if loss_preset or overrides.get("loss_preset"):
         cfg = cfg.with_loss(loss_preset or overrides["loss_preset"])  # grpo | dapo | dr_grpo | gspo | async_agentic
     cfg = recipe_tables(overrides, cfg, where=f"recipe {recipe}" if recipe else "")

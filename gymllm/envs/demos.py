@@ -51,7 +51,7 @@ from gymllm.envs import demos_solvers as solvers
 from gymllm.errors import ConfigError, explain
 from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 
-__all__ = ["HELD_OUT_SEED_BASE", "SOLVERS", "Solver", "DemoConfig", "demonstrations", "play_demo", "write_demos",
+__all__ = ["SOLVERS", "Solver", "DemoConfig", "demonstrations", "play_demo", "write_demos",
            "read_demos", "initial_messages", "observation_messages", "supported_ids"]
 
 

@@ -4,7 +4,7 @@ Ids (all under ``gymllm/``; importing this module only registers them, it builds
 
 * ``FrozenLake-v0`` (4x4, slippery unless ``is_slippery=False``), ``FrozenLake8x8-v0``, ``Taxi-v0``,
   ``CliffWalking-v0``, ``Blackjack-v0``: multi-turn text versions of the Gymnasium envs, no per-env
-  code beyond the action names (``gymllm.envs.gymnasium_adapter.KNOWN_ACTION_NAMES``).
+  code beyond the action names (``gymllm.space_text.KNOWN_ACTION_NAMES``).
 * ``TicTacToe-v0`` and ``ConnectFour-v0``: the PettingZoo classic games as single-agent text envs
   against a scripted opponent (random legal moves from the env's ``np_random``, or ``opponent=``);
   self-play of two policies goes through :func:`tictactoe` / :func:`connect_four` (PettingZoo AEC

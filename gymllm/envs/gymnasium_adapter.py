@@ -37,14 +37,12 @@ from gymnasium import spaces as gspaces
 from gymllm.core import TextEnv
 from gymllm.errors import ConfigError, explain
 from gymllm.spaces import Text
-from gymllm.space_text import (  # noqa: F401  (re-exported: the adapter's public helpers)
+from gymllm.space_text import (
     ActionParseError,
-    KNOWN_ACTION_NAMES,
     action_menu,
     action_names_for,
     ansi_to_text,
     describe,
-    format_action,
     parse_action,
 )
 
@@ -189,5 +187,4 @@ def from_gymnasium(env_or_id: gym.Env | str, *, env_kwargs: dict[str, Any] | Non
     return GymnasiumTextEnv(inner, cfg)
 
 
-__all__ = ["from_gymnasium", "GymnasiumTextEnv", "GymnasiumAdapterConfig", "parse_action", "format_action",
-           "describe", "action_menu", "ansi_to_text", "ActionParseError", "KNOWN_ACTION_NAMES"]
+__all__ = ["from_gymnasium", "GymnasiumTextEnv", "GymnasiumAdapterConfig"]

@@ -58,9 +58,9 @@ from gymllm.utils.serving import is_loopback
 _core = import_openenv("openenv.core")
 _types = import_openenv("openenv.core.env_server.types")
 
-__all__ = ["ServeEnvConfig", "GymllmEnvironment", "AsyncGymllmEnvironment", "ServedEnvError", "is_async_native",
-           "build_app", "serve", "ServerThread", "make_env_factory", "offline_environ", "TOKEN_ENV", "GOLD_INFO_KEYS",
-           "withhold"]
+__all__ = ["ServeEnvConfig", "GymllmEnvironment", "AsyncGymllmEnvironment", "ServedEnvError",
+           "is_async_native", "build_app", "serve", "ServerThread", "make_env_factory",
+           "offline_environ", "GOLD_INFO_KEYS", "withhold"]
 
 GOLD_INFO_KEYS = ("answer", "answers", "gold", "gold_answer", "solution", "solutions", "ground_truth",
                   "reference_answer", "expected_answer", "correct_answer", "target_answer")

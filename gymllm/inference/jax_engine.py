@@ -89,7 +89,7 @@ from gymllm.inference.config import EngineConfig
 from gymllm.inference.device_cache import DeviceSteps
 from gymllm.inference.loop import EngineLoop, LoopGate
 from gymllm.inference.params import SamplingParams
-from gymllm.inference.request import EngineRequest, RequestFailed
+from gymllm.inference.request import EngineRequest
 from gymllm.inference.rows import DecodeRows
 from gymllm.inference.sampling import request_key
 from gymllm.inference.weights import WeightStore, kv_cache_dtype
@@ -97,7 +97,7 @@ from gymllm.utils.host import resolve_compute_dtype
 
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
-__all__ = ["JaxEngine", "RequestFailed"]
+__all__ = ["JaxEngine"]
 
 
 def infer_vocab(model: Any, tokenizer: Any) -> int:
@@ -112,13 +112,6 @@ def infer_vocab(model: Any, tokenizer: Any) -> int:
                     received=type(model).__name__, fix="pass the tokenizer from gymllm.models.load")
         )
     return int(v)
-
-
-def _alias(owner: str, name: str) -> property:
-    """A read-write alias of ``self.<owner>.<name>``: the names the engine's state had before it was split
-    into collaborators, which tests read and patch (``_cache``, ``_decode``...)."""
-    return property(lambda self: getattr(getattr(self, owner), name),
-                    lambda self, value: setattr(getattr(self, owner), name, value))
 
 
 class JaxEngine:
@@ -181,14 +174,6 @@ class JaxEngine:
         self._closed = False
         self._thread = threading.Thread(target=self._loop.run, name="gymllm-jax-engine", daemon=True)
         self._thread.start()
-
-    # the pre-split names of the engine's state (tests read and patch them)
-    _state = _alias("_weights", "state")
-    _cache = _alias("_steps", "cache")
-    _decode = _alias("_steps", "decode")
-    _decode_k = _alias("_steps", "decode_k")
-    _table = _alias("_admission", "table")
-    _active = _alias("_rows", "active")
 
     @classmethod
     def from_loaded(cls, loaded: Any, **kwargs: Any) -> "JaxEngine":

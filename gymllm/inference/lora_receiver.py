@@ -92,8 +92,8 @@ class LoraReceiver:
 
     def _shape(self, key: str) -> tuple[int, ...]:
         w = self.base[key.rsplit(".", 1)[0]]  # "layers.wq.lora_a" -> "layers.wq" [L, in, out]
-        l, d_in, d_out = w.shape
-        return (l, d_in, self.lora.rank) if key.endswith("lora_a") else (l, self.lora.rank, d_out)
+        n_layers, d_in, d_out = w.shape
+        return (n_layers, d_in, self.lora.rank) if key.endswith("lora_a") else (n_layers, self.lora.rank, d_out)
 
     def check(self, adapters: dict[str, Any]) -> None:
         got = {k: tuple(np.shape(v)) for k, v in adapters.items()}

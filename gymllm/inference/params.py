@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any
 
 from gymllm.errors import ConfigError, explain
-from gymllm.validation import check_range, is_int, is_number, require
+from gymllm.validation import check_range, is_number, require
 
 
 def _int_tuple(name: str, value: Any) -> tuple[int, ...]:

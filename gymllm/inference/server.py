@@ -54,10 +54,9 @@ from gymllm.inference.server_requests import (ERROR_RESPONSES, BodyLimit, Reques
                                               template_messages, validation_error)
 from gymllm.inference.server_responses import chat_choice, completion_choice, stream_response, usage
 from gymllm.utils import serving
-from gymllm.utils.serving import is_loopback, require_secret_off_loopback
+from gymllm.utils.serving import require_secret_off_loopback
 
-__all__ = ["build_app", "serve", "ServerThread", "check_bind", "engine_failure", "is_loopback", "tool_format_for",
-           "RequestError"]
+__all__ = ["build_app", "serve", "ServerThread", "check_bind", "engine_failure", "tool_format_for"]
 
 
 # ---------------------------------------------------------------- engine calls

@@ -7,7 +7,7 @@ between two device steps, so no forward pass mixes versions, and the newest pend
 Updates keep the compiled dtypes, so a weight swap never recompiles a step.
 
 Storage dtypes (``EngineConfig.compute_dtype``): :func:`cast_floats` casts every floating leaf once;
-bfloat16 on CPU is stored as uint16 bit patterns (:func:`gymllm.models.transformer.pack_bf16`'s
+bfloat16 on CPU is stored as uint16 bit patterns (:func:`gymllm.models.blocks.pack_bf16`'s
 format: the forwards decode them per layer, since XLA:CPU slices bf16 layer stacks slowly).
 :func:`kv_cache_dtype` picks the KV cache's storage dtype to match.
 """
@@ -61,7 +61,7 @@ def convert_tree(tree: Any, dtypes: list[Any]) -> Any:
 
 def cast_floats(state: Any, dtype: Any) -> Any:
     """The weights with every floating-point leaf cast to ``dtype`` (integer leaves unchanged). On CPU,
-    bfloat16 weights are stored as their uint16 bit patterns (``models.transformer.pack_bf16``: the
+    bfloat16 weights are stored as their uint16 bit patterns (``models.blocks.pack_bf16``: the
     forward decodes them per layer; XLA:CPU slices bf16 layer stacks slowly)."""
     packed = jnp.dtype(dtype) == jnp.bfloat16 and jax.default_backend() == "cpu"
     store = jnp.uint16 if packed else dtype

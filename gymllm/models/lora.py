@@ -51,10 +51,10 @@ def init_adapters(cfg: LoRAConfig, base: dict[str, jax.Array]) -> dict[str, jax.
     out = {}
     for t in cfg.targets:
         w = base[f"layers.{t}"]
-        l, d_in, d_out = w.shape
-        a = rng.standard_normal((l, d_in, cfg.rank)).astype(np.float32) / np.sqrt(d_in)
+        n_layers, d_in, d_out = w.shape
+        a = rng.standard_normal((n_layers, d_in, cfg.rank)).astype(np.float32) / np.sqrt(d_in)
         out[f"layers.{t}.lora_a"] = jnp.asarray(a, w.dtype)
-        out[f"layers.{t}.lora_b"] = jnp.zeros((l, cfg.rank, d_out), w.dtype)
+        out[f"layers.{t}.lora_b"] = jnp.zeros((n_layers, cfg.rank, d_out), w.dtype)
     return out
 
 

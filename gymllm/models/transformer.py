@@ -34,17 +34,17 @@ from flax import nnx
 from gymllm.models.cache import KVCache, init_cache
 from gymllm.models.config import ModelConfig
 from gymllm.models.blocks import (embed_tokens, final_logits, global_params, layer_rest, layer_weights,
-                                  layer_unroll, layer_xs, pack_bf16, pack_like, qkv, unpack)
+                                  layer_unroll, layer_xs, pack_like, qkv, unpack)
 from gymllm.models.attention import attention
 from gymllm.models.layers import cache_mask, causal_mask
 
-__all__ = ["Blocks", "Transformer", "forward", "hidden_states", "init_params", "lm_logits", "pack_bf16",
+__all__ = ["Blocks", "Transformer", "forward", "hidden_states", "init_params", "lm_logits",
            "param_shapes"]
 
 
 def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every parameter's shape, keyed by its path (``"layers.wq"``, ``"embed"``...)."""
-    e, f, l, v = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.vocab_size
+    e, f, n_layers, v = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.vocab_size
     d, h, k = cfg.resolved_head_dim, cfg.num_heads, cfg.num_kv_heads
     shapes: dict[str, tuple[int, ...]] = {"embed": (v, e), "final_norm": (e,)}
     if not cfg.tie_word_embeddings:
@@ -59,7 +59,7 @@ def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         layer.update(q_norm=(d,), k_norm=(d,))
     if cfg.post_norms:
         layer.update(post_attn_norm=(e,), post_mlp_norm=(e,))
-    shapes.update({f"layers.{n}": (l, *s) for n, s in layer.items()})
+    shapes.update({f"layers.{n}": (n_layers, *s) for n, s in layer.items()})
     return shapes
 
 

@@ -46,14 +46,14 @@ from gymllm.rollout.engine_meter import MeteredEngine
 from gymllm.rollout.env_slots import as_env_slots
 from gymllm.rollout.group_queue import GroupQueue
 from gymllm.rollout.loop_lag import LoopLagMonitor
-from gymllm.rollout.producer import GroupFilter, GroupProducer, GroupTimeoutError, RolloutStalledError, run_episode
+from gymllm.rollout.producer import GroupFilter, GroupProducer
 from gymllm.rollout.sources import QueueSource
 from gymllm.rollout.staleness import StalenessController
 from gymllm.rollout.token_buffer import check_prefix_preserving
 from gymllm.telemetry import counter, span
 from gymllm.types import Group
 
-__all__ = ["RolloutOrchestrator", "GroupTimeoutError", "RolloutStalledError", "run_episode", "GroupFilter"]
+__all__ = ["RolloutOrchestrator"]
 
 log = logging.getLogger("gymllm.rollout")
 

@@ -41,7 +41,7 @@ Spec (what the loop relies on)
 - **Ending and failures.** :class:`~gymllm.rollout.group_queue.QueueClosed` from ``next_groups``
   means "no more groups" (the run ends early with a warning naming the exception's message); any
   other exception is a failure and stops the run: :class:`~gymllm.errors.GymLLMError` s (e.g.
-  :class:`~gymllm.rollout.orchestrator.RolloutStalledError`) pass through as raised, anything else
+  :class:`~gymllm.rollout.producer.RolloutStalledError`) pass through as raised, anything else
   is wrapped in :class:`GroupSourceError` naming the source. A source isolates single failing
   trajectories itself (retry or drop the group); it raises only when the run cannot go on.
 - **Stalls.** The loop waits on ``next_groups`` inside the watchdog stage ``"rollout"`` whose

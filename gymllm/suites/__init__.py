@@ -25,7 +25,7 @@ _LAZY = {
     "parse_suite": "gymllm.suites.spec",
     "one_off_suite": "gymllm.suites.spec",
     "shipped_suites": "gymllm.suites.spec",
-    "resolve_env_id": "gymllm.suites.resolve",
+    "resolve_env_id": "gymllm.registration",
     "PolicySpec": "gymllm.suites.runner",
     "RunnerConfig": "gymllm.suites.runner",
     "run_suite": "gymllm.suites.runner",

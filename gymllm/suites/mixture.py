@@ -26,7 +26,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from gymllm.envs.demos import HELD_OUT_SEED_BASE
+from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 from gymllm.errors import ConfigError, explain
 
 __all__ = ["MixtureSampler", "learnability_weights", "env_metric_names", "EnvMetrics"]

@@ -26,9 +26,8 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from gymllm.registration import nearest_ids, resolve_env_id
 
-__all__ = ["resolve_env_id", "nearest_ids", "make_vec_for", "make_env_for", "target_name"]
+__all__ = ["make_vec_for", "make_env_for", "target_name"]
 
 
 def target_name(target: str | Callable[..., Any]) -> str:

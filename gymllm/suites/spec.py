@@ -34,7 +34,7 @@ import pathlib
 import tomllib
 from typing import Any, Callable, Mapping, Sequence
 
-from gymllm.envs.demos import HELD_OUT_SEED_BASE
+from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 from gymllm.errors import ConfigError, explain
 
 __all__ = ["SuiteError", "SuiteEnv", "Suite", "DEFAULTS", "SUITES_DIR", "shipped_suites", "load_suite",
@@ -252,7 +252,7 @@ def _env(table: Any, index: int, top: Mapping[str, Any], src: str, resolve: bool
                                  fix="quote it: system_prompt = 'Answer briefly.'"))
     target = None
     if resolve:
-        from gymllm.suites.resolve import resolve_env_id
+        from gymllm.registration import resolve_env_id
 
         try:
             target = resolve_env_id(env_id, where=f"{where}: key 'id'")

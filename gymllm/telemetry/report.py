@@ -218,7 +218,7 @@ def _rows(spans: list[dict[str, Any]], max_rows: int, max_lanes: int,
             if lane >= max_lanes or len(rows) >= max_rows:
                 omitted += 1
                 continue
-            rows.append((track if lane == 0 else f"{track} #{lane + 1}", [e for e, l in zip(group, lanes) if l == lane]))
+            rows.append((track if lane == 0 else f"{track} #{lane + 1}", [e for e, ln in zip(group, lanes) if ln == lane]))
     return rows, omitted
 
 

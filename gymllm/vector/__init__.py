@@ -1,6 +1,9 @@
 """The barrier-free vector env for text sub-envs (see :mod:`gymllm.vector.vector_env`)."""
 
-from gymllm.vector.config import AutoresetMode, RayOptions, VectorEnvConfig
-from gymllm.vector.vector_env import EnvIdError, VectorEnv, VectorStateError
+from gymnasium.vector import AutoresetMode
+
+from gymllm.vector.config import RayOptions, VectorEnvConfig
+from gymllm.vector.vector_env import VectorEnv
+from gymllm.vector.errors import EnvIdError, VectorStateError
 
 __all__ = ["AutoresetMode", "EnvIdError", "RayOptions", "VectorEnv", "VectorEnvConfig", "VectorStateError"]

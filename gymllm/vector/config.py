@@ -11,7 +11,7 @@ from gymnasium.vector import AutoresetMode
 from gymllm.errors import ConfigError, explain
 from gymllm.validation import is_int, is_number
 
-__all__ = ["VectorEnvConfig", "RayOptions", "AutoresetMode", "parse_autoreset_mode"]
+__all__ = ["VectorEnvConfig", "RayOptions", "parse_autoreset_mode"]
 
 _MODES = {m.value.lower(): m for m in AutoresetMode} | {m.name.lower(): m for m in AutoresetMode}
 BACKENDS = ("thread", "process", "ray")

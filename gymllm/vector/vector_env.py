@@ -55,11 +55,11 @@ from gymllm.errors import InvalidActionError, ResetNeededError, explain
 from gymllm.telemetry import span
 from gymllm.vector.args import action_list, env_id_list, seed_list
 from gymllm.vector.base import SubEnvVector
-from gymllm.vector.errors import EnvIdError, VectorStateError  # noqa: F401 - re-exported
+from gymllm.vector.errors import VectorStateError
 from gymllm.vector.infos import batch_results
 from gymllm.vector.ledger import FutureSink, Result, Sink
 
-__all__ = ["VectorEnv", "EnvIdError", "VectorStateError"]
+__all__ = ["VectorEnv"]
 
 
 class VectorEnv(SubEnvVector):

@@ -56,14 +56,11 @@ import numpy as np
 
 from gymllm.errors import ConfigError, GymLLMError, explain
 from gymllm.telemetry import span
-from gymllm.trajectories.format import (FORMAT, TOKEN_FIELDS, TRAJECTORY, TrajectoryLoggerConfig, dumps_record,
-                                               mask_spans, normalise, package_versions, to_jsonable, trajectory_record,
-                                               wrapper_stack)
-from gymllm.trajectories.reader import (LoggedEpisode, as_trajectory_record, episodes_from_records, log_files,
-                                               read_log, read_tokens, read_trajectory_records, scan_jsonl,
-                                               trajectory_from_record)
+from gymllm.trajectories.format import (FORMAT, TOKEN_FIELDS, TrajectoryLoggerConfig, dumps_record,
+                                               package_versions, to_jsonable, wrapper_stack)
+from gymllm.trajectories.reader import episodes_from_records, scan_jsonl
 from gymllm.trajectories.tokens import TokenStore
-from gymllm.trajectories.writers import TrajectoryRecordWriter, claim_writer_name
+from gymllm.trajectories.writers import claim_writer_name
 
 
 class TrajectoryLogger(gym.Wrapper):
@@ -284,7 +281,4 @@ def vector_logger(path: str | os.PathLike, **fields: Any):
     return wrap
 
 
-__all__ = ["TrajectoryLogger", "vector_logger", "claim_writer_name", "wrapper_stack", "TrajectoryLoggerConfig", "LoggedEpisode",
-           "read_log", "read_tokens", "scan_jsonl", "to_jsonable", "normalise", "package_versions", "TokenStore", "FORMAT",
-           "TOKEN_FIELDS", "log_files", "episodes_from_records", "TRAJECTORY", "trajectory_record", "mask_spans",
-           "TrajectoryRecordWriter", "read_trajectory_records", "as_trajectory_record", "trajectory_from_record"]
+__all__ = ["TrajectoryLogger", "vector_logger"]
