@@ -16,6 +16,8 @@
 #   accel        benchmarks/accelerator_check.py (8-minute budget); args: $ACCEL_ARGS
 #   learner_mfu  benchmarks/train.py --roofline-only (the Quickstart learner against the device's matmul
 #                rate); args: $LEARNER_MFU_ARGS
+#   limits       benchmarks/chip_limits.py (decode against the bandwidth bound, learner model-FLOPs
+#                utilisation, at SmolLM2 and 0.5B shapes; needs no model pieces); args: $LIMITS_ARGS
 #
 # Logs go to $OUT (one file per part, at most 8 files with the records): setup.log, tests.log, ...;
 # benchmark records to $OUT/records/*.jsonl (append them to benchmarks/results/ and re-render the page;
@@ -129,8 +131,13 @@ run_part() {
       # shellcheck disable=SC2086
       "$PY" benchmarks/train.py --roofline-only ${LEARNER_MFU_ARGS:-} 2>&1 | tee "$OUT/learner_mfu.log"
       ;;
+    limits)
+      setup || return 1
+      # shellcheck disable=SC2086
+      "$PY" benchmarks/chip_limits.py ${LIMITS_ARGS:-} 2>&1 | tee "$OUT/limits.log"
+      ;;
     *)
-      note "unknown part '$part': expected stash, setup, tests, quickstart, accel or learner_mfu"
+      note "unknown part '$part': expected stash, setup, tests, quickstart, accel, learner_mfu or limits"
       return 2
       ;;
   esac
