@@ -242,10 +242,9 @@ def test_policy_set_routes_each_group_to_its_policy_and_stops_at_num_steps():
 def test_two_policies_both_update_differ_and_keep_their_own_versions(tmp_path):
     from gymllm.algos.policies import PolicySet
     from gymllm.algos.run import Run
-    from gymllm.algos.train_config import effective
     from gymllm.cli.train_args import parse_train_args
 
-    cfg = effective(parse_train_args([
+    cfg = (parse_train_args([
         "--preset", "tiny", "--env.id", "test_multiagent_policies:nim", "--env-kwargs", "{}", "--run-dir", str(tmp_path),
         "--rollout.group-size", "2", "--env.num-envs", "2", "--rollout.max-model-calls", "2", "--sampling.max-tokens",
         "4", "--learner.groups-per-step", "1", "--learner.num-steps", "2", "--engine.max-len", "192",

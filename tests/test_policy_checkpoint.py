@@ -21,10 +21,9 @@ MAP = '{"player_1": "a", "player_2": "b"}'
 
 
 def _cfg(run_dir, *extra):
-    from gymllm.algos.train_config import effective
     from gymllm.cli.train_args import parse_train_args
 
-    return effective(parse_train_args(["--preset", "tiny", "--env.id", "tic-tac-toe", "--env-kwargs", "{}",
+    return (parse_train_args(["--preset", "tiny", "--env.id", "tic-tac-toe", "--env-kwargs", "{}",
                                        "--run-dir", str(run_dir), "--engine.max-len", "256", *extra]))
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from gymllm.algos.run import LocalComponents, RolloutTally, Run, check_heldout_seeds, training_seed_bound
-from gymllm.algos.trainer import EngineConfig, EvalSection, EnvSection, RolloutConfig, SamplingParams, effective, train
+from gymllm.algos.trainer import EngineConfig, EvalSection, EnvSection, RolloutConfig, SamplingParams, train
 from gymllm.errors import ConfigError
 from gymllm.telemetry.report import read_metrics, write_report
 from gymllm.telemetry.sinks import parse_step_window, progress_line
@@ -29,12 +29,12 @@ ENV = "gymllm/TinyRepeat-v0"
 
 
 def run_directly(cfg, components=None) -> Run:
-    """Run.setup / run_async (or run_sync) / close, as ``train`` does, keeping the Run to inspect."""
+    """Run.setup / train / close, as ``train`` does, keeping the Run to inspect."""
     async def go() -> Run:
-        run = Run(effective(cfg))
+        run = Run(cfg)
         run.setup(components or LocalComponents())
         try:
-            await (run.run_sync() if cfg.rollout.mode == "sync" else run.run_async())
+            await run.train()
         finally:
             await run.close()
         return run

@@ -132,10 +132,9 @@ def test_the_learning_curve_rows_are_the_games_gymllm_eval_game_plays(tmp_path):
 @pytest.mark.slow  # ~1 min on a shared 2-core machine: a tiny model, two engines, an evaluation per step
 def test_a_league_run_logs_its_learning_curve(tmp_path):
     from gymllm.algos.run import Run
-    from gymllm.algos.train_config import effective
     from gymllm.cli.train_args import parse_train_args
 
-    cfg = effective(parse_train_args([
+    cfg = (parse_train_args([
         "--preset", "tiny", "--env.id", "tic-tac-toe", "--env-kwargs", '{"max_invalid": 1}', "--run-dir", str(tmp_path),
         "--rollout.group-size", "2", "--env.num-envs", "2", "--rollout.max-model-calls", "5", "--sampling.max-tokens",
         "4", "--learner.groups-per-step", "1", "--learner.num-steps", "3", "--engine.max-len", "768",

@@ -209,10 +209,9 @@ def _weights_hash(flat) -> str:
 
 def _run(args, on_step):
     from gymllm.algos.run import Run
-    from gymllm.algos.train_config import effective
     from gymllm.cli.train_args import parse_train_args
 
-    run = Run(effective(parse_train_args(args)), on_step=[lambda record: on_step(run, record)])
+    run = Run(parse_train_args(args), on_step=[lambda record: on_step(run, record)])
 
     async def go():  # as gymllm.algos.trainer.train runs it: the run saves its checkpoint at its end
         run.setup()
@@ -231,7 +230,6 @@ def test_a_run_dir_opponent_serves_the_saved_weights_and_the_games_complete(tmp_
     import json
 
     from gymllm.algos.components import load_model
-    from gymllm.algos.train_config import effective
     from gymllm.cli.train_args import parse_train_args
 
     # illegal replies become random legal moves, so the G games of a seed differ and every group has a
@@ -244,7 +242,7 @@ def test_a_run_dir_opponent_serves_the_saved_weights_and_the_games_complete(tmp_
     trained = {}
     _run(common + ["--run-dir", str(first), "--learner.num-steps", "1", "--multiagent.opponent", "random"],
          lambda run, rec: trained.update(h=_weights_hash(run.parts.learner.policy_params())))
-    base = load_model(effective(parse_train_args(common)).model)  # the preset's weights before training
+    base = load_model((parse_train_args(common)).model)  # the preset's weights before training
     assert trained["h"] != _weights_hash(base.model.flat_params())  # the first run's step changed its weights
 
     seen = []

@@ -194,12 +194,12 @@ def test_resume_continues_at_the_saved_step(tmp_path):
 def test_warm_start_gives_the_learner_the_sft_weights(tmp_path):
     from gymllm.algos.checkpoint import restore_trained
     from gymllm.algos.run import LocalComponents, load_model
-    from gymllm.algos.train_config import TrainConfig, effective, preset
+    from gymllm.algos.train_config import TrainConfig, preset
 
     run_sft(memo_config(tmp_path, "sft", steps=2))
     sft_weights, _ = restore_trained(tmp_path / "sft")
     base = preset("tiny")
-    cfg = effective(dataclasses.replace(base, model=dataclasses.replace(MODEL, checkpoint=str(tmp_path / "sft"))))
+    cfg = dataclasses.replace(base, model=dataclasses.replace(MODEL, checkpoint=str(tmp_path / "sft")))
     learner = LocalComponents().make_learner(cfg, load_model(cfg.model))
     assert set(learner.trainable) == set(sft_weights)
     for k, v in sft_weights.items():

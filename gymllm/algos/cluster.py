@@ -41,6 +41,7 @@ import pathlib
 from typing import Any, Mapping
 
 from gymllm.algos.train_config import ClusterSection, ModelSection, TrainConfig
+from gymllm.algos.wiring import engine_config
 from gymllm.errors import ConfigError, explain
 
 __all__ = ["RayComponents", "LearnerHost", "LearnerGroup", "GroupCheckpointer", "replica_spec", "env_ray_options",
@@ -108,7 +109,7 @@ def replica_spec(cfg: TrainConfig, version: int = 0) -> Any:
     (a resumed run pushes its weights right after)."""
     from gymllm.inference.replica import ReplicaSpec
 
-    kw: dict[str, Any] = {"config": cfg.engine, "warmup": cfg.run.warmup, "version": int(version)}
+    kw: dict[str, Any] = {"config": engine_config(cfg), "warmup": cfg.run.warmup, "version": int(version)}
     if cfg.model.is_tiny:
         return ReplicaSpec.jax(tiny=tiny_kwargs(cfg.model), **kw)
     return ReplicaSpec.jax(cfg.model.name, **kw)
@@ -331,7 +332,7 @@ class LearnerHost:
         import jax
 
         from gymllm.algos.checkpoint import Checkpointer
-        from gymllm.algos.config_map import learner_loss
+        from gymllm.algos.wiring import learner_kwargs
         from gymllm.algos.learner import StreamingLearner
         from gymllm.algos.components import load_model
         from gymllm.algos.sharding import make_mesh
@@ -340,9 +341,8 @@ class LearnerHost:
         sharding = cfg.sharding
         if make_mesh(sharding) is None:  # one device per the config: spread the batch over every host's devices
             sharding = dataclasses.replace(sharding, data=len(jax.devices()))
-        self.learner = StreamingLearner(lm.config, lm.model.flat_params(), loss=learner_loss(cfg), optimizer=cfg.optimizer,
-                                        config=cfg.learner, lora=cfg.lora, mesh=make_mesh(sharding),
-                                        pad_id=int(lm.tokenizer.pad_token_id or 0))
+        self.learner = StreamingLearner(lm.config, lm.model.flat_params(), lora=cfg.lora, mesh=make_mesh(sharding),
+                                        pad_id=int(lm.tokenizer.pad_token_id or 0), **learner_kwargs(cfg))
         self.ckpt = Checkpointer(pathlib.Path(cfg.run.run_dir) / "checkpoints", max_to_keep=cfg.run.keep_checkpoints)
 
     def status(self) -> dict[str, Any]:

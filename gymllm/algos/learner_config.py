@@ -17,13 +17,14 @@ class LearnerConfig:
     """groups_per_step: B groups per optimizer update; micro_batch_size: rows per compiled micro-batch;
     num_steps: optimizer updates of a run; max_len / min_bucket: the length buckets of micro-batches
     (powers of two, each octave cut into ``buckets_per_octave`` steps: less padding, more compiles);
-    max_staleness: drop groups more than this many versions old (None = no bound);
-    temperature: the sampling temperature (logprobs are of the same tempered distribution);
+    max_staleness: drop groups more than this many versions old (None = the learner's ``default_staleness``:
+    in a run, the group source's ``rollout.max_staleness``; else no bound);
     compute_entropy: report the policy entropy (costs one pass over the logits);
     fast_compile: compile with XLA's cheap CPU settings (about 3x faster compiles, for tiny models,
     tests and CPU runs; off for real models, where the optimized code matters);
     max_response_len: L_max of the "constant" aggregation (Dr. GRPO), the sampling budget of a
-    trajectory (0 = max_len); the trainer sets it to max_tokens * max_turns;
+    trajectory (0 = the learner's ``sample_budget``: in a run, ``sampling.max_tokens * rollout.max_model_calls``;
+    else max_len);
     compute_dtype: None (compute in the weights' dtype) or "bfloat16" / "float16": mixed precision,
     float32 master weights and optimizer state, low-precision matmuls with float32 accumulation
     (``forward(compute_dtype=...)``); log-softmax stays float32. "auto": bfloat16 where bf16 matmuls
@@ -87,7 +88,6 @@ class LearnerConfig:
     min_bucket: int = 32
     buckets_per_octave: int = 1
     max_staleness: int | None = None
-    temperature: float = 1.0
     compute_entropy: bool = True
     fast_compile: bool = False
     max_response_len: int = 0
@@ -107,7 +107,6 @@ class LearnerConfig:
         check_range("LearnerConfig", "max_response_len", self.max_response_len, lo=0)
         if self.max_staleness is not None:
             check_range("LearnerConfig", "max_staleness", self.max_staleness, lo=0)
-        check_range("LearnerConfig", "temperature", self.temperature, lo=0.0, lo_open=True)
         if self.compute_dtype not in (None, "auto", "bfloat16", "float16", "float32"):
             raise ConfigError(explain("LearnerConfig.compute_dtype",
                                       expected='None, "auto", "bfloat16", "float16" or "float32"',

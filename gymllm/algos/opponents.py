@@ -76,12 +76,13 @@ class FrozenOpponent:
         """``frozen``: the learner's current weights; ``run:DIR``: the checkpoint's trained weights."""
         from gymllm.algos.components import load_model
         from gymllm.algos.weight_sync import WeightPusher
+        from gymllm.algos.wiring import engine_config
         from gymllm.inference.jax_engine import JaxEngine
 
         spec = cfg.multiagent.opponent
         checkpoint = spec[len("run:"):] if spec.startswith("run:") else ""
         lm = _checkpoint_model(cfg, checkpoint) if checkpoint else load_model(cfg.model)
-        engine = JaxEngine(lm.model, lm.tokenizer, version=0, config=cfg.engine)
+        engine = JaxEngine(lm.model, lm.tokenizer, version=0, config=engine_config(cfg))
         pusher = WeightPusher(engine, lm.config)
         if checkpoint:
             return cls(engine, pusher, None, version=-1, flat=dict(lm.model.flat_params()))

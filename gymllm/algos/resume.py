@@ -16,7 +16,12 @@ import numpy as np
 
 from gymllm.algos.train_config import TrainConfig
 
-__all__ = ["ResumeState", "make_group_filter"]
+__all__ = ["ResumeState", "make_group_filter", "filter_patience"]
+
+
+def filter_patience(groups_per_step: int) -> int:
+    """Zero-variance groups filtered in a row before :func:`make_group_filter` keeps the next one."""
+    return max(8, 4 * groups_per_step)
 
 
 @dataclasses.dataclass
@@ -83,11 +88,11 @@ def make_group_filter(cfg: TrainConfig, decided: dict[str, bool], filtered: set[
     from gymllm.algos.shaping import nonzero_variance, overlong_penalty
 
     from gymllm.algos.advantages import STATEFUL
-    from gymllm.algos.config_map import learner_loss
+    from gymllm.algos.wiring import learner_loss
 
     sh = cfg.loss.shaping
     role_ema = learner_loss(cfg).advantage.estimator in STATEFUL
-    patience = max(8, 4 * cfg.learner.groups_per_step)
+    patience = filter_patience(cfg.learner.groups_per_step)
     streak = [0]
 
     def keep(group) -> bool:
@@ -100,7 +105,7 @@ def make_group_filter(cfg: TrainConfig, decided: dict[str, bool], filtered: set[
         r = group.rewards
         if sh.overlong_buffer:
             lengths = np.array([t.num_sampled for t in group.trajectories])
-            r = r + np.asarray(overlong_penalty(lengths, max_len=sh.overlong_max_len or cfg.sampling.max_tokens,
+            r = r + np.asarray(overlong_penalty(lengths, max_len=sh.overlong_max_len or cfg.sample_budget,
                                                 buffer=sh.overlong_buffer))
         ok = bool(nonzero_variance(r[None])[0])
         if ok:

@@ -8,13 +8,13 @@ keyword-only configs (``engine``: :class:`~gymllm.inference.EngineConfig`, ``sam
     from gymllm.algos.train_config import preset, ClusterSection
     cfg = dataclasses.replace(preset("tiny"), cluster=ClusterSection(backend="ray", engine_replicas=2))
 
-Each section goes to its component as it is: no setting is hidden in a mapping. Every field is a
-``gymllm train`` flag (``--section.field``; tyro builds them from these dataclasses) and a recipe key.
-A few fields are the same setting seen by two components (:data:`TIES`, e.g. the learner scores tokens
-at the sampler's temperature): ``TrainConfig`` sets them from their source on creation.
-:func:`effective` fills the defaults one section implies for another (the learner's staleness bound is
-the rollout's, ...); :func:`gymllm.algos.trainer.train` applies it. :func:`from_tables` builds a
-config from nested tables (a recipe, a run's ``config.json``, spellings of older versions included).
+Each section goes to its component as it is: no setting is hidden in a mapping, and each setting has
+one field. Every field is a ``gymllm train`` flag (``--section.field``; tyro builds them from these
+dataclasses, and the docstring under each field is its help) and a recipe key. A value two components
+share (the learner scores tokens at the sampler's temperature, the rollout seeds group k with
+``run.seed + k``, ...) is a constructor argument, wired where the run is assembled
+(:mod:`gymllm.algos.components`). :func:`from_tables` builds a
+config from nested tables (a recipe, a run's ``config.json``).
 """
 
 from __future__ import annotations
@@ -37,8 +37,7 @@ from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 from gymllm.validation import apply_overrides, check_choice, check_range, require
 
 __all__ = ["ModelSection", "EnvSection", "RunSection", "EvalSection", "ClusterSection", "TrainConfig", "EngineConfig",
-           "SamplingParams", "RolloutConfig", "PRESETS", "preset", "effective", "TIES", "LEGACY_KEYS", "from_tables",
-           "legacy_tables"]
+           "SamplingParams", "RolloutConfig", "PRESETS", "preset", "from_tables"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -241,42 +240,13 @@ class ClusterSection:
         return self.backend != "none"
 
 
-#: settings two components see: ``{"section.field": "source_section.field"}``; ``TrainConfig`` sets each
-#: from its source (giving one on the command line or in a recipe is an error that names the source)
-TIES = {
-    "rollout.groups_per_step": "learner.groups_per_step",  # groups a step takes = groups the orchestrator plans for
-    "rollout.seed": "run.seed",                             # group k's env seed is run.seed + k
-    "engine.seed": "run.seed",                              # the engine's own per-request keys
-    "learner.temperature": "sampling.temperature",          # logprobs of the tempered distribution sampled
-}
-
-#: keys of older versions (recipes, ``config.json``, flags) -> today's (the ``rollout`` section of
-#: gymllm <= 0.x mixed the engine's and the sampler's settings into the orchestrator's)
-LEGACY_KEYS = {
-    "rollout.eta": "rollout.max_staleness",
-    "rollout.max_turns": "rollout.max_model_calls",
-    "rollout.temperature": "sampling.temperature",
-    "rollout.top_p": "sampling.top_p",
-    "rollout.max_tokens": "sampling.max_tokens",
-    "rollout.engine_slots": "engine.num_slots",
-    "rollout.engine_max_len": "engine.max_len",
-    "rollout.prefix_reuse": "engine.prefix_reuse",
-    "rollout.decode_chunk": "engine.decode_chunk",
-    "rollout.engine_compute_dtype": "engine.compute_dtype",
-}
-
-
-def _get(cfg: Any, path: str) -> Any:
-    for part in path.split("."):
-        cfg = getattr(cfg, part)
-    return cfg
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """A whole run: model, env, engine, sampling, rollout, loss, optimizer, learner, LoRA, sharding, run,
     cluster, eval, multiagent (a multi-agent game's opponent and seats,
-    :class:`~gymllm.rollout.seat_source.MultiAgentSection`). The fields of :data:`TIES` are set from their sources on creation."""
+    :class:`~gymllm.rollout.seat_source.MultiAgentSection`). Every setting has one field; a value two
+    components share (the run's seed, the learner's groups per step, the sampling temperature) is given
+    to both as a constructor argument where the run is assembled (:mod:`gymllm.algos.components`)."""
 
     model: ModelSection = dataclasses.field(default_factory=ModelSection)
     env: EnvSection = dataclasses.field(default_factory=EnvSection)
@@ -316,11 +286,14 @@ class TrainConfig:
                 fix="drop --cluster.backend ray, or train one policy on Ray (drop --multiagent.policies)")
         require(self.cluster.env_workers <= self.env.num_envs, "cluster.env_workers", expected=f"<= env.num_envs "
                 f"({self.env.num_envs})", received=self.cluster.env_workers, fix="give every env worker at least one env")
-        for tied, source in TIES.items():  # after the checks: a tie must not hide a bad source value
-            section, field = tied.split(".")
-            value = _get(self, source)
-            if getattr(getattr(self, section), field) != value:
-                object.__setattr__(self, section, dataclasses.replace(getattr(self, section), **{field: value}))
+        require(e.seed == 0, "engine.seed", expected="0: a run's engine is seeded with run.seed (one setting, wired "
+                "where the engine is built)", received=e.seed, fix="give --run.seed instead")
+
+    @property
+    def sample_budget(self) -> int:
+        """The tokens one trajectory may sample: ``sampling.max_tokens * rollout.max_model_calls`` (the
+        learner's default ``max_response_len`` and overlong shaping length; the one place it is computed)."""
+        return self.sampling.max_tokens * self.rollout.max_model_calls
 
     def with_loss(self, name: str) -> "TrainConfig":
         """This config with the loss preset ``name`` (grpo, dapo, dr_grpo, gspo, async_agentic)."""
@@ -336,26 +309,10 @@ _SECTIONS = {"model": ModelSection, "env": EnvSection, "engine": EngineConfig, "
              "eval": EvalSection, "multiagent": MultiAgentSection}
 
 
-def legacy_tables(tables: Mapping[str, Any]) -> dict[str, Any]:
-    """``tables`` (nested, as a recipe or ``config.json`` holds them) with the keys of
-    :data:`LEGACY_KEYS` moved to today's places (a key given both ways keeps today's)."""
-    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in tables.items()}
-    for old, new in LEGACY_KEYS.items():
-        (osec, okey), (nsec, nkey) = old.split("."), new.split(".")
-        table = out.get(osec)
-        for spelling in (okey, okey.replace("_", "-")):
-            if isinstance(table, dict) and spelling in table:
-                value = table.pop(spelling)
-                target = out.setdefault(nsec, {})
-                if isinstance(target, dict):
-                    target.setdefault(nkey, value)
-    return out
-
-
 def from_tables(tables: Mapping[str, Any], base: TrainConfig | None = None, *, where: str = "") -> TrainConfig:
-    """``base`` (default ``TrainConfig()``) with ``tables`` applied field by field (older keys
-    translated by :func:`legacy_tables`): a recipe's sections, or a run's whole ``config.json``."""
-    return apply_overrides(base if base is not None else TrainConfig(), legacy_tables(tables), where=where)
+    """``base`` (default ``TrainConfig()``) with ``tables`` applied field by field: a recipe's sections, or a
+    run's whole ``config.json``."""
+    return apply_overrides(base if base is not None else TrainConfig(), tables, where=where)
 
 
 def _tiny() -> TrainConfig:
@@ -410,19 +367,3 @@ def preset(name: str) -> TrainConfig:
     """A named :class:`TrainConfig`: ``tiny`` or ``default``."""
     check_choice("trainer preset", "name", name, PRESETS)
     return PRESETS[name]()
-
-
-def effective(cfg: TrainConfig) -> TrainConfig:
-    """Defaults one section implies for another: the learner's staleness bound (None) is the rollout's
-    ``max_staleness``, and the response budget (Dr. GRPO's L_max, the overlong shaping budget; 0) is
-    ``sampling.max_tokens * rollout.max_model_calls``. A trajectory never outgrows the engine's context,
-    so the learner's longest bucket is at least ``engine.max_len``."""
-    budget = cfg.sampling.max_tokens * cfg.rollout.max_model_calls
-    learner = dataclasses.replace(cfg.learner, max_len=max(cfg.learner.max_len, cfg.engine.max_len),
-                                  max_response_len=cfg.learner.max_response_len or budget,
-                                  max_staleness=cfg.learner.max_staleness if cfg.learner.max_staleness is not None
-                                  else cfg.rollout.max_staleness)
-    loss = cfg.loss
-    if loss.shaping.overlong_buffer and not loss.shaping.overlong_max_len:
-        loss = dataclasses.replace(loss, shaping=dataclasses.replace(loss.shaping, overlong_max_len=budget))
-    return dataclasses.replace(cfg, learner=learner, loss=loss)

@@ -23,8 +23,8 @@ Cluster: with ``cluster.backend="ray"`` the same run is assembled from Ray actor
 engine replicas behind one pool, optionally learner hosts; see :mod:`gymllm.algos.cluster`); the
 driver keeps the orchestrator, the run directory, checkpoints and telemetry.
 
-Layout: the configs and presets live in :mod:`gymllm.algos.train_config` (mapped onto the components'
-configs in :mod:`gymllm.algos.config_map`), the one training loop in :mod:`gymllm.algos.run` (its parts
+Layout: the configs and presets live in :mod:`gymllm.algos.train_config` (the values two components
+share are wired in :mod:`gymllm.algos.wiring`), the one training loop in :mod:`gymllm.algos.run` (its parts
 in :mod:`~gymllm.algos.components`, :mod:`~gymllm.algos.resume`, :mod:`~gymllm.algos.step_log` and
 :mod:`~gymllm.algos.heldout`; where its groups come from in :mod:`gymllm.rollout.sources`), the Ray
 wiring in :mod:`gymllm.algos.cluster`; this module holds :func:`train` and :class:`TrainResult` and
@@ -49,7 +49,7 @@ import numpy as np
 from gymllm.algos.components import Components, LocalComponents, load_model
 from gymllm.algos.run import Run
 from gymllm.algos.train_config import (PRESETS, ClusterSection, EngineConfig, EnvSection, EvalSection, ModelSection,
-                                       RolloutConfig, RunSection, SamplingParams, TrainConfig, effective, preset)
+                                       RolloutConfig, RunSection, SamplingParams, TrainConfig, preset)
 
 __all__ = ["train", "TrainResult", "TrainConfig", "ModelSection", "EnvSection", "EngineConfig", "SamplingParams",
            "RolloutConfig", "RunSection", "EvalSection", "ClusterSection", "PRESETS", "preset", "load_model", "Run"]
@@ -143,7 +143,7 @@ def train(config: TrainConfig, *, max_steps: int | None = None,
     from gymllm.utils.host_memory import keep_freed_memory
 
     keep_freed_memory()  # XLA:CPU's per-call buffers stop page-faulting (about a quarter of a tiny step's CPU)
-    cfg = effective(config)
+    cfg = config
     with persistent_compile_cache(cfg.run.compile_cache):  # a rerun loads its compiled programs
         return asyncio.run(_train(cfg, max_steps, on_step, components if components is not None else components_for(cfg)))
 

@@ -145,10 +145,9 @@ def train() -> None:
     ui.perfetto.dev), checkpoints and a reward-curve PNG; `gymllm train RUN_DIR/config.json` repeats
     (or, with the same run directory, resumes) that run.
     The sections are the components' own configs (--engine.*, --sampling.*, --rollout.*, --learner.*,
-    ...). Four settings are each seen by two components and follow their source: --rollout.seed and
-    --engine.seed follow --run.seed, --rollout.groups-per-step follows --learner.groups-per-step,
-    --learner.temperature follows --sampling.temperature. Older spellings such as --rollout.max-tokens,
-    --rollout.engine-max-len or --rollout.eta still work.
+    ...). Each setting has one flag: a value two components share is given once (--run.seed seeds the
+    rollout and the engine, --learner.groups-per-step paces the rollout too, --sampling.temperature is
+    the learner's as well).
     """
 
 

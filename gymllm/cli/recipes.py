@@ -82,23 +82,10 @@ NOT_SECTIONS = ("preset", "loss_preset", "description", "sft")
 
 def recipe_tables(tables: dict[str, Any], cfg: Any, *, where: str = "") -> Any:
     """``cfg`` (a ``TrainConfig``) with a recipe's sections applied (:func:`gymllm.algos.train_config.from_tables`);
-    the keys of :data:`NOT_SECTIONS` are skipped. A key of a setting set from another
-    (:data:`~gymllm.algos.train_config.TIES`) must hold its source's value (a run's ``config.json`` does)."""
-    from gymllm.algos.train_config import TIES, from_tables, legacy_tables
+    the keys of :data:`NOT_SECTIONS` are skipped."""
+    from gymllm.algos.train_config import from_tables
 
-    sections = legacy_tables({k: v for k, v in tables.items() if k not in NOT_SECTIONS})
-    out = from_tables(sections, cfg, where=where)
-    for tied, source in TIES.items():
-        section, field = tied.split(".")
-        table = sections.get(section)
-        if isinstance(table, dict) and field in table:
-            src_section, src_field = source.split(".")
-            value = getattr(getattr(out, src_section), src_field)
-            if table[field] != value:
-                raise ConfigError(explain(f"{where or 'recipe'} key {tied!r}", expected=f"no value (it is set from "
-                                          f"{source}, {value!r})", received=table[field],
-                                          fix=f"set [{src_section}] {src_field} instead"))
-    return out
+    return from_tables({k: v for k, v in tables.items() if k not in NOT_SECTIONS}, cfg, where=where)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -8,7 +8,7 @@ import shlex
 from typing import Any
 
 from gymllm.rollout.concurrency import ConcurrencyConfig
-from gymllm.validation import check_choice, check_range, is_int, require
+from gymllm.validation import check_choice, check_range, require
 
 MODES = ("async", "sync", "proxy")
 #: the placeholders of ``RolloutConfig.agent_program``, with sample values of their kinds
@@ -25,7 +25,6 @@ class RolloutConfig:
     num_groups            groups to admit in total (filtered, failed and stale-dropped ones included);
                           None = until closed.
     max_staleness         eta of the AReaL admission rule; 0 = synchronous; None = unbounded.
-    groups_per_step       B: groups per optimizer step (the learner's batch).
     max_open_groups       groups admitted and not complete; None = 2 * ceil(max_concurrency / G) + 1
                           (room for a second wave of groups: a group whose other members finished
                           waits for its straggler without idling their env slots).
@@ -38,7 +37,6 @@ class RolloutConfig:
                           admitted (backpressure reaches the producer, memory stays bounded).
     release_order         "oldest_version": the consumer gets the queued group admitted at the oldest
                           policy version first (counters completion-order bias); "completion": FIFO.
-    seed                  base seed: group k uses env seed ``seed + k``; sampling seeds derive from it.
     max_model_calls       safety cap on model calls per trajectory (the env's own turn limit normally ends it).
     max_prompt_len        longest prompt sent to the engine; a trajectory whose next prompt is longer
                           ends as truncated (``info["context_exhausted"]``) instead of failing its
@@ -61,7 +59,8 @@ class RolloutConfig:
     concurrency_start     the limit at the start; None = the ceiling (never less supply than a fixed run).
     concurrency_step      trajectories per raise / per back-off; None = ``group_size``.
     target_queue_depth    complete groups allowed to wait unconsumed; None = ``min(groups_per_step,
-                          queue_size - 1)`` (a step's worth ready when the learner comes back).
+                          queue_size - 1)`` (a step's worth ready when the learner comes back;
+                          ``groups_per_step`` is the learner's, given to the source that builds the law).
     mode                  where a training run's groups come from (:func:`gymllm.algos.trainer.train`):
                           "async" (the barrier-free orchestrator), "sync" (the baseline: roll out a whole
                           step, then train) or "proxy" (an agent program that speaks the OpenAI API plays
@@ -79,14 +78,12 @@ class RolloutConfig:
     max_concurrency: int = 32
     num_groups: int | None = None
     max_staleness: int | None = 2
-    groups_per_step: int = 8
     max_open_groups: int | None = None
     group_timeout_s: float | None = None
     max_group_retries: int = 0
     raise_on_group_failure: bool = False
     queue_size: int = 8
     release_order: str = "oldest_version"
-    seed: int = 0
     max_model_calls: int = 16
     max_prompt_len: int | None = None
     loop_lag_interval_s: float = 0.01
@@ -103,7 +100,7 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         c = "RolloutConfig"
-        for name in ("group_size", "max_concurrency", "groups_per_step", "queue_size", "max_model_calls",
+        for name in ("group_size", "max_concurrency", "queue_size", "max_model_calls",
                      "agent_processes"):
             check_range(c, name, getattr(self, name), lo=1, integer=True, fix=f"set {name}=1 or more")
         for name in ("num_groups", "max_open_groups", "max_prompt_len", "max_failed_streak", "min_concurrency",
@@ -132,7 +129,6 @@ class RolloutConfig:
                     fix="raise concurrency_start or lower min_concurrency")
         check_range(c, "target_queue_depth", self.target_queue_depth, lo=0, integer=True, optional=True,
                     fix="use None (groups_per_step) or a small int")
-        require(is_int(self.seed), f"{c}.seed", expected="an int", received=self.seed, fix="use e.g. seed=0")
         check_choice(c, "mode", self.mode, MODES)
         require((self.mode == "proxy") == bool(self.agent_program.strip()), f"{c}.agent_program",
                 expected="a command line with mode='proxy' (and none otherwise)",
@@ -154,21 +150,24 @@ class RolloutConfig:
         max_len = getattr(engine, "max_len", None)
         return int(max_len) - 1 if isinstance(max_len, int) else None
 
-    def concurrency_config(self, num_envs: int) -> ConcurrencyConfig:
+    def concurrency_config(self, num_envs: int, groups_per_step: int) -> ConcurrencyConfig:
         """The control law's bounds for ``num_envs`` env slots (the ceiling: ``min(max_concurrency,
-        num_envs)``; the start and the minimum are clipped to it)."""
+        num_envs)``; the start and the minimum are clipped to it); ``groups_per_step``: the learner's
+        groups per update (the default queue depth)."""
         ceiling = max(1, min(self.max_concurrency, int(num_envs)))
         low = min(ceiling, self.min_concurrency if self.min_concurrency is not None else self.group_size)
         start = None if self.concurrency_start is None else max(low, min(ceiling, self.concurrency_start))
         step = self.concurrency_step if self.concurrency_step is not None else self.group_size
         target = self.target_queue_depth
         if target is None:
-            target = max(0, min(self.groups_per_step, self.queue_size - 1))
+            target = max(0, min(groups_per_step, self.queue_size - 1))
         return ConcurrencyConfig(min_limit=low, max_limit=ceiling, start=start, increase=step, decrease=step,
                                  target_queue_depth=target)
 
     @property
     def open_group_limit(self) -> int:
+        """Groups admitted and not complete: ``max_open_groups``, else ``2 * ceil(max_concurrency /
+        group_size) + 1`` (the one place this bound is computed)."""
         if self.max_open_groups is not None:
             return self.max_open_groups
         return 2 * -(-self.max_concurrency // self.group_size) + 1

@@ -161,11 +161,11 @@ async def evaluate_env(envs: Any, engine: Any, agent: Agent, *, config: EvalConf
     num_envs = int(getattr(envs, "num_envs", c.max_concurrency))
     concurrency = max(1, min(c.max_concurrency, c.num_seeds * c.k, num_envs))
     rcfg = RolloutConfig(group_size=c.k, max_concurrency=concurrency, num_groups=c.num_seeds, max_staleness=None,
-                         groups_per_step=1, seed=c.seed_base, max_model_calls=c.max_turns)
+                         max_model_calls=c.max_turns)
     sampling = SamplingParams(temperature=c.temperature, max_tokens=c.max_tokens)
     groups: list[Group] = []
     async with RolloutOrchestrator(envs, SessionPrefixed(engine, session_prefix), agent, sampling=sampling,
-                                   config=rcfg) as orch:
+                                   config=rcfg, seed=c.seed_base, groups_per_step=1) as orch:
         async for group in orch.groups():
             groups.append(group)
     if len(groups) != c.num_seeds:

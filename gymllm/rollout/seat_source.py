@@ -7,8 +7,8 @@ over a multi-agent text game (a :class:`~gymllm.multiagent.TextAECEnv`), and its
 
 Groups and seats
 ----------------
-Batch ``k`` plays ``rollout.group_size`` (G) games from env seed ``rollout.seed + k``. A **group** is
-the G trajectories of one seat in that batch (group id ``g<k>:<seat>``, ``group.info["agent"]`` the
+Batch ``k`` plays ``rollout.group_size`` games from env seed ``run.seed + k``. A **group** is
+the ``group_size`` trajectories of one seat in that batch (group id ``g<k>:<seat>``, ``group.info["agent"]`` the
 seat, every trajectory's ``info["agent"]`` and ``info["policy"]``), so a group never mixes seats or
 seeds. With ``opponent="self"`` the learner plays every seat of every game and each batch yields one
 group per learner seat (seats outside ``learner_seats`` are played by the same model, not trained).
@@ -20,7 +20,7 @@ Barrier-free
 ------------
 Every game is its own coroutine: it asks the engine for its current mover's reply and waits only for
 that. Moves of different games (and batches) interleave in the engine's continuous batch; a batch's
-groups are released when its G games have ended. Learner moves are sampled through
+groups are released when its ``group_size`` games have ended. Learner moves are sampled through
 :class:`~gymllm.rollout.episode.Episode` exactly as the single-agent path does (token ids, behaviour
 logprobs and the policy version of every sampled token recorded, token-in token-out), so staleness
 and TITO hold. ``rollout.max_staleness`` bounds admission: batch ``k`` starts only while the batches
@@ -90,7 +90,7 @@ class MultiAgentSection:
     ``role_ema`` (SPIRAL's role-conditioned EMA per game and seat, decay ``baseline_decay``; the pure
     function is :func:`gymllm.multiagent.baseline.role_ema_advantages`; the run's learner then uses the
     advantage estimator ``role_ema``, a group's role being its seat:
-    :func:`gymllm.algos.config_map.learner_loss`).
+    :func:`gymllm.algos.wiring.learner_loss`).
     policies: ``""`` (one learner) or a JSON object from seat to policy name (``{"first": "a",
     "second": "b"}``): several policies trained in one run, each with its own weights, optimizer,
     groups and version (:mod:`gymllm.algos.policies`); policy_weights: ``lora`` (an adapter per policy
@@ -311,7 +311,7 @@ class SeatGroupSource(QueueSource):
     waiting_for = "waiting for the next game batch to end"
 
     def __init__(self, game_fn: Callable[[], Any], engine: Any, agent: Any, *, sampling: Any,
-                 rollout: RolloutConfig, config: MultiAgentSection,
+                 rollout: RolloutConfig, config: MultiAgentSection, seed: int = 0,
                  group_filter: Callable[[Group], bool] | None = None, opponent: Any = None):
         self.frozen = config.opponent == "frozen" or config.opponent.startswith("run:")
         if self.frozen and opponent is None:
@@ -321,6 +321,7 @@ class SeatGroupSource(QueueSource):
                                       "builds it, or pass opponent="))
         self.game_fn, self.engine, self.agent, self.sampling = game_fn, engine, agent, sampling
         self.rollout, self.config, self.group_filter = rollout, config, group_filter
+        self.seed = seed  # batch k: env seed seed + k (the run's run.seed)
         self.opponent = opponent  # frozen / run:DIR: .engine, .version, .refresh(step), .close()
         probe = game_fn()
         self.possible = list(probe.possible_agents)
@@ -395,8 +396,7 @@ class SeatGroupSource(QueueSource):
     # --- production -------------------------------------------------------------------------------
     def _admissible(self) -> bool:
         r = self.rollout
-        per_batch = r.group_size
-        if self.games_in_flight + per_batch > max(r.max_concurrency, per_batch):
+        if self.games_in_flight + r.group_size > max(r.max_concurrency, r.group_size):
             return False
         if len(self.ready) >= max(r.queue_size, 1):
             return False
@@ -432,7 +432,7 @@ class SeatGroupSource(QueueSource):
         return [self.learners[k % len(self.learners)]]
 
     async def _batch(self, k: int) -> None:
-        seed = self.rollout.seed + k
+        seed = self.seed + k
         seats = self.batch_seats(k)
         tasks = [asyncio.ensure_future(self.play_game(k, m, seed, seats)) for m in range(self.rollout.group_size)]
         try:
@@ -531,7 +531,7 @@ class SeatGroupSource(QueueSource):
         for i, seat in enumerate(modelled):
             key = EpisodeKey(group_index=k, member=member * len(self.possible) + self.possible.index(seat),
                              env_seed=seed, task_id=f"seed{seed}")
-            episodes[seat] = Episode(key, self.agent, self.sampling, base_seed=self.rollout.seed,
+            episodes[seat] = Episode(key, self.agent, self.sampling, base_seed=self.seed,
                                      max_model_calls=self.rollout.max_model_calls, env_id=member)
         limit = self.rollout.prompt_limit(self.engine)
         try:
