@@ -34,7 +34,7 @@ def test_settings_name_a_directory_or_off(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("make", [lambda v: RunSection(compile_cache=v),
-                                  lambda v: SFTConfig(data="x.jsonl", compile_cache=v)])
+                                  lambda v: SFTConfig(data="x.jsonl", run=RunSection(compile_cache=v))])
 def test_bad_setting_is_named(make):
     with pytest.raises(ConfigError, match=r"compile_cache: expected .*a str.*received 3\. Fix"):
         make(3)

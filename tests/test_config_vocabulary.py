@@ -178,15 +178,16 @@ def test_gymllm_sft_flags_are_sftconfig_fields(tmp_path, capsys):
     from gymllm.algos.sft import SFTConfig
 
     flags = _help_flags(SFTConfig, prog=SFT_PROG, capsys=capsys)
-    assert {"--compile-cache", "--keep-checkpoints", "--data", "--from-run", "--sft.num-steps", "--model.name",
-            "--optimizer.learning-rate", "--lora.rank", "--sharding.data"} <= flags
+    assert {"--run.compile-cache", "--run.keep-checkpoints", "--data", "--from-run", "--learner.num-steps",
+            "--sft.epochs", "--model.name", "--optimizer.learning-rate", "--lora.rank", "--sharding.data"} <= flags
     data = tmp_path / "d.jsonl"
-    cfg = parse_sft_args([str(data), "--keep-checkpoints", "3", "--compile-cache", "off", "--sft.num-steps", "2"])
-    assert (cfg.data, cfg.keep_checkpoints, cfg.compile_cache, cfg.sft.num_steps) == (str(data), 3, "off", 2)
+    cfg = parse_sft_args([str(data), "--run.keep-checkpoints", "3", "--run.compile-cache", "off", "--learner.num-steps",
+                          "2"])
+    assert (cfg.data, cfg.run.keep_checkpoints, cfg.run.compile_cache, cfg.learner.num_steps) == (str(data), 3, "off", 2)
     assert cfg.model.name == "smollm2-135m-instruct" and cfg.optimizer.learning_rate == 2e-5
     assert parse_sft_args(["--from-run", "runs/x", "--min-reward", "0.5"]).from_run == "runs/x"
     with pytest.raises(SystemExit) as e:  # the config's own check, reported by tyro as a usage error
-        parse_sft_args(["--run-dir", str(tmp_path)])
+        parse_sft_args(["--run.run-dir", str(tmp_path)])
     assert e.value.code == 2 and "exactly one of data" in " ".join(capsys.readouterr().err.split())
 
 

@@ -81,7 +81,7 @@ def test_staged_recipe_sft_table_builds_a_valid_sft_config(name, tmp_path):
     sft = sft_config_for(stage, cfg, data="d.jsonl", run_dir=str(tmp_path / "sft"))
     assert isinstance(sft, SFTConfig) and sft.model.name == cfg.model.name and sft.data == "d.jsonl"
     if "num_steps" in table:
-        assert sft.sft.num_steps == table["num_steps"]
+        assert sft.learner.num_steps == table["num_steps"] and sft.sft.epochs == 0
     if "learning_rate" in table:
         assert sft.optimizer.learning_rate == table["learning_rate"]
     assert sft.sft.system_prompt == cfg.env.system_prompt
@@ -114,9 +114,11 @@ num_envs = 4
 [rollout]
 group_size = 2
 max_concurrency = 4
-engine_slots = 4
+[engine]
+num_slots = 4
+max_len = 256
+[sampling]
 max_tokens = 8
-engine_max_len = 256
 [learner]
 groups_per_step = 2
 num_steps = 2
@@ -129,6 +131,7 @@ report = false
 checkpoint_every = 0
 [sft]
 demos = 8
+epochs = 0
 num_steps = 3
 batch_size = 4
 micro_batch_size = 4

@@ -42,20 +42,28 @@ __all__ = ["ModelSection", "EnvSection", "RunSection", "EvalSection", "ClusterSe
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelSection:
-    """name: a ``gymllm.models.load`` name or path, or ``tiny-<family>`` (llama, qwen2, qwen3, gemma3)
-    for a random tiny model whose sizes are the fields below. checkpoint: a run directory (``gymllm
-    train`` or ``gymllm sft``) or one of its checkpoint directories whose trained weights replace the
-    loaded ones before the run starts (warm start, e.g. SFT then GRPO); empty: the model as loaded."""
+    """The model a run trains."""
 
     name: str = "tiny-qwen3"
+    """A gymllm.models.load name or path, or tiny-<family> (llama, qwen2, qwen3, gemma3) for a random tiny model
+    whose sizes are the fields below."""
     checkpoint: str = ""
+    """A run directory (gymllm train or gymllm sft) or one of its checkpoint directories whose trained weights
+    replace the loaded ones before the run starts (warm start, e.g. SFT then GRPO); empty: the model as loaded."""
     seed: int = 0
+    """The random init's seed of a tiny-<family> model."""
     vocab_size: int = 512
+    """Vocabulary of a tiny-<family> model."""
     hidden_size: int = 64
+    """Hidden (embedding) width of a tiny-<family> model."""
     intermediate_size: int = 128
+    """MLP width of a tiny-<family> model."""
     num_layers: int = 2
+    """Transformer layers of a tiny-<family> model."""
     num_heads: int = 4
+    """Attention heads of a tiny-<family> model."""
     num_kv_heads: int = 2
+    """Key/value heads of a tiny-<family> model (grouped-query attention when fewer than num_heads)."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -72,21 +80,24 @@ DEFAULT_ENV_ID = "gymllm/TinyRepeat-v0"
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EnvSection:
-    """id: a registered env id, or a user's module as ``module:EnvId-v0`` (imported first, so its
-    ``register`` call runs) or ``module:factory`` (:func:`gymllm.registration.resolve_env_id`); kwargs: passed to every sub-env; num_envs: sub-envs of the vector env
-    (trajectories in flight are bounded by it); agent: model (text actions) | tool (tool calls);
-    suite: train on a suite's mixture instead of one env (a suite file or a shipped suite's name:
-    each group is one env and seed, drawn in proportion to the tables' ``weight``;
-    :mod:`gymllm.suites.training`); curriculum: ``none`` | ``learnability`` (suite envs weighted by
-    p (1 - p) of their recent success rate)."""
+    """The env the rollouts play (or a suite's mixture)."""
 
     id: str = DEFAULT_ENV_ID
+    """a registered env id, or a user's module as ``module:EnvId-v0`` (imported first, so its ``register`` call
+    runs) or ``module:factory`` (:func:`gymllm.registration.resolve_env_id`)."""
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Constructor arguments passed to every sub-env."""
     num_envs: int = 16
+    """sub-envs of the vector env (trajectories in flight are bounded by it)."""
     agent: str = "model"
+    """model (the reply is the text action) | tool (the reply may call the env's tools)."""
     system_prompt: str = ""
+    """The agent's system prompt (empty: none, or the env's own)."""
     suite: str = ""
+    """train on a suite's mixture instead of one env (a suite file or a shipped suite's name: each group is one env
+    and seed, drawn in proportion to the tables' ``weight``; :mod:`gymllm.suites.training`)."""
     curriculum: str = "none"
+    """``none`` | ``learnability`` (suite envs weighted by p (1 - p) of their recent success rate)."""
 
     def __post_init__(self) -> None:
         check_range("EnvSection", "num_envs", self.num_envs, lo=1)
@@ -112,30 +123,37 @@ class EnvSection:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunSection:
-    """run_dir: output directory; seed: base seed (group k uses env seed seed + k; sampling seeds derive
-    from it); checkpoint_every: steps between checkpoints (0 = only at the end); resume: continue
-    from run_dir's latest checkpoint; console: live progress line; log_trajectories: write
-    trajectories.jsonl; report: render PNG plots at the end; warmup: compile every engine and learner
-    shape before the first rollout (benchmarks: no compile inside the measured steps); stall_timeout_s:
-    the watchdog's bound (:mod:`gymllm.telemetry.watchdog`): a stage (rollout, learner, weight_sync,
-    checkpoint) working this long without progress is named in the log and the trace (0 = off);
-    profile_steps: ``"A:B"`` captures an op-level ``jax.profiler`` trace of optimizer steps A..B
-    (inclusive) into ``run_dir/profile`` ("" = off); compile_cache: where compiled programs are kept
-    for the next run (:mod:`gymllm.utils.compile_cache`: ``"auto"`` = ``$GYMLLM_COMPILE_CACHE`` or
-    ``~/.cache/gymllm/xla``, ``"off"``, or a directory)."""
+    """The run's directory, seed, checkpoints, logs and watchdog."""
 
     run_dir: str = "runs/gymllm"
+    """The output directory."""
     seed: int = 0
+    """The run's base seed: group k uses env seed seed + k, sampling seeds derive from it, and the engine's own keys
+    are seeded with it."""
     checkpoint_every: int = 0
+    """steps between checkpoints (0 = only at the end)."""
     keep_checkpoints: int = 2
+    """Checkpoints kept (the newest)."""
     resume: bool = True
+    """continue from run_dir's latest checkpoint."""
     console: bool = True
+    """live progress line."""
     log_trajectories: bool = True
+    """write trajectories.jsonl."""
     report: bool = True
+    """render PNG plots at the end."""
     warmup: bool = False
+    """compile every engine and learner shape before the first rollout (benchmarks: no compile inside the measured
+    steps)."""
     stall_timeout_s: float = 300.0
+    """the watchdog's bound (:mod:`gymllm.telemetry.watchdog`): a stage (rollout, learner, weight_sync, checkpoint)
+    working this long without progress is named in the log and the trace (0 = off)."""
     profile_steps: str = ""
+    """``"A:B"`` captures an op-level ``jax.profiler`` trace of optimizer steps A..B (inclusive) into
+    ``run_dir/profile`` ("" = off)."""
     compile_cache: str = "auto"
+    """where compiled programs are kept for the next run (:mod:`gymllm.utils.compile_cache`: ``"auto"`` =
+    ``$GYMLLM_COMPILE_CACHE`` or ``~/.cache/gymllm/xla``, ``"off"``, or a directory)."""
 
     def __post_init__(self) -> None:
         from gymllm.utils.compile_cache import check_setting
@@ -151,22 +169,25 @@ class RunSection:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EvalSection:
-    """Held-out evaluation inside the run (the ``gymllm eval`` path). every: optimizer steps between
-    evaluations (0 = off; when on, the run also evaluates before its first step and after its last);
-    envs: env ids to evaluate (empty: the training env, with its kwargs); seeds: held-out episodes per
-    env; seed_base: the first held-out seed (seeds ``seed_base .. seed_base + seeds - 1``), which must
-    lie above every seed training can use; temperature: the sampler's (0 = greedy, so pass@1 is
-    deterministic); max_tokens: a reply's budget (0 = the rollout's); suite: evaluate a suite's envs
-    instead (a file or a shipped suite's name; each env with its table's kwargs, agent and system
-    prompt; a mixture run with neither ``envs`` nor ``suite`` evaluates its training suite)."""
+    """Held-out evaluation inside the run (the ``gymllm eval`` path)."""
 
     every: int = 0
+    """optimizer steps between evaluations (0 = off; when on, the run also evaluates before its first step and after
+    its last)."""
     envs: tuple[str, ...] = ()
+    """env ids to evaluate (empty: the training env, with its kwargs)."""
     seeds: int = 16
+    """held-out episodes per env."""
     seed_base: int = HELD_OUT_SEED_BASE
+    """the first held-out seed (seeds ``seed_base .. seed_base + seeds - 1``), which must lie above every seed
+    training can use."""
     temperature: float = 0.0
+    """the sampler's (0 = greedy, so pass@1 is deterministic)."""
     max_tokens: int = 0
+    """a reply's budget (0 = the rollout's)."""
     suite: str = ""
+    """evaluate a suite's envs instead (a file or a shipped suite's name; each env with its table's kwargs, agent
+    and system prompt; a mixture run with neither ``envs`` nor ``suite`` evaluates its training suite)."""
 
     def __post_init__(self) -> None:
         check_range("EvalSection", "every", self.every, lo=0)
@@ -180,36 +201,44 @@ class EvalSection:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ClusterSection:
-    """Where the run's parts live. ``backend="none"`` (the default): everything in this process, as
-    without Ray (Ray is never imported). ``backend="ray"``: the driver (this process) runs the
-    orchestrator; the sub-envs live in ``env_workers`` Ray actors, the engine in ``engine_replicas``
-    Ray actors behind one :class:`~gymllm.inference.pool.EnginePool` (weights pushed once through the
-    object store), and the learner in the driver (``learner_hosts=0``) or in ``learner_hosts`` Ray
-    actors, one per host, joined through ``jax.distributed`` (see :mod:`gymllm.algos.multihost`).
-
-    address: None starts a local Ray bound to 127.0.0.1 (``gymllm.ray_support.init_ray``); ``"auto"``
-    or ``"host:port"`` joins a running cluster (``ray start --head`` on the head host).
-    env_num_cpus / engine_num_cpus / learner_num_cpus: CPUs each actor reserves; env_resources /
-    engine_resources / learner_resources: custom Ray resources each actor needs (e.g.
-    ``{"sandbox": 1}`` pins env workers to the hosts started with ``ray start --resources='{"sandbox": 8}'``);
-    engine_num_gpus / learner_num_gpus: accelerators per replica / learner host.
-    learner_local_devices: CPU host devices per learner host (0: XLA's default; CPU clusters only).
-    """
+    """Where the run's parts live. ``backend="none"`` (the default): everything in this process, as without Ray (Ray
+    is never imported). ``backend="ray"``: the driver (this process) runs the orchestrator; the sub-envs live in
+    ``env_workers`` Ray actors, the engine in ``engine_replicas`` Ray actors behind one
+    :class:`~gymllm.inference.pool.EnginePool` (weights pushed once through the object store), and the learner in
+    the driver (``learner_hosts=0``) or in ``learner_hosts`` Ray actors, one per host, joined through
+    ``jax.distributed`` (see :mod:`gymllm.algos.multihost`)."""
 
     backend: Literal["none", "ray"] = "none"
+    """none: every part in this process (Ray never imported); ray: env workers, engine replicas and optionally
+    learner hosts on Ray actors."""
     address: str | None = None
+    """None starts a local Ray bound to 127.0.0.1 (``gymllm.ray_support.init_ray``); ``"auto"`` or ``"host:port"``
+    joins a running cluster (``ray start --head`` on the head host)."""
     env_workers: int = 1
+    """Ray actors hosting the sub-envs."""
     engine_replicas: int = 1
+    """Engine replicas (Ray actors) behind one EnginePool; weights pushed once through the object store."""
     learner_hosts: int = 0
+    """Learner hosts (Ray actors, one per host, joined through jax.distributed); 0: the learner runs in the driver."""
     env_num_cpus: float = 1.0
+    """CPUs each env worker reserves."""
     engine_num_cpus: float = 1.0
+    """CPUs each engine replica reserves."""
     learner_num_cpus: float = 1.0
+    """CPUs each learner host reserves."""
     engine_num_gpus: float = 0.0
+    """Accelerators per engine replica."""
     learner_num_gpus: float = 0.0
+    """Accelerators per learner host."""
     env_resources: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Custom Ray resources each env worker needs (e.g. {'sandbox': 1} pins them to the hosts started with ray start
+    --resources='{"sandbox": 8}')."""
     engine_resources: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Custom Ray resources each engine replica needs."""
     learner_resources: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Custom Ray resources each learner host needs."""
     learner_local_devices: int = 0
+    """CPU host devices per learner host (0: XLA's default; CPU clusters only)."""
 
     def __post_init__(self) -> None:
         check_choice("ClusterSection", "backend", self.backend, ("none", "ray"))
@@ -242,29 +271,43 @@ class ClusterSection:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    """A whole run: model, env, engine, sampling, rollout, loss, optimizer, learner, LoRA, sharding, run,
-    cluster, eval, multiagent (a multi-agent game's opponent and seats,
-    :class:`~gymllm.rollout.seat_source.MultiAgentSection`). Every setting has one field; a value two
-    components share (the run's seed, the learner's groups per step, the sampling temperature) is given
-    to both as a constructor argument where the run is assembled (:mod:`gymllm.algos.components`)."""
+    """A whole run: the components' own configs (engine, sampling, rollout, loss, optimizer, learner, lora,
+    sharding) and the run's sections (model, env, run, cluster, eval, multiagent). Every setting has one field; a
+    value two components share (the run's seed, the learner's groups per step, the sampling temperature) is given
+    to each as a constructor argument where the run is assembled (:mod:`gymllm.algos.wiring`)."""
 
     model: ModelSection = dataclasses.field(default_factory=ModelSection)
+    """The model to train (a name, a path, or a random tiny one) and an optional warm start."""
     env: EnvSection = dataclasses.field(default_factory=EnvSection)
+    """The env (or suite mixture) the rollouts play, its sub-envs and the agent that renders it."""
     engine: EngineConfig = dataclasses.field(default_factory=lambda: EngineConfig(
         num_slots=32, max_len=64, min_bucket=64, idle_wait_s=0.002, decode_chunk=8, shapes="fixed", prefill_tokens=128,
         decode_lengths=1))
+    """The inference engine's resources and compiled shapes (gymllm.inference.EngineConfig)."""
     sampling: SamplingParams = dataclasses.field(default_factory=lambda: SamplingParams(max_tokens=8))
+    """How each model call is sampled (temperature, top-p, reply budget); the learner scores tokens at this
+    temperature."""
     rollout: RolloutConfig = dataclasses.field(default_factory=lambda: RolloutConfig(
         group_size=8, max_concurrency=32, max_staleness=2, max_model_calls=1))
+    """How groups are produced: group size, concurrency, staleness bound, the source's mode."""
     loss: LossConfig = dataclasses.field(default_factory=async_agentic)
+    """The RL loss: advantages, policy objective, corrections, KL, shaping, aggregation."""
     optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+    """The optimizer and its learning-rate schedule."""
     learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)
+    """The streaming learner: groups per step, micro-batches, length buckets, steps of the run."""
     lora: LoRAConfig = dataclasses.field(default_factory=LoRAConfig)
+    """LoRA adapters (rank 0: full fine-tuning)."""
     sharding: ShardingConfig = dataclasses.field(default_factory=ShardingConfig)
+    """The learner's device mesh (data x fsdp)."""
     run: RunSection = dataclasses.field(default_factory=RunSection)
+    """The run directory, seed, checkpoints, logs and the watchdog."""
     cluster: ClusterSection = dataclasses.field(default_factory=ClusterSection)
+    """Where the run's parts live (this process, or Ray actors)."""
     eval: EvalSection = dataclasses.field(default_factory=EvalSection)
+    """Held-out evaluation inside the run."""
     multiagent: MultiAgentSection = dataclasses.field(default_factory=MultiAgentSection)
+    """How a multi-agent game trains: opponent, seats, baseline, several policies, illegal moves."""
 
     def __post_init__(self) -> None:
         for name, kind in _SECTIONS.items():

@@ -1,11 +1,11 @@
 """``gymllm sft``: supervised fine-tuning on chat JSONL, or on a run's best trajectories.
 
-    gymllm sft demos.jsonl --model.name smollm2-135m-instruct --run-dir runs/sft --sft.num-steps 50
-    gymllm sft --from-run runs/default --min-reward 1 --run-dir runs/rft
+    gymllm sft demos.jsonl --model.name smollm2-135m-instruct --run.run-dir runs/sft --sft.epochs 3
+    gymllm sft --from-run runs/default --min-reward 1 --run.run-dir runs/rft
     gymllm train calc_math --model.checkpoint runs/sft          # then RL from the SFT weights
 
-Parsed by tyro over :class:`gymllm.algos.sft.SFTConfig` itself: every field is a flag (``--run-dir``,
-``--sft.num-steps``, ``--keep-checkpoints``, ``--compile-cache``...), and the data file may be given as
+Parsed by tyro over :class:`gymllm.algos.sft.SFTConfig` itself: every field is a flag (``--run.run-dir``,
+``--learner.num-steps`` with ``--sft.epochs 0``, ``--run.keep-checkpoints``, ``--run.compile-cache``...), and the data file may be given as
 the first argument (``--data``); a malformed argument exits with tyro's usage error, status 2. The run
 itself is :func:`gymllm.algos.sft.run_sft`.
 """
