@@ -484,7 +484,7 @@ def end_to_end(rounds: int, steps: int, split: int) -> dict:
     import peers
     import run_gymllm
 
-    from gymllm.algos.trainer import train
+    from gymllm.train.trainer import train
 
     out: dict = {"a": [], "b": [], "a_train_busy_s": [], "b_train_busy_s": []}
     with tempfile.TemporaryDirectory(prefix="learner-e2e-") as tmp:

@@ -96,7 +96,7 @@ import numpy as np  # noqa: E402
 from gymllm.algos import config as C  # noqa: E402
 from gymllm.algos.learner import LearnerConfig  # noqa: E402
 from gymllm.algos.optim import OptimizerConfig  # noqa: E402
-from gymllm.algos.trainer import (EngineConfig, EnvSection, ModelSection, RolloutConfig, RunSection,  # noqa: E402
+from gymllm.train.trainer import (EngineConfig, EnvSection, ModelSection, RolloutConfig, RunSection,  # noqa: E402
                                   SamplingParams, TrainConfig, train)
 from gymllm.utils.host import describe_cpu, loadavg  # noqa: E402
 
@@ -287,8 +287,8 @@ def learner_roofline(steps: int, reps: int) -> dict:
     import jax.numpy as jnp
 
     from gymllm.algos.learner import StreamingLearner
-    from gymllm.algos.train_config import preset
-    from gymllm.algos.wiring import learner_kwargs
+    from gymllm.train.train_config import preset
+    from gymllm.train.wiring import learner_kwargs
     from gymllm.models import load
     from learner_profile import quickstart_groups
 

@@ -12,7 +12,7 @@ import pytest
 from gymllm.algos import config as C
 from gymllm.algos.learner import LearnerConfig
 from gymllm.algos.optim import OptimizerConfig
-from gymllm.algos.trainer import (EngineConfig, EnvSection, ModelSection, RolloutConfig, RunSection, SamplingParams,
+from gymllm.train.trainer import (EngineConfig, EnvSection, ModelSection, RolloutConfig, RunSection, SamplingParams,
                                   TrainConfig, preset, train)
 from gymllm.errors import ConfigError
 
@@ -127,8 +127,8 @@ def test_update_is_pushed_before_the_next_steps_groups_are_trained(tmp_path):
 
     from synthetic_groups import StepCounter
 
-    from gymllm.algos.components import RunParts
-    from gymllm.algos.run import Run
+    from gymllm.train.components import RunParts
+    from gymllm.train.run import Run
     from gymllm.types import Group
 
     events: list[tuple] = []

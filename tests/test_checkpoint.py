@@ -13,7 +13,7 @@ from gymllm.algos import config as C
 from gymllm.algos.checkpoint import Checkpointer
 from gymllm.algos.learner import LearnerConfig, StreamingLearner
 from gymllm.algos.optim import OptimizerConfig
-from gymllm.algos.trainer import (EngineConfig, EnvSection, ModelSection, RolloutConfig, RunSection, SamplingParams,
+from gymllm.train.trainer import (EngineConfig, EnvSection, ModelSection, RolloutConfig, RunSection, SamplingParams,
                                   TrainConfig, train)
 
 
@@ -88,7 +88,7 @@ KILL_SCRIPT = """
 import sys
 sys.path.insert(0, {tests!r})
 from test_checkpoint import small_config
-from gymllm.algos.trainer import train
+from gymllm.train.trainer import train
 train(small_config({run_dir!r}, steps=3))
 """
 

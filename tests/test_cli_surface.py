@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from gymllm.algos import trainer
+from gymllm.train import trainer
 from gymllm.cli.commands import parse_train_args, train_config_from
 from gymllm.cli.main import main
 from gymllm.cli.recipes import RECIPES_DIR, apply_overrides, load_recipe

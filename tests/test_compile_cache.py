@@ -14,8 +14,8 @@ import sys
 import jax
 import pytest
 
-from gymllm.algos.sft import SFTConfig
-from gymllm.algos.trainer import RunSection
+from gymllm.train.sft import SFTConfig
+from gymllm.train.trainer import RunSection
 from gymllm.errors import ConfigError
 from gymllm.utils.compile_cache import (DEFAULT_DIR, ENV_VAR, JAX_DEFAULTS, STORE_EVERY_PROGRAM, persistent_compile_cache,
                                         resolve_cache_dir)

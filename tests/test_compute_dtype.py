@@ -55,7 +55,7 @@ def test_engine_resolves_auto_on_its_host_and_computes_in_it():
 def test_learners_resolve_auto():
     from gymllm.algos.learner import LearnerConfig, StreamingLearner
     from gymllm.algos.optim import OptimizerConfig
-    from gymllm.algos.sft_step import SFTLearner
+    from gymllm.train.sft_step import SFTLearner
     from gymllm.models.tiny import make_tiny
 
     lm = make_tiny("qwen3")

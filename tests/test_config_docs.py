@@ -9,8 +9,8 @@ import typing
 
 from tyro._docstrings import get_field_docstring
 
-from gymllm.algos.sft import SFTConfig
-from gymllm.algos.train_config import TrainConfig
+from gymllm.train.sft import SFTConfig
+from gymllm.train.train_config import TrainConfig
 
 
 def reachable(root: type) -> list[type]:

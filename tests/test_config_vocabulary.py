@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from gymllm.algos.train_config import (EngineConfig, RolloutConfig, SamplingParams, TrainConfig, from_tables,
+from gymllm.train.train_config import (EngineConfig, RolloutConfig, SamplingParams, TrainConfig, from_tables,
                                        preset)
 from gymllm.cli.commands import print_table
 from gymllm.cli.train_args import parse_train_args, train_arguments, train_config_from
@@ -96,7 +96,7 @@ def _messages() -> list[tuple[str, str]]:
 
 def test_every_flag_an_error_message_names_exists(capsys):
     train = train_flags(preset("default"), capsys) | train_flags(preset("tiny"), capsys)
-    sft = _help_flags(__import__("gymllm.algos.sft", fromlist=["SFTConfig"]).SFTConfig, capsys=capsys)
+    sft = _help_flags(__import__("gymllm.train.sft", fromlist=["SFTConfig"]).SFTConfig, capsys=capsys)
     named = []
     for file, text in _messages():
         for flag in FLAG.findall(text):
@@ -115,7 +115,7 @@ def test_every_section_path_an_error_message_names_exists():
     path = re.compile(rf"(?<![\w.-])({sections})\.([a-z_]+)(?![\w(])")
     seen = []
     for file, text in _messages():
-        if not file.startswith(("gymllm/algos/", "gymllm/cli/", "gymllm/rollout/orchestrator")):
+        if not file.startswith(("gymllm/algos/", "gymllm/train/", "gymllm/cli/", "gymllm/rollout/orchestrator")):
             continue
         for section, field in path.findall(text):
             if field in ("py", "jsonl", "json"):  # file names (run.py, trajectories.jsonl)
@@ -144,8 +144,8 @@ def test_a_runs_config_json_loads_back_as_its_config(tmp_path):
 
 def test_a_shared_value_has_one_field_and_is_wired_into_each_component():
     """The run's seed, the learner's groups per step and the sampling temperature are each one field; the
-    group source, the engine and the learner get them as constructor arguments (gymllm.algos.wiring)."""
-    from gymllm.algos.wiring import engine_config, learner_kwargs
+    group source, the engine and the learner get them as constructor arguments (gymllm.train.wiring)."""
+    from gymllm.train.wiring import engine_config, learner_kwargs
 
     fields = {f.name for f in dataclasses.fields(RolloutConfig)}
     assert not fields & {"seed", "groups_per_step"}
@@ -175,7 +175,7 @@ def test_cross_section_checks_name_flags():
 
 
 def test_gymllm_sft_flags_are_sftconfig_fields(tmp_path, capsys):
-    from gymllm.algos.sft import SFTConfig
+    from gymllm.train.sft import SFTConfig
 
     flags = _help_flags(SFTConfig, prog=SFT_PROG, capsys=capsys)
     assert {"--run.compile-cache", "--run.keep-checkpoints", "--data", "--from-run", "--learner.num-steps",
@@ -236,7 +236,7 @@ def test_tables_are_printed_with_rich_whole_off_a_terminal(capsys):
 
 def test_every_section_flag_the_docs_name_exists(capsys):
     """README.md, ARCHITECTURE.md and docs/ name ``--section.field`` flags of gymllm train and gymllm sft."""
-    from gymllm.algos.sft import SFTConfig
+    from gymllm.train.sft import SFTConfig
 
     known = train_flags(preset("default"), capsys) | _help_flags(SFTConfig, capsys=capsys)
     top = ROOT.parent

@@ -1,4 +1,4 @@
-"""The GroupSource seam: the one training loop (:meth:`gymllm.algos.run.Run.train`) driven by a source
+"""The GroupSource seam: the one training loop (:meth:`gymllm.train.run.Run.train`) driven by a source
 written here (a plain class yielding prepared groups), a source that fails, a source that runs out,
 and the built-in sources' conformance to the protocol."""
 
@@ -12,8 +12,8 @@ import types
 import numpy as np
 import pytest
 
-from gymllm.algos.components import LocalComponents, RunParts
-from gymllm.algos.run import Run
+from gymllm.train.components import LocalComponents, RunParts
+from gymllm.train.run import Run
 from gymllm.rollout.agent_programs import AgentProgramSource
 from gymllm.rollout.group_queue import QueueClosed
 from gymllm.rollout.orchestrator import RolloutOrchestrator

@@ -207,7 +207,7 @@ def test_gymllm_eval_game_plays_it_and_scores_by_chips(tmp_path):
 
 
 def test_the_recipe_builds_valid_train_and_sft_configs(tmp_path):
-    from gymllm.algos.sft import SFTConfig
+    from gymllm.train.sft import SFTConfig
     from gymllm.cli.commands import train_config_from
     from gymllm.cli.recipes import load_recipe, sft_config_for, sft_stage_from
     from gymllm.envs.demos import SOLVERS

@@ -11,7 +11,7 @@ import dataclasses
 
 import numpy as np
 
-from gymllm.algos.trainer import preset, train
+from gymllm.train.trainer import preset, train
 
 
 def test_tiny_preset_learns_well_above_chance(tmp_path):

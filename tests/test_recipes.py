@@ -19,7 +19,7 @@ RECIPES = sorted(p.stem for p in EXAMPLES_DIR.glob("*.toml"))
 
 
 def _config(name: str, run_dir: pathlib.Path):
-    from gymllm.algos import trainer
+    from gymllm.train import trainer
 
     overrides = load_recipe(name)
     assert overrides.pop("description", "").strip(), f"{name}: document what reward to expect"
@@ -53,7 +53,7 @@ SELF_PLAY = ("tictactoe_selfplay", "kuhn_poker_selfplay")
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SELF_PLAY else n
                                   for n in RECIPES])
 def test_recipe_trains_a_couple_of_steps(name, tmp_path):
-    from gymllm.algos.trainer import train
+    from gymllm.train.trainer import train
 
     result = train(_config(name, tmp_path))
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
@@ -70,7 +70,7 @@ STAGED = ("tictactoe", "calc_math", "frozenlake", "tictactoe_selfplay", "kuhn_po
 
 @pytest.mark.parametrize("name", STAGED)
 def test_staged_recipe_sft_table_builds_a_valid_sft_config(name, tmp_path):
-    from gymllm.algos.sft import SFTConfig
+    from gymllm.train.sft import SFTConfig
     from gymllm.cli.commands import train_config_from
     from gymllm.envs.demos import SOLVERS
 
@@ -88,7 +88,7 @@ def test_staged_recipe_sft_table_builds_a_valid_sft_config(name, tmp_path):
 
 
 def test_sft_table_bad_keys_are_named():
-    from gymllm.algos import trainer
+    from gymllm.train import trainer
 
     cfg = trainer.preset("tiny")
     with pytest.raises(ConfigError, match="sft.num_stepz"):
@@ -170,7 +170,7 @@ def test_staged_recipe_runs_demos_sft_grpo_through_the_cli_and_skips_on_rerun(tm
 
 
 def test_given_checkpoint_skips_the_stages(tmp_path):
-    from gymllm.algos import trainer
+    from gymllm.train import trainer
     from gymllm.cli.commands import run_stages
     import dataclasses
 

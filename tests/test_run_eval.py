@@ -16,8 +16,8 @@ import pathlib
 import numpy as np
 import pytest
 
-from gymllm.algos.run import LocalComponents, RolloutTally, Run, check_heldout_seeds, training_seed_bound
-from gymllm.algos.trainer import EngineConfig, EvalSection, EnvSection, RolloutConfig, SamplingParams, train
+from gymllm.train.run import LocalComponents, RolloutTally, Run, check_heldout_seeds, training_seed_bound
+from gymllm.train.trainer import EngineConfig, EvalSection, EnvSection, RolloutConfig, SamplingParams, train
 from gymllm.errors import ConfigError
 from gymllm.telemetry.report import read_metrics, write_report
 from gymllm.telemetry.sinks import parse_step_window, progress_line
@@ -124,7 +124,7 @@ def test_profile_steps_are_validated():
     for bad in ("3", "5:2", "a:b", "0:1"):
         with pytest.raises(ConfigError, match="profile_steps"):
             parse_step_window(bad)
-    from gymllm.algos.trainer import RunSection
+    from gymllm.train.trainer import RunSection
 
     with pytest.raises(ConfigError, match="run.profile_steps"):
         RunSection(profile_steps="5:2")

@@ -1,4 +1,4 @@
-"""The one table of run kinds (:data:`gymllm.algos.assembly.KINDS`): every kind a config can ask for has
+"""The one table of run kinds (:data:`gymllm.train.assembly.KINDS`): every kind a config can ask for has
 its entry (envs and group source), the first that applies wins, and a new kind is registered from
 outside ``run.py`` and drives a real ``train`` call."""
 
@@ -8,9 +8,9 @@ import dataclasses
 
 import pytest
 
-from gymllm.algos import assembly
-from gymllm.algos.assembly import Kind, kind_named, register_kind, select_kind
-from gymllm.algos.trainer import train
+from gymllm.train import assembly
+from gymllm.train.assembly import Kind, kind_named, register_kind, select_kind
+from gymllm.train.trainer import train
 from gymllm.cli.train_args import parse_train_args
 from gymllm.errors import ConfigError
 

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from gymllm.algos.optim import OptimizerConfig
-from gymllm.algos.sft import SFTConfig, SFTSection, run_sft, step_indices
-from gymllm.algos.sft_data import SFTDataError, render_conversation, rows_from_jsonl, rows_from_run
-from gymllm.algos.sft_step import masked_nll, sft_loss
+from gymllm.train.sft import SFTConfig, SFTSection, run_sft, step_indices
+from gymllm.train.sft_data import SFTDataError, render_conversation, rows_from_jsonl, rows_from_run
+from gymllm.train.sft_step import masked_nll, sft_loss
 from gymllm.algos.learner_config import LearnerConfig
-from gymllm.algos.train_config import ModelSection, RunSection
+from gymllm.train.train_config import ModelSection, RunSection
 from gymllm.models import make_tiny
 
 MODEL = ModelSection(name="tiny-qwen3", vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1)
@@ -195,8 +195,8 @@ def test_resume_continues_at_the_saved_step(tmp_path):
 
 def test_warm_start_gives_the_learner_the_sft_weights(tmp_path):
     from gymllm.algos.checkpoint import restore_trained
-    from gymllm.algos.run import LocalComponents, load_model
-    from gymllm.algos.train_config import TrainConfig, preset
+    from gymllm.train.run import LocalComponents, load_model
+    from gymllm.train.train_config import TrainConfig, preset
 
     run_sft(memo_config(tmp_path, "sft", steps=2))
     sft_weights, _ = restore_trained(tmp_path / "sft")
@@ -233,7 +233,7 @@ def test_lora_sft_run_reads_back_merged(tmp_path):
 def small_train_config(run_dir):
     from gymllm.algos import config as C
     from gymllm.algos.learner import LearnerConfig
-    from gymllm.algos.train_config import (EngineConfig, EnvSection, RolloutConfig, RunSection, SamplingParams,
+    from gymllm.train.train_config import (EngineConfig, EnvSection, RolloutConfig, RunSection, SamplingParams,
                                            TrainConfig)
 
     return TrainConfig(
@@ -249,7 +249,7 @@ def small_train_config(run_dir):
 
 
 def test_rows_from_a_logged_run_are_token_exact(tmp_path):
-    from gymllm.algos.trainer import train
+    from gymllm.train.trainer import train
 
     run = tmp_path / "grpo"
     train(small_train_config(run))

@@ -27,7 +27,7 @@ def train_config(spec: dict, run_dir: str):
     from gymllm.algos import config as C
     from gymllm.algos.learner import LearnerConfig
     from gymllm.algos.optim import OptimizerConfig
-    from gymllm.algos.trainer import (EngineConfig, EnvSection, ModelSection, RolloutConfig, RunSection, SamplingParams,
+    from gymllm.train.trainer import (EngineConfig, EnvSection, ModelSection, RolloutConfig, RunSection, SamplingParams,
                                       TrainConfig)
 
     m, s, o, a = spec["model"], spec["sampling"], spec["optimizer"], spec["algo"]
@@ -67,7 +67,7 @@ def run(spec: dict) -> dict:
 
     import numpy as np
 
-    from gymllm.algos.trainer import train
+    from gymllm.train.trainer import train
 
     with tempfile.TemporaryDirectory(prefix="gymllm-peers-") as tmp:
         res = train(train_config(spec, tmp))

@@ -94,7 +94,7 @@ class StreamingLearner:
         when the loss leaves it 0. ``context_len``: the engine's context; the longest bucket is at least it
         (a trajectory never outgrows it). ``default_staleness``: the bound when ``max_staleness`` is None
         (a run passes its group source's). The trainer wires them from the run's sections
-        (:func:`gymllm.algos.wiring.learner_kwargs`)."""
+        (:func:`gymllm.train.wiring.learner_kwargs`)."""
         check_range("StreamingLearner", "temperature", temperature, lo=0.0, lo_open=True)
         self.model_config = model_config
         self.temperature = float(temperature)

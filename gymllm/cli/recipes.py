@@ -81,9 +81,9 @@ NOT_SECTIONS = ("preset", "loss_preset", "description", "sft")
 
 
 def recipe_tables(tables: dict[str, Any], cfg: Any, *, where: str = "") -> Any:
-    """``cfg`` (a ``TrainConfig``) with a recipe's sections applied (:func:`gymllm.algos.train_config.from_tables`);
+    """``cfg`` (a ``TrainConfig``) with a recipe's sections applied (:func:`gymllm.train.train_config.from_tables`);
     the keys of :data:`NOT_SECTIONS` are skipped."""
-    from gymllm.algos.train_config import from_tables
+    from gymllm.train.train_config import from_tables
 
     return from_tables({k: v for k, v in tables.items() if k not in NOT_SECTIONS}, cfg, where=where)
 
@@ -97,7 +97,7 @@ class SFTStage:
     demo_env: the env whose solver plays them (default ``""``: the recipe's ``env.id``), with the
     recipe's ``env.kwargs`` and system prompt, e.g. ``gymllm/TicTacToe-v0`` (one seat against a
     scripted opponent, which has a minimax solver) for a self-play run on the game ``tic-tac-toe``;
-    overrides: the table's other keys, applied onto :class:`gymllm.algos.sft.SFTConfig` by
+    overrides: the table's other keys, applied onto :class:`gymllm.train.sft.SFTConfig` by
     :func:`sft_config_for`: a key of ``SFTConfig`` itself (a ``[sft.lora]`` table...), else of its ``sft``
     section (``epochs``, ``batch_size``...), its ``learner`` (``num_steps``, ``max_len``...), its ``run``
     (``seed``, ``checkpoint_every``...) or its ``optimizer`` (``learning_rate``, ``schedule``...). ``data``, ``from_run``, ``model`` and ``run_dir``
@@ -144,8 +144,8 @@ def sft_config_for(stage: SFTStage, train_cfg: Any, *, data: str, run_dir: str) 
     section)."""
     from gymllm.algos.learner_config import LearnerConfig
     from gymllm.algos.optim import OptimizerConfig
-    from gymllm.algos.sft import SFTConfig, SFTSection
-    from gymllm.algos.train_config import RunSection
+    from gymllm.train.sft import SFTConfig, SFTSection
+    from gymllm.train.train_config import RunSection
 
     tl = train_cfg.learner
     model = dataclasses.replace(train_cfg.model, checkpoint="")

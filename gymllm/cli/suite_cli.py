@@ -12,14 +12,14 @@ writes ``results.jsonl``, ``suite.json``, ``summary.json``, ``report.md`` and th
 (:mod:`gymllm.suites.runner`). ``python -m gymllm.cli.suite_cli eval|compare ...`` runs the same.
 
 On a Ray cluster (the ``--cluster.*`` options of ``gymllm train``, the same
-:class:`~gymllm.algos.train_config.ClusterSection`):
+:class:`~gymllm.train.train_config.ClusterSection`):
 
     gymllm eval --suite core --model smollm2-135m-instruct --out out/core \
         --cluster.backend ray --cluster.address auto --cluster.engine-replicas 4 --cluster.env-workers 8
 
 each policy's engine is ``engine_replicas`` replica actors (each loads the model, and the
 ``--checkpoint`` weights, on its own host) behind one pool, and each env's sub-envs live in
-``env_workers`` env actors (:class:`gymllm.algos.cluster.SuiteOnRay`); the rows are those of the
+``env_workers`` env actors (:class:`gymllm.train.cluster.SuiteOnRay`); the rows are those of the
 in-process run.
 """
 
@@ -33,7 +33,7 @@ from typing import Annotated, Any, Sequence
 
 import tyro
 
-from gymllm.algos.train_config import ClusterSection
+from gymllm.train.train_config import ClusterSection
 
 __all__ = ["eval_suite", "compare", "eval_main", "compare_main", "policy_label", "policy_engine", "main"]
 
@@ -155,7 +155,7 @@ def eval_suite(
                           episode_timeout_s=episode_timeout_s, progress=progress)
     on_ray = None
     if cluster.backend == "ray":
-        from gymllm.algos.cluster import SuiteOnRay
+        from gymllm.train.cluster import SuiteOnRay
 
         on_ray = SuiteOnRay(cluster, num_envs=len(the_suite.envs))
     try:

@@ -1,4 +1,4 @@
-"""The ``gymllm train`` command line: tyro over :class:`~gymllm.algos.train_config.TrainConfig` itself.
+"""The ``gymllm train`` command line: tyro over :class:`~gymllm.train.train_config.TrainConfig` itself.
 
     cfg = parse_train_args(["calc_math", "--learner.num-steps", "10", "--sampling.temperature", "0.7"])
 
@@ -29,7 +29,7 @@ def train_arguments(default: object) -> type:
     from typing import Literal, Optional
 
     from gymllm.algos.config import PRESETS as LOSS_PRESETS
-    from gymllm.algos.train_config import PRESETS
+    from gymllm.train.train_config import PRESETS
 
     preset_t = Optional[Literal[tuple(PRESETS)]]  # type: ignore[valid-type]
     loss_t = Optional[Literal[tuple(LOSS_PRESETS)]]  # type: ignore[valid-type]
@@ -102,7 +102,7 @@ def train_config_from(recipe: str | None, preset: str | None, loss_preset: str |
     recipe's tables, then ``run_dir``, then ``env_kwargs`` (a JSON object replacing ``env.kwargs``)."""
     import dataclasses
 
-    from gymllm.algos import trainer as trainer_mod
+    from gymllm.train import trainer as trainer_mod
     from gymllm.cli.recipes import load_recipe, recipe_tables
 
     overrides = load_recipe(recipe) if recipe else {}
@@ -144,7 +144,7 @@ def suite_base(base: object, args: Sequence[str]) -> object:
     ``--env-kwargs`` on the command line is a :class:`~gymllm.errors.ConfigError`: exactly one env source."""
     import dataclasses
 
-    from gymllm.algos.train_config import DEFAULT_ENV_ID
+    from gymllm.train.train_config import DEFAULT_ENV_ID
     from gymllm.errors import ConfigError, explain
 
     suite = flag_value(args, "--env.suite")
@@ -189,7 +189,7 @@ def parse_train_plan(args: Sequence[str], *, description: str | None = None) -> 
     from gymllm.errors import ConfigError, explain
 
     from gymllm.algos.config import PRESETS as LOSS_PRESETS
-    from gymllm.algos.train_config import PRESETS
+    from gymllm.train.train_config import PRESETS
 
     lead = leading_arguments(args)
     for key, known in (("preset", PRESETS), ("loss_preset", LOSS_PRESETS)):

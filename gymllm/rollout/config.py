@@ -75,7 +75,7 @@ class RolloutConfig:
     """Complete groups allowed to wait unconsumed; None = min(groups_per_step, queue_size - 1) (a step's worth ready
     when the learner comes back; groups_per_step is the learner's, given to the source)."""
     mode: str = "async"
-    """where a training run's groups come from (:func:`gymllm.algos.trainer.train`): "async" (the barrier-free
+    """where a training run's groups come from (:func:`gymllm.train.trainer.train`): "async" (the barrier-free
     orchestrator), "sync" (the baseline: roll out a whole step, then train) or "proxy" (an agent program that
     speaks the OpenAI API plays the episodes against the run's engine served on 127.0.0.1 in training mode; see
     :mod:`gymllm.inference.session_recorder`). The orchestrator itself ignores it."""

@@ -1,7 +1,7 @@
 """Held-out evaluation: pass@k, mean reward and tool use of a policy on an env, over fixed seeds.
 
 The one evaluation path of gymllm: ``gymllm eval`` (:mod:`gymllm.cli.evaluate`, a fresh engine per
-model) and the training run's in-loop evaluation (:class:`gymllm.algos.run.Run` with ``eval.every``,
+model) and the training run's in-loop evaluation (:class:`gymllm.train.run.Run` with ``eval.every``,
 on the run's own engine at the current policy version) both call :func:`evaluate_env`.
 
     row = await evaluate_env(vec_env, engine, agent, config=EvalConfig(num_seeds=16),

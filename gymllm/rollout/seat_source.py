@@ -97,7 +97,7 @@ class MultiAgentSection:
     """role_ema's decay (b <- decay * b + (1 - decay) * R)."""
     policies: str = ""
     """'' (one learner) or a JSON object from seat to policy name ({"first": "a", "second": "b"}): several policies
-    trained in one run, each with its own weights, optimizer, groups and version (gymllm.algos.policies)."""
+    trained in one run, each with its own weights, optimizer, groups and version (gymllm.train.policies)."""
     policy_weights: str = "lora"
     """lora (an adapter per policy on the shared base, lora.rank or 8) or full (weights and an engine per policy)."""
     illegal_move: Literal["retry", "forfeit", "random"] = "retry"

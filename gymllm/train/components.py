@@ -1,5 +1,5 @@
-"""What a :class:`~gymllm.algos.run.Run` is built from: the :class:`Components` that make each part
-(:class:`LocalComponents` in this process; :class:`gymllm.algos.cluster.RayComponents` on Ray), the
+"""What a :class:`~gymllm.train.run.Run` is built from: the :class:`Components` that make each part
+(:class:`LocalComponents` in this process; :class:`gymllm.train.cluster.RayComponents` on Ray), the
 model (:func:`load_model`) and :func:`build_parts`, which assembles them into :class:`RunParts`
 (restoring the latest checkpoint first when the run resumes).
 
@@ -12,9 +12,9 @@ import dataclasses
 import pathlib
 from typing import Any, Callable, Protocol
 
-from gymllm.algos.resume import ResumeState
-from gymllm.algos.train_config import ModelSection, TrainConfig
-from gymllm.algos.wiring import engine_config, learner_kwargs
+from gymllm.train.resume import ResumeState
+from gymllm.train.train_config import ModelSection, TrainConfig
+from gymllm.train.wiring import engine_config, learner_kwargs
 
 __all__ = ["Components", "LocalComponents", "RunParts", "build_parts", "load_model"]
 
@@ -31,7 +31,7 @@ def load_model(m: ModelSection) -> Any:
 
 
 class Components(Protocol):
-    """What a :class:`~gymllm.algos.run.Run` is assembled from. Each method builds one part for the config;
+    """What a :class:`~gymllm.train.run.Run` is assembled from. Each method builds one part for the config;
     ``close`` releases whatever the components started (actors, a Ray connection)."""
 
     def make_learner(self, cfg: TrainConfig, lm: Any) -> Any:
@@ -65,8 +65,8 @@ class LocalComponents:
 
         mesh = make_mesh(cfg.sharding)
         self.gather = mesh is not None
-        if cfg.multiagent.policies:  # several policies: a learner each (gymllm.algos.policies)
-            from gymllm.algos.policies import build_policy_set
+        if cfg.multiagent.policies:  # several policies: a learner each (gymllm.train.policies)
+            from gymllm.train.policies import build_policy_set
 
             return build_policy_set(cfg, lm, mesh)
         return StreamingLearner(lm.config, lm.model.flat_params(), lora=cfg.lora, mesh=mesh,
@@ -78,14 +78,14 @@ class LocalComponents:
         return Checkpointer(pathlib.Path(cfg.run.run_dir) / "checkpoints", max_to_keep=cfg.run.keep_checkpoints)
 
     def make_engine(self, cfg: TrainConfig, lm: Any, version: int) -> Any:
-        from gymllm.algos.policies import policy_adapters
+        from gymllm.train.policies import policy_adapters
         from gymllm.inference.jax_engine import JaxEngine
 
-        # several LoRA policies: the one engine serves an adapter per policy (gymllm.algos.policies)
+        # several LoRA policies: the one engine serves an adapter per policy (gymllm.train.policies)
         return JaxEngine(lm.model, lm.tokenizer, version=version, config=engine_config(cfg), adapters=policy_adapters(cfg))
 
     def make_pusher(self, cfg: TrainConfig, engine: Any, lm: Any, learner: Any) -> Any:
-        from gymllm.algos.policies import PolicySet
+        from gymllm.train.policies import PolicySet
         from gymllm.algos.weight_sync import WeightPusher
 
         if isinstance(learner, PolicySet):  # an engine per policy, each update pushed to its own
@@ -133,7 +133,7 @@ class RunParts:
 def build_parts(cfg: TrainConfig, parts: Components,
                 make_envs: Callable[[TrainConfig, Components], Any] | None = None) -> tuple[RunParts, ResumeState]:
     """Build the run's parts with ``parts`` (the envs with ``make_envs``: the run's kind's, see
-    :data:`gymllm.algos.assembly.KINDS`; default ``parts.make_envs``); with ``run.resume`` restore the latest checkpoint into the
+    :data:`gymllm.train.assembly.KINDS`; default ``parts.make_envs``); with ``run.resume`` restore the latest checkpoint into the
     learner and push its weights to the engine; with ``run.warmup`` compile the engine and learner, else a
     learner with ``fixed_shapes`` compiles its program set in a background thread (its first step waits)."""
     from gymllm.rollout import ModelAgent, ToolAgent

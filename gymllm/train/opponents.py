@@ -74,9 +74,9 @@ class FrozenOpponent:
     @classmethod
     def build(cls, cfg: Any, learner: Any) -> "FrozenOpponent":
         """``frozen``: the learner's current weights; ``run:DIR``: the checkpoint's trained weights."""
-        from gymllm.algos.components import load_model
+        from gymllm.train.components import load_model
         from gymllm.algos.weight_sync import WeightPusher
-        from gymllm.algos.wiring import engine_config
+        from gymllm.train.wiring import engine_config
         from gymllm.inference.jax_engine import JaxEngine
 
         spec = cfg.multiagent.opponent
@@ -123,7 +123,7 @@ def _checkpoint_model(cfg: Any, checkpoint: str) -> Any:
     """The model of a ``run:`` opponent: a run directory (``DIR`` or ``DIR#NAME``) as the model it trained,
     which must be this run's model; any other checkpoint's weights on this run's model."""
     from gymllm import models
-    from gymllm.algos.components import load_model
+    from gymllm.train.components import load_model
     from gymllm.errors import ConfigError, explain
     from gymllm.models.trained import is_run_dir, run_model_section
 

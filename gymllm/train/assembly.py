@@ -1,5 +1,5 @@
 """Where a run is put together: one table, :data:`KINDS`, maps what the config asks for to the envs the
-run builds and the group source its loop reads. :class:`~gymllm.algos.run.Run` is only the loop.
+run builds and the group source its loop reads. :class:`~gymllm.train.run.Run` is only the loop.
 
     kind = select_kind(cfg)                # the first kind of KINDS whose ``applies(cfg)`` holds
     envs = kind.envs(cfg, components)      # build_parts: the env side (None when an agent program plays)
@@ -25,7 +25,7 @@ import dataclasses
 import pathlib
 from typing import Any, Callable
 
-from gymllm.algos.train_config import TrainConfig
+from gymllm.train.train_config import TrainConfig
 from gymllm.errors import ConfigError, explain
 
 __all__ = ["SourceContext", "Kind", "KINDS", "register_kind", "select_kind", "kind_named"]
@@ -35,10 +35,10 @@ __all__ = ["SourceContext", "Kind", "KINDS", "register_kind", "select_kind", "ki
 class SourceContext:
     """What a kind's source is built from, passed in (a source never reaches into the run).
 
-    ``cfg``: the run's config; ``parts``: the built :class:`~gymllm.algos.components.RunParts`;
-    ``resume``: the :class:`~gymllm.algos.resume.ResumeState`; ``run_dir``: the run directory;
+    ``cfg``: the run's config; ``parts``: the built :class:`~gymllm.train.components.RunParts`;
+    ``resume``: the :class:`~gymllm.train.resume.ResumeState`; ``run_dir``: the run directory;
     ``keep``: the run's zero-variance group filter (replays a resumed run's decisions; tallies every new
-    group); ``tally``: the :class:`~gymllm.algos.step_log.RolloutTally` of every completed group;
+    group); ``tally``: the :class:`~gymllm.train.step_log.RolloutTally` of every completed group;
     ``add_metrics``: registers a callable whose figures join every step's record."""
 
     cfg: TrainConfig
@@ -89,9 +89,9 @@ def _agent_programs(ctx: SourceContext) -> Any:
 
 
 def _policies(ctx: SourceContext) -> Any:
-    """Several policies (:mod:`gymllm.algos.policies`): each seat played by its policy's engine; on resume every
+    """Several policies (:mod:`gymllm.train.policies`): each seat played by its policy's engine; on resume every
     policy's engine replays the consumed groups."""
-    from gymllm.algos.policies import PolicySeatSource, PolicySet
+    from gymllm.train.policies import PolicySeatSource, PolicySet
     from gymllm.rollout.seat_source import SeatMetrics
 
     cfg, p = ctx.cfg, ctx.parts
@@ -108,7 +108,7 @@ def _policies(ctx: SourceContext) -> Any:
 
 
 def _game_seats(ctx: SourceContext) -> Any:
-    from gymllm.algos.opponents import FrozenOpponent
+    from gymllm.train.opponents import FrozenOpponent
     from gymllm.rollout.seat_source import SeatGroupSource, SeatMetrics
 
     cfg, p = ctx.cfg, ctx.parts
@@ -190,4 +190,4 @@ def kind_named(name: str) -> Kind:
         if k.name == name:
             return k
     raise ConfigError(explain("group source kind", expected=f"one of {[k.name for k in KINDS]}", received=name,
-                              fix="register it with gymllm.algos.assembly.register_kind"))
+                              fix="register it with gymllm.train.assembly.register_kind"))

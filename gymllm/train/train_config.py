@@ -5,7 +5,7 @@ keyword-only configs (``engine``: :class:`~gymllm.inference.EngineConfig`, ``sam
 ``sharding``) and the run's own sections (model, env, run, cluster, eval), plus the named presets
 (``preset("tiny")``, ``preset("default")``).
 
-    from gymllm.algos.train_config import preset, ClusterSection
+    from gymllm.train.train_config import preset, ClusterSection
     cfg = dataclasses.replace(preset("tiny"), cluster=ClusterSection(backend="ray", engine_replicas=2))
 
 Each section goes to its component as it is: no setting is hidden in a mapping, and each setting has
@@ -13,7 +13,7 @@ one field. Every field is a ``gymllm train`` flag (``--section.field``; tyro bui
 dataclasses, and the docstring under each field is its help) and a recipe key. A value two components
 share (the learner scores tokens at the sampler's temperature, the rollout seeds group k with
 ``run.seed + k``, ...) is a constructor argument, wired where the run is assembled
-(:mod:`gymllm.algos.components`). :func:`from_tables` builds a
+(:mod:`gymllm.train.components`). :func:`from_tables` builds a
 config from nested tables (a recipe, a run's ``config.json``).
 """
 
@@ -274,7 +274,7 @@ class TrainConfig:
     """A whole run: the components' own configs (engine, sampling, rollout, loss, optimizer, learner, lora,
     sharding) and the run's sections (model, env, run, cluster, eval, multiagent). Every setting has one field; a
     value two components share (the run's seed, the learner's groups per step, the sampling temperature) is given
-    to each as a constructor argument where the run is assembled (:mod:`gymllm.algos.wiring`)."""
+    to each as a constructor argument where the run is assembled (:mod:`gymllm.train.wiring`)."""
 
     model: ModelSection = dataclasses.field(default_factory=ModelSection)
     """The model to train (a name, a path, or a random tiny one) and an optional warm start."""

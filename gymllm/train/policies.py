@@ -1,12 +1,12 @@
 """Several policies trained in one run (``--multiagent.policies '{"first": "a", "second": "b"}'``):
 each policy has its own trainable weights (a LoRA adapter on the shared base by default, or full
 weights), its own optimizer state, its own groups and its own version counter; the one training loop
-(:meth:`gymllm.algos.run.Run.train`) drives them all through :class:`PolicySet`, which has the
+(:meth:`gymllm.train.run.Run.train`) drives them all through :class:`PolicySet`, which has the
 learner's interface and routes every group to the policy that played it.
 
     policies = build_policy_set(cfg, lm, mesh)        # LocalComponents.make_learner does this
     pusher = policies.make_pusher(cfg, engine, lm)     # LoRA: the run's engine serves every policy's adapter
-    # the group source: PolicySeatSource, built by the "policies" kind of gymllm.algos.assembly.KINDS
+    # the group source: PolicySeatSource, built by the "policies" kind of gymllm.train.assembly.KINDS
     reports = policies.submit(groups)                  # each group to group.info["policy"]'s learner
 
 Steps and versions
@@ -82,7 +82,7 @@ def build_policy_set(cfg: Any, lm: Any, mesh: Any = None) -> "PolicySet":
     """One :class:`~gymllm.algos.learner.StreamingLearner` per policy of ``cfg.multiagent.policies``
     over the weights of ``lm`` (shared: LoRA policies share the frozen base arrays); the map is checked
     against the game of ``cfg.env.id`` first."""
-    from gymllm.algos.wiring import learner_kwargs
+    from gymllm.train.wiring import learner_kwargs
     from gymllm.algos.learner import StreamingLearner
     from gymllm.multiagent.factory import game_factory
 
@@ -195,7 +195,7 @@ class PolicySet:
             return PolicyPusher(self, lm.config, gather=gather)
         self.engines = {names[0]: engine}
         for name in names[1:]:
-            from gymllm.algos.wiring import engine_config
+            from gymllm.train.wiring import engine_config
 
             e = JaxEngine(lm.model, lm.tokenizer, version=self.learners[name].version, config=engine_config(cfg))
             if cfg.run.warmup:

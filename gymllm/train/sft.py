@@ -1,14 +1,14 @@
 """Supervised fine-tuning: chat JSONL (loss on assistant tokens) or a run's best trajectories.
 
-    from gymllm.algos.sft import SFTConfig, SFTSection, run_sft
+    from gymllm.train.sft import SFTConfig, SFTSection, run_sft
     result = run_sft(SFTConfig(data="demos.jsonl", model=ModelSection(name="smollm2-135m-instruct"),
                                learner=LearnerConfig(num_steps=50), sft=SFTSection(epochs=0, batch_size=8),
                                run=RunSection(run_dir="runs/sft")))
     print(result.summary())          # then: gymllm train ... --model.checkpoint runs/sft
 
-Rows come from :mod:`gymllm.algos.sft_data` (rendered as a rollout renders them, or token-exact
+Rows come from :mod:`gymllm.train.sft_data` (rendered as a rollout renders them, or token-exact
 from ``RUN/trajectories.jsonl`` with ``from_run`` and ``min_reward``); updates from
-:class:`gymllm.algos.sft_step.SFTLearner` (the GRPO learner's buckets, optimizer, mixed precision,
+:class:`gymllm.train.sft_step.SFTLearner` (the GRPO learner's buckets, optimizer, mixed precision,
 LoRA, sharding). The run directory has the layout of a ``gymllm train`` run: ``config.json`` (with
 its ``model`` and ``lora`` sections), ``checkpoints/<step>/`` (Orbax, ``state["trainable"]``),
 ``metrics.jsonl``, ``tensorboard/`` and ``trace.json``; so ``gymllm train --model.checkpoint DIR``
@@ -38,7 +38,7 @@ from gymllm.models.lora import LoRAConfig
 from gymllm.algos.optim import OptimizerConfig
 from gymllm.algos.sharding import ShardingConfig
 from gymllm.algos.learner_config import LearnerConfig
-from gymllm.algos.train_config import ModelSection, RunSection
+from gymllm.train.train_config import ModelSection, RunSection
 from gymllm.errors import ConfigError, explain
 
 __all__ = ["SFTSection", "SFTConfig", "LEARNER_FIELDS", "RUN_FIELDS", "SFTResult", "run_sft", "load_rows", "step_indices"]
@@ -146,8 +146,8 @@ class SFTResult:
 
 
 def load_rows(cfg: SFTConfig, tokenizer: Any) -> list[Any]:
-    """The run's :class:`~gymllm.algos.sft_data.SFTRow` list (from ``data`` or ``from_run``)."""
-    from gymllm.algos import sft_data
+    """The run's :class:`~gymllm.train.sft_data.SFTRow` list (from ``data`` or ``from_run``)."""
+    from gymllm.train import sft_data
 
     if cfg.from_run:
         return sft_data.rows_from_run(cfg.from_run, cfg.min_reward, max_len=cfg.learner.max_len)
@@ -182,8 +182,8 @@ def run_sft(cfg: SFTConfig) -> SFTResult:
 
 def _run_sft(cfg: SFTConfig) -> SFTResult:
     from gymllm.algos.checkpoint import Checkpointer
-    from gymllm.algos.run import load_model
-    from gymllm.algos.sft_step import SFTLearner, sft_row
+    from gymllm.train.run import load_model
+    from gymllm.train.sft_step import SFTLearner, sft_row
     from gymllm.algos.sharding import make_mesh
     from gymllm.telemetry.run_log import rewind_jsonl
     from gymllm.telemetry.sinks import MetricsLogger

@@ -1,5 +1,5 @@
 """Where a value two components share is wired, once, as a constructor argument: each setting has one
-field in :class:`~gymllm.algos.train_config.TrainConfig`, and these give each part of a run what it
+field in :class:`~gymllm.train.train_config.TrainConfig`, and these give each part of a run what it
 reads from more than its own section.
 
     learner_kwargs(cfg)   every learner of the run: its sections, the sampler's temperature, the sample
@@ -10,7 +10,7 @@ reads from more than its own section.
     watchdog_config(cfg)  the stage watchdog (``run.stall_timeout_s``)
 
 The group sources get ``run.seed`` and ``learner.groups_per_step`` where they are built
-(:data:`gymllm.algos.assembly.KINDS`).
+(:data:`gymllm.train.assembly.KINDS`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from gymllm.algos.train_config import TrainConfig
+from gymllm.train.train_config import TrainConfig
 
 __all__ = ["learner_kwargs", "learner_loss", "engine_config", "eval_config", "watchdog_config"]
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from gymllm.algos.train_config import TrainConfig
+from gymllm.train.train_config import TrainConfig
 
 __all__ = ["ResumeState", "make_group_filter", "filter_patience"]
 
@@ -79,7 +79,7 @@ def make_group_filter(cfg: TrainConfig, decided: dict[str, bool], filtered: set[
     A task the policy always fails (or always solves) would filter every group and the run would
     never take a step: after ``patience`` filtered groups in a row the next one is kept (marked
     ``info["kept_zero_variance"]``; its advantages are zero, so it moves no weights) and the run says so.
-    ``seen`` (a :class:`~gymllm.algos.step_log.RolloutTally`) tallies every newly decided group,
+    ``seen`` (a :class:`~gymllm.train.step_log.RolloutTally`) tallies every newly decided group,
     filtered or not (the unbiased ``rollout_reward_mean`` and the tool-call figures of the step
     metrics; it also rejects a held-out seed).
     """
@@ -88,7 +88,7 @@ def make_group_filter(cfg: TrainConfig, decided: dict[str, bool], filtered: set[
     from gymllm.algos.shaping import nonzero_variance, overlong_penalty
 
     from gymllm.algos.advantages import STATEFUL
-    from gymllm.algos.wiring import learner_loss
+    from gymllm.train.wiring import learner_loss
 
     sh = cfg.loss.shaping
     role_ema = learner_loss(cfg).advantage.estimator in STATEFUL

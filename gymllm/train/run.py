@@ -2,22 +2,22 @@
 :class:`~gymllm.rollout.sources.GroupSource` and trains on them (train, push, advance, log, checkpoint).
 
     run = Run(cfg)                        # cfg: a TrainConfig
-    run.setup(LocalComponents())          # or gymllm.algos.cluster.RayComponents(cfg.cluster)
+    run.setup(LocalComponents())          # or gymllm.train.cluster.RayComponents(cfg.cluster)
     counts = await run.train()            # the source of the run's kind, or run.train(my_source)
     await run.close()
 
-The parts come from a :class:`~gymllm.algos.components.Components` (:func:`~gymllm.algos.components.build_parts`):
-:class:`~gymllm.algos.components.LocalComponents` keeps everything in this process;
-:class:`gymllm.algos.cluster.RayComponents` puts env workers, engine replicas and (optionally) learner
+The parts come from a :class:`~gymllm.train.components.Components` (:func:`~gymllm.train.components.build_parts`):
+:class:`~gymllm.train.components.LocalComponents` keeps everything in this process;
+:class:`gymllm.train.cluster.RayComponents` puts env workers, engine replicas and (optionally) learner
 hosts on Ray actors behind the same interfaces. The run does not know which it drives, nor where its
-groups come from: the kind of run (:data:`gymllm.algos.assembly.KINDS`: agent programs, several
+groups come from: the kind of run (:data:`gymllm.train.assembly.KINDS`: agent programs, several
 policies, game seats, the sync baseline, a suite mixture, one env) gives its envs and its source, and
 :meth:`Run.train` takes any other source.
 
 The run's state is kept in small parts with one job each: ``parts`` (the built components,
-:class:`~gymllm.algos.components.RunParts`), ``resume`` (:class:`~gymllm.algos.resume.ResumeState`),
-``log`` (the step records and their timing, :class:`~gymllm.algos.step_log.StepLog`), ``heldout``
-(in-run evaluation, :class:`~gymllm.algos.heldout.HeldOutHook`), ``profiler``, ``listeners``, the
+:class:`~gymllm.train.components.RunParts`), ``resume`` (:class:`~gymllm.train.resume.ResumeState`),
+``log`` (the step records and their timing, :class:`~gymllm.train.step_log.StepLog`), ``heldout``
+(in-run evaluation, :class:`~gymllm.train.heldout.HeldOutHook`), ``profiler``, ``listeners``, the
 stage ``watchdog`` and ``compiles`` (every XLA compile from setup to close,
 :class:`~gymllm.telemetry.compiles.CompileLog`: ``run_dir/compiles.jsonl``, spans on the trace's
 "compile" track, ``compile_s`` in each step's record).
@@ -37,13 +37,13 @@ import pathlib
 import time
 from typing import Any, Callable, Sequence
 
-from gymllm.algos.assembly import SourceContext, kind_named, select_kind
-from gymllm.algos.components import Components, LocalComponents, RunParts, build_parts, load_model
-from gymllm.algos.wiring import watchdog_config
-from gymllm.algos.heldout import HeldOutHook, check_heldout_seeds, training_seed_bound
-from gymllm.algos.resume import ResumeState, make_group_filter
-from gymllm.algos.step_log import RolloutTally, StepLog
-from gymllm.algos.train_config import TrainConfig
+from gymllm.train.assembly import SourceContext, kind_named, select_kind
+from gymllm.train.components import Components, LocalComponents, RunParts, build_parts, load_model
+from gymllm.train.wiring import watchdog_config
+from gymllm.train.heldout import HeldOutHook, check_heldout_seeds, training_seed_bound
+from gymllm.train.resume import ResumeState, make_group_filter
+from gymllm.train.step_log import RolloutTally, StepLog
+from gymllm.train.train_config import TrainConfig
 from gymllm.errors import GymLLMError, explain
 from gymllm.rollout.agent_programs import AgentProgramError, AgentPrograms
 from gymllm.rollout.group_queue import QueueClosed
@@ -156,8 +156,8 @@ class Run:
         self.watchdog.start()
 
     def make_source(self, kind: str | None = None) -> GroupSource:
-        """The group source of the run's kind (:func:`gymllm.algos.assembly.select_kind`; ``kind``: one named
-        in :data:`gymllm.algos.assembly.KINDS` instead), built from what the run passes it: the parts, the
+        """The group source of the run's kind (:func:`gymllm.train.assembly.select_kind`; ``kind``: one named
+        in :data:`gymllm.train.assembly.KINDS` instead), built from what the run passes it: the parts, the
         resume state, and the zero-variance filter over every completed group."""
         cfg, resume = self.cfg, self.resume
         chosen = kind_named(kind) if kind is not None else select_kind(cfg)
