@@ -36,7 +36,7 @@ import pathlib
 import tomllib
 from typing import Any
 
-from gymllm.errors import ConfigError, explain
+from gymllm.errors import ConfigError
 from gymllm.validation import apply_overrides
 
 __all__ = ["RECIPES_DIR", "shipped_recipes", "find_recipe", "load_recipe", "recipe_tables", "apply_overrides",
