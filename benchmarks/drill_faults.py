@@ -3,7 +3,7 @@ naming the fault, within a stated bound; the faulty trajectory or group is recor
 nothing else is lost (every other group up to the last trained one is trained).
 
 Faults, each injected through a public surface (envs registered here, tools, an engine and a learner
-wrapped by a :class:`~gymllm.algos.components.LocalComponents` subclass, a real HTTP client):
+wrapped by a :class:`~gymllm.train.components.LocalComponents` subclass, a real HTTP client):
 
 - ``env_hang``: ``drill/Faulty-v0``'s step for seed 1 sleeps 60 s; ``rollout.group_timeout_s`` = 10 s
   bounds it. Expected: finished; g1 timed out (in ``counts["rollout_errors"]``); the watchdog names
@@ -53,13 +53,13 @@ from typing import Any, Callable
 import gymnasium as gym
 
 from gymllm.algos import config as C
-from gymllm.algos.components import LocalComponents
+from gymllm.train.components import LocalComponents
 from gymllm.algos.learner_config import LearnerConfig
 from gymllm.algos.optim import OptimizerConfig
-from gymllm.algos.run import LearnerStepError
-from gymllm.algos.trainer import train
+from gymllm.train.run import LearnerStepError
+from gymllm.train.trainer import train
 from gymllm.inference.config import EngineConfig
-from gymllm.algos.train_config import EnvSection, ModelSection, RunSection, TrainConfig
+from gymllm.train.train_config import EnvSection, ModelSection, RunSection, TrainConfig
 from gymllm.rollout.config import RolloutConfig
 from gymllm.inference.params import SamplingParams
 from gymllm.envs.tiny_tasks import TinyRepeatEnv
@@ -399,7 +399,7 @@ def drill_server_disconnect(root: pathlib.Path, steps: int) -> dict[str, Any]:
     its 40 tokens) and the next request is served, equal to the engine's own answer in process."""
     import httpx
 
-    from gymllm.algos.components import load_model
+    from gymllm.train.components import load_model
     from gymllm.inference import JaxEngine, SamplingParams, ServerThread, build_app
 
     cfg = small_config(root / "server", steps=steps)  # the drilled runs' model and engine: compiled shapes shared

@@ -42,7 +42,7 @@ import numpy as np  # noqa: E402
 from gymllm.inference import EngineConfig, JaxEngine, SamplingParams  # noqa: E402
 from gymllm.utils.host import describe_cpu, loadavg  # noqa: E402
 
-# the "default" preset's engine before the fixed set (gymllm/algos/train_config.py)
+# the "default" preset's engine before the fixed set (gymllm/train/train_config.py)
 QUICKSTART = EngineConfig(num_slots=12, max_len=160, min_bucket=64, idle_wait_s=0.002, decode_chunk=8,
                           compute_dtype="auto")
 # the Quickstart's trajectories (runs/default/trajectories.jsonl): ~100-token prompts, answers of ~9 tokens,

@@ -122,7 +122,7 @@ def quickstart_groups(*, seed: int = 0, version: int = 0, vocab: int = 49152) ->
 
 
 def quickstart_learner_config(**kw) -> LearnerConfig:
-    """The Quickstart's learner (train_config preset "default", as ``effective()`` completes it)."""
+    """The Quickstart's learner (train_config preset "default", as the trainer's ``wiring.learner_kwargs`` completes it)."""
     base = dict(groups_per_step=QS_GROUPS, micro_batch_size=QS_GROUP, num_steps=12, max_len=256, min_bucket=160,
                 compute_dtype="auto", max_response_len=2 * QS_REPLY)
     base.update(kw)
@@ -408,7 +408,7 @@ def head_compare(scenario: str, steps: int, counter: CompileCounter, workload: s
     """The learner step with the LM head on every position (A) against the loss positions only (B)."""
     kw = {"workload": workload, "layers": layers, "packing": False}
     if workload == "medium":
-        kw["max_response_len"] = NEW_TOKENS  # what the trainer's effective() sets (max_tokens x max_model_calls)
+        kw["max_response_len"] = NEW_TOKENS  # the trainer's sample budget (max_tokens x max_model_calls)
     out = compare(scenario, steps, counter, {**kw, "loss_positions_only": False},
                   {**kw, "loss_positions_only": True}, settle=False)
     out["grad_program"] = head_grad_program(scenario, workload, layers, max(steps, 5))
@@ -486,7 +486,7 @@ def end_to_end(rounds: int, steps: int, split: int) -> dict:
     import peers
     import run_gymllm
 
-    from gymllm.algos.trainer import train
+    from gymllm.train.trainer import train
 
     out: dict = {"a": [], "b": [], "a_train_busy_s": [], "b_train_busy_s": []}
     with tempfile.TemporaryDirectory(prefix="learner-e2e-") as tmp:

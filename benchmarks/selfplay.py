@@ -193,9 +193,9 @@ def make_source(game: str, engine: Any, lm: Any, a: argparse.Namespace):
     from gymllm.rollout.seat_source import MultiAgentSection, SeatGroupSource
 
     wave = a.num_slots // 2
-    r = RolloutConfig(group_size=a.group_size, max_concurrency=wave, max_staleness=None, seed=a.seed,
+    r = RolloutConfig(group_size=a.group_size, max_concurrency=wave, max_staleness=None,
                       max_model_calls=a.max_model_calls, queue_size=a.num_games)
-    return SeatGroupSource(game_factory(game), engine, ModelAgent(lm.tokenizer), rollout=r,
+    return SeatGroupSource(game_factory(game), engine, ModelAgent(lm.tokenizer), rollout=r, seed=a.seed,
                            sampling=SamplingParams(temperature=1.0, max_tokens=a.max_tokens),
                            config=MultiAgentSection(opponent="self", illegal_move="random"))
 
@@ -226,7 +226,7 @@ class LockstepGame:
 
         from gymllm.rollout.episode import Episode, EpisodeKey
 
-        self.src, self.k, self.member, self.seed = src, k, member, src.rollout.seed + k
+        self.src, self.k, self.member, self.seed = src, k, member, src.seed + k
         self.game = src.new_game()
         self.rng = np.random.default_rng([self.seed, member])
         self.tally: dict = {"illegal": {}, "errors": {}}
@@ -235,7 +235,7 @@ class LockstepGame:
         n = len(src.possible)
         self.episodes = {seat: Episode(EpisodeKey(group_index=k, member=member * n + i, env_seed=self.seed,
                                                   task_id=f"seed{self.seed}"), src.agent, src.sampling,
-                                       base_seed=src.rollout.seed, max_model_calls=src.rollout.max_model_calls,
+                                       base_seed=src.seed, max_model_calls=src.rollout.max_model_calls,
                                        env_id=member) for i, seat in enumerate(src.possible)}
         self.limit = src.rollout.prompt_limit(src.engine)
         self.mover: str | None = None

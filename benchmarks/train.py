@@ -37,7 +37,7 @@ side in one invocation, are ``benchmarks/peers.py``'s (no figure typed into this
 
 The Quickstart's learner against this CPU's matmul roofline (issue 35; ``learner_vs_roofline``, goal
 >= 0.6): the learner of the README's Quickstart run (``gymllm train``'s default preset: SmolLM2-135M-Instruct,
-its real weights, ``LearnerConfig`` as ``effective()`` completes it: 6-row micro-batches, bucket 160,
+its real weights, ``LearnerConfig`` as the trainer builds the learner (``wiring.learner_kwargs``): 6-row micro-batches, bucket 160,
 bf16 compute where native, response budget 48, the async-agentic loss without a reference model)
 trains on 2 groups of 6 trajectories of the Quickstart's shape (97-token prompt, two 24-token replies
 around a 14-token tool observation: 159 tokens, the bucket's rows full; synthetic tokens, the same
@@ -95,9 +95,9 @@ import numpy as np  # noqa: E402
 from gymllm.algos import config as C  # noqa: E402
 from gymllm.algos.learner_config import LearnerConfig  # noqa: E402
 from gymllm.algos.optim import OptimizerConfig  # noqa: E402
-from gymllm.algos.trainer import train  # noqa: E402
+from gymllm.train.trainer import train  # noqa: E402
 from gymllm.inference.config import EngineConfig  # noqa: E402
-from gymllm.algos.train_config import EnvSection, ModelSection, RunSection, TrainConfig  # noqa: E402
+from gymllm.train.train_config import EnvSection, ModelSection, RunSection, TrainConfig  # noqa: E402
 from gymllm.rollout.config import RolloutConfig  # noqa: E402
 from gymllm.inference.params import SamplingParams  # noqa: E402
 from gymllm.utils.host import describe_cpu, loadavg  # noqa: E402
@@ -289,14 +289,15 @@ def learner_roofline(steps: int, reps: int) -> dict:
     import jax.numpy as jnp
 
     from gymllm.algos.learner import StreamingLearner
-    from gymllm.algos.train_config import effective, preset
+    from gymllm.train.train_config import preset
+    from gymllm.train.wiring import learner_kwargs
     from gymllm.models import load
     from learner_profile import quickstart_groups
 
-    qs = effective(preset("default"))
+    qs = preset("default")
     lm = load(qs.model.name)  # float32 master weights, as the trainer loads them
     cfg = lm.config
-    ln = StreamingLearner(cfg, lm.model.flat_params(), loss=qs.loss, optimizer=qs.optimizer, config=qs.learner)
+    ln = StreamingLearner(cfg, lm.model.flat_params(), **learner_kwargs(qs))  # as the trainer builds it
     lc = ln.config
     rows, length = lc.micro_batch_size, 160  # every row is 159 tokens: the 160 bucket
     budget = lc.max_response_len if lc.loss_positions_only and 0 < lc.max_response_len < length else length

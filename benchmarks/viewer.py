@@ -2,7 +2,7 @@
 reading the whole log per request.
 
 The log: a training run's ``trajectories.jsonl`` of ``--trajectories`` (default 100,000) records in
-the format :mod:`gymllm.algos.run` writes (ids, step, group, reward, finish reason, 64 token ids,
+the format :mod:`gymllm.train.run` writes (ids, step, group, reward, finish reason, 64 token ids,
 sampled spans, versions, decoded response), about 60 MB.
 
 Per round, a fresh viewer (:class:`gymllm.viewer.ViewerServer`, uvicorn on 127.0.0.1, background

@@ -9,7 +9,7 @@ The public surface is small and imported lazily, so ``import gymllm`` stays chea
 
 As in Gymnasium (``gymnasium.wrappers``, ``gymnasium.utils``), each subpackage and module listed
 in :data:`SUBMODULES` is an attribute of ``gymllm``, imported on first access (module
-``__getattr__``), so ``gymllm.algos.train(...)`` works after a bare ``import gymllm`` and the
+``__getattr__``), so ``gymllm.train.train(...)`` works after a bare ``import gymllm`` and the
 JAX-backed ones (``models``, ``inference``, ``algos``) cost nothing until they are used.
 """
 
@@ -32,7 +32,7 @@ _LAZY = {
 SUBMODULES: tuple[str, ...] = (
     "errors", "types", "atomic", "validation", "telemetry", "ray_support",
     "spaces", "space_text", "core", "vector", "utils", "trajectories", "multiagent", "wrappers", "tools", "registration", "envs",
-    "models", "inference", "rollout", "suites", "algos", "viewer", "cli",
+    "models", "inference", "rollout", "suites", "algos", "train", "viewer", "cli",
 )
 
 __all__ = ["__version__", "SUBMODULES", *_LAZY, *SUBMODULES]

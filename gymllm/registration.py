@@ -40,8 +40,6 @@ __all__ = ["NAMESPACE", "register", "make", "make_vec", "registered_ids", "full_
 NAMESPACE = "gymllm"
 #: an env id in Gymnasium's ``[namespace/](name)[-v(version)]`` form, ending in a version
 _VERSIONED = re.compile(r"^(?:[\w:.-]+/)?[\w:.-]+?-v\d+$")
-_VECTOR_KEYS = ("autoreset_mode", "backend", "max_concurrency", "step_timeout", "on_error", "mp_context", "inline_below_s",
-                "ray_options")
 
 
 def full_id(env_id: str) -> str:
@@ -233,7 +231,9 @@ def make_vec(
         raise ConfigError(explain("gymllm.make_vec(num_envs)", expected="an int >= 1", received=num_envs,
                                   fix="pass num_envs=8"))
     vkw = dict(vector_kwargs or {})
-    for key in _VECTOR_KEYS:
+    import dataclasses
+
+    for key in (f.name for f in dataclasses.fields(VectorEnvConfig)):  # the vector env's own settings
         if key in kwargs:
             vkw[key] = kwargs.pop(key)
     config = VectorEnvConfig(**vkw)

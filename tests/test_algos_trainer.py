@@ -12,9 +12,9 @@ import pytest
 from gymllm.algos import config as C
 from gymllm.algos.learner_config import LearnerConfig
 from gymllm.algos.optim import OptimizerConfig
-from gymllm.algos.trainer import train
+from gymllm.train.trainer import train
 from gymllm.inference.config import EngineConfig
-from gymllm.algos.train_config import EnvSection, ModelSection, RunSection, TrainConfig, preset
+from gymllm.train.train_config import EnvSection, ModelSection, RunSection, TrainConfig, preset
 from gymllm.rollout.config import RolloutConfig
 from gymllm.inference.params import SamplingParams
 from gymllm.errors import ConfigError
@@ -130,8 +130,8 @@ def test_update_is_pushed_before_the_next_steps_groups_are_trained(tmp_path):
 
     from synthetic_groups import StepCounter
 
-    from gymllm.algos.components import RunParts
-    from gymllm.algos.run import Run
+    from gymllm.train.components import RunParts
+    from gymllm.train.run import Run
     from gymllm.types import Group
 
     events: list[tuple] = []

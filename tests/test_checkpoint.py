@@ -14,9 +14,9 @@ from gymllm.algos.checkpoint import Checkpointer
 from gymllm.algos.learner import StreamingLearner
 from gymllm.algos.learner_config import LearnerConfig
 from gymllm.algos.optim import OptimizerConfig
-from gymllm.algos.trainer import train
+from gymllm.train.trainer import train
 from gymllm.inference.config import EngineConfig
-from gymllm.algos.train_config import EnvSection, ModelSection, RunSection, TrainConfig
+from gymllm.train.train_config import EnvSection, ModelSection, RunSection, TrainConfig
 from gymllm.rollout.config import RolloutConfig
 from gymllm.inference.params import SamplingParams
 
@@ -94,7 +94,7 @@ KILL_SCRIPT = """
 import sys
 sys.path.insert(0, {tests!r})
 from test_checkpoint import small_config
-from gymllm.algos.trainer import train
+from gymllm.train.trainer import train
 train(small_config({run_dir!r}, steps=3))
 """
 

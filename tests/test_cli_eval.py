@@ -70,14 +70,14 @@ def test_eval_errors_are_clear(tmp_path, capsys):
 
 def test_eval_plays_the_trained_env_as_the_run_did(tmp_path, monkeypatch):
     """The run's env.agent and env.system_prompt reach the agent for the env it trained on (only that
-    one), and the engine's row length follows the run's engine_max_len."""
+    one), and the engine's row length follows the run's engine.max_len."""
     from gymllm.cli import evaluate
     from gymllm.rollout.agents import ModelAgent, ToolAgent
 
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text(json.dumps({
-        "model": {"name": "tiny-qwen3"}, "rollout": {"engine_max_len": 96},
+        "model": {"name": "tiny-qwen3"}, "engine": {"max_len": 96},
         "env": {"id": "gymllm/ArithmeticTool-v0", "kwargs": {"digits": 1}, "agent": "model",
                 "system_prompt": "Answer in one line."}}))
     seen = {}

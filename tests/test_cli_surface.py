@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from gymllm.algos.train_config import preset
+from gymllm.train.train_config import preset
 from gymllm.cli.train_args import parse_train_args, train_config_from
 from gymllm.cli.main import main
 from gymllm.cli.recipes import RECIPES_DIR, load_recipe

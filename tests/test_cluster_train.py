@@ -25,8 +25,8 @@ import gymllm.ray_support  # noqa: F401  before ray: every node this file starts
 
 pytest.importorskip("ray", reason="the cluster tests need the optional package ray (pip install 'gymllm[ray]')")
 
-from gymllm.algos.train_config import ClusterSection, EnvSection, RunSection, TrainConfig, preset  # noqa: E402
-from gymllm.algos.trainer import train  # noqa: E402
+from gymllm.train.train_config import ClusterSection, EnvSection, RunSection, TrainConfig, preset  # noqa: E402
+from gymllm.train.trainer import train  # noqa: E402
 from gymllm.errors import ConfigError  # noqa: E402
 
 ENGINE = {"engine": 1}
@@ -118,10 +118,10 @@ def test_cluster_section_rejects_bad_input_with_a_fix():
 
 def test_embedded_run_never_imports_ray(tmp_path):
     """backend 'none' builds LocalComponents; the cluster module and Ray stay unloaded."""
-    code = ("import sys, dataclasses; from gymllm.algos.train_config import preset; "
-            "from gymllm.algos.trainer import components_for; "
+    code = ("import sys, dataclasses; from gymllm.train.train_config import preset; "
+            "from gymllm.train.trainer import components_for; "
             "c = components_for(preset('tiny')); "
-            "print(type(c).__name__, 'ray' in sys.modules, 'gymllm.algos.cluster' in sys.modules)")
+            "print(type(c).__name__, 'ray' in sys.modules, 'gymllm.train.cluster' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.stdout.split() == ["LocalComponents", "False", "False"], out.stderr
 
@@ -144,7 +144,7 @@ def test_losing_a_replicas_node_mid_run_loses_nothing(tmp_path, cluster, referen
     recreate it there); the run finishes, no group is trained twice, every live replica ends on the
     final version, and (eta = 0: a retried request keeps its seed) it trains what the in-process run does."""
 
-    from gymllm.algos.cluster import RayComponents
+    from gymllm.train.cluster import RayComponents
 
     steps = 3
     cfg = small_tiny(tmp_path / "run", steps=steps, cluster=ray_cluster(address=cluster.address))
@@ -185,7 +185,7 @@ def test_learner_hosts_hand_off_the_coordinator(cluster):
     """Host 0 picks the address on its node; both hosts join it through jax.distributed."""
     import ray
 
-    from gymllm.algos.cluster import LearnerHost, join_learner_hosts
+    from gymllm.train.cluster import LearnerHost, join_learner_hosts
 
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 

@@ -14,8 +14,8 @@ import sys
 import jax
 import pytest
 
-from gymllm.algos.sft import SFTConfig
-from gymllm.algos.train_config import RunSection
+from gymllm.train.sft import SFTConfig
+from gymllm.train.train_config import RunSection
 from gymllm.errors import ConfigError
 from gymllm.utils.compile_cache import (DEFAULT_DIR, ENV_VAR, JAX_DEFAULTS, STORE_EVERY_PROGRAM, persistent_compile_cache,
                                         resolve_cache_dir)
@@ -34,7 +34,7 @@ def test_settings_name_a_directory_or_off(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("make", [lambda v: RunSection(compile_cache=v),
-                                  lambda v: SFTConfig(data="x.jsonl", compile_cache=v)])
+                                  lambda v: SFTConfig(data="x.jsonl", run=RunSection(compile_cache=v))])
 def test_bad_setting_is_named(make):
     with pytest.raises(ConfigError, match=r"compile_cache: expected .*a str.*received 3\. Fix"):
         make(3)

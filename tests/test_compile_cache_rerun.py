@@ -24,7 +24,7 @@ from gymllm.telemetry.export import load_chrome_trace
 
 
 def _tiny(run_dir, cache, report: bool):
-    from gymllm.algos.train_config import RunSection, preset
+    from gymllm.train.train_config import RunSection, preset
 
     cfg = preset("tiny")
     r = dataclasses.replace
@@ -38,7 +38,7 @@ def _tiny(run_dir, cache, report: bool):
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
-    from gymllm.algos.trainer import train
+    from gymllm.train.trainer import train
 
     tmp = tmp_path_factory.mktemp("rerun")
     cache, logs = tmp / "xla", []

@@ -178,8 +178,8 @@ def test_a_run_whose_setup_fails_leaves_no_log_recording(tmp_path):
     # log left active would record (and write) every later compile of the process
     import dataclasses
 
-    from gymllm.algos.run import Run
-    from gymllm.algos.train_config import preset
+    from gymllm.train.run import Run
+    from gymllm.train.train_config import preset
     from gymllm.telemetry.compiles import active_logs
 
     cfg = preset("tiny")

@@ -55,7 +55,7 @@ def test_learners_resolve_auto():
     from gymllm.algos.learner import StreamingLearner
     from gymllm.algos.learner_config import LearnerConfig
     from gymllm.algos.optim import OptimizerConfig
-    from gymllm.algos.sft_step import SFTLearner
+    from gymllm.train.sft_step import SFTLearner
     from gymllm.models.tiny import make_tiny
 
     lm = make_tiny("qwen3")

@@ -1,6 +1,6 @@
 """One config vocabulary: ``TrainConfig`` is composed of the components' own configs, every field a run
 writes to ``config.json`` is a ``gymllm train`` flag, every flag an error message names exists, recipes
-and ``config.json`` load through the same path (older spellings included), and the shared checks say
+and ``config.json`` load through the same path, and the shared checks say
 what was expected, what was received and how to fix it."""
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import re
 
 import pytest
 
-from gymllm.algos.train_config import (LEGACY_KEYS, TIES, TrainConfig, from_tables, legacy_tables,
-                                       preset)
+from gymllm.train.train_config import TrainConfig, from_tables, preset
 from gymllm.cli.tables import print_table
 from gymllm.inference.config import EngineConfig
 from gymllm.inference.params import SamplingParams
@@ -106,7 +105,7 @@ def _messages() -> list[tuple[str, str]]:
 
 def test_every_flag_an_error_message_names_exists(capsys):
     train = train_flags(preset("default"), capsys) | train_flags(preset("tiny"), capsys) | eval_flags(capsys)
-    sft = _help_flags(__import__("gymllm.algos.sft", fromlist=["SFTConfig"]).SFTConfig, capsys=capsys)
+    sft = _help_flags(__import__("gymllm.train.sft", fromlist=["SFTConfig"]).SFTConfig, capsys=capsys)
     named = []
     for file, text in _messages():
         for flag in FLAG.findall(text):
@@ -125,7 +124,7 @@ def test_every_section_path_an_error_message_names_exists():
     path = re.compile(rf"(?<![\w.-])({sections})\.([a-z_]+)(?![\w(])")
     seen = []
     for file, text in _messages():
-        if not file.startswith(("gymllm/algos/", "gymllm/cli/", "gymllm/rollout/orchestrator")):
+        if not file.startswith(("gymllm/algos/", "gymllm/train/", "gymllm/cli/", "gymllm/rollout/orchestrator")):
             continue
         for section, field in path.findall(text):
             if field in ("py", "jsonl", "json"):  # file names (run.py, trajectories.jsonl)
@@ -135,61 +134,42 @@ def test_every_section_path_an_error_message_names_exists():
     assert "engine.max_len" in seen and "env.num_envs" in seen
 
 
-def test_old_recipe_keys_and_flags_give_todays_config(tmp_path):
+def test_old_spellings_are_refused_with_the_field_names(tmp_path):
+    """No spelling of an older version is translated: an unknown key or flag is an error naming today's."""
     old = tmp_path / "old.toml"
-    old.write_text('preset = "tiny"\n[rollout]\ngroup_size = 4\neta = 0\ntemperature = 0.7\ntop_p = 0.9\n'
-                   'max_tokens = 5\nmax_turns = 2\nengine_slots = 8\nengine_max_len = 96\nprefix_reuse = false\n'
-                   'decode_chunk = 2\nengine_compute_dtype = "float32"\n')
-    new = tmp_path / "new.toml"
-    new.write_text('preset = "tiny"\n[rollout]\ngroup_size = 4\nmax_staleness = 0\nmax_model_calls = 2\n'
-                   '[sampling]\ntemperature = 0.7\ntop_p = 0.9\nmax_tokens = 5\n'
-                   '[engine]\nnum_slots = 8\nmax_len = 96\nprefix_reuse = false\ndecode_chunk = 2\n'
-                   'compute_dtype = "float32"\n')
-    cfg = parse_train_args([str(new)])
-    assert parse_train_args([str(old)]) == cfg
-    assert (cfg.rollout.max_staleness, cfg.rollout.max_model_calls, cfg.sampling.temperature, cfg.engine.num_slots,
-            cfg.engine.max_len, cfg.engine.prefix_reuse, cfg.engine.decode_chunk) == (0, 2, 0.7, 8, 96, False, 2)
-    flags = ["--preset", "tiny", "--rollout.eta", "0", "--rollout.max-tokens=5", "--rollout.max_turns", "2",
-             "--rollout.engine-max-len", "96", "--rollout.no-prefix-reuse", "--rollout.group-size", "4"]
-    todays = ["--preset", "tiny", "--rollout.max-staleness", "0", "--sampling.max-tokens=5", "--rollout.max-model-calls",
-              "2", "--engine.max-len", "96", "--engine.no-prefix-reuse", "--rollout.group-size", "4"]
-    assert parse_train_args(flags) == parse_train_args(todays)
-    assert set(LEGACY_KEYS) >= {"rollout.eta", "rollout.engine_max_len", "rollout.max_tokens"}
+    old.write_text('preset = "tiny"\n[rollout]\neta = 0\n')
+    with pytest.raises(ConfigError, match=r"rollout\.eta.*max_staleness"):
+        parse_train_args([str(old)])
+    with pytest.raises(SystemExit):
+        parse_train_args(["--preset", "tiny", "--rollout.max-tokens", "5"])
 
 
 def test_a_runs_config_json_loads_back_as_its_config(tmp_path):
-    from gymllm.algos.train_config import effective
-
-    cfg = effective(dataclasses.replace(preset("tiny"), run=dataclasses.replace(preset("tiny").run, seed=5)))
+    cfg = dataclasses.replace(preset("tiny"), run=dataclasses.replace(preset("tiny").run, seed=5))
     (tmp_path / "config.json").write_text(cfg.to_json())
     assert parse_train_args([str(tmp_path / "config.json")]) == cfg
     assert from_tables(json.loads(cfg.to_json())) == cfg
-    # a run directory of the previous layout (the mixed rollout section) still loads
-    old = json.loads(cfg.to_json())
-    engine, sampling = old.pop("engine"), old.pop("sampling")
-    old["rollout"] = {"group_size": cfg.rollout.group_size, "max_concurrency": cfg.rollout.max_concurrency,
-                      "eta": cfg.rollout.max_staleness, "temperature": sampling["temperature"], "top_p": 1.0,
-                      "max_tokens": sampling["max_tokens"], "max_turns": 1, "engine_slots": engine["num_slots"],
-                      "engine_max_len": engine["max_len"], "prefix_reuse": True, "decode_chunk": 8,
-                      "group_timeout_s": None, "mode": "async", "engine_compute_dtype": None, "agent_program": "",
-                      "agent_processes": 1, "agent_start_timeout_s": 300.0}
-    (tmp_path / "old.json").write_text(json.dumps(old))
-    assert parse_train_args([str(tmp_path / "old.json")]) == cfg
 
 
-def test_tied_settings_follow_their_source_and_refuse_their_own_flag(tmp_path):
+def test_a_shared_value_has_one_field_and_is_wired_into_each_component():
+    """The run's seed, the learner's groups per step and the sampling temperature are each one field; the
+    group source, the engine and the learner get them as constructor arguments (gymllm.train.wiring)."""
+    from gymllm.train.wiring import engine_config, learner_kwargs
+
+    fields = {f.name for f in dataclasses.fields(RolloutConfig)}
+    assert not fields & {"seed", "groups_per_step"}
+    assert "temperature" not in {f.name for f in dataclasses.fields(preset("tiny").learner)}
     cfg = parse_train_args(["--preset", "tiny", "--run.seed", "7", "--learner.groups-per-step", "2",
                             "--sampling.temperature", "0.5"])
-    assert cfg.rollout.seed == cfg.engine.seed == 7 and cfg.rollout.groups_per_step == 2
-    assert cfg.learner.temperature == 0.5
-    for tied, source in TIES.items():
-        flag = "--" + tied.replace("_", "-")
-        with pytest.raises(ConfigError, match=re.escape("--" + source.replace("_", "-"))):
-            parse_train_args(["--preset", "tiny", flag, "1"])
-    bad = tmp_path / "tied.toml"
-    bad.write_text('preset = "tiny"\n[rollout]\nseed = 3\n')
-    with pytest.raises(ConfigError, match=r"run\.seed"):
-        parse_train_args([str(bad)])
+    assert engine_config(cfg).seed == 7
+    kw = learner_kwargs(cfg)
+    assert kw["temperature"] == 0.5 and kw["config"].groups_per_step == 2
+    assert kw["sample_budget"] == cfg.sampling.max_tokens * cfg.rollout.max_model_calls == cfg.sample_budget
+    assert kw["context_len"] == cfg.engine.max_len and kw["default_staleness"] == cfg.rollout.max_staleness
+    with pytest.raises(ConfigError, match=r"engine\.seed.*--run\.seed"):
+        parse_train_args(["--preset", "tiny", "--engine.seed", "3"])
+    with pytest.raises(SystemExit):  # not a field any more
+        parse_train_args(["--preset", "tiny", "--rollout.seed", "3"])
 
 
 def test_cross_section_checks_name_flags():
@@ -204,18 +184,19 @@ def test_cross_section_checks_name_flags():
 
 
 def test_gymllm_sft_flags_are_sftconfig_fields(tmp_path, capsys):
-    from gymllm.algos.sft import SFTConfig
+    from gymllm.train.sft import SFTConfig
 
     flags = _help_flags(SFTConfig, prog=SFT_PROG, capsys=capsys)
-    assert {"--compile-cache", "--keep-checkpoints", "--data", "--from-run", "--sft.num-steps", "--model.name",
-            "--optimizer.learning-rate", "--lora.rank", "--sharding.data"} <= flags
+    assert {"--run.compile-cache", "--run.keep-checkpoints", "--data", "--from-run", "--learner.num-steps",
+            "--sft.epochs", "--model.name", "--optimizer.learning-rate", "--lora.rank", "--sharding.data"} <= flags
     data = tmp_path / "d.jsonl"
-    cfg = parse_sft_args([str(data), "--keep-checkpoints", "3", "--compile-cache", "off", "--sft.num-steps", "2"])
-    assert (cfg.data, cfg.keep_checkpoints, cfg.compile_cache, cfg.sft.num_steps) == (str(data), 3, "off", 2)
+    cfg = parse_sft_args([str(data), "--run.keep-checkpoints", "3", "--run.compile-cache", "off", "--learner.num-steps",
+                          "2"])
+    assert (cfg.data, cfg.run.keep_checkpoints, cfg.run.compile_cache, cfg.learner.num_steps) == (str(data), 3, "off", 2)
     assert cfg.model.name == "smollm2-135m-instruct" and cfg.optimizer.learning_rate == 2e-5
     assert parse_sft_args(["--from-run", "runs/x", "--min-reward", "0.5"]).from_run == "runs/x"
     with pytest.raises(SystemExit) as e:  # the config's own check, reported by tyro as a usage error
-        parse_sft_args(["--run-dir", str(tmp_path)])
+        parse_sft_args(["--run.run-dir", str(tmp_path)])
     assert e.value.code == 2 and "exactly one of data" in " ".join(capsys.readouterr().err.split())
 
 
@@ -249,7 +230,6 @@ def test_apply_overrides_merges_nested_tables_and_names_unknown_keys():
         apply_overrides(preset("tiny"), {"engine": {"slots": 8}})
     with pytest.raises(ConfigError, match=r"EngineConfig\.num_slots"):
         apply_overrides(preset("tiny"), {"engine": {"num_slots": 0}})
-    assert legacy_tables({"rollout": {"eta": 3, "max_staleness": 1}})["rollout"] == {"max_staleness": 1}
 
 
 def test_tables_are_printed_with_rich_whole_off_a_terminal(capsys):
@@ -265,7 +245,7 @@ def test_tables_are_printed_with_rich_whole_off_a_terminal(capsys):
 
 def test_every_section_flag_the_docs_name_exists(capsys):
     """README.md, ARCHITECTURE.md and docs/ name ``--section.field`` flags of gymllm train and gymllm sft."""
-    from gymllm.algos.sft import SFTConfig
+    from gymllm.train.sft import SFTConfig
 
     known = train_flags(preset("default"), capsys) | _help_flags(SFTConfig, capsys=capsys) | eval_flags(capsys)
     top = ROOT.parent

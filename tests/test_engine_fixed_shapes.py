@@ -281,7 +281,7 @@ def test_a_fixed_engine_compiles_its_listed_programs_and_nothing_more():
 
 
 def test_the_presets_use_the_fixed_set():
-    from gymllm.algos.train_config import preset
+    from gymllm.train.train_config import preset
 
     for name in ("default", "tiny"):
         cfg = preset(name).engine

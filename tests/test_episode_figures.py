@@ -122,7 +122,7 @@ def test_episode_figures_without_game_results_has_no_outcome_keys():
 
 
 def test_training_step_metrics_carry_the_figures_over_every_rollout():
-    from gymllm.algos.step_log import RolloutTally
+    from gymllm.train.step_log import RolloutTally
 
     def episode(seed, steps, invalid, outcome):
         return types.SimpleNamespace(seed=seed, row_index=0, info={"env_steps": steps, "invalid_actions": invalid,

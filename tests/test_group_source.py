@@ -1,4 +1,4 @@
-"""The GroupSource seam: the one training loop (:meth:`gymllm.algos.run.Run.train`) driven by a source
+"""The GroupSource seam: the one training loop (:meth:`gymllm.train.run.Run.train`) driven by a source
 written here (a plain class yielding prepared groups), a source that fails, a source that runs out,
 and the built-in sources' conformance to the protocol."""
 
@@ -12,9 +12,8 @@ import types
 import numpy as np
 import pytest
 
-from gymllm.algos.components import LocalComponents, RunParts
-from gymllm.algos.run import Run
-from gymllm.algos.train_config import effective
+from gymllm.train.components import LocalComponents, RunParts
+from gymllm.train.run import Run
 from gymllm.rollout.agent_programs import AgentProgramSource
 from gymllm.rollout.group_queue import QueueClosed
 from gymllm.rollout.orchestrator import RolloutOrchestrator
@@ -82,7 +81,7 @@ def test_builtin_sources_and_the_test_source_implement_the_protocol():
 def test_a_custom_source_drives_the_loop_to_completion(tmp_path):
     """3 steps of 2 groups from 8 prepared ones: the real learner takes 3 steps, each version is pushed
     to the engine and told to the source, and the 2 groups left are never taken."""
-    cfg = effective(small_config(tmp_path / "run", steps=3))
+    cfg = small_config(tmp_path / "run", steps=3)
     prepared = synthetic_groups(8, seed=5)
     source = PreparedSource(prepared, per_call=2)
 
@@ -108,7 +107,7 @@ def test_a_custom_source_drives_the_loop_to_completion(tmp_path):
 
 def fake_run(tmp_path, steps=3):
     """A Run whose parts are stand-ins (no model): a learner that steps every 2 groups."""
-    run = Run(effective(small_config(tmp_path, steps=steps)))
+    run = Run(small_config(tmp_path, steps=steps))
     run.parts = RunParts(tok=None, learner=StepCounter(2), ckpt=types.SimpleNamespace(latest_step=lambda: None),
                          engine=None, gen_engine=None, envs=None, agent=None, pool=concurrent.futures.ThreadPoolExecutor(1),
                          pusher=types.SimpleNamespace(push=lambda params, version: 0.0))

@@ -207,7 +207,7 @@ def test_gymllm_eval_game_plays_it_and_scores_by_chips(tmp_path):
 
 
 def test_the_recipe_builds_valid_train_and_sft_configs(tmp_path):
-    from gymllm.algos.sft import SFTConfig
+    from gymllm.train.sft import SFTConfig
     from gymllm.cli.train_args import train_config_from
     from gymllm.cli.recipes import load_recipe, sft_config_for, sft_stage_from
     from gymllm.envs.demos import SOLVERS
@@ -223,7 +223,7 @@ def test_the_recipe_builds_valid_train_and_sft_configs(tmp_path):
     assert stage.demo_env in SOLVERS
     sft = sft_config_for(stage, cfg, data="d.jsonl", run_dir=str(tmp_path / "sft"))
     assert isinstance(sft, SFTConfig) and sft.sft.system_prompt == cfg.env.system_prompt
-    assert sft.sft.num_steps == recipe["sft"]["num_steps"]
+    assert sft.learner.num_steps == recipe["sft"]["num_steps"] and sft.sft.epochs == 0
 
 
 @pytest.mark.slow

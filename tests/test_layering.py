@@ -3,7 +3,7 @@
 Every top-level module and subpackage of ``gymllm`` has a rank (``ORDER``; equal ranks share a layer):
 
     errors, types, _lazy, atomic, validation -> telemetry, ray_support -> spaces -> core -> vector -> utils
-    -> trajectories, multiagent, space_text -> wrappers, tools -> envs, registration -> models -> inference -> rollout -> suites -> algos -> viewer -> cli
+    -> trajectories, multiagent, space_text -> wrappers, tools -> envs, registration -> models -> inference -> rollout -> suites -> algos -> train -> viewer -> cli
 
 A module may import its own layer and the layers before it; a module missing from ``ORDER`` fails
 (rank it). ``utils`` (the env and vector-env checkers) sits right after ``vector``, which its vector
@@ -46,6 +46,7 @@ ORDER: list[tuple[str, ...]] = [
     ("rollout",),
     ("suites",),
     ("algos",),
+    ("train",),
     ("viewer",),
     ("cli",),
 ]

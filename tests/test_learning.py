@@ -11,8 +11,8 @@ import dataclasses
 
 import numpy as np
 
-from gymllm.algos.trainer import train
-from gymllm.algos.train_config import preset
+from gymllm.train.trainer import train
+from gymllm.train.train_config import preset
 
 
 def test_tiny_preset_learns_well_above_chance(tmp_path):

@@ -121,7 +121,7 @@ def test_weight_pusher_sends_merged_weights_as_adapters(lm, engine, monkeypatch)
 def test_trainer_lora_run_pushes_adapters_only(tmp_path, monkeypatch):
     from test_algos_trainer import small_config
 
-    from gymllm.algos.trainer import train
+    from gymllm.train.trainer import train
 
     sent = []
     apply = LoraReceiver.apply

@@ -82,7 +82,7 @@ def test_policies_compose_with_opponents_or_say_how_to_fix():
 
 
 def test_policies_is_a_train_flag_and_full_weights_refuse_a_lora_rank(tmp_path):
-    from gymllm.algos.policies import policy_lora
+    from gymllm.train.policies import policy_lora
     from gymllm.cli.train_args import parse_train_args
 
     cfg = parse_train_args(["--preset", "tiny", "--multiagent.policies", MAP])
@@ -101,8 +101,8 @@ def test_policies_is_a_train_flag_and_full_weights_refuse_a_lora_rank(tmp_path):
 def test_policies_need_a_game_and_known_seats():
     import dataclasses
 
-    from gymllm.algos.components import load_model
-    from gymllm.algos.policies import build_policy_set
+    from gymllm.train.components import load_model
+    from gymllm.train.policies import build_policy_set
     from gymllm.cli.train_args import parse_train_args
 
     cfg = parse_train_args(["--preset", "tiny", "--env.id", "test_multiagent_policies:nim", "--env-kwargs", "{}",
@@ -134,7 +134,7 @@ class ScriptEngine:
 
 
 def _source(engines, policies, opponent="self"):
-    from gymllm.algos.policies import PolicySeatSource
+    from gymllm.train.policies import PolicySeatSource
     from gymllm.inference.params import SamplingParams
 
     tok = next(iter(engines.values())).tok
@@ -209,7 +209,7 @@ class CountingLearner:
 
 
 def test_policy_set_routes_each_group_to_its_policy_and_stops_at_num_steps():
-    from gymllm.algos.policies import PolicySet
+    from gymllm.train.policies import PolicySet
     from gymllm.types import Group
 
     def group(k, seat, policy):
@@ -240,12 +240,11 @@ def test_policy_set_routes_each_group_to_its_policy_and_stops_at_num_steps():
 # --- training end to end ---------------------------------------------------------------------------------
 
 def test_two_policies_both_update_differ_and_keep_their_own_versions(tmp_path):
-    from gymllm.algos.policies import PolicySet
-    from gymllm.algos.run import Run
-    from gymllm.algos.train_config import effective
+    from gymllm.train.policies import PolicySet
+    from gymllm.train.run import Run
     from gymllm.cli.train_args import parse_train_args
 
-    cfg = effective(parse_train_args([
+    cfg = (parse_train_args([
         "--preset", "tiny", "--env.id", "test_multiagent_policies:nim", "--env-kwargs", "{}", "--run-dir", str(tmp_path),
         "--rollout.group-size", "2", "--env.num-envs", "2", "--rollout.max-model-calls", "2", "--sampling.max-tokens",
         "4", "--learner.groups-per-step", "1", "--learner.num-steps", "2", "--engine.max-len", "192",
@@ -318,7 +317,7 @@ def test_full_weight_policies_checkpoint_and_resume_each_policy(tmp_path):
     import orbax.checkpoint as ocp
 
     from gymllm.algos.checkpoint import Checkpointer
-    from gymllm.algos.trainer import train
+    from gymllm.train.trainer import train
     from gymllm.cli.train_args import parse_train_args
 
     def cfg(steps):
@@ -349,7 +348,7 @@ def test_several_policies_are_refused_on_ray_and_their_checkpoint_says_so_when_l
 
     import orbax.checkpoint as ocp
 
-    from gymllm.algos.train_config import ClusterSection, preset
+    from gymllm.train.train_config import ClusterSection, preset
     from gymllm.models.trained import restore_trained
 
     base = preset("tiny")

@@ -215,7 +215,7 @@ def test_role_ema_advantages_match_a_hand_computation():
 
 
 def test_role_ema_baseline_sets_the_learners_estimator_and_the_groups_carry_their_role():
-    from gymllm.algos.config_map import learner_loss
+    from gymllm.train.wiring import learner_loss
     from gymllm.cli.train_args import parse_train_args
 
     cfg = parse_train_args(["--preset", "tiny", "--multiagent.baseline", "role_ema", "--multiagent.baseline-decay", "0.8"])
@@ -225,7 +225,7 @@ def test_role_ema_baseline_sets_the_learners_estimator_and_the_groups_carry_thei
     src = _source(ScriptEngine(), MultiAgentSection(baseline="role_ema"))  # no longer refused
     assert src.config.baseline == "role_ema"
     from gymllm.algos.config import ShapingConfig
-    from gymllm.algos.resume import make_group_filter
+    from gymllm.train.resume import make_group_filter
     from gymllm.types import Group, Trajectory
 
     filtering = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, shaping=ShapingConfig(filter_zero_variance=True)))
@@ -278,7 +278,7 @@ def test_registered_tic_tac_toe_is_a_game_and_plays_against_random():
 # --- training end to end --------------------------------------------------------------------------------
 
 def test_self_play_trains_a_pettingzoo_factory_from_the_command_line(tmp_path):
-    from gymllm.algos.trainer import train
+    from gymllm.train.trainer import train
     from gymllm.cli.train_args import parse_train_args
 
     cfg = parse_train_args(["--preset", "tiny", "--env.id", "test_multiagent_seats:race", "--env-kwargs", "{}", "--run-dir", str(tmp_path),
@@ -350,11 +350,10 @@ def test_frozen_opponent_seats_are_played_by_the_opponent_engine_and_refresh_on_
 
 @pytest.mark.slow  # ~35 s on a shared 2-core machine: three tiny steps with two engines
 def test_frozen_opponent_trains_and_its_weights_change_only_at_a_refresh(tmp_path):
-    from gymllm.algos.run import Run
-    from gymllm.algos.train_config import effective
+    from gymllm.train.run import Run
     from gymllm.cli.train_args import parse_train_args
 
-    cfg = effective(parse_train_args([
+    cfg = (parse_train_args([
         "--preset", "tiny", "--env.id", "test_multiagent_seats:race", "--env-kwargs", "{}", "--run-dir", str(tmp_path),
         "--rollout.group-size", "2", "--env.num-envs", "2", "--rollout.max-model-calls", "2", "--sampling.max-tokens",
         "4", "--learner.groups-per-step", "1", "--learner.num-steps", "3", "--engine.max-len", "192",

@@ -1,6 +1,6 @@
 """One policy of a several-policy checkpoint (``--multiagent.policies``), named ``RUN#NAME``: the
 checkpoint is written by the run's own writer (:class:`~gymllm.algos.checkpoint.Checkpointer` saving a
-:class:`~gymllm.algos.policies.PolicySet` built from a training config, with each policy's trained
+:class:`~gymllm.train.policies.PolicySet` built from a training config, with each policy's trained
 arrays moved apart), then read back through the paths the commands take: ``gymllm.models.load``,
 ``gymllm eval env ENV --model.checkpoint``'s loader, a ``run:RUN#NAME`` opponent's engine and ``gymllm eval game``,
 which enters every policy of a bare ``RUN`` as its own player."""
@@ -21,10 +21,9 @@ MAP = '{"player_1": "a", "player_2": "b"}'
 
 
 def _cfg(run_dir, *extra):
-    from gymllm.algos.train_config import effective
     from gymllm.cli.train_args import parse_train_args
 
-    return effective(parse_train_args(["--preset", "tiny", "--env.id", "tic-tac-toe", "--env-kwargs", "{}",
+    return (parse_train_args(["--preset", "tiny", "--env.id", "tic-tac-toe", "--env-kwargs", "{}",
                                        "--run-dir", str(run_dir), "--engine.max-len", "256", *extra]))
 
 
@@ -35,8 +34,8 @@ def _save_policies(run_dir, weights: str):
     import jax.numpy as jnp
 
     from gymllm.algos.checkpoint import Checkpointer
-    from gymllm.algos.components import load_model
-    from gymllm.algos.policies import build_policy_set, policy_lora
+    from gymllm.train.components import load_model
+    from gymllm.train.policies import build_policy_set, policy_lora
     from gymllm.models.lora import merge
 
     cfg = _cfg(run_dir, "--multiagent.policies", MAP, "--multiagent.policy-weights", weights)
@@ -121,8 +120,8 @@ def test_full_weight_policies_load_their_own_full_weights(tmp_path):
 def test_bare_unknown_and_misplaced_policy_names_say_what_would_load(lora_run, tmp_path):
     from gymllm import models
     from gymllm.algos.checkpoint import Checkpointer
-    from gymllm.algos.components import load_model
-    from gymllm.algos.policies import build_policy_set
+    from gymllm.train.components import load_model
+    from gymllm.train.policies import build_policy_set
     import orbax.checkpoint as ocp
 
     from gymllm.models.trained import checkpoint_policies, policy_refs, restore_trained
@@ -162,7 +161,7 @@ def test_a_run_opponent_names_one_policy_and_plays_with_its_weights(lora_run, tm
     import jax.numpy as jnp
 
     from gymllm import models
-    from gymllm.algos.opponents import FrozenOpponent
+    from gymllm.train.opponents import FrozenOpponent
     from gymllm.inference.params import SamplingParams
     from gymllm.models.transformer import Transformer
 
@@ -266,7 +265,7 @@ def test_env_eval_of_a_bare_policies_run_names_the_policy_forms(lora_run, capsys
 @pytest.mark.slow  # a tiny two-policy training run, then an env eval of one policy (~60 s on a shared 2-core machine)
 def test_a_trained_policies_run_loads_each_policy_as_its_learner_left_it(tmp_path):
     from gymllm import models
-    from gymllm.algos.run import Run
+    from gymllm.train.run import Run
     from gymllm.cli.evaluate import run_eval
     from gymllm.inference.params import SamplingParams
     from gymllm.rollout.evaluation import EvalConfig

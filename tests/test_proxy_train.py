@@ -15,10 +15,10 @@ import httpx
 import numpy as np
 import pytest
 
-from gymllm.algos.components import LocalComponents
-from gymllm.algos.train_config import RunSection, preset
+from gymllm.train.components import LocalComponents
+from gymllm.train.train_config import RunSection, preset
 from gymllm.rollout.config import RolloutConfig
-from gymllm.algos.trainer import train
+from gymllm.train.trainer import train
 from gymllm.errors import ConfigError
 from gymllm.rollout.agent_programs import AgentProgramError
 

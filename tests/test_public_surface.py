@@ -71,7 +71,8 @@ def test_checkers_vector_wrappers_envs_work_from_a_bare_import():
 
 
 def test_jax_backed_subpackages_resolve_their_names():
-    assert isinstance(gymllm.algos.preset("tiny"), gymllm.algos.TrainConfig)  # imports JAX on use
+    assert isinstance(gymllm.train.preset("tiny"), gymllm.train.TrainConfig)  # imports JAX on use
+    assert gymllm.algos.StreamingLearner.__module__ == "gymllm.algos.learner"
     assert gymllm.inference.SamplingParams(temperature=0.5).temperature == 0.5
     assert gymllm.models.tiny_config("llama").vocab_size > 0
     assert gymllm.rollout.RolloutConfig().__class__.__module__.startswith("gymllm.rollout.")

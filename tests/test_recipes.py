@@ -20,7 +20,7 @@ RECIPES = sorted(p.stem for p in EXAMPLES_DIR.glob("*.toml"))
 
 
 def _config(name: str, run_dir: pathlib.Path):
-    from gymllm.algos.train_config import preset
+    from gymllm.train.train_config import preset
 
     overrides = load_recipe(name)
     assert overrides.pop("description", "").strip(), f"{name}: document what reward to expect"
@@ -54,7 +54,7 @@ SELF_PLAY = ("tictactoe_selfplay", "kuhn_poker_selfplay")
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SELF_PLAY else n
                                   for n in RECIPES])
 def test_recipe_trains_a_couple_of_steps(name, tmp_path):
-    from gymllm.algos.trainer import train
+    from gymllm.train.trainer import train
 
     result = train(_config(name, tmp_path))
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
@@ -71,7 +71,7 @@ STAGED = ("tictactoe", "calc_math", "frozenlake", "tictactoe_selfplay", "kuhn_po
 
 @pytest.mark.parametrize("name", STAGED)
 def test_staged_recipe_sft_table_builds_a_valid_sft_config(name, tmp_path):
-    from gymllm.algos.sft import SFTConfig
+    from gymllm.train.sft import SFTConfig
     from gymllm.cli.train_args import train_config_from
     from gymllm.envs.demos import SOLVERS
 
@@ -82,14 +82,14 @@ def test_staged_recipe_sft_table_builds_a_valid_sft_config(name, tmp_path):
     sft = sft_config_for(stage, cfg, data="d.jsonl", run_dir=str(tmp_path / "sft"))
     assert isinstance(sft, SFTConfig) and sft.model.name == cfg.model.name and sft.data == "d.jsonl"
     if "num_steps" in table:
-        assert sft.sft.num_steps == table["num_steps"]
+        assert sft.learner.num_steps == table["num_steps"] and sft.sft.epochs == 0
     if "learning_rate" in table:
         assert sft.optimizer.learning_rate == table["learning_rate"]
     assert sft.sft.system_prompt == cfg.env.system_prompt
 
 
 def test_sft_table_bad_keys_are_named():
-    from gymllm.algos.train_config import preset
+    from gymllm.train.train_config import preset
 
     cfg = preset("tiny")
     with pytest.raises(ConfigError, match="sft.num_stepz"):
@@ -115,9 +115,11 @@ num_envs = 4
 [rollout]
 group_size = 2
 max_concurrency = 4
-engine_slots = 4
+[engine]
+num_slots = 4
+max_len = 256
+[sampling]
 max_tokens = 8
-engine_max_len = 256
 [learner]
 groups_per_step = 2
 num_steps = 2
@@ -130,6 +132,7 @@ report = false
 checkpoint_every = 0
 [sft]
 demos = 8
+epochs = 0
 num_steps = 3
 batch_size = 4
 micro_batch_size = 4
@@ -168,7 +171,7 @@ def test_staged_recipe_runs_demos_sft_grpo_through_the_cli_and_skips_on_rerun(tm
 
 
 def test_given_checkpoint_skips_the_stages(tmp_path):
-    from gymllm.algos.train_config import preset
+    from gymllm.train.train_config import preset
     from gymllm.cli.commands import run_stages
     import dataclasses
 

@@ -86,12 +86,12 @@ def test_config_rejects_bad_values_clearly(kw, field):
 
 
 def test_rollout_config_derives_the_law_and_validates():
-    cfg = RolloutConfig(group_size=4, max_concurrency=64, groups_per_step=8, queue_size=16)
-    c = cfg.concurrency_config(num_envs=48)
+    cfg = RolloutConfig(group_size=4, max_concurrency=64, queue_size=16)
+    c = cfg.concurrency_config(num_envs=48, groups_per_step=8)
     assert (c.max_limit, c.min_limit, c.start, c.increase, c.decrease, c.target_queue_depth) == (48, 4, None, 4, 4, 8)
-    assert RolloutConfig(groups_per_step=8, queue_size=8).concurrency_config(64).target_queue_depth == 7
+    assert RolloutConfig(queue_size=8).concurrency_config(64, 8).target_queue_depth == 7
     c = RolloutConfig(group_size=2, max_concurrency=8, concurrency_start=20 // 4, min_concurrency=3,
-                      concurrency_step=1, target_queue_depth=0).concurrency_config(4)
+                      concurrency_step=1, target_queue_depth=0).concurrency_config(4, 8)
     assert (c.max_limit, c.min_limit, c.start, c.increase, c.target_queue_depth) == (4, 3, 4, 1, 0)
     with pytest.raises(ConfigError, match="concurrency_start"):
         RolloutConfig(max_concurrency=8, concurrency_start=9)
@@ -179,11 +179,11 @@ def orchestrator(**kw):
 
     cfg = RolloutConfig(**{"group_size": 2, "max_concurrency": 8, "max_staleness": None, "queue_size": 8,
                            "concurrency_start": 2, "min_concurrency": 2, "concurrency_step": 2,
-                           "target_queue_depth": 1, "seed": 3, **kw})
+                           "target_queue_depth": 1, **kw})
     eng = HeldEngine()
     envs = [TinyRepeatEnv(num_letters=2) for _ in range(8)]  # instant, single-turn episodes
     orch = RolloutOrchestrator(envs, eng, ModelAgent(tiny_tokenizer(512)),
-                               sampling=SamplingParams(temperature=1.0, max_tokens=4), config=cfg)
+                               sampling=SamplingParams(temperature=1.0, max_tokens=4), config=cfg, seed=3)
     return orch, eng
 
 

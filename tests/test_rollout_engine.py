@@ -45,11 +45,11 @@ def test_eta_zero_orchestrator_matches_sync_baseline_and_trainer_logprobs_on_a_r
     lm = loaded()
     agent = ModelAgent(lm.tokenizer)
     B, n = 2, 4
-    cfg = RolloutConfig(group_size=2, max_concurrency=8, num_groups=n, groups_per_step=B, max_staleness=0, seed=7)
+    cfg = RolloutConfig(group_size=2, max_concurrency=8, num_groups=n, max_staleness=0)
 
     async def streamed():
         eng = engine()
-        orch = RolloutOrchestrator(envs(4), eng, agent, sampling=SAMPLING, config=cfg)
+        orch = RolloutOrchestrator(envs(4), eng, agent, sampling=SAMPLING, config=cfg, seed=7, groups_per_step=B)
         out, step = [], 0
         try:
             async with orch:
@@ -68,7 +68,7 @@ def test_eta_zero_orchestrator_matches_sync_baseline_and_trainer_logprobs_on_a_r
     async def synced():
         eng = engine()
         try:
-            return await sync_rollout(envs(4), eng, agent, sampling=SAMPLING, config=cfg)
+            return await sync_rollout(envs(4), eng, agent, sampling=SAMPLING, config=cfg, seed=7, batch_groups=B)
         finally:
             await eng.close()
 

@@ -97,8 +97,8 @@ async def consume_all(orch, timeout=20.0):
 def test_groups_complete_consistent_and_aligned_under_heavy_tailed_latency():
     t = tok()
     eng = ScriptedEngine()
-    cfg = RolloutConfig(group_size=4, max_concurrency=8, num_groups=6, max_staleness=None, seed=11)
-    orch = RolloutOrchestrator(latency_envs(8), eng, ModelAgent(t), sampling=SAMPLING, config=cfg)
+    cfg = RolloutConfig(group_size=4, max_concurrency=8, num_groups=6, max_staleness=None)
+    orch = RolloutOrchestrator(latency_envs(8), eng, ModelAgent(t), sampling=SAMPLING, config=cfg, seed=11)
     groups = asyncio.run(consume_all(orch))
     assert sorted(g.group_id for g in groups) == [f"g{k}" for k in range(6)]
     seen = set()
@@ -132,9 +132,8 @@ def test_groups_complete_consistent_and_aligned_under_heavy_tailed_latency():
 def _learner_run(eta, B, n_groups, *, envs, engine, seed=5, learner_sleep=0.0, record=None):
     """Consume groups B at a time, pushing a new weights version after each step."""
     t = tok()
-    cfg = RolloutConfig(group_size=2, max_concurrency=8, num_groups=n_groups, max_staleness=eta,
-                        groups_per_step=B, seed=seed, queue_size=2)
-    orch = RolloutOrchestrator(envs, engine, ModelAgent(t), sampling=SAMPLING, config=cfg)
+    cfg = RolloutConfig(group_size=2, max_concurrency=8, num_groups=n_groups, max_staleness=eta, queue_size=2)
+    orch = RolloutOrchestrator(envs, engine, ModelAgent(t), sampling=SAMPLING, config=cfg, seed=seed, groups_per_step=B)
     sc = orch.staleness
     admit = sc.admit
     loads = []
@@ -177,13 +176,13 @@ def test_runs_over_the_barrier_free_vector_env_like_over_a_list_of_envs():
     kw = {"median_s": 0.002, "p99_s": 0.03, "episode_length": 3}
     vec = gymllm.make_vec("gymllm/AsyncLatency-v0", num_envs=4, **kw)
     try:
-        cfg = RolloutConfig(group_size=2, max_concurrency=4, num_groups=4, max_staleness=None, seed=1)
+        cfg = RolloutConfig(group_size=2, max_concurrency=4, num_groups=4, max_staleness=None)
         a = asyncio.run(consume_all(RolloutOrchestrator(vec, ScriptedEngine(), ModelAgent(tok()), sampling=SAMPLING,
-                                                        config=cfg)))
+                                                        config=cfg, seed=1)))
     finally:
         vec.close()
     b = asyncio.run(consume_all(RolloutOrchestrator(latency_envs(4), ScriptedEngine(), ModelAgent(tok()),
-                                                    sampling=SAMPLING, config=cfg)))
+                                                    sampling=SAMPLING, config=cfg, seed=1)))
     a, b = sorted(a, key=lambda g: g.group_id), sorted(b, key=lambda g: g.group_id)
     assert [g.group_id for g in a] == [g.group_id for g in b] == ["g0", "g1", "g2", "g3"]
     for ga, gb in zip(a, b):
@@ -218,9 +217,9 @@ def test_eta_zero_streaming_reproduces_the_synchronous_baseline_exactly():
         eng.update_weights(None, step[0])
 
     t = tok()
-    cfg = RolloutConfig(group_size=2, num_groups=n, groups_per_step=B, max_staleness=0, seed=3)
-    ref = asyncio.run(sync_rollout(latency_envs(4), eng, ModelAgent(t), sampling=SAMPLING, config=cfg,
-                                   on_batch=on_batch))
+    cfg = RolloutConfig(group_size=2, num_groups=n, max_staleness=0)
+    ref = asyncio.run(sync_rollout(latency_envs(4), eng, ModelAgent(t), sampling=SAMPLING, config=cfg, seed=3,
+                                   batch_groups=B, on_batch=on_batch))
     assert len(got) == len(ref) == n
     by_id = {g.group_id: g for g in got}
     for r in ref:
@@ -239,9 +238,9 @@ def test_eta_zero_streaming_reproduces_the_synchronous_baseline_exactly():
 
 def test_no_deadlock_when_every_group_is_filtered():
     t = tok()
-    cfg = RolloutConfig(group_size=2, max_concurrency=4, num_groups=8, max_staleness=0, groups_per_step=2)
+    cfg = RolloutConfig(group_size=2, max_concurrency=4, num_groups=8, max_staleness=0)
     orch = RolloutOrchestrator(latency_envs(4), ScriptedEngine(), ModelAgent(t), sampling=SAMPLING, config=cfg,
-                               group_filter=lambda g: False)
+                               groups_per_step=2, group_filter=lambda g: False)
     groups = asyncio.run(consume_all(orch, timeout=20.0))  # no version bump ever happens
     assert groups == [] and orch.stats()["filtered"] == 8
 
@@ -272,9 +271,8 @@ class HangOrFailEnv(TextEnv):
 def test_a_hanging_tool_times_out_its_group_and_the_run_finishes():
     t = tok()
     envs = [HangOrFailEnv(hang_seeds={2}) for _ in range(6)]
-    cfg = RolloutConfig(group_size=2, max_concurrency=6, num_groups=5, max_staleness=0, groups_per_step=5,
-                        group_timeout_s=0.3)
-    orch = RolloutOrchestrator(envs, ScriptedEngine(), ModelAgent(t), sampling=SAMPLING, config=cfg)
+    cfg = RolloutConfig(group_size=2, max_concurrency=6, num_groups=5, max_staleness=0, group_timeout_s=0.3)
+    orch = RolloutOrchestrator(envs, ScriptedEngine(), ModelAgent(t), sampling=SAMPLING, config=cfg, groups_per_step=5)
     t0 = time.perf_counter()
     groups = asyncio.run(consume_all(orch, timeout=20.0))
     assert time.perf_counter() - t0 < 10
@@ -527,9 +525,9 @@ def test_group_integrity_and_failure_semantics_under_random_schedules(G, conc, n
     HangOrFailEnv.attempts.clear()
     fail_seeds = {seed + f for f in fail}
     envs = [HangOrFailEnv(fail_seeds=fail_seeds, fail_times=1) for _ in range(max(conc, G))]
-    cfg = RolloutConfig(group_size=G, max_concurrency=conc, num_groups=n, max_staleness=None, seed=seed,
-                        max_group_retries=retries)
-    orch = RolloutOrchestrator(envs, ScriptedEngine(delay_s=0.001), ModelAgent(tok()), sampling=SAMPLING, config=cfg)
+    cfg = RolloutConfig(group_size=G, max_concurrency=conc, num_groups=n, max_staleness=None, max_group_retries=retries)
+    orch = RolloutOrchestrator(envs, ScriptedEngine(delay_s=0.001), ModelAgent(tok()), sampling=SAMPLING, config=cfg,
+                               seed=seed)
     groups = asyncio.run(consume_all(orch))
     s = orch.stats()
     ids = [tr.trajectory_id for g in groups for tr in g.trajectories]

@@ -16,13 +16,13 @@ import pathlib
 import numpy as np
 import pytest
 
-from gymllm.algos.run import Run
-from gymllm.algos.components import LocalComponents
-from gymllm.algos.step_log import RolloutTally
-from gymllm.algos.heldout import check_heldout_seeds, training_seed_bound
-from gymllm.algos.trainer import train
+from gymllm.train.run import Run
+from gymllm.train.components import LocalComponents
+from gymllm.train.step_log import RolloutTally
+from gymllm.train.heldout import check_heldout_seeds, training_seed_bound
+from gymllm.train.trainer import train
 from gymllm.inference.config import EngineConfig
-from gymllm.algos.train_config import EvalSection, EnvSection, effective
+from gymllm.train.train_config import EvalSection, EnvSection
 from gymllm.rollout.config import RolloutConfig
 from gymllm.inference.params import SamplingParams
 from gymllm.errors import ConfigError
@@ -36,12 +36,12 @@ ENV = "gymllm/TinyRepeat-v0"
 
 
 def run_directly(cfg, components=None) -> Run:
-    """Run.setup / run_async (or run_sync) / close, as ``train`` does, keeping the Run to inspect."""
+    """Run.setup / train / close, as ``train`` does, keeping the Run to inspect."""
     async def go() -> Run:
-        run = Run(effective(cfg))
+        run = Run(cfg)
         run.setup(components or LocalComponents())
         try:
-            await (run.run_sync() if cfg.rollout.mode == "sync" else run.run_async())
+            await run.train()
         finally:
             await run.close()
         return run
@@ -131,7 +131,7 @@ def test_profile_steps_are_validated():
     for bad in ("3", "5:2", "a:b", "0:1"):
         with pytest.raises(ConfigError, match="profile_steps"):
             parse_step_window(bad)
-    from gymllm.algos.train_config import RunSection
+    from gymllm.train.train_config import RunSection
 
     with pytest.raises(ConfigError, match="run.profile_steps"):
         RunSection(profile_steps="5:2")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gymllm.algos.train_config import EvalSection
+from gymllm.train.train_config import EvalSection
 from gymllm.rollout.evaluation import EvalConfig
 from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 

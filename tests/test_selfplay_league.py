@@ -11,7 +11,7 @@ import types
 import numpy as np
 import pytest
 
-from gymllm.algos.opponents import FrozenOpponent, League
+from gymllm.train.opponents import FrozenOpponent, League
 from gymllm.errors import ConfigError
 from gymllm.inference.completion import Completion
 from gymllm.rollout.seat_source import MultiAgentSection
@@ -131,11 +131,10 @@ def test_the_learning_curve_rows_are_the_games_gymllm_eval_game_plays(tmp_path):
 
 @pytest.mark.slow  # ~1 min on a shared 2-core machine: a tiny model, two engines, an evaluation per step
 def test_a_league_run_logs_its_learning_curve(tmp_path):
-    from gymllm.algos.run import Run
-    from gymllm.algos.train_config import effective
+    from gymllm.train.run import Run
     from gymllm.cli.train_args import parse_train_args
 
-    cfg = effective(parse_train_args([
+    cfg = (parse_train_args([
         "--preset", "tiny", "--env.id", "tic-tac-toe", "--env-kwargs", '{"max_invalid": 1}', "--run-dir", str(tmp_path),
         "--rollout.group-size", "2", "--env.num-envs", "2", "--rollout.max-model-calls", "5", "--sampling.max-tokens",
         "4", "--learner.groups-per-step", "1", "--learner.num-steps", "3", "--engine.max-len", "768",
@@ -195,7 +194,7 @@ def test_a_conversation_past_the_context_errors_or_plays_random_moves_as_trainin
 def test_the_run_summary_names_a_games_learning_curve():
     import pathlib
 
-    from gymllm.algos.trainer import TrainResult
+    from gymllm.train.trainer import TrainResult
 
     rows = [{"step": 0, "opponent": "random", "games": 16, "win_or_draw": 0.75, "reward": 0.5},
             {"step": 3, "opponent": "random", "games": 16, "win_or_draw": 0.875, "reward": 0.625}]

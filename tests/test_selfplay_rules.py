@@ -182,7 +182,7 @@ def always_crashes(observation, agent):
 def test_training_goes_on_against_a_crashing_seat_and_records_it(tmp_path):
     import json
 
-    from gymllm.algos.trainer import train
+    from gymllm.train.trainer import train
     from gymllm.cli.train_args import parse_train_args
 
     cfg = parse_train_args(["--preset", "tiny", "--env.id", "test_selfplay_rules:pile", "--env-kwargs", "{}",
@@ -202,19 +202,18 @@ def test_training_goes_on_against_a_crashing_seat_and_records_it(tmp_path):
 # --- a trained checkpoint as the opponent (--multiagent.opponent run:DIR) ---------------------------------
 
 def _weights_hash(flat) -> str:
-    from gymllm.algos.opponents import FrozenOpponent
+    from gymllm.train.opponents import FrozenOpponent
 
     return FrozenOpponent(None, None, None, version=0, flat=dict(flat)).weights_hash()
 
 
 def _run(args, on_step):
-    from gymllm.algos.run import Run
-    from gymllm.algos.train_config import effective
+    from gymllm.train.run import Run
     from gymllm.cli.train_args import parse_train_args
 
-    run = Run(effective(parse_train_args(args)), on_step=[lambda record: on_step(run, record)])
+    run = Run(parse_train_args(args), on_step=[lambda record: on_step(run, record)])
 
-    async def go():  # as gymllm.algos.trainer.train runs it: the run saves its checkpoint at its end
+    async def go():  # as gymllm.train.trainer.train runs it: the run saves its checkpoint at its end
         run.setup()
         try:
             await run.train()
@@ -230,8 +229,7 @@ def _run(args, on_step):
 def test_a_run_dir_opponent_serves_the_saved_weights_and_the_games_complete(tmp_path):
     import json
 
-    from gymllm.algos.components import load_model
-    from gymllm.algos.train_config import effective
+    from gymllm.train.components import load_model
     from gymllm.cli.train_args import parse_train_args
 
     # illegal replies become random legal moves, so the G games of a seed differ and every group has a
@@ -244,7 +242,7 @@ def test_a_run_dir_opponent_serves_the_saved_weights_and_the_games_complete(tmp_
     trained = {}
     _run(common + ["--run-dir", str(first), "--learner.num-steps", "1", "--multiagent.opponent", "random"],
          lambda run, rec: trained.update(h=_weights_hash(run.parts.learner.policy_params())))
-    base = load_model(effective(parse_train_args(common)).model)  # the preset's weights before training
+    base = load_model((parse_train_args(common)).model)  # the preset's weights before training
     assert trained["h"] != _weights_hash(base.model.flat_params())  # the first run's step changed its weights
 
     seen = []

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 from gymllm.algos.optim import OptimizerConfig
-from gymllm.algos.sft import SFTConfig, SFTSection, run_sft, step_indices
-from gymllm.algos.sft_data import SFTDataError, render_conversation, rows_from_jsonl, rows_from_run
-from gymllm.algos.sft_step import masked_nll, sft_loss
-from gymllm.algos.train_config import ModelSection
+from gymllm.train.sft import SFTConfig, SFTSection, run_sft, step_indices
+from gymllm.train.sft_data import SFTDataError, render_conversation, rows_from_jsonl, rows_from_run
+from gymllm.train.sft_step import masked_nll, sft_loss
+from gymllm.algos.learner_config import LearnerConfig
+from gymllm.train.train_config import ModelSection, RunSection
 from gymllm.models import make_tiny
 
 MODEL = ModelSection(name="tiny-qwen3", vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1)
@@ -125,12 +126,13 @@ def test_data_order_is_deterministic_and_covers_each_epoch():
     assert first != [i for k in range(5) for i in step_indices(20, 4, k, seed=4)]
 
 
-def memo_config(tmp_path, name="memo", steps=60, **kw):
+def memo_config(tmp_path, name="memo", steps=60, **run_kw):
     return SFTConfig(data=str(write_jsonl(tmp_path / "memo.jsonl", memo_records())), model=MODEL,
                      optimizer=OptimizerConfig(learning_rate=1e-2),
-                     sft=SFTSection(num_steps=steps, batch_size=20, micro_batch_size=20, max_len=64, min_bucket=64,
-                                    fast_compile=True),
-                     run_dir=str(tmp_path / name), console=False, **kw)
+                     learner=LearnerConfig(num_steps=steps, micro_batch_size=20, max_len=64, min_bucket=64,
+                                           fast_compile=True),
+                     sft=SFTSection(epochs=0, batch_size=20),
+                     run=RunSection(run_dir=str(tmp_path / name), console=False, **run_kw))
 
 
 def greedy(lm, prompts, max_tokens=8):
@@ -158,7 +160,7 @@ def test_sft_memorizes_20_examples_and_greedy_decoding_reproduces_them(tmp_path)
     assert res.losses[0] > 3.0 and res.final_loss < 0.02, res.losses[::10]
     lm = tiny_lm()
     tok = lm.tokenizer
-    trained = dataclasses.replace(lm, model=apply_trained(lm.model, cfg.run_dir))  # what eval reads
+    trained = dataclasses.replace(lm, model=apply_trained(lm.model, cfg.run.run_dir))  # what eval reads
     prompts = [tok.apply_chat_template(r["messages"][:1], add_generation_prompt=True, tokenize=True)
                for r in memo_records()]
     outs = greedy(trained, prompts)
@@ -193,13 +195,13 @@ def test_resume_continues_at_the_saved_step(tmp_path):
 
 def test_warm_start_gives_the_learner_the_sft_weights(tmp_path):
     from gymllm.models.trained import restore_trained
-    from gymllm.algos.components import LocalComponents, load_model
-    from gymllm.algos.train_config import TrainConfig, effective, preset
+    from gymllm.train.components import LocalComponents, load_model
+    from gymllm.train.train_config import TrainConfig, preset
 
     run_sft(memo_config(tmp_path, "sft", steps=2))
     sft_weights, _ = restore_trained(tmp_path / "sft")
     base = preset("tiny")
-    cfg = effective(dataclasses.replace(base, model=dataclasses.replace(MODEL, checkpoint=str(tmp_path / "sft"))))
+    cfg = dataclasses.replace(base, model=dataclasses.replace(MODEL, checkpoint=str(tmp_path / "sft")))
     learner = LocalComponents().make_learner(cfg, load_model(cfg.model))
     assert set(learner.trainable) == set(sft_weights)
     for k, v in sft_weights.items():
@@ -216,13 +218,13 @@ def test_lora_sft_run_reads_back_merged(tmp_path):
 
     memo = memo_config(tmp_path, "lora", steps=2)
     cfg = dataclasses.replace(memo, lora=LoRAConfig(rank=2, targets=("wq", "wv")),
-                              sft=dataclasses.replace(memo.sft, compute_dtype="bfloat16"))  # mixed precision too
+                              learner=dataclasses.replace(memo.learner, compute_dtype="bfloat16"))  # mixed precision too
     res = run_sft(cfg)
     assert res.step == 2 and res.losses[1] < res.losses[0]
     with pytest.raises(ConfigError, match="fresh run_dir"):  # a finished run is not silently overwritten
-        run_sft(dataclasses.replace(cfg, resume=False))
+        run_sft(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, resume=False)))
     lm = tiny_lm()
-    merged = apply_trained(lm.model, cfg.run_dir).flat_params()  # lora read from config.json
+    merged = apply_trained(lm.model, cfg.run.run_dir).flat_params()  # lora read from config.json
     base = lm.model.flat_params()
     assert not np.allclose(merged["layers.wq"], base["layers.wq"])
     np.testing.assert_array_equal(merged["layers.wk"], base["layers.wk"])
@@ -231,7 +233,7 @@ def test_lora_sft_run_reads_back_merged(tmp_path):
 def small_train_config(run_dir):
     from gymllm.algos import config as C
     from gymllm.algos.learner_config import LearnerConfig
-    from gymllm.algos.train_config import EnvSection, RunSection, TrainConfig
+    from gymllm.train.train_config import EnvSection, RunSection, TrainConfig
     from gymllm.inference.config import EngineConfig
     from gymllm.rollout.config import RolloutConfig
     from gymllm.inference.params import SamplingParams
@@ -249,7 +251,7 @@ def small_train_config(run_dir):
 
 
 def test_rows_from_a_logged_run_are_token_exact(tmp_path):
-    from gymllm.algos.trainer import train
+    from gymllm.train.trainer import train
 
     run = tmp_path / "grpo"
     train(small_train_config(run))
@@ -271,8 +273,8 @@ def test_rows_from_a_logged_run_are_token_exact(tmp_path):
     assert len(best) == sum(r["reward"] >= threshold for r in kept) and all(r.reward >= threshold for r in best)
     # and SFT trains on them (rejection-sampling fine-tuning) into its own run directory
     cfg = SFTConfig(from_run=str(run), min_reward=threshold, model=MODEL, optimizer=OptimizerConfig(learning_rate=1e-2),
-                    sft=SFTSection(num_steps=2, batch_size=8, max_len=64, min_bucket=64, fast_compile=True),
-                    run_dir=str(tmp_path / "rft"), console=False)
+                    learner=LearnerConfig(num_steps=2, max_len=64, min_bucket=64, fast_compile=True),
+                    sft=SFTSection(epochs=0, batch_size=8), run=RunSection(run_dir=str(tmp_path / "rft"), console=False))
     res = run_sft(cfg)
     assert res.step == 2 and res.rows == len(best) and np.isfinite(res.losses).all()
 
@@ -324,12 +326,13 @@ def test_cli_end_to_end(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "gymllm sft" in out
     assert "Supervised fine-tuning on chat JSONL (loss on assistant tokens), or on a run's best trajectories." in out
-    assert main(["sft", str(data), "--sft.num-steps", "lots"]) == 2
+    assert main(["sft", str(data), "--learner.num-steps", "lots"]) == 2
     capsys.readouterr()
     rc = main(["sft", str(data), "--model.name", "tiny-qwen3", "--model.vocab-size", "300", "--model.hidden-size",
-               "32", "--model.intermediate-size", "64", "--model.num-layers", "1", "--run-dir", str(tmp_path / "run"),
-               "--sft.num-steps", "2", "--sft.batch-size", "4", "--sft.micro-batch-size", "4", "--sft.max-len", "64",
-               "--sft.min-bucket", "64", "--sft.fast-compile", "--optimizer.learning-rate", "0.01", "--no-console"])
+               "32", "--model.intermediate-size", "64", "--model.num-layers", "1",
+               "--run.run-dir", str(tmp_path / "run"), "--sft.epochs", "0", "--learner.num-steps", "2", "--sft.batch-size",
+               "4", "--learner.micro-batch-size", "4", "--learner.max-len", "64", "--learner.min-bucket", "64",
+               "--learner.fast-compile", "--optimizer.learning-rate", "0.01", "--run.no-console"])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "SFT: 2 steps on 6 rows" in out and f"--model.checkpoint {tmp_path / 'run'}" in out
@@ -339,5 +342,5 @@ def test_cli_end_to_end(tmp_path, capsys):
                  "--eval.k", "1", "--sampling.max-tokens", "4", "--eval.max-turns", "1", "--out", str(table)]) == 0
     capsys.readouterr()
     assert table.is_file() and "TinyRepeat" in table.read_text()
-    assert main(["sft", "--run-dir", str(tmp_path / "x"), "--model.name", "tiny-qwen3"]) == 2  # no data: one line
+    assert main(["sft", "--run.run-dir", str(tmp_path / "x"), "--model.name", "tiny-qwen3"]) == 2  # no data: one line
     assert "exactly one of data" in capsys.readouterr().err

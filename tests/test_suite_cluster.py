@@ -25,7 +25,7 @@ import pathlib
 import pytest
 
 import gymllm.ray_support  # noqa: F401  before ray: every node this file starts binds 127.0.0.1
-from gymllm.algos.train_config import ClusterSection, EnvSection
+from gymllm.train.train_config import ClusterSection, EnvSection
 from gymllm.cli.eval_args import EngineShape, Policies
 from gymllm.errors import ConfigError
 from gymllm.suites import load_suite
@@ -139,7 +139,7 @@ def test_slot_env_errors_name_the_fix(mix_file):
 
 
 def test_eval_takes_the_cluster_flags_of_train_and_refuses_learner_hosts(monkeypatch, capsys):
-    from gymllm.algos import cluster as cluster_mod
+    from gymllm.train import cluster as cluster_mod
     from gymllm.cli.eval_args import eval_main
 
     with pytest.raises(SystemExit) as done:
@@ -291,7 +291,7 @@ def test_training_on_a_mixture_on_ray_logs_per_env_groups_like_in_process(tmp_pa
     sampling) the same trained groups and rewards as the in-process mixture run."""
     from test_cluster_train import small_tiny
 
-    from gymllm.algos.trainer import train
+    from gymllm.train.trainer import train
 
     def config(run_dir, cluster_section=None):
         cfg = small_tiny(run_dir, steps=2, cluster=cluster_section)

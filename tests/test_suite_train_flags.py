@@ -44,7 +44,7 @@ def test_suite_with_an_env_flag_is_a_clear_error(flag, value, tmp_path, capsys):
 def test_eval_suite_evaluates_a_suites_envs(suite_file):
     """--eval.suite S: the in-loop evaluator's envs are the suite's, with their tables' kwargs and
     agents (built here without an engine); with --eval.envs too it is a clear error."""
-    from gymllm.algos.heldout import HeldOutHook
+    from gymllm.train.heldout import HeldOutHook
 
     cfg = parse_train_args(["--preset", "tiny", "--eval.suite", suite_file, "--eval.every", "1"])
     hook = HeldOutHook(cfg)
@@ -57,7 +57,7 @@ def test_eval_suite_evaluates_a_suites_envs(suite_file):
         assert all(isinstance(a, ModelAgent) for _, _, a in hook.evaluator.specs)
     finally:
         hook.close()
-    from gymllm.algos.train_config import EvalSection
+    from gymllm.train.train_config import EvalSection
 
     with pytest.raises(ConfigError, match="--eval.envs or --eval.suite, not both"):
         EvalSection(suite=suite_file, envs=("gymllm/Arithmetic-v0",))

@@ -12,8 +12,8 @@ import pathlib
 import numpy as np
 import pytest
 
-from gymllm.algos.train_config import EnvSection
-from gymllm.algos.trainer import train
+from gymllm.train.train_config import EnvSection
+from gymllm.train.trainer import train
 from gymllm.errors import ConfigError
 from gymllm.suites import load_suite
 from gymllm.suites.mixture import MixtureSampler
@@ -123,8 +123,8 @@ def test_in_loop_evaluation_runs_the_suites_envs(suite_file, tmp_path):
     suite with its table's kwargs; --eval.envs with --eval.suite is a clear error."""
     from test_algos_trainer import small_config
 
-    from gymllm.algos.heldout import HeldOutHook
-    from gymllm.algos.train_config import EvalSection
+    from gymllm.train.heldout import HeldOutHook
+    from gymllm.train.train_config import EvalSection
     from gymllm.models import make_tiny
     from gymllm.rollout import ModelAgent
 

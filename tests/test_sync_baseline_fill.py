@@ -38,23 +38,23 @@ def engine(slots: int):
 
 
 def test_batch_width_is_what_the_envs_rows_and_concurrency_hold():
-    cfg = RolloutConfig(group_size=4, max_concurrency=64, groups_per_step=8)
-    assert sync_batch_groups(64, None, cfg) == 16  # the train benchmark: 64 envs, G 4 -> 16 groups
-    assert sync_batch_groups(64, None, cfg, fill=False) == 8  # the old lockstep: half the envs idle
-    small = RolloutConfig(group_size=4, max_concurrency=32, groups_per_step=2)
-    assert sync_batch_groups(64, None, small) == 8  # capped by max_concurrency
+    cfg = RolloutConfig(group_size=4, max_concurrency=64)
+    assert sync_batch_groups(64, None, cfg, 8) == 16  # the train benchmark: 64 envs, G 4 -> 16 groups
+    assert sync_batch_groups(64, None, cfg, 8, fill=False) == 8  # the old lockstep: half the envs idle
+    small = RolloutConfig(group_size=4, max_concurrency=32)
+    assert sync_batch_groups(64, None, small, 2) == 8  # capped by max_concurrency
     eng = engine(8)
     try:
-        assert sync_batch_groups(64, eng, small) == 2  # capped by the engine's 8 rows
+        assert sync_batch_groups(64, eng, small, 2) == 2  # capped by the engine's 8 rows
     finally:
         eng.shutdown()
-    assert sync_batch_groups(64, None, RolloutConfig(group_size=4, max_concurrency=4, groups_per_step=3)) == 3
-    assert sync_batch_groups(8, None, cfg) == 2  # never more than the envs hold
+    assert sync_batch_groups(64, None, RolloutConfig(group_size=4, max_concurrency=4), 3) == 3
+    assert sync_batch_groups(8, None, cfg, 8) == 2  # never more than the envs hold
 
 
 def test_sync_rollout_fills_the_envs_and_keeps_the_trajectories():
     lm = loaded()
-    cfg = RolloutConfig(group_size=2, max_concurrency=8, num_groups=8, groups_per_step=1, max_staleness=0, seed=5)
+    cfg = RolloutConfig(group_size=2, max_concurrency=8, num_groups=8, max_staleness=0)
 
     def run(fill: bool, slots: int):
         widths: list[int] = []
@@ -64,7 +64,7 @@ def test_sync_rollout_fills_the_envs_and_keeps_the_trajectories():
             try:
                 envs = [AsyncLatencyEnv(median_s=0.001, p99_s=0.005, episode_length=2) for _ in range(8)]
                 return await sync_rollout(envs, eng, ModelAgent(lm.tokenizer), sampling=SAMPLING, config=cfg,
-                                          on_batch=lambda b: widths.append(len(b)), fill=fill)
+                                          seed=5, batch_groups=1, on_batch=lambda b: widths.append(len(b)), fill=fill)
             finally:
                 await eng.close()
 

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from gymllm.algos.sft_data import rows_from_run
+from gymllm.train.sft_data import rows_from_run
 from gymllm.types import Trajectory
 from gymllm.trajectories.writers import TrajectoryRecordWriter
 from gymllm.trajectories.reader import read_log, read_trajectory_records, trajectory_from_record

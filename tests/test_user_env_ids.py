@@ -13,7 +13,7 @@ import gymnasium
 import pytest
 
 import gymllm
-from gymllm.algos.train_config import EnvSection
+from gymllm.train.train_config import EnvSection
 from gymllm.errors import ConfigError
 from gymllm.utils import check_env
 

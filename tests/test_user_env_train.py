@@ -10,7 +10,7 @@ import pathlib
 
 import pytest
 
-from gymllm.algos.train_config import EnvSection
+from gymllm.train.train_config import EnvSection
 from gymllm.cli.main import main
 from gymllm.errors import ConfigError
 

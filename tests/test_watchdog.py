@@ -125,7 +125,7 @@ def test_the_thread_reports_through_check():
 
 
 def test_the_run_section_bound_is_validated():
-    from gymllm.algos.train_config import RunSection
+    from gymllm.train.train_config import RunSection
 
     assert RunSection().stall_timeout_s == 300.0 and RunSection(stall_timeout_s=0).stall_timeout_s == 0
     with pytest.raises(ConfigError, match="stall_timeout_s"):

@@ -28,7 +28,7 @@ def train_config(spec: dict, run_dir: str):
     from gymllm.algos.learner_config import LearnerConfig
     from gymllm.algos.optim import OptimizerConfig
     from gymllm.inference.config import EngineConfig
-    from gymllm.algos.train_config import EnvSection, ModelSection, RunSection, TrainConfig
+    from gymllm.train.train_config import EnvSection, ModelSection, RunSection, TrainConfig
     from gymllm.rollout.config import RolloutConfig
     from gymllm.inference.params import SamplingParams
 
@@ -69,7 +69,7 @@ def run(spec: dict) -> dict:
 
     import numpy as np
 
-    from gymllm.algos.trainer import train
+    from gymllm.train.trainer import train
 
     with tempfile.TemporaryDirectory(prefix="gymllm-peers-") as tmp:
         res = train(train_config(spec, tmp))

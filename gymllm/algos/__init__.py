@@ -1,8 +1,8 @@
-"""gymllm.algos: the GRPO loss family as pure JAX functions, the streaming learner, checkpoints,
-sharding, and the trainer entry point. Names are imported lazily (JAX loads on first use):
+"""gymllm.algos: the GRPO loss family as pure JAX functions, the streaming learner, checkpoints and
+sharding (a training run is put together in :mod:`gymllm.train`). Names are imported lazily (JAX loads
+on first use):
 
-    from gymllm.algos import train, preset, TrainConfig, StreamingLearner, loss_preset
-    result = train(preset("tiny"))
+    from gymllm.algos import StreamingLearner, LearnerConfig, loss_preset
 
 Pure pieces (compose them for your own objective): ``gymllm.algos.advantages`` (grpo, dr_grpo,
 rloo, batch_std), ``policy_loss`` (token/sequence ratios, PPO clip, dual clip, CISPO),
@@ -39,16 +39,6 @@ _LAZY = {
     "MultiHostConfig": "gymllm.algos.multihost",
     "initialize_from_env": "gymllm.algos.multihost",
     "initialize_distributed": "gymllm.algos.multihost",
-    "TrainConfig": "gymllm.algos.train_config",
-    "ClusterSection": "gymllm.algos.train_config",
-    "EvalSection": "gymllm.algos.train_config",
-    "Run": "gymllm.algos.run",
-    "LocalComponents": "gymllm.algos.components",
-    "RayComponents": "gymllm.algos.cluster",
-    "TrainResult": "gymllm.algos.trainer",
-    "train": "gymllm.algos.trainer",
-    "preset": "gymllm.algos.train_config",
-    **{n: "gymllm.algos.sft" for n in ("SFTConfig", "SFTSection", "SFTResult", "run_sft")},
 }
 
 __all__ = list(_LAZY)

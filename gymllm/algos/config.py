@@ -16,16 +16,19 @@ from gymllm.validation import check_choice, check_range
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AdvantageConfig:
-    """estimator: grpo | dr_grpo | rloo | batch_std | role_ema (SPIRAL's role-conditioned EMA baseline,
-    ``R - b[role]``, no normalization; a run on a game sets it with ``--multiagent.baseline role_ema``);
-    ddof: 0 (population) or 1 (Bessel); eps_placement: "std" (std + eps) or "var" (sqrt(var + eps));
-    ema_decay: role_ema's decay (``b <- decay * b + (1 - decay) * R``)."""
+    """How rewards become advantages."""
 
     estimator: str = "grpo"
+    """grpo | dr_grpo | rloo | batch_std | role_ema (SPIRAL's role-conditioned EMA baseline, R - b[role], no
+    normalization; a run on a game sets it with --multiagent.baseline role_ema)."""
     ddof: int = 0
+    """0 (population) or 1 (Bessel)."""
     eps: float = 1e-6
+    """The epsilon of the std normalization (see eps_placement)."""
     eps_placement: str = "std"
+    """"std" (std + eps) or "var" (sqrt(var + eps))."""
     ema_decay: float = 0.95
+    """role_ema's decay (``b <- decay * b + (1 - decay) * R``)."""
 
     def __post_init__(self) -> None:
         from gymllm.algos.advantages import ESTIMATORS, STATEFUL
@@ -39,16 +42,21 @@ class AdvantageConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PolicyLossConfig:
-    """objective: ppo | cispo; ratio_level: token | sequence (GSPO); ratio_against: behaviour (the
-    sampler's logprobs mu) | proximal (the trainer's own logprobs at the step's start, decoupled PPO);
-    clip range [1 - eps_low, 1 + eps_high]; dual_clip: None or c > 1 (applies when A < 0)."""
+    """The policy objective; the clip range is [1 - eps_low, 1 + eps_high]."""
 
     objective: str = "ppo"
+    """ppo | cispo."""
     ratio_level: str = "token"
+    """token | sequence (GSPO)."""
     ratio_against: str = "behaviour"
+    """behaviour (the sampler's logprobs mu) | proximal (the trainer's own logprobs at the step's start, decoupled
+    PPO)."""
     eps_low: float = 0.2
+    """The clip range's lower side: ratios below 1 - eps_low are clipped."""
     eps_high: float = 0.28
+    """The clip range's upper side: ratios above 1 + eps_high are clipped."""
     dual_clip: float | None = None
+    """None or c > 1 (applies when A < 0)."""
 
     def __post_init__(self) -> None:
         check_choice("PolicyLossConfig", "objective", self.objective, ("ppo", "cispo"))
@@ -62,15 +70,20 @@ class PolicyLossConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CorrectionConfig:
-    """kinds: any of tis | mis | geo_mask (weights multiply); tis_cap C; mis range [mis_low, mis_high];
-    geometric sequence mask range [geo_low, geo_high]."""
+    """Off-policy corrections of the token weights."""
 
     kinds: tuple[str, ...] = ()
+    """Any of tis | mis | geo_mask (their weights multiply); empty: none."""
     tis_cap: float = 2.0
+    """Truncated importance sampling's cap C on the token ratio."""
     mis_low: float = 0.5
+    """Masked importance sampling: tokens whose ratio is below this are masked."""
     mis_high: float = 2.0
+    """Masked importance sampling: tokens whose ratio is above this are masked."""
     geo_low: float = 0.99
+    """Geometric sequence mask: sequences whose geometric-mean ratio is below this are masked."""
     geo_high: float = 1.01
+    """Geometric sequence mask: sequences whose geometric-mean ratio is above this are masked."""
 
     def __post_init__(self) -> None:
         for k in self.kinds:
@@ -85,12 +98,14 @@ class CorrectionConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class KLConfig:
-    """beta: 0 disables KL and the reference model entirely; estimator: k1 | k2 | k3;
-    placement: loss | reward."""
+    """The KL penalty to the reference model."""
 
     beta: float = 0.0
+    """0 disables KL and the reference model entirely."""
     estimator: str = "k3"
+    """k1 | k2 | k3."""
     placement: str = "loss"
+    """loss (a KL term in the loss) | reward (a per-sequence penalty on the reward)."""
 
     def __post_init__(self) -> None:
         check_range("KLConfig", "beta", self.beta, lo=0.0)
@@ -104,13 +119,15 @@ class KLConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ShapingConfig:
-    """filter_zero_variance: drop groups whose rewards are all equal (counted, not trained);
-    overlong_buffer: DAPO soft overlong punishment over the last ``overlong_buffer`` sampled tokens
-    before ``overlong_max_len`` (0 = off; the trainer sets max_len from the rollout's max_tokens)."""
+    """Reward shaping and group filtering."""
 
     filter_zero_variance: bool = False
+    """drop groups whose rewards are all equal (counted, not trained)."""
     overlong_buffer: int = 0
+    """DAPO soft overlong punishment over the last overlong_buffer sampled tokens before overlong_max_len (0 = off)."""
     overlong_max_len: int = 0
+    """The overlong punishment's length (0 = the run's sample budget, sampling.max_tokens *
+    rollout.max_model_calls)."""
 
     def __post_init__(self) -> None:
         check_range("ShapingConfig", "overlong_buffer", self.overlong_buffer, lo=0)
@@ -130,12 +147,20 @@ class LossConfig:
     optional entropy bonus (``entropy_coef`` > 0 rewards entropy)."""
 
     advantage: AdvantageConfig = dataclasses.field(default_factory=AdvantageConfig)
+    """How rewards become advantages (estimator, normalization)."""
     policy: PolicyLossConfig = dataclasses.field(default_factory=PolicyLossConfig)
+    """The policy objective (PPO clip or CISPO, token or sequence ratios)."""
     correction: CorrectionConfig = dataclasses.field(default_factory=CorrectionConfig)
+    """Off-policy corrections (truncated / masked importance sampling, geometric mask)."""
     kl: KLConfig = dataclasses.field(default_factory=KLConfig)
+    """The KL penalty to a reference model (beta 0: no reference at all)."""
     shaping: ShapingConfig = dataclasses.field(default_factory=ShapingConfig)
+    """Reward shaping and group filtering (zero-variance filter, overlong penalty)."""
     aggregation: str = "token_mean"
+    """How token losses are averaged: token_mean | micro_token_mean | seq_mean_token_mean | seq_mean_token_sum |
+    constant (Dr. GRPO)."""
     entropy_coef: float = 0.0
+    """Entropy bonus coefficient (> 0 rewards entropy; 0 = off)."""
 
     def __post_init__(self) -> None:
         for name, typ in (("advantage", AdvantageConfig), ("policy", PolicyLossConfig), ("correction", CorrectionConfig),

@@ -65,6 +65,7 @@ from gymllm.multiagent.baseline import role_ema_advantages
 from gymllm.telemetry import counter, increment, span
 from gymllm.types import Group
 from gymllm.utils.host import resolve_compute_dtype
+from gymllm.validation import check_range
 
 
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
@@ -85,11 +86,27 @@ class StreamingLearner:
     def __init__(self, model_config: Any, params: dict[str, jax.Array], *, loss: LossConfig | None = None,
                  optimizer: OptimizerConfig | None = None, config: LearnerConfig | None = None,
                  lora: lora_mod.LoRAConfig | None = None, mesh: Any = None, pad_id: int = 0,
-                 version: int = 0):
+                 version: int = 0, temperature: float = 1.0, sample_budget: int = 0, context_len: int = 0,
+                 default_staleness: int | None = None):
+        """``temperature``: the sampler's (logprobs are of the tempered distribution sampled; > 0).
+        ``sample_budget``: the tokens a trajectory may sample (the sampler's ``max_tokens`` times the model
+        calls): ``max_response_len`` when the config leaves it 0, and the overlong shaping's ``max_len``
+        when the loss leaves it 0. ``context_len``: the engine's context; the longest bucket is at least it
+        (a trajectory never outgrows it). ``default_staleness``: the bound when ``max_staleness`` is None
+        (a run passes its group source's). The trainer wires them from the run's sections
+        (:func:`gymllm.train.wiring.learner_kwargs`)."""
+        check_range("StreamingLearner", "temperature", temperature, lo=0.0, lo_open=True)
         self.model_config = model_config
-        self.loss = loss or async_agentic()
+        self.temperature = float(temperature)
+        loss = loss or async_agentic()
+        if loss.shaping.overlong_buffer and not loss.shaping.overlong_max_len and sample_budget:
+            loss = dataclasses.replace(loss, shaping=dataclasses.replace(loss.shaping, overlong_max_len=sample_budget))
+        self.loss = loss
         self.optimizer_config = optimizer or OptimizerConfig()
         cfg = config or LearnerConfig()
+        cfg = dataclasses.replace(cfg, max_len=max(cfg.max_len, context_len),
+                                  max_response_len=cfg.max_response_len or sample_budget,
+                                  max_staleness=cfg.max_staleness if cfg.max_staleness is not None else default_staleness)
         if cfg.compute_dtype == "auto":  # resolved where the learner runs
             cfg = dataclasses.replace(cfg, compute_dtype=resolve_compute_dtype("auto"))
         if cfg.loss_positions_only is None:
@@ -120,7 +137,7 @@ class StreamingLearner:
         # beta == 0: no reference parameters at all
         self.ref_params = shard_params(mesh, dict(base)) if self.loss.kl.needs_reference else None
         self._grad, self._apply, self._ref_logp, self.tx = programs(model_config, self.loss, cfg, self.lora,
-                                                                   self.optimizer_config)
+                                                                   self.optimizer_config, self.temperature)
         a = self.loss.advantage
         self._adv = (None if a.estimator in adv_mod.STATEFUL
                      else advantage_program(a.estimator, a.ddof, a.eps, a.eps_placement))

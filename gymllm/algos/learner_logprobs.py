@@ -24,9 +24,9 @@ def entropy_from_logits(logits, temperature) -> jnp.ndarray:  # [B, T, V] -> [B,
     return -jnp.sum(jnp.exp(lp) * lp, axis=-1)
 
 
-def build_logprobs(model_config: Any, lcfg: Any):
+def build_logprobs(model_config: Any, lcfg: Any, temperature: float = 1.0):
     """``f(params, arrays, entropy) -> (logp [B, T] float32, entropy [B, T] or None)``: pure, jit-able
-    (``lcfg``: the :class:`gymllm.algos.learner_config.LearnerConfig`, for ``compute_dtype`` and ``temperature``).
+    (``lcfg``: the :class:`gymllm.algos.learner_config.LearnerConfig`, for ``compute_dtype``; ``temperature``: the sampler's).
 
     ``arrays`` are a micro-batch's (``tokens``, ``positions``, ``targets`` [B, T]), or its packed form
     (``packed_*``, ``segment_ids``, ``gather``: :func:`gymllm.algos.batching.pack_rows`), or its shared-prefix
@@ -51,8 +51,8 @@ def build_logprobs(model_config: Any, lcfg: Any):
             h = jnp.concatenate([hp.reshape(-1, hp.shape[-1]), hs.reshape(-1, hs.shape[-1])])
             idx = a["select_flat"] if "select_flat" in a else a["sp_gather"]  # [B, K] or [B, T]
             logits = lm_logits(model_config, params, h[idx], compute_dtype=lcfg.compute_dtype)
-            logp = token_logprobs(logits, a["sp_targets"], lcfg.temperature)
-            return logp, entropy_from_logits(logits, lcfg.temperature) if entropy else None
+            logp = token_logprobs(logits, a["sp_targets"], temperature)
+            return logp, entropy_from_logits(logits, temperature) if entropy else None
         # packed arrays (batching.pack_rows): the model runs on [P, L], the results are gathered back
         # to the padded [B, L] layout the loss reads; else the padded arrays as they are
         packed = "gather" in a
@@ -64,11 +64,11 @@ def build_logprobs(model_config: Any, lcfg: Any):
             idx = a["select_flat"]
             logits = lm_logits(model_config, params, h.reshape(-1, h.shape[-1])[idx],
                                compute_dtype=lcfg.compute_dtype)  # [B, K, V]
-            logp = token_logprobs(logits, targets.reshape(-1)[idx], lcfg.temperature)
-            return logp, entropy_from_logits(logits, lcfg.temperature) if entropy else None
+            logp = token_logprobs(logits, targets.reshape(-1)[idx], temperature)
+            return logp, entropy_from_logits(logits, temperature) if entropy else None
         logits, _ = forward(model_config, params, tokens, positions, segments, compute_dtype=lcfg.compute_dtype)
-        logp = token_logprobs(logits, targets, lcfg.temperature)  # float32
-        ent = entropy_from_logits(logits, lcfg.temperature) if entropy else None
+        logp = token_logprobs(logits, targets, temperature)  # float32
+        ent = entropy_from_logits(logits, temperature) if entropy else None
         if packed:
             logp, ent = logp.reshape(-1)[a["gather"]], None if ent is None else ent.reshape(-1)[a["gather"]]
         return logp, ent

@@ -32,11 +32,12 @@ FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive
 TRACES: collections.Counter = collections.Counter()  # "grad" / "apply" / "ref_logp" -> traces so far
 
 
-def build_loss_fn(model_config: Any, loss: LossConfig, lcfg: Any, lora: lora_mod.LoRAConfig | None):
+def build_loss_fn(model_config: Any, loss: LossConfig, lcfg: Any, lora: lora_mod.LoRAConfig | None,
+                  temperature: float = 1.0):
     """``f(trainable, frozen, arrays, ref_params) -> (loss_sum, metric sums)``: pure, jit-able (arrays:
     see :func:`gymllm.algos.learner_logprobs.build_logprobs`; ``lcfg``: a
     :class:`~gymllm.algos.learner_config.LearnerConfig`)."""
-    logprobs = build_logprobs(model_config, lcfg)
+    logprobs = build_logprobs(model_config, lcfg, temperature)
 
     def params_of(trainable, frozen):
         return lora_mod.merge(lora, frozen, trainable) if lora is not None and lora.enabled else trainable
@@ -53,14 +54,14 @@ def build_loss_fn(model_config: Any, loss: LossConfig, lcfg: Any, lora: lora_mod
     return f
 
 
-def programs(model_config: Any, loss: LossConfig, lcfg: Any, lora: Any, opt: OptimizerConfig):
+def programs(model_config: Any, loss: LossConfig, lcfg: Any, lora: Any, opt: OptimizerConfig, temperature: float = 1.0):
     """The jitted ``(grad, apply, ref_logp)`` programs and the Optax transform of one configuration
     (``lcfg``: a :class:`~gymllm.algos.learner_config.LearnerConfig`; only the fields the programs read key
     the cache). ``grad(acc, trainable, frozen, arrays, ref_params) -> (acc + gradient, sums)`` (the
     accumulator donated); ``apply(trainable, opt_state, acc, denom) -> (trainable, opt_state, grad norm,
     zeroed accumulator)`` (the accumulator donated; weights are not: the engine may hold them);
     ``ref_logp(ref_params, arrays) -> logp``."""
-    key = (lcfg.temperature, lcfg.compute_entropy, lcfg.num_steps, lcfg.fast_compile, lcfg.compute_dtype)
+    key = (temperature, lcfg.compute_entropy, lcfg.num_steps, lcfg.fast_compile, lcfg.compute_dtype)
     return _cached_programs(model_config, loss, type(lcfg), key, lora, opt)
 
 
@@ -68,10 +69,10 @@ def programs(model_config: Any, loss: LossConfig, lcfg: Any, lora: Any, opt: Opt
 def _cached_programs(model_config: Any, loss: LossConfig, config_type: type, key: tuple, lora: Any,
                      opt: OptimizerConfig):
     temperature, compute_entropy, num_steps, fast_compile, compute_dtype = key
-    lcfg = config_type(temperature=temperature, compute_entropy=compute_entropy, num_steps=num_steps,
+    lcfg = config_type(compute_entropy=compute_entropy, num_steps=num_steps,
                        fast_compile=fast_compile, compute_dtype=compute_dtype)
-    logprobs = build_logprobs(model_config, lcfg)
-    loss_fn = build_loss_fn(model_config, loss, lcfg, lora)
+    logprobs = build_logprobs(model_config, lcfg, temperature)
+    loss_fn = build_loss_fn(model_config, loss, lcfg, lora, temperature)
     tx = make_optimizer(opt, lcfg.num_steps)
 
     def grad(acc, trainable, frozen, arrays, ref_params):

@@ -12,21 +12,30 @@ from gymllm.validation import check_choice, check_range
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class OptimizerConfig:
-    """name: adamw | sgd (plain SGD: an update exactly linear in the gradient); learning_rate peak; schedule: constant | cosine | linear (decay to ``end_lr_fraction`` of the
-    peak over ``decay_steps``, 0 = the learner's num_steps); warmup_steps linear from 0;
-    max_grad_norm: clip by global norm (0 = off); weight_decay: AdamW's decoupled decay."""
+    """The optimizer and its learning-rate schedule."""
 
     name: str = "adamw"
+    """adamw | sgd (plain SGD: an update exactly linear in the gradient)."""
     learning_rate: float = 1e-5
+    """The peak learning rate."""
     schedule: str = "constant"
+    """constant | cosine | linear (decay to end_lr_fraction of the peak over decay_steps)."""
     warmup_steps: int = 0
+    """Steps of linear warm-up from 0 to the peak."""
     decay_steps: int = 0
+    """Steps the cosine / linear decay takes (0 = the learner's num_steps)."""
     end_lr_fraction: float = 0.0
+    """The decayed learning rate as a fraction of the peak."""
     b1: float = 0.9
+    """AdamW's first-moment decay."""
     b2: float = 0.999
+    """AdamW's second-moment decay."""
     eps: float = 1e-8
+    """AdamW's epsilon."""
     weight_decay: float = 0.0
+    """AdamW's decoupled weight decay."""
     max_grad_norm: float = 1.0
+    """Clip gradients by global norm (0 = off)."""
 
     def __post_init__(self) -> None:
         check_choice("OptimizerConfig", "name", self.name, ("adamw", "sgd"))

@@ -34,7 +34,9 @@ class ShardingConfig:
     """data x fsdp devices (both 1 = a single device, no mesh)."""
 
     data: int = 1
+    """Devices the batch is split over (data parallel; data x fsdp = 1: a single device, no mesh)."""
     fsdp: int = 1
+    """Devices the weights and optimizer state are sharded over (FSDP)."""
 
     def __post_init__(self) -> None:
         check_range("ShardingConfig", "data", self.data, lo=1)

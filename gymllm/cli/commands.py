@@ -37,7 +37,7 @@ def run_stages(cfg: object, stage: object, *, log: Callable[[str], None] = print
 
     1. demos: ``gymllm.envs.demos.demonstrations`` of ``cfg.env`` (its id, kwargs, system prompt and
        agent) -> ``RUN_DIR/demos.jsonl`` (written whole, then renamed: a killed write leaves none);
-    2. SFT: :func:`gymllm.algos.sft.run_sft` on them (``RUN_DIR/sft``: config, metrics, checkpoints;
+    2. SFT: :func:`gymllm.train.sft.run_sft` on them (``RUN_DIR/sft``: config, metrics, checkpoints;
        the config from :func:`gymllm.cli.recipes.sft_config_for`);
     3. the returned config: ``cfg`` with ``model.checkpoint = RUN_DIR/sft``.
 
@@ -85,7 +85,7 @@ def run_stages(cfg: object, stage: object, *, log: Callable[[str], None] = print
     if "sft" in done:
         log(f"[stages] sft: {sft_dir} finished (step {done['sft'].get('step')}): skipped")
     else:
-        from gymllm.algos.sft import run_sft
+        from gymllm.train.sft import run_sft
         from gymllm.cli.recipes import sft_config_for
 
         sft_cfg = sft_config_for(stage, cfg, data=str(demos_path), run_dir=str(sft_dir))
@@ -102,7 +102,7 @@ def run_stages(cfg: object, stage: object, *, log: Callable[[str], None] = print
 def _train_dispatch(args: list[str]) -> object:
     """``gymllm train [RECIPE] [--preset NAME] [--field.sub value ...]``: see :func:`parse_train_args`;
     a recipe with an ``[sft]`` table runs demos -> SFT -> GRPO (:func:`run_stages`)."""
-    from gymllm.algos import trainer as trainer_mod
+    from gymllm.train import trainer as trainer_mod
 
     cfg, stage = parse_train_plan(args, description=train.__doc__)
     if stage is not None:
@@ -135,10 +135,9 @@ def train() -> None:
     ui.perfetto.dev), checkpoints and a reward-curve PNG; `gymllm train RUN_DIR/config.json` repeats
     (or, with the same run directory, resumes) that run.
     The sections are the components' own configs (--engine.*, --sampling.*, --rollout.*, --learner.*,
-    ...). Four settings are each seen by two components and follow their source: --rollout.seed and
-    --engine.seed follow --run.seed, --rollout.groups-per-step follows --learner.groups-per-step,
-    --learner.temperature follows --sampling.temperature. Older spellings such as --rollout.max-tokens,
-    --rollout.engine-max-len or --rollout.eta still work.
+    ...). Each setting has one flag: a value two components share is given once (--run.seed seeds the
+    rollout and the engine, --learner.groups-per-step paces the rollout too, --sampling.temperature is
+    the learner's as well).
     """
 
 

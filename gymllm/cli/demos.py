@@ -65,5 +65,5 @@ def demos(env_id: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="EN
     print(f"wrote {len(records)} of {n} episodes of {full} (seeds {seed}..{seed + n - 1}; kept: {kept}) to {path}")
     print(f"mean reward {mean:.3f}; {turns:.1f} assistant turns per episode")
     run = "runs/sft-" + re.sub(r"[^A-Za-z0-9]+", "-", full.split("/")[-1]).strip("-").lower()
-    print(f"next: gymllm sft {path} --run-dir {run}")
+    print(f"next: gymllm sft {path} --run.run-dir {run}")
     return 0

@@ -109,10 +109,8 @@ def run_eval(env_ids: Sequence[str], *, model: str | None = None, checkpoint: st
     if not ids:
         raise ValueError("gymllm eval env: expected at least one env id (or `suite`), received none. "
                          "Fix: gymllm eval env gymllm/Arithmetic-v0")
-    from gymllm.algos.train_config import legacy_tables
-
     loaded = load_model(model, checkpoint=checkpoint)
-    conf = legacy_tables(run_config(checkpoint))  # a run of an older version names its engine's length as it did
+    conf = run_config(checkpoint)
     trained_env = conf.get("env", {})
     if max_len is None:
         run_len = int(conf.get("engine", {}).get("max_len") or 0)

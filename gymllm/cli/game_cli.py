@@ -42,7 +42,6 @@ def players_from_flags(model: Sequence[str], checkpoint: Sequence[str], label: S
     ``system_prompt``), a ``--model.name`` with ``system_prompt``. A checkpoint of several policies
     (``--multiagent.policies``) named without ``#NAME`` enters each policy as its own player,
     ``RUN#NAME`` (or ``LABEL#NAME`` with ``--model.label``)."""
-    from gymllm.algos.train_config import legacy_tables
     from gymllm.cli.evaluate import load_model, run_config
     from gymllm.cli.suite_cli import policy_label
     from gymllm.errors import ConfigError, explain
@@ -70,7 +69,7 @@ def players_from_flags(model: Sequence[str], checkpoint: Sequence[str], label: S
             entries.append((name, m, c))
     players = []
     for name, m, c in entries:
-        trained = legacy_tables(run_config(c)).get("env", {}) if c else {}
+        trained = run_config(c).get("env", {}) if c else {}
         players.append(Player(label=name, loaded=load_model(m, checkpoint=c),
                               system_prompt=trained.get("system_prompt") or system_prompt or None))
     return players + opponents

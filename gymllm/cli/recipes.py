@@ -12,8 +12,7 @@ a user's own TOML file is given by its path. A recipe ``gymllm/recipes/arithmeti
     [learner]
     num_steps = 20
 
-is applied field by field onto the preset's config (:func:`recipe_tables`: the keys of older
-versions, such as ``[rollout] max_tokens``, are moved to today's sections first); an unknown key is
+is applied field by field onto the preset's config (:func:`recipe_tables`); an unknown key is
 a :class:`~gymllm.errors.ConfigError` that names the key and the allowed ones. A run's
 ``config.json`` is read the same way (``gymllm train RUN/config.json`` repeats or resumes that run).
 
@@ -22,10 +21,11 @@ three stages, demonstrations -> supervised fine-tuning -> GRPO warm-started from
 
     [sft]
     demos = 256                # episodes the env's solver plays (gymllm.envs.demos)
-    num_steps = 40             # SFTSection fields, flat
+    epochs = 0                 # SFTSection fields, flat (0: learner.num_steps updates)
     batch_size = 8
+    num_steps = 40             # LearnerConfig fields, flat
     learning_rate = 1e-4       # OptimizerConfig fields, flat
-    seed = 0                   # SFTConfig fields (the data order's seed)
+    seed = 0                   # RunSection fields (the data order's seed)
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import pathlib
 import tomllib
 from typing import Any
 
-from gymllm.errors import ConfigError, explain
+from gymllm.errors import ConfigError
 from gymllm.validation import apply_overrides
 
 __all__ = ["RECIPES_DIR", "shipped_recipes", "find_recipe", "load_recipe", "recipe_tables",
@@ -81,24 +81,11 @@ NOT_SECTIONS = ("preset", "loss_preset", "description", "sft")
 
 
 def recipe_tables(tables: dict[str, Any], cfg: Any, *, where: str = "") -> Any:
-    """``cfg`` (a ``TrainConfig``) with a recipe's sections applied (:func:`gymllm.algos.train_config.from_tables`);
-    the keys of :data:`NOT_SECTIONS` are skipped. A key of a setting set from another
-    (:data:`~gymllm.algos.train_config.TIES`) must hold its source's value (a run's ``config.json`` does)."""
-    from gymllm.algos.train_config import TIES, from_tables, legacy_tables
+    """``cfg`` (a ``TrainConfig``) with a recipe's sections applied (:func:`gymllm.train.train_config.from_tables`);
+    the keys of :data:`NOT_SECTIONS` are skipped."""
+    from gymllm.train.train_config import from_tables
 
-    sections = legacy_tables({k: v for k, v in tables.items() if k not in NOT_SECTIONS})
-    out = from_tables(sections, cfg, where=where)
-    for tied, source in TIES.items():
-        section, field = tied.split(".")
-        table = sections.get(section)
-        if isinstance(table, dict) and field in table:
-            src_section, src_field = source.split(".")
-            value = getattr(getattr(out, src_section), src_field)
-            if table[field] != value:
-                raise ConfigError(explain(f"{where or 'recipe'} key {tied!r}", expected=f"no value (it is set from "
-                                          f"{source}, {value!r})", received=table[field],
-                                          fix=f"set [{src_section}] {src_field} instead"))
-    return out
+    return from_tables({k: v for k, v in tables.items() if k not in NOT_SECTIONS}, cfg, where=where)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -110,10 +97,10 @@ class SFTStage:
     demo_env: the env whose solver plays them (default ``""``: the recipe's ``env.id``), with the
     recipe's ``env.kwargs`` and system prompt, e.g. ``gymllm/TicTacToe-v0`` (one seat against a
     scripted opponent, which has a minimax solver) for a self-play run on the game ``tic-tac-toe``;
-    overrides: the table's other keys, applied onto :class:`gymllm.algos.sft.SFTConfig` by
-    :func:`sft_config_for`: a key of ``SFTConfig`` itself (``seed``, ``checkpoint_every``, a ``[sft.lora]``
-    table...), else of its ``sft`` section (``num_steps``, ``batch_size``, ``max_len``...), else of its
-    ``optimizer`` (``learning_rate``, ``schedule``...). ``data``, ``from_run``, ``model`` and ``run_dir``
+    overrides: the table's other keys, applied onto :class:`gymllm.train.sft.SFTConfig` by
+    :func:`sft_config_for`: a key of ``SFTConfig`` itself (a ``[sft.lora]`` table...), else of its ``sft``
+    section (``epochs``, ``batch_size``...), its ``learner`` (``num_steps``, ``max_len``...), its ``run``
+    (``seed``, ``checkpoint_every``...) or its ``optimizer`` (``learning_rate``, ``schedule``...). ``data``, ``from_run``, ``model`` and ``run_dir``
     are the stage's own (the demos file, the recipe's model, ``RUN_DIR/sft``) and are refused."""
 
     demos: int = 256
@@ -152,27 +139,32 @@ def sft_stage_from(table: Any) -> SFTStage:
 
 def sft_config_for(stage: SFTStage, train_cfg: Any, *, data: str, run_dir: str) -> Any:
     """The ``SFTConfig`` of the SFT stage before GRPO run ``train_cfg`` (a ``TrainConfig``): its model,
-    sharding, compute dtype, learner lengths, system prompt, console and seed, then ``stage.overrides``."""
+    sharding, compute dtype, learner lengths, system prompt, console and seed, then ``stage.overrides``
+    (flat keys: a field of ``SFTConfig`` itself, else of its ``sft``, ``learner``, ``run`` or ``optimizer``
+    section)."""
+    from gymllm.algos.learner_config import LearnerConfig
     from gymllm.algos.optim import OptimizerConfig
-    from gymllm.algos.sft import SFTConfig, SFTSection
+    from gymllm.train.sft import SFTConfig, SFTSection
+    from gymllm.train.train_config import RunSection
 
+    tl = train_cfg.learner
     model = dataclasses.replace(train_cfg.model, checkpoint="")
-    section = SFTSection(max_len=train_cfg.learner.max_len, min_bucket=min(train_cfg.learner.min_bucket,
-                                                                           train_cfg.learner.max_len),
-                         compute_dtype=train_cfg.learner.compute_dtype, system_prompt=train_cfg.env.system_prompt)
-    cfg = SFTConfig(data=data, model=model, sharding=train_cfg.sharding, sft=section, run_dir=run_dir,
-                    seed=train_cfg.run.seed, console=train_cfg.run.console)
+    learner = LearnerConfig(max_len=tl.max_len, min_bucket=min(tl.min_bucket, tl.max_len), compute_dtype=tl.compute_dtype)
+    cfg = SFTConfig(data=data, model=model, sharding=train_cfg.sharding, learner=learner,
+                    sft=SFTSection(system_prompt=train_cfg.env.system_prompt),
+                    run=RunSection(run_dir=run_dir, seed=train_cfg.run.seed, console=train_cfg.run.console))
     top = {f.name for f in dataclasses.fields(SFTConfig)}
-    sec = {f.name for f in dataclasses.fields(SFTSection)}
-    opt = {f.name for f in dataclasses.fields(OptimizerConfig)}
+    sections = {name: {f.name for f in dataclasses.fields(kind)} for name, kind in (
+        ("sft", SFTSection), ("learner", LearnerConfig), ("run", RunSection), ("optimizer", OptimizerConfig))}
     nested: dict[str, Any] = {}
     for key, value in stage.overrides.items():
         name = key.replace("-", "_")
-        where = "" if name in top else "sft" if name in sec else "optimizer" if name in opt else None
+        where = "" if name in top else next((s for s, names in sections.items() if name in names), None)
         if where is None:
             raise ConfigError(f"bad recipe key 'sft.{key}': expected demos, demo_seed, demo_env or a field of SFTConfig "
-                              f"{sorted(top - set(SFT_STAGE_OWNED))}, its sft section {sorted(sec)} or its optimizer "
-                              f"{sorted(opt)}, received {key!r}. Fix: rename or remove {key!r}.")
+                              f"{sorted(top - set(SFT_STAGE_OWNED))} or of its sections "
+                              + ", ".join(f"{s} {sorted(names)}" for s, names in sections.items())
+                              + f", received {key!r}. Fix: rename or remove {key!r}.")
         if where:
             nested.setdefault(where, {})[name] = value
         else:

@@ -1,13 +1,13 @@
 """``gymllm sft``: supervised fine-tuning on chat JSONL, or on a run's best trajectories.
 
-    gymllm sft demos.jsonl --model.name smollm2-135m-instruct --run-dir runs/sft --sft.num-steps 50
-    gymllm sft --from-run runs/default --min-reward 1 --run-dir runs/rft
+    gymllm sft demos.jsonl --model.name smollm2-135m-instruct --run.run-dir runs/sft --sft.epochs 3
+    gymllm sft --from-run runs/default --min-reward 1 --run.run-dir runs/rft
     gymllm train calc_math --model.checkpoint runs/sft          # then RL from the SFT weights
 
-Parsed by tyro over :class:`gymllm.algos.sft.SFTConfig` itself: every field is a flag (``--run-dir``,
-``--sft.num-steps``, ``--keep-checkpoints``, ``--compile-cache``...), and the data file may be given as
+Parsed by tyro over :class:`gymllm.train.sft.SFTConfig` itself: every field is a flag (``--run.run-dir``,
+``--learner.num-steps`` with ``--sft.epochs 0``, ``--run.keep-checkpoints``, ``--run.compile-cache``...), and the data file may be given as
 the first argument (``--data``); a malformed argument exits with tyro's usage error, status 2. The run
-itself is :func:`gymllm.algos.sft.run_sft`.
+itself is :func:`gymllm.train.sft.run_sft`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ def sft_arguments(args: Sequence[str]) -> list[str]:
 
 
 def parse_sft_args(args: Sequence[str]) -> object:
-    """The :class:`~gymllm.algos.sft.SFTConfig` of a ``gymllm sft`` argv."""
-    from gymllm.algos.sft import SFTConfig
+    """The :class:`~gymllm.train.sft.SFTConfig` of a ``gymllm sft`` argv."""
+    from gymllm.train.sft import SFTConfig
 
     return tyro.cli(SFTConfig, prog=PROG, description=sft.__doc__, args=sft_arguments(args))
 
@@ -41,7 +41,7 @@ def sft(args: Sequence[str] = ()) -> int:
     The run directory (checkpoints, metrics.jsonl, TensorBoard) warm-starts RL with
     `gymllm train ... --model.checkpoint DIR` and is evaluated with `gymllm eval env ENV --model.checkpoint DIR`.
     """
-    from gymllm.algos.sft import run_sft
+    from gymllm.train.sft import run_sft
 
     result = run_sft(parse_sft_args(args))
     print(result.summary())

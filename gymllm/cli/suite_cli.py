@@ -12,14 +12,14 @@ writes ``results.jsonl``, ``suite.json``, ``summary.json``, ``report.md`` and th
 (:mod:`gymllm.suites.runner`). ``python -m gymllm.cli.suite_cli eval|compare ...`` runs the same.
 
 On a Ray cluster (the ``--cluster.*`` options of ``gymllm train``, the same
-:class:`~gymllm.algos.train_config.ClusterSection`):
+:class:`~gymllm.train.train_config.ClusterSection`):
 
     gymllm eval suite --eval.suite core --model.name smollm2-135m-instruct --out out/core \
         --cluster.backend ray --cluster.address auto --cluster.engine-replicas 4 --cluster.env-workers 8
 
 each policy's engine is ``engine_replicas`` replica actors (each loads the model, and the
 ``--model.checkpoint`` weights, on its own host) behind one pool, and each env's sub-envs live in
-``env_workers`` env actors (:class:`gymllm.algos.cluster.SuiteOnRay`); the rows are those of the
+``env_workers`` env actors (:class:`gymllm.train.cluster.SuiteOnRay`); the rows are those of the
 in-process run.
 """
 
@@ -34,7 +34,7 @@ from typing import Annotated, Any, Sequence
 
 import tyro
 
-from gymllm.algos.train_config import ClusterSection
+from gymllm.train.train_config import ClusterSection
 from gymllm.cli.eval_args import EngineShape, Policies
 
 __all__ = ["SuiteEval", "SuiteSelection", "SamplingOverrides", "eval_suite", "compare", "compare_main", "policy_label",
@@ -174,7 +174,7 @@ def eval_suite(args: SuiteEval) -> int:
                           max_len=shape.max_len, episode_timeout_s=args.episode_timeout_s, progress=args.progress)
     on_ray = None
     if args.cluster.backend == "ray":
-        from gymllm.algos.cluster import SuiteOnRay
+        from gymllm.train.cluster import SuiteOnRay
 
         on_ray = SuiteOnRay(args.cluster, num_envs=len(the_suite.envs))
     try:

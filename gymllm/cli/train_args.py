@@ -1,10 +1,10 @@
-"""The ``gymllm train`` command line: tyro over :class:`~gymllm.algos.train_config.TrainConfig` itself.
+"""The ``gymllm train`` command line: tyro over :class:`~gymllm.train.train_config.TrainConfig` itself.
 
     cfg = parse_train_args(["calc_math", "--learner.num-steps", "10", "--sampling.temperature", "0.7"])
 
 The recipe and ``--preset`` / ``--loss-preset`` / ``--run-dir`` / ``--env-kwargs`` choose the config
 (:func:`train_config_from`); tyro parses the whole command line once onto it (its fields are the
-``--section.field`` flags); flag spellings of older versions are rewritten first (:func:`legacy_flags`).
+``--section.field`` flags).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Annotated, Sequence
 
 import tyro
 
-__all__ = ["TRAIN_PROG", "LEADING", "train_arguments", "leading_arguments", "legacy_flags", "train_config_from",
+__all__ = ["TRAIN_PROG", "LEADING", "train_arguments", "leading_arguments", "train_config_from",
            "recipe_sft_stage", "parse_train_plan", "parse_train_args"]
 
 TRAIN_PROG = "gymllm train [RECIPE] [--preset NAME] [--loss-preset NAME] [--run-dir DIR] [--section.field VALUE ...]"
@@ -29,7 +29,7 @@ def train_arguments(default: object) -> type:
     from typing import Literal, Optional
 
     from gymllm.algos.config import PRESETS as LOSS_PRESETS
-    from gymllm.algos.train_config import PRESETS
+    from gymllm.train.train_config import PRESETS
 
     preset_t = Optional[Literal[tuple(PRESETS)]]  # type: ignore[valid-type]
     loss_t = Optional[Literal[tuple(LOSS_PRESETS)]]  # type: ignore[valid-type]
@@ -95,32 +95,6 @@ def leading_arguments(args: Sequence[str]) -> dict[str, str | None]:
     return found
 
 
-def legacy_flags(args: Sequence[str]) -> list[str]:
-    """``args`` with the flag spellings of older versions (:data:`~gymllm.algos.train_config.LEGACY_KEYS`,
-    e.g. ``--rollout.max-tokens``, ``--rollout.no-prefix-reuse``) rewritten to today's; a flag of a
-    setting that is set from another (:data:`~gymllm.algos.train_config.TIES`) is a ``ConfigError``
-    naming the flag to give instead."""
-    from gymllm.algos.train_config import LEGACY_KEYS, TIES
-    from gymllm.errors import ConfigError, explain
-
-    out = []
-    for arg in args:
-        name, eq, value = arg.partition("=")
-        if name.startswith("--") and "." in name:
-            section, _, field = name[2:].replace("-", "_").partition(".")
-            negated = field.startswith("no_") and f"{section}.{field[3:]}" in LEGACY_KEYS
-            key = f"{section}.{field[3:] if negated else field}"
-            if key in TIES:
-                source = "--" + TIES[key].replace("_", "-")
-                raise ConfigError(explain(name, expected=f"no value: it is set from {source} (the same setting, seen "
-                                          "by another component)", received=arg, fix=f"give {source} instead"))
-            if key in LEGACY_KEYS:
-                new_section, new_field = LEGACY_KEYS[key].split(".")
-                name = f"--{new_section}.{'no-' if negated else ''}{new_field.replace('_', '-')}"
-        out.append(name + eq + value)
-    return out
-
-
 def train_config_from(recipe: str | None, preset: str | None, loss_preset: str | None, run_dir: str | None,
                       env_kwargs: str | None = None) -> object:
     """The config a recipe, a preset, a loss preset and a run directory give, before the ``--section.field``
@@ -128,7 +102,7 @@ def train_config_from(recipe: str | None, preset: str | None, loss_preset: str |
     recipe's tables, then ``run_dir``, then ``env_kwargs`` (a JSON object replacing ``env.kwargs``)."""
     import dataclasses
 
-    from gymllm.algos.train_config import preset as train_preset
+    from gymllm.train.train_config import preset as train_preset
     from gymllm.cli.recipes import load_recipe, recipe_tables
 
     overrides = load_recipe(recipe) if recipe else {}
@@ -170,7 +144,7 @@ def suite_base(base: object, args: Sequence[str]) -> object:
     ``--env-kwargs`` on the command line is a :class:`~gymllm.errors.ConfigError`: exactly one env source."""
     import dataclasses
 
-    from gymllm.algos.train_config import DEFAULT_ENV_ID
+    from gymllm.train.train_config import DEFAULT_ENV_ID
     from gymllm.errors import ConfigError, explain
 
     suite = flag_value(args, "--env.suite")
@@ -215,9 +189,8 @@ def parse_train_plan(args: Sequence[str], *, description: str | None = None) -> 
     from gymllm.errors import ConfigError, explain
 
     from gymllm.algos.config import PRESETS as LOSS_PRESETS
-    from gymllm.algos.train_config import PRESETS
+    from gymllm.train.train_config import PRESETS
 
-    args = legacy_flags(args)
     lead = leading_arguments(args)
     for key, known in (("preset", PRESETS), ("loss_preset", LOSS_PRESETS)):
         if lead[key] not in known:
@@ -240,5 +213,5 @@ def parse_train_args(args: Sequence[str]) -> object:
     ``--env-kwargs`` (:func:`leading_arguments`) choose the config (:func:`train_config_from`) that
     tyro then parses the command line onto, as its defaults: so ``--help`` shows the defaults the run
     will use, a ``--section.field`` flag overrides the recipe, and the config's checks see the final
-    values. Older flag spellings are rewritten first (:func:`legacy_flags`)."""
+    values."""
     return parse_train_plan(args)[0]

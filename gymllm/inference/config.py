@@ -72,21 +72,64 @@ class EngineConfig:
     """
 
     num_slots: int = 16
+    """concurrent sequences (rows of the preallocated KV cache, the decode batch)."""
     max_len: int = 1024
+    """context length per slot (prompt + completion tokens)."""
     min_bucket: int = 16
+    """the smallest prefill length bucket; buckets double up to ``max_len`` (with ``shapes="fixed"``: no buckets;
+    the least prompt prefix worth sharing, ``share_prompt_prefill``)."""
     max_prefill_batch: int = 4
+    """most prompts prefilled in one call (batch sizes are powers of two; with ``shapes="fixed"``: the prompt pieces
+    one packed call holds, its only batch size)."""
     prefix_reuse: bool = True
+    """keep each finished row's k/v and skip re-prefilling a shared prompt prefix."""
     seed: int = 0
+    """seeds the engine's own generator of per-request keys (requests without a seed)."""
     idle_wait_s: float = 0.05
+    """how long the idle loop sleeps between checks for new work."""
     decode_lengths: int = 4
+    """how many cache lengths the decode step chooses from: it attends over the first S cache slots, S the smallest
+    of ``max_len``, ``max_len / 2``, ... (this many) that covers every active row's position, so short sequences
+    do not pay for the whole context. 1: always ``max_len``. Compiled decode."""
     compute_dtype: str | None = None
+    """the dtype the engine computes in (None: the model's own). ``"bfloat16"`` casts the engine's copy of the
+    weights once (and every weight update) and runs every matmul in bf16 with float32 accumulation: on CPUs with
+    AMX several times faster than float32 at 16+ rows, slower at 1 row. Logits, sampling and logprobs stay
+    float32; logprobs then differ from a float32 trainer's by bf16 rounding. ``"auto"``: bfloat16 where bf16
+    matmuls are native (an accelerator, a CPU with AMX or avx512_bf16), else float32
+    (:func:`gymllm.utils.host.resolve_compute_dtype`); the engine's ``config`` holds the choice."""
     piggyback_tokens: int = 0
+    """prompts (or a turn's new tokens past a reused prefix) in length buckets up to this many tokens join while
+    other rows decode by riding along the decode step, one device call for both
+    (:mod:`gymllm.inference.piggyback`), instead of a prefill call of their own that every decoding row waits
+    for. 0: off. Compiled."""
     compact_rows: bool = True
+    """before each decode step, move the active rows into the narrowest decode width that holds them (swapping
+    places with idle rows; cached prefixes move with their rows). False: a row decodes where it was placed until
+    it finishes (a batch's steps keep the width of its highest row), as a static-batching server does."""
     decode_chunk: int = 1
+    """decode steps per device call while no request waits to join (1: token by token; the same tokens either way,
+    fewer host round trips; :mod:`gymllm.inference.multi_token_decode`)."""
     share_prompt_prefill: bool = True
+    """(with ``prefix_reuse``) a request whose prompt shares at least ``min_bucket`` tokens (enough that the rest
+    falls in a smaller prefill bucket) with the prompt of a row still decoding (same weights version and adapter)
+    copies that row's cache into its own and prefills only the rest; several such prompts arriving together (a
+    GRPO group) prefill the first and join one iteration later, copying from it. False: every request prefills
+    all but what a finished row holds."""
     shapes: str = "buckets"
+    """Which set of programs the engine compiles: buckets (prefill batch sizes x length buckets x cached lengths,
+    decode widths x cache lengths, copies: each step fits its work, the traffic decides what compiles) or fixed
+    (one packed prefill of prefill_tokens, one decode program of num_slots rows, per cache length, one row copy:
+    known in advance; no piggybacking, no compaction)."""
     prefill_tokens: int = 128
+    """(``shapes="fixed"``) the token budget of one packed prefill call: every call costs this many tokens however
+    many prompts it holds (e.g. 128: a ~100-token prompt in one call, a GRPO group's one-token remainders
+    together)."""
     prefill_tokens_small: int = 0
+    """(``shapes="fixed"``) a second, smaller token budget (0: off; else below ``prefill_tokens``): a packed call
+    whose pieces fit it runs a program of this many tokens instead (one more program per cache length).
+    Multi-turn traffic prefills mostly a few observation tokens a call, which the full budget pays for in
+    padding (the Quickstart's calls held ~20 of their 128 tokens on average)."""
 
     def __post_init__(self) -> None:
         c = "EngineConfig"

@@ -51,13 +51,21 @@ class SamplingParams:
     """Per-request sampling settings; see the module docstring for the meaning of each field."""
 
     temperature: float = 1.0
+    """Sampling temperature (0 = greedy)."""
     top_p: float = 1.0
+    """Nucleus sampling's probability mass (1 = off)."""
     top_k: int = 0
+    """Sample among the k most likely tokens (0 = off)."""
     max_tokens: int = 256
+    """Most tokens one request generates (finish reason length)."""
     stop_token_ids: tuple[int, ...] = ()
+    """Token ids that end a request (finish reason stop)."""
     stop: tuple[str, ...] = ()
+    """Strings that end a request (finish reason stop)."""
     seed: int | None = None
+    """Makes sampling reproducible (sample i uses a key derived from (seed, i)); None: a fresh key per request."""
     n: int = 1
+    """Samples of one prompt (Engine.generate_n)."""
 
     def __post_init__(self) -> None:
         c = "SamplingParams"

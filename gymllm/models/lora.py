@@ -28,9 +28,13 @@ class LoRAConfig:
     """rank 0 = LoRA off (full fine-tuning); targets: projections among wq wk wv wo w_gate w_up w_down."""
 
     rank: int = 0
+    """Adapter rank (0 = LoRA off: full fine-tuning)."""
     alpha: float = 16.0
+    """The adapters' scale: W + (alpha / rank) A @ B."""
     targets: tuple[str, ...] = ("wq", "wv")
+    """Projections that get adapters, among wq wk wv wo w_gate w_up w_down."""
     seed: int = 0
+    """Seed of the adapters' initialization."""
 
     def __post_init__(self) -> None:
         check_range("LoRAConfig", "rank", self.rank, lo=0)

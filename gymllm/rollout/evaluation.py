@@ -1,7 +1,7 @@
 """Held-out evaluation: pass@k, mean reward and tool use of a policy on an env, over fixed seeds.
 
 The one evaluation path of gymllm: ``gymllm eval`` (:mod:`gymllm.cli.evaluate`, a fresh engine per
-model) and the training run's in-loop evaluation (:class:`gymllm.algos.run.Run` with ``eval.every``,
+model) and the training run's in-loop evaluation (:class:`gymllm.train.run.Run` with ``eval.every``,
 on the run's own engine at the current policy version) both call :func:`evaluate_env`.
 
     row = await evaluate_env(vec_env, engine, agent, config=EvalConfig(seeds=16),
@@ -172,10 +172,10 @@ async def evaluate_env(envs: Any, engine: Any, agent: Agent, *, config: EvalConf
     num_envs = int(getattr(envs, "num_envs", c.max_concurrency))
     concurrency = max(1, min(c.max_concurrency, c.seeds * c.k, num_envs))
     rcfg = RolloutConfig(group_size=c.k, max_concurrency=concurrency, num_groups=c.seeds, max_staleness=None,
-                         groups_per_step=1, seed=c.seed_base, max_model_calls=c.max_turns)
+                         max_model_calls=c.max_turns)
     groups: list[Group] = []
     async with RolloutOrchestrator(envs, SessionPrefixed(engine, session_prefix), agent, sampling=c.sampling,
-                                   config=rcfg) as orch:
+                                   config=rcfg, seed=c.seed_base, groups_per_step=1) as orch:
         async for group in orch.groups():
             groups.append(group)
     if len(groups) != c.seeds:

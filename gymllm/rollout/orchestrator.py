@@ -1,7 +1,7 @@
 """RolloutOrchestrator: an asyncio producer of complete GRPO groups, with bounded staleness.
 
     orch = RolloutOrchestrator(vec_env, engine, ModelAgent(tok), sampling=SamplingParams(max_tokens=64),
-                               config=RolloutConfig(group_size=8, groups_per_step=4, max_staleness=2))
+                               config=RolloutConfig(group_size=8, max_staleness=2), seed=0, groups_per_step=4)
     async with orch:
         async for group in orch.groups():     # or: group = await orch.get_group()
             ...train on group...
@@ -13,7 +13,9 @@
   trajectories in flight (``stats()["concurrency_limit"]``) rises while the learner waits for groups
   and falls while complete groups queue unconsumed, under the ceiling ``max_concurrency``
   (:class:`~gymllm.rollout.concurrency.AdaptiveConcurrency`);
-* group k: G members, env seed ``seed + k``, distinct per-member sampling seeds;
+* group k: ``group_size`` members, env seed ``seed + k``, distinct per-member sampling seeds (``seed``:
+  a constructor argument, the run's ``run.seed``; ``groups_per_step``: the learner's groups per update,
+  which the staleness bound counts in);
 * admission: :class:`~gymllm.rollout.staleness.StalenessController` (eta = 0 is synchronous);
 * :class:`~gymllm.rollout.group_buffer.GroupBuffer` releases only complete groups, bounds open
   groups, times out stuck ones and retries or drops a group whose member failed;
@@ -65,7 +67,7 @@ class RolloutOrchestrator(QueueSource):
     waiting_for = "waiting for the next complete group"
 
     def __init__(self, envs: Any, engine: Any, agent: Agent, *, sampling: Any, config: RolloutConfig | None = None,
-                 group_filter: GroupFilter | None = None):
+                 seed: int = 0, groups_per_step: int = 8, group_filter: GroupFilter | None = None):
         self.config = config or RolloutConfig()
         self.slots = as_env_slots(envs)
         self.engine = engine if isinstance(engine, MeteredEngine) else MeteredEngine(engine)
@@ -77,13 +79,13 @@ class RolloutOrchestrator(QueueSource):
         if not self.prefix_preserving:
             log.warning("chat template is not prefix-preserving for roles %s: one training row per model call",
                         agent.observation_roles)
-        self.staleness = StalenessController(max_staleness=cfg.max_staleness, groups_per_step=cfg.groups_per_step,
+        self.staleness = StalenessController(max_staleness=cfg.max_staleness, groups_per_step=groups_per_step,
                                              version=self.engine.version)
         self.lag = LoopLagMonitor(cfg.loop_lag_interval_s)
         self.counts = collections.Counter()
         self.errors: list[str] = []
-        self.concurrency = AdaptiveConcurrency(cfg.concurrency_config(self.slots.num_envs))
-        self.producer = GroupProducer(cfg, self.slots, self.engine, agent, sampling=sampling, group_filter=group_filter,
+        self.concurrency = AdaptiveConcurrency(cfg.concurrency_config(self.slots.num_envs, groups_per_step))
+        self.producer = GroupProducer(cfg, self.slots, self.engine, agent, sampling=sampling, group_filter=group_filter, seed=seed,
                                       prefix_preserving=self.prefix_preserving, prompt_limit=cfg.prompt_limit(engine),
                                       staleness=self.staleness, counts=self.counts, errors=self.errors,
                                       adapt=self._adapt, limit=self._limit)

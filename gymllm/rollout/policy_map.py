@@ -7,7 +7,7 @@ A policy map is a JSON object from seat to policy name. Several seats may share 
 groups then come from each of them, never mixed in one group). :func:`check_policies` checks a
 :class:`~gymllm.rollout.seat_source.MultiAgentSection` on creation (the text, the names and how the
 map composes with the other fields); :func:`check_policy_seats` checks the map against a game's seats
-once the game is known. The training side is :mod:`gymllm.algos.policies`.
+once the game is known. The training side is :mod:`gymllm.train.policies`.
 """
 
 from __future__ import annotations

@@ -113,10 +113,11 @@ class GroupProducer:
     the callbacks ``adapt(event)`` / ``limit()`` of the concurrency law."""
 
     def __init__(self, config: RolloutConfig, slots: EnvSlots, engine: Any, agent: Agent, *, sampling: Any,
-                 group_filter: GroupFilter | None, prefix_preserving: bool, prompt_limit: int | None,
+                 group_filter: GroupFilter | None, seed: int, prefix_preserving: bool, prompt_limit: int | None,
                  staleness: StalenessController, counts: collections.Counter, errors: list[str],
                  adapt: Callable[[str], None], limit: Callable[[], int]):
         self.config, self.slots, self.engine, self.agent, self.sampling = config, slots, engine, agent, sampling
+        self.seed = seed  # group k: env seed seed + k
         self.group_filter, self.prefix_preserving, self.prompt_limit = group_filter, prefix_preserving, prompt_limit
         self.staleness, self.counts, self.errors, self.adapt, self.limit = staleness, counts, errors, adapt, limit
         self.buffer = GroupBuffer(group_size=config.group_size, max_open_groups=config.open_group_limit,
@@ -162,7 +163,7 @@ class GroupProducer:
                     break
                 version = self.staleness.admit()
                 gid = EpisodeKey(k, 0).group_id
-                self.buffer.open(gid, seed=cfg.seed + k, admitted_version=version)
+                self.buffer.open(gid, seed=self.seed + k, admitted_version=version)
                 self._spawn_members(k, attempt=0)
                 self.counts["admitted"] += 1
                 counter("groups_running", self.staleness.running, track="rollout")
@@ -195,8 +196,8 @@ class GroupProducer:
 
     def _spawn_members(self, k: int, attempt: int) -> None:
         cfg = self.config
-        key0 = EpisodeKey(k, 0, attempt, cfg.seed + k)
-        tasks = {asyncio.create_task(self._member(EpisodeKey(k, m, attempt, cfg.seed + k)),
+        key0 = EpisodeKey(k, 0, attempt, self.seed + k)
+        tasks = {asyncio.create_task(self._member(EpisodeKey(k, m, attempt, self.seed + k)),
                                      name=f"{key0.group_id}/m{m}/a{attempt}") for m in range(cfg.group_size)}
         self.members[key0.group_id] = tasks
 
@@ -208,7 +209,7 @@ class GroupProducer:
             env_id = self.free_envs.popleft()
             guarded = _ShieldedSlots(self.slots)
             try:
-                ep = Episode(key, self.agent, self.sampling, base_seed=self.config.seed,
+                ep = Episode(key, self.agent, self.sampling, base_seed=self.seed,
                              max_model_calls=self.config.max_model_calls,
                              prefix_preserving=self.prefix_preserving, env_id=env_id)
                 await run_episode(guarded, self.engine, ep, env_id, self.prompt_limit)

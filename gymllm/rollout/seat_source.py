@@ -7,8 +7,8 @@ over a multi-agent text game (a :class:`~gymllm.multiagent.TextAECEnv`), and its
 
 Groups and seats
 ----------------
-Batch ``k`` plays ``rollout.group_size`` (G) games from env seed ``rollout.seed + k``. A **group** is
-the G trajectories of one seat in that batch (group id ``g<k>:<seat>``, ``group.info["agent"]`` the
+Batch ``k`` plays ``rollout.group_size`` games from env seed ``run.seed + k``. A **group** is
+the ``group_size`` trajectories of one seat in that batch (group id ``g<k>:<seat>``, ``group.info["agent"]`` the
 seat, every trajectory's ``info["agent"]`` and ``info["policy"]``), so a group never mixes seats or
 seeds. With ``opponent="self"`` the learner plays every seat of every game and each batch yields one
 group per learner seat (seats outside ``learner_seats`` are played by the same model, not trained).
@@ -20,7 +20,7 @@ Barrier-free
 ------------
 Every game is its own coroutine: it asks the engine for its current mover's reply and waits only for
 that. Moves of different games (and batches) interleave in the engine's continuous batch; a batch's
-groups are released when its G games have ended. Learner moves are sampled through
+groups are released when its ``group_size`` games have ended. Learner moves are sampled through
 :class:`~gymllm.rollout.episode.Episode` exactly as the single-agent path does (token ids, behaviour
 logprobs and the policy version of every sampled token recorded, token-in token-out), so staleness
 and TITO hold. ``rollout.max_staleness`` bounds admission: batch ``k`` starts only while the batches
@@ -79,53 +79,44 @@ log = logging.getLogger("gymllm.rollout")
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MultiAgentSection:
-    """How a multi-agent env trains (used when ``env.id`` names a multi-agent game).
-
-    opponent: ``self`` (the learner plays every seat), ``frozen`` (a snapshot of the learner refreshed
-    every ``refresh_every`` steps), ``random`` (uniform legal moves), ``MODULE:FN`` (a scripted
-    ``fn(observation, agent) -> action`` on the game's own PettingZoo observation and action) or
-    ``run:DIR`` (a trained checkpoint, frozen). refresh_every: steps between frozen refreshes (>= 1).
-    learner_seats: ``("all",)`` or the seat names the learner plays (the others go to the opponent).
-    baseline: ``group`` (per-seat group baseline: the loss's estimator over each seat's group) or
-    ``role_ema`` (SPIRAL's role-conditioned EMA per game and seat, decay ``baseline_decay``; the pure
-    function is :func:`gymllm.multiagent.baseline.role_ema_advantages`; the run's learner then uses the
-    advantage estimator ``role_ema``, a group's role being its seat:
-    :func:`gymllm.algos.config_map.learner_loss`).
-    policies: ``""`` (one learner) or a JSON object from seat to policy name (``{"first": "a",
-    "second": "b"}``): several policies trained in one run, each with its own weights, optimizer,
-    groups and version (:mod:`gymllm.algos.policies`); policy_weights: ``lora`` (an adapter per policy
-    on the shared base, ``lora.rank`` or 8) or ``full``. Checked by
-    :func:`gymllm.rollout.policy_map.check_policies`.
-    illegal_move: what a seat's illegal move does (a reply that names no legal move; a scripted seat
-    that raises, or returns something that is not a move of the game, makes one too): ``retry`` (the
-    mover gets the game's ``invalid_penalty`` and moves again; ``max_invalid`` illegal moves in a row
-    forfeit the game: the mover gets the game's ``forfeit_reward``, every other seat 0), ``forfeit``
-    (the first one forfeits) or ``random`` (a uniformly random legal move is played instead and the
-    mover gets the game's ``invalid_penalty``). It overrides the game's own
-    :class:`~gymllm.multiagent.MultiAgentConfig` ``invalid_action`` / ``max_invalid`` in training; the
-    game goes on (or ends by forfeit) and so does the run. max_invalid: see ``retry`` (>= 1).
-    league_size: with ``frozen``, a league of the learner's last ``league_size`` snapshots (0: none, the
-    latest snapshot only): at each refresh the current weights join the pool and the opponent served until
-    the next refresh is drawn from it (:class:`gymllm.algos.opponents.League`). league_latest: the chance
-    that draw is the latest snapshot (else uniform over the pool).
-    eval_opponents: the fixed players the in-run evaluation plays (``eval.every``): ``random`` or
-    ``MODULE:FN`` scripted players the run need never have trained against
-    (:mod:`gymllm.suites.game_eval`). eval_games: games against each of them per evaluation (even: seeds
-    from ``eval.seed_base``, each played from both seats, greedy at ``eval.temperature``)."""
+    """How a multi-agent env trains (used when ``env.id`` names a multi-agent game)."""
 
     opponent: str = "self"
+    """self (the learner plays every seat), frozen (a snapshot of the learner refreshed every refresh_every steps),
+    random (uniform legal moves), MODULE:FN (a scripted fn(observation, agent) -> action on the game's own
+    PettingZoo observation and action) or run:DIR (a trained checkpoint, frozen)."""
     refresh_every: int = 1
+    """steps between frozen refreshes (>= 1)."""
     learner_seats: tuple[str, ...] = ("all",)
+    """``("all",)`` or the seat names the learner plays (the others go to the opponent)."""
     baseline: str = "group"
+    """group (per-seat group baseline: the loss's estimator over each seat's group) or role_ema (SPIRAL's role-
+    conditioned EMA per game and seat, decay baseline_decay; the learner then uses the advantage estimator
+    role_ema, a group's role being its seat)."""
     baseline_decay: float = 0.95
+    """role_ema's decay (b <- decay * b + (1 - decay) * R)."""
     policies: str = ""
+    """'' (one learner) or a JSON object from seat to policy name ({"first": "a", "second": "b"}): several policies
+    trained in one run, each with its own weights, optimizer, groups and version (gymllm.train.policies)."""
     policy_weights: str = "lora"
+    """lora (an adapter per policy on the shared base, lora.rank or 8) or full (weights and an engine per policy)."""
     illegal_move: Literal["retry", "forfeit", "random"] = "retry"
+    """What a seat's illegal move does: retry (the game's invalid_penalty, then move again; max_invalid in a row
+    forfeit), forfeit (the first one forfeits) or random (a random legal move is played and the mover gets
+    invalid_penalty); overrides the game's own MultiAgentConfig in training."""
     max_invalid: int = 3
+    """Illegal moves in a row that forfeit the game with illegal_move retry (>= 1)."""
     league_size: int = 0
+    """With frozen, a league of the learner's last league_size snapshots (0: the latest only): at each refresh the
+    current weights join the pool and the opponent until the next refresh is drawn from it."""
     league_latest: float = 0.0
+    """the chance that draw is the latest snapshot (else uniform over the pool)."""
     eval_opponents: tuple[str, ...] = ("random",)
+    """the fixed players the in-run evaluation plays (``eval.every``): ``random`` or ``MODULE:FN`` scripted players
+    the run need never have trained against (:mod:`gymllm.suites.game_eval`)."""
     eval_games: int = 32
+    """games against each of them per evaluation (even: seeds from ``eval.seed_base``, each played from both seats,
+    greedy at ``eval.temperature``)."""
 
     def __post_init__(self) -> None:
         o = self.opponent
@@ -311,7 +302,7 @@ class SeatGroupSource(QueueSource):
     waiting_for = "waiting for the next game batch to end"
 
     def __init__(self, game_fn: Callable[[], Any], engine: Any, agent: Any, *, sampling: Any,
-                 rollout: RolloutConfig, config: MultiAgentSection,
+                 rollout: RolloutConfig, config: MultiAgentSection, seed: int = 0,
                  group_filter: Callable[[Group], bool] | None = None, opponent: Any = None):
         self.frozen = config.opponent == "frozen" or config.opponent.startswith("run:")
         if self.frozen and opponent is None:
@@ -321,6 +312,7 @@ class SeatGroupSource(QueueSource):
                                       "builds it, or pass opponent="))
         self.game_fn, self.engine, self.agent, self.sampling = game_fn, engine, agent, sampling
         self.rollout, self.config, self.group_filter = rollout, config, group_filter
+        self.seed = seed  # batch k: env seed seed + k (the run's run.seed)
         self.opponent = opponent  # frozen / run:DIR: .engine, .version, .refresh(step), .close()
         probe = game_fn()
         self.possible = list(probe.possible_agents)
@@ -395,8 +387,7 @@ class SeatGroupSource(QueueSource):
     # --- production -------------------------------------------------------------------------------
     def _admissible(self) -> bool:
         r = self.rollout
-        per_batch = r.group_size
-        if self.games_in_flight + per_batch > max(r.max_concurrency, per_batch):
+        if self.games_in_flight + r.group_size > max(r.max_concurrency, r.group_size):
             return False
         if len(self.ready) >= max(r.queue_size, 1):
             return False
@@ -432,7 +423,7 @@ class SeatGroupSource(QueueSource):
         return [self.learners[k % len(self.learners)]]
 
     async def _batch(self, k: int) -> None:
-        seed = self.rollout.seed + k
+        seed = self.seed + k
         seats = self.batch_seats(k)
         tasks = [asyncio.ensure_future(self.play_game(k, m, seed, seats)) for m in range(self.rollout.group_size)]
         try:
@@ -531,7 +522,7 @@ class SeatGroupSource(QueueSource):
         for i, seat in enumerate(modelled):
             key = EpisodeKey(group_index=k, member=member * len(self.possible) + self.possible.index(seat),
                              env_seed=seed, task_id=f"seed{seed}")
-            episodes[seat] = Episode(key, self.agent, self.sampling, base_seed=self.rollout.seed,
+            episodes[seat] = Episode(key, self.agent, self.sampling, base_seed=self.seed,
                                      max_model_calls=self.rollout.max_model_calls, env_id=member)
         limit = self.rollout.prompt_limit(self.engine)
         try:

@@ -1,5 +1,5 @@
 """GroupSource: where the training loop gets its finished GRPO groups (the seam between the rollout
-layer and the one loop of :class:`gymllm.algos.run.Run`).
+layer and the one loop of :class:`gymllm.train.run.Run`).
 
     source = RolloutOrchestrator(envs, engine, agent, sampling=sp, config=rcfg)   # or any GroupSource
     await source.start()

@@ -35,23 +35,23 @@ from gymllm.telemetry import span
 from gymllm.types import Group
 
 
-def sync_batch_groups(num_envs: int, engine: Any, config: RolloutConfig, batch_groups: int | None = None, *,
+def sync_batch_groups(num_envs: int, engine: Any, config: RolloutConfig, batch_groups: int = 8, *,
                       fill: bool = True) -> int:
     """Groups per synchronous batch: with ``fill``, as many as ``num_envs``, the engine's rows and
-    ``config.max_concurrency`` hold, at least ``batch_groups`` (default ``config.groups_per_step``);
-    never more than the envs hold (a group of G needs G envs)."""
-    G = config.group_size
-    need = batch_groups or config.groups_per_step
+    ``config.max_concurrency`` hold, at least ``batch_groups`` (a step's groups); never more than the
+    envs hold (a group of ``group_size`` needs that many envs)."""
+    group_size = config.group_size
+    need = batch_groups
     if fill:
         rows = getattr(getattr(engine, "config", None), "num_slots", None)
         width = min(num_envs, config.max_concurrency, rows if isinstance(rows, int) else num_envs)
-        need = max(need, width // G)
-    return min(need, max(1, num_envs // G))
+        need = max(need, width // group_size)
+    return min(need, max(1, num_envs // group_size))
 
 
 class SyncBatchSource:
     """The synchronous baseline as a group source: ``next_groups`` rolls out the next lockstep batch of
-    :func:`sync_batch_groups` groups (group k: env seed ``config.seed + k``) and returns it whole, in
+    :func:`sync_batch_groups` groups (group k: env seed ``seed + k``) and returns it whole, in
     group order, after ``group_filter`` (called on every group; a group it rejects is not returned).
     ``QueueClosed`` once ``config.num_groups`` groups (None: never) were rolled out. A failing
     trajectory raises (the baseline has no isolation; it is a reference, not a runner)."""
@@ -60,15 +60,17 @@ class SyncBatchSource:
     waiting_for = "rolling out the next synchronous batch"
 
     def __init__(self, envs: Any, engine: Any, agent: Agent, *, sampling: Any, config: RolloutConfig,
-                 batch_groups: int | None = None, fill: bool = True,
+                 seed: int = 0, batch_groups: int = 8, fill: bool = True,
                  group_filter: Callable[[Group], bool] | None = None):
         self.slots = as_env_slots(envs)
         self.engine = engine if isinstance(engine, MeteredEngine) else MeteredEngine(engine)
         self.agent, self.sampling, self.config, self.group_filter = agent, sampling, config, group_filter
-        G = config.group_size
-        self.per_batch = sync_batch_groups(self.slots.num_envs, self.engine.engine, config, batch_groups, fill=fill)
-        if self.per_batch * G > self.slots.num_envs:
-            raise ValueError(f"sync_rollout: a group of {G} needs {G} envs, received {self.slots.num_envs}. "
+        self.seed = seed
+        group_size = config.group_size
+        self.batch_groups = sync_batch_groups(self.slots.num_envs, self.engine.engine, config, batch_groups, fill=fill)
+        if self.batch_groups * group_size > self.slots.num_envs:
+            raise ValueError(f"sync_rollout: a group of {group_size} needs {group_size} envs, received "
+                             f"{self.slots.num_envs}. "
                              "Fix: pass more envs.")
         self.prefix = check_prefix_preserving(agent.tokenizer, agent.observation_roles)
         self.next_k, self.counts = 0, {"batches": 0, "groups": 0}
@@ -79,9 +81,10 @@ class SyncBatchSource:
     async def next_groups(self) -> list[Group]:
         total = self.config.num_groups
         while total is None or self.next_k < total:
-            end = self.next_k + self.per_batch if total is None else min(self.next_k + self.per_batch, total)
+            end = self.next_k + self.batch_groups if total is None else min(self.next_k + self.batch_groups, total)
             ks, self.next_k = list(range(self.next_k, end)), end
-            batch = await _run_batch(self.slots, self.engine, self.agent, self.sampling, self.config, ks, self.prefix)
+            batch = await _run_batch(self.slots, self.engine, self.agent, self.sampling, self.config, self.seed, ks,
+                                     self.prefix)
             self.counts["batches"] += 1
             self.counts["groups"] += len(batch)
             kept = [g for g in batch if self.group_filter is None or self.group_filter(g)]
@@ -104,19 +107,20 @@ class SyncBatchSource:
 
 
 async def sync_rollout(envs: Any, engine: Any, agent: Agent, *, sampling: Any, config: RolloutConfig,
-                       batch_groups: int | None = None,
+                       seed: int = 0, batch_groups: int = 8,
                        on_batch: Callable[[list[Group]], Awaitable[None] | None] | None = None,
                        fill: bool = True) -> list[Group]:
     """Run ``config.num_groups`` groups in lockstep batches; returns them in group order.
 
     Each batch has :func:`sync_batch_groups` groups (``fill``: every env and engine row works;
-    ``batch_groups``, default ``config.groups_per_step``, is the least). ``on_batch`` gets all of a
+    ``batch_groups`` is the least; group k: env seed ``seed + k``). ``on_batch`` gets all of a
     batch's groups. A failing trajectory raises (the baseline has no isolation; it is a reference,
     not a runner).
     """
     if config.num_groups is None:
         raise ValueError("sync_rollout: expected config.num_groups (an int), received None. Fix: set num_groups.")
-    source = SyncBatchSource(envs, engine, agent, sampling=sampling, config=config, batch_groups=batch_groups, fill=fill)
+    source = SyncBatchSource(envs, engine, agent, sampling=sampling, config=config, seed=seed,
+                             batch_groups=batch_groups, fill=fill)
     groups: list[Group] = []
     while True:
         try:
@@ -137,12 +141,12 @@ async def _timed(aw: Awaitable[Any]) -> tuple[Any, float]:
 
 
 async def _run_batch(slots: Any, engine: MeteredEngine, agent: Agent, sampling: Any, config: RolloutConfig,
-                     ks: list[int], prefix: bool) -> list[Group]:
-    G = config.group_size
+                     seed: int, ks: list[int], prefix: bool) -> list[Group]:
+    group_size = config.group_size
     version = engine.version
-    episodes = [Episode(EpisodeKey(k, m, 0, config.seed + k), agent, sampling, base_seed=config.seed,
-                        max_model_calls=config.max_model_calls, prefix_preserving=prefix, env_id=i * G + m)
-                for i, k in enumerate(ks) for m in range(G)]
+    episodes = [Episode(EpisodeKey(k, m, 0, seed + k), agent, sampling, base_seed=seed,
+                        max_model_calls=config.max_model_calls, prefix_preserving=prefix, env_id=i * group_size + m)
+                for i, k in enumerate(ks) for m in range(group_size)]
     with span("env_step", track="rollout", kind="reset_all", n=len(episodes)):
         resets = await asyncio.gather(*(_timed(slots.reset(ep.env_id, ep.key.env_seed)) for ep in episodes))
     for ep, ((obs, info), dt) in zip(episodes, resets):
@@ -164,10 +168,10 @@ async def _run_batch(slots: Any, engine: MeteredEngine, agent: Agent, sampling: 
     end = getattr(engine.engine, "end_session", None)
     for ep in episodes if end is not None else ():
         end(ep.key.trajectory_id)  # free the engine's cached prefixes, as the orchestrator does
-    buf = GroupBuffer(group_size=G, max_open_groups=len(ks))
+    buf = GroupBuffer(group_size=group_size, max_open_groups=len(ks))
     out: list[Group] = []
     for k in ks:
-        buf.open(f"g{k}", seed=config.seed + k, admitted_version=version)
+        buf.open(f"g{k}", seed=seed + k, admitted_version=version)
     for ep in episodes:
         g = buf.add(ep.key.group_id, ep.key.member, ep.trajectories())
         if g is not None:

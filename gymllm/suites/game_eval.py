@@ -4,7 +4,7 @@
     rows = await ev.evaluate(engine, step)    # one row per opponent: win / draw / loss / score / reward
     ev.metrics(row)                           # {"eval/vs/random/win": ..., "eval/vs/random/win_or_draw": ...}
 
-A training run on a game with ``eval.every`` set evaluates this way (:class:`gymllm.algos.heldout.HeldOutHook`):
+A training run on a game with ``eval.every`` set evaluates this way (:class:`gymllm.train.heldout.HeldOutHook`):
 the policy just pushed to the run's engine plays ``multiagent.eval_games`` games against each of
 ``multiagent.eval_opponents`` (``random`` or ``MODULE:FN`` scripted players, which the run need never
 have trained against), on the schedule of ``gymllm eval game`` (:func:`gymllm.suites.games.schedule`:

@@ -27,7 +27,7 @@ At the end: ``summary.json`` (:func:`gymllm.suites.results.summarize`), ``report
 
 Elsewhere than this process: ``PolicySpec.make_engine`` builds a policy's engine (e.g. an
 :class:`~gymllm.inference.pool.EnginePool` of Ray replica actors) and ``run_suite(make_vec=...)`` each
-env's vector env (e.g. its sub-envs on Ray env workers): :class:`gymllm.algos.cluster.SuiteOnRay`
+env's vector env (e.g. its sub-envs on Ray env workers): :class:`gymllm.train.cluster.SuiteOnRay`
 gives both, for ``gymllm eval suite --eval.suite S --cluster.backend ray``. The episodes, their seeds and the
 rows are the same; only where the engine and the envs run changes.
 """

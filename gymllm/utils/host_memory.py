@@ -11,7 +11,7 @@ gradients are that large, and keeping them on the heap fragmented a SmolLM2 run 
 (5 GB with malloc left alone), while small blocks are where the faults per byte are.
 
 These are settings of the whole process (every library's allocations in it), so they are applied only
-on request: ``gymllm.algos.trainer.train`` calls :func:`keep_freed_memory`, which changes nothing
+on request: ``gymllm.train.trainer.train`` calls :func:`keep_freed_memory`, which changes nothing
 unless ``GYMLLM_KEEP_FREED_MEMORY=1`` is set in the environment (or a caller passes ``enabled=True``).
 A training process of its own (``gymllm train``, the benchmarks) is where it pays:
 ``GYMLLM_KEEP_FREED_MEMORY=1 gymllm train ...``. A no-op (returns False) where glibc's ``mallopt`` is

@@ -4,7 +4,7 @@ trajectories without reading the whole log per request.
 Two log formats are indexed:
 
 * ``train``: a training run's ``trajectories.jsonl`` (one JSON object per trained trajectory, written
-  by :mod:`gymllm.algos.run`: ``step``, ``group_id``, ``trajectory_id``, ``reward``, ``token_ids``,
+  by :mod:`gymllm.train.run`: ``step``, ``group_id``, ``trajectory_id``, ``reward``, ``token_ids``,
   ``sampled_spans``, ``versions`` ...): one line is one row.
 * ``episodes``: a :class:`~gymllm.wrappers.TrajectoryLogger` log (``gymllm.trajectory/1``: ``header``,
   ``reset``, ``step``, ``tokens``, ``note``, ``end``, ``abort`` records): one episode is one row, made

@@ -1,7 +1,7 @@
 """The directories and files ``gymllm view`` shows: :class:`ViewedRun` (a ``gymllm train`` run
 directory, a suite evaluation's directory or ``summary.json``, or a ``gymllm eval env --out`` table).
 
-What a run directory holds (see :mod:`gymllm.algos.trainer`): ``config.json``, ``metrics.jsonl`` (one
+What a run directory holds (see :mod:`gymllm.train.trainer`): ``config.json``, ``metrics.jsonl`` (one
 object per optimizer step), ``summary.txt``, ``trajectories.jsonl``, ``trace.json`` (Chrome/Perfetto
 format), ``compiles.jsonl`` (every XLA compile; its figures are shown while the run goes on), the report PNGs, ``tensorboard/``, ``checkpoints/``. Any ``gymllm.trajectory/1`` log
 (:class:`~gymllm.wrappers.TrajectoryLogger`) inside it, up to two folders down, is shown as well.

@@ -1,10 +1,10 @@
 """The trainer on a Ray cluster: the one place that builds env workers, the engine pool and learner
-hosts from a :class:`~gymllm.algos.train_config.TrainConfig` (``cluster.backend="ray"``).
+hosts from a :class:`~gymllm.train.train_config.TrainConfig` (``cluster.backend="ray"``).
 
     gymllm train --preset tiny --cluster.backend ray --cluster.env-workers 2 --cluster.engine-replicas 2
     gymllm train ... --cluster.backend ray --cluster.address auto --cluster.learner-hosts 2
 
-:class:`RayComponents` implements :class:`gymllm.algos.components.Components`, so the run (orchestrator,
+:class:`RayComponents` implements :class:`gymllm.train.components.Components`, so the run (orchestrator,
 checkpoints, resume, telemetry, run directory) stays in the driver and does not know where its parts
 live:
 
@@ -40,7 +40,8 @@ import functools
 import pathlib
 from typing import Any, Mapping
 
-from gymllm.algos.train_config import ClusterSection, ModelSection, TrainConfig
+from gymllm.train.train_config import ClusterSection, ModelSection, TrainConfig
+from gymllm.train.wiring import engine_config
 from gymllm.errors import ConfigError, explain
 
 __all__ = ["RayComponents", "LearnerHost", "LearnerGroup", "GroupCheckpointer", "replica_spec", "env_ray_options",
@@ -108,14 +109,14 @@ def replica_spec(cfg: TrainConfig, version: int = 0) -> Any:
     (a resumed run pushes its weights right after)."""
     from gymllm.inference.replica import ReplicaSpec
 
-    kw: dict[str, Any] = {"config": cfg.engine, "warmup": cfg.run.warmup, "version": int(version)}
+    kw: dict[str, Any] = {"config": engine_config(cfg), "warmup": cfg.run.warmup, "version": int(version)}
     if cfg.model.is_tiny:
         return ReplicaSpec.jax(tiny=tiny_kwargs(cfg.model), **kw)
     return ReplicaSpec.jax(cfg.model.name, **kw)
 
 
 class RayComponents:
-    """:class:`~gymllm.algos.components.Components` on Ray (see the module docstring). Connects on creation
+    """:class:`~gymllm.train.components.Components` on Ray (see the module docstring). Connects on creation
     (joins ``cluster.address``, or starts a local Ray on 127.0.0.1) and disconnects on ``close`` if it
     connected."""
 
@@ -129,7 +130,7 @@ class RayComponents:
     # ------------------------------------------------------------------ learner
     def make_learner(self, cfg: TrainConfig, lm: Any) -> Any:
         if self.cluster.learner_hosts == 0:
-            from gymllm.algos.components import LocalComponents
+            from gymllm.train.components import LocalComponents
 
             local = LocalComponents()
             learner = local.make_learner(cfg, lm)
@@ -331,18 +332,17 @@ class LearnerHost:
         import jax
 
         from gymllm.algos.checkpoint import Checkpointer
-        from gymllm.algos.config_map import learner_loss
+        from gymllm.train.wiring import learner_kwargs
         from gymllm.algos.learner import StreamingLearner
-        from gymllm.algos.components import load_model
+        from gymllm.train.components import load_model
         from gymllm.algos.sharding import make_mesh
 
         lm = load_model(cfg.model)
         sharding = cfg.sharding
         if make_mesh(sharding) is None:  # one device per the config: spread the batch over every host's devices
             sharding = dataclasses.replace(sharding, data=len(jax.devices()))
-        self.learner = StreamingLearner(lm.config, lm.model.flat_params(), loss=learner_loss(cfg), optimizer=cfg.optimizer,
-                                        config=cfg.learner, lora=cfg.lora, mesh=make_mesh(sharding),
-                                        pad_id=int(lm.tokenizer.pad_token_id or 0))
+        self.learner = StreamingLearner(lm.config, lm.model.flat_params(), lora=cfg.lora, mesh=make_mesh(sharding),
+                                        pad_id=int(lm.tokenizer.pad_token_id or 0), **learner_kwargs(cfg))
         self.ckpt = Checkpointer(pathlib.Path(cfg.run.run_dir) / "checkpoints", max_to_keep=cfg.run.keep_checkpoints)
 
     def status(self) -> dict[str, Any]:

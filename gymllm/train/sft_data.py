@@ -190,7 +190,7 @@ def render_conversation(tokenizer: Any, messages: Sequence[dict], tools: list | 
 
 def _too_long(where: str, length: int, max_len: int) -> SFTDataError:
     return _fail(where, expected=f"a row of at most max_len = {max_len} tokens", received=f"{length} tokens",
-                 fix="raise --sft.max-len, or shorten / drop this example")
+                 fix="raise --learner.max-len, or shorten / drop this example")
 
 
 def rows_from_jsonl(path: str | os.PathLike, tokenizer: Any, *, max_len: int,

@@ -1,7 +1,8 @@
-"""What a :class:`~gymllm.algos.run.Run` is built from: the :class:`Components` that make each part
-(:class:`LocalComponents` in this process; :class:`gymllm.algos.cluster.RayComponents` on Ray), the
+"""What a :class:`~gymllm.train.run.Run` is built from: the :class:`Components` that make each part
+(:class:`LocalComponents` in this process; :class:`gymllm.train.cluster.RayComponents` on Ray), the
 model (:func:`load_model`) and :func:`build_parts`, which assembles them into :class:`RunParts`
 (restoring the latest checkpoint first when the run resumes).
+
 """
 
 from __future__ import annotations
@@ -9,10 +10,11 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import pathlib
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
-from gymllm.algos.resume import ResumeState
-from gymllm.algos.train_config import ModelSection, TrainConfig
+from gymllm.train.resume import ResumeState
+from gymllm.train.train_config import ModelSection, TrainConfig
+from gymllm.train.wiring import engine_config, learner_kwargs
 
 __all__ = ["Components", "LocalComponents", "RunParts", "build_parts", "load_model"]
 
@@ -29,7 +31,7 @@ def load_model(m: ModelSection) -> Any:
 
 
 class Components(Protocol):
-    """What a :class:`~gymllm.algos.run.Run` is assembled from. Each method builds one part for the (effective) config;
+    """What a :class:`~gymllm.train.run.Run` is assembled from. Each method builds one part for the config;
     ``close`` releases whatever the components started (actors, a Ray connection)."""
 
     def make_learner(self, cfg: TrainConfig, lm: Any) -> Any:
@@ -58,18 +60,17 @@ class LocalComponents:
         self.gather = False
 
     def make_learner(self, cfg: TrainConfig, lm: Any) -> Any:
-        from gymllm.algos.config_map import learner_loss
         from gymllm.algos.learner import StreamingLearner
         from gymllm.algos.sharding import make_mesh
 
         mesh = make_mesh(cfg.sharding)
         self.gather = mesh is not None
-        if cfg.multiagent.policies:  # several policies: a learner each (gymllm.algos.policies)
-            from gymllm.algos.policies import build_policy_set
+        if cfg.multiagent.policies:  # several policies: a learner each (gymllm.train.policies)
+            from gymllm.train.policies import build_policy_set
 
             return build_policy_set(cfg, lm, mesh)
-        return StreamingLearner(lm.config, lm.model.flat_params(), loss=learner_loss(cfg), optimizer=cfg.optimizer,
-                                config=cfg.learner, lora=cfg.lora, mesh=mesh, pad_id=int(lm.tokenizer.pad_token_id or 0))
+        return StreamingLearner(lm.config, lm.model.flat_params(), lora=cfg.lora, mesh=mesh,
+                                pad_id=int(lm.tokenizer.pad_token_id or 0), **learner_kwargs(cfg))
 
     def make_checkpointer(self, cfg: TrainConfig, learner: Any) -> Any:
         from gymllm.algos.checkpoint import Checkpointer
@@ -77,14 +78,14 @@ class LocalComponents:
         return Checkpointer(pathlib.Path(cfg.run.run_dir) / "checkpoints", max_to_keep=cfg.run.keep_checkpoints)
 
     def make_engine(self, cfg: TrainConfig, lm: Any, version: int) -> Any:
-        from gymllm.algos.policies import policy_adapters
+        from gymllm.train.policies import policy_adapters
         from gymllm.inference.jax_engine import JaxEngine
 
-        # several LoRA policies: the one engine serves an adapter per policy (gymllm.algos.policies)
-        return JaxEngine(lm.model, lm.tokenizer, version=version, config=cfg.engine, adapters=policy_adapters(cfg))
+        # several LoRA policies: the one engine serves an adapter per policy (gymllm.train.policies)
+        return JaxEngine(lm.model, lm.tokenizer, version=version, config=engine_config(cfg), adapters=policy_adapters(cfg))
 
     def make_pusher(self, cfg: TrainConfig, engine: Any, lm: Any, learner: Any) -> Any:
-        from gymllm.algos.policies import PolicySet
+        from gymllm.train.policies import PolicySet
         from gymllm.algos.weight_sync import WeightPusher
 
         if isinstance(learner, PolicySet):  # an engine per policy, each update pushed to its own
@@ -129,8 +130,10 @@ class RunParts:
     pool: concurrent.futures.ThreadPoolExecutor
 
 
-def build_parts(cfg: TrainConfig, parts: Components) -> tuple[RunParts, ResumeState]:
-    """Build the run's parts with ``parts``; with ``run.resume`` restore the latest checkpoint into the
+def build_parts(cfg: TrainConfig, parts: Components,
+                make_envs: Callable[[TrainConfig, Components], Any] | None = None) -> tuple[RunParts, ResumeState]:
+    """Build the run's parts with ``parts`` (the envs with ``make_envs``: the run's kind's, see
+    :data:`gymllm.train.assembly.KINDS`; default ``parts.make_envs``); with ``run.resume`` restore the latest checkpoint into the
     learner and push its weights to the engine; with ``run.warmup`` compile the engine and learner, else a
     learner with ``fixed_shapes`` compiles its program set in a background thread (its first step waits)."""
     from gymllm.rollout import ModelAgent, ToolAgent
@@ -144,12 +147,9 @@ def build_parts(cfg: TrainConfig, parts: Components) -> tuple[RunParts, ResumeSt
     pusher = parts.make_pusher(cfg, engine, lm, learner)
     if resume.resumed_from is not None:
         pusher.push(learner.policy_params(), learner.version)
-    from gymllm.multiagent.factory import game_factory
-
-    # the envs before any warm-up: an env that fails to build fails the setup with no compile thread left behind
-    game = game_factory(cfg.env.id, cfg.env.kwargs) if cfg.rollout.mode != "proxy" else None
-    # a multi-agent game: envs is its GameFactory (the seat source plays the games); proxy: the program plays
-    envs = game if game is not None else parts.make_envs(cfg) if cfg.rollout.mode != "proxy" else None
+    # the envs before any warm-up: an env that fails to build fails the setup with no compile thread left behind;
+    # the run's kind decides them (a game's GameFactory, a suite's mixture, a vector env; none for agent programs)
+    envs = make_envs(cfg, parts) if make_envs is not None else parts.make_envs(cfg)
     if cfg.run.warmup:
         engine.warmup()
         learner.warmup(group_size=cfg.rollout.group_size)

@@ -5,16 +5,16 @@ keyword-only configs (``engine``: :class:`~gymllm.inference.EngineConfig`, ``sam
 ``sharding``) and the run's own sections (model, env, run, cluster, eval), plus the named presets
 (``preset("tiny")``, ``preset("default")``).
 
-    from gymllm.algos.train_config import preset, ClusterSection
+    from gymllm.train.train_config import preset, ClusterSection
     cfg = dataclasses.replace(preset("tiny"), cluster=ClusterSection(backend="ray", engine_replicas=2))
 
-Each section goes to its component as it is: no setting is hidden in a mapping. Every field is a
-``gymllm train`` flag (``--section.field``; tyro builds them from these dataclasses) and a recipe key.
-A few fields are the same setting seen by two components (:data:`TIES`, e.g. the learner scores tokens
-at the sampler's temperature): ``TrainConfig`` sets them from their source on creation.
-:func:`effective` fills the defaults one section implies for another (the learner's staleness bound is
-the rollout's, ...); :func:`gymllm.algos.trainer.train` applies it. :func:`from_tables` builds a
-config from nested tables (a recipe, a run's ``config.json``, spellings of older versions included).
+Each section goes to its component as it is: no setting is hidden in a mapping, and each setting has
+one field. Every field is a ``gymllm train`` flag (``--section.field``; tyro builds them from these
+dataclasses, and the docstring under each field is its help) and a recipe key. A value two components
+share (the learner scores tokens at the sampler's temperature, the rollout seeds group k with
+``run.seed + k``, ...) is a constructor argument, wired where the run is assembled
+(:mod:`gymllm.train.components`). :func:`from_tables` builds a
+config from nested tables (a recipe, a run's ``config.json``).
 """
 
 from __future__ import annotations
@@ -36,27 +36,34 @@ from gymllm.rollout.seat_source import MultiAgentSection
 from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 from gymllm.validation import apply_overrides, check_choice, check_range, require
 
-__all__ = ["ModelSection", "EnvSection", "RunSection", "EvalSection", "ClusterSection",
-           "TrainConfig", "PRESETS", "preset", "effective", "TIES", "LEGACY_KEYS", "from_tables",
-           "legacy_tables"]
+__all__ = ["ModelSection", "EnvSection", "RunSection", "EvalSection", "ClusterSection", "TrainConfig", "PRESETS",
+           "preset", "from_tables"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelSection:
-    """name: a ``gymllm.models.load`` name or path, or ``tiny-<family>`` (llama, qwen2, qwen3, gemma3)
-    for a random tiny model whose sizes are the fields below. checkpoint: a run directory (``gymllm
-    train`` or ``gymllm sft``) or one of its checkpoint directories whose trained weights replace the
-    loaded ones before the run starts (warm start, e.g. SFT then GRPO); empty: the model as loaded."""
+    """The model a run trains."""
 
     name: str = "tiny-qwen3"
+    """A gymllm.models.load name or path, or tiny-<family> (llama, qwen2, qwen3, gemma3) for a random tiny model
+    whose sizes are the fields below."""
     checkpoint: str = ""
+    """A run directory (gymllm train or gymllm sft) or one of its checkpoint directories whose trained weights
+    replace the loaded ones before the run starts (warm start, e.g. SFT then GRPO); empty: the model as loaded."""
     seed: int = 0
+    """The random init's seed of a tiny-<family> model."""
     vocab_size: int = 512
+    """Vocabulary of a tiny-<family> model."""
     hidden_size: int = 64
+    """Hidden (embedding) width of a tiny-<family> model."""
     intermediate_size: int = 128
+    """MLP width of a tiny-<family> model."""
     num_layers: int = 2
+    """Transformer layers of a tiny-<family> model."""
     num_heads: int = 4
+    """Attention heads of a tiny-<family> model."""
     num_kv_heads: int = 2
+    """Key/value heads of a tiny-<family> model (grouped-query attention when fewer than num_heads)."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -73,21 +80,24 @@ DEFAULT_ENV_ID = "gymllm/TinyRepeat-v0"
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EnvSection:
-    """id: a registered env id, or a user's module as ``module:EnvId-v0`` (imported first, so its
-    ``register`` call runs) or ``module:factory`` (:func:`gymllm.registration.resolve_env_id`); kwargs: passed to every sub-env; num_envs: sub-envs of the vector env
-    (trajectories in flight are bounded by it); agent: model (text actions) | tool (tool calls);
-    suite: train on a suite's mixture instead of one env (a suite file or a shipped suite's name:
-    each group is one env and seed, drawn in proportion to the tables' ``weight``;
-    :mod:`gymllm.suites.training`); curriculum: ``none`` | ``learnability`` (suite envs weighted by
-    p (1 - p) of their recent success rate)."""
+    """The env the rollouts play (or a suite's mixture)."""
 
     id: str = DEFAULT_ENV_ID
+    """a registered env id, or a user's module as ``module:EnvId-v0`` (imported first, so its ``register`` call
+    runs) or ``module:factory`` (:func:`gymllm.registration.resolve_env_id`)."""
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Constructor arguments passed to every sub-env."""
     num_envs: int = 16
+    """sub-envs of the vector env (trajectories in flight are bounded by it)."""
     agent: str = "model"
+    """model (the reply is the text action) | tool (the reply may call the env's tools)."""
     system_prompt: str = ""
+    """The agent's system prompt (empty: none, or the env's own)."""
     suite: str = ""
+    """train on a suite's mixture instead of one env (a suite file or a shipped suite's name: each group is one env
+    and seed, drawn in proportion to the tables' ``weight``; :mod:`gymllm.suites.training`)."""
     curriculum: str = "none"
+    """``none`` | ``learnability`` (suite envs weighted by p (1 - p) of their recent success rate)."""
 
     def __post_init__(self) -> None:
         check_range("EnvSection", "num_envs", self.num_envs, lo=1)
@@ -113,30 +123,37 @@ class EnvSection:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunSection:
-    """run_dir: output directory; seed: base seed (group k uses env seed seed + k; sampling seeds derive
-    from it); checkpoint_every: steps between checkpoints (0 = only at the end); resume: continue
-    from run_dir's latest checkpoint; console: live progress line; log_trajectories: write
-    trajectories.jsonl; report: render PNG plots at the end; warmup: compile every engine and learner
-    shape before the first rollout (benchmarks: no compile inside the measured steps); stall_timeout_s:
-    the watchdog's bound (:mod:`gymllm.telemetry.watchdog`): a stage (rollout, learner, weight_sync,
-    checkpoint) working this long without progress is named in the log and the trace (0 = off);
-    profile_steps: ``"A:B"`` captures an op-level ``jax.profiler`` trace of optimizer steps A..B
-    (inclusive) into ``run_dir/profile`` ("" = off); compile_cache: where compiled programs are kept
-    for the next run (:mod:`gymllm.utils.compile_cache`: ``"auto"`` = ``$GYMLLM_COMPILE_CACHE`` or
-    ``~/.cache/gymllm/xla``, ``"off"``, or a directory)."""
+    """The run's directory, seed, checkpoints, logs and watchdog."""
 
     run_dir: str = "runs/gymllm"
+    """The output directory."""
     seed: int = 0
+    """The run's base seed: group k uses env seed seed + k, sampling seeds derive from it, and the engine's own keys
+    are seeded with it."""
     checkpoint_every: int = 0
+    """steps between checkpoints (0 = only at the end)."""
     keep_checkpoints: int = 2
+    """Checkpoints kept (the newest)."""
     resume: bool = True
+    """continue from run_dir's latest checkpoint."""
     console: bool = True
+    """live progress line."""
     log_trajectories: bool = True
+    """write trajectories.jsonl."""
     report: bool = True
+    """render PNG plots at the end."""
     warmup: bool = False
+    """compile every engine and learner shape before the first rollout (benchmarks: no compile inside the measured
+    steps)."""
     stall_timeout_s: float = 300.0
+    """the watchdog's bound (:mod:`gymllm.telemetry.watchdog`): a stage (rollout, learner, weight_sync, checkpoint)
+    working this long without progress is named in the log and the trace (0 = off)."""
     profile_steps: str = ""
+    """``"A:B"`` captures an op-level ``jax.profiler`` trace of optimizer steps A..B (inclusive) into
+    ``run_dir/profile`` ("" = off)."""
     compile_cache: str = "auto"
+    """where compiled programs are kept for the next run (:mod:`gymllm.utils.compile_cache`: ``"auto"`` =
+    ``$GYMLLM_COMPILE_CACHE`` or ``~/.cache/gymllm/xla``, ``"off"``, or a directory)."""
 
     def __post_init__(self) -> None:
         from gymllm.utils.compile_cache import check_setting
@@ -152,22 +169,25 @@ class RunSection:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EvalSection:
-    """Held-out evaluation inside the run (the ``gymllm eval`` path). every: optimizer steps between
-    evaluations (0 = off; when on, the run also evaluates before its first step and after its last);
-    envs: env ids to evaluate (empty: the training env, with its kwargs); seeds: held-out episodes per
-    env; seed_base: the first held-out seed (seeds ``seed_base .. seed_base + seeds - 1``), which must
-    lie above every seed training can use; temperature: the sampler's (0 = greedy, so pass@1 is
-    deterministic); max_tokens: a reply's budget (0 = the rollout's); suite: evaluate a suite's envs
-    instead (a file or a shipped suite's name; each env with its table's kwargs, agent and system
-    prompt; a mixture run with neither ``envs`` nor ``suite`` evaluates its training suite)."""
+    """Held-out evaluation inside the run (the ``gymllm eval`` path)."""
 
     every: int = 0
+    """optimizer steps between evaluations (0 = off; when on, the run also evaluates before its first step and after
+    its last)."""
     envs: tuple[str, ...] = ()
+    """env ids to evaluate (empty: the training env, with its kwargs)."""
     seeds: int = 16
+    """held-out episodes per env."""
     seed_base: int = HELD_OUT_SEED_BASE
+    """the first held-out seed (seeds ``seed_base .. seed_base + seeds - 1``), which must lie above every seed
+    training can use."""
     temperature: float = 0.0
+    """the sampler's (0 = greedy, so pass@1 is deterministic)."""
     max_tokens: int = 0
+    """a reply's budget (0 = the rollout's)."""
     suite: str = ""
+    """evaluate a suite's envs instead (a file or a shipped suite's name; each env with its table's kwargs, agent
+    and system prompt; a mixture run with neither ``envs`` nor ``suite`` evaluates its training suite)."""
 
     def __post_init__(self) -> None:
         check_range("EvalSection", "every", self.every, lo=0)
@@ -181,36 +201,44 @@ class EvalSection:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ClusterSection:
-    """Where the run's parts live. ``backend="none"`` (the default): everything in this process, as
-    without Ray (Ray is never imported). ``backend="ray"``: the driver (this process) runs the
-    orchestrator; the sub-envs live in ``env_workers`` Ray actors, the engine in ``engine_replicas``
-    Ray actors behind one :class:`~gymllm.inference.pool.EnginePool` (weights pushed once through the
-    object store), and the learner in the driver (``learner_hosts=0``) or in ``learner_hosts`` Ray
-    actors, one per host, joined through ``jax.distributed`` (see :mod:`gymllm.algos.multihost`).
-
-    address: None starts a local Ray bound to 127.0.0.1 (``gymllm.ray_support.init_ray``); ``"auto"``
-    or ``"host:port"`` joins a running cluster (``ray start --head`` on the head host).
-    env_num_cpus / engine_num_cpus / learner_num_cpus: CPUs each actor reserves; env_resources /
-    engine_resources / learner_resources: custom Ray resources each actor needs (e.g.
-    ``{"sandbox": 1}`` pins env workers to the hosts started with ``ray start --resources='{"sandbox": 8}'``);
-    engine_num_gpus / learner_num_gpus: accelerators per replica / learner host.
-    learner_local_devices: CPU host devices per learner host (0: XLA's default; CPU clusters only).
-    """
+    """Where the run's parts live. ``backend="none"`` (the default): everything in this process, as without Ray (Ray
+    is never imported). ``backend="ray"``: the driver (this process) runs the orchestrator; the sub-envs live in
+    ``env_workers`` Ray actors, the engine in ``engine_replicas`` Ray actors behind one
+    :class:`~gymllm.inference.pool.EnginePool` (weights pushed once through the object store), and the learner in
+    the driver (``learner_hosts=0``) or in ``learner_hosts`` Ray actors, one per host, joined through
+    ``jax.distributed`` (see :mod:`gymllm.algos.multihost`)."""
 
     backend: Literal["none", "ray"] = "none"
+    """none: every part in this process (Ray never imported); ray: env workers, engine replicas and optionally
+    learner hosts on Ray actors."""
     address: str | None = None
+    """None starts a local Ray bound to 127.0.0.1 (``gymllm.ray_support.init_ray``); ``"auto"`` or ``"host:port"``
+    joins a running cluster (``ray start --head`` on the head host)."""
     env_workers: int = 1
+    """Ray actors hosting the sub-envs."""
     engine_replicas: int = 1
+    """Engine replicas (Ray actors) behind one EnginePool; weights pushed once through the object store."""
     learner_hosts: int = 0
+    """Learner hosts (Ray actors, one per host, joined through jax.distributed); 0: the learner runs in the driver."""
     env_num_cpus: float = 1.0
+    """CPUs each env worker reserves."""
     engine_num_cpus: float = 1.0
+    """CPUs each engine replica reserves."""
     learner_num_cpus: float = 1.0
+    """CPUs each learner host reserves."""
     engine_num_gpus: float = 0.0
+    """Accelerators per engine replica."""
     learner_num_gpus: float = 0.0
+    """Accelerators per learner host."""
     env_resources: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Custom Ray resources each env worker needs (e.g. {'sandbox': 1} pins them to the hosts started with ray start
+    --resources='{"sandbox": 8}')."""
     engine_resources: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Custom Ray resources each engine replica needs."""
     learner_resources: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Custom Ray resources each learner host needs."""
     learner_local_devices: int = 0
+    """CPU host devices per learner host (0: XLA's default; CPU clusters only)."""
 
     def __post_init__(self) -> None:
         check_choice("ClusterSection", "backend", self.backend, ("none", "ray"))
@@ -241,60 +269,45 @@ class ClusterSection:
         return self.backend != "none"
 
 
-#: settings two components see: ``{"section.field": "source_section.field"}``; ``TrainConfig`` sets each
-#: from its source (giving one on the command line or in a recipe is an error that names the source)
-TIES = {
-    "rollout.groups_per_step": "learner.groups_per_step",  # groups a step takes = groups the orchestrator plans for
-    "rollout.seed": "run.seed",                             # group k's env seed is run.seed + k
-    "engine.seed": "run.seed",                              # the engine's own per-request keys
-    "learner.temperature": "sampling.temperature",          # logprobs of the tempered distribution sampled
-}
-
-#: keys of older versions (recipes, ``config.json``, flags) -> today's (the ``rollout`` section of
-#: gymllm <= 0.x mixed the engine's and the sampler's settings into the orchestrator's)
-LEGACY_KEYS = {
-    "rollout.eta": "rollout.max_staleness",
-    "rollout.max_turns": "rollout.max_model_calls",
-    "rollout.temperature": "sampling.temperature",
-    "rollout.top_p": "sampling.top_p",
-    "rollout.max_tokens": "sampling.max_tokens",
-    "rollout.engine_slots": "engine.num_slots",
-    "rollout.engine_max_len": "engine.max_len",
-    "rollout.prefix_reuse": "engine.prefix_reuse",
-    "rollout.decode_chunk": "engine.decode_chunk",
-    "rollout.engine_compute_dtype": "engine.compute_dtype",
-}
-
-
-def _get(cfg: Any, path: str) -> Any:
-    for part in path.split("."):
-        cfg = getattr(cfg, part)
-    return cfg
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    """A whole run: model, env, engine, sampling, rollout, loss, optimizer, learner, LoRA, sharding, run,
-    cluster, eval, multiagent (a multi-agent game's opponent and seats,
-    :class:`~gymllm.rollout.seat_source.MultiAgentSection`). The fields of :data:`TIES` are set from their sources on creation."""
+    """A whole run: the components' own configs (engine, sampling, rollout, loss, optimizer, learner, lora,
+    sharding) and the run's sections (model, env, run, cluster, eval, multiagent). Every setting has one field; a
+    value two components share (the run's seed, the learner's groups per step, the sampling temperature) is given
+    to each as a constructor argument where the run is assembled (:mod:`gymllm.train.wiring`)."""
 
     model: ModelSection = dataclasses.field(default_factory=ModelSection)
+    """The model to train (a name, a path, or a random tiny one) and an optional warm start."""
     env: EnvSection = dataclasses.field(default_factory=EnvSection)
+    """The env (or suite mixture) the rollouts play, its sub-envs and the agent that renders it."""
     engine: EngineConfig = dataclasses.field(default_factory=lambda: EngineConfig(
         num_slots=32, max_len=64, min_bucket=64, idle_wait_s=0.002, decode_chunk=8, shapes="fixed", prefill_tokens=128,
         decode_lengths=1))
+    """The inference engine's resources and compiled shapes (gymllm.inference.EngineConfig)."""
     sampling: SamplingParams = dataclasses.field(default_factory=lambda: SamplingParams(max_tokens=8))
+    """How each model call is sampled (temperature, top-p, reply budget); the learner scores tokens at this
+    temperature."""
     rollout: RolloutConfig = dataclasses.field(default_factory=lambda: RolloutConfig(
         group_size=8, max_concurrency=32, max_staleness=2, max_model_calls=1))
+    """How groups are produced: group size, concurrency, staleness bound, the source's mode."""
     loss: LossConfig = dataclasses.field(default_factory=async_agentic)
+    """The RL loss: advantages, policy objective, corrections, KL, shaping, aggregation."""
     optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+    """The optimizer and its learning-rate schedule."""
     learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)
+    """The streaming learner: groups per step, micro-batches, length buckets, steps of the run."""
     lora: LoRAConfig = dataclasses.field(default_factory=LoRAConfig)
+    """LoRA adapters (rank 0: full fine-tuning)."""
     sharding: ShardingConfig = dataclasses.field(default_factory=ShardingConfig)
+    """The learner's device mesh (data x fsdp)."""
     run: RunSection = dataclasses.field(default_factory=RunSection)
+    """The run directory, seed, checkpoints, logs and the watchdog."""
     cluster: ClusterSection = dataclasses.field(default_factory=ClusterSection)
+    """Where the run's parts live (this process, or Ray actors)."""
     eval: EvalSection = dataclasses.field(default_factory=EvalSection)
+    """Held-out evaluation inside the run."""
     multiagent: MultiAgentSection = dataclasses.field(default_factory=MultiAgentSection)
+    """How a multi-agent game trains: opponent, seats, baseline, several policies, illegal moves."""
 
     def __post_init__(self) -> None:
         for name, kind in _SECTIONS.items():
@@ -316,11 +329,14 @@ class TrainConfig:
                 fix="drop --cluster.backend ray, or train one policy on Ray (drop --multiagent.policies)")
         require(self.cluster.env_workers <= self.env.num_envs, "cluster.env_workers", expected=f"<= env.num_envs "
                 f"({self.env.num_envs})", received=self.cluster.env_workers, fix="give every env worker at least one env")
-        for tied, source in TIES.items():  # after the checks: a tie must not hide a bad source value
-            section, field = tied.split(".")
-            value = _get(self, source)
-            if getattr(getattr(self, section), field) != value:
-                object.__setattr__(self, section, dataclasses.replace(getattr(self, section), **{field: value}))
+        require(e.seed == 0, "engine.seed", expected="0: a run's engine is seeded with run.seed (one setting, wired "
+                "where the engine is built)", received=e.seed, fix="give --run.seed instead")
+
+    @property
+    def sample_budget(self) -> int:
+        """The tokens one trajectory may sample: ``sampling.max_tokens * rollout.max_model_calls`` (the
+        learner's default ``max_response_len`` and overlong shaping length; the one place it is computed)."""
+        return self.sampling.max_tokens * self.rollout.max_model_calls
 
     def with_loss(self, name: str) -> "TrainConfig":
         """This config with the loss preset ``name`` (grpo, dapo, dr_grpo, gspo, async_agentic)."""
@@ -336,26 +352,10 @@ _SECTIONS = {"model": ModelSection, "env": EnvSection, "engine": EngineConfig, "
              "eval": EvalSection, "multiagent": MultiAgentSection}
 
 
-def legacy_tables(tables: Mapping[str, Any]) -> dict[str, Any]:
-    """``tables`` (nested, as a recipe or ``config.json`` holds them) with the keys of
-    :data:`LEGACY_KEYS` moved to today's places (a key given both ways keeps today's)."""
-    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in tables.items()}
-    for old, new in LEGACY_KEYS.items():
-        (osec, okey), (nsec, nkey) = old.split("."), new.split(".")
-        table = out.get(osec)
-        for spelling in (okey, okey.replace("_", "-")):
-            if isinstance(table, dict) and spelling in table:
-                value = table.pop(spelling)
-                target = out.setdefault(nsec, {})
-                if isinstance(target, dict):
-                    target.setdefault(nkey, value)
-    return out
-
-
 def from_tables(tables: Mapping[str, Any], base: TrainConfig | None = None, *, where: str = "") -> TrainConfig:
-    """``base`` (default ``TrainConfig()``) with ``tables`` applied field by field (older keys
-    translated by :func:`legacy_tables`): a recipe's sections, or a run's whole ``config.json``."""
-    return apply_overrides(base if base is not None else TrainConfig(), legacy_tables(tables), where=where)
+    """``base`` (default ``TrainConfig()``) with ``tables`` applied field by field: a recipe's sections, or a
+    run's whole ``config.json``."""
+    return apply_overrides(base if base is not None else TrainConfig(), tables, where=where)
 
 
 def _tiny() -> TrainConfig:
@@ -411,19 +411,3 @@ def preset(name: str) -> TrainConfig:
     """A named :class:`TrainConfig`: ``tiny`` or ``default``."""
     check_choice("trainer preset", "name", name, PRESETS)
     return PRESETS[name]()
-
-
-def effective(cfg: TrainConfig) -> TrainConfig:
-    """Defaults one section implies for another: the learner's staleness bound (None) is the rollout's
-    ``max_staleness``, and the response budget (Dr. GRPO's L_max, the overlong shaping budget; 0) is
-    ``sampling.max_tokens * rollout.max_model_calls``. A trajectory never outgrows the engine's context,
-    so the learner's longest bucket is at least ``engine.max_len``."""
-    budget = cfg.sampling.max_tokens * cfg.rollout.max_model_calls
-    learner = dataclasses.replace(cfg.learner, max_len=max(cfg.learner.max_len, cfg.engine.max_len),
-                                  max_response_len=cfg.learner.max_response_len or budget,
-                                  max_staleness=cfg.learner.max_staleness if cfg.learner.max_staleness is not None
-                                  else cfg.rollout.max_staleness)
-    loss = cfg.loss
-    if loss.shaping.overlong_buffer and not loss.shaping.overlong_max_len:
-        loss = dataclasses.replace(loss, shaping=dataclasses.replace(loss.shaping, overlong_max_len=budget))
-    return dataclasses.replace(cfg, learner=learner, loss=loss)

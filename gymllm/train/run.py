@@ -1,24 +1,23 @@
 """One training run: the one training loop, which pulls finished GRPO groups from a
 :class:`~gymllm.rollout.sources.GroupSource` and trains on them (train, push, advance, log, checkpoint).
 
-    run = Run(cfg)                        # cfg: an effective TrainConfig (see train_config.effective)
-    run.setup(LocalComponents())          # or gymllm.algos.cluster.RayComponents(cfg.cluster)
-    counts = await run.train()            # the source of cfg.rollout.mode, or run.train(my_source)
+    run = Run(cfg)                        # cfg: a TrainConfig
+    run.setup(LocalComponents())          # or gymllm.train.cluster.RayComponents(cfg.cluster)
+    counts = await run.train()            # the source of the run's kind, or run.train(my_source)
     await run.close()
 
-The parts come from a :class:`~gymllm.algos.components.Components` (:func:`~gymllm.algos.components.build_parts`):
-:class:`~gymllm.algos.components.LocalComponents` keeps everything in this process;
-:class:`gymllm.algos.cluster.RayComponents` puts env workers, engine replicas and (optionally) learner
+The parts come from a :class:`~gymllm.train.components.Components` (:func:`~gymllm.train.components.build_parts`):
+:class:`~gymllm.train.components.LocalComponents` keeps everything in this process;
+:class:`gymllm.train.cluster.RayComponents` puts env workers, engine replicas and (optionally) learner
 hosts on Ray actors behind the same interfaces. The run does not know which it drives, nor where its
-groups come from: :meth:`Run.make_source` picks the source of ``rollout.mode`` (``"async"``: the
-:class:`~gymllm.rollout.RolloutOrchestrator`; ``"sync"``: the
-:class:`~gymllm.rollout.sync_baseline.SyncBatchSource`; ``"proxy"``: the
-:class:`~gymllm.rollout.agent_programs.AgentProgramSource`), and :meth:`Run.train` takes any other.
+groups come from: the kind of run (:data:`gymllm.train.assembly.KINDS`: agent programs, several
+policies, game seats, the sync baseline, a suite mixture, one env) gives its envs and its source, and
+:meth:`Run.train` takes any other source.
 
 The run's state is kept in small parts with one job each: ``parts`` (the built components,
-:class:`~gymllm.algos.components.RunParts`), ``resume`` (:class:`~gymllm.algos.resume.ResumeState`),
-``log`` (the step records and their timing, :class:`~gymllm.algos.step_log.StepLog`), ``heldout``
-(in-run evaluation, :class:`~gymllm.algos.heldout.HeldOutHook`), ``profiler``, ``listeners``, the
+:class:`~gymllm.train.components.RunParts`), ``resume`` (:class:`~gymllm.train.resume.ResumeState`),
+``log`` (the step records and their timing, :class:`~gymllm.train.step_log.StepLog`), ``heldout``
+(in-run evaluation, :class:`~gymllm.train.heldout.HeldOutHook`), ``profiler``, ``listeners``, the
 stage ``watchdog`` and ``compiles`` (every XLA compile from setup to close,
 :class:`~gymllm.telemetry.compiles.CompileLog`: ``run_dir/compiles.jsonl``, spans on the trace's
 "compile" track, ``compile_s`` in each step's record).
@@ -38,14 +37,15 @@ import pathlib
 import time
 from typing import Any, Callable, Sequence
 
-from gymllm.algos.components import Components, LocalComponents, RunParts, build_parts
-from gymllm.algos.config_map import proxy_source_config, watchdog_config
-from gymllm.algos.heldout import HeldOutHook, check_heldout_seeds
-from gymllm.algos.resume import ResumeState, make_group_filter
-from gymllm.algos.step_log import RolloutTally, StepLog
-from gymllm.algos.train_config import TrainConfig
-from gymllm.errors import ConfigError, GymLLMError, explain
-from gymllm.multiagent.factory import GameFactory
+from gymllm.train.assembly import SourceContext, kind_named, select_kind
+from gymllm.train.components import Components, LocalComponents, RunParts, build_parts, load_model
+from gymllm.train.wiring import watchdog_config
+from gymllm.train.heldout import HeldOutHook, check_heldout_seeds, training_seed_bound
+from gymllm.train.resume import ResumeState, make_group_filter
+from gymllm.train.step_log import RolloutTally, StepLog
+from gymllm.train.train_config import TrainConfig
+from gymllm.errors import GymLLMError, explain
+from gymllm.rollout.agent_programs import AgentProgramError, AgentPrograms
 from gymllm.rollout.group_queue import QueueClosed
 from gymllm.rollout.sources import GroupSource, GroupSourceError
 from gymllm.telemetry.compiles import CompileLog
@@ -140,7 +140,7 @@ class Run:
         (self.run_dir / "config.json").write_text(cfg.to_json())
         self.log.compiles = self.compiles.start()  # model load and warm-up compiles count too
         try:
-            self.parts, self.resume = build_parts(cfg, self.components)
+            self.parts, self.resume = build_parts(cfg, self.components, select_kind(cfg).envs)
         except BaseException:  # no close() follows a failed setup: the process-wide log must not stay active
             self.compiles.stop()
             raise
@@ -153,53 +153,15 @@ class Run:
             self.log.extra.append(self.parts.envs.flush)  # env/<name>/reward, success, groups, weight
         self.watchdog.start()
 
-    def make_source(self, mode: str | None = None) -> GroupSource:
-        """The group source of ``mode`` (default ``rollout.mode``) over the run's parts; its groups go
-        through the zero-variance filter (the sync baseline only tallies them, as it always did)."""
-        from gymllm.rollout import RolloutOrchestrator
-        from gymllm.rollout.agent_programs import AgentProgramSource
-        from gymllm.rollout.sync_baseline import SyncBatchSource
-
-        cfg, p, resume = self.cfg, self.parts, self.resume
-        mode = mode or cfg.rollout.mode
+    def make_source(self, kind: str | None = None) -> GroupSource:
+        """The group source of the run's kind (:func:`gymllm.train.assembly.select_kind`; ``kind``: one named
+        in :data:`gymllm.train.assembly.KINDS` instead), built from what the run passes it: the parts, the
+        resume state, and the zero-variance filter over every completed group."""
+        cfg, resume = self.cfg, self.resume
+        chosen = kind_named(kind) if kind is not None else select_kind(cfg)
         keep = make_group_filter(cfg, resume.decided, resume.filtered, self.log.tally)
-        if cfg.env.suite and p.envs is not None:  # a suite's mixture: every group also counted under its env
-            keep = p.envs.observe(keep)
-        if isinstance(p.envs, GameFactory):  # a multi-agent game: groups per seat (gymllm.rollout.seat_source)
-            from gymllm.algos.opponents import FrozenOpponent
-            from gymllm.rollout.seat_source import SeatGroupSource
-
-            from gymllm.rollout.seat_source import SeatMetrics
-
-            if cfg.multiagent.policies:  # several policies, an engine each (gymllm.algos.policies)
-                from gymllm.algos.policies import policy_source
-
-                return policy_source(self, keep)
-            o = cfg.multiagent.opponent
-            opp = FrozenOpponent.build(cfg, p.learner) if o == "frozen" or o.startswith("run:") else None
-            seats = SeatMetrics(version=(lambda: opp.version) if opp is not None else None, opponent=o)
-            self.log.extra.append(seats.flush)  # seat/<seat>/reward|win|draw|loss|groups, opponent/version
-            return SeatGroupSource(p.envs, p.gen_engine, p.agent, sampling=cfg.sampling, rollout=cfg.rollout,
-                                   config=cfg.multiagent, group_filter=seats.observe(keep), opponent=opp)
-        if mode == "proxy":
-            r = cfg.rollout
-            return AgentProgramSource(p.gen_engine, p.tok, command=r.agent_program, run_dir=self.run_dir,
-                                      config=proxy_source_config(cfg), processes=r.agent_processes, seed=cfg.run.seed,
-                                      start_timeout_s=r.agent_start_timeout_s, group_filter=keep)
-        if mode == "sync":
-            if resume.decided:
-                raise ConfigError(explain("rollout.mode", expected="'async' to resume a run", received="sync",
-                                          fix="resume with mode='async' (eta=0 is synchronous) or use a fresh run_dir"))
-
-            def tally(group: Any) -> bool:  # every rollout of the batch counts, whatever the learner keeps
-                self.log.tally.add(group)
-                return True
-
-            return SyncBatchSource(p.envs, p.gen_engine, p.agent, sampling=cfg.sampling,
-                                   config=cfg.rollout, batch_groups=cfg.learner.groups_per_step,
-                                   group_filter=tally)
-        return RolloutOrchestrator(p.envs, p.gen_engine, p.agent, sampling=cfg.sampling,
-                                   config=cfg.rollout, group_filter=keep)
+        return chosen.source(SourceContext(cfg=cfg, parts=self.parts, resume=resume, run_dir=self.run_dir, keep=keep,
+                                           tally=self.log.tally, add_metrics=self.log.extra.append))
 
     async def train(self, source: GroupSource | None = None) -> dict[str, Any]:
         """The one training loop: take complete groups from ``source`` (default :meth:`make_source`)
@@ -230,14 +192,6 @@ class Run:
         finally:
             await source.close()
         return source.result()
-
-    async def run_async(self) -> dict[str, Any]:
-        """The loop over ``rollout.mode``'s source (barrier-free orchestrator, or the agent programs)."""
-        return await self.train(self.make_source("proxy" if self.cfg.rollout.mode == "proxy" else "async"))
-
-    async def run_sync(self) -> dict[str, Any]:
-        """The loop over the synchronous baseline (roll out a batch, train on it, repeat)."""
-        return await self.train(self.make_source("sync"))
 
     async def evaluate(self, step: int) -> dict[str, float]:
         """Held-out evaluation on the run's engine at policy ``step``; its time is left out of the step's wall."""

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from gymllm.algos.train_config import TrainConfig
+from gymllm.train.train_config import TrainConfig
 from gymllm.errors import ConfigError, explain
 from gymllm.trajectories.writers import TrajectoryRecordWriter
 

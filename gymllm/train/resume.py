@@ -14,9 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from gymllm.algos.train_config import TrainConfig
+from gymllm.train.train_config import TrainConfig
 
-__all__ = ["ResumeState", "make_group_filter"]
+__all__ = ["ResumeState", "make_group_filter", "filter_patience"]
+
+
+def filter_patience(groups_per_step: int) -> int:
+    """Zero-variance groups filtered in a row before :func:`make_group_filter` keeps the next one."""
+    return max(8, 4 * groups_per_step)
 
 
 @dataclasses.dataclass
@@ -74,7 +79,7 @@ def make_group_filter(cfg: TrainConfig, decided: dict[str, bool], filtered: set[
     A task the policy always fails (or always solves) would filter every group and the run would
     never take a step: after ``patience`` filtered groups in a row the next one is kept (marked
     ``info["kept_zero_variance"]``; its advantages are zero, so it moves no weights) and the run says so.
-    ``seen`` (a :class:`~gymllm.algos.step_log.RolloutTally`) tallies every newly decided group,
+    ``seen`` (a :class:`~gymllm.train.step_log.RolloutTally`) tallies every newly decided group,
     filtered or not (the unbiased ``rollout_reward_mean`` and the tool-call figures of the step
     metrics; it also rejects a held-out seed).
     """
@@ -83,11 +88,11 @@ def make_group_filter(cfg: TrainConfig, decided: dict[str, bool], filtered: set[
     from gymllm.algos.shaping import nonzero_variance, overlong_penalty
 
     from gymllm.algos.advantages import STATEFUL
-    from gymllm.algos.config_map import learner_loss
+    from gymllm.train.wiring import learner_loss
 
     sh = cfg.loss.shaping
     role_ema = learner_loss(cfg).advantage.estimator in STATEFUL
-    patience = max(8, 4 * cfg.learner.groups_per_step)
+    patience = filter_patience(cfg.learner.groups_per_step)
     streak = [0]
 
     def keep(group) -> bool:
@@ -100,7 +105,7 @@ def make_group_filter(cfg: TrainConfig, decided: dict[str, bool], filtered: set[
         r = group.rewards
         if sh.overlong_buffer:
             lengths = np.array([t.num_sampled for t in group.trajectories])
-            r = r + np.asarray(overlong_penalty(lengths, max_len=sh.overlong_max_len or cfg.sampling.max_tokens,
+            r = r + np.asarray(overlong_penalty(lengths, max_len=sh.overlong_max_len or cfg.sample_budget,
                                                 buffer=sh.overlong_buffer))
         ok = bool(nonzero_variance(r[None])[0])
         if ok:

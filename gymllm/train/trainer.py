@@ -1,6 +1,7 @@
 """The trainer entry point: ``train(TrainConfig) -> TrainResult`` (what ``gymllm train`` calls).
 
-    from gymllm.algos import preset, train
+    from gymllm.train.train_config import preset
+    from gymllm.train.trainer import train
     result = train(preset("tiny"))            # tiny model on TinyRepeat-v0: reward rises in ~1-2 min
     print(result.summary())
 
@@ -20,14 +21,14 @@ reward, decoded response, versions); ``trace.json`` (open in ui.perfetto.dev); `
 (Orbax); ``reward.png`` and the other report plots.
 
 Cluster: with ``cluster.backend="ray"`` the same run is assembled from Ray actors (env workers,
-engine replicas behind one pool, optionally learner hosts; see :mod:`gymllm.algos.cluster`); the
+engine replicas behind one pool, optionally learner hosts; see :mod:`gymllm.train.cluster`); the
 driver keeps the orchestrator, the run directory, checkpoints and telemetry.
 
-Layout: the configs and presets live in :mod:`gymllm.algos.train_config` (mapped onto the components'
-configs in :mod:`gymllm.algos.config_map`), the one training loop in :mod:`gymllm.algos.run` (its parts
-in :mod:`~gymllm.algos.components`, :mod:`~gymllm.algos.resume`, :mod:`~gymllm.algos.step_log` and
-:mod:`~gymllm.algos.heldout`; where its groups come from in :mod:`gymllm.rollout.sources`), the Ray
-wiring in :mod:`gymllm.algos.cluster`; this module holds :func:`train` and :class:`TrainResult` and
+Layout: the configs and presets live in :mod:`gymllm.train.train_config` (the values two components
+share are wired in :mod:`gymllm.train.wiring`), the one training loop in :mod:`gymllm.train.run` (its parts
+in :mod:`~gymllm.train.components`, :mod:`~gymllm.train.resume`, :mod:`~gymllm.train.step_log` and
+:mod:`~gymllm.train.heldout`; where its groups come from in :mod:`gymllm.rollout.sources`), the Ray
+wiring in :mod:`gymllm.train.cluster`; this module holds :func:`train` and :class:`TrainResult` and
 re-exports the config names.
 
 Resume: with ``run.resume`` (default) a run directory holding checkpoints continues from the latest
@@ -46,9 +47,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from gymllm.algos.components import Components, LocalComponents
-from gymllm.algos.run import Run
-from gymllm.algos.train_config import TrainConfig, effective
+from gymllm.train.components import Components, LocalComponents, load_model
+from gymllm.train.run import Run
+from gymllm.train.train_config import (PRESETS, ClusterSection, EngineConfig, EnvSection, EvalSection, ModelSection,
+                                       RolloutConfig, RunSection, SamplingParams, TrainConfig, preset)
 
 __all__ = ["train", "TrainResult"]
 
@@ -120,11 +122,11 @@ class TrainResult:
 
 
 def components_for(cfg: TrainConfig) -> Components:
-    """:class:`~gymllm.algos.components.LocalComponents` for ``cluster.backend="none"`` (Ray never imported),
-    else :class:`gymllm.algos.cluster.RayComponents` (connects to or starts Ray)."""
+    """:class:`~gymllm.train.components.LocalComponents` for ``cluster.backend="none"`` (Ray never imported),
+    else :class:`gymllm.train.cluster.RayComponents` (connects to or starts Ray)."""
     if not cfg.cluster.distributed:
         return LocalComponents()
-    from gymllm.algos.cluster import RayComponents
+    from gymllm.train.cluster import RayComponents
 
     return RayComponents(cfg.cluster)
 
@@ -141,7 +143,7 @@ def train(config: TrainConfig, *, max_steps: int | None = None,
     from gymllm.utils.host_memory import keep_freed_memory
 
     keep_freed_memory()  # XLA:CPU's per-call buffers stop page-faulting (about a quarter of a tiny step's CPU)
-    cfg = effective(config)
+    cfg = config
     with persistent_compile_cache(cfg.run.compile_cache):  # a rerun loads its compiled programs
         return asyncio.run(_train(cfg, max_steps, on_step, components if components is not None else components_for(cfg)))
 

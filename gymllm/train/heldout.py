@@ -8,8 +8,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gymllm.algos.config_map import eval_config
-from gymllm.algos.train_config import TrainConfig
+from gymllm.train.wiring import eval_config
+from gymllm.train.resume import filter_patience
+from gymllm.train.train_config import TrainConfig
 from gymllm.errors import ConfigError, explain
 from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 
@@ -19,13 +20,13 @@ __all__ = ["HeldOutHook", "training_seed_bound", "check_heldout_seeds"]
 def training_seed_bound(cfg: TrainConfig) -> int:
     """How many env seeds (``run.seed`` upwards) training reaches unless groups go stale or fail:
     ``num_steps * groups_per_step`` trained groups, up to ``patience - 1`` zero-variance groups filtered
-    before each kept one (:func:`~gymllm.algos.resume.make_group_filter` keeps the ``patience``-th), plus the groups still open
-    or queued when the run stops. Stale-dropped and failed groups have no static bound: the run checks
-    each group's seed as it completes (:class:`~gymllm.algos.step_log.RolloutTally`)."""
+    before each kept one (:func:`~gymllm.train.resume.make_group_filter` keeps the ``patience``-th), plus the groups still open
+    (:attr:`~gymllm.rollout.config.RolloutConfig.open_group_limit`, ``max_open_groups`` included) or queued
+    when the run stops. Stale-dropped and failed groups have no static bound: the run checks
+    each group's seed as it completes (:class:`~gymllm.train.step_log.RolloutTally`)."""
     gps = cfg.learner.groups_per_step
-    patience = max(8, 4 * gps) if cfg.loss.shaping.filter_zero_variance else 1
-    open_groups = 2 * -(-cfg.rollout.max_concurrency // cfg.rollout.group_size) + 1
-    return cfg.learner.num_steps * gps * patience + open_groups + max(8, 2 * gps)
+    patience = filter_patience(gps) if cfg.loss.shaping.filter_zero_variance else 1
+    return cfg.learner.num_steps * gps * patience + cfg.rollout.open_group_limit + max(8, 2 * gps)
 
 
 def check_heldout_seeds(cfg: TrainConfig) -> range | None:

@@ -1,18 +1,21 @@
 """Supervised fine-tuning: chat JSONL (loss on assistant tokens) or a run's best trajectories.
 
-    from gymllm.algos.sft import SFTConfig, SFTSection, run_sft
+    from gymllm.train.sft import SFTConfig, SFTSection, run_sft
     result = run_sft(SFTConfig(data="demos.jsonl", model=ModelSection(name="smollm2-135m-instruct"),
-                               sft=SFTSection(num_steps=50, batch_size=8), run_dir="runs/sft"))
+                               learner=LearnerConfig(num_steps=50), sft=SFTSection(epochs=0, batch_size=8),
+                               run=RunSection(run_dir="runs/sft")))
     print(result.summary())          # then: gymllm train ... --model.checkpoint runs/sft
 
-Rows come from :mod:`gymllm.algos.sft_data` (rendered as a rollout renders them, or token-exact
+Rows come from :mod:`gymllm.train.sft_data` (rendered as a rollout renders them, or token-exact
 from ``RUN/trajectories.jsonl`` with ``from_run`` and ``min_reward``); updates from
-:class:`gymllm.algos.sft_step.SFTLearner` (the GRPO learner's buckets, optimizer, mixed precision,
+:class:`gymllm.train.sft_step.SFTLearner` (the GRPO learner's buckets, optimizer, mixed precision,
 LoRA, sharding). The run directory has the layout of a ``gymllm train`` run: ``config.json`` (with
 its ``model`` and ``lora`` sections), ``checkpoints/<step>/`` (Orbax, ``state["trainable"]``),
 ``metrics.jsonl``, ``tensorboard/`` and ``trace.json``; so ``gymllm train --model.checkpoint DIR``
 and ``gymllm eval env ENV --model.checkpoint DIR`` read it. A run with ``resume`` continues from its latest
-checkpoint at the saved step.
+checkpoint at the saved step. The config holds ``gymllm train``'s own sections (model, optimizer, lora,
+sharding, learner, run) rather than repeating their fields; the SFT section adds epochs, rows per update
+and the system prompt.
 
 Data order: step ``k`` trains rows ``k * batch_size ... (k + 1) * batch_size - 1`` of an endless
 stream of epochs, epoch ``e`` being a permutation drawn from ``numpy.random.default_rng([seed, e])``;
@@ -34,71 +37,62 @@ from gymllm.validation import check_range
 from gymllm.models.lora import LoRAConfig
 from gymllm.algos.optim import OptimizerConfig
 from gymllm.algos.sharding import ShardingConfig
-from gymllm.algos.train_config import ModelSection
+from gymllm.algos.learner_config import LearnerConfig
+from gymllm.train.train_config import ModelSection, RunSection
 from gymllm.errors import ConfigError, explain
 
-__all__ = ["SFTSection", "SFTConfig", "SFTResult", "run_sft", "load_rows", "step_indices"]
+__all__ = ["SFTSection", "SFTConfig", "LEARNER_FIELDS", "RUN_FIELDS", "SFTResult", "run_sft", "load_rows", "step_indices"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SFTSection:
-    """num_steps: optimizer updates (0 = ``epochs`` passes over the rows); batch_size: rows per update;
-    micro_batch_size: rows per compiled micro-batch; max_len / min_bucket / buckets_per_octave: the
-    learner's length buckets (a longer row is an error naming its line); compute_dtype: None,
-    "bfloat16" / "float16" (mixed precision, float32 master weights) or "auto" (bfloat16 where bf16
-    matmuls are native, else float32: :func:`gymllm.utils.host.resolve_compute_dtype`); fast_compile: XLA's cheap CPU
-    compile settings (tiny models, tests); system_prompt: the agent's system prompt, added as a run
-    with ``env.system_prompt`` adds it (to conversations without a system message)."""
+    """What SFT adds to the learner's and the run's sections."""
 
-    num_steps: int = 0
     epochs: int = 1
+    """Passes over the rows (0: ``learner.num_steps`` updates instead)."""
     batch_size: int = 8
-    micro_batch_size: int = 8
-    max_len: int = 512
-    min_bucket: int = 32
-    buckets_per_octave: int = 1
-    compute_dtype: str | None = None
-    fast_compile: bool = False
+    """Rows per update."""
     system_prompt: str = ""
+    """The agent's system prompt, added as a run with ``env.system_prompt`` adds it (to conversations without a
+    system message)."""
 
     def __post_init__(self) -> None:
-        check_range("SFTSection", "num_steps", self.num_steps, lo=0)
-        for f in ("epochs", "batch_size", "micro_batch_size", "max_len", "min_bucket", "buckets_per_octave"):
-            check_range("SFTSection", f, getattr(self, f), lo=1)
-        if self.compute_dtype not in (None, "auto", "bfloat16", "float16", "float32"):
-            raise ConfigError(explain("sft.compute_dtype", expected='None, "auto", "bfloat16", "float16" or "float32"',
-                                      received=self.compute_dtype, fix='use "bfloat16" for mixed precision'))
+        check_range("SFTSection", "epochs", self.epochs, lo=0)
+        check_range("SFTSection", "batch_size", self.batch_size, lo=1)
+
+
+#: the sections' fields an SFT run reads (the others are the RL run's and are ignored here)
+LEARNER_FIELDS = ("num_steps", "micro_batch_size", "max_len", "min_bucket", "buckets_per_octave", "compute_dtype",
+                  "fast_compile")
+RUN_FIELDS = ("run_dir", "seed", "checkpoint_every", "keep_checkpoints", "resume", "console", "compile_cache")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SFTConfig:
-    """One SFT run. data: a chat JSONL file; or from_run: a run directory whose logged trajectories
-    with reward >= min_reward are the data (exactly one of the two). model: the model (``checkpoint``
-    warm-starts it); optimizer / lora / sharding: as in ``gymllm train``; sft: the training section;
-    run_dir: the output directory; checkpoint_every: steps between checkpoints (0 = only at the
-    end); resume: continue from run_dir's latest checkpoint; seed: the data order; console: live line;
-    compile_cache: where compiled programs are kept for the next run (as ``RunSection.compile_cache``)."""
+    """One SFT run: exactly one of ``data`` and ``from_run``; the model, optimizer, LoRA, sharding, learner and
+    run sections of ``gymllm train`` (the learner's :data:`LEARNER_FIELDS` and the run's :data:`RUN_FIELDS` are
+    read; ``run.seed`` orders the data); and the SFT section."""
 
     data: str = ""  # chat JSONL: one {"messages": [...], "tools": [...]} object a line (e.g. from `gymllm demos`)
     from_run: str = ""  # train on this run directory's logged trajectories instead (token-exact)
     min_reward: float = 1.0  # with from_run: keep trajectories with reward >= this
     model: ModelSection = dataclasses.field(default_factory=lambda: ModelSection(name="smollm2-135m-instruct"))
+    """The model to fine-tune (``checkpoint`` warm-starts it)."""
     optimizer: OptimizerConfig = dataclasses.field(default_factory=lambda: OptimizerConfig(learning_rate=2e-5))
+    """The optimizer and its learning-rate schedule."""
     lora: LoRAConfig = dataclasses.field(default_factory=LoRAConfig)
+    """LoRA adapters (rank 0: full fine-tuning)."""
     sharding: ShardingConfig = dataclasses.field(default_factory=ShardingConfig)
+    """The learner's device mesh (data x fsdp)."""
+    learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)
+    """The learner's steps (with ``sft.epochs`` 0), micro-batches, length buckets (a longer row is an error naming
+    its line), compute dtype and compile settings."""
     sft: SFTSection = dataclasses.field(default_factory=SFTSection)
-    run_dir: str = "runs/sft"  # the output run directory
-    checkpoint_every: int = 0  # steps between checkpoints (0: only at the end)
-    keep_checkpoints: int = 2  # checkpoints kept (the newest)
-    resume: bool = True  # continue from the run directory's latest checkpoint
-    seed: int = 0  # the data order's seed
-    console: bool = True  # live progress line
-    compile_cache: str = "auto"  # compiled programs kept for the next run: auto, off or a directory
+    """Epochs, rows per update and the system prompt."""
+    run: RunSection = dataclasses.field(default_factory=lambda: RunSection(run_dir="runs/sft"))
+    """The run directory, the data order's seed, checkpoints, resume, the console line and the compile cache."""
 
     def __post_init__(self) -> None:
-        from gymllm.utils.compile_cache import check_setting
-
-        check_setting(self.compile_cache, "SFTConfig.compile_cache")
         if bool(self.data) == bool(self.from_run):
             raise ConfigError(explain("SFTConfig data", expected="exactly one of data (a chat JSONL file) and "
                                       "from_run (a run directory)", received={"data": self.data, "from_run":
@@ -107,16 +101,14 @@ class SFTConfig:
         if not math.isfinite(self.min_reward):
             raise ConfigError(explain("SFTConfig.min_reward", expected="a finite number", received=self.min_reward,
                                       fix="e.g. --min-reward 1.0 (rows of trajectories with reward >= 1)"))
-        check_range("SFTConfig", "checkpoint_every", self.checkpoint_every, lo=0)
-        check_range("SFTConfig", "keep_checkpoints", self.keep_checkpoints, lo=1)
         if self.lora.enabled and self.model.checkpoint:
             raise ConfigError(explain("SFTConfig.lora", expected="LoRA on the model as loaded (its adapters are "
                                       "merged onto that base when the run is read back)", received={
                                       "lora.rank": self.lora.rank, "model.checkpoint": self.model.checkpoint},
                                       fix="warm-start with full fine-tuning (lora.rank 0), or drop model.checkpoint"))
-        if not self.run_dir:
-            raise ConfigError(explain("SFTConfig.run_dir", expected="a directory", received=self.run_dir,
-                                      fix="e.g. --run-dir runs/sft"))
+        if not self.run.run_dir:
+            raise ConfigError(explain("SFTConfig.run.run_dir", expected="a directory", received=self.run.run_dir,
+                                      fix="e.g. --run.run-dir runs/sft"))
 
     def to_json(self) -> str:
         return json.dumps({"kind": "sft", **dataclasses.asdict(self)}, indent=2, default=str)
@@ -154,12 +146,12 @@ class SFTResult:
 
 
 def load_rows(cfg: SFTConfig, tokenizer: Any) -> list[Any]:
-    """The run's :class:`~gymllm.algos.sft_data.SFTRow` list (from ``data`` or ``from_run``)."""
-    from gymllm.algos import sft_data
+    """The run's :class:`~gymllm.train.sft_data.SFTRow` list (from ``data`` or ``from_run``)."""
+    from gymllm.train import sft_data
 
     if cfg.from_run:
-        return sft_data.rows_from_run(cfg.from_run, cfg.min_reward, max_len=cfg.sft.max_len)
-    return sft_data.rows_from_jsonl(cfg.data, tokenizer, max_len=cfg.sft.max_len,
+        return sft_data.rows_from_run(cfg.from_run, cfg.min_reward, max_len=cfg.learner.max_len)
+    return sft_data.rows_from_jsonl(cfg.data, tokenizer, max_len=cfg.learner.max_len,
                                     system_prompt=cfg.sft.system_prompt or None)
 
 
@@ -175,27 +167,29 @@ def step_indices(num_rows: int, batch_size: int, step: int, seed: int) -> list[i
 
 
 def _num_steps(cfg: SFTConfig, num_rows: int) -> int:
-    return cfg.sft.num_steps or math.ceil(cfg.sft.epochs * num_rows / cfg.sft.batch_size)
+    if not cfg.sft.epochs:
+        return cfg.learner.num_steps
+    return math.ceil(cfg.sft.epochs * num_rows / cfg.sft.batch_size)
 
 
 def run_sft(cfg: SFTConfig) -> SFTResult:
     """Train (or resume) the run ``cfg`` describes; returns its :class:`SFTResult`."""
     from gymllm.utils.compile_cache import persistent_compile_cache
 
-    with persistent_compile_cache(cfg.compile_cache):  # a rerun loads its compiled programs
+    with persistent_compile_cache(cfg.run.compile_cache):  # a rerun loads its compiled programs
         return _run_sft(cfg)
 
 
 def _run_sft(cfg: SFTConfig) -> SFTResult:
     from gymllm.algos.checkpoint import Checkpointer
-    from gymllm.algos.components import load_model
-    from gymllm.algos.sft_step import SFTLearner, sft_row
+    from gymllm.train.components import load_model
+    from gymllm.train.sft_step import SFTLearner, sft_row
     from gymllm.algos.sharding import make_mesh
     from gymllm.telemetry.run_log import rewind_jsonl
     from gymllm.telemetry.sinks import MetricsLogger
 
     t_start = time.perf_counter()
-    run_dir = pathlib.Path(cfg.run_dir)
+    run_dir = pathlib.Path(cfg.run.run_dir)
     lm = load_model(cfg.model)
     rows = load_rows(cfg, lm.tokenizer)
     vocab = int(lm.config.vocab_size)
@@ -209,35 +203,35 @@ def _run_sft(cfg: SFTConfig) -> SFTResult:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(cfg.to_json())
     learner = SFTLearner(lm.config, lm.model.flat_params(), optimizer=cfg.optimizer, num_steps=num_steps,
-                         micro_batch_size=cfg.sft.micro_batch_size, max_len=cfg.sft.max_len,
-                         min_bucket=cfg.sft.min_bucket, buckets_per_octave=cfg.sft.buckets_per_octave,
-                         compute_dtype=cfg.sft.compute_dtype, fast_compile=cfg.sft.fast_compile, lora=cfg.lora,
+                         micro_batch_size=cfg.learner.micro_batch_size, max_len=cfg.learner.max_len,
+                         min_bucket=cfg.learner.min_bucket, buckets_per_octave=cfg.learner.buckets_per_octave,
+                         compute_dtype=cfg.learner.compute_dtype, fast_compile=cfg.learner.fast_compile, lora=cfg.lora,
                          mesh=make_mesh(cfg.sharding), pad_id=int(lm.tokenizer.pad_token_id or 0))
-    ckpt = Checkpointer(run_dir / "checkpoints", max_to_keep=cfg.keep_checkpoints)
+    ckpt = Checkpointer(run_dir / "checkpoints", max_to_keep=cfg.run.keep_checkpoints)
     resumed = None
     try:
-        if not cfg.resume and ckpt.latest_step() is not None:
-            raise ConfigError(explain("SFTConfig.resume", expected=f"a fresh run_dir with resume=False (or resume="
+        if not cfg.run.resume and ckpt.latest_step() is not None:
+            raise ConfigError(explain("SFTConfig.run.resume", expected=f"a fresh run_dir with resume=False (or resume="
                                       f"True to continue {run_dir})", received=f"checkpoints up to step "
-                                      f"{ckpt.latest_step()} there", fix="pass a new --run-dir, or drop --no-resume"))
-        if cfg.resume and ckpt.restore_latest(learner) is not None:
+                                      f"{ckpt.latest_step()} there", fix="pass a new --run.run-dir, or drop --run.no-resume"))
+        if cfg.run.resume and ckpt.restore_latest(learner) is not None:
             resumed = learner.version
-        if cfg.resume:
+        if cfg.run.resume:
             rewind_jsonl(run_dir / "metrics.jsonl", step=resumed or 0)
-        logger = MetricsLogger(run_dir, total_steps=num_steps, console=cfg.console)
+        logger = MetricsLogger(run_dir, total_steps=num_steps, console=cfg.run.console)
         history, tokens = [], 0
         try:
             while learner.version < num_steps:
-                idx = step_indices(len(rows), cfg.sft.batch_size, learner.version, cfg.seed)
+                idx = step_indices(len(rows), cfg.sft.batch_size, learner.version, cfg.run.seed)
                 m = learner.step_rows([learner_rows[i] for i in idx])
                 m["epoch"] = (learner.version * cfg.sft.batch_size) / len(rows)
                 tokens += int(m["tokens"])
                 history.append({"step": learner.version, **m})
                 logger.log(learner.version, m)
-                if cfg.checkpoint_every and learner.version % cfg.checkpoint_every == 0:
-                    ckpt.save(learner.version, learner, extra={"kind": "sft", "seed": cfg.seed})
+                if cfg.run.checkpoint_every and learner.version % cfg.run.checkpoint_every == 0:
+                    ckpt.save(learner.version, learner, extra={"kind": "sft", "seed": cfg.run.seed})
             if ckpt.latest_step() != learner.version:
-                ckpt.save(learner.version, learner, extra={"kind": "sft", "seed": cfg.seed})
+                ckpt.save(learner.version, learner, extra={"kind": "sft", "seed": cfg.run.seed})
         finally:
             logger.close()
     finally:

@@ -74,14 +74,15 @@ class FrozenOpponent:
     @classmethod
     def build(cls, cfg: Any, learner: Any) -> "FrozenOpponent":
         """``frozen``: the learner's current weights; ``run:DIR``: the checkpoint's trained weights."""
-        from gymllm.algos.components import load_model
+        from gymllm.train.components import load_model
         from gymllm.algos.weight_sync import WeightPusher
+        from gymllm.train.wiring import engine_config
         from gymllm.inference.jax_engine import JaxEngine
 
         spec = cfg.multiagent.opponent
         checkpoint = spec[len("run:"):] if spec.startswith("run:") else ""
         lm = _checkpoint_model(cfg, checkpoint) if checkpoint else load_model(cfg.model)
-        engine = JaxEngine(lm.model, lm.tokenizer, version=0, config=cfg.engine)
+        engine = JaxEngine(lm.model, lm.tokenizer, version=0, config=engine_config(cfg))
         pusher = WeightPusher(engine, lm.config)
         if checkpoint:
             return cls(engine, pusher, None, version=-1, flat=dict(lm.model.flat_params()))
@@ -122,7 +123,7 @@ def _checkpoint_model(cfg: Any, checkpoint: str) -> Any:
     """The model of a ``run:`` opponent: a run directory (``DIR`` or ``DIR#NAME``) as the model it trained,
     which must be this run's model; any other checkpoint's weights on this run's model."""
     from gymllm import models
-    from gymllm.algos.components import load_model
+    from gymllm.train.components import load_model
     from gymllm.errors import ConfigError, explain
     from gymllm.models.trained import is_run_dir, run_model_section
 

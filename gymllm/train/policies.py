@@ -1,12 +1,12 @@
 """Several policies trained in one run (``--multiagent.policies '{"first": "a", "second": "b"}'``):
 each policy has its own trainable weights (a LoRA adapter on the shared base by default, or full
 weights), its own optimizer state, its own groups and its own version counter; the one training loop
-(:meth:`gymllm.algos.run.Run.train`) drives them all through :class:`PolicySet`, which has the
+(:meth:`gymllm.train.run.Run.train`) drives them all through :class:`PolicySet`, which has the
 learner's interface and routes every group to the policy that played it.
 
     policies = build_policy_set(cfg, lm, mesh)        # LocalComponents.make_learner does this
     pusher = policies.make_pusher(cfg, engine, lm)     # LoRA: the run's engine serves every policy's adapter
-    source = policy_source(run, group_filter)          # Run.make_source does this for a game
+    # the group source: PolicySeatSource, built by the "policies" kind of gymllm.train.assembly.KINDS
     reports = policies.submit(groups)                  # each group to group.info["policy"]'s learner
 
 Steps and versions
@@ -45,10 +45,9 @@ from typing import Any, Iterable
 
 from gymllm.errors import ConfigError, explain
 from gymllm.rollout.policy_map import check_policy_seats, policy_map
-from gymllm.rollout.seat_source import SeatGroupSource, SeatMetrics
+from gymllm.rollout.seat_source import SeatGroupSource
 
-__all__ = ["PolicySet", "PolicyPusher", "PolicySeatSource", "build_policy_set", "policy_adapters", "policy_lora",
-           "policy_source"]
+__all__ = ["PolicySet", "PolicyPusher", "PolicySeatSource", "build_policy_set", "policy_adapters", "policy_lora"]
 
 DEFAULT_RANK = 8
 
@@ -83,7 +82,7 @@ def build_policy_set(cfg: Any, lm: Any, mesh: Any = None) -> "PolicySet":
     """One :class:`~gymllm.algos.learner.StreamingLearner` per policy of ``cfg.multiagent.policies``
     over the weights of ``lm`` (shared: LoRA policies share the frozen base arrays); the map is checked
     against the game of ``cfg.env.id`` first."""
-    from gymllm.algos.config_map import learner_loss
+    from gymllm.train.wiring import learner_kwargs
     from gymllm.algos.learner import StreamingLearner
     from gymllm.multiagent.factory import game_factory
 
@@ -100,8 +99,8 @@ def build_policy_set(cfg: Any, lm: Any, mesh: Any = None) -> "PolicySet":
     lora = policy_lora(cfg)
     flat = lm.model.flat_params()
     pad = int(lm.tokenizer.pad_token_id or 0)
-    learners = {name: StreamingLearner(lm.config, flat, loss=learner_loss(cfg), optimizer=cfg.optimizer, config=cfg.learner,
-                                       lora=lora, mesh=mesh, pad_id=pad) for name in dict.fromkeys(seats.values())}
+    learners = {name: StreamingLearner(lm.config, flat, lora=lora, mesh=mesh, pad_id=pad, **learner_kwargs(cfg))
+                for name in dict.fromkeys(seats.values())}
     return PolicySet(learners, seats, num_steps=cfg.learner.num_steps)
 
 
@@ -196,7 +195,9 @@ class PolicySet:
             return PolicyPusher(self, lm.config, gather=gather)
         self.engines = {names[0]: engine}
         for name in names[1:]:
-            e = JaxEngine(lm.model, lm.tokenizer, version=self.learners[name].version, config=cfg.engine)
+            from gymllm.train.wiring import engine_config
+
+            e = JaxEngine(lm.model, lm.tokenizer, version=self.learners[name].version, config=engine_config(cfg))
             if cfg.run.warmup:
                 e.warmup()
             self.engines[name] = e
@@ -276,19 +277,3 @@ class PolicySeatSource(SeatGroupSource):
 
     def policy_of(self, seat: str) -> str:
         return self.seat_policy[seat]
-
-
-def policy_source(run: Any, group_filter: Any) -> PolicySeatSource:
-    """The group source of a run with ``multiagent.policies`` (called by ``Run.make_source``): its
-    seat metrics join the step records; on resume every policy's engine replays consumed groups."""
-    cfg, p = run.cfg, run.parts
-    if not isinstance(p.learner, PolicySet):
-        raise ConfigError(explain("multiagent.policies", expected="an in-process learner (cluster.backend 'none')",
-                                  received=type(p.learner).__name__, fix="drop --cluster.backend for a run with "
-                                  "several policies (serving them on Ray is not implemented)"))
-    seats = SeatMetrics(opponent=cfg.multiagent.opponent)
-    run.log.extra.append(seats.flush)
-    engines = {name: p.gen_engine if e is p.engine else run.resume.generation_engine(e, p.tok)
-               for name, e in p.learner.engines.items()}
-    return PolicySeatSource(p.envs, engines, p.learner.seats, p.agent, sampling=cfg.sampling, rollout=cfg.rollout,
-                            config=cfg.multiagent, group_filter=seats.observe(group_filter))
