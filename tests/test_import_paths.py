@@ -245,7 +245,7 @@ FILES = _files()
 
 def test_the_scan_sees_the_tree():
     assert len(FILES) > 300, f"expected the repository's Python files under {SCANNED}, found {len(FILES)}"
-    assert "TrainConfig" in defined_names(REPO / "gymllm/algos/train_config.py")
+    assert "TrainConfig" in defined_names(REPO / "gymllm/train/train_config.py")
 
 
 def test_the_check_finds_a_reexport(tmp_path):

@@ -38,14 +38,13 @@ import time
 from typing import Any, Callable, Sequence
 
 from gymllm.train.assembly import SourceContext, kind_named, select_kind
-from gymllm.train.components import Components, LocalComponents, RunParts, build_parts, load_model
+from gymllm.train.components import Components, LocalComponents, RunParts, build_parts
 from gymllm.train.wiring import watchdog_config
-from gymllm.train.heldout import HeldOutHook, check_heldout_seeds, training_seed_bound
+from gymllm.train.heldout import HeldOutHook, check_heldout_seeds
 from gymllm.train.resume import ResumeState, make_group_filter
 from gymllm.train.step_log import RolloutTally, StepLog
 from gymllm.train.train_config import TrainConfig
 from gymllm.errors import GymLLMError, explain
-from gymllm.rollout.agent_programs import AgentProgramError, AgentPrograms
 from gymllm.rollout.group_queue import QueueClosed
 from gymllm.rollout.sources import GroupSource, GroupSourceError
 from gymllm.telemetry.compiles import CompileLog

@@ -47,10 +47,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from gymllm.train.components import Components, LocalComponents, load_model
+from gymllm.train.components import Components, LocalComponents
 from gymllm.train.run import Run
-from gymllm.train.train_config import (PRESETS, ClusterSection, EngineConfig, EnvSection, EvalSection, ModelSection,
-                                       RolloutConfig, RunSection, SamplingParams, TrainConfig, preset)
+from gymllm.train.train_config import (TrainConfig)
 
 __all__ = ["train", "TrainResult"]
 
