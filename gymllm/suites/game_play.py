@@ -49,7 +49,7 @@ async def play_game(make_game: Callable[[], Any], item: dict[str, Any], players:
     from gymllm.multiagent.policies import call_scripted, policy_move
     from gymllm.multiagent.seat import game_outcome
     from gymllm.rollout.episode import Episode, EpisodeKey
-    from gymllm.rollout.seat_source import move_text
+    from gymllm.rollout.seat_play import move_text
 
     by_seat: dict[str, str] = item["players"]
     seats = list(by_seat)

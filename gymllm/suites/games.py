@@ -165,7 +165,7 @@ class MatchConfig:
 
 def opponent_player(spec: str, label: str | None = None) -> Player:
     """``random`` or ``MODULE:FN`` as a :class:`Player` (a ConfigError names the fix otherwise)."""
-    from gymllm.rollout.seat_source import load_scripted_opponent
+    from gymllm.rollout.seat_play import load_scripted_opponent
 
     if spec == "random":
         return Player(label=label or "random", random=True)
