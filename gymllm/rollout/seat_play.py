@@ -22,6 +22,11 @@ and ``forfeit`` are the game's own rules (:class:`~gymllm.multiagent.MultiAgentC
 section), ``random`` plays a random legal move instead and owes the mover the game's
 ``invalid_penalty``. A game never stops on a seat's error; a batch is dropped only when the game
 itself or an engine raises.
+
+A seat whose game ended before its first move gets a trajectory without sampled tokens (its
+reward counts in the group's baseline, it trains nothing). A learner seat whose trajectory hit its budget (``rollout.max_model_calls`` moves, or the engine's
+context) plays the rest of its game with random legal moves, unrecorded; the trajectory ends truncated and its
+reward still sums every reward the seat received, the game's outcome included.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import dataclasses
 import importlib
 import json
 import logging
+import re
 from typing import Any, Callable
 
 import numpy as np
@@ -39,9 +45,33 @@ from gymllm.rollout.config import RolloutConfig
 from gymllm.rollout.episode import Episode, EpisodeKey
 from gymllm.types import Group
 
-__all__ = ["SeatGamePlayer", "SeatError", "batch_groups", "load_scripted_opponent", "move_text", "random_move"]
+__all__ = ["SeatGamePlayer", "SeatError", "batch_groups", "check_eval_opponents", "check_opponent",
+           "load_scripted_opponent", "move_text", "random_move", "SCRIPTED_SPEC"]
 
 log = logging.getLogger("gymllm.rollout")
+SCRIPTED_SPEC = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")  # MODULE:FN
+
+
+def check_opponent(o: Any) -> None:
+    """``multiagent.opponent``: ``self``, ``frozen``, ``random``, ``MODULE:FN`` or ``run:DIR`` (a
+    ConfigError otherwise)."""
+    ok = (o in ("self", "frozen", "random") or (o.startswith("run:") and len(o) > 4)
+          or (not o.startswith("run:") and bool(SCRIPTED_SPEC.match(o))))
+    if not isinstance(o, str) or not ok:
+        raise ConfigError(explain("multiagent.opponent", expected="'self', 'frozen', 'random', 'MODULE:FN' (a "
+                                  "scripted fn(observation, agent) -> action) or 'run:DIR' (a checkpoint)",
+                                  received=o, fix="e.g. --multiagent.opponent random or "
+                                  "--multiagent.opponent my_pkg.policies:greedy"))
+
+
+def check_eval_opponents(opponents: Any) -> tuple[str, ...]:
+    """``multiagent.eval_opponents`` as a tuple of ``random`` / ``MODULE:FN`` (a ConfigError otherwise)."""
+    ev = tuple(opponents)
+    if not ev or not all(isinstance(o, str) and (o == "random" or SCRIPTED_SPEC.match(o)) for o in ev):
+        raise ConfigError(explain("multiagent.eval_opponents", expected="'random' or 'MODULE:FN' scripted players",
+                                  received=opponents, fix="e.g. --multiagent.eval-opponents random "
+                                  "gymllm.envs.games:tictactoe_one_ply"))
+    return ev
 
 
 def load_scripted_opponent(spec: str) -> Callable[[Any, str], Any]:

@@ -30,13 +30,9 @@ bounds the games in flight.
 Opponents and illegal moves
 ---------------------------
 A game is played by :class:`~gymllm.rollout.seat_play.SeatGamePlayer` (:mod:`gymllm.rollout.seat_play`:
-the opponents ``self`` / ``random`` / ``MODULE:FN`` and the ``illegal_move`` rules); a game never
-stops on a seat's error; a batch is dropped only when the game itself or an engine raises.
-
-A seat whose game ended before its first move gets a trajectory without sampled tokens (its
-reward counts in the group's baseline, it trains nothing). A learner seat whose trajectory hit its budget (``rollout.max_model_calls`` moves, or the engine's
-context) plays the rest of its game with random legal moves, unrecorded; the trajectory ends truncated and its
-reward still sums every reward the seat received, the game's outcome included.
+the opponents ``self`` / ``random`` / ``MODULE:FN``, the ``illegal_move`` rules and a seat past its
+budget); a game never stops on a seat's error; a batch is dropped only when the game itself or an
+engine raises.
 """
 
 from __future__ import annotations
@@ -44,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import re
 from typing import Any, Callable, Literal
 
 import numpy as np
@@ -55,13 +50,12 @@ from gymllm.rollout.episode import Episode
 from gymllm.rollout.group_queue import QueueClosed
 from gymllm.rollout.policy_map import check_policies
 from gymllm.rollout.producer import RolloutStalledError
-from gymllm.rollout.seat_play import SeatGamePlayer, batch_groups
+from gymllm.rollout.seat_play import SeatGamePlayer, batch_groups, check_eval_opponents, check_opponent
 from gymllm.rollout.sources import QueueSource
 from gymllm.types import Group
 
 __all__ = ["MultiAgentSection", "SeatGroupSource", "SeatMetrics"]
 
-_FN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")
 log = logging.getLogger("gymllm.rollout")
 
 
@@ -107,14 +101,7 @@ class MultiAgentSection:
     greedy at ``eval.temperature``)."""
 
     def __post_init__(self) -> None:
-        o = self.opponent
-        ok = (o in ("self", "frozen", "random") or (o.startswith("run:") and len(o) > 4)
-              or (not o.startswith("run:") and bool(_FN.match(o))))
-        if not isinstance(o, str) or not ok:
-            raise ConfigError(explain("multiagent.opponent", expected="'self', 'frozen', 'random', 'MODULE:FN' (a "
-                                      "scripted fn(observation, agent) -> action) or 'run:DIR' (a checkpoint)",
-                                      received=o, fix="e.g. --multiagent.opponent random or "
-                                      "--multiagent.opponent my_pkg.policies:greedy"))
+        check_opponent(self.opponent)
         if not isinstance(self.refresh_every, int) or self.refresh_every < 1:
             raise ConfigError(explain("multiagent.refresh_every", expected="an int >= 1 (optimizer steps between "
                                       "frozen-opponent refreshes)", received=self.refresh_every,
@@ -149,12 +136,7 @@ class MultiAgentSection:
         if not 0.0 <= float(self.league_latest) <= 1.0:
             raise ConfigError(explain("multiagent.league_latest", expected="a probability in [0, 1]",
                                       received=self.league_latest, fix="e.g. 0.25"))
-        ev = tuple(self.eval_opponents)
-        if not ev or not all(isinstance(o, str) and (o == "random" or _FN.match(o)) for o in ev):
-            raise ConfigError(explain("multiagent.eval_opponents", expected="'random' or 'MODULE:FN' scripted players",
-                                      received=self.eval_opponents, fix="e.g. --multiagent.eval-opponents random "
-                                      "gymllm.envs.games:tictactoe_one_ply"))
-        object.__setattr__(self, "eval_opponents", ev)
+        object.__setattr__(self, "eval_opponents", check_eval_opponents(self.eval_opponents))
         if isinstance(self.eval_games, bool) or not isinstance(self.eval_games, int) or self.eval_games < 2 \
                 or self.eval_games % 2:
             raise ConfigError(explain("multiagent.eval_games", expected="an even int >= 2 (each seed from both seats)",
