@@ -23,7 +23,8 @@ pytest.importorskip("openenv", reason="the openenv extra (pip install 'gymllm[op
 
 import gymllm  # noqa: E402
 from gymllm.core import TextEnv  # noqa: E402
-from gymllm.envs.openenv_adapter import OpenEnvError, from_openenv, import_openenv  # noqa: E402
+from gymllm.envs.openenv_adapter import from_openenv  # noqa: E402
+from gymllm.envs.openenv_config import OpenEnvError, import_openenv  # noqa: E402
 from gymllm.envs.openenv_server import ServeEnvConfig, ServerThread, build_app  # noqa: E402
 from gymllm.errors import ConfigError, EnvError, EnvTimeoutError, InvalidActionError  # noqa: E402
 from gymllm.spaces import Chat, Text  # noqa: E402

@@ -49,7 +49,8 @@ import gymnasium as gym
 import numpy as np
 
 from gymllm.core import TextEnv, areset_env, astep_env, overrides_hook
-from gymllm.envs.openenv_adapter import OBSERVATION_HINT, TOKEN_ENV, import_openenv
+from gymllm.envs.openenv_config import TOKEN_ENV, import_openenv
+from gymllm.envs.openenv_mapping import OBSERVATION_HINT
 from gymllm.errors import ConfigError, InvalidActionError, ResetNeededError, explain
 from gymllm.spaces import Chat, Text
 from gymllm.utils import serving
