@@ -388,7 +388,7 @@ def test_a_gymnasium_env_served_in_process_and_tokens():
 
 
 def test_an_async_env_is_awaited_on_the_server_loop():
-    from gymllm.envs.openenv_server import is_async_native
+    from gymllm.envs.openenv_factory import is_async_native
 
     kwargs = {"median_s": 0.001, "p99_s": 0.005}
     local = gymllm.make("gymllm/AsyncLatency-v0", **kwargs)
