@@ -29,10 +29,9 @@ bounds the games in flight.
 
 Opponents and illegal moves
 ---------------------------
-A game is played by :class:`~gymllm.rollout.seat_play.SeatGamePlayer` (:mod:`gymllm.rollout.seat_play`:
-the opponents ``self`` / ``random`` / ``MODULE:FN``, the ``illegal_move`` rules and a seat past its
-budget); a game never stops on a seat's error; a batch is dropped only when the game itself or an
-engine raises.
+One game is played by :class:`~gymllm.rollout.seat_play.SeatGamePlayer` (its module doc: the
+opponents, the ``illegal_move`` rules, a seat past its budget); a batch is dropped only when the
+game itself or an engine raises.
 """
 
 from __future__ import annotations
