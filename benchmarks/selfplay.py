@@ -9,7 +9,7 @@ the same moves' reply caps:
   games interleave in the engine's continuous batch; a batch of ``--group-size`` games from one seed
   is admitted as soon as that many of the ``--num-slots / 2`` in-flight places are free. Timed until
   ``--num-games`` games have ended (the batches still in flight are not counted).
-* ``lockstep``: what a synchronous trainer writes over the same pieces (``SeatGroupSource.new_game``,
+* ``lockstep``: what a synchronous trainer writes over the same pieces (``SeatGamePlayer.new_game``,
   ``play_move``, :class:`~gymllm.rollout.episode.Episode`): a wave of ``--num-slots / 2`` games (the
   same batches, members and seeds) is reset together; each turn every live game's current mover is
   asked in one batched engine call (``asyncio.gather`` over the engine: the engine batches them), the
@@ -218,7 +218,7 @@ async def barrier_free(src: Any, n_games: int) -> tuple[float, dict]:
 
 
 class LockstepGame:
-    """One game of a lock-step wave: :meth:`SeatGroupSource.play_game`'s moves (self-play), split at the
+    """One game of a lock-step wave: :meth:`SeatGamePlayer.play_game`'s moves (self-play), split at the
     model call so a loop can ask every game's mover in one batched call."""
 
     def __init__(self, src: Any, k: int, member: int):
@@ -227,7 +227,7 @@ class LockstepGame:
         from gymllm.rollout.episode import Episode, EpisodeKey
 
         self.src, self.k, self.member, self.seed = src, k, member, src.seed + k
-        self.game = src.new_game()
+        self.game = src.player.new_game()
         self.rng = np.random.default_rng([self.seed, member])
         self.tally: dict = {"illegal": {}, "errors": {}}
         self.owed: dict[str, float] = {}
@@ -283,7 +283,7 @@ class LockstepGame:
 
     def apply(self, completion: Any) -> None:
         agent, ep = self.mover, self.episodes[self.mover]
-        owe = self.src.play_move(self.game, agent, ep.on_completion(completion, 0.0), self.rng, self.tally)
+        owe = self.src.player.play_move(self.game, agent, ep.on_completion(completion, 0.0), self.rng, self.tally)
         if owe:
             self.owed[agent] = self.owed.get(agent, 0.0) + owe
 

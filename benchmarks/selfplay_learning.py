@@ -83,7 +83,7 @@ def measure(recipe: str, run_dir: pathlib.Path, games: int) -> dict:
     own command (the schedule and the random player's draws depend only on the seeds and the games, so
     both meet the same games, as in one command with ``--no-model-pairs``); the rows are then compared."""
     from gymllm.suites.game_stats import paired_comparisons
-    from gymllm.suites.games import summarize_games
+    from gymllm.suites.game_tables import summarize_games
 
     spec = RECIPES[recipe]
     kwargs = tomllib.loads((REPO / "gymllm" / "recipes" / f"{recipe}.toml").read_text())["env"].get("kwargs", {})

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 import gymllm
-from gymllm.envs import catalogue
-from gymllm.envs.catalogue import PrivateGlobalRandom, textarena_env
+from gymllm.envs import catalogue, catalogue_textarena
+from gymllm.envs.catalogue import PrivateGlobalRandom
+from gymllm.envs.catalogue_textarena import textarena_env
 from gymllm.errors import ConfigError, MissingExtraError
 from gymllm.multiagent import AgentVectorEnv, text_api_test
 
@@ -96,17 +97,17 @@ def test_private_global_random_is_deterministic_and_threadsafe_to_nest():
 
 @pytest.mark.parametrize("ta_id", TA_SAMPLE)
 def test_textarena_single_player_envs(ta_id):
-    env = gymllm.make(f"gymllm/{catalogue.ta_gym_id(ta_id)}")
+    env = gymllm.make(f"gymllm/{catalogue_textarena.ta_gym_id(ta_id)}")
     _check_env(env.unwrapped)
     o1, _ = env.reset(seed=2)
-    o2, _ = gymllm.make(f"gymllm/{catalogue.ta_gym_id(ta_id)}").reset(seed=2)
+    o2, _ = gymllm.make(f"gymllm/{catalogue_textarena.ta_gym_id(ta_id)}").reset(seed=2)
     assert o1 == o2 and o1.startswith("[GAME]")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ta_id", catalogue.TEXTARENA_SINGLE_PLAYER)
+@pytest.mark.parametrize("ta_id", catalogue_textarena.TEXTARENA_SINGLE_PLAYER)
 def test_every_textarena_single_player_env_passes_check_env(ta_id):
-    _check_env(gymllm.make(f"gymllm/{catalogue.ta_gym_id(ta_id)}").unwrapped)
+    _check_env(gymllm.make(f"gymllm/{catalogue_textarena.ta_gym_id(ta_id)}").unwrapped)
 
 
 def test_textarena_two_player_pettingzoo_tests():

@@ -23,7 +23,8 @@ pytest.importorskip("openenv", reason="the openenv extra (pip install 'gymllm[op
 
 import gymllm  # noqa: E402
 from gymllm.core import TextEnv  # noqa: E402
-from gymllm.envs.openenv_adapter import OpenEnvError, from_openenv, import_openenv  # noqa: E402
+from gymllm.envs.openenv_adapter import from_openenv  # noqa: E402
+from gymllm.envs.openenv_config import OpenEnvError, import_openenv  # noqa: E402
 from gymllm.envs.openenv_server import ServeEnvConfig, ServerThread, build_app  # noqa: E402
 from gymllm.errors import ConfigError, EnvError, EnvTimeoutError, InvalidActionError  # noqa: E402
 from gymllm.spaces import Chat, Text  # noqa: E402
@@ -387,7 +388,7 @@ def test_a_gymnasium_env_served_in_process_and_tokens():
 
 
 def test_an_async_env_is_awaited_on_the_server_loop():
-    from gymllm.envs.openenv_server import is_async_native
+    from gymllm.envs.openenv_factory import is_async_native
 
     kwargs = {"median_s": 0.001, "p99_s": 0.005}
     local = gymllm.make("gymllm/AsyncLatency-v0", **kwargs)

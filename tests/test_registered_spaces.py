@@ -30,7 +30,7 @@ from gymllm.utils import check_env
 from gymllm.utils.env_checker import run_episode
 
 IDS = registered_ids()
-CATALOGUE = "gymllm.envs.catalogue:"
+CATALOGUE = ("gymllm.envs.catalogue:", "gymllm.envs.catalogue_textarena:")
 
 
 def _entry_point(env_id: str) -> str:

@@ -13,7 +13,9 @@ import gymllm
 from gymllm.telemetry import Tracer, set_tracer, span
 from gymllm.telemetry.export import load_chrome_trace
 from gymllm.telemetry.metrics import biggest_stall, learner_step_metrics, pipeline_metrics, staleness_histogram
-from gymllm.telemetry.report import ReportError, read_metrics, timeline_window, write_report
+from gymllm.telemetry.report import ReportError, write_report
+from gymllm.telemetry.report_plots import timeline_window
+from gymllm.telemetry.report_series import read_metrics
 from gymllm.telemetry.sinks import MetricsLogger
 
 STEPS, GROUP = 4, 3
@@ -154,7 +156,8 @@ def test_report_from_metrics_only_and_torn_line(tmp_path):
 def test_summary_table_and_idle_lines_read_the_steps_own_window_first(tmp_path):
     """The run also logs a top-level ``engine_busy_fraction`` (since the rollout started); the report's
     per-step figures are the tracer's window of each step (``pipeline/...``), the same as the console's."""
-    from gymllm.telemetry.report import pipeline_table, series
+    from gymllm.telemetry.report import pipeline_table
+    from gymllm.telemetry.report_series import series
     from gymllm.telemetry.sinks import progress_line
 
     records = [{"step": s, "engine_busy_fraction": 0.5, "pipeline/engine_busy_fraction": 0.25 * s,
@@ -179,7 +182,7 @@ def test_report_without_inputs_is_explained(tmp_path):
 
 
 def test_series_of_a_resumed_run_keeps_the_last_record_per_step():
-    from gymllm.telemetry.report import series
+    from gymllm.telemetry.report_series import series
 
     records = [{"step": 1, "train/reward/mean": 0.1}, {"step": 2, "train/reward/mean": 0.2},
                {"step": 3, "train/reward/mean": 0.3},  # killed here; resumed from the step-2 checkpoint
@@ -201,7 +204,7 @@ def test_report_reads_the_learners_flat_metric_names(tmp_path):
 
 
 def test_timeline_rows_collapse_many_env_tracks_and_cap_lanes():
-    from gymllm.telemetry.report import _rows
+    from gymllm.telemetry.report_plots import _rows
 
     # env spans [0,1], [0.5,1.5], [1,2] (4 tracks each): two lanes once collapsed into "env/*"
     spans = [{"name": "env_step", "track": f"env/{i}", "ts": 0.5 * (i % 3), "dur": 1.0, "args": {}} for i in range(12)]

@@ -26,7 +26,8 @@ from gymllm.train.train_config import EvalSection, EnvSection
 from gymllm.rollout.config import RolloutConfig
 from gymllm.inference.params import SamplingParams
 from gymllm.errors import ConfigError
-from gymllm.telemetry.report import read_metrics, write_report
+from gymllm.telemetry.report import write_report
+from gymllm.telemetry.report_series import read_metrics
 from gymllm.telemetry.sinks import parse_step_window, progress_line
 from gymllm.types import Group, Trajectory
 

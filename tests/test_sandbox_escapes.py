@@ -24,7 +24,7 @@ import pytest
 from gymllm.errors import ConfigError, ToolError
 from gymllm.tools import Sandbox, SandboxConfig, make_python_tool, make_shell_tool
 from gymllm.tools import landlock, seccomp
-from gymllm.tools.sandbox import SandboxUnavailableError
+from gymllm.tools.sandbox_config import SandboxUnavailableError
 
 CFG = SandboxConfig(timeout_s=5, memory_mb=256, max_processes=24, max_output_bytes=4000)
 SECRET = "s3cr3t-trainer-token-Zq9"
@@ -369,7 +369,8 @@ def test_config_validation():
 _OLD_KERNEL = '''
 import ctypes, json, struct, sys
 sys.path[:0] = {paths!r}
-from gymllm.tools.sandbox import Sandbox, SandboxConfig, SandboxUnavailableError
+from gymllm.tools.sandbox import Sandbox
+from gymllm.tools.sandbox_config import SandboxConfig, SandboxUnavailableError
 
 def insn(code, k, jt=0, jf=0):
     return struct.pack("=HBBI", code, jt, jf, k)

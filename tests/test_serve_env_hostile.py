@@ -15,8 +15,8 @@ import pytest
 pytest.importorskip("openenv", reason="the openenv extra (pip install 'gymllm[openenv]')")
 
 import gymllm  # noqa: E402
-from gymllm.envs.openenv_server import (GymllmEnvironment, ServeEnvConfig, ServerThread, build_app,  # noqa: E402
-                                        make_env_factory)
+from gymllm.envs.openenv_factory import make_env_factory  # noqa: E402
+from gymllm.envs.openenv_server import GymllmEnvironment, ServeEnvConfig, ServerThread, build_app  # noqa: E402
 
 J = {"content-type": "application/json"}
 GOLD = ("answer", "answers", "gold", "gold_answer", "solution", "ground_truth", "reference_answer", "expected_answer",

@@ -19,6 +19,7 @@ ENV_MODULES: list[str] = [
     "gymllm.envs.arithmetic_tool",
     "gymllm.envs.games",
     "gymllm.envs.catalogue",
+    "gymllm.envs.catalogue_textarena",
     "gymllm.envs.tiny_tasks",
     "gymllm.envs.countdown",
     "gymllm.envs.math_word",

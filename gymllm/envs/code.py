@@ -30,7 +30,8 @@ import numpy as np
 from gymllm.core import TextEnv
 from gymllm.errors import ConfigError, explain
 from gymllm.registration import register
-from gymllm.tools.sandbox import Sandbox, SandboxConfig
+from gymllm.tools.sandbox import Sandbox
+from gymllm.tools.sandbox_config import SandboxConfig
 
 __all__ = ["CodeEnv", "CodeTask", "TASKS", "extract_code", "run_tests"]
 

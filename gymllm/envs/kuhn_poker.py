@@ -47,7 +47,8 @@ import gymnasium.spaces as gspaces
 import numpy as np
 from pettingzoo import AECEnv
 
-from gymllm.envs.catalogue import PrivateGlobalRandom, textarena_pull, textarena_reset
+from gymllm.envs.catalogue import PrivateGlobalRandom
+from gymllm.envs.catalogue_textarena import textarena_pull, textarena_reset
 from gymllm.errors import ConfigError, MissingExtraError, explain
 from gymllm.spaces import Text
 

@@ -14,10 +14,11 @@ The env talks OpenEnv's WebSocket protocol through OpenEnv's own ``GenericEnvCli
   The WebSocket I/O of every remote env in the process runs on one shared I/O loop thread, so an env
   can be used from any event loop (sync calls, ``asyncio.run`` in checkers, the trainer's loop).
 - **Timeouts and failures.** Every call has a deadline (``timeout_s``; :class:`~gymllm.errors.EnvTimeoutError`).
-  Opening a session is tried twice (one reconnect), then :class:`OpenEnvError` says the server is
-  unreachable. A connection lost mid-episode fails that episode only (:class:`OpenEnvError`; the
-  next ``reset`` opens a new session). An error the server reports (``{"type": "error"}``) raises
-  :class:`OpenEnvError` with its code and message; the session stays open.
+  Opening a session is tried twice (one reconnect), then
+  :class:`~gymllm.envs.openenv_config.OpenEnvError` says the server is unreachable. A connection lost
+  mid-episode fails that episode only (``OpenEnvError``; the next ``reset`` opens a new session). An
+  error the server reports (``{"type": "error"}``) raises ``OpenEnvError`` with its code and
+  message; the session stays open.
 - **Schemas.** The action JSON is built from the action schema the server publishes at ``/schema``:
   an action with one text field takes the action string; otherwise name it (``action_field``) or
   pass ``action_fn(text) -> dict``. The observation's text likewise (``observation_field`` /
@@ -28,59 +29,30 @@ The env talks OpenEnv's WebSocket protocol through OpenEnv's own ``GenericEnvCli
 - **Spaces.** ``action_space`` is :class:`~gymllm.spaces.Text` with the action field's
   ``minLength`` / ``maxLength``; ``observation_space`` is ``Text()`` or ``Chat()``.
 
-Importing this module does not import ``openenv`` (the ``openenv`` extra); building an env does.
+The config and error are :mod:`gymllm.envs.openenv_config`; reading the schemas is
+:mod:`gymllm.envs.openenv_mapping`. Importing this module does not import ``openenv`` (the
+``openenv`` extra); building an env does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
-import importlib
 import os
 import re
 import threading
-from typing import Any, Callable, Coroutine, TypeVar
+from typing import Any, Coroutine, TypeVar
 
 from gymllm.core import TextEnv
-from gymllm.errors import ConfigError, EnvError, EnvTimeoutError, MissingExtraError, explain
+from gymllm.envs.openenv_config import OpenEnvConfig, OpenEnvError, import_openenv
+from gymllm.envs.openenv_mapping import SchemaMapping, openenv_schema
+from gymllm.errors import ConfigError, EnvTimeoutError, explain
 from gymllm.registration import register
-from gymllm.spaces import Chat, Text
 
-__all__ = ["from_openenv", "OpenEnvConfig", "OpenEnvTextEnv", "OpenEnvError", "import_openenv", "openenv_schema"]
+__all__ = ["from_openenv", "OpenEnvTextEnv"]
 
 _T = TypeVar("_T")
-TOKEN_ENV = "GYMLLM_ENV_TOKEN"  # the serve-env token, read by both sides when none is passed
-OBSERVATION_HINT = "x-gymllm-observation"  # key a gymllm server adds to its observation schema: "text" | "chat"
-_BASE_OBS_FIELDS = ("done", "reward", "metadata")
 _SERVER_CODE = re.compile(r"^Server error: (?P<msg>.*) \(code: (?P<code>[A-Za-z_.]+)\)$", re.S)
-
-
-class OpenEnvError(EnvError):
-    """An OpenEnv server failed a call: unreachable, lost mid-episode, or answered with an error.
-
-    ``code`` is OpenEnv's error code (``EXECUTION_ERROR``, ``CAPACITY_REACHED``, ...) when the server
-    sent one, ``"CONNECTION"`` for a lost or refused connection.
-    """
-
-    def __init__(self, message: str, *, code: str = "CONNECTION", cause: BaseException | None = None):
-        super().__init__(message, cause=cause)
-        self.code = code
-
-
-def import_openenv(module: str = "openenv.core") -> Any:
-    """Import an ``openenv`` module, or raise :class:`~gymllm.errors.MissingExtraError` without the extra.
-
-    A plain import: ``openenv.core`` also imports Gradio for its optional web UI (about 4 s of import
-    time on a 2-core machine, paid once per process that touches OpenEnv; the UI itself stays off, as
-    ``gymllm serve-env`` never enables it). gymllm does not hide Gradio from the import system.
-    """
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if e.name and e.name.split(".")[0] == "openenv":
-            raise MissingExtraError("openenv", "openenv") from e
-        raise
 
 
 # ---------------------------------------------------------------------------------------------- I/O loop
@@ -106,179 +78,6 @@ def _submit(coro: Coroutine[Any, Any, _T]) -> concurrent.futures.Future[_T]:
     return asyncio.run_coroutine_threadsafe(coro, _IoLoop.get())
 
 
-# ---------------------------------------------------------------------------------------------- config
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class OpenEnvConfig:
-    """How to reach an OpenEnv server and map its JSON to text.
-
-    base_url: ``http://host:port`` (or ``ws://``) of the server. action_field / action_fn: the
-    action field that takes the text, or ``fn(text) -> action dict`` (default: the schema's one
-    text field). observation_field / observation_fn likewise (``fn(observation dict) -> str |
-    list[message]``). timeout_s: deadline of every reset/step (seconds); connect_timeout_s: of
-    opening a session and of reading ``/schema``. token: sent as ``Authorization: Bearer`` (a
-    ``gymllm serve-env --token`` server; default ``$GYMLLM_ENV_TOKEN``). reset_kwargs: extra reset
-    fields sent at every reset
-    (``options`` are added to them). max_message_mb: largest message accepted from the server.
-    """
-
-    base_url: str
-    action_field: str | None = None
-    action_fn: Callable[[str], dict] | None = None
-    observation_field: str | None = None
-    observation_fn: Callable[[dict], Any] | None = None
-    timeout_s: float = 60.0
-    connect_timeout_s: float = 10.0
-    token: str | None = None
-    reset_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
-    max_message_mb: float = 100.0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.base_url, str) or not re.match(r"^(https?|wss?)://[^/\s]+", self.base_url):
-            raise ConfigError(explain("OpenEnvConfig.base_url", expected="a URL such as 'http://127.0.0.1:8000'",
-                                      received=self.base_url, fix="pass the address `gymllm serve-env` printed"))
-        for name in ("timeout_s", "connect_timeout_s", "max_message_mb"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                raise ConfigError(explain(f"OpenEnvConfig.{name}", expected="a number > 0", received=v,
-                                          fix=f"pass {name}=30"))
-        if self.action_field is not None and self.action_fn is not None:
-            raise ConfigError(explain("OpenEnvConfig", expected="action_field or action_fn, not both",
-                                      received=(self.action_field, self.action_fn), fix="drop one of them"))
-        if self.observation_field is not None and self.observation_fn is not None:
-            raise ConfigError(explain("OpenEnvConfig", expected="observation_field or observation_fn, not both",
-                                      received=(self.observation_field, self.observation_fn), fix="drop one of them"))
-        if not isinstance(self.reset_kwargs, dict):
-            raise ConfigError(explain("OpenEnvConfig.reset_kwargs", expected="a dict", received=self.reset_kwargs,
-                                      fix="pass reset_kwargs={'split': 'test'}"))
-
-    @property
-    def http_url(self) -> str:
-        return re.sub(r"^ws", "http", self.base_url.rstrip("/"))
-
-    @property
-    def headers(self) -> dict[str, str] | None:
-        token = self.token or os.environ.get(TOKEN_ENV)
-        return {"Authorization": f"Bearer {token}"} if token else None
-
-
-def openenv_schema(base_url: str, *, headers: dict[str, str] | None = None, timeout_s: float = 10.0) -> dict:
-    """The server's ``GET /schema``: ``{"action": ..., "observation": ..., "state": ...}`` JSON schemas."""
-    import httpx
-
-    url = re.sub(r"^ws", "http", base_url.rstrip("/")) + "/schema"
-    try:
-        r = httpx.get(url, timeout=timeout_s, headers=headers)
-    except httpx.HTTPError as e:
-        raise OpenEnvError(explain(f"GET {url}", expected="an OpenEnv server answering",
-                                   received=f"{type(e).__name__}: {e}",
-                                   fix="start it (`gymllm serve-env ENV_ID --port P`) or check base_url"),
-                           cause=e) from e
-    if r.status_code != 200:
-        raise OpenEnvError(explain(f"GET {url}", expected="HTTP 200 with the env's JSON schemas",
-                                   received=f"HTTP {r.status_code}: {r.text[:200]}",
-                                   fix="pass token=... if the server requires one; check that base_url is an "
-                                       "OpenEnv server"),
-                           code=f"HTTP_{r.status_code}")
-    return r.json()
-
-
-def _is_text(prop: dict) -> bool:
-    if prop.get("type") == "string":
-        return True
-    return any(isinstance(p, dict) and p.get("type") == "string" for p in prop.get("anyOf", ()))
-
-
-def _text_prop(prop: dict) -> dict:
-    if prop.get("type") == "string":
-        return prop
-    return next(p for p in prop.get("anyOf", ()) if isinstance(p, dict) and p.get("type") == "string")
-
-
-# ---------------------------------------------------------------------------------------------- mapping
-class _Mapping:
-    """Action text -> action JSON and observation JSON -> text, from the server's schemas."""
-
-    def __init__(self, cfg: OpenEnvConfig, schema: dict):
-        self.cfg = cfg
-        action = schema.get("action") or {}
-        props = dict(action.get("properties") or {})
-        props.pop("metadata", None)
-        required = set(action.get("required") or ()) - {"metadata"}
-        self.action_field: str | None = None
-        self.action_space = Text()
-        if cfg.action_fn is None:
-            field = cfg.action_field
-            if field is None:
-                texts = [k for k, p in props.items() if _is_text(p)]
-                if len(texts) != 1 or required - {texts[0]}:
-                    raise ConfigError(explain(f"from_openenv({cfg.base_url!r})",
-                                              expected="an action schema with one text field",
-                                              received=f"fields {sorted(props)} (required: {sorted(required)})",
-                                              fix="pass action_field='<name>' or action_fn=lambda text: {...}"))
-                field = texts[0]
-            elif field not in props:
-                raise ConfigError(explain("from_openenv(action_field)", expected=f"one of {sorted(props)}",
-                                          received=field, fix="name a field of the server's action schema"))
-            self.action_field = field
-            if _is_text(props[field]):
-                p = _text_prop(props[field])
-                self.action_space = Text(min_length=int(p.get("minLength", 0)),
-                                         max_length=int(p.get("maxLength", 1 << 20)))
-        obs = schema.get("observation") or {}
-        oprops = {k: v for k, v in (obs.get("properties") or {}).items() if k not in _BASE_OBS_FIELDS}
-        self.hint = obs.get(OBSERVATION_HINT)  # set by gymllm servers
-        self.obs_field: str | None = None
-        if cfg.observation_fn is None and self.hint is None:
-            field = cfg.observation_field
-            if field is None:
-                texts = [k for k, p in oprops.items() if _is_text(p)]
-                if len(texts) == 1:
-                    field = texts[0]
-                elif "messages" in oprops:
-                    field = "messages"
-                else:
-                    raise ConfigError(explain(f"from_openenv({cfg.base_url!r})",
-                                              expected="an observation schema with one text field (or 'messages')",
-                                              received=f"fields {sorted(oprops)}",
-                                              fix="pass observation_field='<name>' or observation_fn=lambda obs: ..."))
-            elif field not in oprops:
-                raise ConfigError(explain("from_openenv(observation_field)", expected=f"one of {sorted(oprops)}",
-                                          received=field, fix="name a field of the server's observation schema"))
-            self.obs_field = field
-        chat = self.hint == "chat" or (self.obs_field is not None and not _is_text(oprops.get(self.obs_field, {})))
-        self.observation_space = Chat() if chat else Text()
-
-    def action(self, text: str) -> dict:
-        if self.cfg.action_fn is not None:
-            payload = self.cfg.action_fn(text)
-            if not isinstance(payload, dict):
-                raise ConfigError(explain("from_openenv(action_fn)", expected="a dict (the action's JSON)",
-                                          received=type(payload).__name__, fix="return e.g. {'message': text}"))
-            return payload
-        return {self.action_field: text}
-
-    def observation(self, data: dict) -> tuple[Any, float, bool, bool, dict]:
-        """An OpenEnv observation payload -> (obs, reward, terminated, truncated, info)."""
-        raw = dict(data.get("observation") or {})
-        meta = data.get("metadata") or raw.pop("metadata", None) or {}
-        raw.pop("metadata", None)
-        done = bool(data.get("done", False))
-        reward = float(data.get("reward") or 0.0)
-        if self.cfg.observation_fn is not None:
-            obs, info = self.cfg.observation_fn(raw), dict(meta)
-        elif self.hint is not None:  # a gymllm server: text or messages, and the env's own info
-            obs = raw["messages"] if raw.get("messages") is not None else raw.get("text", "")
-            info = dict(meta.get("info") or {})
-        else:
-            obs = raw.pop(self.obs_field, "")
-            info = dict(meta)
-            if raw:
-                info["observation"] = raw
-        truncated = bool(meta.get("truncated", False))
-        terminated = bool(meta.get("terminated", done and not truncated))
-        return obs, reward, terminated, truncated, info
-
-
 # ---------------------------------------------------------------------------------------------- env
 class OpenEnvTextEnv(TextEnv):
     """A remote OpenEnv env as a ``TextEnv`` (see the module docstring). Build with :func:`from_openenv`.
@@ -290,7 +89,7 @@ class OpenEnvTextEnv(TextEnv):
                  **config: Any):
         super().__init__(max_turns=max_turns, render_mode=render_mode)
         self._session: Any = None  # the GenericEnvClient of the current episode (lives on the I/O loop)
-        self._mapping: _Mapping | None = None
+        self._mapping: SchemaMapping | None = None
         self.config: OpenEnvConfig | None = None
         if base_url is None:
             self.metadata = {**type(self).metadata, "gymllm_skip_check": "needs a running OpenEnv server: "
@@ -298,7 +97,7 @@ class OpenEnvTextEnv(TextEnv):
             return
         self.config = OpenEnvConfig(base_url=base_url, **config)
         schema = openenv_schema(base_url, headers=self.config.headers, timeout_s=self.config.connect_timeout_s)
-        self._mapping = _Mapping(self.config, schema)
+        self._mapping = SchemaMapping(self.config, schema)
         self.action_space = self._mapping.action_space
         self.observation_space = self._mapping.observation_space
 
@@ -427,7 +226,7 @@ class OpenEnvTextEnv(TextEnv):
         if old is not None:
             _submit(_close_quietly(old))
 
-    def _configured(self) -> tuple[OpenEnvConfig, _Mapping]:
+    def _configured(self) -> tuple[OpenEnvConfig, SchemaMapping]:
         if self.config is None or self._mapping is None:
             raise ConfigError(explain("gymllm/OpenEnv-v0", expected="base_url=<the server's URL>", received=None,
                                       fix="gymllm.make('gymllm/OpenEnv-v0', base_url='http://127.0.0.1:8000') or "
@@ -459,9 +258,10 @@ def _as_payload(result: Any) -> dict:
 
 
 def from_openenv(base_url: str, **config: Any) -> OpenEnvTextEnv:
-    """Wrap the OpenEnv server at ``base_url`` as a text env; ``config``: :class:`OpenEnvConfig`
-    fields (``action_field``, ``action_fn``, ``observation_field``, ``observation_fn``, ``timeout_s``,
-    ``connect_timeout_s``, ``token``, ``reset_kwargs``, ``max_message_mb``) and ``max_turns``."""
+    """Wrap the OpenEnv server at ``base_url`` as a text env; ``config``:
+    :class:`~gymllm.envs.openenv_config.OpenEnvConfig` fields (``action_field``, ``action_fn``,
+    ``observation_field``, ``observation_fn``, ``timeout_s``, ``connect_timeout_s``, ``token``,
+    ``reset_kwargs``, ``max_message_mb``) and ``max_turns``."""
     return OpenEnvTextEnv(base_url, **config)
 
 

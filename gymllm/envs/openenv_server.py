@@ -31,16 +31,16 @@ that holds one gymllm env per session:
 
 Gymnasium envs whose actions are not text are wrapped with :func:`gymllm.envs.from_gymnasium`.
 :class:`ServerThread` runs an app on a free loopback port in this process (tests, benchmarks).
+The served envs are built by :mod:`gymllm.envs.openenv_factory`; the token and JSON-body checks in
+front of the app are :mod:`gymllm.envs.openenv_gates`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import hmac
 import importlib
 import json
-import math
 import os
 import uuid
 from typing import Any, Callable
@@ -48,10 +48,13 @@ from typing import Any, Callable
 import gymnasium as gym
 import numpy as np
 
-from gymllm.core import TextEnv, areset_env, astep_env, overrides_hook
-from gymllm.envs.openenv_adapter import OBSERVATION_HINT, TOKEN_ENV, import_openenv
+from gymllm.core import areset_env, astep_env
+from gymllm.envs.openenv_config import TOKEN_ENV, import_openenv
+from gymllm.envs.openenv_factory import is_async_native, make_env_factory
+from gymllm.envs.openenv_gates import JsonBodyGuard, TokenGate
+from gymllm.envs.openenv_mapping import OBSERVATION_HINT
 from gymllm.errors import ConfigError, InvalidActionError, ResetNeededError, explain
-from gymllm.spaces import Chat, Text
+from gymllm.spaces import Chat
 from gymllm.utils import serving
 from gymllm.utils.serving import is_loopback
 
@@ -59,8 +62,7 @@ _core = import_openenv("openenv.core")
 _types = import_openenv("openenv.core.env_server.types")
 
 __all__ = ["ServeEnvConfig", "GymllmEnvironment", "AsyncGymllmEnvironment", "ServedEnvError",
-           "is_async_native", "build_app", "serve", "ServerThread", "make_env_factory",
-           "offline_environ", "GOLD_INFO_KEYS", "withhold"]
+           "build_app", "serve", "ServerThread", "offline_environ", "GOLD_INFO_KEYS", "withhold"]
 
 GOLD_INFO_KEYS = ("answer", "answers", "gold", "gold_answer", "solution", "solutions", "ground_truth",
                   "reference_answer", "expected_answer", "correct_answer", "target_answer")
@@ -125,48 +127,6 @@ class ServeEnvConfig:
     @property
     def resolved_token(self) -> str | None:
         return self.token or os.environ.get(TOKEN_ENV) or None
-
-
-# ---------------------------------------------------------------------------------------------- env side
-def make_env_factory(env: str, env_kwargs: dict[str, Any] | None = None) -> Callable[[], gym.Env]:
-    """A no-argument factory of text envs for ``env`` (an id or ``module:factory``)."""
-    kwargs = dict(env_kwargs or {})
-    if ":" in env:
-        mod, _, attr = env.partition(":")
-        try:
-            fn: Any = importlib.import_module(mod)
-            for part in attr.split("."):
-                fn = getattr(fn, part)
-        except (ImportError, AttributeError) as e:
-            raise ConfigError(explain("gymllm serve-env ENV", expected="'module:factory' naming a callable",
-                                      received=env, fix="check the module path and the factory's name")) from e
-        if not callable(fn):
-            raise ConfigError(explain("gymllm serve-env ENV", expected="a callable factory", received=env,
-                                      fix="name a function or class that returns a gymnasium.Env"))
-
-        def build() -> gym.Env:
-            return _as_text_env(fn(**kwargs), None, kwargs)
-    else:
-        import gymllm
-
-        def build() -> gym.Env:
-            return _as_text_env(gymllm.make(env, **kwargs), env, kwargs)
-
-    return build
-
-
-def _as_text_env(made: Any, env_id: str | None, kwargs: dict) -> gym.Env:
-    if not isinstance(made, gym.Env):
-        raise ConfigError(explain("gymllm serve-env ENV", expected="a factory returning a gymnasium.Env",
-                                  received=type(made).__name__, fix="return the env instance"))
-    if isinstance(made.action_space, Text):
-        return made
-    from gymllm.envs.gymnasium_adapter import from_gymnasium
-
-    if env_id is not None:  # made again through the adapter (it picks the ansi render mode)
-        made.close()
-        return from_gymnasium(env_id, env_kwargs=kwargs)
-    return from_gymnasium(made)
 
 
 def jsonable(x: Any) -> Any:
@@ -343,12 +303,6 @@ def withhold(x: Any, keys: frozenset[str]) -> Any:
     return root[0]
 
 
-def is_async_native(env: gym.Env) -> bool:
-    """Whether ``env`` (or the TextEnv it wraps) has a native ``async def _astep``."""
-    u = getattr(env, "unwrapped", env)
-    return isinstance(u, TextEnv) and overrides_hook(u, "_astep") and callable(getattr(env, "astep", None))
-
-
 # ---------------------------------------------------------------------------------------------- app
 def build_app(config: ServeEnvConfig) -> Any:
     """The ASGI app: OpenEnv's FastAPI app for ``config.env``, behind the token check when a token is set."""
@@ -399,99 +353,7 @@ def build_app(config: ServeEnvConfig) -> Any:
     app.add_exception_handler(ServedActionError, action_error)
     app.add_middleware(JsonBodyGuard, max_bytes=int(config.max_message_mb * 2**20))
     token = config.resolved_token
-    return _TokenGate(app, token) if token else app
-
-
-class _TokenGate:
-    """ASGI middleware: every HTTP request and WebSocket handshake must carry ``Authorization: Bearer <token>``."""
-
-    def __init__(self, app: Any, token: str):
-        self.app = app
-        self._want = f"Bearer {token}".encode()
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] in ("http", "websocket"):
-            got = dict(scope.get("headers") or ()).get(b"authorization", b"")
-            if not hmac.compare_digest(got, self._want):
-                if scope["type"] == "websocket":
-                    await send({"type": "websocket.close", "code": 1008, "reason": "missing or wrong token"})
-                    return
-                body = json.dumps({"detail": "missing or wrong token: send 'Authorization: Bearer <token>'"}).encode()
-                await send({"type": "http.response.start", "status": 401,
-                            "headers": [(b"content-type", b"application/json")]})
-                await send({"type": "http.response.body", "body": body})
-                return
-        await self.app(scope, receive, send)
-
-    def __getattr__(self, name: str) -> Any:  # app.state, app.routes ... of the wrapped app
-        return getattr(self.app, name)
-
-
-_INT64 = 2**63
-
-
-class _NonFinite(float):
-    """A JSON ``NaN`` / ``Infinity`` / ``-Infinity`` literal, kept apart from ordinary floats while checking."""
-
-
-def _nonfinite_literal(name: str) -> float:
-    return _NonFinite(float(name.replace("Infinity", "inf")))
-
-
-def first_bad_number(body: bytes) -> tuple[str, str] | None:
-    """``(field path, what it holds)`` of the first non-finite number (``NaN``, ``Infinity``, ``1e999``) or
-    integer outside 64 bits in a JSON ``body``, or None (also for a body that is not JSON: FastAPI answers that)."""
-    try:
-        doc = json.loads(body, parse_constant=_nonfinite_literal)
-    except (ValueError, RecursionError):
-        return None
-    stack: list[tuple[str, Any]] = [("", doc)]
-    while stack:
-        path, x = stack.pop()
-        if isinstance(x, dict):
-            stack.extend((f"{path}.{k}" if path else str(k), v) for k, v in reversed(list(x.items())))
-        elif isinstance(x, list):
-            stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(x))))
-        elif isinstance(x, float) and not math.isfinite(x):
-            return path or "body", "a non-finite number (NaN or Infinity, or one too large for a double)"
-        elif isinstance(x, int) and not isinstance(x, bool) and not -_INT64 <= x < _INT64:
-            return path or "body", f"an integer outside the signed 64-bit range ({str(x)[:30]}...)"
-    return None
-
-
-class JsonBodyGuard:
-    """ASGI middleware for the HTTP routes: a body over ``max_bytes`` gets a 413, and a JSON body holding a
-    non-finite number or an integer past 64 bits anywhere a 400, each with a JSON ``{"detail", "code",
-    "field"}`` body, before OpenEnv's handlers (whose validation errors would echo the number and fail to
-    render as JSON)."""
-
-    def __init__(self, app: Any, max_bytes: int):
-        self.app, self.max_bytes = app, max_bytes
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT", "PATCH"):
-            return await self.app(scope, receive, send)
-        body = await serving.read_body(receive, self.max_bytes)
-        if body is None:
-            return  # the client went away
-        if body is serving.TOO_LARGE:
-            return await _json_error(send, 413, f"body: expected at most {self.max_bytes} bytes, received more. "
-                                     "Fix: send less (or start the server with a larger --max-message-mb)",
-                                     "REQUEST_TOO_LARGE", "body")
-        bad = first_bad_number(body) if body else None
-        if bad is not None:
-            field, what = bad
-            return await _json_error(send, 400, f"{field}: expected a finite number within 64 bits, received {what}. "
-                                     "Fix: send finite JSON numbers (no NaN, Infinity or 1e999)", "VALIDATION_ERROR",
-                                     field)
-        await self.app(scope, serving.replaying(body, receive), send)
-
-
-async def _json_error(send: Any, status: int, detail: str, code: str, field: str) -> None:
-    body = json.dumps({"detail": detail, "code": code, "field": field}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
+    return TokenGate(app, token) if token else app
 
 
 def _uvicorn_options(max_message_mb: float, compress: bool = False) -> dict[str, Any]:

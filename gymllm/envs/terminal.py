@@ -35,7 +35,8 @@ import secrets
 from gymllm.core import TextEnv
 from gymllm.errors import ConfigError, explain
 from gymllm.registration import register
-from gymllm.tools.sandbox import Sandbox, SandboxConfig
+from gymllm.tools.sandbox import Sandbox
+from gymllm.tools.sandbox_config import SandboxConfig
 
 __all__ = ["TerminalEnv", "make_terminal_tools", "FUNCTIONS", "TASKS", "named_functions"]
 

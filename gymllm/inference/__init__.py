@@ -29,7 +29,7 @@ _LAZY = {
     "ServerThread": "gymllm.inference.server",
     "VllmEngine": "gymllm.inference.vllm_engine",
     "EnginePool": "gymllm.inference.pool",
-    "PoolConfig": "gymllm.inference.pool",
+    "PoolConfig": "gymllm.inference.pool_routing",
     "ReplicaDied": "gymllm.inference.pool",
     "ReplicaSpec": "gymllm.inference.replica",
     "ReplicaHost": "gymllm.inference.replica",

@@ -37,14 +37,15 @@ Telemetry: span "generate" per attempt and "restart" per recreation on track ``e
 counter "load_tokens" there; span "weight_push" on track ``engine/pool``.
 
 Parts, one job each: :class:`EnginePool` (the Engine protocol: attempts, retries, inspection),
-:class:`Router` (which replica serves a request; the session homes) and :class:`Supervisor` (the
-replicas kept serving at the latest weights: pushes, failures, restarts, closing).
+:class:`~gymllm.inference.pool_routing.Router` (which replica serves a request; the session homes;
+:mod:`gymllm.inference.pool_routing`, with :class:`~gymllm.inference.pool_routing.PoolConfig`) and
+:class:`Supervisor` (the replicas kept serving at the latest weights: pushes, failures, restarts,
+closing).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import sys
 import time
 from typing import Any, Mapping, Sequence
@@ -52,50 +53,15 @@ from typing import Any, Mapping, Sequence
 from gymllm.errors import ConfigError, EngineError, explain
 from gymllm.inference.completion import Completion
 from gymllm.inference.params import SamplingParams
+from gymllm.inference.pool_routing import PoolConfig, ReplicaSlot, Router
 from gymllm.inference.replica import LocalReplica, RayReplica, ReplicaSpec, WeightUpdate
 from gymllm.telemetry import counter, span
-from gymllm.validation import check_range, require
 
-__all__ = ["EnginePool", "PoolConfig", "ReplicaDied", "failure_kind"]
+__all__ = ["EnginePool", "ReplicaDied", "failure_kind"]
 
 
 class ReplicaDied(EngineError):
     """A replica is gone (its process, node or server); the pool retries its requests elsewhere."""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class PoolConfig:
-    """How an EnginePool routes and recovers (frozen, keyword-only, validated).
-
-    max_retries        other replicas one request may try after the attempt on its replica failed.
-    request_timeout_s  an attempt not answered within this many seconds counts as its replica dying (a
-                       hang); None: no watchdog (Ray and the HTTP client still report lost replicas).
-    start_timeout_s    how long building (or recreating) a replica may take: load, compile, warm up.
-    restart            recreate a dead replica that can be rebuilt (a Ray actor, a host from a spec).
-    revive_after_s     a failed replica that cannot be rebuilt (a bare engine object, a remote server)
-                       takes requests again after this many seconds.
-    sticky_sessions    keep a session's turns on one replica (its prefix cache); False: every request
-                       goes to the least-loaded replica.
-    """
-
-    max_retries: int = 2
-    request_timeout_s: float | None = 600.0
-    start_timeout_s: float = 600.0
-    restart: bool = True
-    revive_after_s: float = 30.0
-    sticky_sessions: bool = True
-
-    def __post_init__(self) -> None:
-        c = "PoolConfig"
-        check_range(c, "max_retries", self.max_retries, lo=0, integer=True,
-                    fix="use e.g. 2 (0: fail a request with its replica)")
-        for name, optional, fix in (("request_timeout_s", True, "600.0 (longer than the longest generation)"),
-                                    ("start_timeout_s", False, "600.0"), ("revive_after_s", False, "30.0")):
-            check_range(c, name, getattr(self, name), lo=0, lo_open=True, optional=optional,
-                        fix=f"use e.g. {fix} seconds")
-        for name in ("restart", "sticky_sessions"):
-            require(isinstance(getattr(self, name), bool), f"{c}.{name}", expected="a bool",
-                    received=getattr(self, name), fix="use True or False")
 
 
 def _chain(exc: BaseException) -> list[BaseException]:
@@ -134,87 +100,13 @@ def failure_kind(exc: BaseException) -> str:
     return "input"
 
 
-@dataclasses.dataclass(eq=False)
-class _Slot:
-    """The pool's record of one replica."""
-
-    index: int
-    replica: Any  # LocalReplica | RayReplica
-    load_tokens: int = 0  # queued plus running tokens of this pool's requests there
-    inflight: int = 0
-    served: int = 0
-    failures: int = 0
-    restarts: int = 0
-    down: bool = False
-    down_since: float = 0.0
-    last_error: str | None = None
-    max_len: int | None = None
-    restarting: asyncio.Task | None = None
-
-    @property
-    def name(self) -> str:
-        return self.replica.name
-
-    @property
-    def track(self) -> str:
-        return f"engine/{self.replica.name}"
-
-
-class Router:
-    """Which replica serves a request: the session's home while it is live, else the least-loaded live
-    replica not tried yet (queued plus running tokens, then requests in flight, then replica order),
-    which becomes the session's home. Holds the session -> replica map."""
-
-    def __init__(self, slots: list[_Slot], config: PoolConfig):
-        self.slots, self.config = slots, config
-        self.sessions: dict[str, int] = {}  # session id -> slot index
-
-    def choose(self, session_id: str | None, tried: Sequence[int]) -> _Slot | None:
-        """The replica for this attempt; None while every replica is down."""
-        now = time.monotonic()
-        for s in self.slots:  # a replica that cannot be rebuilt gets another chance after a while
-            if s.down and s.restarting is None and now - s.down_since >= self.config.revive_after_s:
-                s.down = False
-        sticky = self.config.sticky_sessions and session_id is not None
-        home = self.sessions.get(session_id) if sticky else None
-        if home is not None and not self.slots[home].down and home not in tried:
-            return self.slots[home]
-        live = [s for s in self.slots if not s.down and s.index not in tried] or [s for s in self.slots if not s.down]
-        if not live:
-            return None
-        best = min(live, key=lambda s: (s.load_tokens, s.inflight, s.index))
-        if sticky:
-            self.sessions[session_id] = best.index
-        return best
-
-    def home_of(self, session_id: str) -> _Slot | None:
-        i = self.sessions.get(session_id)
-        return None if i is None else self.slots[i]
-
-    def forget(self, session_id: str) -> _Slot | None:
-        i = self.sessions.pop(session_id, None)
-        return None if i is None else self.slots[i]
-
-    def evict(self, slot: _Slot) -> None:
-        """Drop every session homed on ``slot`` (a dead replica): each is re-homed on its next turn."""
-        for sid in [k for k, i in self.sessions.items() if i == slot.index]:
-            del self.sessions[sid]
-
-    def homes(self) -> list[int]:
-        """Sessions homed on each replica."""
-        out = [0] * len(self.slots)
-        for i in self.sessions.values():
-            out[i] += 1
-        return out
-
-
 class Supervisor:
     """Keeps a pool's replicas serving at the latest weights: pushes each weight update to every replica
     (and remembers it for recreated ones), takes a replica that died out of the routing (its sessions
     re-homed) and recreates it when it can be rebuilt, and waits for a restart while every replica is
     down. Closing it stops the restarts and closes the replicas."""
 
-    def __init__(self, slots: list[_Slot], router: Router, config: PoolConfig, version: int = 0):
+    def __init__(self, slots: list[ReplicaSlot], router: Router, config: PoolConfig, version: int = 0):
         self.slots, self.router, self.config = slots, router, config
         self.latest: tuple[Any, Any, int] | None = None  # the newest (update, its ObjectRef or None, version)
         self.version = version
@@ -246,7 +138,7 @@ class Supervisor:
             if isinstance(r, BaseException):
                 s.last_error = f"weight push: {type(r).__name__}: {str(r)[:300]}"
 
-    async def pick(self, session_id: str | None, tried: list[int]) -> _Slot:
+    async def pick(self, session_id: str | None, tried: list[int]) -> ReplicaSlot:
         """The router's choice; while every replica is down, wait for a restart (``start_timeout_s``)."""
         deadline = time.monotonic() + self.config.start_timeout_s
         while (slot := self.router.choose(session_id, tried)) is None:
@@ -258,7 +150,7 @@ class Supervisor:
             await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
         return slot
 
-    def failed(self, slot: _Slot, exc: BaseException, kind: str) -> None:
+    def failed(self, slot: ReplicaSlot, exc: BaseException, kind: str) -> None:
         """Record an attempt's failure on ``slot``; a death takes it out of the routing and restarts it."""
         slot.failures += 1
         slot.last_error = f"{type(exc).__name__}: {str(exc)[:300]}"
@@ -269,7 +161,7 @@ class Supervisor:
         if self.config.restart and slot.replica.can_restart and not self.closed:
             slot.restarting = asyncio.get_running_loop().create_task(self.restart(slot), name=f"restart-{slot.name}")
 
-    async def restart(self, slot: _Slot) -> None:
+    async def restart(self, slot: ReplicaSlot) -> None:
         """Recreate ``slot``'s replica at the latest weights; it rejoins the routing when built."""
         try:
             while not self.closed:
@@ -325,7 +217,7 @@ class EnginePool:
         if len(names) != len(engines) or len(set(names)) != len(names):
             raise ConfigError(explain("EnginePool(names)", expected=f"{len(engines)} distinct names",
                                       received=names, fix="pass one distinct name per replica or none"))
-        self._slots = [_Slot(i, e if isinstance(e, (LocalReplica, RayReplica)) else LocalReplica(n, e))
+        self._slots = [ReplicaSlot(i, e if isinstance(e, (LocalReplica, RayReplica)) else LocalReplica(n, e))
                        for i, (e, n) in enumerate(zip(engines, names))]
         self.router = Router(self._slots, self.config)
         self.supervisor = Supervisor(self._slots, self.router, self.config, version=max(
@@ -404,7 +296,7 @@ class EnginePool:
         params = params or SamplingParams()
         cost = len(prompt_ids) + params.max_tokens
 
-        async def call(slot: _Slot) -> Completion:
+        async def call(slot: ReplicaSlot) -> Completion:
             return await slot.replica.generate(prompt_ids, params, session_id)
 
         out = await self._attempts(call, cost, session_id)
@@ -414,7 +306,7 @@ class EnginePool:
         """``params.n`` completions of one prompt on one replica (the least-loaded), retried as one."""
         cost = (len(prompt_ids) + params.max_tokens) * params.n
 
-        async def call(slot: _Slot) -> list[Completion]:
+        async def call(slot: ReplicaSlot) -> list[Completion]:
             return await slot.replica.generate_n(prompt_ids, params)
 
         return await self._attempts(call, cost, None)
@@ -522,7 +414,7 @@ def _host_arrays(state: Any) -> Any:
     return jax.device_get(state)
 
 
-def _update_for(slot: _Slot, latest: tuple[Any, Any, int] | None) -> tuple[Any, int | None]:
+def _update_for(slot: ReplicaSlot, latest: tuple[Any, Any, int] | None) -> tuple[Any, int | None]:
     """What a replica is handed of the latest push: the ObjectRef on Ray, the state in process."""
     if latest is None:
         return None, None

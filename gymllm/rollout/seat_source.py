@@ -27,53 +27,34 @@ and TITO hold. ``rollout.max_staleness`` bounds admission: batch ``k`` starts on
 in flight were admitted within that many versions of the current one; ``rollout.max_concurrency``
 bounds the games in flight.
 
-Opponents (``opponent``)
-------------------------
-``self``: the learner itself. ``random``: a uniformly random legal move (per-game RNG from the env
-seed). ``MODULE:FN``: ``fn(observation, agent) -> action`` on the wrapped PettingZoo env's own
-observation and action (as PettingZoo policies are written); the action is turned into the move text
-the text env parses.
-
-Illegal moves (``illegal_move``)
---------------------------------
-Every seat's move, the learner's reply and a scripted seat's action alike, is checked before the game
-sees it; an illegal one (a scripted seat that raised is a :class:`SeatError`, an illegal move too)
-is counted (``tally``, trajectory ``info["illegal"]``, the :class:`SeatMetrics` figures) and handled
-as the section says: ``retry`` and ``forfeit`` are the game's own rules
-(:class:`~gymllm.multiagent.MultiAgentConfig` set from the section), ``random`` plays a random legal
-move instead and owes the mover the game's ``invalid_penalty``. A game never stops on a seat's error;
-a batch is dropped only when the game itself or an engine raises.
-
-A seat whose game ended before its first move gets a trajectory without sampled tokens (its
-reward counts in the group's baseline, it trains nothing). A learner seat whose trajectory hit its budget (``rollout.max_model_calls`` moves, or the engine's
-context) plays the rest of its game with random legal moves, unrecorded; the trajectory ends truncated and its
-reward still sums every reward the seat received, the game's outcome included.
+Opponents and illegal moves
+---------------------------
+One game is played by :class:`~gymllm.rollout.seat_play.SeatGamePlayer` (its module doc: the
+opponents, the ``illegal_move`` rules, a seat past its budget); a batch is dropped only when the
+game itself or an engine raises.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib
-import json
 import logging
-import re
 from typing import Any, Callable, Literal
 
 import numpy as np
 
 from gymllm.errors import ConfigError, explain
 from gymllm.rollout.config import RolloutConfig
-from gymllm.rollout.episode import Episode, EpisodeKey
+from gymllm.rollout.episode import Episode
 from gymllm.rollout.group_queue import QueueClosed
 from gymllm.rollout.policy_map import check_policies
 from gymllm.rollout.producer import RolloutStalledError
+from gymllm.rollout.seat_play import SeatGamePlayer, batch_groups, check_eval_opponents, check_opponent
 from gymllm.rollout.sources import QueueSource
 from gymllm.types import Group
 
-__all__ = ["MultiAgentSection", "SeatError", "SeatGroupSource", "SeatMetrics", "load_scripted_opponent", "move_text"]
+__all__ = ["MultiAgentSection", "SeatGroupSource", "SeatMetrics"]
 
-_FN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")
 log = logging.getLogger("gymllm.rollout")
 
 
@@ -119,14 +100,7 @@ class MultiAgentSection:
     greedy at ``eval.temperature``)."""
 
     def __post_init__(self) -> None:
-        o = self.opponent
-        ok = (o in ("self", "frozen", "random") or (o.startswith("run:") and len(o) > 4)
-              or (not o.startswith("run:") and bool(_FN.match(o))))
-        if not isinstance(o, str) or not ok:
-            raise ConfigError(explain("multiagent.opponent", expected="'self', 'frozen', 'random', 'MODULE:FN' (a "
-                                      "scripted fn(observation, agent) -> action) or 'run:DIR' (a checkpoint)",
-                                      received=o, fix="e.g. --multiagent.opponent random or "
-                                      "--multiagent.opponent my_pkg.policies:greedy"))
+        check_opponent(self.opponent)
         if not isinstance(self.refresh_every, int) or self.refresh_every < 1:
             raise ConfigError(explain("multiagent.refresh_every", expected="an int >= 1 (optimizer steps between "
                                       "frozen-opponent refreshes)", received=self.refresh_every,
@@ -161,12 +135,7 @@ class MultiAgentSection:
         if not 0.0 <= float(self.league_latest) <= 1.0:
             raise ConfigError(explain("multiagent.league_latest", expected="a probability in [0, 1]",
                                       received=self.league_latest, fix="e.g. 0.25"))
-        ev = tuple(self.eval_opponents)
-        if not ev or not all(isinstance(o, str) and (o == "random" or _FN.match(o)) for o in ev):
-            raise ConfigError(explain("multiagent.eval_opponents", expected="'random' or 'MODULE:FN' scripted players",
-                                      received=self.eval_opponents, fix="e.g. --multiagent.eval-opponents random "
-                                      "gymllm.envs.games:tictactoe_one_ply"))
-        object.__setattr__(self, "eval_opponents", ev)
+        object.__setattr__(self, "eval_opponents", check_eval_opponents(self.eval_opponents))
         if isinstance(self.eval_games, bool) or not isinstance(self.eval_games, int) or self.eval_games < 2 \
                 or self.eval_games % 2:
             raise ConfigError(explain("multiagent.eval_games", expected="an even int >= 2 (each seed from both seats)",
@@ -242,55 +211,6 @@ class SeatMetrics:
         return out
 
 
-def load_scripted_opponent(spec: str) -> Callable[[Any, str], Any]:
-    """``MODULE:FN`` -> the callable ``fn(observation, agent) -> action`` (a ConfigError when missing)."""
-    module, _, name = spec.partition(":")
-    try:
-        fn = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as e:
-        raise ConfigError(explain("multiagent.opponent", expected="an importable MODULE:FN", received=spec,
-                                  fix=f"check the module path and the function name ({type(e).__name__}: {e})")) from e
-    if not callable(fn):
-        raise ConfigError(explain("multiagent.opponent", expected="a callable fn(observation, agent) -> action",
-                                  received=f"{spec} = {type(fn).__name__}", fix="name a function"))
-    return fn
-
-
-def move_text(game: Any, agent: str, action: Any) -> str:
-    """The move text :class:`~gymllm.multiagent.TextAECEnv` parses for the inner env's own ``action``."""
-    space = game.action_space(agent)
-    moves = getattr(space, "moves", ())
-    if moves:
-        i = int(action) - int(space.inner.start)
-        if not 0 <= i < len(moves):
-            raise ValueError(explain(f"{agent}'s action", expected=f"a move of the game in [{space.inner.start}, "
-                                     f"{space.inner.start + len(moves)})", received=action, fix="return one of the "
-                                     "game's own actions"))
-        return moves[i]
-    if isinstance(action, np.ndarray):
-        return json.dumps(action.tolist())
-    if isinstance(action, np.generic):
-        return str(action.item())
-    return action if isinstance(action, str) else json.dumps(action)
-
-
-class SeatError:
-    """The move of a scripted seat that raised (or returned no move of the game): an illegal move under
-    :attr:`MultiAgentSection.illegal_move` (the game never parses it as text)."""
-
-    def __init__(self, agent: str, error: BaseException):
-        self.agent, self.why = agent, f"{agent} crashed: {type(error).__name__}: {error}"
-
-    def __repr__(self) -> str:
-        return f"SeatError({self.why!r})"
-
-
-def _random_move(game: Any, agent: str, rng: np.random.Generator) -> str:
-    from gymllm.multiagent.policies import policy_move
-
-    return policy_move(None, game, agent, rng)
-
-
 class SeatGroupSource(QueueSource):
     """Groups per seat from many multi-agent games in flight on one engine (see the module docstring).
 
@@ -318,8 +238,6 @@ class SeatGroupSource(QueueSource):
         self.possible = list(probe.possible_agents)
         probe.close()
         self.learners = config.seats(self.possible)
-        self.scripted = (load_scripted_opponent(config.opponent) if config.opponent not in ("self", "random")
-                         and not self.frozen else None)
         self.version = int(getattr(engine, "version", 0))
         self.queue: asyncio.Queue = asyncio.Queue()
         self.ready: list[Group] = []
@@ -333,6 +251,8 @@ class SeatGroupSource(QueueSource):
         self.error: BaseException | None = None
         self.failed_streak = 0
         self.closed = False
+        self.player = SeatGamePlayer(game_fn, agent, sampling=sampling, rollout=rollout, config=config, seed=seed,
+                                     possible=self.possible, frozen=self.frozen, counts=self.counts)
 
     # --- GroupSource ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -445,23 +365,8 @@ class SeatGroupSource(QueueSource):
             self._finish_batch(k)
             return
         self.failed_streak = 0
-        admitted = self.in_flight[k]
-        for seat in seats:
-            trajs = []
-            others = {"illegal": 0, "errors": 0}  # the seats no group of this batch trains (the opponent's)
-            for m, (episodes, tally) in enumerate(games):
-                ep = episodes[seat]
-                for t in ep.trajectories():
-                    t.group_id = f"g{k}:{seat}"
-                    t.info.update(agent=seat, policy=self.policy_of(seat), game=m, opponent=self.config.opponent,
-                                  illegal=tally["illegal"].get(seat, 0))
-                    trajs.append(t)
-                for key in others:  # counted once per batch: in its first seat's group
-                    others[key] += sum(n for a, n in tally[key].items() if a not in seats) if seat == seats[0] else 0
-            group = Group(group_id=f"g{k}:{seat}", task_id=f"seed{seed}", trajectories=trajs, admitted_version=admitted,
-                          info={"agent": seat, "role": seat, "policy": self.policy_of(seat), "seed": seed, "opponent": self.config.opponent,
-                                "released_version": self.version, "opponent_illegal": others["illegal"],
-                                "opponent_errors": others["errors"]})
+        for group in batch_groups(k, seed, seats, games, admitted=self.in_flight[k], released=self.version,
+                                  opponent=self.config.opponent, policy_of=self.policy_of):
             self.counts["groups"] += 1
             if self.group_filter is None or self.group_filter(group):
                 self.ready.append(group)
@@ -475,113 +380,8 @@ class SeatGroupSource(QueueSource):
         self.games_in_flight -= self.rollout.group_size
         self.changed.set()
 
-    def new_game(self) -> Any:
-        """A game from ``game_fn`` whose illegal moves follow ``illegal_move`` / ``max_invalid``."""
-        game = self.game_fn()
-        mode = "retry" if self.config.illegal_move == "random" else self.config.illegal_move  # random: never stepped
-        game.config = dataclasses.replace(game.config, invalid_action=mode, max_invalid=self.config.max_invalid)
-        return game
-
-    def play_move(self, game: Any, agent: str, move: Any, rng: np.random.Generator,
-                  tally: dict[str, dict[str, int]]) -> float:
-        """Step ``game`` with ``agent``'s ``move`` (its text, or a :class:`SeatError`) under ``illegal_move``;
-        an illegal one is counted in ``tally["illegal"]`` (a SeatError in ``tally["errors"]`` too). Returns
-        the penalty the mover is owed on top of the game's rewards (``random``: the game saw a legal move)."""
-        if isinstance(move, SeatError):
-            why: str | None = move.why
-            tally["errors"][agent] = tally["errors"].get(agent, 0) + 1
-            self.counts["seat_errors"] += 1
-            if self.counts["seat_errors"] & (self.counts["seat_errors"] - 1) == 0:  # the 1st, 2nd, 4th, 8th...
-                log.warning("multi-agent seat error #%d (an illegal move under multiagent.illegal_move=%s, the game "
-                            "goes on): %s", self.counts["seat_errors"], self.config.illegal_move, why)
-        else:
-            mask = game.codec.mask(agent, game.env.observe(agent), game.infos.get(agent))
-            why = game.codec.parse(agent, move, mask)[1]
-        if why is None:
-            game.step(move)
-            return 0.0
-        tally["illegal"][agent] = tally["illegal"].get(agent, 0) + 1
-        self.counts["illegal_moves"] += 1
-        if self.config.illegal_move == "random":
-            game.step(_random_move(game, agent, rng))
-            return float(game.config.invalid_penalty)
-        game.step(move)  # the game's retry (penalty, the mover again) or forfeit, as new_game set them
-        return 0.0
-
     async def play_game(self, k: int, member: int, seed: int,
                         seats: list[str]) -> tuple[dict[str, Episode], dict[str, dict[str, int]]]:
-        """Play game ``member`` of batch ``k`` from ``seed``; returns the learner seats' episodes and the
-        game's tally (``{"illegal": {seat: n}, "errors": {seat: n}}``, see :meth:`play_move`)."""
-        game = self.new_game()
-        tally: dict[str, dict[str, int]] = {"illegal": {}, "errors": {}}
-        owed: dict[str, float] = {}  # penalties of ``random`` illegal moves, paid with the mover's next reward
-        rng = np.random.default_rng([seed, member])
-        modelled = self.possible if self.config.opponent == "self" or self.frozen else seats  # seats a model plays
-        engines = {a: self.engine_for(a, seats) for a in modelled}
-        episodes: dict[str, Episode] = {}
-        for i, seat in enumerate(modelled):
-            key = EpisodeKey(group_index=k, member=member * len(self.possible) + self.possible.index(seat),
-                             env_seed=seed, task_id=f"seed{seed}")
-            episodes[seat] = Episode(key, self.agent, self.sampling, base_seed=self.seed,
-                                     max_model_calls=self.rollout.max_model_calls, env_id=member)
-        limit = self.rollout.prompt_limit(self.engine)
-        try:
-            game.reset(seed=seed)
-            started: set[str] = set()
-            while game.agents:
-                agent = game.agent_selection
-                obs, reward, term, trunc, info = game.last()
-                reward = float(reward) + owed.pop(agent, 0.0)
-                ep = episodes.get(agent)
-                info = {**info, "agent": agent}
-                if term or trunc:
-                    if ep is not None and agent not in started:  # the game ended before its first move
-                        started.add(agent)
-                        ep.begin(obs["observation"], info)
-                    if ep is not None and not ep.done:
-                        ep.on_step(obs["observation"], float(reward), term, trunc, info, 0.0)
-                    elif ep is not None:
-                        ep.rewards.append(float(reward))  # the outcome still counts after its budget
-                    game.step(None)
-                    continue
-                if ep is None:
-                    self.play_move(game, agent, self._opponent_move(game, agent, rng), rng, tally)
-                    continue
-                if agent not in started:
-                    started.add(agent)
-                    ep.begin(obs["observation"], info)
-                elif not ep.done:
-                    ep.on_step(obs["observation"], float(reward), False, False, info, 0.0)
-                else:
-                    ep.rewards.append(float(reward))
-                if ep.done or not ep.fits(limit):  # over its budget: the rest unrecorded
-                    game.step(_random_move(game, agent, rng))
-                    continue
-                prompt, params = ep.next_request()
-                completion = await engines[agent].generate(prompt, params, session_id=ep.key.trajectory_id)
-                self.counts["learner_moves" if agent in seats or not self.frozen else "opponent_moves"] += 1
-                owe = self.play_move(game, agent, ep.on_completion(completion, 0.0), rng, tally)
-                if owe:
-                    owed[agent] = owed.get(agent, 0.0) + owe
-            for seat, ep in episodes.items():
-                if seat in started and not ep.done:
-                    ep.on_step("The game is over.", owed.pop(seat, 0.0), True, False, {"agent": seat}, 0.0)
-        finally:
-            for seat, ep in episodes.items():
-                end = getattr(engines[seat], "end_session", None)
-                if end is not None:
-                    end(ep.key.trajectory_id)
-            game.close()
-        return {s: episodes[s] for s in seats}, tally
-
-    def _opponent_move(self, game: Any, agent: str, rng: np.random.Generator) -> str | SeatError:
-        from gymllm.multiagent.policies import call_scripted
-
-        self.counts["opponent_moves"] += 1
-        if self.scripted is None:
-            return _random_move(game, agent, rng)
-        try:
-            raw = game.env.observe(agent)  # the wrapped PettingZoo env's own observation
-            return move_text(game, agent, call_scripted(self.scripted, raw, agent, game.env, rng))
-        except Exception as e:  # a crashing seat: an illegal move (multiagent.illegal_move); the game goes on
-            return SeatError(agent, e)
+        """Play game ``member`` of batch ``k`` from ``seed`` (:meth:`SeatGamePlayer.play_game
+        <gymllm.rollout.seat_play.SeatGamePlayer.play_game>`, with this source's :meth:`engine_for`)."""
+        return await self.player.play_game(k, member, seed, seats, self.engine_for, self.rollout.prompt_limit(self.engine))

@@ -23,7 +23,8 @@ import asyncio
 import types
 from typing import Any, Callable, Sequence
 
-from gymllm.suites.games import MatchConfig, Player, opponent_player, play_game, schedule
+from gymllm.suites.game_play import play_game
+from gymllm.suites.games import MatchConfig, Player, opponent_player, schedule
 
 __all__ = ["GameEvaluator", "opponent_key"]
 

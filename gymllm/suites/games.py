@@ -47,6 +47,9 @@ win-or-draw, win and final reward); ``ratings.json``: the Bradley-Terry maximum-
 player from all scored games (draws half a win; :mod:`gymllm.utils.elo`), anchored ``random = 1000``
 when the random player plays, else the mean at 1000, with a bootstrap interval per rating (games
 resampled within each pairing).
+
+One game is played and scored by :mod:`gymllm.suites.game_play`; the win/draw/loss and Elo tables are
+:mod:`gymllm.suites.game_tables`.
 """
 
 from __future__ import annotations
@@ -59,13 +62,12 @@ import pathlib
 import re
 from typing import Any, Callable, Literal, Sequence
 
-import numpy as np
-
 from gymllm.errors import ConfigError, explain
+from gymllm.suites.game_play import play_game
+from gymllm.suites.game_tables import ratings_table, summarize_games
 from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 
-__all__ = ["Player", "MatchConfig", "opponent_player", "resolve_game", "schedule", "run_matches", "arun_matches",
-           "play_game", "summarize_games", "ratings_table"]
+__all__ = ["Player", "MatchConfig", "opponent_player", "resolve_game", "schedule", "run_matches", "arun_matches"]
 
 _FN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")
 GAME_HELP = "tic-tac-toe, connect-four, or MODULE:FACTORY (a function returning a PettingZoo AEC or Parallel env)"
@@ -163,7 +165,7 @@ class MatchConfig:
 
 def opponent_player(spec: str, label: str | None = None) -> Player:
     """``random`` or ``MODULE:FN`` as a :class:`Player` (a ConfigError names the fix otherwise)."""
-    from gymllm.rollout.seat_source import load_scripted_opponent
+    from gymllm.rollout.seat_play import load_scripted_opponent
 
     if spec == "random":
         return Player(label=label or "random", random=True)
@@ -220,206 +222,6 @@ def schedule(labels: Sequence[str], games: int, seed: int, seats: Sequence[str],
             order = (a, b) if j % 2 == 0 else (b, a)
             out.append({"pairing": p, "game": j, "seed": seed + j // 2, "players": dict(zip(seats, order)),
                         "labels": [a, b]})
-    return out
-
-
-class _SideError(Exception):
-    """A side failed to produce a move (its policy or engine raised, timed out or ran out of context)."""
-
-
-async def _model_move(game: Any, agent: str, ep: Any, engine: Any, started: set[str], config: MatchConfig) -> str | None:
-    obs, reward, _, _, info = game.last()
-    info = {**info, "agent": agent}
-    if agent not in started:
-        started.add(agent)
-        ep.begin(obs["observation"], info)
-    else:
-        ep.on_step(obs["observation"], float(reward), False, False, info, 0.0)
-    max_len = getattr(engine, "max_len", None)
-    if not ep.fits(int(max_len) - 1 if isinstance(max_len, int) else None):
-        if config.overflow == "random":
-            return None  # the caller plays a random legal move (training's convention past the context)
-        raise _SideError(f"the prompt ({len(ep.buffer.prompt_ids)} tokens) is past the engine's context ({max_len}); "
-                         "fix: raise --max-len")
-    prompt, params = ep.next_request()
-    call = engine.generate(prompt, params, session_id=ep.key.trajectory_id)
-    completion = await (asyncio.wait_for(call, config.move_timeout_s) if config.move_timeout_s else call)
-    return ep.on_completion(completion, 0.0)
-
-
-async def play_game(make_game: Callable[[], Any], item: dict[str, Any], players: dict[str, Player],
-                    engines: dict[str, Any], agents: dict[str, Any], config: MatchConfig) -> dict[str, Any]:
-    """Play one scheduled game (:func:`schedule`'s ``item``); returns its row (module doc)."""
-    from gymllm.inference.params import SamplingParams
-    from gymllm.multiagent.policies import call_scripted, policy_move
-    from gymllm.multiagent.seat import game_outcome
-    from gymllm.rollout.episode import Episode, EpisodeKey
-    from gymllm.rollout.seat_source import move_text
-
-    by_seat: dict[str, str] = item["players"]
-    seats = list(by_seat)
-    row: dict[str, Any] = {"pairing": item["labels"], "game": item["game"], "seed": item["seed"], "players": by_seat,
-                           "winner": None, "draw": False, "outcomes": {}, "rewards": {}, "moves": [],
-                           "invalid": {label: 0 for label in by_seat.values()}, "forfeit": None, "truncated": False,
-                           "error": None, "crashed": None, "scored": True, "overflow": {}}
-    rng = np.random.default_rng([item["seed"], item["game"]])  # not the pairing: two players meet the same draws
-    sampling = SamplingParams(temperature=config.temperature, max_tokens=config.max_tokens)
-    episodes = {seat: Episode(EpisodeKey(group_index=item["pairing"], member=item["game"] * len(seats) + i,
-                                         env_seed=item["seed"]), agents[label], sampling, base_seed=config.seed,
-                              max_model_calls=config.max_moves + 1)
-                for i, (seat, label) in enumerate(by_seat.items()) if players[label].kind == "model"}
-    started: set[str] = set()
-    overflowed: set[str] = set()  # model seats past their engine's context (config.overflow == "random")
-    final: dict[str, tuple[float, dict]] = {}
-    game = None
-    try:
-        game = make_game()
-        game.reset(seed=item["seed"])
-        while game.agents:
-            agent = game.agent_selection
-            obs, reward, term, trunc, info = game.last()
-            if term or trunc:
-                final[agent] = (float(reward), dict(info))
-                game.step(None)
-                continue
-            if len(row["moves"]) >= config.max_moves:
-                row["truncated"] = True
-                break
-            label = by_seat[agent]
-            player = players[label]
-            try:
-                if player.kind == "model" and agent in overflowed:  # past its context: random from then on
-                    row["overflow"][label] += 1
-                    move = policy_move(None, game, agent, rng)
-                elif player.kind == "model":
-                    move = await _model_move(game, agent, episodes[agent], engines[label], started, config)
-                    if move is None:
-                        overflowed.add(agent)
-                        row["overflow"][label] = 1
-                        move = policy_move(None, game, agent, rng)
-                elif player.kind == "random":
-                    move = policy_move(None, game, agent, rng)
-                else:
-                    move = move_text(game, agent, call_scripted(player.fn, game.env.observe(agent), agent, game.env, rng))
-            except Exception as e:  # noqa: BLE001 - a failing side is a recorded loss (or unscored), never a lost row
-                why = ("no reply within move_timeout_s" if isinstance(e, asyncio.TimeoutError)
-                       else str(e) if isinstance(e, _SideError) else f"{type(e).__name__}: {e}")
-                row["error"], row["crashed"] = f"{label} ({agent}) failed: {why}", label
-                break
-            row["moves"].append([agent, str(move)[:200]])
-            game.step(move)
-            after = game.infos.get(agent, {}) if agent in game.agents else {}
-            if after.get("invalid_action") or after.get("forfeit") == agent:
-                row["invalid"][label] += 1
-    except Exception as e:  # noqa: BLE001 - the game itself failed: an unscored row, the other games go on
-        row["error"], row["scored"] = f"the game failed: {type(e).__name__}: {e}", False
-    finally:
-        for seat, ep in episodes.items():
-            end = getattr(engines[by_seat[seat]], "end_session", None)
-            if end is not None and seat in started:
-                end(ep.key.trajectory_id)
-        if game is not None:
-            game.close()
-    _score(row, final, by_seat, config, game_outcome)
-    return row
-
-
-def _score(row: dict[str, Any], final: dict[str, tuple[float, dict]], by_seat: dict[str, str], config: MatchConfig,
-           game_outcome: Callable[[str, float, dict], str]) -> None:
-    seats = list(by_seat)
-    if row["crashed"] is not None:
-        other = [label for label in by_seat.values() if label != row["crashed"]][0]
-        row["scored"] = config.errors == "loss"
-        row["winner"] = other if row["scored"] else None
-        return
-    if not row["scored"]:
-        return
-    if row["truncated"] or set(final) != set(seats):
-        row["truncated"] = True
-        row["draw"] = True
-        return
-    row["outcomes"] = {by_seat[s]: game_outcome(s, r, i) for s, (r, i) in final.items()}
-    row["rewards"] = {by_seat[s]: r for s, (r, _) in final.items()}
-    forfeit = next((i.get("forfeit") for _, i in final.values() if i.get("forfeit") is not None), None)
-    if forfeit is not None:
-        row["forfeit"] = by_seat.get(forfeit, forfeit)
-        row["winner"] = next(label for s, label in by_seat.items() if s != forfeit)
-        return
-    r0, r1 = final[seats[0]][0], final[seats[1]][0]
-    row["draw"] = r0 == r1
-    row["winner"] = None if r0 == r1 else by_seat[seats[0]] if r0 > r1 else by_seat[seats[1]]
-
-
-def row_score(row: dict[str, Any]) -> float | None:
-    """The first label of ``row["pairing"]``'s score in a scored row (1 win, 0.5 draw, 0 loss), else None."""
-    if not row.get("scored"):
-        return None
-    a = row["pairing"][0]
-    return 0.5 if row["winner"] is None else 1.0 if row["winner"] == a else 0.0
-
-
-def summarize_games(rows: Sequence[dict[str, Any]], labels: Sequence[str], *, confidence: float = 0.95) -> list[dict[str, Any]]:
-    """Per ordered (player, opponent) that met: scored ``games``, ``errors`` (rows with an error),
-    ``win`` / ``draw`` / ``loss`` rates (summing to 1; None without a scored game), their Wilson
-    intervals (``win_ci``...), ``score`` (wins + draws / 2 over games) and ``seats`` (games played in
-    each seat, scored or not)."""
-    from gymllm.utils.elo import wilson_interval
-
-    out = []
-    for a, b in itertools.permutations(labels, 2):
-        mine = [r for r in rows if set(r["pairing"]) == {a, b}]
-        if not mine:
-            continue
-        scored = [r for r in mine if r["scored"]]
-        n = len(scored)
-        w = sum(r["winner"] == a for r in scored)
-        d = sum(r["winner"] is None for r in scored)
-        line: dict[str, Any] = {"player": a, "opponent": b, "games": n, "errors": sum(r["error"] is not None for r in mine)}
-        for name, k in (("win", w), ("draw", d), ("loss", n - w - d)):
-            line[name] = k / n if n else None
-            line[f"{name}_ci"] = list(wilson_interval(k, n, confidence)) if n else None
-        line["score"] = (w + d / 2) / n if n else None
-        seats: dict[str, int] = {}
-        for r in mine:
-            for seat, label in r["players"].items():
-                if label == a:
-                    seats[seat] = seats.get(seat, 0) + 1
-        line["seats"] = seats
-        out.append(line)
-    return out
-
-
-def ratings_table(rows: Sequence[dict[str, Any]], labels: Sequence[str], config: MatchConfig) -> dict[str, Any]:
-    """``ratings.json``'s content: Bradley-Terry Elo ratings of every player with scored games (anchored
-    as the module doc says), sorted best first, each with its bootstrap interval, games and score."""
-    from gymllm.utils.elo import bootstrap_ratings, elo_ratings
-
-    games = [(r["pairing"][0], r["pairing"][1], row_score(r)) for r in rows if row_score(r) is not None]
-    rated = [label for label in labels if any(label in g[:2] for g in games)]
-    anchor = config.anchor if config.anchor in rated else None
-    out: dict[str, Any] = {
-        "method": "Bradley-Terry maximum likelihood on the Elo scale (P(a beats b) = 1 / (1 + 10^((r_b - r_a) / 400))), "
-                  f"draws as half a win, {config.prior_draws:g} virtual draw(s) per pairing",
-        "anchor": f"{anchor} = {config.anchor_value:g}" if anchor else f"mean = {config.anchor_value:g}",
-        "interval": f"{config.confidence:.0%} percentile bootstrap, {config.num_resamples} resamples of the games "
-                    "within each pairing",
-        "games": len(games), "unrated": [label for label in labels if label not in rated], "ratings": []}
-    if len(rated) < 2:
-        out["error"] = "fewer than two players have scored games"
-        return out
-    try:
-        point = elo_ratings(games, rated, anchor=anchor, anchor_value=config.anchor_value, prior_draws=config.prior_draws)
-        ci = bootstrap_ratings(games, rated, rng=np.random.default_rng(config.bootstrap_seed), anchor=anchor,
-                               anchor_value=config.anchor_value, prior_draws=config.prior_draws,
-                               confidence=config.confidence, num_resamples=config.num_resamples)
-    except ValueError as e:
-        out["error"] = str(e)
-        return out
-    for label in sorted(rated, key=lambda x: -point[x]):
-        mine = [g for g in games if label in g[:2]]
-        score = sum(s if g0 == label else 1.0 - s for g0, _, s in mine)
-        out["ratings"].append({"player": label, "elo": point[label], "ci": list(ci[label]), "games": len(mine),
-                               "score": score / len(mine)})
     return out
 
 

@@ -18,7 +18,8 @@ Modules (imported on demand; only :mod:`tracer` is loaded with the package):
 - :mod:`gymllm.telemetry.metrics`: ``pipeline_metrics(events, window=None)``,
   ``learner_step_metrics``, ``aggregate``, ``staleness_histogram``, ``biggest_stall``.
 - :mod:`gymllm.telemetry.sinks`: ``MetricsLogger(run_dir, ...)`` (JSONL, TensorBoard, console, W&B).
-- :mod:`gymllm.telemetry.report`: ``write_report(run_dir)`` (PNG plots and summary.txt).
+- :mod:`gymllm.telemetry.report`: ``write_report(run_dir)`` (PNG plots and summary.txt; the plots
+  are :mod:`~gymllm.telemetry.report_plots`, the metrics read by :mod:`~gymllm.telemetry.report_series`).
 - :mod:`gymllm.telemetry.compiles`: ``CompileLog`` (every XLA compile: program, seconds, cache hit).
 
 Tracks: "engine" (prefill, decode), "trainer" (train_step, micro_batch, weight_sync, checkpoint),

@@ -9,7 +9,8 @@ from gymllm.tools.calculator import CalculatorError, calculator
 from gymllm.tools.parsers import FORMATS, ParsedCalls, ParseError, format_tool_calls, parse_tool_calls
 from gymllm.tools.python_tool import make_python_tool, python
 from gymllm.tools.registry import ToolRegistry, ToolResult
-from gymllm.tools.sandbox import Sandbox, SandboxConfig, SandboxResult
+from gymllm.tools.sandbox import Sandbox
+from gymllm.tools.sandbox_config import SandboxConfig, SandboxResult
 from gymllm.tools.shell import make_shell_tool
 from gymllm.tools.tool import Tool, tool
 

@@ -10,7 +10,8 @@ own :class:`~gymllm.tools.sandbox.Sandbox` (files persist across calls) or confi
 
 from __future__ import annotations
 
-from gymllm.tools.sandbox import Sandbox, SandboxConfig
+from gymllm.tools.sandbox import Sandbox
+from gymllm.tools.sandbox_config import SandboxConfig
 from gymllm.tools.tool import Tool, tool
 
 __all__ = ["python", "make_python_tool"]

@@ -43,6 +43,9 @@ Further layers (each reported in :attr:`SandboxResult.isolation`, so a caller kn
 - an **allowlisted environment**: the code sees only ``PATH``, ``HOME`` and ``TMPDIR`` (the work dir),
   ``LANG``, ``TERM`` and two ``PYTHON*`` switches, never the trainer's variables (tokens, keys).
 
+Its config and result are :mod:`gymllm.tools.sandbox_config`; the child process, seen from the parent
+(spec, pipes, status, kill), is :mod:`gymllm.tools.sandbox_process`.
+
 Usage::
 
     with Sandbox(SandboxConfig(timeout_s=5)) as sb:
@@ -55,7 +58,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import errno
 import json
 import os
@@ -66,187 +68,16 @@ import threading
 import time
 from typing import Mapping
 
-from gymllm.errors import ConfigError, ToolError, explain
+from gymllm.errors import ToolError, explain
 from gymllm.tools.sandbox_cgroups import make_cgroups, remove_cgroup
+from gymllm.tools.sandbox_config import GUARANTEES, SandboxConfig, SandboxResult, SandboxUnavailableError
 from gymllm.tools.sandbox_fs import empty_dir, open_beneath, open_dir_beneath
+from gymllm.tools.sandbox_process import CHILD, CappedReader, child_spec, feed, kill_group, read_status, shell_env
 from gymllm.tools.sandbox_workdir import WorkDir
-from gymllm.validation import check_range
-
-_CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_child.py")
-GUARANTEES = ("landlock", "seccomp", "process_limit", "signals")
-"""The required layers; ``SandboxConfig.allow_missing`` may name those a run may go without."""
-
-
-class SandboxUnavailableError(ToolError):
-    """A required isolation layer is missing on this machine; the code was not run."""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SandboxConfig:
-    """Limits of one sandbox run.
-
-    Attributes:
-        timeout_s: wall-clock limit per run; the process group is killed after it.
-        memory_mb: address-space limit of every process (``RLIMIT_AS``).
-        max_processes: process limit (pids cgroup, or ``RLIMIT_NPROC`` for a non-root user).
-        max_output_bytes: bytes kept of stdout and of stderr each.
-        max_file_mb: largest file a process may write (``RLIMIT_FSIZE``).
-        max_disk_mb: total size of the work dir: the size of its tmpfs (every page the code holds, named or
-            not, in memory; one inode per 4 KiB), past which writes fail with ENOSPC; a run's stderr then ends
-            with a message naming this cap. Where no tmpfs can be made, a poll of named files kills the run.
-        max_open_files: ``RLIMIT_NOFILE``.
-        network: allow network access (default False: an empty network namespace).
-        allow_subprocess: Python mode only: allow the code to start processes.
-        namespaces: use Linux namespaces where available (net, mount, pid).
-        extra_paths: directories appended to ``sys.path`` in Python mode (e.g. site-packages); readable.
-        read_paths: further files or directories the code may read (read-only), e.g. a data set.
-        allow_missing: required layers (of :data:`GUARANTEES`) this config may run without where the
-            kernel lacks them, e.g. ``("landlock",)`` on a kernel older than 5.13. Default: none; a
-            run missing one raises :class:`SandboxUnavailableError`. A layer that exists is applied anyway.
-    """
-
-    timeout_s: float = 10.0
-    memory_mb: int = 512
-    max_processes: int = 64
-    max_output_bytes: int = 8192
-    max_file_mb: int = 64
-    max_disk_mb: int = 256
-    max_open_files: int = 256
-    network: bool = False
-    allow_subprocess: bool = False
-    namespaces: bool = True
-    extra_paths: tuple[str, ...] = ()
-    read_paths: tuple[str, ...] = ()
-    allow_missing: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        unknown = [g for g in self.allow_missing if g not in GUARANTEES] if isinstance(
-            self.allow_missing, (tuple, list)) else [self.allow_missing]
-        if unknown:
-            raise ConfigError(explain("SandboxConfig.allow_missing", expected=f"a tuple of names from {GUARANTEES}",
-                                      received=self.allow_missing, fix='e.g. allow_missing=("landlock",)'))
-        for name in ("extra_paths", "read_paths"):
-            paths = getattr(self, name)
-            if not isinstance(paths, (tuple, list)) or not all(isinstance(p, str) and os.path.isabs(p) for p in paths):
-                raise ConfigError(explain(f"SandboxConfig.{name}", expected="a tuple of absolute paths",
-                                          received=paths, fix=f'e.g. {name}=("/data/shared",)'))
-        for name, low in (("timeout_s", 0.0), ("memory_mb", 16), ("max_processes", 1), ("max_output_bytes", 1),
-                          ("max_file_mb", 1), ("max_disk_mb", 1), ("max_open_files", 16)):
-            check_range("SandboxConfig", name, getattr(self, name), lo=low, lo_open=name == "timeout_s",
-                        fix=f"pass {name}= a larger value")
-
-
-@dataclasses.dataclass
-class SandboxResult:
-    """What one run produced."""
-
-    stdout: str
-    stderr: str
-    exit_code: int
-    timed_out: bool
-    truncated: bool
-    duration_s: float
-    isolation: dict
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out
-
-    def as_text(self) -> str:
-        """A compact text form for a tool observation: stdout, then stderr, then the status."""
-        parts = []
-        if self.stdout:
-            parts.append(self.stdout.rstrip("\n"))
-        if self.stderr:
-            parts.append("[stderr]\n" + self.stderr.rstrip("\n"))
-        if self.timed_out:
-            parts.append(f"[timed out after {self.duration_s:.1f}s]")
-        elif self.exit_code != 0:
-            parts.append(f"[exit code {self.exit_code}]")
-        return "\n".join(parts) if parts else "[no output]"
 
 
 _DISK_POLL_S = 0.02
 _CLOSE_WAIT_S = 60.0  # how long close() waits for a killed run's thread to hand the sandbox back
-
-
-def _feed(pipe, data: bytes) -> None:
-    """Write ``data`` to the child's stdin and close it; a child that exits or never reads ends it quietly."""
-    try:
-        pipe.write(data)
-    except (OSError, ValueError):
-        pass
-    finally:
-        try:
-            pipe.close()
-        except (OSError, ValueError):
-            pass
-
-
-class _CappedReader(threading.Thread):
-    """Reads a pipe to its end, keeping the first ``cap`` bytes and counting the rest."""
-
-    def __init__(self, pipe, cap: int):
-        super().__init__(daemon=True)
-        self.pipe, self.cap, self.kept, self.dropped = pipe, cap, bytearray(), 0
-
-    def run(self) -> None:
-        try:
-            while chunk := self.pipe.read1(65536) if hasattr(self.pipe, "read1") else self.pipe.read(65536):
-                room = self.cap - len(self.kept)
-                self.kept += chunk[:max(room, 0)]
-                self.dropped += max(len(chunk) - max(room, 0), 0)
-        except (OSError, ValueError):
-            pass
-
-    def text(self) -> str:
-        out = self.kept.decode("utf-8", errors="replace")
-        if self.dropped:
-            out += f"\n... [output truncated: {self.dropped} more bytes]"
-        return out
-
-
-def _spec(c: SandboxConfig, workdir: str, ns_fds: dict, extra: dict, status_fd: int, cgroups: dict[str, str]) -> dict:
-    """The launcher's JSON spec for one run."""
-    limits = {
-        "cpu_s": int(c.timeout_s) + 1,
-        "address_space_bytes": c.memory_mb * 2**20,
-        "file_size_bytes": c.max_file_mb * 2**20,
-        "open_files": c.max_open_files,
-        "core_bytes": 0,
-        "processes": c.max_processes,
-    }
-    iso = {"net": c.namespaces and not c.network, "fs": c.namespaces, "pid": c.namespaces, "ipc": c.namespaces}
-    return {"workdir": workdir, "ns_fds": dict(ns_fds), "limits": limits, "isolate": iso, "network": c.network,
-            "status_fd": status_fd, "cgroups": cgroups, "read_paths": list(c.read_paths),
-            "python_paths": sorted({sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable)}),
-            "extra_paths": list(c.extra_paths), "allow_missing": list(c.allow_missing), **extra}
-
-
-def _kill(proc: subprocess.Popen, *, wait: bool = True) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher, the namespace init, and their group
-    except OSError:
-        pass
-    if wait:
-        proc.wait()
-
-
-def _read_status(fd: int) -> dict:
-    try:
-        data = os.read(fd, 65536)
-    finally:
-        os.close(fd)
-    try:
-        return json.loads(data.decode()) if data else {}
-    except ValueError:
-        return {}
-
-
-def _shell_env(workdir: str) -> dict[str, str]:
-    bindir = os.path.dirname(sys.executable)
-    return {"PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir,
-            "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "TERM": "dumb"}
 
 
 class Sandbox:
@@ -369,7 +200,7 @@ class Sandbox:
 
     def run_argv(self, argv: list[str], *, timeout_s: float | None = None, stdin: str | None = None) -> SandboxResult:
         """Exec a program (looked up on a minimal PATH) in the work dir."""
-        return self._run({"mode": "exec", "argv": list(argv), "env": _shell_env(self.workdir)}, timeout_s, stdin)
+        return self._run({"mode": "exec", "argv": list(argv), "env": shell_env(self.workdir)}, timeout_s, stdin)
 
     async def arun_python(self, code: str, **kw) -> SandboxResult:
         return await asyncio.to_thread(self.run_python, code, **kw)
@@ -390,14 +221,14 @@ class Sandbox:
         timeout = self.config.timeout_s if timeout_s is None else timeout_s
         cgroups = make_cgroups(self.config)
         r_fd, w_fd = os.pipe()
-        spec = _spec(self.config, self.workdir, self._dir.ns_fds, extra, w_fd, cgroups)
+        spec = child_spec(self.config, self.workdir, self._dir.ns_fds, extra, w_fd, cgroups)
         start = time.perf_counter()
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-B", _CHILD, json.dumps(spec)],
+                [sys.executable, "-I", "-S", "-B", CHILD, json.dumps(spec)],
                 stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/",
-                env=_shell_env(self.workdir), pass_fds=(w_fd, *self._dir.ns_fds.values()), start_new_session=True)
+                env=shell_env(self.workdir), pass_fds=(w_fd, *self._dir.ns_fds.values()), start_new_session=True)
         except OSError as e:
             os.close(r_fd)
             os.close(w_fd)
@@ -409,16 +240,16 @@ class Sandbox:
             closing = self._closed
         self._started.set()
         os.close(w_fd)
-        readers = [_CappedReader(proc.stdout, self.config.max_output_bytes),
-                   _CappedReader(proc.stderr, self.config.max_output_bytes)]
+        readers = [CappedReader(proc.stdout, self.config.max_output_bytes),
+                   CappedReader(proc.stderr, self.config.max_output_bytes)]
         for r in readers:
             r.start()
         writer = None
         if stdin is not None:  # fed from a thread: a program that never reads cannot hold the parent past the timeout
-            writer = threading.Thread(target=_feed, args=(proc.stdin, stdin.encode()), daemon=True)
+            writer = threading.Thread(target=feed, args=(proc.stdin, stdin.encode()), daemon=True)
             writer.start()
         timed_out, used = (False, None) if closing else self._watch(proc, start + timeout)
-        _kill(proc)
+        kill_group(proc)
         for path in cgroups.values():
             remove_cgroup(path)
         if writer is not None:
@@ -427,7 +258,7 @@ class Sandbox:
             r.join(timeout=2.0)
         for pipe in (proc.stdout, proc.stderr):
             pipe.close()
-        isolation = _read_status(r_fd)
+        isolation = read_status(r_fd)
         if isolation.get("refused"):
             raise SandboxUnavailableError(explain(
                 "Sandbox isolation", expected=f"every required layer {GUARANTEES}",
@@ -509,7 +340,7 @@ class Sandbox:
             self._closed = True  # no run or file operation starts from now on
             proc = self._proc
         if proc is not None:
-            _kill(proc, wait=False)  # the run's own thread reaps it and releases the sandbox
+            kill_group(proc, wait=False)  # the run's own thread reaps it and releases the sandbox
         if self._lock.acquire(timeout=wait_s):  # bounded: a run thread frozen at interpreter exit never hangs it
             try:
                 self._dir.close()
