@@ -29,6 +29,12 @@ Rules (see ``grpo-reference.md``):
   :meth:`StreamingLearner.warmup` compiles exactly those ahead of time (in a thread with ``background=True``).
 * With LoRA only the adapters are trained (and held in the optimizer state); :meth:`policy_params`
   gives the merged weights for the engine.
+
+The learner coordinates (submit, steps, warm-up, checkpoint state); its parts are
+:class:`~gymllm.algos.learner_layout.RowLayout` (rows, their order, a micro-batch's host arrays),
+:class:`~gymllm.algos.learner_scoring.GroupScorer` (shaped rewards, filter, advantages, KL penalty),
+:class:`~gymllm.algos.learner_step.StepTally` (an unfinished step's rows and figures) and the jitted
+programs of :mod:`gymllm.algos.learner_programs`.
 """
 
 from __future__ import annotations
@@ -44,7 +50,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gymllm.algos import aggregation as agg
 from gymllm.models import lora as lora_mod
 from gymllm.algos.batching import Row, dropped_sampled_tokens, empty_packed, make_micro_batch, packed_row_counts
 from gymllm.algos.config import LossConfig, async_agentic
@@ -53,6 +58,7 @@ from gymllm.algos.learner_config import (HEAD_SHARE_AUTO, SHARED_PREFIX_AUTO, Le
 from gymllm.algos.learner_layout import LOSS_KEYS, RowLayout, chunks
 from gymllm.algos.learner_programs import programs
 from gymllm.algos.learner_scoring import GroupScorer
+from gymllm.algos.learner_step import StepTally
 from gymllm.algos.loss import step_denominator
 from gymllm.algos.optim import OptimizerConfig, make_schedule
 from gymllm.algos.sharding import shard_batch, shard_params
@@ -164,7 +170,7 @@ class StreamingLearner:
     @property
     def groups_in_step(self) -> int:
         """Groups the current (unfinished) step holds so far (``groups_per_step`` complete it)."""
-        return self._step_groups
+        return self.tally.groups
 
     def program_shapes(self) -> list[tuple[str, dict[str, tuple[tuple[int, ...], str]] | None]]:
         """The programs taking the model's weights that this learner runs (``fixed_shapes``), each as
@@ -261,16 +267,7 @@ class StreamingLearner:
     def _reset_step(self, zeros: Any = None) -> None:
         """Start a new step; ``zeros``: the zeroed accumulator the apply program returned (else made here)."""
         self._acc = zeros if zeros is not None else jax.tree.map(jnp.zeros_like, self.trainable)
-        self._pending: list[Row] = []
-        self._deferred: list[tuple[Group, np.ndarray]] = []  # step-global advantages (batch_std)
-        self._step_groups = 0
-        self._step_rows: list[Row] = []
-        self._step_rewards: list[float] = []
-        self._step_lengths: list[int] = []
-        self._sums: collections.Counter = collections.Counter()
-        self._micro_batches = 0
-        self._t_first: float | None = None
-        self._busy_s = 0.0
+        self.tally = StepTally()
 
     def _consume(self, group: Group) -> StepReport | None:
         self.counts["groups_in"] += 1
@@ -288,36 +285,33 @@ class StreamingLearner:
             counter("filtered_groups", self.counts["filtered_groups"], track="trainer")
             return None
         self.consumed_groups.add(gid)
-        self._t_first = self._t_first or time.perf_counter()
-        self._step_groups += 1
-        self._step_rewards += [float(t.reward) for t in group.trajectories]
-        self._step_lengths += [t.num_sampled for t in group.trajectories]
+        self.tally.add_group(group)
         if self.scorer.step_global:
-            self._deferred.append((group, rewards))
+            self.tally.deferred.append((group, rewards))
         elif self.scorer.stateful:
             adv, self.role_baselines = self.scorer.role_advantages(group, rewards, self.role_baselines)
             self._add_rows(group, adv)
         else:
             self._add_rows(group, np.asarray(self.scorer.advantages(rewards[None]))[0])
-        if self._step_groups < self.config.groups_per_step:
+        if self.tally.groups < self.config.groups_per_step:
             return None
         return self._finish_step()
 
     def _add_rows(self, group: Group, advantages: np.ndarray) -> None:
         tokens = float(sum(t.num_sampled for t in group.trajectories))
         for t, a in zip(group.trajectories, advantages):
-            sid = t.trajectory_id or f"{group.group_id}/{len(self._step_rows)}"
+            sid = t.trajectory_id or f"{group.group_id}/{len(self.tally.rows)}"
             r = self.layout.row(t, advantage=float(a), group_tokens=tokens, sample_id=sid, group_index=self._groups_added)
             if len(t.token_ids) - 1 > r.length:  # a truncated episode's last observation ran past max_len: cut
                 increment("rows_truncated", 1, track="trainer")
                 increment("sampled_tokens_truncated", dropped_sampled_tokens(t, r.length), track="trainer")
-            self._pending.append(r)
-            self._step_rows.append(r)
+            self.tally.pending.append(r)
+            self.tally.rows.append(r)
         self._groups_added += 1
-        while len(self._pending) >= self.config.micro_batch_size:
-            chunk = self.layout.ordered(self._pending)[: self.config.micro_batch_size]
+        while len(self.tally.pending) >= self.config.micro_batch_size:
+            chunk = self.layout.ordered(self.tally.pending)[: self.config.micro_batch_size]
             ids = {id(r) for r in chunk}
-            self._pending = [r for r in self._pending if id(r) not in ids]
+            self.tally.pending = [r for r in self.tally.pending if id(r) not in ids]
             self._run_micro_batch(chunk)
 
     def _run_micro_batch(self, rows: list[Row]) -> None:
@@ -342,63 +336,43 @@ class StreamingLearner:
                 arrays = shard_batch(self.mesh, host)
                 self._acc, sums = self._grad(self._acc, self.trainable, self.frozen, arrays, self.ref_params)
                 for k, v in jax.device_get(sums).items():  # one device->host copy (and wait) per pass
-                    self._sums[k] += float(v)
+                    self.tally.sums[k] += float(v)
             tags["tokens"] = int(valid.sum())
             tags["staleness"] = {int(a): int(c) for a, c in zip(lags, counts)}
-        self._busy_s += time.perf_counter() - t
-        self._sums["staleness_sum"] += float(lag.sum())
-        self._sums["staleness_max"] = max(self._sums["staleness_max"], float(lag.max()) if lag.size else 0.0)
-        self._micro_batches += 1
+        self.tally.busy_s += time.perf_counter() - t
+        self.tally.sums["staleness_sum"] += float(lag.sum())
+        self.tally.sums["staleness_max"] = max(self.tally.sums["staleness_max"], float(lag.max()) if lag.size else 0.0)
+        self.tally.micro_batches += 1
 
     def _finish_step(self) -> StepReport:
         self._await_warmup()
         t = time.perf_counter()
-        with span("train_step", track="trainer", step=self.version + 1, groups=self._step_groups):
-            if self._deferred:
-                all_r = np.stack([r for _, r in self._deferred])
+        with span("train_step", track="trainer", step=self.version + 1, groups=self.tally.groups):
+            if self.tally.deferred:
+                all_r = np.stack([r for _, r in self.tally.deferred])
                 adv = np.asarray(self.scorer.advantages(all_r))
-                for (g, _), a in zip(self._deferred, adv):
+                for (g, _), a in zip(self.tally.deferred, adv):
                     self._add_rows(g, a)
-            if self._pending:
-                for mb_rows in chunks(self.layout.ordered(self._pending), self.config.micro_batch_size):
+            if self.tally.pending:
+                for mb_rows in chunks(self.layout.ordered(self.tally.pending), self.config.micro_batch_size):
                     self._run_micro_batch(mb_rows)
-                self._pending = []
-            stats = agg.StepStats(num_tokens=float(sum(r.mask.sum() for r in self._step_rows)),
-                                  num_seqs=float(len(self._step_rows)), num_groups=float(self._step_groups),
-                                  max_len=float(self.config.max_response_len or self.config.max_len))
+                self.tally.pending = []
+            stats = self.tally.stats(self.config.max_response_len or self.config.max_len)
             denom = float(step_denominator(self.loss, stats))
             lr = float(self.schedule(self.version))
             self.trainable, self.opt_state, gnorm, zeros = self._apply(self.trainable, self.opt_state, self._acc,
                                                                        jnp.float32(denom))
             gnorm = float(gnorm)
-        self._busy_s += time.perf_counter() - t
+        self.tally.busy_s += time.perf_counter() - t
         self.version += 1
         self.counts["steps"] += 1
-        self.counts["groups_trained"] += self._step_groups
-        self.counts["rows_trained"] += len(self._step_rows)
-        report = StepReport(step=self.version, metrics=self._metrics(stats, denom, gnorm, lr),
-                            sample_ids=[r.sample_id for r in self._step_rows])
+        self.counts["groups_trained"] += self.tally.groups
+        self.counts["rows_trained"] += len(self.tally.rows)
+        report = StepReport(step=self.version, metrics=self.tally.metrics(stats, denom, gnorm, lr, self.counts),
+                            sample_ids=[r.sample_id for r in self.tally.rows])
         counter("policy_version", self.version, track="trainer")
         self._reset_step(zeros)
         return report
-
-    def _metrics(self, stats: agg.StepStats, denom: float, gnorm: float, lr: float) -> dict[str, float]:
-        s, tok = self._sums, max(stats.num_tokens, 1.0)
-        rewards = np.asarray(self._step_rewards, np.float64)
-        lengths = np.asarray(self._step_lengths, np.float64)
-        return {
-            "loss": s["loss_sum"] / denom, "grad_norm": gnorm, "learning_rate": lr,
-            "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
-            "reward_max": float(rewards.max()), "clip_fraction": s["clipped_tokens"] / tok,
-            "kl": s["kl_sum"] / tok, "entropy": s["entropy_sum"] / tok, "ratio_mean": s["ratio_sum"] / tok,
-            "is_weight_mean": s["weight_sum"] / tok, "masked_token_fraction": s["zero_weight_tokens"] / tok,
-            "mismatch_abs_logprob": s["mismatch_abs_sum"] / tok,
-            "staleness_mean": s["staleness_sum"] / tok, "staleness_max": s["staleness_max"],
-            "response_len_mean": float(lengths.mean()), "response_len_max": float(lengths.max()),
-            "tokens": stats.num_tokens, "sequences": stats.num_seqs, "groups": stats.num_groups,
-            "micro_batches": float(self._micro_batches), "train_busy_s": self._busy_s,
-            "filtered_groups": float(self.counts["filtered_groups"]), "stale_groups": float(self.counts["stale_groups"]),
-        }
 
     # ------------------------------------------------------------------ checkpoint state
     def state(self) -> dict[str, Any]:
