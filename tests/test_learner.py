@@ -106,7 +106,7 @@ def test_step_equals_one_batch_reference_gradient():
     lrn = learner(loss, micro_batch_size=2, groups_per_step=3)  # 2 groups: no update yet
     lrn.submit(groups)
     trajs = [t for g in groups for t in g.trajectories]
-    adv = np.concatenate([np.asarray(lrn._advantages(g.rewards[None]))[0] for g in groups])
+    adv = np.concatenate([np.asarray(lrn.scorer.advantages(g.rewards[None]))[0] for g in groups])
     T = max(len(t.token_ids) for t in trajs)
     ids = np.zeros((len(trajs), T), np.int32)
     mask, mu = np.zeros((len(trajs), T - 1), np.float32), np.zeros((len(trajs), T - 1), np.float32)
@@ -151,7 +151,7 @@ def test_warmup_compiles_every_program_a_step_runs(loss):
     """After ``warmup(group_size=G)`` a whole step (gradient, update, advantages) compiles nothing."""
     lrn = learner(loss, num_steps=11)  # a configuration no other test uses: its programs start uncompiled
     lrn.warmup(group_size=4)
-    programs = (lrn._grad, lrn._apply, lrn._adv)
+    programs = (lrn._grad, lrn._apply, lrn.scorer.program)
     before = [p._cache_size() for p in programs]
     assert before[0] >= 1 and before[1] == 1
     assert len(lrn.submit(make_groups(2, seed=31))) == 1
@@ -191,7 +191,7 @@ def test_kl_in_reward_subtracts_beta_sum_k1_from_rewards():
         ref = np.asarray(token_logprobs(logits[:, :-1], jnp.asarray(padded[:, 1:])))[0, :len(t.token_ids) - 1]
         m = t.loss_mask[1:] > 0
         want.append(t.reward - 0.1 * np.sum(t.behaviour_logprobs[1:][m] - ref[m]))
-    np.testing.assert_allclose(lrn._shaped_rewards(group), want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(lrn.scorer.shaped_rewards(group), want, rtol=1e-4, atol=1e-5)
 
 
 def test_lora_trains_only_adapters_and_starts_at_the_base():

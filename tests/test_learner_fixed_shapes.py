@@ -172,7 +172,7 @@ def test_kl_reward_reference_forward_runs_the_fixed_program():
     group = groups_with((20,), turns=True, seed=3)[0]
     a, b = make(False, loss=loss, shared_prefix=False), make(True, loss=loss)
     assert [name for name, _ in b.program_shapes()] == ["grad", "apply", "ref_logp"]
-    ra, rb = a._shaped_rewards(group), b._shaped_rewards(group)
+    ra, rb = a.scorer.shaped_rewards(group), b.scorer.shaped_rewards(group)
     assert np.any(ra != group.rewards)
     np.testing.assert_allclose(rb, ra, rtol=1e-5, atol=1e-6)
 

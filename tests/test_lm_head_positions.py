@@ -143,8 +143,8 @@ def test_kl_reward_reference_forward_on_loss_positions_equals_full():
     groups = make_groups(1, seed=7)
     a = learner(loss, opt="sgd", loss_positions_only=False, max_response_len=BUDGET, shared_prefix=False)
     b = learner(loss, opt="sgd", max_response_len=BUDGET, shared_prefix=False)  # the head alone differs
-    np.testing.assert_allclose(b._shaped_rewards(groups[0]), a._shaped_rewards(groups[0]), rtol=1e-6, atol=1e-7)
-    assert np.any(a._shaped_rewards(groups[0]) != groups[0].rewards)
+    np.testing.assert_allclose(b.scorer.shaped_rewards(groups[0]), a.scorer.shaped_rewards(groups[0]), rtol=1e-6, atol=1e-7)
+    assert np.any(a.scorer.shaped_rewards(groups[0]) != groups[0].rewards)
 
 
 def test_auto_skips_the_head_only_where_it_is_a_large_share():

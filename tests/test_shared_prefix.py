@@ -173,7 +173,7 @@ def test_kl_reward_reference_forward_equals_the_flat_path():
     loss = dataclasses.replace(C.grpo(), kl=dataclasses.replace(C.grpo().kl, placement="reward", beta=0.5))
     group = groups_with(seed=3)[0]
     a, b = learner(loss, shared_prefix=False), learner(loss, shared_prefix=True)
-    ra, rb = a._shaped_rewards(group), b._shaped_rewards(group)
+    ra, rb = a.scorer.shaped_rewards(group), b.scorer.shaped_rewards(group)
     assert np.any(ra != group.rewards)
     assert (a.counts["shared_prefix_reference_batches"], b.counts["shared_prefix_reference_batches"]) == (0, 1)
     np.testing.assert_allclose(rb, ra, rtol=1e-5, atol=1e-6)
