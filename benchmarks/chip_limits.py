@@ -41,15 +41,49 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 #: the architectures measured (random weights; the 0.5B is Qwen2.5-0.5B's sizes in the qwen2 family)
 SHAPES = {
-    "smollm2": ("llama", dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
-                              num_heads=9, num_kv_heads=3, head_dim=64, rope_theta=100000.0,
-                              tie_word_embeddings=True, rms_norm_eps=1e-5)),
-    "0p5b": ("qwen2", dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24,
-                           num_heads=14, num_kv_heads=2, head_dim=64, rope_theta=1000000.0,
-                           tie_word_embeddings=True, rms_norm_eps=1e-6)),
+    "smollm2": (
+        "llama",
+        dict(
+            vocab_size=49152,
+            hidden_size=576,
+            intermediate_size=1536,
+            num_layers=30,
+            num_heads=9,
+            num_kv_heads=3,
+            head_dim=64,
+            rope_theta=100000.0,
+            tie_word_embeddings=True,
+            rms_norm_eps=1e-5,
+        ),
+    ),
+    "0p5b": (
+        "qwen2",
+        dict(
+            vocab_size=151936,
+            hidden_size=896,
+            intermediate_size=4864,
+            num_layers=24,
+            num_heads=14,
+            num_kv_heads=2,
+            head_dim=64,
+            rope_theta=1000000.0,
+            tie_word_embeddings=True,
+            rms_norm_eps=1e-6,
+        ),
+    ),
 }
-DRY_SHAPE = ("llama", dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-                           num_kv_heads=2, head_dim=16))
+DRY_SHAPE = (
+    "llama",
+    dict(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+    ),
+)
 
 
 def timed(fn, reps: int) -> float:
@@ -73,14 +107,20 @@ def limits(dry: bool) -> dict:
     n = 512 if dry else 8192
     a = jax.random.normal(jax.random.key(0), (n, n), jnp.bfloat16)
     b = jax.random.normal(jax.random.key(1), (n, n), jnp.bfloat16)
-    mm = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32).astype(jnp.bfloat16))
+    mm = jax.jit(
+        lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+    )
     s = timed(lambda: mm(a, b), 10)
     elems = (1 << 20) if dry else (1 << 29)  # 1 GiB of bf16 on the chip
     x = jnp.ones((elems,), jnp.bfloat16)
     bump = jax.jit(lambda v: v + jnp.bfloat16(1))
     c = timed(lambda: bump(x), 10)
-    return {"peak_bf16_tflops": 2 * n ** 3 / s / 1e12, "hbm_gb_s": 2 * elems * 2 / c / 1e9,
-            "matmul_n": n, "copy_bytes": elems * 2}
+    return {
+        "peak_bf16_tflops": 2 * n**3 / s / 1e12,
+        "hbm_gb_s": 2 * elems * 2 / c / 1e9,
+        "matmul_n": n,
+        "copy_bytes": elems * 2,
+    }
 
 
 def model(shape: str, dry: bool):
@@ -110,8 +150,15 @@ def decode(lm, rows: int, dry: bool) -> dict:
 
     prompt_len, tokens = (8, 4) if dry else (32, 128)
     max_len = prompt_len + tokens
-    cfg = EngineConfig(num_slots=rows, max_len=max_len, min_bucket=prompt_len, compute_dtype="bfloat16",
-                       shapes="fixed", decode_lengths=1, prefill_tokens=16 if dry else 512)
+    cfg = EngineConfig(
+        num_slots=rows,
+        max_len=max_len,
+        min_bucket=prompt_len,
+        compute_dtype="bfloat16",
+        shapes="fixed",
+        decode_lengths=1,
+        prefill_tokens=16 if dry else 512,
+    )
     engine = JaxEngine.from_loaded(lm, config=cfg, stop_token_ids=())
     engine.warmup(prompt_len)
     rng = np.random.default_rng(0)
@@ -119,8 +166,12 @@ def decode(lm, rows: int, dry: bool) -> dict:
 
     async def run(n: int) -> tuple[float, int]:
         t0 = time.perf_counter()
-        comps = await asyncio.gather(*(engine.generate(p, SamplingParams(temperature=1.0, max_tokens=n, seed=i))
-                                       for i, p in enumerate(prompts)))
+        comps = await asyncio.gather(
+            *(
+                engine.generate(p, SamplingParams(temperature=1.0, max_tokens=n, seed=i))
+                for i, p in enumerate(prompts)
+            )
+        )
         end = time.perf_counter() - t0
         start = max(c.ttft_s for c in comps)  # every row has started decoding
         return end - start, sum(c.num_tokens - 1 for c in comps)
@@ -139,7 +190,9 @@ def kv_bytes_per_token(cfg) -> int:
     return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2  # K and V, bf16
 
 
-def learner_mfu(lm, groups: int, group_size: int, traj_len: int, micro: int, peak_flops: float) -> dict:
+def learner_mfu(
+    lm, groups: int, group_size: int, traj_len: int, micro: int, peak_flops: float
+) -> dict:
     """One warm StreamingLearner step in bf16 mixed precision: its wall and model FLOPs utilisation."""
     import jax
     import numpy as np
@@ -159,16 +212,32 @@ def learner_mfu(lm, groups: int, group_size: int, traj_len: int, micro: int, pea
                 ids = rng.integers(3, vocab, L).astype(np.int32)
                 mask = np.r_[np.zeros(L // 4), np.ones(L - L // 4)].astype(np.int8)
                 mu = np.where(mask > 0, -3.0 + rng.normal(0, 0.1, L), 0).astype(np.float32)
-                trajs.append(Trajectory(token_ids=ids, loss_mask=mask, behaviour_logprobs=mu,
-                                        versions=np.where(mask > 0, 0, -1).astype(np.int32),
-                                        reward=float(rng.random()), trajectory_id=f"{tag}/{k}/{m}"))
+                trajs.append(
+                    Trajectory(
+                        token_ids=ids,
+                        loss_mask=mask,
+                        behaviour_logprobs=mu,
+                        versions=np.where(mask > 0, 0, -1).astype(np.int32),
+                        reward=float(rng.random()),
+                        trajectory_id=f"{tag}/{k}/{m}",
+                    )
+                )
             out.append(Group(group_id=f"{tag}/{k}", task_id="t", trajectories=trajs))
         return out
 
-    learner = StreamingLearner(lm.config, lm.model.flat_params(),
-                               config=LearnerConfig(groups_per_step=groups, micro_batch_size=micro, fixed_shapes=True,
-                                                    shared_prefix=False, compute_dtype="bfloat16",
-                                                    max_len=max(32, 1 << (L - 1).bit_length()), min_bucket=32))
+    learner = StreamingLearner(
+        lm.config,
+        lm.model.flat_params(),
+        config=LearnerConfig(
+            groups_per_step=groups,
+            micro_batch_size=micro,
+            fixed_shapes=True,
+            shared_prefix=False,
+            compute_dtype="bfloat16",
+            max_len=max(32, 1 << (L - 1).bit_length()),
+            min_bucket=32,
+        ),
+    )
     learner.warmup(group_size)
     learner.submit(batch("warm"))
     walls = []
@@ -178,22 +247,37 @@ def learner_mfu(lm, groups: int, group_size: int, traj_len: int, micro: int, pea
         jax.block_until_ready(learner.policy_params())
         walls.append(time.perf_counter() - t)
         if len(reports) != 1:
-            raise RuntimeError(f"learner: expected one step from {groups} groups, received {len(reports)}")
+            raise RuntimeError(
+                f"learner: expected one step from {groups} groups, received {len(reports)}"
+            )
     total, emb = param_counts(lm)
     cfg = lm.config
-    n_matmul = total - emb + cfg.vocab_size * cfg.hidden_size  # the head is a matmul, the lookup is not
+    n_matmul = (
+        total - emb + cfg.vocab_size * cfg.hidden_size
+    )  # the head is a matmul, the lookup is not
     T = groups * group_size * L
     flops = 6 * n_matmul * T + 6 * cfg.num_layers * T * (L / 2) * cfg.num_heads * cfg.head_dim
     wall = statistics.median(walls)
-    return {"groups": groups, "group_size": group_size, "traj_len": L, "micro_batch_size": micro, "tokens": T,
-            "step_s": wall, "step_s_runs": walls, "tokens_per_s": T / wall, "model_tflops": flops / wall / 1e12,
-            "mfu": flops / wall / peak_flops}
+    return {
+        "groups": groups,
+        "group_size": group_size,
+        "traj_len": L,
+        "micro_batch_size": micro,
+        "tokens": T,
+        "step_s": wall,
+        "step_s_runs": walls,
+        "tokens_per_s": T / wall,
+        "model_tflops": flops / wall / 1e12,
+        "mfu": flops / wall / peak_flops,
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="64 and 256 rows; one learner batch shape")
-    ap.add_argument("--dry", action="store_true", help="a CPU rehearsal with a tiny model and tiny sizes")
+    ap.add_argument(
+        "--dry", action="store_true", help="a CPU rehearsal with a tiny model and tiny sizes"
+    )
     ap.add_argument("--shapes", default="smollm2,0p5b", help="comma-separated: smollm2, 0p5b")
     ap.add_argument("--parts", default="decode,learner", help="comma-separated: decode, learner")
     a = ap.parse_args()
@@ -207,16 +291,27 @@ def main() -> None:
 
     dev = jax.devices()[0]
     if dev.platform == "cpu" and not a.dry:
-        raise SystemExit("chip_limits: JAX found no accelerator (only the CPU). Run it on a TPU or GPU machine, "
-                         "or pass --dry for the CPU rehearsal")
+        raise SystemExit(
+            "chip_limits: JAX found no accelerator (only the CPU). Run it on a TPU or GPU machine, "
+            "or pass --dry for the CPU rehearsal"
+        )
     t0 = time.perf_counter()
-    out: dict = {"device": dev.device_kind, "platform": dev.platform, "cpu": describe_cpu(), "dry": a.dry,
-                 "quick": a.quick, **limits(a.dry)}
+    out: dict = {
+        "device": dev.device_kind,
+        "platform": dev.platform,
+        "cpu": describe_cpu(),
+        "dry": a.dry,
+        "quick": a.quick,
+        **limits(a.dry),
+    }
     print({k: out[k] for k in ("device", "peak_bf16_tflops", "hbm_gb_s")}, flush=True)
     peak, bw = out["peak_bf16_tflops"] * 1e12, out["hbm_gb_s"] * 1e9
     rows_list = (2, 4) if a.dry else ((64, 256) if a.quick else (64, 256, 512))
-    learner_shapes = [(1, 2, 16, 2)] if a.dry else (
-        [(4, 8, 256, 8)] if a.quick else [(4, 8, 256, 8), (8, 8, 512, 16), (16, 8, 512, 32)])
+    learner_shapes = (
+        [(1, 2, 16, 2)]
+        if a.dry
+        else ([(4, 8, 256, 8)] if a.quick else [(4, 8, 256, 8), (8, 8, 512, 16), (16, 8, 512, 32)])
+    )
     parts = set(a.parts.split(","))
     for shape in a.shapes.split(","):
         lm = model(shape, a.dry)
@@ -231,22 +326,37 @@ def main() -> None:
                 bound = rows * bw / need
                 out[f"decode_tok_s_{shape}_{rows}"] = d["tok_s"]
                 out[f"hbm_bound_tok_s_{shape}_{rows}"] = bound
-                key = f"decode_vs_hbm_bound_{rows}" if shape == "smollm2" else f"decode_vs_hbm_bound_{shape}_{rows}"
+                key = (
+                    f"decode_vs_hbm_bound_{rows}"
+                    if shape == "smollm2"
+                    else f"decode_vs_hbm_bound_{shape}_{rows}"
+                )
                 out[key] = d["tok_s"] / bound
                 out[f"kv_read_full_{shape}"] = d["max_len"] / d["mean_ctx"]
-                print(f"{shape} decode {rows} rows: {d['tok_s']:.0f} tok/s, bound {bound:.0f} "
-                      f"({d['tok_s'] / bound:.2f})", flush=True)
+                print(
+                    f"{shape} decode {rows} rows: {d['tok_s']:.0f} tok/s, bound {bound:.0f} "
+                    f"({d['tok_s'] / bound:.2f})",
+                    flush=True,
+                )
         if "learner" in parts:
             runs = []
             for g, m, L, micro in learner_shapes:
                 try:
                     r = learner_mfu(lm, g, m, L, micro, peak)
                 except Exception as e:  # e.g. out of memory at the largest shape: keep the others
-                    r = {"groups": g, "group_size": m, "traj_len": L, "micro_batch_size": micro,
-                         "error": f"{type(e).__name__}: {str(e)[:300]}"}
+                    r = {
+                        "groups": g,
+                        "group_size": m,
+                        "traj_len": L,
+                        "micro_batch_size": micro,
+                        "error": f"{type(e).__name__}: {str(e)[:300]}",
+                    }
                 runs.append(r)
-                print(f"{shape} learner {g}x{m}x{L} (micro {micro}): {r.get('step_s', float('nan')):.3f} s, "
-                      f"MFU {r.get('mfu', float('nan')):.3f} {r.get('error', '')}", flush=True)
+                print(
+                    f"{shape} learner {g}x{m}x{L} (micro {micro}): {r.get('step_s', float('nan')):.3f} s, "
+                    f"MFU {r.get('mfu', float('nan')):.3f} {r.get('error', '')}",
+                    flush=True,
+                )
             ok = [r for r in runs if "mfu" in r]
             out[f"learner_runs_{shape}"] = runs
             if ok:

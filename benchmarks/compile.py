@@ -50,7 +50,7 @@ def device() -> dict:
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("DEVICE ")), None)
     if line is None:
         raise SystemExit(f"could not ask JAX for its device: {out.stderr[-2000:]}")
-    platform, kind = line[len("DEVICE "):].split(" | ", 1)
+    platform, kind = line[len("DEVICE ") :].split(" | ", 1)
     return {"platform": platform.strip(), "device_kind": kind.strip()}
 
 
@@ -59,77 +59,161 @@ def run_train(run_dir: pathlib.Path, cache: pathlib.Path, args: list[str]) -> di
     from gymllm.telemetry.compiles import read_compiles, summarize
 
     env = dict(os.environ, GYMLLM_COMPILE_CACHE=str(cache), TOKENIZERS_PARALLELISM="false")
-    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # else the process's own directory would win over ours
-    cmd = [sys.executable, "-m", "gymllm.cli.main", "train", "--run-dir", str(run_dir), "--run.no-console", *args]
+    env.pop(
+        "JAX_COMPILATION_CACHE_DIR", None
+    )  # else the process's own directory would win over ours
+    cmd = [
+        sys.executable,
+        "-m",
+        "gymllm.cli.main",
+        "train",
+        "--run-dir",
+        str(run_dir),
+        "--run.no-console",
+        *args,
+    ]
     t = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=run_dir.parent, timeout=3600)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=env, cwd=run_dir.parent, timeout=3600
+    )
     wall = time.perf_counter() - t
     if proc.returncode:
         raise SystemExit(f"gymllm train failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     m = TRAINED.search(proc.stdout + proc.stderr)
     if m is None:
-        raise SystemExit(f"expected 'trained N steps in Xs' in gymllm train's output, received {proc.stdout[-500:]!r}")
-    rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+        raise SystemExit(
+            f"expected 'trained N steps in Xs' in gymllm train's output, received {proc.stdout[-500:]!r}"
+        )
+    rows = [
+        json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()
+    ]
     rows = [r for r in rows if "step_wall_s" in r]
     recs = read_compiles(run_dir / "compiles.jsonl")
     if not recs:
-        raise SystemExit(f"{run_dir / 'compiles.jsonl'}: expected the run's compile records, found none")
-    stall = next((s for s in reversed((run_dir / "summary.txt").read_text().splitlines())
-                  if s.startswith("biggest stall")), "") if (run_dir / "summary.txt").exists() else ""
-    return {"steps": int(m.group(1)), "train_s": float(m.group(2)), "wall_s": wall, "records": recs,
-            "figures": summarize(recs), "first_step_s": float(rows[0]["step_wall_s"]) if rows else None,
-            "first_step_compile_s": float(rows[0].get("compile_s", 0.0)) if rows else None, "biggest_stall": stall}
+        raise SystemExit(
+            f"{run_dir / 'compiles.jsonl'}: expected the run's compile records, found none"
+        )
+    stall = (
+        next(
+            (
+                s
+                for s in reversed((run_dir / "summary.txt").read_text().splitlines())
+                if s.startswith("biggest stall")
+            ),
+            "",
+        )
+        if (run_dir / "summary.txt").exists()
+        else ""
+    )
+    return {
+        "steps": int(m.group(1)),
+        "train_s": float(m.group(2)),
+        "wall_s": wall,
+        "records": recs,
+        "figures": summarize(recs),
+        "first_step_s": float(rows[0]["step_wall_s"]) if rows else None,
+        "first_step_compile_s": float(rows[0].get("compile_s", 0.0)) if rows else None,
+        "biggest_stall": stall,
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help=f"the Quickstart with {QUICK_STEPS} steps instead of 12")
-    ap.add_argument("--preset", default="default", choices=("default", "tiny"), help="gymllm train's preset")
-    ap.add_argument("--keep-runs", type=pathlib.Path, default=None,
-                    help="keep the two run directories (cold/, warm/) and the cache under this directory "
-                         "instead of a temporary one (e.g. to read their traces afterwards)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"the Quickstart with {QUICK_STEPS} steps instead of 12",
+    )
+    ap.add_argument(
+        "--preset", default="default", choices=("default", "tiny"), help="gymllm train's preset"
+    )
+    ap.add_argument(
+        "--keep-runs",
+        type=pathlib.Path,
+        default=None,
+        help="keep the two run directories (cold/, warm/) and the cache under this directory "
+        "instead of a temporary one (e.g. to read their traces afterwards)",
+    )
     ap.add_argument("extra", nargs="*", help="arguments for gymllm train (after --)")
     a = ap.parse_args()
     from gymllm.utils.host import describe_cpu, loadavg
 
     cpu, load0, dev = describe_cpu(), loadavg(), device()
-    print(f"CPU: {cpu}; device: {dev['device_kind']} ({dev['platform']}); load average {load0}", flush=True)
-    args = ["--preset", a.preset, *(["--learner.num-steps", str(QUICK_STEPS)] if a.quick else []), *a.extra]
+    print(
+        f"CPU: {cpu}; device: {dev['device_kind']} ({dev['platform']}); load average {load0}",
+        flush=True,
+    )
+    args = [
+        "--preset",
+        a.preset,
+        *(["--learner.num-steps", str(QUICK_STEPS)] if a.quick else []),
+        *a.extra,
+    ]
     keep = a.keep_runs
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
         if any(keep.iterdir()):
-            raise SystemExit(f"--keep-runs {keep}: expected an empty or new directory (the cold run needs an "
-                             "empty compile cache); pick another directory or empty it")
-    with (contextlib.nullcontext(str(keep)) if keep is not None
-          else tempfile.TemporaryDirectory(prefix="gymllm-bench-compile-")) as tmp:
+            raise SystemExit(
+                f"--keep-runs {keep}: expected an empty or new directory (the cold run needs an "
+                "empty compile cache); pick another directory or empty it"
+            )
+    with (
+        contextlib.nullcontext(str(keep))
+        if keep is not None
+        else tempfile.TemporaryDirectory(prefix="gymllm-bench-compile-")
+    ) as tmp:
         cache = pathlib.Path(tmp) / "xla"
         cold = run_train(pathlib.Path(tmp) / "cold", cache, args)
-        print(f"cold: trained {cold['steps']} steps in {cold['train_s']:.1f} s; {cold['figures']['programs']} "
-              f"programs compiled ({cold['figures']['programs_all']} compiles in all) in "
-              f"{cold['figures']['compile_s']:.1f} s; first step {cold['first_step_s']:.1f} s", flush=True)
+        print(
+            f"cold: trained {cold['steps']} steps in {cold['train_s']:.1f} s; {cold['figures']['programs']} "
+            f"programs compiled ({cold['figures']['programs_all']} compiles in all) in "
+            f"{cold['figures']['compile_s']:.1f} s; first step {cold['first_step_s']:.1f} s",
+            flush=True,
+        )
         warm = run_train(pathlib.Path(tmp) / "warm", cache, args)
     cf, wf = cold["figures"], warm["figures"]
     cold_keys = {r.get("key") for r in cold["records"]} - {None}
-    warm_prog = [r for r in warm["records"] if r.get("kind") == "program" and not r.get("cache_hit")]
-    out = {"preset": a.preset, "steps": cold["steps"], "quick": a.quick,
-           "programs": cf["programs"], "programs_all": cf["programs_all"], "programs_distinct": cf["programs_distinct"],
-           "compile_s": cf["compile_s"], "compile_s_programs": cf["compile_s_programs"],
-           "quickstart_train_s": cold["train_s"], "first_step_s": cold["first_step_s"],
-           "first_step_compile_s": cold["first_step_compile_s"], "wall_s": cold["wall_s"],
-           "programs_warm": wf["programs"], "programs_warm_all": wf["programs_all"],
-           "programs_warm_new": sum(r.get("key") not in cold_keys for r in warm_prog),
-           "programs_warm_names": sorted(r["name"] for r in warm_prog),
-           "programs_loaded_warm": wf["programs_loaded"], "compile_s_warm": wf["compile_s"],
-           "quickstart_train_s_warm": warm["train_s"], "first_step_s_warm": warm["first_step_s"],
-           "wall_s_warm": warm["wall_s"], "biggest_stall": cold["biggest_stall"],
-           "biggest_stall_warm": warm["biggest_stall"], "slowest": cf["slowest"], **dev}
+    warm_prog = [
+        r for r in warm["records"] if r.get("kind") == "program" and not r.get("cache_hit")
+    ]
+    out = {
+        "preset": a.preset,
+        "steps": cold["steps"],
+        "quick": a.quick,
+        "programs": cf["programs"],
+        "programs_all": cf["programs_all"],
+        "programs_distinct": cf["programs_distinct"],
+        "compile_s": cf["compile_s"],
+        "compile_s_programs": cf["compile_s_programs"],
+        "quickstart_train_s": cold["train_s"],
+        "first_step_s": cold["first_step_s"],
+        "first_step_compile_s": cold["first_step_compile_s"],
+        "wall_s": cold["wall_s"],
+        "programs_warm": wf["programs"],
+        "programs_warm_all": wf["programs_all"],
+        "programs_warm_new": sum(r.get("key") not in cold_keys for r in warm_prog),
+        "programs_warm_names": sorted(r["name"] for r in warm_prog),
+        "programs_loaded_warm": wf["programs_loaded"],
+        "compile_s_warm": wf["compile_s"],
+        "quickstart_train_s_warm": warm["train_s"],
+        "first_step_s_warm": warm["first_step_s"],
+        "wall_s_warm": warm["wall_s"],
+        "biggest_stall": cold["biggest_stall"],
+        "biggest_stall_warm": warm["biggest_stall"],
+        "slowest": cf["slowest"],
+        **dev,
+    }
     if dev["platform"] == "tpu":
-        out.update(quickstart_train_s_tpu=cold["train_s"], quickstart_train_s_tpu_warm=warm["train_s"])
+        out.update(
+            quickstart_train_s_tpu=cold["train_s"], quickstart_train_s_tpu_warm=warm["train_s"]
+        )
     out.update(cpu=cpu, loadavg={"start": load0, "end": loadavg()})
-    print(f"warm: trained {warm['steps']} steps in {warm['train_s']:.1f} s; {wf['programs']} programs compiled "
-          f"({out['programs_warm_new']} of them new shapes), {wf['programs_loaded']} loaded from the cache; "
-          f"compile {wf['compile_s']:.1f} s; first step {warm['first_step_s']:.1f} s", flush=True)
+    print(
+        f"warm: trained {warm['steps']} steps in {warm['train_s']:.1f} s; {wf['programs']} programs compiled "
+        f"({out['programs_warm_new']} of them new shapes), {wf['programs_loaded']} loaded from the cache; "
+        f"compile {wf['compile_s']:.1f} s; first step {warm['first_step_s']:.1f} s",
+        flush=True,
+    )
     from results import emit_result  # the RESULT line, and its record in benchmarks/results/
 
     emit_result("compile", out)

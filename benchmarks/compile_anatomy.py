@@ -39,11 +39,23 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
-               num_kv_heads=3, head_dim=64, rope_theta=100000.0, tie_word_embeddings=True, rms_norm_eps=1e-5)
-PHASES = {"/jax/core/compile/jaxpr_trace_duration": "trace_s",
-          "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower_s",
-          "/jax/core/compile/backend_compile_duration": "backend_s"}
+SMOLLM2 = dict(
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_layers=30,
+    num_heads=9,
+    num_kv_heads=3,
+    head_dim=64,
+    rope_theta=100000.0,
+    tie_word_embeddings=True,
+    rms_norm_eps=1e-5,
+)
+PHASES = {
+    "/jax/core/compile/jaxpr_trace_duration": "trace_s",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower_s",
+    "/jax/core/compile/backend_compile_duration": "backend_s",
+}
 
 
 class Phases:
@@ -86,15 +98,24 @@ def engine_for(num_layers: int):
     from gymllm.models import make_tiny
 
     lm = make_tiny("llama", std=0.02, **{**SMOLLM2, "num_layers": num_layers})
-    cfg = EngineConfig(num_slots=12, max_len=160, min_bucket=64, compute_dtype="auto", decode_chunk=1)
+    cfg = EngineConfig(
+        num_slots=12, max_len=160, min_bucket=64, compute_dtype="auto", decode_chunk=1
+    )
     return JaxEngine(lm.model, lm.tokenizer, config=cfg), lm
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="the same variants (each is a single compile)")
-    ap.add_argument("--variants", default="prefill,prefill_read,decode,prefill_no_sample,sample,prefill_2_layers,"
-                                          "prefill_effort_low,grad,sample_sort,sample_no_filter")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--quick", action="store_true", help="the same variants (each is a single compile)"
+    )
+    ap.add_argument(
+        "--variants",
+        default="prefill,prefill_read,decode,prefill_no_sample,sample,prefill_2_layers,"
+        "prefill_effort_low,grad,sample_sort,sample_no_filter",
+    )
     args = ap.parse_args(argv)
     import jax
     import jax.numpy as jnp
@@ -111,21 +132,37 @@ def main(argv: list[str] | None = None) -> dict:
     pad = np.full(p, s, np.int32)
 
     def prefill(read: int, st=steps):
-        return lambda: st.call_prefill(np.zeros((p, t), np.int32), np.zeros((p, t), np.int32), pad,
-                                       np.zeros(p, np.int32), SamplingRows.inert(p), read)
+        return lambda: st.call_prefill(
+            np.zeros((p, t), np.int32),
+            np.zeros((p, t), np.int32),
+            pad,
+            np.zeros(p, np.int32),
+            SamplingRows.inert(p),
+            read,
+        )
 
     def decode():
         w = 12
-        steps.call_decode(np.zeros(w, np.int32), np.zeros(w, np.int32), SamplingRows.inert(w), 160, active=0)
+        steps.call_decode(
+            np.zeros(w, np.int32), np.zeros(w, np.int32), SamplingRows.inert(w), 160, active=0
+        )
 
     def no_sample():
         state = steps.weights.state
         from flax import nnx
 
         model = nnx.merge(steps.graphdef, state)
-        out = prefill_step(model.config, model.flat_params(), jnp.zeros((p, t), jnp.int32), jnp.zeros((p, t), jnp.int32),
-                           jnp.asarray(pad), steps.cache, 0, jnp.zeros(p, jnp.int32),
-                           compute_dtype=engine.config.compute_dtype)
+        out = prefill_step(
+            model.config,
+            model.flat_params(),
+            jnp.zeros((p, t), jnp.int32),
+            jnp.zeros((p, t), jnp.int32),
+            jnp.asarray(pad),
+            steps.cache,
+            0,
+            jnp.zeros(p, jnp.int32),
+            compute_dtype=engine.config.compute_dtype,
+        )
         steps.cache = out[1]
         jax.block_until_ready(out[0])
 
@@ -133,7 +170,9 @@ def main(argv: list[str] | None = None) -> dict:
         fn = jax.jit(lambda lg, k, st, tmp, tk, tp: sample(lg, step_keys(k, st), tmp, tk, tp))
         rows = SamplingRows.inert(p)
         keys, st, tmp, tk, tp = rows.arrays()[:5]
-        jax.block_until_ready(fn(jnp.zeros((p, SMOLLM2["vocab_size"]), jnp.float32), keys, st, tmp, tk, tp))
+        jax.block_until_ready(
+            fn(jnp.zeros((p, SMOLLM2["vocab_size"]), jnp.float32), keys, st, tmp, tk, tp)
+        )
 
     small = {}
 
@@ -148,7 +187,9 @@ def main(argv: list[str] | None = None) -> dict:
         finally:
             jax.config.update("jax_exec_time_optimization_effort", 0.0)
 
-    def sort_filter(x, top_k, top_p):  # the filter before the bisection (be7f557), for the comparison
+    def sort_filter(
+        x, top_k, top_p
+    ):  # the filter before the bisection (be7f557), for the comparison
         vocab = x.shape[-1]
         srt = jnp.flip(jnp.sort(x, axis=-1), axis=-1)
         rank = jnp.arange(vocab)[None, :]
@@ -170,6 +211,7 @@ def main(argv: list[str] | None = None) -> dict:
                 sampler()
             finally:
                 sampling_mod.filter_top_k_top_p = saved
+
         return run
 
     def grad():
@@ -186,11 +228,23 @@ def main(argv: list[str] | None = None) -> dict:
         fn = jax.jit(jax.value_and_grad(loss))
         jax.block_until_ready(fn(params, jnp.zeros((6, 160), jnp.int32)))
 
-    table = {"prefill": prefill(0), "prefill_read": prefill(160), "decode": decode, "prefill_no_sample": no_sample,
-             "sample": sampler, "prefill_2_layers": two_layers, "prefill_effort_low": effort_low, "grad": grad,
-             "sample_sort": sampler_with(sort_filter), "sample_no_filter": sampler_with(lambda x, k, p: x)}
-    result: dict = {"device": jax.devices()[0].device_kind, "platform": jax.devices()[0].platform,
-                    "compute_dtype": engine.config.compute_dtype}
+    table = {
+        "prefill": prefill(0),
+        "prefill_read": prefill(160),
+        "decode": decode,
+        "prefill_no_sample": no_sample,
+        "sample": sampler,
+        "prefill_2_layers": two_layers,
+        "prefill_effort_low": effort_low,
+        "grad": grad,
+        "sample_sort": sampler_with(sort_filter),
+        "sample_no_filter": sampler_with(lambda x, k, p: x),
+    }
+    result: dict = {
+        "device": jax.devices()[0].device_kind,
+        "platform": jax.devices()[0].platform,
+        "compute_dtype": engine.config.compute_dtype,
+    }
     for name in args.variants.split(","):
         try:
             result[name] = phases.measure(table[name])

@@ -38,8 +38,13 @@ def timed_run(spec_file: str, cache_dir: str) -> dict:
     env = dict(os.environ, GYMLLM_COMPILE_CACHE=cache_dir, TOKENIZERS_PARALLELISM="false")
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
     t = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(HERE / "peers" / "run_gymllm.py"), "--spec", spec_file],
-                          capture_output=True, text=True, env=env, timeout=1800)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "peers" / "run_gymllm.py"), "--spec", spec_file],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+    )
     wall = time.perf_counter() - t
     if proc.returncode != 0:
         raise RuntimeError(f"run_gymllm.py exited {proc.returncode}: {proc.stderr[-2000:]}")
@@ -49,27 +54,46 @@ def timed_run(spec_file: str, cache_dir: str) -> dict:
 
 def measure(size: str, rounds: int, steps: int, tmp: str, tok_file: str) -> dict:
     spec_file = f"{tmp}/spec-{size}.json"
-    pathlib.Path(spec_file).write_text(json.dumps(peers.peer_spec(size, steps=steps, tokenizer_file=tok_file)))
+    pathlib.Path(spec_file).write_text(
+        json.dumps(peers.peer_spec(size, steps=steps, tokenizer_file=tok_file))
+    )
     cold, warm, mb = [], [], []
     for rnd in range(rounds):
-        cache = tempfile.mkdtemp(prefix=f"xla-{size}-{rnd}-", dir=tmp)  # empty: this round's cold run
+        cache = tempfile.mkdtemp(
+            prefix=f"xla-{size}-{rnd}-", dir=tmp
+        )  # empty: this round's cold run
         cold.append(timed_run(spec_file, cache))
         mb.append(sum(f.stat().st_size for f in pathlib.Path(cache).iterdir()) / 2**20)
         warm.append(timed_run(spec_file, cache))
-        print(f"[{size} round {rnd + 1}/{rounds}] cold {cold[-1]['wall_s']:.1f} s, warm {warm[-1]['wall_s']:.1f} s "
-              f"(x{cold[-1]['wall_s'] / warm[-1]['wall_s']:.2f}); steps {cold[-1]['mean_step_s']:.3f} / "
-              f"{warm[-1]['mean_step_s']:.3f} s; cache {mb[-1]:.1f} MB", flush=True)
+        print(
+            f"[{size} round {rnd + 1}/{rounds}] cold {cold[-1]['wall_s']:.1f} s, warm {warm[-1]['wall_s']:.1f} s "
+            f"(x{cold[-1]['wall_s'] / warm[-1]['wall_s']:.2f}); steps {cold[-1]['mean_step_s']:.3f} / "
+            f"{warm[-1]['mean_step_s']:.3f} s; cache {mb[-1]:.1f} MB",
+            flush=True,
+        )
     ratios = [c["wall_s"] / w["wall_s"] for c, w in zip(cold, warm)]
-    return {"warm_vs_cold": statistics.mean(ratios), "warm_vs_cold_rounds": ratios,
-            "cold_s": [c["wall_s"] for c in cold], "warm_s": [w["wall_s"] for w in warm],
-            "step_s_cold": statistics.mean(c["mean_step_s"] for c in cold),
-            "step_s_warm": statistics.mean(w["mean_step_s"] for w in warm), "cache_mb": max(mb)}
+    return {
+        "warm_vs_cold": statistics.mean(ratios),
+        "warm_vs_cold_rounds": ratios,
+        "cold_s": [c["wall_s"] for c in cold],
+        "warm_s": [w["wall_s"] for w in warm],
+        "step_s_cold": statistics.mean(c["mean_step_s"] for c in cold),
+        "step_s_warm": statistics.mean(w["mean_step_s"] for w in warm),
+        "cache_mb": max(mb),
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="tiny config only, 2 rounds (about 3 minutes here)")
-    ap.add_argument("--rounds", type=int, default=None, help="cold + warm pairs per config (default 3; --quick: 2)")
+    ap.add_argument(
+        "--quick", action="store_true", help="tiny config only, 2 rounds (about 3 minutes here)"
+    )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="cold + warm pairs per config (default 3; --quick: 2)",
+    )
     ap.add_argument("--steps", type=int, default=4, help="optimizer steps per run")
     from results.device import choose_platform
 
@@ -89,7 +113,9 @@ def main() -> None:
     from results import emit_result  # the RESULT line, and its record in benchmarks/results/
     from results.device import child_device_info
 
-    emit_result("compile_cache", out, device=child_device_info())  # the device the runs compiled for
+    emit_result(
+        "compile_cache", out, device=child_device_info()
+    )  # the device the runs compiled for
 
 
 if __name__ == "__main__":

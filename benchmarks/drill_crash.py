@@ -37,14 +37,43 @@ from collections.abc import Sequence
 
 KINDS = ("rollout", "learner", "checkpoint", "log")
 #: small settings on top of --preset tiny (fast steps; deterministic with eta 0 and no prefix reuse)
-SMALL = ("--env.num-envs", "8", "--rollout.group-size", "4", "--rollout.max-concurrency", "8",
-         "--engine.num-slots", "8", "--learner.groups-per-step", "2", "--learner.micro-batch-size", "8")
+SMALL = (
+    "--env.num-envs",
+    "8",
+    "--rollout.group-size",
+    "4",
+    "--rollout.max-concurrency",
+    "8",
+    "--engine.num-slots",
+    "8",
+    "--learner.groups-per-step",
+    "2",
+    "--learner.micro-batch-size",
+    "8",
+)
 
 
 def train_command(run_dir: pathlib.Path, steps: int, extra: Sequence[str] = ()) -> list[str]:
-    return [sys.executable, "-m", "gymllm.cli.main", "train", "--preset", "tiny", "--run-dir", str(run_dir),
-            "--learner.num-steps", str(steps), "--rollout.max-staleness", "0", "--engine.no-prefix-reuse",
-            "--run.checkpoint-every", "1", "--run.no-console", "--run.no-report", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "gymllm.cli.main",
+        "train",
+        "--preset",
+        "tiny",
+        "--run-dir",
+        str(run_dir),
+        "--learner.num-steps",
+        str(steps),
+        "--rollout.max-staleness",
+        "0",
+        "--engine.no-prefix-reuse",
+        "--run.checkpoint-every",
+        "1",
+        "--run.no-console",
+        "--run.no-report",
+        *extra,
+    ]
 
 
 def _env() -> dict[str, str]:
@@ -70,7 +99,9 @@ def _ckpt_tmp(run_dir: pathlib.Path) -> bool:
         return False
 
 
-def kill_once(cmd: list[str], run_dir: pathlib.Path, kind: str, rng: random.Random, timeout_s: float) -> str:
+def kill_once(
+    cmd: list[str], run_dir: pathlib.Path, kind: str, rng: random.Random, timeout_s: float
+) -> str:
     """Start ``cmd``, SIGKILL it at a ``kind`` moment; returns what happened ('killed:<kind>' or 'finished')."""
     proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -94,7 +125,9 @@ def kill_once(cmd: list[str], run_dir: pathlib.Path, kind: str, rng: random.Rand
             time.sleep(0.002)
         if proc.poll() is not None:
             if proc.returncode != 0:
-                raise RuntimeError(f"train exited {proc.returncode}: {proc.stderr.read().decode()[-2000:]}")
+                raise RuntimeError(
+                    f"train exited {proc.returncode}: {proc.stderr.read().decode()[-2000:]}"
+                )
             return "finished"
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
@@ -126,15 +159,34 @@ def audit(run_dir: pathlib.Path, steps: int, group_size: int) -> dict:
     by_group: dict[str, list[dict]] = collections.defaultdict(list)
     for t in trajs:
         by_group[t["group_id"]].append(t)
-    dup = sorted(g for g, ts in by_group.items()
-                 if len(ts) != len({t["trajectory_id"] for t in ts}) or len({t["step"] for t in ts}) > 1)
-    return {"steps": [m["step"] for m in metrics], "torn": len(m_torn) + len(t_torn), "groups": by_group,
-            "duplicated": dup, "steps_ok": [m["step"] for m in metrics] == list(range(1, steps + 1)),
-            "short_groups": sorted(g for g, ts in by_group.items() if len({t["trajectory_id"] for t in ts}) != group_size)}
+    dup = sorted(
+        g
+        for g, ts in by_group.items()
+        if len(ts) != len({t["trajectory_id"] for t in ts}) or len({t["step"] for t in ts}) > 1
+    )
+    return {
+        "steps": [m["step"] for m in metrics],
+        "torn": len(m_torn) + len(t_torn),
+        "groups": by_group,
+        "duplicated": dup,
+        "steps_ok": [m["step"] for m in metrics] == list(range(1, steps + 1)),
+        "short_groups": sorted(
+            g for g, ts in by_group.items() if len({t["trajectory_id"] for t in ts}) != group_size
+        ),
+    }
 
 
-def run_drill(work: pathlib.Path, *, kills: int, steps: int, seed: int = 0, extra: Sequence[str] = SMALL,
-              group_size: int = 4, timeout_s: float = 600.0, log=print) -> dict:
+def run_drill(
+    work: pathlib.Path,
+    *,
+    kills: int,
+    steps: int,
+    seed: int = 0,
+    extra: Sequence[str] = SMALL,
+    group_size: int = 4,
+    timeout_s: float = 600.0,
+    log=print,
+) -> dict:
     """The drill; returns the RESULT dict (see the module docstring)."""
     import numpy as np
 
@@ -158,13 +210,26 @@ def run_drill(work: pathlib.Path, *, kills: int, steps: int, seed: int = 0, extr
     lost = sorted(set(ref["groups"]) - set(got["groups"]))
     extra_groups = sorted(set(got["groups"]) - set(ref["groups"]))
     a, b = trained_arrays(ref_dir), trained_arrays(drill_dir)
-    diff = max(float(np.max(np.abs(np.asarray(a[k], np.float64) - np.asarray(b[k], np.float64)))) for k in a)
-    result = {"kills": done, "kill_kinds": {k.split(":")[-1]: v for k, v in outcomes.items()},
-              "lost_groups": len(lost), "duplicated_groups": len(got["duplicated"]) + len(extra_groups),
-              "torn_records": got["torn"], "steps_ok": got["steps_ok"], "short_groups": len(got["short_groups"]),
-              "weights_match": diff <= 2e-4, "max_weight_diff": diff, "steps": steps}
+    diff = max(
+        float(np.max(np.abs(np.asarray(a[k], np.float64) - np.asarray(b[k], np.float64))))
+        for k in a
+    )
+    result = {
+        "kills": done,
+        "kill_kinds": {k.split(":")[-1]: v for k, v in outcomes.items()},
+        "lost_groups": len(lost),
+        "duplicated_groups": len(got["duplicated"]) + len(extra_groups),
+        "torn_records": got["torn"],
+        "steps_ok": got["steps_ok"],
+        "short_groups": len(got["short_groups"]),
+        "weights_match": diff <= 2e-4,
+        "max_weight_diff": diff,
+        "steps": steps,
+    }
     if lost or extra_groups or got["duplicated"] or not got["steps_ok"]:
-        log(f"lost {lost[:5]} extra {extra_groups[:5]} duplicated {got['duplicated'][:5]} steps {got['steps']}")
+        log(
+            f"lost {lost[:5]} extra {extra_groups[:5]} duplicated {got['duplicated'][:5]} steps {got['steps']}"
+        )
     return result
 
 
@@ -177,7 +242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--work-dir", default=None, help="keep the two run directories here")
     from results.device import choose_platform_args
 
-    argv = choose_platform_args(argv)  # --cpu: JAX on the CPU (children too); else JAX_PLATFORMS or JAX's default
+    argv = choose_platform_args(
+        argv
+    )  # --cpu: JAX on the CPU (children too); else JAX_PLATFORMS or JAX's default
     args = ap.parse_args(argv)
     kills = args.kills if args.kills is not None else (4 if args.quick else 20)
     steps = args.steps if args.steps is not None else (8 if args.quick else 40)
@@ -186,8 +253,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         work = pathlib.Path(args.work_dir or tmp)
         result = run_drill(work, kills=kills, steps=steps, seed=args.seed)
     from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+
     emit_result("drill_crash", result)
-    ok = result["lost_groups"] == result["duplicated_groups"] == result["torn_records"] == 0 and result["steps_ok"]
+    ok = (
+        result["lost_groups"] == result["duplicated_groups"] == result["torn_records"] == 0
+        and result["steps_ok"]
+    )
     return 0 if ok and result["weights_match"] else 1
 
 

@@ -69,8 +69,17 @@ from gymllm.rollout.engine_wrappers import EngineWrapper
 from gymllm.tools import tool
 from gymllm.wrappers import ToolUse
 
-FAULTS = ("env_hang", "env_raises", "tool_hang", "tool_flood", "engine_raises", "learner_raises", "reward_nan",
-          "reward_text", "server_disconnect")
+FAULTS = (
+    "env_hang",
+    "env_raises",
+    "tool_hang",
+    "tool_flood",
+    "engine_raises",
+    "learner_raises",
+    "reward_nan",
+    "reward_text",
+    "server_disconnect",
+)
 HANG_S = 60.0  # how long a hung env step or tool would take: every bound below is shorter
 FLOOD_CHARS = 100 * 2**20  # 100 MB of tool output
 MAX_RESULT_CHARS = 4096
@@ -82,10 +91,21 @@ class FaultyRepeatEnv(TinyRepeatEnv):
     every ``raise_every``-th step (counted over every env of this class: ``steps_taken``) raises, ``bad_rewards`` maps seeds to the reward returned
     instead (NaN, a string: a buggy reward function)."""
 
-    def __init__(self, *, hang_seeds=(), hang_s: float = HANG_S, raise_every: int = 0,
-                 bad_rewards: dict | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        *,
+        hang_seeds=(),
+        hang_s: float = HANG_S,
+        raise_every: int = 0,
+        bad_rewards: dict | None = None,
+        **kwargs: Any,
+    ):
         super().__init__(**kwargs)
-        self.hang_seeds, self.hang_s, self.raise_every = set(hang_seeds), float(hang_s), int(raise_every)
+        self.hang_seeds, self.hang_s, self.raise_every = (
+            set(hang_seeds),
+            float(hang_s),
+            int(raise_every),
+        )
         self.bad_rewards = {int(k): v for k, v in (bad_rewards or {}).items()}
         self.seed_: int | None = None
 
@@ -122,7 +142,9 @@ def flood_tool() -> str:
 
 
 TOOLS = {"hang": hang_tool, "flood": flood_tool}
-TOOL_RESULTS: list[dict[str, Any]] = []  # one record per forced call: ok, error kind, chars returned
+TOOL_RESULTS: list[
+    dict[str, Any]
+] = []  # one record per forced call: ok, error kind, chars returned
 
 
 class ForceToolCall(gym.Wrapper):
@@ -159,9 +181,15 @@ class ForceToolCall(gym.Wrapper):
 
 
 def make_tool_env(*, tool_name: str, timeout_s: float = 1.0, num_letters: int = 2) -> gym.Env:
-    inner = TinyRepeatEnv(num_letters=num_letters)  # timeout_s: the hang's bound; generous for the flood
-    return ForceToolCall(ToolUse(inner, tools=[TOOLS[tool_name]], timeout_s=timeout_s,
-                                 max_result_chars=MAX_RESULT_CHARS), tool_name)
+    inner = TinyRepeatEnv(
+        num_letters=num_letters
+    )  # timeout_s: the hang's bound; generous for the flood
+    return ForceToolCall(
+        ToolUse(
+            inner, tools=[TOOLS[tool_name]], timeout_s=timeout_s, max_result_chars=MAX_RESULT_CHARS
+        ),
+        tool_name,
+    )
 
 
 register("drill/Faulty-v0", FaultyRepeatEnv)
@@ -178,7 +206,9 @@ class FailOnceEngine(EngineWrapper):
     async def generate(self, prompt_ids, params, *, session_id=None):
         self.calls += 1
         if self.calls == self.fail_at:
-            raise EngineError(f"drill: injected engine fault in request {self.calls} ({session_id})")
+            raise EngineError(
+                f"drill: injected engine fault in request {self.calls} ({session_id})"
+            )
         return await super().generate(prompt_ids, params, session_id=session_id)
 
 
@@ -214,29 +244,60 @@ class DrillComponents(LocalComponents):
 
 
 # ---------------------------------------------------------------------------------------------- runs
-def small_config(run_dir: pathlib.Path, *, steps: int, env_id: str = "drill/Faulty-v0",
-                 kwargs: dict | None = None, group_timeout_s: float | None = None, checkpoint_every: int = 0,
-                 stall_timeout_s: float = 2.0) -> TrainConfig:
+def small_config(
+    run_dir: pathlib.Path,
+    *,
+    steps: int,
+    env_id: str = "drill/Faulty-v0",
+    kwargs: dict | None = None,
+    group_timeout_s: float | None = None,
+    checkpoint_every: int = 0,
+    stall_timeout_s: float = 2.0,
+) -> TrainConfig:
     """tests/test_checkpoint.py's small config (compiles once per process for every fault)."""
     return TrainConfig(
-        model=ModelSection(name="tiny-qwen3", vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1),
+        model=ModelSection(
+            name="tiny-qwen3", vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1
+        ),
         env=EnvSection(id=env_id, kwargs={"num_letters": 2, **(kwargs or {})}, num_envs=8),
-        engine=EngineConfig(num_slots=8, max_len=64, min_bucket=64, idle_wait_s=0.002, decode_chunk=8,
-                            prefix_reuse=False),
+        engine=EngineConfig(
+            num_slots=8,
+            max_len=64,
+            min_bucket=64,
+            idle_wait_s=0.002,
+            decode_chunk=8,
+            prefix_reuse=False,
+        ),
         sampling=SamplingParams(max_tokens=4),
-        rollout=RolloutConfig(group_size=4, max_concurrency=8, max_staleness=0, max_model_calls=1,
-                              group_timeout_s=group_timeout_s),
+        rollout=RolloutConfig(
+            group_size=4,
+            max_concurrency=8,
+            max_staleness=0,
+            max_model_calls=1,
+            group_timeout_s=group_timeout_s,
+        ),
         loss=dataclasses.replace(C.async_agentic(), shaping=C.ShapingConfig()),
         optimizer=OptimizerConfig(learning_rate=1e-2),
-        learner=LearnerConfig(groups_per_step=2, micro_batch_size=8, num_steps=steps, max_len=64, min_bucket=64,
-                              fast_compile=True),
-        run=RunSection(run_dir=str(run_dir), console=False, report=False, checkpoint_every=checkpoint_every,
-                       stall_timeout_s=stall_timeout_s),
+        learner=LearnerConfig(
+            groups_per_step=2,
+            micro_batch_size=8,
+            num_steps=steps,
+            max_len=64,
+            min_bucket=64,
+            fast_compile=True,
+        ),
+        run=RunSection(
+            run_dir=str(run_dir),
+            console=False,
+            report=False,
+            checkpoint_every=checkpoint_every,
+            stall_timeout_s=stall_timeout_s,
+        ),
     )
 
 
 def _gid(entry: str) -> str:
-    """"g3/m1/a0: RuntimeError(...)" or "g3: timed out ..." -> "g3"."""
+    """ "g3/m1/a0: RuntimeError(...)" or "g3: timed out ..." -> "g3"."""
     return entry.split(":", 1)[0].split("/", 1)[0]
 
 
@@ -283,33 +344,76 @@ def _timed_train(cfg: TrainConfig, **kw: Any) -> tuple[Any, BaseException | None
             return None, e, time.perf_counter() - t, cap.lines
 
 
-def _outcome(res: Any, err: BaseException | None, took: float, bound: float, *, recorded: bool,
-             lost: list[str], steps: int, expect: str = "finished", **detail: Any) -> dict[str, Any]:
+def _outcome(
+    res: Any,
+    err: BaseException | None,
+    took: float,
+    bound: float,
+    *,
+    recorded: bool,
+    lost: list[str],
+    steps: int,
+    expect: str = "finished",
+    **detail: Any,
+) -> dict[str, Any]:
     outcome = "finished" if err is None else "stopped"
     finished_ok = err is None and res is not None and res.steps == steps
-    ok = (outcome == expect) and took <= bound and recorded and not lost and (finished_ok or expect == "stopped")
+    ok = (
+        (outcome == expect)
+        and took <= bound
+        and recorded
+        and not lost
+        and (finished_ok or expect == "stopped")
+    )
     if err is not None:
         detail["error"] = f"{type(err).__name__}: {err}"[:600]
-    return {"outcome": outcome, "bound_s": bound, "took_s": round(took, 2), "recorded": bool(recorded),
-            "lost_other": len(lost), "ok": bool(ok), "detail": detail}
+    return {
+        "outcome": outcome,
+        "bound_s": bound,
+        "took_s": round(took, 2),
+        "recorded": bool(recorded),
+        "lost_other": len(lost),
+        "ok": bool(ok),
+        "detail": detail,
+    }
 
 
-def _rollout_fault(root: pathlib.Path, name: str, steps: int, bound: float, *, kwargs: dict | None = None,
-                   env_id: str = "drill/Faulty-v0", group_timeout_s: float | None = None,
-                   faulty: set[str] = frozenset(), cause: str = "", components: Any = None) -> dict[str, Any]:
-    cfg = small_config(root / name, steps=steps, env_id=env_id, kwargs=kwargs, group_timeout_s=group_timeout_s)
+def _rollout_fault(
+    root: pathlib.Path,
+    name: str,
+    steps: int,
+    bound: float,
+    *,
+    kwargs: dict | None = None,
+    env_id: str = "drill/Faulty-v0",
+    group_timeout_s: float | None = None,
+    faulty: set[str] = frozenset(),
+    cause: str = "",
+    components: Any = None,
+) -> dict[str, Any]:
+    cfg = small_config(
+        root / name, steps=steps, env_id=env_id, kwargs=kwargs, group_timeout_s=group_timeout_s
+    )
     res, err, took, lines = _timed_train(cfg, components=components)
     errors = list(res.counts.get("rollout_errors", [])) if res is not None else []
     failed = {_gid(e) for e in errors}
     trained = trained_groups(res.trained_ids) if res is not None else []
     recorded = bool(errors) and all(cause in e for e in errors) and (not faulty or faulty <= failed)
     finite = res is not None and all(math.isfinite(h["reward_mean"]) for h in res.history)
-    out = _outcome(res, err, took, bound, recorded=recorded and (res is None or finite),
-                   lost=lost_groups(trained, set() if faulty else failed, faulty), steps=steps,
-                   groups_failed=res.counts.get("groups_failed", 0) if res is not None else None,
-                   group_timeouts=res.counts.get("group_timeouts", 0) if res is not None else None,
-                   errors=errors[:3], trained_twice=len(trained) - len(set(trained)),
-                   watchdog=[ln for ln in lines if ln.startswith("gymllm.watchdog")][:2])
+    out = _outcome(
+        res,
+        err,
+        took,
+        bound,
+        recorded=recorded and (res is None or finite),
+        lost=lost_groups(trained, set() if faulty else failed, faulty),
+        steps=steps,
+        groups_failed=res.counts.get("groups_failed", 0) if res is not None else None,
+        group_timeouts=res.counts.get("group_timeouts", 0) if res is not None else None,
+        errors=errors[:3],
+        trained_twice=len(trained) - len(set(trained)),
+        watchdog=[ln for ln in lines if ln.startswith("gymllm.watchdog")][:2],
+    )
     out["ok"] = out["ok"] and len(trained) == len(set(trained))
     return out
 
@@ -318,11 +422,25 @@ def drill_env_hang(root: pathlib.Path, steps: int) -> dict[str, Any]:
     from gymllm.telemetry import get_tracer
 
     cursor = get_tracer().cursor()
-    out = _rollout_fault(root, "env_hang", steps, bound=HANG_S * 0.75, kwargs={"hang_seeds": [1]},
-                         group_timeout_s=10.0, faulty={"g1"}, cause="timed out")
-    traced = {e["args"]["stage"] for e in get_tracer().events_since(cursor)
-              if e["ph"] == "X" and e["name"] == "stall" and e["track"] == "watchdog"}
-    named = any("no progress in rollout" in ln for ln in out["detail"]["watchdog"]) and "rollout" in traced
+    out = _rollout_fault(
+        root,
+        "env_hang",
+        steps,
+        bound=HANG_S * 0.75,
+        kwargs={"hang_seeds": [1]},
+        group_timeout_s=10.0,
+        faulty={"g1"},
+        cause="timed out",
+    )
+    traced = {
+        e["args"]["stage"]
+        for e in get_tracer().events_since(cursor)
+        if e["ph"] == "X" and e["name"] == "stall" and e["track"] == "watchdog"
+    }
+    named = (
+        any("no progress in rollout" in ln for ln in out["detail"]["watchdog"])
+        and "rollout" in traced
+    )
     out["detail"]["watchdog_named_rollout"] = named
     out["detail"]["stalls_in_trace"] = sorted(traced)
     out["ok"] = out["ok"] and named
@@ -331,40 +449,88 @@ def drill_env_hang(root: pathlib.Path, steps: int) -> dict[str, Any]:
 
 def drill_env_raises(root: pathlib.Path, steps: int) -> dict[str, Any]:
     FaultyRepeatEnv.steps_taken = 0
-    return _rollout_fault(root, "env_raises", steps, bound=60.0, kwargs={"raise_every": 7},
-                          cause="injected env fault")
+    return _rollout_fault(
+        root, "env_raises", steps, bound=60.0, kwargs={"raise_every": 7}, cause="injected env fault"
+    )
 
 
-def _tool_fault(root: pathlib.Path, name: str, steps: int, tool_name: str, bound: float,
-                check: Callable[[dict], bool], timeout_s: float) -> dict[str, Any]:
+def _tool_fault(
+    root: pathlib.Path,
+    name: str,
+    steps: int,
+    tool_name: str,
+    bound: float,
+    check: Callable[[dict], bool],
+    timeout_s: float,
+) -> dict[str, Any]:
     TOOL_RESULTS.clear()
-    cfg = small_config(root / name, steps=steps, env_id="drill/ToolFault-v0",
-                       kwargs={"tool_name": tool_name, "timeout_s": timeout_s})
+    cfg = small_config(
+        root / name,
+        steps=steps,
+        env_id="drill/ToolFault-v0",
+        kwargs={"tool_name": tool_name, "timeout_s": timeout_s},
+    )
     res, err, took, _ = _timed_train(cfg)
     trained = trained_groups(res.trained_ids) if res is not None else []
     recorded = bool(TOOL_RESULTS) and all(check(r) for r in TOOL_RESULTS)
-    return _outcome(res, err, took, bound, recorded=recorded, lost=lost_groups(trained, set()), steps=steps,
-                    tool_calls=len(TOOL_RESULTS), first_result=TOOL_RESULTS[0] if TOOL_RESULTS else None)
+    return _outcome(
+        res,
+        err,
+        took,
+        bound,
+        recorded=recorded,
+        lost=lost_groups(trained, set()),
+        steps=steps,
+        tool_calls=len(TOOL_RESULTS),
+        first_result=TOOL_RESULTS[0] if TOOL_RESULTS else None,
+    )
 
 
 def drill_tool_hang(root: pathlib.Path, steps: int) -> dict[str, Any]:
-    return _tool_fault(root, "tool_hang", steps, "hang", HANG_S * 0.75,
-                       lambda r: not r["ok"] and r["error"] == "timeout", timeout_s=1.0)
+    return _tool_fault(
+        root,
+        "tool_hang",
+        steps,
+        "hang",
+        HANG_S * 0.75,
+        lambda r: not r["ok"] and r["error"] == "timeout",
+        timeout_s=1.0,
+    )
 
 
 def drill_tool_flood(root: pathlib.Path, steps: int) -> dict[str, Any]:
-    return _tool_fault(root, "tool_flood", steps, "flood", 90.0,
-                       lambda r: r["ok"] and r["chars"] <= MAX_RESULT_CHARS + 100, timeout_s=30.0)
+    return _tool_fault(
+        root,
+        "tool_flood",
+        steps,
+        "flood",
+        90.0,
+        lambda r: r["ok"] and r["chars"] <= MAX_RESULT_CHARS + 100,
+        timeout_s=30.0,
+    )
 
 
 def drill_engine_raises(root: pathlib.Path, steps: int) -> dict[str, Any]:
-    return _rollout_fault(root, "engine_raises", steps, bound=60.0, cause="injected engine fault",
-                          components=DrillComponents(engine_fail_at=3))
+    return _rollout_fault(
+        root,
+        "engine_raises",
+        steps,
+        bound=60.0,
+        cause="injected engine fault",
+        components=DrillComponents(engine_fail_at=3),
+    )
 
 
 def drill_reward(root: pathlib.Path, steps: int, value: Any, name: str) -> dict[str, Any]:
-    return _rollout_fault(root, name, steps, bound=60.0, kwargs={"bad_rewards": {1: value}}, faulty={"g1"},
-                          cause="RewardError")
+    return _rollout_fault(
+        root,
+        name,
+        steps,
+        bound=60.0,
+        kwargs={"bad_rewards": {1: value}},
+        faulty={"g1"},
+        cause="RewardError",
+    )
 
 
 def drill_learner_raises(root: pathlib.Path, steps: int) -> dict[str, Any]:
@@ -378,18 +544,39 @@ def drill_learner_raises(root: pathlib.Path, steps: int) -> dict[str, Any]:
     ck = Checkpointer(pathlib.Path(cfg.run.run_dir) / "checkpoints")
     kept = ck.latest_step()
     ck.close()
-    named = isinstance(err, LearnerStepError) and err.step == 3 and "injected learner fault in step 3" in str(err)
+    named = (
+        isinstance(err, LearnerStepError)
+        and err.step == 3
+        and "injected learner fault in step 3" in str(err)
+    )
     rest, rerr, _, _ = _timed_train(cfg)  # resume without the fault
     rows, torn = read_jsonl(pathlib.Path(cfg.run.run_dir) / "trajectories.jsonl")
     by_step: dict[int, set[str]] = {}
     for r in rows:
         by_step.setdefault(int(r["step"]), set()).add(r["group_id"])
     trained = [g for s in sorted(by_step) for g in sorted(by_step[s])]
-    resumed_ok = (rerr is None and rest is not None and rest.resumed_from == 2 and rest.steps == steps
-                  and sorted(by_step) == list(range(1, steps + 1)) and not torn and len(trained) == len(set(trained)))
-    out = _outcome(res, err, took, 60.0, recorded=named and kept == 2, lost=lost_groups(trained, set()), steps=steps,
-                   expect="stopped", checkpoint_kept=kept, resumed_ok=resumed_ok,
-                   resume_error=repr(rerr)[:300] if rerr else None)
+    resumed_ok = (
+        rerr is None
+        and rest is not None
+        and rest.resumed_from == 2
+        and rest.steps == steps
+        and sorted(by_step) == list(range(1, steps + 1))
+        and not torn
+        and len(trained) == len(set(trained))
+    )
+    out = _outcome(
+        res,
+        err,
+        took,
+        60.0,
+        recorded=named and kept == 2,
+        lost=lost_groups(trained, set()),
+        steps=steps,
+        expect="stopped",
+        checkpoint_kept=kept,
+        resumed_ok=resumed_ok,
+        resume_error=repr(rerr)[:300] if rerr else None,
+    )
     out["ok"] = out["ok"] and resumed_ok
     return out
 
@@ -402,7 +589,9 @@ def drill_server_disconnect(root: pathlib.Path, steps: int) -> dict[str, Any]:
     from gymllm.train.components import load_model
     from gymllm.inference import JaxEngine, SamplingParams, ServerThread, build_app
 
-    cfg = small_config(root / "server", steps=steps)  # the drilled runs' model and engine: compiled shapes shared
+    cfg = small_config(
+        root / "server", steps=steps
+    )  # the drilled runs' model and engine: compiled shapes shared
     lm = load_model(cfg.model)
     engine = JaxEngine.from_loaded(lm, config=cfg.engine, stop_token_ids=())
     closed, hold_after_first = threading.Event(), threading.Event()
@@ -428,14 +617,25 @@ def drill_server_disconnect(root: pathlib.Path, steps: int) -> dict[str, Any]:
                 if hold is not None:
                     hold.__exit__(None, None, None)
 
-    body = {"model": "tiny-qwen3", "prompt": [5, 6, 7, 8], "max_tokens": 40, "temperature": 0.0, "stream": True}
+    body = {
+        "model": "tiny-qwen3",
+        "prompt": [5, 6, 7, 8],
+        "max_tokens": 40,
+        "temperature": 0.0,
+        "stream": True,
+    }
     served = cancelled = False
     detail: dict[str, Any] = {}
     t = time.perf_counter()
     try:
-        with ServerThread(build_app(Watched(), lm.tokenizer, "tiny-qwen3")) as server, \
-                httpx.Client(base_url=server.url, timeout=600) as http:
-            for warm in (body, {**body, "stream": False, "max_tokens": 6}):  # compiles: not part of the bound
+        with (
+            ServerThread(build_app(Watched(), lm.tokenizer, "tiny-qwen3")) as server,
+            httpx.Client(base_url=server.url, timeout=600) as http,
+        ):
+            for warm in (
+                body,
+                {**body, "stream": False, "max_tokens": 6},
+            ):  # compiles: not part of the bound
                 with http.stream("POST", "/v1/completions", json=warm) as resp:
                     resp.read()
             closed.clear()
@@ -445,23 +645,40 @@ def drill_server_disconnect(root: pathlib.Path, steps: int) -> dict[str, Any]:
             before = engine.stats["generated_tokens"]
             with http.stream("POST", "/v1/completions", json=body) as resp:
                 first = next(line for line in resp.iter_lines() if line.startswith("data: "))
-                with engine.paused():  # no decode step runs until the server has seen the disconnect
+                with (
+                    engine.paused()
+                ):  # no decode step runs until the server has seen the disconnect
                     resp.close()
                     cancelled = closed.wait(20.0)
             hold_after_first.clear()
             nxt = http.post("/v1/completions", json={**body, "stream": False, "max_tokens": 6})
             got = nxt.json()["choices"][0]["text"] if nxt.status_code == 200 else None
-            ref = asyncio.run(engine.generate([5, 6, 7, 8], SamplingParams(temperature=0.0, max_tokens=6)))
-            served = nxt.status_code == 200 and got == lm.tokenizer.decode([int(i) for i in ref.token_ids])
+            ref = asyncio.run(
+                engine.generate([5, 6, 7, 8], SamplingParams(temperature=0.0, max_tokens=6))
+            )
+            served = nxt.status_code == 200 and got == lm.tokenizer.decode(
+                [int(i) for i in ref.token_ids]
+            )
             used = engine.stats["generated_tokens"] - before - 12  # minus the two 6-token requests
-            detail = {"first_event": first[:80], "disconnected_request_tokens": used, "next_status": nxt.status_code}
+            detail = {
+                "first_event": first[:80],
+                "disconnected_request_tokens": used,
+                "next_status": nxt.status_code,
+            }
             cancelled = cancelled and used < 40
     finally:
         engine.shutdown()
     took = time.perf_counter() - t
     ok = served and cancelled and took <= 30.0
-    return {"outcome": "finished", "bound_s": 30.0, "took_s": round(took, 2), "recorded": bool(cancelled),
-            "lost_other": 0 if served else 1, "ok": bool(ok), "detail": detail}
+    return {
+        "outcome": "finished",
+        "bound_s": 30.0,
+        "took_s": round(took, 2),
+        "recorded": bool(cancelled),
+        "lost_other": 0 if served else 1,
+        "ok": bool(ok),
+        "detail": detail,
+    }
 
 
 def warm_up(root: pathlib.Path) -> float:
@@ -497,13 +714,17 @@ def main() -> None:
         out["warm_up_s"] = round(warm_up(pathlib.Path(tmp)), 1)
         for name in args.faults:
             out[name] = r = run_fault(name, pathlib.Path(tmp), steps)
-            print(f"{name:18s} {r['outcome']:8s} took {r['took_s']:6.1f} s (bound {r['bound_s']:g} s) "
-                  f"recorded={r['recorded']} lost_other={r['lost_other']} ok={r['ok']}", flush=True)
+            print(
+                f"{name:18s} {r['outcome']:8s} took {r['took_s']:6.1f} s (bound {r['bound_s']:g} s) "
+                f"recorded={r['recorded']} lost_other={r['lost_other']} ok={r['ok']}",
+                flush=True,
+            )
     out["faults_ok"] = sum(1 for n in args.faults if out[n]["ok"])
     out["faults_total"] = len(args.faults)
     out["steps_per_run"] = steps
     out["machine"] = platform.machine()
     from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+
     emit_result("drill_faults", out)
 
 

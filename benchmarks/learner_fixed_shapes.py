@@ -45,7 +45,9 @@ from learner_profile import model, optimizer, quickstart_groups, quickstart_lear
 WEIGHT_PROGRAMS = ("jit(grad)", "jit(apply)", "jit(ref_logp)")
 VARIANTS = {
     "today": dict(num_steps=12),
-    "fixed_shared": dict(num_steps=13, max_len=160, fixed_shapes=True, prefix_len=96, prefix_slots=1),
+    "fixed_shared": dict(
+        num_steps=13, max_len=160, fixed_shapes=True, prefix_len=96, prefix_slots=1
+    ),
     "fixed_flat": dict(num_steps=14, max_len=160, fixed_shapes=True, shared_prefix=False),
 }
 
@@ -70,10 +72,16 @@ def positions(ln: StreamingLearner) -> int:
     """Positions the model runs for one 6-row micro-batch of the workload (the layout the learner picks)."""
     c = ln.config
     if c.fixed_shapes:
-        return ln.prefix_slots * ln.prefix_len + c.micro_batch_size * (c.max_len - ln.prefix_len) if c.shared_prefix \
+        return (
+            ln.prefix_slots * ln.prefix_len + c.micro_batch_size * (c.max_len - ln.prefix_len)
+            if c.shared_prefix
             else c.micro_batch_size * c.max_len
+        )
     g = quickstart_groups(seed=0)[0]
-    rows = [row_from_trajectory(t, advantage=0.0, group_tokens=1.0, sample_id="") for t in g.trajectories]
+    rows = [
+        row_from_trajectory(t, advantage=0.0, group_tokens=1.0, sample_id="")
+        for t in g.trajectories
+    ]
     sp = shared_prefix_layout(rows, c.micro_batch_size, 160, ln.prefix_table)
     return sp["sp_prefix_tokens"].size + sp["sp_suffix_tokens"].size  # today's first-use layout
 
@@ -81,9 +89,15 @@ def positions(ln: StreamingLearner) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="4 layers, 3 steps")
-    ap.add_argument("--layers", type=int, default=None, help="SmolLM2-135M layers (30: the whole model)")
+    ap.add_argument(
+        "--layers", type=int, default=None, help="SmolLM2-135M layers (30: the whole model)"
+    )
     ap.add_argument("--steps", type=int, default=None)
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="which learners (comma list; fewer: less memory)")
+    ap.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help="which learners (comma list; fewer: less memory)",
+    )
     args = ap.parse_args()
     layers, steps = args.layers or (4 if args.quick else 30), args.steps or (3 if args.quick else 4)
     cfg, params = model("smollm2", layers)
@@ -92,19 +106,31 @@ def main() -> None:
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
     for name in names:
         kw = VARIANTS[name]
-        ln = StreamingLearner(cfg, params, loss=C.async_agentic(), optimizer=optimizer(),
-                              config=quickstart_learner_config(**kw))
+        ln = StreamingLearner(
+            cfg,
+            params,
+            loss=C.async_agentic(),
+            optimizer=optimizer(),
+            config=quickstart_learner_config(**kw),
+        )
         counter.take()
         t = time.perf_counter()
         ln.warmup(group_size=6)
         warm = counter.take()
         learners[name] = ln
-        out[name] = {"warmup_s": time.perf_counter() - t, "warmup_programs": [n for n in warm if n in WEIGHT_PROGRAMS],
-                     "step_s": [], "step_programs": [], "positions": positions(ln),
-                     "program_shapes": ([n for n, _ in ln.program_shapes()] if ln.config.fixed_shapes else None)}
+        out[name] = {
+            "warmup_s": time.perf_counter() - t,
+            "warmup_programs": [n for n in warm if n in WEIGHT_PROGRAMS],
+            "step_s": [],
+            "step_programs": [],
+            "positions": positions(ln),
+            "program_shapes": (
+                [n for n, _ in ln.program_shapes()] if ln.config.fixed_shapes else None
+            ),
+        }
     for s in range(steps):
         groups = quickstart_groups(seed=s, version=s)
-        for name in names[s % len(names):] + names[:s % len(names)]:
+        for name in names[s % len(names) :] + names[: s % len(names)]:
             counter.take()
             t = time.perf_counter()
             learners[name].submit(groups)
@@ -112,12 +138,25 @@ def main() -> None:
             out[name]["step_programs"].append([n for n in counter.take() if n in WEIGHT_PROGRAMS])
     ref = learners[names[0]].trainable
     for name, r in out.items():
-        r["first_step_s"], r["steady_step_s"] = r["step_s"][0], statistics.median(r["step_s"][1:] or r["step_s"])
+        r["first_step_s"], r["steady_step_s"] = (
+            r["step_s"][0],
+            statistics.median(r["step_s"][1:] or r["step_s"]),
+        )
         r["programs"] = len(r["warmup_programs"]) + sum(len(p) for p in r["step_programs"])
-        r[f"max_weight_diff_vs_{names[0]}"] = max(float(jnp.max(jnp.abs(learners[name].trainable[k] - ref[k]))) for k in ref)
-        r["counts"] = {k: v for k, v in learners[name].counts.items() if "micro_batches" in k or "passes" in k}
-    result = {"layers": layers, "steps": steps, "compute_dtype": learners[names[0]].config.compute_dtype,
-              "load_avg_1m": os.getloadavg()[0], "cpus": os.cpu_count(), **out}
+        r[f"max_weight_diff_vs_{names[0]}"] = max(
+            float(jnp.max(jnp.abs(learners[name].trainable[k] - ref[k]))) for k in ref
+        )
+        r["counts"] = {
+            k: v for k, v in learners[name].counts.items() if "micro_batches" in k or "passes" in k
+        }
+    result = {
+        "layers": layers,
+        "steps": steps,
+        "compute_dtype": learners[names[0]].config.compute_dtype,
+        "load_avg_1m": os.getloadavg()[0],
+        "cpus": os.cpu_count(),
+        **out,
+    }
     from results import emit_result
 
     emit_result("learner_fixed_shapes", result)

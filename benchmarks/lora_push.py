@@ -42,8 +42,15 @@ from gymllm.inference import JaxEngine  # noqa: E402
 from gymllm.inference.config import EngineConfig  # noqa: E402
 from gymllm.models import make_tiny  # noqa: E402
 
-SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
-               num_kv_heads=3, head_dim=64)
+SMOLLM2 = dict(
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_layers=30,
+    num_heads=9,
+    num_kv_heads=3,
+    head_dim=64,
+)
 
 
 class ReadyEngine(JaxEngine):
@@ -70,7 +77,9 @@ def to_wire(flat: dict) -> int:
 
 
 def trained(adapters: dict, rng: np.random.Generator) -> dict:
-    return {k: (v + 0.01 * rng.standard_normal(v.shape).astype(np.float32)) for k, v in adapters.items()}
+    return {
+        k: (v + 0.01 * rng.standard_normal(v.shape).astype(np.float32)) for k, v in adapters.items()
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -87,7 +96,9 @@ def main(argv: list[str] | None = None) -> dict:
     base = lm.model.flat_params()
     frozen = shard_params(mesh, base)
     adapters = shard_params(mesh, trained(init_adapters(lora, base), np.random.default_rng(0)))
-    engine = ReadyEngine(lm.model, None, config=EngineConfig(num_slots=2, max_len=32, min_bucket=32))
+    engine = ReadyEngine(
+        lm.model, None, config=EngineConfig(num_slots=2, max_len=32, min_bucket=32)
+    )
     version = iter(range(1, 10_000))
     try:
         full = WeightPusher(engine, lm.config, gather=True)
@@ -101,16 +112,23 @@ def main(argv: list[str] | None = None) -> dict:
     host_merged = best(lambda: to_wire(merged_flat), reps)
     host_adapters = best(lambda: to_wire(adapters), reps)
     result = {
-        "adapter_bytes": nbytes(adapters), "merged_bytes": nbytes(merged_flat),
-        "push_s_adapters": round(adapters_s, 5), "push_s_merged": round(merged_s, 5),
+        "adapter_bytes": nbytes(adapters),
+        "merged_bytes": nbytes(merged_flat),
+        "push_s_adapters": round(adapters_s, 5),
+        "push_s_merged": round(merged_s, 5),
         "merged_over_adapters_s": round(merged_s / adapters_s, 2),
         "push_s_trainer_adapters": round(trainer_s, 5),
-        "host_copy_s_adapters": round(host_adapters, 5), "host_copy_s_merged": round(host_merged, 5),
+        "host_copy_s_adapters": round(host_adapters, 5),
+        "host_copy_s_merged": round(host_merged, 5),
         "model": "smollm2-135m shape (random)" + (", 8 layers, 8k vocab" if args.quick else ""),
-        "params": int(sum(np.prod(v.shape) for v in base.values())), "rank": lora.rank,
-        "targets": list(lora.targets), "reps": reps, "quick": args.quick,
+        "params": int(sum(np.prod(v.shape) for v in base.values())),
+        "rank": lora.rank,
+        "targets": list(lora.targets),
+        "reps": reps,
+        "quick": args.quick,
     }
     from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+
     emit_result("lora_push", result)
     return result
 

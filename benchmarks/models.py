@@ -131,11 +131,17 @@ def learner_grad_seconds(cfg, params, toks, pos, reps: int, compute_dtype=None) 
     loss_fn = build_loss_fn(cfg, async_agentic(), lcfg, None)
     b, t = 8, toks.shape[1]
     rng = np.random.default_rng(1)
-    arrays = {"tokens": toks[:b], "positions": pos[:b], "targets": jnp.roll(toks[:b], -1, axis=1),
-              "mask": jnp.asarray(np.r_[np.zeros(t // 4), np.ones(t - t // 4)][None].repeat(b, 0), jnp.float32),
-              "mu": jnp.asarray(-rng.random((b, t)) * 3, jnp.float32),
-              "advantages": jnp.asarray(rng.normal(size=b), jnp.float32),
-              "group_tokens": jnp.full((b,), float(t), jnp.float32)}
+    arrays = {
+        "tokens": toks[:b],
+        "positions": pos[:b],
+        "targets": jnp.roll(toks[:b], -1, axis=1),
+        "mask": jnp.asarray(
+            np.r_[np.zeros(t // 4), np.ones(t - t // 4)][None].repeat(b, 0), jnp.float32
+        ),
+        "mu": jnp.asarray(-rng.random((b, t)) * 3, jnp.float32),
+        "advantages": jnp.asarray(rng.normal(size=b), jnp.float32),
+        "group_tokens": jnp.full((b,), float(t), jnp.float32),
+    }
     grad = jax.jit(jax.value_and_grad(lambda p: loss_fn(p, None, arrays, None), has_aux=True))
     return _timed(lambda: grad(params), max(1, reps // 2))
 
@@ -176,9 +182,12 @@ def bench_dtype(name: str, dtype, args) -> dict:
     if name in COMPUTE:
         grad_s = learner_grad_seconds(cfg, params, toks, pos, args.reps, COMPUTE[name])
         rate = args.rates[COMPUTE_RATE[name]]
-        out = {"fwd_bwd_s": fwd_bwd_seconds(cfg, params, toks, pos, args.reps, COMPUTE[name]),
-               "learner_grad_s": grad_s, "fwd_bwd_gflops": grad_flops / grad_s / 1e9,
-               "fwd_bwd_vs_roofline": grad_flops / grad_s / 1e9 / rate}
+        out = {
+            "fwd_bwd_s": fwd_bwd_seconds(cfg, params, toks, pos, args.reps, COMPUTE[name]),
+            "learner_grad_s": grad_s,
+            "fwd_bwd_gflops": grad_flops / grad_s / 1e9,
+            "fwd_bwd_vs_roofline": grad_flops / grad_s / 1e9 / rate,
+        }
         print(name, json.dumps({k: round(v, 3) for k, v in out.items()}), flush=True)
         return out
     max_len = t + 2 * args.decode_steps + 1
@@ -196,7 +205,9 @@ def bench_dtype(name: str, dtype, args) -> dict:
     # greedy decode at batch 16 on the engine's one-token path (gymllm.models.decode), cache donated
     def step_fn(p, tok, positions, cache):  # tok/positions [B]
         logits, k_new, v_new = decode_forward(cfg, p, tok, positions, cache)
-        return jnp.argmax(logits, -1).astype(jnp.int32), write_new_kv(cache, k_new, v_new, positions)
+        return jnp.argmax(logits, -1).astype(jnp.int32), write_new_kv(
+            cache, k_new, v_new, positions
+        )
 
     step = jax.jit(step_fn, donate_argnums=(3,))
     _, cache = forward(cfg, params, toks, pos, None, lm.model.init_cache(b, max_len))
@@ -208,7 +219,9 @@ def bench_dtype(name: str, dtype, args) -> dict:
         tok, cache = step(params, tok, jnp.full((b,), t + i, jnp.int32), cache)
     jax.block_until_ready(tok)
     decode_tok_s = b * (args.decode_steps - 1) / (time.perf_counter() - start)
-    step_s, _, tok, cache = decode_step_seconds(step, params, tok, t + args.decode_steps, cache, args.decode_steps)
+    step_s, _, tok, cache = decode_step_seconds(
+        step, params, tok, t + args.decode_steps, cache, args.decode_steps
+    )
 
     fwd_bwd_s = fwd_bwd_seconds(cfg, params, toks, pos, args.reps)
     grad_s = learner_grad_seconds(cfg, params, toks, pos, args.reps)
@@ -216,10 +229,13 @@ def bench_dtype(name: str, dtype, args) -> dict:
     stream_s = stream_seconds(weight_bytes(params), args.reps)
     flops_s = decode_flops(cfg, b, max_len) / (roof * 1e9)
     out = {
-        "decode_step_ms_b16": 1000 * step_s, "stream_ms": 1000 * stream_s, "flops_ms": 1000 * flops_s,
+        "decode_step_ms_b16": 1000 * step_s,
+        "stream_ms": 1000 * stream_s,
+        "flops_ms": 1000 * flops_s,
         "weight_mb": weight_bytes(params) / 1e6,
         "decode_vs_bandwidth": step_s / max(stream_s, flops_s),
-        "learner_grad_s": grad_s, "fwd_bwd_gflops": grad_flops / grad_s / 1e9,
+        "learner_grad_s": grad_s,
+        "fwd_bwd_gflops": grad_flops / grad_s / 1e9,
         "fwd_bwd_vs_roofline": grad_flops / grad_s / 1e9 / roof,
         "prefill_tok_s": b * t / prefill_s,
         "decode_tok_s_b16": decode_tok_s,
@@ -233,8 +249,12 @@ def bench_dtype(name: str, dtype, args) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="fewer repetitions and decode steps (~2 min)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--quick", action="store_true", help="fewer repetitions and decode steps (~2 min)"
+    )
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--dtypes", default="fp32,bf16,mixed")
     args = ap.parse_args()
@@ -245,8 +265,10 @@ def main() -> None:
     cpu = describe_cpu()
     print("cpu", cpu, flush=True)
     # the same-dtype matmul rates (GFLOP/s), measured once in this run
-    args.rates = {r: matmul_gflops(args.matmul_n, DTYPES[r], args.reps)
-                  for r in sorted({COMPUTE_RATE.get(n, n) for n in names})}
+    args.rates = {
+        r: matmul_gflops(args.matmul_n, DTYPES[r], args.reps)
+        for r in sorted({COMPUTE_RATE.get(n, n) for n in names})
+    }
     print("matmul_gflops", json.dumps({k: round(v, 1) for k, v in args.rates.items()}), flush=True)
     per = {name: bench_dtype(name, DTYPES[name], args) for name in names}
     full = [v for v in per.values() if "prefill_tok_s" in v]
@@ -256,7 +278,8 @@ def main() -> None:
         "fwd_bwd_s": min(v["fwd_bwd_s"] for v in per.values()),
         # the machine's roofline is its fastest matmul, whatever the dtype (bf16 GEMMs are slow on
         # CPUs without native bf16, which would flatter a bf16 forward measured against them)
-        "forward_vs_roofline": max(v["forward_gflops"] for v in full) / max(v["matmul_gflops"] for v in full),
+        "forward_vs_roofline": max(v["forward_gflops"] for v in full)
+        / max(v["matmul_gflops"] for v in full),
     }
     # the limits' ratios on the bf16 path (the engine's bf16 weights; the learner computing in bf16:
     # bf16 weights or float32 master weights, the better of the two)
@@ -271,11 +294,19 @@ def main() -> None:
         "fwd_bwd_s": ISSUE_BAR["fwd_bwd_s"] / best["fwd_bwd_s"],
     }
     rnd = lambda d: {k: round(v, 4) for k, v in d.items()}  # noqa: E731
-    result = {**rnd(best), **{name: rnd(v) for name, v in per.items()}, "vs_issue": rnd(vs_issue),
-              "issue_bar": ISSUE_BAR, "model": args.model, "quick": args.quick, "cpu": cpu,
-              "goals": {"decode_vs_bandwidth": "<= 1.5", "fwd_bwd_vs_roofline": ">= 0.5"},
-              "load_avg": open("/proc/loadavg").read().split()[:3]}
+    result = {
+        **rnd(best),
+        **{name: rnd(v) for name, v in per.items()},
+        "vs_issue": rnd(vs_issue),
+        "issue_bar": ISSUE_BAR,
+        "model": args.model,
+        "quick": args.quick,
+        "cpu": cpu,
+        "goals": {"decode_vs_bandwidth": "<= 1.5", "fwd_bwd_vs_roofline": ">= 0.5"},
+        "load_avg": open("/proc/loadavg").read().split()[:3],
+    }
     from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+
     emit_result("models", result)
 
 

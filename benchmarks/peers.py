@@ -62,8 +62,12 @@ HERE = pathlib.Path(__file__).resolve().parent / "peers"
 CACHE = pathlib.Path(os.environ.get("GYMLLM_PEERS_CACHE", "~/.cache/gymllm/peers")).expanduser()
 PEERS = ("tunix", "trl")
 SIDES_OF = {"tunix": ("tunix_batch", "tunix_agentic"), "trl": ("trl",)}
-RUNNER_OF = {"gymllm": ("run_gymllm.py", "streaming"), "tunix_batch": ("run_tunix.py", "batch"),
-             "tunix_agentic": ("run_tunix.py", "agentic"), "trl": ("run_trl.py", "grpo")}
+RUNNER_OF = {
+    "gymllm": ("run_gymllm.py", "streaming"),
+    "tunix_batch": ("run_tunix.py", "batch"),
+    "tunix_agentic": ("run_tunix.py", "agentic"),
+    "trl": ("run_trl.py", "grpo"),
+}
 RATIO_KEY = {"tunix_batch": "vs_tunix_batch", "tunix_agentic": "vs_tunix_agentic", "trl": "vs_trl"}
 
 
@@ -83,14 +87,34 @@ class Size:
 
 
 SIZES = {
-    "tiny": Size(num_layers=2, hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=2, head_dim=16,
-                 num_prompts=4, group_size=4, max_new_tokens=32),
-    "medium": Size(num_layers=4, hidden_size=128, intermediate_size=256, num_heads=8, num_kv_heads=4, head_dim=16,
-                   num_prompts=8, group_size=8, max_new_tokens=64),
+    "tiny": Size(
+        num_layers=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        num_prompts=4,
+        group_size=4,
+        max_new_tokens=32,
+    ),
+    "medium": Size(
+        num_layers=4,
+        hidden_size=128,
+        intermediate_size=256,
+        num_heads=8,
+        num_kv_heads=4,
+        head_dim=16,
+        num_prompts=8,
+        group_size=8,
+        max_new_tokens=64,
+    ),
 }
 VOCAB_SIZE, MAX_PROMPT_TOKENS, WARMUP_STEPS = 512, 64, 2
 TASK_KWARGS = {"num_letters": 4}
-SYSTEM_PROMPT = "You are a helpful assistant."  # the one gymllm's ChatML template adds when none is given
+SYSTEM_PROMPT = (
+    "You are a helpful assistant."  # the one gymllm's ChatML template adds when none is given
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -106,28 +130,43 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         if self.rounds < 1 or self.steps <= WARMUP_STEPS:
-            raise ValueError(f"BenchConfig: expected rounds >= 1 and steps > {WARMUP_STEPS}, received rounds="
-                             f"{self.rounds}, steps={self.steps}; fix: e.g. --rounds 3 --steps 8")
+            raise ValueError(
+                f"BenchConfig: expected rounds >= 1 and steps > {WARMUP_STEPS}, received rounds="
+                f"{self.rounds}, steps={self.steps}; fix: e.g. --rounds 3 --steps 8"
+            )
         bad = [p for p in self.peers if p not in PEERS]
         if bad or not self.peers:
-            raise ValueError(f"BenchConfig.peers: expected a non-empty subset of {PEERS}, received {self.peers}; "
-                             "fix: e.g. --peers tunix,trl")
+            raise ValueError(
+                f"BenchConfig.peers: expected a non-empty subset of {PEERS}, received {self.peers}; "
+                "fix: e.g. --peers tunix,trl"
+            )
         bad = [s for s in self.sizes if s not in SIZES]
         if bad or not self.sizes:
-            raise ValueError(f"BenchConfig.sizes: expected a subset of {tuple(SIZES)}, received {self.sizes}")
+            raise ValueError(
+                f"BenchConfig.sizes: expected a subset of {tuple(SIZES)}, received {self.sizes}"
+            )
 
 
 def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="1 round, 5 steps per side (about ten minutes here)")
-    ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 3; --quick: 1)")
-    ap.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default 8; --quick: 5)")
+    ap.add_argument(
+        "--quick", action="store_true", help="1 round, 5 steps per side (about ten minutes here)"
+    )
+    ap.add_argument(
+        "--rounds", type=int, default=None, help="interleaved rounds (default 3; --quick: 1)"
+    )
+    ap.add_argument(
+        "--steps", type=int, default=None, help="optimizer steps per run (default 8; --quick: 5)"
+    )
     ap.add_argument("--peers", default=",".join(PEERS), help="comma-separated subset of tunix,trl")
     ap.add_argument("--sizes", default="tiny,medium", help="comma-separated subset of tiny,medium")
     args = ap.parse_args(argv)
-    return BenchConfig(rounds=args.rounds or (1 if args.quick else 3), steps=args.steps or (5 if args.quick else 8),
-                       peers=tuple(p.strip() for p in args.peers.split(",") if p.strip()),
-                       sizes=tuple(s.strip() for s in args.sizes.split(",") if s.strip()))
+    return BenchConfig(
+        rounds=args.rounds or (1 if args.quick else 3),
+        steps=args.steps or (5 if args.quick else 8),
+        peers=tuple(p.strip() for p in args.peers.split(",") if p.strip()),
+        sizes=tuple(s.strip() for s in args.sizes.split(",") if s.strip()),
+    )
 
 
 def prompt_rows(count: int) -> list[dict[str, Any]]:
@@ -139,41 +178,85 @@ def prompt_rows(count: int) -> list[dict[str, Any]]:
     tok, env, rows = tiny_tokenizer(VOCAB_SIZE), TinyRepeatEnv(**TASK_KWARGS), []
     for seed in range(count):
         obs, info = env.reset(seed=seed)
-        text = tok.apply_chat_template([{"role": "user", "content": obs}], add_generation_prompt=True)
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": obs}], add_generation_prompt=True
+        )
         rows.append({"text": text, "user": obs, "ids": tok.encode(text), "answer": info["answer"]})
     return rows
 
 
-def peer_spec(size: str, *, steps: int, tokenizer_file: str, prompts: list[dict[str, Any]] | None = None) -> dict:
+def peer_spec(
+    size: str, *, steps: int, tokenizer_file: str, prompts: list[dict[str, Any]] | None = None
+) -> dict:
     """The one config every side's runner reads (JSON-ready)."""
     from gymllm.models.tiny import tiny_config
 
     sz = SIZES[size]
-    mc = tiny_config("qwen3", vocab_size=VOCAB_SIZE, hidden_size=sz.hidden_size, intermediate_size=sz.intermediate_size,
-                     num_layers=sz.num_layers, num_heads=sz.num_heads, num_kv_heads=sz.num_kv_heads)
+    mc = tiny_config(
+        "qwen3",
+        vocab_size=VOCAB_SIZE,
+        hidden_size=sz.hidden_size,
+        intermediate_size=sz.intermediate_size,
+        num_layers=sz.num_layers,
+        num_heads=sz.num_heads,
+        num_kv_heads=sz.num_kv_heads,
+    )
     if mc.head_dim != sz.head_dim:
         raise ValueError(f"peer_spec: gymllm's head_dim {mc.head_dim} != the spec's {sz.head_dim}")
     if prompts is None:
         prompts = prompt_rows(steps * sz.num_prompts)
     if not all(f"system\n{SYSTEM_PROMPT}<|im_end|>" in p["text"] for p in prompts):
-        raise ValueError("peer_spec: the templated prompts do not carry SYSTEM_PROMPT (the agentic side adds it)")
+        raise ValueError(
+            "peer_spec: the templated prompts do not carry SYSTEM_PROMPT (the agentic side adds it)"
+        )
     if max(len(p["ids"]) for p in prompts) > MAX_PROMPT_TOKENS:
         raise ValueError(f"peer_spec: a prompt is longer than the {MAX_PROMPT_TOKENS}-token budget")
     return {
-        "size": size, "seed": 0, "steps": steps, "warmup_steps": WARMUP_STEPS,
-        "num_prompts": sz.num_prompts, "group_size": sz.group_size, "task_kwargs": dict(TASK_KWARGS),
-        "model": {"family": "qwen3", "num_layers": mc.num_layers, "vocab_size": mc.vocab_size,
-                  "hidden_size": mc.hidden_size, "intermediate_size": mc.intermediate_size,
-                  "num_heads": mc.num_heads, "num_kv_heads": mc.num_kv_heads, "head_dim": mc.head_dim,
-                  "rope_theta": mc.rope_theta, "rms_norm_eps": mc.rms_norm_eps,
-                  "tie_word_embeddings": mc.tie_word_embeddings, "dtype": "float32"},
-        "sampling": {"max_prompt_tokens": MAX_PROMPT_TOKENS, "max_new_tokens": sz.max_new_tokens,
-                     "temperature": 1.0},
-        "algo": {"beta": 0.04, "epsilon": 0.2, "kl": "k3", "aggregation": "sequence-mean-token-mean"},
-        "optimizer": {"name": "adamw", "learning_rate": 1e-4, "b1": 0.9, "b2": 0.999, "eps": 1e-8,
-                      "weight_decay": 0.0, "max_grad_norm": 1.0},
+        "size": size,
+        "seed": 0,
+        "steps": steps,
+        "warmup_steps": WARMUP_STEPS,
+        "num_prompts": sz.num_prompts,
+        "group_size": sz.group_size,
+        "task_kwargs": dict(TASK_KWARGS),
+        "model": {
+            "family": "qwen3",
+            "num_layers": mc.num_layers,
+            "vocab_size": mc.vocab_size,
+            "hidden_size": mc.hidden_size,
+            "intermediate_size": mc.intermediate_size,
+            "num_heads": mc.num_heads,
+            "num_kv_heads": mc.num_kv_heads,
+            "head_dim": mc.head_dim,
+            "rope_theta": mc.rope_theta,
+            "rms_norm_eps": mc.rms_norm_eps,
+            "tie_word_embeddings": mc.tie_word_embeddings,
+            "dtype": "float32",
+        },
+        "sampling": {
+            "max_prompt_tokens": MAX_PROMPT_TOKENS,
+            "max_new_tokens": sz.max_new_tokens,
+            "temperature": 1.0,
+        },
+        "algo": {
+            "beta": 0.04,
+            "epsilon": 0.2,
+            "kl": "k3",
+            "aggregation": "sequence-mean-token-mean",
+        },
+        "optimizer": {
+            "name": "adamw",
+            "learning_rate": 1e-4,
+            "b1": 0.9,
+            "b2": 0.999,
+            "eps": 1e-8,
+            "weight_decay": 0.0,
+            "max_grad_norm": 1.0,
+        },
         "system_prompt": SYSTEM_PROMPT,
-        "tokenizer_file": tokenizer_file, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+        "tokenizer_file": tokenizer_file,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
         "prompts": prompts,
     }
 
@@ -196,7 +279,9 @@ def requirements_file(peer: str) -> pathlib.Path:
 def venv_dir(peer: str, requirements: pathlib.Path | None = None) -> pathlib.Path:
     """``CACHE/<peer>-<12 hex of sha256(requirements + python major.minor)>``."""
     data = (requirements or requirements_file(peer)).read_bytes()
-    key = hashlib.sha256(data + f"\npython{sys.version_info[0]}.{sys.version_info[1]}".encode()).hexdigest()[:12]
+    key = hashlib.sha256(
+        data + f"\npython{sys.version_info[0]}.{sys.version_info[1]}".encode()
+    ).hexdigest()[:12]
     return CACHE / f"{peer}-{key}"
 
 
@@ -206,13 +291,19 @@ def ensure_venv(peer: str, *, log: Callable[[str], None] = print) -> pathlib.Pat
     py = d / "bin" / "python"
     if (d / ".complete").exists() and py.exists():
         return py
-    log(f"building the {peer} virtualenv in {d} (pip install -r {requirements_file(peer).name}) ...")
-    steps = [[sys.executable, "-m", "venv", "--clear", str(d)],
-             [str(py), "-m", "pip", "install", "-q", "-r", str(requirements_file(peer))]]
+    log(
+        f"building the {peer} virtualenv in {d} (pip install -r {requirements_file(peer).name}) ..."
+    )
+    steps = [
+        [sys.executable, "-m", "venv", "--clear", str(d)],
+        [str(py), "-m", "pip", "install", "-q", "-r", str(requirements_file(peer))],
+    ]
     for cmd in steps:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
         if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd[:4])} ... exited {proc.returncode}: {(proc.stderr or proc.stdout)[-800:]}")
+            raise RuntimeError(
+                f"{' '.join(cmd[:4])} ... exited {proc.returncode}: {(proc.stderr or proc.stdout)[-800:]}"
+            )
     (d / ".complete").write_text(requirements_file(peer).read_text())
     return py
 
@@ -224,17 +315,26 @@ def parse_result(stdout: str) -> dict:
     """The last ``RESULT {json}`` line of a runner's output."""
     for line in reversed(stdout.splitlines()):
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    raise ValueError(f"no RESULT line in the runner's output (last lines: {stdout.splitlines()[-5:]})")
+            return json.loads(line[len("RESULT ") :])
+    raise ValueError(
+        f"no RESULT line in the runner's output (last lines: {stdout.splitlines()[-5:]})"
+    )
 
 
 def run_side(side: str, python: str, spec_file: str, *, timeout_s: float) -> dict:
     """One run of ``side``'s runner; its RESULT dict, or ``{"error": ...}``."""
     script, mode = RUNNER_OF[side]
     cmd = [python, str(HERE / script), "--spec", spec_file, "--mode", mode]
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
-               TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="disabled", TF_CPP_MIN_LOG_LEVEL="3",
-               GYMLLM_COMPILE_CACHE="off")  # every side compiles from scratch (benchmarks/compile_cache.py: a rerun's gain)
+    env = dict(
+        os.environ,
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        WANDB_MODE="disabled",
+        TF_CPP_MIN_LOG_LEVEL="3",
+        GYMLLM_COMPILE_CACHE="off",
+    )  # every side compiles from scratch (benchmarks/compile_cache.py: a rerun's gain)
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
@@ -255,8 +355,13 @@ def summarize(runs: list[dict]) -> dict:
     if not ok:
         errs = [r.get("error", "no steps") for r in runs]
         return {"error": errs[0] if errs else "not run"}
-    out = {"step_s": sum(ok) / len(ok), "min_step_s": min(ok), "max_step_s": max(ok), "rounds": len(ok),
-           "per_round_step_s": ok}
+    out = {
+        "step_s": sum(ok) / len(ok),
+        "min_step_s": min(ok),
+        "max_step_s": max(ok),
+        "rounds": len(ok),
+        "per_round_step_s": ok,
+    }
     first = next(r for r in runs if "error" not in r)
     for k in ("versions", "reward_mean", "breakdown", "clock"):
         if k in first:
@@ -304,7 +409,9 @@ def ratios(summary: dict[str, dict], suffix: str = "") -> dict[str, Any]:
     return out
 
 
-def bench(cfg: BenchConfig, *, pythons: dict[str, str] | None = None, log: Callable[[str], None] = print) -> dict:
+def bench(
+    cfg: BenchConfig, *, pythons: dict[str, str] | None = None, log: Callable[[str], None] = print
+) -> dict:
     """Build (or reuse) the venvs, then run every side on every size, interleaved over rounds.
     ``pythons`` (side -> interpreter, tests) skips the venvs."""
     from gymllm.utils.host import describe_cpu
@@ -321,13 +428,20 @@ def bench(cfg: BenchConfig, *, pythons: dict[str, str] | None = None, log: Calla
             except Exception as e:  # noqa: BLE001 - reported in RESULT, never skipped
                 venv_errors[peer] = f"venv: {type(e).__name__}: {e}"
     sides = ["gymllm"] + [s for p in cfg.peers for s in SIDES_OF[p]]
-    out: dict[str, Any] = {"cpu": describe_cpu(), "rounds": cfg.rounds, "steps": cfg.steps,
-                           "warmup_steps": WARMUP_STEPS, "loadavg_start": os.getloadavg()}
+    out: dict[str, Any] = {
+        "cpu": describe_cpu(),
+        "rounds": cfg.rounds,
+        "steps": cfg.steps,
+        "warmup_steps": WARMUP_STEPS,
+        "loadavg_start": os.getloadavg(),
+    }
     with tempfile.TemporaryDirectory(prefix="gymllm-peers-") as tmp:
         tok_file = write_tokenizer(tmp)
         for size in cfg.sizes:
             spec_file = f"{tmp}/spec-{size}.json"
-            pathlib.Path(spec_file).write_text(json.dumps(peer_spec(size, steps=cfg.steps, tokenizer_file=tok_file)))
+            pathlib.Path(spec_file).write_text(
+                json.dumps(peer_spec(size, steps=cfg.steps, tokenizer_file=tok_file))
+            )
             runs: dict[str, list[dict]] = {s: [] for s in sides}
             for rnd in range(cfg.rounds):
                 for side in round_order(sides, rnd):
@@ -338,9 +452,15 @@ def bench(cfg: BenchConfig, *, pythons: dict[str, str] | None = None, log: Calla
                     t = time.perf_counter()
                     r = run_side(side, pythons[side], spec_file, timeout_s=cfg.runner_timeout_s)
                     runs[side].append(r)
-                    log(f"[{size} round {rnd + 1}/{cfg.rounds}] {side}: "
-                        + (f"{r['mean_step_s']:.3f}s/step" if r.get("mean_step_s") is not None
-                           else str(r.get("error"))[:300]) + f" ({time.perf_counter() - t:.0f}s wall)")
+                    log(
+                        f"[{size} round {rnd + 1}/{cfg.rounds}] {side}: "
+                        + (
+                            f"{r['mean_step_s']:.3f}s/step"
+                            if r.get("mean_step_s") is not None
+                            else str(r.get("error"))[:300]
+                        )
+                        + f" ({time.perf_counter() - t:.0f}s wall)"
+                    )
             summary = {s: summarize(runs[s]) for s in sides}
             suffix = "" if size == "tiny" else f"_{size}"
             out.update(ratios(summary, suffix))
@@ -358,23 +478,35 @@ def result_line(out: dict) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     from results.device import choose_platform_args
 
-    argv = choose_platform_args(argv)  # --cpu: JAX on the CPU (children too); else JAX_PLATFORMS or JAX's default
+    argv = choose_platform_args(
+        argv
+    )  # --cpu: JAX on the CPU (children too); else JAX_PLATFORMS or JAX's default
     cfg = parse_args(argv)
-    out = bench(cfg, log=lambda msg: print(msg, flush=True))  # progress shows while stdout is a file
+    out = bench(
+        cfg, log=lambda msg: print(msg, flush=True)
+    )  # progress shows while stdout is a file
     for suffix in ("", "_medium"):
         if f"sides{suffix}" not in out:
             continue
-        print(f"--- {'tiny' if not suffix else 'medium'} config ({cfg.rounds} rounds, mean over steps "
-              f"{WARMUP_STEPS + 1}..{cfg.steps})")
+        print(
+            f"--- {'tiny' if not suffix else 'medium'} config ({cfg.rounds} rounds, mean over steps "
+            f"{WARMUP_STEPS + 1}..{cfg.steps})"
+        )
         for side, s in out[f"sides{suffix}"].items():
             if "error" in s:
                 print(f"  {side:14s} error: {s['error'][:400]}")
             else:
-                print(f"  {side:14s} {s['step_s']:.3f}s/step (min {s['min_step_s']:.3f}, max {s['max_step_s']:.3f})"
-                      + (f"  x{s['step_s'] / out[f'sides{suffix}']['gymllm']['step_s']:.2f} vs gymllm"
-                         if side != "gymllm" and "error" not in out[f"sides{suffix}"]["gymllm"] else ""))
+                print(
+                    f"  {side:14s} {s['step_s']:.3f}s/step (min {s['min_step_s']:.3f}, max {s['max_step_s']:.3f})"
+                    + (
+                        f"  x{s['step_s'] / out[f'sides{suffix}']['gymllm']['step_s']:.2f} vs gymllm"
+                        if side != "gymllm" and "error" not in out[f"sides{suffix}"]["gymllm"]
+                        else ""
+                    )
+                )
     print(f"cpu: {out['cpu']}; load average start {out['loadavg_start']}, end {out['loadavg_end']}")
     from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+
     emit_result("peers", out)
 
 

@@ -51,7 +51,9 @@ new_prefill = jax.jit(prefill_and_write, static_argnums=(0, 6), donate_argnums=(
 def _inputs(cfg, rows: int, bucket: int, start: int, max_len: int, slots: int):
     rng = np.random.default_rng(0)
     tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (rows, bucket)), jnp.int32)
-    positions = jnp.asarray(np.minimum(start + np.arange(bucket), max_len - 1)[None].repeat(rows, 0), jnp.int32)
+    positions = jnp.asarray(
+        np.minimum(start + np.arange(bucket), max_len - 1)[None].repeat(rows, 0), jnp.int32
+    )
     row_ids = jnp.asarray(np.arange(rows) * (slots // rows), jnp.int32)
     last = jnp.full(rows, min(bucket - 1, max_len - 2 - start), jnp.int32)
     return tokens, positions, row_ids, last
@@ -65,9 +67,22 @@ def _time(fn, cache, iters: int):
     return (time.perf_counter() - t) / iters * 1e3, cache
 
 
-def bench_case(cfg, params, cache_dtype, *, rows: int, bucket: int, max_len: int, slots: int, start: int,
-               iters: int, repeats: int) -> dict:
-    cache = init_cache(cfg.num_layers, slots, max_len, cfg.num_kv_heads, cfg.resolved_head_dim, cache_dtype)
+def bench_case(
+    cfg,
+    params,
+    cache_dtype,
+    *,
+    rows: int,
+    bucket: int,
+    max_len: int,
+    slots: int,
+    start: int,
+    iters: int,
+    repeats: int,
+) -> dict:
+    cache = init_cache(
+        cfg.num_layers, slots, max_len, cfg.num_kv_heads, cfg.resolved_head_dim, cache_dtype
+    )
     tokens, positions, row_ids, last = _inputs(cfg, rows, bucket, start, max_len, slots)
     length = 0 if start == 0 else pick_bucket(start, halving_buckets(max_len, 4))
     old = lambda c: old_prefill(cfg, params, tokens, positions, row_ids, c, last)  # noqa: E731
@@ -80,13 +95,20 @@ def bench_case(cfg, params, cache_dtype, *, rows: int, bucket: int, max_len: int
         for name, fn in (("old", old), ("new", new)):
             ms, cache = _time(fn, cache, iters)
             best[name] = min(best[name], ms)
-    out = {"old_ms": round(best["old"], 2), "new_ms": round(best["new"], 2),
-           "speedup": round(best["old"] / best["new"], 2), "read_length": length, "rel_logit_diff": round(diff, 5)}
+    out = {
+        "old_ms": round(best["old"], 2),
+        "new_ms": round(best["new"], 2),
+        "speedup": round(best["old"] / best["new"], 2),
+        "read_length": length,
+        "rel_logit_diff": round(diff, 5),
+    }
     return out
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--skip-smollm2", action="store_true")
@@ -105,10 +127,21 @@ def main() -> None:
     for name, cfg, params, dtype, rows, bucket, max_len, slots in cases:
         for start in (0, max_len // 3):
             key = f"{name}_len{max_len}_start{start}"
-            results[key] = bench_case(cfg, params, dtype, rows=rows, bucket=bucket, max_len=max_len, slots=slots,
-                                      start=start, iters=args.iters, repeats=args.repeats)
+            results[key] = bench_case(
+                cfg,
+                params,
+                dtype,
+                rows=rows,
+                bucket=bucket,
+                max_len=max_len,
+                slots=slots,
+                start=start,
+                iters=args.iters,
+                repeats=args.repeats,
+            )
             print(key, json.dumps(results[key]), flush=True)
     from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+
     emit_result("prefill", results)
 
 

@@ -21,8 +21,15 @@ import time
 from typing import Any
 
 
-def proxy_overhead_ms(engine: Any, tokenizer: Any, *, rounds: int = 5, requests: int = 20, max_tokens: int = 8,
-                      messages: list | None = None) -> dict[str, float]:
+def proxy_overhead_ms(
+    engine: Any,
+    tokenizer: Any,
+    *,
+    rounds: int = 5,
+    requests: int = 20,
+    max_tokens: int = 8,
+    messages: list | None = None,
+) -> dict[str, float]:
     """p50 latency of chat requests through a training-mode server on ``engine`` minus p50 of direct
     ``engine.generate`` calls of the same prompt ids (greedy, so both sample the same tokens)."""
     import httpx
@@ -35,7 +42,9 @@ def proxy_overhead_ms(engine: Any, tokenizer: Any, *, rounds: int = 5, requests:
     source = ProxyGroupSource(ProxySourceConfig(max_queued_groups=10**9))
     recorder = SessionRecorder(tokenizer, on_closed=source.add)
     app = build_app(engine, tokenizer, "policy", recorder=recorder)
-    prompt = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+    prompt = list(
+        tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    )
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     body = {"model": "policy", "messages": messages, "max_tokens": max_tokens, "temperature": 0.0}
     direct, proxied = [], []
@@ -61,12 +70,19 @@ def proxy_overhead_ms(engine: Any, tokenizer: Any, *, rounds: int = 5, requests:
         loop.close()
         source.close()
     d, p = statistics.median(direct) * 1e3, statistics.median(proxied) * 1e3
-    return {"proxy_overhead_ms": round(p - d, 3), "direct_ms_p50": round(d, 3), "proxy_ms_p50": round(p, 3),
-            "requests": len(proxied), "groups_released": source.stats().get("released", 0)}
+    return {
+        "proxy_overhead_ms": round(p - d, 3),
+        "direct_ms_p50": round(d, 3),
+        "proxy_ms_p50": round(p, 3),
+        "requests": len(proxied),
+        "groups_released": source.stats().get("released", 0),
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="fewer requests")
     parser.add_argument("--model", default="tiny-qwen3", help="tiny-<family> or a model name")
     from results.device import choose_platform
@@ -76,17 +92,29 @@ def main() -> None:
     from gymllm import models
     from gymllm.inference import EngineConfig, JaxEngine
 
-    loaded = models.make_tiny(args.model.removeprefix("tiny-")) if args.model.startswith("tiny-") else \
-        models.load(args.model)
-    engine = JaxEngine.from_loaded(loaded, config=EngineConfig(num_slots=2, max_len=256, min_bucket=256,
-                                                               max_prefill_batch=1, decode_lengths=1))
+    loaded = (
+        models.make_tiny(args.model.removeprefix("tiny-"))
+        if args.model.startswith("tiny-")
+        else models.load(args.model)
+    )
+    engine = JaxEngine.from_loaded(
+        loaded,
+        config=EngineConfig(
+            num_slots=2, max_len=256, min_bucket=256, max_prefill_batch=1, decode_lengths=1
+        ),
+    )
     try:
-        result = proxy_overhead_ms(engine, loaded.tokenizer, rounds=3 if args.quick else 10,
-                                   requests=10 if args.quick else 20)
+        result = proxy_overhead_ms(
+            engine,
+            loaded.tokenizer,
+            rounds=3 if args.quick else 10,
+            requests=10 if args.quick else 20,
+        )
     finally:
         engine.shutdown()
     result.update(model=args.model, quick=args.quick, load_average=round(os.getloadavg()[0], 1))
     from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+
     emit_result("proxy_overhead", result)
 
 

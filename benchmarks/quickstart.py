@@ -41,25 +41,44 @@ TRAINED = re.compile(r"trained (\d+) steps in ([0-9.]+)s")
 
 def summarize(run_dir: pathlib.Path, stdout: str) -> dict:
     """The figures of a finished ``gymllm train`` run directory and its printed summary."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = [
+        json.loads(line)
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
     rows = [r for r in rows if "step" in r and "rollout_reward_mean" in r]
     m = TRAINED.search(stdout)
     if m is None:
-        raise RuntimeError(f"expected 'trained N steps in Xs' in gymllm train's output, received: {stdout[-500:]!r}")
+        raise RuntimeError(
+            f"expected 'trained N steps in Xs' in gymllm train's output, received: {stdout[-500:]!r}"
+        )
     walls = np.array([r["step_wall_s"] for r in rows])
     rewards = [float(r["rollout_reward_mean"]) for r in rows]
     summary = (run_dir / "summary.txt").read_text().strip().splitlines()
-    return {"quickstart_train_s": float(m.group(2)), "steps": int(m.group(1)),
-            "reward_first3": float(np.mean(rewards[:3])), "reward_last3": float(np.mean(rewards[-3:])),
-            "reward_per_step": rewards, "step_s": walls.tolist(),
-            "engine_busy": float(np.average([r["pipeline/engine_busy_fraction"] for r in rows], weights=walls)),
-            "trainer_idle": float(np.average([r["pipeline/trainer_idle_fraction"] for r in rows], weights=walls)),
-            "biggest_stall": next((s for s in reversed(summary) if s.startswith("biggest stall")), "")}
+    return {
+        "quickstart_train_s": float(m.group(2)),
+        "steps": int(m.group(1)),
+        "reward_first3": float(np.mean(rewards[:3])),
+        "reward_last3": float(np.mean(rewards[-3:])),
+        "reward_per_step": rewards,
+        "step_s": walls.tolist(),
+        "engine_busy": float(
+            np.average([r["pipeline/engine_busy_fraction"] for r in rows], weights=walls)
+        ),
+        "trainer_idle": float(
+            np.average([r["pipeline/trainer_idle_fraction"] for r in rows], weights=walls)
+        ),
+        "biggest_stall": next((s for s in reversed(summary) if s.startswith("biggest stall")), ""),
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="the same run (about 3.5 minutes on an idle 2-core CPU)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="the same run (about 3.5 minutes on an idle 2-core CPU)",
+    )
     ap.add_argument("extra", nargs="*", help="arguments for gymllm train (after --)")
     from results.device import choose_platform
 
@@ -71,7 +90,15 @@ def main() -> None:
     print(f"CPU: {cpu}; load average {load0}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = pathlib.Path(tmp) / "default"
-        cmd = [sys.executable, "-m", "gymllm.cli.main", "train", "--run-dir", str(run_dir), *args.extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "gymllm.cli.main",
+            "train",
+            "--run-dir",
+            str(run_dir),
+            *args.extra,
+        ]
         t = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
         wall = time.perf_counter() - t
@@ -79,10 +106,13 @@ def main() -> None:
             raise SystemExit(f"gymllm train failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
         out = summarize(run_dir, proc.stdout + proc.stderr)
     out.update(quickstart_wall_s=wall, cpu=cpu, loadavg={"start": load0, "end": loadavg()})
-    print(f"Quickstart: {out['steps']} steps trained in {out['quickstart_train_s']:.1f}s ({wall:.1f}s the whole "
-          f"command); reward over every rollout {out['reward_first3']:.2f} -> {out['reward_last3']:.2f} (steps 1-3 "
-          f"-> last 3); engine busy {out['engine_busy']:.0%}, trainer idle {out['trainer_idle']:.0%}; "
-          f"{out['biggest_stall']}", flush=True)
+    print(
+        f"Quickstart: {out['steps']} steps trained in {out['quickstart_train_s']:.1f}s ({wall:.1f}s the whole "
+        f"command); reward over every rollout {out['reward_first3']:.2f} -> {out['reward_last3']:.2f} (steps 1-3 "
+        f"-> last 3); engine busy {out['engine_busy']:.0%}, trainer idle {out['trainer_idle']:.0%}; "
+        f"{out['biggest_stall']}",
+        flush=True,
+    )
     from results import emit_result
     from results.device import child_device_info
 

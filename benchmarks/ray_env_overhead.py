@@ -24,8 +24,14 @@ import gymllm.ray_support as ray_support  # before ray: loopback nodes, no usage
 from gymllm.registration import make_vec
 
 
-def measure_env_step_overhead(num_envs: int = 32, steps: int = 200, *, envs_per_actor: int | None = None,
-                              num_cpus: float = 0.0, rounds: int = 3) -> dict[str, Any]:
+def measure_env_step_overhead(
+    num_envs: int = 32,
+    steps: int = 200,
+    *,
+    envs_per_actor: int | None = None,
+    num_cpus: float = 0.0,
+    rounds: int = 3,
+) -> dict[str, Any]:
     """Per-env-step overhead of the Ray backend over the in-process one, on zero-latency envs.
 
     ``num_envs`` sub-envs of ``gymllm/Latency-v0`` with zero latency (pure overhead): ``steps``
@@ -34,6 +40,7 @@ def measure_env_step_overhead(num_envs: int = 32, steps: int = 200, *, envs_per_
     ``(ray wall time - thread wall time) / env steps``. Connects to Ray through
     :func:`gymllm.ray_support.init_ray` when not connected yet.
     """
+
     def run(vec: Any) -> float:
         vec.reset(seed=0)
         total, left = num_envs * steps, [steps] * num_envs
@@ -52,7 +59,7 @@ def measure_env_step_overhead(num_envs: int = 32, steps: int = 200, *, envs_per_
                 vec.send(["a"] * len(again), env_ids=again)
         return time.perf_counter() - t0
 
-    kw = {"median_s": 0.0, "p99_s": 0.0, "episode_length": 10 ** 9}
+    kw = {"median_s": 0.0, "p99_s": 0.0, "episode_length": 10**9}
     opts: dict[str, Any] = {"num_cpus": num_cpus}
     if envs_per_actor is not None:
         opts["envs_per_actor"] = envs_per_actor
@@ -70,14 +77,29 @@ def measure_env_step_overhead(num_envs: int = 32, steps: int = 200, *, envs_per_
         local.close()
         remote.close()
     overhead = statistics.median(r[0] for r in per_round)
-    return {"ray_env_step_overhead_ms": round(overhead, 4), "num_envs": num_envs, "steps": steps,
-            "envs_per_actor": envs_per_actor or 1, "rounds": rounds, "build_s": round(build_s, 3),
-            "thread_env_steps_per_s": round(num_envs * steps / statistics.median(r[1] for r in per_round), 1),
-            "ray_env_steps_per_s": round(num_envs * steps / statistics.median(r[2] for r in per_round), 1)}
+    return {
+        "ray_env_step_overhead_ms": round(overhead, 4),
+        "num_envs": num_envs,
+        "steps": steps,
+        "envs_per_actor": envs_per_actor or 1,
+        "rounds": rounds,
+        "build_s": round(build_s, 3),
+        "thread_env_steps_per_s": round(
+            num_envs * steps / statistics.median(r[1] for r in per_round), 1
+        ),
+        "ray_env_steps_per_s": round(
+            num_envs * steps / statistics.median(r[2] for r in per_round), 1
+        ),
+    }
 
 
-def measure(num_envs: int = 32, steps: int = 200, envs_per_actor: int = 8, rounds: int = 3,
-            address: str | None = None) -> dict[str, Any]:
+def measure(
+    num_envs: int = 32,
+    steps: int = 200,
+    envs_per_actor: int = 8,
+    rounds: int = 3,
+    address: str | None = None,
+) -> dict[str, Any]:
     """Both figures on one cluster (started here unless ``address`` is given)."""
     cluster = None
     if address is None:
@@ -86,15 +108,21 @@ def measure(num_envs: int = 32, steps: int = 200, envs_per_actor: int = 8, round
         ray_support.init_ray(address)
     try:
         one = measure_env_step_overhead(num_envs, steps, num_cpus=0.01, rounds=rounds)
-        shard = measure_env_step_overhead(num_envs, steps, num_cpus=0.01, rounds=rounds, envs_per_actor=envs_per_actor)
+        shard = measure_env_step_overhead(
+            num_envs, steps, num_cpus=0.01, rounds=rounds, envs_per_actor=envs_per_actor
+        )
     finally:
         if cluster is not None:
             cluster.shutdown()
         else:
             ray_support.require_ray().shutdown()
-    return {"ray_env_step_overhead_ms": one["ray_env_step_overhead_ms"],
-            "ray_env_step_overhead_ms_sharded": shard["ray_env_step_overhead_ms"],
-            "goal_ms": 2.0, "one_env_per_actor": one, "sharded": shard}
+    return {
+        "ray_env_step_overhead_ms": one["ray_env_step_overhead_ms"],
+        "ray_env_step_overhead_ms_sharded": shard["ray_env_step_overhead_ms"],
+        "goal_ms": 2.0,
+        "one_env_per_actor": one,
+        "sharded": shard,
+    }
 
 
 measure_ray_env_step_overhead = measure  # the name benchmarks/scale.py may import
@@ -113,10 +141,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         a.num_envs, a.steps = 16, 100
     result = measure(a.num_envs, a.steps, a.envs_per_actor, a.rounds, a.address)
     from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+
     emit_result("ray_env_overhead", result)
     return result
 
 
 if __name__ == "__main__":
     main()
-

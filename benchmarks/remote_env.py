@@ -71,8 +71,13 @@ def cpu_model() -> str:
 def start_server(env: str, *extra: str) -> tuple[subprocess.Popen, str]:
     """A `gymllm serve-env ENV --port 0` process (this directory importable) and its URL."""
     environ = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.Popen([sys.executable, "-m", "gymllm.cli.main", "serve-env", env, "--port", "0", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environ)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gymllm.cli.main", "serve-env", env, "--port", "0", *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=environ,
+    )
     out = []
     for line in proc.stdout:
         out.append(line)
@@ -122,9 +127,12 @@ def overhead(rounds: int, steps: int) -> dict:
     finally:
         stop([proc])
     lp50, rp50 = statistics.median(loc) * 1e3, statistics.median(rem) * 1e3
-    return {"local_step_ms_p50": round(lp50, 4), "remote_step_ms_p50": round(rp50, 4),
-            "remote_step_ms_p90": round(sorted(rem)[int(0.9 * len(rem))] * 1e3, 4),
-            "remote_step_overhead_ms": round(rp50 - lp50, 4)}
+    return {
+        "local_step_ms_p50": round(lp50, 4),
+        "remote_step_ms_p50": round(rp50, 4),
+        "remote_step_ms_p90": round(sorted(rem)[int(0.9 * len(rem))] * 1e3, 4),
+        "remote_step_overhead_ms": round(rp50 - lp50, 4),
+    }
 
 
 def window(vec, seconds: float) -> float:
@@ -152,7 +160,9 @@ def scaling(rounds: int, seconds: float) -> dict:
             procs.append(p)
             urls.append(u)
         for k in (1, 2, 4):
-            vecs[k] = gymllm.make_vec([lambda u=urls[i % k]: from_openenv(u) for i in range(NUM_ENVS)])
+            vecs[k] = gymllm.make_vec(
+                [lambda u=urls[i % k]: from_openenv(u) for i in range(NUM_ENVS)]
+            )
             vecs[k].reset(seed=0)
             window(vecs[k], 0.3)  # warm-up
         rates: dict[int, list[float]] = {1: [], 2: [], 4: []}
@@ -163,27 +173,37 @@ def scaling(rounds: int, seconds: float) -> dict:
         for v in vecs.values():
             v.close()
         stop(procs)
-    return {"steps_per_s": {str(k): round(statistics.median(v), 1) for k, v in rates.items()},
-            "remote_scaling_2": round(statistics.median(b / a for a, b in zip(rates[1], rates[2])), 3),
-            "remote_scaling_4": round(statistics.median(b / a for a, b in zip(rates[1], rates[4])), 3),
-            "remote_scaling_4_rounds": [round(b / a, 3) for a, b in zip(rates[1], rates[4])]}
+    return {
+        "steps_per_s": {str(k): round(statistics.median(v), 1) for k, v in rates.items()},
+        "remote_scaling_2": round(statistics.median(b / a for a, b in zip(rates[1], rates[2])), 3),
+        "remote_scaling_4": round(statistics.median(b / a for a, b in zip(rates[1], rates[4])), 3),
+        "remote_scaling_4_rounds": [round(b / a, 3) for a, b in zip(rates[1], rates[4])],
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="fewer steps (well under a minute here)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer steps (well under a minute here)"
+    )
     args = parser.parse_args()
     rounds, steps, srounds, seconds = (5, 200, 4, 1.5) if args.quick else (10, 500, 8, 3.0)
     cpu = cpu_model()
     print(f"cpu: {cpu} ({os.cpu_count()} cores), load average {os.getloadavg()[0]:.1f}", flush=True)
     result = {"cpu": cpu, "cores": os.cpu_count(), "num_envs": NUM_ENVS, "quick": args.quick}
     result.update(overhead(rounds, steps))
-    print(f"per-step: local p50 {result['local_step_ms_p50']} ms, remote p50 {result['remote_step_ms_p50']} ms "
-          f"-> overhead {result['remote_step_overhead_ms']} ms", flush=True)
+    print(
+        f"per-step: local p50 {result['local_step_ms_p50']} ms, remote p50 {result['remote_step_ms_p50']} ms "
+        f"-> overhead {result['remote_step_overhead_ms']} ms",
+        flush=True,
+    )
     result.update(scaling(srounds, seconds))
     print(f"scaling: steps/s by server processes {result['steps_per_s']}", flush=True)
     result["load_average"] = round(os.getloadavg()[0], 1)
     from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+
     emit_result("remote_env", result)
 
 

@@ -114,11 +114,15 @@ class Workload:
 
     def __post_init__(self) -> None:
         if self.trajectories % self.group_size:
-            raise SystemExit(f"--trajectories: expected a multiple of --group-size {self.group_size}, "
-                             f"received {self.trajectories}. Fix: pass e.g. {self.group_size * 16}.")
+            raise SystemExit(
+                f"--trajectories: expected a multiple of --group-size {self.group_size}, "
+                f"received {self.trajectories}. Fix: pass e.g. {self.group_size * 16}."
+            )
         if self.engine_slots < self.trajectories:
-            raise SystemExit(f"--engine-slots: expected >= --trajectories {self.trajectories} (the sync batch "
-                             f"runs whole), received {self.engine_slots}.")
+            raise SystemExit(
+                f"--engine-slots: expected >= --trajectories {self.trajectories} (the sync batch "
+                f"runs whole), received {self.engine_slots}."
+            )
 
     @property
     def total(self) -> int:
@@ -127,40 +131,85 @@ class Workload:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="tiny model, one repeat (same workload), a few minutes")
-    p.add_argument("--models", default=None, help="comma list of tiny,smollm2 (default tiny,smollm2; --quick: tiny)")
-    p.add_argument("--trajectories", type=int, default=64, help="trajectories per rollout batch (= sync batch)")
+    p.add_argument(
+        "--quick", action="store_true", help="tiny model, one repeat (same workload), a few minutes"
+    )
+    p.add_argument(
+        "--models",
+        default=None,
+        help="comma list of tiny,smollm2 (default tiny,smollm2; --quick: tiny)",
+    )
+    p.add_argument(
+        "--trajectories", type=int, default=64, help="trajectories per rollout batch (= sync batch)"
+    )
     p.add_argument("--batches", type=int, default=4, help="consecutive rollout batches measured")
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--concurrency", type=int, default=None, help="async trajectories in flight (2 x trajectories)")
-    p.add_argument("--engine-slots", type=int, default=None, help="the engine's KV rows (default: concurrency)")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="async trajectories in flight (2 x trajectories)",
+    )
+    p.add_argument(
+        "--engine-slots", type=int, default=None, help="the engine's KV rows (default: concurrency)"
+    )
     p.add_argument("--median-ms", type=float, default=100.0)
     p.add_argument("--p99-ms", type=float, default=1000.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-len", type=int, default=384, help="engine context per slot (tiny)")
-    p.add_argument("--min-bucket", type=int, default=64, help="smallest prefill length bucket (tiny)")
-    p.add_argument("--prefill-batch", type=int, default=4, help="the engine's max_prefill_batch (tiny)")
-    p.add_argument("--switch-interval-ms", type=float, default=None, help="sys.setswitchinterval for the run "
-                   "(default: Python's 5 ms): the engine thread waits up to this long for the GIL after each "
-                   "device call while the event loop runs Python")
-    p.add_argument("--piggyback-tokens", type=int, default=-1, help="EngineConfig.piggyback_tokens: a turn's new "
-                   "tokens up to this bucket ride along decode steps (-1: SmolLM2 its smallest prefill bucket, tiny off "
-                   "(its steps are compute bound: riding costs as much as prefilling alone); 0: off)")
-    p.add_argument("--compile-cache", default=None, help="directory for JAX's persistent compilation cache")
-    p.add_argument("--decode-chunk", type=int, default=1, help="the engine's decode steps per device call "
-                   "while no request waits to join (JaxEngine(decode_chunk=K); 1: one step per call)")
-    p.add_argument("--repeats", type=int, default=None, help="interleaved repeats per mode; the best is kept (2)")
+    p.add_argument(
+        "--min-bucket", type=int, default=64, help="smallest prefill length bucket (tiny)"
+    )
+    p.add_argument(
+        "--prefill-batch", type=int, default=4, help="the engine's max_prefill_batch (tiny)"
+    )
+    p.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        default=None,
+        help="sys.setswitchinterval for the run "
+        "(default: Python's 5 ms): the engine thread waits up to this long for the GIL after each "
+        "device call while the event loop runs Python",
+    )
+    p.add_argument(
+        "--piggyback-tokens",
+        type=int,
+        default=-1,
+        help="EngineConfig.piggyback_tokens: a turn's new "
+        "tokens up to this bucket ride along decode steps (-1: SmolLM2 its smallest prefill bucket, tiny off "
+        "(its steps are compute bound: riding costs as much as prefilling alone); 0: off)",
+    )
+    p.add_argument(
+        "--compile-cache", default=None, help="directory for JAX's persistent compilation cache"
+    )
+    p.add_argument(
+        "--decode-chunk",
+        type=int,
+        default=1,
+        help="the engine's decode steps per device call "
+        "while no request waits to join (JaxEngine(decode_chunk=K); 1: one step per call)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="interleaved repeats per mode; the best is kept (2)",
+    )
     p.add_argument("--smollm2-trajectories", type=int, default=16)
     p.add_argument("--smollm2-batches", type=int, default=2)
     p.add_argument("--smollm2-max-tokens", type=int, default=8)
     p.add_argument("--smollm2-repeats", type=int, default=1)
     p.add_argument("--smollm2-max-len", type=int, default=192)
     p.add_argument("--smollm2-prefill-batch", type=int, default=2)
-    p.add_argument("--smollm2-compute-dtype", default="bfloat16", help="engine compute dtype for SmolLM2: "
-                   "'bfloat16' (bf16 matmuls, f32 accumulation; measured idle: 1.9x the trajectories/s of float32 "
-                   "at 32 in flight on this AMX CPU) or 'none' (float32)")
+    p.add_argument(
+        "--smollm2-compute-dtype",
+        default="bfloat16",
+        help="engine compute dtype for SmolLM2: "
+        "'bfloat16' (bf16 matmuls, f32 accumulation; measured idle: 1.9x the trajectories/s of float32 "
+        "at 32 in flight on this AMX CPU) or 'none' (float32)",
+    )
     a = p.parse_args(argv)
     for flag, (full, quick) in _DEFAULTS.items():
         if getattr(a, flag) is None:
@@ -173,17 +222,30 @@ def workload(a, model: str) -> Workload:
     small = model == "smollm2"
     n = a.smollm2_trajectories if small else a.trajectories
     conc = a.concurrency or 2 * n
-    return Workload(trajectories=n, batches=a.smollm2_batches if small else a.batches, turns=a.turns,
-                    max_tokens=a.smollm2_max_tokens if small else a.max_tokens, group_size=a.group_size,
-                    concurrency=conc, engine_slots=a.engine_slots or conc, median_ms=a.median_ms, p99_ms=a.p99_ms,
-                    max_len=a.smollm2_max_len if small else a.max_len, min_bucket=a.min_bucket,
-                    prefill_batch=a.smollm2_prefill_batch if small else a.prefill_batch,
-                    decode_lengths=2, decode_chunk=a.decode_chunk,
-                    repeats=a.smollm2_repeats if small else a.repeats, seed=a.seed,
-                    compute_dtype=(None if a.smollm2_compute_dtype == "none" else a.smollm2_compute_dtype)
-                    if small else None,
-                    piggyback_tokens=(min(a.min_bucket, a.smollm2_max_len)
-                                      if small else 0) if a.piggyback_tokens < 0 else a.piggyback_tokens)
+    return Workload(
+        trajectories=n,
+        batches=a.smollm2_batches if small else a.batches,
+        turns=a.turns,
+        max_tokens=a.smollm2_max_tokens if small else a.max_tokens,
+        group_size=a.group_size,
+        concurrency=conc,
+        engine_slots=a.engine_slots or conc,
+        median_ms=a.median_ms,
+        p99_ms=a.p99_ms,
+        max_len=a.smollm2_max_len if small else a.max_len,
+        min_bucket=a.min_bucket,
+        prefill_batch=a.smollm2_prefill_batch if small else a.prefill_batch,
+        decode_lengths=2,
+        decode_chunk=a.decode_chunk,
+        repeats=a.smollm2_repeats if small else a.repeats,
+        seed=a.seed,
+        compute_dtype=(None if a.smollm2_compute_dtype == "none" else a.smollm2_compute_dtype)
+        if small
+        else None,
+        piggyback_tokens=(min(a.min_bucket, a.smollm2_max_len) if small else 0)
+        if a.piggyback_tokens < 0
+        else a.piggyback_tokens,
+    )
 
 
 def load_model(name: str):
@@ -208,7 +270,9 @@ def make_envs(w: Workload, n: int, latency: bool):
     import gymllm
 
     med, p99 = (w.median_ms / 1e3, w.p99_ms / 1e3) if latency else (0.0, 0.0)
-    return gymllm.make_vec("gymllm/AsyncLatency-v0", num_envs=n, median_s=med, p99_s=p99, episode_length=w.turns)
+    return gymllm.make_vec(
+        "gymllm/AsyncLatency-v0", num_envs=n, median_s=med, p99_s=p99, episode_length=w.turns
+    )
 
 
 def _sampling(w: Workload):
@@ -223,12 +287,17 @@ def _trajectory_figures(trajs: list, wall: float) -> dict:
     life = sum(t.timings["total_s"] for t in trajs)
     gen = sum(t.timings["generation_s"] for t in trajs)
     env = sum(t.timings["env_s"] for t in trajs)
-    return {"mean_in_flight": life / wall, "generation_share": gen / life, "env_share": env / life,
-            "overhead_share": max(0.0, 1.0 - (gen + env) / life)}
+    return {
+        "mean_in_flight": life / wall,
+        "generation_share": gen / life,
+        "env_share": env / life,
+        "overhead_share": max(0.0, 1.0 - (gen + env) / life),
+    }
 
 
-async def run_async(w: Workload, lm, engine, *, latency: bool, n_traj: int, concurrency: int,
-                    stream: bool = True) -> dict:
+async def run_async(
+    w: Workload, lm, engine, *, latency: bool, n_traj: int, concurrency: int, stream: bool = True
+) -> dict:
     """The orchestrator until ``n_traj`` trajectories are consumed.
 
     ``stream`` (how a trainer runs it): groups are admitted without end, so the next step's rollouts
@@ -239,10 +308,18 @@ async def run_async(w: Workload, lm, engine, *, latency: bool, n_traj: int, conc
     from gymllm.rollout import ModelAgent, RolloutConfig, RolloutOrchestrator
 
     vec = make_envs(w, concurrency, latency)
-    cfg = RolloutConfig(group_size=w.group_size, max_concurrency=concurrency,
-                        num_groups=None if stream else n_traj // w.group_size, max_staleness=None, seed=w.seed,
-                        max_model_calls=w.turns + 1, queue_size=n_traj // w.group_size)
-    orch = RolloutOrchestrator(vec, engine, ModelAgent(lm.tokenizer), sampling=_sampling(w), config=cfg)
+    cfg = RolloutConfig(
+        group_size=w.group_size,
+        max_concurrency=concurrency,
+        num_groups=None if stream else n_traj // w.group_size,
+        max_staleness=None,
+        seed=w.seed,
+        max_model_calls=w.turns + 1,
+        queue_size=n_traj // w.group_size,
+    )
+    orch = RolloutOrchestrator(
+        vec, engine, ModelAgent(lm.tokenizer), sampling=_sampling(w), config=cfg
+    )
     skip = w.trajectories if stream else 0
     trajs: list = []
     t0 = time.perf_counter()
@@ -250,7 +327,9 @@ async def run_async(w: Workload, lm, engine, *, latency: bool, n_traj: int, conc
         async with orch:
             async for g in orch.groups():
                 trajs.extend(g.trajectories)
-                if len(trajs) == skip:  # steady state from here (a batch is a whole number of groups)
+                if (
+                    len(trajs) == skip
+                ):  # steady state from here (a batch is a whole number of groups)
                     t0 = time.perf_counter()
                     orch.engine.reset_clock()
                 if len(trajs) >= skip + n_traj:
@@ -258,13 +337,21 @@ async def run_async(w: Workload, lm, engine, *, latency: bool, n_traj: int, conc
             wall = time.perf_counter() - t0
             stats = orch.stats()
             if stats.get("groups_failed"):
-                print(f"  warning: {stats['groups_failed']} groups failed: {stats['errors'][:2]}", flush=True)
+                print(
+                    f"  warning: {stats['groups_failed']} groups failed: {stats['errors'][:2]}",
+                    flush=True,
+                )
     finally:
         vec.close()
     trajs = trajs[skip:]
-    return {"trajectories": len(trajs), "wall_s": wall, "traj_per_s": len(trajs) / wall,
-            "engine_busy_fraction": stats["engine_busy_fraction"], "loop_lag_p99_ms": stats["loop_lag_p99_ms"],
-            **_trajectory_figures(trajs, wall)}
+    return {
+        "trajectories": len(trajs),
+        "wall_s": wall,
+        "traj_per_s": len(trajs) / wall,
+        "engine_busy_fraction": stats["engine_busy_fraction"],
+        "loop_lag_p99_ms": stats["loop_lag_p99_ms"],
+        **_trajectory_figures(trajs, wall),
+    }
 
 
 async def run_sync(w: Workload, lm, engine) -> dict:
@@ -272,19 +359,31 @@ async def run_sync(w: Workload, lm, engine) -> dict:
 
     vec = make_envs(w, w.trajectories, True)
     eng = MeteredEngine(engine)
-    cfg = RolloutConfig(group_size=w.group_size, num_groups=w.total // w.group_size,
-                        groups_per_step=w.trajectories // w.group_size, max_staleness=0, seed=w.seed,
-                        max_model_calls=w.turns + 1)
+    cfg = RolloutConfig(
+        group_size=w.group_size,
+        num_groups=w.total // w.group_size,
+        groups_per_step=w.trajectories // w.group_size,
+        max_staleness=0,
+        seed=w.seed,
+        max_model_calls=w.turns + 1,
+    )
     t0 = time.perf_counter()
     eng.reset_clock()
     try:
-        groups = await sync_rollout(vec, eng, ModelAgent(lm.tokenizer), config=cfg, sampling=_sampling(w))
+        groups = await sync_rollout(
+            vec, eng, ModelAgent(lm.tokenizer), config=cfg, sampling=_sampling(w)
+        )
     finally:
         vec.close()
     wall = time.perf_counter() - t0
     trajs = [t for g in groups for t in g.trajectories]
-    return {"trajectories": len(trajs), "wall_s": wall, "traj_per_s": len(trajs) / wall,
-            "engine_busy_fraction": eng.busy_fraction(), **_trajectory_figures(trajs, wall)}
+    return {
+        "trajectories": len(trajs),
+        "wall_s": wall,
+        "traj_per_s": len(trajs) / wall,
+        "engine_busy_fraction": eng.busy_fraction(),
+        **_trajectory_figures(trajs, wall),
+    }
 
 
 def _engine(w: Workload, lm):
@@ -302,10 +401,20 @@ def _engine(w: Workload, lm):
     # tokens: its row keeps the k/v) x power-of-two batch sizes, and one decode step per power-of-two
     # width: compiled before any timed run (a compile inside a timed run would swamp the comparison).
     # The engine is woken by every request: the idle poll (idle_wait_s) only matters for shutdown.
-    engine = JaxEngine(lm.model, lm.tokenizer, decode_chunk=w.decode_chunk, config=EngineConfig(
-        num_slots=w.engine_slots, max_len=w.max_len, min_bucket=min(w.min_bucket, w.max_len),
-        max_prefill_batch=w.prefill_batch, decode_lengths=w.decode_lengths, compute_dtype=w.compute_dtype,
-        piggyback_tokens=w.piggyback_tokens))
+    engine = JaxEngine(
+        lm.model,
+        lm.tokenizer,
+        decode_chunk=w.decode_chunk,
+        config=EngineConfig(
+            num_slots=w.engine_slots,
+            max_len=w.max_len,
+            min_bucket=min(w.min_bucket, w.max_len),
+            max_prefill_batch=w.prefill_batch,
+            decode_lengths=w.decode_lengths,
+            compute_dtype=w.compute_dtype,
+            piggyback_tokens=w.piggyback_tokens,
+        ),
+    )
     engine.warmup()
     return engine
 
@@ -324,12 +433,22 @@ def bench_model(a, name: str) -> dict | None:
     if lm is None:
         return None
     w = workload(a, name)
-    print(f"[{name}] {w.batches} batches x {w.trajectories} trajectories (G={w.group_size}), {w.turns} turns, "
-          f"<= {w.max_tokens} tokens/turn; async concurrency {w.concurrency}, engine slots {w.engine_slots}; "
-          f"env latency lognormal median {w.median_ms:.0f} ms p99 {w.p99_ms:.0f} ms", flush=True)
+    print(
+        f"[{name}] {w.batches} batches x {w.trajectories} trajectories (G={w.group_size}), {w.turns} turns, "
+        f"<= {w.max_tokens} tokens/turn; async concurrency {w.concurrency}, engine slots {w.engine_slots}; "
+        f"env latency lognormal median {w.median_ms:.0f} ms p99 {w.p99_ms:.0f} ms",
+        flush=True,
+    )
     t = time.perf_counter()
-    asyncio.run(_with_engine(w, lm, lambda e: run_async(  # compiles every shape once (later engines reuse
-        w, lm, e, latency=False, n_traj=w.group_size * 2, concurrency=w.concurrency)))  # the programs)
+    asyncio.run(
+        _with_engine(
+            w,
+            lm,
+            lambda e: run_async(  # compiles every shape once (later engines reuse
+                w, lm, e, latency=False, n_traj=w.group_size * 2, concurrency=w.concurrency
+            ),
+        )
+    )  # the programs)
     print(f"[{name}] warm-up (compile) {time.perf_counter() - t:.1f} s", flush=True)
     total, c, n = w.total, w.concurrency, w.trajectories
     runs = {
@@ -337,8 +456,12 @@ def bench_model(a, name: str) -> dict | None:
         "async": lambda e: run_async(w, lm, e, latency=True, n_traj=total, concurrency=c),
         "sync": lambda e: run_sync(w, lm, e),
         "narrow": lambda e: run_async(w, lm, e, latency=True, n_traj=total, concurrency=n),
-        "drained": lambda e: run_async(w, lm, e, latency=True, n_traj=total, concurrency=c, stream=False),
-        "one_batch": lambda e: run_async(w, lm, e, latency=True, n_traj=n, concurrency=n, stream=False),
+        "drained": lambda e: run_async(
+            w, lm, e, latency=True, n_traj=total, concurrency=c, stream=False
+        ),
+        "one_batch": lambda e: run_async(
+            w, lm, e, latency=True, n_traj=n, concurrency=n, stream=False
+        ),
     }
     res: dict[str, dict] = {}
     for _ in range(w.repeats):  # interleaved repeats; the best of each mode (the machine is shared)
@@ -347,12 +470,16 @@ def bench_model(a, name: str) -> dict | None:
             if mode not in res or out["traj_per_s"] > res[mode]["traj_per_s"]:
                 res[mode] = out
     for k, v in res.items():
-        print(f"[{name}] {k:9s} {v['trajectories']:4d} traj in {v['wall_s']:7.2f} s = {v['traj_per_s']:7.2f} traj/s, "
-              f"engine busy {v['engine_busy_fraction']:.2f}, in flight {v['mean_in_flight']:5.1f}, lifetime shares: "
-              f"gen {v['generation_share']:.2f} env {v['env_share']:.2f} other {v['overhead_share']:.2f}", flush=True)
+        print(
+            f"[{name}] {k:9s} {v['trajectories']:4d} traj in {v['wall_s']:7.2f} s = {v['traj_per_s']:7.2f} traj/s, "
+            f"engine busy {v['engine_busy_fraction']:.2f}, in flight {v['mean_in_flight']:5.1f}, lifetime shares: "
+            f"gen {v['generation_share']:.2f} env {v['env_share']:.2f} other {v['overhead_share']:.2f}",
+            flush=True,
+        )
     sync_batch_s = res["sync"]["wall_s"] / w.batches
     return {
-        "async_traj_per_s": res["async"]["traj_per_s"], "sync_traj_per_s": res["sync"]["traj_per_s"],
+        "async_traj_per_s": res["async"]["traj_per_s"],
+        "sync_traj_per_s": res["sync"]["traj_per_s"],
         "ceiling_traj_per_s": res["ceiling"]["traj_per_s"],
         "async_vs_sync": res["async"]["traj_per_s"] / res["sync"]["traj_per_s"],
         "async_vs_ceiling": res["async"]["traj_per_s"] / res["ceiling"]["traj_per_s"],
@@ -392,12 +519,20 @@ def main(argv=None) -> None:
     if not per_model:
         sys.exit("no model could be benchmarked")
     first = per_model[next(iter(per_model))]
-    result = {k: round(first[k], 4) for k in ("async_vs_sync", "async_narrow_vs_sync", "async_vs_ceiling",
-                                              "engine_busy_fraction")}  # narrow: the sync batch's width
+    result = {
+        k: round(first[k], 4)
+        for k in (
+            "async_vs_sync",
+            "async_narrow_vs_sync",
+            "async_vs_ceiling",
+            "engine_busy_fraction",
+        )
+    }  # narrow: the sync batch's width
     result["models"] = _rounded(per_model)
     result["quick"] = a.quick
     result["switch_interval_ms"] = sys.getswitchinterval() * 1e3
     from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+
     emit_result("rollout", result)
 
 

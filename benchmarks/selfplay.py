@@ -75,36 +75,88 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 GAMES = ("tic-tac-toe", "connect-four")
 # flag -> (default, --quick); --quick never overrides a flag given explicitly
-DEFAULTS = {"num_games": (256, 64), "num_slots": (128, 32), "group_size": (8, 4), "rounds": (3, 3),
-            "max_tokens": (128, 48), "reply_median": (16.0, 8.0), "reply_p99": (128.0, 48.0), "max_len": (4096, 1024),
-            "max_model_calls": (24, 5)}
+DEFAULTS = {
+    "num_games": (256, 64),
+    "num_slots": (128, 32),
+    "group_size": (8, 4),
+    "rounds": (3, 3),
+    "max_tokens": (128, 48),
+    "reply_median": (16.0, 8.0),
+    "reply_p99": (128.0, 48.0),
+    "max_len": (4096, 1024),
+    "max_model_calls": (24, 5),
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="tiny sizes (about 2 minutes on an idle CPU)")
-    p.add_argument("--model", default="tiny", help="tiny (the tiny random model), shape:smollm2-135m (SmolLM2-135M's "
-                   "architecture, random weights) or a name gymllm.models.load takes")
+    p.add_argument(
+        "--quick", action="store_true", help="tiny sizes (about 2 minutes on an idle CPU)"
+    )
+    p.add_argument(
+        "--model",
+        default="tiny",
+        help="tiny (the tiny random model), shape:smollm2-135m (SmolLM2-135M's "
+        "architecture, random weights) or a name gymllm.models.load takes",
+    )
     p.add_argument("--games", default=",".join(GAMES), help="comma list of registered games")
-    p.add_argument("--num-games", type=int, default=None, help="games per side, game and round (a multiple of the "
-                   "wave: num-slots / 2)")
-    p.add_argument("--num-slots", type=int, default=None, help="the engine's KV rows (two per game in flight)")
+    p.add_argument(
+        "--num-games",
+        type=int,
+        default=None,
+        help="games per side, game and round (a multiple of the wave: num-slots / 2)",
+    )
+    p.add_argument(
+        "--num-slots", type=int, default=None, help="the engine's KV rows (two per game in flight)"
+    )
     p.add_argument("--group-size", type=int, default=None, help="games per batch (one env seed)")
     p.add_argument("--rounds", type=int, default=None, help="timed rounds (after one warm-up)")
     p.add_argument("--max-tokens", type=int, default=None, help="a reply's most tokens")
-    p.add_argument("--reply-median", type=float, default=None, help="median reply cap (tokens; 0: all --max-tokens)")
-    p.add_argument("--reply-p99", type=float, default=None, help="99th percentile reply cap (tokens)")
+    p.add_argument(
+        "--reply-median",
+        type=float,
+        default=None,
+        help="median reply cap (tokens; 0: all --max-tokens)",
+    )
+    p.add_argument(
+        "--reply-p99", type=float, default=None, help="99th percentile reply cap (tokens)"
+    )
     p.add_argument("--max-len", type=int, default=None, help="the engine's context per row")
-    p.add_argument("--max-model-calls", type=int, default=None, help="model moves per seat per game (then random)")
-    p.add_argument("--piggyback-tokens", default="0", help="comma list of EngineConfig.piggyback_tokens values, "
-                   "each an engine config both sides are measured on (a turn's new tokens up to this bucket ride "
-                   "along decode steps instead of a prefill call of their own; 0: off)")
-    p.add_argument("--engine", action="append", default=[], metavar="FIELD=VALUE", help="an EngineConfig field for "
-                   "both sides' engines, e.g. max_prefill_batch=32 or decode_chunk=8 (repeatable)")
-    p.add_argument("--compute-dtype", default="auto", help="EngineConfig.compute_dtype ('auto', 'bfloat16', 'none')")
-    p.add_argument("--compile-cache", default=None, help="directory for JAX's persistent compilation cache")
-    p.add_argument("--full-warmup", action="store_true", help="compile every engine shape up front "
-                   "(JaxEngine.warmup) instead of a warm-up round (minutes on a small CPU)")
+    p.add_argument(
+        "--max-model-calls",
+        type=int,
+        default=None,
+        help="model moves per seat per game (then random)",
+    )
+    p.add_argument(
+        "--piggyback-tokens",
+        default="0",
+        help="comma list of EngineConfig.piggyback_tokens values, "
+        "each an engine config both sides are measured on (a turn's new tokens up to this bucket ride "
+        "along decode steps instead of a prefill call of their own; 0: off)",
+    )
+    p.add_argument(
+        "--engine",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="an EngineConfig field for "
+        "both sides' engines, e.g. max_prefill_batch=32 or decode_chunk=8 (repeatable)",
+    )
+    p.add_argument(
+        "--compute-dtype",
+        default="auto",
+        help="EngineConfig.compute_dtype ('auto', 'bfloat16', 'none')",
+    )
+    p.add_argument(
+        "--compile-cache", default=None, help="directory for JAX's persistent compilation cache"
+    )
+    p.add_argument(
+        "--full-warmup",
+        action="store_true",
+        help="compile every engine shape up front "
+        "(JaxEngine.warmup) instead of a warm-up round (minutes on a small CPU)",
+    )
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     for flag, (full, quick) in DEFAULTS.items():
@@ -116,23 +168,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     from gymllm.inference.config import EngineConfig
 
-    names = {f.name for f in dataclasses.fields(EngineConfig)} - {"num_slots", "max_len", "piggyback_tokens", "compute_dtype"}
+    names = {f.name for f in dataclasses.fields(EngineConfig)} - {
+        "num_slots",
+        "max_len",
+        "piggyback_tokens",
+        "compute_dtype",
+    }
     a.engine_fields = {}
     for item in a.engine:
         key, eq, value = item.partition("=")
         if not eq or key not in names:
-            p.error(f"--engine: expected FIELD=VALUE with FIELD one of {sorted(names)}, received {item!r} (num_slots, "
-                    "max_len, piggyback_tokens and compute_dtype have flags of their own)")
+            p.error(
+                f"--engine: expected FIELD=VALUE with FIELD one of {sorted(names)}, received {item!r} (num_slots, "
+                "max_len, piggyback_tokens and compute_dtype have flags of their own)"
+            )
         try:
             a.engine_fields[key] = ast.literal_eval(value)
         except (ValueError, SyntaxError):
             a.engine_fields[key] = value
     wave = a.num_slots // 2
     if wave < a.group_size or wave % a.group_size:
-        p.error(f"--num-slots: expected twice a multiple of --group-size {a.group_size} (two rows per game in "
-                f"flight), received {a.num_slots}; e.g. --num-slots {4 * a.group_size}")
+        p.error(
+            f"--num-slots: expected twice a multiple of --group-size {a.group_size} (two rows per game in "
+            f"flight), received {a.num_slots}; e.g. --num-slots {4 * a.group_size}"
+        )
     if a.num_games < wave or a.num_games % wave:
-        p.error(f"--num-games: expected a multiple of the wave (num-slots / 2 = {wave}), received {a.num_games}")
+        p.error(
+            f"--num-games: expected a multiple of the wave (num-slots / 2 = {wave}), received {a.num_games}"
+        )
     return a
 
 
@@ -157,7 +220,13 @@ class ReplyPlan:
     lognormal seeded by ``(seed, crc32(s), n)`` (same on both sides; see the module docstring)."""
 
     def __init__(self, engine: Any, *, median: float, p99: float, max_tokens: int, seed: int):
-        self.engine, self.median, self.p99, self.max_tokens, self.seed = engine, median, p99, max_tokens, seed
+        self.engine, self.median, self.p99, self.max_tokens, self.seed = (
+            engine,
+            median,
+            p99,
+            max_tokens,
+            seed,
+        )
         self.calls: dict[str, int] = {}
         self.tokens = 0
 
@@ -171,13 +240,21 @@ class ReplyPlan:
 
         rng = np.random.default_rng([self.seed, zlib.crc32(session.encode()), n])
         sigma = max(math.log(self.p99 / self.median) / 2.326, 1e-6)
-        return int(min(self.max_tokens, max(1, round(self.median * math.exp(sigma * rng.standard_normal())))))
+        return int(
+            min(
+                self.max_tokens,
+                max(1, round(self.median * math.exp(sigma * rng.standard_normal()))),
+            )
+        )
 
     async def generate(self, prompt_ids, params, *, session_id=None):
         n = self.calls.get(session_id, 0)
         self.calls[session_id] = n + 1
-        out = await self.engine.generate(prompt_ids, params.replace(max_tokens=self.cap(str(session_id), n)),
-                                         session_id=session_id)
+        out = await self.engine.generate(
+            prompt_ids,
+            params.replace(max_tokens=self.cap(str(session_id), n)),
+            session_id=session_id,
+        )
         self.tokens += len(out.token_ids)
         return out
 
@@ -193,11 +270,22 @@ def make_source(game: str, engine: Any, lm: Any, a: argparse.Namespace):
     from gymllm.rollout.seat_source import MultiAgentSection, SeatGroupSource
 
     wave = a.num_slots // 2
-    r = RolloutConfig(group_size=a.group_size, max_concurrency=wave, max_staleness=None,
-                      max_model_calls=a.max_model_calls, queue_size=a.num_games)
-    return SeatGroupSource(game_factory(game), engine, ModelAgent(lm.tokenizer), rollout=r, seed=a.seed,
-                           sampling=SamplingParams(temperature=1.0, max_tokens=a.max_tokens),
-                           config=MultiAgentSection(opponent="self", illegal_move="random"))
+    r = RolloutConfig(
+        group_size=a.group_size,
+        max_concurrency=wave,
+        max_staleness=None,
+        max_model_calls=a.max_model_calls,
+        queue_size=a.num_games,
+    )
+    return SeatGroupSource(
+        game_factory(game),
+        engine,
+        ModelAgent(lm.tokenizer),
+        rollout=r,
+        seed=a.seed,
+        sampling=SamplingParams(temperature=1.0, max_tokens=a.max_tokens),
+        config=MultiAgentSection(opponent="self", illegal_move="random"),
+    )
 
 
 async def barrier_free(src: Any, n_games: int) -> tuple[float, dict]:
@@ -233,10 +321,22 @@ class LockstepGame:
         self.owed: dict[str, float] = {}
         self.started: set[str] = set()
         n = len(src.possible)
-        self.episodes = {seat: Episode(EpisodeKey(group_index=k, member=member * n + i, env_seed=self.seed,
-                                                  task_id=f"seed{self.seed}"), src.agent, src.sampling,
-                                       base_seed=src.seed, max_model_calls=src.rollout.max_model_calls,
-                                       env_id=member) for i, seat in enumerate(src.possible)}
+        self.episodes = {
+            seat: Episode(
+                EpisodeKey(
+                    group_index=k,
+                    member=member * n + i,
+                    env_seed=self.seed,
+                    task_id=f"seed{self.seed}",
+                ),
+                src.agent,
+                src.sampling,
+                base_seed=src.seed,
+                max_model_calls=src.rollout.max_model_calls,
+                env_id=member,
+            )
+            for i, seat in enumerate(src.possible)
+        }
         self.limit = src.rollout.prompt_limit(src.engine)
         self.mover: str | None = None
         self.game.reset(seed=self.seed)
@@ -271,19 +371,25 @@ class LockstepGame:
             else:
                 ep.rewards.append(reward)
             if ep.done or not ep.fits(self.limit):
-                game.step(policy_move(None, game, agent, self.rng))  # over its budget: unrecorded, as play_game
+                game.step(
+                    policy_move(None, game, agent, self.rng)
+                )  # over its budget: unrecorded, as play_game
                 continue
             self.mover = agent
             prompt, params = ep.next_request()
             return prompt, params, ep.key.trajectory_id
         for seat, ep in self.episodes.items():
             if seat in self.started and not ep.done:
-                ep.on_step("The game is over.", self.owed.pop(seat, 0.0), True, False, {"agent": seat}, 0.0)
+                ep.on_step(
+                    "The game is over.", self.owed.pop(seat, 0.0), True, False, {"agent": seat}, 0.0
+                )
         return None
 
     def apply(self, completion: Any) -> None:
         agent, ep = self.mover, self.episodes[self.mover]
-        owe = self.src.player.play_move(self.game, agent, ep.on_completion(completion, 0.0), self.rng, self.tally)
+        owe = self.src.player.play_move(
+            self.game, agent, ep.on_completion(completion, 0.0), self.rng, self.tally
+        )
         if owe:
             self.owed[agent] = self.owed.get(agent, 0.0) + owe
 
@@ -291,8 +397,11 @@ class LockstepGame:
         for ep in self.episodes.values():
             engine.end_session(ep.key.trajectory_id)
         self.game.close()
-        return {(self.k, self.member, seat): round(float(sum(ep.rewards)), 4) for seat, ep in self.episodes.items()
-                if seat in self.started}
+        return {
+            (self.k, self.member, seat): round(float(sum(ep.rewards)), 4)
+            for seat, ep in self.episodes.items()
+            if seat in self.started
+        }
 
 
 async def lockstep(src: Any, engine: Any, n_games: int, wave: int) -> tuple[float, dict]:
@@ -301,12 +410,18 @@ async def lockstep(src: Any, engine: Any, n_games: int, wave: int) -> tuple[floa
     outcomes: dict = {}
     t0 = time.perf_counter()
     for w in range(n_games // wave):
-        games = [LockstepGame(src, k, m) for k in range(w * wave // G, (w + 1) * wave // G) for m in range(G)]
+        games = [
+            LockstepGame(src, k, m)
+            for k in range(w * wave // G, (w + 1) * wave // G)
+            for m in range(G)
+        ]
         live = games
         while live:
             asks = [(g, g.advance()) for g in live]
             live = [(g, req) for g, req in asks if req is not None]
-            replies = await asyncio.gather(*(engine.generate(p, params, session_id=s) for _, (p, params, s) in live))
+            replies = await asyncio.gather(
+                *(engine.generate(p, params, session_id=s) for _, (p, params, s) in live)
+            )
             for (g, _), c in zip(live, replies):
                 g.apply(c)
             live = [g for g, _ in live]
@@ -320,12 +435,25 @@ def engine_for(lm: Any, a: argparse.Namespace, warm: bool, piggyback: int = 0) -
     from gymllm.inference.jax_engine import JaxEngine
 
     dtype = None if a.compute_dtype == "none" else a.compute_dtype
-    engine = JaxEngine(lm.model, lm.tokenizer, config=EngineConfig(**{
-        "min_bucket": 16, **a.engine_fields, "num_slots": a.num_slots, "max_len": a.max_len, "compute_dtype": dtype,
-        "piggyback_tokens": piggyback}))
+    engine = JaxEngine(
+        lm.model,
+        lm.tokenizer,
+        config=EngineConfig(
+            **{
+                "min_bucket": 16,
+                **a.engine_fields,
+                "num_slots": a.num_slots,
+                "max_len": a.max_len,
+                "compute_dtype": dtype,
+                "piggyback_tokens": piggyback,
+            }
+        ),
+    )
     if warm:
         engine.warmup()
-    return ReplyPlan(engine, median=a.reply_median, p99=a.reply_p99, max_tokens=a.max_tokens, seed=a.seed)
+    return ReplyPlan(
+        engine, median=a.reply_median, p99=a.reply_p99, max_tokens=a.max_tokens, seed=a.seed
+    )
 
 
 COMPILED = {"n": 0, "s": 0.0}
@@ -337,8 +465,15 @@ def on_event(event: str, duration: float, **_: Any) -> None:
         COMPILED["n"] += event.endswith("backend_compile_duration")
 
 
-def run_side(side: str, game: str, lm: Any, a: argparse.Namespace, n_games: int, warm: bool = False,
-             piggyback: int = 0) -> dict:
+def run_side(
+    side: str,
+    game: str,
+    lm: Any,
+    a: argparse.Namespace,
+    n_games: int,
+    warm: bool = False,
+    piggyback: int = 0,
+) -> dict:
     n0, s0 = COMPILED["n"], COMPILED["s"]
     plan = engine_for(lm, a, warm, piggyback)
     src = make_source(game, plan, lm, a)
@@ -349,9 +484,18 @@ def run_side(side: str, game: str, lm: Any, a: argparse.Namespace, n_games: int,
             wall, outcomes = asyncio.run(lockstep(src, plan, n_games, a.num_slots // 2))
     finally:
         plan.engine.shutdown()
-    stats = {k: plan.engine.stats[k] for k in ("decode_steps", "prefill_tokens", "generated_tokens")}
-    return {"wall_s": wall, "games": len({(k, m) for k, m, _ in outcomes}), "outcomes": outcomes, **stats,
-            "tokens": plan.tokens, "compiles": COMPILED["n"] - n0, "compile_s": round(COMPILED["s"] - s0, 2)}
+    stats = {
+        k: plan.engine.stats[k] for k in ("decode_steps", "prefill_tokens", "generated_tokens")
+    }
+    return {
+        "wall_s": wall,
+        "games": len({(k, m) for k, m, _ in outcomes}),
+        "outcomes": outcomes,
+        **stats,
+        "tokens": plan.tokens,
+        "compiles": COMPILED["n"] - n0,
+        "compile_s": round(COMPILED["s"] - s0, 2),
+    }
 
 
 def by_game(outcomes: dict) -> dict:
@@ -376,25 +520,50 @@ def measure(a: argparse.Namespace, lm: Any, piggyback: int) -> dict:
     """Warm-up, then ``a.rounds`` interleaved rounds of both sides on every game, one engine config."""
     t = time.perf_counter()
     n0 = COMPILED["n"]
-    for game in a.games:  # warm-up: compiles the shapes a wave meets (untimed); later engines reuse the programs
+    for game in (
+        a.games
+    ):  # warm-up: compiles the shapes a wave meets (untimed); later engines reuse the programs
         for side in ("barrier_free", "lockstep"):
             run_side(side, game, lm, a, a.num_slots // 2, warm=a.full_warmup, piggyback=piggyback)
-    print(f"[piggyback {piggyback}] warm-up {time.perf_counter() - t:.1f} s, {COMPILED['n'] - n0} programs compiled",
-          flush=True)
-    rounds: dict[str, dict[str, list[dict]]] = {g: {"barrier_free": [], "lockstep": []} for g in a.games}
+    print(
+        f"[piggyback {piggyback}] warm-up {time.perf_counter() - t:.1f} s, {COMPILED['n'] - n0} programs compiled",
+        flush=True,
+    )
+    rounds: dict[str, dict[str, list[dict]]] = {
+        g: {"barrier_free": [], "lockstep": []} for g in a.games
+    }
     last: dict[tuple[str, str], dict] = {}
     for r in range(a.rounds):
         for game in a.games:
-            for side in (("barrier_free", "lockstep") if r % 2 == 0 else ("lockstep", "barrier_free")):
+            for side in (
+                ("barrier_free", "lockstep") if r % 2 == 0 else ("lockstep", "barrier_free")
+            ):
                 out = run_side(side, game, lm, a, a.num_games, piggyback=piggyback)
                 last[(game, side)] = out
-                row = {"wall_s": round(out["wall_s"], 3), "games": out["games"],
-                       "games_per_s": round(out["games"] / out["wall_s"], 3)}
-                row.update({k: out[k] for k in ("tokens", "decode_steps", "prefill_tokens", "compiles", "compile_s")})
+                row = {
+                    "wall_s": round(out["wall_s"], 3),
+                    "games": out["games"],
+                    "games_per_s": round(out["games"] / out["wall_s"], 3),
+                }
+                row.update(
+                    {
+                        k: out[k]
+                        for k in (
+                            "tokens",
+                            "decode_steps",
+                            "prefill_tokens",
+                            "compiles",
+                            "compile_s",
+                        )
+                    }
+                )
                 rounds[game][side].append(row)
-                print(f"[piggyback {piggyback}] round {r} {game:13s} {side:12s} {out['games']:4d} games in "
-                      f"{out['wall_s']:7.2f} s = {row['games_per_s']:7.2f} games/s, {out['tokens']} tokens, "
-                      f"{out['decode_steps']} decode steps, {out['compiles']} compiles ({out['compile_s']} s)", flush=True)
+                print(
+                    f"[piggyback {piggyback}] round {r} {game:13s} {side:12s} {out['games']:4d} games in "
+                    f"{out['wall_s']:7.2f} s = {row['games_per_s']:7.2f} games/s, {out['tokens']} tokens, "
+                    f"{out['decode_steps']} decode steps, {out['compiles']} compiles ({out['compile_s']} s)",
+                    flush=True,
+                )
     per_game: dict[str, Any] = {}
     wall = {"barrier_free": 0.0, "lockstep": 0.0}
     matched = compared = 0
@@ -407,29 +576,43 @@ def measure(a: argparse.Namespace, lm: Any, piggyback: int) -> dict:
             row[f"{side}_decode_steps"] = median_rounds(rows, "decode_steps")
             wall[side] += median_rounds(rows, "wall_s")
         row["ratio"] = round(row["barrier_free_games_per_s"] / row["lockstep_games_per_s"], 3)
-        row["ratio_spread"] = spread([b["games_per_s"] / s["games_per_s"] for b, s in
-                                      zip(rounds[game]["barrier_free"], rounds[game]["lockstep"])])
+        row["ratio_spread"] = spread(
+            [
+                b["games_per_s"] / s["games_per_s"]
+                for b, s in zip(rounds[game]["barrier_free"], rounds[game]["lockstep"])
+            ]
+        )
         bf, ls = (by_game(last[(game, side)]["outcomes"]) for side in ("barrier_free", "lockstep"))
         games = bf.keys() & ls.keys()
         same = sum(bf[km] == ls[km] for km in games)
         row["games_match"] = round(same / max(len(games), 1), 3)
         matched, compared = matched + same, compared + len(games)
         per_game[game] = row
-        print(f"[piggyback {piggyback}] {game}: barrier-free {row['barrier_free_games_per_s']} games/s "
-              f"{row['barrier_free_spread']}, lock-step {row['lockstep_games_per_s']} {row['lockstep_spread']}: "
-              f"{row['ratio']}x (rounds {row['ratio_spread']}); decode steps {row['barrier_free_decode_steps']} vs "
-              f"{row['lockstep_decode_steps']}; games match {row['games_match']}", flush=True)
+        print(
+            f"[piggyback {piggyback}] {game}: barrier-free {row['barrier_free_games_per_s']} games/s "
+            f"{row['barrier_free_spread']}, lock-step {row['lockstep_games_per_s']} {row['lockstep_spread']}: "
+            f"{row['ratio']}x (rounds {row['ratio_spread']}); decode steps {row['barrier_free_decode_steps']} vs "
+            f"{row['lockstep_decode_steps']}; games match {row['games_match']}",
+            flush=True,
+        )
     n = a.num_games * len(a.games)
     bf_rate, ls_rate = n / wall["barrier_free"], n / wall["lockstep"]
-    return {"selfplay_vs_lockstep": round(bf_rate / ls_rate, 3), "barrier_free_games_per_s": round(bf_rate, 3),
-            "lockstep_games_per_s": round(ls_rate, 3), "per_game": per_game, "rounds": rounds,
-            "games_match": round(matched / max(compared, 1), 3)}
+    return {
+        "selfplay_vs_lockstep": round(bf_rate / ls_rate, 3),
+        "barrier_free_games_per_s": round(bf_rate, 3),
+        "lockstep_games_per_s": round(ls_rate, 3),
+        "per_game": per_game,
+        "rounds": rounds,
+        "games_match": round(matched / max(compared, 1), 3),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
     from results.device import choose_platform_args
 
-    argv = choose_platform_args(argv)  # --cpu: JAX on the CPU (children too); else JAX_PLATFORMS or JAX's default
+    argv = choose_platform_args(
+        argv
+    )  # --cpu: JAX on the CPU (children too); else JAX_PLATFORMS or JAX's default
     a = parse_args(argv)
     import jax
 
@@ -440,28 +623,59 @@ def main(argv: list[str] | None = None) -> None:
     from gymllm.utils.host import describe_cpu
 
     dev = jax.devices()[0]
-    device = f"{dev.platform}: {dev.device_kind}" + (f" ({describe_cpu()}, {os.cpu_count()} cores)"
-                                                     if dev.platform == "cpu" else "")
+    device = f"{dev.platform}: {dev.device_kind}" + (
+        f" ({describe_cpu()}, {os.cpu_count()} cores)" if dev.platform == "cpu" else ""
+    )
     load0 = os.getloadavg()[0]
-    print(f"device {device}; load average {load0:.1f}; model {a.model}; games {a.games}; {a.num_games} games per "
-          f"side/game/round, {a.num_slots // 2} in flight ({a.num_slots} rows), G={a.group_size}; engine configs "
-          f"piggyback_tokens {a.piggyback}", flush=True)
+    print(
+        f"device {device}; load average {load0:.1f}; model {a.model}; games {a.games}; {a.num_games} games per "
+        f"side/game/round, {a.num_slots // 2} in flight ({a.num_slots} rows), G={a.group_size}; engine configs "
+        f"piggyback_tokens {a.piggyback}",
+        flush=True,
+    )
     lm = load_model(a.model)
     configs = {p: measure(a, lm, p) for p in a.piggyback}
     # each side at the engine config that serves it best (both were offered the same configs)
     best_bf = max(configs, key=lambda p: configs[p]["barrier_free_games_per_s"])
     best_ls = max(configs, key=lambda p: configs[p]["lockstep_games_per_s"])
-    bf_rate, ls_rate = configs[best_bf]["barrier_free_games_per_s"], configs[best_ls]["lockstep_games_per_s"]
+    bf_rate, ls_rate = (
+        configs[best_bf]["barrier_free_games_per_s"],
+        configs[best_ls]["lockstep_games_per_s"],
+    )
     first = configs[a.piggyback[0]]
-    result = {"selfplay_vs_lockstep": round(bf_rate / ls_rate, 3), "barrier_free_games_per_s": bf_rate,
-              "lockstep_games_per_s": ls_rate, "best_piggyback_tokens": {"barrier_free": best_bf, "lockstep": best_ls},
-              "per_game": first["per_game"], "games_match": first["games_match"], "rounds": first["rounds"],
-              "configs": {str(p): c for p, c in configs.items()}, "model": a.model, "device": device,
-              "quick": a.quick, "load_average": [round(load0, 2), round(os.getloadavg()[0], 2)],
-              "workload": {k: getattr(a, k) for k in ("games", "num_games", "num_slots", "group_size", "rounds",
-                                                      "max_tokens", "reply_median", "reply_p99", "max_len",
-                                                      "max_model_calls", "piggyback", "compute_dtype", "engine_fields",
-                                                      "seed")}}
+    result = {
+        "selfplay_vs_lockstep": round(bf_rate / ls_rate, 3),
+        "barrier_free_games_per_s": bf_rate,
+        "lockstep_games_per_s": ls_rate,
+        "best_piggyback_tokens": {"barrier_free": best_bf, "lockstep": best_ls},
+        "per_game": first["per_game"],
+        "games_match": first["games_match"],
+        "rounds": first["rounds"],
+        "configs": {str(p): c for p, c in configs.items()},
+        "model": a.model,
+        "device": device,
+        "quick": a.quick,
+        "load_average": [round(load0, 2), round(os.getloadavg()[0], 2)],
+        "workload": {
+            k: getattr(a, k)
+            for k in (
+                "games",
+                "num_games",
+                "num_slots",
+                "group_size",
+                "rounds",
+                "max_tokens",
+                "reply_median",
+                "reply_p99",
+                "max_len",
+                "max_model_calls",
+                "piggyback",
+                "compute_dtype",
+                "engine_fields",
+                "seed",
+            )
+        },
+    }
     if len(configs) == 1:
         del result["configs"]
     from results import emit_result  # the RESULT line, and its record in benchmarks/results/

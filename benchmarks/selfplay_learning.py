@@ -37,8 +37,14 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RECIPES = {
-    "tictactoe_selfplay": {"game": "tic-tac-toe", "heuristic": "gymllm.envs.games:tictactoe_one_ply"},
-    "kuhn_poker_selfplay": {"game": "kuhn-poker", "heuristic": "gymllm.envs.kuhn_poker:kuhn_card_player"},
+    "tictactoe_selfplay": {
+        "game": "tic-tac-toe",
+        "heuristic": "gymllm.envs.games:tictactoe_one_ply",
+    },
+    "kuhn_poker_selfplay": {
+        "game": "kuhn-poker",
+        "heuristic": "gymllm.envs.kuhn_poker:kuhn_card_player",
+    },
 }
 BUDGET_S = 20 * 60
 
@@ -56,12 +62,19 @@ def run(cmd: list[str], log: pathlib.Path) -> float:
 def curve(run_dir: pathlib.Path) -> list[dict]:
     """The run's learning curve: every step record with ``eval/vs/...`` figures."""
     path = run_dir / "metrics.jsonl"
-    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
-    return [{"step": r["step"], **{k[len("eval/vs/"):]: r[k] for k in r if k.startswith("eval/vs/")}}
-            for r in rows if any(k.startswith("eval/vs/") for k in r)]
+    rows = (
+        [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    )
+    return [
+        {"step": r["step"], **{k[len("eval/vs/") :]: r[k] for k in r if k.startswith("eval/vs/")}}
+        for r in rows
+        if any(k.startswith("eval/vs/") for k in r)
+    ]
 
 
-def evaluate(recipe: str, run_dir: pathlib.Path, label: str, checkpoint: pathlib.Path, games: int) -> list[dict]:
+def evaluate(
+    recipe: str, run_dir: pathlib.Path, label: str, checkpoint: pathlib.Path, games: int
+) -> list[dict]:
     """``gymllm eval game`` of one checkpoint against the fixed players into ``run_dir/eval/<label>``
     (kept: a directory whose summary has the same games is reused); its rows."""
     spec = RECIPES[recipe]
@@ -69,11 +82,36 @@ def evaluate(recipe: str, run_dir: pathlib.Path, label: str, checkpoint: pathlib
     out_dir = run_dir / "eval" / label
     done = out_dir / "summary.json"
     if not (done.exists() and json.loads(done.read_text())["config"]["games"] == games):
-        cmd = [sys.executable, "-m", "gymllm.cli.main", "eval", "game", spec["game"], "--model.checkpoint", str(checkpoint),
-               "--model.label", label, "--opponent", "random", "--opponent", spec["heuristic"],
-               "--env-kwargs", json.dumps(table["env"].get("kwargs", {})), "--eval.games", str(games),
-               "--sampling.temperature", "0", "--sampling.max-tokens", str(table.get("sampling", {}).get("max_tokens", 6)),
-               "--engine.max-len", "1024", "--eval.num-resamples", "200", "--out", str(out_dir)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "gymllm.cli.main",
+            "eval",
+            "game",
+            spec["game"],
+            "--model.checkpoint",
+            str(checkpoint),
+            "--model.label",
+            label,
+            "--opponent",
+            "random",
+            "--opponent",
+            spec["heuristic"],
+            "--env-kwargs",
+            json.dumps(table["env"].get("kwargs", {})),
+            "--eval.games",
+            str(games),
+            "--sampling.temperature",
+            "0",
+            "--sampling.max-tokens",
+            str(table.get("sampling", {}).get("max_tokens", 6)),
+            "--engine.max-len",
+            "1024",
+            "--eval.num-resamples",
+            "200",
+            "--out",
+            str(out_dir),
+        ]
         run(cmd, run_dir / f"eval_{label}.log")
     return [json.loads(x) for x in (out_dir / "games.jsonl").read_text().splitlines() if x.strip()]
 
@@ -86,46 +124,85 @@ def measure(recipe: str, run_dir: pathlib.Path, games: int) -> dict:
     from gymllm.suites.game_tables import summarize_games
 
     spec = RECIPES[recipe]
-    kwargs = tomllib.loads((REPO / "gymllm" / "recipes" / f"{recipe}.toml").read_text())["env"].get("kwargs", {})
+    kwargs = tomllib.loads((REPO / "gymllm" / "recipes" / f"{recipe}.toml").read_text())["env"].get(
+        "kwargs", {}
+    )
     t = time.perf_counter()
-    rows = evaluate(recipe, run_dir, "sft", run_dir / "sft", games) + evaluate(recipe, run_dir, "selfplay", run_dir, games)
+    rows = evaluate(recipe, run_dir, "sft", run_dir / "sft", games) + evaluate(
+        recipe, run_dir, "selfplay", run_dir, games
+    )
     eval_s = time.perf_counter() - t
     h = spec["heuristic"]
     labels = ["sft", "selfplay", "random", h]
-    rates = {f"{x['player']}_vs_{x['opponent'].rsplit(':', 1)[-1]}": {k: x[k] for k in ("games", "win", "draw", "loss")}
-             for x in summarize_games(rows, labels) if x["player"] in ("sft", "selfplay")}
+    rates = {
+        f"{x['player']}_vs_{x['opponent'].rsplit(':', 1)[-1]}": {
+            k: x[k] for k in ("games", "win", "draw", "loss")
+        }
+        for x in summarize_games(rows, labels)
+        if x["player"] in ("sft", "selfplay")
+    }
     for v in rates.values():
         v["win_or_draw"] = v["win"] + v["draw"] if v["win"] is not None else None
-    paired = {f"{d['metric']}_vs_{d['opponent'].rsplit(':', 1)[-1]}": {k: d[k] for k in ("n", "mean_a", "mean_b", "diff", "lo", "hi")}
-              for d in paired_comparisons(rows, ["sft", "selfplay"], ["random", h])}
+    paired = {
+        f"{d['metric']}_vs_{d['opponent'].rsplit(':', 1)[-1]}": {
+            k: d[k] for k in ("n", "mean_a", "mean_b", "diff", "lo", "hi")
+        }
+        for d in paired_comparisons(rows, ["sft", "selfplay"], ["random", h])
+    }
     out = {"eval_s": eval_s, "games": games, "rates": rates, "paired": paired}
     h = spec["heuristic"].rsplit(":", 1)[-1]
     if recipe == "tictactoe_selfplay":
         wd = paired.get("win_or_draw_vs_random", {})
         out["goals"] = {
-            "selfplay_win_or_draw_vs_random>=0.85": rates["selfplay_vs_random"]["win_or_draw"] >= 0.85,
+            "selfplay_win_or_draw_vs_random>=0.85": rates["selfplay_vs_random"]["win_or_draw"]
+            >= 0.85,
             "gain_over_sft_vs_random_interval_above_0": wd.get("lo", -1) > 0,
-            f"win_or_draw_vs_{h}_rises": paired.get(f"win_or_draw_vs_{h}", {}).get("diff", 0) > 0}
+            f"win_or_draw_vs_{h}_rises": paired.get(f"win_or_draw_vs_{h}", {}).get("diff", 0) > 0,
+        }
     else:
         from gymllm.envs.kuhn_poker import kuhn_action_table
 
         actions = {p: kuhn_action_table(rows, p, **kwargs) for p in ("sft", "selfplay")}
-        out["actions"] = {p: {c: {k: t[k] for k in ("decisions", "aggressive", "[bet]", "[check]", "[call]", "[fold]")}
-                              for c, t in tab.items()} for p, tab in actions.items()}
+        out["actions"] = {
+            p: {
+                c: {
+                    k: t[k]
+                    for k in ("decisions", "aggressive", "[bet]", "[check]", "[call]", "[fold]")
+                }
+                for c, t in tab.items()
+            }
+            for p, tab in actions.items()
+        }
         chips = paired.get("reward_vs_random", {})
         k, j = actions["selfplay"]["K"]["aggressive"], actions["selfplay"]["J"]["aggressive"]
-        out["goals"] = {"chips_gain_over_sft_vs_random_interval_above_0": chips.get("lo", -1) > 0,
-                        "selfplay_bets_or_calls_K_more_than_J": k is not None and j is not None and k > j}
+        out["goals"] = {
+            "chips_gain_over_sft_vs_random_interval_above_0": chips.get("lo", -1) > 0,
+            "selfplay_bets_or_calls_K_more_than_J": k is not None and j is not None and k > j,
+        }
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--recipe", action="append", choices=sorted(RECIPES), help="repeatable (default: both)")
-    ap.add_argument("--run-root", default="runs/selfplay_learning", help="run directories go under it, one per recipe")
-    ap.add_argument("--games", type=int, default=128, help="games a pairing in the final evaluation (even)")
-    ap.add_argument("--eval-only", action="store_true", help="measure existing run directories, no training")
-    ap.add_argument("--quick", action="store_true", help="a smoke run: 2 GRPO steps, 16 games (not the goals' figures)")
+    ap.add_argument(
+        "--recipe", action="append", choices=sorted(RECIPES), help="repeatable (default: both)"
+    )
+    ap.add_argument(
+        "--run-root",
+        default="runs/selfplay_learning",
+        help="run directories go under it, one per recipe",
+    )
+    ap.add_argument(
+        "--games", type=int, default=128, help="games a pairing in the final evaluation (even)"
+    )
+    ap.add_argument(
+        "--eval-only", action="store_true", help="measure existing run directories, no training"
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: 2 GRPO steps, 16 games (not the goals' figures)",
+    )
     ap.add_argument("extra", nargs="*", help="arguments for gymllm train (after --)")
     args = ap.parse_args()
     from gymllm.utils.host import describe_cpu, loadavg
@@ -140,10 +217,25 @@ def main() -> None:
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         fig: dict = {}
         if not args.eval_only:
-            fig["train_s"] = run([sys.executable, "-m", "gymllm.cli.main", "train", recipe, "--run-dir", str(run_dir),
-                                  *extra], run_dir.parent / f"{recipe}.train.log")
+            fig["train_s"] = run(
+                [
+                    sys.executable,
+                    "-m",
+                    "gymllm.cli.main",
+                    "train",
+                    recipe,
+                    "--run-dir",
+                    str(run_dir),
+                    *extra,
+                ],
+                run_dir.parent / f"{recipe}.train.log",
+            )
             fig["within_20_min"] = fig["train_s"] <= BUDGET_S
-        stages = json.loads((run_dir / "stages.json").read_text()) if (run_dir / "stages.json").exists() else {}
+        stages = (
+            json.loads((run_dir / "stages.json").read_text())
+            if (run_dir / "stages.json").exists()
+            else {}
+        )
         fig["sft_s"] = stages.get("sft", {}).get("wall_s")
         fig["curve"] = curve(run_dir)
         fig.update(measure(recipe, run_dir, games))

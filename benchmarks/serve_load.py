@@ -38,8 +38,22 @@ def start_server(model: str, max_len: int, slots: int) -> tuple[subprocess.Popen
     from gymllm.utils.serving import wait_until_healthy
 
     port = _free_port()
-    cmd = [sys.executable, "-m", "gymllm.cli.main", "serve", "--model.name", model, "--port", str(port),
-           "--engine.max-len", str(max_len), "--engine.num-slots", str(slots), "--engine.min-bucket", str(max_len)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gymllm.cli.main",
+        "serve",
+        "--model.name",
+        model,
+        "--port",
+        str(port),
+        "--engine.max-len",
+        str(max_len),
+        "--engine.num-slots",
+        str(slots),
+        "--engine.min-bucket",
+        str(max_len),
+    ]
     env = {**os.environ, "GYMLLM_API_KEY": ""}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
@@ -58,8 +72,13 @@ def rss_bytes(pid: int) -> int:
 async def one_stream(http, rng: random.Random, max_len: int) -> tuple[float, int, str | None]:
     """One streaming completion: (seconds, tokens, error or None)."""
     n = rng.randint(4, max_len // 4)
-    body = {"prompt": [rng.randint(1, 200) for _ in range(n)], "max_tokens": rng.randint(4, max_len // 4),
-            "stream": True, "temperature": 1.0, "seed": rng.randint(0, 2**31)}
+    body = {
+        "prompt": [rng.randint(1, 200) for _ in range(n)],
+        "max_tokens": rng.randint(4, max_len // 4),
+        "stream": True,
+        "temperature": 1.0,
+        "seed": rng.randint(0, 2**31),
+    }
     t, tokens, done = time.perf_counter(), 0, False
     try:
         async with http.stream("POST", "/v1/completions", json=body) as r:
@@ -74,7 +93,11 @@ async def one_stream(http, rng: random.Random, max_len: int) -> tuple[float, int
                     break
                 event = json.loads(data)
                 if "error" in event:
-                    return time.perf_counter() - t, tokens, f"stream error: {event['error'].get('message', '')[:100]}"
+                    return (
+                        time.perf_counter() - t,
+                        tokens,
+                        f"stream error: {event['error'].get('message', '')[:100]}",
+                    )
                 tokens += len(event["choices"][0].get("token_ids") or [])
     except Exception as e:  # noqa: BLE001 - every failure is counted, the load goes on
         return time.perf_counter() - t, tokens, f"{type(e).__name__}: {e}"[:200]
@@ -126,7 +149,9 @@ def main() -> None:
 
     proc, url = start_server(args.model, args.max_len, args.slots)
     try:
-        asyncio.run(load(url, min(clients, 4), 5.0 if args.quick else 10.0, args.max_len, args.seed + 1))  # warm-up
+        asyncio.run(
+            load(url, min(clients, 4), 5.0 if args.quick else 10.0, args.max_len, args.seed + 1)
+        )  # warm-up
         rss0 = rss_bytes(proc.pid)
         out = asyncio.run(load(url, clients, duration, args.max_len, args.seed))
         rss1 = rss_bytes(proc.pid)
@@ -138,11 +163,20 @@ def main() -> None:
     errors = len(out["errors"]) + (0 if healthy else 1)
     if out["errors"]:
         print("first errors:", out["errors"][:5], file=sys.stderr)
-    result = {"serve_p99_ms": round(p99 * 1000, 1), "serve_p50_ms": round(statistics.median(lat) * 1000, 1) if lat else None,
-              "serve_errors": errors, "serve_rss_growth": round(rss1 / rss0, 3) if rss0 else None,
-              "requests": len(lat), "tokens_per_s": round(out["tokens"] / out["wall"], 1), "clients": clients,
-              "duration_s": duration, "healthy_after": healthy, "load_average": round(os.getloadavg()[0], 2)}
+    result = {
+        "serve_p99_ms": round(p99 * 1000, 1),
+        "serve_p50_ms": round(statistics.median(lat) * 1000, 1) if lat else None,
+        "serve_errors": errors,
+        "serve_rss_growth": round(rss1 / rss0, 3) if rss0 else None,
+        "requests": len(lat),
+        "tokens_per_s": round(out["tokens"] / out["wall"], 1),
+        "clients": clients,
+        "duration_s": duration,
+        "healthy_after": healthy,
+        "load_average": round(os.getloadavg()[0], 2),
+    }
     from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+
     emit_result("serve_load", result)
 
 

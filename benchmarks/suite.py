@@ -51,21 +51,43 @@ from typing import Any
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="4 seeds x 2 samples, short replies (about 2 minutes)")
-    parser.add_argument("--model", default="tiny-qwen3",
-                        help="tiny-<family>, a model name, or shape:NAME (random weights in a real architecture)")
-    parser.add_argument("--num-slots", default="16",
-                        help="rows each engine decodes together, both sides (16: gymllm eval's default); "
-                             "`inflight`: each engine as many as it has episodes in flight (per-env: one env's, "
-                             "suite: every env's), where batching is cheap (a GPU)")
-    parser.add_argument("--engine", action="append", default=[], metavar="FIELD=VALUE",
-                        help="an EngineConfig field for both sides' engines, e.g. decode_chunk=8 (repeatable)")
-    parser.add_argument("--full-sizes", action="store_true",
-                        help="with --quick's round limits, the full run's rows (16 seeds x 4 samples, 64 tokens)")
-    parser.add_argument("--max-len", type=int, default=1024, help="the engines' tokens per row (both sides)")
+    parser.add_argument(
+        "--quick", action="store_true", help="4 seeds x 2 samples, short replies (about 2 minutes)"
+    )
+    parser.add_argument(
+        "--model",
+        default="tiny-qwen3",
+        help="tiny-<family>, a model name, or shape:NAME (random weights in a real architecture)",
+    )
+    parser.add_argument(
+        "--num-slots",
+        default="16",
+        help="rows each engine decodes together, both sides (16: gymllm eval's default); "
+        "`inflight`: each engine as many as it has episodes in flight (per-env: one env's, "
+        "suite: every env's), where batching is cheap (a GPU)",
+    )
+    parser.add_argument(
+        "--engine",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="an EngineConfig field for both sides' engines, e.g. decode_chunk=8 (repeatable)",
+    )
+    parser.add_argument(
+        "--full-sizes",
+        action="store_true",
+        help="with --quick's round limits, the full run's rows (16 seeds x 4 samples, 64 tokens)",
+    )
+    parser.add_argument(
+        "--max-len", type=int, default=1024, help="the engines' tokens per row (both sides)"
+    )
     parser.add_argument("--max-rounds", type=int, default=8, help="rounds of both sides at most")
-    parser.add_argument("--clean-rounds", type=int, default=2,
-                        help="stop once each side has this many warm rounds without a compilation")
+    parser.add_argument(
+        "--clean-rounds",
+        type=int,
+        default=2,
+        help="stop once each side has this many warm rounds without a compilation",
+    )
     from results.device import choose_platform
 
     choose_platform()  # --cpu: JAX on the CPU (children too); else JAX_PLATFORMS or JAX's default
@@ -77,19 +99,33 @@ def main() -> None:
     from gymllm.suites import PolicySpec, RunnerConfig, load_suite, run_suite
     from gymllm.utils.host import describe_cpu
 
-    sizes = (dict(num_seeds=4, k=2, max_tokens=16, max_turns=2) if args.quick and not args.full_sizes
-             else dict(num_seeds=16, k=4, max_tokens=64, max_turns=4))
+    sizes = (
+        dict(num_seeds=4, k=2, max_tokens=16, max_turns=2)
+        if args.quick and not args.full_sizes
+        else dict(num_seeds=16, k=4, max_tokens=64, max_turns=4)
+    )
     suite = load_suite("core", overrides={**sizes, "temperature": 0.7, "seed_base": 1_000_000})
     load_start = os.getloadavg()[0]
-    print(f"cpu: {describe_cpu()} ({os.cpu_count()} cores), load average {load_start:.1f}", flush=True)
+    print(
+        f"cpu: {describe_cpu()} ({os.cpu_count()} cores), load average {load_start:.1f}", flush=True
+    )
 
     inflight = args.num_slots == "inflight"
     if not inflight and not args.num_slots.isdigit():
-        parser.error(f"--num-slots: expected a positive int or `inflight`, received {args.num_slots!r}")
-    per_env_cap = EvalConfig().max_concurrency  # the per-env path's episodes in flight; the suite's per env
+        parser.error(
+            f"--num-slots: expected a positive int or `inflight`, received {args.num_slots!r}"
+        )
+    per_env_cap = (
+        EvalConfig().max_concurrency
+    )  # the per-env path's episodes in flight; the suite's per env
     rows_of = {e.name: len(e.seeds) * e.k for e in suite.envs}
-    per_env_slots = {e.name: (min(per_env_cap, rows_of[e.name]) if inflight else int(args.num_slots)) for e in suite.envs}
-    suite_slots = (sum(min(per_env_cap, n) for n in rows_of.values()) if inflight else int(args.num_slots))
+    per_env_slots = {
+        e.name: (min(per_env_cap, rows_of[e.name]) if inflight else int(args.num_slots))
+        for e in suite.envs
+    }
+    suite_slots = (
+        sum(min(per_env_cap, n) for n in rows_of.values()) if inflight else int(args.num_slots)
+    )
     import ast
 
     from gymllm.inference import EngineConfig, JaxEngine
@@ -98,13 +134,18 @@ def main() -> None:
     for item in args.engine:
         key, sep, value = item.partition("=")
         if not sep or key not in {f.name for f in dataclasses.fields(EngineConfig)}:
-            parser.error(f"--engine: expected FIELD=VALUE with FIELD an EngineConfig field, received {item!r}")
+            parser.error(
+                f"--engine: expected FIELD=VALUE with FIELD an EngineConfig field, received {item!r}"
+            )
         try:
             engine_fields[key] = ast.literal_eval(value)
         except (ValueError, SyntaxError):
             engine_fields[key] = value
     if args.model.startswith("shape:"):
-        from accelerator_check import shaped_model  # the same architectures the accelerator check uses
+        from accelerator_check import (
+            shaped_model,
+        )  # the same architectures the accelerator check uses
+
         loaded = shaped_model(args.model)
     else:
         loaded = load_model(args.model)
@@ -113,21 +154,49 @@ def main() -> None:
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory() as out:
             engine = EngineConfig(num_slots=suite_slots, max_len=args.max_len, **engine_fields)
-            policy = PolicySpec(label=args.model, loaded=loaded,
-                                make_engine=lambda: JaxEngine.from_loaded(loaded, config=engine))
-            summary = run_suite(suite, [policy], out, write_report=False,
-                                config=RunnerConfig(max_len=args.max_len, num_slots=suite_slots, max_concurrency_per_env=per_env_cap,
-                                                    progress=False))
+            policy = PolicySpec(
+                label=args.model,
+                loaded=loaded,
+                make_engine=lambda: JaxEngine.from_loaded(loaded, config=engine),
+            )
+            summary = run_suite(
+                suite,
+                [policy],
+                out,
+                write_report=False,
+                config=RunnerConfig(
+                    max_len=args.max_len,
+                    num_slots=suite_slots,
+                    max_concurrency_per_env=per_env_cap,
+                    progress=False,
+                ),
+            )
         return time.perf_counter() - t0, summary
 
     def per_env_side() -> tuple[float, list[dict[str, Any]]]:
         # what `gymllm eval env ENV1 ... ENV5` runs (run_eval): a fresh engine per env, one env after another
         t0 = time.perf_counter()
-        config = EvalConfig(seeds=sizes["num_seeds"], k=sizes["k"], seed_base=1_000_000, max_turns=sizes["max_turns"],
-                            success_threshold=1.0, sampling=SamplingParams(temperature=0.7, max_tokens=sizes["max_tokens"]))
-        rows = [asyncio.run(eval_env(e.id, loaded, config=config, max_len=args.max_len, num_slots=per_env_slots[e.name],
-                                     engine=engine_fields))
-                for e in suite.envs]
+        config = EvalConfig(
+            seeds=sizes["num_seeds"],
+            k=sizes["k"],
+            seed_base=1_000_000,
+            max_turns=sizes["max_turns"],
+            success_threshold=1.0,
+            sampling=SamplingParams(temperature=0.7, max_tokens=sizes["max_tokens"]),
+        )
+        rows = [
+            asyncio.run(
+                eval_env(
+                    e.id,
+                    loaded,
+                    config=config,
+                    max_len=args.max_len,
+                    num_slots=per_env_slots[e.name],
+                    engine=engine_fields,
+                )
+            )
+            for e in suite.envs
+        ]
         return time.perf_counter() - t0, rows
 
     import jax
@@ -148,16 +217,23 @@ def main() -> None:
     for r in range(args.max_rounds):
         # round 0 compiles: the suite side first, so what the per-env side reuses favours it; then the order
         # alternates so neither side always runs after the other
-        for side in (("suite", "per_env") if r % 2 == 0 else ("per_env", "suite")):
+        for side in ("suite", "per_env") if r % 2 == 0 else ("per_env", "suite"):
             n0, s0 = compiled["n"], compiled["s"]
             if side == "suite":
                 dt, summary = suite_side()
             else:
                 dt, rows = per_env_side()
-            runs[side].append({"wall_s": round(dt, 3), "compiles": compiled["n"] - n0,
-                               "compile_s": round(compiled["s"] - s0, 3)})
-            print(f"round {r} {side}: {dt:.2f} s, {compiled['n'] - n0} compilations ({compiled['s'] - s0:.2f} s)",
-                  flush=True)
+            runs[side].append(
+                {
+                    "wall_s": round(dt, 3),
+                    "compiles": compiled["n"] - n0,
+                    "compile_s": round(compiled["s"] - s0, 3),
+                }
+            )
+            print(
+                f"round {r} {side}: {dt:.2f} s, {compiled['n'] - n0} compilations ({compiled['s'] - s0:.2f} s)",
+                flush=True,
+            )
         if r >= 1 and min(len(clean("suite")), len(clean("per_env"))) >= args.clean_rounds:
             break
 
@@ -165,9 +241,13 @@ def main() -> None:
         return sorted(xs)[(len(xs) - 1) // 2]
 
     net_of_compile = min(len(clean("suite")), len(clean("per_env"))) == 0
-    if net_of_compile:  # every warm round still compiled something: its compile seconds are taken out
-        suite_s, per_env_s = (median([r["wall_s"] - r["compile_s"] for r in runs[s][1:]] or [runs[s][0]["wall_s"]])
-                              for s in ("suite", "per_env"))
+    if (
+        net_of_compile
+    ):  # every warm round still compiled something: its compile seconds are taken out
+        suite_s, per_env_s = (
+            median([r["wall_s"] - r["compile_s"] for r in runs[s][1:]] or [runs[s][0]["wall_s"]])
+            for s in ("suite", "per_env")
+        )
     else:
         suite_s, per_env_s = median(clean("suite")), median(clean("per_env"))
 
@@ -176,18 +256,40 @@ def main() -> None:
     match = True
     for e, row in zip(suite.envs, rows):
         mine = ours[e.name]
-        same = (abs(mine["mean_reward"] - row["mean_reward"]) < 1e-6 and abs(mine["pass_at"]["1"] - row["pass@1"]) < 1e-9
-                and mine["samples"] == row["episodes"])
+        same = (
+            abs(mine["mean_reward"] - row["mean_reward"]) < 1e-6
+            and abs(mine["pass_at"]["1"] - row["pass@1"]) < 1e-9
+            and mine["samples"] == row["episodes"]
+        )
         match &= same
-        per_env_rows[e.name] = {"suite": [mine["mean_reward"], mine["pass_at"]["1"], mine["samples"], mine["errors"]],
-                                "per_env": [row["mean_reward"], row["pass@1"], row["episodes"]], "match": same}
-    result = {"suite_vs_per_env": round(per_env_s / suite_s, 3), "suite_s": round(suite_s, 2),
-              "per_env_s": round(per_env_s, 2), "cold_suite_vs_per_env": round(runs["per_env"][0]["wall_s"] / runs["suite"][0]["wall_s"], 3),
-              "net_of_compile": net_of_compile, "rounds": runs, "rows": sum(len(e.seeds) * e.k for e in suite.envs),
-              "rows_match": match, "per_env_rows": per_env_rows, "model": args.model, "num_slots": {"suite": suite_slots, "per_env": per_env_slots},
-              "engine": engine_fields, "quick": args.quick, "device": jax.devices()[0].device_kind,
-              "cpu": describe_cpu(), "cores": os.cpu_count(), "load_average": [load_start, os.getloadavg()[0]]}
+        per_env_rows[e.name] = {
+            "suite": [mine["mean_reward"], mine["pass_at"]["1"], mine["samples"], mine["errors"]],
+            "per_env": [row["mean_reward"], row["pass@1"], row["episodes"]],
+            "match": same,
+        }
+    result = {
+        "suite_vs_per_env": round(per_env_s / suite_s, 3),
+        "suite_s": round(suite_s, 2),
+        "per_env_s": round(per_env_s, 2),
+        "cold_suite_vs_per_env": round(
+            runs["per_env"][0]["wall_s"] / runs["suite"][0]["wall_s"], 3
+        ),
+        "net_of_compile": net_of_compile,
+        "rounds": runs,
+        "rows": sum(len(e.seeds) * e.k for e in suite.envs),
+        "rows_match": match,
+        "per_env_rows": per_env_rows,
+        "model": args.model,
+        "num_slots": {"suite": suite_slots, "per_env": per_env_slots},
+        "engine": engine_fields,
+        "quick": args.quick,
+        "device": jax.devices()[0].device_kind,
+        "cpu": describe_cpu(),
+        "cores": os.cpu_count(),
+        "load_average": [load_start, os.getloadavg()[0]],
+    }
     from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+
     emit_result("suite", result)
 
 

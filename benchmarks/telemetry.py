@@ -55,13 +55,22 @@ def spread(xs: list[float]) -> dict[str, float]:
     """Mean, std, standard error of the mean, min and max of per-round figures."""
     m = statistics.fmean(xs)
     sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
-    return {"mean": m, "std": sd, "sem": sd / len(xs) ** 0.5, "min": min(xs), "max": max(xs), "rounds": len(xs)}
+    return {
+        "mean": m,
+        "std": sd,
+        "sem": sd / len(xs) ** 0.5,
+        "min": min(xs),
+        "max": max(xs),
+        "rounds": len(xs),
+    }
 
 
 def per_call_us(fn, n: int) -> float:
     """Median over 5 runs of the per-call time of ``fn`` (n calls), minus an empty loop's."""
 
-    def run(f) -> float:  # CPU time of this thread: other processes on a shared machine do not count
+    def run(
+        f,
+    ) -> float:  # CPU time of this thread: other processes on a shared machine do not count
         t = time.thread_time()
         for i in range(n):
             f(i)
@@ -79,9 +88,13 @@ def micro_costs(n: int) -> dict[str, float]:
         def f(i):
             with tr.span("decode", track="engine", active=i):
                 pass
+
         return f
 
-    out = {"span_cost_us": per_call_us(traced(on), n), "span_cost_disabled_us": per_call_us(traced(off), n)}
+    out = {
+        "span_cost_us": per_call_us(traced(on), n),
+        "span_cost_disabled_us": per_call_us(traced(off), n),
+    }
     out["counter_cost_us"] = per_call_us(lambda i: on.counter("queue_depth", i, track="rollout"), n)
     return out
 
@@ -98,13 +111,19 @@ def memory_per_event(n: int) -> float:
     return (after - before) / n
 
 
-async def trajectory(engine, env, tok, params_cls, seed: int, max_tokens: int, env_id: int) -> float:
+async def trajectory(
+    engine, env, tok, params_cls, seed: int, max_tokens: int, env_id: int
+) -> float:
     with span("rollout", track="rollout", trajectory=seed, group=seed // 100):
         with span("env_step", track=f"env/{env_id}", kind="reset"):
             obs, info = await env.areset(seed=seed)
-        prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": obs}], add_generation_prompt=True))
+        prompt = tok.encode(
+            tok.apply_chat_template([{"role": "user", "content": obs}], add_generation_prompt=True)
+        )
         with span("generate", track="rollout", trajectory=seed):
-            completion = await engine.generate(prompt, params_cls(temperature=1.0, max_tokens=max_tokens, seed=seed))
+            completion = await engine.generate(
+                prompt, params_cls(temperature=1.0, max_tokens=max_tokens, seed=seed)
+            )
         with span("env_step", track=f"env/{env_id}", trajectory=seed):
             _, reward, *_ = await env.astep(tok.decode(completion.token_ids))
         with span("reward", track=f"env/{env_id}", reward=float(reward)):
@@ -112,18 +131,26 @@ async def trajectory(engine, env, tok, params_cls, seed: int, max_tokens: int, e
     return float(reward)
 
 
-async def rollout_step(engine, envs, tok, params_cls, step: int, groups: int, group_size: int, max_tokens: int) -> float:
+async def rollout_step(
+    engine, envs, tok, params_cls, step: int, groups: int, group_size: int, max_tokens: int
+) -> float:
     """One step's rollouts; returns (wall seconds, CPU seconds of this process: all its threads)."""
     t, c = time.perf_counter(), time.process_time()
     tasks = []
     for g in range(groups):
         for j in range(group_size):
             k = g * group_size + j
-            tasks.append(trajectory(engine, envs[k], tok, params_cls, 10_000 * step + 100 * g + j, max_tokens, k))
+            tasks.append(
+                trajectory(
+                    engine, envs[k], tok, params_cls, 10_000 * step + 100 * g + j, max_tokens, k
+                )
+            )
     get_tracer().counter("queue_depth", 0, track="rollout")
     await asyncio.gather(*tasks)
     get_tracer().counter("queue_depth", groups, track="rollout")
-    for m in range(4):  # the trainer's spans for this step (their compute is not part of this figure)
+    for m in range(
+        4
+    ):  # the trainer's spans for this step (their compute is not part of this figure)
         with span("micro_batch", track="trainer", rows=group_size, index=m):
             pass
     return time.perf_counter() - t, time.process_time() - c
@@ -135,24 +162,42 @@ async def pipeline(args) -> dict[str, float]:
     from gymllm.inference.params import SamplingParams
     from gymllm.models.tiny import make_tiny
 
-    loaded = make_tiny("llama", hidden_size=args.hidden, intermediate_size=2 * args.hidden, num_layers=args.layers,
-                       num_heads=4, num_kv_heads=2, vocab_size=1024)
+    loaded = make_tiny(
+        "llama",
+        hidden_size=args.hidden,
+        intermediate_size=2 * args.hidden,
+        num_layers=args.layers,
+        num_heads=4,
+        num_kv_heads=2,
+        vocab_size=1024,
+    )
     n = args.groups * args.group_size
-    engine = JaxEngine(loaded.model, loaded.tokenizer, config=EngineConfig(num_slots=n, max_len=256, idle_wait_s=0.001))
+    engine = JaxEngine(
+        loaded.model,
+        loaded.tokenizer,
+        config=EngineConfig(num_slots=n, max_len=256, idle_wait_s=0.001),
+    )
     envs = [gymllm.make("gymllm/Arithmetic-v0") for _ in range(n)]
     tok = loaded.tokenizer
     times: dict[bool, list[float]] = {True: [], False: []}
     cpu: dict[bool, list[float]] = {True: [], False: []}
     events: list[int] = []
     previous = get_tracer()
-    tr = Tracer(capacity=4_000_000, enabled=False)  # one tracer for the whole run: toggled, never swapped
+    tr = Tracer(
+        capacity=4_000_000, enabled=False
+    )  # one tracer for the whole run: toggled, never swapped
     try:
         set_tracer(tr)
         # Every step replays the same seeds (same prompts, same sampled tokens), so traced and
         # untraced steps do identical work. Warm up until a step compiles nothing new; a measured
         # round in which a step still compiled (prefill batching depends on arrival timing) is discarded.
         compiles = lambda: sum(engine.trace_counts.values())  # noqa: E731
-        step = lambda: rollout_step(engine, envs, tok, SamplingParams, 0, args.groups, args.group_size, args.max_tokens)  # noqa: E731
+
+        def step():
+            return rollout_step(
+                engine, envs, tok, SamplingParams, 0, args.groups, args.group_size, args.max_tokens
+            )
+
         for w in range(8):
             before = compiles()
             await step()
@@ -162,7 +207,7 @@ async def pipeline(args) -> dict[str, float]:
         while rep < args.reps and discarded < 2 * args.reps:
             pair = {}
             tr.clear()
-            for traced in ((True, False) if rep % 2 == 0 else (False, True)):
+            for traced in (True, False) if rep % 2 == 0 else (False, True):
                 tr.enabled = traced
                 cursor = tr.cursor()
                 before = compiles()
@@ -196,7 +241,9 @@ async def pipeline(args) -> dict[str, float]:
     paired = [(a - b) / b for a, b in zip(times[True], times[False])]
     paired_cpu = [(a - b) / b for a, b in zip(cpu[True], cpu[False])]
     return {
-        "paired": paired, "paired_cpu": paired_cpu, "discarded_rounds": discarded,
+        "paired": paired,
+        "paired_cpu": paired_cpu,
+        "discarded_rounds": discarded,
         "step_s_traced": statistics.median(times[True]),
         "step_s_untraced": statistics.median(times[False]),
         "step_cpu_s_traced": statistics.median(cpu[True]),
@@ -227,9 +274,14 @@ def main() -> None:
     result = {
         "overhead_fraction": statistics.median(paired),
         "overhead_fraction_cpu": statistics.median(paired_cpu),
-        "overhead_fraction_modelled": pipe["events_per_step"] * cost_per_event * 1e-6 / pipe["step_s_traced"],
-        "overhead_fraction_ab": (pipe["step_s_traced"] - pipe["step_s_untraced"]) / pipe["step_s_untraced"],
-        "overhead_fraction_ab_cpu": (pipe["step_cpu_s_traced"] - pipe["step_cpu_s_untraced"]) / pipe["step_cpu_s_untraced"],
+        "overhead_fraction_modelled": pipe["events_per_step"]
+        * cost_per_event
+        * 1e-6
+        / pipe["step_s_traced"],
+        "overhead_fraction_ab": (pipe["step_s_traced"] - pipe["step_s_untraced"])
+        / pipe["step_s_untraced"],
+        "overhead_fraction_ab_cpu": (pipe["step_cpu_s_traced"] - pipe["step_cpu_s_untraced"])
+        / pipe["step_cpu_s_untraced"],
         **micro,
         **pipe,
         "bytes_per_event": bpe,
@@ -244,6 +296,7 @@ def main() -> None:
     for k, v in result.items():
         print(f"{k:>28}: {v}")
     from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+
     emit_result("telemetry", result)
 
 

@@ -88,7 +88,9 @@ import time
 from results.device import choose_platform  # noqa: E402
 
 choose_platform()  # --cpu: JAX on the CPU; else JAX_PLATFORMS as set, or JAX's default device
-os.environ.setdefault("GYMLLM_KEEP_FREED_MEMORY", "1")  # its figures were measured with malloc kept (gymllm.utils.host_memory)
+os.environ.setdefault(
+    "GYMLLM_KEEP_FREED_MEMORY", "1"
+)  # its figures were measured with malloc kept (gymllm.utils.host_memory)
 
 import numpy as np  # noqa: E402
 
@@ -103,7 +105,9 @@ from gymllm.inference.params import SamplingParams  # noqa: E402
 from gymllm.utils.host import describe_cpu, loadavg  # noqa: E402
 
 
-def pipeline_config(run_dir: str, *, mode: str, steps: int, eta: int = 4, latency_scale: float = 1.0) -> TrainConfig:
+def pipeline_config(
+    run_dir: str, *, mode: str, steps: int, eta: int = 4, latency_scale: float = 1.0
+) -> TrainConfig:
     """The barrier-free vs sync workload; both modes get the same rollout resources (64 envs, 64
     trajectories in flight, 64 engine slots) and the same step (8 groups of G 4).
 
@@ -117,38 +121,81 @@ def pipeline_config(run_dir: str, *, mode: str, steps: int, eta: int = 4, latenc
     step (the learner also starts on the first two groups of a step while the rest arrive) and 64
     trajectories in flight. ``latency_scale`` multiplies the env latency (a slower tool; on a
     loaded machine, the CPU slowdown factor reproduces the idle machine's ratio of learner to tool time)."""
-    env_kw = {"num_letters": 2, "latency_median_s": 0.1 * latency_scale, "latency_p99_s": 1.5 * latency_scale,
-              "continue_prob": 0.4, "max_replies": 4}
+    env_kw = {
+        "num_letters": 2,
+        "latency_median_s": 0.1 * latency_scale,
+        "latency_p99_s": 1.5 * latency_scale,
+        "continue_prob": 0.4,
+        "max_replies": 4,
+    }
     return TrainConfig(
-        model=ModelSection(name="tiny-qwen3", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2),
+        model=ModelSection(
+            name="tiny-qwen3", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2
+        ),
         env=EnvSection(id="gymllm/TinyRepeat-v0", kwargs=env_kw, num_envs=64),
-        engine=EngineConfig(num_slots=64, max_len=256, min_bucket=64, idle_wait_s=0.002,
-                            decode_chunk=8),  # decode_chunk 8: a turn's 8 tokens per call
+        engine=EngineConfig(
+            num_slots=64, max_len=256, min_bucket=64, idle_wait_s=0.002, decode_chunk=8
+        ),  # decode_chunk 8: a turn's 8 tokens per call
         sampling=SamplingParams(max_tokens=8),
-        rollout=RolloutConfig(group_size=4, max_concurrency=64, max_staleness=eta, max_model_calls=4, queue_size=16,
-                              mode=mode),
+        rollout=RolloutConfig(
+            group_size=4,
+            max_concurrency=64,
+            max_staleness=eta,
+            max_model_calls=4,
+            queue_size=16,
+            mode=mode,
+        ),
         loss=C.async_agentic(),
         optimizer=OptimizerConfig(learning_rate=1e-3),
-        learner=LearnerConfig(groups_per_step=8, micro_batch_size=8, num_steps=steps, max_len=256, min_bucket=64),
-        run=RunSection(run_dir=run_dir, console=False, report=False, log_trajectories=False, resume=False,
-                       warmup=True),
+        learner=LearnerConfig(
+            groups_per_step=8, micro_batch_size=8, num_steps=steps, max_len=256, min_bucket=64
+        ),
+        run=RunSection(
+            run_dir=run_dir,
+            console=False,
+            report=False,
+            log_trajectories=False,
+            resume=False,
+            warmup=True,
+        ),
     )
 
 
 def tunix_config(run_dir: str, *, steps: int) -> TrainConfig:
     return TrainConfig(
-        model=ModelSection(name="tiny-qwen3", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
-                           num_heads=4, num_kv_heads=2),
+        model=ModelSection(
+            name="tiny-qwen3",
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=128,
+            num_layers=2,
+            num_heads=4,
+            num_kv_heads=2,
+        ),
         env=EnvSection(id="gymllm/TinyRepeat-v0", kwargs={"num_letters": 4}, num_envs=16),
-        engine=EngineConfig(num_slots=16, max_len=128, min_bucket=64, idle_wait_s=0.002, decode_chunk=8),
+        engine=EngineConfig(
+            num_slots=16, max_len=128, min_bucket=64, idle_wait_s=0.002, decode_chunk=8
+        ),
         sampling=SamplingParams(max_tokens=32),
         rollout=RolloutConfig(group_size=4, max_concurrency=16, max_staleness=1, max_model_calls=1),
         loss=C.grpo(),
         optimizer=OptimizerConfig(learning_rate=1e-4),
-        learner=LearnerConfig(groups_per_step=4, micro_batch_size=16, num_steps=steps, max_len=128, min_bucket=64,
-                              buckets_per_octave=4),  # rows are 45 prompt + 32 sampled tokens: bucket 80, not 128
-        run=RunSection(run_dir=run_dir, console=False, report=False, log_trajectories=False, resume=False,
-                       warmup=True),
+        learner=LearnerConfig(
+            groups_per_step=4,
+            micro_batch_size=16,
+            num_steps=steps,
+            max_len=128,
+            min_bucket=64,
+            buckets_per_octave=4,
+        ),  # rows are 45 prompt + 32 sampled tokens: bucket 80, not 128
+        run=RunSection(
+            run_dir=run_dir,
+            console=False,
+            report=False,
+            log_trajectories=False,
+            resume=False,
+            warmup=True,
+        ),
     )
 
 
@@ -160,17 +207,25 @@ def measure(cfg: TrainConfig) -> dict[str, float]:
     # trainer idle is measured once, by the telemetry (1 - the trainer spans' union over each step's
     # window, ``pipeline/trainer_idle_fraction``); the run's figure weights the steps by their wall time
     idle = np.array([h.get("pipeline/trainer_idle_fraction") or 0.0 for h in res.history]) * walls
-    return {"steps": res.steps, "wall_s": float(walls.sum()), "trainer_idle_fraction": float(idle.sum() / walls.sum()),
-            "trainer_idle_fraction_steady": float(idle[1:].sum() / max(walls[1:].sum(), 1e-9)),
-            "fill_wait_s": float(waits[0]), "step_s": walls.tolist(), "reward_mean": float(np.mean(res.rewards())),
-            "engine_busy_fraction": float(np.mean([h["engine_busy_fraction"] for h in res.history])),
-            "weight_sync_s_mean": float(np.mean([h["weight_sync_s"] for h in res.history])),
-            "train_busy_s_mean": float(np.mean([h["train_busy_s"] for h in res.history])),
-            "staleness_mean": float(np.mean([h["staleness_mean"] for h in res.history])),
-            "staleness_max": float(max(h["staleness_max"] for h in res.history)),
-            "stale_groups_dropped": float(res.counts.get("stale_dropped", 0) + res.counts.get("stale_groups", 0)),
-            "reward_per_step": [float(h["reward_mean"]) for h in res.history],
-            "staleness_mean_per_step": [float(h["staleness_mean"]) for h in res.history]}
+    return {
+        "steps": res.steps,
+        "wall_s": float(walls.sum()),
+        "trainer_idle_fraction": float(idle.sum() / walls.sum()),
+        "trainer_idle_fraction_steady": float(idle[1:].sum() / max(walls[1:].sum(), 1e-9)),
+        "fill_wait_s": float(waits[0]),
+        "step_s": walls.tolist(),
+        "reward_mean": float(np.mean(res.rewards())),
+        "engine_busy_fraction": float(np.mean([h["engine_busy_fraction"] for h in res.history])),
+        "weight_sync_s_mean": float(np.mean([h["weight_sync_s"] for h in res.history])),
+        "train_busy_s_mean": float(np.mean([h["train_busy_s"] for h in res.history])),
+        "staleness_mean": float(np.mean([h["staleness_mean"] for h in res.history])),
+        "staleness_max": float(max(h["staleness_max"] for h in res.history)),
+        "stale_groups_dropped": float(
+            res.counts.get("stale_dropped", 0) + res.counts.get("stale_groups", 0)
+        ),
+        "reward_per_step": [float(h["reward_mean"]) for h in res.history],
+        "staleness_mean_per_step": [float(h["staleness_mean"]) for h in res.history],
+    }
 
 
 @functools.lru_cache(maxsize=None)
@@ -202,12 +257,23 @@ def model_matmuls(cfg, positions: int, head_positions: int) -> list[tuple[int, i
     """(m, k, n, count per forward) of every weight matmul of a forward over ``positions`` tokens."""
     e, f, v, layers = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_layers
     hd, kd = cfg.num_heads * cfg.resolved_head_dim, cfg.num_kv_heads * cfg.resolved_head_dim
-    return [(positions, e, hd, layers), (positions, e, kd, 2 * layers), (positions, hd, e, layers),
-            (positions, e, f, 2 * layers), (positions, f, e, layers), (head_positions, e, v, 1)]
+    return [
+        (positions, e, hd, layers),
+        (positions, e, kd, 2 * layers),
+        (positions, hd, e, layers),
+        (positions, e, f, 2 * layers),
+        (positions, f, e, layers),
+        (head_positions, e, v, 1),
+    ]
 
 
-def step_flops(cfg, rows: int, length: int, head_positions: int, shared: tuple[int, int, int, int] | None = None
-               ) -> float:
+def step_flops(
+    cfg,
+    rows: int,
+    length: int,
+    head_positions: int,
+    shared: tuple[int, int, int, int] | None = None,
+) -> float:
     """Executed matmul FLOPs of one micro-batch's forward + backward (see the module docstring). With
     ``shared`` = (Gp, Tp, S, Ts), the shared-prefix layout the learner ran instead of ``rows x length``:
     Gp prompts of Tp positions (attending over Tp keys) and Gp x S continuations of Ts positions
@@ -232,7 +298,10 @@ def shared_layout(ln, groups: list, rows: int, length: int) -> tuple[int, int, i
 
     if not ln.config.shared_prefix:
         return None
-    batch = [row_from_trajectory(t, advantage=0.0, group_tokens=1.0, sample_id="") for t in groups[0].trajectories]
+    batch = [
+        row_from_trajectory(t, advantage=0.0, group_tokens=1.0, sample_id="")
+        for t in groups[0].trajectories
+    ]
     sp = shared_prefix_layout(batch[:rows], rows, length, ln.prefix_table)
     if sp is None:
         return None
@@ -297,16 +366,24 @@ def learner_roofline(steps: int, reps: int) -> dict:
     qs = preset("default")
     lm = load(qs.model.name)  # float32 master weights, as the trainer loads them
     cfg = lm.config
-    ln = StreamingLearner(cfg, lm.model.flat_params(), **learner_kwargs(qs))  # as the trainer builds it
+    ln = StreamingLearner(
+        cfg, lm.model.flat_params(), **learner_kwargs(qs)
+    )  # as the trainer builds it
     lc = ln.config
     rows, length = lc.micro_batch_size, 160  # every row is 159 tokens: the 160 bucket
-    budget = lc.max_response_len if lc.loss_positions_only and 0 < lc.max_response_len < length else length
+    budget = (
+        lc.max_response_len
+        if lc.loss_positions_only and 0 < lc.max_response_len < length
+        else length
+    )
     head = rows * budget
     dtypes = {"float32": jnp.float32}
     if lc.compute_dtype not in (None, "float32"):
         dtypes[lc.compute_dtype] = getattr(jnp, lc.compute_dtype)
     t0 = time.perf_counter()
-    ln.submit(quickstart_groups(seed=100, vocab=cfg.vocab_size))  # settle: compiles the step's programs
+    ln.submit(
+        quickstart_groups(seed=100, vocab=cfg.vocab_size)
+    )  # settle: compiles the step's programs
     settle_s = time.perf_counter() - t0
     walls, rounds = [], []
     for s in range(steps):
@@ -318,10 +395,20 @@ def learner_roofline(steps: int, reps: int) -> dict:
     micro_batches = int(rep.metrics["micro_batches"])
     shared = shared_layout(ln, gs, rows, length)
     flops = micro_batches * step_flops(cfg, rows, length, head, shared)
-    positions = micro_batches * rows * length  # the rows' positions trained (what the learner computes once
-    executed = positions if shared is None else micro_batches * shared[0] * (shared[1] + shared[2] * shared[3])
-    n_matmul = sum(k * n * c for _, k, n, c in model_matmuls(cfg, 1, 1))  # every weight a position multiplies
-    attn = 3 * cfg.num_layers * 4 * cfg.num_heads * cfg.resolved_head_dim * length  # per position, fwd + bwd
+    positions = (
+        micro_batches * rows * length
+    )  # the rows' positions trained (what the learner computes once
+    executed = (
+        positions
+        if shared is None
+        else micro_batches * shared[0] * (shared[1] + shared[2] * shared[3])
+    )
+    n_matmul = sum(
+        k * n * c for _, k, n, c in model_matmuls(cfg, 1, 1)
+    )  # every weight a position multiplies
+    attn = (
+        3 * cfg.num_layers * 4 * cfg.num_heads * cfg.resolved_head_dim * length
+    )  # per position, fwd + bwd
     flops_6nt = positions * (6.0 * n_matmul + attn)
     ratios = [flops / w / max(r.values()) for w, r in zip(walls, rounds)]
     step_s = statistics.median(walls)
@@ -331,22 +418,39 @@ def learner_roofline(steps: int, reps: int) -> dict:
     dt = None if lc.compute_dtype in (None, "float32") else getattr(jnp, lc.compute_dtype)
     plain_s = plain_fwd_bwd_seconds(cfg, lm.model.flat_params(), rows, length, dt, reps)
     per_micro_batch = min(walls) / micro_batches  # the fastest step, optimizer update included
-    return {"learner_vs_roofline": statistics.median(ratios), "learner_vs_roofline_rounds": ratios,
-            "learner_vs_roofline_6nt": statistics.median(flops_6nt / w / max(r.values())
-                                                         for w, r in zip(walls, rounds)),
-            "learner_vs_roofline_fp32": statistics.median(flops / w / r["float32"] for w, r in zip(walls, rounds)),
-            "learner_vs_plain_fwd_bwd": plain_s / per_micro_batch, "plain_fwd_bwd_s": plain_s,
-            "learner_s_per_micro_batch": per_micro_batch,
-            "learner_tokens_per_s": positions / step_s, "step_s": step_s, "step_s_all": walls, "settle_s": settle_s,
-            "executed_tflops_per_step": flops / 1e12, "achieved_gflops": achieved / 1e9,
-            "roofline_gflops": roof / 1e9, "matmul_gflops_by_dtype": {k: v / 1e9 for k, v in rates.items()},
-            "positions_per_step": positions, "executed_positions_per_step": executed,
-            "shared_prefix_layout": shared, "micro_batches": micro_batches, "head_positions_per_micro_batch": head,
-            "compute_dtype": lc.compute_dtype, "model": qs.model.name, "params_matmul": n_matmul,
-            "loss_positions_only": lc.loss_positions_only,
-            "flops_formula": "3 x [B T (L (2 E (H D + 2 K D) + 2 H D E + 6 E F) + 4 L H D T) + 2 E V P] "
-                             "per micro-batch (shared prefix: the prompts' Gp Tp positions over Tp keys and the "
-                             "continuations' Gp S Ts positions over Tp + Ts keys in place of B T over T)"}
+    return {
+        "learner_vs_roofline": statistics.median(ratios),
+        "learner_vs_roofline_rounds": ratios,
+        "learner_vs_roofline_6nt": statistics.median(
+            flops_6nt / w / max(r.values()) for w, r in zip(walls, rounds)
+        ),
+        "learner_vs_roofline_fp32": statistics.median(
+            flops / w / r["float32"] for w, r in zip(walls, rounds)
+        ),
+        "learner_vs_plain_fwd_bwd": plain_s / per_micro_batch,
+        "plain_fwd_bwd_s": plain_s,
+        "learner_s_per_micro_batch": per_micro_batch,
+        "learner_tokens_per_s": positions / step_s,
+        "step_s": step_s,
+        "step_s_all": walls,
+        "settle_s": settle_s,
+        "executed_tflops_per_step": flops / 1e12,
+        "achieved_gflops": achieved / 1e9,
+        "roofline_gflops": roof / 1e9,
+        "matmul_gflops_by_dtype": {k: v / 1e9 for k, v in rates.items()},
+        "positions_per_step": positions,
+        "executed_positions_per_step": executed,
+        "shared_prefix_layout": shared,
+        "micro_batches": micro_batches,
+        "head_positions_per_micro_batch": head,
+        "compute_dtype": lc.compute_dtype,
+        "model": qs.model.name,
+        "params_matmul": n_matmul,
+        "loss_positions_only": lc.loss_positions_only,
+        "flops_formula": "3 x [B T (L (2 E (H D + 2 K D) + 2 H D E + 6 E F) + 4 L H D T) + 2 E V P] "
+        "per micro-batch (shared prefix: the prompts' Gp Tp positions over Tp keys and the "
+        "continuations' Gp S Ts positions over Tp + Ts keys in place of B T over T)",
+    }
 
 
 def reward_table(a: list[float], b: list[float]) -> str:
@@ -360,24 +464,41 @@ def reward_table(a: list[float], b: list[float]) -> str:
 
 
 def print_roofline(r: dict) -> None:
-    print(f"Quickstart learner ({r['model']}, {r['compute_dtype']}): {r['step_s']:.2f}s a step, "
-          f"{r['learner_tokens_per_s']:.0f} positions/s, {r['achieved_gflops']:.1f} GFLOP/s executed against a "
-          f"{r['roofline_gflops']:.1f} GFLOP/s matmul roofline ({r['matmul_gflops_by_dtype']}): "
-          f"learner_vs_roofline {r['learner_vs_roofline']:.2f} (6NT formula: {r['learner_vs_roofline_6nt']:.2f}); "
-          f"a micro-batch {r['learner_s_per_micro_batch']:.2f}s against a plain fwd+bwd of the same positions "
-          f"{r['plain_fwd_bwd_s']:.2f}s: learner_vs_plain_fwd_bwd {r['learner_vs_plain_fwd_bwd']:.2f}", flush=True)
+    print(
+        f"Quickstart learner ({r['model']}, {r['compute_dtype']}): {r['step_s']:.2f}s a step, "
+        f"{r['learner_tokens_per_s']:.0f} positions/s, {r['achieved_gflops']:.1f} GFLOP/s executed against a "
+        f"{r['roofline_gflops']:.1f} GFLOP/s matmul roofline ({r['matmul_gflops_by_dtype']}): "
+        f"learner_vs_roofline {r['learner_vs_roofline']:.2f} (6NT formula: {r['learner_vs_roofline_6nt']:.2f}); "
+        f"a micro-batch {r['learner_s_per_micro_batch']:.2f}s against a plain fwd+bwd of the same positions "
+        f"{r['plain_fwd_bwd_s']:.2f}s: learner_vs_plain_fwd_bwd {r['learner_vs_plain_fwd_bwd']:.2f}",
+        flush=True,
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="fewer steps (about two minutes on an idle 2-core CPU)")
+    ap.add_argument(
+        "--quick", action="store_true", help="fewer steps (about two minutes on an idle 2-core CPU)"
+    )
     ap.add_argument("--steps", type=int, default=None, help="optimizer steps per schedule")
-    ap.add_argument("--latency-scale", type=float, default=1.0,
-                    help="multiply the env latency (diagnostic: on a loaded machine, its CPU slowdown factor "
-                         "reproduces the idle machine's learner/tool time ratio); RESULT figures are for 1.0")
-    ap.add_argument("--roofline-steps", type=int, default=None, help="timed Quickstart learner steps (3 quick, 5)")
-    ap.add_argument("--roofline-only", action="store_true",
-                    help="only the Quickstart learner against the matmul roofline (learner_vs_roofline)")
+    ap.add_argument(
+        "--latency-scale",
+        type=float,
+        default=1.0,
+        help="multiply the env latency (diagnostic: on a loaded machine, its CPU slowdown factor "
+        "reproduces the idle machine's learner/tool time ratio); RESULT figures are for 1.0",
+    )
+    ap.add_argument(
+        "--roofline-steps",
+        type=int,
+        default=None,
+        help="timed Quickstart learner steps (3 quick, 5)",
+    )
+    ap.add_argument(
+        "--roofline-only",
+        action="store_true",
+        help="only the Quickstart learner against the matmul roofline (learner_vs_roofline)",
+    )
     args = ap.parse_args()
     roof_steps = args.roofline_steps or (3 if args.quick else 5)
     if args.roofline_only:
@@ -387,9 +508,16 @@ def main() -> None:
         print_roofline(roof)
         from results import emit_result
 
-        emit_result("train", {"learner_vs_roofline": roof["learner_vs_roofline"],
-                              "learner_vs_plain_fwd_bwd": roof["learner_vs_plain_fwd_bwd"], "learner_roofline": roof,
-                              "cpu": cpu, "loadavg": {"start": load0, "end": loadavg()}})
+        emit_result(
+            "train",
+            {
+                "learner_vs_roofline": roof["learner_vs_roofline"],
+                "learner_vs_plain_fwd_bwd": roof["learner_vs_plain_fwd_bwd"],
+                "learner_roofline": roof,
+                "cpu": cpu,
+                "loadavg": {"start": load0, "end": loadavg()},
+            },
+        )
         return
     steps = args.steps or (6 if args.quick else 20)
     tunix_steps = 6 if args.quick else 12
@@ -404,7 +532,9 @@ def main() -> None:
 
     r = sync_cfg.rollout  # the run's own RolloutConfig (its groups_per_step is the learner's)
     sync_groups = sync_batch_groups(sync_cfg.env.num_envs, None, r)
-    sync_groups = min(sync_groups, sync_cfg.engine.num_slots // r.group_size)  # the engine's rows (it caps them too)
+    sync_groups = min(
+        sync_groups, sync_cfg.engine.num_slots // r.group_size
+    )  # the engine's rows (it caps them too)
     barrier_free = measure(bf_cfg)
     sync = measure(sync_cfg)
     tunix = measure(tunix_config(f"{tmp}/tunix", steps=tunix_steps))
@@ -416,41 +546,64 @@ def main() -> None:
         "trainer_idle_fraction_steady": barrier_free["trainer_idle_fraction_steady"],
         "barrier_free_staleness_mean": barrier_free["staleness_mean"],
         "barrier_free_staleness_max": barrier_free["staleness_max"],
-        "sync_staleness_mean": sync["staleness_mean"], "sync_staleness_max": sync["staleness_max"],
-        "reward_per_step": {"barrier_free": barrier_free["reward_per_step"], "sync": sync["reward_per_step"]},
-        "width": {"barrier_free_in_flight": bf_cfg.rollout.max_concurrency,
-                  "sync_batch_trajectories": sync_groups * r.group_size, "sync_batch_groups": sync_groups,
-                  "groups_per_step": sync_cfg.learner.groups_per_step},
+        "sync_staleness_mean": sync["staleness_mean"],
+        "sync_staleness_max": sync["staleness_max"],
+        "reward_per_step": {
+            "barrier_free": barrier_free["reward_per_step"],
+            "sync": sync["reward_per_step"],
+        },
+        "width": {
+            "barrier_free_in_flight": bf_cfg.rollout.max_concurrency,
+            "sync_batch_trajectories": sync_groups * r.group_size,
+            "sync_batch_groups": sync_groups,
+            "groups_per_step": sync_cfg.learner.groups_per_step,
+        },
         "tunix_config_step_s": tunix_step_s,
         "tunix_config_side_by_side": "benchmarks/peers.py",
-        "learner_vs_roofline": roof["learner_vs_roofline"], "learner_vs_plain_fwd_bwd": roof["learner_vs_plain_fwd_bwd"],
+        "learner_vs_roofline": roof["learner_vs_roofline"],
+        "learner_vs_plain_fwd_bwd": roof["learner_vs_plain_fwd_bwd"],
         "learner_roofline": roof,
-        "steps": steps, "latency_scale": scale,
+        "steps": steps,
+        "latency_scale": scale,
         "barrier_free": {k: v for k, v in barrier_free.items() if k != "step_s"},
         "sync": {k: v for k, v in sync.items() if k != "step_s"},
         "sync_trainer_idle_fraction": sync["trainer_idle_fraction"],
         "tunix_step_s_all": tunix["step_s"],
         "total_s": time.perf_counter() - t0,
-        "cpu": cpu, "loadavg": {"start": load0, "end": loadavg()},
+        "cpu": cpu,
+        "loadavg": {"start": load0, "end": loadavg()},
     }
-    print(f"barrier-free ({bf_cfg.rollout.max_concurrency} in flight, eta {bf_cfg.rollout.max_staleness}): "
-          f"{barrier_free['wall_s']:.1f}s for {steps} steps, trainer idle "
-          f"{barrier_free['trainer_idle_fraction']:.0%} (after step 1: {barrier_free['trainer_idle_fraction_steady']:.0%}, "
-          f"fill {barrier_free['fill_wait_s']:.2f}s), staleness mean {barrier_free['staleness_mean']:.2f} max "
-          f"{barrier_free['staleness_max']:.0f}")
-    print(f"sync ({sync_groups} groups = {sync_groups * r.group_size} trajectories per batch): {sync['wall_s']:.1f}s, "
-          f"trainer idle {sync['trainer_idle_fraction']:.0%}, staleness mean {sync['staleness_mean']:.2f} max "
-          f"{sync['staleness_max']:.0f}")
+    print(
+        f"barrier-free ({bf_cfg.rollout.max_concurrency} in flight, eta {bf_cfg.rollout.max_staleness}): "
+        f"{barrier_free['wall_s']:.1f}s for {steps} steps, trainer idle "
+        f"{barrier_free['trainer_idle_fraction']:.0%} (after step 1: {barrier_free['trainer_idle_fraction_steady']:.0%}, "
+        f"fill {barrier_free['fill_wait_s']:.2f}s), staleness mean {barrier_free['staleness_mean']:.2f} max "
+        f"{barrier_free['staleness_max']:.0f}"
+    )
+    print(
+        f"sync ({sync_groups} groups = {sync_groups * r.group_size} trajectories per batch): {sync['wall_s']:.1f}s, "
+        f"trainer idle {sync['trainer_idle_fraction']:.0%}, staleness mean {sync['staleness_mean']:.2f} max "
+        f"{sync['staleness_max']:.0f}"
+    )
     print(f"{'figure':24s} {'value':>8s}")
-    print(f"{'barrier_free_vs_sync':24s} {out['barrier_free_vs_sync']:8.2f}x  (equal width: 64 and 64; "
-          f"async_vs_sync / async_narrow_vs_sync: benchmarks/rollout.py)")
-    print("step walls (s): barrier-free", np.round(barrier_free["step_s"], 2).tolist(), "sync",
-          np.round(sync["step_s"], 2).tolist())
+    print(
+        f"{'barrier_free_vs_sync':24s} {out['barrier_free_vs_sync']:8.2f}x  (equal width: 64 and 64; "
+        f"async_vs_sync / async_narrow_vs_sync: benchmarks/rollout.py)"
+    )
+    print(
+        "step walls (s): barrier-free",
+        np.round(barrier_free["step_s"], 2).tolist(),
+        "sync",
+        np.round(sync["step_s"], 2).tolist(),
+    )
     print(reward_table(barrier_free["reward_per_step"], sync["reward_per_step"]))
-    print(f"Tunix CPU config: {tunix_step_s:.3f}s per step (peers on this config side by side: benchmarks/peers.py)")
+    print(
+        f"Tunix CPU config: {tunix_step_s:.3f}s per step (peers on this config side by side: benchmarks/peers.py)"
+    )
     print_roofline(roof)
     print(f"load average at the end {out['loadavg']['end']}")
     from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+
     emit_result("train", out)
 
 

@@ -42,7 +42,10 @@ NUM_ENVS = 64
 
 
 def env_fns(median_s: float, p99_s: float, n: int = NUM_ENVS) -> list:
-    return [functools.partial(LatencyEnv, median_s=median_s, p99_s=p99_s, episode_length=50) for _ in range(n)]
+    return [
+        functools.partial(LatencyEnv, median_s=median_s, p99_s=p99_s, episode_length=50)
+        for _ in range(n)
+    ]
 
 
 def actions(n: int) -> list[str]:
@@ -95,10 +98,15 @@ def heavy_tailed(steps: int, min_ready: int) -> dict:
     sync_rate = steps_per_s_sync(ours, steps)
     recv_rate = steps_per_s_recv(ours, steps * NUM_ENVS, min_ready)
     ours.close()
-    return {"gym_async_env_steps_per_s": gym_rate, "ours_step_env_steps_per_s": sync_rate,
-            "ours_recv_env_steps_per_s": recv_rate, "gym_async_startup_s": startup,
-            "barrier_free_vs_gym_async": recv_rate / gym_rate, "ours_step_vs_gym_async": sync_rate / gym_rate,
-            "barrier_free_vs_ours_step": recv_rate / sync_rate}
+    return {
+        "gym_async_env_steps_per_s": gym_rate,
+        "ours_step_env_steps_per_s": sync_rate,
+        "ours_recv_env_steps_per_s": recv_rate,
+        "gym_async_startup_s": startup,
+        "barrier_free_vs_gym_async": recv_rate / gym_rate,
+        "ours_step_vs_gym_async": sync_rate / gym_rate,
+        "barrier_free_vs_ours_step": recv_rate / sync_rate,
+    }
 
 
 def zero_latency(rounds: int, steps: int, min_ready: int) -> dict:
@@ -120,16 +128,27 @@ def zero_latency(rounds: int, steps: int, min_ready: int) -> dict:
     gym_sync.close()
     ours.close()
     ours_med, gym_med = statistics.median(ours_t), statistics.median(gym_t)
-    paired = statistics.median(o / g for o, g in zip(ours_t, gym_t))  # adjacent rounds see the same load
-    return {"ours_step_ms": ours_med * 1e3, "gym_sync_step_ms": gym_med * 1e3,
-            "ours_step_ms_best": min(ours_t) * 1e3, "gym_sync_step_ms_best": min(gym_t) * 1e3,
-            "overhead_vs_gym_sync": paired, "best_round_ratio": min(ours_t) / min(gym_t),
-            "ours_recv_env_steps_per_s": recv_rate, "gym_async_env_steps_per_s": gym_async_rate,
-            "ours_step_env_steps_per_s": NUM_ENVS / ours_med, "gym_sync_env_steps_per_s": NUM_ENVS / gym_med}
+    paired = statistics.median(
+        o / g for o, g in zip(ours_t, gym_t)
+    )  # adjacent rounds see the same load
+    return {
+        "ours_step_ms": ours_med * 1e3,
+        "gym_sync_step_ms": gym_med * 1e3,
+        "ours_step_ms_best": min(ours_t) * 1e3,
+        "gym_sync_step_ms_best": min(gym_t) * 1e3,
+        "overhead_vs_gym_sync": paired,
+        "best_round_ratio": min(ours_t) / min(gym_t),
+        "ours_recv_env_steps_per_s": recv_rate,
+        "gym_async_env_steps_per_s": gym_async_rate,
+        "ours_step_env_steps_per_s": NUM_ENVS / ours_med,
+        "gym_sync_env_steps_per_s": NUM_ENVS / gym_med,
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="fewer steps (about two minutes here)")
     parser.add_argument("--min-ready", type=int, default=8, help="k in recv(min_ready=k)")
     args = parser.parse_args()
@@ -137,7 +156,11 @@ def main() -> None:
     cpu, load0 = describe_cpu(), loadavg()
     print(f"CPU: {cpu}; load average {load0}", flush=True)
     heavy = heavy_tailed(heavy_steps, args.min_ready)
-    print("heavy-tailed latency (median 20 ms, p99 500 ms), 64 envs:", json.dumps(heavy, indent=1), flush=True)
+    print(
+        "heavy-tailed latency (median 20 ms, p99 500 ms), 64 envs:",
+        json.dumps(heavy, indent=1),
+        flush=True,
+    )
     zero = zero_latency(rounds, zero_steps, args.min_ready)
     print("zero latency, 64 envs:", json.dumps(zero, indent=1), flush=True)
     result = {
@@ -145,16 +168,24 @@ def main() -> None:
         "barrier_free_vs_ours_step": round(heavy["barrier_free_vs_ours_step"], 3),
         "ours_step_vs_gym_async": round(heavy["ours_step_vs_gym_async"], 3),
         "overhead_vs_gym_sync": round(zero["overhead_vs_gym_sync"], 3),
-        "num_envs": NUM_ENVS, "min_ready": args.min_ready, "quick": args.quick,
+        "num_envs": NUM_ENVS,
+        "min_ready": args.min_ready,
+        "quick": args.quick,
         "heavy_tailed": {k: round(v, 3) for k, v in heavy.items()},
         "zero_latency": {k: round(v, 3) for k, v in zero.items()},
-        "cpu": cpu, "loadavg": {"start": load0, "end": loadavg()},
+        "cpu": cpu,
+        "loadavg": {"start": load0, "end": loadavg()},
     }
     print(f"{'figure':28s} {'value':>8s}")
-    for k in ("barrier_free_vs_gym_async", "barrier_free_vs_ours_step", "ours_step_vs_gym_async",
-              "overhead_vs_gym_sync"):
+    for k in (
+        "barrier_free_vs_gym_async",
+        "barrier_free_vs_ours_step",
+        "ours_step_vs_gym_async",
+        "overhead_vs_gym_sync",
+    ):
         print(f"{k:28s} {result[k]:8.3f}")
     from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+
     emit_result("vector_env", result)
 
 

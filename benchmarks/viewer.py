@@ -46,18 +46,38 @@ def write_run(root: pathlib.Path, n: int) -> pathlib.Path:
     """A run directory with config.json (tiny model) and a ``trajectories.jsonl`` of ``n`` records."""
     run = root / "big-run"
     run.mkdir()
-    (run / "config.json").write_text(json.dumps({"model": {"name": "tiny-qwen3", "vocab_size": 512},
-                                                 "env": {"id": "gymllm/TinyRepeat-v0"},
-                                                 "loss": {"advantage": {"estimator": "grpo"}}}))
+    (run / "config.json").write_text(
+        json.dumps(
+            {
+                "model": {"name": "tiny-qwen3", "vocab_size": 512},
+                "env": {"id": "gymllm/TinyRepeat-v0"},
+                "loss": {"advantage": {"estimator": "grpo"}},
+            }
+        )
+    )
     with open(run / "trajectories.jsonl", "w") as f:
         for i in range(n):
             g, m = divmod(i, 8)
             ids = [(i * 7 + k * 13) % 500 for k in range(64)]
-            f.write(json.dumps({"step": g // 4 + 1, "group_id": f"g{g}", "trajectory_id": f"g{g}/m{m}/a0",
-                                "task_id": f"task-{g % 50}", "reward": ((i * 37) % 100) / 100.0,
-                                "finish_reason": "stop", "num_tokens": 64, "num_sampled": 16,
-                                "versions": [g // 4], "response": "x" * 16, "token_ids": ids,
-                                "sampled_spans": [[48, 64]]}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "step": g // 4 + 1,
+                        "group_id": f"g{g}",
+                        "trajectory_id": f"g{g}/m{m}/a0",
+                        "task_id": f"task-{g % 50}",
+                        "reward": ((i * 37) % 100) / 100.0,
+                        "finish_reason": "stop",
+                        "num_tokens": 64,
+                        "num_sampled": 16,
+                        "versions": [g // 4],
+                        "response": "x" * 16,
+                        "token_ids": ids,
+                        "sampled_spans": [[48, 64]],
+                    }
+                )
+                + "\n"
+            )
     return run
 
 
@@ -71,7 +91,9 @@ def naive_first_page(path: pathlib.Path, size: int = 50) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="3 rounds (about a minute here)")
-    ap.add_argument("--rounds", type=int, default=None, help="fresh viewers timed (default 7; --quick: 3)")
+    ap.add_argument(
+        "--rounds", type=int, default=None, help="fresh viewers timed (default 7; --quick: 3)"
+    )
     ap.add_argument("--trajectories", type=int, default=100_000)
     args = ap.parse_args()
     rounds = args.rounds or (3 if args.quick else 7)
@@ -79,42 +101,70 @@ def main() -> None:
         t = time.perf_counter()
         run = write_run(pathlib.Path(tmp), args.trajectories)
         log = run / "trajectories.jsonl"
-        print(f"wrote {args.trajectories} trajectories ({log.stat().st_size / 1e6:.1f} MB) in "
-              f"{time.perf_counter() - t:.1f} s", flush=True)
+        print(
+            f"wrote {args.trajectories} trajectories ({log.stat().st_size / 1e6:.1f} MB) in "
+            f"{time.perf_counter() - t:.1f} s",
+            flush=True,
+        )
         page_ms, naive_ms = [], []
         for r in range(rounds):
             t = time.perf_counter()  # the naive way first, with no viewer running beside it
             rows = naive_first_page(log)
             naive_ms.append((time.perf_counter() - t) * 1e3)
             assert rows[0]["trajectory_id"] == "g0/m0/a0"
-            with ViewerServer(ViewerConfig(runs=(str(run),), port=0)) as url, httpx.Client(base_url=url, timeout=300) as c:
+            with (
+                ViewerServer(ViewerConfig(runs=(str(run),), port=0)) as url,
+                httpx.Client(base_url=url, timeout=300) as c,
+            ):
                 t = time.perf_counter()
-                body = c.get("/api/trajectories", params={"run": "big-run", "page": 0, "size": 50}).json()
+                body = c.get(
+                    "/api/trajectories", params={"run": "big-run", "page": 0, "size": 50}
+                ).json()
                 page_ms.append((time.perf_counter() - t) * 1e3)
-                assert [row["id"] for row in body["rows"]][:2] == ["g0/m0/a0", "g0/m1/a0"], body.get("error")
+                assert [row["id"] for row in body["rows"]][:2] == ["g0/m0/a0", "g0/m1/a0"], (
+                    body.get("error")
+                )
                 if r == rounds - 1:  # once: the whole index, a filtered page, one trajectory
                     t = time.perf_counter()  # a filtered page indexes the whole log first
                     c.get("/api/trajectories", params={"run": "big-run", "reward_min": 0.99}).json()
                     index_s = time.perf_counter() - t
                     t = time.perf_counter()
-                    filtered = c.get("/api/trajectories", params={"run": "big-run", "reward_min": 0.5}).json()
+                    filtered = c.get(
+                        "/api/trajectories", params={"run": "big-run", "reward_min": 0.5}
+                    ).json()
                     filtered_ms = (time.perf_counter() - t) * 1e3
-                    assert filtered["complete"] and filtered["total"] == args.trajectories // 2, filtered["total"]
-                    c.get("/api/trajectory", params={"run": "big-run", "id": "g100/m3/a0"})  # loads the tokenizer
+                    assert filtered["complete"] and filtered["total"] == args.trajectories // 2, (
+                        filtered["total"]
+                    )
+                    c.get(
+                        "/api/trajectory", params={"run": "big-run", "id": "g100/m3/a0"}
+                    )  # loads the tokenizer
                     t = time.perf_counter()
-                    detail = c.get("/api/trajectory", params={"run": "big-run", "id": "g9000/m3/a0"}).json()
+                    detail = c.get(
+                        "/api/trajectory", params={"run": "big-run", "id": "g9000/m3/a0"}
+                    ).json()
                     detail_ms = (time.perf_counter() - t) * 1e3
                     assert len(detail["tokens"]["ids"]) == 64, detail
-            print(f"round {r + 1}/{rounds}: viewer first page {page_ms[-1]:.1f} ms, whole-file read "
-                  f"{naive_ms[-1]:.1f} ms", flush=True)
-        out = {"viewer_page_ms": round(statistics.median(page_ms), 2),
-               "full_read_page_ms": round(statistics.median(naive_ms), 2),
-               "speedup": round(statistics.median(naive_ms) / statistics.median(page_ms), 1),
-               "index_s": round(index_s, 3), "filtered_page_ms": round(filtered_ms, 1),
-               "detail_ms": round(detail_ms, 1), "trajectories": args.trajectories,
-               "log_mb": round(log.stat().st_size / 1e6, 1), "rounds": rounds,
-               "cpu": describe_cpu(), "loadavg": loadavg()}
+            print(
+                f"round {r + 1}/{rounds}: viewer first page {page_ms[-1]:.1f} ms, whole-file read "
+                f"{naive_ms[-1]:.1f} ms",
+                flush=True,
+            )
+        out = {
+            "viewer_page_ms": round(statistics.median(page_ms), 2),
+            "full_read_page_ms": round(statistics.median(naive_ms), 2),
+            "speedup": round(statistics.median(naive_ms) / statistics.median(page_ms), 1),
+            "index_s": round(index_s, 3),
+            "filtered_page_ms": round(filtered_ms, 1),
+            "detail_ms": round(detail_ms, 1),
+            "trajectories": args.trajectories,
+            "log_mb": round(log.stat().st_size / 1e6, 1),
+            "rounds": rounds,
+            "cpu": describe_cpu(),
+            "loadavg": loadavg(),
+        }
     from results import emit_result  # the RESULT line, and its record in benchmarks/results/
+
     emit_result("viewer", out)
 
 

@@ -52,14 +52,24 @@ async def main(steps: int, num_envs: int, seed: int) -> list[float]:
     curve = []
     for step in range(steps):
         obs, _ = envs.reset(seed=seed + step)
-        prompts = [tok.apply_chat_template([{"role": "user", "content": o}], add_generation_prompt=True,
-                                           tokenize=True) for o in obs]
+        prompts = [
+            tok.apply_chat_template(
+                [{"role": "user", "content": o}], add_generation_prompt=True, tokenize=True
+            )
+            for o in obs
+        ]
         outs = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
-        actions = [tok.decode([t for t in o.token_ids if t not in tok.stop_token_ids]) for o in outs]
+        actions = [
+            tok.decode([t for t in o.token_ids if t not in tok.stop_token_ids]) for o in outs
+        ]
         _, rewards, *_ = envs.step(actions)
         adv = jnp.asarray(rewards - rewards.mean(), jnp.float32)  # the mean baseline
-        ids, valid = pad([list(p) + list(o.token_ids) for p, o in zip(prompts, outs)], tok.pad_token_id)
-        sampled = valid * (jnp.arange(ids.shape[1])[None, :] >= jnp.asarray([len(p) for p in prompts])[:, None])
+        ids, valid = pad(
+            [list(p) + list(o.token_ids) for p, o in zip(prompts, outs)], tok.pad_token_id
+        )
+        sampled = valid * (
+            jnp.arange(ids.shape[1])[None, :] >= jnp.asarray([len(p) for p in prompts])[:, None]
+        )
         train_step(model, optimizer, ids, sampled, adv)
         engine.update_weights(nnx.state(model, nnx.Param), version=step + 1)
         curve.append(float(np.mean(rewards)))

@@ -30,9 +30,31 @@ _LAZY = {
 
 # Subpackages and modules reachable as ``gymllm.<name>`` (imported on first access), in layer order.
 SUBMODULES: tuple[str, ...] = (
-    "errors", "types", "atomic", "validation", "telemetry", "ray_support",
-    "spaces", "space_text", "core", "vector", "utils", "trajectories", "multiagent", "wrappers", "tools", "registration", "envs",
-    "models", "inference", "rollout", "suites", "algos", "train", "viewer", "cli",
+    "errors",
+    "types",
+    "atomic",
+    "validation",
+    "telemetry",
+    "ray_support",
+    "spaces",
+    "space_text",
+    "core",
+    "vector",
+    "utils",
+    "trajectories",
+    "multiagent",
+    "wrappers",
+    "tools",
+    "registration",
+    "envs",
+    "models",
+    "inference",
+    "rollout",
+    "suites",
+    "algos",
+    "train",
+    "viewer",
+    "cli",
 )
 
 __all__ = ["__version__", "SUBMODULES", *_LAZY, *SUBMODULES]
@@ -44,7 +66,9 @@ def __getattr__(name: str) -> Any:
     elif name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
     else:
-        raise AttributeError(f"module 'gymllm' has no attribute {name!r} (public names: {', '.join(sorted(__all__))})")
+        raise AttributeError(
+            f"module 'gymllm' has no attribute {name!r} (public names: {', '.join(sorted(__all__))})"
+        )
     globals()[name] = value
     return value
 

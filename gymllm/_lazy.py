@@ -11,8 +11,9 @@ import sys
 from typing import Any, Callable
 
 
-def lazy_exports(package: str, table: dict[str, str], *, cache: bool = True) -> tuple[Callable[[str], Any],
-                                                                                    Callable[[], list[str]]]:
+def lazy_exports(
+    package: str, table: dict[str, str], *, cache: bool = True
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     def __getattr__(name: str) -> Any:
         if name not in table:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")

@@ -29,8 +29,9 @@ __all__ = ["atomic_write", "atomic_write_text", "atomic_directory"]
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike, mode: str = "w", *, encoding: str | None = "utf-8",
-                 fsync: bool = True) -> Iterator[IO]:
+def atomic_write(
+    path: str | os.PathLike, mode: str = "w", *, encoding: str | None = "utf-8", fsync: bool = True
+) -> Iterator[IO]:
     """A file object to write ``path``'s new content into; on a clean exit it replaces ``path``.
 
     Args:
@@ -41,8 +42,10 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", *, encoding: str | No
             new file, never an empty one).
     """
     if mode not in ("w", "wb"):
-        raise ValueError(f"atomic_write mode: expected 'w' or 'wb', received {mode!r}. "
-                         "Fix: write the whole new content (appending is not atomic)")
+        raise ValueError(
+            f"atomic_write mode: expected 'w' or 'wb', received {mode!r}. "
+            "Fix: write the whole new content (appending is not atomic)"
+        )
     target = pathlib.Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
@@ -59,7 +62,9 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", *, encoding: str | No
         raise
 
 
-def atomic_write_text(path: str | os.PathLike, text: str, *, encoding: str = "utf-8", fsync: bool = True) -> pathlib.Path:
+def atomic_write_text(
+    path: str | os.PathLike, text: str, *, encoding: str = "utf-8", fsync: bool = True
+) -> pathlib.Path:
     """Replace ``path``'s content with ``text`` atomically; returns the path."""
     with atomic_write(path, "w", encoding=encoding, fsync=fsync) as f:
         f.write(text)
@@ -76,7 +81,9 @@ def atomic_directory(path: str | os.PathLike, *, replace: bool = False) -> Itera
     """
     target = pathlib.Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    tmp = pathlib.Path(
+        tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    )
     try:
         yield tmp
         if replace and target.exists():

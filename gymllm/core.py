@@ -56,8 +56,12 @@ def _check_max_turns(max_turns: Any) -> int | None:
         return None
     if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
         raise ConfigError(
-            explain("TextEnv.max_turns", expected="None or an int >= 1", received=max_turns,
-                    fix="pass max_turns=None (no limit) or a positive int")
+            explain(
+                "TextEnv.max_turns",
+                expected="None or an int >= 1",
+                received=max_turns,
+                fix="pass max_turns=None (no limit) or a positive int",
+            )
         )
     return max_turns
 
@@ -67,7 +71,9 @@ class _LoopThread:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="gymllm-env-loop", daemon=True)
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, name="gymllm-env-loop", daemon=True
+        )
         self.thread.start()
 
     def run(self, coro: Awaitable[_T]) -> _T:
@@ -116,17 +122,24 @@ class EpisodeState:
         if self.phase != _RUNNING:
             what = "before reset()" if self.phase == _NEW else "after the episode ended"
             raise ResetNeededError(
-                explain(f"{type(env).__name__}.step() called {what}", expected="reset() first",
-                        received=f"step({_short(action)})", fix="call env.reset(seed=...) before step()")
+                explain(
+                    f"{type(env).__name__}.step() called {what}",
+                    expected="reset() first",
+                    received=f"step({_short(action)})",
+                    fix="call env.reset(seed=...) before step()",
+                )
             )
         space = env.action_space
         why_not = getattr(space, "why_not", None)
         why = why_not(action) if why_not is not None else (None if space.contains(action) else "")
         if why is not None:
             raise InvalidActionError(
-                explain(f"{type(env).__name__}.step(action)", expected=f"an action in {space!r}",
-                        received=f"{_short(action)}{' (' + why + ')' if why else ''}",
-                        fix="pass the model's reply as one Python str")
+                explain(
+                    f"{type(env).__name__}.step(action)",
+                    expected=f"an action in {space!r}",
+                    received=f"{_short(action)}{' (' + why + ')' if why else ''}",
+                    fix="pass the model's reply as one Python str",
+                )
             )
 
     def finish_reset(self, obs: Any, info: Any) -> tuple[Any, dict]:
@@ -142,17 +155,29 @@ class EpisodeState:
             (obs, reward, terminated, info), truncated = result, False
         else:
             raise TypeError(
-                explain(f"{type(env).__name__}._step", expected="(obs, reward, terminated, info)",
-                        received=f"a {len(result)}-tuple", fix="return 4 values from _step")
+                explain(
+                    f"{type(env).__name__}._step",
+                    expected="(obs, reward, terminated, info)",
+                    received=f"a {len(result)}-tuple",
+                    fix="return 4 values from _step",
+                )
             )
         self.turn += 1
         terminated = bool(terminated)
         max_turns = env.max_turns
-        truncated = bool(truncated) or (not terminated and max_turns is not None and self.turn >= max_turns)
+        truncated = bool(truncated) or (
+            not terminated and max_turns is not None and self.turn >= max_turns
+        )
         if terminated or truncated:
             self.phase = _DONE
         self.last_obs = obs
-        return obs, _checked_reward(env, reward), terminated, truncated, dict(info) if info is not None else {}
+        return (
+            obs,
+            _checked_reward(env, reward),
+            terminated,
+            truncated,
+            dict(info) if info is not None else {},
+        )
 
 
 class TextEnv(gym.Env[ObsType, str]):
@@ -171,8 +196,12 @@ class TextEnv(gym.Env[ObsType, str]):
         self.max_turns = _check_max_turns(max_turns)
         if render_mode not in (None, "ansi"):
             raise ConfigError(
-                explain("TextEnv.render_mode", expected="None or 'ansi'", received=render_mode,
-                        fix="pass render_mode='ansi' or leave it unset")
+                explain(
+                    "TextEnv.render_mode",
+                    expected="None or 'ansi'",
+                    received=render_mode,
+                    fix="pass render_mode='ansi' or leave it unset",
+                )
             )
         self.render_mode = render_mode
         if "observation_space" not in self.__dict__:
@@ -219,7 +248,9 @@ class TextEnv(gym.Env[ObsType, str]):
         cls._sync_reset_hook = _overrides_cls(cls, "_reset") or not _overrides_cls(cls, "_areset")
         cls._sync_step_hook = _overrides_cls(cls, "_step") or not _overrides_cls(cls, "_astep")
 
-    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[ObsType, dict]:
+    def reset(
+        self, *, seed: int | None = None, options: dict | None = None
+    ) -> tuple[ObsType, dict]:
         episode = self._before_reset(seed)
         if self._sync_reset_hook:
             obs, info = self._reset(seed=seed, options=options)
@@ -244,7 +275,9 @@ class TextEnv(gym.Env[ObsType, str]):
         return episode.finish_step(self, result)
 
     # ------------------------------------------------------------------ async API
-    async def areset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[ObsType, dict]:
+    async def areset(
+        self, *, seed: int | None = None, options: dict | None = None
+    ) -> tuple[ObsType, dict]:
         episode = self._before_reset(seed)
         obs, info = await self._areset(seed=seed, options=options)
         return episode.finish_reset(obs, info)
@@ -296,9 +329,15 @@ def _checked_reward(env: Any, reward: Any) -> float:
     except (TypeError, ValueError):
         value = math.nan
     if not math.isfinite(value):
-        raise RewardError(explain(f"{type(env).__name__}._step reward", expected="a finite real number",
-                                  received=_short(reward), fix="return a float (e.g. 0.0 for no credit); "
-                                  "NaN or inf rewards would poison every advantage of their group"))
+        raise RewardError(
+            explain(
+                f"{type(env).__name__}._step reward",
+                expected="a finite real number",
+                received=_short(reward),
+                fix="return a float (e.g. 0.0 for no credit); "
+                "NaN or inf rewards would poison every advantage of their group",
+            )
+        )
     return value
 
 
@@ -307,13 +346,17 @@ def _short(x: Any, n: int = 60) -> str:
     return s if len(s) <= n else s[: n - 3] + "..."
 
 
-async def areset_env(env: gym.Env, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
+async def areset_env(
+    env: gym.Env, *, seed: int | None = None, options: dict | None = None
+) -> tuple[Any, dict]:
     """``await env.areset(...)`` when the env (or its outermost wrapper) has it, else ``reset`` in an executor."""
     fn = getattr(env, "areset", None)
     if fn is not None:
         return await fn(seed=seed, options=options)
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(None, functools.partial(env.reset, seed=seed, options=options))
+    return await loop.run_in_executor(
+        None, functools.partial(env.reset, seed=seed, options=options)
+    )
 
 
 async def astep_env(env: gym.Env, action: Any) -> tuple[Any, float, bool, bool, dict]:

@@ -31,7 +31,9 @@ class ResetNeededError(GymLLMError, RuntimeError):
 class EnvError(GymLLMError, RuntimeError):
     """A sub-env raised; carries the env id so callers can isolate it."""
 
-    def __init__(self, message: str, *, env_id: int | None = None, cause: BaseException | None = None):
+    def __init__(
+        self, message: str, *, env_id: int | None = None, cause: BaseException | None = None
+    ):
         super().__init__(message)
         self.env_id = env_id
         self.cause = cause

@@ -45,10 +45,15 @@ def _check_loopback_binding() -> None:
     import ray._private.ray_constants as constants  # noqa: PLC2701 - Ray's own switch, read only
 
     if constants.ENABLE_RAY_CLUSTER:
-        raise ConfigError(explain("a local Ray", expected="nodes bound to 127.0.0.1", received=
-                                  "Ray imported before gymllm set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0",
-                                  fix="export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (or import gymllm.ray_support "
-                                  "before ray), or join a running cluster with address='auto'"))
+        raise ConfigError(
+            explain(
+                "a local Ray",
+                expected="nodes bound to 127.0.0.1",
+                received="Ray imported before gymllm set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0",
+                fix="export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (or import gymllm.ray_support "
+                "before ray), or join a running cluster with address='auto'",
+            )
+        )
 
 
 def require_ray() -> Any:
@@ -60,8 +65,13 @@ def require_ray() -> Any:
     return ray
 
 
-def init_ray(address: str | None = None, *, num_cpus: int | None = None,
-             resources: Mapping[str, float] | None = None, namespace: str | None = None) -> Any:
+def init_ray(
+    address: str | None = None,
+    *,
+    num_cpus: int | None = None,
+    resources: Mapping[str, float] | None = None,
+    namespace: str | None = None,
+) -> Any:
     """Connect this process to Ray and return the module.
 
     ``address=None`` starts a local single-node Ray bound to 127.0.0.1 (``num_cpus`` and custom
@@ -75,13 +85,22 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None,
         return ray
     if address is None:
         _check_loopback_binding()
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "namespace": namespace}
+    kwargs: dict[str, Any] = {
+        "include_dashboard": False,
+        "log_to_driver": False,
+        "namespace": namespace,
+    }
     if address is None:
         kwargs.update(address="local", num_cpus=num_cpus, resources=dict(resources or {}))
     elif num_cpus is not None or resources:
-        raise ConfigError(explain("init_ray", expected="num_cpus / resources only for a local Ray (address=None)",
-                                  received={"address": address, "num_cpus": num_cpus, "resources": resources},
-                                  fix="declare resources on `ray start --resources=...` for a running cluster"))
+        raise ConfigError(
+            explain(
+                "init_ray",
+                expected="num_cpus / resources only for a local Ray (address=None)",
+                received={"address": address, "num_cpus": num_cpus, "resources": resources},
+                fix="declare resources on `ray start --resources=...` for a running cluster",
+            )
+        )
     else:
         kwargs["address"] = address
     ray.init(**kwargs)
@@ -99,10 +118,18 @@ class LocalCluster:
     is the head. Each node is its own raylet process; actors on a removed node die with it.
     """
 
-    def __init__(self, nodes: Sequence[Mapping[str, Any]] = ({"num_cpus": 1},), *, connect: bool = True):
+    def __init__(
+        self, nodes: Sequence[Mapping[str, Any]] = ({"num_cpus": 1},), *, connect: bool = True
+    ):
         if not nodes:
-            raise ConfigError(explain("LocalCluster(nodes)", expected="at least one node spec (the head)",
-                                      received=list(nodes), fix="pass e.g. [{'num_cpus': 1}]"))
+            raise ConfigError(
+                explain(
+                    "LocalCluster(nodes)",
+                    expected="at least one node spec (the head)",
+                    received=list(nodes),
+                    fix="pass e.g. [{'num_cpus': 1}]",
+                )
+            )
         _quiet_env()
         require_ray()
         _check_loopback_binding()
@@ -129,11 +156,21 @@ class LocalCluster:
             ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
         self._connected = True
         self._cluster.wait_for_nodes()
-        off = [n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] != LOOPBACK]
+        off = [
+            n["NodeManagerAddress"]
+            for n in ray.nodes()
+            if n["Alive"] and n["NodeManagerAddress"] != LOOPBACK
+        ]
         if off:
             self.shutdown()
-            raise ConfigError(explain("LocalCluster", expected=f"every node on {LOOPBACK}", received=off,
-                                      fix="set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before Ray is imported"))
+            raise ConfigError(
+                explain(
+                    "LocalCluster",
+                    expected=f"every node on {LOOPBACK}",
+                    received=off,
+                    fix="set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before Ray is imported",
+                )
+            )
         return ray
 
     def add_node(self, **spec: Any) -> Any:

@@ -35,7 +35,16 @@ import gymnasium as gym
 
 from gymllm.errors import ConfigError, explain
 
-__all__ = ["NAMESPACE", "register", "make", "make_vec", "registered_ids", "full_id", "resolve_env_id", "nearest_ids"]
+__all__ = [
+    "NAMESPACE",
+    "register",
+    "make",
+    "make_vec",
+    "registered_ids",
+    "full_id",
+    "resolve_env_id",
+    "nearest_ids",
+]
 
 NAMESPACE = "gymllm"
 #: an env id in Gymnasium's ``[namespace/](name)[-v(version)]`` form, ending in a version
@@ -45,8 +54,14 @@ _VERSIONED = re.compile(r"^(?:[\w:.-]+/)?[\w:.-]+?-v\d+$")
 def full_id(env_id: str) -> str:
     """``"Echo-v0"`` -> ``"gymllm/Echo-v0"``; ids with a namespace are returned unchanged."""
     if not isinstance(env_id, str) or not env_id:
-        raise ConfigError(explain("env id", expected="a non-empty str such as 'gymllm/Echo-v0'", received=env_id,
-                                  fix="pass a registered id (see gymllm.registration.registered_ids())"))
+        raise ConfigError(
+            explain(
+                "env id",
+                expected="a non-empty str such as 'gymllm/Echo-v0'",
+                received=env_id,
+                fix="pass a registered id (see gymllm.registration.registered_ids())",
+            )
+        )
     return env_id if "/" in env_id else f"{NAMESPACE}/{env_id}"
 
 
@@ -74,8 +89,13 @@ def register(
         return
     spec_kwargs.setdefault("disable_env_checker", True)
     spec_kwargs.setdefault("order_enforce", False)
-    gym.register(id=env_id, entry_point=entry_point, max_episode_steps=max_episode_steps,
-                 kwargs=dict(kwargs or {}), **spec_kwargs)
+    gym.register(
+        id=env_id,
+        entry_point=entry_point,
+        max_episode_steps=max_episode_steps,
+        kwargs=dict(kwargs or {}),
+        **spec_kwargs,
+    )
 
 
 def registered_ids() -> list[str]:
@@ -85,8 +105,12 @@ def registered_ids() -> list[str]:
 
 def _unknown_id(env_id: str) -> ConfigError:
     close = difflib.get_close_matches(env_id, registered_ids(), n=3)
-    hint = f"did you mean {', '.join(close)}?" if close else "see gymllm.registration.registered_ids()"
-    return ConfigError(explain("gymllm.make", expected="a registered env id", received=env_id, fix=hint))
+    hint = (
+        f"did you mean {', '.join(close)}?" if close else "see gymllm.registration.registered_ids()"
+    )
+    return ConfigError(
+        explain("gymllm.make", expected="a registered env id", received=env_id, fix=hint)
+    )
 
 
 # ------------------------------------------------------------------ env ids in three forms
@@ -112,11 +136,20 @@ def _registered(env_id: str) -> str | None:
 
 def _unknown(env_id: str, where: str) -> ConfigError:
     close = nearest_ids(env_id)
-    fix = (f"did you mean {', '.join(repr(c) for c in close)}? (`gymllm envs` lists every registered id)" if close
-           else "`gymllm envs` lists the registered ids; a module of your own is named as 'my_pkg.envs:MyEnv-v0' "
-                "(Gymnasium's convention: the module registers the id on import) or 'my_pkg.envs:make_env'")
-    return ConfigError(explain(where, expected="a registered env id, 'module:EnvId-v0' or 'module:factory'",
-                               received=env_id, fix=fix))
+    fix = (
+        f"did you mean {', '.join(repr(c) for c in close)}? (`gymllm envs` lists every registered id)"
+        if close
+        else "`gymllm envs` lists the registered ids; a module of your own is named as 'my_pkg.envs:MyEnv-v0' "
+        "(Gymnasium's convention: the module registers the id on import) or 'my_pkg.envs:make_env'"
+    )
+    return ConfigError(
+        explain(
+            where,
+            expected="a registered env id, 'module:EnvId-v0' or 'module:factory'",
+            received=env_id,
+            fix=fix,
+        )
+    )
 
 
 def resolve_env_id(env_id: str, *, where: str = "env id") -> str | Callable[..., Any]:
@@ -124,8 +157,14 @@ def resolve_env_id(env_id: str, *, where: str = "env id") -> str | Callable[...,
     the module doc (checked in that order).
     ``where`` names the setting in error messages (e.g. ``"suite core.toml, [[env]] #2, key 'id'"``)."""
     if not isinstance(env_id, str) or not env_id.strip():
-        raise ConfigError(explain(where, expected="a non-empty str such as 'gymllm/Arithmetic-v0'", received=env_id,
-                                  fix="set id = 'gymllm/Arithmetic-v0' (`gymllm envs` lists the ids)"))
+        raise ConfigError(
+            explain(
+                where,
+                expected="a non-empty str such as 'gymllm/Arithmetic-v0'",
+                received=env_id,
+                fix="set id = 'gymllm/Arithmetic-v0' (`gymllm envs` lists the ids)",
+            )
+        )
     found = _registered(env_id)
     if found is not None:
         return found
@@ -133,34 +172,55 @@ def resolve_env_id(env_id: str, *, where: str = "env id") -> str | Callable[...,
         raise _unknown(env_id, where)
     module, _, attr = env_id.partition(":")
     if not module or not attr:
-        raise ConfigError(explain(where, expected="'module:EnvId-v0' or 'module:factory' (both sides non-empty)",
-                                  received=env_id, fix="e.g. 'my_pkg.envs:MyEnv-v0'"))
+        raise ConfigError(
+            explain(
+                where,
+                expected="'module:EnvId-v0' or 'module:factory' (both sides non-empty)",
+                received=env_id,
+                fix="e.g. 'my_pkg.envs:MyEnv-v0'",
+            )
+        )
     try:
         mod = importlib.import_module(module)
     except ImportError as e:
-        raise ConfigError(explain(where, expected=f"an importable module before ':' ({module!r})",
-                                  received=f"{env_id} ({type(e).__name__}: {e})",
-                                  fix=f"install the package that provides {module!r}, or put its directory on "
-                                      "PYTHONPATH")) from e
+        raise ConfigError(
+            explain(
+                where,
+                expected=f"an importable module before ':' ({module!r})",
+                received=f"{env_id} ({type(e).__name__}: {e})",
+                fix=f"install the package that provides {module!r}, or put its directory on "
+                "PYTHONPATH",
+            )
+        ) from e
     if _VERSIONED.match(attr) and not callable(getattr(mod, attr, None)):
         found = _registered(attr)
         if found is None:
             close = nearest_ids(attr)
-            raise ConfigError(explain(
-                where, expected=f"module {module!r} to register {attr!r} when imported (gymnasium.register or "
-                                "gymllm.register at its top level)",
-                received=f"{env_id} (not registered after the import)",
-                fix=f"register {attr!r} in {module}" + (f", or did you mean {', '.join(map(repr, close))}?" if close
-                                                         else "")))
+            raise ConfigError(
+                explain(
+                    where,
+                    expected=f"module {module!r} to register {attr!r} when imported (gymnasium.register or "
+                    "gymllm.register at its top level)",
+                    received=f"{env_id} (not registered after the import)",
+                    fix=f"register {attr!r} in {module}"
+                    + (f", or did you mean {', '.join(map(repr, close))}?" if close else ""),
+                )
+            )
         return found
     factory = getattr(mod, attr, None)
     if not callable(factory):
         public = sorted(n for n in vars(mod) if not n.startswith("_") and callable(getattr(mod, n)))
         close = difflib.get_close_matches(attr, public, n=3)
-        raise ConfigError(explain(where, expected=f"a callable {attr!r} in module {module!r} that returns an env",
-                                  received=env_id if factory is None else f"{env_id} ({type(factory).__name__})",
-                                  fix=f"did you mean {', '.join(repr(f'{module}:{c}') for c in close)}?" if close
-                                  else f"define `def {attr}(**kwargs): return MyEnv(**kwargs)` in {module}"))
+        raise ConfigError(
+            explain(
+                where,
+                expected=f"a callable {attr!r} in module {module!r} that returns an env",
+                received=env_id if factory is None else f"{env_id} ({type(factory).__name__})",
+                fix=f"did you mean {', '.join(repr(f'{module}:{c}') for c in close)}?"
+                if close
+                else f"define `def {attr}(**kwargs): return MyEnv(**kwargs)` in {module}",
+            )
+        )
     return factory
 
 
@@ -181,10 +241,20 @@ def make(id: str | Callable[..., gym.Env], **kwargs: Any) -> gym.Env:
     return gym.make(env_id, **kwargs)
 
 
-def _env_fn(item: str | Callable[[], gym.Env], wrappers: Sequence[Callable[[gym.Env], gym.Env]], kwargs: dict):
+def _env_fn(
+    item: str | Callable[[], gym.Env],
+    wrappers: Sequence[Callable[[gym.Env], gym.Env]],
+    kwargs: dict,
+):
     if not (isinstance(item, str) or callable(item)):
-        raise ConfigError(explain("gymllm.make_vec(id)", expected="an env id, an env factory, or a list of them",
-                                  received=item, fix="pass 'gymllm/Echo-v0' or lambda: MyEnv()"))
+        raise ConfigError(
+            explain(
+                "gymllm.make_vec(id)",
+                expected="an env id, an env factory, or a list of them",
+                received=item,
+                fix="pass 'gymllm/Echo-v0' or lambda: MyEnv()",
+            )
+        )
     if isinstance(item, str) and _resolve(item) not in gym.registry:
         if ":" not in item:
             raise _unknown_id(_resolve(item))
@@ -224,19 +294,32 @@ def make_vec(
 
     items = list(id) if isinstance(id, (list, tuple)) else [id]
     if not items:
-        raise ConfigError(explain("gymllm.make_vec(id)", expected="at least one env id", received=id,
-                                  fix="pass an id or a non-empty list of ids"))
+        raise ConfigError(
+            explain(
+                "gymllm.make_vec(id)",
+                expected="at least one env id",
+                received=id,
+                fix="pass an id or a non-empty list of ids",
+            )
+        )
     n = len(items) if num_envs is None and len(items) > 1 else (1 if num_envs is None else num_envs)
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ConfigError(explain("gymllm.make_vec(num_envs)", expected="an int >= 1", received=num_envs,
-                                  fix="pass num_envs=8"))
+        raise ConfigError(
+            explain(
+                "gymllm.make_vec(num_envs)",
+                expected="an int >= 1",
+                received=num_envs,
+                fix="pass num_envs=8",
+            )
+        )
     vkw = dict(vector_kwargs or {})
     import dataclasses
 
-    for key in (f.name for f in dataclasses.fields(VectorEnvConfig)):  # the vector env's own settings
+    for key in (
+        f.name for f in dataclasses.fields(VectorEnvConfig)
+    ):  # the vector env's own settings
         if key in kwargs:
             vkw[key] = kwargs.pop(key)
     config = VectorEnvConfig(**vkw)
     fns = [_env_fn(items[i % len(items)], wrappers, kwargs) for i in range(n)]
     return VectorEnv(fns, config=config)
-

@@ -31,7 +31,16 @@ class ActionParseError(ValueError):
 
 # ------------------------------------------------------------------------------------------- rendering
 
-_COLOURS = {30: "black", 31: "red", 32: "green", 33: "yellow", 34: "blue", 35: "magenta", 36: "cyan", 37: "white"}
+_COLOURS = {
+    30: "black",
+    31: "red",
+    32: "green",
+    33: "yellow",
+    34: "blue",
+    35: "magenta",
+    36: "cyan",
+    37: "white",
+}
 _SGR = re.compile(r"\x1b\[([0-9;]*)m(.*?)\x1b\[0m", re.S)
 _ANY_ESC = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -57,8 +66,14 @@ def ansi_to_text(s: str) -> str:
 def _fmt(x: Any) -> str:
     if isinstance(x, np.ndarray):
         if np.issubdtype(x.dtype, np.floating):
-            return np.array2string(x, precision=4, separator=", ", suppress_small=True, max_line_width=10**6)
-        return "[" + ", ".join(str(int(v)) for v in x.reshape(-1)) + "]" if x.ndim <= 1 else str(x.tolist())
+            return np.array2string(
+                x, precision=4, separator=", ", suppress_small=True, max_line_width=10**6
+            )
+        return (
+            "[" + ", ".join(str(int(v)) for v in x.reshape(-1)) + "]"
+            if x.ndim <= 1
+            else str(x.tolist())
+        )
     if isinstance(x, (float, np.floating)):
         return f"{float(x):.6g}"
     if isinstance(x, (int, np.integer, bool, np.bool_)):
@@ -73,7 +88,9 @@ def describe(obs: Any, space: gym.Space, name: str = "observation") -> str:
     if isinstance(space, gspaces.Tuple):
         if all(isinstance(s, gspaces.Discrete) for s in space.spaces):
             return f"{name}: ({', '.join(_fmt(v) for v in obs)})"
-        return "\n".join(describe(v, s, f"{name}[{i}]") for i, (v, s) in enumerate(zip(obs, space.spaces)))
+        return "\n".join(
+            describe(v, s, f"{name}[{i}]") for i, (v, s) in enumerate(zip(obs, space.spaces))
+        )
     if isinstance(space, gspaces.Box):
         return f"{name}: {_fmt(np.asarray(obs))} (shape {tuple(space.shape)})"
     return f"{name}: {_fmt(obs)}"
@@ -84,8 +101,14 @@ def action_names_for(env: gym.Env, names: tuple[str, ...] | None) -> tuple[str, 
     space = env.action_space
     if not isinstance(space, gspaces.Discrete):
         if names is not None:
-            raise ConfigError(explain("action_names", expected="a Discrete action space", received=space,
-                                      fix="drop action_names for this env"))
+            raise ConfigError(
+                explain(
+                    "action_names",
+                    expected="a Discrete action space",
+                    received=space,
+                    fix="drop action_names for this env",
+                )
+            )
         return None
     spec = getattr(env, "spec", None)
     found = names or (KNOWN_ACTION_NAMES.get(spec.name) if spec is not None else None)
@@ -93,12 +116,20 @@ def action_names_for(env: gym.Env, names: tuple[str, ...] | None) -> tuple[str, 
     if found is None and callable(meanings):
         found = tuple(str(m) for m in meanings())
     if found is not None and len(found) != space.n:
-        raise ConfigError(explain("action_names", expected=f"{space.n} names (one per action)", received=found,
-                                  fix="give exactly one name per action, in index order"))
+        raise ConfigError(
+            explain(
+                "action_names",
+                expected=f"{space.n} names (one per action)",
+                received=found,
+                fix="give exactly one name per action, in index order",
+            )
+        )
     return found
 
 
-def action_menu(space: gym.Space, names: tuple[str, ...] | None, mask: np.ndarray | None = None) -> str:
+def action_menu(
+    space: gym.Space, names: tuple[str, ...] | None, mask: np.ndarray | None = None
+) -> str:
     """What a valid reply looks like for ``space`` (legal actions only when a mask is given)."""
     if isinstance(space, gspaces.Discrete):
         idx = [space.start + i for i in range(space.n) if mask is None or mask[i]]
@@ -106,7 +137,9 @@ def action_menu(space: gym.Space, names: tuple[str, ...] | None, mask: np.ndarra
         how = "one action index or name" if names else "one action index"
         return f"Actions: {', '.join(items)}. Reply with {how}."
     if isinstance(space, gspaces.MultiDiscrete):
-        ranges = ", ".join(f"{s}..{s + n - 1}" for s, n in zip(space.start.reshape(-1), space.nvec.reshape(-1)))
+        ranges = ", ".join(
+            f"{s}..{s + n - 1}" for s, n in zip(space.start.reshape(-1), space.nvec.reshape(-1))
+        )
         return f"Reply with {space.nvec.size} integers separated by spaces, in ranges {ranges}."
     if isinstance(space, gspaces.MultiBinary):
         return f"Reply with {int(np.prod(space.shape))} values 0 or 1 separated by spaces."
@@ -133,8 +166,14 @@ def _discrete(text: str, space: gspaces.Discrete, names: tuple[str, ...] | None)
     if hits:
         return hits[-1]
     menu = action_menu(space, names).split(". Reply")[0].removeprefix("Actions: ")
-    raise ActionParseError(explain("action", expected=f"one of {menu}", received=text[:80],
-                                   fix="reply with one action index" + (" or name" if names else "")))
+    raise ActionParseError(
+        explain(
+            "action",
+            expected=f"one of {menu}",
+            received=text[:80],
+            fix="reply with one action index" + (" or name" if names else ""),
+        )
+    )
 
 
 def _numbers(text: str, space: gym.Space) -> np.ndarray:
@@ -144,29 +183,57 @@ def _numbers(text: str, space: gym.Space) -> np.ndarray:
     except (ValueError, TypeError):
         vals = np.asarray([float(m) for m in _NUMBER.findall(t)], dtype=np.float64)
     if vals.size != int(np.prod(space.shape)):
-        raise ActionParseError(explain("action", expected=f"{int(np.prod(space.shape))} numbers",
-                                       received=text[:80], fix=action_menu(space, None)))
+        raise ActionParseError(
+            explain(
+                "action",
+                expected=f"{int(np.prod(space.shape))} numbers",
+                received=text[:80],
+                fix=action_menu(space, None),
+            )
+        )
     value = vals.reshape(space.shape)
     if np.issubdtype(space.dtype, np.integer):
         if not np.all(value == np.round(value)):
-            raise ActionParseError(explain("action", expected="integers", received=text[:80], fix=action_menu(space, None)))
+            raise ActionParseError(
+                explain(
+                    "action", expected="integers", received=text[:80], fix=action_menu(space, None)
+                )
+            )
     value = value.astype(space.dtype)
     if not space.contains(value):
-        raise ActionParseError(explain("action", expected="values inside the action space bounds",
-                                       received=text[:80], fix=action_menu(space, None)))
+        raise ActionParseError(
+            explain(
+                "action",
+                expected="values inside the action space bounds",
+                received=text[:80],
+                fix=action_menu(space, None),
+            )
+        )
     return value
 
 
 def _from_json(value: Any, space: gym.Space, names: tuple[str, ...] | None) -> Any:
     if isinstance(space, gspaces.Dict):
         if not isinstance(value, dict) or set(value) != set(space.spaces):
-            raise ActionParseError(explain("action", expected=f"a JSON object with keys {sorted(space.spaces)}",
-                                           received=value, fix="reply with one JSON object"))
+            raise ActionParseError(
+                explain(
+                    "action",
+                    expected=f"a JSON object with keys {sorted(space.spaces)}",
+                    received=value,
+                    fix="reply with one JSON object",
+                )
+            )
         return {k: _from_json(value[k], s, None) for k, s in space.spaces.items()}
     if isinstance(space, gspaces.Tuple):
         if not isinstance(value, list) or len(value) != len(space.spaces):
-            raise ActionParseError(explain("action", expected=f"a JSON list of {len(space.spaces)} items",
-                                           received=value, fix="reply with one JSON list"))
+            raise ActionParseError(
+                explain(
+                    "action",
+                    expected=f"a JSON list of {len(space.spaces)} items",
+                    received=value,
+                    fix="reply with one JSON list",
+                )
+            )
         return tuple(_from_json(v, s, None) for v, s in zip(value, space.spaces))
     return parse_action(json.dumps(value), space, names)
 
@@ -182,11 +249,18 @@ def parse_action(text: str, space: gym.Space, names: tuple[str, ...] | None = No
         try:
             value = json.loads(m.group(0) if m else text)
         except ValueError as e:
-            raise ActionParseError(explain("action", expected="JSON", received=text[:80],
-                                           fix=action_menu(space, None))) from e
+            raise ActionParseError(
+                explain("action", expected="JSON", received=text[:80], fix=action_menu(space, None))
+            ) from e
         return _from_json(value, space, names)
-    raise ConfigError(explain("action space", expected="Discrete, MultiDiscrete, MultiBinary, Box, Dict or Tuple",
-                              received=space, fix="wrap the env so its action space is one of these"))
+    raise ConfigError(
+        explain(
+            "action space",
+            expected="Discrete, MultiDiscrete, MultiBinary, Box, Dict or Tuple",
+            received=space,
+            fix="wrap the env so its action space is one of these",
+        )
+    )
 
 
 def format_action(value: Any, space: gym.Space, names: tuple[str, ...] | None = None) -> str:
@@ -194,8 +268,10 @@ def format_action(value: Any, space: gym.Space, names: tuple[str, ...] | None = 
     if isinstance(space, gspaces.Discrete):
         return names[int(value) - space.start] if names else str(int(value))
     if isinstance(space, (gspaces.MultiDiscrete, gspaces.MultiBinary, gspaces.Box)):
-        return " ".join(repr(float(v)) if np.issubdtype(space.dtype, np.floating) else str(int(v))
-                        for v in np.asarray(value).reshape(-1))
+        return " ".join(
+            repr(float(v)) if np.issubdtype(space.dtype, np.floating) else str(int(v))
+            for v in np.asarray(value).reshape(-1)
+        )
     from gymllm.trajectories.format import to_jsonable
 
     return json.dumps(to_jsonable(value))

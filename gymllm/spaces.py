@@ -51,7 +51,12 @@ def _check_length_bounds(cls: str, lo_name: str, lo: int, hi_name: str, hi: int)
     for name, value in ((lo_name, lo), (hi_name, hi)):
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
             raise ConfigError(
-                explain(f"{cls}.{name}", expected="an int >= 0", received=value, fix=f"pass {name}=<non-negative int>")
+                explain(
+                    f"{cls}.{name}",
+                    expected="an int >= 0",
+                    received=value,
+                    fix=f"pass {name}=<non-negative int>",
+                )
             )
     if lo > hi:
         raise ConfigError(
@@ -89,7 +94,12 @@ class Text(Space[str]):
         _check_length_bounds("Text", "min_length", min_length, "max_length", max_length)
         if not isinstance(alphabet, str) or not alphabet:
             raise ConfigError(
-                explain("Text.alphabet", expected="a non-empty str", received=alphabet, fix="pass alphabet='abc...'")
+                explain(
+                    "Text.alphabet",
+                    expected="a non-empty str",
+                    received=alphabet,
+                    fix="pass alphabet='abc...'",
+                )
             )
         self.max_length = int(max_length)
         self.min_length = int(min_length)
@@ -107,7 +117,9 @@ class Text(Space[str]):
         if not isinstance(x, str):
             return f"a value of type {type(x).__name__} (not str)"
         if not self.min_length <= len(x) <= self.max_length:
-            return f"a string of {len(x)} characters (allowed: {self.min_length}..{self.max_length})"
+            return (
+                f"a string of {len(x)} characters (allowed: {self.min_length}..{self.max_length})"
+            )
         return _utf8_error(x)
 
     def contains(self, x: Any) -> bool:
@@ -117,7 +129,12 @@ class Text(Space[str]):
         """A random string from the space's RNG; ``mask`` (an int) fixes the length."""
         if probability is not None:
             raise ConfigError(
-                explain("Text.sample", expected="probability=None", received=probability, fix="pass mask=<length>")
+                explain(
+                    "Text.sample",
+                    expected="probability=None",
+                    received=probability,
+                    fix="pass mask=<length>",
+                )
             )
         if mask is not None:
             if not self.min_length <= int(mask) <= self.max_length:
@@ -190,8 +207,12 @@ class Chat(Space[list]):
         roles = tuple(roles)
         if not roles or not all(isinstance(r, str) and r for r in roles):
             raise ConfigError(
-                explain("Chat.roles", expected="a non-empty sequence of role names", received=roles,
-                        fix=f"pass roles={DEFAULT_ROLES!r} or a subset")
+                explain(
+                    "Chat.roles",
+                    expected="a non-empty sequence of role names",
+                    received=roles,
+                    fix=f"pass roles={DEFAULT_ROLES!r} or a subset",
+                )
             )
         self.max_messages = int(max_messages)
         self.min_messages = int(min_messages)
@@ -248,11 +269,18 @@ class Chat(Space[list]):
     def contains(self, x: Any) -> bool:
         return self.why_not(x) is None
 
-    def sample(self, mask: int | None = None, probability: Any | None = None) -> list[dict[str, str]]:
+    def sample(
+        self, mask: int | None = None, probability: Any | None = None
+    ) -> list[dict[str, str]]:
         """Random messages (``mask`` fixes their number) with roles and contents from this space's RNG."""
         if probability is not None:
             raise ConfigError(
-                explain("Chat.sample", expected="probability=None", received=probability, fix="pass mask=<count>")
+                explain(
+                    "Chat.sample",
+                    expected="probability=None",
+                    received=probability,
+                    fix="pass mask=<count>",
+                )
             )
         rng = self.np_random
         hi = min(self.max_messages, max(self.min_messages, 4))
@@ -260,7 +288,9 @@ class Chat(Space[list]):
         out = []
         for _ in range(n):
             role = self.roles[int(rng.integers(len(self.roles)))]
-            text = _sample_string(rng, self.content.min_length, self.content.max_length, self.content.alphabet)
+            text = _sample_string(
+                rng, self.content.min_length, self.content.max_length, self.content.alphabet
+            )
             out.append({"role": role, "content": text})
         return out
 
@@ -271,14 +301,23 @@ class Chat(Space[list]):
         return [[dict(m) for m in s] for s in sample_n]
 
     def __eq__(self, other: Any) -> bool:
-        return (
-            isinstance(other, Chat)
-            and (self.min_messages, self.max_messages, self.roles, self.content.max_length)
-            == (other.min_messages, other.max_messages, other.roles, other.content.max_length)
-        )
+        return isinstance(other, Chat) and (
+            self.min_messages,
+            self.max_messages,
+            self.roles,
+            self.content.max_length,
+        ) == (other.min_messages, other.max_messages, other.roles, other.content.max_length)
 
     def __hash__(self) -> int:
-        return hash(("gymllm.Chat", self.min_messages, self.max_messages, self.roles, self.content.max_length))
+        return hash(
+            (
+                "gymllm.Chat",
+                self.min_messages,
+                self.max_messages,
+                self.roles,
+                self.content.max_length,
+            )
+        )
 
     def __repr__(self) -> str:
         return f"Chat(max_messages={self.max_messages}, roles={self.roles})"

@@ -37,7 +37,11 @@ class ToolCall:
     id: str = ""
 
     def to_message_dict(self) -> ToolCallDict:
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
 
 
 FinishReason = Literal["terminated", "truncated", "length", "error", "abort"]
@@ -64,10 +68,14 @@ class Trajectory:
     task_id: str = ""
     env_id: int = -1
     seed: int | None = None
-    turn_boundaries: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # sampled spans
+    turn_boundaries: list[tuple[int, int]] = dataclasses.field(
+        default_factory=list
+    )  # sampled spans
     finish_reason: str = "terminated"
     row_index: int = 0  # > 0 only in the one-row-per-model-call fallback
-    timings: dict[str, float] = dataclasses.field(default_factory=dict)  # generation, env, tool, ...
+    timings: dict[str, float] = dataclasses.field(
+        default_factory=dict
+    )  # generation, env, tool, ...
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:

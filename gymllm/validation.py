@@ -41,26 +41,57 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def check_choice(cls: str, field: str, value: Any, allowed: Iterable[Any], *, fix: str | None = None) -> None:
+def check_choice(
+    cls: str, field: str, value: Any, allowed: Iterable[Any], *, fix: str | None = None
+) -> None:
     """``value`` is one of ``allowed``."""
     allowed = list(allowed)
-    require(value in allowed, f"{cls}.{field}", expected=f"one of {allowed}", received=value,
-            fix=fix or f"set {field} to one of {allowed}")
+    require(
+        value in allowed,
+        f"{cls}.{field}",
+        expected=f"one of {allowed}",
+        received=value,
+        fix=fix or f"set {field} to one of {allowed}",
+    )
 
 
-def check_range(cls: str, field: str, value: Any, *, lo: float | None = None, hi: float | None = None,
-                lo_open: bool = False, integer: bool = False, optional: bool = False, fix: str | None = None) -> None:
+def check_range(
+    cls: str,
+    field: str,
+    value: Any,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    lo_open: bool = False,
+    integer: bool = False,
+    optional: bool = False,
+    fix: str | None = None,
+) -> None:
     """``value`` is a finite number (an int with ``integer``; None too with ``optional``) within
     ``[lo, hi]`` (``(lo, hi]`` with ``lo_open``)."""
     if optional and value is None:
         return
     op = ">" if lo_open else ">="
-    bounds = " and ".join(x for x in (f"{op} {lo}" if lo is not None else "", f"<= {hi}" if hi is not None else "") if x)
+    bounds = " and ".join(
+        x
+        for x in (f"{op} {lo}" if lo is not None else "", f"<= {hi}" if hi is not None else "")
+        if x
+    )
     kind = "an int" if integer else "a number"
     expected = " ".join(x for x in ("None or" if optional else "", kind, bounds) if x)
     ok = is_int(value) if integer else is_number(value)
-    ok = ok and not (lo is not None and (value <= lo if lo_open else value < lo)) and not (hi is not None and value > hi)
-    require(ok, f"{cls}.{field}", expected=expected, received=value, fix=fix or f"choose {field} {bounds or kind}")
+    ok = (
+        ok
+        and not (lo is not None and (value <= lo if lo_open else value < lo))
+        and not (hi is not None and value > hi)
+    )
+    require(
+        ok,
+        f"{cls}.{field}",
+        expected=expected,
+        received=value,
+        fix=fix or f"choose {field} {bounds or kind}",
+    )
 
 
 def apply_overrides(cfg: Any, overrides: Mapping[str, Any], *, where: str = "") -> Any:
@@ -70,11 +101,23 @@ def apply_overrides(cfg: Any, overrides: Mapping[str, Any], *, where: str = "") 
     are converted. An unknown key is a ``ConfigError`` that names it and the allowed ones; a bad value
     is the section's own ``ConfigError``."""
     if not dataclasses.is_dataclass(cfg) or isinstance(cfg, type):
-        raise ConfigError(explain(where or "config", expected="a config section (a table)", received=cfg,
-                                  fix="write it as a [table] of its fields"))
+        raise ConfigError(
+            explain(
+                where or "config",
+                expected="a config section (a table)",
+                received=cfg,
+                fix="write it as a [table] of its fields",
+            )
+        )
     if not isinstance(overrides, Mapping):
-        raise ConfigError(explain(where or "config", expected="a table of fields", received=overrides,
-                                  fix=f"write [{where or 'section'}] with field = value lines"))
+        raise ConfigError(
+            explain(
+                where or "config",
+                expected="a table of fields",
+                received=overrides,
+                fix=f"write [{where or 'section'}] with field = value lines",
+            )
+        )
     fields = {f.name for f in dataclasses.fields(cfg)}
     hints = typing.get_type_hints(type(cfg))
     changes: dict[str, Any] = {}
@@ -82,8 +125,14 @@ def apply_overrides(cfg: Any, overrides: Mapping[str, Any], *, where: str = "") 
         name = key.replace("-", "_")
         path = f"{where}.{name}" if where else name
         if name not in fields:
-            raise ConfigError(explain(f"config key {path!r}", expected=f"one of {sorted(fields)}", received=key,
-                                      fix=f"rename or remove {key!r}"))
+            raise ConfigError(
+                explain(
+                    f"config key {path!r}",
+                    expected=f"one of {sorted(fields)}",
+                    received=key,
+                    fix=f"rename or remove {key!r}",
+                )
+            )
         current = getattr(cfg, name)
         if dataclasses.is_dataclass(current) and isinstance(value, Mapping):
             changes[name] = apply_overrides(current, value, where=path)
@@ -92,8 +141,14 @@ def apply_overrides(cfg: Any, overrides: Mapping[str, Any], *, where: str = "") 
     try:
         return dataclasses.replace(cfg, **changes)
     except TypeError as e:  # a dataclass refusing a value of the wrong kind
-        raise ConfigError(explain(where or "config", expected=f"values of {type(cfg).__name__}'s field types",
-                                  received=overrides, fix=str(e))) from e
+        raise ConfigError(
+            explain(
+                where or "config",
+                expected=f"values of {type(cfg).__name__}'s field types",
+                received=overrides,
+                fix=str(e),
+            )
+        ) from e
 
 
 def _coerce(value: Any, hint: Any) -> Any:

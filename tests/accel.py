@@ -48,8 +48,10 @@ def requested_device() -> str:
     """``GYMLLM_TEST_DEVICE`` (default ``cpu``); a value outside :data:`DEVICE_CHOICES` is an error."""
     value = os.environ.get("GYMLLM_TEST_DEVICE", "cpu").strip().lower() or "cpu"
     if value not in DEVICE_CHOICES:
-        raise ValueError(f"GYMLLM_TEST_DEVICE: expected one of {DEVICE_CHOICES}, received {value!r}. Fix: unset it "
-                         "for the CPU, or GYMLLM_TEST_DEVICE=accelerator to run on the TPU or GPU JAX finds.")
+        raise ValueError(
+            f"GYMLLM_TEST_DEVICE: expected one of {DEVICE_CHOICES}, received {value!r}. Fix: unset it "
+            "for the CPU, or GYMLLM_TEST_DEVICE=accelerator to run on the TPU or GPU JAX finds."
+        )
     return value
 
 

@@ -37,12 +37,24 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _XLA_CACHE)
 
 #: test modules whose tests all open TCP sockets on 127.0.0.1 (HTTP servers, Ray clusters, OpenEnv,
 #: the training proxy, the viewer's browser); a single test elsewhere carries ``@pytest.mark.loopback``
-LOOPBACK_MODULES = frozenset({
-    "test_cluster_train.py", "test_engine_pool.py", "test_fuzz_servers.py", "test_multihost.py", "test_openenv.py",
-    "test_proxy.py", "test_proxy_train.py", "test_serve_env_hostile.py", "test_server.py",
-    "test_server_engine_faults.py", "test_server_hostile.py", "test_suite_cluster.py", "test_vector_ray.py",
-    "test_viewer.py",
-})
+LOOPBACK_MODULES = frozenset(
+    {
+        "test_cluster_train.py",
+        "test_engine_pool.py",
+        "test_fuzz_servers.py",
+        "test_multihost.py",
+        "test_openenv.py",
+        "test_proxy.py",
+        "test_proxy_train.py",
+        "test_serve_env_hostile.py",
+        "test_server.py",
+        "test_server_engine_faults.py",
+        "test_server_hostile.py",
+        "test_suite_cluster.py",
+        "test_vector_ray.py",
+        "test_viewer.py",
+    }
+)
 #: single tests that bind a socket on 127.0.0.1 (file::name), and (file, fixture) pairs whose fixture does
 LOOPBACK_TESTS = frozenset({"test_sandbox.py::test_no_network"})
 LOOPBACK_FIXTURES = frozenset({("test_sandbox_escapes.py", "world")})
@@ -50,9 +62,12 @@ LOOPBACK_FIXTURES = frozenset({("test_sandbox_escapes.py", "world")})
 
 def needs_loopback(item) -> bool:
     name = item.path.name
-    return (name in LOOPBACK_MODULES or item.get_closest_marker("loopback") is not None
-            or f"{name}::{getattr(item, 'originalname', item.name)}" in LOOPBACK_TESTS
-            or any((name, f) in LOOPBACK_FIXTURES for f in getattr(item, "fixturenames", ())))
+    return (
+        name in LOOPBACK_MODULES
+        or item.get_closest_marker("loopback") is not None
+        or f"{name}::{getattr(item, 'originalname', item.name)}" in LOOPBACK_TESTS
+        or any((name, f) in LOOPBACK_FIXTURES for f in getattr(item, "fixturenames", ()))
+    )
 
 
 def pytest_configure(config):
@@ -61,10 +76,13 @@ def pytest_configure(config):
     if platform() == "cpu":
         import jax
 
-        pytest.exit(f"GYMLLM_TEST_DEVICE=accelerator: expected a TPU or GPU visible to JAX, received {jax.devices()} "
-                    f"(JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS')!r}). Fix: run on the accelerator machine with "
-                    "jax[tpu] or jax[cuda12] installed and JAX_PLATFORMS unset (or naming it), or unset "
-                    "GYMLLM_TEST_DEVICE for the CPU.", returncode=4)
+        pytest.exit(
+            f"GYMLLM_TEST_DEVICE=accelerator: expected a TPU or GPU visible to JAX, received {jax.devices()} "
+            f"(JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS')!r}). Fix: run on the accelerator machine with "
+            "jax[tpu] or jax[cuda12] installed and JAX_PLATFORMS unset (or naming it), or unset "
+            "GYMLLM_TEST_DEVICE for the CPU.",
+            returncode=4,
+        )
     # this process holds the chip now (one process at a time may hold a TPU): processes the tests start
     # run JAX on the CPU (this process's backends are set up already; the variable no longer moves them)
     os.environ["JAX_PLATFORMS"] = "cpu"
@@ -83,8 +101,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         for plat in ("tpu", "gpu"):
             if item.get_closest_marker(plat) is not None and here != plat:
-                item.add_marker(pytest.mark.skip(reason=f"needs a {plat.upper()}; JAX's device here is {here} "
-                                                        "(GYMLLM_TEST_DEVICE=accelerator on that machine runs it)"))
+                item.add_marker(
+                    pytest.mark.skip(
+                        reason=f"needs a {plat.upper()}; JAX's device here is {here} "
+                        "(GYMLLM_TEST_DEVICE=accelerator on that machine runs it)"
+                    )
+                )
         if no_loopback and needs_loopback(item):
             item.add_marker(pytest.mark.skip(reason=no_loopback))
 

@@ -19,9 +19,16 @@ def groups(n, seed):
             ids = r.integers(3, 290, int(r.integers(6, 15))).astype(np.int32)
             mask = np.r_[np.zeros(4), np.ones(len(ids) - 4)].astype(np.int8)
             mu = np.where(mask > 0, -5.7 + r.normal(0, 0.1, len(ids)), 0).astype(np.float32)
-            trajs.append(Trajectory(token_ids=ids, loss_mask=mask, behaviour_logprobs=mu,
-                                    versions=np.where(mask > 0, 0, -1).astype(np.int32), reward=float(r.random()),
-                                    trajectory_id=f"{seed}/{k}/{m}"))
+            trajs.append(
+                Trajectory(
+                    token_ids=ids,
+                    loss_mask=mask,
+                    behaviour_logprobs=mu,
+                    versions=np.where(mask > 0, 0, -1).astype(np.int32),
+                    reward=float(r.random()),
+                    trajectory_id=f"{seed}/{k}/{m}",
+                )
+            )
         out.append(Group(group_id=f"{seed}/{k}", task_id="t", trajectories=trajs))
     return out
 

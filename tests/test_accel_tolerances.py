@@ -30,11 +30,19 @@ def attention_vs_numpy() -> tuple[np.ndarray, np.ndarray]:
     """models.attention (GQA, a mask, soft-capping) and its float64 NumPy reference."""
     rng = np.random.default_rng(0)
     b, t, s, h, k, d, cap, scale = 2, 3, 5, 4, 2, 8, 0.7, 0.3
-    q, kk, vv = rng.normal(size=(b, t, h, d)), rng.normal(size=(b, s, k, d)), rng.normal(size=(b, s, k, d))
+    q, kk, vv = (
+        rng.normal(size=(b, t, h, d)),
+        rng.normal(size=(b, s, k, d)),
+        rng.normal(size=(b, s, k, d)),
+    )
     mask = rng.random((b, t, s)) < 0.7
     mask[..., 0] = True
-    got = attn_mod.attention(*(jnp.asarray(x, jnp.float32) for x in (q, kk, vv)), jnp.asarray(mask), scale=scale,
-                             softcap=cap)
+    got = attn_mod.attention(
+        *(jnp.asarray(x, jnp.float32) for x in (q, kk, vv)),
+        jnp.asarray(mask),
+        scale=scale,
+        softcap=cap,
+    )
     krep, vrep = np.repeat(kk, h // k, axis=2), np.repeat(vv, h // k, axis=2)
     scores = np.einsum("bthd,bshd->bhts", q, krep) * scale
     scores = np.where(mask[:, None], cap * np.tanh(scores / cap), -np.inf)
@@ -47,15 +55,19 @@ def test_attention_scale_one_percent_off_is_caught(monkeypatch):
     got, ref = attention_vs_numpy()
     np.testing.assert_allclose(got, ref, **tolerance("reference"))
     forward = attn_mod._forward
-    monkeypatch.setattr(attn_mod, "_forward",
-                        lambda q, k, v, m, scale, cap: forward(q, k, v, m, scale * 1.01, cap))  # the bug
+    monkeypatch.setattr(
+        attn_mod, "_forward", lambda q, k, v, m, scale, cap: forward(q, k, v, m, scale * 1.01, cap)
+    )  # the bug
     got, ref = attention_vs_numpy()
     with pytest.raises(AssertionError):
         np.testing.assert_allclose(got, ref, **tolerance("reference"))
 
 
 # ------------------------------------------------------------------ the loss
-LOSS_TOL = {"rtol": 2e-4, "atol": 2e-5}  # tests/test_losses.py's full-loss tolerance (elementwise math)
+LOSS_TOL = {
+    "rtol": 2e-4,
+    "atol": 2e-5,
+}  # tests/test_losses.py's full-loss tolerance (elementwise math)
 
 
 def ppo_loss_vs_numpy() -> tuple[float, float]:
@@ -65,14 +77,30 @@ def ppo_loss_vs_numpy() -> tuple[float, float]:
     mu = -rng.exponential(1.0, (b, t))
     logp = mu + rng.normal(0, 0.3, (b, t))  # ratios e^N(0, 0.3): many past 1 - 0.2 and 1 + 0.28
     mask, adv = (rng.random((b, t)) < 0.8).astype(np.float32), rng.normal(size=b)
-    cfg = C.LossConfig(policy=C.PolicyLossConfig(objective="ppo", ratio_level="token", ratio_against="behaviour",
-                                                 eps_low=0.2, eps_high=0.28, dual_clip=None),
-                       correction=C.CorrectionConfig(kinds=()), kl=C.KLConfig(beta=0.0), aggregation="token_mean")
-    batch = loss_mod.LossBatch(mask=jnp.asarray(mask), behaviour_logp=jnp.asarray(mu, jnp.float32),
-                               advantages=jnp.asarray(adv, jnp.float32),
-                               group_tokens=jnp.full((b,), mask.sum() / 2, jnp.float32), ref_logp=None)
+    cfg = C.LossConfig(
+        policy=C.PolicyLossConfig(
+            objective="ppo",
+            ratio_level="token",
+            ratio_against="behaviour",
+            eps_low=0.2,
+            eps_high=0.28,
+            dual_clip=None,
+        ),
+        correction=C.CorrectionConfig(kinds=()),
+        kl=C.KLConfig(beta=0.0),
+        aggregation="token_mean",
+    )
+    batch = loss_mod.LossBatch(
+        mask=jnp.asarray(mask),
+        behaviour_logp=jnp.asarray(mu, jnp.float32),
+        advantages=jnp.asarray(adv, jnp.float32),
+        group_tokens=jnp.full((b,), mask.sum() / 2, jnp.float32),
+        ref_logp=None,
+    )
     total, _ = loss_mod.micro_batch_loss(cfg, jnp.asarray(logp, jnp.float32), batch)
-    step = StepStats(num_tokens=float(mask.sum()), num_seqs=float(b), num_groups=2.0, max_len=float(t))
+    step = StepStats(
+        num_tokens=float(mask.sum()), num_seqs=float(b), num_groups=2.0, max_len=float(t)
+    )
     got = float(total / loss_mod.step_denominator(cfg, step))
     r, a = np.exp(logp - mu), adv[:, None]
     tok = -np.minimum(r * a, np.clip(r, 1 - 0.2, 1 + 0.28) * a)
@@ -107,13 +135,17 @@ def decode_vs_full(lm, shift: int) -> tuple[np.ndarray, np.ndarray]:
     """Prefill 5 tokens, decode 3 one at a time (each fed position ``n + shift``: 0 is right), and the
     full forward's logits at the same positions."""
     T, n = 8, 5
-    toks = jnp.asarray(np.random.default_rng(2).integers(0, lm.config.vocab_size, (1, T)), jnp.int32)
+    toks = jnp.asarray(
+        np.random.default_rng(2).integers(0, lm.config.vocab_size, (1, T)), jnp.int32
+    )
     full, _ = lm.model(toks, jnp.arange(T, dtype=jnp.int32)[None])
     cache = lm.model.init_cache(1, 16)
     _, cache = lm.model(toks[:, :n], jnp.arange(n, dtype=jnp.int32)[None], cache=cache)
     got = []
     for p in range(n, T):
-        out, cache = lm.model(toks[:, p:p + 1], jnp.asarray([[p + shift]], jnp.int32), cache=cache)
+        out, cache = lm.model(
+            toks[:, p : p + 1], jnp.asarray([[p + shift]], jnp.int32), cache=cache
+        )
         got.append(np.asarray(out[0, 0]))
     return np.stack(got), np.asarray(full[0, n:T])
 
@@ -127,11 +159,15 @@ def test_decode_position_off_by_one_is_caught(lm):
 
 
 def test_temperature_one_percent_off_is_caught(lm):
-    toks = jnp.asarray(np.random.default_rng(3).integers(0, lm.config.vocab_size, (2, 8)), jnp.int32)
+    toks = jnp.asarray(
+        np.random.default_rng(3).integers(0, lm.config.vocab_size, (2, 8)), jnp.int32
+    )
     logits, _ = lm.model(toks, jnp.broadcast_to(jnp.arange(8, dtype=jnp.int32), (2, 8)))
     z = np.asarray(logits[:, :-1], np.float64) / 0.7
     z = z - z.max(-1, keepdims=True)
-    ref = np.take_along_axis(z - np.log(np.exp(z).sum(-1, keepdims=True)), np.asarray(toks[:, 1:])[..., None], -1)[..., 0]
+    ref = np.take_along_axis(
+        z - np.log(np.exp(z).sum(-1, keepdims=True)), np.asarray(toks[:, 1:])[..., None], -1
+    )[..., 0]
     good = np.asarray(token_logprobs(logits[:, :-1], toks[:, 1:], 0.7))
     assert np.abs(good - ref).max() < tolerance("logprob")["atol"]
     bad = np.asarray(token_logprobs(logits[:, :-1], toks[:, 1:], 0.7 * 1.01))  # the bug: T 1% off

@@ -33,8 +33,14 @@ def _result_keys() -> dict[str, type]:
 
 def _run(*args: str, timeout: float) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
-                          env=env, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=REPO,
+    )
 
 
 def test_dry_run_prints_every_result_key_well_typed():
@@ -42,7 +48,7 @@ def test_dry_run_prints_every_result_key_well_typed():
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert len(lines) == 1, proc.stdout[-2000:]
-    res = json.loads(lines[0][len("RESULT "):])
+    res = json.loads(lines[0][len("RESULT ") :])
     keys = _result_keys()
     assert set(res) == set(keys)
     assert res["dry"] is True and res["errors"] == {}
@@ -52,12 +58,23 @@ def test_dry_run_prints_every_result_key_well_typed():
             assert isinstance(res["skipped"].get(key), str) and res["skipped"][key], key
             continue
         if typ is float:
-            assert isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0, (key, value)
+            assert isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0, (
+                key,
+                value,
+            )
         else:
             assert isinstance(value, typ), (key, value)
     # what runs on the CPU is measured, not skipped
-    for key in ("jax_decode_tok_s_64", "jax_decode_tok_s_256", "continuous_vs_static", "learner_step_s",
-                "jax_generate_tok_s", "jax_push_s", "jax_logprob_gap_mean", "jax_logprob_gap_p99"):
+    for key in (
+        "jax_decode_tok_s_64",
+        "jax_decode_tok_s_256",
+        "continuous_vs_static",
+        "learner_step_s",
+        "jax_generate_tok_s",
+        "jax_push_s",
+        "jax_logprob_gap_mean",
+        "jax_logprob_gap_p99",
+    ):
         assert res[key] is not None, key
         assert res[key] > 0 or key.startswith("jax_logprob"), key
     # the weight pushes landed mid-flight: tokens of both versions
@@ -69,7 +86,9 @@ def test_dry_run_prints_every_result_key_well_typed():
         assert res["vllm_generate_tok_s"] > 0
 
 
-@pytest.mark.skipif(any(d.platform != "cpu" for d in jax.devices()), reason="an accelerator is visible")
+@pytest.mark.skipif(
+    any(d.platform != "cpu" for d in jax.devices()), reason="an accelerator is visible"
+)
 def test_without_dry_and_without_an_accelerator_it_fails_loudly():
     proc = _run(timeout=120)
     assert proc.returncode == 2
@@ -79,8 +98,12 @@ def test_without_dry_and_without_an_accelerator_it_fails_loudly():
 
 def test_a_part_past_its_time_guard_is_killed_and_keeps_what_it_measured(tmp_path):
     mod = _module()
-    args = mod.argparse.Namespace(model="m", big_model="", compute_dtype="bfloat16", dry=True, budget_s=60.0)
-    out, why = mod.spawn("stall", args, timeout=6.0, workdir=str(tmp_path))  # one figure, then it hangs
+    args = mod.argparse.Namespace(
+        model="m", big_model="", compute_dtype="bfloat16", dry=True, budget_s=60.0
+    )
+    out, why = mod.spawn(
+        "stall", args, timeout=6.0, workdir=str(tmp_path)
+    )  # one figure, then it hangs
     assert out["values"] == {"stall_first": 1.0} and out["rc"] == -9
     assert why.startswith("exceeded its time guard of 6 s") and "killed" in why
 
@@ -90,4 +113,6 @@ def test_vllm_rows_are_skipped_on_a_tpu_with_the_reason():
     args = mod.argparse.Namespace(big_model="", parts="decode,vllm", dry=False)
     assert "GPU only" in mod.part_skip_reason("vllm", {"decode", "vllm"}, args, "tpu")
     assert mod.part_skip_reason("decode", {"decode", "vllm"}, args, "tpu") == ""
-    assert mod.part_skip_reason("learner", {"decode", "vllm"}, args, "tpu").startswith("not in --parts")
+    assert mod.part_skip_reason("learner", {"decode", "vllm"}, args, "tpu").startswith(
+        "not in --parts"
+    )

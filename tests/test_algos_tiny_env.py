@@ -15,8 +15,19 @@ from gymllm.envs.tiny_tasks import letter_fraction
 from gymllm.errors import ConfigError
 
 
-@pytest.mark.parametrize("kw", [{}, {"num_letters": 2, "latency_median_s": 0.001, "latency_p99_s": 0.01,
-                                     "continue_prob": 0.5, "max_replies": 3}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {
+            "num_letters": 2,
+            "latency_median_s": 0.001,
+            "latency_p99_s": 0.01,
+            "continue_prob": 0.5,
+            "max_replies": 3,
+        },
+    ],
+)
 def test_check_env(kw):
     from gymllm.utils import check_env
 
@@ -46,8 +57,13 @@ def test_rewards_and_seeded_episode_lengths():
         assert total == pytest.approx(1.0)  # perfect replies sum to 1 whatever the episode length
         lengths.append(n)
     lengths = np.array(lengths)
-    assert lengths.min() == 1 and lengths.max() == 5 and 0.4 < np.mean(lengths == 1) < 0.6  # geometric
-    again = [gymllm.make("gymllm/TinyRepeat-v0", num_letters=3, continue_prob=0.5, max_replies=5) for _ in range(2)]
+    assert (
+        lengths.min() == 1 and lengths.max() == 5 and 0.4 < np.mean(lengths == 1) < 0.6
+    )  # geometric
+    again = [
+        gymllm.make("gymllm/TinyRepeat-v0", num_letters=3, continue_prob=0.5, max_replies=5)
+        for _ in range(2)
+    ]
     runs = [[e.reset(seed=7)[1]["answer"], e.step("x")[2]] for e in again]
     assert runs[0] == runs[1]
 

@@ -50,7 +50,9 @@ def test_a_process_killed_mid_write_leaves_the_old_content(tmp_path):
             f.flush()
             os.kill(os.getpid(), signal.SIGKILL)
     """
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, timeout=120
+    )
     assert proc.returncode == -signal.SIGKILL
     assert json.loads(p.read_text()) == {"step": 1}
 
@@ -75,7 +77,10 @@ def test_concurrent_writers_never_tear_the_file(tmp_path):
 
 
 def test_mode_must_write_a_whole_file(tmp_path):
-    with pytest.raises(ValueError, match="expected 'w' or 'wb', received 'a'"), atomic_write(tmp_path / "x", "a"):
+    with (
+        pytest.raises(ValueError, match="expected 'w' or 'wb', received 'a'"),
+        atomic_write(tmp_path / "x", "a"),
+    ):
         pass
 
 
@@ -93,6 +98,9 @@ def test_directory_appears_whole_and_a_finished_one_is_kept(tmp_path):
     assert json.loads((d / "config.json").read_text()) == {"new": 1}
     with pytest.raises(OSError), atomic_directory(tmp_path / "failed") as tmp:
         raise OSError("disk full")
-    assert sorted(x.name for x in (tmp_path / "cache").iterdir()) == ["hf"] and not (tmp_path / "failed").exists()
+    assert (
+        sorted(x.name for x in (tmp_path / "cache").iterdir()) == ["hf"]
+        and not (tmp_path / "failed").exists()
+    )
     assert sorted(x.name for x in tmp_path.iterdir()) == ["cache"]
     assert os.listdir(tmp_path / "cache" / "hf") == ["config.json"]

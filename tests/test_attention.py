@@ -35,7 +35,10 @@ def reference_attention(q, k, v, mask, *, scale, softcap=0.0):
 
 
 def _inputs(rng, b, t, s, h, k, d, dtype=jnp.float32):
-    q, kk, vv = (jnp.asarray(rng.normal(size=shape), dtype) for shape in ((b, t, h, d), (b, s, k, d), (b, s, k, d)))
+    q, kk, vv = (
+        jnp.asarray(rng.normal(size=shape), dtype)
+        for shape in ((b, t, h, d), (b, s, k, d), (b, s, k, d))
+    )
     mask = rng.random((b, t, s)) < 0.6
     mask[..., 0] = True
     return q, kk, vv, jnp.asarray(mask)
@@ -50,13 +53,19 @@ def test_values_and_gradients_match_autodiff_of_the_plain_formula(h, k, softcap)
     def loss(fn):
         return lambda q, kk, vv: jnp.sum(fn(q, kk, vv, mask, scale=0.35, softcap=softcap) * w)
 
-    ours, theirs = jax.jit(jax.value_and_grad(loss(attention), argnums=(0, 1, 2))), \
-        jax.jit(jax.value_and_grad(loss(reference_attention), argnums=(0, 1, 2)))
+    ours, theirs = (
+        jax.jit(jax.value_and_grad(loss(attention), argnums=(0, 1, 2))),
+        jax.jit(jax.value_and_grad(loss(reference_attention), argnums=(0, 1, 2))),
+    )
     (v1, g1), (v2, g2) = ours(q, kk, vv), theirs(q, kk, vv)
     np.testing.assert_allclose(float(v1), float(v2), rtol=1e-5)
     for a, b_, name in zip(g1, g2, ("q", "keys", "values")):
-        assert float(jnp.max(jnp.abs(b_))) > 1e-3, f"the {name} gradient is trivially zero: the test would not fail"
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b_), atol=2e-5, rtol=2e-5, err_msg=name)
+        assert float(jnp.max(jnp.abs(b_))) > 1e-3, (
+            f"the {name} gradient is trivially zero: the test would not fail"
+        )
+        np.testing.assert_allclose(
+            np.asarray(a), np.asarray(b_), atol=2e-5, rtol=2e-5, err_msg=name
+        )
 
 
 def test_a_fully_masked_row_gets_the_reference_gradient():
@@ -65,8 +74,10 @@ def test_a_fully_masked_row_gets_the_reference_gradient():
     rng = np.random.default_rng(3)
     q, kk, vv, mask = _inputs(rng, 1, 4, 6, 4, 2, 8)
     mask = mask.at[0, 2].set(False)  # row 2 sees nothing
-    g = [jax.grad(lambda *a, f=f: jnp.sum(f(*a, mask, scale=0.5) ** 2), argnums=(0, 1, 2))(q, kk, vv)
-         for f in (attention, reference_attention)]
+    g = [
+        jax.grad(lambda *a, f=f: jnp.sum(f(*a, mask, scale=0.5) ** 2), argnums=(0, 1, 2))(q, kk, vv)
+        for f in (attention, reference_attention)
+    ]
     for a, b_ in zip(*g):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b_), atol=2e-5, rtol=2e-5)
 
@@ -77,8 +88,12 @@ def test_low_precision_inputs_keep_their_dtype_and_track_float32():
     lo = [x.astype(jnp.bfloat16) for x in (q, kk, vv)]
     out = attention(*lo, mask, scale=0.25)
     assert out.dtype == jnp.bfloat16 and out.shape == (2, 6, 64)
-    grads = jax.grad(lambda *a: jnp.sum(attention(*a, mask, scale=0.25).astype(jnp.float32)), argnums=(0, 1, 2))(*lo)
-    ref = jax.grad(lambda *a: jnp.sum(reference_attention(*a, mask, scale=0.25)), argnums=(0, 1, 2))(q, kk, vv)
+    grads = jax.grad(
+        lambda *a: jnp.sum(attention(*a, mask, scale=0.25).astype(jnp.float32)), argnums=(0, 1, 2)
+    )(*lo)
+    ref = jax.grad(
+        lambda *a: jnp.sum(reference_attention(*a, mask, scale=0.25)), argnums=(0, 1, 2)
+    )(q, kk, vv)
     for a, b_ in zip(grads, ref):
         assert a.dtype == jnp.bfloat16
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b_), atol=0.1, rtol=0.1)

@@ -23,11 +23,17 @@ def case(key: str):
     def register(fn):
         CASES[key] = fn
         return fn
+
     return register
 
 
 def _readme_keys() -> list[str]:
-    table = ROOT.joinpath("docs", "bad-input.md").read_text().split("# Bad input", 1)[1].split("\n## ", 1)[0]
+    table = (
+        ROOT.joinpath("docs", "bad-input.md")
+        .read_text()
+        .split("# Bad input", 1)[1]
+        .split("\n## ", 1)[0]
+    )
     return re.findall(r"^\| `([a-z0-9_]+)` \|", table, flags=re.M)
 
 
@@ -71,7 +77,9 @@ def _unknown_env_id(capsys):
         gymllm.make("gymllm/NoSuchEnv-v0")
     assert main(["check", "gymllm/NoSuchEnv-v0"]) == 2
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 2 and "gymllm envs" in err  # one line + a hint, no traceback
+    assert (
+        len(err.strip().splitlines()) == 2 and "gymllm envs" in err
+    )  # one line + a hint, no traceback
 
 
 @case("bad_config")
@@ -79,9 +87,13 @@ def _bad_config(capsys):
     from gymllm.cli.main import main
     from gymllm.rollout import RolloutConfig
 
-    with pytest.raises(ConfigError, match=r"RolloutConfig.group_size: expected an int >= 1, received 0. Fix"):
+    with pytest.raises(
+        ConfigError, match=r"RolloutConfig.group_size: expected an int >= 1, received 0. Fix"
+    ):
         RolloutConfig(group_size=0)
-    assert main(["train", "--preset", "tiny", "--rollout.group-size", "zero"]) == 2  # tyro's usage error
+    assert (
+        main(["train", "--preset", "tiny", "--rollout.group-size", "zero"]) == 2
+    )  # tyro's usage error
     assert "Traceback" not in capsys.readouterr().err
 
 
@@ -125,8 +137,13 @@ def _no_progress():
     from gymllm.rollout import ModelAgent, RolloutConfig, RolloutOrchestrator, RolloutStalledError
 
     envs = [gymllm.make("gymllm/Failing-v0") for _ in range(2)]
-    orch = RolloutOrchestrator(envs, ScriptedEngine(), ModelAgent(tok()), sampling=SAMPLING,
-                               config=RolloutConfig(group_size=2, max_concurrency=2, max_failed_streak=4))
+    orch = RolloutOrchestrator(
+        envs,
+        ScriptedEngine(),
+        ModelAgent(tok()),
+        sampling=SAMPLING,
+        config=RolloutConfig(group_size=2, max_concurrency=2, max_failed_streak=4),
+    )
     with pytest.raises(RolloutStalledError, match="4 failed attempts in a row"):
         asyncio.run(consume_all(orch, timeout=60))
 
@@ -151,15 +168,23 @@ def client():
 @case("oversized_request")
 def _oversized_request(client):
     msgs = [{"role": "user", "content": "hi"}]
-    r = client.post("/v1/chat/completions", content=b'{"model": "tiny", "prompt": "' + b"x" * 1_100_000 + b'"}',
-                    headers={"content-type": "application/json"})
+    r = client.post(
+        "/v1/chat/completions",
+        content=b'{"model": "tiny", "prompt": "' + b"x" * 1_100_000 + b'"}',
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 413
     r = client.post("/v1/chat/completions", json={"model": "tiny", "messages": msgs, "n": 1000})
     assert r.status_code == 400 and "n" in r.text
-    r = client.post("/v1/chat/completions", json={"model": "tiny", "messages": msgs, "max_tokens": 10**6})
+    r = client.post(
+        "/v1/chat/completions", json={"model": "tiny", "messages": msgs, "max_tokens": 10**6}
+    )
     assert r.status_code == 400 and "max_tokens" in r.text
-    r = client.post("/v1/completions", content=b'{"model": "tiny", "prompt": "\\ud800"}',  # JSON-escaped
-                    headers={"content-type": "application/json"})
+    r = client.post(
+        "/v1/completions",
+        content=b'{"model": "tiny", "prompt": "\\ud800"}',  # JSON-escaped
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 400
     assert client.get("/health").status_code == 200  # still serving
 
@@ -173,7 +198,7 @@ def _unknown_session(client):
 @pytest.mark.parametrize("key", sorted(CASES))
 def test_bad_input(key, request):
     fn = CASES[key]
-    args = [request.getfixturevalue(n) for n in fn.__code__.co_varnames[:fn.__code__.co_argcount]]
+    args = [request.getfixturevalue(n) for n in fn.__code__.co_varnames[: fn.__code__.co_argcount]]
     fn(*args)
 
 

@@ -27,14 +27,30 @@ NOT_YET_WIRED: set[str] = set()
 def test_committed_page_is_what_the_records_render():
     text = render.PAGE.read_text()
     assert render.render_page(text, render.load_records()) == text, (
-        "docs/benchmarks.md differs from the records: run python benchmarks/results/render.py (never edit the tables)")
+        "docs/benchmarks.md differs from the records: run python benchmarks/results/render.py (never edit the tables)"
+    )
 
 
 def test_render_script_check_mode_agrees(tmp_path):
     page = tmp_path / "page.md"
-    page.write_text("# x\n\n<!-- BEGIN GENERATED: vector_env -->\nhand-typed 99x\n<!-- END GENERATED: vector_env -->\n")
-    run = lambda *a: subprocess.run([sys.executable, str(ROOT / "benchmarks" / "results" / "render.py"), "--page", str(page), *a],  # noqa: E731
-                                    capture_output=True, text=True, timeout=60)
+    page.write_text(
+        "# x\n\n<!-- BEGIN GENERATED: vector_env -->\nhand-typed 99x\n<!-- END GENERATED: vector_env -->\n"
+    )
+
+    def run(*a):
+        return subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "benchmarks" / "results" / "render.py"),
+                "--page",
+                str(page),
+                *a,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
     assert run("--check").returncode == 1  # a hand-typed figure is caught
     assert run().returncode == 0 and "hand-typed" not in page.read_text()
     assert run("--check").returncode == 0
@@ -46,13 +62,21 @@ def test_every_benchmark_emits_through_the_helper_and_has_a_section():
     for script in sorted((ROOT / "benchmarks").glob("*.py")):
         src = script.read_text()
         if script.stem in NOT_YET_WIRED:
-            assert "emit_result" not in src, f"{script.name} is wired now: take it out of NOT_YET_WIRED"
+            assert "emit_result" not in src, (
+                f"{script.name} is wired now: take it out of NOT_YET_WIRED"
+            )
             continue
         if "RESULT" not in src:
             continue
-        assert f'emit_result("{script.stem}", ' in src, f"{script.name}: print RESULT through results.emit_result"
-        assert not re.search(r'^\s*print\("RESULT ', src, flags=re.M), f"{script.name}: a RESULT print bypasses the record"
-        assert script.stem in page_sections, f"docs/benchmarks.md has no generated part for {script.stem}"
+        assert f'emit_result("{script.stem}", ' in src, (
+            f"{script.name}: print RESULT through results.emit_result"
+        )
+        assert not re.search(r'^\s*print\("RESULT ', src, flags=re.M), (
+            f"{script.name}: a RESULT print bypasses the record"
+        )
+        assert script.stem in page_sections, (
+            f"docs/benchmarks.md has no generated part for {script.stem}"
+        )
     assert page_sections <= {s.stem for s in (ROOT / "benchmarks").glob("*.py")} | NOT_YET_WIRED
 
 
@@ -62,15 +86,23 @@ def test_records_are_well_formed_and_imported_ones_say_so():
     for name, rs in recs.items():
         assert (ROOT / "benchmarks" / f"{name}.py").exists() or name in NOT_YET_WIRED
         for r in rs:
-            assert (r["source"] in ("run", "imported from the README text of commit 0a52cdd")
-                    or re.fullmatch(r"copied from the output of a development run on branch [\w-]+", r["source"])), r["source"]
+            assert r["source"] in (
+                "run",
+                "imported from the README text of commit 0a52cdd",
+            ) or re.fullmatch(
+                r"copied from the output of a development run on branch [\w-]+", r["source"]
+            ), r["source"]
             assert r["commit"] is None or re.fullmatch(r"[0-9a-f]{40}", r["commit"])
             for key, rng in (r.get("spread") or {}).items():
                 assert render.lookup(r["result"], key) is not None and len(rng) == 2, (name, key)
     # every figure spec'd for a benchmark is reachable by some record (no dead rows)
     for name, figs in render.FIGURES.items():
         if name in recs:
-            shown = [f.key for f in figs if any(render.lookup(r["result"], f.key) is not None for r in recs[name])]
+            shown = [
+                f.key
+                for f in figs
+                if any(render.lookup(r["result"], f.key) is not None for r in recs[name])
+            ]
             assert shown, name
 
 
@@ -82,20 +114,31 @@ def test_emit_result_prints_the_line_and_appends_a_record(tmp_path, monkeypatch,
     monkeypatch.setattr(results.device, "device_info", lambda: dict(tpu))
     line = results.emit_result("vector_env", {"barrier_free_vs_gym_async": 11.5})
     out = capsys.readouterr().out
-    want = 'RESULT {"barrier_free_vs_gym_async": 11.5, "device": ' + json.dumps(tpu) + '}\n'
+    want = 'RESULT {"barrier_free_vs_gym_async": 11.5, "device": ' + json.dumps(tpu) + "}\n"
     assert out == want == line + "\n"  # the line gymllm bench parses, with the device it ran on
     results.emit_result("vector_env", {"barrier_free_vs_gym_async": 12.5})
-    results.emit_result("vector_env", {"barrier_free_vs_gym_async": 99.0}, record=False)  # a dry rehearsal
+    results.emit_result(
+        "vector_env", {"barrier_free_vs_gym_async": 99.0}, record=False
+    )  # a dry rehearsal
     recs = [json.loads(x) for x in (tmp_path / "vector_env.jsonl").read_text().splitlines()]
     assert len(recs) == 2
     r = recs[0]
     assert set(results.RECORD_FIELDS) <= set(r)
-    assert r["result"] == {"barrier_free_vs_gym_async": 11.5, "device": tpu} and r["source"] == "run" and r["runs"] == 1
+    assert (
+        r["result"] == {"barrier_free_vs_gym_async": 11.5, "device": tpu}
+        and r["source"] == "run"
+        and r["runs"] == 1
+    )
     assert r["device"] == tpu
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
     assert r["commit"] == (head or None)
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", r["date"])
-    assert r["command"] == "python benchmarks/vector_env.py --quick" and r["notes"] == "two other jobs running"
+    assert (
+        r["command"] == "python benchmarks/vector_env.py --quick"
+        and r["notes"] == "two other jobs running"
+    )
     assert r["cpu"] and isinstance(r["load"], list) and len(r["load"]) == 3
     # two runs of one setting render as one measurement: the median and the range, with its provenance
     section = render.render_section("vector_env", recs)
@@ -113,11 +156,26 @@ def test_nothing_is_recorded_inside_pytest_unless_asked(tmp_path, monkeypatch):
 
 
 def test_render_orders_leads_first_then_newest_and_shows_imported_values_verbatim():
-    base = {"benchmark": "x", "runs": 3, "cpu": "EPYC", "commit": None, "command": "python benchmarks/x.py",
-            "load": "quiet", "notes": None, "source": "imported from the README text of commit 0a52cdd"}
-    recs = [{**base, "result": {"r": "1.00"}, "spread": {"r": ["1.002", "1.003"]}, "date": "2026-11-29"},
-            {**base, "result": {"r": "0.90"}, "date": "2026-12-03"},
-            {**base, "result": {"r": "2.10"}, "date": "2026-12-01", "lead": True}]
+    base = {
+        "benchmark": "x",
+        "runs": 3,
+        "cpu": "EPYC",
+        "commit": None,
+        "command": "python benchmarks/x.py",
+        "load": "quiet",
+        "notes": None,
+        "source": "imported from the README text of commit 0a52cdd",
+    }
+    recs = [
+        {
+            **base,
+            "result": {"r": "1.00"},
+            "spread": {"r": ["1.002", "1.003"]},
+            "date": "2026-11-29",
+        },
+        {**base, "result": {"r": "0.90"}, "date": "2026-12-03"},
+        {**base, "result": {"r": "2.10"}, "date": "2026-12-01", "lead": True},
+    ]
     section = render.render_section("x", recs)
     row = next(ln for ln in section.splitlines() if ln.startswith("| `r`"))
     assert row == "| `r` | - | **2.10** | 0.90 | 1.00 (1.002-1.003) |"

@@ -19,7 +19,15 @@ from gymllm.multiagent import AgentVectorEnv, text_api_test
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
-RG_SAMPLE = ["leg_counting", "basic_arithmetic", "word_sorting", "maze", "gcd", "spell_backward", "composite"]
+RG_SAMPLE = [
+    "leg_counting",
+    "basic_arithmetic",
+    "word_sorting",
+    "maze",
+    "gcd",
+    "spell_backward",
+    "composite",
+]
 TA_SAMPLE = ["GuessTheNumber-v0-raw", "Mastermind-v0-raw", "TowerOfHanoi-v0-raw"]
 
 

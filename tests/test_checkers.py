@@ -66,10 +66,18 @@ class SharedCounter(EchoEnv):
         return f"{obs} {self.shared[0] % 2}", r, d, info
 
 
-@pytest.mark.parametrize("env_cls,check", [
-    (GlobalRandom, "global RNG"), (PyRandom, "global RNG"), (Unseeded, "determinism"), (AsciiOnly, "UnicodeEncodeError: 'ascii' codec"),
-    (WrongObs, "observation"), (OverridesStep, "action type"), (AsyncDiffers, "async == sync"),
-])
+@pytest.mark.parametrize(
+    "env_cls,check",
+    [
+        (GlobalRandom, "global RNG"),
+        (PyRandom, "global RNG"),
+        (Unseeded, "determinism"),
+        (AsciiOnly, "UnicodeEncodeError: 'ascii' codec"),
+        (WrongObs, "observation"),
+        (OverridesStep, "action type"),
+        (AsyncDiffers, "async == sync"),
+    ],
+)
 def test_check_env_catches_each_defect(env_cls, check):
     with pytest.raises(EnvCheckError, match=check):
         check_env(env_cls(episode_length=4), skip_gymnasium=env_cls in (WrongObs, AsciiOnly))
@@ -87,10 +95,14 @@ def test_check_env_error_explains_expected_received_fix():
 
 
 def test_check_vector_env_passes_good_envs_and_catches_shared_state():
-    check_vector_env(lambda: VectorEnv([lambda: EchoEnv(episode_length=2), lambda: EchoEnv(episode_length=3)]),
-                     num_steps=5)
+    check_vector_env(
+        lambda: VectorEnv([lambda: EchoEnv(episode_length=2), lambda: EchoEnv(episode_length=3)]),
+        num_steps=5,
+    )
     with pytest.raises(EnvCheckError, match="reference trajectory"):
-        check_vector_env(lambda: VectorEnv([SharedCounter] * 3), num_steps=6, median_s=0.003, max_s=0.01)
+        check_vector_env(
+            lambda: VectorEnv([SharedCounter] * 3), num_steps=6, median_s=0.003, max_s=0.01
+        )
 
 
 def test_text_env_without_hooks_fails_clearly():

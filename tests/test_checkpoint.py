@@ -23,15 +23,25 @@ from gymllm.inference.params import SamplingParams
 
 def small_config(run_dir, *, steps=3, every=1) -> TrainConfig:
     return TrainConfig(
-        model=ModelSection(name="tiny-qwen3", vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1),
+        model=ModelSection(
+            name="tiny-qwen3", vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1
+        ),
         env=EnvSection(id="gymllm/TinyRepeat-v0", kwargs={"num_letters": 2}, num_envs=8),
-        engine=EngineConfig(num_slots=8, max_len=64, min_bucket=64, prefix_reuse=False, decode_chunk=8),
+        engine=EngineConfig(
+            num_slots=8, max_len=64, min_bucket=64, prefix_reuse=False, decode_chunk=8
+        ),
         sampling=SamplingParams(max_tokens=4),
         rollout=RolloutConfig(group_size=4, max_concurrency=8, max_staleness=0, max_model_calls=1),
         loss=dataclasses.replace(C.async_agentic(), shaping=C.ShapingConfig()),
         optimizer=OptimizerConfig(learning_rate=1e-2),
-        learner=LearnerConfig(groups_per_step=2, micro_batch_size=8, num_steps=steps, max_len=64, min_bucket=64,
-                              fast_compile=True),
+        learner=LearnerConfig(
+            groups_per_step=2,
+            micro_batch_size=8,
+            num_steps=steps,
+            max_len=64,
+            min_bucket=64,
+            fast_compile=True,
+        ),
         run=RunSection(run_dir=str(run_dir), console=False, report=False, checkpoint_every=every),
     )
 
@@ -40,19 +50,25 @@ def restored(run_dir):
     import orbax.checkpoint as ocp
 
     ck = Checkpointer(run_dir / "checkpoints")
-    out = ck.manager.restore(ck.latest_step(), args=ocp.args.Composite(state=ocp.args.StandardRestore(),
-                                                                       meta=ocp.args.JsonRestore()))
+    out = ck.manager.restore(
+        ck.latest_step(),
+        args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()),
+    )
     ck.close()
     return out["state"], out["meta"]
 
 
 def test_resume_after_stop_equals_uninterrupted_run(tmp_path):
     full = train(small_config(tmp_path / "full"))
-    part = train(small_config(tmp_path / "resumed"), max_steps=1)  # "killed" after step 1's checkpoint
+    part = train(
+        small_config(tmp_path / "resumed"), max_steps=1
+    )  # "killed" after step 1's checkpoint
     assert part.steps == 1 and part.resumed_from is None
     rest = train(small_config(tmp_path / "resumed"))
     assert rest.resumed_from == 1 and rest.steps == 3
-    assert rest.counts["resume_skipped"] == 2  # the 2 groups trained before the stop were not trained again
+    assert (
+        rest.counts["resume_skipped"] == 2
+    )  # the 2 groups trained before the stop were not trained again
     trained = [sorted(ids) for ids in part.trained_ids + rest.trained_ids]
     assert trained == [sorted(ids) for ids in full.trained_ids]
     (sf, mf), (sr, mr) = restored(full.run_dir), restored(rest.run_dir)
@@ -65,11 +81,18 @@ def test_resume_after_stop_equals_uninterrupted_run(tmp_path):
 def test_learner_state_round_trips_exactly(tmp_path):
     from gymllm.models import make_tiny
 
-    lm = make_tiny("qwen3", seed=0, vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1)
+    lm = make_tiny(
+        "qwen3", seed=0, vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1
+    )
+
     def mk():
-        return StreamingLearner(lm.config, lm.model.flat_params(), loss=C.async_agentic(),
-                                optimizer=OptimizerConfig(learning_rate=1e-2),
-                                config=LearnerConfig(groups_per_step=1, micro_batch_size=8, max_len=16, min_bucket=16))
+        return StreamingLearner(
+            lm.config,
+            lm.model.flat_params(),
+            loss=C.async_agentic(),
+            optimizer=OptimizerConfig(learning_rate=1e-2),
+            config=LearnerConfig(groups_per_step=1, micro_batch_size=8, max_len=16, min_bucket=16),
+        )
 
     a = mk()
     a.version = 7
@@ -114,7 +137,9 @@ def test_resume_after_sigkill_equals_uninterrupted_run(tmp_path):
     full = train(small_config(tmp_path / "full"))
     run_dir = tmp_path / "killed"
     script = KILL_SCRIPT.format(tests=str(pathlib.Path(__file__).parent), run_dir=str(run_dir))
-    proc = subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], env=dict(os.environ, JAX_PLATFORMS="cpu")
+    )
     try:
         deadline = time.time() + 600
         while time.time() < deadline and proc.poll() is None:
@@ -131,10 +156,13 @@ def test_resume_after_sigkill_equals_uninterrupted_run(tmp_path):
     rest = train(small_config(run_dir))
     assert rest.resumed_from in (1, 2) and rest.steps == 3
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    trained = {i for line in (run_dir / "trajectories.jsonl").read_text().splitlines()
-               for i in [json.loads(line)["trajectory_id"]]}
+    trained = {
+        i
+        for line in (run_dir / "trajectories.jsonl").read_text().splitlines()
+        for i in [json.loads(line)["trajectory_id"]]
+    }
     assert trained == {i for ids in full.trained_ids for i in ids}
-    assert [r["step"] for r in rows][-len(rest.history):] == [h["step"] for h in rest.history]
+    assert [r["step"] for r in rows][-len(rest.history) :] == [h["step"] for h in rest.history]
     (sf, _), (sr, _) = restored(full.run_dir), restored(rest.run_dir)
     for k in sf["trainable"]:
         np.testing.assert_allclose(sf["trainable"][k], sr["trainable"][k], atol=2e-4, err_msg=k)

@@ -15,11 +15,22 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 @pytest.mark.timeout(600)
 def test_dry_run_computes_every_figure_and_the_bound_by_its_formula():
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "chip_limits.py"), "--dry", "--shapes",
-                           "smollm2"], capture_output=True, text=True, timeout=600, cwd=REPO)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "chip_limits.py"),
+            "--dry",
+            "--shapes",
+            "smollm2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
-    r = json.loads(line[len("RESULT "):])
+    r = json.loads(line[len("RESULT ") :])
     assert r["dry"] is True and r["peak_bf16_tflops"] > 0 and r["hbm_gb_s"] > 0
     # the dry model: 2 layers, 2 kv heads of 16, bf16 K and V; prompts of 8 and 4 new tokens (mean context 10)
     kv_per_token = 2 * 2 * 2 * 16 * 2
@@ -27,7 +38,9 @@ def test_dry_run_computes_every_figure_and_the_bound_by_its_formula():
         need = 2 * r["params_smollm2"] + rows * 10 * kv_per_token
         bound = rows * r["hbm_gb_s"] * 1e9 / need
         assert r[f"hbm_bound_tok_s_smollm2_{rows}"] == pytest.approx(bound)
-        assert r[f"decode_vs_hbm_bound_{rows}"] == pytest.approx(r[f"decode_tok_s_smollm2_{rows}"] / bound)
+        assert r[f"decode_vs_hbm_bound_{rows}"] == pytest.approx(
+            r[f"decode_tok_s_smollm2_{rows}"] / bound
+        )
     (run,) = r["learner_runs_smollm2"]
     assert run["tokens"] == 1 * 2 * 16 and 0 < run["mfu"] == r["learner_mfu_smollm2"]
     assert run["mfu"] == pytest.approx(run["model_tflops"] * 1e12 / (r["peak_bf16_tflops"] * 1e12))

@@ -16,7 +16,12 @@ from gymllm.errors import ConfigError
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gymllm.cli.main", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "gymllm.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_help_lists_every_command(capsys):
@@ -103,9 +108,22 @@ def test_train_tiny_preset_end_to_end_through_the_cli(tmp_path):
 
     run_dir = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "gymllm.cli.main", "train", "--preset", "tiny", "--run-dir", str(run_dir),
-         "--learner.num-steps", "4", "--run.no-console"],
-        capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "gymllm.cli.main",
+            "train",
+            "--preset",
+            "tiny",
+            "--run-dir",
+            str(run_dir),
+            "--learner.num-steps",
+            "4",
+            "--run.no-console",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

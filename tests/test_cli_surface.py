@@ -20,16 +20,19 @@ def _usage_error(args, capsys) -> str:
     return capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args,words", [
-    (["--run-dir"], ["--run-dir", "Expected 1"]),
-    (["--preset"], ["--preset"]),
-    (["--loss-preset"], ["--loss-preset"]),
-    (["--preset", "huge"], ["'huge'", "tiny"]),
-    (["--loss-preset", "ppo"], ["'ppo'", "dapo"]),
-    (["--learner.num-steps", "many"], ["num-steps"]),
-    (["--no-such.flag", "1"], ["--no-such.flag"]),
-    (["arithmetic_tiny", "extra_positional"], ["extra_positional"]),
-])
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (["--run-dir"], ["--run-dir", "Expected 1"]),
+        (["--preset"], ["--preset"]),
+        (["--loss-preset"], ["--loss-preset"]),
+        (["--preset", "huge"], ["'huge'", "tiny"]),
+        (["--loss-preset", "ppo"], ["'ppo'", "dapo"]),
+        (["--learner.num-steps", "many"], ["num-steps"]),
+        (["--no-such.flag", "1"], ["--no-such.flag"]),
+        (["arithmetic_tiny", "extra_positional"], ["extra_positional"]),
+    ],
+)
 def test_malformed_commands_get_tyros_usage_error(args, words, capsys):
     err = _usage_error(args, capsys)
     assert "Traceback" not in err
@@ -38,8 +41,12 @@ def test_malformed_commands_get_tyros_usage_error(args, words, capsys):
 
 
 def test_main_returns_2_for_a_usage_error_and_prints_no_traceback():
-    proc = subprocess.run([sys.executable, "-m", "gymllm.cli.main", "train", "--run-dir"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gymllm.cli.main", "train", "--run-dir"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and "IndexError" not in proc.stderr
     assert "--run-dir" in proc.stderr
@@ -52,10 +59,23 @@ def test_preset_equals_form_is_accepted(tmp_path):
 
 
 def test_preset_run_dir_and_section_flags(tmp_path):
-    cfg = parse_train_args(["--preset", "tiny", "--run-dir", str(tmp_path), "--learner.num-steps", "3",
-                            "--run.no-console", "--loss-preset", "gspo"])
-    ref = apply_overrides(preset("tiny").with_loss("gspo"),
-                          {"run": {"run_dir": str(tmp_path), "console": False}, "learner": {"num_steps": 3}})
+    cfg = parse_train_args(
+        [
+            "--preset",
+            "tiny",
+            "--run-dir",
+            str(tmp_path),
+            "--learner.num-steps",
+            "3",
+            "--run.no-console",
+            "--loss-preset",
+            "gspo",
+        ]
+    )
+    ref = apply_overrides(
+        preset("tiny").with_loss("gspo"),
+        {"run": {"run_dir": str(tmp_path), "console": False}, "learner": {"num_steps": 3}},
+    )
     assert cfg == ref
 
 
@@ -64,10 +84,15 @@ def test_recipe_then_flags_override_the_recipe():
     recipe = load_recipe("arithmetic_tiny")
     assert cfg.learner.num_steps == 10 != recipe["learner"]["num_steps"]
     assert cfg.env.id == recipe["env"]["id"] and cfg.env.num_envs == recipe["env"]["num_envs"]
-    assert cfg == apply_overrides(train_config_from("arithmetic_tiny", None, None, None), {"learner": {"num_steps": 10}})
+    assert cfg == apply_overrides(
+        train_config_from("arithmetic_tiny", None, None, None), {"learner": {"num_steps": 10}}
+    )
     # the recipe's own presets apply, and the flags win over them
     assert cfg.loss == preset("tiny").with_loss("dapo").loss
-    assert parse_train_args(["arithmetic_tiny", "--loss-preset", "grpo"]).loss == preset("tiny").with_loss("grpo").loss
+    assert (
+        parse_train_args(["arithmetic_tiny", "--loss-preset", "grpo"]).loss
+        == preset("tiny").with_loss("grpo").loss
+    )
 
 
 def test_a_recipe_given_by_path_and_flags_in_any_order(tmp_path):
@@ -116,27 +141,35 @@ def test_bench_without_benchmarks_says_where_they_live(tmp_path, monkeypatch, ca
 def test_env_kwargs_json_replaces_the_presets_for_another_env():
     """`gymllm train --env.id X --env-kwargs JSON`: env X's own kwargs from the command line (the preset's
     TinyRepeat kwargs, which X would reject, are replaced, not merged)."""
-    cfg = parse_train_args(["--preset", "tiny", "--env.id", "gymllm/Arithmetic-v0", "--env-kwargs", '{"digits": 2}'])
+    cfg = parse_train_args(
+        ["--preset", "tiny", "--env.id", "gymllm/Arithmetic-v0", "--env-kwargs", '{"digits": 2}']
+    )
     assert cfg.env.id == "gymllm/Arithmetic-v0" and cfg.env.kwargs == {"digits": 2}
-    assert parse_train_args(["--preset", "tiny"]).env.kwargs == {"num_letters": 2}  # unchanged without it
+    assert parse_train_args(["--preset", "tiny"]).env.kwargs == {
+        "num_letters": 2
+    }  # unchanged without it
 
 
 def test_another_env_id_takes_the_presets_env_kwargs_away(tmp_path, monkeypatch):
     """`gymllm train --preset tiny --env.id my_games:nim_env`: the preset's TinyRepeat kwargs are not handed
     to the user's factory (which does not take them); the same env id keeps them; --env-kwargs still sets them."""
     (tmp_path / "my_games.py").write_text(
-        "import gymllm\n"
-        "def nim_env(*, heap=3):\n"
-        "    return gymllm.make('gymllm/TinyRepeat-v0')\n")
+        "import gymllm\ndef nim_env(*, heap=3):\n    return gymllm.make('gymllm/TinyRepeat-v0')\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     cfg = parse_train_args(["--preset", "tiny", "--env.id", "my_games:nim_env"])
     assert cfg.env.id == "my_games:nim_env" and cfg.env.kwargs == {}
     import gymllm
 
-    gymllm.make(cfg.env.id, **cfg.env.kwargs).close()  # no stray kwargs (num_letters would be a TypeError)
-    assert parse_train_args(["--preset", "tiny", "--env.id", "gymllm/TinyRepeat-v0"]).env.kwargs == {"num_letters": 2}
-    assert parse_train_args(["--preset", "tiny", "--env.id", "my_games:nim_env", "--env-kwargs",
-                             '{"heap": 5}']).env.kwargs == {"heap": 5}
+    gymllm.make(
+        cfg.env.id, **cfg.env.kwargs
+    ).close()  # no stray kwargs (num_letters would be a TypeError)
+    assert parse_train_args(
+        ["--preset", "tiny", "--env.id", "gymllm/TinyRepeat-v0"]
+    ).env.kwargs == {"num_letters": 2}
+    assert parse_train_args(
+        ["--preset", "tiny", "--env.id", "my_games:nim_env", "--env-kwargs", '{"heap": 5}']
+    ).env.kwargs == {"heap": 5}
 
 
 def test_env_kwargs_that_are_not_a_json_object_are_a_clear_error(capsys):

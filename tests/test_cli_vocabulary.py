@@ -20,10 +20,15 @@ from gymllm.cli.train_args import train_arguments
 #: idea -> (the one flag, spellings no command may use for it)
 IDEAS: dict[str, tuple[str, frozenset[str]]] = {
     "the model": ("--model.name", frozenset({"--model", "--model-name", "--policy"})),
-    "trained weights": ("--model.checkpoint", frozenset({"--checkpoint", "--model-checkpoint", "--ckpt"})),
+    "trained weights": (
+        "--model.checkpoint",
+        frozenset({"--checkpoint", "--model-checkpoint", "--ckpt"}),
+    ),
     "policy labels": ("--model.label", frozenset({"--label", "--labels"})),
-    "held-out seed base": ("--eval.seed-base", frozenset({"--seed-offset", "--seed-base", "--eval.seed-offset",
-                                                          "--eval.seed"})),
+    "held-out seed base": (
+        "--eval.seed-base",
+        frozenset({"--seed-offset", "--seed-base", "--eval.seed-offset", "--eval.seed"}),
+    ),
     "held-out seeds": ("--eval.seeds", frozenset({"--num-seeds", "--eval.num-seeds", "--seeds"})),
     "samples per seed": ("--eval.k", frozenset({"--k", "--samples"})),
     "sampling temperature": ("--sampling.temperature", frozenset({"--temperature", "--temp"})),
@@ -36,6 +41,7 @@ IDEAS: dict[str, tuple[str, frozenset[str]]] = {
     "env kwargs": ("--env-kwargs", frozenset({"--game-kwargs", "--kwargs", "--env-args"})),
     "suite to evaluate": ("--eval.suite", frozenset({"--suite"})),
 }
+
 
 def _parser(target, **kw) -> argparse.ArgumentParser:
     with warnings.catch_warnings():
@@ -62,7 +68,9 @@ def commands() -> dict[str, argparse.ArgumentParser]:
             continue
         if name == "compare":
             from gymllm.cli.suite_cli import compare as fn
-        assert not getattr(fn, "takes_argv", False), f"{name}: a command parsing its own argv needs its parser here"
+        assert not getattr(fn, "takes_argv", False), (
+            f"{name}: a command parsing its own argv needs its parser here"
+        )
         out[name] = _parser(fn)
     return out
 
@@ -77,30 +85,82 @@ def flags_of(parser: argparse.ArgumentParser) -> set[str]:
 
 
 def test_every_command_is_walked(parsers):
-    assert set(parsers) == {*(n for n in cli_main.COMMANDS if n != "eval"), *(f"eval {n}" for n in SUBCOMMANDS)}
+    assert set(parsers) == {
+        *(n for n in cli_main.COMMANDS if n != "eval"),
+        *(f"eval {n}" for n in SUBCOMMANDS),
+    }
     assert all(flags_of(p) for name, p in parsers.items() if name not in ("report",))
 
 
 def test_one_name_per_idea_across_every_command(parsers):
     flags = {name: flags_of(p) for name, p in parsers.items()}
-    clashes = {(cmd, idea, f) for cmd, fs in flags.items() for idea, (_, synonyms) in IDEAS.items()
-               for f in fs & synonyms}
-    assert not clashes, f"commands spelling an idea another way (command, idea, flag): {sorted(clashes)}"
+    clashes = {
+        (cmd, idea, f)
+        for cmd, fs in flags.items()
+        for idea, (_, synonyms) in IDEAS.items()
+        for f in fs & synonyms
+    }
+    assert not clashes, (
+        f"commands spelling an idea another way (command, idea, flag): {sorted(clashes)}"
+    )
     for idea, (flag, synonyms) in IDEAS.items():
         assert flag not in synonyms, idea
     # the one names are train's where train has the idea, and the eval subcommands use them
-    for flag in ("--model.name", "--model.checkpoint", "--eval.seed-base", "--eval.seeds", "--eval.suite",
-                 "--sampling.temperature", "--sampling.max-tokens", "--engine.num-slots", "--engine.max-len",
-                 "--cluster.backend", "--env-kwargs"):
+    for flag in (
+        "--model.name",
+        "--model.checkpoint",
+        "--eval.seed-base",
+        "--eval.seeds",
+        "--eval.suite",
+        "--sampling.temperature",
+        "--sampling.max-tokens",
+        "--engine.num-slots",
+        "--engine.max-len",
+        "--cluster.backend",
+        "--env-kwargs",
+    ):
         assert flag in flags["train"], flag
-    assert {"--model.name", "--model.checkpoint", "--eval.seed-base", "--eval.seeds", "--eval.k",
-            "--sampling.temperature", "--sampling.max-tokens", "--env-kwargs"} <= flags["eval env"]
-    assert {"--model.name", "--model.checkpoint", "--model.label", "--eval.suite", "--eval.seed-base", "--eval.seeds",
-            "--eval.k", "--sampling.temperature", "--sampling.max-tokens", "--engine.num-slots", "--engine.max-len",
-            "--cluster.backend"} <= flags["eval suite"]
-    assert {"--model.name", "--model.checkpoint", "--model.label", "--eval.seed-base", "--sampling.temperature",
-            "--sampling.max-tokens", "--engine.num-slots", "--engine.max-len", "--env-kwargs"} <= flags["eval game"]
-    assert {"--model.name", "--model.checkpoint", "--engine.num-slots", "--engine.max-len"} <= flags["serve"]
+    assert {
+        "--model.name",
+        "--model.checkpoint",
+        "--eval.seed-base",
+        "--eval.seeds",
+        "--eval.k",
+        "--sampling.temperature",
+        "--sampling.max-tokens",
+        "--env-kwargs",
+    } <= flags["eval env"]
+    assert {
+        "--model.name",
+        "--model.checkpoint",
+        "--model.label",
+        "--eval.suite",
+        "--eval.seed-base",
+        "--eval.seeds",
+        "--eval.k",
+        "--sampling.temperature",
+        "--sampling.max-tokens",
+        "--engine.num-slots",
+        "--engine.max-len",
+        "--cluster.backend",
+    } <= flags["eval suite"]
+    assert {
+        "--model.name",
+        "--model.checkpoint",
+        "--model.label",
+        "--eval.seed-base",
+        "--sampling.temperature",
+        "--sampling.max-tokens",
+        "--engine.num-slots",
+        "--engine.max-len",
+        "--env-kwargs",
+    } <= flags["eval game"]
+    assert {
+        "--model.name",
+        "--model.checkpoint",
+        "--engine.num-slots",
+        "--engine.max-len",
+    } <= flags["serve"]
     assert {"--model.name", "--model.checkpoint"} <= flags["sft"]
 
 
@@ -116,7 +176,9 @@ def test_every_flag_has_help_text(parsers):
     for name, parser in parsers.items():
         for action in _actions(parser):
             flag = (action.option_strings or [action.dest])[0]
-            if flag.startswith("--env.kwargs."):  # one entry of the preset's env kwargs dict: the env names it
+            if flag.startswith(
+                "--env.kwargs."
+            ):  # one entry of the preset's env kwargs dict: the env names it
                 continue
             if not _has_help(action):
                 missing.append(f"{name} {flag}")
@@ -157,15 +219,73 @@ def test_the_eval_subcommands_parse_into_their_configs():
     from gymllm.cli.suite_cli import SuiteEval
     from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 
-    env = tyro.cli(EnvEval, args=["gymllm/A-v0", "gymllm/B-v0", "--model.checkpoint", "runs/a", "--eval.seed-base",
-                                  "7", "--eval.seeds", "3", "--sampling.temperature", "0"])
-    assert env.env == ("gymllm/A-v0", "gymllm/B-v0") and env.model.checkpoint == "runs/a" and env.model.name is None
+    env = tyro.cli(
+        EnvEval,
+        args=[
+            "gymllm/A-v0",
+            "gymllm/B-v0",
+            "--model.checkpoint",
+            "runs/a",
+            "--eval.seed-base",
+            "7",
+            "--eval.seeds",
+            "3",
+            "--sampling.temperature",
+            "0",
+        ],
+    )
+    assert (
+        env.env == ("gymllm/A-v0", "gymllm/B-v0")
+        and env.model.checkpoint == "runs/a"
+        and env.model.name is None
+    )
     assert (env.eval.seed_base, env.eval.seeds, env.eval.sampling.temperature) == (7, 3, 0.0)
-    suite = tyro.cli(SuiteEval, args=["--eval.suite", "core", "--model.name", "a", "--model.name", "b",
-                                      "--sampling.max-tokens", "9", "--cluster.backend", "ray"])
-    assert suite.eval.suite == "core" and suite.model.name == ("a", "b") and suite.sampling.max_tokens == 9
-    assert suite.sampling.temperature is None and suite.eval.seed_base is None and suite.cluster.backend == "ray"
-    game = tyro.cli(GameEval, args=["tic-tac-toe", "--model.checkpoint", "runs/t", "--opponent", "random",
-                                    "--eval.games", "4", "--engine.max-len", "512"])
-    assert game.game == "tic-tac-toe" and game.model.checkpoint == ("runs/t",) and game.opponent == ("random",)
-    assert (game.eval.games, game.eval.seed_base, game.engine.max_len) == (4, HELD_OUT_SEED_BASE, 512)
+    suite = tyro.cli(
+        SuiteEval,
+        args=[
+            "--eval.suite",
+            "core",
+            "--model.name",
+            "a",
+            "--model.name",
+            "b",
+            "--sampling.max-tokens",
+            "9",
+            "--cluster.backend",
+            "ray",
+        ],
+    )
+    assert (
+        suite.eval.suite == "core"
+        and suite.model.name == ("a", "b")
+        and suite.sampling.max_tokens == 9
+    )
+    assert (
+        suite.sampling.temperature is None
+        and suite.eval.seed_base is None
+        and suite.cluster.backend == "ray"
+    )
+    game = tyro.cli(
+        GameEval,
+        args=[
+            "tic-tac-toe",
+            "--model.checkpoint",
+            "runs/t",
+            "--opponent",
+            "random",
+            "--eval.games",
+            "4",
+            "--engine.max-len",
+            "512",
+        ],
+    )
+    assert (
+        game.game == "tic-tac-toe"
+        and game.model.checkpoint == ("runs/t",)
+        and game.opponent == ("random",)
+    )
+    assert (game.eval.games, game.eval.seed_base, game.engine.max_len) == (
+        4,
+        HELD_OUT_SEED_BASE,
+        512,
+    )

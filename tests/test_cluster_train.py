@@ -23,7 +23,9 @@ import pytest
 
 import gymllm.ray_support  # noqa: F401  before ray: every node this file starts binds 127.0.0.1
 
-pytest.importorskip("ray", reason="the cluster tests need the optional package ray (pip install 'gymllm[ray]')")
+pytest.importorskip(
+    "ray", reason="the cluster tests need the optional package ray (pip install 'gymllm[ray]')"
+)
 
 from gymllm.train.train_config import ClusterSection, EnvSection, RunSection, TrainConfig, preset  # noqa: E402
 from gymllm.train.trainer import train  # noqa: E402
@@ -41,15 +43,25 @@ def small_tiny(run_dir, *, steps: int = 3, cluster: ClusterSection | None = None
         env=dataclasses.replace(cfg.env, num_envs=8),
         engine=dataclasses.replace(cfg.engine, num_slots=8, prefix_reuse=False),
         rollout=dataclasses.replace(cfg.rollout, group_size=4, max_concurrency=8, max_staleness=0),
-        learner=dataclasses.replace(cfg.learner, groups_per_step=2, micro_batch_size=8, num_steps=steps),
+        learner=dataclasses.replace(
+            cfg.learner, groups_per_step=2, micro_batch_size=8, num_steps=steps
+        ),
         run=RunSection(run_dir=str(run_dir), console=False, report=False),
         cluster=cluster or ClusterSection(),
     )
 
 
 def ray_cluster(**kw) -> ClusterSection:
-    return ClusterSection(backend="ray", env_workers=2, engine_replicas=2, env_num_cpus=0.5, engine_num_cpus=0.5,
-                          env_resources=ENVS, engine_resources=ENGINE, **kw)
+    return ClusterSection(
+        backend="ray",
+        env_workers=2,
+        engine_replicas=2,
+        env_num_cpus=0.5,
+        engine_num_cpus=0.5,
+        env_resources=ENVS,
+        engine_resources=ENGINE,
+        **kw,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +69,13 @@ def cluster():
     """Head (the env workers) plus two engine nodes, one replica each (one 'engine' resource a node)."""
     from gymllm.ray_support import LOOPBACK, LocalCluster
 
-    with LocalCluster([{"num_cpus": 2, "resources": {"envhost": 4}}, {"num_cpus": 1, "resources": ENGINE},
-                       {"num_cpus": 1, "resources": ENGINE}]) as c:
+    with LocalCluster(
+        [
+            {"num_cpus": 2, "resources": {"envhost": 4}},
+            {"num_cpus": 1, "resources": ENGINE},
+            {"num_cpus": 1, "resources": ENGINE},
+        ]
+    ) as c:
         import ray
 
         assert {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]} == {LOOPBACK}
@@ -85,22 +102,55 @@ def records(run_dir) -> dict[str, list[tuple[str, float]]]:
 
 
 def test_cluster_flags_are_in_train_help():
-    proc = subprocess.run([sys.executable, "-m", "gymllm.cli.main", "train", "--help"], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gymllm.cli.main", "train", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
-    for flag in ("--cluster.backend", "--cluster.address", "--cluster.env-workers", "--cluster.engine-replicas",
-                 "--cluster.learner-hosts", "--cluster.engine-resources", "--cluster.env-num-cpus"):
+    for flag in (
+        "--cluster.backend",
+        "--cluster.address",
+        "--cluster.env-workers",
+        "--cluster.engine-replicas",
+        "--cluster.learner-hosts",
+        "--cluster.engine-resources",
+        "--cluster.env-num-cpus",
+    ):
         assert flag in proc.stdout
 
 
 def test_cluster_flags_parse_into_the_section():
     import tyro
 
-    cfg = tyro.cli(TrainConfig, default=preset("tiny"), args=[
-        "--cluster.backend", "ray", "--cluster.address", "auto", "--cluster.env-workers", "4",
-        "--cluster.engine-replicas", "2", "--cluster.learner-hosts", "2", "--cluster.env-resources", "sandbox", "1"])
-    assert cfg.cluster == ClusterSection(backend="ray", address="auto", env_workers=4, engine_replicas=2,
-                                         learner_hosts=2, env_resources={"sandbox": 1.0})
+    cfg = tyro.cli(
+        TrainConfig,
+        default=preset("tiny"),
+        args=[
+            "--cluster.backend",
+            "ray",
+            "--cluster.address",
+            "auto",
+            "--cluster.env-workers",
+            "4",
+            "--cluster.engine-replicas",
+            "2",
+            "--cluster.learner-hosts",
+            "2",
+            "--cluster.env-resources",
+            "sandbox",
+            "1",
+        ],
+    )
+    assert cfg.cluster == ClusterSection(
+        backend="ray",
+        address="auto",
+        env_workers=4,
+        engine_replicas=2,
+        learner_hosts=2,
+        env_resources={"sandbox": 1.0},
+    )
 
 
 def test_cluster_section_rejects_bad_input_with_a_fix():
@@ -111,18 +161,25 @@ def test_cluster_section_rejects_bad_input_with_a_fix():
     with pytest.raises(ConfigError, match="sandbox"):
         ClusterSection(backend="ray", env_resources={"sandbox": -1})
     with pytest.raises(ConfigError, match="env_workers"):
-        dataclasses.replace(preset("tiny"), env=EnvSection(num_envs=8),
-                            rollout=dataclasses.replace(preset("tiny").rollout, group_size=8),
-                            cluster=ClusterSection(backend="ray", env_workers=9))
+        dataclasses.replace(
+            preset("tiny"),
+            env=EnvSection(num_envs=8),
+            rollout=dataclasses.replace(preset("tiny").rollout, group_size=8),
+            cluster=ClusterSection(backend="ray", env_workers=9),
+        )
 
 
 def test_embedded_run_never_imports_ray(tmp_path):
     """backend 'none' builds LocalComponents; the cluster module and Ray stay unloaded."""
-    code = ("import sys, dataclasses; from gymllm.train.train_config import preset; "
-            "from gymllm.train.trainer import components_for; "
-            "c = components_for(preset('tiny')); "
-            "print(type(c).__name__, 'ray' in sys.modules, 'gymllm.train.cluster' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    code = (
+        "import sys, dataclasses; from gymllm.train.train_config import preset; "
+        "from gymllm.train.trainer import components_for; "
+        "c = components_for(preset('tiny')); "
+        "print(type(c).__name__, 'ray' in sys.modules, 'gymllm.train.cluster' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
     assert out.stdout.split() == ["LocalComponents", "False", "False"], out.stderr
 
 
@@ -209,10 +266,17 @@ def test_learner_on_two_hosts_trains_like_one(tmp_path, cluster):
     """The learner on two jax.distributed hosts (one per node, data-parallel) trains the same groups
     with the same rewards as the learner in the driver."""
     one = train(small_tiny(tmp_path / "one", steps=2, cluster=ray_cluster(address=cluster.address)))
-    two = train(small_tiny(tmp_path / "two", steps=2, cluster=ray_cluster(
-        address=cluster.address, learner_hosts=2, learner_num_cpus=0.5)))
+    two = train(
+        small_tiny(
+            tmp_path / "two",
+            steps=2,
+            cluster=ray_cluster(address=cluster.address, learner_hosts=2, learner_num_cpus=0.5),
+        )
+    )
     assert records(tmp_path / "two") == records(tmp_path / "one")
-    assert [h["loss"] for h in two.history] == pytest.approx([h["loss"] for h in one.history], rel=1e-4, abs=1e-6)
+    assert [h["loss"] for h in two.history] == pytest.approx(
+        [h["loss"] for h in one.history], rel=1e-4, abs=1e-6
+    )
 
 
 @pytest.mark.slow
@@ -238,7 +302,13 @@ def test_lora_cluster_run_pushes_adapters_and_trains_like_in_process(tmp_path, c
 
     lora = LoRAConfig(rank=4)
     local = train(dataclasses.replace(small_tiny(tmp_path / "local"), lora=lora))
-    remote = train(dataclasses.replace(small_tiny(tmp_path / "ray", cluster=ray_cluster(address=cluster.address)),
-                                       lora=lora))
+    remote = train(
+        dataclasses.replace(
+            small_tiny(tmp_path / "ray", cluster=ray_cluster(address=cluster.address)), lora=lora
+        )
+    )
     assert [sorted(ids) for ids in remote.trained_ids] == [sorted(ids) for ids in local.trained_ids]
-    assert records(tmp_path / "ray") == records(tmp_path / "local") and remote.rewards() == local.rewards()
+    assert (
+        records(tmp_path / "ray") == records(tmp_path / "local")
+        and remote.rewards() == local.rewards()
+    )

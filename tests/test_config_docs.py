@@ -22,15 +22,23 @@ def reachable(root: type) -> list[type]:
             continue
         out.append(cls)
         hints = typing.get_type_hints(cls)
-        todo += [hints[f.name] for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints[f.name])]
+        todo += [
+            hints[f.name]
+            for f in dataclasses.fields(cls)
+            if dataclasses.is_dataclass(hints[f.name])
+        ]
     return out
 
 
 def test_every_field_of_the_train_and_sft_configs_has_a_docstring():
     classes = {c for root in (TrainConfig, SFTConfig) for c in reachable(root)}
     assert len(classes) > 15  # the walk reaches the nested sections (engine, loss.advantage, ...)
-    missing = [f"{c.__module__}.{c.__qualname__}.{f.name}" for c in sorted(classes, key=lambda c: c.__qualname__)
-               for f in dataclasses.fields(c) if not (get_field_docstring(c, f.name, ()) or "").strip()]
+    missing = [
+        f"{c.__module__}.{c.__qualname__}.{f.name}"
+        for c in sorted(classes, key=lambda c: c.__qualname__)
+        for f in dataclasses.fields(c)
+        if not (get_field_docstring(c, f.name, ()) or "").strip()
+    ]
     assert not missing, f"fields without a docstring (write one under each): {missing}"
 
 

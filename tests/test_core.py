@@ -27,7 +27,12 @@ class Counter(TextEnv):
         return f"start {int(self.np_random.integers(1000))}", {"options": options}
 
     def _step(self, action):
-        return f"{action}:{int(self.np_random.integers(1000))}", 1.0, self.turn + 1 >= self.length, {}
+        return (
+            f"{action}:{int(self.np_random.integers(1000))}",
+            1.0,
+            self.turn + 1 >= self.length,
+            {},
+        )
 
 
 class AsyncOnly(TextEnv):
@@ -37,7 +42,12 @@ class AsyncOnly(TextEnv):
 
     async def _astep(self, action):
         await asyncio.sleep(0.001)
-        return [{"role": "tool", "content": action}], 0.5, False, {"loop": id(asyncio.get_running_loop())}
+        return (
+            [{"role": "tool", "content": action}],
+            0.5,
+            False,
+            {"loop": id(asyncio.get_running_loop())},
+        )
 
 
 class Sleepy(Counter):
@@ -231,12 +241,19 @@ class OwnNames(Counter):
 def test_the_episode_invariants_never_collide_with_a_subclass_names_and_survive_pickling():
     import pickle
 
-    env, ref = OwnNames(length=5, max_turns=2, render_mode="ansi"), Counter(length=5, max_turns=2, render_mode="ansi")
+    env, ref = (
+        OwnNames(length=5, max_turns=2, render_mode="ansi"),
+        Counter(length=5, max_turns=2, render_mode="ansi"),
+    )
     assert env.reset(seed=3) == ref.reset(seed=3)
     assert env.step("a") == ref.step("a") and env.turn == 1 and not env.episode_done
-    copy = pickle.loads(pickle.dumps(env))  # the process backend ships envs pickled: the episode goes along
+    copy = pickle.loads(
+        pickle.dumps(env)
+    )  # the process backend ships envs pickled: the episode goes along
     assert copy.turn == 1 and copy.render() == env.render() == ref.render()
-    assert env.step("b") == ref.step("b") and env.episode_done and env.turn == 2  # truncated at max_turns
+    assert (
+        env.step("b") == ref.step("b") and env.episode_done and env.turn == 2
+    )  # truncated at max_turns
     with pytest.raises(ResetNeededError, match="after the episode ended"):
         env.step("c")
     assert copy.step("b")[3] and copy.episode_done

@@ -23,17 +23,24 @@ def _write(p: pathlib.Path, rows: list[dict], tail: str = "") -> None:
 
 def test_rewind_keeps_the_restored_lineage_and_sets_the_rest_aside(tmp_path):
     p = tmp_path / "metrics.jsonl"
-    rows = [{"step": s, "loss": s / 10} for s in (1, 2, 3, 4, 3)]  # a killed run had logged 3 and 4, then 3 again
+    rows = [
+        {"step": s, "loss": s / 10} for s in (1, 2, 3, 4, 3)
+    ]  # a killed run had logged 3 and 4, then 3 again
     _write(p, rows, tail='{"step": 5, "lo')  # torn by the kill
     rep = rewind_jsonl(p, step=2)
     assert (rep.kept, rep.lost, rep.torn) == (2, 3, 1)
     kept, torn = read_jsonl(p)
     assert [r["step"] for r in kept] == [1, 2] and torn == []
     lost, _ = read_jsonl(tmp_path / "metrics.lost.jsonl")
-    assert [r.get("step") for r in lost] == [3, 4, 3, None] and all(r["rewound_to"] == 2 for r in lost)
+    assert [r.get("step") for r in lost] == [3, 4, 3, None] and all(
+        r["rewound_to"] == 2 for r in lost
+    )
     assert lost[-1]["torn"] == '{"step": 5, "lo'  # nothing is deleted
     assert rewind_jsonl(p, step=2).lost == 0  # idempotent
-    assert rewind_jsonl(tmp_path / "absent.jsonl", step=0).kept == 0 and not (tmp_path / "absent.jsonl").exists()
+    assert (
+        rewind_jsonl(tmp_path / "absent.jsonl", step=0).kept == 0
+        and not (tmp_path / "absent.jsonl").exists()
+    )
 
 
 def test_rewind_to_zero_after_a_kill_before_the_first_checkpoint(tmp_path):
@@ -43,7 +50,11 @@ def test_rewind_to_zero_after_a_kill_before_the_first_checkpoint(tmp_path):
 
 
 def _check(result: dict) -> None:
-    assert result["lost_groups"] == 0 and result["duplicated_groups"] == 0 and result["torn_records"] == 0, result
+    assert (
+        result["lost_groups"] == 0
+        and result["duplicated_groups"] == 0
+        and result["torn_records"] == 0
+    ), result
     assert result["steps_ok"] and result["short_groups"] == 0, result
     assert result["weights_match"], result
 

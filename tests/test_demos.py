@@ -47,8 +47,11 @@ def replay(rec: dict, env_kwargs: dict, system_prompt: str = "") -> float:
     obs, info = env.reset(seed=rec["seed"])
     msgs = rec["messages"]
     start = agent.initial_messages(obs, info)
-    assert msgs[:len(start)] == json.loads(json.dumps(start, default=lambda o: o.tolist()))
-    assert ("tools" in rec) == bool(agent.tools(info)) and rec.get("tools", None) in (None, agent.tools(info))
+    assert msgs[: len(start)] == json.loads(json.dumps(start, default=lambda o: o.tolist()))
+    assert ("tools" in rec) == bool(agent.tools(info)) and rec.get("tools", None) in (
+        None,
+        agent.tools(info),
+    )
     i, total, done = len(start), 0.0, False
     while i < len(msgs):
         assert not done and msgs[i]["role"] == "assistant"
@@ -64,18 +67,22 @@ def replay(rec: dict, env_kwargs: dict, system_prompt: str = "") -> float:
         done = term or trunc
         if not done:
             delta = agent.observation_messages(obs)
-            assert msgs[i:i + len(delta)] == delta
+            assert msgs[i : i + len(delta)] == delta
             i += len(delta)
     assert done
     env.close()
     return total
 
 
-@pytest.mark.parametrize("env_id,kwargs,n", CASES, ids=[f"{c[0].split('/')[1]}-{i}" for i, c in enumerate(CASES)])
+@pytest.mark.parametrize(
+    "env_id,kwargs,n", CASES, ids=[f"{c[0].split('/')[1]}-{i}" for i, c in enumerate(CASES)]
+)
 def test_every_solver_replays_through_the_env_to_its_recorded_reward(env_id, kwargs, n):
     recs = demonstrations(env_id, n=n, seed=5, env_kwargs=kwargs)
     assert recs, "no episode solved"
-    assert [r["seed"] for r in recs] == sorted(r["seed"] for r in recs) and all(5 <= r["seed"] < 5 + n for r in recs)
+    assert [r["seed"] for r in recs] == sorted(r["seed"] for r in recs) and all(
+        5 <= r["seed"] < 5 + n for r in recs
+    )
     for rec in recs:
         assert rec["env_id"] == env_id and rec["reward"] >= SOLVERS[env_id].min_reward
         assert replay(rec, kwargs) == pytest.approx(rec["reward"])
@@ -88,10 +95,17 @@ def test_system_prompt_is_added_as_a_rollout_agent_adds_it():
     assert recs[0]["messages"][0] == {"role": "system", "content": "Play well."}
     assert replay(recs[0], {}, system_prompt="Play well.") == recs[0]["reward"]
     calc = demonstrations("CalcMath-v0", n=1, system_prompt="ignored: the env sends its own")
-    assert calc[0]["messages"][0]["role"] == "system" and "calculator" in calc[0]["messages"][0]["content"]
+    assert (
+        calc[0]["messages"][0]["role"] == "system"
+        and "calculator" in calc[0]["messages"][0]["content"]
+    )
     assert [m["role"] for m in calc[0]["messages"]].count("system") == 1
     agent = ModelAgent(_tok(), system_prompt="S")
-    for obs in ("hi", [{"role": "user", "content": "x"}], [{"role": "system", "content": "own"}, {"role": "user", "content": "q"}]):
+    for obs in (
+        "hi",
+        [{"role": "user", "content": "x"}],
+        [{"role": "system", "content": "own"}, {"role": "user", "content": "q"}],
+    ):
         assert initial_messages(obs, "S") == agent.initial_messages(obs, {})
 
 
@@ -121,7 +135,7 @@ def test_tictactoe_minimax_never_loses_against_any_opponent_reply():
         legal = [i for i in range(9) if board[i] == 0]
         move = S.tictactoe_best_move(board, legal)
         assert move in legal
-        b = board[:move] + (1,) + board[move + 1:]
+        b = board[:move] + (1,) + board[move + 1 :]
         if _ttt_winner(b) == 1 or 0 not in b:
             return
         opponent_turn(b)
@@ -129,7 +143,7 @@ def test_tictactoe_minimax_never_loses_against_any_opponent_reply():
     def opponent_turn(board):
         for i in range(9):
             if board[i] == 0:
-                b = board[:i] + (2,) + board[i + 1:]
+                b = board[:i] + (2,) + board[i + 1 :]
                 assert _ttt_winner(b) != 2, f"lost: {b}"
                 if 0 in b:
                     solver_turn(b)
@@ -169,9 +183,14 @@ def _bfs_on_transitions(lake) -> int:
     raise AssertionError("no path")
 
 
-@pytest.mark.parametrize("env_id,kwargs,known", [("gymllm/FrozenLake-v0", NO_SLIP, 6),
-                                                ("gymllm/FrozenLake8x8-v0", NO_SLIP, 14),
-                                                ("gymllm/FrozenLake-v0", {**NO_SLIP, "desc": ["SFF", "FHF", "FFG"]}, 4)])
+@pytest.mark.parametrize(
+    "env_id,kwargs,known",
+    [
+        ("gymllm/FrozenLake-v0", NO_SLIP, 6),
+        ("gymllm/FrozenLake8x8-v0", NO_SLIP, 14),
+        ("gymllm/FrozenLake-v0", {**NO_SLIP, "desc": ["SFF", "FHF", "FFG"]}, 4),
+    ],
+)
 def test_frozenlake_paths_are_shortest(env_id, kwargs, known):
     env = gymllm.make(env_id, **kwargs)
     shortest = _bfs_on_transitions(env.unwrapped.inner.unwrapped)
@@ -179,7 +198,11 @@ def test_frozenlake_paths_are_shortest(env_id, kwargs, known):
     assert shortest == known
     for rec in demonstrations(env_id, n=3, env_kwargs=kwargs):
         moves = [m["content"] for m in rec["messages"] if m["role"] == "assistant"]
-        assert len(moves) == shortest and set(moves) <= {"LEFT", "DOWN", "RIGHT", "UP"} and rec["reward"] == 1.0
+        assert (
+            len(moves) == shortest
+            and set(moves) <= {"LEFT", "DOWN", "RIGHT", "UP"}
+            and rec["reward"] == 1.0
+        )
 
 
 def test_slippery_frozenlake_is_refused_with_the_fix():
@@ -191,8 +214,14 @@ def test_an_unreachable_goal_is_left_out():
     assert demonstrations("FrozenLake-v0", n=2, env_kwargs={**NO_SLIP, "desc": ["SH", "HG"]}) == []
 
 
-@pytest.mark.parametrize("env_id,kwargs", [("gymllm/ArithmeticTool-v0", {}), ("gymllm/CalcMath-v0", {}),
-                                           ("gymllm/CalcMath-v0", {"simple": True, "digits": 2})])
+@pytest.mark.parametrize(
+    "env_id,kwargs",
+    [
+        ("gymllm/ArithmeticTool-v0", {}),
+        ("gymllm/CalcMath-v0", {}),
+        ("gymllm/CalcMath-v0", {"simple": True, "digits": 2}),
+    ],
+)
 def test_the_calculator_call_parses_back_and_the_tool_agent_executes_it(env_id, kwargs):
     t = _tok()
     for rec in demonstrations(env_id, n=4, seed=77, env_kwargs=kwargs):
@@ -204,13 +233,18 @@ def test_the_calculator_call_parses_back_and_the_tool_agent_executes_it(env_id, 
         (call,) = parse_tool_calls(call_text, "hermes")
         assert call.name == "calculator" and set(call.arguments) == {"expression"}
         from gymllm.tools.calculator import evaluate
+
         assert str(evaluate(call.arguments["expression"])) == info["answer"]
         agent = ToolAgent(t)  # parser "auto", as the SmolLM2 runs use it
         msg, action = agent.act(t.encode(call_text) + [t.eos_token_id], "stop")
         assert action == call_text and msg == rec["messages"][2]
-        assert [(c.name, c.arguments) for c in agent.last_tool_calls] == [("calculator", call.arguments)]
+        assert [(c.name, c.arguments) for c in agent.last_tool_calls] == [
+            ("calculator", call.arguments)
+        ]
         tool_obs, r, term, trunc, step_info = env.step(action)
-        assert step_info["tool_turn"] and agent.observation_messages(tool_obs) == [rec["messages"][3]]
+        assert step_info["tool_turn"] and agent.observation_messages(tool_obs) == [
+            rec["messages"][3]
+        ]
         assert rec["messages"][3]["content"] == info["answer"]
         assert rec["messages"][4]["content"] == f"\\boxed{{{info['answer']}}}"
         env.close()
@@ -225,7 +259,9 @@ def test_the_call_follows_the_envs_tool_call_format():
 def test_jsonl_shape_and_agent_model_leaves_tools_out(tmp_path):
     recs = demonstrations("CalcMath-v0", n=3, env_kwargs={"digits": 1, "simple": True})
     plain = demonstrations("Arithmetic-v0", n=2)
-    bare = demonstrations("CalcMath-v0", n=1, env_kwargs={"digits": 1, "simple": True}, agent="model")
+    bare = demonstrations(
+        "CalcMath-v0", n=1, env_kwargs={"digits": 1, "simple": True}, agent="model"
+    )
     path = write_demos(tmp_path / "sub" / "d.jsonl", recs + plain + bare)
     lines = path.read_text().splitlines()
     assert len(lines) == 6 and read_demos(path) == recs + plain + bare
@@ -233,7 +269,9 @@ def test_jsonl_shape_and_agent_model_leaves_tools_out(tmp_path):
         rec = json.loads(line)
         assert set(rec) - {"tools"} == {"messages", "env_id", "seed", "reward"}
         assert isinstance(rec["seed"], int) and isinstance(rec["reward"], float)
-        assert all(set(m) >= {"role", "content"} and isinstance(m["content"], str) for m in rec["messages"])
+        assert all(
+            set(m) >= {"role", "content"} and isinstance(m["content"], str) for m in rec["messages"]
+        )
         assert rec["messages"][-1]["role"] == "assistant"
     assert all(r["tools"][0]["function"]["name"] == "calculator" for r in recs)
     assert all("tools" not in r for r in plain + bare)
@@ -247,8 +285,16 @@ def test_bad_ids_and_arguments_give_clear_errors():
         demonstrations("gymllm/Echo-v0", n=1)
     with pytest.raises(ConfigError, match="held-out evaluation uses seeds from 1000000"):
         demonstrations("Arithmetic-v0", n=2, seed=HELD_OUT_SEED_BASE - 1)
-    assert len(demonstrations("Arithmetic-v0", n=1, seed=HELD_OUT_SEED_BASE - 1)) == 1  # the last allowed seed
-    for bad in ({"n": 0}, {"n": 1, "seed": -1}, {"n": True}, {"n": 1, "agent": "robot"}, {"n": 1, "env_kwargs": [1]}):
+    assert (
+        len(demonstrations("Arithmetic-v0", n=1, seed=HELD_OUT_SEED_BASE - 1)) == 1
+    )  # the last allowed seed
+    for bad in (
+        {"n": 0},
+        {"n": 1, "seed": -1},
+        {"n": True},
+        {"n": 1, "agent": "robot"},
+        {"n": 1, "env_kwargs": [1]},
+    ):
         with pytest.raises(ConfigError, match="expected"):
             demonstrations("Arithmetic-v0", **bad)
 
@@ -259,16 +305,51 @@ def test_cli_writes_the_file_and_names_the_next_command(tmp_path, capsys):
     printed = capsys.readouterr().out
     recs = read_demos(out)
     assert f"wrote {len(recs)} of 5 episodes" in printed and "mean reward" in printed
-    assert f"gymllm sft {out}" in printed and [r["seed"] for r in recs] == list(range(3, 3 + len(recs)))
+    assert f"gymllm sft {out}" in printed and [r["seed"] for r in recs] == list(
+        range(3, 3 + len(recs))
+    )
     lake = tmp_path / "lake.jsonl"
-    assert main(["demos", "FrozenLake-v0", "--n", "2", "--out", str(lake), "--env-kwargs", '{"is_slippery": false}',
-                 "--system-prompt", "Move."]) == 0
-    assert [r["messages"][0] for r in read_demos(lake)] == [{"role": "system", "content": "Move."}] * 2
+    assert (
+        main(
+            [
+                "demos",
+                "FrozenLake-v0",
+                "--n",
+                "2",
+                "--out",
+                str(lake),
+                "--env-kwargs",
+                '{"is_slippery": false}',
+                "--system-prompt",
+                "Move.",
+            ]
+        )
+        == 0
+    )
+    assert [r["messages"][0] for r in read_demos(lake)] == [
+        {"role": "system", "content": "Move."}
+    ] * 2
     capsys.readouterr()
-    assert main(["demos", "FrozenLake-v0", "--n", "2", "--out", str(lake), "--env-kwargs", "{bad"]) == 2
+    assert (
+        main(["demos", "FrozenLake-v0", "--n", "2", "--out", str(lake), "--env-kwargs", "{bad"])
+        == 2
+    )
     assert "--env-kwargs: expected a JSON object" in capsys.readouterr().err
     assert main(["demos", "Echo-v0", "--n", "2", "--out", str(tmp_path / "e.jsonl")]) == 2
     assert "an env with a solver" in capsys.readouterr().err and not (tmp_path / "e.jsonl").exists()
-    assert main(["demos", "FrozenLake-v0", "--n", "1", "--out", str(tmp_path / "u.jsonl"),
-                 "--env-kwargs", '{"is_slippery": false, "desc": ["SH", "HG"]}']) == 1
+    assert (
+        main(
+            [
+                "demos",
+                "FrozenLake-v0",
+                "--n",
+                "1",
+                "--out",
+                str(tmp_path / "u.jsonl"),
+                "--env-kwargs",
+                '{"is_slippery": false, "desc": ["SH", "HG"]}',
+            ]
+        )
+        == 1
+    )
     assert "no episode" in capsys.readouterr().err

@@ -28,11 +28,17 @@ def _check(r: dict, outcome: str = "finished") -> None:
     assert r["lost_other"] == 0, r
 
 
-def test_an_env_step_that_never_returns_is_bounded_by_the_group_timeout_and_named_by_the_watchdog(tmp_path):
+def test_an_env_step_that_never_returns_is_bounded_by_the_group_timeout_and_named_by_the_watchdog(
+    tmp_path,
+):
     r = drill_faults.drill_env_hang(tmp_path, STEPS)
     _check(r)
-    assert r["took_s"] < drill_faults.HANG_S  # stopped waiting long before the hung step would have returned
-    assert r["detail"]["group_timeouts"] >= 1 and any("g1: timed out" in e for e in r["detail"]["errors"])
+    assert (
+        r["took_s"] < drill_faults.HANG_S
+    )  # stopped waiting long before the hung step would have returned
+    assert r["detail"]["group_timeouts"] >= 1 and any(
+        "g1: timed out" in e for e in r["detail"]["errors"]
+    )
     assert r["detail"]["watchdog_named_rollout"], r["detail"]
 
 
@@ -65,14 +71,19 @@ def test_an_engine_request_that_raises_fails_its_group_only(tmp_path):
 def test_a_bad_reward_fails_its_group_with_reward_error(tmp_path, name, value):
     r = drill_faults.drill_reward(tmp_path, STEPS, value, name)
     _check(r)
-    assert r["detail"]["groups_failed"] == 1 and all("RewardError" in e for e in r["detail"]["errors"])
+    assert r["detail"]["groups_failed"] == 1 and all(
+        "RewardError" in e for e in r["detail"]["errors"]
+    )
 
 
 def test_a_learner_step_that_raises_stops_the_run_naming_it_and_the_checkpoint_resumes(tmp_path):
     r = drill_faults.drill_learner_raises(tmp_path, STEPS)
     _check(r, outcome="stopped")
     err = r["detail"]["error"]
-    assert err.startswith("LearnerStepError: learner step 3") and "injected learner fault in step 3" in err
+    assert (
+        err.startswith("LearnerStepError: learner step 3")
+        and "injected learner fault in step 3" in err
+    )
     assert "last checkpoint (step 2)" in err and r["detail"]["checkpoint_kept"] == 2
     assert r["detail"]["resumed_ok"], r["detail"]
 

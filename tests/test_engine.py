@@ -51,7 +51,9 @@ def prompts(n: int, seed: int = 0, lo: int = 3, hi: int = 40) -> list[list[int]]
     return [list(map(int, rng.integers(3, 500, size=int(rng.integers(lo, hi))))) for _ in range(n)]
 
 
-def full_logprobs(model, prompt: list[int], completion: Completion, temperature: float) -> np.ndarray:
+def full_logprobs(
+    model, prompt: list[int], completion: Completion, temperature: float
+) -> np.ndarray:
     """The trainer's view: token_logprobs of the sampled ids from one forward over prompt ++ sampled
     (right-padded to the context length: causal attention makes the pad invisible)."""
     ids = prompt + [int(t) for t in completion.token_ids]
@@ -85,13 +87,24 @@ def test_cached_prefill_and_decode_equal_full_forward(lm):
     cache = model.init_cache(rows, length)
     ids = prompts(1, seed=3, lo=12, hi=13)[0]
     z = lambda n, dt=np.int32: np.zeros(n, dt)  # noqa: E731
-    greedy = (np.zeros((2, 2), np.uint32), z(2), np.zeros(2, np.float32), z(2), np.ones(2, np.float32))
+    greedy = (
+        np.zeros((2, 2), np.uint32),
+        z(2),
+        np.zeros(2, np.float32),
+        z(2),
+        np.ones(2, np.float32),
+    )
 
     def chunk(start: int, stop: int, bucket: int = 64):
         t = np.zeros((2, bucket), np.int32)
         t[0, : stop - start] = ids[start:stop]
         pos = np.minimum(start + np.arange(bucket), scratch)[None].repeat(2, 0).astype(np.int32)
-        return t, pos, np.array([1, rows], np.int32), np.array([stop - start - 1, 0], np.int32)  # row `rows` = pad
+        return (
+            t,
+            pos,
+            np.array([1, rows], np.int32),
+            np.array([stop - start - 1, 0], np.int32),
+        )  # row `rows` = pad
 
     cache, _, _ = prefill(state, cache, *chunk(0, 7), *greedy)
     cache, tok, lp = prefill(state, cache, *chunk(7, 12), *greedy)
@@ -101,17 +114,29 @@ def test_cached_prefill_and_decode_equal_full_forward(lm):
         toks[1] = seq[-1]
         pos = np.full(rows, scratch, np.int32)  # idle rows write only to the scratch index
         pos[1] = len(seq) - 1
-        cache, tok, lp = decode(state, cache, toks, pos, np.zeros((rows, 2), np.uint32), z(rows),
-                                np.zeros(rows, np.float32), z(rows), np.ones(rows, np.float32), 32)  # slots [0, 32)
+        cache, tok, lp = decode(
+            state,
+            cache,
+            toks,
+            pos,
+            np.zeros((rows, 2), np.uint32),
+            z(rows),
+            np.zeros(rows, np.float32),
+            z(rows),
+            np.ones(rows, np.float32),
+            32,
+        )  # slots [0, 32)
         seq.append(int(tok[1]))
         lps.append(float(lp[1]))
     padded = np.zeros((1, length), np.int32)
     padded[0, : len(seq)] = seq
     logits, _ = model(jnp.asarray(padded), jnp.arange(length)[None])
     ref = jax.nn.log_softmax(logits[0, len(ids) - 1 : len(seq) - 1], axis=-1)  # [7, V]
-    np.testing.assert_array_equal(np.asarray(jnp.argmax(ref, -1)), seq[len(ids):])
+    np.testing.assert_array_equal(np.asarray(jnp.argmax(ref, -1)), seq[len(ids) :])
     np.testing.assert_allclose(lps, np.asarray(ref.max(-1)), **tolerance("reference"))
-    others = np.asarray(cache.k)[:, [r for r in range(rows) if r != 1], :scratch]  # nothing written below scratch
+    others = np.asarray(cache.k)[
+        :, [r for r in range(rows) if r != 1], :scratch
+    ]  # nothing written below scratch
     assert np.abs(others).max() == 0.0
 
 
@@ -120,10 +145,14 @@ def test_cached_prefill_and_decode_equal_full_forward(lm):
 def test_engine_logprobs_equal_trainer_logprobs(engine, lm, temperature):
     ps = prompts(6, seed=int(temperature * 10))
     comps = run(gather(engine, ps, SamplingParams(temperature=temperature, max_tokens=20, seed=1)))
-    diffs = np.concatenate([c.logprobs - full_logprobs(lm.model, p, c, temperature) for p, c in zip(ps, comps)])
+    diffs = np.concatenate(
+        [c.logprobs - full_logprobs(lm.model, p, c, temperature) for p, c in zip(ps, comps)]
+    )
     assert abs(diffs.mean()) < 1e-3 and np.quantile(np.abs(diffs), 0.99) < 5e-2
     if temperature != 1.0:  # the check can fail: logprobs without the temperature are far off
-        wrong = np.concatenate([c.logprobs - full_logprobs(lm.model, p, c, 1.0) for p, c in zip(ps, comps)])
+        wrong = np.concatenate(
+            [c.logprobs - full_logprobs(lm.model, p, c, 1.0) for p, c in zip(ps, comps)]
+        )
         assert np.abs(wrong).mean() > 1e-2
 
 
@@ -165,16 +194,26 @@ def test_stop_token_ids_and_stop_strings(engine, lm):
     base = run(engine.generate(p, SamplingParams(temperature=0.0, max_tokens=16)))
     ref = base.token_ids.tolist()
     stop_id = ref[5]
-    c = run(engine.generate(p, SamplingParams(temperature=0.0, max_tokens=16, stop_token_ids=(stop_id,))))
+    c = run(
+        engine.generate(
+            p, SamplingParams(temperature=0.0, max_tokens=16, stop_token_ids=(stop_id,))
+        )
+    )
     cut = ref.index(stop_id) + 1
-    assert c.token_ids.tolist() == ref[:cut] and c.finish_reason == "stop" and c.stop_reason == stop_id
+    assert (
+        c.token_ids.tolist() == ref[:cut] and c.finish_reason == "stop" and c.stop_reason == stop_id
+    )
 
     text = lm.tokenizer.decode(ref)
-    needle = next(text[i : i + 3] for i in range(len(text) // 2, len(text)) if text[i : i + 3].strip())
+    needle = next(
+        text[i : i + 3] for i in range(len(text) // 2, len(text)) if text[i : i + 3].strip()
+    )
     c = run(engine.generate(p, SamplingParams(temperature=0.0, max_tokens=16, stop=(needle,))))
     assert c.finish_reason == "stop" and c.stop_reason == needle
     assert c.token_ids.tolist() == ref[: c.num_tokens] and needle in c.text
-    assert needle not in lm.tokenizer.decode(c.token_ids[:-1].tolist())  # stops at the first token completing it
+    assert needle not in lm.tokenizer.decode(
+        c.token_ids[:-1].tolist()
+    )  # stops at the first token completing it
 
 
 def test_max_tokens_and_context_limit(engine):
@@ -198,10 +237,14 @@ def test_session_prefix_reuse_skips_the_cached_prefix(engine, lm):
     p1 = prompts(1, seed=31, lo=20, hi=21)[0]
     sp = SamplingParams(temperature=1.0, max_tokens=8, seed=4)
     t1 = run(engine.generate(p1, sp, session_id="traj-1"))
-    p2 = p1 + t1.token_ids.tolist() + [17, 18, 19]  # next turn: previous prompt ++ sampled ++ observation
+    p2 = (
+        p1 + t1.token_ids.tolist() + [17, 18, 19]
+    )  # next turn: previous prompt ++ sampled ++ observation
     before = engine.stats["prefill_tokens"]
     t2 = run(engine.generate(p2, sp, session_id="traj-1"))
-    assert t2.cached_prompt_len == len(p1) + t1.num_tokens - 1  # the last sampled id was never fed back
+    assert (
+        t2.cached_prompt_len == len(p1) + t1.num_tokens - 1
+    )  # the last sampled id was never fed back
     assert engine.stats["prefill_tokens"] - before == len(p2) - t2.cached_prompt_len
     diff = t2.logprobs - full_logprobs(lm.model, p2, t2, 1.0)  # reuse is exact
     assert np.abs(diff).max() < tolerance("logprob")["atol"]
@@ -223,7 +266,9 @@ def test_prefill_reads_only_the_smallest_length_covering_the_reused_prefix(engin
         spans = [e["args"] for e in tracer.events_since(cursor) if e["name"] == "prefill"]
         assert [a["length"] for a in spans] == [0, want]
         assert t2.cached_prompt_len == first + 5 and want >= t2.cached_prompt_len
-        diff = t2.logprobs - full_logprobs(lm.model, p2, t2, 1.0)  # reading the reused prefix is exact
+        diff = t2.logprobs - full_logprobs(
+            lm.model, p2, t2, 1.0
+        )  # reading the reused prefix is exact
         assert np.abs(diff).max() < tolerance("logprob")["atol"]
 
 
@@ -264,16 +309,25 @@ def test_no_recompiles_after_warmup(engine):
     ps = prompts(9, seed=41, lo=2, hi=63)
     run(gather(engine, ps, SamplingParams(temperature=0.7, top_k=5, top_p=0.9, max_tokens=3)))
     assert engine.trace_counts == before
-    assert before["prefill"] <= len(engine.buckets) * len(engine.batch_sizes) * len(engine.prefill_lengths)
+    assert before["prefill"] <= len(engine.buckets) * len(engine.batch_sizes) * len(
+        engine.prefill_lengths
+    )
     assert before["decode"] <= len(engine.widths) * len(engine.lengths)
     tracer = get_tracer()
     cursor = tracer.cursor()
-    run(engine.generate([1, 2, 3], SamplingParams(max_tokens=4)))  # alone: lowest row, narrowest step
+    run(
+        engine.generate([1, 2, 3], SamplingParams(max_tokens=4))
+    )  # alone: lowest row, narrowest step
     spans = [e for e in tracer.events_since(cursor) if e["name"] in ("prefill", "decode")]
-    assert {e["track"] for e in spans} == {"engine"} and {e["name"] for e in spans} == {"prefill", "decode"}
+    assert {e["track"] for e in spans} == {"engine"} and {e["name"] for e in spans} == {
+        "prefill",
+        "decode",
+    }
     widths = {e["args"]["width"] for e in spans if e["name"] == "decode"}
     assert widths == {engine.widths[0]} and engine.widths == (8, 12)
-    lengths = {e["args"]["length"] for e in spans if e["name"] == "decode"}  # positions < 32: the short cache
+    lengths = {
+        e["args"]["length"] for e in spans if e["name"] == "decode"
+    }  # positions < 32: the short cache
     assert lengths == {engine.lengths[0]} and engine.lengths == (32, 64)
     assert isinstance(engine, Engine)
 
@@ -318,10 +372,16 @@ def test_close_aborts_waiting_and_running_requests(lm):
         sp = SamplingParams(max_tokens=60)
         first = eng.stream([1, 2, 3], sp)
         await first.__anext__()  # the engine is decoding
-        with eng.paused():  # forced: 13 more requests wait while the first one runs, then the engine closes
-            tasks = [asyncio.create_task(eng.generate(p, sp)) for p in prompts(13, seed=61, lo=4, hi=8)]
+        with (
+            eng.paused()
+        ):  # forced: 13 more requests wait while the first one runs, then the engine closes
+            tasks = [
+                asyncio.create_task(eng.generate(p, sp)) for p in prompts(13, seed=61, lo=4, hi=8)
+            ]
             await asyncio.sleep(0)
-            await asyncio.to_thread(eng.run_iterations, 1)  # 11 of them take the free rows, two still wait
+            await asyncio.to_thread(
+                eng.run_iterations, 1
+            )  # 11 of them take the free rows, two still wait
             await eng.close()
         await eng.close()  # idempotent
         done = await asyncio.gather(*tasks)
@@ -366,14 +426,22 @@ def test_bf16_compute_dtype_keeps_greedy_batching_exact_and_logprobs_close(lm):
     """compute_dtype="bfloat16": the engine's weights and KV cache are bf16 (the caller's model is untouched), a
     request's greedy tokens do not depend on what else is batched, and logprobs stay within bf16
     rounding of the float32 trainer's."""
-    cfg = EngineConfig(num_slots=8, max_len=64, min_bucket=64, max_prefill_batch=1, decode_lengths=1,
-                       compute_dtype="bfloat16")
+    cfg = EngineConfig(
+        num_slots=8,
+        max_len=64,
+        min_bucket=64,
+        max_prefill_batch=1,
+        decode_lengths=1,
+        compute_dtype="bfloat16",
+    )
     eng = JaxEngine.from_loaded(lm, config=cfg, stop_token_ids=())
     try:
         # bf16 weights (stored as their uint16 bit patterns on CPU, decoded per layer by the forward)
         stored = jnp.uint16 if jax.default_backend() == "cpu" else jnp.bfloat16
         assert {leaf.dtype for leaf in jax.tree.leaves(eng._weights.state)} == {jnp.dtype(stored)}
-        assert {leaf.dtype for leaf in jax.tree.leaves(eng._steps.cache)} == {jnp.dtype(stored)}  # k/v too
+        assert {leaf.dtype for leaf in jax.tree.leaves(eng._steps.cache)} == {
+            jnp.dtype(stored)
+        }  # k/v too
         assert lm.model.dtype == jnp.float32
         ps = prompts(8, seed=71)
         sp = SamplingParams(temperature=0.0, max_tokens=12)
@@ -386,7 +454,9 @@ def test_bf16_compute_dtype_keeps_greedy_batching_exact_and_logprobs_close(lm):
 
         batched, solo = run(together()), run(alone())
         assert [c.token_ids.tolist() for c in batched] == [c.token_ids.tolist() for c in solo]
-        diffs = np.concatenate([c.logprobs - full_logprobs(lm.model, p, c, 1.0) for p, c in zip(ps, batched)])
+        diffs = np.concatenate(
+            [c.logprobs - full_logprobs(lm.model, p, c, 1.0) for p, c in zip(ps, batched)]
+        )
         assert np.abs(diffs).mean() < 0.02 and np.abs(diffs).max() < 0.1  # measured: 0.005 and 0.02
     finally:
         eng.shutdown()

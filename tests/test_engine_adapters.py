@@ -20,7 +20,9 @@ from gymllm.models import lora
 from gymllm.models.tiny import make_tiny
 from gymllm.models.transformer import Transformer
 
-LORA = lora.LoRAConfig(rank=4, alpha=8.0, targets=lora.PROJECTIONS)  # every projection: every adapted path
+LORA = lora.LoRAConfig(
+    rank=4, alpha=8.0, targets=lora.PROJECTIONS
+)  # every projection: every adapted path
 # few compiled shapes (prefill: 1 or 2 prompts, one length bucket; decode: 8 rows, 64 slots), shared by every test
 CFG = EngineConfig(num_slots=8, max_len=64, min_bucket=16, max_prefill_batch=2, decode_lengths=1)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
@@ -31,9 +33,12 @@ def random_adapters(base, seed):
     """Adapters with a random B (not the zeros a fresh LoRA starts from), so each one changes the model."""
     rng = np.random.default_rng(seed)
     out = {}
-    for k, v in lora.init_adapters(lora.LoRAConfig(rank=LORA.rank, alpha=LORA.alpha, targets=LORA.targets, seed=seed),
-                                   base).items():
-        out[k] = v if k.endswith("lora_a") else jnp.asarray(rng.standard_normal(v.shape) * 0.3, v.dtype)
+    for k, v in lora.init_adapters(
+        lora.LoRAConfig(rank=LORA.rank, alpha=LORA.alpha, targets=LORA.targets, seed=seed), base
+    ).items():
+        out[k] = (
+            v if k.endswith("lora_a") else jnp.asarray(rng.standard_normal(v.shape) * 0.3, v.dtype)
+        )
     return out
 
 
@@ -46,8 +51,14 @@ def setup():
 
 
 def adapter_engine(lm, ads, config=CFG, **kw):
-    engine = JaxEngine(lm.model, lm.tokenizer, config=config, stop_token_ids=(),
-                       adapters=AdapterConfig(lora=LORA, names=("a", "b")), **kw)
+    engine = JaxEngine(
+        lm.model,
+        lm.tokenizer,
+        config=config,
+        stop_token_ids=(),
+        adapters=AdapterConfig(lora=LORA, names=("a", "b")),
+        **kw,
+    )
     with engine.paused():  # both land in one iteration, before any request (none waits yet)
         for name, a in ads.items():
             engine.update_adapter(name, a, version=1)
@@ -59,7 +70,9 @@ def adapter_engine(lm, ads, config=CFG, **kw):
 def reference(lm, base, ads, name, prompt, params=GREEDY, config=CFG):
     """A plain engine over the merged weights of adapter ``name`` (None: the base model), alone."""
     flat = base if name is None else dict(lora.merge(LORA, base, ads[name]))
-    engine = JaxEngine(Transformer(lm.config, params=flat), lm.tokenizer, config=config, stop_token_ids=())
+    engine = JaxEngine(
+        Transformer(lm.config, params=flat), lm.tokenizer, config=config, stop_token_ids=()
+    )
 
     async def go():
         try:
@@ -76,8 +89,12 @@ async def interleaved(engine, first, later, params=GREEDY):
     with engine.paused():
         head = asyncio.ensure_future(engine.generate(PROMPTS[first], params, adapter=first))
         await asyncio.sleep(0)
-        await asyncio.to_thread(engine.run_iterations, 1)  # its prefill: the row decodes from now on
-        tail = [asyncio.ensure_future(engine.generate(PROMPTS[n], params, adapter=n)) for n in later]
+        await asyncio.to_thread(
+            engine.run_iterations, 1
+        )  # its prefill: the row decodes from now on
+        tail = [
+            asyncio.ensure_future(engine.generate(PROMPTS[n], params, adapter=n)) for n in later
+        ]
         await asyncio.sleep(0)
     return await asyncio.gather(head, *tail)
 
@@ -97,8 +114,13 @@ def test_rows_of_different_adapters_in_one_step_match_engines_over_the_merged_we
     async def go():
         try:
             batched = await interleaved(engine, "a", ["b", None, "a"])
-            with engine.paused():  # prefilled two to a call (mixing adapters), then every step decodes the three
-                together = [asyncio.ensure_future(engine.generate(PROMPTS[n], GREEDY, adapter=n)) for n in ("b", "a", None)]
+            with (
+                engine.paused()
+            ):  # prefilled two to a call (mixing adapters), then every step decodes the three
+                together = [
+                    asyncio.ensure_future(engine.generate(PROMPTS[n], GREEDY, adapter=n))
+                    for n in ("b", "a", None)
+                ]
                 await asyncio.sleep(0)
             return batched, await asyncio.gather(*together)
         finally:
@@ -107,7 +129,9 @@ def test_rows_of_different_adapters_in_one_step_match_engines_over_the_merged_we
     batched, together = asyncio.run(go())
     for got, name in zip(batched, ["a", "b", None, "a"]):
         check_like(got, refs[name])
-        assert list(got.versions) == [1 if name else 0] * len(got.token_ids)  # its own adapter's version (base: 0)
+        assert list(got.versions) == [1 if name else 0] * len(
+            got.token_ids
+        )  # its own adapter's version (base: 0)
     for got, name in zip(together, ("b", "a", None)):
         check_like(got, refs[name])
 
@@ -125,7 +149,9 @@ def test_updating_one_adapter_moves_only_its_rows_and_versions(setup):
                 ta = asyncio.ensure_future(view_a.generate(PROMPTS["a"], GREEDY))
                 tb = asyncio.ensure_future(view_b.generate(PROMPTS["b"], GREEDY))
                 await asyncio.sleep(0)
-                await asyncio.to_thread(engine.run_iterations, 2)  # prefill + a decode step, then one more
+                await asyncio.to_thread(
+                    engine.run_iterations, 2
+                )  # prefill + a decode step, then one more
                 view_a.update_weights(new_a, 7)  # lands between two steps, a's rows only
                 assert view_a.version == 7 and view_b.version == 1 and engine.version == 0
             return await asyncio.gather(ta, tb)
@@ -148,10 +174,16 @@ def test_a_second_adapter_compiles_nothing_new_and_prefixes_stay_with_their_adap
     engine = adapter_engine(lm, ads)
     turn = PROMPTS["a"] + [8, 8, 8, 8, 8]
 
-    async def pair(first, second, k):  # prefilled together in one call, decoded in the same steps; prompts that
-        with engine.paused():  # share no prefix with any other (no reuse: every prefill reads no cached slot)
-            tasks = [asyncio.ensure_future(engine.generate([100 + 2 * k + i] + turn, GREEDY, adapter=n))
-                     for i, n in enumerate((first, second))]
+    async def pair(
+        first, second, k
+    ):  # prefilled together in one call, decoded in the same steps; prompts that
+        with (
+            engine.paused()
+        ):  # share no prefix with any other (no reuse: every prefill reads no cached slot)
+            tasks = [
+                asyncio.ensure_future(engine.generate([100 + 2 * k + i] + turn, GREEDY, adapter=n))
+                for i, n in enumerate((first, second))
+            ]
             await asyncio.sleep(0)
         return await asyncio.gather(*tasks)
 
@@ -171,7 +203,9 @@ def test_a_second_adapter_compiles_nothing_new_and_prefixes_stay_with_their_adap
             await engine.close()
 
     first, other, mixed, same, before, after = asyncio.run(go())
-    assert after == before  # a second adapter, and a step mixing two, run the programs already compiled
+    assert (
+        after == before
+    )  # a second adapter, and a step mixing two, run the programs already compiled
     assert other.cached_prompt_len == 0 and same.cached_prompt_len >= len(turn)
     check_like(other, reference(lm, base, ads, "b", turn))
     check_like(mixed[0], reference(lm, base, ads, "b", [102] + turn))
@@ -185,8 +219,11 @@ def test_unknown_adapters_and_bad_updates_are_clear_errors(setup):
 
     async def go():
         try:
-            with pytest.raises(EngineError, match=r"adapter: expected one of this engine's adapters \['a', 'b'\].*"
-                                                  r"received 'c'.*Fix"):
+            with pytest.raises(
+                EngineError,
+                match=r"adapter: expected one of this engine's adapters \['a', 'b'\].*"
+                r"received 'c'.*Fix",
+            ):
                 await engine.generate([1, 2], GREEDY, adapter="c")
             with pytest.raises(EngineError, match="engine built with adapters"):
                 await plain.generate([1, 2], GREEDY, adapter="a")
@@ -205,10 +242,28 @@ def test_unknown_adapters_and_bad_updates_are_clear_errors(setup):
 
 
 @pytest.mark.slow  # two more engine configurations (~20 s of compiles on a shared 2-core machine)
-@pytest.mark.parametrize("config", [EngineConfig(num_slots=8, max_len=64, min_bucket=16, max_prefill_batch=2,
-                                                 decode_lengths=1, piggyback_tokens=16),
-                                    EngineConfig(num_slots=8, max_len=64, min_bucket=16, max_prefill_batch=2,
-                                                 decode_lengths=1, decode_chunk=4)], ids=["piggyback", "decode_chunk"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        EngineConfig(
+            num_slots=8,
+            max_len=64,
+            min_bucket=16,
+            max_prefill_batch=2,
+            decode_lengths=1,
+            piggyback_tokens=16,
+        ),
+        EngineConfig(
+            num_slots=8,
+            max_len=64,
+            min_bucket=16,
+            max_prefill_batch=2,
+            decode_lengths=1,
+            decode_chunk=4,
+        ),
+    ],
+    ids=["piggyback", "decode_chunk"],
+)
 def test_piggybacked_and_chunked_steps_serve_each_row_its_adapter(setup, config):
     lm, base, ads = setup
     refs = {n: reference(lm, base, ads, n, PROMPTS[n]) for n in ("a", "b", None)}
@@ -222,5 +277,9 @@ def test_piggybacked_and_chunked_steps_serve_each_row_its_adapter(setup, config)
 
     for got, name in zip(asyncio.run(go()), ["a", "b", None, "b"]):
         check_like(got, refs[name])
-    ran = engine.mixed_trace_counts["mixed"] if config.piggyback_tokens else engine.chunk_trace_counts["decode_chunk"]
+    ran = (
+        engine.mixed_trace_counts["mixed"]
+        if config.piggyback_tokens
+        else engine.chunk_trace_counts["decode_chunk"]
+    )
     assert ran > 0  # the path under test did run

@@ -31,10 +31,19 @@ from gymllm.models.tiny import make_tiny
 from gymllm.models.transformer import Transformer
 
 # budget 32 tokens in up to 3 pieces: prompts of 40-90 tokens continue over calls
-FIXED = EngineConfig(num_slots=8, max_len=96, min_bucket=16, max_prefill_batch=3, decode_lengths=1, shapes="fixed",
-                     prefill_tokens=32)
+FIXED = EngineConfig(
+    num_slots=8,
+    max_len=96,
+    min_bucket=16,
+    max_prefill_batch=3,
+    decode_lengths=1,
+    shapes="fixed",
+    prefill_tokens=32,
+)
 # the reference: the bucketed path with few shapes (one prompt per prefill, one length bucket)
-BUCKETS = EngineConfig(num_slots=8, max_len=96, min_bucket=96, max_prefill_batch=1, decode_lengths=1)
+BUCKETS = EngineConfig(
+    num_slots=8, max_len=96, min_bucket=96, max_prefill_batch=1, decode_lengths=1
+)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6)
 RNG = np.random.default_rng(0)
 PROMPTS = [[int(x) for x in RNG.integers(3, 500, size=n)] for n in (3, 17, 31, 32, 45, 80)]
@@ -98,23 +107,51 @@ def test_packed_forward_matches_the_chunked_prefill_with_sliding_windows():
     first = rng.integers(3, 100, size=(b, 12)).astype(np.int32)
     pos = np.tile(np.arange(12, dtype=np.int32), (b, 1))
     ref = jax.jit(prefill_and_write, static_argnums=(0, 6))
-    _, cache = ref(cfg, params, first, pos, np.arange(b, dtype=np.int32), tiny.model.init_cache(b, s), 0,
-                                 np.full(b, 11, np.int32))
+    _, cache = ref(
+        cfg,
+        params,
+        first,
+        pos,
+        np.arange(b, dtype=np.int32),
+        tiny.model.init_cache(b, s),
+        0,
+        np.full(b, 11, np.int32),
+    )
     chunks, starts = [rng.integers(3, 100, size=5), rng.integers(3, 100, size=9)], [12, 7]
     tokens, positions = np.zeros((2, 10), np.int32), np.zeros((2, 10), np.int32)
     for i, (c, st) in enumerate(zip(chunks, starts)):
         tokens[i, : len(c)], positions[i] = c, np.minimum(st + np.arange(10), s - 1)
-    want, want_cache = ref(cfg, params, tokens, positions, np.array([1, 3], np.int32), cache, s,
-                                         np.array([4, 8], np.int32))
+    want, want_cache = ref(
+        cfg,
+        params,
+        tokens,
+        positions,
+        np.array([1, 3], np.int32),
+        cache,
+        s,
+        np.array([4, 8], np.int32),
+    )
     n, p = 20, 3
     t, ps, seg = np.zeros(n, np.int32), np.full(n, s - 1, np.int32), np.full(n, p, np.int32)
     t[:5], ps[:5], seg[:5] = chunks[0], 12 + np.arange(5), 0
     t[5:14], ps[5:14], seg[5:14] = chunks[1], 7 + np.arange(9), 1
-    got, got_cache = jax.jit(packed_prefill_and_write, static_argnums=(0, 8))(cfg, params, t, ps, seg, np.array([1, 3, b], np.int32),
-                                              np.array([12, 7, 0], np.int32), cache, s, np.array([4, 13, 0], np.int32))
+    got, got_cache = jax.jit(packed_prefill_and_write, static_argnums=(0, 8))(
+        cfg,
+        params,
+        t,
+        ps,
+        seg,
+        np.array([1, 3, b], np.int32),
+        np.array([12, 7, 0], np.int32),
+        cache,
+        s,
+        np.array([4, 13, 0], np.int32),
+    )
     np.testing.assert_allclose(np.asarray(got[:2]), np.asarray(want), atol=1e-5, rtol=1e-5)
     for g, w in zip(got_cache, want_cache):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-5, rtol=1e-5)  # float32 summation order
+        np.testing.assert_allclose(
+            np.asarray(g), np.asarray(w), atol=1e-5, rtol=1e-5
+        )  # float32 summation order
 
 
 # ---------------------------------------------------------------------------------------------- old vs new
@@ -122,11 +159,20 @@ async def two_turns(engine):
     """Every prompt at once (a round packed over several calls), then each session's second turn (its
     prompt, the completion and three new tokens: prefix reuse), with different max_tokens."""
     with engine.paused():
-        futs = [asyncio.ensure_future(engine.generate(p, GREEDY, session_id=f"s{i}")) for i, p in enumerate(PROMPTS)]
+        futs = [
+            asyncio.ensure_future(engine.generate(p, GREEDY, session_id=f"s{i}"))
+            for i, p in enumerate(PROMPTS)
+        ]
         await asyncio.sleep(0)
     first = await asyncio.gather(*futs)
-    later = [engine.generate(p + list(c.token_ids) + [7, 8, 9], SamplingParams(temperature=0.0, max_tokens=2 + i),
-                             session_id=f"s{i}") for i, (p, c) in enumerate(zip(PROMPTS, first))]
+    later = [
+        engine.generate(
+            p + list(c.token_ids) + [7, 8, 9],
+            SamplingParams(temperature=0.0, max_tokens=2 + i),
+            session_id=f"s{i}",
+        )
+        for i, (p, c) in enumerate(zip(PROMPTS, first))
+    ]
     return list(first) + list(await asyncio.gather(*later))
 
 
@@ -135,8 +181,12 @@ def test_fixed_shapes_serve_the_tokens_of_the_buckets_over_two_turns(lm, decode_
     want, _ = serve(lm, BUCKETS, two_turns)
     got, engine = serve(lm, FIXED, two_turns, decode_chunk=decode_chunk)
     same(got, want)
-    assert [c.cached_prompt_len for c in got[len(PROMPTS):]] == [len(p) + 5 for p in PROMPTS]  # turn 2 reused
-    assert engine.stats["prefill_tokens"] == sum(len(p) for p in PROMPTS) + 3 * len(PROMPTS) + len(PROMPTS)
+    assert [c.cached_prompt_len for c in got[len(PROMPTS) :]] == [
+        len(p) + 5 for p in PROMPTS
+    ]  # turn 2 reused
+    assert engine.stats["prefill_tokens"] == sum(len(p) for p in PROMPTS) + 3 * len(PROMPTS) + len(
+        PROMPTS
+    )
 
 
 def test_a_small_budget_serves_the_same_tokens_and_takes_the_calls_that_fit_it(lm):
@@ -145,22 +195,42 @@ def test_a_small_budget_serves_the_same_tokens_and_takes_the_calls_that_fit_it(l
     the 32-token one; tokens and logprobs stay the bucketed path's."""
     want, _ = serve(lm, BUCKETS, two_turns)
     with use_tracer() as tr:
-        got, engine = serve(lm, dataclasses.replace(FIXED, prefill_tokens_small=8), two_turns, decode_chunk=4)
-        sizes = [e["args"]["tokens"] for e in tr.events() if e["name"] == "prefill" and e["ph"] == "X"]
+        got, engine = serve(
+            lm, dataclasses.replace(FIXED, prefill_tokens_small=8), two_turns, decode_chunk=4
+        )
+        sizes = [
+            e["args"]["tokens"] for e in tr.events() if e["name"] == "prefill" and e["ph"] == "X"
+        ]
     same(got, want)
-    assert engine.program_shapes()[:2] == [("prefill_packed", 8, 3, 96), ("prefill_packed", 32, 3, 96)]
+    assert engine.program_shapes()[:2] == [
+        ("prefill_packed", 8, 3, 96),
+        ("prefill_packed", 32, 3, 96),
+    ]
     assert sizes[-3:] == [8, 8, 8] and set(sizes[:-3]) == {32}
-    assert engine.stats["prefill_tokens"] == sum(len(p) for p in PROMPTS) + 3 * len(PROMPTS) + len(PROMPTS)
+    assert engine.stats["prefill_tokens"] == sum(len(p) for p in PROMPTS) + 3 * len(PROMPTS) + len(
+        PROMPTS
+    )
 
 
-@pytest.mark.parametrize("chunks,want", [([97, 1, 1], [128]), ([16, 16, 16], [32, 32]), ([16], [32]),
-                                         ([40, 30, 30], [128]), ([3] * 9, [32, 32, 32]), ([200], [128, 128])])
+@pytest.mark.parametrize(
+    "chunks,want",
+    [
+        ([97, 1, 1], [128]),
+        ([16, 16, 16], [32, 32]),
+        ([16], [32]),
+        ([40, 30, 30], [128]),
+        ([3] * 9, [32, 32, 32]),
+        ([200], [128, 128]),
+    ],
+)
 def test_a_round_runs_the_plan_that_processes_fewer_tokens(chunks, want):
     plan = plan_calls(chunks, (32, 128), 4)
     assert [b for b, _ in plan] == want
     assert all(sum(p.length for p in call) <= b for b, call in plan)
     got = [(p.index, p.offset, p.length) for _, call in plan for p in call]
-    assert [n for *_, n in got] and sum(n for *_, n in got) == sum(chunks)  # every token once, in order
+    assert [n for *_, n in got] and sum(n for *_, n in got) == sum(
+        chunks
+    )  # every token once, in order
     assert plan_calls(chunks, (128,), 4) == [(128, c) for c in pack_pieces(chunks, 128, 4)]
 
 
@@ -195,24 +265,37 @@ def test_adapters_ride_the_packed_prefill_and_the_fixed_decode(lm):
     rng = np.random.default_rng(3)
     ads = {}
     for k, name in enumerate(("a", "b")):
-        init = lora.init_adapters(lora.LoRAConfig(rank=4, alpha=8.0, targets=lora.PROJECTIONS, seed=k), base)
-        ads[name] = {key: v if key.endswith("lora_a") else jnp.asarray(rng.standard_normal(v.shape) * 0.3, v.dtype)
-                     for key, v in init.items()}
+        init = lora.init_adapters(
+            lora.LoRAConfig(rank=4, alpha=8.0, targets=lora.PROJECTIONS, seed=k), base
+        )
+        ads[name] = {
+            key: v
+            if key.endswith("lora_a")
+            else jnp.asarray(rng.standard_normal(v.shape) * 0.3, v.dtype)
+            for key, v in init.items()
+        }
     names = ("a", "b", None)
 
     async def mixed(engine):
         with engine.paused():
             for name, a in ads.items():
                 engine.update_adapter(name, a, version=1)
-            futs = [asyncio.ensure_future(engine.generate(PROMPTS[2 + i], GREEDY, adapter=n)) for i, n in enumerate(names)]
+            futs = [
+                asyncio.ensure_future(engine.generate(PROMPTS[2 + i], GREEDY, adapter=n))
+                for i, n in enumerate(names)
+            ]
             await asyncio.sleep(0)
         return list(await asyncio.gather(*futs))
 
     got, _ = serve(lm, FIXED, mixed, adapters=AdapterConfig(lora=targets, names=("a", "b")))
     for i, name in enumerate(names):
         flat = base if name is None else dict(lora.merge(targets, base, ads[name]))
-        want, _ = serve(lm, BUCKETS, lambda e, p=PROMPTS[2 + i]: e.generate(p, GREEDY),
-                        model=Transformer(lm.config, params=flat))
+        want, _ = serve(
+            lm,
+            BUCKETS,
+            lambda e, p=PROMPTS[2 + i]: e.generate(p, GREEDY),
+            model=Transformer(lm.config, params=flat),
+        )
         same([got[i]], [want], atol=2e-4)
 
 
@@ -224,8 +307,12 @@ def test_fixed_shapes_refuse_piggybacking_clearly():
 
 
 # ---------------------------------------------------------------------------------------------- the count
-STEP_COUNTS = {"prefill_packed": "packed_trace_counts", "decode_chunk": "chunk_trace_counts", "decode": "trace_counts",
-               "copy_rows": None}
+STEP_COUNTS = {
+    "prefill_packed": "packed_trace_counts",
+    "decode_chunk": "chunk_trace_counts",
+    "decode": "trace_counts",
+    "copy_rows": None,
+}
 
 
 def test_a_fixed_engine_compiles_its_listed_programs_and_nothing_more():
@@ -237,33 +324,60 @@ def test_a_fixed_engine_compiles_its_listed_programs_and_nothing_more():
 
     def listen(event, duration, **kw):
         if event == "/jax/core/compile/backend_compile_duration":
-            compiled.append(str(kw.get("fun_name")).removeprefix("jit(").removesuffix(")"))  # "jit(decode)"
+            compiled.append(
+                str(kw.get("fun_name")).removeprefix("jit(").removesuffix(")")
+            )  # "jit(decode)"
 
     jax.monitoring.register_event_duration_secs_listener(listen)
     try:
-        engine = JaxEngine(tiny.model, tiny.tokenizer, config=FIXED, stop_token_ids=(), decode_chunk=4)
-        counts = lambda: {name: getattr(engine, attr)[name] for name, attr in STEP_COUNTS.items() if attr}  # noqa: E731
+        engine = JaxEngine(
+            tiny.model, tiny.tokenizer, config=FIXED, stop_token_ids=(), decode_chunk=4
+        )
+
+        def counts():
+            return {name: getattr(engine, attr)[name] for name, attr in STEP_COUNTS.items() if attr}
+
         shapes = engine.program_shapes()
-        assert sorted(shapes) == sorted([("prefill_packed", 32, 3, 96), ("decode_chunk", 8, 96), ("copy_rows", 8)])
+        assert sorted(shapes) == sorted(
+            [("prefill_packed", 32, 3, 96), ("decode_chunk", 8, 96), ("copy_rows", 8)]
+        )
         before, compiled[:] = counts(), []
         engine.warmup()
         warm = counts()
-        assert {k: warm[k] - before[k] for k in warm} == {"prefill_packed": 1, "decode_chunk": 1, "decode": 0}
+        assert {k: warm[k] - before[k] for k in warm} == {
+            "prefill_packed": 1,
+            "decode_chunk": 1,
+            "decode": 0,
+        }
         assert sorted(n for n in compiled if n in STEP_COUNTS) == sorted(s[0] for s in shapes)
         compiled[:] = []
 
         async def traffic(seed):
             rng = np.random.default_rng(seed)
-            prompts = [[int(x) for x in rng.integers(3, 500, size=int(n))] for n in rng.integers(1, 80, size=10)]
-            params = [SamplingParams(temperature=1.0, max_tokens=int(m), seed=i) for i, m in enumerate(rng.integers(1, 9, 10))]
+            prompts = [
+                [int(x) for x in rng.integers(3, 500, size=int(n))]
+                for n in rng.integers(1, 80, size=10)
+            ]
+            params = [
+                SamplingParams(temperature=1.0, max_tokens=int(m), seed=i)
+                for i, m in enumerate(rng.integers(1, 9, 10))
+            ]
             with engine.paused():
-                futs = [asyncio.ensure_future(engine.generate(p, q, session_id=f"{seed}-{i}"))
-                        for i, (p, q) in enumerate(zip(prompts, params))]
-                futs += [asyncio.ensure_future(engine.generate(prompts[0], GREEDY)) for _ in range(4)]  # a group
+                futs = [
+                    asyncio.ensure_future(engine.generate(p, q, session_id=f"{seed}-{i}"))
+                    for i, (p, q) in enumerate(zip(prompts, params))
+                ]
+                futs += [
+                    asyncio.ensure_future(engine.generate(prompts[0], GREEDY)) for _ in range(4)
+                ]  # a group
                 await asyncio.sleep(0)
             done = await asyncio.gather(*futs)
-            await asyncio.gather(*(engine.generate(p + list(c.token_ids) + [5], q, session_id=f"{seed}-{i}")
-                                   for i, (p, q, c) in enumerate(zip(prompts, params, done))))
+            await asyncio.gather(
+                *(
+                    engine.generate(p + list(c.token_ids) + [5], q, session_id=f"{seed}-{i}")
+                    for i, (p, q, c) in enumerate(zip(prompts, params, done))
+                )
+            )
 
         async def go():
             await traffic(1)

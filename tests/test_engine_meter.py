@@ -58,7 +58,9 @@ def test_calls_become_engine_spans_and_the_fraction_is_their_union(monkeypatch):
         await asyncio.sleep(0)
         assert eng.inflight == 2 and eng.max_inflight == 2
         clock.advance_us(1000)
-        open_fraction = eng.busy_fraction()  # both in flight since the clock start: counted up to now
+        open_fraction = (
+            eng.busy_fraction()
+        )  # both in flight since the clock start: counted up to now
         clock.advance_us(1000)
         eng.engine.gates["a"].set()
         assert await a == "done a"
@@ -73,12 +75,21 @@ def test_calls_become_engine_spans_and_the_fraction_is_their_union(monkeypatch):
         got = eng.busy_fraction()
         events = tr.events()
     calls = [e for e in events if e["track"] == TRACK]
-    assert [e["args"]["session"] for e in calls] == ["a", "b"] and eng.calls == 2 and eng.inflight == 0
+    assert (
+        [e["args"]["session"] for e in calls] == ["a", "b"] and eng.calls == 2 and eng.inflight == 0
+    )
     assert open_fraction == pytest.approx(1.0)
     assert [e["dur"] for e in calls] == pytest.approx([2000, 3000])
-    lo, hi = eng.started_us, calls[-1]["ts"] + calls[-1]["dur"]  # the union is the span of b (a lies inside it)
+    lo, hi = (
+        eng.started_us,
+        calls[-1]["ts"] + calls[-1]["dur"],
+    )  # the union is the span of b (a lies inside it)
     expected = union_length((e["ts"], e["ts"] + e["dur"]) for e in calls)
-    assert busy_fraction(events, "engine", window=(lo, hi)) == pytest.approx(expected / (hi - lo)) == pytest.approx(1.0)
+    assert (
+        busy_fraction(events, "engine", window=(lo, hi))
+        == pytest.approx(expected / (hi - lo))
+        == pytest.approx(1.0)
+    )
     assert got == pytest.approx(0.75)  # 3 ms busy, then 1 ms idle after b
     assert eng.version == 3
 
@@ -99,7 +110,9 @@ def test_device_spans_inside_a_call_count_once_in_every_reader():
         events = tr.events()
     call = next(e for e in events if e["track"] == TRACK)
     window = (call["ts"], call["ts"] + call["dur"])
-    assert busy_fraction(events, "engine", window=window) == pytest.approx(1.0)  # not 1 + decode's share
+    assert busy_fraction(events, "engine", window=window) == pytest.approx(
+        1.0
+    )  # not 1 + decode's share
     assert pipeline_metrics(events, window=window)["engine_busy_fraction"] == pytest.approx(1.0)
     assert busy_fraction(events, "trainer") is None  # never traced: unknown, not idle
 
@@ -127,7 +140,10 @@ def test_incremental_reads_give_the_union_of_every_engine_span():
     async def main(tr):
         eng = MeteredEngine(GatedEngine())
         for round_ in range(6):
-            tasks = [asyncio.create_task(eng.generate([1], None, session_id=f"{round_}/{k}")) for k in range(3)]
+            tasks = [
+                asyncio.create_task(eng.generate([1], None, session_id=f"{round_}/{k}"))
+                for k in range(3)
+            ]
             await asyncio.sleep(0)
             eng.busy_fraction()  # read while calls are in flight
             with span("decode", track="engine", tokens=3):
@@ -148,7 +164,11 @@ def test_incremental_reads_give_the_union_of_every_engine_span():
         got = eng.busy_fraction()
         after = tr.now_us()
         events = tr.events()
-    spans = [(e["ts"], e["ts"] + e["dur"]) for e in events if e["ph"] == "X" and e["track"].startswith("engine")]
+    spans = [
+        (e["ts"], e["ts"] + e["dur"])
+        for e in events
+        if e["ph"] == "X" and e["track"].startswith("engine")
+    ]
     reference = union_length(spans)
     assert got * (before - eng.started_us) <= reference * (1 + 1e-9) + 1e-6
     assert reference <= got * (after - eng.started_us) * (1 + 1e-9) + 1e-6

@@ -22,7 +22,9 @@ CFG = EngineConfig(num_slots=8, max_len=64, min_bucket=64, max_prefill_batch=4, 
 
 @pytest.fixture(scope="module")
 def lm():
-    return make_tiny("qwen3", seed=3, vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=2)
+    return make_tiny(
+        "qwen3", seed=3, vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=2
+    )
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +45,13 @@ def requests(lm, n: int = 12, seed: int = 0):
         prompt = [int(t) for t in rng.integers(3, 290, int(rng.integers(3, 40)))]
         if i % 5 == 4:
             prompt = [int(t) for t in rng.integers(3, 290, 58)]  # hits the 64-token context first
-        params = SamplingParams(temperature=0.0 if i % 4 == 0 else 1.0, max_tokens=int(rng.integers(1, 20)),
-                                seed=int(rng.integers(0, 2**31)),
-                                stop_token_ids=(int(rng.integers(3, 290)),) * (i % 3 == 1) + stop_ids,
-                                stop=["e"] if i % 6 == 2 else [])
+        params = SamplingParams(
+            temperature=0.0 if i % 4 == 0 else 1.0,
+            max_tokens=int(rng.integers(1, 20)),
+            seed=int(rng.integers(0, 2**31)),
+            stop_token_ids=(int(rng.integers(3, 290)),) * (i % 3 == 1) + stop_ids,
+            stop=["e"] if i % 6 == 2 else [],
+        )
         out.append((prompt, params))
     return out
 
@@ -82,11 +87,15 @@ def test_chunks_run_several_steps_per_call_and_never_recompile(lm, engines):
 
     chunked._steps.decode_k = counting
     try:
-        out = asyncio.run(run_all(chunked, [([5, 6, 7], SamplingParams(temperature=1.0, max_tokens=17, seed=1))]))
+        out = asyncio.run(
+            run_all(chunked, [([5, 6, 7], SamplingParams(temperature=1.0, max_tokens=17, seed=1))])
+        )
     finally:
         chunked._steps.decode_k = real
     assert len(out[0].token_ids) <= 17
-    assert max(calls) == 8 and len(calls) <= 3  # 16 tokens after the prefill's first: two chunks of 8
+    assert (
+        max(calls) == 8 and len(calls) <= 3
+    )  # 16 tokens after the prefill's first: two chunks of 8
     assert chunked.chunk_trace_counts == before
 
 
@@ -98,8 +107,9 @@ def test_weight_update_lands_between_chunks_with_per_token_versions(lm, engines)
     old = chunked.version
 
     async def main():
-        task = asyncio.ensure_future(chunked.generate([9, 8, 7], SamplingParams(temperature=1.0, max_tokens=40,
-                                                                                 seed=2)))
+        task = asyncio.ensure_future(
+            chunked.generate([9, 8, 7], SamplingParams(temperature=1.0, max_tokens=40, seed=2))
+        )
         await asyncio.sleep(0)
         chunked.update_weights(state, old + 1)
         return await task

@@ -21,7 +21,15 @@ from flax import nnx
 
 import gymllm.ray_support  # noqa: F401 - before ray: every Ray node of this module binds 127.0.0.1
 from gymllm.errors import ConfigError, EngineError
-from gymllm.inference import Engine, EngineConfig, EnginePool, JaxEngine, PoolConfig, ReplicaSpec, SamplingParams
+from gymllm.inference import (
+    Engine,
+    EngineConfig,
+    EnginePool,
+    JaxEngine,
+    PoolConfig,
+    ReplicaSpec,
+    SamplingParams,
+)
 from gymllm.inference.request import RequestFailed
 from gymllm.inference.pool import failure_kind
 from gymllm.models.lora import LoRAConfig, adapter_keys, init_adapters, merge
@@ -77,8 +85,10 @@ def lora_weights(lm, seed: int):
     """LoRA-merged weights of ``lm`` (they remember their adapters, as the learner's do) with random B."""
     base = lm.model.flat_params()
     rng = np.random.default_rng(seed)
-    adapters = {k: (v + rng.standard_normal(v.shape).astype(np.float32) if k.endswith("lora_b") else v)
-                for k, v in init_adapters(LORA, base).items()}
+    adapters = {
+        k: (v + rng.standard_normal(v.shape).astype(np.float32) if k.endswith("lora_b") else v)
+        for k, v in init_adapters(LORA, base).items()
+    }
     return merge(LORA, base, adapters)
 
 
@@ -102,12 +112,18 @@ class DyingEngine:
         return self.engine.version
 
     def error(self) -> Exception:
-        return ConnectionResetError("replica lost") if self.mode == "death" else RequestFailed("a device step raised")
+        return (
+            ConnectionResetError("replica lost")
+            if self.mode == "death"
+            else RequestFailed("a device step raised")
+        )
 
     async def generate(self, prompt_ids, params, *, session_id=None):
         if self.die.is_set():
             raise self.error()
-        task = asyncio.ensure_future(self.engine.generate(prompt_ids, params, session_id=session_id))
+        task = asyncio.ensure_future(
+            self.engine.generate(prompt_ids, params, session_id=session_id)
+        )
         dead = asyncio.ensure_future(self.die.wait())
         await asyncio.wait([task, dead], return_when=asyncio.FIRST_COMPLETED)
         dead.cancel()
@@ -142,7 +158,9 @@ def test_pool_config_is_validated_and_the_pool_is_an_engine(lm):
     if importlib.util.find_spec("ray") is not None:
         from gymllm.inference.replica import RayReplica
 
-        with pytest.raises(ConfigError, match="max_restarts"):  # the pool, not Ray, recreates replicas
+        with pytest.raises(
+            ConfigError, match="max_restarts"
+        ):  # the pool, not Ray, recreates replicas
             RayReplica("r0", ReplicaSpec.jax(tiny={}), {"max_restarts": 3})
     assert failure_kind(ConnectionRefusedError()) == "death"
     assert failure_kind(RequestFailed("x")) == "request"
@@ -162,15 +180,30 @@ def test_sessions_stick_and_new_sessions_go_to_the_least_loaded(lm):
         with a.paused(), b.paused():  # nothing finishes: the loads below are exact
             tasks = {}
             # (session, prompt length): loads are prompt + max_tokens (8)
-            for sid, n, home in [("s1", 30, "r0"), ("s2", 5, "r1"), ("s3", 5, "r1"), ("s4", 5, "r1"), ("s5", 5, "r0")]:
-                tasks[sid] = asyncio.ensure_future(pool.generate(p1 if sid == "s1" else prompt(n, hash(sid) % 97),
-                                                                 GREEDY, session_id=sid))
+            for sid, n, home in [
+                ("s1", 30, "r0"),
+                ("s2", 5, "r1"),
+                ("s3", 5, "r1"),
+                ("s4", 5, "r1"),
+                ("s5", 5, "r0"),
+            ]:
+                tasks[sid] = asyncio.ensure_future(
+                    pool.generate(
+                        p1 if sid == "s1" else prompt(n, hash(sid) % 97), GREEDY, session_id=sid
+                    )
+                )
                 await until(lambda k=len(tasks): inflight(pool) == k)
                 assert pool.home_of(sid) == home, (sid, pool.stats())
             loads = {s["name"]: s["load_tokens"] for s in pool.stats()}
             assert loads == {"r0": 38 + 13, "r1": 3 * 13}
         done = {sid: await t for sid, t in tasks.items()}
-        assert {sid: c.replica for sid, c in done.items()} == {"s1": "r0", "s2": "r1", "s3": "r1", "s4": "r1", "s5": "r0"}
+        assert {sid: c.replica for sid, c in done.items()} == {
+            "s1": "r0",
+            "s2": "r1",
+            "s3": "r1",
+            "s4": "r1",
+            "s5": "r0",
+        }
         assert not any(c.retried for c in done.values())
         # s1's next turn goes home although r0 is the busier replica, and reuses its cached prefix there
         turn2 = p1 + [int(t) for t in done["s1"].token_ids] + prompt(4, 9)
@@ -196,7 +229,9 @@ def test_greedy_outputs_equal_a_single_engines(lm, reference):
 
     async def main():
         ps = [prompt(3 + 5 * i, i) for i in range(6)]
-        got = await asyncio.gather(*(pool.generate(p, GREEDY, session_id=f"t{i}") for i, p in enumerate(ps)))
+        got = await asyncio.gather(
+            *(pool.generate(p, GREEDY, session_id=f"t{i}") for i, p in enumerate(ps))
+        )
         want = await asyncio.gather(*(reference.generate(p, GREEDY) for p in ps))
         assert {c.replica for c in got} == {"r0", "r1", "r2"}
         for g, w in zip(got, want):
@@ -220,7 +255,9 @@ def test_weight_update_reaches_every_replica_with_versions_per_token(lm):
             t1 = asyncio.ensure_future(pool.generate(prompt(10, 1), params, session_id="x"))
             t2 = asyncio.ensure_future(pool.generate(prompt(10, 2), params, session_id="y"))
             await until(lambda: inflight(pool) == 2)
-            await asyncio.gather(asyncio.to_thread(a.run_iterations, 1), asyncio.to_thread(b.run_iterations, 1))
+            await asyncio.gather(
+                asyncio.to_thread(a.run_iterations, 1), asyncio.to_thread(b.run_iterations, 1)
+            )
             pool.update_weights(new, 1)  # lands between two decode steps; nothing is drained
             assert pool.version == 1
         for c in await asyncio.gather(t1, t2):
@@ -242,13 +279,19 @@ def test_the_trainers_lora_push_sends_adapters_only_to_every_replica(lm):
     merged = lora_weights(lm, 0)
 
     async def main():
-        WeightPusher(pool, lm.config).push(merged, 1)  # what the trainer calls after an optimizer step
+        WeightPusher(pool, lm.config).push(
+            merged, 1
+        )  # what the trainer calls after an optimizer step
         for eng in (a, b):
             rec = receiver_of(eng)
-            assert rec is not None and [h["keys"] for h in rec.history] == [sorted(adapter_keys(LORA))]
+            assert rec is not None and [h["keys"] for h in rec.history] == [
+                sorted(adapter_keys(LORA))
+            ]
         ref.update_weights(full_state(lm, merged), 1)
         ps = [prompt(5 + 3 * i, 20 + i) for i in range(4)]
-        got = await asyncio.gather(*(pool.generate(p, GREEDY, session_id=f"l{i}") for i, p in enumerate(ps)))
+        got = await asyncio.gather(
+            *(pool.generate(p, GREEDY, session_id=f"l{i}") for i, p in enumerate(ps))
+        )
         want = await asyncio.gather(*(ref.generate(p, GREEDY) for p in ps))
         assert {c.replica for c in got} == {"r0", "r1"}
         for g, w in zip(got, want):
@@ -280,13 +323,17 @@ def test_a_dead_replicas_requests_are_retried_elsewhere_and_marked(lm, reference
         assert (c1.replica, c1.retried) == ("r1", True)
         assert (c2.replica, c2.retried) == ("r1", False)
         want = await reference.generate(p1, GREEDY)
-        np.testing.assert_array_equal(c1.token_ids, want.token_ids)  # sampled once more, the same way
+        np.testing.assert_array_equal(
+            c1.token_ids, want.token_ids
+        )  # sampled once more, the same way
         assert pool.home_of("s1") == "r1"  # re-homed
         s = pool.stats()
         assert s[0]["down"] and s[0]["failures"] == 1 and "replica lost" in s[0]["last_error"]
         c3 = await pool.generate(prompt(5, 3), GREEDY, session_id="s3")
         assert c3.replica == "r1" and pool.retries == 1
-        with pytest.raises(EngineError, match="at least one token"):  # bad input: raised, not retried
+        with pytest.raises(
+            EngineError, match="at least one token"
+        ):  # bad input: raised, not retried
             await pool.generate([], GREEDY)
         assert pool.stats()[1]["failures"] == 0
         await pool.close()
@@ -330,7 +377,9 @@ def test_an_in_process_host_is_rebuilt_at_the_latest_version(lm):
             dying.die.set()  # r0 dies: its request goes to r1; r0 is rebuilt from its spec
             c = await t
         assert (c.replica, c.retried) == ("r1", True) and set(c.versions.tolist()) == {3}
-        await until(lambda: pool.stats()[0]["restarts"] == 1 and not pool.stats()[0]["down"], timeout=120)
+        await until(
+            lambda: pool.stats()[0]["restarts"] == 1 and not pool.stats()[0]["down"], timeout=120
+        )
         assert len(built) == 3
         assert await pool.replica_versions() == {"r0": 3, "r1": 3}  # rejoined at the latest version
         c = await pool.generate(prompt(40, 2), GREEDY, session_id="new")
@@ -342,10 +391,20 @@ def test_an_in_process_host_is_rebuilt_at_the_latest_version(lm):
 
 
 # ------------------------------------------------------------------ Ray: replica actors on a 2-node cluster
-RAY_CFG = EngineConfig(num_slots=8, max_len=64, min_bucket=64, max_prefill_batch=1, decode_lengths=1,
-                       compact_rows=False)  # few compiled shapes: each actor process compiles its own
-FAST_DEATH = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 300,
-              "health_check_timeout_ms": 300, "health_check_failure_threshold": 3}
+RAY_CFG = EngineConfig(
+    num_slots=8,
+    max_len=64,
+    min_bucket=64,
+    max_prefill_batch=1,
+    decode_lengths=1,
+    compact_rows=False,
+)  # few compiled shapes: each actor process compiles its own
+FAST_DEATH = {
+    "health_check_initial_delay_ms": 0,
+    "health_check_period_ms": 300,
+    "health_check_timeout_ms": 300,
+    "health_check_failure_threshold": 3,
+}
 
 
 @pytest.fixture(scope="module")
@@ -355,8 +414,11 @@ def cluster(tmp_path_factory):
     pytest.importorskip("ray")
     from gymllm.ray_support import LocalCluster
 
-    env = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("jax-cache")),
-           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"}
+    env = {
+        "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("jax-cache")),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
+    }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # inherited by the nodes' processes started below
     try:
@@ -374,10 +436,19 @@ def ray_pool(cluster):
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     spec = ReplicaSpec.jax(tiny={"family": "llama"}, config=RAY_CFG, stop_token_ids=())
-    opts = [{"num_cpus": 1, "scheduling_strategy": NodeAffinitySchedulingStrategy(cluster.node_id(n), soft=True)}
-            for n in cluster.nodes[:2]]
-    pool = EnginePool.from_ray(spec, num_replicas=2, ray_options=opts,
-                               config=PoolConfig(request_timeout_s=60.0, start_timeout_s=120.0))
+    opts = [
+        {
+            "num_cpus": 1,
+            "scheduling_strategy": NodeAffinitySchedulingStrategy(cluster.node_id(n), soft=True),
+        }
+        for n in cluster.nodes[:2]
+    ]
+    pool = EnginePool.from_ray(
+        spec,
+        num_replicas=2,
+        ray_options=opts,
+        config=PoolConfig(request_timeout_s=60.0, start_timeout_s=120.0),
+    )
     yield pool
     run(pool.close())
 
@@ -389,8 +460,9 @@ def ray_reference(lm):
     eng.shutdown()
 
 
-def test_ray_replicas_generate_like_in_process_and_take_weights_from_the_object_store(lm, cluster, ray_pool,
-                                                                                      ray_reference, monkeypatch):
+def test_ray_replicas_generate_like_in_process_and_take_weights_from_the_object_store(
+    lm, cluster, ray_pool, ray_reference, monkeypatch
+):
     import ray
 
     pool = ray_pool
@@ -401,7 +473,9 @@ def test_ray_replicas_generate_like_in_process_and_take_weights_from_the_object_
         assert info["r1"]["node_id"] == cluster.node_id(cluster.nodes[1])
         assert {i["pid"] for i in info.values()}.isdisjoint({os.getpid()}) and pool.max_len == 64
         ps = [prompt(4 + 6 * i, i) for i in range(4)]
-        got = await asyncio.gather(*(pool.generate(p, GREEDY, session_id=f"a{i}") for i, p in enumerate(ps)))
+        got = await asyncio.gather(
+            *(pool.generate(p, GREEDY, session_id=f"a{i}") for i, p in enumerate(ps))
+        )
         want = await asyncio.gather(*(ray_reference.generate(p, GREEDY) for p in ps))
         assert {c.replica for c in got} == {"r0", "r1"}
         for g, w in zip(got, want):
@@ -414,7 +488,9 @@ def test_ray_replicas_generate_like_in_process_and_take_weights_from_the_object_
         assert len(puts) == 1  # put once; each actor fetched the ObjectRef on its node
         assert await pool.replica_versions() == {"r0": 1, "r1": 1}
         ray_reference.update_weights(new, 1)
-        got = await asyncio.gather(*(pool.generate(p, GREEDY, session_id=f"b{i}") for i, p in enumerate(ps)))
+        got = await asyncio.gather(
+            *(pool.generate(p, GREEDY, session_id=f"b{i}") for i, p in enumerate(ps))
+        )
         want = await asyncio.gather(*(ray_reference.generate(p, GREEDY) for p in ps))
         assert {c.replica for c in got} == {"r0", "r1"}
         for g, w in zip(got, want):
@@ -426,7 +502,9 @@ def test_ray_replicas_generate_like_in_process_and_take_weights_from_the_object_
         assert len(puts) == 2 and set(puts[1].adapters) == set(adapter_keys(LORA))
         assert await pool.replica_versions() == {"r0": 2, "r1": 2}
         ray_reference.update_weights(full_state(lm, merged), 2)
-        got = await asyncio.gather(*(pool.generate(p, GREEDY, session_id=f"c{i}") for i, p in enumerate(ps)))
+        got = await asyncio.gather(
+            *(pool.generate(p, GREEDY, session_id=f"c{i}") for i, p in enumerate(ps))
+        )
         want = await asyncio.gather(*(ray_reference.generate(p, GREEDY) for p in ps))
         assert {c.replica for c in got} == {"r0", "r1"}
         for g, w in zip(got, want):
@@ -436,7 +514,9 @@ def test_ray_replicas_generate_like_in_process_and_take_weights_from_the_object_
     run(main())
 
 
-def test_losing_a_replicas_node_retries_its_requests_and_the_replica_rejoins_at_the_latest_version(cluster, ray_pool):
+def test_losing_a_replicas_node_retries_its_requests_and_the_replica_rejoins_at_the_latest_version(
+    cluster, ray_pool
+):
     import ray
 
     pool = ray_pool
@@ -445,15 +525,21 @@ def test_losing_a_replicas_node_retries_its_requests_and_the_replica_rejoins_at_
     async def main():
         worker = cluster.nodes[1]
         r1 = pool.replica("r1").actor
-        assert await r1.hold.remote()  # r1 samples nothing until its node is gone: its requests are in flight
+        assert (
+            await r1.hold.remote()
+        )  # r1 samples nothing until its node is gone: its requests are in flight
         sids = [f"n{i}" for i in range(6)]
         tasks = []
         for i, sid in enumerate(sids):  # least loaded alternates r0, r1, ...
-            tasks.append(asyncio.ensure_future(pool.generate(prompt(6, 10 + i), params, session_id=sid)))
+            tasks.append(
+                asyncio.ensure_future(pool.generate(prompt(6, 10 + i), params, session_id=sid))
+            )
             await until(lambda k=len(tasks): inflight(pool) >= 1 and pool.home_of(sid) is not None)
         on_r1 = [sid for sid in sids if pool.home_of(sid) == "r1"]
         assert on_r1, pool.stats()
-        await r1.info.remote()  # runs after r1 started every generate sent before it: they are in flight there
+        await (
+            r1.info.remote()
+        )  # runs after r1 started every generate sent before it: they are in flight there
         cluster.remove_node(worker)
         done = await asyncio.wait_for(asyncio.gather(*tasks), 60)
         by_sid = dict(zip(sids, done))
@@ -463,18 +549,34 @@ def test_losing_a_replicas_node_retries_its_requests_and_the_replica_rejoins_at_
         assert all(pool.home_of(sid) in (None, "r0") for sid in on_r1)
         c = await pool.generate(prompt(5, 99), params, session_id="after")  # the pool keeps serving
         assert c.replica == "r0" and not c.retried
-        await until(lambda: pool.stats()[1]["restarts"] == 1 and not pool.stats()[1]["down"], timeout=120)
+        await until(
+            lambda: pool.stats()[1]["restarts"] == 1 and not pool.stats()[1]["down"], timeout=120
+        )
         assert pool.stats()[1]["failures"] >= 1
         info = await pool.replica_info()
-        assert info["r1"]["node_id"] == cluster.node_id(cluster.nodes[0])  # recreated on a live node
-        assert await pool.replica_versions() == {"r0": 2, "r1": 2}  # rejoined at the latest version (LoRA)
-        same = await asyncio.gather(*(pool.generate(prompt(7, 5), params, session_id=f"y{i}") for i in range(2)))
-        assert {c.replica for c in same} == {"r0", "r1"}  # the recreated replica samples what r0 samples
+        assert info["r1"]["node_id"] == cluster.node_id(
+            cluster.nodes[0]
+        )  # recreated on a live node
+        assert await pool.replica_versions() == {
+            "r0": 2,
+            "r1": 2,
+        }  # rejoined at the latest version (LoRA)
+        same = await asyncio.gather(
+            *(pool.generate(prompt(7, 5), params, session_id=f"y{i}") for i in range(2))
+        )
+        assert {c.replica for c in same} == {
+            "r0",
+            "r1",
+        }  # the recreated replica samples what r0 samples
         np.testing.assert_array_equal(same[0].token_ids, same[1].token_ids)
         pool.update_weights(nnx.state(make_tiny("llama", seed=2).model), 3)
         assert await pool.replica_versions() == {"r0": 3, "r1": 3}
-        outs = await asyncio.gather(*(pool.generate(prompt(5, i), params, session_id=f"z{i}") for i in range(4)))
-        assert {c.replica for c in outs} == {"r0", "r1"} and all(set(c.versions.tolist()) == {3} for c in outs)
+        outs = await asyncio.gather(
+            *(pool.generate(prompt(5, i), params, session_id=f"z{i}") for i in range(4))
+        )
+        assert {c.replica for c in outs} == {"r0", "r1"} and all(
+            set(c.versions.tolist()) == {3} for c in outs
+        )
         assert ray.is_initialized()
 
     run(main())

@@ -17,8 +17,14 @@ from gymllm.models import make_tiny
 from gymllm.telemetry import get_tracer
 
 # tests/test_engine.py's engine shapes (compiled programs are shared within a test run) plus piggybacking
-CFG = EngineConfig(num_slots=12, max_len=64, min_bucket=64, max_prefill_batch=2, decode_lengths=2,
-                   piggyback_tokens=64)
+CFG = EngineConfig(
+    num_slots=12,
+    max_len=64,
+    min_bucket=64,
+    max_prefill_batch=2,
+    decode_lengths=2,
+    piggyback_tokens=64,
+)
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +35,9 @@ def lm():
 @pytest.fixture(scope="module")
 def engines(lm):
     on = JaxEngine.from_loaded(lm, config=CFG, stop_token_ids=())
-    off = JaxEngine.from_loaded(lm, config=dataclasses.replace(CFG, piggyback_tokens=0), stop_token_ids=())
+    off = JaxEngine.from_loaded(
+        lm, config=dataclasses.replace(CFG, piggyback_tokens=0), stop_token_ids=()
+    )
     on.warmup()
     off.warmup()
     yield on, off
@@ -44,6 +52,7 @@ def prompts(n: int, seed: int, lo: int = 3, hi: int = 40) -> list[list[int]]:
 
 async def staggered(engine, ps, params, gap_s: float = 0.01):
     """Requests arriving one after another while earlier ones decode."""
+
     async def one(i, p, sp):
         await asyncio.sleep(i * gap_s)
         return await engine.generate(p, sp)
@@ -63,14 +72,35 @@ async def held(engine, ps, params):
 
 
 def _mixed_spans(cursor):
-    return [e for e in get_tracer().events_since(cursor) if e["name"] == "decode" and "prefill" in e.get("args", {})]
+    return [
+        e
+        for e in get_tracer().events_since(cursor)
+        if e["name"] == "decode" and "prefill" in e.get("args", {})
+    ]
 
 
 def test_riding_requests_get_their_solo_tokens_and_logprobs(engines):
     """Greedy: 16 requests on 12 slots, queued while the engine is paused (the last four ride along as rows free) get
     exactly the tokens they get alone, and logprobs equal to the engine without piggybacking."""
     on, off = engines
-    lengths = (40, 17, 5, 24, 2, 11, 8, 6, 19, 4, 9, 2, 14, 7, 21, 3)  # the first decodes while others arrive
+    lengths = (
+        40,
+        17,
+        5,
+        24,
+        2,
+        11,
+        8,
+        6,
+        19,
+        4,
+        9,
+        2,
+        14,
+        7,
+        21,
+        3,
+    )  # the first decodes while others arrive
     ps = prompts(len(lengths), seed=3, hi=60)
     params = [SamplingParams(temperature=0.0, max_tokens=m) for m in lengths]
     cursor = get_tracer().cursor()
@@ -78,7 +108,10 @@ def test_riding_requests_get_their_solo_tokens_and_logprobs(engines):
     assert _mixed_spans(cursor)  # the check can fail: nothing rode along
     plain = asyncio.run(held(off, ps, params))
     for m, p, sp in zip(mixed, plain, params):
-        assert m.token_ids.tolist() == p.token_ids.tolist() and m.finish_reason == p.finish_reason == "length"
+        assert (
+            m.token_ids.tolist() == p.token_ids.tolist()
+            and m.finish_reason == p.finish_reason == "length"
+        )
         np.testing.assert_allclose(m.logprobs, p.logprobs, atol=1e-4)
 
 
@@ -86,7 +119,10 @@ def test_seeded_sampling_matches_the_engine_without_piggybacking(engines):
     """Temperature 1 with seeds: a riding request's first token uses the same key as a prefilled one's."""
     on, off = engines
     ps = prompts(10, seed=8)
-    params = [SamplingParams(temperature=1.0, max_tokens=40 if i == 0 else 12, seed=100 + i) for i in range(len(ps))]
+    params = [
+        SamplingParams(temperature=1.0, max_tokens=40 if i == 0 else 12, seed=100 + i)
+        for i in range(len(ps))
+    ]
     a, b = asyncio.run(staggered(on, ps, params)), asyncio.run(staggered(off, ps, params))
     same = sum(x.token_ids.tolist() == y.token_ids.tolist() for x, y in zip(a, b))
     assert same >= len(ps) - 1  # float rounding may flip one draw at a CDF boundary, not more
@@ -100,16 +136,21 @@ def test_a_reused_prefix_rides_along(engines, lm):
     other = prompts(1, seed=22, lo=3, hi=4)[0]
 
     async def turns(engine):
-        c1 = await engine.generate(first, SamplingParams(temperature=0.0, max_tokens=4), session_id="s")
+        c1 = await engine.generate(
+            first, SamplingParams(temperature=0.0, max_tokens=4), session_id="s"
+        )
         nxt = first + c1.token_ids.tolist() + [7, 8, 9]
         long_run = engine.stream(other, SamplingParams(temperature=0.0, max_tokens=55))
         with engine.paused():  # forced: the next turn arrives while the long run's row decodes
             head = asyncio.ensure_future(long_run.__anext__())
             await asyncio.sleep(0)
-            await asyncio.to_thread(engine.run_iterations, 1)  # its prefill: the row decodes from now on
+            await asyncio.to_thread(
+                engine.run_iterations, 1
+            )  # its prefill: the row decodes from now on
             await head
             second = asyncio.ensure_future(
-                engine.generate(nxt, SamplingParams(temperature=0.0, max_tokens=6), session_id="s"))
+                engine.generate(nxt, SamplingParams(temperature=0.0, max_tokens=6), session_id="s")
+            )
             await asyncio.sleep(0)
         c2 = await second
         async for _ in long_run:
@@ -119,7 +160,9 @@ def test_a_reused_prefix_rides_along(engines, lm):
 
     cursor = get_tracer().cursor()
     nxt, c2 = asyncio.run(turns(on))
-    assert c2.cached_prompt_len == len(first) + 3  # prompt + 4 sampled, the last one not yet fed back
+    assert (
+        c2.cached_prompt_len == len(first) + 3
+    )  # prompt + 4 sampled, the last one not yet fed back
     assert _mixed_spans(cursor)
     fresh = asyncio.run(off.generate(nxt, SamplingParams(temperature=0.0, max_tokens=6)))
     assert c2.token_ids.tolist() == fresh.token_ids.tolist()
@@ -128,7 +171,13 @@ def test_a_reused_prefix_rides_along(engines, lm):
 def test_no_recompiles_after_warmup_and_config_checked(engines):
     on, _ = engines
     before = dict(on.mixed_trace_counts), dict(on.trace_counts)
-    asyncio.run(staggered(on, prompts(9, seed=41, lo=2, hi=63), [SamplingParams(temperature=0.7, max_tokens=5)] * 9))
+    asyncio.run(
+        staggered(
+            on,
+            prompts(9, seed=41, lo=2, hi=63),
+            [SamplingParams(temperature=0.7, max_tokens=5)] * 9,
+        )
+    )
     assert (dict(on.mixed_trace_counts), dict(on.trace_counts)) == before
     assert before[0]["mixed"] <= len(on.widths) * len(on.lengths) * 1  # one bucket (64) rides along
     with pytest.raises(ConfigError, match="piggyback_tokens"):
@@ -146,7 +195,9 @@ def test_compaction_narrows_the_tail_and_keeps_every_request_s_tokens(engines):
     events = get_tracer().events_since(cursor)
     moved = [e for e in events if e["name"] == "compact"]
     assert moved and sum(e["args"]["rows"] for e in moved) >= 1
-    after = [e["args"]["width"] for e in events if e["name"] == "decode" and e["ts"] > moved[0]["ts"]]
+    after = [
+        e["args"]["width"] for e in events if e["name"] == "decode" and e["ts"] > moved[0]["ts"]
+    ]
     assert after and set(after) == {off.widths[0]}  # the check can fail: the tail stays 12 wide
     alone = [asyncio.run(off.generate(p, sp)) for p, sp in zip(ps, params)]
     for a, b in zip(together, alone):
@@ -154,25 +205,37 @@ def test_compaction_narrows_the_tail_and_keeps_every_request_s_tokens(engines):
     assert off._admission.table.num_free == 12 and not off._rows.active
 
 
-def test_a_busy_high_row_trades_places_with_a_pinned_row_and_every_session_keeps_its_prefix(engines, lm):
+def test_a_busy_high_row_trades_places_with_a_pinned_row_and_every_session_keeps_its_prefix(
+    engines, lm
+):
     """12 sessions pin every row; then only the session in the highest row decodes (the others wait, as
     trajectories waiting on tools do). Compaction swaps it into a low row (the waiting session's prefix
     moves up), so it decodes 8 rows wide; afterwards every session's next turn still reuses its whole
     prefix and samples what an engine without compaction samples."""
     _, off = engines
-    static = JaxEngine.from_loaded(lm, config=dataclasses.replace(off.config, compact_rows=False), stop_token_ids=())
+    static = JaxEngine.from_loaded(
+        lm, config=dataclasses.replace(off.config, compact_rows=False), stop_token_ids=()
+    )
     static.warmup()
     ps = prompts(12, seed=51, lo=3, hi=9)
 
     async def episode(engine):
         sp = SamplingParams(temperature=0.0, max_tokens=2)
-        first = await asyncio.gather(*(engine.generate(p, sp, session_id=f"s{i}") for i, p in enumerate(ps)))
-        assert engine._admission.table.sessions == {f"s{i}": i for i in range(12)}  # one pinned row per session
+        first = await asyncio.gather(
+            *(engine.generate(p, sp, session_id=f"s{i}") for i, p in enumerate(ps))
+        )
+        assert engine._admission.table.sessions == {
+            f"s{i}": i for i in range(12)
+        }  # one pinned row per session
         nxt = [p + c.token_ids.tolist() + [5, 6] for p, c in zip(ps, first)]
         cursor = get_tracer().cursor()
-        long = await engine.generate(nxt[11], SamplingParams(temperature=0.0, max_tokens=24), session_id="s11")
+        long = await engine.generate(
+            nxt[11], SamplingParams(temperature=0.0, max_tokens=24), session_id="s11"
+        )
         events = get_tracer().events_since(cursor)
-        second = await asyncio.gather(*(engine.generate(n, sp, session_id=f"s{i}") for i, n in enumerate(nxt[:11])))
+        second = await asyncio.gather(
+            *(engine.generate(n, sp, session_id=f"s{i}") for i, n in enumerate(nxt[:11]))
+        )
         return events, [long, *second], nxt
 
     try:
@@ -182,8 +245,12 @@ def test_a_busy_high_row_trades_places_with_a_pinned_row_and_every_session_keeps
         static.shutdown()
     assert [e["args"]["rows"] for e in events if e["name"] == "compact"] == [1]
     widths = [e["args"]["width"] for e in events if e["name"] == "decode"]
-    assert widths[-1] == 8 and widths.count(12) <= 1  # the check can fail: without the swap it stays 12 wide
+    assert (
+        widths[-1] == 8 and widths.count(12) <= 1
+    )  # the check can fail: without the swap it stays 12 wide
     assert off._admission.table.sessions["s11"] < 8
     for c, p, n in zip(comps, plain, [nxt[11], *nxt[:11]]):
-        assert c.cached_prompt_len == len(n) - 3  # all but the last sampled id and the 2 new ones, wherever the row is
+        assert (
+            c.cached_prompt_len == len(n) - 3
+        )  # all but the last sampled id and the 2 new ones, wherever the row is
         assert c.token_ids.tolist() == p.token_ids.tolist()

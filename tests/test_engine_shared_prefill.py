@@ -20,8 +20,14 @@ from gymllm.models.tiny import make_tiny
 
 # few compiled shapes (prefill: up to 2 prompts, buckets 16/32/64; decode: 8 rows over 64 slots)
 CFG = EngineConfig(num_slots=8, max_len=64, min_bucket=16, max_prefill_batch=2, decode_lengths=1)
-OFF = EngineConfig(num_slots=8, max_len=64, min_bucket=16, max_prefill_batch=2, decode_lengths=1,
-                   share_prompt_prefill=False)
+OFF = EngineConfig(
+    num_slots=8,
+    max_len=64,
+    min_bucket=16,
+    max_prefill_batch=2,
+    decode_lengths=1,
+    share_prompt_prefill=False,
+)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6)
 PROMPT = [int(x) for x in np.random.default_rng(0).integers(3, 500, size=40)]
 
@@ -33,8 +39,10 @@ def lm():
 
 async def submit(engine, n, prompt=PROMPT, **kw):
     """``n`` requests queued now (inside ``paused()`` they wait for the next iteration together)."""
-    futs = [asyncio.ensure_future(engine.generate(prompt, GREEDY, session_id=f"s{i}-{id(kw)}", **kw))
-            for i in range(n)]
+    futs = [
+        asyncio.ensure_future(engine.generate(prompt, GREEDY, session_id=f"s{i}-{id(kw)}", **kw))
+        for i in range(n)
+    ]
     for _ in range(3):
         await asyncio.sleep(0)
     return futs
@@ -98,7 +106,9 @@ def test_no_sharing_across_weight_versions(lm):
         with engine.paused():
             (a,) = await submit(engine, 1)
             await asyncio.to_thread(engine.run_iterations, 2)
-            engine.update_weights(lm.model, version=1)  # same values, a new version: the row's k/v are older
+            engine.update_weights(
+                lm.model, version=1
+            )  # same values, a new version: the row's k/v are older
             (b,) = await submit(engine, 1)
         return await asyncio.gather(a, b)
 
@@ -112,16 +122,26 @@ def test_no_sharing_across_weight_versions(lm):
 def test_adapters_of_different_names_never_share(lm):
     cfg = lora.LoRAConfig(rank=4, alpha=8.0, targets=lora.PROJECTIONS)
     base = lm.model.flat_params()
-    engine = JaxEngine(lm.model, lm.tokenizer, config=CFG, stop_token_ids=(),
-                       adapters=AdapterConfig(lora=cfg, names=("a", "b")))
+    engine = JaxEngine(
+        lm.model,
+        lm.tokenizer,
+        config=CFG,
+        stop_token_ids=(),
+        adapters=AdapterConfig(lora=cfg, names=("a", "b")),
+    )
 
     async def go():
         try:
             with engine.paused():
                 for i, name in enumerate(("a", "b")):
-                    ads = lora.init_adapters(lora.LoRAConfig(rank=4, alpha=8.0, targets=lora.PROJECTIONS, seed=i), base)
-                    engine.update_adapter(name, {k: v + 0.1 if k.endswith("lora_b") else v for k, v in ads.items()},
-                                          version=1)
+                    ads = lora.init_adapters(
+                        lora.LoRAConfig(rank=4, alpha=8.0, targets=lora.PROJECTIONS, seed=i), base
+                    )
+                    engine.update_adapter(
+                        name,
+                        {k: v + 0.1 if k.endswith("lora_b") else v for k, v in ads.items()},
+                        version=1,
+                    )
                 # one of each adapter in the same round: different tags, both prefill the whole prompt
                 first = await submit(engine, 1, adapter="a") + await submit(engine, 1, adapter="b")
                 await asyncio.to_thread(engine.run_iterations, 2)
@@ -137,4 +157,6 @@ def test_adapters_of_different_names_never_share(lm):
     assert engine.stats["shared_prefill_tokens"] == len(PROMPT) - 1
     np.testing.assert_array_equal(late.token_ids, b.token_ids)
     np.testing.assert_allclose(late.logprobs, b.logprobs, atol=1e-5, rtol=1e-5)
-    assert not np.allclose(a.logprobs, b.logprobs)  # the adapters differ: a copy of the wrong row would show
+    assert not np.allclose(
+        a.logprobs, b.logprobs
+    )  # the adapters differ: a copy of the wrong row would show

@@ -34,8 +34,13 @@ class SquareByTurnEngine:
         n = self.turns.get(session_id, 0)
         self.turns[session_id] = n + 1
         ids = self.tok.encode(self.script(n)) + [int(self.tok.eos_token_id)]
-        return Completion(token_ids=ids, logprobs=[-1.0] * len(ids), finish_reason="stop", versions=[0] * len(ids),
-                          prompt_len=len(prompt_ids))
+        return Completion(
+            token_ids=ids,
+            logprobs=[-1.0] * len(ids),
+            finish_reason="stop",
+            versions=[0] * len(ids),
+            prompt_len=len(prompt_ids),
+        )
 
     def end_session(self, session_id):
         self.turns.pop(session_id, None)
@@ -67,9 +72,19 @@ def run_eval(script, kwargs, seeds=12):
     tok = tiny.tiny_tokenizer(512)
     envs = gymllm.make_vec(ENV, 4, **kwargs)
     try:
-        config = EvalConfig(seeds=seeds, max_turns=30, sampling=SamplingParams(temperature=0.0, max_tokens=8))  # seeds from HELD_OUT_SEED_BASE
-        return asyncio.run(evaluate_env(envs, SquareByTurnEngine(tok, script), ModelAgent(tok), config=config,
-                                        env_id=ENV, env_kwargs=kwargs))
+        config = EvalConfig(
+            seeds=seeds, max_turns=30, sampling=SamplingParams(temperature=0.0, max_tokens=8)
+        )  # seeds from HELD_OUT_SEED_BASE
+        return asyncio.run(
+            evaluate_env(
+                envs,
+                SquareByTurnEngine(tok, script),
+                ModelAgent(tok),
+                config=config,
+                env_id=ENV,
+                env_kwargs=kwargs,
+            )
+        )
     finally:
         envs.close()
 
@@ -100,15 +115,29 @@ def test_a_policy_that_never_writes_a_move_forfeits_every_game():
 def test_game_outcome_and_invalid_step_rules():
     assert game_outcome("x", 1.0, {}) == "win" and game_outcome("x", -1.0, {}) == "loss"
     assert game_outcome("x", 0.0, {}) == "draw"
-    assert game_outcome("x", -1.0, {"forfeit": "x"}) == "forfeit" and game_outcome("x", 0.0, {"forfeit": "o"}) == "win"
-    assert is_invalid_step({"invalid_action": "retry"}) and not is_invalid_step({"invalid_action": False})
-    assert is_invalid_step({"forfeit": "x", "agent": "x"}) and not is_invalid_step({"forfeit": "o", "agent": "x"})
+    assert (
+        game_outcome("x", -1.0, {"forfeit": "x"}) == "forfeit"
+        and game_outcome("x", 0.0, {"forfeit": "o"}) == "win"
+    )
+    assert is_invalid_step({"invalid_action": "retry"}) and not is_invalid_step(
+        {"invalid_action": False}
+    )
+    assert is_invalid_step({"forfeit": "x", "agent": "x"}) and not is_invalid_step(
+        {"forfeit": "o", "agent": "x"}
+    )
 
 
 def test_won_game_reports_a_win_through_the_seat():
     # X (the learner, first to move) takes the top row while the scripted opponent plays elsewhere
-    env = gymllm.make(ENV, learner="player_1", opponent=lambda obs, rng: next(
-        m for m in ("b1", "b2", "c1", "c2", "c3") if m in obs["observation"].split("Legal moves:")[-1]))
+    env = gymllm.make(
+        ENV,
+        learner="player_1",
+        opponent=lambda obs, rng: next(
+            m
+            for m in ("b1", "b2", "c1", "c2", "c3")
+            if m in obs["observation"].split("Legal moves:")[-1]
+        ),
+    )
     env.reset(seed=0)
     for move in ("a1", "a2", "a3"):
         _, reward, term, _, info = env.step(move)
@@ -117,7 +146,9 @@ def test_won_game_reports_a_win_through_the_seat():
 
 
 def test_episode_figures_without_game_results_has_no_outcome_keys():
-    episode = types.SimpleNamespace(info={"env_steps": 4, "invalid_actions": 1})  # a Trajectory's info part
+    episode = types.SimpleNamespace(
+        info={"env_steps": 4, "invalid_actions": 1}
+    )  # a Trajectory's info part
     assert episode_figures([episode]) == {"valid_action_rate": 0.75}
 
 
@@ -125,14 +156,32 @@ def test_training_step_metrics_carry_the_figures_over_every_rollout():
     from gymllm.train.step_log import RolloutTally
 
     def episode(seed, steps, invalid, outcome):
-        return types.SimpleNamespace(seed=seed, row_index=0, info={"env_steps": steps, "invalid_actions": invalid,
-                                                                   "outcome": outcome, "tool_calls": 0})
+        return types.SimpleNamespace(
+            seed=seed,
+            row_index=0,
+            info={
+                "env_steps": steps,
+                "invalid_actions": invalid,
+                "outcome": outcome,
+                "tool_calls": 0,
+            },
+        )
 
     tally = RolloutTally()
-    tally.add(types.SimpleNamespace(group_id="g0", rewards=[1.0, -1.0], trajectories=[
-        episode(0, 3, 0, "win"), episode(0, 5, 2, "loss")]))
-    tally.add(types.SimpleNamespace(group_id="g1", rewards=[0.0, -1.0], trajectories=[
-        episode(1, 5, 1, "draw"), episode(1, 2, 2, "forfeit")]))
+    tally.add(
+        types.SimpleNamespace(
+            group_id="g0",
+            rewards=[1.0, -1.0],
+            trajectories=[episode(0, 3, 0, "win"), episode(0, 5, 2, "loss")],
+        )
+    )
+    tally.add(
+        types.SimpleNamespace(
+            group_id="g1",
+            rewards=[0.0, -1.0],
+            trajectories=[episode(1, 5, 1, "draw"), episode(1, 2, 2, "forfeit")],
+        )
+    )
     m = tally.pop()
     assert m["valid_action_rate"] == pytest.approx(1 - 5 / 15)
     assert m["win_or_draw"] == 0.5 and m["outcome/forfeit"] == 0.25

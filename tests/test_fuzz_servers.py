@@ -23,7 +23,18 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from schemathesis import GenerationMode  # noqa: E402
 
-EXTREMES = [float("nan"), float("inf"), float("-inf"), 2**31, 2**63, -(2**63) - 1, -1, -(2**31), 1e308, 0]
+EXTREMES = [
+    float("nan"),
+    float("inf"),
+    float("-inf"),
+    2**31,
+    2**63,
+    -(2**63) - 1,
+    -1,
+    -(2**31),
+    1e308,
+    0,
+]
 
 
 def numeric_fields(spec: dict) -> dict[tuple[str, str], list[str]]:
@@ -37,12 +48,19 @@ def numeric_fields(spec: dict) -> dict[tuple[str, str], list[str]]:
 
     def numeric(s: dict) -> bool:
         s = resolve(s)
-        return s.get("type") in ("integer", "number") or any(numeric(x) for x in s.get("anyOf", []) + s.get("oneOf", []))
+        return s.get("type") in ("integer", "number") or any(
+            numeric(x) for x in s.get("anyOf", []) + s.get("oneOf", [])
+        )
 
     out = {}
     for path, ops in spec["paths"].items():
         for method, op in ops.items():
-            body = (op.get("requestBody") or {}).get("content", {}).get("application/json", {}).get("schema")
+            body = (
+                (op.get("requestBody") or {})
+                .get("content", {})
+                .get("application/json", {})
+                .get("schema")
+            )
             if body is None:
                 continue
             props = resolve(body).get("properties", {})
@@ -65,7 +83,9 @@ def _inject(body, field: str, value):
     return body
 
 
-def fuzz(url: str, good: tuple[str, dict], *, examples: int, headers: dict | None = None) -> dict[int, int]:
+def fuzz(
+    url: str, good: tuple[str, dict], *, examples: int, headers: dict | None = None
+) -> dict[int, int]:
     """Run the sweep against ``url``; return how many answers of each status it saw."""
     spec = httpx.get(url + "/openapi.json").json()
     fields = numeric_fields(spec)
@@ -73,23 +93,46 @@ def fuzz(url: str, good: tuple[str, dict], *, examples: int, headers: dict | Non
     schema = schemathesis.openapi.from_dict(spec)
     ops = [r.ok() for r in schema.get_all_operations()]
     ops = [op for op in ops if "{" not in op.path and op.path != "/mcp"]
-    strategy = st.one_of([op.as_strategy(generation_mode=mode) for op in ops
-                          for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)])
+    strategy = st.one_of(
+        [
+            op.as_strategy(generation_mode=mode)
+            for op in ops
+            for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
+        ]
+    )
     seen: dict[int, int] = {}
 
-    @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=strategy, extreme=st.sampled_from(EXTREMES), pick=st.integers(0, 10**6))
     def check(case, extreme, pick):
         body = case.body if isinstance(case.body, (dict, list)) else None
         numbers = fields.get((case.method.upper(), case.path), [])
         if numbers and not isinstance(body, list):
             body = _inject(body, numbers[pick % len(numbers)], extreme)
-        kw = {"content": json.dumps(body), "headers": {"content-type": "application/json", **(headers or {})}} \
-            if body is not None else {"headers": headers or {}}
-        r = httpx.request(case.method, url + case.formatted_path, params=case.query, timeout=120, **kw)
+        kw = (
+            {
+                "content": json.dumps(body),
+                "headers": {"content-type": "application/json", **(headers or {})},
+            }
+            if body is not None
+            else {"headers": headers or {}}
+        )
+        r = httpx.request(
+            case.method, url + case.formatted_path, params=case.query, timeout=120, **kw
+        )
         seen[r.status_code] = seen.get(r.status_code, 0) + 1
-        assert r.status_code < 500, (case.method, case.formatted_path, kw.get("content", "")[:300], r.text[:300])
+        assert r.status_code < 500, (
+            case.method,
+            case.formatted_path,
+            kw.get("content", "")[:300],
+            r.text[:300],
+        )
         if r.status_code >= 400:
             assert r.headers.get("content-type", "").startswith("application/json"), r.text[:300]
             r.json()
@@ -132,12 +175,16 @@ def test_inference_server_fuzz_with_extremes():
     from gymllm.models import make_tiny
 
     lm = make_tiny("llama")
-    engine = JaxEngine.from_loaded(lm, config=EngineConfig(num_slots=4, max_len=64, min_bucket=64), stop_token_ids=())
+    engine = JaxEngine.from_loaded(
+        lm, config=EngineConfig(num_slots=4, max_len=64, min_bucket=64), stop_token_ids=()
+    )
     try:
         with ServerThread(build_app(engine, lm.tokenizer, "tiny-llama")) as s:
             fields = numeric_fields(httpx.get(s.url + "/openapi.json").json())
             assert {"top_k", "seed", "temperature", "n"} <= set(fields[("POST", "/v1/completions")])
-            seen = fuzz(s.url, ("/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 2}), examples=300)
+            seen = fuzz(
+                s.url, ("/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 2}), examples=300
+            )
             assert any(s < 300 for s in seen) and any(400 <= s < 500 for s in seen), seen
             assert httpx.get(s.url + "/health").status_code == 200 and engine.serving
     finally:

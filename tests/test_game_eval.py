@@ -16,8 +16,15 @@ import pytest
 from gymllm.errors import ConfigError
 from gymllm.inference.completion import Completion
 from gymllm.suites.games import MatchConfig, Player, opponent_player, resolve_game, run_matches
-from gymllm.utils.elo import (bootstrap_ratings, elo_ratings, expected_score, fit_bradley_terry, pairwise_matrices,
-                              rating_gap, wilson_interval)
+from gymllm.utils.elo import (
+    bootstrap_ratings,
+    elo_ratings,
+    expected_score,
+    fit_bradley_terry,
+    pairwise_matrices,
+    rating_gap,
+    wilson_interval,
+)
 
 # --- the Elo math ---------------------------------------------------------------------------------------
 
@@ -47,7 +54,9 @@ def test_a_synthetic_tournament_recovers_its_ratings():
     assert got["p"] == 1000.0
     for k in true:
         assert abs(got[k] - true[k]) < 30, (k, got[k])
-    ci = bootstrap_ratings(games, rng=np.random.default_rng(1), anchor="p", prior_draws=0.0, num_resamples=200)
+    ci = bootstrap_ratings(
+        games, rng=np.random.default_rng(1), anchor="p", prior_draws=0.0, num_resamples=200
+    )
     assert ci["p"] == (1000.0, 1000.0)  # the anchor's interval is a point
     for k in ("q", "r", "s"):
         lo, hi = ci[k]
@@ -55,13 +64,27 @@ def test_a_synthetic_tournament_recovers_its_ratings():
 
 
 def test_the_fit_is_the_likelihood_maximum_and_refuses_what_has_none():
-    scores, counts = pairwise_matrices([("a", "b", 1.0), ("a", "b", 0.0), ("b", "c", 1.0), ("b", "c", 0.5),
-                                        ("a", "c", 0.0), ("a", "c", 1.0), ("a", "c", 1.0)], ["a", "b", "c"])
+    scores, counts = pairwise_matrices(
+        [
+            ("a", "b", 1.0),
+            ("a", "b", 0.0),
+            ("b", "c", 1.0),
+            ("b", "c", 0.5),
+            ("a", "c", 0.0),
+            ("a", "c", 1.0),
+            ("a", "c", 1.0),
+        ],
+        ["a", "b", "c"],
+    )
     r = fit_bradley_terry(scores, counts)
     theta = r * math.log(10) / 400
     p = 1 / (1 + np.exp(-(theta[:, None] - theta[None, :])))
-    np.testing.assert_allclose(scores.sum(1), (counts * p).sum(1), atol=1e-8)  # the score equations hold
-    with pytest.raises(ValueError, match="prior_draws > 0"):  # a perfect record: infinite without a prior
+    np.testing.assert_allclose(
+        scores.sum(1), (counts * p).sum(1), atol=1e-8
+    )  # the score equations hold
+    with pytest.raises(
+        ValueError, match="prior_draws > 0"
+    ):  # a perfect record: infinite without a prior
         elo_ratings([("a", "b", 1.0)] * 3, prior_draws=0.0)
     r = elo_ratings([("a", "b", 1.0)] * 3, prior_draws=1.0)  # one virtual draw: a scores 3.5 of 4
     assert r["a"] - r["b"] == pytest.approx(rating_gap(3.5 / 4), abs=1e-6)
@@ -73,7 +96,7 @@ def test_wilson_interval_matches_the_formula():
     lo, hi = wilson_interval(5, 10)
     assert (lo, hi) == pytest.approx((0.2366, 0.7634), abs=1e-4)
     assert wilson_interval(0, 20)[0] == 0.0 and wilson_interval(20, 20)[1] == 1.0
-    z2 = 1.959963984540054 ** 2
+    z2 = 1.959963984540054**2
     assert wilson_interval(0, 20)[1] == pytest.approx(z2 / (20 + z2))  # the closed form at k = 0
     assert wilson_interval(0, 0) == (0.0, 1.0)
 
@@ -101,7 +124,10 @@ def _negamax(mine: tuple, theirs: tuple) -> tuple[int, int]:
 def perfect(observation, agent):
     """A perfect tic-tac-toe player (negamax) on PettingZoo's observation: it never loses."""
     board = observation["observation"]
-    return _negamax(tuple(int(x) for x in board[:, :, 0].reshape(9)), tuple(int(x) for x in board[:, :, 1].reshape(9)))[1]
+    return _negamax(
+        tuple(int(x) for x in board[:, :, 0].reshape(9)),
+        tuple(int(x) for x in board[:, :, 1].reshape(9)),
+    )[1]
 
 
 def first_legal(observation, agent):
@@ -127,27 +153,45 @@ def _rows(out):
     return [json.loads(line) for line in (out / "games.jsonl").read_text().splitlines()]
 
 
-def test_a_perfect_player_never_loses_and_tops_the_ratings_with_rates_summing_to_one_and_seats_balanced(tmp_path):
-    players = [opponent_player("random"), opponent_player("test_game_eval:perfect", label="perfect"),
-               opponent_player("test_game_eval:first_legal")]
-    summary = run_matches(resolve_game("tic-tac-toe"), players, tmp_path, config=MatchConfig(games=8, **FAST))
+def test_a_perfect_player_never_loses_and_tops_the_ratings_with_rates_summing_to_one_and_seats_balanced(
+    tmp_path,
+):
+    players = [
+        opponent_player("random"),
+        opponent_player("test_game_eval:perfect", label="perfect"),
+        opponent_player("test_game_eval:first_legal"),
+    ]
+    summary = run_matches(
+        resolve_game("tic-tac-toe"), players, tmp_path, config=MatchConfig(games=8, **FAST)
+    )
     rows = _rows(tmp_path)
     assert len(rows) == 3 * 8 and summary["games"] == 24 and summary["errors"] == 0
     assert {r["error"] for r in rows} == {None}
     for line in summary["pairings"]:
         assert line["win"] + line["draw"] + line["loss"] == pytest.approx(1.0)
-        assert line["games"] == 8 and line["seats"] == {"player_1": 4, "player_2": 4}  # each seat equally
+        assert line["games"] == 8 and line["seats"] == {
+            "player_1": 4,
+            "player_2": 4,
+        }  # each seat equally
         for k in ("win", "draw", "loss"):
             lo, hi = line[f"{k}_ci"]
             assert lo <= line[k] <= hi
         if line["player"] == "perfect":
             assert line["loss"] == 0.0
-    vs_first = next(x for x in summary["pairings"] if (x["player"], x["opponent"]) == ("perfect", "test_game_eval:first_legal"))
+    vs_first = next(
+        x
+        for x in summary["pairings"]
+        if (x["player"], x["opponent"]) == ("perfect", "test_game_eval:first_legal")
+    )
     assert vs_first["win"] == 1.0  # first-legal walks into a forced loss from both seats
     ratings = json.loads((tmp_path / "ratings.json").read_text())
     assert ratings == summary["ratings"] and ratings["anchor"] == "random = 1000"
     order = [r["player"] for r in ratings["ratings"]]
-    assert order[0] == "perfect" and set(order) == {"random", "perfect", "test_game_eval:first_legal"}
+    assert order[0] == "perfect" and set(order) == {
+        "random",
+        "perfect",
+        "test_game_eval:first_legal",
+    }
     best = ratings["ratings"][0]
     assert best["elo"] > 1000 and best["ci"][0] <= best["elo"] <= best["ci"][1]
     assert next(r for r in ratings["ratings"] if r["player"] == "random")["elo"] == 1000.0
@@ -161,10 +205,17 @@ def test_a_perfect_player_never_loses_and_tops_the_ratings_with_rates_summing_to
 @pytest.mark.parametrize("errors", ["loss", "exclude"])
 def test_a_crashing_player_gives_error_rows_and_the_other_games_go_on(tmp_path, errors):
     CRASHES["calls"] = 0
-    players = [opponent_player("random"), opponent_player("test_game_eval:crashes_every_third", label="flaky"),
-               opponent_player("test_game_eval:first_legal", label="first")]
-    summary = run_matches(resolve_game("tic-tac-toe"), players, tmp_path,
-                          config=MatchConfig(games=6, errors=errors, **FAST))
+    players = [
+        opponent_player("random"),
+        opponent_player("test_game_eval:crashes_every_third", label="flaky"),
+        opponent_player("test_game_eval:first_legal", label="first"),
+    ]
+    summary = run_matches(
+        resolve_game("tic-tac-toe"),
+        players,
+        tmp_path,
+        config=MatchConfig(games=6, errors=errors, **FAST),
+    )
     rows = _rows(tmp_path)
     assert len(rows) == 18  # nothing dropped
     bad = [r for r in rows if r["error"]]
@@ -172,22 +223,38 @@ def test_a_crashing_player_gives_error_rows_and_the_other_games_go_on(tmp_path, 
     assert all(r["error"] is None for r in rows if "flaky" not in r["pairing"])
     for r in bad:
         assert r["scored"] == (errors == "loss")
-        assert r["winner"] == (next(p for p in r["pairing"] if p != "flaky") if errors == "loss" else None)
-    line = next(x for x in summary["pairings"] if (x["player"], x["opponent"]) == ("flaky", "random"))
+        assert r["winner"] == (
+            next(p for p in r["pairing"] if p != "flaky") if errors == "loss" else None
+        )
+    line = next(
+        x for x in summary["pairings"] if (x["player"], x["opponent"]) == ("flaky", "random")
+    )
     flaky_bad = sum(1 for r in bad if "random" in r["pairing"])
-    assert line["errors"] == flaky_bad and line["games"] == (6 if errors == "loss" else 6 - flaky_bad)
+    assert line["errors"] == flaky_bad and line["games"] == (
+        6 if errors == "loss" else 6 - flaky_bad
+    )
     if line["games"]:
         assert line["win"] + line["draw"] + line["loss"] == pytest.approx(1.0)
-    assert {r["player"] for r in summary["ratings"]["ratings"]} | set(summary["ratings"]["unrated"]) == {"random", "flaky", "first"}
+    assert {r["player"] for r in summary["ratings"]["ratings"]} | set(
+        summary["ratings"]["unrated"]
+    ) == {"random", "flaky", "first"}
 
 
 def test_a_pettingzoo_game_named_by_module_factory_is_played(tmp_path):
     """The race game written in the seat tests (a raw PettingZoo AEC env, not one of ours) as MODULE:FACTORY."""
-    summary = run_matches(resolve_game("test_multiagent_seats:race"),
-                          [opponent_player("random"), opponent_player("test_game_eval:first_legal", label="plus_one")],
-                          tmp_path, config=MatchConfig(games=4, **FAST))
+    summary = run_matches(
+        resolve_game("test_multiagent_seats:race"),
+        [
+            opponent_player("random"),
+            opponent_player("test_game_eval:first_legal", label="plus_one"),
+        ],
+        tmp_path,
+        config=MatchConfig(games=4, **FAST),
+    )
     rows = _rows(tmp_path)
-    assert len(rows) == 4 and all(r["error"] is None and not r["draw"] for r in rows)  # a race always has a winner
+    assert len(rows) == 4 and all(
+        r["error"] is None and not r["draw"] for r in rows
+    )  # a race always has a winner
     assert {r["players"]["first"] for r in rows} == {"random", "plus_one"}
     assert summary["pairings"][0]["seats"] == {"first": 2, "second": 2}
 
@@ -200,10 +267,15 @@ def test_bad_names_and_schedules_are_config_errors_naming_the_fix():
     with pytest.raises(ConfigError, match="even"):
         MatchConfig(games=3)
     with pytest.raises(ConfigError, match="distinct"):
-        run_matches(resolve_game("tic-tac-toe"), [opponent_player("random"), opponent_player("random")], "/nonexistent")
+        run_matches(
+            resolve_game("tic-tac-toe"),
+            [opponent_player("random"), opponent_player("random")],
+            "/nonexistent",
+        )
 
 
 # --- a model player on an engine: games interleave ----------------------------------------------------------
+
 
 class GatedEngine:
     """Test double of the Engine protocol replying tic-tac-toe squares in turn; the first request of
@@ -222,8 +294,13 @@ class GatedEngine:
             self.others.set()
         text = "abc"[len(self.calls) % 3] + "123"[(len(self.calls) // 3) % 3]
         ids = self.tok.encode(text) + [self.tok.eos_token_id]
-        return Completion(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop", versions=[0] * len(ids),
-                          prompt_len=len(prompt_ids))
+        return Completion(
+            token_ids=ids,
+            logprobs=[-0.5] * len(ids),
+            finish_reason="stop",
+            versions=[0] * len(ids),
+            prompt_len=len(prompt_ids),
+        )
 
     def end_session(self, session_id):
         pass
@@ -237,9 +314,15 @@ def test_games_of_a_model_player_interleave_on_its_engine(tmp_path):
 
     tok = tiny_tokenizer(512)
     engine = GatedEngine(tok)
-    model = Player(label="m", loaded=types.SimpleNamespace(tokenizer=tok), make_engine=lambda: engine)
-    summary = run_matches(resolve_game("tic-tac-toe"), [model, opponent_player("random")], tmp_path,
-                          config=MatchConfig(games=4, **FAST))
+    model = Player(
+        label="m", loaded=types.SimpleNamespace(tokenizer=tok), make_engine=lambda: engine
+    )
+    summary = run_matches(
+        resolve_game("tic-tac-toe"),
+        [model, opponent_player("random")],
+        tmp_path,
+        config=MatchConfig(games=4, **FAST),
+    )
     first = engine.calls.index(next(s for s in engine.calls if s.startswith("g0/m0/")))
     assert first == 0 and engine.closed
     # game 0's first reply came back only after other games had moved: they did not wait for it
@@ -253,57 +336,122 @@ def test_games_of_a_model_player_interleave_on_its_engine(tmp_path):
 
 # --- the command line, end to end with a tiny model ---------------------------------------------------------
 
+
 def test_gymllm_eval_game_writes_games_summary_and_ratings(tmp_path, capsys):
     from gymllm.cli.main import main
 
     out = tmp_path / "ttt"
-    rc = main(["eval", "game", "tic-tac-toe", "--model.name", "tiny-qwen3", "--opponent", "random", "--opponent",
-               "test_game_eval:first_legal", "--eval.games", "2", "--sampling.max-tokens", "4", "--engine.max-len",
-               "512", "--engine.num-slots", "4", "--eval.num-resamples", "100", "--out", str(out)])
+    rc = main(
+        [
+            "eval",
+            "game",
+            "tic-tac-toe",
+            "--model.name",
+            "tiny-qwen3",
+            "--opponent",
+            "random",
+            "--opponent",
+            "test_game_eval:first_legal",
+            "--eval.games",
+            "2",
+            "--sampling.max-tokens",
+            "4",
+            "--engine.max-len",
+            "512",
+            "--engine.num-slots",
+            "4",
+            "--eval.num-resamples",
+            "100",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     assert {p.name for p in out.iterdir()} == {"games.jsonl", "summary.json", "ratings.json"}
     rows = _rows(out)
     assert len(rows) == 3 * 2
     summary = json.loads((out / "summary.json").read_text())
-    assert [p["label"] for p in summary["players"]] == ["tiny-qwen3", "random", "test_game_eval:first_legal"]
+    assert [p["label"] for p in summary["players"]] == [
+        "tiny-qwen3",
+        "random",
+        "test_game_eval:first_legal",
+    ]
     for line in summary["pairings"]:
         assert line["win"] + line["draw"] + line["loss"] == pytest.approx(1.0)
         assert line["seats"] == {"player_1": 1, "player_2": 1}
     model_rows = [r for r in rows if "tiny-qwen3" in r["pairing"]]
     assert len(model_rows) == 4
-    for r in model_rows:  # the model moved (a random model: illegally, until it forfeits or runs out of context)
+    for r in (
+        model_rows
+    ):  # the model moved (a random model: illegally, until it forfeits or runs out of context)
         seat = next(s for s, label in r["players"].items() if label == "tiny-qwen3")
         assert any(s == seat for s, _ in r["moves"]) and r["winner"] != "tiny-qwen3"
     ratings = json.loads((out / "ratings.json").read_text())
-    assert {r["player"] for r in ratings["ratings"]} == {"tiny-qwen3", "random", "test_game_eval:first_legal"}
+    assert {r["player"] for r in ratings["ratings"]} == {
+        "tiny-qwen3",
+        "random",
+        "test_game_eval:first_legal",
+    }
     printed = capsys.readouterr().out
     assert "tiny-qwen3" in printed and "Elo (random = 1000" in printed
     # an unknown game or opponent is one error line naming the fix (checked before any model loads)
-    assert main(["eval", "game", "chess", "--model.name", "tiny-qwen3", "--out", str(tmp_path / "x")]) == 2
+    assert (
+        main(["eval", "game", "chess", "--model.name", "tiny-qwen3", "--out", str(tmp_path / "x")])
+        == 2
+    )
     assert "tic-tac-toe, connect-four, or MODULE:FACTORY" in capsys.readouterr().err
-    assert main(["eval", "game", "tic-tac-toe", "--model.name", "tiny-qwen3", "--opponent", "nobody",
-                 "--out", str(tmp_path / "x")]) == 2
+    assert (
+        main(
+            [
+                "eval",
+                "game",
+                "tic-tac-toe",
+                "--model.name",
+                "tiny-qwen3",
+                "--opponent",
+                "nobody",
+                "--out",
+                str(tmp_path / "x"),
+            ]
+        )
+        == 2
+    )
     assert "--opponent random" in capsys.readouterr().err
 
 
-def test_players_from_flags_label_checkpoints_like_the_suite_and_keep_their_system_prompt(tmp_path, monkeypatch):
+def test_players_from_flags_label_checkpoints_like_the_suite_and_keep_their_system_prompt(
+    tmp_path, monkeypatch
+):
     from gymllm import models
     from gymllm.cli import evaluate
     from gymllm.cli.game_cli import players_from_flags
 
     run = tmp_path / "ttt-run"
     run.mkdir()
-    (run / "config.json").write_text(json.dumps({"env": {"id": "tic-tac-toe", "system_prompt": "Play well."}}))
+    (run / "config.json").write_text(
+        json.dumps({"env": {"id": "tic-tac-toe", "system_prompt": "Play well."}})
+    )
     tiny = models.make_tiny("qwen3")
     loads = []
-    monkeypatch.setattr(evaluate, "load_model", lambda name, checkpoint=None: loads.append((name, checkpoint)) or tiny)
+    monkeypatch.setattr(
+        evaluate,
+        "load_model",
+        lambda name, checkpoint=None: loads.append((name, checkpoint)) or tiny,
+    )
     players = players_from_flags(["tiny-qwen3"], [str(run / "checkpoints")], [], ["random"])
     assert [p.label for p in players] == ["tiny-qwen3", "ttt-run", "random"]
     assert [p.kind for p in players] == ["model", "model", "random"]
-    assert players[0].system_prompt is None and players[1].system_prompt == "Play well."  # the run's, read from RUN
+    assert (
+        players[0].system_prompt is None and players[1].system_prompt == "Play well."
+    )  # the run's, read from RUN
     assert loads == [("tiny-qwen3", None), (None, str(run / "checkpoints"))]
-    given = players_from_flags(["tiny-qwen3"], [str(run)], [], [], system_prompt="Reply with a move.")
-    assert [p.system_prompt for p in given] == ["Reply with a move.", "Play well."]  # --model.name's; the run keeps its own
+    given = players_from_flags(
+        ["tiny-qwen3"], [str(run)], [], [], system_prompt="Reply with a move."
+    )
+    assert [p.system_prompt for p in given] == [
+        "Reply with a move.",
+        "Play well.",
+    ]  # --model.name's; the run keeps its own
     with pytest.raises(ConfigError, match="--model.label"):
         players_from_flags(["tiny-qwen3"], [], ["a", "b"], [])
     loads.clear()

@@ -47,11 +47,13 @@ class PreparedSource:
             raise self.fail
         if not self.groups:
             raise QueueClosed("the prepared groups ran out")
-        batch, self.groups = self.groups[:self.per_call], self.groups[self.per_call:]
+        batch, self.groups = self.groups[: self.per_call], self.groups[self.per_call :]
         for g in batch:
             g.admitted_version = self.version
             for t in g.trajectories:
-                t.versions = np.where(np.asarray(t.loss_mask) > 0, self.version, -1).astype(np.int32)
+                t.versions = np.where(np.asarray(t.loss_mask) > 0, self.version, -1).astype(
+                    np.int32
+                )
         return batch
 
     def set_policy_version(self, version):
@@ -70,8 +72,19 @@ class PreparedSource:
 
 
 def test_builtin_sources_and_the_test_source_implement_the_protocol():
-    members = [n for n in ("name", "waiting_for", "start", "next_groups", "set_policy_version", "stats", "result",
-                           "close")]
+    members = [
+        n
+        for n in (
+            "name",
+            "waiting_for",
+            "start",
+            "next_groups",
+            "set_policy_version",
+            "stats",
+            "result",
+            "close",
+        )
+    ]
     for cls in (RolloutOrchestrator, SyncBatchSource, AgentProgramSource, PreparedSource):
         missing = [m for m in members if not hasattr(cls, m)]
         assert not missing, f"{cls.__name__} lacks {missing}"
@@ -101,16 +114,27 @@ def test_a_custom_source_drives_the_loop_to_completion(tmp_path):
     assert counts == {"prepared_left": 2}
     assert [h["step"] for h in run.history] == [1, 2, 3]
     trained = [sorted(ids) for ids in run.log.trained_ids]
-    expected = [sorted(t.trajectory_id for g in prepared[2 * k:2 * k + 2] for t in g.trajectories) for k in range(3)]
+    expected = [
+        sorted(t.trajectory_id for g in prepared[2 * k : 2 * k + 2] for t in g.trajectories)
+        for k in range(3)
+    ]
     assert trained == expected
 
 
 def fake_run(tmp_path, steps=3):
     """A Run whose parts are stand-ins (no model): a learner that steps every 2 groups."""
     run = Run(small_config(tmp_path, steps=steps))
-    run.parts = RunParts(tok=None, learner=StepCounter(2), ckpt=types.SimpleNamespace(latest_step=lambda: None),
-                         engine=None, gen_engine=None, envs=None, agent=None, pool=concurrent.futures.ThreadPoolExecutor(1),
-                         pusher=types.SimpleNamespace(push=lambda params, version: 0.0))
+    run.parts = RunParts(
+        tok=None,
+        learner=StepCounter(2),
+        ckpt=types.SimpleNamespace(latest_step=lambda: None),
+        engine=None,
+        gen_engine=None,
+        envs=None,
+        agent=None,
+        pool=concurrent.futures.ThreadPoolExecutor(1),
+        pusher=types.SimpleNamespace(push=lambda params, version: 0.0),
+    )
     run.log.record = lambda rep, sync_s, stats, filtered: {"step": rep.step}
     return run
 

@@ -35,20 +35,32 @@ def test_text_episode_matches_raw_env(gym_id):
     for seed in range(3):
         obs, info = text.reset(seed=seed)
         raw = gym.make(gym_id)
-        raw_seed = int(np.random.default_rng(seed).integers(0, 2**31 - 1))  # the adapter's derivation
+        raw_seed = int(
+            np.random.default_rng(seed).integers(0, 2**31 - 1)
+        )  # the adapter's derivation
         robs, _ = raw.reset(seed=raw_seed)
         assert info["raw_observation"] == robs and isinstance(obs, str) and "Actions:" in obs
         for _ in range(30):
             a = int(rng.integers(text.inner.action_space.n))
-            obs, r, te, tr, info = text.step(f"I choose {format_action(a, raw.action_space, text.names)}")
+            obs, r, te, tr, info = text.step(
+                f"I choose {format_action(a, raw.action_space, text.names)}"
+            )
             robs, rr, rte, rtr, _ = raw.step(a)
             assert (info["raw_observation"], r, te, tr) == (robs, rr, rte, rtr)
             if te or tr:
                 break
 
 
-@pytest.mark.parametrize("env_id", ["gymllm/FrozenLake-v0", "gymllm/FrozenLake8x8-v0", "gymllm/Taxi-v0",
-                                    "gymllm/CliffWalking-v0", "gymllm/Blackjack-v0"])
+@pytest.mark.parametrize(
+    "env_id",
+    [
+        "gymllm/FrozenLake-v0",
+        "gymllm/FrozenLake8x8-v0",
+        "gymllm/Taxi-v0",
+        "gymllm/CliffWalking-v0",
+        "gymllm/Blackjack-v0",
+    ],
+)
 def test_registered_games_pass_check_env_and_are_seeded(env_id):
     env = gymllm.make(env_id)
     _check_env(env.unwrapped)
@@ -61,17 +73,30 @@ def test_ansi_board_keeps_highlight_and_kwargs_reach_inner_env():
     env = gymllm.make("gymllm/FrozenLake-v0", is_slippery=False, invalid_action="forfeit")
     obs, _ = env.reset(seed=0)
     assert "[S:red background]FFF" in obs and "0 (LEFT), 1 (DOWN), 2 (RIGHT), 3 (UP)" in obs
-    for move in ("DOWN", "DOWN", "RIGHT", "RIGHT", "DOWN", "RIGHT"):  # deterministic path to the goal
+    for move in (
+        "DOWN",
+        "DOWN",
+        "RIGHT",
+        "RIGHT",
+        "DOWN",
+        "RIGHT",
+    ):  # deterministic path to the goal
         obs, r, te, tr, _ = env.step(move)
     assert (r, te) == (1.0, True)
-    assert ansi_to_text("\x1b[43mX\x1b[0m|\x1b[34;1mB\x1b[0m") == "[X:yellow background]|[B:blue bold]"
+    assert (
+        ansi_to_text("\x1b[43mX\x1b[0m|\x1b[34;1mB\x1b[0m") == "[X:yellow background]|[B:blue bold]"
+    )
 
 
 def test_invalid_action_policies():
     env = from_gymnasium("FrozenLake-v1", invalid_penalty=-0.5, max_invalid=2)
     env.reset(seed=0)
     obs, r, te, tr, info = env.step("fly")
-    assert (r, te, info["invalid_action"]) == (-0.5, False, "retry") and "Invalid action (1 in a row)" in obs
+    assert (r, te, info["invalid_action"]) == (
+        -0.5,
+        False,
+        "retry",
+    ) and "Invalid action (1 in a row)" in obs
     assert "Actions:" in obs  # the menu is repeated
     obs, r, te, tr, info = env.step("fly")
     assert (r, te, info["invalid_action"]) == (-0.5, True, "forfeit")
@@ -82,16 +107,25 @@ def test_invalid_action_policies():
 
 def test_action_mask_lists_legal_actions_only():
     obs, info = from_gymnasium("Taxi-v4").reset(seed=0)
-    legal = [n for n, ok in zip(("SOUTH", "NORTH", "EAST", "WEST", "PICKUP", "DROPOFF"), info["action_mask"]) if ok]
+    legal = [
+        n
+        for n, ok in zip(
+            ("SOUTH", "NORTH", "EAST", "WEST", "PICKUP", "DROPOFF"), info["action_mask"]
+        )
+        if ok
+    ]
     menu = obs.splitlines()[-1]
     assert all(n in menu for n in legal) and sum(n in menu for n in ("PICKUP", "DROPOFF")) == sum(
-        n in legal for n in ("PICKUP", "DROPOFF"))
+        n in legal for n in ("PICKUP", "DROPOFF")
+    )
 
 
 class DictBoxEnv(gym.Env):
     """A tiny env with Dict observations and a Box action, to cover the structured renderer/parser."""
 
-    observation_space = spaces.Dict({"pos": spaces.Box(-1, 1, (2,), np.float32), "mode": spaces.Discrete(3)})
+    observation_space = spaces.Dict(
+        {"pos": spaces.Box(-1, 1, (2,), np.float32), "mode": spaces.Discrete(3)}
+    )
     action_space = spaces.Box(-1, 1, (2,), np.float32)
 
     def reset(self, *, seed=None, options=None):
@@ -114,9 +148,14 @@ def test_structured_description_and_numeric_actions():
     _check_env(from_gymnasium(DictBoxEnv()))
 
 
-SPACES = [spaces.Discrete(5, start=-2), spaces.MultiDiscrete([3, 4]), spaces.Box(-2, 2, (3,), np.float32),
-          spaces.MultiBinary(4), spaces.Dict({"a": spaces.Discrete(3), "b": spaces.Box(0, 1, (2,), np.float64)}),
-          spaces.Tuple((spaces.Discrete(2), spaces.MultiDiscrete([2, 2])))]
+SPACES = [
+    spaces.Discrete(5, start=-2),
+    spaces.MultiDiscrete([3, 4]),
+    spaces.Box(-2, 2, (3,), np.float32),
+    spaces.MultiBinary(4),
+    spaces.Dict({"a": spaces.Discrete(3), "b": spaces.Box(0, 1, (2,), np.float64)}),
+    spaces.Tuple((spaces.Discrete(2), spaces.MultiDiscrete([2, 2]))),
+]
 
 
 @pytest.mark.parametrize("space", SPACES, ids=lambda s: type(s).__name__)

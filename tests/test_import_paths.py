@@ -30,23 +30,25 @@ REPO = Path(__file__).resolve().parents[1]
 SCANNED = ("gymllm", "tests", "benchmarks", "examples", "scripts")
 
 # The only modules that may re-export a name they do not define (ARCHITECTURE.md, "Public entry points").
-PUBLIC_ENTRY_POINTS: frozenset[str] = frozenset({
-    "gymllm",
-    "gymllm.algos",
-    "gymllm.envs",
-    "gymllm.inference",
-    "gymllm.models",
-    "gymllm.multiagent",
-    "gymllm.rollout",
-    "gymllm.suites",
-    "gymllm.telemetry",
-    "gymllm.tools",
-    "gymllm.trajectories",
-    "gymllm.utils",
-    "gymllm.vector",
-    "gymllm.viewer",
-    "gymllm.wrappers",
-})
+PUBLIC_ENTRY_POINTS: frozenset[str] = frozenset(
+    {
+        "gymllm",
+        "gymllm.algos",
+        "gymllm.envs",
+        "gymllm.inference",
+        "gymllm.models",
+        "gymllm.multiagent",
+        "gymllm.rollout",
+        "gymllm.suites",
+        "gymllm.telemetry",
+        "gymllm.tools",
+        "gymllm.trajectories",
+        "gymllm.utils",
+        "gymllm.vector",
+        "gymllm.viewer",
+        "gymllm.wrappers",
+    }
+)
 
 
 def _files() -> list[Path]:
@@ -66,7 +68,11 @@ def _module_of(path: Path) -> str:
 def _locate(module: str, importer: Path) -> Path | None:
     """The repository file ``module`` names, seen from ``importer``; None for anything else."""
     parts = module.split(".")
-    roots = [REPO] if parts[0] == "gymllm" else [importer.parent, REPO / importer.relative_to(REPO).parts[0]]
+    roots = (
+        [REPO]
+        if parts[0] == "gymllm"
+        else [importer.parent, REPO / importer.relative_to(REPO).parts[0]]
+    )
     for root in roots:
         base = root.joinpath(*parts)
         for candidate in (base.with_suffix(".py"), base / "__init__.py"):
@@ -115,7 +121,9 @@ def defined_names(path: Path) -> frozenset[str]:
                     visit(handler.body)
                 visit(node.orelse)
                 visit(node.finalbody)
-            if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Expr, ast.If, ast.Return)):
+            if isinstance(
+                node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Expr, ast.If, ast.Return)
+            ):
                 for inner in ast.walk(node):
                     if isinstance(inner, ast.NamedExpr):
                         names.update(_targets(inner.target))
@@ -129,7 +137,9 @@ def _definer(name: str, path: Path, seen: frozenset[Path] = frozenset()) -> str 
     chain renames it (``import x as name``); None when ``path`` does not import it."""
     tree = ast.parse(path.read_text(), filename=str(path))
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == name for a in node.names):
+        if isinstance(node, ast.ImportFrom) and any(
+            (a.asname or a.name) == name for a in node.names
+        ):
             alias = next(a for a in node.names if (a.asname or a.name) == name)
             source = _resolve(node, path)
             here = source if alias.name == name else f"{source}.{alias.name}"
@@ -158,7 +168,11 @@ def _import_nodes(tree: ast.Module) -> list[ast.ImportFrom]:
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             found.append(node)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "import" in node.value:
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and "import" in node.value
+        ):
             try:
                 inner = ast.parse(node.value)
             except (SyntaxError, ValueError):
@@ -183,15 +197,19 @@ def reexports(path: Path) -> list[str]:
             continue  # not a file of this repository
         for alias in node.names:
             if alias.name == "*":
-                out.append(f"{path.relative_to(REPO)}:{node.lineno}: `from {module} import *` (name each import)")
+                out.append(
+                    f"{path.relative_to(REPO)}:{node.lineno}: `from {module} import *` (name each import)"
+                )
                 continue
             if alias.name in defined_names(source):
                 continue
             if source.name == "__init__.py" and _locate(f"{module}.{alias.name}", path) is not None:
                 continue  # a submodule of the package
             home = _definer(alias.name, source) or "no module it imports from"
-            out.append(f"{path.relative_to(REPO)}:{node.lineno}: `{alias.name}` from {module}, which does not "
-                       f"define it (defined in {home}): import it from there")
+            out.append(
+                f"{path.relative_to(REPO)}:{node.lineno}: `{alias.name}` from {module}, which does not "
+                f"define it (defined in {home}): import it from there"
+            )
     return out
 
 
@@ -217,16 +235,26 @@ def attribute_reexports(path: Path) -> list[str]:
     aliases = _module_aliases(tree, path)
     out = []
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases):
+        if not (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+        ):
             continue
         module, source = aliases[node.value.id]
-        if module in PUBLIC_ENTRY_POINTS or node.attr in defined_names(source) or node.attr.startswith("__"):
+        if (
+            module in PUBLIC_ENTRY_POINTS
+            or node.attr in defined_names(source)
+            or node.attr.startswith("__")
+        ):
             continue
         if source.name == "__init__.py" and _locate(f"{module}.{node.attr}", path) is not None:
             continue
         home = _definer(node.attr, source) or "no module it imports from"
-        out.append(f"{path.relative_to(REPO)}:{node.lineno}: `{node.value.id}.{node.attr}` reads {node.attr} through "
-                   f"{module}, which does not define it (defined in {home}): import it from there")
+        out.append(
+            f"{path.relative_to(REPO)}:{node.lineno}: `{node.value.id}.{node.attr}` reads {node.attr} through "
+            f"{module}, which does not define it (defined in {home}): import it from there"
+        )
     return out
 
 
@@ -235,8 +263,14 @@ def foreign_all(path: Path) -> list[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
     listed: list[str] = []
     for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
-            listed = [e.value for e in ast.walk(node.value) if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            listed = [
+                e.value
+                for e in ast.walk(node.value)
+                if isinstance(e, ast.Constant) and isinstance(e.value, str)
+            ]
     return [name for name in listed if name not in defined_names(path)]
 
 
@@ -244,7 +278,9 @@ FILES = _files()
 
 
 def test_the_scan_sees_the_tree():
-    assert len(FILES) > 300, f"expected the repository's Python files under {SCANNED}, found {len(FILES)}"
+    assert len(FILES) > 300, (
+        f"expected the repository's Python files under {SCANNED}, found {len(FILES)}"
+    )
     assert "TrainConfig" in defined_names(REPO / "gymllm/train/train_config.py")
 
 
@@ -263,33 +299,58 @@ def test_the_check_finds_a_reexport(tmp_path):
     finally:
         REPO = saved
         defined_names.cache_clear()
-    assert len(found) == 1 and "`VALUE` from relay" in found[0] and "defined in home" in found[0], found
+    assert len(found) == 1 and "`VALUE` from relay" in found[0] and "defined in home" in found[0], (
+        found
+    )
 
 
 @pytest.mark.parametrize("top", SCANNED)
 def test_names_are_imported_from_where_they_are_defined(top):
-    found = [line for path in FILES if path.relative_to(REPO).parts[0] == top for line in reexports(path) + attribute_reexports(path)]
-    assert not found, (f"{len(found)} imports in {top}/ take a name from a module that does not define it; "
-                       f"expected each name imported from its defining module (or a public entry point "
-                       f"listed in tests/test_import_paths.py PUBLIC_ENTRY_POINTS):\n" + "\n".join(found))
+    found = [
+        line
+        for path in FILES
+        if path.relative_to(REPO).parts[0] == top
+        for line in reexports(path) + attribute_reexports(path)
+    ]
+    assert not found, (
+        f"{len(found)} imports in {top}/ take a name from a module that does not define it; "
+        f"expected each name imported from its defining module (or a public entry point "
+        f"listed in tests/test_import_paths.py PUBLIC_ENTRY_POINTS):\n" + "\n".join(found)
+    )
 
 
 def test_only_entry_points_list_foreign_names_in_all():
-    modules = [p for p in FILES if p.parts[len(REPO.parts)] == "gymllm" and _module_of(p) not in PUBLIC_ENTRY_POINTS]
+    modules = [
+        p
+        for p in FILES
+        if p.parts[len(REPO.parts)] == "gymllm" and _module_of(p) not in PUBLIC_ENTRY_POINTS
+    ]
     found = [f"{p.relative_to(REPO)}: {names}" for p in modules if (names := foreign_all(p))]
-    assert not found, ("modules that are not public entry points list names they do not define in __all__; "
-                       "expected __all__ to hold the module's own names (drop the re-export, import the name "
-                       "from its home):\n" + "\n".join(found))
+    assert not found, (
+        "modules that are not public entry points list names they do not define in __all__; "
+        "expected __all__ to hold the module's own names (drop the re-export, import the name "
+        "from its home):\n" + "\n".join(found)
+    )
 
 
 def lazy_table(path: Path) -> dict[str, str]:
     """An entry point's ``_LAZY`` table: public name -> the module it is imported from on first use."""
     for node in ast.parse(path.read_text(), filename=str(path)).body:
-        target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign)
-                                                                       else None)
-        if isinstance(target, ast.Name) and target.id == "_LAZY" and isinstance(node.value, ast.Dict):
-            return {k.value: v.value for k, v in zip(node.value.keys, node.value.values)
-                    if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)}
+        target = (
+            node.target
+            if isinstance(node, ast.AnnAssign)
+            else (node.targets[0] if isinstance(node, ast.Assign) else None)
+        )
+        if (
+            isinstance(target, ast.Name)
+            and target.id == "_LAZY"
+            and isinstance(node.value, ast.Dict)
+        ):
+            return {
+                k.value: v.value
+                for k, v in zip(node.value.keys, node.value.values)
+                if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)
+            }
     return {}
 
 
@@ -302,7 +363,11 @@ def test_entry_point_tables_name_the_defining_module():
             source = _locate(module, init)
             if source is None or name not in defined_names(source):
                 home = (_definer(name, source) if source else None) or "no module it imports from"
-                found.append(f"{init.relative_to(REPO)}: {name!r} -> {module}, which does not define it "
-                             f"(defined in {home})")
-    assert not found, ("entry-point tables name modules that do not define the name; expected each to name its "
-                       "defining module:\n" + "\n".join(found))
+                found.append(
+                    f"{init.relative_to(REPO)}: {name!r} -> {module}, which does not define it "
+                    f"(defined in {home})"
+                )
+    assert not found, (
+        "entry-point tables name modules that do not define the name; expected each to name its "
+        "defining module:\n" + "\n".join(found)
+    )

@@ -35,8 +35,19 @@ def test_params_defaults_and_normalisation():
 
 @pytest.mark.parametrize(
     "field,value",
-    [("temperature", -0.1), ("temperature", float("nan")), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -1),
-     ("max_tokens", 0), ("n", 0), ("seed", 1.5), ("stop", [""]), ("stop_token_ids", [-1]), ("stop_token_ids", "x")],
+    [
+        ("temperature", -0.1),
+        ("temperature", float("nan")),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("top_k", -1),
+        ("max_tokens", 0),
+        ("n", 0),
+        ("seed", 1.5),
+        ("stop", [""]),
+        ("stop_token_ids", [-1]),
+        ("stop_token_ids", "x"),
+    ],
 )
 def test_params_reject_bad_fields_by_name(field, value):
     with pytest.raises(ConfigError, match=f"SamplingParams.{field}") as info:
@@ -76,8 +87,11 @@ _sample = jax.jit(sample)
 @settings(max_examples=40, deadline=None)
 @given(
     # no subnormals: XLA:CPU flushes them to zero (a -1.4e-45 logit ties with 0 there, not in numpy)
-    logits=st.lists(st.floats(-6, 6, allow_nan=False, allow_subnormal=False, width=32), min_size=B * V,
-                    max_size=B * V),
+    logits=st.lists(
+        st.floats(-6, 6, allow_nan=False, allow_subnormal=False, width=32),
+        min_size=B * V,
+        max_size=B * V,
+    ),
     ks=st.lists(st.integers(0, V + 2), min_size=B, max_size=B),
     ps=st.lists(st.floats(0.05, 1.0), min_size=B, max_size=B),
 )
@@ -96,7 +110,11 @@ def test_filter_keeps_exactly_k_for_the_nucleus_when_the_kth_value_ties():
     x = np.zeros((1, V), np.float32)
     x[0, 5] = 1.0
     got = np.asarray(_filter(x, np.array([2], np.int32), np.array([0.5], np.float32)))
-    assert np.isfinite(got[0]).tolist() == ref_filter(x[0], 2, 0.5)[0].tolist() == [i == 5 for i in range(V)]
+    assert (
+        np.isfinite(got[0]).tolist()
+        == ref_filter(x[0], 2, 0.5)[0].tolist()
+        == [i == 5 for i in range(V)]
+    )
     # top-k alone keeps every token tied at the k-th value (as the reference's threshold does)
     got = np.asarray(_filter(x, np.array([2], np.int32), np.array([1.0], np.float32)))
     assert np.isfinite(got[0]).all()

@@ -26,7 +26,11 @@ def test_buckets():
     assert halving_buckets(64, 1) == (64,)
     assert halving_buckets(3, 4) == (1, 2, 3)  # ceil halving, duplicates merged
     assert decode_widths(128) == (8, 16, 24, 32, 48, 64, 96, 128)
-    assert decode_widths(12) == (8, 12) and decode_widths(32) == (8, 16, 24, 32) and decode_widths(4) == (4,)
+    assert (
+        decode_widths(12) == (8, 12)
+        and decode_widths(32) == (8, 16, 24, 32)
+        and decode_widths(4) == (4,)
+    )
     assert decode_widths(40) == (8, 16, 24, 32, 40)
 
 
@@ -40,7 +44,9 @@ def test_session_reuses_its_slot_and_prefix():
     nxt = t.acquire([1, 2, 3, 9, 4, 5], "s")
     assert nxt.slot == a.slot and nxt.reuse_len == 4
     t.release(nxt.slot, [1, 2, 3, 9, 4, 5])
-    again = t.acquire([1, 2, 3, 9, 4, 5], "s")  # identical prompt: the last token is prefilled again
+    again = t.acquire(
+        [1, 2, 3, 9, 4, 5], "s"
+    )  # identical prompt: the last token is prefilled again
     assert again.reuse_len == 5
 
 
@@ -65,8 +71,11 @@ def test_full_table_and_eviction():
 
 
 ops = st.lists(
-    st.tuples(st.sampled_from(["acquire", "release", "compact"]), st.lists(st.integers(0, 3), min_size=1, max_size=6),
-              st.sampled_from([None, "s0", "s1", "s2"])),
+    st.tuples(
+        st.sampled_from(["acquire", "release", "compact"]),
+        st.lists(st.integers(0, 3), min_size=1, max_size=6),
+        st.sampled_from([None, "s0", "s1", "s2"]),
+    ),
     max_size=40,
 )
 
@@ -81,7 +90,9 @@ def _compact(t: SlotTable, widths, content: dict, busy: dict) -> None:
         busy[b] = busy.pop(a)
         t.swap(a, b)
     if busy:
-        assert pick_bucket(max(busy) + 1, widths) == pick_bucket(len(busy), widths)  # packed: the narrowest width
+        assert pick_bucket(max(busy) + 1, widths) == pick_bucket(
+            len(busy), widths
+        )  # packed: the narrowest width
 
 
 @settings(max_examples=80, deadline=None)
@@ -99,7 +110,9 @@ def test_slot_table_invariants(ops, num_slots):
                 continue
             assert pl.slot not in busy  # never hand out a busy row
             assert 0 <= pl.reuse_len <= len(prompt) - 1
-            assert content[pl.slot][: pl.reuse_len] == prompt[: pl.reuse_len]  # reuse only what is cached
+            assert (
+                content[pl.slot][: pl.reuse_len] == prompt[: pl.reuse_len]
+            )  # reuse only what is cached
             if sid is not None:
                 assert t.sessions[sid] == pl.slot
             busy[pl.slot] = prompt
@@ -117,8 +130,13 @@ def test_slot_table_invariants(ops, num_slots):
 
 
 @settings(max_examples=200, deadline=None)
-@given(rows=st.lists(st.tuples(st.booleans(), st.booleans(), st.lists(st.integers(0, 9), max_size=3)),
-                     min_size=1, max_size=24))
+@given(
+    rows=st.lists(
+        st.tuples(st.booleans(), st.booleans(), st.lists(st.integers(0, 9), max_size=3)),
+        min_size=1,
+        max_size=24,
+    )
+)
 def test_compaction_packs_busy_rows_and_every_row_keeps_its_contents(rows):
     """Any mix of busy, pinned and cached rows: after the swaps the busy rows fit the narrowest width, and
     every request, prefix and session is in exactly one row (the one its k/v were copied to)."""
@@ -130,10 +148,14 @@ def test_compaction_packs_busy_rows_and_every_row_keeps_its_contents(rows):
             slot.session_id = f"s{i}"
             t.sessions[slot.session_id] = i
     widths = decode_widths(len(rows), 2)
-    content = {i: t.slots[i].cached for i in range(len(rows))}  # row i's k/v, tagged by its first id
+    content = {
+        i: t.slots[i].cached for i in range(len(rows))
+    }  # row i's k/v, tagged by its first id
     busy = {i: True for i, (b, _, _) in enumerate(rows) if b}
     _compact(t, widths, content, busy)
-    assert sorted(content[i][0] for i in content) == list(range(len(rows)))  # nothing lost or duplicated
+    assert sorted(content[i][0] for i in content) == list(
+        range(len(rows))
+    )  # nothing lost or duplicated
     for x in t.slots:
         assert x.cached == content[x.index] and x.busy == (x.index in busy)
         assert x.session_id in (None, f"s{x.cached[0]}")  # a session follows its own row's k/v
@@ -156,11 +178,16 @@ def test_compaction_swaps_busy_rows_with_idle_low_rows_empty_first_then_unpinned
     t.end_session("s2")  # row 1 stays pinned by s1; row 2 is idle and unpinned
     t.invalidate(5)  # row 5 holds nothing
     swaps = t.compaction((8, 16))
-    assert swaps == [(14, 5), (12, 0)]  # the highest busy row first; an empty row, then the oldest cached one
+    assert swaps == [
+        (14, 5),
+        (12, 0),
+    ]  # the highest busy row first; an empty row, then the oldest cached one
     for a, b in swaps:
         t.swap(a, b)
     assert [s.index for s in t.slots if s.busy] == [0, 5] and t.compaction((8, 16)) == []
-    assert t.slots[12].cached == [0] and not t.slots[12].busy  # row 0's prefix moved up, out of the way
+    assert (
+        t.slots[12].cached == [0] and not t.slots[12].busy
+    )  # row 0's prefix moved up, out of the way
 
 
 def test_compaction_trades_places_with_a_pinned_row_and_both_sessions_follow_their_rows():
@@ -171,13 +198,20 @@ def test_compaction_trades_places_with_a_pinned_row_and_both_sessions_follow_the
         if i != 9:
             t.release(i, [i])
     assert t.compaction((8, 16), limit=0) == []
-    (a, b), = t.compaction((8, 16))
+    ((a, b),) = t.compaction((8, 16))
     assert a == 9 and b == 0  # every idle row is pinned: the least recently used one
     t.swap(a, b)
     assert t.sessions["s9"] == 0 and t.sessions["s0"] == 9
-    assert t.slots[0].busy and not t.slots[9].busy and t.slots[9].cached == [0] and t.slots[0].session_id == "s9"
+    assert (
+        t.slots[0].busy
+        and not t.slots[9].busy
+        and t.slots[9].cached == [0]
+        and t.slots[0].session_id == "s9"
+    )
     t.release(0, [9, 10])
-    assert t.acquire([0, 5], session_id="s0") == Placement(9, 1)  # s0 reuses its prefix in its new row
+    assert t.acquire([0, 5], session_id="s0") == Placement(
+        9, 1
+    )  # s0 reuses its prefix in its new row
 
 
 def test_a_moved_row_keeps_its_session():
@@ -189,6 +223,8 @@ def test_a_moved_row_keeps_its_session():
     t.release(8, [8])
     t.acquire([8, 9], session_id="a")  # takes row 8 again (its prefix [8])
     assert t.sessions["a"] == 8
-    (a, b), = t.compaction((8, 16))
+    ((a, b),) = t.compaction((8, 16))
     t.swap(a, b)
-    assert t.sessions["a"] == b < 8 and t.slots[b].session_id == "a" and t.slots[8].session_id is None
+    assert (
+        t.sessions["a"] == b < 8 and t.slots[b].session_id == "a" and t.slots[8].session_id is None
+    )

@@ -67,7 +67,9 @@ def test_jax_weights_convert_to_torch_exactly():
     np.testing.assert_array_equal(t.numpy(), np.asarray(x))
     b = (jnp.arange(6, dtype=jnp.float32) / 3 - 1).astype(jnp.bfloat16)
     tb = to_torch(b)
-    assert tb.dtype == torch.bfloat16  # bf16 stays bf16: same bits, half the bytes of a float32 copy
+    assert (
+        tb.dtype == torch.bfloat16
+    )  # bf16 stays bf16: same bits, half the bytes of a float32 copy
     np.testing.assert_array_equal(tb.float().numpy(), np.asarray(b, dtype=np.float32))
 
 
@@ -95,7 +97,10 @@ def _script(prompt, n, w=0):
 
 
 def _new_weights(w: float, dtype=jnp.float32):
-    return {"lm_head.weight": jnp.full((8, 4), w, dtype), "model.norm.weight": (jnp.arange(4) / 3).astype(jnp.bfloat16)}
+    return {
+        "lm_head.weight": jnp.full((8, 4), w, dtype),
+        "model.norm.weight": (jnp.arange(4) / 3).astype(jnp.bfloat16),
+    }
 
 
 def test_engine_args_request_processed_logprobs_and_the_weight_loader(standin, tmp_path):
@@ -103,14 +108,19 @@ def test_engine_args_request_processed_logprobs_and_the_weight_loader(standin, t
 
     _, core = _engine(tmp_path, gpu_memory_utilization=0.3)
     assert core.args.logprobs_mode == "processed_logprobs" and core.args.model == "toy-model"
-    assert core.args.worker_extension_cls == WORKER_EXTENSION and core.args.gpu_memory_utilization == 0.3
+    assert (
+        core.args.worker_extension_cls == WORKER_EXTENSION
+        and core.args.gpu_memory_utilization == 0.3
+    )
     assert isinstance(core.workers[0], WeightLoaderExtension)  # mixed into the worker class
     _, raw = _engine(tmp_path, logprobs_mode="raw_logprobs")  # an explicit choice is kept
     assert raw.args.logprobs_mode == "raw_logprobs"
 
 
 def test_unknown_engine_arg_is_a_clear_error(standin, tmp_path):
-    with pytest.raises(EngineError, match=r"AsyncEngineArgs.*no_such_arg.*Fix: pip install -U 'vllm>=0.11'"):
+    with pytest.raises(
+        EngineError, match=r"AsyncEngineArgs.*no_such_arg.*Fix: pip install -U 'vllm>=0.11'"
+    ):
         _engine(tmp_path, no_such_arg=1)
 
 
@@ -119,19 +129,41 @@ def test_sampling_params_mapping(standin, tmp_path):
 
     async def main():
         await eng.generate([5, 6, 7], SamplingParams(temperature=0.0, max_tokens=3))
-        await eng.generate([1, 2], SamplingParams(temperature=0.7, top_p=0.9, top_k=5, max_tokens=4,
-                                                  stop_token_ids=(2, 9), stop=("</a>",), seed=11))
+        await eng.generate(
+            [1, 2],
+            SamplingParams(
+                temperature=0.7,
+                top_p=0.9,
+                top_k=5,
+                max_tokens=4,
+                stop_token_ids=(2, 9),
+                stop=("</a>",),
+                seed=11,
+            ),
+        )
 
     asyncio.run(main())
     (p0, sp0, rid0), (p1, sp1, rid1) = core.received
-    assert p0 == {"prompt_token_ids": [5, 6, 7]} and p1 == {"prompt_token_ids": [1, 2]}  # ids verbatim
+    assert p0 == {"prompt_token_ids": [5, 6, 7]} and p1 == {
+        "prompt_token_ids": [1, 2]
+    }  # ids verbatim
     assert all(type(t) is int for t in p0["prompt_token_ids"]) and rid0 != rid1
-    assert (sp0.temperature, sp0.top_k, sp0.top_p, sp0.seed, sp0.stop, sp0.stop_token_ids) == (0.0, -1, 1.0, None,
-                                                                                                None, None)
+    assert (sp0.temperature, sp0.top_k, sp0.top_p, sp0.seed, sp0.stop, sp0.stop_token_ids) == (
+        0.0,
+        -1,
+        1.0,
+        None,
+        None,
+        None,
+    )
     assert (sp1.temperature, sp1.top_p, sp1.top_k, sp1.max_tokens, sp1.seed) == (0.7, 0.9, 5, 4, 11)
     assert sp1.stop_token_ids == [2, 9] and sp1.stop == ["</a>"]
     for sp in (sp0, sp1):
-        assert sp.n == 1 and sp.logprobs == 0 and sp.output_kind is vllm_standin.RequestOutputKind.DELTA
+        assert (
+            sp.n == 1
+            and sp.logprobs == 0
+            and sp.output_kind is vllm_standin.RequestOutputKind.DELTA
+        )
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.6, 1.0, 1.2])
@@ -143,7 +175,12 @@ def test_completion_has_sampled_ids_and_processed_float32_logprobs(standin, tmp_
     assert c.token_ids.tolist() == _script(prompt, 6) and c.finish_reason == "length"
     assert c.logprobs.dtype == np.float32
     np.testing.assert_allclose(c.logprobs, [-0.25 * (k + 1) / t for k in range(6)], rtol=1e-6)
-    assert c.versions.tolist() == [0] * 6 and c.prompt_len == 3 and c.ttft_s >= 0 and c.latency_s >= c.ttft_s
+    assert (
+        c.versions.tolist() == [0] * 6
+        and c.prompt_len == 3
+        and c.ttft_s >= 0
+        and c.latency_s >= c.ttft_s
+    )
     assert c.text == "".join(f"<{i}>" for i in _script(prompt, 6))
 
 
@@ -156,13 +193,24 @@ def test_finish_reasons_and_stop_reasons(standin, tmp_path):
         by_id = await eng.generate(prompt, SamplingParams(max_tokens=8, stop_token_ids=(ids[2],)))
         by_str = await eng.generate(prompt, SamplingParams(max_tokens=8, stop=(f"<{ids[3]}>",)))
         core.finish_override = "error"
-        with pytest.raises(EngineError, match=r"vLLM finish_reason: expected stop / length / abort, received 'error'"):
+        with pytest.raises(
+            EngineError,
+            match=r"vLLM finish_reason: expected stop / length / abort, received 'error'",
+        ):
             await eng.generate(prompt, SamplingParams(max_tokens=8))
         return by_id, by_str
 
     by_id, by_str = asyncio.run(main())
-    assert by_id.finish_reason == "stop" and by_id.stop_reason == ids[2] and by_id.token_ids.tolist() == ids[:3]
-    assert by_str.finish_reason == "stop" and by_str.stop_reason == f"<{ids[3]}>" and by_str.num_tokens == 4
+    assert (
+        by_id.finish_reason == "stop"
+        and by_id.stop_reason == ids[2]
+        and by_id.token_ids.tolist() == ids[:3]
+    )
+    assert (
+        by_str.finish_reason == "stop"
+        and by_str.stop_reason == f"<{ids[3]}>"
+        and by_str.num_tokens == 4
+    )
 
 
 def test_cached_prompt_len_comes_from_vllm_prefix_cache(standin, tmp_path):
@@ -170,7 +218,9 @@ def test_cached_prompt_len_comes_from_vllm_prefix_cache(standin, tmp_path):
 
     async def main():
         await eng.generate([1, 2, 3], SamplingParams(max_tokens=2))
-        return await eng.generate([1, 2, 3, 4, 5], SamplingParams(max_tokens=2), session_id="traj-1")
+        return await eng.generate(
+            [1, 2, 3, 4, 5], SamplingParams(max_tokens=2), session_id="traj-1"
+        )
 
     assert asyncio.run(main()).cached_prompt_len == 3
 
@@ -222,8 +272,13 @@ def test_weights_reach_every_worker_exactly(standin, tmp_path):
         (got,) = worker.model_runner.model.received
         assert set(got) == set(new)
         for name, arr in new.items():
-            assert got[name].dtype == {jnp.float32: torch.float32, jnp.bfloat16: torch.bfloat16}[arr.dtype.type]
-            np.testing.assert_array_equal(got[name].float().numpy(), np.asarray(arr, dtype=np.float32))
+            assert (
+                got[name].dtype
+                == {jnp.float32: torch.float32, jnp.bfloat16: torch.bfloat16}[arr.dtype.type]
+            )
+            np.testing.assert_array_equal(
+                got[name].float().numpy(), np.asarray(arr, dtype=np.float32)
+            )
     assert eng.version == 4
 
 
@@ -231,8 +286,11 @@ def test_weight_update_from_another_thread(standin, tmp_path):
     eng, core = _engine(tmp_path)
 
     async def main():
-        gen = asyncio.create_task(eng.generate([4], SamplingParams(max_tokens=100_000,
-                                                                   stop_token_ids=tuple(range(200, 250)))))
+        gen = asyncio.create_task(
+            eng.generate(
+                [4], SamplingParams(max_tokens=100_000, stop_token_ids=tuple(range(200, 250)))
+            )
+        )
         await asyncio.sleep(10 * vllm_standin.STEP_S)
         loop = asyncio.get_running_loop()
         fut = await loop.run_in_executor(None, lambda: eng.update_weights(_new_weights(2.0), 7))
@@ -255,9 +313,15 @@ def test_older_pause_api_drains_instead_of_aborting(monkeypatch, tmp_path):
         return await gen
 
     c = asyncio.run(main())
-    assert c.finish_reason == "length" and c.versions.tolist() == [0] * 15  # drained under the old weights
-    assert [m for m, _ in core.calls] == ["pause_generation", "collective_rpc", "reset_prefix_cache",
-                                          "resume_generation"]
+    assert (
+        c.finish_reason == "length" and c.versions.tolist() == [0] * 15
+    )  # drained under the old weights
+    assert [m for m, _ in core.calls] == [
+        "pause_generation",
+        "collective_rpc",
+        "reset_prefix_cache",
+        "resume_generation",
+    ]
     assert core.calls[0][1]["mode"] == "wait"
 
 
@@ -265,9 +329,13 @@ def test_bad_weights_are_a_clear_error_and_generation_resumes(standin, tmp_path)
     eng, core = _engine(tmp_path)
 
     async def main():
-        with pytest.raises(EngineError, match=r"update_weights: expected weights every vLLM worker loads.*KeyError"):
+        with pytest.raises(
+            EngineError, match=r"update_weights: expected weights every vLLM worker loads.*KeyError"
+        ):
             await eng.aupdate_weights({"no.such.weight": jnp.zeros(2)}, version=1)
-        with pytest.raises(EngineError, match=r"update_weights\(state\): expected a non-empty mapping"):
+        with pytest.raises(
+            EngineError, match=r"update_weights\(state\): expected a non-empty mapping"
+        ):
             await eng.aupdate_weights({}, version=1)
         return await eng.generate([1], SamplingParams(max_tokens=2))
 
@@ -288,7 +356,7 @@ def test_cancellation_aborts_the_request(standin, tmp_path):
         await asyncio.sleep(3 * vllm_standin.STEP_S)
 
     asyncio.run(main())
-    (_, _, rid), = core.received
+    ((_, _, rid),) = core.received
     assert rid in core.aborted and core.requests == {}  # the engine stopped decoding it
 
 
@@ -298,7 +366,9 @@ def test_request_errors_are_clear(standin, tmp_path):
     async def main():
         with pytest.raises(EngineError, match=r"prompt_ids: expected at least one token id"):
             await eng.generate([], SamplingParams())
-        with pytest.raises(EngineError, match=r"SamplingParams.n: expected 1 for generate.*generate_n"):
+        with pytest.raises(
+            EngineError, match=r"SamplingParams.n: expected 1 for generate.*generate_n"
+        ):
             await eng.generate([1], SamplingParams(n=2))
         await eng.close()
         with pytest.raises(EngineError, match=r"generate: expected an open engine"):
@@ -313,7 +383,9 @@ def test_missing_logprobs_are_a_clear_error():
 
     lp = vllm_standin.Logprob
     assert _sampled_logprobs([4, 9], [{7: lp(-0.1), 4: lp(-1.5)}, {9: lp(-0.2)}]) == [-1.5, -0.2]
-    with pytest.raises(EngineError, match=r"vLLM output logprobs: expected one \{token_id: Logprob\}"):
+    with pytest.raises(
+        EngineError, match=r"vLLM output logprobs: expected one \{token_id: Logprob\}"
+    ):
         _sampled_logprobs([4, 9], None)
     with pytest.raises(EngineError, match=r"holding that token"):
         _sampled_logprobs([4], [{7: lp(-0.1)}])
@@ -343,12 +415,18 @@ def test_vllm_engine_generates_token_ids_and_logprobs(tmp_path):  # pragma: no c
 
     tiny = make_tiny("llama")
     save_hf_dir(tiny, tmp_path / "model")  # a real Hugging Face directory vLLM can load
-    eng = VllmEngine(str(tmp_path / "model"), gpu_memory_utilization=0.2, enforce_eager=True,
-                     weight_dir=str(tmp_path))
+    eng = VllmEngine(
+        str(tmp_path / "model"),
+        gpu_memory_utilization=0.2,
+        enforce_eager=True,
+        weight_dir=str(tmp_path),
+    )
 
     async def main():
         c = await eng.generate([1, 2, 3], SamplingParams(temperature=0.0, max_tokens=5))
-        gen = asyncio.create_task(eng.generate([1, 2, 3], SamplingParams(temperature=1.0, max_tokens=64)))
+        gen = asyncio.create_task(
+            eng.generate([1, 2, 3], SamplingParams(temperature=1.0, max_tokens=64))
+        )
         await asyncio.sleep(0.05)
         await eng.update_weights(hf_weights(tiny), version=1)
         mid = await gen

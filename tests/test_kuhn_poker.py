@@ -14,20 +14,38 @@ import pytest
 
 pytest.importorskip("textarena")  # the catalogue extra
 
-from gymllm.envs.kuhn_poker import (KUHN_CARDS, KUHN_GAME_VALUE, KUHN_MOVES, KuhnPokerAEC, KuhnPokerConfig,  # noqa: E402
-                                    kuhn_equilibrium, kuhn_poker, replay_chips)
+from gymllm.envs.kuhn_poker import (
+    KUHN_CARDS,
+    KUHN_GAME_VALUE,
+    KUHN_MOVES,
+    KuhnPokerAEC,
+    KuhnPokerConfig,  # noqa: E402
+    kuhn_equilibrium,
+    kuhn_poker,
+    replay_chips,
+)
 from gymllm.errors import ConfigError  # noqa: E402
 
-DEALS = list(itertools.permutations(range(3), 2))  # (first actor's card, second actor's card): the 6 deals
-FIRST_SETS = [((), "check", "bet"), (("check", "bet"), "call", "fold")]  # the first actor's decisions
+DEALS = list(
+    itertools.permutations(range(3), 2)
+)  # (first actor's card, second actor's card): the 6 deals
+FIRST_SETS = [
+    ((), "check", "bet"),
+    (("check", "bet"), "call", "fold"),
+]  # the first actor's decisions
 SECOND_SETS = [(("check",), "check", "bet"), (("bet",), "call", "fold")]
 
 
 def payoff(c1: int, c2: int, line: tuple[str, ...]) -> int:
     """The first actor's chips for a finished betting line (ante 1, bet 1), from the rules."""
     show = 1 if c1 > c2 else -1
-    return {("check", "check"): show, ("check", "bet", "fold"): -1, ("check", "bet", "call"): 2 * show,
-            ("bet", "fold"): 1, ("bet", "call"): 2 * show}[line]
+    return {
+        ("check", "check"): show,
+        ("check", "bet", "fold"): -1,
+        ("check", "bet", "call"): 2 * show,
+        ("bet", "fold"): 1,
+        ("bet", "call"): 2 * show,
+    }[line]
 
 
 def value(first, second) -> Fraction:
@@ -37,21 +55,30 @@ def value(first, second) -> Fraction:
         b1 = first(c1, ())
         b2c, c2b = second(c2, ("check",)), second(c2, ("bet",))
         c1c = first(c1, ("check", "bet"))
-        v = (1 - b1) * ((1 - b2c) * payoff(c1, c2, ("check", "check"))
-                        + b2c * (c1c * payoff(c1, c2, ("check", "bet", "call"))
-                                 + (1 - c1c) * payoff(c1, c2, ("check", "bet", "fold"))))
-        v += b1 * (c2b * payoff(c1, c2, ("bet", "call")) + (1 - c2b) * payoff(c1, c2, ("bet", "fold")))
+        v = (1 - b1) * (
+            (1 - b2c) * payoff(c1, c2, ("check", "check"))
+            + b2c
+            * (
+                c1c * payoff(c1, c2, ("check", "bet", "call"))
+                + (1 - c1c) * payoff(c1, c2, ("check", "bet", "fold"))
+            )
+        )
+        v += b1 * (
+            c2b * payoff(c1, c2, ("bet", "call")) + (1 - c2b) * payoff(c1, c2, ("bet", "fold"))
+        )
         total += Fraction(v) / 6
     return total
 
 
 def strategy(alpha: Fraction):
     """``kuhn_equilibrium`` as (card, history) -> P(bet or call), in exact fractions."""
+
     def p(card: int, history: tuple[str, ...]) -> Fraction:
         probs = kuhn_equilibrium(KUHN_CARDS[card], history, float(alpha))
         aggressive = probs.get("[bet]", probs.get("[call]"))
         assert abs(sum(probs.values()) - 1.0) < 1e-12 and all(0 <= x <= 1 for x in probs.values())
         return Fraction(aggressive).limit_denominator(1000)
+
     return p
 
 
@@ -68,17 +95,25 @@ def test_equilibrium_has_the_game_value_and_no_pure_strategy_beats_it(alpha):
     assert value(eq, eq) == Fraction(-1, 18) and KUHN_GAME_VALUE == pytest.approx(-1 / 18)
     hist1 = {(): 0, ("check", "bet"): 1}
     hist2 = {("check",): 0, ("bet",): 1}
-    best_first = max(value(lambda c, h, t=t: Fraction(t[(c, hist1[h])]), eq) for t in pure_strategies())
-    best_second = min(value(eq, lambda c, h, t=t: Fraction(t[(c, hist2[h])])) for t in pure_strategies())
-    assert best_first == Fraction(-1, 18) and best_second == Fraction(-1, 18)  # exploitability 0 for both seats
+    best_first = max(
+        value(lambda c, h, t=t: Fraction(t[(c, hist1[h])]), eq) for t in pure_strategies()
+    )
+    best_second = min(
+        value(eq, lambda c, h, t=t: Fraction(t[(c, hist2[h])])) for t in pure_strategies()
+    )
+    assert best_first == Fraction(-1, 18) and best_second == Fraction(
+        -1, 18
+    )  # exploitability 0 for both seats
 
 
 def test_equilibrium_frequencies_are_kuhns():
     eq = kuhn_equilibrium
-    assert eq("J", ()) == pytest.approx({"[check]": 2 / 3, "[bet]": 1 / 3})       # bluff a J 1/3
+    assert eq("J", ()) == pytest.approx({"[check]": 2 / 3, "[bet]": 1 / 3})  # bluff a J 1/3
     assert eq("Q", ()) == {"[check]": 1.0, "[bet]": 0.0}
-    assert eq("K", ()) == {"[check]": 0.0, "[bet]": 1.0}                          # 3 alpha = 1
-    assert eq("Q", ("check", "bet")) == pytest.approx({"[call]": 2 / 3, "[fold]": 1 / 3})  # alpha + 1/3
+    assert eq("K", ()) == {"[check]": 0.0, "[bet]": 1.0}  # 3 alpha = 1
+    assert eq("Q", ("check", "bet")) == pytest.approx(
+        {"[call]": 2 / 3, "[fold]": 1 / 3}
+    )  # alpha + 1/3
     assert eq("J", ("bet",)) == {"[call]": 0.0, "[fold]": 1.0}
     assert eq("Q", ("bet",)) == pytest.approx({"[call]": 1 / 3, "[fold]": 2 / 3})
     assert eq("J", ("check",)) == pytest.approx({"[check]": 2 / 3, "[bet]": 1 / 3})
@@ -124,7 +159,10 @@ def test_rewards_are_kuhns_chips_with_bets_in_the_pot(max_rounds):
             card, history = game.env.decision_state(agent)
             if not history:  # a new hand: the first actor's and the other's cards
                 other = "player_1" if agent == "player_0" else "player_0"
-                cards = {agent: KUHN_CARDS.index(card), other: KUHN_CARDS.index(game.env.decision_state(other)[0])}
+                cards = {
+                    agent: KUHN_CARDS.index(card),
+                    other: KUHN_CARDS.index(game.env.decision_state(other)[0]),
+                }
                 hand, first = [], agent
             legal = [m for m, ok in zip(KUHN_MOVES, obs["action_mask"]) if ok]
             assert f"Legal moves: {', '.join(legal)}." in obs["observation"]
@@ -132,8 +170,13 @@ def test_rewards_are_kuhns_chips_with_bets_in_the_pot(max_rounds):
             hand.append((agent, move.strip("[]")))
             game.step(move)
             line = tuple(m for _, m in hand)
-            if line in {("check", "check"), ("check", "bet", "fold"), ("check", "bet", "call"), ("bet", "fold"),
-                        ("bet", "call")}:
+            if line in {
+                ("check", "check"),
+                ("check", "bet", "fold"),
+                ("check", "bet", "call"),
+                ("bet", "fold"),
+                ("bet", "call"),
+            }:
                 second = next(a for a in cards if a != first)
                 won = payoff(cards[first], cards[second], line)
                 expected[first] += won
@@ -160,9 +203,12 @@ def test_a_seed_deals_the_same_cards_whatever_was_played_before():
 def test_demos_are_legal_moves_and_follow_the_equilibrium(tmp_path):
     from gymllm.envs.demos import demonstrations
 
-    recs = demonstrations("gymllm/ta-KuhnPoker-v0", n=240, env_kwargs={"max_invalid": 2}, system_prompt="S")
-    assert len(recs) == 240 and recs[:16] == demonstrations("gymllm/ta-KuhnPoker-v0", n=16, env_kwargs={"max_invalid": 2},
-                                                           system_prompt="S")  # the seed fixes each demo
+    recs = demonstrations(
+        "gymllm/ta-KuhnPoker-v0", n=240, env_kwargs={"max_invalid": 2}, system_prompt="S"
+    )
+    assert len(recs) == 240 and recs[:16] == demonstrations(
+        "gymllm/ta-KuhnPoker-v0", n=16, env_kwargs={"max_invalid": 2}, system_prompt="S"
+    )  # the seed fixes each demo
     counts: dict[tuple[str, str], list[str]] = {}
     for rec in recs:
         assert rec["reward"] in (-2.0, -1.0, 1.0, 2.0)
@@ -175,7 +221,9 @@ def test_demos_are_legal_moves_and_follow_the_equilibrium(tmp_path):
             assert "Invalid move" not in text
             legal = re.search(r"Legal moves: (.*)\.$", text).group(1).split(", ")
             assert reply["content"] in legal  # a legal move, in TextArena's syntax
-            history += re.findall(r"submitted move: '\[(\w+)\]'", text)  # the moves since its last turn, its own too
+            history += re.findall(
+                r"submitted move: '\[(\w+)\]'", text
+            )  # the moves since its last turn, its own too
             counts.setdefault((card, ",".join(history)), []).append(reply["content"])
     for (card, hist), moves in counts.items():
         probs = kuhn_equilibrium(card, tuple(h for h in hist.split(",") if h))
@@ -184,7 +232,13 @@ def test_demos_are_legal_moves_and_follow_the_equilibrium(tmp_path):
             if p in (0.0, 1.0):
                 assert freq == p, (card, hist, move)
             else:  # 4 standard errors
-                assert abs(freq - p) <= 4 * (p * (1 - p) / len(moves)) ** 0.5 + 1e-9, (card, hist, move, freq, len(moves))
+                assert abs(freq - p) <= 4 * (p * (1 - p) / len(moves)) ** 0.5 + 1e-9, (
+                    card,
+                    hist,
+                    move,
+                    freq,
+                    len(moves),
+                )
     assert {k for k in counts} >= {(c, h) for c in "JQK" for h in ("", "check", "bet")}
 
 
@@ -196,12 +250,18 @@ def test_gymllm_eval_game_plays_it_and_scores_by_chips(tmp_path):
     summary = run_matches(make, players, tmp_path, config=MatchConfig(games=8, num_resamples=20))
     rows = [json.loads(x) for x in (tmp_path / "games.jsonl").read_text().splitlines()]
     assert summary["games"] == 8 and summary["errors"] == 0 and all(r["scored"] for r in rows)
-    assert all(not r["draw"] and r["winner"] in ("a", "b") and r["moves"] for r in rows)  # one hand: no draws
+    assert all(
+        not r["draw"] and r["winner"] in ("a", "b") and r["moves"] for r in rows
+    )  # one hand: no draws
     assert all(r["outcomes"][r["winner"]] == "win" for r in rows)
-    for r in rows:  # the replayed chips: zero-sum, the winner's positive, a called bet doubles the stake
+    for r in (
+        rows
+    ):  # the replayed chips: zero-sum, the winner's positive, a called bet doubles the stake
         chips = replay_chips(r, max_invalid=2)
         moves = [m for _, m in r["moves"]]
-        assert chips["a"] == -chips["b"] and chips[r["winner"]] == (2.0 if "[call]" in moves else 1.0)
+        assert chips["a"] == -chips["b"] and chips[r["winner"]] == (
+            2.0 if "[call]" in moves else 1.0
+        )
     with pytest.raises(ConfigError, match="finished game"):
         replay_chips({**rows[0], "error": "boom"})
 
@@ -216,8 +276,13 @@ def test_the_recipe_builds_valid_train_and_sft_configs(tmp_path):
     recipe = load_recipe("kuhn_poker_selfplay")
     assert "Measured" in recipe["description"]
     cfg = train_config_from("kuhn_poker_selfplay", None, None, str(tmp_path))
-    assert cfg.multiagent.opponent == "frozen" and cfg.multiagent.league_size >= 1  # a league of earlier snapshots
-    assert cfg.multiagent.baseline == "role_ema" and "gymllm.envs.kuhn_poker:kuhn_card_player" in cfg.multiagent.eval_opponents
+    assert (
+        cfg.multiagent.opponent == "frozen" and cfg.multiagent.league_size >= 1
+    )  # a league of earlier snapshots
+    assert (
+        cfg.multiagent.baseline == "role_ema"
+        and "gymllm.envs.kuhn_poker:kuhn_card_player" in cfg.multiagent.eval_opponents
+    )
     assert game_factory(cfg.env.id, dict(cfg.env.kwargs)) is not None
     stage = sft_stage_from(recipe["sft"])
     assert stage.demo_env in SOLVERS
@@ -235,20 +300,45 @@ def test_the_recipe_runs_demos_sft_and_one_self_play_step(tmp_path, capsys):
 
     run_dir = tmp_path / "run"
     text = (RECIPES_DIR / "kuhn_poker_selfplay.toml").read_text()
-    for old, new in (("max_len = 512", "max_len = 1024"), ("min_bucket = 512", "min_bucket = 1024"),
-                     ("max_len = 448", "max_len = 1024"), ("min_bucket = 448", "min_bucket = 1024"),
-                     ("num_steps = 12", "num_steps = 1"), ("num_steps = 3", "num_steps = 1"), ("demos = 256", "demos = 8"),
-                     ("every = 3", "every = 1"),
-                     ('run_dir = "runs/kuhn_poker_selfplay"', f'run_dir = "{run_dir}"'),
-                     ('preset = "default"', 'preset = "default"\n[model]\nname = "tiny-qwen3"')):
+    for old, new in (
+        ("max_len = 512", "max_len = 1024"),
+        ("min_bucket = 512", "min_bucket = 1024"),
+        ("max_len = 448", "max_len = 1024"),
+        ("min_bucket = 448", "min_bucket = 1024"),
+        ("num_steps = 12", "num_steps = 1"),
+        ("num_steps = 3", "num_steps = 1"),
+        ("demos = 256", "demos = 8"),
+        ("every = 3", "every = 1"),
+        ('run_dir = "runs/kuhn_poker_selfplay"', f'run_dir = "{run_dir}"'),
+        ('preset = "default"', 'preset = "default"\n[model]\nname = "tiny-qwen3"'),
+    ):
         assert old in text, old
         text = text.replace(old, new)
     recipe = tmp_path / "kuhn.toml"
     recipe.write_text(text)
-    assert main(["train", str(recipe), "--run.no-console", "--run.no-report", "--env.num-envs", "4",
-                 "--engine.num-slots", "4", "--rollout.group-size", "2", "--rollout.max-concurrency", "4"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                str(recipe),
+                "--run.no-console",
+                "--run.no-report",
+                "--env.num-envs",
+                "4",
+                "--engine.num-slots",
+                "4",
+                "--rollout.group-size",
+                "2",
+                "--rollout.max-concurrency",
+                "4",
+            ]
+        )
+        == 0
+    )
     stages = json.loads((run_dir / "stages.json").read_text())
     assert stages["demos"]["episodes"] == 8 and stages["sft"]["step"] == 1
     grpo = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in grpo if "reward_mean" in r] == [1]
-    assert any(k.startswith("seat/player_0/") for r in grpo for k in r)  # both seats were played (self-play)
+    assert any(
+        k.startswith("seat/player_0/") for r in grpo for k in r
+    )  # both seats were played (self-play)

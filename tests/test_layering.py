@@ -70,7 +70,9 @@ MODULES = {_module_name(p): p for p in FILES}
 def _root_names() -> dict[str, str]:
     """The root's lazy names: ``{"make": "gymllm.registration", ...}`` from its ``_LAZY`` table."""
     for node in ast.parse((ROOT / "__init__.py").read_text()).body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_LAZY" for t in node.targets):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "_LAZY" for t in node.targets
+        ):
             return {k.value: v.value for k, v in zip(node.value.keys, node.value.values)}
     return {}
 
@@ -113,12 +115,21 @@ def imports(path: Path) -> list[tuple[int, str]]:
                 module = node.module or ""
             if module == "gymllm" or module.startswith("gymllm."):
                 found += [(node.lineno, _named(module, a.name)) for a in node.names]
-        elif (isinstance(node, ast.Constant) and isinstance(node.value, str) and path.name == "__init__.py"
-              and MODULE_PATH.match(node.value)):
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and path.name == "__init__.py"
+            and MODULE_PATH.match(node.value)
+        ):
             found.append((node.lineno, node.value))  # a lazy table's target
     if bare_root:  # import gymllm; gymllm.<name>
-        found += [(n.lineno, _named("gymllm", n.attr)) for n in ast.walk(tree)
-                  if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "gymllm"]
+        found += [
+            (n.lineno, _named("gymllm", n.attr))
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Name)
+            and n.value.id == "gymllm"
+        ]
     return [(line, dep) for line, mod in found if (dep := _existing(mod)) and dep != me]
 
 
@@ -181,8 +192,10 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_every_module_has_a_rank():
     layers = {_layer(m) for m in MODULES} - {None}
     missing = sorted(layers - set(RANK))
-    assert not missing, (f"gymllm modules {missing} have no layer: expected every top-level module or subpackage "
-                         f"in tests/test_layering.py ORDER; add each where its imports put it")
+    assert not missing, (
+        f"gymllm modules {missing} have no layer: expected every top-level module or subpackage "
+        f"in tests/test_layering.py ORDER; add each where its imports put it"
+    )
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(ROOT)))
@@ -190,17 +203,24 @@ def test_imports_point_one_way(path):
     own = _layer(_module_name(path))
     if own is None:
         return  # the package root: a facade over every layer
-    bad = [(line, mod) for line, mod in imports(path)
-           if (dep := _layer(mod)) and RANK[dep] > RANK[own] and (_rel(path), mod) not in KNOWN]
+    bad = [
+        (line, mod)
+        for line, mod in imports(path)
+        if (dep := _layer(mod)) and RANK[dep] > RANK[own] and (_rel(path), mod) not in KNOWN
+    ]
     order = " -> ".join(", ".join(layer) for layer in ORDER)
-    assert not bad, (f"{_rel(path)} (layer {own!r}) imports later layers {bad}: expected imports to point "
-                     f"one way ({order}); move the shared code down a layer or the importer up")
+    assert not bad, (
+        f"{_rel(path)} (layer {own!r}) imports later layers {bad}: expected imports to point "
+        f"one way ({order}); move the shared code down a layer or the importer up"
+    )
 
 
 def test_no_import_cycles_between_files():
     cycles = _cycles(_graph())
-    assert not cycles, (f"import cycles between modules: {cycles}; expected none (a lazy import hides a cycle "
-                        "only until both modules load): move what both need into a module below them")
+    assert not cycles, (
+        f"import cycles between modules: {cycles}; expected none (a lazy import hides a cycle "
+        "only until both modules load): move what both need into a module below them"
+    )
 
 
 def test_no_import_cycles_between_top_level_modules():
@@ -211,11 +231,15 @@ def test_no_import_cycles_between_top_level_modules():
             if a and b and a != b:
                 top[a].add(b)
     cycles = _cycles(dict(top))
-    assert not cycles, (f"top-level modules importing each other: {cycles}; expected one direction between two "
-                        "modules of a layer too (e.g. envs -> registration, never back)")
+    assert not cycles, (
+        f"top-level modules importing each other: {cycles}; expected one direction between two "
+        "modules of a layer too (e.g. envs -> registration, never back)"
+    )
 
 
 def test_known_violations_still_exist():
     present = {(_rel(p), dep) for p in FILES for _, dep in imports(p)}
     stale = sorted(set(KNOWN) - present)
-    assert not stale, f"KNOWN lists {stale}, which no longer occur: remove them from tests/test_layering.py KNOWN"
+    assert not stale, (
+        f"KNOWN lists {stale}, which no longer occur: remove them from tests/test_layering.py KNOWN"
+    )

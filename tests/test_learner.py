@@ -28,11 +28,20 @@ pytestmark = pytest.mark.highest_precision
 
 @functools.lru_cache(maxsize=1)
 def tiny():
-    return make_tiny("qwen3", seed=0, vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1)
+    return make_tiny(
+        "qwen3", seed=0, vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1
+    )
 
 
-def make_groups(n_groups: int, g: int = 4, *, seed: int = 0, version: int = 0, noise: float = 0.05,
-                equal_rewards: bool = False) -> list[Group]:
+def make_groups(
+    n_groups: int,
+    g: int = 4,
+    *,
+    seed: int = 0,
+    version: int = 0,
+    noise: float = 0.05,
+    equal_rewards: bool = False,
+) -> list[Group]:
     """Random prompts + 'sampled' continuations with behaviour logprobs from the model itself (+ noise)."""
     lm = tiny()
     rng = np.random.default_rng(seed)
@@ -44,45 +53,81 @@ def make_groups(n_groups: int, g: int = 4, *, seed: int = 0, version: int = 0, n
             resp = rng.integers(3, 290, int(rng.integers(2, 12)))
             ids = np.concatenate([prompt, resp]).astype(np.int32)
             mask = np.r_[np.zeros(len(prompt)), np.ones(len(resp))].astype(np.int8)
-            padded = np.zeros((1, 16), np.int32)  # one compiled shape; causal, so the padding changes nothing
-            padded[0, :len(ids)] = ids
+            padded = np.zeros(
+                (1, 16), np.int32
+            )  # one compiled shape; causal, so the padding changes nothing
+            padded[0, : len(ids)] = ids
             logits, _ = lm.model(padded, np.arange(16)[None])
             lp = np.zeros(len(ids), np.float32)
-            lp[1:] = np.asarray(token_logprobs(logits[:, :-1], jnp.asarray(padded[:, 1:])))[0, :len(ids) - 1]
+            lp[1:] = np.asarray(token_logprobs(logits[:, :-1], jnp.asarray(padded[:, 1:])))[
+                0, : len(ids) - 1
+            ]
             mu = np.where(mask > 0, lp + rng.normal(0, noise, len(ids)), 0).astype(np.float32)
-            trajs.append(Trajectory(token_ids=ids, loss_mask=mask, behaviour_logprobs=mu,
-                                    versions=np.where(mask > 0, version, -1).astype(np.int32),
-                                    reward=1.0 if equal_rewards else float(rng.random() < 0.5) + 0.1 * m,
-                                    trajectory_id=f"s{seed}/g{k}/m{m}", group_id=f"s{seed}/g{k}"))
-        groups.append(Group(group_id=f"s{seed}/g{k}", task_id="t", trajectories=trajs, admitted_version=version))
+            trajs.append(
+                Trajectory(
+                    token_ids=ids,
+                    loss_mask=mask,
+                    behaviour_logprobs=mu,
+                    versions=np.where(mask > 0, version, -1).astype(np.int32),
+                    reward=1.0 if equal_rewards else float(rng.random() < 0.5) + 0.1 * m,
+                    trajectory_id=f"s{seed}/g{k}/m{m}",
+                    group_id=f"s{seed}/g{k}",
+                )
+            )
+        groups.append(
+            Group(
+                group_id=f"s{seed}/g{k}", task_id="t", trajectories=trajs, admitted_version=version
+            )
+        )
     return groups
 
 
 def learner(loss=None, *, opt="sgd", **kw):
     """Tests share compiled programs: same loss/optimizer/shape => compiled once (see _programs)."""
     lm = tiny()
-    lcfg = dict(groups_per_step=2, micro_batch_size=8, num_steps=10, max_len=16, min_bucket=16, compute_entropy=True, fast_compile=True)
+    lcfg = dict(
+        groups_per_step=2,
+        micro_batch_size=8,
+        num_steps=10,
+        max_len=16,
+        min_bucket=16,
+        compute_entropy=True,
+        fast_compile=True,
+    )
     lora = kw.pop("lora", None)
     lcfg.update(kw)
-    return StreamingLearner(lm.config, lm.model.flat_params(), loss=loss or C.async_agentic(),
-                            optimizer=OptimizerConfig(name=opt, learning_rate=1e-2, max_grad_norm=0.0),
-                            config=LearnerConfig(**lcfg), lora=lora)
+    return StreamingLearner(
+        lm.config,
+        lm.model.flat_params(),
+        loss=loss or C.async_agentic(),
+        optimizer=OptimizerConfig(name=opt, learning_rate=1e-2, max_grad_norm=0.0),
+        config=LearnerConfig(**lcfg),
+        lora=lora,
+    )
 
 
 def max_diff(a, b):
     return max(float(jnp.max(jnp.abs(a[k] - b[k]))) for k in a)
 
 
-BATCH_STD = dataclasses.replace(C.dapo(), advantage=C.AdvantageConfig(estimator="batch_std"), shaping=C.ShapingConfig())
+BATCH_STD = dataclasses.replace(
+    C.dapo(), advantage=C.AdvantageConfig(estimator="batch_std"), shaping=C.ShapingConfig()
+)
 
 
-@pytest.mark.parametrize("loss", [C.async_agentic(), C.grpo(), pytest.param(BATCH_STD, marks=pytest.mark.slow)],
-                         ids=["async_agentic", "grpo", "batch_std"])
+@pytest.mark.parametrize(
+    "loss",
+    [C.async_agentic(), C.grpo(), pytest.param(BATCH_STD, marks=pytest.mark.slow)],
+    ids=["async_agentic", "grpo", "batch_std"],
+)
 def test_update_invariant_to_micro_batch_split(loss):
     """SGD (an update linear in the gradient): 1 micro-batch of 8 rows == 4 micro-batches of 2
     (batch_std also defers its advantages to the end of the step)."""
     groups = make_groups(2)
-    a, b = learner(loss, opt="sgd", micro_batch_size=8), learner(loss, opt="sgd", micro_batch_size=2)
+    a, b = (
+        learner(loss, opt="sgd", micro_batch_size=8),
+        learner(loss, opt="sgd", micro_batch_size=2),
+    )
     ra, rb = a.submit(groups), b.submit(groups)
     assert len(ra) == len(rb) == 1
     assert ra[0].metrics["micro_batches"] == 1 and rb[0].metrics["micro_batches"] == 4
@@ -113,11 +158,13 @@ def test_step_equals_one_batch_reference_gradient():
     for i, t in enumerate(trajs):
         n = len(t.token_ids)
         ids[i, :n] = t.token_ids
-        mask[i, :n - 1], mu[i, :n - 1] = t.loss_mask[1:], t.behaviour_logprobs[1:]
+        mask[i, : n - 1], mu[i, : n - 1] = t.loss_mask[1:], t.behaviour_logprobs[1:]
     cfg = tiny().config
 
     def f(params):
-        logits, _ = forward(cfg, params, jnp.asarray(ids), jnp.broadcast_to(jnp.arange(T), ids.shape))
+        logits, _ = forward(
+            cfg, params, jnp.asarray(ids), jnp.broadcast_to(jnp.arange(T), ids.shape)
+        )
         logp = token_logprobs(logits[:, :-1], jnp.asarray(ids[:, 1:]))
         ratio = jnp.exp(logp - jax.lax.stop_gradient(logp))
         tok, _ = ppo_clip_loss(ratio, jnp.asarray(adv)[:, None], eps_low=0.2, eps_high=0.28)
@@ -129,11 +176,15 @@ def test_step_equals_one_batch_reference_gradient():
     want = jax.jit(jax.grad(f), compiler_options=FAST_COMPILE)(tiny().model.flat_params())
     denom = mask.sum()
     for k in want:
-        np.testing.assert_allclose(np.asarray(lrn._acc[k]) / denom, np.asarray(want[k]), **tolerance("grad"))
+        np.testing.assert_allclose(
+            np.asarray(lrn._acc[k]) / denom, np.asarray(want[k]), **tolerance("grad")
+        )
 
 
 def test_filtered_and_stale_groups_are_counted_not_trained():
-    lrn = learner(C.async_agentic(), groups_per_step=2, max_staleness=1)  # filters zero-variance groups
+    lrn = learner(
+        C.async_agentic(), groups_per_step=2, max_staleness=1
+    )  # filters zero-variance groups
     flat = make_groups(1, seed=1, equal_rewards=True)
     stale = make_groups(1, seed=2, version=-5)
     good = make_groups(2, seed=4)
@@ -149,7 +200,9 @@ def test_filtered_and_stale_groups_are_counted_not_trained():
 @pytest.mark.parametrize("loss", [C.async_agentic(), BATCH_STD], ids=["per_group", "step_global"])
 def test_warmup_compiles_every_program_a_step_runs(loss):
     """After ``warmup(group_size=G)`` a whole step (gradient, update, advantages) compiles nothing."""
-    lrn = learner(loss, num_steps=11)  # a configuration no other test uses: its programs start uncompiled
+    lrn = learner(
+        loss, num_steps=11
+    )  # a configuration no other test uses: its programs start uncompiled
     lrn.warmup(group_size=4)
     programs = (lrn._grad, lrn._apply, lrn.scorer.program)
     before = [p._cache_size() for p in programs]
@@ -162,7 +215,9 @@ def test_warmup_compiles_every_program_a_step_runs(loss):
 def test_oldest_version_first_and_staleness_metric():
     lrn = learner(groups_per_step=1)
     new, old = make_groups(1, seed=5, version=0), make_groups(1, seed=6, version=0)
-    old[0].trajectories[0].versions[old[0].trajectories[0].loss_mask > 0] = -2  # one row two versions older
+    old[0].trajectories[0].versions[
+        old[0].trajectories[0].loss_mask > 0
+    ] = -2  # one row two versions older
     reports = lrn.submit(new + old)
     assert [r.sample_ids[0].split("/")[0] for r in reports] == ["s6", "s5"]
     assert reports[0].metrics["staleness_max"] == 2.0
@@ -173,7 +228,9 @@ def test_kl_beta_zero_loads_no_reference_and_beta_positive_does():
     lrn = learner(C.grpo())
     assert lrn.ref_params is not None
     rep = lrn.submit(make_groups(2))[0]
-    assert rep.metrics["kl"] == pytest.approx(0.0, abs=1e-6)  # policy == reference at the first step
+    assert rep.metrics["kl"] == pytest.approx(
+        0.0, abs=1e-6
+    )  # policy == reference at the first step
     rep = lrn.submit(make_groups(2, seed=9))[0]
     assert rep.metrics["kl"] > 0.0  # after one update the policy moved away from the reference
 
@@ -186,9 +243,11 @@ def test_kl_in_reward_subtracts_beta_sum_k1_from_rewards():
     want = []
     for t in group.trajectories:
         padded = np.zeros((1, 16), np.int32)
-        padded[0, :len(t.token_ids)] = t.token_ids
+        padded[0, : len(t.token_ids)] = t.token_ids
         logits, _ = lm.model(padded, np.arange(16)[None])
-        ref = np.asarray(token_logprobs(logits[:, :-1], jnp.asarray(padded[:, 1:])))[0, :len(t.token_ids) - 1]
+        ref = np.asarray(token_logprobs(logits[:, :-1], jnp.asarray(padded[:, 1:])))[
+            0, : len(t.token_ids) - 1
+        ]
         m = t.loss_mask[1:] > 0
         want.append(t.reward - 0.1 * np.sum(t.behaviour_logprobs[1:][m] - ref[m]))
     np.testing.assert_allclose(lrn.scorer.shaped_rewards(group), want, rtol=1e-4, atol=1e-5)
@@ -197,7 +256,9 @@ def test_kl_in_reward_subtracts_beta_sum_k1_from_rewards():
 def test_lora_trains_only_adapters_and_starts_at_the_base():
     lrn = learner(lora=LoRAConfig(rank=2, targets=("wq", "wv", "w_up")))
     base = tiny().model.flat_params()
-    assert set(lrn.trainable) == {f"layers.{t}.lora_{x}" for t in ("wq", "wv", "w_up") for x in "ab"}
+    assert set(lrn.trainable) == {
+        f"layers.{t}.lora_{x}" for t in ("wq", "wv", "w_up") for x in "ab"
+    }
     assert max_diff(lrn.policy_params(), base) == 0.0
     lrn.submit(make_groups(2))
     merged = lrn.policy_params()
@@ -236,7 +297,9 @@ def test_buckets_per_octave_cut_padding_and_keep_every_row():
     assert buckets(32, 100, 2) == (32, 48, 64, 96, 100)
     table = buckets(16, 512, 3)
     assert list(table) == sorted(set(table)) and table[0] == 16 and table[-1] == 512
-    assert pick_bucket(76, buckets(64, 128, 4)) == 80  # the Tunix-config row: 45 prompt + 32 sampled - 1
+    assert (
+        pick_bucket(76, buckets(64, 128, 4)) == 80
+    )  # the Tunix-config row: 45 prompt + 32 sampled - 1
     with pytest.raises(Exception, match="buckets_per_octave"):
         LearnerConfig(buckets_per_octave=0)
 
@@ -255,7 +318,10 @@ def test_bf16_mixed_precision_step_tracks_float32_and_keeps_float32_masters():
     base = tiny().model.flat_params()
     da = {k: np.ravel(a.trainable[k] - base[k]) for k in base}
     db = {k: np.ravel(b.trainable[k] - base[k]) for k in base}
-    va, vb = np.concatenate([da[k] for k in sorted(da)]), np.concatenate([db[k] for k in sorted(db)])
+    va, vb = (
+        np.concatenate([da[k] for k in sorted(da)]),
+        np.concatenate([db[k] for k in sorted(db)]),
+    )
     assert np.linalg.norm(va) > 1e-5
     assert va @ vb / (np.linalg.norm(va) * np.linalg.norm(vb)) > 0.98
 
@@ -282,8 +348,11 @@ def test_keep_freed_memory_is_idempotent_and_can_be_disabled(monkeypatch):
 def test_role_ema_advantages_are_reward_minus_the_roles_ema_and_equal_rewards_still_train():
     """``role_ema``: every member gets R - b[role] (b before the group), b then takes the group's mean;
     a group of equal rewards is not filtered (it carries R - b), and b is checkpointed."""
-    loss = dataclasses.replace(C.async_agentic(), advantage=C.AdvantageConfig(estimator="role_ema", ema_decay=0.5),
-                               shaping=C.ShapingConfig(filter_zero_variance=True))
+    loss = dataclasses.replace(
+        C.async_agentic(),
+        advantage=C.AdvantageConfig(estimator="role_ema", ema_decay=0.5),
+        shaping=C.ShapingConfig(filter_zero_variance=True),
+    )
     lrn = learner(loss)
     first, second = make_groups(2, equal_rewards=True, seed=7)
     first.info["role"], second.info["agent"] = "x", "o"  # a seat source's role, else the seat
@@ -293,7 +362,9 @@ def test_role_ema_advantages_are_reward_minus_the_roles_ema_and_equal_rewards_st
     lrn._consume(second)
     np.testing.assert_allclose(seen[0], [1.0] * 4)
     np.testing.assert_allclose(seen[1], [1.0] * 4)
-    assert lrn.counts["filtered_groups"] == 0 and lrn.role_baselines == pytest.approx({"x": 0.5, "o": 0.5})
+    assert lrn.counts["filtered_groups"] == 0 and lrn.role_baselines == pytest.approx(
+        {"x": 0.5, "o": 0.5}
+    )
     third = make_groups(1, seed=8)[0]
     third.info["role"] = "x"
     lrn._consume(third)

@@ -18,9 +18,13 @@ from gymllm.train.train_config import preset
 def test_tiny_preset_learns_well_above_chance(tmp_path):
     cfg = preset("tiny")
     cfg = dataclasses.replace(
-        cfg, rollout=dataclasses.replace(cfg.rollout, max_staleness=0),
+        cfg,
+        rollout=dataclasses.replace(cfg.rollout, max_staleness=0),
         learner=dataclasses.replace(cfg.learner, num_steps=14),
-        run=dataclasses.replace(cfg.run, run_dir=str(tmp_path / "tiny"), console=False, report=False))
+        run=dataclasses.replace(
+            cfg.run, run_dir=str(tmp_path / "tiny"), console=False, report=False
+        ),
+    )
     res = train(cfg)
     r = res.rewards()
     assert len(r) == 14

@@ -33,8 +33,9 @@ def lm():
 
 @pytest.fixture
 def engine(lm):
-    eng = JaxEngine.from_loaded(lm, config=EngineConfig(num_slots=4, max_len=MAX_LEN, min_bucket=MAX_LEN),
-                                stop_token_ids=())
+    eng = JaxEngine.from_loaded(
+        lm, config=EngineConfig(num_slots=4, max_len=MAX_LEN, min_bucket=MAX_LEN), stop_token_ids=()
+    )
     yield eng
     eng.shutdown()
 
@@ -43,19 +44,25 @@ def trained_adapters(base, seed=1):
     """Adapters as after some training: B is no longer zero, so the merged model differs from the base."""
     ad = init_adapters(LORA, base)
     rng = np.random.default_rng(seed)
-    return {k: jnp.asarray(rng.normal(0, 0.3, v.shape), v.dtype) if k.endswith("lora_b") else v
-            for k, v in ad.items()}
+    return {
+        k: jnp.asarray(rng.normal(0, 0.3, v.shape), v.dtype) if k.endswith("lora_b") else v
+        for k, v in ad.items()
+    }
 
 
 def logprobs_under(config, params, prompt, tokens) -> np.ndarray:
     """token_logprobs of ``tokens`` after ``prompt`` under a model with ``params`` (one full forward)."""
     ids = list(prompt) + [int(t) for t in tokens]
     padded = np.zeros((1, MAX_LEN), np.int32)
-    padded[0, :len(ids)] = ids
-    logits, _ = Transformer(config, params=dict(params))(jnp.asarray(padded), jnp.arange(MAX_LEN)[None])
+    padded[0, : len(ids)] = ids
+    logits, _ = Transformer(config, params=dict(params))(
+        jnp.asarray(padded), jnp.arange(MAX_LEN)[None]
+    )
     targets = np.zeros((1, MAX_LEN), np.int32)
-    targets[0, :len(ids) - 1] = ids[1:]
-    return np.asarray(token_logprobs(logits, jnp.asarray(targets), 1.0))[0, len(prompt) - 1:len(ids) - 1]
+    targets[0, : len(ids) - 1] = ids[1:]
+    return np.asarray(token_logprobs(logits, jnp.asarray(targets), 1.0))[
+        0, len(prompt) - 1 : len(ids) - 1
+    ]
 
 
 def sample(engine, prompts, seed=0):
@@ -109,10 +116,16 @@ def test_weight_pusher_sends_merged_weights_as_adapters(lm, engine, monkeypatch)
     adapters = trained_adapters(base, seed=3)
     merged = merge(LORA, base, adapters)
     assert isinstance(merged, MergedWeights) and type(jax.tree.map(lambda x: x, merged)) is dict
-    monkeypatch.setattr(WeightPusher, "state_of", lambda *a: pytest.fail("full weights were pushed"))
+    monkeypatch.setattr(
+        WeightPusher, "state_of", lambda *a: pytest.fail("full weights were pushed")
+    )
     WeightPusher(engine, lm.config).push(merged, 2)
     rec = receiver_of(engine)
-    assert rec is not None and rec.history[-1] == {**rec.history[-1], "version": 2, "bytes": nbytes(adapters)}
+    assert rec is not None and rec.history[-1] == {
+        **rec.history[-1],
+        "version": 2,
+        "bytes": nbytes(adapters),
+    }
     monkeypatch.undo()
     WeightPusher(engine, lm.config).push(dict(base), 4)  # plain weights: the full push, as before
     assert rec.pushes == 1 and engine.version == 4
@@ -127,12 +140,20 @@ def test_trainer_lora_run_pushes_adapters_only(tmp_path, monkeypatch):
     apply = LoraReceiver.apply
 
     def spy(self, adapters, version):
-        sent.append((version, {k: tuple(v.shape) for k, v in adapters.items()}, nbytes(adapters),
-                     nbytes(self.base)))
+        sent.append(
+            (
+                version,
+                {k: tuple(v.shape) for k, v in adapters.items()},
+                nbytes(adapters),
+                nbytes(self.base),
+            )
+        )
         return apply(self, adapters, version)
 
     monkeypatch.setattr(LoraReceiver, "apply", spy)
-    monkeypatch.setattr(WeightPusher, "state_of", lambda *a: pytest.fail("full weights were pushed"))
+    monkeypatch.setattr(
+        WeightPusher, "state_of", lambda *a: pytest.fail("full weights were pushed")
+    )
     cfg = dataclasses.replace(small_config(tmp_path / "lora", steps=2), lora=LORA)
     res = train(cfg)
     assert res.steps == 2

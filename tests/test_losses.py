@@ -30,18 +30,20 @@ SETTINGS = settings(max_examples=25, deadline=None)
 def np_advantages(r, est, ddof, eps, place):
     r = np.asarray(r, np.float64)
     c = r - r.mean(-1, keepdims=True)
-    const = (r.max(-1, keepdims=True) == r.min(-1, keepdims=True))
+    const = r.max(-1, keepdims=True) == r.min(-1, keepdims=True)
     g = r.shape[-1]
     if est == "dr_grpo":
         out = c
     elif est == "rloo":
-        out = np.stack([[r[n, i] - np.mean(np.delete(r[n], i)) for i in range(g)] for n in range(r.shape[0])])
+        out = np.stack(
+            [[r[n, i] - np.mean(np.delete(r[n], i)) for i in range(g)] for n in range(r.shape[0])]
+        )
     elif est == "grpo":
-        var = (c ** 2).sum(-1, keepdims=True) / (g - ddof)
+        var = (c**2).sum(-1, keepdims=True) / (g - ddof)
         out = c / (np.sqrt(var + eps) if place == "var" else np.sqrt(var) + eps)
     else:  # batch_std
         c = np.where(const, 0.0, c)
-        var = (c ** 2).sum() / (c.size - ddof)
+        var = (c**2).sum() / (c.size - ddof)
         out = c / (np.sqrt(var + eps) if place == "var" else np.sqrt(var) + eps)
     return np.where(const, 0.0, out)
 
@@ -52,7 +54,11 @@ def np_token_loss(cfg, logp, mu, ref, mask, adv):
     old = logp if p.ratio_against == "proximal" else mu
     lr = np.where(mask > 0, logp - old, 0.0)
     if p.ratio_level == "sequence":
-        lr = (lr * mask).sum(-1, keepdims=True) / np.maximum(mask.sum(-1, keepdims=True), 1) * (mask > 0)
+        lr = (
+            (lr * mask).sum(-1, keepdims=True)
+            / np.maximum(mask.sum(-1, keepdims=True), 1)
+            * (mask > 0)
+        )
     r = np.exp(lr)
     a = np.broadcast_to(adv[:, None], r.shape)
     if p.objective == "cispo":
@@ -77,7 +83,7 @@ def np_token_loss(cfg, logp, mu, ref, mask, adv):
     loss = loss * w
     if cfg.kl.beta > 0 and cfg.kl.placement == "loss":
         lx = ref - logp
-        kl = {"k1": -lx, "k2": 0.5 * lx ** 2, "k3": np.exp(lx) - 1 - lx}[cfg.kl.estimator]
+        kl = {"k1": -lx, "k2": 0.5 * lx**2, "k3": np.exp(lx) - 1 - lx}[cfg.kl.estimator]
         loss = loss + cfg.kl.beta * kl
     return loss
 
@@ -95,8 +101,11 @@ def np_aggregate(mode, v, mask, group_of_row, max_len):
     if mode == "constant":
         return tok.sum() / (len(tok) * max_len)
     groups = sorted(set(group_of_row))
-    per_group = [sum(tok[i] for i in range(len(tok)) if group_of_row[i] == g)
-                 / max(sum(lens[i] for i in range(len(tok)) if group_of_row[i] == g), 1) for g in groups]
+    per_group = [
+        sum(tok[i] for i in range(len(tok)) if group_of_row[i] == g)
+        / max(sum(lens[i] for i in range(len(tok)) if group_of_row[i] == g), 1)
+        for g in groups
+    ]
     return np.mean(per_group)
 
 
@@ -115,13 +124,21 @@ def _rewards(draw, n, g):
 
 @st.composite
 def reward_groups(draw):
-    n, g = draw(st.sampled_from([1, 3])), draw(st.sampled_from([2, 5]))  # few shapes: fast JAX op caches
+    n, g = (
+        draw(st.sampled_from([1, 3])),
+        draw(st.sampled_from([2, 5])),
+    )  # few shapes: fast JAX op caches
     return _rewards(draw, n, g)
 
 
 @SETTINGS
-@given(r=reward_groups(), est=st.sampled_from(sorted(adv_mod.ESTIMATORS)), ddof=st.sampled_from([0, 1]),
-       eps=st.sampled_from([1e-6, 1e-4, 0.1]), place=st.sampled_from(["std", "var"]))
+@given(
+    r=reward_groups(),
+    est=st.sampled_from(sorted(adv_mod.ESTIMATORS)),
+    ddof=st.sampled_from([0, 1]),
+    eps=st.sampled_from([1e-6, 1e-4, 0.1]),
+    place=st.sampled_from(["std", "var"]),
+)
 def test_advantages_match_numpy(r, est, ddof, eps, place):
     got = np.asarray(adv_mod.ESTIMATORS[est](r, ddof=ddof, eps=eps, eps_placement=place))
     want = np_advantages(r, est, ddof, eps, place)
@@ -134,7 +151,9 @@ def test_advantages_g2_and_rloo_identity():
     r = np.array([[1.0, 0.0], [0.3, 0.3]], np.float32)
     # G = 2, population std = 0.5: z-scores are +-1 (up to eps)
     np.testing.assert_allclose(adv_mod.grpo(r, eps=0.0), [[1.0, -1.0], [0.0, 0.0]])
-    np.testing.assert_allclose(adv_mod.grpo(r, ddof=1, eps=0.0), [[1 / np.sqrt(2), -1 / np.sqrt(2)], [0, 0]], rtol=1e-6)
+    np.testing.assert_allclose(
+        adv_mod.grpo(r, ddof=1, eps=0.0), [[1 / np.sqrt(2), -1 / np.sqrt(2)], [0, 0]], rtol=1e-6
+    )
     np.testing.assert_allclose(adv_mod.rloo(r), [[1.0, -1.0], [0.0, 0.0]])
 
 
@@ -146,19 +165,27 @@ def test_ppo_clip_grid_values_and_zero_gradients(dual):
     r = np.linspace(0.0, 5.0, 101, dtype=np.float32)
     for a in (-1.0, 0.0, 1.0):
         adv = np.full_like(r, a)
-        loss, clipped = ppo_clip_loss(jnp.asarray(r), jnp.asarray(adv), eps_low=0.2, eps_high=0.28, dual_clip=dual)
+        loss, clipped = ppo_clip_loss(
+            jnp.asarray(r), jnp.asarray(adv), eps_low=0.2, eps_high=0.28, dual_clip=dual
+        )
         want = -np.minimum(r * a, np.clip(r, 0.8, 1.28) * a)
         if dual is not None and a < 0:
             want = np.where(a < 0, -np.maximum(-want, dual * a), want)
         np.testing.assert_allclose(loss, want, rtol=1e-6, atol=1e-7)
-        g = jax.vmap(jax.grad(lambda x, y: ppo_clip_loss(x, y, eps_low=0.2, eps_high=0.28, dual_clip=dual)[0]))(
-            jnp.asarray(r), jnp.asarray(adv))
+        g = jax.vmap(
+            jax.grad(
+                lambda x, y: ppo_clip_loss(x, y, eps_low=0.2, eps_high=0.28, dual_clip=dual)[0]
+            )
+        )(jnp.asarray(r), jnp.asarray(adv))
         g = np.asarray(g)
         assert np.all(g[np.asarray(clipped)] == 0.0), "gradient must be exactly zero where clipped"
         inside = ~np.asarray(clipped)
         np.testing.assert_allclose(g[inside], -a, atol=0)
         if a > 0:
-            assert np.asarray(clipped)[r > 1.28 + 1e-6].all() and not np.asarray(clipped)[r < 1.28 - 1e-6].any()
+            assert (
+                np.asarray(clipped)[r > 1.28 + 1e-6].all()
+                and not np.asarray(clipped)[r < 1.28 - 1e-6].any()
+            )
         if a < 0:
             assert np.asarray(clipped)[r < 0.8 - 1e-6].all()
             if dual is not None:
@@ -202,14 +229,26 @@ def loss_inputs(draw):
 def loss_configs(draw):
     base = C.loss_preset(draw(st.sampled_from(sorted(C.PRESETS))))
     policy = C.PolicyLossConfig(
-        objective=draw(st.sampled_from(["ppo", "cispo"])), ratio_level=draw(st.sampled_from(["token", "sequence"])),
-        ratio_against=draw(st.sampled_from(["behaviour", "proximal"])), eps_low=draw(st.sampled_from([0.2, 3e-4, 1.0])),
-        eps_high=draw(st.sampled_from([0.28, 4e-4, 5.0])), dual_clip=draw(st.sampled_from([None, 3.0])))
-    kinds = tuple(draw(st.lists(st.sampled_from(["tis", "mis", "geo_mask"]), unique=True, max_size=3)))
+        objective=draw(st.sampled_from(["ppo", "cispo"])),
+        ratio_level=draw(st.sampled_from(["token", "sequence"])),
+        ratio_against=draw(st.sampled_from(["behaviour", "proximal"])),
+        eps_low=draw(st.sampled_from([0.2, 3e-4, 1.0])),
+        eps_high=draw(st.sampled_from([0.28, 4e-4, 5.0])),
+        dual_clip=draw(st.sampled_from([None, 3.0])),
+    )
+    kinds = tuple(
+        draw(st.lists(st.sampled_from(["tis", "mis", "geo_mask"]), unique=True, max_size=3))
+    )
     return dataclasses.replace(
-        base, policy=policy, correction=C.CorrectionConfig(kinds=kinds, tis_cap=2.0, mis_low=0.8, mis_high=1.25),
-        kl=C.KLConfig(beta=draw(st.sampled_from([0.0, 0.04, 0.5])), estimator=draw(st.sampled_from(["k1", "k2", "k3"]))),
-        aggregation=draw(st.sampled_from(C.AGGREGATION_MODES)))
+        base,
+        policy=policy,
+        correction=C.CorrectionConfig(kinds=kinds, tis_cap=2.0, mis_low=0.8, mis_high=1.25),
+        kl=C.KLConfig(
+            beta=draw(st.sampled_from([0.0, 0.04, 0.5])),
+            estimator=draw(st.sampled_from(["k1", "k2", "k3"])),
+        ),
+        aggregation=draw(st.sampled_from(C.AGGREGATION_MODES)),
+    )
 
 
 @SETTINGS
@@ -218,15 +257,31 @@ def test_full_loss_matches_numpy(x, cfg):
     logp, mu, ref, mask, adv = x
     b = len(adv)
     group_of_row = [i // 2 for i in range(b)]
-    group_tokens = np.array([sum(mask[j].sum() for j in range(b) if group_of_row[j] == group_of_row[i]) for i in range(b)],
-                            np.float32)
-    batch = L.LossBatch(mask=jnp.asarray(mask), behaviour_logp=jnp.asarray(mu), advantages=jnp.asarray(adv),
-                        group_tokens=jnp.asarray(group_tokens), ref_logp=jnp.asarray(ref) if cfg.kl.beta > 0 else None)
+    group_tokens = np.array(
+        [
+            sum(mask[j].sum() for j in range(b) if group_of_row[j] == group_of_row[i])
+            for i in range(b)
+        ],
+        np.float32,
+    )
+    batch = L.LossBatch(
+        mask=jnp.asarray(mask),
+        behaviour_logp=jnp.asarray(mu),
+        advantages=jnp.asarray(adv),
+        group_tokens=jnp.asarray(group_tokens),
+        ref_logp=jnp.asarray(ref) if cfg.kl.beta > 0 else None,
+    )
     total, metrics = L.micro_batch_loss(cfg, jnp.asarray(logp), batch)
-    step = agg.StepStats(num_tokens=float(mask.sum()), num_seqs=float(b), num_groups=float(len(set(group_of_row))),
-                         max_len=float(mask.shape[1]))
+    step = agg.StepStats(
+        num_tokens=float(mask.sum()),
+        num_seqs=float(b),
+        num_groups=float(len(set(group_of_row))),
+        max_len=float(mask.shape[1]),
+    )
     got = float(total / L.step_denominator(cfg, step))
-    want_tok = np_token_loss(cfg, logp.astype(np.float64), mu.astype(np.float64), ref.astype(np.float64), mask, adv)
+    want_tok = np_token_loss(
+        cfg, logp.astype(np.float64), mu.astype(np.float64), ref.astype(np.float64), mask, adv
+    )
     want = np_aggregate(cfg.aggregation, want_tok, mask, group_of_row, mask.shape[1])
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
     assert np.isfinite(got)
@@ -240,19 +295,36 @@ def test_detached_quantities_do_not_change_gradients(x, cfg, shift):
     the proximal policy) leaves the gradient unchanged; and the gradient equals w * grad(base loss)."""
     logp, mu, ref, mask, adv = x
     # token-level ratio: there a token's gradient is its own weight times its own base gradient
-    cfg = dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, ratio_against="proximal", ratio_level="token"),
-                              kl=C.KLConfig(beta=0.0), aggregation="token_mean")
+    cfg = dataclasses.replace(
+        cfg,
+        policy=dataclasses.replace(cfg.policy, ratio_against="proximal", ratio_level="token"),
+        kl=C.KLConfig(beta=0.0),
+        aggregation="token_mean",
+    )
+
     def bt(m):
-        return L.LossBatch(mask=jnp.asarray(mask), behaviour_logp=jnp.asarray(m), advantages=jnp.asarray(adv),
-                           group_tokens=jnp.ones(len(adv)))
+        return L.LossBatch(
+            mask=jnp.asarray(mask),
+            behaviour_logp=jnp.asarray(m),
+            advantages=jnp.asarray(adv),
+            group_tokens=jnp.ones(len(adv)),
+        )
 
     base = dataclasses.replace(cfg, correction=C.CorrectionConfig())
 
     def grad(c, m):
-        return np.asarray(jax.grad(lambda lp: L.micro_batch_loss(c, lp, bt(m))[0])(jnp.asarray(logp)))
+        return np.asarray(
+            jax.grad(lambda lp: L.micro_batch_loss(c, lp, bt(m))[0])(jnp.asarray(logp))
+        )
 
-    w = np.asarray(compose(cfg.correction.kinds, jnp.where(mask > 0, logp - mu, 0.0), jnp.asarray(mask),
-                           **cfg.correction.params()))
+    w = np.asarray(
+        compose(
+            cfg.correction.kinds,
+            jnp.where(mask > 0, logp - mu, 0.0),
+            jnp.asarray(mask),
+            **cfg.correction.params(),
+        )
+    )
     np.testing.assert_allclose(grad(cfg, mu), w * grad(base, mu), rtol=1e-5, atol=1e-6)
     # mu only enters through the detached weights: with no corrections, moving mu changes nothing.
     np.testing.assert_array_equal(grad(base, mu), grad(base, mu + shift))
@@ -274,8 +346,11 @@ def test_sequence_ratio_is_geometric_mean_of_token_ratios():
 
 
 @SETTINGS
-@given(x=loss_inputs(), mode=st.sampled_from([m for m in C.AGGREGATION_MODES if m != "micro_token_mean"]),
-       split=st.integers(1, 5))
+@given(
+    x=loss_inputs(),
+    mode=st.sampled_from([m for m in C.AGGREGATION_MODES if m != "micro_token_mean"]),
+    split=st.integers(1, 5),
+)
 def test_aggregation_split_invariance(x, mode, split):
     """sum of micro-batch weighted sums / step denominator == the loss of the whole step."""
     _, _, _, mask, _ = x
@@ -283,12 +358,30 @@ def test_aggregation_split_invariance(x, mode, split):
     v = rng.normal(size=mask.shape).astype(np.float32)
     b = mask.shape[0]
     rows = agg.RowStats(group_tokens=jnp.asarray(np.full(b, mask.sum(), np.float32)))
-    step = agg.StepStats(num_tokens=float(mask.sum()), num_seqs=float(b), num_groups=1.0, max_len=float(mask.shape[1]))
+    step = agg.StepStats(
+        num_tokens=float(mask.sum()),
+        num_seqs=float(b),
+        num_groups=1.0,
+        max_len=float(mask.shape[1]),
+    )
     whole = float(agg.aggregate(mode, jnp.asarray(v), jnp.asarray(mask), rows, step))
-    parts = sum(float(agg.weighted_sum(mode, jnp.asarray(v[i:i + split]), jnp.asarray(mask[i:i + split]),
-                                       agg.RowStats(rows.group_tokens[i:i + split]))) for i in range(0, b, split))
-    np.testing.assert_allclose(parts / float(agg.AGGREGATIONS[mode].denominator(step)), whole, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(whole, np_aggregate(mode, v, mask, [0] * b, mask.shape[1]), rtol=1e-5, atol=1e-6)
+    parts = sum(
+        float(
+            agg.weighted_sum(
+                mode,
+                jnp.asarray(v[i : i + split]),
+                jnp.asarray(mask[i : i + split]),
+                agg.RowStats(rows.group_tokens[i : i + split]),
+            )
+        )
+        for i in range(0, b, split)
+    )
+    np.testing.assert_allclose(
+        parts / float(agg.AGGREGATIONS[mode].denominator(step)), whole, rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        whole, np_aggregate(mode, v, mask, [0] * b, mask.shape[1]), rtol=1e-5, atol=1e-6
+    )
 
 
 # ----------------------------------------------------------------------------- KL
@@ -304,11 +397,16 @@ def test_kl_estimator_gradients_vs_exact_enumeration(seed):
     def expected_grad(est):
         def f(th):
             logp = jax.nn.log_softmax(th)
-            p = jax.lax.stop_gradient(jnp.exp(logp))  # samples are fixed: the weights carry no gradient
+            p = jax.lax.stop_gradient(
+                jnp.exp(logp)
+            )  # samples are fixed: the weights carry no gradient
             return jnp.sum(p * kl_mod.ESTIMATORS[est](logp, ref))
+
         return np.asarray(jax.grad(f)(theta))
 
-    reverse = jax.grad(lambda th: jnp.sum(jnp.exp(jax.nn.log_softmax(th)) * (jax.nn.log_softmax(th) - ref)))(theta)
+    reverse = jax.grad(
+        lambda th: jnp.sum(jnp.exp(jax.nn.log_softmax(th)) * (jax.nn.log_softmax(th) - ref))
+    )(theta)
     forward = jax.grad(lambda th: jnp.sum(jnp.exp(ref) * (ref - jax.nn.log_softmax(th))))(theta)
     np.testing.assert_allclose(expected_grad("k1"), 0.0, atol=1e-6)
     np.testing.assert_allclose(expected_grad("k2"), reverse, rtol=1e-4, atol=1e-6)
@@ -318,7 +416,9 @@ def test_kl_estimator_gradients_vs_exact_enumeration(seed):
     p = np.exp(np.asarray(logp))
     exact = float(np.sum(p * (np.asarray(logp) - np.asarray(ref))))
     for est in ("k1", "k3"):
-        np.testing.assert_allclose(np.sum(p * np.asarray(kl_mod.ESTIMATORS[est](logp, ref))), exact, rtol=1e-4)
+        np.testing.assert_allclose(
+            np.sum(p * np.asarray(kl_mod.ESTIMATORS[est](logp, ref))), exact, rtol=1e-4
+        )
 
 
 def test_kl_in_reward_penalty_is_detached_sum():
@@ -327,7 +427,10 @@ def test_kl_in_reward_penalty_is_detached_sum():
     mask = jnp.asarray([[1.0, 1.0, 0.0]])
     pen = kl_mod.kl_reward_penalty(logp, ref, mask, beta=0.1)
     np.testing.assert_allclose(pen, [0.1 * (0.5 - 1.0)], rtol=1e-6)
-    assert np.all(np.asarray(jax.grad(lambda x: kl_mod.kl_reward_penalty(x, ref, mask, beta=0.1).sum())(logp)) == 0)
+    assert np.all(
+        np.asarray(jax.grad(lambda x: kl_mod.kl_reward_penalty(x, ref, mask, beta=0.1).sum())(logp))
+        == 0
+    )
 
 
 # ----------------------------------------------------------------------------- shaping + configs
@@ -339,7 +442,9 @@ def test_overlong_penalty_matches_numpy(lengths, buf):
     lmax = 32
     y = np.asarray(lengths, np.float64)
     want = np.where(y <= lmax - buf, 0.0, np.where(y <= lmax, ((lmax - buf) - y) / buf, -1.0))
-    np.testing.assert_allclose(shaping.overlong_penalty(y, max_len=lmax, buffer=buf), want, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(
+        shaping.overlong_penalty(y, max_len=lmax, buffer=buf), want, rtol=1e-6, atol=1e-7
+    )
 
 
 @SETTINGS
@@ -348,16 +453,19 @@ def test_zero_variance_filter(r):
     np.testing.assert_array_equal(shaping.nonzero_variance(r), r.max(-1) != r.min(-1))
 
 
-@pytest.mark.parametrize("make,field", [
-    (lambda: C.AdvantageConfig(estimator="ppo"), "estimator"),
-    (lambda: C.AdvantageConfig(ddof=2), "ddof"),
-    (lambda: C.PolicyLossConfig(eps_low=-0.1), "eps_low"),
-    (lambda: C.PolicyLossConfig(dual_clip=0.5), "dual_clip"),
-    (lambda: C.CorrectionConfig(kinds=("tis", "bogus")), "kinds"),
-    (lambda: C.KLConfig(estimator="k4"), "estimator"),
-    (lambda: C.LossConfig(aggregation="mean"), "aggregation"),
-    (lambda: C.loss_preset("ppo2"), "name"),
-])
+@pytest.mark.parametrize(
+    "make,field",
+    [
+        (lambda: C.AdvantageConfig(estimator="ppo"), "estimator"),
+        (lambda: C.AdvantageConfig(ddof=2), "ddof"),
+        (lambda: C.PolicyLossConfig(eps_low=-0.1), "eps_low"),
+        (lambda: C.PolicyLossConfig(dual_clip=0.5), "dual_clip"),
+        (lambda: C.CorrectionConfig(kinds=("tis", "bogus")), "kinds"),
+        (lambda: C.KLConfig(estimator="k4"), "estimator"),
+        (lambda: C.LossConfig(aggregation="mean"), "aggregation"),
+        (lambda: C.loss_preset("ppo2"), "name"),
+    ],
+)
 def test_config_errors_name_field_and_allowed(make, field):
     with pytest.raises(ConfigError, match=field) as e:
         make()
@@ -367,7 +475,9 @@ def test_config_errors_name_field_and_allowed(make, field):
 def test_presets_are_frozen_and_distinct():
     cfgs = {n: C.loss_preset(n) for n in C.PRESETS}
     assert cfgs["grpo"].kl.beta == 0.04 and cfgs["dapo"].kl.beta == 0.0
-    assert cfgs["gspo"].policy.ratio_level == "sequence" and cfgs["dr_grpo"].aggregation == "constant"
+    assert (
+        cfgs["gspo"].policy.ratio_level == "sequence" and cfgs["dr_grpo"].aggregation == "constant"
+    )
     assert cfgs["async_agentic"].correction.kinds == ("tis",)
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfgs["grpo"].aggregation = "token_mean"

@@ -44,7 +44,11 @@ def _pos(b: int, t: int, start: int = 0) -> jnp.ndarray:
 def test_forward_shapes_and_dtype(tiny):
     toks = _tokens(0, 2, T, tiny.config.vocab_size)
     logits, cache = tiny.model(toks, _pos(2, T))
-    assert logits.shape == (2, T, tiny.config.vocab_size) and logits.dtype == jnp.float32 and cache is None
+    assert (
+        logits.shape == (2, T, tiny.config.vocab_size)
+        and logits.dtype == jnp.float32
+        and cache is None
+    )
     assert np.isfinite(np.asarray(logits)).all()
 
 
@@ -57,12 +61,18 @@ def test_cached_decoding_equals_full_forward(tiny):
     cache = tiny.model.init_cache(2, 16)
     prompt = jnp.where(jnp.arange(T)[None] < lengths[:, None], toks, 0)  # pads carry token 0
     if tiny.config.family == "llama":  # last-token logits only (one family: it is shared code)
-        last, _ = tiny.model(prompt, _pos(2, T), cache=cache, logits_at=jnp.asarray(lengths - 1))  # [2, 1, V]
+        last, _ = tiny.model(
+            prompt, _pos(2, T), cache=cache, logits_at=jnp.asarray(lengths - 1)
+        )  # [2, 1, V]
         for row, n in enumerate(lengths):
-            np.testing.assert_allclose(np.asarray(last[row, 0]), np.asarray(full[row, n - 1]), **tolerance("logits"))
+            np.testing.assert_allclose(
+                np.asarray(last[row, 0]), np.asarray(full[row, n - 1]), **tolerance("logits")
+            )
     first, cache = tiny.model(prompt, _pos(2, T), cache=cache)
     for row, n in enumerate(lengths):
-        np.testing.assert_allclose(np.asarray(first[row, :n]), np.asarray(full[row, :n]), **tolerance("logits"))
+        np.testing.assert_allclose(
+            np.asarray(first[row, :n]), np.asarray(full[row, :n]), **tolerance("logits")
+        )
     got = {0: [], 1: []}
     for step in range(T - lengths.max()):
         pos = jnp.asarray(lengths + step, jnp.int32)[:, None]  # [2, 1]
@@ -86,8 +96,12 @@ def test_packed_segments_equal_separate_rows():
     out, _ = tiny.model(packed, pos, segment_ids=seg)
     alone = jnp.stack([jnp.pad(a, (0, 7)), jnp.pad(b, (0, 5))])
     ref, _ = tiny.model(alone, _pos(2, T))
-    np.testing.assert_allclose(np.asarray(out[0, :5]), np.asarray(ref[0, :5]), **tolerance("logits"))
-    np.testing.assert_allclose(np.asarray(out[0, 5:]), np.asarray(ref[1, :7]), **tolerance("logits"))
+    np.testing.assert_allclose(
+        np.asarray(out[0, :5]), np.asarray(ref[0, :5]), **tolerance("logits")
+    )
+    np.testing.assert_allclose(
+        np.asarray(out[0, 5:]), np.asarray(ref[1, :7]), **tolerance("logits")
+    )
 
 
 _GEMMA: dict = {}
@@ -142,15 +156,20 @@ def test_dense_bf16_value_and_grads_match_float32_reference(transposed, f32_out)
     ref = lambda x, w: x.astype(jnp.float32) @ (w.T if transposed else w).astype(jnp.float32)  # noqa: E731
     out = ours(x, w)
     assert out.dtype == (jnp.float32 if f32_out else jnp.bfloat16) and out.shape == (2, 5, 24)
-    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref(x, w)), rtol=2e-2, atol=5e-2)
+    np.testing.assert_allclose(
+        np.asarray(out, np.float32), np.asarray(ref(x, w)), rtol=2e-2, atol=5e-2
+    )
     g_ours = jax.grad(loss, argnums=(1, 2))(ours, x, w)
     g_ref = jax.grad(loss, argnums=(1, 2))(ref, x.astype(jnp.float32), w.astype(jnp.float32))
     for a, b in zip(g_ours, g_ref):
         assert a.dtype == jnp.bfloat16
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b), rtol=3e-2, atol=0.15)
     x32, w32 = x.astype(jnp.float32), w.astype(jnp.float32)
-    np.testing.assert_allclose(np.asarray(dense(x32, w32, transposed=transposed, f32_out=f32_out)),
-                               np.asarray(ref(x32, w32)), **tolerance("reference"))
+    np.testing.assert_allclose(
+        np.asarray(dense(x32, w32, transposed=transposed, f32_out=f32_out)),
+        np.asarray(ref(x32, w32)),
+        **tolerance("reference"),
+    )
 
 
 def test_packed_bf16_weights_equal_bf16_weights():
@@ -221,13 +240,22 @@ def test_split_merge_roundtrip_under_jit():
     def f(state, toks):
         return nnx.merge(graphdef, state)(toks, _pos(2, T))[0]
 
-    np.testing.assert_allclose(np.asarray(f(state, toks)), np.asarray(lm.model(toks, _pos(2, T))[0]), atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(f(state, toks)), np.asarray(lm.model(toks, _pos(2, T))[0]), atol=1e-6
+    )
 
 
 def test_config_errors_name_the_field():
     with pytest.raises(ConfigError, match="family"):
-        ModelConfig(family="gpt2", vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=2,
-                    num_kv_heads=1)
+        ModelConfig(
+            family="gpt2",
+            vocab_size=8,
+            hidden_size=8,
+            intermediate_size=8,
+            num_layers=1,
+            num_heads=2,
+            num_kv_heads=1,
+        )
     with pytest.raises(ConfigError, match="num_kv_heads"):
         tiny_config("llama", num_heads=4, num_kv_heads=3)
     with pytest.raises(ConfigError, match="sliding_window"):
@@ -245,9 +273,20 @@ def test_hf_config_roundtrip():
 
 # ----- tokenizer bundle and chat template of the tiny models -----
 
-TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic.",
-                                           "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
-                                                          "required": ["expression"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate arithmetic.",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string"}},
+                "required": ["expression"],
+            },
+        },
+    }
+]
 
 
 @pytest.fixture(scope="module")
@@ -262,28 +301,48 @@ def test_tiny_tokenizer_roundtrip(tok, text):
 
 
 def test_special_tokens(tok):
-    assert [tok.token_to_id(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")] == [0, 1, 2]
+    assert [tok.token_to_id(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")] == [
+        0,
+        1,
+        2,
+    ]
     assert tok.eos_token_id == 2 and tok.pad_token_id == 0 and tok.stop_token_ids[0] == 2
     call = tok.encode('<tool_call>{"name": "f"}</tool_call>')
     assert call[0] == tok.token_to_id("<tool_call>") and call[-1] == tok.token_to_id("</tool_call>")
-    assert tok.encode("12") == [tok.token_to_id("1"), tok.token_to_id("2")]  # digits split one by one
+    assert tok.encode("12") == [
+        tok.token_to_id("1"),
+        tok.token_to_id("2"),
+    ]  # digits split one by one
 
 
 def test_chat_template_without_and_with_tools(tok):
     msgs = [{"role": "user", "content": "What is 2+2?"}]
     plain = tok.apply_chat_template(msgs, add_generation_prompt=True)
-    assert plain == ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-                     "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n")
+    assert plain == (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+    )
     with_tools = tok.apply_chat_template(msgs, tools=TOOLS, add_generation_prompt=True)
     assert '"name": "calculator"' in with_tools and "<tools>" in with_tools
     assert with_tools.endswith("<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n")
     conv = msgs + [
-        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
-            "name": "calculator", "arguments": {"expression": "2+2"}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "type": "function",
+                    "function": {"name": "calculator", "arguments": {"expression": "2+2"}},
+                }
+            ],
+        },
         {"role": "tool", "content": "4"},
     ]
     text = tok.apply_chat_template(conv, tools=TOOLS)
-    assert '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+2"}}\n</tool_call><|im_end|>' in text
+    assert (
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+2"}}\n</tool_call><|im_end|>'
+        in text
+    )
     assert text.endswith("<|im_start|>user\n<tool_response>\n4\n</tool_response><|im_end|>\n")
     ids = tok.apply_chat_template(conv, tools=TOOLS, tokenize=True)
     assert tok.decode(ids) == text
@@ -293,11 +352,17 @@ def test_chat_template_matches_transformers(tok, tmp_path):
     transformers = pytest.importorskip("transformers")
     tok.save(tmp_path)
     hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
-    conv = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi ünï 😀"},
-            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Sum 1 2"}]
+    conv = [
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": "Hi ünï 😀"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Sum 1 2"},
+    ]
     for tools in (None, TOOLS):
         ours = tok.apply_chat_template(conv, tools=tools, add_generation_prompt=True)
-        theirs = hf.apply_chat_template(conv, tools=tools, add_generation_prompt=True, tokenize=False)
+        theirs = hf.apply_chat_template(
+            conv, tools=tools, add_generation_prompt=True, tokenize=False
+        )
         assert ours == theirs
         assert tok.encode(ours) == hf.encode(ours, add_special_tokens=False)
 
@@ -312,10 +377,19 @@ def test_attention_matches_numpy_reference_with_softcap_and_gqa():
 
     rng = np.random.default_rng(0)
     b, t, s, h, k, d, cap, scale = 2, 3, 5, 4, 2, 8, 0.7, 0.3
-    q, kk, vv = rng.normal(size=(b, t, h, d)), rng.normal(size=(b, s, k, d)), rng.normal(size=(b, s, k, d))
+    q, kk, vv = (
+        rng.normal(size=(b, t, h, d)),
+        rng.normal(size=(b, s, k, d)),
+        rng.normal(size=(b, s, k, d)),
+    )
     mask = rng.random((b, t, s)) < 0.7
     mask[..., 0] = True
-    got = attention(*(jnp.asarray(x, jnp.float32) for x in (q, kk, vv)), jnp.asarray(mask), scale=scale, softcap=cap)
+    got = attention(
+        *(jnp.asarray(x, jnp.float32) for x in (q, kk, vv)),
+        jnp.asarray(mask),
+        scale=scale,
+        softcap=cap,
+    )
     krep, vrep = np.repeat(kk, h // k, axis=2), np.repeat(vv, h // k, axis=2)  # [B, S, H, D]
     scores = np.einsum("bthd,bshd->bhts", q, krep) * scale
     scores = cap * np.tanh(scores / cap)

@@ -36,7 +36,9 @@ def tiny_model(family: str, seed: int = 0, **kw):
 def lm(request):
     if request.param == "softcaps":  # every optional feature at once: softcaps on a Gemma 3 config
         return tiny_model("gemma3", seed=5, attn_logit_softcap=2.0, final_logit_softcap=3.0)
-    if request.param == "wide_heads":  # head_dim >= 32: float32 decode attention takes the batched-dot path
+    if (
+        request.param == "wide_heads"
+    ):  # head_dim >= 32: float32 decode attention takes the batched-dot path
         return tiny_model("llama", seed=6, head_dim=32)
     return tiny_model(request.param, seed=1)
 
@@ -46,7 +48,9 @@ def _noisy_cache(lm, seed: int, dtype=jnp.float32) -> KVCache:
     cache = lm.model.init_cache(B, S, dtype)
     noise = [jnp.asarray(rng.normal(size=c.shape) * 3, jnp.float32) for c in cache]
     if dtype == jnp.uint16:  # bf16 bit patterns
-        return KVCache(*(jax.lax.bitcast_convert_type(n.astype(jnp.bfloat16), jnp.uint16) for n in noise))
+        return KVCache(
+            *(jax.lax.bitcast_convert_type(n.astype(jnp.bfloat16), jnp.uint16) for n in noise)
+        )
     return KVCache(*(n.astype(dtype) for n in noise))
 
 
@@ -76,7 +80,9 @@ def test_decode_equals_the_cached_forward_logits_and_written_kv(lm):
         logits, k_new, v_new = _decode(cfg, params, tok, pos, cache, length)
         assert logits.shape == (B, cfg.vocab_size) and logits.dtype == jnp.float32
         assert k_new.shape == (cfg.num_layers, B, cfg.num_kv_heads, cfg.resolved_head_dim)
-        np.testing.assert_allclose(np.asarray(logits), np.asarray(want[:, 0]), **tolerance("logits"))
+        np.testing.assert_allclose(
+            np.asarray(logits), np.asarray(want[:, 0]), **tolerance("logits")
+        )
         got = write_new_kv(cache, k_new, v_new, pos)
         for g, w in zip(got, want_cache):
             np.testing.assert_allclose(np.asarray(g), np.asarray(w), **tolerance("logits"))
@@ -138,11 +144,18 @@ def test_decode_attention_paths_equal_a_numpy_reference(w, d):
 
     rng = np.random.default_rng(w * d)
     s, k, g = 10, 2, 3
-    q, keys, values = rng.normal(size=(w, k * g, d)), rng.normal(size=(w, s, k, d)), rng.normal(size=(w, s, k, d))
+    q, keys, values = (
+        rng.normal(size=(w, k * g, d)),
+        rng.normal(size=(w, s, k, d)),
+        rng.normal(size=(w, s, k, d)),
+    )
     k_self, v_self = rng.normal(size=(w, k, d)), rng.normal(size=(w, k, d))
     visible = rng.random((w, s)) < 0.6
-    got = decode_attention(*(jnp.asarray(a, jnp.float32) for a in (q, keys, values, k_self, v_self)),
-                           jnp.asarray(visible), scale=0.3)
+    got = decode_attention(
+        *(jnp.asarray(a, jnp.float32) for a in (q, keys, values, k_self, v_self)),
+        jnp.asarray(visible),
+        scale=0.3,
+    )
     want = np.zeros((w, k * g, d))
     for r in range(w):
         for h in range(k * g):

@@ -51,8 +51,9 @@ def written(request, tmp_path_factory):
 def _hf_logits(path, toks) -> np.ndarray:
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32,
-                                                              attn_implementation="eager")
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path), dtype=torch.float32, attn_implementation="eager"
+    )
     with torch.no_grad():
         return model(torch.as_tensor(toks, dtype=torch.long)).logits.numpy()
 
@@ -70,9 +71,16 @@ def test_logits_match_transformers(written):
 
 
 def test_llama3_rope_scaling_untied_matches_transformers(tmp_path):
-    scaling = (("factor", 8.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
-               ("original_max_position_embeddings", 8), ("rope_type", "llama3"))
-    lm = make_tiny("llama", num_layers=2, rope_scaling=scaling, tie_word_embeddings=False, rope_theta=500_000.0)
+    scaling = (
+        ("factor", 8.0),
+        ("high_freq_factor", 4.0),
+        ("low_freq_factor", 1.0),
+        ("original_max_position_embeddings", 8),
+        ("rope_type", "llama3"),
+    )
+    lm = make_tiny(
+        "llama", num_layers=2, rope_scaling=scaling, tie_word_embeddings=False, rope_theta=500_000.0
+    )
     save_hf_dir(lm, tmp_path)
     assert load_hf_dir(tmp_path).config == lm.config.replace(head_dim=lm.config.resolved_head_dim)
     toks, _ = _inputs(lm.config.vocab_size)
@@ -94,10 +102,21 @@ def test_gguf_and_safetensors_give_identical_logits(written):
     assert from_gguf.config == from_st.config
     np.testing.assert_array_equal(_logits(from_gguf), _logits(from_st))
     text = from_st.tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Sum 12 and 30 ünï 😀 <tool_call>{}</tool_call>"}], add_generation_prompt=True)
-    assert from_gguf.tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Sum 12 and 30 ünï 😀 <tool_call>{}</tool_call>"}], add_generation_prompt=True) == text
-    assert from_gguf.tokenizer.encode(text) == from_st.tokenizer.encode(text) == lm.tokenizer.encode(text)
+        [{"role": "user", "content": "Sum 12 and 30 ünï 😀 <tool_call>{}</tool_call>"}],
+        add_generation_prompt=True,
+    )
+    assert (
+        from_gguf.tokenizer.apply_chat_template(
+            [{"role": "user", "content": "Sum 12 and 30 ünï 😀 <tool_call>{}</tool_call>"}],
+            add_generation_prompt=True,
+        )
+        == text
+    )
+    assert (
+        from_gguf.tokenizer.encode(text)
+        == from_st.tokenizer.encode(text)
+        == lm.tokenizer.encode(text)
+    )
     assert from_gguf.tokenizer.stop_token_ids == lm.tokenizer.stop_token_ids
 
 
@@ -108,7 +127,9 @@ def test_gguf_file_readable_by_transformers(written):
     lm, d = written
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(d), gguf_file="model.gguf", dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(d), gguf_file="model.gguf", dtype=torch.float32
+    )
     toks, _ = _inputs(lm.config.vocab_size)
     with torch.no_grad():
         ref = model(torch.as_tensor(toks, dtype=torch.long)).logits.numpy()
@@ -122,7 +143,9 @@ def test_gguf_permutation_inverts(heads, half, cols):
     np.testing.assert_array_equal(_unpermute(_permute(w, heads), heads), w)
 
 
-@pytest.mark.parametrize("written", ["qwen2"], indirect=True)  # one family is enough for the error path
+@pytest.mark.parametrize(
+    "written", ["qwen2"], indirect=True
+)  # one family is enough for the error path
 def test_missing_and_unexpected_tensors_are_named(written, tmp_path):
     from safetensors.numpy import load_file, save_file
 
@@ -151,8 +174,12 @@ def test_unknown_name_is_a_clear_error(tmp_path):
 def test_gemma_softcapping_and_rope_scaling_match_transformers(tmp_path):
     """Final-logit soft-capping and linear RoPE scaling of global layers. (Attention soft-capping
     has no reference here: transformers' Gemma 3 stores attn_logit_softcapping but ignores it.)"""
-    lm = make_tiny("gemma3", num_layers=2, final_logit_softcap=0.3,
-                   rope_scaling=(("factor", 4.0), ("rope_type", "linear")))
+    lm = make_tiny(
+        "gemma3",
+        num_layers=2,
+        final_logit_softcap=0.3,
+        rope_scaling=(("factor", 4.0), ("rope_type", "linear")),
+    )
     save_hf_dir(lm, tmp_path)
     assert load_hf_dir(tmp_path).config == lm.config
     toks, _ = _inputs(lm.config.vocab_size)

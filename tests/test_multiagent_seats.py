@@ -59,6 +59,7 @@ def test_the_test_game_passes_pettingzoo_api_test_raw_and_as_text():
 
 # --- config ---------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("bad", ["", "selfish", "run:", "no_colon_module", "mod:1fn", "a b:c"])
 def test_bad_opponent_strings_are_config_errors(bad):
     with pytest.raises(ConfigError, match="multiagent.opponent") as e:
@@ -86,14 +87,27 @@ def test_config_section_checks_and_unknown_scripted_fn():
 def test_multiagent_section_is_a_train_flag():
     from gymllm.cli.train_args import parse_train_args
 
-    cfg = parse_train_args(["--preset", "tiny", "--multiagent.opponent", "random", "--multiagent.learner-seats",
-                            "first", "--multiagent.baseline", "role_ema"])
-    assert cfg.multiagent == MultiAgentSection(opponent="random", learner_seats=("first",), baseline="role_ema")
+    cfg = parse_train_args(
+        [
+            "--preset",
+            "tiny",
+            "--multiagent.opponent",
+            "random",
+            "--multiagent.learner-seats",
+            "first",
+            "--multiagent.baseline",
+            "role_ema",
+        ]
+    )
+    assert cfg.multiagent == MultiAgentSection(
+        opponent="random", learner_seats=("first",), baseline="role_ema"
+    )
     with pytest.raises((ConfigError, SystemExit)):
         parse_train_args(["--preset", "tiny", "--multiagent.opponent", "bogus"])
 
 
 # --- the seat source on a scripted engine ---------------------------------------------------------------
+
 
 def _tok():
     from gymllm.models.tiny import tiny_tokenizer
@@ -117,8 +131,13 @@ class ScriptEngine:
             await gate()
         text = "1" if len(self.calls) % 3 else "0"
         ids = self.tok.encode(text) + [self.tok.eos_token_id]
-        return Completion(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop",
-                          versions=[self.version] * len(ids), prompt_len=len(prompt_ids))
+        return Completion(
+            token_ids=ids,
+            logprobs=[-0.5] * len(ids),
+            finish_reason="stop",
+            versions=[self.version] * len(ids),
+            prompt_len=len(prompt_ids),
+        )
 
     def end_session(self, session_id):
         pass
@@ -131,9 +150,17 @@ def _params():
 
 
 def _source(engine, config, *, group_size=2):
-    r = RolloutConfig(group_size=group_size, max_concurrency=8, max_staleness=None, max_model_calls=4)
-    return SeatGroupSource(game_factory("test_multiagent_seats:race"), engine, ModelAgent(engine.tok),
-                           sampling=_params(), rollout=r, config=config)
+    r = RolloutConfig(
+        group_size=group_size, max_concurrency=8, max_staleness=None, max_model_calls=4
+    )
+    return SeatGroupSource(
+        game_factory("test_multiagent_seats:race"),
+        engine,
+        ModelAgent(engine.tok),
+        sampling=_params(),
+        rollout=r,
+        config=config,
+    )
 
 
 def test_self_play_groups_one_per_seat_and_seed_with_tokens_logprobs_versions():
@@ -145,12 +172,16 @@ def test_self_play_groups_one_per_seat_and_seed_with_tokens_logprobs_versions():
         batch, seat = g.group_id.split(":")
         by_batch.setdefault(batch, set()).add(seat)
         assert g.info["agent"] == seat and len(g.trajectories) == 2
-        assert len({t.seed for t in g.trajectories}) == 1 and g.trajectories[0].seed == g.info["seed"]
+        assert (
+            len({t.seed for t in g.trajectories}) == 1 and g.trajectories[0].seed == g.info["seed"]
+        )
         for t in g.trajectories:
             assert t.info["agent"] == seat and t.info["policy"] == "learner"
             sampled = t.loss_mask.astype(bool)
             assert sampled.sum() >= 2  # at least one move of 2 tokens
-            assert np.all(t.behaviour_logprobs[sampled] == -0.5) and np.all(t.versions[sampled] == 3)
+            assert np.all(t.behaviour_logprobs[sampled] == -0.5) and np.all(
+                t.versions[sampled] == 3
+            )
     assert by_batch["g0"] == {"first", "second"}  # self-play: both seats of every batch
     # zero-sum game: a seat's reward is minus the other's in the same game
     g0 = {g.info["agent"]: g for g in groups if g.group_id.startswith("g0:")}
@@ -160,10 +191,17 @@ def test_self_play_groups_one_per_seat_and_seed_with_tokens_logprobs_versions():
 def test_random_and_scripted_opponents_play_the_other_seat_and_seats_rotate():
     CALLS.clear()
     engine = ScriptEngine()
-    groups = asyncio.run(take_groups(_source(engine, MultiAgentSection(opponent="test_multiagent_seats:always_two")), 2))
+    groups = asyncio.run(
+        take_groups(
+            _source(engine, MultiAgentSection(opponent="test_multiagent_seats:always_two")), 2
+        )
+    )
     seats = {int(g.group_id.split(":")[0][1:]): g.info["agent"] for g in groups}
     assert seats[0] == "first" and seats[1] == "second"  # batch k trains seat k % 2
-    assert CALLS and {a for _, a in CALLS} == {"first", "second"}  # the fn played the non-learner seats
+    assert CALLS and {a for _, a in CALLS} == {
+        "first",
+        "second",
+    }  # the fn played the non-learner seats
     # the scripted seat moved with its own observation: counters it saw are the game's raw counters
     assert all(0 <= c < TARGET for c, _ in CALLS)
     # only learner seats reached the engine
@@ -201,24 +239,40 @@ def test_games_interleave_a_game_waits_only_for_its_own_mover():
 
 # --- role-conditioned EMA baseline ----------------------------------------------------------------------
 
+
 def test_role_ema_advantages_match_a_hand_computation():
     baselines = {}
-    adv, baselines = role_ema_advantages([1.0, -1.0, 0.0], [("race", "first"), ("race", "second"), ("race", "first")],
-                                         baselines, decay=0.9)
+    adv, baselines = role_ema_advantages(
+        [1.0, -1.0, 0.0],
+        [("race", "first"), ("race", "second"), ("race", "first")],
+        baselines,
+        decay=0.9,
+    )
     # first: b=0 -> A=1, b=0.1; second: b=0 -> A=-1, b=-0.1; first again: b=0.1 -> A=-0.1 (pre-update),
     # b = 0.9*0.1 + 0.1*0 = 0.09
     np.testing.assert_allclose(adv, [1.0, -1.0, -0.1], atol=1e-7)
     assert baselines == pytest.approx({("race", "first"): 0.09, ("race", "second"): -0.1})
     adv2, b2 = role_ema_advantages([0.5], [("race", "second")], baselines, decay=0.9)
     np.testing.assert_allclose(adv2, [0.6], atol=1e-7)
-    assert b2[("race", "second")] == pytest.approx(0.9 * -0.1 + 0.1 * 0.5) and baselines[("race", "second")] == pytest.approx(-0.1)
+    assert b2[("race", "second")] == pytest.approx(0.9 * -0.1 + 0.1 * 0.5) and baselines[
+        ("race", "second")
+    ] == pytest.approx(-0.1)
 
 
 def test_role_ema_baseline_sets_the_learners_estimator_and_the_groups_carry_their_role():
     from gymllm.train.wiring import learner_loss
     from gymllm.cli.train_args import parse_train_args
 
-    cfg = parse_train_args(["--preset", "tiny", "--multiagent.baseline", "role_ema", "--multiagent.baseline-decay", "0.8"])
+    cfg = parse_train_args(
+        [
+            "--preset",
+            "tiny",
+            "--multiagent.baseline",
+            "role_ema",
+            "--multiagent.baseline-decay",
+            "0.8",
+        ]
+    )
     a = learner_loss(cfg).advantage
     assert (a.estimator, a.ema_decay) == ("role_ema", 0.8)
     assert learner_loss(dataclasses.replace(cfg, multiagent=MultiAgentSection())) is cfg.loss
@@ -228,11 +282,25 @@ def test_role_ema_baseline_sets_the_learners_estimator_and_the_groups_carry_thei
     from gymllm.train.resume import make_group_filter
     from gymllm.types import Group, Trajectory
 
-    filtering = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, shaping=ShapingConfig(filter_zero_variance=True)))
-    equal = Group(group_id="g0:first", task_id="seed0", trajectories=[
-        Trajectory(token_ids=np.array([1, 2], np.int32), loss_mask=np.array([0, 1], np.int8), reward=1.0,
-                   behaviour_logprobs=np.zeros(2, np.float32), versions=np.array([-1, 0], np.int32),
-                   trajectory_id=f"t{i}", group_id="g0:first") for i in range(2)])
+    filtering = dataclasses.replace(
+        cfg, loss=dataclasses.replace(cfg.loss, shaping=ShapingConfig(filter_zero_variance=True))
+    )
+    equal = Group(
+        group_id="g0:first",
+        task_id="seed0",
+        trajectories=[
+            Trajectory(
+                token_ids=np.array([1, 2], np.int32),
+                loss_mask=np.array([0, 1], np.int8),
+                reward=1.0,
+                behaviour_logprobs=np.zeros(2, np.float32),
+                versions=np.array([-1, 0], np.int32),
+                trajectory_id=f"t{i}",
+                group_id="g0:first",
+            )
+            for i in range(2)
+        ],
+    )
     assert make_group_filter(filtering, {}, set())(equal)  # R - b[seat] is not 0: the group trains
     plain = dataclasses.replace(filtering, multiagent=MultiAgentSection())
     assert not make_group_filter(plain, {}, set())(equal)  # a group estimator would centre it to 0
@@ -242,14 +310,24 @@ def test_a_drained_full_queue_wakes_the_producer_with_no_batch_in_flight():
     """The producer stops at a full queue (rollout.queue_size); when the consumer drains it while no
     batch is in flight (so no batch's end will wake the producer), taking groups must wake it."""
     engine = ScriptEngine()
-    r = RolloutConfig(group_size=2, max_concurrency=2, max_staleness=None, max_model_calls=4, queue_size=2)
-    src = SeatGroupSource(game_factory("test_multiagent_seats:race"), engine, ModelAgent(engine.tok),
-                          sampling=_params(), rollout=r, config=MultiAgentSection())
+    r = RolloutConfig(
+        group_size=2, max_concurrency=2, max_staleness=None, max_model_calls=4, queue_size=2
+    )
+    src = SeatGroupSource(
+        game_factory("test_multiagent_seats:race"),
+        engine,
+        ModelAgent(engine.tok),
+        sampling=_params(),
+        rollout=r,
+        config=MultiAgentSection(),
+    )
 
     async def go():
         await src.start()
         try:
-            while not (src.ready_groups >= 2 and not src.in_flight):  # full, and nothing left to finish
+            while not (
+                src.ready_groups >= 2 and not src.in_flight
+            ):  # full, and nothing left to finish
                 await asyncio.sleep(0.01)
             for _ in range(20):  # let the producer run until it waits on the full queue
                 await asyncio.sleep(0)
@@ -260,7 +338,11 @@ def test_a_drained_full_queue_wakes_the_producer_with_no_batch_in_flight():
             await src.close()
 
     first, more = asyncio.run(go())
-    assert len(first) == 2 and more and {g.group_id for g in first}.isdisjoint(g.group_id for g in more)
+    assert (
+        len(first) == 2
+        and more
+        and {g.group_id for g in first}.isdisjoint(g.group_id for g in more)
+    )
 
 
 def test_registered_tic_tac_toe_is_a_game_and_plays_against_random():
@@ -268,24 +350,60 @@ def test_registered_tic_tac_toe_is_a_game_and_plays_against_random():
     assert make is not None and game_factory("gymllm/TinyRepeat-v0") is None
     text_api_test(make(), num_cycles=20)
     engine = ScriptEngine()
-    src = SeatGroupSource(make, engine, ModelAgent(engine.tok), sampling=_params(),
-                          rollout=RolloutConfig(group_size=2, max_concurrency=8, max_staleness=None, max_model_calls=3),
-                          config=MultiAgentSection(opponent="random"))
+    src = SeatGroupSource(
+        make,
+        engine,
+        ModelAgent(engine.tok),
+        sampling=_params(),
+        rollout=RolloutConfig(
+            group_size=2, max_concurrency=8, max_staleness=None, max_model_calls=3
+        ),
+        config=MultiAgentSection(opponent="random"),
+    )
     groups = asyncio.run(take_groups(src, 2))
-    assert {g.info["agent"] for g in groups} == set(make().possible_agents) and src.counts["opponent_moves"] > 0
+    assert {g.info["agent"] for g in groups} == set(make().possible_agents) and src.counts[
+        "opponent_moves"
+    ] > 0
 
 
 # --- training end to end --------------------------------------------------------------------------------
+
 
 def test_self_play_trains_a_pettingzoo_factory_from_the_command_line(tmp_path):
     from gymllm.train.trainer import train
     from gymllm.cli.train_args import parse_train_args
 
-    cfg = parse_train_args(["--preset", "tiny", "--env.id", "test_multiagent_seats:race", "--env-kwargs", "{}", "--run-dir", str(tmp_path),
-                            "--rollout.group-size", "2", "--env.num-envs", "2", "--rollout.max-model-calls", "2",
-                            "--sampling.max-tokens", "4", "--learner.groups-per-step", "2", "--learner.num-steps", "2",
-                            "--engine.max-len", "192", "--learner.max-len", "192", "--rollout.max-staleness", "1",
-                            "--run.no-report"])
+    cfg = parse_train_args(
+        [
+            "--preset",
+            "tiny",
+            "--env.id",
+            "test_multiagent_seats:race",
+            "--env-kwargs",
+            "{}",
+            "--run-dir",
+            str(tmp_path),
+            "--rollout.group-size",
+            "2",
+            "--env.num-envs",
+            "2",
+            "--rollout.max-model-calls",
+            "2",
+            "--sampling.max-tokens",
+            "4",
+            "--learner.groups-per-step",
+            "2",
+            "--learner.num-steps",
+            "2",
+            "--engine.max-len",
+            "192",
+            "--learner.max-len",
+            "192",
+            "--rollout.max-staleness",
+            "1",
+            "--run.no-report",
+        ]
+    )
     assert cfg.env.id == "test_multiagent_seats:race" and cfg.multiagent.opponent == "self"
     seen = []
     result = train(cfg, on_step=[seen.append])
@@ -294,19 +412,31 @@ def test_self_play_trains_a_pettingzoo_factory_from_the_command_line(tmp_path):
 
     rows = [json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
     rows = [r for r in rows if r.get("type") == "trajectory"]
-    assert {r["info"]["agent"] for r in rows} == {"first", "second"}  # groups of both seats were trained
+    assert {r["info"]["agent"] for r in rows} == {
+        "first",
+        "second",
+    }  # groups of both seats were trained
     for r in rows:
         assert r["group_id"].endswith(":" + r["info"]["agent"]) and r["info"]["policy"] == "learner"
         sampled = [i for i, v in enumerate(r["token_versions"]) if v >= 0]
         assert sampled and len(r["logprobs"]) == len(r["token_ids"]) == len(r["token_versions"])
-        assert all(r["logprobs"][i] < 0 for i in sampled) and all(r["token_versions"][i] <= r["step"] for i in sampled)
+        assert all(r["logprobs"][i] < 0 for i in sampled) and all(
+            r["token_versions"][i] <= r["step"] for i in sampled
+        )
     # per-seat figures in each step record: every finished group counted under its seat
     metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     last = metrics[-1]
-    assert {k for k in last if k.startswith("seat/") and k.endswith("/groups")} == {"seat/first/groups",
-                                                                                    "seat/second/groups"}
+    assert {k for k in last if k.startswith("seat/") and k.endswith("/groups")} == {
+        "seat/first/groups",
+        "seat/second/groups",
+    }
     for seat in ("first", "second"):
-        shares = [m[f"seat/{seat}/{o}"] for m in metrics if f"seat/{seat}/win" in m for o in ("win", "draw", "loss")]
+        shares = [
+            m[f"seat/{seat}/{o}"]
+            for m in metrics
+            if f"seat/{seat}/win" in m
+            for o in ("win", "draw", "loss")
+        ]
         assert shares and all(0.0 <= x <= 1.0 for x in shares)
 
 
@@ -329,8 +459,15 @@ def test_frozen_opponent_seats_are_played_by_the_opponent_engine_and_refresh_on_
         _source(ScriptEngine(), MultiAgentSection(opponent="frozen"))
     engine, opp = ScriptEngine(), HeldOpponent()
     r = RolloutConfig(group_size=2, max_concurrency=8, max_staleness=None, max_model_calls=4)
-    src = SeatGroupSource(game_factory("test_multiagent_seats:race"), engine, ModelAgent(engine.tok), sampling=_params(),
-                          rollout=r, config=MultiAgentSection(opponent="frozen", refresh_every=2), opponent=opp)
+    src = SeatGroupSource(
+        game_factory("test_multiagent_seats:race"),
+        engine,
+        ModelAgent(engine.tok),
+        sampling=_params(),
+        rollout=r,
+        config=MultiAgentSection(opponent="frozen", refresh_every=2),
+        opponent=opp,
+    )
     for v in (1, 2, 3, 4):
         src.set_policy_version(v)
     assert opp.refreshed == [2, 4] and src.stats()["opponent_version"] == 4
@@ -353,12 +490,41 @@ def test_frozen_opponent_trains_and_its_weights_change_only_at_a_refresh(tmp_pat
     from gymllm.train.run import Run
     from gymllm.cli.train_args import parse_train_args
 
-    cfg = (parse_train_args([
-        "--preset", "tiny", "--env.id", "test_multiagent_seats:race", "--env-kwargs", "{}", "--run-dir", str(tmp_path),
-        "--rollout.group-size", "2", "--env.num-envs", "2", "--rollout.max-model-calls", "2", "--sampling.max-tokens",
-        "4", "--learner.groups-per-step", "1", "--learner.num-steps", "3", "--engine.max-len", "192",
-        "--learner.max-len", "192", "--rollout.max-staleness", "1", "--run.no-report", "--multiagent.opponent",
-        "frozen", "--multiagent.refresh-every", "2"]))
+    cfg = parse_train_args(
+        [
+            "--preset",
+            "tiny",
+            "--env.id",
+            "test_multiagent_seats:race",
+            "--env-kwargs",
+            "{}",
+            "--run-dir",
+            str(tmp_path),
+            "--rollout.group-size",
+            "2",
+            "--env.num-envs",
+            "2",
+            "--rollout.max-model-calls",
+            "2",
+            "--sampling.max-tokens",
+            "4",
+            "--learner.groups-per-step",
+            "1",
+            "--learner.num-steps",
+            "3",
+            "--engine.max-len",
+            "192",
+            "--learner.max-len",
+            "192",
+            "--rollout.max-staleness",
+            "1",
+            "--run.no-report",
+            "--multiagent.opponent",
+            "frozen",
+            "--multiagent.refresh-every",
+            "2",
+        ]
+    )
     seen = []
 
     def look(record):
@@ -375,7 +541,11 @@ def test_frozen_opponent_trains_and_its_weights_change_only_at_a_refresh(tmp_pat
             await run.close()
 
     asyncio.run(go())
-    assert [(s, v) for s, v, _ in seen] == [(1, 0), (2, 2), (3, 2)]  # never ahead of the learner's step
+    assert [(s, v) for s, v, _ in seen] == [
+        (1, 0),
+        (2, 2),
+        (3, 2),
+    ]  # never ahead of the learner's step
     assert seen[0][2] != seen[1][2] and seen[1][2] == seen[2][2]
 
 
@@ -397,11 +567,17 @@ def test_a_crashing_opponent_is_an_illegal_move_and_the_run_goes_on(caplog):
     src = _source(ScriptEngine(), MultiAgentSection(opponent="test_multiagent_seats:crashes_first"))
     with caplog.at_level("WARNING", logger="gymllm.rollout"):
         groups = asyncio.run(take_groups(src, 3))
-    assert len(groups) >= 3 and src.counts["failed_batches"] == 0 and "opponent crashed" in caplog.text
+    assert (
+        len(groups) >= 3 and src.counts["failed_batches"] == 0 and "opponent crashed" in caplog.text
+    )
     assert src.counts["seat_errors"] == 3 and sum(g.info["opponent_errors"] for g in groups) == 3
-    assert all(len(g.trajectories) == 2 for g in groups)  # every game ended, none left a group short
+    assert all(
+        len(g.trajectories) == 2 for g in groups
+    )  # every game ended, none left a group short
     forfeited = [t for g in groups for t in g.trajectories if g.info["opponent_errors"]]
-    assert any(t.rewards[-1] == 0.0 for t in forfeited)  # the crashing seat forfeited: the learner gets 0
+    assert any(
+        t.rewards[-1] == 0.0 for t in forfeited
+    )  # the crashing seat forfeited: the learner gets 0
 
 
 def test_seat_metrics_count_every_group_under_its_seat():
@@ -416,15 +592,28 @@ def test_seat_metrics_count_every_group_under_its_seat():
     keep = m.observe(lambda g: g.info["agent"] == "first")  # the run's filter still decides
     assert keep(G("first", [1.0, -1.0, 0.0, 1.0])) and not keep(G("second", [-1.0, -1.0]))
     out = m.flush()
-    assert out["seat/first/reward"] == 0.25 and out["seat/first/win"] == 0.5 and out["seat/first/draw"] == 0.25
-    assert out["seat/second/loss"] == 1.0 and out["seat/second/groups"] == 1 and out["opponent/version"] == 4
-    assert "seat/first/reward" not in m.flush() and m.flush()["seat/first/groups"] == 1  # figures since the last flush
+    assert (
+        out["seat/first/reward"] == 0.25
+        and out["seat/first/win"] == 0.5
+        and out["seat/first/draw"] == 0.25
+    )
+    assert (
+        out["seat/second/loss"] == 1.0
+        and out["seat/second/groups"] == 1
+        and out["opponent/version"] == 4
+    )
+    assert (
+        "seat/first/reward" not in m.flush() and m.flush()["seat/first/groups"] == 1
+    )  # figures since the last flush
     vs = SeatMetrics(opponent="my_pkg.bots:greedy")
     keep = vs.observe(None)
     keep(G("first", [1.0, 0.0])), keep(G("second", [-1.0, 1.0]))
     out = vs.flush()
-    assert (out["vs/my_pkg.bots:greedy/win"], out["vs/my_pkg.bots:greedy/draw"], out["vs/my_pkg.bots:greedy/loss"]) == (
-        0.5, 0.25, 0.25)
+    assert (
+        out["vs/my_pkg.bots:greedy/win"],
+        out["vs/my_pkg.bots:greedy/draw"],
+        out["vs/my_pkg.bots:greedy/loss"],
+    ) == (0.5, 0.25, 0.25)
     selfplay = SeatMetrics()
     selfplay.observe(None)(G("first", [1.0]))
     assert not any(k.startswith("vs/") for k in selfplay.flush())  # self-play: no vs/ figures

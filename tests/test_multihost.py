@@ -18,7 +18,7 @@ import pytest
 from gymllm.algos.multihost import MultiHostConfig, config_from_env
 from gymllm.errors import ConfigError
 
-WORKER = textwrap.dedent('''
+WORKER = textwrap.dedent("""
     import json, sys
     from gymllm.algos.multihost import gather, initialize_from_env, is_main_process
     mh = initialize_from_env()                      # before any JAX computation
@@ -51,7 +51,7 @@ WORKER = textwrap.dedent('''
                     mesh_processes=[[d.process_index for d in row] for row in mesh.devices] if mesh is not None else [],
                     sharded=sorted({str(getattr(v.sharding, "spec", "")) for v in lrn.trainable.values()}))
         print("RESULT " + json.dumps(info), flush=True)
-''').replace("TESTS_DIR", repr(os.path.dirname(os.path.abspath(__file__))))
+""").replace("TESTS_DIR", repr(os.path.dirname(os.path.abspath(__file__))))
 
 
 def free_port() -> int:
@@ -66,19 +66,38 @@ def clean_env() -> dict[str, str]:
 
 
 def result(stdout: str) -> dict:
-    return json.loads([line for line in stdout.splitlines() if line.startswith("RESULT ")][-1][len("RESULT "):])
+    return json.loads(
+        [line for line in stdout.splitlines() if line.startswith("RESULT ")][-1][len("RESULT ") :]
+    )
 
 
 def test_two_processes_equal_one_process(tmp_path):
     port = free_port()
     procs = []
     for i in range(2):
-        env = dict(clean_env(), GYMLLM_COORDINATOR=f"127.0.0.1:{port}", GYMLLM_NUM_PROCESSES="2",
-                   GYMLLM_PROCESS_ID=str(i), GYMLLM_LOCAL_DEVICES="2")
-        procs.append(subprocess.Popen([sys.executable, "-c", WORKER, str(tmp_path / f"multi{i}.npz")], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    single = subprocess.run([sys.executable, "-c", WORKER, str(tmp_path / "single.npz")], env=clean_env(),
-                            capture_output=True, text=True, timeout=600)
+        env = dict(
+            clean_env(),
+            GYMLLM_COORDINATOR=f"127.0.0.1:{port}",
+            GYMLLM_NUM_PROCESSES="2",
+            GYMLLM_PROCESS_ID=str(i),
+            GYMLLM_LOCAL_DEVICES="2",
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", WORKER, str(tmp_path / f"multi{i}.npz")],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    single = subprocess.run(
+        [sys.executable, "-c", WORKER, str(tmp_path / "single.npz")],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     outs = []
     for p in procs:
         try:
@@ -104,9 +123,17 @@ def test_two_processes_equal_one_process(tmp_path):
 
 def test_config_from_env():
     assert config_from_env({}) is None
-    cfg = config_from_env({"GYMLLM_COORDINATOR": "127.0.0.1:1234", "GYMLLM_NUM_PROCESSES": "2",
-                           "GYMLLM_PROCESS_ID": "1", "GYMLLM_LOCAL_DEVICES": "2"})
-    assert cfg == MultiHostConfig(coordinator_address="127.0.0.1:1234", num_processes=2, process_id=1, local_devices=2)
+    cfg = config_from_env(
+        {
+            "GYMLLM_COORDINATOR": "127.0.0.1:1234",
+            "GYMLLM_NUM_PROCESSES": "2",
+            "GYMLLM_PROCESS_ID": "1",
+            "GYMLLM_LOCAL_DEVICES": "2",
+        }
+    )
+    assert cfg == MultiHostConfig(
+        coordinator_address="127.0.0.1:1234", num_processes=2, process_id=1, local_devices=2
+    )
     with pytest.raises(ConfigError, match="GYMLLM_PROCESS_ID"):
         config_from_env({"GYMLLM_COORDINATOR": "h:1", "GYMLLM_NUM_PROCESSES": "2"})
     with pytest.raises(ConfigError, match="process_id"):

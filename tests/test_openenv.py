@@ -49,15 +49,24 @@ class ProbeEnv(TextEnv):
     def _reset(self, *, seed, options):
         word = str(self.np_random.integers(1000))
         self._word = word
-        return ([{"role": "system", "content": "be brief ✓"}, {"role": "user", "content": f"say {word}"}],
-                {"answer": word, "options": options or {}, "arr": np.arange(2)})
+        return (
+            [
+                {"role": "system", "content": "be brief ✓"},
+                {"role": "user", "content": f"say {word}"},
+            ],
+            {"answer": word, "options": options or {}, "arr": np.arange(2)},
+        )
 
     def _step(self, action):
         if action == "boom":
             raise ValueError("boom requested")
         reward = np.float32(1.0 if action == self._word else 0.0)
-        return ([{"role": "user", "content": f"you said {action}"}], reward, action == "end",
-                {"n": np.int64(self.turn + 1)})
+        return (
+            [{"role": "user", "content": f"you said {action}"}],
+            reward,
+            action == "end",
+            {"n": np.int64(self.turn + 1)},
+        )
 
 
 def make_probe_env() -> ProbeEnv:
@@ -67,8 +76,13 @@ def make_probe_env() -> ProbeEnv:
 def _start(*args: str) -> subprocess.Popen:
     """`gymllm serve-env ARGS --port 0` (this test module importable, for its env factories)."""
     env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    return subprocess.Popen([sys.executable, "-m", "gymllm.cli.main", "serve-env", *args, "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "gymllm.cli.main", "serve-env", *args, "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
 
 
 def _wait_url(proc: subprocess.Popen) -> str:
@@ -80,7 +94,9 @@ def _wait_url(proc: subprocess.Popen) -> str:
             break
         lines.append(line)
         if line.startswith("serving "):
-            threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep draining its output
+            threading.Thread(
+                target=proc.stdout.read, daemon=True
+            ).start()  # keep draining its output
             return line.split(" on ")[1].split()[0]
     proc.kill()
     raise AssertionError("serve-env did not start:\n" + "".join(lines))
@@ -96,11 +112,18 @@ def servers():
     proc = _start("test_openenv:make_probe_env", "--max-message-mb", "0.05")
     victim = _start("gymllm/Echo-v0")  # killed by test_kill_9_mid_episode_fails_that_episode_only
     echo = ServerThread(build_app(ServeEnvConfig(env="gymllm/Echo-v0")))
-    reap = ServerThread(build_app(ServeEnvConfig(env="test_openenv:make_probe_env", max_sessions=1,
-                                                 session_timeout_s=0.5)))
+    reap = ServerThread(
+        build_app(
+            ServeEnvConfig(env="test_openenv:make_probe_env", max_sessions=1, session_timeout_s=0.5)
+        )
+    )
     try:
-        yield {"probe": (proc, _wait_url(proc)), "victim": (victim, _wait_url(victim)), "echo_a": (None, echo.url),
-               "reap": (None, reap.url)}
+        yield {
+            "probe": (proc, _wait_url(proc)),
+            "victim": (victim, _wait_url(victim)),
+            "echo_a": (None, echo.url),
+            "reap": (None, reap.url),
+        }
     finally:
         for p in (proc, victim):
             _stop(p)
@@ -121,20 +144,29 @@ def test_openenv_client_against_serve_env(servers):
             r = client.reset(seed=seed, level="hard")
             obs, info = local.reset(seed=seed, options={"level": "hard"})
             assert r.observation["messages"] == obs and r.done is False and r.reward is None
-            assert r.metadata["info"] == {"options": {"level": "hard"}, "arr": [0, 1]}  # the gold "answer" withheld
+            assert r.metadata["info"] == {
+                "options": {"level": "hard"},
+                "arr": [0, 1],
+            }  # the gold "answer" withheld
             assert "answer" in info
             r = client.step({"text": "héllo ✓"})
             want = local.step("héllo ✓")
             assert r.observation["messages"] == want[0] and r.reward == 0.0 and r.done is False
             assert r.metadata == {"terminated": False, "truncated": False, "info": {"n": 1}}
         state = client.state()
-        assert state["step_count"] == 1 and state["turn"] == 1 and state["env_id"] == "test_openenv:make_probe_env"
+        assert (
+            state["step_count"] == 1
+            and state["turn"] == 1
+            and state["env_id"] == "test_openenv:make_probe_env"
+        )
         with pytest.raises(RuntimeError, match=r"ValueError: boom requested.*EXECUTION_ERROR"):
             client.step({"text": "boom"})  # an env error comes back as OpenEnv's error ...
         r = client.step({"text": "again"})  # ... and the session goes on
         assert r.metadata["info"] == {"n": 2}
         r = client.step({"text": "x"})  # max_turns=3: truncated, and OpenEnv's done
-        assert r.done is True and r.metadata["truncated"] is True and r.metadata["terminated"] is False
+        assert (
+            r.done is True and r.metadata["truncated"] is True and r.metadata["terminated"] is False
+        )
         with pytest.raises(RuntimeError, match="ResetNeededError"):
             client.step({"text": "late"})
         r = client.reset(seed=1)
@@ -146,9 +178,14 @@ def test_from_openenv_round_trips_serve_env_chat(servers):
     assert isinstance(env.observation_space, Chat) and env.action_space.max_length == 64
     local = make_probe_env()
     obs, info = env.reset(seed=3)
-    assert obs == local.reset(seed=3)[0] and "answer" not in info  # the server withholds the gold answer
-    assert env.step(local._word)[:4] == local.step(local._word)[:4] == ([{"role": "user", "content": f"you said {local._word}"}],
-                                                                         1.0, False, False)
+    assert (
+        obs == local.reset(seed=3)[0] and "answer" not in info
+    )  # the server withholds the gold answer
+    assert (
+        env.step(local._word)[:4]
+        == local.step(local._word)[:4]
+        == ([{"role": "user", "content": f"you said {local._word}"}], 1.0, False, False)
+    )
     with pytest.raises(InvalidActionError):
         env.step("x" * 65)  # checked against the declared space before it is sent
     with pytest.raises(OpenEnvError, match="ValueError: boom requested") as e:
@@ -182,16 +219,29 @@ def test_bad_messages_get_clear_errors_and_the_server_stays_up(servers):
     with _ws(url) as c:
         assert _ask(c, "{not json")["data"]["code"] == "INVALID_JSON"
         assert _ask(c, {"type": "teleport"})["data"]["code"] == "UNKNOWN_TYPE"
-        err = _ask(c, {"type": "step", "data": {"text": "early"}})["data"]  # protocol misuse: step before reset
-        assert err["code"] == "EXECUTION_ERROR" and "ResetNeededError" in err["message"] and "reset() first" in err["message"]
+        err = _ask(c, {"type": "step", "data": {"text": "early"}})[
+            "data"
+        ]  # protocol misuse: step before reset
+        assert (
+            err["code"] == "EXECUTION_ERROR"
+            and "ResetNeededError" in err["message"]
+            and "reset() first" in err["message"]
+        )
         assert _ask(c, {"type": "reset", "data": {"seed": 1}})["type"] == "observation"
         err = _ask(c, {"type": "step", "data": {"text": 5}})["data"]
         assert err["code"] == "VALIDATION_ERROR" and err["errors"][0]["type"] == "string_type"
         err = _ask(c, {"type": "step", "data": {"txt": "typo"}})["data"]
-        assert err["code"] == "VALIDATION_ERROR" and {e["type"] for e in err["errors"]} == {"missing", "extra_forbidden"}
-        err = _ask(c, {"type": "step", "data": {"text": "y" * 65}})["data"]  # oversized for the env's action space
+        assert err["code"] == "VALIDATION_ERROR" and {e["type"] for e in err["errors"]} == {
+            "missing",
+            "extra_forbidden",
+        }
+        err = _ask(c, {"type": "step", "data": {"text": "y" * 65}})[
+            "data"
+        ]  # oversized for the env's action space
         assert err["code"] == "VALIDATION_ERROR" and err["errors"][0]["ctx"] == {"max_length": 64}
-        assert _ask(c, {"type": "step", "data": {"text": "fine"}})["type"] == "observation"  # the session goes on
+        assert (
+            _ask(c, {"type": "step", "data": {"text": "fine"}})["type"] == "observation"
+        )  # the session goes on
     with _ws(url) as c:  # a frame over --max-message-mb closes that connection (1009) ...
         c.send(json.dumps({"type": "step", "data": {"text": "z" * 100_000}}))
         with pytest.raises(Exception) as e:
@@ -199,15 +249,23 @@ def test_bad_messages_get_clear_errors_and_the_server_stays_up(servers):
         assert getattr(getattr(e.value, "rcvd", None), "code", None) == 1009, e.value
     with _ws(url, "?session_id=no-such-session") as c:  # unknown session
         err = json.loads(c.recv(timeout=10))["data"]
-        assert err["code"] == "SESSION_ERROR" and "Unknown session_id: no-such-session" in err["message"]
+        assert (
+            err["code"] == "SESSION_ERROR"
+            and "Unknown session_id: no-such-session" in err["message"]
+        )
     with _ws(url) as c:  # ... and the server serves the next session
         assert _ask(c, {"type": "reset", "data": {"seed": 2}})["type"] == "observation"
         assert _ask(c, {"type": "step", "data": {"text": "ok"}})["data"]["done"] is False
     # OpenEnv's stateless HTTP endpoints (a fresh env per request)
     r = httpx.post(url + "/step", json={"action": {"text": "x"}})
-    assert r.status_code == 409 and "ResetNeededError" in r.json()["detail"]  # the order of calls: a 4xx
+    assert (
+        r.status_code == 409 and "ResetNeededError" in r.json()["detail"]
+    )  # the order of calls: a 4xx
     assert httpx.post(url + "/step", json={"action": {"text": 3}}).status_code == 422
-    assert httpx.post(url + "/reset", json={"seed": 1}).json()["observation"]["messages"][0]["role"] == "system"
+    assert (
+        httpx.post(url + "/reset", json={"seed": 1}).json()["observation"]["messages"][0]["role"]
+        == "system"
+    )
     assert servers["probe"][0].poll() is None
 
 
@@ -237,9 +295,18 @@ def test_kill_9_mid_episode_fails_that_episode_only(servers):
     proc.wait(timeout=10)
     obs, rew, term, trunc, infos = vec.step(["c", "d"])
     err = infos["error"][0]
-    assert obs[0] is None and trunc[0] and "lost" in str(err) and "reset() opens a new session" in str(err)
-    assert obs[1] == ref.step(["c", "d"])[0][1] and not infos["_error"][1]  # the other episode goes on
-    with pytest.raises(EnvError, match="2 failed attempts") as e:  # one reconnect, then a clear failure
+    assert (
+        obs[0] is None
+        and trunc[0]
+        and "lost" in str(err)
+        and "reset() opens a new session" in str(err)
+    )
+    assert (
+        obs[1] == ref.step(["c", "d"])[0][1] and not infos["_error"][1]
+    )  # the other episode goes on
+    with pytest.raises(
+        EnvError, match="2 failed attempts"
+    ) as e:  # one reconnect, then a clear failure
         vec.reset_env(0, seed=1)
     assert isinstance(e.value.cause, OpenEnvError) and e.value.env_id == 0
     vec.send(["e"], env_ids=[1])
@@ -283,8 +350,13 @@ class GuessEnvironment(core.Environment):
             assert gate.wait(timeout=30)
         self._steps += 1
         hit = action.guess == self._letter
-        return GuessObservation(prompt=f"{action.guess}: {'yes' if hit else 'no'}", legal=list("abcd"),
-                                done=hit or self._steps >= 4, reward=1.0 if hit else 0.0, metadata={"steps": self._steps})
+        return GuessObservation(
+            prompt=f"{action.guess}: {'yes' if hit else 'no'}",
+            legal=list("abcd"),
+            done=hit or self._steps >= 4,
+            reward=1.0 if hit else 0.0,
+            metadata={"steps": self._steps},
+        )
 
     @property
     def state(self):
@@ -298,7 +370,9 @@ class TwoFieldAction(core.Action):
 
 @pytest.fixture(scope="module")
 def guess_url():
-    app = core.create_fastapi_app(GuessEnvironment, GuessAction, GuessObservation, max_concurrent_envs=8)
+    app = core.create_fastapi_app(
+        GuessEnvironment, GuessAction, GuessObservation, max_concurrent_envs=8
+    )
     with ServerThread(app) as server:
         yield server.url
 
@@ -308,9 +382,17 @@ def test_from_openenv_against_an_openenv_env(guess_url):
     assert isinstance(env.action_space, Text) and isinstance(env.observation_space, Text)
     obs, info = env.reset(seed=1)
     assert obs == "guess a letter (seed 1)" and info["observation"] == {"legal": list("abcd")}
-    assert env.step("a") == ("a: no", 0.0, False, False, {"steps": 1, "observation": {"legal": list("abcd")}})
+    assert env.step("a") == (
+        "a: no",
+        0.0,
+        False,
+        False,
+        {"steps": 1, "observation": {"legal": list("abcd")}},
+    )
     assert env.step("c")[1:3] == (1.0, True)  # the letter for seed 1 is "abcd"[10 % 4]
-    check_env(env)  # deterministic remote env: Gymnasium's checks, determinism, unicode, async == sync
+    check_env(
+        env
+    )  # deterministic remote env: Gymnasium's checks, determinism, unicode, async == sync
     env.close()
     reg = gymllm.make("gymllm/OpenEnv-v0", base_url=guess_url, reset_kwargs={"seed": 2})
     assert reg.reset()[0] == "guess a letter (seed 2)"
@@ -320,7 +402,9 @@ def test_from_openenv_against_an_openenv_env(guess_url):
 
 
 def test_action_schema_with_two_text_fields_needs_a_field_or_a_function():
-    app = core.create_fastapi_app(GuessEnvironment, TwoFieldAction, GuessObservation, max_concurrent_envs=2)
+    app = core.create_fastapi_app(
+        GuessEnvironment, TwoFieldAction, GuessObservation, max_concurrent_envs=2
+    )
     with ServerThread(app) as server:
         with pytest.raises(ConfigError, match=r"one text field.*action_field"):
             from_openenv(server.url)
@@ -328,7 +412,9 @@ def test_action_schema_with_two_text_fields_needs_a_field_or_a_function():
         env.reset(seed=1)
         assert env.step("c, surely")[0] == "c: yes"
         env.close()
-        env = from_openenv(server.url, action_field="guess")  # "note" stays required: the server says so
+        env = from_openenv(
+            server.url, action_field="guess"
+        )  # "note" stays required: the server says so
         env.reset(seed=1)
         with pytest.raises(OpenEnvError, match="VALIDATION_ERROR"):
             env.step("b")
@@ -336,7 +422,9 @@ def test_action_schema_with_two_text_fields_needs_a_field_or_a_function():
 
 
 def test_make_vec_over_remote_envs_is_barrier_free(guess_url):
-    GATES[0] = threading.Event()  # the episode seeded 0 (sub-env 0) is held until the test lets it go
+    GATES[0] = (
+        threading.Event()
+    )  # the episode seeded 0 (sub-env 0) is held until the test lets it go
     vec = gymllm.make_vec([lambda: from_openenv(guess_url)] * 3)
     try:
         vec.reset(seed=0)  # sub-env i gets seed i
@@ -364,7 +452,9 @@ def test_per_call_timeout(guess_url):
         with pytest.raises(OpenEnvError, match="session lost"):  # that episode is over ...
             env.step("a")
         GATES[5].set()
-        assert env.reset(seed=6)[0] == "guess a letter (seed 6)"  # ... the next one opens a new session
+        assert (
+            env.reset(seed=6)[0] == "guess a letter (seed 6)"
+        )  # ... the next one opens a new session
     finally:
         GATES.pop(5).set()
         env.close()
@@ -393,11 +483,16 @@ def test_an_async_env_is_awaited_on_the_server_loop():
     kwargs = {"median_s": 0.001, "p99_s": 0.005}
     local = gymllm.make("gymllm/AsyncLatency-v0", **kwargs)
     assert is_async_native(local) and not is_async_native(gymllm.make("gymllm/Echo-v0"))
-    with ServerThread(build_app(ServeEnvConfig(env="gymllm/AsyncLatency-v0", env_kwargs=kwargs))) as server:
+    with ServerThread(
+        build_app(ServeEnvConfig(env="gymllm/AsyncLatency-v0", env_kwargs=kwargs))
+    ) as server:
         env = from_openenv(server.url)
         for seed in (0, 1):
             obs, info = local.reset(seed=seed)
-            assert env.reset(seed=seed) == (obs, {k: v for k, v in info.items() if k != "answer"})  # gold withheld
+            assert env.reset(seed=seed) == (
+                obs,
+                {k: v for k, v in info.items() if k != "answer"},
+            )  # gold withheld
             for a in ("alpha", "zeta ✓"):
                 *head, info = local.step(a)
                 assert env.step(a) == (*head, {k: v for k, v in info.items() if k != "answer"})
@@ -424,10 +519,15 @@ def test_async_hooks_run_on_the_server_event_loop_thread():
 def test_remote_envs_in_the_process_backend(guess_url):
     """Sub-envs built in forked worker processes (after this process started its own I/O loop)."""
     from_openenv(guess_url).reset(seed=1)  # this process's I/O loop exists before the fork
-    vec = gymllm.make_vec([lambda: from_openenv(guess_url)] * 2, backend="process", mp_context="fork")
+    vec = gymllm.make_vec(
+        [lambda: from_openenv(guess_url)] * 2, backend="process", mp_context="fork"
+    )
     try:
         obs, _ = vec.reset(seed=1)
         assert list(obs) == ["guess a letter (seed 1)", "guess a letter (seed 2)"]
-        assert list(vec.step(["c", "a"])[1]) == [1.0, 0.0]  # seed 1: "c"; seed 2: "abcd"[17 % 4] = "b"
+        assert list(vec.step(["c", "a"])[1]) == [
+            1.0,
+            0.0,
+        ]  # seed 1: "c"; seed 2: "abcd"[17 % 4] = "b"
     finally:
         vec.close()

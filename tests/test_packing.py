@@ -11,7 +11,12 @@ import numpy as np
 import pytest
 
 from gymllm.algos import config as C
-from gymllm.algos.batching import first_fit_decreasing, make_micro_batch, pack_rows, row_from_trajectory
+from gymllm.algos.batching import (
+    first_fit_decreasing,
+    make_micro_batch,
+    pack_rows,
+    row_from_trajectory,
+)
 from gymllm.algos.learner_config import LearnerConfig
 from gymllm.algos.learner_programs import build_loss_fn
 from gymllm.errors import ConfigError
@@ -19,8 +24,12 @@ from test_learner import learner, make_groups, max_diff, tiny
 
 
 def rows_of(groups):
-    return [row_from_trajectory(t, advantage=0.3 * (i % 3) - 0.3, group_tokens=20.0, sample_id=t.trajectory_id)
-            for i, t in enumerate(t for g in groups for t in g.trajectories)]
+    return [
+        row_from_trajectory(
+            t, advantage=0.3 * (i % 3) - 0.3, group_tokens=20.0, sample_id=t.trajectory_id
+        )
+        for i, t in enumerate(t for g in groups for t in g.trajectories)
+    ]
 
 
 def test_first_fit_decreasing_fills_bins_within_capacity():
@@ -39,11 +48,21 @@ def test_pack_rows_gathers_back_to_the_padded_layout():
     assert p is not None and p["packed_tokens"].shape[0] < 8
     for i, r in enumerate(rows):
         n = r.length
-        np.testing.assert_array_equal(p["packed_tokens"].reshape(-1)[p["gather"][i, :n]], mb.tokens[i, :n])
-        np.testing.assert_array_equal(p["packed_targets"].reshape(-1)[p["gather"][i, :n]], mb.targets[i, :n])
-        np.testing.assert_array_equal(p["packed_positions"].reshape(-1)[p["gather"][i, :n]], np.arange(n))
-        assert len(set(p["segment_ids"].reshape(-1)[p["gather"][i, :n]])) == 1  # one segment per sequence
-    assert pack_rows(rows, 8, 16, quantum=8) is None  # 8 packed rows: no fewer than padded, so not packed
+        np.testing.assert_array_equal(
+            p["packed_tokens"].reshape(-1)[p["gather"][i, :n]], mb.tokens[i, :n]
+        )
+        np.testing.assert_array_equal(
+            p["packed_targets"].reshape(-1)[p["gather"][i, :n]], mb.targets[i, :n]
+        )
+        np.testing.assert_array_equal(
+            p["packed_positions"].reshape(-1)[p["gather"][i, :n]], np.arange(n)
+        )
+        assert (
+            len(set(p["segment_ids"].reshape(-1)[p["gather"][i, :n]])) == 1
+        )  # one segment per sequence
+    assert (
+        pack_rows(rows, 8, 16, quantum=8) is None
+    )  # 8 packed rows: no fewer than padded, so not packed
 
 
 @pytest.mark.parametrize("loss", [C.grpo(), C.async_agentic()], ids=["grpo", "async_agentic"])
@@ -70,25 +89,33 @@ def test_packed_loss_and_gradients_equal_padded(loss):
 
 def test_packed_learner_step_equals_padded():
     """A whole SGD step with packing on == off (GSPO sequence ratios: per-sequence means stay exact)."""
-    loss = dataclasses.replace(C.grpo(), policy=dataclasses.replace(C.grpo().policy, ratio_level="sequence"))
+    loss = dataclasses.replace(
+        C.grpo(), policy=dataclasses.replace(C.grpo().policy, ratio_level="sequence")
+    )
     groups = make_groups(2, seed=5)
     a, b = learner(loss, opt="sgd", packing=False), learner(loss, opt="sgd", packing=True)
     ra, rb = a.submit(groups), b.submit(groups)
     assert b.counts["packed_micro_batches"] == 1 and a.counts["packed_micro_batches"] == 0
     assert max_diff(a.trainable, b.trainable) < 1e-6
     for k in ("loss", "kl", "entropy", "ratio_mean", "clip_fraction", "grad_norm"):
-        np.testing.assert_allclose(ra[0].metrics[k], rb[0].metrics[k], rtol=1e-4, atol=1e-6, err_msg=k)
+        np.testing.assert_allclose(
+            ra[0].metrics[k], rb[0].metrics[k], rtol=1e-4, atol=1e-6, err_msg=k
+        )
 
 
 COMPILES: list[str] = []  # the names of the functions XLA compiled
 jax.monitoring.register_event_duration_secs_listener(
-    lambda event, duration, fun_name="", **_: COMPILES.append(fun_name)
-    if event == "/jax/core/compile/backend_compile_duration" else None)
+    lambda event, duration, fun_name="", **_: (
+        COMPILES.append(fun_name) if event == "/jax/core/compile/backend_compile_duration" else None
+    )
+)
 
 
 def test_packed_warmup_compiles_every_shape_a_step_runs():
     """After ``warmup()`` a packed step compiles no gradient program: every packed row count was compiled ahead."""
-    ln = learner(C.async_agentic(), opt="sgd", packing=True, pack_row_steps=4)  # packed rows 2, 4, 6
+    ln = learner(
+        C.async_agentic(), opt="sgd", packing=True, pack_row_steps=4
+    )  # packed rows 2, 4, 6
     ln.warmup(group_size=4)
     before = len(COMPILES)
     ln.submit(make_groups(2, seed=0))
@@ -127,10 +154,20 @@ def test_packed_step_on_a_four_device_mesh_equals_padded_on_one():
     import subprocess
     import sys
 
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                           os.path.dirname(os.path.abspath(__file__))]))
-    p = subprocess.run([sys.executable, "-c", MESH_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    env = dict(
+        os.environ,
+        XLA_FLAGS="--xla_force_host_platform_device_count=4",
+        JAX_PLATFORMS="cpu",
+        PYTHONPATH=os.pathsep.join(
+            [
+                os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                os.path.dirname(os.path.abspath(__file__)),
+            ]
+        ),
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", MESH_SCRIPT], env=env, capture_output=True, text=True, timeout=600
+    )
     assert p.returncode == 0, p.stderr[-4000:]
     quantum, packed, diff, moved = p.stdout.strip().splitlines()[-1].split()[1:]
     assert int(quantum) == 4 and int(packed) == 1

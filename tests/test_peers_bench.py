@@ -19,7 +19,12 @@ import peers  # noqa: E402
 
 def test_parse_args_defaults_quick_and_peers():
     full = peers.parse_args([])
-    assert (full.rounds, full.steps, full.peers, full.sizes) == (3, 8, ("tunix", "trl"), ("tiny", "medium"))
+    assert (full.rounds, full.steps, full.peers, full.sizes) == (
+        3,
+        8,
+        ("tunix", "trl"),
+        ("tiny", "medium"),
+    )
     quick = peers.parse_args(["--quick", "--peers", "trl", "--sizes", "tiny"])
     assert (quick.rounds, quick.steps, quick.peers, quick.sizes) == (1, 5, ("trl",), ("tiny",))
     assert peers.parse_args(["--quick", "--rounds", "2"]).rounds == 2
@@ -33,14 +38,30 @@ def test_spec_matches_the_issue_config_and_gymllm_model(tmp_path):
     tok = peers.write_tokenizer(str(tmp_path))
     spec = peers.peer_spec("tiny", steps=3, tokenizer_file=tok)
     m = spec["model"]
-    assert (m["num_layers"], m["hidden_size"], m["intermediate_size"], m["num_heads"], m["head_dim"],
-            m["num_kv_heads"], m["vocab_size"]) == (2, 64, 128, 4, 16, 2, 512)
-    assert (spec["num_prompts"], spec["group_size"], spec["sampling"]["max_new_tokens"],
-            spec["sampling"]["max_prompt_tokens"]) == (4, 4, 32, 64)
+    assert (
+        m["num_layers"],
+        m["hidden_size"],
+        m["intermediate_size"],
+        m["num_heads"],
+        m["head_dim"],
+        m["num_kv_heads"],
+        m["vocab_size"],
+    ) == (2, 64, 128, 4, 16, 2, 512)
+    assert (
+        spec["num_prompts"],
+        spec["group_size"],
+        spec["sampling"]["max_new_tokens"],
+        spec["sampling"]["max_prompt_tokens"],
+    ) == (4, 4, 32, 64)
     assert spec["algo"]["beta"] == 0.04 and spec["optimizer"]["learning_rate"] == 1e-4
     med = peers.peer_spec("medium", steps=3, tokenizer_file=tok)
-    assert (med["model"]["num_layers"], med["model"]["hidden_size"], med["num_prompts"], med["group_size"],
-            med["sampling"]["max_new_tokens"]) == (4, 128, 8, 8, 64)
+    assert (
+        med["model"]["num_layers"],
+        med["model"]["hidden_size"],
+        med["num_prompts"],
+        med["group_size"],
+        med["sampling"]["max_new_tokens"],
+    ) == (4, 128, 8, 8, 64)
     # the prompts: TinyRepeat's observations for seeds 0.., templated; the shared tokenizer gives their ids
     from tokenizers import Tokenizer
 
@@ -59,10 +80,24 @@ def test_gymllm_runner_config_is_built_from_the_spec(tmp_path):
 
     spec = peers.peer_spec("medium", steps=3, tokenizer_file=peers.write_tokenizer(str(tmp_path)))
     cfg = run_gymllm.train_config(spec, str(tmp_path / "run"))
-    assert (cfg.model.num_layers, cfg.model.hidden_size, cfg.model.intermediate_size, cfg.model.num_heads,
-            cfg.model.num_kv_heads, cfg.model.vocab_size) == (4, 128, 256, 8, 4, 512)
-    assert cfg.rollout.group_size == 8 and cfg.learner.groups_per_step == 8 and cfg.sampling.max_tokens == 64
-    assert cfg.loss.kl.beta == 0.04 and cfg.optimizer.learning_rate == 1e-4 and cfg.learner.num_steps == 3
+    assert (
+        cfg.model.num_layers,
+        cfg.model.hidden_size,
+        cfg.model.intermediate_size,
+        cfg.model.num_heads,
+        cfg.model.num_kv_heads,
+        cfg.model.vocab_size,
+    ) == (4, 128, 256, 8, 4, 512)
+    assert (
+        cfg.rollout.group_size == 8
+        and cfg.learner.groups_per_step == 8
+        and cfg.sampling.max_tokens == 64
+    )
+    assert (
+        cfg.loss.kl.beta == 0.04
+        and cfg.optimizer.learning_rate == 1e-4
+        and cfg.learner.num_steps == 3
+    )
 
 
 def test_every_runner_reads_the_spec_and_no_config_literals():
@@ -72,8 +107,14 @@ def test_every_runner_reads_the_spec_and_no_config_literals():
         tree = ast.parse(src)
         assert "--spec" in src
         for node in ast.walk(tree):
-            if isinstance(node, ast.keyword) and node.arg in ("num_layers", "num_hidden_layers", "hidden_size",
-                                                              "num_generations", "beta", "learning_rate"):
+            if isinstance(node, ast.keyword) and node.arg in (
+                "num_layers",
+                "num_hidden_layers",
+                "hidden_size",
+                "num_generations",
+                "beta",
+                "learning_rate",
+            ):
                 assert not isinstance(node.value, ast.Constant), f"{name}: {node.arg} is a literal"
         if name != "run_gymllm.py":
             mods = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
@@ -89,13 +130,17 @@ def test_venv_dir_hashes_requirements(tmp_path):
     assert peers.venv_dir("trl", a) != peers.venv_dir("trl", b)
     assert peers.venv_dir("trl", a).name.startswith("trl-")
     for peer in peers.PEERS:
-        pins = [ln for ln in peers.requirements_file(peer).read_text().splitlines() if ln and not ln.startswith("#")]
+        pins = [
+            ln
+            for ln in peers.requirements_file(peer).read_text().splitlines()
+            if ln and not ln.startswith("#")
+        ]
         assert pins and all("==" in ln for ln in pins), f"{peer}: every requirement pinned"
     assert "torch==2.13.0+cpu" in peers.requirements_file("trl").read_text()
 
 
 def test_parse_result_takes_the_last_line():
-    assert peers.parse_result("noise\nRESULT {\"a\": 1}\nmore\nRESULT {\"a\": 2}\n") == {"a": 2}
+    assert peers.parse_result('noise\nRESULT {"a": 1}\nmore\nRESULT {"a": 2}\n') == {"a": 2}
     with pytest.raises(ValueError, match="no RESULT"):
         peers.parse_result("Traceback ...\n")
 
@@ -119,16 +164,24 @@ def test_bench_with_fake_runners_writes_ratios_and_errors(tmp_path, monkeypatch)
     secs = {"gymllm": 0.1, "tunix_batch": 0.3, "tunix_agentic": 1.0, "trl": None}
     for side, (script, _mode) in peers.RUNNER_OF.items():
         (fakes / f"{side}.py").write_text(FAKE.format(side=side, secs=secs[side]))
-    monkeypatch.setattr(peers, "RUNNER_OF", {s: (f"{s}.py", m) for s, (_, m) in peers.RUNNER_OF.items()})
+    monkeypatch.setattr(
+        peers, "RUNNER_OF", {s: (f"{s}.py", m) for s, (_, m) in peers.RUNNER_OF.items()}
+    )
     monkeypatch.setattr(peers, "HERE", fakes)
     cfg = peers.BenchConfig(rounds=2, steps=3, sizes=("tiny",))
-    out = peers.bench(cfg, pythons={s: sys.executable for s in peers.RUNNER_OF}, log=lambda _m: None)
-    assert out["vs_tunix_batch"] == pytest.approx(3.0) and out["vs_tunix_agentic"] == pytest.approx(10.0)
+    out = peers.bench(
+        cfg, pythons={s: sys.executable for s in peers.RUNNER_OF}, log=lambda _m: None
+    )
+    assert out["vs_tunix_batch"] == pytest.approx(3.0) and out["vs_tunix_agentic"] == pytest.approx(
+        10.0
+    )
     assert out["vs_trl"].startswith("error: trl: exit 1") and "boom" in out["vs_trl"]
     g = out["sides"]["gymllm"]
     assert g["rounds"] == 2 and g["min_step_s"] == g["max_step_s"] == pytest.approx(0.1)
     line = peers.result_line(out)
-    assert line.startswith("RESULT ") and json.loads(line[7:])["vs_tunix_batch"] == pytest.approx(3.0)
+    assert line.startswith("RESULT ") and json.loads(line[7:])["vs_tunix_batch"] == pytest.approx(
+        3.0
+    )
 
 
 def test_a_venv_that_cannot_be_built_is_an_error_in_result(tmp_path, monkeypatch):
@@ -144,5 +197,8 @@ def test_round_order_rotates_and_ratio_spread_is_per_round():
     assert peers.round_order(sides, 0) == sides
     assert peers.round_order(sides, 1) == ["tunix_batch", "trl", "gymllm"]
     assert [peers.round_order(sides, r)[0] for r in range(3)] == sides  # each side first once
-    summary = {"gymllm": {"per_round_step_s": [1.0, 2.0]}, "tunix_batch": {"per_round_step_s": [3.0, 3.0]}}
+    summary = {
+        "gymllm": {"per_round_step_s": [1.0, 2.0]},
+        "tunix_batch": {"per_round_step_s": [3.0, 3.0]},
+    }
     assert peers.ratio_spread(summary) == {"vs_tunix_batch_rounds": [3.0, 1.5]}

@@ -23,8 +23,21 @@ MAP = '{"player_1": "a", "player_2": "b"}'
 def _cfg(run_dir, *extra):
     from gymllm.cli.train_args import parse_train_args
 
-    return (parse_train_args(["--preset", "tiny", "--env.id", "tic-tac-toe", "--env-kwargs", "{}",
-                                       "--run-dir", str(run_dir), "--engine.max-len", "256", *extra]))
+    return parse_train_args(
+        [
+            "--preset",
+            "tiny",
+            "--env.id",
+            "tic-tac-toe",
+            "--env-kwargs",
+            "{}",
+            "--run-dir",
+            str(run_dir),
+            "--engine.max-len",
+            "256",
+            *extra,
+        ]
+    )
 
 
 def _save_policies(run_dir, weights: str):
@@ -44,10 +57,16 @@ def _save_policies(run_dir, weights: str):
     expected = {}
     for i, (name, learner) in enumerate(ps.learners.items()):
         rng = np.random.default_rng(i)
-        learner.trainable = {k: jnp.asarray(np.asarray(v) + 0.05 * rng.standard_normal(v.shape).astype(np.float32))
-                             for k, v in learner.trainable.items()}
+        learner.trainable = {
+            k: jnp.asarray(np.asarray(v) + 0.05 * rng.standard_normal(v.shape).astype(np.float32))
+            for k, v in learner.trainable.items()
+        }
         lora = policy_lora(cfg)
-        flat = merge(lora, lm.model.flat_params(), learner.trainable) if lora is not None else learner.trainable
+        flat = (
+            merge(lora, lm.model.flat_params(), learner.trainable)
+            if lora is not None
+            else learner.trainable
+        )
         expected[name] = {k: np.asarray(v) for k, v in flat.items()}
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(cfg.to_json())  # what Run.setup writes
@@ -85,11 +104,22 @@ def test_the_checkpoint_has_the_layout_a_policies_run_writes(lora_run):
     from gymllm.models.trained import checkpoint_policies, policy_refs, split_policy
 
     run, _ = lora_run
-    assert (run / "checkpoints" / "3" / "state").is_dir() and (run / "checkpoints" / "3" / "meta").is_dir()
-    assert checkpoint_policies(run) == ["a", "b"] and checkpoint_policies(run / "checkpoints") == ["a", "b"]
+    assert (run / "checkpoints" / "3" / "state").is_dir() and (
+        run / "checkpoints" / "3" / "meta"
+    ).is_dir()
+    assert checkpoint_policies(run) == ["a", "b"] and checkpoint_policies(run / "checkpoints") == [
+        "a",
+        "b",
+    ]
     assert policy_refs(run) == [f"{run}#a", f"{run}#b"] and policy_refs(f"{run}#b") == [f"{run}#b"]
-    assert split_policy(f"{run}#a") == (str(run), "a") and split_policy(str(run)) == (str(run), None)
-    assert split_policy("runs/x#a/b") == ("runs/x#a/b", None) and split_policy("runs/x#a b") == ("runs/x#a b", None)
+    assert split_policy(f"{run}#a") == (str(run), "a") and split_policy(str(run)) == (
+        str(run),
+        None,
+    )
+    assert split_policy("runs/x#a/b") == ("runs/x#a/b", None) and split_policy("runs/x#a b") == (
+        "runs/x#a b",
+        None,
+    )
 
 
 def test_each_policy_loads_its_own_lora_weights_through_every_loader(lora_run):
@@ -104,7 +134,9 @@ def test_each_policy_loads_its_own_lora_weights_through_every_loader(lora_run):
     assert _hash(a) != _hash(b)
     # gymllm eval env --model.checkpoint RUN#NAME (no --model.name: the model the run trained), and with a model name
     _assert_weights(_flat(load_model(None, checkpoint=f"{run}#b")), expected["b"])
-    _assert_weights(_flat(load_model("tiny-qwen3", checkpoint=f"{run}/checkpoints#a")), expected["a"])
+    _assert_weights(
+        _flat(load_model("tiny-qwen3", checkpoint=f"{run}/checkpoints#a")), expected["a"]
+    )
 
 
 def test_full_weight_policies_load_their_own_full_weights(tmp_path):
@@ -130,7 +162,12 @@ def test_bare_unknown_and_misplaced_policy_names_say_what_would_load(lora_run, t
     with pytest.raises(ConfigError) as e:
         models.load(str(run))
     msg = str(e.value)
-    assert "several policies (a, b)" in msg and f"{run}#a" in msg and f"{run}#b" in msg and f"run:{run}#a" in msg
+    assert (
+        "several policies (a, b)" in msg
+        and f"{run}#a" in msg
+        and f"{run}#b" in msg
+        and f"run:{run}#a" in msg
+    )
     with pytest.raises(ConfigError) as e:
         restore_trained(f"{run}#zz")
     assert "'zz'" in str(e.value) and "holds a, b" in str(e.value) and f"{run}#a" in str(e.value)
@@ -149,11 +186,20 @@ def test_bare_unknown_and_misplaced_policy_names_say_what_would_load(lora_run, t
     # without the run's JSON metadata the policies are read from the arrays' tree
     bare = tmp_path / "bare" / "checkpoints"
     manager = ocp.CheckpointManager(bare)
-    manager.save(2, args=ocp.args.Composite(state=ocp.args.StandardSave(
-        {"policies": {n: {"trainable": {"w": np.zeros(2, np.float32)}} for n in ("x", "y")}})))
+    manager.save(
+        2,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardSave(
+                {"policies": {n: {"trainable": {"w": np.zeros(2, np.float32)}} for n in ("x", "y")}}
+            )
+        ),
+    )
     manager.wait_until_finished()
     manager.close()
-    assert checkpoint_policies(bare.parent) == ["x", "y"] and policy_refs(bare) == [f"{bare}#x", f"{bare}#y"]
+    assert checkpoint_policies(bare.parent) == ["x", "y"] and policy_refs(bare) == [
+        f"{bare}#x",
+        f"{bare}#y",
+    ]
 
 
 def test_a_run_opponent_names_one_policy_and_plays_with_its_weights(lora_run, tmp_path):
@@ -186,8 +232,12 @@ def test_a_run_opponent_names_one_policy_and_plays_with_its_weights(lora_run, tm
         return float(jax.nn.log_softmax(logits[0, -1])[done.token_ids[0]])
 
     assert done.logprobs[0] == pytest.approx(logprob(expected["b"]), abs=1e-3)
-    assert abs(done.logprobs[0] - logprob(expected["a"])) > 1e-3  # a's weights would have scored it otherwise
-    other = _cfg(tmp_path / "vs2", "--model.name", "tiny-llama", "--multiagent.opponent", f"run:{run}#a")
+    assert (
+        abs(done.logprobs[0] - logprob(expected["a"])) > 1e-3
+    )  # a's weights would have scored it otherwise
+    other = _cfg(
+        tmp_path / "vs2", "--model.name", "tiny-llama", "--multiagent.opponent", f"run:{run}#a"
+    )
     with pytest.raises(ConfigError, match="a run of this run's model \\(tiny-llama\\)"):
         FrozenOpponent.build(other, None)
 
@@ -203,8 +253,13 @@ class SquareEngine:
         text = "abc"[self.calls % 3] + "123"[(self.calls // 3) % 3]
         self.calls += 1
         ids = self.tok.encode(text) + [self.tok.eos_token_id]
-        return Completion(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop", versions=[0] * len(ids),
-                          prompt_len=len(prompt_ids))
+        return Completion(
+            token_ids=ids,
+            logprobs=[-0.5] * len(ids),
+            finish_reason="stop",
+            versions=[0] * len(ids),
+            prompt_len=len(prompt_ids),
+        )
 
     def end_session(self, session_id):
         pass
@@ -219,16 +274,33 @@ def test_game_players_of_a_policies_run_are_its_policies_each_rated(lora_run, tm
     run, expected = lora_run
     players = players_from_flags([], [str(run)], [], ["random"])
     assert [p.label for p in players] == ["ttt#a", "ttt#b", "random"]
-    for p, name in zip(players, "ab"):  # each player is its policy: the run's model with that policy's weights
+    for p, name in zip(
+        players, "ab"
+    ):  # each player is its policy: the run's model with that policy's weights
         _assert_weights(_flat(p.loaded), expected[name])
-    assert [p.label for p in players_from_flags([], [str(run)], ["mine"], [])] == ["mine#a", "mine#b"]
+    assert [p.label for p in players_from_flags([], [str(run)], ["mine"], [])] == [
+        "mine#a",
+        "mine#b",
+    ]
     assert [p.label for p in players_from_flags([], [f"{run}#b"], [], [])] == ["ttt#b"]
     engines = {p.label: SquareEngine(p.loaded.tokenizer) for p in players[:2]}
-    players = [dataclasses.replace(p, make_engine=lambda e=engines[p.label]: e) for p in players[:2]] + players[2:]
-    summary = run_matches(resolve_game("tic-tac-toe"), players, tmp_path, config=MatchConfig(games=2, num_resamples=50))
+    players = [
+        dataclasses.replace(p, make_engine=lambda e=engines[p.label]: e) for p in players[:2]
+    ] + players[2:]
+    summary = run_matches(
+        resolve_game("tic-tac-toe"),
+        players,
+        tmp_path,
+        config=MatchConfig(games=2, num_resamples=50),
+    )
     assert {(r["player"], r["opponent"]) for r in summary["pairings"]} == {
-        (a, b) for a in ("ttt#a", "ttt#b", "random") for b in ("ttt#a", "ttt#b", "random") if a != b}
-    assert sorted(r["player"] for r in summary["ratings"]["ratings"]) == ["random", "ttt#a", "ttt#b"]
+        (a, b) for a in ("ttt#a", "ttt#b", "random") for b in ("ttt#a", "ttt#b", "random") if a != b
+    }
+    assert sorted(r["player"] for r in summary["ratings"]["ratings"]) == [
+        "random",
+        "ttt#a",
+        "ttt#b",
+    ]
     assert all(e.calls > 0 for e in engines.values())
 
 
@@ -238,16 +310,42 @@ def test_gymllm_eval_game_of_a_policies_run_rates_every_policy(lora_run, tmp_pat
 
     run, _ = lora_run
     out = tmp_path / "games"
-    rc = main(["eval", "game", "tic-tac-toe", "--model.checkpoint", str(run), "--eval.games", "2",
-               "--sampling.max-tokens", "4", "--engine.max-len", "512", "--engine.num-slots", "2",
-               "--eval.num-resamples", "50", "--out", str(out)])
+    rc = main(
+        [
+            "eval",
+            "game",
+            "tic-tac-toe",
+            "--model.checkpoint",
+            str(run),
+            "--eval.games",
+            "2",
+            "--sampling.max-tokens",
+            "4",
+            "--engine.max-len",
+            "512",
+            "--engine.num-slots",
+            "2",
+            "--eval.num-resamples",
+            "50",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert [p["label"] for p in summary["players"]] == ["ttt#a", "ttt#b"]  # every policy of the run, a player each
-    assert [(r["player"], r["opponent"], r["games"]) for r in summary["pairings"]] == [("ttt#a", "ttt#b", 2),
-                                                                                       ("ttt#b", "ttt#a", 2)]
+    assert [p["label"] for p in summary["players"]] == [
+        "ttt#a",
+        "ttt#b",
+    ]  # every policy of the run, a player each
+    assert [(r["player"], r["opponent"], r["games"]) for r in summary["pairings"]] == [
+        ("ttt#a", "ttt#b", 2),
+        ("ttt#b", "ttt#a", 2),
+    ]
     ratings = json.loads((out / "ratings.json").read_text())
-    assert sorted(r["player"] for r in ratings["ratings"]) == ["ttt#a", "ttt#b"] and ratings["games"] == 2
+    assert (
+        sorted(r["player"] for r in ratings["ratings"]) == ["ttt#a", "ttt#b"]
+        and ratings["games"] == 2
+    )
     rows = [json.loads(line) for line in (out / "games.jsonl").read_text().splitlines()]
     assert all(r["moves"] and set(r["players"].values()) == {"ttt#a", "ttt#b"} for r in rows)
     assert "ttt#a" in capsys.readouterr().out
@@ -257,7 +355,22 @@ def test_env_eval_of_a_bare_policies_run_names_the_policy_forms(lora_run, capsys
     from gymllm.cli.main import main
 
     run, _ = lora_run
-    assert main(["eval", "env", "gymllm/TinyRepeat-v0", "--model.checkpoint", str(run), "--eval.seeds", "1", "--eval.k", "1"]) == 2
+    assert (
+        main(
+            [
+                "eval",
+                "env",
+                "gymllm/TinyRepeat-v0",
+                "--model.checkpoint",
+                str(run),
+                "--eval.seeds",
+                "1",
+                "--eval.k",
+                "1",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert f"{run}#a" in err and f"{run}#b" in err
 
@@ -270,11 +383,33 @@ def test_a_trained_policies_run_loads_each_policy_as_its_learner_left_it(tmp_pat
     from gymllm.inference.params import SamplingParams
     from gymllm.rollout.evaluation import EvalConfig
 
-    cfg = _cfg(tmp_path, "--rollout.group-size", "2", "--env.num-envs", "2", "--rollout.max-model-calls", "2",
-               "--sampling.max-tokens", "4", "--learner.groups-per-step", "1", "--learner.num-steps", "2",
-               "--learner.max-len", "256", "--rollout.max-staleness", "2", "--run.no-report",
-               "--loss.shaping.no-filter-zero-variance", "--loss.entropy-coef", "0.01", "--run.checkpoint-every", "1",
-               "--multiagent.policies", MAP)
+    cfg = _cfg(
+        tmp_path,
+        "--rollout.group-size",
+        "2",
+        "--env.num-envs",
+        "2",
+        "--rollout.max-model-calls",
+        "2",
+        "--sampling.max-tokens",
+        "4",
+        "--learner.groups-per-step",
+        "1",
+        "--learner.num-steps",
+        "2",
+        "--learner.max-len",
+        "256",
+        "--rollout.max-staleness",
+        "2",
+        "--run.no-report",
+        "--loss.shaping.no-filter-zero-variance",
+        "--loss.entropy-coef",
+        "0.01",
+        "--run.checkpoint-every",
+        "1",
+        "--multiagent.policies",
+        MAP,
+    )
     run = Run(cfg)
 
     async def go():
@@ -285,10 +420,16 @@ def test_a_trained_policies_run_loads_each_policy_as_its_learner_left_it(tmp_pat
             await run.close()
 
     asyncio.run(go())
-    final = {n: {k: np.asarray(v) for k, v in lrn.policy_params().items()} for n, lrn in run.learner.learners.items()}
+    final = {
+        n: {k: np.asarray(v) for k, v in lrn.policy_params().items()}
+        for n, lrn in run.learner.learners.items()
+    }
     assert _hash(final["a"]) != _hash(final["b"])  # each policy trained its own adapters
     for name in ("a", "b"):
         _assert_weights(_flat(models.load(f"{tmp_path}#{name}")), final[name])
-    rows = run_eval(["gymllm/TinyRepeat-v0"], checkpoint=f"{tmp_path}#b",
-                    config=EvalConfig(seeds=1, k=1, max_turns=1, sampling=SamplingParams(max_tokens=4)))
+    rows = run_eval(
+        ["gymllm/TinyRepeat-v0"],
+        checkpoint=f"{tmp_path}#b",
+        config=EvalConfig(seeds=1, k=1, max_turns=1, sampling=SamplingParams(max_tokens=4)),
+    )
     assert rows[0]["env"] == "gymllm/TinyRepeat-v0" and rows[0]["episodes"] == 1

@@ -23,9 +23,19 @@ from gymllm.rollout.proxy_source import ProxyGroupSource, ProxySourceConfig
 from gymllm.rollout.token_buffer import TokenBuffer
 
 CFG = EngineConfig(num_slots=2, max_len=512, min_bucket=512, max_prefill_batch=1, decode_lengths=1)
-TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two numbers.",
-                                           "parameters": {"type": "object", "properties": {
-                                               "a": {"type": "number"}, "b": {"type": "number"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two numbers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+            },
+        },
+    }
+]
 
 
 class Spy:
@@ -54,11 +64,20 @@ class ScriptedEngine:
 
     async def generate(self, prompt, params, session_id=None):
         a, b = (int(x) for x in self.rng.integers(0, 50, 2))
-        text = (f'<tool_call>\n{{"name": "add", "arguments": {{"a": {a}, "b": {b}}}}}\n</tool_call>'
-                if self.rng.random() < 0.6 else f"It is {a + b}.")
+        text = (
+            f'<tool_call>\n{{"name": "add", "arguments": {{"a": {a}, "b": {b}}}}}\n</tool_call>'
+            if self.rng.random() < 0.6
+            else f"It is {a + b}."
+        )
         ids = self.tokenizer.encode(text) + [self.end]
-        c = Completion(token_ids=ids, logprobs=self.rng.uniform(-3, 0, len(ids)), versions=[self.version] * len(ids),
-                       prompt_len=len(prompt), finish_reason="stop", stop_reason=self.end)
+        c = Completion(
+            token_ids=ids,
+            logprobs=self.rng.uniform(-3, 0, len(ids)),
+            versions=[self.version] * len(ids),
+            prompt_len=len(prompt),
+            finish_reason="stop",
+            stop_reason=self.end,
+        )
         self.calls.append((list(map(int, prompt)), c))
         return c
 
@@ -82,7 +101,13 @@ class Proxy:
         self.source = ProxyGroupSource(ProxySourceConfig(**source_kw))
         self.recorder = SessionRecorder(tokenizer, on_closed=self.source.add)
         self.spy = engine if isinstance(engine, ScriptedEngine) else Spy(engine)
-        app = build_app(self.spy, tokenizer, "policy", recorder=self.recorder, admission=self.source.wait_for_room)
+        app = build_app(
+            self.spy,
+            tokenizer,
+            "policy",
+            recorder=self.recorder,
+            admission=self.source.wait_for_room,
+        )
         self.server = ServerThread(app).start()
         self.url = self.server.url
 
@@ -100,7 +125,13 @@ def proxy(request, lm, jax_engine):
 
 
 def chat(http, sid, messages, tools=None, max_tokens=4, seed=0, **headers):
-    body = {"model": "policy", "messages": messages, "max_tokens": max_tokens, "temperature": 1.0, "seed": seed}
+    body = {
+        "model": "policy",
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 1.0,
+        "seed": seed,
+    }
     if tools:
         body["tools"] = tools
     r = http.post("/v1/chat/completions", json=body, headers={"X-Session-Id": sid, **headers})
@@ -117,14 +148,24 @@ def take_group(source):
     return asyncio.run(asyncio.wait_for(source.get_group(), 30))
 
 
-session_plans = st.lists(st.tuples(st.sampled_from(["user", "tool", "rewrite"]), st.integers(1, 5)),
-                         min_size=0, max_size=3)
+session_plans = st.lists(
+    st.tuples(st.sampled_from(["user", "tool", "rewrite"]), st.integers(1, 5)),
+    min_size=0,
+    max_size=3,
+)
 
 
-@settings(max_examples=10, deadline=None, database=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=10,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(plan=session_plans, use_tools=st.booleans(), first_tokens=st.integers(1, 5))
-def test_recorded_ids_are_exactly_what_the_engine_was_asked_and_sampled(proxy, lm, plan, use_tools, first_tokens):
+def test_recorded_ids_are_exactly_what_the_engine_was_asked_and_sampled(
+    proxy, lm, plan, use_tools, first_tokens
+):
     tools = TOOLS if use_tools else None
     sid = f"s{time.monotonic_ns()}"
     start = len(proxy.spy.calls)
@@ -138,7 +179,9 @@ def test_recorded_ids_are_exactly_what_the_engine_was_asked_and_sampled(proxy, l
             messages = messages + [echo(replies[-1])]
             calls = replies[-1].get("tool_calls") or []
             if kind == "tool" and calls:
-                messages += [{"role": "tool", "tool_call_id": c["id"], "content": str(i)} for c in calls]
+                messages += [
+                    {"role": "tool", "tool_call_id": c["id"], "content": str(i)} for c in calls
+                ]
             elif kind == "rewrite":
                 messages = [{"role": "user", "content": f"Start over {i}."}]
                 rewrites += 1
@@ -163,14 +206,20 @@ def test_recorded_ids_are_exactly_what_the_engine_was_asked_and_sampled(proxy, l
         np.testing.assert_array_equal(traj.behaviour_logprobs[a:b], c.logprobs)
         np.testing.assert_array_equal(traj.versions[a:b], c.versions)
     for traj in trajs:
-        assert traj.num_sampled == sum(b - a for a, b in traj.turn_boundaries) and traj.reward == 0.5
+        assert (
+            traj.num_sampled == sum(b - a for a, b in traj.turn_boundaries) and traj.reward == 0.5
+        )
         assert set(traj.versions[traj.loss_mask == 0].tolist()) <= {-1}
-    if rewrites == 0:  # the orchestrator's TokenBuffer, fed the same conversation, builds the same row
+    if (
+        rewrites == 0
+    ):  # the orchestrator's TokenBuffer, fed the same conversation, builds the same row
         buf = TokenBuffer(lm.tokenizer, tools=tools, stop_token_ids=lm.tokenizer.stop_token_ids)
         buf.start(messages[:1])
         convo = messages[1:]
         for (prompt, c), reply in zip(calls, replies):
-            buf.add_sampled(c.token_ids.tolist(), c.logprobs.tolist(), c.versions.tolist(), echo(reply))
+            buf.add_sampled(
+                c.token_ids.tolist(), c.logprobs.tolist(), c.versions.tolist(), echo(reply)
+            )
             if convo:
                 convo = convo[1:]  # the echoed reply
                 new = []
@@ -191,21 +240,45 @@ def test_reward_for_unknown_and_closed_sessions(proxy):
         assert http.post("/v1/sessions/once/reward", json={"reward": 1.0}).status_code == 200
         r = http.post("/v1/sessions/once/reward", json={"reward": 1.0})
         assert r.status_code == 409 and "second one" in r.json()["error"]["message"]
-        r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
-                      headers={"X-Session-Id": "once"})
+        r = http.post(
+            "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+            headers={"X-Session-Id": "once"},
+        )
         assert r.status_code == 409
         assert http.post("/v1/sessions/x/reward", json={"reward": "lots"}).status_code == 400
-        assert http.post("/v1/sessions/x/reward", content=b'{"reward": NaN}',
-                         headers={"content-type": "application/json"}).status_code == 400
-        r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "n": 2},
-                      headers={"X-Session-Id": "two"})
-        assert r.status_code == 400 and "n: expected 1 in a training session" in r.json()["error"]["message"]
+        assert (
+            http.post(
+                "/v1/sessions/x/reward",
+                content=b'{"reward": NaN}',
+                headers={"content-type": "application/json"},
+            ).status_code
+            == 400
+        )
+        r = http.post(
+            "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "Hi"}], "n": 2},
+            headers={"X-Session-Id": "two"},
+        )
+        assert (
+            r.status_code == 400
+            and "n: expected 1 in a training session" in r.json()["error"]["message"]
+        )
     take_group(proxy.source)
-    with httpx.Client(base_url=proxy.url, timeout=120) as http:  # the user field and metadata name them too
-        body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "user": "by-body",
-                "metadata": {"group_id": "g-meta", "task_id": "t-meta"}}
+    with httpx.Client(
+        base_url=proxy.url, timeout=120
+    ) as http:  # the user field and metadata name them too
+        body = {
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 2,
+            "user": "by-body",
+            "metadata": {"group_id": "g-meta", "task_id": "t-meta"},
+        }
         assert http.post("/v1/chat/completions", json=body).status_code == 200
-        assert http.post("/v1/sessions/by-body/reward", json={"reward": 2.0}).json()["group_id"] == "g-meta"
+        assert (
+            http.post("/v1/sessions/by-body/reward", json={"reward": 2.0}).json()["group_id"]
+            == "g-meta"
+        )
     group = take_group(proxy.source)
     assert (group.group_id, group.task_id, group.rewards.tolist()) == ("g-meta", "t-meta", [2.0])
 
@@ -216,20 +289,38 @@ def test_groups_form_from_sessions_naming_their_group_through_the_openai_client(
     try:
         client = openai.OpenAI(base_url=p.url + "/v1", api_key="unused", max_retries=0)
         for member in range(2):
-            headers = {"X-Session-Id": f"task7-m{member}", "X-Group-Id": "task7", "X-Task-Id": "add"}
+            headers = {
+                "X-Session-Id": f"task7-m{member}",
+                "X-Group-Id": "task7",
+                "X-Task-Id": "add",
+            }
             msgs = [{"role": "user", "content": "Add 2 and 3."}]
-            r = client.chat.completions.create(model="policy", messages=msgs, max_tokens=3, seed=member,
-                                               extra_headers=headers)
-            msgs += [r.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "Sure?"}]
-            client.chat.completions.create(model="policy", messages=msgs, max_tokens=3, extra_headers=headers)
+            r = client.chat.completions.create(
+                model="policy", messages=msgs, max_tokens=3, seed=member, extra_headers=headers
+            )
+            msgs += [
+                r.choices[0].message.model_dump(exclude_none=True),
+                {"role": "user", "content": "Sure?"},
+            ]
+            client.chat.completions.create(
+                model="policy", messages=msgs, max_tokens=3, extra_headers=headers
+            )
             assert p.source.ready_groups == 0  # the group waits for its second member
-            httpx.post(f"{p.url}/v1/sessions/task7-m{member}/reward", json={"reward": float(member)})
+            httpx.post(
+                f"{p.url}/v1/sessions/task7-m{member}/reward", json={"reward": float(member)}
+            )
         group = take_group(p.source)
         assert group.group_id == "task7" and group.task_id == "add" and len(group.trajectories) == 2
-        assert group.rewards.tolist() == [0.0, 1.0] and [t.info["member"] for t in group.trajectories] == [0, 1]
+        assert group.rewards.tolist() == [0.0, 1.0] and [
+            t.info["member"] for t in group.trajectories
+        ] == [0, 1]
         assert all(len(t.turn_boundaries) == 2 for t in group.trajectories)  # both turns in one row
         stats = httpx.get(p.url + "/v1/training/stats").json()
-        assert stats["sessions_closed"] == 2 and stats["model_calls"] == 4 and stats["open_sessions"] == 0
+        assert (
+            stats["sessions_closed"] == 2
+            and stats["model_calls"] == 4
+            and stats["open_sessions"] == 0
+        )
     finally:
         p.close()
 
@@ -302,8 +393,14 @@ class CalculatorPolicy(ScriptedEngine):
             expr = re.findall(r"Compute (.*?)\. Give", text)[-1]
             reply = f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{expr}"}}}}\n</tool_call>'
         ids = self.tokenizer.encode(reply) + [self.end]
-        c = Completion(token_ids=ids, logprobs=[-0.25] * len(ids), versions=[self.version] * len(ids),
-                       prompt_len=len(prompt), finish_reason="stop", stop_reason=self.end)
+        c = Completion(
+            token_ids=ids,
+            logprobs=[-0.25] * len(ids),
+            versions=[self.version] * len(ids),
+            prompt_len=len(prompt),
+            finish_reason="stop",
+            stop_reason=self.end,
+        )
         self.calls.append((list(map(int, prompt)), c))
         return c
 
@@ -316,15 +413,24 @@ def test_the_openai_agent_example_trains_through_the_proxy(lm, jax_engine, polic
     p = Proxy(engine, lm.tokenizer, group_size=2)
     try:
         client = openai.OpenAI(base_url=p.url + "/v1", api_key="unused", max_retries=0)
-        episodes = [example.run_episode(client, p.url + "/v1", model="policy", seed=k, group_id=f"p{k}",
-                                        max_tokens=24) for k in (0, 1) for _ in range(2)]
+        episodes = [
+            example.run_episode(
+                client, p.url + "/v1", model="policy", seed=k, group_id=f"p{k}", max_tokens=24
+            )
+            for k in (0, 1)
+            for _ in range(2)
+        ]
         groups = [take_group(p.source) for _ in range(2)]
     finally:
         p.close()
-    assert [g.group_id for g in groups] == ["p0", "p1"] and all(len(g.trajectories) == 2 for g in groups)
+    assert [g.group_id for g in groups] == ["p0", "p1"] and all(
+        len(g.trajectories) == 2 for g in groups
+    )
     got = sorted((t.info["session_id"], t.reward) for g in groups for t in g.trajectories)
     assert got == sorted((e["session"], e["reward"]) for e in episodes)
-    if policy == "calculator":  # the tool round trip is in one row: call, tool response (context), answer
+    if (
+        policy == "calculator"
+    ):  # the tool round trip is in one row: call, tool response (context), answer
         assert all(e["reward"] == 1.0 and e["tool_calls"] == 1 for e in episodes)
         for t in (t for g in groups for t in g.trajectories):
             assert len(t.turn_boundaries) == 2 and t.info["segments_started"] == 0

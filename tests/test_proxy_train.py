@@ -23,9 +23,11 @@ from gymllm.errors import ConfigError
 from gymllm.rollout.agent_programs import AgentProgramError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-AGENT = (f"{{python}} {ROOT / 'examples' / 'openai_agent.py'} --base-url {{base_url}} --model {{model}} "
-         "--task gymllm/TinyRepeat-v0 --env-kwargs '{{\"num_letters\": 2}}' --no-tools --problems 0 "
-         "--group-size {group_size} --seed {seed} --max-tokens 4 --max-turns 1 --concurrency 4")
+AGENT = (
+    f"{{python}} {ROOT / 'examples' / 'openai_agent.py'} --base-url {{base_url}} --model {{model}} "
+    "--task gymllm/TinyRepeat-v0 --env-kwargs '{{\"num_letters\": 2}}' --no-tools --problems 0 "
+    "--group-size {group_size} --seed {seed} --max-tokens 4 --max-turns 1 --concurrency 4"
+)
 
 
 class Spy:
@@ -70,12 +72,18 @@ class SpyComponents(LocalComponents):
 def config(run_dir, agent_program=AGENT, **rollout):
     cfg = preset("tiny")
     return dataclasses.replace(
-        cfg, env=dataclasses.replace(cfg.env, num_envs=4),
+        cfg,
+        env=dataclasses.replace(cfg.env, num_envs=4),
         engine=dataclasses.replace(cfg.engine, num_slots=8, max_len=96),
         sampling=dataclasses.replace(cfg.sampling, max_tokens=4),
-        rollout=dataclasses.replace(cfg.rollout, mode="proxy", agent_program=agent_program, group_size=4, **rollout),
-        learner=dataclasses.replace(cfg.learner, groups_per_step=2, num_steps=2, micro_batch_size=8, max_len=96),
-        run=RunSection(run_dir=str(run_dir), console=False, report=False))
+        rollout=dataclasses.replace(
+            cfg.rollout, mode="proxy", agent_program=agent_program, group_size=4, **rollout
+        ),
+        learner=dataclasses.replace(
+            cfg.learner, groups_per_step=2, num_steps=2, micro_batch_size=8, max_len=96
+        ),
+        run=RunSection(run_dir=str(run_dir), console=False, report=False),
+    )
 
 
 def gone(pid: int) -> bool:
@@ -96,27 +104,37 @@ def test_proxy_mode_trains_on_exactly_the_recorded_sessions(tmp_path):
     calls = {sid: (prompt, c) for sid, prompt, c in parts.spy.calls}
     trajs = [t for g in parts.trained for t in g.trajectories]
     assert len(trajs) == 2 * 2 * 4 and all(len(g.trajectories) == 4 for g in parts.trained)
-    for t in trajs:  # one model call per episode: the row is the prompt (context) then the sampled ids
+    for (
+        t
+    ) in trajs:  # one model call per episode: the row is the prompt (context) then the sampled ids
         prompt, c = calls[t.info["session_id"]]
         sampled = np.asarray(c.token_ids).tolist()
         assert t.token_ids.tolist() == prompt + sampled
         assert t.loss_mask.tolist() == [0] * len(prompt) + [1] * len(sampled)
-        np.testing.assert_array_equal(t.behaviour_logprobs[len(prompt):], np.asarray(c.logprobs, np.float32))
-        assert t.versions[len(prompt):].tolist() == np.asarray(c.versions).tolist()
+        np.testing.assert_array_equal(
+            t.behaviour_logprobs[len(prompt) :], np.asarray(c.logprobs, np.float32)
+        )
+        assert t.versions[len(prompt) :].tolist() == np.asarray(c.versions).tolist()
     # what the program printed (one JSON line per episode) matches what was trained and logged
     printed = {}
     for line in (tmp_path / "agent_0.log").read_text().splitlines():
         e = json.loads(line) if line.startswith("{") else {}
-        if e.get("event") == "reward":  # printed before the reward is posted, so every closed session has one
+        if (
+            e.get("event") == "reward"
+        ):  # printed before the reward is posted, so every closed session has one
             printed[e["session"]] = e
     logged = [json.loads(x) for x in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
     assert len(logged) == len(trajs)
     for rec in logged:
         sid = rec["trajectory_id"].split("/", 1)[1]
-        assert printed[sid]["group_id"] == rec["group_id"] and printed[sid]["reward"] == rec["reward"]
+        assert (
+            printed[sid]["group_id"] == rec["group_id"] and printed[sid]["reward"] == rec["reward"]
+        )
     assert {t.trajectory_id for t in trajs} == {r["trajectory_id"] for r in logged}
     # the program and the server are gone
-    assert result.counts["agent_exit_codes"] and all(rc is not None for rc in result.counts["agent_exit_codes"])
+    assert result.counts["agent_exit_codes"] and all(
+        rc is not None for rc in result.counts["agent_exit_codes"]
+    )
     assert all(gone(pid) for pid in result.counts["agent_pids"])
     with pytest.raises(httpx.TransportError):
         httpx.get(result.counts["proxy_url"] + "/health", timeout=5)
@@ -131,7 +149,7 @@ def test_an_agent_program_that_fails_fails_the_run_clearly(tmp_path):
 
 
 def test_a_program_that_never_closes_a_session_fails_within_the_bound(tmp_path):
-    idle = f"{sys.executable} -c \"import time; time.sleep(600)\""
+    idle = f'{sys.executable} -c "import time; time.sleep(600)"'
     with pytest.raises(AgentProgramError, match="agent_start_timeout_s"):
         train(config(tmp_path, agent_program=idle, agent_start_timeout_s=1.0))
 
@@ -141,7 +159,9 @@ def test_proxy_mode_needs_a_program():
         RolloutConfig(mode="proxy")
     with pytest.raises(ConfigError, match="agent_program"):
         RolloutConfig(mode="async", agent_program="python agent.py")
-    with pytest.raises(ConfigError, match="placeholders"):  # caught at config time, before any compile
+    with pytest.raises(
+        ConfigError, match="placeholders"
+    ):  # caught at config time, before any compile
         RolloutConfig(mode="proxy", agent_program="python agent.py --kwargs '{\"a\": 1}'")
 
 

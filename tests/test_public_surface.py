@@ -16,13 +16,32 @@ import pytest
 
 import gymllm
 
-HEAVY = ("jax", "jaxlib", "flax", "optax", "orbax", "torch", "transformers", "ray", "fastapi", "uvicorn", "pydantic",
-         "tyro", "tensorboard", "tensorboardX", "matplotlib", "reasoning_gym", "textarena")
+HEAVY = (
+    "jax",
+    "jaxlib",
+    "flax",
+    "optax",
+    "orbax",
+    "torch",
+    "transformers",
+    "ray",
+    "fastapi",
+    "uvicorn",
+    "pydantic",
+    "tyro",
+    "tensorboard",
+    "tensorboardX",
+    "matplotlib",
+    "reasoning_gym",
+    "textarena",
+)
 
 
 def _run(code: str) -> dict:
     """Run ``code`` in a fresh interpreter; it prints one JSON object on its last line."""
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -33,7 +52,9 @@ def test_import_gymllm_loads_no_heavy_package():
         import gymllm
         print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))
     """)
-    assert got == [], f"`import gymllm` imported {got}: expected none of them (keep heavy imports lazy)"
+    assert got == [], (
+        f"`import gymllm` imported {got}: expected none of them (keep heavy imports lazy)"
+    )
 
 
 def test_every_subpackage_is_an_attribute_after_a_bare_import_and_costs_no_jax():
@@ -45,7 +66,9 @@ def test_every_subpackage_is_an_attribute_after_a_bare_import_and_costs_no_jax()
         print(json.dumps({"kinds": kinds, "same": same, "jax": "jax" in sys.modules}))
     """)
     assert set(got["kinds"].values()) == {"module"} and got["same"]
-    assert not got["jax"], "reaching gymllm.<subpackage> imported JAX: its __init__ must import lazily"
+    assert not got["jax"], (
+        "reaching gymllm.<subpackage> imported JAX: its __init__ must import lazily"
+    )
 
 
 def test_checkers_vector_wrappers_envs_work_from_a_bare_import():
@@ -81,7 +104,9 @@ def test_jax_backed_subpackages_resolve_their_names():
 def test_submodules_list_every_public_module_of_the_package():
     found = {m.name for m in pkgutil.iter_modules(gymllm.__path__) if not m.name.startswith("_")}
     missing = found - set(gymllm.SUBMODULES)
-    assert not missing, f"gymllm/{sorted(missing)} exist but are not in gymllm.SUBMODULES: add them there"
+    assert not missing, (
+        f"gymllm/{sorted(missing)} exist but are not in gymllm.SUBMODULES: add them there"
+    )
     assert set(gymllm.SUBMODULES) <= found, "gymllm.SUBMODULES names a module that does not exist"
     assert set(gymllm.SUBMODULES) <= set(dir(gymllm)) and set(gymllm.__all__) <= set(dir(gymllm))
 

@@ -17,8 +17,13 @@ def test_quickstart_holds_exactly_two_commands_and_ci_runs_the_test_one():
 
 
 def test_api_snippet_runs(tmp_path, monkeypatch):
-    snippet = re.search(r"## The API in ten lines\n\n```python\n(.*?)\n```", README, flags=re.S).group(1)
-    assert len([line for line in snippet.splitlines() if line.strip() and not line.startswith("#")]) <= 12
+    snippet = re.search(
+        r"## The API in ten lines\n\n```python\n(.*?)\n```", README, flags=re.S
+    ).group(1)
+    assert (
+        len([line for line in snippet.splitlines() if line.strip() and not line.startswith("#")])
+        <= 12
+    )
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
     exec(compile(snippet, "README.md", "exec"), scope)
@@ -31,13 +36,27 @@ def test_api_snippet_runs(tmp_path, monkeypatch):
 
 # What moved out of the README to docs/ (a front page of at most 8,000 characters): each page is linked
 # from the README and is in the site's nav.
-MOVED_TO_DOCS = ("benchmarks.md", "scale-out.md", "tutorials/cluster.md", "network.md", "recipes.md", "sft.md",
-                 "bad-input.md", "design.md", "commands.md", "tutorials/train-default.md")
+MOVED_TO_DOCS = (
+    "benchmarks.md",
+    "scale-out.md",
+    "tutorials/cluster.md",
+    "network.md",
+    "recipes.md",
+    "sft.md",
+    "bad-input.md",
+    "design.md",
+    "commands.md",
+    "tutorials/train-default.md",
+)
 
 
 def test_readme_is_a_front_page():
-    assert len(README) <= 8000, f"README.md is {len(README)} characters: move detail to docs/ (at most 8,000)"
-    assert "RESULT key" not in README and not re.search(r"\| `\w+\.py` \|", README), "benchmark tables live in docs/"
+    assert len(README) <= 8000, (
+        f"README.md is {len(README)} characters: move detail to docs/ (at most 8,000)"
+    )
+    assert "RESULT key" not in README and not re.search(r"\| `\w+\.py` \|", README), (
+        "benchmark tables live in docs/"
+    )
 
 
 def test_readme_links_resolve_and_every_moved_page_is_linked_and_in_the_nav():
@@ -48,7 +67,9 @@ def test_readme_links_resolve_and_every_moved_page_is_linked_and_in_the_nav():
     nav = (ROOT / "mkdocs.yml").read_text()
     for page in MOVED_TO_DOCS:
         assert f"docs/{page}" in local, f"README does not link docs/{page}"
-        assert re.search(rf":\s*{re.escape(page)}\s*$", nav, flags=re.M), f"mkdocs.yml's nav lacks {page}"
+        assert re.search(rf":\s*{re.escape(page)}\s*$", nav, flags=re.M), (
+            f"mkdocs.yml's nav lacks {page}"
+        )
 
 
 def test_command_table_lists_exactly_the_gymllm_subcommands():

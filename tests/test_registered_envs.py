@@ -19,13 +19,16 @@ from gymllm.utils import check_env, check_vector_env
 IDS = registered_ids()
 
 # Findings of these checks in other layers' envs (reported to their owners).
-KNOWN_ISSUES = {
-}
+KNOWN_ISSUES = {}
 
 
 def _entry_point(env_id: str) -> str:
     ep = gym.spec(env_id).entry_point
-    return ep if isinstance(ep, str) else f"{getattr(ep, '__module__', '?')}:{getattr(ep, '__qualname__', ep)}"
+    return (
+        ep
+        if isinstance(ep, str)
+        else f"{getattr(ep, '__module__', '?')}:{getattr(ep, '__qualname__', ep)}"
+    )
 
 
 def _skip_reason(env_id: str) -> str | None:
@@ -50,26 +53,38 @@ def _params(kind: str) -> list:
         marks = [] if ep not in seen else [pytest.mark.slow]
         seen.add(ep)
         if (kind, env_id) in KNOWN_ISSUES:  # an expected failure: run it in the slow tier only
-            marks = [pytest.mark.slow, pytest.mark.xfail(reason=KNOWN_ISSUES[(kind, env_id)], strict=False)]
+            marks = [
+                pytest.mark.slow,
+                pytest.mark.xfail(reason=KNOWN_ISSUES[(kind, env_id)], strict=False),
+            ]
         params.append(pytest.param(env_id, marks=marks, id=env_id))
     return params
 
 
 def test_every_env_module_imported_and_basic_ids_registered():
     assert gymllm.envs.import_errors == {}, gymllm.envs.import_errors
-    for env_id in ("gymllm/Echo-v0", "gymllm/Latency-v0", "gymllm/AsyncLatency-v0", "gymllm/Failing-v0",
-                   "gymllm/Arithmetic-v0"):
+    for env_id in (
+        "gymllm/Echo-v0",
+        "gymllm/Latency-v0",
+        "gymllm/AsyncLatency-v0",
+        "gymllm/Failing-v0",
+        "gymllm/Arithmetic-v0",
+    ):
         assert env_id in IDS
 
 
 def _make_or_skip(env_id: str) -> gym.Env:
     env = gymllm.make(env_id)
-    assert not getattr(env.unwrapped, "metadata", {}).get("gymllm_skip_check"), env_id  # excluded at collection
+    assert not getattr(env.unwrapped, "metadata", {}).get("gymllm_skip_check"), (
+        env_id
+    )  # excluded at collection
     return env
 
 
 def test_deliberately_failing_envs_say_why():
-    assert "gymllm/Failing-v0" in EXCLUDED and all(isinstance(r, str) and r for r in EXCLUDED.values())
+    assert "gymllm/Failing-v0" in EXCLUDED and all(
+        isinstance(r, str) and r for r in EXCLUDED.values()
+    )
 
 
 @pytest.mark.parametrize("env_id", _params("env"))

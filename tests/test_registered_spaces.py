@@ -35,7 +35,11 @@ CATALOGUE = ("gymllm.envs.catalogue:", "gymllm.envs.catalogue_textarena:")
 
 def _entry_point(env_id: str) -> str:
     ep = gym.spec(env_id).entry_point
-    return ep if isinstance(ep, str) else f"{getattr(ep, '__module__', '?')}:{getattr(ep, '__qualname__', ep)}"
+    return (
+        ep
+        if isinstance(ep, str)
+        else f"{getattr(ep, '__module__', '?')}:{getattr(ep, '__qualname__', ep)}"
+    )
 
 
 def _params() -> list:
@@ -53,7 +57,9 @@ def _make(env_id: str) -> gym.Env:
     try:
         return gymllm.make(env_id)
     except MissingExtraError as e:
-        pytest.skip(f"{env_id}: optional package {e.package!r} is not installed (pip install 'gymllm[{e.extra}]')")
+        pytest.skip(
+            f"{env_id}: optional package {e.package!r} is not installed (pip install 'gymllm[{e.extra}]')"
+        )
 
 
 def _gymnasium_check(raw: gym.Env) -> None:
@@ -62,7 +68,9 @@ def _gymnasium_check(raw: gym.Env) -> None:
         warnings.simplefilter("always")
         gym_check_env(raw, skip_render_check=True)
     about_obs = [str(w.message) for w in caught if "observation" in str(w.message).lower()]
-    assert not about_obs, f"Gymnasium's checker warned about {type(raw).__name__}'s observations: {about_obs}"
+    assert not about_obs, (
+        f"Gymnasium's checker warned about {type(raw).__name__}'s observations: {about_obs}"
+    )
 
 
 @pytest.mark.parametrize("env_id", _params())
@@ -83,17 +91,23 @@ def test_raw_env_observations_lie_in_its_declared_space(env_id):
             return
         _gymnasium_check(raw)
         check_env(raw, num_steps=2, skip_gymnasium=True)  # Gymnasium's part ran just above
-        for seed in (0, 1):  # reset and every step, with seeded actions from the raw env's action space
+        for seed in (
+            0,
+            1,
+        ):  # reset and every step, with seeded actions from the raw env's action space
             for t, (obs, *_rest) in enumerate(run_episode(raw, seed, num_steps=3)):
                 assert raw.observation_space.contains(obs), (
                     f"{env_id}: seed {seed}, {'reset' if t == 0 else f'step {t}'} returned an observation outside "
-                    f"{raw.observation_space!r}: {getattr(raw.observation_space, 'why_not', repr)(obs)}")
+                    f"{raw.observation_space!r}: {getattr(raw.observation_space, 'why_not', repr)(obs)}"
+                )
     finally:
         env.close()
 
 
-@pytest.mark.parametrize("env_id, task_cls", [("gymllm/ArithmeticTool-v0", ArithmeticToolTask),
-                                              ("gymllm/CalcMath-v0", CalcMathTask)])
+@pytest.mark.parametrize(
+    "env_id, task_cls",
+    [("gymllm/ArithmeticTool-v0", ArithmeticToolTask), ("gymllm/CalcMath-v0", CalcMathTask)],
+)
 def test_tool_tasks_declare_chat_and_their_wrapped_env_returns_the_same_messages(env_id, task_cls):
     wrapped, reference = gymllm.make(env_id), gymllm.make(env_id)
     raw = reference.unwrapped
@@ -108,7 +122,9 @@ def test_tool_tasks_declare_chat_and_their_wrapped_env_returns_the_same_messages
             obs, r, term, trunc, _ = wrapped.step(action)
             raw_obs, raw_r, raw_term, raw_trunc, _ = raw.step(action)
             assert (obs, r, term, trunc) == (raw_obs, raw_r, raw_term, raw_trunc)
-            assert raw.observation_space.contains(raw_obs) and [m["role"] for m in raw_obs] == ["user"]
+            assert raw.observation_space.contains(raw_obs) and [m["role"] for m in raw_obs] == [
+                "user"
+            ]
             assert raw_obs[0]["content"] in ("Correct.", "Incorrect.", "Incorrect. Try again.")
             if term or trunc:
                 break

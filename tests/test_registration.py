@@ -16,16 +16,20 @@ from gymllm.registration import registered_ids
 
 def test_gymnasium_make_works_after_import_gymllm():
     env = gym.make("gymllm/Echo-v0")
-    assert isinstance(env, EchoEnv)  # no checker/order wrappers: the TextEnv itself (async twins reachable)
+    assert isinstance(
+        env, EchoEnv
+    )  # no checker/order wrappers: the TextEnv itself (async twins reachable)
     assert callable(env.astep)
     assert gym.spec("gymllm/Arithmetic-v0").entry_point == "gymllm.envs.arithmetic:ArithmeticEnv"
 
 
 def test_import_gymllm_registers_without_importing_jax():
-    code = ("import sys, gymnasium as gym, gymllm; gym.make('gymllm/Echo-v0'); "
-            "import gymllm.vector, gymllm.utils.env_checker, gymllm.utils.vector_checker; "
-            "gymllm.make_vec('gymllm/Echo-v0', 2).close(); "
-            "assert 'jax' not in sys.modules, 'jax imported'; print('ok')")
+    code = (
+        "import sys, gymnasium as gym, gymllm; gym.make('gymllm/Echo-v0'); "
+        "import gymllm.vector, gymllm.utils.env_checker, gymllm.utils.vector_checker; "
+        "gymllm.make_vec('gymllm/Echo-v0', 2).close(); "
+        "assert 'jax' not in sys.modules, 'jax imported'; print('ok')"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
@@ -45,7 +49,9 @@ def test_make_passes_through_other_namespaces_and_callables():
 
 
 def test_unknown_id_error_suggests_close_matches():
-    with pytest.raises(ConfigError, match=r"received 'gymllm/Ecko-v0'.*did you mean gymllm/Echo-v0"):
+    with pytest.raises(
+        ConfigError, match=r"received 'gymllm/Ecko-v0'.*did you mean gymllm/Echo-v0"
+    ):
         gymllm.make("gymllm/Ecko-v0")
     with pytest.raises(ConfigError, match="expected a non-empty str"):
         gymllm.make("")
@@ -71,7 +77,11 @@ def test_make_vec_mixed_ids_and_vector_kwargs():
         vec.close()
     vec = gymllm.make_vec("Echo-v0", 3, vector_kwargs={"max_concurrency": 2}, episode_length=4)
     try:
-        assert vec.num_envs == 3 and vec.config.max_concurrency == 2 and vec.envs[0].episode_length == 4
+        assert (
+            vec.num_envs == 3
+            and vec.config.max_concurrency == 2
+            and vec.envs[0].episode_length == 4
+        )
     finally:
         vec.close()
 
@@ -97,7 +107,9 @@ def test_arithmetic_answers_verify_against_python_eval():
         obs, info = env.reset(seed=seed)
         expr = obs.removeprefix("Compute ").split(".")[0]
         assert int(info["answer"]) == eval(expr)  # noqa: S307 - reference for our evaluator (digits/ops only)
-        _, r, term, _, step_info = env.step(f"Thinking... so the answer is \\boxed{{{info['answer']}}}")
+        _, r, term, _, step_info = env.step(
+            f"Thinking... so the answer is \\boxed{{{info['answer']}}}"
+        )
         assert (r, term, step_info["correct"]) == (1.0, True, True)
     env.reset(seed=0)
     assert env.step("no idea")[1] == 0.0

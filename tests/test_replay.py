@@ -28,7 +28,11 @@ class Walk(TextEnv):
     def _step(self, action):
         self.pos += 1 if action == "right" else -1
         # the deliberate bug: fresh OS entropy instead of the env's np_random
-        noise = int.from_bytes(os.urandom(2), "little") if self.noisy else int(self.np_random.integers(0, 3))
+        noise = (
+            int.from_bytes(os.urandom(2), "little")
+            if self.noisy
+            else int(self.np_random.integers(0, 3))
+        )
         return f"at {self.pos}", float(noise), self.pos == 0, {}
 
 
@@ -89,14 +93,22 @@ def test_broken_episode_is_isolated(tmp_path):
         return gym.make("gymllm_test/Walk-v0")
 
     report = gymllm.trajectories.replay(tmp_path / "log", env_factory=factory)
-    assert report.episodes_checked == 1 and len(report.errors) == 1 and "cannot build" in report.errors[0]
+    assert (
+        report.episodes_checked == 1
+        and len(report.errors) == 1
+        and "cannot build" in report.errors[0]
+    )
 
 
 def test_changed_env_is_reported_per_step(tmp_path):
     _log(tmp_path / "log", noisy=False, episodes=1)
     # replaying against a different env (no seeding of the start) reports the reset observation
     report = gymllm.trajectories.replay(tmp_path / "log", env_factory=lambda ep: _Shifted())
-    assert not report.ok and report.differences[0].step == 0 and report.differences[0].field == "observation"
+    assert (
+        not report.ok
+        and report.differences[0].step == 0
+        and report.differences[0].field == "observation"
+    )
 
 
 class _Shifted(Walk):
@@ -106,8 +118,17 @@ class _Shifted(Walk):
         return f"at {self.pos}", info
 
 
-@pytest.mark.parametrize("env_id", ["gymllm/FrozenLake-v0", "gymllm/Taxi-v0", "gymllm/TicTacToe-v0",
-                                    "gymllm/ConnectFour-v0", "gymllm/rg-gcd-v0", "gymllm/ta-Mastermind-v0"])
+@pytest.mark.parametrize(
+    "env_id",
+    [
+        "gymllm/FrozenLake-v0",
+        "gymllm/Taxi-v0",
+        "gymllm/TicTacToe-v0",
+        "gymllm/ConnectFour-v0",
+        "gymllm/rg-gcd-v0",
+        "gymllm/ta-Mastermind-v0",
+    ],
+)
 def test_registered_adapters_replay_exactly(tmp_path, env_id):
     """Random replies (some invalid) through the adapters are logged, then replayed without a difference."""
     import numpy as np
@@ -116,7 +137,20 @@ def test_registered_adapters_replay_exactly(tmp_path, env_id):
 
     env = TrajectoryLogger(gymllm.make(env_id), tmp_path / "log")
     rng = np.random.default_rng(0)
-    replies = ["0", "1", "2", "3", "4", "a1", "b2", "LEFT", "DOWN", "[1 2 3 4]", "<answer>3</answer>", "nonsense"]
+    replies = [
+        "0",
+        "1",
+        "2",
+        "3",
+        "4",
+        "a1",
+        "b2",
+        "LEFT",
+        "DOWN",
+        "[1 2 3 4]",
+        "<answer>3</answer>",
+        "nonsense",
+    ]
     for seed in range(3):
         env.reset(seed=seed)
         for _ in range(12):
@@ -125,7 +159,9 @@ def test_registered_adapters_replay_exactly(tmp_path, env_id):
                 break
     env.close()
     report = gymllm.trajectories.replay(tmp_path / "log")
-    assert report.ok and report.episodes_checked == len(read_log(tmp_path / "log")), report.summary()
+    assert report.ok and report.episodes_checked == len(read_log(tmp_path / "log")), (
+        report.summary()
+    )
 
 
 def test_logged_wrapper_stack_is_rebuilt_for_replay(tmp_path):
@@ -134,7 +170,9 @@ def test_logged_wrapper_stack_is_rebuilt_for_replay(tmp_path):
 
     def stack():
         env = gymllm.make("gymllm/FrozenLake-v0")
-        return RewardTransform(Limits(RecordEpisodeStatistics(env), max_turns=4), scale=3.0, clip=(-1.0, 2.0))
+        return RewardTransform(
+            Limits(RecordEpisodeStatistics(env), max_turns=4), scale=3.0, clip=(-1.0, 2.0)
+        )
 
     env = TrajectoryLogger(stack(), tmp_path / "log")
     for seed in range(3):
@@ -145,19 +183,31 @@ def test_logged_wrapper_stack_is_rebuilt_for_replay(tmp_path):
                 break
     env.close()
     (first, *_) = read_log(tmp_path / "log")
-    assert [w["name"] for w in first.wrappers] == ["RecordEpisodeStatistics", "Limits", "RewardTransform"]
+    assert [w["name"] for w in first.wrappers] == [
+        "RecordEpisodeStatistics",
+        "Limits",
+        "RewardTransform",
+    ]
     report = gymllm.trajectories.replay(tmp_path / "log")
     assert report.ok and report.episodes_checked == 3, report.summary()
     # without the stack (the bare registered env) the scaled rewards and the turn limit differ
-    bare = gymllm.trajectories.replay(tmp_path / "log", env_factory=lambda ep: gymllm.make(ep.env_id, **ep.env_kwargs))
+    bare = gymllm.trajectories.replay(
+        tmp_path / "log", env_factory=lambda ep: gymllm.make(ep.env_id, **ep.env_kwargs)
+    )
     assert not bare.ok and {d.field for d in bare.differences} & {"reward", "truncated"}
 
     # a wrapper whose kwargs are not plain JSON (a lambda) cannot be rebuilt: a clear per-episode error
-    env = TrajectoryLogger(TransformReward(gymllm.make("gymllm/FrozenLake-v0"), lambda r: 2 * r), tmp_path / "lam")
+    env = TrajectoryLogger(
+        TransformReward(gymllm.make("gymllm/FrozenLake-v0"), lambda r: 2 * r), tmp_path / "lam"
+    )
     env.reset(seed=0)
     for a in ("LEFT",) * 200:
         if env.step(a)[2:4] != (False, False):
             break
     env.close()
     report = gymllm.trajectories.replay(tmp_path / "lam")
-    assert not report.ok and "TransformReward" in report.errors[0] and "env_factory" in report.errors[0]
+    assert (
+        not report.ok
+        and "TransformReward" in report.errors[0]
+        and "env_factory" in report.errors[0]
+    )

@@ -23,7 +23,15 @@ IM_END = 2
 
 
 def law(**kw) -> AdaptiveConcurrency:
-    kw = {"min_limit": 2, "max_limit": 10, "start": 4, "increase": 2, "decrease": 3, "target_queue_depth": 2, **kw}
+    kw = {
+        "min_limit": 2,
+        "max_limit": 10,
+        "start": 4,
+        "increase": 2,
+        "decrease": 3,
+        "target_queue_depth": 2,
+        **kw,
+    }
     return AdaptiveConcurrency(ConcurrencyConfig(**kw))
 
 
@@ -36,7 +44,14 @@ def test_limit_rises_while_learner_waits_up_to_the_ceiling():
 
 def test_limit_falls_only_beyond_target_queue_depth_down_to_the_floor():
     c = law(start=10)
-    assert [c.on_group_queued() for _ in range(6)] == [10, 10, 7, 4, 2, 2]  # depth 1, 2 at target; 3.. beyond
+    assert [c.on_group_queued() for _ in range(6)] == [
+        10,
+        10,
+        7,
+        4,
+        2,
+        2,
+    ]  # depth 1, 2 at target; 3.. beyond
     assert c.queue_depth == 6 and c.counts["lowered"] == 3
 
 
@@ -49,8 +64,16 @@ def test_consumption_drains_the_depth_so_a_balanced_stream_holds_the_limit():
 
 
 def test_mixed_sequence_is_deterministic():
-    events = ["learner_waiting", "group_queued", "group_queued", "group_queued", "group_consumed",
-              "group_dropped", "learner_waiting", "group_queued"]
+    events = [
+        "learner_waiting",
+        "group_queued",
+        "group_queued",
+        "group_queued",
+        "group_consumed",
+        "group_dropped",
+        "learner_waiting",
+        "group_queued",
+    ]
 
     def run():
         c = law()
@@ -73,11 +96,17 @@ def test_start_defaults_to_the_ceiling():
     assert AdaptiveConcurrency(ConcurrencyConfig(min_limit=1, max_limit=16)).limit == 16
 
 
-@pytest.mark.parametrize("kw, field", [
-    ({"min_limit": 0}, "min_limit"), ({"max_limit": 1, "min_limit": 2}, "min_limit"),
-    ({"start": 11}, "start"), ({"increase": 0}, "increase"), ({"target_queue_depth": -1}, "target_queue_depth"),
-    ({"decrease": True}, "decrease"),
-])
+@pytest.mark.parametrize(
+    "kw, field",
+    [
+        ({"min_limit": 0}, "min_limit"),
+        ({"max_limit": 1, "min_limit": 2}, "min_limit"),
+        ({"start": 11}, "start"),
+        ({"increase": 0}, "increase"),
+        ({"target_queue_depth": -1}, "target_queue_depth"),
+        ({"decrease": True}, "decrease"),
+    ],
+)
 def test_config_rejects_bad_values_clearly(kw, field):
     base = {"min_limit": 2, "max_limit": 10}
     with pytest.raises(ConfigError, match=f"ConcurrencyConfig.{field}") as e:
@@ -88,10 +117,23 @@ def test_config_rejects_bad_values_clearly(kw, field):
 def test_rollout_config_derives_the_law_and_validates():
     cfg = RolloutConfig(group_size=4, max_concurrency=64, queue_size=16)
     c = cfg.concurrency_config(num_envs=48, groups_per_step=8)
-    assert (c.max_limit, c.min_limit, c.start, c.increase, c.decrease, c.target_queue_depth) == (48, 4, None, 4, 4, 8)
+    assert (c.max_limit, c.min_limit, c.start, c.increase, c.decrease, c.target_queue_depth) == (
+        48,
+        4,
+        None,
+        4,
+        4,
+        8,
+    )
     assert RolloutConfig(queue_size=8).concurrency_config(64, 8).target_queue_depth == 7
-    c = RolloutConfig(group_size=2, max_concurrency=8, concurrency_start=20 // 4, min_concurrency=3,
-                      concurrency_step=1, target_queue_depth=0).concurrency_config(4, 8)
+    c = RolloutConfig(
+        group_size=2,
+        max_concurrency=8,
+        concurrency_start=20 // 4,
+        min_concurrency=3,
+        concurrency_step=1,
+        target_queue_depth=0,
+    ).concurrency_config(4, 8)
     assert (c.max_limit, c.min_limit, c.start, c.increase, c.target_queue_depth) == (4, 3, 4, 1, 0)
     with pytest.raises(ConfigError, match="concurrency_start"):
         RolloutConfig(max_concurrency=8, concurrency_start=9)
@@ -161,8 +203,13 @@ class HeldEngine:
         h = zlib.crc32(np.asarray(prompt_ids, np.int32).tobytes())
         rng = np.random.default_rng([h, params.seed or 0])
         ids = rng.integers(3, 500, 3).tolist() + [IM_END]
-        return Completion(token_ids=ids, logprobs=-rng.random(len(ids)), finish_reason="stop",
-                          versions=[0] * len(ids), prompt_len=len(prompt_ids))
+        return Completion(
+            token_ids=ids,
+            logprobs=-rng.random(len(ids)),
+            finish_reason="stop",
+            versions=[0] * len(ids),
+            prompt_len=len(prompt_ids),
+        )
 
 
 async def until(cond, what: str, limit_s: float = 20.0) -> None:
@@ -177,13 +224,29 @@ async def until(cond, what: str, limit_s: float = 20.0) -> None:
 def orchestrator(**kw):
     from gymllm.models.tiny import tiny_tokenizer
 
-    cfg = RolloutConfig(**{"group_size": 2, "max_concurrency": 8, "max_staleness": None, "queue_size": 8,
-                           "concurrency_start": 2, "min_concurrency": 2, "concurrency_step": 2,
-                           "target_queue_depth": 1, **kw})
+    cfg = RolloutConfig(
+        **{
+            "group_size": 2,
+            "max_concurrency": 8,
+            "max_staleness": None,
+            "queue_size": 8,
+            "concurrency_start": 2,
+            "min_concurrency": 2,
+            "concurrency_step": 2,
+            "target_queue_depth": 1,
+            **kw,
+        }
+    )
     eng = HeldEngine()
     envs = [TinyRepeatEnv(num_letters=2) for _ in range(8)]  # instant, single-turn episodes
-    orch = RolloutOrchestrator(envs, eng, ModelAgent(tiny_tokenizer(512)),
-                               sampling=SamplingParams(temperature=1.0, max_tokens=4), config=cfg, seed=3)
+    orch = RolloutOrchestrator(
+        envs,
+        eng,
+        ModelAgent(tiny_tokenizer(512)),
+        sampling=SamplingParams(temperature=1.0, max_tokens=4),
+        config=cfg,
+        seed=3,
+    )
     return orch, eng
 
 
@@ -194,9 +257,16 @@ def test_orchestrator_raises_limit_while_learner_waits_and_backs_off_when_groups
         async with orch:
             await until(lambda: len(eng.pending) == 2, "2 trajectories in flight (the start)")
             assert orch.stats()["concurrency_limit"] == 2
-            for expected in (4, 6, 8, 8):  # the learner waits: each wait admits one more group's worth
+            for expected in (
+                4,
+                6,
+                8,
+                8,
+            ):  # the learner waits: each wait admits one more group's worth
                 learner = asyncio.create_task(orch.get_group())
-                await until(lambda: len(eng.pending) == expected, f"{expected} trajectories in flight")
+                await until(
+                    lambda: len(eng.pending) == expected, f"{expected} trajectories in flight"
+                )
                 limits.append(orch.stats()["concurrency_limit"])
                 assert orch.stats()["trajectories_inflight"] == expected
                 eng.release(2)  # the oldest group's two members answer: the learner gets it
@@ -206,12 +276,16 @@ def test_orchestrator_raises_limit_while_learner_waits_and_backs_off_when_groups
             # the learner stops consuming: complete groups queue up beyond the target and the limit falls
             eng.open = True
             eng.release(len(eng.pending))
-            await until(lambda: orch.stats()["concurrency_limit"] == 2, "the limit back at its floor")
+            await until(
+                lambda: orch.stats()["concurrency_limit"] == 2, "the limit back at its floor"
+            )
             s = orch.stats()
             assert s["concurrency_lowered"] >= 3 and s["concurrency_raised"] == 3
             assert orch.ready_groups > 1  # the queue that made it back off
             # while the limit is 2, no more than 2 trajectories start at once
-            await until(lambda: orch.stats()["trajectories_inflight"] <= 2, "running trajectories drained")
+            await until(
+                lambda: orch.stats()["trajectories_inflight"] <= 2, "running trajectories drained"
+            )
             assert orch.stats()["trajectories_inflight_max"] == 8
 
     asyncio.run(main())
@@ -219,7 +293,9 @@ def test_orchestrator_raises_limit_while_learner_waits_and_backs_off_when_groups
 
 def test_fixed_concurrency_when_adaptation_is_off():
     async def main():
-        orch, eng = orchestrator(adaptive_concurrency=False, concurrency_start=None, min_concurrency=None)
+        orch, eng = orchestrator(
+            adaptive_concurrency=False, concurrency_start=None, min_concurrency=None
+        )
         async with orch:
             await until(lambda: len(eng.pending) == 8, "the ceiling in flight at once")
             learner = asyncio.create_task(orch.get_group())

@@ -33,8 +33,13 @@ def loaded():
 
 def engine():
     lm = loaded()
-    return jax_engine.JaxEngine(lm.model, lm.tokenizer, config=EngineConfig(
-        num_slots=8, max_len=256, min_bucket=128, max_prefill_batch=1, idle_wait_s=0.002))  # one prefill shape
+    return jax_engine.JaxEngine(
+        lm.model,
+        lm.tokenizer,
+        config=EngineConfig(
+            num_slots=8, max_len=256, min_bucket=128, max_prefill_batch=1, idle_wait_s=0.002
+        ),
+    )  # one prefill shape
 
 
 def envs(n):
@@ -49,7 +54,9 @@ def test_eta_zero_orchestrator_matches_sync_baseline_and_trainer_logprobs_on_a_r
 
     async def streamed():
         eng = engine()
-        orch = RolloutOrchestrator(envs(4), eng, agent, sampling=SAMPLING, config=cfg, seed=7, groups_per_step=B)
+        orch = RolloutOrchestrator(
+            envs(4), eng, agent, sampling=SAMPLING, config=cfg, seed=7, groups_per_step=B
+        )
         out, step = [], 0
         try:
             async with orch:
@@ -68,7 +75,9 @@ def test_eta_zero_orchestrator_matches_sync_baseline_and_trainer_logprobs_on_a_r
     async def synced():
         eng = engine()
         try:
-            return await sync_rollout(envs(4), eng, agent, sampling=SAMPLING, config=cfg, seed=7, batch_groups=B)
+            return await sync_rollout(
+                envs(4), eng, agent, sampling=SAMPLING, config=cfg, seed=7, batch_groups=B
+            )
         finally:
             await eng.close()
 

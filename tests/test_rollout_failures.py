@@ -19,11 +19,15 @@ def test_every_trajectory_failing_stops_the_run_with_the_cause():
     """gymllm/Failing-v0 raises at every first step: the orchestrator used to start groups forever."""
     envs = [gymllm.make("gymllm/Failing-v0", fail_at_step=1) for _ in range(4)]
     cfg = RolloutConfig(group_size=2, max_concurrency=4, max_staleness=None, max_failed_streak=8)
-    orch = RolloutOrchestrator(envs, ScriptedEngine(), ModelAgent(tok()), sampling=SAMPLING, config=cfg)
+    orch = RolloutOrchestrator(
+        envs, ScriptedEngine(), ModelAgent(tok()), sampling=SAMPLING, config=cfg
+    )
     with pytest.raises(RolloutStalledError, match="8 failed attempts in a row") as info:
         asyncio.run(consume_all(orch, timeout=60))
     assert "deliberate failure" in str(info.value) and info.value.failures == 8
-    assert orch.counts["member_errors"] >= 8 and orch.counts["admitted"] <= 8 + 4  # stopped, not 55,000 groups
+    assert (
+        orch.counts["member_errors"] >= 8 and orch.counts["admitted"] <= 8 + 4
+    )  # stopped, not 55,000 groups
     assert orch.counts["stalled"] == 1
 
 
@@ -32,9 +36,13 @@ def test_occasional_failures_never_trip_the_bound():
     HangOrFailEnv.attempts.clear()
     envs = [HangOrFailEnv(fail_seeds={3, 4}) for _ in range(4)]
     cfg = RolloutConfig(group_size=2, num_groups=10, max_staleness=None, max_failed_streak=5)
-    orch = RolloutOrchestrator(envs, ScriptedEngine(), ModelAgent(tok()), sampling=SAMPLING, config=cfg)
+    orch = RolloutOrchestrator(
+        envs, ScriptedEngine(), ModelAgent(tok()), sampling=SAMPLING, config=cfg
+    )
     groups = asyncio.run(consume_all(orch))
-    assert sorted(g.group_id for g in groups) == sorted(f"g{k}" for k in range(10) if k not in (3, 4))
+    assert sorted(g.group_id for g in groups) == sorted(
+        f"g{k}" for k in range(10) if k not in (3, 4)
+    )
     assert orch.counts["groups_failed"] == 2 and orch.counts["stalled"] == 0
 
 
@@ -66,8 +74,14 @@ def test_a_bad_reward_fails_its_trajectory_with_a_clear_error_and_the_run_goes_o
         env.step("a")
     envs = [BadRewardEnv(bad={1: value}) for _ in range(4)]
     cfg = RolloutConfig(group_size=2, num_groups=4, max_staleness=None)
-    orch = RolloutOrchestrator(envs, ScriptedEngine(), ModelAgent(tok()), sampling=SAMPLING, config=cfg)
+    orch = RolloutOrchestrator(
+        envs, ScriptedEngine(), ModelAgent(tok()), sampling=SAMPLING, config=cfg
+    )
     groups = asyncio.run(consume_all(orch))
-    assert sorted(g.group_id for g in groups) == ["g0", "g2", "g3"]  # g1 recorded as failed, nothing else lost
+    assert sorted(g.group_id for g in groups) == [
+        "g0",
+        "g2",
+        "g3",
+    ]  # g1 recorded as failed, nothing else lost
     assert orch.counts["groups_failed"] == 1 and any("RewardError" in e for e in orch.errors)
     assert all(np.isfinite(g.rewards).all() for g in groups)

@@ -19,12 +19,20 @@ from gymllm.types import Trajectory
 
 def _traj(gid: str, member: int, attempt: int = 0, task: str = "") -> Trajectory:
     z = np.zeros(3)
-    return Trajectory(token_ids=z.astype(np.int32), loss_mask=z.astype(np.int8), behaviour_logprobs=z.astype(np.float32),
-                      versions=z.astype(np.int32), reward=float(member), trajectory_id=f"{gid}/m{member}/a{attempt}",
-                      group_id=gid, task_id=task or f"task-{gid}")
+    return Trajectory(
+        token_ids=z.astype(np.int32),
+        loss_mask=z.astype(np.int8),
+        behaviour_logprobs=z.astype(np.float32),
+        versions=z.astype(np.int32),
+        reward=float(member),
+        trajectory_id=f"{gid}/m{member}/a{attempt}",
+        group_id=gid,
+        task_id=task or f"task-{gid}",
+    )
 
 
 # --- group buffer -----------------------------------------------------------------------------
+
 
 @settings(max_examples=40, deadline=None)
 @given(n_groups=st.integers(1, 6), G=st.integers(1, 5), seed=st.integers(0, 2**31 - 1))
@@ -110,10 +118,15 @@ def test_fallback_rows_of_one_member_stay_together():
     rows = [_traj("g0", 1), _traj("g0", 1)]
     assert buf.add("g0", 1, rows) is None
     g = buf.add("g0", 0, _traj("g0", 0))
-    assert g is not None and len(g.trajectories) == 3 and [t.reward for t in g.trajectories] == [0.0, 1.0, 1.0]
+    assert (
+        g is not None
+        and len(g.trajectories) == 3
+        and [t.reward for t in g.trajectories] == [0.0, 1.0, 1.0]
+    )
 
 
 # --- group queue ------------------------------------------------------------------------------
+
 
 def test_queue_backpressure_then_exception_after_queued_items_then_close():
     async def main():
@@ -142,8 +155,13 @@ def test_queue_backpressure_then_exception_after_queued_items_then_close():
 
 # --- staleness controller ---------------------------------------------------------------------
 
+
 @settings(max_examples=50, deadline=None)
-@given(eta=st.integers(0, 3), B=st.integers(1, 4), ops=st.lists(st.integers(0, 3), min_size=1, max_size=200))
+@given(
+    eta=st.integers(0, 3),
+    B=st.integers(1, 4),
+    ops=st.lists(st.integers(0, 3), min_size=1, max_size=200),
+)
 def test_admission_never_exceeds_capacity(eta, B, ops):
     """Random admit / accept / filter / version steps keep accepted + running <= (eta + v + 1) B."""
     sc = StalenessController(max_staleness=eta, groups_per_step=B)
@@ -162,7 +180,12 @@ def test_admission_never_exceeds_capacity(eta, B, ops):
 
 def test_eta_zero_admits_exactly_one_step_per_version_and_rejects_bad_config():
     sc = StalenessController(max_staleness=0, groups_per_step=3)
-    assert [sc.can_admit() and sc.admit() is not None for _ in range(4)] == [True, True, True, False]
+    assert [sc.can_admit() and sc.admit() is not None for _ in range(4)] == [
+        True,
+        True,
+        True,
+        False,
+    ]
     for _ in range(3):
         sc.finish(accepted=True)
     assert not sc.can_admit()

@@ -31,7 +31,18 @@ def tok():
 _alphabet = st.characters(blacklist_categories=("Cs",), blacklist_characters="<>|")
 odd_text = st.one_of(
     st.text(_alphabet, min_size=0, max_size=40),
-    st.sampled_from(["", " ", "\r\n", "\t\t x", "naïve café 日本 🙂", "line1\r\nline2\n\n", "  leading", "trailing  "]),
+    st.sampled_from(
+        [
+            "",
+            " ",
+            "\r\n",
+            "\t\t x",
+            "naïve café 日本 🙂",
+            "line1\r\nline2\n\n",
+            "  leading",
+            "trailing  ",
+        ]
+    ),
 )
 long_text = st.text(_alphabet, min_size=200, max_size=1500)
 
@@ -44,11 +55,17 @@ def sampled_turn(draw):
         ids = tok().encode(text) + [IM_END]
         canonical = text
     else:  # arbitrary ids: non-canonical splits, possibly unterminated (finish "length")
-        ids = draw(st.lists(st.integers(0, 511), min_size=1, max_size=24))  # special and tool tokens too
+        ids = draw(
+            st.lists(st.integers(0, 511), min_size=1, max_size=24)
+        )  # special and tool tokens too
         if draw(st.booleans()):
             ids = ids + [IM_END]
         canonical = None
-    lps = draw(st.lists(st.floats(-20.0, 0.0, allow_nan=False, width=32), min_size=len(ids), max_size=len(ids)))
+    lps = draw(
+        st.lists(
+            st.floats(-20.0, 0.0, allow_nan=False, width=32), min_size=len(ids), max_size=len(ids)
+        )
+    )
     vers = draw(st.lists(st.integers(0, 50), min_size=len(ids), max_size=len(ids)))
     return ids, lps, vers, canonical
 
@@ -62,7 +79,9 @@ def observation(draw):
     return [{"role": "tool", "content": content, "name": "calc", "tool_call_id": "call_0"}]
 
 
-conversation = st.tuples(odd_text, st.lists(st.tuples(sampled_turn(), observation()), min_size=1, max_size=4))
+conversation = st.tuples(
+    odd_text, st.lists(st.tuples(sampled_turn(), observation()), min_size=1, max_size=4)
+)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -88,7 +107,12 @@ def test_ids_mask_logprobs_aligned_and_sampled_ids_verbatim(conv):
         prompts.append(buf.prompt_ids)
     assert not buf.fallback and len(buf.rows) == 1
     row = buf.rows[0].arrays()
-    ids_all, mask, lp, ver = row["token_ids"], row["loss_mask"], row["behaviour_logprobs"], row["versions"]
+    ids_all, mask, lp, ver = (
+        row["token_ids"],
+        row["loss_mask"],
+        row["behaviour_logprobs"],
+        row["versions"],
+    )
     assert len(ids_all) == len(mask) == len(lp) == len(ver)
     # append-only: every prompt sent to the engine is a prefix of the final buffer
     for p in prompts:
@@ -117,11 +141,13 @@ def test_unterminated_turn_is_closed_with_template_tokens_outside_the_mask():
     buf = TokenBuffer(t, stop_token_ids=t.stop_token_ids)
     buf.start([{"role": "user", "content": "hi"}])
     n0 = len(buf.prompt_ids)
-    buf.add_sampled([300, 301], [-1.0, -2.0], [0, 0], {"role": "assistant", "content": t.decode([300, 301])})
+    buf.add_sampled(
+        [300, 301], [-1.0, -2.0], [0, 0], {"role": "assistant", "content": t.decode([300, 301])}
+    )
     delta = buf.add_observation([{"role": "user", "content": "more"}])
     assert delta[0] == IM_END  # the env/template closed the turn; the model did not sample it
     row = buf.rows[0]
-    assert row.loss_mask[n0:n0 + 2] == [1, 1] and row.loss_mask[n0 + 2] == 0
+    assert row.loss_mask[n0 : n0 + 2] == [1, 1] and row.loss_mask[n0 + 2] == 0
 
 
 def test_terminated_turn_keeps_the_models_own_stop_token_in_the_mask():
@@ -129,11 +155,13 @@ def test_terminated_turn_keeps_the_models_own_stop_token_in_the_mask():
     buf = TokenBuffer(t, stop_token_ids=t.stop_token_ids)
     buf.start([{"role": "user", "content": "hi"}])
     n0 = len(buf.prompt_ids)
-    buf.add_sampled([300, IM_END], [-1.0, -0.5], [3, 3], {"role": "assistant", "content": t.decode([300])})
+    buf.add_sampled(
+        [300, IM_END], [-1.0, -0.5], [3, 3], {"role": "assistant", "content": t.decode([300])}
+    )
     delta = buf.add_observation([{"role": "user", "content": "more"}])
     assert IM_END not in delta[:1]
     row = buf.rows[0]
-    assert row.token_ids[n0:n0 + 2] == [300, IM_END] and row.loss_mask[n0:n0 + 3] == [1, 1, 0]
+    assert row.token_ids[n0 : n0 + 2] == [300, IM_END] and row.loss_mask[n0 : n0 + 3] == [1, 1, 0]
 
 
 # a template that rewrites earlier assistant turns (like Qwen3 dropping earlier <think> blocks)
@@ -149,12 +177,18 @@ def test_non_prefix_preserving_template_falls_back_to_one_row_per_model_call(cap
     from gymllm.models.tokenizer import TokenizerBundle
 
     base = tok()
-    t = TokenizerBundle(tokenizer=base.tokenizer, chat_template=_REWRITING, eos_token="<|im_end|>",
-                        pad_token="<|endoftext|>")
+    t = TokenizerBundle(
+        tokenizer=base.tokenizer,
+        chat_template=_REWRITING,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+    )
     assert check_prefix_preserving(base, ("user", "tool")) is True
     assert check_prefix_preserving(t, ("user",)) is False
     agent = ModelAgent(t)
-    buf = TokenBuffer(t, prefix_preserving=False, stop_token_ids=t.stop_token_ids, trajectory_id="x")
+    buf = TokenBuffer(
+        t, prefix_preserving=False, stop_token_ids=t.stop_token_ids, trajectory_id="x"
+    )
     history = [{"role": "user", "content": "q"}]
     buf.start(history)
     samples = [[300, 301, IM_END], [302, IM_END], [303, 304, 305]]
@@ -169,12 +203,18 @@ def test_non_prefix_preserving_template_falls_back_to_one_row_per_model_call(cap
             history += obs
     assert len(buf.rows) == len(samples)
     for row, ids in zip(buf.rows, samples):
-        (s, e), = row.turn_boundaries
-        assert row.token_ids[s:e] == ids and e == len(row.token_ids) and sum(row.loss_mask) == len(ids)
+        ((s, e),) = row.turn_boundaries
+        assert (
+            row.token_ids[s:e] == ids and e == len(row.token_ids) and sum(row.loss_mask) == len(ids)
+        )
     # detected while rendering, too: a buffer that assumed prefix preservation switches and logs it
-    buf2 = TokenBuffer(t, prefix_preserving=True, stop_token_ids=t.stop_token_ids, trajectory_id="y")
+    buf2 = TokenBuffer(
+        t, prefix_preserving=True, stop_token_ids=t.stop_token_ids, trajectory_id="y"
+    )
     buf2.start([{"role": "user", "content": "q"}])
-    buf2.add_sampled([300, IM_END], [0.0, 0.0], [0, 0], {"role": "assistant", "content": t.decode([300])})
+    buf2.add_sampled(
+        [300, IM_END], [0.0, 0.0], [0, 0], {"role": "assistant", "content": t.decode([300])}
+    )
     with caplog.at_level("WARNING", logger="gymllm.rollout"):
         buf2.add_observation([{"role": "user", "content": "more"}])
     assert buf2.fallback and len(buf2.rows) == 2 and "falling back" in caplog.text
@@ -182,8 +222,14 @@ def test_non_prefix_preserving_template_falls_back_to_one_row_per_model_call(cap
 
 def test_tool_agent_passes_schemas_to_the_template_and_parses_native_calls():
     t = tok()
-    schema = {"type": "function", "function": {"name": "calc", "description": "math",
-                                               "parameters": {"type": "object", "properties": {"e": {"type": "string"}}}}}
+    schema = {
+        "type": "function",
+        "function": {
+            "name": "calc",
+            "description": "math",
+            "parameters": {"type": "object", "properties": {"e": {"type": "string"}}},
+        },
+    }
     agent = ToolAgent(t)
     tools = agent.tools({"tools": [schema]})
     assert tools == [schema]

@@ -18,7 +18,14 @@ from synthetic_groups import groups as synthetic_groups
 from test_algos_trainer import small_config
 from test_group_source import PreparedSource
 
-BUILT_IN = ["agent_programs", "policies", "game_seats", "sync_baseline", "suite_mixture", "single_env"]
+BUILT_IN = [
+    "agent_programs",
+    "policies",
+    "game_seats",
+    "sync_baseline",
+    "suite_mixture",
+    "single_env",
+]
 
 
 @pytest.fixture
@@ -34,7 +41,13 @@ def test_every_kind_a_config_asks_for_has_one_entry():
     tiny = ["--preset", "tiny"]
     game = [*tiny, "--env.id", "tic-tac-toe", "--env-kwargs", "{}", "--rollout.group-size", "2"]
     asks = {
-        "agent_programs": [*tiny, "--rollout.mode", "proxy", "--rollout.agent-program", "{python} agent.py"],
+        "agent_programs": [
+            *tiny,
+            "--rollout.mode",
+            "proxy",
+            "--rollout.agent-program",
+            "{python} agent.py",
+        ],
         "policies": [*game, "--multiagent.policies", '{"first": "a", "second": "b"}'],
         "game_seats": game,
         "sync_baseline": [*tiny, "--rollout.mode", "sync"],
@@ -58,8 +71,14 @@ def test_a_new_kind_registered_outside_the_run_drives_train(tmp_path, kinds):
         built.append(PreparedSource(synthetic_groups(6, seed=3), per_call=2))
         return built[-1]
 
-    register_kind(Kind("prepared", lambda cfg: cfg.run.run_dir.endswith("prepared"),
-                       lambda cfg, components: components.make_envs(cfg), source))
+    register_kind(
+        Kind(
+            "prepared",
+            lambda cfg: cfg.run.run_dir.endswith("prepared"),
+            lambda cfg, components: components.make_envs(cfg),
+            source,
+        )
+    )
     assert [k.name for k in kinds][-2:] == ["prepared", "single_env"]  # before the catch-all
     result = train(small_config(tmp_path / "prepared", steps=2))
     assert result.steps == 2 and len(built) == 1

@@ -24,18 +24,22 @@ LIBC = ctypes.CDLL(None, use_errno=True)
 IPC_CREAT, IPC_RMID = 0o1000, 0
 SECRET = b"ipc-secret-Qm4"
 
-NATIVE = '''
+NATIVE = """
 import ctypes, errno, os, sys
 lib = ctypes.CDLL(None, use_errno=True)
 def err():
     return errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
-'''
+"""
 
 
 def _run(box: Sandbox, mode: str, code: str):
     code = NATIVE + code
-    res = box.run_python(code) if mode == "python" else box.run_argv(["python", "-I", "-S", "-c", code])
-    lines = [ln[len("RESULT "):] for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
+    res = (
+        box.run_python(code)
+        if mode == "python"
+        else box.run_argv(["python", "-I", "-S", "-c", code])
+    )
+    lines = [ln[len("RESULT ") :] for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
     return res, lines
 
 
@@ -73,7 +77,10 @@ def _sysv_attempt(box, mode):
     msg = Msg(1, SECRET)
     assert LIBC.msgsnd(msqid, ctypes.byref(msg), len(SECRET), 0) == 0
     try:
-        res, lines = _run(box, mode, f'''
+        res, lines = _run(
+            box,
+            mode,
+            f"""
 shm = lib.shmget({key_shm}, 0, 0)
 if shm < 0:
     print("RESULT shm", err())
@@ -88,14 +95,17 @@ else:
     buf = ctypes.create_string_buffer(80)
     n = lib.msgrcv(q, buf, 64, 0, 0o4000)
     print("RESULT msg", err() if n < 0 else buf.raw[8:8 + n])
-''')
+""",
+        )
         assert len(lines) == 2, res.stderr
         for line in lines:
             assert "Qm4" not in line and "ESCAPED" not in line, line
             assert line.split()[1] in ("ENOENT", "EPERM"), line
         assert ctypes.string_at(addr, len(SECRET)) == SECRET
         got = Msg()
-        assert LIBC.msgrcv(msqid, ctypes.byref(got), 64, 0, 0o4000) == len(SECRET)  # still queued: never received
+        assert LIBC.msgrcv(msqid, ctypes.byref(got), 64, 0, 0o4000) == len(
+            SECRET
+        )  # still queued: never received
     finally:
         LIBC.shmdt(ctypes.c_void_p(addr))
         LIBC.shmctl(shmid, IPC_RMID, None)
@@ -107,29 +117,42 @@ def test_ipc_objects_made_inside_do_not_outlive_the_sandbox(mode):
     key = 0x6A13_0000 + os.getpid() % 0xFFFF
     before = {k: _sysv_keys(k) for k in ("shm", "msg", "sem")}
     with Sandbox(CFG) as b:
-        res, lines = _run(b, mode, f'''
+        res, lines = _run(
+            b,
+            mode,
+            f"""
 print("RESULT", lib.shmget({key}, 4096, 0o1000 | 0o666), lib.msgget({key}, 0o1000 | 0o666),
       lib.semget({key}, 1, 0o1000 | 0o666))
-''')
+""",
+        )
     after = {k: _sysv_keys(k) for k in ("shm", "msg", "sem")}
-    for get, rm in ((lambda: LIBC.shmget(key, 0, 0), LIBC.shmctl), (lambda: LIBC.msgget(key, 0), LIBC.msgctl),
-                    (lambda: LIBC.semget(key, 0, 0), LIBC.semctl)):
+    for get, rm in (
+        (lambda: LIBC.shmget(key, 0, 0), LIBC.shmctl),
+        (lambda: LIBC.msgget(key, 0), LIBC.msgctl),
+        (lambda: LIBC.semget(key, 0, 0), LIBC.semctl),
+    ):
         if (ident := get()) >= 0:
             rm(ident, IPC_RMID, None)  # tidy up what leaked, so the next case starts clean
     assert lines, res.stderr
     for kind in after:
-        assert key not in after[kind] - before[kind], f"a SysV {kind} object outlived close(): {lines}"
+        assert key not in after[kind] - before[kind], (
+            f"a SysV {kind} object outlived close(): {lines}"
+        )
 
 
 @pytest.mark.parametrize("mode", ["python", "shell"])
 def test_posix_message_queue_made_inside_does_not_outlive_the_sandbox(mode):
     name = f"/gymllm-mq-{os.getpid()}"
     with Sandbox(CFG) as b:
-        res, lines = _run(b, mode, f'''
+        res, lines = _run(
+            b,
+            mode,
+            f"""
 lib.mq_open.restype = ctypes.c_int
 q = lib.mq_open({name.encode()!r}, os.O_CREAT | os.O_RDWR, 0o666, None)
 print("RESULT", q if q >= 0 else err())
-''')
+""",
+        )
     assert lines, res.stderr
     rt = ctypes.CDLL("librt.so.1", use_errno=True)
     q = rt.mq_open(name.encode(), os.O_RDONLY)
@@ -159,7 +182,10 @@ def host_socket():
 def test_host_pathname_unix_socket_is_unreachable(box, host_socket, mode):
     server, path = host_socket
     box.write_files({"leak.txt": "a file descriptor passed out"})
-    res, lines = _run(box, mode, f'''
+    res, lines = _run(
+        box,
+        mode,
+        f"""
 import socket, array
 out = []
 try:
@@ -189,7 +215,8 @@ try:
 except OSError as e:
     out.append(errno.errorcode.get(e.errno, str(e)) if e.errno else "sandbox")
 print("RESULT", *out)
-''')
+""",
+    )
     assert lines, res.stderr
     received = []
     while True:
@@ -205,7 +232,10 @@ print("RESULT", *out)
 def test_host_pathname_unix_socket_is_unreachable_with_network_on(host_socket, mode):
     server, path = host_socket
     with Sandbox(SandboxConfig(timeout_s=8, network=True)) as b:
-        res, lines = _run(b, mode, f'''
+        res, lines = _run(
+            b,
+            mode,
+            f"""
 import socket
 try:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -213,7 +243,8 @@ try:
     print("RESULT ESCAPED")
 except OSError as e:
     print("RESULT", errno.errorcode.get(e.errno, str(e)) if e.errno else "sandbox")
-''')
+""",
+        )
     assert lines, res.stderr
     with pytest.raises(BlockingIOError):
         server.recv(64)
@@ -223,12 +254,16 @@ except OSError as e:
 @pytest.mark.parametrize("mode", ["python", "shell"])
 def test_fallocate_cannot_reserve_past_the_file_cap(mode):
     with Sandbox(SandboxConfig(timeout_s=8, max_file_mb=4, max_disk_mb=16)) as b:
-        res, lines = _run(b, mode, '''
+        res, lines = _run(
+            b,
+            mode,
+            """
 fd = os.open("big", os.O_CREAT | os.O_WRONLY, 0o644)
 lib.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
 r = lib.fallocate(fd, 1, 0, 256 << 20)   # FALLOC_FL_KEEP_SIZE
 print("RESULT", "ESCAPED" if r == 0 else err())
-''')
+""",
+        )
         assert lines, res.stderr
         used = b.disk_usage()
         assert used < 16 << 20, f"{used} bytes reserved ({lines})"
@@ -238,7 +273,9 @@ print("RESULT", "ESCAPED" if r == 0 else err())
 def test_the_work_dir_total_size_is_capped_with_a_clear_error():
     cfg = SandboxConfig(timeout_s=20, max_file_mb=8, max_disk_mb=24)
     with Sandbox(cfg) as b:
-        res = b.run_shell("for i in $(seq 1 40); do head -c 8000000 /dev/zero > f$i || exit 3; done; echo done")
+        res = b.run_shell(
+            "for i in $(seq 1 40); do head -c 8000000 /dev/zero > f$i || exit 3; done; echo done"
+        )
         used = b.disk_usage()
         assert "done" not in res.stdout
         assert used < 160 << 20, used  # uncapped, the loop leaves 320 MB behind
@@ -263,8 +300,12 @@ def test_a_fifo_in_the_work_dir_does_not_block_the_parent(box):
         except Exception as e:  # noqa: BLE001 - recorded and asserted below
             done[name] = e
 
-    threads = [threading.Thread(target=attempt, args=("read", lambda: box.read_file("pipe")), daemon=True),
-               threading.Thread(target=attempt, args=("write", lambda: box.write_files({"pipe": "x"})), daemon=True)]
+    threads = [
+        threading.Thread(target=attempt, args=("read", lambda: box.read_file("pipe")), daemon=True),
+        threading.Thread(
+            target=attempt, args=("write", lambda: box.write_files({"pipe": "x"})), daemon=True
+        ),
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -278,8 +319,16 @@ def test_a_fifo_in_the_work_dir_does_not_block_the_parent(box):
 
 def test_close_removes_a_very_deep_tree():
     b = Sandbox(CFG)
-    res = b.run_argv(["python", "-I", "-S", "-c", "import os\nfor i in range(1500):\n    os.mkdir('d')\n    os.chdir('d')\n"
-                                               "open('x', 'w').write('x')\nos.chmod('.', 0)\nprint('deep')"])
+    res = b.run_argv(
+        [
+            "python",
+            "-I",
+            "-S",
+            "-c",
+            "import os\nfor i in range(1500):\n    os.mkdir('d')\n    os.chdir('d')\n"
+            "open('x', 'w').write('x')\nos.chmod('.', 0)\nprint('deep')",
+        ]
+    )
     assert "deep" in res.stdout, res.stderr
     workdir = b.workdir
     b.close()  # must not raise

@@ -57,7 +57,9 @@ def hook(monkeypatch):
             if ev == event and not fired:
                 fired.append((ev, name))
                 action(dir_fd, name)
+
         monkeypatch.setattr(sandbox_fs, "race_hook", race)
+
     install.fired = fired
     return install
 
@@ -114,7 +116,7 @@ def test_paths_leaving_the_work_dir_are_refused_before_any_open():
 
 
 # -- class 1: close() while a run of the same sandbox goes on; the removal never climbs -------------
-MOVER = '''
+MOVER = """
 import os
 os.makedirs("a/b/c/d", exist_ok=True)
 i = 0
@@ -125,7 +127,7 @@ while True:  # moves directories up and back down, as fast as it can, until kill
     except OSError:
         pass
     i += 1
-'''
+"""
 
 
 @pytest.fixture
@@ -144,7 +146,9 @@ def temp_parent(monkeypatch):
 def test_close_during_a_run_kills_it_first_and_waits(temp_parent, namespaces):
     box = Sandbox(SandboxConfig(timeout_s=60, namespaces=namespaces))
     out = {}
-    runner = threading.Thread(target=lambda: out.setdefault("res", box.run_python(MOVER)), daemon=True)
+    runner = threading.Thread(
+        target=lambda: out.setdefault("res", box.run_python(MOVER)), daemon=True
+    )
     runner.start()
     assert _wait_for(box), "the run never started"
     workdir = box.workdir
@@ -168,20 +172,29 @@ def _wait_for(box: Sandbox) -> bool:
     return False
 
 
-def test_the_removal_never_climbs_out_of_a_directory_moved_up_while_inside(temp_parent, monkeypatch):
+def test_the_removal_never_climbs_out_of_a_directory_moved_up_while_inside(
+    temp_parent, monkeypatch
+):
     """Plain-directory work dir (no tmpfs): the tree is emptied by descriptors. Moving the directory being
     emptied up to the top, at the moment the removal is inside it, neither stops the removal nor takes it
     past the work dir (a walk climbing back by ``..`` would land in the work dir's parent)."""
     box = Sandbox(SandboxConfig(timeout_s=8, namespaces=False))
-    res = box.run_shell("mkdir -p a/b/c/d/e && touch a/b/c/d/e/f a/b/c/g && chmod 0 a/b/c/d && echo made")
+    res = box.run_shell(
+        "mkdir -p a/b/c/d/e && touch a/b/c/d/e/f a/b/c/g && chmod 0 a/b/c/d && echo made"
+    )
     assert "made" in res.stdout, res.stderr
     root, fired = box._dir.fd, []
 
     def race(event, dir_fd, name):
         if event == "descend" and name == "c" and not fired:
             fired.append(os.fstat(dir_fd).st_ino)
-            os.rename("a/b/c", "moved", src_dir_fd=root, dst_dir_fd=root)  # what the hostile code did
-            assert os.fstat(dir_fd).st_ino == fired[0]  # the removal holds c itself, wherever it now is
+            os.rename(
+                "a/b/c", "moved", src_dir_fd=root, dst_dir_fd=root
+            )  # what the hostile code did
+            assert (
+                os.fstat(dir_fd).st_ino == fired[0]
+            )  # the removal holds c itself, wherever it now is
+
     monkeypatch.setattr(sandbox_fs, "race_hook", race)
     workdir = box.workdir
     box.close()
@@ -202,7 +215,9 @@ def test_empty_dir_handles_any_depth_with_bounded_descriptors():
 def test_runs_and_file_helpers_of_one_sandbox_never_overlap():
     with Sandbox(SandboxConfig(timeout_s=20)) as box:
         code = "import time\nopen('log', 'a').write('start ')\ntime.sleep(0.1)\nopen('log', 'a').write('end ')"
-        threads = [threading.Thread(target=box.run_python, args=(code,), daemon=True) for _ in range(3)]
+        threads = [
+            threading.Thread(target=box.run_python, args=(code,), daemon=True) for _ in range(3)
+        ]
         for t in threads:
             t.start()
         assert _wait_for(box)
@@ -211,6 +226,7 @@ def test_runs_and_file_helpers_of_one_sandbox_never_overlap():
         async def cancelled():
             with pytest.raises(asyncio.TimeoutError):
                 await asyncio.wait_for(box.arun_python(late), 0.05)  # the run goes on in its thread
+
         asyncio.run(cancelled())
         for t in threads:
             t.join(timeout=30)
@@ -220,7 +236,7 @@ def test_runs_and_file_helpers_of_one_sandbox_never_overlap():
 
 
 # -- classes 4 and 5: locks, inotify and names between sandboxes; the shared per-uid inotify limit -----
-LOCKS = '''
+LOCKS = """
 import ctypes, errno, fcntl, os, struct
 lib = ctypes.CDLL(None, use_errno=True)
 def code(e):
@@ -244,7 +260,7 @@ for name in ("inotify_init1", "fanotify_init"):
 n = sum(1 for _ in range(200) if lib.inotify_init1(0) >= 0)
 out.append("instances-%d" % n)
 print("RESULT", " ".join(out))
-'''
+"""
 
 
 @pytest.mark.parametrize("mode", ["python", "shell"])
@@ -259,13 +275,26 @@ def test_locks_notifications_and_inotify_carry_nothing_between_sandboxes(mode):
         fcntl.fcntl(held, fcntl.F_SETLK, struct.pack("hhqqi", fcntl.F_WRLCK, 0, 0, 0, 0))
         with Sandbox(SandboxConfig(timeout_s=8, read_paths=(shared,))) as box:
             code = LOCKS.format(path=path)
-            res = box.run_python(code) if mode == "python" else box.run_argv(["python", "-I", "-S", "-c", code])
+            res = (
+                box.run_python(code)
+                if mode == "python"
+                else box.run_argv(["python", "-I", "-S", "-c", code])
+            )
         line = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
         assert line, res.stderr
         got = line[0].split()[1:]
         # a real lock would answer EWOULDBLOCK / EAGAIN and F_GETLK would describe the host's lock
-        assert got == ["flock-ok", "setlk-ok", "getlk-ENOLCK", "ofdgetlk-ENOLCK", "lease-EPERM", "notify-EPERM",
-                       "inotify_init1-EPERM", "fanotify_init-EPERM", "instances-0"], got
+        assert got == [
+            "flock-ok",
+            "setlk-ok",
+            "getlk-ENOLCK",
+            "ofdgetlk-ENOLCK",
+            "lease-EPERM",
+            "notify-EPERM",
+            "inotify_init1-EPERM",
+            "fanotify_init-EPERM",
+            "instances-0",
+        ], got
     finally:
         os.close(held)
         os.remove(path)
@@ -279,10 +308,14 @@ def test_the_code_runs_as_its_own_unprivileged_uid_without_capabilities():
     with Sandbox(CFG) as box:
         if box._dir.kind != "tmpfs":
             pytest.skip(f"no user namespace for the work dir here ({box._dir.reason})")
-        code = ("import os\nst = open('/proc/self/status').read()\n"
-                "print(os.getuid(), os.getgid(), st.split('CapEff:')[1].split()[0])")
+        code = (
+            "import os\nst = open('/proc/self/status').read()\n"
+            "print(os.getuid(), os.getgid(), st.split('CapEff:')[1].split()[0])"
+        )
         for res in (box.run_python(code), box.run_argv(["python", "-I", "-S", "-c", code])):
-            assert res.stdout.split() == [str(INNER_UID), str(INNER_UID), "0000000000000000"], res.stderr
+            assert res.stdout.split() == [str(INNER_UID), str(INNER_UID), "0000000000000000"], (
+                res.stderr
+            )
 
 
 def test_another_sandboxs_work_dir_and_names_are_invisible():
@@ -293,22 +326,26 @@ def test_another_sandboxs_work_dir_and_names_are_invisible():
         fd = LIBC.inotify_init1(os.O_CLOEXEC | os.O_NONBLOCK)
         assert fd >= 0
         try:  # nothing of the parent opens the host path while B runs (no disk poll by name)
-            assert LIBC.inotify_add_watch(fd, b.workdir.encode(), 0x20 | 0x01) >= 0  # IN_OPEN | IN_ACCESS
+            assert (
+                LIBC.inotify_add_watch(fd, b.workdir.encode(), 0x20 | 0x01) >= 0
+            )  # IN_OPEN | IN_ACCESS
             assert b.run_shell("ls; cat marker-b").stdout == "marker-b\nb"
             with pytest.raises(BlockingIOError):
                 os.read(fd, 4096)
         finally:
             os.close(fd)
-        code = (f"import os\ntry:\n    os.stat({b.workdir!r} + '/marker-b'); print('SEEN')\nexcept OSError as e:\n"
-                f"    print('hidden', e.errno)\ntry:\n    print(os.listdir({b.workdir!r}))\nexcept OSError as e:\n"
-                f"    print('refused', e.errno)")
+        code = (
+            f"import os\ntry:\n    os.stat({b.workdir!r} + '/marker-b'); print('SEEN')\nexcept OSError as e:\n"
+            f"    print('hidden', e.errno)\ntry:\n    print(os.listdir({b.workdir!r}))\nexcept OSError as e:\n"
+            f"    print('refused', e.errno)"
+        )
         res = a.run_python(code)
         assert "SEEN" not in res.stdout and "marker-b" not in res.stdout, res.stdout
         assert f"hidden {errno.ENOENT}" in res.stdout, (res.stdout, res.stderr)
 
 
 # -- class 6: the disk cap counts what the code holds, named or not ------------------------------------
-HOLD = '''
+HOLD = """
 import os
 fd = {opener}
 n = 0
@@ -319,36 +356,51 @@ try:
     print("RESULT", n, "none")
 except OSError as e:
     print("RESULT", n, e.errno)
-'''
+"""
 
 
-@pytest.mark.parametrize("how,opener", [
-    ("unlinked", 'os.open("x", os.O_CREAT | os.O_RDWR, 0o600); os.unlink("x")'),
-    ("tmpfile", 'os.open(".", os.O_TMPFILE | os.O_RDWR, 0o600)'),
-    ("sparse", '(lambda f: (os.ftruncate(f, 60 << 20), f)[1])(os.open("s", os.O_CREAT | os.O_RDWR, 0o600))'),
-])
+@pytest.mark.parametrize(
+    "how,opener",
+    [
+        ("unlinked", 'os.open("x", os.O_CREAT | os.O_RDWR, 0o600); os.unlink("x")'),
+        ("tmpfile", 'os.open(".", os.O_TMPFILE | os.O_RDWR, 0o600)'),
+        (
+            "sparse",
+            '(lambda f: (os.ftruncate(f, 60 << 20), f)[1])(os.open("s", os.O_CREAT | os.O_RDWR, 0o600))',
+        ),
+    ],
+)
 def test_files_without_names_count_against_the_disk_cap(how, opener):
     cfg = SandboxConfig(timeout_s=20, max_file_mb=64, max_disk_mb=16)
     with Sandbox(cfg) as box:
         if box._dir.kind != "tmpfs":
-            pytest.skip(f"no private tmpfs here ({box._dir.reason}): the cap is a poll of named files")
+            pytest.skip(
+                f"no private tmpfs here ({box._dir.reason}): the cap is a poll of named files"
+            )
         res = box.run_python(HOLD.format(opener=opener))
         line = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
         assert line, res.stderr
         _, written, err = line[0].split()
         assert int(written) <= 16 and err == str(errno.ENOSPC), (how, line)
         assert res.isolation["disk_cap"] == "tmpfs (kernel)"
-        if how == "sparse":  # named and 60 MiB long: the written pages hold the tmpfs full, and the run says so
+        if (
+            how == "sparse"
+        ):  # named and 60 MiB long: the written pages hold the tmpfs full, and the run says so
             assert box.disk_usage() <= 16 << 20 and "max_disk_mb=16" in res.stderr, res.stderr
         else:
-            assert box.disk_usage() < 1 << 20  # the pages went with the last descriptor: nothing named is left
+            assert (
+                box.disk_usage() < 1 << 20
+            )  # the pages went with the last descriptor: nothing named is left
 
 
 # -- class 7: read_file on bytes that are not UTF-8 --------------------------------------------------------
 def test_read_file_returns_bytes_on_request_and_refuses_undecodable_text():
     with Sandbox(CFG, files={"bin": b"\xff\xfe\x00ok", "text": "héllo"}) as box:
         assert box.read_file("bin", binary=True) == b"\xff\xfe\x00ok"
-        assert box.read_file("text") == "héllo" and box.read_file("text", binary=True) == "héllo".encode()
+        assert (
+            box.read_file("text") == "héllo"
+            and box.read_file("text", binary=True) == "héllo".encode()
+        )
         with pytest.raises(ToolError, match="binary=True"):
             box.read_file("bin")
         with pytest.raises(ToolError, match="str or bytes"):

@@ -26,7 +26,9 @@ def test_the_league_keeps_the_last_snapshots_and_draws_uniformly_from_them():
     assert [v for v, _ in league.pool] == [2, 3, 4]  # the oldest left
     draws = [league.draw()[0] for _ in range(3000)]
     counts = np.bincount(draws, minlength=5)
-    assert counts[0] == counts[1] == 0 and all(abs(counts[v] / 3000 - 1 / 3) < 0.04 for v in (2, 3, 4))
+    assert counts[0] == counts[1] == 0 and all(
+        abs(counts[v] / 3000 - 1 / 3) < 0.04 for v in (2, 3, 4)
+    )
     assert league.draws == draws
     again = League(3, seed=7)
     for v in range(5):
@@ -66,8 +68,12 @@ def test_a_league_opponent_serves_a_drawn_earlier_snapshot_at_each_refresh():
         opp.refresh(step)
         served, weights = pusher.pushed[-1]
         assert served in (step - 1, step) if step else served == 0  # one of the last two snapshots
-        assert weights == float(served) and opp.version == served  # the weights pushed are that snapshot's
-    assert len({v for v, _ in pusher.pushed}) > 2 and any(v < s for (v, _), s in zip(pusher.pushed, range(6)))
+        assert (
+            weights == float(served) and opp.version == served
+        )  # the weights pushed are that snapshot's
+    assert len({v for v, _ in pusher.pushed}) > 2 and any(
+        v < s for (v, _), s in zip(pusher.pushed, range(6))
+    )
 
 
 def test_league_and_eval_flags_are_checked():
@@ -94,8 +100,13 @@ class CyclingEngine:
         n = self.calls[session_id] = self.calls.get(session_id, 0) + 1
         cells = [c + r for c in "bac" for r in "213"]
         ids = self.tok.encode(cells[(n * 4) % 9]) + [self.tok.eos_token_id]
-        return Completion(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop", versions=[0] * len(ids),
-                          prompt_len=len(prompt_ids))
+        return Completion(
+            token_ids=ids,
+            logprobs=[-0.5] * len(ids),
+            finish_reason="stop",
+            versions=[0] * len(ids),
+            prompt_len=len(prompt_ids),
+        )
 
     def end_session(self, session_id):
         pass
@@ -110,21 +121,44 @@ def test_the_learning_curve_rows_are_the_games_gymllm_eval_game_plays(tmp_path):
 
     tok = tiny_tokenizer(512)
     make = resolve_game("tic-tac-toe")
-    ev = GameEvaluator(make, ModelAgent(tok), opponents=("random", "gymllm.envs.games:tictactoe_one_ply"),
-                       games=8, seed=1_000_000, max_tokens=4)
+    ev = GameEvaluator(
+        make,
+        ModelAgent(tok),
+        opponents=("random", "gymllm.envs.games:tictactoe_one_ply"),
+        games=8,
+        seed=1_000_000,
+        max_tokens=4,
+    )
     rows = asyncio.run(ev.evaluate(CyclingEngine(tok), step=3))
-    assert [r["opponent"] for r in rows] == ["random", "tictactoe_one_ply"] and all(r["step"] == 3 for r in rows)
+    assert [r["opponent"] for r in rows] == ["random", "tictactoe_one_ply"] and all(
+        r["step"] == 3 for r in rows
+    )
     for r in rows:
         assert r["games"] == 8 and r["win"] + r["draw"] + r["loss"] == pytest.approx(1.0)
         assert r["win_or_draw"] == pytest.approx(r["win"] + r["draw"])
     m = GameEvaluator.metrics(rows[0])
-    assert set(m) == {f"eval/vs/random/{k}" for k in ("win", "draw", "loss", "win_or_draw", "score", "reward", "illegal", "overflow")}
+    assert set(m) == {
+        f"eval/vs/random/{k}"
+        for k in ("win", "draw", "loss", "win_or_draw", "score", "reward", "illegal", "overflow")
+    }
     # the reference: the same player through gymllm eval game's runner, same schedule and seeds
-    player = Player(label="policy", loaded=types.SimpleNamespace(tokenizer=tok), make_engine=lambda: CyclingEngine(tok))
-    summary = run_matches(make, [player, opponent_player("random")], tmp_path,
-                          config=MatchConfig(games=8, seed=1_000_000, temperature=0.0, max_tokens=4, num_resamples=20))
+    player = Player(
+        label="policy",
+        loaded=types.SimpleNamespace(tokenizer=tok),
+        make_engine=lambda: CyclingEngine(tok),
+    )
+    summary = run_matches(
+        make,
+        [player, opponent_player("random")],
+        tmp_path,
+        config=MatchConfig(
+            games=8, seed=1_000_000, temperature=0.0, max_tokens=4, num_resamples=20
+        ),
+    )
     line = next(x for x in summary["pairings"] if x["player"] == "policy")
-    assert (line["win"], line["draw"], line["loss"]) == pytest.approx((rows[0]["win"], rows[0]["draw"], rows[0]["loss"]))
+    assert (line["win"], line["draw"], line["loss"]) == pytest.approx(
+        (rows[0]["win"], rows[0]["draw"], rows[0]["loss"])
+    )
     ref = [json.loads(x) for x in (tmp_path / "games.jsonl").read_text().splitlines()]
     assert sum(r["winner"] == "policy" for r in ref) == round(rows[0]["win"] * 8)
 
@@ -134,13 +168,46 @@ def test_a_league_run_logs_its_learning_curve(tmp_path):
     from gymllm.train.run import Run
     from gymllm.cli.train_args import parse_train_args
 
-    cfg = (parse_train_args([
-        "--preset", "tiny", "--env.id", "tic-tac-toe", "--env-kwargs", '{"max_invalid": 1}', "--run-dir", str(tmp_path),
-        "--rollout.group-size", "2", "--env.num-envs", "2", "--rollout.max-model-calls", "5", "--sampling.max-tokens",
-        "4", "--learner.groups-per-step", "1", "--learner.num-steps", "3", "--engine.max-len", "768",
-        "--learner.max-len", "768", "--run.no-report", "--multiagent.opponent", "frozen", "--multiagent.league-size",
-        "2", "--eval.every", "1", "--multiagent.eval-games", "4", "--multiagent.eval-opponents", "random",
-        "gymllm.envs.games:tictactoe_one_ply"]))
+    cfg = parse_train_args(
+        [
+            "--preset",
+            "tiny",
+            "--env.id",
+            "tic-tac-toe",
+            "--env-kwargs",
+            '{"max_invalid": 1}',
+            "--run-dir",
+            str(tmp_path),
+            "--rollout.group-size",
+            "2",
+            "--env.num-envs",
+            "2",
+            "--rollout.max-model-calls",
+            "5",
+            "--sampling.max-tokens",
+            "4",
+            "--learner.groups-per-step",
+            "1",
+            "--learner.num-steps",
+            "3",
+            "--engine.max-len",
+            "768",
+            "--learner.max-len",
+            "768",
+            "--run.no-report",
+            "--multiagent.opponent",
+            "frozen",
+            "--multiagent.league-size",
+            "2",
+            "--eval.every",
+            "1",
+            "--multiagent.eval-games",
+            "4",
+            "--multiagent.eval-opponents",
+            "random",
+            "gymllm.envs.games:tictactoe_one_ply",
+        ]
+    )
     run = Run(cfg)
 
     async def go():
@@ -162,27 +229,55 @@ def test_checkpoints_compared_without_model_pairings_get_a_paired_row_per_oppone
     from gymllm.models.tiny import tiny_tokenizer
 
     tok = tiny_tokenizer(512)
-    models = [Player(label=name, loaded=types.SimpleNamespace(tokenizer=tok), make_engine=lambda: CyclingEngine(tok))
-              for name in ("sft", "selfplay")]
-    summary = run_matches(resolve_game("tic-tac-toe"), [*models, opponent_player("random")], tmp_path,
-                          config=MatchConfig(games=6, temperature=0.0, max_tokens=4, num_resamples=20, model_pairs=False))
+    models = [
+        Player(
+            label=name,
+            loaded=types.SimpleNamespace(tokenizer=tok),
+            make_engine=lambda: CyclingEngine(tok),
+        )
+        for name in ("sft", "selfplay")
+    ]
+    summary = run_matches(
+        resolve_game("tic-tac-toe"),
+        [*models, opponent_player("random")],
+        tmp_path,
+        config=MatchConfig(
+            games=6, temperature=0.0, max_tokens=4, num_resamples=20, model_pairs=False
+        ),
+    )
     rows = [json.loads(x) for x in (tmp_path / "games.jsonl").read_text().splitlines()]
-    assert len(rows) == 12 and all("random" in r["pairing"] for r in rows)  # no sft-vs-selfplay games
+    assert len(rows) == 12 and all(
+        "random" in r["pairing"] for r in rows
+    )  # no sft-vs-selfplay games
     paired = [d for d in summary["paired"] if d["metric"] == "score"]
-    assert [(d["player"], d["baseline"], d["opponent"]) for d in paired] == [("selfplay", "sft", "random")]
-    assert paired[0]["n"] == 3 and paired[0]["diff"] == 0.0  # the same deterministic player on the same games
+    assert [(d["player"], d["baseline"], d["opponent"]) for d in paired] == [
+        ("selfplay", "sft", "random")
+    ]
+    assert (
+        paired[0]["n"] == 3 and paired[0]["diff"] == 0.0
+    )  # the same deterministic player on the same games
 
 
 @pytest.mark.parametrize("overflow", ["error", "random"])
-def test_a_conversation_past_the_context_errors_or_plays_random_moves_as_training_does(tmp_path, overflow):
+def test_a_conversation_past_the_context_errors_or_plays_random_moves_as_training_does(
+    tmp_path, overflow
+):
     from gymllm.models.tiny import tiny_tokenizer
 
     tok = tiny_tokenizer(512)
     engine = CyclingEngine(tok)
     engine.max_len = 200  # the first observations fit, a whole game's conversation does not
-    player = Player(label="m", loaded=types.SimpleNamespace(tokenizer=tok), make_engine=lambda: engine)
-    run_matches(resolve_game("tic-tac-toe"), [player, opponent_player("random")], tmp_path,
-                config=MatchConfig(games=4, temperature=0.0, max_tokens=4, num_resamples=20, overflow=overflow))
+    player = Player(
+        label="m", loaded=types.SimpleNamespace(tokenizer=tok), make_engine=lambda: engine
+    )
+    run_matches(
+        resolve_game("tic-tac-toe"),
+        [player, opponent_player("random")],
+        tmp_path,
+        config=MatchConfig(
+            games=4, temperature=0.0, max_tokens=4, num_resamples=20, overflow=overflow
+        ),
+    )
     rows = [json.loads(x) for x in (tmp_path / "games.jsonl").read_text().splitlines()]
     if overflow == "error":
         assert all(r["crashed"] == "m" and "past the engine's context" in r["error"] for r in rows)
@@ -196,8 +291,19 @@ def test_the_run_summary_names_a_games_learning_curve():
 
     from gymllm.train.trainer import TrainResult
 
-    rows = [{"step": 0, "opponent": "random", "games": 16, "win_or_draw": 0.75, "reward": 0.5},
-            {"step": 3, "opponent": "random", "games": 16, "win_or_draw": 0.875, "reward": 0.625}]
-    text = TrainResult(run_dir=pathlib.Path("r"), steps=3, history=[{"reward_mean": 0.0, "rollout_reward_mean": 0.0}],
-                       trained_ids=[], wall_s=1.0, evals=rows).summary()
-    assert "against random (16 games, eval/vs/random/...): win-or-draw 0.750 (step 0) -> 0.875 (step 3)" in text
+    rows = [
+        {"step": 0, "opponent": "random", "games": 16, "win_or_draw": 0.75, "reward": 0.5},
+        {"step": 3, "opponent": "random", "games": 16, "win_or_draw": 0.875, "reward": 0.625},
+    ]
+    text = TrainResult(
+        run_dir=pathlib.Path("r"),
+        steps=3,
+        history=[{"reward_mean": 0.0, "rollout_reward_mean": 0.0}],
+        trained_ids=[],
+        wall_s=1.0,
+        evals=rows,
+    ).summary()
+    assert (
+        "against random (16 games, eval/vs/random/...): win-or-draw 0.750 (step 0) -> 0.875 (step 3)"
+        in text
+    )

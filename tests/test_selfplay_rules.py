@@ -67,13 +67,24 @@ class ReplyEngine:
     def __init__(self, reply: str):
         from gymllm.models.tiny import tiny_tokenizer
 
-        self.tok, self.reply, self.version, self.calls, self.max_len = tiny_tokenizer(512), reply, 0, 0, 512
+        self.tok, self.reply, self.version, self.calls, self.max_len = (
+            tiny_tokenizer(512),
+            reply,
+            0,
+            0,
+            512,
+        )
 
     async def generate(self, prompt_ids, params, *, session_id=None):
         self.calls += 1
         ids = self.tok.encode(self.reply) + [self.tok.eos_token_id]
-        return Completion(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop",
-                          versions=[self.version] * len(ids), prompt_len=len(prompt_ids))
+        return Completion(
+            token_ids=ids,
+            logprobs=[-0.5] * len(ids),
+            finish_reason="stop",
+            versions=[self.version] * len(ids),
+            prompt_len=len(prompt_ids),
+        )
 
     def end_session(self, session_id):
         pass
@@ -83,9 +94,15 @@ def _source(engine, config, metrics=None):
     from gymllm.inference.params import SamplingParams
 
     r = RolloutConfig(group_size=2, max_concurrency=4, max_staleness=None, max_model_calls=8)
-    return SeatGroupSource(game_factory("test_selfplay_rules:pile"), engine, ModelAgent(engine.tok),
-                           sampling=SamplingParams(temperature=1.0, max_tokens=4), rollout=r, config=config,
-                           group_filter=None if metrics is None else metrics.observe(None))
+    return SeatGroupSource(
+        game_factory("test_selfplay_rules:pile"),
+        engine,
+        ModelAgent(engine.tok),
+        sampling=SamplingParams(temperature=1.0, max_tokens=4),
+        rollout=r,
+        config=config,
+        group_filter=None if metrics is None else metrics.observe(None),
+    )
 
 
 def _take(source, n):
@@ -101,7 +118,9 @@ def test_illegal_move_fields_are_checked_and_are_train_flags():
             MultiAgentSection(max_invalid=bad)
     from gymllm.cli.train_args import parse_train_args
 
-    cfg = parse_train_args(["--preset", "tiny", "--multiagent.illegal-move", "random", "--multiagent.max-invalid", "2"])
+    cfg = parse_train_args(
+        ["--preset", "tiny", "--multiagent.illegal-move", "random", "--multiagent.max-invalid", "2"]
+    )
     assert (cfg.multiagent.illegal_move, cfg.multiagent.max_invalid) == ("random", 2)
     with pytest.raises((ConfigError, SystemExit)):
         parse_train_args(["--preset", "tiny", "--multiagent.illegal-move", "lose"])
@@ -111,38 +130,59 @@ def test_illegal_move_fields_are_checked_and_are_train_flags():
 def test_a_crashing_seat_forfeits_as_configured_and_the_run_goes_on(mode, errors_per_game):
     CALLS["n"] = 0
     metrics = SeatMetrics(opponent="test_selfplay_rules:crashing")
-    src = _source(ReplyEngine("0"), MultiAgentSection(opponent="test_selfplay_rules:crashing", illegal_move=mode,
-                                                      max_invalid=2), metrics)
+    src = _source(
+        ReplyEngine("0"),
+        MultiAgentSection(
+            opponent="test_selfplay_rules:crashing", illegal_move=mode, max_invalid=2
+        ),
+        metrics,
+    )
     groups = _take(src, 4)
     assert src.counts["failed_batches"] == 0 and all(len(g.trajectories) == 2 for g in groups)
     for g in groups:
-        assert g.info["opponent_errors"] == errors_per_game * 2  # every game: the scripted seat's moves, all errors
+        assert (
+            g.info["opponent_errors"] == errors_per_game * 2
+        )  # every game: the scripted seat's moves, all errors
         assert g.info["opponent_illegal"] == errors_per_game * 2
         for t in g.trajectories:
             # the crashing seat forfeited: the learner gets 0 (PettingZoo's classic convention), its own moves legal
-            assert t.rewards[-1] == 0.0 and t.info["illegal"] == 0 and t.finish_reason == "terminated"
+            assert (
+                t.rewards[-1] == 0.0 and t.info["illegal"] == 0 and t.finish_reason == "terminated"
+            )
     assert {g.info["agent"] for g in groups} == {"north", "south"}  # both seats trained, in turn
     out = metrics.flush()
-    assert out["opponent/errors"] >= errors_per_game * 2 * 4 and out["opponent/illegal"] == errors_per_game
+    assert (
+        out["opponent/errors"] >= errors_per_game * 2 * 4
+        and out["opponent/illegal"] == errors_per_game
+    )
     assert out["seat/north/illegal"] == 0.0
 
 
 def test_random_mode_replaces_a_crash_or_an_out_of_range_action_and_the_game_plays_out():
     CALLS["n"] = 0
-    src = _source(ReplyEngine("0"), MultiAgentSection(opponent="test_selfplay_rules:crashing", illegal_move="random"))
+    src = _source(
+        ReplyEngine("0"),
+        MultiAgentSection(opponent="test_selfplay_rules:crashing", illegal_move="random"),
+    )
     groups = _take(src, 2)
     assert src.counts["failed_batches"] == 0 and src.counts["seat_errors"] == CALLS["n"] > 0
     for g in groups:  # the game went on to a winner: every trajectory ends with +1 or -1
         assert all(abs(t.rewards[-1]) == 1.0 for t in g.trajectories)
         assert g.info["opponent_errors"] == g.info["opponent_illegal"] > 0
-    src = _source(ReplyEngine("0"), MultiAgentSection(opponent="test_selfplay_rules:out_of_range", illegal_move="random"))
+    src = _source(
+        ReplyEngine("0"),
+        MultiAgentSection(opponent="test_selfplay_rules:out_of_range", illegal_move="random"),
+    )
     groups = _take(src, 2)
     assert src.counts["failed_batches"] == 0 and src.counts["seat_errors"] > 0
     assert all(abs(t.rewards[-1]) == 1.0 for g in groups for t in g.trajectories)
 
 
 def test_a_masked_out_scripted_move_is_illegal_not_a_crash():
-    src = _source(ReplyEngine("0"), MultiAgentSection(opponent="test_selfplay_rules:greedy", illegal_move="forfeit"))
+    src = _source(
+        ReplyEngine("0"),
+        MultiAgentSection(opponent="test_selfplay_rules:greedy", illegal_move="forfeit"),
+    )
     groups = _take(src, 2)
     # greedy takes 2 while it can; a pile of 1 on its turn forfeits it (an illegal move, not an error)
     assert src.counts["seat_errors"] == 0 and src.counts["failed_batches"] == 0
@@ -155,7 +195,9 @@ def test_a_learner_that_replies_nonsense(mode):
     """The learner's reply names no move: retry (penalty, again, forfeit after max_invalid), forfeit at
     once, or a random legal move played for it with the penalty owed."""
     engine = ReplyEngine("zzz")
-    src = _source(engine, MultiAgentSection(illegal_move=mode, max_invalid=2))  # self-play: both seats
+    src = _source(
+        engine, MultiAgentSection(illegal_move=mode, max_invalid=2)
+    )  # self-play: both seats
     groups = _take(src, 2)
     assert src.counts["failed_batches"] == 0
     trajs = [t for g in groups for t in g.trajectories]
@@ -163,10 +205,14 @@ def test_a_learner_that_replies_nonsense(mode):
     if mode == "forfeit":  # the first mover forfeits on its first move; the other seat never moved
         first = [t for t in trajs if t.info["agent"] == "north"]
         assert all(t.info["illegal"] == 1 and t.reward == -1.0 for t in first)
-        assert all(t.info["illegal"] == 0 and t.reward == 0.0 for t in trajs if t.info["agent"] == "south")
+        assert all(
+            t.info["illegal"] == 0 and t.reward == 0.0 for t in trajs if t.info["agent"] == "south"
+        )
     elif mode == "retry":
         first = [t for t in trajs if t.info["agent"] == "north"]
-        assert all(t.info["illegal"] == 2 and t.rewards == pytest.approx([penalty, -1.0]) for t in first)
+        assert all(
+            t.info["illegal"] == 2 and t.rewards == pytest.approx([penalty, -1.0]) for t in first
+        )
     else:  # every reply was replaced by a random legal move: the game had a winner; each move cost the penalty
         for t in trajs:
             moves = int(t.loss_mask.astype(bool).sum()) // len(engine.tok.encode("zzz") + [0])
@@ -185,12 +231,41 @@ def test_training_goes_on_against_a_crashing_seat_and_records_it(tmp_path):
     from gymllm.train.trainer import train
     from gymllm.cli.train_args import parse_train_args
 
-    cfg = parse_train_args(["--preset", "tiny", "--env.id", "test_selfplay_rules:pile", "--env-kwargs", "{}",
-                            "--run-dir", str(tmp_path), "--rollout.group-size", "2", "--env.num-envs", "2",
-                            "--rollout.max-model-calls", "2", "--sampling.max-tokens", "4", "--learner.groups-per-step",
-                            "1", "--learner.num-steps", "1", "--engine.max-len", "192", "--learner.max-len", "192",
-                            "--rollout.max-staleness", "1", "--run.no-report", "--multiagent.opponent",
-                            "test_selfplay_rules:always_crashes", "--multiagent.illegal-move", "random"])
+    cfg = parse_train_args(
+        [
+            "--preset",
+            "tiny",
+            "--env.id",
+            "test_selfplay_rules:pile",
+            "--env-kwargs",
+            "{}",
+            "--run-dir",
+            str(tmp_path),
+            "--rollout.group-size",
+            "2",
+            "--env.num-envs",
+            "2",
+            "--rollout.max-model-calls",
+            "2",
+            "--sampling.max-tokens",
+            "4",
+            "--learner.groups-per-step",
+            "1",
+            "--learner.num-steps",
+            "1",
+            "--engine.max-len",
+            "192",
+            "--learner.max-len",
+            "192",
+            "--rollout.max-staleness",
+            "1",
+            "--run.no-report",
+            "--multiagent.opponent",
+            "test_selfplay_rules:always_crashes",
+            "--multiagent.illegal-move",
+            "random",
+        ]
+    )
     result = train(cfg)
     assert result.steps == 1
     metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -200,6 +275,7 @@ def test_training_goes_on_against_a_crashing_seat_and_records_it(tmp_path):
 
 
 # --- a trained checkpoint as the opponent (--multiagent.opponent run:DIR) ---------------------------------
+
 
 def _weights_hash(flat) -> str:
     from gymllm.train.opponents import FrozenOpponent
@@ -234,30 +310,79 @@ def test_a_run_dir_opponent_serves_the_saved_weights_and_the_games_complete(tmp_
 
     # illegal replies become random legal moves, so the G games of a seed differ and every group has a
     # reward spread: each step updates the weights (zero-spread groups would leave them unchanged)
-    common = ["--preset", "tiny", "--env.id", "test_selfplay_rules:pile", "--env-kwargs", "{}", "--rollout.group-size",
-              "4", "--env.num-envs", "4", "--rollout.max-model-calls", "2", "--sampling.max-tokens", "4",
-              "--learner.groups-per-step", "2", "--engine.max-len", "192", "--learner.max-len", "192",
-              "--rollout.max-staleness", "1", "--run.no-report", "--multiagent.illegal-move", "random"]
+    common = [
+        "--preset",
+        "tiny",
+        "--env.id",
+        "test_selfplay_rules:pile",
+        "--env-kwargs",
+        "{}",
+        "--rollout.group-size",
+        "4",
+        "--env.num-envs",
+        "4",
+        "--rollout.max-model-calls",
+        "2",
+        "--sampling.max-tokens",
+        "4",
+        "--learner.groups-per-step",
+        "2",
+        "--engine.max-len",
+        "192",
+        "--learner.max-len",
+        "192",
+        "--rollout.max-staleness",
+        "1",
+        "--run.no-report",
+        "--multiagent.illegal-move",
+        "random",
+    ]
     first, second = tmp_path / "first", tmp_path / "second"
     trained = {}
-    _run(common + ["--run-dir", str(first), "--learner.num-steps", "1", "--multiagent.opponent", "random"],
-         lambda run, rec: trained.update(h=_weights_hash(run.parts.learner.policy_params())))
+    _run(
+        common
+        + ["--run-dir", str(first), "--learner.num-steps", "1", "--multiagent.opponent", "random"],
+        lambda run, rec: trained.update(h=_weights_hash(run.parts.learner.policy_params())),
+    )
     base = load_model((parse_train_args(common)).model)  # the preset's weights before training
-    assert trained["h"] != _weights_hash(base.model.flat_params())  # the first run's step changed its weights
+    assert trained["h"] != _weights_hash(
+        base.model.flat_params()
+    )  # the first run's step changed its weights
 
     seen = []
 
     def look(run, record):
         opp = run.source.opponent
-        seen.append((opp.version, opp.weights_hash(), _weights_hash(run.parts.learner.policy_params()),
-                     dict(run.source.counts)))
+        seen.append(
+            (
+                opp.version,
+                opp.weights_hash(),
+                _weights_hash(run.parts.learner.policy_params()),
+                dict(run.source.counts),
+            )
+        )
 
-    _run(common + ["--run-dir", str(second), "--learner.num-steps", "2", "--multiagent.opponent", f"run:{first}"], look)
+    _run(
+        common
+        + [
+            "--run-dir",
+            str(second),
+            "--learner.num-steps",
+            "2",
+            "--multiagent.opponent",
+            f"run:{first}",
+        ],
+        look,
+    )
     assert len(seen) == 2
     for version, opp_hash, learner_hash, counts in seen:
         assert version == -1 and opp_hash == trained["h"]  # the saved weights, never refreshed
-        assert counts["opponent_moves"] > 0 and counts["games"] >= 2 and counts["failed_batches"] == 0
-    assert seen[0][2] != seen[1][2]  # the learner trained on between the two steps; the opponent stayed the checkpoint
+        assert (
+            counts["opponent_moves"] > 0 and counts["games"] >= 2 and counts["failed_batches"] == 0
+        )
+    assert (
+        seen[0][2] != seen[1][2]
+    )  # the learner trained on between the two steps; the opponent stayed the checkpoint
     metrics = [json.loads(line) for line in (second / "metrics.jsonl").read_text().splitlines()]
     assert [m["opponent/version"] for m in metrics if "opponent/version" in m] == [-1.0, -1.0]
     assert any("vs/" + f"run:{first}".replace("/", "_") + "/win" in m for m in metrics)

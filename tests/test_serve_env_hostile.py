@@ -19,20 +19,34 @@ from gymllm.envs.openenv_factory import make_env_factory  # noqa: E402
 from gymllm.envs.openenv_server import GymllmEnvironment, ServeEnvConfig, ServerThread, build_app  # noqa: E402
 
 J = {"content-type": "application/json"}
-GOLD = ("answer", "answers", "gold", "gold_answer", "solution", "ground_truth", "reference_answer", "expected_answer",
-        "correct_answer", "target_answer")  # what the envs name their gold answer in info
+GOLD = (
+    "answer",
+    "answers",
+    "gold",
+    "gold_answer",
+    "solution",
+    "ground_truth",
+    "reference_answer",
+    "expected_answer",
+    "correct_answer",
+    "target_answer",
+)  # what the envs name their gold answer in info
 
 
 @pytest.fixture(scope="module")
 def arithmetic():
-    logging.getLogger("uvicorn.error").setLevel(logging.CRITICAL)  # the 500s before the fix print tracebacks
+    logging.getLogger("uvicorn.error").setLevel(
+        logging.CRITICAL
+    )  # the 500s before the fix print tracebacks
     with ServerThread(build_app(ServeEnvConfig(env="gymllm/Arithmetic-v0"))) as s:
         yield s.url
 
 
 def _good(url: str) -> None:
     r = httpx.post(url + "/reset", json={"seed": 1})
-    assert r.status_code == 200 and r.json()["observation"]["text"].startswith("Compute"), r.text[:300]
+    assert r.status_code == 200 and r.json()["observation"]["text"].startswith("Compute"), r.text[
+        :300
+    ]
 
 
 BAD = [  # (name, path, raw body, status range, fragment of the JSON error)
@@ -42,12 +56,30 @@ BAD = [  # (name, path, raw body, status range, fragment of the JSON error)
     ("seed -Infinity", "/reset", b'{"seed": -Infinity}', (400, 400), "seed"),
     ("seed 2**64", "/reset", b'{"seed": 18446744073709551616}', (400, 400), "seed"),
     ("reset option NaN", "/reset", b'{"seed": 3, "level": NaN}', (400, 400), "level"),
-    ("action holding Infinity", "/step", b'{"action": {"text": "x", "n": Infinity}}', (400, 400), "action.n"),
-    ("timeout NaN", "/step", b'{"action": {"text": "1"}, "timeout_s": NaN}', (400, 400), "timeout_s"),
+    (
+        "action holding Infinity",
+        "/step",
+        b'{"action": {"text": "x", "n": Infinity}}',
+        (400, 400),
+        "action.n",
+    ),
+    (
+        "timeout NaN",
+        "/step",
+        b'{"action": {"text": "1"}, "timeout_s": NaN}',
+        (400, 400),
+        "timeout_s",
+    ),
     ("action not an object", "/step", b'{"action": "x"}', (400, 499), "action"),
     ("action text not a string", "/step", b'{"action": {"text": 5}}', (400, 499), "text"),
     ("no action", "/step", b"{}", (400, 499), "action"),
-    ("action too long", "/step", json.dumps({"action": {"text": "9" * 1_100_000}}).encode(), (400, 499), "text"),
+    (
+        "action too long",
+        "/step",
+        json.dumps({"action": {"text": "9" * 1_100_000}}).encode(),
+        (400, 499),
+        "text",
+    ),
     ("invalid JSON", "/step", b'{"action": ', (400, 499), ""),
     ("deeply nested", "/reset", b"[" * 50_000 + b"]" * 50_000, (400, 499), ""),
 ]
@@ -68,7 +100,10 @@ def test_the_reset_over_http_does_not_carry_the_answer(arithmetic):
     obs, info = local.reset(seed=3)
     assert r.json()["observation"]["text"] == obs
     served = json.dumps(r.json())
-    assert "answer" not in json.dumps(r.json()["observation"]["metadata"]) and f'"{info["answer"]}"' not in served
+    assert (
+        "answer" not in json.dumps(r.json()["observation"]["metadata"])
+        and f'"{info["answer"]}"' not in served
+    )
 
 
 def _leaves(x, path=""):
@@ -83,7 +118,9 @@ def _leaves(x, path=""):
 
 
 def _gold(info: dict) -> list[str]:
-    return [str(v) for p, v in _leaves(info) if p.rsplit(".", 1)[-1] in GOLD and v not in (None, "")]
+    return [
+        str(v) for p, v in _leaves(info) if p.rsplit(".", 1)[-1] in GOLD and v not in (None, "")
+    ]
 
 
 def _sweep(env_id: str) -> list[str]:
@@ -108,16 +145,34 @@ def _sweep(env_id: str) -> list[str]:
     finally:
         served.close()
     # a gold key, or a value equal to the gold answer under another name (short values match by chance)
-    return [f"{env_id}: {p} = {v!r}" for meta in sent for p, v in _leaves(meta)
-            if p.rsplit(".", 1)[-1] in GOLD or (isinstance(v, (str, int)) and not isinstance(v, bool) and len(str(v)) >= 3
-                                                and str(v) in gold)]
+    return [
+        f"{env_id}: {p} = {v!r}"
+        for meta in sent
+        for p, v in _leaves(meta)
+        if p.rsplit(".", 1)[-1] in GOLD
+        or (
+            isinstance(v, (str, int))
+            and not isinstance(v, bool)
+            and len(str(v)) >= 3
+            and str(v) in gold
+        )
+    ]
 
 
 def _ids(catalogue: bool) -> list[str]:
     skip = {"gymllm/OpenEnv-v0", "gymllm/Failing-v0"}  # needs a server of its own; fails on purpose
     ids = sorted(k for k in gymnasium.registry if k.startswith("gymllm/") and k not in skip)
-    return ids if catalogue else [i for i in ids if not i.startswith(("gymllm/rg-", "gymllm/ta-"))] + [
-        i for i in ids if i in ("gymllm/rg-basic_arithmetic-v0", "gymllm/rg-gcd-v0", "gymllm/ta-GuessTheNumber-v0")]
+    return (
+        ids
+        if catalogue
+        else [i for i in ids if not i.startswith(("gymllm/rg-", "gymllm/ta-"))]
+        + [
+            i
+            for i in ids
+            if i
+            in ("gymllm/rg-basic_arithmetic-v0", "gymllm/rg-gcd-v0", "gymllm/ta-GuessTheNumber-v0")
+        ]
+    )
 
 
 def test_no_first_party_env_leaks_its_gold_answer():

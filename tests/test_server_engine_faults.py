@@ -17,7 +17,9 @@ from gymllm.errors import EngineError
 from gymllm.inference import EngineConfig, JaxEngine, SamplingParams, ServerThread, build_app
 from gymllm.models import make_tiny
 
-CFG = EngineConfig(num_slots=12, max_len=64, min_bucket=64, max_prefill_batch=2)  # as test_server: shared compiles
+CFG = EngineConfig(
+    num_slots=12, max_len=64, min_bucket=64, max_prefill_batch=2
+)  # as test_server: shared compiles
 GOOD = {"prompt": [1, 2, 3], "max_tokens": 2}
 
 
@@ -39,27 +41,46 @@ def server(lm):
 
 
 HOSTILE = [  # (field, raw JSON value)
-    ("top_k", "2147483648"), ("top_k", "9223372036854775808"), ("top_k", "-2"), ("top_k", "1e999"),
-    ("seed", "18446744073709551616"), ("seed", "-9223372036854775809"), ("seed", "NaN"),
-    ("temperature", "NaN"), ("temperature", "Infinity"), ("temperature", "1e308"), ("temperature", "-1"),
-    ("top_p", "NaN"), ("top_p", "0"), ("top_p", "-Infinity"),
-    ("n", "9223372036854775808"), ("max_tokens", "9223372036854775808"), ("max_tokens", "-1"),
-    ("max_completion_tokens", "2147483648"), ("logprobs", "2147483648"), ("stop_token_ids", "[2147483648]"),
+    ("top_k", "2147483648"),
+    ("top_k", "9223372036854775808"),
+    ("top_k", "-2"),
+    ("top_k", "1e999"),
+    ("seed", "18446744073709551616"),
+    ("seed", "-9223372036854775809"),
+    ("seed", "NaN"),
+    ("temperature", "NaN"),
+    ("temperature", "Infinity"),
+    ("temperature", "1e308"),
+    ("temperature", "-1"),
+    ("top_p", "NaN"),
+    ("top_p", "0"),
+    ("top_p", "-Infinity"),
+    ("n", "9223372036854775808"),
+    ("max_tokens", "9223372036854775808"),
+    ("max_tokens", "-1"),
+    ("max_completion_tokens", "2147483648"),
+    ("logprobs", "2147483648"),
+    ("stop_token_ids", "[2147483648]"),
 ]
 
 
 @pytest.mark.parametrize("field,value", HOSTILE, ids=[f"{f}={v}" for f, v in HOSTILE])
 def test_hostile_numbers_are_a_400_naming_the_field(server, field, value):
     s, engine = server
-    body = '{"prompt": [1, 2, 3], "max_tokens": 2, "%s": %s}' % (field, value) if field != "max_tokens" else \
-        '{"prompt": [1, 2, 3], "max_tokens": %s}' % value
+    body = (
+        '{"prompt": [1, 2, 3], "max_tokens": 2, "%s": %s}' % (field, value)
+        if field != "max_tokens"
+        else '{"prompt": [1, 2, 3], "max_tokens": %s}' % value
+    )
     with httpx.Client(base_url=s.url, timeout=120) as http:
         r = http.post("/v1/completions", content=body, headers={"content-type": "application/json"})
         assert r.status_code == 400, (r.status_code, r.text[:300])
         err = r.json()["error"]
         assert err["param"] == field and field in err["message"], err
         ok = http.post("/v1/completions", json=GOOD)  # the server, and its engine, serve on
-        assert ok.status_code == 200 and len(ok.json()["choices"][0]["token_ids"]) == 2, ok.text[:300]
+        assert ok.status_code == 200 and len(ok.json()["choices"][0]["token_ids"]) == 2, ok.text[
+            :300
+        ]
         assert http.get("/health").status_code == 200
 
 
@@ -68,9 +89,15 @@ def test_a_request_the_engine_cannot_lay_out_fails_alone(lm):
     engine = _engine(lm)
 
     async def main():
-        with engine.paused():  # both wait, then are admitted in one prefill batch: the bad one beside the good
-            bad = asyncio.ensure_future(engine.generate([1, 2, 3], SamplingParams(max_tokens=2, top_k=2**31)))
-            good = asyncio.ensure_future(engine.generate([4, 5, 6], SamplingParams(max_tokens=2, seed=1)))
+        with (
+            engine.paused()
+        ):  # both wait, then are admitted in one prefill batch: the bad one beside the good
+            bad = asyncio.ensure_future(
+                engine.generate([1, 2, 3], SamplingParams(max_tokens=2, top_k=2**31))
+            )
+            good = asyncio.ensure_future(
+                engine.generate([4, 5, 6], SamplingParams(max_tokens=2, seed=1))
+            )
             for _ in range(3):
                 await asyncio.sleep(0)  # both submitted before the loop runs again
         return await asyncio.gather(bad, good, return_exceptions=True)

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
     import json
     import jax, jax.numpy as jnp, numpy as np
     from gymllm.algos import config as C
@@ -54,23 +54,33 @@ SCRIPT = textwrap.dedent('''
             out[f"{name}/{shape}"] = dict(diff=diff, moved=moved, l1=l1, l4=l4, specs=sorted(specs),
                                          devices=sorted(devices))
     print("RESULT " + json.dumps(out))
-''').replace("TESTS_DIR", repr(os.path.dirname(os.path.abspath(__file__))))
+""").replace("TESTS_DIR", repr(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.mark.parametrize("variant", ["quick", pytest.param("full", marks=pytest.mark.slow)])
 def test_four_devices_equal_one_device(variant):
     """quick: async_agentic + AdamW on a 2 x 2 (data x fsdp) mesh; full (slow tier): also GRPO with its
     reference model (KL) + SGD, and a 4 x 1 data-parallel mesh."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
-    p = subprocess.run([sys.executable, "-c", SCRIPT, variant], env=env, capture_output=True, text=True, timeout=900)
+    env = dict(
+        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", SCRIPT, variant],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert p.returncode == 0, p.stderr[-4000:]
     import json
 
-    out = json.loads(p.stdout.strip().splitlines()[-1][len("RESULT "):])
+    out = json.loads(p.stdout.strip().splitlines()[-1][len("RESULT ") :])
     for key, r in out.items():
         assert r["moved"] > 1e-4, key
         assert r["diff"] < 1e-3 * r["moved"] + 1e-6, (key, r)
         assert all(abs(a - b) < 1e-5 + 1e-4 * abs(a) for a, b in zip(r["l1"], r["l4"])), (key, r)
         assert r["devices"] == [4], key  # every array lives on the 4-device mesh
         if key.endswith("(2, 2)"):
-            assert any("fsdp" in s for s in r["specs"]), r["specs"]  # parameters really are FSDP-sharded
+            assert any("fsdp" in s for s in r["specs"]), r[
+                "specs"
+            ]  # parameters really are FSDP-sharded

@@ -12,8 +12,15 @@ import numpy as np
 import pytest
 
 from gymllm.algos import config as C
-from gymllm.algos.batching import (loss_positions, make_micro_batch, on_loss_positions, prompt_length,
-                                   row_from_trajectory, shared_prefix_layout, shared_prefix_table)
+from gymllm.algos.batching import (
+    loss_positions,
+    make_micro_batch,
+    on_loss_positions,
+    prompt_length,
+    row_from_trajectory,
+    shared_prefix_layout,
+    shared_prefix_table,
+)
 from gymllm.algos.learner import StreamingLearner
 from gymllm.algos.learner_programs import FAST_COMPILE, build_loss_fn
 from gymllm.algos.learner_config import LearnerConfig
@@ -33,28 +40,38 @@ def test_logits_equal_the_flat_forward(family):
     """float32, prompts padded to different lengths: every real token's logits == the flat forward's on
     prompt + continuation. gemma3: sliding window 8 (rows run past it), qk-norm, softcap-free scaling,
     post norms; qwen2: attention biases."""
-    lm = make_tiny(family, seed=1, vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=2)
+    lm = make_tiny(
+        family, seed=1, vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=2
+    )
     cfg, params = lm.config, lm.model.flat_params()
     rng = np.random.default_rng(0)
     gp, s, tp, ts = 2, 3, 8, 10
     lens, cont = np.array([5, 8]), rng.integers(1, ts + 1, (gp, s))
     pre, suf = np.zeros((gp, tp), np.int32), np.zeros((gp, s, ts), np.int32)
-    flat = np.zeros((gp * s, tp + ts), np.int32)  # the same rows, right-padded, for one flat forward
+    flat = np.zeros(
+        (gp * s, tp + ts), np.int32
+    )  # the same rows, right-padded, for one flat forward
     for g in range(gp):
-        pre[g, :lens[g]] = rng.integers(3, 290, lens[g])
+        pre[g, : lens[g]] = rng.integers(3, 290, lens[g])
         for j in range(s):
-            suf[g, j, :cont[g, j]] = rng.integers(3, 290, cont[g, j])
-            flat[g * s + j, :lens[g] + cont[g, j]] = np.r_[pre[g, :lens[g]], suf[g, j, :cont[g, j]]]
+            suf[g, j, : cont[g, j]] = rng.integers(3, 290, cont[g, j])
+            flat[g * s + j, : lens[g] + cont[g, j]] = np.r_[
+                pre[g, : lens[g]], suf[g, j, : cont[g, j]]
+            ]
     jit = lambda f: jax.jit(f, compiler_options=FAST_COMPILE)  # noqa: E731
     lp, ls = jit(lambda p, *a: shared_prefix_logits(cfg, p, *a))(params, pre, lens, suf)
-    ref, _ = jit(lambda p, t: forward(cfg, p, t, jnp.broadcast_to(jnp.arange(tp + ts), t.shape)))(params, flat)
+    ref, _ = jit(lambda p, t: forward(cfg, p, t, jnp.broadcast_to(jnp.arange(tp + ts), t.shape)))(
+        params, flat
+    )
     ref, lp, ls = np.asarray(ref), np.asarray(lp), np.asarray(ls)
     assert np.abs(ref).max() > 0.5
     for g in range(gp):
         for j in range(s):
             n, m = lens[g], cont[g, j]
             np.testing.assert_allclose(lp[g, :n], ref[g * s + j, :n], rtol=1e-5, atol=1e-5)
-            np.testing.assert_allclose(ls[g, j, :m], ref[g * s + j, n:n + m], rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(
+                ls[g, j, :m], ref[g * s + j, n : n + m], rtol=1e-5, atol=1e-5
+            )
 
 
 def groups_with(prompt_lens=(20, 17), g=4, *, seed=0, differ=False, turns=False):
@@ -74,19 +91,32 @@ def groups_with(prompt_lens=(20, 17), g=4, *, seed=0, differ=False, turns=False)
             ids = np.concatenate([p, resp]).astype(np.int32)
             mask = np.r_[np.zeros(plen), np.ones(len(resp))].astype(np.int8)
             if turns and m % 2 and len(resp) >= 6:
-                mask[plen + 2:plen + 4] = 0
+                mask[plen + 2 : plen + 4] = 0
             mu = np.where(mask > 0, -5.7 + rng.normal(0, 0.3, len(ids)), 0).astype(np.float32)
-            trajs.append(Trajectory(token_ids=ids, loss_mask=mask, behaviour_logprobs=mu,
-                                    versions=np.where(mask > 0, 0, -1).astype(np.int32),
-                                    reward=float(rng.random()), trajectory_id=f"{seed}/{k}/{m}",
-                                    group_id=f"{seed}/{k}"))
-        out.append(Group(group_id=f"{seed}/{k}", task_id="t", trajectories=trajs, admitted_version=0))
+            trajs.append(
+                Trajectory(
+                    token_ids=ids,
+                    loss_mask=mask,
+                    behaviour_logprobs=mu,
+                    versions=np.where(mask > 0, 0, -1).astype(np.int32),
+                    reward=float(rng.random()),
+                    trajectory_id=f"{seed}/{k}/{m}",
+                    group_id=f"{seed}/{k}",
+                )
+            )
+        out.append(
+            Group(group_id=f"{seed}/{k}", task_id="t", trajectories=trajs, admitted_version=0)
+        )
     return out
 
 
 def rows_of(groups):
-    return [row_from_trajectory(t, advantage=0.4 * (i % 3) - 0.4, group_tokens=40.0, sample_id=t.trajectory_id)
-            for i, t in enumerate(t for g in groups for t in g.trajectories)]
+    return [
+        row_from_trajectory(
+            t, advantage=0.4 * (i % 3) - 0.4, group_tokens=40.0, sample_id=t.trajectory_id
+        )
+        for i, t in enumerate(t for g in groups for t in g.trajectories)
+    ]
 
 
 def test_layout_groups_rows_by_prompt_ids():
@@ -99,19 +129,28 @@ def test_layout_groups_rows_by_prompt_ids():
     np.testing.assert_array_equal(sp["sp_prefix_lens"], [20, 17])
     flat = np.concatenate([sp["sp_prefix_tokens"].reshape(-1), sp["sp_suffix_tokens"].reshape(-1)])
     for i, r in enumerate(rows):  # every padded position reads its own input token back
-        np.testing.assert_array_equal(flat[sp["sp_gather"][i, :r.length]], r.inputs)
-        np.testing.assert_array_equal(sp["sp_targets"][i, :r.length], r.targets)
+        np.testing.assert_array_equal(flat[sp["sp_gather"][i, : r.length]], r.inputs)
+        np.testing.assert_array_equal(sp["sp_targets"][i, : r.length], r.targets)
     differ = rows_of(groups_with(differ=True))
-    assert shared_prefix_layout(differ, 8, MAX_LEN, shared_prefix_table(MAX_LEN)) is None  # nothing shared
+    assert (
+        shared_prefix_layout(differ, 8, MAX_LEN, shared_prefix_table(MAX_LEN)) is None
+    )  # nothing shared
 
 
-LOSSES = [dataclasses.replace(C.grpo(), entropy_coef=0.01),  # KL reference in the loss + entropy bonus
-          dataclasses.replace(C.async_agentic(), policy=dataclasses.replace(C.async_agentic().policy,
-                                                                            ratio_level="sequence"))]
+LOSSES = [
+    dataclasses.replace(C.grpo(), entropy_coef=0.01),  # KL reference in the loss + entropy bonus
+    dataclasses.replace(
+        C.async_agentic(),
+        policy=dataclasses.replace(C.async_agentic().policy, ratio_level="sequence"),
+    ),
+]
 
 
-@pytest.mark.parametrize("head_on_loss_positions", [pytest.param(False, marks=pytest.mark.slow), True],
-                         ids=["full-head", "loss-positions"])
+@pytest.mark.parametrize(
+    "head_on_loss_positions",
+    [pytest.param(False, marks=pytest.mark.slow), True],
+    ids=["full-head", "loss-positions"],
+)
 def test_loss_metrics_and_gradients_equal_the_flat_path(head_on_loss_positions):
     """float32, a GRPO micro-batch (two groups, one multi-turn sample in each): the shared-prefix path's
     loss, metric sums and every gradient == the flat path's, reference forward included."""
@@ -136,18 +175,31 @@ def test_loss_metrics_and_gradients_equal_the_flat_path(head_on_loss_positions):
     np.testing.assert_allclose(float(lb), float(la), rtol=1e-5, atol=1e-7)
     for k in ma:
         np.testing.assert_allclose(float(mb_[k]), float(ma[k]), rtol=1e-5, atol=1e-6, err_msg=k)
-    assert float(ma["kl_sum"]) != 0.0 and float(ma["entropy_sum"]) > 0  # the reference and entropy paths ran
+    assert (
+        float(ma["kl_sum"]) != 0.0 and float(ma["entropy_sum"]) > 0
+    )  # the reference and entropy paths ran
     scale = max(float(jnp.max(jnp.abs(g))) for g in ga.values())
     assert scale > 0 and max_diff(ga, gb) < 1e-5 * scale
 
 
 def learner(loss=LOSSES[1], **kw):
     lm = tiny()
-    cfg = dict(groups_per_step=2, micro_batch_size=8, num_steps=10, max_len=MAX_LEN, min_bucket=16, fast_compile=True)
+    cfg = dict(
+        groups_per_step=2,
+        micro_batch_size=8,
+        num_steps=10,
+        max_len=MAX_LEN,
+        min_bucket=16,
+        fast_compile=True,
+    )
     cfg.update(kw)
-    return StreamingLearner(lm.config, lm.model.flat_params(), loss=loss,
-                            optimizer=OptimizerConfig(name="sgd", learning_rate=1e-2, max_grad_norm=0.0),
-                            config=LearnerConfig(**cfg))
+    return StreamingLearner(
+        lm.config,
+        lm.model.flat_params(),
+        loss=loss,
+        optimizer=OptimizerConfig(name="sgd", learning_rate=1e-2, max_grad_norm=0.0),
+        config=LearnerConfig(**cfg),
+    )
 
 
 @pytest.mark.parametrize("differ", [False, True], ids=["shared", "fallback"])
@@ -165,17 +217,24 @@ def test_learner_update_equals_the_flat_path(differ):
     assert max_diff(a.trainable, tiny().model.flat_params()) > 1e-5
     assert max_diff(a.trainable, b.trainable) < 1e-6
     for k in ("loss", "entropy", "ratio_mean", "clip_fraction", "grad_norm"):
-        np.testing.assert_allclose(rb[0].metrics[k], ra[0].metrics[k], rtol=1e-5, atol=1e-7, err_msg=k)
+        np.testing.assert_allclose(
+            rb[0].metrics[k], ra[0].metrics[k], rtol=1e-5, atol=1e-7, err_msg=k
+        )
 
 
 def test_kl_reward_reference_forward_equals_the_flat_path():
     """The reward-placement reference forward (a group's rows, one micro-batch) runs shared too."""
-    loss = dataclasses.replace(C.grpo(), kl=dataclasses.replace(C.grpo().kl, placement="reward", beta=0.5))
+    loss = dataclasses.replace(
+        C.grpo(), kl=dataclasses.replace(C.grpo().kl, placement="reward", beta=0.5)
+    )
     group = groups_with(seed=3)[0]
     a, b = learner(loss, shared_prefix=False), learner(loss, shared_prefix=True)
     ra, rb = a.scorer.shaped_rewards(group), b.scorer.shaped_rewards(group)
     assert np.any(ra != group.rewards)
-    assert (a.counts["shared_prefix_reference_batches"], b.counts["shared_prefix_reference_batches"]) == (0, 1)
+    assert (
+        a.counts["shared_prefix_reference_batches"],
+        b.counts["shared_prefix_reference_batches"],
+    ) == (0, 1)
     np.testing.assert_allclose(rb, ra, rtol=1e-5, atol=1e-6)
 
 
@@ -220,10 +279,18 @@ def test_shared_step_on_a_four_device_mesh_equals_flat_on_one():
     import sys
 
     here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([os.path.dirname(here), here]))
-    p = subprocess.run([sys.executable, "-c", MESH_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    env = dict(
+        os.environ,
+        XLA_FLAGS="--xla_force_host_platform_device_count=4",
+        JAX_PLATFORMS="cpu",
+        PYTHONPATH=os.pathsep.join([os.path.dirname(here), here]),
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", MESH_SCRIPT], env=env, capture_output=True, text=True, timeout=600
+    )
     assert p.returncode == 0, p.stderr[-4000:]
-    shared4, diff4, moved4, shared2, diff2, moved2 = map(float, p.stdout.strip().splitlines()[-1].split()[1:])
+    shared4, diff4, moved4, shared2, diff2, moved2 = map(
+        float, p.stdout.strip().splitlines()[-1].split()[1:]
+    )
     assert (shared4, shared2) == (1, 0)
     assert moved4 > 1e-4 and diff4 < 1e-6 and moved2 > 1e-4 and diff2 < 1e-6

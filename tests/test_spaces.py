@@ -56,11 +56,17 @@ def test_text_sample_draws_non_ascii_and_differs_across_seeds():
 
 def test_text_equality_hash_pickle_and_rng_state_survive():
     a = Text(10, min_length=1, seed=3)
-    assert a == Text(10, min_length=1) and a != Text(11, min_length=1) and hash(a) == hash(Text(10, min_length=1))
+    assert (
+        a == Text(10, min_length=1)
+        and a != Text(11, min_length=1)
+        and hash(a) == hash(Text(10, min_length=1))
+    )
     a.sample()
     b = pickle.loads(pickle.dumps(a))
     c = copy.deepcopy(a)
-    assert b == a and [b.sample() for _ in range(3)] == [a.sample() for _ in range(3)] == [c.sample() for _ in range(3)]
+    assert b == a and [b.sample() for _ in range(3)] == [a.sample() for _ in range(3)] == [
+        c.sample() for _ in range(3)
+    ]
 
 
 def test_text_jsonable_round_trip():
@@ -69,8 +75,15 @@ def test_text_jsonable_round_trip():
     assert space.from_jsonable(json.loads(json.dumps(space.to_jsonable(batch)))) == batch
 
 
-@pytest.mark.parametrize("kwargs,field", [({"max_length": -1}, "max_length"), ({"max_length": 3, "min_length": 4}, "min_length"),
-                                          ({"max_length": 2.5}, "max_length"), ({"alphabet": ""}, "alphabet")])
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"max_length": -1}, "max_length"),
+        ({"max_length": 3, "min_length": 4}, "min_length"),
+        ({"max_length": 2.5}, "max_length"),
+        ({"alphabet": ""}, "alphabet"),
+    ],
+)
 def test_text_config_errors_name_the_field(kwargs, field):
     with pytest.raises(ConfigError, match=f"Text.{field}"):
         Text(**kwargs)
@@ -84,8 +97,13 @@ def test_text_batches_in_gymnasium_vector_utils():
 GOOD = [
     {"role": "system", "content": "You are helpful."},
     {"role": "user", "content": UNICODE},
-    {"role": "assistant", "content": "", "tool_calls": [{"id": "1", "type": "function",
-                                                         "function": {"name": "calc", "arguments": {"x": 1}}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "1", "type": "function", "function": {"name": "calc", "arguments": {"x": 1}}}
+        ],
+    },
     {"role": "tool", "content": "1", "tool_call_id": "1", "name": "calc"},
 ]
 
@@ -95,16 +113,19 @@ def test_chat_accepts_messages_with_tool_calls():
     assert Chat(8).contains([])
 
 
-@pytest.mark.parametrize("bad,reason", [
-    ([{"role": "bot", "content": "x"}], "role 'bot'"),
-    ([{"role": "user"}], "without 'content'"),
-    ([{"role": "user", "content": 3}], "content"),
-    ([{"role": "user", "content": "x", "extra": 1}], "unknown key 'extra'"),
-    ([{"role": "assistant", "content": "", "tool_calls": [{"function": {}}]}], "function.name"),
-    ([{"role": "tool", "content": "x", "tool_call_id": 5}], "tool_call_id"),
-    ("not a list", "not list"),
-    ([["role", "user"]], "not dict"),
-])
+@pytest.mark.parametrize(
+    "bad,reason",
+    [
+        ([{"role": "bot", "content": "x"}], "role 'bot'"),
+        ([{"role": "user"}], "without 'content'"),
+        ([{"role": "user", "content": 3}], "content"),
+        ([{"role": "user", "content": "x", "extra": 1}], "unknown key 'extra'"),
+        ([{"role": "assistant", "content": "", "tool_calls": [{"function": {}}]}], "function.name"),
+        ([{"role": "tool", "content": "x", "tool_call_id": 5}], "tool_call_id"),
+        ("not a list", "not list"),
+        ([["role", "user"]], "not dict"),
+    ],
+)
 def test_chat_rejects_bad_messages_with_a_reason(bad, reason):
     space = Chat(8)
     assert not space.contains(bad)
@@ -117,8 +138,15 @@ def test_chat_limits_message_count_and_roles():
     assert Chat(8, min_messages=2).why_not(GOOD[:1]).startswith("1 messages")
 
 
-messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant", "tool"]),
-                                           "content": st.text(max_size=20)}), max_size=6)
+messages = st.lists(
+    st.fixed_dictionaries(
+        {
+            "role": st.sampled_from(["system", "user", "assistant", "tool"]),
+            "content": st.text(max_size=20),
+        }
+    ),
+    max_size=6,
+)
 
 
 @settings(max_examples=40, deadline=None)

@@ -77,12 +77,19 @@ kwargs = { num_letters = 2 }
 """
 
 # a training mixture of registered envs only: a Ray worker imports what the suite names by id itself
-MIX_SUITE = ('name = "mix"\nmax_turns = 1\n'
-             '[[env]]\nname = "two"\nweight = 3.0\nid = "gymllm/TinyRepeat-v0"\nkwargs = { num_letters = 2 }\n'
-             '[[env]]\nname = "three"\nweight = 1.0\nid = "gymllm/TinyRepeat-v0"\nkwargs = { num_letters = 3 }\n')
+MIX_SUITE = (
+    'name = "mix"\nmax_turns = 1\n'
+    '[[env]]\nname = "two"\nweight = 3.0\nid = "gymllm/TinyRepeat-v0"\nkwargs = { num_letters = 2 }\n'
+    '[[env]]\nname = "three"\nweight = 1.0\nid = "gymllm/TinyRepeat-v0"\nkwargs = { num_letters = 3 }\n'
+)
 
-EVAL_ARGS = dict(model=Policies(name=("tiny-qwen3",)), max_concurrency_per_env=3, engine=EngineShape(num_slots=4, max_len=64),
-                 episode_timeout_s=120.0, progress=False)
+EVAL_ARGS = dict(
+    model=Policies(name=("tiny-qwen3",)),
+    max_concurrency_per_env=3,
+    engine=EngineShape(num_slots=4, max_len=64),
+    episode_timeout_s=120.0,
+    progress=False,
+)
 
 
 @pytest.fixture
@@ -100,7 +107,9 @@ def test_a_mixture_over_slot_envs_plays_what_the_in_process_mixture_plays(tmp_pa
     or tells sub-envs of a vector env (in process here; Ray env workers in cluster mode) what to play."""
     monkeypatch.syspath_prepend(str(HERE))  # user_envs: a user's module (in process only)
     path = tmp_path / "two.toml"
-    path.write_text(MIX_SUITE + '[[env]]\nname = "count"\nid = "user_envs:make_count"\nkwargs = { start = 5 }\n')
+    path.write_text(
+        MIX_SUITE + '[[env]]\nname = "count"\nid = "user_envs:make_count"\nkwargs = { start = 5 }\n'
+    )
     suite = load_suite(path)
     local = MixtureEnvs(suite, num_envs=4, seed=3)
     slots = MixtureEnvs(suite, num_envs=4, seed=3, vec=mixture_vec(suite, 4))
@@ -120,7 +129,9 @@ def test_a_mixture_over_slot_envs_plays_what_the_in_process_mixture_plays(tmp_pa
         slots.close()
     assert a == b
     assert {name for name, *_ in a} == {"two", "three", "count"}
-    assert any(r == 1.0 for *_, r, _ in a)  # the echoed letter solves the repeat envs: rewards are not all 0
+    assert any(
+        r == 1.0 for *_, r, _ in a
+    )  # the echoed letter solves the repeat envs: rewards are not all 0
 
 
 def test_slot_env_errors_name_the_fix(mix_file):
@@ -132,7 +143,9 @@ def test_slot_env_errors_name_the_fix(mix_file):
     with pytest.raises(ConfigError, match="reset"):
         env.step("a")
     obs, info = env.reset(seed=0, options={"suite_env": "two"})
-    assert info["suite_env"] == "two" and env.reset(seed=1)[1]["suite_env"] == "two"  # an autoreset replays it
+    assert (
+        info["suite_env"] == "two" and env.reset(seed=1)[1]["suite_env"] == "two"
+    )  # an autoreset replays it
     env.close()
     with pytest.raises(ConfigError, match="num_envs=4"):
         MixtureEnvs(load_suite(mix_file), num_envs=4, vec=mixture_vec(load_suite(mix_file), 2))
@@ -146,26 +159,68 @@ def test_eval_takes_the_cluster_flags_of_train_and_refuses_learner_hosts(monkeyp
         eval_main(["suite", "--help"])
     assert done.value.code == 0
     text = capsys.readouterr().out
-    for flag in ("--cluster.backend", "--cluster.address", "--cluster.env-workers", "--cluster.engine-replicas",
-                 "--cluster.engine-num-gpus", "--cluster.env-resources"):
+    for flag in (
+        "--cluster.backend",
+        "--cluster.address",
+        "--cluster.env-workers",
+        "--cluster.engine-replicas",
+        "--cluster.engine-num-gpus",
+        "--cluster.env-resources",
+    ):
         assert flag in text
 
     class Seen(Exception):
         pass
 
-    def placement(cluster, *, num_envs):  # what `gymllm eval suite` hands the Ray placement, without starting Ray
+    def placement(
+        cluster, *, num_envs
+    ):  # what `gymllm eval suite` hands the Ray placement, without starting Ray
         raise Seen(cluster, num_envs)
 
     monkeypatch.setattr(cluster_mod, "SuiteOnRay", placement)
     with pytest.raises(Seen) as seen:
-        eval_main(["suite", "--eval.suite", "core", "--model.name", "tiny-qwen3", "--cluster.backend", "ray",
-                   "--cluster.address", "auto", "--cluster.env-workers", "3", "--cluster.engine-replicas",
-                   "2", "--cluster.env-resources", "sandbox", "1"])
-    assert seen.value.args == (ClusterSection(backend="ray", address="auto", env_workers=3, engine_replicas=2,
-                                              env_resources={"sandbox": 1.0}), len(load_suite("core").envs))
+        eval_main(
+            [
+                "suite",
+                "--eval.suite",
+                "core",
+                "--model.name",
+                "tiny-qwen3",
+                "--cluster.backend",
+                "ray",
+                "--cluster.address",
+                "auto",
+                "--cluster.env-workers",
+                "3",
+                "--cluster.engine-replicas",
+                "2",
+                "--cluster.env-resources",
+                "sandbox",
+                "1",
+            ]
+        )
+    assert seen.value.args == (
+        ClusterSection(
+            backend="ray",
+            address="auto",
+            env_workers=3,
+            engine_replicas=2,
+            env_resources={"sandbox": 1.0},
+        ),
+        len(load_suite("core").envs),
+    )
     with pytest.raises(Seen) as seen:  # env ids as a one-off suite on the cluster
-        eval_main(["suite", "--eval.envs", "gymllm/Arithmetic-v0", "--model.name", "tiny-qwen3",
-                   "--cluster.backend", "ray"])
+        eval_main(
+            [
+                "suite",
+                "--eval.envs",
+                "gymllm/Arithmetic-v0",
+                "--model.name",
+                "tiny-qwen3",
+                "--cluster.backend",
+                "ray",
+            ]
+        )
     assert seen.value.args == (ClusterSection(backend="ray"), 1)
     monkeypatch.undo()
     with pytest.raises(ConfigError, match="learner_hosts=0"):
@@ -174,8 +229,10 @@ def test_eval_takes_the_cluster_flags_of_train_and_refuses_learner_hosts(monkeyp
 
 # ------------------------------------------------------------------------------ on a Ray cluster
 
-ray_needed = pytest.mark.skipif(__import__("importlib").util.find_spec("ray") is None,
-                                reason="the cluster tests need the optional package ray (pip install 'gymllm[ray]')")
+ray_needed = pytest.mark.skipif(
+    __import__("importlib").util.find_spec("ray") is None,
+    reason="the cluster tests need the optional package ray (pip install 'gymllm[ray]')",
+)
 
 
 @pytest.fixture(scope="module")
@@ -192,7 +249,9 @@ def cluster():
 
 
 def ray_section(address: str, **kw) -> ClusterSection:
-    return ClusterSection(backend="ray", address=address, env_num_cpus=0.25, engine_num_cpus=0.5, **kw)
+    return ClusterSection(
+        backend="ray", address=address, env_num_cpus=0.25, engine_num_cpus=0.5, **kw
+    )
 
 
 def rows_by_key(out: pathlib.Path) -> dict[tuple, dict]:
@@ -212,17 +271,29 @@ def eval_local_and_on_ray(tmp_path, suite_text: str, cluster_section: ClusterSec
     suite_path.write_text(suite_text)
     picked = SuiteSelection(suite=str(suite_path))
     assert eval_suite(SuiteEval(eval=picked, out=str(tmp_path / "local"), **EVAL_ARGS)) == 0
-    assert eval_suite(SuiteEval(eval=picked, out=str(tmp_path / "ray"), **EVAL_ARGS, cluster=cluster_section)) == 0
+    assert (
+        eval_suite(
+            SuiteEval(eval=picked, out=str(tmp_path / "ray"), **EVAL_ARGS, cluster=cluster_section)
+        )
+        == 0
+    )
     local, remote = rows_by_key(tmp_path / "local"), rows_by_key(tmp_path / "ray")
     suite = load_suite(suite_path)
     expected = {("tiny-qwen3", e.name, seed, m) for e in suite.envs for _, seed, m in work_items(e)}
     assert set(local) == set(remote) == expected
     fields = ("reward", "success", "turns", "tokens")
-    assert {k: [r[f] for f in fields] for k, r in remote.items()} == {k: [r[f] for f in fields] for k, r in local.items()}
+    assert {k: [r[f] for f in fields] for k, r in remote.items()} == {
+        k: [r[f] for f in fields] for k, r in local.items()
+    }
     for k in expected:  # a failing env's episodes are error rows on both paths, the others are not
-        assert (local[k]["error"] is None) == (remote[k]["error"] is None) == (k[1] != "failing"), (local[k], remote[k])
+        assert (local[k]["error"] is None) == (remote[k]["error"] is None) == (k[1] != "failing"), (
+            local[k],
+            remote[k],
+        )
     summaries = [json.loads((tmp_path / d / "summary.json").read_text()) for d in ("local", "ray")]
-    assert summaries[0]["results"] == summaries[1]["results"]  # the same summary, intervals included
+    assert (
+        summaries[0]["results"] == summaries[1]["results"]
+    )  # the same summary, intervals included
     return suite, local, remote
 
 
@@ -237,13 +308,18 @@ def test_suite_eval_on_ray_gives_the_rows_of_the_in_process_run(tmp_path, cluste
 @ray_needed
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_suite_eval_on_two_replicas_and_two_env_workers_gives_the_in_process_rows(tmp_path, cluster):
+def test_suite_eval_on_two_replicas_and_two_env_workers_gives_the_in_process_rows(
+    tmp_path, cluster
+):
     """Two engine replicas behind the pool (requests of one policy spread over both) and two env
     actors per env, three envs in flight: still the in-process rows (the per-request seeds do not
     depend on the replica or the batch)."""
-    _, local, _ = eval_local_and_on_ray(tmp_path, EVAL_SUITE, ray_section(cluster.address, engine_replicas=2,
-                                                                          env_workers=2))
-    assert 0 < sum(r["reward"] for r in local.values() if r["env"] != "failing") < len(local) - 4  # rewards vary
+    _, local, _ = eval_local_and_on_ray(
+        tmp_path, EVAL_SUITE, ray_section(cluster.address, engine_replicas=2, env_workers=2)
+    )
+    assert (
+        0 < sum(r["reward"] for r in local.values() if r["env"] != "failing") < len(local) - 4
+    )  # rewards vary
 
 
 def group_rewards(run_dir: pathlib.Path) -> dict[str, list[tuple[str, float]]]:
@@ -261,8 +337,12 @@ def test_a_mixture_on_ray_env_workers_plays_what_the_in_process_mixture_plays(mi
     rewards of the in-process mixture."""
     suite = load_suite(mix_file)
     local = MixtureEnvs(suite, num_envs=4, seed=5)
-    remote = MixtureEnvs(suite, num_envs=4, seed=5, vec=mixture_vec(
-        suite, 4, backend="ray", ray_options={"num_workers": 2, "num_cpus": 0.25}))
+    remote = MixtureEnvs(
+        suite,
+        num_envs=4,
+        seed=5,
+        vec=mixture_vec(suite, 4, backend="ray", ray_options={"num_workers": 2, "num_cpus": 0.25}),
+    )
 
     async def play(envs):
         out = []
@@ -285,7 +365,9 @@ def test_a_mixture_on_ray_env_workers_plays_what_the_in_process_mixture_plays(mi
 @ray_needed
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_training_on_a_mixture_on_ray_logs_per_env_groups_like_in_process(tmp_path, cluster, mix_file):
+def test_training_on_a_mixture_on_ray_logs_per_env_groups_like_in_process(
+    tmp_path, cluster, mix_file
+):
     """2 steps on a two-env mixture with the sub-envs on 2 Ray env workers and the engine on a replica
     actor: env/<name>/groups per env, summing to the groups that finished, and (eta = 0, seeded
     sampling) the same trained groups and rewards as the in-process mixture run."""
@@ -300,10 +382,16 @@ def test_training_on_a_mixture_on_ray_logs_per_env_groups_like_in_process(tmp_pa
     local = train(config(tmp_path / "local"))
     remote = train(config(tmp_path / "ray", ray_section(cluster.address, env_workers=2)))
     assert remote.steps == local.steps == 2
-    rows = [json.loads(line) for line in (tmp_path / "ray" / "metrics.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line) for line in (tmp_path / "ray" / "metrics.jsonl").read_text().splitlines()
+    ]
     last = rows[-1]
     groups = {n: last.get(f"env/{n}/groups", 0) for n in ("two", "three")}  # counts so far, by env
     assert all(groups.values()), last  # both envs drawn (the draw is seeded: the same every run)
-    assert sum(groups.values()) == sum(r.get("rollout_groups", 0) for r in rows)  # every finished group, by env
+    assert sum(groups.values()) == sum(
+        r.get("rollout_groups", 0) for r in rows
+    )  # every finished group, by env
     assert all(f"env/{n}/weight" in last for n in groups)
-    assert group_rewards(tmp_path / "ray") == group_rewards(tmp_path / "local")  # the same groups and rewards
+    assert group_rewards(tmp_path / "ray") == group_rewards(
+        tmp_path / "local"
+    )  # the same groups and rewards

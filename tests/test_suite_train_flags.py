@@ -14,8 +14,10 @@ from gymllm.errors import ConfigError
 @pytest.fixture
 def suite_file(tmp_path):
     path = tmp_path / "two.toml"
-    path.write_text('name = "two"\n[[env]]\nid = "gymllm/TinyRepeat-v0"\nname = "repeat"\n'
-                    '[[env]]\nid = "gymllm/Arithmetic-v0"\nname = "arith"\n')
+    path.write_text(
+        'name = "two"\n[[env]]\nid = "gymllm/TinyRepeat-v0"\nname = "repeat"\n'
+        '[[env]]\nid = "gymllm/Arithmetic-v0"\nname = "arith"\n'
+    )
     return str(path)
 
 
@@ -31,13 +33,29 @@ def test_any_preset_trains_on_a_suite():
     assert parse_train_args(["--preset", "tiny", "--env.suite=core"]).env.suite == "core"
 
 
-@pytest.mark.parametrize("flag,value", [("--env.id", "gymllm/Arithmetic-v0"), ("--env-kwargs", '{"digits": 1}')])
+@pytest.mark.parametrize(
+    "flag,value", [("--env.id", "gymllm/Arithmetic-v0"), ("--env-kwargs", '{"digits": 1}')]
+)
 def test_suite_with_an_env_flag_is_a_clear_error(flag, value, tmp_path, capsys):
     with pytest.raises(ConfigError) as e:
         parse_train_args(["--preset", "tiny", "--env.suite", "core", flag, value])
     assert f"--env.suite S or {flag}, not both" in str(e.value) and f"drop {flag}" in str(e.value)
-    assert main(["train", "--preset", "tiny", "--run-dir", str(tmp_path / "r"), "--env.suite", "core", flag,
-                 value]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--preset",
+                "tiny",
+                "--run-dir",
+                str(tmp_path / "r"),
+                "--env.suite",
+                "core",
+                flag,
+                value,
+            ]
+        )
+        == 2
+    )
     assert "not both" in capsys.readouterr().err
 
 
@@ -53,7 +71,10 @@ def test_eval_suite_evaluates_a_suites_envs(suite_file):
         from gymllm.rollout import ModelAgent
 
         # each env played by the agent its table (else its reset) asks for: a model agent for these two
-        assert [i for i, _, _ in hook.evaluator.specs] == ["gymllm/TinyRepeat-v0", "gymllm/Arithmetic-v0"]
+        assert [i for i, _, _ in hook.evaluator.specs] == [
+            "gymllm/TinyRepeat-v0",
+            "gymllm/Arithmetic-v0",
+        ]
         assert all(isinstance(a, ModelAgent) for _, _, a in hook.evaluator.specs)
     finally:
         hook.close()

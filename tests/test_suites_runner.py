@@ -21,7 +21,7 @@ from gymllm.suites.results import ResultsFile, row_key
 from gymllm.suites.runner import PolicySpec, RunnerConfig, run_suite, work_items
 from gymllm.suites.spec import load_suite
 
-USER_MODULE = '''
+USER_MODULE = """
 import gymnasium
 from gymllm.core import TextEnv
 
@@ -39,10 +39,16 @@ class UserWord(TextEnv):
 
 
 gymnasium.register(id="UserWordRun-v0", entry_point=__name__ + ":UserWord")
-'''
+"""
 
-CONFIG = RunnerConfig(max_concurrency_per_env=4, num_slots=8, max_len=256, episode_timeout_s=120, progress=False,
-                      num_resamples=300)
+CONFIG = RunnerConfig(
+    max_concurrency_per_env=4,
+    num_slots=8,
+    max_len=256,
+    episode_timeout_s=120,
+    progress=False,
+    num_resamples=300,
+)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +63,8 @@ def user_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def suite_file(tmp_path_factory, user_dir):
     path = tmp_path_factory.mktemp("suite") / "mixed.toml"
-    path.write_text(textwrap.dedent("""
+    path.write_text(
+        textwrap.dedent("""
         name = "mixed"
         k = 2
         num_seeds = 2
@@ -86,7 +93,8 @@ def suite_file(tmp_path_factory, user_dir):
         id = "gymllm/Arithmetic-v0"
         name = "arithmetic"
         weight = 2.0
-    """))
+    """)
+    )
     return path
 
 
@@ -99,8 +107,11 @@ def loaded():
 def run(tmp_path_factory, suite_file, loaded):
     out = tmp_path_factory.mktemp("run")
     suite = load_suite(suite_file)
-    policies = [PolicySpec(label="a", loaded=loaded[0]), PolicySpec(label="b", loaded=loaded[1]),
-                PolicySpec(label="oracle", oracle=True)]
+    policies = [
+        PolicySpec(label="a", loaded=loaded[0]),
+        PolicySpec(label="b", loaded=loaded[1]),
+        PolicySpec(label="oracle", oracle=True),
+    ]
     summary = run_suite(suite, policies, out, config=CONFIG)
     return out, suite, summary
 
@@ -122,7 +133,17 @@ def test_every_row_once_with_its_fields(run):
     assert len(keys) == len(set(keys)) and set(keys) == expected_keys(suite, ("a", "b", "oracle"))
     assert len(rows) == 2 * (9 + 4 + 4 + 4) + 4
     for r in rows:
-        assert set(r) == {"policy", "env", "seed", "sample", "reward", "success", "turns", "tokens", "error"}
+        assert set(r) == {
+            "policy",
+            "env",
+            "seed",
+            "sample",
+            "reward",
+            "success",
+            "turns",
+            "tokens",
+            "error",
+        }
         if r["env"] == "failing":
             assert r["error"] and "deliberate failure" in r["error"] and r["success"] is False
         else:
@@ -142,22 +163,39 @@ def test_summary_entries_comparisons_and_the_oracle(run):
         assert by[(p, "repeat")]["k"] == 3 and set(by[(p, "repeat")]["pass_at"]) == {"1", "2", "3"}
         assert by[(p, "failing")]["errors"] == 4 and by[(p, "failing")]["pass_at"]["1"] == 0.0
         assert by[(p, "*")]["errors"] == 4 and by[(p, "*")]["k"] == 2
-    assert by[("oracle", "arithmetic")]["pass_at"] == {"1": 1.0, "2": 1.0}  # the env and its scorer agree
+    assert by[("oracle", "arithmetic")]["pass_at"] == {
+        "1": 1.0,
+        "2": 1.0,
+    }  # the env and its scorer agree
     assert by[("oracle", "arithmetic")]["mean_reward_ci"] == [1.0, 1.0]
     assert any("no demo solver" in n and "repeat" in n for n in summary["notes"])
     pairs = {(c["a"], c["b"], c["env"], c["metric"]) for c in summary["comparisons"]}
     for env in ("repeat", "user", "failing", "arithmetic", "*"):
         for metric in ("mean_reward", "pass@1"):
             assert ("a", "b", env, metric) in pairs
-    assert ("a", "oracle", "arithmetic", "pass@1") in pairs and ("a", "oracle", "repeat", "pass@1") not in pairs
-    c = next(c for c in summary["comparisons"] if (c["a"], c["b"], c["env"], c["metric"]) == ("a", "oracle", "*", "pass@1"))
+    assert ("a", "oracle", "arithmetic", "pass@1") in pairs and (
+        "a",
+        "oracle",
+        "repeat",
+        "pass@1",
+    ) not in pairs
+    c = next(
+        c
+        for c in summary["comparisons"]
+        if (c["a"], c["b"], c["env"], c["metric"]) == ("a", "oracle", "*", "pass@1")
+    )
     assert c["diff"] == pytest.approx(-1.0) and c["p_value"] < 0.01
 
 
 def test_report_and_plots(run):
     out, _, _ = run
     md = (out / "report.md").read_text()
-    assert "# Suite `mixed`" in md and "| repeat |" in md and "Paired comparisons" in md and "oracle" in md
+    assert (
+        "# Suite `mixed`" in md
+        and "| repeat |" in md
+        and "Paired comparisons" in md
+        and "oracle" in md
+    )
     for png in ("rewards.png", "pass_at_k.png"):
         data = (out / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
@@ -176,11 +214,22 @@ def test_rows_match_the_evaluation_path_of_gymllm_eval(run, loaded):
 
     out, suite, summary = run
     e = suite.env("repeat")
-    config = EvalConfig(seeds=len(e.seeds), k=e.k, seed_base=e.seed_base, max_turns=e.max_turns,
-                        success_threshold=e.success_threshold,
-                        sampling=SamplingParams(temperature=e.temperature, max_tokens=e.max_tokens))
-    row = asyncio.run(eval_env(e.id, loaded[0], config=config, env_kwargs=e.kwargs, max_len=CONFIG.max_len))
-    ours = [r for r in ResultsFile(out / "results.jsonl").read() if r["policy"] == "a" and r["env"] == "repeat"]
+    config = EvalConfig(
+        seeds=len(e.seeds),
+        k=e.k,
+        seed_base=e.seed_base,
+        max_turns=e.max_turns,
+        success_threshold=e.success_threshold,
+        sampling=SamplingParams(temperature=e.temperature, max_tokens=e.max_tokens),
+    )
+    row = asyncio.run(
+        eval_env(e.id, loaded[0], config=config, env_kwargs=e.kwargs, max_len=CONFIG.max_len)
+    )
+    ours = [
+        r
+        for r in ResultsFile(out / "results.jsonl").read()
+        if r["policy"] == "a" and r["env"] == "repeat"
+    ]
     assert row["seeds"] == list(e.seeds)
     assert np.mean([r["reward"] for r in ours]) == pytest.approx(row["mean_reward"], abs=1e-9)
     assert np.mean([r["success"] for r in ours]) == pytest.approx(row["pass@1"])
@@ -189,13 +238,20 @@ def test_rows_match_the_evaluation_path_of_gymllm_eval(run, loaded):
 def test_resume_repairs_a_torn_line_and_fills_in_the_missing_rows(run, tmp_path, loaded):
     out, suite, _ = run
     lines = (out / "results.jsonl").read_bytes().splitlines(keepends=True)
-    keep = [ln for ln in lines if json.loads(ln)["policy"] != "b" or json.loads(ln)["env"] != "repeat"]
+    keep = [
+        ln for ln in lines if json.loads(ln)["policy"] != "b" or json.loads(ln)["env"] != "repeat"
+    ]
     dropped = len(lines) - len(keep)
     assert dropped == 9
-    (tmp_path / "results.jsonl").write_bytes(b"".join(keep) + b'{"policy": "b", "env": "rep')  # torn by a kill
+    (tmp_path / "results.jsonl").write_bytes(
+        b"".join(keep) + b'{"policy": "b", "env": "rep'
+    )  # torn by a kill
     (tmp_path / "suite.json").write_bytes((out / "suite.json").read_bytes())
-    policies = [PolicySpec(label="a", loaded=loaded[0]), PolicySpec(label="b", loaded=loaded[1]),
-                PolicySpec(label="oracle", oracle=True)]
+    policies = [
+        PolicySpec(label="a", loaded=loaded[0]),
+        PolicySpec(label="b", loaded=loaded[1]),
+        PolicySpec(label="oracle", oracle=True),
+    ]
     with pytest.raises(Exception, match="--resume"):
         run_suite(suite, policies, tmp_path, config=CONFIG)
     summary = run_suite(suite, policies, tmp_path, config=CONFIG, resume=True)
@@ -211,19 +267,28 @@ def test_resume_refuses_a_different_suite(run, tmp_path):
     (tmp_path / "results.jsonl").write_bytes((out / "results.jsonl").read_bytes())
     other = load_suite(suite.source, overrides={"num_seeds": 5})
     with pytest.raises(Exception, match="same suite file"):
-        run_suite(other, [PolicySpec(label="oracle", oracle=True)], tmp_path, config=CONFIG, resume=True)
+        run_suite(
+            other, [PolicySpec(label="oracle", oracle=True)], tmp_path, config=CONFIG, resume=True
+        )
 
 
 def _cli(args, env, **kw):
-    return subprocess.Popen([sys.executable, "-m", "gymllm.cli.suite_cli", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "gymllm.cli.suite_cli", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kw,
+    )
 
 
 def test_kill_9_then_resume_gives_every_row_exactly_once(tmp_path, user_dir):
     """A run of the command line is killed (SIGKILL) once results.jsonl holds 3 rows, a torn line is
     appended as a kill mid-write would leave it, and `--resume` completes the run."""
     suite = tmp_path / "slow.toml"
-    suite.write_text(textwrap.dedent("""
+    suite.write_text(
+        textwrap.dedent("""
         name = "slow"
         k = 2
         num_seeds = 4
@@ -236,11 +301,31 @@ def test_kill_9_then_resume_gives_every_row_exactly_once(tmp_path, user_dir):
         [[env]]
         id = "suite_user_envs:UserWordRun-v0"
         name = "user"
-    """))
+    """)
+    )
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(user_dir), os.environ.get("PYTHONPATH", "")])}
-    args = ["eval", "--eval.suite", str(suite), "--model.name", "tiny-qwen3", "--model.label", "tiny", "--out", str(out),
-            "--max-concurrency-per-env", "1", "--engine.num-slots", "4", "--engine.max-len", "256", "--no-progress"]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(user_dir), os.environ.get("PYTHONPATH", "")]),
+    }
+    args = [
+        "eval",
+        "--eval.suite",
+        str(suite),
+        "--model.name",
+        "tiny-qwen3",
+        "--model.label",
+        "tiny",
+        "--out",
+        str(out),
+        "--max-concurrency-per-env",
+        "1",
+        "--engine.num-slots",
+        "4",
+        "--engine.max-len",
+        "256",
+        "--no-progress",
+    ]
     proc = _cli(args, env)
     results = out / "results.jsonl"
     deadline = time.monotonic() + 500
@@ -254,23 +339,36 @@ def test_kill_9_then_resume_gives_every_row_exactly_once(tmp_path, user_dir):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
     at_kill = results.read_bytes().count(b"\n")
-    assert 3 <= at_kill < 16, at_kill  # killed mid-run: the slow env's 8 rows take >= 8 x 0.4 s one at a time
+    assert 3 <= at_kill < 16, (
+        at_kill
+    )  # killed mid-run: the slow env's 8 rows take >= 8 x 0.4 s one at a time
     with results.open("ab") as f:
         f.write(b'{"policy": "tiny", "env": "slow_a", "seed": 10')
     done = _cli([*args, "--resume"], env)
     output = done.communicate(timeout=600)[0]
     assert done.returncode == 0, output[-3000:]
     keys = [row_key(r) for r in ResultsFile(results).read()]
-    expected = {("tiny", e, s, m) for e in ("slow_a", "user") for s in range(1_000_000, 1_000_004) for m in range(2)}
+    expected = {
+        ("tiny", e, s, m)
+        for e in ("slow_a", "user")
+        for s in range(1_000_000, 1_000_004)
+        for m in range(2)
+    }
     assert len(keys) == len(set(keys)) == 16 and set(keys) == expected
     assert "tiny" in output and "torn" in output
     summary = json.loads((out / "summary.json").read_text())
-    assert {(r["policy"], r["env"]) for r in summary["results"]} == {("tiny", "slow_a"), ("tiny", "user"), ("tiny", "*")}
+    assert {(r["policy"], r["env"]) for r in summary["results"]} == {
+        ("tiny", "slow_a"),
+        ("tiny", "user"),
+        ("tiny", "*"),
+    }
 
 
 def test_cli_errors_are_one_line(tmp_path):
-    proc = _cli(["eval", "--eval.suite", "cor", "--model.name", "tiny-qwen3", "--out", str(tmp_path / "o")],
-                dict(os.environ))
+    proc = _cli(
+        ["eval", "--eval.suite", "cor", "--model.name", "tiny-qwen3", "--out", str(tmp_path / "o")],
+        dict(os.environ),
+    )
     text = proc.communicate(timeout=120)[0]
     assert proc.returncode == 2 and "error: SuiteError" in text and "did you mean core" in text
     proc = _cli(["compare", str(tmp_path)], dict(os.environ))
@@ -286,8 +384,15 @@ def test_compare_pools_directories(run, tmp_path, capsys):
     text = capsys.readouterr().out
     assert "| a | b | * | mean_reward |" in text
     cmp = json.loads((tmp_path / "cmp.json").read_text())
-    ran = json.loads((out / "summary.json").read_text())["comparisons"]  # its intervals: fewer resamples
-    strip = lambda cs: [(c["a"], c["b"], c["env"], c["metric"], c["pairs"], round(c["diff"], 12)) for c in cs]  # noqa: E731
+    ran = json.loads((out / "summary.json").read_text())[
+        "comparisons"
+    ]  # its intervals: fewer resamples
+
+    def strip(cs):
+        return [
+            (c["a"], c["b"], c["env"], c["metric"], c["pairs"], round(c["diff"], 12)) for c in cs
+        ]
+
     assert strip(cmp["comparisons"]) == strip(ran)
     # the same labels in two directories are told apart by the directory's name
     twin = tmp_path / "twin"
@@ -306,12 +411,40 @@ def test_a_user_env_named_on_the_command_line(tmp_path, user_dir, capsys):
     from gymllm.cli.suite_cli import policy_label
 
     out = tmp_path / "one_off"
-    assert eval_main(["suite", "--eval.envs", "suite_user_envs:UserWordRun-v0", "--model.name", "tiny-qwen3", "--out",
-                      str(out), "--eval.seeds", "2", "--eval.k", "2", "--sampling.max-tokens", "4", "--eval.max-turns",
-                      "1", "--engine.num-slots", "8", "--engine.max-len", "256", "--max-concurrency-per-env", "4",
-                      "--no-progress", "--oracle"]) == 0
+    assert (
+        eval_main(
+            [
+                "suite",
+                "--eval.envs",
+                "suite_user_envs:UserWordRun-v0",
+                "--model.name",
+                "tiny-qwen3",
+                "--out",
+                str(out),
+                "--eval.seeds",
+                "2",
+                "--eval.k",
+                "2",
+                "--sampling.max-tokens",
+                "4",
+                "--eval.max-turns",
+                "1",
+                "--engine.num-slots",
+                "8",
+                "--engine.max-len",
+                "256",
+                "--max-concurrency-per-env",
+                "4",
+                "--no-progress",
+                "--oracle",
+            ]
+        )
+        == 0
+    )
     rows = ResultsFile(out / "results.jsonl").read()
-    assert {(r["policy"], r["env"]) for r in rows} == {("tiny-qwen3", "suite_user_envs:UserWordRun-v0")}
+    assert {(r["policy"], r["env"]) for r in rows} == {
+        ("tiny-qwen3", "suite_user_envs:UserWordRun-v0")
+    }
     assert len(rows) == 4 and all(r["error"] is None for r in rows)
     summary = json.loads((out / "summary.json").read_text())
     assert any("no demo solver" in n for n in summary["notes"])

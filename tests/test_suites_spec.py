@@ -12,7 +12,14 @@ import pytest
 import gymllm
 from gymllm.suites.resolve import make_vec_for
 from gymllm.registration import resolve_env_id
-from gymllm.suites.spec import SUITES_DIR, SuiteError, load_suite, one_off_suite, parse_suite, shipped_suites
+from gymllm.suites.spec import (
+    SUITES_DIR,
+    SuiteError,
+    load_suite,
+    one_off_suite,
+    parse_suite,
+    shipped_suites,
+)
 
 USER_MODULE = '''
 import gymnasium
@@ -48,7 +55,9 @@ NOT_CALLABLE = 3
 def user_module(tmp_path, monkeypatch):
     """A module of the user's, importable by name, that registers ``UserEchoSpec-v0`` on import."""
     name = f"user_envs_{tmp_path.name.replace('-', '_')}"
-    (tmp_path / f"{name}.py").write_text(textwrap.dedent(USER_MODULE.replace("{env_id}", "UserEchoSpec-v0")))
+    (tmp_path / f"{name}.py").write_text(
+        textwrap.dedent(USER_MODULE.replace("{env_id}", "UserEchoSpec-v0"))
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     yield name
     sys.modules.pop(name, None)
@@ -68,12 +77,16 @@ def test_shipped_suites_load_by_name_and_by_path():
     for name in ("games", "reasoning"):
         suite = load_suite(name)
         assert suite.name == name and len(suite.envs) >= 5
-        assert all(isinstance(e.target, str) and e.target in gymllm.registration.registered_ids() for e in suite.envs)
+        assert all(
+            isinstance(e.target, str) and e.target in gymllm.registration.registered_ids()
+            for e in suite.envs
+        )
 
 
 def test_defaults_are_overridden_per_env_and_by_overrides(tmp_path):
     path = tmp_path / "s.toml"
-    path.write_text(textwrap.dedent("""
+    path.write_text(
+        textwrap.dedent("""
         name = "mine"
         k = 2
         num_seeds = 3
@@ -89,12 +102,19 @@ def test_defaults_are_overridden_per_env_and_by_overrides(tmp_path):
         kwargs = { episode_length = 2 }
         agent = "model"
         system_prompt = "Be brief."
-    """))
+    """)
+    )
     s = load_suite(path)
     a, b = s.envs
     assert (a.name, a.k, a.seeds, a.weight) == ("gymllm/Echo-v0", 2, (50, 51, 52), 1.0)
-    assert (b.name, b.k, b.seeds, b.kwargs, b.agent, b.system_prompt) == ("echo2", 5, (7, 9), {"episode_length": 2},
-                                                                          "model", "Be brief.")
+    assert (b.name, b.k, b.seeds, b.kwargs, b.agent, b.system_prompt) == (
+        "echo2",
+        5,
+        (7, 9),
+        {"episode_length": 2},
+        "model",
+        "Be brief.",
+    )
     assert s.weights == {"gymllm/Echo-v0": 0.25, "echo2": 0.75}
     o = load_suite(path, overrides={"k": 1, "num_seeds": 2})
     assert [(e.k, e.seeds) for e in o.envs] == [(1, (50, 51)), (1, (50, 51))]
@@ -117,12 +137,26 @@ ECHO = {"id": "gymllm/Echo-v0"}
 
 def test_malformed_suites_name_the_key_the_table_and_the_fix():
     _bad({"nmae": "x", "env": [ECHO]}, "top level", "'nmae'", "rename it to 'name'")
-    _bad({"env": [{**ECHO, "kwarg": {}}]}, "[[env]] #1 (id = 'gymllm/Echo-v0')", "'kwarg'", "rename it to 'kwargs'")
-    _bad({"env": [ECHO, {**ECHO, "name": "x"}, {"id": "gymllm/Arithmetic-v0", "name": "x"}]},
-         "[[env]] #3", "'name'", "also the name of [[env]] #2", "distinct name")
+    _bad(
+        {"env": [{**ECHO, "kwarg": {}}]},
+        "[[env]] #1 (id = 'gymllm/Echo-v0')",
+        "'kwarg'",
+        "rename it to 'kwargs'",
+    )
+    _bad(
+        {"env": [ECHO, {**ECHO, "name": "x"}, {"id": "gymllm/Arithmetic-v0", "name": "x"}]},
+        "[[env]] #3",
+        "'name'",
+        "also the name of [[env]] #2",
+        "distinct name",
+    )
     _bad({"env": [ECHO, ECHO]}, "[[env]] #2", "unique")  # both default to the id
     _bad({"env": [{"id": "gymllm/Arithmetik-v0"}]}, "[[env]] #1", "'id'", "gymllm/Arithmetic-v0")
-    _bad({"env": [{**ECHO, "seeds": [1, 2], "num_seeds": 2}]}, "'seeds' and 'num_seeds'", "drop num_seeds")
+    _bad(
+        {"env": [{**ECHO, "seeds": [1, 2], "num_seeds": 2}]},
+        "'seeds' and 'num_seeds'",
+        "drop num_seeds",
+    )
     _bad({"env": [{**ECHO, "seeds": [1, 1]}]}, "'seeds'", "distinct")
     _bad({"env": [{**ECHO, "seeds": []}]}, "'seeds'", "non-empty list")
     _bad({"k": 0, "env": [ECHO]}, "top level: key 'k'", "integer >= 1")
@@ -149,11 +183,19 @@ def test_unknown_suite_names_and_bad_toml(tmp_path):
 
 def test_env_ids_in_all_three_forms(user_module):
     assert resolve_env_id("Arithmetic-v0") == "gymllm/Arithmetic-v0"
-    assert resolve_env_id(f"{user_module}:UserEchoSpec-v0") == "UserEchoSpec-v0"  # the import registered it
+    assert (
+        resolve_env_id(f"{user_module}:UserEchoSpec-v0") == "UserEchoSpec-v0"
+    )  # the import registered it
     factory = resolve_env_id(f"{user_module}:make_env")
     assert callable(factory) and factory(word="yo").word == "yo"
-    suite = parse_suite({"env": [{"id": f"{user_module}:UserEchoSpec-v0", "name": "user"},
-                                 {"id": f"{user_module}:make_env", "name": "factory", "kwargs": {"word": "ok"}}]})
+    suite = parse_suite(
+        {
+            "env": [
+                {"id": f"{user_module}:UserEchoSpec-v0", "name": "user"},
+                {"id": f"{user_module}:make_env", "name": "factory", "kwargs": {"word": "ok"}},
+            ]
+        }
+    )
     for e in suite.envs:
         vec = make_vec_for(e.target, 2, e.kwargs, max_turns=2)
         try:
@@ -178,6 +220,8 @@ def test_env_id_errors_say_what_to_fix(user_module):
 
 
 def test_one_off_suite_is_the_command_lines_envs():
-    s = one_off_suite(["gymllm/Echo-v0", "gymllm/Arithmetic-v0"], env_kwargs={}, k=2, num_seeds=3, seed_base=10)
+    s = one_off_suite(
+        ["gymllm/Echo-v0", "gymllm/Arithmetic-v0"], env_kwargs={}, k=2, num_seeds=3, seed_base=10
+    )
     assert [e.name for e in s.envs] == ["gymllm/Echo-v0", "gymllm/Arithmetic-v0"]
     assert all(e.k == 2 and e.seeds == (10, 11, 12) for e in s.envs)

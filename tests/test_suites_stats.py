@@ -21,7 +21,9 @@ def test_pass_at_k_is_the_share_of_k_subsets_with_a_success(n, c):
         subsets = list(itertools.combinations(range(n), k))
         direct = sum(any(outcomes[i] for i in s) for s in subsets) / len(subsets)
         assert pass_at_k(n, c, k) == pytest.approx(direct, abs=1e-12)
-        assert pass_at_k(n, c, k) == pytest.approx(1 - math.comb(n - c, k) / math.comb(n, k), abs=1e-12)
+        assert pass_at_k(n, c, k) == pytest.approx(
+            1 - math.comb(n - c, k) / math.comb(n, k), abs=1e-12
+        )
 
 
 def test_pass_at_k_rejects_k_above_n():
@@ -35,8 +37,12 @@ def test_pass_at_curve_averages_over_seeds_for_every_j():
     curve = pass_at_curve(seeds, 6)
     assert sorted(curve) == [1, 2, 3, 4, 5, 6]
     for j, v in curve.items():
-        assert v == pytest.approx(np.mean([1 - math.comb(6 - int(s.sum()), j) / math.comb(6, j) for s in seeds]))
-    assert curve[1] == pytest.approx(np.mean([s.mean() for s in seeds]))  # pass@1 is the mean success rate
+        assert v == pytest.approx(
+            np.mean([1 - math.comb(6 - int(s.sum()), j) / math.comb(6, j) for s in seeds])
+        )
+    assert curve[1] == pytest.approx(
+        np.mean([s.mean() for s in seeds])
+    )  # pass@1 is the mean success rate
     assert all(curve[j] <= curve[j + 1] + 1e-12 for j in range(1, 6))
     # an unfinished seed (2 samples) counts only for j <= 2
     partial = pass_at_curve([[True, False, False], [True, True]], 3)
@@ -69,7 +75,9 @@ def test_weighted_bootstrap_interval_covers_the_weighted_mean():
 
 def test_the_same_seed_gives_the_same_interval():
     x = np.linspace(0, 1, 17)
-    assert bootstrap_ci([x], rng=np.random.default_rng(5)) == bootstrap_ci([x], rng=np.random.default_rng(5))
+    assert bootstrap_ci([x], rng=np.random.default_rng(5)) == bootstrap_ci(
+        [x], rng=np.random.default_rng(5)
+    )
 
 
 def test_paired_comparison_of_equal_policies_and_of_a_clear_difference():
@@ -93,7 +101,10 @@ def test_paired_comparison_false_positive_rate_under_the_null():
         base = data_rng.random((20, 2))
         a = [(base + data_rng.normal(0, 0.2, base.shape)).tolist()]
         b = [(base + data_rng.normal(0, 0.2, base.shape)).tolist()]
-        rejections += paired_comparison(a, b, rng=np.random.default_rng(r), num_resamples=500)["p_value"] < 0.05
+        rejections += (
+            paired_comparison(a, b, rng=np.random.default_rng(r), num_resamples=500)["p_value"]
+            < 0.05
+        )
     assert rejections / 200 <= 0.12
 
 
@@ -103,9 +114,17 @@ def test_paired_comparison_requires_the_same_samples():
 
 
 def _suite(**env2):
-    return parse_suite({"name": "s", "k": 3, "env": [{"id": "gymllm/Echo-v0", "name": "e1", "num_seeds": 4},
-                                                     {"id": "gymllm/Echo-v0", "name": "e2", "num_seeds": 4, **env2}]},
-                       resolve=False)
+    return parse_suite(
+        {
+            "name": "s",
+            "k": 3,
+            "env": [
+                {"id": "gymllm/Echo-v0", "name": "e1", "num_seeds": 4},
+                {"id": "gymllm/Echo-v0", "name": "e2", "num_seeds": 4, **env2},
+            ],
+        },
+        resolve=False,
+    )
 
 
 def _rows(policy, env, outcomes, rewards=None, errors=()):
@@ -113,16 +132,30 @@ def _rows(policy, env, outcomes, rewards=None, errors=()):
     for s, samples in enumerate(outcomes):
         for m, ok in enumerate(samples):
             err = "RuntimeError: boom" if (s, m) in errors else None
-            rows.append({"policy": policy, "env": env, "seed": 100 + s, "sample": m,
-                         "reward": None if err else (rewards[s][m] if rewards else float(ok)),
-                         "success": bool(ok) and err is None, "turns": 1, "tokens": 3, "error": err})
+            rows.append(
+                {
+                    "policy": policy,
+                    "env": env,
+                    "seed": 100 + s,
+                    "sample": m,
+                    "reward": None if err else (rewards[s][m] if rewards else float(ok)),
+                    "success": bool(ok) and err is None,
+                    "turns": 1,
+                    "tokens": 3,
+                    "error": err,
+                }
+            )
     return rows
 
 
 def test_summary_pass_at_matches_a_direct_computation_on_rows():
     suite = _suite(weight=3.0)
     rng = np.random.default_rng(3)
-    outcomes = {(p, e): (rng.random((4, 3)) < q).tolist() for p, q in (("a", 0.6), ("b", 0.3)) for e in ("e1", "e2")}
+    outcomes = {
+        (p, e): (rng.random((4, 3)) < q).tolist()
+        for p, q in (("a", 0.6), ("b", 0.3))
+        for e in ("e1", "e2")
+    }
     rows = [r for (p, e), o in outcomes.items() for r in _rows(p, e, o)]
     rows += _rows("a", "e1", [[True]])[:0]
     s = summarize(rows, suite, ["a", "b"], seed=0, num_resamples=500)
@@ -138,15 +171,23 @@ def test_summary_pass_at_matches_a_direct_computation_on_rows():
         assert lo <= entry["mean_reward"] <= hi
     for p in ("a", "b"):
         star = by[(p, "*")]
-        assert star["mean_reward"] == pytest.approx(0.25 * by[(p, "e1")]["mean_reward"] + 0.75 * by[(p, "e2")]["mean_reward"])
-        assert star["pass_at"]["2"] == pytest.approx(0.25 * by[(p, "e1")]["pass_at"]["2"] + 0.75 * by[(p, "e2")]["pass_at"]["2"])
+        assert star["mean_reward"] == pytest.approx(
+            0.25 * by[(p, "e1")]["mean_reward"] + 0.75 * by[(p, "e2")]["mean_reward"]
+        )
+        assert star["pass_at"]["2"] == pytest.approx(
+            0.25 * by[(p, "e1")]["pass_at"]["2"] + 0.75 * by[(p, "e2")]["pass_at"]["2"]
+        )
     comps = {(c["env"], c["metric"]): c for c in s["comparisons"]}
     assert set(comps) == {(e, m) for e in ("e1", "e2", "*") for m in ("mean_reward", "pass@1")}
     d1 = np.mean(np.array(outcomes[("a", "e1")], float) - np.array(outcomes[("b", "e1")], float))
-    assert comps[("e1", "pass@1")]["diff"] == pytest.approx(d1) and comps[("e1", "pass@1")]["a"] == "a"
+    assert (
+        comps[("e1", "pass@1")]["diff"] == pytest.approx(d1) and comps[("e1", "pass@1")]["a"] == "a"
+    )
     d2 = np.mean(np.array(outcomes[("a", "e2")], float) - np.array(outcomes[("b", "e2")], float))
     assert comps[("*", "mean_reward")]["diff"] == pytest.approx(0.25 * d1 + 0.75 * d2)
-    assert summarize(rows, suite, ["a", "b"], seed=0, num_resamples=500) == s  # seeded: reproducible
+    assert (
+        summarize(rows, suite, ["a", "b"], seed=0, num_resamples=500) == s
+    )  # seeded: reproducible
 
 
 def test_summary_counts_error_rows_apart_as_failures():
@@ -154,4 +195,6 @@ def test_summary_counts_error_rows_apart_as_failures():
     rows = _rows("a", "e1", [[True, True, True]] * 4, errors={(0, 0), (2, 1)})
     entry = summarize(rows, suite, ["a"], num_resamples=100)["results"][0]
     assert entry["errors"] == 2 and entry["samples"] == 12
-    assert entry["pass_at"]["1"] == pytest.approx(10 / 12) and entry["mean_reward"] == pytest.approx(10 / 12)
+    assert entry["pass_at"]["1"] == pytest.approx(10 / 12) and entry[
+        "mean_reward"
+    ] == pytest.approx(10 / 12)

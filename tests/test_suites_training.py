@@ -22,9 +22,11 @@ from gymllm.suites.training import MixtureEnvs
 HERE = pathlib.Path(__file__).resolve().parent
 
 # two envs: a registered one (weight 3) and a user's module (weight 1), one turn each
-SUITE = ('name = "two"\nmax_turns = 1\n'
-         '[[env]]\nname = "repeat"\nweight = 3.0\nid = "gymllm/TinyRepeat-v0"\nkwargs = { num_letters = 2 }\n'
-         '[[env]]\nname = "count"\nweight = 1.0\nid = "user_envs:make_count"\nkwargs = { start = 5 }\n')
+SUITE = (
+    'name = "two"\nmax_turns = 1\n'
+    '[[env]]\nname = "repeat"\nweight = 3.0\nid = "gymllm/TinyRepeat-v0"\nkwargs = { num_letters = 2 }\n'
+    '[[env]]\nname = "count"\nweight = 1.0\nid = "user_envs:make_count"\nkwargs = { start = 5 }\n'
+)
 
 
 @pytest.fixture
@@ -40,7 +42,9 @@ def test_a_groups_env_depends_on_its_seed_and_the_weights_only():
     names = [s.name_for(k) for k in range(4000)]
     assert names == [MixtureSampler({"a": 3.0, "b": 1.0}, seed=7).name_for(k) for k in range(4000)]
     share = names.count("a") / len(names)
-    assert abs(share - 0.75) < 4 * np.sqrt(0.75 * 0.25 / 4000)  # within 4 standard errors of the weight
+    assert abs(share - 0.75) < 4 * np.sqrt(
+        0.75 * 0.25 / 4000
+    )  # within 4 standard errors of the weight
 
 
 def test_slots_bind_each_group_to_its_env_and_reuse_idle_instances(suite_file):
@@ -89,17 +93,24 @@ def test_train_on_a_two_env_mixture_logs_per_env_figures(suite_file, tmp_path):
     from test_algos_trainer import small_config
 
     base = small_config(tmp_path / "run", steps=3)
-    cfg = dataclasses.replace(base, env=EnvSection(suite=str(suite_file), num_envs=8),
-                              engine=dataclasses.replace(base.engine, max_len=128),
-                              learner=dataclasses.replace(base.learner, max_len=128))
+    cfg = dataclasses.replace(
+        base,
+        env=EnvSection(suite=str(suite_file), num_envs=8),
+        engine=dataclasses.replace(base.engine, max_len=128),
+        learner=dataclasses.replace(base.learner, max_len=128),
+    )
     res = train(cfg)
     assert res.steps == 3
     rows = [json.loads(line) for line in (res.run_dir / "metrics.jsonl").read_text().splitlines()]
     last = rows[-1]
     groups = {n: last.get(f"env/{n}/groups", 0) for n in ("repeat", "count")}
-    assert sum(groups.values()) == sum(r.get("rollout_groups", 0) for r in rows)  # every finished group, by env
+    assert sum(groups.values()) == sum(
+        r.get("rollout_groups", 0) for r in rows
+    )  # every finished group, by env
     assert all(f"env/{n}/weight" in last for n in groups)
-    trajs = [json.loads(line) for line in (res.run_dir / "trajectories.jsonl").read_text().splitlines()]
+    trajs = [
+        json.loads(line) for line in (res.run_dir / "trajectories.jsonl").read_text().splitlines()
+    ]
     assert trajs and all(t["info"]["env_steps"] >= 1 for t in trajs)
     from gymllm.telemetry.report import env_table
 
@@ -130,15 +141,22 @@ def test_in_loop_evaluation_runs_the_suites_envs(suite_file, tmp_path):
 
     tok = make_tiny("qwen3", vocab_size=300).tokenizer
     base = small_config(tmp_path / "run")
-    for cfg in (dataclasses.replace(base, eval=EvalSection(every=1, seeds=2, suite=str(suite_file))),
-                dataclasses.replace(base, env=EnvSection(suite=str(suite_file), num_envs=8),
-                                    eval=EvalSection(every=1, seeds=2))):
+    for cfg in (
+        dataclasses.replace(base, eval=EvalSection(every=1, seeds=2, suite=str(suite_file))),
+        dataclasses.replace(
+            base,
+            env=EnvSection(suite=str(suite_file), num_envs=8),
+            eval=EvalSection(every=1, seeds=2),
+        ),
+    ):
         hook = HeldOutHook(cfg)
         hook.open(ModelAgent(tok), tok)
         try:
             specs = hook.evaluator.specs
-            assert [(s[0], s[1]) for s in specs] == [("gymllm/TinyRepeat-v0", {"num_letters": 2}),
-                                                      ("user_envs:make_count", {"start": 5})]
+            assert [(s[0], s[1]) for s in specs] == [
+                ("gymllm/TinyRepeat-v0", {"num_letters": 2}),
+                ("user_envs:make_count", {"start": 5}),
+            ]
             obs, _ = hook.evaluator.envs[1].reset(seed=0)
             assert all("number after" in o for o in obs)  # the user's env, built from its table
         finally:

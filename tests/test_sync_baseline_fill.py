@@ -33,14 +33,23 @@ def loaded():
 
 def engine(slots: int):
     lm = loaded()
-    return jax_engine.JaxEngine(lm.model, lm.tokenizer, config=EngineConfig(
-        num_slots=slots, max_len=256, min_bucket=128, max_prefill_batch=1, idle_wait_s=0.002))
+    return jax_engine.JaxEngine(
+        lm.model,
+        lm.tokenizer,
+        config=EngineConfig(
+            num_slots=slots, max_len=256, min_bucket=128, max_prefill_batch=1, idle_wait_s=0.002
+        ),
+    )
 
 
 def test_batch_width_is_what_the_envs_rows_and_concurrency_hold():
     cfg = RolloutConfig(group_size=4, max_concurrency=64)
-    assert sync_batch_groups(64, None, cfg, 8) == 16  # the train benchmark: 64 envs, G 4 -> 16 groups
-    assert sync_batch_groups(64, None, cfg, 8, fill=False) == 8  # the old lockstep: half the envs idle
+    assert (
+        sync_batch_groups(64, None, cfg, 8) == 16
+    )  # the train benchmark: 64 envs, G 4 -> 16 groups
+    assert (
+        sync_batch_groups(64, None, cfg, 8, fill=False) == 8
+    )  # the old lockstep: half the envs idle
     small = RolloutConfig(group_size=4, max_concurrency=32)
     assert sync_batch_groups(64, None, small, 2) == 8  # capped by max_concurrency
     eng = engine(8)
@@ -62,9 +71,20 @@ def test_sync_rollout_fills_the_envs_and_keeps_the_trajectories():
         async def go():
             eng = engine(slots)
             try:
-                envs = [AsyncLatencyEnv(median_s=0.001, p99_s=0.005, episode_length=2) for _ in range(8)]
-                return await sync_rollout(envs, eng, ModelAgent(lm.tokenizer), sampling=SAMPLING, config=cfg,
-                                          seed=5, batch_groups=1, on_batch=lambda b: widths.append(len(b)), fill=fill)
+                envs = [
+                    AsyncLatencyEnv(median_s=0.001, p99_s=0.005, episode_length=2) for _ in range(8)
+                ]
+                return await sync_rollout(
+                    envs,
+                    eng,
+                    ModelAgent(lm.tokenizer),
+                    sampling=SAMPLING,
+                    config=cfg,
+                    seed=5,
+                    batch_groups=1,
+                    on_batch=lambda b: widths.append(len(b)),
+                    fill=fill,
+                )
             finally:
                 await eng.close()
 

@@ -28,18 +28,30 @@ def tool_call(name, **args):
 
 POLICIES = {
     "CalcMath-v0": lambda t: [tool_call("calculator", expression="12*34"), "\\boxed{408}"][t % 2],
-    "Terminal-v0": lambda t: ["```bash\nls && python -m unittest -q 2>&1 | tail -1\n```", "submit"][t % 2],
-    "TerminalTools-v0": lambda t: [tool_call("shell", command="cat lib/__init__.py | head -3"), "submit"][t % 2],
+    "Terminal-v0": lambda t: ["```bash\nls && python -m unittest -q 2>&1 | tail -1\n```", "submit"][
+        t % 2
+    ],
+    "TerminalTools-v0": lambda t: [
+        tool_call("shell", command="cat lib/__init__.py | head -3"),
+        "submit",
+    ][t % 2],
     "Code-v0": lambda t: "```python\ndef f(x):\n    return x\n```",
 }
 
 
-@pytest.mark.parametrize("env_id", ["Countdown-v0", "MathWord-v0", "CalcMath-v0", "Code-v0", "Terminal-v0",
-                                    "TerminalTools-v0"])
+@pytest.mark.parametrize(
+    "env_id",
+    ["Countdown-v0", "MathWord-v0", "CalcMath-v0", "Code-v0", "Terminal-v0", "TerminalTools-v0"],
+)
 def test_check_env(env_id):
     env = gymllm.make(f"gymllm/{env_id}")
     try:
-        check_env(env, num_steps=2, policy=POLICIES.get(env_id), skip_gymnasium=env_id.startswith("Terminal"))
+        check_env(
+            env,
+            num_steps=2,
+            policy=POLICIES.get(env_id),
+            skip_gymnasium=env_id.startswith("Terminal"),
+        )
         if env_id not in ("Code-v0",) and not env_id.startswith("Terminal"):
             check_env(env, num_steps=3)  # random Unicode actions too
     finally:
@@ -116,9 +128,15 @@ def test_math_format_and_bad_files(tmp_path):
     from gymllm.envs.math_word import MathWordEnv, load_problems
 
     path = tmp_path / "math.jsonl"
-    recs = [{"problem": "Simplify $\\sqrt{8}$.", "solution": "We get $\\boxed{2\\sqrt{2}}$.", "level": "Level 1"},
-            {"problem": "What is $\\frac{3}{6}$?", "solution": "\\boxed{\\frac{1}{2}}"},
-            {"question": "Two plus two?", "answer": 4}]
+    recs = [
+        {
+            "problem": "Simplify $\\sqrt{8}$.",
+            "solution": "We get $\\boxed{2\\sqrt{2}}$.",
+            "level": "Level 1",
+        },
+        {"problem": "What is $\\frac{3}{6}$?", "solution": "\\boxed{\\frac{1}{2}}"},
+        {"question": "Two plus two?", "answer": 4},
+    ]
     path.write_text("\n".join(json.dumps(r) for r in recs) + "\n\n")
     assert [p.answer for p in load_problems(path)] == ["2\\sqrt{2}", "\\frac{1}{2}", "4"]
     env = MathWordEnv(data_path=str(path))
@@ -134,11 +152,23 @@ def test_math_format_and_bad_files(tmp_path):
         MathWordEnv(data_path=str(tmp_path / "missing.jsonl"))
 
 
-@pytest.mark.parametrize("pred,gold,same", [
-    ("1,000", "1000", True), ("$18.00", "18", True), ("50\\%", "0.5", True), ("\\frac{6}{8}", "0.75", True),
-    ("2\\sqrt{2}", "\\sqrt{8}", True), ("x^2 + 2x + 1", "(x+1)^2", True), ("\\frac{\\pi}{2}", "\\pi/2", True),
-    ("12.5 cm", "12.5", True), ("17", "71", False), ("x + 1", "x - 1", False), (None, "3", False), ("", "3", False),
-])
+@pytest.mark.parametrize(
+    "pred,gold,same",
+    [
+        ("1,000", "1000", True),
+        ("$18.00", "18", True),
+        ("50\\%", "0.5", True),
+        ("\\frac{6}{8}", "0.75", True),
+        ("2\\sqrt{2}", "\\sqrt{8}", True),
+        ("x^2 + 2x + 1", "(x+1)^2", True),
+        ("\\frac{\\pi}{2}", "\\pi/2", True),
+        ("12.5 cm", "12.5", True),
+        ("17", "71", False),
+        ("x + 1", "x - 1", False),
+        (None, "3", False),
+        ("", "3", False),
+    ],
+)
 def test_answers_match(pred, gold, same):
     from gymllm.envs.math_word import answers_match
 
@@ -163,7 +193,9 @@ def test_calc_math_tool_flow():
         assert [m["role"] for m in obs] == ["system", "user"] and "<tool_call>" in obs[0]["content"]
         assert [t["function"]["name"] for t in info["tools"]] == ["calculator"]
         nums = [int(x) for x in re.findall(r"\d+", obs[1]["content"])]
-        tool_obs, r, term, _, _ = env.step(tool_call("calculator", expression=" + ".join(map(str, nums))))
+        tool_obs, r, term, _, _ = env.step(
+            tool_call("calculator", expression=" + ".join(map(str, nums)))
+        )
         assert tool_obs[0]["content"] == str(sum(nums)) and r == 0.0 and not term
         _, r, term, _, step_info = env.step(f"The answer is \\boxed{{{info['answer']}}}.")
         assert (r, term, step_info["correct"]) == (1.0, True, True)
@@ -180,10 +212,14 @@ SOLUTIONS = {
     "count_above": "def count_above(xs):\n    return len([x for x in xs if x > {k}])",
     "rotate": "def rotate(xs):\n    if not xs:\n        return []\n    k = {k} % len(xs)\n    return xs[k:] + xs[:k]",
     "caesar": "def caesar(s):\n    return ''.join(chr((ord(c) - 97 + {k}) % 26 + 97) if 'a' <= c <= 'z' else c for c in s)",
-    "run_length": ("import itertools\ndef run_length(s):\n"
-                   "    return ''.join(f'{{c}}{{len(list(g))}}' for c, g in itertools.groupby(s))"),
-    "max_window": ("def max_window(xs):\n    if len(xs) < {k}:\n        return None\n"
-                   "    return max(sum(xs[i:i + {k}]) for i in range(len(xs) - {k} + 1))"),
+    "run_length": (
+        "import itertools\ndef run_length(s):\n"
+        "    return ''.join(f'{{c}}{{len(list(g))}}' for c, g in itertools.groupby(s))"
+    ),
+    "max_window": (
+        "def max_window(xs):\n    if len(xs) < {k}:\n        return None\n"
+        "    return max(sum(xs[i:i + {k}]) for i in range(len(xs) - {k} + 1))"
+    ),
     "dedupe": "def dedupe(xs):\n    seen = []\n    [seen.append(x) for x in xs if x not in seen]\n    return seen",
     "digit_power_sum": "def digit_power_sum(n):\n    return sum(int(d) ** {k} for d in str(n))",
 }
@@ -209,7 +245,13 @@ def test_code_env_reference_solutions_pass_and_wrong_ones_fail():
     assert (wrong["passed"], wrong["first_failure"]["expected"]) == (1, 4)
     hang = run_tests(sb, "def f(x):\n    while True: pass", "f", [(1,)], [1], timeout_s=1)
     assert hang["passed"] == 0 and hang["error"] == "timed out"
-    fake = run_tests(sb, "print('@@result-0@@{\"results\": [{\"value\": 2}]}')\ndef f(x):\n    return 0", "f", [(1,)], [2])
+    fake = run_tests(
+        sb,
+        'print(\'@@result-0@@{"results": [{"value": 2}]}\')\ndef f(x):\n    return 0',
+        "f",
+        [(1,)],
+        [2],
+    )
     assert fake["passed"] == 0  # printing a result line cannot fake a pass
     env.close()
 
@@ -232,14 +274,18 @@ def test_terminal_fix_by_commands_and_tests_cannot_be_edited_away():
     out, r, term, _, _ = env.step("```bash\npython -m unittest -q 2>&1 | tail -1\n```")
     assert "FAILED" in out and r == 0.0 and not term
     # cheating: replace the tests with a passing one; grading restores the originals
-    env.step("```bash\nprintf 'import unittest\\nclass T(unittest.TestCase):\\n    def test(self): pass\\n'"
-             " > tests/test_lib.py\n```")
+    env.step(
+        "```bash\nprintf 'import unittest\\nclass T(unittest.TestCase):\\n    def test(self): pass\\n'"
+        " > tests/test_lib.py\n```"
+    )
     obs, r, term, _, _ = env.step("done")
     assert (r, term) == (0.0, True) and "still fail" in obs
     # cheating: make every assertion a no-op; the tests "pass" but the hidden cases do not
     patch = "import unittest\nfor _n in ('assertEqual', 'assertAlmostEqual'):\n    setattr(unittest.TestCase, _n, lambda *a, **k: None)\n"
     env.reset(seed=2)
-    env.step(f"```bash\ncat >> lib/__init__.py <<'EOF'\n{patch}EOF\npython -m unittest -q 2>&1 | tail -1\n```")
+    env.step(
+        f"```bash\ncat >> lib/__init__.py <<'EOF'\n{patch}EOF\npython -m unittest -q 2>&1 | tail -1\n```"
+    )
     obs, r, term, _, _ = env.step("done")
     assert (r, term) == (0.0, True) and "hidden checks failed" in obs
     # a real fix through a shell command
@@ -259,7 +305,9 @@ def test_terminal_reset_removes_what_the_agent_left():
     assert {"junk", "stray.txt"} <= set(env.unwrapped.sandbox.listdir())
     env.reset(seed=2)
     left = set(env.unwrapped.sandbox.listdir())
-    assert "junk" not in left and "stray.txt" not in left and left  # the task's files are back, nothing else
+    assert (
+        "junk" not in left and "stray.txt" not in left and left
+    )  # the task's files are back, nothing else
     env.close()
 
 
@@ -268,7 +316,9 @@ def test_terminal_tools_variant_and_truncation():
     obs, info = env.reset(seed=1)
     assert [t["function"]["name"] for t in info["tools"]] == ["shell"]
     out, r, term, trunc, step_info = env.step(tool_call("shell", command="ls lib tests"))
-    assert "__init__.py" in out[0]["content"] and out[0]["role"] == "tool" and step_info["tool_turn"]
+    assert (
+        "__init__.py" in out[0]["content"] and out[0]["role"] == "tool" and step_info["tool_turn"]
+    )
     env.step("```bash\necho one\n```")
     _, r, term, trunc, _ = env.step("```bash\necho two\n```")
     assert trunc and not term and r == 0.0
@@ -295,7 +345,9 @@ def test_terminal_locate_rewards_naming_exactly_the_buggy_function():
 
 
 def test_terminal_locate_out_of_turns_earns_nothing_and_sandbox_dict():
-    env = gymllm.make("gymllm/Terminal-v0", task="locate", max_turns=1, sandbox={"max_output_bytes": 50})
+    env = gymllm.make(
+        "gymllm/Terminal-v0", task="locate", max_turns=1, sandbox={"max_output_bytes": 50}
+    )
     env.reset(seed=0)
     out, r, term, trunc, _ = env.step("```bash\ncat lib/__init__.py\n```")
     assert (r, term, trunc) == (0.0, False, True) and len(out) < 200

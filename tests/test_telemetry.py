@@ -27,7 +27,10 @@ def by_name(tr: Tracer) -> dict[str, dict]:
 
 
 def contains(outer: dict, inner: dict) -> bool:
-    return outer["ts"] <= inner["ts"] and inner["ts"] + inner["dur"] <= outer["ts"] + outer["dur"] + 1e-3
+    return (
+        outer["ts"] <= inner["ts"]
+        and inner["ts"] + inner["dur"] <= outer["ts"] + outer["dur"] + 1e-3
+    )
 
 
 def test_spans_nest_and_close_in_order(tracer):
@@ -276,15 +279,33 @@ def test_exported_trace_round_trips_tracks_durations_and_metadata(tracer, tmp_pa
     for path in (tmp_path / "trace.json", tmp_path / "trace.json.gz"):
         out = tracer.export_chrome_trace(path)
         loaded = load_chrome_trace(out)
-        mine = sorted((e["track"], e["name"], round(e["ts"], 3), round(e["dur"], 3)) for e in tracer.events() if e["ph"] == "X")
-        back = sorted((e["track"], e["name"], round(e["ts"], 3), round(e["dur"], 3)) for e in loaded if e["ph"] == "X")
+        mine = sorted(
+            (e["track"], e["name"], round(e["ts"], 3), round(e["dur"], 3))
+            for e in tracer.events()
+            if e["ph"] == "X"
+        )
+        back = sorted(
+            (e["track"], e["name"], round(e["ts"], 3), round(e["dur"], 3))
+            for e in loaded
+            if e["ph"] == "X"
+        )
         assert mine == back
         assert [e for e in loaded if e["ph"] == "C"] == [
-            {"name": "queue_depth", "ph": "C", "ts": pytest.approx(e["ts"]), "track": "rollout", "args": {"queue_depth": 1}}
-            for e in tracer.events() if e["ph"] == "C"]
+            {
+                "name": "queue_depth",
+                "ph": "C",
+                "ts": pytest.approx(e["ts"]),
+                "track": "rollout",
+                "args": {"queue_depth": 1},
+            }
+            for e in tracer.events()
+            if e["ph"] == "C"
+        ]
     events = json.load(open(tmp_path / "trace.json"))["traceEvents"]
     procs = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
-    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    threads = {
+        (e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"
+    }
     assert set(procs.values()) == {"engine", "trainer", "rollout", "env", "tool"}
     assert {"engine", "trainer", "rollout", "env/0", "env/1", "tool"} <= set(threads.values())
     xs = [e for e in events if e["ph"] == "X"]
@@ -322,6 +343,7 @@ def test_async_with_and_generator_functions_refused(tracer):
     asyncio.run(main())
     assert [(e["name"], e["args"]) for e in tracer.events()] == [("queue_wait", {"depth": 2})]
     with pytest.raises(TypeError, match="generator function"):
+
         @span("gen")
         def gen():
             yield 1
@@ -341,7 +363,9 @@ class Boom(Exception):
     pass
 
 
-_trees = st.recursive(st.just(()), lambda kids: st.lists(kids, max_size=3).map(tuple), max_leaves=10)
+_trees = st.recursive(
+    st.just(()), lambda kids: st.lists(kids, max_size=3).map(tuple), max_leaves=10
+)
 
 
 @settings(max_examples=25, deadline=None)
@@ -358,7 +382,9 @@ def test_random_span_trees_under_tasks_errors_and_cancellation(tree, data):
             walk(child, f"{path}.{i}")
 
     walk(tree, "r")
-    fate = {p: data.draw(st.sampled_from(["ok", "ok", "raise", "hang"]), label=p) for p in paths[1:]}
+    fate = {
+        p: data.draw(st.sampled_from(["ok", "ok", "raise", "hang"]), label=p) for p in paths[1:]
+    }
     fate["r"] = "ok"
     concurrent = {p: data.draw(st.booleans(), label=f"{p} concurrent") for p in paths}
 
@@ -403,4 +429,7 @@ def test_random_span_trees_under_tasks_errors_and_cancellation(tree, data):
         assert ev["parent"] == (spans[parent]["id"] if parent else None)
         if parent:
             assert contains(spans[parent], ev)
-        assert ev["args"].get("error") == {"ok": None, "raise": "Boom", "hang": "CancelledError"}[fate[p]]
+        assert (
+            ev["args"].get("error")
+            == {"ok": None, "raise": "Boom", "hang": "CancelledError"}[fate[p]]
+        )

@@ -25,7 +25,14 @@ S = 1e6  # µs per second
 
 
 def X(name, track, start_s, end_s, /, **args):
-    return {"name": name, "ph": "X", "ts": start_s * S, "dur": (end_s - start_s) * S, "track": track, "args": args}
+    return {
+        "name": name,
+        "ph": "X",
+        "ts": start_s * S,
+        "dur": (end_s - start_s) * S,
+        "track": track,
+        "args": args,
+    }
 
 
 def C(name, t_s, value, /, track="rollout"):
@@ -56,9 +63,13 @@ def schedule():
         X("env_step", "env/1", 5, 5.5),
         X("queue_wait", "rollout", 6, 6.5),
         # queue depth 2 on [0,4), 4 on [4,8), 0 on [8,10] -> mean 2.4
-        C("queue_depth", 0, 2), C("queue_depth", 4, 4), C("queue_depth", 8, 0),
+        C("queue_depth", 0, 2),
+        C("queue_depth", 4, 4),
+        C("queue_depth", 8, 0),
         # running totals
-        C("groups_filtered", 1, 1), C("groups_filtered", 3, 2), C("groups_filtered", 7, 3),
+        C("groups_filtered", 1, 1),
+        C("groups_filtered", 3, 2),
+        C("groups_filtered", 7, 3),
         C("groups_dropped", 6, 1),
     ]
 
@@ -67,16 +78,28 @@ def test_known_schedule():
     m = pipeline_metrics(schedule(), window=(0, 10 * S))
     expected = {
         "window_s": 10.0,
-        "engine_busy_fraction": 0.7, "engine_idle_fraction": 0.3,
-        "trainer_busy_fraction": 0.5, "trainer_idle_fraction": 0.5,
-        "weight_sync_fraction": 0.1, "checkpoint_fraction": 0.1,
-        "tokens_generated": 300.0, "tokens_per_s_generated": 30.0,
-        "tokens_trained": 500.0, "tokens_per_s_trained": 50.0,
-        "staleness_mean": 0.8, "staleness_max": 2,
-        "queue_depth_mean": 2.4, "queue_depth_max": 4.0, "queue_depth_last": 0.0,
-        "tool_latency_share": 0.25, "env_latency_share": 0.1, "queue_wait_s": 0.5,
-        "rollouts_completed": 2, "rollout_latency_mean_s": 5.0,
-        "groups_filtered": 3.0, "groups_dropped": 1.0,
+        "engine_busy_fraction": 0.7,
+        "engine_idle_fraction": 0.3,
+        "trainer_busy_fraction": 0.5,
+        "trainer_idle_fraction": 0.5,
+        "weight_sync_fraction": 0.1,
+        "checkpoint_fraction": 0.1,
+        "tokens_generated": 300.0,
+        "tokens_per_s_generated": 30.0,
+        "tokens_trained": 500.0,
+        "tokens_per_s_trained": 50.0,
+        "staleness_mean": 0.8,
+        "staleness_max": 2,
+        "queue_depth_mean": 2.4,
+        "queue_depth_max": 4.0,
+        "queue_depth_last": 0.0,
+        "tool_latency_share": 0.25,
+        "env_latency_share": 0.1,
+        "queue_wait_s": 0.5,
+        "rollouts_completed": 2,
+        "rollout_latency_mean_s": 5.0,
+        "groups_filtered": 3.0,
+        "groups_dropped": 1.0,
     }
     for k, v in expected.items():
         assert m[k] == pytest.approx(v), k
@@ -92,13 +115,17 @@ def test_window_clips_spans_and_counts_increases_inside():
     assert m["trainer_busy_fraction"] == pytest.approx(0.75)
     assert m["weight_sync_fraction"] == pytest.approx(0.25)
     # decode [2,4] is half inside, [6,8] half inside -> 100 tokens in 4 s
-    assert m["tokens_generated"] == pytest.approx(100.0) and m["tokens_per_s_generated"] == pytest.approx(25.0)
+    assert m["tokens_generated"] == pytest.approx(100.0) and m[
+        "tokens_per_s_generated"
+    ] == pytest.approx(25.0)
     # the train step ends inside the window -> its staleness counts; tokens prorated 2/3
     assert m["staleness_hist"] == {0: 300.0, 2: 200.0}
     assert m["tokens_trained"] == pytest.approx(500 * 2 / 3)
     # queue: level 2 on [3,4), 4 on [4,7] -> (2 + 12) / 4
     assert m["queue_depth_mean"] == pytest.approx(3.5)
-    assert m["groups_filtered"] == pytest.approx(1.0)  # total 2 at the window start (t <= lo), 3 at 7 s
+    assert m["groups_filtered"] == pytest.approx(
+        1.0
+    )  # total 2 at the window start (t <= lo), 3 at 7 s
     assert m["groups_dropped"] == pytest.approx(1.0)
     assert m["rollouts_completed"] == 2  # they end at 5 s and 6 s
 
@@ -122,15 +149,19 @@ def test_untraced_families_are_none_and_bad_window_is_explained():
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 99), st.integers(0, 30)), max_size=20),
-       st.tuples(st.integers(0, 60), st.integers(1, 60)))
+@given(
+    st.lists(st.tuples(st.integers(0, 99), st.integers(0, 30)), max_size=20),
+    st.tuples(st.integers(0, 60), st.integers(1, 60)),
+)
 def test_busy_fraction_matches_numpy_grid(intervals, win):
     """Union of spans clipped to a window vs a boolean time grid (1 cell = 1 s)."""
     lo, hi = win[0], win[0] + win[1]
-    events = [X("decode", "engine", s, min(s + d, 120)) for s, d in intervals] + [X("marker", "engine", 0, 0)]  # zero-length: traced, never busy
+    events = [X("decode", "engine", s, min(s + d, 120)) for s, d in intervals] + [
+        X("marker", "engine", 0, 0)
+    ]  # zero-length: traced, never busy
     grid = np.zeros(130, bool)
     for s, d in intervals:
-        grid[s:min(s + d, 120)] = True
+        grid[s : min(s + d, 120)] = True
     m = pipeline_metrics(events, window=(lo * S, hi * S))
     assert m["engine_busy_fraction"] == pytest.approx(grid[lo:hi].mean())
     assert union_length([(s, s + d) for s, d in intervals]) == pytest.approx(_grid_len(intervals))
@@ -139,7 +170,7 @@ def test_busy_fraction_matches_numpy_grid(intervals, win):
 def _grid_len(intervals):
     g = np.zeros(200, bool)
     for s, d in intervals:
-        g[s:s + d] = True
+        g[s : s + d] = True
     return float(g.sum())
 
 
@@ -180,15 +211,29 @@ def test_logprob_gap_and_step_metrics_against_numpy():
     assert g["logprob_gap/kl"] >= 0
     assert logprob_gap(mu, mu, mask)["logprob_gap/max_abs"] == 0.0
     rewards, lengths = rng.random(8), rng.integers(5, 50, 8)
-    m = learner_step_metrics(rewards=rewards, lengths=lengths, sampler_logprobs=mu, trainer_logprobs=pi,
-                             mask=mask, clip_fraction=np.float32(0.125), kl=0.01, entropy=1.5, grad_norm=None)
-    assert m["reward/mean"] == pytest.approx(rewards.mean()) and m["reward/std"] == pytest.approx(rewards.std())
+    m = learner_step_metrics(
+        rewards=rewards,
+        lengths=lengths,
+        sampler_logprobs=mu,
+        trainer_logprobs=pi,
+        mask=mask,
+        clip_fraction=np.float32(0.125),
+        kl=0.01,
+        entropy=1.5,
+        grad_norm=None,
+    )
+    assert m["reward/mean"] == pytest.approx(rewards.mean()) and m["reward/std"] == pytest.approx(
+        rewards.std()
+    )
     assert m["length/max"] == lengths.max() and m["clip_fraction"] == 0.125 and m["entropy"] == 1.5
     assert "grad_norm" not in m and m["logprob_gap/mean"] == pytest.approx(d.mean())
 
 
 def test_aggregate_weighted_means_and_extrema():
-    recs = [{"loss": 1.0, "reward/max": 2.0, "length/min": 3.0}, {"loss": 3.0, "reward/max": 5.0, "length/min": 1.0, "kl": 0.5}]
+    recs = [
+        {"loss": 1.0, "reward/max": 2.0, "length/min": 3.0},
+        {"loss": 3.0, "reward/max": 5.0, "length/min": 1.0, "kl": 0.5},
+    ]
     out = aggregate(recs, weights=[1, 3])
     assert out == {"kl": 0.5, "length/min": 1.0, "loss": pytest.approx(2.5), "reward/max": 5.0}
     with pytest.raises(ValueError, match="one weight per record"):
@@ -198,11 +243,15 @@ def test_aggregate_weighted_means_and_extrema():
 def test_tags_and_counter_names_other_layers_record():
     """The engine tags decode steps with `active`, the learner may tag micro-batches, counters have aliases."""
     events = [
-        X("decode", "engine", 0, 1, active=8), X("decode", "engine", 1, 2, active=4),
-        X("train_step", "trainer", 2, 4, tokens=999, staleness={5: 999}),  # ignored: micro-batches are tagged
+        X("decode", "engine", 0, 1, active=8),
+        X("decode", "engine", 1, 2, active=4),
+        X(
+            "train_step", "trainer", 2, 4, tokens=999, staleness={5: 999}
+        ),  # ignored: micro-batches are tagged
         X("micro_batch", "trainer", 2, 3, tokens=30, staleness={0: 20, 1: 10}),
         X("micro_batch", "trainer", 3, 4, tokens=10, staleness={1: 10}),
-        C("groups_stale_dropped", 1, 2), C("stale_groups", 2, 2),  # the same 2 groups seen by two layers
+        C("groups_stale_dropped", 1, 2),
+        C("stale_groups", 2, 2),  # the same 2 groups seen by two layers
         C("filtered_groups", 3, 4, track="trainer"),
     ]
     m = pipeline_metrics(events, window=(0, 4 * S))
@@ -213,9 +262,12 @@ def test_tags_and_counter_names_other_layers_record():
 
 def test_work_time_counts_concurrent_spans_each_and_nested_spans_once_without_ids():
     events = [
-        X("rollout", "rollout", 0, 10), X("rollout", "rollout", 1, 11),  # 20 s of trajectories
-        X("tool", "tool", 1, 3), X("tool", "tool", 2, 4),  # two concurrent calls: 4 s
-        X("env_step", "env/0", 5, 7), X("env.step", "env/0", 5.5, 6.5),  # nested: 2 s
+        X("rollout", "rollout", 0, 10),
+        X("rollout", "rollout", 1, 11),  # 20 s of trajectories
+        X("tool", "tool", 1, 3),
+        X("tool", "tool", 2, 4),  # two concurrent calls: 4 s
+        X("env_step", "env/0", 5, 7),
+        X("env.step", "env/0", 5.5, 6.5),  # nested: 2 s
         X("vector.recv", "env/vector", 0, 10),  # waiting, not env work
     ]
     m = pipeline_metrics(events, window=(0, 12 * S))
@@ -249,7 +301,9 @@ def test_work_time_uses_span_ids_from_the_tracer_and_the_trace_file(tmp_path):
     ev = tr.events()
     dur = lambda name: sum(e["dur"] for e in ev if e["name"] == name)  # noqa: E731
     loaded = load_chrome_trace(write_chrome_trace(tmp_path / "t.json", ev))
-    assert {e["id"]: e["parent"] for e in loaded if e["ph"] == "X"} == {e["id"]: e["parent"] for e in ev}
+    assert {e["id"]: e["parent"] for e in loaded if e["ph"] == "X"} == {
+        e["id"]: e["parent"] for e in ev
+    }
     for events in (ev, loaded):
         m = pipeline_metrics(events)
         assert m["tool_latency_share"] == pytest.approx(dur("tool") / dur("rollout"))

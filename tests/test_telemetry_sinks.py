@@ -33,8 +33,13 @@ def test_jsonl_and_tensorboard_hold_the_same_values(tracer, tmp_path):
     logged = []
     with MetricsLogger(tmp_path, console=False, total_steps=3, pipeline=False) as lg:
         for step in range(1, 4):
-            m = {"reward/mean": 0.25 * step, "loss": np.float32(1.0 / step), "nested": {"a": step, "b": {"c": 2.0}},
-                 "bad": float("nan"), "note": "text"}
+            m = {
+                "reward/mean": 0.25 * step,
+                "loss": np.float32(1.0 / step),
+                "nested": {"a": step, "b": {"c": 2.0}},
+                "bad": float("nan"),
+                "note": "text",
+            }
             logged.append(lg.log(step, m))
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert lines == logged
@@ -56,13 +61,17 @@ def test_pipeline_figures_come_from_the_tracer_window(tracer, tmp_path):
     assert rec["pipeline/tokens_trained"] == pytest.approx(64.0)
     assert rec["pipeline/staleness_hist/1"] == pytest.approx(64.0)
     (step_span,) = tracer.events()
-    assert rec["pipeline/trainer_busy_fraction"] == pytest.approx(step_span["dur"] / 1e6 / rec["pipeline/window_s"])
+    assert rec["pipeline/trainer_busy_fraction"] == pytest.approx(
+        step_span["dur"] / 1e6 / rec["pipeline/window_s"]
+    )
     time.sleep(0.02)  # nothing runs in the second window
     rec2 = lg.log(1, {})
     assert rec2["pipeline/trainer_busy_fraction"] == pytest.approx(0.0)
     assert rec2["pipeline/tokens_trained"] == 0.0
     caller = lg.log(2, {"pipeline": {"engine_busy_fraction": 0.5}})  # caller-supplied wins
-    assert caller["pipeline/engine_busy_fraction"] == 0.5 and "pipeline/tokens_trained" not in caller
+    assert (
+        caller["pipeline/engine_busy_fraction"] == 0.5 and "pipeline/tokens_trained" not in caller
+    )
     lg.close()
     lg.close()  # idempotent
     with pytest.raises(RuntimeError, match="after close"):
@@ -72,12 +81,28 @@ def test_pipeline_figures_come_from_the_tracer_window(tracer, tmp_path):
 
 
 def test_console_progress_line_and_eta(tracer, tmp_path, capsys):
-    flat = flatten({"reward": {"mean": 0.5}, "pipeline": {"tokens_per_s_generated": 1234.4, "engine_busy_fraction": 0.87}})
-    assert progress_line(12, 100, flat, 190.0) == "step 12/100 | reward 0.500 | 1,234 tok/s | engine busy 87% | ETA 0:03:10"
+    flat = flatten(
+        {
+            "reward": {"mean": 0.5},
+            "pipeline": {"tokens_per_s_generated": 1234.4, "engine_busy_fraction": 0.87},
+        }
+    )
+    assert (
+        progress_line(12, 100, flat, 190.0)
+        == "step 12/100 | reward 0.500 | 1,234 tok/s | engine busy 87% | ETA 0:03:10"
+    )
     assert progress_line(3, None, {}, None) == "step 3"
     assert format_eta(None) == "--:--" and format_eta(3725) == "1:02:05"
 
-    lg = MetricsLogger(tmp_path, console=True, tensorboard=False, jsonl=False, total_steps=10, pipeline=False, trace=False)
+    lg = MetricsLogger(
+        tmp_path,
+        console=True,
+        tensorboard=False,
+        jsonl=False,
+        total_steps=10,
+        pipeline=False,
+        trace=False,
+    )
     t0 = time.monotonic()
     lg.log(0, {"reward/mean": 0.1})
     assert lg.eta_s(0) is None
@@ -109,7 +134,9 @@ def test_live_progress_on_a_terminal(tmp_path):
 
     buf = io.StringIO()
     term = Console(file=buf, force_terminal=True, width=160)
-    lg = MetricsLogger(tmp_path, console=term, tensorboard=False, total_steps=4, pipeline=False, trace=False)
+    lg = MetricsLogger(
+        tmp_path, console=term, tensorboard=False, total_steps=4, pipeline=False, trace=False
+    )
     for s in range(1, 5):
         lg.log(s, {"reward/mean": s / 4, "pipeline": {"engine_busy_fraction": 0.5}})
     lg.close()
@@ -133,8 +160,17 @@ def test_pipeline_window_follows_a_replaced_tracer(tracer, tmp_path):
 
 
 def test_progress_line_names_the_every_rollout_and_trained_groups_means():
-    flat = {"reward_mean": 0.52, "rollout_reward_mean": 0.31, "tool_calls_per_episode": 0.4,
-            "eval/gymllm/X-v0/tool_calls_per_episode": 9.0, "eval/gymllm/X-v0/mean_reward": 0.9}
-    assert progress_line(4, None, flat, None) == \
-        "step 4 | reward (all rollouts) 0.310 | trained groups 0.520 | tool calls/episode 0.40"
-    assert progress_line(0, None, {"eval/gymllm/X-v0/mean_reward": 0.9}, None) == "step 0"  # held-out: not training's
+    flat = {
+        "reward_mean": 0.52,
+        "rollout_reward_mean": 0.31,
+        "tool_calls_per_episode": 0.4,
+        "eval/gymllm/X-v0/tool_calls_per_episode": 9.0,
+        "eval/gymllm/X-v0/mean_reward": 0.9,
+    }
+    assert (
+        progress_line(4, None, flat, None)
+        == "step 4 | reward (all rollouts) 0.310 | trained groups 0.520 | tool calls/episode 0.40"
+    )
+    assert (
+        progress_line(0, None, {"eval/gymllm/X-v0/mean_reward": 0.9}, None) == "step 0"
+    )  # held-out: not training's

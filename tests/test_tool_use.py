@@ -48,7 +48,11 @@ def explode() -> str:
 
 
 def make(**kw):
-    return ToolUse(gymllm.make("gymllm/Arithmetic-v0"), tools=kw.pop("tools", [calculator, slow_echo, explode]), **kw)
+    return ToolUse(
+        gymllm.make("gymllm/Arithmetic-v0"),
+        tools=kw.pop("tools", [calculator, slow_echo, explode]),
+        **kw,
+    )
 
 
 def test_pass_through_equals_the_bare_env():
@@ -71,18 +75,35 @@ def test_pass_through_equals_the_bare_env():
 def test_tool_turn_answers_with_tool_messages(fmt):
     env = make(parser=fmt)
     _, info = env.reset(seed=1)
-    obs, r, term, trunc, info = env.step("Let me use the tool.\n" + call("calculator", fmt, expression="123 * 456"))
-    assert obs == [{"role": "tool", "name": "calculator", "content": "56088", "tool_call_id": "call_0"}]
-    assert (r, term, trunc) == (0.0, False, False) and info["tool_turn"] and info["num_tool_calls"] == 1
-    assert info["parsed_tool_calls"][0]["function"] == {"name": "calculator", "arguments": {"expression": "123 * 456"}}
+    obs, r, term, trunc, info = env.step(
+        "Let me use the tool.\n" + call("calculator", fmt, expression="123 * 456")
+    )
+    assert obs == [
+        {"role": "tool", "name": "calculator", "content": "56088", "tool_call_id": "call_0"}
+    ]
+    assert (
+        (r, term, trunc) == (0.0, False, False)
+        and info["tool_turn"]
+        and info["num_tool_calls"] == 1
+    )
+    assert info["parsed_tool_calls"][0]["function"] == {
+        "name": "calculator",
+        "arguments": {"expression": "123 * 456"},
+    }
     assert info["tool_calls"][0]["ok"] is True
 
 
 def test_every_failure_becomes_an_observation():
     env = make(timeout_s=0.2)
     env.reset(seed=0)
-    text = (call("nope") + call("calculator", expression="1/0") + call("calculator", expr="1")
-            + call("explode") + call("slow_echo", text="late", delay=5) + "<tool_call>{not json</tool_call>")
+    text = (
+        call("nope")
+        + call("calculator", expression="1/0")
+        + call("calculator", expr="1")
+        + call("explode")
+        + call("slow_echo", text="late", delay=5)
+        + "<tool_call>{not json</tool_call>"
+    )
     obs, r, term, trunc, info = env.step(text)
     kinds = [c["error"] for c in info["tool_calls"]]
     assert kinds == ["unknown_tool", "exception", "bad_arguments", "exception", "timeout", "parse"]
@@ -99,7 +120,9 @@ def test_a_hung_sync_tool_does_not_block_the_step():
     env.reset(seed=0)
     t0 = time.perf_counter()
     obs, *_, info = env.step(call("hang", seconds=8))
-    assert time.perf_counter() - t0 < 6 and info["tool_calls"][0]["error"] == "timeout"  # not the 8 s hang
+    assert (
+        time.perf_counter() - t0 < 6 and info["tool_calls"][0]["error"] == "timeout"
+    )  # not the 8 s hang
     assert env.step(call("hang", seconds=0))[0][0]["content"] == "woke"
 
 
@@ -107,7 +130,10 @@ def test_long_results_are_cut():
     env = make(tools=[slow_echo], max_result_chars=10)
     env.reset(seed=0)
     obs, *_, info = env.step(call("slow_echo", text="x" * 100))
-    assert obs[0]["content"] == "x" * 10 + "\n... [truncated 90 characters]" and info["tool_calls"][0]["ok"]
+    assert (
+        obs[0]["content"] == "x" * 10 + "\n... [truncated 90 characters]"
+        and info["tool_calls"][0]["ok"]
+    )
 
 
 def test_budget_then_pass_through():
@@ -115,7 +141,9 @@ def test_budget_then_pass_through():
     _, info = env.reset(seed=3)
     obs, *_, info1 = env.step(call("calculator", expression="1+1") * 3)
     assert [c["error"] for c in info1["tool_calls"]] == [None, None, "budget"]
-    obs, r, term, trunc, info2 = env.step(call("calculator", expression="2+2"))  # budget used up: graded
+    obs, r, term, trunc, info2 = env.step(
+        call("calculator", expression="2+2")
+    )  # budget used up: graded
     assert term and r == 0.0 and info2["tool_turn"] is False
 
 
@@ -124,7 +152,11 @@ def test_async_twin_matches_sync_and_spans_are_recorded():
     old = get_tracer()
     set_tracer(tracer)
     try:
-        actions = [call("slow_echo", text="héllo ✓"), call("calculator", expression="2**10"), "\\boxed{0}"]
+        actions = [
+            call("slow_echo", text="héllo ✓"),
+            call("calculator", expression="2**10"),
+            "\\boxed{0}",
+        ]
 
         def sync_run():
             env = make()
@@ -147,7 +179,9 @@ def test_async_twin_matches_sync_and_spans_are_recorded():
 
 
 def test_check_env_with_tool_calls_and_builtin_names():
-    env = ToolUse(gymllm.make("gymllm/Arithmetic-v0"), tools=["calculator", "python"], parser="hermes")
+    env = ToolUse(
+        gymllm.make("gymllm/Arithmetic-v0"), tools=["calculator", "python"], parser="hermes"
+    )
     assert [t["function"]["name"] for t in env.tools_schema] == ["calculator", "python"]
     policy = lambda t: [call("calculator", expression="6*7"), "\\boxed{42}"][t % 2]  # noqa: E731
     check_env(env, policy=policy, skip_gymnasium=True)
@@ -179,7 +213,11 @@ def test_schemas_and_calls_round_trip_through_the_qwen_chat_template():
     obs, info = env.reset(seed=2)
     action = call("calculator", expression="17 * 23")
     tool_obs, *_, step_info = env.step(action)
-    messages = [*obs, {"role": "assistant", "content": "", "tool_calls": step_info["parsed_tool_calls"]}, *tool_obs]
+    messages = [
+        *obs,
+        {"role": "assistant", "content": "", "tool_calls": step_info["parsed_tool_calls"]},
+        *tool_obs,
+    ]
     text = render_chat_template(CHATML_TOOLS_TEMPLATE, messages, tools=info["tools"])
     for schema in info["tools"]:
         assert json.dumps(schema, ensure_ascii=False) in text
@@ -193,9 +231,26 @@ def test_arbitrary_actions_never_crash_the_wrapper():
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    pieces = st.sampled_from(["<tool_call>", "</tool_call>", '{"name": "calculator", "arguments": {"expression": ',
-                              '"1/0"', '"2**99999"', '"sqrt(-1)"', '"((((1"', "}}", "{", '"name": "explode"', ",", "\n",
-                              "```tool_code\n", "calculator(expression='3*3')", "```", "\\boxed{1}"])
+    pieces = st.sampled_from(
+        [
+            "<tool_call>",
+            "</tool_call>",
+            '{"name": "calculator", "arguments": {"expression": ',
+            '"1/0"',
+            '"2**99999"',
+            '"sqrt(-1)"',
+            '"((((1"',
+            "}}",
+            "{",
+            '"name": "explode"',
+            ",",
+            "\n",
+            "```tool_code\n",
+            "calculator(expression='3*3')",
+            "```",
+            "\\boxed{1}",
+        ]
+    )
     text = st.lists(st.one_of(st.text(max_size=20), pieces), max_size=12).map("".join)
     env = make(parser="auto", max_tool_calls=100, tools=[calculator, explode])
 
@@ -207,7 +262,9 @@ def test_arbitrary_actions_never_crash_the_wrapper():
             obs, r, term, trunc, info = env.step(a)
             assert env.observation_space.contains(obs), obs
             if info["tool_turn"]:  # one tool message per result, errors readable as such
-                assert [m["content"].startswith("Error: ") for m in obs] == [not c["ok"] for c in info["tool_calls"]]
+                assert [m["content"].startswith("Error: ") for m in obs] == [
+                    not c["ok"] for c in info["tool_calls"]
+                ]
             if term or trunc:
                 break
 

@@ -26,8 +26,14 @@ class Color(enum.Enum):
 
 def test_schema_from_google_docstring_and_signature():
     @tool
-    def search(query: str, k: int = 3, tags: list[str] | None = None, mode: Literal["fast", "slow"] = "fast",
-               color: Color = Color.RED, strict: bool = False) -> list[str]:
+    def search(
+        query: str,
+        k: int = 3,
+        tags: list[str] | None = None,
+        mode: Literal["fast", "slow"] = "fast",
+        color: Color = Color.RED,
+        strict: bool = False,
+    ) -> list[str]:
         """Search the notes.
 
         Longer text that is not the summary.
@@ -130,7 +136,9 @@ def test_registry_turns_every_failure_into_a_result():
 
 # ------------------------------------------------------------------ calculator vs a reference
 def _expr_tree(depth: int):
-    leaf = st.integers(-10**6, 10**6).map(lambda v: (str(v) if v >= 0 else f"({v})", fractions.Fraction(v)))
+    leaf = st.integers(-(10**6), 10**6).map(
+        lambda v: (str(v) if v >= 0 else f"({v})", fractions.Fraction(v))
+    )
     if depth == 0:
         return leaf
 
@@ -156,21 +164,47 @@ def test_calculator_matches_exact_rational_arithmetic(case):
         assert math.isclose(value, float(exact), rel_tol=1e-9, abs_tol=1e-9)
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("2 ^ 10", 1024), ("-(3) ** 2", -9), ("17 // 5", 3), ("17 % 5", 2), ("7 / 2", 3.5), ("8 / 2", 4),
-    ("sqrt(16)", 4.0), ("factorial(5)", 120), ("gcd(12, 18)", 6), ("max(1, 7, 3)", 7), ("2 × 3 ÷ 4", 1.5),
-    ("1_000 * 3", 3000), ("round(2.567, 2)", 2.57),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("2 ^ 10", 1024),
+        ("-(3) ** 2", -9),
+        ("17 // 5", 3),
+        ("17 % 5", 2),
+        ("7 / 2", 3.5),
+        ("8 / 2", 4),
+        ("sqrt(16)", 4.0),
+        ("factorial(5)", 120),
+        ("gcd(12, 18)", 6),
+        ("max(1, 7, 3)", 7),
+        ("2 × 3 ÷ 4", 1.5),
+        ("1_000 * 3", 3000),
+        ("round(2.567, 2)", 2.57),
+    ],
+)
 def test_calculator_cases(text, expected):
     assert evaluate(text) == expected
 
 
-@pytest.mark.parametrize("text,match", [
-    ("__import__('os')", "name|element"), ("(1).__class__", "element"), ("2 ** 10**9", "power"),
-    ("1 / 0", "non-zero"), ("9" * 1001, "characters"), ("x + 1", "name"), ("factorial(10**5)", "factorial"),
-    ("sqrt(-1)", "domain"), ("10.0 ** 400", "finite"), ("", "expression"), ("(" * 300 + "1" + ")" * 300, "nested|syntax"),
-    ("[1, 2]", "element"), ("lambda: 1", "element"), ("(-8) ** 0.5", "real"),
-])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("__import__('os')", "name|element"),
+        ("(1).__class__", "element"),
+        ("2 ** 10**9", "power"),
+        ("1 / 0", "non-zero"),
+        ("9" * 1001, "characters"),
+        ("x + 1", "name"),
+        ("factorial(10**5)", "factorial"),
+        ("sqrt(-1)", "domain"),
+        ("10.0 ** 400", "finite"),
+        ("", "expression"),
+        ("(" * 300 + "1" + ")" * 300, "nested|syntax"),
+        ("[1, 2]", "element"),
+        ("lambda: 1", "element"),
+        ("(-8) ** 0.5", "real"),
+    ],
+)
 def test_calculator_refuses_with_a_clear_message(text, match):
     with pytest.raises(CalculatorError, match=match):
         evaluate(text)
@@ -182,4 +216,5 @@ def test_calculator_tool_and_formatting():
     assert format_number(1e20) == "1e+20" and format_number(3.0) == "3"
     with pytest.raises(ConfigError):
         from gymllm.tools import parse_tool_calls
+
         parse_tool_calls("x", format="klingon")

@@ -40,9 +40,19 @@ def _pydantic_params(fn) -> dict:
 
 
 SIGNATURES = [
-    (Optional[int], None), (Literal["a", "b", 3], "a"), (list[int], None), (float, 1.5), (Unit, None),
-    (Priority, None), (list[Unit], None), (dict[str, int], None), (tuple[int, str], None), (Point, None),
-    (Optional[list[str]], None), (int | str, 3), (bool, True),
+    (Optional[int], None),
+    (Literal["a", "b", 3], "a"),
+    (list[int], None),
+    (float, 1.5),
+    (Unit, None),
+    (Priority, None),
+    (list[Unit], None),
+    (dict[str, int], None),
+    (tuple[int, str], None),
+    (Point, None),
+    (Optional[list[str]], None),
+    (int | str, 3),
+    (bool, True),
 ]
 
 
@@ -61,7 +71,9 @@ def test_parameter_schema_is_pydantics(annotation, default):
     if not isinstance(default, (int, float, str, bool)) and default is not None:
         theirs.pop("default", None)
     assert ours == theirs
-    assert json_schema_for(annotation) == tidy_schema(pydantic.TypeAdapter(annotation).json_schema())
+    assert json_schema_for(annotation) == tidy_schema(
+        pydantic.TypeAdapter(annotation).json_schema()
+    )
     assert t.parameters["required"] == ([] if default is not None else ["value"])
     assert t.parameters["properties"]["other"] == {"type": "string", "default": "x"}
 
@@ -72,22 +84,39 @@ def test_optional_is_shown_as_its_type_but_still_accepts_null():
         """F."""
         return str(tags)
 
-    assert f.parameters["properties"]["tags"] == {"type": "array", "items": {"type": "string"}, "default": None}
+    assert f.parameters["properties"]["tags"] == {
+        "type": "array",
+        "items": {"type": "string"},
+        "default": None,
+    }
     assert f.validate({"tags": None}) == {"tags": None}
     assert f.validate({"tags": ["a"]}) == {"tags": ["a"]}
 
 
 def test_coercion_matches_pydantic_validation():
     @tool
-    def f(n: int, unit: Unit, pri: Priority = Priority.LOW, xs: list[int] = (), p: Optional[Point] = None,
-          label: str = "") -> str:
+    def f(
+        n: int,
+        unit: Unit,
+        pri: Priority = Priority.LOW,
+        xs: list[int] = (),
+        p: Optional[Point] = None,
+        label: str = "",
+    ) -> str:
         """F."""
         return ""
 
     args = {"n": "7", "unit": "kelvin", "pri": 2, "xs": ["1", 2.0], "p": {"x": "3"}, "label": 5}
     got = f.validate(args)
     ref = pydantic.TypeAdapter(Point).validate_python({"x": "3"})
-    assert got == {"n": 7, "unit": Unit.KELVIN, "pri": Priority.HIGH, "xs": [1, 2], "p": ref, "label": "5"}
+    assert got == {
+        "n": 7,
+        "unit": Unit.KELVIN,
+        "pri": Priority.HIGH,
+        "xs": [1, 2],
+        "p": ref,
+        "label": "5",
+    }
     with pytest.raises(ToolError, match=r"'xs\[1\]'.*an integer"):
         f.validate({"n": 1, "unit": "celsius", "xs": [1, "two"]})
     with pytest.raises(ToolError, match=r"'unit'.*one of 'celsius' or 'kelvin'"):
@@ -110,7 +139,10 @@ def test_docstrings_through_docstring_parser_in_every_style():
     :param value: the reading, in the given unit.
     :param unit: its unit.
     """)
-    assert google == ("Convert a temperature.", {"value": "the reading, in the given unit.", "unit": "its unit."})
+    assert google == (
+        "Convert a temperature.",
+        {"value": "the reading, in the given unit.", "unit": "its unit."},
+    )
     assert rest == google
     assert parse_docstring(None) == ("", {})
 

@@ -16,10 +16,22 @@ import offline_bundle as ob  # noqa: E402
 
 
 def _run(tmp: pathlib.Path, bundle: pathlib.Path, *parts: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp / "out"), "GYMLLM_BUNDLE": str(bundle),
-           "GYMLLM_STASH": str(tmp / "stash"), "GYMLLM_CACHE": str(tmp / "cache"), "GYMLLM_SITE": str(tmp / "site")}
-    return subprocess.run(["bash", str(ROOT / "scripts" / "tpu_run.sh"), *parts], capture_output=True, text=True,
-                          env=env, timeout=300)
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "OUT": str(tmp / "out"),
+        "GYMLLM_BUNDLE": str(bundle),
+        "GYMLLM_STASH": str(tmp / "stash"),
+        "GYMLLM_CACHE": str(tmp / "cache"),
+        "GYMLLM_SITE": str(tmp / "site"),
+    }
+    return subprocess.run(
+        ["bash", str(ROOT / "scripts" / "tpu_run.sh"), *parts],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
 def test_two_calls_stash_then_reassemble_and_a_bad_part_is_named(tmp_path):
@@ -43,4 +55,6 @@ def test_two_calls_stash_then_reassemble_and_a_bad_part_is_named(tmp_path):
     log = (tmp_path / "out" / "setup.log").read_text()
     assert "importable already" in log and "devices: cpu" in log and "setup: exit 0" in log
     bad = _run(tmp_path, calls[1], "setup", "bogus")
-    assert bad.returncode == 1 and "unknown part 'bogus': expected stash, setup, tests" in bad.stdout
+    assert (
+        bad.returncode == 1 and "unknown part 'bogus': expected stash, setup, tests" in bad.stdout
+    )

@@ -33,7 +33,12 @@ class DiceEnv(TextEnv):
 
     def _step(self, action):
         hit = action.strip() == str(self.target)
-        return ("correct" if hit else f"no, not {action.strip()}"), float(hit), hit, {"tool_calls": []}
+        return (
+            ("correct" if hit else f"no, not {action.strip()}"),
+            float(hit),
+            hit,
+            {"tool_calls": []},
+        )
 
 
 gym.register("gymllm_test/Dice-v0", entry_point=DiceEnv)
@@ -53,7 +58,11 @@ def test_jsonl_is_readable_and_complete(tmp_path):
         _run_episode(env, s)
     env.close()
     records, good, torn = scan_jsonl(tmp_path / "log" / "episodes.jsonl")
-    assert torn == 0 and records[0]["type"] == "header" and records[0]["env_id"] == "gymllm_test/Dice-v0"
+    assert (
+        torn == 0
+        and records[0]["type"] == "header"
+        and records[0]["env_id"] == "gymllm_test/Dice-v0"
+    )
     assert records[0]["env_kwargs"] == {"sides": 4} and "gymnasium" in records[0]["versions"]
     eps = read_log(tmp_path / "log")
     assert [e.seed for e in eps] == [0, 1, 2, 3, 4]
@@ -65,8 +74,12 @@ def test_jsonl_is_readable_and_complete(tmp_path):
         ref.reset(seed=e.seed)
         for step in e.steps:
             obs, r, term, trunc, _ = ref.step(step["action"])
-            assert (obs, r, term, trunc) == (step["observation"], step["reward"], step["terminated"],
-                                             step["truncated"])
+            assert (obs, r, term, trunc) == (
+                step["observation"],
+                step["reward"],
+                step["terminated"],
+                step["truncated"],
+            )
             assert step["timing"]["step_s"] >= 0
         assert e.end["return"] == e.episode_return
         msgs = e.messages()
@@ -89,10 +102,13 @@ def test_tokens_append_and_read_back_as_arrays(tmp_path):
     for s in range(3):
         _run_episode(env, s)
         n = int(rng.integers(5, 20))
-        traj = Trajectory(token_ids=rng.integers(0, 500, n).astype(np.int32),
-                          loss_mask=rng.integers(0, 2, n).astype(np.int8),
-                          behaviour_logprobs=-rng.random(n).astype(np.float32),
-                          versions=rng.integers(0, 3, n).astype(np.int32), reward=1.0)
+        traj = Trajectory(
+            token_ids=rng.integers(0, 500, n).astype(np.int32),
+            loss_mask=rng.integers(0, 2, n).astype(np.int8),
+            behaviour_logprobs=-rng.random(n).astype(np.float32),
+            versions=rng.integers(0, 3, n).astype(np.int32),
+            reward=1.0,
+        )
         written.append((env.log_trajectory(traj), traj))
     env.close()
     # a second writer session appends after the first one's arrays
@@ -110,8 +126,12 @@ def test_tokens_append_and_read_back_as_arrays(tmp_path):
         np.testing.assert_array_equal(back["versions"], traj.versions)
     eps = read_log(tmp_path / "log")
     assert [len(e.tokens) for e in eps] == [1, 1, 1, 1]
-    np.testing.assert_array_equal(read_tokens(tmp_path / "log", eps[-1].tokens[0])["token_ids"], [1, 2, 3])
-    assert eps[-1].notes[0]["policy_version"] == 4 and eps[-1].notes[0]["sampling"] == {"temperature": 0.7}
+    np.testing.assert_array_equal(
+        read_tokens(tmp_path / "log", eps[-1].tokens[0])["token_ids"], [1, 2, 3]
+    )
+    assert eps[-1].notes[0]["policy_version"] == 4 and eps[-1].notes[0]["sampling"] == {
+        "temperature": 0.7
+    }
 
 
 def test_config_errors_name_the_field(tmp_path):
@@ -156,7 +176,9 @@ WRITER = textwrap.dedent(
 def test_killed_writer_leaves_readable_log_and_resume_has_no_duplicates(tmp_path):
     path = str(tmp_path / "log")
     code = WRITER.format(path=path)
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     try:
         for _ in range(25):  # wait until several episodes are written, then kill mid-stream
             assert proc.stdout.readline(), proc.stderr.read().decode()
@@ -196,7 +218,13 @@ def test_async_twins_log_the_same_records_as_sync(tmp_path):
     def strip(path):
         out = []
         for e in read_log(path):
-            out.append((e.seed, e.observation, [(s["action"], s["observation"], s["reward"]) for s in e.steps]))
+            out.append(
+                (
+                    e.seed,
+                    e.observation,
+                    [(s["action"], s["observation"], s["reward"]) for s in e.steps],
+                )
+            )
         return out
 
     sync = TrajectoryLogger(DiceEnv(), tmp_path / "sync")
@@ -225,8 +253,13 @@ def test_vector_logger_writes_one_file_per_sub_env_and_replays(tmp_path, backend
     from gymllm.wrappers.trajectory_logger import vector_logger
 
     def run(seed):
-        vec = gymllm.make_vec("gymllm/Echo-v0", num_envs=3, episode_length=2, backend=backend,
-                              wrappers=[vector_logger(tmp_path / "log")])
+        vec = gymllm.make_vec(
+            "gymllm/Echo-v0",
+            num_envs=3,
+            episode_length=2,
+            backend=backend,
+            wrappers=[vector_logger(tmp_path / "log")],
+        )
         vec.reset(seed=seed)
         for _ in range(4):
             vec.step(["hello"] * 3)
@@ -248,7 +281,9 @@ def test_vector_logger_writes_one_file_per_sub_env_and_replays(tmp_path, backend
 def test_stale_writer_lock_is_taken_over(tmp_path):
     from gymllm.trajectories.writers import claim_writer_name
 
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     (tmp_path / "env-000.lock").write_text(dead.stdout.strip())  # a crashed run's lock
     (tmp_path / "env-001.lock").write_text(str(os.getpid()))  # a live writer's lock
     assert claim_writer_name(tmp_path)[0] == "env-000"
@@ -285,7 +320,10 @@ def test_any_text_round_trips_through_the_log(tmp_path_factory, texts, action):
     env.close()
     (ep,) = read_log(path)
     assert ep.observation == obs0 and ep.info == info0
-    assert [s["observation"] for s in ep.steps] == [s[0] for s in steps] and ep.actions == [action, action]
+    assert [s["observation"] for s in ep.steps] == [s[0] for s in steps] and ep.actions == [
+        action,
+        action,
+    ]
 
 
 def test_lone_surrogate_in_an_observation_is_logged_not_fatal(tmp_path):

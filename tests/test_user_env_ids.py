@@ -33,7 +33,10 @@ def test_both_module_forms_make_envs_and_vector_envs_with_kwargs():
     check_env(gymllm.make("user_envs:make_count", start=7))
     env = gymllm.make("user_envs:make_count", start=7)
     obs, _ = env.reset(seed=0)
-    assert obs == f"Reply with the number after {env.unwrapped.target - 1}." and env.unwrapped.start == 7
+    assert (
+        obs == f"Reply with the number after {env.unwrapped.target - 1}."
+        and env.unwrapped.start == 7
+    )
     vec = gymllm.make_vec("user_envs:make_count", num_envs=3, start=20)
     try:
         obs, _ = vec.reset(seed=0)
@@ -42,13 +45,16 @@ def test_both_module_forms_make_envs_and_vector_envs_with_kwargs():
         vec.close()
 
 
-@pytest.mark.parametrize("env_id, expected", [
-    ("user_envs:nope", "a callable 'nope' in module 'user_envs'"),
-    ("no_such_module_xyz:Thing-v0", "an importable module before ':'"),
-    ("user_envs:Missing-v0", "to register 'Missing-v0' when imported"),
-    ("user_envs:", "both sides non-empty"),
-    ("Arithmetc-v0", "did you mean"),
-])
+@pytest.mark.parametrize(
+    "env_id, expected",
+    [
+        ("user_envs:nope", "a callable 'nope' in module 'user_envs'"),
+        ("no_such_module_xyz:Thing-v0", "an importable module before ':'"),
+        ("user_envs:Missing-v0", "to register 'Missing-v0' when imported"),
+        ("user_envs:", "both sides non-empty"),
+        ("Arithmetc-v0", "did you mean"),
+    ],
+)
 def test_bad_module_ids_say_what_was_expected_and_how_to_fix(env_id, expected):
     with pytest.raises(ConfigError, match="Fix:") as e:
         gymllm.make_vec(env_id, num_envs=2) if env_id.endswith(":") else gymllm.make(env_id)

@@ -54,8 +54,12 @@ def test_step_matches_gymnasium_sync_vector_env(mode, closing):
     fns = [echo(n) for n in lengths]
     ours = VectorEnv(fns, autoreset_mode=mode)
     closing(ours)
-    ref = gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode(
-        {"next_step": "NextStep", "same_step": "SameStep"}[mode]))
+    ref = gym.vector.SyncVectorEnv(
+        fns,
+        autoreset_mode=gym.vector.AutoresetMode(
+            {"next_step": "NextStep", "same_step": "SameStep"}[mode]
+        ),
+    )
     assert ours.metadata["autoreset_mode"] == ref.metadata["autoreset_mode"]
     o1, _ = ours.reset(seed=3)
     o2, _ = ref.reset(seed=3)
@@ -68,7 +72,9 @@ def test_step_matches_gymnasium_sync_vector_env(mode, closing):
             np.testing.assert_array_equal(x, y)
         if mode == "same_step" and "final_obs" in b[4]:
             np.testing.assert_array_equal(a[4]["_final_obs"], b[4]["_final_obs"])
-            assert list(a[4]["final_obs"][b[4]["_final_obs"]]) == list(b[4]["final_obs"][b[4]["_final_obs"]])
+            assert list(a[4]["final_obs"][b[4]["_final_obs"]]) == list(
+                b[4]["final_obs"][b[4]["_final_obs"]]
+            )
     ref.close()
 
 
@@ -82,7 +88,9 @@ def test_disabled_autoreset_needs_a_masked_reset(closing):
         vec.step(["a", "a"])
     kept = vec._slots[1].last_obs
     obs, infos = vec.reset(options={"reset_mask": vec.ended})
-    assert obs[1] == kept and obs[0].startswith("Repeat:") and list(infos["_task_id"]) == [True, False]
+    assert (
+        obs[1] == kept and obs[0].startswith("Repeat:") and list(infos["_task_id"]) == [True, False]
+    )
     vec.step(["b", "b"])
 
 
@@ -114,7 +122,9 @@ def test_recv_timeout_returns_what_is_ready(closing):
 
 
 def test_step_is_barrier_free_inside_a_sync_step(closing):
-    barrier = threading.Barrier(8)  # each step waits for all eight: only concurrent steps get through
+    barrier = threading.Barrier(
+        8
+    )  # each step waits for all eight: only concurrent steps get through
     vec = VectorEnv([functools.partial(GatedEnv, barrier=barrier) for _ in range(8)])
     closing(vec)
     vec.reset(seed=0)
@@ -160,7 +170,12 @@ def test_per_env_reset_and_chat_observations(closing):
     vec = VectorEnv([ChatEnv, echo()])
     closing(vec)
     obs, _ = vec.reset(seed=0)
-    assert obs.dtype == object and isinstance(obs[0], list) and len(obs[0]) == 2 and isinstance(obs[1], str)
+    assert (
+        obs.dtype == object
+        and isinstance(obs[0], list)
+        and len(obs[0]) == 2
+        and isinstance(obs[1], str)
+    )
     o, info = vec.reset_env(0, seed=0)
     assert o == obs[0] and info["task_id"]
     vec.send(["q"], env_ids=[0])
@@ -198,7 +213,9 @@ def test_caller_errors_are_clear_and_start_nothing(closing):
 
 
 def test_raising_sub_env_is_reported_with_its_id_and_others_keep_running(closing):
-    vec = VectorEnv([echo(10), functools.partial(FailingEnv, fail_at_step=2, episode_length=10), echo(10)])
+    vec = VectorEnv(
+        [echo(10), functools.partial(FailingEnv, fail_at_step=2, episode_length=10), echo(10)]
+    )
     closing(vec)
     vec.reset(seed=0)
     vec.step(["a"] * 3)
@@ -231,7 +248,11 @@ def test_hanging_sub_env_times_out_with_its_id_and_is_rebuilt(closing):
     t0 = time.perf_counter()
     obs, _, _, trunc, infos = vec.step(["a", "a"])
     assert 0.25 < time.perf_counter() - t0 < 30  # waited for the timeout, not for the 60 s hang
-    assert isinstance(infos["error"][1], EnvTimeoutError) and infos["error"][1].env_id == 1 and trunc[1]
+    assert (
+        isinstance(infos["error"][1], EnvTimeoutError)
+        and infos["error"][1].env_id == 1
+        and trunc[1]
+    )
     assert obs[0].startswith("You said")
     obs, *_ = vec.step(["a", "a"])  # rebuilt from its factory and reset
     assert vec.envs[1] is not old and obs[1].startswith("Repeat:")
@@ -346,7 +367,9 @@ def test_process_backend_matches_thread_backend_and_isolates_failures():
             rows = [list(obs)]
             for t in range(4):
                 o, r, te, tr, infos = vec.step([f"x{t}"] * 3)
-                rows.append((list(o), list(r), list(te), list(tr), list(infos.get("_error", [False] * 3))))
+                rows.append(
+                    (list(o), list(r), list(te), list(tr), list(infos.get("_error", [False] * 3)))
+                )
             results[backend] = rows
         finally:
             vec.close()
@@ -387,8 +410,10 @@ def test_mixed_spaces_are_kept_per_env(closing):
 
 
 def test_same_step_mode_recovers_a_failed_sub_env(closing):
-    vec = VectorEnv([echo(10), functools.partial(FailingEnv, fail_at_step=1, episode_length=10)],
-                    autoreset_mode="same_step")
+    vec = VectorEnv(
+        [echo(10), functools.partial(FailingEnv, fail_at_step=1, episode_length=10)],
+        autoreset_mode="same_step",
+    )
     closing(vec)
     vec.reset(seed=0)
     obs, _, _, trunc, infos = vec.step(["a", "a"])
@@ -426,7 +451,12 @@ def test_failure_on_the_inline_fast_path_is_reported_too(closing):
         vec.step(["a", "a"])
     assert all(s.inline for s in vec._slots)  # the next step takes the one-pass path
     obs, _, _, trunc, infos = vec.step(["a", "a"])
-    assert obs[1] is None and trunc[1] and infos["error"][1].env_id == 1 and obs[0].startswith("You said")
+    assert (
+        obs[1] is None
+        and trunc[1]
+        and infos["error"][1].env_id == 1
+        and obs[0].startswith("You said")
+    )
     obs, *_ = vec.step(["a", "a"])
     assert obs[1].startswith("Repeat:")
 
@@ -462,7 +492,9 @@ def test_pooled_sub_env_ops_are_traced_on_their_own_track(closing):
     closing(vec)
     vec.reset(seed=0)
     vec.step(["a", "b"])
-    tracks = {e.get("track") for e in get_tracer().events() if str(e.get("name", "")).startswith("env.")}
+    tracks = {
+        e.get("track") for e in get_tracer().events() if str(e.get("name", "")).startswith("env.")
+    }
     assert {"env/0", "env/1"} <= tracks
 
 
@@ -487,7 +519,9 @@ class WhereEnv(TextEnv):
         self.entered: asyncio.Event | None = None
 
     def note(self, op):
-        self.seen.append((op, asyncio.current_task(), threading.get_ident(), asyncio.get_running_loop()))
+        self.seen.append(
+            (op, asyncio.current_task(), threading.get_ident(), asyncio.get_running_loop())
+        )
 
     async def _areset(self, *, seed, options):
         self.note("reset")
@@ -514,8 +548,10 @@ def test_an_awaited_async_sub_env_runs_in_the_callers_own_task(closing):
     assert out[0] == "got x"
     env = vec._slots[1].env
     # no task and no thread hand-off: the env's coroutine ran inside the caller's coroutine
-    assert [(op, t, th, lp) for op, t, th, lp in env.seen] == [("reset", task, threading.get_ident(), loop),
-                                                               ("step", task, threading.get_ident(), loop)]
+    assert [(op, t, th, lp) for op, t, th, lp in env.seen] == [
+        ("reset", task, threading.get_ident(), loop),
+        ("step", task, threading.get_ident(), loop),
+    ]
 
 
 def test_an_async_sub_env_stays_on_the_loop_of_its_first_op(closing):
@@ -590,7 +626,9 @@ def test_close_answers_a_caller_running_an_async_sub_env_in_its_own_task():
         task = asyncio.ensure_future(vec.astep_env(0, "x"))
         await env.entered.wait()
         vec.close()
-        done, _ = await asyncio.wait({task}, timeout=30.0)  # answered by close, not by a caller's timeout
+        done, _ = await asyncio.wait(
+            {task}, timeout=30.0
+        )  # answered by close, not by a caller's timeout
         assert task in done
         with pytest.raises(VectorStateError, match="closed during this call"):
             task.result()

@@ -12,22 +12,42 @@ from gymllm.envs.basic import EchoEnv, FailingEnv, LatencyEnv
 from gymllm.utils import check_vector_env
 from gymllm.vector import VectorEnv
 
-MODES = {"next_step": gym.vector.AutoresetMode.NEXT_STEP, "same_step": gym.vector.AutoresetMode.SAME_STEP,
-         "disabled": gym.vector.AutoresetMode.DISABLED}
+MODES = {
+    "next_step": gym.vector.AutoresetMode.NEXT_STEP,
+    "same_step": gym.vector.AutoresetMode.SAME_STEP,
+    "disabled": gym.vector.AutoresetMode.DISABLED,
+}
+
 
 def pick(values, mask):
     return [v for v, m in zip(values, mask) if m]
 
 
-ops = st.lists(st.one_of(st.tuples(st.just("send"), st.lists(st.booleans(), min_size=4, max_size=4)),
-                         st.tuples(st.just("recv"), st.integers(1, 5))), min_size=1, max_size=12)
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("send"), st.lists(st.booleans(), min_size=4, max_size=4)),
+        st.tuples(st.just("recv"), st.integers(1, 5)),
+    ),
+    min_size=1,
+    max_size=12,
+)
 
 
 @settings(max_examples=25, deadline=None)
-@given(schedule=ops, seed=st.integers(0, 1000), fail_at=st.integers(1, 3), mode=st.sampled_from(["next_step", "same_step"]))
+@given(
+    schedule=ops,
+    seed=st.integers(0, 1000),
+    fail_at=st.integers(1, 3),
+    mode=st.sampled_from(["next_step", "same_step"]),
+)
 def test_every_sent_env_id_is_received_exactly_once(schedule, seed, fail_at, mode):
-    fns = [functools.partial(LatencyEnv, median_s=0.0005, p99_s=0.004, episode_length=2 + i) for i in range(3)]
-    fns.append(functools.partial(FailingEnv, fail_at_step=fail_at, episode_length=4))  # fails every episode
+    fns = [
+        functools.partial(LatencyEnv, median_s=0.0005, p99_s=0.004, episode_length=2 + i)
+        for i in range(3)
+    ]
+    fns.append(
+        functools.partial(FailingEnv, fail_at_step=fail_at, episode_length=4)
+    )  # fails every episode
     vec = VectorEnv(fns, autoreset_mode=mode)
     try:
         vec.reset(seed=seed)
@@ -59,8 +79,12 @@ def test_every_sent_env_id_is_received_exactly_once(schedule, seed, fail_at, mod
 
 
 @settings(max_examples=25, deadline=None)
-@given(lengths=st.lists(st.integers(1, 4), min_size=1, max_size=4), mode=st.sampled_from(sorted(MODES)),
-       steps=st.integers(1, 10), seed=st.integers(0, 1000))
+@given(
+    lengths=st.lists(st.integers(1, 4), min_size=1, max_size=4),
+    mode=st.sampled_from(sorted(MODES)),
+    steps=st.integers(1, 10),
+    seed=st.integers(0, 1000),
+)
 def test_autoreset_semantics_match_gymnasium_per_mode(lengths, mode, steps, seed):
     fns = [functools.partial(EchoEnv, episode_length=n) for n in lengths]
     ours = VectorEnv(fns, autoreset_mode=mode)
@@ -75,9 +99,13 @@ def test_autoreset_semantics_match_gymnasium_per_mode(lengths, mode, steps, seed
                 np.testing.assert_array_equal(x, y)
             if mode == "same_step":
                 mask = b[4].get("_final_obs", np.zeros(len(lengths), bool))
-                np.testing.assert_array_equal(a[4].get("_final_obs", np.zeros(len(lengths), bool)), mask)
+                np.testing.assert_array_equal(
+                    a[4].get("_final_obs", np.zeros(len(lengths), bool)), mask
+                )
                 n = len(lengths)
-                assert pick(a[4].get("final_obs", [None] * n), mask) == pick(b[4].get("final_obs", [None] * n), mask)
+                assert pick(a[4].get("final_obs", [None] * n), mask) == pick(
+                    b[4].get("final_obs", [None] * n), mask
+                )
             if mode == "disabled":
                 ended = np.logical_or(a[2], a[3])
                 np.testing.assert_array_equal(ours.ended, ended)

@@ -55,7 +55,9 @@ class Unpicklable(str):
         raise TypeError("this action does not pickle")
 
 
-ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # GateEcho travels to the actors by value
+ray.cloudpickle.register_pickle_by_value(
+    sys.modules[__name__]
+)  # GateEcho travels to the actors by value
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +94,9 @@ def test_every_node_is_on_loopback(cluster):
 
 
 def test_custom_resources_pin_the_actors_to_their_node(cluster, echo2):
-    sandboxed = gymllm.make_vec("gymllm/Echo-v0", 2, backend="ray", ray_options={**SMALL, "resources": {"sandbox": 1}})
+    sandboxed = gymllm.make_vec(
+        "gymllm/Echo-v0", 2, backend="ray", ray_options={**SMALL, "resources": {"sandbox": 1}}
+    )
     try:
         sandbox_node = cluster.node_id(cluster.nodes[1])
         assert [sandboxed.runner.where(i)["node_id"] for i in range(2)] == [sandbox_node] * 2
@@ -111,7 +115,10 @@ def test_ray_backend_passes_the_vector_checker(echo2):
 def test_results_match_the_thread_backend_in_every_autoreset_mode(cluster):
     for mode in ("next_step", "same_step", "disabled"):
         got = {}
-        for backend, extra in (("thread", {}), ("ray", {"ray_options": {**SMALL, "num_workers": 1}})):
+        for backend, extra in (
+            ("thread", {}),
+            ("ray", {"ray_options": {**SMALL, "num_workers": 1}}),
+        ):
             vec = VectorEnv(echo_fns(2, length=2), autoreset_mode=mode, backend=backend, **extra)
             try:
                 out = [list(vec.reset(seed=[5, 9])[0])]
@@ -122,8 +129,15 @@ def test_results_match_the_thread_backend_in_every_autoreset_mode(cluster):
                         out.append(list(vec.reset(options={"reset_mask": vec.ended})[0]))
                         continue
                     obs, rew, term, trunc, infos = vec.step([f"a{t}", f"b{t}"])
-                    out.append((list(obs), list(rew), list(term), list(trunc),
-                                list(infos.get("final_obs", [None, None]))))
+                    out.append(
+                        (
+                            list(obs),
+                            list(rew),
+                            list(term),
+                            list(trunc),
+                            list(infos.get("final_obs", [None, None])),
+                        )
+                    )
                 got[backend] = out
             finally:
                 vec.close()
@@ -132,14 +146,20 @@ def test_results_match_the_thread_backend_in_every_autoreset_mode(cluster):
 
 def test_a_blocked_env_holds_back_nothing_and_a_killed_actor_fails_only_its_env(cluster, tmp_path):
     gate = str(tmp_path / "gate")
-    fns = echo_fns(1, length=50) + [functools.partial(GateEcho, episode_length=50, gate=gate)] + echo_fns(1, length=50)
+    fns = (
+        echo_fns(1, length=50)
+        + [functools.partial(GateEcho, episode_length=50, gate=gate)]
+        + echo_fns(1, length=50)
+    )
     vec = VectorEnv(fns, backend="ray", ray_options=SMALL)
     try:
         vec.reset(seed=0)
         pid = vec.runner.where(1)["pid"]
         vec.send(["a", "a", "a"])
         for _ in range(3):
-            *_, ids = vec.recv(min_ready=2)  # env 1 is blocked: only envs 0 and 2 can make up these two
+            *_, ids = vec.recv(
+                min_ready=2
+            )  # env 1 is blocked: only envs 0 and 2 can make up these two
             assert sorted(ids) == [0, 2]
             vec.send(["b", "b"], env_ids=[0, 2])
         *_, ids = vec.recv(min_ready=2)
@@ -153,18 +173,31 @@ def test_a_blocked_env_holds_back_nothing_and_a_killed_actor_fails_only_its_env(
             for j, i in enumerate(ids):
                 err = infos["error"][j] if "error" in infos and infos["_error"][j] else None
                 out[int(i)] = (obs[j], bool(trunc[j]), err)
-        assert out[1][0] is None and out[1][1] and isinstance(out[1][2], EnvError) and out[1][2].env_id == 1
+        assert (
+            out[1][0] is None
+            and out[1][1]
+            and isinstance(out[1][2], EnvError)
+            and out[1][2].env_id == 1
+        )
         assert "actor died" in str(out[1][2])
         assert out[0][2] is None and out[2][2] is None and out[0][0].startswith("You said: c")
         assert list(vec.ended) == [False, True, False]
         open(gate, "w").close()
-        obs, rew, term, trunc, infos = vec.step(["d", "d", "d"])  # NEXT_STEP: env 1 is reset on a new actor
-        assert obs[1].startswith("Repeat:") and "error" not in infos and obs[0].startswith("You said: d")
+        obs, rew, term, trunc, infos = vec.step(
+            ["d", "d", "d"]
+        )  # NEXT_STEP: env 1 is reset on a new actor
+        assert (
+            obs[1].startswith("Repeat:")
+            and "error" not in infos
+            and obs[0].startswith("You said: d")
+        )
         assert vec.runner.where(1)["pid"] != pid
         obs, *_ = vec.step(["e", "e", "e"])
         assert all(o.startswith("You said: e") for o in obs)
 
-        actor = vec.runner.actor_for(0)  # an idle actor killed through Ray: seen on its env's next step
+        actor = vec.runner.actor_for(
+            0
+        )  # an idle actor killed through Ray: seen on its env's next step
         ray.kill(actor)
         wait_dead(actor)
         obs, _, _, trunc, infos = vec.step(["f", "f", "f"])
@@ -179,8 +212,13 @@ def test_a_blocked_env_holds_back_nothing_and_a_killed_actor_fails_only_its_env(
 @pytest.mark.slow  # ~20 s: two node start-ups and a 5 s placement watchdog; the killed-process test covers the default tier
 def test_a_lost_node_fails_its_env_which_comes_back_on_a_new_node(cluster):
     node = cluster.add_node(num_cpus=1, resources={"edge": 1})
-    vec = gymllm.make_vec("gymllm/Echo-v0", 1, episode_length=50, backend="ray",
-                          ray_options={**SMALL, "resources": {"edge": 1}, "ready_timeout_s": 5.0})
+    vec = gymllm.make_vec(
+        "gymllm/Echo-v0",
+        1,
+        episode_length=50,
+        backend="ray",
+        ray_options={**SMALL, "resources": {"edge": 1}, "ready_timeout_s": 5.0},
+    )
     new = None
     try:
         vec.reset(seed=0)
@@ -190,7 +228,9 @@ def test_a_lost_node_fails_its_env_which_comes_back_on_a_new_node(cluster):
         wait_dead(actor)
         obs, _, _, trunc, infos = vec.step(["a"])
         assert obs[0] is None and trunc[0] and "actor died" in str(infos["error"][0])
-        obs, _, _, _, infos = vec.step(["b"])  # autoreset: no node has "edge" now, the watchdog reports it
+        obs, _, _, _, infos = vec.step(
+            ["b"]
+        )  # autoreset: no node has "edge" now, the watchdog reports it
         assert obs[0] is None and "placed within ready_timeout_s" in str(infos["error"][0])
         new = cluster.add_node(num_cpus=1, resources={"edge": 1})
         obs, _, _, _, infos = vec.step(["c"])  # the next reset places the actor on the new host
@@ -207,6 +247,7 @@ def test_async_twins_and_step_timeout(cluster, tmp_path):
     fns = [functools.partial(GateEcho, episode_length=50, gate=gate)] + echo_fns(1, length=50)
     vec = VectorEnv(fns, backend="ray", ray_options=SMALL, step_timeout=2.0)
     try:
+
         async def main():
             open(gate, "w").close()
             obs0, _ = await vec.areset_env(0, seed=1)
@@ -235,7 +276,9 @@ def test_async_twins_and_step_timeout(cluster, tmp_path):
 
 
 def test_shards_and_bad_options(cluster):
-    vec = gymllm.make_vec("gymllm/Echo-v0", 5, backend="ray", ray_options={**SMALL, "num_workers": 2})
+    vec = gymllm.make_vec(
+        "gymllm/Echo-v0", 5, backend="ray", ray_options={**SMALL, "num_workers": 2}
+    )
     try:
         assert [vec.runner.shard_of[i].index for i in range(5)] == [0, 0, 0, 1, 1]
         ref = gymllm.make_vec("gymllm/Echo-v0", 5)
@@ -244,19 +287,29 @@ def test_shards_and_bad_options(cluster):
             assert list(vec.step(["a"] * 5)[0]) == list(ref.step(["a"] * 5)[0])
         finally:
             ref.close()
-        vec.send(["a", Unpicklable("a"), "a", "a", "a"])  # a valid action that cannot travel to the actor
+        vec.send(
+            ["a", Unpicklable("a"), "a", "a", "a"]
+        )  # a valid action that cannot travel to the actor
         obs, _, _, _, infos, ids = vec.recv(min_ready=5)
         errs = {int(i): infos["error"][j] for j, i in enumerate(ids) if infos["_error"][j]}
-        assert set(errs) == {1} and isinstance(errs[1], EnvError)  # one call per env op: its shard-mates go on
+        assert set(errs) == {1} and isinstance(
+            errs[1], EnvError
+        )  # one call per env op: its shard-mates go on
         assert obs[list(ids).index(0)].startswith("You said: a")
     finally:
         vec.close()
     with pytest.raises(ConfigError, match="picklable"):
-        VectorEnv([lambda: EchoEnv(), lambda lock=__import__("threading").Lock(): lock], backend="ray")
+        VectorEnv(
+            [lambda: EchoEnv(), lambda lock=__import__("threading").Lock(): lock], backend="ray"
+        )
     with pytest.raises(ConfigError, match="sandbox"):
-        gymllm.make_vec("gymllm/Echo-v0", 2, backend="ray", ray_options={"resources": {"sandbox": 5}})
+        gymllm.make_vec(
+            "gymllm/Echo-v0", 2, backend="ray", ray_options={"resources": {"sandbox": 5}}
+        )
     with pytest.raises(ConfigError, match="num_workers or envs_per_actor"):
-        gymllm.make_vec("gymllm/Echo-v0", 2, backend="ray", ray_options={"num_workers": 1, "envs_per_actor": 1})
+        gymllm.make_vec(
+            "gymllm/Echo-v0", 2, backend="ray", ray_options={"num_workers": 1, "envs_per_actor": 1}
+        )
     with pytest.raises(ConfigError, match="only with backend='ray'"):
         gymllm.make_vec("gymllm/Echo-v0", 2, ray_options={"num_workers": 1})
 
@@ -266,7 +319,9 @@ def recv_all(vec, n, timeout=60.0):
     out = {}
     end = time.monotonic() + timeout
     while len(out) < n and time.monotonic() < end:
-        obs, _, _, trunc, infos, ids = vec.recv(min_ready=1, timeout=max(0.0, end - time.monotonic()))
+        obs, _, _, trunc, infos, ids = vec.recv(
+            min_ready=1, timeout=max(0.0, end - time.monotonic())
+        )
         for j, i in enumerate(ids):
             err = infos["error"][j] if "error" in infos and infos["_error"][j] else None
             out[int(i)] = (obs[j], bool(trunc[j]), err)
@@ -276,39 +331,74 @@ def recv_all(vec, n, timeout=60.0):
 def test_placement_is_fitted_to_the_cluster_and_explicit_options_win():
     three = {"CPU": 3.0}
     auto = plan_placement(6, RayOptions(), three, three)
-    assert (auto.envs_per_actor, auto.num_actors, auto.num_cpus) == (1, 6, 0.5)  # one actor per env, 0.5 CPU each
+    assert (auto.envs_per_actor, auto.num_actors, auto.num_cpus) == (
+        1,
+        6,
+        0.5,
+    )  # one actor per env, 0.5 CPU each
     busy = plan_placement(6, RayOptions(), three, {"CPU": 2.5})
     assert busy.num_actors == 6 and busy.num_cpus * 6 <= 2.5 and busy.num_cpus == 0.4166
     # 2.5 free CPUs split over two hosts (0.5 + 2.0): a share of 2.5 / 6 would fit only 1 + 4 actors;
     # the share leaves room for one wasted share per host, so all six fit whatever the split
     split = plan_placement(6, RayOptions(), three, {"CPU": 2.5}, nodes=2)
     assert split.num_cpus == 0.3571 and int(0.5 / split.num_cpus) + int(2.0 / split.num_cpus) >= 6
-    assert plan_placement(2, RayOptions(), three, three).num_cpus == 1.0  # at most one CPU per actor
-    assert plan_placement(6, RayOptions(), three, {"CPU": 0.0}).num_cpus == 0.0  # full: Ray's running default
-    many = plan_placement(100, RayOptions(), three, three)  # more envs than 4 actors per CPU: shards
-    assert many.num_actors <= 3 * ACTORS_PER_CPU and many.envs_per_actor == 9 and many.num_actors == 12
+    assert (
+        plan_placement(2, RayOptions(), three, three).num_cpus == 1.0
+    )  # at most one CPU per actor
+    assert (
+        plan_placement(6, RayOptions(), three, {"CPU": 0.0}).num_cpus == 0.0
+    )  # full: Ray's running default
+    many = plan_placement(
+        100, RayOptions(), three, three
+    )  # more envs than 4 actors per CPU: shards
+    assert (
+        many.num_actors <= 3 * ACTORS_PER_CPU and many.envs_per_actor == 9 and many.num_actors == 12
+    )
     assert many.num_cpus == 0.25
-    one_cpu_each = plan_placement(6, RayOptions(num_cpus=1), three, three)  # explicit CPUs: fewer, larger shards
-    assert (one_cpu_each.envs_per_actor, one_cpu_each.num_actors, one_cpu_each.num_cpus) == (2, 3, 1.0)
-    explicit = plan_placement(6, RayOptions(num_workers=4, num_cpus=1), three, three)  # kept as given
+    one_cpu_each = plan_placement(
+        6, RayOptions(num_cpus=1), three, three
+    )  # explicit CPUs: fewer, larger shards
+    assert (one_cpu_each.envs_per_actor, one_cpu_each.num_actors, one_cpu_each.num_cpus) == (
+        2,
+        3,
+        1.0,
+    )
+    explicit = plan_placement(
+        6, RayOptions(num_workers=4, num_cpus=1), three, three
+    )  # kept as given
     assert (explicit.envs_per_actor, explicit.num_actors, explicit.num_cpus) == (2, 3, 1.0)
     per_env = plan_placement(6, RayOptions(envs_per_actor=1), three, three)
     assert (per_env.num_actors, per_env.num_cpus) == (6, 0.5)
-    sandboxed = plan_placement(6, RayOptions(resources={"sandbox": 1}), {"CPU": 3.0, "sandbox": 2.0},
-                               {"CPU": 3.0, "sandbox": 2.0})
+    sandboxed = plan_placement(
+        6,
+        RayOptions(resources={"sandbox": 1}),
+        {"CPU": 3.0, "sandbox": 2.0},
+        {"CPU": 3.0, "sandbox": 2.0},
+    )
     assert (sandboxed.envs_per_actor, sandboxed.num_actors) == (3, 2)  # as many actors as sandboxes
 
 
-def test_with_no_options_six_envs_start_on_the_three_cpu_cluster_and_run_barrier_free(cluster, tmp_path):
-    with pytest.raises(ConfigError, match=r"need 6\.0, cluster has 3\.0"):  # a truly impossible request
-        gymllm.make_vec("gymllm/Echo-v0", 6, backend="ray", ray_options={"num_cpus": 1, "envs_per_actor": 1})
+def test_with_no_options_six_envs_start_on_the_three_cpu_cluster_and_run_barrier_free(
+    cluster, tmp_path
+):
+    with pytest.raises(
+        ConfigError, match=r"need 6\.0, cluster has 3\.0"
+    ):  # a truly impossible request
+        gymllm.make_vec(
+            "gymllm/Echo-v0", 6, backend="ray", ray_options={"num_cpus": 1, "envs_per_actor": 1}
+        )
     gate = str(tmp_path / "gate")
     fns = [functools.partial(GateEcho, episode_length=50, gate=gate)] + echo_fns(5, length=50)
     vec = VectorEnv(fns, backend="ray")  # no ray_options at all
     try:
         placement = vec.runner.placement
-        assert (placement.num_actors, placement.envs_per_actor) == (6, 1) and 0 < placement.num_cpus <= 0.5
-        assert len({vec.runner.where(i)["pid"] for i in range(6)}) == 6  # per-env failure isolation kept
+        assert (placement.num_actors, placement.envs_per_actor) == (
+            6,
+            1,
+        ) and 0 < placement.num_cpus <= 0.5
+        assert (
+            len({vec.runner.where(i)["pid"] for i in range(6)}) == 6
+        )  # per-env failure isolation kept
         ref = gymllm.make_vec("gymllm/Echo-v0", 6, episode_length=50)
         try:
             assert list(vec.reset(seed=2)[0]) == list(ref.reset(seed=2)[0])
@@ -336,7 +426,9 @@ def test_envs_sharing_an_actor_are_barrier_free_and_its_death_fails_exactly_them
         pids = [vec.runner.where(i)["pid"] for i in range(4)]
         assert pids[0] == pids[1] and pids[2] == pids[3] and pids[0] != pids[2]  # two shards of two
         vec.send(["a"] * 4)
-        for t in range(3):  # env 0 is blocked inside the actor it shares with env 1: env 1 still goes round
+        for t in range(
+            3
+        ):  # env 0 is blocked inside the actor it shares with env 1: env 1 still goes round
             got = recv_all(vec, 3)
             assert sorted(got) == [1, 2, 3] and vec.in_flight == [0]
             vec.send([f"b{t}"] * 3, env_ids=[1, 2, 3])
@@ -345,17 +437,30 @@ def test_envs_sharing_an_actor_are_barrier_free_and_its_death_fails_exactly_them
 
         os.kill(pids[0], signal.SIGKILL)  # the shared actor dies with env 0 mid-step
         got = recv_all(vec, 1)
-        assert got[0][0] is None and got[0][1] and isinstance(got[0][2], EnvError) and got[0][2].env_id == 0
+        assert (
+            got[0][0] is None
+            and got[0][1]
+            and isinstance(got[0][2], EnvError)
+            and got[0][2].env_id == 0
+        )
         assert "actor died" in str(got[0][2])
-        vec.send(["c"] * 3, env_ids=[1, 2, 3])  # env 1 was idle in the dead actor: its episode is gone too
+        vec.send(
+            ["c"] * 3, env_ids=[1, 2, 3]
+        )  # env 1 was idle in the dead actor: its episode is gone too
         got = recv_all(vec, 3)
         assert isinstance(got[1][2], EnvError) and got[1][2].env_id == 1 and got[1][0] is None
-        assert got[2][2] is None and got[3][2] is None and got[2][0].startswith("You said: c")  # the other shard
+        assert (
+            got[2][2] is None and got[3][2] is None and got[2][0].startswith("You said: c")
+        )  # the other shard
         assert list(vec.ended) == [True, True, False, False]
 
         open(gate, "w").close()
-        obs, _, _, _, infos = vec.step(["d"] * 4)  # NEXT_STEP: envs 0 and 1 reset onto one new actor
-        assert obs[0].startswith("Repeat:") and obs[1].startswith("Repeat:") and "error" not in infos
+        obs, _, _, _, infos = vec.step(
+            ["d"] * 4
+        )  # NEXT_STEP: envs 0 and 1 reset onto one new actor
+        assert (
+            obs[0].startswith("Repeat:") and obs[1].startswith("Repeat:") and "error" not in infos
+        )
         assert obs[2].startswith("You said: d")
         new = vec.runner.where(0)["pid"]
         assert new == vec.runner.where(1)["pid"] and new != pids[0]
@@ -366,16 +471,29 @@ def test_envs_sharing_an_actor_are_barrier_free_and_its_death_fails_exactly_them
 
 
 def test_env_shard_twin_runs_without_ray():
-    shard = EnvShard([functools.partial(EchoEnv, episode_length=1), functools.partial(EchoEnv, episode_length=2)],
-                     first_env_id=3)
+    shard = EnvShard(
+        [
+            functools.partial(EchoEnv, episode_length=1),
+            functools.partial(EchoEnv, episode_length=2),
+        ],
+        first_env_id=3,
+    )
     status, spaces = shard.start()
     assert status == "ok" and len(spaces) == 2
-    out = shard.run([(0, "reset", None, 7, None, False), (1, "reset", None, 8, None, False),
-                     (0, "step_same", "a", None, None, False), (1, "step", "a", None, None, False),
-                     (1, "step", 42, None, None, False)])
+    out = shard.run(
+        [
+            (0, "reset", None, 7, None, False),
+            (1, "reset", None, 8, None, False),
+            (0, "step_same", "a", None, None, False),
+            (1, "step", "a", None, None, False),
+            (1, "step", 42, None, None, False),
+        ]
+    )
     ref = EchoEnv(episode_length=1)
     assert out[0] == ("ok", (ref.reset(seed=7)[0], 0.0, False, False, ref.reset(seed=7)[1]))
-    assert out[2][0] == "ok" and out[2][1][2] and "final_obs" in out[2][1][4]  # SAME_STEP reset in the shard
+    assert (
+        out[2][0] == "ok" and out[2][1][2] and "final_obs" in out[2][1][4]
+    )  # SAME_STEP reset in the shard
     assert out[3][0] == "ok" and out[4][0] == "err"  # a bad op fails alone
     assert shard.where()["pid"] == os.getpid()
     bad = EnvShard([EchoEnv, functools.partial(EchoEnv, episode_length=0)], first_env_id=10)
@@ -388,10 +506,12 @@ def test_env_shard_twin_runs_without_ray():
 def test_without_ray_the_backend_names_the_extra():
     import subprocess
 
-    code = ("import sys; sys.modules['ray'] = None\n"  # a fresh interpreter where `import ray` fails
-            "import gymllm\n"
-            "from gymllm.errors import MissingExtraError\n"
-            "try:\n    gymllm.make_vec('gymllm/Echo-v0', 2, backend='ray')\n"
-            "except MissingExtraError as e:\n    print('MISSING', e)\n")
+    code = (
+        "import sys; sys.modules['ray'] = None\n"  # a fresh interpreter where `import ray` fails
+        "import gymllm\n"
+        "from gymllm.errors import MissingExtraError\n"
+        "try:\n    gymllm.make_vec('gymllm/Echo-v0', 2, backend='ray')\n"
+        "except MissingExtraError as e:\n    print('MISSING', e)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "MISSING" in out.stdout and "gymllm[ray]" in out.stdout, out.stderr

@@ -28,7 +28,11 @@ from gymllm.trajectories.reader import read_log, read_tokens
 from viewer_runs import metrics_record, write_episode_run, write_eval_rows, write_suite
 
 # $GYMLLM_CHROMIUM names another Chromium build; by default the Debian package's executable on PATH
-CHROMIUM = os.environ.get("GYMLLM_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM = (
+    os.environ.get("GYMLLM_CHROMIUM")
+    or shutil.which("chromium")
+    or shutil.which("chromium-browser")
+)
 
 
 # ------------------------------------------------------------------------------------ fixtures
@@ -38,9 +42,24 @@ CHROMIUM = os.environ.get("GYMLLM_CHROMIUM") or shutil.which("chromium") or shut
 def train_run(tmp_path_factory) -> pathlib.Path:
     """A run directory made by `gymllm train --preset tiny` (3 steps)."""
     run_dir = tmp_path_factory.mktemp("viewer-train") / "tiny-run"
-    proc = subprocess.run([sys.executable, "-m", "gymllm.cli.main", "train", "--preset", "tiny", "--run-dir",
-                           str(run_dir), "--learner.num-steps", "3", "--run.no-console"],
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gymllm.cli.main",
+            "train",
+            "--preset",
+            "tiny",
+            "--run-dir",
+            str(run_dir),
+            "--learner.num-steps",
+            "3",
+            "--run.no-console",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run_dir
 
@@ -48,7 +67,11 @@ def train_run(tmp_path_factory) -> pathlib.Path:
 @pytest.fixture(scope="module")
 def written(tmp_path_factory) -> dict[str, pathlib.Path]:
     root = tmp_path_factory.mktemp("viewer-written")
-    return {"episodes": write_episode_run(root), "suite": write_suite(root), "eval": write_eval_rows(root)}
+    return {
+        "episodes": write_episode_run(root),
+        "suite": write_suite(root),
+        "eval": write_eval_rows(root),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +83,9 @@ def server(train_run, written):
 
 @pytest.fixture(scope="module")
 def shots(tmp_path_factory) -> pathlib.Path:
-    d = pathlib.Path(os.environ.get("GYMLLM_VIEWER_SCREENSHOTS") or tmp_path_factory.mktemp("viewer-screenshots"))
+    d = pathlib.Path(
+        os.environ.get("GYMLLM_VIEWER_SCREENSHOTS") or tmp_path_factory.mktemp("viewer-screenshots")
+    )
     d.mkdir(parents=True, exist_ok=True)
     return d
 
@@ -68,9 +93,13 @@ def shots(tmp_path_factory) -> pathlib.Path:
 @pytest.fixture(scope="module")
 def browser():
     if not CHROMIUM or not os.path.isfile(CHROMIUM):
-        pytest.skip(f"the chromium executable is absent ({CHROMIUM or 'no chromium on PATH'}; Debian package "
-                    "`chromium`, which .ci/run installs)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (the `test` extra) is not installed")
+        pytest.skip(
+            f"the chromium executable is absent ({CHROMIUM or 'no chromium on PATH'}; Debian package "
+            "`chromium`, which .ci/run installs)"
+        )
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="playwright (the `test` extra) is not installed"
+    )
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
         yield b
@@ -81,7 +110,9 @@ class Watched:
     """A page whose every request is recorded; requests off 127.0.0.1 are aborted and kept in ``outside``."""
 
     def __init__(self, browser):
-        self.context = browser.new_context(viewport={"width": 1280, "height": 900}, service_workers="block")
+        self.context = browser.new_context(
+            viewport={"width": 1280, "height": 900}, service_workers="block"
+        )
         self.requests: list[str] = []
         self.outside: list[str] = []
         self.page_errors: list[str] = []
@@ -122,17 +153,32 @@ def test_front_page_draws_the_curves_of_a_gymllm_train_run(server, train_run, wa
     chart.locator("polyline").first.wait_for()
     # one series per run with metrics: the train run and the written run, overlaid
     assert chart.locator("polyline").count() == 2
-    logged = sum(isinstance(r.get("rollout_reward_mean"), float) for r in records)  # a step may have no rollout end
+    logged = sum(
+        isinstance(r.get("rollout_reward_mean"), float) for r in records
+    )  # a step may have no rollout end
     assert int(chart.get_attribute("data-points")) == logged + 3
-    for name in ("reward (trained groups)", "loss", "KL", "staleness (versions)", "trainer idle", "engine idle",
-                 "tool calls per episode", "success", "compile (s in the step)"):
+    for name in (
+        "reward (trained groups)",
+        "loss",
+        "KL",
+        "staleness (versions)",
+        "trainer idle",
+        "engine idle",
+        "tool calls per episode",
+        "success",
+        "compile (s in the step)",
+    ):
         assert page.locator(f'.chart[data-chart="{name}"] polyline').count() >= 1, name
     legend = chart.locator(".legend").inner_text()
     assert f"at step {records[-1]['step']}" in legend and "tiny-run" in legend
     card = page.locator('section[data-run="tiny-run"]')
     assert "steps logged: 3" in card.locator("details pre").first.inner_text()  # summary.txt
-    compiled = [json.loads(line) for line in (train_run / "compiles.jsonl").read_text().splitlines()]
-    n = sum(r["kind"] == "program" and not r["cache_hit"] for r in compiled)  # the run's compiles.jsonl, counted
+    compiled = [
+        json.loads(line) for line in (train_run / "compiles.jsonl").read_text().splitlines()
+    ]
+    n = sum(
+        r["kind"] == "program" and not r["cache_hit"] for r in compiled
+    )  # the run's compiles.jsonl, counted
     assert card.locator(".compiles").inner_text().startswith("compile: ")
     assert f"; {n} program compile(s)" in card.locator(".compiles").inner_text()
     trace = card.locator("a.trace-link")
@@ -151,12 +197,17 @@ def test_curves_follow_a_run_that_is_still_writing(written, watched, tmp_path):
         page = watched.page
         page.goto(url)
         steps = page.locator('section[data-run="live-run"] .steps')
-        page.wait_for_function("() => (document.querySelector('section[data-run=\"live-run\"] .steps') || {})"
-                               ".textContent?.includes('last step 3')")
+        page.wait_for_function(
+            "() => (document.querySelector('section[data-run=\"live-run\"] .steps') || {})"
+            ".textContent?.includes('last step 3')"
+        )
         with open(run / "metrics.jsonl", "a") as f:  # the run logs step 4 after the page loaded
             f.write(json.dumps({"step": 4, "time": 0.0, **metrics_record(4)}) + "\n")
-        page.wait_for_function("() => document.querySelector('section[data-run=\"live-run\"] .steps')"
-                               ".textContent.includes('last step 4')", timeout=15000)
+        page.wait_for_function(
+            "() => document.querySelector('section[data-run=\"live-run\"] .steps')"
+            ".textContent.includes('last step 4')",
+            timeout=15000,
+        )
         assert "4 metric records" in steps.inner_text()
         legend = page.locator('.chart[data-chart="loss"] .legend').inner_text()
         assert "(last 0.25 at step 4)" in legend
@@ -173,30 +224,42 @@ def test_deep_link_shows_a_trained_trajectory_text_and_tokens(server, train_run,
     assert page.locator("#tokens .tok").count() == rec["num_tokens"]
     assert page.locator("#tokens .tok.sampled").count() == rec["num_sampled"]
     turns = page.locator(".turn").all_inner_texts()
-    assert any("Repeat the letter" in t for t in turns), turns  # TinyRepeat's prompt, decoded from the token ids
+    assert any("Repeat the letter" in t for t in turns), (
+        turns
+    )  # TinyRepeat's prompt, decoded from the token ids
     action = page.locator(".turn.action pre").first.inner_text()
     assert action == rec["response"]
     assert "".join(page.locator("#tokens .tok.sampled").all_inner_texts()) == rec["response"]
     # the run's trajectories.jsonl carries per-token logprobs and versions: every colouring is on
-    assert len(rec["logprobs"]) == rec["num_tokens"] and len(rec["token_versions"]) == rec["num_tokens"]
+    assert (
+        len(rec["logprobs"]) == rec["num_tokens"]
+        and len(rec["token_versions"]) == rec["num_tokens"]
+    )
     for colour in ("logprob", "version", "advantage"):
-        assert not page.locator(f'input[name=colour][value={colour}]').is_disabled(), colour
-        page.locator(f'input[name=colour][value={colour}]').check()
-        styles = page.locator("#tokens .tok.sampled").evaluate_all("els => els.map(e => e.style.background)")
+        assert not page.locator(f"input[name=colour][value={colour}]").is_disabled(), colour
+        page.locator(f"input[name=colour][value={colour}]").check()
+        styles = page.locator("#tokens .tok.sampled").evaluate_all(
+            "els => els.map(e => e.style.background)"
+        )
         assert all(styles), f"every sampled token is coloured by its {colour}"
     assert page.locator("#tokens .tok.prompt").first.evaluate("e => e.style.background") == ""
     page.screenshot(path=str(shots / "viewer-trajectory-train.png"), full_page=True)
     watched.check()
 
 
-def test_logged_episode_colours_tokens_by_logprob_version_and_advantage(server, written, watched, shots):
+def test_logged_episode_colours_tokens_by_logprob_version_and_advantage(
+    server, written, watched, shots
+):
     ix = LogIndex(next((written["episodes"] / "trajectories").glob("*.jsonl")), "episodes")
     ix.refresh()
     row = ix.rows[2]
     page = watched.page
     page.goto(f"{server}?run=episodes-run&trajectory={row['id']}")
     page.locator("#tokens .tok.sampled").first.wait_for()
-    assert page.locator(".turn.tool").count() == 1 and "calculator" in page.locator(".turn.tool").inner_text()
+    assert (
+        page.locator(".turn.tool").count() == 1
+        and "calculator" in page.locator(".turn.tool").inner_text()
+    )
     assert "\\boxed{" in page.locator(".turn.action").nth(1).inner_text()
     toks = page.locator("#tokens .tok.sampled")
     # the reference: the project's reader over the same log (every step's token arrays, both actions)
@@ -211,13 +274,15 @@ def test_logged_episode_colours_tokens_by_logprob_version_and_advantage(server, 
     by_logprob = colours()
     assert len(set(by_logprob)) > 3, "logprobs -0.25 * (i % 12) give many shades"
     assert "logprob -0.25" in toks.nth(1).get_attribute("title")
-    page.locator('input[name=colour][value=version]').check()
+    page.locator("input[name=colour][value=version]").check()
     by_version = colours()
-    assert len(set(by_version)) == 1 and by_version != by_logprob[:len(by_version)]  # one policy version
+    assert (
+        len(set(by_version)) == 1 and by_version != by_logprob[: len(by_version)]
+    )  # one policy version
     assert "v2" in page.locator(".note .tok").inner_text()
-    page.locator('input[name=colour][value=advantage]').check()
+    page.locator("input[name=colour][value=advantage]").check()
     assert "advantage 0.75" in toks.nth(0).get_attribute("title")
-    page.locator('input[name=colour][value=logprob]').check()
+    page.locator("input[name=colour][value=logprob]").check()
     page.screenshot(path=str(shots / "viewer-trajectory-episode.png"), full_page=True)
     watched.check()
 
@@ -231,12 +296,22 @@ def test_trajectory_table_pages_and_filters_on_the_server(server, train_run, wat
     assert page.locator("#table-count").inner_text() == f"rows 1–50 of {n}"
     page.screenshot(path=str(shots / "viewer-trajectories.png"), full_page=True)
     page.get_by_text("next ›").click()
-    page.wait_for_function(f"() => document.querySelector('#table-count')?.textContent === 'rows 51–{n} of {n}'")
+    page.wait_for_function(
+        f"() => document.querySelector('#table-count')?.textContent === 'rows 51–{n} of {n}'"
+    )
     page.locator("input[name=reward_min]").fill("0.1")
     page.get_by_text("Apply").click()
-    page.locator('#trajectory-table[data-query*="reward_min=0.1"] tbody tr').first.wait_for()  # the filtered page drawn
-    rewards = [float(t) for t in page.locator("#trajectory-table tbody tr td:nth-child(7)").all_inner_texts()]
-    want = sum(json.loads(line)["reward"] >= 0.1 for line in (train_run / "trajectories.jsonl").read_text().splitlines())
+    page.locator(
+        '#trajectory-table[data-query*="reward_min=0.1"] tbody tr'
+    ).first.wait_for()  # the filtered page drawn
+    rewards = [
+        float(t)
+        for t in page.locator("#trajectory-table tbody tr td:nth-child(7)").all_inner_texts()
+    ]
+    want = sum(
+        json.loads(line)["reward"] >= 0.1
+        for line in (train_run / "trajectories.jsonl").read_text().splitlines()
+    )
     assert rewards and all(r >= 0.1 for r in rewards) and len(rewards) == min(50, want)
     page.locator("#trajectory-table tbody tr").first.click()
     page.locator("#tokens").wait_for()
@@ -258,27 +333,41 @@ def test_suite_summary_and_eval_table_render(server, watched, shots):
     watched.check()
 
 
-def test_a_malformed_or_half_written_run_shows_errors_not_a_blank_page(tmp_path, watched, shots, train_run):
+def test_a_malformed_or_half_written_run_shows_errors_not_a_blank_page(
+    tmp_path, watched, shots, train_run
+):
     run = tmp_path / "broken-run"
     run.mkdir()
     (run / "config.json").write_text('{"model": {"name": "tiny-qwen3"')  # cut mid-write
     good = json.dumps({"step": 1, "loss": 0.5, "rollout_reward_mean": 0.2})
-    (run / "metrics.jsonl").write_text(good + "\n{not json}\n" + json.dumps({"step": 2, "loss": 0.4}) + "\n{\"step\": 3, \"lo")
+    (run / "metrics.jsonl").write_text(
+        good + "\n{not json}\n" + json.dumps({"step": 2, "loss": 0.4}) + '\n{"step": 3, "lo'
+    )
     lines = (train_run / "trajectories.jsonl").read_text().splitlines()[:3]
-    (run / "trajectories.jsonl").write_text(lines[0] + "\n[1, 2\n" + lines[1] + "\n" + lines[2][:40])
+    (run / "trajectories.jsonl").write_text(
+        lines[0] + "\n[1, 2\n" + lines[1] + "\n" + lines[2][:40]
+    )
     with ViewerServer(ViewerConfig(runs=(str(run),), port=0)) as url:
         page = watched.page
         page.goto(url)
         page.locator("#errors .error").first.wait_for()
-        errors = page.locator("#errors").inner_text() + page.locator('section[data-run="broken-run"]').inner_text()
+        errors = (
+            page.locator("#errors").inner_text()
+            + page.locator('section[data-run="broken-run"]').inner_text()
+        )
         assert "config.json: expected JSON, but it does not parse" in errors
         assert "metrics.jsonl at byte" in errors and "{not json}" in errors
-        page.locator('section[data-run="broken-run"] .torn').filter(has_text="half-written").wait_for()
+        page.locator('section[data-run="broken-run"] .torn').filter(
+            has_text="half-written"
+        ).wait_for()
         assert page.locator('.chart[data-chart="loss"]').get_attribute("data-points") == "2"
         page.screenshot(path=str(shots / "viewer-broken-runs.png"), full_page=True)
         page.goto(f"{url}?tab=trajectories&run=broken-run")
         page.locator(".log-error").first.wait_for()
-        assert "line 2 of trajectories.jsonl is not a JSON record" in page.locator(".log-error").inner_text()
+        assert (
+            "line 2 of trajectories.jsonl is not a JSON record"
+            in page.locator(".log-error").inner_text()
+        )
         assert "half-written" in page.locator(".torn").inner_text()
         assert page.locator("#trajectory-table tbody tr").count() == 2
         page.screenshot(path=str(shots / "viewer-broken-trajectories.png"), full_page=True)
@@ -293,7 +382,10 @@ def test_a_malformed_or_half_written_run_shows_errors_not_a_blank_page(tmp_path,
 
 def test_index_reads_only_what_was_appended_and_waits_for_a_torn_line(tmp_path):
     log = tmp_path / "trajectories.jsonl"
-    recs = [{"step": i // 4, "group_id": f"g{i // 4}", "trajectory_id": f"t{i}", "reward": i / 10} for i in range(10)]
+    recs = [
+        {"step": i // 4, "group_id": f"g{i // 4}", "trajectory_id": f"t{i}", "reward": i / 10}
+        for i in range(10)
+    ]
     text = "".join(json.dumps(r) + "\n" for r in recs)
     log.write_text(text[:-20])  # the writer is mid-way through the last line
     ix = LogIndex(log, "train")
@@ -322,9 +414,13 @@ def test_first_page_of_a_big_log_is_served_before_the_whole_log_is_indexed(tmp_p
     page = trajectory_page(viewed, Filters(), 0, 50)
     (ix,) = viewed.logs().values()
     assert [r["id"] for r in page["rows"]] == [f"t{i}" for i in range(50)]
-    assert not page["complete"] and ix.pos <= CHUNK_BYTES < ix.file_size()  # one chunk read, not the file
+    assert (
+        not page["complete"] and ix.pos <= CHUNK_BYTES < ix.file_size()
+    )  # one chunk read, not the file
     filtered = trajectory_page(viewed, Filters(text="t1999"), 0, 50)
-    assert filtered["complete"] and [r["id"] for r in filtered["rows"]] == ["t1999"] + [f"t1999{k}" for k in range(10)]
+    assert filtered["complete"] and [r["id"] for r in filtered["rows"]] == ["t1999"] + [
+        f"t1999{k}" for k in range(10)
+    ]
 
 
 def test_server_binds_loopback_and_serves_only_listed_files(written):
@@ -334,11 +430,18 @@ def test_server_binds_loopback_and_serves_only_listed_files(written):
         assert urllib.parse.urlsplit(url).hostname == "127.0.0.1"
         c = httpx.Client(base_url=url)
         assert c.get("/files/episodes-run/config.json").json()["model"]["name"] == "tiny-qwen3"
-        for bad in ("/files/episodes-run/..%2F..%2Fetc%2Fpasswd", "/files/episodes-run/metrics.jsonl",
-                    "/files/nope/config.json"):
+        for bad in (
+            "/files/episodes-run/..%2F..%2Fetc%2Fpasswd",
+            "/files/episodes-run/metrics.jsonl",
+            "/files/nope/config.json",
+        ):
             r = c.get(bad)
             assert r.status_code == 404 and "error" in r.json(), bad
-        assert c.get("/api/trajectories", params={"run": "nope"}).json()["error"].startswith("run 'nope': expected")
+        assert (
+            c.get("/api/trajectories", params={"run": "nope"})
+            .json()["error"]
+            .startswith("run 'nope': expected")
+        )
         for asset in ("app.js", "app.css", "charts.js"):
             assert c.get(f"/static/{asset}").status_code == 200
         page = c.get("/").text
@@ -350,8 +453,20 @@ def test_server_binds_loopback_and_serves_only_listed_files(written):
 
 
 def test_gymllm_view_prints_its_url_and_serves(written):
-    proc = subprocess.Popen([sys.executable, "-m", "gymllm.cli.main", "view", str(written["episodes"]),
-                             str(written["suite"]), "--port", "0"], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gymllm.cli.main",
+            "view",
+            str(written["episodes"]),
+            str(written["suite"]),
+            "--port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()  # blocks until the server printed its URL (or exited)
         assert line.startswith("gymllm view: serving 2 run(s) at http://127.0.0.1:"), line
@@ -361,17 +476,23 @@ def test_gymllm_view_prints_its_url_and_serves(written):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    missing = subprocess.run([sys.executable, "-m", "gymllm.cli.main", "view", "/no/such/run"],
-                             capture_output=True, text=True, timeout=120)
+    missing = subprocess.run(
+        [sys.executable, "-m", "gymllm.cli.main", "view", "/no/such/run"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert missing.returncode == 2 and "does not exist" in missing.stderr
 
 
 def test_the_viewer_starts_without_the_model_stack():
     """Serving a run needs no JAX: the model stack is imported only to decode a trajectory's tokens
     (a tiny model's tokenizer) or recompute an advantage, lazily."""
-    code = ("import sys, gymllm.viewer, gymllm.viewer.detail, gymllm.cli.view; "
-            "print(sorted(m for m in ('jax', 'flax', 'gymllm.models', 'gymllm.inference', 'gymllm.algos') "
-            "if m in sys.modules))")
+    code = (
+        "import sys, gymllm.viewer, gymllm.viewer.detail, gymllm.cli.view; "
+        "print(sorted(m for m in ('jax', 'flax', 'gymllm.models', 'gymllm.inference', 'gymllm.algos') "
+        "if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
@@ -388,10 +509,29 @@ def test_a_wheel_carries_the_page_and_its_assets(tmp_path):
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(root / name, src / name)
-    shutil.copytree(root / "gymllm", src / "gymllm", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(
+        root / "gymllm", src / "gymllm", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+    )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-                          "-w", str(tmp_path / "wheels"), str(src)], env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(tmp_path / "wheels"),
+            str(src),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     (wheel,) = (tmp_path / "wheels").glob("gymllm-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())

@@ -51,14 +51,18 @@ def test_statistics_match_gymnasium_wrapper():
 
 
 def test_text_statistics_tokens_tool_calls_invalid_actions():
-    env = RecordEpisodeStatistics(gymllm.make("gymllm/FrozenLake-v0", is_slippery=False, max_invalid=None),
-                                  token_counter=lambda s: len(s.split()))
+    env = RecordEpisodeStatistics(
+        gymllm.make("gymllm/FrozenLake-v0", is_slippery=False, max_invalid=None),
+        token_counter=lambda s: len(s.split()),
+    )
     env.reset(seed=0)
     for a in ("I go DOWN", "fly", "DOWN", "RIGHT", "RIGHT", "DOWN", "RIGHT"):
         *_, te, tr, info = env.step(a)
     ep = info["episode"]
     assert (ep["l"], ep["r"], ep["invalid_actions"]) == (7, pytest.approx(1.0 - 0.1), 1)
-    assert ep["tokens"] == 3 + 1 + 5 and ep["chars"] == sum(map(len, ("I go DOWN", "fly", "DOWN", "RIGHT", "RIGHT", "DOWN", "RIGHT")))
+    assert ep["tokens"] == 3 + 1 + 5 and ep["chars"] == sum(
+        map(len, ("I go DOWN", "fly", "DOWN", "RIGHT", "RIGHT", "DOWN", "RIGHT"))
+    )
     assert ep["step_latency_max"] >= ep["step_latency_mean"] > 0 and ep["t"] > 0
     s = summarize(env.episodes)
     assert s["episodes"] == 1 and s["r"] == pytest.approx(0.9)
@@ -82,8 +86,14 @@ def test_tool_calls_and_info_tokens_counted():
 
 def test_async_twins_agree_with_sync():
     def build():
-        return RewardTransform(Limits(RecordEpisodeStatistics(gymllm.make("gymllm/Echo-v0", episode_length=5)),
-                                      max_turns=3), scale=2.0, shift=-1.0)
+        return RewardTransform(
+            Limits(
+                RecordEpisodeStatistics(gymllm.make("gymllm/Echo-v0", episode_length=5)),
+                max_turns=3,
+            ),
+            scale=2.0,
+            shift=-1.0,
+        )
 
     sync_env, async_env = build(), build()
     sync = _rollout(sync_env, 3, lambda o, i: "hello")
@@ -126,8 +136,13 @@ def test_time_limit_with_a_fake_clock():
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.floats(-100, 100), min_size=1, max_size=20), st.floats(0, 2), st.floats(-3, 3),
-       st.floats(-1, 1), st.booleans())
+@given(
+    st.lists(st.floats(-100, 100), min_size=1, max_size=20),
+    st.floats(0, 2),
+    st.floats(-3, 3),
+    st.floats(-1, 1),
+    st.booleans(),
+)
 def test_reward_transform_matches_reference(rewards, penalty, scale, shift, terminal):
     """RewardTransform against a NumPy reference of the same math on a scripted reward sequence."""
 
@@ -138,8 +153,14 @@ def test_reward_transform_matches_reference(rewards, penalty, scale, shift, term
         def _step(self, action):
             return "", rewards[self.turn], self.turn + 1 == len(rewards), {}
 
-    env = RewardTransform(Scripted(), step_penalty=penalty, scale=scale, shift=shift, clip=(-5.0, 5.0),
-                          terminal_only=terminal)
+    env = RewardTransform(
+        Scripted(),
+        step_penalty=penalty,
+        scale=scale,
+        shift=shift,
+        clip=(-5.0, 5.0),
+        terminal_only=terminal,
+    )
     got = [r for r, *_ in _rollout(env, 0, lambda o, i: "a")]
     per_step = np.clip((np.asarray(rewards) - penalty) * scale + shift, -5.0, 5.0)
     expect = np.zeros_like(per_step) if terminal else per_step
@@ -169,8 +190,9 @@ def test_config_errors_name_the_field():
 @pytest.mark.parametrize("mode", ["next_step", "same_step"])
 def test_vector_statistics_per_index_match_single_env_reference(mode):
     """Per-index returns/lengths through make_vec equal each sub-env run alone with the same seed."""
-    vec = RecordVectorEpisodeStatistics(gymllm.make_vec("gymllm/Echo-v0", num_envs=3, episode_length=2,
-                                                        autoreset_mode=mode))
+    vec = RecordVectorEpisodeStatistics(
+        gymllm.make_vec("gymllm/Echo-v0", num_envs=3, episode_length=2, autoreset_mode=mode)
+    )
     obs, infos = vec.reset(seed=10)
     for _ in range(8):
         vec.step(["hello"] * 3)
@@ -186,7 +208,9 @@ def test_vector_statistics_per_index_match_single_env_reference(mode):
 
 def test_vector_statistics_through_send_recv():
     """Barrier-free use (recv a few, send back only those) gives the same per-index records as step()."""
-    vec = RecordVectorEpisodeStatistics(gymllm.make_vec("gymllm/Echo-v0", num_envs=4, episode_length=3))
+    vec = RecordVectorEpisodeStatistics(
+        gymllm.make_vec("gymllm/Echo-v0", num_envs=4, episode_length=3)
+    )
     vec.reset(seed=7)
     vec.send(["hello"] * 4)
     for _ in range(30):

@@ -32,8 +32,15 @@ class CounterGame(AECEnv):
     def __init__(self):
         super().__init__()
         self.possible_agents = list(self.seats)
-        self._obs = {a: spaces.Dict({"observation": spaces.Box(0, self.high, (1,), np.int64),
-                                     "action_mask": spaces.Box(0, 1, (2,), np.int8)}) for a in self.possible_agents}
+        self._obs = {
+            a: spaces.Dict(
+                {
+                    "observation": spaces.Box(0, self.high, (1,), np.int64),
+                    "action_mask": spaces.Box(0, 1, (2,), np.int8),
+                }
+            )
+            for a in self.possible_agents
+        }
         self._act = {a: spaces.Discrete(2) for a in self.possible_agents}
         self.render_mode = None
 

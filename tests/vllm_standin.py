@@ -44,7 +44,9 @@ from typing import Any, TypedDict
 
 STEP_S = 0.002  # one engine step
 RPC_LATENCY_S = 0.005
-OUTPUT_LAG_S = 3 * STEP_S  # engine core -> output handler -> request queue; under pause_generation's 0.02 s
+OUTPUT_LAG_S = (
+    3 * STEP_S
+)  # engine core -> output handler -> request queue; under pause_generation's 0.02 s
 LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
 
 
@@ -63,7 +65,9 @@ class AsyncEngineArgs:
 
     def __post_init__(self) -> None:
         if self.logprobs_mode not in LOGPROBS_MODES:
-            raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
+            raise ValueError(
+                f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}"
+            )
 
 
 # ---------------------------------------------------------------- vllm.sampling_params
@@ -138,8 +142,11 @@ class ToyModel:
     def __init__(self) -> None:
         import torch
 
-        self.params = {"model.embed_tokens.weight": torch.zeros(8, 4), "lm_head.weight": torch.zeros(8, 4),
-                       "model.norm.weight": torch.ones(4, dtype=torch.bfloat16)}
+        self.params = {
+            "model.embed_tokens.weight": torch.zeros(8, 4),
+            "lm_head.weight": torch.zeros(8, 4),
+            "model.norm.weight": torch.ones(4, dtype=torch.bfloat16),
+        }
         self.received: list[dict[str, Any]] = []  # every load_weights call, as received
 
     def parameters(self):  # as torch.nn.Module's
@@ -151,7 +158,9 @@ class ToyModel:
             if name not in self.params:
                 raise KeyError(name)
             if tuple(t.shape) != tuple(self.params[name].shape):
-                raise ValueError(f"{name}: shape {tuple(t.shape)} != {tuple(self.params[name].shape)}")
+                raise ValueError(
+                    f"{name}: shape {tuple(t.shape)} != {tuple(self.params[name].shape)}"
+                )
         for name, t in batch.items():
             self.params[name].copy_(t)
         self.received.append(batch)
@@ -203,8 +212,12 @@ class AsyncLLM:
 
     def __init__(self, args: AsyncEngineArgs) -> None:
         self.args = args
-        base = (Worker,) + ((_resolve(args.worker_extension_cls),) if args.worker_extension_cls else ())
-        worker_cls = type("StandInWorker", base, {})  # vLLM mixes the extension into its worker class
+        base = (Worker,) + (
+            (_resolve(args.worker_extension_cls),) if args.worker_extension_cls else ()
+        )
+        worker_cls = type(
+            "StandInWorker", base, {}
+        )  # vLLM mixes the extension into its worker class
         self.workers = [worker_cls(rank) for rank in range(args.tensor_parallel_size)]
         self.calls: list[tuple] = []  # (method, args) of every call the adapter makes
         self.requests: dict[str, _Req] = {}
@@ -218,8 +231,13 @@ class AsyncLLM:
         AsyncLLM.instances.append(self)
 
     @classmethod
-    def from_engine_args(cls, engine_args: AsyncEngineArgs, start_engine_loop: bool = True,
-                         usage_context: Any = None, stat_loggers: Any = None) -> "AsyncLLM":
+    def from_engine_args(
+        cls,
+        engine_args: AsyncEngineArgs,
+        start_engine_loop: bool = True,
+        usage_context: Any = None,
+        stat_loggers: Any = None,
+    ) -> "AsyncLLM":
         return cls(engine_args)
 
     # -- the engine core (one token per active request per step) and the output handler
@@ -284,7 +302,9 @@ class AsyncLLM:
         self.outq.put_nowait((req, out))
 
     # -- the client API
-    async def generate(self, prompt: Any, sampling_params: SamplingParams, request_id: str, **kwargs: Any):
+    async def generate(
+        self, prompt: Any, sampling_params: SamplingParams, request_id: str, **kwargs: Any
+    ):
         self._start()
         self.received.append((prompt, sampling_params, request_id))
         ids = list(prompt["prompt_token_ids"])
@@ -317,8 +337,13 @@ class AsyncLLM:
             if req is not None:
                 self._emit(req, "abort")
 
-    async def pause_generation(self, *, mode: str = "abort", wait_for_inflight_requests: bool | None = None,
-                               clear_cache: bool = True) -> None:
+    async def pause_generation(
+        self,
+        *,
+        mode: str = "abort",
+        wait_for_inflight_requests: bool | None = None,
+        clear_cache: bool = True,
+    ) -> None:
         self.calls.append(("pause_generation", {"mode": mode, "clear_cache": clear_cache}))
         if mode == "abort":
             await self.abort(list(self.requests))
@@ -334,18 +359,31 @@ class AsyncLLM:
         self.calls.append(("resume_generation", {}))
         self.paused = False
 
-    async def collective_rpc(self, method: str, timeout: float | None = None, args: tuple = (),
-                             kwargs: dict | None = None) -> list[Any]:
+    async def collective_rpc(
+        self,
+        method: str,
+        timeout: float | None = None,
+        args: tuple = (),
+        kwargs: dict | None = None,
+    ) -> list[Any]:
         self.calls.append(("collective_rpc", {"method": method, "args": args, "kwargs": kwargs}))
         if not isinstance(method, str):
-            raise TypeError(f"Object of type {type(method)} is not serializable. Set "
-                            "VLLM_ALLOW_INSECURE_SERIALIZATION=1 to allow fallback to pickle-based serialization.")
+            raise TypeError(
+                f"Object of type {type(method)} is not serializable. Set "
+                "VLLM_ALLOW_INSECURE_SERIALIZATION=1 to allow fallback to pickle-based serialization."
+            )
         if not _msgpack_native(list(args)) or not _msgpack_native(kwargs or {}):
-            raise TypeError("stand-in: an RPC argument that vLLM's msgpack RPC would not deliver as sent")
+            raise TypeError(
+                "stand-in: an RPC argument that vLLM's msgpack RPC would not deliver as sent"
+            )
         await asyncio.sleep(RPC_LATENCY_S)  # the round trip to the engine-core process
-        return [getattr(w, method)(*args, **(kwargs or {})) for w in self.workers]  # between two steps
+        return [
+            getattr(w, method)(*args, **(kwargs or {})) for w in self.workers
+        ]  # between two steps
 
-    async def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
+    async def reset_prefix_cache(
+        self, reset_running_requests: bool = False, reset_connector: bool = False
+    ) -> bool:
         self.calls.append(("reset_prefix_cache", {}))
         self.prefix_cache.clear()
         return True
@@ -360,10 +398,15 @@ class AsyncLLM:
 class LegacyAsyncLLM(AsyncLLM):
     """vLLM before pause modes: ``pause_generation(wait_for_inflight_requests=False, clear_cache=True)``."""
 
-    async def pause_generation(self, *, wait_for_inflight_requests: bool = False,  # type: ignore[override]
-                               clear_cache: bool = True) -> None:
-        await super().pause_generation(mode="wait" if wait_for_inflight_requests else "abort",
-                                       clear_cache=clear_cache)
+    async def pause_generation(
+        self,
+        *,
+        wait_for_inflight_requests: bool = False,  # type: ignore[override]
+        clear_cache: bool = True,
+    ) -> None:
+        await super().pause_generation(
+            mode="wait" if wait_for_inflight_requests else "abort", clear_cache=clear_cache
+        )
 
 
 # ---------------------------------------------------------------- installing the modules
@@ -378,14 +421,25 @@ def install(monkeypatch: Any, engine_cls: type = AsyncLLM) -> types.ModuleType:
     """Put the stand-in ``vllm`` package into ``sys.modules`` (undone by monkeypatch); returns it."""
     AsyncLLM.instances.clear()
     mods = {
-        "vllm": _module("vllm", __version__="0.0.0+standin", SamplingParams=SamplingParams,
-                        AsyncLLMEngine=engine_cls, AsyncEngineArgs=AsyncEngineArgs, TokensPrompt=TokensPrompt),
+        "vllm": _module(
+            "vllm",
+            __version__="0.0.0+standin",
+            SamplingParams=SamplingParams,
+            AsyncLLMEngine=engine_cls,
+            AsyncEngineArgs=AsyncEngineArgs,
+            TokensPrompt=TokensPrompt,
+        ),
         "vllm.engine": _module("vllm.engine"),
         "vllm.engine.arg_utils": _module("vllm.engine.arg_utils", AsyncEngineArgs=AsyncEngineArgs),
-        "vllm.sampling_params": _module("vllm.sampling_params", SamplingParams=SamplingParams,
-                                        RequestOutputKind=RequestOutputKind),
+        "vllm.sampling_params": _module(
+            "vllm.sampling_params",
+            SamplingParams=SamplingParams,
+            RequestOutputKind=RequestOutputKind,
+        ),
         "vllm.inputs": _module("vllm.inputs", TokensPrompt=TokensPrompt),
-        "vllm.outputs": _module("vllm.outputs", RequestOutput=RequestOutput, CompletionOutput=CompletionOutput),
+        "vllm.outputs": _module(
+            "vllm.outputs", RequestOutput=RequestOutput, CompletionOutput=CompletionOutput
+        ),
         "vllm.logprobs": _module("vllm.logprobs", Logprob=Logprob),
         "vllm.v1": _module("vllm.v1"),
         "vllm.v1.engine": _module("vllm.v1.engine"),

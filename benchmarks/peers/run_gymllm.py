@@ -35,26 +35,63 @@ def train_config(spec: dict, run_dir: str):
     m, s, o, a = spec["model"], spec["sampling"], spec["optimizer"], spec["algo"]
     rows = spec["num_prompts"] * spec["group_size"]
     loss = C.grpo()
-    loss = dataclasses_replace(loss, kl=dataclasses_replace(loss.kl, beta=a["beta"]),
-                               policy=dataclasses_replace(loss.policy, eps_low=a["epsilon"], eps_high=a["epsilon"]))
+    loss = dataclasses_replace(
+        loss,
+        kl=dataclasses_replace(loss.kl, beta=a["beta"]),
+        policy=dataclasses_replace(loss.policy, eps_low=a["epsilon"], eps_high=a["epsilon"]),
+    )
     max_len = s["max_prompt_tokens"] + s["max_new_tokens"]
     return TrainConfig(
-        model=ModelSection(name="tiny-qwen3", seed=spec["seed"], vocab_size=m["vocab_size"], hidden_size=m["hidden_size"],
-                           intermediate_size=m["intermediate_size"], num_layers=m["num_layers"],
-                           num_heads=m["num_heads"], num_kv_heads=m["num_kv_heads"]),
+        model=ModelSection(
+            name="tiny-qwen3",
+            seed=spec["seed"],
+            vocab_size=m["vocab_size"],
+            hidden_size=m["hidden_size"],
+            intermediate_size=m["intermediate_size"],
+            num_layers=m["num_layers"],
+            num_heads=m["num_heads"],
+            num_kv_heads=m["num_kv_heads"],
+        ),
         env=EnvSection(id="gymllm/TinyRepeat-v0", kwargs=dict(spec["task_kwargs"]), num_envs=rows),
-        engine=EngineConfig(num_slots=rows, max_len=max_len, min_bucket=64, idle_wait_s=0.002, decode_chunk=8,
-                            prefix_reuse=False),  # the peers keep no prefix cache: the same prefill work
+        engine=EngineConfig(
+            num_slots=rows,
+            max_len=max_len,
+            min_bucket=64,
+            idle_wait_s=0.002,
+            decode_chunk=8,
+            prefix_reuse=False,
+        ),  # the peers keep no prefix cache: the same prefill work
         sampling=SamplingParams(temperature=s["temperature"], max_tokens=s["max_new_tokens"]),
-        rollout=RolloutConfig(group_size=spec["group_size"], max_concurrency=rows, max_staleness=1, max_model_calls=1,
-                              queue_size=max(8, 2 * spec["num_prompts"])),
+        rollout=RolloutConfig(
+            group_size=spec["group_size"],
+            max_concurrency=rows,
+            max_staleness=1,
+            max_model_calls=1,
+            queue_size=max(8, 2 * spec["num_prompts"]),
+        ),
         loss=loss,
-        optimizer=OptimizerConfig(learning_rate=o["learning_rate"], weight_decay=o["weight_decay"],
-                                  max_grad_norm=o["max_grad_norm"]),
-        learner=LearnerConfig(groups_per_step=spec["num_prompts"], micro_batch_size=rows, num_steps=spec["steps"],
-                              max_len=max_len, min_bucket=64, buckets_per_octave=4),
-        run=RunSection(run_dir=run_dir, seed=spec["seed"], console=False, report=False, log_trajectories=False,
-                       resume=False, warmup=True),
+        optimizer=OptimizerConfig(
+            learning_rate=o["learning_rate"],
+            weight_decay=o["weight_decay"],
+            max_grad_norm=o["max_grad_norm"],
+        ),
+        learner=LearnerConfig(
+            groups_per_step=spec["num_prompts"],
+            micro_batch_size=rows,
+            num_steps=spec["steps"],
+            max_len=max_len,
+            min_bucket=64,
+            buckets_per_octave=4,
+        ),
+        run=RunSection(
+            run_dir=run_dir,
+            seed=spec["seed"],
+            console=False,
+            report=False,
+            log_trajectories=False,
+            resume=False,
+            warmup=True,
+        ),
     )
 
 
@@ -76,12 +113,19 @@ def run(spec: dict) -> dict:
     step_s = [float(h["step_wall_s"]) for h in res.history]
     w = spec["warmup_steps"]
     # where a step's wall goes (steady steps): learner busy, learner waiting for groups, weight push
-    parts = {k: float(np.mean([h[k] for h in res.history[w:]])) if len(res.history) > w else None
-             for k in ("train_busy_s", "trainer_wait_s", "weight_sync_s", "engine_busy_fraction")}
-    return {"side": "gymllm", "steps": len(step_s), "step_s": step_s, "breakdown": parts,
-            "mean_step_s": float(np.mean(step_s[w:])) if len(step_s) > w else None,
-            "reward_mean": float(np.mean(res.rewards())),
-            "versions": {p: md.version(p) for p in ("gymllm", "jax", "jaxlib", "flax", "optax")}}
+    parts = {
+        k: float(np.mean([h[k] for h in res.history[w:]])) if len(res.history) > w else None
+        for k in ("train_busy_s", "trainer_wait_s", "weight_sync_s", "engine_busy_fraction")
+    }
+    return {
+        "side": "gymllm",
+        "steps": len(step_s),
+        "step_s": step_s,
+        "breakdown": parts,
+        "mean_step_s": float(np.mean(step_s[w:])) if len(step_s) > w else None,
+        "reward_mean": float(np.mean(res.rewards())),
+        "versions": {p: md.version(p) for p in ("gymllm", "jax", "jaxlib", "flax", "optax")},
+    }
 
 
 def main() -> None:

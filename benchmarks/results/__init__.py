@@ -46,7 +46,18 @@ from . import device as device_module  # noqa: F401 - results.device: the device
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-RECORD_FIELDS = ("benchmark", "result", "runs", "cpu", "date", "commit", "command", "load", "notes", "source")
+RECORD_FIELDS = (
+    "benchmark",
+    "result",
+    "runs",
+    "cpu",
+    "date",
+    "commit",
+    "command",
+    "load",
+    "notes",
+    "source",
+)
 
 
 def records_dir() -> pathlib.Path | None:
@@ -83,8 +94,13 @@ def _cpu() -> str:
         return "unknown CPU"
 
 
-def make_record(benchmark: str, result: dict[str, Any], *, argv: list[str] | None = None,
-                device: dict[str, Any] | None = None) -> dict[str, Any]:
+def make_record(
+    benchmark: str,
+    result: dict[str, Any],
+    *,
+    argv: list[str] | None = None,
+    device: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The record of one run: the RESULT, the CPU, UTC date, commit (and whether the tree had local
     changes), the command line, the load average at the end, ``$GYMLLM_BENCH_NOTES`` and the device."""
     from . import device as dev
@@ -106,11 +122,13 @@ def make_record(benchmark: str, result: dict[str, Any], *, argv: list[str] | Non
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "commit": _git("rev-parse", "HEAD") or os.environ.get("GYMLLM_BENCH_COMMIT") or None,
         "dirty": bool(status) if status is not None else None,
-        "command": "python " + shlex.join([os.path.relpath(argv[0], REPO) if argv and argv[0] else "?", *argv[1:]]),
+        "command": "python "
+        + shlex.join([os.path.relpath(argv[0], REPO) if argv and argv[0] else "?", *argv[1:]]),
         "load": load,
         "notes": os.environ.get("GYMLLM_BENCH_NOTES") or None,
         "source": "run",
-        "device": device or (result["device"] if isinstance(result.get("device"), dict) else dev.device_info()),
+        "device": device
+        or (result["device"] if isinstance(result.get("device"), dict) else dev.device_info()),
     }
 
 
@@ -128,8 +146,13 @@ def append_record(record: dict[str, Any], directory: pathlib.Path) -> pathlib.Pa
     return path
 
 
-def emit_result(benchmark: str, result: dict[str, Any], *, record: bool = True,
-                device: dict[str, Any] | None = None) -> str:
+def emit_result(
+    benchmark: str,
+    result: dict[str, Any],
+    *,
+    record: bool = True,
+    device: dict[str, Any] | None = None,
+) -> str:
     """Print ``RESULT {json}`` (flushed) and append the run's record; returns the printed line.
 
     Args:
@@ -152,8 +175,11 @@ def emit_result(benchmark: str, result: dict[str, Any], *, record: bool = True,
     if directory is not None:
         try:
             path = append_record(make_record(benchmark, result, device=device), directory)
-            print(f"(recorded in {path}; python benchmarks/results/render.py updates docs/benchmarks.md)",
-                  file=sys.stderr, flush=True)
+            print(
+                f"(recorded in {path}; python benchmarks/results/render.py updates docs/benchmarks.md)",
+                file=sys.stderr,
+                flush=True,
+            )
         except OSError as e:  # the figure is printed either way; say why it was not kept
             print(f"(not recorded: {e})", file=sys.stderr, flush=True)
     return line

@@ -61,10 +61,16 @@ def device_info() -> dict[str, Any]:
         except RuntimeError as e:  # a backend that failed to start: say so in the record
             return {"platform": None, "kind": f"JAX found no device ({e})"[:200], "count": 0}
         plat = devs[0].platform
-        return {"platform": "gpu" if plat in ("cuda", "rocm") else plat, "kind": devs[0].device_kind,
-                "count": len(devs)}
-    return {"platform": None, "kind": "no JAX in the benchmark's own process",
-            "jax_platforms": os.environ.get("JAX_PLATFORMS") or None}
+        return {
+            "platform": "gpu" if plat in ("cuda", "rocm") else plat,
+            "kind": devs[0].device_kind,
+            "count": len(devs),
+        }
+    return {
+        "platform": None,
+        "kind": "no JAX in the benchmark's own process",
+        "jax_platforms": os.environ.get("JAX_PLATFORMS") or None,
+    }
 
 
 def child_device_info(timeout: float = 300.0) -> dict[str, Any]:
@@ -73,23 +79,33 @@ def child_device_info(timeout: float = 300.0) -> dict[str, Any]:
     import json
     import subprocess
 
-    code = ("import json, jax; d = jax.devices(); p = d[0].platform; print('DEVICE ' + json.dumps({'platform': "
-            "'gpu' if p in ('cuda', 'rocm') else p, 'kind': d[0].device_kind, 'count': len(d)}))")
+    code = (
+        "import json, jax; d = jax.devices(); p = d[0].platform; print('DEVICE ' + json.dumps({'platform': "
+        "'gpu' if p in ('cuda', 'rocm') else p, 'kind': d[0].device_kind, 'count': len(d)}))"
+    )
     try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout
+        )
     except (OSError, subprocess.SubprocessError) as e:
         return {"platform": None, "kind": f"could not ask JAX for its device ({e})"[:200]}
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("DEVICE ")), None)
     if line is None:
-        return {"platform": None, "kind": f"could not ask JAX for its device: {out.stderr.strip()[-150:]}"}
-    return json.loads(line[len("DEVICE "):])
+        return {
+            "platform": None,
+            "kind": f"could not ask JAX for its device: {out.stderr.strip()[-150:]}",
+        }
+    return json.loads(line[len("DEVICE ") :])
 
 
 def from_result(result: dict[str, Any]) -> dict[str, Any] | None:
     """The device a RESULT reports in ``platform`` / ``device_kind`` keys (benchmarks/compile.py's), or None."""
     if isinstance(result.get("platform"), str) and isinstance(result.get("device_kind"), str):
-        return {"platform": "gpu" if result["platform"] in ("cuda", "rocm") else result["platform"],
-                "kind": result["device_kind"], "count": result.get("device_count", 1)}
+        return {
+            "platform": "gpu" if result["platform"] in ("cuda", "rocm") else result["platform"],
+            "kind": result["device_kind"],
+            "count": result.get("device_count", 1),
+        }
     return None
 
 
@@ -104,7 +120,11 @@ def describe(device: Any) -> str:
         return "CPU"
     if plat is None:
         given = device.get("jax_platforms")
-        return f"children with JAX_PLATFORMS={given}" if given else "JAX's default device in child processes"
+        return (
+            f"children with JAX_PLATFORMS={given}"
+            if given
+            else "JAX's default device in child processes"
+        )
     return f"{device.get('kind', plat)} x{device.get('count', 1)}"
 
 
@@ -118,9 +138,25 @@ def platform_of(device: Any) -> str:
         return given if given in ("cpu", "tpu", "gpu") else "other"
     if isinstance(device, str):
         low = device.lower()
-        return "tpu" if "tpu" in low else "gpu" if any(w in low for w in ("nvidia", "gpu", "cuda", "h100", "h200")) \
-            else "cpu" if low.startswith("cpu") else "other"
+        return (
+            "tpu"
+            if "tpu" in low
+            else "gpu"
+            if any(w in low for w in ("nvidia", "gpu", "cuda", "h100", "h200"))
+            else "cpu"
+            if low.startswith("cpu")
+            else "other"
+        )
     return "cpu"
 
 
-__all__ = ["choose_platform", "choose_platform_args", "device_info", "child_device_info", "from_result", "describe", "platform_of", "CPU_FLAG"]
+__all__ = [
+    "choose_platform",
+    "choose_platform_args",
+    "device_info",
+    "child_device_info",
+    "from_result",
+    "describe",
+    "platform_of",
+    "CPU_FLAG",
+]

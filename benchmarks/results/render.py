@@ -34,8 +34,10 @@ from typing import Any
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 PAGE = REPO / "docs" / "benchmarks.md"
-MARKER = re.compile(r"<!-- BEGIN GENERATED: (?P<name>[a-z0-9_]+)(?: [^>]*)? -->\n.*?<!-- END GENERATED: (?P=name) -->",
-                    flags=re.S)
+MARKER = re.compile(
+    r"<!-- BEGIN GENERATED: (?P<name>[a-z0-9_]+)(?: [^>]*)? -->\n.*?<!-- END GENERATED: (?P=name) -->",
+    flags=re.S,
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -52,60 +54,122 @@ class Figure:
 F = Figure
 FIGURES: dict[str, tuple[Figure, ...]] = {
     "serve_load": (
-        F(key="serve_p99_ms", what="p99 latency of a streamed completion, concurrent clients on loopback (ms)"),
+        F(
+            key="serve_p99_ms",
+            what="p99 latency of a streamed completion, concurrent clients on loopback (ms)",
+        ),
         F(key="serve_p50_ms", what="p50 latency (ms)"),
         F(key="serve_errors", what="failed requests", goal="0"),
         F(key="serve_rss_growth", what="server RSS at the end / after warm-up", goal="< 1.2"),
     ),
     "viewer": (
-        F(key="viewer_page_ms", what="trajectory table's first page, 100,000 trajectories, HTTP included (ms)",
-          goal="< 200"),
+        F(
+            key="viewer_page_ms",
+            what="trajectory table's first page, 100,000 trajectories, HTTP included (ms)",
+            goal="< 200",
+        ),
         F(key="full_read_page_ms", what="the same page parsing the whole log per request (ms)"),
         F(key="filtered_page_ms", what="a filtered page (ms)"),
     ),
     "learner_profile": (
-        F(key="full.shares_of_step.reference_forward", what="medium learner step, full replies: share in the "
-          "reference forward"),
+        F(
+            key="full.shares_of_step.reference_forward",
+            what="medium learner step, full replies: share in the reference forward",
+        ),
         F(key="full.shares_of_step.policy_fwd_bwd", what="share in the policy forward + backward"),
-        F(key="full.shares_of_step.attention_fwd_bwd_policy", what="of the step, attention fwd + bwd"),
+        F(
+            key="full.shares_of_step.attention_fwd_bwd_policy",
+            what="of the step, attention fwd + bwd",
+        ),
         F(key="full.shares_of_step.optimizer", what="share in the optimizer update"),
         F(key="full.shares_of_step.host_device_transfers", what="share in host <-> device copies"),
-        F(key="full.learner.grad_program_compiles", what="gradient-program compiles in steady steps", goal="0"),
+        F(
+            key="full.learner.grad_program_compiles",
+            what="gradient-program compiles in steady steps",
+            goal="0",
+        ),
         F(key="full.padding_share", what="padded positions / all, full replies"),
         F(key="mixed.padding_share", what="padded positions / all, mixed reply lengths"),
         F(key="full.learner.median_step_s", what="whole learner step, full replies (s)"),
-        F(key="mixed.packed_grad_speedup", what="gradient program packed vs padded, mixed reply lengths (x)"),
-        F(key="smollm2_shaped_head_loss_positions_vs_all.speedup", what="SmolLM2-shaped Quickstart learner step, "
-          "LM head on the loss positions only vs on every position (x)"),
-        F(key="smollm2_shaped_head_loss_positions_vs_all.grad_program.speedup_min", what="its gradient program "
-          "alone, the same A/B, fastest of the interleaved calls (x)"),
-        F(key="smollm2_shaped_head_loss_positions_vs_all.model.layers", what="its layers (of SmolLM2's 30)"),
-        F(key="smollm2_shaped_head_loss_positions_vs_all.b_step_s", what="its step, head on the loss positions (s)"),
-        F(key="full.head_loss_positions_vs_all.speedup", what="medium learner step, full replies: the same A/B (x)"),
-        F(key="mixed.head_loss_positions_vs_all.speedup", what="medium, mixed reply lengths: the same A/B (x)"),
+        F(
+            key="mixed.packed_grad_speedup",
+            what="gradient program packed vs padded, mixed reply lengths (x)",
+        ),
+        F(
+            key="smollm2_shaped_head_loss_positions_vs_all.speedup",
+            what="SmolLM2-shaped Quickstart learner step, "
+            "LM head on the loss positions only vs on every position (x)",
+        ),
+        F(
+            key="smollm2_shaped_head_loss_positions_vs_all.grad_program.speedup_min",
+            what="its gradient program alone, the same A/B, fastest of the interleaved calls (x)",
+        ),
+        F(
+            key="smollm2_shaped_head_loss_positions_vs_all.model.layers",
+            what="its layers (of SmolLM2's 30)",
+        ),
+        F(
+            key="smollm2_shaped_head_loss_positions_vs_all.b_step_s",
+            what="its step, head on the loss positions (s)",
+        ),
+        F(
+            key="full.head_loss_positions_vs_all.speedup",
+            what="medium learner step, full replies: the same A/B (x)",
+        ),
+        F(
+            key="mixed.head_loss_positions_vs_all.speedup",
+            what="medium, mixed reply lengths: the same A/B (x)",
+        ),
     ),
     "suite": (
-        F(key="suite_vs_per_env", what="one shared engine, every env in flight, vs one engine per env in turn, "
-          "warm (x)", goal=">= 2"),
+        F(
+            key="suite_vs_per_env",
+            what="one shared engine, every env in flight, vs one engine per env in turn, warm (x)",
+            goal=">= 2",
+        ),
         F(key="cold_suite_vs_per_env", what="the same with compilation included (x)"),
     ),
     "selfplay": (
-        F(key="selfplay_vs_lockstep", what="self-play games/s, barrier-free games on one engine vs lock-step turns, "
-          "tic-tac-toe + connect-four (x)", goal=">= 2"),
+        F(
+            key="selfplay_vs_lockstep",
+            what="self-play games/s, barrier-free games on one engine vs lock-step turns, "
+            "tic-tac-toe + connect-four (x)",
+            goal=">= 2",
+        ),
         F(key="barrier_free_games_per_s", what="barrier-free games/s (both games)"),
         F(key="lockstep_games_per_s", what="lock-step games/s (both games)"),
         F(key="per_game.tic-tac-toe.ratio", what="tic-tac-toe: barrier-free vs lock-step (x)"),
         F(key="per_game.connect-four.ratio", what="connect-four: barrier-free vs lock-step (x)"),
-        F(key="per_game.tic-tac-toe.barrier_free_decode_steps", what="tic-tac-toe: engine decode steps, barrier-free"),
-        F(key="per_game.tic-tac-toe.lockstep_decode_steps", what="tic-tac-toe: engine decode steps, lock-step"),
+        F(
+            key="per_game.tic-tac-toe.barrier_free_decode_steps",
+            what="tic-tac-toe: engine decode steps, barrier-free",
+        ),
+        F(
+            key="per_game.tic-tac-toe.lockstep_decode_steps",
+            what="tic-tac-toe: engine decode steps, lock-step",
+        ),
         F(key="games_match", what="games whose seats' rewards agree on both sides (share)"),
     ),
     "vector_env": (
-        F(key="barrier_free_vs_gym_async", what="env-steps/s, barrier-free recv vs Gymnasium AsyncVectorEnv, 64 envs, "
-          "lognormal latency (x)", goal=">= 5"),
-        F(key="barrier_free_vs_ours_step", what="barrier-free vs our own step() on the same envs (x)"),
-        F(key="ours_step_vs_gym_async", what="our step() vs Gymnasium async: the transport part (x)"),
-        F(key="overhead_vs_gym_sync", what="per-step time vs Gymnasium SyncVectorEnv, zero latency", goal="< 1"),
+        F(
+            key="barrier_free_vs_gym_async",
+            what="env-steps/s, barrier-free recv vs Gymnasium AsyncVectorEnv, 64 envs, "
+            "lognormal latency (x)",
+            goal=">= 5",
+        ),
+        F(
+            key="barrier_free_vs_ours_step",
+            what="barrier-free vs our own step() on the same envs (x)",
+        ),
+        F(
+            key="ours_step_vs_gym_async",
+            what="our step() vs Gymnasium async: the transport part (x)",
+        ),
+        F(
+            key="overhead_vs_gym_sync",
+            what="per-step time vs Gymnasium SyncVectorEnv, zero latency",
+            goal="< 1",
+        ),
     ),
     "models": (
         F(key="prefill_tok_s", what="SmolLM2-135M prefill 16x128, best dtype (tok/s)", goal="315"),
@@ -115,79 +179,171 @@ FIGURES: dict[str, tuple[Figure, ...]] = {
         F(key="bf16.decode_tok_s_b16", what="decode b16 in bf16 (tok/s)"),
         F(key="bf16.fwd_bwd_s", what="fwd+bwd in bf16 (s)"),
         F(key="mixed.fwd_bwd_s", what="fwd+bwd mixed: fp32 masters, bf16 compute (s)"),
-        F(key="decode_vs_bandwidth", what="bf16 decode step / max(weight-streaming copy, FLOPs at the run's "
-          "matmul rate)", goal="<= 1.5"),
+        F(
+            key="decode_vs_bandwidth",
+            what="bf16 decode step / max(weight-streaming copy, FLOPs at the run's matmul rate)",
+            goal="<= 1.5",
+        ),
         F(key="fp32.decode_vs_bandwidth", what="the same in float32"),
-        F(key="fwd_bwd_vs_roofline", what="fwd+bwd (bf16 compute) as a fraction of the run's bf16 matmul rate",
-          goal=">= 0.5"),
+        F(
+            key="fwd_bwd_vs_roofline",
+            what="fwd+bwd (bf16 compute) as a fraction of the run's bf16 matmul rate",
+            goal=">= 0.5",
+        ),
         F(key="fp32.fwd_bwd_vs_roofline", what="the same in float32, over the fp32 rate"),
         F(key="forward_vs_roofline", what="forward as a fraction of the run's fastest matmul rate"),
         F(key="bf16.forward_vs_roofline", what="forward in bf16 over the bf16 matmul rate"),
         F(key="fp32.forward_vs_roofline", what="forward in float32 over the fp32 matmul rate"),
     ),
     "engine": (
-        F(key="models.tiny.continuous_vs_static", what="tiny: continuous vs static batching, heavy-tailed lengths (x)",
-          goal=">= 2"),
-        F(key="models.smollm2-135m-instruct.continuous_vs_static", what="SmolLM2: continuous vs static batching (x)",
-          goal=">= 2"),
-        F(key="models.tiny.continuous_vs_static_compacted", what="tiny: the same waves on the compacting engine (x)"),
-        F(key="models.smollm2-135m-instruct.continuous_vs_static_compacted",
-          what="SmolLM2: the same waves on the compacting engine (x)"),
-        F(key="models.tiny.continuous_vs_sequential", what="tiny: continuous vs one-at-a-time, 32 concurrent (x)"),
-        F(key="models.smollm2-135m-instruct.continuous_vs_sequential",
-          what="SmolLM2: continuous vs one-at-a-time, 32 concurrent (x)", goal=">= 8"),
-        F(key="models.tiny.ttft_ms_p50", what="tiny: time to first token p50 under overload (ms)", goal="reported"),
-        F(key="models.smollm2-135m-instruct.ttft_ms_p50", what="SmolLM2: time to first token p50 (ms)",
-          goal="reported"),
-        F(key="models.smollm2-135m-instruct.ttft_ms_idle", what="SmolLM2: time to first token on an idle engine (ms)"),
+        F(
+            key="models.tiny.continuous_vs_static",
+            what="tiny: continuous vs static batching, heavy-tailed lengths (x)",
+            goal=">= 2",
+        ),
+        F(
+            key="models.smollm2-135m-instruct.continuous_vs_static",
+            what="SmolLM2: continuous vs static batching (x)",
+            goal=">= 2",
+        ),
+        F(
+            key="models.tiny.continuous_vs_static_compacted",
+            what="tiny: the same waves on the compacting engine (x)",
+        ),
+        F(
+            key="models.smollm2-135m-instruct.continuous_vs_static_compacted",
+            what="SmolLM2: the same waves on the compacting engine (x)",
+        ),
+        F(
+            key="models.tiny.continuous_vs_sequential",
+            what="tiny: continuous vs one-at-a-time, 32 concurrent (x)",
+        ),
+        F(
+            key="models.smollm2-135m-instruct.continuous_vs_sequential",
+            what="SmolLM2: continuous vs one-at-a-time, 32 concurrent (x)",
+            goal=">= 8",
+        ),
+        F(
+            key="models.tiny.ttft_ms_p50",
+            what="tiny: time to first token p50 under overload (ms)",
+            goal="reported",
+        ),
+        F(
+            key="models.smollm2-135m-instruct.ttft_ms_p50",
+            what="SmolLM2: time to first token p50 (ms)",
+            goal="reported",
+        ),
+        F(
+            key="models.smollm2-135m-instruct.ttft_ms_idle",
+            what="SmolLM2: time to first token on an idle engine (ms)",
+        ),
     ),
     "engine_shapes": (
         F(key="programs.buckets", what="Quickstart engine, bucketed shapes: programs compiled"),
-        F(key="programs.fixed_128", what="the fixed set (128-token packed prefill): programs compiled", goal="<= 5"),
-        F(key="compile_s.buckets", what="bucketed shapes: compile seconds (backend compile events)"),
+        F(
+            key="programs.fixed_128",
+            what="the fixed set (128-token packed prefill): programs compiled",
+            goal="<= 5",
+        ),
+        F(
+            key="compile_s.buckets",
+            what="bucketed shapes: compile seconds (backend compile events)",
+        ),
         F(key="compile_s.fixed_128", what="the fixed set: compile seconds"),
         F(key="tps.buckets", what="bucketed shapes: tokens/s, GRPO-like burst and second turns"),
         F(key="tps.fixed_128", what="the fixed set: tokens/s, same burst"),
-        F(key="fixed_vs_buckets_tps", what="best fixed budget over bucketed shapes, tokens/s (x)", goal="~1 (CPU)"),
+        F(
+            key="fixed_vs_buckets_tps",
+            what="best fixed budget over bucketed shapes, tokens/s (x)",
+            goal="~1 (CPU)",
+        ),
     ),
     "rollout": (
-        F(key="async_vs_sync", what="async orchestrator vs synchronous baseline, trajectories/s (x)", goal=">= 3"),
+        F(
+            key="async_vs_sync",
+            what="async orchestrator vs synchronous baseline, trajectories/s (x)",
+            goal=">= 3",
+        ),
         F(key="async_vs_ceiling", what="async vs its zero-latency ceiling", goal=">= 0.8"),
         F(key="engine_busy_fraction", what="engine busy, async run"),
-        F(key="models.tiny.ceiling_vs_sync", what="the zero-latency ceiling vs the synchronous loop (x)"),
+        F(
+            key="models.tiny.ceiling_vs_sync",
+            what="the zero-latency ceiling vs the synchronous loop (x)",
+        ),
         F(key="async_narrow_vs_sync", what="equal widths: 64 in flight vs 64 per batch (x)"),
-        F(key="models.tiny.async_drained_vs_sync", what="drained: exactly 4 batches, timed to the last trajectory (x)"),
+        F(
+            key="models.tiny.async_drained_vs_sync",
+            what="drained: exactly 4 batches, timed to the last trajectory (x)",
+        ),
         F(key="models.smollm2.async_vs_sync", what="SmolLM2: async vs sync (x)"),
         F(key="models.smollm2.async_vs_ceiling", what="SmolLM2: async vs its ceiling"),
     ),
     "train": (
-        F(key="barrier_free_vs_sync", what="barrier-free vs synchronous GRPO end to end, equal widths (x)",
-          goal=">= 1.5"),
-        F(key="trainer_idle_fraction_steady", what="trainer idle fraction, barrier-free, after step 1", goal="< 0.2"),
+        F(
+            key="barrier_free_vs_sync",
+            what="barrier-free vs synchronous GRPO end to end, equal widths (x)",
+            goal=">= 1.5",
+        ),
+        F(
+            key="trainer_idle_fraction_steady",
+            what="trainer idle fraction, barrier-free, after step 1",
+            goal="< 0.2",
+        ),
         F(key="trainer_idle_fraction", what="trainer idle fraction, whole run"),
-        F(key="tunix_config_step_s", what="seconds per step on Tunix's CPU config (absolute; peers below)",
-          goal="see peers"),
-        F(key="learner_vs_roofline", what="Quickstart learner step: executed FLOP/s over this CPU's matmul roofline "
-          "on the model's shapes (faster of fp32 and bf16)", goal=">= 0.6",
-          range_key="learner_roofline.learner_vs_roofline_rounds"),
-        F(key="learner_roofline.learner_vs_roofline_fp32", what="the same against the float32 matmul alone"),
-        F(key="learner_roofline.learner_tokens_per_s", what="Quickstart learner positions trained per second"),
-        F(key="learner_roofline.learner_vs_roofline_6nt", what="Quickstart learner tokens/s over the tokens/s of a "
-          "flat full-head step at the matmul roofline (6 N T + attention)", goal=">= 0.6"),
-        F(key="learner_vs_plain_fwd_bwd", what="a plain fwd+bwd of a micro-batch's tokens (s) over the learner's "
-          "seconds per micro-batch, optimizer included", goal=">= 0.6"),
+        F(
+            key="tunix_config_step_s",
+            what="seconds per step on Tunix's CPU config (absolute; peers below)",
+            goal="see peers",
+        ),
+        F(
+            key="learner_vs_roofline",
+            what="Quickstart learner step: executed FLOP/s over this CPU's matmul roofline "
+            "on the model's shapes (faster of fp32 and bf16)",
+            goal=">= 0.6",
+            range_key="learner_roofline.learner_vs_roofline_rounds",
+        ),
+        F(
+            key="learner_roofline.learner_vs_roofline_fp32",
+            what="the same against the float32 matmul alone",
+        ),
+        F(
+            key="learner_roofline.learner_tokens_per_s",
+            what="Quickstart learner positions trained per second",
+        ),
+        F(
+            key="learner_roofline.learner_vs_roofline_6nt",
+            what="Quickstart learner tokens/s over the tokens/s of a "
+            "flat full-head step at the matmul roofline (6 N T + attention)",
+            goal=">= 0.6",
+        ),
+        F(
+            key="learner_vs_plain_fwd_bwd",
+            what="a plain fwd+bwd of a micro-batch's tokens (s) over the learner's "
+            "seconds per micro-batch, optimizer included",
+            goal=">= 0.6",
+        ),
     ),
     "quickstart": (
-        F(key="quickstart_train_s", what="the README's Quickstart (gymllm train): 12 steps' training time (s)",
-          goal="<= 115"),
-        F(key="quickstart_wall_s", what="the whole command (load, compiles, checkpoints, report) (s)"),
+        F(
+            key="quickstart_train_s",
+            what="the README's Quickstart (gymllm train): 12 steps' training time (s)",
+            goal="<= 115",
+        ),
+        F(
+            key="quickstart_wall_s",
+            what="the whole command (load, compiles, checkpoints, report) (s)",
+        ),
         F(key="reward_first3", what="reward over every rollout, steps 1-3", goal="about 0.3"),
         F(key="reward_last3", what="reward over every rollout, steps 10-12", goal="> 0.6"),
         F(key="engine_busy", what="engine busy share (step-weighted)"),
         F(key="trainer_idle", what="trainer idle share (step-weighted)"),
     ),
     "compile": (
-        F(key="programs", what="model programs compiled, cold cache (eager single ops apart)", goal="reported"),
+        F(
+            key="programs",
+            what="model programs compiled, cold cache (eager single ops apart)",
+            goal="reported",
+        ),
         F(key="programs_all", what="compiles in all, eager ops included, cold"),
         F(key="compile_s", what="seconds compiling, cold (threads summed)"),
         F(key="quickstart_train_s", what="training time, cold cache (s)"),
@@ -201,18 +357,31 @@ FIGURES: dict[str, tuple[Figure, ...]] = {
         F(key="quickstart_train_s_tpu_warm", what="TPU: training time, warm (s)"),
     ),
     "compile_anatomy": (
-        F(key="prefill.backend_s", what="engine prefill program (4 x 64, sampling in it): XLA backend compile (s)"),
+        F(
+            key="prefill.backend_s",
+            what="engine prefill program (4 x 64, sampling in it): XLA backend compile (s)",
+        ),
         F(key="prefill_no_sample.backend_s", what="the same prefill without sampling (s)"),
         F(key="sample.backend_s", what="the sampler alone, [4, 49152] logits (s)"),
         F(key="sample_sort.backend_s", what="the sampler with the former sort filter (s)"),
         F(key="sample_no_filter.backend_s", what="the sampler with no filter (s)"),
         F(key="decode.backend_s", what="one decode step over 12 rows, 160 slots (s)"),
-        F(key="prefill_2_layers.backend_s", what="prefill on a 2-layer model of the same width (s)"),
-        F(key="prefill_effort_low.backend_s", what="prefill at exec_time_optimization_effort -1 (s)"),
+        F(
+            key="prefill_2_layers.backend_s",
+            what="prefill on a 2-layer model of the same width (s)",
+        ),
+        F(
+            key="prefill_effort_low.backend_s",
+            what="prefill at exec_time_optimization_effort -1 (s)",
+        ),
         F(key="grad.backend_s", what="a learner gradient, 6 x 160 tokens (s)"),
     ),
     "compile_cache": (
-        F(key="warm_vs_cold", what="tiny config: whole run wall, cold cache / warm cache (x)", goal="reported"),
+        F(
+            key="warm_vs_cold",
+            what="tiny config: whole run wall, cold cache / warm cache (x)",
+            goal="reported",
+        ),
         F(key="cold_s", what="tiny: cold run wall (s)"),
         F(key="warm_s", what="tiny: warm run wall (s)"),
         F(key="step_s_cold", what="tiny: step after warm-up, cold run (s)"),
@@ -226,45 +395,84 @@ FIGURES: dict[str, tuple[Figure, ...]] = {
         F(key="cache_mb_medium", what="medium: compiled programs on disk (MB)"),
     ),
     "telemetry": (
-        F(key="overhead_fraction", what="tracing cost / step time, wall, median of paired A/B differences",
-          goal="< 0.01"),
+        F(
+            key="overhead_fraction",
+            what="tracing cost / step time, wall, median of paired A/B differences",
+            goal="< 0.01",
+        ),
         F(key="overhead_fraction_cpu", what="the same on the process's CPU time", goal="< 0.01"),
-        F(key="overhead_fraction_modelled", what="modelled: events a step x cost of a span / step time"),
+        F(
+            key="overhead_fraction_modelled",
+            what="modelled: events a step x cost of a span / step time",
+        ),
     ),
     "scale": (
-        F(key="scaling_efficiency_8", what="EnginePool by simulation: throughput at 8 replicas / (8 x at 1)",
-          goal=">= 0.9"),
+        F(
+            key="scaling_efficiency_8",
+            what="EnginePool by simulation: throughput at 8 replicas / (8 x at 1)",
+            goal=">= 0.9",
+        ),
         F(key="scaling_efficiency_16", what="the same at 16 replicas", goal=">= 0.8"),
-        F(key="pool_request_overhead_ms", what="per request, a Ray replica over the engine in process (ms)"),
-        F(key="inproc_pool_request_overhead_ms", what="per request, an in-process pool over the engine (ms)"),
-        F(key="ray_env_step_overhead_ms", what="per env step, Ray vector env over threads, one env per actor (ms)",
-          goal="<= 2"),
+        F(
+            key="pool_request_overhead_ms",
+            what="per request, a Ray replica over the engine in process (ms)",
+        ),
+        F(
+            key="inproc_pool_request_overhead_ms",
+            what="per request, an in-process pool over the engine (ms)",
+        ),
+        F(
+            key="ray_env_step_overhead_ms",
+            what="per env step, Ray vector env over threads, one env per actor (ms)",
+            goal="<= 2",
+        ),
         F(key="ray_env_step_overhead_ms_sharded", what="the same with 8 envs per actor (ms)"),
     ),
     "remote_env": (
-        F(key="remote_step_overhead_ms", what="OpenEnv env over loopback vs in process, p50 (ms)", goal="<= 2"),
-        F(key="remote_scaling_4", what="make_vec over 4 server processes vs 1, CPU-bound env (x)", goal=">= 1.6"),
+        F(
+            key="remote_step_overhead_ms",
+            what="OpenEnv env over loopback vs in process, p50 (ms)",
+            goal="<= 2",
+        ),
+        F(
+            key="remote_scaling_4",
+            what="make_vec over 4 server processes vs 1, CPU-bound env (x)",
+            goal=">= 1.6",
+        ),
     ),
     "proxy_overhead": (
-        F(key="proxy_overhead_ms", what="training proxy (HTTP chat request + reward) vs the engine directly (ms)",
-          goal="reported"),
+        F(
+            key="proxy_overhead_ms",
+            what="training proxy (HTTP chat request + reward) vs the engine directly (ms)",
+            goal="reported",
+        ),
         F(key="direct_ms_p50", what="engine called directly, p50 (ms)"),
         F(key="proxy_ms_p50", what="through the proxy, p50 (ms)"),
     ),
     "drill_crash": (
-        F(key="kills", what="SIGKILLs (at rollouts, after a step, mid checkpoint write, mid log write)",
-          goal=">= 20"),
+        F(
+            key="kills",
+            what="SIGKILLs (at rollouts, after a step, mid checkpoint write, mid log write)",
+            goal=">= 20",
+        ),
         F(key="lost_groups", what="groups lost", goal="0"),
         F(key="duplicated_groups", what="groups trained twice", goal="0"),
         F(key="torn_records", what="torn log records", goal="0"),
         F(key="max_weight_diff", what="final weights vs the uninterrupted run's, max abs diff"),
     ),
     "drill_faults": (
-        F(key="faults_ok", what="faults finished or stopped clearly within their bound", goal="all"),
+        F(
+            key="faults_ok",
+            what="faults finished or stopped clearly within their bound",
+            goal="all",
+        ),
         F(key="faults_total", what="faults injected"),
     ),
     "lora_push": (
-        F(key="adapter_bytes", what="bytes pushed per weight update, LoRA rank 8 on wq, wv (SmolLM2 shape)"),
+        F(
+            key="adapter_bytes",
+            what="bytes pushed per weight update, LoRA rank 8 on wq, wv (SmolLM2 shape)",
+        ),
         F(key="merged_bytes", what="bytes pushed per update, full weights"),
         F(key="push_s_adapters", what="push time, adapters (s)"),
         F(key="push_s_merged", what="push time, full weights (s)"),
@@ -272,17 +480,34 @@ FIGURES: dict[str, tuple[Figure, ...]] = {
     "peers": (
         F(key="sides.gymllm.step_s", what="tiny: gymllm step (s)"),
         F(key="sides.tunix_batch.step_s", what="tiny: Tunix batch GRPO step (s)"),
-        F(key="vs_tunix_batch", what="tiny: Tunix batch / gymllm (x)", goal="2", range_key="vs_tunix_batch_rounds"),
+        F(
+            key="vs_tunix_batch",
+            what="tiny: Tunix batch / gymllm (x)",
+            goal="2",
+            range_key="vs_tunix_batch_rounds",
+        ),
         F(key="sides.tunix_agentic.step_s", what="tiny: Tunix agentic GRPO step (s)"),
-        F(key="vs_tunix_agentic", what="tiny: Tunix agentic / gymllm (x)", goal="10", range_key="vs_tunix_agentic_rounds"),
+        F(
+            key="vs_tunix_agentic",
+            what="tiny: Tunix agentic / gymllm (x)",
+            goal="10",
+            range_key="vs_tunix_agentic_rounds",
+        ),
         F(key="sides.trl.step_s", what="tiny: TRL GRPOTrainer step (s)"),
         F(key="vs_trl", what="tiny: TRL / gymllm (x)", goal="3", range_key="vs_trl_rounds"),
         F(key="sides_medium.gymllm.step_s", what="medium: gymllm step (s)"),
         F(key="sides_medium.tunix_batch.step_s", what="medium: Tunix batch step (s)"),
-        F(key="vs_tunix_batch_medium", what="medium: Tunix batch / gymllm (x)", range_key="vs_tunix_batch_medium_rounds"),
+        F(
+            key="vs_tunix_batch_medium",
+            what="medium: Tunix batch / gymllm (x)",
+            range_key="vs_tunix_batch_medium_rounds",
+        ),
         F(key="sides_medium.tunix_agentic.step_s", what="medium: Tunix agentic step (s)"),
-        F(key="vs_tunix_agentic_medium", what="medium: Tunix agentic / gymllm (x)",
-          range_key="vs_tunix_agentic_medium_rounds"),
+        F(
+            key="vs_tunix_agentic_medium",
+            what="medium: Tunix agentic / gymllm (x)",
+            range_key="vs_tunix_agentic_medium_rounds",
+        ),
         F(key="sides_medium.trl.step_s", what="medium: TRL step (s)"),
         F(key="vs_trl_medium", what="medium: TRL / gymllm (x)", range_key="vs_trl_medium_rounds"),
     ),
@@ -302,13 +527,19 @@ def load_records(directory: pathlib.Path = HERE) -> dict[str, list[dict[str, Any
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path.name}:{n}: expected one JSON record a line, received {line[:80]!r} ({e})")
+                raise ValueError(
+                    f"{path.name}:{n}: expected one JSON record a line, received {line[:80]!r} ({e})"
+                )
             missing = [k for k in RECORD_FIELDS if k not in rec]
             if missing or not isinstance(rec.get("result"), dict):
-                raise ValueError(f"{path.name}:{n}: a record needs {list(RECORD_FIELDS)} with result a dict; "
-                                 f"missing {missing}")
+                raise ValueError(
+                    f"{path.name}:{n}: a record needs {list(RECORD_FIELDS)} with result a dict; "
+                    f"missing {missing}"
+                )
             if rec["benchmark"] != path.stem:
-                raise ValueError(f"{path.name}:{n}: benchmark {rec['benchmark']!r} belongs in {rec['benchmark']}.jsonl")
+                raise ValueError(
+                    f"{path.name}:{n}: benchmark {rec['benchmark']!r} belongs in {rec['benchmark']}.jsonl"
+                )
             out.setdefault(path.stem, []).append(rec)
     return out
 
@@ -363,7 +594,11 @@ class Measurement:
 
     def header(self, label: str) -> str:
         """The figures table's column head: the label, with the device for an accelerator's run."""
-        return label if platform_of_record(self.first) in ("cpu", "other") else f"{label} ({self.device()})"
+        return (
+            label
+            if platform_of_record(self.first) in ("cpu", "other")
+            else f"{label} ({self.device()})"
+        )
 
     @property
     def imported(self) -> bool:
@@ -397,7 +632,10 @@ class Measurement:
         if self.imported:
             return str(self.first["date"])
         dates = sorted(str(r["date"]) for r in self.records)
-        d = [x.replace("T", " ").rstrip("Z")[:16] + (" UTC" if x.endswith("Z") else "") for x in (dates[0], dates[-1])]
+        d = [
+            x.replace("T", " ").rstrip("Z")[:16] + (" UTC" if x.endswith("Z") else "")
+            for x in (dates[0], dates[-1])
+        ]
         return d[0] if d[0] == d[-1] else f"{d[0]} to {d[-1]}"
 
     def load(self) -> str:
@@ -449,9 +687,11 @@ def measurements(records: list[dict[str, Any]]) -> list[Measurement]:
     README led its row with), each part newest first; ties keep file order."""
     groups: dict[Any, list[dict[str, Any]]] = {}
     for i, rec in enumerate(records):
-        key = (("run", rec["commit"], rec["cpu"], device_of(rec), rec["command"], rec.get("notes"))
-               if rec["source"] == "run"
-               else ("imported", i))
+        key = (
+            ("run", rec["commit"], rec["cpu"], device_of(rec), rec["command"], rec.get("notes"))
+            if rec["source"] == "run"
+            else ("imported", i)
+        )
         groups.setdefault(key, []).append(rec)
     ms = [Measurement(records=tuple(g)) for g in groups.values()]
     order = {id(m): i for i, m in enumerate(ms)}
@@ -461,8 +701,12 @@ def measurements(records: list[dict[str, Any]]) -> list[Measurement]:
 def figures_for(name: str, records: list[dict[str, Any]]) -> tuple[Figure, ...]:
     if name in FIGURES:
         return FIGURES[name]
-    keys = dict.fromkeys(k for r in records for k, v in r["result"].items()
-                         if _is_num(v) or (r["source"] != "run" and isinstance(v, str)))  # imported: figures only
+    keys = dict.fromkeys(
+        k
+        for r in records
+        for k, v in r["result"].items()
+        if _is_num(v) or (r["source"] != "run" and isinstance(v, str))
+    )  # imported: figures only
     return tuple(Figure(key=k, what="") for k in keys)
 
 
@@ -473,38 +717,60 @@ def cell_text(s: str) -> str:
 def render_section(name: str, records: list[dict[str, Any]]) -> str:
     """The generated part of one benchmark's section: figures by measurement, then the measurements."""
     if not records:
-        return (f"No recorded run of `{name}.py` yet: `python benchmarks/{name}.py` records one, "
-                "`python benchmarks/results/render.py` shows it here.\n")
+        return (
+            f"No recorded run of `{name}.py` yet: `python benchmarks/{name}.py` records one, "
+            "`python benchmarks/results/render.py` shows it here.\n"
+        )
     ms = measurements(records)
     labels = [chr(ord("A") + i) if i < 26 else f"A{i}" for i in range(len(ms))]
     figs = [f for f in figures_for(name, records) if any(m.cell(f) for m in ms)]
-    lines = ["| figure (RESULT key) | goal | " + " | ".join(cell_text(m.header(x)) for x, m in zip(labels, ms)) + " |",
-             "|---|---|" + "---|" * len(ms)]
+    lines = [
+        "| figure (RESULT key) | goal | "
+        + " | ".join(cell_text(m.header(x)) for x, m in zip(labels, ms))
+        + " |",
+        "|---|---|" + "---|" * len(ms),
+    ]
     for f in figs:
         what = f"{f.what}: `{f.key}`" if f.what else f"`{f.key}`"
         cells = [m.cell(f) for m in ms]
         first = next(i for i, c in enumerate(cells) if c)
         cells[first] = f"**{cells[first]}**"
         lines.append("| " + " | ".join(cell_text(c) for c in [what, f.goal, *cells]) + " |")
-    lines += ["", "| | CPU | device | runs | load | date | commit | command | source and notes |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| | CPU | device | runs | load | date | commit | command | source and notes |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for label, m in zip(labels, ms):
         src = "recorded by the run" if not m.imported else m.first["source"]
         if m.first.get("reported_in"):
             src += f" (first reported in `{m.first['reported_in']}`)"
         notes = "; ".join(dict.fromkeys(r["notes"] for r in m.records if r.get("notes")))
-        row = [label, m.first["cpu"], m.device(), m.runs(), m.load(), m.date(), m.commit(), f"`{m.first['command']}`",
-               src + (f". {notes}" if notes else "")]
+        row = [
+            label,
+            m.first["cpu"],
+            m.device(),
+            m.runs(),
+            m.load(),
+            m.date(),
+            m.commit(),
+            f"`{m.first['command']}`",
+            src + (f". {notes}" if notes else ""),
+        ]
         lines.append("| " + " | ".join(cell_text(str(c)) for c in row) + " |")
     return "\n".join(lines) + "\n"
 
 
 def render_page(text: str, records: dict[str, list[dict[str, Any]]]) -> str:
     """``text`` with every generated part rewritten from ``records``."""
+
     def repl(m: re.Match) -> str:
         name = m.group("name")
-        return (f"<!-- BEGIN GENERATED: {name} (python benchmarks/results/render.py; do not edit) -->\n"
-                + render_section(name, records.get(name, [])) + f"<!-- END GENERATED: {name} -->")
+        return (
+            f"<!-- BEGIN GENERATED: {name} (python benchmarks/results/render.py; do not edit) -->\n"
+            + render_section(name, records.get(name, []))
+            + f"<!-- END GENERATED: {name} -->"
+        )
 
     return MARKER.sub(repl, text)
 
@@ -516,7 +782,9 @@ def sections(text: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--check", action="store_true", help="exit 1 if docs/benchmarks.md differs from the records")
+    p.add_argument(
+        "--check", action="store_true", help="exit 1 if docs/benchmarks.md differs from the records"
+    )
     p.add_argument("--page", default=str(PAGE))
     a = p.parse_args(argv)
     page = pathlib.Path(a.page)
@@ -524,7 +792,10 @@ def main(argv: list[str] | None = None) -> int:
     new = render_page(text, load_records())
     if a.check:
         if new != text:
-            print(f"{page}: not what the records give; run python benchmarks/results/render.py", file=sys.stderr)
+            print(
+                f"{page}: not what the records give; run python benchmarks/results/render.py",
+                file=sys.stderr,
+            )
             return 1
         return 0
     page.write_text(new)

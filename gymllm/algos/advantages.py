@@ -36,7 +36,7 @@ def _centred(rewards: jnp.ndarray) -> jnp.ndarray:  # [N, G]
 
 def _constant_groups(rewards: jnp.ndarray) -> jnp.ndarray:  # [N, 1] bool
     r = jnp.asarray(rewards, jnp.float32)
-    return (jnp.max(r, axis=-1, keepdims=True) == jnp.min(r, axis=-1, keepdims=True))
+    return jnp.max(r, axis=-1, keepdims=True) == jnp.min(r, axis=-1, keepdims=True)
 
 
 def _scale(centred: jnp.ndarray, axis, *, ddof: int, eps: float, eps_placement: str) -> jnp.ndarray:
@@ -64,13 +64,20 @@ def rloo(rewards, **_: object) -> jnp.ndarray:
     return jnp.where(_constant_groups(rewards), 0.0, _centred(rewards) * (g / max(g - 1, 1)))
 
 
-def batch_std(rewards, *, ddof: int = 0, eps: float = 1e-6, eps_placement: str = "std") -> jnp.ndarray:
+def batch_std(
+    rewards, *, ddof: int = 0, eps: float = 1e-6, eps_placement: str = "std"
+) -> jnp.ndarray:
     """Centre per group, scale by the std of all centred rewards of the step (all N groups)."""
     c = jnp.where(_constant_groups(rewards), 0.0, _centred(rewards))
     return c / _scale(c, None, ddof=ddof, eps=eps, eps_placement=eps_placement)
 
 
-ESTIMATORS: dict[str, AdvantageFn] = {"grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo, "batch_std": batch_std}
+ESTIMATORS: dict[str, AdvantageFn] = {
+    "grpo": grpo,
+    "dr_grpo": dr_grpo,
+    "rloo": rloo,
+    "batch_std": batch_std,
+}
 # Estimators whose value for one group depends on the other groups of the optimizer step.
 STEP_GLOBAL = frozenset({"batch_std"})
 # Estimators with state across groups, run by the learner itself (not a jitted rewards -> advantages fn).

@@ -66,22 +66,36 @@ class Row:
         return len(self.inputs)
 
 
-def row_from_trajectory(t: Trajectory, *, advantage: float, group_tokens: float, sample_id: str,
-                        group_index: int = -1, max_len: int | None = None) -> Row:
+def row_from_trajectory(
+    t: Trajectory,
+    *,
+    advantage: float,
+    group_tokens: float,
+    sample_id: str,
+    group_index: int = -1,
+    max_len: int | None = None,
+) -> Row:
     """``t`` as a training row; with ``max_len``, a longer one is cut to its first ``max_len`` positions
     (what a truncated episode appends past the engine's context: the last observation, mask 0; see
     :func:`dropped_sampled_tokens` for sampled tokens lost that way)."""
     end = None if max_len is None else max_len + 1
     ids = np.asarray(t.token_ids, np.int32)[:end]
-    return Row(inputs=ids[:-1], targets=ids[1:], mask=np.asarray(t.loss_mask[1:end], np.float32),
-               mu=np.asarray(t.behaviour_logprobs[1:end], np.float32),
-               versions=np.asarray(t.versions[1:end], np.int32), advantage=float(advantage),
-               group_tokens=float(group_tokens), sample_id=sample_id, group_index=group_index)
+    return Row(
+        inputs=ids[:-1],
+        targets=ids[1:],
+        mask=np.asarray(t.loss_mask[1:end], np.float32),
+        mu=np.asarray(t.behaviour_logprobs[1:end], np.float32),
+        versions=np.asarray(t.versions[1:end], np.int32),
+        advantage=float(advantage),
+        group_tokens=float(group_tokens),
+        sample_id=sample_id,
+        group_index=group_index,
+    )
 
 
 def dropped_sampled_tokens(t: Trajectory, max_len: int) -> int:
     """Sampled (loss-mask 1) tokens of ``t`` past a row of ``max_len`` positions."""
-    return int(np.asarray(t.loss_mask[max_len + 1:]).sum())
+    return int(np.asarray(t.loss_mask[max_len + 1 :]).sum())
 
 
 def buckets(min_bucket: int, max_len: int, per_octave: int = 1) -> tuple[int, ...]:
@@ -102,8 +116,14 @@ def pick_bucket(length: int, table: Sequence[int]) -> int:
     for b in table:
         if length <= b:
             return b
-    raise ConfigError(explain("trajectory length", expected=f"at most {table[-1]} tokens (LearnerConfig.max_len)",
-                              received=f"{length + 1} tokens", fix="raise LearnerConfig.max_len or lower max_tokens"))
+    raise ConfigError(
+        explain(
+            "trajectory length",
+            expected=f"at most {table[-1]} tokens (LearnerConfig.max_len)",
+            received=f"{length + 1} tokens",
+            fix="raise LearnerConfig.max_len or lower max_tokens",
+        )
+    )
 
 
 @dataclasses.dataclass
@@ -125,11 +145,15 @@ class MicroBatch:
         return self.tokens.shape  # type: ignore[return-value]
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {k: getattr(self, k) for k in ("tokens", "positions", "targets", "mask", "mu", "advantages",
-                                                "group_tokens")}
+        return {
+            k: getattr(self, k)
+            for k in ("tokens", "positions", "targets", "mask", "mu", "advantages", "group_tokens")
+        }
 
 
-def make_micro_batch(rows: Sequence[Row], batch_size: int, length: int, pad_id: int = 0) -> MicroBatch:
+def make_micro_batch(
+    rows: Sequence[Row], batch_size: int, length: int, pad_id: int = 0
+) -> MicroBatch:
     """Right-pad ``rows`` (at most ``batch_size``) to ``[batch_size, length]``."""
     b, L = batch_size, length
     tok = np.full((b, L), pad_id, np.int32)
@@ -139,19 +163,31 @@ def make_micro_batch(rows: Sequence[Row], batch_size: int, length: int, pad_id: 
     adv, gt = np.zeros(b, np.float32), np.ones(b, np.float32)
     for i, r in enumerate(rows):
         n = r.length
-        tok[i, :n], tgt[i, :n], mask[i, :n], mu[i, :n], ver[i, :n] = r.inputs, r.targets, r.mask, r.mu, r.versions
+        tok[i, :n], tgt[i, :n], mask[i, :n], mu[i, :n], ver[i, :n] = (
+            r.inputs,
+            r.targets,
+            r.mask,
+            r.mu,
+            r.versions,
+        )
         adv[i], gt[i] = r.advantage, r.group_tokens
     pos = np.broadcast_to(np.arange(L, dtype=np.int32), (b, L)).copy()
     return MicroBatch(tok, pos, tgt, mask, mu, ver, adv, gt, [r.sample_id for r in rows])
 
 
-def pack(rows: Sequence[Row], batch_size: int, table: Sequence[int], pad_id: int = 0) -> list[MicroBatch]:
+def pack(
+    rows: Sequence[Row], batch_size: int, table: Sequence[int], pad_id: int = 0
+) -> list[MicroBatch]:
     """Sort by length, cut into runs of ``batch_size`` rows, each padded to its longest row's bucket."""
     ordered = sorted(rows, key=lambda r: (r.length, r.sample_id))
     out = []
     for i in range(0, len(ordered), batch_size):
-        chunk = ordered[i:i + batch_size]
-        out.append(make_micro_batch(chunk, batch_size, pick_bucket(max(r.length for r in chunk), table), pad_id))
+        chunk = ordered[i : i + batch_size]
+        out.append(
+            make_micro_batch(
+                chunk, batch_size, pick_bucket(max(r.length for r in chunk), table), pad_id
+            )
+        )
     return out
 
 
@@ -162,8 +198,14 @@ def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int
     for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
         n = lengths[i]
         if n > capacity:
-            raise ConfigError(explain("row length", expected=f"at most the packed length {capacity}", received=n,
-                                      fix="pack into a bucket at least as long as the longest row"))
+            raise ConfigError(
+                explain(
+                    "row length",
+                    expected=f"at most the packed length {capacity}",
+                    received=n,
+                    fix="pack into a bucket at least as long as the longest row",
+                )
+            )
         for b, r in enumerate(room):
             if n <= r:
                 bins[b].append(i)
@@ -188,12 +230,18 @@ def packed_row_counts(batch_size: int, quantum: int) -> tuple[int, ...]:
 def empty_packed(rows: int, batch_size: int, length: int, pad_id: int = 0) -> dict[str, np.ndarray]:
     """All-padding packed arrays of ``rows`` packed rows (to compile a packed shape ahead of time)."""
     z = np.zeros((rows, length), np.int32)
-    return {"packed_tokens": z + pad_id, "packed_positions": z.copy(), "packed_targets": z + pad_id,
-            "segment_ids": z.copy(), "gather": np.zeros((batch_size, length), np.int32)}
+    return {
+        "packed_tokens": z + pad_id,
+        "packed_positions": z.copy(),
+        "packed_targets": z + pad_id,
+        "segment_ids": z.copy(),
+        "gather": np.zeros((batch_size, length), np.int32),
+    }
 
 
-def pack_rows(rows: Sequence[Row], batch_size: int, length: int, quantum: int,
-              pad_id: int = 0) -> dict[str, np.ndarray] | None:
+def pack_rows(
+    rows: Sequence[Row], batch_size: int, length: int, quantum: int, pad_id: int = 0
+) -> dict[str, np.ndarray] | None:
     """The model-side arrays of ``rows`` packed into ``[P, length]`` (``P`` a multiple of ``quantum``):
     ``packed_tokens``, ``packed_positions`` (restarting at 0 in every segment), ``packed_targets``,
     ``segment_ids`` (1, 2, ... per sequence in a packed row; 0 on padding) and ``gather`` [batch_size,
@@ -213,16 +261,23 @@ def pack_rows(rows: Sequence[Row], batch_size: int, length: int, quantum: int,
         off = 0
         for s, i in enumerate(members, start=1):
             r, n = rows[i], rows[i].length
-            tok[b, off:off + n], tgt[b, off:off + n] = r.inputs, r.targets
-            pos[b, off:off + n] = np.arange(n, dtype=np.int32)
-            seg[b, off:off + n] = s
+            tok[b, off : off + n], tgt[b, off : off + n] = r.inputs, r.targets
+            pos[b, off : off + n] = np.arange(n, dtype=np.int32)
+            seg[b, off : off + n] = s
             gather[i, :n] = b * length + off + np.arange(n, dtype=np.int32)
             off += n
-    return {"packed_tokens": tok, "packed_positions": pos, "packed_targets": tgt, "segment_ids": seg,
-            "gather": gather}
+    return {
+        "packed_tokens": tok,
+        "packed_positions": pos,
+        "packed_targets": tgt,
+        "segment_ids": seg,
+        "gather": gather,
+    }
 
 
-def loss_positions(mask: np.ndarray, count: int, gather: np.ndarray | None = None) -> dict[str, np.ndarray] | None:
+def loss_positions(
+    mask: np.ndarray, count: int, gather: np.ndarray | None = None
+) -> dict[str, np.ndarray] | None:
     """The ``count`` positions of each row whose log-probabilities the loss needs, for running the
     vocab projection on them alone: ``select`` [B, count], sorted, distinct indices into the padded
     layout's T axis (every position with ``mask > 0``, then the first unmasked ones to fill the row up), and
@@ -234,19 +289,29 @@ def loss_positions(mask: np.ndarray, count: int, gather: np.ndarray | None = Non
     on = np.asarray(mask) > 0
     if count >= t or int(on.sum(axis=1).max(initial=0)) > count:
         return None
-    first = np.argsort(~on, axis=1, kind="stable")[:, :count]  # masked positions first, each part in order
+    first = np.argsort(~on, axis=1, kind="stable")[
+        :, :count
+    ]  # masked positions first, each part in order
     select = np.sort(first, axis=1).astype(np.int32)
-    flat = np.arange(b)[:, None] * t + select if gather is None else np.take_along_axis(gather, select, axis=1)
+    flat = (
+        np.arange(b)[:, None] * t + select
+        if gather is None
+        else np.take_along_axis(gather, select, axis=1)
+    )
     return {"select": select, "select_flat": flat.astype(np.int32)}
 
 
-def on_loss_positions(arrays: dict[str, np.ndarray], selection: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def on_loss_positions(
+    arrays: dict[str, np.ndarray], selection: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
     """``arrays`` (a micro-batch's, padded, packed or shared-prefix) for the LM head on the loss positions
     only: the per-token loss arrays (``mask``, ``mu``, a shared-prefix layout's ``sp_targets``) taken at
     ``selection["select"]`` ([B, K]), plus
     ``select_flat`` (the model side's flat index of each; :func:`loss_positions`)."""
     sel = selection["select"]
-    out = {k: v for k, v in arrays.items() if k != "sp_gather"}  # shared prefix: select_flat replaces it
+    out = {
+        k: v for k, v in arrays.items() if k != "sp_gather"
+    }  # shared prefix: select_flat replaces it
     for k in ("mask", "mu", "sp_targets"):
         if k in out:
             out[k] = np.take_along_axis(out[k], sel, axis=1)
@@ -262,8 +327,14 @@ def prompt_length(row: Row) -> int:
     return int(on[0]) + 1 if on.size else row.length
 
 
-def shared_prefix_layout(rows: Sequence[Row], batch_size: int, length: int, table: Sequence[int],
-                         pad_id: int = 0, max_positions: int | None = None) -> dict[str, np.ndarray] | None:
+def shared_prefix_layout(
+    rows: Sequence[Row],
+    batch_size: int,
+    length: int,
+    table: Sequence[int],
+    pad_id: int = 0,
+    max_positions: int | None = None,
+) -> dict[str, np.ndarray] | None:
     """The model-side arrays of ``rows`` (at most ``batch_size``, padded layout ``[batch_size, length]``)
     as Gp distinct prompts with S continuations each, for
     :func:`gymllm.models.shared_prefix.shared_prefix_hidden`: rows are grouped by the exact token ids of
@@ -280,7 +351,7 @@ def shared_prefix_layout(rows: Sequence[Row], batch_size: int, length: int, tabl
     groups: dict[bytes, list[int]] = {}
     lens = [prompt_length(r) for r in rows]
     for i, r in enumerate(rows):
-        groups.setdefault(r.inputs[:lens[i]].tobytes(), []).append(i)
+        groups.setdefault(r.inputs[: lens[i]].tobytes(), []).append(i)
     members = list(groups.values())
     gp, s = len(members), max((len(m) for m in members), default=0)
     if not rows or s < 2:
@@ -301,11 +372,16 @@ def shared_prefix_layout(rows: Sequence[Row], batch_size: int, length: int, tabl
             r = rows[i]
             m = r.length - n
             suf[g, j, :m] = r.inputs[n:]
-            tgt[i, :r.length] = r.targets
+            tgt[i, : r.length] = r.targets
             gather[i, :n] = g * tp + np.arange(n)
-            gather[i, n:r.length] = gp * tp + (g * s + j) * ts + np.arange(m)
-    return {"sp_prefix_tokens": pre, "sp_prefix_lens": plen, "sp_suffix_tokens": suf, "sp_targets": tgt,
-            "sp_gather": gather}
+            gather[i, n : r.length] = gp * tp + (g * s + j) * ts + np.arange(m)
+    return {
+        "sp_prefix_tokens": pre,
+        "sp_prefix_lens": plen,
+        "sp_suffix_tokens": suf,
+        "sp_targets": tgt,
+        "sp_gather": gather,
+    }
 
 
 def shared_prefix_table(max_len: int) -> tuple[int, ...]:
@@ -322,8 +398,9 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(diff[0]) if diff.size else n
 
 
-def fixed_prefix_slots(rows: Sequence[Row], batch_size: int, length: int, prefix_len: int,
-                       slots: int) -> list[list[tuple[int, list[int]]]]:
+def fixed_prefix_slots(
+    rows: Sequence[Row], batch_size: int, length: int, prefix_len: int, slots: int
+) -> list[list[tuple[int, list[int]]]]:
     """``rows`` (each at most ``length`` long) assigned, in order and first fit, to passes of the fixed
     shared-prefix layout (:func:`fixed_prefix_arrays`): a pass has at most ``batch_size`` rows and ``slots``
     prompt slots, each slot ``(n, [row indices])``: its rows share their first ``n <= prefix_len`` inputs
@@ -338,8 +415,14 @@ def fixed_prefix_slots(rows: Sequence[Row], batch_size: int, length: int, prefix
     count = 0
     for i, r in enumerate(rows):
         if r.length > length:
-            raise ConfigError(explain("row length", expected=f"at most the fixed length {length}", received=r.length,
-                                      fix="cut rows to LearnerConfig.max_len (row_from_trajectory(max_len=...))"))
+            raise ConfigError(
+                explain(
+                    "row length",
+                    expected=f"at most the fixed length {length}",
+                    received=r.length,
+                    fix="cut rows to LearnerConfig.max_len (row_from_trajectory(max_len=...))",
+                )
+            )
         cur = passes[-1]
         if count == batch_size:
             cur, count = [], 0
@@ -359,8 +442,15 @@ def fixed_prefix_slots(rows: Sequence[Row], batch_size: int, length: int, prefix
     return [[(n, members) for n, members in p] for p in passes]
 
 
-def fixed_prefix_arrays(rows: Sequence[Row], slot_rows: list[tuple[int, list[int]]], batch_size: int, length: int,
-                        prefix_len: int, slots: int, pad_id: int = 0) -> dict[str, np.ndarray]:
+def fixed_prefix_arrays(
+    rows: Sequence[Row],
+    slot_rows: list[tuple[int, list[int]]],
+    batch_size: int,
+    length: int,
+    prefix_len: int,
+    slots: int,
+    pad_id: int = 0,
+) -> dict[str, np.ndarray]:
     """The model-side arrays of one pass (:func:`fixed_prefix_slots`) in the fixed shared-prefix layout, for
     :func:`gymllm.models.shared_prefix.shared_prefix_rows_hidden`; the pass's rows are numbered in slot
     order (the order :func:`fixed_prefix_rows` gives them). Shapes depend only on the arguments, never on
@@ -380,13 +470,19 @@ def fixed_prefix_arrays(rows: Sequence[Row], slot_rows: list[tuple[int, list[int
         pre[g, :n], plen[g] = rows[members[0]].inputs[:n], n
         for i in members:
             r, m = rows[i], rows[i].length
-            suf[b, :m - n], owner[b] = r.inputs[n:], g
+            suf[b, : m - n], owner[b] = r.inputs[n:], g
             tgt[b, :m] = r.targets
             gather[b, :n] = g * tp + np.arange(n)
             gather[b, n:m] = slots * tp + b * ts + np.arange(m - n)
             b += 1
-    return {"sp_prefix_tokens": pre, "sp_prefix_lens": plen, "sp_suffix_tokens": suf, "sp_suffix_prefix": owner,
-            "sp_targets": tgt, "sp_gather": gather}
+    return {
+        "sp_prefix_tokens": pre,
+        "sp_prefix_lens": plen,
+        "sp_suffix_tokens": suf,
+        "sp_suffix_prefix": owner,
+        "sp_targets": tgt,
+        "sp_gather": gather,
+    }
 
 
 def fixed_prefix_rows(rows: Sequence[Row], slot_rows: list[tuple[int, list[int]]]) -> list[Row]:

@@ -37,9 +37,13 @@ class Checkpointer:
         self._ocp = ocp
         self.directory = pathlib.Path(directory).resolve()
         self.manager = ocp.CheckpointManager(
-            self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
+            self.directory,
+            options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
+        )
 
-    def save(self, step: int, learner: Any, *, extra: dict[str, Any] | None = None, wait: bool = False) -> None:
+    def save(
+        self, step: int, learner: Any, *, extra: dict[str, Any] | None = None, wait: bool = False
+    ) -> None:
         """Save ``step``: the learner's arrays (:meth:`StreamingLearner.state`) and its bookkeeping plus
         ``extra`` as JSON. Asynchronous: it returns once the arrays are copied off the device, and the
         files are written in the background (training and rollouts go on meanwhile); the next save,
@@ -49,9 +53,15 @@ class Checkpointer:
         background write reads exactly the saved step's values. ``wait``: block until it is on disk."""
         ocp = self._ocp
         meta = {**learner.bookkeeping(), **(extra or {})}
-        with span("checkpoint", track="trainer", step=step):  # the blocking part: the arrays reach the host
-            self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(learner.state()),
-                                                            meta=ocp.args.JsonSave(meta)))
+        with span(
+            "checkpoint", track="trainer", step=step
+        ):  # the blocking part: the arrays reach the host
+            self.manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(learner.state()), meta=ocp.args.JsonSave(meta)
+                ),
+            )
         if wait:
             self.wait()
 
@@ -70,8 +80,12 @@ class Checkpointer:
         ocp = self._ocp
         self.wait()
         target = jax.tree.map(ocp.utils.to_shape_dtype_struct, learner.state())
-        out = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
-                                                                 meta=ocp.args.JsonRestore()))
+        out = self.manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()
+            ),
+        )
         meta = dict(out["meta"])
         learner.restore(out["state"], meta)
         return meta

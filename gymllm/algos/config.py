@@ -33,7 +33,9 @@ class AdvantageConfig:
     def __post_init__(self) -> None:
         from gymllm.algos.advantages import ESTIMATORS, STATEFUL
 
-        check_choice("AdvantageConfig", "estimator", self.estimator, (*ESTIMATORS, *sorted(STATEFUL)))
+        check_choice(
+            "AdvantageConfig", "estimator", self.estimator, (*ESTIMATORS, *sorted(STATEFUL))
+        )
         check_range("AdvantageConfig", "ema_decay", self.ema_decay, lo=0.0, hi=1.0)
         check_choice("AdvantageConfig", "ddof", self.ddof, (0, 1))
         check_range("AdvantageConfig", "eps", self.eps, lo=0.0)
@@ -61,7 +63,9 @@ class PolicyLossConfig:
     def __post_init__(self) -> None:
         check_choice("PolicyLossConfig", "objective", self.objective, ("ppo", "cispo"))
         check_choice("PolicyLossConfig", "ratio_level", self.ratio_level, ("token", "sequence"))
-        check_choice("PolicyLossConfig", "ratio_against", self.ratio_against, ("behaviour", "proximal"))
+        check_choice(
+            "PolicyLossConfig", "ratio_against", self.ratio_against, ("behaviour", "proximal")
+        )
         check_range("PolicyLossConfig", "eps_low", self.eps_low, lo=0.0, hi=1.0)
         check_range("PolicyLossConfig", "eps_high", self.eps_high, lo=0.0)
         if self.dual_clip is not None:
@@ -93,7 +97,13 @@ class CorrectionConfig:
         check_range("CorrectionConfig", "geo_low", self.geo_low, lo=0.0, hi=self.geo_high)
 
     def params(self) -> dict[str, float]:
-        return dict(cap=self.tis_cap, low=self.mis_low, high=self.mis_high, geo_low=self.geo_low, geo_high=self.geo_high)
+        return dict(
+            cap=self.tis_cap,
+            low=self.mis_low,
+            high=self.mis_high,
+            geo_low=self.geo_low,
+            geo_high=self.geo_high,
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -132,13 +142,29 @@ class ShapingConfig:
     def __post_init__(self) -> None:
         check_range("ShapingConfig", "overlong_buffer", self.overlong_buffer, lo=0)
         check_range("ShapingConfig", "overlong_max_len", self.overlong_max_len, lo=0)
-        if self.overlong_buffer and self.overlong_max_len and self.overlong_buffer > self.overlong_max_len:
-            raise ConfigError(explain("ShapingConfig.overlong_buffer", expected=f"<= overlong_max_len "
-                                      f"({self.overlong_max_len})", received=self.overlong_buffer,
-                                      fix="use a buffer shorter than the response budget"))
+        if (
+            self.overlong_buffer
+            and self.overlong_max_len
+            and self.overlong_buffer > self.overlong_max_len
+        ):
+            raise ConfigError(
+                explain(
+                    "ShapingConfig.overlong_buffer",
+                    expected=f"<= overlong_max_len ({self.overlong_max_len})",
+                    received=self.overlong_buffer,
+                    fix="use a buffer shorter than the response budget",
+                )
+            )
 
 
-AGGREGATION_MODES = ("token_mean", "micro_token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "constant", "prompt_mean")
+AGGREGATION_MODES = (
+    "token_mean",
+    "micro_token_mean",
+    "seq_mean_token_mean",
+    "seq_mean_token_sum",
+    "constant",
+    "prompt_mean",
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -163,50 +189,80 @@ class LossConfig:
     """Entropy bonus coefficient (> 0 rewards entropy; 0 = off)."""
 
     def __post_init__(self) -> None:
-        for name, typ in (("advantage", AdvantageConfig), ("policy", PolicyLossConfig), ("correction", CorrectionConfig),
-                          ("kl", KLConfig), ("shaping", ShapingConfig)):
+        for name, typ in (
+            ("advantage", AdvantageConfig),
+            ("policy", PolicyLossConfig),
+            ("correction", CorrectionConfig),
+            ("kl", KLConfig),
+            ("shaping", ShapingConfig),
+        ):
             if not isinstance(getattr(self, name), typ):
-                raise ConfigError(explain(f"LossConfig.{name}", expected=f"a {typ.__name__}",
-                                          received=getattr(self, name), fix=f"pass {name}={typ.__name__}(...)"))
+                raise ConfigError(
+                    explain(
+                        f"LossConfig.{name}",
+                        expected=f"a {typ.__name__}",
+                        received=getattr(self, name),
+                        fix=f"pass {name}={typ.__name__}(...)",
+                    )
+                )
         check_choice("LossConfig", "aggregation", self.aggregation, AGGREGATION_MODES)
         check_range("LossConfig", "entropy_coef", self.entropy_coef, lo=0.0)
 
 
 def grpo() -> LossConfig:
     """DeepSeekMath / Tunix-like GRPO: group z-score, clip 0.2, seq-mean-token-mean, k3 KL in the loss, beta 0.04."""
-    return LossConfig(advantage=AdvantageConfig(estimator="grpo", ddof=0, eps=1e-6),
-                      policy=PolicyLossConfig(eps_low=0.2, eps_high=0.2),
-                      kl=KLConfig(beta=0.04, estimator="k3", placement="loss"),
-                      aggregation="seq_mean_token_mean")
+    return LossConfig(
+        advantage=AdvantageConfig(estimator="grpo", ddof=0, eps=1e-6),
+        policy=PolicyLossConfig(eps_low=0.2, eps_high=0.2),
+        kl=KLConfig(beta=0.04, estimator="k3", placement="loss"),
+        aggregation="seq_mean_token_mean",
+    )
 
 
 def dapo() -> LossConfig:
     """DAPO: clip-higher 0.2/0.28, global token-mean, no KL, zero-variance groups filtered."""
-    return LossConfig(policy=PolicyLossConfig(eps_low=0.2, eps_high=0.28),
-                      shaping=ShapingConfig(filter_zero_variance=True), aggregation="token_mean")
+    return LossConfig(
+        policy=PolicyLossConfig(eps_low=0.2, eps_high=0.28),
+        shaping=ShapingConfig(filter_zero_variance=True),
+        aggregation="token_mean",
+    )
 
 
 def dr_grpo() -> LossConfig:
     """Dr. GRPO: centred rewards (no std), token sums divided by the constant N_seq * L_max."""
-    return LossConfig(advantage=AdvantageConfig(estimator="dr_grpo"), policy=PolicyLossConfig(eps_low=0.2, eps_high=0.2),
-                      aggregation="constant")
+    return LossConfig(
+        advantage=AdvantageConfig(estimator="dr_grpo"),
+        policy=PolicyLossConfig(eps_low=0.2, eps_high=0.2),
+        aggregation="constant",
+    )
 
 
 def gspo() -> LossConfig:
     """GSPO: sequence-level ratio, clip 3e-4 / 4e-4, per-sequence aggregation."""
-    return LossConfig(policy=PolicyLossConfig(ratio_level="sequence", eps_low=3e-4, eps_high=4e-4),
-                      aggregation="seq_mean_token_mean")
+    return LossConfig(
+        policy=PolicyLossConfig(ratio_level="sequence", eps_low=3e-4, eps_high=4e-4),
+        aggregation="seq_mean_token_mean",
+    )
 
 
 def async_agentic() -> LossConfig:
     """Async agentic default: ratio against the trainer's own (proximal) logprobs with token TIS (C = 2)
     against the sampler, clip 0.2/0.28, no KL, global token-mean, zero-variance groups filtered."""
-    return LossConfig(policy=PolicyLossConfig(ratio_against="proximal", eps_low=0.2, eps_high=0.28),
-                      correction=CorrectionConfig(kinds=("tis",), tis_cap=2.0),
-                      shaping=ShapingConfig(filter_zero_variance=True), aggregation="token_mean")
+    return LossConfig(
+        policy=PolicyLossConfig(ratio_against="proximal", eps_low=0.2, eps_high=0.28),
+        correction=CorrectionConfig(kinds=("tis",), tis_cap=2.0),
+        shaping=ShapingConfig(filter_zero_variance=True),
+        aggregation="token_mean",
+    )
 
 
-PRESETS = {"grpo": grpo, "dapo": dapo, "dr_grpo": dr_grpo, "gspo": gspo, "async_agentic": async_agentic}
+PRESETS = {
+    "grpo": grpo,
+    "dapo": dapo,
+    "dr_grpo": dr_grpo,
+    "gspo": gspo,
+    "async_agentic": async_agentic,
+}
 
 
 def loss_preset(name: str) -> LossConfig:

@@ -30,7 +30,9 @@ def masked_is(log_rho, mask, *, low: float = 0.5, high: float = 2.0, **_: float)
     return jax.lax.stop_gradient(jnp.where((rho >= low) & (rho <= high), rho, 0.0))
 
 
-def geometric_seq_mask(log_rho, mask, *, geo_low: float = 0.99, geo_high: float = 1.01, **_: float) -> jnp.ndarray:
+def geometric_seq_mask(
+    log_rho, mask, *, geo_low: float = 0.99, geo_high: float = 1.01, **_: float
+) -> jnp.ndarray:
     """Drop a whole sequence if its geometric-mean ratio ``exp(mean_t log rho)`` is outside
     ``[geo_low, geo_high]``; ``w`` is 1 or 0 per sequence, broadcast to its tokens."""
     g = jnp.exp(masked_seq_mean(jnp.where(mask > 0, log_rho, 0.0), mask))  # [B]
@@ -38,7 +40,11 @@ def geometric_seq_mask(log_rho, mask, *, geo_low: float = 0.99, geo_high: float 
     return jax.lax.stop_gradient(jnp.broadcast_to(keep[:, None], jnp.shape(log_rho)))
 
 
-CORRECTIONS: dict[str, CorrectionFn] = {"tis": token_tis, "mis": masked_is, "geo_mask": geometric_seq_mask}
+CORRECTIONS: dict[str, CorrectionFn] = {
+    "tis": token_tis,
+    "mis": masked_is,
+    "geo_mask": geometric_seq_mask,
+}
 
 
 def compose(names: Sequence[str], log_rho, mask, **params: float) -> jnp.ndarray:

@@ -32,7 +32,11 @@ def k3(logp, ref_logp) -> jnp.ndarray:
     return jnp.exp(log_x) - 1.0 - log_x
 
 
-ESTIMATORS: dict[str, Callable[[jnp.ndarray, jnp.ndarray], jnp.ndarray]] = {"k1": k1, "k2": k2, "k3": k3}
+ESTIMATORS: dict[str, Callable[[jnp.ndarray, jnp.ndarray], jnp.ndarray]] = {
+    "k1": k1,
+    "k2": k2,
+    "k3": k3,
+}
 
 
 def kl_reward_penalty(logp, ref_logp, mask, *, beta: float) -> jnp.ndarray:  # [B]

@@ -51,10 +51,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from gymllm.models import lora as lora_mod
-from gymllm.algos.batching import Row, dropped_sampled_tokens, empty_packed, make_micro_batch, packed_row_counts
+from gymllm.algos.batching import (
+    Row,
+    dropped_sampled_tokens,
+    empty_packed,
+    make_micro_batch,
+    packed_row_counts,
+)
 from gymllm.algos.config import LossConfig, async_agentic
-from gymllm.algos.learner_config import (HEAD_SHARE_AUTO, SHARED_PREFIX_AUTO, LearnerConfig,
-                                         head_flops_share)
+from gymllm.algos.learner_config import (
+    HEAD_SHARE_AUTO,
+    SHARED_PREFIX_AUTO,
+    LearnerConfig,
+    head_flops_share,
+)
 from gymllm.algos.learner_layout import LOSS_KEYS, RowLayout, chunks
 from gymllm.algos.learner_programs import programs
 from gymllm.algos.learner_scoring import GroupScorer
@@ -84,11 +94,23 @@ class StepReport:
 class StreamingLearner:
     """Barrier-free GRPO learner over flat transformer parameters (see the module docstring)."""
 
-    def __init__(self, model_config: Any, params: dict[str, jax.Array], *, loss: LossConfig | None = None,
-                 optimizer: OptimizerConfig | None = None, config: LearnerConfig | None = None,
-                 lora: lora_mod.LoRAConfig | None = None, mesh: Any = None, pad_id: int = 0,
-                 version: int = 0, temperature: float = 1.0, sample_budget: int = 0, context_len: int = 0,
-                 default_staleness: int | None = None):
+    def __init__(
+        self,
+        model_config: Any,
+        params: dict[str, jax.Array],
+        *,
+        loss: LossConfig | None = None,
+        optimizer: OptimizerConfig | None = None,
+        config: LearnerConfig | None = None,
+        lora: lora_mod.LoRAConfig | None = None,
+        mesh: Any = None,
+        pad_id: int = 0,
+        version: int = 0,
+        temperature: float = 1.0,
+        sample_budget: int = 0,
+        context_len: int = 0,
+        default_staleness: int | None = None,
+    ):
         """``temperature``: the sampler's (logprobs are of the tempered distribution sampled; > 0).
         ``sample_budget``: the tokens a trajectory may sample (the sampler's ``max_tokens`` times the model
         calls): ``max_response_len`` when the config leaves it 0, and the overlong shaping's ``max_len``
@@ -101,28 +123,43 @@ class StreamingLearner:
         self.temperature = float(temperature)
         loss = loss or async_agentic()
         if loss.shaping.overlong_buffer and not loss.shaping.overlong_max_len and sample_budget:
-            loss = dataclasses.replace(loss, shaping=dataclasses.replace(loss.shaping, overlong_max_len=sample_budget))
+            loss = dataclasses.replace(
+                loss, shaping=dataclasses.replace(loss.shaping, overlong_max_len=sample_budget)
+            )
         self.loss = loss
         self.optimizer_config = optimizer or OptimizerConfig()
         cfg = config or LearnerConfig()
-        cfg = dataclasses.replace(cfg, max_len=max(cfg.max_len, context_len),
-                                  max_response_len=cfg.max_response_len or sample_budget,
-                                  max_staleness=cfg.max_staleness if cfg.max_staleness is not None else default_staleness)
+        cfg = dataclasses.replace(
+            cfg,
+            max_len=max(cfg.max_len, context_len),
+            max_response_len=cfg.max_response_len or sample_budget,
+            max_staleness=cfg.max_staleness if cfg.max_staleness is not None else default_staleness,
+        )
         if cfg.compute_dtype == "auto":  # resolved where the learner runs
             cfg = dataclasses.replace(cfg, compute_dtype=resolve_compute_dtype("auto"))
         if cfg.loss_positions_only is None:
-            cfg = dataclasses.replace(cfg, loss_positions_only=head_flops_share(model_config) >= HEAD_SHARE_AUTO)
+            cfg = dataclasses.replace(
+                cfg, loss_positions_only=head_flops_share(model_config) >= HEAD_SHARE_AUTO
+            )
         if cfg.shared_prefix is None:
             cfg = dataclasses.replace(cfg, shared_prefix=SHARED_PREFIX_AUTO)
         self.config = cfg
         self.lora = lora if lora is not None and lora.enabled else None
         self.mesh = mesh
         self.pad_id = pad_id
-        self.counts: collections.Counter = collections.Counter()  # restore() updates it in place (shared)
+        self.counts: collections.Counter = (
+            collections.Counter()
+        )  # restore() updates it in place (shared)
         self.devices = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
-        self.layout = layout = RowLayout(cfg, pad_id=pad_id, devices=self.devices, counts=self.counts)
+        self.layout = layout = RowLayout(
+            cfg, pad_id=pad_id, devices=self.devices, counts=self.counts
+        )
         # the layout's figures, read by the benchmarks and tests
-        self.buckets, self.prefix_table, self.pack_quantum = layout.buckets, layout.prefix_table, layout.pack_quantum
+        self.buckets, self.prefix_table, self.pack_quantum = (
+            layout.buckets,
+            layout.prefix_table,
+            layout.pack_quantum,
+        )
         self.prefix_len, self.prefix_slots = layout.prefix_len, layout.prefix_slots
         self._warm_thread: threading.Thread | None = None
         self._warm_error: BaseException | None = None
@@ -135,16 +172,25 @@ class StreamingLearner:
             self.trainable = shard_params(mesh, base)
         # beta == 0: no reference parameters at all
         self.ref_params = shard_params(mesh, dict(base)) if self.loss.kl.needs_reference else None
-        self._grad, self._apply, self._ref_logp, self.tx = programs(model_config, self.loss, cfg, self.lora,
-                                                                   self.optimizer_config, self.temperature)
-        self.scorer = GroupScorer(self.loss, layout, ref_logp=self._ref_logp, ref_params=self.ref_params, mesh=mesh,
-                                  before_program=self._await_warmup)
+        self._grad, self._apply, self._ref_logp, self.tx = programs(
+            model_config, self.loss, cfg, self.lora, self.optimizer_config, self.temperature
+        )
+        self.scorer = GroupScorer(
+            self.loss,
+            layout,
+            ref_logp=self._ref_logp,
+            ref_params=self.ref_params,
+            mesh=mesh,
+            before_program=self._await_warmup,
+        )
         self.role_baselines: dict[str, float] = {}  # role_ema's EMA per role (checkpointed)
         self.schedule = make_schedule(self.optimizer_config, cfg.num_steps)
         self.opt_state = self.tx.init(self.trainable)
         self.version = version  # == optimizer updates applied
         self.consumed_groups: set[str] = set()  # trained + filtered + stale (rollout bookkeeping)
-        self._groups_added = 0  # rows' group_index: micro-batches keep a group's rows together (shared_prefix)
+        self._groups_added = (
+            0  # rows' group_index: micro-batches keep a group's rows together (shared_prefix)
+        )
         self._reset_step()
 
     # ------------------------------------------------------------------ public API
@@ -179,10 +225,15 @@ class StreamingLearner:
         where a reward-placement KL needs it. :meth:`warmup` compiles exactly these (and the advantage
         program, which takes no weights)."""
         if not self.config.fixed_shapes:
-            raise ConfigError(explain("StreamingLearner.program_shapes", expected="LearnerConfig(fixed_shapes=True)",
-                                      received="fixed_shapes=False (shapes follow the rollouts)",
-                                      fix="build the learner with fixed_shapes=True"))
-        (_, host), = self.layout.fixed_hosts([])
+            raise ConfigError(
+                explain(
+                    "StreamingLearner.program_shapes",
+                    expected="LearnerConfig(fixed_shapes=True)",
+                    received="fixed_shapes=False (shapes follow the rollouts)",
+                    fix="build the learner with fixed_shapes=True",
+                )
+            )
+        ((_, host),) = self.layout.fixed_hosts([])
         arrays = {k: (tuple(v.shape), str(v.dtype)) for k, v in sorted(host.items())}
         out: list = [("grad", arrays), ("apply", None)]
         if self.scorer.reward_kl:
@@ -204,8 +255,12 @@ class StreamingLearner:
         the envs and the first rollouts); the learner's first program call waits for it (and raises what it
         raised)."""
         if background:
-            self._warm_thread = threading.Thread(target=self._warm_in_thread, args=(group_size,), daemon=True,
-                                                 name="gymllm-learner-warmup")
+            self._warm_thread = threading.Thread(
+                target=self._warm_in_thread,
+                args=(group_size,),
+                daemon=True,
+                name="gymllm-learner-warmup",
+            )
             self._warm_thread.start()
             return
         self._warm(group_size)
@@ -233,12 +288,16 @@ class StreamingLearner:
                 self._warm_buckets()
             if group_size and self.scorer.program is not None:
                 step_global = self.scorer.step_global
-                for n in (1, self.config.groups_per_step) if step_global else (1,):  # rewards [n, G]
-                    jax.block_until_ready(self.scorer.advantages(np.zeros((n, group_size), np.float32)))
+                for n in (
+                    (1, self.config.groups_per_step) if step_global else (1,)
+                ):  # rewards [n, G]
+                    jax.block_until_ready(
+                        self.scorer.advantages(np.zeros((n, group_size), np.float32))
+                    )
 
     def _compile_fixed(self) -> None:
         """Compile :meth:`program_shapes` ahead of time (nothing runs; the inputs only lend their shapes)."""
-        (_, host), = self.layout.fixed_hosts([])
+        ((_, host),) = self.layout.fixed_hosts([])
         a = shard_batch(self.mesh, host)
         self._grad.lower(self._acc, self.trainable, self.frozen, a, self.ref_params).compile()
         if self.scorer.reward_kl:
@@ -249,17 +308,36 @@ class StreamingLearner:
         for length in self.buckets:
             mb = make_micro_batch([], self.config.micro_batch_size, length, self.pad_id)
             a = shard_batch(self.mesh, self.layout.on_loss_positions(mb.arrays(), mb.mask))
-            acc = jax.tree.map(jnp.zeros_like, self.trainable)  # donated: not the step's accumulator
+            acc = jax.tree.map(
+                jnp.zeros_like, self.trainable
+            )  # donated: not the step's accumulator
             jax.block_until_ready(self._grad(acc, self.trainable, self.frozen, a, self.ref_params))
-            for p in packed_row_counts(self.config.micro_batch_size, self.pack_quantum) if self.config.packing else ():
-                host = {**{k: v for k, v in mb.arrays().items() if k in LOSS_KEYS},
-                        **empty_packed(p, self.config.micro_batch_size, length, self.pad_id)}
+            for p in (
+                packed_row_counts(self.config.micro_batch_size, self.pack_quantum)
+                if self.config.packing
+                else ()
+            ):
+                host = {
+                    **{k: v for k, v in mb.arrays().items() if k in LOSS_KEYS},
+                    **empty_packed(p, self.config.micro_batch_size, length, self.pad_id),
+                }
                 host = self.layout.on_loss_positions(host, mb.mask, host["gather"])
                 acc = jax.tree.map(jnp.zeros_like, self.trainable)
-                jax.block_until_ready(self._grad(acc, self.trainable, self.frozen, shard_batch(self.mesh, host),
-                                                 self.ref_params))
+                jax.block_until_ready(
+                    self._grad(
+                        acc,
+                        self.trainable,
+                        self.frozen,
+                        shard_batch(self.mesh, host),
+                        self.ref_params,
+                    )
+                )
             if self.scorer.reward_kl:
-                jax.block_until_ready(self._ref_logp(self.ref_params, shard_batch(self.mesh, self.layout.ref_arrays(mb))))
+                jax.block_until_ready(
+                    self._ref_logp(
+                        self.ref_params, shard_batch(self.mesh, self.layout.ref_arrays(mb))
+                    )
+                )
         acc = jax.tree.map(jnp.zeros_like, self.trainable)
         jax.block_until_ready(self._apply(self.trainable, self.opt_state, acc, jnp.float32(1.0)))
 
@@ -289,7 +367,9 @@ class StreamingLearner:
         if self.scorer.step_global:
             self.tally.deferred.append((group, rewards))
         elif self.scorer.stateful:
-            adv, self.role_baselines = self.scorer.role_advantages(group, rewards, self.role_baselines)
+            adv, self.role_baselines = self.scorer.role_advantages(
+                group, rewards, self.role_baselines
+            )
             self._add_rows(group, adv)
         else:
             self._add_rows(group, np.asarray(self.scorer.advantages(rewards[None]))[0])
@@ -301,10 +381,20 @@ class StreamingLearner:
         tokens = float(sum(t.num_sampled for t in group.trajectories))
         for t, a in zip(group.trajectories, advantages):
             sid = t.trajectory_id or f"{group.group_id}/{len(self.tally.rows)}"
-            r = self.layout.row(t, advantage=float(a), group_tokens=tokens, sample_id=sid, group_index=self._groups_added)
-            if len(t.token_ids) - 1 > r.length:  # a truncated episode's last observation ran past max_len: cut
+            r = self.layout.row(
+                t,
+                advantage=float(a),
+                group_tokens=tokens,
+                sample_id=sid,
+                group_index=self._groups_added,
+            )
+            if (
+                len(t.token_ids) - 1 > r.length
+            ):  # a truncated episode's last observation ran past max_len: cut
                 increment("rows_truncated", 1, track="trainer")
-                increment("sampled_tokens_truncated", dropped_sampled_tokens(t, r.length), track="trainer")
+                increment(
+                    "sampled_tokens_truncated", dropped_sampled_tokens(t, r.length), track="trainer"
+                )
             self.tally.pending.append(r)
             self.tally.rows.append(r)
         self._groups_added += 1
@@ -321,7 +411,13 @@ class StreamingLearner:
         valid = mb.mask > 0
         lag = (self.version - mb.versions)[valid]
         lags, counts = np.unique(lag, return_counts=True)
-        with span("micro_batch", track="trainer", rows=len(rows), length=mb.shape[1], step=self.version + 1) as tags:
+        with span(
+            "micro_batch",
+            track="trainer",
+            rows=len(rows),
+            length=mb.shape[1],
+            step=self.version + 1,
+        ) as tags:
             if self.config.fixed_shapes:
                 hosts = [h for _, h in self.layout.fixed_hosts(rows)]
                 key = "shared_prefix_passes" if self.config.shared_prefix else "fixed_micro_batches"
@@ -334,14 +430,20 @@ class StreamingLearner:
             tags["head_positions"] = hosts[0]["mask"].shape[1]  # per row
             for host in hosts:
                 arrays = shard_batch(self.mesh, host)
-                self._acc, sums = self._grad(self._acc, self.trainable, self.frozen, arrays, self.ref_params)
-                for k, v in jax.device_get(sums).items():  # one device->host copy (and wait) per pass
+                self._acc, sums = self._grad(
+                    self._acc, self.trainable, self.frozen, arrays, self.ref_params
+                )
+                for k, v in jax.device_get(
+                    sums
+                ).items():  # one device->host copy (and wait) per pass
                     self.tally.sums[k] += float(v)
             tags["tokens"] = int(valid.sum())
             tags["staleness"] = {int(a): int(c) for a, c in zip(lags, counts)}
         self.tally.busy_s += time.perf_counter() - t
         self.tally.sums["staleness_sum"] += float(lag.sum())
-        self.tally.sums["staleness_max"] = max(self.tally.sums["staleness_max"], float(lag.max()) if lag.size else 0.0)
+        self.tally.sums["staleness_max"] = max(
+            self.tally.sums["staleness_max"], float(lag.max()) if lag.size else 0.0
+        )
         self.tally.micro_batches += 1
 
     def _finish_step(self) -> StepReport:
@@ -354,22 +456,28 @@ class StreamingLearner:
                 for (g, _), a in zip(self.tally.deferred, adv):
                     self._add_rows(g, a)
             if self.tally.pending:
-                for mb_rows in chunks(self.layout.ordered(self.tally.pending), self.config.micro_batch_size):
+                for mb_rows in chunks(
+                    self.layout.ordered(self.tally.pending), self.config.micro_batch_size
+                ):
                     self._run_micro_batch(mb_rows)
                 self.tally.pending = []
             stats = self.tally.stats(self.config.max_response_len or self.config.max_len)
             denom = float(step_denominator(self.loss, stats))
             lr = float(self.schedule(self.version))
-            self.trainable, self.opt_state, gnorm, zeros = self._apply(self.trainable, self.opt_state, self._acc,
-                                                                       jnp.float32(denom))
+            self.trainable, self.opt_state, gnorm, zeros = self._apply(
+                self.trainable, self.opt_state, self._acc, jnp.float32(denom)
+            )
             gnorm = float(gnorm)
         self.tally.busy_s += time.perf_counter() - t
         self.version += 1
         self.counts["steps"] += 1
         self.counts["groups_trained"] += self.tally.groups
         self.counts["rows_trained"] += len(self.tally.rows)
-        report = StepReport(step=self.version, metrics=self.tally.metrics(stats, denom, gnorm, lr, self.counts),
-                            sample_ids=[r.sample_id for r in self.tally.rows])
+        report = StepReport(
+            step=self.version,
+            metrics=self.tally.metrics(stats, denom, gnorm, lr, self.counts),
+            sample_ids=[r.sample_id for r in self.tally.rows],
+        )
         counter("policy_version", self.version, track="trainer")
         self._reset_step(zeros)
         return report
@@ -380,8 +488,12 @@ class StreamingLearner:
         return {"trainable": self.trainable, "opt_state": self.opt_state}
 
     def bookkeeping(self) -> dict[str, Any]:
-        return {"version": self.version, "counts": dict(self.counts), "consumed_groups": sorted(self.consumed_groups),
-                "role_baselines": dict(self.role_baselines)}
+        return {
+            "version": self.version,
+            "counts": dict(self.counts),
+            "consumed_groups": sorted(self.consumed_groups),
+            "role_baselines": dict(self.role_baselines),
+        }
 
     def restore(self, state: dict[str, Any], bookkeeping: dict[str, Any]) -> None:
         self.trainable = shard_params(self.mesh, state["trainable"])
@@ -391,6 +503,7 @@ class StreamingLearner:
         self.counts.clear()  # in place: the layout tallies into the same counter
         self.counts.update(counts)
         self.consumed_groups = set(bookkeeping.get("consumed_groups", []))
-        self.role_baselines = {str(k): float(v) for k, v in bookkeeping.get("role_baselines", {}).items()}
+        self.role_baselines = {
+            str(k): float(v) for k, v in bookkeeping.get("role_baselines", {}).items()
+        }
         self._reset_step()
-

@@ -104,38 +104,80 @@ class LearnerConfig:
     the mesh's devices."""
 
     def __post_init__(self) -> None:
-        for f in ("groups_per_step", "micro_batch_size", "num_steps", "max_len", "min_bucket", "buckets_per_octave",
-                  "pack_row_steps"):
+        for f in (
+            "groups_per_step",
+            "micro_batch_size",
+            "num_steps",
+            "max_len",
+            "min_bucket",
+            "buckets_per_octave",
+            "pack_row_steps",
+        ):
             check_range("LearnerConfig", f, getattr(self, f), lo=1)
         check_range("LearnerConfig", "max_response_len", self.max_response_len, lo=0)
         if self.max_staleness is not None:
             check_range("LearnerConfig", "max_staleness", self.max_staleness, lo=0)
         if self.compute_dtype not in (None, "auto", "bfloat16", "float16", "float32"):
-            raise ConfigError(explain("LearnerConfig.compute_dtype",
-                                      expected='None, "auto", "bfloat16", "float16" or "float32"',
-                                      received=self.compute_dtype, fix='use "bfloat16" for mixed precision'))
+            raise ConfigError(
+                explain(
+                    "LearnerConfig.compute_dtype",
+                    expected='None, "auto", "bfloat16", "float16" or "float32"',
+                    received=self.compute_dtype,
+                    fix='use "bfloat16" for mixed precision',
+                )
+            )
         if self.shared_prefix not in (None, True, False):
-            raise ConfigError(explain("LearnerConfig.shared_prefix", expected="None (auto), True or False",
-                                      received=self.shared_prefix, fix="pass a bool, or None for the default"))
+            raise ConfigError(
+                explain(
+                    "LearnerConfig.shared_prefix",
+                    expected="None (auto), True or False",
+                    received=self.shared_prefix,
+                    fix="pass a bool, or None for the default",
+                )
+            )
         check_range("LearnerConfig", "prefix_slots", self.prefix_slots, lo=1)
         if not 0 <= self.prefix_len < self.max_len:
-            raise ConfigError(explain("LearnerConfig.prefix_len",
-                                      expected=f"0 (auto) to max_len - 1 ({self.max_len - 1})", received=self.prefix_len, fix="use at most the shortest prompt's length"))
+            raise ConfigError(
+                explain(
+                    "LearnerConfig.prefix_len",
+                    expected=f"0 (auto) to max_len - 1 ({self.max_len - 1})",
+                    received=self.prefix_len,
+                    fix="use at most the shortest prompt's length",
+                )
+            )
         if self.fixed_shapes and self.packing:
-            raise ConfigError(explain("LearnerConfig.packing", expected="False with fixed_shapes=True",
-                                      received=self.packing, fix="turn one of packing and fixed_shapes off"))
+            raise ConfigError(
+                explain(
+                    "LearnerConfig.packing",
+                    expected="False with fixed_shapes=True",
+                    received=self.packing,
+                    fix="turn one of packing and fixed_shapes off",
+                )
+            )
         if self.min_bucket > self.max_len:
-            raise ConfigError(explain("LearnerConfig.min_bucket", expected=f"<= max_len ({self.max_len})",
-                                      received=self.min_bucket, fix="lower min_bucket or raise max_len"))
+            raise ConfigError(
+                explain(
+                    "LearnerConfig.min_bucket",
+                    expected=f"<= max_len ({self.max_len})",
+                    received=self.min_bucket,
+                    fix="lower min_bucket or raise max_len",
+                )
+            )
 
 
 SHARED_PREFIX_AUTO = True  # shared_prefix=None: docs/learner-profile.md "The shared-prefix forward"
-HEAD_SHARE_AUTO = 0.15  # loss_positions_only=None turns on at this LM-head share of a position's matmul FLOPs
+HEAD_SHARE_AUTO = (
+    0.15  # loss_positions_only=None turns on at this LM-head share of a position's matmul FLOPs
+)
 
 
 def head_flops_share(model_config: Any) -> float:
     """The LM head's share of one position's weight-matmul FLOPs (attention scores left out)."""
     c = model_config
-    e, hd, kd = c.hidden_size, c.num_heads * c.resolved_head_dim, c.num_kv_heads * c.resolved_head_dim
+    e, hd, kd = (
+        c.hidden_size,
+        c.num_heads * c.resolved_head_dim,
+        c.num_kv_heads * c.resolved_head_dim,
+    )
     head = e * c.vocab_size
     return head / (head + c.num_layers * (e * (hd + 2 * kd) + hd * e + 3 * e * c.intermediate_size))

@@ -40,14 +40,30 @@ def build_logprobs(model_config: Any, lcfg: Any, temperature: float = 1.0):
     from gymllm.models.transformer import forward, hidden_states, lm_logits
 
     def logprobs(params, a, entropy: bool):
-        if "sp_prefix_tokens" in a:  # shared prefix (batching.shared_prefix_layout): each prompt runs once
-            if "sp_suffix_prefix" in a:  # the fixed layout (batching.fixed_prefix_arrays): rows name their prompt
-                hp, hs = shared_prefix_rows_hidden(model_config, params, a["sp_prefix_tokens"], a["sp_prefix_lens"],
-                                                   a["sp_suffix_tokens"], a["sp_suffix_prefix"],
-                                                   compute_dtype=lcfg.compute_dtype)
+        if (
+            "sp_prefix_tokens" in a
+        ):  # shared prefix (batching.shared_prefix_layout): each prompt runs once
+            if (
+                "sp_suffix_prefix" in a
+            ):  # the fixed layout (batching.fixed_prefix_arrays): rows name their prompt
+                hp, hs = shared_prefix_rows_hidden(
+                    model_config,
+                    params,
+                    a["sp_prefix_tokens"],
+                    a["sp_prefix_lens"],
+                    a["sp_suffix_tokens"],
+                    a["sp_suffix_prefix"],
+                    compute_dtype=lcfg.compute_dtype,
+                )
             else:
-                hp, hs = shared_prefix_hidden(model_config, params, a["sp_prefix_tokens"], a["sp_prefix_lens"],
-                                              a["sp_suffix_tokens"], compute_dtype=lcfg.compute_dtype)
+                hp, hs = shared_prefix_hidden(
+                    model_config,
+                    params,
+                    a["sp_prefix_tokens"],
+                    a["sp_prefix_lens"],
+                    a["sp_suffix_tokens"],
+                    compute_dtype=lcfg.compute_dtype,
+                )
             h = jnp.concatenate([hp.reshape(-1, hp.shape[-1]), hs.reshape(-1, hs.shape[-1])])
             idx = a["select_flat"] if "select_flat" in a else a["sp_gather"]  # [B, K] or [B, T]
             logits = lm_logits(model_config, params, h[idx], compute_dtype=lcfg.compute_dtype)
@@ -56,21 +72,37 @@ def build_logprobs(model_config: Any, lcfg: Any, temperature: float = 1.0):
         # packed arrays (batching.pack_rows): the model runs on [P, L], the results are gathered back
         # to the padded [B, L] layout the loss reads; else the padded arrays as they are
         packed = "gather" in a
-        tokens, positions, targets = ((a["packed_tokens"], a["packed_positions"], a["packed_targets"]) if packed
-                                      else (a["tokens"], a["positions"], a["targets"]))
+        tokens, positions, targets = (
+            (a["packed_tokens"], a["packed_positions"], a["packed_targets"])
+            if packed
+            else (a["tokens"], a["positions"], a["targets"])
+        )
         segments = a["segment_ids"] if packed else None
-        if "select_flat" in a:  # the LM head on the loss positions only: [B, K] of the model rows' flat positions
-            h = hidden_states(model_config, params, tokens, positions, segments, compute_dtype=lcfg.compute_dtype)
+        if (
+            "select_flat" in a
+        ):  # the LM head on the loss positions only: [B, K] of the model rows' flat positions
+            h = hidden_states(
+                model_config, params, tokens, positions, segments, compute_dtype=lcfg.compute_dtype
+            )
             idx = a["select_flat"]
-            logits = lm_logits(model_config, params, h.reshape(-1, h.shape[-1])[idx],
-                               compute_dtype=lcfg.compute_dtype)  # [B, K, V]
+            logits = lm_logits(
+                model_config,
+                params,
+                h.reshape(-1, h.shape[-1])[idx],
+                compute_dtype=lcfg.compute_dtype,
+            )  # [B, K, V]
             logp = token_logprobs(logits, targets.reshape(-1)[idx], temperature)
             return logp, entropy_from_logits(logits, temperature) if entropy else None
-        logits, _ = forward(model_config, params, tokens, positions, segments, compute_dtype=lcfg.compute_dtype)
+        logits, _ = forward(
+            model_config, params, tokens, positions, segments, compute_dtype=lcfg.compute_dtype
+        )
         logp = token_logprobs(logits, targets, temperature)  # float32
         ent = entropy_from_logits(logits, temperature) if entropy else None
         if packed:
-            logp, ent = logp.reshape(-1)[a["gather"]], None if ent is None else ent.reshape(-1)[a["gather"]]
+            logp, ent = (
+                logp.reshape(-1)[a["gather"]],
+                None if ent is None else ent.reshape(-1)[a["gather"]],
+            )
         return logp, ent
 
     return logprobs

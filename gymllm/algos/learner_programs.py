@@ -29,32 +29,57 @@ __all__ = ["FAST_COMPILE", "TRACES", "advantage_program", "build_loss_fn", "prog
 
 # XLA CPU options that cut compile time ~3x at a small cost in run time (tiny models, tests).
 FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
-TRACES: collections.Counter = collections.Counter()  # "grad" / "apply" / "ref_logp" -> traces so far
+TRACES: collections.Counter = (
+    collections.Counter()
+)  # "grad" / "apply" / "ref_logp" -> traces so far
 
 
-def build_loss_fn(model_config: Any, loss: LossConfig, lcfg: Any, lora: lora_mod.LoRAConfig | None,
-                  temperature: float = 1.0):
+def build_loss_fn(
+    model_config: Any,
+    loss: LossConfig,
+    lcfg: Any,
+    lora: lora_mod.LoRAConfig | None,
+    temperature: float = 1.0,
+):
     """``f(trainable, frozen, arrays, ref_params) -> (loss_sum, metric sums)``: pure, jit-able (arrays:
     see :func:`gymllm.algos.learner_logprobs.build_logprobs`; ``lcfg``: a
     :class:`~gymllm.algos.learner_config.LearnerConfig`)."""
     logprobs = build_logprobs(model_config, lcfg, temperature)
 
     def params_of(trainable, frozen):
-        return lora_mod.merge(lora, frozen, trainable) if lora is not None and lora.enabled else trainable
+        return (
+            lora_mod.merge(lora, frozen, trainable)
+            if lora is not None and lora.enabled
+            else trainable
+        )
 
     def f(trainable, frozen, a, ref_params):
-        logp, ent = logprobs(params_of(trainable, frozen), a, lcfg.compute_entropy)  # [B, T] float32
+        logp, ent = logprobs(
+            params_of(trainable, frozen), a, lcfg.compute_entropy
+        )  # [B, T] float32
         ref = None
         if ref_params is not None and loss.kl.placement == "loss":
             ref = jax.lax.stop_gradient(logprobs(ref_params, a, False)[0])
-        batch = LossBatch(mask=a["mask"], behaviour_logp=a["mu"], advantages=a["advantages"],
-                          group_tokens=a["group_tokens"], ref_logp=ref)
+        batch = LossBatch(
+            mask=a["mask"],
+            behaviour_logp=a["mu"],
+            advantages=a["advantages"],
+            group_tokens=a["group_tokens"],
+            ref_logp=ref,
+        )
         return micro_batch_loss(loss, logp, batch, ent)
 
     return f
 
 
-def programs(model_config: Any, loss: LossConfig, lcfg: Any, lora: Any, opt: OptimizerConfig, temperature: float = 1.0):
+def programs(
+    model_config: Any,
+    loss: LossConfig,
+    lcfg: Any,
+    lora: Any,
+    opt: OptimizerConfig,
+    temperature: float = 1.0,
+):
     """The jitted ``(grad, apply, ref_logp)`` programs and the Optax transform of one configuration
     (``lcfg``: a :class:`~gymllm.algos.learner_config.LearnerConfig`; only the fields the programs read key
     the cache). ``grad(acc, trainable, frozen, arrays, ref_params) -> (acc + gradient, sums)`` (the
@@ -66,18 +91,30 @@ def programs(model_config: Any, loss: LossConfig, lcfg: Any, lora: Any, opt: Opt
 
 
 @functools.lru_cache(maxsize=32)
-def _cached_programs(model_config: Any, loss: LossConfig, config_type: type, key: tuple, lora: Any,
-                     opt: OptimizerConfig):
+def _cached_programs(
+    model_config: Any,
+    loss: LossConfig,
+    config_type: type,
+    key: tuple,
+    lora: Any,
+    opt: OptimizerConfig,
+):
     temperature, compute_entropy, num_steps, fast_compile, compute_dtype = key
-    lcfg = config_type(compute_entropy=compute_entropy, num_steps=num_steps,
-                       fast_compile=fast_compile, compute_dtype=compute_dtype)
+    lcfg = config_type(
+        compute_entropy=compute_entropy,
+        num_steps=num_steps,
+        fast_compile=fast_compile,
+        compute_dtype=compute_dtype,
+    )
     logprobs = build_logprobs(model_config, lcfg, temperature)
     loss_fn = build_loss_fn(model_config, loss, lcfg, lora, temperature)
     tx = make_optimizer(opt, lcfg.num_steps)
 
     def grad(acc, trainable, frozen, arrays, ref_params):
         TRACES["grad"] += 1  # runs when JAX traces, not per call
-        (total, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable, frozen, arrays, ref_params)
+        (total, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            trainable, frozen, arrays, ref_params
+        )
         return jax.tree.map(jnp.add, acc, grads), {"loss_sum": total, **metrics}
 
     def apply(trainable, opt_state, acc, denom):

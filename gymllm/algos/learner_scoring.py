@@ -44,8 +44,16 @@ class GroupScorer:
     learner's (arrays are sharded over it); ``before_program``: called before any program runs (the
     learner waits for a background warm-up there)."""
 
-    def __init__(self, loss: LossConfig, layout: RowLayout, *, ref_logp: Any, ref_params: Any, mesh: Any,
-                 before_program: Callable[[], None] = _ready):
+    def __init__(
+        self,
+        loss: LossConfig,
+        layout: RowLayout,
+        *,
+        ref_logp: Any,
+        ref_params: Any,
+        mesh: Any,
+        before_program: Callable[[], None] = _ready,
+    ):
         self.loss = loss
         self.layout = layout
         self.ref_logp = ref_logp
@@ -54,8 +62,14 @@ class GroupScorer:
         self.before_program = before_program
         a = loss.advantage
         self.stateful = a.estimator in adv_mod.STATEFUL  # equal rewards still carry R - b[role]
-        self.step_global = a.estimator in adv_mod.STEP_GLOBAL  # advantages wait for the step's groups
-        self.program = None if self.stateful else advantage_program(a.estimator, a.ddof, a.eps, a.eps_placement)
+        self.step_global = (
+            a.estimator in adv_mod.STEP_GLOBAL
+        )  # advantages wait for the step's groups
+        self.program = (
+            None
+            if self.stateful
+            else advantage_program(a.estimator, a.ddof, a.eps, a.eps_placement)
+        )
 
     @property
     def reward_kl(self) -> bool:
@@ -67,20 +81,26 @@ class GroupScorer:
         self.before_program()
         return self.program(np.asarray(rewards, np.float32))
 
-    def role_advantages(self, group: Group, rewards: np.ndarray, baselines: dict[str, float]
-                        ) -> tuple[np.ndarray, dict[str, float]]:
+    def role_advantages(
+        self, group: Group, rewards: np.ndarray, baselines: dict[str, float]
+    ) -> tuple[np.ndarray, dict[str, float]]:
         """``role_ema``: R - b[role] with b read before it takes the group's mean reward (SPIRAL); returns
         the advantages and the updated baselines."""
         role = str(group.info.get("role") or group.info.get("agent") or "all")
         adv = rewards - np.float32(baselines.get(role, 0.0))
-        _, baselines = role_ema_advantages([float(rewards.mean())], [role], baselines,
-                                           decay=self.loss.advantage.ema_decay)
+        _, baselines = role_ema_advantages(
+            [float(rewards.mean())], [role], baselines, decay=self.loss.advantage.ema_decay
+        )
         return adv, baselines
 
     def filtered(self, group: Group, rewards: np.ndarray) -> bool:
         """Whether the zero-variance filter drops the group (shaping.nonzero_variance, on the host: no compile)."""
-        return bool(self.loss.shaping.filter_zero_variance and not group.info.get("kept_zero_variance")
-                    and not self.stateful and rewards.max() == rewards.min())
+        return bool(
+            self.loss.shaping.filter_zero_variance
+            and not group.info.get("kept_zero_variance")
+            and not self.stateful
+            and rewards.max() == rewards.min()
+        )
 
     def shaped_rewards(self, group: Group) -> np.ndarray:
         """The group's rewards with the overlong punishment and the reward-placement KL penalty applied."""
@@ -88,7 +108,9 @@ class GroupScorer:
         sh = self.loss.shaping
         if sh.overlong_buffer and sh.overlong_max_len:
             lengths = np.array([t.num_sampled for t in group.trajectories])
-            r = r + np.asarray(overlong_penalty(lengths, max_len=sh.overlong_max_len, buffer=sh.overlong_buffer))
+            r = r + np.asarray(
+                overlong_penalty(lengths, max_len=sh.overlong_max_len, buffer=sh.overlong_buffer)
+            )
         if self.reward_kl:
             r = r - self.kl_penalty(group)
         return r.astype(np.float32)
@@ -97,17 +119,19 @@ class GroupScorer:
         """Each trajectory's KL penalty against the reference policy (``kl.beta`` times the k1 estimate)."""
         self.before_program()
         layout, b = self.layout, self.layout.config.micro_batch_size
-        rows = [layout.row(t, advantage=0.0, group_tokens=1.0, sample_id="") for t in group.trajectories]
+        rows = [
+            layout.row(t, advantage=0.0, group_tokens=1.0, sample_id="") for t in group.trajectories
+        ]
         if layout.config.fixed_shapes:
             return self.fixed_kl_penalty(rows)
         out = []
         for i in range(0, len(rows), b):
-            chunk = rows[i:i + b]
+            chunk = rows[i : i + b]
             a = shard_batch(self.mesh, layout.ref_arrays(layout.micro_batch(chunk), chunk))
             ref = self.ref_logp(self.ref_params, a)
             # the behaviour logprobs stand in for pi_theta's (the sampled policy's) in the k1 estimate
             pen = kl_reward_penalty(a["mu"], ref, a["mask"], beta=self.loss.kl.beta)
-            out.append(np.asarray(pen)[:len(chunk)])
+            out.append(np.asarray(pen)[: len(chunk)])
         return np.concatenate(out)
 
     def fixed_kl_penalty(self, rows: list[Row]) -> np.ndarray:
@@ -115,8 +139,8 @@ class GroupScorer:
         b = self.layout.config.micro_batch_size
         out = np.zeros(len(rows), np.float32)
         for i in range(0, len(rows), b):
-            for order, host in self.layout.fixed_hosts(rows[i:i + b]):
+            for order, host in self.layout.fixed_hosts(rows[i : i + b]):
                 ref = self.ref_logp(self.ref_params, shard_batch(self.mesh, host))
                 pen = kl_reward_penalty(host["mu"], ref, host["mask"], beta=self.loss.kl.beta)
-                out[[i + j for j in order]] = np.asarray(pen)[:len(order)]
+                out[[i + j for j in order]] = np.asarray(pen)[: len(order)]
         return out

@@ -56,25 +56,48 @@ class StepTally:
 
     def stats(self, max_len: int) -> agg.StepStats:
         """The step's counts (tokens, sequences, groups) for the loss's denominator."""
-        return agg.StepStats(num_tokens=float(sum(r.mask.sum() for r in self.rows)), num_seqs=float(len(self.rows)),
-                             num_groups=float(self.groups), max_len=float(max_len))
+        return agg.StepStats(
+            num_tokens=float(sum(r.mask.sum() for r in self.rows)),
+            num_seqs=float(len(self.rows)),
+            num_groups=float(self.groups),
+            max_len=float(max_len),
+        )
 
-    def metrics(self, stats: agg.StepStats, denom: float, gnorm: float, lr: float,
-                counts: collections.Counter) -> dict[str, float]:
+    def metrics(
+        self,
+        stats: agg.StepStats,
+        denom: float,
+        gnorm: float,
+        lr: float,
+        counts: collections.Counter,
+    ) -> dict[str, float]:
         """The step's report metrics (``counts``: the learner's running counters)."""
         s, tok = self.sums, max(stats.num_tokens, 1.0)
         rewards = np.asarray(self.rewards, np.float64)
         lengths = np.asarray(self.lengths, np.float64)
         return {
-            "loss": s["loss_sum"] / denom, "grad_norm": gnorm, "learning_rate": lr,
-            "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
-            "reward_max": float(rewards.max()), "clip_fraction": s["clipped_tokens"] / tok,
-            "kl": s["kl_sum"] / tok, "entropy": s["entropy_sum"] / tok, "ratio_mean": s["ratio_sum"] / tok,
-            "is_weight_mean": s["weight_sum"] / tok, "masked_token_fraction": s["zero_weight_tokens"] / tok,
+            "loss": s["loss_sum"] / denom,
+            "grad_norm": gnorm,
+            "learning_rate": lr,
+            "reward_mean": float(rewards.mean()),
+            "reward_std": float(rewards.std()),
+            "reward_max": float(rewards.max()),
+            "clip_fraction": s["clipped_tokens"] / tok,
+            "kl": s["kl_sum"] / tok,
+            "entropy": s["entropy_sum"] / tok,
+            "ratio_mean": s["ratio_sum"] / tok,
+            "is_weight_mean": s["weight_sum"] / tok,
+            "masked_token_fraction": s["zero_weight_tokens"] / tok,
             "mismatch_abs_logprob": s["mismatch_abs_sum"] / tok,
-            "staleness_mean": s["staleness_sum"] / tok, "staleness_max": s["staleness_max"],
-            "response_len_mean": float(lengths.mean()), "response_len_max": float(lengths.max()),
-            "tokens": stats.num_tokens, "sequences": stats.num_seqs, "groups": stats.num_groups,
-            "micro_batches": float(self.micro_batches), "train_busy_s": self.busy_s,
-            "filtered_groups": float(counts["filtered_groups"]), "stale_groups": float(counts["stale_groups"]),
+            "staleness_mean": s["staleness_sum"] / tok,
+            "staleness_max": s["staleness_max"],
+            "response_len_mean": float(lengths.mean()),
+            "response_len_max": float(lengths.max()),
+            "tokens": stats.num_tokens,
+            "sequences": stats.num_seqs,
+            "groups": stats.num_groups,
+            "micro_batches": float(self.micro_batches),
+            "train_busy_s": self.busy_s,
+            "filtered_groups": float(counts["filtered_groups"]),
+            "stale_groups": float(counts["stale_groups"]),
         }

@@ -55,10 +55,16 @@ def push_adapters(engine: Any, model_config: Any, weights: Any, version: int) ->
     from gymllm.inference.jax_engine import JaxEngine
     from gymllm.inference.lora_receiver import LoraReceiver, LoraUpdate, receiver_of
 
-    if isinstance(weights, MergedWeights) and getattr(engine, "takes_weight_updates", False):  # an EnginePool
-        engine.update_weights(LoraUpdate(weights.lora, model_config, weights.adapters, weights.base), version)
+    if isinstance(weights, MergedWeights) and getattr(
+        engine, "takes_weight_updates", False
+    ):  # an EnginePool
+        engine.update_weights(
+            LoraUpdate(weights.lora, model_config, weights.adapters, weights.base), version
+        )
         return True
-    if isinstance(weights, MergedWeights) and isinstance(engine, AdapterView):  # one adapter of a shared engine
+    if isinstance(weights, MergedWeights) and isinstance(
+        engine, AdapterView
+    ):  # one adapter of a shared engine
         engine.update_weights(weights.adapters, version)
         return True
     if not isinstance(weights, MergedWeights) or not isinstance(engine, JaxEngine):

@@ -37,7 +37,11 @@ class LossBatch(NamedTuple):
 def _objective(cfg: LossConfig, ratio, adv, logp):
     p = cfg.policy
     kw = dict(eps_low=p.eps_low, eps_high=p.eps_high, dual_clip=p.dual_clip)
-    return cispo_loss(ratio, adv, logp, **kw) if p.objective == "cispo" else ppo_clip_loss(ratio, adv, **kw)
+    return (
+        cispo_loss(ratio, adv, logp, **kw)
+        if p.objective == "cispo"
+        else ppo_clip_loss(ratio, adv, **kw)
+    )
 
 
 def old_logp(cfg: LossConfig, logp, behaviour_logp):
@@ -48,7 +52,9 @@ def old_logp(cfg: LossConfig, logp, behaviour_logp):
 def token_losses(cfg: LossConfig, logp, batch: LossBatch, entropy=None):
     """Per-token loss ``[B, T]`` (before aggregation) and per-token diagnostics."""
     mask = batch.mask
-    log_ratio = RATIO_LEVELS[cfg.policy.ratio_level](logp, old_logp(cfg, logp, batch.behaviour_logp), mask)
+    log_ratio = RATIO_LEVELS[cfg.policy.ratio_level](
+        logp, old_logp(cfg, logp, batch.behaviour_logp), mask
+    )
     ratio = jnp.exp(log_ratio)
     loss, clipped = _objective(cfg, ratio, batch.advantages[:, None], logp)
     log_rho = jnp.where(mask > 0, jax.lax.stop_gradient(logp) - batch.behaviour_logp, 0.0)

@@ -50,11 +50,18 @@ class MultiHostConfig:
     def __post_init__(self) -> None:
         host, _, port = self.coordinator_address.rpartition(":")
         if not host or not port.isdigit():
-            raise ConfigError(explain("MultiHostConfig.coordinator_address", expected="'host:port'",
-                                      received=self.coordinator_address,
-                                      fix="e.g. '10.0.0.1:1234' or '127.0.0.1:1234'"))
+            raise ConfigError(
+                explain(
+                    "MultiHostConfig.coordinator_address",
+                    expected="'host:port'",
+                    received=self.coordinator_address,
+                    fix="e.g. '10.0.0.1:1234' or '127.0.0.1:1234'",
+                )
+            )
         check_range("MultiHostConfig", "num_processes", self.num_processes, lo=1)
-        check_range("MultiHostConfig", "process_id", self.process_id, lo=0, hi=self.num_processes - 1)
+        check_range(
+            "MultiHostConfig", "process_id", self.process_id, lo=0, hi=self.num_processes - 1
+        )
         check_range("MultiHostConfig", "local_devices", self.local_devices, lo=0)
 
 
@@ -68,12 +75,21 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> MultiHostConfig
         num, pid = int(env[ENV_NUM_PROCESSES]), int(env[ENV_PROCESS_ID])
         local = int(env.get(ENV_LOCAL_DEVICES, "0") or 0)
     except (KeyError, ValueError) as exc:
-        raise ConfigError(explain("multi-host environment", expected=f"integers in {ENV_NUM_PROCESSES} and "
-                                  f"{ENV_PROCESS_ID} when {ENV_COORDINATOR} is set",
-                                  received={k: env.get(k) for k in (ENV_NUM_PROCESSES, ENV_PROCESS_ID)},
-                                  fix=f"export {ENV_NUM_PROCESSES}=N {ENV_PROCESS_ID}=i (0 <= i < N)")) from exc
-    return MultiHostConfig(coordinator_address=env[ENV_COORDINATOR], num_processes=num, process_id=pid,
-                           local_devices=local)
+        raise ConfigError(
+            explain(
+                "multi-host environment",
+                expected=f"integers in {ENV_NUM_PROCESSES} and "
+                f"{ENV_PROCESS_ID} when {ENV_COORDINATOR} is set",
+                received={k: env.get(k) for k in (ENV_NUM_PROCESSES, ENV_PROCESS_ID)},
+                fix=f"export {ENV_NUM_PROCESSES}=N {ENV_PROCESS_ID}=i (0 <= i < N)",
+            )
+        ) from exc
+    return MultiHostConfig(
+        coordinator_address=env[ENV_COORDINATOR],
+        num_processes=num,
+        process_id=pid,
+        local_devices=local,
+    )
 
 
 def initialize(cfg: MultiHostConfig) -> None:
@@ -83,18 +99,28 @@ def initialize(cfg: MultiHostConfig) -> None:
 
     if cfg.local_devices:
         flags = os.environ.get("XLA_FLAGS", "")
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={cfg.local_devices}".strip()
+        os.environ["XLA_FLAGS"] = (
+            f"{flags} --xla_force_host_platform_device_count={cfg.local_devices}".strip()
+        )
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=cfg.coordinator_address, num_processes=cfg.num_processes,
-                               process_id=cfg.process_id)
+    jax.distributed.initialize(
+        coordinator_address=cfg.coordinator_address,
+        num_processes=cfg.num_processes,
+        process_id=cfg.process_id,
+    )
 
 
-def initialize_distributed(coordinator_address: str, num_processes: int, process_id: int, *,
-                           local_devices: int = 0) -> MultiHostConfig:
+def initialize_distributed(
+    coordinator_address: str, num_processes: int, process_id: int, *, local_devices: int = 0
+) -> MultiHostConfig:
     """:func:`initialize` from explicit arguments (what a learner-host actor calls with the
     coordinator address handed from host 0); returns the validated config."""
-    cfg = MultiHostConfig(coordinator_address=coordinator_address, num_processes=num_processes,
-                          process_id=process_id, local_devices=local_devices)
+    cfg = MultiHostConfig(
+        coordinator_address=coordinator_address,
+        num_processes=num_processes,
+        process_id=process_id,
+        local_devices=local_devices,
+    )
     initialize(cfg)
     return cfg
 

@@ -75,5 +75,7 @@ def make_optimizer(cfg: OptimizerConfig, num_steps: int) -> optax.GradientTransf
         parts += [optax.add_decayed_weights(cfg.weight_decay)] if cfg.weight_decay else []
         parts.append(optax.sgd(lr))
     else:
-        parts.append(optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay))
+        parts.append(
+            optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay)
+        )
     return optax.chain(*parts)

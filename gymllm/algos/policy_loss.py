@@ -30,7 +30,10 @@ def sequence_log_ratio(logp, old_logp, mask) -> jnp.ndarray:  # [B, T]
     return jnp.broadcast_to(masked_seq_mean(lr, mask)[:, None], lr.shape) * (mask > 0)
 
 
-RATIO_LEVELS: dict[str, Callable[..., jnp.ndarray]] = {"token": token_log_ratio, "sequence": sequence_log_ratio}
+RATIO_LEVELS: dict[str, Callable[..., jnp.ndarray]] = {
+    "token": token_log_ratio,
+    "sequence": sequence_log_ratio,
+}
 
 
 def ppo_clip_loss(ratio, adv, *, eps_low: float, eps_high: float, dual_clip: float | None = None):
@@ -42,7 +45,9 @@ def ppo_clip_loss(ratio, adv, *, eps_low: float, eps_high: float, dual_clip: flo
     clipped_ratio = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
     clipped = clipped_ratio * adv
     is_clipped = clipped < unclipped
-    obj = jnp.where(is_clipped, clipped, unclipped)  # == min(.,.); at a tie the unclipped branch owns the gradient
+    obj = jnp.where(
+        is_clipped, clipped, unclipped
+    )  # == min(.,.); at a tie the unclipped branch owns the gradient
     if dual_clip is not None:
         floor = dual_clip * adv
         dual = (adv < 0) & (obj < floor)
@@ -51,7 +56,9 @@ def ppo_clip_loss(ratio, adv, *, eps_low: float, eps_high: float, dual_clip: flo
     return -obj, is_clipped
 
 
-def cispo_loss(ratio, adv, logp, *, eps_low: float, eps_high: float, dual_clip: float | None = None):
+def cispo_loss(
+    ratio, adv, logp, *, eps_low: float, eps_high: float, dual_clip: float | None = None
+):
     """CISPO: ``-sg(clip(r, 1-eps_low, 1+eps_high)) A log pi_theta``. Every token keeps its gradient
     (the clipped weight is detached); ``clipped`` marks tokens whose weight was clipped."""
     del dual_clip

@@ -53,10 +53,15 @@ def make_mesh(cfg: ShardingConfig, devices: list[Any] | None = None) -> Mesh | N
         return None
     devices = list(devices if devices is not None else jax.devices())
     if len(devices) < cfg.num_devices:
-        raise ConfigError(explain("ShardingConfig", expected=f"{cfg.num_devices} devices (data x fsdp)",
-                                  received=f"{len(devices)} devices",
-                                  fix="lower data/fsdp or, on CPU, set XLA_FLAGS=--xla_force_host_platform_device_count=N"))
-    grid = np.array(devices[:cfg.num_devices]).reshape(cfg.data, cfg.fsdp)
+        raise ConfigError(
+            explain(
+                "ShardingConfig",
+                expected=f"{cfg.num_devices} devices (data x fsdp)",
+                received=f"{len(devices)} devices",
+                fix="lower data/fsdp or, on CPU, set XLA_FLAGS=--xla_force_host_platform_device_count=N",
+            )
+        )
+    grid = np.array(devices[: cfg.num_devices]).reshape(cfg.data, cfg.fsdp)
     return Mesh(grid, ("data", "fsdp"))
 
 
@@ -75,7 +80,9 @@ def shard_params(mesh: Mesh | None, tree: Any) -> Any:
     if mesh is None:
         return tree
     fsdp = mesh.shape["fsdp"]
-    return jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, param_spec(np.shape(x), fsdp))), tree)
+    return jax.tree.map(
+        lambda x: jax.device_put(x, NamedSharding(mesh, param_spec(np.shape(x), fsdp))), tree
+    )
 
 
 def shard_batch(mesh: Mesh | None, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -86,7 +93,15 @@ def shard_batch(mesh: Mesh | None, arrays: dict[str, np.ndarray]) -> dict[str, A
     out = {}
     for k, v in arrays.items():
         if v.shape[0] % n:
-            raise ConfigError(explain("LearnerConfig.micro_batch_size", expected=f"a multiple of {n} (mesh devices)",
-                                      received=v.shape[0], fix=f"use micro_batch_size divisible by {n}"))
-        out[k] = jax.device_put(v, NamedSharding(mesh, P(("data", "fsdp"), *([None] * (v.ndim - 1)))))
+            raise ConfigError(
+                explain(
+                    "LearnerConfig.micro_batch_size",
+                    expected=f"a multiple of {n} (mesh devices)",
+                    received=v.shape[0],
+                    fix=f"use micro_batch_size divisible by {n}",
+                )
+            )
+        out[k] = jax.device_put(
+            v, NamedSharding(mesh, P(("data", "fsdp"), *([None] * (v.ndim - 1))))
+        )
     return out

@@ -42,7 +42,9 @@ class WeightPusher:
 
         t = time.perf_counter()
         with span("weight_sync", track="trainer", version=version):
-            if not push_adapters(self.engine, self.model_config, flat, version):  # LoRA: adapters only
+            if not push_adapters(
+                self.engine, self.model_config, flat, version
+            ):  # LoRA: adapters only
                 self.engine.update_weights(self.state_of(flat), version)
         self.last_s = time.perf_counter() - t
         self.total_s += self.last_s

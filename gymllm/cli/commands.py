@@ -24,12 +24,16 @@ from gymllm.cli.train_args import parse_train_plan
 def dispatch(name: str, fn: Callable[..., object], args: Sequence[str]) -> object:
     if name == "train":
         return _train_dispatch(list(args))
-    if getattr(fn, "takes_argv", False):  # a command that parses its own argv with tyro: eval, sft, compare
+    if getattr(
+        fn, "takes_argv", False
+    ):  # a command that parses its own argv with tyro: eval, sft, compare
         return fn(list(args))
     return tyro.cli(fn, prog=f"gymllm {name}", args=list(args))
 
 
-STAGES_FILE = "stages.json"  # RUN_DIR/stages.json: the finished demos and SFT stages of a staged run
+STAGES_FILE = (
+    "stages.json"  # RUN_DIR/stages.json: the finished demos and SFT stages of a staged run
+)
 
 
 def run_stages(cfg: object, stage: object, *, log: Callable[[str], None] = print) -> object:
@@ -49,7 +53,9 @@ def run_stages(cfg: object, stage: object, *, log: Callable[[str], None] = print
     from gymllm.errors import ConfigError, explain
 
     if cfg.model.checkpoint:
-        log(f"[stages] model.checkpoint={cfg.model.checkpoint!r} given: demos and SFT skipped, GRPO warm-starts from it")
+        log(
+            f"[stages] model.checkpoint={cfg.model.checkpoint!r} given: demos and SFT skipped, GRPO warm-starts from it"
+        )
         return cfg
     run_dir = pathlib.Path(cfg.run.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -69,17 +75,37 @@ def run_stages(cfg: object, stage: object, *, log: Callable[[str], None] = print
 
         t0 = time.perf_counter()
         demo_env = stage.demo_env or cfg.env.id
-        records = demonstrations(demo_env, n=stage.demos, seed=stage.demo_seed, env_kwargs=dict(cfg.env.kwargs),
-                                 system_prompt=cfg.env.system_prompt, agent="tool" if cfg.env.agent == "tool" else "model")
+        records = demonstrations(
+            demo_env,
+            n=stage.demos,
+            seed=stage.demo_seed,
+            env_kwargs=dict(cfg.env.kwargs),
+            system_prompt=cfg.env.system_prompt,
+            agent="tool" if cfg.env.agent == "tool" else "model",
+        )
         if not records:
-            raise ConfigError(explain("recipe [sft].demos", expected=f"solved episodes of {demo_env}",
-                                      received=f"none on seeds {stage.demo_seed}..{stage.demo_seed + stage.demos - 1}",
-                                      fix="check env.kwargs (e.g. a map whose goal can be reached)"))
+            raise ConfigError(
+                explain(
+                    "recipe [sft].demos",
+                    expected=f"solved episodes of {demo_env}",
+                    received=f"none on seeds {stage.demo_seed}..{stage.demo_seed + stage.demos - 1}",
+                    fix="check env.kwargs (e.g. a map whose goal can be reached)",
+                )
+            )
         write_demos(demos_path, records)  # atomic: a killed stage leaves no half-written demos
         mean = sum(r["reward"] for r in records) / len(records)
-        record("demos", {"episodes": len(records), "played": stage.demos, "mean_reward": mean,
-                         "wall_s": round(time.perf_counter() - t0, 1)})
-        log(f"[stages] demos: {len(records)} of {stage.demos} episodes kept (mean reward {mean:.3f}) -> {demos_path}")
+        record(
+            "demos",
+            {
+                "episodes": len(records),
+                "played": stage.demos,
+                "mean_reward": mean,
+                "wall_s": round(time.perf_counter() - t0, 1),
+            },
+        )
+        log(
+            f"[stages] demos: {len(records)} of {stage.demos} episodes kept (mean reward {mean:.3f}) -> {demos_path}"
+        )
 
     sft_dir = run_dir / "sft"
     if "sft" in done:
@@ -92,9 +118,17 @@ def run_stages(cfg: object, stage: object, *, log: Callable[[str], None] = print
         log(f"[stages] sft: {sft_cfg.model.name} on {demos_path} -> {sft_dir}")
         result = run_sft(sft_cfg)
         log(result.summary())
-        record("sft", {"step": result.step, "rows": result.rows, "tokens": result.tokens,
-                       "final_loss": result.losses[-1] if result.losses else None,
-                       "first_loss": result.losses[0] if result.losses else None, "wall_s": round(result.wall_s, 1)})
+        record(
+            "sft",
+            {
+                "step": result.step,
+                "rows": result.rows,
+                "tokens": result.tokens,
+                "final_loss": result.losses[-1] if result.losses else None,
+                "first_loss": result.losses[0] if result.losses else None,
+                "wall_s": round(result.wall_s, 1),
+            },
+        )
     log(f"[stages] grpo: warm start from {sft_dir} -> {run_dir}")
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, checkpoint=str(sft_dir)))
 
@@ -194,8 +228,10 @@ def serve(
     check_bind(host, api_key)  # before loading anything: a clear error at once
     config = ServerConfig(api_key=api_key, max_n=max_n, max_body_bytes=max_body_bytes)
     if training and not groups_out:
-        raise ValueError("--training: expected --groups-out PATH (where the recorded trajectories go), received "
-                         "none. Fix: add --groups-out groups.jsonl, or run the proxy source inside the trainer")
+        raise ValueError(
+            "--training: expected --groups-out PATH (where the recorded trajectories go), received "
+            "none. Fix: add --groups-out groups.jsonl, or run the proxy source inside the trainer"
+        )
 
     from gymllm.cli.evaluate import DEFAULT_MODEL, load_model
     from gymllm.inference import EngineConfig, JaxEngine
@@ -203,9 +239,14 @@ def serve(
 
     loaded = load_model(model.name, checkpoint=model.checkpoint)
     served = model.name or model.checkpoint or DEFAULT_MODEL  # the model id clients name
-    shapes = {k: getattr(engine, k) for k in ("min_bucket", "decode_lengths") if getattr(engine, k) is not None}
-    jax_engine = JaxEngine.from_loaded(loaded, config=EngineConfig(num_slots=engine.num_slots, max_len=engine.max_len,
-                                                                  **shapes))
+    shapes = {
+        k: getattr(engine, k)
+        for k in ("min_bucket", "decode_lengths")
+        if getattr(engine, k) is not None
+    }
+    jax_engine = JaxEngine.from_loaded(
+        loaded, config=EngineConfig(num_slots=engine.num_slots, max_len=engine.max_len, **shapes)
+    )
     fmt = tool_format_for(loaded.tokenizer, getattr(loaded.config, "family", None))
     app_kwargs: dict = {}
     if training:
@@ -215,22 +256,43 @@ def serve(
         from gymllm.inference.session_recorder import ProxyConfig, SessionRecorder
         from gymllm.rollout.proxy_source import ProxyGroupSource, ProxySourceConfig
 
-        source = ProxyGroupSource(ProxySourceConfig(group_size=group_size, max_queued_groups=max_queued_groups))
-        recorder = SessionRecorder(loaded.tokenizer, on_closed=source.add,
-                                   config=ProxyConfig(max_open_sessions=max_sessions))
+        source = ProxyGroupSource(
+            ProxySourceConfig(group_size=group_size, max_queued_groups=max_queued_groups)
+        )
+        recorder = SessionRecorder(
+            loaded.tokenizer,
+            on_closed=source.add,
+            config=ProxyConfig(max_open_sessions=max_sessions),
+        )
         app_kwargs = {"recorder": recorder, "admission": source.wait_for_room}
 
         async def write_groups() -> None:
             from gymllm.trajectories.writers import TrajectoryRecordWriter
 
-            with TrajectoryRecordWriter(groups_out, per_token=True) as w:  # the one trajectory record format
+            with TrajectoryRecordWriter(
+                groups_out, per_token=True
+            ) as w:  # the one trajectory record format
                 async for group in source.groups():
                     w.write(group.trajectories)
 
-        threading.Thread(target=asyncio.run, args=(write_groups(),), name="gymllm-groups-out", daemon=True).start()
+        threading.Thread(
+            target=asyncio.run, args=(write_groups(),), name="gymllm-groups-out", daemon=True
+        ).start()
     mode = f"; training mode, groups -> {groups_out}" if training else ""
-    print(f"serving {served} on http://{host}:{port}/v1 (OpenAI-compatible; tool calls: {fmt}{mode})", flush=True)
-    serve_fn(jax_engine, loaded.tokenizer, served, host=host, port=port, config=config, tool_format=fmt, **app_kwargs)
+    print(
+        f"serving {served} on http://{host}:{port}/v1 (OpenAI-compatible; tool calls: {fmt}{mode})",
+        flush=True,
+    )
+    serve_fn(
+        jax_engine,
+        loaded.tokenizer,
+        served,
+        host=host,
+        port=port,
+        config=config,
+        tool_format=fmt,
+        **app_kwargs,
+    )
     return 0
 
 
@@ -251,17 +313,25 @@ def envs(pattern: str = "", spaces: bool = True) -> int:
         if spaces:
             try:
                 env = gymnasium.make(env_id).unwrapped
-                row["observation_space"], row["action_space"] = str(env.observation_space), str(env.action_space)
+                row["observation_space"], row["action_space"] = (
+                    str(env.observation_space),
+                    str(env.action_space),
+                )
                 env.close()
             except Exception as e:  # noqa: BLE001 - an optional extra may be missing; say so, keep listing
-                row["observation_space"], row["action_space"] = f"(unavailable: {type(e).__name__})", ""
+                row["observation_space"], row["action_space"] = (
+                    f"(unavailable: {type(e).__name__})",
+                    "",
+                )
         rows.append(row)
     print_table(rows, ["id", "observation_space", "action_space"] if spaces else ["id"])
     print(f"{len(rows)} envs")
     return 0
 
 
-def check(env_id: Annotated[str, tyro.conf.Positional], /, vector: bool = False, num_envs: int = 4) -> int:
+def check(
+    env_id: Annotated[str, tyro.conf.Positional], /, vector: bool = False, num_envs: int = 4
+) -> int:
     """Run the conformance checkers on a registered env (Gymnasium's check_env plus text checks).
 
     Args:
@@ -314,7 +384,9 @@ def report(run_dir: Annotated[str, tyro.conf.Positional], /) -> int:
     return 0
 
 
-SOURCE_BENCHMARKS_DIR = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"  # a source checkout's
+SOURCE_BENCHMARKS_DIR = (
+    pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
+)  # a source checkout's
 
 
 def benchmarks_dir_for(benchmarks_dir: str | None) -> pathlib.Path:
@@ -325,8 +397,10 @@ def benchmarks_dir_for(benchmarks_dir: str | None) -> pathlib.Path:
     if benchmarks_dir is not None:
         bdir = pathlib.Path(benchmarks_dir)
         if not bdir.is_dir():
-            raise FileNotFoundError(f"--benchmarks-dir {benchmarks_dir!r}: expected a directory of benchmark scripts, "
-                                    "received a path that is not one. Fix: pass the repository's benchmarks/ directory")
+            raise FileNotFoundError(
+                f"--benchmarks-dir {benchmarks_dir!r}: expected a directory of benchmark scripts, "
+                "received a path that is not one. Fix: pass the repository's benchmarks/ directory"
+            )
         return bdir
     for bdir in (pathlib.Path.cwd() / "benchmarks", SOURCE_BENCHMARKS_DIR):
         if bdir.is_dir() and any(bdir.glob("*.py")):
@@ -335,7 +409,8 @@ def benchmarks_dir_for(benchmarks_dir: str | None) -> pathlib.Path:
         "the benchmarks are not package data: they are the scripts in the benchmarks/ directory of the gymllm "
         "source repository (not in ./benchmarks, nor next to this install: "
         f"{SOURCE_BENCHMARKS_DIR}). Fix: clone the repository, install its test extra, and run "
-        "`gymllm bench --benchmarks-dir PATH/TO/gymllm/benchmarks` (or run `gymllm bench` from its root)")
+        "`gymllm bench --benchmarks-dir PATH/TO/gymllm/benchmarks` (or run `gymllm bench` from its root)"
+    )
 
 
 def bench(
@@ -357,18 +432,44 @@ def bench(
     if names:
         unknown = sorted(set(names) - {s.stem for s in scripts})
         if unknown:
-            raise ValueError(f"benchmark(s) {unknown} not in {bdir}: expected some of {[s.stem for s in scripts]}")
+            raise ValueError(
+                f"benchmark(s) {unknown} not in {bdir}: expected some of {[s.stem for s in scripts]}"
+            )
         scripts = [s for s in scripts if s.stem in names]
     rows = []
     for script in scripts:
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, str(script), *(["--quick"] if quick else [])], capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, str(script), *(["--quick"] if quick else [])],
+            capture_output=True,
+            text=True,
+        )
         found = re.findall(r"^RESULT (\{.*\})\s*$", proc.stdout, flags=re.M)
-        result = json.loads(found[-1]) if found else {"error": (proc.stderr.strip().splitlines() or ["no RESULT line"])[-1]}
-        rows.append({"benchmark": script.stem, "seconds": round(time.perf_counter() - t0, 1), "result": json.dumps(result)})
+        result = (
+            json.loads(found[-1])
+            if found
+            else {"error": (proc.stderr.strip().splitlines() or ["no RESULT line"])[-1]}
+        )
+        rows.append(
+            {
+                "benchmark": script.stem,
+                "seconds": round(time.perf_counter() - t0, 1),
+                "result": json.dumps(result),
+            }
+        )
         print(f"{script.stem}: {rows[-1]['result']}", flush=True)
     print_table(rows, ["benchmark", "seconds", "result"])
     return 0
 
 
-__all__ = ["train", "serve", "ServeEngine", "envs", "check", "replay", "report", "bench", "dispatch"]
+__all__ = [
+    "train",
+    "serve",
+    "ServeEngine",
+    "envs",
+    "check",
+    "replay",
+    "report",
+    "bench",
+    "dispatch",
+]

@@ -1,8 +1,8 @@
 """``gymllm demos``: solved episodes of an env as chat JSONL (:mod:`gymllm.envs.demos`), the input of ``gymllm sft``.
 
-    gymllm demos gymllm/TicTacToe-v0 --n 500 --out ttt.jsonl
-    gymllm demos gymllm/CalcMath-v0 --n 500 --out calc.jsonl --env-kwargs '{"digits": 1, "simple": true}'
-    gymllm demos gymllm/FrozenLake-v0 --n 100 --out lake.jsonl --env-kwargs '{"is_slippery": false}'
+gymllm demos gymllm/TicTacToe-v0 --n 500 --out ttt.jsonl
+gymllm demos gymllm/CalcMath-v0 --n 500 --out calc.jsonl --env-kwargs '{"digits": 1, "simple": true}'
+gymllm demos gymllm/FrozenLake-v0 --n 100 --out lake.jsonl --env-kwargs '{"is_slippery": false}'
 """
 
 from __future__ import annotations
@@ -23,16 +23,36 @@ def _env_kwargs(text: str) -> dict:
     try:
         value = json.loads(text)
     except ValueError as e:
-        raise ConfigError(explain("--env-kwargs", expected="a JSON object, e.g. '{\"digits\": 1}'", received=text,
-                                  fix=f"write valid JSON ({e})")) from None
+        raise ConfigError(
+            explain(
+                "--env-kwargs",
+                expected="a JSON object, e.g. '{\"digits\": 1}'",
+                received=text,
+                fix=f"write valid JSON ({e})",
+            )
+        ) from None
     if not isinstance(value, dict):
-        raise ConfigError(explain("--env-kwargs", expected="a JSON object", received=text,
-                                  fix="wrap the arguments in {...}"))
+        raise ConfigError(
+            explain(
+                "--env-kwargs",
+                expected="a JSON object",
+                received=text,
+                fix="wrap the arguments in {...}",
+            )
+        )
     return value
 
 
-def demos(env_id: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="ENV")], /, n: int = 100, out: str = "demos.jsonl", seed: int = 0,
-          env_kwargs: str = "", system_prompt: str = "", agent: Literal["tool", "model"] = "tool") -> int:
+def demos(
+    env_id: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="ENV")],
+    /,
+    n: int = 100,
+    out: str = "demos.jsonl",
+    seed: int = 0,
+    env_kwargs: str = "",
+    system_prompt: str = "",
+    agent: Literal["tool", "model"] = "tool",
+) -> int:
     """Write solved episodes of an env (search, shortest path, the tool call) as chat JSONL for `gymllm sft`.
 
     Episodes use seeds SEED .. SEED+N-1 (below 1,000,000, where held-out evaluation starts) and are
@@ -50,19 +70,35 @@ def demos(env_id: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="EN
     """
     from gymllm.envs.demos import SOLVERS, demonstrations, write_demos
 
-    records = demonstrations(env_id, n=n, seed=seed, env_kwargs=_env_kwargs(env_kwargs), system_prompt=system_prompt,
-                             agent=agent)
+    records = demonstrations(
+        env_id,
+        n=n,
+        seed=seed,
+        env_kwargs=_env_kwargs(env_kwargs),
+        system_prompt=system_prompt,
+        agent=agent,
+    )
     path = write_demos(out, records)
     full = env_id if "/" in env_id else f"gymllm/{env_id}"
     kept = SOLVERS[full].kept
     if not records:
-        print(f"error: no episode of {full} was solved on seeds {seed}..{seed + n - 1} ({kept} are kept); "
-              f"{path} is empty.", file=sys.stderr)
-        print("hint: check --env-kwargs (e.g. a FrozenLake map whose goal can be reached)", file=sys.stderr)
+        print(
+            f"error: no episode of {full} was solved on seeds {seed}..{seed + n - 1} ({kept} are kept); "
+            f"{path} is empty.",
+            file=sys.stderr,
+        )
+        print(
+            "hint: check --env-kwargs (e.g. a FrozenLake map whose goal can be reached)",
+            file=sys.stderr,
+        )
         return 1
     mean = sum(r["reward"] for r in records) / len(records)
-    turns = sum(sum(m["role"] == "assistant" for m in r["messages"]) for r in records) / len(records)
-    print(f"wrote {len(records)} of {n} episodes of {full} (seeds {seed}..{seed + n - 1}; kept: {kept}) to {path}")
+    turns = sum(sum(m["role"] == "assistant" for m in r["messages"]) for r in records) / len(
+        records
+    )
+    print(
+        f"wrote {len(records)} of {n} episodes of {full} (seeds {seed}..{seed + n - 1}; kept: {kept}) to {path}"
+    )
     print(f"mean reward {mean:.3f}; {turns:.1f} assistant turns per episode")
     run = "runs/sft-" + re.sub(r"[^A-Za-z0-9]+", "-", full.split("/")[-1]).strip("-").lower()
     print(f"next: gymllm sft {path} --run.run-dir {run}")

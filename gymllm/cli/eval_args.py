@@ -22,7 +22,16 @@ from typing import Annotated, Sequence
 
 import tyro
 
-__all__ = ["ModelChoice", "Policies", "EngineShape", "RENAMED", "SUBCOMMANDS", "eval_main", "subcommand_configs", "renamed_flag_error"]
+__all__ = [
+    "ModelChoice",
+    "Policies",
+    "EngineShape",
+    "RENAMED",
+    "SUBCOMMANDS",
+    "eval_main",
+    "subcommand_configs",
+    "renamed_flag_error",
+]
 
 Repeated = tyro.conf.UseAppendAction
 
@@ -66,12 +75,23 @@ class EngineShape:
 
 #: flags of earlier versions -> the flag that holds the idea now (refused, with this name in the error)
 RENAMED: dict[str, str] = {
-    "--seed-offset": "--eval.seed-base", "--seed-base": "--eval.seed-base", "--seed": "--eval.seed-base",
-    "--num-seeds": "--eval.seeds", "--k": "--eval.k", "--max-turns": "--eval.max-turns",
-    "--temperature": "--sampling.temperature", "--max-tokens": "--sampling.max-tokens",
-    "--model": "--model.name", "--checkpoint": "--model.checkpoint", "--label": "--model.label",
-    "--num-slots": "--engine.num-slots", "--max-len": "--engine.max-len", "--game-kwargs": "--env-kwargs",
-    "--games": "--eval.games", "--max-moves": "--eval.max-moves", "--suite": "--eval.suite",
+    "--seed-offset": "--eval.seed-base",
+    "--seed-base": "--eval.seed-base",
+    "--seed": "--eval.seed-base",
+    "--num-seeds": "--eval.seeds",
+    "--k": "--eval.k",
+    "--max-turns": "--eval.max-turns",
+    "--temperature": "--sampling.temperature",
+    "--max-tokens": "--sampling.max-tokens",
+    "--model": "--model.name",
+    "--checkpoint": "--model.checkpoint",
+    "--label": "--model.label",
+    "--num-slots": "--engine.num-slots",
+    "--max-len": "--engine.max-len",
+    "--game-kwargs": "--env-kwargs",
+    "--games": "--eval.games",
+    "--max-moves": "--eval.max-moves",
+    "--suite": "--eval.suite",
 }
 
 #: the subcommands: name -> (module, its config class, the function that runs a parsed config)
@@ -90,8 +110,12 @@ def renamed_flag_error(argv: Sequence[str]) -> str | None:
     for arg in argv:
         name = arg.partition("=")[0]
         if name in RENAMED:
-            return explain(f"gymllm eval {name}", expected=f"{RENAMED[name]} (one name per idea across the gymllm "
-                           "commands)", received=arg, fix=f"give {RENAMED[name]} instead of {name}")
+            return explain(
+                f"gymllm eval {name}",
+                expected=f"{RENAMED[name]} (one name per idea across the gymllm commands)",
+                received=arg,
+                fix=f"give {RENAMED[name]} instead of {name}",
+            )
     return None
 
 
@@ -103,8 +127,12 @@ def _subcommand_error(first: str | None) -> str:
         fix = f"gymllm eval {first[2:]} ... (the subcommand replaces {first})"
     elif first is not None and not first.startswith("-"):
         fix = f"gymllm eval env {first} ... to evaluate env ids"
-    return explain("gymllm eval", expected=f"a subcommand: {', '.join(SUBCOMMANDS)}", received=first or "none",
-                   fix=fix)
+    return explain(
+        "gymllm eval",
+        expected=f"a subcommand: {', '.join(SUBCOMMANDS)}",
+        received=first or "none",
+        fix=fix,
+    )
 
 
 def eval_main(argv: Sequence[str]) -> int:
@@ -118,8 +146,12 @@ def eval_main(argv: Sequence[str]) -> int:
 
     argv = list(argv)
     if not argv or argv[0] in ("-h", "--help"):
-        tyro.extras.subcommand_cli_from_dict(subcommand_configs(), prog="gymllm eval", description=eval_main.__doc__,
-                                             args=argv or ["--help"])
+        tyro.extras.subcommand_cli_from_dict(
+            subcommand_configs(),
+            prog="gymllm eval",
+            description=eval_main.__doc__,
+            args=argv or ["--help"],
+        )
         return 0
     if argv[0] not in SUBCOMMANDS:
         raise ConfigError(_subcommand_error(argv[0]))

@@ -21,8 +21,13 @@ from gymllm.rollout.evaluation import EvalConfig
 
 
 #: the default suite: small, verifiable, offline tasks of several kinds
-SUITE = ("gymllm/Arithmetic-v0", "gymllm/Countdown-v0", "gymllm/MathWord-v0", "gymllm/CalcMath-v0",
-         "gymllm/FrozenLake-v0")
+SUITE = (
+    "gymllm/Arithmetic-v0",
+    "gymllm/Countdown-v0",
+    "gymllm/MathWord-v0",
+    "gymllm/CalcMath-v0",
+    "gymllm/FrozenLake-v0",
+)
 
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -50,14 +55,34 @@ def load_model(name: str | None, *, checkpoint: str | None = None) -> Any:
         return models.load(checkpoint)
     section = run_config(checkpoint).get("model", {}) if name is None else {}
     name = section.get("name", DEFAULT_MODEL) if name is None else name
-    dims = ({k: section.get(k) for k in ("seed", "vocab_size", "hidden_size", "intermediate_size", "num_layers",
-                                          "num_heads", "num_kv_heads")} if name.startswith("tiny-") else {})
+    dims = (
+        {
+            k: section.get(k)
+            for k in (
+                "seed",
+                "vocab_size",
+                "hidden_size",
+                "intermediate_size",
+                "num_layers",
+                "num_heads",
+                "num_kv_heads",
+            )
+        }
+        if name.startswith("tiny-")
+        else {}
+    )
     loaded = models.load(name, checkpoint=checkpoint or None, **dims)
     return loaded
 
 
-def make_agent(env_id: str, tokenizer: Any, env_kwargs: dict | None = None, *, system_prompt: str | None = None,
-               agent: str | None = None) -> Any:
+def make_agent(
+    env_id: str,
+    tokenizer: Any,
+    env_kwargs: dict | None = None,
+    *,
+    system_prompt: str | None = None,
+    agent: str | None = None,
+) -> Any:
     """The agent of :func:`gymllm.rollout.evaluation.agent_for`: ``agent``/``system_prompt`` as a run
     trained with, else a ``ToolAgent`` when the env offers tools at reset, else a ``ModelAgent``."""
     from gymllm.rollout.evaluation import agent_for
@@ -69,9 +94,18 @@ def make_agent(env_id: str, tokenizer: Any, env_kwargs: dict | None = None, *, s
 DEFAULT_EVAL = EvalConfig(k=4, sampling=SamplingParams(temperature=0.7, max_tokens=256))
 
 
-async def eval_env(env_id: str, loaded: Any, *, config: EvalConfig, env_kwargs: dict[str, Any] | None = None,
-                   system_prompt: str | None = None, agent: str | None = None, max_len: int = 2048,
-                   num_slots: int | None = None, engine: dict[str, Any] | None = None) -> dict[str, Any]:
+async def eval_env(
+    env_id: str,
+    loaded: Any,
+    *,
+    config: EvalConfig,
+    env_kwargs: dict[str, Any] | None = None,
+    system_prompt: str | None = None,
+    agent: str | None = None,
+    max_len: int = 2048,
+    num_slots: int | None = None,
+    engine: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """One env's row: a fresh engine (``max_len`` tokens a row, ``num_slots`` rows decoded together;
     default: up to 16; ``engine``: more :class:`~gymllm.inference.EngineConfig` fields) over ``loaded``
     and a vector env, then
@@ -81,22 +115,44 @@ async def eval_env(env_id: str, loaded: Any, *, config: EvalConfig, env_kwargs: 
     from gymllm.rollout.evaluation import evaluate_env
 
     concurrency = min(config.max_concurrency, config.seeds * config.k)
-    vec = gymllm.make_vec(env_id, num_envs=concurrency, max_episode_steps=config.max_turns, **(env_kwargs or {}))
-    engine = JaxEngine.from_loaded(loaded, config=EngineConfig(num_slots=num_slots or min(16, concurrency), max_len=max_len,
-                                                              **(engine or {})))
+    vec = gymllm.make_vec(
+        env_id, num_envs=concurrency, max_episode_steps=config.max_turns, **(env_kwargs or {})
+    )
+    engine = JaxEngine.from_loaded(
+        loaded,
+        config=EngineConfig(
+            num_slots=num_slots or min(16, concurrency), max_len=max_len, **(engine or {})
+        ),
+    )
     try:
-        agent_ = make_agent(env_id, loaded.tokenizer, env_kwargs, system_prompt=system_prompt, agent=agent)
-        row = await evaluate_env(vec, engine, agent_, config=config,
-                                 env_id=env_id, env_kwargs=env_kwargs, session_prefix="")
+        agent_ = make_agent(
+            env_id, loaded.tokenizer, env_kwargs, system_prompt=system_prompt, agent=agent
+        )
+        row = await evaluate_env(
+            vec,
+            engine,
+            agent_,
+            config=config,
+            env_id=env_id,
+            env_kwargs=env_kwargs,
+            session_prefix="",
+        )
     finally:
         await engine.close()
         vec.close()
     return row
 
 
-def run_eval(env_ids: Sequence[str], *, model: str | None = None, checkpoint: str | None = None,
-             config: EvalConfig = DEFAULT_EVAL, env_kwargs: dict[str, Any] | None = None,
-             system_prompt: str | None = None, max_len: int | None = None) -> list[dict[str, Any]]:
+def run_eval(
+    env_ids: Sequence[str],
+    *,
+    model: str | None = None,
+    checkpoint: str | None = None,
+    config: EvalConfig = DEFAULT_EVAL,
+    env_kwargs: dict[str, Any] | None = None,
+    system_prompt: str | None = None,
+    max_len: int | None = None,
+) -> list[dict[str, Any]]:
     """Evaluate ``model`` on each env (``["suite"]`` expands to :data:`SUITE`) under ``config``; one row per env.
 
     ``env_kwargs`` go to every env; with ``env_kwargs=None`` and a run directory as ``checkpoint``, the
@@ -107,28 +163,41 @@ def run_eval(env_ids: Sequence[str], *, model: str | None = None, checkpoint: st
     without a run)."""
     ids = [i for e in env_ids for i in (SUITE if e == "suite" else (e,))]
     if not ids:
-        raise ValueError("gymllm eval env: expected at least one env id (or `suite`), received none. "
-                         "Fix: gymllm eval env gymllm/Arithmetic-v0")
+        raise ValueError(
+            "gymllm eval env: expected at least one env id (or `suite`), received none. "
+            "Fix: gymllm eval env gymllm/Arithmetic-v0"
+        )
     loaded = load_model(model, checkpoint=checkpoint)
     conf = run_config(checkpoint)
     trained_env = conf.get("env", {})
     if max_len is None:
         run_len = int(conf.get("engine", {}).get("max_len") or 0)
-        max_len = min(2048, run_len + config.sampling.max_tokens * config.max_turns) if run_len else 2048
+        max_len = (
+            min(2048, run_len + config.sampling.max_tokens * config.max_turns) if run_len else 2048
+        )
 
     def played_as(env_id: str) -> dict[str, Any]:
         trained = env_id == trained_env.get("id")
-        return {"system_prompt": system_prompt if system_prompt is not None
-                else (trained_env.get("system_prompt") or None if trained else None),
-                "agent": trained_env.get("agent") if trained else None}
+        return {
+            "system_prompt": system_prompt
+            if system_prompt is not None
+            else (trained_env.get("system_prompt") or None if trained else None),
+            "agent": trained_env.get("agent") if trained else None,
+        }
 
     def kwargs_for(env_id: str) -> dict[str, Any]:
         if env_kwargs is not None:
             return dict(env_kwargs)
         return dict(trained_env.get("kwargs") or {}) if env_id == trained_env.get("id") else {}
 
-    return [asyncio.run(eval_env(i, loaded, config=config, env_kwargs=kwargs_for(i), max_len=max_len,
-                                  **played_as(i))) for i in ids]
+    return [
+        asyncio.run(
+            eval_env(
+                i, loaded, config=config, env_kwargs=kwargs_for(i), max_len=max_len, **played_as(i)
+            )
+        )
+        for i in ids
+    ]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -164,10 +233,21 @@ def eval_envs(args: EnvEval) -> int:
         except json.JSONDecodeError:
             kwargs = None
         if not isinstance(kwargs, dict):
-            raise ConfigError(explain("--env-kwargs", expected="a JSON object such as '{\"digits\": 1}'",
-                                      received=args.env_kwargs, fix="quote the object for your shell"))
-    rows = run_eval(list(args.env), model=args.model.name, checkpoint=args.model.checkpoint, config=args.eval,
-                    env_kwargs=kwargs)
+            raise ConfigError(
+                explain(
+                    "--env-kwargs",
+                    expected="a JSON object such as '{\"digits\": 1}'",
+                    received=args.env_kwargs,
+                    fix="quote the object for your shell",
+                )
+            )
+    rows = run_eval(
+        list(args.env),
+        model=args.model.name,
+        checkpoint=args.model.checkpoint,
+        config=args.eval,
+        env_kwargs=kwargs,
+    )
     extra = [c for c in ("valid_action_rate", "win_or_draw") if any(c in r for r in rows)]
     print_table(rows, ["env", "mean_reward", "pass@1", f"pass@{args.eval.k}", "episodes", *extra])
     if args.out:

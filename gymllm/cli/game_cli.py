@@ -35,8 +35,13 @@ __all__ = ["GameEval", "Matches", "MoveSampling", "eval_game", "players_from_fla
 Repeated = tyro.conf.UseAppendAction
 
 
-def players_from_flags(model: Sequence[str], checkpoint: Sequence[str], label: Sequence[str],
-                       opponent: Sequence[str], system_prompt: str | None = None) -> list[Any]:
+def players_from_flags(
+    model: Sequence[str],
+    checkpoint: Sequence[str],
+    label: Sequence[str],
+    opponent: Sequence[str],
+    system_prompt: str | None = None,
+) -> list[Any]:
     """The :class:`~gymllm.suites.games.Player` list of the flags, in order (module doc); opponents are
     checked before any model loads, a checkpoint plays with its run's system prompt (else
     ``system_prompt``), a ``--model.name`` with ``system_prompt``. A checkpoint of several policies
@@ -48,11 +53,19 @@ def players_from_flags(model: Sequence[str], checkpoint: Sequence[str], label: S
     from gymllm.models.trained import POLICY_SEP, policy_refs, split_policy
     from gymllm.suites.games import Player, opponent_player
 
-    sources: list[tuple[str | None, str | None]] = [(m, None) for m in model] + [(None, c) for c in checkpoint]
+    sources: list[tuple[str | None, str | None]] = [(m, None) for m in model] + [
+        (None, c) for c in checkpoint
+    ]
     if label and len(label) != len(sources):
-        raise ConfigError(explain("--model.label", expected=f"one label per --model.name / --model.checkpoint "
-                                  f"({len(sources)}, in that order), or none", received=list(label),
-                                  fix=f"pass --model.label {len(sources)} times"))
+        raise ConfigError(
+            explain(
+                "--model.label",
+                expected=f"one label per --model.name / --model.checkpoint "
+                f"({len(sources)}, in that order), or none",
+                received=list(label),
+                fix=f"pass --model.label {len(sources)} times",
+            )
+        )
     opponents = [opponent_player(o) for o in opponent]  # checked before any model loads
 
     def default_label(m: str | None, c: str | None) -> str:  # RUN, or RUN#NAME for one policy of it
@@ -70,8 +83,13 @@ def players_from_flags(model: Sequence[str], checkpoint: Sequence[str], label: S
     players = []
     for name, m, c in entries:
         trained = run_config(c).get("env", {}) if c else {}
-        players.append(Player(label=name, loaded=load_model(m, checkpoint=c),
-                              system_prompt=trained.get("system_prompt") or system_prompt or None))
+        players.append(
+            Player(
+                label=name,
+                loaded=load_model(m, checkpoint=c),
+                system_prompt=trained.get("system_prompt") or system_prompt or None,
+            )
+        )
     return players + opponents
 
 
@@ -151,26 +169,50 @@ def eval_game(args: GameEval) -> int:
         except json.JSONDecodeError:
             kwargs = None  # type: ignore[assignment]
         if not isinstance(kwargs, dict):
-            raise ConfigError(explain("--env-kwargs", expected="a JSON object such as '{\"move_names\": null}'",
-                                      received=args.env_kwargs, fix="quote the object for your shell"))
+            raise ConfigError(
+                explain(
+                    "--env-kwargs",
+                    expected="a JSON object such as '{\"move_names\": null}'",
+                    received=args.env_kwargs,
+                    fix="quote the object for your shell",
+                )
+            )
     m = args.eval
-    config = MatchConfig(games=m.games, seed=m.seed_base, temperature=args.sampling.temperature,
-                         max_tokens=args.sampling.max_tokens, max_moves=m.max_moves, max_concurrency=m.max_concurrency,
-                         num_slots=args.engine.num_slots, max_len=args.engine.max_len, move_timeout_s=m.move_timeout_s,
-                         errors=m.errors, prior_draws=m.prior_draws, num_resamples=m.num_resamples,
-                         model_pairs=m.model_pairs)
+    config = MatchConfig(
+        games=m.games,
+        seed=m.seed_base,
+        temperature=args.sampling.temperature,
+        max_tokens=args.sampling.max_tokens,
+        max_moves=m.max_moves,
+        max_concurrency=m.max_concurrency,
+        num_slots=args.engine.num_slots,
+        max_len=args.engine.max_len,
+        move_timeout_s=m.move_timeout_s,
+        errors=m.errors,
+        prior_draws=m.prior_draws,
+        num_resamples=m.num_resamples,
+        model_pairs=m.model_pairs,
+    )
     make_game = resolve_game(args.game, kwargs)
     p = args.model
     if not p.name and not p.checkpoint and len(args.opponent) < 2:
-        raise ConfigError(explain("gymllm eval game", expected="a player to evaluate: --model.name or --model.checkpoint "
-                                  "(or two --opponent)", received="none",
-                                  fix="e.g. --model.name smollm2-135m-instruct --opponent random"))
+        raise ConfigError(
+            explain(
+                "gymllm eval game",
+                expected="a player to evaluate: --model.name or --model.checkpoint "
+                "(or two --opponent)",
+                received="none",
+                fix="e.g. --model.name smollm2-135m-instruct --opponent random",
+            )
+        )
     players = players_from_flags(p.name, p.checkpoint, p.label, args.opponent, args.system_prompt)
     summary = run_matches(make_game, players, args.out, config=config)
     _print(summary)
     from gymllm.multiagent.factory import GAMES
 
-    if GAMES.get(args.game, args.game) == "gymllm.envs.kuhn_poker:kuhn_poker":  # how each model acts by card
+    if (
+        GAMES.get(args.game, args.game) == "gymllm.envs.kuhn_poker:kuhn_poker"
+    ):  # how each model acts by card
         _kuhn_actions(summary, args.out, kwargs)
     print(f"wrote {pathlib.Path(args.out) / 'games.jsonl'}, summary.json, ratings.json")
     return 0
@@ -181,22 +223,30 @@ def _print(summary: dict[str, Any]) -> None:
     print(header)
     print("-" * len(header))
     for r in summary["pairings"]:
-        rates = " ".join(f"{r[k]:>6.3f}" if r[k] is not None else f"{'-':>6}" for k in ("win", "draw", "loss"))
+        rates = " ".join(
+            f"{r[k]:>6.3f}" if r[k] is not None else f"{'-':>6}" for k in ("win", "draw", "loss")
+        )
         print(f"{r['player']:<24} {r['opponent']:<24} {r['games']:>5} {rates} {r['errors']:>6}")
     ratings = summary["ratings"]
     print(f"\nElo ({ratings['anchor']}; {ratings['interval']})")
     for r in ratings["ratings"]:
         lo, hi = r["ci"]
-        print(f"{r['player']:<24} {r['elo']:>7.0f}  [{lo:.0f}, {hi:.0f}]  games {r['games']}, score {r['score']:.3f}")
+        print(
+            f"{r['player']:<24} {r['elo']:>7.0f}  [{lo:.0f}, {hi:.0f}]  games {r['games']}, score {r['score']:.3f}"
+        )
     if "error" in ratings:
         print(f"note: no ratings: {ratings['error']}")
     if summary.get("paired"):
-        print(f"\nPaired by seed (later player - earlier one; {summary['paired'][0]['confidence']:.0%} Student's t interval "
-              "over the seeds, each seed's seat-swapped games averaged)")
+        print(
+            f"\nPaired by seed (later player - earlier one; {summary['paired'][0]['confidence']:.0%} Student's t interval "
+            "over the seeds, each seed's seat-swapped games averaged)"
+        )
         for d in summary["paired"]:
-            print(f"{d['player']:<16} - {d['baseline']:<16} vs {d['opponent']:<16} {d['metric']:<12} "
-                  f"{d['mean_b']:>7.3f} - {d['mean_a']:>7.3f} = {d['diff']:>+7.3f}  [{d['lo']:+.3f}, {d['hi']:+.3f}]  "
-                  f"seeds {d['n']}")
+            print(
+                f"{d['player']:<16} - {d['baseline']:<16} vs {d['opponent']:<16} {d['metric']:<12} "
+                f"{d['mean_b']:>7.3f} - {d['mean_a']:>7.3f} = {d['diff']:>+7.3f}  [{d['lo']:+.3f}, {d['hi']:+.3f}]  "
+                f"seeds {d['n']}"
+            )
 
 
 def _kuhn_actions(summary: dict[str, Any], out: str, kwargs: dict[str, Any]) -> None:
@@ -204,15 +254,25 @@ def _kuhn_actions(summary: dict[str, Any], out: str, kwargs: dict[str, Any]) -> 
     ``actions.json`` and the screen."""
     from gymllm.envs.kuhn_poker import kuhn_action_table
 
-    rows = [json.loads(x) for x in (pathlib.Path(out) / "games.jsonl").read_text().splitlines() if x.strip()]
-    tables = {p["label"]: kuhn_action_table(rows, p["label"], **kwargs) for p in summary["players"] if p["kind"] == "model"}
+    rows = [
+        json.loads(x)
+        for x in (pathlib.Path(out) / "games.jsonl").read_text().splitlines()
+        if x.strip()
+    ]
+    tables = {
+        p["label"]: kuhn_action_table(rows, p["label"], **kwargs)
+        for p in summary["players"]
+        if p["kind"] == "model"
+    }
     (pathlib.Path(out) / "actions.json").write_text(json.dumps(tables, indent=2))
     print("\nMoves by card (bet or call share of decisions; counts)")
     for label, table in tables.items():
         for card, t in table.items():
             share = f"{t['aggressive']:.2f}" if t["aggressive"] is not None else "-"
-            print(f"{label:<24} {card}  {share:>5}  bet {t['[bet]']:>4} check {t['[check]']:>4} call {t['[call]']:>4} "
-                  f"fold {t['[fold]']:>4}")
+            print(
+                f"{label:<24} {card}  {share:>5}  bet {t['[bet]']:>4} check {t['[check]']:>4} call {t['[call]']:>4} "
+                f"fold {t['[fold]']:>4}"
+            )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -222,6 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     return guarded(lambda: eval_main(["game", *argv]))
+
 
 if __name__ == "__main__":
     sys.exit(main())

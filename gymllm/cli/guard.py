@@ -19,9 +19,12 @@ def hint(exc: BaseException) -> str:
         return f"pip install 'gymllm[{exc.extra}]'"
     if isinstance(exc, ModuleNotFoundError):
         return f"pip install {exc.name} (or reinstall gymllm: pip install -e .)"
-    if type(exc).__name__ in ("NameNotFound", "NamespaceNotFound", "VersionNotFound", "UnregisteredEnv") or (
-        "registered env id" in str(exc)
-    ):
+    if type(exc).__name__ in (
+        "NameNotFound",
+        "NamespaceNotFound",
+        "VersionNotFound",
+        "UnregisteredEnv",
+    ) or ("registered env id" in str(exc)):
         return "`gymllm envs` lists the registered env ids"
     if isinstance(exc, FileNotFoundError):
         return "check the path; run directories are written by `gymllm train --run-dir DIR`"

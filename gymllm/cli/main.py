@@ -31,7 +31,11 @@ COMMANDS: dict[str, Callable[..., object]] = {
 
 
 def _usage() -> str:
-    lines = ["usage: gymllm COMMAND [ARGS] (gymllm COMMAND --help for its options)", "", "commands:"]
+    lines = [
+        "usage: gymllm COMMAND [ARGS] (gymllm COMMAND --help for its options)",
+        "",
+        "commands:",
+    ]
     for name, fn in COMMANDS.items():
         summary = (fn.__doc__ or "").strip().splitlines()[0]
         lines.append(f"  {name:<8} {summary}")
@@ -50,7 +54,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"error: unknown command {name!r}; expected one of {', '.join(COMMANDS)}.", file=sys.stderr)
+        print(
+            f"error: unknown command {name!r}; expected one of {', '.join(COMMANDS)}.",
+            file=sys.stderr,
+        )
         print("hint: gymllm --help", file=sys.stderr)
         return 2
     return guarded(lambda: commands.dispatch(name, COMMANDS[name], rest))

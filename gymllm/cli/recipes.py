@@ -39,11 +39,24 @@ from typing import Any
 from gymllm.errors import ConfigError
 from gymllm.validation import apply_overrides
 
-__all__ = ["RECIPES_DIR", "shipped_recipes", "find_recipe", "load_recipe", "recipe_tables",
-           "SFTStage", "sft_stage_from", "sft_config_for", "NOT_SECTIONS"]
+__all__ = [
+    "RECIPES_DIR",
+    "shipped_recipes",
+    "find_recipe",
+    "load_recipe",
+    "recipe_tables",
+    "SFTStage",
+    "sft_stage_from",
+    "sft_config_for",
+    "NOT_SECTIONS",
+]
 
-RECIPES_DIR = pathlib.Path(__file__).resolve().parents[1] / "recipes"  # package data: gymllm/recipes/*.toml
-EXAMPLES_DIR = RECIPES_DIR  # the name older callers (tests/test_recipes.py) use for the shipped recipes
+RECIPES_DIR = (
+    pathlib.Path(__file__).resolve().parents[1] / "recipes"
+)  # package data: gymllm/recipes/*.toml
+EXAMPLES_DIR = (
+    RECIPES_DIR  # the name older callers (tests/test_recipes.py) use for the shipped recipes
+)
 
 
 def shipped_recipes() -> list[str]:
@@ -53,7 +66,11 @@ def shipped_recipes() -> list[str]:
 
 def find_recipe(name_or_path: str) -> pathlib.Path:
     """Resolve a recipe given as a path to a TOML file (the user's own) or as the name of a shipped one."""
-    candidates = [pathlib.Path(name_or_path), RECIPES_DIR / name_or_path, RECIPES_DIR / f"{name_or_path}.toml"]
+    candidates = [
+        pathlib.Path(name_or_path),
+        RECIPES_DIR / name_or_path,
+        RECIPES_DIR / f"{name_or_path}.toml",
+    ]
     for c in candidates:
         if c.is_file():
             return c
@@ -72,8 +89,10 @@ def load_recipe(name_or_path: str) -> dict[str, Any]:
         with open(path, "rb") as f:
             return tomllib.load(f)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"recipe {str(path)!r} is not valid {'JSON' if path.suffix == '.json' else 'TOML'} ({e}). "
-                          "Fix: check the line it names.") from e
+        raise ConfigError(
+            f"recipe {str(path)!r} is not valid {'JSON' if path.suffix == '.json' else 'TOML'} ({e}). "
+            "Fix: check the line it names."
+        ) from e
 
 
 #: a recipe's top-level keys that are not sections of the config
@@ -112,15 +131,21 @@ class SFTStage:
         for name, lo in (("demos", 1), ("demo_seed", 0)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise ConfigError(f"recipe [sft].{name}: expected an int >= {lo}, received {v!r}. "
-                                  f"Fix: write {name} = {256 if name == 'demos' else 0}.")
+                raise ConfigError(
+                    f"recipe [sft].{name}: expected an int >= {lo}, received {v!r}. "
+                    f"Fix: write {name} = {256 if name == 'demos' else 0}."
+                )
         if not isinstance(self.demo_env, str):
-            raise ConfigError(f"recipe [sft].demo_env: expected an env id string, received {self.demo_env!r}. "
-                              "Fix: write demo_env = \"gymllm/TicTacToe-v0\" (or leave it out for env.id).")
+            raise ConfigError(
+                f"recipe [sft].demo_env: expected an env id string, received {self.demo_env!r}. "
+                'Fix: write demo_env = "gymllm/TicTacToe-v0" (or leave it out for env.id).'
+            )
         fixed = sorted(set(self.overrides) & set(SFT_STAGE_OWNED))
         if fixed:
-            raise ConfigError(f"recipe [sft]: expected no {fixed} (the stage sets them: the demos file, the recipe's "
-                              f"[model], RUN_DIR/sft), received {fixed}. Fix: remove them; set [model] for both stages.")
+            raise ConfigError(
+                f"recipe [sft]: expected no {fixed} (the stage sets them: the demos file, the recipe's "
+                f"[model], RUN_DIR/sft), received {fixed}. Fix: remove them; set [model] for both stages."
+            )
 
 
 #: SFTConfig fields the stage sets itself
@@ -130,8 +155,10 @@ SFT_STAGE_OWNED = ("data", "from_run", "min_reward", "model", "run_dir")
 def sft_stage_from(table: Any) -> SFTStage:
     """The :class:`SFTStage` of a recipe's ``[sft]`` table (a ``ConfigError`` for a table that is not one)."""
     if not isinstance(table, dict):
-        raise ConfigError(f"recipe 'sft': expected a table ([sft] with demos = N, num_steps = ...), received "
-                          f"{table!r}. Fix: write it as an [sft] table.")
+        raise ConfigError(
+            f"recipe 'sft': expected a table ([sft] with demos = N, num_steps = ...), received "
+            f"{table!r}. Fix: write it as an [sft] table."
+        )
     rest = dict(table)
     known = {k: rest.pop(k) for k in ("demos", "demo_seed", "demo_env") if k in rest}
     return SFTStage(**known, overrides=rest)
@@ -149,22 +176,42 @@ def sft_config_for(stage: SFTStage, train_cfg: Any, *, data: str, run_dir: str) 
 
     tl = train_cfg.learner
     model = dataclasses.replace(train_cfg.model, checkpoint="")
-    learner = LearnerConfig(max_len=tl.max_len, min_bucket=min(tl.min_bucket, tl.max_len), compute_dtype=tl.compute_dtype)
-    cfg = SFTConfig(data=data, model=model, sharding=train_cfg.sharding, learner=learner,
-                    sft=SFTSection(system_prompt=train_cfg.env.system_prompt),
-                    run=RunSection(run_dir=run_dir, seed=train_cfg.run.seed, console=train_cfg.run.console))
+    learner = LearnerConfig(
+        max_len=tl.max_len,
+        min_bucket=min(tl.min_bucket, tl.max_len),
+        compute_dtype=tl.compute_dtype,
+    )
+    cfg = SFTConfig(
+        data=data,
+        model=model,
+        sharding=train_cfg.sharding,
+        learner=learner,
+        sft=SFTSection(system_prompt=train_cfg.env.system_prompt),
+        run=RunSection(run_dir=run_dir, seed=train_cfg.run.seed, console=train_cfg.run.console),
+    )
     top = {f.name for f in dataclasses.fields(SFTConfig)}
-    sections = {name: {f.name for f in dataclasses.fields(kind)} for name, kind in (
-        ("sft", SFTSection), ("learner", LearnerConfig), ("run", RunSection), ("optimizer", OptimizerConfig))}
+    sections = {
+        name: {f.name for f in dataclasses.fields(kind)}
+        for name, kind in (
+            ("sft", SFTSection),
+            ("learner", LearnerConfig),
+            ("run", RunSection),
+            ("optimizer", OptimizerConfig),
+        )
+    }
     nested: dict[str, Any] = {}
     for key, value in stage.overrides.items():
         name = key.replace("-", "_")
-        where = "" if name in top else next((s for s, names in sections.items() if name in names), None)
+        where = (
+            "" if name in top else next((s for s, names in sections.items() if name in names), None)
+        )
         if where is None:
-            raise ConfigError(f"bad recipe key 'sft.{key}': expected demos, demo_seed, demo_env or a field of SFTConfig "
-                              f"{sorted(top - set(SFT_STAGE_OWNED))} or of its sections "
-                              + ", ".join(f"{s} {sorted(names)}" for s, names in sections.items())
-                              + f", received {key!r}. Fix: rename or remove {key!r}.")
+            raise ConfigError(
+                f"bad recipe key 'sft.{key}': expected demos, demo_seed, demo_env or a field of SFTConfig "
+                f"{sorted(top - set(SFT_STAGE_OWNED))} or of its sections "
+                + ", ".join(f"{s} {sorted(names)}" for s, names in sections.items())
+                + f", received {key!r}. Fix: rename or remove {key!r}."
+            )
         if where:
             nested.setdefault(where, {})[name] = value
         else:

@@ -40,15 +40,28 @@ def serve_env(
 
     kwargs = json.loads(env_kwargs) if env_kwargs else {}
     if not isinstance(kwargs, dict):
-        raise ValueError(f"--env-kwargs: expected a JSON object such as '{{\"digits\": 1}}', received {env_kwargs!r}. "
-                         "Fix: quote the object for your shell")
-    config = ServeEnvConfig(env=env, env_kwargs=kwargs, host=host, port=port, max_sessions=max_sessions,
-                            session_timeout_s=session_timeout_s, token=token, max_message_mb=max_message_mb,
-                            compress=compress, withhold_info=tuple(k for k in GOLD_INFO_KEYS if k not in send_info))
+        raise ValueError(
+            f"--env-kwargs: expected a JSON object such as '{{\"digits\": 1}}', received {env_kwargs!r}. "
+            "Fix: quote the object for your shell"
+        )
+    config = ServeEnvConfig(
+        env=env,
+        env_kwargs=kwargs,
+        host=host,
+        port=port,
+        max_sessions=max_sessions,
+        session_timeout_s=session_timeout_s,
+        token=token,
+        max_message_mb=max_message_mb,
+        compress=compress,
+        withhold_info=tuple(k for k in GOLD_INFO_KEYS if k not in send_info),
+    )
 
     def ready(url: str) -> None:
         ws = url.replace("http://", "ws://", 1)
-        print(f"serving {env} on {url} (OpenEnv; WebSocket {ws}/ws, schema {url}/schema)", flush=True)
+        print(
+            f"serving {env} on {url} (OpenEnv; WebSocket {ws}/ws, schema {url}/schema)", flush=True
+        )
 
     serve(config, on_ready=ready)
     return 0

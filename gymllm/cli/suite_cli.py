@@ -37,9 +37,17 @@ import tyro
 from gymllm.train.train_config import ClusterSection
 from gymllm.cli.eval_args import EngineShape, Policies
 
-__all__ = ["SuiteEval", "SuiteSelection", "SamplingOverrides", "eval_suite", "compare", "compare_main", "policy_label",
-           "policy_engine", "main"]
-
+__all__ = [
+    "SuiteEval",
+    "SuiteSelection",
+    "SamplingOverrides",
+    "eval_suite",
+    "compare",
+    "compare_main",
+    "policy_label",
+    "policy_engine",
+    "main",
+]
 
 
 def policy_label(model: str | None = None, checkpoint: str | None = None) -> str:
@@ -57,30 +65,54 @@ def policy_engine(model: str | None, checkpoint: str | None, num_slots: int, max
     from gymllm.cli.evaluate import load_model
     from gymllm.inference import EngineConfig, JaxEngine
 
-    return JaxEngine.from_loaded(load_model(model, checkpoint=checkpoint),
-                                 config=EngineConfig(num_slots=num_slots, max_len=max_len))
+    return JaxEngine.from_loaded(
+        load_model(model, checkpoint=checkpoint),
+        config=EngineConfig(num_slots=num_slots, max_len=max_len),
+    )
 
 
-def _policies(policies: Policies, oracle: bool, on_ray: Any = None,
-              engine_shape: tuple[int, int] = (16, 2048)) -> list[Any]:
+def _policies(
+    policies: Policies, oracle: bool, on_ray: Any = None, engine_shape: tuple[int, int] = (16, 2048)
+) -> list[Any]:
     from gymllm.cli.evaluate import load_model
     from gymllm.errors import ConfigError, explain
     from gymllm.suites.runner import PolicySpec
 
     model, checkpoint, label = policies.name, policies.checkpoint, policies.label
-    sources: list[tuple[str | None, str | None]] = [(m, None) for m in model] + [(None, c) for c in checkpoint]
+    sources: list[tuple[str | None, str | None]] = [(m, None) for m in model] + [
+        (None, c) for c in checkpoint
+    ]
     count = len(sources) + bool(oracle)
     if count == 0:
-        raise ConfigError(explain("gymllm eval suite", expected="at least one policy: --model.name, --model.checkpoint "
-                                  "or --oracle", received="none", fix="e.g. --model.name smollm2-135m-instruct"))
+        raise ConfigError(
+            explain(
+                "gymllm eval suite",
+                expected="at least one policy: --model.name, --model.checkpoint or --oracle",
+                received="none",
+                fix="e.g. --model.name smollm2-135m-instruct",
+            )
+        )
     if label and len(label) != count:
-        raise ConfigError(explain("--model.label", expected=f"one label per policy ({count}: the --model.name ones, "
-                                  "then the --model.checkpoint ones, then the oracle), or none", received=list(label),
-                                  fix=f"pass --model.label {count} times"))
+        raise ConfigError(
+            explain(
+                "--model.label",
+                expected=f"one label per policy ({count}: the --model.name ones, "
+                "then the --model.checkpoint ones, then the oracle), or none",
+                received=list(label),
+                fix=f"pass --model.label {count} times",
+            )
+        )
     names = list(label) or [policy_label(m, c) for m, c in sources] + (["oracle"] if oracle else [])
-    specs = [PolicySpec(label=n, loaded=load_model(m, checkpoint=c), make_engine=None if on_ray is None else
-                        functools.partial(on_ray.engine, _replica_spec(m, c, engine_shape)))
-             for n, (m, c) in zip(names, sources)]
+    specs = [
+        PolicySpec(
+            label=n,
+            loaded=load_model(m, checkpoint=c),
+            make_engine=None
+            if on_ray is None
+            else functools.partial(on_ray.engine, _replica_spec(m, c, engine_shape)),
+        )
+        for n, (m, c) in zip(names, sources)
+    ]
     if oracle:
         specs.append(PolicySpec(label=names[-1], oracle=True))
     return specs
@@ -89,7 +121,9 @@ def _policies(policies: Policies, oracle: bool, on_ray: Any = None,
 def _replica_spec(model: str | None, checkpoint: str | None, engine_shape: tuple[int, int]) -> Any:
     from gymllm.inference.replica import ReplicaSpec
 
-    if checkpoint is not None:  # every replica restores it on its host: the same path there (a shared disk)
+    if (
+        checkpoint is not None
+    ):  # every replica restores it on its host: the same path there (a shared disk)
         checkpoint = str(pathlib.Path(checkpoint).resolve())
     return ReplicaSpec(factory=functools.partial(policy_engine, model, checkpoint, *engine_shape))
 
@@ -161,17 +195,40 @@ def eval_suite(args: SuiteEval) -> int:
     from gymllm.suites.spec import load_suite, one_off_suite
 
     e, sampling = args.eval, args.sampling
-    overrides = {key: v for key, v in (("num_seeds", e.seeds), ("k", e.k), ("seed_base", e.seed_base),
-                                        ("temperature", sampling.temperature), ("max_tokens", sampling.max_tokens),
-                                        ("max_turns", e.max_turns)) if v is not None}
+    overrides = {
+        key: v
+        for key, v in (
+            ("num_seeds", e.seeds),
+            ("k", e.k),
+            ("seed_base", e.seed_base),
+            ("temperature", sampling.temperature),
+            ("max_tokens", sampling.max_tokens),
+            ("max_turns", e.max_turns),
+        )
+        if v is not None
+    }
     if (e.suite is None) == (not e.envs):
-        raise ConfigError(explain("gymllm eval suite", expected="--eval.suite S, or --eval.envs ID ... (a one-off "
-                                  "suite), not both", received=f"suite={e.suite!r}, envs={list(e.envs)}",
-                                  fix="e.g. gymllm eval suite --eval.suite core"))
-    the_suite = load_suite(e.suite, overrides=overrides) if e.suite is not None else one_off_suite(list(e.envs), **overrides)
+        raise ConfigError(
+            explain(
+                "gymllm eval suite",
+                expected="--eval.suite S, or --eval.envs ID ... (a one-off suite), not both",
+                received=f"suite={e.suite!r}, envs={list(e.envs)}",
+                fix="e.g. gymllm eval suite --eval.suite core",
+            )
+        )
+    the_suite = (
+        load_suite(e.suite, overrides=overrides)
+        if e.suite is not None
+        else one_off_suite(list(e.envs), **overrides)
+    )
     shape = args.engine
-    config = RunnerConfig(max_concurrency_per_env=args.max_concurrency_per_env, num_slots=shape.num_slots,
-                          max_len=shape.max_len, episode_timeout_s=args.episode_timeout_s, progress=args.progress)
+    config = RunnerConfig(
+        max_concurrency_per_env=args.max_concurrency_per_env,
+        num_slots=shape.num_slots,
+        max_len=shape.max_len,
+        episode_timeout_s=args.episode_timeout_s,
+        progress=args.progress,
+    )
     on_ray = None
     if args.cluster.backend == "ray":
         from gymllm.train.cluster import SuiteOnRay
@@ -179,8 +236,14 @@ def eval_suite(args: SuiteEval) -> int:
         on_ray = SuiteOnRay(args.cluster, num_envs=len(the_suite.envs))
     try:
         policies = _policies(args.model, args.oracle, on_ray, (shape.num_slots, shape.max_len))
-        summary = run_suite(the_suite, policies, args.out, config=config, resume=args.resume,
-                            make_vec=None if on_ray is None else on_ray.make_vec)
+        summary = run_suite(
+            the_suite,
+            policies,
+            args.out,
+            config=config,
+            resume=args.resume,
+            make_vec=None if on_ray is None else on_ray.make_vec,
+        )
     finally:
         if on_ray is not None:
             on_ray.close()
@@ -215,7 +278,9 @@ def compare(
     if summary["comparisons"]:
         print(comparison_table(summary))
     else:
-        print("no comparisons: the results hold a single policy (give directories with two or more)")
+        print(
+            "no comparisons: the results hold a single policy (give directories with two or more)"
+        )
     if out:
         write_json(out, summary)
         print(f"wrote {out}")
@@ -229,23 +294,41 @@ def _pooled(dirs: Sequence[str]) -> tuple[list[dict[str, Any]], Any, list[str]]:
     from gymllm.suites.results import ResultsFile, suite_from_dict
 
     if not dirs:
-        raise ConfigError(explain("gymllm compare", expected="one or more result directories", received="none",
-                                  fix="gymllm compare out/a out/b"))
+        raise ConfigError(
+            explain(
+                "gymllm compare",
+                expected="one or more result directories",
+                received="none",
+                fix="gymllm compare out/a out/b",
+            )
+        )
     per_dir = []
     for d in dirs:
         path = pathlib.Path(d)
         if not (path / "results.jsonl").is_file() or not (path / "suite.json").is_file():
-            raise FileNotFoundError(f"{d}: expected a directory written by `gymllm eval suite` (results.jsonl and "
-                                    "suite.json), received one without them. Fix: pass the --out of a suite run")
-        per_dir.append((path, ResultsFile(path / "results.jsonl").read(),
-                        suite_from_dict(json.loads((path / "suite.json").read_text()))))
+            raise FileNotFoundError(
+                f"{d}: expected a directory written by `gymllm eval suite` (results.jsonl and "
+                "suite.json), received one without them. Fix: pass the --out of a suite run"
+            )
+        per_dir.append(
+            (
+                path,
+                ResultsFile(path / "results.jsonl").read(),
+                suite_from_dict(json.loads((path / "suite.json").read_text())),
+            )
+        )
     suite = per_dir[0][2]
     names = {e.name for e in suite.envs}
     for path, _, other in per_dir[1:]:
         if not names & {e.name for e in other.envs}:
-            raise ConfigError(explain(f"gymllm compare {path}", expected=f"results on envs of suite {suite.name!r}",
-                                      received=f"suite {other.name!r} with no env in common",
-                                      fix="compare runs of the same suite"))
+            raise ConfigError(
+                explain(
+                    f"gymllm compare {path}",
+                    expected=f"results on envs of suite {suite.name!r}",
+                    received=f"suite {other.name!r} with no env in common",
+                    fix="compare runs of the same suite",
+                )
+            )
     owners: dict[str, set[pathlib.Path]] = {}
     for path, rows, _ in per_dir:
         for r in rows:
@@ -267,8 +350,10 @@ def _print_results(summary: dict[str, Any]) -> None:
         lo, hi = r["mean_reward_ci"]
         pk = r["pass_at"].get(str(r["k"]))
         pk_text = f"{pk:.3f}@{r['k']}" if pk is not None else "-"
-        print(f"{r['policy']:<20} {r['env']:<20} {r['mean_reward']:>11.3f} {f'[{lo:.3f}, {hi:.3f}]':>17} "
-              f"{r['pass_at'].get('1', float('nan')):>7.3f} {pk_text:>10} {r['errors']:>6}")
+        print(
+            f"{r['policy']:<20} {r['env']:<20} {r['mean_reward']:>11.3f} {f'[{lo:.3f}, {hi:.3f}]':>17} "
+            f"{r['pass_at'].get('1', float('nan')):>7.3f} {pk_text:>10} {r['errors']:>6}"
+        )
 
 
 def compare_main(argv: Sequence[str]) -> int:
@@ -289,11 +374,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {"eval": lambda rest: eval_main(["suite", *rest]), "compare": compare_main}
     if not argv or argv[0] not in commands:
-        print("usage: python -m gymllm.cli.suite_cli {eval,compare} [ARGS] (--help for the options)", file=sys.stderr)
+        print(
+            "usage: python -m gymllm.cli.suite_cli {eval,compare} [ARGS] (--help for the options)",
+            file=sys.stderr,
+        )
         return 2
     from gymllm.cli.guard import guarded
 
     return guarded(lambda: commands[argv[0]](argv[1:]))
+
 
 if __name__ == "__main__":
     sys.exit(main())

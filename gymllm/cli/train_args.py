@@ -14,8 +14,16 @@ from typing import Annotated, Sequence
 
 import tyro
 
-__all__ = ["TRAIN_PROG", "LEADING", "train_arguments", "leading_arguments", "train_config_from",
-           "recipe_sft_stage", "parse_train_plan", "parse_train_args"]
+__all__ = [
+    "TRAIN_PROG",
+    "LEADING",
+    "train_arguments",
+    "leading_arguments",
+    "train_config_from",
+    "recipe_sft_stage",
+    "parse_train_plan",
+    "parse_train_args",
+]
 
 TRAIN_PROG = "gymllm train [RECIPE] [--preset NAME] [--loss-preset NAME] [--run-dir DIR] [--section.field VALUE ...]"
 
@@ -35,21 +43,64 @@ def train_arguments(default: object) -> type:
     loss_t = Optional[Literal[tuple(LOSS_PRESETS)]]  # type: ignore[valid-type]
 
     fields = [  # real type objects (this module's annotations are strings: a class body here could not resolve them)
-        ("recipe", Annotated[Optional[str], tyro.conf.Positional, tyro.conf.arg(
-            metavar="RECIPE", help="a TOML recipe (a path, or the name of a shipped one, e.g. calc_math) or a run's "
-                                   "config.json")], None),
-        ("preset", Annotated[preset_t, tyro.conf.arg(help="start from this preset (default: the recipe's, else "
-                                                          "'default')")], None),
-        ("loss_preset", Annotated[loss_t, tyro.conf.arg(help="the loss preset (default: the recipe's, else the "
-                                                             "preset's)")], None),
-        ("run_dir", Annotated[Optional[str], tyro.conf.arg(help="the run directory (same as --run.run-dir)")], None),
-        ("env_kwargs", Annotated[Optional[str], tyro.conf.arg(
-            help="the env's constructor kwargs as a JSON object, e.g. '{\"digits\": 2}'; replaces the preset's and "
-                 "the recipe's env.kwargs (give it with --env.id)")], None),
-        ("config", Annotated[type(default), tyro.conf.arg(name="")], dataclasses.field(default_factory=lambda: default)),
+        (
+            "recipe",
+            Annotated[
+                Optional[str],
+                tyro.conf.Positional,
+                tyro.conf.arg(
+                    metavar="RECIPE",
+                    help="a TOML recipe (a path, or the name of a shipped one, e.g. calc_math) or a run's "
+                    "config.json",
+                ),
+            ],
+            None,
+        ),
+        (
+            "preset",
+            Annotated[
+                preset_t,
+                tyro.conf.arg(
+                    help="start from this preset (default: the recipe's, else 'default')"
+                ),
+            ],
+            None,
+        ),
+        (
+            "loss_preset",
+            Annotated[
+                loss_t,
+                tyro.conf.arg(help="the loss preset (default: the recipe's, else the preset's)"),
+            ],
+            None,
+        ),
+        (
+            "run_dir",
+            Annotated[
+                Optional[str], tyro.conf.arg(help="the run directory (same as --run.run-dir)")
+            ],
+            None,
+        ),
+        (
+            "env_kwargs",
+            Annotated[
+                Optional[str],
+                tyro.conf.arg(
+                    help="the env's constructor kwargs as a JSON object, e.g. '{\"digits\": 2}'; replaces the preset's and "
+                    "the recipe's env.kwargs (give it with --env.id)"
+                ),
+            ],
+            None,
+        ),
+        (
+            "config",
+            Annotated[type(default), tyro.conf.arg(name="")],
+            dataclasses.field(default_factory=lambda: default),
+        ),
     ]
-    TrainArguments = dataclasses.make_dataclass("TrainArguments", [(n, t, d) for n, t, d in fields],
-                                                frozen=True, kw_only=True)
+    TrainArguments = dataclasses.make_dataclass(
+        "TrainArguments", [(n, t, d) for n, t, d in fields], frozen=True, kw_only=True
+    )
     TrainArguments.__doc__ = "Arguments of `gymllm train`."
     return TrainArguments
 
@@ -95,8 +146,13 @@ def leading_arguments(args: Sequence[str]) -> dict[str, str | None]:
     return found
 
 
-def train_config_from(recipe: str | None, preset: str | None, loss_preset: str | None, run_dir: str | None,
-                      env_kwargs: str | None = None) -> object:
+def train_config_from(
+    recipe: str | None,
+    preset: str | None,
+    loss_preset: str | None,
+    run_dir: str | None,
+    env_kwargs: str | None = None,
+) -> object:
     """The config a recipe, a preset, a loss preset and a run directory give, before the ``--section.field``
     flags: the preset (``preset``, else the recipe's, else ``default``), then the loss preset, then the
     recipe's tables, then ``run_dir``, then ``env_kwargs`` (a JSON object replacing ``env.kwargs``)."""
@@ -108,7 +164,9 @@ def train_config_from(recipe: str | None, preset: str | None, loss_preset: str |
     overrides = load_recipe(recipe) if recipe else {}
     cfg = train_preset(preset or overrides.get("preset") or "default")
     if loss_preset or overrides.get("loss_preset"):
-        cfg = cfg.with_loss(loss_preset or overrides["loss_preset"])  # grpo | dapo | dr_grpo | gspo | async_agentic
+        cfg = cfg.with_loss(
+            loss_preset or overrides["loss_preset"]
+        )  # grpo | dapo | dr_grpo | gspo | async_agentic
     cfg = recipe_tables(overrides, cfg, where=f"recipe {recipe}" if recipe else "")
     if run_dir is not None:
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, run_dir=run_dir))
@@ -120,8 +178,14 @@ def train_config_from(recipe: str | None, preset: str | None, loss_preset: str |
         if not isinstance(kwargs, dict):
             from gymllm.errors import ConfigError, explain
 
-            raise ConfigError(explain("--env-kwargs", expected="a JSON object such as '{\"digits\": 2}'",
-                                      received=env_kwargs, fix="quote the object for your shell"))
+            raise ConfigError(
+                explain(
+                    "--env-kwargs",
+                    expected="a JSON object such as '{\"digits\": 2}'",
+                    received=env_kwargs,
+                    fix="quote the object for your shell",
+                )
+            )
         cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, kwargs=kwargs))
     return cfg
 
@@ -153,11 +217,19 @@ def suite_base(base: object, args: Sequence[str]) -> object:
     for flag in ("--env.id", "--env-kwargs", "--env_kwargs"):
         given = flag_value(args, flag)
         if given is not None:
-            raise ConfigError(explain("gymllm train --env.suite", expected=f"--env.suite S or {flag}, not both",
-                                      received=f"--env.suite {suite} {flag} {given}", fix=f"drop {flag} (the suite "
-                                      "names its envs, with their kwargs) or drop --env.suite"))
+            raise ConfigError(
+                explain(
+                    "gymllm train --env.suite",
+                    expected=f"--env.suite S or {flag}, not both",
+                    received=f"--env.suite {suite} {flag} {given}",
+                    fix=f"drop {flag} (the suite "
+                    "names its envs, with their kwargs) or drop --env.suite",
+                )
+            )
     env = base.env  # type: ignore[attr-defined]
-    return dataclasses.replace(base, env=dataclasses.replace(env, id=DEFAULT_ENV_ID, kwargs={}, suite=suite))
+    return dataclasses.replace(
+        base, env=dataclasses.replace(env, id=DEFAULT_ENV_ID, kwargs={}, suite=suite)
+    )
 
 
 def env_id_base(base: object, args: Sequence[str]) -> object:
@@ -169,8 +241,12 @@ def env_id_base(base: object, args: Sequence[str]) -> object:
 
     env_id = flag_value(args, "--env.id")
     env = base.env  # type: ignore[attr-defined]
-    if env_id is None or env_id == env.id or flag_value(args, "--env-kwargs") is not None \
-            or flag_value(args, "--env_kwargs") is not None:
+    if (
+        env_id is None
+        or env_id == env.id
+        or flag_value(args, "--env-kwargs") is not None
+        or flag_value(args, "--env_kwargs") is not None
+    ):
         return base
     return dataclasses.replace(base, env=dataclasses.replace(env, kwargs={}))
 
@@ -183,7 +259,9 @@ def recipe_sft_stage(recipe: str | None) -> object:
     return None if table is None else sft_stage_from(table)
 
 
-def parse_train_plan(args: Sequence[str], *, description: str | None = None) -> tuple[object, object]:
+def parse_train_plan(
+    args: Sequence[str], *, description: str | None = None
+) -> tuple[object, object]:
     """``(TrainConfig, SFTStage or None)`` of a ``gymllm train`` argv: :func:`parse_train_args`' config and
     the recipe's ``[sft]`` stage (see :func:`gymllm.cli.commands.run_stages`); ``description`` heads ``--help``."""
     from gymllm.errors import ConfigError, explain
@@ -195,13 +273,22 @@ def parse_train_plan(args: Sequence[str], *, description: str | None = None) -> 
     for key, known in (("preset", PRESETS), ("loss_preset", LOSS_PRESETS)):
         if lead[key] not in known:
             lead[key] = None  # tyro's usage error names the choices
-    base = train_config_from(lead["recipe"], lead["preset"], lead["loss_preset"], lead["run_dir"], lead["env_kwargs"])
+    base = train_config_from(
+        lead["recipe"], lead["preset"], lead["loss_preset"], lead["run_dir"], lead["env_kwargs"]
+    )
     base = env_id_base(suite_base(base, args), args)
     parsed = tyro.cli(train_arguments(base), prog=TRAIN_PROG, description=description, args=args)
-    if parsed.recipe != lead["recipe"]:  # a positional the scan could not place (e.g. a recipe that does not exist)
-        raise ConfigError(explain("gymllm train RECIPE", expected="a TOML recipe (a path or a shipped name) or a "
-                                  "run's config.json", received=parsed.recipe, fix="check the path, or give one of "
-                                  "the shipped recipes (gymllm/recipes/*.toml)"))
+    if (
+        parsed.recipe != lead["recipe"]
+    ):  # a positional the scan could not place (e.g. a recipe that does not exist)
+        raise ConfigError(
+            explain(
+                "gymllm train RECIPE",
+                expected="a TOML recipe (a path or a shipped name) or a run's config.json",
+                received=parsed.recipe,
+                fix="check the path, or give one of the shipped recipes (gymllm/recipes/*.toml)",
+            )
+        )
     return parsed.config, recipe_sft_stage(lead["recipe"])
 
 

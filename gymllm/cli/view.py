@@ -30,8 +30,12 @@ def view(
     server = ViewerServer(ViewerConfig(runs=runs, host=host, port=port))
     url = server.start()
     if host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"gymllm view: warning: bound to {host}, so other machines can read these runs' files "
-              "(there is no authentication); --host 127.0.0.1 keeps them local", file=sys.stderr, flush=True)
+        print(
+            f"gymllm view: warning: bound to {host}, so other machines can read these runs' files "
+            "(there is no authentication); --host 127.0.0.1 keeps them local",
+            file=sys.stderr,
+            flush=True,
+        )
     print(f"gymllm view: serving {len(runs)} run(s) at {url} (Ctrl-C stops)", flush=True)
     if open:
         import webbrowser

@@ -54,8 +54,12 @@ def register_all() -> None:
             importlib.import_module(name)
         except Exception as e:  # noqa: BLE001 - isolate one broken env module, report it
             import_errors[name] = e
-            warnings.warn(f"gymllm: env module {name} failed to import ({type(e).__name__}: {e}); its ids are "
-                          "not registered. Fix the module or its dependency.", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"gymllm: env module {name} failed to import ({type(e).__name__}: {e}); its ids are "
+                "not registered. Fix the module or its dependency.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY, cache=False)

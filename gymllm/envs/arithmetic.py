@@ -51,25 +51,47 @@ def evaluate(operands: list[int], ops: list[str]) -> int:
 
 def _positive_int(name: str, value: object, fix: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(explain(f"ArithmeticEnv.{name}", expected="an int >= 1", received=value, fix=fix))
+        raise ConfigError(
+            explain(f"ArithmeticEnv.{name}", expected="an int >= 1", received=value, fix=fix)
+        )
     return value
 
 
 class ArithmeticEnv(TextEnv):
     """Compute an expression of ``num_operands`` integers of up to ``digits`` digits each."""
 
-    def __init__(self, *, digits: int = 3, num_operands: int = 2, ops: str = "+-*", max_attempts: int = 1,
-                 max_turns: int | None = None, render_mode: str | None = None):
+    def __init__(
+        self,
+        *,
+        digits: int = 3,
+        num_operands: int = 2,
+        ops: str = "+-*",
+        max_attempts: int = 1,
+        max_turns: int | None = None,
+        render_mode: str | None = None,
+    ):
         super().__init__(max_turns=max_turns, render_mode=render_mode)
         self.digits = _positive_int("digits", digits, "pass digits=3")
         self.num_operands = _positive_int("num_operands", num_operands, "pass num_operands=2")
         self.max_attempts = _positive_int("max_attempts", max_attempts, "pass max_attempts=1")
         if num_operands < 2:
-            raise ConfigError(explain("ArithmeticEnv.num_operands", expected="an int >= 2", received=num_operands,
-                                      fix="pass num_operands=2"))
+            raise ConfigError(
+                explain(
+                    "ArithmeticEnv.num_operands",
+                    expected="an int >= 2",
+                    received=num_operands,
+                    fix="pass num_operands=2",
+                )
+            )
         if not ops or any(o not in _OPS for o in ops):
-            raise ConfigError(explain("ArithmeticEnv.ops", expected=f"a non-empty string of {''.join(_OPS)}",
-                                      received=ops, fix="pass ops='+-*'"))
+            raise ConfigError(
+                explain(
+                    "ArithmeticEnv.ops",
+                    expected=f"a non-empty string of {''.join(_OPS)}",
+                    received=ops,
+                    fix="pass ops='+-*'",
+                )
+            )
         self.ops = ops
         self._answer = 0
         self._task_id = ""
@@ -94,7 +116,12 @@ class ArithmeticEnv(TextEnv):
         correct = parsed == self._answer
         done = correct or self.turn + 1 >= self.max_attempts
         obs = "Correct." if correct else ("Incorrect." if done else "Incorrect. Try again.")
-        info = {"task_id": self._task_id, "answer": str(self._answer), "parsed": parsed, "correct": correct}
+        info = {
+            "task_id": self._task_id,
+            "answer": str(self._answer),
+            "parsed": parsed,
+            "correct": correct,
+        }
         return obs, 1.0 if correct else 0.0, done, info
 
 

@@ -27,8 +27,10 @@ from gymllm.types import ToolCall
 
 __all__ = ["ArithmeticToolTask", "make_arithmetic_tool"]
 
-_SYSTEM = ("You are a careful math assistant. You may use a calculator by writing\n{example}\n"
-           "Give the final answer as an integer inside \\boxed{{}}.")
+_SYSTEM = (
+    "You are a careful math assistant. You may use a calculator by writing\n{example}\n"
+    "Give the final answer as an integer inside \\boxed{{}}."
+)
 
 
 class ArithmeticToolTask(ArithmeticEnv):
@@ -42,23 +44,44 @@ class ArithmeticToolTask(ArithmeticEnv):
 
     def _reset(self, *, seed, options):
         prompt, info = super()._reset(seed=seed, options=options)
-        return [{"role": "system", "content": self._system}, {"role": "user", "content": prompt}], info
+        return [
+            {"role": "system", "content": self._system},
+            {"role": "user", "content": prompt},
+        ], info
 
     def _step(self, action: str):
         feedback, reward, terminated, info = super()._step(action)
         return [{"role": "user", "content": feedback}], reward, terminated, info
 
 
-def make_arithmetic_tool(*, digits: int = 2, num_operands: int = 2, ops: str = "+-", max_attempts: int = 2,
-                         parser: str = "hermes", max_tool_calls: int = 2, timeout_s: float = 5.0,
-                         max_turns: int | None = None, render_mode: str | None = None):
+def make_arithmetic_tool(
+    *,
+    digits: int = 2,
+    num_operands: int = 2,
+    ops: str = "+-",
+    max_attempts: int = 2,
+    parser: str = "hermes",
+    max_tool_calls: int = 2,
+    timeout_s: float = 5.0,
+    max_turns: int | None = None,
+    render_mode: str | None = None,
+):
     """``ToolUse(ArithmeticToolTask(...), tools=[calculator])``: the registered ``gymllm/ArithmeticTool-v0``."""
     from gymllm.tools import calculator
     from gymllm.wrappers.tool_use import ToolUse
 
-    task = ArithmeticToolTask(digits=digits, num_operands=num_operands, ops=ops, max_attempts=max_attempts,
-                              parser=parser, max_turns=max_turns, render_mode=render_mode)
-    return ToolUse(task, tools=[calculator], parser=parser, max_tool_calls=max_tool_calls, timeout_s=timeout_s)
+    task = ArithmeticToolTask(
+        digits=digits,
+        num_operands=num_operands,
+        ops=ops,
+        max_attempts=max_attempts,
+        parser=parser,
+        max_turns=max_turns,
+        render_mode=render_mode,
+    )
+    return ToolUse(
+        task, tools=[calculator], parser=parser, max_tool_calls=max_tool_calls, timeout_s=timeout_s
+    )
 
 
 register("ArithmeticTool-v0", "gymllm.envs.arithmetic_tool:make_arithmetic_tool")

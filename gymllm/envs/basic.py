@@ -27,15 +27,38 @@ from gymllm.registration import register
 
 __all__ = ["EchoEnv", "LatencyEnv", "AsyncLatencyEnv", "FailingEnv", "lognormal_sigma"]
 
-_WORDS = ("alpha", "beta", "gamma", "delta", "héllo", "naïve", "café", "✓ok", "日本", "Ωmega", "🙂smile", "zeta")
+_WORDS = (
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "héllo",
+    "naïve",
+    "café",
+    "✓ok",
+    "日本",
+    "Ωmega",
+    "🙂smile",
+    "zeta",
+)
 _Z99 = 2.3263478740408408  # standard normal 99th percentile
 
 
 def _positive(cls: str, name: str, value: Any, *, allow_zero: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (value >= 0 if allow_zero else value > 0)
+    ok = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and (value >= 0 if allow_zero else value > 0)
+    )
     if not ok:
-        raise ConfigError(explain(f"{cls}.{name}", expected=f"a number {'>=' if allow_zero else '>'} 0",
-                                  received=value, fix=f"pass {name}=<positive number>"))
+        raise ConfigError(
+            explain(
+                f"{cls}.{name}",
+                expected=f"a number {'>=' if allow_zero else '>'} 0",
+                received=value,
+                fix=f"pass {name}=<positive number>",
+            )
+        )
 
 
 def lognormal_sigma(median_s: float, p99_s: float) -> float:
@@ -46,11 +69,27 @@ def lognormal_sigma(median_s: float, p99_s: float) -> float:
 class EchoEnv(TextEnv):
     """Echoes the action; reward 1.0 when the action equals the word shown."""
 
-    def __init__(self, *, episode_length: int = 3, max_turns: int | None = None, render_mode: str | None = None):
+    def __init__(
+        self,
+        *,
+        episode_length: int = 3,
+        max_turns: int | None = None,
+        render_mode: str | None = None,
+    ):
         super().__init__(max_turns=max_turns, render_mode=render_mode)
-        if isinstance(episode_length, bool) or not isinstance(episode_length, int) or episode_length < 1:
-            raise ConfigError(explain("EchoEnv.episode_length", expected="an int >= 1", received=episode_length,
-                                      fix="pass episode_length=3"))
+        if (
+            isinstance(episode_length, bool)
+            or not isinstance(episode_length, int)
+            or episode_length < 1
+        ):
+            raise ConfigError(
+                explain(
+                    "EchoEnv.episode_length",
+                    expected="an int >= 1",
+                    received=episode_length,
+                    fix="pass episode_length=3",
+                )
+            )
         self.episode_length = episode_length
         self._word = ""
 
@@ -71,10 +110,20 @@ class EchoEnv(TextEnv):
 class LatencyEnv(EchoEnv):
     """Echo with a seeded lognormal delay per step (``time.sleep``)."""
 
-    def __init__(self, *, median_s: float = 0.02, p99_s: float = 0.5, max_s: float | None = None,
-                 reset_latency: bool = False, episode_length: int = 3, max_turns: int | None = None,
-                 render_mode: str | None = None):
-        super().__init__(episode_length=episode_length, max_turns=max_turns, render_mode=render_mode)
+    def __init__(
+        self,
+        *,
+        median_s: float = 0.02,
+        p99_s: float = 0.5,
+        max_s: float | None = None,
+        reset_latency: bool = False,
+        episode_length: int = 3,
+        max_turns: int | None = None,
+        render_mode: str | None = None,
+    ):
+        super().__init__(
+            episode_length=episode_length, max_turns=max_turns, render_mode=render_mode
+        )
         _positive("LatencyEnv", "median_s", median_s, allow_zero=True)
         _positive("LatencyEnv", "p99_s", p99_s, allow_zero=True)
         if max_s is not None:
@@ -131,17 +180,42 @@ class AsyncLatencyEnv(LatencyEnv):
 class FailingEnv(EchoEnv):
     """Raises ``RuntimeError`` (``mode="raise"``) or sleeps ``hang_s`` (``mode="hang"``) at step ``fail_at_step``."""
 
-    metadata = {"render_modes": ["ansi"], "gymllm_skip_check": "fails on purpose (error-path tests)"}
+    metadata = {
+        "render_modes": ["ansi"],
+        "gymllm_skip_check": "fails on purpose (error-path tests)",
+    }
 
-    def __init__(self, *, fail_at_step: int = 1, mode: str = "raise", hang_s: float = 3600.0,
-                 episode_length: int = 3, max_turns: int | None = None, render_mode: str | None = None):
-        super().__init__(episode_length=episode_length, max_turns=max_turns, render_mode=render_mode)
+    def __init__(
+        self,
+        *,
+        fail_at_step: int = 1,
+        mode: str = "raise",
+        hang_s: float = 3600.0,
+        episode_length: int = 3,
+        max_turns: int | None = None,
+        render_mode: str | None = None,
+    ):
+        super().__init__(
+            episode_length=episode_length, max_turns=max_turns, render_mode=render_mode
+        )
         if mode not in ("raise", "hang"):
-            raise ConfigError(explain("FailingEnv.mode", expected="'raise' or 'hang'", received=mode,
-                                      fix="pass mode='raise' or mode='hang'"))
+            raise ConfigError(
+                explain(
+                    "FailingEnv.mode",
+                    expected="'raise' or 'hang'",
+                    received=mode,
+                    fix="pass mode='raise' or mode='hang'",
+                )
+            )
         if isinstance(fail_at_step, bool) or not isinstance(fail_at_step, int) or fail_at_step < 0:
-            raise ConfigError(explain("FailingEnv.fail_at_step", expected="an int >= 0 (0: fail at reset)",
-                                      received=fail_at_step, fix="pass fail_at_step=1"))
+            raise ConfigError(
+                explain(
+                    "FailingEnv.fail_at_step",
+                    expected="an int >= 0 (0: fail at reset)",
+                    received=fail_at_step,
+                    fix="pass fail_at_step=1",
+                )
+            )
         _positive("FailingEnv", "hang_s", hang_s)
         self.fail_at_step, self.mode, self.hang_s = fail_at_step, mode, float(hang_s)
 

@@ -38,32 +38,53 @@ __all__ = ["CalcMathTask", "make_calc_math"]
 
 # (template, answer function); numbers a, b, c, d are drawn with the chosen digits (d: a small count).
 _TEMPLATES: tuple[tuple[str, Callable[..., int]], ...] = (
-    ("A warehouse stores {a} crates with {b} bottles in each crate. It ships {c} bottles. "
-     "How many bottles are left in the warehouse?", lambda a, b, c, d: a * b - c),
-    ("A factory makes {a} bolts per hour for {b} hours and then {c} more bolts. How many bolts does it make?",
-     lambda a, b, c, d: a * b + c),
-    ("A school buys {d} buses for {a} dollars each and {b} desks for {c} dollars each. "
-     "How many dollars does it spend?", lambda a, b, c, d: d * a + b * c),
-    ("A farm harvests {a} kilograms of wheat on each of {d} fields and sells {b} kilograms. "
-     "How many kilograms are left?", lambda a, b, c, d: a * d - b),
+    (
+        "A warehouse stores {a} crates with {b} bottles in each crate. It ships {c} bottles. "
+        "How many bottles are left in the warehouse?",
+        lambda a, b, c, d: a * b - c,
+    ),
+    (
+        "A factory makes {a} bolts per hour for {b} hours and then {c} more bolts. How many bolts does it make?",
+        lambda a, b, c, d: a * b + c,
+    ),
+    (
+        "A school buys {d} buses for {a} dollars each and {b} desks for {c} dollars each. "
+        "How many dollars does it spend?",
+        lambda a, b, c, d: d * a + b * c,
+    ),
+    (
+        "A farm harvests {a} kilograms of wheat on each of {d} fields and sells {b} kilograms. "
+        "How many kilograms are left?",
+        lambda a, b, c, d: a * d - b,
+    ),
     ("Compute {a} * {b} - {c} * {d}.", lambda a, b, c, d: a * b - c * d),
-    ("A stadium has {a} rows of {b} seats. For a game, {c} seats are closed. How many seats are open?",
-     lambda a, b, c, d: a * b - c),
+    (
+        "A stadium has {a} rows of {b} seats. For a game, {c} seats are closed. How many seats are open?",
+        lambda a, b, c, d: a * b - c,
+    ),
 )
 
 # one-operation problems: x >= y are drawn with the chosen digits, d is a one-digit count
 _SIMPLE_TEMPLATES: tuple[tuple[str, Callable[..., int]], ...] = (
     ("A box holds {x} pencils. How many pencils are in {d} boxes?", lambda x, y, d: x * d),
-    ("A shop has {x} apples and gets {y} more. How many apples does it have now?", lambda x, y, d: x + y),
-    ("A library has {x} books and lends out {y} of them. How many books are left?", lambda x, y, d: x - y),
+    (
+        "A shop has {x} apples and gets {y} more. How many apples does it have now?",
+        lambda x, y, d: x + y,
+    ),
+    (
+        "A library has {x} books and lends out {y} of them. How many books are left?",
+        lambda x, y, d: x - y,
+    ),
     ("Compute {x} + {y}.", lambda x, y, d: x + y),
     ("Compute {x} - {y}.", lambda x, y, d: x - y),
     ("Compute {x} * {d}.", lambda x, y, d: x * d),
 )
 
-_SYSTEM = ("You can use a calculator tool for exact arithmetic. To use it, write a tool call like this:\n"
-           "{example}\nYou will get the result back. When you know the answer, reply without a tool call "
-           "and put the final answer as an integer inside \\boxed{{}}.")
+_SYSTEM = (
+    "You can use a calculator tool for exact arithmetic. To use it, write a tool call like this:\n"
+    "{example}\nYou will get the result back. When you know the answer, reply without a tool call "
+    "and put the final answer as an integer inside \\boxed{{}}."
+)
 
 
 class CalcMathTask(TextEnv):
@@ -75,13 +96,26 @@ class CalcMathTask(TextEnv):
         parser: the tool-call format the system prompt shows (the :class:`ToolUse` wrapper parses it).
     """
 
-    def __init__(self, *, digits: int = 4, simple: bool = False, parser: str = "hermes", max_turns: int | None = None,
-                 render_mode: str | None = None):
+    def __init__(
+        self,
+        *,
+        digits: int = 4,
+        simple: bool = False,
+        parser: str = "hermes",
+        max_turns: int | None = None,
+        render_mode: str | None = None,
+    ):
         super().__init__(max_turns=max_turns, render_mode=render_mode)
         lo = 1 if simple else 2
         if isinstance(digits, bool) or not isinstance(digits, int) or not lo <= digits <= 12:
-            raise ConfigError(explain("CalcMathTask.digits", expected=f"an int in [{lo}, 12]", received=digits,
-                                      fix="pass digits=4 (or simple=True for digits=1)"))
+            raise ConfigError(
+                explain(
+                    "CalcMathTask.digits",
+                    expected=f"an int in [{lo}, 12]",
+                    received=digits,
+                    fix="pass digits=4 (or simple=True for digits=1)",
+                )
+            )
         self.digits, self.simple = digits, bool(simple)
         self.observation_space = Chat()
         # the simple problems show a short call (a 135M model copies the example's numbers verbatim)
@@ -101,8 +135,10 @@ class CalcMathTask(TextEnv):
         text, fn = _TEMPLATES[k]
         self.answer = fn(a, b, c, d)
         self._task_id = f"calcmath-{k}-{a}-{b}-{c}-{d}"
-        obs: list[dict[str, Any]] = [{"role": "system", "content": self._system},
-                                     {"role": "user", "content": text.format(a=a, b=b, c=c, d=d)}]
+        obs: list[dict[str, Any]] = [
+            {"role": "system", "content": self._system},
+            {"role": "user", "content": text.format(a=a, b=b, c=c, d=d)},
+        ]
         return obs, {"task_id": self._task_id, "answer": str(self.answer)}
 
     def _reset_simple(self):
@@ -114,8 +150,10 @@ class CalcMathTask(TextEnv):
         text, fn = _SIMPLE_TEMPLATES[k]
         self.answer = fn(x, y, d)
         self._task_id = f"calcmath-simple-{k}-{x}-{y}-{d}"
-        obs: list[dict[str, Any]] = [{"role": "system", "content": self._system},
-                                     {"role": "user", "content": text.format(x=x, y=y, d=d)}]
+        obs: list[dict[str, Any]] = [
+            {"role": "system", "content": self._system},
+            {"role": "user", "content": text.format(x=x, y=y, d=d)},
+        ]
         return obs, {"task_id": self._task_id, "answer": str(self.answer)}
 
     def _step(self, action: str):
@@ -123,18 +161,35 @@ class CalcMathTask(TextEnv):
 
         parsed = extract_answer(action)
         correct = parsed == self.answer
-        info = {"task_id": self._task_id, "answer": str(self.answer), "parsed": parsed, "correct": correct}
+        info = {
+            "task_id": self._task_id,
+            "answer": str(self.answer),
+            "parsed": parsed,
+            "correct": correct,
+        }
         feedback = [{"role": "user", "content": "Correct." if correct else "Incorrect."}]
         return feedback, 1.0 if correct else 0.0, True, info
 
 
-def make_calc_math(*, digits: int = 4, simple: bool = False, parser: str = "hermes", max_tool_calls: int = 6,
-                   timeout_s: float = 5.0, max_turns: int | None = None, render_mode: str | None = None):
+def make_calc_math(
+    *,
+    digits: int = 4,
+    simple: bool = False,
+    parser: str = "hermes",
+    max_tool_calls: int = 6,
+    timeout_s: float = 5.0,
+    max_turns: int | None = None,
+    render_mode: str | None = None,
+):
     """``ToolUse(CalcMathTask(...), tools=[calculator])``: the registered ``gymllm/CalcMath-v0``."""
     from gymllm.wrappers.tool_use import ToolUse
 
-    task = CalcMathTask(digits=digits, simple=simple, parser=parser, max_turns=max_turns, render_mode=render_mode)
-    return ToolUse(task, tools=[calculator], parser=parser, max_tool_calls=max_tool_calls, timeout_s=timeout_s)
+    task = CalcMathTask(
+        digits=digits, simple=simple, parser=parser, max_turns=max_turns, render_mode=render_mode
+    )
+    return ToolUse(
+        task, tools=[calculator], parser=parser, max_tool_calls=max_tool_calls, timeout_s=timeout_s
+    )
 
 
 register("CalcMath-v0", "gymllm.envs.calc_math:make_calc_math")

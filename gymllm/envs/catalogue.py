@@ -46,23 +46,112 @@ from gymllm.registration import register
 
 # reasoning-gym 0.1.25's registry (reasoning_gym.factory.DATASETS), snapshot so import stays cheap.
 REASONING_GYM_DATASETS: tuple[str, ...] = (
-    "ab", "acre", "advanced_geometry", "aiw", "arc_1d", "arc_agi", "base_conversion", "basic_arithmetic", "bf",
-    "binary_alternation", "binary_matrix", "bitwise_arithmetic", "boxnet", "caesar_cipher", "calendar_arithmetic",
-    "chain_sum", "circuit_logic", "codeio", "coin_flip", "color_cube_rotation", "complex_arithmetic", "composite",
-    "count_bits", "count_primes", "countdown", "course_schedule", "cryptarithm", "decimal_arithmetic",
-    "decimal_chain_sum", "dice", "emoji_mystery", "family_relationships", "figlet_font", "fraction_simplification",
-    "futoshiki", "game_of_life", "game_of_life_halting", "gcd", "graph_color", "group_anagrams", "gsm_symbolic",
-    "intermediate_integration", "isomorphic_strings", "jugs", "kakurasu", "knight_swap", "knights_knaves",
-    "largest_island", "lcm", "leg_counting", "letter_counting", "letter_jumble", "list_functions", "mahjong_puzzle",
-    "manipulate_matrix", "maze", "mini_sudoku", "modulo_grid", "n_queens", "needle_haystack", "number_filtering",
-    "number_format", "number_sequence", "number_sorting", "palindrome_generation", "palindrome_partitioning",
-    "path_star", "polynomial_equations", "polynomial_multiplication", "pool_matrix", "power_function",
-    "prime_factorization", "products", "propositional_logic", "puzzle24", "quantum_lock", "ransom_note", "rearc",
-    "rectangle_count", "rotate_matrix", "rotten_oranges", "rubiks_cube", "rush_hour", "self_reference",
-    "sentence_reordering", "shortest_path", "simple_equations", "simple_geometry", "simple_integration", "sokoban",
-    "spell_backward", "spiral_matrix", "string_insertion", "string_manipulation", "string_splitting",
-    "string_synthesis", "sudoku", "survo", "syllogism", "time_intervals", "tower_of_hanoi", "tsumego", "word_ladder",
-    "word_sequence_reversal", "word_sorting", "zebra_puzzles",
+    "ab",
+    "acre",
+    "advanced_geometry",
+    "aiw",
+    "arc_1d",
+    "arc_agi",
+    "base_conversion",
+    "basic_arithmetic",
+    "bf",
+    "binary_alternation",
+    "binary_matrix",
+    "bitwise_arithmetic",
+    "boxnet",
+    "caesar_cipher",
+    "calendar_arithmetic",
+    "chain_sum",
+    "circuit_logic",
+    "codeio",
+    "coin_flip",
+    "color_cube_rotation",
+    "complex_arithmetic",
+    "composite",
+    "count_bits",
+    "count_primes",
+    "countdown",
+    "course_schedule",
+    "cryptarithm",
+    "decimal_arithmetic",
+    "decimal_chain_sum",
+    "dice",
+    "emoji_mystery",
+    "family_relationships",
+    "figlet_font",
+    "fraction_simplification",
+    "futoshiki",
+    "game_of_life",
+    "game_of_life_halting",
+    "gcd",
+    "graph_color",
+    "group_anagrams",
+    "gsm_symbolic",
+    "intermediate_integration",
+    "isomorphic_strings",
+    "jugs",
+    "kakurasu",
+    "knight_swap",
+    "knights_knaves",
+    "largest_island",
+    "lcm",
+    "leg_counting",
+    "letter_counting",
+    "letter_jumble",
+    "list_functions",
+    "mahjong_puzzle",
+    "manipulate_matrix",
+    "maze",
+    "mini_sudoku",
+    "modulo_grid",
+    "n_queens",
+    "needle_haystack",
+    "number_filtering",
+    "number_format",
+    "number_sequence",
+    "number_sorting",
+    "palindrome_generation",
+    "palindrome_partitioning",
+    "path_star",
+    "polynomial_equations",
+    "polynomial_multiplication",
+    "pool_matrix",
+    "power_function",
+    "prime_factorization",
+    "products",
+    "propositional_logic",
+    "puzzle24",
+    "quantum_lock",
+    "ransom_note",
+    "rearc",
+    "rectangle_count",
+    "rotate_matrix",
+    "rotten_oranges",
+    "rubiks_cube",
+    "rush_hour",
+    "self_reference",
+    "sentence_reordering",
+    "shortest_path",
+    "simple_equations",
+    "simple_geometry",
+    "simple_integration",
+    "sokoban",
+    "spell_backward",
+    "spiral_matrix",
+    "string_insertion",
+    "string_manipulation",
+    "string_splitting",
+    "string_synthesis",
+    "sudoku",
+    "survo",
+    "syllogism",
+    "time_intervals",
+    "tower_of_hanoi",
+    "tsumego",
+    "word_ladder",
+    "word_sequence_reversal",
+    "word_sorting",
+    "zebra_puzzles",
 )
 
 
@@ -103,7 +192,9 @@ def import_extra(module: str, package: str):
     """Import ``module`` of the catalogue extra with the global RNGs private (a
     :class:`~gymllm.errors.MissingExtraError` naming ``package`` when it is not installed)."""
     try:
-        with PrivateGlobalRandom(0).active():  # some of these libraries draw from `random` at import time
+        with PrivateGlobalRandom(
+            0
+        ).active():  # some of these libraries draw from `random` at import time
             return __import__(module, fromlist=["_"])
     except ImportError as e:
         raise MissingExtraError(package, "catalogue") from e
@@ -128,28 +219,51 @@ class ReasoningGymConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.dataset, str) or not self.dataset:
-            raise ConfigError(explain("ReasoningGymConfig.dataset", expected="a reasoning-gym dataset name",
-                                      received=self.dataset, fix=f"e.g. {REASONING_GYM_DATASETS[:3]}"))
+            raise ConfigError(
+                explain(
+                    "ReasoningGymConfig.dataset",
+                    expected="a reasoning-gym dataset name",
+                    received=self.dataset,
+                    fix=f"e.g. {REASONING_GYM_DATASETS[:3]}",
+                )
+            )
         for name in ("dataset_size", "dataset_seed"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name == "dataset_size" else 0):
-                raise ConfigError(explain(f"ReasoningGymConfig.{name}", expected="a positive int" if name == "dataset_size"
-                                          else "an int >= 0", received=v, fix=f"pass {name}=1000"))
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, int)
+                or v < (1 if name == "dataset_size" else 0)
+            ):
+                raise ConfigError(
+                    explain(
+                        f"ReasoningGymConfig.{name}",
+                        expected="a positive int" if name == "dataset_size" else "an int >= 0",
+                        received=v,
+                        fix=f"pass {name}=1000",
+                    )
+                )
 
 
 # The mix ``rg-composite-v0`` draws from unless ``dataset_kwargs={"datasets": [...]}`` names its own.
-COMPOSITE_DEFAULT = ({"name": "leg_counting", "weight": 1.0, "config": {}},
-                     {"name": "gcd", "weight": 1.0, "config": {}},
-                     {"name": "basic_arithmetic", "weight": 1.0, "config": {}})
+COMPOSITE_DEFAULT = (
+    {"name": "leg_counting", "weight": 1.0, "config": {}},
+    {"name": "gcd", "weight": 1.0, "config": {}},
+    {"name": "basic_arithmetic", "weight": 1.0, "config": {}},
+)
 
 
 def _composite_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """reasoning-gym's composite dataset wants ``DatasetSpec`` objects; accept plain dicts (loggable)."""
     from reasoning_gym.composite import DatasetSpec
 
-    specs = [s if isinstance(s, DatasetSpec) else DatasetSpec(name=s["name"], weight=float(s.get("weight", 1.0)),
-                                                              config=dict(s.get("config", {})))
-             for s in kwargs.get("datasets", COMPOSITE_DEFAULT)]
+    specs = [
+        s
+        if isinstance(s, DatasetSpec)
+        else DatasetSpec(
+            name=s["name"], weight=float(s.get("weight", 1.0)), config=dict(s.get("config", {}))
+        )
+        for s in kwargs.get("datasets", COMPOSITE_DEFAULT)
+    ]
     return {**kwargs, "datasets": specs}
 
 
@@ -159,7 +273,14 @@ class ReasoningGymEnv(TextEnv):
     ``reset(options={"index": i})`` picks item ``i`` of the pool instead of a random one.
     """
 
-    def __init__(self, dataset: str, *, max_turns: int | None = None, render_mode: str | None = None, **config: Any):
+    def __init__(
+        self,
+        dataset: str,
+        *,
+        max_turns: int | None = None,
+        render_mode: str | None = None,
+        **config: Any,
+    ):
         super().__init__(max_turns=max_turns, render_mode=render_mode)
         self.config = ReasoningGymConfig(dataset=dataset, **config)
         self._rng = PrivateGlobalRandom(self.config.dataset_seed)
@@ -173,11 +294,23 @@ class ReasoningGymEnv(TextEnv):
 
             cfg = self.config
             if cfg.dataset not in DATASETS:
-                raise ConfigError(explain("ReasoningGymEnv.dataset", expected="a dataset of the installed reasoning-gym",
-                                          received=cfg.dataset, fix=f"pick one of {sorted(DATASETS)[:8]}..."))
-            kwargs = _composite_kwargs(cfg.dataset_kwargs) if cfg.dataset == "composite" else cfg.dataset_kwargs
+                raise ConfigError(
+                    explain(
+                        "ReasoningGymEnv.dataset",
+                        expected="a dataset of the installed reasoning-gym",
+                        received=cfg.dataset,
+                        fix=f"pick one of {sorted(DATASETS)[:8]}...",
+                    )
+                )
+            kwargs = (
+                _composite_kwargs(cfg.dataset_kwargs)
+                if cfg.dataset == "composite"
+                else cfg.dataset_kwargs
+            )
             with self._rng.active():
-                self._data = rg.create_dataset(cfg.dataset, seed=cfg.dataset_seed, size=cfg.dataset_size, **kwargs)
+                self._data = rg.create_dataset(
+                    cfg.dataset, seed=cfg.dataset_seed, size=cfg.dataset_size, **kwargs
+                )
         return self._data
 
     def _prompt(self, question: str) -> str:
@@ -191,11 +324,16 @@ class ReasoningGymEnv(TextEnv):
     def _reset(self, *, seed, options):
         data = self.data
         idx = int((options or {}).get("index", self.np_random.integers(len(data))))
-        self._rng.seed(self.config.dataset_seed * 1_000_003 + idx)  # item i is the same whatever came before
+        self._rng.seed(
+            self.config.dataset_seed * 1_000_003 + idx
+        )  # item i is the same whatever came before
         with self._rng.active():
             self._item = data[idx]
-        info = {"task_id": f"rg/{self.config.dataset}/{self.config.dataset_seed}/{idx}",
-                "answer": self._item.get("answer"), "index": idx}
+        info = {
+            "task_id": f"rg/{self.config.dataset}/{self.config.dataset_seed}/{idx}",
+            "answer": self._item.get("answer"),
+            "index": idx,
+        }
         return self._prompt(str(self._item["question"])), info
 
     def extract(self, reply: str) -> str | None:
@@ -214,7 +352,9 @@ class ReasoningGymEnv(TextEnv):
                 score = float(self.data.score_answer(answer=answer, entry=self._item))
         except Exception as e:  # recorded, not hidden: the info says why the score is 0
             score, info["score_error"] = 0.0, f"{type(e).__name__}: {e}"
-        feedback = "Correct." if score >= 1.0 else ("Partially correct." if score > 0 else "Incorrect.")
+        feedback = (
+            "Correct." if score >= 1.0 else ("Partially correct." if score > 0 else "Incorrect.")
+        )
         return feedback, score, True, info
 
 
@@ -227,12 +367,23 @@ def register_reasoning_gym(names: tuple[str, ...] | None = None) -> list[str]:
         names = tuple(sorted(DATASETS))
     ids = []
     for name in names:
-        register(f"rg-{name}-v0", entry_point="gymllm.envs.catalogue:ReasoningGymEnv", kwargs={"dataset": name})
+        register(
+            f"rg-{name}-v0",
+            entry_point="gymllm.envs.catalogue:ReasoningGymEnv",
+            kwargs={"dataset": name},
+        )
         ids.append(f"gymllm/rg-{name}-v0")
     return ids
 
 
 REASONING_GYM_IDS = register_reasoning_gym(REASONING_GYM_DATASETS)
 
-__all__ = ["ReasoningGymEnv", "ReasoningGymConfig", "register_reasoning_gym", "PrivateGlobalRandom", "import_extra",
-           "REASONING_GYM_DATASETS", "REASONING_GYM_IDS"]
+__all__ = [
+    "ReasoningGymEnv",
+    "ReasoningGymConfig",
+    "register_reasoning_gym",
+    "PrivateGlobalRandom",
+    "import_extra",
+    "REASONING_GYM_DATASETS",
+    "REASONING_GYM_IDS",
+]

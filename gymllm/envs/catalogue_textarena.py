@@ -23,18 +23,60 @@ from gymllm.registration import register
 # Left out: games needing an API key or nltk downloads, games that fail to import, and Sokoban-v0-medium
 # (its level generator takes minutes per reset).
 TEXTARENA_SINGLE_PLAYER: tuple[str, ...] = (
-    "2048-v0-ultra-easy-raw", "2048-v0-mega-easy-raw", "2048-v0-super-easy-raw", "2048-v0-very-easy-raw",
-    "2048-v0-easy-raw", "2048-v0-raw", "2048-v0-hard-raw", "2048-v0-very-hard-raw", "2048-v0-extreme-raw",
-    "2048-v0-3x3-raw", "2048-v0-5x5-raw", "2048-v0-6x6-raw", "2048-v0-8x8-raw", "2048-v0-10x10-raw", "Bandit-v0-raw",
-    "Bandit-v0-hard-raw", "Blackjack-v0-raw", "Blackjack-v0-long-raw", "Countdown-v0-raw", "Crosswords-v0-raw",
-    "Crosswords-v0-hardcore-raw", "Cryptarithm-v0-raw", "FifteenPuzzle-v0-raw", "FrozenLake-v0-raw",
-    "FrozenLake-v0-random-raw", "FrozenLake-v0-hardcore-raw", "GuessTheNumber-v0-raw", "GuessTheNumber-v0-hardcore-raw",
-    "LightsOut-v0-raw", "LogicPuzzle-v0-raw", "LogicPuzzle-v0-hard-raw", "Mastermind-v0-raw", "Mastermind-v0-hard-raw",
-    "Mastermind-v0-extreme-raw", "Minesweeper-v0-raw", "Minesweeper-v0-small-raw", "Minesweeper-v0-medium-raw",
-    "Minesweeper-v0-hard-raw", "PegJump-v0-raw", "RushHour-v0-raw", "Secretary-v0-raw", "Secretary-v0-long-raw",
-    "Set-v0-raw", "Slitherlink-v0-raw", "Sokoban-v0-raw", "Sudoku-v0-very-easy-raw",
-    "Sudoku-v0-easy-raw", "Sudoku-v0-raw", "Sudoku-v0-medium-raw", "ThreeCardMonte-v0-raw", "TowerOfHanoi-v0-raw",
-    "TowerOfHanoi-v0-medium-raw", "TowerOfHanoi-v0-hard-raw", "TowerOfHanoi-v0-hardcore-raw",
+    "2048-v0-ultra-easy-raw",
+    "2048-v0-mega-easy-raw",
+    "2048-v0-super-easy-raw",
+    "2048-v0-very-easy-raw",
+    "2048-v0-easy-raw",
+    "2048-v0-raw",
+    "2048-v0-hard-raw",
+    "2048-v0-very-hard-raw",
+    "2048-v0-extreme-raw",
+    "2048-v0-3x3-raw",
+    "2048-v0-5x5-raw",
+    "2048-v0-6x6-raw",
+    "2048-v0-8x8-raw",
+    "2048-v0-10x10-raw",
+    "Bandit-v0-raw",
+    "Bandit-v0-hard-raw",
+    "Blackjack-v0-raw",
+    "Blackjack-v0-long-raw",
+    "Countdown-v0-raw",
+    "Crosswords-v0-raw",
+    "Crosswords-v0-hardcore-raw",
+    "Cryptarithm-v0-raw",
+    "FifteenPuzzle-v0-raw",
+    "FrozenLake-v0-raw",
+    "FrozenLake-v0-random-raw",
+    "FrozenLake-v0-hardcore-raw",
+    "GuessTheNumber-v0-raw",
+    "GuessTheNumber-v0-hardcore-raw",
+    "LightsOut-v0-raw",
+    "LogicPuzzle-v0-raw",
+    "LogicPuzzle-v0-hard-raw",
+    "Mastermind-v0-raw",
+    "Mastermind-v0-hard-raw",
+    "Mastermind-v0-extreme-raw",
+    "Minesweeper-v0-raw",
+    "Minesweeper-v0-small-raw",
+    "Minesweeper-v0-medium-raw",
+    "Minesweeper-v0-hard-raw",
+    "PegJump-v0-raw",
+    "RushHour-v0-raw",
+    "Secretary-v0-raw",
+    "Secretary-v0-long-raw",
+    "Set-v0-raw",
+    "Slitherlink-v0-raw",
+    "Sokoban-v0-raw",
+    "Sudoku-v0-very-easy-raw",
+    "Sudoku-v0-easy-raw",
+    "Sudoku-v0-raw",
+    "Sudoku-v0-medium-raw",
+    "ThreeCardMonte-v0-raw",
+    "TowerOfHanoi-v0-raw",
+    "TowerOfHanoi-v0-medium-raw",
+    "TowerOfHanoi-v0-hard-raw",
+    "TowerOfHanoi-v0-hardcore-raw",
     "TowerOfHanoi-v0-extreme-raw",
 )
 
@@ -121,7 +163,9 @@ def _textarena_aec_class():
     class TextArenaAEC(AECEnv):
         """A TextArena game as a PettingZoo AEC env (see :func:`textarena_env`)."""
 
-        def __init__(self, env_id: str, *, num_players: int | None = None, default_num_players: int = 2):
+        def __init__(
+            self, env_id: str, *, num_players: int | None = None, default_num_players: int = 2
+        ):
             super().__init__()
             ta = import_extra("textarena", "textarena")
             self.env_id = env_id
@@ -129,10 +173,16 @@ def _textarena_aec_class():
                 self.ta = ta.make(env_id)
             self.num_players_ = num_players or self._probe_players(default_num_players)
             self.possible_agents = [f"player_{i}" for i in range(self.num_players_)]
-            self.metadata = {"name": f"textarena_{env_id}", "render_modes": ["ansi"], "is_parallelizable": False}
+            self.metadata = {
+                "name": f"textarena_{env_id}",
+                "render_modes": ["ansi"],
+                "is_parallelizable": False,
+            }
             self.render_mode = None
             self._rng = PrivateGlobalRandom(0)
-            self._obs_spaces = {a: gspaces.Dict({"observation": Text()}) for a in self.possible_agents}
+            self._obs_spaces = {
+                a: gspaces.Dict({"observation": Text()}) for a in self.possible_agents
+            }
             self._act_spaces = {a: Text(max_length=1 << 16) for a in self.possible_agents}
             self._seed_rng = np.random.default_rng()
 
@@ -144,8 +194,14 @@ def _textarena_aec_class():
                     return n
                 except (AssertionError, ValueError, TypeError):
                     continue
-            raise ConfigError(explain(f"textarena_env({self.env_id!r})", expected="a game that resets with 1-6 players",
-                                      received="none worked", fix="pass num_players="))
+            raise ConfigError(
+                explain(
+                    f"textarena_env({self.env_id!r})",
+                    expected="a game that resets with 1-6 players",
+                    received="none worked",
+                    fix="pass num_players=",
+                )
+            )
 
         def observation_space(self, agent):
             return self._obs_spaces[agent]
@@ -180,7 +236,9 @@ def _textarena_aec_class():
                     self.rewards[a] = reward
                     self.terminations[a] = True
                     gi = (game_info or {}).get(pid, {})
-                    self.infos[a] = {k: v for k, v in gi.items() if isinstance(v, (str, int, float, bool))}
+                    self.infos[a] = {
+                        k: v for k, v in gi.items() if isinstance(v, (str, int, float, bool))
+                    }
                     if bad is not None:
                         self.infos[a]["textarena_bad_reward"] = bad
                     self._texts[a] = f"The game is over. {gi.get('reason', '')}".strip()
@@ -200,19 +258,33 @@ def _textarena_aec_class():
 
 def ta_gym_id(ta_id: str) -> str:
     """``"Sudoku-v0-easy-raw"`` -> ``"ta-Sudoku-easy-v0"`` (a valid Gymnasium id)."""
-    m = re.fullmatch(r"(?P<name>.+?)-v(?P<ver>\d+)(?P<variant>(?:-[\w.]+)*)", ta_id.removesuffix("-raw"))
+    m = re.fullmatch(
+        r"(?P<name>.+?)-v(?P<ver>\d+)(?P<variant>(?:-[\w.]+)*)", ta_id.removesuffix("-raw")
+    )
     if m is None:
-        raise ConfigError(explain("TextArena id", expected="'<Name>-v<N>[-variant][-raw]'", received=ta_id,
-                                  fix="pass an id from textarena's registry"))
+        raise ConfigError(
+            explain(
+                "TextArena id",
+                expected="'<Name>-v<N>[-variant][-raw]'",
+                received=ta_id,
+                fix="pass an id from textarena's registry",
+            )
+        )
     return f"ta-{m['name']}{m['variant']}-v{m['ver']}"
 
 
-def make_textarena_single(*, ta_id: str, max_turns: int | None = None, render_mode: str | None = None):
+def make_textarena_single(
+    *, ta_id: str, max_turns: int | None = None, render_mode: str | None = None
+):
     """Entry point of the ``gymllm/ta-*`` ids: the single seat of a one-player TextArena game."""
     from gymllm.multiagent import SingleAgentView
 
-    return SingleAgentView(textarena_env(ta_id, num_players=1), learner="player_0", max_turns=max_turns,
-                           render_mode=render_mode)
+    return SingleAgentView(
+        textarena_env(ta_id, num_players=1),
+        learner="player_0",
+        max_turns=max_turns,
+        render_mode=render_mode,
+    )
 
 
 def register_textarena(ta_ids: tuple[str, ...] = TEXTARENA_SINGLE_PLAYER) -> list[str]:
@@ -220,7 +292,11 @@ def register_textarena(ta_ids: tuple[str, ...] = TEXTARENA_SINGLE_PLAYER) -> lis
     ids = []
     for ta_id in ta_ids:
         gid = ta_gym_id(ta_id)
-        register(gid, entry_point="gymllm.envs.catalogue_textarena:make_textarena_single", kwargs={"ta_id": ta_id})
+        register(
+            gid,
+            entry_point="gymllm.envs.catalogue_textarena:make_textarena_single",
+            kwargs={"ta_id": ta_id},
+        )
         ids.append(f"gymllm/{gid}")
     return ids
 
@@ -231,5 +307,15 @@ TEXTARENA_IDS = register_textarena()
 register("ta-KuhnPoker-v0", entry_point="gymllm.envs.kuhn_poker:make_kuhn_poker_seat")
 KUHN_POKER_ID = "gymllm/ta-KuhnPoker-v0"
 
-__all__ = ["textarena_env", "register_textarena", "format_textarena_observation", "ta_gym_id", "textarena_pull",
-           "textarena_reset", "make_textarena_single", "TEXTARENA_SINGLE_PLAYER", "TEXTARENA_IDS", "KUHN_POKER_ID"]
+__all__ = [
+    "textarena_env",
+    "register_textarena",
+    "format_textarena_observation",
+    "ta_gym_id",
+    "textarena_pull",
+    "textarena_reset",
+    "make_textarena_single",
+    "TEXTARENA_SINGLE_PLAYER",
+    "TEXTARENA_IDS",
+    "KUHN_POKER_ID",
+]

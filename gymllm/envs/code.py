@@ -53,7 +53,9 @@ def _ints(rng, n_lo=0, n_hi=12, lo=-50, hi=50) -> list[int]:
 
 
 def _word(rng, lo=1, hi=8, alphabet="abcdefghij") -> str:
-    return "".join(alphabet[int(i)] for i in rng.integers(len(alphabet), size=int(rng.integers(lo, hi))))
+    return "".join(
+        alphabet[int(i)] for i in rng.integers(len(alphabet), size=int(rng.integers(lo, hi)))
+    )
 
 
 def _rle(s: str) -> str:
@@ -68,7 +70,7 @@ def _rle(s: str) -> str:
 
 
 def _max_window(xs: list[int], k: int) -> int | None:
-    return max(sum(xs[i:i + k]) for i in range(len(xs) - k + 1)) if len(xs) >= k else None
+    return max(sum(xs[i : i + k]) for i in range(len(xs) - k + 1)) if len(xs) >= k else None
 
 
 def _caesar(s: str, k: int) -> str:
@@ -76,32 +78,72 @@ def _caesar(s: str, k: int) -> str:
 
 
 TASKS: tuple[CodeTask, ...] = (
-    CodeTask("sum_multiples", "def sum_multiples(xs: list[int]) -> int:",
-             "Return the sum of the elements of xs that are divisible by {k}.",
-             lambda k: lambda xs: sum(x for x in xs if x % k == 0), lambda r, k: (_ints(r),), (2, 9)),
-    CodeTask("count_above", "def count_above(xs: list[int]) -> int:",
-             "Return how many elements of xs are strictly greater than {k}.",
-             lambda k: lambda xs: sum(1 for x in xs if x > k), lambda r, k: (_ints(r),), (-10, 10)),
-    CodeTask("rotate", "def rotate(xs: list[int]) -> list[int]:",
-             "Return xs rotated left by {k} positions (wrapping around; an empty list stays empty).",
-             lambda k: lambda xs: xs[k % len(xs):] + xs[:k % len(xs)] if xs else [], lambda r, k: (_ints(r),), (1, 5)),
-    CodeTask("caesar", "def caesar(s: str) -> str:",
-             "Shift every lowercase letter of s forward by {k} places in the alphabet (z wraps to a); "
-             "keep other characters.",
-             lambda k: lambda s: _caesar(s, k), lambda r, k: (_word(r, 0, 12, "abcxyz -!q"),), (1, 25)),
-    CodeTask("run_length", "def run_length(s: str) -> str:",
-             "Return the run-length encoding of s: each run of a repeated character as the character "
-             "followed by the run length, e.g. 'aaab' -> 'a3b1'. The empty string gives ''.",
-             lambda k: _rle, lambda r, k: (_word(r, 0, 12, "aab"),), (0, 0)),
-    CodeTask("max_window", "def max_window(xs: list[int]):",
-             "Return the largest sum of {k} consecutive elements of xs, or None if xs has fewer than {k} elements.",
-             lambda k: lambda xs: _max_window(xs, k), lambda r, k: (_ints(r),), (1, 4)),
-    CodeTask("dedupe", "def dedupe(xs: list[int]) -> list[int]:",
-             "Return xs without repeated values, keeping the first occurrence of each and the order.",
-             lambda k: lambda xs: list(dict.fromkeys(xs)), lambda r, k: (_ints(r, lo=0, hi=6),), (0, 0)),
-    CodeTask("digit_power_sum", "def digit_power_sum(n: int) -> int:",
-             "Return the sum of the {k}-th powers of the decimal digits of the non-negative integer n.",
-             lambda k: lambda n: sum(int(d) ** k for d in str(n)), lambda r, k: (int(r.integers(0, 10**6)),), (1, 4)),
+    CodeTask(
+        "sum_multiples",
+        "def sum_multiples(xs: list[int]) -> int:",
+        "Return the sum of the elements of xs that are divisible by {k}.",
+        lambda k: lambda xs: sum(x for x in xs if x % k == 0),
+        lambda r, k: (_ints(r),),
+        (2, 9),
+    ),
+    CodeTask(
+        "count_above",
+        "def count_above(xs: list[int]) -> int:",
+        "Return how many elements of xs are strictly greater than {k}.",
+        lambda k: lambda xs: sum(1 for x in xs if x > k),
+        lambda r, k: (_ints(r),),
+        (-10, 10),
+    ),
+    CodeTask(
+        "rotate",
+        "def rotate(xs: list[int]) -> list[int]:",
+        "Return xs rotated left by {k} positions (wrapping around; an empty list stays empty).",
+        lambda k: lambda xs: xs[k % len(xs) :] + xs[: k % len(xs)] if xs else [],
+        lambda r, k: (_ints(r),),
+        (1, 5),
+    ),
+    CodeTask(
+        "caesar",
+        "def caesar(s: str) -> str:",
+        "Shift every lowercase letter of s forward by {k} places in the alphabet (z wraps to a); "
+        "keep other characters.",
+        lambda k: lambda s: _caesar(s, k),
+        lambda r, k: (_word(r, 0, 12, "abcxyz -!q"),),
+        (1, 25),
+    ),
+    CodeTask(
+        "run_length",
+        "def run_length(s: str) -> str:",
+        "Return the run-length encoding of s: each run of a repeated character as the character "
+        "followed by the run length, e.g. 'aaab' -> 'a3b1'. The empty string gives ''.",
+        lambda k: _rle,
+        lambda r, k: (_word(r, 0, 12, "aab"),),
+        (0, 0),
+    ),
+    CodeTask(
+        "max_window",
+        "def max_window(xs: list[int]):",
+        "Return the largest sum of {k} consecutive elements of xs, or None if xs has fewer than {k} elements.",
+        lambda k: lambda xs: _max_window(xs, k),
+        lambda r, k: (_ints(r),),
+        (1, 4),
+    ),
+    CodeTask(
+        "dedupe",
+        "def dedupe(xs: list[int]) -> list[int]:",
+        "Return xs without repeated values, keeping the first occurrence of each and the order.",
+        lambda k: lambda xs: list(dict.fromkeys(xs)),
+        lambda r, k: (_ints(r, lo=0, hi=6),),
+        (0, 0),
+    ),
+    CodeTask(
+        "digit_power_sum",
+        "def digit_power_sum(n: int) -> int:",
+        "Return the sum of the {k}-th powers of the decimal digits of the non-negative integer n.",
+        lambda k: lambda n: sum(int(d) ** k for d in str(n)),
+        lambda r, k: (int(r.integers(0, 10**6)),),
+        (1, 4),
+    ),
 )
 
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
@@ -137,21 +179,35 @@ def extract_code(reply: str) -> str:
 
 
 def _normalize(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=repr))  # tuples -> lists, as the harness reports them
+    return json.loads(
+        json.dumps(value, default=repr)
+    )  # tuples -> lists, as the harness reports them
 
 
-def run_tests(sandbox: Sandbox, source: str, name: str, cases: list[tuple], expected: list[Any],
-              timeout_s: float | None = None) -> dict[str, Any]:
+def run_tests(
+    sandbox: Sandbox,
+    source: str,
+    name: str,
+    cases: list[tuple],
+    expected: list[Any],
+    timeout_s: float | None = None,
+) -> dict[str, Any]:
     """Run ``name(*case)`` for every case in the sandbox; ``{"passed", "total", "error", "first_failure"}``."""
     mark = f"@@result-{secrets.token_hex(8)}@@"
-    harness = _HARNESS.format(cases=json.dumps([list(c) for c in cases]), mark=mark, source=source, name=name)
+    harness = _HARNESS.format(
+        cases=json.dumps([list(c) for c in cases]), mark=mark, source=source, name=name
+    )
     res = sandbox.run_python(harness, timeout_s=timeout_s)
     out = {"passed": 0, "total": len(cases), "error": None, "first_failure": None}
     line = next((ln for ln in reversed(res.stdout.splitlines()) if ln.startswith(mark)), None)
     if res.timed_out or line is None:
-        out["error"] = "timed out" if res.timed_out else (res.stderr.strip()[-500:] or "no result (did it exit?)")
+        out["error"] = (
+            "timed out"
+            if res.timed_out
+            else (res.stderr.strip()[-500:] or "no result (did it exit?)")
+        )
         return out
-    report = json.loads(line[len(mark):])
+    report = json.loads(line[len(mark) :])
     if "error" in report:
         out["error"] = report["error"]
         return out
@@ -159,7 +215,11 @@ def run_tests(sandbox: Sandbox, source: str, name: str, cases: list[tuple], expe
         ok = "value" in got and got["value"] == _normalize(want)
         out["passed"] += ok
         if not ok and out["first_failure"] is None:
-            out["first_failure"] = {"args": list(case), "expected": want, "got": got.get("value", got.get("error"))}
+            out["first_failure"] = {
+                "args": list(case),
+                "expected": want,
+                "got": got.get("value", got.get("error")),
+            }
     return out
 
 
@@ -169,8 +229,14 @@ def _select_tasks(names: Sequence[str] | None) -> tuple[CodeTask, ...]:
         return TASKS
     unknown = [n for n in names if n not in by_name] if not isinstance(names, str) else [names]
     if unknown or not names:
-        raise ConfigError(explain("CodeEnv.tasks", expected=f"a non-empty list of {sorted(by_name)}", received=names,
-                                  fix='e.g. tasks=["count_above", "sum_multiples"], or None for all'))
+        raise ConfigError(
+            explain(
+                "CodeEnv.tasks",
+                expected=f"a non-empty list of {sorted(by_name)}",
+                received=names,
+                fix='e.g. tasks=["count_above", "sum_multiples"], or None for all',
+            )
+        )
     return tuple(by_name[n] for n in names)
 
 
@@ -185,16 +251,34 @@ class CodeEnv(TextEnv):
         sandbox: limits for running candidate code (default 5 s, 256 MB).
     """
 
-    def __init__(self, *, num_tests: int = 8, partial_credit: bool = False, tasks: Sequence[str] | None = None,
-                 max_attempts: int = 1, sandbox: SandboxConfig | None = None, max_turns: int | None = None,
-                 render_mode: str | None = None):
+    def __init__(
+        self,
+        *,
+        num_tests: int = 8,
+        partial_credit: bool = False,
+        tasks: Sequence[str] | None = None,
+        max_attempts: int = 1,
+        sandbox: SandboxConfig | None = None,
+        max_turns: int | None = None,
+        render_mode: str | None = None,
+    ):
         super().__init__(max_turns=max_turns, render_mode=render_mode)
         self.tasks = _select_tasks(tasks)
         for name, value in (("num_tests", num_tests), ("max_attempts", max_attempts)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(explain(f"CodeEnv.{name}", expected="an int >= 1", received=value,
-                                          fix=f"pass {name}= a positive int"))
-        self.num_tests, self.partial_credit, self.max_attempts = num_tests, bool(partial_credit), max_attempts
+                raise ConfigError(
+                    explain(
+                        f"CodeEnv.{name}",
+                        expected="an int >= 1",
+                        received=value,
+                        fix=f"pass {name}= a positive int",
+                    )
+                )
+        self.num_tests, self.partial_credit, self.max_attempts = (
+            num_tests,
+            bool(partial_credit),
+            max_attempts,
+        )
         self.sandbox_config = sandbox or SandboxConfig(timeout_s=5.0, memory_mb=256)
         self._sandbox: Sandbox | None = None
         self.task: CodeTask | None = None
@@ -207,13 +291,17 @@ class CodeEnv(TextEnv):
         fn = self.task.reference(self.k)
         self.cases = [self.task.inputs(rng, self.k) for _ in range(self.num_tests + 2)]
         self.expected = [fn(*c) for c in self.cases]
-        examples = "\n".join(f"    {self.task.name}({', '.join(map(repr, c))}) == {e!r}"
-                             for c, e in zip(self.cases[:2], self.expected[:2]))
+        examples = "\n".join(
+            f"    {self.task.name}({', '.join(map(repr, c))}) == {e!r}"
+            for c, e in zip(self.cases[:2], self.expected[:2])
+        )
         self.cases, self.expected = self.cases[2:], self.expected[2:]
         self._task_id = f"code-{self.task.name}-{self.k}"
-        prompt = (f"Write a Python function:\n\n    {self.task.signature}\n\n"
-                  f"{self.task.description.format(k=self.k)}\n\nExamples:\n{examples}\n\n"
-                  "Reply with the complete function in a ```python code block.")
+        prompt = (
+            f"Write a Python function:\n\n    {self.task.signature}\n\n"
+            f"{self.task.description.format(k=self.k)}\n\nExamples:\n{examples}\n\n"
+            "Reply with the complete function in a ```python code block."
+        )
         return prompt, {"task_id": self._task_id}
 
     def _sb(self) -> Sandbox:
@@ -222,7 +310,9 @@ class CodeEnv(TextEnv):
         return self._sandbox
 
     def _step(self, action: str):
-        result = run_tests(self._sb(), extract_code(action), self.task.name, self.cases, self.expected)
+        result = run_tests(
+            self._sb(), extract_code(action), self.task.name, self.cases, self.expected
+        )
         passed, total = result["passed"], result["total"]
         all_pass = passed == total
         reward = passed / total if self.partial_credit else float(all_pass)
@@ -233,12 +323,19 @@ class CodeEnv(TextEnv):
             obs = f"Your code failed: {result['error']}"
         else:
             f = result["first_failure"]
-            obs = (f"{passed}/{total} tests passed. For example {self.task.name}"
-                   f"({', '.join(map(repr, f['args']))}) should be {f['expected']!r}, got {f['got']!r}.")
+            obs = (
+                f"{passed}/{total} tests passed. For example {self.task.name}"
+                f"({', '.join(map(repr, f['args']))}) should be {f['expected']!r}, got {f['got']!r}."
+            )
         if not done:
             obs += " Try again."
-        info = {"task_id": self._task_id, "passed": passed, "total": total, "error": result["error"],
-                "correct": all_pass}
+        info = {
+            "task_id": self._task_id,
+            "passed": passed,
+            "total": total,
+            "error": result["error"],
+            "correct": all_pass,
+        }
         return obs, reward, done, info
 
     def close(self) -> None:

@@ -29,8 +29,12 @@ _SMALL = tuple(range(1, 11))
 _LARGE = (25, 50, 75, 100)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _EXPR_LINE = re.compile(r"^[\d\s+\-*/×÷()]+$")
-_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-        ast.Div: lambda a, b: a / b}
+_OPS = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.Div: lambda a, b: a / b,
+}
 
 
 def evaluate_countdown(expr: str) -> tuple[Fraction, list[int]]:
@@ -45,7 +49,11 @@ def evaluate_countdown(expr: str) -> tuple[Fraction, list[int]]:
     used: list[int] = []
 
     def walk(node: ast.AST) -> Fraction:
-        if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, int)
+            and not isinstance(node.value, bool)
+        ):
             used.append(node.value)
             return Fraction(node.value)
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
@@ -53,7 +61,9 @@ def evaluate_countdown(expr: str) -> tuple[Fraction, list[int]]:
             if isinstance(node.op, ast.Div) and b == 0:
                 raise ValueError("division by zero")
             return _OPS[type(node.op)](a, b)
-        raise ValueError(f"only integers, + - * / and parentheses are allowed, not {type(node).__name__}")
+        raise ValueError(
+            f"only integers, + - * / and parentheses are allowed, not {type(node).__name__}"
+        )
 
     try:
         return walk(tree.body), used
@@ -87,16 +97,29 @@ def extract_expression(reply: str) -> str | None:
 
 def _int_arg(name: str, value: object, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ConfigError(explain(f"CountdownEnv.{name}", expected=f"an int in [{low}, {high}]", received=value,
-                                  fix=f"pass {name}= a value in that range"))
+        raise ConfigError(
+            explain(
+                f"CountdownEnv.{name}",
+                expected=f"an int in [{low}, {high}]",
+                received=value,
+                fix=f"pass {name}= a value in that range",
+            )
+        )
     return value
 
 
 class CountdownEnv(TextEnv):
     """Make ``target`` from ``num_numbers`` numbers with + - * / (each number at most once)."""
 
-    def __init__(self, *, num_numbers: int = 4, max_target: int = 999, max_attempts: int = 1,
-                 max_turns: int | None = None, render_mode: str | None = None):
+    def __init__(
+        self,
+        *,
+        num_numbers: int = 4,
+        max_target: int = 999,
+        max_attempts: int = 1,
+        max_turns: int | None = None,
+        render_mode: str | None = None,
+    ):
         super().__init__(max_turns=max_turns, render_mode=render_mode)
         self.num_numbers = _int_arg("num_numbers", num_numbers, 2, 8)
         self.max_target = _int_arg("max_target", max_target, 10, 10**6)
@@ -126,7 +149,11 @@ class CountdownEnv(TextEnv):
                 options.append(("/", value // x))
             op, value = options[int(rng.integers(len(options)))]
             text = f"({text} {op} {x})"
-        return (value, text[1:-1] if text.startswith("(") else text) if 10 <= value <= self.max_target else None
+        return (
+            (value, text[1:-1] if text.startswith("(") else text)
+            if 10 <= value <= self.max_target
+            else None
+        )
 
     def _reset(self, *, seed, options):
         for _ in range(100):
@@ -138,23 +165,37 @@ class CountdownEnv(TextEnv):
             made = (sum(self.numbers), " + ".join(map(str, self.numbers)))
         self.target, self._solution = made
         self._task_id = f"countdown-{'-'.join(map(str, self.numbers))}-{self.target}"
-        prompt = (f"Using the numbers {self.numbers}, create an expression that equals {self.target}. "
-                  "You may use + - * / and parentheses, and each number at most once. "
-                  "Show your work, then give only the expression inside <answer></answer>, "
-                  "for example <answer>(1 + 2) * 3</answer>.")
-        return prompt, {"task_id": self._task_id, "answer": str(self.target), "numbers": list(self.numbers)}
+        prompt = (
+            f"Using the numbers {self.numbers}, create an expression that equals {self.target}. "
+            "You may use + - * / and parentheses, and each number at most once. "
+            "Show your work, then give only the expression inside <answer></answer>, "
+            "for example <answer>(1 + 2) * 3</answer>."
+        )
+        return prompt, {
+            "task_id": self._task_id,
+            "answer": str(self.target),
+            "numbers": list(self.numbers),
+        }
 
     def _step(self, action: str):
         expr = extract_expression(action)
         reason = "unparsable" if expr is None else check_countdown(expr, self.numbers, self.target)
         correct = reason == "correct"
         done = correct or self.turn + 1 >= self.max_attempts
-        feedback = {"correct": "Correct.", "wrong_value": f"That does not equal {self.target}.",
-                    "bad_numbers": f"Use only the numbers {self.numbers}, each at most once.",
-                    "unparsable": "I could not read an expression inside <answer></answer>."}[reason]
+        feedback = {
+            "correct": "Correct.",
+            "wrong_value": f"That does not equal {self.target}.",
+            "bad_numbers": f"Use only the numbers {self.numbers}, each at most once.",
+            "unparsable": "I could not read an expression inside <answer></answer>.",
+        }[reason]
         obs = feedback if done else feedback + " Try again."
-        info = {"task_id": self._task_id, "answer": str(self.target), "expression": expr, "reason": reason,
-                "correct": correct}
+        info = {
+            "task_id": self._task_id,
+            "answer": str(self.target),
+            "expression": expr,
+            "reason": reason,
+            "correct": correct,
+        }
         return obs, 1.0 if correct else 0.0, done, info
 
 

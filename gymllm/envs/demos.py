@@ -51,8 +51,18 @@ from gymllm.envs import demos_solvers as solvers
 from gymllm.errors import ConfigError, explain
 from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 
-__all__ = ["SOLVERS", "Solver", "DemoConfig", "demonstrations", "play_demo", "write_demos",
-           "read_demos", "initial_messages", "observation_messages", "supported_ids"]
+__all__ = [
+    "SOLVERS",
+    "Solver",
+    "DemoConfig",
+    "demonstrations",
+    "play_demo",
+    "write_demos",
+    "read_demos",
+    "initial_messages",
+    "observation_messages",
+    "supported_ids",
+]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -83,8 +93,11 @@ SOLVERS: dict[str, Solver] = {
     "gymllm/ArithmeticTool-v0": Solver(make_policy=solvers.calculator_solver, **_SOLVED),
     "gymllm/CalcMath-v0": Solver(make_policy=solvers.calculator_solver, **_SOLVED),
     # chance decides a hand, so every hand is kept: filtering on the result would skew the mixed strategy
-    "gymllm/ta-KuhnPoker-v0": Solver(make_policy=solvers.kuhn_poker_solver, min_reward=-math.inf,
-                                     kept="every hand (the equilibrium strategy; keeping only won hands would skew it)"),
+    "gymllm/ta-KuhnPoker-v0": Solver(
+        make_policy=solvers.kuhn_poker_solver,
+        min_reward=-math.inf,
+        kept="every hand (the equilibrium strategy; keeping only won hands would skew it)",
+    ),
 }
 
 
@@ -112,28 +125,63 @@ class DemoConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.env_id, str) or _full(self.env_id) not in SOLVERS:
-            raise ConfigError(explain("demonstrations(env_id)", expected=f"an env with a solver: {', '.join(supported_ids())}",
-                                      received=self.env_id, fix="pick one of those ids (`gymllm envs` lists every env)"))
+            raise ConfigError(
+                explain(
+                    "demonstrations(env_id)",
+                    expected=f"an env with a solver: {', '.join(supported_ids())}",
+                    received=self.env_id,
+                    fix="pick one of those ids (`gymllm envs` lists every env)",
+                )
+            )
         object.__setattr__(self, "env_id", _full(self.env_id))
         for name, lo in (("n", 1), ("seed", 0)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise ConfigError(explain(f"demonstrations({name})", expected=f"an int >= {lo}", received=v,
-                                          fix=f"pass {name}={lo}" if name == "n" else "pass seed=0"))
+                raise ConfigError(
+                    explain(
+                        f"demonstrations({name})",
+                        expected=f"an int >= {lo}",
+                        received=v,
+                        fix=f"pass {name}={lo}" if name == "n" else "pass seed=0",
+                    )
+                )
         if self.seed + self.n > HELD_OUT_SEED_BASE:
-            raise ConfigError(explain(
-                "demonstrations(seed, n)", expected=f"seed + n <= {HELD_OUT_SEED_BASE} (demos use seeds seed .. seed + n - 1; "
-                f"held-out evaluation uses seeds from {HELD_OUT_SEED_BASE} up)", received=f"seed={self.seed}, n={self.n}",
-                fix=f"lower seed or n (e.g. seed=0, n={min(self.n, HELD_OUT_SEED_BASE)})"))
+            raise ConfigError(
+                explain(
+                    "demonstrations(seed, n)",
+                    expected=f"seed + n <= {HELD_OUT_SEED_BASE} (demos use seeds seed .. seed + n - 1; "
+                    f"held-out evaluation uses seeds from {HELD_OUT_SEED_BASE} up)",
+                    received=f"seed={self.seed}, n={self.n}",
+                    fix=f"lower seed or n (e.g. seed=0, n={min(self.n, HELD_OUT_SEED_BASE)})",
+                )
+            )
         if not isinstance(self.env_kwargs, dict):
-            raise ConfigError(explain("demonstrations(env_kwargs)", expected="a dict of env constructor arguments",
-                                      received=self.env_kwargs, fix="e.g. env_kwargs={'digits': 1}"))
+            raise ConfigError(
+                explain(
+                    "demonstrations(env_kwargs)",
+                    expected="a dict of env constructor arguments",
+                    received=self.env_kwargs,
+                    fix="e.g. env_kwargs={'digits': 1}",
+                )
+            )
         if not isinstance(self.system_prompt, str):
-            raise ConfigError(explain("demonstrations(system_prompt)", expected="a str", received=self.system_prompt,
-                                      fix='pass system_prompt="" for none'))
+            raise ConfigError(
+                explain(
+                    "demonstrations(system_prompt)",
+                    expected="a str",
+                    received=self.system_prompt,
+                    fix='pass system_prompt="" for none',
+                )
+            )
         if self.agent not in ("tool", "model"):
-            raise ConfigError(explain("demonstrations(agent)", expected="'tool' or 'model'", received=self.agent,
-                                      fix="agent='tool' writes the env's tool schemas, 'model' leaves them out"))
+            raise ConfigError(
+                explain(
+                    "demonstrations(agent)",
+                    expected="'tool' or 'model'",
+                    received=self.agent,
+                    fix="agent='tool' writes the env's tool schemas, 'model' leaves them out",
+                )
+            )
 
 
 # ------------------------------------------------------------------------------------------ messages
@@ -144,10 +192,18 @@ def observation_messages(observation: Any) -> list[dict[str, Any]]:
     of message dicts is taken as is (copied). The rule of ``gymllm.rollout.agents.Agent``."""
     if isinstance(observation, str):
         return [{"role": "user", "content": observation}]
-    if isinstance(observation, (list, tuple)) and all(isinstance(m, dict) and "role" in m for m in observation):
+    if isinstance(observation, (list, tuple)) and all(
+        isinstance(m, dict) and "role" in m for m in observation
+    ):
         return [dict(m) for m in observation]
-    raise ConfigError(explain("demonstration observation", expected="a str (user message) or a list of message dicts",
-                              received=type(observation).__name__, fix="use an env with str or list[Message] observations"))
+    raise ConfigError(
+        explain(
+            "demonstration observation",
+            expected="a str (user message) or a list of message dicts",
+            received=type(observation).__name__,
+            fix="use an env with str or list[Message] observations",
+        )
+    )
 
 
 def initial_messages(observation: Any, system_prompt: str = "") -> list[dict[str, Any]]:
@@ -163,10 +219,14 @@ def initial_messages(observation: Any, system_prompt: str = "") -> list[dict[str
 
 
 def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
+    return json.loads(
+        json.dumps(value, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
+    )
 
 
-def play_demo(env: Any, solver: Solver, *, seed: int, system_prompt: str = "", with_tools: bool = True) -> dict | None:
+def play_demo(
+    env: Any, solver: Solver, *, seed: int, system_prompt: str = "", with_tools: bool = True
+) -> dict | None:
     """One episode of ``solver`` through ``env`` from ``reset(seed=seed)``: the record (without
     ``env_id``), or None when the solver found it unsolvable or it ended without ending (max_steps)."""
     obs, info = env.reset(seed=seed)
@@ -194,24 +254,50 @@ def play_demo(env: Any, solver: Solver, *, seed: int, system_prompt: str = "", w
     return record
 
 
-def demonstrations(env_id: str, *, n: int, seed: int = 0, env_kwargs: dict[str, Any] | None = None,
-                   system_prompt: str = "", agent: str = "tool") -> list[dict]:
+def demonstrations(
+    env_id: str,
+    *,
+    n: int,
+    seed: int = 0,
+    env_kwargs: dict[str, Any] | None = None,
+    system_prompt: str = "",
+    agent: str = "tool",
+) -> list[dict]:
     """Solved episodes of ``env_id`` on seeds ``seed .. seed + n - 1`` (see the module doc): a list of
     records ``{"messages", "tools" (when offered), "env_id", "seed", "reward"}``, in seed order, only
     those the env's reward confirms (:attr:`Solver.min_reward`)."""
     from gymllm.registration import make
 
-    cfg = DemoConfig(env_id=env_id, n=n, seed=seed, env_kwargs={} if env_kwargs is None else env_kwargs, system_prompt=system_prompt,
-                     agent=agent)
+    cfg = DemoConfig(
+        env_id=env_id,
+        n=n,
+        seed=seed,
+        env_kwargs={} if env_kwargs is None else env_kwargs,
+        system_prompt=system_prompt,
+        agent=agent,
+    )
     solver = SOLVERS[cfg.env_id]
     env = make(cfg.env_id, **dict(cfg.env_kwargs))
     out = []
     try:
         for s in range(cfg.seed, cfg.seed + cfg.n):
-            rec = play_demo(env, solver, seed=s, system_prompt=cfg.system_prompt, with_tools=cfg.agent == "tool")
-            if rec is not None and math.isfinite(rec["reward"]) and rec["reward"] >= solver.min_reward:
-                out.append({"messages": rec["messages"], **({"tools": rec["tools"]} if "tools" in rec else {}),
-                            "env_id": cfg.env_id, "seed": rec["seed"], "reward": rec["reward"]})
+            rec = play_demo(
+                env, solver, seed=s, system_prompt=cfg.system_prompt, with_tools=cfg.agent == "tool"
+            )
+            if (
+                rec is not None
+                and math.isfinite(rec["reward"])
+                and rec["reward"] >= solver.min_reward
+            ):
+                out.append(
+                    {
+                        "messages": rec["messages"],
+                        **({"tools": rec["tools"]} if "tools" in rec else {}),
+                        "env_id": cfg.env_id,
+                        "seed": rec["seed"],
+                        "reward": rec["reward"],
+                    }
+                )
     finally:
         env.close()
     return out
@@ -220,10 +306,19 @@ def demonstrations(env_id: str, *, n: int, seed: int = 0, env_kwargs: dict[str, 
 def write_demos(path: str | os.PathLike, records: list[dict]) -> pathlib.Path:
     """Write ``records`` as JSONL (one object per line, UTF-8), creating parent directories; returns the path."""
     for i, rec in enumerate(records):
-        if not isinstance(rec, dict) or not isinstance(rec.get("messages"), list) or not rec["messages"]:
-            raise ConfigError(explain(f"write_demos(records[{i}])", expected="a dict with a non-empty 'messages' list",
-                                      received=type(rec).__name__ if not isinstance(rec, dict) else sorted(rec),
-                                      fix="pass records from demonstrations()"))
+        if (
+            not isinstance(rec, dict)
+            or not isinstance(rec.get("messages"), list)
+            or not rec["messages"]
+        ):
+            raise ConfigError(
+                explain(
+                    f"write_demos(records[{i}])",
+                    expected="a dict with a non-empty 'messages' list",
+                    received=type(rec).__name__ if not isinstance(rec, dict) else sorted(rec),
+                    fix="pass records from demonstrations()",
+                )
+            )
     p = pathlib.Path(path)
     with atomic_write(p) as f:
         for rec in records:

@@ -38,9 +38,20 @@ from gymllm.errors import ConfigError, GymLLMError, explain
 from gymllm.tools.parsers import format_tool_calls
 from gymllm.types import ToolCall
 
-__all__ = ["Unsolvable", "Policy", "tictactoe_solver", "connect_four_solver", "frozenlake_solver",
-           "arithmetic_solver", "calculator_solver", "tictactoe_best_move", "connect_four_best_move",
-           "frozenlake_shortest_path", "CONNECT_FOUR_DEPTH", "kuhn_poker_solver"]
+__all__ = [
+    "Unsolvable",
+    "Policy",
+    "tictactoe_solver",
+    "connect_four_solver",
+    "frozenlake_solver",
+    "arithmetic_solver",
+    "calculator_solver",
+    "tictactoe_best_move",
+    "connect_four_best_move",
+    "frozenlake_shortest_path",
+    "CONNECT_FOUR_DEPTH",
+    "kuhn_poker_solver",
+]
 
 Policy = Callable[[Any, dict], str]
 
@@ -77,8 +88,11 @@ def _move_text(names: tuple[str, ...] | None, move: int) -> str:
 
 
 # tic-tac-toe cells i = 3 * column + row (PettingZoo's order; names a1..c3)
-_TTT_LINES = tuple([(r, 3 + r, 6 + r) for r in range(3)] + [(3 * c, 3 * c + 1, 3 * c + 2) for c in range(3)]
-                   + [(0, 4, 8), (6, 4, 2)])
+_TTT_LINES = tuple(
+    [(r, 3 + r, 6 + r) for r in range(3)]
+    + [(3 * c, 3 * c + 1, 3 * c + 2) for c in range(3)]
+    + [(0, 4, 8), (6, 4, 2)]
+)
 _TTT_ORDER = (4, 0, 2, 6, 8, 1, 3, 5, 7)
 
 
@@ -90,15 +104,19 @@ def _ttt_value(board: tuple[int, ...], player: int) -> int:
         return -(1 + board.count(0))
     if 0 not in board:
         return 0
-    return max(-_ttt_value(board[:i] + (player,) + board[i + 1:], other) for i in _TTT_ORDER if board[i] == 0)
+    return max(
+        -_ttt_value(board[:i] + (player,) + board[i + 1 :], other)
+        for i in _TTT_ORDER
+        if board[i] == 0
+    )
 
 
 def tictactoe_best_move(board: tuple[int, ...], legal: list[int]) -> int:
     """The minimax move for player 1 on ``board`` (9 cells: 0 empty, 1 the mover, 2 the opponent)."""
-    best, best_value = -1, -10**9
+    best, best_value = -1, -(10**9)
     for i in _TTT_ORDER:
         if i in legal:
-            v = -_ttt_value(board[:i] + (1,) + board[i + 1:], 2)
+            v = -_ttt_value(board[:i] + (1,) + board[i + 1 :], 2)
             if v > best_value:
                 best, best_value = i, v
     return best
@@ -164,7 +182,7 @@ def _c4_negamax(me: int, mask: int, depth: int, alpha: int, beta: int) -> int:
     if depth == 0:
         opp = me ^ mask
         return bin(_c4_threats(me, mask)).count("1") - bin(_c4_threats(opp, mask)).count("1")
-    best = -10**9
+    best = -(10**9)
     for c in moves:
         bit = _c4_play(mask, c)
         v = -_c4_negamax((me | bit) ^ (mask | bit), mask | bit, depth - 1, -beta, -alpha)
@@ -176,16 +194,18 @@ def _c4_negamax(me: int, mask: int, depth: int, alpha: int, beta: int) -> int:
     return best
 
 
-def connect_four_best_move(me: int, mask: int, legal: list[int], depth: int = CONNECT_FOUR_DEPTH) -> int:
+def connect_four_best_move(
+    me: int, mask: int, legal: list[int], depth: int = CONNECT_FOUR_DEPTH
+) -> int:
     """The searched move (a column index 0-6) for the side owning ``me`` on bitboard ``mask``."""
-    best, best_value = -1, -10**9
+    best, best_value = -1, -(10**9)
     for c in _C4_ORDER:
         if c not in legal:
             continue
         bit = _c4_play(mask, c)
         if _c4_won(me | bit):
             return c
-        v = -_c4_negamax((me | bit) ^ (mask | bit), mask | bit, depth, -10**9, -best_value)
+        v = -_c4_negamax((me | bit) ^ (mask | bit), mask | bit, depth, -(10**9), -best_value)
         if v > best_value:
             best, best_value = c, v
     return best
@@ -240,17 +260,26 @@ def frozenlake_solver(env: Any, observation: Any, info: dict) -> Policy:
     text_env = env.unwrapped  # GymnasiumTextEnv; .inner is the Gymnasium FrozenLake
     lake = text_env.inner.unwrapped
     if any(len(outcomes) > 1 for moves in lake.P.values() for outcomes in moves.values()):
-        raise ConfigError(explain(
-            "demonstrations(FrozenLake)", expected="a non-slippery map (every move lands where it points)",
-            received="is_slippery=True (the Gymnasium default: a move slides sideways 2 times in 3)",
-            fix="pass env_kwargs={'is_slippery': False} (CLI: --env-kwargs '{\"is_slippery\": false}')"))
-    desc = ["".join(ch.decode() if isinstance(ch, bytes) else str(ch) for ch in row) for row in lake.desc]
+        raise ConfigError(
+            explain(
+                "demonstrations(FrozenLake)",
+                expected="a non-slippery map (every move lands where it points)",
+                received="is_slippery=True (the Gymnasium default: a move slides sideways 2 times in 3)",
+                fix="pass env_kwargs={'is_slippery': False} (CLI: --env-kwargs '{\"is_slippery\": false}')",
+            )
+        )
+    desc = [
+        "".join(ch.decode() if isinstance(ch, bytes) else str(ch) for ch in row)
+        for row in lake.desc
+    ]
     names = tuple(text_env.names) if text_env.names else None
 
     def policy(observation: Any, info: dict) -> str:
         path = frozenlake_shortest_path(desc, int(info["raw_observation"]))
         if not path:
-            raise Unsolvable(f"no path to the goal from cell {info['raw_observation']} on map {desc}")
+            raise Unsolvable(
+                f"no path to the goal from cell {info['raw_observation']} on map {desc}"
+            )
         return _move_text(names, path[0])
 
     return policy
@@ -305,8 +334,14 @@ def arithmetic_solver(env: Any, observation: Any, info: dict) -> Policy:
 
 # CalcMath's problems as calculator expressions, by template index (``info["task_id"]`` names the
 # template and its numbers); a drift from gymllm.envs.calc_math shows as a wrong tool result.
-_CALC_MATH = ("{a} * {b} - {c}", "{a} * {b} + {c}", "{d} * {a} + {b} * {c}", "{a} * {d} - {b}",
-              "{a} * {b} - {c} * {d}", "{a} * {b} - {c}")
+_CALC_MATH = (
+    "{a} * {b} - {c}",
+    "{a} * {b} + {c}",
+    "{d} * {a} + {b} * {c}",
+    "{a} * {d} - {b}",
+    "{a} * {b} - {c} * {d}",
+    "{a} * {b} - {c}",
+)
 _CALC_MATH_SIMPLE = ("{x} * {d}", "{x} + {y}", "{x} - {y}", "{x} + {y}", "{x} - {y}", "{x} * {d}")
 
 
@@ -343,7 +378,11 @@ def calculator_solver(env: Any, observation: Any, info: dict) -> Policy:
         turn["n"] += 1
         if turn["n"] == 1:
             return call
-        tools = [m for m in observation if m.get("role") == "tool"] if isinstance(observation, list) else []
+        tools = (
+            [m for m in observation if m.get("role") == "tool"]
+            if isinstance(observation, list)
+            else []
+        )
         if turn["n"] != 2 or len(tools) != 1:
             raise Unsolvable(f"expected the calculator's reply after the call, got {observation!r}")
         result = str(tools[0].get("content", "")).strip()
@@ -367,16 +406,26 @@ def kuhn_poker_solver(env: Any, observation: Any, info: dict, alpha: float = 1.0
     view = env.unwrapped  # SingleAgentView -> TextAECEnv -> KuhnPokerAEC
     game = view.env.env
     if not hasattr(game, "decision_state"):
-        raise ConfigError(explain("demonstrations(Kuhn poker)", expected="the gymllm/ta-KuhnPoker-v0 env",
-                                  received=type(game).__name__, fix="make the env with gymllm.make('gymllm/ta-KuhnPoker-v0')"))
+        raise ConfigError(
+            explain(
+                "demonstrations(Kuhn poker)",
+                expected="the gymllm/ta-KuhnPoker-v0 env",
+                received=type(game).__name__,
+                fix="make the env with gymllm.make('gymllm/ta-KuhnPoker-v0')",
+            )
+        )
     rng = np.random.default_rng(int(view.np_random.integers(2**63 - 1)))
 
     def policy(observation: Any, info: dict) -> str:
         card, history = game.decision_state(info.get("agent") or view.learner)
         probs = kuhn_equilibrium(card, history, alpha)
         mask = info.get("action_mask")
-        if mask is not None and any(not mask[KUHN_MOVES.index(m)] for m, p in probs.items() if p > 0):
-            raise Unsolvable(f"the equilibrium's moves {probs} are not all legal under the mask {list(mask)}")
+        if mask is not None and any(
+            not mask[KUHN_MOVES.index(m)] for m, p in probs.items() if p > 0
+        ):
+            raise Unsolvable(
+                f"the equilibrium's moves {probs} are not all legal under the mask {list(mask)}"
+            )
         moves = list(probs)
         return moves[int(rng.choice(len(moves), p=[probs[m] for m in moves]))]
 

@@ -34,14 +34,19 @@ def _split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     from gymllm.envs.gymnasium_adapter import GymnasiumAdapterConfig
 
     fields = {f.name for f in dataclasses.fields(GymnasiumAdapterConfig)}
-    return ({k: v for k, v in kwargs.items() if k in fields}, {k: v for k, v in kwargs.items() if k not in fields})
+    return (
+        {k: v for k, v in kwargs.items() if k in fields},
+        {k: v for k, v in kwargs.items() if k not in fields},
+    )
 
 
 def make_gym_game(*, gym_id: str, defaults: dict[str, Any] | None = None, **kwargs: Any):
     """Entry point of the toy-text ids: ``from_gymnasium(gym_id)`` with adapter/env kwargs split."""
     from gymllm.envs.gymnasium_adapter import from_gymnasium
 
-    render_mode = kwargs.pop("render_mode", None)  # the text env's own render mode, not the inner env's
+    render_mode = kwargs.pop(
+        "render_mode", None
+    )  # the text env's own render mode, not the inner env's
     config, env_kwargs = _split(kwargs)
     env = from_gymnasium(gym_id, env_kwargs={**(defaults or {}), **env_kwargs}, **config)
     env.render_mode = render_mode
@@ -49,7 +54,11 @@ def make_gym_game(*, gym_id: str, defaults: dict[str, Any] | None = None, **kwar
 
 
 for _id, (_gym_id, _defaults) in _GYM_GAMES.items():
-    register(_id, entry_point="gymllm.envs.games:make_gym_game", kwargs={"gym_id": _gym_id, "defaults": _defaults})
+    register(
+        _id,
+        entry_point="gymllm.envs.games:make_gym_game",
+        kwargs={"gym_id": _gym_id, "defaults": _defaults},
+    )
 
 
 # ---------------------------------------------------------------------------------- PettingZoo board games
@@ -65,7 +74,10 @@ def render_tictactoe(env: Any, agent: str, raw: Any) -> str:
     planes = raw["observation"]  # [col, row, 2]: plane 0 = the observer's marks, 1 = the opponent's
     rows = []
     for r in range(3):
-        cells = ["X" if planes[c, r, 0] else "O" if planes[c, r, 1] else TICTACTOE_MOVES[3 * c + r] for c in range(3)]
+        cells = [
+            "X" if planes[c, r, 0] else "O" if planes[c, r, 1] else TICTACTOE_MOVES[3 * c + r]
+            for c in range(3)
+        ]
         rows.append(" | ".join(f"{x:>2}" for x in cells))
     return "Board (you are X):\n" + "\n".join(rows)
 
@@ -73,8 +85,16 @@ def render_tictactoe(env: Any, agent: str, raw: Any) -> str:
 def render_connect_four(env: Any, agent: str, raw: Any) -> str:
     """The grid from ``agent``'s view (X = its discs, O = the opponent's), columns numbered 1-7."""
     planes = raw["observation"]  # [row (0 = top), col, 2]
-    lines = [" ".join("X" if planes[r, c, 0] else "O" if planes[r, c, 1] else "." for c in range(7)) for r in range(6)]
-    return "Board (you are X; drop a disc in a column):\n" + "\n".join(lines) + "\n" + " ".join(CONNECT_FOUR_MOVES)
+    lines = [
+        " ".join("X" if planes[r, c, 0] else "O" if planes[r, c, 1] else "." for c in range(7))
+        for r in range(6)
+    ]
+    return (
+        "Board (you are X; drop a disc in a column):\n"
+        + "\n".join(lines)
+        + "\n"
+        + " ".join(CONNECT_FOUR_MOVES)
+    )
 
 
 def tictactoe(**kwargs: Any):
@@ -83,7 +103,10 @@ def tictactoe(**kwargs: Any):
 
     from gymllm.envs.pettingzoo_adapter import from_pettingzoo
 
-    return from_pettingzoo(tictactoe_v3.env(), **{"move_names": TICTACTOE_MOVES, "renderer": render_tictactoe, **kwargs})
+    return from_pettingzoo(
+        tictactoe_v3.env(),
+        **{"move_names": TICTACTOE_MOVES, "renderer": render_tictactoe, **kwargs},
+    )
 
 
 def connect_four(**kwargs: Any):
@@ -92,10 +115,22 @@ def connect_four(**kwargs: Any):
 
     from gymllm.envs.pettingzoo_adapter import from_pettingzoo
 
-    return from_pettingzoo(connect_four_v3.env(), **{"move_names": CONNECT_FOUR_MOVES, "renderer": render_connect_four, **kwargs})
+    return from_pettingzoo(
+        connect_four_v3.env(),
+        **{"move_names": CONNECT_FOUR_MOVES, "renderer": render_connect_four, **kwargs},
+    )
 
 
-TICTACTOE_LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
+TICTACTOE_LINES = (
+    (0, 1, 2),
+    (3, 4, 5),
+    (6, 7, 8),
+    (0, 3, 6),
+    (1, 4, 7),
+    (2, 5, 8),
+    (0, 4, 8),
+    (2, 4, 6),
+)
 
 
 def tictactoe_one_ply(observation: Any, agent: str, context: Any = None) -> int:
@@ -111,7 +146,10 @@ def tictactoe_one_ply(observation: Any, agent: str, context: Any = None) -> int:
     legal = [int(i) for i in np.flatnonzero(observation["action_mask"])]
     for marks in (mine, theirs):  # a win first, then a block
         for cell in legal:
-            if any(cell in line and sum(marks[j] for j in line if j != cell) == 2 for line in TICTACTOE_LINES):
+            if any(
+                cell in line and sum(marks[j] for j in line if j != cell) == 2
+                for line in TICTACTOE_LINES
+            ):
                 return cell
     if context is None:
         return legal[0]
@@ -121,17 +159,35 @@ def tictactoe_one_ply(observation: Any, agent: str, context: Any = None) -> int:
 tictactoe_one_ply.takes_context = True  # type: ignore[attr-defined]  # gymllm.multiagent.policies.call_scripted
 
 
-def make_board_game(*, game: str, opponent: Any = None, learner: str | None = None, max_turns: int | None = None,
-                    render_mode: str | None = None, **kwargs: Any):
+def make_board_game(
+    *,
+    game: str,
+    opponent: Any = None,
+    learner: str | None = None,
+    max_turns: int | None = None,
+    render_mode: str | None = None,
+    **kwargs: Any,
+):
     """Entry point of ``TicTacToe-v0`` / ``ConnectFour-v0``: one seat against a scripted opponent."""
     from gymllm.multiagent import SingleAgentView
 
     maker = {"tictactoe": tictactoe, "connect_four": connect_four}[game]
-    return SingleAgentView(maker(**kwargs), learner=learner, opponent=opponent, max_turns=max_turns,
-                           render_mode=render_mode)
+    return SingleAgentView(
+        maker(**kwargs),
+        learner=learner,
+        opponent=opponent,
+        max_turns=max_turns,
+        render_mode=render_mode,
+    )
 
 
-register("TicTacToe-v0", entry_point="gymllm.envs.games:make_board_game", kwargs={"game": "tictactoe"})
-register("ConnectFour-v0", entry_point="gymllm.envs.games:make_board_game", kwargs={"game": "connect_four"})
+register(
+    "TicTacToe-v0", entry_point="gymllm.envs.games:make_board_game", kwargs={"game": "tictactoe"}
+)
+register(
+    "ConnectFour-v0",
+    entry_point="gymllm.envs.games:make_board_game",
+    kwargs={"game": "connect_four"},
+)
 
 __all__ = ["make_gym_game", "make_board_game", "tictactoe", "connect_four", "tictactoe_one_ply"]

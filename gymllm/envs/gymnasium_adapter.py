@@ -46,7 +46,14 @@ from gymllm.space_text import (
     parse_action,
 )
 
-_SUPPORTED = (gspaces.Discrete, gspaces.MultiDiscrete, gspaces.MultiBinary, gspaces.Box, gspaces.Dict, gspaces.Tuple)
+_SUPPORTED = (
+    gspaces.Discrete,
+    gspaces.MultiDiscrete,
+    gspaces.MultiBinary,
+    gspaces.Box,
+    gspaces.Dict,
+    gspaces.Tuple,
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -72,19 +79,47 @@ class GymnasiumAdapterConfig:
 
     def __post_init__(self) -> None:
         if self.invalid_action not in ("retry", "forfeit"):
-            raise ConfigError(explain("GymnasiumAdapterConfig.invalid_action", expected="'retry' or 'forfeit'",
-                                      received=self.invalid_action, fix="pick one of the two policies"))
+            raise ConfigError(
+                explain(
+                    "GymnasiumAdapterConfig.invalid_action",
+                    expected="'retry' or 'forfeit'",
+                    received=self.invalid_action,
+                    fix="pick one of the two policies",
+                )
+            )
         if self.render not in ("auto", "ansi", "describe"):
-            raise ConfigError(explain("GymnasiumAdapterConfig.render", expected="'auto', 'ansi' or 'describe'",
-                                      received=self.render, fix="use render='auto'"))
-        if self.max_invalid is not None and (not isinstance(self.max_invalid, int) or self.max_invalid < 1):
-            raise ConfigError(explain("GymnasiumAdapterConfig.max_invalid", expected="None or an int >= 1",
-                                      received=self.max_invalid, fix="use max_invalid=3"))
+            raise ConfigError(
+                explain(
+                    "GymnasiumAdapterConfig.render",
+                    expected="'auto', 'ansi' or 'describe'",
+                    received=self.render,
+                    fix="use render='auto'",
+                )
+            )
+        if self.max_invalid is not None and (
+            not isinstance(self.max_invalid, int) or self.max_invalid < 1
+        ):
+            raise ConfigError(
+                explain(
+                    "GymnasiumAdapterConfig.max_invalid",
+                    expected="None or an int >= 1",
+                    received=self.max_invalid,
+                    fix="use max_invalid=3",
+                )
+            )
         if self.action_names is not None:
             names = tuple(self.action_names)
-            if not all(isinstance(n, str) and n.strip() for n in names) or len({n.lower() for n in names}) != len(names):
-                raise ConfigError(explain("GymnasiumAdapterConfig.action_names", expected="distinct non-empty str",
-                                          received=names, fix="give one unique name per action"))
+            if not all(isinstance(n, str) and n.strip() for n in names) or len(
+                {n.lower() for n in names}
+            ) != len(names):
+                raise ConfigError(
+                    explain(
+                        "GymnasiumAdapterConfig.action_names",
+                        expected="distinct non-empty str",
+                        received=names,
+                        fix="give one unique name per action",
+                    )
+                )
             object.__setattr__(self, "action_names", names)
 
 
@@ -93,11 +128,19 @@ class GymnasiumTextEnv(TextEnv):
 
     def __init__(self, inner: gym.Env, config: GymnasiumAdapterConfig | None = None):
         config = config or GymnasiumAdapterConfig()
-        for what, space in (("observation_space", inner.observation_space), ("action_space", inner.action_space)):
+        for what, space in (
+            ("observation_space", inner.observation_space),
+            ("action_space", inner.action_space),
+        ):
             if not isinstance(space, _SUPPORTED):
-                raise ConfigError(explain(f"from_gymnasium: {what}", expected="Discrete, MultiDiscrete, "
-                                          "MultiBinary, Box, Dict or Tuple", received=space,
-                                          fix="wrap the env (e.g. FlattenObservation) first"))
+                raise ConfigError(
+                    explain(
+                        f"from_gymnasium: {what}",
+                        expected="Discrete, MultiDiscrete, MultiBinary, Box, Dict or Tuple",
+                        received=space,
+                        fix="wrap the env (e.g. FlattenObservation) first",
+                    )
+                )
         super().__init__(max_turns=config.max_turns)
         self.inner = inner
         self.config = config
@@ -106,7 +149,9 @@ class GymnasiumTextEnv(TextEnv):
         self.action_space = Text()
         spec = getattr(inner, "spec", None)
         self.title = spec.id if spec is not None else type(inner.unwrapped).__name__
-        self._use_ansi = config.render != "describe" and getattr(inner, "render_mode", None) == "ansi"
+        self._use_ansi = (
+            config.render != "describe" and getattr(inner, "render_mode", None) == "ansi"
+        )
 
     def render_observation(self, obs: Any, info: dict[str, Any]) -> str:
         """Board (ANSI) + description + action menu for one inner observation."""
@@ -118,7 +163,11 @@ class GymnasiumTextEnv(TextEnv):
         if self.config.render != "ansi" or not parts:
             parts.append(describe(obs, self.inner.observation_space))
         mask = info.get("action_mask") if isinstance(info, dict) else None
-        parts.append(action_menu(self.inner.action_space, self.names, None if mask is None else np.asarray(mask)))
+        parts.append(
+            action_menu(
+                self.inner.action_space, self.names, None if mask is None else np.asarray(mask)
+            )
+        )
         return "\n".join(parts)
 
     def _reset(self, *, seed, options):
@@ -126,7 +175,9 @@ class GymnasiumTextEnv(TextEnv):
         self.inner.action_space.seed(inner_seed)
         obs, info = self.inner.reset(seed=inner_seed, options=options)
         self._obs, self._info, self._invalid = obs, dict(info), 0
-        head = self.config.instructions or (f"You are playing {self.title}. Each turn, reply with one action.")
+        head = self.config.instructions or (
+            f"You are playing {self.title}. Each turn, reply with one action."
+        )
         return head + "\n" + self.render_observation(obs, self._info), self._text_info(self._info)
 
     def _text_info(self, info: dict[str, Any]) -> dict[str, Any]:
@@ -141,16 +192,31 @@ class GymnasiumTextEnv(TextEnv):
         obs, reward, terminated, truncated, info = self.inner.step(value)
         self._obs, self._info = obs, dict(info)
         info = {**self._text_info(self._info), "invalid_action": False, "parsed_action": value}
-        return self.render_observation(obs, self._info), float(reward), bool(terminated), bool(truncated), info
+        return (
+            self.render_observation(obs, self._info),
+            float(reward),
+            bool(terminated),
+            bool(truncated),
+            info,
+        )
 
     def _invalid_reply(self, why: str):
         self._invalid += 1
         forfeit = self.config.invalid_action == "forfeit" or (
-            self.config.max_invalid is not None and self._invalid >= self.config.max_invalid)
+            self.config.max_invalid is not None and self._invalid >= self.config.max_invalid
+        )
         info = {**self._text_info(self._info), "invalid_action": "forfeit" if forfeit else "retry"}
         if forfeit:
-            return f"Invalid action, the episode is forfeited. {why}", self.config.invalid_penalty, True, False, info
-        text = f"Invalid action ({self._invalid} in a row). {why}\n" + self.render_observation(self._obs, self._info)
+            return (
+                f"Invalid action, the episode is forfeited. {why}",
+                self.config.invalid_penalty,
+                True,
+                False,
+                info,
+            )
+        text = f"Invalid action ({self._invalid} in a row). {why}\n" + self.render_observation(
+            self._obs, self._info
+        )
         return text, self.config.invalid_penalty, False, False, info
 
     def close(self) -> None:
@@ -160,13 +226,19 @@ class GymnasiumTextEnv(TextEnv):
 
 def _make_inner(env_id: str, env_kwargs: dict[str, Any], render: str) -> gym.Env:
     env = gym.make(env_id, **env_kwargs)
-    if render != "describe" and "render_mode" not in env_kwargs and "ansi" in env.metadata.get("render_modes", []):
+    if (
+        render != "describe"
+        and "render_mode" not in env_kwargs
+        and "ansi" in env.metadata.get("render_modes", [])
+    ):
         env.close()
         env = gym.make(env_id, render_mode="ansi", **env_kwargs)
     return env
 
 
-def from_gymnasium(env_or_id: gym.Env | str, *, env_kwargs: dict[str, Any] | None = None, **config: Any) -> GymnasiumTextEnv:
+def from_gymnasium(
+    env_or_id: gym.Env | str, *, env_kwargs: dict[str, Any] | None = None, **config: Any
+) -> GymnasiumTextEnv:
     """A text env around a Gymnasium env (an instance, or an id made with ``env_kwargs``).
 
     Keyword arguments are :class:`GymnasiumAdapterConfig` fields (``action_names``,
@@ -178,12 +250,24 @@ def from_gymnasium(env_or_id: gym.Env | str, *, env_kwargs: dict[str, Any] | Non
         inner = _make_inner(env_or_id, dict(env_kwargs or {}), cfg.render)
     elif isinstance(env_or_id, gym.Env):
         if env_kwargs:
-            raise ConfigError(explain("from_gymnasium(env_kwargs=...)", expected="an env id when env_kwargs is given",
-                                      received=type(env_or_id).__name__, fix="pass the id, or build the env yourself"))
+            raise ConfigError(
+                explain(
+                    "from_gymnasium(env_kwargs=...)",
+                    expected="an env id when env_kwargs is given",
+                    received=type(env_or_id).__name__,
+                    fix="pass the id, or build the env yourself",
+                )
+            )
         inner = env_or_id
     else:
-        raise ConfigError(explain("from_gymnasium", expected="a gymnasium.Env or a registered id",
-                                  received=env_or_id, fix="pass e.g. 'FrozenLake-v1'"))
+        raise ConfigError(
+            explain(
+                "from_gymnasium",
+                expected="a gymnasium.Env or a registered id",
+                received=env_or_id,
+                fix="pass e.g. 'FrozenLake-v1'",
+            )
+        )
     return GymnasiumTextEnv(inner, cfg)
 
 

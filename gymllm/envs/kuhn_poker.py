@@ -52,14 +52,28 @@ from gymllm.envs.catalogue_textarena import textarena_pull, textarena_reset
 from gymllm.errors import ConfigError, MissingExtraError, explain
 from gymllm.spaces import Text
 
-__all__ = ["KUHN_MOVES", "KUHN_CARDS", "KUHN_GAME_VALUE", "KuhnPokerConfig", "KuhnPokerAEC", "kuhn_poker",
-           "make_kuhn_poker_seat", "kuhn_equilibrium", "kuhn_equilibrium_player", "kuhn_card_player",
-           "render_kuhn_poker", "replay_chips", "kuhn_action_table"]
+__all__ = [
+    "KUHN_MOVES",
+    "KUHN_CARDS",
+    "KUHN_GAME_VALUE",
+    "KuhnPokerConfig",
+    "KuhnPokerAEC",
+    "kuhn_poker",
+    "make_kuhn_poker_seat",
+    "kuhn_equilibrium",
+    "kuhn_equilibrium_player",
+    "kuhn_card_player",
+    "render_kuhn_poker",
+    "replay_chips",
+    "kuhn_action_table",
+]
 
 KUHN_MOVES: tuple[str, ...] = ("[check]", "[bet]", "[call]", "[fold]")
 KUHN_CARDS: tuple[str, ...] = ("J", "Q", "K")
 KUHN_GAME_VALUE = -1.0 / 18.0  # the first player's expected chips per hand at equilibrium
-KUHN_INSTRUCTIONS = "You play Kuhn poker. Reply with one legal action in brackets, e.g. [check], and nothing else."
+KUHN_INSTRUCTIONS = (
+    "You play Kuhn poker. Reply with one legal action in brackets, e.g. [check], and nothing else."
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -71,12 +85,28 @@ class KuhnPokerConfig:
     ta_id: str = "KuhnPoker-v0-raw"
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_rounds, bool) or not isinstance(self.max_rounds, int) or self.max_rounds < 1:
-            raise ConfigError(explain("KuhnPokerConfig.max_rounds", expected="an int >= 1 (hands per game)",
-                                      received=self.max_rounds, fix="pass max_rounds=1"))
+        if (
+            isinstance(self.max_rounds, bool)
+            or not isinstance(self.max_rounds, int)
+            or self.max_rounds < 1
+        ):
+            raise ConfigError(
+                explain(
+                    "KuhnPokerConfig.max_rounds",
+                    expected="an int >= 1 (hands per game)",
+                    received=self.max_rounds,
+                    fix="pass max_rounds=1",
+                )
+            )
         if not isinstance(self.ta_id, str) or not self.ta_id.startswith("KuhnPoker-v0"):
-            raise ConfigError(explain("KuhnPokerConfig.ta_id", expected="a TextArena KuhnPoker-v0 id",
-                                      received=self.ta_id, fix="leave ta_id at 'KuhnPoker-v0-raw'"))
+            raise ConfigError(
+                explain(
+                    "KuhnPokerConfig.ta_id",
+                    expected="a TextArena KuhnPoker-v0 id",
+                    received=self.ta_id,
+                    fix="leave ta_id at 'KuhnPoker-v0-raw'",
+                )
+            )
 
 
 def _textarena() -> Any:
@@ -88,16 +118,30 @@ def _textarena() -> Any:
     return textarena
 
 
-def kuhn_equilibrium(card: str, history: tuple[str, ...] | list[str], alpha: float = 1.0 / 3.0) -> dict[str, float]:
+def kuhn_equilibrium(
+    card: str, history: tuple[str, ...] | list[str], alpha: float = 1.0 / 3.0
+) -> dict[str, float]:
     """The equilibrium probability of each legal move (module doc) for the player holding ``card``
     ("J", "Q" or "K") after ``history``, the hand's moves so far without brackets: ``()`` (first to
     act), ``("check",)`` / ``("bet",)`` (second to act) or ``("check", "bet")`` (first, facing a bet)."""
     if card not in KUHN_CARDS:
-        raise ConfigError(explain("kuhn_equilibrium(card)", expected=f"one of {KUHN_CARDS}", received=card,
-                                  fix="pass the card as a letter"))
+        raise ConfigError(
+            explain(
+                "kuhn_equilibrium(card)",
+                expected=f"one of {KUHN_CARDS}",
+                received=card,
+                fix="pass the card as a letter",
+            )
+        )
     if not 0.0 <= alpha <= 1.0 / 3.0:
-        raise ConfigError(explain("kuhn_equilibrium(alpha)", expected="a number in [0, 1/3]", received=alpha,
-                                  fix="pass alpha=1/3"))
+        raise ConfigError(
+            explain(
+                "kuhn_equilibrium(alpha)",
+                expected="a number in [0, 1/3]",
+                received=alpha,
+                fix="pass alpha=1/3",
+            )
+        )
     j, q, k = (card == c for c in KUHN_CARDS)
     h = tuple(history)
     if h == ():
@@ -109,8 +153,14 @@ def kuhn_equilibrium(card: str, history: tuple[str, ...] | list[str], alpha: flo
     if h in (("bet",), ("check", "bet")):
         p = 0.0 if j else 1.0 if k else (1.0 / 3.0 if h == ("bet",) else alpha + 1.0 / 3.0)
         return {"[call]": p, "[fold]": 1.0 - p}
-    raise ConfigError(explain("kuhn_equilibrium(history)", expected="(), ('check',), ('bet',) or ('check', 'bet')",
-                              received=h, fix="pass the moves of the current hand before this decision"))
+    raise ConfigError(
+        explain(
+            "kuhn_equilibrium(history)",
+            expected="(), ('check',), ('bet',) or ('check', 'bet')",
+            received=h,
+            fix="pass the moves of the current hand before this decision",
+        )
+    )
 
 
 class KuhnPokerAEC(AECEnv):
@@ -131,12 +181,20 @@ class KuhnPokerAEC(AECEnv):
             self._deck_env = self._deck_env.env
         self._deck = list(getattr(self._deck_env, "deck", []))
         self.possible_agents = ["player_0", "player_1"]
-        self.metadata = {"name": "textarena_kuhn_poker", "render_modes": ["ansi"], "is_parallelizable": False}
+        self.metadata = {
+            "name": "textarena_kuhn_poker",
+            "render_modes": ["ansi"],
+            "is_parallelizable": False,
+        }
         self.render_mode = None
         self._rng = PrivateGlobalRandom(0)
         self._seed_rng = np.random.default_rng()
-        self._obs_space = gspaces.Dict({"observation": Text(max_length=1 << 16),
-                                        "action_mask": gspaces.Box(0, 1, (len(KUHN_MOVES),), np.int8)})
+        self._obs_space = gspaces.Dict(
+            {
+                "observation": Text(max_length=1 << 16),
+                "action_mask": gspaces.Box(0, 1, (len(KUHN_MOVES),), np.int8),
+            }
+        )
         self._act_space = gspaces.Discrete(len(KUHN_MOVES))
 
     def observation_space(self, agent: str) -> Any:
@@ -182,11 +240,16 @@ class KuhnPokerAEC(AECEnv):
             return self._was_dead_step(action)
         move = KUHN_MOVES[int(action)].strip("[]")
         if move not in self._legal():
-            raise ValueError(f"KuhnPokerAEC: {KUHN_MOVES[int(action)]} is not legal now (legal: {self._legal()}); "
-                             "the action_mask says which moves are")
+            raise ValueError(
+                f"KuhnPokerAEC: {KUHN_MOVES[int(action)]} is not legal now (legal: {self._legal()}); "
+                "the action_mask says which moves are"
+            )
         self._cumulative_rewards[agent] = 0.0
         game, pid = self._game(), int(agent.split("_")[1])
-        if move in ("bet", "call"):  # TextArena 0.7.4 leaves the pot at the antes; put the chip in (module doc)
+        if move in (
+            "bet",
+            "call",
+        ):  # TextArena 0.7.4 leaves the pot at the antes; put the chip in (module doc)
             game["pot"] += 1
             game["player_chips"][pid] -= 1
         with self._rng.active():
@@ -205,7 +268,9 @@ class KuhnPokerAEC(AECEnv):
         with self._rng.active():
             _, game_info = self.ta.close()
         chips = self._game()["player_chips"]
-        net0 = (chips[0] - chips[1]) / 2  # zero-sum; both paid the ante of the hand dealt after the last
+        net0 = (
+            chips[0] - chips[1]
+        ) / 2  # zero-sum; both paid the ante of the hand dealt after the last
         for a in self.agents:
             pid = int(a.split("_")[1])
             self.rewards[a] = float(net0 if pid == 0 else -net0)
@@ -244,21 +309,45 @@ def kuhn_poker(*, max_rounds: int = 1, **kwargs: Any):
 
     for fixed in ("move_names", "renderer"):
         if fixed in kwargs:
-            raise ConfigError(explain(f"kuhn_poker({fixed}=)", expected="no move_names / renderer (the game sets them)",
-                                      received=fixed, fix=f"remove {fixed}"))
+            raise ConfigError(
+                explain(
+                    f"kuhn_poker({fixed}=)",
+                    expected="no move_names / renderer (the game sets them)",
+                    received=fixed,
+                    fix=f"remove {fixed}",
+                )
+            )
     aec = KuhnPokerAEC(KuhnPokerConfig(max_rounds=max_rounds))
-    return from_pettingzoo(aec, **{"instructions": KUHN_INSTRUCTIONS, **kwargs, "move_names": KUHN_MOVES,
-                                   "renderer": render_kuhn_poker})
+    return from_pettingzoo(
+        aec,
+        **{
+            "instructions": KUHN_INSTRUCTIONS,
+            **kwargs,
+            "move_names": KUHN_MOVES,
+            "renderer": render_kuhn_poker,
+        },
+    )
 
 
-def make_kuhn_poker_seat(*, opponent: Any = None, learner: str | None = None, max_turns: int | None = None,
-                         render_mode: str | None = None, **kwargs: Any):
+def make_kuhn_poker_seat(
+    *,
+    opponent: Any = None,
+    learner: str | None = None,
+    max_turns: int | None = None,
+    render_mode: str | None = None,
+    **kwargs: Any,
+):
     """Entry point of ``gymllm/ta-KuhnPoker-v0``: one seat (drawn each reset unless ``learner``) against
     ``opponent`` (None: random legal moves); ``kwargs`` go to :func:`kuhn_poker`."""
     from gymllm.multiagent import SingleAgentView
 
-    return SingleAgentView(kuhn_poker(**kwargs), learner=learner, opponent=opponent, max_turns=max_turns,
-                           render_mode=render_mode)
+    return SingleAgentView(
+        kuhn_poker(**kwargs),
+        learner=learner,
+        opponent=opponent,
+        max_turns=max_turns,
+        render_mode=render_mode,
+    )
 
 
 def _inner(env: Any) -> "KuhnPokerAEC":
@@ -298,21 +387,37 @@ def kuhn_card_player(observation: Any, agent: str, context: Any) -> int:
 kuhn_card_player.takes_context = True  # type: ignore[attr-defined]
 
 
-def kuhn_action_table(rows: list[dict[str, Any]], player: str, **game_kwargs: Any) -> dict[str, dict[str, Any]]:
+def kuhn_action_table(
+    rows: list[dict[str, Any]], player: str, **game_kwargs: Any
+) -> dict[str, dict[str, Any]]:
     """How ``player`` acted by card over ``games.jsonl`` rows of ``gymllm eval game`` (each replayed on its
     seed with ``game_kwargs``, the ``--game-kwargs`` it was played with): ``{card: {"decisions": n, "[bet]":
     k, "[check]": k, "[call]": k, "[fold]": k, "aggressive": (bets + calls) / n, "first": {...},
     "after_check": {...}, "facing_bet": {...}}}`` (the last three: move counts in each situation). Only
     legal moves count (an illegal reply is retried by the game); rows with an error or truncated are skipped."""
-    table = {c: {"decisions": 0, **{m: 0 for m in KUHN_MOVES}, "first": {}, "after_check": {}, "facing_bet": {}}
-             for c in KUHN_CARDS}
+    table = {
+        c: {
+            "decisions": 0,
+            **{m: 0 for m in KUHN_MOVES},
+            "first": {},
+            "after_check": {},
+            "facing_bet": {},
+        }
+        for c in KUHN_CARDS
+    }
     for row in rows:
-        if row.get("error") is not None or row.get("truncated") or player not in row["players"].values():
+        if (
+            row.get("error") is not None
+            or row.get("truncated")
+            or player not in row["players"].values()
+        ):
             continue
         game = kuhn_poker(**game_kwargs)
         game.reset(seed=int(row["seed"]))
         for agent, move in row["moves"]:
-            while game.agents and (game.terminations[game.agent_selection] or game.truncations[game.agent_selection]):
+            while game.agents and (
+                game.terminations[game.agent_selection] or game.truncations[game.agent_selection]
+            ):
                 game.step(None)
             if not game.agents:
                 break
@@ -322,8 +427,13 @@ def kuhn_action_table(rows: list[dict[str, Any]], player: str, **game_kwargs: An
                 action, why = game.codec.parse(agent, move, mask)
                 if why is None:
                     name = KUHN_MOVES[int(action) - int(game.action_space(agent).inner.start)]
-                    where = ("facing_bet" if history and history[-1] == "bet" else
-                             "after_check" if history else "first")
+                    where = (
+                        "facing_bet"
+                        if history and history[-1] == "bet"
+                        else "after_check"
+                        if history
+                        else "first"
+                    )
                     t = table[card]
                     t["decisions"] += 1
                     t[name] += 1
@@ -340,8 +450,14 @@ def replay_chips(row: dict[str, Any], **game_kwargs: Any) -> dict[str, float]:
     the ``--game-kwargs`` the games were played with. A row whose game did not finish (an error, a
     crash, a truncation) has no chips: a ConfigError says so."""
     if row.get("error") is not None or row.get("truncated"):
-        raise ConfigError(explain("replay_chips(row)", expected="a finished game", received=row.get("error") or "truncated",
-                                  fix="leave out rows with an error or truncated"))
+        raise ConfigError(
+            explain(
+                "replay_chips(row)",
+                expected="a finished game",
+                received=row.get("error") or "truncated",
+                fix="leave out rows with an error or truncated",
+            )
+        )
     game = kuhn_poker(**game_kwargs)
     game.reset(seed=int(row["seed"]))
     moves = list(row["moves"])
@@ -354,7 +470,13 @@ def replay_chips(row: dict[str, Any], **game_kwargs: Any) -> dict[str, float]:
             game.step(None)
             continue
         if not moves or moves[0][0] != agent:
-            raise ConfigError(explain("replay_chips(row)", expected=f"a move of {agent} next", received=moves[:1],
-                                      fix="pass the row with the --game-kwargs its games were played with"))
+            raise ConfigError(
+                explain(
+                    "replay_chips(row)",
+                    expected=f"a move of {agent} next",
+                    received=moves[:1],
+                    fix="pass the row with the --game-kwargs its games were played with",
+                )
+            )
         game.step(moves.pop(0)[1])
     return {row["players"][seat]: r for seat, r in final.items()}

@@ -30,10 +30,20 @@ from gymllm.core import TextEnv
 from gymllm.errors import ConfigError, explain
 from gymllm.registration import register
 
-__all__ = ["MathWordEnv", "Problem", "load_problems", "extract_answer", "answers_match", "SAMPLE_PATH", "EASY_PATH",
-           "PACKAGED"]
+__all__ = [
+    "MathWordEnv",
+    "Problem",
+    "load_problems",
+    "extract_answer",
+    "answers_match",
+    "SAMPLE_PATH",
+    "EASY_PATH",
+    "PACKAGED",
+]
 
-SAMPLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "math_word_sample.jsonl")
+SAMPLE_PATH = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "data", "math_word_sample.jsonl"
+)
 EASY_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "math_word_easy.jsonl")
 #: packaged problem sets by name (``data_path="easy"``): the GSM8K-style sample (two or three steps)
 #: and 60 one-step problems over numbers up to 30 (a sum, a difference or a small product)
@@ -58,18 +68,30 @@ def _boxed_all(text: str) -> list[str]:
             depth += {"{": 1, "}": -1}.get(text[i], 0)
             i += 1
         if depth == 0:
-            out.append(text[m.end():i - 1].strip())
+            out.append(text[m.end() : i - 1].strip())
     return out
 
 
 def _problem_from_record(rec: Any, where: str) -> Problem:
     if not isinstance(rec, dict):
-        raise ConfigError(explain(f"problem record at {where}", expected="a JSON object", received=rec,
-                                  fix="write one JSON object per line"))
+        raise ConfigError(
+            explain(
+                f"problem record at {where}",
+                expected="a JSON object",
+                received=rec,
+                fix="write one JSON object per line",
+            )
+        )
     question = rec.get("question") or rec.get("problem") or rec.get("prompt")
     if not isinstance(question, str) or not question.strip():
-        raise ConfigError(explain(f"problem record at {where}", expected='a "question", "problem" or "prompt" text',
-                                  received=sorted(rec), fix="use the GSM8K or MATH jsonl format"))
+        raise ConfigError(
+            explain(
+                f"problem record at {where}",
+                expected='a "question", "problem" or "prompt" text',
+                received=sorted(rec),
+                fix="use the GSM8K or MATH jsonl format",
+            )
+        )
     answer, solution = rec.get("answer"), rec.get("solution", "")
     if isinstance(answer, str) and "####" in answer:  # GSM8K
         solution, answer = answer, answer.rsplit("####", 1)[1].strip()
@@ -77,17 +99,31 @@ def _problem_from_record(rec: Any, where: str) -> Problem:
         boxed = _boxed_all(solution)
         answer = boxed[-1] if boxed else None
     if answer is None or (isinstance(answer, str) and not answer.strip()):
-        raise ConfigError(explain(f"problem record at {where}", expected="a reference answer ('#### x', 'answer', "
-                                  "or a \\boxed{} in 'solution')", received=sorted(rec), fix="add the answer"))
-    return Problem(question=question.strip(), answer=str(answer).strip(), solution=str(solution), source=where)
+        raise ConfigError(
+            explain(
+                f"problem record at {where}",
+                expected="a reference answer ('#### x', 'answer', or a \\boxed{} in 'solution')",
+                received=sorted(rec),
+                fix="add the answer",
+            )
+        )
+    return Problem(
+        question=question.strip(), answer=str(answer).strip(), solution=str(solution), source=where
+    )
 
 
 def load_problems(path: str | os.PathLike) -> list[Problem]:
     """Every problem in a GSM8K / MATH / generic JSONL file (blank lines skipped)."""
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise ConfigError(explain("MathWord data_path", expected="an existing .jsonl file", received=path,
-                                  fix="pass the path of a GSM8K or MATH jsonl file"))
+        raise ConfigError(
+            explain(
+                "MathWord data_path",
+                expected="an existing .jsonl file",
+                received=path,
+                fix="pass the path of a GSM8K or MATH jsonl file",
+            )
+        )
     problems = []
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
@@ -96,12 +132,24 @@ def load_problems(path: str | os.PathLike) -> list[Problem]:
             try:
                 rec = json.loads(line)
             except ValueError as e:
-                raise ConfigError(explain(f"{path}:{n}", expected="one JSON object per line", received=line[:80],
-                                          fix=f"fix the JSON ({e})")) from None
+                raise ConfigError(
+                    explain(
+                        f"{path}:{n}",
+                        expected="one JSON object per line",
+                        received=line[:80],
+                        fix=f"fix the JSON ({e})",
+                    )
+                ) from None
             problems.append(_problem_from_record(rec, f"{os.path.basename(path)}:{n}"))
     if not problems:
-        raise ConfigError(explain("MathWord data_path", expected="at least one problem", received=path,
-                                  fix="point at a non-empty jsonl file"))
+        raise ConfigError(
+            explain(
+                "MathWord data_path",
+                expected="at least one problem",
+                received=path,
+                fix="point at a non-empty jsonl file",
+            )
+        )
     return problems
 
 
@@ -131,10 +179,18 @@ def _clean(s: str) -> str:
     s = s.strip().strip("$").strip()
     s = re.sub(r"\\text\{\s*([^{}]*)\}", r"\1", s)
     s = re.sub(r"\\(?:mathrm|textbf|mathbf)\{([^{}]*)\}", r"\1", s)
-    s = s.replace("\\$", "").replace("\\%", "%").replace("\\!", "").replace("\\,", "").replace("dfrac", "frac")
+    s = (
+        s.replace("\\$", "")
+        .replace("\\%", "%")
+        .replace("\\!", "")
+        .replace("\\,", "")
+        .replace("dfrac", "frac")
+    )
     s = s.replace("tfrac", "frac").replace("\\left", "").replace("\\right", "")
     s = re.sub(r"(\d),(?=\d{3}\b)", r"\1", s)  # 1,000 -> 1000
-    s = re.sub(r"(?<=\d)\s*(?:dollars?|cm|km|kg|g|m|liters?|minutes?|hours?|units?|degrees?|°)\.?$", "", s)
+    s = re.sub(
+        r"(?<=\d)\s*(?:dollars?|cm|km|kg|g|m|liters?|minutes?|hours?|units?|degrees?|°)\.?$", "", s
+    )
     return s.strip().rstrip(".").strip()
 
 
@@ -152,7 +208,12 @@ def _as_fraction(s: str) -> Fraction | None:
 
 def _latex_to_expr(s: str) -> str:
     """Simple LaTeX to Python-expression text (then parsed by :func:`_to_sympy`, never evaluated)."""
-    s = s.replace("\\cdot", "*").replace("\\times", "*").replace("\\div", "/").replace("\\pi", " pi ")
+    s = (
+        s.replace("\\cdot", "*")
+        .replace("\\times", "*")
+        .replace("\\div", "/")
+        .replace("\\pi", " pi ")
+    )
     for _ in range(10):  # innermost first
         new = re.sub(r"\\frac\{([^{}]*)\}\{([^{}]*)\}", r"((\1)/(\2))", s)
         new = re.sub(r"\\sqrt\[([^\]]*)\]\{([^{}]*)\}", r"((\2)**(1/(\1)))", new)
@@ -170,16 +231,32 @@ def _to_sympy(text: str):
     """A sympy expression from arithmetic text via ``ast`` (numbers, + - * / **, sqrt, pi, e, symbols)."""
     import sympy
 
-    funcs = {"sqrt": sympy.sqrt, "log": sympy.log, "ln": sympy.log, "sin": sympy.sin, "cos": sympy.cos,
-             "tan": sympy.tan, "exp": sympy.exp}
+    funcs = {
+        "sqrt": sympy.sqrt,
+        "log": sympy.log,
+        "ln": sympy.log,
+        "sin": sympy.sin,
+        "cos": sympy.cos,
+        "tan": sympy.tan,
+        "exp": sympy.exp,
+    }
     consts = {"pi": sympy.pi, "e": sympy.E}
-    ops = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-           ast.Div: lambda a, b: a / b, ast.Pow: lambda a, b: a ** b}
+    ops = {
+        ast.Add: lambda a, b: a + b,
+        ast.Sub: lambda a, b: a - b,
+        ast.Mult: lambda a, b: a * b,
+        ast.Div: lambda a, b: a / b,
+        ast.Pow: lambda a, b: a**b,
+    }
 
     def walk(node, depth=0):
         if depth > 50:
             raise ValueError("too deep")
-        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, (int, float))
+            and not isinstance(node.value, bool)
+        ):
             return sympy.Rational(str(node.value))
         if isinstance(node, ast.BinOp) and type(node.op) in ops:
             a, b = walk(node.left, depth + 1), walk(node.right, depth + 1)
@@ -191,8 +268,13 @@ def _to_sympy(text: str):
             return -v if isinstance(node.op, ast.USub) else v
         if isinstance(node, ast.Name):
             return consts.get(node.id) or sympy.Symbol(node.id)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in funcs and \
-                len(node.args) == 1 and not node.keywords:
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in funcs
+            and len(node.args) == 1
+            and not node.keywords
+        ):
             return funcs[node.func.id](walk(node.args[0], depth + 1))
         raise ValueError(f"unsupported element {type(node).__name__}")
 
@@ -223,7 +305,9 @@ def _math_verify_equal(pred: str, gold: str) -> bool | None:
 
         from math_verify import parse, verify
 
-        logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns that we disabled its signal timeouts
+        logging.getLogger("math_verify").setLevel(
+            logging.ERROR
+        )  # it warns that we disabled its signal timeouts
     except ImportError:
         return None
     try:
@@ -251,16 +335,26 @@ def answers_match(pred: str | None, gold: str, *, use_math_verify: bool = True) 
 
 
 # --------------------------------------------------------------------------- env
-_PROMPT = "{question}\n\nSolve the problem step by step, then give the final answer inside \\boxed{}."
+_PROMPT = (
+    "{question}\n\nSolve the problem step by step, then give the final answer inside \\boxed{}."
+)
 #: the answer alone (the math_word recipe's prompt: SmolLM2-135M derails in long step-by-step replies)
 SHORT_PROMPT = "{question}\n\nReply with the final answer only, as a number inside \\boxed{}."
 
 
 def _check_prompt(prompt: str) -> str:
     if not isinstance(prompt, str) or "{question}" not in prompt:
-        raise ConfigError(explain("MathWordEnv.prompt", expected="a str containing {question}", received=prompt,
-                                  fix="e.g. prompt='{question}\\nAnswer in \\\\boxed{}.'"))
+        raise ConfigError(
+            explain(
+                "MathWordEnv.prompt",
+                expected="a str containing {question}",
+                received=prompt,
+                fix="e.g. prompt='{question}\\nAnswer in \\\\boxed{}.'",
+            )
+        )
     return prompt
+
+
 _CACHE: dict[str, list[Problem]] = {}
 
 
@@ -283,12 +377,26 @@ class MathWordEnv(TextEnv):
         use_math_verify: use ``math-verify`` as the last equivalence check when installed.
     """
 
-    def __init__(self, *, data_path: str | os.PathLike | None = None, max_attempts: int = 1, prompt: str = "",
-                 use_math_verify: bool = True, max_turns: int | None = None, render_mode: str | None = None):
+    def __init__(
+        self,
+        *,
+        data_path: str | os.PathLike | None = None,
+        max_attempts: int = 1,
+        prompt: str = "",
+        use_math_verify: bool = True,
+        max_turns: int | None = None,
+        render_mode: str | None = None,
+    ):
         super().__init__(max_turns=max_turns, render_mode=render_mode)
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-            raise ConfigError(explain("MathWordEnv.max_attempts", expected="an int >= 1", received=max_attempts,
-                                      fix="pass max_attempts=1"))
+            raise ConfigError(
+                explain(
+                    "MathWordEnv.max_attempts",
+                    expected="an int >= 1",
+                    received=max_attempts,
+                    fix="pass max_attempts=1",
+                )
+            )
         path = os.fspath(data_path) if data_path is not None else SAMPLE_PATH
         self.data_path = PACKAGED.get(path, path)
         self.problems = _cached_problems(self.data_path)
@@ -302,12 +410,24 @@ class MathWordEnv(TextEnv):
         index = (options or {}).get("index")
         if index is None:
             index = int(self.np_random.integers(len(self.problems)))
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(self.problems):
-            raise ConfigError(explain("MathWordEnv reset options['index']",
-                                      expected=f"an int in [0, {len(self.problems)})", received=index,
-                                      fix="omit it to draw a problem from the seed"))
+        if (
+            isinstance(index, bool)
+            or not isinstance(index, int)
+            or not 0 <= index < len(self.problems)
+        ):
+            raise ConfigError(
+                explain(
+                    "MathWordEnv reset options['index']",
+                    expected=f"an int in [0, {len(self.problems)})",
+                    received=index,
+                    fix="omit it to draw a problem from the seed",
+                )
+            )
         self._index, self.problem = index, self.problems[index]
-        info = {"task_id": f"{os.path.basename(self.data_path)}#{index}", "answer": self.problem.answer}
+        info = {
+            "task_id": f"{os.path.basename(self.data_path)}#{index}",
+            "answer": self.problem.answer,
+        }
         return self.prompt.replace("{question}", self.problem.question), info
 
     def _step(self, action: str):
@@ -315,8 +435,12 @@ class MathWordEnv(TextEnv):
         correct = answers_match(pred, self.problem.answer, use_math_verify=self.use_math_verify)
         done = correct or self.turn + 1 >= self.max_attempts
         obs = "Correct." if correct else ("Incorrect." if done else "Incorrect. Try again.")
-        info = {"task_id": f"{os.path.basename(self.data_path)}#{self._index}", "answer": self.problem.answer,
-                "parsed": pred, "correct": correct}
+        info = {
+            "task_id": f"{os.path.basename(self.data_path)}#{self._index}",
+            "answer": self.problem.answer,
+            "parsed": pred,
+            "correct": correct,
+        }
         return obs, 1.0 if correct else 0.0, done, info
 
 

@@ -69,7 +69,9 @@ class _IoLoop:
         with cls._lock:
             if cls._loop is None or cls._loop.is_closed() or cls._pid != os.getpid():
                 loop = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, name="gymllm-openenv-io", daemon=True).start()
+                threading.Thread(
+                    target=loop.run_forever, name="gymllm-openenv-io", daemon=True
+                ).start()
                 cls._loop, cls._pid = loop, os.getpid()
             return cls._loop
 
@@ -85,18 +87,31 @@ class OpenEnvTextEnv(TextEnv):
     Constructed without ``base_url`` (the registered id's default), it only says how to pass one.
     """
 
-    def __init__(self, base_url: str | None = None, *, max_turns: int | None = None, render_mode: str | None = None,
-                 **config: Any):
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        max_turns: int | None = None,
+        render_mode: str | None = None,
+        **config: Any,
+    ):
         super().__init__(max_turns=max_turns, render_mode=render_mode)
-        self._session: Any = None  # the GenericEnvClient of the current episode (lives on the I/O loop)
+        self._session: Any = (
+            None  # the GenericEnvClient of the current episode (lives on the I/O loop)
+        )
         self._mapping: SchemaMapping | None = None
         self.config: OpenEnvConfig | None = None
         if base_url is None:
-            self.metadata = {**type(self).metadata, "gymllm_skip_check": "needs a running OpenEnv server: "
-                             "pass base_url=... (tested in tests/test_openenv.py)"}
+            self.metadata = {
+                **type(self).metadata,
+                "gymllm_skip_check": "needs a running OpenEnv server: "
+                "pass base_url=... (tested in tests/test_openenv.py)",
+            }
             return
         self.config = OpenEnvConfig(base_url=base_url, **config)
-        schema = openenv_schema(base_url, headers=self.config.headers, timeout_s=self.config.connect_timeout_s)
+        schema = openenv_schema(
+            base_url, headers=self.config.headers, timeout_s=self.config.connect_timeout_s
+        )
         self._mapping = SchemaMapping(self.config, schema)
         self.action_space = self._mapping.action_space
         self.observation_space = self._mapping.observation_space
@@ -113,7 +128,9 @@ class OpenEnvTextEnv(TextEnv):
         return self._reset_result(await self._io_await(self._reset_coro(seed, options), "reset"))
 
     async def _astep(self, action: str) -> tuple:
-        return self._configured()[1].observation(await self._io_await(self._step_coro(action), "step"))
+        return self._configured()[1].observation(
+            await self._io_await(self._step_coro(action), "step")
+        )
 
     def _reset_coro(self, seed: int | None, options: dict | None) -> Coroutine[Any, Any, dict]:
         cfg = self._configured()[0]
@@ -130,10 +147,14 @@ class OpenEnvTextEnv(TextEnv):
     def _step_coro(self, action: str) -> Coroutine[Any, Any, dict]:
         cfg, mapping = self._configured()
         if self._session is None:
-            raise OpenEnvError(explain(f"{type(self).__name__}.step() to {cfg.base_url}",
-                                       expected="the episode's open session",
-                                       received="a session lost earlier in this episode (closed or timed out)",
-                                       fix="call reset() to start a new episode in a new session"))
+            raise OpenEnvError(
+                explain(
+                    f"{type(self).__name__}.step() to {cfg.base_url}",
+                    expected="the episode's open session",
+                    received="a session lost earlier in this episode (closed or timed out)",
+                    fix="call reset() to start a new episode in a new session",
+                )
+            )
         return self._send_step(self._session, mapping.action(action))
 
     # ------------------------------------------------------------------ I/O (coroutines run on the I/O loop)
@@ -157,11 +178,15 @@ class OpenEnvTextEnv(TextEnv):
                 raise
             self._session = client
             return _as_payload(result)
-        raise OpenEnvError(explain(f"{type(self).__name__}.reset() to {self._configured()[0].base_url}",
-                                   expected="an OpenEnv server accepting a session",
-                                   received=f"2 failed attempts ({type(last).__name__}: {last})",
-                                   fix="start the server (`gymllm serve-env ENV_ID --port P`) or check base_url"),
-                           cause=last)
+        raise OpenEnvError(
+            explain(
+                f"{type(self).__name__}.reset() to {self._configured()[0].base_url}",
+                expected="an OpenEnv server accepting a session",
+                received=f"2 failed attempts ({type(last).__name__}: {last})",
+                fix="start the server (`gymllm serve-env ENV_ID --port P`) or check base_url",
+            ),
+            cause=last,
+        )
 
     async def _send_step(self, client: Any, action: dict) -> dict:
         return _as_payload(await client.step(action))
@@ -169,19 +194,31 @@ class OpenEnvTextEnv(TextEnv):
     def _new_client(self) -> Any:
         cfg = self._configured()[0]
         generic = import_openenv("openenv.core.generic_client")
-        return generic.GenericEnvClient(base_url=cfg.http_url, connect_timeout_s=cfg.connect_timeout_s,
-                                        message_timeout_s=cfg.timeout_s, max_message_size_mb=cfg.max_message_mb,
-                                        headers=cfg.headers)
+        return generic.GenericEnvClient(
+            base_url=cfg.http_url,
+            connect_timeout_s=cfg.connect_timeout_s,
+            message_timeout_s=cfg.timeout_s,
+            max_message_size_mb=cfg.max_message_mb,
+            headers=cfg.headers,
+        )
 
     def _io_future(self, coro: Coroutine[Any, Any, _T], op: str) -> concurrent.futures.Future[_T]:
         cfg = self._configured()[0]
-        return _submit(asyncio.wait_for(coro, timeout=cfg.timeout_s + (cfg.connect_timeout_s if op == "reset" else 0)))
+        return _submit(
+            asyncio.wait_for(
+                coro, timeout=cfg.timeout_s + (cfg.connect_timeout_s if op == "reset" else 0)
+            )
+        )
 
     def _io_wait(self, coro: Coroutine[Any, Any, _T], op: str) -> _T:
         """Run ``coro`` on the I/O loop within ``timeout_s`` and wait here (gymllm errors on failure)."""
         try:
-            cfg = self._configured()[0]  # the I/O coroutine has its own deadline; this one is a backstop
-            return self._io_future(coro, op).result(timeout=cfg.timeout_s + cfg.connect_timeout_s + 5.0)
+            cfg = self._configured()[
+                0
+            ]  # the I/O coroutine has its own deadline; this one is a backstop
+            return self._io_future(coro, op).result(
+                timeout=cfg.timeout_s + cfg.connect_timeout_s + 5.0
+            )
         except BaseException as e:
             err = self._translate(e, op)
             if err is e:
@@ -205,21 +242,35 @@ class OpenEnvTextEnv(TextEnv):
             return e
         if isinstance(e, (asyncio.TimeoutError, TimeoutError, concurrent.futures.TimeoutError)):
             self._drop_session()
-            return EnvTimeoutError(explain(f"{type(self).__name__}.{op}() to {cfg.base_url}",
-                                           expected=f"an answer within timeout_s={cfg.timeout_s}", received="no answer",
-                                           fix="raise timeout_s, or check the server (its env may hang)"), cause=e)
+            return EnvTimeoutError(
+                explain(
+                    f"{type(self).__name__}.{op}() to {cfg.base_url}",
+                    expected=f"an answer within timeout_s={cfg.timeout_s}",
+                    received="no answer",
+                    fix="raise timeout_s, or check the server (its env may hang)",
+                ),
+                cause=e,
+            )
         if isinstance(e, RuntimeError) and (m := _SERVER_CODE.match(str(e))) is not None:
-            return OpenEnvError(f"OpenEnv server {cfg.base_url} failed {op}() [{m['code']}]: {m['msg']}",
-                                code=m["code"], cause=e)
-        if isinstance(e, (ConnectionError, OSError, EOFError)) or type(e).__module__.startswith("websockets"):
+            return OpenEnvError(
+                f"OpenEnv server {cfg.base_url} failed {op}() [{m['code']}]: {m['msg']}",
+                code=m["code"],
+                cause=e,
+            )
+        if isinstance(e, (ConnectionError, OSError, EOFError)) or type(e).__module__.startswith(
+            "websockets"
+        ):
             self._drop_session()  # ConnectionClosed and friends: this episode's session is gone
             return OpenEnvError(self._lost(op, e), cause=e)
         return e
 
     def _lost(self, op: str, e: BaseException) -> str:
-        return explain(f"{type(self).__name__}.{op}() to {self._configured()[0].base_url}",
-                       expected="the episode's session to stay open", received=f"{type(e).__name__}: {e}",
-                       fix="this episode is lost (the server closed or died); reset() opens a new session")
+        return explain(
+            f"{type(self).__name__}.{op}() to {self._configured()[0].base_url}",
+            expected="the episode's session to stay open",
+            received=f"{type(e).__name__}: {e}",
+            fix="this episode is lost (the server closed or died); reset() opens a new session",
+        )
 
     def _drop_session(self) -> None:
         old, self._session = self._session, None
@@ -228,10 +279,16 @@ class OpenEnvTextEnv(TextEnv):
 
     def _configured(self) -> tuple[OpenEnvConfig, SchemaMapping]:
         if self.config is None or self._mapping is None:
-            raise ConfigError(explain("gymllm/OpenEnv-v0", expected="base_url=<the server's URL>", received=None,
-                                      fix="gymllm.make('gymllm/OpenEnv-v0', base_url='http://127.0.0.1:8000') or "
-                                          "gymllm train --env.id gymllm/OpenEnv-v0 --env-kwargs "
-                                          "'{\"base_url\": \"http://127.0.0.1:8000\"}'"))
+            raise ConfigError(
+                explain(
+                    "gymllm/OpenEnv-v0",
+                    expected="base_url=<the server's URL>",
+                    received=None,
+                    fix="gymllm.make('gymllm/OpenEnv-v0', base_url='http://127.0.0.1:8000') or "
+                    "gymllm train --env.id gymllm/OpenEnv-v0 --env-kwargs "
+                    '\'{"base_url": "http://127.0.0.1:8000"}\'',
+                )
+            )
         return self.config, self._mapping
 
     def close(self) -> None:
@@ -253,8 +310,12 @@ async def _close_quietly(client: Any) -> None:
 
 def _as_payload(result: Any) -> dict:
     """A ``StepResult`` of GenericEnvClient -> the wire payload dict."""
-    return {"observation": result.observation, "reward": result.reward, "done": result.done,
-            "metadata": result.metadata}
+    return {
+        "observation": result.observation,
+        "reward": result.reward,
+        "done": result.done,
+        "metadata": result.metadata,
+    }
 
 
 def from_openenv(base_url: str, **config: Any) -> OpenEnvTextEnv:

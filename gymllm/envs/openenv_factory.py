@@ -27,11 +27,23 @@ def make_env_factory(env: str, env_kwargs: dict[str, Any] | None = None) -> Call
             for part in attr.split("."):
                 fn = getattr(fn, part)
         except (ImportError, AttributeError) as e:
-            raise ConfigError(explain("gymllm serve-env ENV", expected="'module:factory' naming a callable",
-                                      received=env, fix="check the module path and the factory's name")) from e
+            raise ConfigError(
+                explain(
+                    "gymllm serve-env ENV",
+                    expected="'module:factory' naming a callable",
+                    received=env,
+                    fix="check the module path and the factory's name",
+                )
+            ) from e
         if not callable(fn):
-            raise ConfigError(explain("gymllm serve-env ENV", expected="a callable factory", received=env,
-                                      fix="name a function or class that returns a gymnasium.Env"))
+            raise ConfigError(
+                explain(
+                    "gymllm serve-env ENV",
+                    expected="a callable factory",
+                    received=env,
+                    fix="name a function or class that returns a gymnasium.Env",
+                )
+            )
 
         def build() -> gym.Env:
             return _as_text_env(fn(**kwargs), None, kwargs)
@@ -46,8 +58,14 @@ def make_env_factory(env: str, env_kwargs: dict[str, Any] | None = None) -> Call
 
 def _as_text_env(made: Any, env_id: str | None, kwargs: dict) -> gym.Env:
     if not isinstance(made, gym.Env):
-        raise ConfigError(explain("gymllm serve-env ENV", expected="a factory returning a gymnasium.Env",
-                                  received=type(made).__name__, fix="return the env instance"))
+        raise ConfigError(
+            explain(
+                "gymllm serve-env ENV",
+                expected="a factory returning a gymnasium.Env",
+                received=type(made).__name__,
+                fix="return the env instance",
+            )
+        )
     if isinstance(made.action_space, Text):
         return made
     from gymllm.envs.gymnasium_adapter import from_gymnasium
@@ -61,4 +79,8 @@ def _as_text_env(made: Any, env_id: str | None, kwargs: dict) -> gym.Env:
 def is_async_native(env: gym.Env) -> bool:
     """Whether ``env`` (or the TextEnv it wraps) has a native ``async def _astep``."""
     u = getattr(env, "unwrapped", env)
-    return isinstance(u, TextEnv) and overrides_hook(u, "_astep") and callable(getattr(env, "astep", None))
+    return (
+        isinstance(u, TextEnv)
+        and overrides_hook(u, "_astep")
+        and callable(getattr(env, "astep", None))
+    )

@@ -32,11 +32,24 @@ class TokenGate:
             got = dict(scope.get("headers") or ()).get(b"authorization", b"")
             if not hmac.compare_digest(got, self._want):
                 if scope["type"] == "websocket":
-                    await send({"type": "websocket.close", "code": 1008, "reason": "missing or wrong token"})
+                    await send(
+                        {
+                            "type": "websocket.close",
+                            "code": 1008,
+                            "reason": "missing or wrong token",
+                        }
+                    )
                     return
-                body = json.dumps({"detail": "missing or wrong token: send 'Authorization: Bearer <token>'"}).encode()
-                await send({"type": "http.response.start", "status": 401,
-                            "headers": [(b"content-type", b"application/json")]})
+                body = json.dumps(
+                    {"detail": "missing or wrong token: send 'Authorization: Bearer <token>'"}
+                ).encode()
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 401,
+                        "headers": [(b"content-type", b"application/json")],
+                    }
+                )
                 await send({"type": "http.response.body", "body": body})
                 return
         await self.app(scope, receive, send)
@@ -64,11 +77,16 @@ def first_bad_number(body: bytes) -> tuple[str, str] | None:
     while stack:
         path, x = stack.pop()
         if isinstance(x, dict):
-            stack.extend((f"{path}.{k}" if path else str(k), v) for k, v in reversed(list(x.items())))
+            stack.extend(
+                (f"{path}.{k}" if path else str(k), v) for k, v in reversed(list(x.items()))
+            )
         elif isinstance(x, list):
             stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(x))))
         elif isinstance(x, float) and not math.isfinite(x):
-            return path or "body", "a non-finite number (NaN or Infinity, or one too large for a double)"
+            return (
+                path or "body",
+                "a non-finite number (NaN or Infinity, or one too large for a double)",
+            )
         elif isinstance(x, int) and not isinstance(x, bool) and not -_INT64 <= x < _INT64:
             return path or "body", f"an integer outside the signed 64-bit range ({str(x)[:30]}...)"
     return None
@@ -90,20 +108,38 @@ class JsonBodyGuard:
         if body is None:
             return  # the client went away
         if body is serving.TOO_LARGE:
-            return await _json_error(send, 413, f"body: expected at most {self.max_bytes} bytes, received more. "
-                                     "Fix: send less (or start the server with a larger --max-message-mb)",
-                                     "REQUEST_TOO_LARGE", "body")
+            return await _json_error(
+                send,
+                413,
+                f"body: expected at most {self.max_bytes} bytes, received more. "
+                "Fix: send less (or start the server with a larger --max-message-mb)",
+                "REQUEST_TOO_LARGE",
+                "body",
+            )
         bad = first_bad_number(body) if body else None
         if bad is not None:
             field, what = bad
-            return await _json_error(send, 400, f"{field}: expected a finite number within 64 bits, received {what}. "
-                                     "Fix: send finite JSON numbers (no NaN, Infinity or 1e999)", "VALIDATION_ERROR",
-                                     field)
+            return await _json_error(
+                send,
+                400,
+                f"{field}: expected a finite number within 64 bits, received {what}. "
+                "Fix: send finite JSON numbers (no NaN, Infinity or 1e999)",
+                "VALIDATION_ERROR",
+                field,
+            )
         await self.app(scope, serving.replaying(body, receive), send)
 
 
 async def _json_error(send: Any, status: int, detail: str, code: str, field: str) -> None:
     body = json.dumps({"detail": detail, "code": code, "field": field}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})

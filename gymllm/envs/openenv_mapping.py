@@ -18,11 +18,15 @@ from gymllm.spaces import Chat, Text
 
 __all__ = ["OBSERVATION_HINT", "SchemaMapping", "openenv_schema"]
 
-OBSERVATION_HINT = "x-gymllm-observation"  # key a gymllm server adds to its observation schema: "text" | "chat"
+OBSERVATION_HINT = (
+    "x-gymllm-observation"  # key a gymllm server adds to its observation schema: "text" | "chat"
+)
 _BASE_OBS_FIELDS = ("done", "reward", "metadata")
 
 
-def openenv_schema(base_url: str, *, headers: dict[str, str] | None = None, timeout_s: float = 10.0) -> dict:
+def openenv_schema(
+    base_url: str, *, headers: dict[str, str] | None = None, timeout_s: float = 10.0
+) -> dict:
     """The server's ``GET /schema``: ``{"action": ..., "observation": ..., "state": ...}`` JSON schemas."""
     import httpx
 
@@ -30,16 +34,26 @@ def openenv_schema(base_url: str, *, headers: dict[str, str] | None = None, time
     try:
         r = httpx.get(url, timeout=timeout_s, headers=headers)
     except httpx.HTTPError as e:
-        raise OpenEnvError(explain(f"GET {url}", expected="an OpenEnv server answering",
-                                   received=f"{type(e).__name__}: {e}",
-                                   fix="start it (`gymllm serve-env ENV_ID --port P`) or check base_url"),
-                           cause=e) from e
+        raise OpenEnvError(
+            explain(
+                f"GET {url}",
+                expected="an OpenEnv server answering",
+                received=f"{type(e).__name__}: {e}",
+                fix="start it (`gymllm serve-env ENV_ID --port P`) or check base_url",
+            ),
+            cause=e,
+        ) from e
     if r.status_code != 200:
-        raise OpenEnvError(explain(f"GET {url}", expected="HTTP 200 with the env's JSON schemas",
-                                   received=f"HTTP {r.status_code}: {r.text[:200]}",
-                                   fix="pass token=... if the server requires one; check that base_url is an "
-                                       "OpenEnv server"),
-                           code=f"HTTP_{r.status_code}")
+        raise OpenEnvError(
+            explain(
+                f"GET {url}",
+                expected="HTTP 200 with the env's JSON schemas",
+                received=f"HTTP {r.status_code}: {r.text[:200]}",
+                fix="pass token=... if the server requires one; check that base_url is an "
+                "OpenEnv server",
+            ),
+            code=f"HTTP_{r.status_code}",
+        )
     return r.json()
 
 
@@ -52,7 +66,9 @@ def _is_text(prop: dict) -> bool:
 def _text_prop(prop: dict) -> dict:
     if prop.get("type") == "string":
         return prop
-    return next(p for p in prop.get("anyOf", ()) if isinstance(p, dict) and p.get("type") == "string")
+    return next(
+        p for p in prop.get("anyOf", ()) if isinstance(p, dict) and p.get("type") == "string"
+    )
 
 
 class SchemaMapping:
@@ -71,21 +87,35 @@ class SchemaMapping:
             if field is None:
                 texts = [k for k, p in props.items() if _is_text(p)]
                 if len(texts) != 1 or required - {texts[0]}:
-                    raise ConfigError(explain(f"from_openenv({cfg.base_url!r})",
-                                              expected="an action schema with one text field",
-                                              received=f"fields {sorted(props)} (required: {sorted(required)})",
-                                              fix="pass action_field='<name>' or action_fn=lambda text: {...}"))
+                    raise ConfigError(
+                        explain(
+                            f"from_openenv({cfg.base_url!r})",
+                            expected="an action schema with one text field",
+                            received=f"fields {sorted(props)} (required: {sorted(required)})",
+                            fix="pass action_field='<name>' or action_fn=lambda text: {...}",
+                        )
+                    )
                 field = texts[0]
             elif field not in props:
-                raise ConfigError(explain("from_openenv(action_field)", expected=f"one of {sorted(props)}",
-                                          received=field, fix="name a field of the server's action schema"))
+                raise ConfigError(
+                    explain(
+                        "from_openenv(action_field)",
+                        expected=f"one of {sorted(props)}",
+                        received=field,
+                        fix="name a field of the server's action schema",
+                    )
+                )
             self.action_field = field
             if _is_text(props[field]):
                 p = _text_prop(props[field])
-                self.action_space = Text(min_length=int(p.get("minLength", 0)),
-                                         max_length=int(p.get("maxLength", 1 << 20)))
+                self.action_space = Text(
+                    min_length=int(p.get("minLength", 0)),
+                    max_length=int(p.get("maxLength", 1 << 20)),
+                )
         obs = schema.get("observation") or {}
-        oprops = {k: v for k, v in (obs.get("properties") or {}).items() if k not in _BASE_OBS_FIELDS}
+        oprops = {
+            k: v for k, v in (obs.get("properties") or {}).items() if k not in _BASE_OBS_FIELDS
+        }
         self.hint = obs.get(OBSERVATION_HINT)  # set by gymllm servers
         self.obs_field: str | None = None
         if cfg.observation_fn is None and self.hint is None:
@@ -97,23 +127,41 @@ class SchemaMapping:
                 elif "messages" in oprops:
                     field = "messages"
                 else:
-                    raise ConfigError(explain(f"from_openenv({cfg.base_url!r})",
-                                              expected="an observation schema with one text field (or 'messages')",
-                                              received=f"fields {sorted(oprops)}",
-                                              fix="pass observation_field='<name>' or observation_fn=lambda obs: ..."))
+                    raise ConfigError(
+                        explain(
+                            f"from_openenv({cfg.base_url!r})",
+                            expected="an observation schema with one text field (or 'messages')",
+                            received=f"fields {sorted(oprops)}",
+                            fix="pass observation_field='<name>' or observation_fn=lambda obs: ...",
+                        )
+                    )
             elif field not in oprops:
-                raise ConfigError(explain("from_openenv(observation_field)", expected=f"one of {sorted(oprops)}",
-                                          received=field, fix="name a field of the server's observation schema"))
+                raise ConfigError(
+                    explain(
+                        "from_openenv(observation_field)",
+                        expected=f"one of {sorted(oprops)}",
+                        received=field,
+                        fix="name a field of the server's observation schema",
+                    )
+                )
             self.obs_field = field
-        chat = self.hint == "chat" or (self.obs_field is not None and not _is_text(oprops.get(self.obs_field, {})))
+        chat = self.hint == "chat" or (
+            self.obs_field is not None and not _is_text(oprops.get(self.obs_field, {}))
+        )
         self.observation_space = Chat() if chat else Text()
 
     def action(self, text: str) -> dict:
         if self.cfg.action_fn is not None:
             payload = self.cfg.action_fn(text)
             if not isinstance(payload, dict):
-                raise ConfigError(explain("from_openenv(action_fn)", expected="a dict (the action's JSON)",
-                                          received=type(payload).__name__, fix="return e.g. {'message': text}"))
+                raise ConfigError(
+                    explain(
+                        "from_openenv(action_fn)",
+                        expected="a dict (the action's JSON)",
+                        received=type(payload).__name__,
+                        fix="return e.g. {'message': text}",
+                    )
+                )
             return payload
         return {self.action_field: text}
 

@@ -61,14 +61,39 @@ from gymllm.utils.serving import is_loopback
 _core = import_openenv("openenv.core")
 _types = import_openenv("openenv.core.env_server.types")
 
-__all__ = ["ServeEnvConfig", "GymllmEnvironment", "AsyncGymllmEnvironment", "ServedEnvError",
-           "build_app", "serve", "ServerThread", "offline_environ", "GOLD_INFO_KEYS", "withhold"]
+__all__ = [
+    "ServeEnvConfig",
+    "GymllmEnvironment",
+    "AsyncGymllmEnvironment",
+    "ServedEnvError",
+    "build_app",
+    "serve",
+    "ServerThread",
+    "offline_environ",
+    "GOLD_INFO_KEYS",
+    "withhold",
+]
 
-GOLD_INFO_KEYS = ("answer", "answers", "gold", "gold_answer", "solution", "solutions", "ground_truth",
-                  "reference_answer", "expected_answer", "correct_answer", "target_answer")
+GOLD_INFO_KEYS = (
+    "answer",
+    "answers",
+    "gold",
+    "gold_answer",
+    "solution",
+    "solutions",
+    "ground_truth",
+    "reference_answer",
+    "expected_answer",
+    "correct_answer",
+    "target_answer",
+)
 """``info`` keys that hold an env's gold answer: never sent to clients unless the operator says so."""
 
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", "ENABLE_WEB_INTERFACE": "false"}
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "GRADIO_ANALYTICS_ENABLED": "False",
+    "ENABLE_WEB_INTERFACE": "false",
+}
 
 
 def offline_environ() -> None:
@@ -98,31 +123,76 @@ class ServeEnvConfig:
     withhold_info: tuple[str, ...] = GOLD_INFO_KEYS
 
     def __post_init__(self) -> None:
-        if not isinstance(self.withhold_info, (tuple, list)) or not all(isinstance(k, str) for k in self.withhold_info):
-            raise ConfigError(explain("ServeEnvConfig.withhold_info", expected="a tuple of info keys",
-                                      received=self.withhold_info, fix='pass e.g. ("answer",) or () to send everything'))
+        if not isinstance(self.withhold_info, (tuple, list)) or not all(
+            isinstance(k, str) for k in self.withhold_info
+        ):
+            raise ConfigError(
+                explain(
+                    "ServeEnvConfig.withhold_info",
+                    expected="a tuple of info keys",
+                    received=self.withhold_info,
+                    fix='pass e.g. ("answer",) or () to send everything',
+                )
+            )
         if not isinstance(self.env, str) or not self.env:
-            raise ConfigError(explain("ServeEnvConfig.env", expected="an env id or 'module:factory'", received=self.env,
-                                      fix="pass e.g. gymllm/Arithmetic-v0"))
-        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
-            raise ConfigError(explain("ServeEnvConfig.port", expected="an int in 0..65535", received=self.port,
-                                      fix="pass --port 8000 (0: any free port)"))
-        if isinstance(self.max_sessions, bool) or not isinstance(self.max_sessions, int) or self.max_sessions < 1:
-            raise ConfigError(explain("ServeEnvConfig.max_sessions", expected="an int >= 1", received=self.max_sessions,
-                                      fix="pass --max-sessions 16"))
+            raise ConfigError(
+                explain(
+                    "ServeEnvConfig.env",
+                    expected="an env id or 'module:factory'",
+                    received=self.env,
+                    fix="pass e.g. gymllm/Arithmetic-v0",
+                )
+            )
+        if (
+            isinstance(self.port, bool)
+            or not isinstance(self.port, int)
+            or not 0 <= self.port <= 65535
+        ):
+            raise ConfigError(
+                explain(
+                    "ServeEnvConfig.port",
+                    expected="an int in 0..65535",
+                    received=self.port,
+                    fix="pass --port 8000 (0: any free port)",
+                )
+            )
+        if (
+            isinstance(self.max_sessions, bool)
+            or not isinstance(self.max_sessions, int)
+            or self.max_sessions < 1
+        ):
+            raise ConfigError(
+                explain(
+                    "ServeEnvConfig.max_sessions",
+                    expected="an int >= 1",
+                    received=self.max_sessions,
+                    fix="pass --max-sessions 16",
+                )
+            )
         for name in ("session_timeout_s", "max_message_mb"):
             v = getattr(self, name)
             if v is None and name == "session_timeout_s":
                 continue
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                raise ConfigError(explain(f"ServeEnvConfig.{name}", expected="a number > 0", received=v,
-                                          fix=f"pass a positive {name}"))
+                raise ConfigError(
+                    explain(
+                        f"ServeEnvConfig.{name}",
+                        expected="a number > 0",
+                        received=v,
+                        fix=f"pass a positive {name}",
+                    )
+                )
         if not is_loopback(self.host) and not self.resolved_token:
-            raise ConfigError(explain("gymllm serve-env --host",
-                                      expected="a loopback address (127.0.0.1, ::1, localhost), or a token when "
-                                               "binding anything else", received=self.host,
-                                      fix=f"pass --token SECRET (or set {TOKEN_ENV}); clients send it as "
-                                          "'Authorization: Bearer SECRET' (from_openenv(token=...))"))
+            raise ConfigError(
+                explain(
+                    "gymllm serve-env --host",
+                    expected="a loopback address (127.0.0.1, ::1, localhost), or a token when "
+                    "binding anything else",
+                    received=self.host,
+                    fix=f"pass --token SECRET (or set {TOKEN_ENV}); clients send it as "
+                    "'Authorization: Bearer SECRET' (from_openenv(token=...))",
+                )
+            )
 
     @property
     def resolved_token(self) -> str | None:
@@ -180,8 +250,14 @@ class GymllmEnvironment(_core.Environment):
 
     SUPPORTS_CONCURRENT_SESSIONS = True  # every session builds its own env instance
 
-    def __init__(self, make_env: Callable[[], gym.Env], *, env_name: str = "",
-                 observation_cls: type = GymllmObservation, withhold_info: tuple[str, ...] = GOLD_INFO_KEYS):
+    def __init__(
+        self,
+        make_env: Callable[[], gym.Env],
+        *,
+        env_name: str = "",
+        observation_cls: type = GymllmObservation,
+        withhold_info: tuple[str, ...] = GOLD_INFO_KEYS,
+    ):
         super().__init__()
         self._withhold = frozenset(withhold_info)
         self._env = make_env()
@@ -211,20 +287,31 @@ class GymllmEnvironment(_core.Environment):
     def _after_reset(self, result: tuple, episode_id: str | None) -> Any:
         obs, info = result
         self._episode_id, self._steps, self._done = episode_id or uuid.uuid4().hex, 0, False
-        return self._observation(obs, None, False, {"terminated": False, "truncated": False, "info": info})
+        return self._observation(
+            obs, None, False, {"terminated": False, "truncated": False, "info": info}
+        )
 
     def _after_step(self, result: tuple) -> Any:
         obs, reward, terminated, truncated, info = result
         self._steps += 1
         self._done = bool(terminated or truncated)
-        return self._observation(obs, float(reward), self._done,
-                                 {"terminated": bool(terminated), "truncated": bool(truncated), "info": info})
+        return self._observation(
+            obs,
+            float(reward),
+            self._done,
+            {"terminated": bool(terminated), "truncated": bool(truncated), "info": info},
+        )
 
     @property
     def state(self) -> GymllmState:
         unwrapped = getattr(self._env, "unwrapped", self._env)
-        return GymllmState(episode_id=self._episode_id, step_count=self._steps, env_id=self._env_name,
-                           turn=int(getattr(unwrapped, "turn", self._steps)), episode_done=self._done)
+        return GymllmState(
+            episode_id=self._episode_id,
+            step_count=self._steps,
+            env_id=self._env_name,
+            turn=int(getattr(unwrapped, "turn", self._steps)),
+            episode_done=self._done,
+        )
 
     def close(self) -> None:
         if not self._closed:
@@ -236,21 +323,30 @@ class GymllmEnvironment(_core.Environment):
         if isinstance(obs, str):
             return self._obs_cls(text=obs, done=done, reward=reward, metadata=metadata)
         if isinstance(obs, list):
-            return self._obs_cls(messages=jsonable(obs), done=done, reward=reward, metadata=metadata)
+            return self._obs_cls(
+                messages=jsonable(obs), done=done, reward=reward, metadata=metadata
+            )
         return self._obs_cls(text=str(obs), done=done, reward=reward, metadata=metadata)
 
     def _check_open(self, op: str) -> None:
         if self._closed:
-            raise ServedEnvError(explain(f"{op} on a closed session", expected="an open session",
-                                       received="a session reaped after being idle (or closed by the server)",
-                                       fix="open a new session (reconnect) and reset"))
+            raise ServedEnvError(
+                explain(
+                    f"{op} on a closed session",
+                    expected="an open session",
+                    received="a session reaped after being idle (or closed by the server)",
+                    fix="open a new session (reconnect) and reset",
+                )
+            )
 
 
 class AsyncGymllmEnvironment(GymllmEnvironment):
     """For envs with native ``async`` hooks: reset and step are awaited on the server's event loop
     (OpenEnv calls ``reset_async`` / ``step_async``), so a waiting env holds no thread."""
 
-    async def reset_async(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> Any:
+    async def reset_async(
+        self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any
+    ) -> Any:
         self._check_open("reset")
         try:
             result = await areset_env(self._env, seed=seed, options=_options(kwargs))
@@ -275,8 +371,11 @@ def _options(kwargs: dict) -> dict | None:
 
 
 def _served_error(e: BaseException) -> ServedEnvError:
-    kind = EpisodeOrderError if isinstance(e, ResetNeededError) else (
-        ServedActionError if isinstance(e, InvalidActionError) else ServedEnvError)
+    kind = (
+        EpisodeOrderError
+        if isinstance(e, ResetNeededError)
+        else (ServedActionError if isinstance(e, InvalidActionError) else ServedEnvError)
+    )
     return kind(f"{type(e).__name__}: {e}")
 
 
@@ -318,35 +417,70 @@ def build_app(config: ServeEnvConfig) -> Any:
     pyd = importlib.import_module("pydantic")
     max_len = int(getattr(space, "max_length", 1 << 20))
     action_cls = pyd.create_model(
-        "GymllmAction", __base__=_types.Action,
-        text=(str, pyd.Field(..., min_length=int(getattr(space, "min_length", 0)), max_length=max_len,
-                             description="the agent's reply (a text action)")))
+        "GymllmAction",
+        __base__=_types.Action,
+        text=(
+            str,
+            pyd.Field(
+                ...,
+                min_length=int(getattr(space, "min_length", 0)),
+                max_length=max_len,
+                description="the agent's reply (a text action)",
+            ),
+        ),
+    )
     hint = "chat" if chat else "text"
-    obs_cls = type("GymllmObservation", (GymllmObservation,), {
-        "__module__": __name__, "__doc__": GymllmObservation.__doc__,
-        "model_config": pyd.ConfigDict(json_schema_extra={OBSERVATION_HINT: hint})})
+    obs_cls = type(
+        "GymllmObservation",
+        (GymllmObservation,),
+        {
+            "__module__": __name__,
+            "__doc__": GymllmObservation.__doc__,
+            "model_config": pyd.ConfigDict(json_schema_extra={OBSERVATION_HINT: hint}),
+        },
+    )
     env_cls = AsyncGymllmEnvironment if native else GymllmEnvironment
-    factory = functools.partial(env_cls, make_env, env_name=config.env, observation_cls=obs_cls,
-                                withhold_info=tuple(config.withhold_info))
+    factory = functools.partial(
+        env_cls,
+        make_env,
+        env_name=config.env,
+        observation_cls=obs_cls,
+        withhold_info=tuple(config.withhold_info),
+    )
     app = _core.create_fastapi_app(
-        factory, action_cls, obs_cls,
-        concurrency_config=_types.ConcurrencyConfig(max_concurrent_envs=config.max_sessions,
-                                                    session_timeout=config.session_timeout_s),
-        env_name=config.env.replace("/", "_").replace(":", "_"), state_cls=GymllmState, mode="simulation")
+        factory,
+        action_cls,
+        obs_cls,
+        concurrency_config=_types.ConcurrencyConfig(
+            max_concurrent_envs=config.max_sessions, session_timeout=config.session_timeout_s
+        ),
+        env_name=config.env.replace("/", "_").replace(":", "_"),
+        state_cls=GymllmState,
+        mode="simulation",
+    )
 
     from fastapi.responses import JSONResponse
 
-    async def env_error(_request: Any, exc: Exception) -> Any:  # OpenEnv's stateless HTTP /reset, /step
+    async def env_error(
+        _request: Any, exc: Exception
+    ) -> Any:  # OpenEnv's stateless HTTP /reset, /step
         return JSONResponse({"detail": str(exc), "code": "EXECUTION_ERROR"}, status_code=500)
 
     async def order_error(_request: Any, exc: Exception) -> Any:
-        return JSONResponse({"detail": f"{exc}. Over HTTP, /reset and /step are stateless (each call builds a fresh "
-                                       "env, so a /step never follows a /reset): keep an episode on one WebSocket "
-                                       "session (/ws, e.g. OpenEnv's GenericEnvClient or gymllm's from_openenv)",
-                             "code": "RESET_NEEDED"}, status_code=409)
+        return JSONResponse(
+            {
+                "detail": f"{exc}. Over HTTP, /reset and /step are stateless (each call builds a fresh "
+                "env, so a /step never follows a /reset): keep an episode on one WebSocket "
+                "session (/ws, e.g. OpenEnv's GenericEnvClient or gymllm's from_openenv)",
+                "code": "RESET_NEEDED",
+            },
+            status_code=409,
+        )
 
     async def action_error(_request: Any, exc: Exception) -> Any:
-        return JSONResponse({"detail": str(exc), "code": "INVALID_ACTION", "field": "action"}, status_code=400)
+        return JSONResponse(
+            {"detail": str(exc), "code": "INVALID_ACTION", "field": "action"}, status_code=400
+        )
 
     app.add_exception_handler(ServedEnvError, env_error)
     app.add_exception_handler(EpisodeOrderError, order_error)
@@ -357,14 +491,25 @@ def build_app(config: ServeEnvConfig) -> Any:
 
 
 def _uvicorn_options(max_message_mb: float, compress: bool = False) -> dict[str, Any]:
-    return {"lifespan": "on", "access_log": False, "ws_max_size": int(max_message_mb * 1024 * 1024),
-            "ws_per_message_deflate": compress, "timeout_graceful_shutdown": 2}
+    return {
+        "lifespan": "on",
+        "access_log": False,
+        "ws_max_size": int(max_message_mb * 1024 * 1024),
+        "ws_per_message_deflate": compress,
+        "timeout_graceful_shutdown": 2,
+    }
 
 
 def serve(config: ServeEnvConfig, *, on_ready: Callable[[str], None] | None = None) -> None:
     """Serve until interrupted; ``on_ready(url)`` is called once the server accepts connections."""
-    serving.run_server(build_app(config), config.host, config.port, on_ready=on_ready, log_level="warning",
-                       **_uvicorn_options(config.max_message_mb, config.compress))
+    serving.run_server(
+        build_app(config),
+        config.host,
+        config.port,
+        on_ready=on_ready,
+        log_level="warning",
+        **_uvicorn_options(config.max_message_mb, config.compress),
+    )
 
 
 class ServerThread(serving.ServerThread):
@@ -377,6 +522,13 @@ class ServerThread(serving.ServerThread):
 
     def __init__(self, app: Any, *, max_message_mb: float = 16.0, ready_timeout_s: float = 30.0):
         offline_environ()
-        super().__init__(app, "127.0.0.1", 0, log_level="warning", ready_timeout_s=ready_timeout_s,
-                         name="gymllm-openenv-server", **_uvicorn_options(max_message_mb))
+        super().__init__(
+            app,
+            "127.0.0.1",
+            0,
+            log_level="warning",
+            ready_timeout_s=ready_timeout_s,
+            name="gymllm-openenv-server",
+            **_uvicorn_options(max_message_mb),
+        )
         self.start()

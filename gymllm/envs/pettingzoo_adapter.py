@@ -34,8 +34,14 @@ def from_pettingzoo(env: Any, **config: Any):
         return TextAECEnv(env, cfg)
     if isinstance(env, ParallelEnv):
         return TextParallelEnv(env, cfg)
-    raise ConfigError(explain("from_pettingzoo(env)", expected="a pettingzoo AECEnv or ParallelEnv (or a factory)",
-                              received=type(env).__name__, fix="pass e.g. tictactoe_v3.env()"))
+    raise ConfigError(
+        explain(
+            "from_pettingzoo(env)",
+            expected="a pettingzoo AECEnv or ParallelEnv (or a factory)",
+            received=type(env).__name__,
+            fix="pass e.g. tictactoe_v3.env()",
+        )
+    )
 
 
 __all__ = ["from_pettingzoo"]

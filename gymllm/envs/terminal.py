@@ -47,8 +47,11 @@ FUNCTIONS: dict[str, dict] = {
         "doc": "Return x limited to the range [lo, hi].",
         "good": "    return max(lo, min(x, hi))",
         "bad": "    return min(lo, max(x, hi))",
-        "cases": lambda r: [((int(r.integers(-50, 50)), -5, 5),), ((100, 0, int(r.integers(1, 20))),),
-                            ((-100, int(r.integers(-20, 0)), 30),)],
+        "cases": lambda r: [
+            ((int(r.integers(-50, 50)), -5, 5),),
+            ((100, 0, int(r.integers(1, 20))),),
+            ((-100, int(r.integers(-20, 0)), 30),),
+        ],
         "ref": lambda x, lo, hi: max(lo, min(x, hi)),
     },
     "mean": {
@@ -56,7 +59,9 @@ FUNCTIONS: dict[str, dict] = {
         "doc": "Return the arithmetic mean of a non-empty list of numbers.",
         "good": "    return sum(xs) / len(xs)",
         "bad": "    return sum(xs) / (len(xs) - 1)",
-        "cases": lambda r: [([int(v) for v in r.integers(0, 100, size=int(r.integers(2, 6)))],) for _ in range(3)],
+        "cases": lambda r: [
+            ([int(v) for v in r.integers(0, 100, size=int(r.integers(2, 6)))],) for _ in range(3)
+        ],
         "ref": lambda xs: sum(xs) / len(xs),
     },
     "is_leap": {
@@ -64,8 +69,12 @@ FUNCTIONS: dict[str, dict] = {
         "doc": "Return True when year is a leap year in the Gregorian calendar.",
         "good": "    return year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)",
         "bad": "    return year % 4 == 0 and year % 100 != 0",
-        "cases": lambda r: [(2000,), (int(r.choice([1900, 2100, 1800])),), (4 * int(r.integers(480, 520)) + 1,),
-                            (int(r.choice([1600, 2400])),)],
+        "cases": lambda r: [
+            (2000,),
+            (int(r.choice([1900, 2100, 1800])),),
+            (4 * int(r.integers(480, 520)) + 1,),
+            (int(r.choice([1600, 2400])),),
+        ],
         "ref": lambda y: y % 4 == 0 and (y % 100 != 0 or y % 400 == 0),
     },
     "fib": {
@@ -81,7 +90,11 @@ FUNCTIONS: dict[str, dict] = {
         "doc": "Return the number of whitespace-separated words in text.",
         "good": "    return len(text.split())",
         "bad": "    return len(text.split(' '))",
-        "cases": lambda r: [("  ".join(["w"] * int(r.integers(2, 6))),), (" lead and trail ",), ("one\ttwo\nthree",)],
+        "cases": lambda r: [
+            ("  ".join(["w"] * int(r.integers(2, 6))),),
+            (" lead and trail ",),
+            ("one\ttwo\nthree",),
+        ],
         "ref": lambda s: len(s.split()),
     },
     "factorial": {
@@ -128,17 +141,21 @@ _CMD = re.compile(r"```(?:bash|sh|shell|console)[ \t]*\n(.*?)```", re.DOTALL)
 
 
 TASKS = {
-    "fix": ("You are in the root of a small Python repository (lib/__init__.py, tests/test_lib.py). "
-            "A test is failing. Find and fix the bug in the library code (not in the tests).\n\n"
-            "To run a shell command, reply with it in a ```bash code block; you will see its output. "
-            "Each command starts in the repository root; there is no network. Useful commands: "
-            "`python -m unittest`, `cat lib/__init__.py`, `sed -i 's/old/new/' FILE`.\n"
-            "When the tests pass, reply without a code block to submit."),
-    "locate": ("You are in the root of a small Python repository: lib/__init__.py defines {names}; "
-               "tests/test_lib.py tests them. One of these functions has a bug, so a test fails.\n\n"
-               "To run a shell command, reply with it in a ```bash code block; you will see its output. "
-               "Useful commands: `python -m unittest`, `cat lib/__init__.py`.\n"
-               "To answer, reply without a code block, naming only the buggy function."),
+    "fix": (
+        "You are in the root of a small Python repository (lib/__init__.py, tests/test_lib.py). "
+        "A test is failing. Find and fix the bug in the library code (not in the tests).\n\n"
+        "To run a shell command, reply with it in a ```bash code block; you will see its output. "
+        "Each command starts in the repository root; there is no network. Useful commands: "
+        "`python -m unittest`, `cat lib/__init__.py`, `sed -i 's/old/new/' FILE`.\n"
+        "When the tests pass, reply without a code block to submit."
+    ),
+    "locate": (
+        "You are in the root of a small Python repository: lib/__init__.py defines {names}; "
+        "tests/test_lib.py tests them. One of these functions has a bug, so a test fails.\n\n"
+        "To run a shell command, reply with it in a ```bash code block; you will see its output. "
+        "Useful commands: `python -m unittest`, `cat lib/__init__.py`.\n"
+        "To answer, reply without a code block, naming only the buggy function."
+    ),
 }
 
 
@@ -158,13 +175,25 @@ def _sandbox_config(sandbox: SandboxConfig | dict | None) -> SandboxConfig:
     if isinstance(sandbox, SandboxConfig):
         return sandbox
     if sandbox is not None and not isinstance(sandbox, dict):
-        raise ConfigError(explain("TerminalEnv.sandbox", expected="a SandboxConfig, a dict of its fields, or None",
-                                  received=type(sandbox).__name__, fix='e.g. sandbox={"max_output_bytes": 600}'))
+        raise ConfigError(
+            explain(
+                "TerminalEnv.sandbox",
+                expected="a SandboxConfig, a dict of its fields, or None",
+                received=type(sandbox).__name__,
+                fix='e.g. sandbox={"max_output_bytes": 600}',
+            )
+        )
     try:
         return SandboxConfig(**{**defaults, **(sandbox or {})})
     except TypeError as e:
-        raise ConfigError(explain("TerminalEnv.sandbox", expected="SandboxConfig field names", received=sorted(sandbox),
-                                  fix=f"use fields of SandboxConfig ({e})")) from e
+        raise ConfigError(
+            explain(
+                "TerminalEnv.sandbox",
+                expected="SandboxConfig field names",
+                received=sorted(sandbox),
+                fix=f"use fields of SandboxConfig ({e})",
+            )
+        ) from e
 
 
 class TerminalEnv(TextEnv):
@@ -178,15 +207,38 @@ class TerminalEnv(TextEnv):
         max_turns: commands + submission allowed (default 12).
     """
 
-    def __init__(self, *, num_functions: int = 3, task: str = "fix", sandbox: SandboxConfig | dict | None = None,
-                 max_turns: int | None = 12, render_mode: str | None = None):
+    def __init__(
+        self,
+        *,
+        num_functions: int = 3,
+        task: str = "fix",
+        sandbox: SandboxConfig | dict | None = None,
+        max_turns: int | None = 12,
+        render_mode: str | None = None,
+    ):
         super().__init__(max_turns=max_turns, render_mode=render_mode)
-        if isinstance(num_functions, bool) or not isinstance(num_functions, int) or not 1 <= num_functions <= 6:
-            raise ConfigError(explain("TerminalEnv.num_functions", expected="an int in [1, 6]", received=num_functions,
-                                      fix="pass num_functions=3"))
+        if (
+            isinstance(num_functions, bool)
+            or not isinstance(num_functions, int)
+            or not 1 <= num_functions <= 6
+        ):
+            raise ConfigError(
+                explain(
+                    "TerminalEnv.num_functions",
+                    expected="an int in [1, 6]",
+                    received=num_functions,
+                    fix="pass num_functions=3",
+                )
+            )
         if task not in TASKS:
-            raise ConfigError(explain("TerminalEnv.task", expected=f"one of {sorted(TASKS)}", received=task,
-                                      fix='pass task="fix" or task="locate"'))
+            raise ConfigError(
+                explain(
+                    "TerminalEnv.task",
+                    expected=f"one of {sorted(TASKS)}",
+                    received=task,
+                    fix='pass task="fix" or task="locate"',
+                )
+            )
         self.num_functions, self.task = num_functions, task
         self.sandbox_config = _sandbox_config(sandbox)
         self.sandbox = Sandbox(self.sandbox_config)
@@ -195,13 +247,21 @@ class TerminalEnv(TextEnv):
     # ------------------------------------------------------------------ repository
     def _generate(self) -> dict[str, str]:
         rng = self.np_random
-        names = [list(FUNCTIONS)[int(i)] for i in rng.permutation(len(FUNCTIONS))[: self.num_functions]]
+        names = [
+            list(FUNCTIONS)[int(i)] for i in rng.permutation(len(FUNCTIONS))[: self.num_functions]
+        ]
         buggy = names[int(rng.integers(len(names)))]
         self.buggy, self.names = buggy, names
         self._hidden: list[tuple[str, tuple, object]] = []
         lib = ['"""A small utility library."""', ""]
-        tests = ["import unittest", "", "from lib import " + ", ".join(names), "", "",
-                 "class TestLib(unittest.TestCase):"]
+        tests = [
+            "import unittest",
+            "",
+            "from lib import " + ", ".join(names),
+            "",
+            "",
+            "class TestLib(unittest.TestCase):",
+        ]
         for name in names:
             f = FUNCTIONS[name]
             body = f["bad"] if name == buggy else f["good"]
@@ -211,18 +271,29 @@ class TerminalEnv(TextEnv):
                 args = args if isinstance(args, tuple) else (args,)
                 call = f"{name}({', '.join(map(repr, args))})"
                 want = ref(*args)
-                check = f"self.assertAlmostEqual({call}, {want!r})" if isinstance(want, float) else \
-                    f"self.assertEqual({call}, {want!r})"
+                check = (
+                    f"self.assertAlmostEqual({call}, {want!r})"
+                    if isinstance(want, float)
+                    else f"self.assertEqual({call}, {want!r})"
+                )
                 tests += [f"    def test_{name}_{i}(self):", f"        {check}", ""]
-            for (args,) in f["cases"](rng):  # hidden cases: fresh inputs, values checked outside the sandbox
+            for (args,) in f["cases"](
+                rng
+            ):  # hidden cases: fresh inputs, values checked outside the sandbox
                 args = args if isinstance(args, tuple) else (args,)
                 self._hidden.append((name, args, ref(*args)))
         tests += ["", 'if __name__ == "__main__":', "    unittest.main()", ""]
-        readme = ("# lib\n\nA small utility library. Run the tests with:\n\n    python -m unittest -v\n\n"
-                  "Files: lib/__init__.py (the code), tests/test_lib.py (the tests).\n")
+        readme = (
+            "# lib\n\nA small utility library. Run the tests with:\n\n    python -m unittest -v\n\n"
+            "Files: lib/__init__.py (the code), tests/test_lib.py (the tests).\n"
+        )
         self._tests = "\n".join(tests)
-        return {"README.md": readme, "lib/__init__.py": "\n".join(lib), "tests/__init__.py": "",
-                "tests/test_lib.py": self._tests}
+        return {
+            "README.md": readme,
+            "lib/__init__.py": "\n".join(lib),
+            "tests/__init__.py": "",
+            "tests/test_lib.py": self._tests,
+        }
 
     def _clear(self) -> None:
         self.sandbox.clear()  # by descriptors, inside the sandbox's own work dir (its host path is empty)
@@ -232,9 +303,13 @@ class TerminalEnv(TextEnv):
             self.sandbox = Sandbox(self.sandbox_config)
         self._clear()
         self.sandbox.write_files(self._generate())
-        self._task_id = f"terminal-{self.buggy}-{hashlib.sha1(self._tests.encode()).hexdigest()[:10]}"
-        return TASKS[self.task].format(names=", ".join(self.names)), {"task_id": self._task_id,
-                                                                       "buggy_function": self.buggy}
+        self._task_id = (
+            f"terminal-{self.buggy}-{hashlib.sha1(self._tests.encode()).hexdigest()[:10]}"
+        )
+        return TASKS[self.task].format(names=", ".join(self.names)), {
+            "task_id": self._task_id,
+            "buggy_function": self.buggy,
+        }
 
     # ------------------------------------------------------------------ actions
     def grade(self) -> tuple[bool, str]:
@@ -246,8 +321,14 @@ class TerminalEnv(TextEnv):
         """
         self.sandbox.write_files({"tests/test_lib.py": self._tests, "tests/__init__.py": ""})
         res = self.run_shell("python -m unittest -q 2>&1 | tail -n 15")
-        ok = res.ok and bool(re.search(r"^OK", res.stdout, re.MULTILINE)) and "FAILED" not in res.stdout
-        output = re.sub(r"(Ran \d+ tests?) in [\d.]+s", r"\1", res.as_text())  # no timings: replayable
+        ok = (
+            res.ok
+            and bool(re.search(r"^OK", res.stdout, re.MULTILINE))
+            and "FAILED" not in res.stdout
+        )
+        output = re.sub(
+            r"(Ran \d+ tests?) in [\d.]+s", r"\1", res.as_text()
+        )  # no timings: replayable
         if ok and not self._hidden_pass():
             ok, output = False, output + "\n(hidden checks failed)"
         return ok, output
@@ -259,7 +340,9 @@ class TerminalEnv(TextEnv):
 
         res = self.sandbox.run_shell(command, **kw)
         wd = self.sandbox.workdir
-        return dataclasses.replace(res, stdout=res.stdout.replace(wd, "/repo"), stderr=res.stderr.replace(wd, "/repo"))
+        return dataclasses.replace(
+            res, stdout=res.stdout.replace(wd, "/repo"), stderr=res.stderr.replace(wd, "/repo")
+        )
 
     def _hidden_pass(self) -> bool:
         mark = f"@@hidden-{secrets.token_hex(8)}@@"
@@ -268,7 +351,7 @@ class TerminalEnv(TextEnv):
         line = next((ln for ln in reversed(res.stdout.splitlines()) if ln.startswith(mark)), None)
         if line is None:
             return False
-        got = json.loads(line[len(mark):])
+        got = json.loads(line[len(mark) :])
         if "results" not in got or len(got["results"]) != len(self._hidden):
             return False
         for (_, _, want), value in zip(self._hidden, got["results"]):
@@ -288,7 +371,9 @@ class TerminalEnv(TextEnv):
         if cmd is not None:
             res = self.run_shell(cmd)
             truncated = self.max_turns is not None and self.turn + 1 >= self.max_turns
-            if truncated:  # out of turns: grade what is there (reward only if it passes; locate: no answer)
+            if (
+                truncated
+            ):  # out of turns: grade what is there (reward only if it passes; locate: no answer)
                 ok = self.grade()[0] if self.task == "fix" else False
                 info.update(passed=ok, command=cmd, exit_code=res.exit_code)
                 return res.as_text(), float(ok), False, True, info
@@ -310,17 +395,35 @@ class TerminalEnv(TextEnv):
         super().close()
 
 
-def make_terminal_tools(*, num_functions: int = 3, task: str = "fix", parser: str = "hermes", max_tool_calls: int = 12,
-                        sandbox: SandboxConfig | dict | None = None, max_turns: int | None = 12,
-                        render_mode: str | None = None):
+def make_terminal_tools(
+    *,
+    num_functions: int = 3,
+    task: str = "fix",
+    parser: str = "hermes",
+    max_tool_calls: int = 12,
+    sandbox: SandboxConfig | dict | None = None,
+    max_turns: int | None = 12,
+    render_mode: str | None = None,
+):
     """``ToolUse(TerminalEnv(...), tools=[shell])`` where ``shell(command)`` runs in the repository."""
     from gymllm.tools.shell import make_shell_tool
     from gymllm.wrappers.tool_use import ToolUse
 
-    env = TerminalEnv(num_functions=num_functions, task=task, sandbox=sandbox, max_turns=max_turns,
-                      render_mode=render_mode)
+    env = TerminalEnv(
+        num_functions=num_functions,
+        task=task,
+        sandbox=sandbox,
+        max_turns=max_turns,
+        render_mode=render_mode,
+    )
     proxy = _SandboxProxy(env)
-    return ToolUse(env, tools=[make_shell_tool(proxy)], parser=parser, max_tool_calls=max_tool_calls, timeout_s=None)
+    return ToolUse(
+        env,
+        tools=[make_shell_tool(proxy)],
+        parser=parser,
+        max_tool_calls=max_tool_calls,
+        timeout_s=None,
+    )
 
 
 class _SandboxProxy:

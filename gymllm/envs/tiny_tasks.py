@@ -40,29 +40,72 @@ def letter_fraction(reply: str, letter: str) -> float:
 
 def _check(name: str, ok: bool, value: object, expected: str, fix: str) -> None:
     if not ok:
-        raise ConfigError(explain(f"TinyRepeatEnv.{name}", expected=expected, received=value, fix=fix))
+        raise ConfigError(
+            explain(f"TinyRepeatEnv.{name}", expected=expected, received=value, fix=fix)
+        )
 
 
 class TinyRepeatEnv(TextEnv):
     """Write the target letter, and nothing else (see the module docstring)."""
 
-    def __init__(self, *, num_letters: int = 4, latency_median_s: float = 0.0, latency_p99_s: float = 0.0,
-                 continue_prob: float = 0.0, max_replies: int = 1, max_turns: int | None = None,
-                 render_mode: str | None = None):
+    def __init__(
+        self,
+        *,
+        num_letters: int = 4,
+        latency_median_s: float = 0.0,
+        latency_p99_s: float = 0.0,
+        continue_prob: float = 0.0,
+        max_replies: int = 1,
+        max_turns: int | None = None,
+        render_mode: str | None = None,
+    ):
         super().__init__(max_turns=max_turns, render_mode=render_mode)
-        _check("num_letters", isinstance(num_letters, int) and not isinstance(num_letters, bool)
-               and 1 <= num_letters <= 26, num_letters, "an int in [1, 26]", "pass num_letters=4")
-        _check("latency_median_s", isinstance(latency_median_s, (int, float)) and latency_median_s >= 0,
-               latency_median_s, "a float >= 0 (seconds)", "pass latency_median_s=0.05")
-        _check("latency_p99_s", isinstance(latency_p99_s, (int, float)) and latency_p99_s >= 0, latency_p99_s,
-               "a float >= 0 (seconds)", "pass latency_p99_s=1.0")
-        _check("continue_prob", isinstance(continue_prob, (int, float)) and 0 <= continue_prob < 1, continue_prob,
-               "a float in [0, 1)", "pass continue_prob=0.3")
-        _check("max_replies", isinstance(max_replies, int) and max_replies >= 1, max_replies, "an int >= 1",
-               "pass max_replies=4")
-        self.num_letters, self.continue_prob, self.max_replies = num_letters, float(continue_prob), max_replies
+        _check(
+            "num_letters",
+            isinstance(num_letters, int)
+            and not isinstance(num_letters, bool)
+            and 1 <= num_letters <= 26,
+            num_letters,
+            "an int in [1, 26]",
+            "pass num_letters=4",
+        )
+        _check(
+            "latency_median_s",
+            isinstance(latency_median_s, (int, float)) and latency_median_s >= 0,
+            latency_median_s,
+            "a float >= 0 (seconds)",
+            "pass latency_median_s=0.05",
+        )
+        _check(
+            "latency_p99_s",
+            isinstance(latency_p99_s, (int, float)) and latency_p99_s >= 0,
+            latency_p99_s,
+            "a float >= 0 (seconds)",
+            "pass latency_p99_s=1.0",
+        )
+        _check(
+            "continue_prob",
+            isinstance(continue_prob, (int, float)) and 0 <= continue_prob < 1,
+            continue_prob,
+            "a float in [0, 1)",
+            "pass continue_prob=0.3",
+        )
+        _check(
+            "max_replies",
+            isinstance(max_replies, int) and max_replies >= 1,
+            max_replies,
+            "an int >= 1",
+            "pass max_replies=4",
+        )
+        self.num_letters, self.continue_prob, self.max_replies = (
+            num_letters,
+            float(continue_prob),
+            max_replies,
+        )
         self.median_s, self.p99_s = float(latency_median_s), float(latency_p99_s)
-        self._sigma = math.log(self.p99_s / self.median_s) / _Z99 if self.p99_s > self.median_s > 0 else 0.0
+        self._sigma = (
+            math.log(self.p99_s / self.median_s) / _Z99 if self.p99_s > self.median_s > 0 else 0.0
+        )
         self._letter, self._replies, self._reply = "a", 1, 0
 
     def _reset(self, *, seed, options):
@@ -71,7 +114,10 @@ class TinyRepeatEnv(TextEnv):
         self._replies, self._reply = 1, 0
         while self._replies < self.max_replies and rng.random() < self.continue_prob:
             self._replies += 1
-        return f"Repeat the letter {self._letter}.", {"task_id": f"repeat-{self._letter}", "answer": self._letter}
+        return f"Repeat the letter {self._letter}.", {
+            "task_id": f"repeat-{self._letter}",
+            "answer": self._letter,
+        }
 
     async def _areset(self, *, seed, options):
         return self._reset(seed=seed, options=options)  # microseconds of work: no executor hop

@@ -51,21 +51,36 @@ class AdapterConfig:
     names: tuple[str, ...]
 
     def __post_init__(self) -> None:
-        require(isinstance(self.lora, LoRAConfig) and self.lora.enabled, "AdapterConfig.lora",
-                expected="a LoRAConfig with rank > 0", received=self.lora, fix="e.g. LoRAConfig(rank=8)")
+        require(
+            isinstance(self.lora, LoRAConfig) and self.lora.enabled,
+            "AdapterConfig.lora",
+            expected="a LoRAConfig with rank > 0",
+            received=self.lora,
+            fix="e.g. LoRAConfig(rank=8)",
+        )
         names = tuple(self.names) if isinstance(self.names, (list, tuple)) else ()
-        require(bool(names) and all(isinstance(n, str) and n for n in names) and len(set(names)) == len(names),
-                "AdapterConfig.names", expected="distinct non-empty adapter names", received=self.names,
-                fix='e.g. names=("a", "b")')
+        require(
+            bool(names)
+            and all(isinstance(n, str) and n for n in names)
+            and len(set(names)) == len(names),
+            "AdapterConfig.names",
+            expected="distinct non-empty adapter names",
+            received=self.names,
+            fix='e.g. names=("a", "b")',
+        )
         object.__setattr__(self, "names", names)
 
 
 @jax.jit
-def write_slot(stacks: dict[str, jax.Array], arrays: dict[str, jax.Array], k: jax.Array) -> dict[str, jax.Array]:
+def write_slot(
+    stacks: dict[str, jax.Array], arrays: dict[str, jax.Array], k: jax.Array
+) -> dict[str, jax.Array]:
     """``stacks`` with slot ``k`` (axis 1) of each replaced by ``arrays[key]`` ([L, ...]); one program for
     every slot (``k`` traced)."""
-    return {key: jax.lax.dynamic_update_index_in_dim(v, arrays[key].astype(v.dtype)[:, None], k, 1)
-            for key, v in stacks.items()}
+    return {
+        key: jax.lax.dynamic_update_index_in_dim(v, arrays[key].astype(v.dtype)[:, None], k, 1)
+        for key, v in stacks.items()
+    }
 
 
 class AdapterStore:
@@ -74,7 +89,9 @@ class AdapterStore:
     ``base``: the engine's flat weights (shapes and dtype of the adapted projections); ``version``:
     every adapter's first version; ``cv``: the engine's condition (guards ``pending``, wakes the loop)."""
 
-    def __init__(self, config: AdapterConfig, base: dict[str, Any], version: int, *, cv: threading.Condition):
+    def __init__(
+        self, config: AdapterConfig, base: dict[str, Any], version: int, *, cv: threading.Condition
+    ):
         self.config, self.cv = config, cv
         self.index = {name: k + 1 for k, name in enumerate(config.names)}
         n, r = len(config.names) + 1, config.lora.rank
@@ -85,10 +102,16 @@ class AdapterStore:
             layers, d_in, d_out = w.shape
             self.shapes[f"layers.{t}.lora_a"] = (layers, d_in, r)
             self.shapes[f"layers.{t}.lora_b"] = (layers, r, d_out)
-            self.stacks[f"layers.{t}.lora_a"] = jax.numpy.asarray(np.zeros((layers, n, d_in, r), w.dtype))
-            self.stacks[f"layers.{t}.lora_b"] = jax.numpy.asarray(np.zeros((layers, n, r, d_out), w.dtype))
+            self.stacks[f"layers.{t}.lora_a"] = jax.numpy.asarray(
+                np.zeros((layers, n, d_in, r), w.dtype)
+            )
+            self.stacks[f"layers.{t}.lora_b"] = jax.numpy.asarray(
+                np.zeros((layers, n, r, d_out), w.dtype)
+            )
         self.versions = [int(version)] * n
-        self.pending: dict[int, tuple[dict[str, jax.Array], int]] = {}  # stack index -> (arrays, version)
+        self.pending: dict[
+            int, tuple[dict[str, jax.Array], int]
+        ] = {}  # stack index -> (arrays, version)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -100,9 +123,15 @@ class AdapterStore:
             return BASE
         k = self.index.get(name) if isinstance(name, str) else None
         if k is None:
-            raise EngineError(explain("adapter", expected=f"one of this engine's adapters {list(self.names)} (or None "
-                                      "for the base model)", received=name,
-                                      fix="name an adapter of the engine's AdapterConfig"))
+            raise EngineError(
+                explain(
+                    "adapter",
+                    expected=f"one of this engine's adapters {list(self.names)} (or None "
+                    "for the base model)",
+                    received=name,
+                    fix="name an adapter of the engine's AdapterConfig",
+                )
+            )
         return k
 
     def latest_version(self, name: str) -> int:
@@ -117,15 +146,30 @@ class AdapterStore:
         scale B by ``alpha / r``, convert to the stacks' dtype and park it for the engine thread."""
         k = self.resolve(name)
         if name is None:
-            raise EngineError(explain("update_adapter(name)", expected=f"one of {list(self.names)}", received=None,
-                                      fix="update the base weights with update_weights(state, version)"))
+            raise EngineError(
+                explain(
+                    "update_adapter(name)",
+                    expected=f"one of {list(self.names)}",
+                    received=None,
+                    fix="update the base weights with update_weights(state, version)",
+                )
+            )
         if isinstance(adapters, MergedWeights):
             adapters = adapters.adapters
-        got = {key: tuple(np.shape(v)) for key, v in dict(adapters).items()} if hasattr(adapters, "items") else adapters
+        got = (
+            {key: tuple(np.shape(v)) for key, v in dict(adapters).items()}
+            if hasattr(adapters, "items")
+            else adapters
+        )
         if got != self.shapes:
-            raise EngineError(explain(f"update_adapter({name!r}, adapters)", expected=f"exactly {self.shapes}",
-                                      received=got if isinstance(got, dict) else type(adapters).__name__,
-                                      fix="push the learner's adapters of the engine's LoRAConfig"))
+            raise EngineError(
+                explain(
+                    f"update_adapter({name!r}, adapters)",
+                    expected=f"exactly {self.shapes}",
+                    received=got if isinstance(got, dict) else type(adapters).__name__,
+                    fix="push the learner's adapters of the engine's LoRAConfig",
+                )
+            )
         lora = self.config.lora
         scale = np.float32(lora.alpha / lora.rank)
         arrays = {}
@@ -133,7 +177,11 @@ class AdapterStore:
             x = np.asarray(adapters[key], np.float32)
             x = x * scale if key.endswith("lora_b") else x
             dtype = np.dtype(self.stacks[key].dtype)  # uint16 storage holds bfloat16 bit patterns
-            arrays[key] = x.astype(jax.numpy.bfloat16).view(np.uint16) if dtype == np.uint16 else x.astype(dtype)
+            arrays[key] = (
+                x.astype(jax.numpy.bfloat16).view(np.uint16)
+                if dtype == np.uint16
+                else x.astype(dtype)
+            )
         with self.cv:
             self.pending[k] = (arrays, int(version))
             self.cv.notify_all()
@@ -169,9 +217,15 @@ class AdapterStore:
 def require_store(store: AdapterStore | None, what: str) -> AdapterStore:
     """``store``, or an :class:`EngineError` saying that ``JaxEngine.<what>`` needs an engine built with adapters."""
     if store is None:
-        raise EngineError(explain(f"JaxEngine.{what}", expected="an engine built with adapters=AdapterConfig(...)",
-                                  received="an engine without adapters", fix="build JaxEngine(..., adapters="
-                                  "AdapterConfig(lora=LoRAConfig(rank=...), names=(...)))"))
+        raise EngineError(
+            explain(
+                f"JaxEngine.{what}",
+                expected="an engine built with adapters=AdapterConfig(...)",
+                received="an engine without adapters",
+                fix="build JaxEngine(..., adapters="
+                "AdapterConfig(lora=LoRAConfig(rank=...), names=(...)))",
+            )
+        )
     return store
 
 
@@ -182,7 +236,9 @@ class AdapterView:
     shared engine to its owner."""
 
     def __init__(self, engine: Any, name: str):
-        require_store(engine.adapters, "for_adapter(name)").resolve(name)  # an unknown name fails here, clearly
+        require_store(engine.adapters, "for_adapter(name)").resolve(
+            name
+        )  # an unknown name fails here, clearly
         self.engine, self.name = engine, name
 
     @property
@@ -202,14 +258,22 @@ class AdapterView:
     def serving(self) -> bool:
         return self.engine.serving
 
-    async def generate(self, prompt_ids: Sequence[int], params: Any = None, *, session_id: str | None = None) -> Any:
-        return await self.engine.generate(prompt_ids, params, session_id=session_id, adapter=self.name)
+    async def generate(
+        self, prompt_ids: Sequence[int], params: Any = None, *, session_id: str | None = None
+    ) -> Any:
+        return await self.engine.generate(
+            prompt_ids, params, session_id=session_id, adapter=self.name
+        )
 
     async def generate_n(self, prompt_ids: Sequence[int], params: Any) -> list[Any]:
         return await self.engine.generate_n(prompt_ids, params, adapter=self.name)
 
-    async def stream(self, prompt_ids: Sequence[int], params: Any = None, *, session_id: str | None = None):
-        async for item in self.engine.stream(prompt_ids, params, session_id=session_id, adapter=self.name):
+    async def stream(
+        self, prompt_ids: Sequence[int], params: Any = None, *, session_id: str | None = None
+    ):
+        async for item in self.engine.stream(
+            prompt_ids, params, session_id=session_id, adapter=self.name
+        ):
             yield item
 
     def end_session(self, session_id: str) -> None:

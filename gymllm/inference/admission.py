@@ -49,14 +49,24 @@ Batch = tuple[list[EngineRequest], int]  # (requests, length bucket of their pro
 class Admission:
     """The waiting requests and the cache rows they are placed in."""
 
-    def __init__(self, config: EngineConfig, cv: threading.Condition, buckets: Sequence[int], stats: dict[str, int]):
+    def __init__(
+        self,
+        config: EngineConfig,
+        cv: threading.Condition,
+        buckets: Sequence[int],
+        stats: dict[str, int],
+    ):
         self.config = config
         self.cv = cv
         self.buckets = tuple(buckets)  # prefill chunk length buckets
-        self.stats = stats  # the engine's counters: "prefill_tokens", "reused_tokens" are counted here
+        self.stats = (
+            stats  # the engine's counters: "prefill_tokens", "reused_tokens" are counted here
+        )
         self.table = SlotTable(config.num_slots)
         self.waiting: list[EngineRequest] = []
-        self.copies: list[tuple[int, int]] = []  # (source row, destination row) to copy before this round's prefill
+        self.copies: list[
+            tuple[int, int]
+        ] = []  # (source row, destination row) to copy before this round's prefill
 
     # ------------------------------------------------------------------ the queue (any thread)
     def enqueue(self, req: EngineRequest) -> None:
@@ -83,8 +93,9 @@ class Admission:
         return waiting
 
     # ------------------------------------------------------------------ admission (engine thread)
-    def admit(self, decoding: bool, version: Any, active: dict[int, EngineRequest] | None = None
-              ) -> tuple[list[Batch], Batch | None]:
+    def admit(
+        self, decoding: bool, version: Any, active: dict[int, EngineRequest] | None = None
+    ) -> tuple[list[Batch], Batch | None]:
         """Place waiting requests in free rows under policy ``version`` (an int, or a function of a request's
         adapter index giving the kv tag its row computes under: a cached prefix is reused only under an
         equal one) and group them into prefill batches
@@ -95,24 +106,33 @@ class Admission:
         in :attr:`copies` for :meth:`copy_shared`."""
         cfg = self.config
         share = cfg.prefix_reuse and cfg.share_prompt_prefill
-        sources = [(r.slot, r.prompt, r.kv_version) for r in (active or {}).values()] if share else []
+        sources = (
+            [(r.slot, r.prompt, r.kv_version) for r in (active or {}).values()] if share else []
+        )
         admitted: list[EngineRequest] = []
         deferred: list[EngineRequest] = []
         self.copies = []
         with self.cv:
             free, fill = self.table.num_free, min(cfg.max_prefill_batch, cfg.num_slots)
             if decoding and len(self.waiting) > free and free < fill:
-                return [], None  # saturated: let rows free up to fill a whole prefill batch (fewer, fuller prefills)
+                return (
+                    [],
+                    None,
+                )  # saturated: let rows free up to fill a whole prefill batch (fewer, fuller prefills)
             while self.waiting and self.table.num_free:
                 req = self.waiting.pop(0)
                 reuse_ok = cfg.prefix_reuse
                 tag = version(req.adapter) if callable(version) else version
                 if share and self.wait_for_source(req, tag, admitted, sources):
-                    deferred.append(req)  # its source is prefilled this round: it copies from it next round
+                    deferred.append(
+                        req
+                    )  # its source is prefilled this round: it copies from it next round
                     if len(deferred) >= cfg.num_slots:
                         break  # enough wait for a round; the rest keep their place in the queue unexamined
                     continue
-                req.placement = self.table.acquire(req.prompt if reuse_ok else [], req.session_id, tag)
+                req.placement = self.table.acquire(
+                    req.prompt if reuse_ok else [], req.session_id, tag
+                )
                 req.kv_version = tag
                 if not reuse_ok:
                     req.placement = Placement(req.placement.slot, 0)
@@ -120,14 +140,19 @@ class Admission:
                     self.share_from(req, tag, sources)
                 admitted.append(req)
             self.waiting[:0] = deferred
-        if cfg.shapes == "fixed":  # one round, packed into calls of prefill_tokens tokens by the loop
+        if (
+            cfg.shapes == "fixed"
+        ):  # one round, packed into calls of prefill_tokens tokens by the loop
             return ([(admitted, cfg.prefill_tokens)] if admitted else []), None
         by_bucket: dict[int, list[EngineRequest]] = {}
         for req in admitted:
             chunk = len(req.prompt) - req.placement.reuse_len
             by_bucket.setdefault(pick_bucket(chunk, self.buckets), []).append(req)
-        batches = [(reqs[i : i + cfg.max_prefill_batch], bucket) for bucket, reqs in sorted(by_bucket.items())
-                   for i in range(0, len(reqs), cfg.max_prefill_batch)]
+        batches = [
+            (reqs[i : i + cfg.max_prefill_batch], bucket)
+            for bucket, reqs in sorted(by_bucket.items())
+            for i in range(0, len(reqs), cfg.max_prefill_batch)
+        ]
         ride = None
         if decoding and batches and batches[0][1] <= cfg.piggyback_tokens:
             ride = batches.pop(0)  # the smallest bucket rides along the decode step
@@ -138,8 +163,9 @@ class Admission:
         """Prompt tokens whose k/v ``other``'s row holds once prefilled (at least one token is left to prefill)."""
         return min(common_prefix_len(prompt, other), len(prompt) - 1)
 
-    def best_source(self, req: EngineRequest, tag: Any, sources: list[tuple[int, list[int], Any]]
-                    ) -> tuple[int, int]:
+    def best_source(
+        self, req: EngineRequest, tag: Any, sources: list[tuple[int, list[int], Any]]
+    ) -> tuple[int, int]:
         """(row, shared tokens) of the decoding row whose prompt k/v (computed under ``tag``) cover most of
         ``req``'s prompt; (-1, 0) if none."""
         best = (-1, 0)
@@ -150,12 +176,20 @@ class Admission:
                     best = (slot, n)
         return best
 
-    def wait_for_source(self, req: EngineRequest, tag: Any, admitted: list[EngineRequest],
-                        sources: list[tuple[int, list[int], Any]]) -> bool:
+    def wait_for_source(
+        self,
+        req: EngineRequest,
+        tag: Any,
+        admitted: list[EngineRequest],
+        sources: list[tuple[int, list[int], Any]],
+    ) -> bool:
         """(Holding ``cv``.) Whether ``req`` should wait a round: a request admitted this round under the
         same tag shares at least ``min_bucket`` prompt tokens with it, more than any free or decoding row
         holds now."""
-        later = max((self.shared_len(req.prompt, r.prompt) for r in admitted if r.kv_version == tag), default=0)
+        later = max(
+            (self.shared_len(req.prompt, r.prompt) for r in admitted if r.kv_version == tag),
+            default=0,
+        )
         if later < self.config.min_bucket:
             return False
         now = max(self.table.best_reuse(req.prompt, tag), self.best_source(req, tag, sources)[1])
@@ -170,10 +204,15 @@ class Admission:
         n = len(req.prompt)
         if self.config.shapes == "fixed":
             return shared >= self.config.min_bucket and shared > reused
-        return (shared >= self.config.min_bucket and shared > reused
-                and pick_bucket(n - shared, self.buckets) < pick_bucket(n - reused, self.buckets))
+        return (
+            shared >= self.config.min_bucket
+            and shared > reused
+            and pick_bucket(n - shared, self.buckets) < pick_bucket(n - reused, self.buckets)
+        )
 
-    def share_from(self, req: EngineRequest, tag: Any, sources: list[tuple[int, list[int], Any]]) -> None:
+    def share_from(
+        self, req: EngineRequest, tag: Any, sources: list[tuple[int, list[int], Any]]
+    ) -> None:
         """(Holding ``cv``.) If a decoding row holds more of ``req``'s prompt (at least ``min_bucket``
         tokens) than its own row, plan the copy of that row into it and reuse that prefix."""
         slot, n = self.best_source(req, tag, sources)
@@ -192,8 +231,9 @@ class Admission:
         with span("share", track="engine", rows=len(src)):
             device.copy(src, dst)
 
-    def prefill_inputs(self, reqs: list[EngineRequest], bucket: int, p: int
-                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, SamplingRows]:
+    def prefill_inputs(
+        self, reqs: list[EngineRequest], bucket: int, p: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, SamplingRows]:
         """Host inputs of ``p`` prompt chunks (``reqs`` then padding rows) in length bucket ``bucket``:
         (tokens [p, T], positions [p, T], rows [p], last [p], sampling inputs); counts the tokens
         prefilled and reused."""
@@ -217,15 +257,18 @@ class Admission:
             self.stats["reused_tokens"] += start
         return tokens, positions, rows, last, rp
 
-    def packed_inputs(self, reqs: list[EngineRequest], pieces: list[Piece], tokens: int, p: int
-                      ) -> tuple[np.ndarray, ...]:
+    def packed_inputs(
+        self, reqs: list[EngineRequest], pieces: list[Piece], tokens: int, p: int
+    ) -> tuple[np.ndarray, ...]:
         """Host inputs of one packed prefill call (:meth:`DeviceSteps.call_prefill_packed`): ``pieces`` (at
         most ``p``) of ``reqs``' prompt chunks end to end in ``tokens`` slots, then padding: (tokens [N],
         positions [N], seg [N], rows [p], starts [p], last [p], sampling inputs [p]); counts the tokens
         prefilled and (at a request's first piece) reused."""
         max_len, s = self.config.max_len, self.config.num_slots
         ids = np.zeros(tokens, np.int32)
-        positions = np.full(tokens, max_len - 1, np.int32)  # padding: the scratch slot, segment p (none)
+        positions = np.full(
+            tokens, max_len - 1, np.int32
+        )  # padding: the scratch slot, segment p (none)
         seg = np.full(tokens, p, np.int32)
         rows, starts, last = np.full(p, s, np.int32), np.zeros(p, np.int32), np.zeros(p, np.int32)
         rp = SamplingRows.inert(p)
@@ -251,7 +294,9 @@ class Admission:
         otherwise keep every step as wide as the busiest moment."""
         with self.cv:
             swaps = self.table.compaction(device.widths, self.config.num_slots // 2)
-            back = [(b, a) for a, b in swaps if self.table.slots[b].cached]  # idle rows holding a prefix
+            back = [
+                (b, a) for a, b in swaps if self.table.slots[b].cached
+            ]  # idle rows holding a prefix
         if not swaps:
             return
         src, dst = (list(x) for x in zip(*(swaps + back)))  # a busy row down; an idle prefix up

@@ -25,12 +25,20 @@ from gymllm.inference.params import SamplingParams
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
-def request_body(model: str, prompt_ids: Sequence[int], params: SamplingParams, session_id: str | None) -> dict:
+def request_body(
+    model: str, prompt_ids: Sequence[int], params: SamplingParams, session_id: str | None
+) -> dict:
     """The ``/v1/completions`` JSON body for one token-id prompt."""
     body: dict[str, Any] = {
-        "model": model, "prompt": [int(t) for t in prompt_ids], "max_tokens": params.max_tokens,
-        "temperature": params.temperature, "top_p": params.top_p, "n": 1, "logprobs": 0,
-        "return_token_ids": True, "return_tokens_as_token_ids": True,
+        "model": model,
+        "prompt": [int(t) for t in prompt_ids],
+        "max_tokens": params.max_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "n": 1,
+        "logprobs": 0,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
     }
     if params.top_k:
         body["top_k"] = params.top_k
@@ -52,28 +60,54 @@ def parse_choice(choice: dict, prompt_len: int, version: int) -> Completion:
     if ids is None:
         toks = lp.get("tokens") or []
         if not all(isinstance(t, str) and t.startswith("token_id:") for t in toks):
-            raise EngineError(explain("server response", expected="choice.token_ids or token_id:N token strings",
-                                      received=str(choice)[:200], fix="use a server that returns token ids "
-                                      "(gymllm serve, or vLLM with return_token_ids)"))
+            raise EngineError(
+                explain(
+                    "server response",
+                    expected="choice.token_ids or token_id:N token strings",
+                    received=str(choice)[:200],
+                    fix="use a server that returns token ids "
+                    "(gymllm serve, or vLLM with return_token_ids)",
+                )
+            )
         ids = [int(t.split(":", 1)[1]) for t in toks]
     logprobs = lp.get("token_logprobs")
-    logprobs = [float("nan")] * len(ids) if logprobs is None else [float("nan") if x is None else x for x in logprobs]
+    logprobs = (
+        [float("nan")] * len(ids)
+        if logprobs is None
+        else [float("nan") if x is None else x for x in logprobs]
+    )
     versions = choice.get("versions") or [version] * len(ids)
-    return Completion(token_ids=ids, logprobs=logprobs, versions=versions, prompt_len=prompt_len,
-                      finish_reason=_FINISH.get(choice.get("finish_reason"), "abort"),
-                      text=choice.get("text"), stop_reason=choice.get("stop_reason"))
+    return Completion(
+        token_ids=ids,
+        logprobs=logprobs,
+        versions=versions,
+        prompt_len=prompt_len,
+        finish_reason=_FINISH.get(choice.get("finish_reason"), "abort"),
+        text=choice.get("text"),
+        stop_reason=choice.get("stop_reason"),
+    )
 
 
 class OpenAIClientEngine:
     """Drive a remote OpenAI-compatible server through the :class:`~gymllm.inference.Engine` protocol."""
 
-    def __init__(self, base_url: str, model: str, *, api_key: str | None = None, timeout: float = 600.0,
-                 max_connections: int = 256, version: int = 0):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = 600.0,
+        max_connections: int = 256,
+        version: int = 0,
+    ):
         self.base_url = base_url.rstrip("/")
         self.model = model
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = timeout
-        self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._limits = httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections
+        )
         self._version = version
         self._clients: dict[int, httpx.AsyncClient] = {}  # one per event loop
         self._closed = False
@@ -86,19 +120,27 @@ class OpenAIClientEngine:
         loop = asyncio.get_running_loop()
         client = self._clients.get(id(loop))
         if client is None or client.is_closed:
-            client = httpx.AsyncClient(base_url=self.base_url, headers=self._headers, timeout=self._timeout,
-                                       limits=self._limits)
+            client = httpx.AsyncClient(
+                base_url=self.base_url,
+                headers=self._headers,
+                timeout=self._timeout,
+                limits=self._limits,
+            )
             self._clients[id(loop)] = client
         return client
 
     async def _post(self, path: str, body: dict) -> dict:
         if self._closed:
-            raise EngineError("generate: expected an open client engine, received a closed one. Fix: build a new one.")
+            raise EngineError(
+                "generate: expected an open client engine, received a closed one. Fix: build a new one."
+            )
         try:
             resp = await self._client().post(path, json=body)
         except httpx.HTTPError as exc:
-            raise EngineError(f"{self.base_url}{path}: request failed ({type(exc).__name__}: {exc}). "
-                              "Fix: check the server is running and reachable") from exc
+            raise EngineError(
+                f"{self.base_url}{path}: request failed ({type(exc).__name__}: {exc}). "
+                "Fix: check the server is running and reachable"
+            ) from exc
         if resp.status_code >= 400:
             try:
                 message = resp.json()["error"]["message"]
@@ -107,33 +149,61 @@ class OpenAIClientEngine:
             raise EngineError(f"{self.base_url}{path} answered {resp.status_code}: {message}")
         return resp.json()
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams | None = None, *,
-                       session_id: str | None = None) -> Completion:
+    async def generate(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        session_id: str | None = None,
+    ) -> Completion:
         params = params or SamplingParams()
         if params.n != 1:
-            raise EngineError(explain("SamplingParams.n", expected="1 for generate", received=params.n,
-                                      fix="call generate_n(prompt_ids, params)"))
+            raise EngineError(
+                explain(
+                    "SamplingParams.n",
+                    expected="1 for generate",
+                    received=params.n,
+                    fix="call generate_n(prompt_ids, params)",
+                )
+            )
         if len(prompt_ids) == 0:
-            raise EngineError(explain("prompt_ids", expected="at least one token id", received=[],
-                                      fix="pass a non-empty prompt"))
-        data = await self._post("/v1/completions", request_body(self.model, prompt_ids, params, session_id))
+            raise EngineError(
+                explain(
+                    "prompt_ids",
+                    expected="at least one token id",
+                    received=[],
+                    fix="pass a non-empty prompt",
+                )
+            )
+        data = await self._post(
+            "/v1/completions", request_body(self.model, prompt_ids, params, session_id)
+        )
         completion = parse_choice(data["choices"][0], len(prompt_ids), self._version)
         details = (data.get("usage") or {}).get("prompt_tokens_details") or {}
         completion.cached_prompt_len = int(details.get("cached_tokens") or 0)
         return completion
 
-    async def generate_n(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[Completion]:
+    async def generate_n(
+        self, prompt_ids: Sequence[int], params: SamplingParams
+    ) -> list[Completion]:
         one = params.replace(n=1)
         seeds = [None if params.seed is None else params.seed + i for i in range(params.n)]
-        return list(await asyncio.gather(*(self.generate(prompt_ids, one.replace(seed=s)) for s in seeds)))
+        return list(
+            await asyncio.gather(*(self.generate(prompt_ids, one.replace(seed=s)) for s in seeds))
+        )
 
     def update_weights(self, state: Any, version: int) -> None:
         """Record the policy version the server now runs. The weights themselves live on the server:
         pass ``state=None`` after pushing them out of band."""
         if state is not None:
-            raise EngineError(explain("OpenAIClientEngine.update_weights", expected="state=None (weights are "
-                                      "pushed to the server out of band)", received=type(state).__name__,
-                                      fix="push weights to the server, then call update_weights(None, version)"))
+            raise EngineError(
+                explain(
+                    "OpenAIClientEngine.update_weights",
+                    expected="state=None (weights are pushed to the server out of band)",
+                    received=type(state).__name__,
+                    fix="push weights to the server, then call update_weights(None, version)",
+                )
+            )
         self._version = int(version)
 
     async def models(self) -> list[str]:

@@ -30,7 +30,9 @@ class Completion:
     stop_reason: int | str | None = None  # the stop id or stop string that ended the request
     cached_prompt_len: int = 0  # prompt tokens served from a reused prefix (not prefilled again)
     replica: str | None = None  # the EnginePool replica that served it (None: not through a pool)
-    retried: bool = False  # sampled again on another replica after its first replica failed mid-request
+    retried: bool = (
+        False  # sampled again on another replica after its first replica failed mid-request
+    )
 
     def __post_init__(self) -> None:
         self.token_ids = np.asarray(self.token_ids, dtype=np.int32)

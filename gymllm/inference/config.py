@@ -133,27 +133,69 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         c = "EngineConfig"
-        for name, lo, fix in (("num_slots", 1, "use e.g. 16"), ("max_len", 2, "use e.g. 1024"),
-                              ("min_bucket", 1, "use e.g. 16"), ("max_prefill_batch", 1, "use e.g. 4"),
-                              ("decode_lengths", 1, "use e.g. 4 (1: always attend over the whole context)"),
-                              ("piggyback_tokens", 0, "use 0 (off) or a prompt length bucket such as 64"),
-                              ("decode_chunk", 1, "use 1 (token by token) or e.g. 8"),
-                              ("prefill_tokens", 1, "use e.g. 128 (tokens per packed prefill call)")):
+        for name, lo, fix in (
+            ("num_slots", 1, "use e.g. 16"),
+            ("max_len", 2, "use e.g. 1024"),
+            ("min_bucket", 1, "use e.g. 16"),
+            ("max_prefill_batch", 1, "use e.g. 4"),
+            ("decode_lengths", 1, "use e.g. 4 (1: always attend over the whole context)"),
+            ("piggyback_tokens", 0, "use 0 (off) or a prompt length bucket such as 64"),
+            ("decode_chunk", 1, "use 1 (token by token) or e.g. 8"),
+            ("prefill_tokens", 1, "use e.g. 128 (tokens per packed prefill call)"),
+        ):
             check_range(c, name, getattr(self, name), lo=lo, integer=True, fix=fix)
-        check_range(c, "prefill_tokens_small", self.prefill_tokens_small, lo=0, hi=self.prefill_tokens - 1, integer=True,
-                    fix=f"use 0 (off) or a budget below prefill_tokens={self.prefill_tokens}, e.g. 32")
-        require(is_int(self.seed), f"{c}.seed", expected="an int", received=self.seed, fix="use e.g. 0")
+        check_range(
+            c,
+            "prefill_tokens_small",
+            self.prefill_tokens_small,
+            lo=0,
+            hi=self.prefill_tokens - 1,
+            integer=True,
+            fix=f"use 0 (off) or a budget below prefill_tokens={self.prefill_tokens}, e.g. 32",
+        )
+        require(
+            is_int(self.seed), f"{c}.seed", expected="an int", received=self.seed, fix="use e.g. 0"
+        )
         check_range(c, "idle_wait_s", self.idle_wait_s, lo=0, lo_open=True, fix="use e.g. 0.05")
-        require(isinstance(self.prefix_reuse, bool), f"{c}.prefix_reuse", expected="a bool", received=self.prefix_reuse,
-                fix="use True (default) or False")
-        require(isinstance(self.share_prompt_prefill, bool), f"{c}.share_prompt_prefill", expected="a bool",
-                received=self.share_prompt_prefill, fix="use True (default) or False")
-        require(isinstance(self.compact_rows, bool), f"{c}.compact_rows", expected="a bool", received=self.compact_rows,
-                fix="use True (default) or False")
-        check_choice(c, "shapes", self.shapes, ("buckets", "fixed"),
-                     fix='use "fixed" (a small program set known in advance) or "buckets"')
-        require(self.shapes != "fixed" or self.piggyback_tokens == 0, f"{c}.piggyback_tokens",
-                expected='0 with shapes="fixed" (piggybacked prefill has bucketed shapes)',
-                received=self.piggyback_tokens, fix='set piggyback_tokens=0, or shapes="buckets"')
-        check_choice(c, "compute_dtype", self.compute_dtype, _COMPUTE_DTYPES,
-                     fix='use None (the model\'s dtype), "auto" or "bfloat16"')
+        require(
+            isinstance(self.prefix_reuse, bool),
+            f"{c}.prefix_reuse",
+            expected="a bool",
+            received=self.prefix_reuse,
+            fix="use True (default) or False",
+        )
+        require(
+            isinstance(self.share_prompt_prefill, bool),
+            f"{c}.share_prompt_prefill",
+            expected="a bool",
+            received=self.share_prompt_prefill,
+            fix="use True (default) or False",
+        )
+        require(
+            isinstance(self.compact_rows, bool),
+            f"{c}.compact_rows",
+            expected="a bool",
+            received=self.compact_rows,
+            fix="use True (default) or False",
+        )
+        check_choice(
+            c,
+            "shapes",
+            self.shapes,
+            ("buckets", "fixed"),
+            fix='use "fixed" (a small program set known in advance) or "buckets"',
+        )
+        require(
+            self.shapes != "fixed" or self.piggyback_tokens == 0,
+            f"{c}.piggyback_tokens",
+            expected='0 with shapes="fixed" (piggybacked prefill has bucketed shapes)',
+            received=self.piggyback_tokens,
+            fix='set piggyback_tokens=0, or shapes="buckets"',
+        )
+        check_choice(
+            c,
+            "compute_dtype",
+            self.compute_dtype,
+            _COMPUTE_DTYPES,
+            fix='use None (the model\'s dtype), "auto" or "bfloat16"',
+        )

@@ -42,7 +42,12 @@ from gymllm.inference.config import EngineConfig
 from gymllm.inference.multi_token_decode import chunk_limits, make_decode_chunk
 from gymllm.inference.piggyback import make_mixed_step
 from gymllm.inference.rows import SamplingRows
-from gymllm.inference.slot_table import decode_widths, halving_buckets, pick_bucket, power_of_two_buckets
+from gymllm.inference.slot_table import (
+    decode_widths,
+    halving_buckets,
+    pick_bucket,
+    power_of_two_buckets,
+)
 from gymllm.inference.jit_steps import make_packed_prefill, make_steps
 from gymllm.inference.weights import WeightStore
 from gymllm.telemetry import span
@@ -57,8 +62,15 @@ def copy_rows(cache: Any, src: jax.Array, dst: jax.Array) -> Any:
 class DeviceSteps:
     """The cache, the compiled steps over it, and the shape sets they compile for."""
 
-    def __init__(self, graphdef: Any, weights: WeightStore, cache: Any, *, config: EngineConfig,
-                 decode_chunk: int = 1):
+    def __init__(
+        self,
+        graphdef: Any,
+        weights: WeightStore,
+        cache: Any,
+        *,
+        config: EngineConfig,
+        decode_chunk: int = 1,
+    ):
         cfg = self.config = config
         self.graphdef, self.weights, self.cache = graphdef, weights, cache
         self.prefill, self.decode, self.trace_counts = make_steps(graphdef)
@@ -72,7 +84,9 @@ class DeviceSteps:
         self.batch_sizes = power_of_two_buckets(cfg.max_prefill_batch, 1)  # prefill batch sizes
         self.widths = decode_widths(cfg.num_slots)  # decode row counts
         self.lengths = halving_buckets(cfg.max_len, cfg.decode_lengths)  # decode cache lengths
-        self.copy_sizes = power_of_two_buckets(cfg.num_slots, min(4, cfg.num_slots))  # rows one compaction copies
+        self.copy_sizes = power_of_two_buckets(
+            cfg.num_slots, min(4, cfg.num_slots)
+        )  # rows one compaction copies
         if self.fixed:  # one width, one copy size, one packed prefill batch (module docstring)
             self.batch_sizes, self.widths = (cfg.max_prefill_batch,), (cfg.num_slots,)
             self.copy_sizes = (cfg.num_slots,)
@@ -115,7 +129,12 @@ class DeviceSteps:
         buckets = [b for b in self.buckets if b <= limit]
         lows = dict(zip(self.buckets, (0, *self.buckets)))
         starts = dict(zip(self.prefill_lengths, (0, *(n + 1 for n in self.prefill_lengths))))
-        return [(t, n) for t in buckets for n in self.prefill_lengths if starts[n] + lows[t] + 1 <= max_prompt]
+        return [
+            (t, n)
+            for t in buckets
+            for n in self.prefill_lengths
+            if starts[n] + lows[t] + 1 <= max_prompt
+        ]
 
     # ------------------------------------------------------------------ calls
     def adapter_args(self, rp: SamplingRows) -> dict[str, Any]:
@@ -124,66 +143,142 @@ class DeviceSteps:
         store = self.weights.adapters
         return {} if store is None else {"adapters": store.stacks, "adapter": rp.adapter}
 
-    def call_prefill(self, tokens, positions, rows, last, rp: SamplingRows, length: int
-                     ) -> tuple[np.ndarray, np.ndarray]:
+    def call_prefill(
+        self, tokens, positions, rows, last, rp: SamplingRows, length: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         """One prefill call: chunks tokens/positions [P, T] into cache rows ``rows`` [P] (``num_slots``: a
         padding row), sampling at index ``last`` [P]; ``length`` (one of :attr:`prefill_lengths`, >= every
         row's start): the cached slots it reads. Returns (tokens [P], logprobs [P])."""
-        with span("prefill", track="engine", batch=int(tokens.shape[0]), bucket=int(tokens.shape[1]), length=length):
+        with span(
+            "prefill",
+            track="engine",
+            batch=int(tokens.shape[0]),
+            bucket=int(tokens.shape[1]),
+            length=length,
+        ):
             self.cache, tok, logp = self.prefill(
-                self.weights.state, self.cache, tokens, positions, rows, last, *rp.arrays(), length,
+                self.weights.state,
+                self.cache,
+                tokens,
+                positions,
+                rows,
+                last,
+                *rp.arrays(),
+                length,
                 **self.adapter_args(rp),
             )
             return np.asarray(tok), np.asarray(logp)
 
-    def call_prefill_packed(self, tokens, positions, seg, rows, starts, last, rp: SamplingRows, length: int
-                            ) -> tuple[np.ndarray, np.ndarray]:
+    def call_prefill_packed(
+        self, tokens, positions, seg, rows, starts, last, rp: SamplingRows, length: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         """One packed prefill call: pieces laid end to end in tokens/positions/seg [N] (segment ``seg[n]``;
         ``len(rows)``: padding), segment p continuing cache row ``rows[p]`` from slot ``starts[p]`` and
         sampling at token index ``last[p]``; ``length`` (one of :attr:`prefill_lengths`, >= every start):
         the cached slots read per row. Returns (tokens [P], logprobs [P])."""
-        with span("prefill", track="engine", tokens=int(tokens.shape[0]), segments=int(rows.shape[0]), length=length):
+        with span(
+            "prefill",
+            track="engine",
+            tokens=int(tokens.shape[0]),
+            segments=int(rows.shape[0]),
+            length=length,
+        ):
             self.cache, tok, logp = self.prefill_packed(
-                self.weights.state, self.cache, tokens, positions, seg, rows, starts, last, *rp.arrays(), length,
+                self.weights.state,
+                self.cache,
+                tokens,
+                positions,
+                seg,
+                rows,
+                starts,
+                last,
+                *rp.arrays(),
+                length,
                 **self.adapter_args(rp),
             )
             return np.asarray(tok), np.asarray(logp)
 
-    def call_decode(self, tokens, positions, rp: SamplingRows, length: int, *, active: int
-                    ) -> tuple[np.ndarray, np.ndarray]:
+    def call_decode(
+        self, tokens, positions, rp: SamplingRows, length: int, *, active: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         """One decode step over rows [0, W) (W = len(tokens)) attending over cache slots [0, length);
         ``active``: the rows in use (a span tag). Returns (tokens [W], logprobs [W])."""
         w = int(tokens.shape[0])
         with span("decode", track="engine", active=active, width=w, length=length):
             self.cache, tok, logp = self.decode(
-                self.weights.state, self.cache, tokens, positions, *rp.arrays(), length, **self.adapter_args(rp),
+                self.weights.state,
+                self.cache,
+                tokens,
+                positions,
+                *rp.arrays(),
+                length,
+                **self.adapter_args(rp),
             )
             return np.asarray(tok), np.asarray(logp)
 
-    def call_decode_chunk(self, tokens, positions, rp: SamplingRows, stop: np.ndarray, budget: np.ndarray, k: int,
-                          length: int, *, active: int) -> tuple[np.ndarray, np.ndarray, int]:
+    def call_decode_chunk(
+        self,
+        tokens,
+        positions,
+        rp: SamplingRows,
+        stop: np.ndarray,
+        budget: np.ndarray,
+        k: int,
+        length: int,
+        *,
+        active: int,
+    ) -> tuple[np.ndarray, np.ndarray, int]:
         """Up to ``k`` decode steps over rows [0, W) in one call, a row done at one of its ``stop`` ids
         [W, MAX_STOP_IDS] or its ``budget`` [W]; returns (tokens [k', W], logprobs [k', W], steps run k')."""
         w = int(tokens.shape[0])
         with span("decode", track="engine", active=active, width=w, length=length, steps=k):
             self.cache, tok, logp, ran = self.decode_k(
-                self.weights.state, self.cache, tokens, positions, *rp.arrays(), stop, budget, np.int32(k), length,
+                self.weights.state,
+                self.cache,
+                tokens,
+                positions,
+                *rp.arrays(),
+                stop,
+                budget,
+                np.int32(k),
+                length,
                 **self.adapter_args(rp),
             )
             ran = int(ran)
             return np.asarray(tok)[:ran], np.asarray(logp)[:ran], ran
 
-    def call_mixed(self, dec: tuple[np.ndarray, np.ndarray], dec_rp: SamplingRows, pre: tuple, pre_rp: SamplingRows,
-                   length: int, *, active: int) -> tuple[np.ndarray, np.ndarray]:
+    def call_mixed(
+        self,
+        dec: tuple[np.ndarray, np.ndarray],
+        dec_rp: SamplingRows,
+        pre: tuple,
+        pre_rp: SamplingRows,
+        length: int,
+        *,
+        active: int,
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The piggybacked call: a decode step over rows [0, W) (``dec`` = (tokens [W], positions [W])) with
         prompt chunks ``pre`` = (tokens [P, T], positions [P, T], rows [P], last [P]) prefilled in it;
         returns (tokens [W + P], logprobs [W + P]): the decode rows, then the chunks."""
         tokens = pre[0]
-        with span("decode", track="engine", active=active, width=int(dec[0].shape[0]), length=length,
-                  prefill=int(tokens.shape[0]), bucket=int(tokens.shape[1])):
+        with span(
+            "decode",
+            track="engine",
+            active=active,
+            width=int(dec[0].shape[0]),
+            length=length,
+            prefill=int(tokens.shape[0]),
+            bucket=int(tokens.shape[1]),
+        ):
             rp = dec_rp.concat(pre_rp)
             self.cache, tok, logp = self.mixed(
-                self.weights.state, self.cache, dec, pre, *rp.arrays(), length, **self.adapter_args(rp),
+                self.weights.state,
+                self.cache,
+                dec,
+                pre,
+                *rp.arrays(),
+                length,
+                **self.adapter_args(rp),
             )
             return np.asarray(tok), np.asarray(logp)
 
@@ -191,8 +286,11 @@ class DeviceSteps:
         """Copy cache rows ``src`` to rows ``dst`` (padded to one of ``copy_sizes`` with copies that drop)."""
         n = pick_bucket(len(src), self.copy_sizes)
         s = self.config.num_slots
-        self.cache = copy_rows(self.cache, np.array(src + [0] * (n - len(src)), np.int32),
-                               np.array(dst + [s] * (n - len(dst)), np.int32))
+        self.cache = copy_rows(
+            self.cache,
+            np.array(src + [0] * (n - len(src)), np.int32),
+            np.array(dst + [s] * (n - len(dst)), np.int32),
+        )
 
     # ------------------------------------------------------------------ failures
     def cache_lost(self) -> bool:
@@ -202,7 +300,8 @@ class DeviceSteps:
     def rebuild_cache(self) -> None:
         """A fresh zeroed cache of the same shape and dtype (after :meth:`cache_lost`)."""
         self.cache = nnx.merge(self.graphdef, self.weights.state).init_cache(
-            self.config.num_slots, self.config.max_len, jax.tree.leaves(self.cache)[0].dtype)
+            self.config.num_slots, self.config.max_len, jax.tree.leaves(self.cache)[0].dtype
+        )
 
     # ------------------------------------------------------------------ compilation
     def program_shapes(self, max_prompt_len: int | None = None) -> list[tuple]:
@@ -214,20 +313,38 @@ class DeviceSteps:
         cfg, max_len = self.config, self.config.max_len
         out: list[tuple] = []
         if self.fixed:
-            out += [("prefill_packed", t, cfg.max_prefill_batch, n) for t in self.prefill_budgets
-                    for n in self.prefill_lengths]
+            out += [
+                ("prefill_packed", t, cfg.max_prefill_batch, n)
+                for t in self.prefill_budgets
+                for n in self.prefill_lengths
+            ]
         else:
-            limit = pick_bucket(min(max_prompt_len, max_len - 1), self.buckets) if max_prompt_len else max_len
+            limit = (
+                pick_bucket(min(max_prompt_len, max_len - 1), self.buckets)
+                if max_prompt_len
+                else max_len
+            )
             shapes = self.prefill_shapes(limit, min(max_prompt_len or max_len, max_len - 1))
             out += [("prefill_jit", p, t, n) for p in self.batch_sizes for t, n in shapes]
         step = "decode_chunk" if self.decode_chunk > 1 else "decode"
         out += [(step, w, n) for w in self.widths for n in self.lengths]
         if (cfg.compact_rows and not self.fixed) or (cfg.prefix_reuse and cfg.share_prompt_prefill):
-            out += [("copy_rows", n) for n in self.copy_sizes]  # compaction (one width: none) or prompt sharing
+            out += [
+                ("copy_rows", n) for n in self.copy_sizes
+            ]  # compaction (one width: none) or prompt sharing
         if not self.fixed and cfg.piggyback_tokens:
-            limit = pick_bucket(min(max_prompt_len, max_len - 1), self.buckets) if max_prompt_len else max_len
-            out += [("mixed", w, t, n) for t in self.buckets if t <= min(limit, cfg.piggyback_tokens)
-                    for w in self.widths for n in self.lengths]
+            limit = (
+                pick_bucket(min(max_prompt_len, max_len - 1), self.buckets)
+                if max_prompt_len
+                else max_len
+            )
+            out += [
+                ("mixed", w, t, n)
+                for t in self.buckets
+                if t <= min(limit, cfg.piggyback_tokens)
+                for w in self.widths
+                for n in self.lengths
+            ]
         return out
 
     def warmup(self, rows: Any, max_prompt_len: int | None = None) -> None:
@@ -239,13 +356,27 @@ class DeviceSteps:
             if step == "prefill_packed":
                 tokens, p, n = shape
                 z = np.zeros(tokens, np.int32)
-                self.call_prefill_packed(z, z, np.full(tokens, p, np.int32), np.full(p, s, np.int32),
-                                         np.zeros(p, np.int32), np.zeros(p, np.int32), SamplingRows.inert(p), n)
+                self.call_prefill_packed(
+                    z,
+                    z,
+                    np.full(tokens, p, np.int32),
+                    np.full(p, s, np.int32),
+                    np.zeros(p, np.int32),
+                    np.zeros(p, np.int32),
+                    SamplingRows.inert(p),
+                    n,
+                )
             elif step == "prefill_jit":
                 p, t, n = shape
                 pad = np.full(p, s, np.int32)  # padding rows only: nothing is written
-                self.call_prefill(np.zeros((p, t), np.int32), np.zeros((p, t), np.int32), pad,
-                                  np.zeros(p, np.int32), SamplingRows.inert(p), n)
+                self.call_prefill(
+                    np.zeros((p, t), np.int32),
+                    np.zeros((p, t), np.int32),
+                    pad,
+                    np.zeros(p, np.int32),
+                    SamplingRows.inert(p),
+                    n,
+                )
             elif step in ("decode", "decode_chunk"):
                 w, n = shape
                 tokens, positions, rp = rows.inputs(w)
@@ -255,11 +386,17 @@ class DeviceSteps:
                 else:
                     self.call_decode(tokens, positions, rp, n, active=0)
             elif step == "copy_rows":
-                self.cache = copy_rows(self.cache, np.zeros(shape[0], np.int32), np.full(shape[0], s, np.int32))
+                self.cache = copy_rows(
+                    self.cache, np.zeros(shape[0], np.int32), np.full(shape[0], s, np.int32)
+                )
             else:  # mixed
                 w, t, n = shape
                 p = cfg.max_prefill_batch
-                pre = (np.zeros((p, t), np.int32), np.zeros((p, t), np.int32), np.full(p, s, np.int32),
-                       np.zeros(p, np.int32))
+                pre = (
+                    np.zeros((p, t), np.int32),
+                    np.zeros((p, t), np.int32),
+                    np.full(p, s, np.int32),
+                    np.zeros(p, np.int32),
+                )
                 tokens, positions, rp = rows.inputs(w)
                 self.call_mixed((tokens, positions), rp, pre, SamplingRows.inert(p), n, active=0)

@@ -108,8 +108,12 @@ def infer_vocab(model: Any, tokenizer: Any) -> int:
         v = getattr(tokenizer, "vocab_size", None)
     if v is None:
         raise EngineError(
-            explain("JaxEngine", expected="a model with config.vocab_size or a tokenizer with vocab_size",
-                    received=type(model).__name__, fix="pass the tokenizer from gymllm.models.load")
+            explain(
+                "JaxEngine",
+                expected="a model with config.vocab_size or a tokenizer with vocab_size",
+                received=type(model).__name__,
+                fix="pass the tokenizer from gymllm.models.load",
+            )
         )
     return int(v)
 
@@ -134,45 +138,88 @@ class JaxEngine:
         None: ``config.decode_chunk``. ``adapters``: the LoRA adapters this engine serves per request
         (:mod:`gymllm.inference.adapters`; each starts as zeros, the base model, at ``version``)."""
         cfg = config or EngineConfig()
-        if cfg.compute_dtype == "auto":  # the dtype that is fastest on this host, chosen where the engine runs
+        if (
+            cfg.compute_dtype == "auto"
+        ):  # the dtype that is fastest on this host, chosen where the engine runs
             cfg = dataclasses.replace(cfg, compute_dtype=resolve_compute_dtype("auto"))
         self.config = cfg
         self.tokenizer = tokenizer
         if stop_token_ids is None:
-            stop_token_ids = tuple(getattr(tokenizer, "stop_token_ids", ()) or ()) if tokenizer is not None else ()
+            stop_token_ids = (
+                tuple(getattr(tokenizer, "stop_token_ids", ()) or ())
+                if tokenizer is not None
+                else ()
+            )
         self.default_stop_ids = frozenset(int(t) for t in stop_token_ids)
         self.max_len = cfg.max_len
         self.decode_chunk = max(1, int(cfg.decode_chunk if decode_chunk is None else decode_chunk))
-        self._cv = threading.Condition()  # guards the queue, the slot table, pending weights, the gate (held briefly)
+        self._cv = (
+            threading.Condition()
+        )  # guards the queue, the slot table, pending weights, the gate (held briefly)
         self._device_lock = threading.Lock()  # guards the cache and weights during device steps
         graphdef, state = nnx.split(model)
         self._weights = WeightStore(state, version, compute_dtype=cfg.compute_dtype, cv=self._cv)
         if adapters is not None:
             if not isinstance(adapters, AdapterConfig):
-                raise EngineError(explain("JaxEngine(adapters)", expected="an AdapterConfig", received=adapters,
-                                          fix="pass AdapterConfig(lora=LoRAConfig(rank=...), names=(...))"))
+                raise EngineError(
+                    explain(
+                        "JaxEngine(adapters)",
+                        expected="an AdapterConfig",
+                        received=adapters,
+                        fix="pass AdapterConfig(lora=LoRAConfig(rank=...), names=(...))",
+                    )
+                )
             base = nnx.merge(graphdef, self._weights.state).flat_params()
             self._weights.adapters = AdapterStore(adapters, base, version, cv=self._cv)
         self.vocab_size = infer_vocab(model, tokenizer)
         cache = model.init_cache(cfg.num_slots, cfg.max_len, kv_cache_dtype(cfg, cache_dtype))
-        self._steps = steps = DeviceSteps(graphdef, self._weights, cache, config=cfg, decode_chunk=self.decode_chunk)
+        self._steps = steps = DeviceSteps(
+            graphdef, self._weights, cache, config=cfg, decode_chunk=self.decode_chunk
+        )
         self.trace_counts, self.mixed_trace_counts = steps.trace_counts, steps.mixed_trace_counts
         if self.decode_chunk > 1:
             self.chunk_trace_counts = steps.chunk_trace_counts
-        self.packed_trace_counts = steps.packed_trace_counts  # the packed prefill's (shapes="fixed")
-        self.buckets, self.batch_sizes = steps.buckets, steps.batch_sizes  # prefill lengths and batch sizes
-        self.widths, self.lengths = steps.widths, steps.lengths  # decode row counts and cache lengths
-        self.stats = {"prefill_tokens": 0, "reused_tokens": 0, "shared_prefill_tokens": 0, "decode_steps": 0,
-                      "generated_tokens": 0}
+        self.packed_trace_counts = (
+            steps.packed_trace_counts
+        )  # the packed prefill's (shapes="fixed")
+        self.buckets, self.batch_sizes = (
+            steps.buckets,
+            steps.batch_sizes,
+        )  # prefill lengths and batch sizes
+        self.widths, self.lengths = (
+            steps.widths,
+            steps.lengths,
+        )  # decode row counts and cache lengths
+        self.stats = {
+            "prefill_tokens": 0,
+            "reused_tokens": 0,
+            "shared_prefill_tokens": 0,
+            "decode_steps": 0,
+            "generated_tokens": 0,
+        }
         self._rng = np.random.default_rng(cfg.seed)
         self._rows = DecodeRows(cfg.num_slots, cfg.max_len)
         self._admission = Admission(cfg, self._cv, self.buckets, self.stats)
-        self._gate = LoopGate(self._cv, idle_wait_s=cfg.idle_wait_s, alive=lambda: self._thread.is_alive())
-        self._loop = EngineLoop(config=cfg, admission=self._admission, rows=self._rows, device=steps,
-                                weights=self._weights, gate=self._gate, lock=self._device_lock, stats=self.stats,
-                                stop_ids=self.default_stop_ids, tokenizer=tokenizer, decode_chunk=self.decode_chunk)
+        self._gate = LoopGate(
+            self._cv, idle_wait_s=cfg.idle_wait_s, alive=lambda: self._thread.is_alive()
+        )
+        self._loop = EngineLoop(
+            config=cfg,
+            admission=self._admission,
+            rows=self._rows,
+            device=steps,
+            weights=self._weights,
+            gate=self._gate,
+            lock=self._device_lock,
+            stats=self.stats,
+            stop_ids=self.default_stop_ids,
+            tokenizer=tokenizer,
+            decode_chunk=self.decode_chunk,
+        )
         self._closed = False
-        self._thread = threading.Thread(target=self._loop.run, name="gymllm-jax-engine", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run, name="gymllm-jax-engine", daemon=True
+        )
         self._thread.start()
 
     @classmethod
@@ -227,51 +274,99 @@ class JaxEngine:
         except (TypeError, ValueError):
             arr = np.asarray([None])
         if arr.size and (arr.dtype.kind not in "iu" or arr.ndim != 1):
-            raise EngineError(explain("prompt_ids", expected="a flat sequence of int token ids",
-                                      received=str(prompt_ids)[:80], fix="tokenize the prompt first"))
+            raise EngineError(
+                explain(
+                    "prompt_ids",
+                    expected="a flat sequence of int token ids",
+                    received=str(prompt_ids)[:80],
+                    fix="tokenize the prompt first",
+                )
+            )
         ids = arr.astype(np.int64).tolist()
         if not ids:
-            raise EngineError(explain("prompt_ids", expected="at least one token id", received=[],
-                                      fix="pass a non-empty prompt (e.g. the chat template's ids)"))
+            raise EngineError(
+                explain(
+                    "prompt_ids",
+                    expected="at least one token id",
+                    received=[],
+                    fix="pass a non-empty prompt (e.g. the chat template's ids)",
+                )
+            )
         if len(ids) > self.max_len - 1:
-            raise EngineError(explain("prompt_ids", expected=f"at most {self.max_len - 1} tokens (context "
-                                      f"{self.max_len} minus one for the answer)", received=f"{len(ids)} tokens",
-                                      fix="shorten the prompt or build the engine with a larger max_len"))
+            raise EngineError(
+                explain(
+                    "prompt_ids",
+                    expected=f"at most {self.max_len - 1} tokens (context "
+                    f"{self.max_len} minus one for the answer)",
+                    received=f"{len(ids)} tokens",
+                    fix="shorten the prompt or build the engine with a larger max_len",
+                )
+            )
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
-            raise EngineError(explain("prompt_ids", expected=f"ids in [0, {self.vocab_size})",
-                                      received=bad[:5], fix="tokenize with this model's tokenizer"))
+            raise EngineError(
+                explain(
+                    "prompt_ids",
+                    expected=f"ids in [0, {self.vocab_size})",
+                    received=bad[:5],
+                    fix="tokenize with this model's tokenizer",
+                )
+            )
         return ids
 
     async def generate(
-        self, prompt_ids: Sequence[int], params: SamplingParams | None = None, *, session_id: str | None = None,
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        session_id: str | None = None,
         adapter: str | None = None,
     ) -> Completion:
         """Sample one completion of ``prompt_ids``; cancellation aborts the request. ``adapter``: the LoRA
         adapter that serves it (an engine built with adapters; None: the base model)."""
         params = params or SamplingParams()
         if params.n != 1:
-            raise EngineError(explain("SamplingParams.n", expected="1 for generate", received=params.n,
-                                      fix="call generate_n(prompt_ids, params) to get n completions"))
+            raise EngineError(
+                explain(
+                    "SamplingParams.n",
+                    expected="1 for generate",
+                    received=params.n,
+                    fix="call generate_n(prompt_ids, params) to get n completions",
+                )
+            )
         req = self._make_request(prompt_ids, params, session_id, 0, stream=False, adapter=adapter)
         return await self._await(req)
 
-    async def generate_n(self, prompt_ids: Sequence[int], params: SamplingParams, *, adapter: str | None = None
-                         ) -> list[Completion]:
+    async def generate_n(
+        self, prompt_ids: Sequence[int], params: SamplingParams, *, adapter: str | None = None
+    ) -> list[Completion]:
         """Sample ``params.n`` completions of one prompt (each with its own key); ``adapter`` as in generate."""
-        reqs = [self._make_request(prompt_ids, params, None, i, stream=False, adapter=adapter) for i in range(params.n)]
+        reqs = [
+            self._make_request(prompt_ids, params, None, i, stream=False, adapter=adapter)
+            for i in range(params.n)
+        ]
         return list(await asyncio.gather(*(self._await(r) for r in reqs)))
 
     async def stream(
-        self, prompt_ids: Sequence[int], params: SamplingParams | None = None, *, session_id: str | None = None,
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        session_id: str | None = None,
         adapter: str | None = None,
     ):
         """Yield ``(token_id, logprob, version)`` per sampled token, then the final Completion; ``adapter`` as
         in generate."""
         params = params or SamplingParams()
         if params.n != 1:
-            raise EngineError(explain("SamplingParams.n", expected="1 for stream", received=params.n,
-                                      fix="stream each sample separately"))
+            raise EngineError(
+                explain(
+                    "SamplingParams.n",
+                    expected="1 for stream",
+                    received=params.n,
+                    fix="stream each sample separately",
+                )
+            )
         req = self._make_request(prompt_ids, params, session_id, 0, stream=True, adapter=adapter)
         assert req.stream is not None
         try:
@@ -335,32 +430,68 @@ class JaxEngine:
         """Compile every program of :meth:`program_shapes` now (bucketed prefill shapes only up to the
         length bucket holding ``max_prompt_len``, when given); blocks. Call before serving or timing."""
         if self._rows.active or self._admission.waiting:
-            raise EngineError("warmup: expected an idle engine, received one with requests. Fix: warm up first.")
+            raise EngineError(
+                "warmup: expected an idle engine, received one with requests. Fix: warm up first."
+            )
         with self._device_lock:
             self._steps.warmup(self._rows, max_prompt_len)
 
     # ------------------------------------------------------------------ request plumbing
-    def _make_request(self, prompt_ids, params, session_id, index: int, *, stream: bool,
-                      adapter: str | None = None) -> EngineRequest:
+    def _make_request(
+        self,
+        prompt_ids,
+        params,
+        session_id,
+        index: int,
+        *,
+        stream: bool,
+        adapter: str | None = None,
+    ) -> EngineRequest:
         if not isinstance(params, SamplingParams):
-            raise EngineError(explain("params", expected="a SamplingParams", received=type(params).__name__,
-                                      fix="pass gymllm.inference.SamplingParams(...)"))
+            raise EngineError(
+                explain(
+                    "params",
+                    expected="a SamplingParams",
+                    received=type(params).__name__,
+                    fix="pass gymllm.inference.SamplingParams(...)",
+                )
+            )
         if params.stop and self.tokenizer is None:
-            raise EngineError(explain("SamplingParams.stop", expected="stop strings only on an engine with a "
-                                      "tokenizer", received=params.stop, fix="pass the tokenizer to JaxEngine or "
-                                      "use stop_token_ids"))
+            raise EngineError(
+                explain(
+                    "SamplingParams.stop",
+                    expected="stop strings only on an engine with a tokenizer",
+                    received=params.stop,
+                    fix="pass the tokenizer to JaxEngine or use stop_token_ids",
+                )
+            )
         ids = self.validate_prompt(prompt_ids)
-        slot = BASE if adapter is None else require_store(self._weights.adapters, "generate(adapter=...)").resolve(adapter)
+        slot = (
+            BASE
+            if adapter is None
+            else require_store(self._weights.adapters, "generate(adapter=...)").resolve(adapter)
+        )
         seed = params.seed if params.seed is not None else int(self._rng.integers(0, 2**63 - 1))
         loop = asyncio.get_running_loop()
-        req = EngineRequest(ids, params, request_key(seed, index), session_id, loop, loop.create_future(),
-                            asyncio.Queue() if stream else None, adapter=slot)
+        req = EngineRequest(
+            ids,
+            params,
+            request_key(seed, index),
+            session_id,
+            loop,
+            loop.create_future(),
+            asyncio.Queue() if stream else None,
+            adapter=slot,
+        )
         with self._cv:
             if self._gate.closing:
                 crash = self._loop.crash
                 why = f" (the loop stopped: {crash!r})" if crash is not None else ""
-                raise EngineError("generate: expected an open engine, received a closed one" + why +
-                                  ". Fix: build a new engine.")
+                raise EngineError(
+                    "generate: expected an open engine, received a closed one"
+                    + why
+                    + ". Fix: build a new engine."
+                )
             self._admission.enqueue(req)
         return req
 

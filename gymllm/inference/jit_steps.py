@@ -46,24 +46,54 @@ def served_params(model: Any, adapters: dict[str, jax.Array] | None) -> dict[str
     return params if adapters is None else {**params, **adapters}
 
 
-def prefill_logits(model: Any, cache: Any, tokens: jax.Array, positions: jax.Array, rows: jax.Array,
-                   last: jax.Array, length: int | None, adapters: dict[str, jax.Array] | None = None,
-                   adapter: jax.Array | None = None) -> tuple[jax.Array, Any]:
+def prefill_logits(
+    model: Any,
+    cache: Any,
+    tokens: jax.Array,
+    positions: jax.Array,
+    rows: jax.Array,
+    last: jax.Array,
+    length: int | None,
+    adapters: dict[str, jax.Array] | None = None,
+    adapter: jax.Array | None = None,
+) -> tuple[jax.Array, Any]:
     """One prefill chunk of ``model`` into cache rows ``rows`` reading cached slots [0, length):
     (logits [P, V] float32 at index ``last`` of each row, the cache with the real tokens' k/v written).
     ``adapters``/``adapter``: LoRA stacks and each row's index (module docstring)."""
-    return prefill_and_write(model.config, served_params(model, adapters), tokens, positions, rows, cache, length,
-                             last, adapter=adapter)
+    return prefill_and_write(
+        model.config,
+        served_params(model, adapters),
+        tokens,
+        positions,
+        rows,
+        cache,
+        length,
+        last,
+        adapter=adapter,
+    )
 
 
-def decode_logits(model: Any, cache: Any, tokens: jax.Array, positions: jax.Array, length: int | None,
-                  adapters: dict[str, jax.Array] | None = None, adapter: jax.Array | None = None
-                  ) -> tuple[jax.Array, Any]:
+def decode_logits(
+    model: Any,
+    cache: Any,
+    tokens: jax.Array,
+    positions: jax.Array,
+    length: int | None,
+    adapters: dict[str, jax.Array] | None = None,
+    adapter: jax.Array | None = None,
+) -> tuple[jax.Array, Any]:
     """One decode step of ``model`` over cache rows [0, W) (W = len(tokens)) attending over slots
     [0, length): (logits [W, V] float32, the cache with each row's new k/v at its position).
     ``adapters``/``adapter``: LoRA stacks and each row's index (module docstring)."""
-    return decode_and_write(model.config, served_params(model, adapters), tokens, positions, cache, length,
-                            adapter=adapter)
+    return decode_and_write(
+        model.config,
+        served_params(model, adapters),
+        tokens,
+        positions,
+        cache,
+        length,
+        adapter=adapter,
+    )
 
 
 @functools.lru_cache(maxsize=16)
@@ -74,33 +104,91 @@ def make_steps(graphdef: Any) -> tuple[Callable, Callable, dict[str, int]]:
     trace_counts: dict[str, int] = {"prefill": 0, "decode": 0}
 
     @functools.partial(jax.jit, donate_argnums=(1,), static_argnums=(11,))
-    def prefill_jit(state, cache, tokens, positions, rows, last, keys, steps, temperature, top_k, top_p, length,
-                    adapters, adapter):
+    def prefill_jit(
+        state,
+        cache,
+        tokens,
+        positions,
+        rows,
+        last,
+        keys,
+        steps,
+        temperature,
+        top_k,
+        top_p,
+        length,
+        adapters,
+        adapter,
+    ):
         trace_counts["prefill"] += 1
         model = nnx.merge(graphdef, state)
-        logits, cache = prefill_logits(model, cache, tokens, positions, rows, last, length, adapters, adapter)  # [P, V]
+        logits, cache = prefill_logits(
+            model, cache, tokens, positions, rows, last, length, adapters, adapter
+        )  # [P, V]
         tok, logp = sample(logits, step_keys(keys, steps), temperature, top_k, top_p)
         return cache, tok, logp
 
-    def prefill(state, cache, tokens, positions, rows, last, keys, steps, temperature, top_k, top_p, length=None,
-                adapters=None, adapter=None):
+    def prefill(
+        state,
+        cache,
+        tokens,
+        positions,
+        rows,
+        last,
+        keys,
+        steps,
+        temperature,
+        top_k,
+        top_p,
+        length=None,
+        adapters=None,
+        adapter=None,
+    ):
         # tokens/positions [P, T] int32; rows/last/steps/top_k [P] int32; keys [P, 2] uint32. ``length``
         # (static, default the whole context): cached slots read, >= every row's start (positions[:, 0]);
         # tokens past ``last`` write nothing.
         length = jax.tree.leaves(cache)[0].shape[2] if length is None else length
-        return prefill_jit(state, cache, tokens, positions, rows, last, keys, steps, temperature, top_k, top_p,
-                           length, adapters, adapter)
+        return prefill_jit(
+            state,
+            cache,
+            tokens,
+            positions,
+            rows,
+            last,
+            keys,
+            steps,
+            temperature,
+            top_k,
+            top_p,
+            length,
+            adapters,
+            adapter,
+        )
 
     @functools.partial(jax.jit, donate_argnums=(1,), static_argnums=(9,))
-    def decode(state, cache, tokens, positions, keys, steps, temperature, top_k, top_p, length=None, adapters=None,
-               adapter=None):
+    def decode(
+        state,
+        cache,
+        tokens,
+        positions,
+        keys,
+        steps,
+        temperature,
+        top_k,
+        top_p,
+        length=None,
+        adapters=None,
+        adapter=None,
+    ):
         # tokens/positions/steps/top_k [W] int32; keys [W, 2] uint32; temperature/top_p [W] f32.
         # W (a static shape) <= the cache's rows: the step runs over rows [0, W) only. ``length`` (static,
         # default the whole context): attend over cache slots [0, length) only; every active row's
         # position must be < length (a row at a position >= length writes nothing and its output is junk).
         trace_counts["decode"] += 1
         model = nnx.merge(graphdef, state)
-        logits, cache = decode_logits(model, cache, tokens, positions, length, adapters, adapter)  # [W, V]
+        logits, cache = decode_logits(
+            model, cache, tokens, positions, length, adapters, adapter
+        )  # [W, V]
         tok, logp = sample(logits, step_keys(keys, steps), temperature, top_k, top_p)
         return cache, tok, logp
 
@@ -119,12 +207,39 @@ def make_packed_prefill(graphdef: Any) -> tuple[Callable, dict[str, int]]:
     trace_counts = {"prefill_packed": 0}
 
     @functools.partial(jax.jit, donate_argnums=(1,), static_argnums=(13,))
-    def prefill_packed(state, cache, tokens, positions, seg, rows, starts, last, keys, steps, temperature, top_k,
-                       top_p, length, adapters=None, adapter=None):
+    def prefill_packed(
+        state,
+        cache,
+        tokens,
+        positions,
+        seg,
+        rows,
+        starts,
+        last,
+        keys,
+        steps,
+        temperature,
+        top_k,
+        top_p,
+        length,
+        adapters=None,
+        adapter=None,
+    ):
         trace_counts["prefill_packed"] += 1
         model = nnx.merge(graphdef, state)
-        logits, cache = packed_prefill_and_write(model.config, served_params(model, adapters), tokens, positions, seg,
-                                                 rows, starts, cache, length, last, adapter=adapter)  # [P, V]
+        logits, cache = packed_prefill_and_write(
+            model.config,
+            served_params(model, adapters),
+            tokens,
+            positions,
+            seg,
+            rows,
+            starts,
+            cache,
+            length,
+            last,
+            adapter=adapter,
+        )  # [P, V]
         tok, logp = sample(logits, step_keys(keys, steps), temperature, top_k, top_p)
         return cache, tok, logp
 

@@ -80,8 +80,10 @@ class LoopGate:
         """Inside :meth:`paused`: let exactly ``n`` iterations run, and return when they are done."""
         with self.cv:
             if self._holds <= 0:
-                raise EngineError("run_iterations: expected a paused engine, received a running one. "
-                                  "Fix: call it inside `with engine.paused():`.")
+                raise EngineError(
+                    "run_iterations: expected a paused engine, received a running one. "
+                    "Fix: call it inside `with engine.paused():`."
+                )
             self._allowed += int(n)
             self.cv.notify_all()
             while not (self._allowed == 0 and self._parked) and not self.closing:
@@ -126,9 +128,21 @@ class EngineLoop:
     """The engine thread's body (:meth:`run`): iterations of admission, one device step, and the record
     of every sampled token. ``crash`` holds the exception that stopped the loop, if any."""
 
-    def __init__(self, *, config: EngineConfig, admission: Admission, rows: DecodeRows, device: DeviceSteps,
-                 weights: WeightStore, gate: LoopGate, lock: threading.Lock, stats: dict[str, int],
-                 stop_ids: frozenset[int], tokenizer: Any, decode_chunk: int):
+    def __init__(
+        self,
+        *,
+        config: EngineConfig,
+        admission: Admission,
+        rows: DecodeRows,
+        device: DeviceSteps,
+        weights: WeightStore,
+        gate: LoopGate,
+        lock: threading.Lock,
+        stats: dict[str, int],
+        stop_ids: frozenset[int],
+        tokenizer: Any,
+        decode_chunk: int,
+    ):
         self.config, self.admission, self.rows, self.device = config, admission, rows, device
         self.weights, self.gate, self.lock, self.stats = weights, gate, lock, stats
         self.stop_ids, self.tokenizer, self.decode_chunk = stop_ids, tokenizer, decode_chunk
@@ -156,12 +170,18 @@ class EngineLoop:
         """One iteration: weights, cancellations, admission (and prefill), then one device step."""
         self.weights.apply()
         self.drop_cancelled()
-        batches, ride = self.admission.admit(bool(self.rows.active), self.weights.kv_tag, self.rows.active)
+        batches, ride = self.admission.admit(
+            bool(self.rows.active), self.weights.kv_tag, self.rows.active
+        )
         if self.admission.copies:
             try:
                 self.admission.copy_shared(self.device)
-            except Exception as exc:  # the copy failed: fail this round's requests, keep serving the rest
-                self.fail_step([r for reqs, _ in batches + ([ride] if ride else []) for r in reqs], exc)
+            except (
+                Exception
+            ) as exc:  # the copy failed: fail this round's requests, keep serving the rest
+                self.fail_step(
+                    [r for reqs, _ in batches + ([ride] if ride else []) for r in reqs], exc
+                )
                 return
         for reqs, bucket in batches:
             if self.device.fixed:
@@ -213,7 +233,9 @@ class EngineLoop:
             if not call:
                 continue
             try:
-                *inputs, rp = self.admission.packed_inputs(reqs, call, budget, cfg.max_prefill_batch)
+                *inputs, rp = self.admission.packed_inputs(
+                    reqs, call, budget, cfg.max_prefill_batch
+                )
                 length = device.prefill_length(int(inputs[4].max()))
                 tok, logp = device.call_prefill_packed(*inputs, rp, length)
             except Exception as exc:  # isolate: fail these requests, keep serving the rest
@@ -232,8 +254,12 @@ class EngineLoop:
         in the same call (:mod:`gymllm.inference.piggyback`); a failure fails both."""
         rows, device = self.rows, self.device
         try:
-            *pre, pre_rp = self.admission.prefill_inputs(reqs, bucket, self.config.max_prefill_batch)
-        except Exception as exc:  # prefill them on their own (the bad one fails alone), then decode as usual
+            *pre, pre_rp = self.admission.prefill_inputs(
+                reqs, bucket, self.config.max_prefill_batch
+            )
+        except (
+            Exception
+        ) as exc:  # prefill them on their own (the bad one fails alone), then decode as usual
             self.isolate_inputs(reqs, bucket, exc)
             if rows.active:
                 self.decode()
@@ -242,9 +268,13 @@ class EngineLoop:
         try:
             w = device.width(rows.top_row())
             # the cache length read covers the active rows and every chunk's start
-            n = pick_bucket(max(rows.max_position() + 1, int(pre[1][:, 0].max()), 1), device.lengths)
+            n = pick_bucket(
+                max(rows.max_position() + 1, int(pre[1][:, 0].max()), 1), device.lengths
+            )
             tokens, positions, rp = rows.inputs(w)
-            tok, logp = device.call_mixed((tokens, positions), rp, tuple(pre), pre_rp, n, active=len(rows.active))
+            tok, logp = device.call_mixed(
+                (tokens, positions), rp, tuple(pre), pre_rp, n, active=len(rows.active)
+            )
         except Exception as exc:
             self.fail_step(reqs + [r for _, r in decoding], exc)
             return
@@ -271,8 +301,9 @@ class EngineLoop:
                 k = self.chunk_steps()
                 stop, budget = chunk_limits(rows.active, w, self.stop_ids, self.max_len)
                 n = device.decode_length(rows.max_position(ahead=k - 1))
-                toks, logps, ran = device.call_decode_chunk(tokens, positions, rp, stop, budget, k, n,
-                                                            active=len(rows.active))
+                toks, logps, ran = device.call_decode_chunk(
+                    tokens, positions, rp, stop, budget, k, n, active=len(rows.active)
+                )
             else:
                 n = device.decode_length(rows.max_position())
                 tok, logp = device.call_decode(tokens, positions, rp, n, active=len(rows.active))
@@ -290,7 +321,10 @@ class EngineLoop:
         else up to ``decode_chunk``, no more than the active row with the most budget left can use."""
         if self.admission.has_waiting():
             return 1
-        return max(1, min(self.decode_chunk, max(r.budget(self.max_len) for r in self.rows.active.values())))
+        return max(
+            1,
+            min(self.decode_chunk, max(r.budget(self.max_len) for r in self.rows.active.values())),
+        )
 
     # ------------------------------------------------------------------ what was sampled
     def start(self, reqs: list[EngineRequest], tok: np.ndarray, logp: np.ndarray) -> None:
@@ -303,7 +337,9 @@ class EngineLoop:
 
     def accept(self, req: EngineRequest, token: int, logprob: float) -> None:
         """Record one sampled token; finish the request or schedule its next decode input."""
-        version = self.weights.version_of(req.adapter)  # with adapters: the version of the row's own adapter
+        version = self.weights.version_of(
+            req.adapter
+        )  # with adapters: the version of the row's own adapter
         req.record(token, logprob, version, self.weights.kv_tag(req.adapter))
         self.stats["generated_tokens"] += 1
         if req.stream is not None:

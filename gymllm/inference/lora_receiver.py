@@ -46,7 +46,9 @@ _RECEIVERS: "weakref.WeakKeyDictionary[Any, LoraReceiver]" = weakref.WeakKeyDict
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _merge_targets(cfg: LoRAConfig, base: dict[str, jax.Array], adapters: dict[str, jax.Array]) -> dict[str, jax.Array]:
+def _merge_targets(
+    cfg: LoRAConfig, base: dict[str, jax.Array], adapters: dict[str, jax.Array]
+) -> dict[str, jax.Array]:
     """``{"layers.wq": W + s A @ B}`` for the targets only: f32 math, the base's dtype out."""
     out = {}
     for t in cfg.targets:
@@ -63,11 +65,24 @@ class LoraReceiver:
     ``base``: the flat frozen weights ``{"layers.wq": [L, in, out], ...}``, moved once to the
     engine's device; ``model_config``: the engine model's config (to rebuild its state)."""
 
-    def __init__(self, engine: Any, model_config: Any, base: dict[str, jax.Array], lora: LoRAConfig,
-                 *, device: Any = None):
+    def __init__(
+        self,
+        engine: Any,
+        model_config: Any,
+        base: dict[str, jax.Array],
+        lora: LoRAConfig,
+        *,
+        device: Any = None,
+    ):
         if not lora.enabled:
-            raise EngineError(explain("LoraReceiver(lora)", expected="a LoRAConfig with rank > 0",
-                                      received=lora, fix="pass the learner's LoRAConfig"))
+            raise EngineError(
+                explain(
+                    "LoraReceiver(lora)",
+                    expected="a LoRAConfig with rank > 0",
+                    received=lora,
+                    fix="pass the learner's LoRAConfig",
+                )
+            )
         self._engine = weakref.ref(engine)
         self.model_config = model_config
         self.lora = lora
@@ -87,24 +102,38 @@ class LoraReceiver:
     def engine(self) -> Any:
         eng = self._engine()
         if eng is None:
-            raise EngineError("LoraReceiver: expected a live engine, received a collected one. Fix: keep the engine.")
+            raise EngineError(
+                "LoraReceiver: expected a live engine, received a collected one. Fix: keep the engine."
+            )
         return eng
 
     def _shape(self, key: str) -> tuple[int, ...]:
         w = self.base[key.rsplit(".", 1)[0]]  # "layers.wq.lora_a" -> "layers.wq" [L, in, out]
         n_layers, d_in, d_out = w.shape
-        return (n_layers, d_in, self.lora.rank) if key.endswith("lora_a") else (n_layers, self.lora.rank, d_out)
+        return (
+            (n_layers, d_in, self.lora.rank)
+            if key.endswith("lora_a")
+            else (n_layers, self.lora.rank, d_out)
+        )
 
     def check(self, adapters: dict[str, Any]) -> None:
         got = {k: tuple(np.shape(v)) for k, v in adapters.items()}
         if got != self.expected:
-            raise EngineError(explain("LoraReceiver.apply(adapters)", expected=f"exactly {self.expected}",
-                                      received=got, fix="push the learner's adapters of the same LoRAConfig"))
+            raise EngineError(
+                explain(
+                    "LoraReceiver.apply(adapters)",
+                    expected=f"exactly {self.expected}",
+                    received=got,
+                    fix="push the learner's adapters of the same LoRAConfig",
+                )
+            )
 
     def merged(self, adapters: dict[str, Any]) -> dict[str, jax.Array]:
         """The full flat weights: base arrays, with the targets merged on the engine's device."""
         self.check(adapters)
-        local = {k: jax.device_put(v, self.device) for k, v in adapters.items()}  # a gather when sharded
+        local = {
+            k: jax.device_put(v, self.device) for k, v in adapters.items()
+        }  # a gather when sharded
         return {**self.base, **_merge_targets(self.lora, self.base, local)}
 
     def apply(self, adapters: dict[str, Any], version: int) -> float:
@@ -122,8 +151,14 @@ class LoraReceiver:
         self.last_bytes = nbytes(adapters)
         self.total_s += self.last_s
         self.pushes += 1
-        self.history.append({"version": int(version), "keys": sorted(adapters), "bytes": self.last_bytes,
-                             "seconds": self.last_s})
+        self.history.append(
+            {
+                "version": int(version),
+                "keys": sorted(adapters),
+                "bytes": self.last_bytes,
+                "seconds": self.last_s,
+            }
+        )
         return self.last_s
 
 
@@ -135,12 +170,27 @@ class LoraUpdate:
     built from them on its first push); a pickled update (to a Ray replica) leaves them behind and the
     replica builds its receiver from the model its engine was built from."""
 
-    def __init__(self, lora: LoRAConfig, model_config: Any, adapters: dict[str, Any], base: dict[str, Any] | None = None):
-        self.lora, self.model_config, self.adapters, self.base = lora, model_config, dict(adapters), base
+    def __init__(
+        self,
+        lora: LoRAConfig,
+        model_config: Any,
+        adapters: dict[str, Any],
+        base: dict[str, Any] | None = None,
+    ):
+        self.lora, self.model_config, self.adapters, self.base = (
+            lora,
+            model_config,
+            dict(adapters),
+            base,
+        )
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"lora": self.lora, "model_config": self.model_config, "base": None,
-                "adapters": {k: np.asarray(v) for k, v in self.adapters.items()}}
+        return {
+            "lora": self.lora,
+            "model_config": self.model_config,
+            "base": None,
+            "adapters": {k: np.asarray(v) for k, v in self.adapters.items()},
+        }
 
     def apply_to(self, engine: Any, version: int, model: Any = None) -> None:
         rec = receiver_of(engine)
@@ -150,9 +200,15 @@ class LoraUpdate:
             elif model is not None:
                 rec = LoraReceiver.from_model(engine, model, self.lora)
             else:
-                raise EngineError(explain("LoraUpdate.apply_to", expected="the frozen base: in the update "
-                                          "(in process) or the replica's model", received=None,
-                                          fix="build replicas from a ReplicaSpec, or push LoraUpdate(..., base=...)"))
+                raise EngineError(
+                    explain(
+                        "LoraUpdate.apply_to",
+                        expected="the frozen base: in the update "
+                        "(in process) or the replica's model",
+                        received=None,
+                        fix="build replicas from a ReplicaSpec, or push LoraUpdate(..., base=...)",
+                    )
+                )
         rec.apply(self.adapters, version)
 
 
@@ -165,7 +221,12 @@ def apply_lora_update(engine: Any, adapters: dict[str, Any], version: int) -> fl
     """Push ``adapters`` at ``version`` through the receiver attached to ``engine``."""
     rec = receiver_of(engine)
     if rec is None:
-        raise EngineError(explain("apply_lora_update(engine)", expected="an engine with a LoraReceiver",
-                                  received=type(engine).__name__,
-                                  fix="build LoraReceiver.from_model(engine, model, lora) first"))
+        raise EngineError(
+            explain(
+                "apply_lora_update(engine)",
+                expected="an engine with a LoraReceiver",
+                received=type(engine).__name__,
+                fix="build LoraReceiver.from_model(engine, model, lora) first",
+            )
+        )
     return rec.apply(adapters, version)

@@ -34,8 +34,9 @@ from gymllm.inference.jit_steps import decode_logits
 MAX_STOP_IDS = 8  # stop ids per row checked on the device (more are still honoured by the host)
 
 
-def chunk_limits(active: dict[int, Any], width: int, stop_ids: frozenset[int], max_len: int
-                 ) -> tuple[np.ndarray, np.ndarray]:
+def chunk_limits(
+    active: dict[int, Any], width: int, stop_ids: frozenset[int], max_len: int
+) -> tuple[np.ndarray, np.ndarray]:
     """The device-side end of each row of a chunk over rows [0, width): (stop_ids [W, MAX_STOP_IDS] int32,
     -1 pads: ``stop_ids`` and the request's own, the first MAX_STOP_IDS in order; budget [W] int32: the
     tokens the row's request may still sample, 0 for idle rows). ``active``: slot -> engine request."""
@@ -58,8 +59,23 @@ def make_decode_chunk(graphdef: Any, max_steps: int) -> tuple[Callable, dict[str
     trace_counts = {"decode_chunk": 0}
 
     @functools.partial(jax.jit, donate_argnums=(1,), static_argnums=(12,))
-    def decode_chunk(state, cache, tokens, positions, keys, steps, temperature, top_k, top_p, stop_ids, budget, n,
-                     length, adapters=None, adapter=None):
+    def decode_chunk(
+        state,
+        cache,
+        tokens,
+        positions,
+        keys,
+        steps,
+        temperature,
+        top_k,
+        top_p,
+        stop_ids,
+        budget,
+        n,
+        length,
+        adapters=None,
+        adapter=None,
+    ):
         # tokens/positions/steps/top_k/budget [W] int32; keys [W, 2] uint32; temperature/top_p [W] f32;
         # stop_ids [W, MAX_STOP_IDS] int32 (-1 pads); n: int32 scalar <= K steps to run at most.
         trace_counts["decode_chunk"] += 1
@@ -74,7 +90,9 @@ def make_decode_chunk(graphdef: Any, max_steps: int) -> tuple[Callable, dict[str
 
         def body(c):
             j, cache, tok, pos, done, out_t, out_l = c
-            logits, cache = decode_logits(model, cache, tok, pos, length, adapters, adapter)  # [W, V]
+            logits, cache = decode_logits(
+                model, cache, tok, pos, length, adapters, adapter
+            )  # [W, V]
             t, lp = sample(logits, step_keys(keys, steps + j), temperature, top_k, top_p)
             done = done | jnp.any(t[:, None] == stop_ids, axis=-1) | (j + 1 >= budget)
             pos = jnp.where(live, jnp.minimum(pos + 1, last_slot), pos)

@@ -23,10 +23,16 @@ def _int_tuple(name: str, value: Any) -> tuple[int, ...]:
         out = tuple(value)
     except TypeError:
         out = None
-    if out is None or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in out):
+    if out is None or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in out
+    ):
         raise ConfigError(
-            explain(f"SamplingParams.{name}", expected="a sequence of non-negative int token ids",
-                    received=value, fix=f"pass e.g. {name}=(2,) or {name}=()")
+            explain(
+                f"SamplingParams.{name}",
+                expected="a sequence of non-negative int token ids",
+                received=value,
+                fix=f"pass e.g. {name}=(2,) or {name}=()",
+            )
         )
     return out
 
@@ -40,8 +46,12 @@ def _str_tuple(name: str, value: Any) -> tuple[str, ...]:
         out = None
     if out is None or not all(isinstance(v, str) and v for v in out):
         raise ConfigError(
-            explain(f"SamplingParams.{name}", expected="a sequence of non-empty strings",
-                    received=value, fix=f"pass e.g. {name}=('</answer>',) or {name}=()")
+            explain(
+                f"SamplingParams.{name}",
+                expected="a sequence of non-empty strings",
+                received=value,
+                fix=f"pass e.g. {name}=('</answer>',) or {name}=()",
+            )
         )
     return out
 
@@ -70,17 +80,40 @@ class SamplingParams:
     def __post_init__(self) -> None:
         c = "SamplingParams"
         t, p = self.temperature, self.top_p
-        require(is_number(t) and t >= 0, f"{c}.temperature", expected="a finite float >= 0 (0 = greedy)",
-                received=t, fix="use e.g. temperature=1.0")
-        require(is_number(p) and 0 < p <= 1, f"{c}.top_p", expected="a float in (0, 1] (1 = off)", received=p,
-                fix="use e.g. top_p=0.95 or 1.0")
-        check_range(c, "top_k", self.top_k, lo=0, integer=True, fix="use e.g. top_k=50 or 0 (0 = off)")
-        check_range(c, "max_tokens", self.max_tokens, lo=1, integer=True, fix="use e.g. max_tokens=256")
-        check_range(c, "seed", self.seed, integer=True, optional=True, fix="use e.g. seed=0 or leave it None")
+        require(
+            is_number(t) and t >= 0,
+            f"{c}.temperature",
+            expected="a finite float >= 0 (0 = greedy)",
+            received=t,
+            fix="use e.g. temperature=1.0",
+        )
+        require(
+            is_number(p) and 0 < p <= 1,
+            f"{c}.top_p",
+            expected="a float in (0, 1] (1 = off)",
+            received=p,
+            fix="use e.g. top_p=0.95 or 1.0",
+        )
+        check_range(
+            c, "top_k", self.top_k, lo=0, integer=True, fix="use e.g. top_k=50 or 0 (0 = off)"
+        )
+        check_range(
+            c, "max_tokens", self.max_tokens, lo=1, integer=True, fix="use e.g. max_tokens=256"
+        )
+        check_range(
+            c,
+            "seed",
+            self.seed,
+            integer=True,
+            optional=True,
+            fix="use e.g. seed=0 or leave it None",
+        )
         check_range(c, "n", self.n, lo=1, integer=True, fix="use n=1")
         object.__setattr__(self, "temperature", float(t))
         object.__setattr__(self, "top_p", float(p))
-        object.__setattr__(self, "stop_token_ids", _int_tuple("stop_token_ids", self.stop_token_ids))
+        object.__setattr__(
+            self, "stop_token_ids", _int_tuple("stop_token_ids", self.stop_token_ids)
+        )
         object.__setattr__(self, "stop", _str_tuple("stop", self.stop))
 
     @property

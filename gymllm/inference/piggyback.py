@@ -36,13 +36,26 @@ def make_mixed_step(graphdef: Any) -> tuple[Callable, dict[str, int]]:
     trace_counts = {"mixed": 0}
 
     @functools.partial(jax.jit, donate_argnums=(1,), static_argnums=(9,))
-    def mixed(state, cache, dec, pre, keys, steps, temperature, top_k, top_p, length, adapters=None, adapter=None):
+    def mixed(
+        state,
+        cache,
+        dec,
+        pre,
+        keys,
+        steps,
+        temperature,
+        top_k,
+        top_p,
+        length,
+        adapters=None,
+        adapter=None,
+    ):
         trace_counts["mixed"] += 1
         model = nnx.merge(graphdef, state)
-        logits, cache = mixed_and_write(model.config, served_params(model, adapters), *dec, *pre, cache, length,
-                                        adapter=adapter)  # [W + P, V]
+        logits, cache = mixed_and_write(
+            model.config, served_params(model, adapters), *dec, *pre, cache, length, adapter=adapter
+        )  # [W + P, V]
         tok, logp = sample(logits, step_keys(keys, steps), temperature, top_k, top_p)
         return cache, tok, logp
 
     return mixed, trace_counts
-

@@ -79,23 +79,34 @@ def _chain(exc: BaseException) -> list[BaseException]:
 
 
 def failure_kind(exc: BaseException) -> str:
-    """"death" (the replica is gone: retry elsewhere and recreate it), "request" (it failed this request:
+    """ "death" (the replica is gone: retry elsewhere and recreate it), "request" (it failed this request:
     retry elsewhere) or "input" (the caller's mistake: raise)."""
     ray_exc = sys.modules.get("ray.exceptions")
     httpx = sys.modules.get("httpx")
     dead: tuple[type, ...] = (ReplicaDied, OSError, asyncio.TimeoutError)
     if ray_exc is not None:
-        dead += tuple(getattr(ray_exc, n) for n in ("RayActorError", "WorkerCrashedError", "NodeDiedError",
-                                                     "ObjectLostError", "OwnerDiedError", "RaySystemError")
-                      if hasattr(ray_exc, n))
+        dead += tuple(
+            getattr(ray_exc, n)
+            for n in (
+                "RayActorError",
+                "WorkerCrashedError",
+                "NodeDiedError",
+                "ObjectLostError",
+                "OwnerDiedError",
+                "RaySystemError",
+            )
+            if hasattr(ray_exc, n)
+        )
     if httpx is not None:
         dead += (httpx.TransportError,)
     links = _chain(exc)
     if any(isinstance(e, dead) for e in links):
         return "death"
     task_error = getattr(ray_exc, "RayTaskError", ()) if ray_exc is not None else ()
-    if any(isinstance(e, EngineError) and type(e) is not EngineError and not isinstance(e, task_error)
-           for e in links):  # e.g. RequestFailed: an engine step raised while serving it
+    if any(
+        isinstance(e, EngineError) and type(e) is not EngineError and not isinstance(e, task_error)
+        for e in links
+    ):  # e.g. RequestFailed: an engine step raised while serving it
         return "request"
     return "input"
 
@@ -106,9 +117,13 @@ class Supervisor:
     re-homed) and recreates it when it can be rebuilt, and waits for a restart while every replica is
     down. Closing it stops the restarts and closes the replicas."""
 
-    def __init__(self, slots: list[ReplicaSlot], router: Router, config: PoolConfig, version: int = 0):
+    def __init__(
+        self, slots: list[ReplicaSlot], router: Router, config: PoolConfig, version: int = 0
+    ):
         self.slots, self.router, self.config = slots, router, config
-        self.latest: tuple[Any, Any, int] | None = None  # the newest (update, its ObjectRef or None, version)
+        self.latest: tuple[Any, Any, int] | None = (
+            None  # the newest (update, its ObjectRef or None, version)
+        )
         self.version = version
         self.closed = False
 
@@ -118,7 +133,9 @@ class Supervisor:
         with span("weight_push", track="engine/pool", version=version, replicas=len(self.slots)):
             ref = None
             if rays:
-                ref = rays[0].replica.ray.put(_host_arrays(state))  # put once; every actor fetches it
+                ref = rays[0].replica.ray.put(
+                    _host_arrays(state)
+                )  # put once; every actor fetches it
             for s in self.slots:
                 if s.restarting is not None:
                     continue  # it rejoins with the latest update when built
@@ -134,7 +151,9 @@ class Supervisor:
     async def settle(self) -> None:
         """``EnginePool.settle``: every push sent so far reached every live replica."""
         live = [s for s in self.slots if not s.down]
-        for s, r in zip(live, await asyncio.gather(*(s.replica.settle() for s in live), return_exceptions=True)):
+        for s, r in zip(
+            live, await asyncio.gather(*(s.replica.settle() for s in live), return_exceptions=True)
+        ):
             if isinstance(r, BaseException):
                 s.last_error = f"weight push: {type(r).__name__}: {str(r)[:300]}"
 
@@ -145,8 +164,14 @@ class Supervisor:
             pending = [s.restarting for s in self.slots if s.restarting is not None]
             left = deadline - time.monotonic()
             if not pending or left <= 0:
-                raise ReplicaDied(explain("EnginePool", expected="a live replica", received=[
-                    f"{s.name}: {s.last_error}" for s in self.slots], fix="restart the replicas' hosts or servers"))
+                raise ReplicaDied(
+                    explain(
+                        "EnginePool",
+                        expected="a live replica",
+                        received=[f"{s.name}: {s.last_error}" for s in self.slots],
+                        fix="restart the replicas' hosts or servers",
+                    )
+                )
             await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
         return slot
 
@@ -159,7 +184,9 @@ class Supervisor:
         slot.down, slot.down_since = True, time.monotonic()
         self.router.evict(slot)  # its sessions are re-homed on their next turn
         if self.config.restart and slot.replica.can_restart and not self.closed:
-            slot.restarting = asyncio.get_running_loop().create_task(self.restart(slot), name=f"restart-{slot.name}")
+            slot.restarting = asyncio.get_running_loop().create_task(
+                self.restart(slot), name=f"restart-{slot.name}"
+            )
 
     async def restart(self, slot: ReplicaSlot) -> None:
         """Recreate ``slot``'s replica at the latest weights; it rejoins the routing when built."""
@@ -169,7 +196,9 @@ class Supervisor:
                 update, version = _update_for(slot, latest)
                 try:
                     with span("restart", track=slot.track, version=version):
-                        info = await asyncio.wait_for(slot.replica.restart(update, version), self.config.start_timeout_s)
+                        info = await asyncio.wait_for(
+                            slot.replica.restart(update, version), self.config.start_timeout_s
+                        )
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # noqa: BLE001 - the replacement failed too: try again
@@ -204,25 +233,58 @@ class EnginePool:
     #: ``update_weights`` takes :class:`WeightUpdate` objects (the trainer's LoRA push sends adapters only)
     takes_weight_updates = True
 
-    def __init__(self, engines: Sequence[Any], *, config: PoolConfig | None = None,
-                 names: Sequence[str] | None = None):
+    def __init__(
+        self,
+        engines: Sequence[Any],
+        *,
+        config: PoolConfig | None = None,
+        names: Sequence[str] | None = None,
+    ):
         """``engines``: Engine objects in this process, or replica handles (``LocalReplica`` /
         ``RayReplica``; what the ``from_*`` constructors pass)."""
         self.config = config or PoolConfig()
         engines = list(engines)
         if not engines:
-            raise ConfigError(explain("EnginePool(engines)", expected="at least one engine or replica", received=[],
-                                      fix="pass [engine] or use EnginePool.from_ray(spec, num_replicas=N)"))
-        names = list(names) if names is not None else [getattr(e, "name", None) or f"r{i}" for i, e in enumerate(engines)]
+            raise ConfigError(
+                explain(
+                    "EnginePool(engines)",
+                    expected="at least one engine or replica",
+                    received=[],
+                    fix="pass [engine] or use EnginePool.from_ray(spec, num_replicas=N)",
+                )
+            )
+        names = (
+            list(names)
+            if names is not None
+            else [getattr(e, "name", None) or f"r{i}" for i, e in enumerate(engines)]
+        )
         if len(names) != len(engines) or len(set(names)) != len(names):
-            raise ConfigError(explain("EnginePool(names)", expected=f"{len(engines)} distinct names",
-                                      received=names, fix="pass one distinct name per replica or none"))
-        self._slots = [ReplicaSlot(i, e if isinstance(e, (LocalReplica, RayReplica)) else LocalReplica(n, e))
-                       for i, (e, n) in enumerate(zip(engines, names))]
+            raise ConfigError(
+                explain(
+                    "EnginePool(names)",
+                    expected=f"{len(engines)} distinct names",
+                    received=names,
+                    fix="pass one distinct name per replica or none",
+                )
+            )
+        self._slots = [
+            ReplicaSlot(i, e if isinstance(e, (LocalReplica, RayReplica)) else LocalReplica(n, e))
+            for i, (e, n) in enumerate(zip(engines, names))
+        ]
         self.router = Router(self._slots, self.config)
-        self.supervisor = Supervisor(self._slots, self.router, self.config, version=max(
-            (int(getattr(s.replica.engine, "version", 0)) for s in self._slots if isinstance(s.replica, LocalReplica)),
-            default=0))
+        self.supervisor = Supervisor(
+            self._slots,
+            self.router,
+            self.config,
+            version=max(
+                (
+                    int(getattr(s.replica.engine, "version", 0))
+                    for s in self._slots
+                    if isinstance(s.replica, LocalReplica)
+                ),
+                default=0,
+            ),
+        )
         self.retries = 0
         for s in self._slots:
             if isinstance(s.replica, LocalReplica):
@@ -231,9 +293,15 @@ class EnginePool:
 
     # ------------------------------------------------------------------ constructors
     @classmethod
-    def from_ray(cls, spec: ReplicaSpec | Sequence[ReplicaSpec], *, num_replicas: int | None = None,
-                 ray_options: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
-                 config: PoolConfig | None = None, names: Sequence[str] | None = None) -> "EnginePool":
+    def from_ray(
+        cls,
+        spec: ReplicaSpec | Sequence[ReplicaSpec],
+        *,
+        num_replicas: int | None = None,
+        ray_options: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        config: PoolConfig | None = None,
+        names: Sequence[str] | None = None,
+    ) -> "EnginePool":
         """``num_replicas`` host actors built from ``spec`` (or one per spec), each with ``ray_options``
         (one mapping for all, or one per replica). Connects to Ray first if needed (``init_ray``).
         Blocks until every replica is built (``config.start_timeout_s``)."""
@@ -241,33 +309,61 @@ class EnginePool:
 
         specs = [spec] * (num_replicas or 1) if isinstance(spec, ReplicaSpec) else list(spec)
         if num_replicas is not None and len(specs) != num_replicas or not specs:
-            raise ConfigError(explain("EnginePool.from_ray", expected="one spec and num_replicas >= 1, or a list of specs",
-                                      received={"specs": len(specs), "num_replicas": num_replicas},
-                                      fix="pass EnginePool.from_ray(spec, num_replicas=2)"))
-        opts = [dict(ray_options or {})] * len(specs) if not isinstance(ray_options, Sequence) else list(ray_options)
+            raise ConfigError(
+                explain(
+                    "EnginePool.from_ray",
+                    expected="one spec and num_replicas >= 1, or a list of specs",
+                    received={"specs": len(specs), "num_replicas": num_replicas},
+                    fix="pass EnginePool.from_ray(spec, num_replicas=2)",
+                )
+            )
+        opts = (
+            [dict(ray_options or {})] * len(specs)
+            if not isinstance(ray_options, Sequence)
+            else list(ray_options)
+        )
         names = list(names) if names is not None else [f"r{i}" for i in range(len(specs))]
         if len(opts) != len(specs) or len(names) != len(specs):
-            raise ConfigError(explain("EnginePool.from_ray(ray_options / names)", expected=f"{len(specs)} entries",
-                                      received={"ray_options": len(opts), "names": len(names)},
-                                      fix="pass one mapping for every replica, or one per replica"))
+            raise ConfigError(
+                explain(
+                    "EnginePool.from_ray(ray_options / names)",
+                    expected=f"{len(specs)} entries",
+                    received={"ray_options": len(opts), "names": len(names)},
+                    fix="pass one mapping for every replica, or one per replica",
+                )
+            )
         ray = init_ray()
         pool = cls([RayReplica(n, s, o) for n, s, o in zip(names, specs, opts)], config=config)
-        infos = ray.get([s.replica.actor.info.remote() for s in pool._slots], timeout=pool.config.start_timeout_s)
+        infos = ray.get(
+            [s.replica.actor.info.remote() for s in pool._slots],
+            timeout=pool.config.start_timeout_s,
+        )
         for s, info in zip(pool._slots, infos):
             s.max_len = info["max_len"]
         pool.supervisor.version = max(int(i["version"]) for i in infos)
         return pool
 
     @classmethod
-    def from_specs(cls, specs: Sequence[ReplicaSpec], *, config: PoolConfig | None = None,
-                   names: Sequence[str] | None = None) -> "EnginePool":
+    def from_specs(
+        cls,
+        specs: Sequence[ReplicaSpec],
+        *,
+        config: PoolConfig | None = None,
+        names: Sequence[str] | None = None,
+    ) -> "EnginePool":
         """In-process hosts built from ``specs`` here (the plain twin of :meth:`from_ray`; rebuilt when they fail)."""
         names = list(names) if names is not None else [f"r{i}" for i in range(len(specs))]
         return cls([LocalReplica(n, spec=s) for n, s in zip(names, specs)], config=config)
 
     @classmethod
-    def from_urls(cls, urls: Sequence[str], *, model: str, config: PoolConfig | None = None,
-                  **client_kwargs: Any) -> "EnginePool":
+    def from_urls(
+        cls,
+        urls: Sequence[str],
+        *,
+        model: str,
+        config: PoolConfig | None = None,
+        **client_kwargs: Any,
+    ) -> "EnginePool":
         """One OpenAIClientEngine per OpenAI-compatible server (weights are pushed to them out of band)."""
         from gymllm.inference.client import OpenAIClientEngine
 
@@ -289,8 +385,13 @@ class EnginePool:
     def names(self) -> list[str]:
         return [s.name for s in self._slots]
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams | None = None, *,
-                       session_id: str | None = None) -> Completion:
+    async def generate(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        session_id: str | None = None,
+    ) -> Completion:
         """One completion from the session's replica (or the least-loaded one), retried elsewhere if
         its replica fails; ``Completion.replica`` / ``.retried`` say where and whether."""
         params = params or SamplingParams()
@@ -302,7 +403,9 @@ class EnginePool:
         out = await self._attempts(call, cost, session_id)
         return out
 
-    async def generate_n(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[Completion]:
+    async def generate_n(
+        self, prompt_ids: Sequence[int], params: SamplingParams
+    ) -> list[Completion]:
         """``params.n`` completions of one prompt on one replica (the least-loaded), retried as one."""
         cost = (len(prompt_ids) + params.max_tokens) * params.n
 
@@ -345,22 +448,42 @@ class EnginePool:
     async def replica_info(self) -> dict[str, dict[str, Any]]:
         """``info()`` of each live replica: name, pid, Ray node id, version, max_len."""
         live = [s for s in self._slots if not s.down]
-        return {s.name: i for s, i in zip(live, await asyncio.gather(*(s.replica.info() for s in live)))}
+        return {
+            s.name: i for s, i in zip(live, await asyncio.gather(*(s.replica.info() for s in live)))
+        }
 
     def stats(self) -> list[dict[str, Any]]:
         """Per replica: load, requests in flight and served, failures, restarts, whether it is down."""
         homes = self.router.homes()
-        return [{"name": s.name, "kind": s.replica.kind, "down": s.down, "load_tokens": s.load_tokens,
-                 "inflight": s.inflight, "served": s.served, "failures": s.failures, "restarts": s.restarts,
-                 "sessions": homes[s.index], "last_error": s.last_error} for s in self._slots]
+        return [
+            {
+                "name": s.name,
+                "kind": s.replica.kind,
+                "down": s.down,
+                "load_tokens": s.load_tokens,
+                "inflight": s.inflight,
+                "served": s.served,
+                "failures": s.failures,
+                "restarts": s.restarts,
+                "sessions": homes[s.index],
+                "last_error": s.last_error,
+            }
+            for s in self._slots
+        ]
 
     def replica(self, name: str) -> Any:
         """The handle of replica ``name`` (``LocalReplica``: ``.engine``; ``RayReplica``: ``.actor``)."""
         for s in self._slots:
             if s.name == name:
                 return s.replica
-        raise ConfigError(explain("EnginePool.replica", expected=f"one of {self.names}", received=name,
-                                  fix="use a name from pool.names"))
+        raise ConfigError(
+            explain(
+                "EnginePool.replica",
+                expected=f"one of {self.names}",
+                received=name,
+                fix="use a name from pool.names",
+            )
+        )
 
     def home_of(self, session_id: str) -> str | None:
         """The replica a session's turns go to (None: no home yet, or re-homed after a failure)."""
@@ -370,7 +493,9 @@ class EnginePool:
     # ------------------------------------------------------------------ routing and recovery
     async def _attempts(self, call: Any, cost: int, session_id: str | None) -> Any:
         if self.supervisor.closed:
-            raise EngineError("generate: expected an open pool, received a closed one. Fix: build a new EnginePool.")
+            raise EngineError(
+                "generate: expected an open pool, received a closed one. Fix: build a new EnginePool."
+            )
         tried: list[int] = []
         errors: list[str] = []
         for attempt in range(self.config.max_retries + 1):
@@ -379,7 +504,9 @@ class EnginePool:
             slot.inflight += 1
             counter("load_tokens", slot.load_tokens, track=slot.track)
             try:
-                with span("generate", track=slot.track, session=session_id, attempt=attempt, cost=cost):
+                with span(
+                    "generate", track=slot.track, session=session_id, attempt=attempt, cost=cost
+                ):
                     out = await asyncio.wait_for(call(slot), self.config.request_timeout_s)
             except asyncio.CancelledError:
                 raise
@@ -400,9 +527,14 @@ class EnginePool:
             if attempt:
                 self.retries += 1
             return out
-        raise ReplicaDied(explain("EnginePool.generate", expected="a replica that serves the request",
-                                  received=errors, fix="check the replicas' logs; raise PoolConfig.max_retries "
-                                  "or add replicas"))
+        raise ReplicaDied(
+            explain(
+                "EnginePool.generate",
+                expected="a replica that serves the request",
+                received=errors,
+                fix="check the replicas' logs; raise PoolConfig.max_retries or add replicas",
+            )
+        )
 
 
 def _host_arrays(state: Any) -> Any:

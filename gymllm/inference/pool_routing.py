@@ -42,15 +42,36 @@ class PoolConfig:
 
     def __post_init__(self) -> None:
         c = "PoolConfig"
-        check_range(c, "max_retries", self.max_retries, lo=0, integer=True,
-                    fix="use e.g. 2 (0: fail a request with its replica)")
-        for name, optional, fix in (("request_timeout_s", True, "600.0 (longer than the longest generation)"),
-                                    ("start_timeout_s", False, "600.0"), ("revive_after_s", False, "30.0")):
-            check_range(c, name, getattr(self, name), lo=0, lo_open=True, optional=optional,
-                        fix=f"use e.g. {fix} seconds")
+        check_range(
+            c,
+            "max_retries",
+            self.max_retries,
+            lo=0,
+            integer=True,
+            fix="use e.g. 2 (0: fail a request with its replica)",
+        )
+        for name, optional, fix in (
+            ("request_timeout_s", True, "600.0 (longer than the longest generation)"),
+            ("start_timeout_s", False, "600.0"),
+            ("revive_after_s", False, "30.0"),
+        ):
+            check_range(
+                c,
+                name,
+                getattr(self, name),
+                lo=0,
+                lo_open=True,
+                optional=optional,
+                fix=f"use e.g. {fix} seconds",
+            )
         for name in ("restart", "sticky_sessions"):
-            require(isinstance(getattr(self, name), bool), f"{c}.{name}", expected="a bool",
-                    received=getattr(self, name), fix="use True or False")
+            require(
+                isinstance(getattr(self, name), bool),
+                f"{c}.{name}",
+                expected="a bool",
+                received=getattr(self, name),
+                fix="use True or False",
+            )
 
 
 @dataclasses.dataclass(eq=False)
@@ -98,7 +119,9 @@ class Router:
         home = self.sessions.get(session_id) if sticky else None
         if home is not None and not self.slots[home].down and home not in tried:
             return self.slots[home]
-        live = [s for s in self.slots if not s.down and s.index not in tried] or [s for s in self.slots if not s.down]
+        live = [s for s in self.slots if not s.down and s.index not in tried] or [
+            s for s in self.slots if not s.down
+        ]
         if not live:
             return None
         best = min(live, key=lambda s: (s.load_tokens, s.inflight, s.index))

@@ -89,41 +89,102 @@ class ReplicaSpec:
     def __post_init__(self) -> None:
         def need(ok: bool, field: str, expected: str, fix: str) -> None:
             if not ok:
-                raise ConfigError(explain(f"ReplicaSpec.{field}", expected=expected, received=getattr(self, field),
-                                          fix=fix))
+                raise ConfigError(
+                    explain(
+                        f"ReplicaSpec.{field}",
+                        expected=expected,
+                        received=getattr(self, field),
+                        fix=fix,
+                    )
+                )
 
-        need(self.kind in KINDS, "kind", f"one of {KINDS}", "build specs with ReplicaSpec.jax/.vllm/.openai(...)")
-        need(isinstance(self.engine_kwargs, Mapping), "engine_kwargs", "a mapping of constructor keyword arguments",
-             "pass e.g. engine_kwargs={'stop_token_ids': ()}")
-        need(self.setup is None or callable(self.setup), "setup", "None or a callable(engine, loaded)",
-             "pass a module-level function (it must pickle)")
+        need(
+            self.kind in KINDS,
+            "kind",
+            f"one of {KINDS}",
+            "build specs with ReplicaSpec.jax/.vllm/.openai(...)",
+        )
+        need(
+            isinstance(self.engine_kwargs, Mapping),
+            "engine_kwargs",
+            "a mapping of constructor keyword arguments",
+            "pass e.g. engine_kwargs={'stop_token_ids': ()}",
+        )
+        need(
+            self.setup is None or callable(self.setup),
+            "setup",
+            "None or a callable(engine, loaded)",
+            "pass a module-level function (it must pickle)",
+        )
         if self.kind == "jax":
-            need((self.model is None) != (self.tiny is None), "model", "exactly one of model= or tiny=",
-                 "pass ReplicaSpec.jax('smollm2-135m-instruct') or ReplicaSpec.jax(tiny={'family': 'llama'})")
-            need(self.tiny is None or isinstance(self.tiny, Mapping), "tiny", "None or make_tiny keyword arguments",
-                 "pass e.g. tiny={'family': 'llama', 'seed': 0}")
+            need(
+                (self.model is None) != (self.tiny is None),
+                "model",
+                "exactly one of model= or tiny=",
+                "pass ReplicaSpec.jax('smollm2-135m-instruct') or ReplicaSpec.jax(tiny={'family': 'llama'})",
+            )
+            need(
+                self.tiny is None or isinstance(self.tiny, Mapping),
+                "tiny",
+                "None or make_tiny keyword arguments",
+                "pass e.g. tiny={'family': 'llama', 'seed': 0}",
+            )
         elif self.kind == "vllm":
-            need(isinstance(self.model, str) and bool(self.model), "model", "a checkpoint path or hub id",
-                 "pass ReplicaSpec.vllm('Qwen/Qwen2.5-0.5B-Instruct')")
+            need(
+                isinstance(self.model, str) and bool(self.model),
+                "model",
+                "a checkpoint path or hub id",
+                "pass ReplicaSpec.vllm('Qwen/Qwen2.5-0.5B-Instruct')",
+            )
         elif self.kind == "openai":
-            need(isinstance(self.base_url, str) and self.base_url.startswith(("http://", "https://")), "base_url",
-                 "an http(s) URL", "pass ReplicaSpec.openai('http://127.0.0.1:8000', 'policy')")
-            need(isinstance(self.model, str) and bool(self.model), "model", "the served model name",
-                 "pass the name the server lists on /v1/models")
+            need(
+                isinstance(self.base_url, str)
+                and self.base_url.startswith(("http://", "https://")),
+                "base_url",
+                "an http(s) URL",
+                "pass ReplicaSpec.openai('http://127.0.0.1:8000', 'policy')",
+            )
+            need(
+                isinstance(self.model, str) and bool(self.model),
+                "model",
+                "the served model name",
+                "pass the name the server lists on /v1/models",
+            )
         else:
-            need(callable(self.factory), "factory", "a zero-argument callable returning an Engine",
-                 "pass ReplicaSpec(factory=build_engine) or use ReplicaSpec.jax/.vllm/.openai")
+            need(
+                callable(self.factory),
+                "factory",
+                "a zero-argument callable returning an Engine",
+                "pass ReplicaSpec(factory=build_engine) or use ReplicaSpec.jax/.vllm/.openai",
+            )
 
     # ------------------------------------------------------------------ constructors
     @classmethod
-    def jax(cls, model: str | None = None, *, tiny: Mapping[str, Any] | None = None, config: Any = None,
-            setup: Callable[[Any, Any], None] | None = None, warmup: bool = False, **engine_kwargs: Any) -> "ReplicaSpec":
+    def jax(
+        cls,
+        model: str | None = None,
+        *,
+        tiny: Mapping[str, Any] | None = None,
+        config: Any = None,
+        setup: Callable[[Any, Any], None] | None = None,
+        warmup: bool = False,
+        **engine_kwargs: Any,
+    ) -> "ReplicaSpec":
         """A JaxEngine over ``gymllm.models.load(model)`` or ``make_tiny(**tiny)``."""
-        return cls(kind="jax", model=model, tiny=None if tiny is None else dict(tiny), config=config,
-                   setup=setup, warmup=warmup, engine_kwargs=engine_kwargs)
+        return cls(
+            kind="jax",
+            model=model,
+            tiny=None if tiny is None else dict(tiny),
+            config=config,
+            setup=setup,
+            warmup=warmup,
+            engine_kwargs=engine_kwargs,
+        )
 
     @classmethod
-    def vllm(cls, model: str, *, setup: Callable[[Any, Any], None] | None = None, **engine_args: Any) -> "ReplicaSpec":
+    def vllm(
+        cls, model: str, *, setup: Callable[[Any, Any], None] | None = None, **engine_args: Any
+    ) -> "ReplicaSpec":
         """A VllmEngine over ``model`` (optional extra ``gymllm[vllm]``, on the replica's host)."""
         return cls(kind="vllm", model=model, setup=setup, engine_kwargs=engine_args)
 
@@ -173,10 +234,14 @@ class EngineCalls:
 
     engine: Any
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, session_id: str | None = None) -> Completion:
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, session_id: str | None = None
+    ) -> Completion:
         return await self.engine.generate(prompt_ids, params, session_id=session_id)
 
-    async def generate_n(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[Completion]:
+    async def generate_n(
+        self, prompt_ids: Sequence[int], params: SamplingParams
+    ) -> list[Completion]:
         return list(await self.engine.generate_n(prompt_ids, params))
 
     def end_session(self, session_id: str) -> None:
@@ -193,15 +258,25 @@ class ReplicaHost(EngineCalls):
     top-level argument, which Ray resolves on the actor's node).
     """
 
-    def __init__(self, spec: ReplicaSpec, name: str, update: Any = None, version: int | None = None):
+    def __init__(
+        self, spec: ReplicaSpec, name: str, update: Any = None, version: int | None = None
+    ):
         if not isinstance(spec, ReplicaSpec):
-            raise ConfigError(explain("ReplicaHost(spec)", expected="a ReplicaSpec", received=type(spec).__name__,
-                                      fix="pass ReplicaSpec.jax(...), .vllm(...), .openai(...) or ReplicaSpec(factory=...)"))
+            raise ConfigError(
+                explain(
+                    "ReplicaHost(spec)",
+                    expected="a ReplicaSpec",
+                    received=type(spec).__name__,
+                    fix="pass ReplicaSpec.jax(...), .vllm(...), .openai(...) or ReplicaSpec(factory=...)",
+                )
+            )
         self.name = name
         self.spec = spec
         self.engine, self.loaded = spec.build()
         self._holds = contextlib.ExitStack()
-        self.model = getattr(self.loaded, "model", None)  # what the engine was built from (a LoRA base)
+        self.model = getattr(
+            self.loaded, "model", None
+        )  # what the engine was built from (a LoRA base)
         if version is not None:
             apply_update(self.engine, update, version, self.model)
 
@@ -240,8 +315,13 @@ class ReplicaHost(EngineCalls):
         except ImportError:  # pragma: no cover - in-process hosts without ray
             pass
         max_len = getattr(self.engine, "max_len", None)
-        return {"name": self.name, "pid": os.getpid(), "node_id": node, "version": self.version,
-                "max_len": max_len if isinstance(max_len, int) else None}
+        return {
+            "name": self.name,
+            "pid": os.getpid(),
+            "node_id": node,
+            "version": self.version,
+            "max_len": max_len if isinstance(max_len, int) else None,
+        }
 
     async def close(self) -> None:
         self.release()
@@ -256,9 +336,14 @@ class LocalReplica(EngineCalls):
 
     def __init__(self, name: str, engine: Any = None, *, spec: ReplicaSpec | None = None):
         if (engine is None) == (spec is None):
-            raise ConfigError(explain("LocalReplica", expected="exactly one of engine= or spec=",
-                                      received={"engine": type(engine).__name__, "spec": spec},
-                                      fix="pass an engine object or a ReplicaSpec"))
+            raise ConfigError(
+                explain(
+                    "LocalReplica",
+                    expected="exactly one of engine= or spec=",
+                    received={"engine": type(engine).__name__, "spec": spec},
+                    fix="pass an engine object or a ReplicaSpec",
+                )
+            )
         self.name = name
         self.spec = spec
         self.engine, self.model = (engine, None) if engine is not None else self._build(None, None)
@@ -291,8 +376,13 @@ class LocalReplica(EngineCalls):
 
     async def info(self) -> dict[str, Any]:
         max_len = getattr(self.engine, "max_len", None)
-        return {"name": self.name, "pid": os.getpid(), "node_id": None, "version": int(self.engine.version),
-                "max_len": max_len if isinstance(max_len, int) else None}
+        return {
+            "name": self.name,
+            "pid": os.getpid(),
+            "node_id": None,
+            "version": int(self.engine.version),
+            "max_len": max_len if isinstance(max_len, int) else None,
+        }
 
     async def close(self) -> None:
         await self.engine.close()
@@ -306,17 +396,30 @@ class RayReplica:
     kind = "ray"
     can_restart = True
 
-    def __init__(self, name: str, spec: ReplicaSpec, ray_options: Mapping[str, Any] | None = None, *,
-                 update: Any = None, version: int | None = None):
+    def __init__(
+        self,
+        name: str,
+        spec: ReplicaSpec,
+        ray_options: Mapping[str, Any] | None = None,
+        *,
+        update: Any = None,
+        version: int | None = None,
+    ):
         from gymllm.ray_support import require_ray
 
         self.ray = require_ray()
         self.name = name
         self.spec = spec
         if dict(ray_options or {}).get("max_restarts", 0) != 0:
-            raise ConfigError(explain("RayReplica(ray_options)", expected="no max_restarts (the pool recreates a "
-                                      "dead replica with the current weights; Ray would restart it with the first ones)",
-                                      received=dict(ray_options or {}), fix="drop max_restarts from ray_options"))
+            raise ConfigError(
+                explain(
+                    "RayReplica(ray_options)",
+                    expected="no max_restarts (the pool recreates a "
+                    "dead replica with the current weights; Ray would restart it with the first ones)",
+                    received=dict(ray_options or {}),
+                    fix="drop max_restarts from ray_options",
+                )
+            )
         self.options = {"max_restarts": 0, "max_task_retries": 0, **dict(ray_options or {})}
         self.pending: list[Any] = []  # ObjectRefs of pushes not yet awaited
         self.actor = self._spawn(update, version)
@@ -325,10 +428,16 @@ class RayReplica:
         cls = remote_host_class(self.ray).options(**self.options)
         return cls.remote(self.spec, self.name, update, version)
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, session_id: str | None) -> Completion:
-        return await self._await(self.actor.generate.remote(list(map(int, prompt_ids)), params, session_id))
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, session_id: str | None
+    ) -> Completion:
+        return await self._await(
+            self.actor.generate.remote(list(map(int, prompt_ids)), params, session_id)
+        )
 
-    async def generate_n(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[Completion]:
+    async def generate_n(
+        self, prompt_ids: Sequence[int], params: SamplingParams
+    ) -> list[Completion]:
         return await self._await(self.actor.generate_n.remote(list(map(int, prompt_ids)), params))
 
     async def _await(self, ref: Any) -> Any:
@@ -336,7 +445,9 @@ class RayReplica:
 
         try:
             return await ref
-        except asyncio.CancelledError:  # the caller gave up (or the pool's watchdog): abort it there too
+        except (
+            asyncio.CancelledError
+        ):  # the caller gave up (or the pool's watchdog): abort it there too
             try:
                 self.ray.cancel(ref)
             except Exception:  # noqa: BLE001 - the actor is gone already
@@ -344,12 +455,16 @@ class RayReplica:
             raise
 
     def end_session(self, session_id: str) -> None:
-        self.actor.end_session.remote(session_id)  # fire and forget: a dead actor has no prefix to free
+        self.actor.end_session.remote(
+            session_id
+        )  # fire and forget: a dead actor has no prefix to free
 
     def push(self, update: Any, version: int) -> None:
         """``update``: an ObjectRef (put once by the pool); the actor fetches it on its node. An async
         actor may run a later call first (while it fetches): :meth:`settle` waits for the pushes."""
-        if len(self.pending) > 4:  # forget the pushes that landed already (a push's error shows in settle)
+        if (
+            len(self.pending) > 4
+        ):  # forget the pushes that landed already (a push's error shows in settle)
             _, self.pending = self.ray.wait(self.pending, num_returns=len(self.pending), timeout=0)
         self.pending.append(self.actor.update_weights.remote(update, version))
 

@@ -48,7 +48,9 @@ class EngineRequest:
     placement: Placement | None = None
     cancelled: bool = False
     stop_reason: int | str | None = None
-    kv_version: Any = None  # the version (kv tag) of all k/v in the row; None once it spans versions
+    kv_version: Any = (
+        None  # the version (kv tag) of all k/v in the row; None once it spans versions
+    )
     adapter: int = 0  # the stack index of the request's LoRA adapter (0: the base model; gymllm.inference.adapters)
 
     @property
@@ -72,9 +74,13 @@ class EngineRequest:
 
     def budget(self, max_len: int) -> int:
         """Tokens this request may still sample (``max_tokens`` and the context limit ``max_len``)."""
-        return min(self.params.max_tokens - len(self.tokens), max_len - len(self.prompt) - len(self.tokens))
+        return min(
+            self.params.max_tokens - len(self.tokens), max_len - len(self.prompt) - len(self.tokens)
+        )
 
-    def finish_reason(self, token: int, stop_ids: frozenset[int], tokenizer: Any, max_len: int) -> str | None:
+    def finish_reason(
+        self, token: int, stop_ids: frozenset[int], tokenizer: Any, max_len: int
+    ) -> str | None:
         """After sampling ``token``: "stop" (a stop id, or a stop string in the decoded tail; sets
         ``stop_reason``), "length" (``max_tokens`` or the context ``max_len`` reached), or None."""
         if token in stop_ids or token in self.params.stop_token_ids:
@@ -85,7 +91,10 @@ class EngineRequest:
             if hit is not None:
                 self.stop_reason = hit
                 return "stop"
-        if len(self.tokens) >= self.params.max_tokens or len(self.prompt) + len(self.tokens) >= max_len:
+        if (
+            len(self.tokens) >= self.params.max_tokens
+            or len(self.prompt) + len(self.tokens) >= max_len
+        ):
             return "length"
         return None
 
@@ -102,9 +111,15 @@ class EngineRequest:
         """The :class:`Completion` this request ends with (``text`` decoded when there is a tokenizer)."""
         text = tokenizer.decode(self.tokens) if tokenizer is not None else None
         return Completion(
-            token_ids=self.tokens, logprobs=self.logprobs, finish_reason=reason, versions=self.versions,
-            prompt_len=len(self.prompt), ttft_s=self.first_token - self.submitted,
-            latency_s=time.perf_counter() - self.submitted, text=text, stop_reason=self.stop_reason,
+            token_ids=self.tokens,
+            logprobs=self.logprobs,
+            finish_reason=reason,
+            versions=self.versions,
+            prompt_len=len(self.prompt),
+            ttft_s=self.first_token - self.submitted,
+            latency_s=time.perf_counter() - self.submitted,
+            text=text,
+            stop_reason=self.stop_reason,
             cached_prompt_len=self.placement.reuse_len if self.placement else 0,
         )
 

@@ -37,8 +37,14 @@ class SamplingRows:
 
     @classmethod
     def inert(cls, rows: int) -> "SamplingRows":
-        return cls(np.zeros((rows, 2), np.uint32), np.zeros(rows, np.int32), np.zeros(rows, np.float32),
-                   np.zeros(rows, np.int32), np.ones(rows, np.float32), np.zeros(rows, np.int32))
+        return cls(
+            np.zeros((rows, 2), np.uint32),
+            np.zeros(rows, np.int32),
+            np.zeros(rows, np.float32),
+            np.zeros(rows, np.int32),
+            np.ones(rows, np.float32),
+            np.zeros(rows, np.int32),
+        )
 
     def set(self, row: int, key: np.ndarray, step: int, params, adapter: int = 0) -> None:
         """Row ``row`` samples its ``step``-th token for a request with ``key`` and SamplingParams ``params``
@@ -67,8 +73,12 @@ class SamplingRows:
 
     def concat(self, other: "SamplingRows") -> "SamplingRows":
         """These rows, then ``other``'s."""
-        return SamplingRows(*(np.concatenate([a, b]) for a, b in zip((*self.arrays(), self.adapter),
-                                                                     (*other.arrays(), other.adapter))))
+        return SamplingRows(
+            *(
+                np.concatenate([a, b])
+                for a, b in zip((*self.arrays(), self.adapter), (*other.arrays(), other.adapter))
+            )
+        )
 
     def arrays(self) -> tuple[np.ndarray, ...]:
         """(keys, steps, temperature, top_k, top_p): the order the compiled steps take them in."""
@@ -81,10 +91,16 @@ class DecodeRows:
 
     def __init__(self, num_slots: int, max_len: int):
         self.max_len = max_len
-        self.active: dict[int, EngineRequest] = {}  # slot -> request (the same dict for the engine's life)
+        self.active: dict[
+            int, EngineRequest
+        ] = {}  # slot -> request (the same dict for the engine's life)
         self.tokens = np.zeros(num_slots, np.int32)
-        self.positions = np.full(num_slots, max_len - 1, np.int32)  # idle rows write only to the scratch index
-        self.sampling = SamplingRows.inert(num_slots)  # each row's sampling inputs at its next decode step
+        self.positions = np.full(
+            num_slots, max_len - 1, np.int32
+        )  # idle rows write only to the scratch index
+        self.sampling = SamplingRows.inert(
+            num_slots
+        )  # each row's sampling inputs at its next decode step
 
     def top_row(self) -> int:
         """The highest active row (0 when none is active)."""
@@ -93,7 +109,9 @@ class DecodeRows:
     def max_position(self, ahead: int = 0) -> int:
         """The furthest position an active row reaches ``ahead`` steps from now (capped at the scratch
         slot ``max_len - 1``; 0 when none is active)."""
-        return max((min(int(self.positions[s]) + ahead, self.max_len - 1) for s in self.active), default=0)
+        return max(
+            (min(int(self.positions[s]) + ahead, self.max_len - 1) for s in self.active), default=0
+        )
 
     def inputs(self, width: int) -> tuple[np.ndarray, np.ndarray, SamplingRows]:
         """Rows [0, width)'s (tokens [W], positions [W], sampling inputs): views, no copy."""

@@ -69,21 +69,26 @@ def filter_top_k_top_p(x: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.
     keys = sortable_keys(x)  # [B, V]
     k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)  # [B]
     top = jnp.minimum(jnp.max(keys, axis=-1), jnp.int32(0x7F800000))  # [B] (+inf's key caps NaNs)
-    kth, _ = _bisect(jnp.min(keys, axis=-1), top + 1,
-                     lambda t: jnp.sum(keys >= t[:, None], axis=-1) >= k)  # [B] key of the k-th largest
+    kth, _ = _bisect(
+        jnp.min(keys, axis=-1), top + 1, lambda t: jnp.sum(keys >= t[:, None], axis=-1) >= k
+    )  # [B] key of the k-th largest
     # the top-k set holds exactly k tokens: of the tokens tied at the k-th value, as many as fit (their
     # mass shared out evenly: which of them a sort would take does not change a sum over values)
     above, tied = keys > kth[:, None], keys == kth[:, None]
     share = (k - jnp.sum(above, axis=-1)) / jnp.sum(tied, axis=-1)  # [B] in (0, 1]
     xf = x.astype(jnp.float32)
-    e = jnp.exp(xf - jnp.max(xf, axis=-1, keepdims=True)) * jnp.where(above, 1.0, jnp.where(tied, share[:, None], 0.0))
+    e = jnp.exp(xf - jnp.max(xf, axis=-1, keepdims=True)) * jnp.where(
+        above, 1.0, jnp.where(tied, share[:, None], 0.0)
+    )
     probs = e / jnp.sum(e, axis=-1, keepdims=True)  # [B, V], 0 outside top-k
 
     def light(t: jax.Array) -> jax.Array:  # mass of the tokens strictly above t is under top_p
         return jnp.sum(jnp.where(keys > t[:, None], probs, 0.0), axis=-1) < top_p
 
     _, nucleus = _bisect(kth - 1, top, lambda t: ~light(t))  # smallest key t with light(t)
-    threshold = jnp.where(top_p >= 1.0, kth, jnp.maximum(nucleus, kth))  # top_p = 1: off, whatever the rounding
+    threshold = jnp.where(
+        top_p >= 1.0, kth, jnp.maximum(nucleus, kth)
+    )  # top_p = 1: off, whatever the rounding
     return jnp.where(keys >= threshold[:, None], x, -jnp.inf)
 
 
@@ -174,4 +179,6 @@ def sample(
 
 def request_key(seed: int, sample_index: int) -> np.ndarray:
     """A raw [2] uint32 key for sample ``sample_index`` of a request seeded with ``seed`` (host side)."""
-    return np.random.SeedSequence([seed & (2**63 - 1), sample_index]).generate_state(2, dtype=np.uint32)
+    return np.random.SeedSequence([seed & (2**63 - 1), sample_index]).generate_state(
+        2, dtype=np.uint32
+    )

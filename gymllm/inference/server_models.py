@@ -49,16 +49,37 @@ class ServerConfig:
         for name in ("max_n", "max_prompts", "max_body_bytes", "default_max_tokens"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(explain(f"ServerConfig.{name}", expected="an int >= 1", received=v,
-                                          fix=f"pass e.g. {name}=16"))
-        if self.max_tokens_cap is not None and (not isinstance(self.max_tokens_cap, int) or self.max_tokens_cap < 1):
-            raise ConfigError(explain("ServerConfig.max_tokens_cap", expected="None or an int >= 1",
-                                      received=self.max_tokens_cap, fix="pass None (the engine's context) or e.g. 2048"))
-        if self.api_key is not None and (not isinstance(self.api_key, str) or len(self.api_key) < 8):
-            raise ConfigError(explain("ServerConfig.api_key", expected="None or a string of >= 8 characters",
-                                      received="a short key" if isinstance(self.api_key, str) else self.api_key,
-                                      fix="pass a longer random key, e.g. from `python -c 'import secrets; "
-                                          "print(secrets.token_urlsafe(24))'`"))
+                raise ConfigError(
+                    explain(
+                        f"ServerConfig.{name}",
+                        expected="an int >= 1",
+                        received=v,
+                        fix=f"pass e.g. {name}=16",
+                    )
+                )
+        if self.max_tokens_cap is not None and (
+            not isinstance(self.max_tokens_cap, int) or self.max_tokens_cap < 1
+        ):
+            raise ConfigError(
+                explain(
+                    "ServerConfig.max_tokens_cap",
+                    expected="None or an int >= 1",
+                    received=self.max_tokens_cap,
+                    fix="pass None (the engine's context) or e.g. 2048",
+                )
+            )
+        if self.api_key is not None and (
+            not isinstance(self.api_key, str) or len(self.api_key) < 8
+        ):
+            raise ConfigError(
+                explain(
+                    "ServerConfig.api_key",
+                    expected="None or a string of >= 8 characters",
+                    received="a short key" if isinstance(self.api_key, str) else self.api_key,
+                    fix="pass a longer random key, e.g. from `python -c 'import secrets; "
+                    "print(secrets.token_urlsafe(24))'`",
+                )
+            )
 
 
 # ---------------------------------------------------------------- field types
@@ -66,8 +87,10 @@ def _utf8(value: str) -> str:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise ValueError(f"expected text encodable as UTF-8, received a lone surrogate at index {exc.start} "
-                         "(e.g. \\ud800). Fix: send valid Unicode") from None
+        raise ValueError(
+            f"expected text encodable as UTF-8, received a lone surrogate at index {exc.start} "
+            "(e.g. \\ud800). Fix: send valid Unicode"
+        ) from None
     return value
 
 
@@ -86,7 +109,8 @@ class _Lenient(BaseModel):
 class FunctionCall(_Lenient):
     name: Text
     arguments: Union[Text, dict[str, Any]] = Field(
-        default="{}", description="JSON text of the arguments (OpenAI's form) or the object itself")
+        default="{}", description="JSON text of the arguments (OpenAI's form) or the object itself"
+    )
 
 
 class ToolCallModel(_Lenient):
@@ -122,20 +146,29 @@ class ToolSpec(_Lenient):
 # ---------------------------------------------------------------- requests (bounds filled per app)
 class _SamplingFields(_Lenient):
     model: Text | None = None
-    temperature: float | None = Field(default=None, ge=0, le=MAX_TEMPERATURE, allow_inf_nan=False,
-                                      description="0 = greedy")
-    top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False, description="1 = off")
+    temperature: float | None = Field(
+        default=None, ge=0, le=MAX_TEMPERATURE, allow_inf_nan=False, description="0 = greedy"
+    )
+    top_p: float | None = Field(
+        default=None, gt=0, le=1, allow_inf_nan=False, description="1 = off"
+    )
     top_k: int | None = Field(default=None, ge=-1, le=INT32_MAX, description="0 or -1 = off")
     max_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
     stop: Union[Text, list[Text], None] = None
     stop_token_ids: list[TokenId] | None = None
-    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1, description="a signed 64-bit int")
+    seed: int | None = Field(
+        default=None, ge=-(2**63), le=2**63 - 1, description="a signed 64-bit int"
+    )
     n: int | None = Field(default=None, ge=1, le=INT32_MAX)
     stream: bool = False
     user: Text | None = Field(default=None, description="names the session in training mode")
-    session_id: Text | None = Field(default=None, description="prefix reuse across a trajectory's turns")
-    metadata: dict[str, Any] | None = Field(default=None, description="training mode: group_id, task_id")
+    session_id: Text | None = Field(
+        default=None, description="prefix reuse across a trajectory's turns"
+    )
+    metadata: dict[str, Any] | None = Field(
+        default=None, description="training mode: group_id, task_id"
+    )
     return_token_ids: bool | None = None
     return_tokens_as_token_ids: bool | None = None
 
@@ -159,23 +192,40 @@ def max_tokens_cap(config: ServerConfig, max_len: int | None) -> int | None:
     return config.max_tokens_cap or max_len
 
 
-def request_models(config: ServerConfig, max_len: int | None) -> tuple[type[BaseModel], type[BaseModel]]:
+def request_models(
+    config: ServerConfig, max_len: int | None
+) -> tuple[type[BaseModel], type[BaseModel]]:
     """``(CompletionRequest, ChatCompletionRequest)`` with this server's bounds in their schema."""
     cap = max_tokens_cap(config, max_len)
     # the cap is published here and enforced by the server after the prompt checks (a too-long prompt
     # is the clearer error when both are wrong)
-    max_tokens = Annotated[int | None, Field(default=None, ge=1, le=INT32_MAX,
-                                             json_schema_extra={"maximum": cap} if cap else None)]
+    max_tokens = Annotated[
+        int | None,
+        Field(
+            default=None, ge=1, le=INT32_MAX, json_schema_extra={"maximum": cap} if cap else None
+        ),
+    ]
     n = Annotated[int | None, Field(default=None, ge=1, le=config.max_n)]
-    ids = list[TokenId]  # length: checked against the context after tokenizing (a clear 400 either way)
+    ids = list[
+        TokenId
+    ]  # length: checked against the context after tokenizing (a clear 400 either way)
     one = Union[Text, ids]
-    prompt = Annotated[Union[one, Annotated[list[one], Field(min_length=1, max_length=config.max_prompts)]],
-                       Field(description="text, token ids, or a list of either")]
-    common: dict[str, Any] = {"max_tokens": (max_tokens, None), "max_completion_tokens": (max_tokens, None),
-                              "n": (n, None)}
-    completion = create_model("CompletionRequest", __base__=CompletionRequestBase, prompt=(prompt, ...), **common)
+    prompt = Annotated[
+        Union[one, Annotated[list[one], Field(min_length=1, max_length=config.max_prompts)]],
+        Field(description="text, token ids, or a list of either"),
+    ]
+    common: dict[str, Any] = {
+        "max_tokens": (max_tokens, None),
+        "max_completion_tokens": (max_tokens, None),
+        "n": (n, None),
+    }
+    completion = create_model(
+        "CompletionRequest", __base__=CompletionRequestBase, prompt=(prompt, ...), **common
+    )
     messages = Annotated[list[ChatMessage], Field(min_length=1, max_length=4096)]
-    chat = create_model("ChatCompletionRequest", __base__=ChatRequestBase, messages=(messages, ...), **common)
+    chat = create_model(
+        "ChatCompletionRequest", __base__=ChatRequestBase, messages=(messages, ...), **common
+    )
     return completion, chat
 
 
@@ -294,7 +344,9 @@ class Health(BaseModel):
 
 
 class RewardRequest(_Lenient):
-    reward: float = Field(description="the episode's outcome reward (finite)", allow_inf_nan=False, ge=-1e12, le=1e12)
+    reward: float = Field(
+        description="the episode's outcome reward (finite)", allow_inf_nan=False, ge=-1e12, le=1e12
+    )
     info: dict[str, Any] = Field(default_factory=dict, description="stored with the trajectory")
 
 

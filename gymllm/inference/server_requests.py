@@ -19,14 +19,26 @@ from gymllm.inference.params import SamplingParams
 from gymllm.inference.server_models import ErrorResponse
 from gymllm.utils.serving import TOO_LARGE, read_body, replaying
 
-__all__ = ["RequestError", "error_response", "ERROR_RESPONSES", "validation_error", "PARAM_FIELDS",
-           "sampling_params_from_body", "prompts_from_body", "template_messages", "render_chat", "BodyLimit"]
+__all__ = [
+    "RequestError",
+    "error_response",
+    "ERROR_RESPONSES",
+    "validation_error",
+    "PARAM_FIELDS",
+    "sampling_params_from_body",
+    "prompts_from_body",
+    "template_messages",
+    "render_chat",
+    "BodyLimit",
+]
 
 
 class RequestError(GymLLMError, ValueError):
     """A client error: answered with ``status`` and an OpenAI-style error body."""
 
-    def __init__(self, message: str, *, status: int = 400, param: str | None = None, code: str | None = None):
+    def __init__(
+        self, message: str, *, status: int = 400, param: str | None = None, code: str | None = None
+    ):
         super().__init__(message)
         self.status, self.param, self.code = status, param, code
 
@@ -38,23 +50,36 @@ def error_response(exc: RequestError) -> Response:
         kind = "authentication_error"
     body = {"error": {"message": str(exc), "type": kind, "param": exc.param, "code": exc.code}}
     headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-    return Response(json.dumps(body, ensure_ascii=True), status_code=exc.status, media_type="application/json",
-                    headers=headers)
+    return Response(
+        json.dumps(body, ensure_ascii=True),
+        status_code=exc.status,
+        media_type="application/json",
+        headers=headers,
+    )
 
 
 ERROR_RESPONSES = {s: {"model": ErrorResponse} for s in (400, 401, 404, 409, 413, 429, 500, 503)}
 
 # what a field expects, and how to fix it, for validation messages
 _EXPECTED = {
-    "prompt": ("a string, a list of token ids, or a list of those", 'send e.g. "prompt": [1, 2, 3] or "prompt": "Hello"'),
-    "messages": ('a non-empty list of {"role": ..., "content": ...} objects', "send at least one message"),
+    "prompt": (
+        "a string, a list of token ids, or a list of those",
+        'send e.g. "prompt": [1, 2, 3] or "prompt": "Hello"',
+    ),
+    "messages": (
+        'a non-empty list of {"role": ..., "content": ...} objects',
+        "send at least one message",
+    ),
 }
 
 
 def _is_union_tag(part: str) -> bool:
     """pydantic's names for union branches in an error location ("str", "list[int]", "function-after[...]")."""
-    return "[" in part or part in {"str", "int", "float", "bool", "dict", "list", "none"} or \
-        part.startswith(("function-", "json-or-python", "constrained-"))
+    return (
+        "[" in part
+        or part in {"str", "int", "float", "bool", "dict", "list", "none"}
+        or part.startswith(("function-", "json-or-python", "constrained-"))
+    )
 
 
 def validation_error(exc: RequestValidationError) -> RequestError:
@@ -64,26 +89,52 @@ def validation_error(exc: RequestValidationError) -> RequestError:
     loc = [str(x) for x in e.get("loc", ()) if x != "body"]
     if e.get("type") == "json_invalid":
         detail = (e.get("ctx") or {}).get("error", e.get("msg"))
-        return RequestError(f"invalid JSON body: {detail}. Fix: send a JSON object", code="invalid_json")
+        return RequestError(
+            f"invalid JSON body: {detail}. Fix: send a JSON object", code="invalid_json"
+        )
     received = e.get("input")
     if not loc:
-        what = "a body that is not JSON" if isinstance(received, (bytes, str)) else type(received).__name__
-        return RequestError(f"body: expected a JSON object (Content-Type: application/json), received {what}. "
-                            "Fix: send a JSON object with the request's fields")
+        what = (
+            "a body that is not JSON"
+            if isinstance(received, (bytes, str))
+            else type(received).__name__
+        )
+        return RequestError(
+            f"body: expected a JSON object (Content-Type: application/json), received {what}. "
+            "Fix: send a JSON object with the request's fields"
+        )
     field = loc[0]
     path = ".".join(x for x in loc if not _is_union_tag(x))
-    received = "nothing (the field is required)" if e.get("type") == "missing" else repr(received)[:100]
+    received = (
+        "nothing (the field is required)" if e.get("type") == "missing" else repr(received)[:100]
+    )
     if path == field and field in _EXPECTED:
         expected, fix = _EXPECTED[field]
-        why = [x.get("msg") for x in errors if x.get("type") == "value_error"]  # e.g. a lone surrogate
+        why = [
+            x.get("msg") for x in errors if x.get("type") == "value_error"
+        ]  # e.g. a lone surrogate
         detail = f" ({why[0]})" if why else ""
-        return RequestError(f"{path}: expected {expected}, received {received}{detail}. Fix: {fix}", param=field)
-    return RequestError(f"{path}: {e.get('msg', 'invalid value')}; received {received}. Fix: correct this field "
-                        "(the schema is at /openapi.json)", param=field)
+        return RequestError(
+            f"{path}: expected {expected}, received {received}{detail}. Fix: {fix}", param=field
+        )
+    return RequestError(
+        f"{path}: {e.get('msg', 'invalid value')}; received {received}. Fix: correct this field "
+        "(the schema is at /openapi.json)",
+        param=field,
+    )
 
 
 # ---------------------------------------------------------------- request mapping (pure)
-PARAM_FIELDS = ("temperature", "top_p", "top_k", "max_tokens", "stop", "stop_token_ids", "seed", "n")
+PARAM_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_tokens",
+    "stop",
+    "stop_token_ids",
+    "seed",
+    "n",
+)
 
 
 def sampling_params_from_body(body: Any, *, default_max_tokens: int = 256) -> SamplingParams:
@@ -104,16 +155,25 @@ def sampling_params_from_body(body: Any, *, default_max_tokens: int = 256) -> Sa
 
 def prompts_from_body(prompt: Any, tokenizer: Any) -> list[list[int]]:
     """``prompt`` (validated: text, token ids, or a list of either) -> a list of token-id prompts."""
-    items = [prompt] if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int) else list(prompt)
+    items = (
+        [prompt]
+        if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int)
+        else list(prompt)
+    )
     out = []
     for p in items:
         if isinstance(p, str):
             if tokenizer is None:
-                raise RequestError("prompt: text needs a server tokenizer; send token ids instead", param="prompt")
+                raise RequestError(
+                    "prompt: text needs a server tokenizer; send token ids instead", param="prompt"
+                )
             p = tokenizer.encode(p)
         if not p:
-            raise RequestError("prompt: expected at least one token, received an empty prompt. "
-                               "Fix: send a non-empty prompt", param="prompt")
+            raise RequestError(
+                "prompt: expected at least one token, received an empty prompt. "
+                "Fix: send a non-empty prompt",
+                param="prompt",
+            )
         out.append([int(t) for t in p])
     return out
 
@@ -137,7 +197,13 @@ def template_messages(messages: Sequence[Any]) -> list[dict]:
                         args = json.loads(args) if args.strip() else {}
                     except ValueError:
                         pass
-                calls.append({"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": args}})
+                calls.append(
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.function.name, "arguments": args},
+                    }
+                )
             d["tool_calls"] = calls
         if m.tool_call_id is not None:
             d["tool_call_id"] = m.tool_call_id
@@ -149,15 +215,22 @@ def template_messages(messages: Sequence[Any]) -> list[dict]:
 
 def render_chat(messages: list[dict], tools: list | None, tokenizer: Any) -> list[int]:
     if tokenizer is None:
-        raise RequestError("chat completions need a server tokenizer with a chat template", status=400)
+        raise RequestError(
+            "chat completions need a server tokenizer with a chat template", status=400
+        )
     try:
-        ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, tokenize=True
+        )
     except Exception as exc:  # a template error is the client's message shape
-        raise RequestError(f"messages: the chat template could not render them: {exc!r}"[:500], param="messages") from None
+        raise RequestError(
+            f"messages: the chat template could not render them: {exc!r}"[:500], param="messages"
+        ) from None
     if not ids:
-        raise RequestError("messages: rendered to an empty prompt. Fix: send some content", param="messages")
+        raise RequestError(
+            "messages: rendered to an empty prompt. Fix: send some content", param="messages"
+        )
     return list(ids)
-
 
 
 class BodyLimit:
@@ -171,15 +244,22 @@ class BodyLimit:
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        too_big = RequestError(f"body: expected at most {self.max_bytes} bytes, received more. Fix: send a smaller "
-                               "request (or start the server with a larger max_body_bytes)", status=413,
-                               code="request_too_large")
+        too_big = RequestError(
+            f"body: expected at most {self.max_bytes} bytes, received more. Fix: send a smaller "
+            "request (or start the server with a larger max_body_bytes)",
+            status=413,
+            code="request_too_large",
+        )
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
             return await error_response(too_big)(scope, receive, send)
         if length is not None and length.isdigit():
-            return await self.app(scope, receive, send)  # the server reads at most Content-Length bytes
-        body = await read_body(receive, self.max_bytes)  # chunked: read at most max_bytes, then replay to the app
+            return await self.app(
+                scope, receive, send
+            )  # the server reads at most Content-Length bytes
+        body = await read_body(
+            receive, self.max_bytes
+        )  # chunked: read at most max_bytes, then replay to the app
         if body is TOO_LARGE:
             return await error_response(too_big)(scope, receive, send)
         if body is not None:  # else the client went away

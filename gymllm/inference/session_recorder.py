@@ -71,11 +71,23 @@ class ProxyConfig:
         for name in ("max_open_sessions", "remember_closed"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(explain(f"ProxyConfig.{name}", expected="an int >= 1", received=v,
-                                          fix=f"pass e.g. {name}=1024"))
+                raise ConfigError(
+                    explain(
+                        f"ProxyConfig.{name}",
+                        expected="an int >= 1",
+                        received=v,
+                        fix=f"pass e.g. {name}=1024",
+                    )
+                )
         if not isinstance(self.idle_timeout_s, (int, float)) or not self.idle_timeout_s > 0:
-            raise ConfigError(explain("ProxyConfig.idle_timeout_s", expected="a number > 0", received=self.idle_timeout_s,
-                                      fix="pass e.g. idle_timeout_s=3600"))
+            raise ConfigError(
+                explain(
+                    "ProxyConfig.idle_timeout_s",
+                    expected="a number > 0",
+                    received=self.idle_timeout_s,
+                    fix="pass e.g. idle_timeout_s=3600",
+                )
+            )
 
 
 @dataclasses.dataclass
@@ -91,8 +103,17 @@ class Segment:
             self.pieces.append(("context", [int(i) for i in ids]))
             self.token_ids.extend(int(i) for i in ids)
 
-    def add_sampled(self, ids: Sequence[int], logprobs: Sequence[float], versions: Sequence[int]) -> None:
-        self.pieces.append(("sampled", [int(i) for i in ids], [float(x) for x in logprobs], [int(v) for v in versions]))
+    def add_sampled(
+        self, ids: Sequence[int], logprobs: Sequence[float], versions: Sequence[int]
+    ) -> None:
+        self.pieces.append(
+            (
+                "sampled",
+                [int(i) for i in ids],
+                [float(x) for x in logprobs],
+                [int(v) for v in versions],
+            )
+        )
         self.token_ids.extend(int(i) for i in ids)
 
     @property
@@ -135,7 +156,9 @@ class _Session:
     task_id: str
     admitted_version: int
     segments: list[Segment] = dataclasses.field(default_factory=list)
-    history: list[dict] | None = None  # normalised messages + the assistant reply, for chat matching
+    history: list[dict] | None = (
+        None  # normalised messages + the assistant reply, for chat matching
+    )
     tools_key: str = ""
     model_calls: int = 0
     segments_started: int = 0
@@ -171,13 +194,23 @@ def normalise_message(m: dict) -> dict:
 class SessionRecorder:
     """Per-session exact token records for training (see the module docstring)."""
 
-    def __init__(self, tokenizer: Any, *, on_closed: Callable[[ClosedSession], None] | None = None,
-                 config: ProxyConfig | None = None, stop_token_ids: Sequence[int] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        on_closed: Callable[[ClosedSession], None] | None = None,
+        config: ProxyConfig | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.tokenizer = tokenizer
         self.config = config or ProxyConfig()
         self.on_closed = on_closed
-        stops = stop_token_ids if stop_token_ids is not None else getattr(tokenizer, "stop_token_ids", ())
+        stops = (
+            stop_token_ids
+            if stop_token_ids is not None
+            else getattr(tokenizer, "stop_token_ids", ())
+        )
         self.stop_token_ids = frozenset(int(i) for i in (stops or ()))
         self.clock = clock
         self._lock = threading.Lock()
@@ -191,18 +224,24 @@ class SessionRecorder:
         with self._lock:
             return session_id in self._open
 
-    def _session(self, session_id: str, group_id: str | None, task_id: str | None, version: int) -> _Session:
+    def _session(
+        self, session_id: str, group_id: str | None, task_id: str | None, version: int
+    ) -> _Session:
         if session_id in self._closed:
-            raise SessionAlreadyClosed(f"session {session_id!r}: expected an open session, received a request for "
-                                       "one already closed by its reward. Fix: start each episode with a new "
-                                       "session id")
+            raise SessionAlreadyClosed(
+                f"session {session_id!r}: expected an open session, received a request for "
+                "one already closed by its reward. Fix: start each episode with a new "
+                "session id"
+            )
         s = self._open.get(session_id)
         if s is None:
             self._reap()
             if len(self._open) >= self.config.max_open_sessions:
-                raise TooManySessions(f"training mode: expected at most {self.config.max_open_sessions} open "
-                                      f"sessions, received a new one ({session_id!r}). Fix: post rewards for "
-                                      "finished sessions or raise --max-sessions")
+                raise TooManySessions(
+                    f"training mode: expected at most {self.config.max_open_sessions} open "
+                    f"sessions, received a new one ({session_id!r}). Fix: post rewards for "
+                    "finished sessions or raise --max-sessions"
+                )
             s = _Session(session_id, group_id or session_id, task_id or "", version)
             self._open[session_id] = s
             self.counts["sessions_started"] += 1
@@ -211,13 +250,23 @@ class SessionRecorder:
 
     def _reap(self) -> None:
         now = self.clock()
-        for sid in [k for k, s in self._open.items() if now - s.last_seen > self.config.idle_timeout_s]:
+        for sid in [
+            k for k, s in self._open.items() if now - s.last_seen > self.config.idle_timeout_s
+        ]:
             del self._open[sid]
             self.counts["sessions_expired"] += 1
 
     # --- planning a request ---------------------------------------------------------------
-    def plan_chat(self, session_id: str, messages: list[dict], tools: list | None, *, group_id: str | None = None,
-                  task_id: str | None = None, version: int = 0) -> Plan:
+    def plan_chat(
+        self,
+        session_id: str,
+        messages: list[dict],
+        tools: list | None,
+        *,
+        group_id: str | None = None,
+        task_id: str | None = None,
+        version: int = 0,
+    ) -> Plan:
         """The prompt ids for a chat request of ``session_id`` (see the module docstring)."""
         norm = [normalise_message(m) for m in messages]
         tools_key = json.dumps(tools or [], sort_keys=True, default=str)
@@ -225,21 +274,37 @@ class SessionRecorder:
             s = self._session(session_id, group_id, task_id, version)
             seg = s.segments[-1] if s.segments else None
             hist = s.history
-            extends = (seg is not None and hist is not None and tools_key == s.tools_key and len(norm) > len(hist)
-                       and norm[:len(hist)] == hist and norm[len(hist)]["role"] != "assistant")
+            extends = (
+                seg is not None
+                and hist is not None
+                and tools_key == s.tools_key
+                and len(norm) > len(hist)
+                and norm[: len(hist)] == hist
+                and norm[len(hist)]["role"] != "assistant"
+            )
             base = list(seg.token_ids) if seg is not None else []
         if extends:
-            delta = self._delta_ids(messages[:len(hist)], messages, tools, base)
+            delta = self._delta_ids(messages[: len(hist)], messages, tools, base)
             if delta is not None:
                 return Plan(session_id, base + delta, seg, len(base), delta, norm)
-        full = list(self.tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True,
-                                                       tokenize=True))
+        full = list(
+            self.tokenizer.apply_chat_template(
+                messages, tools=tools or None, add_generation_prompt=True, tokenize=True
+            )
+        )
         with self._lock:
             s.tools_key = tools_key
         return self._plan_ids(session_id, full, seg, base, norm)
 
-    def plan_tokens(self, session_id: str, prompt_ids: Sequence[int], *, group_id: str | None = None,
-                    task_id: str | None = None, version: int = 0) -> Plan:
+    def plan_tokens(
+        self,
+        session_id: str,
+        prompt_ids: Sequence[int],
+        *,
+        group_id: str | None = None,
+        task_id: str | None = None,
+        version: int = 0,
+    ) -> Plan:
         """The prompt for a completions request of ``session_id``: the ids as sent (token-level rule)."""
         with self._lock:
             s = self._session(session_id, group_id, task_id, version)
@@ -248,20 +313,26 @@ class SessionRecorder:
         return self._plan_ids(session_id, [int(i) for i in prompt_ids], seg, base, None)
 
     @staticmethod
-    def _plan_ids(session_id: str, ids: list[int], seg: Segment | None, base: list[int], norm) -> Plan:
-        if seg is not None and len(ids) > len(base) and ids[:len(base)] == base:
-            return Plan(session_id, ids, seg, len(base), ids[len(base):], norm)
+    def _plan_ids(
+        session_id: str, ids: list[int], seg: Segment | None, base: list[int], norm
+    ) -> Plan:
+        if seg is not None and len(ids) > len(base) and ids[: len(base)] == base:
+            return Plan(session_id, ids, seg, len(base), ids[len(base) :], norm)
         return Plan(session_id, ids, None, 0, ids, norm)
 
-    def _delta_ids(self, prev_msgs: list[dict], all_msgs: list[dict], tools: list | None, base: list[int]):
+    def _delta_ids(
+        self, prev_msgs: list[dict], all_msgs: list[dict], tools: list | None, base: list[int]
+    ):
         """TokenBuffer's observation delta: closing text + what the new messages add; None when the
         template rewrote earlier turns (not prefix-preserving)."""
         tok = self.tokenizer
         prev = tok.apply_chat_template(prev_msgs, tools=tools or None, tokenize=False)
-        full = tok.apply_chat_template(all_msgs, tools=tools or None, add_generation_prompt=True, tokenize=False)
+        full = tok.apply_chat_template(
+            all_msgs, tools=tools or None, add_generation_prompt=True, tokenize=False
+        )
         if not full.startswith(prev):
             return None
-        ids = list(tok.encode(self._closing_text(tools) + full[len(prev):]))
+        ids = list(tok.encode(self._closing_text(tools) + full[len(prev) :]))
         last = base[-1] if base else None
         if ids and last is not None and last in self.stop_token_ids and ids[0] == last:
             ids = ids[1:]  # the model closed its own turn with the template's end-of-turn token
@@ -273,11 +344,17 @@ class SessionRecorder:
             msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": _SENTINEL}]
             text = self.tokenizer.apply_chat_template(msgs, tools=tools or None, tokenize=False)
             i = text.rfind(_SENTINEL)
-            self._closing[key] = text[i + len(_SENTINEL):] if i >= 0 else ""
+            self._closing[key] = text[i + len(_SENTINEL) :] if i >= 0 else ""
         return self._closing[key]
 
     # --- recording ------------------------------------------------------------------------
-    def record(self, plan: Plan, completion: Any, reply: dict | None = None, finish_reason: str | None = None) -> None:
+    def record(
+        self,
+        plan: Plan,
+        completion: Any,
+        reply: dict | None = None,
+        finish_reason: str | None = None,
+    ) -> None:
         """Append one model call: the plan's context ids (mask 0) then the sampled ids verbatim."""
         with self._lock:
             s = self._open.get(plan.session_id)
@@ -286,7 +363,9 @@ class SessionRecorder:
                 return
             seg = plan.segment
             if seg is None or seg not in s.segments or len(seg.token_ids) != plan.base_len:
-                if s.segments:  # a new row: the history did not extend the previous one (or raced it)
+                if (
+                    s.segments
+                ):  # a new row: the history did not extend the previous one (or raced it)
                     s.segments_started += 1
                     self.counts["segments_started"] += 1
                 seg = Segment()
@@ -297,7 +376,11 @@ class SessionRecorder:
             seg.add_sampled(completion.token_ids, completion.logprobs, completion.versions)
             s.model_calls += 1
             s.last_finish = finish_reason or str(completion.finish_reason)
-            s.history = (plan.messages + [normalise_message(reply)]) if plan.messages is not None and reply else None
+            s.history = (
+                (plan.messages + [normalise_message(reply)])
+                if plan.messages is not None and reply
+                else None
+            )
             s.last_seen = self.clock()
             self.counts["model_calls"] += 1
 
@@ -306,21 +389,33 @@ class SessionRecorder:
         """End ``session_id`` with ``reward``; the record goes to ``on_closed``."""
         with self._lock:
             if session_id in self._closed:
-                raise SessionAlreadyClosed(f"session {session_id!r}: expected one reward per session, received a "
-                                           "second one. Fix: post the reward once, when the episode ends")
+                raise SessionAlreadyClosed(
+                    f"session {session_id!r}: expected one reward per session, received a "
+                    "second one. Fix: post the reward once, when the episode ends"
+                )
             s = self._open.pop(session_id, None)
             if s is None:
-                raise UnknownSession(f"session {session_id!r}: expected a session that made at least one request, "
-                                     "received an unknown id. Fix: send requests with the X-Session-Id header (or "
-                                     "the user field) first")
+                raise UnknownSession(
+                    f"session {session_id!r}: expected a session that made at least one request, "
+                    "received an unknown id. Fix: send requests with the X-Session-Id header (or "
+                    "the user field) first"
+                )
             self._closed[session_id] = None
             while len(self._closed) > self.config.remember_closed:
                 self._closed.popitem(last=False)
             self.counts["sessions_closed"] += 1
-        closed = ClosedSession(session_id=s.session_id, group_id=s.group_id, task_id=s.task_id, reward=float(reward),
-                               segments=[g for g in s.segments if g.num_sampled], model_calls=s.model_calls,
-                               segments_started=s.segments_started, finish_reason=s.last_finish,
-                               admitted_version=s.admitted_version, info=dict(info or {}))
+        closed = ClosedSession(
+            session_id=s.session_id,
+            group_id=s.group_id,
+            task_id=s.task_id,
+            reward=float(reward),
+            segments=[g for g in s.segments if g.num_sampled],
+            model_calls=s.model_calls,
+            segments_started=s.segments_started,
+            finish_reason=s.last_finish,
+            admitted_version=s.admitted_version,
+            info=dict(info or {}),
+        )
         if self.on_closed is not None:
             self.on_closed(closed)
         return closed

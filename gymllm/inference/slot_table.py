@@ -74,7 +74,9 @@ class Slot:
     cached: list[int] = dataclasses.field(default_factory=list)  # ids whose k/v are in this row
     session_id: str | None = None  # the session pinning this slot's prefix
     last_used: int = 0
-    version: Any = None  # policy version (or adapter tag) of every k/v in ``cached`` (None: mixed or unknown)
+    version: Any = (
+        None  # policy version (or adapter tag) of every k/v in ``cached`` (None: mixed or unknown)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +109,9 @@ class SlotTable:
         # at least one prompt token is always prefilled: its logits give the first sample
         return min(common_prefix_len(slot.cached, prompt), len(prompt) - 1)
 
-    def acquire(self, prompt: Sequence[int], session_id: str | None = None, version: int = 0) -> Placement | None:
+    def acquire(
+        self, prompt: Sequence[int], session_id: str | None = None, version: int = 0
+    ) -> Placement | None:
         """Reserve a free slot for ``prompt`` to be run under policy ``version``; None when all are busy."""
         free = [s for s in self.slots if not s.busy]
         if not free:
@@ -128,8 +132,14 @@ class SlotTable:
     def best_reuse(self, prompt: Sequence[int], version: Any) -> int:
         """The most prompt tokens a free slot holds under ``version`` (what :meth:`acquire` could reuse at
         best; at most ``len(prompt) - 1``)."""
-        return max((min(common_prefix_len(s.cached, prompt), len(prompt) - 1) for s in self.slots
-                    if not s.busy and s.version == version), default=0)
+        return max(
+            (
+                min(common_prefix_len(s.cached, prompt), len(prompt) - 1)
+                for s in self.slots
+                if not s.busy and s.version == version
+            ),
+            default=0,
+        )
 
     def _best_free(self, free: list[Slot], prompt: Sequence[int]) -> Slot:
         unpinned = [s for s in free if s.session_id is None]
@@ -137,7 +147,9 @@ class SlotTable:
         best = max(pool, key=lambda s: (self._reuse(s, prompt), -s.last_used))
         if self._reuse(best, prompt) >= self.min_reuse:
             return best
-        return min(pool, key=lambda s: s.index)  # low rows first: the decode step covers only a prefix of rows
+        return min(
+            pool, key=lambda s: s.index
+        )  # low rows first: the decode step covers only a prefix of rows
 
     def _bind(self, slot: Slot, session_id: str | None) -> None:
         if slot.session_id is not None and slot.session_id != session_id:
@@ -184,8 +196,10 @@ class SlotTable:
         if pick_bucket(max(busy) + 1, widths) == target:
             return []
         out = sorted((i for i in busy if i >= target), reverse=True)[:limit]
-        idle = sorted((s for s in self.slots[:target] if not s.busy),
-                      key=lambda s: (s.session_id is not None, bool(s.cached), s.last_used))
+        idle = sorted(
+            (s for s in self.slots[:target] if not s.busy),
+            key=lambda s: (s.session_id is not None, bool(s.cached), s.last_used),
+        )
         return [(a, s.index) for a, s in zip(out, idle)]
 
     def invalidate(self, slot: int) -> None:

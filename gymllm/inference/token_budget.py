@@ -32,7 +32,14 @@ def pack_pieces(chunks: Sequence[int], budget: int, segments: int) -> list[list[
     check_range("pack_pieces", "budget", budget, lo=1, integer=True, fix="use e.g. 128")
     check_range("pack_pieces", "segments", segments, lo=1, integer=True, fix="use e.g. 4")
     for n in chunks:
-        check_range("pack_pieces", "chunks[i]", n, lo=1, integer=True, fix="every request prefills at least one token")
+        check_range(
+            "pack_pieces",
+            "chunks[i]",
+            n,
+            lo=1,
+            integer=True,
+            fix="every request prefills at least one token",
+        )
     calls: list[list[Piece]] = []
     i, off = 0, 0
     while i < len(chunks):
@@ -49,7 +56,9 @@ def pack_pieces(chunks: Sequence[int], budget: int, segments: int) -> list[list[
     return calls
 
 
-def plan_calls(chunks: Sequence[int], budgets: Sequence[int], segments: int) -> list[tuple[int, list[Piece]]]:
+def plan_calls(
+    chunks: Sequence[int], budgets: Sequence[int], segments: int
+) -> list[tuple[int, list[Piece]]]:
     """The packed calls of one round when the engine has programs of several token ``budgets``: each call
     as ``(budget, pieces)``. Two plans: :func:`pack_pieces` at the largest budget, each call then run by
     the smallest program that holds it; and :func:`pack_pieces` at the smallest budget (short pieces in
@@ -63,7 +72,10 @@ def plan_calls(chunks: Sequence[int], budgets: Sequence[int], segments: int) -> 
     def fit(used: int) -> int:
         return next(b for b in budgets if used <= b)
 
-    wide = [(fit(sum(p.length for p in call)), call) for call in pack_pieces(chunks, budgets[-1], segments)]
+    wide = [
+        (fit(sum(p.length for p in call)), call)
+        for call in pack_pieces(chunks, budgets[-1], segments)
+    ]
     if len(budgets) == 1:
         return wide
     narrow = [(budgets[0], call) for call in pack_pieces(chunks, budgets[0], segments)]

@@ -64,7 +64,9 @@ def to_torch(array: Any) -> Any:
     if isinstance(array, torch.Tensor):
         return array.detach().cpu().contiguous()
     a = np.array(array)  # device -> host copy, writable and contiguous
-    if a.dtype.name == "bfloat16":  # ml_dtypes bfloat16: torch.from_numpy cannot read it, the bits can
+    if (
+        a.dtype.name == "bfloat16"
+    ):  # ml_dtypes bfloat16: torch.from_numpy cannot read it, the bits can
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(a)
 
@@ -83,9 +85,15 @@ def _named(state: Any) -> list[tuple[str, Any]]:
     pairs = list(state.items() if isinstance(state, Mapping) else state)
     bad = [n for n, _ in pairs if not isinstance(n, str)]
     if not pairs or bad:
-        raise EngineError(explain("update_weights(state)", expected="a non-empty mapping (or pairs) of Hugging "
-                                  "Face parameter names to arrays, or a gymllm LoadedModel",
-                                  received=bad[:3] or "nothing", fix="pass e.g. hf_weights(loaded_model)"))
+        raise EngineError(
+            explain(
+                "update_weights(state)",
+                expected="a non-empty mapping (or pairs) of Hugging "
+                "Face parameter names to arrays, or a gymllm LoadedModel",
+                received=bad[:3] or "nothing",
+                fix="pass e.g. hf_weights(loaded_model)",
+            )
+        )
     return pairs
 
 
@@ -103,7 +111,9 @@ class WeightLoaderExtension:
 
         weights = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         model = self.model_runner.model
-        device = next(model.parameters()).device  # one tensor at a time on the device, as vLLM's loaders expect
+        device = next(
+            model.parameters()
+        ).device  # one tensor at a time on the device, as vLLM's loaders expect
         model.load_weights(weights=((name, t.to(device)) for name, t in weights.items()))
         return len(weights)
 
@@ -113,13 +123,23 @@ def vllm_sampling_params(vllm: Any, params: SamplingParams) -> Any:
     from vllm.sampling_params import RequestOutputKind
 
     if params.n != 1:
-        raise EngineError(explain("SamplingParams.n", expected="1 for generate", received=params.n,
-                                  fix="call generate_n(prompt_ids, params) to get n completions"))
+        raise EngineError(
+            explain(
+                "SamplingParams.n",
+                expected="1 for generate",
+                received=params.n,
+                fix="call generate_n(prompt_ids, params) to get n completions",
+            )
+        )
     return vllm.SamplingParams(
-        n=1, temperature=params.temperature, top_p=params.top_p,
+        n=1,
+        temperature=params.temperature,
+        top_p=params.top_p,
         top_k=params.top_k or -1,  # -1 = off in every vLLM (0 is off only from v0.9 on)
-        max_tokens=params.max_tokens, stop=list(params.stop) or None,
-        stop_token_ids=list(params.stop_token_ids) or None, seed=params.seed,
+        max_tokens=params.max_tokens,
+        stop=list(params.stop) or None,
+        stop_token_ids=list(params.stop_token_ids) or None,
+        seed=params.seed,
         logprobs=0,  # the sampled token's logprob only
         output_kind=RequestOutputKind.DELTA,
     )
@@ -140,7 +160,9 @@ class VllmEngine:
     temporary directory); every vLLM worker must be able to read it (one node).
     """
 
-    def __init__(self, model: str, *, version: int = 0, weight_dir: str | None = None, **engine_args: Any):
+    def __init__(
+        self, model: str, *, version: int = 0, weight_dir: str | None = None, **engine_args: Any
+    ):
         vllm = self._vllm = _import_vllm()
         from vllm.engine.arg_utils import AsyncEngineArgs
 
@@ -149,10 +171,15 @@ class VllmEngine:
         try:
             args = AsyncEngineArgs(model=model, **engine_args)
         except TypeError as exc:
-            raise EngineError(explain(
-                "VllmEngine(**engine_args)", expected="arguments the installed vLLM's AsyncEngineArgs accepts "
-                "(gymllm sets logprobs_mode and worker_extension_cls: vLLM >= 0.10.2)", received=str(exc),
-                fix="pip install -U 'vllm>=0.11', or drop the argument it names")) from exc
+            raise EngineError(
+                explain(
+                    "VllmEngine(**engine_args)",
+                    expected="arguments the installed vLLM's AsyncEngineArgs accepts "
+                    "(gymllm sets logprobs_mode and worker_extension_cls: vLLM >= 0.10.2)",
+                    received=str(exc),
+                    fix="pip install -U 'vllm>=0.11', or drop the argument it names",
+                )
+            ) from exc
         self._engine = _engine_class(vllm).from_engine_args(args)
         self._version = int(version)
         self._weight_dir = weight_dir or tempfile.mkdtemp(prefix="gymllm-vllm-weights-")
@@ -168,15 +195,26 @@ class VllmEngine:
     def version(self) -> int:
         return self._version
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams | None = None, *,
-                       session_id: str | None = None) -> Completion:
+    async def generate(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        session_id: str | None = None,
+    ) -> Completion:
         """Sample one completion. ``session_id`` is accepted for the protocol: vLLM's automatic
         prefix caching reuses a trajectory's prefix without it. Cancellation aborts the request."""
         params = params or SamplingParams()
         self._check_open("generate")
         if len(prompt_ids) == 0:
-            raise EngineError(explain("prompt_ids", expected="at least one token id", received=[],
-                                      fix="pass a non-empty prompt"))
+            raise EngineError(
+                explain(
+                    "prompt_ids",
+                    expected="at least one token id",
+                    received=[],
+                    fix="pass a non-empty prompt",
+                )
+            )
         sp = vllm_sampling_params(self._vllm, params)
         from vllm.inputs import TokensPrompt
 
@@ -195,13 +233,20 @@ class VllmEngine:
             await stream.aclose()
         return acc.completion(len(prompt_ids), loop.time())
 
-    async def generate_n(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[Completion]:
+    async def generate_n(
+        self, prompt_ids: Sequence[int], params: SamplingParams
+    ) -> list[Completion]:
         """``params.n`` completions of one prompt (sample i seeded with ``seed + i`` when seeded)."""
         seeds = [None if params.seed is None else params.seed + i for i in range(params.n)]
-        return list(await asyncio.gather(*(self.generate(prompt_ids, params.replace(n=1, seed=s))
-                                           for s in seeds)))
+        return list(
+            await asyncio.gather(
+                *(self.generate(prompt_ids, params.replace(n=1, seed=s)) for s in seeds)
+            )
+        )
 
-    def update_weights(self, state: Mapping[str, Any] | Iterable[tuple[str, Any]] | Any, version: int) -> Any:
+    def update_weights(
+        self, state: Mapping[str, Any] | Iterable[tuple[str, Any]] | Any, version: int
+    ) -> Any:
         """Load Hugging Face-named weights (JAX / NumPy / torch arrays, or a gymllm LoadedModel) into
         the running engine at ``version``. Thread-safe and non-blocking: the swap runs on the loop
         that serves generation; returns its task (same thread) or concurrent future (other thread)."""
@@ -217,13 +262,19 @@ class VllmEngine:
             task.add_done_callback(self._tasks.discard)
             return task
         if self._loop is None:
-            raise EngineError(explain("update_weights", expected="an engine whose event loop is known",
-                                      received="no loop (no generate yet, called outside any loop)",
-                                      fix="await engine.aupdate_weights(...) on the serving loop"))
+            raise EngineError(
+                explain(
+                    "update_weights",
+                    expected="an engine whose event loop is known",
+                    received="no loop (no generate yet, called outside any loop)",
+                    fix="await engine.aupdate_weights(...) on the serving loop",
+                )
+            )
         return asyncio.run_coroutine_threadsafe(self._update(weights, version), self._loop)
 
-    async def aupdate_weights(self, weights: Iterable[tuple[str, Any]] | Mapping[str, Any] | Any,
-                              version: int) -> None:
+    async def aupdate_weights(
+        self, weights: Iterable[tuple[str, Any]] | Mapping[str, Any] | Any, version: int
+    ) -> None:
         """Write ``weights`` to a file, pause generation (in-flight requests kept), load the file on
         every worker, bump the version, resume. Generation goes on while the file is written."""
         await self._update(_torch_pairs(weights), version)
@@ -234,7 +285,9 @@ class VllmEngine:
 
         self._lock = self._lock or asyncio.Lock()
         async with self._lock:
-            path = os.path.join(self._weight_dir, f"weights-v{int(version)}-{uuid.uuid4().hex[:8]}.pt")
+            path = os.path.join(
+                self._weight_dir, f"weights-v{int(version)}-{uuid.uuid4().hex[:8]}.pt"
+            )
             await asyncio.to_thread(torch.save, dict(pairs), path)
             try:
                 await self._swap(path, int(version))
@@ -247,10 +300,15 @@ class VllmEngine:
             try:
                 await self._engine.collective_rpc("gymllm_load_weights", args=(path,))
             except Exception as exc:
-                raise EngineError(explain(
-                    "update_weights", expected="weights every vLLM worker loads (Hugging Face names and shapes "
-                    "of the served model)", received=f"{type(exc).__name__}: {exc}",
-                    fix="pass hf_weights(loaded_model) of the same architecture")) from exc
+                raise EngineError(
+                    explain(
+                        "update_weights",
+                        expected="weights every vLLM worker loads (Hugging Face names and shapes "
+                        "of the served model)",
+                        received=f"{type(exc).__name__}: {exc}",
+                        fix="pass hf_weights(loaded_model) of the same architecture",
+                    )
+                ) from exc
             if not cleared:
                 await self._engine.reset_prefix_cache()
             self._version = version
@@ -263,10 +321,14 @@ class VllmEngine:
         if pause is None:  # no pause API: the RPC still runs between two engine steps
             return False
         names = inspect.signature(pause).parameters
-        if "mode" in names:  # recent vLLM: keep the requests, recompute their KV under the new weights
+        if (
+            "mode" in names
+        ):  # recent vLLM: keep the requests, recompute their KV under the new weights
             await pause(mode="keep", clear_cache=True)
             return True
-        if "wait_for_inflight_requests" in names:  # older: its default aborts in-flight requests, so drain
+        if (
+            "wait_for_inflight_requests" in names
+        ):  # older: its default aborts in-flight requests, so drain
             await pause(wait_for_inflight_requests=True)
         return False
 
@@ -277,7 +339,9 @@ class VllmEngine:
 
     def _check_open(self, what: str) -> None:
         if self._closed:
-            raise EngineError(f"{what}: expected an open engine, received a closed one. Fix: build a new engine.")
+            raise EngineError(
+                f"{what}: expected an open engine, received a closed one. Fix: build a new engine."
+            )
 
     async def close(self) -> None:
         """Shut vLLM down (its engine-core process and workers). Idempotent."""
@@ -314,19 +378,33 @@ class _Accumulator:
             self.cached = int(getattr(out, "num_cached_tokens", 0) or 0)
 
     def completion(self, prompt_len: int, now: float) -> Completion:
-        return Completion(token_ids=self.ids, logprobs=self.logprobs, finish_reason=self.finish,
-                          versions=self.versions, prompt_len=prompt_len, ttft_s=self.first,
-                          latency_s=now - self.start, text="".join(self.text), stop_reason=self.stop_reason,
-                          cached_prompt_len=self.cached)
+        return Completion(
+            token_ids=self.ids,
+            logprobs=self.logprobs,
+            finish_reason=self.finish,
+            versions=self.versions,
+            prompt_len=prompt_len,
+            ttft_s=self.first,
+            latency_s=now - self.start,
+            text="".join(self.text),
+            stop_reason=self.stop_reason,
+            cached_prompt_len=self.cached,
+        )
 
 
 def _sampled_logprobs(ids: list[int], entries: Any) -> list[float]:
     """The sampled ids' logprobs from vLLM's per-token ``{token_id: Logprob}`` dicts."""
     entries = list(entries or [])
     if len(entries) != len(ids) or any(t not in d for t, d in zip(ids, entries)):
-        raise EngineError(explain("vLLM output logprobs", expected=f"one {{token_id: Logprob}} per sampled token "
-                                  f"holding that token ({len(ids)})", received=entries[:3],
-                                  fix="keep logprobs=0 in the SamplingParams (set by VllmEngine)"))
+        raise EngineError(
+            explain(
+                "vLLM output logprobs",
+                expected=f"one {{token_id: Logprob}} per sampled token "
+                f"holding that token ({len(ids)})",
+                received=entries[:3],
+                fix="keep logprobs=0 in the SamplingParams (set by VllmEngine)",
+            )
+        )
     return [float(d[t].logprob) for t, d in zip(ids, entries)]
 
 
@@ -334,5 +412,11 @@ def _finish_reason(reason: Any) -> str:
     reason = None if reason is None else str(reason)
     if reason in FINISH_REASONS:
         return reason
-    raise EngineError(explain("vLLM finish_reason", expected=" / ".join(FINISH_REASONS), received=reason,
-                              fix="see vLLM's log for the request's error"))
+    raise EngineError(
+        explain(
+            "vLLM finish_reason",
+            expected=" / ".join(FINISH_REASONS),
+            received=reason,
+            fix="see vLLM's log for the request's error",
+        )
+    )

@@ -50,10 +50,18 @@ def convert_tree(tree: Any, dtypes: list[Any]) -> Any:
     """``tree``'s leaves in ``dtypes`` (flattened order); leaves already of their dtype are kept as they are
     (no copy), the others converted together (:func:`convert_leaves`)."""
     leaves, treedef = jax.tree.flatten(tree)
-    leaves = [jnp.asarray(x) for x in leaves]  # host arrays moved to the device (a jax array stays as it is)
-    todo = [i for i, (x, d) in enumerate(zip(leaves, dtypes)) if jnp.dtype(np.result_type(x)) != jnp.dtype(d)]
+    leaves = [
+        jnp.asarray(x) for x in leaves
+    ]  # host arrays moved to the device (a jax array stays as it is)
+    todo = [
+        i
+        for i, (x, d) in enumerate(zip(leaves, dtypes))
+        if jnp.dtype(np.result_type(x)) != jnp.dtype(d)
+    ]
     if todo:
-        done = convert_leaves([leaves[i] for i in todo], tuple(jnp.dtype(dtypes[i]).name for i in todo))
+        done = convert_leaves(
+            [leaves[i] for i in todo], tuple(jnp.dtype(dtypes[i]).name for i in todo)
+        )
         for i, x in zip(todo, done):
             leaves[i] = x
     return jax.tree.unflatten(treedef, leaves)
@@ -65,8 +73,13 @@ def cast_floats(state: Any, dtype: Any) -> Any:
     forward decodes them per layer; XLA:CPU slices bf16 layer stacks slowly)."""
     packed = jnp.dtype(dtype) == jnp.bfloat16 and jax.default_backend() == "cpu"
     store = jnp.uint16 if packed else dtype
-    floating = lambda x: jnp.issubdtype(np.result_type(x), jnp.floating) or np.result_type(x) == np.uint16  # noqa: E731
-    return convert_tree(state, [store if floating(x) else np.result_type(x) for x in jax.tree.leaves(state)])
+
+    def floating(x):
+        return jnp.issubdtype(np.result_type(x), jnp.floating) or np.result_type(x) == np.uint16
+
+    return convert_tree(
+        state, [store if floating(x) else np.result_type(x) for x in jax.tree.leaves(state)]
+    )
 
 
 def kv_cache_dtype(cfg: EngineConfig, requested: Any) -> Any:
@@ -88,12 +101,16 @@ class WeightStore:
     ``cv`` is the engine's condition (it guards ``pending`` and wakes the loop when an update lands).
     """
 
-    def __init__(self, state: Any, version: int, *, compute_dtype: str | None, cv: threading.Condition):
+    def __init__(
+        self, state: Any, version: int, *, compute_dtype: str | None, cv: threading.Condition
+    ):
         self.state = cast_floats(state, compute_dtype) if compute_dtype is not None else state
         self.version = version
         self.pending: tuple[Any, int] | None = None  # (state, version), guarded by ``cv``
         self.cv = cv
-        self.adapters: Any = None  # an AdapterStore (gymllm.inference.adapters) when the engine serves LoRA adapters
+        self.adapters: Any = (
+            None  # an AdapterStore (gymllm.inference.adapters) when the engine serves LoRA adapters
+        )
 
     def has_pending(self) -> bool:
         """(Holding ``cv``.) A weight or adapter update waits for the loop."""
@@ -101,12 +118,18 @@ class WeightStore:
 
     def version_of(self, adapter: int) -> int:
         """The version a token sampled now by a row of stack index ``adapter`` records (0: the base's)."""
-        return self.version if self.adapters is None else self.adapters.version_of(adapter, self.version)
+        return (
+            self.version
+            if self.adapters is None
+            else self.adapters.version_of(adapter, self.version)
+        )
 
     def kv_tag(self, adapter: int) -> Any:
         """What a row of stack index ``adapter`` computes its k/v under now: the version, or with adapters
         (adapter, its version, the base version); a cached prefix is reused only under an equal tag."""
-        return self.version if self.adapters is None else self.adapters.kv_tag(adapter, self.version)
+        return (
+            self.version if self.adapters is None else self.adapters.kv_tag(adapter, self.version)
+        )
 
     @property
     def latest_version(self) -> int:
@@ -123,15 +146,29 @@ class WeightStore:
         new_leaves, new_def = jax.tree.flatten(state)
         old_leaves, old_def = jax.tree.flatten(self.state)
         if new_def != old_def:
-            raise EngineError(explain("update_weights(state)", expected="the same pytree structure as the "
-                                      "engine's model state (nnx.split(model)[1])", received=str(new_def)[:200],
-                                      fix="pass nnx.state(model) of the same architecture"))
+            raise EngineError(
+                explain(
+                    "update_weights(state)",
+                    expected="the same pytree structure as the "
+                    "engine's model state (nnx.split(model)[1])",
+                    received=str(new_def)[:200],
+                    fix="pass nnx.state(model) of the same architecture",
+                )
+            )
         for n, o in zip(new_leaves, old_leaves):
             if tuple(np.shape(n)) != tuple(o.shape):
-                raise EngineError(explain("update_weights(state)", expected=f"a leaf of shape {o.shape}",
-                                          received=np.shape(n), fix="pass weights of the same model config"))
+                raise EngineError(
+                    explain(
+                        "update_weights(state)",
+                        expected=f"a leaf of shape {o.shape}",
+                        received=np.shape(n),
+                        fix="pass weights of the same model config",
+                    )
+                )
         # same dtypes as compiled: a weight update never triggers a recompile
-        converted = convert_tree(jax.tree.unflatten(old_def, new_leaves), [o.dtype for o in old_leaves])
+        converted = convert_tree(
+            jax.tree.unflatten(old_def, new_leaves), [o.dtype for o in old_leaves]
+        )
         with self.cv:
             self.pending = (converted, int(version))
             self.cv.notify_all()

@@ -43,15 +43,21 @@ def _forward(q, keys, values, mask, scale, softcap):
     kh = keys.shape[2]
     qm = _to_kv_major(q, kh)  # [P, K, M, D]
     km, vm = jnp.swapaxes(keys, 1, 2), jnp.swapaxes(values, 1, 2)  # [P, K, S, D]
-    scores = jnp.einsum("pkmd,pksd->pkms", qm, km, preferred_element_type=jnp.float32) * scale  # [P, K, M, S]
+    scores = (
+        jnp.einsum("pkmd,pksd->pkms", qm, km, preferred_element_type=jnp.float32) * scale
+    )  # [P, K, M, S]
     capped = None
     if softcap:
         capped = jnp.tanh(scores / softcap)
         scores = softcap * capped
     shape5 = (p, kh, h // kh, t, scores.shape[-1])
     scores = jnp.where(mask[:, None, None], scores.reshape(shape5), NEG_INF)  # [P, K, G, T, S]
-    probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype).reshape(p, kh, h // kh * t, -1)  # [P, K, M, S]
-    out = jnp.einsum("pkms,pksd->pkmd", probs, vm, preferred_element_type=jnp.float32)  # [P, K, M, D]
+    probs = (
+        jax.nn.softmax(scores, axis=-1).astype(values.dtype).reshape(p, kh, h // kh * t, -1)
+    )  # [P, K, M, S]
+    out = jnp.einsum(
+        "pkms,pksd->pkmd", probs, vm, preferred_element_type=jnp.float32
+    )  # [P, K, M, D]
     out = _from_kv_major(out.astype(values.dtype), t).reshape(p, t, h * d)  # [P, T, H*D]
     return out, (qm, km, vm, probs, capped, mask)
 
@@ -70,26 +76,49 @@ def _attention_bwd(scale, softcap, res, d_out):
     p, t = d_out.shape[:2]
     kh, s, d = km.shape[1:]
     dom = _to_kv_major(d_out.reshape(p, t, -1, d), kh).astype(vm.dtype)  # [P, K, M, D]
-    d_v = jnp.einsum("pkms,pkmd->pksd", probs, dom, preferred_element_type=jnp.float32)  # [P, K, S, D]
-    d_probs = jnp.einsum("pkmd,pksd->pkms", dom, vm, preferred_element_type=jnp.float32)  # [P, K, M, S]
+    d_v = jnp.einsum(
+        "pkms,pkmd->pksd", probs, dom, preferred_element_type=jnp.float32
+    )  # [P, K, S, D]
+    d_probs = jnp.einsum(
+        "pkmd,pksd->pkms", dom, vm, preferred_element_type=jnp.float32
+    )  # [P, K, M, S]
     pf = probs.astype(jnp.float32)
-    d_scores = pf * (d_probs - jnp.sum(pf * d_probs, axis=-1, keepdims=True))  # the softmax gradient
+    d_scores = pf * (
+        d_probs - jnp.sum(pf * d_probs, axis=-1, keepdims=True)
+    )  # the softmax gradient
     if softcap:
         d_scores = d_scores * (1.0 - capped * capped)
     m = d_scores.shape[2]
-    d_scores = jnp.where(mask[:, None, None], d_scores.reshape(p, kh, m // t, t, s), 0.0)  # masked: no gradient
+    d_scores = jnp.where(
+        mask[:, None, None], d_scores.reshape(p, kh, m // t, t, s), 0.0
+    )  # masked: no gradient
     d_scores = (d_scores.reshape(p, kh, m, s) * scale).astype(qm.dtype)
-    d_q = jnp.einsum("pkms,pksd->pkmd", d_scores, km, preferred_element_type=jnp.float32)  # [P, K, M, D]
-    d_k = jnp.einsum("pkms,pkmd->pksd", d_scores, qm, preferred_element_type=jnp.float32)  # [P, K, S, D]
-    return (_from_kv_major(d_q, t).astype(qm.dtype), jnp.swapaxes(d_k, 1, 2).astype(km.dtype),
-            jnp.swapaxes(d_v, 1, 2).astype(vm.dtype), None)
+    d_q = jnp.einsum(
+        "pkms,pksd->pkmd", d_scores, km, preferred_element_type=jnp.float32
+    )  # [P, K, M, D]
+    d_k = jnp.einsum(
+        "pkms,pkmd->pksd", d_scores, qm, preferred_element_type=jnp.float32
+    )  # [P, K, S, D]
+    return (
+        _from_kv_major(d_q, t).astype(qm.dtype),
+        jnp.swapaxes(d_k, 1, 2).astype(km.dtype),
+        jnp.swapaxes(d_v, 1, 2).astype(vm.dtype),
+        None,
+    )
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array, *, scale: float,
-              softcap: float = 0.0) -> jax.Array:
+def attention(
+    q: jax.Array,
+    keys: jax.Array,
+    values: jax.Array,
+    mask: jax.Array,
+    *,
+    scale: float,
+    softcap: float = 0.0,
+) -> jax.Array:
     """Grouped-query attention: q [P, T, H, D], keys/values [P, S, K, D], mask [P, T, S] (True: the query
     may attend the key) -> [P, T, H*D] in values' dtype. ``softcap`` > 0 soft-caps the scores
     (``softcap * tanh(scores / softcap)``, Gemma 2). Differentiable in q, keys and values (module doc)."""

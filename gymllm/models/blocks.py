@@ -42,18 +42,28 @@ def layer_tables(cfg: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
     """Per-layer RoPE inverse frequencies [L, D/2] and attention windows [L]."""
     d = cfg.resolved_head_dim
     glob = rope_inv_freq(d, cfg.rope_theta, cfg.rope_scaling_dict)
-    local = rope_inv_freq(d, cfg.rope_local_theta or cfg.rope_theta, {}) if cfg.rope_local_theta else glob
+    local = (
+        rope_inv_freq(d, cfg.rope_local_theta or cfg.rope_theta, {})
+        if cfg.rope_local_theta
+        else glob
+    )
     types = cfg.resolved_layer_types
     inv = np.stack([local if t == "sliding_attention" else glob for t in types])
-    win = np.array([cfg.sliding_window if t == "sliding_attention" else GLOBAL_WINDOW for t in types], np.int32)
+    win = np.array(
+        [cfg.sliding_window if t == "sliding_attention" else GLOBAL_WINDOW for t in types], np.int32
+    )
     return inv, win
 
 
 def pack_bf16(params: dict[str, Any]) -> dict[str, jax.Array]:
     """Floating weights as bfloat16 bit patterns in uint16 arrays (what the forwards decode per layer):
     the fast storage for a bf16 inference copy on CPU (see :func:`gymllm.models.transformer.forward`)."""
-    return {n: jax.lax.bitcast_convert_type(jnp.asarray(v).astype(jnp.bfloat16), jnp.uint16)
-            if jnp.issubdtype(jnp.asarray(v).dtype, jnp.floating) else v for n, v in params.items()}
+    return {
+        n: jax.lax.bitcast_convert_type(jnp.asarray(v).astype(jnp.bfloat16), jnp.uint16)
+        if jnp.issubdtype(jnp.asarray(v).dtype, jnp.floating)
+        else v
+        for n, v in params.items()
+    }
 
 
 def unpack(v: jax.Array) -> jax.Array:
@@ -72,13 +82,18 @@ def global_params(params: dict[str, jax.Array], compute_dtype: Any) -> dict[str,
     """Non-layer weights decoded (uint16 -> bf16) and cast to ``compute_dtype``; layer stacks untouched."""
     params = {n: unpack(v) if not n.startswith("layers.") else v for n, v in params.items()}
     if compute_dtype is not None:
-        params = {n: v if n.startswith("layers.") else v.astype(compute_dtype) for n, v in params.items()}
+        params = {
+            n: v if n.startswith("layers.") else v.astype(compute_dtype) for n, v in params.items()
+        }
     return params
 
 
 def layer_weights(lw: dict[str, jax.Array], compute_dtype: Any) -> dict[str, jax.Array]:
     """One layer's weights (sliced from the stacks inside the scan), decoded and cast."""
-    return {n: unpack(v) if compute_dtype is None else unpack(v).astype(compute_dtype) for n, v in lw.items()}
+    return {
+        n: unpack(v) if compute_dtype is None else unpack(v).astype(compute_dtype)
+        for n, v in lw.items()
+    }
 
 
 def embed_tokens(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array) -> jax.Array:
@@ -110,8 +125,14 @@ def project(lw: dict[str, jax.Array], name: str, x: jax.Array, mix: jax.Array | 
     return out + jnp.einsum("...nr,nro->...o", xa, lw[f"{name}.lora_b"]).astype(out.dtype)
 
 
-def qkv(cfg: ModelConfig, lw: dict[str, jax.Array], x: jax.Array, positions: jax.Array, inv_l: jax.Array,
-        mix: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+def qkv(
+    cfg: ModelConfig,
+    lw: dict[str, jax.Array],
+    x: jax.Array,
+    positions: jax.Array,
+    inv_l: jax.Array,
+    mix: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """x [B, T, E] -> roped q [B, T, H, D], roped k [B, T, K, D], v [B, T, K, D] (biases, qk-norm);
     ``mix``: each row's adapter one-hot (:func:`project`), None for the base weights alone."""
     b, t = x.shape[:2]
@@ -127,8 +148,13 @@ def qkv(cfg: ModelConfig, lw: dict[str, jax.Array], x: jax.Array, positions: jax
     return apply_rope(q, positions, inv_l), apply_rope(kk, positions, inv_l), vv
 
 
-def layer_rest(cfg: ModelConfig, lw: dict[str, jax.Array], x: jax.Array, attn: jax.Array,
-               mix: jax.Array | None = None) -> jax.Array:
+def layer_rest(
+    cfg: ModelConfig,
+    lw: dict[str, jax.Array],
+    x: jax.Array,
+    attn: jax.Array,
+    mix: jax.Array | None = None,
+) -> jax.Array:
     """The layer after attention: output projection, post norms, residuals, MLP. attn [B, T, H*D];
     ``mix``: each row's adapter one-hot (:func:`project`), None for the base weights alone."""
     eps, plus_one = cfg.rms_norm_eps, cfg.norm_plus_one

@@ -30,8 +30,9 @@ class KVCache(NamedTuple):
         return self.k.shape[1]
 
 
-def init_cache(num_layers: int, batch: int, max_len: int, num_kv_heads: int, head_dim: int,
-               dtype=jnp.float32) -> KVCache:
+def init_cache(
+    num_layers: int, batch: int, max_len: int, num_kv_heads: int, head_dim: int, dtype=jnp.float32
+) -> KVCache:
     """A zeroed cache of ``max_len`` slots per row."""
     shape = (num_layers, batch, max_len, num_kv_heads, head_dim)
     return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))

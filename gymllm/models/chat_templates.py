@@ -1,4 +1,4 @@
-'''Chat templates: rendering with Hugging Face semantics, and the ChatML template of tiny models.
+"""Chat templates: rendering with Hugging Face semantics, and the ChatML template of tiny models.
 
 :func:`render_chat_template` renders a Jinja2 chat template the way ``transformers``'
 ``apply_chat_template`` does: a sandboxed environment with ``trim_blocks`` and ``lstrip_blocks``,
@@ -10,7 +10,7 @@ and the ``raise_exception`` / ``strftime_now`` globals.
 models use it; SmolLM2 ships a tool-less ChatML template and Qwen models their own.
 
 :func:`tools_system_prompt` writes the same tools block for templates that ignore ``tools``.
-'''
+"""
 
 from __future__ import annotations
 
@@ -80,8 +80,16 @@ CHATML_TOOLS_TEMPLATE = """{%- if tools %}
 """
 
 
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys: bool = False) -> str:
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+def _tojson(
+    x: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators=None,
+    sort_keys: bool = False,
+) -> str:
+    return json.dumps(
+        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def _raise(message: str) -> None:
@@ -100,18 +108,30 @@ def compile_template(source: str):
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = _strftime_now
     return env.from_string(source)
 
 
-def render_chat_template(source: str, messages: Sequence[dict], *, tools: Sequence[dict] | None = None,
-                         add_generation_prompt: bool = False, **context: Any) -> str:
+def render_chat_template(
+    source: str,
+    messages: Sequence[dict],
+    *,
+    tools: Sequence[dict] | None = None,
+    add_generation_prompt: bool = False,
+    **context: Any,
+) -> str:
     """Render ``source`` for ``messages`` exactly as transformers' ``apply_chat_template`` would."""
-    return compile_template(source).render(messages=list(messages), tools=list(tools) if tools else None,
-                                           add_generation_prompt=add_generation_prompt, **context)
+    return compile_template(source).render(
+        messages=list(messages),
+        tools=list(tools) if tools else None,
+        add_generation_prompt=add_generation_prompt,
+        **context,
+    )
 
 
 def template_supports_tools(source: str) -> bool:
@@ -123,7 +143,9 @@ def tools_system_prompt(tools: Sequence[dict], system: str = "") -> str:
     """The Hermes/Qwen tools block (same text as :data:`CHATML_TOOLS_TEMPLATE` writes)."""
     head = system or "You are a helpful assistant."
     listing = "".join("\n" + _tojson(t) for t in tools)
-    return (f"{head}\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-            f"You are provided with function signatures within <tools></tools> XML tags:\n<tools>{listing}\n</tools>\n\n"
-            "For each function call, return a json object with function name and arguments within "
-            '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+    return (
+        f"{head}\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        f"You are provided with function signatures within <tools></tools> XML tags:\n<tools>{listing}\n</tools>\n\n"
+        "For each function call, return a json object with function name and arguments within "
+        '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    )

@@ -19,8 +19,15 @@ from gymllm.models.weight_names import IGNORED_SUFFIXES, expand
 Fix = Callable[[str, int | None, np.ndarray], np.ndarray]  # (our_name, layer, array) -> array
 
 
-def assemble_params(cfg: ModelConfig, get: Callable[[str], np.ndarray], names: list[str], fmt: str, *,
-                    source: str = "", fix: Fix | None = None) -> dict[str, np.ndarray]:
+def assemble_params(
+    cfg: ModelConfig,
+    get: Callable[[str], np.ndarray],
+    names: list[str],
+    fmt: str,
+    *,
+    source: str = "",
+    fix: Fix | None = None,
+) -> dict[str, np.ndarray]:
     """Flat gymllm params from external tensors ``get(name)`` for ``names`` in format ``fmt``."""
     table = expand(cfg, fmt)
     tied_head = {"lm_head.weight", "output.weight"} if cfg.tie_word_embeddings else set()
@@ -28,15 +35,24 @@ def assemble_params(cfg: ModelConfig, get: Callable[[str], np.ndarray], names: l
     unexpected = sorted(n for n in present if n not in table)
     missing = sorted(set(table) - set(present))
     if missing or unexpected:
-        raise ModelLoadError(explain(
-            f"checkpoint {source or ''} for family {cfg.family!r}".strip(),
-            expected=f"the {len(table)} tensors of the {cfg.family} weight table",
-            received={"missing": missing[:20], "unexpected": unexpected[:20],
-                      "n_missing": len(missing), "n_unexpected": len(unexpected)},
-            fix="check the config matches the weights (family, layer count, tied embeddings); "
-                "see gymllm.models.weight_names for the expected names"))
+        raise ModelLoadError(
+            explain(
+                f"checkpoint {source or ''} for family {cfg.family!r}".strip(),
+                expected=f"the {len(table)} tensors of the {cfg.family} weight table",
+                received={
+                    "missing": missing[:20],
+                    "unexpected": unexpected[:20],
+                    "n_missing": len(missing),
+                    "n_unexpected": len(unexpected),
+                },
+                fix="check the config matches the weights (family, layer count, tied embeddings); "
+                "see gymllm.models.weight_names for the expected names",
+            )
+        )
     shapes = param_shapes(cfg)
-    layers: dict[str, list] = {n: [None] * cfg.num_layers for n in shapes if n.startswith("layers.")}
+    layers: dict[str, list] = {
+        n: [None] * cfg.num_layers for n in shapes if n.startswith("layers.")
+    }
     out: dict[str, np.ndarray] = {}
     wrong: dict[str, tuple] = {}
     for ext, (ours, layer, transpose) in table.items():
@@ -54,15 +70,21 @@ def assemble_params(cfg: ModelConfig, get: Callable[[str], np.ndarray], names: l
         else:
             layers[ours][layer] = arr
     if wrong:
-        raise ModelLoadError(explain(f"checkpoint {source}".strip(), expected="tensor shapes matching the config",
-                                     received={"wrong_shape (got, want)": dict(list(wrong.items())[:20])},
-                                     fix="check hidden/intermediate sizes, head counts and head_dim in the config"))
+        raise ModelLoadError(
+            explain(
+                f"checkpoint {source}".strip(),
+                expected="tensor shapes matching the config",
+                received={"wrong_shape (got, want)": dict(list(wrong.items())[:20])},
+                fix="check hidden/intermediate sizes, head counts and head_dim in the config",
+            )
+        )
     out.update({n: np.stack(v) for n, v in layers.items()})
     return out
 
 
-def external_tensors(cfg: ModelConfig, params: Mapping[str, np.ndarray], fmt: str, *,
-                     fix: Fix | None = None) -> dict[str, np.ndarray]:
+def external_tensors(
+    cfg: ModelConfig, params: Mapping[str, np.ndarray], fmt: str, *, fix: Fix | None = None
+) -> dict[str, np.ndarray]:
     """External-name tensors (``[out, in]`` layout) from flat gymllm params."""
     out = {}
     for ext, (ours, layer, transpose) in expand(cfg, fmt).items():

@@ -26,27 +26,69 @@ ROPE_TYPES = ("default", "linear", "llama3")
 
 # What each family fixes (everything else is a size).
 _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
-    "llama": dict(activation="silu", attention_bias=False, qk_norm=False, norm_plus_one=False,
-                  post_norms=False, embed_scale=False, rms_norm_eps=1e-5, rope_theta=10_000.0),
-    "qwen2": dict(activation="silu", attention_bias=True, qk_norm=False, norm_plus_one=False,
-                  post_norms=False, embed_scale=False, rms_norm_eps=1e-6, rope_theta=1_000_000.0),
-    "qwen3": dict(activation="silu", attention_bias=False, qk_norm=True, norm_plus_one=False,
-                  post_norms=False, embed_scale=False, rms_norm_eps=1e-6, rope_theta=1_000_000.0),
-    "gemma3": dict(activation="gelu_tanh", attention_bias=False, qk_norm=True, norm_plus_one=True,
-                   post_norms=True, embed_scale=True, rms_norm_eps=1e-6, rope_theta=1_000_000.0,
-                   rope_local_theta=10_000.0),
+    "llama": dict(
+        activation="silu",
+        attention_bias=False,
+        qk_norm=False,
+        norm_plus_one=False,
+        post_norms=False,
+        embed_scale=False,
+        rms_norm_eps=1e-5,
+        rope_theta=10_000.0,
+    ),
+    "qwen2": dict(
+        activation="silu",
+        attention_bias=True,
+        qk_norm=False,
+        norm_plus_one=False,
+        post_norms=False,
+        embed_scale=False,
+        rms_norm_eps=1e-6,
+        rope_theta=1_000_000.0,
+    ),
+    "qwen3": dict(
+        activation="silu",
+        attention_bias=False,
+        qk_norm=True,
+        norm_plus_one=False,
+        post_norms=False,
+        embed_scale=False,
+        rms_norm_eps=1e-6,
+        rope_theta=1_000_000.0,
+    ),
+    "gemma3": dict(
+        activation="gelu_tanh",
+        attention_bias=False,
+        qk_norm=True,
+        norm_plus_one=True,
+        post_norms=True,
+        embed_scale=True,
+        rms_norm_eps=1e-6,
+        rope_theta=1_000_000.0,
+        rope_local_theta=10_000.0,
+    ),
 }
 
 _HF_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
-_HF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                     "qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+_HF_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
+}
 
 
 def family_defaults(family: str) -> dict[str, Any]:
     """The fields a family fixes (activation, biases, norm style, ...)."""
     if family not in _FAMILY_DEFAULTS:
-        raise ConfigError(explain("ModelConfig.family", expected=f"one of {FAMILIES}", received=family,
-                                  fix="pick a supported family"))
+        raise ConfigError(
+            explain(
+                "ModelConfig.family",
+                expected=f"one of {FAMILIES}",
+                received=family,
+                fix="pick a supported family",
+            )
+        )
     return dict(_FAMILY_DEFAULTS[family])
 
 
@@ -65,7 +107,9 @@ class ModelConfig:
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10_000.0  # global (full-attention) layers
     rope_local_theta: float = 0.0  # sliding layers; 0: same as rope_theta
-    rope_scaling: tuple[tuple[str, Any], ...] = ()  # e.g. (("rope_type", "llama3"), ("factor", 8.0), ...)
+    rope_scaling: tuple[
+        tuple[str, Any], ...
+    ] = ()  # e.g. (("rope_type", "llama3"), ("factor", 8.0), ...)
     tie_word_embeddings: bool = True
     attention_bias: bool = False  # q/k/v biases (Qwen2)
     qk_norm: bool = False  # RMSNorm on q and k per head (Qwen3, Gemma 3)
@@ -82,31 +126,62 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         def bad(field: str, expected: str, fix: str) -> None:
-            raise ConfigError(explain(f"ModelConfig.{field}", expected=expected,
-                                      received=getattr(self, field), fix=fix))
+            raise ConfigError(
+                explain(
+                    f"ModelConfig.{field}",
+                    expected=expected,
+                    received=getattr(self, field),
+                    fix=fix,
+                )
+            )
 
         if self.family not in FAMILIES:
             bad("family", f"one of {FAMILIES}", "pick a supported family")
-        for f in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"):
+        for f in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+        ):
             if not isinstance(getattr(self, f), int) or getattr(self, f) <= 0:
                 bad(f, "a positive int", f"set {f} > 0")
         if self.num_heads % self.num_kv_heads:
-            bad("num_kv_heads", f"a divisor of num_heads={self.num_heads}", "use grouped-query sizes that divide")
+            bad(
+                "num_kv_heads",
+                f"a divisor of num_heads={self.num_heads}",
+                "use grouped-query sizes that divide",
+            )
         if self.head_dim < 0 or (self.head_dim == 0 and self.hidden_size % self.num_heads):
-            bad("head_dim", "> 0, or 0 with hidden_size divisible by num_heads", "set head_dim explicitly")
-        object.__setattr__(self, "head_dim", self.resolved_head_dim)  # canonical: equal configs hash equal
+            bad(
+                "head_dim",
+                "> 0, or 0 with hidden_size divisible by num_heads",
+                "set head_dim explicitly",
+            )
+        object.__setattr__(
+            self, "head_dim", self.resolved_head_dim
+        )  # canonical: equal configs hash equal
         if self.resolved_head_dim % 2:
             bad("head_dim", "an even number (RoPE rotates pairs)", "use an even head_dim")
         if self.activation not in ACTIVATIONS:
             bad("activation", f"one of {ACTIVATIONS}", "pick a supported activation")
         if self.layer_types and len(self.layer_types) != self.num_layers:
-            bad("layer_types", f"{self.num_layers} entries (num_layers)", "give one type per layer or ()")
+            bad(
+                "layer_types",
+                f"{self.num_layers} entries (num_layers)",
+                "give one type per layer or ()",
+            )
         if any(t not in LAYER_TYPES for t in self.layer_types):
             bad("layer_types", f"entries from {LAYER_TYPES}", "fix the layer type names")
         if "sliding_attention" in self.layer_types and self.sliding_window <= 0:
             bad("sliding_window", "> 0 when a layer is 'sliding_attention'", "set sliding_window")
         if self.rms_norm_eps <= 0 or self.rope_theta <= 0:
-            bad("rms_norm_eps" if self.rms_norm_eps <= 0 else "rope_theta", "> 0", "use a positive value")
+            bad(
+                "rms_norm_eps" if self.rms_norm_eps <= 0 else "rope_theta",
+                "> 0",
+                "use a positive value",
+            )
         rope_type = self.rope_scaling_dict.get("rope_type", "default")
         if rope_type not in ROPE_TYPES:
             bad("rope_scaling", f"rope_type in {ROPE_TYPES}", "use a supported RoPE scaling or ()")
@@ -153,11 +228,23 @@ class ModelConfig:
     def from_hf(cls, hf: Mapping[str, Any]) -> "ModelConfig":
         """Build from a Hugging Face ``config.json`` dict (4.x or 5.x keys)."""
         model_type = hf.get("model_type", "")
-        family = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3",
-                  "gemma3": "gemma3", "mistral": "llama"}.get(model_type)
+        family = {
+            "llama": "llama",
+            "qwen2": "qwen2",
+            "qwen3": "qwen3",
+            "gemma3_text": "gemma3",
+            "gemma3": "gemma3",
+            "mistral": "llama",
+        }.get(model_type)
         if family is None:
-            raise ConfigError(explain("config.json model_type", expected="llama, qwen2, qwen3, gemma3_text",
-                                      received=model_type, fix="use a checkpoint of a supported family"))
+            raise ConfigError(
+                explain(
+                    "config.json model_type",
+                    expected="llama, qwen2, qwen3, gemma3_text",
+                    received=model_type,
+                    fix="use a checkpoint of a supported family",
+                )
+            )
         if "text_config" in hf:  # multimodal Gemma 3 wrapper: the text part is what we run
             return cls.from_hf({"model_type": "gemma3_text", **hf["text_config"]})
         fd = family_defaults(family)
@@ -165,13 +252,16 @@ class ModelConfig:
         layer_types = tuple(hf.get("layer_types") or ())
         sliding = int(hf.get("sliding_window") or 0)
         if family == "gemma3" and not layer_types and sliding:
-            layer_types = gemma3_layer_types(hf["num_hidden_layers"], int(hf.get("sliding_window_pattern", 6)))
+            layer_types = gemma3_layer_types(
+                hf["num_hidden_layers"], int(hf.get("sliding_window_pattern", 6))
+            )
         if family != "gemma3" and not hf.get("use_sliding_window", False):
             layer_types, sliding = (), 0
         if layer_types and "sliding_attention" not in layer_types:
             layer_types = ()
         activation = {"gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu_tanh", "silu": "silu"}.get(
-            hf.get("hidden_activation") or hf.get("hidden_act") or fd["activation"], "unsupported")
+            hf.get("hidden_activation") or hf.get("hidden_act") or fd["activation"], "unsupported"
+        )
         return cls(
             family=family,
             vocab_size=int(hf["vocab_size"]),
@@ -183,7 +273,8 @@ class ModelConfig:
             head_dim=int(hf.get("head_dim") or 0),
             rms_norm_eps=float(hf.get("rms_norm_eps", fd["rms_norm_eps"])),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
-            attention_bias=bool(hf.get("attention_bias", fd["attention_bias"])) or family == "qwen2",
+            attention_bias=bool(hf.get("attention_bias", fd["attention_bias"]))
+            or family == "qwen2",
             qk_norm=fd["qk_norm"],
             norm_plus_one=fd["norm_plus_one"],
             post_norms=fd["post_norms"],
@@ -193,7 +284,9 @@ class ModelConfig:
             sliding_window=sliding if layer_types else 0,
             layer_types=layer_types,
             # transformers' Gemma 3 stores attn_logit_softcapping but never applies it
-            attn_logit_softcap=0.0 if family == "gemma3" else float(hf.get("attn_logit_softcapping") or 0.0),
+            attn_logit_softcap=0.0
+            if family == "gemma3"
+            else float(hf.get("attn_logit_softcapping") or 0.0),
             final_logit_softcap=float(hf.get("final_logit_softcapping") or 0.0),
             max_position_embeddings=int(hf.get("max_position_embeddings", 8192)),
             **rope,
@@ -201,7 +294,11 @@ class ModelConfig:
 
     def to_hf(self) -> dict[str, Any]:
         """A Hugging Face ``config.json`` dict that transformers 4.x and 5.x both read."""
-        rope_global = {"rope_type": "default", "rope_theta": self.rope_theta, **self.rope_scaling_dict}
+        rope_global = {
+            "rope_type": "default",
+            "rope_theta": self.rope_theta,
+            **self.rope_scaling_dict,
+        }
         out: dict[str, Any] = {
             "architectures": [_HF_ARCHITECTURES[self.family]],
             "model_type": _HF_MODEL_TYPES[self.family],
@@ -242,7 +339,10 @@ class ModelConfig:
 
 def gemma3_layer_types(num_layers: int, pattern: int = 6) -> tuple[str, ...]:
     """Gemma 3's default: every ``pattern``-th layer is global, the rest slide."""
-    return tuple("full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers))
+    return tuple(
+        "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+        for i in range(num_layers)
+    )
 
 
 def _hf_rope(hf: Mapping[str, Any], family: str, fd: dict[str, Any]) -> dict[str, Any]:
@@ -253,7 +353,9 @@ def _hf_rope(hf: Mapping[str, Any], family: str, fd: dict[str, Any]) -> dict[str
     else:
         glob, local = params, {}
     theta = float(glob.get("rope_theta") or hf.get("rope_theta") or fd["rope_theta"])
-    local_theta = float(local.get("rope_theta") or hf.get("rope_local_base_freq") or fd.get("rope_local_theta", 0.0))
+    local_theta = float(
+        local.get("rope_theta") or hf.get("rope_local_base_freq") or fd.get("rope_local_theta", 0.0)
+    )
     scaling = dict(hf.get("rope_scaling") or {})
     scaling.update({k: v for k, v in glob.items() if k != "rope_theta"})
     if "type" in scaling and "rope_type" not in scaling:
@@ -261,6 +363,15 @@ def _hf_rope(hf: Mapping[str, Any], family: str, fd: dict[str, Any]) -> dict[str
     scaling.pop("type", None)
     if scaling.get("rope_type", "default") == "default":
         scaling = {}
-    keep = ("rope_type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-    return dict(rope_theta=theta, rope_local_theta=local_theta if family == "gemma3" else 0.0,
-                rope_scaling=tuple(sorted((k, v) for k, v in scaling.items() if k in keep)))
+    keep = (
+        "rope_type",
+        "factor",
+        "low_freq_factor",
+        "high_freq_factor",
+        "original_max_position_embeddings",
+    )
+    return dict(
+        rope_theta=theta,
+        rope_local_theta=local_theta if family == "gemma3" else 0.0,
+        rope_scaling=tuple(sorted((k, v) for k, v in scaling.items() if k in keep)),
+    )

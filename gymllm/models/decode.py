@@ -31,16 +31,35 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from gymllm.models.blocks import (adapter_mix, embed_tokens, final_logits, global_params, layer_rest, layer_weights,
-                                  layer_unroll, layer_xs, pack_like, qkv, unpack)
+from gymllm.models.blocks import (
+    adapter_mix,
+    embed_tokens,
+    final_logits,
+    global_params,
+    layer_rest,
+    layer_weights,
+    layer_unroll,
+    layer_xs,
+    pack_like,
+    qkv,
+    unpack,
+)
 from gymllm.models.cache import KVCache
 from gymllm.models.config import ModelConfig
 from gymllm.models.layers import decode_attention
 
 
-def decode_forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, positions: jax.Array,
-                   cache: KVCache, length: int | None = None, *, compute_dtype: Any = None,
-                   adapter: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+def decode_forward(
+    cfg: ModelConfig,
+    params: dict[str, jax.Array],
+    tokens: jax.Array,
+    positions: jax.Array,
+    cache: KVCache,
+    length: int | None = None,
+    *,
+    compute_dtype: Any = None,
+    adapter: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One decode step: logits [W, V] float32 and the new k/v [L, W, K, D] (cache dtype) of every layer.
 
     tokens/positions [W] int32 (W <= the cache's rows: rows [0, W) are used); ``length`` (static, default
@@ -63,11 +82,21 @@ def decode_forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.A
         lw, inv_l, win_l, i = xs
         lw = layer_weights(lw, compute_dtype)
         q, kk, vv = qkv(cfg, lw, x, pos, inv_l, mix)  # [W, 1, H, D], [W, 1, K, D] x2
-        keys = jax.lax.dynamic_index_in_dim(cache.k, i, 0, keepdims=False)[:w, :length]  # [W, S, K, D]
+        keys = jax.lax.dynamic_index_in_dim(cache.k, i, 0, keepdims=False)[
+            :w, :length
+        ]  # [W, S, K, D]
         values = jax.lax.dynamic_index_in_dim(cache.v, i, 0, keepdims=False)[:w, :length]
         visible = (idx < pos) & (pos - idx < win_l)  # [W, S]
-        attn = decode_attention(q[:, 0], unpack(keys), unpack(values), kk[:, 0], vv[:, 0], visible,
-                                scale=cfg.attn_scale, softcap=cfg.attn_logit_softcap)  # [W, H*D]
+        attn = decode_attention(
+            q[:, 0],
+            unpack(keys),
+            unpack(values),
+            kk[:, 0],
+            vv[:, 0],
+            visible,
+            scale=cfg.attn_scale,
+            softcap=cfg.attn_logit_softcap,
+        )  # [W, H*D]
         x = layer_rest(cfg, lw, x, attn.reshape(w, 1, h * d), mix)
         return x, (pack_like(kk[:, 0], cache.k), pack_like(vv[:, 0], cache.v))
 
@@ -75,24 +104,38 @@ def decode_forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.A
     return final_logits(cfg, params, x[:, 0]), k_new, v_new
 
 
-def write_new_kv(cache: KVCache, k_new: jax.Array, v_new: jax.Array, positions: jax.Array) -> KVCache:
+def write_new_kv(
+    cache: KVCache, k_new: jax.Array, v_new: jax.Array, positions: jax.Array
+) -> KVCache:
     """Write row w's new k/v ([L, W, K, D]) at slot ``positions[w]`` of cache row w, in place under
     donation (positions past the cache are dropped)."""
     rows = jnp.arange(positions.shape[0])
-    return KVCache(cache.k.at[:, rows, positions].set(k_new, mode="drop"),
-                   cache.v.at[:, rows, positions].set(v_new, mode="drop"))
+    return KVCache(
+        cache.k.at[:, rows, positions].set(k_new, mode="drop"),
+        cache.v.at[:, rows, positions].set(v_new, mode="drop"),
+    )
 
 
-def decode_and_write(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, positions: jax.Array,
-                     cache: KVCache, length: int | None = None, *, compute_dtype: Any = None,
-                     adapter: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
+def decode_and_write(
+    cfg: ModelConfig,
+    params: dict[str, jax.Array],
+    tokens: jax.Array,
+    positions: jax.Array,
+    cache: KVCache,
+    length: int | None = None,
+    *,
+    compute_dtype: Any = None,
+    adapter: jax.Array | None = None,
+) -> tuple[jax.Array, KVCache]:
     """:func:`decode_forward` then :func:`write_new_kv`: (logits [W, V], the updated cache). Call it
     inside ``jit`` (the engine's steps do); :func:`decode_step` is the standalone jitted form."""
-    logits, k_new, v_new = decode_forward(cfg, params, tokens, positions, cache, length, compute_dtype=compute_dtype,
-                                          adapter=adapter)
+    logits, k_new, v_new = decode_forward(
+        cfg, params, tokens, positions, cache, length, compute_dtype=compute_dtype, adapter=adapter
+    )
     return logits, write_new_kv(cache, k_new, v_new, positions)
 
 
-decode_step = functools.partial(jax.jit, static_argnums=(0, 5), static_argnames=("compute_dtype",),
-                                donate_argnums=(4,))(decode_and_write)
+decode_step = functools.partial(
+    jax.jit, static_argnums=(0, 5), static_argnames=("compute_dtype",), donate_argnums=(4,)
+)(decode_and_write)
 decode_step.__doc__ = """:func:`decode_and_write`, jitted, the cache donated."""

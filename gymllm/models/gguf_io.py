@@ -35,21 +35,33 @@ _ARCH_TO_FAMILY = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3
 _NORMS_PLUS_ONE = ("norm",)  # every gemma norm param name ends with "norm"
 
 # Pre-tokenizer regexes by llama.cpp's ``tokenizer.ggml.pre`` name.
-_QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
-                r"\s*[\r\n]+|\s+(?!\S)|\s+")
-_LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
-                 r"\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+    r"\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_LLAMA3_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+    r"\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 # ----- permutations and norm offsets llama.cpp applies -----
 
 
 def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """HF rotate-half rows -> llama.cpp interleaved rows (its converter's ``permute``)."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
-    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def _fix(cfg: ModelConfig, reading: bool):
@@ -85,8 +97,14 @@ def config_from_gguf(meta: dict[str, Any], tensor_names: list[str]) -> ModelConf
     arch = meta.get("general.architecture")
     family = _ARCH_TO_FAMILY.get(arch)
     if family is None:
-        raise ModelLoadError(explain("GGUF general.architecture", expected=f"one of {sorted(_ARCH_TO_FAMILY)}",
-                                     received=arch, fix="use a GGUF of a supported family"))
+        raise ModelLoadError(
+            explain(
+                "GGUF general.architecture",
+                expected=f"one of {sorted(_ARCH_TO_FAMILY)}",
+                received=arch,
+                fix="use a GGUF of a supported family",
+            )
+        )
     fd = family_defaults(family)
 
     def get(key: str, default: Any = None) -> Any:
@@ -97,9 +115,14 @@ def config_from_gguf(meta: dict[str, Any], tensor_names: list[str]) -> ModelConf
     head_dim = int(get("attention.key_length") or hidden // n_heads)
     vocab = int(get("vocab_size") or len(meta["tokenizer.ggml.tokens"]))
     fields: dict[str, Any] = dict(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=int(get("feed_forward_length")),
-        num_layers=n_layers, num_heads=n_heads, num_kv_heads=int(get("attention.head_count_kv") or n_heads),
-        head_dim=head_dim, rms_norm_eps=_f32(get("attention.layer_norm_rms_epsilon", fd["rms_norm_eps"])),
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=int(get("feed_forward_length")),
+        num_layers=n_layers,
+        num_heads=n_heads,
+        num_kv_heads=int(get("attention.head_count_kv") or n_heads),
+        head_dim=head_dim,
+        rms_norm_eps=_f32(get("attention.layer_norm_rms_epsilon", fd["rms_norm_eps"])),
         rope_theta=_f32(get("rope.freq_base", fd["rope_theta"])),
         tie_word_embeddings="output.weight" not in tensor_names,
         max_position_embeddings=int(get("context_length", 8192)),
@@ -108,13 +131,19 @@ def config_from_gguf(meta: dict[str, Any], tensor_names: list[str]) -> ModelConf
     )
     scaling_type = get("rope.scaling.type")
     if scaling_type in ("linear",) and get("rope.scaling.factor"):
-        fields["rope_scaling"] = (("factor", float(get("rope.scaling.factor"))), ("rope_type", "linear"))
+        fields["rope_scaling"] = (
+            ("factor", float(get("rope.scaling.factor"))),
+            ("rope_type", "linear"),
+        )
     if family == "gemma3":
         window = int(get("attention.sliding_window") or 512)
         pattern = int(meta.get("gymllm.sliding_window_pattern") or 6)
-        fields.update(sliding_window=window, layer_types=gemma3_layer_types(n_layers, pattern),
-                      query_pre_attn_scalar=float(meta.get("gymllm.query_pre_attn_scalar") or head_dim),
-                      rope_local_theta=float(meta.get("gymllm.rope_local_theta") or 10_000.0))
+        fields.update(
+            sliding_window=window,
+            layer_types=gemma3_layer_types(n_layers, pattern),
+            query_pre_attn_scalar=float(meta.get("gymllm.query_pre_attn_scalar") or head_dim),
+            rope_local_theta=float(meta.get("gymllm.rope_local_theta") or 10_000.0),
+        )
     return ModelConfig.for_family(family, **fields)
 
 
@@ -129,24 +158,40 @@ def tokenizer_from_gguf(meta: dict[str, Any]) -> TokenizerBundle:
     tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
     types = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
     if kind == "gpt2":
-        tok = _bpe_tokenizer(tokens, list(meta.get("tokenizer.ggml.merges") or []), meta.get("tokenizer.ggml.pre"))
+        tok = _bpe_tokenizer(
+            tokens, list(meta.get("tokenizer.ggml.merges") or []), meta.get("tokenizer.ggml.pre")
+        )
     elif kind == "llama":
         unk = meta.get("tokenizer.ggml.unknown_token_id")
-        tok = _spm_tokenizer(tokens, list(meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens)), types,
-                             None if unk is None else tokens[int(unk)])
+        tok = _spm_tokenizer(
+            tokens,
+            list(meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens)),
+            types,
+            None if unk is None else tokens[int(unk)],
+        )
     else:
-        raise ModelLoadError(explain("GGUF tokenizer.ggml.model", expected="'gpt2' (byte-level BPE) or 'llama' (SPM)",
-                                     received=kind, fix="use a GGUF with a supported tokenizer"))
+        raise ModelLoadError(
+            explain(
+                "GGUF tokenizer.ggml.model",
+                expected="'gpt2' (byte-level BPE) or 'llama' (SPM)",
+                received=kind,
+                fix="use a GGUF with a supported tokenizer",
+            )
+        )
     _add_special(tok, tokens, types)
 
     def name(key: str) -> str | None:
         i = meta.get(f"tokenizer.ggml.{key}")
         return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else None
 
-    return TokenizerBundle(tokenizer=tok, chat_template=meta.get("tokenizer.chat_template"),
-                           bos_token=name("bos_token_id"), eos_token=name("eos_token_id"),
-                           pad_token=name("padding_token_id"),
-                           add_bos_token=bool(meta.get("tokenizer.ggml.add_bos_token", False)))
+    return TokenizerBundle(
+        tokenizer=tok,
+        chat_template=meta.get("tokenizer.chat_template"),
+        bos_token=name("bos_token_id"),
+        eos_token=name("eos_token_id"),
+        pad_token=name("padding_token_id"),
+        add_bos_token=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+    )
 
 
 def _bpe_tokenizer(tokens: list[str], merges: list[str], pre: str | None):
@@ -156,17 +201,28 @@ def _bpe_tokenizer(tokens: list[str], merges: list[str], pre: str | None):
     pairs = [tuple(m.split(" ", 1)) for m in merges]
     tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False))
     if pre in ("qwen2", "deepseek-r1-qwen"):
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(_QWEN2_REGEX), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(_QWEN2_REGEX), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     elif pre in ("llama-bpe", "llama3"):
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(_LLAMA3_REGEX), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    elif pre == "smollm":  # llama.cpp splits every digit first (transformers' GGUF import drops this)
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(_LLAMA3_REGEX), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    elif (
+        pre == "smollm"
+    ):  # llama.cpp splits every digit first (transformers' GGUF import drops this)
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            ]
+        )
     else:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
@@ -178,38 +234,60 @@ def _spm_tokenizer(tokens: list[str], scores: list[float], types: list[int], unk
     from tokenizers import Tokenizer, decoders, models, normalizers
 
     vocab = {t: i for i, t in enumerate(tokens)}
-    order = sorted(((s, t) for t, s, ty in zip(tokens, scores, types) if ty == 1 and len(t) > 1), key=lambda x: -x[0])
+    order = sorted(
+        ((s, t) for t, s, ty in zip(tokens, scores, types) if ty == 1 and len(t) > 1),
+        key=lambda x: -x[0],
+    )
     merges = []
     for _, piece in order:
-        cands = [(vocab[piece[:k]], vocab[piece[k:]], piece[:k], piece[k:]) for k in range(1, len(piece))
-                 if piece[:k] in vocab and piece[k:] in vocab]
+        cands = [
+            (vocab[piece[:k]], vocab[piece[k:]], piece[:k], piece[k:])
+            for k in range(1, len(piece))
+            if piece[:k] in vocab and piece[k:] in vocab
+        ]
         merges.extend((a, b) for _, _, a, b in sorted(cands))
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, fuse_unk=True, unk_token=unk))
+    tok = Tokenizer(
+        models.BPE(vocab=vocab, merges=merges, byte_fallback=True, fuse_unk=True, unk_token=unk)
+    )
     tok.normalizer = normalizers.Replace(" ", "\u2581")
-    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
     return tok
 
 
 def _add_special(tok, tokens: list[str], types: list[int]) -> None:
     from tokenizers import AddedToken
 
-    control = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == 3]
-    user = [AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == 4]
+    control = [
+        AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == 3
+    ]
+    user = [
+        AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == 4
+    ]
     if control:
         tok.add_special_tokens(control)
     if user:
         tok.add_tokens(user)
 
 
-def read_gguf(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarray], TokenizerBundle]:
+def read_gguf(
+    path: str | os.PathLike,
+) -> tuple[ModelConfig, dict[str, np.ndarray], TokenizerBundle]:
     """Config, flat float32 params (HF layout restored) and tokenizer of a GGUF file."""
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
     p = Path(path)
     if not p.is_file():
-        raise ModelLoadError(explain("GGUF file", expected="an existing .gguf file", received=str(p),
-                                     fix="check the path, or load a registry name such as 'smollm2-135m-instruct'"))
+        raise ModelLoadError(
+            explain(
+                "GGUF file",
+                expected="an existing .gguf file",
+                received=str(p),
+                fix="check the path, or load a registry name such as 'smollm2-135m-instruct'",
+            )
+        )
     reader = GGUFReader(str(p))
     meta = _fields(reader)
     by_name = {t.name: t for t in reader.tensors}
@@ -219,7 +297,9 @@ def read_gguf(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarra
         t = by_name[name]
         return np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
 
-    params = assemble_params(cfg, get, list(by_name), "gguf", source=str(p), fix=_fix(cfg, reading=True))
+    params = assemble_params(
+        cfg, get, list(by_name), "gguf", source=str(p), fix=_fix(cfg, reading=True)
+    )
     return cfg, params, tokenizer_from_gguf(meta)
 
 
@@ -243,19 +323,29 @@ def save_gguf(lm: LoadedModel, path: str | os.PathLike) -> Path:
     w = gguf.GGUFWriter(str(p), arch)
     w.add_name(lm.source or f"gymllm-{cfg.family}")
     head_dim = cfg.resolved_head_dim
-    for add, value in ((w.add_context_length, cfg.max_position_embeddings), (w.add_embedding_length, cfg.hidden_size),
-                       (w.add_block_count, cfg.num_layers), (w.add_feed_forward_length, cfg.intermediate_size),
-                       (w.add_head_count, cfg.num_heads), (w.add_head_count_kv, cfg.num_kv_heads),
-                       (w.add_key_length, head_dim), (w.add_value_length, head_dim),
-                       (w.add_rope_dimension_count, head_dim), (w.add_rope_freq_base, cfg.rope_theta),
-                       (w.add_layer_norm_rms_eps, cfg.rms_norm_eps), (w.add_vocab_size, cfg.vocab_size)):
+    for add, value in (
+        (w.add_context_length, cfg.max_position_embeddings),
+        (w.add_embedding_length, cfg.hidden_size),
+        (w.add_block_count, cfg.num_layers),
+        (w.add_feed_forward_length, cfg.intermediate_size),
+        (w.add_head_count, cfg.num_heads),
+        (w.add_head_count_kv, cfg.num_kv_heads),
+        (w.add_key_length, head_dim),
+        (w.add_value_length, head_dim),
+        (w.add_rope_dimension_count, head_dim),
+        (w.add_rope_freq_base, cfg.rope_theta),
+        (w.add_layer_norm_rms_eps, cfg.rms_norm_eps),
+        (w.add_vocab_size, cfg.vocab_size),
+    ):
         add(value)  # the <arch>.* metadata read_gguf rebuilds the config from
     if cfg.family == "gemma3":
         w.add_sliding_window(cfg.sliding_window)
         types = cfg.resolved_layer_types
         pattern = next((i + 1 for i, t in enumerate(types) if t == "full_attention"), len(types))
         w.add_uint32("gymllm.sliding_window_pattern", pattern)
-        w.add_float32("gymllm.query_pre_attn_scalar", cfg.query_pre_attn_scalar or cfg.resolved_head_dim)
+        w.add_float32(
+            "gymllm.query_pre_attn_scalar", cfg.query_pre_attn_scalar or cfg.resolved_head_dim
+        )
         w.add_float32("gymllm.rope_local_theta", cfg.rope_local_theta or cfg.rope_theta)
     _write_tokenizer(w, lm.tokenizer, cfg.vocab_size)
     params = {k: np.asarray(v, dtype=np.float32) for k, v in lm.model.flat_params().items()}
@@ -272,8 +362,14 @@ def _write_tokenizer(w, bundle: TokenizerBundle, vocab_size: int) -> None:
     spec = json.loads(bundle.tokenizer.to_str())
     model = spec["model"]
     if model.get("type") != "BPE" or "merges" not in model:
-        raise ModelLoadError(explain("save_gguf tokenizer", expected="a byte-level BPE tokenizer",
-                                     received=model.get("type"), fix="save GGUF only for BPE tokenizers"))
+        raise ModelLoadError(
+            explain(
+                "save_gguf tokenizer",
+                expected="a byte-level BPE tokenizer",
+                received=model.get("type"),
+                fix="save GGUF only for BPE tokenizers",
+            )
+        )
     n = bundle.tokenizer.get_vocab_size(with_added_tokens=True)
     tokens = [bundle.tokenizer.id_to_token(i) for i in range(n)]
     types = [1] * n
@@ -289,8 +385,11 @@ def _write_tokenizer(w, bundle: TokenizerBundle, vocab_size: int) -> None:
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)
-    for add, tid in ((w.add_bos_token_id, bundle.bos_token_id), (w.add_eos_token_id, bundle.eos_token_id),
-                     (w.add_pad_token_id, bundle.token_to_id(bundle.pad_token) if bundle.pad_token else None)):
+    for add, tid in (
+        (w.add_bos_token_id, bundle.bos_token_id),
+        (w.add_eos_token_id, bundle.eos_token_id),
+        (w.add_pad_token_id, bundle.token_to_id(bundle.pad_token) if bundle.pad_token else None),
+    ):
         if tid is not None:
             add(tid)
     if bundle.chat_template:

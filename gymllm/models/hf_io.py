@@ -35,9 +35,14 @@ def _shard_map(d: Path) -> dict[str, Path]:
         return {name: d / f for name, f in weight_map.items()}
     files = sorted(d.glob("*.safetensors"))
     if not files:
-        raise ModelLoadError(explain(f"checkpoint directory {d}", expected="model.safetensors or an index + shards",
-                                     received=sorted(p.name for p in d.iterdir()),
-                                     fix="point at a Hugging Face model directory (save_pretrained output)"))
+        raise ModelLoadError(
+            explain(
+                f"checkpoint directory {d}",
+                expected="model.safetensors or an index + shards",
+                received=sorted(p.name for p in d.iterdir()),
+                fix="point at a Hugging Face model directory (save_pretrained output)",
+            )
+        )
     out = {}
     for f in files:
         with safe_open(str(f), framework="flax") as fh:
@@ -69,8 +74,14 @@ def load_hf_dir(path: str | os.PathLike, dtype=jnp.float32) -> LoadedModel:
     """Load a Hugging Face safetensors directory as a :class:`LoadedModel` with weights in ``dtype``."""
     d = Path(path)
     if not (d / "config.json").exists():
-        raise ModelLoadError(explain("model directory", expected=f"{d}/config.json", received="no such file",
-                                     fix="pass a Hugging Face model directory or a .gguf file"))
+        raise ModelLoadError(
+            explain(
+                "model directory",
+                expected=f"{d}/config.json",
+                received="no such file",
+                fix="pass a Hugging Face model directory or a .gguf file",
+            )
+        )
     with span("load_hf_dir", track="engine", path=str(d)):
         cfg = ModelConfig.from_hf(json.loads((d / "config.json").read_text()))
         shard_of, get = read_safetensors(d)
@@ -80,18 +91,25 @@ def load_hf_dir(path: str | os.PathLike, dtype=jnp.float32) -> LoadedModel:
     return LoadedModel(model=model, tokenizer=tok, config=cfg, source=str(d))
 
 
-def save_hf_dir(lm: LoadedModel, path: str | os.PathLike, *, max_shard_bytes: int | None = None) -> Path:
+def save_hf_dir(
+    lm: LoadedModel, path: str | os.PathLike, *, max_shard_bytes: int | None = None
+) -> Path:
     """Write ``lm`` as a Hugging Face directory (sharded with an index when ``max_shard_bytes`` is set)."""
     from safetensors.numpy import save_file
 
     d = Path(path)
     d.mkdir(parents=True, exist_ok=True)
     cfg = lm.config
-    tensors = external_tensors(cfg, {k: np.asarray(v) for k, v in lm.model.flat_params().items()}, "hf")
+    tensors = external_tensors(
+        cfg, {k: np.asarray(v) for k, v in lm.model.flat_params().items()}, "hf"
+    )
     hf = cfg.to_hf()
     hf["torch_dtype"] = str(np.asarray(lm.model.embed[...]).dtype)
-    for key, tid in (("bos_token_id", lm.tokenizer.bos_token_id), ("eos_token_id", lm.tokenizer.eos_token_id),
-                     ("pad_token_id", lm.tokenizer.pad_token_id)):
+    for key, tid in (
+        ("bos_token_id", lm.tokenizer.bos_token_id),
+        ("eos_token_id", lm.tokenizer.eos_token_id),
+        ("pad_token_id", lm.tokenizer.pad_token_id),
+    ):
         hf[key] = tid
     (d / "config.json").write_text(json.dumps(hf, indent=2))
     shards = _split(tensors, max_shard_bytes)
@@ -104,7 +122,9 @@ def save_hf_dir(lm: LoadedModel, path: str | os.PathLike, *, max_shard_bytes: in
             save_file(shard, str(d / name), metadata={"format": "pt"})
             weight_map.update({t: name for t in shard})
         total = sum(a.nbytes for a in tensors.values())
-        (d / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+        (d / INDEX).write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+        )
     lm.tokenizer.save(d)
     return d
 

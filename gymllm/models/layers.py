@@ -67,20 +67,26 @@ def _mixed_matmul_bwd(w_transposed, f32_out, res, g):
 _mixed_matmul.defvjp(_mixed_matmul_fwd, _mixed_matmul_bwd)
 
 
-def dense(x: jax.Array, w: jax.Array, *, transposed: bool = False, f32_out: bool = False) -> jax.Array:
+def dense(
+    x: jax.Array, w: jax.Array, *, transposed: bool = False, f32_out: bool = False
+) -> jax.Array:
     """x [..., E] @ w [E, F] (``transposed``: w [F, E]) -> [..., F] in x's dtype (float32 if ``f32_out``).
     Float32 inputs take the plain path; low-precision inputs the f32-accumulating one (module doc)."""
     if _is_low_precision(x.dtype) and x.dtype == w.dtype:
         return _mixed_matmul(x, w, transposed, f32_out)
     if not transposed and not f32_out:
         return x @ w
-    out = jnp.einsum("...e,fe->...f" if transposed else "...e,ef->...f", x, w, preferred_element_type=jnp.float32)
+    out = jnp.einsum(
+        "...e,fe->...f" if transposed else "...e,ef->...f", x, w, preferred_element_type=jnp.float32
+    )
     return out if f32_out else out.astype(x.dtype)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict) -> np.ndarray:
     """RoPE inverse frequencies [D/2] (float32) with Hugging Face's ``linear`` / ``llama3`` scaling."""
-    inv = 1.0 / (np.float32(theta) ** (np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)))
+    inv = 1.0 / (
+        np.float32(theta) ** (np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim))
+    )
     kind = scaling.get("rope_type", "default")
     if kind == "linear":
         inv = inv / np.float32(scaling["factor"])
@@ -106,8 +112,17 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
     return x * cos + rotated * sin
 
 
-def decode_attention(q: jax.Array, keys: jax.Array, values: jax.Array, k_self: jax.Array, v_self: jax.Array,
-                     visible: jax.Array, *, scale: float, softcap: float = 0.0) -> jax.Array:
+def decode_attention(
+    q: jax.Array,
+    keys: jax.Array,
+    values: jax.Array,
+    k_self: jax.Array,
+    v_self: jax.Array,
+    visible: jax.Array,
+    *,
+    scale: float,
+    softcap: float = 0.0,
+) -> jax.Array:
     """One query token per row over its cached keys plus itself (one joint softmax).
 
     q [W, H, D]; keys/values [W, S, K, D] (cached slots; any float dtype); k_self/v_self [W, K, D] (the
@@ -122,11 +137,17 @@ def decode_attention(q: jax.Array, keys: jax.Array, values: jax.Array, k_self: j
     qg = q.reshape(w, kh, h // kh, d)  # [W, K, G, D]
     dots = _is_low_precision(q.dtype) or (d >= 32 and w >= 8)  # batched dots, else elementwise
     if dots:
-        scores = jnp.einsum("wkgd,wskd->wkgs", qg, keys.astype(q.dtype), preferred_element_type=jnp.float32)
-        own = jnp.einsum("wkgd,wkd->wkg", qg, k_self.astype(q.dtype), preferred_element_type=jnp.float32)
+        scores = jnp.einsum(
+            "wkgd,wskd->wkgs", qg, keys.astype(q.dtype), preferred_element_type=jnp.float32
+        )
+        own = jnp.einsum(
+            "wkgd,wkd->wkg", qg, k_self.astype(q.dtype), preferred_element_type=jnp.float32
+        )
     else:
         qf = qg.astype(jnp.float32)
-        scores = (qf[:, :, :, None] * jnp.swapaxes(keys, 1, 2).astype(jnp.float32)[:, :, None]).sum(-1)  # [W,K,G,S]
+        scores = (qf[:, :, :, None] * jnp.swapaxes(keys, 1, 2).astype(jnp.float32)[:, :, None]).sum(
+            -1
+        )  # [W,K,G,S]
         own = (qf * k_self.astype(jnp.float32)[:, :, None]).sum(-1)  # [W, K, G]
     scores, own = scores * scale, own * scale
     if softcap:
@@ -137,15 +158,23 @@ def decode_attention(q: jax.Array, keys: jax.Array, values: jax.Array, k_self: j
     total = probs.sum(-1) + p_own  # [W, K, G]
     probs, p_own = probs / total[..., None], p_own / total
     if dots:
-        out = jnp.einsum("wkgs,wskd->wkgd", probs.astype(q.dtype), values.astype(q.dtype),
-                         preferred_element_type=jnp.float32)
+        out = jnp.einsum(
+            "wkgs,wskd->wkgd",
+            probs.astype(q.dtype),
+            values.astype(q.dtype),
+            preferred_element_type=jnp.float32,
+        )
     else:
-        out = (probs[..., None] * jnp.swapaxes(values, 1, 2).astype(jnp.float32)[:, :, None]).sum(-2)  # [W,K,G,D]
+        out = (probs[..., None] * jnp.swapaxes(values, 1, 2).astype(jnp.float32)[:, :, None]).sum(
+            -2
+        )  # [W,K,G,D]
     out = out + p_own[..., None] * v_self.astype(jnp.float32)[:, :, None]
     return out.astype(q.dtype).reshape(w, h * d)
 
 
-def causal_mask(positions: jax.Array, segment_ids: jax.Array | None, window: jax.Array) -> jax.Array:
+def causal_mask(
+    positions: jax.Array, segment_ids: jax.Array | None, window: jax.Array
+) -> jax.Array:
     """Full-forward mask [B, T, T]: key index <= query index, same segment, inside the window."""
     t = positions.shape[1]
     idx = jnp.arange(t)
@@ -163,7 +192,9 @@ def cache_mask(positions: jax.Array, cache_len: int, window: jax.Array) -> jax.A
     return (idx <= pos) & (pos - idx < window)
 
 
-def gated_mlp(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array, activation: str) -> jax.Array:
+def gated_mlp(
+    x: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array, activation: str
+) -> jax.Array:
     """act(x @ w_gate) * (x @ w_up) @ w_down. x [B, T, E], w_gate/w_up [E, F], w_down [F, E]."""
     gate = dense(x, w_gate)  # [B, T, F]
     act = jax.nn.silu(gate) if activation == "silu" else jax.nn.gelu(gate, approximate=True)

@@ -10,7 +10,9 @@ import jax
 import jax.numpy as jnp
 
 
-def token_logprobs(logits: jax.Array, targets: jax.Array, temperature: float | jax.Array = 1.0) -> jax.Array:
+def token_logprobs(
+    logits: jax.Array, targets: jax.Array, temperature: float | jax.Array = 1.0
+) -> jax.Array:
     """log softmax(logits / temperature) gathered at ``targets``.
 
     logits [B, T, V] (any float dtype), targets [B, T] int -> [B, T] float32.

@@ -41,8 +41,14 @@ class LoRAConfig:
         check_range("LoRAConfig", "alpha", self.alpha, lo=0.0, lo_open=True)
         bad = [t for t in self.targets if t not in PROJECTIONS]
         if bad or (self.rank and not self.targets):
-            raise ConfigError(explain("LoRAConfig.targets", expected=f"a non-empty subset of {list(PROJECTIONS)}",
-                                      received=self.targets, fix="e.g. targets=('wq', 'wv')"))
+            raise ConfigError(
+                explain(
+                    "LoRAConfig.targets",
+                    expected=f"a non-empty subset of {list(PROJECTIONS)}",
+                    received=self.targets,
+                    fix="e.g. targets=('wq', 'wv')",
+                )
+            )
 
     @property
     def enabled(self) -> bool:
@@ -76,7 +82,8 @@ jax.tree_util.register_pytree_with_keys(
     MergedWeights,
     lambda m: ([(jax.tree_util.DictKey(k), m[k]) for k in sorted(m)], tuple(sorted(m))),
     lambda keys, values: dict(zip(keys, values)),
-    flatten_func=lambda m: ([m[k] for k in sorted(m)], tuple(sorted(m))))
+    flatten_func=lambda m: ([m[k] for k in sorted(m)], tuple(sorted(m))),
+)
 
 
 def adapter_keys(cfg: LoRAConfig) -> list[str]:
@@ -89,7 +96,9 @@ def merged_delta(cfg: LoRAConfig, a: jax.Array, b: jax.Array) -> jax.Array:
     return (cfg.alpha / cfg.rank) * jnp.einsum("lir,lro->lio", a, b)
 
 
-def merge(cfg: LoRAConfig, base: dict[str, jax.Array], adapters: dict[str, jax.Array]) -> MergedWeights:
+def merge(
+    cfg: LoRAConfig, base: dict[str, jax.Array], adapters: dict[str, jax.Array]
+) -> MergedWeights:
     """Effective weights ``W + (alpha / r) A @ B`` on the targets; other weights are the base's."""
     out = MergedWeights(base)
     for t in cfg.targets:

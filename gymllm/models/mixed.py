@@ -29,8 +29,19 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from gymllm.models.blocks import (adapter_mix, embed_tokens, final_logits, global_params, layer_rest, layer_weights,
-                                  layer_unroll, layer_xs, pack_like, qkv, unpack)
+from gymllm.models.blocks import (
+    adapter_mix,
+    embed_tokens,
+    final_logits,
+    global_params,
+    layer_rest,
+    layer_weights,
+    layer_unroll,
+    layer_xs,
+    pack_like,
+    qkv,
+    unpack,
+)
 from gymllm.models.cache import KVCache
 from gymllm.models.config import ModelConfig
 from gymllm.models.decode import write_new_kv
@@ -38,11 +49,21 @@ from gymllm.models.layers import decode_attention
 from gymllm.models.prefill import chunk_attention, write_chunk_kv
 
 
-def mixed_forward(cfg: ModelConfig, params: dict[str, jax.Array], dec_tokens: jax.Array, dec_positions: jax.Array,
-                  pre_tokens: jax.Array, pre_positions: jax.Array, pre_rows: jax.Array, pre_last: jax.Array,
-                  cache: KVCache, length: int | None = None, *, compute_dtype: Any = None,
-                  adapter: jax.Array | None = None
-                  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]:
+def mixed_forward(
+    cfg: ModelConfig,
+    params: dict[str, jax.Array],
+    dec_tokens: jax.Array,
+    dec_positions: jax.Array,
+    pre_tokens: jax.Array,
+    pre_positions: jax.Array,
+    pre_rows: jax.Array,
+    pre_last: jax.Array,
+    cache: KVCache,
+    length: int | None = None,
+    *,
+    compute_dtype: Any = None,
+    adapter: jax.Array | None = None,
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]:
     """Logits [W + P, V] float32 (decode rows, then each chunk at its ``pre_last`` index), the decode rows'
     new (k, v) [L, W, K, D] and the chunks' new (k, v) [L, P, T, K, D] (cache dtype).
 
@@ -59,33 +80,67 @@ def mixed_forward(cfg: ModelConfig, params: dict[str, jax.Array], dec_tokens: ja
     h, d = cfg.num_heads, cfg.resolved_head_dim
     params = global_params(params, compute_dtype)
     positions = jnp.concatenate([dec_positions, pre_positions.reshape(-1)])[None]  # [1, N]
-    x = embed_tokens(cfg, params, jnp.concatenate([dec_tokens, pre_tokens.reshape(-1)]))[None]  # [1, N, E]
+    x = embed_tokens(cfg, params, jnp.concatenate([dec_tokens, pre_tokens.reshape(-1)]))[
+        None
+    ]  # [1, N, E]
     dpos = dec_positions[:, None]  # [W, 1]
     idx = jnp.arange(length)[None]  # [1, S]
 
     def layer(x, xs):
         lw, inv_l, win_l, i = xs
         lw = layer_weights(lw, compute_dtype)
-        q, kk, vv = (a[0] for a in qkv(cfg, lw, x, positions, inv_l, mix))  # [N, H, D], [N, K, D] x2
+        q, kk, vv = (
+            a[0] for a in qkv(cfg, lw, x, positions, inv_l, mix)
+        )  # [N, H, D], [N, K, D] x2
         visible = (idx < dpos) & (dpos - idx < win_l)  # [W, S]
-        keys = jax.lax.dynamic_index_in_dim(cache.k, i, 0, keepdims=False)[:w, :length]  # [W, S, K, D]
+        keys = jax.lax.dynamic_index_in_dim(cache.k, i, 0, keepdims=False)[
+            :w, :length
+        ]  # [W, S, K, D]
         values = jax.lax.dynamic_index_in_dim(cache.v, i, 0, keepdims=False)[:w, :length]
-        attn_d = decode_attention(q[:w], unpack(keys), unpack(values), kk[:w], vv[:w], visible,
-                                  scale=cfg.attn_scale, softcap=cfg.attn_logit_softcap)  # [W, H*D]
+        attn_d = decode_attention(
+            q[:w],
+            unpack(keys),
+            unpack(values),
+            kk[:w],
+            vv[:w],
+            visible,
+            scale=cfg.attn_scale,
+            softcap=cfg.attn_logit_softcap,
+        )  # [W, H*D]
         qp, kp, vp = (a[w:].reshape(p, t, *a.shape[1:]) for a in (q, kk, vv))  # [P, T, H|K, D]
-        kp, vp = pack_like(kp, cache.k), pack_like(vp, cache.v)  # as stored (and read back by later steps)
-        attn_p = chunk_attention(cfg, qp, kp, vp, pre_positions, pre_rows, cache, i, length, win_l)  # [P, T, H*D]
-        attn = jnp.concatenate([attn_d.astype(attn_p.dtype), attn_p.reshape(p * t, h * d)])[None]  # [1, N, H*D]
-        return layer_rest(cfg, lw, x, attn, mix), (pack_like(kk[:w], cache.k), pack_like(vv[:w], cache.v), kp, vp)
+        kp, vp = (
+            pack_like(kp, cache.k),
+            pack_like(vp, cache.v),
+        )  # as stored (and read back by later steps)
+        attn_p = chunk_attention(
+            cfg, qp, kp, vp, pre_positions, pre_rows, cache, i, length, win_l
+        )  # [P, T, H*D]
+        attn = jnp.concatenate([attn_d.astype(attn_p.dtype), attn_p.reshape(p * t, h * d)])[
+            None
+        ]  # [1, N, H*D]
+        return layer_rest(cfg, lw, x, attn, mix), (
+            pack_like(kk[:w], cache.k),
+            pack_like(vv[:w], cache.v),
+            kp,
+            vp,
+        )
 
     x, (kd, vd, kp, vp) = jax.lax.scan(layer, x, layer_xs(cfg, params), unroll=layer_unroll(cfg))
-    x_last = jnp.take_along_axis(x[0, w:].reshape(p, t, -1), pre_last[:, None, None], axis=1)[:, 0]  # [P, E]
+    x_last = jnp.take_along_axis(x[0, w:].reshape(p, t, -1), pre_last[:, None, None], axis=1)[
+        :, 0
+    ]  # [P, E]
     return final_logits(cfg, params, jnp.concatenate([x[0, :w], x_last])), (kd, vd), (kp, vp)
 
 
-def write_mixed_kv(cache: KVCache, dec_kv: tuple[jax.Array, jax.Array], dec_positions: jax.Array,
-                   pre_kv: tuple[jax.Array, jax.Array], pre_positions: jax.Array, pre_rows: jax.Array,
-                   pre_last: jax.Array) -> KVCache:
+def write_mixed_kv(
+    cache: KVCache,
+    dec_kv: tuple[jax.Array, jax.Array],
+    dec_positions: jax.Array,
+    pre_kv: tuple[jax.Array, jax.Array],
+    pre_positions: jax.Array,
+    pre_rows: jax.Array,
+    pre_last: jax.Array,
+) -> KVCache:
     """Scatter both parts' new k/v into the (donated) cache: decode row w at slot ``dec_positions[w]`` of
     row w (:func:`~gymllm.models.decode.write_new_kv`), then chunk p's real tokens (index <=
     ``pre_last[p]``) at their positions in row ``pre_rows[p]`` (:func:`~gymllm.models.prefill.write_chunk_kv`;
@@ -94,17 +149,42 @@ def write_mixed_kv(cache: KVCache, dec_kv: tuple[jax.Array, jax.Array], dec_posi
     return write_chunk_kv(cache, *pre_kv, pre_rows, pre_positions, pre_last + 1)
 
 
-def mixed_and_write(cfg: ModelConfig, params: dict[str, jax.Array], dec_tokens: jax.Array, dec_positions: jax.Array,
-                    pre_tokens: jax.Array, pre_positions: jax.Array, pre_rows: jax.Array, pre_last: jax.Array,
-                    cache: KVCache, length: int | None = None, *, compute_dtype: Any = None,
-                    adapter: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
+def mixed_and_write(
+    cfg: ModelConfig,
+    params: dict[str, jax.Array],
+    dec_tokens: jax.Array,
+    dec_positions: jax.Array,
+    pre_tokens: jax.Array,
+    pre_positions: jax.Array,
+    pre_rows: jax.Array,
+    pre_last: jax.Array,
+    cache: KVCache,
+    length: int | None = None,
+    *,
+    compute_dtype: Any = None,
+    adapter: jax.Array | None = None,
+) -> tuple[jax.Array, KVCache]:
     """:func:`mixed_forward` then :func:`write_mixed_kv`: (logits [W + P, V], the updated cache)."""
-    logits, dec_kv, pre_kv = mixed_forward(cfg, params, dec_tokens, dec_positions, pre_tokens, pre_positions,
-                                           pre_rows, pre_last, cache, length, compute_dtype=compute_dtype,
-                                           adapter=adapter)
-    return logits, write_mixed_kv(cache, dec_kv, dec_positions, pre_kv, pre_positions, pre_rows, pre_last)
+    logits, dec_kv, pre_kv = mixed_forward(
+        cfg,
+        params,
+        dec_tokens,
+        dec_positions,
+        pre_tokens,
+        pre_positions,
+        pre_rows,
+        pre_last,
+        cache,
+        length,
+        compute_dtype=compute_dtype,
+        adapter=adapter,
+    )
+    return logits, write_mixed_kv(
+        cache, dec_kv, dec_positions, pre_kv, pre_positions, pre_rows, pre_last
+    )
 
 
-mixed_step = functools.partial(jax.jit, static_argnums=(0, 9), static_argnames=("compute_dtype",),
-                               donate_argnums=(8,))(mixed_and_write)
+mixed_step = functools.partial(
+    jax.jit, static_argnums=(0, 9), static_argnames=("compute_dtype",), donate_argnums=(8,)
+)(mixed_and_write)
 mixed_step.__doc__ = """:func:`mixed_and_write`, jitted, the cache donated."""

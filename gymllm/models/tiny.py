@@ -33,7 +33,7 @@ _CORPUS = [
     "The answer is 42. Let me check: 6 * 7 = 42, so the result is correct.",
     "def add(a, b):\n    return a + b\n\nprint(add(2, 3))\n",
     "for i in range(10):\n    if i % 2 == 0:\n        print(i)\n",
-    "import json\n\ndata = json.loads('{\"name\": \"calculator\", \"arguments\": {\"x\": 1}}')\n",
+    'import json\n\ndata = json.loads(\'{"name": "calculator", "arguments": {"x": 1}}\')\n',
     '{"name": "calculator", "arguments": {"expression": "2 + 2"}}',
     "Tool result: 4. The user asked for the sum, so the final answer is 4.",
     "Guess the number between 1 and 100. Too high! Too low! Correct, you win.",
@@ -49,13 +49,19 @@ def _tiny_tokenizer_json(vocab_size: int) -> str:
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(TOOL_TOKENS), special_tokens=list(SPECIAL_TOKENS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - len(TOOL_TOKENS),
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(_CORPUS * 4, trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
     return tok.to_str()
@@ -66,32 +72,75 @@ def tiny_tokenizer(vocab_size: int = 512) -> TokenizerBundle:
     from tokenizers import Tokenizer
 
     if vocab_size < 256 + len(SPECIAL_TOKENS) + len(TOOL_TOKENS):
-        raise ConfigError(explain("make_tiny vocab_size", expected=">= 263 (256 bytes + 7 special tokens)",
-                                  received=vocab_size, fix="use vocab_size >= 263, e.g. 512"))
+        raise ConfigError(
+            explain(
+                "make_tiny vocab_size",
+                expected=">= 263 (256 bytes + 7 special tokens)",
+                received=vocab_size,
+                fix="use vocab_size >= 263, e.g. 512",
+            )
+        )
     tok = Tokenizer.from_str(_tiny_tokenizer_json(vocab_size))
-    return TokenizerBundle(tokenizer=tok, chat_template=CHATML_TOOLS_TEMPLATE, bos_token=None,
-                           eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    return TokenizerBundle(
+        tokenizer=tok,
+        chat_template=CHATML_TOOLS_TEMPLATE,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+    )
 
 
-def tiny_config(family: str = "llama", *, vocab_size: int = 512, hidden_size: int = 64,
-                intermediate_size: int = 128, num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2,
-                head_dim: int = 0, **overrides: Any) -> ModelConfig:
+def tiny_config(
+    family: str = "llama",
+    *,
+    vocab_size: int = 512,
+    hidden_size: int = 64,
+    intermediate_size: int = 128,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    head_dim: int = 0,
+    **overrides: Any,
+) -> ModelConfig:
     """A tiny config of ``family``; Gemma 3 alternates sliding (window 8) and global layers."""
     if family not in FAMILIES:
-        raise ConfigError(explain("make_tiny family", expected=f"one of {FAMILIES}", received=family,
-                                  fix="pick a supported family"))
-    sizes: dict[str, Any] = dict(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
-                                 num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                                 head_dim=head_dim, max_position_embeddings=2048)
+        raise ConfigError(
+            explain(
+                "make_tiny family",
+                expected=f"one of {FAMILIES}",
+                received=family,
+                fix="pick a supported family",
+            )
+        )
+    sizes: dict[str, Any] = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=2048,
+    )
     if family == "gemma3":
-        sizes.update(sliding_window=8, layer_types=gemma3_layer_types(num_layers, 2),
-                     query_pre_attn_scalar=float(head_dim or hidden_size // num_heads))
+        sizes.update(
+            sliding_window=8,
+            layer_types=gemma3_layer_types(num_layers, 2),
+            query_pre_attn_scalar=float(head_dim or hidden_size // num_heads),
+        )
     sizes.update(overrides)
     return ModelConfig.for_family(family, **sizes)
 
 
-def make_tiny(family: str = "llama", *, seed: int = 0, dtype=jnp.float32, vocab_size: int = 512,
-              std: float = 0.08, **sizes: Any) -> LoadedModel:
+def make_tiny(
+    family: str = "llama",
+    *,
+    seed: int = 0,
+    dtype=jnp.float32,
+    vocab_size: int = 512,
+    std: float = 0.08,
+    **sizes: Any,
+) -> LoadedModel:
     """A random tiny model of ``family`` with the tiny tokenizer and ChatML-with-tools template.
 
     ``sizes`` override :func:`tiny_config` fields (hidden_size, num_layers, ... or any config field).
@@ -99,4 +148,6 @@ def make_tiny(family: str = "llama", *, seed: int = 0, dtype=jnp.float32, vocab_
     cfg = tiny_config(family, vocab_size=vocab_size, **sizes)
     tok = tiny_tokenizer(vocab_size)
     params = init_params(cfg, seed, dtype, std=std, norm_noise=0.1)
-    return LoadedModel(model=Transformer(cfg, params=params), tokenizer=tok, config=cfg, source=f"tiny:{family}")
+    return LoadedModel(
+        model=Transformer(cfg, params=params), tokenizer=tok, config=cfg, source=f"tiny:{family}"
+    )

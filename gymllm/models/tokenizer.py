@@ -22,9 +22,20 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from gymllm.errors import ModelLoadError, explain
-from gymllm.models.chat_templates import render_chat_template, template_supports_tools, tools_system_prompt
+from gymllm.models.chat_templates import (
+    render_chat_template,
+    template_supports_tools,
+    tools_system_prompt,
+)
 
-_TURN_TERMINATORS = ("<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<|eot_id|>", "<|end|>", "<eos>")
+_TURN_TERMINATORS = (
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<end_of_turn>",
+    "<|eot_id|>",
+    "<|end|>",
+    "<eos>",
+)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -43,8 +54,14 @@ class TokenizerBundle:
         for field in ("bos_token", "eos_token", "pad_token"):
             tok = getattr(self, field)
             if tok is not None and self.tokenizer.token_to_id(tok) is None:
-                raise ModelLoadError(explain(f"TokenizerBundle.{field}", expected="a token in the vocabulary",
-                                             received=tok, fix="name a token the tokenizer knows, or None"))
+                raise ModelLoadError(
+                    explain(
+                        f"TokenizerBundle.{field}",
+                        expected="a token in the vocabulary",
+                        received=tok,
+                        fix="name a token the tokenizer knows, or None",
+                    )
+                )
 
     # ----- ids -----
     def token_to_id(self, token: str) -> int | None:
@@ -86,38 +103,66 @@ class TokenizerBundle:
     # ----- text -----
     def encode(self, text: str) -> list[int]:
         if not isinstance(text, str):
-            raise TypeError(explain("TokenizerBundle.encode", expected="str", received=type(text).__name__,
-                                    fix="pass text; for chats use apply_chat_template"))
+            raise TypeError(
+                explain(
+                    "TokenizerBundle.encode",
+                    expected="str",
+                    received=type(text).__name__,
+                    fix="pass text; for chats use apply_chat_template",
+                )
+            )
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
     # ----- chat -----
-    def apply_chat_template(self, messages: Sequence[dict], tools: Sequence[dict] | None = None,
-                            add_generation_prompt: bool = False, tokenize: bool = False,
-                            **context: Any) -> str | list[int]:
+    def apply_chat_template(
+        self,
+        messages: Sequence[dict],
+        tools: Sequence[dict] | None = None,
+        add_generation_prompt: bool = False,
+        tokenize: bool = False,
+        **context: Any,
+    ) -> str | list[int]:
         """Render (and optionally tokenize) a conversation with the model's chat template."""
         if not self.chat_template:
-            raise ModelLoadError(explain("apply_chat_template", expected="a tokenizer with a chat template",
-                                         received=None, fix="load a chat (instruct) model or set chat_template"))
+            raise ModelLoadError(
+                explain(
+                    "apply_chat_template",
+                    expected="a tokenizer with a chat template",
+                    received=None,
+                    fix="load a chat (instruct) model or set chat_template",
+                )
+            )
         messages = [dict(m) for m in messages]
         if tools and not template_supports_tools(self.chat_template):
             messages = _with_tools_in_system(messages, tools)
             tools = None
-        text = render_chat_template(self.chat_template, messages, tools=tools,
-                                    add_generation_prompt=add_generation_prompt,
-                                    bos_token=self.bos_token or "", eos_token=self.eos_token or "", **context)
+        text = render_chat_template(
+            self.chat_template,
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
+            **context,
+        )
         return self.encode(text) if tokenize else text
 
     def is_prefix_preserving(self, roles: Sequence[str] = ("user", "tool")) -> bool:
         """Whether appending a message of each role to an assistant-ended chat only appends."""
-        base = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Add 2 and 3."},
-                {"role": "assistant", "content": "The sum is 5."}]
-        extra = {"user": {"role": "user", "content": "And 4 more?"},
-                 "tool": {"role": "tool", "content": "9", "name": "calculator"},
-                 "assistant": {"role": "assistant", "content": "Done."},
-                 "system": {"role": "system", "content": "Be brief."}}
+        base = [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Add 2 and 3."},
+            {"role": "assistant", "content": "The sum is 5."},
+        ]
+        extra = {
+            "user": {"role": "user", "content": "And 4 more?"},
+            "tool": {"role": "tool", "content": "9", "name": "calculator"},
+            "assistant": {"role": "assistant", "content": "Done."},
+            "system": {"role": "system", "content": "Be brief."},
+        }
         try:
             before = self.apply_chat_template(base)
             for role in roles:
@@ -137,10 +182,16 @@ class TokenizerBundle:
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         self.tokenizer.save(str(d / "tokenizer.json"))
-        cfg = {"bos_token": self.bos_token, "eos_token": self.eos_token, "pad_token": self.pad_token,
-               "chat_template": self.chat_template, "add_bos_token": self.add_bos_token,
-               "clean_up_tokenization_spaces": False,
-               "model_max_length": 131072, "tokenizer_class": "PreTrainedTokenizerFast"}
+        cfg = {
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+            "pad_token": self.pad_token,
+            "chat_template": self.chat_template,
+            "add_bos_token": self.add_bos_token,
+            "clean_up_tokenization_spaces": False,
+            "model_max_length": 131072,
+            "tokenizer_class": "PreTrainedTokenizerFast",
+        }
         (d / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2, ensure_ascii=False))
 
     @classmethod
@@ -150,27 +201,51 @@ class TokenizerBundle:
 
         d = Path(directory)
         if not (d / "tokenizer.json").exists():
-            raise ModelLoadError(explain("tokenizer", expected=f"{d / 'tokenizer.json'}", received="no such file",
-                                         fix="save the fast tokenizer (tokenizer.json) next to the weights"))
+            raise ModelLoadError(
+                explain(
+                    "tokenizer",
+                    expected=f"{d / 'tokenizer.json'}",
+                    received="no such file",
+                    fix="save the fast tokenizer (tokenizer.json) next to the weights",
+                )
+            )
         tok = Tokenizer.from_file(str(d / "tokenizer.json"))
-        cfg = json.loads((d / "tokenizer_config.json").read_text()) if (d / "tokenizer_config.json").exists() else {}
+        cfg = (
+            json.loads((d / "tokenizer_config.json").read_text())
+            if (d / "tokenizer_config.json").exists()
+            else {}
+        )
         template = cfg.get("chat_template")
         if template is None and (d / "chat_template.jinja").exists():
             template = (d / "chat_template.jinja").read_text()
         if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
-            template = next((t["template"] for t in template if t.get("name") == "default"), template[0]["template"])
+            template = next(
+                (t["template"] for t in template if t.get("name") == "default"),
+                template[0]["template"],
+            )
 
         def name(key: str) -> str | None:
             v = cfg.get(key)
             v = v.get("content") if isinstance(v, dict) else v
             return v if v is not None and tok.token_to_id(v) is not None else None
 
-        return cls(tokenizer=tok, chat_template=template, bos_token=name("bos_token"),
-                   eos_token=name("eos_token"), pad_token=name("pad_token"),
-                   add_bos_token=bool(cfg.get("add_bos_token", False)))
+        return cls(
+            tokenizer=tok,
+            chat_template=template,
+            bos_token=name("bos_token"),
+            eos_token=name("eos_token"),
+            pad_token=name("pad_token"),
+            add_bos_token=bool(cfg.get("add_bos_token", False)),
+        )
 
 
 def _with_tools_in_system(messages: list[dict], tools: Sequence[dict]) -> list[dict]:
     if messages and messages[0].get("role") == "system":
-        return [{"role": "system", "content": tools_system_prompt(tools, messages[0].get("content", ""))}, *messages[1:]]
+        return [
+            {
+                "role": "system",
+                "content": tools_system_prompt(tools, messages[0].get("content", "")),
+            },
+            *messages[1:],
+        ]
     return [{"role": "system", "content": tools_system_prompt(tools)}, *messages]

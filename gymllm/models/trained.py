@@ -42,8 +42,19 @@ from typing import Any, Mapping
 from gymllm.errors import ConfigError
 from gymllm.telemetry import span
 
-__all__ = ["checkpoint_dir", "restore_trained", "apply_trained", "run_config", "run_model_section", "is_run_dir",
-           "split_policy", "checkpoint_policies", "policy_refs", "holds_adapters", "POLICY_SEP"]
+__all__ = [
+    "checkpoint_dir",
+    "restore_trained",
+    "apply_trained",
+    "run_config",
+    "run_model_section",
+    "is_run_dir",
+    "split_policy",
+    "checkpoint_policies",
+    "policy_refs",
+    "holds_adapters",
+    "POLICY_SEP",
+]
 
 #: between a run directory and one of its policies: ``runs/ttt#a``
 POLICY_SEP = "#"
@@ -55,7 +66,12 @@ def split_policy(path: str | os.PathLike) -> tuple[str, str | None]:
     when what follows is a policy name and ``path`` does not exist as written (module docstring)."""
     text = os.fspath(path)
     head, sep, name = text.rpartition(POLICY_SEP)
-    if not sep or not head or not _POLICY_NAME.match(name) or os.path.exists(os.path.expanduser(text)):
+    if (
+        not sep
+        or not head
+        or not _POLICY_NAME.match(name)
+        or os.path.exists(os.path.expanduser(text))
+    ):
         return text, None
     return head, name
 
@@ -68,9 +84,11 @@ def checkpoint_dir(path: str | os.PathLike) -> pathlib.Path:
     for cand in (p / "checkpoints", p):
         if cand.is_dir() and any(c.name.isdigit() for c in cand.iterdir()):
             return cand
-    raise FileNotFoundError(f"checkpoint: expected a run directory written by `gymllm train` (with checkpoints/<step>/) "
-                            f"or its checkpoints directory, received {str(p)!r} (no numbered step directory there). "
-                            "Fix: pass --run-dir of a run that saved a checkpoint (it saves one at its end)")
+    raise FileNotFoundError(
+        f"checkpoint: expected a run directory written by `gymllm train` (with checkpoints/<step>/) "
+        f"or its checkpoints directory, received {str(p)!r} (no numbered step directory there). "
+        "Fix: pass --run-dir of a run that saved a checkpoint (it saves one at its end)"
+    )
 
 
 def run_config(path: str | os.PathLike) -> dict[str, Any]:
@@ -117,18 +135,28 @@ def checkpoint_policies(path: str | os.PathLike, *, step: int | None = None) -> 
     manager = ocp.CheckpointManager(directory)
     try:
         step = _latest(manager, directory, step)
-        if (directory / str(step) / "meta").exists():  # what a run saves: its bookkeeping names the policies
-            meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        if (
+            directory / str(step) / "meta"
+        ).exists():  # what a run saves: its bookkeeping names the policies
+            meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))[
+                "meta"
+            ]
             return list(meta.get("policies") or {})
     finally:
         manager.close()
-    manager = ocp.CheckpointManager(directory, item_handlers={"state": ocp.StandardCheckpointHandler()})
+    manager = ocp.CheckpointManager(
+        directory, item_handlers={"state": ocp.StandardCheckpointHandler()}
+    )
     try:
         tree = manager.item_metadata(step)["state"]
     finally:
         manager.close()
     tree = getattr(tree, "tree", tree)
-    return list(tree.get("policies") or {}) if isinstance(tree, Mapping) and "trainable" not in tree else []
+    return (
+        list(tree.get("policies") or {})
+        if isinstance(tree, Mapping) and "trainable" not in tree
+        else []
+    )
 
 
 def policy_refs(path: str | os.PathLike, *, step: int | None = None) -> list[str]:
@@ -144,30 +172,41 @@ def policy_refs(path: str | os.PathLike, *, step: int | None = None) -> list[str
     return [f"{text}{POLICY_SEP}{name}" for name in names] or [text]
 
 
-def _pick_policy(state: Mapping[str, Any], directory: pathlib.Path, path: str | os.PathLike,
-                 name: str | None) -> Mapping[str, Any]:
+def _pick_policy(
+    state: Mapping[str, Any], directory: pathlib.Path, path: str | os.PathLike, name: str | None
+) -> Mapping[str, Any]:
     """The ``trainable`` arrays of ``state`` for policy ``name`` (None: the one policy), else a
     ConfigError that says which references would load."""
     run = split_policy(path)[0]
-    if "policies" in state and "trainable" not in state:  # a --multiagent.policies run: one state per policy
+    if (
+        "policies" in state and "trainable" not in state
+    ):  # a --multiagent.policies run: one state per policy
         names = list(state["policies"])
         forms = ", ".join(f"{run}{POLICY_SEP}{n}" for n in names)
         if name is None:
-            raise ConfigError(f"checkpoint {directory}: expected one policy's weights (state/trainable), received a "
-                              f"run of several policies ({', '.join(sorted(names))}). Fix: name one of them: {forms} "
-                              f"(e.g. gymllm eval env ENV --model.checkpoint {run}{POLICY_SEP}{names[0]}, --multiagent.opponent "
-                              f"run:{run}{POLICY_SEP}{names[0]}); gymllm eval game GAME --model.checkpoint {run} rates them all")
+            raise ConfigError(
+                f"checkpoint {directory}: expected one policy's weights (state/trainable), received a "
+                f"run of several policies ({', '.join(sorted(names))}). Fix: name one of them: {forms} "
+                f"(e.g. gymllm eval env ENV --model.checkpoint {run}{POLICY_SEP}{names[0]}, --multiagent.opponent "
+                f"run:{run}{POLICY_SEP}{names[0]}); gymllm eval game GAME --model.checkpoint {run} rates them all"
+            )
         if name not in state["policies"]:
-            raise ConfigError(f"checkpoint {directory}: expected a policy it holds after '{POLICY_SEP}', received "
-                              f"{name!r}; it holds {', '.join(names)}. Fix: use one of {forms}")
+            raise ConfigError(
+                f"checkpoint {directory}: expected a policy it holds after '{POLICY_SEP}', received "
+                f"{name!r}; it holds {', '.join(names)}. Fix: use one of {forms}"
+            )
         return state["policies"][name]["trainable"]
     if name is not None:
-        raise ConfigError(f"checkpoint {directory}: expected no '{POLICY_SEP}{name}' (a policy name picks one policy of "
-                          f"a --multiagent.policies run), received a checkpoint of one policy. Fix: name it as {run}")
+        raise ConfigError(
+            f"checkpoint {directory}: expected no '{POLICY_SEP}{name}' (a policy name picks one policy of "
+            f"a --multiagent.policies run), received a checkpoint of one policy. Fix: name it as {run}"
+        )
     return state["trainable"]
 
 
-def restore_trained(path: str | os.PathLike, *, step: int | None = None) -> tuple[dict[str, Any], int]:
+def restore_trained(
+    path: str | os.PathLike, *, step: int | None = None
+) -> tuple[dict[str, Any], int]:
     """The trained arrays (``{"layers.wq": ...}``: full weights, or LoRA adapters) of the latest
     checkpoint under ``path`` (or of ``step``) and its step; the optimizer state is not loaded.
     ``path`` ``DIR#NAME`` picks policy ``NAME`` of a several-policy run (module docstring); a
@@ -206,7 +245,9 @@ def _lora_settings(path: str | os.PathLike, lora: Any) -> tuple[int, float, tupl
     return int(get("rank", 0) or 0), float(get("alpha", 16.0)), tuple(get("targets", ("wq", "wv")))
 
 
-def apply_trained(model: Any, path: str | os.PathLike, *, lora: Any = None, step: int | None = None) -> Any:
+def apply_trained(
+    model: Any, path: str | os.PathLike, *, lora: Any = None, step: int | None = None
+) -> Any:
     """A model of ``model``'s architecture with the trained weights of the checkpoint at ``path`` (a run
     directory or its checkpoints directory). ``lora`` (a ``LoRAConfig`` or a mapping with rank, alpha,
     targets; read from the run's ``config.json`` when None) merges adapter checkpoints onto ``model``'s
@@ -217,8 +258,10 @@ def apply_trained(model: Any, path: str | os.PathLike, *, lora: Any = None, step
 
     trained, step = restore_trained(path, step=step)
     rank, alpha, targets = _lora_settings(path, lora)
-    adapters = sorted(k[len("layers."):-len(".lora_a")] for k in trained if k.endswith(".lora_a"))
-    if lora is None and split_policy(path)[1] is not None:  # a policy's adapters: their own rank and targets
+    adapters = sorted(k[len("layers.") : -len(".lora_a")] for k in trained if k.endswith(".lora_a"))
+    if (
+        lora is None and split_policy(path)[1] is not None
+    ):  # a policy's adapters: their own rank and targets
         rank = int(trained[f"layers.{adapters[0]}.lora_a"].shape[-1]) if adapters else 0
         targets = tuple(adapters)
     base = model.flat_params()
@@ -229,12 +272,16 @@ def apply_trained(model: Any, path: str | os.PathLike, *, lora: Any = None, step
         flat = dict(merge(LoRAConfig(rank=rank, alpha=alpha, targets=targets), base, flat))
     missing, extra = sorted(set(base) - set(flat)), sorted(set(flat) - set(base))
     if missing or extra:
-        raise ValueError(f"checkpoint {str(path)!r} at step {step}: expected the weights of this model "
-                         f"({len(base)} arrays), received {len(flat)} (missing {missing[:3]}, unexpected {extra[:3]}). "
-                         "Fix: evaluate with the model the run trained (gymllm eval env ENV --model.checkpoint RUN reads it from "
-                         "RUN/config.json when --model is not given)")
+        raise ValueError(
+            f"checkpoint {str(path)!r} at step {step}: expected the weights of this model "
+            f"({len(base)} arrays), received {len(flat)} (missing {missing[:3]}, unexpected {extra[:3]}). "
+            "Fix: evaluate with the model the run trained (gymllm eval env ENV --model.checkpoint RUN reads it from "
+            "RUN/config.json when --model is not given)"
+        )
     for k, v in flat.items():
         if tuple(v.shape) != tuple(base[k].shape):
-            raise ValueError(f"checkpoint {str(path)!r}: expected {k} of shape {tuple(base[k].shape)}, received "
-                             f"{tuple(v.shape)}. Fix: evaluate with the model the run trained")
+            raise ValueError(
+                f"checkpoint {str(path)!r}: expected {k} of shape {tuple(base[k].shape)}, received "
+                f"{tuple(v.shape)}. Fix: evaluate with the model the run trained"
+            )
     return Transformer(model.config, params={k: v.astype(base[k].dtype) for k, v in flat.items()})

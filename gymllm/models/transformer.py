@@ -33,13 +33,30 @@ from flax import nnx
 
 from gymllm.models.cache import KVCache, init_cache
 from gymllm.models.config import ModelConfig
-from gymllm.models.blocks import (embed_tokens, final_logits, global_params, layer_rest, layer_weights,
-                                  layer_unroll, layer_xs, pack_like, qkv, unpack)
+from gymllm.models.blocks import (
+    embed_tokens,
+    final_logits,
+    global_params,
+    layer_rest,
+    layer_weights,
+    layer_unroll,
+    layer_xs,
+    pack_like,
+    qkv,
+    unpack,
+)
 from gymllm.models.attention import attention
 from gymllm.models.layers import cache_mask, causal_mask
 
-__all__ = ["Blocks", "Transformer", "forward", "hidden_states", "init_params", "lm_logits",
-           "param_shapes"]
+__all__ = [
+    "Blocks",
+    "Transformer",
+    "forward",
+    "hidden_states",
+    "init_params",
+    "lm_logits",
+    "param_shapes",
+]
 
 
 def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -50,8 +67,15 @@ def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     if not cfg.tie_word_embeddings:
         shapes["lm_head"] = (e, v)
     layer = {
-        "attn_norm": (e,), "wq": (e, h * d), "wk": (e, k * d), "wv": (e, k * d), "wo": (h * d, e),
-        "mlp_norm": (e,), "w_gate": (e, f), "w_up": (e, f), "w_down": (f, e),
+        "attn_norm": (e,),
+        "wq": (e, h * d),
+        "wk": (e, k * d),
+        "wv": (e, k * d),
+        "wo": (h * d, e),
+        "mlp_norm": (e,),
+        "w_gate": (e, f),
+        "w_up": (e, f),
+        "w_down": (f, e),
     }
     if cfg.attention_bias:
         layer.update(bq=(h * d,), bk=(k * d,), bv=(k * d,))
@@ -67,8 +91,14 @@ def _is_norm(name: str) -> bool:
     return name.endswith("norm")
 
 
-def init_params(cfg: ModelConfig, seed: int | jax.Array = 0, dtype=jnp.float32, *, std: float = 0.02,
-                norm_noise: float = 0.0) -> dict[str, jax.Array]:
+def init_params(
+    cfg: ModelConfig,
+    seed: int | jax.Array = 0,
+    dtype=jnp.float32,
+    *,
+    std: float = 0.02,
+    norm_noise: float = 0.0,
+) -> dict[str, jax.Array]:
     """Random parameters: normal(0, std) matrices, norms at identity (+ ``norm_noise``), biases zero
     (or normal(0, std) when ``norm_noise`` > 0). Drawn with a per-call NumPy generator (fast: no
     per-shape compilation); ``seed`` may be an int or a JAX key."""
@@ -102,8 +132,14 @@ class Transformer(nnx.Module):
     """A decoder-only LM. Build random with ``Transformer(cfg, rngs=nnx.Rngs(0))`` or from weights
     with :meth:`from_params`."""
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs | None = None, dtype=jnp.float32,
-                 params: dict[str, jax.Array] | None = None):
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        rngs: nnx.Rngs | None = None,
+        dtype=jnp.float32,
+        params: dict[str, jax.Array] | None = None,
+    ):
         self.config = config
         if params is None:
             key = rngs.params() if rngs is not None else jax.random.key(0)
@@ -112,7 +148,9 @@ class Transformer(nnx.Module):
         self.embed = nnx.Param(params["embed"])
         self.final_norm = nnx.Param(params["final_norm"])
         self.lm_head = nnx.Param(params["lm_head"]) if "lm_head" in params else None
-        self.layers = Blocks({n.split(".", 1)[1]: v for n, v in params.items() if n.startswith("layers.")})
+        self.layers = Blocks(
+            {n.split(".", 1)[1]: v for n, v in params.items() if n.startswith("layers.")}
+        )
 
     @classmethod
     def from_params(cls, config: ModelConfig, params: dict[str, Any], dtype=None) -> "Transformer":
@@ -140,18 +178,31 @@ class Transformer(nnx.Module):
         cfg = self.config
         if dtype is None:
             dtype = jnp.float32 if jax.default_backend() == "cpu" else self.dtype
-        return init_cache(cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.resolved_head_dim, dtype)
+        return init_cache(
+            cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.resolved_head_dim, dtype
+        )
 
     # ----- forward -----
-    def __call__(self, tokens: jax.Array, positions: jax.Array, *, segment_ids: jax.Array | None = None,
-                 cache: KVCache | None = None, logits_at: jax.Array | None = None
-                 ) -> tuple[jax.Array, KVCache | None]:
+    def __call__(
+        self,
+        tokens: jax.Array,
+        positions: jax.Array,
+        *,
+        segment_ids: jax.Array | None = None,
+        cache: KVCache | None = None,
+        logits_at: jax.Array | None = None,
+    ) -> tuple[jax.Array, KVCache | None]:
         """Logits [B, T, V] float32 (or [B, 1, V] at index ``logits_at`` [B] of each row: a
         prefill that needs only the last token's logits skips the other T - 1 vocab projections)."""
-        return forward(self.config, self.flat_params(), jnp.asarray(tokens, jnp.int32),
-                       jnp.asarray(positions, jnp.int32),
-                       None if segment_ids is None else jnp.asarray(segment_ids, jnp.int32), cache,
-                       None if logits_at is None else jnp.asarray(logits_at, jnp.int32))
+        return forward(
+            self.config,
+            self.flat_params(),
+            jnp.asarray(tokens, jnp.int32),
+            jnp.asarray(positions, jnp.int32),
+            None if segment_ids is None else jnp.asarray(segment_ids, jnp.int32),
+            cache,
+            None if logits_at is None else jnp.asarray(logits_at, jnp.int32),
+        )
 
 
 def _check_params(cfg: ModelConfig, params: dict[str, Any]) -> None:
@@ -161,16 +212,33 @@ def _check_params(cfg: ModelConfig, params: dict[str, Any]) -> None:
     missing, unexpected = sorted(set(want) - set(params)), sorted(set(params) - set(want))
     wrong = sorted(n for n in set(want) & set(params) if tuple(params[n].shape) != want[n])
     if missing or unexpected or wrong:
-        got = {"missing": missing, "unexpected": unexpected,
-               "wrong_shape": {n: (tuple(params[n].shape), want[n]) for n in wrong}}
-        raise ModelLoadError(explain("Transformer parameters", expected="exactly the tensors of param_shapes(config)",
-                                     received=got, fix="check the checkpoint matches the config (family, sizes)"))
+        got = {
+            "missing": missing,
+            "unexpected": unexpected,
+            "wrong_shape": {n: (tuple(params[n].shape), want[n]) for n in wrong},
+        }
+        raise ModelLoadError(
+            explain(
+                "Transformer parameters",
+                expected="exactly the tensors of param_shapes(config)",
+                received=got,
+                fix="check the checkpoint matches the config (family, sizes)",
+            )
+        )
 
 
 @functools.partial(jax.jit, static_argnums=0, static_argnames=("compute_dtype",))
-def forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, positions: jax.Array,
-            segment_ids: jax.Array | None = None, cache: KVCache | None = None,
-            logits_at: jax.Array | None = None, *, compute_dtype: Any = None) -> tuple[jax.Array, KVCache | None]:
+def forward(
+    cfg: ModelConfig,
+    params: dict[str, jax.Array],
+    tokens: jax.Array,
+    positions: jax.Array,
+    segment_ids: jax.Array | None = None,
+    cache: KVCache | None = None,
+    logits_at: jax.Array | None = None,
+    *,
+    compute_dtype: Any = None,
+) -> tuple[jax.Array, KVCache | None]:
     """Pure forward over flat params (see the module docstring for the masking contract).
     ``logits_at`` [B] int32: return only the logits at that index of each row ([B, 1, V]).
     ``compute_dtype`` (e.g. ``"bfloat16"``): cast the weights to it (mixed precision: float32
@@ -192,26 +260,48 @@ def forward(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, p
 
 
 @functools.partial(jax.jit, static_argnums=0, static_argnames=("compute_dtype",))
-def hidden_states(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, positions: jax.Array,
-                  segment_ids: jax.Array | None = None, *, compute_dtype: Any = None) -> jax.Array:
+def hidden_states(
+    cfg: ModelConfig,
+    params: dict[str, jax.Array],
+    tokens: jax.Array,
+    positions: jax.Array,
+    segment_ids: jax.Array | None = None,
+    *,
+    compute_dtype: Any = None,
+) -> jax.Array:
     """The last layer's output [B, T, E] (before the final norm), masked as :func:`forward` without a
     cache: ``forward(...)[0] == lm_logits(cfg, params, hidden_states(...))``. With :func:`lm_logits` it
     lets a caller run the vocab projection (and its log-softmax) only on the positions it needs, e.g.
     the learner on the positions that carry a loss (``LearnerConfig.loss_positions_only``)."""
-    return _trunk(cfg, global_params(params, compute_dtype), tokens, positions, segment_ids, None, compute_dtype)[0]
+    return _trunk(
+        cfg,
+        global_params(params, compute_dtype),
+        tokens,
+        positions,
+        segment_ids,
+        None,
+        compute_dtype,
+    )[0]
 
 
-def lm_logits(cfg: ModelConfig, params: dict[str, jax.Array], x: jax.Array, *, compute_dtype: Any = None
-              ) -> jax.Array:
+def lm_logits(
+    cfg: ModelConfig, params: dict[str, jax.Array], x: jax.Array, *, compute_dtype: Any = None
+) -> jax.Array:
     """Final norm + vocab projection (+ final softcap) of hidden states ``x`` [..., E] from
     :func:`hidden_states`: float32 logits [..., V], as :func:`forward` computes them."""
     head = {n: params[n] for n in ("embed", "final_norm", "lm_head") if n in params}
     return final_logits(cfg, global_params(head, compute_dtype), x)
 
 
-def _trunk(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, positions: jax.Array,
-           segment_ids: jax.Array | None, cache: KVCache | None, compute_dtype: Any
-           ) -> tuple[jax.Array, KVCache | None]:
+def _trunk(
+    cfg: ModelConfig,
+    params: dict[str, jax.Array],
+    tokens: jax.Array,
+    positions: jax.Array,
+    segment_ids: jax.Array | None,
+    cache: KVCache | None,
+    compute_dtype: Any,
+) -> tuple[jax.Array, KVCache | None]:
     """Embedding and every layer (params already through ``global_params``): hidden [B, T, E], cache."""
     b = tokens.shape[0]
     x = embed_tokens(cfg, params, tokens)  # [B, T, E]
@@ -228,11 +318,18 @@ def _trunk(cfg: ModelConfig, params: dict[str, jax.Array], tokens: jax.Array, po
         else:
             kc = kc.at[i, rows, positions].set(pack_like(kk, kc), mode="drop")  # [L, B, S, K, D]
             vc = vc.at[i, rows, positions].set(pack_like(vv, vc), mode="drop")
-            keys, values = unpack(kc[i]).astype(q.dtype), unpack(vc[i]).astype(q.dtype)  # [B, S, K, D]
+            keys, values = (
+                unpack(kc[i]).astype(q.dtype),
+                unpack(vc[i]).astype(q.dtype),
+            )  # [B, S, K, D]
             mask = cache_mask(positions, kc.shape[2], win_l)  # [B, T, S]
-        attn = attention(q, keys, values, mask, scale=cfg.attn_scale, softcap=cfg.attn_logit_softcap)
+        attn = attention(
+            q, keys, values, mask, scale=cfg.attn_scale, softcap=cfg.attn_logit_softcap
+        )
         return (layer_rest(cfg, lw, x, attn), kc, vc), None
 
     kc, vc = (None, None) if cache is None else (cache.k, cache.v)
-    (x, kc, vc), _ = jax.lax.scan(layer, (x, kc, vc), layer_xs(cfg, params), unroll=layer_unroll(cfg))
+    (x, kc, vc), _ = jax.lax.scan(
+        layer, (x, kc, vc), layer_xs(cfg, params), unroll=layer_unroll(cfg)
+    )
     return x, (None if cache is None else KVCache(kc, vc))

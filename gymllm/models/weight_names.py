@@ -20,7 +20,12 @@ _GLOBAL: list[Row] = [
 ]
 
 _ATTN: list[Row] = [
-    ("layers.attn_norm", "model.layers.{i}.input_layernorm.weight", "blk.{i}.attn_norm.weight", False),
+    (
+        "layers.attn_norm",
+        "model.layers.{i}.input_layernorm.weight",
+        "blk.{i}.attn_norm.weight",
+        False,
+    ),
     ("layers.wq", "model.layers.{i}.self_attn.q_proj.weight", "blk.{i}.attn_q.weight", True),
     ("layers.wk", "model.layers.{i}.self_attn.k_proj.weight", "blk.{i}.attn_k.weight", True),
     ("layers.wv", "model.layers.{i}.self_attn.v_proj.weight", "blk.{i}.attn_v.weight", True),
@@ -40,21 +45,62 @@ _BIAS: list[Row] = [
 ]
 
 _QK_NORM: list[Row] = [
-    ("layers.q_norm", "model.layers.{i}.self_attn.q_norm.weight", "blk.{i}.attn_q_norm.weight", False),
-    ("layers.k_norm", "model.layers.{i}.self_attn.k_norm.weight", "blk.{i}.attn_k_norm.weight", False),
+    (
+        "layers.q_norm",
+        "model.layers.{i}.self_attn.q_norm.weight",
+        "blk.{i}.attn_q_norm.weight",
+        False,
+    ),
+    (
+        "layers.k_norm",
+        "model.layers.{i}.self_attn.k_norm.weight",
+        "blk.{i}.attn_k_norm.weight",
+        False,
+    ),
 ]
 
-LLAMA: list[Row] = _GLOBAL + _ATTN + _MLP + [
-    ("layers.mlp_norm", "model.layers.{i}.post_attention_layernorm.weight", "blk.{i}.ffn_norm.weight", False),
-]
+LLAMA: list[Row] = (
+    _GLOBAL
+    + _ATTN
+    + _MLP
+    + [
+        (
+            "layers.mlp_norm",
+            "model.layers.{i}.post_attention_layernorm.weight",
+            "blk.{i}.ffn_norm.weight",
+            False,
+        ),
+    ]
+)
 QWEN2: list[Row] = LLAMA + _BIAS
 QWEN3: list[Row] = LLAMA + _QK_NORM
 # Gemma 3 names its norms differently: post_attention_layernorm is the *post-attention output* norm.
-GEMMA3: list[Row] = _GLOBAL + _ATTN + _MLP + _QK_NORM + [
-    ("layers.post_attn_norm", "model.layers.{i}.post_attention_layernorm.weight", "blk.{i}.post_attention_norm.weight", False),
-    ("layers.mlp_norm", "model.layers.{i}.pre_feedforward_layernorm.weight", "blk.{i}.ffn_norm.weight", False),
-    ("layers.post_mlp_norm", "model.layers.{i}.post_feedforward_layernorm.weight", "blk.{i}.post_ffw_norm.weight", False),
-]
+GEMMA3: list[Row] = (
+    _GLOBAL
+    + _ATTN
+    + _MLP
+    + _QK_NORM
+    + [
+        (
+            "layers.post_attn_norm",
+            "model.layers.{i}.post_attention_layernorm.weight",
+            "blk.{i}.post_attention_norm.weight",
+            False,
+        ),
+        (
+            "layers.mlp_norm",
+            "model.layers.{i}.pre_feedforward_layernorm.weight",
+            "blk.{i}.ffn_norm.weight",
+            False,
+        ),
+        (
+            "layers.post_mlp_norm",
+            "model.layers.{i}.post_feedforward_layernorm.weight",
+            "blk.{i}.post_ffw_norm.weight",
+            False,
+        ),
+    ]
+)
 
 TABLES: dict[str, list[Row]] = {"llama": LLAMA, "qwen2": QWEN2, "qwen3": QWEN3, "gemma3": GEMMA3}
 

@@ -48,6 +48,19 @@ from gymllm.multiagent.policies import Policy, random_legal_policy
 from gymllm.multiagent.seat import SingleAgentView
 from gymllm.multiagent.vector import AgentVectorEnv
 
-__all__ = ["TextAECEnv", "TextParallelEnv", "MultiAgentConfig", "MoveText", "SingleAgentView", "AgentVectorEnv",
-           "random_legal_policy", "text_api_test", "TextCodec", "Policy", "GAMES", "GameFactory", "game_factory",
-           "role_ema_advantages"]
+__all__ = [
+    "TextAECEnv",
+    "TextParallelEnv",
+    "MultiAgentConfig",
+    "MoveText",
+    "SingleAgentView",
+    "AgentVectorEnv",
+    "random_legal_policy",
+    "text_api_test",
+    "TextCodec",
+    "Policy",
+    "GAMES",
+    "GameFactory",
+    "game_factory",
+    "role_ema_advantages",
+]

@@ -21,14 +21,23 @@ class TextAECEnv(AECEnv):
     def __init__(self, env: AECEnv, config: MultiAgentConfig | None = None):
         super().__init__()
         if not isinstance(env, AECEnv):
-            raise ConfigError(explain("TextAECEnv(env)", expected="a pettingzoo.AECEnv", received=type(env).__name__,
-                                      fix="use TextParallelEnv for Parallel envs (or from_pettingzoo)"))
+            raise ConfigError(
+                explain(
+                    "TextAECEnv(env)",
+                    expected="a pettingzoo.AECEnv",
+                    received=type(env).__name__,
+                    fix="use TextParallelEnv for Parallel envs (or from_pettingzoo)",
+                )
+            )
         self.env = env
         self.config = config or MultiAgentConfig()
         self.codec = TextCodec(env, self.config)
         self.possible_agents = list(env.possible_agents)
-        self.metadata = {**getattr(env, "metadata", {}), "name": f"text_{env.metadata.get('name', 'env')}",
-                         "render_modes": ["ansi"]}
+        self.metadata = {
+            **getattr(env, "metadata", {}),
+            "name": f"text_{env.metadata.get('name', 'env')}",
+            "render_modes": ["ansi"],
+        }
         self.render_mode = None
         self._forfeited = False
         self._notes: dict[str, str] = {}
@@ -94,7 +103,13 @@ class TextAECEnv(AECEnv):
     def _step_dead(self, agent: str, action: Any) -> None:
         if self._forfeited:
             # our own bookkeeping after a forfeit: remove the agent as PettingZoo's _was_dead_step does
-            for d in (self.rewards, self.terminations, self.truncations, self.infos, self._cumulative_rewards):
+            for d in (
+                self.rewards,
+                self.terminations,
+                self.truncations,
+                self.infos,
+                self._cumulative_rewards,
+            ):
                 d.pop(agent, None)
             self.agents.remove(agent)
             if self.agents:
@@ -107,7 +122,9 @@ class TextAECEnv(AECEnv):
     def _invalid_move(self, agent: str, action: Any, why: str) -> None:
         n = self._invalid[agent] = self._invalid.get(agent, 0) + 1
         cfg = self.config
-        if cfg.invalid_action == "forfeit" or (cfg.max_invalid is not None and n >= cfg.max_invalid):
+        if cfg.invalid_action == "forfeit" or (
+            cfg.max_invalid is not None and n >= cfg.max_invalid
+        ):
             return self._forfeit(agent, why)
         self._cumulative_rewards[agent] = 0.0
         self.rewards = {a: 0.0 for a in self.agents}

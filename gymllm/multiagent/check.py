@@ -28,7 +28,9 @@ def _text_aware_api_checks():
 
     def compat(expected, seen, recursed_keys):
         if isinstance(expected, Text):
-            assert isinstance(seen, str) and expected.contains(seen), f"text observation at {recursed_keys} invalid"
+            assert isinstance(seen, str) and expected.contains(seen), (
+                f"text observation at {recursed_keys} invalid"
+            )
             return
         if isinstance(expected, gspaces.Dict) and isinstance(seen, dict):
             for key in expected:

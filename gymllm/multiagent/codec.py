@@ -41,18 +41,39 @@ class MultiAgentConfig:
 
     def __post_init__(self) -> None:
         if self.invalid_action not in ("retry", "forfeit"):
-            raise ConfigError(explain("MultiAgentConfig.invalid_action", expected="'retry' or 'forfeit'",
-                                      received=self.invalid_action, fix="pick one of the two policies"))
-        if self.max_invalid is not None and (not isinstance(self.max_invalid, int) or self.max_invalid < 1):
-            raise ConfigError(explain("MultiAgentConfig.max_invalid", expected="None or an int >= 1",
-                                      received=self.max_invalid, fix="use max_invalid=3"))
+            raise ConfigError(
+                explain(
+                    "MultiAgentConfig.invalid_action",
+                    expected="'retry' or 'forfeit'",
+                    received=self.invalid_action,
+                    fix="pick one of the two policies",
+                )
+            )
+        if self.max_invalid is not None and (
+            not isinstance(self.max_invalid, int) or self.max_invalid < 1
+        ):
+            raise ConfigError(
+                explain(
+                    "MultiAgentConfig.max_invalid",
+                    expected="None or an int >= 1",
+                    received=self.max_invalid,
+                    fix="use max_invalid=3",
+                )
+            )
         if self.move_names is not None:
             names = tuple(self.move_names)
-            if not all(isinstance(n, str) and n.strip() for n in names) or len({n.lower() for n in names}) != len(names):
-                raise ConfigError(explain("MultiAgentConfig.move_names", expected="distinct non-empty str",
-                                          received=names, fix="give one unique name per move"))
+            if not all(isinstance(n, str) and n.strip() for n in names) or len(
+                {n.lower() for n in names}
+            ) != len(names):
+                raise ConfigError(
+                    explain(
+                        "MultiAgentConfig.move_names",
+                        expected="distinct non-empty str",
+                        received=names,
+                        fix="give one unique name per move",
+                    )
+                )
             object.__setattr__(self, "move_names", names)
-
 
 
 class MoveText(Text):
@@ -63,7 +84,9 @@ class MoveText(Text):
     then ``sample`` formats a sample of ``inner``).
     """
 
-    def __init__(self, inner: gym.Space, moves: tuple[str, ...], max_length: int = 1 << 16, seed: Any = None):
+    def __init__(
+        self, inner: gym.Space, moves: tuple[str, ...], max_length: int = 1 << 16, seed: Any = None
+    ):
         super().__init__(max_length=max_length, seed=seed)
         self.inner = inner
         self.moves = tuple(moves)
@@ -80,7 +103,9 @@ class MoveText(Text):
         return format_action(self.inner.sample(), self.inner)
 
     def __eq__(self, other: Any) -> bool:
-        return isinstance(other, MoveText) and self.moves == other.moves and self.inner == other.inner
+        return (
+            isinstance(other, MoveText) and self.moves == other.moves and self.inner == other.inner
+        )
 
     def __hash__(self) -> int:
         return hash(("gymllm.MoveText", self.moves))
@@ -94,8 +119,14 @@ def move_texts(space: gym.Space, names: tuple[str, ...] | None) -> tuple[str, ..
     if not isinstance(space, gspaces.Discrete):
         return ()
     if names is not None and len(names) != space.n:
-        raise ConfigError(explain("move_names", expected=f"{space.n} names (one per move)", received=names,
-                                  fix="give exactly one name per move, in index order"))
+        raise ConfigError(
+            explain(
+                "move_names",
+                expected=f"{space.n} names (one per move)",
+                received=names,
+                fix="give exactly one name per move, in index order",
+            )
+        )
     return tuple(names) if names else tuple(str(space.start + i) for i in range(space.n))
 
 
@@ -149,13 +180,23 @@ class TextCodec:
             body = ansi_to_text(str(self.env.render()))
         else:
             inner_space = self.env.observation_space(agent)
-            if isinstance(raw_obs, dict) and "observation" in raw_obs and isinstance(inner_space, gspaces.Dict):
+            if (
+                isinstance(raw_obs, dict)
+                and "observation" in raw_obs
+                and isinstance(inner_space, gspaces.Dict)
+            ):
                 body = describe(raw_obs["observation"], inner_space["observation"])
             else:
                 body = describe(raw_obs, inner_space)
         space = self.action_space(agent)
         if space.moves:
-            legal = [m for m, ok in zip(space.moves, mask if mask is not None else np.ones(len(space.moves))) if ok]
+            legal = [
+                m
+                for m, ok in zip(
+                    space.moves, mask if mask is not None else np.ones(len(space.moves))
+                )
+                if ok
+            ]
             menu = f"Legal moves: {', '.join(legal)}."
         else:
             menu = action_menu(space.inner, None)

@@ -57,9 +57,14 @@ class GameFactory:
     def __call__(self) -> TextAECEnv:
         env = as_text_aec(self.fn(**self.kwargs))
         if env is None:
-            raise ConfigError(explain(f"env.id {self.spec!r}", expected="a factory returning a PettingZoo AEC or "
-                                      "Parallel env every call", received="something else on a later call",
-                                      fix="return the same kind of env every time"))
+            raise ConfigError(
+                explain(
+                    f"env.id {self.spec!r}",
+                    expected="a factory returning a PettingZoo AEC or Parallel env every call",
+                    received="something else on a later call",
+                    fix="return the same kind of env every time",
+                )
+            )
         return env
 
     def __repr__(self) -> str:
@@ -84,9 +89,14 @@ def game_factory(env_id: str, kwargs: dict[str, Any] | None = None) -> GameFacto
     try:
         probe = fn(**kwargs)
     except TypeError as e:
-        raise ConfigError(explain(f"env.id {env_id!r}", expected=f"a factory that accepts env.kwargs {kwargs}",
-                                  received=f"TypeError: {e}", fix="pass the factory's own arguments with "
-                                  "--env-kwargs '{...}' ('{}' for none)")) from e
+        raise ConfigError(
+            explain(
+                f"env.id {env_id!r}",
+                expected=f"a factory that accepts env.kwargs {kwargs}",
+                received=f"TypeError: {e}",
+                fix="pass the factory's own arguments with --env-kwargs '{...}' ('{}' for none)",
+            )
+        ) from e
     try:
         if as_text_aec(probe) is None:
             return None

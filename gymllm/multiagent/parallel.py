@@ -20,13 +20,22 @@ class TextParallelEnv(ParallelEnv):
 
     def __init__(self, env: ParallelEnv, config: MultiAgentConfig | None = None):
         if not isinstance(env, ParallelEnv):
-            raise ConfigError(explain("TextParallelEnv(env)", expected="a pettingzoo.ParallelEnv",
-                                      received=type(env).__name__, fix="use TextAECEnv for AEC envs (or from_pettingzoo)"))
+            raise ConfigError(
+                explain(
+                    "TextParallelEnv(env)",
+                    expected="a pettingzoo.ParallelEnv",
+                    received=type(env).__name__,
+                    fix="use TextAECEnv for AEC envs (or from_pettingzoo)",
+                )
+            )
         self.env = env
         self.config = config or MultiAgentConfig()
         self.codec = TextCodec(env, self.config)
         self.possible_agents = list(env.possible_agents)
-        self.metadata = {**getattr(env, "metadata", {}), "name": f"text_{env.metadata.get('name', 'env')}"}
+        self.metadata = {
+            **getattr(env, "metadata", {}),
+            "name": f"text_{env.metadata.get('name', 'env')}",
+        }
         self.render_mode = None
         self.agents: list[str] = []
 
@@ -36,7 +45,9 @@ class TextParallelEnv(ParallelEnv):
     def action_space(self, agent: str) -> MoveText:
         return self.codec.action_space(agent)
 
-    def _text(self, raw: dict[str, Any], infos: dict[str, dict], notes: dict[str, str]) -> dict[str, dict[str, Any]]:
+    def _text(
+        self, raw: dict[str, Any], infos: dict[str, dict], notes: dict[str, str]
+    ) -> dict[str, dict[str, Any]]:
         out = {}
         for a, o in raw.items():
             mask = self.codec.mask(a, o, infos.get(a))
@@ -63,13 +74,19 @@ class TextParallelEnv(ParallelEnv):
                 space = self.codec.action_space(a)
                 legal = np.flatnonzero(mask) if mask is not None else [0]
                 value = space.inner.start + int(legal[0]) if space.moves else space.inner.sample()
-                penalties[a], notes[a] = self.config.invalid_penalty, f"Invalid move, the first legal move was played: {why}"
+                penalties[a], notes[a] = (
+                    self.config.invalid_penalty,
+                    f"Invalid move, the first legal move was played: {why}",
+                )
             inner[a] = value
         if forfeit is not None:
             return self._forfeit(*forfeit)
         raw, rewards, terms, truncs, infos = self.env.step(inner)
         rewards = {a: float(r) + penalties.get(a, 0.0) for a, r in rewards.items()}
-        infos = {a: {**i, **({"invalid_action": notes[a]} if a in notes else {})} for a, i in infos.items()}
+        infos = {
+            a: {**i, **({"invalid_action": notes[a]} if a in notes else {})}
+            for a, i in infos.items()
+        }
         self._raw, self._infos = raw, infos
         self.agents = list(self.env.agents)
         return self._text(raw, infos, notes), rewards, dict(terms), dict(truncs), infos
@@ -77,12 +94,26 @@ class TextParallelEnv(ParallelEnv):
     def _forfeit(self, agent: str, why: str):
         agents = list(self.agents)
         note = f"The game is over: {agent} forfeited ({why})."
-        obs = {a: {"observation": note, **({"action_mask": np.zeros(len(self.codec.action_space(a).moves), np.int8)}
-                                           if self.codec.action_space(a).moves else {})} for a in agents}
+        obs = {
+            a: {
+                "observation": note,
+                **(
+                    {"action_mask": np.zeros(len(self.codec.action_space(a).moves), np.int8)}
+                    if self.codec.action_space(a).moves
+                    else {}
+                ),
+            }
+            for a in agents
+        }
         rewards = {a: (self.config.forfeit_reward if a == agent else 0.0) for a in agents}
         self.agents = []
-        return (obs, rewards, {a: True for a in agents}, {a: False for a in agents},
-                {a: {"forfeit": agent} for a in agents})
+        return (
+            obs,
+            rewards,
+            {a: True for a in agents},
+            {a: False for a in agents},
+            {a: {"forfeit": agent} for a in agents},
+        )
 
     def render(self) -> Any:
         return self.env.render()

@@ -16,7 +16,14 @@ import numpy as np
 
 from gymllm.multiagent.aec import TextAECEnv
 
-__all__ = ["Policy", "ScriptedContext", "call_scripted", "random_legal_policy", "policy_move", "advance_game"]
+__all__ = [
+    "Policy",
+    "ScriptedContext",
+    "call_scripted",
+    "random_legal_policy",
+    "policy_move",
+    "advance_game",
+]
 
 Policy = Callable[[dict[str, Any], np.random.Generator], str]
 
@@ -30,7 +37,9 @@ class ScriptedContext:
     env: Any
 
 
-def call_scripted(fn: Callable[..., Any], observation: Any, agent: str, env: Any, rng: np.random.Generator) -> Any:
+def call_scripted(
+    fn: Callable[..., Any], observation: Any, agent: str, env: Any, rng: np.random.Generator
+) -> Any:
     """``fn(observation, agent)``, or ``fn(observation, agent, ScriptedContext(rng, env))`` when
     ``fn.takes_context`` (module doc)."""
     if getattr(fn, "takes_context", False):
@@ -38,11 +47,17 @@ def call_scripted(fn: Callable[..., Any], observation: Any, agent: str, env: Any
     return fn(observation, agent)
 
 
-def random_legal_policy(observation: dict[str, Any], rng: np.random.Generator, moves: tuple[str, ...] = ()) -> str:
+def random_legal_policy(
+    observation: dict[str, Any], rng: np.random.Generator, moves: tuple[str, ...] = ()
+) -> str:
     """A scripted opponent: a uniformly random legal move (drawn from the given RNG)."""
     mask = observation.get("action_mask")
     legal = np.flatnonzero(mask) if mask is not None else np.arange(len(moves))
-    return moves[int(legal[int(rng.integers(legal.size))])] if legal.size else (moves[0] if moves else "0")
+    return (
+        moves[int(legal[int(rng.integers(legal.size))])]
+        if legal.size
+        else (moves[0] if moves else "0")
+    )
 
 
 def policy_move(policy: Policy | None, env: Any, agent: str, rng: np.random.Generator) -> str:
@@ -58,8 +73,12 @@ def policy_move(policy: Policy | None, env: Any, agent: str, rng: np.random.Gene
     return space.sample()
 
 
-def advance_game(env: TextAECEnv, stop: Callable[[str], bool], opponents: dict[str, Policy | None],
-             rng: np.random.Generator) -> None:
+def advance_game(
+    env: TextAECEnv,
+    stop: Callable[[str], bool],
+    opponents: dict[str, Policy | None],
+    rng: np.random.Generator,
+) -> None:
     """Step dead agents and scripted seats until ``stop(agent)`` or the game has no agents left."""
     while env.agents:
         agent = env.agent_selection

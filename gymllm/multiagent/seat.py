@@ -34,21 +34,43 @@ class SingleAgentView(TextEnv):
     the step that ends the game has ``info["outcome"]`` (:func:`game_outcome`: win, loss, draw, forfeit).
     """
 
-    def __init__(self, env: TextAECEnv, *, learner: str | None = None, opponent: Policy | dict | None = None,
-                 max_turns: int | None = None, render_mode: str | None = None):
+    def __init__(
+        self,
+        env: TextAECEnv,
+        *,
+        learner: str | None = None,
+        opponent: Policy | dict | None = None,
+        max_turns: int | None = None,
+        render_mode: str | None = None,
+    ):
         super().__init__(max_turns=max_turns, render_mode=render_mode)
         if learner is not None and learner not in env.possible_agents:
-            raise ConfigError(explain("SingleAgentView.learner", expected=f"one of {env.possible_agents}",
-                                      received=learner, fix="pass a seat name or None"))
+            raise ConfigError(
+                explain(
+                    "SingleAgentView.learner",
+                    expected=f"one of {env.possible_agents}",
+                    received=learner,
+                    fix="pass a seat name or None",
+                )
+            )
         self.env, self.fixed_learner = env, learner
-        self.opponents = opponent if isinstance(opponent, dict) else {a: opponent for a in env.possible_agents}
+        self.opponents = (
+            opponent if isinstance(opponent, dict) else {a: opponent for a in env.possible_agents}
+        )
         self.observation_space = Text()
         self.action_space = Text()
 
     def _until_learner(self) -> tuple[str, float, bool, bool, dict[str, Any]]:
         me = self.learner
-        advance_game(self.env, lambda a: a == me, {a: p for a, p in self.opponents.items() if a != me}, self.np_random)
-        if me not in self.env.agents:  # removed already (should not happen with final-step-first games)
+        advance_game(
+            self.env,
+            lambda a: a == me,
+            {a: p for a, p in self.opponents.items() if a != me},
+            self.np_random,
+        )
+        if (
+            me not in self.env.agents
+        ):  # removed already (should not happen with final-step-first games)
             return "The game is over.", 0.0, True, False, {}
         obs, reward, term, trunc, info = self.env.last()
         info = {**info, "agent": me, "action_mask": obs.get("action_mask")}

@@ -26,18 +26,36 @@ class AgentVectorEnv:
     come back with ``info["episode_start"] = True``.
     """
 
-    def __init__(self, env_fn: Callable[[], TextAECEnv], num_games: int, *, learners: Iterable[str] | None = None,
-                 opponents: dict[str, Policy | None] | None = None):
+    def __init__(
+        self,
+        env_fn: Callable[[], TextAECEnv],
+        num_games: int,
+        *,
+        learners: Iterable[str] | None = None,
+        opponents: dict[str, Policy | None] | None = None,
+    ):
         if not isinstance(num_games, int) or num_games < 1:
-            raise ConfigError(explain("AgentVectorEnv.num_games", expected="an int >= 1", received=num_games,
-                                      fix="pass num_games=4"))
+            raise ConfigError(
+                explain(
+                    "AgentVectorEnv.num_games",
+                    expected="an int >= 1",
+                    received=num_games,
+                    fix="pass num_games=4",
+                )
+            )
         self.games = [env_fn() for _ in range(num_games)]
         seats = list(self.games[0].possible_agents)
         self.learners = list(learners) if learners is not None else seats
         bad = [s for s in self.learners if s not in seats]
         if bad or not self.learners:
-            raise ConfigError(explain("AgentVectorEnv.learners", expected=f"a non-empty subset of {seats}",
-                                      received=self.learners, fix="name the seats the policy plays"))
+            raise ConfigError(
+                explain(
+                    "AgentVectorEnv.learners",
+                    expected=f"a non-empty subset of {seats}",
+                    received=self.learners,
+                    fix="name the seats the policy plays",
+                )
+            )
         self.opponents = {s: (opponents or {}).get(s) for s in seats if s not in self.learners}
         self.num_envs = num_games * len(self.learners)
         self._rng = np.random.default_rng()
@@ -55,7 +73,9 @@ class AgentVectorEnv:
         advance_game(self.games[g], lambda a: a in self.learners, self.opponents, self._rng)
 
     def _reset_game(self, g: int, seed: int | None) -> None:
-        self.games[g].reset(seed=seed if seed is not None else int(self._rng.integers(0, 2**31 - 1)))
+        self.games[g].reset(
+            seed=seed if seed is not None else int(self._rng.integers(0, 2**31 - 1))
+        )
         for i in self._slots_of(g):
             self._final_seen.discard(i)
             self._start.add(i)
@@ -89,14 +109,31 @@ class AgentVectorEnv:
             if seat in env.agents:
                 o = env.observe(seat)
                 # ``_cumulative_rewards`` is PettingZoo's AECEnv attribute (what its ``last()`` reads), on any AEC env
-                r, te, tr, inf = env._cumulative_rewards[seat], env.terminations[seat], env.truncations[seat], env.infos[seat]
-                env._cumulative_rewards[seat] = 0.0  # delivered: the next transition starts from zero
+                r, te, tr, inf = (
+                    env._cumulative_rewards[seat],
+                    env.terminations[seat],
+                    env.truncations[seat],
+                    env.infos[seat],
+                )
+                env._cumulative_rewards[seat] = (
+                    0.0  # delivered: the next transition starts from zero
+                )
             else:
                 o, r, te, tr, inf = {"observation": "The game is over."}, 0.0, True, False, {}
-            info = {**inf, "agent": seat, "game": g, "episode_start": i in self._start,
-                    "action_mask": o.get("action_mask")}
+            info = {
+                **inf,
+                "agent": seat,
+                "game": g,
+                "episode_start": i in self._start,
+                "action_mask": o.get("action_mask"),
+            }
             self._start.discard(i)
-            obs.append(o["observation"]), rews.append(float(r)), terms.append(bool(te)), truncs.append(bool(tr))
+            (
+                obs.append(o["observation"]),
+                rews.append(float(r)),
+                terms.append(bool(te)),
+                truncs.append(bool(tr)),
+            )
             infos.append(info)
             if te or tr:
                 self._final_seen.add(i)
@@ -104,23 +141,48 @@ class AgentVectorEnv:
         for g in range(len(self.games)):
             if all(i in self._final_seen for i in self._slots_of(g)):
                 self._reset_game(g, None)
-        return obs, np.asarray(rews, np.float32), np.asarray(terms), np.asarray(truncs), infos, np.asarray(ids, np.int64)
+        return (
+            obs,
+            np.asarray(rews, np.float32),
+            np.asarray(terms),
+            np.asarray(truncs),
+            infos,
+            np.asarray(ids, np.int64),
+        )
 
     def send(self, actions: list[str], env_ids: Iterable[int]) -> None:
         """Play one move per given slot (each must be a slot ``recv`` returned as needing a move)."""
         env_ids = [int(i) for i in env_ids]
         if len(actions) != len(env_ids):
-            raise GymLLMError(explain("AgentVectorEnv.send", expected=f"{len(env_ids)} actions (one per env id)",
-                                      received=len(actions), fix="pass one action per env id"))
+            raise GymLLMError(
+                explain(
+                    "AgentVectorEnv.send",
+                    expected=f"{len(env_ids)} actions (one per env id)",
+                    received=len(actions),
+                    fix="pass one action per env id",
+                )
+            )
         for a, i in zip(actions, env_ids):
             if i not in self._pending:
-                raise GymLLMError(explain("AgentVectorEnv.send", expected=f"an env id from the last recv ({sorted(self._pending)})",
-                                          received=i, fix="send moves only for slots that recv returned"))
+                raise GymLLMError(
+                    explain(
+                        "AgentVectorEnv.send",
+                        expected=f"an env id from the last recv ({sorted(self._pending)})",
+                        received=i,
+                        fix="send moves only for slots that recv returned",
+                    )
+                )
             g, seat = self.slot(i)
             env = self.games[g]
             if env.agent_selection != seat:  # another learner of this game moves first; keep order
-                raise GymLLMError(explain("AgentVectorEnv.send", expected=f"{env.agent_selection} to move in game {g}",
-                                          received=seat, fix="send moves only for slots that recv returned"))
+                raise GymLLMError(
+                    explain(
+                        "AgentVectorEnv.send",
+                        expected=f"{env.agent_selection} to move in game {g}",
+                        received=seat,
+                        fix="send moves only for slots that recv returned",
+                    )
+                )
             self._pending.discard(i)
             env.step(a)
             self._advance(g)

@@ -1,6 +1,6 @@
 """gymllm.rollout: agents, token-in-token-out buffers, the asyncio orchestrator and GRPO groups.
 
-    from gymllm.rollout import RolloutOrchestrator, RolloutConfig, ModelAgent, ToolAgent, sync_rollout
+from gymllm.rollout import RolloutOrchestrator, RolloutConfig, ModelAgent, ToolAgent, sync_rollout
 """
 
 from __future__ import annotations

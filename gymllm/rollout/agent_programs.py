@@ -40,9 +40,21 @@ class AgentPrograms:
     trainer's wait ends) or all exited cleanly; ``raise_error()`` raises what ``watch`` found;
     ``stop()`` terminates them (SIGTERM to the group, then SIGKILL after ``grace_s``) and reaps them."""
 
-    def __init__(self, command: str, *, base_url: str, run_dir: pathlib.Path, processes: int = 1, group_size: int = 1,
-                 seed: int = 0, start_timeout_s: float = 300.0, api_key: str = "unused", model: str = "policy",
-                 grace_s: float = 5.0, poll_s: float = 0.1):
+    def __init__(
+        self,
+        command: str,
+        *,
+        base_url: str,
+        run_dir: pathlib.Path,
+        processes: int = 1,
+        group_size: int = 1,
+        seed: int = 0,
+        start_timeout_s: float = 300.0,
+        api_key: str = "unused",
+        model: str = "policy",
+        grace_s: float = 5.0,
+        poll_s: float = 0.1,
+    ):
         self.command, self.base_url, self.run_dir = command, base_url, pathlib.Path(run_dir)
         self.processes, self.group_size, self.seed = processes, group_size, seed
         self.start_timeout_s, self.api_key, self.model = start_timeout_s, api_key, model
@@ -56,34 +68,63 @@ class AgentPrograms:
         import sys
 
         try:
-            line = self.command.format(base_url=self.base_url, python=sys.executable, model=self.model,
-                                       group_size=self.group_size, seed=self.seed + 1_000_000 * index,
-                                       api_key=self.api_key)
+            line = self.command.format(
+                base_url=self.base_url,
+                python=sys.executable,
+                model=self.model,
+                group_size=self.group_size,
+                seed=self.seed + 1_000_000 * index,
+                api_key=self.api_key,
+            )
         except (KeyError, IndexError, ValueError) as e:
-            raise ConfigError(explain("rollout.agent_program", expected="a command line whose {placeholders} are "
-                                      "base_url, python, model, group_size, seed, api_key", received=self.command,
-                                      fix=f"remove or fix the placeholder ({type(e).__name__}: {e}); write literal "
-                                      "braces as {{ }}")) from e
+            raise ConfigError(
+                explain(
+                    "rollout.agent_program",
+                    expected="a command line whose {placeholders} are "
+                    "base_url, python, model, group_size, seed, api_key",
+                    received=self.command,
+                    fix=f"remove or fix the placeholder ({type(e).__name__}: {e}); write literal "
+                    "braces as {{ }}",
+                )
+            ) from e
         return shlex.split(line)
 
     def start(self) -> None:
         import os
         import subprocess
 
-        env = {**os.environ, "OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key,
-               "GYMLLM_PROXY_MODEL": self.model}
+        env = {
+            **os.environ,
+            "OPENAI_BASE_URL": self.base_url,
+            "OPENAI_API_KEY": self.api_key,
+            "GYMLLM_PROXY_MODEL": self.model,
+        }
         for i in range(self.processes):
             argv = self.argv(i)
             log = self.run_dir / f"agent_{i}.log"
             self.logs.append(log)
             with open(log, "ab") as out:
                 try:
-                    self.procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
-                                                       stderr=subprocess.STDOUT, env=env, start_new_session=True))
+                    self.procs.append(
+                        subprocess.Popen(
+                            argv,
+                            stdin=subprocess.DEVNULL,
+                            stdout=out,
+                            stderr=subprocess.STDOUT,
+                            env=env,
+                            start_new_session=True,
+                        )
+                    )
                 except OSError as e:
                     self.stop()
-                    raise AgentProgramError(explain("rollout.agent_program", expected="a program that starts",
-                                                    received=f"{argv}: {e}", fix="check the command line")) from e
+                    raise AgentProgramError(
+                        explain(
+                            "rollout.agent_program",
+                            expected="a program that starts",
+                            received=f"{argv}: {e}",
+                            fix="check the command line",
+                        )
+                    ) from e
 
     @property
     def pids(self) -> list[int]:
@@ -105,16 +146,27 @@ class AgentPrograms:
             codes = [p.poll() for p in self.procs]
             for i, rc in enumerate(codes):
                 if rc not in (None, 0):
-                    self.error = explain(f"agent program {i} (pid {self.procs[i].pid})", expected="it keeps playing "
-                                         "episodes until the run stops it", received=f"exit status {rc}; the end of "
-                                         f"{self.logs[i]}:\n{self.tail(i)}", fix="fix the program (run the command "
-                                         "by hand against `gymllm serve --training`)")
-            if self.error is None and not source.counts["sessions"] and time.monotonic() - t0 > self.start_timeout_s:
-                self.error = explain("agent program", expected=f"a closed session (a reward posted to {self.base_url}"
-                                     f"/sessions/ID/reward) within rollout.agent_start_timeout_s "
-                                     f"({self.start_timeout_s} s)", received=f"none; the end of {self.logs[0]}:\n"
-                                     f"{self.tail(0)}", fix="check that the program uses the base URL and posts "
-                                     "rewards, or raise agent_start_timeout_s")
+                    self.error = explain(
+                        f"agent program {i} (pid {self.procs[i].pid})",
+                        expected="it keeps playing episodes until the run stops it",
+                        received=f"exit status {rc}; the end of {self.logs[i]}:\n{self.tail(i)}",
+                        fix="fix the program (run the command "
+                        "by hand against `gymllm serve --training`)",
+                    )
+            if (
+                self.error is None
+                and not source.counts["sessions"]
+                and time.monotonic() - t0 > self.start_timeout_s
+            ):
+                self.error = explain(
+                    "agent program",
+                    expected=f"a closed session (a reward posted to {self.base_url}"
+                    f"/sessions/ID/reward) within rollout.agent_start_timeout_s "
+                    f"({self.start_timeout_s} s)",
+                    received=f"none; the end of {self.logs[0]}:\n{self.tail(0)}",
+                    fix="check that the program uses the base URL and posts "
+                    "rewards, or raise agent_start_timeout_s",
+                )
             if self.error is not None or all(rc == 0 for rc in codes):
                 source.close()  # the trainer's wait ends: drained groups, then QueueClosed
                 return
@@ -155,9 +207,19 @@ class AgentProgramSource:
     name = "agent programs"
     waiting_for = "waiting for the agent program's next complete group"
 
-    def __init__(self, engine: Any, tokenizer: Any, *, command: str, run_dir: pathlib.Path, config: ProxySourceConfig,
-                 processes: int = 1, seed: int = 0, start_timeout_s: float = 300.0,
-                 group_filter: Callable[[Group], bool] | None = None):
+    def __init__(
+        self,
+        engine: Any,
+        tokenizer: Any,
+        *,
+        command: str,
+        run_dir: pathlib.Path,
+        config: ProxySourceConfig,
+        processes: int = 1,
+        seed: int = 0,
+        start_timeout_s: float = 300.0,
+        group_filter: Callable[[Group], bool] | None = None,
+    ):
         self.engine, self.tokenizer, self.group_filter = engine, tokenizer, group_filter
         self.queue = ProxyGroupSource(config)
         self.command, self.run_dir, self.processes, self.seed = command, run_dir, processes, seed
@@ -174,12 +236,24 @@ class AgentProgramSource:
         if self.server is not None:
             return self
         recorder = SessionRecorder(self.tokenizer, on_closed=self.queue.add)
-        app = build_app(self.engine, self.tokenizer, "policy", recorder=recorder, admission=self.queue.wait_for_room)
+        app = build_app(
+            self.engine,
+            self.tokenizer,
+            "policy",
+            recorder=recorder,
+            admission=self.queue.wait_for_room,
+        )
         self.server = ServerThread(app).start()
         self.url = self.server.url
-        self.programs = AgentPrograms(self.command, base_url=self.url + "/v1", run_dir=self.run_dir,
-                                      processes=self.processes, group_size=self.queue.config.group_size,
-                                      seed=self.seed, start_timeout_s=self.start_timeout_s)
+        self.programs = AgentPrograms(
+            self.command,
+            base_url=self.url + "/v1",
+            run_dir=self.run_dir,
+            processes=self.processes,
+            group_size=self.queue.config.group_size,
+            seed=self.seed,
+            start_timeout_s=self.start_timeout_s,
+        )
         self.programs.start()
         self._monitor = asyncio.create_task(self.programs.watch(self.queue))
         return self
@@ -195,8 +269,10 @@ class AgentProgramSource:
             except QueueClosed:
                 assert self.programs is not None
                 self.programs.raise_error()
-                raise QueueClosed(f"the agent program(s) exited (status 0) after {self.queue.counts['sessions']} "
-                                  "closed sessions") from None
+                raise QueueClosed(
+                    f"the agent program(s) exited (status 0) after {self.queue.counts['sessions']} "
+                    "closed sessions"
+                ) from None
             kept = [g for g in batch if self.group_filter is None or self.group_filter(g)]
             if kept:
                 return kept
@@ -209,8 +285,13 @@ class AgentProgramSource:
 
     def result(self) -> dict[str, Any]:
         programs = self.programs
-        return {**self.queue.stats(), "agent_exit_codes": programs.exit_codes() if programs else [],
-                "agent_pids": programs.pids if programs else [], "proxy_url": self.url, "rollout_errors": []}
+        return {
+            **self.queue.stats(),
+            "agent_exit_codes": programs.exit_codes() if programs else [],
+            "agent_pids": programs.pids if programs else [],
+            "proxy_url": self.url,
+            "rollout_errors": [],
+        }
 
     async def close(self) -> None:
         """Stop the monitor, close the queue (held-back sessions get 503), stop the programs and the server."""

@@ -37,11 +37,18 @@ class Agent:
         """A ``str`` becomes one user message; a list of messages is taken as is."""
         if isinstance(observation, str):
             return [{"role": "user", "content": observation}]
-        if isinstance(observation, (list, tuple)) and all(isinstance(m, dict) and "role" in m for m in observation):
+        if isinstance(observation, (list, tuple)) and all(
+            isinstance(m, dict) and "role" in m for m in observation
+        ):
             return [dict(m) for m in observation]  # type: ignore[misc]
-        raise InvalidActionError(explain(
-            "agent observation", expected="a str (user message) or a list of message dicts with a 'role'",
-            received=type(observation).__name__, fix="return str or list[Message] observations from the env"))
+        raise InvalidActionError(
+            explain(
+                "agent observation",
+                expected="a str (user message) or a list of message dicts with a 'role'",
+                received=type(observation).__name__,
+                fix="return str or list[Message] observations from the env",
+            )
+        )
 
     def initial_messages(self, observation: Any, info: dict) -> list[Message]:
         msgs = self.observation_messages(observation)
@@ -95,8 +102,14 @@ class ToolAgent(Agent):
 
     observation_roles = ("user", "tool")
 
-    def __init__(self, tokenizer: Any, *, system_prompt: str | None = None, tools: list[dict] | None = None,
-                 parser: str | Callable[[str], list[ToolCall]] = "auto"):
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        system_prompt: str | None = None,
+        tools: list[dict] | None = None,
+        parser: str | Callable[[str], list[ToolCall]] = "auto",
+    ):
         super().__init__(tokenizer, system_prompt=system_prompt)
         self._tools = list(tools) if tools else None
         self._parser = _make_parser(parser) if isinstance(parser, str) else parser

@@ -58,20 +58,43 @@ class ConcurrencyConfig:
         for name in ("min_limit", "max_limit", "increase", "decrease"):
             v = getattr(self, name)
             if not (_is_int(v) and v >= 1):
-                raise ConfigError(explain(f"ConcurrencyConfig.{name}", expected="an int >= 1", received=v,
-                                          fix=f"set {name}=1 or more"))
+                raise ConfigError(
+                    explain(
+                        f"ConcurrencyConfig.{name}",
+                        expected="an int >= 1",
+                        received=v,
+                        fix=f"set {name}=1 or more",
+                    )
+                )
         if self.min_limit > self.max_limit:
-            raise ConfigError(explain("ConcurrencyConfig.min_limit", expected=f"<= max_limit ({self.max_limit})",
-                                      received=self.min_limit, fix="lower min_limit or raise max_limit"))
+            raise ConfigError(
+                explain(
+                    "ConcurrencyConfig.min_limit",
+                    expected=f"<= max_limit ({self.max_limit})",
+                    received=self.min_limit,
+                    fix="lower min_limit or raise max_limit",
+                )
+            )
         s = self.start
         if s is not None and not (_is_int(s) and self.min_limit <= s <= self.max_limit):
-            raise ConfigError(explain("ConcurrencyConfig.start",
-                                      expected=f"None or an int in [min_limit {self.min_limit}, max_limit {self.max_limit}]",
-                                      received=s, fix="use start=None (begin at max_limit)"))
+            raise ConfigError(
+                explain(
+                    "ConcurrencyConfig.start",
+                    expected=f"None or an int in [min_limit {self.min_limit}, max_limit {self.max_limit}]",
+                    received=s,
+                    fix="use start=None (begin at max_limit)",
+                )
+            )
         t = self.target_queue_depth
         if not (_is_int(t) and t >= 0):
-            raise ConfigError(explain("ConcurrencyConfig.target_queue_depth", expected="an int >= 0", received=t,
-                                      fix="use the learner's groups per step"))
+            raise ConfigError(
+                explain(
+                    "ConcurrencyConfig.target_queue_depth",
+                    expected="an int >= 0",
+                    received=t,
+                    fix="use the learner's groups per step",
+                )
+            )
 
 
 class AdaptiveConcurrency:
@@ -149,7 +172,9 @@ class ConcurrencyGate:
         try:
             await fut
         except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():  # granted and cancelled in the same tick: hand it on
+            if (
+                fut.done() and not fut.cancelled()
+            ):  # granted and cancelled in the same tick: hand it on
                 self.release()
             else:
                 try:

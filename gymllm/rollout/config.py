@@ -12,7 +12,14 @@ from gymllm.validation import check_choice, check_range, require
 
 MODES = ("async", "sync", "proxy")
 #: the placeholders of ``RolloutConfig.agent_program``, with sample values of their kinds
-AGENT_PROGRAM_FIELDS = {"base_url": "u", "python": "p", "model": "m", "group_size": 1, "seed": 0, "api_key": "k"}
+AGENT_PROGRAM_FIELDS = {
+    "base_url": "u",
+    "python": "p",
+    "model": "m",
+    "group_size": 1,
+    "seed": 0,
+    "api_key": "k",
+}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -90,48 +97,134 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         c = "RolloutConfig"
-        for name in ("group_size", "max_concurrency", "queue_size", "max_model_calls",
-                     "agent_processes"):
-            check_range(c, name, getattr(self, name), lo=1, integer=True, fix=f"set {name}=1 or more")
-        for name in ("num_groups", "max_open_groups", "max_prompt_len", "max_failed_streak", "min_concurrency",
-                     "concurrency_start", "concurrency_step"):
-            check_range(c, name, getattr(self, name), lo=1, integer=True, optional=True,
-                        fix=f"set {name}=None or a positive int")
-        check_range(c, "max_staleness", self.max_staleness, lo=0, integer=True, optional=True,
-                    fix="use 0 for synchronous RL, 2-4 for asynchronous")
-        check_range(c, "max_group_retries", self.max_group_retries, lo=0, integer=True,
-                    fix="use 0 (drop) or a small retry count")
-        check_range(c, "group_timeout_s", self.group_timeout_s, lo=0, lo_open=True, optional=True,
-                    fix="use e.g. 600.0 (seconds) or None")
-        check_range(c, "loop_lag_interval_s", self.loop_lag_interval_s, lo=0, lo_open=True, fix="use 0.01")
-        check_range(c, "agent_start_timeout_s", self.agent_start_timeout_s, lo=0, lo_open=True, fix="use e.g. 300.0")
-        check_choice(c, "release_order", self.release_order, ("oldest_version", "completion"),
-                     fix="use release_order='oldest_version'")
-        require(isinstance(self.adaptive_concurrency, bool), f"{c}.adaptive_concurrency", expected="a bool",
-                received=self.adaptive_concurrency, fix="use adaptive_concurrency=True (or False: a fixed limit)")
+        for name in (
+            "group_size",
+            "max_concurrency",
+            "queue_size",
+            "max_model_calls",
+            "agent_processes",
+        ):
+            check_range(
+                c, name, getattr(self, name), lo=1, integer=True, fix=f"set {name}=1 or more"
+            )
+        for name in (
+            "num_groups",
+            "max_open_groups",
+            "max_prompt_len",
+            "max_failed_streak",
+            "min_concurrency",
+            "concurrency_start",
+            "concurrency_step",
+        ):
+            check_range(
+                c,
+                name,
+                getattr(self, name),
+                lo=1,
+                integer=True,
+                optional=True,
+                fix=f"set {name}=None or a positive int",
+            )
+        check_range(
+            c,
+            "max_staleness",
+            self.max_staleness,
+            lo=0,
+            integer=True,
+            optional=True,
+            fix="use 0 for synchronous RL, 2-4 for asynchronous",
+        )
+        check_range(
+            c,
+            "max_group_retries",
+            self.max_group_retries,
+            lo=0,
+            integer=True,
+            fix="use 0 (drop) or a small retry count",
+        )
+        check_range(
+            c,
+            "group_timeout_s",
+            self.group_timeout_s,
+            lo=0,
+            lo_open=True,
+            optional=True,
+            fix="use e.g. 600.0 (seconds) or None",
+        )
+        check_range(
+            c, "loop_lag_interval_s", self.loop_lag_interval_s, lo=0, lo_open=True, fix="use 0.01"
+        )
+        check_range(
+            c,
+            "agent_start_timeout_s",
+            self.agent_start_timeout_s,
+            lo=0,
+            lo_open=True,
+            fix="use e.g. 300.0",
+        )
+        check_choice(
+            c,
+            "release_order",
+            self.release_order,
+            ("oldest_version", "completion"),
+            fix="use release_order='oldest_version'",
+        )
+        require(
+            isinstance(self.adaptive_concurrency, bool),
+            f"{c}.adaptive_concurrency",
+            expected="a bool",
+            received=self.adaptive_concurrency,
+            fix="use adaptive_concurrency=True (or False: a fixed limit)",
+        )
         for name in ("min_concurrency", "concurrency_start"):
             v = getattr(self, name)
-            require(v is None or v <= self.max_concurrency, f"{c}.{name}", expected=f"None or <= max_concurrency "
-                    f"({self.max_concurrency}, the ceiling)", received=v, fix=f"lower {name} or raise max_concurrency")
+            require(
+                v is None or v <= self.max_concurrency,
+                f"{c}.{name}",
+                expected=f"None or <= max_concurrency ({self.max_concurrency}, the ceiling)",
+                received=v,
+                fix=f"lower {name} or raise max_concurrency",
+            )
         if self.min_concurrency is not None and self.concurrency_start is not None:
-            require(self.concurrency_start >= self.min_concurrency, f"{c}.concurrency_start",
-                    expected=f">= min_concurrency ({self.min_concurrency})", received=self.concurrency_start,
-                    fix="raise concurrency_start or lower min_concurrency")
-        check_range(c, "target_queue_depth", self.target_queue_depth, lo=0, integer=True, optional=True,
-                    fix="use None (groups_per_step) or a small int")
+            require(
+                self.concurrency_start >= self.min_concurrency,
+                f"{c}.concurrency_start",
+                expected=f">= min_concurrency ({self.min_concurrency})",
+                received=self.concurrency_start,
+                fix="raise concurrency_start or lower min_concurrency",
+            )
+        check_range(
+            c,
+            "target_queue_depth",
+            self.target_queue_depth,
+            lo=0,
+            integer=True,
+            optional=True,
+            fix="use None (groups_per_step) or a small int",
+        )
         check_choice(c, "mode", self.mode, MODES)
-        require((self.mode == "proxy") == bool(self.agent_program.strip()), f"{c}.agent_program",
-                expected="a command line with mode='proxy' (and none otherwise)",
-                received={"mode": self.mode, "agent_program": self.agent_program},
-                fix="e.g. --rollout.agent-program '{python} examples/openai_agent.py --base-url {base_url} "
-                    "--problems 0' with --rollout.mode proxy")
-        if self.mode == "proxy":  # its {placeholders} are checked now, not after the model has compiled
+        require(
+            (self.mode == "proxy") == bool(self.agent_program.strip()),
+            f"{c}.agent_program",
+            expected="a command line with mode='proxy' (and none otherwise)",
+            received={"mode": self.mode, "agent_program": self.agent_program},
+            fix="e.g. --rollout.agent-program '{python} examples/openai_agent.py --base-url {base_url} "
+            "--problems 0' with --rollout.mode proxy",
+        )
+        if (
+            self.mode == "proxy"
+        ):  # its {placeholders} are checked now, not after the model has compiled
             try:
                 shlex.split(self.agent_program.format(**AGENT_PROGRAM_FIELDS))
             except (KeyError, IndexError, ValueError) as e:
-                require(False, f"{c}.agent_program", expected="a command line whose {placeholders} are "
-                        + ", ".join(AGENT_PROGRAM_FIELDS), received=self.agent_program,
-                        fix=f"fix it ({type(e).__name__}: {e}); write literal braces as {{{{ }}}}")
+                require(
+                    False,
+                    f"{c}.agent_program",
+                    expected="a command line whose {placeholders} are "
+                    + ", ".join(AGENT_PROGRAM_FIELDS),
+                    received=self.agent_program,
+                    fix=f"fix it ({type(e).__name__}: {e}); write literal braces as {{{{ }}}}",
+                )
 
     def prompt_limit(self, engine: Any) -> int | None:
         """``max_prompt_len``, else the engine's ``max_len - 1``, else None."""
@@ -145,14 +238,26 @@ class RolloutConfig:
         num_envs)``; the start and the minimum are clipped to it); ``groups_per_step``: the learner's
         groups per update (the default queue depth)."""
         ceiling = max(1, min(self.max_concurrency, int(num_envs)))
-        low = min(ceiling, self.min_concurrency if self.min_concurrency is not None else self.group_size)
-        start = None if self.concurrency_start is None else max(low, min(ceiling, self.concurrency_start))
+        low = min(
+            ceiling, self.min_concurrency if self.min_concurrency is not None else self.group_size
+        )
+        start = (
+            None
+            if self.concurrency_start is None
+            else max(low, min(ceiling, self.concurrency_start))
+        )
         step = self.concurrency_step if self.concurrency_step is not None else self.group_size
         target = self.target_queue_depth
         if target is None:
             target = max(0, min(groups_per_step, self.queue_size - 1))
-        return ConcurrencyConfig(min_limit=low, max_limit=ceiling, start=start, increase=step, decrease=step,
-                                 target_queue_depth=target)
+        return ConcurrencyConfig(
+            min_limit=low,
+            max_limit=ceiling,
+            start=start,
+            increase=step,
+            decrease=step,
+            target_queue_depth=target,
+        )
 
     @property
     def open_group_limit(self) -> int:

@@ -45,9 +45,13 @@ class MeteredEngine:
         self._cursor, self.started_us = self._tracer.cursor(), self._tracer.now_us()
         self._horizon = self.started_us  # busy time before it is settled in _settled_us
         self._settled_us = 0.0
-        self._busy: list[tuple[float, float]] = []  # the union of the engine spans read, after the horizon
+        self._busy: list[
+            tuple[float, float]
+        ] = []  # the union of the engine spans read, after the horizon
 
-    async def generate(self, prompt_ids: Sequence[int], params: Any, *, session_id: str | None = None) -> Any:
+    async def generate(
+        self, prompt_ids: Sequence[int], params: Any, *, session_id: str | None = None
+    ) -> Any:
         self.inflight += 1
         self.calls += 1
         self.max_inflight = max(self.max_inflight, self.inflight)
@@ -70,11 +74,16 @@ class MeteredEngine:
         on) counts from the horizon on."""
         tr = self._tracer
         now = tr.now_us()
-        new = [(max(e["ts"], self._horizon), e["ts"] + e["dur"]) for e in tr.events_since(self._cursor)
-               if e["ph"] == "X" and family_of(e["track"]) == "engine"]
+        new = [
+            (max(e["ts"], self._horizon), e["ts"] + e["dur"])
+            for e in tr.events_since(self._cursor)
+            if e["ph"] == "X" and family_of(e["track"]) == "engine"
+        ]
         self._cursor = tr.cursor()
         merged = merge_intervals(self._busy + new)
-        busy = self._settled_us + union_length(merged + [(start, now) for start in self._open.values()])
+        busy = self._settled_us + union_length(
+            merged + [(start, now) for start in self._open.values()]
+        )
         horizon = min([now, *self._open.values()])
         self._busy = []
         for s, e in merged:  # settle what lies before the new horizon; later spans cannot change it

@@ -45,6 +45,11 @@ class SkipConsumed(EngineWrapper):
         if gid in self.skip:
             from gymllm.inference.completion import Completion
 
-            return Completion(token_ids=[self.stop_id], logprobs=[0.0], finish_reason="stop",
-                              versions=[self.engine.version], prompt_len=len(prompt_ids))
+            return Completion(
+                token_ids=[self.stop_id],
+                logprobs=[0.0],
+                finish_reason="stop",
+                versions=[self.engine.version],
+                prompt_len=len(prompt_ids),
+            )
         return await super().generate(prompt_ids, params, session_id=session_id)

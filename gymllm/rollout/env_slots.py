@@ -59,8 +59,17 @@ def as_env_slots(envs: Any) -> EnvSlots:
         return envs
     if hasattr(envs, "areset_env") and hasattr(envs, "astep_env") and hasattr(envs, "num_envs"):
         return VectorSlots(envs)
-    if isinstance(envs, (list, tuple)) and envs and all(hasattr(e, "reset") and hasattr(e, "step") for e in envs):
+    if (
+        isinstance(envs, (list, tuple))
+        and envs
+        and all(hasattr(e, "reset") and hasattr(e, "step") for e in envs)
+    ):
         return ListSlots(envs)
-    raise ConfigError(explain(
-        "rollout envs", expected="a gymllm vector env (areset_env/astep_env) or a non-empty list of envs",
-        received=type(envs).__name__, fix="pass gymllm.make_vec(id, num_envs=N) or [gymllm.make(id) for _ in range(N)]"))
+    raise ConfigError(
+        explain(
+            "rollout envs",
+            expected="a gymllm vector env (areset_env/astep_env) or a non-empty list of envs",
+            received=type(envs).__name__,
+            fix="pass gymllm.make_vec(id, num_envs=N) or [gymllm.make(id) for _ in range(N)]",
+        )
+    )

@@ -48,7 +48,9 @@ class EpisodeKey:
 
 def sampling_seed(base: int, key: EpisodeKey, call: int) -> int:
     """A 31-bit seed for model call ``call`` of one trajectory (independent of scheduling)."""
-    state = np.random.SeedSequence([base & 0xFFFFFFFF, key.group_index, key.attempt, key.member, call])
+    state = np.random.SeedSequence(
+        [base & 0xFFFFFFFF, key.group_index, key.attempt, key.member, call]
+    )
     return int(state.generate_state(1)[0] & 0x7FFFFFFF)
 
 
@@ -69,15 +71,26 @@ def _tool_seconds(info: dict) -> float:
         return float(info["tool_time_s"] or 0.0)
     calls = info.get("tool_calls")
     if isinstance(calls, list):
-        return float(sum(float(c.get("duration_s", 0.0) or 0.0) for c in calls if isinstance(c, dict)))
+        return float(
+            sum(float(c.get("duration_s", 0.0) or 0.0) for c in calls if isinstance(c, dict))
+        )
     return 0.0
 
 
 class Episode:
     """State of one trajectory between env and engine (see the module docstring)."""
 
-    def __init__(self, key: EpisodeKey, agent: Agent, params: Any, *, base_seed: int = 0,
-                 max_model_calls: int = 16, prefix_preserving: bool = True, env_id: int = -1):
+    def __init__(
+        self,
+        key: EpisodeKey,
+        agent: Agent,
+        params: Any,
+        *,
+        base_seed: int = 0,
+        max_model_calls: int = 16,
+        prefix_preserving: bool = True,
+        env_id: int = -1,
+    ):
         self.key = key
         self.agent = agent
         self.params = params
@@ -95,13 +108,23 @@ class Episode:
         self.num_length_finishes = 0
         self.num_tool_calls = 0
         self.env_steps = 0
-        self.invalid_actions = 0  # env steps that refused the reply (``info["invalid_action"]``, a forfeit by us)
-        self.turn_tool_calls = 0  # calls the agent parsed from the last completion (the env's own count otherwise)
+        self.invalid_actions = (
+            0  # env steps that refused the reply (``info["invalid_action"]``, a forfeit by us)
+        )
+        self.turn_tool_calls = (
+            0  # calls the agent parsed from the last completion (the env's own count otherwise)
+        )
         self.context_exhausted = False
         self.task_id = key.task_id
         self.info: dict[str, Any] = {}
-        self.timings = {"generation_s": 0.0, "env_s": 0.0, "tool_s": 0.0, "reward_s": 0.0, "ttft_s": 0.0,
-                        "queue_wait_s": 0.0}
+        self.timings = {
+            "generation_s": 0.0,
+            "env_s": 0.0,
+            "tool_s": 0.0,
+            "reward_s": 0.0,
+            "ttft_s": 0.0,
+            "queue_wait_s": 0.0,
+        }
         self._started = time.perf_counter()
 
     # --- transitions ------------------------------------------------------------------------
@@ -110,9 +133,13 @@ class Episode:
         self.task_id = str(info.get("task_id", self.task_id) or self.task_id)
         self.timings["env_s"] += reset_s
         tools = self.agent.tools(info)
-        self.buffer = TokenBuffer(self.agent.tokenizer, tools=tools, prefix_preserving=self.prefix_preserving,
-                                  stop_token_ids=sorted(self.agent.stop_token_ids),
-                                  trajectory_id=self.key.trajectory_id)
+        self.buffer = TokenBuffer(
+            self.agent.tokenizer,
+            tools=tools,
+            prefix_preserving=self.prefix_preserving,
+            stop_token_ids=sorted(self.agent.stop_token_ids),
+            trajectory_id=self.key.trajectory_id,
+        )
         return self.buffer.start(self.agent.initial_messages(observation, info))
 
     def next_request(self) -> tuple[list[int], Any]:
@@ -143,16 +170,27 @@ class Episode:
             self.timings["ttft_s"] += float(ttft)
         ids = np.asarray(completion.token_ids, dtype=np.int32)
         message, action = self.agent.act(ids.tolist(), completion.finish_reason)
-        self.buffer.add_sampled(ids.tolist(), np.asarray(completion.logprobs, dtype=np.float32).tolist(),
-                                np.asarray(completion.versions, dtype=np.int32).tolist(), message)
+        self.buffer.add_sampled(
+            ids.tolist(),
+            np.asarray(completion.logprobs, dtype=np.float32).tolist(),
+            np.asarray(completion.versions, dtype=np.int32).tolist(),
+            message,
+        )
         self.last_finish = completion.finish_reason
         self.num_length_finishes += completion.finish_reason == "length"
         self.turn_tool_calls = len(getattr(self.agent, "last_tool_calls", ()) or ())
         self.num_tool_calls += self.turn_tool_calls
         return action
 
-    def on_step(self, observation: Any, reward: float, terminated: bool, truncated: bool, info: dict,
-                env_s: float) -> bool:
+    def on_step(
+        self,
+        observation: Any,
+        reward: float,
+        terminated: bool,
+        truncated: bool,
+        info: dict,
+        env_s: float,
+    ) -> bool:
         """Record an env step; appends the observation delta unless the episode ended. Returns ``done``."""
         assert self.buffer is not None
         info = info or {}
@@ -161,7 +199,9 @@ class Episode:
         self.timings["tool_s"] += _tool_seconds(info)
         env_calls = info.get("tool_calls")
         if not self.turn_tool_calls and isinstance(env_calls, list):
-            self.num_tool_calls += len(env_calls)  # the env (a ToolUse wrapper) parsed and ran the calls itself
+            self.num_tool_calls += len(
+                env_calls
+            )  # the env (a ToolUse wrapper) parsed and ran the calls itself
         self.turn_tool_calls = 0
         self.env_steps += 1
         self.invalid_actions += is_invalid_step(info)
@@ -169,7 +209,9 @@ class Episode:
         if "reward_time_s" in info:
             self.timings["reward_s"] += float(info["reward_time_s"] or 0.0)
         elif ended:
-            self.timings["reward_s"] += env_s  # the terminal step is where outcome rewards are computed
+            self.timings["reward_s"] += (
+                env_s  # the terminal step is where outcome rewards are computed
+            )
         self.terminated, self.truncated = bool(terminated), bool(truncated)
         self.info = {k: v for k, v in info.items() if k in ("answer", "task_id", "outcome")}
         if not ended and self.calls >= self.max_model_calls:
@@ -196,16 +238,34 @@ class Episode:
             rows = [r for r in rows if r.turn_boundaries]
         out = []
         for i, row in enumerate(rows):
-            out.append(Trajectory(
-                **row.arrays(), reward=float(sum(self.rewards)), rewards=list(self.rewards),
-                trajectory_id=self.key.trajectory_id, group_id=self.key.group_id, task_id=self.task_id,
-                env_id=self.env_id, seed=self.key.env_seed, turn_boundaries=list(row.turn_boundaries),
-                finish_reason=self.finish_reason, row_index=i, timings=dict(self.timings),
-                info={**self.info, "model_calls": self.calls, "length_finishes": self.num_length_finishes,
-                      "tool_calls": self.num_tool_calls, "env_steps": self.env_steps,
-                      "invalid_actions": self.invalid_actions, "terminated": self.terminated,
-                      "truncated": self.truncated, "context_exhausted": self.context_exhausted,
-                      "num_rows": len(rows), "member": self.key.member,
-                      "attempt": self.key.attempt},
-            ))
+            out.append(
+                Trajectory(
+                    **row.arrays(),
+                    reward=float(sum(self.rewards)),
+                    rewards=list(self.rewards),
+                    trajectory_id=self.key.trajectory_id,
+                    group_id=self.key.group_id,
+                    task_id=self.task_id,
+                    env_id=self.env_id,
+                    seed=self.key.env_seed,
+                    turn_boundaries=list(row.turn_boundaries),
+                    finish_reason=self.finish_reason,
+                    row_index=i,
+                    timings=dict(self.timings),
+                    info={
+                        **self.info,
+                        "model_calls": self.calls,
+                        "length_finishes": self.num_length_finishes,
+                        "tool_calls": self.num_tool_calls,
+                        "env_steps": self.env_steps,
+                        "invalid_actions": self.invalid_actions,
+                        "terminated": self.terminated,
+                        "truncated": self.truncated,
+                        "context_exhausted": self.context_exhausted,
+                        "num_rows": len(rows),
+                        "member": self.key.member,
+                        "attempt": self.key.attempt,
+                    },
+                )
+            )
         return out

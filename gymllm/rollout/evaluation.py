@@ -32,8 +32,17 @@ from gymllm.rollout.config import RolloutConfig
 from gymllm.types import Group
 from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 
-__all__ = ["EvalConfig", "SessionPrefixed", "HeldOutEvaluator", "evaluate_env", "agent_for", "group_episodes",
-           "group_tool_calls", "episode_figures", "eval_metrics"]
+__all__ = [
+    "EvalConfig",
+    "SessionPrefixed",
+    "HeldOutEvaluator",
+    "evaluate_env",
+    "agent_for",
+    "group_episodes",
+    "group_tool_calls",
+    "episode_figures",
+    "eval_metrics",
+]
 
 
 def _eval_sampling() -> SamplingParams:
@@ -59,7 +68,8 @@ class EvalConfig:
     max_concurrency: int = 32
     """Episodes in flight at once (also bounded by the vector env's sub-envs)."""
     sampling: Annotated[SamplingParams, tyro.conf.arg(prefix_name=False)] = dataclasses.field(
-        default_factory=_eval_sampling)
+        default_factory=_eval_sampling
+    )
     """How each reply is sampled (temperature 0: greedy, so pass@1 is deterministic; max_tokens: a reply's
     budget); n must be 1 (k sets the samples per seed)."""
 
@@ -67,13 +77,32 @@ class EvalConfig:
         for f in ("seeds", "k", "max_turns", "max_concurrency"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(explain(f"EvalConfig.{f}", expected="an int >= 1", received=v, fix=f"set {f}=1 or more"))
+                raise ConfigError(
+                    explain(
+                        f"EvalConfig.{f}",
+                        expected="an int >= 1",
+                        received=v,
+                        fix=f"set {f}=1 or more",
+                    )
+                )
         if not isinstance(self.seed_base, int) or self.seed_base < 0:
-            raise ConfigError(explain("EvalConfig.seed_base", expected="an int >= 0", received=self.seed_base,
-                                      fix=f"e.g. --eval.seed-base {HELD_OUT_SEED_BASE}"))
+            raise ConfigError(
+                explain(
+                    "EvalConfig.seed_base",
+                    expected="an int >= 0",
+                    received=self.seed_base,
+                    fix=f"e.g. --eval.seed-base {HELD_OUT_SEED_BASE}",
+                )
+            )
         if not isinstance(self.sampling, SamplingParams) or self.sampling.n != 1:
-            raise ConfigError(explain("EvalConfig.sampling", expected="a SamplingParams with n=1 (k sets the samples "
-                                      "per seed)", received=self.sampling, fix="e.g. SamplingParams(temperature=0.0)"))
+            raise ConfigError(
+                explain(
+                    "EvalConfig.sampling",
+                    expected="a SamplingParams with n=1 (k sets the samples per seed)",
+                    received=self.sampling,
+                    fix="e.g. SamplingParams(temperature=0.0)",
+                )
+            )
 
     @property
     def seed_range(self) -> range:
@@ -93,7 +122,9 @@ class SessionPrefixed:
     def version(self) -> int:
         return int(getattr(self.engine, "version", 0))
 
-    async def generate(self, prompt_ids: Sequence[int], params: Any, *, session_id: str | None = None) -> Any:
+    async def generate(
+        self, prompt_ids: Sequence[int], params: Any, *, session_id: str | None = None
+    ) -> Any:
         sid = None if session_id is None else self.prefix + session_id
         return await self.engine.generate(prompt_ids, params, session_id=sid)
 
@@ -106,8 +137,14 @@ class SessionPrefixed:
         return getattr(self.engine, name)
 
 
-def agent_for(env_id: str, tokenizer: Any, env_kwargs: dict | None = None, *, system_prompt: str | None = None,
-              agent: str | None = None) -> Agent:
+def agent_for(
+    env_id: str,
+    tokenizer: Any,
+    env_kwargs: dict | None = None,
+    *,
+    system_prompt: str | None = None,
+    agent: str | None = None,
+) -> Agent:
     """The agent a run on ``env_id`` uses: ``agent`` ("model" | "tool", a run's ``env.agent``) or, when
     None, a ``ToolAgent`` if the env offers tools at reset (``info["tools"]``), else a ``ModelAgent``;
     the system prompt is ``system_prompt`` (a run's ``env.system_prompt``) or the env's
@@ -115,7 +152,9 @@ def agent_for(env_id: str, tokenizer: Any, env_kwargs: dict | None = None, *, sy
     import gymllm
 
     if agent not in (None, "model", "tool"):
-        raise ValueError(f"agent: expected 'model' or 'tool', received {agent!r}. Fix: pass one of them")
+        raise ValueError(
+            f"agent: expected 'model' or 'tool', received {agent!r}. Fix: pass one of them"
+        )
     env = gymllm.make(env_id, **(env_kwargs or {}))
     try:
         _, info = env.reset(seed=0)
@@ -158,8 +197,16 @@ def episode_figures(episodes: Sequence[Any]) -> dict[str, float]:
     return out
 
 
-async def evaluate_env(envs: Any, engine: Any, agent: Agent, *, config: EvalConfig, env_id: str = "",
-                       env_kwargs: dict[str, Any] | None = None, session_prefix: str = "eval/") -> dict[str, Any]:
+async def evaluate_env(
+    envs: Any,
+    engine: Any,
+    agent: Agent,
+    *,
+    config: EvalConfig,
+    env_id: str = "",
+    env_kwargs: dict[str, Any] | None = None,
+    session_prefix: str = "eval/",
+) -> dict[str, Any]:
     """Run ``config.seeds`` groups of ``config.k`` episodes on ``envs`` (a vector env; not closed
     here) with ``engine`` (not closed either) and return one row: ``env``, ``env_kwargs``, ``mean_reward``,
     ``pass@1``, ``pass@<k>``, ``episodes``, ``tool_calls_per_episode``, ``tool_call_share`` (episodes with
@@ -171,29 +218,56 @@ async def evaluate_env(envs: Any, engine: Any, agent: Agent, *, config: EvalConf
     c = config
     num_envs = int(getattr(envs, "num_envs", c.max_concurrency))
     concurrency = max(1, min(c.max_concurrency, c.seeds * c.k, num_envs))
-    rcfg = RolloutConfig(group_size=c.k, max_concurrency=concurrency, num_groups=c.seeds, max_staleness=None,
-                         max_model_calls=c.max_turns)
+    rcfg = RolloutConfig(
+        group_size=c.k,
+        max_concurrency=concurrency,
+        num_groups=c.seeds,
+        max_staleness=None,
+        max_model_calls=c.max_turns,
+    )
     groups: list[Group] = []
-    async with RolloutOrchestrator(envs, SessionPrefixed(engine, session_prefix), agent, sampling=c.sampling,
-                                   config=rcfg, seed=c.seed_base, groups_per_step=1) as orch:
+    async with RolloutOrchestrator(
+        envs,
+        SessionPrefixed(engine, session_prefix),
+        agent,
+        sampling=c.sampling,
+        config=rcfg,
+        seed=c.seed_base,
+        groups_per_step=1,
+    ) as orch:
         async for group in orch.groups():
             groups.append(group)
     if len(groups) != c.seeds:
-        raise RuntimeError(f"evaluation of {env_id or 'the env'}: expected {c.seeds} complete groups, received "
-                           f"{len(groups)} (errors: {'; '.join(orch.errors[-3:]) or 'none'}). Fix: run the env alone "
-                           f"with `gymllm check {env_id or 'ENV_ID'}`")
+        raise RuntimeError(
+            f"evaluation of {env_id or 'the env'}: expected {c.seeds} complete groups, received "
+            f"{len(groups)} (errors: {'; '.join(orch.errors[-3:]) or 'none'}). Fix: run the env alone "
+            f"with `gymllm check {env_id or 'ENV_ID'}`"
+        )
     groups.sort(key=lambda g: int(g.group_id[1:]))
     r = np.stack([g.rewards for g in groups])  # [seeds, k]
     ok = r >= c.success_threshold
     calls = np.array([n for g in groups for n in group_tool_calls(g)], dtype=np.float64)
-    versions = [int(v) for g in groups for t in g.trajectories for v in np.asarray(t.versions)[np.asarray(t.loss_mask, bool)]]
-    return {"env": env_id, "env_kwargs": dict(env_kwargs or {}), "mean_reward": float(r.mean()),
-            "pass@1": float(ok.mean()), f"pass@{c.k}": float(ok.any(axis=1).mean()), "episodes": int(r.size),
-            "tool_calls_per_episode": float(calls.mean()) if calls.size else 0.0,
-            "tool_call_share": float((calls > 0).mean()) if calls.size else 0.0,
-            **episode_figures([t for g in groups for t in group_episodes(g)]),
-            "seeds": sorted({int(t.seed) for g in groups for t in g.trajectories if t.seed is not None}),
-            "policy_versions": [min(versions), max(versions)] if versions else []}
+    versions = [
+        int(v)
+        for g in groups
+        for t in g.trajectories
+        for v in np.asarray(t.versions)[np.asarray(t.loss_mask, bool)]
+    ]
+    return {
+        "env": env_id,
+        "env_kwargs": dict(env_kwargs or {}),
+        "mean_reward": float(r.mean()),
+        "pass@1": float(ok.mean()),
+        f"pass@{c.k}": float(ok.any(axis=1).mean()),
+        "episodes": int(r.size),
+        "tool_calls_per_episode": float(calls.mean()) if calls.size else 0.0,
+        "tool_call_share": float((calls > 0).mean()) if calls.size else 0.0,
+        **episode_figures([t for g in groups for t in group_episodes(g)]),
+        "seeds": sorted(
+            {int(t.seed) for g in groups for t in g.trajectories if t.seed is not None}
+        ),
+        "policy_versions": [min(versions), max(versions)] if versions else [],
+    }
 
 
 def eval_metrics(row: dict[str, Any]) -> dict[str, float]:
@@ -202,7 +276,11 @@ def eval_metrics(row: dict[str, Any]) -> dict[str, float]:
     :func:`episode_figures` (``.../valid_action_rate``, ``.../win_or_draw``, ``.../outcome/<result>``)."""
     env = row["env"]
     figures = ("valid_action_rate", "win_or_draw")
-    keys = [k for k in row if k.startswith("pass@")] + ["mean_reward", "tool_calls_per_episode", "tool_call_share"]
+    keys = [k for k in row if k.startswith("pass@")] + [
+        "mean_reward",
+        "tool_calls_per_episode",
+        "tool_call_share",
+    ]
     keys += [k for k in row if k in figures or k.startswith("outcome/")]
     return {f"eval/{env}/{k}": float(row[k]) for k in keys}
 
@@ -215,7 +293,13 @@ class HeldOutEvaluator:
     ``config.seeds * config.k`` are used). :meth:`evaluate` returns one :func:`evaluate_env` row per
     env, with ``step`` added; :meth:`close` closes the vector envs."""
 
-    def __init__(self, specs: Sequence[tuple[str, dict[str, Any], Agent]], *, config: EvalConfig, num_envs: int):
+    def __init__(
+        self,
+        specs: Sequence[tuple[str, dict[str, Any], Agent]],
+        *,
+        config: EvalConfig,
+        num_envs: int,
+    ):
         import gymllm
 
         self.config = config
@@ -232,8 +316,15 @@ class HeldOutEvaluator:
     async def evaluate(self, engine: Any, step: int) -> list[dict[str, Any]]:
         rows = []
         for (env_id, kwargs, agent), envs in zip(self.specs, self.envs):
-            row = await evaluate_env(envs, engine, agent, config=self.config, env_id=env_id, env_kwargs=kwargs,
-                                     session_prefix=f"eval{step}/")
+            row = await evaluate_env(
+                envs,
+                engine,
+                agent,
+                config=self.config,
+                env_id=env_id,
+                env_kwargs=kwargs,
+                session_prefix=f"eval{step}/",
+            )
             rows.append({"step": int(step), **row})
         return rows
 

@@ -46,13 +46,29 @@ class OpenGroup:
 class GroupBuffer:
     """Collects trajectories per group and hands out complete :class:`Group` records."""
 
-    def __init__(self, *, group_size: int, max_open_groups: int, timeout_s: float | None = None,
-                 max_retries: int = 0, clock: Callable[[], float] = time.monotonic):
-        for name, value, low in (("group_size", group_size, 1), ("max_open_groups", max_open_groups, 1),
-                                 ("max_retries", max_retries, 0)):
+    def __init__(
+        self,
+        *,
+        group_size: int,
+        max_open_groups: int,
+        timeout_s: float | None = None,
+        max_retries: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        for name, value, low in (
+            ("group_size", group_size, 1),
+            ("max_open_groups", max_open_groups, 1),
+            ("max_retries", max_retries, 0),
+        ):
             if not isinstance(value, int) or value < low:
-                raise ValueError(explain(f"GroupBuffer.{name}", expected=f"an int >= {low}", received=value,
-                                         fix=f"pass {name}={low} or more"))
+                raise ValueError(
+                    explain(
+                        f"GroupBuffer.{name}",
+                        expected=f"an int >= {low}",
+                        received=value,
+                        fix=f"pass {name}={low} or more",
+                    )
+                )
         self.group_size = group_size
         self.max_open_groups = max_open_groups
         self.timeout_s = timeout_s
@@ -66,12 +82,27 @@ class GroupBuffer:
     def has_room(self) -> bool:
         return len(self.open_groups) < self.max_open_groups
 
-    def open(self, group_id: str, *, task_id: str = "", seed: int | None = None, admitted_version: int = 0) -> OpenGroup:
+    def open(
+        self,
+        group_id: str,
+        *,
+        task_id: str = "",
+        seed: int | None = None,
+        admitted_version: int = 0,
+    ) -> OpenGroup:
         if group_id in self.open_groups:
-            raise ValueError(explain("GroupBuffer.open", expected="a new group id", received=group_id,
-                                     fix="use a fresh id per group"))
+            raise ValueError(
+                explain(
+                    "GroupBuffer.open",
+                    expected="a new group id",
+                    received=group_id,
+                    fix="use a fresh id per group",
+                )
+            )
         if not self.has_room():
-            raise RuntimeError(f"GroupBuffer is full ({self.max_open_groups} open groups). Fix: wait for has_room().")
+            raise RuntimeError(
+                f"GroupBuffer is full ({self.max_open_groups} open groups). Fix: wait for has_room()."
+            )
         g = OpenGroup(group_id, task_id, seed, admitted_version, opened_at=self.clock())
         self.open_groups[group_id] = g
         return g
@@ -79,7 +110,9 @@ class GroupBuffer:
     def attempt(self, group_id: str) -> int:
         return self.open_groups[group_id].attempt
 
-    def add(self, group_id: str, member: int, traj: Trajectory | list[Trajectory], *, attempt: int = 0) -> Group | None:
+    def add(
+        self, group_id: str, member: int, traj: Trajectory | list[Trajectory], *, attempt: int = 0
+    ) -> Group | None:
         """Record a finished member (one trajectory, or its rows in the one-row-per-call fallback);
         returns the complete group once all G members are in, rows ordered by member.
 
@@ -87,18 +120,35 @@ class GroupBuffer:
         """
         rows = list(traj) if isinstance(traj, (list, tuple)) else [traj]
         if not rows:
-            raise ValueError(explain("GroupBuffer.add", expected="at least one trajectory row", received=rows,
-                                     fix="submit the member's Trajectory"))
+            raise ValueError(
+                explain(
+                    "GroupBuffer.add",
+                    expected="at least one trajectory row",
+                    received=rows,
+                    fix="submit the member's Trajectory",
+                )
+            )
         g = self.open_groups.get(group_id)
         if g is None or attempt != g.attempt:
             return None
         if not 0 <= member < self.group_size:
-            raise ValueError(explain("GroupBuffer.add member", expected=f"0 <= member < {self.group_size}",
-                                     received=member, fix="pass the member index the group assigned"))
+            raise ValueError(
+                explain(
+                    "GroupBuffer.add member",
+                    expected=f"0 <= member < {self.group_size}",
+                    received=member,
+                    fix="pass the member index the group assigned",
+                )
+            )
         if member in g.members:
-            raise ValueError(explain("GroupBuffer.add", expected=f"one trajectory per member of {group_id}",
-                                     received=f"a second trajectory for member {member}",
-                                     fix="never submit a member twice"))
+            raise ValueError(
+                explain(
+                    "GroupBuffer.add",
+                    expected=f"one trajectory per member of {group_id}",
+                    received=f"a second trajectory for member {member}",
+                    fix="never submit a member twice",
+                )
+            )
         g.members[member] = rows
         if not g.task_id and rows[0].task_id:
             g.task_id = rows[0].task_id
@@ -108,8 +158,13 @@ class GroupBuffer:
         self.released += 1
         trajs = [row for i in range(self.group_size) for row in g.members[i]]
         info = dict(g.info, attempts=g.attempt + 1, seed=g.seed)
-        return Group(group_id=group_id, task_id=g.task_id, trajectories=trajs,
-                     admitted_version=g.admitted_version, info=info)
+        return Group(
+            group_id=group_id,
+            task_id=g.task_id,
+            trajectories=trajs,
+            admitted_version=g.admitted_version,
+            info=info,
+        )
 
     def fail(self, group_id: str, error: BaseException | str, *, attempt: int = 0) -> str:
         """A member failed. Returns "retry" (start a new attempt), "failed" (group dropped) or "ignored"."""

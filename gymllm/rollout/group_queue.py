@@ -34,7 +34,9 @@ class GroupQueue:
 
     def __init__(self, maxsize: int, key: Callable[[Any], Any] | None = None):
         if not isinstance(maxsize, int) or maxsize < 1:
-            raise ValueError(f"GroupQueue.maxsize: expected an int >= 1, received {maxsize!r}. Fix: pass maxsize=1 or more.")
+            raise ValueError(
+                f"GroupQueue.maxsize: expected an int >= 1, received {maxsize!r}. Fix: pass maxsize=1 or more."
+            )
         self.maxsize = maxsize
         self.key = key
         self._items: collections.deque[Any] = collections.deque()

@@ -50,5 +50,8 @@ class LoopLagMonitor:
         if not self.samples_s:
             return {"loop_lag_mean_ms": 0.0, "loop_lag_p99_ms": 0.0, "loop_lag_max_ms": 0.0}
         a = np.asarray(self.samples_s) * 1e3
-        return {"loop_lag_mean_ms": float(a.mean()), "loop_lag_p99_ms": float(np.percentile(a, 99)),
-                "loop_lag_max_ms": float(a.max())}
+        return {
+            "loop_lag_mean_ms": float(a.mean()),
+            "loop_lag_p99_ms": float(np.percentile(a, 99)),
+            "loop_lag_max_ms": float(a.max()),
+        }

@@ -66,8 +66,18 @@ class RolloutOrchestrator(QueueSource):
     name = "rollout orchestrator"
     waiting_for = "waiting for the next complete group"
 
-    def __init__(self, envs: Any, engine: Any, agent: Agent, *, sampling: Any, config: RolloutConfig | None = None,
-                 seed: int = 0, groups_per_step: int = 8, group_filter: GroupFilter | None = None):
+    def __init__(
+        self,
+        envs: Any,
+        engine: Any,
+        agent: Agent,
+        *,
+        sampling: Any,
+        config: RolloutConfig | None = None,
+        seed: int = 0,
+        groups_per_step: int = 8,
+        group_filter: GroupFilter | None = None,
+    ):
         self.config = config or RolloutConfig()
         self.slots = as_env_slots(envs)
         self.engine = engine if isinstance(engine, MeteredEngine) else MeteredEngine(engine)
@@ -77,18 +87,37 @@ class RolloutOrchestrator(QueueSource):
         cfg = self.config
         self.prefix_preserving = check_prefix_preserving(agent.tokenizer, agent.observation_roles)
         if not self.prefix_preserving:
-            log.warning("chat template is not prefix-preserving for roles %s: one training row per model call",
-                        agent.observation_roles)
-        self.staleness = StalenessController(max_staleness=cfg.max_staleness, groups_per_step=groups_per_step,
-                                             version=self.engine.version)
+            log.warning(
+                "chat template is not prefix-preserving for roles %s: one training row per model call",
+                agent.observation_roles,
+            )
+        self.staleness = StalenessController(
+            max_staleness=cfg.max_staleness,
+            groups_per_step=groups_per_step,
+            version=self.engine.version,
+        )
         self.lag = LoopLagMonitor(cfg.loop_lag_interval_s)
         self.counts = collections.Counter()
         self.errors: list[str] = []
-        self.concurrency = AdaptiveConcurrency(cfg.concurrency_config(self.slots.num_envs, groups_per_step))
-        self.producer = GroupProducer(cfg, self.slots, self.engine, agent, sampling=sampling, group_filter=group_filter, seed=seed,
-                                      prefix_preserving=self.prefix_preserving, prompt_limit=cfg.prompt_limit(engine),
-                                      staleness=self.staleness, counts=self.counts, errors=self.errors,
-                                      adapt=self._adapt, limit=self._limit)
+        self.concurrency = AdaptiveConcurrency(
+            cfg.concurrency_config(self.slots.num_envs, groups_per_step)
+        )
+        self.producer = GroupProducer(
+            cfg,
+            self.slots,
+            self.engine,
+            agent,
+            sampling=sampling,
+            group_filter=group_filter,
+            seed=seed,
+            prefix_preserving=self.prefix_preserving,
+            prompt_limit=cfg.prompt_limit(engine),
+            staleness=self.staleness,
+            counts=self.counts,
+            errors=self.errors,
+            adapt=self._adapt,
+            limit=self._limit,
+        )
         self.buffer = self.producer.buffer
         self._queue: GroupQueue | None = None
         self._gate: ConcurrencyGate | None = None
@@ -101,8 +130,11 @@ class RolloutOrchestrator(QueueSource):
             return self
         loop = asyncio.get_running_loop()
         self.staleness.bind(loop)
-        key = (lambda g: (g.admitted_version, int(g.group_id[1:]))) if self.config.release_order == "oldest_version" \
+        key = (
+            (lambda g: (g.admitted_version, int(g.group_id[1:])))
+            if self.config.release_order == "oldest_version"
             else None
+        )
         self._queue = GroupQueue(self.config.queue_size, key=key)
         self._gate = ConcurrencyGate(self._limit())
         self._started_at = time.perf_counter()
@@ -182,17 +214,27 @@ class RolloutOrchestrator(QueueSource):
     def stats(self) -> dict[str, Any]:
         wall = time.perf_counter() - self._started_at if self._started_at else 0.0
         return {
-            **dict(self.counts), "wall_s": wall, "engine_busy_fraction": self.engine.busy_fraction(),
-            "engine_max_inflight": self.engine.max_inflight, "open_groups": len(self.buffer.open_groups),
-            "running_groups": self.staleness.running, "accepted_groups": self.staleness.accepted,
-            "max_load": self.staleness.max_observed_load, "policy_version": self.staleness.version,
-            "prefix_preserving": self.prefix_preserving, **self.lag.summary(), "errors": list(self.errors[-10:]),
-            "concurrency_limit": self._limit(), "concurrency_max": self.concurrency.config.max_limit,
+            **dict(self.counts),
+            "wall_s": wall,
+            "engine_busy_fraction": self.engine.busy_fraction(),
+            "engine_max_inflight": self.engine.max_inflight,
+            "open_groups": len(self.buffer.open_groups),
+            "running_groups": self.staleness.running,
+            "accepted_groups": self.staleness.accepted,
+            "max_load": self.staleness.max_observed_load,
+            "policy_version": self.staleness.version,
+            "prefix_preserving": self.prefix_preserving,
+            **self.lag.summary(),
+            "errors": list(self.errors[-10:]),
+            "concurrency_limit": self._limit(),
+            "concurrency_max": self.concurrency.config.max_limit,
             "concurrency_min": self.concurrency.config.min_limit,
             "concurrency_raised": self.concurrency.counts["raised"],
             "concurrency_lowered": self.concurrency.counts["lowered"],
             "trajectories_inflight": self._gate.active if self._gate is not None else 0,
-            "trajectories_inflight_mean": self._gate.inflight_mean() if self._gate is not None else 0.0,
+            "trajectories_inflight_mean": self._gate.inflight_mean()
+            if self._gate is not None
+            else 0.0,
             "trajectories_inflight_max": self._gate.max_active if self._gate is not None else 0,
         }
 

@@ -28,7 +28,13 @@ from gymllm.rollout.staleness import StalenessController
 from gymllm.telemetry import counter, span
 from gymllm.types import Group
 
-__all__ = ["GroupProducer", "GroupTimeoutError", "RolloutStalledError", "run_episode", "GroupFilter"]
+__all__ = [
+    "GroupProducer",
+    "GroupTimeoutError",
+    "RolloutStalledError",
+    "run_episode",
+    "GroupFilter",
+]
 
 log = logging.getLogger("gymllm.rollout")
 
@@ -48,8 +54,9 @@ class RolloutStalledError(GymLLMError, RuntimeError):
         self.last_errors = last_errors
 
 
-async def run_episode(slots: EnvSlots, engine: Any, episode: Episode, env_id: int,
-                      max_prompt_len: int | None = None) -> Episode:
+async def run_episode(
+    slots: EnvSlots, engine: Any, episode: Episode, env_id: int, max_prompt_len: int | None = None
+) -> Episode:
     """Drive one trajectory to its end on env slot ``env_id`` (the coroutine-per-trajectory loop)."""
     key = episode.key
     try:
@@ -60,7 +67,9 @@ async def run_episode(slots: EnvSlots, engine: Any, episode: Episode, env_id: in
             end(key.trajectory_id)  # free the engine's cached prefix of this trajectory
 
 
-async def _drive(slots: EnvSlots, engine: Any, episode: Episode, env_id: int, max_prompt_len: int | None) -> Episode:
+async def _drive(
+    slots: EnvSlots, engine: Any, episode: Episode, env_id: int, max_prompt_len: int | None
+) -> Episode:
     key = episode.key
     with span("rollout", track="rollout", trajectory=key.trajectory_id):
         t = time.perf_counter()
@@ -70,7 +79,9 @@ async def _drive(slots: EnvSlots, engine: Any, episode: Episode, env_id: int, ma
         while not episode.done and episode.fits(max_prompt_len):
             prompt, params = episode.next_request()
             t = time.perf_counter()
-            with span("generate", track="rollout", trajectory=key.trajectory_id, prompt_len=len(prompt)):
+            with span(
+                "generate", track="rollout", trajectory=key.trajectory_id, prompt_len=len(prompt)
+            ):
                 completion = await engine.generate(prompt, params, session_id=key.trajectory_id)
             action = episode.on_completion(completion, time.perf_counter() - t)
             name = "tool" if getattr(episode.agent, "last_tool_calls", None) else "env_step"
@@ -101,7 +112,9 @@ class _ShieldedSlots:
 
     async def _run(self, coro: Any) -> Any:
         task = asyncio.ensure_future(coro)
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no stray warnings
+        task.add_done_callback(
+            lambda t: t.cancelled() or t.exception()
+        )  # retrieved: no stray warnings
         self.pending = task
         return await asyncio.shield(task)
 
@@ -112,16 +125,50 @@ class GroupProducer:
     Shares with its orchestrator: ``staleness``, ``counts`` and ``errors`` (read by ``stats``), and
     the callbacks ``adapt(event)`` / ``limit()`` of the concurrency law."""
 
-    def __init__(self, config: RolloutConfig, slots: EnvSlots, engine: Any, agent: Agent, *, sampling: Any,
-                 group_filter: GroupFilter | None, seed: int, prefix_preserving: bool, prompt_limit: int | None,
-                 staleness: StalenessController, counts: collections.Counter, errors: list[str],
-                 adapt: Callable[[str], None], limit: Callable[[], int]):
-        self.config, self.slots, self.engine, self.agent, self.sampling = config, slots, engine, agent, sampling
+    def __init__(
+        self,
+        config: RolloutConfig,
+        slots: EnvSlots,
+        engine: Any,
+        agent: Agent,
+        *,
+        sampling: Any,
+        group_filter: GroupFilter | None,
+        seed: int,
+        prefix_preserving: bool,
+        prompt_limit: int | None,
+        staleness: StalenessController,
+        counts: collections.Counter,
+        errors: list[str],
+        adapt: Callable[[str], None],
+        limit: Callable[[], int],
+    ):
+        self.config, self.slots, self.engine, self.agent, self.sampling = (
+            config,
+            slots,
+            engine,
+            agent,
+            sampling,
+        )
         self.seed = seed  # group k: env seed seed + k
-        self.group_filter, self.prefix_preserving, self.prompt_limit = group_filter, prefix_preserving, prompt_limit
-        self.staleness, self.counts, self.errors, self.adapt, self.limit = staleness, counts, errors, adapt, limit
-        self.buffer = GroupBuffer(group_size=config.group_size, max_open_groups=config.open_group_limit,
-                                  timeout_s=config.group_timeout_s, max_retries=config.max_group_retries)
+        self.group_filter, self.prefix_preserving, self.prompt_limit = (
+            group_filter,
+            prefix_preserving,
+            prompt_limit,
+        )
+        self.staleness, self.counts, self.errors, self.adapt, self.limit = (
+            staleness,
+            counts,
+            errors,
+            adapt,
+            limit,
+        )
+        self.buffer = GroupBuffer(
+            group_size=config.group_size,
+            max_open_groups=config.open_group_limit,
+            timeout_s=config.group_timeout_s,
+            max_retries=config.max_group_retries,
+        )
         self.failed_streak = 0  # trajectory attempts failed in a row (max_failed_streak)
         self.queue: GroupQueue | None = None
         self.gate: ConcurrencyGate | None = None
@@ -145,7 +192,11 @@ class GroupProducer:
         """Stop admitting and cancel every task and env call in flight (waits for them; never hangs)."""
         if self.stop_event is not None:
             self.stop_event.set()
-        tasks = [t for ts in self.members.values() for t in ts] + self.tasks + list(self.busy_envs.values())
+        tasks = (
+            [t for ts in self.members.values() for t in ts]
+            + self.tasks
+            + list(self.busy_envs.values())
+        )
         for t in tasks:
             t.cancel()
         if tasks:
@@ -197,8 +248,13 @@ class GroupProducer:
     def _spawn_members(self, k: int, attempt: int) -> None:
         cfg = self.config
         key0 = EpisodeKey(k, 0, attempt, self.seed + k)
-        tasks = {asyncio.create_task(self._member(EpisodeKey(k, m, attempt, self.seed + k)),
-                                     name=f"{key0.group_id}/m{m}/a{attempt}") for m in range(cfg.group_size)}
+        tasks = {
+            asyncio.create_task(
+                self._member(EpisodeKey(k, m, attempt, self.seed + k)),
+                name=f"{key0.group_id}/m{m}/a{attempt}",
+            )
+            for m in range(cfg.group_size)
+        }
         self.members[key0.group_id] = tasks
 
     async def _member(self, key: EpisodeKey) -> None:
@@ -209,9 +265,15 @@ class GroupProducer:
             env_id = self.free_envs.popleft()
             guarded = _ShieldedSlots(self.slots)
             try:
-                ep = Episode(key, self.agent, self.sampling, base_seed=self.seed,
-                             max_model_calls=self.config.max_model_calls,
-                             prefix_preserving=self.prefix_preserving, env_id=env_id)
+                ep = Episode(
+                    key,
+                    self.agent,
+                    self.sampling,
+                    base_seed=self.seed,
+                    max_model_calls=self.config.max_model_calls,
+                    prefix_preserving=self.prefix_preserving,
+                    env_id=env_id,
+                )
                 await run_episode(guarded, self.engine, ep, env_id, self.prompt_limit)
             finally:
                 self._return_env(env_id, guarded.pending)
@@ -248,12 +310,16 @@ class GroupProducer:
             return
         self.counts["stalled"] += 1
         last = self.errors[-3:]
-        await self._abort(RolloutStalledError(
-            f"rollouts: expected some trajectory to succeed, received {limit} failed attempts in a row "
-            f"(admitted {self.counts['admitted']} groups, {self.counts['groups_failed']} failed for good; last errors: "
-            f"{'; '.join(last)}). Fix: check the env/tool/engine error above (gymllm check ENV_ID runs the env alone), "
-            "or raise RolloutConfig.max_failed_streak (gymllm train: --rollout.max-failed-streak; None never stops)",
-            failures=limit, last_errors=last))
+        await self._abort(
+            RolloutStalledError(
+                f"rollouts: expected some trajectory to succeed, received {limit} failed attempts in a row "
+                f"(admitted {self.counts['admitted']} groups, {self.counts['groups_failed']} failed for good; last errors: "
+                f"{'; '.join(last)}). Fix: check the env/tool/engine error above (gymllm check ENV_ID runs the env alone), "
+                "or raise RolloutConfig.max_failed_streak (gymllm train: --rollout.max-failed-streak; None never stops)",
+                failures=limit,
+                last_errors=last,
+            )
+        )
 
     async def _abort(self, error: BaseException) -> None:
         """Stop the run and hand ``error`` to the consumer (after the groups already queued)."""
@@ -310,7 +376,9 @@ class GroupProducer:
         counter("rollout_concurrency", self.limit(), track="rollout")
         counter("queue_depth", self.queue.qsize(), track="rollout")
 
-    async def _fail_group(self, gid: str, error: BaseException, attempt: int, current: Any = None) -> None:
+    async def _fail_group(
+        self, gid: str, error: BaseException, attempt: int, current: Any = None
+    ) -> None:
         assert self.queue is not None
         decision = self.buffer.fail(gid, error, attempt=attempt)
         if decision == "ignored":
@@ -329,7 +397,11 @@ class GroupProducer:
         self.notify()
         if self.config.raise_on_group_failure:
             exc_type = GroupTimeoutError if isinstance(error, TimeoutError) else GroupFailedError
-            err = exc_type(f"group {gid} failed after {attempt + 1} attempt(s): {error!r}", group_id=gid, cause=error)
+            err = exc_type(
+                f"group {gid} failed after {attempt + 1} attempt(s): {error!r}",
+                group_id=gid,
+                cause=error,
+            )
             await self._abort(err)
 
     async def expire_groups(self) -> None:
@@ -342,5 +414,7 @@ class GroupProducer:
                 self.counts["group_timeouts"] += 1
                 self.errors.append(f"{gid}: timed out after {timeout} s")
                 attempt = self.buffer.attempt(gid)
-                await self._fail_group(gid, TimeoutError(f"group {gid} open longer than {timeout} s"), attempt)
+                await self._fail_group(
+                    gid, TimeoutError(f"group {gid} open longer than {timeout} s"), attempt
+                )
                 await self._count_failure()  # a hung group counts as a failed attempt

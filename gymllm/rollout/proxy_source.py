@@ -49,14 +49,34 @@ class ProxySourceConfig:
         for name in ("group_size", "max_queued_groups"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(explain(f"ProxySourceConfig.{name}", expected="an int >= 1", received=v,
-                                          fix=f"pass e.g. {name}=4"))
+                raise ConfigError(
+                    explain(
+                        f"ProxySourceConfig.{name}",
+                        expected="an int >= 1",
+                        received=v,
+                        fix=f"pass e.g. {name}=4",
+                    )
+                )
         if not self.admission_timeout_s > 0:
-            raise ConfigError(explain("ProxySourceConfig.admission_timeout_s", expected="a number > 0",
-                                      received=self.admission_timeout_s, fix="pass e.g. 600"))
-        if self.max_staleness is not None and (not isinstance(self.max_staleness, int) or self.max_staleness < 0):
-            raise ConfigError(explain("ProxySourceConfig.max_staleness", expected="None or an int >= 0",
-                                      received=self.max_staleness, fix="pass e.g. 2"))
+            raise ConfigError(
+                explain(
+                    "ProxySourceConfig.admission_timeout_s",
+                    expected="a number > 0",
+                    received=self.admission_timeout_s,
+                    fix="pass e.g. 600",
+                )
+            )
+        if self.max_staleness is not None and (
+            not isinstance(self.max_staleness, int) or self.max_staleness < 0
+        ):
+            raise ConfigError(
+                explain(
+                    "ProxySourceConfig.max_staleness",
+                    expected="None or an int >= 0",
+                    received=self.max_staleness,
+                    fix="pass e.g. 2",
+                )
+            )
 
 
 def session_trajectories(closed: Any, member: int = 0) -> list[Trajectory]:
@@ -73,21 +93,41 @@ def session_trajectories(closed: Any, member: int = 0) -> list[Trajectory]:
     finish = "length" if closed.finish_reason == "length" else "terminated"
     out = []
     for i, row in enumerate(rows):
-        out.append(Trajectory(
-            **row.arrays(), reward=float(closed.reward), rewards=[float(closed.reward)],
-            trajectory_id=f"{closed.group_id}/{closed.session_id}", group_id=closed.group_id,
-            task_id=closed.task_id, turn_boundaries=list(row.turn_boundaries), finish_reason=finish, row_index=i,
-            info={**closed.info, "session_id": closed.session_id, "model_calls": closed.model_calls,
-                  "segments_started": closed.segments_started, "num_rows": len(rows), "member": member,
-                  "attempt": 0, "source": "proxy"},
-        ))
+        out.append(
+            Trajectory(
+                **row.arrays(),
+                reward=float(closed.reward),
+                rewards=[float(closed.reward)],
+                trajectory_id=f"{closed.group_id}/{closed.session_id}",
+                group_id=closed.group_id,
+                task_id=closed.task_id,
+                turn_boundaries=list(row.turn_boundaries),
+                finish_reason=finish,
+                row_index=i,
+                info={
+                    **closed.info,
+                    "session_id": closed.session_id,
+                    "model_calls": closed.model_calls,
+                    "segments_started": closed.segments_started,
+                    "num_rows": len(rows),
+                    "member": member,
+                    "attempt": 0,
+                    "source": "proxy",
+                },
+            )
+        )
     return out
 
 
 class ProxyGroupSource(QueueSource):
     """Groups closed sessions and queues complete groups (see the module docstring)."""
 
-    def __init__(self, config: ProxySourceConfig | None = None, *, clock: Callable[[], float] = time.perf_counter):
+    def __init__(
+        self,
+        config: ProxySourceConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         self.config = config or ProxySourceConfig()
         self.clock = clock
         self._lock = threading.Lock()
@@ -111,10 +151,17 @@ class ProxyGroupSource(QueueSource):
                 return None
             del self._open[closed.group_id]
             trajs = [t for m, c in enumerate(members) for t in session_trajectories(c, m)]
-            group = Group(group_id=closed.group_id, task_id=members[0].task_id, trajectories=trajs,
-                          admitted_version=min(c.admitted_version for c in members),
-                          info={"completed_at": self.clock(), "source": "proxy",
-                                "segments_started": sum(c.segments_started for c in members)})
+            group = Group(
+                group_id=closed.group_id,
+                task_id=members[0].task_id,
+                trajectories=trajs,
+                admitted_version=min(c.admitted_version for c in members),
+                info={
+                    "completed_at": self.clock(),
+                    "source": "proxy",
+                    "segments_started": sum(c.segments_started for c in members),
+                },
+            )
             self._ready.append(group)
             self.counts["released"] += 1
         self._wake()
@@ -128,9 +175,15 @@ class ProxyGroupSource(QueueSource):
         """Until fewer than ``max_queued_groups`` groups wait (the server's admission hook); False after
         ``admission_timeout_s`` or when the source closed."""
         try:
-            return await asyncio.wait_for(self._wait(lambda: self._closed or
-                                                     len(self._ready) < self.config.max_queued_groups),
-                                          self.config.admission_timeout_s) and not self._closed
+            return (
+                await asyncio.wait_for(
+                    self._wait(
+                        lambda: self._closed or len(self._ready) < self.config.max_queued_groups
+                    ),
+                    self.config.admission_timeout_s,
+                )
+                and not self._closed
+            )
         except asyncio.TimeoutError:
             return False
 
@@ -178,7 +231,9 @@ class ProxyGroupSource(QueueSource):
             self._closed = True
         self._wake()
 
-    async def __aenter__(self) -> "ProxyGroupSource":  # ``async with source:`` as with the orchestrator
+    async def __aenter__(
+        self,
+    ) -> "ProxyGroupSource":  # ``async with source:`` as with the orchestrator
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -186,7 +241,11 @@ class ProxyGroupSource(QueueSource):
 
     def stats(self) -> dict[str, int]:
         with self._lock:
-            return {**dict(self.counts), "open_groups": len(self._open), "ready_groups": len(self._ready)}
+            return {
+                **dict(self.counts),
+                "open_groups": len(self._open),
+                "ready_groups": len(self._ready),
+            }
 
     # --- cross-thread waiting -----------------------------------------------------------------
     async def _wait(self, ready: Callable[[], bool]) -> bool:

@@ -49,7 +49,12 @@ from gymllm.rollout.episode import Episode
 from gymllm.rollout.group_queue import QueueClosed
 from gymllm.rollout.policy_map import check_policies
 from gymllm.rollout.producer import RolloutStalledError
-from gymllm.rollout.seat_play import SeatGamePlayer, batch_groups, check_eval_opponents, check_opponent
+from gymllm.rollout.seat_play import (
+    SeatGamePlayer,
+    batch_groups,
+    check_eval_opponents,
+    check_opponent,
+)
 from gymllm.rollout.sources import QueueSource
 from gymllm.types import Group
 
@@ -102,44 +107,118 @@ class MultiAgentSection:
     def __post_init__(self) -> None:
         check_opponent(self.opponent)
         if not isinstance(self.refresh_every, int) or self.refresh_every < 1:
-            raise ConfigError(explain("multiagent.refresh_every", expected="an int >= 1 (optimizer steps between "
-                                      "frozen-opponent refreshes)", received=self.refresh_every,
-                                      fix="e.g. --multiagent.refresh-every 10"))
+            raise ConfigError(
+                explain(
+                    "multiagent.refresh_every",
+                    expected="an int >= 1 (optimizer steps between frozen-opponent refreshes)",
+                    received=self.refresh_every,
+                    fix="e.g. --multiagent.refresh-every 10",
+                )
+            )
         seats = tuple(self.learner_seats)
-        if not seats or not all(isinstance(s, str) and s for s in seats) or ("all" in seats and len(seats) > 1):
-            raise ConfigError(explain("multiagent.learner_seats", expected="('all',) or a non-empty list of seat "
-                                      "names", received=self.learner_seats,
-                                      fix="e.g. --multiagent.learner-seats player_1 (or all)"))
+        if (
+            not seats
+            or not all(isinstance(s, str) and s for s in seats)
+            or ("all" in seats and len(seats) > 1)
+        ):
+            raise ConfigError(
+                explain(
+                    "multiagent.learner_seats",
+                    expected="('all',) or a non-empty list of seat names",
+                    received=self.learner_seats,
+                    fix="e.g. --multiagent.learner-seats player_1 (or all)",
+                )
+            )
         object.__setattr__(self, "learner_seats", seats)
         if self.baseline not in ("group", "role_ema"):
-            raise ConfigError(explain("multiagent.baseline", expected="'group' or 'role_ema'", received=self.baseline,
-                                      fix="--multiagent.baseline group"))
+            raise ConfigError(
+                explain(
+                    "multiagent.baseline",
+                    expected="'group' or 'role_ema'",
+                    received=self.baseline,
+                    fix="--multiagent.baseline group",
+                )
+            )
         if not 0.0 <= float(self.baseline_decay) < 1.0:
-            raise ConfigError(explain("multiagent.baseline_decay", expected="a float in [0, 1)",
-                                      received=self.baseline_decay, fix="e.g. 0.95 (SPIRAL's)"))
+            raise ConfigError(
+                explain(
+                    "multiagent.baseline_decay",
+                    expected="a float in [0, 1)",
+                    received=self.baseline_decay,
+                    fix="e.g. 0.95 (SPIRAL's)",
+                )
+            )
         if self.illegal_move not in ("retry", "forfeit", "random"):
-            raise ConfigError(explain("multiagent.illegal_move", expected="'retry', 'forfeit' or 'random'",
-                                      received=self.illegal_move, fix="e.g. --multiagent.illegal-move forfeit"))
-        if isinstance(self.max_invalid, bool) or not isinstance(self.max_invalid, int) or self.max_invalid < 1:
-            raise ConfigError(explain("multiagent.max_invalid", expected="an int >= 1 (illegal moves in a row that "
-                                      "forfeit under illegal_move='retry')", received=self.max_invalid,
-                                      fix="e.g. --multiagent.max-invalid 3"))
-        if isinstance(self.league_size, bool) or not isinstance(self.league_size, int) or self.league_size < 0:
-            raise ConfigError(explain("multiagent.league_size", expected="an int >= 0 (earlier snapshots the frozen "
-                                      "opponent is drawn from; 0: the latest only)", received=self.league_size,
-                                      fix="e.g. --multiagent.league-size 4"))
+            raise ConfigError(
+                explain(
+                    "multiagent.illegal_move",
+                    expected="'retry', 'forfeit' or 'random'",
+                    received=self.illegal_move,
+                    fix="e.g. --multiagent.illegal-move forfeit",
+                )
+            )
+        if (
+            isinstance(self.max_invalid, bool)
+            or not isinstance(self.max_invalid, int)
+            or self.max_invalid < 1
+        ):
+            raise ConfigError(
+                explain(
+                    "multiagent.max_invalid",
+                    expected="an int >= 1 (illegal moves in a row that "
+                    "forfeit under illegal_move='retry')",
+                    received=self.max_invalid,
+                    fix="e.g. --multiagent.max-invalid 3",
+                )
+            )
+        if (
+            isinstance(self.league_size, bool)
+            or not isinstance(self.league_size, int)
+            or self.league_size < 0
+        ):
+            raise ConfigError(
+                explain(
+                    "multiagent.league_size",
+                    expected="an int >= 0 (earlier snapshots the frozen "
+                    "opponent is drawn from; 0: the latest only)",
+                    received=self.league_size,
+                    fix="e.g. --multiagent.league-size 4",
+                )
+            )
         if self.league_size and self.opponent != "frozen":
-            raise ConfigError(explain("multiagent.league_size", expected="0 unless --multiagent.opponent frozen (the "
-                                      "league is a pool of frozen snapshots)", received=f"{self.league_size} with "
-                                      f"opponent={self.opponent!r}", fix="add --multiagent.opponent frozen"))
+            raise ConfigError(
+                explain(
+                    "multiagent.league_size",
+                    expected="0 unless --multiagent.opponent frozen (the "
+                    "league is a pool of frozen snapshots)",
+                    received=f"{self.league_size} with opponent={self.opponent!r}",
+                    fix="add --multiagent.opponent frozen",
+                )
+            )
         if not 0.0 <= float(self.league_latest) <= 1.0:
-            raise ConfigError(explain("multiagent.league_latest", expected="a probability in [0, 1]",
-                                      received=self.league_latest, fix="e.g. 0.25"))
+            raise ConfigError(
+                explain(
+                    "multiagent.league_latest",
+                    expected="a probability in [0, 1]",
+                    received=self.league_latest,
+                    fix="e.g. 0.25",
+                )
+            )
         object.__setattr__(self, "eval_opponents", check_eval_opponents(self.eval_opponents))
-        if isinstance(self.eval_games, bool) or not isinstance(self.eval_games, int) or self.eval_games < 2 \
-                or self.eval_games % 2:
-            raise ConfigError(explain("multiagent.eval_games", expected="an even int >= 2 (each seed from both seats)",
-                                      received=self.eval_games, fix="e.g. --multiagent.eval-games 32"))
+        if (
+            isinstance(self.eval_games, bool)
+            or not isinstance(self.eval_games, int)
+            or self.eval_games < 2
+            or self.eval_games % 2
+        ):
+            raise ConfigError(
+                explain(
+                    "multiagent.eval_games",
+                    expected="an even int >= 2 (each seed from both seats)",
+                    received=self.eval_games,
+                    fix="e.g. --multiagent.eval-games 32",
+                )
+            )
         check_policies(self)
 
     def seats(self, possible: list[str]) -> list[str]:
@@ -148,8 +227,14 @@ class MultiAgentSection:
             return list(possible)
         bad = [s for s in self.learner_seats if s not in possible]
         if bad:
-            raise ConfigError(explain("multiagent.learner_seats", expected=f"seats of this game: {possible}",
-                                      received=list(self.learner_seats), fix=f"drop {bad} (or use all)"))
+            raise ConfigError(
+                explain(
+                    "multiagent.learner_seats",
+                    expected=f"seats of this game: {possible}",
+                    received=list(self.learner_seats),
+                    fix=f"drop {bad} (or use all)",
+                )
+            )
         return list(self.learner_seats)
 
 
@@ -178,28 +263,45 @@ class SeatMetrics:
         def keep(group: Any) -> bool:
             seat = group.info.get("agent")
             if seat is not None:
-                self.pending.setdefault(seat, []).extend(float(t.reward) for t in group.trajectories)
-                self.illegal.setdefault(seat, []).extend(int(getattr(t, "info", {}).get("illegal", 0))
-                                                         for t in group.trajectories)
+                self.pending.setdefault(seat, []).extend(
+                    float(t.reward) for t in group.trajectories
+                )
+                self.illegal.setdefault(seat, []).extend(
+                    int(getattr(t, "info", {}).get("illegal", 0)) for t in group.trajectories
+                )
                 self.groups[seat] = self.groups.get(seat, 0) + 1
                 self.others["games"] += len(group.trajectories)
                 self.others["illegal"] += int(group.info.get("opponent_illegal", 0))
                 self.others["errors"] += int(group.info.get("opponent_errors", 0))
             return True if group_filter is None else bool(group_filter(group))
+
         return keep
 
     def flush(self) -> dict[str, float]:
         out: dict[str, float] = {}
         for seat, rewards in self.pending.items():
             r = np.asarray(rewards, dtype=np.float64)
-            out.update({f"seat/{seat}/reward": float(r.mean()), f"seat/{seat}/win": float((r > 0).mean()),
-                        f"seat/{seat}/draw": float((r == 0).mean()), f"seat/{seat}/loss": float((r < 0).mean())})
+            out.update(
+                {
+                    f"seat/{seat}/reward": float(r.mean()),
+                    f"seat/{seat}/win": float((r > 0).mean()),
+                    f"seat/{seat}/draw": float((r == 0).mean()),
+                    f"seat/{seat}/loss": float((r < 0).mean()),
+                }
+            )
         out.update({f"seat/{seat}/groups": float(n) for seat, n in self.groups.items()})
         if self.opponent != "self" and self.pending:
             r = np.concatenate([np.asarray(v, dtype=np.float64) for v in self.pending.values()])
-            out.update({f"vs/{self.opponent}/win": float((r > 0).mean()), f"vs/{self.opponent}/draw": float((r == 0).mean()),
-                        f"vs/{self.opponent}/loss": float((r < 0).mean())})
-        out.update({f"seat/{seat}/illegal": float(np.mean(n)) for seat, n in self.illegal.items() if n})
+            out.update(
+                {
+                    f"vs/{self.opponent}/win": float((r > 0).mean()),
+                    f"vs/{self.opponent}/draw": float((r == 0).mean()),
+                    f"vs/{self.opponent}/loss": float((r < 0).mean()),
+                }
+            )
+        out.update(
+            {f"seat/{seat}/illegal": float(np.mean(n)) for seat, n in self.illegal.items() if n}
+        )
         if self.opponent != "self" and self.others["games"]:
             out["opponent/illegal"] = self.others["illegal"] / self.others["games"]
             out["opponent/errors"] = float(self.others["errors"])
@@ -221,15 +323,30 @@ class SeatGroupSource(QueueSource):
     name = "multi-agent seats"
     waiting_for = "waiting for the next game batch to end"
 
-    def __init__(self, game_fn: Callable[[], Any], engine: Any, agent: Any, *, sampling: Any,
-                 rollout: RolloutConfig, config: MultiAgentSection, seed: int = 0,
-                 group_filter: Callable[[Group], bool] | None = None, opponent: Any = None):
+    def __init__(
+        self,
+        game_fn: Callable[[], Any],
+        engine: Any,
+        agent: Any,
+        *,
+        sampling: Any,
+        rollout: RolloutConfig,
+        config: MultiAgentSection,
+        seed: int = 0,
+        group_filter: Callable[[Group], bool] | None = None,
+        opponent: Any = None,
+    ):
         self.frozen = config.opponent == "frozen" or config.opponent.startswith("run:")
         if self.frozen and opponent is None:
-            raise ConfigError(explain("multiagent.opponent", expected="an opponent engine for a frozen or run:DIR "
-                                      "opponent (SeatGroupSource(..., opponent=FrozenOpponent.build(cfg, learner)))",
-                                      received=config.opponent, fix="train through gymllm train / train(), which "
-                                      "builds it, or pass opponent="))
+            raise ConfigError(
+                explain(
+                    "multiagent.opponent",
+                    expected="an opponent engine for a frozen or run:DIR "
+                    "opponent (SeatGroupSource(..., opponent=FrozenOpponent.build(cfg, learner)))",
+                    received=config.opponent,
+                    fix="train through gymllm train / train(), which builds it, or pass opponent=",
+                )
+            )
         self.game_fn, self.engine, self.agent, self.sampling = game_fn, engine, agent, sampling
         self.rollout, self.config, self.group_filter = rollout, config, group_filter
         self.seed = seed  # batch k: env seed seed + k (the run's run.seed)
@@ -246,13 +363,30 @@ class SeatGroupSource(QueueSource):
         self.changed = asyncio.Event()
         self.in_flight: dict[int, int] = {}  # batch -> admitted version
         self.games_in_flight = 0
-        self.counts = {"groups": 0, "games": 0, "filtered": 0, "failed_batches": 0, "opponent_moves": 0,
-                       "learner_moves": 0, "illegal_moves": 0, "seat_errors": 0}
+        self.counts = {
+            "groups": 0,
+            "games": 0,
+            "filtered": 0,
+            "failed_batches": 0,
+            "opponent_moves": 0,
+            "learner_moves": 0,
+            "illegal_moves": 0,
+            "seat_errors": 0,
+        }
         self.error: BaseException | None = None
         self.failed_streak = 0
         self.closed = False
-        self.player = SeatGamePlayer(game_fn, agent, sampling=sampling, rollout=rollout, config=config, seed=seed,
-                                     possible=self.possible, frozen=self.frozen, counts=self.counts)
+        self.player = SeatGamePlayer(
+            game_fn,
+            agent,
+            sampling=sampling,
+            rollout=rollout,
+            config=config,
+            seed=seed,
+            possible=self.possible,
+            frozen=self.frozen,
+            counts=self.counts,
+        )
 
     # --- GroupSource ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -262,7 +396,9 @@ class SeatGroupSource(QueueSource):
     def set_policy_version(self, version: int) -> None:
         self.version = int(version)
         if self.config.opponent == "frozen" and version % self.config.refresh_every == 0:
-            self.opponent.refresh(version)  # games already in flight finish against the new snapshot
+            self.opponent.refresh(
+                version
+            )  # games already in flight finish against the new snapshot
         self.changed.set()
 
     def stats(self) -> dict[str, Any]:
@@ -345,10 +481,16 @@ class SeatGroupSource(QueueSource):
     async def _batch(self, k: int) -> None:
         seed = self.seed + k
         seats = self.batch_seats(k)
-        tasks = [asyncio.ensure_future(self.play_game(k, m, seed, seats)) for m in range(self.rollout.group_size)]
+        tasks = [
+            asyncio.ensure_future(self.play_game(k, m, seed, seats))
+            for m in range(self.rollout.group_size)
+        ]
         try:
             games = await asyncio.gather(*tasks)
-        except (Exception, asyncio.CancelledError) as e:  # a game that raised: the batch is lost (its other games stop), the run goes on
+        except (
+            Exception,
+            asyncio.CancelledError,
+        ) as e:  # a game that raised: the batch is lost (its other games stop), the run goes on
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -356,17 +498,38 @@ class SeatGroupSource(QueueSource):
                 raise
             self.counts["failed_batches"] += 1
             self.failed_streak += 1
-            log.warning("multi-agent batch %d (seed %d) failed and is dropped: %s: %s", k, seed, type(e).__name__, e)
+            log.warning(
+                "multi-agent batch %d (seed %d) failed and is dropped: %s: %s",
+                k,
+                seed,
+                type(e).__name__,
+                e,
+            )
             if self.failed_streak > self.rollout.max_failed_streak:
-                self.error = RolloutStalledError(explain(
-                    "multi-agent games", expected="games that finish", received=f"{self.failed_streak} failed "
-                    f"batches in a row, the last: {type(e).__name__}: {e}", fix="fix the game or the opponent"),
-                    failures=self.failed_streak, last_errors=[repr(e)])
+                self.error = RolloutStalledError(
+                    explain(
+                        "multi-agent games",
+                        expected="games that finish",
+                        received=f"{self.failed_streak} failed "
+                        f"batches in a row, the last: {type(e).__name__}: {e}",
+                        fix="fix the game or the opponent",
+                    ),
+                    failures=self.failed_streak,
+                    last_errors=[repr(e)],
+                )
             self._finish_batch(k)
             return
         self.failed_streak = 0
-        for group in batch_groups(k, seed, seats, games, admitted=self.in_flight[k], released=self.version,
-                                  opponent=self.config.opponent, policy_of=self.policy_of):
+        for group in batch_groups(
+            k,
+            seed,
+            seats,
+            games,
+            admitted=self.in_flight[k],
+            released=self.version,
+            opponent=self.config.opponent,
+            policy_of=self.policy_of,
+        ):
             self.counts["groups"] += 1
             if self.group_filter is None or self.group_filter(group):
                 self.ready.append(group)
@@ -380,8 +543,11 @@ class SeatGroupSource(QueueSource):
         self.games_in_flight -= self.rollout.group_size
         self.changed.set()
 
-    async def play_game(self, k: int, member: int, seed: int,
-                        seats: list[str]) -> tuple[dict[str, Episode], dict[str, dict[str, int]]]:
+    async def play_game(
+        self, k: int, member: int, seed: int, seats: list[str]
+    ) -> tuple[dict[str, Episode], dict[str, dict[str, int]]]:
         """Play game ``member`` of batch ``k`` from ``seed`` (:meth:`SeatGamePlayer.play_game
         <gymllm.rollout.seat_play.SeatGamePlayer.play_game>`, with this source's :meth:`engine_for`)."""
-        return await self.player.play_game(k, member, seed, seats, self.engine_for, self.rollout.prompt_limit(self.engine))
+        return await self.player.play_game(
+            k, member, seed, seats, self.engine_for, self.rollout.prompt_limit(self.engine)
+        )

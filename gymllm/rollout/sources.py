@@ -91,9 +91,14 @@ class GroupSourceError(GymLLMError, RuntimeError):
     ``cause`` is the original exception (also ``__cause__``)."""
 
     def __init__(self, source: str, cause: BaseException):
-        super().__init__(explain(f"group source {source!r}", expected="complete groups (or QueueClosed when it "
-                                 "has no more)", received=f"{type(cause).__name__}: {cause}",
-                                 fix="see the traceback above for the source's own failure"))
+        super().__init__(
+            explain(
+                f"group source {source!r}",
+                expected="complete groups (or QueueClosed when it has no more)",
+                received=f"{type(cause).__name__}: {cause}",
+                fix="see the traceback above for the source's own failure",
+            )
+        )
         self.source, self.cause = source, cause
 
 

@@ -32,11 +32,23 @@ class StalenessController:
 
     def __init__(self, *, max_staleness: int | None, groups_per_step: int, version: int = 0):
         if max_staleness is not None and (not isinstance(max_staleness, int) or max_staleness < 0):
-            raise ConfigError(explain("StalenessController.max_staleness", expected="None or an int >= 0",
-                                      received=max_staleness, fix="pass eta = 0 for synchronous, 2-4 for async"))
+            raise ConfigError(
+                explain(
+                    "StalenessController.max_staleness",
+                    expected="None or an int >= 0",
+                    received=max_staleness,
+                    fix="pass eta = 0 for synchronous, 2-4 for async",
+                )
+            )
         if not isinstance(groups_per_step, int) or groups_per_step < 1:
-            raise ConfigError(explain("StalenessController.groups_per_step", expected="an int >= 1",
-                                      received=groups_per_step, fix="pass the learner's groups per optimizer step"))
+            raise ConfigError(
+                explain(
+                    "StalenessController.groups_per_step",
+                    expected="an int >= 1",
+                    received=groups_per_step,
+                    fix="pass the learner's groups per optimizer step",
+                )
+            )
         self.max_staleness = max_staleness
         self.groups_per_step = groups_per_step
         self.version = int(version)
@@ -78,7 +90,9 @@ class StalenessController:
     def finish(self, *, accepted: bool) -> None:
         """A running group ended: accepted (handed on) or not (filtered, failed, timed out)."""
         if self.running <= 0:
-            raise RuntimeError("finish() without a running group: every finish must match one admit()")
+            raise RuntimeError(
+                "finish() without a running group: every finish must match one admit()"
+            )
         self.running -= 1
         self.accepted += int(accepted)
         self._notify()
@@ -106,8 +120,12 @@ class StalenessController:
         version = int(version)
         if version < self.version:
             raise ValueError(
-                explain("policy version", expected=f">= current version {self.version}", received=version,
-                        fix="versions only increase; pass the learner's step count after each update")
+                explain(
+                    "policy version",
+                    expected=f">= current version {self.version}",
+                    received=version,
+                    fix="versions only increase; pass the learner's step count after each update",
+                )
             )
         if self._loop is not None and threading.get_ident() != self._thread:
             self._loop.call_soon_threadsafe(self._set_version_on_loop, version)

@@ -35,8 +35,9 @@ from gymllm.telemetry import span
 from gymllm.types import Group
 
 
-def sync_batch_groups(num_envs: int, engine: Any, config: RolloutConfig, batch_groups: int = 8, *,
-                      fill: bool = True) -> int:
+def sync_batch_groups(
+    num_envs: int, engine: Any, config: RolloutConfig, batch_groups: int = 8, *, fill: bool = True
+) -> int:
     """Groups per synchronous batch: with ``fill``, as many as ``num_envs``, the engine's rows and
     ``config.max_concurrency`` hold, at least ``batch_groups`` (a step's groups); never more than the
     envs hold (a group of ``group_size`` needs that many envs)."""
@@ -59,19 +60,38 @@ class SyncBatchSource:
     name = "synchronous baseline"
     waiting_for = "rolling out the next synchronous batch"
 
-    def __init__(self, envs: Any, engine: Any, agent: Agent, *, sampling: Any, config: RolloutConfig,
-                 seed: int = 0, batch_groups: int = 8, fill: bool = True,
-                 group_filter: Callable[[Group], bool] | None = None):
+    def __init__(
+        self,
+        envs: Any,
+        engine: Any,
+        agent: Agent,
+        *,
+        sampling: Any,
+        config: RolloutConfig,
+        seed: int = 0,
+        batch_groups: int = 8,
+        fill: bool = True,
+        group_filter: Callable[[Group], bool] | None = None,
+    ):
         self.slots = as_env_slots(envs)
         self.engine = engine if isinstance(engine, MeteredEngine) else MeteredEngine(engine)
-        self.agent, self.sampling, self.config, self.group_filter = agent, sampling, config, group_filter
+        self.agent, self.sampling, self.config, self.group_filter = (
+            agent,
+            sampling,
+            config,
+            group_filter,
+        )
         self.seed = seed
         group_size = config.group_size
-        self.batch_groups = sync_batch_groups(self.slots.num_envs, self.engine.engine, config, batch_groups, fill=fill)
+        self.batch_groups = sync_batch_groups(
+            self.slots.num_envs, self.engine.engine, config, batch_groups, fill=fill
+        )
         if self.batch_groups * group_size > self.slots.num_envs:
-            raise ValueError(f"sync_rollout: a group of {group_size} needs {group_size} envs, received "
-                             f"{self.slots.num_envs}. "
-                             "Fix: pass more envs.")
+            raise ValueError(
+                f"sync_rollout: a group of {group_size} needs {group_size} envs, received "
+                f"{self.slots.num_envs}. "
+                "Fix: pass more envs."
+            )
         self.prefix = check_prefix_preserving(agent.tokenizer, agent.observation_roles)
         self.next_k, self.counts = 0, {"batches": 0, "groups": 0}
 
@@ -81,10 +101,22 @@ class SyncBatchSource:
     async def next_groups(self) -> list[Group]:
         total = self.config.num_groups
         while total is None or self.next_k < total:
-            end = self.next_k + self.batch_groups if total is None else min(self.next_k + self.batch_groups, total)
+            end = (
+                self.next_k + self.batch_groups
+                if total is None
+                else min(self.next_k + self.batch_groups, total)
+            )
             ks, self.next_k = list(range(self.next_k, end)), end
-            batch = await _run_batch(self.slots, self.engine, self.agent, self.sampling, self.config, self.seed, ks,
-                                     self.prefix)
+            batch = await _run_batch(
+                self.slots,
+                self.engine,
+                self.agent,
+                self.sampling,
+                self.config,
+                self.seed,
+                ks,
+                self.prefix,
+            )
             self.counts["batches"] += 1
             self.counts["groups"] += len(batch)
             kept = [g for g in batch if self.group_filter is None or self.group_filter(g)]
@@ -106,10 +138,18 @@ class SyncBatchSource:
         pass
 
 
-async def sync_rollout(envs: Any, engine: Any, agent: Agent, *, sampling: Any, config: RolloutConfig,
-                       seed: int = 0, batch_groups: int = 8,
-                       on_batch: Callable[[list[Group]], Awaitable[None] | None] | None = None,
-                       fill: bool = True) -> list[Group]:
+async def sync_rollout(
+    envs: Any,
+    engine: Any,
+    agent: Agent,
+    *,
+    sampling: Any,
+    config: RolloutConfig,
+    seed: int = 0,
+    batch_groups: int = 8,
+    on_batch: Callable[[list[Group]], Awaitable[None] | None] | None = None,
+    fill: bool = True,
+) -> list[Group]:
     """Run ``config.num_groups`` groups in lockstep batches; returns them in group order.
 
     Each batch has :func:`sync_batch_groups` groups (``fill``: every env and engine row works;
@@ -118,9 +158,19 @@ async def sync_rollout(envs: Any, engine: Any, agent: Agent, *, sampling: Any, c
     not a runner).
     """
     if config.num_groups is None:
-        raise ValueError("sync_rollout: expected config.num_groups (an int), received None. Fix: set num_groups.")
-    source = SyncBatchSource(envs, engine, agent, sampling=sampling, config=config, seed=seed,
-                             batch_groups=batch_groups, fill=fill)
+        raise ValueError(
+            "sync_rollout: expected config.num_groups (an int), received None. Fix: set num_groups."
+        )
+    source = SyncBatchSource(
+        envs,
+        engine,
+        agent,
+        sampling=sampling,
+        config=config,
+        seed=seed,
+        batch_groups=batch_groups,
+        fill=fill,
+    )
     groups: list[Group] = []
     while True:
         try:
@@ -140,15 +190,35 @@ async def _timed(aw: Awaitable[Any]) -> tuple[Any, float]:
     return out, time.perf_counter() - t
 
 
-async def _run_batch(slots: Any, engine: MeteredEngine, agent: Agent, sampling: Any, config: RolloutConfig,
-                     seed: int, ks: list[int], prefix: bool) -> list[Group]:
+async def _run_batch(
+    slots: Any,
+    engine: MeteredEngine,
+    agent: Agent,
+    sampling: Any,
+    config: RolloutConfig,
+    seed: int,
+    ks: list[int],
+    prefix: bool,
+) -> list[Group]:
     group_size = config.group_size
     version = engine.version
-    episodes = [Episode(EpisodeKey(k, m, 0, seed + k), agent, sampling, base_seed=seed,
-                        max_model_calls=config.max_model_calls, prefix_preserving=prefix, env_id=i * group_size + m)
-                for i, k in enumerate(ks) for m in range(group_size)]
+    episodes = [
+        Episode(
+            EpisodeKey(k, m, 0, seed + k),
+            agent,
+            sampling,
+            base_seed=seed,
+            max_model_calls=config.max_model_calls,
+            prefix_preserving=prefix,
+            env_id=i * group_size + m,
+        )
+        for i, k in enumerate(ks)
+        for m in range(group_size)
+    ]
     with span("env_step", track="rollout", kind="reset_all", n=len(episodes)):
-        resets = await asyncio.gather(*(_timed(slots.reset(ep.env_id, ep.key.env_seed)) for ep in episodes))
+        resets = await asyncio.gather(
+            *(_timed(slots.reset(ep.env_id, ep.key.env_seed)) for ep in episodes)
+        )
     for ep, ((obs, info), dt) in zip(episodes, resets):
         ep.begin(obs, info, reset_s=dt)
     limit = config.prompt_limit(engine.engine)
@@ -158,11 +228,17 @@ async def _run_batch(slots: Any, engine: MeteredEngine, agent: Agent, sampling: 
             break
         requests = [ep.next_request() for ep in active]
         with span("generate", track="rollout", kind="batch", n=len(active)):
-            outs = await asyncio.gather(*(_timed(engine.generate(p, sp, session_id=ep.key.trajectory_id))
-                                          for ep, (p, sp) in zip(active, requests)))
+            outs = await asyncio.gather(
+                *(
+                    _timed(engine.generate(p, sp, session_id=ep.key.trajectory_id))
+                    for ep, (p, sp) in zip(active, requests)
+                )
+            )
         actions = [ep.on_completion(c, dt) for ep, (c, dt) in zip(active, outs)]
         with span("env_step", track="rollout", kind="step_all", n=len(active)):
-            steps = await asyncio.gather(*(_timed(slots.step(ep.env_id, a)) for ep, a in zip(active, actions)))
+            steps = await asyncio.gather(
+                *(_timed(slots.step(ep.env_id, a)) for ep, a in zip(active, actions))
+            )
         for ep, ((obs, r, term, trunc, info), dt) in zip(active, steps):
             ep.on_step(obs, r, term, trunc, info, dt)
     end = getattr(engine.engine, "end_session", None)

@@ -41,12 +41,21 @@ class ChatTokenizer(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
-    def apply_chat_template(self, messages: list, tools: list | None = None, add_generation_prompt: bool = False,
-                            tokenize: bool = False) -> Any: ...
+    def apply_chat_template(
+        self,
+        messages: list,
+        tools: list | None = None,
+        add_generation_prompt: bool = False,
+        tokenize: bool = False,
+    ) -> Any: ...
 
 
-def render(tokenizer: ChatTokenizer, messages: list[Message], tools: list | None = None,
-           add_generation_prompt: bool = False) -> str:
+def render(
+    tokenizer: ChatTokenizer,
+    messages: list[Message],
+    tools: list | None = None,
+    add_generation_prompt: bool = False,
+) -> str:
     """The chat template's text for ``messages`` (tools only when given)."""
     kwargs: dict[str, Any] = {"add_generation_prompt": add_generation_prompt, "tokenize": False}
     if tools:
@@ -60,8 +69,9 @@ def _probe_message(role: str) -> Message:
     return {"role": role, "content": "Next: say more."}
 
 
-def check_prefix_preserving(tokenizer: ChatTokenizer, roles: Sequence[str] = ("user",),
-                            tools: list | None = None) -> bool:
+def check_prefix_preserving(
+    tokenizer: ChatTokenizer, roles: Sequence[str] = ("user",), tools: list | None = None
+) -> bool:
     """True when appending a message of each role (and a later assistant turn) keeps the rendering
     of the earlier conversation as an exact text prefix. Uses the bundle's own check when it has one."""
     own = getattr(tokenizer, "is_prefix_preserving", None)
@@ -70,7 +80,10 @@ def check_prefix_preserving(tokenizer: ChatTokenizer, roles: Sequence[str] = ("u
             return bool(own(roles=tuple(roles)))
         except TypeError:
             return bool(own(tuple(roles)))
-    base: list[Message] = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there."}]
+    base: list[Message] = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello there."},
+    ]
     try:
         prev = render(tokenizer, base, tools)
         for role in roles:
@@ -88,10 +101,13 @@ def check_prefix_preserving(tokenizer: ChatTokenizer, roles: Sequence[str] = ("u
 
 def closing_text(tokenizer: ChatTokenizer, tools: list | None = None) -> str:
     """What the template renders right after an assistant message's content (e.g. ``<|im_end|>\\n``)."""
-    msgs: list[Message] = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": _SENTINEL}]
+    msgs: list[Message] = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": _SENTINEL},
+    ]
     text = render(tokenizer, msgs, tools)
     i = text.rfind(_SENTINEL)
-    return text[i + len(_SENTINEL):] if i >= 0 else ""
+    return text[i + len(_SENTINEL) :] if i >= 0 else ""
 
 
 @dataclasses.dataclass
@@ -111,7 +127,9 @@ class Row:
         self.logprobs.extend([0.0] * n)
         self.versions.extend([-1] * n)
 
-    def extend_sampled(self, ids: Sequence[int], logprobs: Sequence[float], versions: Sequence[int]) -> None:
+    def extend_sampled(
+        self, ids: Sequence[int], logprobs: Sequence[float], versions: Sequence[int]
+    ) -> None:
         start = len(self.token_ids)
         self.token_ids.extend(int(i) for i in ids)
         self.loss_mask.extend([1] * len(ids))
@@ -135,12 +153,23 @@ class TokenBuffer:
     :meth:`add_sampled` -> env -> :meth:`add_observation` }.
     """
 
-    def __init__(self, tokenizer: ChatTokenizer, *, tools: list | None = None, prefix_preserving: bool = True,
-                 stop_token_ids: Sequence[int] | None = None, trajectory_id: str = ""):
+    def __init__(
+        self,
+        tokenizer: ChatTokenizer,
+        *,
+        tools: list | None = None,
+        prefix_preserving: bool = True,
+        stop_token_ids: Sequence[int] | None = None,
+        trajectory_id: str = "",
+    ):
         self.tokenizer = tokenizer
         self.tools = tools or None
         self.fallback = not prefix_preserving
-        stops = stop_token_ids if stop_token_ids is not None else getattr(tokenizer, "stop_token_ids", ())
+        stops = (
+            stop_token_ids
+            if stop_token_ids is not None
+            else getattr(tokenizer, "stop_token_ids", ())
+        )
         self.stop_token_ids = frozenset(int(i) for i in (stops or ()))
         self.trajectory_id = trajectory_id
         self.messages: list[Message] = []
@@ -149,14 +178,18 @@ class TokenBuffer:
         self._last_sampled: list[int] = []
         self._awaiting_observation = False
         if self.fallback:
-            log.info("trajectory %s: chat template is not prefix-preserving; one training row per model call",
-                     trajectory_id)
+            log.info(
+                "trajectory %s: chat template is not prefix-preserving; one training row per model call",
+                trajectory_id,
+            )
 
     # --- building ---------------------------------------------------------------------------
     def start(self, messages: list[Message]) -> list[int]:
         """Set the initial conversation; returns the first prompt's ids."""
         if self.rows:
-            raise RuntimeError("TokenBuffer.start called twice. Fix: use one TokenBuffer per trajectory.")
+            raise RuntimeError(
+                "TokenBuffer.start called twice. Fix: use one TokenBuffer per trajectory."
+            )
         self.messages = list(messages)
         row = Row()
         row.extend_context(self._encode_prompt())
@@ -168,11 +201,18 @@ class TokenBuffer:
         """The ids to send to the engine for the next model call."""
         return list(self.rows[-1].token_ids)
 
-    def add_sampled(self, ids: Sequence[int], logprobs: Sequence[float], versions: Sequence[int],
-                    message: Message) -> None:
+    def add_sampled(
+        self,
+        ids: Sequence[int],
+        logprobs: Sequence[float],
+        versions: Sequence[int],
+        message: Message,
+    ) -> None:
         """Append a model call's sampled ids verbatim (mask 1) and its assistant message to the history."""
         if not self.rows:
-            raise RuntimeError("TokenBuffer.add_sampled before start(). Fix: call start(messages) first.")
+            raise RuntimeError(
+                "TokenBuffer.add_sampled before start(). Fix: call start(messages) first."
+            )
         if not (len(ids) == len(logprobs) == len(versions)):
             raise ValueError(
                 f"TokenBuffer.add_sampled: expected ids, logprobs and versions of one length, received "
@@ -189,20 +229,25 @@ class TokenBuffer:
         In fallback mode a new row starts, prompted with the re-rendered conversation.
         """
         if not self._awaiting_observation:
-            raise RuntimeError("TokenBuffer.add_observation without a model call before it. Fix: add_sampled first.")
+            raise RuntimeError(
+                "TokenBuffer.add_observation without a model call before it. Fix: add_sampled first."
+            )
         self._awaiting_observation = False
         prev = render(self.tokenizer, self.messages, self.tools)
         self.messages.extend(new_messages)
         if not self.fallback:
             full = render(self.tokenizer, self.messages, self.tools, add_generation_prompt=True)
             if full.startswith(prev):
-                delta = self._delta_ids(full[len(prev):])
+                delta = self._delta_ids(full[len(prev) :])
                 self.rows[-1].extend_context(delta)
                 return delta
             self.fallback = True
-            log.warning("trajectory %s: chat template rewrote earlier turns (not prefix-preserving for %s); "
-                        "falling back to one training row per model call",
-                        self.trajectory_id, [m.get("role") for m in new_messages])
+            log.warning(
+                "trajectory %s: chat template rewrote earlier turns (not prefix-preserving for %s); "
+                "falling back to one training row per model call",
+                self.trajectory_id,
+                [m.get("role") for m in new_messages],
+            )
         row = Row()
         row.extend_context(self._encode_prompt())
         self.rows.append(row)
@@ -210,13 +255,23 @@ class TokenBuffer:
 
     # --- helpers ----------------------------------------------------------------------------
     def _encode_prompt(self) -> list[int]:
-        return list(self.tokenizer.encode(render(self.tokenizer, self.messages, self.tools, add_generation_prompt=True)))
+        return list(
+            self.tokenizer.encode(
+                render(self.tokenizer, self.messages, self.tools, add_generation_prompt=True)
+            )
+        )
 
     def _delta_ids(self, rest: str) -> list[int]:
         if self._closing is None:
             self._closing = closing_text(self.tokenizer, self.tools)
         ids = list(self.tokenizer.encode(self._closing + rest))
         last = self._last_sampled[-1] if self._last_sampled else None
-        if self._closing and last is not None and last in self.stop_token_ids and ids and ids[0] == last:
+        if (
+            self._closing
+            and last is not None
+            and last in self.stop_token_ids
+            and ids
+            and ids[0] == last
+        ):
             ids = ids[1:]  # the model closed its own turn with the template's end-of-turn token
         return ids

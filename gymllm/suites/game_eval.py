@@ -42,14 +42,31 @@ class GameEvaluator:
     ``opponents``: ``random`` / ``MODULE:FN`` specs; ``games``: per opponent (even); ``seed``: the first
     seed; ``temperature`` / ``max_tokens`` / ``max_moves``: as :class:`~gymllm.suites.games.MatchConfig`."""
 
-    def __init__(self, make_game: Callable[[], Any], agent: Any, *, opponents: Sequence[str] = ("random",),
-                 games: int = 32, seed: int, temperature: float = 0.0, max_tokens: int = 16, max_moves: int = 200,
-                 max_concurrency: int = 64):
+    def __init__(
+        self,
+        make_game: Callable[[], Any],
+        agent: Any,
+        *,
+        opponents: Sequence[str] = ("random",),
+        games: int = 32,
+        seed: int,
+        temperature: float = 0.0,
+        max_tokens: int = 16,
+        max_moves: int = 200,
+        max_concurrency: int = 64,
+    ):
         self.make_game, self.agent = make_game, agent
         self.opponents = [opponent_player(spec, label=opponent_key(spec)) for spec in opponents]
-        self.config = MatchConfig(games=games, seed=seed, temperature=temperature, max_tokens=max_tokens,
-                                  max_moves=max_moves, max_concurrency=max_concurrency, move_timeout_s=None,
-                                  overflow="random")
+        self.config = MatchConfig(
+            games=games,
+            seed=seed,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            max_moves=max_moves,
+            max_concurrency=max_concurrency,
+            move_timeout_s=None,
+            overflow="random",
+        )
         probe = make_game()
         self.seats = list(probe.possible_agents)
         probe.close()
@@ -59,7 +76,9 @@ class GameEvaluator:
         ``opponent``, ``games``, ``errors``, ``win``, ``draw``, ``loss``, ``win_or_draw``, ``score``,
         ``reward``, ``illegal`` (the policy's illegal moves per game) and ``overflow`` (its moves past the
         engine's context, played at random, per game)."""
-        me = Player(label=POLICY, loaded=types.SimpleNamespace(tokenizer=None), make_engine=lambda: engine)
+        me = Player(
+            label=POLICY, loaded=types.SimpleNamespace(tokenizer=None), make_engine=lambda: engine
+        )
         gate = asyncio.Semaphore(self.config.max_concurrency)
         out = []
         for opp in self.opponents:
@@ -67,8 +86,14 @@ class GameEvaluator:
 
             async def one(item: dict[str, Any]) -> dict[str, Any]:
                 async with gate:
-                    return await play_game(self.make_game, item, players, {POLICY: engine}, {POLICY: self.agent},
-                                           self.config)
+                    return await play_game(
+                        self.make_game,
+                        item,
+                        players,
+                        {POLICY: engine},
+                        {POLICY: self.agent},
+                        self.config,
+                    )
 
             items = schedule([POLICY, opp.label], self.config.games, self.config.seed, self.seats)
             rows = await asyncio.gather(*(one(i) for i in items))
@@ -83,11 +108,20 @@ class GameEvaluator:
         win = sum(r["winner"] == POLICY for r in scored) / n
         draw = sum(r["winner"] is None for r in scored) / n
         rewards = [r["rewards"][POLICY] for r in rows if POLICY in (r.get("rewards") or {})]
-        return {"step": step, "opponent": opponent, "games": len(scored), "errors": sum(r["error"] is not None for r in rows),
-                "win": win, "draw": draw, "loss": 1.0 - win - draw if scored else 0.0, "win_or_draw": win + draw,
-                "score": win + draw / 2, "reward": sum(rewards) / len(rewards) if rewards else 0.0,
-                "illegal": sum(r["invalid"].get(POLICY, 0) for r in rows) / max(len(rows), 1),
-                "overflow": sum(r.get("overflow", {}).get(POLICY, 0) for r in rows) / max(len(rows), 1)}
+        return {
+            "step": step,
+            "opponent": opponent,
+            "games": len(scored),
+            "errors": sum(r["error"] is not None for r in rows),
+            "win": win,
+            "draw": draw,
+            "loss": 1.0 - win - draw if scored else 0.0,
+            "win_or_draw": win + draw,
+            "score": win + draw / 2,
+            "reward": sum(rewards) / len(rewards) if rewards else 0.0,
+            "illegal": sum(r["invalid"].get(POLICY, 0) for r in rows) / max(len(rows), 1),
+            "overflow": sum(r.get("overflow", {}).get(POLICY, 0) for r in rows) / max(len(rows), 1),
+        }
 
     @staticmethod
     def metrics(row: dict[str, Any]) -> dict[str, float]:

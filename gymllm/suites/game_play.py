@@ -20,7 +20,9 @@ class _SideError(Exception):
     """A side failed to produce a move (its policy or engine raised, timed out or ran out of context)."""
 
 
-async def _model_move(game: Any, agent: str, ep: Any, engine: Any, started: set[str], config: Any) -> str | None:
+async def _model_move(
+    game: Any, agent: str, ep: Any, engine: Any, started: set[str], config: Any
+) -> str | None:
     obs, reward, _, _, info = game.last()
     info = {**info, "agent": agent}
     if agent not in started:
@@ -32,16 +34,26 @@ async def _model_move(game: Any, agent: str, ep: Any, engine: Any, started: set[
     if not ep.fits(int(max_len) - 1 if isinstance(max_len, int) else None):
         if config.overflow == "random":
             return None  # the caller plays a random legal move (training's convention past the context)
-        raise _SideError(f"the prompt ({len(ep.buffer.prompt_ids)} tokens) is past the engine's context ({max_len}); "
-                         "fix: raise --max-len")
+        raise _SideError(
+            f"the prompt ({len(ep.buffer.prompt_ids)} tokens) is past the engine's context ({max_len}); "
+            "fix: raise --max-len"
+        )
     prompt, params = ep.next_request()
     call = engine.generate(prompt, params, session_id=ep.key.trajectory_id)
-    completion = await (asyncio.wait_for(call, config.move_timeout_s) if config.move_timeout_s else call)
+    completion = await (
+        asyncio.wait_for(call, config.move_timeout_s) if config.move_timeout_s else call
+    )
     return ep.on_completion(completion, 0.0)
 
 
-async def play_game(make_game: Callable[[], Any], item: dict[str, Any], players: dict[str, Any],
-                    engines: dict[str, Any], agents: dict[str, Any], config: Any) -> dict[str, Any]:
+async def play_game(
+    make_game: Callable[[], Any],
+    item: dict[str, Any],
+    players: dict[str, Any],
+    engines: dict[str, Any],
+    agents: dict[str, Any],
+    config: Any,
+) -> dict[str, Any]:
     """Play one scheduled game (:func:`~gymllm.suites.games.schedule`'s ``item``); returns its row (module
     doc). ``players``: :class:`~gymllm.suites.games.Player` by label; ``config``: the
     :class:`~gymllm.suites.games.MatchConfig` (typed ``Any``: games.py imports this module, not back)."""
@@ -53,18 +65,47 @@ async def play_game(make_game: Callable[[], Any], item: dict[str, Any], players:
 
     by_seat: dict[str, str] = item["players"]
     seats = list(by_seat)
-    row: dict[str, Any] = {"pairing": item["labels"], "game": item["game"], "seed": item["seed"], "players": by_seat,
-                           "winner": None, "draw": False, "outcomes": {}, "rewards": {}, "moves": [],
-                           "invalid": {label: 0 for label in by_seat.values()}, "forfeit": None, "truncated": False,
-                           "error": None, "crashed": None, "scored": True, "overflow": {}}
-    rng = np.random.default_rng([item["seed"], item["game"]])  # not the pairing: two players meet the same draws
+    row: dict[str, Any] = {
+        "pairing": item["labels"],
+        "game": item["game"],
+        "seed": item["seed"],
+        "players": by_seat,
+        "winner": None,
+        "draw": False,
+        "outcomes": {},
+        "rewards": {},
+        "moves": [],
+        "invalid": {label: 0 for label in by_seat.values()},
+        "forfeit": None,
+        "truncated": False,
+        "error": None,
+        "crashed": None,
+        "scored": True,
+        "overflow": {},
+    }
+    rng = np.random.default_rng(
+        [item["seed"], item["game"]]
+    )  # not the pairing: two players meet the same draws
     sampling = SamplingParams(temperature=config.temperature, max_tokens=config.max_tokens)
-    episodes = {seat: Episode(EpisodeKey(group_index=item["pairing"], member=item["game"] * len(seats) + i,
-                                         env_seed=item["seed"]), agents[label], sampling, base_seed=config.seed,
-                              max_model_calls=config.max_moves + 1)
-                for i, (seat, label) in enumerate(by_seat.items()) if players[label].kind == "model"}
+    episodes = {
+        seat: Episode(
+            EpisodeKey(
+                group_index=item["pairing"],
+                member=item["game"] * len(seats) + i,
+                env_seed=item["seed"],
+            ),
+            agents[label],
+            sampling,
+            base_seed=config.seed,
+            max_model_calls=config.max_moves + 1,
+        )
+        for i, (seat, label) in enumerate(by_seat.items())
+        if players[label].kind == "model"
+    }
     started: set[str] = set()
-    overflowed: set[str] = set()  # model seats past their engine's context (config.overflow == "random")
+    overflowed: set[str] = (
+        set()
+    )  # model seats past their engine's context (config.overflow == "random")
     final: dict[str, tuple[float, dict]] = {}
     game = None
     try:
@@ -83,11 +124,15 @@ async def play_game(make_game: Callable[[], Any], item: dict[str, Any], players:
             label = by_seat[agent]
             player = players[label]
             try:
-                if player.kind == "model" and agent in overflowed:  # past its context: random from then on
+                if (
+                    player.kind == "model" and agent in overflowed
+                ):  # past its context: random from then on
                     row["overflow"][label] += 1
                     move = policy_move(None, game, agent, rng)
                 elif player.kind == "model":
-                    move = await _model_move(game, agent, episodes[agent], engines[label], started, config)
+                    move = await _model_move(
+                        game, agent, episodes[agent], engines[label], started, config
+                    )
                     if move is None:
                         overflowed.add(agent)
                         row["overflow"][label] = 1
@@ -95,10 +140,19 @@ async def play_game(make_game: Callable[[], Any], item: dict[str, Any], players:
                 elif player.kind == "random":
                     move = policy_move(None, game, agent, rng)
                 else:
-                    move = move_text(game, agent, call_scripted(player.fn, game.env.observe(agent), agent, game.env, rng))
+                    move = move_text(
+                        game,
+                        agent,
+                        call_scripted(player.fn, game.env.observe(agent), agent, game.env, rng),
+                    )
             except Exception as e:  # noqa: BLE001 - a failing side is a recorded loss (or unscored), never a lost row
-                why = ("no reply within move_timeout_s" if isinstance(e, asyncio.TimeoutError)
-                       else str(e) if isinstance(e, _SideError) else f"{type(e).__name__}: {e}")
+                why = (
+                    "no reply within move_timeout_s"
+                    if isinstance(e, asyncio.TimeoutError)
+                    else str(e)
+                    if isinstance(e, _SideError)
+                    else f"{type(e).__name__}: {e}"
+                )
                 row["error"], row["crashed"] = f"{label} ({agent}) failed: {why}", label
                 break
             row["moves"].append([agent, str(move)[:200]])
@@ -119,8 +173,13 @@ async def play_game(make_game: Callable[[], Any], item: dict[str, Any], players:
     return row
 
 
-def _score(row: dict[str, Any], final: dict[str, tuple[float, dict]], by_seat: dict[str, str], config: Any,
-           game_outcome: Callable[[str, float, dict], str]) -> None:
+def _score(
+    row: dict[str, Any],
+    final: dict[str, tuple[float, dict]],
+    by_seat: dict[str, str],
+    config: Any,
+    game_outcome: Callable[[str, float, dict], str],
+) -> None:
     seats = list(by_seat)
     if row["crashed"] is not None:
         other = [label for label in by_seat.values() if label != row["crashed"]][0]
@@ -135,7 +194,9 @@ def _score(row: dict[str, Any], final: dict[str, tuple[float, dict]], by_seat: d
         return
     row["outcomes"] = {by_seat[s]: game_outcome(s, r, i) for s, (r, i) in final.items()}
     row["rewards"] = {by_seat[s]: r for s, (r, _) in final.items()}
-    forfeit = next((i.get("forfeit") for _, i in final.values() if i.get("forfeit") is not None), None)
+    forfeit = next(
+        (i.get("forfeit") for _, i in final.values() if i.get("forfeit") is not None), None
+    )
     if forfeit is not None:
         row["forfeit"] = by_seat.get(forfeit, forfeit)
         row["winner"] = next(label for s, label in by_seat.items() if s != forfeit)

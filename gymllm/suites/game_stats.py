@@ -29,18 +29,25 @@ def game_value(row: dict[str, Any], player: str, metric: str) -> float | None:
     """``player``'s value of ``metric`` in one row (module doc); None when the row has none (unscored,
     or no final reward)."""
     if metric not in METRICS:
-        raise ValueError(f"game_value: expected a metric in {METRICS}, received {metric!r}; fix: pick one of them")
+        raise ValueError(
+            f"game_value: expected a metric in {METRICS}, received {metric!r}; fix: pick one of them"
+        )
     if metric == "reward":
         r = (row.get("rewards") or {}).get(player)
         return None if r is None else float(r)
     if not row.get("scored"):
         return None
     won, drawn = row["winner"] == player, row["winner"] is None
-    return {"score": 1.0 if won else 0.5 if drawn else 0.0, "win_or_draw": 0.0 if not (won or drawn) else 1.0,
-            "win": 1.0 if won else 0.0}[metric]
+    return {
+        "score": 1.0 if won else 0.5 if drawn else 0.0,
+        "win_or_draw": 0.0 if not (won or drawn) else 1.0,
+        "win": 1.0 if won else 0.0,
+    }[metric]
 
 
-def seed_results(rows: Sequence[dict[str, Any]], player: str, opponent: str, metric: str) -> dict[int, float]:
+def seed_results(
+    rows: Sequence[dict[str, Any]], player: str, opponent: str, metric: str
+) -> dict[int, float]:
     """``{seed: player's mean metric over that seed's games against opponent}`` (seeds with a value)."""
     per: dict[int, list[float]] = {}
     for row in rows:
@@ -52,8 +59,14 @@ def seed_results(rows: Sequence[dict[str, Any]], player: str, opponent: str, met
     return {s: sum(v) / len(v) for s, v in per.items()}
 
 
-def paired_comparisons(rows: Sequence[dict[str, Any]], players: Sequence[str], opponents: Sequence[str], *,
-                       metrics: Sequence[str] = METRICS, confidence: float = 0.95) -> list[dict[str, Any]]:
+def paired_comparisons(
+    rows: Sequence[dict[str, Any]],
+    players: Sequence[str],
+    opponents: Sequence[str],
+    *,
+    metrics: Sequence[str] = METRICS,
+    confidence: float = 0.95,
+) -> list[dict[str, Any]]:
     """For every two ``players`` ``a`` before ``b`` and every opponent both met: ``{"player": b,
     "baseline": a, "opponent", "metric", "n" (seeds), "mean_a", "mean_b", "diff" (b - a), "se", "lo",
     "hi", "confidence"}`` per metric with at least two shared seeds."""
@@ -69,7 +82,20 @@ def paired_comparisons(rows: Sequence[dict[str, Any]], players: Sequence[str], o
                 if len(set(ra) & set(rb)) < 2:
                     continue
                 d = paired_difference(rb, ra, confidence=confidence)
-                out.append({"player": b, "baseline": a, "opponent": c, "metric": metric, "n": d["n"],
-                            "mean_a": d["mean_b"], "mean_b": d["mean_a"], "diff": d["diff"], "se": d["se"],
-                            "lo": d["lo"], "hi": d["hi"], "confidence": confidence})
+                out.append(
+                    {
+                        "player": b,
+                        "baseline": a,
+                        "opponent": c,
+                        "metric": metric,
+                        "n": d["n"],
+                        "mean_a": d["mean_b"],
+                        "mean_b": d["mean_a"],
+                        "diff": d["diff"],
+                        "se": d["se"],
+                        "lo": d["lo"],
+                        "hi": d["hi"],
+                        "confidence": confidence,
+                    }
+                )
     return out

@@ -23,7 +23,9 @@ def row_score(row: dict[str, Any]) -> float | None:
     return 0.5 if row["winner"] is None else 1.0 if row["winner"] == a else 0.0
 
 
-def summarize_games(rows: Sequence[dict[str, Any]], labels: Sequence[str], *, confidence: float = 0.95) -> list[dict[str, Any]]:
+def summarize_games(
+    rows: Sequence[dict[str, Any]], labels: Sequence[str], *, confidence: float = 0.95
+) -> list[dict[str, Any]]:
     """Per ordered (player, opponent) that met: scored ``games``, ``errors`` (rows with an error),
     ``win`` / ``draw`` / ``loss`` rates (summing to 1; None without a scored game), their Wilson
     intervals (``win_ci``...), ``score`` (wins + draws / 2 over games) and ``seats`` (games played in
@@ -39,7 +41,12 @@ def summarize_games(rows: Sequence[dict[str, Any]], labels: Sequence[str], *, co
         n = len(scored)
         w = sum(r["winner"] == a for r in scored)
         d = sum(r["winner"] is None for r in scored)
-        line: dict[str, Any] = {"player": a, "opponent": b, "games": n, "errors": sum(r["error"] is not None for r in mine)}
+        line: dict[str, Any] = {
+            "player": a,
+            "opponent": b,
+            "games": n,
+            "errors": sum(r["error"] is not None for r in mine),
+        }
         for name, k in (("win", w), ("draw", d), ("loss", n - w - d)):
             line[name] = k / n if n else None
             line[f"{name}_ci"] = list(wilson_interval(k, n, confidence)) if n else None
@@ -54,37 +61,66 @@ def summarize_games(rows: Sequence[dict[str, Any]], labels: Sequence[str], *, co
     return out
 
 
-def ratings_table(rows: Sequence[dict[str, Any]], labels: Sequence[str], config: Any) -> dict[str, Any]:
+def ratings_table(
+    rows: Sequence[dict[str, Any]], labels: Sequence[str], config: Any
+) -> dict[str, Any]:
     """``ratings.json``'s content: Bradley-Terry Elo ratings of every player with scored games (anchored
     as :mod:`gymllm.suites.games` says), sorted best first, each with its bootstrap interval, games and
     score. ``config``: the :class:`~gymllm.suites.games.MatchConfig` (typed ``Any``: games.py imports
     this module, not back)."""
     from gymllm.utils.elo import bootstrap_ratings, elo_ratings
 
-    games = [(r["pairing"][0], r["pairing"][1], row_score(r)) for r in rows if row_score(r) is not None]
+    games = [
+        (r["pairing"][0], r["pairing"][1], row_score(r)) for r in rows if row_score(r) is not None
+    ]
     rated = [label for label in labels if any(label in g[:2] for g in games)]
     anchor = config.anchor if config.anchor in rated else None
     out: dict[str, Any] = {
         "method": "Bradley-Terry maximum likelihood on the Elo scale (P(a beats b) = 1 / (1 + 10^((r_b - r_a) / 400))), "
-                  f"draws as half a win, {config.prior_draws:g} virtual draw(s) per pairing",
-        "anchor": f"{anchor} = {config.anchor_value:g}" if anchor else f"mean = {config.anchor_value:g}",
+        f"draws as half a win, {config.prior_draws:g} virtual draw(s) per pairing",
+        "anchor": f"{anchor} = {config.anchor_value:g}"
+        if anchor
+        else f"mean = {config.anchor_value:g}",
         "interval": f"{config.confidence:.0%} percentile bootstrap, {config.num_resamples} resamples of the games "
-                    "within each pairing",
-        "games": len(games), "unrated": [label for label in labels if label not in rated], "ratings": []}
+        "within each pairing",
+        "games": len(games),
+        "unrated": [label for label in labels if label not in rated],
+        "ratings": [],
+    }
     if len(rated) < 2:
         out["error"] = "fewer than two players have scored games"
         return out
     try:
-        point = elo_ratings(games, rated, anchor=anchor, anchor_value=config.anchor_value, prior_draws=config.prior_draws)
-        ci = bootstrap_ratings(games, rated, rng=np.random.default_rng(config.bootstrap_seed), anchor=anchor,
-                               anchor_value=config.anchor_value, prior_draws=config.prior_draws,
-                               confidence=config.confidence, num_resamples=config.num_resamples)
+        point = elo_ratings(
+            games,
+            rated,
+            anchor=anchor,
+            anchor_value=config.anchor_value,
+            prior_draws=config.prior_draws,
+        )
+        ci = bootstrap_ratings(
+            games,
+            rated,
+            rng=np.random.default_rng(config.bootstrap_seed),
+            anchor=anchor,
+            anchor_value=config.anchor_value,
+            prior_draws=config.prior_draws,
+            confidence=config.confidence,
+            num_resamples=config.num_resamples,
+        )
     except ValueError as e:
         out["error"] = str(e)
         return out
     for label in sorted(rated, key=lambda x: -point[x]):
         mine = [g for g in games if label in g[:2]]
         score = sum(s if g0 == label else 1.0 - s for g0, _, s in mine)
-        out["ratings"].append({"player": label, "elo": point[label], "ci": list(ci[label]), "games": len(mine),
-                               "score": score / len(mine)})
+        out["ratings"].append(
+            {
+                "player": label,
+                "elo": point[label],
+                "ci": list(ci[label]),
+                "games": len(mine),
+                "score": score / len(mine),
+            }
+        )
     return out

@@ -67,7 +67,15 @@ from gymllm.suites.game_play import play_game
 from gymllm.suites.game_tables import ratings_table, summarize_games
 from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 
-__all__ = ["Player", "MatchConfig", "opponent_player", "resolve_game", "schedule", "run_matches", "arun_matches"]
+__all__ = [
+    "Player",
+    "MatchConfig",
+    "opponent_player",
+    "resolve_game",
+    "schedule",
+    "run_matches",
+    "arun_matches",
+]
 
 _FN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")
 GAME_HELP = "tic-tac-toe, connect-four, or MODULE:FACTORY (a function returning a PettingZoo AEC or Parallel env)"
@@ -89,21 +97,41 @@ class Player:
 
     def __post_init__(self) -> None:
         if not isinstance(self.label, str) or not self.label.strip():
-            raise ConfigError(explain("Player.label", expected="a non-empty str", received=self.label,
-                                      fix="pass --label NAME"))
+            raise ConfigError(
+                explain(
+                    "Player.label",
+                    expected="a non-empty str",
+                    received=self.label,
+                    fix="pass --label NAME",
+                )
+            )
         kinds = [self.loaded is not None, self.fn is not None, bool(self.random)]
         if sum(kinds) != 1:
-            raise ConfigError(explain(f"player {self.label!r}", expected="exactly one of loaded= (a model), fn= "
-                                      "(a scripted policy) or random=True", received=f"{sum(kinds)} of them",
-                                      fix="give one kind per player"))
+            raise ConfigError(
+                explain(
+                    f"player {self.label!r}",
+                    expected="exactly one of loaded= (a model), fn= "
+                    "(a scripted policy) or random=True",
+                    received=f"{sum(kinds)} of them",
+                    fix="give one kind per player",
+                )
+            )
         if self.fn is not None and not callable(self.fn):
-            raise ConfigError(explain(f"player {self.label!r}.fn", expected="a callable fn(observation, agent)",
-                                      received=type(self.fn).__name__, fix="name a function"))
+            raise ConfigError(
+                explain(
+                    f"player {self.label!r}.fn",
+                    expected="a callable fn(observation, agent)",
+                    received=type(self.fn).__name__,
+                    fix="name a function",
+                )
+            )
 
     @property
     def kind(self) -> str:
         """``model``, ``scripted`` or ``random``."""
-        return "model" if self.loaded is not None else "scripted" if self.fn is not None else "random"
+        return (
+            "model" if self.loaded is not None else "scripted" if self.fn is not None else "random"
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -144,23 +172,60 @@ class MatchConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.games, int) or self.games < 2 or self.games % 2:
-            raise ConfigError(explain("games", expected="an even int >= 2 (seats swap in pairs, so each side plays "
-                                      "each seat equally)", received=self.games, fix="e.g. --games 20"))
-        for name, lo in (("max_tokens", 1), ("max_moves", 1), ("max_concurrency", 1), ("num_slots", 1),
-                         ("max_len", 16), ("num_resamples", 1)):
+            raise ConfigError(
+                explain(
+                    "games",
+                    expected="an even int >= 2 (seats swap in pairs, so each side plays "
+                    "each seat equally)",
+                    received=self.games,
+                    fix="e.g. --games 20",
+                )
+            )
+        for name, lo in (
+            ("max_tokens", 1),
+            ("max_moves", 1),
+            ("max_concurrency", 1),
+            ("num_slots", 1),
+            ("max_len", 16),
+            ("num_resamples", 1),
+        ):
             v = getattr(self, name)
             if not isinstance(v, int) or v < lo:
-                raise ConfigError(explain(name, expected=f"an int >= {lo}", received=v, fix=f"e.g. {name}={max(lo, 16)}"))
+                raise ConfigError(
+                    explain(
+                        name,
+                        expected=f"an int >= {lo}",
+                        received=v,
+                        fix=f"e.g. {name}={max(lo, 16)}",
+                    )
+                )
         if self.errors not in ("loss", "exclude"):
-            raise ConfigError(explain("errors", expected="'loss' or 'exclude'", received=self.errors,
-                                      fix="--errors loss"))
+            raise ConfigError(
+                explain(
+                    "errors",
+                    expected="'loss' or 'exclude'",
+                    received=self.errors,
+                    fix="--errors loss",
+                )
+            )
         if self.move_timeout_s is not None and not self.move_timeout_s > 0:
-            raise ConfigError(explain("move_timeout_s", expected="a number > 0 or None", received=self.move_timeout_s,
-                                      fix="e.g. 300"))
+            raise ConfigError(
+                explain(
+                    "move_timeout_s",
+                    expected="a number > 0 or None",
+                    received=self.move_timeout_s,
+                    fix="e.g. 300",
+                )
+            )
         if not 0.0 < self.confidence < 1.0 or self.prior_draws < 0 or self.temperature < 0:
-            raise ConfigError(explain("MatchConfig", expected="0 < confidence < 1, prior_draws >= 0, temperature >= 0",
-                                      received=(self.confidence, self.prior_draws, self.temperature),
-                                      fix="e.g. confidence=0.95, prior_draws=1, temperature=0.7"))
+            raise ConfigError(
+                explain(
+                    "MatchConfig",
+                    expected="0 < confidence < 1, prior_draws >= 0, temperature >= 0",
+                    received=(self.confidence, self.prior_draws, self.temperature),
+                    fix="e.g. confidence=0.95, prior_draws=1, temperature=0.7",
+                )
+            )
 
 
 def opponent_player(spec: str, label: str | None = None) -> Player:
@@ -170,10 +235,16 @@ def opponent_player(spec: str, label: str | None = None) -> Player:
     if spec == "random":
         return Player(label=label or "random", random=True)
     if not isinstance(spec, str) or not _FN.match(spec):
-        raise ConfigError(explain("--opponent", expected="'random' or 'MODULE:FN' (a scripted fn(observation, agent) "
-                                  "-> action on the game's own PettingZoo observation and action)", received=spec,
-                                  fix="e.g. --opponent random or --opponent my_pkg.policies:greedy; a model or a run "
-                                  "is a player: --model NAME / --checkpoint RUN"))
+        raise ConfigError(
+            explain(
+                "--opponent",
+                expected="'random' or 'MODULE:FN' (a scripted fn(observation, agent) "
+                "-> action on the game's own PettingZoo observation and action)",
+                received=spec,
+                fix="e.g. --opponent random or --opponent my_pkg.policies:greedy; a model or a run "
+                "is a player: --model NAME / --checkpoint RUN",
+            )
+        )
     try:
         fn = load_scripted_opponent(spec)
     except ConfigError as e:
@@ -189,44 +260,89 @@ def resolve_game(game: str, kwargs: dict[str, Any] | None = None) -> Any:
     try:
         make = game_factory(game, kwargs or {})
     except ConfigError as e:  # the factory refused the kwargs: name this command's flag
-        raise ConfigError(str(e).replace("--env-kwargs", "--game-kwargs").replace("env.kwargs", "--game-kwargs")) from e
+        raise ConfigError(
+            str(e).replace("--env-kwargs", "--game-kwargs").replace("env.kwargs", "--game-kwargs")
+        ) from e
     if make is None:
-        raise ConfigError(explain("--game", expected=f"a multi-agent game: {GAME_HELP}", received=game,
-                                  fix=f"use one of {sorted(GAMES)} or point MODULE:FACTORY at an importable factory "
-                                  "(single-agent envs are evaluated with gymllm eval env ENV)"))
+        raise ConfigError(
+            explain(
+                "--game",
+                expected=f"a multi-agent game: {GAME_HELP}",
+                received=game,
+                fix=f"use one of {sorted(GAMES)} or point MODULE:FACTORY at an importable factory "
+                "(single-agent envs are evaluated with gymllm eval env ENV)",
+            )
+        )
     probe = make()
     seats = list(probe.possible_agents)
     probe.close()
     if len(seats) != 2:
-        raise ConfigError(explain("--game", expected="a two-player game (pairings, win/draw/loss and Elo are pairwise)",
-                                  received=f"{game} with seats {seats}", fix="evaluate a two-player game"))
+        raise ConfigError(
+            explain(
+                "--game",
+                expected="a two-player game (pairings, win/draw/loss and Elo are pairwise)",
+                received=f"{game} with seats {seats}",
+                fix="evaluate a two-player game",
+            )
+        )
     return make
 
 
-def schedule(labels: Sequence[str], games: int, seed: int, seats: Sequence[str], *,
-             skip: Callable[[str, str], bool] | None = None) -> list[dict[str, Any]]:
+def schedule(
+    labels: Sequence[str],
+    games: int,
+    seed: int,
+    seats: Sequence[str],
+    *,
+    skip: Callable[[str, str], bool] | None = None,
+) -> list[dict[str, Any]]:
     """Every game of a round robin: ``{"pairing", "game", "seed", "players": {seat: label}}``; in pairing
     ``(a, b)`` game ``2i`` seats ``a`` first and ``b`` second with env seed ``seed + i``, game ``2i + 1``
     the same seed with the seats swapped. ``skip(a, b)`` True leaves the pairing out."""
     if len(set(labels)) != len(labels):
-        raise ConfigError(explain("players", expected="distinct labels", received=list(labels),
-                                  fix="name them apart with --label"))
+        raise ConfigError(
+            explain(
+                "players",
+                expected="distinct labels",
+                received=list(labels),
+                fix="name them apart with --label",
+            )
+        )
     if len(labels) < 2:
-        raise ConfigError(explain("players", expected="at least two players (a --model or --checkpoint and an "
-                                  "--opponent, or two of either)", received=list(labels), fix="add --opponent random"))
+        raise ConfigError(
+            explain(
+                "players",
+                expected="at least two players (a --model or --checkpoint and an "
+                "--opponent, or two of either)",
+                received=list(labels),
+                fix="add --opponent random",
+            )
+        )
     out = []
     for p, (a, b) in enumerate(itertools.combinations(labels, 2)):
         if skip is not None and skip(a, b):
             continue
         for j in range(games):
             order = (a, b) if j % 2 == 0 else (b, a)
-            out.append({"pairing": p, "game": j, "seed": seed + j // 2, "players": dict(zip(seats, order)),
-                        "labels": [a, b]})
+            out.append(
+                {
+                    "pairing": p,
+                    "game": j,
+                    "seed": seed + j // 2,
+                    "players": dict(zip(seats, order)),
+                    "labels": [a, b],
+                }
+            )
     return out
 
 
-async def arun_matches(make_game: Callable[[], Any], players: Sequence[Player], out: str | pathlib.Path, *,
-                       config: MatchConfig = MatchConfig()) -> dict[str, Any]:
+async def arun_matches(
+    make_game: Callable[[], Any],
+    players: Sequence[Player],
+    out: str | pathlib.Path,
+    *,
+    config: MatchConfig = MatchConfig(),
+) -> dict[str, Any]:
     """Play the round robin (module doc) and write ``games.jsonl``, ``summary.json`` and ``ratings.json``
     into ``out``; returns the summary (``ratings`` included)."""
     from gymllm.rollout import ModelAgent
@@ -240,17 +356,29 @@ async def arun_matches(make_game: Callable[[], Any], players: Sequence[Player], 
     seats = list(probe.possible_agents)
     probe.close()
     models = {p.label for p in players if p.kind == "model"}
-    items = schedule(labels, config.games, config.seed, seats,
-                     skip=None if config.model_pairs else lambda a, b: a in models and b in models)
+    items = schedule(
+        labels,
+        config.games,
+        config.seed,
+        seats,
+        skip=None if config.model_pairs else lambda a, b: a in models and b in models,
+    )
     engines: dict[str, Any] = {}
-    agents = {p.label: ModelAgent(p.loaded.tokenizer, system_prompt=p.system_prompt) for p in players if p.kind == "model"}
+    agents = {
+        p.label: ModelAgent(p.loaded.tokenizer, system_prompt=p.system_prompt)
+        for p in players
+        if p.kind == "model"
+    }
     rows: list[dict[str, Any]] = []
     gate = asyncio.Semaphore(config.max_concurrency)
     try:
         for p in players:
             if p.kind == "model":
-                engines[p.label] = p.make_engine() if p.make_engine is not None else _engine(p.loaded, config)
+                engines[p.label] = (
+                    p.make_engine() if p.make_engine is not None else _engine(p.loaded, config)
+                )
         with open(out / "games.jsonl", "w") as f:
+
             async def one(item: dict[str, Any]) -> None:
                 async with gate:
                     row = await play_game(make_game, item, by_label, engines, agents, config)
@@ -266,12 +394,20 @@ async def arun_matches(make_game: Callable[[], Any], players: Sequence[Player], 
                 result = close()
                 if asyncio.iscoroutine(result):
                     await result
-    summary = {"players": [{"label": p.label, "kind": p.kind} for p in players], "seats": seats,
-               "config": {k: v for k, v in dataclasses.asdict(config).items()},
-               "games": len(rows), "errors": sum(r["error"] is not None for r in rows),
-               "pairings": summarize_games(rows, labels, confidence=config.confidence),
-               "paired": paired_comparisons(rows, [p.label for p in players if p.kind == "model"], labels,
-                                            confidence=config.confidence)}
+    summary = {
+        "players": [{"label": p.label, "kind": p.kind} for p in players],
+        "seats": seats,
+        "config": {k: v for k, v in dataclasses.asdict(config).items()},
+        "games": len(rows),
+        "errors": sum(r["error"] is not None for r in rows),
+        "pairings": summarize_games(rows, labels, confidence=config.confidence),
+        "paired": paired_comparisons(
+            rows,
+            [p.label for p in players if p.kind == "model"],
+            labels,
+            confidence=config.confidence,
+        ),
+    }
     ratings = ratings_table(rows, labels, config)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     (out / "ratings.json").write_text(json.dumps(ratings, indent=2))
@@ -281,10 +417,17 @@ async def arun_matches(make_game: Callable[[], Any], players: Sequence[Player], 
 def _engine(loaded: Any, config: MatchConfig) -> Any:
     from gymllm.inference import EngineConfig, JaxEngine
 
-    return JaxEngine.from_loaded(loaded, config=EngineConfig(num_slots=config.num_slots, max_len=config.max_len))
+    return JaxEngine.from_loaded(
+        loaded, config=EngineConfig(num_slots=config.num_slots, max_len=config.max_len)
+    )
 
 
-def run_matches(make_game: Callable[[], Any], players: Sequence[Player], out: str | pathlib.Path, *,
-                config: MatchConfig = MatchConfig()) -> dict[str, Any]:
+def run_matches(
+    make_game: Callable[[], Any],
+    players: Sequence[Player],
+    out: str | pathlib.Path,
+    *,
+    config: MatchConfig = MatchConfig(),
+) -> dict[str, Any]:
     """:func:`arun_matches` in a fresh event loop."""
     return asyncio.run(arun_matches(make_game, players, out, config=config))

@@ -34,9 +34,19 @@ __all__ = ["MixtureSampler", "learnability_weights", "env_metric_names", "EnvMet
 
 def _normalised(weights: Mapping[str, float], what: str) -> dict[str, float]:
     vals = {k: float(v) for k, v in weights.items()}
-    if not vals or any(not np.isfinite(v) or v < 0 for v in vals.values()) or sum(vals.values()) <= 0:
-        raise ConfigError(explain(what, expected="finite weights >= 0, some > 0, one per env", received=dict(weights),
-                                  fix="give every env a weight, e.g. weight = 1.0"))
+    if (
+        not vals
+        or any(not np.isfinite(v) or v < 0 for v in vals.values())
+        or sum(vals.values()) <= 0
+    ):
+        raise ConfigError(
+            explain(
+                what,
+                expected="finite weights >= 0, some > 0, one per env",
+                received=dict(weights),
+                fix="give every env a weight, e.g. weight = 1.0",
+            )
+        )
     total = sum(vals.values())
     return {k: v / total for k, v in vals.items()}
 
@@ -45,10 +55,18 @@ class MixtureSampler:
     """Draws (env name, env seed) for each group; see the module doc. ``seed_high``: env seeds are
     drawn from ``[0, seed_high)``."""
 
-    def __init__(self, weights: Mapping[str, float], *, seed: int = 0, seed_high: int = HELD_OUT_SEED_BASE):
+    def __init__(
+        self, weights: Mapping[str, float], *, seed: int = 0, seed_high: int = HELD_OUT_SEED_BASE
+    ):
         if isinstance(seed_high, bool) or not isinstance(seed_high, int) or seed_high < 1:
-            raise ConfigError(explain("MixtureSampler.seed_high", expected="an int >= 1", received=seed_high,
-                                      fix=f"e.g. {HELD_OUT_SEED_BASE}"))
+            raise ConfigError(
+                explain(
+                    "MixtureSampler.seed_high",
+                    expected="an int >= 1",
+                    received=seed_high,
+                    fix=f"e.g. {HELD_OUT_SEED_BASE}",
+                )
+            )
         self.names = list(weights)
         self.base_weights = _normalised(weights, "MixtureSampler weights")
         self.probs = np.array([self.base_weights[n] for n in self.names])
@@ -57,7 +75,9 @@ class MixtureSampler:
         self.rng = np.random.default_rng(seed)
 
     @classmethod
-    def from_suite(cls, suite: object, *, seed: int = 0, seed_high: int = HELD_OUT_SEED_BASE) -> "MixtureSampler":
+    def from_suite(
+        cls, suite: object, *, seed: int = 0, seed_high: int = HELD_OUT_SEED_BASE
+    ) -> "MixtureSampler":
         return cls({e.name: e.weight for e in suite.envs}, seed=seed, seed_high=seed_high)  # type: ignore[attr-defined]
 
     @property
@@ -69,8 +89,14 @@ class MixtureSampler:
         """New weights (e.g. :func:`learnability_weights`); every env of the sampler must have one."""
         missing = sorted(set(self.names) - set(weights))
         if missing:
-            raise ConfigError(explain("MixtureSampler.set_weights", expected=f"a weight for each of {self.names}",
-                                      received=f"none for {missing}", fix="pass a weight for every env"))
+            raise ConfigError(
+                explain(
+                    "MixtureSampler.set_weights",
+                    expected=f"a weight for each of {self.names}",
+                    received=f"none for {missing}",
+                    fix="pass a weight for every env",
+                )
+            )
         w = _normalised({n: weights[n] for n in self.names}, "MixtureSampler.set_weights")
         self.probs = np.array([w[n] for n in self.names])
 
@@ -90,22 +116,40 @@ class MixtureSampler:
         return [self.draw() for _ in range(n)]
 
 
-def learnability_weights(success: Mapping[str, float | None], *, base: Mapping[str, float] | None = None,
-                         floor: float = 0.01) -> dict[str, float]:
+def learnability_weights(
+    success: Mapping[str, float | None],
+    *,
+    base: Mapping[str, float] | None = None,
+    floor: float = 0.01,
+) -> dict[str, float]:
     """Normalised curriculum weights: ``base[env] * max(p (1 - p), floor)`` with ``p`` the env's recent
     success rate (None: not seen yet, taken as 1/2, the most learnable). ``base``: the suite's weights
     (equal by default)."""
     if not 0.0 <= floor <= 0.25:
-        raise ConfigError(explain("learnability_weights(floor)", expected="a float in [0, 0.25]", received=floor,
-                                  fix="e.g. floor=0.01"))
+        raise ConfigError(
+            explain(
+                "learnability_weights(floor)",
+                expected="a float in [0, 0.25]",
+                received=floor,
+                fix="e.g. floor=0.01",
+            )
+        )
     raw = {}
     for name, p in success.items():
         p = 0.5 if p is None else float(p)
         if not 0.0 <= p <= 1.0:
-            raise ConfigError(explain(f"learnability_weights({name!r})", expected="a success rate in [0, 1]",
-                                      received=p, fix="pass the share of recent episodes that succeeded"))
+            raise ConfigError(
+                explain(
+                    f"learnability_weights({name!r})",
+                    expected="a success rate in [0, 1]",
+                    received=p,
+                    fix="pass the share of recent episodes that succeeded",
+                )
+            )
         raw[name] = (1.0 if base is None else float(base[name])) * max(p * (1.0 - p), floor)
-    if sum(raw.values()) <= 0:  # floor 0 and every env solved or hopeless: fall back to the base weights
+    if (
+        sum(raw.values()) <= 0
+    ):  # floor 0 and every env solved or hopeless: fall back to the base weights
         raw = {n: (1.0 if base is None else float(base[n])) for n in success}
     return _normalised(raw, "learnability_weights")
 
@@ -124,7 +168,9 @@ class EnvMetrics:
         self.window = window
         self.groups: collections.Counter[str] = collections.Counter()
         self._pending: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
-        self._recent: dict[str, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=window))
+        self._recent: dict[str, collections.deque] = collections.defaultdict(
+            lambda: collections.deque(maxlen=window)
+        )
 
     def add(self, env: str, rewards: Sequence[float]) -> None:
         """One finished group of ``env`` with its episodes' rewards."""
@@ -137,7 +183,9 @@ class EnvMetrics:
     def recent_success(self, names: Sequence[str] | None = None) -> dict[str, float | None]:
         """Each env's success rate over its last ``window`` episodes (None before its first group)."""
         names = list(names) if names is not None else sorted(set(self.groups) | set(self.threshold))
-        return {n: (float(np.mean(self._recent[n])) if self._recent.get(n) else None) for n in names}
+        return {
+            n: (float(np.mean(self._recent[n])) if self._recent.get(n) else None) for n in names
+        }
 
     def flush(self) -> dict[str, float]:
         """The metrics since the last flush: mean reward and success over those groups (envs with

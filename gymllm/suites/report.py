@@ -34,37 +34,58 @@ def _cell(r: dict[str, Any] | None) -> str:
 
 def comparison_table(summary: dict[str, Any]) -> str:
     """The paired comparisons as a markdown table (``gymllm compare`` prints it)."""
-    lines = ["| a | b | env | metric | diff (a - b) | 95% interval | p-value | pairs |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| a | b | env | metric | diff (a - b) | 95% interval | p-value | pairs |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for c in summary["comparisons"]:
         lo, hi = c["ci"]
-        lines.append(f"| {c['a']} | {c['b']} | {c['env']} | {c['metric']} | {c['diff']:+.3f} | [{lo:+.3f}, {hi:+.3f}] "
-                     f"| {c['p_value']:.3g} | {c.get('pairs', '')} |")
+        lines.append(
+            f"| {c['a']} | {c['b']} | {c['env']} | {c['metric']} | {c['diff']:+.3f} | [{lo:+.3f}, {hi:+.3f}] "
+            f"| {c['p_value']:.3g} | {c.get('pairs', '')} |"
+        )
     return "\n".join(lines)
 
 
 def report_markdown(summary: dict[str, Any]) -> str:
     entries = _entries(summary)
     policies, envs = summary["policies"], [*summary["envs"], "*"]
-    out = [f"# Suite `{summary['suite']}`", "",
-           "Each cell: mean reward [95% bootstrap interval over seeds]; pass@1, pass@k (unbiased estimator). "
-           "`*` is the whole suite with its weights. **Bold**: the best mean reward of the env.", "",
-           "| env | " + " | ".join(policies) + " |", "|---" * (len(policies) + 1) + "|"]
+    out = [
+        f"# Suite `{summary['suite']}`",
+        "",
+        "Each cell: mean reward [95% bootstrap interval over seeds]; pass@1, pass@k (unbiased estimator). "
+        "`*` is the whole suite with its weights. **Bold**: the best mean reward of the env.",
+        "",
+        "| env | " + " | ".join(policies) + " |",
+        "|---" * (len(policies) + 1) + "|",
+    ]
     best_lines = []
     for env in envs:
         cells = [entries.get((p, env)) for p in policies]
         scored = [(c["mean_reward"], p) for c, p in zip(cells, policies) if c is not None]
         best = max(scored)[1] if scored else None
-        row = [f"**{_cell(c)}**" if p == best and len(scored) > 1 else _cell(c) for c, p in zip(cells, policies)]
+        row = [
+            f"**{_cell(c)}**" if p == best and len(scored) > 1 else _cell(c)
+            for c, p in zip(cells, policies)
+        ]
         out.append(f"| {env} | " + " | ".join(row) + " |")
         if best is not None:
             b = entries[(best, env)]
-            best_lines.append(f"- {env}: **{best}**, mean reward {b['mean_reward']:.3f} "
-                              f"[{b['mean_reward_ci'][0]:.3f}, {b['mean_reward_ci'][1]:.3f}]")
+            best_lines.append(
+                f"- {env}: **{best}**, mean reward {b['mean_reward']:.3f} "
+                f"[{b['mean_reward_ci'][0]:.3f}, {b['mean_reward_ci'][1]:.3f}]"
+            )
     out += ["", "## Best per env", "", *best_lines]
     if summary["comparisons"]:
-        out += ["", "## Paired comparisons", "",
-                "Differences a - b over the same (env, seed, sample); intervals and p-values by a paired bootstrap "
-                "over seeds.", "", comparison_table(summary)]
+        out += [
+            "",
+            "## Paired comparisons",
+            "",
+            "Differences a - b over the same (env, seed, sample); intervals and p-values by a paired bootstrap "
+            "over seeds.",
+            "",
+            comparison_table(summary),
+        ]
     if summary.get("notes"):
         out += ["", "## Notes", "", *[f"- {n}" for n in summary["notes"]]]
     out += ["", "![mean reward per env](rewards.png)", "", "![pass@k](pass_at_k.png)", ""]
@@ -88,8 +109,14 @@ def plot_rewards(summary: dict[str, Any], path: str | pathlib.Path) -> pathlib.P
         mean = np.array([v["mean_reward"] if v else np.nan for v in vals])
         lo = np.array([v["mean_reward_ci"][0] if v else np.nan for v in vals])
         hi = np.array([v["mean_reward_ci"][1] if v else np.nan for v in vals])
-        ax.bar(x + (i - (len(policies) - 1) / 2) * width, mean, width,
-               yerr=np.nan_to_num(np.vstack([mean - lo, hi - mean])), capsize=3, label=p)
+        ax.bar(
+            x + (i - (len(policies) - 1) / 2) * width,
+            mean,
+            width,
+            yerr=np.nan_to_num(np.vstack([mean - lo, hi - mean])),
+            capsize=3,
+            label=p,
+        )
     ax.set_xticks(x, envs, rotation=30, ha="right")
     ax.set_ylabel("mean reward (95% interval)")
     ax.set_title(f"suite {summary['suite']}")
@@ -121,7 +148,7 @@ def plot_pass_at_k(summary: dict[str, Any], path: str | pathlib.Path) -> pathlib
         ax.set_title(env, fontsize=9)
         ax.set_ylim(-0.02, 1.02)
         ax.set_xlabel("k")
-    for ax in list(axes.flat)[len(envs):]:
+    for ax in list(axes.flat)[len(envs) :]:
         ax.axis("off")
     axes.flat[0].set_ylabel("pass@k")
     axes.flat[0].legend(fontsize=7)
@@ -137,4 +164,8 @@ def write_report(out: str | pathlib.Path, summary: dict[str, Any]) -> list[pathl
     out = pathlib.Path(out)
     md = out / "report.md"
     md.write_text(report_markdown(summary), encoding="utf-8")
-    return [md, plot_rewards(summary, out / "rewards.png"), plot_pass_at_k(summary, out / "pass_at_k.png")]
+    return [
+        md,
+        plot_rewards(summary, out / "rewards.png"),
+        plot_pass_at_k(summary, out / "pass_at_k.png"),
+    ]

@@ -37,8 +37,12 @@ def target_name(target: str | Callable[..., Any]) -> str:
     return f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', repr(target))}"
 
 
-def make_env_for(target: str | Callable[..., Any], kwargs: dict[str, Any] | None = None, *,
-                 max_turns: int | None = None) -> Any:
+def make_env_for(
+    target: str | Callable[..., Any],
+    kwargs: dict[str, Any] | None = None,
+    *,
+    max_turns: int | None = None,
+) -> Any:
     """One env of ``target`` with ``kwargs``; ``max_turns`` as Gymnasium's ``max_episode_steps`` (a
     ``TimeLimit``, as ``gymllm.make`` adds for a registered id)."""
     from gymllm.registration import make
@@ -54,14 +58,28 @@ def make_env_for(target: str | Callable[..., Any], kwargs: dict[str, Any] | None
     return env
 
 
-def make_vec_for(target: str | Callable[..., Any], num_envs: int, kwargs: dict[str, Any] | None = None, *,
-                 max_turns: int | None = None, **vector_kwargs: Any) -> Any:
+def make_vec_for(
+    target: str | Callable[..., Any],
+    num_envs: int,
+    kwargs: dict[str, Any] | None = None,
+    *,
+    max_turns: int | None = None,
+    **vector_kwargs: Any,
+) -> Any:
     """A barrier-free ``gymllm.make_vec`` of ``num_envs`` sub-envs of ``target`` (an id or a factory)."""
     from gymllm.registration import make_vec
 
     kwargs = dict(kwargs or {})
     if isinstance(target, str):
-        return make_vec(target, num_envs=num_envs, vector_kwargs=vector_kwargs or None,
-                        **kwargs, **({"max_episode_steps": max_turns} if max_turns else {}))
-    return make_vec(functools.partial(make_env_for, target, kwargs, max_turns=max_turns), num_envs=num_envs,
-                    vector_kwargs=vector_kwargs or None)
+        return make_vec(
+            target,
+            num_envs=num_envs,
+            vector_kwargs=vector_kwargs or None,
+            **kwargs,
+            **({"max_episode_steps": max_turns} if max_turns else {}),
+        )
+    return make_vec(
+        functools.partial(make_env_for, target, kwargs, max_turns=max_turns),
+        num_envs=num_envs,
+        vector_kwargs=vector_kwargs or None,
+    )

@@ -85,13 +85,24 @@ class ResultsFile:
             except ValueError:
                 if i == len(lines) - 1:  # torn last line: repair() removes it before appending
                     continue
-                raise ConfigError(explain(f"{self.path} line {i + 1}", expected="one JSON object per line",
-                                          received=line[:80].decode(errors="replace"),
-                                          fix="remove the line (the rows around it are kept)")) from None
+                raise ConfigError(
+                    explain(
+                        f"{self.path} line {i + 1}",
+                        expected="one JSON object per line",
+                        received=line[:80].decode(errors="replace"),
+                        fix="remove the line (the rows around it are kept)",
+                    )
+                ) from None
             missing = [k for k in ROW_KEYS if k not in row]
             if missing:
-                raise ConfigError(explain(f"{self.path} line {i + 1}", expected=f"a row with keys {list(ROW_KEYS)}",
-                                          received=f"missing {missing}", fix="this is not a suite results file"))
+                raise ConfigError(
+                    explain(
+                        f"{self.path} line {i + 1}",
+                        expected=f"a row with keys {list(ROW_KEYS)}",
+                        received=f"missing {missing}",
+                        fix="this is not a suite results file",
+                    )
+                )
             rows.append(row)
         return rows
 
@@ -105,7 +116,9 @@ class ResultsFile:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         data = (json.dumps({k: row.get(k) for k in ROW_KEYS}) + "\n").encode()
         written = os.write(self._fd, data)
-        if written != len(data):  # a regular file takes it whole; anything else is an error worth seeing
+        if written != len(
+            data
+        ):  # a regular file takes it whole; anything else is an error worth seeing
             raise OSError(f"{self.path}: wrote {written} of {len(data)} bytes of a row")
 
     def close(self) -> None:
@@ -126,8 +139,11 @@ def write_json(path: str | os.PathLike, data: Any) -> pathlib.Path:
 def suite_from_dict(data: dict[str, Any]) -> Suite:
     """The :class:`Suite` a run directory's ``suite.json`` holds (ids not resolved: nothing is imported)."""
     envs = [{k: v for k, v in e.items() if v is not None and k != "source"} for e in data["envs"]]
-    return parse_suite({"name": data["name"], "description": data.get("description", ""), "env": envs},
-                       source=data.get("source") or "suite.json", resolve=False)
+    return parse_suite(
+        {"name": data["name"], "description": data.get("description", ""), "env": envs},
+        source=data.get("source") or "suite.json",
+        resolve=False,
+    )
 
 
 # ----------------------------------------------------------------------------------------- summary
@@ -149,19 +165,40 @@ def _success(r: dict[str, Any]) -> float:
     return float(r.get("error") is None and bool(r.get("success")))
 
 
-def _env_entry(policy: str, env: str, k: int, seeds: dict[int, dict[int, dict[str, Any]]],
-               rng: np.random.Generator, num_resamples: int) -> dict[str, Any]:
+def _env_entry(
+    policy: str,
+    env: str,
+    k: int,
+    seeds: dict[int, dict[int, dict[str, Any]]],
+    rng: np.random.Generator,
+    num_resamples: int,
+) -> dict[str, Any]:
     per_seed_reward = [float(np.mean([_reward(r) for r in s.values()])) for s in seeds.values()]
-    curve = pass_at_curve([[bool(_success(r)) for _, r in sorted(s.items())] for s in seeds.values()], k)
+    curve = pass_at_curve(
+        [[bool(_success(r)) for _, r in sorted(s.items())] for s in seeds.values()], k
+    )
     lo, hi = bootstrap_ci([per_seed_reward], rng=rng, num_resamples=num_resamples)
-    return {"policy": policy, "env": env, "num_seeds": len(seeds), "k": k,
-            "samples": sum(len(s) for s in seeds.values()),
-            "pass_at": {str(j): v for j, v in curve.items()}, "mean_reward": float(np.mean(per_seed_reward)),
-            "mean_reward_ci": [lo, hi], "errors": sum(r.get("error") is not None for s in seeds.values() for r in s.values())}
+    return {
+        "policy": policy,
+        "env": env,
+        "num_seeds": len(seeds),
+        "k": k,
+        "samples": sum(len(s) for s in seeds.values()),
+        "pass_at": {str(j): v for j, v in curve.items()},
+        "mean_reward": float(np.mean(per_seed_reward)),
+        "mean_reward_ci": [lo, hi],
+        "errors": sum(r.get("error") is not None for s in seeds.values() for r in s.values()),
+    }
 
 
-def _suite_entry(policy: str, entries: list[dict[str, Any]], strata: list[list[float]], weights: list[float],
-                 rng: np.random.Generator, num_resamples: int) -> dict[str, Any]:
+def _suite_entry(
+    policy: str,
+    entries: list[dict[str, Any]],
+    strata: list[list[float]],
+    weights: list[float],
+    rng: np.random.Generator,
+    num_resamples: int,
+) -> dict[str, Any]:
     w = np.asarray(weights) / np.sum(weights)
     kmin = min(e["k"] for e in entries)
     pass_at = {}
@@ -170,13 +207,23 @@ def _suite_entry(policy: str, entries: list[dict[str, Any]], strata: list[list[f
             pass_at[str(j)] = float(sum(wi * e["pass_at"][str(j)] for wi, e in zip(w, entries)))
     point, dist = bootstrap(strata, weights, rng=rng, num_resamples=num_resamples)
     lo, hi = np.quantile(dist, [0.025, 0.975])
-    return {"policy": policy, "env": "*", "num_seeds": sum(e["num_seeds"] for e in entries), "k": kmin,
-            "samples": sum(e["samples"] for e in entries), "pass_at": pass_at, "mean_reward": point,
-            "mean_reward_ci": [float(lo), float(hi)], "errors": sum(e["errors"] for e in entries),
-            "envs": [e["env"] for e in entries]}
+    return {
+        "policy": policy,
+        "env": "*",
+        "num_seeds": sum(e["num_seeds"] for e in entries),
+        "k": kmin,
+        "samples": sum(e["samples"] for e in entries),
+        "pass_at": pass_at,
+        "mean_reward": point,
+        "mean_reward_ci": [float(lo), float(hi)],
+        "errors": sum(e["errors"] for e in entries),
+        "envs": [e["env"] for e in entries],
+    }
 
 
-def _paired(a: dict[int, dict[int, dict]], b: dict[int, dict[int, dict]], value) -> tuple[list, list]:
+def _paired(
+    a: dict[int, dict[int, dict]], b: dict[int, dict[int, dict]], value
+) -> tuple[list, list]:
     ua, ub = [], []
     for seed in sorted(set(a) & set(b)):
         samples = sorted(set(a[seed]) & set(b[seed]))
@@ -186,12 +233,20 @@ def _paired(a: dict[int, dict[int, dict]], b: dict[int, dict[int, dict]], value)
     return ua, ub
 
 
-def summarize(rows: Sequence[dict[str, Any]], suite: Suite, policies: Sequence[str] | None = None, *,
-              seed: int = 0, num_resamples: int = 2000) -> dict[str, Any]:
+def summarize(
+    rows: Sequence[dict[str, Any]],
+    suite: Suite,
+    policies: Sequence[str] | None = None,
+    *,
+    seed: int = 0,
+    num_resamples: int = 2000,
+) -> dict[str, Any]:
     """``summary.json`` of ``rows`` (see the module doc). ``policies``: their order (default: first
     appearance); envs follow the suite's order; rows of envs not in the suite are ignored. ``seed``
     seeds the bootstrap's Generator (one stream per entry, so entries do not depend on each other)."""
-    policies = list(policies) if policies is not None else list(dict.fromkeys(r["policy"] for r in rows))
+    policies = (
+        list(policies) if policies is not None else list(dict.fromkeys(r["policy"] for r in rows))
+    )
     grouped: dict[tuple[str, str], list[dict[str, Any]]] = collections.defaultdict(list)
     for r in rows:
         grouped[(r["policy"], r["env"])].append(r)
@@ -211,7 +266,9 @@ def summarize(rows: Sequence[dict[str, Any]], suite: Suite, policies: Sequence[s
             entry = _env_entry(p, e.name, e.k, seeds, rng(), num_resamples)
             results.append(entry)
             entries.append(entry)
-            strata.append([float(np.mean([_reward(r) for r in s.values()])) for s in seeds.values()])
+            strata.append(
+                [float(np.mean([_reward(r) for r in s.values()])) for s in seeds.values()]
+            )
             weights.append(e.weight)
         if entries and sum(weights) > 0:
             results.append(_suite_entry(p, entries, strata, weights, rng(), num_resamples))
@@ -225,11 +282,34 @@ def summarize(rows: Sequence[dict[str, Any]], suite: Suite, policies: Sequence[s
                 if not ua:
                     continue
                 sa.append(ua), sb.append(ub), weights.append(e.weight)
-                comparisons.append({"a": pa, "b": pb, "env": e.name, "metric": metric, "pairs": sum(map(len, ua)),
-                                    **paired_comparison([ua], [ub], rng=rng(), num_resamples=num_resamples)})
+                comparisons.append(
+                    {
+                        "a": pa,
+                        "b": pb,
+                        "env": e.name,
+                        "metric": metric,
+                        "pairs": sum(map(len, ua)),
+                        **paired_comparison([ua], [ub], rng=rng(), num_resamples=num_resamples),
+                    }
+                )
             if sa and sum(weights) > 0:
-                comparisons.append({"a": pa, "b": pb, "env": "*", "metric": metric,
-                                    "pairs": sum(len(u) for s in sa for u in s),
-                                    **paired_comparison(sa, sb, weights, rng=rng(), num_resamples=num_resamples)})
-    return {"suite": suite.name, "policies": policies, "envs": [e.name for e in suite.envs],
-            "weights": suite.weights, "results": results, "comparisons": comparisons}
+                comparisons.append(
+                    {
+                        "a": pa,
+                        "b": pb,
+                        "env": "*",
+                        "metric": metric,
+                        "pairs": sum(len(u) for s in sa for u in s),
+                        **paired_comparison(
+                            sa, sb, weights, rng=rng(), num_resamples=num_resamples
+                        ),
+                    }
+                )
+    return {
+        "suite": suite.name,
+        "policies": policies,
+        "envs": [e.name for e in suite.envs],
+        "weights": suite.weights,
+        "results": results,
+        "comparisons": comparisons,
+    }

@@ -62,11 +62,23 @@ class PolicySpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.label, str) or not self.label.strip():
-            raise ConfigError(explain("PolicySpec.label", expected="a non-empty str", received=self.label,
-                                      fix="pass --label NAME"))
+            raise ConfigError(
+                explain(
+                    "PolicySpec.label",
+                    expected="a non-empty str",
+                    received=self.label,
+                    fix="pass --label NAME",
+                )
+            )
         if not self.oracle and self.loaded is None:
-            raise ConfigError(explain(f"policy {self.label!r}", expected="a loaded model (or oracle=True)",
-                                      received=None, fix="pass loaded=gymllm.models.load(name)"))
+            raise ConfigError(
+                explain(
+                    f"policy {self.label!r}",
+                    expected="a loaded model (or oracle=True)",
+                    received=None,
+                    fix="pass loaded=gymllm.models.load(name)",
+                )
+            )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -90,10 +102,23 @@ class RunnerConfig:
         for f in ("max_concurrency_per_env", "num_slots", "max_len", "num_resamples"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(explain(f"RunnerConfig.{f}", expected="an int >= 1", received=v, fix=f"set {f}=1 or more"))
+                raise ConfigError(
+                    explain(
+                        f"RunnerConfig.{f}",
+                        expected="an int >= 1",
+                        received=v,
+                        fix=f"set {f}=1 or more",
+                    )
+                )
         if self.episode_timeout_s is not None and not self.episode_timeout_s > 0:
-            raise ConfigError(explain("RunnerConfig.episode_timeout_s", expected="seconds > 0 or None",
-                                      received=self.episode_timeout_s, fix="e.g. 600"))
+            raise ConfigError(
+                explain(
+                    "RunnerConfig.episode_timeout_s",
+                    expected="seconds > 0 or None",
+                    received=self.episode_timeout_s,
+                    fix="e.g. 600",
+                )
+            )
 
 
 def work_items(env: SuiteEnv) -> list[tuple[int, int, int]]:
@@ -111,9 +136,14 @@ def _solver(env: SuiteEnv) -> Any:
 def _check_resume(out: pathlib.Path, suite: Suite, results: ResultsFile, resume: bool) -> None:
     existing = results.path.is_file() and results.path.stat().st_size > 0
     if existing and not resume:
-        raise ConfigError(explain(f"--out {out}", expected="a new directory, or --resume to continue its run",
-                                  received=f"{results.path} already holds rows",
-                                  fix="pass --resume, or another --out"))
+        raise ConfigError(
+            explain(
+                f"--out {out}",
+                expected="a new directory, or --resume to continue its run",
+                received=f"{results.path} already holds rows",
+                fix="pass --resume, or another --out",
+            )
+        )
     manifest = out / "suite.json"
     if resume and manifest.is_file():
         import json
@@ -123,16 +153,38 @@ def _check_resume(out: pathlib.Path, suite: Suite, results: ResultsFile, resume:
         now = {e.name: (e.seeds, e.k) for e in suite.envs}
         changed = sorted(n for n in set(then) & set(now) if then[n] != now[n])
         if changed:
-            raise ConfigError(explain(f"--resume in {out}", expected="the suite of the run being resumed",
-                                      received=f"envs {changed} with other seeds or k than {manifest}",
-                                      fix="resume with the same suite file, or write to another --out"))
+            raise ConfigError(
+                explain(
+                    f"--resume in {out}",
+                    expected="the suite of the run being resumed",
+                    received=f"envs {changed} with other seeds or k than {manifest}",
+                    fix="resume with the same suite file, or write to another --out",
+                )
+            )
 
 
-def _row(policy: str, env: SuiteEnv, seed: int, sample: int, *, reward: float = 0.0, turns: int = 0,
-         tokens: int = 0, error: str | None = None) -> dict[str, Any]:
-    return {"policy": policy, "env": env.name, "seed": int(seed), "sample": int(sample),
-            "reward": float(reward), "success": error is None and float(reward) >= env.success_threshold,
-            "turns": int(turns), "tokens": int(tokens), "error": error}
+def _row(
+    policy: str,
+    env: SuiteEnv,
+    seed: int,
+    sample: int,
+    *,
+    reward: float = 0.0,
+    turns: int = 0,
+    tokens: int = 0,
+    error: str | None = None,
+) -> dict[str, Any]:
+    return {
+        "policy": policy,
+        "env": env.name,
+        "seed": int(seed),
+        "sample": int(sample),
+        "reward": float(reward),
+        "success": error is None and float(reward) >= env.success_threshold,
+        "turns": int(turns),
+        "tokens": int(tokens),
+        "error": error,
+    }
 
 
 def _message(e: BaseException) -> str:
@@ -146,11 +198,23 @@ class _Progress:
     def __init__(self, total: int, done: int, enabled: bool):
         self.bar = None
         if enabled:
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                       TimeRemainingColumn)
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
 
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+            self.bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+            )
             self.task = self.bar.add_task("suite", total=total, completed=done)
             self.bar.start()
 
@@ -167,19 +231,37 @@ class _Progress:
             self.bar.stop()
 
 
-async def _model_env(policy: PolicySpec, env: SuiteEnv, items: list, engine: Any, write: Callable,
-                     config: RunnerConfig, make_vec: Callable[[SuiteEnv, int], Any] | None = None) -> None:
+async def _model_env(
+    policy: PolicySpec,
+    env: SuiteEnv,
+    items: list,
+    engine: Any,
+    write: Callable,
+    config: RunnerConfig,
+    make_vec: Callable[[SuiteEnv, int], Any] | None = None,
+) -> None:
     """Every pending episode of one env on ``engine``: one worker per sub-env."""
     from gymllm.inference.params import SamplingParams
-    from gymllm.rollout import Episode, EpisodeKey, as_env_slots, check_prefix_preserving, run_episode
+    from gymllm.rollout import (
+        Episode,
+        EpisodeKey,
+        as_env_slots,
+        check_prefix_preserving,
+        run_episode,
+    )
     from gymllm.rollout.evaluation import SessionPrefixed, agent_for
     from gymllm.suites.resolve import make_vec_for
 
     n = max(1, min(config.max_concurrency_per_env, len(items)))
     vec = None
     try:
-        agent = agent_for(env.target, policy.loaded.tokenizer, env.kwargs, system_prompt=env.system_prompt,
-                          agent=env.agent)
+        agent = agent_for(
+            env.target,
+            policy.loaded.tokenizer,
+            env.kwargs,
+            system_prompt=env.system_prompt,
+            agent=env.agent,
+        )
         prefix_preserving = check_prefix_preserving(agent.tokenizer, agent.observation_roles)
         if make_vec is None:
             vec = make_vec_for(env.target, n, env.kwargs, max_turns=env.max_turns)
@@ -203,22 +285,58 @@ async def _model_env(policy: PolicySpec, env: SuiteEnv, items: list, engine: Any
         while queue:
             group, seed, m = queue.popleft()
             key = EpisodeKey(group, m, 0, seed)
-            ep = Episode(key, agent, sampling, base_seed=env.seed_base, max_model_calls=env.max_turns,
-                         prefix_preserving=prefix_preserving, env_id=slot)
+            ep = Episode(
+                key,
+                agent,
+                sampling,
+                base_seed=env.seed_base,
+                max_model_calls=env.max_turns,
+                prefix_preserving=prefix_preserving,
+                env_id=slot,
+            )
             try:
-                await asyncio.wait_for(run_episode(slots, shared, ep, slot, limit), config.episode_timeout_s)
+                await asyncio.wait_for(
+                    run_episode(slots, shared, ep, slot, limit), config.episode_timeout_s
+                )
                 trajs = ep.trajectories()
                 tokens = sum(int(sum(t.loss_mask)) for t in trajs)
-                write(_row(policy.label, env, seed, m, reward=trajs[0].reward if trajs else 0.0, turns=ep.calls,
-                           tokens=tokens))
+                write(
+                    _row(
+                        policy.label,
+                        env,
+                        seed,
+                        m,
+                        reward=trajs[0].reward if trajs else 0.0,
+                        turns=ep.calls,
+                        tokens=tokens,
+                    )
+                )
             except asyncio.TimeoutError:
-                write(_row(policy.label, env, seed, m, turns=ep.calls, error=(
-                    f"EpisodeTimeout: no end within {config.episode_timeout_s} s (sub-env {slot} retired)")))
+                write(
+                    _row(
+                        policy.label,
+                        env,
+                        seed,
+                        m,
+                        turns=ep.calls,
+                        error=(
+                            f"EpisodeTimeout: no end within {config.episode_timeout_s} s (sub-env {slot} retired)"
+                        ),
+                    )
+                )
                 live[0] -= 1
                 if live[0] == 0:  # every sub-env hung: the rest of this env cannot run
                     while queue:
                         _, s, mm = queue.popleft()
-                        write(_row(policy.label, env, s, mm, error="EpisodeTimeout: every sub-env of this env hung"))
+                        write(
+                            _row(
+                                policy.label,
+                                env,
+                                s,
+                                mm,
+                                error="EpisodeTimeout: every sub-env of this env hung",
+                            )
+                        )
                 return
             except Exception as e:  # noqa: BLE001 - isolate: one episode's failure is one row
                 write(_row(policy.label, env, seed, m, turns=ep.calls, error=_message(e)))
@@ -242,7 +360,9 @@ def _oracle_episode(env_obj: Any, solver: Any, seed: int) -> tuple[float, int]:
     raise RuntimeError(f"the solver did not end the episode within {solver.max_steps} steps")
 
 
-async def _oracle_env(policy: PolicySpec, env: SuiteEnv, items: list, write: Callable, config: RunnerConfig) -> None:
+async def _oracle_env(
+    policy: PolicySpec, env: SuiteEnv, items: list, write: Callable, config: RunnerConfig
+) -> None:
     """Every pending episode of one env played by its demo solver, in worker threads."""
     from gymllm.envs.demos_solvers import Unsolvable
     from gymllm.suites.resolve import make_env_for
@@ -257,12 +377,24 @@ async def _oracle_env(policy: PolicySpec, env: SuiteEnv, items: list, write: Cal
                 _, seed, m = queue.popleft()
                 try:
                     if env_obj is None:
-                        env_obj = await asyncio.to_thread(make_env_for, env.target, env.kwargs, max_turns=env.max_turns)
-                    reward, steps = await asyncio.wait_for(asyncio.to_thread(_oracle_episode, env_obj, solver, seed),
-                                                           config.episode_timeout_s)
+                        env_obj = await asyncio.to_thread(
+                            make_env_for, env.target, env.kwargs, max_turns=env.max_turns
+                        )
+                    reward, steps = await asyncio.wait_for(
+                        asyncio.to_thread(_oracle_episode, env_obj, solver, seed),
+                        config.episode_timeout_s,
+                    )
                     write(_row(policy.label, env, seed, m, reward=reward, turns=steps))
                 except Unsolvable as e:
-                    write(_row(policy.label, env, seed, m, error=f"the solver found this seed unsolvable: {e}"))
+                    write(
+                        _row(
+                            policy.label,
+                            env,
+                            seed,
+                            m,
+                            error=f"the solver found this seed unsolvable: {e}",
+                        )
+                    )
                 except Exception as e:  # noqa: BLE001 - an oracle failure is the finding: a row with the error
                     write(_row(policy.label, env, seed, m, error=_message(e)))
         finally:
@@ -272,8 +404,14 @@ async def _oracle_env(policy: PolicySpec, env: SuiteEnv, items: list, write: Cal
     await asyncio.gather(*(worker() for _ in range(max(1, min(4, len(items))))))
 
 
-async def _run_policy(policy: PolicySpec, todo: dict[str, list], suite: Suite, write: Callable,
-                      config: RunnerConfig, make_vec: Callable[[SuiteEnv, int], Any] | None = None) -> None:
+async def _run_policy(
+    policy: PolicySpec,
+    todo: dict[str, list],
+    suite: Suite,
+    write: Callable,
+    config: RunnerConfig,
+    make_vec: Callable[[SuiteEnv, int], Any] | None = None,
+) -> None:
     envs = [e for e in suite.envs if todo.get(e.name)]
     if policy.oracle:
         await asyncio.gather(*(_oracle_env(policy, e, todo[e.name], write, config) for e in envs))
@@ -283,10 +421,13 @@ async def _run_policy(policy: PolicySpec, todo: dict[str, list], suite: Suite, w
     else:
         from gymllm.inference import EngineConfig, JaxEngine
 
-        engine = JaxEngine.from_loaded(policy.loaded, config=EngineConfig(num_slots=config.num_slots,
-                                                                          max_len=config.max_len))
+        engine = JaxEngine.from_loaded(
+            policy.loaded, config=EngineConfig(num_slots=config.num_slots, max_len=config.max_len)
+        )
     try:
-        await asyncio.gather(*(_model_env(policy, e, todo[e.name], engine, write, config, make_vec) for e in envs))
+        await asyncio.gather(
+            *(_model_env(policy, e, todo[e.name], engine, write, config, make_vec) for e in envs)
+        )
     finally:
         close = getattr(engine, "close", None)
         if close is not None:
@@ -295,9 +436,16 @@ async def _run_policy(policy: PolicySpec, todo: dict[str, list], suite: Suite, w
                 await result
 
 
-def run_suite(suite: Suite, policies: Sequence[PolicySpec], out: str | pathlib.Path, *,
-              config: RunnerConfig | None = None, resume: bool = False, write_report: bool = True,
-              make_vec: Callable[[SuiteEnv, int], Any] | None = None) -> dict[str, Any]:
+def run_suite(
+    suite: Suite,
+    policies: Sequence[PolicySpec],
+    out: str | pathlib.Path,
+    *,
+    config: RunnerConfig | None = None,
+    resume: bool = False,
+    write_report: bool = True,
+    make_vec: Callable[[SuiteEnv, int], Any] | None = None,
+) -> dict[str, Any]:
     """Run every policy on every env of ``suite`` into ``out`` (see the module doc); returns the summary
     (also written to ``out/summary.json``, with ``report.md`` and the plots unless ``write_report`` is off).
     ``make_vec(env, n)``: builds an env's vector env of ``n`` sub-envs for the model policies (default:
@@ -306,9 +454,14 @@ def run_suite(suite: Suite, policies: Sequence[PolicySpec], out: str | pathlib.P
     labels = [p.label for p in policies]
     if not policies or len(set(labels)) != len(labels):
         dup = sorted({x for x in labels if labels.count(x) > 1})
-        raise ConfigError(explain("suite policies", expected="at least one policy, each with a distinct label",
-                                  received=labels if not dup else f"{dup} repeated",
-                                  fix="give each --model/--checkpoint its own --label"))
+        raise ConfigError(
+            explain(
+                "suite policies",
+                expected="at least one policy, each with a distinct label",
+                received=labels if not dup else f"{dup} repeated",
+                fix="give each --model/--checkpoint its own --label",
+            )
+        )
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
     results = ResultsFile(out / "results.jsonl")
@@ -351,7 +504,9 @@ def run_suite(suite: Suite, policies: Sequence[PolicySpec], out: str | pathlib.P
         bar.close()
         results.close()
     rows = results.read()
-    summary = summarize(rows, suite, labels, seed=config.bootstrap_seed, num_resamples=config.num_resamples)
+    summary = summarize(
+        rows, suite, labels, seed=config.bootstrap_seed, num_resamples=config.num_resamples
+    )
     summary["notes"] = notes
     summary["wall_s"] = time.perf_counter() - t0
     write_json(out / "summary.json", summary)

@@ -37,14 +37,31 @@ from typing import Any, Callable, Mapping, Sequence
 from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 from gymllm.errors import ConfigError, explain
 
-__all__ = ["SuiteError", "SuiteEnv", "Suite", "DEFAULTS", "SUITES_DIR", "shipped_suites", "load_suite",
-           "parse_suite", "apply_overrides", "one_off_suite"]
+__all__ = [
+    "SuiteError",
+    "SuiteEnv",
+    "Suite",
+    "DEFAULTS",
+    "SUITES_DIR",
+    "shipped_suites",
+    "load_suite",
+    "parse_suite",
+    "apply_overrides",
+    "one_off_suite",
+]
 
 SUITES_DIR = pathlib.Path(__file__).resolve().parent / "data"
 
 #: the defaults of every env, and their values when the file gives none
-DEFAULTS: dict[str, Any] = {"k": 4, "num_seeds": 16, "seed_base": HELD_OUT_SEED_BASE, "max_tokens": 256,
-                            "max_turns": 4, "temperature": 0.7, "success_threshold": 1.0}
+DEFAULTS: dict[str, Any] = {
+    "k": 4,
+    "num_seeds": 16,
+    "seed_base": HELD_OUT_SEED_BASE,
+    "max_tokens": 256,
+    "max_turns": 4,
+    "temperature": 0.7,
+    "success_threshold": 1.0,
+}
 _TOP_ONLY = ("name", "description", "env")
 _ENV_ONLY = ("id", "name", "kwargs", "seeds", "weight", "agent", "system_prompt")
 TOP_KEYS = (*_TOP_ONLY, *DEFAULTS)
@@ -77,8 +94,11 @@ class SuiteEnv:
     target: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v)
-                for f in dataclasses.fields(self) if f.name != "target"}
+        return {
+            f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v)
+            for f in dataclasses.fields(self)
+            if f.name != "target"
+        }
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -94,7 +114,9 @@ class Suite:
         for e in self.envs:
             if e.name == name:
                 return e
-        raise KeyError(f"suite {self.name!r} has no env named {name!r}; expected one of {[e.name for e in self.envs]}")
+        raise KeyError(
+            f"suite {self.name!r} has no env named {name!r}; expected one of {[e.name for e in self.envs]}"
+        )
 
     @property
     def weights(self) -> dict[str, float]:
@@ -103,8 +125,12 @@ class Suite:
         return {e.name: e.weight / total for e in self.envs}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "description": self.description, "source": self.source,
-                "envs": [e.to_dict() for e in self.envs]}
+        return {
+            "name": self.name,
+            "description": self.description,
+            "source": self.source,
+            "envs": [e.to_dict() for e in self.envs],
+        }
 
 
 def shipped_suites() -> list[str]:
@@ -112,7 +138,9 @@ def shipped_suites() -> list[str]:
     return sorted(p.stem for p in SUITES_DIR.glob("*.toml"))
 
 
-def load_suite(ref: str | pathlib.Path, *, resolve: bool = True, overrides: Mapping[str, Any] | None = None) -> Suite:
+def load_suite(
+    ref: str | pathlib.Path, *, resolve: bool = True, overrides: Mapping[str, Any] | None = None
+) -> Suite:
     """The suite in file ``ref``, or the shipped suite named ``ref`` (``core``, ``core.toml``).
     ``resolve``: resolve every env id now (imports ``module:...`` ids; unknown ids fail here).
     ``overrides``: values of :data:`DEFAULTS` keys that replace the file's for every env (its
@@ -125,28 +153,54 @@ def load_suite(ref: str | pathlib.Path, *, resolve: bool = True, overrides: Mapp
         else:
             names = shipped_suites()
             close = difflib.get_close_matches(path.stem, names, n=2)
-            raise SuiteError(explain("--suite", expected=f"a suite TOML file, or a shipped suite: {', '.join(names)}",
-                                     received=str(ref), fix=(f"did you mean {', '.join(close)}?" if close else
-                                                             "check the path")))
+            raise SuiteError(
+                explain(
+                    "--suite",
+                    expected=f"a suite TOML file, or a shipped suite: {', '.join(names)}",
+                    received=str(ref),
+                    fix=(f"did you mean {', '.join(close)}?" if close else "check the path"),
+                )
+            )
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
-        raise SuiteError(explain(f"suite {path}", expected="valid TOML", received=str(e),
-                                 fix="fix the line the parser names")) from e
-    return parse_suite(apply_overrides(data, overrides or {}), source=str(path), default_name=path.stem,
-                       resolve=resolve)
+        raise SuiteError(
+            explain(
+                f"suite {path}",
+                expected="valid TOML",
+                received=str(e),
+                fix="fix the line the parser names",
+            )
+        ) from e
+    return parse_suite(
+        apply_overrides(data, overrides or {}),
+        source=str(path),
+        default_name=path.stem,
+        resolve=resolve,
+    )
 
 
 def apply_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of a suite's data with ``overrides`` (keys of :data:`DEFAULTS`) set for every env."""
     unknown = sorted(set(overrides) - set(DEFAULTS))
     if unknown:
-        raise SuiteError(explain("suite overrides", expected=f"keys of {', '.join(DEFAULTS)}", received=unknown,
-                                 fix="override only the per-env defaults"))
+        raise SuiteError(
+            explain(
+                "suite overrides",
+                expected=f"keys of {', '.join(DEFAULTS)}",
+                received=unknown,
+                fix="override only the per-env defaults",
+            )
+        )
     out = {**data, **overrides}
     if isinstance(data.get("env"), list):
-        drop = set(overrides) | ({"seeds"} if {"num_seeds", "seed_base"} & set(overrides) else set())
-        out["env"] = [{k: v for k, v in t.items() if k not in drop} if isinstance(t, dict) else t for t in data["env"]]
+        drop = set(overrides) | (
+            {"seeds"} if {"num_seeds", "seed_base"} & set(overrides) else set()
+        )
+        out["env"] = [
+            {k: v for k, v in t.items() if k not in drop} if isinstance(t, dict) else t
+            for t in data["env"]
+        ]
     return out
 
 
@@ -158,14 +212,26 @@ def _near(key: str, allowed: Sequence[str]) -> str:
 def _check_keys(table: Mapping[str, Any], allowed: Sequence[str], where: str) -> None:
     for key in table:
         if key not in allowed:
-            raise SuiteError(explain(f"{where}: key {key!r}", expected=f"one of {', '.join(allowed)}",
-                                     received=key, fix=_near(key, allowed)))
+            raise SuiteError(
+                explain(
+                    f"{where}: key {key!r}",
+                    expected=f"one of {', '.join(allowed)}",
+                    received=key,
+                    fix=_near(key, allowed),
+                )
+            )
 
 
 def _int(value: Any, key: str, where: str, lo: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-        raise SuiteError(explain(f"{where}: key {key!r}", expected=f"an integer >= {lo}", received=value,
-                                 fix=f"set {key} = {max(lo, 1)} or more"))
+        raise SuiteError(
+            explain(
+                f"{where}: key {key!r}",
+                expected=f"an integer >= {lo}",
+                received=value,
+                fix=f"set {key} = {max(lo, 1)} or more",
+            )
+        )
     return value
 
 
@@ -175,8 +241,16 @@ def _float(value: Any, key: str, where: str, lo: float | None, strict: bool = Fa
         ok = value > lo if strict else value >= lo
     if not ok:
         bound = "" if lo is None else f" {'>' if strict else '>='} {lo}"
-        raise SuiteError(explain(f"{where}: key {key!r}", expected=f"a finite number{bound}", received=value,
-                                 fix=f"set {key} = 1.0" if key != "temperature" else "set temperature = 0.7 (0: greedy)"))
+        raise SuiteError(
+            explain(
+                f"{where}: key {key!r}",
+                expected=f"a finite number{bound}",
+                received=value,
+                fix=f"set {key} = 1.0"
+                if key != "temperature"
+                else "set temperature = 0.7 (0: greedy)",
+            )
+        )
     return float(value)
 
 
@@ -201,55 +275,114 @@ def _defaults(table: Mapping[str, Any], base: Mapping[str, Any], where: str) -> 
 
 def _str(value: Any, key: str, where: str, fix: str) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise SuiteError(explain(f"{where}: key {key!r}", expected="a non-empty string", received=value, fix=fix))
+        raise SuiteError(
+            explain(f"{where}: key {key!r}", expected="a non-empty string", received=value, fix=fix)
+        )
     return value
 
 
 def _env(table: Any, index: int, top: Mapping[str, Any], src: str, resolve: bool) -> SuiteEnv:
     where = f"suite {src}, [[env]] #{index + 1}"
     if not isinstance(table, dict):
-        raise SuiteError(explain(where, expected="a table ([[env]] with id = ...)", received=table,
-                                 fix="write each env as an [[env]] table"))
+        raise SuiteError(
+            explain(
+                where,
+                expected="a table ([[env]] with id = ...)",
+                received=table,
+                fix="write each env as an [[env]] table",
+            )
+        )
     if "id" not in table:
-        raise SuiteError(explain(f"{where}: key 'id'", expected="the env's id", received="no id",
-                                 fix="add id = 'gymllm/Arithmetic-v0' (`gymllm envs` lists the ids)"))
+        raise SuiteError(
+            explain(
+                f"{where}: key 'id'",
+                expected="the env's id",
+                received="no id",
+                fix="add id = 'gymllm/Arithmetic-v0' (`gymllm envs` lists the ids)",
+            )
+        )
     env_id = _str(table["id"], "id", where, "set id = 'gymllm/Arithmetic-v0'")
     where = f"suite {src}, [[env]] #{index + 1} (id = {env_id!r})"
     _check_keys(table, ENV_KEYS, where)
     values = _defaults(table, top, where)
     name = _str(table.get("name", env_id), "name", where, "set name = 'arithmetic'")
     if name == "*":
-        raise SuiteError(explain(f"{where}: key 'name'", expected="a name other than '*' (the whole suite's)",
-                                 received=name, fix="pick another name"))
+        raise SuiteError(
+            explain(
+                f"{where}: key 'name'",
+                expected="a name other than '*' (the whole suite's)",
+                received=name,
+                fix="pick another name",
+            )
+        )
     kwargs = table.get("kwargs", {})
     if not isinstance(kwargs, dict):
-        raise SuiteError(explain(f"{where}: key 'kwargs'", expected="a table of constructor arguments",
-                                 received=kwargs, fix="write kwargs = { digits = 2 }"))
+        raise SuiteError(
+            explain(
+                f"{where}: key 'kwargs'",
+                expected="a table of constructor arguments",
+                received=kwargs,
+                fix="write kwargs = { digits = 2 }",
+            )
+        )
     if "seeds" in table:
         if "num_seeds" in table:
-            raise SuiteError(explain(f"{where}: keys 'seeds' and 'num_seeds'", expected="one of them",
-                                     received="both", fix="drop num_seeds (the seeds list gives the count)"))
+            raise SuiteError(
+                explain(
+                    f"{where}: keys 'seeds' and 'num_seeds'",
+                    expected="one of them",
+                    received="both",
+                    fix="drop num_seeds (the seeds list gives the count)",
+                )
+            )
         seeds = table["seeds"]
-        if (not isinstance(seeds, list) or not seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0
-                                                            for s in seeds)):
-            raise SuiteError(explain(f"{where}: key 'seeds'", expected="a non-empty list of integers >= 0",
-                                     received=seeds, fix="write seeds = [1000000, 1000001]"))
+        if (
+            not isinstance(seeds, list)
+            or not seeds
+            or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds)
+        ):
+            raise SuiteError(
+                explain(
+                    f"{where}: key 'seeds'",
+                    expected="a non-empty list of integers >= 0",
+                    received=seeds,
+                    fix="write seeds = [1000000, 1000001]",
+                )
+            )
         if len(set(seeds)) != len(seeds):
             dup = sorted({s for s in seeds if seeds.count(s) > 1})
-            raise SuiteError(explain(f"{where}: key 'seeds'", expected="distinct seeds", received=f"{dup} repeated",
-                                     fix="list each seed once"))
+            raise SuiteError(
+                explain(
+                    f"{where}: key 'seeds'",
+                    expected="distinct seeds",
+                    received=f"{dup} repeated",
+                    fix="list each seed once",
+                )
+            )
         seeds_t = tuple(seeds)
     else:
         seeds_t = tuple(range(values["seed_base"], values["seed_base"] + values["num_seeds"]))
     weight = _float(table.get("weight", 1.0), "weight", where, 0.0)
     agent = table.get("agent")
     if agent not in (None, "model", "tool"):
-        raise SuiteError(explain(f"{where}: key 'agent'", expected="'model' or 'tool'", received=agent,
-                                 fix="set agent = 'tool' for envs with tools, else 'model' (or leave it out)"))
+        raise SuiteError(
+            explain(
+                f"{where}: key 'agent'",
+                expected="'model' or 'tool'",
+                received=agent,
+                fix="set agent = 'tool' for envs with tools, else 'model' (or leave it out)",
+            )
+        )
     system_prompt = table.get("system_prompt")
     if system_prompt is not None and not isinstance(system_prompt, str):
-        raise SuiteError(explain(f"{where}: key 'system_prompt'", expected="a string", received=system_prompt,
-                                 fix="quote it: system_prompt = 'Answer briefly.'"))
+        raise SuiteError(
+            explain(
+                f"{where}: key 'system_prompt'",
+                expected="a string",
+                received=system_prompt,
+                fix="quote it: system_prompt = 'Answer briefly.'",
+            )
+        )
     target = None
     if resolve:
         from gymllm.registration import resolve_env_id
@@ -258,49 +391,103 @@ def _env(table: Any, index: int, top: Mapping[str, Any], src: str, resolve: bool
             target = resolve_env_id(env_id, where=f"{where}: key 'id'")
         except ConfigError as e:
             raise SuiteError(str(e)) from e
-    return SuiteEnv(id=env_id, name=name, kwargs=dict(kwargs), seeds=seeds_t, k=values["k"], weight=weight,
-                    max_turns=values["max_turns"], max_tokens=values["max_tokens"],
-                    temperature=values["temperature"], success_threshold=values["success_threshold"],
-                    seed_base=values["seed_base"], agent=agent, system_prompt=system_prompt, target=target)
+    return SuiteEnv(
+        id=env_id,
+        name=name,
+        kwargs=dict(kwargs),
+        seeds=seeds_t,
+        k=values["k"],
+        weight=weight,
+        max_turns=values["max_turns"],
+        max_tokens=values["max_tokens"],
+        temperature=values["temperature"],
+        success_threshold=values["success_threshold"],
+        seed_base=values["seed_base"],
+        agent=agent,
+        system_prompt=system_prompt,
+        target=target,
+    )
 
 
-def parse_suite(data: Mapping[str, Any], *, source: str = "<suite>", default_name: str = "suite",
-                resolve: bool = True) -> Suite:
+def parse_suite(
+    data: Mapping[str, Any],
+    *,
+    source: str = "<suite>",
+    default_name: str = "suite",
+    resolve: bool = True,
+) -> Suite:
     """A :class:`Suite` from the TOML's data (see the module doc); :class:`SuiteError` on anything wrong."""
     where = f"suite {source}, top level"
     if not isinstance(data, Mapping):
-        raise SuiteError(explain(where, expected="a TOML table", received=type(data).__name__, fix="write a TOML file"))
+        raise SuiteError(
+            explain(
+                where,
+                expected="a TOML table",
+                received=type(data).__name__,
+                fix="write a TOML file",
+            )
+        )
     _check_keys(data, TOP_KEYS, where)
     top = _defaults(data, DEFAULTS, where)
     name = _str(data.get("name", default_name), "name", where, "set name = 'my-suite'")
     description = data.get("description", "")
     if not isinstance(description, str):
-        raise SuiteError(explain(f"{where}: key 'description'", expected="a string", received=description,
-                                 fix="quote it"))
+        raise SuiteError(
+            explain(
+                f"{where}: key 'description'",
+                expected="a string",
+                received=description,
+                fix="quote it",
+            )
+        )
     tables = data.get("env")
     if not isinstance(tables, list) or not tables:
-        raise SuiteError(explain(f"{where}: key 'env'", expected="at least one [[env]] table",
-                                 received=tables if tables is not None else "none",
-                                 fix="add [[env]] followed by id = 'gymllm/Arithmetic-v0'"))
+        raise SuiteError(
+            explain(
+                f"{where}: key 'env'",
+                expected="at least one [[env]] table",
+                received=tables if tables is not None else "none",
+                fix="add [[env]] followed by id = 'gymllm/Arithmetic-v0'",
+            )
+        )
     envs = [_env(t, i, top, source, resolve) for i, t in enumerate(tables)]
     seen: dict[str, int] = {}
     for i, e in enumerate(envs):
         if e.name in seen:
-            raise SuiteError(explain(
-                f"suite {source}, [[env]] #{i + 1} (id = {e.id!r}): key 'name'",
-                expected="a name unique in the suite", received=f"{e.name!r}, also the name of [[env]] #{seen[e.name] + 1}",
-                fix=f"give one of them a distinct name, e.g. name = '{e.name.rsplit('/', 1)[-1]}-{i + 1}'"))
+            raise SuiteError(
+                explain(
+                    f"suite {source}, [[env]] #{i + 1} (id = {e.id!r}): key 'name'",
+                    expected="a name unique in the suite",
+                    received=f"{e.name!r}, also the name of [[env]] #{seen[e.name] + 1}",
+                    fix=f"give one of them a distinct name, e.g. name = '{e.name.rsplit('/', 1)[-1]}-{i + 1}'",
+                )
+            )
         seen[e.name] = i
     if sum(e.weight for e in envs) <= 0:
-        raise SuiteError(explain(f"suite {source}: key 'weight'", expected="some env with weight > 0",
-                                 received="every weight 0", fix="set weight = 1.0 on the envs to count"))
+        raise SuiteError(
+            explain(
+                f"suite {source}: key 'weight'",
+                expected="some env with weight > 0",
+                received="every weight 0",
+                fix="set weight = 1.0 on the envs to count",
+            )
+        )
     return Suite(name=name, envs=tuple(envs), source=source, description=description)
 
 
-def one_off_suite(env_ids: Sequence[str], *, name: str = "one-off", env_kwargs: Mapping[str, Any] | None = None,
-                  resolve: bool = True, **defaults: Any) -> Suite:
+def one_off_suite(
+    env_ids: Sequence[str],
+    *,
+    name: str = "one-off",
+    env_kwargs: Mapping[str, Any] | None = None,
+    resolve: bool = True,
+    **defaults: Any,
+) -> Suite:
     """The suite ``gymllm eval env ENV...`` runs: one env per id, ``env_kwargs`` for each, ``defaults`` (any
     of :data:`DEFAULTS`) at the top level."""
-    data = {"name": name, **defaults, "env": [{"id": i, **({"kwargs": dict(env_kwargs)} if env_kwargs else {})}
-                                              for i in env_ids]}
+    data = {
+        "name": name,
+        **defaults,
+        "env": [{"id": i, **({"kwargs": dict(env_kwargs)} if env_kwargs else {})} for i in env_ids],
+    }
     return parse_suite(data, source="<command line>", default_name=name, resolve=resolve)

@@ -27,8 +27,10 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     """P(at least one of ``k`` samples drawn without replacement from ``n`` is among the ``c``
     successes) = ``1 - C(n - c, k) / C(n, k)``; ``k <= n`` is required."""
     if not 0 <= c <= n or not 1 <= k <= n:
-        raise ValueError(f"pass_at_k: expected 0 <= c <= n and 1 <= k <= n, received n={n}, c={c}, k={k}. "
-                         "Fix: draw at least k samples per seed")
+        raise ValueError(
+            f"pass_at_k: expected 0 <= c <= n and 1 <= k <= n, received n={n}, c={c}, k={k}. "
+            "Fix: draw at least k samples per seed"
+        )
     if n - c < k:
         return 1.0
     return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1, dtype=np.float64)))
@@ -47,18 +49,27 @@ def pass_at_curve(successes: Sequence[Sequence[bool]], k: int) -> dict[int, floa
     return out
 
 
-def bootstrap(strata: Sequence[Sequence[float]], weights: Sequence[float] | None = None, *,
-              rng: np.random.Generator, num_resamples: int = 2000) -> tuple[float, np.ndarray]:
+def bootstrap(
+    strata: Sequence[Sequence[float]],
+    weights: Sequence[float] | None = None,
+    *,
+    rng: np.random.Generator,
+    num_resamples: int = 2000,
+) -> tuple[float, np.ndarray]:
     """The weighted mean of the strata's means (``weights`` normalised; equal by default) and its
     bootstrap distribution ``[num_resamples]``: each resample draws every stratum's units with
     replacement (as many as it has). ``strata``: per stratum, one value per unit (a seed)."""
     arrays = [np.asarray(s, dtype=np.float64) for s in strata]
     if not arrays or any(a.ndim != 1 or a.size == 0 for a in arrays):
-        raise ValueError("bootstrap: expected at least one stratum, each a non-empty 1-d sequence of values, "
-                         f"received sizes {[a.shape for a in arrays]}. Fix: drop the empty strata")
+        raise ValueError(
+            "bootstrap: expected at least one stratum, each a non-empty 1-d sequence of values, "
+            f"received sizes {[a.shape for a in arrays]}. Fix: drop the empty strata"
+        )
     w = np.ones(len(arrays)) if weights is None else np.asarray(weights, dtype=np.float64)
     if w.shape != (len(arrays),) or np.any(w < 0) or w.sum() <= 0:
-        raise ValueError(f"bootstrap: expected one weight >= 0 per stratum (some > 0), received {weights}")
+        raise ValueError(
+            f"bootstrap: expected one weight >= 0 per stratum (some > 0), received {weights}"
+        )
     w = w / w.sum()
     point = float(sum(wi * a.mean() for wi, a in zip(w, arrays)))
     dist = np.zeros(num_resamples)
@@ -68,8 +79,14 @@ def bootstrap(strata: Sequence[Sequence[float]], weights: Sequence[float] | None
     return point, dist
 
 
-def bootstrap_ci(strata: Sequence[Sequence[float]], weights: Sequence[float] | None = None, *,
-                 rng: np.random.Generator, confidence: float = 0.95, num_resamples: int = 2000) -> tuple[float, float]:
+def bootstrap_ci(
+    strata: Sequence[Sequence[float]],
+    weights: Sequence[float] | None = None,
+    *,
+    rng: np.random.Generator,
+    confidence: float = 0.95,
+    num_resamples: int = 2000,
+) -> tuple[float, float]:
     """The percentile bootstrap interval ``[lo, hi]`` of :func:`bootstrap`'s weighted mean."""
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"bootstrap_ci: expected 0 < confidence < 1, received {confidence}")
@@ -79,9 +96,15 @@ def bootstrap_ci(strata: Sequence[Sequence[float]], weights: Sequence[float] | N
     return float(lo), float(hi)
 
 
-def paired_comparison(a: Sequence[Sequence[Sequence[float]]], b: Sequence[Sequence[Sequence[float]]],
-                      weights: Sequence[float] | None = None, *, rng: np.random.Generator,
-                      confidence: float = 0.95, num_resamples: int = 2000) -> dict[str, float | list[float]]:
+def paired_comparison(
+    a: Sequence[Sequence[Sequence[float]]],
+    b: Sequence[Sequence[Sequence[float]]],
+    weights: Sequence[float] | None = None,
+    *,
+    rng: np.random.Generator,
+    confidence: float = 0.95,
+    num_resamples: int = 2000,
+) -> dict[str, float | list[float]]:
     """Paired comparison of policies ``a`` and ``b``: ``a[s][u][i]`` is the value (reward, or success
     as 0/1) of sample ``i`` of unit (seed) ``u`` of stratum (env) ``s``, and ``b`` the same shape, on the
     same env, seed and sample. Returns ``diff`` (the weighted mean over strata of the mean paired
@@ -93,8 +116,10 @@ def paired_comparison(a: Sequence[Sequence[Sequence[float]]], b: Sequence[Sequen
         for u, (ua, ub) in enumerate(zip(sa, sb, strict=True)):
             xa, xb = np.asarray(ua, dtype=np.float64), np.asarray(ub, dtype=np.float64)
             if xa.shape != xb.shape or xa.size == 0:
-                raise ValueError(f"paired_comparison: stratum {s}, unit {u}: expected the same non-zero number of "
-                                 f"samples for a and b, received {xa.size} and {xb.size}. Fix: pair the same samples")
+                raise ValueError(
+                    f"paired_comparison: stratum {s}, unit {u}: expected the same non-zero number of "
+                    f"samples for a and b, received {xa.size} and {xb.size}. Fix: pair the same samples"
+                )
             units.append(float((xa - xb).mean()))
         strata.append(units)
     point, dist = bootstrap(strata, weights, rng=rng, num_resamples=num_resamples)

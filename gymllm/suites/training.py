@@ -53,14 +53,27 @@ CURRICULA = ("none", "learnability")
 class MixtureEnvs:
     """``num_envs`` slots over the envs of ``suite`` (see the module doc)."""
 
-    def __init__(self, suite: Any, *, num_envs: int, seed: int = 0, curriculum: str = "none", vec: Any = None):
+    def __init__(
+        self, suite: Any, *, num_envs: int, seed: int = 0, curriculum: str = "none", vec: Any = None
+    ):
         if curriculum not in CURRICULA:
-            raise ConfigError(explain("env.curriculum", expected=f"one of {CURRICULA}", received=curriculum,
-                                      fix="--env.curriculum learnability (or none)"))
+            raise ConfigError(
+                explain(
+                    "env.curriculum",
+                    expected=f"one of {CURRICULA}",
+                    received=curriculum,
+                    fix="--env.curriculum learnability (or none)",
+                )
+            )
         if vec is not None and getattr(vec, "num_envs", None) != int(num_envs):
-            raise ConfigError(explain("MixtureEnvs(vec)", expected=f"a vector env of num_envs={num_envs} "
-                                      "SuiteSlotEnv sub-envs", received=f"num_envs={getattr(vec, 'num_envs', None)}",
-                                      fix="build it with mixture_vec(suite, num_envs, ...)"))
+            raise ConfigError(
+                explain(
+                    "MixtureEnvs(vec)",
+                    expected=f"a vector env of num_envs={num_envs} SuiteSlotEnv sub-envs",
+                    received=f"num_envs={getattr(vec, 'num_envs', None)}",
+                    fix="build it with mixture_vec(suite, num_envs, ...)",
+                )
+            )
         self.vec = vec
         self.suite = suite
         self.envs_by_name = {e.name: e for e in suite.envs}
@@ -88,21 +101,34 @@ class MixtureEnvs:
             env = pool.pop()
         else:
             spec = self.envs_by_name[name]
-            env = make_env_for(spec.target if spec.target is not None else spec.id, dict(spec.kwargs),
-                               max_turns=spec.max_turns)
+            env = make_env_for(
+                spec.target if spec.target is not None else spec.id,
+                dict(spec.kwargs),
+                max_turns=spec.max_turns,
+            )
         self.bound[slot] = (name, env)
         return env
 
-    async def areset_env(self, env_id: int, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
+    async def areset_env(
+        self, env_id: int, seed: int | None = None, options: dict | None = None
+    ) -> tuple[Any, dict]:
         """Reset slot ``env_id`` on the env its group drew (by ``seed``), bound to the slot until its next reset."""
         from gymllm.core import areset_env
 
         if seed is None:
-            raise ConfigError(explain("MixtureEnvs.areset_env(seed)", expected="the group's env seed (an int)",
-                                      received=None, fix="the orchestrator passes each group's seed"))
+            raise ConfigError(
+                explain(
+                    "MixtureEnvs.areset_env(seed)",
+                    expected="the group's env seed (an int)",
+                    received=None,
+                    fix="the orchestrator passes each group's seed",
+                )
+            )
         name = self.env_of_seed(int(seed))
         if self.vec is not None:  # the sub-env (in its worker) plays the env it is told to
-            obs, info = await self.vec.areset_env(env_id, seed=seed, options={**(options or {}), "suite_env": name})
+            obs, info = await self.vec.areset_env(
+                env_id, seed=seed, options={**(options or {}), "suite_env": name}
+            )
             return obs, {**info, "suite_env": name}
         env = self._bind(env_id, name)
         obs, info = await areset_env(env, seed=seed, options=options)
@@ -114,24 +140,35 @@ class MixtureEnvs:
         if self.vec is not None:
             return await self.vec.astep_env(env_id, action)
         if env_id not in self.bound:
-            raise ConfigError(explain("MixtureEnvs.astep_env", expected=f"slot {env_id} reset first",
-                                      received="a step on a slot never reset", fix="reset the slot before stepping"))
+            raise ConfigError(
+                explain(
+                    "MixtureEnvs.astep_env",
+                    expected=f"slot {env_id} reset first",
+                    received="a step on a slot never reset",
+                    fix="reset the slot before stepping",
+                )
+            )
         return await astep_env(self.bound[env_id][1], action)
 
     def observe(self, group_filter: Callable[[Any], bool] | None) -> Callable[[Any], bool]:
         """``group_filter`` that also counts every finished group under its env (by its seed)."""
+
         def keep(group: Any) -> bool:
             seed = group.info.get("seed")
             if seed is not None and seed in self.group_env:
                 self.metrics.add(self.group_env[seed], [t.reward for t in group.trajectories])
             return True if group_filter is None else bool(group_filter(group))
+
         return keep
 
     def flush(self) -> dict[str, float]:
         """The per-env figures since the last flush (and, with the curriculum, new weights)."""
         if self.curriculum == "learnability":
-            self.sampler.set_weights(learnability_weights(self.metrics.recent_success(self.sampler.names),
-                                                          base=self.sampler.base_weights))
+            self.sampler.set_weights(
+                learnability_weights(
+                    self.metrics.recent_success(self.sampler.names), base=self.sampler.base_weights
+                )
+            )
         out = self.metrics.flush()
         out.update({f"env/{n}/weight": float(w) for n, w in self.sampler.weights.items()})
         return out
@@ -139,7 +176,9 @@ class MixtureEnvs:
     def close(self) -> None:
         if self.vec is not None:
             self.vec.close()
-        envs = [e for pool in self.idle.values() for e in pool] + [e for _, e in self.bound.values()]
+        envs = [e for pool in self.idle.values() for e in pool] + [
+            e for _, e in self.bound.values()
+        ]
         self.idle.clear()
         self.bound.clear()
         for env in envs:
@@ -153,7 +192,10 @@ def slot_table(suite: Any) -> dict[str, tuple[Any, dict[str, Any], int | None]]:
     """``{name: (target, kwargs, max_turns)}`` of every env of ``suite``, as a :class:`SuiteSlotEnv` in
     another process builds them: the suite table's own ``id`` for a registered or ``module:EnvId-v0``
     env (the worker imports the module itself), the factory for ``module:factory``."""
-    return {e.name: (e.target if callable(e.target) else e.id, dict(e.kwargs), e.max_turns) for e in suite.envs}
+    return {
+        e.name: (e.target if callable(e.target) else e.id, dict(e.kwargs), e.max_turns)
+        for e in suite.envs
+    }
 
 
 class SuiteSlotEnv(gymnasium.Env):
@@ -177,8 +219,14 @@ class SuiteSlotEnv(gymnasium.Env):
 
         self.table = {str(k): tuple(v) for k, v in table.items()}
         if not self.table:
-            raise ConfigError(explain("SuiteSlotEnv(table)", expected="one entry per suite env", received={},
-                                      fix="pass slot_table(suite)"))
+            raise ConfigError(
+                explain(
+                    "SuiteSlotEnv(table)",
+                    expected="one entry per suite env",
+                    received={},
+                    fix="pass slot_table(suite)",
+                )
+            )
         self.observation_space, self.action_space = Text(), Text()
         self.envs: dict[str, Any] = {}
         self.current: str | None = None
@@ -187,9 +235,15 @@ class SuiteSlotEnv(gymnasium.Env):
         options = dict(options or {})
         name = options.pop("suite_env", self.current)
         if name not in self.table:
-            raise ConfigError(explain("SuiteSlotEnv.reset(options['suite_env'])", expected=f"one of "
-                                      f"{sorted(self.table)}", received=name, fix="reset with options="
-                                      "{'suite_env': NAME} (MixtureEnvs passes the group's env)"))
+            raise ConfigError(
+                explain(
+                    "SuiteSlotEnv.reset(options['suite_env'])",
+                    expected=f"one of {sorted(self.table)}",
+                    received=name,
+                    fix="reset with options="
+                    "{'suite_env': NAME} (MixtureEnvs passes the group's env)",
+                )
+            )
         env = self.envs.get(name)
         if env is None:
             target, kwargs, max_turns = self.table[name]
@@ -200,8 +254,14 @@ class SuiteSlotEnv(gymnasium.Env):
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
         if self.current is None:
-            raise ConfigError(explain("SuiteSlotEnv.step", expected="a reset first", received="a step",
-                                      fix="reset with options={'suite_env': NAME} before stepping"))
+            raise ConfigError(
+                explain(
+                    "SuiteSlotEnv.step",
+                    expected="a reset first",
+                    received="a step",
+                    fix="reset with options={'suite_env': NAME} before stepping",
+                )
+            )
         return self.envs[self.current].step(action)
 
     def close(self) -> None:
@@ -218,4 +278,6 @@ def mixture_vec(suite: Any, num_envs: int, **vector_kwargs: Any) -> Any:
     ``backend="ray"``, ``ray_options``, ...), for ``MixtureEnvs(..., vec=)``."""
     from gymllm.registration import make_vec
 
-    return make_vec(functools.partial(SuiteSlotEnv, slot_table(suite)), num_envs, vector_kwargs=vector_kwargs)
+    return make_vec(
+        functools.partial(SuiteSlotEnv, slot_table(suite)), num_envs, vector_kwargs=vector_kwargs
+    )

@@ -26,8 +26,26 @@ Tracks: "engine" (prefill, decode), "trainer" (train_step, micro_batch, weight_s
 "rollout" (rollout, queue_wait), "env/<id>" (env_step, reward), "tool" (tool), "compile" (one span per XLA compile, named by the program).
 """
 
-from gymllm.telemetry.tracer import (Span, Tracer, counter, current_span_id, get_tracer, increment, set_tracer, span,
-                                     use_tracer)
+from gymllm.telemetry.tracer import (
+    Span,
+    Tracer,
+    counter,
+    current_span_id,
+    get_tracer,
+    increment,
+    set_tracer,
+    span,
+    use_tracer,
+)
 
-__all__ = ["Span", "Tracer", "counter", "current_span_id", "get_tracer", "increment", "set_tracer", "span",
-           "use_tracer"]
+__all__ = [
+    "Span",
+    "Tracer",
+    "counter",
+    "current_span_id",
+    "get_tracer",
+    "increment",
+    "set_tracer",
+    "span",
+    "use_tracer",
+]

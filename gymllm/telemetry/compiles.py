@@ -56,8 +56,16 @@ from typing import Any, Iterable, Mapping
 
 from gymllm.telemetry import tracer as _tracer_mod
 
-__all__ = ["CompileRecord", "CompileLog", "read_compiles", "summarize", "summary_line", "COMPILE_TRACK",
-           "BACKEND_COMPILE_EVENT", "CACHE_HIT_EVENT"]
+__all__ = [
+    "CompileRecord",
+    "CompileLog",
+    "read_compiles",
+    "summarize",
+    "summary_line",
+    "COMPILE_TRACK",
+    "BACKEND_COMPILE_EVENT",
+    "CACHE_HIT_EVENT",
+]
 
 COMPILE_TRACK = "compile"
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -109,8 +117,13 @@ class CompileLog:
         trace: Record spans on the ``"compile"`` track.
     """
 
-    def __init__(self, path: str | os.PathLike | None = None, *, tracer: _tracer_mod.Tracer | None = None,
-                 trace: bool = True):
+    def __init__(
+        self,
+        path: str | os.PathLike | None = None,
+        *,
+        tracer: _tracer_mod.Tracer | None = None,
+        trace: bool = True,
+    ):
         self.path = pathlib.Path(path) if path is not None else None
         self.tracer, self.trace = tracer, trace
         self.records: list[CompileRecord] = []
@@ -170,8 +183,15 @@ class CompileLog:
                 self._file.flush()
         tr = self.span_tracer() if span else None
         if tr is not None:
-            tr.add_span(rec.name, rec.seconds, track=COMPILE_TRACK, kind=rec.kind, cache_hit=rec.cache_hit,
-                        lower_s=rec.lower_s, in_bytes=rec.in_bytes)
+            tr.add_span(
+                rec.name,
+                rec.seconds,
+                track=COMPILE_TRACK,
+                kind=rec.kind,
+                cache_hit=rec.cache_hit,
+                lower_s=rec.lower_s,
+                in_bytes=rec.in_bytes,
+            )
 
     # ------------------------------------------------------------------ reading
 
@@ -184,11 +204,16 @@ class CompileLog:
         with self._lock:
             return self.records[cursor:]
 
-    def counts(self, kind: str | None = "program", *, cache_hit: bool | None = None) -> collections.Counter:
+    def counts(
+        self, kind: str | None = "program", *, cache_hit: bool | None = None
+    ) -> collections.Counter:
         """Compiles per program name, of ``kind`` (None: every kind), only hits or misses when ``cache_hit``
         is given."""
-        return collections.Counter(r.name for r in self.since(0) if (kind is None or r.kind == kind)
-                                   and (cache_hit is None or r.cache_hit == cache_hit))
+        return collections.Counter(
+            r.name
+            for r in self.since(0)
+            if (kind is None or r.kind == kind) and (cache_hit is None or r.cache_hit == cache_hit)
+        )
 
     def seconds(self, kind: str | None = None) -> float:
         """Seconds spent compiling (cache loads included), of ``kind`` (None: every kind)."""
@@ -212,32 +237,42 @@ def summarize(records: Iterable[CompileRecord | Mapping[str, Any]]) -> dict[str,
     prog = [r for r in recs if r.get("kind", "program") == "program"]
     by_name: dict[str, dict[str, Any]] = {}
     for r in recs:
-        e = by_name.setdefault(r["name"], {"n": 0, "s": 0.0, "hits": 0, "kind": r.get("kind", "program")})
+        e = by_name.setdefault(
+            r["name"], {"n": 0, "s": 0.0, "hits": 0, "kind": r.get("kind", "program")}
+        )
         e["n"] += 1
         e["s"] += float(r["seconds"])
         e["hits"] += bool(r.get("cache_hit"))
     slow = max(prog, key=lambda r: r["seconds"], default=None)
-    return {"programs": sum(not r.get("cache_hit") for r in prog),
-            "programs_loaded": sum(bool(r.get("cache_hit")) for r in prog),
-            "programs_distinct": len({r["name"] for r in prog}),
-            "programs_all": sum(not r.get("cache_hit") for r in recs),
-            "loaded_all": sum(bool(r.get("cache_hit")) for r in recs),
-            "compile_s": sum(float(r["seconds"]) for r in recs),
-            "compile_s_programs": sum(float(r["seconds"]) for r in prog),
-            "load_s": sum(float(r["seconds"]) for r in recs if r.get("cache_hit")),
-            "lower_s": sum(float(r.get("lower_s") or 0.0) for r in recs),
-            "slowest": (slow["name"], float(slow["seconds"])) if slow else None,
-            "by_name": by_name}
+    return {
+        "programs": sum(not r.get("cache_hit") for r in prog),
+        "programs_loaded": sum(bool(r.get("cache_hit")) for r in prog),
+        "programs_distinct": len({r["name"] for r in prog}),
+        "programs_all": sum(not r.get("cache_hit") for r in recs),
+        "loaded_all": sum(bool(r.get("cache_hit")) for r in recs),
+        "compile_s": sum(float(r["seconds"]) for r in recs),
+        "compile_s_programs": sum(float(r["seconds"]) for r in prog),
+        "load_s": sum(float(r["seconds"]) for r in recs if r.get("cache_hit")),
+        "lower_s": sum(float(r.get("lower_s") or 0.0) for r in recs),
+        "slowest": (slow["name"], float(slow["seconds"])) if slow else None,
+        "by_name": by_name,
+    }
 
 
 def summary_line(s: Mapping[str, Any], share: float | None = None) -> str:
     """One line for summary.txt from :func:`summarize`'s figures. ``share``: the part of the run's wall
     with a compile under way (``compile_fraction`` of :func:`gymllm.telemetry.metrics.pipeline_metrics`;
     compiles on two threads at once overlap, so the seconds may add up to more than the wall)."""
-    during = f" ({100 * share:.0f}% of the run's wall had a compile under way)" if share is not None else ""
-    line = (f"compile: {s['compile_s']:.1f} s{during}; {s['programs']} program compile(s) "
-            f"({s['programs_distinct']} distinct), {s['programs_loaded']} loaded from the persistent cache; "
-            f"{s['programs_all'] + s['loaded_all']} compiles in all, eager ops included")
+    during = (
+        f" ({100 * share:.0f}% of the run's wall had a compile under way)"
+        if share is not None
+        else ""
+    )
+    line = (
+        f"compile: {s['compile_s']:.1f} s{during}; {s['programs']} program compile(s) "
+        f"({s['programs_distinct']} distinct), {s['programs_loaded']} loaded from the persistent cache; "
+        f"{s['programs_all'] + s['loaded_all']} compiles in all, eager ops included"
+    )
     if s.get("slowest"):
         line += f"; slowest {s['slowest'][0]} {s['slowest'][1]:.1f} s"
     return line
@@ -268,6 +303,8 @@ _ACTIVE_LOCK = threading.Lock()
 def active_logs() -> tuple[CompileLog, ...]:
     """The compile logs recording now (started, not stopped)."""
     return _ACTIVE
+
+
 _INSTALLED = False
 _LOCAL = threading.local()  # per thread: a cache hit / lowering time waiting for its compile event
 _JAX_DIR: str | None = None
@@ -300,7 +337,11 @@ def _on_event(event: str, **kwargs: Any) -> None:
 def _cache_key(frame: Any, depth: int = 4) -> str | None:
     """The persistent-cache key a cache read or write is for (a local of JAX's caller frames)."""
     while frame is not None and depth > 0:
-        key = frame.f_locals.get("cache_key") if frame.f_code.co_filename.startswith(_JAX_DIR or "\0") else None
+        key = (
+            frame.f_locals.get("cache_key")
+            if frame.f_code.co_filename.startswith(_JAX_DIR or "\0")
+            else None
+        )
         if isinstance(key, str):
             return key
         frame, depth = frame.f_back, depth - 1
@@ -318,7 +359,11 @@ def _on_duration(event: str, duration: float, **kwargs: Any) -> None:
 
 
 def _on_compile(seconds: float, name: str) -> None:
-    hit, lower_s, key = getattr(_LOCAL, "hit", False), getattr(_LOCAL, "lower_s", None), getattr(_LOCAL, "key", None)
+    hit, lower_s, key = (
+        getattr(_LOCAL, "hit", False),
+        getattr(_LOCAL, "lower_s", None),
+        getattr(_LOCAL, "key", None),
+    )
     _LOCAL.hit, _LOCAL.lower_s, _LOCAL.key = False, None, None
     logs = _ACTIVE
     if not logs:
@@ -327,8 +372,17 @@ def _on_compile(seconds: float, name: str) -> None:
         kind, in_bytes = _inspect_stack(sys._getframe(2))
     except Exception:  # noqa: BLE001 - frames JAX moved: counted as a program, never hidden
         kind, in_bytes = "program", None
-    rec = CompileRecord(name=name, seconds=seconds, cache_hit=bool(hit), kind=kind, end=time.time(),
-                        lower_s=lower_s, in_bytes=in_bytes, thread=threading.current_thread().name, key=key)
+    rec = CompileRecord(
+        name=name,
+        seconds=seconds,
+        cache_hit=bool(hit),
+        kind=kind,
+        end=time.time(),
+        lower_s=lower_s,
+        in_bytes=in_bytes,
+        thread=threading.current_thread().name,
+        key=key,
+    )
     traced: set[int] = set()  # tracers that already have this compile's span
     for log in logs:
         tr = log.span_tracer()
@@ -351,6 +405,10 @@ def _inspect_stack(frame: Any, depth: int = 40) -> tuple[str, int | None]:
             elif code.co_name == "cache_miss" and src is None:
                 src = getattr(frame.f_locals.get("jit_info"), "fun_sourceinfo", None)
         frame, depth = frame.f_back, depth - 1
-    if isinstance(src, str) and " at " in src and src.rsplit(" at ", 1)[1].startswith(_JAX_DIR or "\0"):
+    if (
+        isinstance(src, str)
+        and " at " in src
+        and src.rsplit(" at ", 1)[1].startswith(_JAX_DIR or "\0")
+    ):
         kind = "op"
     return kind, in_bytes

@@ -85,8 +85,9 @@ def _pids(tracks: Iterable[str]) -> dict[str, int]:
     return pids
 
 
-def to_chrome_trace(events: list[dict[str, Any]], *, t0_unix: float | None = None,
-                    dropped: int = 0) -> dict[str, Any]:
+def to_chrome_trace(
+    events: list[dict[str, Any]], *, t0_unix: float | None = None, dropped: int = 0
+) -> dict[str, Any]:
     """Build the trace-event JSON object for ``events`` (dicts as from ``Tracer.events()``);
     ``dropped`` (older events the ring buffer let go) is kept in ``otherData.dropped_events``."""
     spans = [e for e in events if e["ph"] == "X"]
@@ -103,39 +104,90 @@ def to_chrome_trace(events: list[dict[str, Any]], *, t0_unix: float | None = Non
         group = by_track.get(track, [])
         for e, lane in zip(group, assign_lanes(group)):
             tid = tids.setdefault((track, lane), len(tids) + 1)
-            out.append({"name": e["name"], "cat": track, "ph": "X", "ts": e["ts"], "dur": e["dur"],
-                        "pid": pids[family_of(track)], "tid": tid, "args": _with_ids(e)})
+            out.append(
+                {
+                    "name": e["name"],
+                    "cat": track,
+                    "ph": "X",
+                    "ts": e["ts"],
+                    "dur": e["dur"],
+                    "pid": pids[family_of(track)],
+                    "tid": tid,
+                    "args": _with_ids(e),
+                }
+            )
         if not group:
             tids.setdefault((track, 0), len(tids) + 1)
     for e in counters:
-        (key, value), = e["args"].items() if len(e["args"]) == 1 else [(e["name"], e["args"].get(e["name"]))]
+        ((key, value),) = (
+            e["args"].items() if len(e["args"]) == 1 else [(e["name"], e["args"].get(e["name"]))]
+        )
         value = _counter_value(value)
         if value is None:  # Perfetto plots numbers only; a None / NaN / text level is left out
             continue
         label = key if e["track"] == family_of(e["track"]) else f"{e['track']}/{key}"
-        out.append({"name": label, "cat": e["track"], "ph": "C", "ts": e["ts"],
-                    "pid": pids[family_of(e["track"])], "args": {key: value}})
+        out.append(
+            {
+                "name": label,
+                "cat": e["track"],
+                "ph": "C",
+                "ts": e["ts"],
+                "pid": pids[family_of(e["track"])],
+                "args": {key: value},
+            }
+        )
     out.sort(key=lambda e: e["ts"])
 
     used_families = {family_of(t) for t in tracks}
     meta: list[dict[str, Any]] = []
     for fam, pid in pids.items():
         if fam in used_families:
-            meta.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": fam}})
-            meta.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
+            meta.append(
+                {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": fam}}
+            )
+            meta.append(
+                {
+                    "name": "process_sort_index",
+                    "ph": "M",
+                    "pid": pid,
+                    "tid": 0,
+                    "args": {"sort_index": pid},
+                }
+            )
     for (track, lane), tid in tids.items():
         label = track if lane == 0 else f"{track} #{lane + 1}"
         pid = pids[family_of(track)]
-        meta.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": label, "track": track}})
-        meta.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+        meta.append(
+            {
+                "name": "thread_name",
+                "ph": "M",
+                "pid": pid,
+                "tid": tid,
+                "args": {"name": label, "track": track},
+            }
+        )
+        meta.append(
+            {
+                "name": "thread_sort_index",
+                "ph": "M",
+                "pid": pid,
+                "tid": tid,
+                "args": {"sort_index": tid},
+            }
+        )
     other: dict[str, Any] = {"generator": "gymllm.telemetry", "dropped_events": int(dropped)}
     if t0_unix is not None:
         other["t0_unix"] = t0_unix
     return {"traceEvents": meta + out, "displayTimeUnit": "ms", "otherData": other}
 
 
-def write_chrome_trace(path: str | os.PathLike, events: list[dict[str, Any]], *, t0_unix: float | None = None,
-                       dropped: int = 0) -> pathlib.Path:
+def write_chrome_trace(
+    path: str | os.PathLike,
+    events: list[dict[str, Any]],
+    *,
+    t0_unix: float | None = None,
+    dropped: int = 0,
+) -> pathlib.Path:
     """Write ``events`` as a trace file; gzip-compressed when ``path`` ends in ".gz".
 
     Tag values become plain JSON: NumPy scalars and arrays are converted, NaN / inf become null,
@@ -143,7 +195,9 @@ def write_chrome_trace(path: str | os.PathLike, events: list[dict[str, Any]], *,
     """
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = json.dumps(jsonable(to_chrome_trace(events, t0_unix=t0_unix, dropped=dropped)), allow_nan=False)
+    data = json.dumps(
+        jsonable(to_chrome_trace(events, t0_unix=t0_unix, dropped=dropped)), allow_nan=False
+    )
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "wt") as f:
         f.write(data)
@@ -165,7 +219,9 @@ def jsonable(obj: Any) -> Any:
     return str(obj)
 
 
-def load_chrome_trace(path: str | os.PathLike, *, meta: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def load_chrome_trace(
+    path: str | os.PathLike, *, meta: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
     """Read a trace file (ours or any Chrome trace JSON) back into event dicts.
 
     Returns spans and counters sorted by ts, each with name, ph, ts, dur (spans), track and args,
@@ -179,15 +235,24 @@ def load_chrome_trace(path: str | os.PathLike, *, meta: dict[str, Any] | None = 
     raw = data["traceEvents"] if isinstance(data, dict) else data
     if meta is not None and isinstance(data, dict):
         meta.update(data.get("otherData", {}))
-    names = {(e.get("pid"), e.get("tid")): e["args"].get("track", e["args"].get("name"))
-             for e in raw if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    names = {
+        (e.get("pid"), e.get("tid")): e["args"].get("track", e["args"].get("name"))
+        for e in raw
+        if e.get("ph") == "M" and e.get("name") == "thread_name"
+    }
     out = []
     for e in raw:
         ph = e.get("ph")
         if ph not in ("X", "C"):
             continue
         track = e.get("cat") or names.get((e.get("pid"), e.get("tid")), "main")
-        ev = {"name": e["name"], "ph": ph, "ts": float(e["ts"]), "track": track, "args": dict(e.get("args", {}))}
+        ev = {
+            "name": e["name"],
+            "ph": ph,
+            "ts": float(e["ts"]),
+            "track": track,
+            "args": dict(e.get("args", {})),
+        }
         if ph == "X":
             ev["dur"] = float(e.get("dur", 0.0))
             if SPAN_ID in ev["args"]:

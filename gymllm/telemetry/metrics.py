@@ -123,8 +123,9 @@ def _busy_fraction(spans: list[Event], lo: float, hi: float) -> float:
     return union_length(_clip(e, lo, hi) for e in spans) / (hi - lo)
 
 
-def busy_fraction(events: Sequence[Event], family: str = "engine", *,
-                  window: tuple[float, float] | None = None) -> float | None:
+def busy_fraction(
+    events: Sequence[Event], family: str = "engine", *, window: tuple[float, float] | None = None
+) -> float | None:
     """The share of ``window`` (start_us, end_us; default: the events' span) in which at least one span
     on a track of ``family`` ("engine" holds "engine", "engine/requests", "engine/<replica>") was open:
     the union of those spans, so nested and concurrent ones count once. None when no span of the
@@ -168,7 +169,11 @@ def _staleness(steps: list[Event], lo: float, hi: float) -> dict[int, float]:
 
 
 def _gauge(counters: list[Event], name: str, lo: float, hi: float) -> dict[str, float | None]:
-    pts = sorted((e["ts"], float(e["args"].get(name, e["args"].get(e["name"], 0)))) for e in counters if e["name"] == name)
+    pts = sorted(
+        (e["ts"], float(e["args"].get(name, e["args"].get(e["name"], 0))))
+        for e in counters
+        if e["name"] == name
+    )
     if not pts:
         return {"mean": None, "max": None, "last": None}
     before = [v for t, v in pts if t <= lo]
@@ -184,8 +189,11 @@ def _gauge(counters: list[Event], name: str, lo: float, hi: float) -> dict[str, 
         area += level * (hi - t_prev)
         covered += hi - t_prev
     levels = ([before[-1]] if before else []) + [v for _, v in inside]
-    return {"mean": area / covered if covered > 0 else (levels[-1] if levels else None),
-            "max": max(levels) if levels else None, "last": levels[-1] if levels else None}
+    return {
+        "mean": area / covered if covered > 0 else (levels[-1] if levels else None),
+        "max": max(levels) if levels else None,
+        "last": levels[-1] if levels else None,
+    }
 
 
 def _increase(counters: list[Event], name: str, lo: float, hi: float) -> float:
@@ -195,7 +203,9 @@ def _increase(counters: list[Event], name: str, lo: float, hi: float) -> float:
     return (inside[-1] - (before[-1] if before else 0.0)) if inside else 0.0
 
 
-def work_time(spans: Sequence[Event], lo: float, hi: float, parents: Mapping[int, int | None] | None = None) -> float:
+def work_time(
+    spans: Sequence[Event], lo: float, hi: float, parents: Mapping[int, int | None] | None = None
+) -> float:
     """Time spent in ``spans`` inside [lo, hi], counting concurrent spans each and nested spans once.
 
     With span ids (``id`` / ``parent`` from the tracer or our trace files; ``parents`` maps every
@@ -230,21 +240,33 @@ def work_time(spans: Sequence[Event], lo: float, hi: float, parents: Mapping[int
     return total
 
 
-def _share(part: list[Event], whole: list[Event], lo: float, hi: float, parents: Mapping[int, int | None]) -> float | None:
+def _share(
+    part: list[Event], whole: list[Event], lo: float, hi: float, parents: Mapping[int, int | None]
+) -> float | None:
     denom = work_time(whole, lo, hi, parents)
     return work_time(part, lo, hi, parents) / denom if denom > 0 else None
 
 
-def pipeline_metrics(events: Sequence[Event], *, window: tuple[float, float] | None = None) -> dict[str, Any]:
+def pipeline_metrics(
+    events: Sequence[Event], *, window: tuple[float, float] | None = None
+) -> dict[str, Any]:
     """Pipeline figures for ``events`` inside ``window`` = (start_us, end_us) (default: all of them).
 
     See the module docstring for what each key measures and which spans / tags it reads.
     """
     lo, hi = event_window(events) if window is None else (float(window[0]), float(window[1]))
     if window is not None and not hi > lo:
-        raise ValueError(explain("pipeline_metrics window", expected="(start_us, end_us) with end > start",
-                                 received=window, fix="pass a non-empty window or window=None"))
-    spans = [e for e in events if e["ph"] == "X" and e["ts"] <= hi and e["ts"] + e.get("dur", 0.0) >= lo]
+        raise ValueError(
+            explain(
+                "pipeline_metrics window",
+                expected="(start_us, end_us) with end > start",
+                received=window,
+                fix="pass a non-empty window or window=None",
+            )
+        )
+    spans = [
+        e for e in events if e["ph"] == "X" and e["ts"] <= hi and e["ts"] + e.get("dur", 0.0) >= lo
+    ]
     counters = [e for e in events if e["ph"] == "C"]
     length_s = (hi - lo) / 1e6
     out: dict[str, Any] = {"window_s": length_s}
@@ -263,14 +285,19 @@ def pipeline_metrics(events: Sequence[Event], *, window: tuple[float, float] | N
     seen = any(e["ph"] == "X" and _family(e["track"]) == "compile" for e in events)
     out["compile_fraction"] = union_length(compiling) / (hi - lo) if seen else None
     busy_trainer = [_clip(e, lo, hi) for e in trainer]  # idle while compiling = |C u T| - |T|
-    out["trainer_idle_compile_fraction"] = ((union_length(compiling + busy_trainer) - union_length(busy_trainer))
-                                            / (hi - lo) if seen else None)
+    out["trainer_idle_compile_fraction"] = (
+        (union_length(compiling + busy_trainer) - union_length(busy_trainer)) / (hi - lo)
+        if seen
+        else None
+    )
     out["weight_sync_fraction"] = _busy_fraction(named(trainer, "weight_sync"), lo, hi)
     out["checkpoint_fraction"] = _busy_fraction(named(trainer, "checkpoint"), lo, hi)
 
     out["tokens_generated"] = _tag_sum(named(engine, "decode"), ("tokens", "active"), lo, hi)
     out["tokens_per_s_generated"] = out["tokens_generated"] / length_s
-    out["tokens_trained"] = _tag_sum(_tagged(trainer, ("micro_batch", "train_step"), "tokens"), ("tokens",), lo, hi)
+    out["tokens_trained"] = _tag_sum(
+        _tagged(trainer, ("micro_batch", "train_step"), "tokens"), ("tokens",), lo, hi
+    )
     out["tokens_per_s_trained"] = out["tokens_trained"] / length_s
 
     hist = _staleness(_tagged(trainer, ("micro_batch", "train_step"), "staleness"), lo, hi)
@@ -280,12 +307,18 @@ def pipeline_metrics(events: Sequence[Event], *, window: tuple[float, float] | N
     out["staleness_max"] = max(hist) if hist else None
 
     q = _gauge(counters, "queue_depth", lo, hi)
-    out["queue_depth_mean"], out["queue_depth_max"], out["queue_depth_last"] = q["mean"], q["max"], q["last"]
+    out["queue_depth_mean"], out["queue_depth_max"], out["queue_depth_last"] = (
+        q["mean"],
+        q["max"],
+        q["last"],
+    )
 
     parents = {e["id"]: e.get("parent") for e in events if e.get("id") is not None}
     rollouts = [e for e in spans if e["name"] == "rollout" and _family(e["track"]) == "rollout"]
     out["tool_latency_share"] = _share(tool, rollouts, lo, hi, parents)
-    env_work = [e for e in env if not e["name"].startswith("vector.")]  # vector recv/step wait, not work
+    env_work = [
+        e for e in env if not e["name"].startswith("vector.")
+    ]  # vector recv/step wait, not work
     out["env_latency_share"] = _share(env_work, rollouts, lo, hi, parents)
     out["queue_wait_s"] = work_time(named(spans, "queue_wait"), lo, hi, parents) / 1e6
     done = [e for e in rollouts if lo < e["ts"] + e["dur"] <= hi]
@@ -306,11 +339,11 @@ def biggest_stall(m: Mapping[str, Any]) -> tuple[str, float, str]:
     """
     advice = {
         "compile": "XLA compiles take the most time: an identical rerun loads every program from the persistent "
-                   "compile cache (run.compile_cache, on by default); fewer distinct shapes (engine buckets and "
-                   "widths, learner length buckets) compile fewer programs",
+        "compile cache (run.compile_cache, on by default); fewer distinct shapes (engine buckets and "
+        "widths, learner length buckets) compile fewer programs",
         "trainer idle (waiting for rollouts)": "compiles excluded, the trainer waits for rollouts: with the engine "
-                                               "busy, add engine batch slots or allow more staleness; with it idle, "
-                                               "add envs or concurrent trajectories",
+        "busy, add engine batch slots or allow more staleness; with it idle, "
+        "add envs or concurrent trajectories",
         "engine idle (waiting for requests)": "rollouts do not keep the engine fed: more concurrent trajectories, faster envs/tools",
         "weight sync": "weight updates block the engine: sync less often or overlap the copy",
         "checkpoint": "checkpointing blocks training: save less often or asynchronously",
@@ -320,8 +353,9 @@ def biggest_stall(m: Mapping[str, Any]) -> tuple[str, float, str]:
     idle, idle_compiling = m.get("trainer_idle_fraction"), m.get("trainer_idle_compile_fraction")
     cands = {
         "compile": m.get("compile_fraction"),
-        "trainer idle (waiting for rollouts)": (None if idle is None else
-                                                max(0.0, float(idle) - float(idle_compiling or 0.0))),
+        "trainer idle (waiting for rollouts)": (
+            None if idle is None else max(0.0, float(idle) - float(idle_compiling or 0.0))
+        ),
         "engine idle (waiting for requests)": m.get("engine_idle_fraction"),
         "weight sync": m.get("weight_sync_fraction"),
         "checkpoint": m.get("checkpoint_fraction"),
@@ -330,7 +364,11 @@ def biggest_stall(m: Mapping[str, Any]) -> tuple[str, float, str]:
     }
     cands = {k: float(v) for k, v in cands.items() if v is not None}
     if not cands:
-        return ("none measured", 0.0, "record spans on the engine/trainer/rollout tracks to find stalls")
+        return (
+            "none measured",
+            0.0,
+            "record spans on the engine/trainer/rollout tracks to find stalls",
+        )
     name = max(cands, key=cands.get)
     return (name, cands[name], advice[name])
 
@@ -343,8 +381,14 @@ def staleness_histogram(versions: Any, loss_mask: Any, current_version: int) -> 
     v = np.asarray(versions).reshape(-1)
     m = np.asarray(loss_mask).reshape(-1).astype(bool)
     if v.shape != m.shape:
-        raise ValueError(explain("staleness_histogram", expected="versions and loss_mask of the same shape",
-                                 received=(v.shape, m.shape), fix="pass arrays aligned with token_ids"))
+        raise ValueError(
+            explain(
+                "staleness_histogram",
+                expected="versions and loss_mask of the same shape",
+                received=(v.shape, m.shape),
+                fix="pass arrays aligned with token_ids",
+            )
+        )
     lags, counts = np.unique(current_version - v[m], return_counts=True)
     return {int(k): int(c) for k, c in zip(lags, counts)}
 
@@ -354,8 +398,12 @@ def summary_stats(values: Any, prefix: str) -> dict[str, float]:
     x = np.asarray(values, dtype=np.float64).reshape(-1)
     if x.size == 0:
         return {}
-    return {f"{prefix}/mean": float(x.mean()), f"{prefix}/std": float(x.std()),
-            f"{prefix}/min": float(x.min()), f"{prefix}/max": float(x.max())}
+    return {
+        f"{prefix}/mean": float(x.mean()),
+        f"{prefix}/std": float(x.std()),
+        f"{prefix}/min": float(x.min()),
+        f"{prefix}/max": float(x.max()),
+    }
 
 
 def logprob_gap(sampler_logprobs: Any, trainer_logprobs: Any, mask: Any) -> dict[str, float]:
@@ -369,17 +417,34 @@ def logprob_gap(sampler_logprobs: Any, trainer_logprobs: Any, mask: Any) -> dict
     pi = np.asarray(trainer_logprobs, dtype=np.float64)
     m = np.asarray(mask).astype(bool)
     if not (mu.shape == pi.shape == m.shape):
-        raise ValueError(explain("logprob_gap", expected="sampler, trainer logprobs and mask of one shape",
-                                 received=(mu.shape, pi.shape, m.shape), fix="pass [B, T] arrays aligned with token_ids"))
+        raise ValueError(
+            explain(
+                "logprob_gap",
+                expected="sampler, trainer logprobs and mask of one shape",
+                received=(mu.shape, pi.shape, m.shape),
+                fix="pass [B, T] arrays aligned with token_ids",
+            )
+        )
     d = (pi - mu)[m]
     if d.size == 0:
         return {}
-    return {"logprob_gap/mean": float(d.mean()), "logprob_gap/mean_abs": float(np.abs(d).mean()),
-            "logprob_gap/max_abs": float(np.abs(d).max()), "logprob_gap/kl": float(np.mean(np.expm1(d) - d))}
+    return {
+        "logprob_gap/mean": float(d.mean()),
+        "logprob_gap/mean_abs": float(np.abs(d).mean()),
+        "logprob_gap/max_abs": float(np.abs(d).max()),
+        "logprob_gap/kl": float(np.mean(np.expm1(d) - d)),
+    }
 
 
-def learner_step_metrics(*, rewards: Any = None, lengths: Any = None, sampler_logprobs: Any = None,
-                         trainer_logprobs: Any = None, mask: Any = None, **scalars: Any) -> dict[str, float]:
+def learner_step_metrics(
+    *,
+    rewards: Any = None,
+    lengths: Any = None,
+    sampler_logprobs: Any = None,
+    trainer_logprobs: Any = None,
+    mask: Any = None,
+    **scalars: Any,
+) -> dict[str, float]:
     """One flat dict of a learner step's statistics.
 
     ``rewards`` / ``lengths`` -> ``reward/{mean,std,min,max}`` and ``length/...``; sampler and
@@ -392,23 +457,36 @@ def learner_step_metrics(*, rewards: Any = None, lengths: Any = None, sampler_lo
     if lengths is not None:
         out.update(summary_stats(lengths, "length"))
     if sampler_logprobs is not None and trainer_logprobs is not None:
-        out.update(logprob_gap(sampler_logprobs, trainer_logprobs,
-                               np.ones(np.shape(sampler_logprobs), bool) if mask is None else mask))
+        out.update(
+            logprob_gap(
+                sampler_logprobs,
+                trainer_logprobs,
+                np.ones(np.shape(sampler_logprobs), bool) if mask is None else mask,
+            )
+        )
     for k, v in scalars.items():
         if v is not None:
             out[k] = float(np.asarray(v))
     return out
 
 
-def aggregate(records: Sequence[Mapping[str, float]], weights: Sequence[float] | None = None) -> dict[str, float]:
+def aggregate(
+    records: Sequence[Mapping[str, float]], weights: Sequence[float] | None = None
+) -> dict[str, float]:
     """Weighted mean per key over micro-batch records (``/max`` keys take the max, ``/min`` the min).
 
     A key missing from a record is averaged over the records that have it.
     """
     w = np.ones(len(records)) if weights is None else np.asarray(weights, dtype=np.float64)
     if len(w) != len(records):
-        raise ValueError(explain("aggregate weights", expected=f"{len(records)} weights (one per record)",
-                                 received=len(w), fix="pass one weight per record, e.g. its token count"))
+        raise ValueError(
+            explain(
+                "aggregate weights",
+                expected=f"{len(records)} weights (one per record)",
+                received=len(w),
+                fix="pass one weight per record, e.g. its token count",
+            )
+        )
     keys = sorted({k for r in records for k in r})
     out = {}
     for k in keys:
@@ -421,5 +499,9 @@ def aggregate(records: Sequence[Mapping[str, float]], weights: Sequence[float] |
             out[k] = min(v for v, _ in vals)
         else:
             tw = sum(wi for _, wi in vals)
-            out[k] = sum(v * wi for v, wi in vals) / tw if tw > 0 else float(np.mean([v for v, _ in vals]))
+            out[k] = (
+                sum(v * wi for v, wi in vals) / tw
+                if tw > 0
+                else float(np.mean([v for v, _ in vals]))
+            )
     return out

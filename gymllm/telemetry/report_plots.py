@@ -14,18 +14,42 @@ from typing import Any, Sequence
 from gymllm.telemetry.export import assign_lanes, family_of
 from gymllm.telemetry.report_series import series
 
-__all__ = ["plot_curve", "plot_eval", "timeline_window", "plot_timeline", "plot_idle", "plot_staleness"]
+__all__ = [
+    "plot_curve",
+    "plot_eval",
+    "timeline_window",
+    "plot_timeline",
+    "plot_idle",
+    "plot_staleness",
+]
 
 
 _PHASE_COLORS = {
-    "prefill": "#1f77b4", "decode": "#6baed6", "generate": "#9ecae1",
-    "train_step": "#2ca02c", "micro_batch": "#98df8a", "weight_sync": "#d62728", "checkpoint": "#9467bd",
-    "rollout": "#c7c7c7", "queue_wait": "#ff9896",
-    "env_step": "#ff7f0e", "reward": "#ffbb78", "tool": "#8c564b",
+    "prefill": "#1f77b4",
+    "decode": "#6baed6",
+    "generate": "#9ecae1",
+    "train_step": "#2ca02c",
+    "micro_batch": "#98df8a",
+    "weight_sync": "#d62728",
+    "checkpoint": "#9467bd",
+    "rollout": "#c7c7c7",
+    "queue_wait": "#ff9896",
+    "env_step": "#ff7f0e",
+    "reward": "#ffbb78",
+    "tool": "#8c564b",
 }
 
 
-_EXTRA_COLORS = ["#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#aec7e8", "#c5b0d5", "#c49c94", "#f7b6d2"]
+_EXTRA_COLORS = [
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+    "#aec7e8",
+    "#c5b0d5",
+    "#c49c94",
+    "#f7b6d2",
+]
 
 
 def _figure(w: float = 8.0, h: float = 4.0):
@@ -44,8 +68,15 @@ def _save(fig, path: pathlib.Path, *, left: float = 0.1, right: float = 0.97) ->
     return path
 
 
-def plot_curve(records, stem: str, title: str, path: pathlib.Path, *, mean_label: str | None = None,
-               extra: Sequence[tuple[str, str]] = ()) -> pathlib.Path | None:
+def plot_curve(
+    records,
+    stem: str,
+    title: str,
+    path: pathlib.Path,
+    *,
+    mean_label: str | None = None,
+    extra: Sequence[tuple[str, str]] = (),
+) -> pathlib.Path | None:
     """Mean per step with the min..max band (or mean +- std) of ``stem``; None without data.
     ``extra``: ``(key, label)`` series drawn beside it (e.g. the reward over every rollout)."""
     steps, mean = series(records, f"{stem}/mean")
@@ -71,8 +102,14 @@ def plot_curve(records, stem: str, title: str, path: pathlib.Path, *, mean_label
     else:
         sd_s, sd = series(records, f"{stem}/std")
         if sd_s == steps:
-            ax.fill_between(steps, [m - s for m, s in zip(mean, sd)], [m + s for m, s in zip(mean, sd)],
-                            color="#1f77b4", alpha=0.2, label="mean +- std")
+            ax.fill_between(
+                steps,
+                [m - s for m, s in zip(mean, sd)],
+                [m + s for m, s in zip(mean, sd)],
+                color="#1f77b4",
+                alpha=0.2,
+                label="mean +- std",
+            )
     ax.set_xlabel("step")
     ax.set_ylabel(stem)
     ax.set_title(title)
@@ -84,8 +121,14 @@ def plot_curve(records, stem: str, title: str, path: pathlib.Path, *, mean_label
 def plot_eval(records, path: pathlib.Path) -> pathlib.Path | None:
     """The held-out curves: ``eval/<env>/pass@1`` (solid) and ``eval/<env>/mean_reward`` (dashed) per
     evaluated step; None when the run did not evaluate."""
-    envs = sorted({k[len("eval/"):-len("/pass@1")] for r in records for k in r
-                   if k.startswith("eval/") and k.endswith("/pass@1")})
+    envs = sorted(
+        {
+            k[len("eval/") : -len("/pass@1")]
+            for r in records
+            for k in r
+            if k.startswith("eval/") and k.endswith("/pass@1")
+        }
+    )
     if not envs:
         return None
     fig = _figure()
@@ -105,8 +148,9 @@ def plot_eval(records, path: pathlib.Path) -> pathlib.Path | None:
     return _save(fig, path)
 
 
-def _rows(spans: list[dict[str, Any]], max_rows: int, max_lanes: int,
-          max_env_rows: int = 8) -> tuple[list[tuple[str, list[dict]]], int]:
+def _rows(
+    spans: list[dict[str, Any]], max_rows: int, max_lanes: int, max_env_rows: int = 8
+) -> tuple[list[tuple[str, list[dict]]], int]:
     """(row label, spans) per track lane, in track order; and the number of rows left out.
 
     With more than ``max_env_rows`` env tracks, all env spans share one track "env/*" (its lanes
@@ -117,9 +161,16 @@ def _rows(spans: list[dict[str, Any]], max_rows: int, max_lanes: int,
     for e in spans:
         track = "env/*" if n_env > max_env_rows and family_of(e["track"]) == "env" else e["track"]
         by_track.setdefault(track, []).append(e)
-    order = sorted(by_track, key=lambda t: (("engine", "trainer", "rollout", "tool", "env").index(family_of(t))
-                                            if family_of(t) in ("engine", "trainer", "rollout", "tool", "env") else 9,
-                                            len(t), t))
+    order = sorted(
+        by_track,
+        key=lambda t: (
+            ("engine", "trainer", "rollout", "tool", "env").index(family_of(t))
+            if family_of(t) in ("engine", "trainer", "rollout", "tool", "env")
+            else 9,
+            len(t),
+            t,
+        ),
+    )
     rows, omitted = [], 0
     for track in order:
         group = by_track[track]
@@ -129,13 +180,20 @@ def _rows(spans: list[dict[str, Any]], max_rows: int, max_lanes: int,
             if lane >= max_lanes or len(rows) >= max_rows:
                 omitted += 1
                 continue
-            rows.append((track if lane == 0 else f"{track} #{lane + 1}", [e for e, ln in zip(group, lanes) if ln == lane]))
+            rows.append(
+                (
+                    track if lane == 0 else f"{track} #{lane + 1}",
+                    [e for e, ln in zip(group, lanes) if ln == lane],
+                )
+            )
     return rows, omitted
 
 
 def _depths(lane_spans: list[dict]) -> list[int]:
     """Nesting depth of each span in a properly nested lane."""
-    order = sorted(range(len(lane_spans)), key=lambda i: (lane_spans[i]["ts"], -lane_spans[i]["dur"]))
+    order = sorted(
+        range(len(lane_spans)), key=lambda i: (lane_spans[i]["ts"], -lane_spans[i]["dur"])
+    )
     depth = [0] * len(lane_spans)
     stack: list[float] = []
     for i in order:
@@ -157,8 +215,9 @@ def timeline_window(spans: Sequence[dict[str, Any]], steps: int) -> tuple[float,
     return lo, hi, len(ends)
 
 
-def plot_timeline(events, path: pathlib.Path, *, max_rows: int = 32, max_lanes: int = 6,
-                  steps: int = 3) -> pathlib.Path | None:
+def plot_timeline(
+    events, path: pathlib.Path, *, max_rows: int = 32, max_lanes: int = 6, steps: int = 3
+) -> pathlib.Path | None:
     """One row per track lane, spans as bars coloured by phase; nested spans drawn thinner.
 
     A trace with more than ``steps`` train steps is shown from the end of the step before the last
@@ -178,7 +237,9 @@ def plot_timeline(events, path: pathlib.Path, *, max_rows: int = 32, max_lanes: 
     for y, (_, lane) in enumerate(rows):
         by_name: dict[tuple[str, int], list[tuple[float, float]]] = {}
         for e, d in zip(lane, _depths(lane)):
-            by_name.setdefault((e["name"], min(d, 3)), []).append(((e["ts"] - t0) / 1e6, e["dur"] / 1e6))
+            by_name.setdefault((e["name"], min(d, 3)), []).append(
+                ((e["ts"] - t0) / 1e6, e["dur"] / 1e6)
+            )
         for (name, d), bars in sorted(by_name.items(), key=lambda kv: kv[0][1]):
             color = colors.setdefault(name, next(extra))
             h = 0.8 - 0.18 * d
@@ -194,25 +255,48 @@ def plot_timeline(events, path: pathlib.Path, *, max_rows: int = 32, max_lanes: 
         title += f" ({omitted} more lanes not shown)"
     ax.set_title(title)
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(list(seen.values()), list(seen.keys()), loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    ax.legend(
+        list(seen.values()),
+        list(seen.keys()),
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+        fontsize=8,
+    )
     return _save(fig, path, left=0.13, right=0.86)
 
 
 def plot_idle(pm: dict[str, Any] | None, records, path: pathlib.Path) -> pathlib.Path | None:
     """Bars of the run-wide busy/idle fractions and per-step lines from metrics.jsonl."""
-    bars = {k: pm[k] for k in ("engine_busy_fraction", "engine_idle_fraction", "trainer_busy_fraction",
-                               "trainer_idle_fraction", "weight_sync_fraction", "checkpoint_fraction")
-            if pm and pm.get(k) is not None}
+    bars = {
+        k: pm[k]
+        for k in (
+            "engine_busy_fraction",
+            "engine_idle_fraction",
+            "trainer_busy_fraction",
+            "trainer_idle_fraction",
+            "weight_sync_fraction",
+            "checkpoint_fraction",
+        )
+        if pm and pm.get(k) is not None
+    }
     lines = {k: series(records, k) for k in ("engine_busy_fraction", "trainer_idle_fraction")}
     lines = {k: v for k, v in lines.items() if v[0]}
     if not bars and not lines:
         return None
     fig = _figure(11, 4)
-    axes = [fig.add_subplot(1, 2, i + 1) for i in range(2)] if bars and lines else [fig.add_subplot(1, 1, 1)]
+    axes = (
+        [fig.add_subplot(1, 2, i + 1) for i in range(2)]
+        if bars and lines
+        else [fig.add_subplot(1, 1, 1)]
+    )
     if bars:
         ax = axes[0]
         names = list(bars)
-        ax.barh(names, [bars[n] for n in names], color=["#1f77b4" if "busy" in n else "#d62728" for n in names])
+        ax.barh(
+            names,
+            [bars[n] for n in names],
+            color=["#1f77b4" if "busy" in n else "#d62728" for n in names],
+        )
         ax.set_xlim(0, 1)
         ax.set_xlabel("fraction of wall time (whole trace)")
         ax.invert_yaxis()

@@ -33,8 +33,10 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 # Names the learner may use for a statistic: ours ("reward/mean") first, then flat spellings.
 ALIASES = {
-    "reward/mean": ("reward/mean", "reward_mean"), "reward/min": ("reward/min", "reward_min"),
-    "reward/max": ("reward/max", "reward_max"), "reward/std": ("reward/std", "reward_std"),
+    "reward/mean": ("reward/mean", "reward_mean"),
+    "reward/min": ("reward/min", "reward_min"),
+    "reward/max": ("reward/max", "reward_max"),
+    "reward/std": ("reward/std", "reward_std"),
     "length/mean": ("length/mean", "length_mean", "response_len_mean"),
     "length/min": ("length/min", "length_min", "response_len_min"),
     "length/max": ("length/max", "length_max", "response_len_max"),
@@ -55,10 +57,17 @@ def series(records: Sequence[dict[str, Any]], suffix: str) -> tuple[list[int], l
     """
     names = ALIASES.get(suffix, (suffix,))
     present = {k for r in records for k in r}
-    keys = [k for n in names for k in sorted((k for k in present if k == n or k.endswith("/" + n)), key=len)]
+    keys = [
+        k
+        for n in names
+        for k in sorted((k for k in present if k == n or k.endswith("/" + n)), key=len)
+    ]
     for key in keys:
-        pts = {int(r["step"]): float(r[key]) for r in records
-               if "step" in r and isinstance(r.get(key), (int, float)) and math.isfinite(r[key])}
+        pts = {
+            int(r["step"]): float(r[key])
+            for r in records
+            if "step" in r and isinstance(r.get(key), (int, float)) and math.isfinite(r[key])
+        }
         if pts:
             steps = sorted(pts)
             return steps, [pts[s] for s in steps]
@@ -71,6 +80,10 @@ def staleness_from_records(records) -> dict[int, float]:
     for r in records:
         for k, v in r.items():
             head, _, lag = k.rpartition("/")
-            if head.endswith("staleness_hist") and lag.lstrip("-").isdigit() and isinstance(v, (int, float)):
+            if (
+                head.endswith("staleness_hist")
+                and lag.lstrip("-").isdigit()
+                and isinstance(v, (int, float))
+            ):
                 hist[int(lag)] = hist.get(int(lag), 0.0) + float(v)
     return dict(sorted(hist.items()))

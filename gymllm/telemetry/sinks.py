@@ -87,13 +87,19 @@ def format_eta(seconds: float | None) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
-def progress_line(step: int, total: int | None, flat: Mapping[str, Any], eta_s: float | None) -> str:
+def progress_line(
+    step: int, total: int | None, flat: Mapping[str, Any], eta_s: float | None
+) -> str:
     """The console line for one step (pure; the console sink renders it)."""
     parts = [f"step {step}/{total}" if total else f"step {step}"]
-    flat = {k: v for k, v in flat.items() if not k.startswith("eval/")}  # held-out figures: not the training's
+    flat = {
+        k: v for k, v in flat.items() if not k.startswith("eval/")
+    }  # held-out figures: not the training's
     r = _find(flat, _REWARD_KEYS)
     every = _find(flat, _ROLLOUT_REWARD_KEYS)
-    if every is not None:  # the honest figure first: every completed rollout, filtered groups included
+    if (
+        every is not None
+    ):  # the honest figure first: every completed rollout, filtered groups included
         parts.append(f"reward (all rollouts) {every:.3f}")
         if r is not None:
             parts.append(f"trained groups {r:.3f}")
@@ -127,22 +133,28 @@ def parse_step_window(text: str, field: str = "run.profile_steps") -> tuple[int,
     except ValueError:
         lo = hi = -1
     if not sep or lo < 1 or hi < lo:
-        raise ConfigError(explain(field, expected="'A:B' with optimizer steps 1 <= A <= B (both ints)", received=text,
-                                  fix="e.g. --run.profile-steps 3:4 captures steps 3 and 4; '' turns it off"))
+        raise ConfigError(
+            explain(
+                field,
+                expected="'A:B' with optimizer steps 1 <= A <= B (both ints)",
+                received=text,
+                fix="e.g. --run.profile-steps 3:4 captures steps 3 and 4; '' turns it off",
+            )
+        )
     return lo, hi
 
 
 class ProfileWindow:
     """An op-level ``jax.profiler`` trace of optimizer steps ``A..B`` into ``logdir`` (TensorBoard's
-    profile plugin and xprof read it: ``plugins/profile/<time>/<host>.xplane.pb`` and
-    ``<host>.trace.json.gz``, which ui.perfetto.dev opens too).
+        profile plugin and xprof read it: ``plugins/profile/<time>/<host>.xplane.pb`` and
+        ``<host>.trace.json.gz``, which ui.perfetto.dev opens too).
 
-    The run calls :meth:`after_step` with the version live on the engine before any rollout
-    (0, or the resumed step) and after every optimizer step: the trace starts once step ``A - 1`` is
-    done (so it holds step A's rollouts, the engine's device calls, and its training) and stops once
-    step ``B`` is done; :meth:`close` stops a capture the run left open (it ended before B). A run
-resumed past step ``A - 1`` captures nothing; ``captured`` is ``(first, last)`` step of the trace
-written, else None."""
+        The run calls :meth:`after_step` with the version live on the engine before any rollout
+        (0, or the resumed step) and after every optimizer step: the trace starts once step ``A - 1`` is
+        done (so it holds step A's rollouts, the engine's device calls, and its training) and stops once
+        step ``B`` is done; :meth:`close` stops a capture the run left open (it ended before B). A run
+    resumed past step ``A - 1`` captures nothing; ``captured`` is ``(first, last)`` step of the trace
+    written, else None."""
 
     def __init__(self, logdir: str | os.PathLike, window: tuple[int, int] | None):
         self.logdir, self.window = pathlib.Path(logdir), window
@@ -159,10 +171,14 @@ written, else None."""
             self.logdir.mkdir(parents=True, exist_ok=True)
             try:
                 jax.profiler.start_trace(str(self.logdir))
-            except RuntimeError as e:  # e.g. a trace the caller started is running: the run goes on without ours
+            except (
+                RuntimeError
+            ) as e:  # e.g. a trace the caller started is running: the run goes on without ours
                 import logging
 
-                logging.getLogger("gymllm.telemetry").warning("run.profile_steps: no op-level trace (%s)", e)
+                logging.getLogger("gymllm.telemetry").warning(
+                    "run.profile_steps: no op-level trace (%s)", e
+                )
                 self.window = None
                 return
             self.active, self._first = True, step + 1
@@ -202,7 +218,9 @@ class ScalarEventWriter:
         self.logdir = pathlib.Path(logdir)
         self.logdir.mkdir(parents=True, exist_ok=True)
         now = time.time()
-        self.path = self.logdir / f"events.out.tfevents.{int(now)}.{socket.gethostname()}.{os.getpid()}"
+        self.path = (
+            self.logdir / f"events.out.tfevents.{int(now)}.{socket.gethostname()}.{os.getpid()}"
+        )
         self._writer = RecordWriter(open(self.path, "ab"))
         self._write(event_pb2.Event(wall_time=now, file_version="brain.Event:2"))
 
@@ -213,8 +231,15 @@ class ScalarEventWriter:
     def add_scalars(self, scalars: dict[str, float], step: int) -> None:
         """One event holding every scalar of a step (TensorBoard reads each tag's series from it)."""
         if scalars and self._writer is not None:
-            values = [self._summary.Value(tag=str(tag), simple_value=float(value)) for tag, value in scalars.items()]
-            self._write(self._event(wall_time=time.time(), step=int(step), summary=self._summary(value=values)))
+            values = [
+                self._summary.Value(tag=str(tag), simple_value=float(value))
+                for tag, value in scalars.items()
+            ]
+            self._write(
+                self._event(
+                    wall_time=time.time(), step=int(step), summary=self._summary(value=values)
+                )
+            )
 
     def add_scalar(self, tag: str, value: float, global_step: int = 0) -> None:
         self.add_scalars({tag: value}, global_step)
@@ -245,8 +270,12 @@ class _Console:
         self._last_print = -math.inf
         self.progress = None
         if self.console.is_terminal:
-            self.progress = Progress(BarColumn(), TextColumn("{task.description}", markup=False),
-                                     console=self.console, transient=False)
+            self.progress = Progress(
+                BarColumn(),
+                TextColumn("{task.description}", markup=False),
+                console=self.console,
+                transient=False,
+            )
             self.task = self.progress.add_task("starting", total=total)
             self.progress.start()
 
@@ -280,9 +309,20 @@ class MetricsLogger:
         wandb_kwargs: Extra arguments for ``wandb.init`` (project, name, config, ...).
     """
 
-    def __init__(self, run_dir: str | os.PathLike, *, console: Any = True, tensorboard: bool = True,
-                 jsonl: bool = True, total_steps: int | None = None, wandb: bool = False, pipeline: bool = True,
-                 trace: bool = True, print_every_s: float = 10.0, wandb_kwargs: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        *,
+        console: Any = True,
+        tensorboard: bool = True,
+        jsonl: bool = True,
+        total_steps: int | None = None,
+        wandb: bool = False,
+        pipeline: bool = True,
+        trace: bool = True,
+        print_every_s: float = 10.0,
+        wandb_kwargs: Mapping[str, Any] | None = None,
+    ):
         wandb_mod = _import_wandb() if wandb else None  # fail before any file is opened
         self.run_dir = pathlib.Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -293,9 +333,14 @@ class MetricsLogger:
         self._tb = None
         if tensorboard:
             self._tb = ScalarEventWriter(self.run_dir / "tensorboard")
-        self._wandb = wandb_mod.init(dir=str(self.run_dir), **dict(wandb_kwargs or {})) if wandb else None
-        self._console = (_Console(total_steps, print_every_s, None if console is True else console)
-                         if console is not False and console is not None else None)
+        self._wandb = (
+            wandb_mod.init(dir=str(self.run_dir), **dict(wandb_kwargs or {})) if wandb else None
+        )
+        self._console = (
+            _Console(total_steps, print_every_s, None if console is True else console)
+            if console is not False and console is not None
+            else None
+        )
         self._first: tuple[int, float] | None = None
         self._last_line: str | None = None
         self._watch(_tracer_mod.get_tracer())
@@ -330,7 +375,9 @@ class MetricsLogger:
     def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
         """Record ``metrics`` for ``step`` in every sink; returns the flat record written."""
         if self.closed:
-            raise RuntimeError("MetricsLogger.log after close(): create a new MetricsLogger for a new run")
+            raise RuntimeError(
+                "MetricsLogger.log after close(): create a new MetricsLogger for a new run"
+            )
         step = int(step)
         metrics = dict(metrics)
         if self.pipeline and "pipeline" not in metrics:

@@ -50,7 +50,9 @@ from gymllm.telemetry.export import jsonable
 # (seq, ph, name, track, ts_ns, dur_ns, args, span_id, parent_id, thread_ident)
 _Raw = tuple
 
-_CURRENT_SPAN: contextvars.ContextVar[int | None] = contextvars.ContextVar("gymllm_span", default=None)
+_CURRENT_SPAN: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "gymllm_span", default=None
+)
 
 
 def current_span_id() -> int | None:
@@ -88,14 +90,28 @@ class Span:
         end = time.perf_counter_ns()
         try:
             _CURRENT_SPAN.reset(self._token)
-        except ValueError:  # closed in another context (e.g. an async generator finalized elsewhere)
+        except (
+            ValueError
+        ):  # closed in another context (e.g. an async generator finalized elsewhere)
             _CURRENT_SPAN.set(self._parent)
         if et is not None:
             self.tags["error"] = et.__name__
         tr = self._tracer  # Tracer._append, inlined: this is the hot path
         events = tr._events
-        events.append((next(tr._seq), "X", self.name, self.track, self._start, end - self._start, self.tags,
-                       self._id, self._parent, threading.get_ident()))
+        events.append(
+            (
+                next(tr._seq),
+                "X",
+                self.name,
+                self.track,
+                self._start,
+                end - self._start,
+                self.tags,
+                self._id,
+                self._parent,
+                threading.get_ident(),
+            )
+        )
         if len(events) > tr.capacity:
             tr._overflow()
         return False
@@ -111,9 +127,14 @@ class Span:
         if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
             from gymllm.errors import explain
 
-            raise TypeError(explain(f"@span({name!r}) on {fn.__qualname__}", expected="a function or coroutine function",
-                                    received="a generator function",
-                                    fix="open `with span(...)` inside the generator around the work to measure"))
+            raise TypeError(
+                explain(
+                    f"@span({name!r}) on {fn.__qualname__}",
+                    expected="a function or coroutine function",
+                    received="a generator function",
+                    fix="open `with span(...)` inside the generator around the work to measure",
+                )
+            )
         if inspect.iscoroutinefunction(fn):
 
             @functools.wraps(fn)
@@ -141,11 +162,23 @@ class Tracer:
         spill_path: If set, overflowing events are appended here as JSON lines instead of dropped.
     """
 
-    def __init__(self, capacity: int = 250_000, enabled: bool = True, spill_path: str | os.PathLike | None = None):
+    def __init__(
+        self,
+        capacity: int = 250_000,
+        enabled: bool = True,
+        spill_path: str | os.PathLike | None = None,
+    ):
         if not isinstance(capacity, int) or capacity < 2:
             from gymllm.errors import ConfigError, explain
 
-            raise ConfigError(explain("Tracer.capacity", expected="an int >= 2", received=capacity, fix="pass e.g. capacity=1_000_000"))
+            raise ConfigError(
+                explain(
+                    "Tracer.capacity",
+                    expected="an int >= 2",
+                    received=capacity,
+                    fix="pass e.g. capacity=1_000_000",
+                )
+            )
         self.capacity = capacity
         self.enabled = enabled
         self.spill_path = pathlib.Path(spill_path) if spill_path is not None else None
@@ -214,16 +247,25 @@ class Tracer:
                 return
             self.spilled += n
             if self._writer is None:
-                self._writer = threading.Thread(target=self._write_spills, name="gymllm-trace-spill", daemon=True)
+                self._writer = threading.Thread(
+                    target=self._write_spills, name="gymllm-trace-spill", daemon=True
+                )
                 self._writer.start()
-            self._spill_queue.put(old)  # written by a background thread: the hot path never blocks on disk
+            self._spill_queue.put(
+                old
+            )  # written by a background thread: the hot path never blocks on disk
 
     def _write_spills(self) -> None:
         while True:
             batch = self._spill_queue.get()
             try:
                 with open(self.spill_path, "a") as f:
-                    f.write("".join(json.dumps(jsonable(self._to_dict(raw)), allow_nan=False) + "\n" for raw in batch))
+                    f.write(
+                        "".join(
+                            json.dumps(jsonable(self._to_dict(raw)), allow_nan=False) + "\n"
+                            for raw in batch
+                        )
+                    )
             finally:
                 self._spill_queue.task_done()
 
@@ -235,8 +277,15 @@ class Tracer:
 
     def _to_dict(self, raw: _Raw) -> dict[str, Any]:
         seq, ph, name, track, ts, dur, args, sid, parent, thread = raw
-        ev = {"name": name, "ph": ph, "ts": (ts - self._t0_ns) / 1e3, "track": track, "args": args,
-              "seq": seq, "thread": thread}
+        ev = {
+            "name": name,
+            "ph": ph,
+            "ts": (ts - self._t0_ns) / 1e3,
+            "track": track,
+            "args": args,
+            "seq": seq,
+            "thread": thread,
+        }
         if ph == "X":
             ev.update(dur=dur / 1e3, id=sid, parent=parent)
         return ev
@@ -274,10 +323,16 @@ class Tracer:
         """Forget every event in memory (the spill file is kept)."""
         self._events.clear()
 
-    def iter_spans(self, name: str | None = None, track: str | None = None) -> Iterator[dict[str, Any]]:
+    def iter_spans(
+        self, name: str | None = None, track: str | None = None
+    ) -> Iterator[dict[str, Any]]:
         """Spans held in memory, filtered by name and/or track."""
         for ev in self.events():
-            if ev["ph"] == "X" and (name is None or ev["name"] == name) and (track is None or ev["track"] == track):
+            if (
+                ev["ph"] == "X"
+                and (name is None or ev["name"] == name)
+                and (track is None or ev["track"] == track)
+            ):
                 yield ev
 
     # ------------------------------------------------------------------ export
@@ -287,7 +342,9 @@ class Tracer:
         ui.perfetto.dev and chrome://tracing open; see :mod:`gymllm.telemetry.export`."""
         from gymllm.telemetry.export import write_chrome_trace
 
-        return write_chrome_trace(path, self.all_events(), t0_unix=self.t0_unix, dropped=self.dropped)
+        return write_chrome_trace(
+            path, self.all_events(), t0_unix=self.t0_unix, dropped=self.dropped
+        )
 
 
 _TRACER = Tracer()

@@ -60,16 +60,36 @@ class WatchdogConfig:
     def __post_init__(self) -> None:
         s = self.stall_s
         if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s < 0:
-            raise ConfigError(explain("WatchdogConfig.stall_s", expected="seconds >= 0 (0 = off)", received=s,
-                                      fix="pass stall_s=300.0"))
+            raise ConfigError(
+                explain(
+                    "WatchdogConfig.stall_s",
+                    expected="seconds >= 0 (0 = off)",
+                    received=s,
+                    fix="pass stall_s=300.0",
+                )
+            )
         c = self.check_every_s
-        if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or c <= 0):
-            raise ConfigError(explain("WatchdogConfig.check_every_s", expected="None or seconds > 0", received=c,
-                                      fix="pass check_every_s=1.0"))
+        if c is not None and (
+            isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or c <= 0
+        ):
+            raise ConfigError(
+                explain(
+                    "WatchdogConfig.check_every_s",
+                    expected="None or seconds > 0",
+                    received=c,
+                    fix="pass check_every_s=1.0",
+                )
+            )
         m = self.stop_after
         if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
-            raise ConfigError(explain("WatchdogConfig.stop_after", expected="None or an int >= 1", received=m,
-                                      fix="pass stop_after=3"))
+            raise ConfigError(
+                explain(
+                    "WatchdogConfig.stop_after",
+                    expected="None or an int >= 1",
+                    received=m,
+                    fix="pass stop_after=3",
+                )
+            )
 
     @property
     def enabled(self) -> bool:
@@ -93,18 +113,26 @@ class Stall:
     last_beat: str
 
     def message(self) -> str:
-        return (f"stalled: no progress in {self.stage} for {self.idle_s:.1f} s (bound {self.bound_s:g} s); "
-                f"last beat {self.idle_s:.1f} s ago: {self.last_beat or '(none)'}; doing: {self.doing or '(unknown)'}")
+        return (
+            f"stalled: no progress in {self.stage} for {self.idle_s:.1f} s (bound {self.bound_s:g} s); "
+            f"last beat {self.idle_s:.1f} s ago: {self.last_beat or '(none)'}; doing: {self.doing or '(unknown)'}"
+        )
 
 
 class StageStalledError(GymLLMError, TimeoutError):
     """A stage reported stalled ``stop_after`` times in a row (``stall`` is the last report)."""
 
     def __init__(self, stall: Stall):
-        super().__init__(explain(f"run stage {stall.stage!r} (doing: {stall.doing or 'unknown'}; last beat: "
-                                 f"{stall.last_beat or 'none'})", expected=f"progress within {stall.bound_s:g} s",
-                                 received=f"none for {stall.idle_s:.1f} s", fix="see the stage's own error or log "
-                                 "above; raise run.stall_timeout_s if the stage is merely slow"))
+        super().__init__(
+            explain(
+                f"run stage {stall.stage!r} (doing: {stall.doing or 'unknown'}; last beat: "
+                f"{stall.last_beat or 'none'})",
+                expected=f"progress within {stall.bound_s:g} s",
+                received=f"none for {stall.idle_s:.1f} s",
+                fix="see the stage's own error or log "
+                "above; raise run.stall_timeout_s if the stage is merely slow",
+            )
+        )
         self.stall = stall
 
 
@@ -119,9 +147,14 @@ class _Stage:
 class Watchdog:
     """Names stages of a run that stop making progress (see the module docstring)."""
 
-    def __init__(self, config: WatchdogConfig | None = None, *, clock: Callable[[], float] = time.monotonic,
-                 on_stall: Callable[[Stall], Any] | None = None,
-                 on_stop: Callable[[StageStalledError], Any] | None = None):
+    def __init__(
+        self,
+        config: WatchdogConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        on_stall: Callable[[Stall], Any] | None = None,
+        on_stop: Callable[[StageStalledError], Any] | None = None,
+    ):
         self.config = config or WatchdogConfig()
         self.clock, self.on_stall, self.on_stop = clock, on_stall, on_stop
         self.stalls: list[Stall] = []  # every report, oldest first
@@ -136,7 +169,9 @@ class Watchdog:
         if self.config.enabled:
             now = self.clock()
             with self._lock:
-                self._stages[stage] = _Stage(doing=doing, last_beat_at=now, last_beat=f"began: {doing}")
+                self._stages[stage] = _Stage(
+                    doing=doing, last_beat_at=now, last_beat=f"began: {doing}"
+                )
 
     def beat(self, stage: str, what: str = "") -> None:
         """``stage`` made progress (``what``: what it did). A stage not yet watched starts being watched."""
@@ -182,8 +217,16 @@ class Watchdog:
                 idle = now - st.last_beat_at
                 if idle >= bound * (st.reported + 1):
                     st.reported += 1
-                    due.append(Stall(stage=name, idle_s=idle, bound_s=bound, count=st.reported, doing=st.doing,
-                                     last_beat=st.last_beat))
+                    due.append(
+                        Stall(
+                            stage=name,
+                            idle_s=idle,
+                            bound_s=bound,
+                            count=st.reported,
+                            doing=st.doing,
+                            last_beat=st.last_beat,
+                        )
+                    )
             self.stalls += due
         for stall in due:
             self._report(stall)
@@ -194,8 +237,16 @@ class Watchdog:
 
         log.warning("%s", stall.message())
         tracer = get_tracer()
-        with tracer.span("stall", track="watchdog", stage=stall.stage, idle_s=round(stall.idle_s, 3),
-                         bound_s=stall.bound_s, count=stall.count, doing=stall.doing, last_beat=stall.last_beat):
+        with tracer.span(
+            "stall",
+            track="watchdog",
+            stage=stall.stage,
+            idle_s=round(stall.idle_s, 3),
+            bound_s=stall.bound_s,
+            count=stall.count,
+            doing=stall.doing,
+            last_beat=stall.last_beat,
+        ):
             pass
         tracer.increment("stalls", 1, track="watchdog")
         if self.on_stall is not None:

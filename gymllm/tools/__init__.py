@@ -6,7 +6,13 @@ Everything here is standard-library only (no JAX), so importing it is cheap.
 """
 
 from gymllm.tools.calculator import CalculatorError, calculator
-from gymllm.tools.parsers import FORMATS, ParsedCalls, ParseError, format_tool_calls, parse_tool_calls
+from gymllm.tools.parsers import (
+    FORMATS,
+    ParsedCalls,
+    ParseError,
+    format_tool_calls,
+    parse_tool_calls,
+)
 from gymllm.tools.python_tool import make_python_tool, python
 from gymllm.tools.registry import ToolRegistry, ToolResult
 from gymllm.tools.sandbox import Sandbox
@@ -15,7 +21,21 @@ from gymllm.tools.shell import make_shell_tool
 from gymllm.tools.tool import Tool, tool
 
 __all__ = [
-    "FORMATS", "CalculatorError", "ParseError", "ParsedCalls", "Sandbox", "SandboxConfig", "SandboxResult", "Tool",
-    "ToolRegistry", "ToolResult", "calculator", "format_tool_calls", "make_python_tool", "make_shell_tool",
-    "parse_tool_calls", "python", "tool",
+    "FORMATS",
+    "CalculatorError",
+    "ParseError",
+    "ParsedCalls",
+    "Sandbox",
+    "SandboxConfig",
+    "SandboxResult",
+    "Tool",
+    "ToolRegistry",
+    "ToolResult",
+    "calculator",
+    "format_tool_calls",
+    "make_python_tool",
+    "make_shell_tool",
+    "parse_tool_calls",
+    "python",
+    "tool",
 ]

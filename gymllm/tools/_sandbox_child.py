@@ -53,8 +53,14 @@ CLONE_NEWIPC = 0x08000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
-_KEEP_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
-               "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME}
+_KEEP_FLAGS = {
+    "nosuid": MS_NOSUID,
+    "nodev": MS_NODEV,
+    "noexec": MS_NOEXEC,
+    "noatime": MS_NOATIME,
+    "nodiratime": MS_NODIRATIME,
+    "relatime": MS_RELATIME,
+}
 PR_SET_PDEATHSIG = 1
 
 
@@ -155,12 +161,18 @@ def drop_capabilities() -> bool:
         return False
 
 
-def isolate(workdir: str, *, net: bool, fs: bool, pid: bool, ipc: bool = False, new_user: bool = True) -> dict:
+def isolate(
+    workdir: str, *, net: bool, fs: bool, pid: bool, ipc: bool = False, new_user: bool = True
+) -> dict:
     """Enter new namespaces (a new user namespace too unless ``new_user=False``: already in the keeper's);
     return which isolation layers took effect."""
     status = {"net": False, "fs": False, "pid": False, "ipc": False}
-    flags = ((CLONE_NEWNET if net else 0) | (CLONE_NEWNS if fs else 0) | (CLONE_NEWPID if pid else 0)
-             | (CLONE_NEWIPC if ipc else 0))
+    flags = (
+        (CLONE_NEWNET if net else 0)
+        | (CLONE_NEWNS if fs else 0)
+        | (CLONE_NEWPID if pid else 0)
+        | (CLONE_NEWIPC if ipc else 0)
+    )
     if not flags:
         return status
     flags |= CLONE_NEWUSER if new_user else 0
@@ -175,7 +187,9 @@ def isolate(workdir: str, *, net: bool, fs: bool, pid: bool, ipc: bool = False, 
         return status
 
     def mount(src, tgt, flags):
-        return libc.mount(src and src.encode(), tgt.encode(), None, ctypes.c_ulong(flags), None) == 0
+        return (
+            libc.mount(src and src.encode(), tgt.encode(), None, ctypes.c_ulong(flags), None) == 0
+        )
 
     # Only ever touch mounts after unshare(CLONE_NEWNS) succeeded: these are private copies.
     if not mount(None, "/", MS_REC | MS_PRIVATE) or not mount(workdir, workdir, MS_BIND | MS_REC):
@@ -207,16 +221,45 @@ def _mount_proc() -> bool:
 # ---------------------------------------------------------------- python mode: the audit hook
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-_PROCESS_EVENTS = {"os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
-                   "subprocess.Popen", "pty.spawn"}
-_NET_EVENTS = {"socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo", "socket.sendto"}
-_PATH_EVENTS = {"os.remove": (0,), "os.rename": (0, 1), "os.mkdir": (0,), "os.rmdir": (0,),
-                "os.symlink": (1,), "os.link": (1,), "os.chmod": (0,), "os.chown": (0,),
-                "os.truncate": (0,), "os.utime": (0,), "shutil.rmtree": (0,), "shutil.copyfile": (1,),
-                "shutil.move": (1,), "os.mkfifo": (0,), "os.mknod": (0,)}
+_PROCESS_EVENTS = {
+    "os.fork",
+    "os.forkpty",
+    "os.system",
+    "os.exec",
+    "os.posix_spawn",
+    "os.spawn",
+    "subprocess.Popen",
+    "pty.spawn",
+}
+_NET_EVENTS = {
+    "socket.__new__",
+    "socket.connect",
+    "socket.bind",
+    "socket.getaddrinfo",
+    "socket.sendto",
+}
+_PATH_EVENTS = {
+    "os.remove": (0,),
+    "os.rename": (0, 1),
+    "os.mkdir": (0,),
+    "os.rmdir": (0,),
+    "os.symlink": (1,),
+    "os.link": (1,),
+    "os.chmod": (0,),
+    "os.chown": (0,),
+    "os.truncate": (0,),
+    "os.utime": (0,),
+    "shutil.rmtree": (0,),
+    "shutil.copyfile": (1,),
+    "shutil.move": (1,),
+    "os.mkfifo": (0,),
+    "os.mknod": (0,),
+}
 
 
-def install_audit_hook(workdir: str, *, allow_subprocess: bool, allow_network: bool, allow_ctypes: bool) -> None:
+def install_audit_hook(
+    workdir: str, *, allow_subprocess: bool, allow_network: bool, allow_ctypes: bool
+) -> None:
     import threading
 
     root = os.path.realpath(workdir)
@@ -234,7 +277,9 @@ def install_audit_hook(workdir: str, *, allow_subprocess: bool, allow_network: b
         return full == root or full.startswith(root + os.sep)
 
     def refuse(what: str, exc=PermissionError):
-        raise exc(f"sandbox: {what} is not allowed (only the work dir {root} is writable; no network; no new processes)")
+        raise exc(
+            f"sandbox: {what} is not allowed (only the work dir {root} is writable; no network; no new processes)"
+        )
 
     def hook(event: str, args: tuple) -> None:
         if getattr(state, "busy", False):
@@ -244,7 +289,8 @@ def install_audit_hook(workdir: str, *, allow_subprocess: bool, allow_network: b
             if event == "open":
                 path, mode, flags = (tuple(args) + (None, None))[:3]
                 writing = (isinstance(flags, int) and flags & _WRITE_FLAGS) or (
-                    isinstance(mode, str) and any(c in mode for c in "wax+"))
+                    isinstance(mode, str) and any(c in mode for c in "wax+")
+                )
                 if writing and not inside(path):
                     refuse(f"writing {path!r}")
                 if not isinstance(path, int) and not inside(path) and os.path.isdir(path):
@@ -257,10 +303,19 @@ def install_audit_hook(workdir: str, *, allow_subprocess: bool, allow_network: b
                 refuse(f"network access ({event})", OSError)
             elif event in _PROCESS_EVENTS and not allow_subprocess:
                 refuse(f"starting a process ({event})")
-            elif event == "import" and args and args[0] in ("ctypes", "_ctypes") and not allow_ctypes:
+            elif (
+                event == "import" and args and args[0] in ("ctypes", "_ctypes") and not allow_ctypes
+            ):
                 refuse("importing ctypes", ImportError)
-            elif event == "import" and args and args[0] == "_posixsubprocess" and not allow_subprocess:
-                refuse("starting a process (_posixsubprocess)", ImportError)  # a fresh copy of the real fork_exec
+            elif (
+                event == "import"
+                and args
+                and args[0] == "_posixsubprocess"
+                and not allow_subprocess
+            ):
+                refuse(
+                    "starting a process (_posixsubprocess)", ImportError
+                )  # a fresh copy of the real fork_exec
         finally:
             state.busy = False
 
@@ -280,9 +335,15 @@ def run_python(code: str, spec: dict) -> int:
 
         _posixsubprocess.fork_exec = fork_exec
     for name in [m for m in sys.modules if m in ("ctypes", "_ctypes") or m.startswith("ctypes.")]:
-        del sys.modules[name]  # the launcher used ctypes; the code must import it afresh (and be refused)
-    install_audit_hook(spec["workdir"], allow_subprocess=spec.get("allow_subprocess", False),
-                       allow_network=spec.get("network", False), allow_ctypes=spec.get("allow_ctypes", False))
+        del sys.modules[
+            name
+        ]  # the launcher used ctypes; the code must import it afresh (and be refused)
+    install_audit_hook(
+        spec["workdir"],
+        allow_subprocess=spec.get("allow_subprocess", False),
+        allow_network=spec.get("network", False),
+        allow_ctypes=spec.get("allow_ctypes", False),
+    )
     sys.argv = ["main.py"]
     globs = {"__name__": "__main__", "__builtins__": __builtins__}
     try:
@@ -301,12 +362,41 @@ def run_python(code: str, spec: dict) -> int:
 # ---------------------------------------------------------------- the required kernel layers
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-SYSTEM_READ_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin", "/sys/devices/system/cpu")
-SYSTEM_READ_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/passwd",
-                     "/etc/group", "/etc/nsswitch.conf", "/etc/host.conf", "/etc/os-release", "/etc/mime.types",
-                     "/etc/gitconfig", "/dev/urandom", "/dev/random")
-NETWORK_READ_FILES = ("/etc/resolv.conf", "/etc/hosts", "/etc/gai.conf", "/etc/services", "/etc/protocols",
-                      "/etc/ssl", "/etc/ca-certificates", "/etc/pki")  # only with SandboxConfig(network=True)
+SYSTEM_READ_DIRS = (
+    "/usr",
+    "/lib",
+    "/lib64",
+    "/lib32",
+    "/libx32",
+    "/bin",
+    "/sbin",
+    "/sys/devices/system/cpu",
+)
+SYSTEM_READ_FILES = (
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/nsswitch.conf",
+    "/etc/host.conf",
+    "/etc/os-release",
+    "/etc/mime.types",
+    "/etc/gitconfig",
+    "/dev/urandom",
+    "/dev/random",
+)
+NETWORK_READ_FILES = (
+    "/etc/resolv.conf",
+    "/etc/hosts",
+    "/etc/gai.conf",
+    "/etc/services",
+    "/etc/protocols",
+    "/etc/ssl",
+    "/etc/ca-certificates",
+    "/etc/pki",
+)  # only with SandboxConfig(network=True)
 DEVICES_RW = ("/dev/null", "/dev/zero", "/dev/full")
 GUARANTEES = ("landlock", "seccomp", "process_limit", "signals")
 
@@ -330,8 +420,14 @@ def _load(name: str):
 
 def read_only_paths(spec: dict, *, own_proc: bool) -> list[str]:
     """What the interpreter and the shell need to read: the Python installs, system libraries, a few files."""
-    python = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-              os.path.dirname(os.path.realpath(sys.executable)), *spec.get("python_paths", [])}
+    python = {
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        sys.base_exec_prefix,
+        os.path.dirname(os.path.realpath(sys.executable)),
+        *spec.get("python_paths", []),
+    }
     python.discard("/")  # an interpreter "installed" at / must not open the whole file system
     paths = python | set(SYSTEM_READ_DIRS) | set(SYSTEM_READ_FILES)
     paths.update(spec.get("extra_paths", []))
@@ -349,7 +445,10 @@ def apply_kernel_layers(spec: dict, status: dict) -> None:
     python_mode = spec["mode"] == "python"
     no_processes = python_mode and not spec.get("allow_subprocess", False)
     try:
-        ll, sc = _load("landlock"), _load("seccomp")  # both loaded before Landlock hides this directory
+        ll, sc = (
+            _load("landlock"),
+            _load("seccomp"),
+        )  # both loaded before Landlock hides this directory
     except OSError as e:
         ll = sc = None
         status["landlock_error"] = status["seccomp_error"] = f"cannot load the layer modules: {e}"
@@ -357,7 +456,9 @@ def apply_kernel_layers(spec: dict, status: dict) -> None:
         if ll is None:
             raise OSError(status["landlock_error"])
         rules = [(workdir, ll.ALL_FS_ACCESS)]
-        rules += [(p, ll.READ_ACCESS) for p in read_only_paths(spec, own_proc=bool(status.get("proc")))]
+        rules += [
+            (p, ll.READ_ACCESS) for p in read_only_paths(spec, own_proc=bool(status.get("proc")))
+        ]
         rules += [(p, ll.READ_FILE | ll.WRITE_FILE) for p in DEVICES_RW]
         status["landlock"] = ll.restrict(rules, deny_tcp=not spec.get("network", False), scope=True)
     except OSError as e:
@@ -367,8 +468,11 @@ def apply_kernel_layers(spec: dict, status: dict) -> None:
         if sc is None:
             raise OSError(status["seccomp_error"])
         # SysV IPC and POSIX message queues only inside a private IPC namespace (it dies with the run)
-        status["seccomp"] = sc.install(network=spec.get("network", False), processes=not no_processes,
-                                       ipc=bool(status.get("ipc")))
+        status["seccomp"] = sc.install(
+            network=spec.get("network", False),
+            processes=not no_processes,
+            ipc=bool(status.get("ipc")),
+        )
     except OSError as e:
         status["seccomp"] = False
         status["seccomp_error"] = str(e)
@@ -417,19 +521,31 @@ def _write_status(fd, status: dict) -> None:
 def main() -> None:
     spec = json.loads(sys.argv[1])
     workdir = spec["workdir"]
-    status = {"cgroups": {name: join_cgroup(path) for name, path in (spec.get("cgroups") or {}).items()}}
+    status = {
+        "cgroups": {name: join_cgroup(path) for name, path in (spec.get("cgroups") or {}).items()}
+    }
     status["limits"] = set_limits(spec.get("limits", {}))
     fd = spec.get("status_fd")
     ns_fds = spec.get("ns_fds") or {}
     if ns_fds:
         why = join_workdir(ns_fds)
-        if why is not None:  # the tmpfs would be missing: run nothing rather than in the empty host directory
+        if (
+            why is not None
+        ):  # the tmpfs would be missing: run nothing rather than in the empty host directory
             status["refused"] = f"workdir: cannot enter the work dir's namespaces ({why})"
             _write_status(fd, status)
             os._exit(126)
     iso = spec.get("isolate", {})
-    status.update(isolate(workdir, net=iso.get("net", True), fs=iso.get("fs", True), pid=iso.get("pid", True),
-                          ipc=iso.get("ipc", True), new_user=not ns_fds))
+    status.update(
+        isolate(
+            workdir,
+            net=iso.get("net", True),
+            fs=iso.get("fs", True),
+            pid=iso.get("pid", True),
+            ipc=iso.get("ipc", True),
+            new_user=not ns_fds,
+        )
+    )
     child = os.fork()
     if child == 0:
         try:
@@ -441,7 +557,9 @@ def main() -> None:
         os.chdir(workdir)
         t0 = time.perf_counter()
         apply_kernel_layers(spec, status)
-        status["layers_ms"] = round((time.perf_counter() - t0) * 1000, 2)  # what Landlock + seccomp cost
+        status["layers_ms"] = round(
+            (time.perf_counter() - t0) * 1000, 2
+        )  # what Landlock + seccomp cost
         missing = missing_guarantees(status, spec.get("allow_missing", ()))
         if missing:
             status["refused"] = refusal(status, missing)
@@ -452,7 +570,9 @@ def main() -> None:
         if spec["mode"] == "python":
             # ctypes can call libc around the audit hook; allow it (sympy needs it) only where the kernel
             # already makes the file system read-only and the network absent.
-            spec["allow_ctypes"] = bool(status.get("fs") and (status.get("net") or spec.get("network")))
+            spec["allow_ctypes"] = bool(
+                status.get("fs") and (status.get("net") or spec.get("network"))
+            )
             os._exit(run_python(spec["code"], spec))
         env = spec.get("env") or {}
         try:

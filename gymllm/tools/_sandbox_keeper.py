@@ -34,7 +34,11 @@ def main() -> None:
     if libc.unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0:
         _fail("unshare(CLONE_NEWUSER | CLONE_NEWNS)")
     try:
-        for name, text in (("setgroups", "deny"), ("uid_map", f"{inner} {uid} 1"), ("gid_map", f"{inner} {gid} 1")):
+        for name, text in (
+            ("setgroups", "deny"),
+            ("uid_map", f"{inner} {uid} 1"),
+            ("gid_map", f"{inner} {gid} 1"),
+        ):
             with open(f"/proc/self/{name}", "w") as f:
                 f.write(text)
     except OSError as e:
@@ -44,8 +48,16 @@ def main() -> None:
     if libc.mount(None, b"/", None, ctypes.c_ulong(MS_REC | MS_PRIVATE), None) != 0:
         _fail("making the mounts private")
     options = f"size={int(spec['size_mb'])}m,nr_inodes={int(spec['inodes'])},mode=0700,uid={inner},gid={inner}"
-    if libc.mount(b"tmpfs", os.fsencode(spec["workdir"]), b"tmpfs", ctypes.c_ulong(MS_NOSUID | MS_NODEV),
-                  options.encode()) != 0:
+    if (
+        libc.mount(
+            b"tmpfs",
+            os.fsencode(spec["workdir"]),
+            b"tmpfs",
+            ctypes.c_ulong(MS_NOSUID | MS_NODEV),
+            options.encode(),
+        )
+        != 0
+    ):
         _fail("mounting the tmpfs")
     sys.stdout.write("ready\n")
     sys.stdout.flush()

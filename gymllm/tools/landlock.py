@@ -29,10 +29,21 @@ import os
 import stat
 import sys
 
-__all__ = ["ALL_FS_ACCESS", "READ_ACCESS", "FILE_ACCESS", "LandlockError", "abi_version", "handled_fs_access",
-           "restrict"]
+__all__ = [
+    "ALL_FS_ACCESS",
+    "READ_ACCESS",
+    "FILE_ACCESS",
+    "LandlockError",
+    "abi_version",
+    "handled_fs_access",
+    "restrict",
+]
 
-SYS_CREATE_RULESET, SYS_ADD_RULE, SYS_RESTRICT_SELF = 444, 445, 446  # the same on every architecture
+SYS_CREATE_RULESET, SYS_ADD_RULE, SYS_RESTRICT_SELF = (
+    444,
+    445,
+    446,
+)  # the same on every architecture
 CREATE_RULESET_VERSION = 1
 RULE_PATH_BENEATH = 1
 PR_SET_NO_NEW_PRIVS = 38
@@ -57,8 +68,11 @@ class LandlockError(OSError):
 
 
 class _RulesetAttr(ctypes.Structure):
-    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
-                ("scoped", ctypes.c_uint64)]
+    _fields_ = [
+        ("handled_access_fs", ctypes.c_uint64),
+        ("handled_access_net", ctypes.c_uint64),
+        ("scoped", ctypes.c_uint64),
+    ]
 
 
 class _PathBeneathAttr(ctypes.Structure):
@@ -83,8 +97,12 @@ def abi_version() -> int:
     if not sys.platform.startswith("linux"):
         return 0  # syscall 444 means something else elsewhere
     try:
-        return _syscall(ctypes.c_long(SYS_CREATE_RULESET), None, ctypes.c_size_t(0),
-                        ctypes.c_uint32(CREATE_RULESET_VERSION))
+        return _syscall(
+            ctypes.c_long(SYS_CREATE_RULESET),
+            None,
+            ctypes.c_size_t(0),
+            ctypes.c_uint32(CREATE_RULESET_VERSION),
+        )
     except LandlockError as e:
         if e.errno in (errno.ENOSYS, errno.EOPNOTSUPP):
             return 0
@@ -114,7 +132,9 @@ def restrict(rules: list[tuple[str, int]], *, deny_tcp: bool = True, scope: bool
     """
     abi = abi_version()
     if abi < 1:
-        raise LandlockError(errno.ENOSYS, "Landlock is not available (needs Linux >= 5.13 with landlock in lsm=)")
+        raise LandlockError(
+            errno.ENOSYS, "Landlock is not available (needs Linux >= 5.13 with landlock in lsm=)"
+        )
     handled = handled_fs_access(abi)
     attr = _RulesetAttr(handled_access_fs=handled)
     size = 8
@@ -124,8 +144,12 @@ def restrict(rules: list[tuple[str, int]], *, deny_tcp: bool = True, scope: bool
     if abi >= 6:
         attr.scoped = (SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL) if scope else 0
         size = 24
-    ruleset = _syscall(ctypes.c_long(SYS_CREATE_RULESET), ctypes.byref(attr), ctypes.c_size_t(size),
-                       ctypes.c_uint32(0))
+    ruleset = _syscall(
+        ctypes.c_long(SYS_CREATE_RULESET),
+        ctypes.byref(attr),
+        ctypes.c_size_t(size),
+        ctypes.c_uint32(0),
+    )
     added = 0
     try:
         for path, rights in rules:
@@ -138,8 +162,13 @@ def restrict(rules: list[tuple[str, int]], *, deny_tcp: bool = True, scope: bool
                 if not stat.S_ISDIR(os.fstat(fd).st_mode):
                     allowed &= FILE_ACCESS
                 rule = _PathBeneathAttr(allowed_access=allowed, parent_fd=fd)
-                _syscall(ctypes.c_long(SYS_ADD_RULE), ctypes.c_int(ruleset), ctypes.c_int(RULE_PATH_BENEATH),
-                         ctypes.byref(rule), ctypes.c_uint32(0))
+                _syscall(
+                    ctypes.c_long(SYS_ADD_RULE),
+                    ctypes.c_int(ruleset),
+                    ctypes.c_int(RULE_PATH_BENEATH),
+                    ctypes.byref(rule),
+                    ctypes.c_uint32(0),
+                )
                 added += 1
             finally:
                 os.close(fd)
@@ -149,4 +178,9 @@ def restrict(rules: list[tuple[str, int]], *, deny_tcp: bool = True, scope: bool
         _syscall(ctypes.c_long(SYS_RESTRICT_SELF), ctypes.c_int(ruleset), ctypes.c_uint32(0))
     finally:
         os.close(ruleset)
-    return {"abi": abi, "rules": added, "tcp": bool(abi >= 4 and deny_tcp), "scoped": bool(abi >= 6 and scope)}
+    return {
+        "abi": abi,
+        "rules": added,
+        "tcp": bool(abi >= 4 and deny_tcp),
+        "scoped": bool(abi >= 6 and scope),
+    }

@@ -28,7 +28,15 @@ from typing import Any, Callable
 from gymllm.errors import ConfigError, explain
 from gymllm.types import ToolCall
 
-__all__ = ["FORMATS", "ParseError", "ParsedCalls", "parse_tool_calls", "format_tool_calls", "has_tool_call", "check_format"]
+__all__ = [
+    "FORMATS",
+    "ParseError",
+    "ParsedCalls",
+    "parse_tool_calls",
+    "format_tool_calls",
+    "has_tool_call",
+    "check_format",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +48,9 @@ class ParseError:
     snippet: str
 
     def __str__(self) -> str:
-        return f"could not parse a {self.format} tool call ({self.message}) in: {self.snippet[:200]!r}"
+        return (
+            f"could not parse a {self.format} tool call ({self.message}) in: {self.snippet[:200]!r}"
+        )
 
 
 class ParsedCalls(list):
@@ -52,7 +62,9 @@ class ParsedCalls(list):
         self.format = format
 
 
-def _call_from_obj(obj: Any, fmt: str, snippet: str, index: int, arg_keys=("arguments", "parameters")):
+def _call_from_obj(
+    obj: Any, fmt: str, snippet: str, index: int, arg_keys=("arguments", "parameters")
+):
     """A ToolCall from a decoded JSON object, or a ParseError saying what is missing."""
     if not isinstance(obj, dict):
         return ParseError(fmt, f"expected a JSON object, got {type(obj).__name__}", snippet)
@@ -72,7 +84,9 @@ def _call_from_obj(obj: Any, fmt: str, snippet: str, index: int, arg_keys=("argu
     if args is None:
         args = {}
     if not isinstance(args, dict):
-        return ParseError(fmt, f"arguments must be a JSON object, got {type(args).__name__}", snippet)
+        return ParseError(
+            fmt, f"arguments must be a JSON object, got {type(args).__name__}", snippet
+        )
     return ToolCall(name=name, arguments=args, id=str(obj.get("id") or f"call_{index}"))
 
 
@@ -97,7 +111,9 @@ def _parse_hermes(text: str) -> ParsedCalls:
 
 def _render_hermes(calls: list[ToolCall]) -> str:
     def body(c: ToolCall) -> str:  # "<\/" keeps an end tag inside a string from closing the call
-        return json.dumps({"name": c.name, "arguments": c.arguments}, ensure_ascii=False).replace("</", "<\\/")
+        return json.dumps({"name": c.name, "arguments": c.arguments}, ensure_ascii=False).replace(
+            "</", "<\\/"
+        )
 
     return "\n".join(f"<tool_call>\n{body(c)}\n</tool_call>" for c in calls)
 
@@ -115,11 +131,16 @@ def _parse_llama3(text: str) -> ParsedCalls:
         try:
             obj, end = _DECODER.raw_decode(text, m.start())
         except (ValueError, RecursionError) as e:
-            out.errors.append(ParseError("llama3", f"invalid JSON: {e.args[0] if e.args else e}",
-                                         text[m.start():m.start() + 200]))
+            out.errors.append(
+                ParseError(
+                    "llama3",
+                    f"invalid JSON: {e.args[0] if e.args else e}",
+                    text[m.start() : m.start() + 200],
+                )
+            )
             pos = m.end()
             continue
-        snippet = text[m.start():end]
+        snippet = text[m.start() : end]
         if isinstance(obj, dict) and ("parameters" in obj or "arguments" in obj or "name" in obj):
             item = _call_from_obj(obj, "llama3", snippet, len(out), ("parameters", "arguments"))
             (out.errors if isinstance(item, ParseError) else out).append(item)
@@ -128,7 +149,9 @@ def _parse_llama3(text: str) -> ParsedCalls:
 
 
 def _render_llama3(calls: list[ToolCall]) -> str:
-    return "; ".join(json.dumps({"name": c.name, "parameters": c.arguments}, ensure_ascii=False) for c in calls)
+    return "; ".join(
+        json.dumps({"name": c.name, "parameters": c.arguments}, ensure_ascii=False) for c in calls
+    )
 
 
 # --------------------------------------------------------------------------- gemma tool_code / python call syntax
@@ -152,24 +175,40 @@ def _calls_in_code(code: str, fmt: str) -> tuple[list[ToolCall], list[ParseError
         return [], [ParseError(fmt, f"not valid Python call syntax: {e}", code)]
     for stmt in tree.body:
         node = stmt.value if isinstance(stmt, ast.Expr) else None
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print" \
-                and len(node.args) == 1 and isinstance(node.args[0], ast.Call):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "print"
+            and len(node.args) == 1
+            and isinstance(node.args[0], ast.Call)
+        ):
             node = node.args[0]  # print(fn(...))
         if not isinstance(node, ast.Call) or not isinstance(node.func, (ast.Name, ast.Attribute)):
-            errors.append(ParseError(fmt, "expected a function call such as fn(a=1)", _seg(code, stmt)))
+            errors.append(
+                ParseError(fmt, "expected a function call such as fn(a=1)", _seg(code, stmt))
+            )
             continue
         name = node.func.id if isinstance(node.func, ast.Name) else node.func.attr
         if node.args:
-            errors.append(ParseError(fmt, f"{name}(...) uses positional arguments; use keywords: fn(a=1)",
-                                     _seg(code, stmt)))
+            errors.append(
+                ParseError(
+                    fmt,
+                    f"{name}(...) uses positional arguments; use keywords: fn(a=1)",
+                    _seg(code, stmt),
+                )
+            )
             continue
         try:
             args = {kw.arg: _literal(kw.value) for kw in node.keywords if kw.arg is not None}
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as e:
-            errors.append(ParseError(fmt, f"argument values must be literals ({e})", _seg(code, stmt)))
+            errors.append(
+                ParseError(fmt, f"argument values must be literals ({e})", _seg(code, stmt))
+            )
             continue
         if any(kw.arg is None for kw in node.keywords):
-            errors.append(ParseError(fmt, "**kwargs are not allowed in a tool call", _seg(code, stmt)))
+            errors.append(
+                ParseError(fmt, "**kwargs are not allowed in a tool call", _seg(code, stmt))
+            )
             continue
         calls.append(ToolCall(name=name, arguments=args, id=""))
     return calls, errors
@@ -197,14 +236,21 @@ def _py_repr(value: Any) -> str:
 
 
 def _render_gemma(calls: list[ToolCall]) -> str:
-    lines = [f"{c.name}({', '.join(f'{k}={_py_repr(v)}' for k, v in c.arguments.items())})" for c in calls]
+    lines = [
+        f"{c.name}({', '.join(f'{k}={_py_repr(v)}' for k, v in c.arguments.items())})"
+        for c in calls
+    ]
     return "```tool_code\n" + "\n".join(lines) + "\n```"
 
 
 def _parse_python(text: str, tool_name: str = "python") -> ParsedCalls:
     out = ParsedCalls(format="python")
     for m in _PY_FENCE.finditer(text):
-        out.append(ToolCall(name=tool_name, arguments={"code": m.group(1).rstrip("\n")}, id=f"call_{len(out)}"))
+        out.append(
+            ToolCall(
+                name=tool_name, arguments={"code": m.group(1).rstrip("\n")}, id=f"call_{len(out)}"
+            )
+        )
     return out
 
 
@@ -214,23 +260,48 @@ def _render_python(calls: list[ToolCall]) -> str:
 
 # --------------------------------------------------------------------------- dispatch
 _PARSERS: dict[str, Callable[[str], ParsedCalls]] = {
-    "hermes": _parse_hermes, "llama3": _parse_llama3, "gemma": _parse_gemma, "python": _parse_python,
+    "hermes": _parse_hermes,
+    "llama3": _parse_llama3,
+    "gemma": _parse_gemma,
+    "python": _parse_python,
 }
 _RENDERERS: dict[str, Callable[[list[ToolCall]], str]] = {
-    "hermes": _render_hermes, "llama3": _render_llama3, "gemma": _render_gemma, "python": _render_python,
+    "hermes": _render_hermes,
+    "llama3": _render_llama3,
+    "gemma": _render_gemma,
+    "python": _render_python,
 }
-_ALIASES = {"qwen": "hermes", "qwen2": "hermes", "qwen3": "hermes", "smollm": "hermes", "llama": "llama3",
-            "llama3.1": "llama3", "llama3.2": "llama3", "json": "llama3", "gemma3": "gemma", "tool_code": "gemma"}
-_MARKERS = (("hermes", lambda t: "<tool_call>" in t), ("gemma", lambda t: "```tool_code" in t),
-            ("llama3", lambda t: _LLAMA_START.search(t) is not None))
+_ALIASES = {
+    "qwen": "hermes",
+    "qwen2": "hermes",
+    "qwen3": "hermes",
+    "smollm": "hermes",
+    "llama": "llama3",
+    "llama3.1": "llama3",
+    "llama3.2": "llama3",
+    "json": "llama3",
+    "gemma3": "gemma",
+    "tool_code": "gemma",
+}
+_MARKERS = (
+    ("hermes", lambda t: "<tool_call>" in t),
+    ("gemma", lambda t: "```tool_code" in t),
+    ("llama3", lambda t: _LLAMA_START.search(t) is not None),
+)
 FORMATS = (*_PARSERS, "auto")
 
 
 def check_format(format: str) -> str:
     fmt = _ALIASES.get(format, format) if isinstance(format, str) else format
     if fmt not in FORMATS:
-        raise ConfigError(explain("tool-call format", expected=f"one of {list(FORMATS)} (or {sorted(_ALIASES)})",
-                                  received=format, fix="pass format='hermes' for Qwen-style models"))
+        raise ConfigError(
+            explain(
+                "tool-call format",
+                expected=f"one of {list(FORMATS)} (or {sorted(_ALIASES)})",
+                received=format,
+                fix="pass format='hermes' for Qwen-style models",
+            )
+        )
     return fmt
 
 
@@ -244,8 +315,10 @@ def parse_tool_calls(text: str, format: str = "auto") -> ParsedCalls:
     """Every tool call in ``text`` (in order), with ``.errors`` for fragments that could not be read."""
     fmt = check_format(format)
     if not isinstance(text, str):
-        return ParsedCalls(errors=[ParseError(fmt, f"expected text, got {type(text).__name__}", repr(text)[:200])],
-                           format=fmt)
+        return ParsedCalls(
+            errors=[ParseError(fmt, f"expected text, got {type(text).__name__}", repr(text)[:200])],
+            format=fmt,
+        )
     if fmt == "auto":
         for name, present in _MARKERS:
             if present(text):

@@ -26,8 +26,9 @@ _DOC = """Run Python 3 code in a sandbox and return what it prints (stdout, then
     """
 
 
-def make_python_tool(sandbox: Sandbox | None = None, *, config: SandboxConfig | None = None,
-                     name: str = "python") -> Tool:
+def make_python_tool(
+    sandbox: Sandbox | None = None, *, config: SandboxConfig | None = None, name: str = "python"
+) -> Tool:
     """A ``python(code)`` tool running in ``sandbox`` (persistent files) or a fresh one per call."""
 
     def run(code: str) -> str:

@@ -63,8 +63,14 @@ class ToolRegistry:
     def add(self, t: Tool | Callable[..., Any]) -> Tool:
         t = t if isinstance(t, Tool) else tool(t)
         if t.name in self._tools and self._tools[t.name] is not t:
-            raise ToolError(explain("ToolRegistry.add", expected="unique tool names", received=t.name,
-                                    fix="give one of the tools another name: @tool(name=...)"))
+            raise ToolError(
+                explain(
+                    "ToolRegistry.add",
+                    expected="unique tool names",
+                    received=t.name,
+                    fix="give one of the tools another name: @tool(name=...)",
+                )
+            )
         self._tools[t.name] = t
         return t
 
@@ -93,12 +99,21 @@ class ToolRegistry:
         start = time.perf_counter()
 
         def fail(kind: str, msg: str) -> ToolResult:
-            return ToolResult(call.name, call.id, False, f"Error: {msg}", kind, time.perf_counter() - start)
+            return ToolResult(
+                call.name, call.id, False, f"Error: {msg}", kind, time.perf_counter() - start
+            )
 
         t = self._tools.get(call.name)
         if t is None:
-            return fail("unknown_tool", explain("tool name", expected=f"one of {self.names}", received=call.name,
-                                                fix="call one of the listed tools"))
+            return fail(
+                "unknown_tool",
+                explain(
+                    "tool name",
+                    expected=f"one of {self.names}",
+                    received=call.name,
+                    fix="call one of the listed tools",
+                ),
+            )
         try:
             t.validate(call.arguments)
         except ToolError as e:
@@ -109,7 +124,9 @@ class ToolRegistry:
             return fail("timeout", f"tool {call.name!r} did not finish within {timeout_s} s")
         except Exception as e:  # noqa: BLE001 - a tool's exception is an observation, never a crash
             return fail("exception", f"{type(e).__name__}: {e}")
-        return ToolResult(call.name, call.id, True, format_result(value), None, time.perf_counter() - start)
+        return ToolResult(
+            call.name, call.id, True, format_result(value), None, time.perf_counter() - start
+        )
 
     def call(self, call: ToolCall, *, timeout_s: float | None = None) -> ToolResult:
         """Synchronous :meth:`acall` (runs its own event loop; do not use inside a running loop)."""

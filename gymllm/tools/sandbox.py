@@ -70,9 +70,22 @@ from typing import Mapping
 
 from gymllm.errors import ToolError, explain
 from gymllm.tools.sandbox_cgroups import make_cgroups, remove_cgroup
-from gymllm.tools.sandbox_config import GUARANTEES, SandboxConfig, SandboxResult, SandboxUnavailableError
+from gymllm.tools.sandbox_config import (
+    GUARANTEES,
+    SandboxConfig,
+    SandboxResult,
+    SandboxUnavailableError,
+)
 from gymllm.tools.sandbox_fs import empty_dir, open_beneath, open_dir_beneath
-from gymllm.tools.sandbox_process import CHILD, CappedReader, child_spec, feed, kill_group, read_status, shell_env
+from gymllm.tools.sandbox_process import (
+    CHILD,
+    CappedReader,
+    child_spec,
+    feed,
+    kill_group,
+    read_status,
+    shell_env,
+)
 from gymllm.tools.sandbox_workdir import WorkDir
 
 
@@ -98,7 +111,9 @@ class Sandbox:
         files: ``{relative path: text or bytes}`` written into the work dir before any run.
     """
 
-    def __init__(self, config: SandboxConfig | None = None, *, files: Mapping[str, str | bytes] | None = None):
+    def __init__(
+        self, config: SandboxConfig | None = None, *, files: Mapping[str, str | bytes] | None = None
+    ):
         self.config = config or SandboxConfig()
         self._dir = WorkDir(max_disk_mb=self.config.max_disk_mb, namespaces=self.config.namespaces)
         self.workdir = self._dir.path
@@ -116,8 +131,14 @@ class Sandbox:
         """Hold the sandbox for one operation: a run, or a file helper, never both at once (see the class doc)."""
         with self._lock:
             if self._closed:
-                raise ToolError(explain(f"Sandbox.{what}", expected="an open sandbox", received="a closed one",
-                                        fix="create a new Sandbox"))
+                raise ToolError(
+                    explain(
+                        f"Sandbox.{what}",
+                        expected="an open sandbox",
+                        received="a closed one",
+                        fix="create a new Sandbox",
+                    )
+                )
             yield
 
     def write_files(self, files: Mapping[str, str | bytes]) -> None:
@@ -129,19 +150,33 @@ class Sandbox:
         with self._exclusive("write_files"):
             for rel, data in files.items():
                 if not isinstance(data, (str, bytes)):
-                    raise ToolError(explain("Sandbox.write_files", expected="str or bytes contents",
-                                            received=f"{rel!r}: {type(data).__name__}", fix="encode the contents"))
+                    raise ToolError(
+                        explain(
+                            "Sandbox.write_files",
+                            expected="str or bytes contents",
+                            received=f"{rel!r}: {type(data).__name__}",
+                            fix="encode the contents",
+                        )
+                    )
                 try:
-                    fd = open_beneath(self._dir.fd, rel, os.O_WRONLY | os.O_CREAT, create_parents=True)
+                    fd = open_beneath(
+                        self._dir.fd, rel, os.O_WRONLY | os.O_CREAT, create_parents=True
+                    )
                     with open(fd, "wb", closefd=True) as f:
                         f.truncate(0)
                         f.write(data.encode() if isinstance(data, str) else data)
                 except OSError as e:
                     if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                         raise
-                    raise ToolError(explain("Sandbox.write_files", expected=f"room in the work dir (max_disk_mb="
-                                            f"{self.config.max_disk_mb})", received=f"{rel!r}: {e.strerror}",
-                                            fix="remove files or raise SandboxConfig.max_disk_mb")) from None
+                    raise ToolError(
+                        explain(
+                            "Sandbox.write_files",
+                            expected=f"room in the work dir (max_disk_mb="
+                            f"{self.config.max_disk_mb})",
+                            received=f"{rel!r}: {e.strerror}",
+                            fix="remove files or raise SandboxConfig.max_disk_mb",
+                        )
+                    ) from None
 
     def read_file(self, relpath: str, *, binary: bool = False) -> str | bytes:
         """A regular file of the work dir: its text (UTF-8), or its bytes with ``binary=True``.
@@ -157,9 +192,14 @@ class Sandbox:
         try:
             return data.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise ToolError(explain("Sandbox.read_file", expected="UTF-8 text",
-                                    received=f"{relpath!r}: undecodable byte at offset {e.start}",
-                                    fix="pass binary=True to get the bytes")) from None
+            raise ToolError(
+                explain(
+                    "Sandbox.read_file",
+                    expected="UTF-8 text",
+                    received=f"{relpath!r}: undecodable byte at offset {e.start}",
+                    fix="pass binary=True to get the bytes",
+                )
+            ) from None
 
     def listdir(self, relpath: str = ".") -> list[str]:
         """The sorted names in a directory of the work dir (``"."``: the work dir itself)."""
@@ -174,8 +214,14 @@ class Sandbox:
         """Remove everything in the work dir (by descriptors, any depth, any rights the code set)."""
         with self._exclusive("clear"):
             if not empty_dir(self._dir.fd):
-                raise ToolError(explain("Sandbox.clear", expected="an emptied work dir", received="entries left",
-                                        fix="create a new Sandbox"))
+                raise ToolError(
+                    explain(
+                        "Sandbox.clear",
+                        expected="an emptied work dir",
+                        received="entries left",
+                        fix="create a new Sandbox",
+                    )
+                )
 
     def disk_usage(self) -> int:
         """Bytes the work dir holds (the tmpfs's count: unlinked and ``O_TMPFILE`` files included)."""
@@ -183,24 +229,52 @@ class Sandbox:
             return self._dir.usage()
 
     # -- runs -------------------------------------------------------------------------------
-    def run_python(self, code: str, *, timeout_s: float | None = None, stdin: str | None = None) -> SandboxResult:
+    def run_python(
+        self, code: str, *, timeout_s: float | None = None, stdin: str | None = None
+    ) -> SandboxResult:
         """Run Python source in a fresh isolated interpreter (stdlib + ``extra_paths``)."""
         if not isinstance(code, str):
-            raise ToolError(explain("Sandbox.run_python code", expected="a str of Python source",
-                                    received=type(code).__name__, fix="pass the code as text"))
-        return self._run({"mode": "python", "code": code, "extra_paths": list(self.config.extra_paths),
-                          "allow_subprocess": self.config.allow_subprocess}, timeout_s, stdin)
+            raise ToolError(
+                explain(
+                    "Sandbox.run_python code",
+                    expected="a str of Python source",
+                    received=type(code).__name__,
+                    fix="pass the code as text",
+                )
+            )
+        return self._run(
+            {
+                "mode": "python",
+                "code": code,
+                "extra_paths": list(self.config.extra_paths),
+                "allow_subprocess": self.config.allow_subprocess,
+            },
+            timeout_s,
+            stdin,
+        )
 
-    def run_shell(self, command: str, *, timeout_s: float | None = None, stdin: str | None = None) -> SandboxResult:
+    def run_shell(
+        self, command: str, *, timeout_s: float | None = None, stdin: str | None = None
+    ) -> SandboxResult:
         """Run a ``bash -c`` command line in the work dir."""
         if not isinstance(command, str):
-            raise ToolError(explain("Sandbox.run_shell command", expected="a str command line",
-                                    received=type(command).__name__, fix="pass the command as text"))
+            raise ToolError(
+                explain(
+                    "Sandbox.run_shell command",
+                    expected="a str command line",
+                    received=type(command).__name__,
+                    fix="pass the command as text",
+                )
+            )
         return self.run_argv(["bash", "-c", command], timeout_s=timeout_s, stdin=stdin)
 
-    def run_argv(self, argv: list[str], *, timeout_s: float | None = None, stdin: str | None = None) -> SandboxResult:
+    def run_argv(
+        self, argv: list[str], *, timeout_s: float | None = None, stdin: str | None = None
+    ) -> SandboxResult:
         """Exec a program (looked up on a minimal PATH) in the work dir."""
-        return self._run({"mode": "exec", "argv": list(argv), "env": shell_env(self.workdir)}, timeout_s, stdin)
+        return self._run(
+            {"mode": "exec", "argv": list(argv), "env": shell_env(self.workdir)}, timeout_s, stdin
+        )
 
     async def arun_python(self, code: str, **kw) -> SandboxResult:
         return await asyncio.to_thread(self.run_python, code, **kw)
@@ -227,8 +301,13 @@ class Sandbox:
             proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-B", CHILD, json.dumps(spec)],
                 stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/",
-                env=shell_env(self.workdir), pass_fds=(w_fd, *self._dir.ns_fds.values()), start_new_session=True)
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd="/",
+                env=shell_env(self.workdir),
+                pass_fds=(w_fd, *self._dir.ns_fds.values()),
+                start_new_session=True,
+            )
         except OSError as e:
             os.close(r_fd)
             os.close(w_fd)
@@ -240,12 +319,16 @@ class Sandbox:
             closing = self._closed
         self._started.set()
         os.close(w_fd)
-        readers = [CappedReader(proc.stdout, self.config.max_output_bytes),
-                   CappedReader(proc.stderr, self.config.max_output_bytes)]
+        readers = [
+            CappedReader(proc.stdout, self.config.max_output_bytes),
+            CappedReader(proc.stderr, self.config.max_output_bytes),
+        ]
         for r in readers:
             r.start()
         writer = None
-        if stdin is not None:  # fed from a thread: a program that never reads cannot hold the parent past the timeout
+        if (
+            stdin is not None
+        ):  # fed from a thread: a program that never reads cannot hold the parent past the timeout
             writer = threading.Thread(target=feed, args=(proc.stdin, stdin.encode()), daemon=True)
             writer.start()
         timed_out, used = (False, None) if closing else self._watch(proc, start + timeout)
@@ -260,28 +343,43 @@ class Sandbox:
             pipe.close()
         isolation = read_status(r_fd)
         if isolation.get("refused"):
-            raise SandboxUnavailableError(explain(
-                "Sandbox isolation", expected=f"every required layer {GUARANTEES}",
-                received=f"missing {isolation['refused']}",
-                fix="run on a kernel that has it, or pass SandboxConfig(allow_missing=(...)) naming it to run "
-                    "without it knowingly"))
+            raise SandboxUnavailableError(
+                explain(
+                    "Sandbox isolation",
+                    expected=f"every required layer {GUARANTEES}",
+                    received=f"missing {isolation['refused']}",
+                    fix="run on a kernel that has it, or pass SandboxConfig(allow_missing=(...)) naming it to run "
+                    "without it knowingly",
+                )
+            )
         isolation.setdefault("cgroups", {})
-        isolation["cgroup"] = bool(isolation["cgroups"].get("pids"))  # the fork-bomb limit took effect
+        isolation["cgroup"] = bool(
+            isolation["cgroups"].get("pids")
+        )  # the fork-bomb limit took effect
         isolation["disk_cap"] = self._dir.describe()
         stderr = readers[1].text()
         if used is not None:
-            stderr += (f"\n[sandbox: the work dir reached {used / 2**20:.1f} MiB, over its cap "
-                       f"max_disk_mb={self.config.max_disk_mb}; the run was killed. Remove files or raise "
-                       f"SandboxConfig.max_disk_mb]")
+            stderr += (
+                f"\n[sandbox: the work dir reached {used / 2**20:.1f} MiB, over its cap "
+                f"max_disk_mb={self.config.max_disk_mb}; the run was killed. Remove files or raise "
+                f"SandboxConfig.max_disk_mb]"
+            )
         elif self._dir.full():
-            stderr += (f"\n[sandbox: the work dir is full (max_disk_mb={self.config.max_disk_mb}): writes failed "
-                       f"with ENOSPC. Remove files or raise SandboxConfig.max_disk_mb]")
+            stderr += (
+                f"\n[sandbox: the work dir is full (max_disk_mb={self.config.max_disk_mb}): writes failed "
+                f"with ENOSPC. Remove files or raise SandboxConfig.max_disk_mb]"
+            )
         if self._closed:
             stderr += "\n[sandbox: closed during the run; the run was killed]"
-        return SandboxResult(stdout=readers[0].text(), stderr=stderr,
-                             exit_code=proc.returncode if not timed_out else -int(signal.SIGKILL),
-                             timed_out=timed_out, truncated=any(r.dropped for r in readers),
-                             duration_s=time.perf_counter() - start, isolation=isolation)
+        return SandboxResult(
+            stdout=readers[0].text(),
+            stderr=stderr,
+            exit_code=proc.returncode if not timed_out else -int(signal.SIGKILL),
+            timed_out=timed_out,
+            truncated=any(r.dropped for r in readers),
+            duration_s=time.perf_counter() - start,
+            isolation=isolation,
+        )
 
     def _watch(self, proc: subprocess.Popen, deadline: float) -> tuple[bool, int | None]:
         """Wait for ``proc`` until ``deadline``; returns ``(timed_out, bytes used when over max_disk_mb else None)``.
@@ -341,7 +439,9 @@ class Sandbox:
             proc = self._proc
         if proc is not None:
             kill_group(proc, wait=False)  # the run's own thread reaps it and releases the sandbox
-        if self._lock.acquire(timeout=wait_s):  # bounded: a run thread frozen at interpreter exit never hangs it
+        if self._lock.acquire(
+            timeout=wait_s
+        ):  # bounded: a run thread frozen at interpreter exit never hangs it
             try:
                 self._dir.close()
             finally:
@@ -360,7 +460,9 @@ class Sandbox:
             pass
 
 
-def run_python(code: str, config: SandboxConfig | None = None, *, files: Mapping[str, str] | None = None) -> SandboxResult:
+def run_python(
+    code: str, config: SandboxConfig | None = None, *, files: Mapping[str, str] | None = None
+) -> SandboxResult:
     """Run Python source once in a fresh sandbox (work dir removed afterwards)."""
     with Sandbox(config, files=files) as sb:
         return sb.run_python(code)

@@ -37,9 +37,13 @@ def own_cgroup(controller: str) -> str | None:
 
 def make_cgroups(config) -> dict[str, str]:
     """Child cgroups (under this process's own) capping processes and total memory: ``{controller: path}``."""
-    limits = {"pids": {"pids.max": config.max_processes},
-              "memory": {"memory.limit_in_bytes": config.memory_mb * 2**20,
-                         "memory.memsw.limit_in_bytes": config.memory_mb * 2**20}}
+    limits = {
+        "pids": {"pids.max": config.max_processes},
+        "memory": {
+            "memory.limit_in_bytes": config.memory_mb * 2**20,
+            "memory.memsw.limit_in_bytes": config.memory_mb * 2**20,
+        },
+    }
     made: dict[str, str] = {}
     for controller, files in limits.items():
         parent = own_cgroup(controller)

@@ -61,20 +61,50 @@ class SandboxConfig:
     allow_missing: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        unknown = [g for g in self.allow_missing if g not in GUARANTEES] if isinstance(
-            self.allow_missing, (tuple, list)) else [self.allow_missing]
+        unknown = (
+            [g for g in self.allow_missing if g not in GUARANTEES]
+            if isinstance(self.allow_missing, (tuple, list))
+            else [self.allow_missing]
+        )
         if unknown:
-            raise ConfigError(explain("SandboxConfig.allow_missing", expected=f"a tuple of names from {GUARANTEES}",
-                                      received=self.allow_missing, fix='e.g. allow_missing=("landlock",)'))
+            raise ConfigError(
+                explain(
+                    "SandboxConfig.allow_missing",
+                    expected=f"a tuple of names from {GUARANTEES}",
+                    received=self.allow_missing,
+                    fix='e.g. allow_missing=("landlock",)',
+                )
+            )
         for name in ("extra_paths", "read_paths"):
             paths = getattr(self, name)
-            if not isinstance(paths, (tuple, list)) or not all(isinstance(p, str) and os.path.isabs(p) for p in paths):
-                raise ConfigError(explain(f"SandboxConfig.{name}", expected="a tuple of absolute paths",
-                                          received=paths, fix=f'e.g. {name}=("/data/shared",)'))
-        for name, low in (("timeout_s", 0.0), ("memory_mb", 16), ("max_processes", 1), ("max_output_bytes", 1),
-                          ("max_file_mb", 1), ("max_disk_mb", 1), ("max_open_files", 16)):
-            check_range("SandboxConfig", name, getattr(self, name), lo=low, lo_open=name == "timeout_s",
-                        fix=f"pass {name}= a larger value")
+            if not isinstance(paths, (tuple, list)) or not all(
+                isinstance(p, str) and os.path.isabs(p) for p in paths
+            ):
+                raise ConfigError(
+                    explain(
+                        f"SandboxConfig.{name}",
+                        expected="a tuple of absolute paths",
+                        received=paths,
+                        fix=f'e.g. {name}=("/data/shared",)',
+                    )
+                )
+        for name, low in (
+            ("timeout_s", 0.0),
+            ("memory_mb", 16),
+            ("max_processes", 1),
+            ("max_output_bytes", 1),
+            ("max_file_mb", 1),
+            ("max_disk_mb", 1),
+            ("max_open_files", 16),
+        ):
+            check_range(
+                "SandboxConfig",
+                name,
+                getattr(self, name),
+                lo=low,
+                lo_open=name == "timeout_s",
+                fix=f"pass {name}= a larger value",
+            )
 
 
 @dataclasses.dataclass

@@ -37,11 +37,25 @@ from typing import Callable
 
 from gymllm.errors import ToolError, explain
 
-__all__ = ["MAX_DEPTH", "openat2_available", "split_path", "open_beneath", "open_dir_beneath", "make_parents",
-           "empty_dir", "tree_usage", "race_hook"]
+__all__ = [
+    "MAX_DEPTH",
+    "openat2_available",
+    "split_path",
+    "open_beneath",
+    "open_dir_beneath",
+    "make_parents",
+    "empty_dir",
+    "tree_usage",
+    "race_hook",
+]
 
 SYS_OPENAT2 = 437  # the same on every architecture (the unified syscall table)
-RESOLVE_NO_XDEV, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x01, 0x02, 0x04, 0x08
+RESOLVE_NO_XDEV, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = (
+    0x01,
+    0x02,
+    0x04,
+    0x08,
+)
 RESOLVE = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV
 MAX_DEPTH = 48
 """Directory levels :func:`empty_dir` holds open at once; deeper ones are moved up and removed from the top."""
@@ -62,9 +76,16 @@ _PROBED: list[bool] = []
 
 
 def _openat2(dir_fd: int, path: str, flags: int, mode: int, resolve: int) -> int:
-    how = _OpenHow(flags=flags, mode=mode if flags & (os.O_CREAT | os.O_TMPFILE) else 0, resolve=resolve)
-    fd = _LIBC.syscall(ctypes.c_long(SYS_OPENAT2), ctypes.c_int(dir_fd), os.fsencode(path), ctypes.byref(how),
-                       ctypes.c_size_t(ctypes.sizeof(how)))
+    how = _OpenHow(
+        flags=flags, mode=mode if flags & (os.O_CREAT | os.O_TMPFILE) else 0, resolve=resolve
+    )
+    fd = _LIBC.syscall(
+        ctypes.c_long(SYS_OPENAT2),
+        ctypes.c_int(dir_fd),
+        os.fsencode(path),
+        ctypes.byref(how),
+        ctypes.c_size_t(ctypes.sizeof(how)),
+    )
     if fd < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), path)
@@ -89,16 +110,30 @@ def _use_openat2() -> bool:
     return openat2_available() if USE_OPENAT2 is None else bool(USE_OPENAT2 and openat2_available())
 
 
-def _refuse(rel: str, why: str, fix: str = "use a relative path of plain directories in the work dir") -> ToolError:
-    return ToolError(explain("Sandbox file path", expected="a path inside the work dir, without links",
-                             received=f"{rel!r} ({why})", fix=fix))
+def _refuse(
+    rel: str, why: str, fix: str = "use a relative path of plain directories in the work dir"
+) -> ToolError:
+    return ToolError(
+        explain(
+            "Sandbox file path",
+            expected="a path inside the work dir, without links",
+            received=f"{rel!r} ({why})",
+            fix=fix,
+        )
+    )
 
 
 def split_path(rel: str) -> list[str]:
     """The components of a relative path (``.`` and empty ones dropped); ToolError for ``..``, absolute, empty."""
     if not isinstance(rel, str) or not rel or "\0" in rel:
-        raise ToolError(explain("Sandbox file path", expected="a non-empty str without NUL bytes", received=repr(rel),
-                                fix='e.g. "data/input.txt"'))
+        raise ToolError(
+            explain(
+                "Sandbox file path",
+                expected="a non-empty str without NUL bytes",
+                received=repr(rel),
+                fix='e.g. "data/input.txt"',
+            )
+        )
     if rel.startswith("/"):
         raise _refuse(rel, "absolute", "use a path relative to the work dir")
     parts = [p for p in rel.split("/") if p not in ("", ".")]
@@ -118,8 +153,12 @@ def _step(dir_fd: int, name: str, rel: str) -> int:
     """Open one directory component beneath ``dir_fd`` (``O_PATH``), refusing a link or anything else."""
     try:
         if _use_openat2():
-            return _openat2(dir_fd, name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, 0, RESOLVE)
-        return os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            return _openat2(
+                dir_fd, name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, 0, RESOLVE
+            )
+        return os.open(
+            name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd
+        )
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.EXDEV):
             raise _refuse(rel, f"{name!r} is a link or not a directory") from None
@@ -145,16 +184,30 @@ def _walk(root_fd: int, parts: list[str], rel: str, *, create: bool) -> int:
     return fd
 
 
-_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
-          stat.S_IFBLK: "a block device", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symbolic link"}
+_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFDIR: "a directory",
+    stat.S_IFLNK: "a symbolic link",
+}
 
 
 def _not_regular(rel: str, what: str) -> ToolError:
-    return ToolError(explain("Sandbox file", expected="a regular file", received=f"{rel!r} ({what})",
-                             fix="read and write only regular files in the work dir"))
+    return ToolError(
+        explain(
+            "Sandbox file",
+            expected="a regular file",
+            received=f"{rel!r} ({what})",
+            fix="read and write only regular files in the work dir",
+        )
+    )
 
 
-def open_beneath(root_fd: int, rel: str, flags: int, mode: int = 0o644, *, create_parents: bool = False) -> int:
+def open_beneath(
+    root_fd: int, rel: str, flags: int, mode: int = 0o644, *, create_parents: bool = False
+) -> int:
     """Open the regular file ``rel`` beneath ``root_fd`` without following any link; return a blocking fd.
 
     ``create_parents`` makes missing directories first (see :func:`make_parents`). Raises ToolError for a
@@ -213,8 +266,12 @@ def _open_dir(dir_fd: int, name: str) -> int:
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         return os.open(name, flags, dir_fd=dir_fd)
-    except PermissionError:  # the code took its own rights away: give the owner's back (by descriptor)
-        path_fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except (
+        PermissionError
+    ):  # the code took its own rights away: give the owner's back (by descriptor)
+        path_fd = os.open(
+            name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd
+        )
         try:
             os.chmod(f"/proc/self/fd/{path_fd}", 0o700)
         finally:
@@ -264,7 +321,9 @@ def _empty(fd: int, root_fd: int, depth: int, names) -> bool:
                 moved |= _empty(sub, root_fd, depth + 1, names)
             finally:
                 os.close(sub)
-            _quietly(os.rmdir, entry.name, fd)  # gone: moved elsewhere in the tree, found by the next listing
+            _quietly(
+                os.rmdir, entry.name, fd
+            )  # gone: moved elsewhere in the tree, found by the next listing
 
 
 def empty_dir(root_fd: int) -> bool:
@@ -275,7 +334,9 @@ def empty_dir(root_fd: int) -> bool:
     """
     names = itertools.count()
     try:
-        for _ in range(1_000_000):  # each pass removes MAX_DEPTH levels at least; a bound never reached
+        for _ in range(
+            1_000_000
+        ):  # each pass removes MAX_DEPTH levels at least; a bound never reached
             if not _empty(root_fd, root_fd, 0, names):
                 break
         with os.scandir(root_fd) as it:
@@ -315,8 +376,16 @@ def tree_usage(root_fd: int, *, limit: int | None = None) -> int:
                 return total
             if stat.S_ISDIR(st.st_mode) and len(stack) < MAX_DEPTH:
                 try:
-                    stack.append((os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                          dir_fd=fd), None))
+                    stack.append(
+                        (
+                            os.open(
+                                entry.name,
+                                os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                dir_fd=fd,
+                            ),
+                            None,
+                        )
+                    )
                 except OSError:
                     pass
     finally:

@@ -44,9 +44,13 @@ class CappedReader(threading.Thread):
 
     def run(self) -> None:
         try:
-            while chunk := self.pipe.read1(65536) if hasattr(self.pipe, "read1") else self.pipe.read(65536):
+            while (
+                chunk := self.pipe.read1(65536)
+                if hasattr(self.pipe, "read1")
+                else self.pipe.read(65536)
+            ):
                 room = self.cap - len(self.kept)
-                self.kept += chunk[:max(room, 0)]
+                self.kept += chunk[: max(room, 0)]
                 self.dropped += max(len(chunk) - max(room, 0), 0)
         except (OSError, ValueError):
             pass
@@ -58,7 +62,14 @@ class CappedReader(threading.Thread):
         return out
 
 
-def child_spec(c: SandboxConfig, workdir: str, ns_fds: dict, extra: dict, status_fd: int, cgroups: dict[str, str]) -> dict:
+def child_spec(
+    c: SandboxConfig,
+    workdir: str,
+    ns_fds: dict,
+    extra: dict,
+    status_fd: int,
+    cgroups: dict[str, str],
+) -> dict:
     """The launcher's JSON spec for one run."""
     limits = {
         "cpu_s": int(c.timeout_s) + 1,
@@ -68,11 +79,28 @@ def child_spec(c: SandboxConfig, workdir: str, ns_fds: dict, extra: dict, status
         "core_bytes": 0,
         "processes": c.max_processes,
     }
-    iso = {"net": c.namespaces and not c.network, "fs": c.namespaces, "pid": c.namespaces, "ipc": c.namespaces}
-    return {"workdir": workdir, "ns_fds": dict(ns_fds), "limits": limits, "isolate": iso, "network": c.network,
-            "status_fd": status_fd, "cgroups": cgroups, "read_paths": list(c.read_paths),
-            "python_paths": sorted({sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable)}),
-            "extra_paths": list(c.extra_paths), "allow_missing": list(c.allow_missing), **extra}
+    iso = {
+        "net": c.namespaces and not c.network,
+        "fs": c.namespaces,
+        "pid": c.namespaces,
+        "ipc": c.namespaces,
+    }
+    return {
+        "workdir": workdir,
+        "ns_fds": dict(ns_fds),
+        "limits": limits,
+        "isolate": iso,
+        "network": c.network,
+        "status_fd": status_fd,
+        "cgroups": cgroups,
+        "read_paths": list(c.read_paths),
+        "python_paths": sorted(
+            {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable)}
+        ),
+        "extra_paths": list(c.extra_paths),
+        "allow_missing": list(c.allow_missing),
+        **extra,
+    }
 
 
 def kill_group(proc: subprocess.Popen, *, wait: bool = True) -> None:
@@ -97,5 +125,12 @@ def read_status(fd: int) -> dict:
 
 def shell_env(workdir: str) -> dict[str, str]:
     bindir = os.path.dirname(sys.executable)
-    return {"PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir,
-            "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "TERM": "dumb"}
+    return {
+        "PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin",
+        "HOME": workdir,
+        "TMPDIR": workdir,
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "TERM": "dumb",
+    }

@@ -60,15 +60,26 @@ class WorkDir:
             except OSError as e:
                 self.reason = f"no private tmpfs: {e}"
         if self.fd < 0:
-            self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            self.fd = os.open(
+                self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            )
 
     def _mount_private_tmpfs(self) -> None:
-        spec = {"workdir": self.path, "size_mb": self.max_disk_mb,
-                "inodes": max(1024, self.max_disk_mb * 256), "inner_uid": INNER_UID}
+        spec = {
+            "workdir": self.path,
+            "size_mb": self.max_disk_mb,
+            "inodes": max(1024, self.max_disk_mb * 256),
+            "inner_uid": INNER_UID,
+        }
         try:
-            proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", KEEPER_SCRIPT, json.dumps(spec)],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                    cwd="/", env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-B", KEEPER_SCRIPT, json.dumps(spec)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                cwd="/",
+                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+            )
         except OSError as e:
             raise OSError(e.errno, f"cannot start the keeper: {e}") from None
         opened: dict[str, int] = {}
@@ -78,7 +89,9 @@ class WorkDir:
                 raise OSError(0, line or "the keeper exited without a word")
             for name in ("user", "mnt"):
                 opened[name] = os.open(f"/proc/{proc.pid}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC)
-            root = os.open(f"/proc/{proc.pid}/root{self.path}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            root = os.open(
+                f"/proc/{proc.pid}/root{self.path}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+            )
             if os.fstat(root).st_dev == os.stat(self.path).st_dev:
                 os.close(root)
                 raise OSError(0, "the keeper's mount did not take")

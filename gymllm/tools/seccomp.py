@@ -57,48 +57,193 @@ CLONE_THREAD = 0x00010000
 TIOCSTI, TIOCLINUX = 0x5412, 0x541C
 X32_SYSCALL_BIT = 0x40000000
 
-_ALWAYS = ("ptrace process_vm_readv process_vm_writev mount umount2 pivot_root chroot unshare setns bpf "
-           "perf_event_open kexec_load kexec_file_load init_module finit_module delete_module reboot swapon "
-           "swapoff keyctl add_key request_key userfaultfd io_uring_setup io_uring_enter io_uring_register "
-           "open_by_handle_at name_to_handle_at quotactl quotactl_fd acct settimeofday clock_settime "
-           "clock_adjtime adjtimex syslog fsopen fsconfig fsmount fspick move_mount open_tree mount_setattr "
-           "pidfd_getfd process_madvise vhangup sethostname setdomainname lookup_dcookie iopl ioperm uselib "
-           "inotify_init inotify_init1 fanotify_init").split()
+_ALWAYS = (
+    "ptrace process_vm_readv process_vm_writev mount umount2 pivot_root chroot unshare setns bpf "
+    "perf_event_open kexec_load kexec_file_load init_module finit_module delete_module reboot swapon "
+    "swapoff keyctl add_key request_key userfaultfd io_uring_setup io_uring_enter io_uring_register "
+    "open_by_handle_at name_to_handle_at quotactl quotactl_fd acct settimeofday clock_settime "
+    "clock_adjtime adjtimex syslog fsopen fsconfig fsmount fspick move_mount open_tree mount_setattr "
+    "pidfd_getfd process_madvise vhangup sethostname setdomainname lookup_dcookie iopl ioperm uselib "
+    "inotify_init inotify_init1 fanotify_init"
+).split()
 F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK, F_OFD_SETLK, F_OFD_SETLKW = 5, 6, 7, 36, 37, 38
 F_SETLEASE, F_GETLEASE, F_NOTIFY = 1024, 1025, 1026
 LOCK_SETS = (F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW)
 """``fcntl`` commands that take or drop a record lock: accepted and not performed (see the module doc)."""
-_IPC = ("shmget shmat shmctl shmdt msgget msgsnd msgrcv msgctl semget semop semtimedop semctl mq_open mq_unlink "
-        "mq_timedsend mq_timedreceive mq_notify mq_getsetattr").split()
+_IPC = (
+    "shmget shmat shmctl shmdt msgget msgsnd msgrcv msgctl semget semop semtimedop semctl mq_open mq_unlink "
+    "mq_timedsend mq_timedreceive mq_notify mq_getsetattr"
+).split()
 
 _GENERIC = dict(  # asm-generic/unistd.h (aarch64)
-    ptrace=117, process_vm_readv=270, process_vm_writev=271, mount=40, umount2=39, pivot_root=41, chroot=51,
-    unshare=97, setns=268, bpf=280, perf_event_open=241, kexec_load=104, kexec_file_load=294, init_module=105,
-    finit_module=273, delete_module=106, reboot=142, swapon=224, swapoff=225, keyctl=219, add_key=217,
-    request_key=218, userfaultfd=282, io_uring_setup=425, io_uring_enter=426, io_uring_register=427,
-    open_by_handle_at=265, name_to_handle_at=264, quotactl=60, quotactl_fd=443, acct=89, settimeofday=170,
-    clock_settime=112, clock_adjtime=266, adjtimex=171, syslog=116, fsopen=430, fsconfig=431, fsmount=432,
-    fspick=433, move_mount=429, open_tree=428, mount_setattr=442, pidfd_getfd=438, process_madvise=440,
-    vhangup=58, sethostname=161, setdomainname=162, lookup_dcookie=18, inotify_init1=26, fanotify_init=262,
-    flock=32, fcntl=25, socket=198, clone=220, clone3=435,
-    execve=221, execveat=281, ioctl=29, socketpair=199, fallocate=47, mq_open=180, mq_unlink=181,
-    mq_timedsend=182, mq_timedreceive=183, mq_notify=184, mq_getsetattr=185, msgget=186, msgctl=187, msgrcv=188,
-    msgsnd=189, semget=190, semctl=191, semtimedop=192, semop=193, shmget=194, shmctl=195, shmat=196, shmdt=197)
+    ptrace=117,
+    process_vm_readv=270,
+    process_vm_writev=271,
+    mount=40,
+    umount2=39,
+    pivot_root=41,
+    chroot=51,
+    unshare=97,
+    setns=268,
+    bpf=280,
+    perf_event_open=241,
+    kexec_load=104,
+    kexec_file_load=294,
+    init_module=105,
+    finit_module=273,
+    delete_module=106,
+    reboot=142,
+    swapon=224,
+    swapoff=225,
+    keyctl=219,
+    add_key=217,
+    request_key=218,
+    userfaultfd=282,
+    io_uring_setup=425,
+    io_uring_enter=426,
+    io_uring_register=427,
+    open_by_handle_at=265,
+    name_to_handle_at=264,
+    quotactl=60,
+    quotactl_fd=443,
+    acct=89,
+    settimeofday=170,
+    clock_settime=112,
+    clock_adjtime=266,
+    adjtimex=171,
+    syslog=116,
+    fsopen=430,
+    fsconfig=431,
+    fsmount=432,
+    fspick=433,
+    move_mount=429,
+    open_tree=428,
+    mount_setattr=442,
+    pidfd_getfd=438,
+    process_madvise=440,
+    vhangup=58,
+    sethostname=161,
+    setdomainname=162,
+    lookup_dcookie=18,
+    inotify_init1=26,
+    fanotify_init=262,
+    flock=32,
+    fcntl=25,
+    socket=198,
+    clone=220,
+    clone3=435,
+    execve=221,
+    execveat=281,
+    ioctl=29,
+    socketpair=199,
+    fallocate=47,
+    mq_open=180,
+    mq_unlink=181,
+    mq_timedsend=182,
+    mq_timedreceive=183,
+    mq_notify=184,
+    mq_getsetattr=185,
+    msgget=186,
+    msgctl=187,
+    msgrcv=188,
+    msgsnd=189,
+    semget=190,
+    semctl=191,
+    semtimedop=192,
+    semop=193,
+    shmget=194,
+    shmctl=195,
+    shmat=196,
+    shmdt=197,
+)
 
 _X86_64 = dict(
-    ptrace=101, process_vm_readv=310, process_vm_writev=311, mount=165, umount2=166, pivot_root=155, chroot=161,
-    unshare=272, setns=308, bpf=321, perf_event_open=298, kexec_load=246, kexec_file_load=320, init_module=175,
-    finit_module=313, delete_module=176, reboot=169, swapon=167, swapoff=168, keyctl=250, add_key=248,
-    request_key=249, userfaultfd=323, io_uring_setup=425, io_uring_enter=426, io_uring_register=427,
-    open_by_handle_at=304, name_to_handle_at=303, quotactl=179, quotactl_fd=443, acct=163, settimeofday=164,
-    clock_settime=227, clock_adjtime=305, adjtimex=159, syslog=103, fsopen=430, fsconfig=431, fsmount=432,
-    fspick=433, move_mount=429, open_tree=428, mount_setattr=442, pidfd_getfd=438, process_madvise=440,
-    vhangup=153, sethostname=170, setdomainname=171, lookup_dcookie=212, iopl=172, ioperm=173, uselib=134,
-    inotify_init=253, inotify_init1=294, fanotify_init=300, flock=73, fcntl=72,
-    socket=41, fork=57, vfork=58, clone=56, clone3=435, execve=59, execveat=322, ioctl=16, socketpair=53,
-    fallocate=285, shmget=29, shmat=30, shmctl=31, shmdt=67, semget=64, semop=65, semctl=66, msgget=68, msgsnd=69,
-    msgrcv=70, msgctl=71, semtimedop=220, mq_open=240, mq_unlink=241, mq_timedsend=242, mq_timedreceive=243,
-    mq_notify=244, mq_getsetattr=245)
+    ptrace=101,
+    process_vm_readv=310,
+    process_vm_writev=311,
+    mount=165,
+    umount2=166,
+    pivot_root=155,
+    chroot=161,
+    unshare=272,
+    setns=308,
+    bpf=321,
+    perf_event_open=298,
+    kexec_load=246,
+    kexec_file_load=320,
+    init_module=175,
+    finit_module=313,
+    delete_module=176,
+    reboot=169,
+    swapon=167,
+    swapoff=168,
+    keyctl=250,
+    add_key=248,
+    request_key=249,
+    userfaultfd=323,
+    io_uring_setup=425,
+    io_uring_enter=426,
+    io_uring_register=427,
+    open_by_handle_at=304,
+    name_to_handle_at=303,
+    quotactl=179,
+    quotactl_fd=443,
+    acct=163,
+    settimeofday=164,
+    clock_settime=227,
+    clock_adjtime=305,
+    adjtimex=159,
+    syslog=103,
+    fsopen=430,
+    fsconfig=431,
+    fsmount=432,
+    fspick=433,
+    move_mount=429,
+    open_tree=428,
+    mount_setattr=442,
+    pidfd_getfd=438,
+    process_madvise=440,
+    vhangup=153,
+    sethostname=170,
+    setdomainname=171,
+    lookup_dcookie=212,
+    iopl=172,
+    ioperm=173,
+    uselib=134,
+    inotify_init=253,
+    inotify_init1=294,
+    fanotify_init=300,
+    flock=73,
+    fcntl=72,
+    socket=41,
+    fork=57,
+    vfork=58,
+    clone=56,
+    clone3=435,
+    execve=59,
+    execveat=322,
+    ioctl=16,
+    socketpair=53,
+    fallocate=285,
+    shmget=29,
+    shmat=30,
+    shmctl=31,
+    shmdt=67,
+    semget=64,
+    semop=65,
+    semctl=66,
+    msgget=68,
+    msgsnd=69,
+    msgrcv=70,
+    msgctl=71,
+    semtimedop=220,
+    mq_open=240,
+    mq_unlink=241,
+    mq_timedsend=242,
+    mq_timedreceive=243,
+    mq_notify=244,
+    mq_getsetattr=245,
+)
 
 SYSCALLS = {"x86_64": (0xC000003E, _X86_64), "aarch64": (0xC00000B7, _GENERIC)}
 """``{machine: (AUDIT_ARCH_*, {syscall name: number})}``: the syscalls the filter names."""
@@ -116,7 +261,9 @@ def _arg_low(i: int) -> int:
     return 16 + 8 * i  # seccomp_data.args[i], low 32 bits (little-endian)
 
 
-def _only_args(nr: int, arg: int, allowed: tuple[int, ...], deny: int, mask: int | None = None) -> list[bytes]:
+def _only_args(
+    nr: int, arg: int, allowed: tuple[int, ...], deny: int, mask: int | None = None
+) -> list[bytes]:
     """For syscall ``nr``: go on only where ``args[arg]`` (masked) is one of ``allowed``, else return ``deny``."""
     body = [_insn(LD_W_ABS, _arg_low(arg))] + ([_insn(AND_K, mask)] if mask is not None else [])
     body += [_insn(JEQ_K, v, len(allowed) - i, 0) for i, v in enumerate(allowed)]
@@ -126,7 +273,9 @@ def _only_args(nr: int, arg: int, allowed: tuple[int, ...], deny: int, mask: int
 
 def _fcntl_rules(nr: int) -> list[bytes]:
     """``fcntl``: lock commands answer 0 without locking; lock queries ``ENOLCK``; leases and ``F_NOTIFY`` ``EPERM``."""
-    answers = [(c, RET_ERRNO | 0) for c in LOCK_SETS] + [(c, RET_ERRNO | errno.ENOLCK) for c in (F_GETLK, F_OFD_GETLK)]
+    answers = [(c, RET_ERRNO | 0) for c in LOCK_SETS] + [
+        (c, RET_ERRNO | errno.ENOLCK) for c in (F_GETLK, F_OFD_GETLK)
+    ]
     answers += [(c, RET_ERRNO | errno.EPERM) for c in (F_SETLEASE, F_GETLEASE, F_NOTIFY)]
     body = [_insn(LD_W_ABS, _arg_low(1))]
     for cmd, ret in answers:
@@ -135,16 +284,25 @@ def _fcntl_rules(nr: int) -> list[bytes]:
     return [_insn(JEQ_K, nr, 0, len(body))] + body
 
 
-def build_filter(*, network: bool, processes: bool, ipc: bool = False, machine: str | None = None) -> bytes:
+def build_filter(
+    *, network: bool, processes: bool, ipc: bool = False, machine: str | None = None
+) -> bytes:
     """The BPF program (``struct sock_filter[]`` bytes) for the given policy and architecture."""
     machine = machine or os.uname().machine
     if machine not in SYSCALLS:
-        raise SeccompError(errno.ENOSYS, f"no seccomp syscall table for the {machine!r} architecture "
-                                         f"(known: {sorted(SYSCALLS)})")
+        raise SeccompError(
+            errno.ENOSYS,
+            f"no seccomp syscall table for the {machine!r} architecture "
+            f"(known: {sorted(SYSCALLS)})",
+        )
     arch, nr = SYSCALLS[machine]
     eperm, allow = RET_ERRNO | errno.EPERM, RET_ALLOW
-    prog = [_insn(LD_W_ABS, OFF_ARCH), _insn(JEQ_K, arch, 1, 0), _insn(RET_K, RET_KILL_PROCESS),
-            _insn(LD_W_ABS, OFF_NR)]
+    prog = [
+        _insn(LD_W_ABS, OFF_ARCH),
+        _insn(JEQ_K, arch, 1, 0),
+        _insn(RET_K, RET_KILL_PROCESS),
+        _insn(LD_W_ABS, OFF_NR),
+    ]
     if machine == "x86_64":
         prog += [_insn(JGE_K, X32_SYSCALL_BIT, 0, 1), _insn(RET_K, eperm)]
     denied = [n for n in _ALWAYS if n in nr]
@@ -157,18 +315,33 @@ def build_filter(*, network: bool, processes: bool, ipc: bool = False, machine: 
     for name in denied:
         prog += [_insn(JEQ_K, nr[name], 0, 1), _insn(RET_K, eperm)]
     if not processes:
-        prog += [_insn(JEQ_K, nr["clone3"], 0, 1), _insn(RET_K, RET_ERRNO | errno.ENOSYS),
-                 _insn(JEQ_K, nr["clone"], 0, 4), _insn(LD_W_ABS, _arg_low(0)),
-                 _insn(JSET_K, CLONE_THREAD, 0, 1), _insn(RET_K, allow), _insn(RET_K, eperm),
-                 _insn(LD_W_ABS, OFF_NR)]
+        prog += [
+            _insn(JEQ_K, nr["clone3"], 0, 1),
+            _insn(RET_K, RET_ERRNO | errno.ENOSYS),
+            _insn(JEQ_K, nr["clone"], 0, 4),
+            _insn(LD_W_ABS, _arg_low(0)),
+            _insn(JSET_K, CLONE_THREAD, 0, 1),
+            _insn(RET_K, allow),
+            _insn(RET_K, eperm),
+            _insn(LD_W_ABS, OFF_NR),
+        ]
     prog += [_insn(JEQ_K, nr["fallocate"], 0, 1), _insn(RET_K, RET_ERRNO | errno.EOPNOTSUPP)]
-    prog += [_insn(JEQ_K, nr["flock"], 0, 1), _insn(RET_K, RET_ERRNO | 0)]  # no lock is taken: nothing to observe
+    prog += [
+        _insn(JEQ_K, nr["flock"], 0, 1),
+        _insn(RET_K, RET_ERRNO | 0),
+    ]  # no lock is taken: nothing to observe
     prog += _fcntl_rules(nr["fcntl"])
     if network:
         prog += _only_args(nr["socket"], 0, (AF_INET, AF_INET6), eperm)
     prog += _only_args(nr["socketpair"], 1, (SOCK_STREAM, SOCK_SEQPACKET), eperm, SOCK_TYPE_MASK)
-    prog += [_insn(JEQ_K, nr["ioctl"], 0, 5), _insn(LD_W_ABS, _arg_low(1)), _insn(JEQ_K, TIOCSTI, 2, 0),
-             _insn(JEQ_K, TIOCLINUX, 1, 0), _insn(RET_K, allow), _insn(RET_K, eperm)]
+    prog += [
+        _insn(JEQ_K, nr["ioctl"], 0, 5),
+        _insn(LD_W_ABS, _arg_low(1)),
+        _insn(JEQ_K, TIOCSTI, 2, 0),
+        _insn(JEQ_K, TIOCLINUX, 1, 0),
+        _insn(RET_K, allow),
+        _insn(RET_K, eperm),
+    ]
     prog.append(_insn(RET_K, allow))
     return b"".join(prog)
 

@@ -16,7 +16,9 @@ from gymllm.tools.tool import Tool, tool
 __all__ = ["make_shell_tool"]
 
 
-def make_shell_tool(sandbox: Sandbox, *, name: str = "shell", timeout_s: float | None = None) -> Tool:
+def make_shell_tool(
+    sandbox: Sandbox, *, name: str = "shell", timeout_s: float | None = None
+) -> Tool:
     """A ``shell(command)`` tool bound to ``sandbox``'s work dir."""
 
     def run(command: str) -> str:

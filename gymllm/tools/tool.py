@@ -47,8 +47,15 @@ from gymllm.errors import ToolError, explain
 if typing.TYPE_CHECKING:
     import pydantic
 
-__all__ = ["Tool", "tool", "json_schema_for", "parse_docstring", "arguments_adapter", "parameters_schema",
-           "tidy_schema"]
+__all__ = [
+    "Tool",
+    "tool",
+    "json_schema_for",
+    "parse_docstring",
+    "arguments_adapter",
+    "parameters_schema",
+    "tidy_schema",
+]
 
 
 def _config() -> "pydantic.ConfigDict":
@@ -124,13 +131,28 @@ def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
 
 
 def _arg_error(name: str, expected: str, value: Any) -> ToolError:
-    return ToolError(explain(f"argument {name!r}", expected=expected, received=value,
-                             fix=f"pass {name} as {expected}"))
+    return ToolError(
+        explain(
+            f"argument {name!r}",
+            expected=expected,
+            received=value,
+            fix=f"pass {name} as {expected}",
+        )
+    )
 
 
-_EXPECTED = {"int": "an integer", "float": "a number", "bool": "a boolean", "string": "a string",
-             "list": "a list", "tuple": "a list", "set": "a list", "frozen_set": "a list", "dict": "an object",
-             "none": "null"}
+_EXPECTED = {
+    "int": "an integer",
+    "float": "a number",
+    "bool": "a boolean",
+    "string": "a string",
+    "list": "a list",
+    "tuple": "a list",
+    "set": "a list",
+    "frozen_set": "a list",
+    "dict": "an object",
+    "none": "null",
+}
 
 
 def _expected_text(error: dict[str, Any]) -> str:
@@ -147,7 +169,11 @@ def _expected_text(error: dict[str, Any]) -> str:
 def _location(loc: tuple[Any, ...]) -> str:
     name = str(loc[0]) if loc else "arguments"
     for part in loc[1:]:
-        name += f"[{part}]" if isinstance(part, int) else ("" if str(part).startswith(("function-", "is-")) else f".{part}")
+        name += (
+            f"[{part}]"
+            if isinstance(part, int)
+            else ("" if str(part).startswith(("function-", "is-")) else f".{part}")
+        )
     return name
 
 
@@ -189,9 +215,15 @@ class Tool:
         try:
             return arguments_adapter(self.fn)
         except (pydantic.PydanticSchemaGenerationError, pydantic.PydanticUserError, TypeError) as e:
-            raise ToolError(explain(f"tool {self.name!r}", expected="parameters pydantic can validate (int, float, "
-                                    "bool, str, list[T], dict, Literal, Optional, enums, models...)",
-                                    received=str(e).splitlines()[0], fix="annotate each parameter with such a type")) from e
+            raise ToolError(
+                explain(
+                    f"tool {self.name!r}",
+                    expected="parameters pydantic can validate (int, float, "
+                    "bool, str, list[T], dict, Literal, Optional, enums, models...)",
+                    received=str(e).splitlines()[0],
+                    fix="annotate each parameter with such a type",
+                )
+            ) from e
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled without the built adapter (rebuilt on first use where it lands, e.g. a Ray worker)."""
@@ -204,8 +236,14 @@ class Tool:
 
     @property
     def schema(self) -> dict[str, Any]:
-        return {"type": "function", "function": {"name": self.name, "description": self.description,
-                                                 "parameters": self.parameters}}
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
 
     @property
     def is_async(self) -> bool:
@@ -217,19 +255,41 @@ class Tool:
     def validate(self, arguments: Any) -> dict[str, Any]:
         """``arguments`` checked against the signature and coerced; :class:`ToolError` when they do not fit."""
         if not isinstance(arguments, dict):
-            raise ToolError(explain(f"tool {self.name!r} arguments", expected="a JSON object of named arguments",
-                                    received=arguments, fix=f"call {self.name} with {{\"arg\": value, ...}}"))
+            raise ToolError(
+                explain(
+                    f"tool {self.name!r} arguments",
+                    expected="a JSON object of named arguments",
+                    received=arguments,
+                    fix=f'call {self.name} with {{"arg": value, ...}}',
+                )
+            )
         sig = inspect.signature(self.fn)
-        params = {n: p for n, p in sig.parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+        params = {
+            n: p
+            for n, p in sig.parameters.items()
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        }
         takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
         unknown = [k for k in arguments if k not in params]
         if unknown and not takes_kwargs:
-            raise ToolError(explain(f"tool {self.name!r}", expected=f"arguments among {sorted(params)}",
-                                    received=f"unknown argument(s) {unknown}", fix="drop or rename them"))
+            raise ToolError(
+                explain(
+                    f"tool {self.name!r}",
+                    expected=f"arguments among {sorted(params)}",
+                    received=f"unknown argument(s) {unknown}",
+                    fix="drop or rename them",
+                )
+            )
         missing = [n for n, p in params.items() if p.default is p.empty and n not in arguments]
         if missing:
-            raise ToolError(explain(f"tool {self.name!r}", expected=f"required argument(s) {missing}",
-                                    received=sorted(arguments), fix="pass every required argument"))
+            raise ToolError(
+                explain(
+                    f"tool {self.name!r}",
+                    expected=f"required argument(s) {missing}",
+                    received=sorted(arguments),
+                    fix="pass every required argument",
+                )
+            )
         import pydantic
 
         adapter = self.arguments
@@ -238,7 +298,9 @@ class Tool:
             coerced = adapter.validate_python(named)
         except pydantic.ValidationError as e:
             first = e.errors()[0]
-            raise _arg_error(_location(tuple(first.get("loc", ()))), _expected_text(first), first.get("input")) from None
+            raise _arg_error(
+                _location(tuple(first.get("loc", ()))), _expected_text(first), first.get("input")
+            ) from None
         return {k: coerced[k] if k in params else v for k, v in arguments.items()}
 
     async def acall(self, arguments: Any) -> Any:
@@ -278,7 +340,9 @@ async def _in_daemon_thread(fn: Callable[..., Any], kwargs: dict[str, Any]) -> A
         except RuntimeError:
             pass  # the loop is gone (the call timed out and its loop closed): drop the result
 
-    threading.Thread(target=run, name=f"gymllm-tool-{getattr(fn, '__name__', 'fn')}", daemon=True).start()
+    threading.Thread(
+        target=run, name=f"gymllm-tool-{getattr(fn, '__name__', 'fn')}", daemon=True
+    ).start()
     return await future
 
 
@@ -302,7 +366,9 @@ def parameters_schema(fn: Callable[..., Any], adapter: "pydantic.TypeAdapter") -
         prop.pop("default", None)
         if arg_docs.get(pname):
             prop["description"] = arg_docs[pname]
-        if p.default is not p.empty and (p.default is None or isinstance(p.default, (int, float, str, bool))):
+        if p.default is not p.empty and (
+            p.default is None or isinstance(p.default, (int, float, str, bool))
+        ):
             prop["default"] = p.default
         props[pname] = prop
     required = [n for n in schema.get("required", []) if n in props]
@@ -311,12 +377,16 @@ def parameters_schema(fn: Callable[..., Any], adapter: "pydantic.TypeAdapter") -
 
 def _build(fn: Callable[..., Any], name: str | None, description: str | None) -> Tool:
     if not callable(fn):
-        raise ToolError(explain("@tool", expected="a function", received=fn, fix="decorate a def or async def"))
+        raise ToolError(
+            explain("@tool", expected="a function", received=fn, fix="decorate a def or async def")
+        )
     summary, _ = parse_docstring(fn.__doc__)
     return Tool(fn=fn, name=name or fn.__name__, description=description or summary)
 
 
-def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None) -> Any:
+def tool(
+    fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None
+) -> Any:
     """Decorator: ``@tool`` or ``@tool(name=..., description=...)`` turns a function into a :class:`Tool`."""
     if fn is None:
         return lambda f: _build(f, name, description)

@@ -82,10 +82,20 @@ def _agent_programs(ctx: SourceContext) -> Any:
     from gymllm.rollout.proxy_source import ProxySourceConfig
 
     cfg, p, r = ctx.cfg, ctx.parts, ctx.cfg.rollout
-    config = ProxySourceConfig(group_size=r.group_size, max_queued_groups=r.queue_size, max_staleness=r.max_staleness)
-    return AgentProgramSource(p.gen_engine, p.tok, command=r.agent_program, run_dir=ctx.run_dir, config=config,
-                              processes=r.agent_processes, seed=cfg.run.seed, start_timeout_s=r.agent_start_timeout_s,
-                              group_filter=ctx.keep)
+    config = ProxySourceConfig(
+        group_size=r.group_size, max_queued_groups=r.queue_size, max_staleness=r.max_staleness
+    )
+    return AgentProgramSource(
+        p.gen_engine,
+        p.tok,
+        command=r.agent_program,
+        run_dir=ctx.run_dir,
+        config=config,
+        processes=r.agent_processes,
+        seed=cfg.run.seed,
+        start_timeout_s=r.agent_start_timeout_s,
+        group_filter=ctx.keep,
+    )
 
 
 def _policies(ctx: SourceContext) -> Any:
@@ -96,15 +106,32 @@ def _policies(ctx: SourceContext) -> Any:
 
     cfg, p = ctx.cfg, ctx.parts
     if not isinstance(p.learner, PolicySet):
-        raise ConfigError(explain("multiagent.policies", expected="an in-process learner (cluster.backend 'none')",
-                                  received=type(p.learner).__name__, fix="drop --cluster.backend for a run with "
-                                  "several policies (serving them on Ray is not implemented)"))
+        raise ConfigError(
+            explain(
+                "multiagent.policies",
+                expected="an in-process learner (cluster.backend 'none')",
+                received=type(p.learner).__name__,
+                fix="drop --cluster.backend for a run with "
+                "several policies (serving them on Ray is not implemented)",
+            )
+        )
     seats = SeatMetrics(opponent=cfg.multiagent.opponent)
     ctx.add_metrics(seats.flush)
-    engines = {name: p.gen_engine if e is p.engine else ctx.resume.generation_engine(e, p.tok)
-               for name, e in p.learner.engines.items()}
-    return PolicySeatSource(p.envs, engines, p.learner.seats, p.agent, sampling=cfg.sampling, rollout=cfg.rollout,
-                            config=cfg.multiagent, seed=cfg.run.seed, group_filter=seats.observe(ctx.keep))
+    engines = {
+        name: p.gen_engine if e is p.engine else ctx.resume.generation_engine(e, p.tok)
+        for name, e in p.learner.engines.items()
+    }
+    return PolicySeatSource(
+        p.envs,
+        engines,
+        p.learner.seats,
+        p.agent,
+        sampling=cfg.sampling,
+        rollout=cfg.rollout,
+        config=cfg.multiagent,
+        seed=cfg.run.seed,
+        group_filter=seats.observe(ctx.keep),
+    )
 
 
 def _game_seats(ctx: SourceContext) -> Any:
@@ -116,8 +143,17 @@ def _game_seats(ctx: SourceContext) -> Any:
     opp = FrozenOpponent.build(cfg, p.learner) if o == "frozen" or o.startswith("run:") else None
     seats = SeatMetrics(version=(lambda: opp.version) if opp is not None else None, opponent=o)
     ctx.add_metrics(seats.flush)  # seat/<seat>/reward|win|draw|loss|groups, opponent/version
-    return SeatGroupSource(p.envs, p.gen_engine, p.agent, sampling=cfg.sampling, rollout=cfg.rollout,
-                           config=cfg.multiagent, seed=cfg.run.seed, group_filter=seats.observe(ctx.keep), opponent=opp)
+    return SeatGroupSource(
+        p.envs,
+        p.gen_engine,
+        p.agent,
+        sampling=cfg.sampling,
+        rollout=cfg.rollout,
+        config=cfg.multiagent,
+        seed=cfg.run.seed,
+        group_filter=seats.observe(ctx.keep),
+        opponent=opp,
+    )
 
 
 def _sync_baseline(ctx: SourceContext) -> Any:
@@ -125,27 +161,51 @@ def _sync_baseline(ctx: SourceContext) -> Any:
 
     cfg, p = ctx.cfg, ctx.parts
     if ctx.resume.decided:
-        raise ConfigError(explain("rollout.mode", expected="'async' to resume a run", received="sync",
-                                  fix="resume with mode='async' (eta=0 is synchronous) or use a fresh run_dir"))
+        raise ConfigError(
+            explain(
+                "rollout.mode",
+                expected="'async' to resume a run",
+                received="sync",
+                fix="resume with mode='async' (eta=0 is synchronous) or use a fresh run_dir",
+            )
+        )
 
     def tally(group: Any) -> bool:  # every rollout of the batch counts, whatever the learner keeps
         ctx.tally.add(group)
         return True
 
-    return SyncBatchSource(p.envs, p.gen_engine, p.agent, sampling=cfg.sampling, config=cfg.rollout,
-                           seed=cfg.run.seed, batch_groups=cfg.learner.groups_per_step, group_filter=tally)
+    return SyncBatchSource(
+        p.envs,
+        p.gen_engine,
+        p.agent,
+        sampling=cfg.sampling,
+        config=cfg.rollout,
+        seed=cfg.run.seed,
+        batch_groups=cfg.learner.groups_per_step,
+        group_filter=tally,
+    )
 
 
 def _orchestrator(ctx: SourceContext, keep: Callable[[Any], bool]) -> Any:
     from gymllm.rollout import RolloutOrchestrator
 
     cfg, p = ctx.cfg, ctx.parts
-    return RolloutOrchestrator(p.envs, p.gen_engine, p.agent, sampling=cfg.sampling, config=cfg.rollout,
-                               seed=cfg.run.seed, groups_per_step=cfg.learner.groups_per_step, group_filter=keep)
+    return RolloutOrchestrator(
+        p.envs,
+        p.gen_engine,
+        p.agent,
+        sampling=cfg.sampling,
+        config=cfg.rollout,
+        seed=cfg.run.seed,
+        groups_per_step=cfg.learner.groups_per_step,
+        group_filter=keep,
+    )
 
 
 def _suite_mixture(ctx: SourceContext) -> Any:
-    return _orchestrator(ctx, ctx.parts.envs.observe(ctx.keep))  # every group also counted under its env
+    return _orchestrator(
+        ctx, ctx.parts.envs.observe(ctx.keep)
+    )  # every group also counted under its env
 
 
 def _single_env(ctx: SourceContext) -> Any:
@@ -154,7 +214,12 @@ def _single_env(ctx: SourceContext) -> Any:
 
 #: the kinds of run, in the order they are tried (see the module docstring)
 KINDS: list[Kind] = [
-    Kind("agent_programs", lambda cfg: cfg.rollout.mode == "proxy", lambda cfg, components: None, _agent_programs),
+    Kind(
+        "agent_programs",
+        lambda cfg: cfg.rollout.mode == "proxy",
+        lambda cfg, components: None,
+        _agent_programs,
+    ),
     Kind("policies", lambda cfg: bool(cfg.multiagent.policies) and _is_game(cfg), _game, _policies),
     Kind("game_seats", _is_game, _game, _game_seats),
     Kind("sync_baseline", lambda cfg: cfg.rollout.mode == "sync", _vector_envs, _sync_baseline),
@@ -173,8 +238,14 @@ def register_kind(kind: Kind, *, before: str | None = None) -> Kind:
     names = [k.name for k in KINDS]
     target = before or "single_env"
     if target not in names:
-        raise ConfigError(explain("register_kind(before)", expected=f"one of {names}", received=before,
-                                  fix="name a registered kind, or leave before unset"))
+        raise ConfigError(
+            explain(
+                "register_kind(before)",
+                expected=f"one of {names}",
+                received=before,
+                fix="name a registered kind, or leave before unset",
+            )
+        )
     KINDS.insert(names.index(target), kind)
     return kind
 
@@ -189,5 +260,11 @@ def kind_named(name: str) -> Kind:
     for k in KINDS:
         if k.name == name:
             return k
-    raise ConfigError(explain("group source kind", expected=f"one of {[k.name for k in KINDS]}", received=name,
-                              fix="register it with gymllm.train.assembly.register_kind"))
+    raise ConfigError(
+        explain(
+            "group source kind",
+            expected=f"one of {[k.name for k in KINDS]}",
+            received=name,
+            fix="register it with gymllm.train.assembly.register_kind",
+        )
+    )

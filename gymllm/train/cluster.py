@@ -44,11 +44,24 @@ from gymllm.train.train_config import ClusterSection, ModelSection, TrainConfig
 from gymllm.train.wiring import engine_config
 from gymllm.errors import ConfigError, explain
 
-__all__ = ["RayComponents", "LearnerHost", "LearnerGroup", "GroupCheckpointer", "replica_spec", "env_ray_options",
-           "actor_options", "join_learner_hosts", "connect", "mixture_on_ray", "SuiteOnRay"]
+__all__ = [
+    "RayComponents",
+    "LearnerHost",
+    "LearnerGroup",
+    "GroupCheckpointer",
+    "replica_spec",
+    "env_ray_options",
+    "actor_options",
+    "join_learner_hosts",
+    "connect",
+    "mixture_on_ray",
+    "SuiteOnRay",
+]
 
 
-def actor_options(num_cpus: float, resources: Mapping[str, float], num_gpus: float = 0.0) -> dict[str, Any]:
+def actor_options(
+    num_cpus: float, resources: Mapping[str, float], num_gpus: float = 0.0
+) -> dict[str, Any]:
     """Ray ``.options(...)`` for one actor: its CPUs, GPUs and custom resources."""
     out: dict[str, Any] = {"num_cpus": float(num_cpus)}
     if num_gpus:
@@ -61,7 +74,10 @@ def actor_options(num_cpus: float, resources: Mapping[str, float], num_gpus: flo
 
 def env_ray_options(cluster: ClusterSection) -> dict[str, Any]:
     """The vector env's ``ray_options``: how many env-worker actors and what each reserves."""
-    return {"num_workers": cluster.env_workers, **actor_options(cluster.env_num_cpus, cluster.env_resources)}
+    return {
+        "num_workers": cluster.env_workers,
+        **actor_options(cluster.env_num_cpus, cluster.env_resources),
+    }
 
 
 def local_demand(cluster: ClusterSection) -> tuple[int, dict[str, float]]:
@@ -72,10 +88,17 @@ def local_demand(cluster: ClusterSection) -> tuple[int, dict[str, float]]:
     import os
 
     c = cluster
-    cpus = c.env_workers * c.env_num_cpus + c.engine_replicas * c.engine_num_cpus + c.learner_hosts * c.learner_num_cpus
+    cpus = (
+        c.env_workers * c.env_num_cpus
+        + c.engine_replicas * c.engine_num_cpus
+        + c.learner_hosts * c.learner_num_cpus
+    )
     resources: dict[str, float] = collections.Counter()
-    for n, res in ((c.env_workers, c.env_resources), (c.engine_replicas, c.engine_resources),
-                   (c.learner_hosts, c.learner_resources)):
+    for n, res in (
+        (c.env_workers, c.env_resources),
+        (c.engine_replicas, c.engine_resources),
+        (c.learner_hosts, c.learner_resources),
+    ):
         for k, v in res.items():
             resources[k] += n * float(v)
     return max(os.cpu_count() or 1, math.ceil(cpus)), dict(resources)
@@ -90,7 +113,9 @@ def connect(cluster: ClusterSection, *, env_groups: int = 1) -> tuple[Any, bool]
     ray = require_ray()
     connected_here = not ray.is_initialized()
     if connected_here and cluster.address is None:
-        cpus, resources = local_demand(dataclasses.replace(cluster, env_workers=cluster.env_workers * max(1, env_groups)))
+        cpus, resources = local_demand(
+            dataclasses.replace(cluster, env_workers=cluster.env_workers * max(1, env_groups))
+        )
         return init_ray(None, num_cpus=cpus, resources=resources), connected_here
     return init_ray(cluster.address), connected_here
 
@@ -98,9 +123,16 @@ def connect(cluster: ClusterSection, *, env_groups: int = 1) -> tuple[Any, bool]
 def tiny_kwargs(m: ModelSection) -> dict[str, Any]:
     """``gymllm.models.make_tiny`` keyword arguments of a ``tiny-<family>`` model section (the same
     seeded weights in every process)."""
-    return {"family": m.name[len("tiny-"):], "seed": m.seed, "vocab_size": m.vocab_size,
-            "hidden_size": m.hidden_size, "intermediate_size": m.intermediate_size, "num_layers": m.num_layers,
-            "num_heads": m.num_heads, "num_kv_heads": m.num_kv_heads}
+    return {
+        "family": m.name[len("tiny-") :],
+        "seed": m.seed,
+        "vocab_size": m.vocab_size,
+        "hidden_size": m.hidden_size,
+        "intermediate_size": m.intermediate_size,
+        "num_layers": m.num_layers,
+        "num_heads": m.num_heads,
+        "num_kv_heads": m.num_kv_heads,
+    }
 
 
 def replica_spec(cfg: TrainConfig, version: int = 0) -> Any:
@@ -109,7 +141,11 @@ def replica_spec(cfg: TrainConfig, version: int = 0) -> Any:
     (a resumed run pushes its weights right after)."""
     from gymllm.inference.replica import ReplicaSpec
 
-    kw: dict[str, Any] = {"config": engine_config(cfg), "warmup": cfg.run.warmup, "version": int(version)}
+    kw: dict[str, Any] = {
+        "config": engine_config(cfg),
+        "warmup": cfg.run.warmup,
+        "version": int(version),
+    }
     if cfg.model.is_tiny:
         return ReplicaSpec.jax(tiny=tiny_kwargs(cfg.model), **kw)
     return ReplicaSpec.jax(cfg.model.name, **kw)
@@ -143,7 +179,9 @@ class RayComponents:
         if self.learner_group is None:
             from gymllm.algos.checkpoint import Checkpointer
 
-            return Checkpointer(pathlib.Path(cfg.run.run_dir) / "checkpoints", max_to_keep=cfg.run.keep_checkpoints)
+            return Checkpointer(
+                pathlib.Path(cfg.run.run_dir) / "checkpoints", max_to_keep=cfg.run.keep_checkpoints
+            )
         return GroupCheckpointer(self.learner_group)
 
     # ------------------------------------------------------------------ engine
@@ -151,9 +189,11 @@ class RayComponents:
         from gymllm.inference.pool import EnginePool
 
         c = self.cluster
-        self.pool = EnginePool.from_ray(replica_spec(cfg, version), num_replicas=c.engine_replicas,
-                                        ray_options=actor_options(c.engine_num_cpus, c.engine_resources,
-                                                                  c.engine_num_gpus))
+        self.pool = EnginePool.from_ray(
+            replica_spec(cfg, version),
+            num_replicas=c.engine_replicas,
+            ray_options=actor_options(c.engine_num_cpus, c.engine_resources, c.engine_num_gpus),
+        )
         return self.pool
 
     def make_pusher(self, cfg: TrainConfig, engine: Any, lm: Any, learner: Any) -> Any:
@@ -165,8 +205,13 @@ class RayComponents:
 
         if cfg.env.suite:
             return mixture_on_ray(cfg, self.cluster)
-        return gymllm.make_vec(cfg.env.id, cfg.env.num_envs, backend="ray", ray_options=env_ray_options(self.cluster),
-                               **cfg.env.kwargs)
+        return gymllm.make_vec(
+            cfg.env.id,
+            cfg.env.num_envs,
+            backend="ray",
+            ray_options=env_ray_options(self.cluster),
+            **cfg.env.kwargs,
+        )
 
     def close(self) -> None:
         """Stop the learner hosts; disconnect from Ray if this object connected."""
@@ -185,7 +230,9 @@ def mixture_on_ray(cfg: TrainConfig, cluster: ClusterSection) -> Any:
 
     suite = load_suite(cfg.env.suite)
     vec = mixture_vec(suite, cfg.env.num_envs, backend="ray", ray_options=env_ray_options(cluster))
-    return MixtureEnvs(suite, num_envs=cfg.env.num_envs, seed=cfg.run.seed, curriculum=cfg.env.curriculum, vec=vec)
+    return MixtureEnvs(
+        suite, num_envs=cfg.env.num_envs, seed=cfg.run.seed, curriculum=cfg.env.curriculum, vec=vec
+    )
 
 
 class SuiteOnRay:
@@ -200,10 +247,15 @@ class SuiteOnRay:
 
     def __init__(self, cluster: ClusterSection, *, num_envs: int = 1):
         if cluster.backend != "ray" or cluster.learner_hosts:
-            raise ConfigError(explain("gymllm eval suite --cluster", expected="backend='ray' and learner_hosts=0 (an "
-                                      "evaluation has engines and envs, no learner)", received={
-                                          "backend": cluster.backend, "learner_hosts": cluster.learner_hosts},
-                                      fix="pass --cluster.backend ray and drop --cluster.learner-hosts"))
+            raise ConfigError(
+                explain(
+                    "gymllm eval suite --cluster",
+                    expected="backend='ray' and learner_hosts=0 (an "
+                    "evaluation has engines and envs, no learner)",
+                    received={"backend": cluster.backend, "learner_hosts": cluster.learner_hosts},
+                    fix="pass --cluster.backend ray and drop --cluster.learner-hosts",
+                )
+            )
         self.cluster = cluster
         self.ray, self.connected_here = connect(cluster, env_groups=num_envs)
 
@@ -212,8 +264,11 @@ class SuiteOnRay:
         from gymllm.inference.pool import EnginePool
 
         c = self.cluster
-        return EnginePool.from_ray(spec, num_replicas=c.engine_replicas,
-                                   ray_options=actor_options(c.engine_num_cpus, c.engine_resources, c.engine_num_gpus))
+        return EnginePool.from_ray(
+            spec,
+            num_replicas=c.engine_replicas,
+            ray_options=actor_options(c.engine_num_cpus, c.engine_resources, c.engine_num_gpus),
+        )
 
     def make_vec(self, env: Any, num_envs: int) -> Any:
         """The vector env of ``num_envs`` sub-envs of suite env ``env`` (a SuiteEnv) on the env workers:
@@ -222,9 +277,16 @@ class SuiteOnRay:
         from gymllm.suites.resolve import make_env_for
 
         target = env.target if callable(env.target) else env.id
-        options = {**env_ray_options(self.cluster), "num_workers": min(self.cluster.env_workers, int(num_envs))}
-        return gymllm.make_vec(functools.partial(make_env_for, target, dict(env.kwargs), max_turns=env.max_turns),
-                               int(num_envs), backend="ray", ray_options=options)
+        options = {
+            **env_ray_options(self.cluster),
+            "num_workers": min(self.cluster.env_workers, int(num_envs)),
+        }
+        return gymllm.make_vec(
+            functools.partial(make_env_for, target, dict(env.kwargs), max_turns=env.max_turns),
+            int(num_envs),
+            backend="ray",
+            ray_options=options,
+        )
 
     def close(self) -> None:
         """Disconnect from Ray if this object connected."""
@@ -250,7 +312,9 @@ class PoolPusher:
     replica that dies meanwhile is left to the pool, which recreates it at the latest weights;
     ``landed_timeout_s`` bounds the wait (then the push counts as done, ``unconfirmed`` counts it)."""
 
-    def __init__(self, pool: Any, model_config: Any, *, gather: bool = False, landed_timeout_s: float = 60.0):
+    def __init__(
+        self, pool: Any, model_config: Any, *, gather: bool = False, landed_timeout_s: float = 60.0
+    ):
         from gymllm.algos.weight_sync import WeightPusher
 
         self.pool = pool
@@ -284,7 +348,9 @@ class PoolPusher:
 
                 if failure_kind(exc) != "death":
                     raise
-                self.unconfirmed += 1  # the pool recreates it at the latest weights; the others swapped
+                self.unconfirmed += (
+                    1  # the pool recreates it at the latest weights; the others swapped
+                )
                 return {}
             if versions and all(v >= version for v in versions.values()):
                 return versions
@@ -321,9 +387,15 @@ class LearnerHost:
 
         from gymllm.algos.multihost import initialize_distributed
 
-        initialize_distributed(address, self.num_hosts, self.index, local_devices=self.local_devices)
-        return {"process_index": jax.process_index(), "process_count": jax.process_count(),
-                "devices": len(jax.devices()), "local_devices": len(jax.local_devices())}
+        initialize_distributed(
+            address, self.num_hosts, self.index, local_devices=self.local_devices
+        )
+        return {
+            "process_index": jax.process_index(),
+            "process_count": jax.process_count(),
+            "devices": len(jax.devices()),
+            "local_devices": len(jax.local_devices()),
+        }
 
     def build(self, cfg: TrainConfig) -> None:
         """The learner over every host's devices (``cfg.sharding``; default: data-parallel over all)."""
@@ -339,17 +411,31 @@ class LearnerHost:
 
         lm = load_model(cfg.model)
         sharding = cfg.sharding
-        if make_mesh(sharding) is None:  # one device per the config: spread the batch over every host's devices
+        if (
+            make_mesh(sharding) is None
+        ):  # one device per the config: spread the batch over every host's devices
             sharding = dataclasses.replace(sharding, data=len(jax.devices()))
-        self.learner = StreamingLearner(lm.config, lm.model.flat_params(), lora=cfg.lora, mesh=make_mesh(sharding),
-                                        pad_id=int(lm.tokenizer.pad_token_id or 0), **learner_kwargs(cfg))
-        self.ckpt = Checkpointer(pathlib.Path(cfg.run.run_dir) / "checkpoints", max_to_keep=cfg.run.keep_checkpoints)
+        self.learner = StreamingLearner(
+            lm.config,
+            lm.model.flat_params(),
+            lora=cfg.lora,
+            mesh=make_mesh(sharding),
+            pad_id=int(lm.tokenizer.pad_token_id or 0),
+            **learner_kwargs(cfg),
+        )
+        self.ckpt = Checkpointer(
+            pathlib.Path(cfg.run.run_dir) / "checkpoints", max_to_keep=cfg.run.keep_checkpoints
+        )
 
     def status(self) -> dict[str, Any]:
         """The bookkeeping the driver mirrors: version, consumed group ids, counts, groups in the step."""
         le = self.learner
-        return {"version": le.version, "consumed_groups": sorted(le.consumed_groups), "counts": dict(le.counts),
-                "groups_in_step": le.groups_in_step}
+        return {
+            "version": le.version,
+            "consumed_groups": sorted(le.consumed_groups),
+            "counts": dict(le.counts),
+            "groups_in_step": le.groups_in_step,
+        }
 
     def submit(self, groups: list[Any]) -> tuple[list[Any], dict[str, Any]]:
         reports = self.learner.submit(groups)
@@ -380,7 +466,9 @@ class LearnerHost:
             self.ckpt.close()
 
 
-def join_learner_hosts(ray: Any, hosts: list[Any], timeout_s: float = 120.0) -> list[dict[str, int]]:
+def join_learner_hosts(
+    ray: Any, hosts: list[Any], timeout_s: float = 120.0
+) -> list[dict[str, int]]:
     """The coordinator hand-off: host 0 picks ``ip:port`` on its node, every host joins it (together:
     ``jax.distributed.initialize`` waits for all). Returns each host's view (process index and count)."""
     address = ray.get(hosts[0].coordinator_address.remote(), timeout=timeout_s)
@@ -407,20 +495,37 @@ class LearnerGroup:
 
         c = cfg.cluster
         opts = actor_options(c.learner_num_cpus, c.learner_resources, c.learner_num_gpus)
-        bundle = {"CPU": opts["num_cpus"], **({"GPU": opts["num_gpus"]} if "num_gpus" in opts else {}),
-                  **opts.get("resources", {})}
-        pg = placement_group([dict(bundle) for _ in range(c.learner_hosts)], strategy="STRICT_SPREAD")
+        bundle = {
+            "CPU": opts["num_cpus"],
+            **({"GPU": opts["num_gpus"]} if "num_gpus" in opts else {}),
+            **opts.get("resources", {}),
+        }
+        pg = placement_group(
+            [dict(bundle) for _ in range(c.learner_hosts)], strategy="STRICT_SPREAD"
+        )
         try:
             ray.get(pg.ready(), timeout=120)
         except Exception as exc:
             ray.util.remove_placement_group(pg)
-            raise ConfigError(explain("cluster.learner_hosts", expected=f"{c.learner_hosts} nodes with {bundle} free "
-                                      "each (one learner host per node)", received=f"{len(ray.nodes())} nodes",
-                                      fix="lower --cluster.learner-hosts or add hosts (ray start --address=...)")) from exc
+            raise ConfigError(
+                explain(
+                    "cluster.learner_hosts",
+                    expected=f"{c.learner_hosts} nodes with {bundle} free "
+                    "each (one learner host per node)",
+                    received=f"{len(ray.nodes())} nodes",
+                    fix="lower --cluster.learner-hosts or add hosts (ray start --address=...)",
+                )
+            ) from exc
         actor = ray.remote(LearnerHost)
-        hosts = [actor.options(**opts, scheduling_strategy=PlacementGroupSchedulingStrategy(
-            placement_group=pg, placement_group_bundle_index=i)).remote(i, c.learner_hosts, c.learner_local_devices)
-                 for i in range(c.learner_hosts)]
+        hosts = [
+            actor.options(
+                **opts,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=pg, placement_group_bundle_index=i
+                ),
+            ).remote(i, c.learner_hosts, c.learner_local_devices)
+            for i in range(c.learner_hosts)
+        ]
         group = cls(ray, hosts)
         group.placement_group = pg
         join_learner_hosts(ray, hosts)
@@ -429,7 +534,9 @@ class LearnerGroup:
 
     def all(self, method: str, *args: Any) -> list[Any]:
         """Call ``method`` on every host at once; their answers in host order."""
-        return self.ray.get([getattr(h, method).remote(*args) for h in self.hosts], timeout=self.timeout_s)
+        return self.ray.get(
+            [getattr(h, method).remote(*args) for h in self.hosts], timeout=self.timeout_s
+        )
 
     def mirror(self, status: dict[str, Any]) -> None:
         self.version = int(status["version"])

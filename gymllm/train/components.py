@@ -24,8 +24,22 @@ def load_model(m: ModelSection) -> Any:
     the trained weights of ``m.checkpoint`` when it is set (warm start)."""
     from gymllm import models
 
-    tiny = ({k: getattr(m, k) for k in ("seed", "vocab_size", "hidden_size", "intermediate_size", "num_layers",
-                                         "num_heads", "num_kv_heads")} if m.is_tiny else {})
+    tiny = (
+        {
+            k: getattr(m, k)
+            for k in (
+                "seed",
+                "vocab_size",
+                "hidden_size",
+                "intermediate_size",
+                "num_layers",
+                "num_heads",
+                "num_kv_heads",
+            )
+        }
+        if m.is_tiny
+        else {}
+    )
     loaded = models.load(m.name, checkpoint=m.checkpoint or None, **tiny)
     return loaded
 
@@ -69,20 +83,34 @@ class LocalComponents:
             from gymllm.train.policies import build_policy_set
 
             return build_policy_set(cfg, lm, mesh)
-        return StreamingLearner(lm.config, lm.model.flat_params(), lora=cfg.lora, mesh=mesh,
-                                pad_id=int(lm.tokenizer.pad_token_id or 0), **learner_kwargs(cfg))
+        return StreamingLearner(
+            lm.config,
+            lm.model.flat_params(),
+            lora=cfg.lora,
+            mesh=mesh,
+            pad_id=int(lm.tokenizer.pad_token_id or 0),
+            **learner_kwargs(cfg),
+        )
 
     def make_checkpointer(self, cfg: TrainConfig, learner: Any) -> Any:
         from gymllm.algos.checkpoint import Checkpointer
 
-        return Checkpointer(pathlib.Path(cfg.run.run_dir) / "checkpoints", max_to_keep=cfg.run.keep_checkpoints)
+        return Checkpointer(
+            pathlib.Path(cfg.run.run_dir) / "checkpoints", max_to_keep=cfg.run.keep_checkpoints
+        )
 
     def make_engine(self, cfg: TrainConfig, lm: Any, version: int) -> Any:
         from gymllm.train.policies import policy_adapters
         from gymllm.inference.jax_engine import JaxEngine
 
         # several LoRA policies: the one engine serves an adapter per policy (gymllm.train.policies)
-        return JaxEngine(lm.model, lm.tokenizer, version=version, config=engine_config(cfg), adapters=policy_adapters(cfg))
+        return JaxEngine(
+            lm.model,
+            lm.tokenizer,
+            version=version,
+            config=engine_config(cfg),
+            adapters=policy_adapters(cfg),
+        )
 
     def make_pusher(self, cfg: TrainConfig, engine: Any, lm: Any, learner: Any) -> Any:
         from gymllm.train.policies import PolicySet
@@ -108,8 +136,12 @@ def make_mixture(cfg: TrainConfig) -> Any:
     from gymllm.suites import load_suite
     from gymllm.suites.training import MixtureEnvs
 
-    return MixtureEnvs(load_suite(cfg.env.suite), num_envs=cfg.env.num_envs, seed=cfg.run.seed,
-                       curriculum=cfg.env.curriculum)
+    return MixtureEnvs(
+        load_suite(cfg.env.suite),
+        num_envs=cfg.env.num_envs,
+        seed=cfg.run.seed,
+        curriculum=cfg.env.curriculum,
+    )
 
 
 @dataclasses.dataclass
@@ -130,8 +162,11 @@ class RunParts:
     pool: concurrent.futures.ThreadPoolExecutor
 
 
-def build_parts(cfg: TrainConfig, parts: Components,
-                make_envs: Callable[[TrainConfig, Components], Any] | None = None) -> tuple[RunParts, ResumeState]:
+def build_parts(
+    cfg: TrainConfig,
+    parts: Components,
+    make_envs: Callable[[TrainConfig, Components], Any] | None = None,
+) -> tuple[RunParts, ResumeState]:
     """Build the run's parts with ``parts`` (the envs with ``make_envs``: the run's kind's, see
     :data:`gymllm.train.assembly.KINDS`; default ``parts.make_envs``); with ``run.resume`` restore the latest checkpoint into the
     learner and push its weights to the engine; with ``run.warmup`` compile the engine and learner, else a
@@ -153,9 +188,19 @@ def build_parts(cfg: TrainConfig, parts: Components,
     if cfg.run.warmup:
         engine.warmup()
         learner.warmup(group_size=cfg.rollout.group_size)
-    elif getattr(getattr(learner, "config", None), "fixed_shapes", False):  # its few programs, while rollouts start
+    elif getattr(
+        getattr(learner, "config", None), "fixed_shapes", False
+    ):  # its few programs, while rollouts start
         learner.warmup(group_size=cfg.rollout.group_size, background=True)
     agent_cls = ToolAgent if cfg.env.agent == "tool" else ModelAgent
-    return RunParts(tok=tok, learner=learner, ckpt=ckpt, engine=engine, gen_engine=resume.generation_engine(engine, tok),
-                    pusher=pusher, envs=envs, agent=agent_cls(tok, system_prompt=cfg.env.system_prompt or None),
-                    pool=concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gymllm-learner")), resume
+    return RunParts(
+        tok=tok,
+        learner=learner,
+        ckpt=ckpt,
+        engine=engine,
+        gen_engine=resume.generation_engine(engine, tok),
+        pusher=pusher,
+        envs=envs,
+        agent=agent_cls(tok, system_prompt=cfg.env.system_prompt or None),
+        pool=concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gymllm-learner"),
+    ), resume

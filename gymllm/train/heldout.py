@@ -36,16 +36,28 @@ def check_heldout_seeds(cfg: TrainConfig) -> range | None:
     if not e.every:
         return None
     if cfg.rollout.mode == "proxy":
-        raise ConfigError(explain("eval.every", expected="0 with rollout.mode='proxy' (the agent program picks its own "
-                                  "tasks, so held-out seeds cannot be checked)", received=e.every,
-                                  fix="evaluate the run directory afterwards: gymllm eval env ENV --model.checkpoint RUN_DIR"))
+        raise ConfigError(
+            explain(
+                "eval.every",
+                expected="0 with rollout.mode='proxy' (the agent program picks its own "
+                "tasks, so held-out seeds cannot be checked)",
+                received=e.every,
+                fix="evaluate the run directory afterwards: gymllm eval env ENV --model.checkpoint RUN_DIR",
+            )
+        )
     heldout = range(e.seed_base, e.seed_base + e.seeds)
     train = range(cfg.run.seed, cfg.run.seed + training_seed_bound(cfg))
     if heldout.start < train.stop and train.start < heldout.stop:
-        raise ConfigError(explain("eval.seed_base", expected=f"held-out seeds disjoint from the training seeds "
-                                  f"{train.start}..{train.stop - 1} (run.seed + up to {len(train)} groups)",
-                                  received=f"seeds {heldout.start}..{heldout.stop - 1}", fix=f"--eval.seed-base "
-                                  f"{max(HELD_OUT_SEED_BASE, train.stop)} (or fewer steps / a lower run.seed)"))
+        raise ConfigError(
+            explain(
+                "eval.seed_base",
+                expected=f"held-out seeds disjoint from the training seeds "
+                f"{train.start}..{train.stop - 1} (run.seed + up to {len(train)} groups)",
+                received=f"seeds {heldout.start}..{heldout.stop - 1}",
+                fix=f"--eval.seed-base "
+                f"{max(HELD_OUT_SEED_BASE, train.stop)} (or fewer steps / a lower run.seed)",
+            )
+        )
     return heldout
 
 
@@ -82,22 +94,47 @@ class HeldOutHook:
                 from gymllm.suites.game_eval import GameEvaluator
 
                 ma = cfg.multiagent
-                self.evaluator = GameEvaluator(make, agent, opponents=ma.eval_opponents, games=ma.eval_games,
-                                               seed=e.seed_base, temperature=e.temperature,
-                                               max_tokens=e.max_tokens or cfg.sampling.max_tokens)
+                self.evaluator = GameEvaluator(
+                    make,
+                    agent,
+                    opponents=ma.eval_opponents,
+                    games=ma.eval_games,
+                    seed=e.seed_base,
+                    temperature=e.temperature,
+                    max_tokens=e.max_tokens or cfg.sampling.max_tokens,
+                )
                 return
         suite = e.suite or (cfg.env.suite if not e.envs else "")
-        if suite:  # a suite's envs, each with its table's kwargs, agent and system prompt (else the run's)
+        if (
+            suite
+        ):  # a suite's envs, each with its table's kwargs, agent and system prompt (else the run's)
             from gymllm.suites import load_suite
 
-            specs = [(s.id, dict(s.kwargs),
-                      agent_for(s.id, tok, dict(s.kwargs), system_prompt=s.system_prompt or cfg.env.system_prompt or None,
-                                agent=s.agent))
-                     for s in load_suite(suite).envs]
+            specs = [
+                (
+                    s.id,
+                    dict(s.kwargs),
+                    agent_for(
+                        s.id,
+                        tok,
+                        dict(s.kwargs),
+                        system_prompt=s.system_prompt or cfg.env.system_prompt or None,
+                        agent=s.agent,
+                    ),
+                )
+                for s in load_suite(suite).envs
+            ]
         else:
-            specs = ([(cfg.env.id, dict(cfg.env.kwargs), agent)] if not e.envs else
-                     [(i, dict(cfg.env.kwargs), agent) if i == cfg.env.id else (i, {}, agent_for(i, tok))
-                      for i in e.envs])
+            specs = (
+                [(cfg.env.id, dict(cfg.env.kwargs), agent)]
+                if not e.envs
+                else [
+                    (i, dict(cfg.env.kwargs), agent)
+                    if i == cfg.env.id
+                    else (i, {}, agent_for(i, tok))
+                    for i in e.envs
+                ]
+            )
         self.evaluator = HeldOutEvaluator(specs, config=eval_config(cfg), num_envs=cfg.env.num_envs)
 
     def due(self, step: int, last: bool) -> bool:
@@ -114,7 +151,9 @@ class HeldOutHook:
         rows = await self.evaluator.evaluate(engine, step)
         dt = time.perf_counter() - t
         self.evals += rows
-        metrics = getattr(self.evaluator, "metrics", eval_metrics)  # a game's: eval/vs/<opponent>/...
+        metrics = getattr(
+            self.evaluator, "metrics", eval_metrics
+        )  # a game's: eval/vs/<opponent>/...
         out = {k: v for row in rows for k, v in metrics(row).items()}
         out["eval_s"] = dt
         return out

@@ -40,8 +40,10 @@ class League:
 
     def __init__(self, size: int, *, latest: float = 0.0, seed: int = 0):
         if size < 1 or not 0.0 <= latest <= 1.0:
-            raise ValueError(f"League: expected size >= 1 and 0 <= latest <= 1, received size={size}, latest={latest}; "
-                             "fix: e.g. League(4, latest=0.25)")
+            raise ValueError(
+                f"League: expected size >= 1 and 0 <= latest <= 1, received size={size}, latest={latest}; "
+                "fix: e.g. League(4, latest=0.25)"
+            )
         self.size, self.latest = int(size), float(latest)
         self.rng = np.random.default_rng([int(seed), 0x1EA6])
         self.pool: list[tuple[int, dict[str, Any]]] = []
@@ -49,12 +51,16 @@ class League:
 
     def add(self, version: int, flat: dict[str, Any]) -> None:
         self.pool.append((int(version), flat))
-        del self.pool[:-self.size]
+        del self.pool[: -self.size]
 
     def draw(self) -> tuple[int, dict[str, Any]]:
         if not self.pool:
             raise ValueError("League.draw: the pool is empty; fix: add a snapshot first")
-        pick = (len(self.pool) - 1 if self.rng.random() < self.latest else int(self.rng.integers(len(self.pool))))
+        pick = (
+            len(self.pool) - 1
+            if self.rng.random() < self.latest
+            else int(self.rng.integers(len(self.pool)))
+        )
         version, flat = self.pool[pick]
         self.draws.append(version)
         return version, flat
@@ -65,8 +71,16 @@ class FrozenOpponent:
     step the snapshot was taken at (-1 for a ``run:DIR`` checkpoint); ``refreshes``: how many times
     it was refreshed; :meth:`weights_hash` fingerprints the weights it serves."""
 
-    def __init__(self, engine: Any, pusher: Any, learner: Any | None, *, version: int, flat: dict[str, Any],
-                 league: League | None = None):
+    def __init__(
+        self,
+        engine: Any,
+        pusher: Any,
+        learner: Any | None,
+        *,
+        version: int,
+        flat: dict[str, Any],
+        league: League | None = None,
+    ):
         self.engine, self.pusher, self.learner = engine, pusher, learner
         self.version, self.refreshes, self.flat = version, 0, flat
         self.league = league
@@ -80,14 +94,18 @@ class FrozenOpponent:
         from gymllm.inference.jax_engine import JaxEngine
 
         spec = cfg.multiagent.opponent
-        checkpoint = spec[len("run:"):] if spec.startswith("run:") else ""
+        checkpoint = spec[len("run:") :] if spec.startswith("run:") else ""
         lm = _checkpoint_model(cfg, checkpoint) if checkpoint else load_model(cfg.model)
         engine = JaxEngine(lm.model, lm.tokenizer, version=0, config=engine_config(cfg))
         pusher = WeightPusher(engine, lm.config)
         if checkpoint:
             return cls(engine, pusher, None, version=-1, flat=dict(lm.model.flat_params()))
         ma = cfg.multiagent
-        league = League(ma.league_size, latest=ma.league_latest, seed=cfg.run.seed) if ma.league_size else None
+        league = (
+            League(ma.league_size, latest=ma.league_latest, seed=cfg.run.seed)
+            if ma.league_size
+            else None
+        )
         opp = cls(engine, pusher, learner, version=learner.version, flat={}, league=league)
         opp.refresh(learner.version)
         opp.refreshes = 0
@@ -131,8 +149,13 @@ def _checkpoint_model(cfg: Any, checkpoint: str) -> Any:
         return load_model(dataclasses.replace(cfg.model, checkpoint=checkpoint))
     theirs = run_model_section(checkpoint).get("name")
     if theirs != cfg.model.name:
-        raise ConfigError(explain("multiagent.opponent", expected=f"a run of this run's model ({cfg.model.name}): the "
-                                  "opponent's moves are read with this run's tokenizer",
-                                  received=f"run:{checkpoint} (a run of {theirs})",
-                                  fix="name a run trained from --model.name " + cfg.model.name))
+        raise ConfigError(
+            explain(
+                "multiagent.opponent",
+                expected=f"a run of this run's model ({cfg.model.name}): the "
+                "opponent's moves are read with this run's tokenizer",
+                received=f"run:{checkpoint} (a run of {theirs})",
+                fix="name a run trained from --model.name " + cfg.model.name,
+            )
+        )
     return models.load(checkpoint)

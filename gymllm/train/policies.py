@@ -47,7 +47,14 @@ from gymllm.errors import ConfigError, explain
 from gymllm.rollout.policy_map import check_policy_seats, policy_map
 from gymllm.rollout.seat_source import SeatGroupSource
 
-__all__ = ["PolicySet", "PolicyPusher", "PolicySeatSource", "build_policy_set", "policy_adapters", "policy_lora"]
+__all__ = [
+    "PolicySet",
+    "PolicyPusher",
+    "PolicySeatSource",
+    "build_policy_set",
+    "policy_adapters",
+    "policy_lora",
+]
 
 DEFAULT_RANK = 8
 
@@ -60,11 +67,19 @@ def policy_lora(cfg: Any) -> Any:
     kind, lora = cfg.multiagent.policy_weights, cfg.lora
     if kind == "full":
         if lora.enabled:
-            raise ConfigError(explain("multiagent.policy_weights", expected="'lora' when --lora.rank is set",
-                                      received=f"full with lora.rank {lora.rank}", fix="drop --lora.rank for full "
-                                      "weights per policy, or use --multiagent.policy-weights lora"))
+            raise ConfigError(
+                explain(
+                    "multiagent.policy_weights",
+                    expected="'lora' when --lora.rank is set",
+                    received=f"full with lora.rank {lora.rank}",
+                    fix="drop --lora.rank for full "
+                    "weights per policy, or use --multiagent.policy-weights lora",
+                )
+            )
         return None
-    return lora if lora.enabled else LoRAConfig(**{**dataclasses.asdict(lora), "rank": DEFAULT_RANK})
+    return (
+        lora if lora.enabled else LoRAConfig(**{**dataclasses.asdict(lora), "rank": DEFAULT_RANK})
+    )
 
 
 def policy_adapters(cfg: Any) -> Any:
@@ -89,9 +104,15 @@ def build_policy_set(cfg: Any, lm: Any, mesh: Any = None) -> "PolicySet":
     seats = policy_map(cfg.multiagent.policies)
     make = game_factory(cfg.env.id, cfg.env.kwargs)
     if make is None:
-        raise ConfigError(explain("multiagent.policies", expected="a multi-agent game in --env.id (MODULE:FACTORY of "
-                                  "a PettingZoo env, or a registered game such as tic-tac-toe)", received=cfg.env.id,
-                                  fix="name a game, or drop --multiagent.policies"))
+        raise ConfigError(
+            explain(
+                "multiagent.policies",
+                expected="a multi-agent game in --env.id (MODULE:FACTORY of "
+                "a PettingZoo env, or a registered game such as tic-tac-toe)",
+                received=cfg.env.id,
+                fix="name a game, or drop --multiagent.policies",
+            )
+        )
     probe = make()
     possible = list(probe.possible_agents)
     probe.close()
@@ -99,8 +120,12 @@ def build_policy_set(cfg: Any, lm: Any, mesh: Any = None) -> "PolicySet":
     lora = policy_lora(cfg)
     flat = lm.model.flat_params()
     pad = int(lm.tokenizer.pad_token_id or 0)
-    learners = {name: StreamingLearner(lm.config, flat, lora=lora, mesh=mesh, pad_id=pad, **learner_kwargs(cfg))
-                for name in dict.fromkeys(seats.values())}
+    learners = {
+        name: StreamingLearner(
+            lm.config, flat, lora=lora, mesh=mesh, pad_id=pad, **learner_kwargs(cfg)
+        )
+        for name in dict.fromkeys(seats.values())
+    }
     return PolicySet(learners, seats, num_steps=cfg.learner.num_steps)
 
 
@@ -114,13 +139,21 @@ class PolicySet:
     def __init__(self, learners: dict[str, Any], seats: dict[str, str], *, num_steps: int):
         unknown = sorted(set(seats.values()) - set(learners))
         if not learners or unknown:
-            raise ConfigError(explain("PolicySet(seats)", expected=f"policy names among {sorted(learners)}",
-                                      received=seats, fix="give every policy the seats map names a learner"))
+            raise ConfigError(
+                explain(
+                    "PolicySet(seats)",
+                    expected=f"policy names among {sorted(learners)}",
+                    received=seats,
+                    fix="give every policy the seats map names a learner",
+                )
+            )
         self.learners, self.seats, self.num_steps = dict(learners), dict(seats), num_steps
         self.counts: collections.Counter = collections.Counter()
         self.engines: dict[str, Any] = {}
         self.extra_engines: list[Any] = []  # built here (the run's own engine is closed by the run)
-        self.to_push: collections.deque[str] = collections.deque()  # updated policies, in report order
+        self.to_push: collections.deque[str] = (
+            collections.deque()
+        )  # updated policies, in report order
 
     # --- the learner interface the run reads ------------------------------------------------------
     @property
@@ -165,16 +198,31 @@ class PolicySet:
             name = g.info.get("policy")
             learner = self.learners.get(name)
             if learner is None:
-                raise ConfigError(explain(f"group {g.group_id}", expected=f"info['policy'] among {sorted(self.learners)}",
-                                          received=name, fix="route groups through PolicySeatSource"))
+                raise ConfigError(
+                    explain(
+                        f"group {g.group_id}",
+                        expected=f"info['policy'] among {sorted(self.learners)}",
+                        received=name,
+                        fix="route groups through PolicySeatSource",
+                    )
+                )
             for rep in learner.submit([g]):
                 m = dict(rep.metrics)
-                m.update({f"policy/{name}/loss": m["loss"], f"policy/{name}/reward": m["reward_mean"]})
+                m.update(
+                    {f"policy/{name}/loss": m["loss"], f"policy/{name}/reward": m["reward_mean"]}
+                )
                 m.update({f"policy/{n}/version": float(v) for n, v in self.versions().items()})
                 self.to_push.append(name)
                 self.counts[f"policy/{name}/steps"] += 1
                 reports.append(StepReport(step=self.version, metrics=m, sample_ids=rep.sample_ids))
-        for key in ("groups_in", "groups_trained", "rows_trained", "steps", "stale_groups", "filtered_groups"):
+        for key in (
+            "groups_in",
+            "groups_trained",
+            "rows_trained",
+            "steps",
+            "stale_groups",
+            "filtered_groups",
+        ):
             self.counts[key] = sum(lrn.counts[key] for lrn in self.learners.values())
         return reports
 
@@ -183,21 +231,30 @@ class PolicySet:
             learner.warmup(group_size)
 
     # --- serving ----------------------------------------------------------------------------------
-    def make_pusher(self, cfg: Any, engine: Any, lm: Any, *, gather: bool = False) -> "PolicyPusher":
+    def make_pusher(
+        self, cfg: Any, engine: Any, lm: Any, *, gather: bool = False
+    ) -> "PolicyPusher":
         """Serve every policy on ``engine`` (the run's) when it serves an adapter per policy (LoRA policies:
         :func:`policy_adapters`); else the first policy on ``engine`` and every other on a new engine of ``lm``."""
         from gymllm.inference.jax_engine import JaxEngine
 
         names = list(self.learners)
         served = getattr(engine, "adapters", None)
-        if served is not None and set(names) <= set(served.names):  # one engine, an adapter per policy
+        if served is not None and set(names) <= set(
+            served.names
+        ):  # one engine, an adapter per policy
             self.engines = {name: engine.for_adapter(name) for name in names}
             return PolicyPusher(self, lm.config, gather=gather)
         self.engines = {names[0]: engine}
         for name in names[1:]:
             from gymllm.train.wiring import engine_config
 
-            e = JaxEngine(lm.model, lm.tokenizer, version=self.learners[name].version, config=engine_config(cfg))
+            e = JaxEngine(
+                lm.model,
+                lm.tokenizer,
+                version=self.learners[name].version,
+                config=engine_config(cfg),
+            )
             if cfg.run.warmup:
                 e.warmup()
             self.engines[name] = e
@@ -215,14 +272,24 @@ class PolicySet:
         return {"policies": {name: lrn.state() for name, lrn in self.learners.items()}}
 
     def bookkeeping(self) -> dict[str, Any]:
-        return {"version": self.version, "counts": dict(self.counts), "consumed_groups": sorted(self.consumed_groups),
-                "policies": {name: lrn.bookkeeping() for name, lrn in self.learners.items()}}
+        return {
+            "version": self.version,
+            "counts": dict(self.counts),
+            "consumed_groups": sorted(self.consumed_groups),
+            "policies": {name: lrn.bookkeeping() for name, lrn in self.learners.items()},
+        }
 
     def restore(self, state: dict[str, Any], bookkeeping: dict[str, Any]) -> None:
         saved = sorted(bookkeeping.get("policies", {}))
         if saved != sorted(self.learners):
-            raise ConfigError(explain("resume (multiagent.policies)", expected=f"a checkpoint of policies {saved}",
-                                      received=sorted(self.learners), fix="resume with the run's own --multiagent.policies"))
+            raise ConfigError(
+                explain(
+                    "resume (multiagent.policies)",
+                    expected=f"a checkpoint of policies {saved}",
+                    received=sorted(self.learners),
+                    fix="resume with the run's own --multiagent.policies",
+                )
+            )
         for name, learner in self.learners.items():
             learner.restore(state["policies"][name], bookkeeping["policies"][name])
         self.counts = collections.Counter(bookkeeping.get("counts", {}))
@@ -240,7 +307,10 @@ class PolicyPusher:
         from gymllm.algos.weight_sync import WeightPusher
 
         self.policies = policies
-        self.pushers = {name: WeightPusher(e, model_config, gather=gather) for name, e in policies.engines.items()}
+        self.pushers = {
+            name: WeightPusher(e, model_config, gather=gather)
+            for name, e in policies.engines.items()
+        }
         self.pushes, self.total_s, self.last_s = 0, 0.0, 0.0
 
     def push(self, weights: dict[str, Any], step: int) -> float:
@@ -249,7 +319,10 @@ class PolicyPusher:
             name = ps.to_push.popleft()
             s = self.pushers[name].push(weights, ps.learners[name].version)
         else:
-            s = sum(self.pushers[n].push(lrn.policy_params(), lrn.version) for n, lrn in ps.learners.items())
+            s = sum(
+                self.pushers[n].push(lrn.policy_params(), lrn.version)
+                for n, lrn in ps.learners.items()
+            )
         self.pushes += 1
         self.last_s = s
         self.total_s += s
@@ -262,13 +335,26 @@ class PolicySeatSource(SeatGroupSource):
     the map's seats (in the game's order); a group carries its seat and its policy, so it never mixes
     either."""
 
-    def __init__(self, game_fn: Any, engines: dict[str, Any], seats: dict[str, str], agent: Any, **kwargs: Any):
+    def __init__(
+        self,
+        game_fn: Any,
+        engines: dict[str, Any],
+        seats: dict[str, str],
+        agent: Any,
+        **kwargs: Any,
+    ):
         super().__init__(game_fn, engines[next(iter(seats.values()))], agent, **kwargs)
         check_policy_seats(seats, self.possible, opponent=self.config.opponent)
         missing = sorted(set(seats.values()) - set(engines))
         if missing:
-            raise ConfigError(explain("PolicySeatSource(engines)", expected=f"an engine for every policy of {seats}",
-                                      received=sorted(engines), fix=f"add engines for {missing}"))
+            raise ConfigError(
+                explain(
+                    "PolicySeatSource(engines)",
+                    expected=f"an engine for every policy of {seats}",
+                    received=sorted(engines),
+                    fix=f"add engines for {missing}",
+                )
+            )
         self.engines, self.seat_policy = dict(engines), dict(seats)
         self.learners = [s for s in self.possible if s in seats]
 

@@ -47,7 +47,9 @@ class ResumeState:
             state.resumed_from = learner.version
             state.rng.bit_generator.state = meta["rng"]
             state.filtered = set(meta.get("filtered_groups", []))
-            state.decided = {g: True for g in learner.consumed_groups} | {g: False for g in state.filtered}
+            state.decided = {g: True for g in learner.consumed_groups} | {
+                g: False for g in state.filtered
+            }
         return state
 
     def rewind_logs(self, run_dir: Any) -> None:
@@ -55,8 +57,10 @@ class ResumeState:
         (a killed run's records past its checkpoint are a lost lineage)."""
         from gymllm.telemetry.run_log import rewind_jsonl
 
-        self.rewound = {name: rewind_jsonl(run_dir / name, step=self.resumed_from or 0)
-                        for name in ("metrics.jsonl", "trajectories.jsonl")}
+        self.rewound = {
+            name: rewind_jsonl(run_dir / name, step=self.resumed_from or 0)
+            for name in ("metrics.jsonl", "trajectories.jsonl")
+        }
 
     def generation_engine(self, engine: Any, tok: Any) -> Any:
         """``engine`` for rollouts; on resume wrapped so the groups consumed before the checkpoint are
@@ -65,14 +69,18 @@ class ResumeState:
             return engine
         from gymllm.rollout.engine_wrappers import SkipConsumed
 
-        return SkipConsumed(engine, set(self.decided), int(tok.eos_token_id if tok.eos_token_id is not None else 0))
+        return SkipConsumed(
+            engine, set(self.decided), int(tok.eos_token_id if tok.eos_token_id is not None else 0)
+        )
 
     def checkpoint_extra(self) -> dict[str, Any]:
         """What a checkpoint saves besides the learner: the RNG state and the filtered group ids."""
         return {"rng": self.rng.bit_generator.state, "filtered_groups": sorted(self.filtered)}
 
 
-def make_group_filter(cfg: TrainConfig, decided: dict[str, bool], filtered: set[str], seen: Any = None):
+def make_group_filter(
+    cfg: TrainConfig, decided: dict[str, bool], filtered: set[str], seen: Any = None
+):
     """Drop groups whose (overlong-shaped) rewards are all equal, if the loss asks; replayed groups
     keep the decision recorded before the checkpoint (so admission accounting matches).
 
@@ -100,13 +108,20 @@ def make_group_filter(cfg: TrainConfig, decided: dict[str, bool], filtered: set[
             return decided[group.group_id]
         if seen is not None:
             seen.add(group)
-        if not sh.filter_zero_variance or role_ema:  # role_ema: equal rewards still carry R - b[role]
+        if (
+            not sh.filter_zero_variance or role_ema
+        ):  # role_ema: equal rewards still carry R - b[role]
             return True
         r = group.rewards
         if sh.overlong_buffer:
             lengths = np.array([t.num_sampled for t in group.trajectories])
-            r = r + np.asarray(overlong_penalty(lengths, max_len=sh.overlong_max_len or cfg.sample_budget,
-                                                buffer=sh.overlong_buffer))
+            r = r + np.asarray(
+                overlong_penalty(
+                    lengths,
+                    max_len=sh.overlong_max_len or cfg.sample_budget,
+                    buffer=sh.overlong_buffer,
+                )
+            )
         ok = bool(nonzero_variance(r[None])[0])
         if ok:
             streak[0] = 0
@@ -117,7 +132,10 @@ def make_group_filter(cfg: TrainConfig, decided: dict[str, bool], filtered: set[
             group.info["kept_zero_variance"] = True
             logging.getLogger("gymllm.algos").warning(
                 "%d groups in a row had equal rewards (%.3g): keeping one so the run still steps; "
-                "the task may be too hard or too easy for this policy", patience, float(r[0]))
+                "the task may be too hard or too easy for this policy",
+                patience,
+                float(r[0]),
+            )
             return True
         filtered.add(group.group_id)
         return False

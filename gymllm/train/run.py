@@ -60,13 +60,28 @@ class LearnerStepError(GymLLMError, RuntimeError):
     """A learner step raised: the run stops (the learner may be half-updated, so it is never saved or
     retried); the last checkpoint (``last_checkpoint``, None if none) stays the resume point."""
 
-    def __init__(self, step: int, group_ids: list[str], cause: BaseException, last_checkpoint: int | None):
-        super().__init__(explain(f"learner step {step} (groups {', '.join(group_ids)})", expected="an update",
-                                 received=f"{type(cause).__name__}: {cause}", fix="fix the cause above and run again: "
-                                 f"it resumes from the last checkpoint (step {last_checkpoint}), which this failure "
-                                 "did not touch" if last_checkpoint else "fix the cause above and run again (no "
-                                 "checkpoint yet: set run.checkpoint_every to keep progress)"))
-        self.step, self.group_ids, self.cause, self.last_checkpoint = step, group_ids, cause, last_checkpoint
+    def __init__(
+        self, step: int, group_ids: list[str], cause: BaseException, last_checkpoint: int | None
+    ):
+        super().__init__(
+            explain(
+                f"learner step {step} (groups {', '.join(group_ids)})",
+                expected="an update",
+                received=f"{type(cause).__name__}: {cause}",
+                fix="fix the cause above and run again: "
+                f"it resumes from the last checkpoint (step {last_checkpoint}), which this failure "
+                "did not touch"
+                if last_checkpoint
+                else "fix the cause above and run again (no "
+                "checkpoint yet: set run.checkpoint_every to keep progress)",
+            )
+        )
+        self.step, self.group_ids, self.cause, self.last_checkpoint = (
+            step,
+            group_ids,
+            cause,
+            last_checkpoint,
+        )
 
 
 class Listeners:
@@ -95,11 +110,18 @@ class Run:
     ``learner.num_steps``). ``on_step``: callables given each step's metrics record (``{"step": k, ...}``)
     after it is logged, in the run's event loop (awaited when it returns an awaitable)."""
 
-    def __init__(self, cfg: TrainConfig, max_steps: int | None = None, *,
-                 on_step: Sequence[Callable[[dict[str, Any]], None]] = ()):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        max_steps: int | None = None,
+        *,
+        on_step: Sequence[Callable[[dict[str, Any]], None]] = (),
+    ):
         self.cfg, self.max_steps, self.steps_here = cfg, max_steps, 0
         self.run_dir = pathlib.Path(cfg.run.run_dir)
-        self.log = StepLog(RolloutTally(check_heldout_seeds(cfg)))  # every completed group since the last step
+        self.log = StepLog(
+            RolloutTally(check_heldout_seeds(cfg))
+        )  # every completed group since the last step
         self.heldout = HeldOutHook(cfg)
         self.profiler = ProfileWindow(self.run_dir / "profile", None)  # setup: run.profile_steps
         self.resume: ResumeState | None = None
@@ -108,7 +130,9 @@ class Run:
         self.parts: RunParts | None = None  # setup
         self.source: GroupSource | None = None  # while the loop runs
         self.watchdog = Watchdog(watchdog_config(cfg))  # started by setup, stopped by close
-        self.compiles = CompileLog(self.run_dir / "compiles.jsonl")  # started by setup, stopped by close
+        self.compiles = CompileLog(
+            self.run_dir / "compiles.jsonl"
+        )  # started by setup, stopped by close
 
     @property
     def learner(self) -> Any:
@@ -125,8 +149,9 @@ class Run:
         return self.heldout.evals
 
     def done(self) -> bool:
-        return (self.parts.learner.version >= self.cfg.learner.num_steps
-                or (self.max_steps is not None and self.steps_here >= self.max_steps))
+        return self.parts.learner.version >= self.cfg.learner.num_steps or (
+            self.max_steps is not None and self.steps_here >= self.max_steps
+        )
 
     def setup(self, components: Components | None = None) -> None:
         """Build the parts with ``components`` (default :class:`LocalComponents`), restore the latest
@@ -140,16 +165,24 @@ class Run:
         self.log.compiles = self.compiles.start()  # model load and warm-up compiles count too
         try:
             self.parts, self.resume = build_parts(cfg, self.components, select_kind(cfg).envs)
-        except BaseException:  # no close() follows a failed setup: the process-wide log must not stay active
+        except (
+            BaseException
+        ):  # no close() follows a failed setup: the process-wide log must not stay active
             self.compiles.stop()
             raise
-        if cfg.run.resume:  # a killed run's records past the restored checkpoint are a lost lineage: set aside
+        if (
+            cfg.run.resume
+        ):  # a killed run's records past the restored checkpoint are a lost lineage: set aside
             self.resume.rewind_logs(self.run_dir)
         self.log.open(self.run_dir, cfg, self.parts.tok)
-        self.profiler = ProfileWindow(self.run_dir / "profile", parse_step_window(cfg.run.profile_steps))
+        self.profiler = ProfileWindow(
+            self.run_dir / "profile", parse_step_window(cfg.run.profile_steps)
+        )
         self.heldout.open(self.parts.agent, self.parts.tok)
         if cfg.env.suite and self.parts.envs is not None:
-            self.log.extra.append(self.parts.envs.flush)  # env/<name>/reward, success, groups, weight
+            self.log.extra.append(
+                self.parts.envs.flush
+            )  # env/<name>/reward, success, groups, weight
         self.watchdog.start()
 
     def make_source(self, kind: str | None = None) -> GroupSource:
@@ -159,8 +192,17 @@ class Run:
         cfg, resume = self.cfg, self.resume
         chosen = kind_named(kind) if kind is not None else select_kind(cfg)
         keep = make_group_filter(cfg, resume.decided, resume.filtered, self.log.tally)
-        return chosen.source(SourceContext(cfg=cfg, parts=self.parts, resume=resume, run_dir=self.run_dir, keep=keep,
-                                           tally=self.log.tally, add_metrics=self.log.extra.append))
+        return chosen.source(
+            SourceContext(
+                cfg=cfg,
+                parts=self.parts,
+                resume=resume,
+                run_dir=self.run_dir,
+                keep=keep,
+                tally=self.log.tally,
+                add_metrics=self.log.extra.append,
+            )
+        )
 
     async def train(self, source: GroupSource | None = None) -> dict[str, Any]:
         """The one training loop: take complete groups from ``source`` (default :meth:`make_source`)
@@ -169,7 +211,9 @@ class Run:
         self.source = source = source if source is not None else self.make_source()
         self.listeners.versions.append(source.set_policy_version)
         try:
-            await self.begin()  # step 1's wall time starts with the rollouts, not the setup or the evaluation
+            await (
+                self.begin()
+            )  # step 1's wall time starts with the rollouts, not the setup or the evaluation
             await source.start()
             self.log.restart_clock()
             while not self.done():
@@ -179,8 +223,12 @@ class Run:
                         batch = await source.next_groups()
                 except QueueClosed as e:
                     if not self.done():
-                        log.warning("%s: the run stops at step %d of %d", e, self.parts.learner.version,
-                                    self.cfg.learner.num_steps)
+                        log.warning(
+                            "%s: the run stops at step %d of %d",
+                            e,
+                            self.parts.learner.version,
+                            self.cfg.learner.num_steps,
+                        )
                     break
                 except GymLLMError:
                     raise
@@ -223,20 +271,30 @@ class Run:
         learner = self.parts.learner
         fresh = [g for g in groups if g.group_id not in learner.consumed_groups]
         learner.counts["resume_skipped"] += len(groups) - len(fresh)
-        gps = self.cfg.learner.groups_per_step  # never train past num_steps: take only the groups still needed
+        gps = (
+            self.cfg.learner.groups_per_step
+        )  # never train past num_steps: take only the groups still needed
         fresh.sort(key=lambda g: (g.min_version, g.admitted_version))
-        fresh = fresh[:max(0, (self.cfg.learner.num_steps - learner.version) * gps - learner.groups_in_step)]
+        fresh = fresh[
+            : max(0, (self.cfg.learner.num_steps - learner.version) * gps - learner.groups_in_step)
+        ]
         loop = asyncio.get_running_loop()
         while fresh:
             n = max(1, gps - learner.groups_in_step)  # the groups that complete the current step
             chunk, fresh = fresh[:n], fresh[n:]
             self.log.add_trained(chunk)
             try:  # a step that raised may have half-updated the learner: stop, never save or retry it
-                with self.watchdog.stage("learner", f"step {learner.version + 1}: training {len(chunk)} group(s)"):
+                with self.watchdog.stage(
+                    "learner", f"step {learner.version + 1}: training {len(chunk)} group(s)"
+                ):
                     reps = await loop.run_in_executor(self.parts.pool, learner.submit, chunk)
             except Exception as e:
-                raise LearnerStepError(learner.version + 1, [g.group_id for g in chunk], e,
-                                       self.parts.ckpt.latest_step()) from e
+                raise LearnerStepError(
+                    learner.version + 1,
+                    [g.group_id for g in chunk],
+                    e,
+                    self.parts.ckpt.latest_step(),
+                ) from e
             for rep in reps:
                 await self.finish_step(rep)
 
@@ -244,14 +302,17 @@ class Run:
         """Push the update's weights, advance the policy version, log, checkpoint."""
         p = self.parts
         with self.watchdog.stage("weight_sync", f"push weights of step {rep.step}"):
-            sync_s = await asyncio.get_running_loop().run_in_executor(p.pool, p.pusher.push, p.learner.policy_params(),
-                                                                      rep.step)
+            sync_s = await asyncio.get_running_loop().run_in_executor(
+                p.pool, p.pusher.push, p.learner.policy_params(), rep.step
+            )
         self.listeners.version(rep.step)
         self.steps_here += 1
         if self.heldout.due(rep.step, last=self.done()):  # at the policy just pushed
             self.log.pending_eval = await self.evaluate(rep.step)
         stats = self.source.stats() if self.source is not None else {}
-        record = self.log.record(rep, sync_s, stats, len(self.resume.filtered) if self.resume else 0)
+        record = self.log.record(
+            rep, sync_s, stats, len(self.resume.filtered) if self.resume else 0
+        )
         self.profiler.after_step(rep.step)
         every = self.cfg.run.checkpoint_every
         if every and rep.step % every == 0:
@@ -267,7 +328,9 @@ class Run:
             self.profiler.close(p.learner.version)
             self.heldout.close()
             await p.engine.close()
-            aclose = getattr(p.learner, "aclose", None)  # engines a learner built (several policies)
+            aclose = getattr(
+                p.learner, "aclose", None
+            )  # engines a learner built (several policies)
             if aclose is not None:
                 await aclose()
             close = getattr(p.envs, "close", None)

@@ -41,7 +41,16 @@ from gymllm.algos.learner_config import LearnerConfig
 from gymllm.train.train_config import ModelSection, RunSection
 from gymllm.errors import ConfigError, explain
 
-__all__ = ["SFTSection", "SFTConfig", "LEARNER_FIELDS", "RUN_FIELDS", "SFTResult", "run_sft", "load_rows", "step_indices"]
+__all__ = [
+    "SFTSection",
+    "SFTConfig",
+    "LEARNER_FIELDS",
+    "RUN_FIELDS",
+    "SFTResult",
+    "run_sft",
+    "load_rows",
+    "step_indices",
+]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -62,9 +71,24 @@ class SFTSection:
 
 
 #: the sections' fields an SFT run reads (the others are the RL run's and are ignored here)
-LEARNER_FIELDS = ("num_steps", "micro_batch_size", "max_len", "min_bucket", "buckets_per_octave", "compute_dtype",
-                  "fast_compile")
-RUN_FIELDS = ("run_dir", "seed", "checkpoint_every", "keep_checkpoints", "resume", "console", "compile_cache")
+LEARNER_FIELDS = (
+    "num_steps",
+    "micro_batch_size",
+    "max_len",
+    "min_bucket",
+    "buckets_per_octave",
+    "compute_dtype",
+    "fast_compile",
+)
+RUN_FIELDS = (
+    "run_dir",
+    "seed",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "resume",
+    "console",
+    "compile_cache",
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -76,9 +100,13 @@ class SFTConfig:
     data: str = ""  # chat JSONL: one {"messages": [...], "tools": [...]} object a line (e.g. from `gymllm demos`)
     from_run: str = ""  # train on this run directory's logged trajectories instead (token-exact)
     min_reward: float = 1.0  # with from_run: keep trajectories with reward >= this
-    model: ModelSection = dataclasses.field(default_factory=lambda: ModelSection(name="smollm2-135m-instruct"))
+    model: ModelSection = dataclasses.field(
+        default_factory=lambda: ModelSection(name="smollm2-135m-instruct")
+    )
     """The model to fine-tune (``checkpoint`` warm-starts it)."""
-    optimizer: OptimizerConfig = dataclasses.field(default_factory=lambda: OptimizerConfig(learning_rate=2e-5))
+    optimizer: OptimizerConfig = dataclasses.field(
+        default_factory=lambda: OptimizerConfig(learning_rate=2e-5)
+    )
     """The optimizer and its learning-rate schedule."""
     lora: LoRAConfig = dataclasses.field(default_factory=LoRAConfig)
     """LoRA adapters (rank 0: full fine-tuning)."""
@@ -94,21 +122,46 @@ class SFTConfig:
 
     def __post_init__(self) -> None:
         if bool(self.data) == bool(self.from_run):
-            raise ConfigError(explain("SFTConfig data", expected="exactly one of data (a chat JSONL file) and "
-                                      "from_run (a run directory)", received={"data": self.data, "from_run":
-                                      self.from_run}, fix="gymllm sft DATA.jsonl, or gymllm sft --from-run RUN "
-                                      "--min-reward R"))
+            raise ConfigError(
+                explain(
+                    "SFTConfig data",
+                    expected="exactly one of data (a chat JSONL file) and "
+                    "from_run (a run directory)",
+                    received={"data": self.data, "from_run": self.from_run},
+                    fix="gymllm sft DATA.jsonl, or gymllm sft --from-run RUN --min-reward R",
+                )
+            )
         if not math.isfinite(self.min_reward):
-            raise ConfigError(explain("SFTConfig.min_reward", expected="a finite number", received=self.min_reward,
-                                      fix="e.g. --min-reward 1.0 (rows of trajectories with reward >= 1)"))
+            raise ConfigError(
+                explain(
+                    "SFTConfig.min_reward",
+                    expected="a finite number",
+                    received=self.min_reward,
+                    fix="e.g. --min-reward 1.0 (rows of trajectories with reward >= 1)",
+                )
+            )
         if self.lora.enabled and self.model.checkpoint:
-            raise ConfigError(explain("SFTConfig.lora", expected="LoRA on the model as loaded (its adapters are "
-                                      "merged onto that base when the run is read back)", received={
-                                      "lora.rank": self.lora.rank, "model.checkpoint": self.model.checkpoint},
-                                      fix="warm-start with full fine-tuning (lora.rank 0), or drop model.checkpoint"))
+            raise ConfigError(
+                explain(
+                    "SFTConfig.lora",
+                    expected="LoRA on the model as loaded (its adapters are "
+                    "merged onto that base when the run is read back)",
+                    received={
+                        "lora.rank": self.lora.rank,
+                        "model.checkpoint": self.model.checkpoint,
+                    },
+                    fix="warm-start with full fine-tuning (lora.rank 0), or drop model.checkpoint",
+                )
+            )
         if not self.run.run_dir:
-            raise ConfigError(explain("SFTConfig.run.run_dir", expected="a directory", received=self.run.run_dir,
-                                      fix="e.g. --run.run-dir runs/sft"))
+            raise ConfigError(
+                explain(
+                    "SFTConfig.run.run_dir",
+                    expected="a directory",
+                    received=self.run.run_dir,
+                    fix="e.g. --run.run-dir runs/sft",
+                )
+            )
 
     def to_json(self) -> str:
         return json.dumps({"kind": "sft", **dataclasses.asdict(self)}, indent=2, default=str)
@@ -136,12 +189,15 @@ class SFTResult:
 
     def summary(self) -> str:
         first = f"{self.losses[0]:.4f} -> " if len(self.losses) > 1 else ""
-        lines = [f"SFT: {self.step} steps" + (f" (resumed at step {self.resumed_from})" if self.resumed_from else "")
-                 + f" on {self.rows} rows, {self.tokens} trained tokens in {self.wall_s:.1f} s",
-                 f"  loss (masked assistant-token cross-entropy): {first}{self.final_loss:.4f}",
-                 f"  run dir: {self.run_dir} (checkpoints/, metrics.jsonl, tensorboard/)",
-                 f"  use it: gymllm train ... --model.name {self.model_name} --model.checkpoint {self.run_dir}",
-                 f"          gymllm eval env ENV --model.checkpoint {self.run_dir}"]
+        lines = [
+            f"SFT: {self.step} steps"
+            + (f" (resumed at step {self.resumed_from})" if self.resumed_from else "")
+            + f" on {self.rows} rows, {self.tokens} trained tokens in {self.wall_s:.1f} s",
+            f"  loss (masked assistant-token cross-entropy): {first}{self.final_loss:.4f}",
+            f"  run dir: {self.run_dir} (checkpoints/, metrics.jsonl, tensorboard/)",
+            f"  use it: gymllm train ... --model.name {self.model_name} --model.checkpoint {self.run_dir}",
+            f"          gymllm eval env ENV --model.checkpoint {self.run_dir}",
+        ]
         return "\n".join(lines)
 
 
@@ -151,8 +207,12 @@ def load_rows(cfg: SFTConfig, tokenizer: Any) -> list[Any]:
 
     if cfg.from_run:
         return sft_data.rows_from_run(cfg.from_run, cfg.min_reward, max_len=cfg.learner.max_len)
-    return sft_data.rows_from_jsonl(cfg.data, tokenizer, max_len=cfg.learner.max_len,
-                                    system_prompt=cfg.sft.system_prompt or None)
+    return sft_data.rows_from_jsonl(
+        cfg.data,
+        tokenizer,
+        max_len=cfg.learner.max_len,
+        system_prompt=cfg.sft.system_prompt or None,
+    )
 
 
 def step_indices(num_rows: int, batch_size: int, step: int, seed: int) -> list[int]:
@@ -193,27 +253,50 @@ def _run_sft(cfg: SFTConfig) -> SFTResult:
     lm = load_model(cfg.model)
     rows = load_rows(cfg, lm.tokenizer)
     vocab = int(lm.config.vocab_size)
-    bad = next((r for r in rows if int(r.token_ids.max()) >= vocab or int(r.token_ids.min()) < 0), None)
+    bad = next(
+        (r for r in rows if int(r.token_ids.max()) >= vocab or int(r.token_ids.min()) < 0), None
+    )
     if bad is not None:
-        raise ConfigError(explain(f"SFT row {bad.source}", expected=f"token ids of this model (< {vocab})",
-                                  received=f"id {int(bad.token_ids.max())}", fix="train the model the run was made "
-                                  "with (--model.name of the run's config.json)"))
+        raise ConfigError(
+            explain(
+                f"SFT row {bad.source}",
+                expected=f"token ids of this model (< {vocab})",
+                received=f"id {int(bad.token_ids.max())}",
+                fix="train the model the run was made with (--model.name of the run's config.json)",
+            )
+        )
     num_steps = _num_steps(cfg, len(rows))
     learner_rows = [sft_row(r.token_ids, r.loss_mask, r.source) for r in rows]
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(cfg.to_json())
-    learner = SFTLearner(lm.config, lm.model.flat_params(), optimizer=cfg.optimizer, num_steps=num_steps,
-                         micro_batch_size=cfg.learner.micro_batch_size, max_len=cfg.learner.max_len,
-                         min_bucket=cfg.learner.min_bucket, buckets_per_octave=cfg.learner.buckets_per_octave,
-                         compute_dtype=cfg.learner.compute_dtype, fast_compile=cfg.learner.fast_compile, lora=cfg.lora,
-                         mesh=make_mesh(cfg.sharding), pad_id=int(lm.tokenizer.pad_token_id or 0))
+    learner = SFTLearner(
+        lm.config,
+        lm.model.flat_params(),
+        optimizer=cfg.optimizer,
+        num_steps=num_steps,
+        micro_batch_size=cfg.learner.micro_batch_size,
+        max_len=cfg.learner.max_len,
+        min_bucket=cfg.learner.min_bucket,
+        buckets_per_octave=cfg.learner.buckets_per_octave,
+        compute_dtype=cfg.learner.compute_dtype,
+        fast_compile=cfg.learner.fast_compile,
+        lora=cfg.lora,
+        mesh=make_mesh(cfg.sharding),
+        pad_id=int(lm.tokenizer.pad_token_id or 0),
+    )
     ckpt = Checkpointer(run_dir / "checkpoints", max_to_keep=cfg.run.keep_checkpoints)
     resumed = None
     try:
         if not cfg.run.resume and ckpt.latest_step() is not None:
-            raise ConfigError(explain("SFTConfig.run.resume", expected=f"a fresh run_dir with resume=False (or resume="
-                                      f"True to continue {run_dir})", received=f"checkpoints up to step "
-                                      f"{ckpt.latest_step()} there", fix="pass a new --run.run-dir, or drop --run.no-resume"))
+            raise ConfigError(
+                explain(
+                    "SFTConfig.run.resume",
+                    expected=f"a fresh run_dir with resume=False (or resume="
+                    f"True to continue {run_dir})",
+                    received=f"checkpoints up to step {ckpt.latest_step()} there",
+                    fix="pass a new --run.run-dir, or drop --run.no-resume",
+                )
+            )
         if cfg.run.resume and ckpt.restore_latest(learner) is not None:
             resumed = learner.version
         if cfg.run.resume:
@@ -236,6 +319,14 @@ def _run_sft(cfg: SFTConfig) -> SFTResult:
             logger.close()
     finally:
         ckpt.close()
-    return SFTResult(losses=[h["loss"] for h in history], history=history, step=learner.version, tokens=tokens,
-                     rows=len(rows), run_dir=str(run_dir), resumed_from=resumed, model_name=cfg.model.name,
-                     wall_s=time.perf_counter() - t_start)
+    return SFTResult(
+        losses=[h["loss"] for h in history],
+        history=history,
+        step=learner.version,
+        tokens=tokens,
+        rows=len(rows),
+        run_dir=str(run_dir),
+        resumed_from=resumed,
+        model_name=cfg.model.name,
+        wall_s=time.perf_counter() - t_start,
+    )

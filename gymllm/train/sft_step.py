@@ -57,14 +57,27 @@ def sft_row(token_ids: np.ndarray, loss_mask: np.ndarray, sample_id: str = "") -
     """A learner row (next-token shifted: inputs ``ids[:-1]``, targets and mask ``[1:]``) of an SFT row."""
     ids = np.asarray(token_ids, np.int32)
     n = len(ids) - 1
-    return Row(inputs=ids[:-1], targets=ids[1:], mask=np.asarray(loss_mask[1:], np.float32),
-               mu=np.zeros(n, np.float32), versions=np.zeros(n, np.int32), advantage=0.0, group_tokens=1.0,
-               sample_id=sample_id)
+    return Row(
+        inputs=ids[:-1],
+        targets=ids[1:],
+        mask=np.asarray(loss_mask[1:], np.float32),
+        mu=np.zeros(n, np.float32),
+        versions=np.zeros(n, np.int32),
+        advantage=0.0,
+        group_tokens=1.0,
+        sample_id=sample_id,
+    )
 
 
 @functools.lru_cache(maxsize=16)
-def _programs(model_config: Any, lora: Any, opt: OptimizerConfig, num_steps: int, compute_dtype: str | None,
-              fast_compile: bool):
+def _programs(
+    model_config: Any,
+    lora: Any,
+    opt: OptimizerConfig,
+    num_steps: int,
+    compute_dtype: str | None,
+    fast_compile: bool,
+):
     from gymllm.models.logprobs import token_logprobs
     from gymllm.models.transformer import forward
 
@@ -72,7 +85,9 @@ def _programs(model_config: Any, lora: Any, opt: OptimizerConfig, num_steps: int
 
     def loss_fn(trainable, frozen, a):
         params = lora_mod.merge(lora, frozen, trainable) if lora is not None else trainable
-        logits, _ = forward(model_config, params, a["tokens"], a["positions"], compute_dtype=compute_dtype)
+        logits, _ = forward(
+            model_config, params, a["tokens"], a["positions"], compute_dtype=compute_dtype
+        )
         total, count = masked_nll(token_logprobs(logits, a["targets"], 1.0), a["mask"])
         correct = jnp.sum((jnp.argmax(logits, axis=-1) == a["targets"]) * a["mask"])
         return total, {"tokens": count, "correct": correct}
@@ -84,7 +99,12 @@ def _programs(model_config: Any, lora: Any, opt: OptimizerConfig, num_steps: int
     def apply(trainable, opt_state, acc, denom):
         g = jax.tree.map(lambda x: x / denom, acc)
         updates, opt_state = tx.update(g, opt_state, trainable)
-        return optax.apply_updates(trainable, updates), opt_state, optax.global_norm(g), jax.tree.map(jnp.zeros_like, acc)
+        return (
+            optax.apply_updates(trainable, updates),
+            opt_state,
+            optax.global_norm(g),
+            jax.tree.map(jnp.zeros_like, acc),
+        )
 
     jit = functools.partial(jax.jit, compiler_options=FAST_COMPILE if fast_compile else None)
     return jit(grad, donate_argnums=(0,)), jit(apply, donate_argnums=(2,)), tx
@@ -97,10 +117,23 @@ class SFTLearner:
     ``state()`` / ``bookkeeping()`` / ``restore()`` are what :class:`~gymllm.algos.checkpoint.Checkpointer`
     needs; ``policy_params()`` gives the full (LoRA-merged) weights."""
 
-    def __init__(self, model_config: Any, params: dict[str, jax.Array], *, optimizer: OptimizerConfig,
-                 num_steps: int, micro_batch_size: int = 8, max_len: int = 512, min_bucket: int = 32,
-                 buckets_per_octave: int = 1, compute_dtype: str | None = None, fast_compile: bool = False,
-                 lora: lora_mod.LoRAConfig | None = None, mesh: Any = None, pad_id: int = 0):
+    def __init__(
+        self,
+        model_config: Any,
+        params: dict[str, jax.Array],
+        *,
+        optimizer: OptimizerConfig,
+        num_steps: int,
+        micro_batch_size: int = 8,
+        max_len: int = 512,
+        min_bucket: int = 32,
+        buckets_per_octave: int = 1,
+        compute_dtype: str | None = None,
+        fast_compile: bool = False,
+        lora: lora_mod.LoRAConfig | None = None,
+        mesh: Any = None,
+        pad_id: int = 0,
+    ):
         self.model_config, self.mesh, self.pad_id = model_config, mesh, pad_id
         self.micro_batch_size = micro_batch_size
         self.lora = lora if lora is not None and lora.enabled else None
@@ -111,16 +144,23 @@ class SFTLearner:
             self.trainable = shard_params(mesh, lora_mod.init_adapters(self.lora, base))
         else:
             self.frozen, self.trainable = None, shard_params(mesh, base)
-        self.compute_dtype = resolve_compute_dtype(compute_dtype)  # "auto": resolved where the learner runs
-        self._grad, self._apply, self.tx = _programs(model_config, self.lora, optimizer, num_steps, self.compute_dtype,
-                                                     fast_compile)
+        self.compute_dtype = resolve_compute_dtype(
+            compute_dtype
+        )  # "auto": resolved where the learner runs
+        self._grad, self._apply, self.tx = _programs(
+            model_config, self.lora, optimizer, num_steps, self.compute_dtype, fast_compile
+        )
         self.schedule = make_schedule(optimizer, num_steps)
         self.opt_state = self.tx.init(self.trainable)
         self.version = 0
         self.counts: collections.Counter = collections.Counter()
 
     def policy_params(self) -> dict[str, jax.Array]:
-        return lora_mod.merge(self.lora, self.frozen, self.trainable) if self.lora is not None else self.trainable
+        return (
+            lora_mod.merge(self.lora, self.frozen, self.trainable)
+            if self.lora is not None
+            else self.trainable
+        )
 
     def step_rows(self, rows: Sequence[Row]) -> dict[str, float]:
         """One optimizer update on ``rows`` (micro-batches of ``micro_batch_size`` rows, shortest first)."""
@@ -131,20 +171,33 @@ class SFTLearner:
         n_mb = 0
         with span("sft_step", track="trainer", step=self.version + 1, rows=len(rows)):
             for i in range(0, len(ordered), self.micro_batch_size):
-                chunk = ordered[i:i + self.micro_batch_size]
+                chunk = ordered[i : i + self.micro_batch_size]
                 length = pick_bucket(max(r.length for r in chunk), self.buckets)
                 mb = make_micro_batch(chunk, self.micro_batch_size, length, self.pad_id)
-                with span("micro_batch", track="trainer", rows=len(chunk), length=length, step=self.version + 1):
-                    a = shard_batch(self.mesh, {k: v for k, v in mb.arrays().items()
-                                                if k in ("tokens", "positions", "targets", "mask")})
+                with span(
+                    "micro_batch",
+                    track="trainer",
+                    rows=len(chunk),
+                    length=length,
+                    step=self.version + 1,
+                ):
+                    a = shard_batch(
+                        self.mesh,
+                        {
+                            k: v
+                            for k, v in mb.arrays().items()
+                            if k in ("tokens", "positions", "targets", "mask")
+                        },
+                    )
                     acc, out = self._grad(acc, self.trainable, self.frozen, a)
                     for k, v in jax.device_get(out).items():
                         sums[k] += float(v)
                 n_mb += 1
             tokens = max(sums["tokens"], 1.0)
             lr = float(self.schedule(self.version))
-            self.trainable, self.opt_state, gnorm, _ = self._apply(self.trainable, self.opt_state, acc,
-                                                                   jnp.float32(tokens))
+            self.trainable, self.opt_state, gnorm, _ = self._apply(
+                self.trainable, self.opt_state, acc, jnp.float32(tokens)
+            )
             gnorm = float(gnorm)
         self.version += 1
         self.counts["steps"] += 1
@@ -152,9 +205,17 @@ class SFTLearner:
         self.counts["tokens_trained"] += int(sums["tokens"])
         counter("policy_version", self.version, track="trainer")
         wall = time.perf_counter() - t0
-        return {"loss": sums["loss_sum"] / tokens, "token_accuracy": sums["correct"] / tokens, "grad_norm": gnorm,
-                "learning_rate": lr, "tokens": sums["tokens"], "sequences": float(len(rows)),
-                "micro_batches": float(n_mb), "step_wall_s": wall, "tokens_per_s": sums["tokens"] / max(wall, 1e-9)}
+        return {
+            "loss": sums["loss_sum"] / tokens,
+            "token_accuracy": sums["correct"] / tokens,
+            "grad_norm": gnorm,
+            "learning_rate": lr,
+            "tokens": sums["tokens"],
+            "sequences": float(len(rows)),
+            "micro_batches": float(n_mb),
+            "step_wall_s": wall,
+            "tokens_per_s": sums["tokens"] / max(wall, 1e-9),
+        }
 
     # ------------------------------------------------------------------ checkpoint state
     def state(self) -> dict[str, Any]:

@@ -37,7 +37,9 @@ class RolloutTally:
         self.seeds: set[int] = set()
         self.rewards: list[float] = []  # per group: its mean reward
         self.tool_calls: list[int] = []  # per episode
-        self.episodes: list[Any] = []  # row 0 of each episode (its info: env steps, invalid replies, outcome)
+        self.episodes: list[
+            Any
+        ] = []  # row 0 of each episode (its info: env steps, invalid replies, outcome)
         self.totals = {"episodes": 0, "with_tool_call": 0, "tool_calls": 0}
 
     def add(self, group: Any) -> None:
@@ -46,10 +48,16 @@ class RolloutTally:
         seeds = {int(t.seed) for t in group.trajectories if t.seed is not None}
         bad = sorted(x for x in seeds if self.heldout is not None and x in self.heldout)
         if bad:
-            raise ConfigError(explain(f"training group {group.group_id}", expected="an env seed outside the held-out "
-                                      f"seeds {self.heldout.start}..{self.heldout.stop - 1}", received=bad, fix=
-                                      "raise --eval.seed-base above every seed training reaches (run.seed + the "
-                                      "groups it admits)"))
+            raise ConfigError(
+                explain(
+                    f"training group {group.group_id}",
+                    expected="an env seed outside the held-out "
+                    f"seeds {self.heldout.start}..{self.heldout.stop - 1}",
+                    received=bad,
+                    fix="raise --eval.seed-base above every seed training reaches (run.seed + the "
+                    "groups it admits)",
+                )
+            )
         self.seeds |= seeds
         self.rewards.append(float(np.mean(group.rewards)))
         calls = group_tool_calls(group)
@@ -64,11 +72,16 @@ class RolloutTally:
 
         out: dict[str, float] = {}
         if self.rewards:
-            out.update(rollout_reward_mean=float(np.mean(self.rewards)), rollout_groups=len(self.rewards))
+            out.update(
+                rollout_reward_mean=float(np.mean(self.rewards)), rollout_groups=len(self.rewards)
+            )
         if self.tool_calls:
             calls = np.asarray(self.tool_calls, np.float64)
-            out.update(rollout_episodes=int(calls.size), tool_calls_per_episode=float(calls.mean()),
-                       tool_call_share=float((calls > 0).mean()))
+            out.update(
+                rollout_episodes=int(calls.size),
+                tool_calls_per_episode=float(calls.mean()),
+                tool_call_share=float((calls > 0).mean()),
+            )
         out.update(episode_figures(self.episodes))
         self.rewards.clear()
         self.tool_calls.clear()
@@ -108,9 +121,14 @@ class StepLog:
         from gymllm.telemetry.sinks import MetricsLogger
 
         self.tok = tok
-        self.logger = MetricsLogger(run_dir, total_steps=cfg.learner.num_steps, console=cfg.run.console)
-        self.traj_log = (TrajectoryRecordWriter(run_dir / "trajectories.jsonl", tokenizer=tok, per_token=True)
-                         if cfg.run.log_trajectories else None)
+        self.logger = MetricsLogger(
+            run_dir, total_steps=cfg.learner.num_steps, console=cfg.run.console
+        )
+        self.traj_log = (
+            TrajectoryRecordWriter(run_dir / "trajectories.jsonl", tokenizer=tok, per_token=True)
+            if cfg.run.log_trajectories
+            else None
+        )
 
     def restart_clock(self) -> None:
         """The current step starts now."""
@@ -125,22 +143,33 @@ class StepLog:
         self.gen_tokens += sum(t.num_sampled for g in groups for t in g.trajectories)
         self.step_groups += groups
 
-    def record(self, rep: Any, sync_s: float, stats: dict[str, Any], filtered: int) -> dict[str, Any]:
+    def record(
+        self, rep: Any, sync_s: float, stats: dict[str, Any], filtered: int
+    ) -> dict[str, Any]:
         """Log the step of learner report ``rep`` (its metrics, ``sync_s`` of weight push, the group
         source's ``stats``, ``filtered`` groups so far) and return its record."""
         wall = time.perf_counter() - self.t_step
         m = dict(rep.metrics)
-        m.update(weight_sync_s=sync_s, step_wall_s=wall, trainer_wait_s=self.wait_s,
-                 tokens_per_s_generated=self.gen_tokens / wall if wall > 0 else 0.0,
-                 engine_busy_fraction=float(stats.get("engine_busy_fraction", 0.0)),
-                 groups_filtered_rollout=float(filtered), groups_stale_rollout=float(stats.get("stale_dropped", 0)))
+        m.update(
+            weight_sync_s=sync_s,
+            step_wall_s=wall,
+            trainer_wait_s=self.wait_s,
+            tokens_per_s_generated=self.gen_tokens / wall if wall > 0 else 0.0,
+            engine_busy_fraction=float(stats.get("engine_busy_fraction", 0.0)),
+            groups_filtered_rollout=float(filtered),
+            groups_stale_rollout=float(stats.get("stale_dropped", 0)),
+        )
         if "concurrency_limit" in stats:
             m["rollout_concurrency"] = float(stats["concurrency_limit"])
-        if self.compiles is not None:  # a step that compiled shows it (the first steps, a new shape)
+        if (
+            self.compiles is not None
+        ):  # a step that compiled shows it (the first steps, a new shape)
             done = self.compiles.since(self.compile_cursor)
             self.compile_cursor += len(done)
             m.update(compile_s=sum(c.seconds for c in done), compiles=len(done))
-        m.update(self.tally.pop())  # over every group completed since the last step, filtered ones included
+        m.update(
+            self.tally.pop()
+        )  # over every group completed since the last step, filtered ones included
         for figures in self.extra:  # e.g. a suite mixture's env/<name>/... figures
             m.update(figures())
         m.update(self.pending_eval)
@@ -152,7 +181,9 @@ class StepLog:
         self.trained_ids.append(rep.sample_ids)
         if self.traj_log is not None:
             used = set(rep.sample_ids)
-            mine = [g for g in self.step_groups if any(t.trajectory_id in used for t in g.trajectories)]
+            mine = [
+                g for g in self.step_groups if any(t.trajectory_id in used for t in g.trajectories)
+            ]
             self.traj_log.write([t for g in mine for t in g.trajectories], step=rep.step)
             self.step_groups = [g for g in self.step_groups if g not in mine]
         return record

@@ -36,8 +36,17 @@ from gymllm.rollout.seat_source import MultiAgentSection
 from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 from gymllm.validation import apply_overrides, check_choice, check_range, require
 
-__all__ = ["ModelSection", "EnvSection", "RunSection", "EvalSection", "ClusterSection", "TrainConfig", "PRESETS",
-           "preset", "from_tables"]
+__all__ = [
+    "ModelSection",
+    "EnvSection",
+    "RunSection",
+    "EvalSection",
+    "ClusterSection",
+    "TrainConfig",
+    "PRESETS",
+    "preset",
+    "from_tables",
+]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -67,8 +76,14 @@ class ModelSection:
 
     def __post_init__(self) -> None:
         if not self.name:
-            raise ConfigError(explain("model.name", expected="a model name, path or tiny-<family>", received=self.name,
-                                      fix="e.g. name='tiny-qwen3' or 'smollm2-135m-instruct'"))
+            raise ConfigError(
+                explain(
+                    "model.name",
+                    expected="a model name, path or tiny-<family>",
+                    received=self.name,
+                    fix="e.g. name='tiny-qwen3' or 'smollm2-135m-instruct'",
+                )
+            )
 
     @property
     def is_tiny(self) -> bool:
@@ -104,18 +119,36 @@ class EnvSection:
         check_choice("EnvSection", "agent", self.agent, ("model", "tool"))
         check_choice("EnvSection", "curriculum", self.curriculum, ("none", "learnability"))
         if self.suite and (self.id != DEFAULT_ENV_ID or self.kwargs):
-            raise ConfigError(explain("env", expected="--env.id (with its kwargs) or --env.suite, not both",
-                                      received=f"id={self.id!r}, kwargs={self.kwargs}, suite={self.suite!r}",
-                                      fix="drop --env.id and its kwargs to train on the suite's mixture (its tables "
-                                          "hold each env's kwargs), or drop --env.suite"))
+            raise ConfigError(
+                explain(
+                    "env",
+                    expected="--env.id (with its kwargs) or --env.suite, not both",
+                    received=f"id={self.id!r}, kwargs={self.kwargs}, suite={self.suite!r}",
+                    fix="drop --env.id and its kwargs to train on the suite's mixture (its tables "
+                    "hold each env's kwargs), or drop --env.suite",
+                )
+            )
         if self.curriculum != "none" and not self.suite:
-            raise ConfigError(explain("env.curriculum", expected="a suite to weight (--env.suite)",
-                                      received=f"curriculum={self.curriculum!r} with one env {self.id!r}",
-                                      fix="add --env.suite S, or drop --env.curriculum"))
+            raise ConfigError(
+                explain(
+                    "env.curriculum",
+                    expected="a suite to weight (--env.suite)",
+                    received=f"curriculum={self.curriculum!r} with one env {self.id!r}",
+                    fix="add --env.suite S, or drop --env.curriculum",
+                )
+            )
         if not isinstance(self.kwargs, dict):
-            raise ConfigError(explain("env.kwargs", expected="a dict of constructor arguments", received=self.kwargs,
-                                      fix="e.g. kwargs={'num_letters': 4}"))
-        if ":" in self.id:  # a user's module: import it now, so a bad module or factory fails before the model loads
+            raise ConfigError(
+                explain(
+                    "env.kwargs",
+                    expected="a dict of constructor arguments",
+                    received=self.kwargs,
+                    fix="e.g. kwargs={'num_letters': 4}",
+                )
+            )
+        if (
+            ":" in self.id
+        ):  # a user's module: import it now, so a bad module or factory fails before the model loads
             from gymllm.registration import resolve_env_id
 
             resolve_env_id(self.id, where="env.id")
@@ -191,8 +224,13 @@ class EvalSection:
 
     def __post_init__(self) -> None:
         check_range("EvalSection", "every", self.every, lo=0)
-        require(not (self.suite and self.envs), "eval", expected="--eval.envs or --eval.suite, not both",
-                received=f"envs={list(self.envs)}, suite={self.suite!r}", fix="drop one of them")
+        require(
+            not (self.suite and self.envs),
+            "eval",
+            expected="--eval.envs or --eval.suite, not both",
+            received=f"envs={list(self.envs)}, suite={self.suite!r}",
+            fix="drop one of them",
+        )
         check_range("EvalSection", "seeds", self.seeds, lo=1)
         check_range("EvalSection", "seed_base", self.seed_base, lo=0)
         check_range("EvalSection", "temperature", self.temperature, lo=0.0)
@@ -246,23 +284,52 @@ class ClusterSection:
         check_range("ClusterSection", "engine_replicas", self.engine_replicas, lo=1)
         check_range("ClusterSection", "learner_hosts", self.learner_hosts, lo=0)
         check_range("ClusterSection", "learner_local_devices", self.learner_local_devices, lo=0)
-        for f in ("env_num_cpus", "engine_num_cpus", "learner_num_cpus", "engine_num_gpus", "learner_num_gpus"):
+        for f in (
+            "env_num_cpus",
+            "engine_num_cpus",
+            "learner_num_cpus",
+            "engine_num_gpus",
+            "learner_num_gpus",
+        ):
             check_range("ClusterSection", f, getattr(self, f), lo=0.0)
         for f in ("env_resources", "engine_resources", "learner_resources"):
             value = getattr(self, f)
-            if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, (int, float))
-                                                      and not isinstance(v, bool) and v >= 0
-                                                      for k, v in value.items()):
-                raise ConfigError(explain(f"cluster.{f}", expected="a dict of Ray resource name -> amount >= 0",
-                                          received=value, fix=f"e.g. {f}={{'sandbox': 1}}"))
+            if not isinstance(value, dict) or not all(
+                isinstance(k, str)
+                and isinstance(v, (int, float))
+                and not isinstance(v, bool)
+                and v >= 0
+                for k, v in value.items()
+            ):
+                raise ConfigError(
+                    explain(
+                        f"cluster.{f}",
+                        expected="a dict of Ray resource name -> amount >= 0",
+                        received=value,
+                        fix=f"e.g. {f}={{'sandbox': 1}}",
+                    )
+                )
         if self.backend == "none":
-            off = {f: getattr(self, f) for f, default in (("address", None), ("env_workers", 1),
-                                                          ("engine_replicas", 1), ("learner_hosts", 0))
-                   if getattr(self, f) != default}
+            off = {
+                f: getattr(self, f)
+                for f, default in (
+                    ("address", None),
+                    ("env_workers", 1),
+                    ("engine_replicas", 1),
+                    ("learner_hosts", 0),
+                )
+                if getattr(self, f) != default
+            }
             if off:
-                raise ConfigError(explain("cluster", expected="backend='ray' for cluster placement", received=
-                                          {"backend": "none", **off}, fix="add --cluster.backend ray "
-                                          "(pip install 'gymllm[ray]'), or drop the --cluster.* options"))
+                raise ConfigError(
+                    explain(
+                        "cluster",
+                        expected="backend='ray' for cluster placement",
+                        received={"backend": "none", **off},
+                        fix="add --cluster.backend ray "
+                        "(pip install 'gymllm[ray]'), or drop the --cluster.* options",
+                    )
+                )
 
     @property
     def distributed(self) -> bool:
@@ -280,15 +347,29 @@ class TrainConfig:
     """The model to train (a name, a path, or a random tiny one) and an optional warm start."""
     env: EnvSection = dataclasses.field(default_factory=EnvSection)
     """The env (or suite mixture) the rollouts play, its sub-envs and the agent that renders it."""
-    engine: EngineConfig = dataclasses.field(default_factory=lambda: EngineConfig(
-        num_slots=32, max_len=64, min_bucket=64, idle_wait_s=0.002, decode_chunk=8, shapes="fixed", prefill_tokens=128,
-        decode_lengths=1))
+    engine: EngineConfig = dataclasses.field(
+        default_factory=lambda: EngineConfig(
+            num_slots=32,
+            max_len=64,
+            min_bucket=64,
+            idle_wait_s=0.002,
+            decode_chunk=8,
+            shapes="fixed",
+            prefill_tokens=128,
+            decode_lengths=1,
+        )
+    )
     """The inference engine's resources and compiled shapes (gymllm.inference.EngineConfig)."""
-    sampling: SamplingParams = dataclasses.field(default_factory=lambda: SamplingParams(max_tokens=8))
+    sampling: SamplingParams = dataclasses.field(
+        default_factory=lambda: SamplingParams(max_tokens=8)
+    )
     """How each model call is sampled (temperature, top-p, reply budget); the learner scores tokens at this
     temperature."""
-    rollout: RolloutConfig = dataclasses.field(default_factory=lambda: RolloutConfig(
-        group_size=8, max_concurrency=32, max_staleness=2, max_model_calls=1))
+    rollout: RolloutConfig = dataclasses.field(
+        default_factory=lambda: RolloutConfig(
+            group_size=8, max_concurrency=32, max_staleness=2, max_model_calls=1
+        )
+    )
     """How groups are produced: group size, concurrency, staleness bound, the source's mode."""
     loss: LossConfig = dataclasses.field(default_factory=async_agentic)
     """The RL loss: advantages, policy objective, corrections, KL, shaping, aggregation."""
@@ -311,26 +392,66 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name, kind in _SECTIONS.items():
-            require(isinstance(getattr(self, name), kind), f"TrainConfig.{name}", expected=f"a {kind.__name__}",
-                    received=getattr(self, name), fix=f"pass {name}={kind.__name__}(...)")
+            require(
+                isinstance(getattr(self, name), kind),
+                f"TrainConfig.{name}",
+                expected=f"a {kind.__name__}",
+                received=getattr(self, name),
+                fix=f"pass {name}={kind.__name__}(...)",
+            )
         s, r, e = self.sampling, self.rollout, self.engine
         need = s.max_tokens * r.max_model_calls
-        require(need < e.max_len, "engine.max_len", expected=f"> sampling.max_tokens * rollout.max_model_calls ({need}) "
-                "plus the prompt", received=e.max_len, fix="raise --engine.max-len or lower --sampling.max-tokens")
-        require(s.temperature > 0, "sampling.temperature", expected="> 0 (the learner scores the sampled tokens "
-                "at this temperature; greedy decoding cannot be trained on)", received=s.temperature,
-                fix="use e.g. --sampling.temperature 1.0 (held-out evaluation is greedy: --eval.temperature)")
-        require(s.n == 1, "sampling.n", expected="1 (a group's samples are its rollout.group_size trajectories)",
-                received=s.n, fix="set --rollout.group-size instead")
-        require(self.env.num_envs >= r.group_size, "env.num_envs", expected=f">= rollout.group_size ({r.group_size})",
-                received=self.env.num_envs, fix="give every member of a group its own env: raise --env.num-envs")
-        require(not (self.multiagent.policies and self.cluster.backend == "ray"), "multiagent.policies",
-                expected="--cluster.backend none (several policies train in one process)", received="--cluster.backend ray",
-                fix="drop --cluster.backend ray, or train one policy on Ray (drop --multiagent.policies)")
-        require(self.cluster.env_workers <= self.env.num_envs, "cluster.env_workers", expected=f"<= env.num_envs "
-                f"({self.env.num_envs})", received=self.cluster.env_workers, fix="give every env worker at least one env")
-        require(e.seed == 0, "engine.seed", expected="0: a run's engine is seeded with run.seed (one setting, wired "
-                "where the engine is built)", received=e.seed, fix="give --run.seed instead")
+        require(
+            need < e.max_len,
+            "engine.max_len",
+            expected=f"> sampling.max_tokens * rollout.max_model_calls ({need}) plus the prompt",
+            received=e.max_len,
+            fix="raise --engine.max-len or lower --sampling.max-tokens",
+        )
+        require(
+            s.temperature > 0,
+            "sampling.temperature",
+            expected="> 0 (the learner scores the sampled tokens "
+            "at this temperature; greedy decoding cannot be trained on)",
+            received=s.temperature,
+            fix="use e.g. --sampling.temperature 1.0 (held-out evaluation is greedy: --eval.temperature)",
+        )
+        require(
+            s.n == 1,
+            "sampling.n",
+            expected="1 (a group's samples are its rollout.group_size trajectories)",
+            received=s.n,
+            fix="set --rollout.group-size instead",
+        )
+        require(
+            self.env.num_envs >= r.group_size,
+            "env.num_envs",
+            expected=f">= rollout.group_size ({r.group_size})",
+            received=self.env.num_envs,
+            fix="give every member of a group its own env: raise --env.num-envs",
+        )
+        require(
+            not (self.multiagent.policies and self.cluster.backend == "ray"),
+            "multiagent.policies",
+            expected="--cluster.backend none (several policies train in one process)",
+            received="--cluster.backend ray",
+            fix="drop --cluster.backend ray, or train one policy on Ray (drop --multiagent.policies)",
+        )
+        require(
+            self.cluster.env_workers <= self.env.num_envs,
+            "cluster.env_workers",
+            expected=f"<= env.num_envs ({self.env.num_envs})",
+            received=self.cluster.env_workers,
+            fix="give every env worker at least one env",
+        )
+        require(
+            e.seed == 0,
+            "engine.seed",
+            expected="0: a run's engine is seeded with run.seed (one setting, wired "
+            "where the engine is built)",
+            received=e.seed,
+            fix="give --run.seed instead",
+        )
 
     @property
     def sample_budget(self) -> int:
@@ -346,13 +467,27 @@ class TrainConfig:
         return json.dumps(dataclasses.asdict(self), indent=2, default=str)
 
 
-_SECTIONS = {"model": ModelSection, "env": EnvSection, "engine": EngineConfig, "sampling": SamplingParams,
-             "rollout": RolloutConfig, "loss": LossConfig, "optimizer": OptimizerConfig, "learner": LearnerConfig,
-             "lora": LoRAConfig, "sharding": ShardingConfig, "run": RunSection, "cluster": ClusterSection,
-             "eval": EvalSection, "multiagent": MultiAgentSection}
+_SECTIONS = {
+    "model": ModelSection,
+    "env": EnvSection,
+    "engine": EngineConfig,
+    "sampling": SamplingParams,
+    "rollout": RolloutConfig,
+    "loss": LossConfig,
+    "optimizer": OptimizerConfig,
+    "learner": LearnerConfig,
+    "lora": LoRAConfig,
+    "sharding": ShardingConfig,
+    "run": RunSection,
+    "cluster": ClusterSection,
+    "eval": EvalSection,
+    "multiagent": MultiAgentSection,
+}
 
 
-def from_tables(tables: Mapping[str, Any], base: TrainConfig | None = None, *, where: str = "") -> TrainConfig:
+def from_tables(
+    tables: Mapping[str, Any], base: TrainConfig | None = None, *, where: str = ""
+) -> TrainConfig:
     """``base`` (default ``TrainConfig()``) with ``tables`` applied field by field: a recipe's sections, or a
     run's whole ``config.json``."""
     return apply_overrides(base if base is not None else TrainConfig(), tables, where=where)
@@ -363,13 +498,29 @@ def _tiny() -> TrainConfig:
     return TrainConfig(
         model=ModelSection(name="tiny-qwen3", hidden_size=64, num_layers=2),
         env=EnvSection(id="gymllm/TinyRepeat-v0", kwargs={"num_letters": 2}, num_envs=32),
-        engine=EngineConfig(num_slots=32, max_len=64, min_bucket=64, idle_wait_s=0.002, decode_chunk=8,
-                            shapes="fixed", prefill_tokens=128, decode_lengths=1),
+        engine=EngineConfig(
+            num_slots=32,
+            max_len=64,
+            min_bucket=64,
+            idle_wait_s=0.002,
+            decode_chunk=8,
+            shapes="fixed",
+            prefill_tokens=128,
+            decode_lengths=1,
+        ),
         sampling=SamplingParams(temperature=1.0, max_tokens=6),
         rollout=RolloutConfig(group_size=8, max_concurrency=32, max_staleness=1, max_model_calls=1),
         optimizer=OptimizerConfig(learning_rate=1e-2, max_grad_norm=1.0),
-        learner=LearnerConfig(groups_per_step=4, micro_batch_size=32, num_steps=30, max_len=64, fast_compile=True,
-                              fixed_shapes=True, prefix_len=40, prefix_slots=4),
+        learner=LearnerConfig(
+            groups_per_step=4,
+            micro_batch_size=32,
+            num_steps=30,
+            max_len=64,
+            fast_compile=True,
+            fixed_shapes=True,
+            prefix_len=40,
+            prefix_slots=4,
+        ),
         run=RunSection(run_dir="runs/tiny", checkpoint_every=0),
     )
 
@@ -392,14 +543,31 @@ def _default() -> TrainConfig:
     return TrainConfig(
         model=ModelSection(name="smollm2-135m-instruct"),
         env=EnvSection(id="gymllm/ArithmeticTool-v0", kwargs={"digits": 1}, num_envs=12),
-        engine=EngineConfig(num_slots=12, max_len=160, min_bucket=64, idle_wait_s=0.002, decode_chunk=8,
-                            compute_dtype="auto", shapes="fixed", prefill_tokens=128, prefill_tokens_small=32,
-                            decode_lengths=1),
+        engine=EngineConfig(
+            num_slots=12,
+            max_len=160,
+            min_bucket=64,
+            idle_wait_s=0.002,
+            decode_chunk=8,
+            compute_dtype="auto",
+            shapes="fixed",
+            prefill_tokens=128,
+            prefill_tokens_small=32,
+            decode_lengths=1,
+        ),
         sampling=SamplingParams(temperature=0.8, max_tokens=24),
         rollout=RolloutConfig(group_size=6, max_concurrency=12, max_staleness=2, max_model_calls=2),
         optimizer=OptimizerConfig(learning_rate=1e-5, warmup_steps=2),
-        learner=LearnerConfig(groups_per_step=2, micro_batch_size=6, num_steps=12, max_len=160, compute_dtype="auto",
-                              fixed_shapes=True, prefix_len=96, prefix_slots=1),
+        learner=LearnerConfig(
+            groups_per_step=2,
+            micro_batch_size=6,
+            num_steps=12,
+            max_len=160,
+            compute_dtype="auto",
+            fixed_shapes=True,
+            prefix_len=96,
+            prefix_slots=1,
+        ),
         run=RunSection(run_dir="runs/default", checkpoint_every=10),
     )
 

@@ -49,7 +49,7 @@ import numpy as np
 
 from gymllm.train.components import Components, LocalComponents
 from gymllm.train.run import Run
-from gymllm.train.train_config import (TrainConfig)
+from gymllm.train.train_config import TrainConfig
 
 __all__ = ["train", "TrainResult"]
 
@@ -63,10 +63,16 @@ class TrainResult:
     wall_s: float
     resumed_from: int | None = None
     counts: dict[str, Any] = dataclasses.field(default_factory=dict)
-    evals: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # held-out rows, with "step"
-    profile_dir: pathlib.Path | None = None  # the jax.profiler trace of run.profile_steps, when written
+    evals: list[dict[str, Any]] = dataclasses.field(
+        default_factory=list
+    )  # held-out rows, with "step"
+    profile_dir: pathlib.Path | None = (
+        None  # the jax.profiler trace of run.profile_steps, when written
+    )
     profile_steps: tuple[int, int] | None = None  # the optimizer steps that trace covers
-    compiles: dict[str, Any] = dataclasses.field(default_factory=dict)  # telemetry.compiles.summarize of the run
+    compiles: dict[str, Any] = dataclasses.field(
+        default_factory=dict
+    )  # telemetry.compiles.summarize of the run
 
     def rewards(self) -> list[float]:
         """The trained groups' mean reward per step (``reward_mean``; filtered groups left out)."""
@@ -80,43 +86,63 @@ class TrainResult:
         """What the run did: the reward over every completed rollout (filtered groups included) and the
         trained groups' reward, first 3 vs last 3 steps; tool use; held-out figures before and after
         training; what the run compiled (``compile: ...``); where the op-level profile is."""
+
         def span(values: list[float], fmt: str = "{:.3f}") -> str:
             if not values:
                 return "n/a"
             return f"{fmt.format(np.mean(values[:3]))} -> {fmt.format(np.mean(values[-3:]))}"
 
         every = self.figure("rollout_reward_mean")
-        lines = [f"trained {self.steps} steps in {self.wall_s:.1f}s; reward over every rollout {span(every)} "
-                 f"(first 3 steps -> last 3), trained groups {span(self.rewards())}; run dir {self.run_dir}"]
+        lines = [
+            f"trained {self.steps} steps in {self.wall_s:.1f}s; reward over every rollout {span(every)} "
+            f"(first 3 steps -> last 3), trained groups {span(self.rewards())}; run dir {self.run_dir}"
+        ]
         calls, share = self.figure("tool_calls_per_episode"), self.figure("tool_call_share")
         if calls:
-            lines.append(f"tool calls per episode {span(calls, '{:.2f}')}; episodes with a tool call "
-                         f"{span([100 * x for x in share], '{:.1f}%')} (every rollout, first 3 steps -> last 3)")
-        for opp in dict.fromkeys(r["opponent"] for r in self.evals if "opponent" in r):  # a game's learning curve
-            rows = sorted((r for r in self.evals if r.get("opponent") == opp), key=lambda r: r["step"])
+            lines.append(
+                f"tool calls per episode {span(calls, '{:.2f}')}; episodes with a tool call "
+                f"{span([100 * x for x in share], '{:.1f}%')} (every rollout, first 3 steps -> last 3)"
+            )
+        for opp in dict.fromkeys(
+            r["opponent"] for r in self.evals if "opponent" in r
+        ):  # a game's learning curve
+            rows = sorted(
+                (r for r in self.evals if r.get("opponent") == opp), key=lambda r: r["step"]
+            )
             a, b = rows[0], rows[-1]
-            lines.append(f"against {opp} ({a['games']} games, eval/vs/{opp}/...): win-or-draw {a['win_or_draw']:.3f} "
-                         f"(step {a['step']}) -> {b['win_or_draw']:.3f} (step {b['step']}); mean reward "
-                         f"{a['reward']:.3f} -> {b['reward']:.3f}")
+            lines.append(
+                f"against {opp} ({a['games']} games, eval/vs/{opp}/...): win-or-draw {a['win_or_draw']:.3f} "
+                f"(step {a['step']}) -> {b['win_or_draw']:.3f} (step {b['step']}); mean reward "
+                f"{a['reward']:.3f} -> {b['reward']:.3f}"
+            )
         for env in dict.fromkeys(r["env"] for r in self.evals if "env" in r):
             rows = sorted((r for r in self.evals if r["env"] == env), key=lambda r: r["step"])
             a, b = rows[0], rows[-1]
             seeds = a.get("seeds") or [0]
-            lines.append(f"held-out {env} ({a['episodes']} episodes, seeds {min(seeds)}..{max(seeds)}): pass@1 "
-                         f"{a['pass@1']:.3f} (step {a['step']}) -> {b['pass@1']:.3f} (step {b['step']}); mean reward "
-                         f"{a['mean_reward']:.3f} -> {b['mean_reward']:.3f}; tool calls per episode "
-                         f"{a['tool_calls_per_episode']:.2f} -> {b['tool_calls_per_episode']:.2f}"
-                         + "".join(f"; {name} {a[k]:.3f} -> {b[k]:.3f}" for k, name in (
-                             ("valid_action_rate", "valid-action (legal-move) rate"), ("win_or_draw", "win-or-draw"))
-                                   if k in a and k in b))
+            lines.append(
+                f"held-out {env} ({a['episodes']} episodes, seeds {min(seeds)}..{max(seeds)}): pass@1 "
+                f"{a['pass@1']:.3f} (step {a['step']}) -> {b['pass@1']:.3f} (step {b['step']}); mean reward "
+                f"{a['mean_reward']:.3f} -> {b['mean_reward']:.3f}; tool calls per episode "
+                f"{a['tool_calls_per_episode']:.2f} -> {b['tool_calls_per_episode']:.2f}"
+                + "".join(
+                    f"; {name} {a[k]:.3f} -> {b[k]:.3f}"
+                    for k, name in (
+                        ("valid_action_rate", "valid-action (legal-move) rate"),
+                        ("win_or_draw", "win-or-draw"),
+                    )
+                    if k in a and k in b
+                )
+            )
         if self.compiles:
             from gymllm.telemetry.compiles import summary_line
 
             lines.append(summary_line(self.compiles))
         if self.profile_dir is not None:
             lo, hi = self.profile_steps or (0, 0)
-            lines.append(f"op-level profile of steps {lo}..{hi}: {self.profile_dir} (tensorboard --logdir "
-                         f"{self.profile_dir} with the profile plugin, or xprof; the .trace.json.gz opens in ui.perfetto.dev)")
+            lines.append(
+                f"op-level profile of steps {lo}..{hi}: {self.profile_dir} (tensorboard --logdir "
+                f"{self.profile_dir} with the profile plugin, or xprof; the .trace.json.gz opens in ui.perfetto.dev)"
+            )
         return "\n".join(lines)
 
 
@@ -130,8 +156,13 @@ def components_for(cfg: TrainConfig) -> Components:
     return RayComponents(cfg.cluster)
 
 
-def train(config: TrainConfig, *, max_steps: int | None = None,
-          on_step: Sequence[Callable[[dict[str, Any]], None]] = (), components: Components | None = None) -> TrainResult:
+def train(
+    config: TrainConfig,
+    *,
+    max_steps: int | None = None,
+    on_step: Sequence[Callable[[dict[str, Any]], None]] = (),
+    components: Components | None = None,
+) -> TrainResult:
     """Run (or resume) the training run ``config`` describes; see the module docstring.
 
     ``max_steps`` stops after that many optimizer steps *in this call* (to simulate a kill in tests;
@@ -144,11 +175,22 @@ def train(config: TrainConfig, *, max_steps: int | None = None,
     keep_freed_memory()  # XLA:CPU's per-call buffers stop page-faulting (about a quarter of a tiny step's CPU)
     cfg = config
     with persistent_compile_cache(cfg.run.compile_cache):  # a rerun loads its compiled programs
-        return asyncio.run(_train(cfg, max_steps, on_step, components if components is not None else components_for(cfg)))
+        return asyncio.run(
+            _train(
+                cfg,
+                max_steps,
+                on_step,
+                components if components is not None else components_for(cfg),
+            )
+        )
 
 
-async def _train(cfg: TrainConfig, max_steps: int | None, on_step: Sequence[Callable[[dict[str, Any]], None]],
-                 components: Components) -> TrainResult:
+async def _train(
+    cfg: TrainConfig,
+    max_steps: int | None,
+    on_step: Sequence[Callable[[dict[str, Any]], None]],
+    components: Components,
+) -> TrainResult:
     t_start = time.perf_counter()
     run = Run(cfg, max_steps, on_step=on_step)
     try:
@@ -169,9 +211,16 @@ async def _train(cfg: TrainConfig, max_steps: int | None, on_step: Sequence[Call
             write_report(run.run_dir)
         except Exception as e:  # the run's data is saved; a plotting problem must not lose it
             (run.run_dir / "report_error.txt").write_text(repr(e))
-    return TrainResult(run_dir=run.run_dir, steps=run.learner.version, history=run.log.history,
-                       trained_ids=run.log.trained_ids, wall_s=time.perf_counter() - t_start,
-                       resumed_from=run.resume.resumed_from, evals=list(run.heldout.evals),
-                       profile_dir=run.profiler.logdir if run.profiler.captured else None,
-                       profile_steps=run.profiler.captured, compiles=run.compiles.summary(),
-                       counts={**dict(run.learner.counts), "filtered_rollout": len(run.resume.filtered), **counts})
+    return TrainResult(
+        run_dir=run.run_dir,
+        steps=run.learner.version,
+        history=run.log.history,
+        trained_ids=run.log.trained_ids,
+        wall_s=time.perf_counter() - t_start,
+        resumed_from=run.resume.resumed_from,
+        evals=list(run.heldout.evals),
+        profile_dir=run.profiler.logdir if run.profiler.captured else None,
+        profile_steps=run.profiler.captured,
+        compiles=run.compiles.summary(),
+        counts={**dict(run.learner.counts), "filtered_rollout": len(run.resume.filtered), **counts},
+    )

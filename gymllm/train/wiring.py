@@ -29,16 +29,24 @@ def learner_loss(cfg: TrainConfig) -> Any:
     "role_ema"``; with ``"group"`` the run's estimator as it is."""
     if cfg.multiagent.baseline != "role_ema":
         return cfg.loss
-    advantage = dataclasses.replace(cfg.loss.advantage, estimator="role_ema", ema_decay=cfg.multiagent.baseline_decay)
+    advantage = dataclasses.replace(
+        cfg.loss.advantage, estimator="role_ema", ema_decay=cfg.multiagent.baseline_decay
+    )
     return dataclasses.replace(cfg.loss, advantage=advantage)
 
 
 def learner_kwargs(cfg: TrainConfig) -> dict[str, Any]:
     """The keyword arguments every learner of the run is built with (besides the model, mesh and pad
     id): its own sections, and the values it shares with the sampler, the engine and the group source."""
-    return dict(loss=learner_loss(cfg), optimizer=cfg.optimizer, config=cfg.learner, temperature=cfg.sampling.temperature,
-                sample_budget=cfg.sample_budget, context_len=cfg.engine.max_len,
-                default_staleness=cfg.rollout.max_staleness)
+    return dict(
+        loss=learner_loss(cfg),
+        optimizer=cfg.optimizer,
+        config=cfg.learner,
+        temperature=cfg.sampling.temperature,
+        sample_budget=cfg.sample_budget,
+        context_len=cfg.engine.max_len,
+        default_staleness=cfg.rollout.max_staleness,
+    )
 
 
 def engine_config(cfg: TrainConfig) -> Any:
@@ -53,9 +61,17 @@ def eval_config(cfg: TrainConfig) -> Any:
     from gymllm.rollout.evaluation import EvalConfig
 
     e, r = cfg.eval, cfg.rollout
-    sampling = SamplingParams(temperature=e.temperature, max_tokens=e.max_tokens or cfg.sampling.max_tokens)
-    return EvalConfig(seeds=e.seeds, k=1, seed_base=e.seed_base, sampling=sampling, max_turns=r.max_model_calls,
-                      max_concurrency=r.max_concurrency)
+    sampling = SamplingParams(
+        temperature=e.temperature, max_tokens=e.max_tokens or cfg.sampling.max_tokens
+    )
+    return EvalConfig(
+        seeds=e.seeds,
+        k=1,
+        seed_base=e.seed_base,
+        sampling=sampling,
+        max_turns=r.max_model_calls,
+        max_concurrency=r.max_concurrency,
+    )
 
 
 def watchdog_config(cfg: TrainConfig) -> Any:

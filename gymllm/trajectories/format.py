@@ -34,11 +34,28 @@ import numpy as np
 
 from gymllm.errors import ConfigError, explain
 
-__all__ = ["FORMAT", "TOKEN_FIELDS", "TrajectoryLoggerConfig", "to_jsonable", "normalise", "dumps_record",
-           "plain_json", "wrapper_stack", "package_versions", "TRAJECTORY", "trajectory_record", "mask_spans"]
+__all__ = [
+    "FORMAT",
+    "TOKEN_FIELDS",
+    "TrajectoryLoggerConfig",
+    "to_jsonable",
+    "normalise",
+    "dumps_record",
+    "plain_json",
+    "wrapper_stack",
+    "package_versions",
+    "TRAJECTORY",
+    "trajectory_record",
+    "mask_spans",
+]
 
 FORMAT = "gymllm.trajectory/1"
-TOKEN_FIELDS: dict[str, str] = {"token_ids": "int32", "loss_mask": "int8", "logprobs": "float32", "versions": "int32"}
+TOKEN_FIELDS: dict[str, str] = {
+    "token_ids": "int32",
+    "loss_mask": "int8",
+    "logprobs": "float32",
+    "versions": "int32",
+}
 TRAJECTORY = "trajectory"  # the record type of a trained trajectory (see the module docstring)
 
 
@@ -67,18 +84,42 @@ class TrajectoryLoggerConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, (str, os.PathLike)) or not str(self.path):
-            raise ConfigError(explain("TrajectoryLoggerConfig.path", expected="a directory or .jsonl path",
-                                      received=self.path, fix="pass path='runs/log'"))
+            raise ConfigError(
+                explain(
+                    "TrajectoryLoggerConfig.path",
+                    expected="a directory or .jsonl path",
+                    received=self.path,
+                    fix="pass path='runs/log'",
+                )
+            )
         object.__setattr__(self, "path", os.fspath(self.path))
         if self.fsync not in ("never", "episode", "step"):
-            raise ConfigError(explain("TrajectoryLoggerConfig.fsync", expected="'never', 'episode' or 'step'",
-                                      received=self.fsync, fix="use fsync='episode'"))
+            raise ConfigError(
+                explain(
+                    "TrajectoryLoggerConfig.fsync",
+                    expected="'never', 'episode' or 'step'",
+                    received=self.fsync,
+                    fix="use fsync='episode'",
+                )
+            )
         if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
-            raise ConfigError(explain("TrajectoryLoggerConfig.chunk_size", expected="a positive int",
-                                      received=self.chunk_size, fix="use chunk_size=65536"))
+            raise ConfigError(
+                explain(
+                    "TrajectoryLoggerConfig.chunk_size",
+                    expected="a positive int",
+                    received=self.chunk_size,
+                    fix="use chunk_size=65536",
+                )
+            )
         if not self.name or "/" in self.name:
-            raise ConfigError(explain("TrajectoryLoggerConfig.name", expected="a plain file stem",
-                                      received=self.name, fix="use name='episodes'"))
+            raise ConfigError(
+                explain(
+                    "TrajectoryLoggerConfig.name",
+                    expected="a plain file stem",
+                    received=self.name,
+                    fix="use name='episodes'",
+                )
+            )
 
     @property
     def jsonl_path(self) -> pathlib.Path:
@@ -170,8 +211,9 @@ def mask_spans(mask: Any) -> list[list[int]]:
     return [[int(a), int(b)] for a, b in zip(edges[::2], edges[1::2])]
 
 
-def trajectory_record(trajectory: Any, *, step: int | None = None, tokenizer: Any = None,
-                      per_token: bool = False) -> dict[str, Any]:
+def trajectory_record(
+    trajectory: Any, *, step: int | None = None, tokenizer: Any = None, per_token: bool = False
+) -> dict[str, Any]:
     """The one JSON record of a trained :class:`~gymllm.types.Trajectory` (fields: module docstring).
 
     Args:
@@ -187,16 +229,29 @@ def trajectory_record(trajectory: Any, *, step: int | None = None, tokenizer: An
     rec: dict[str, Any] = {"type": TRAJECTORY, "format": FORMAT}
     if step is not None:
         rec["step"] = int(step)
-    rec.update({"group_id": trajectory.group_id, "trajectory_id": trajectory.trajectory_id,
-                "task_id": trajectory.task_id, "reward": float(trajectory.reward),
-                "finish_reason": trajectory.finish_reason, "row_index": int(trajectory.row_index),
-                "num_tokens": int(ids.size), "num_sampled": int(mask.sum()),
-                "versions": sorted({int(v) for v in versions[mask]})})
+    rec.update(
+        {
+            "group_id": trajectory.group_id,
+            "trajectory_id": trajectory.trajectory_id,
+            "task_id": trajectory.task_id,
+            "reward": float(trajectory.reward),
+            "finish_reason": trajectory.finish_reason,
+            "row_index": int(trajectory.row_index),
+            "num_tokens": int(ids.size),
+            "num_sampled": int(mask.sum()),
+            "versions": sorted({int(v) for v in versions[mask]}),
+        }
+    )
     if tokenizer is not None:
         rec["response"] = tokenizer.decode([int(i) for i in ids[mask]])
-    rec.update({"token_ids": [int(i) for i in ids], "sampled_spans": mask_spans(mask),
-                "turn_boundaries": to_jsonable(list(trajectory.turn_boundaries)),
-                "info": to_jsonable(dict(trajectory.info))})
+    rec.update(
+        {
+            "token_ids": [int(i) for i in ids],
+            "sampled_spans": mask_spans(mask),
+            "turn_boundaries": to_jsonable(list(trajectory.turn_boundaries)),
+            "info": to_jsonable(dict(trajectory.info)),
+        }
+    )
     if per_token:
         rec["logprobs"] = [float(x) for x in np.asarray(trajectory.behaviour_logprobs).reshape(-1)]
         rec["token_versions"] = [int(v) for v in versions]

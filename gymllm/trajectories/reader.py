@@ -16,11 +16,22 @@ import numpy as np
 from gymllm.errors import explain
 from gymllm.trajectories.format import FORMAT, TRAJECTORY, dumps_record, mask_spans
 
-__all__ = ["scan_jsonl", "LoggedEpisode", "log_files", "episodes_from_records", "read_log", "read_tokens",
-           "read_trajectory_records", "as_trajectory_record", "trajectory_from_record"]
+__all__ = [
+    "scan_jsonl",
+    "LoggedEpisode",
+    "log_files",
+    "episodes_from_records",
+    "read_log",
+    "read_tokens",
+    "read_trajectory_records",
+    "as_trajectory_record",
+    "trajectory_from_record",
+]
 
 
-def scan_jsonl(path: str | os.PathLike, *, typed: bool = True) -> tuple[list[dict[str, Any]], int, int]:
+def scan_jsonl(
+    path: str | os.PathLike, *, typed: bool = True
+) -> tuple[list[dict[str, Any]], int, int]:
     """Read a JSONL log: ``(records, good_bytes, torn)``.
 
     ``good_bytes`` is the length of the prefix made of complete lines; ``torn`` counts lines that were
@@ -92,14 +103,23 @@ class LoggedEpisode:
     def messages(self) -> list[dict[str, Any]]:
         """The conversation: observations as user (or their own) messages, actions as assistant ones."""
         msgs: list[dict[str, Any]] = []
-        for obs, act in zip([self.observation] + [s["observation"] for s in self.steps],
-                            [s["action"] for s in self.steps] + [None]):
+        for obs, act in zip(
+            [self.observation] + [s["observation"] for s in self.steps],
+            [s["action"] for s in self.steps] + [None],
+        ):
             if isinstance(obs, list) and all(isinstance(m, dict) and "role" in m for m in obs):
                 msgs.extend(obs)
             else:
-                msgs.append({"role": "user", "content": obs if isinstance(obs, str) else dumps_record(obs)})
+                msgs.append(
+                    {"role": "user", "content": obs if isinstance(obs, str) else dumps_record(obs)}
+                )
             if act is not None:
-                msgs.append({"role": "assistant", "content": act if isinstance(act, str) else dumps_record(act)})
+                msgs.append(
+                    {
+                        "role": "assistant",
+                        "content": act if isinstance(act, str) else dumps_record(act),
+                    }
+                )
         return msgs
 
 
@@ -110,21 +130,36 @@ def log_files(path: str | os.PathLike) -> list[pathlib.Path]:
         return [p]
     if p.is_dir():
         return sorted(p.glob("*.jsonl"))
-    raise FileNotFoundError(explain("trajectory log", expected="a .jsonl file or a log directory",
-                                    received=str(p), fix="pass the path given to TrajectoryLogger"))
+    raise FileNotFoundError(
+        explain(
+            "trajectory log",
+            expected="a .jsonl file or a log directory",
+            received=str(p),
+            fix="pass the path given to TrajectoryLogger",
+        )
+    )
 
 
-def episodes_from_records(records: Iterable[dict[str, Any]], source: str = "") -> list[LoggedEpisode]:
+def episodes_from_records(
+    records: Iterable[dict[str, Any]], source: str = ""
+) -> list[LoggedEpisode]:
     """Group records by episode id, in the order their resets appear."""
     eps: dict[str, LoggedEpisode] = {}
     for r in records:
         kind, eid = r.get("type"), r.get("episode")
         if kind == "reset":
             eps[eid] = LoggedEpisode(
-                episode=eid, index=int(r.get("index", len(eps))), env_id=r.get("env_id"),
-                env_kwargs=r.get("env_kwargs") or {}, seed=r.get("seed"), options=r.get("options"),
-                observation=r.get("observation"), info=r.get("info") or {}, source=source,
-                wrappers=r.get("wrappers") or [])
+                episode=eid,
+                index=int(r.get("index", len(eps))),
+                env_id=r.get("env_id"),
+                env_kwargs=r.get("env_kwargs") or {},
+                seed=r.get("seed"),
+                options=r.get("options"),
+                observation=r.get("observation"),
+                info=r.get("info") or {},
+                source=source,
+                wrappers=r.get("wrappers") or [],
+            )
         elif eid in eps:
             ep = eps[eid]
             if kind == "step":
@@ -140,7 +175,9 @@ def episodes_from_records(records: Iterable[dict[str, Any]], source: str = "") -
     return list(eps.values())
 
 
-def read_log(path: str | os.PathLike, *, include_incomplete: bool = False, dedupe: bool = True) -> list[LoggedEpisode]:
+def read_log(
+    path: str | os.PathLike, *, include_incomplete: bool = False, dedupe: bool = True
+) -> list[LoggedEpisode]:
     """Every episode of a log (a file or a directory of writers' files).
 
     Incomplete (crashed or aborted) episodes are left out unless ``include_incomplete``; with
@@ -171,8 +208,10 @@ def read_tokens(path: str | os.PathLike, record: dict[str, Any]) -> dict[str, np
     lo, n = int(record["offset"]), int(record["length"])
     out = {}
     for field in record["fields"]:
-        arr = ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": str(root / field)}}).result()
-        out[field] = np.asarray(arr[lo:lo + n].read().result())
+        arr = ts.open(
+            {"driver": "zarr", "kvstore": {"driver": "file", "path": str(root / field)}}
+        ).result()
+        out[field] = np.asarray(arr[lo : lo + n].read().result())
     return out
 
 
@@ -188,7 +227,9 @@ def as_trajectory_record(rec: dict[str, Any]) -> dict[str, Any]:
     if rec.get("type") == TRAJECTORY:
         return rec
     out = {"type": TRAJECTORY, "format": FORMAT, **rec}
-    if "loss_mask" in rec and "sampled_spans" not in rec:  # serve --groups-out, before the one format
+    if (
+        "loss_mask" in rec and "sampled_spans" not in rec
+    ):  # serve --groups-out, before the one format
         mask = np.asarray(out.pop("loss_mask"), bool)
         token_versions = [int(v) for v in out.pop("versions", [])]
         out["sampled_spans"] = mask_spans(mask)
@@ -207,9 +248,15 @@ def read_trajectory_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     if p.is_dir():
         p = p / "trajectories.jsonl"
     if not p.is_file():
-        raise FileNotFoundError(explain("trajectory records", expected="a trajectories.jsonl file or a run directory "
-                                        "holding one", received=str(p), fix="pass the run directory of `gymllm train` "
-                                        "(run.log_trajectories) or the --groups-out file of `gymllm serve`"))
+        raise FileNotFoundError(
+            explain(
+                "trajectory records",
+                expected="a trajectories.jsonl file or a run directory holding one",
+                received=str(p),
+                fix="pass the run directory of `gymllm train` "
+                "(run.log_trajectories) or the --groups-out file of `gymllm serve`",
+            )
+        )
     records, _, _ = scan_jsonl(p, typed=False)
     return [as_trajectory_record(r) for r in records if r.get("type", TRAJECTORY) == TRAJECTORY]
 
@@ -231,9 +278,17 @@ def trajectory_from_record(rec: dict[str, Any]) -> Any:
         only = rec.get("versions") or []
         versions = np.where(mask == 1, only[0] if len(only) == 1 else -1, -1).astype(np.int32)
     logprobs = np.asarray(rec.get("logprobs", np.zeros(len(ids))), np.float32)
-    return Trajectory(token_ids=ids, loss_mask=mask, behaviour_logprobs=logprobs, versions=versions,
-                      reward=float(rec.get("reward", 0.0)), trajectory_id=rec.get("trajectory_id", ""),
-                      group_id=rec.get("group_id", ""), task_id=rec.get("task_id", ""),
-                      turn_boundaries=[tuple(b) for b in rec.get("turn_boundaries", [])],
-                      finish_reason=rec.get("finish_reason", "terminated"), row_index=int(rec.get("row_index", 0)),
-                      info=dict(rec.get("info") or {}))
+    return Trajectory(
+        token_ids=ids,
+        loss_mask=mask,
+        behaviour_logprobs=logprobs,
+        versions=versions,
+        reward=float(rec.get("reward", 0.0)),
+        trajectory_id=rec.get("trajectory_id", ""),
+        group_id=rec.get("group_id", ""),
+        task_id=rec.get("task_id", ""),
+        turn_boundaries=[tuple(b) for b in rec.get("turn_boundaries", [])],
+        finish_reason=rec.get("finish_reason", "terminated"),
+        row_index=int(rec.get("row_index", 0)),
+        info=dict(rec.get("info") or {}),
+    )

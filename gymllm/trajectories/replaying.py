@@ -56,9 +56,11 @@ class ReplayReport:
         return not self.differences and not self.errors
 
     def summary(self, max_lines: int = 20) -> str:
-        head = (f"replay {self.log}: {self.episodes_checked} episodes, {self.steps_checked} steps checked; "
-                f"{len(self.mismatched_episodes)} episodes differ, {len(self.differences)} differences, "
-                f"{len(self.errors)} errors, {len(self.skipped)} skipped -> {'OK' if self.ok else 'MISMATCH'}")
+        head = (
+            f"replay {self.log}: {self.episodes_checked} episodes, {self.steps_checked} steps checked; "
+            f"{len(self.mismatched_episodes)} episodes differ, {len(self.differences)} differences, "
+            f"{len(self.errors)} errors, {len(self.skipped)} skipped -> {'OK' if self.ok else 'MISMATCH'}"
+        )
         lines = [head] + [f"  {d}" for d in self.differences[:max_lines]]
         if len(self.differences) > max_lines:
             lines.append(f"  ... {len(self.differences) - max_lines} more differences")
@@ -77,15 +79,24 @@ def _short(x: Any, n: int = 80) -> str:
 def values_equal(a: Any, b: Any, *, rtol: float = 0.0, atol: float = 0.0) -> bool:
     """Structural equality of JSON values; floats within ``rtol``/``atol`` (NaN equals NaN)."""
     if isinstance(a, float) or isinstance(b, float):
-        if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or isinstance(a, bool) or isinstance(b, bool):
+        if (
+            not isinstance(a, (int, float))
+            or not isinstance(b, (int, float))
+            or isinstance(a, bool)
+            or isinstance(b, bool)
+        ):
             return False
         if math.isnan(a) or math.isnan(b):
             return math.isnan(a) and math.isnan(b)
         return a == b or abs(a - b) <= atol + rtol * abs(b)
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(values_equal(x, y, rtol=rtol, atol=atol) for x, y in zip(a, b))
+        return len(a) == len(b) and all(
+            values_equal(x, y, rtol=rtol, atol=atol) for x, y in zip(a, b)
+        )
     if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(values_equal(a[k], b[k], rtol=rtol, atol=atol) for k in a)
+        return a.keys() == b.keys() and all(
+            values_equal(a[k], b[k], rtol=rtol, atol=atol) for k in a
+        )
     return type(a) is type(b) and a == b
 
 
@@ -93,11 +104,23 @@ def default_env_factory(episode: LoggedEpisode) -> gym.Env:
     """Rebuild a logged episode's env with ``gymnasium.make`` (``gymllm/`` ids live in Gymnasium's
     registry once ``gymllm`` is imported; ``gymllm.make`` is ``gymnasium.make`` for them)."""
     if not episode.env_id:
-        raise ValueError(explain(f"replay of episode {episode.episode}", expected="a logged env id",
-                                 received=None, fix="log with TrajectoryLogger(env, path, env_id=...) or pass env_factory"))
+        raise ValueError(
+            explain(
+                f"replay of episode {episode.episode}",
+                expected="a logged env id",
+                received=None,
+                fix="log with TrajectoryLogger(env, path, env_id=...) or pass env_factory",
+            )
+        )
     if episode.env_id not in gym.registry:
-        raise ValueError(explain(f"replay of episode {episode.episode}", expected="an env id registered in Gymnasium",
-                                 received=episode.env_id, fix="import the package that registers it, or pass env_factory"))
+        raise ValueError(
+            explain(
+                f"replay of episode {episode.episode}",
+                expected="an env id registered in Gymnasium",
+                received=episode.env_id,
+                fix="import the package that registers it, or pass env_factory",
+            )
+        )
     env = gym.make(episode.env_id, **episode.env_kwargs)
     return rebuild_wrappers(env, episode.wrappers)
 
@@ -109,15 +132,28 @@ def rebuild_wrappers(env: gym.Env, wrappers: list[dict[str, Any]]) -> gym.Env:
     for w in wrappers:
         if w.get("kwargs") is None:
             env.close()
-            raise ValueError(explain(f"replay: wrapper {w.get('name')}", expected="constructor kwargs in the log",
-                                     received=None, fix="make the wrapper a gymnasium.utils.RecordConstructorArgs with "
-                                     "plain-JSON kwargs, or pass env_factory= to rebuild the stack yourself"))
+            raise ValueError(
+                explain(
+                    f"replay: wrapper {w.get('name')}",
+                    expected="constructor kwargs in the log",
+                    received=None,
+                    fix="make the wrapper a gymnasium.utils.RecordConstructorArgs with "
+                    "plain-JSON kwargs, or pass env_factory= to rebuild the stack yourself",
+                )
+            )
         env = load_env_creator(w["entry_point"])(env, **w["kwargs"])
     return env
 
 
-def replay_episode(env: gym.Env, episode: LoggedEpisode, report: ReplayReport, *, compare_info: bool = False,
-                   rtol: float = 0.0, atol: float = 0.0) -> None:
+def replay_episode(
+    env: gym.Env,
+    episode: LoggedEpisode,
+    report: ReplayReport,
+    *,
+    compare_info: bool = False,
+    rtol: float = 0.0,
+    atol: float = 0.0,
+) -> None:
     """Re-run one episode in ``env`` and add what differs to ``report``."""
     before = len(report.differences)
 
@@ -141,16 +177,25 @@ def replay_episode(env: gym.Env, episode: LoggedEpisode, report: ReplayReport, *
         if compare_info:
             check(step, "info", rec["info"], info)
         if (terminated or truncated) and step < len(episode.steps):
-            report.differences.append(Difference(episode.episode, step, "length", len(episode.steps), step))
+            report.differences.append(
+                Difference(episode.episode, step, "length", len(episode.steps), step)
+            )
             break
     report.episodes_checked += 1
     if len(report.differences) > before:
         report.mismatched_episodes.append(episode.episode)
 
 
-def replay(log: str | os.PathLike, *, max_episodes: int | None = None, episodes: list[str] | None = None,
-           env_factory: Callable[[LoggedEpisode], gym.Env] | None = None, compare_info: bool = False,
-           rtol: float = 0.0, atol: float = 0.0) -> ReplayReport:
+def replay(
+    log: str | os.PathLike,
+    *,
+    max_episodes: int | None = None,
+    episodes: list[str] | None = None,
+    env_factory: Callable[[LoggedEpisode], gym.Env] | None = None,
+    compare_info: bool = False,
+    rtol: float = 0.0,
+    atol: float = 0.0,
+) -> ReplayReport:
     """Re-execute the complete episodes of a log and report every difference (see module doc).
 
     ``episodes`` picks episode ids; ``max_episodes`` caps the count; ``env_factory(episode) -> env``
@@ -167,7 +212,9 @@ def replay(log: str | os.PathLike, *, max_episodes: int | None = None, episodes:
         logged = logged[:max_episodes]
     for ep in logged:
         if ep.seed is None:
-            report.skipped.append(f"{ep.episode}: no seed was logged, so it cannot be replayed exactly")
+            report.skipped.append(
+                f"{ep.episode}: no seed was logged, so it cannot be replayed exactly"
+            )
             continue
         env = None
         try:
@@ -184,4 +231,12 @@ def replay(log: str | os.PathLike, *, max_episodes: int | None = None, episodes:
     return report
 
 
-__all__ = ["replay", "replay_episode", "rebuild_wrappers", "ReplayReport", "Difference", "values_equal", "default_env_factory"]
+__all__ = [
+    "replay",
+    "replay_episode",
+    "rebuild_wrappers",
+    "ReplayReport",
+    "Difference",
+    "values_equal",
+    "default_env_factory",
+]

@@ -32,8 +32,13 @@ class TokenStore:
             if (root / field).exists():
                 arr = ts.open(spec).result()
             else:
-                arr = ts.open(spec, create=True, dtype=getattr(ts, dtype), shape=[0],
-                              chunk_layout=ts.ChunkLayout(write_chunk_shape=[chunk_size])).result()
+                arr = ts.open(
+                    spec,
+                    create=True,
+                    dtype=getattr(ts, dtype),
+                    shape=[0],
+                    chunk_layout=ts.ChunkLayout(write_chunk_shape=[chunk_size]),
+                ).result()
             self.arrays[field] = arr
 
     def append(self, arrays: dict[str, np.ndarray]) -> tuple[int, int]:

@@ -45,15 +45,23 @@ def claim_writer_name(path: str | os.PathLike, prefix: str = "env") -> tuple[str
             except (OSError, ValueError):
                 continue
             if owner and not _alive(owner):
-                atomic_write_text(lock, str(os.getpid()), fsync=False)  # take over the stale lock; re-read to see who won
+                atomic_write_text(
+                    lock, str(os.getpid()), fsync=False
+                )  # take over the stale lock; re-read to see who won
                 if lock.read_text().strip() == str(os.getpid()):
                     return name, lock
             continue
         with os.fdopen(fd, "w") as f:
             f.write(str(os.getpid()))
         return name, lock
-    raise GymLLMError(explain("claim_writer_name", expected="a free writer name", received=str(root),
-                              fix="remove stale .lock files"))
+    raise GymLLMError(
+        explain(
+            "claim_writer_name",
+            expected="a free writer name",
+            received=str(root),
+            fix="remove stale .lock files",
+        )
+    )
 
 
 class TrajectoryRecordWriter:
@@ -71,13 +79,23 @@ class TrajectoryRecordWriter:
         self.tokenizer, self.per_token = tokenizer, per_token
         self._file = open(self.path, "a", encoding="utf-8")
 
-    def write(self, trajectories: Iterable[Any], *, step: int | None = None) -> list[dict[str, Any]]:
+    def write(
+        self, trajectories: Iterable[Any], *, step: int | None = None
+    ) -> list[dict[str, Any]]:
         """Append the records of ``trajectories`` (trained at optimizer ``step``); returns them."""
         if self._file is None:
-            raise GymLLMError(explain("TrajectoryRecordWriter.write", expected="an open writer", received="closed",
-                                      fix="create a new TrajectoryRecordWriter to append more"))
-        recs = [trajectory_record(t, step=step, tokenizer=self.tokenizer, per_token=self.per_token)
-                for t in trajectories]
+            raise GymLLMError(
+                explain(
+                    "TrajectoryRecordWriter.write",
+                    expected="an open writer",
+                    received="closed",
+                    fix="create a new TrajectoryRecordWriter to append more",
+                )
+            )
+        recs = [
+            trajectory_record(t, step=step, tokenizer=self.tokenizer, per_token=self.per_token)
+            for t in trajectories
+        ]
         for rec in recs:
             self._file.write(dumps_record(rec) + "\n")
         self._file.flush()

@@ -43,18 +43,28 @@ ENV_VAR = "GYMLLM_COMPILE_CACHE"
 DEFAULT_DIR = "~/.cache/gymllm/xla"
 OFF = ("", "off", "none", "0", "false", "no")
 #: JAX's thresholds for storing a compiled program, as :func:`persistent_compile_cache` sets them
-STORE_EVERY_PROGRAM = {"jax_persistent_cache_min_compile_time_secs": 0.0,
-                       "jax_persistent_cache_min_entry_size_bytes": -1}
+STORE_EVERY_PROGRAM = {
+    "jax_persistent_cache_min_compile_time_secs": 0.0,
+    "jax_persistent_cache_min_entry_size_bytes": -1,
+}
 #: their JAX defaults (a value other than these was the process's choice and is kept)
-JAX_DEFAULTS = {"jax_persistent_cache_min_compile_time_secs": 1.0, "jax_persistent_cache_min_entry_size_bytes": 0}
+JAX_DEFAULTS = {
+    "jax_persistent_cache_min_compile_time_secs": 1.0,
+    "jax_persistent_cache_min_entry_size_bytes": 0,
+}
 
 
 def check_setting(value: object, where: str = "RunSection.compile_cache") -> str:
     """``value`` if it is a valid setting (a string), else a :class:`ConfigError` naming ``where``."""
     if not isinstance(value, str):
-        raise ConfigError(explain(where, expected='"auto", "off" or a directory path (a str)',
-                                  received=value,
-                                  fix='use "auto" (the default), "off", or a path such as "~/.cache/gymllm/xla"'))
+        raise ConfigError(
+            explain(
+                where,
+                expected='"auto", "off" or a directory path (a str)',
+                received=value,
+                fix='use "auto" (the default), "off", or a path such as "~/.cache/gymllm/xla"',
+            )
+        )
     return value
 
 
@@ -86,8 +96,11 @@ def persistent_compile_cache(value: str = "auto") -> Iterator[str | None]:
     if wanted is not None:
         os.makedirs(wanted, exist_ok=True)
     changed = wanted != previous
-    thresholds = {k: v for k, v in STORE_EVERY_PROGRAM.items()
-                  if wanted is not None and getattr(jax.config, k) == JAX_DEFAULTS[k]}
+    thresholds = {
+        k: v
+        for k, v in STORE_EVERY_PROGRAM.items()
+        if wanted is not None and getattr(jax.config, k) == JAX_DEFAULTS[k]
+    }
     saved = {k: getattr(jax.config, k) for k in thresholds}
     for k, v in thresholds.items():
         jax.config.update(k, v)

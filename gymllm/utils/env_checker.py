@@ -50,7 +50,9 @@ def seeded_action(space: gym.Space, *key: int) -> Any:
 Step = tuple[Any, float, bool, bool, tuple]  # obs, reward, terminated, truncated, sorted info keys
 
 
-def run_episode(env: gym.Env, seed: int, num_steps: int, policy: Callable[[int], Any] | None = None) -> list[Step]:
+def run_episode(
+    env: gym.Env, seed: int, num_steps: int, policy: Callable[[int], Any] | None = None
+) -> list[Step]:
     """``reset(seed)`` then up to ``num_steps`` steps (stopping at the end); the records of each."""
     policy = policy or (lambda t: seeded_action(env.action_space, seed, t))
     obs, info = env.reset(seed=seed)
@@ -63,7 +65,9 @@ def run_episode(env: gym.Env, seed: int, num_steps: int, policy: Callable[[int],
     return out
 
 
-async def _arun_episode(env: gym.Env, seed: int, num_steps: int, policy: Callable[[int], Any] | None = None):
+async def _arun_episode(
+    env: gym.Env, seed: int, num_steps: int, policy: Callable[[int], Any] | None = None
+):
     policy = policy or (lambda t: seeded_action(env.action_space, seed, t))
     obs, info = await areset_env(env, seed=seed)
     out: list[Step] = [(obs, 0.0, False, False, tuple(sorted(info)))]
@@ -76,7 +80,9 @@ async def _arun_episode(env: gym.Env, seed: int, num_steps: int, policy: Callabl
 
 
 def _fail(check: str, expected: str, received: Any, fix: str) -> None:
-    raise EnvCheckError(explain(f"check_env[{check}]", expected=expected, received=received, fix=fix))
+    raise EnvCheckError(
+        explain(f"check_env[{check}]", expected=expected, received=received, fix=fix)
+    )
 
 
 @contextlib.contextmanager
@@ -87,9 +93,14 @@ def _phase(name: str) -> Iterator[None]:
     except EnvCheckError:
         raise
     except Exception as e:  # noqa: BLE001 - reported with the check's name
-        raise EnvCheckError(explain(f"check_env[{name}]", expected="no exception from the env",
-                                    received=f"{type(e).__name__}: {e}",
-                                    fix="see the chained exception for where the env raised")) from e
+        raise EnvCheckError(
+            explain(
+                f"check_env[{name}]",
+                expected="no exception from the env",
+                received=f"{type(e).__name__}: {e}",
+                fix="see the chained exception for where the env raised",
+            )
+        ) from e
 
 
 def _first_diff(a: list[Step], b: list[Step]) -> str | None:
@@ -108,11 +119,23 @@ def _rng_state() -> tuple:
 def _rng_unchanged(before: tuple) -> bool:
     py, npy = before
     now_py, now_np = _rng_state()
-    return py == now_py and npy[0] == now_np[0] and np.array_equal(npy[1], now_np[1]) and npy[2:] == now_np[2:]
+    return (
+        py == now_py
+        and npy[0] == now_np[0]
+        and np.array_equal(npy[1], now_np[1])
+        and npy[2:] == now_np[2:]
+    )
 
 
-def check_env(env: gym.Env, *, seed: int = 0, num_steps: int = 6, skip_gymnasium: bool = False,
-              skip_render_check: bool = True, policy: Callable[[int], Any] | None = None) -> list[str]:
+def check_env(
+    env: gym.Env,
+    *,
+    seed: int = 0,
+    num_steps: int = 6,
+    skip_gymnasium: bool = False,
+    skip_render_check: bool = True,
+    policy: Callable[[int], Any] | None = None,
+) -> list[str]:
     """Run every check on ``env`` (it is reset and stepped; not closed). Returns Gymnasium's warnings.
 
     ``policy(t) -> action`` picks the actions (default: seeded samples of ``action_space``).
@@ -129,29 +152,50 @@ def check_env(env: gym.Env, *, seed: int = 0, num_steps: int = 6, skip_gymnasium
         b = run_episode(env, seed, num_steps, policy)
     diff = _first_diff(a, b)
     if diff is not None:
-        _fail("determinism", "the same episode for the same seed and actions", diff,
-              "draw all randomness from self.np_random (seeded by reset(seed=...))")
+        _fail(
+            "determinism",
+            "the same episode for the same seed and actions",
+            diff,
+            "draw all randomness from self.np_random (seeded by reset(seed=...))",
+        )
     for t, (obs, *_rest) in enumerate(a):
         if not env.observation_space.contains(obs):
             why = getattr(env.observation_space, "why_not", lambda o: None)(obs)
-            _fail("observation_space", f"observations in {env.observation_space!r}", f"step {t}: {why or obs!r}",
-                  "return str (Text) or a list of message dicts (Chat) matching the declared space")
+            _fail(
+                "observation_space",
+                f"observations in {env.observation_space!r}",
+                f"step {t}: {why or obs!r}",
+                "return str (Text) or a list of message dicts (Chat) matching the declared space",
+            )
     with _phase("unicode"):
         _check_unicode(env, seed)
     if isinstance(env.unwrapped, TextEnv):
         with _phase("text env errors"):
             _check_text_env_errors(env.unwrapped, seed, num_steps, policy)
     if not _rng_unchanged(before):
-        _fail("global RNG", "random.getstate() and np.random.get_state() unchanged", "a changed global state",
-              "use self.np_random (or a generator derived from it), never random.* / np.random.*")
+        _fail(
+            "global RNG",
+            "random.getstate() and np.random.get_state() unchanged",
+            "a changed global state",
+            "use self.np_random (or a generator derived from it), never random.* / np.random.*",
+        )
     with _phase("async"):
         c = asyncio.run(_arun_episode(env, seed, num_steps, policy))
     diff = _first_diff(a, c)
     if diff is not None:
-        _fail("async == sync", "areset/astep to give the sync episode", diff,
-              "make the async hooks do the same work as the sync ones")
+        _fail(
+            "async == sync",
+            "areset/astep to give the sync episode",
+            diff,
+            "make the async hooks do the same work as the sync ones",
+        )
     if not _rng_unchanged(before):
-        _fail("global RNG (async)", "global RNG state unchanged", "a changed global state", "use self.np_random")
+        _fail(
+            "global RNG (async)",
+            "global RNG state unchanged",
+            "a changed global state",
+            "use self.np_random",
+        )
     return caught
 
 
@@ -161,19 +205,29 @@ def _check_unicode(env: gym.Env, seed: int) -> None:
     env.reset(seed=seed)
     obs, *_ = env.step(UNICODE_ACTION)
     if not env.observation_space.contains(obs):
-        _fail("unicode", "an in-space observation after a Unicode action", obs,
-              "handle any Unicode text (no ASCII-only encode/decode)")
+        _fail(
+            "unicode",
+            "an in-space observation after a Unicode action",
+            obs,
+            "handle any Unicode text (no ASCII-only encode/decode)",
+        )
 
 
-def _check_text_env_errors(env: TextEnv, seed: int, num_steps: int, policy: Callable[[int], Any] | None) -> None:
+def _check_text_env_errors(
+    env: TextEnv, seed: int, num_steps: int, policy: Callable[[int], Any] | None
+) -> None:
     env.reset(seed=seed)
     try:
         env.step(12345)  # type: ignore[arg-type]
     except InvalidActionError:
         pass
     else:
-        _fail("action type", "InvalidActionError for a non-str action", "no error",
-              "keep TextEnv.step's action check (do not override step)")
+        _fail(
+            "action type",
+            "InvalidActionError for a non-str action",
+            "no error",
+            "keep TextEnv.step's action check (do not override step)",
+        )
     policy = policy or (lambda t: seeded_action(env.action_space, seed, t))
     env.reset(seed=seed)
     for t in range(max(num_steps, 1) * 5):
@@ -187,4 +241,9 @@ def _check_text_env_errors(env: TextEnv, seed: int, num_steps: int, policy: Call
     except ResetNeededError:
         pass
     else:
-        _fail("step after end", "ResetNeededError", "no error", "keep TextEnv.step's order check (do not override step)")
+        _fail(
+            "step after end",
+            "ResetNeededError",
+            "no error",
+            "keep TextEnv.step's order check (do not override step)",
+        )

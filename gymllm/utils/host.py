@@ -63,8 +63,9 @@ def native_bf16(*, flags: set[str] | None = None, backend: str | None = None) ->
     return any(f in flags for f in NATIVE_BF16_FLAGS)
 
 
-def resolve_compute_dtype(value: str | None, *, flags: set[str] | None = None, backend: str | None = None
-                          ) -> str | None:
+def resolve_compute_dtype(
+    value: str | None, *, flags: set[str] | None = None, backend: str | None = None
+) -> str | None:
     """``"auto"`` -> ``"bfloat16"`` where :func:`native_bf16`, else ``"float32"``; any other value unchanged
     (what an engine's, a learner's or an SFT learner's ``compute_dtype="auto"`` computes in)."""
     if value != "auto":

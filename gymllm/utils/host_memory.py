@@ -36,8 +36,13 @@ def requested() -> bool:
     return os.environ.get(ENV_VAR, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def keep_freed_memory(*, enabled: bool | None = None, mmap_threshold: int = 32 << 20, trim_threshold: int = 1 << 31,
-                      top_pad: int = 64 << 20) -> bool:
+def keep_freed_memory(
+    *,
+    enabled: bool | None = None,
+    mmap_threshold: int = 32 << 20,
+    trim_threshold: int = 1 << 31,
+    top_pad: int = 64 << 20,
+) -> bool:
     """Raise glibc's malloc thresholds once per process, only on request (see the module docstring).
 
     ``enabled``: True applies them, False leaves malloc alone, None (default) follows
@@ -54,8 +59,13 @@ def keep_freed_memory(*, enabled: bool | None = None, mmap_threshold: int = 32 <
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    ok = all(mallopt(p, v) == 1 for p, v in ((_M_MMAP_THRESHOLD, min(mmap_threshold, 2**31 - 1)),
-                                            (_M_TRIM_THRESHOLD, min(trim_threshold, 2**31 - 1)),
-                                            (_M_TOP_PAD, min(top_pad, 2**31 - 1))))
+    ok = all(
+        mallopt(p, v) == 1
+        for p, v in (
+            (_M_MMAP_THRESHOLD, min(mmap_threshold, 2**31 - 1)),
+            (_M_TRIM_THRESHOLD, min(trim_threshold, 2**31 - 1)),
+            (_M_TOP_PAD, min(top_pad, 2**31 - 1)),
+        )
+    )
     _done = ok
     return ok

@@ -27,26 +27,43 @@ def student_t_quantile(p: float, df: int) -> float:
     from scipy import stats
 
     if df < 1:
-        raise ValueError(f"student_t_quantile: expected df >= 1, received {df}; fix: compare at least two units")
+        raise ValueError(
+            f"student_t_quantile: expected df >= 1, received {df}; fix: compare at least two units"
+        )
     return float(stats.t.ppf(p, df))
 
 
-def paired_difference(a: Mapping[Any, float], b: Mapping[Any, float], *, confidence: float = 0.95) -> dict[str, Any]:
+def paired_difference(
+    a: Mapping[Any, float], b: Mapping[Any, float], *, confidence: float = 0.95
+) -> dict[str, Any]:
     """``a`` and ``b``: each player's result per unit (module doc). Returns ``n`` (shared units),
     ``mean_a``, ``mean_b`` (over the shared units), ``diff`` (mean of ``a - b``), ``se``, ``lo``, ``hi``
     (the ``confidence`` interval of ``diff``), ``t`` (the quantile used) and ``confidence``. Fewer than
     two shared units is a ValueError (no interval exists); equal differences give a zero-width interval."""
     if not 0.0 < confidence < 1.0:
-        raise ValueError(f"paired_difference: expected 0 < confidence < 1, received {confidence}; fix: e.g. 0.95")
+        raise ValueError(
+            f"paired_difference: expected 0 < confidence < 1, received {confidence}; fix: e.g. 0.95"
+        )
     units = [u for u in a if u in b]
     n = len(units)
     if n < 2:
-        raise ValueError(f"paired_difference: expected at least two units both players have, received {n} "
-                         f"(a has {len(a)}, b has {len(b)}); fix: evaluate both on the same seeds")
+        raise ValueError(
+            f"paired_difference: expected at least two units both players have, received {n} "
+            f"(a has {len(a)}, b has {len(b)}); fix: evaluate both on the same seeds"
+        )
     d = [float(a[u]) - float(b[u]) for u in units]
     mean = sum(d) / n
     var = sum((x - mean) ** 2 for x in d) / (n - 1)
     se = math.sqrt(var / n)
     t = student_t_quantile((1.0 + confidence) / 2.0, n - 1)
-    return {"n": n, "mean_a": sum(float(a[u]) for u in units) / n, "mean_b": sum(float(b[u]) for u in units) / n,
-            "diff": mean, "se": se, "lo": mean - t * se, "hi": mean + t * se, "t": t, "confidence": confidence}
+    return {
+        "n": n,
+        "mean_a": sum(float(a[u]) for u in units) / n,
+        "mean_b": sum(float(b[u]) for u in units) / n,
+        "diff": mean,
+        "se": se,
+        "lo": mean - t * se,
+        "hi": mean + t * se,
+        "t": t,
+        "confidence": confidence,
+    }

@@ -24,8 +24,20 @@ from typing import Any, Callable
 
 from gymllm.errors import ConfigError, GymLLMError, explain
 
-__all__ = ["ServerStopped", "ServerThread", "bind_socket", "is_loopback", "read_body", "replaying",
-           "require_secret_off_loopback", "run_server", "stop_process", "uvicorn_server", "wait_until_healthy", "TOO_LARGE"]
+__all__ = [
+    "ServerStopped",
+    "ServerThread",
+    "bind_socket",
+    "is_loopback",
+    "read_body",
+    "replaying",
+    "require_secret_off_loopback",
+    "run_server",
+    "stop_process",
+    "uvicorn_server",
+    "wait_until_healthy",
+    "TOO_LARGE",
+]
 
 TOO_LARGE = object()
 """:func:`read_body`'s answer for a body past its limit."""
@@ -45,10 +57,14 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def require_secret_off_loopback(host: str, secret: str | None, *, field: str, expected: str, fix: str) -> None:
+def require_secret_off_loopback(
+    host: str, secret: str | None, *, field: str, expected: str, fix: str
+) -> None:
     """Refuse to bind a non-loopback ``host`` without a ``secret`` (API key, token): a clear error at startup."""
     if not is_loopback(host) and not secret:
-        raise ConfigError(explain(field, expected=expected, received=f"{host!r} without one", fix=fix))
+        raise ConfigError(
+            explain(field, expected=expected, received=f"{host!r} without one", fix=fix)
+        )
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -102,7 +118,9 @@ def replaying(body: bytes, receive: Callable) -> Callable:
     return replay
 
 
-def uvicorn_server(app: Any, *, log_level: str = "warning", lifespan: str = "off", **config: Any) -> Any:
+def uvicorn_server(
+    app: Any, *, log_level: str = "warning", lifespan: str = "off", **config: Any
+) -> Any:
     """A ``uvicorn.Server`` for ``app`` (``config``: further ``uvicorn.Config`` fields, e.g. ``ws_max_size``)."""
     import uvicorn
 
@@ -116,15 +134,28 @@ class ServerThread:
     accepts connections (at most ``ready_timeout_s``). ``config``: further ``uvicorn.Config`` fields.
     """
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning",
-                 lifespan: str = "off", ready_timeout_s: float = 30.0, name: str = "gymllm-server", **config: Any):
+    def __init__(
+        self,
+        app: Any,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        log_level: str = "warning",
+        lifespan: str = "off",
+        ready_timeout_s: float = 30.0,
+        name: str = "gymllm-server",
+        **config: Any,
+    ):
         self._sock = bind_socket(host, port)
         self.host, self.port = host, self._sock.getsockname()[1]
         self.url = url_of(host, self._sock)
         self.ready_timeout_s = ready_timeout_s
         self._server = uvicorn_server(app, log_level=log_level, lifespan=lifespan, **config)
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve(sockets=[self._sock])),
-                                        name=name, daemon=True)
+        self._thread = threading.Thread(
+            target=lambda: asyncio.run(self._server.serve(sockets=[self._sock])),
+            name=name,
+            daemon=True,
+        )
 
     def start(self, timeout: float | None = None) -> "ServerThread":
         """Start serving (idempotent); raises :class:`ServerStopped` if it is not up within the timeout."""
@@ -135,8 +166,14 @@ class ServerThread:
         while not self._server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 self.stop()
-                raise ServerStopped(explain("ServerThread", expected=f"the server on {self.url} started within "
-                                            f"{timeout} s", received="not started", fix="see the server's log above"))
+                raise ServerStopped(
+                    explain(
+                        "ServerThread",
+                        expected=f"the server on {self.url} started within {timeout} s",
+                        received="not started",
+                        fix="see the server's log above",
+                    )
+                )
             time.sleep(0.01)
         return self
 
@@ -156,9 +193,18 @@ class ServerThread:
         self.stop()
 
 
-def run_server(app: Any, host: str, port: int, *, on_ready: Callable[[str], None] | None = None,
-               watchdog: Callable[[], str | None] | None = None, watch_interval_s: float = 0.5,
-               log_level: str = "info", lifespan: str = "off", **config: Any) -> None:
+def run_server(
+    app: Any,
+    host: str,
+    port: int,
+    *,
+    on_ready: Callable[[str], None] | None = None,
+    watchdog: Callable[[], str | None] | None = None,
+    watch_interval_s: float = 0.5,
+    log_level: str = "info",
+    lifespan: str = "off",
+    **config: Any,
+) -> None:
     """Serve ``app`` on ``host:port`` until interrupted (blocking).
 
     ``on_ready(url)`` is called once connections are accepted. ``watchdog()`` is polled every
@@ -189,12 +235,19 @@ def run_server(app: Any, host: str, port: int, *, on_ready: Callable[[str], None
     finally:
         sock.close()
     if stopped:
-        raise ServerStopped(f"the server on {url} stopped: {stopped[0]}. Fix: see the log above; restart it "
-                            "(a supervisor restarts a process that exits non-zero)")
+        raise ServerStopped(
+            f"the server on {url} stopped: {stopped[0]}. Fix: see the log above; restart it "
+            "(a supervisor restarts a process that exits non-zero)"
+        )
 
 
-def wait_until_healthy(url: str, *, proc: subprocess.Popen | None = None, timeout_s: float = 180.0,
-                       path: str = "/health") -> None:
+def wait_until_healthy(
+    url: str,
+    *,
+    proc: subprocess.Popen | None = None,
+    timeout_s: float = 180.0,
+    path: str = "/health",
+) -> None:
     """Poll ``GET url + path`` until it answers 200 (a server process starting up).
 
     Raises :class:`ServerStopped` when ``proc`` exits first (with the tail of its captured output) or
@@ -207,8 +260,10 @@ def wait_until_healthy(url: str, *, proc: subprocess.Popen | None = None, timeou
         if proc is not None and proc.poll() is not None:
             out = proc.stdout or proc.stderr
             tail = out.read()[-2000:] if out is not None else ""
-            raise ServerStopped(f"the server process exited {proc.returncode} before {url}{path} answered: "
-                                f"{tail.decode(errors='replace') if isinstance(tail, bytes) else tail}")
+            raise ServerStopped(
+                f"the server process exited {proc.returncode} before {url}{path} answered: "
+                f"{tail.decode(errors='replace') if isinstance(tail, bytes) else tail}"
+            )
         try:
             if httpx.get(url + path, timeout=2).status_code == 200:
                 return
@@ -221,7 +276,9 @@ def wait_until_healthy(url: str, *, proc: subprocess.Popen | None = None, timeou
     raise ServerStopped(f"{url}{path} did not answer 200 within {timeout_s} s")
 
 
-def stop_process(proc: subprocess.Popen, *, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> None:
+def stop_process(
+    proc: subprocess.Popen, *, sig: int = signal.SIGTERM, timeout_s: float = 30.0
+) -> None:
     """Ask a server process to stop (``sig``), then kill it if it has not exited within ``timeout_s``."""
     if proc.poll() is None:
         proc.send_signal(sig)

@@ -56,10 +56,14 @@ class LatencyJitter(gym.Wrapper):
 
 
 def _fail(path: str, expected: str, received: Any, fix: str) -> None:
-    raise EnvCheckError(explain(f"check_vector_env[{path}]", expected=expected, received=received, fix=fix))
+    raise EnvCheckError(
+        explain(f"check_vector_env[{path}]", expected=expected, received=received, fix=fix)
+    )
 
 
-def _reference(fn: Callable[[], gym.Env], seed: int, n: int, act: Callable[[int], Any]) -> list[Transition]:
+def _reference(
+    fn: Callable[[], gym.Env], seed: int, n: int, act: Callable[[int], Any]
+) -> list[Transition]:
     env = fn()
     try:
         obs, _ = env.reset(seed=seed)
@@ -78,16 +82,22 @@ def _reference(fn: Callable[[], gym.Env], seed: int, n: int, act: Callable[[int]
         env.close()
 
 
-def _jittered(fns: list[Callable[[], gym.Env]], seed: int, median_s: float, max_s: float) -> list[Callable]:
-    return [lambda fn=fn, i=i: LatencyJitter(fn(), seed=seed * 1009 + i, median_s=median_s, max_s=max_s)
-            for i, fn in enumerate(fns)]
+def _jittered(
+    fns: list[Callable[[], gym.Env]], seed: int, median_s: float, max_s: float
+) -> list[Callable]:
+    return [
+        lambda fn=fn, i=i: LatencyJitter(fn(), seed=seed * 1009 + i, median_s=median_s, max_s=max_s)
+        for i, fn in enumerate(fns)
+    ]
 
 
 def _rec(obs: Any, r: Any, te: Any, tr: Any) -> Transition:
     return obs, float(r), bool(te), bool(tr)
 
 
-def _via_step(vec: VectorEnv, seed: int, n: int, acts: list[Callable[[int], Any]]) -> list[list[Transition]]:
+def _via_step(
+    vec: VectorEnv, seed: int, n: int, acts: list[Callable[[int], Any]]
+) -> list[list[Transition]]:
     obs, _ = vec.reset(seed=seed)
     out = [[(obs[i], 0.0, False, False)] for i in range(vec.num_envs)]
     for k in range(n):
@@ -97,7 +107,9 @@ def _via_step(vec: VectorEnv, seed: int, n: int, acts: list[Callable[[int], Any]
     return out
 
 
-def _via_send_recv(vec: VectorEnv, seed: int, n: int, acts: list[Callable[[int], Any]]) -> list[list[Transition]]:
+def _via_send_recv(
+    vec: VectorEnv, seed: int, n: int, acts: list[Callable[[int], Any]]
+) -> list[list[Transition]]:
     obs, _ = vec.reset(seed=seed)
     out = [[(obs[i], 0.0, False, False)] for i in range(vec.num_envs)]
     sent = [0] * vec.num_envs
@@ -110,8 +122,12 @@ def _via_send_recv(vec: VectorEnv, seed: int, n: int, acts: list[Callable[[int],
         for j, i in enumerate(ids):
             received[i] += 1
             if received[i] > sent[i]:
-                _fail("send/recv", "each sent env id received exactly once", f"env {i} received twice",
-                      "report a bug in gymllm.vector")
+                _fail(
+                    "send/recv",
+                    "each sent env id received exactly once",
+                    f"env {i} received twice",
+                    "report a bug in gymllm.vector",
+                )
             out[i].append(_rec(obs[j], r[j], te[j], tr[j]))
             if sent[i] < n:
                 again.append(i)
@@ -124,7 +140,9 @@ def _via_send_recv(vec: VectorEnv, seed: int, n: int, acts: list[Callable[[int],
     return out
 
 
-async def _via_async(vec: VectorEnv, seed: int, n: int, acts: list[Callable[[int], Any]]) -> list[list[Transition]]:
+async def _via_async(
+    vec: VectorEnv, seed: int, n: int, acts: list[Callable[[int], Any]]
+) -> list[list[Transition]]:
     async def one(i: int) -> list[Transition]:
         obs, _ = await vec.areset_env(i, seed=seed + i)
         out, done = [(obs, 0.0, False, False)], False
@@ -141,8 +159,14 @@ async def _via_async(vec: VectorEnv, seed: int, n: int, acts: list[Callable[[int
     return list(await asyncio.gather(*(one(i) for i in range(vec.num_envs))))
 
 
-def check_vector_env(vec_or_factory: VectorEnv | Callable[[], VectorEnv], *, seed: int = 0, num_steps: int = 8,
-                     median_s: float = 0.002, max_s: float = 0.02) -> None:
+def check_vector_env(
+    vec_or_factory: VectorEnv | Callable[[], VectorEnv],
+    *,
+    seed: int = 0,
+    num_steps: int = 8,
+    median_s: float = 0.002,
+    max_s: float = 0.02,
+) -> None:
     """Check that every path of the vector env gives the reference per-env trajectories (see module doc).
 
     ``vec_or_factory`` is a :class:`~gymllm.vector.VectorEnv` (its ``env_fns`` and config are used;
@@ -152,7 +176,10 @@ def check_vector_env(vec_or_factory: VectorEnv | Callable[[], VectorEnv], *, see
     own = not isinstance(vec_or_factory, VectorEnv)
     base = vec_or_factory() if own else vec_or_factory
     try:
-        fns, config = list(base.env_fns), dataclasses.replace(base.config, autoreset_mode="next_step")
+        fns, config = (
+            list(base.env_fns),
+            dataclasses.replace(base.config, autoreset_mode="next_step"),
+        )
         spaces = [s for s in base.single_action_spaces]
     finally:
         if own:
@@ -172,8 +199,18 @@ def check_vector_env(vec_or_factory: VectorEnv | Callable[[], VectorEnv], *, see
             vec.close()
         for i, (want, have) in enumerate(zip(ref, got)):
             if not data_equivalence(want, have, exact=True):
-                k = next((k for k, (a, b) in enumerate(zip(want, have)) if not data_equivalence(a, b, exact=True)),
-                         min(len(want), len(have)))
-                _fail(name, f"env {i}'s reference trajectory", f"a difference at transition {k}: "
-                      f"{want[k] if k < len(want) else None!r} vs {have[k] if k < len(have) else None!r}",
-                      "keep all env randomness in self.np_random and state per instance (no shared globals)")
+                k = next(
+                    (
+                        k
+                        for k, (a, b) in enumerate(zip(want, have))
+                        if not data_equivalence(a, b, exact=True)
+                    ),
+                    min(len(want), len(have)),
+                )
+                _fail(
+                    name,
+                    f"env {i}'s reference trajectory",
+                    f"a difference at transition {k}: "
+                    f"{want[k] if k < len(want) else None!r} vs {have[k] if k < len(have) else None!r}",
+                    "keep all env randomness in self.np_random and state per instance (no shared globals)",
+                )

@@ -6,4 +6,11 @@ from gymllm.vector.config import RayOptions, VectorEnvConfig
 from gymllm.vector.vector_env import VectorEnv
 from gymllm.vector.errors import EnvIdError, VectorStateError
 
-__all__ = ["AutoresetMode", "EnvIdError", "RayOptions", "VectorEnv", "VectorEnvConfig", "VectorStateError"]
+__all__ = [
+    "AutoresetMode",
+    "EnvIdError",
+    "RayOptions",
+    "VectorEnv",
+    "VectorEnvConfig",
+    "VectorStateError",
+]

@@ -18,9 +18,19 @@ __all__ = ["check_env_id", "env_id_list", "action_list", "seed_list", "check_min
 
 def check_env_id(env_id: Any, n: int) -> int:
     """``env_id`` as an int in ``[0, n)`` (bools refused)."""
-    if isinstance(env_id, (bool, np.bool_)) or not isinstance(env_id, (int, np.integer)) or not 0 <= env_id < n:
-        raise EnvIdError(explain("env id", expected=f"an int in [0, {n})", received=env_id,
-                                 fix="use the env_ids that recv() returned"))
+    if (
+        isinstance(env_id, (bool, np.bool_))
+        or not isinstance(env_id, (int, np.integer))
+        or not 0 <= env_id < n
+    ):
+        raise EnvIdError(
+            explain(
+                "env id",
+                expected=f"an int in [0, {n})",
+                received=env_id,
+                fix="use the env_ids that recv() returned",
+            )
+        )
     return int(env_id)
 
 
@@ -30,19 +40,37 @@ def env_id_list(env_ids: Any, n: int) -> list[int]:
         return list(range(n))
     ids = [check_env_id(i, n) for i in np.asarray(env_ids, dtype=object).reshape(-1)]
     if len(set(ids)) != len(ids):
-        raise EnvIdError(explain("env_ids", expected="distinct env ids", received=ids,
-                                 fix="send at most one action per env id per call"))
+        raise EnvIdError(
+            explain(
+                "env_ids",
+                expected="distinct env ids",
+                received=ids,
+                fix="send at most one action per env id per call",
+            )
+        )
     return ids
 
 
 def action_list(actions: Any, n: int) -> list[Any]:
     """``actions`` as a list of exactly ``n`` actions (one per env id)."""
     if isinstance(actions, (str, bytes)) or not hasattr(actions, "__len__"):
-        raise InvalidActionError(explain("actions", expected=f"a sequence of {n} actions", received=actions,
-                                         fix="pass a list with one str per env id"))
+        raise InvalidActionError(
+            explain(
+                "actions",
+                expected=f"a sequence of {n} actions",
+                received=actions,
+                fix="pass a list with one str per env id",
+            )
+        )
     if len(actions) != n:
-        raise InvalidActionError(explain("actions", expected=f"{n} actions (one per env id)",
-                                         received=f"{len(actions)} actions", fix="pass one action per env id"))
+        raise InvalidActionError(
+            explain(
+                "actions",
+                expected=f"{n} actions (one per env id)",
+                received=f"{len(actions)} actions",
+                fix="pass one action per env id",
+            )
+        )
     return list(actions)
 
 
@@ -54,14 +82,26 @@ def seed_list(seed: Any, n: int) -> list[int | None]:
         return [int(seed) + i for i in range(n)]
     seeds = list(seed)
     if len(seeds) != n:
-        raise InvalidActionError(explain("reset(seed=[...])", expected=f"{n} seeds",
-                                         received=f"{len(seeds)} seeds", fix="pass an int or one seed per env"))
+        raise InvalidActionError(
+            explain(
+                "reset(seed=[...])",
+                expected=f"{n} seeds",
+                received=f"{len(seeds)} seeds",
+                fix="pass an int or one seed per env",
+            )
+        )
     return seeds
 
 
 def check_min_ready(min_ready: Any) -> int:
     """``recv``'s ``min_ready`` as an int >= 1."""
     if isinstance(min_ready, bool) or not isinstance(min_ready, (int, np.integer)) or min_ready < 1:
-        raise InvalidActionError(explain("recv(min_ready)", expected="an int >= 1", received=min_ready,
-                                         fix="pass min_ready=1"))
+        raise InvalidActionError(
+            explain(
+                "recv(min_ready)",
+                expected="an int >= 1",
+                received=min_ready,
+                fix="pass min_ready=1",
+            )
+        )
     return int(min_ready)

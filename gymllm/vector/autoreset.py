@@ -50,27 +50,56 @@ class AutoresetPolicy:
         SAME_STEP only a failed sub-env can be left ended), and refused under DISABLED.
         """
         if slot.busy:
-            raise VectorStateError(explain(f"send to env {slot.env_id}", expected="an env whose last result was "
-                                           "received", received="an env still in flight", fix="recv() its result first"))
+            raise VectorStateError(
+                explain(
+                    f"send to env {slot.env_id}",
+                    expected="an env whose last result was received",
+                    received="an env still in flight",
+                    fix="recv() its result first",
+                )
+            )
         state = slot.state
         if state != "running":
             if state == "new":
-                raise ResetNeededError(explain(f"send to env {slot.env_id}", expected="a reset env",
-                                               received="an env never reset", fix="call reset() or reset_env(id) first"))
+                raise ResetNeededError(
+                    explain(
+                        f"send to env {slot.env_id}",
+                        expected="a reset env",
+                        received="an env never reset",
+                        fix="call reset() or reset_env(id) first",
+                    )
+                )
             if self.enabled:
                 return "reset"
-            raise ResetNeededError(explain(f"send to env {slot.env_id}", expected="a running episode",
-                                           received="an ended episode (autoreset_mode=DISABLED)",
-                                           fix="reset it: reset(options={'reset_mask': vec.ended}) or reset_env(id)"))
+            raise ResetNeededError(
+                explain(
+                    f"send to env {slot.env_id}",
+                    expected="a running episode",
+                    received="an ended episode (autoreset_mode=DISABLED)",
+                    fix="reset it: reset(options={'reset_mask': vec.ended}) or reset_env(id)",
+                )
+            )
         why = slot.check(action)
         if why is not None:
-            raise InvalidActionError(explain(f"action for env {slot.env_id}", expected=f"an action in "
-                                             f"{slot.env.action_space!r}", received=why, fix="pass one str per env"))
+            raise InvalidActionError(
+                explain(
+                    f"action for env {slot.env_id}",
+                    expected=f"an action in {slot.env.action_space!r}",
+                    received=why,
+                    fix="pass one str per env",
+                )
+            )
         return self.step_op
 
 
-def run_op(env: Any, op: str, action: Any, seed: int | None, options: dict | None,
-           step: Callable[[Any], tuple] | None = None) -> tuple:
+def run_op(
+    env: Any,
+    op: str,
+    action: Any,
+    seed: int | None,
+    options: dict | None,
+    step: Callable[[Any], tuple] | None = None,
+) -> tuple:
     """Run ``op`` on a sync env: ``(obs, reward, terminated, truncated, info)``."""
     if op == "reset":
         obs, info = env.reset(seed=seed, options=options)

@@ -58,21 +58,34 @@ class SubEnvVector(gym.vector.VectorEnv):
             (``backend="ray", ray_options={...}`` included).
     """
 
-    def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], *, config: VectorEnvConfig | None = None,
-                 **config_kwargs: Any):
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], gym.Env]],
+        *,
+        config: VectorEnvConfig | None = None,
+        **config_kwargs: Any,
+    ):
         if config is None:
             config = VectorEnvConfig(**config_kwargs)
         elif config_kwargs:
             config = dataclasses.replace(config, **config_kwargs)
         env_fns = list(env_fns)
         if not env_fns or not all(callable(f) for f in env_fns):
-            raise InvalidActionError(explain("VectorEnv(env_fns)", expected="a non-empty list of env factories",
-                                             received=env_fns, fix="pass [lambda: gymllm.make('gymllm/Echo-v0')] * n"))
+            raise InvalidActionError(
+                explain(
+                    "VectorEnv(env_fns)",
+                    expected="a non-empty list of env factories",
+                    received=env_fns,
+                    fix="pass [lambda: gymllm.make('gymllm/Echo-v0')] * n",
+                )
+            )
         self.config = config
         self.env_fns = env_fns
         self.num_envs = len(env_fns)
         self._slots = [Slot(i, fn) for i, fn in enumerate(env_fns)]
-        self._ledger = Ledger(self._slots, config.step_timeout, abandon=lambda slot: self._runner.abandon(slot))
+        self._ledger = Ledger(
+            self._slots, config.step_timeout, abandon=lambda slot: self._runner.abandon(slot)
+        )
         self._runner = make_runner(config, self._ledger)
         self._runner.build()
         self._autoreset = AutoresetPolicy(config.autoreset_mode)
@@ -87,10 +100,16 @@ class SubEnvVector(gym.vector.VectorEnv):
         self.single_observation_spaces, self.single_action_spaces = obs_spaces, act_spaces
         self.single_observation_space = obs_spaces[0]
         self.single_action_space = act_spaces[0]
-        self.observation_space = gym.spaces.Tuple(obs_spaces) if any(
-            s != obs_spaces[0] for s in obs_spaces) else batch_space(obs_spaces[0], self.num_envs)
-        self.action_space = gym.spaces.Tuple(act_spaces) if any(
-            s != act_spaces[0] for s in act_spaces) else batch_space(act_spaces[0], self.num_envs)
+        self.observation_space = (
+            gym.spaces.Tuple(obs_spaces)
+            if any(s != obs_spaces[0] for s in obs_spaces)
+            else batch_space(obs_spaces[0], self.num_envs)
+        )
+        self.action_space = (
+            gym.spaces.Tuple(act_spaces)
+            if any(s != act_spaces[0] for s in act_spaces)
+            else batch_space(act_spaces[0], self.num_envs)
+        )
 
     # ------------------------------------------------------------------ state
     @property
@@ -133,8 +152,14 @@ class SubEnvVector(gym.vector.VectorEnv):
     def _idle_slot(self, env_id: int) -> Slot:
         slot = self._slot(env_id)
         if slot.busy:
-            raise VectorStateError(explain(f"env {slot.env_id}", expected="an env not in flight",
-                                           received="an env with an unreceived operation", fix="recv() it first"))
+            raise VectorStateError(
+                explain(
+                    f"env {slot.env_id}",
+                    expected="an env not in flight",
+                    received="an env with an unreceived operation",
+                    fix="recv() it first",
+                )
+            )
         return slot
 
     def _need(self, min_ready: int) -> int:
@@ -143,8 +168,14 @@ class SubEnvVector(gym.vector.VectorEnv):
             self._ledger.check_open()
             in_flight = self._ledger.count_for_recv()
         if in_flight == 0:
-            raise VectorStateError(explain("recv()", expected="at least one env in flight", received="none",
-                                           fix="call send(actions, env_ids) before recv()"))
+            raise VectorStateError(
+                explain(
+                    "recv()",
+                    expected="at least one env in flight",
+                    received="none",
+                    fix="call send(actions, env_ids) before recv()",
+                )
+            )
         return min(int(min_ready), in_flight)
 
     # ------------------------------------------------------------------ results

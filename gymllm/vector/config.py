@@ -25,8 +25,14 @@ def parse_autoreset_mode(value: Any) -> AutoresetMode:
         return value
     mode = _MODES.get(str(value).lower()) if isinstance(value, str) else None
     if mode is None:
-        raise ConfigError(explain("VectorEnvConfig.autoreset_mode", expected="next_step, same_step or disabled",
-                                  received=value, fix="pass autoreset_mode='next_step' (Gymnasium's default)"))
+        raise ConfigError(
+            explain(
+                "VectorEnvConfig.autoreset_mode",
+                expected="next_step, same_step or disabled",
+                received=value,
+                fix="pass autoreset_mode='next_step' (Gymnasium's default)",
+            )
+        )
     return mode
 
 
@@ -69,23 +75,44 @@ class RayOptions:
 
     def __post_init__(self) -> None:
         def bad(name: str, expected: str, fix: str) -> ConfigError:
-            return ConfigError(explain(f"ray_options[{name!r}]", expected=expected, received=getattr(self, name),
-                                       fix=fix))
+            return ConfigError(
+                explain(
+                    f"ray_options[{name!r}]",
+                    expected=expected,
+                    received=getattr(self, name),
+                    fix=fix,
+                )
+            )
 
         if self.address is not None and not (isinstance(self.address, str) and self.address):
-            raise bad("address", "None, 'auto' or 'host:port'", "pass address='auto' to join a running cluster")
+            raise bad(
+                "address",
+                "None, 'auto' or 'host:port'",
+                "pass address='auto' to join a running cluster",
+            )
         for name in ("num_workers", "envs_per_actor"):
             v = getattr(self, name)
             if v is not None and not (is_int(v) and v > 0):
                 raise bad(name, "None or an int >= 1", f"pass {name}=4")
         if self.num_workers is not None and self.envs_per_actor is not None:
-            raise bad("envs_per_actor", "num_workers or envs_per_actor, not both", "drop one of them")
+            raise bad(
+                "envs_per_actor", "num_workers or envs_per_actor, not both", "drop one of them"
+            )
         if self.num_cpus is not None and not (is_number(self.num_cpus) and self.num_cpus >= 0):
-            raise bad("num_cpus", "None (fitted to the cluster) or CPUs >= 0 per actor", "pass num_cpus=1 (or 0.5)")
+            raise bad(
+                "num_cpus",
+                "None (fitted to the cluster) or CPUs >= 0 per actor",
+                "pass num_cpus=1 (or 0.5)",
+            )
         res = self.resources
-        if not isinstance(res, Mapping) or not all(isinstance(k, str) and is_number(v) and v > 0
-                                                   for k, v in res.items()):
-            raise bad("resources", "a dict of resource name -> amount > 0", "pass resources={'sandbox': 1}")
+        if not isinstance(res, Mapping) or not all(
+            isinstance(k, str) and is_number(v) and v > 0 for k, v in res.items()
+        ):
+            raise bad(
+                "resources",
+                "a dict of resource name -> amount > 0",
+                "pass resources={'sandbox': 1}",
+            )
         object.__setattr__(self, "resources", dict(res))
         if not (is_number(self.ready_timeout_s) and self.ready_timeout_s > 0):
             raise bad("ready_timeout_s", "seconds > 0", "pass ready_timeout_s=120")
@@ -100,13 +127,25 @@ class RayOptions:
         if value is None:
             return cls()
         if not isinstance(value, Mapping):
-            raise ConfigError(explain("ray_options", expected="a dict or RayOptions", received=value,
-                                      fix="pass ray_options={'num_workers': 4, 'num_cpus': 1}"))
+            raise ConfigError(
+                explain(
+                    "ray_options",
+                    expected="a dict or RayOptions",
+                    received=value,
+                    fix="pass ray_options={'num_workers': 4, 'num_cpus': 1}",
+                )
+            )
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(value) - known)
         if unknown:
-            raise ConfigError(explain("ray_options", expected=f"keys among {sorted(known)}", received=unknown,
-                                      fix="drop or rename those keys"))
+            raise ConfigError(
+                explain(
+                    "ray_options",
+                    expected=f"keys among {sorted(known)}",
+                    received=unknown,
+                    fix="drop or rename those keys",
+                )
+            )
         return cls(**value)
 
     def shard_size(self, num_envs: int) -> int | None:
@@ -156,22 +195,56 @@ class VectorEnvConfig:
         object.__setattr__(self, "autoreset_mode", parse_autoreset_mode(self.autoreset_mode))
         if self.ray_options is not None or self.backend == "ray":
             if self.backend != "ray":
-                raise ConfigError(explain("VectorEnvConfig.ray_options", expected="ray_options only with backend='ray'",
-                                          received={"backend": self.backend}, fix="pass backend='ray' as well"))
+                raise ConfigError(
+                    explain(
+                        "VectorEnvConfig.ray_options",
+                        expected="ray_options only with backend='ray'",
+                        received={"backend": self.backend},
+                        fix="pass backend='ray' as well",
+                    )
+                )
             object.__setattr__(self, "ray_options", RayOptions.parse(self.ray_options))
-        for name, allowed in (("backend", BACKENDS), ("on_error", ON_ERROR), ("mp_context", MP_CONTEXTS)):
+        for name, allowed in (
+            ("backend", BACKENDS),
+            ("on_error", ON_ERROR),
+            ("mp_context", MP_CONTEXTS),
+        ):
             if getattr(self, name) not in allowed:
-                raise ConfigError(explain(f"VectorEnvConfig.{name}", expected=" or ".join(map(repr, allowed)),
-                                          received=getattr(self, name), fix=f"pass {name}={allowed[0]!r}"))
+                raise ConfigError(
+                    explain(
+                        f"VectorEnvConfig.{name}",
+                        expected=" or ".join(map(repr, allowed)),
+                        received=getattr(self, name),
+                        fix=f"pass {name}={allowed[0]!r}",
+                    )
+                )
         mc = self.max_concurrency
         if mc is not None and not (is_int(mc) and mc >= 1):
-            raise ConfigError(explain("VectorEnvConfig.max_concurrency", expected="None or an int >= 1",
-                                      received=mc, fix="pass max_concurrency=16"))
+            raise ConfigError(
+                explain(
+                    "VectorEnvConfig.max_concurrency",
+                    expected="None or an int >= 1",
+                    received=mc,
+                    fix="pass max_concurrency=16",
+                )
+            )
         ib = self.inline_below_s
         if not (is_number(ib) and ib >= 0):
-            raise ConfigError(explain("VectorEnvConfig.inline_below_s", expected="seconds >= 0", received=ib,
-                                      fix="pass inline_below_s=0 to always use worker threads"))
+            raise ConfigError(
+                explain(
+                    "VectorEnvConfig.inline_below_s",
+                    expected="seconds >= 0",
+                    received=ib,
+                    fix="pass inline_below_s=0 to always use worker threads",
+                )
+            )
         st = self.step_timeout
         if st is not None and not (is_number(st) and st > 0):
-            raise ConfigError(explain("VectorEnvConfig.step_timeout", expected="None or seconds > 0",
-                                      received=st, fix="pass step_timeout=30.0"))
+            raise ConfigError(
+                explain(
+                    "VectorEnvConfig.step_timeout",
+                    expected="None or seconds > 0",
+                    received=st,
+                    fix="pass step_timeout=30.0",
+                )
+            )

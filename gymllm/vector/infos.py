@@ -34,7 +34,10 @@ def add_info(infos: dict[str, Any], info: dict[str, Any], j: int, n: int) -> dic
                 array = np.full(n, None, dtype=object) if key == "final_obs" else _empty(value, n)
             try:
                 if array.dtype != object:
-                    if not (type(value) in (int, float, bool) or isinstance(value, (np.number, np.ndarray))):
+                    if not (
+                        type(value) in (int, float, bool)
+                        or isinstance(value, (np.number, np.ndarray))
+                    ):
                         raise TypeError
                     wider = np.result_type(array.dtype, np.asarray(value).dtype)
                     if wider != array.dtype:  # e.g. a float after ints: widen instead of truncating
@@ -84,7 +87,9 @@ def batch_infos(pairs: list[tuple[int, dict[str, Any]]], n: int) -> dict[str, An
             array[idx] = values
         elif key == "final_obs" or types <= _OBJECT_OK:
             array = np.full(n, None, dtype=object)
-            for j, v in zip(idx, values):  # element-wise: a list of str would first become a '<U' array
+            for j, v in zip(
+                idx, values
+            ):  # element-wise: a list of str would first become a '<U' array
                 array[j] = v
         else:
             sub: dict[str, Any] = {}

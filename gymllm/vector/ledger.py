@@ -36,17 +36,29 @@ class Result:
 
     __slots__ = ("env_id", "obs", "reward", "terminated", "truncated", "info", "error")
 
-    def __init__(self, env_id: int, obs: Any = None, reward: float = 0.0, terminated: bool = False,
-                 truncated: bool = False, info: dict | None = None, error: EnvError | None = None):
+    def __init__(
+        self,
+        env_id: int,
+        obs: Any = None,
+        reward: float = 0.0,
+        terminated: bool = False,
+        truncated: bool = False,
+        info: dict | None = None,
+        error: EnvError | None = None,
+    ):
         self.env_id, self.obs, self.reward = env_id, obs, reward
         self.terminated, self.truncated, self.info, self.error = terminated, truncated, info, error
 
 
 def error_result(env_id: int, op: str, e: BaseException) -> Result:
     """The result that reports sub-env ``env_id`` raising ``e`` in ``op`` (obs None, truncated True)."""
-    err = EnvError(f"sub-env {env_id} raised {type(e).__name__} in {op.split('_')[0]}: {e}. Fix: see its "
-                   f"cause (err.cause); the vector env keeps the other sub-envs running and resets this one "
-                   f"on its next send.", env_id=env_id, cause=e)
+    err = EnvError(
+        f"sub-env {env_id} raised {type(e).__name__} in {op.split('_')[0]}: {e}. Fix: see its "
+        f"cause (err.cause); the vector env keeps the other sub-envs running and resets this one "
+        f"on its next send.",
+        env_id=env_id,
+        cause=e,
+    )
     return failure_result(env_id, err)
 
 
@@ -119,12 +131,16 @@ class Slot:
     kind: str = "sync"  # "sync": worker thread; "async": task on an event loop; "ray": a Ray actor
     state: str = "new"  # "new" | "running" | "done"
     pending: bool = False  # an operation is running
-    busy: bool = False  # sent and its result not yet handed to the caller (pending, or waiting in a sink)
+    busy: bool = (
+        False  # sent and its result not yet handed to the caller (pending, or waiting in a sink)
+    )
     gen: int = 0  # bumped per operation and on timeout: stale completions are dropped
     deadline: float = INF
     sink: Any = None
     handle: Any = None  # a runner's handle on the op in flight (a future), cancelled on timeout
-    loop: Any = None  # the event loop an async-native sub-env's ops run on (see ThreadRunner.start_async)
+    loop: Any = (
+        None  # the event loop an async-native sub-env's ops run on (see ThreadRunner.start_async)
+    )
     lost: bool = False  # abandoned after a timeout; rebuilt by the next reset
     last_obs: Any = None
     inline: bool = False  # run its ops on the calling thread (see ThreadRunner.note_cost)
@@ -138,8 +154,17 @@ class Op:
 
     __slots__ = ("slot", "gen", "op", "action", "seed", "options", "rebuild", "inline")
 
-    def __init__(self, slot: Slot, gen: int, op: str, action: Any, seed: Any, options: Any, rebuild: bool,
-                 inline: bool):
+    def __init__(
+        self,
+        slot: Slot,
+        gen: int,
+        op: str,
+        action: Any,
+        seed: Any,
+        options: Any,
+        rebuild: bool,
+        inline: bool,
+    ):
         self.slot, self.gen, self.op, self.action = slot, gen, op, action
         self.seed, self.options, self.rebuild, self.inline = seed, options, rebuild, inline
 
@@ -154,7 +179,9 @@ class Ledger:
             stops waiting on it (cancels, kills, replaces a stuck worker).
     """
 
-    def __init__(self, slots: list[Slot], step_timeout: float | None, abandon: Callable[[Slot], None]):
+    def __init__(
+        self, slots: list[Slot], step_timeout: float | None, abandon: Callable[[Slot], None]
+    ):
         self.slots = slots
         self.step_timeout = step_timeout
         self.abandon = abandon
@@ -164,12 +191,25 @@ class Ledger:
 
     def check_open(self) -> None:
         if self.closed:
-            raise VectorStateError(explain("VectorEnv", expected="an open vector env", received="closed",
-                                           fix="create a new vector env with gymllm.make_vec(...)"))
+            raise VectorStateError(
+                explain(
+                    "VectorEnv",
+                    expected="an open vector env",
+                    received="closed",
+                    fix="create a new vector env with gymllm.make_vec(...)",
+                )
+            )
 
     # ------------------------------------------------------------------ starting and finishing
-    def start(self, slot: Slot, op: str, sink: Any, action: Any = None, seed: int | None = None,
-              options: dict | None = None) -> Op:
+    def start(
+        self,
+        slot: Slot,
+        op: str,
+        sink: Any,
+        action: Any = None,
+        seed: int | None = None,
+        options: dict | None = None,
+    ) -> Op:
         """Mark one operation on ``slot`` started (lock held) and return its work item; the caller
         hands it to the runner after releasing the lock (so workers never queue on it)."""
         slot.gen += 1
@@ -190,11 +230,18 @@ class Ledger:
     def finish_many(self, done: list[tuple[Slot, int, str, Result]]) -> None:
         with self.cond:
             for slot, gen, op, res in done:
-                if slot.gen != gen or self.closed or res.error is not None or not isinstance(slot.sink, Sink):
+                if (
+                    slot.gen != gen
+                    or self.closed
+                    or res.error is not None
+                    or not isinstance(slot.sink, Sink)
+                ):
                     self.finish_locked(slot, gen, op, res)
                     continue
                 slot.pending = False  # the common case, inlined: a step or reset that returned
-                slot.state = "done" if op == "step" and (res.terminated or res.truncated) else "running"
+                slot.state = (
+                    "done" if op == "step" and (res.terminated or res.truncated) else "running"
+                )
                 slot.last_obs = res.obs
                 sink = slot.sink
                 slot.sink = None
@@ -233,9 +280,14 @@ class Ledger:
         self.abandon(slot)
         slot.handle = None
         err = EnvTimeoutError(
-            explain(f"sub-env {slot.env_id}", expected=f"a reply within step_timeout={self.step_timeout}s",
-                    received="no reply", fix="raise step_timeout, or fix the env; it is rebuilt on its next reset"),
-            env_id=slot.env_id)
+            explain(
+                f"sub-env {slot.env_id}",
+                expected=f"a reply within step_timeout={self.step_timeout}s",
+                received="no reply",
+                fix="raise step_timeout, or fix the env; it is rebuilt on its next reset",
+            ),
+            env_id=slot.env_id,
+        )
         counter("env_timeouts", 1, track=f"env/{slot.env_id}")
         sink, slot.sink = slot.sink, None
         if not isinstance(sink, Sink):
@@ -245,7 +297,9 @@ class Ledger:
     # ------------------------------------------------------------------ waiting
     def in_flight_ids(self) -> list[int]:
         with self.cond:
-            return [s.env_id for s in self.slots if s.pending] + [r.env_id for r in self.ready.items]
+            return [s.env_id for s in self.slots if s.pending] + [
+                r.env_id for r in self.ready.items
+            ]
 
     def count_for_recv(self) -> int:
         """Ops sent through ``send`` whose results ``recv`` has not handed out yet (lock held)."""
@@ -293,7 +347,9 @@ class Ledger:
                     event.clear()
                     wake = min(nxt, end)
                 try:
-                    await asyncio.wait_for(event.wait(), None if wake == INF else max(wake - now, 0.0))
+                    await asyncio.wait_for(
+                        event.wait(), None if wake == INF else max(wake - now, 0.0)
+                    )
                 except asyncio.TimeoutError:
                     pass
         finally:
@@ -336,9 +392,13 @@ class Ledger:
                 s.gen += 1
                 if s.handle is not None:
                     s.handle.cancel()
-                if isinstance(s.sink, FutureSink):  # an awaiting astep_env/areset_env gets an answer
-                    err = VectorStateError(f"sub-env {s.env_id}: the vector env was closed during this call. Fix: "
-                                           "do not close it while coroutines still use it")
+                if isinstance(
+                    s.sink, FutureSink
+                ):  # an awaiting astep_env/areset_env gets an answer
+                    err = VectorStateError(
+                        f"sub-env {s.env_id}: the vector env was closed during this call. Fix: "
+                        "do not close it while coroutines still use it"
+                    )
                     s.sink.deliver(Result(s.env_id, None, 0.0, False, True, {"error": err}, err))
             self.ready.wake()
             self.cond.notify_all()

@@ -23,7 +23,9 @@ def _child(conn, env_fn: CloudpickleWrapper) -> None:
     env = None
     try:
         env = env_fn()
-        conn.send(("ok", (env.observation_space, env.action_space, dict(getattr(env, "metadata", {})))))
+        conn.send(
+            ("ok", (env.observation_space, env.action_space, dict(getattr(env, "metadata", {}))))
+        )
         while True:
             cmd, args, kwargs = conn.recv()
             if cmd == "close":
@@ -64,8 +66,12 @@ class ProcessEnv:
         if context == "forkserver":
             ctx.set_forkserver_preload(["gymllm.registration"])
         self._conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_child, args=(child, CloudpickleWrapper(env_fn)), daemon=True,
-                                   name="gymllm-subenv")
+        self.process = ctx.Process(
+            target=_child,
+            args=(child, CloudpickleWrapper(env_fn)),
+            daemon=True,
+            name="gymllm-subenv",
+        )
         self.process.start()
         child.close()
         self.observation_space: gym.Space | None = None
@@ -86,7 +92,9 @@ class ProcessEnv:
         try:
             status, payload = self._conn.recv()
         except (EOFError, OSError) as e:
-            raise RuntimeError(f"sub-env process {self.process.pid} exited (code {self.process.exitcode})") from e
+            raise RuntimeError(
+                f"sub-env process {self.process.pid} exited (code {self.process.exitcode})"
+            ) from e
         if status == "err":
             raise payload
         return payload

@@ -60,7 +60,13 @@ from gymllm.vector.autoreset import run_op
 from gymllm.vector.config import RayOptions, VectorEnvConfig
 from gymllm.vector.ledger import Ledger, Op, Result, Slot, error_result, failure_result
 from gymllm.vector.process import picklable_error
-from gymllm.vector.runners import SubEnvRunner, action_validator, close_quietly, creation_error, step_function
+from gymllm.vector.runners import (
+    SubEnvRunner,
+    action_validator,
+    close_quietly,
+    creation_error,
+    step_function,
+)
 
 __all__ = ["EnvShard", "RayRunner", "RayEnvHandle", "Placement", "plan_placement", "ACTORS_PER_CPU"]
 
@@ -78,8 +84,13 @@ class Placement:
     num_cpus: float
 
 
-def plan_placement(num_envs: int, options: RayOptions, total: Mapping[str, float],
-                   available: Mapping[str, float], nodes: int = 1) -> Placement:
+def plan_placement(
+    num_envs: int,
+    options: RayOptions,
+    total: Mapping[str, float],
+    available: Mapping[str, float],
+    nodes: int = 1,
+) -> Placement:
     """The placement of ``num_envs`` sub-envs on a cluster with ``total`` / ``available`` resources
     (``ray.cluster_resources()`` / ``ray.available_resources()``).
 
@@ -109,6 +120,7 @@ def plan_placement(num_envs: int, options: RayOptions, total: Mapping[str, float
         share = max(available.get("CPU", 0.0), 0.0) / (actors + max(1, nodes) - 1)
         cpus = min(1.0, math.floor(share * 1e4) / 1e4)
     return Placement(envs_per_actor=size, num_actors=actors, num_cpus=float(cpus))
+
 
 # One actor call's work item: (index in the shard, op, action, seed, options, rebuild).
 ShardOp = tuple[int, str, Any, Any, Any, bool]
@@ -148,8 +160,10 @@ class EnvShard:
                 self.build(j)
             except Exception as e:  # noqa: BLE001 - reported to the driver, which names the env
                 return "err", (self.first_env_id + j, picklable_error(e))
-        return "ok", [(env.observation_space, env.action_space, dict(getattr(env, "metadata", {}) or {}))
-                      for env in self.envs]
+        return "ok", [
+            (env.observation_space, env.action_space, dict(getattr(env, "metadata", {}) or {}))
+            for env in self.envs
+        ]
 
     def run(self, ops: Sequence[ShardOp]) -> list[tuple[str, Any]]:
         """Run each op in order; one ``("ok", 5-tuple)`` / ``("err", exception)`` per op."""
@@ -232,11 +246,22 @@ class RayRunner(SubEnvRunner):
         if not self.ray.is_initialized():
             init_ray(self.options.address)
         n = len(ledger.slots)
-        hosts = sum(1 for node in self.ray.nodes() if node.get("Alive") and node.get("Resources", {}).get("CPU"))
-        self.placement = plan_placement(n, self.options, self.ray.cluster_resources(), self.ray.available_resources(),
-                                        nodes=hosts)
+        hosts = sum(
+            1
+            for node in self.ray.nodes()
+            if node.get("Alive") and node.get("Resources", {}).get("CPU")
+        )
+        self.placement = plan_placement(
+            n,
+            self.options,
+            self.ray.cluster_resources(),
+            self.ray.available_resources(),
+            nodes=hosts,
+        )
         size = self.placement.envs_per_actor
-        self.shards = [_Shard(k, list(range(lo, min(lo + size, n)))) for k, lo in enumerate(range(0, n, size))]
+        self.shards = [
+            _Shard(k, list(range(lo, min(lo + size, n)))) for k, lo in enumerate(range(0, n, size))
+        ]
         self.shard_of = [sh for sh in self.shards for _ in sh.env_ids]
         self.env_epoch = [0] * n  # the shard's epoch when the env was last reset
         self.lock = threading.Lock()  # guards shard.actor / epoch / dead
@@ -255,16 +280,25 @@ class RayRunner(SubEnvRunner):
         ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=timeout)
         if len(ready) < len(refs):
             self.kill_all()
-            raise ConfigError(explain("VectorEnv(backend='ray')", expected=f"{len(refs)} env actors placed and built "
-                                      f"within ready_timeout_s={timeout}", received=f"{len(ready)} ready",
-                                      fix="check that the cluster has the actors' num_cpus / resources free "
-                                      f"({self.actor_demand()}), or raise ray_options['ready_timeout_s']"))
+            raise ConfigError(
+                explain(
+                    "VectorEnv(backend='ray')",
+                    expected=f"{len(refs)} env actors placed and built "
+                    f"within ready_timeout_s={timeout}",
+                    received=f"{len(ready)} ready",
+                    fix="check that the cluster has the actors' num_cpus / resources free "
+                    f"({self.actor_demand()}), or raise ray_options['ready_timeout_s']",
+                )
+            )
         try:
             answers = self.ray.get(refs)
         except Exception as e:
             self.kill_all()
-            raise EnvError(f"VectorEnv(backend='ray'): an env actor failed to start: {type(e).__name__}: {e}. Fix: "
-                           "check the env factories on their own", cause=e) from e
+            raise EnvError(
+                f"VectorEnv(backend='ray'): an env actor failed to start: {type(e).__name__}: {e}. Fix: "
+                "check the env factories on their own",
+                cause=e,
+            ) from e
         for sh, (status, payload) in zip(self.shards, answers):
             if status == "err":
                 self.kill_all()
@@ -282,10 +316,15 @@ class RayRunner(SubEnvRunner):
             try:
                 dumps(fn)
             except Exception as e:  # noqa: BLE001 - named in the error below
-                raise ConfigError(explain(f"VectorEnv(backend='ray') env factory {i}", expected="a picklable env "
-                                          "factory (it runs in a Ray actor)", received=f"{fn!r}: {type(e).__name__}: {e}",
-                                          fix="pass env ids and kwargs to gymllm.make_vec, or a module-level class / "
-                                          "functools.partial of one")) from e
+                raise ConfigError(
+                    explain(
+                        f"VectorEnv(backend='ray') env factory {i}",
+                        expected="a picklable env factory (it runs in a Ray actor)",
+                        received=f"{fn!r}: {type(e).__name__}: {e}",
+                        fix="pass env ids and kwargs to gymllm.make_vec, or a module-level class / "
+                        "functools.partial of one",
+                    )
+                ) from e
 
     def actor_demand(self) -> dict[str, float]:
         return {"CPU": self.placement.num_cpus, **self.options.resources}
@@ -296,16 +335,24 @@ class RayRunner(SubEnvRunner):
         need = {k: v * len(self.shards) for k, v in self.actor_demand().items() if v > 0}
         short = {k: (v, total.get(k, 0.0)) for k, v in need.items() if v > total.get(k, 0.0) + 1e-9}
         if short:
-            raise ConfigError(explain("VectorEnv(backend='ray')", expected=f"{len(self.shards)} env actors of "
-                                      f"{self.actor_demand()} each on this cluster",
-                                      received={k: f"need {v}, cluster has {h}" for k, (v, h) in short.items()},
-                                      fix="lower ray_options['num_cpus'] (or leave it unset: fitted to the cluster), "
-                                      "use fewer actors (num_workers / envs_per_actor) or add nodes with those "
-                                      "resources"))
+            raise ConfigError(
+                explain(
+                    "VectorEnv(backend='ray')",
+                    expected=f"{len(self.shards)} env actors of "
+                    f"{self.actor_demand()} each on this cluster",
+                    received={k: f"need {v}, cluster has {h}" for k, (v, h) in short.items()},
+                    fix="lower ray_options['num_cpus'] (or leave it unset: fitted to the cluster), "
+                    "use fewer actors (num_workers / envs_per_actor) or add nodes with those "
+                    "resources",
+                )
+            )
 
     def new_actor(self, sh: _Shard) -> Any:
         # one thread per env, as many spares for ops abandoned past step_timeout, one for where/close
-        opts: dict[str, Any] = {"num_cpus": self.placement.num_cpus, "max_concurrency": 2 * len(sh.env_ids) + 1}
+        opts: dict[str, Any] = {
+            "num_cpus": self.placement.num_cpus,
+            "max_concurrency": 2 * len(sh.env_ids) + 1,
+        }
         if self.options.resources:
             opts["resources"] = dict(self.options.resources)
         if self.options.name_prefix is not None:
@@ -333,7 +380,14 @@ class RayRunner(SubEnvRunner):
                 if it.op == "reset":
                     self.env_epoch[env_id] = epoch
                 elif dead or self.env_epoch[env_id] != epoch:
-                    failed.append((it.slot, it.gen, it.op, failure_result(env_id, self.lost_error(env_id, dead))))
+                    failed.append(
+                        (
+                            it.slot,
+                            it.gen,
+                            it.op,
+                            failure_result(env_id, self.lost_error(env_id, dead)),
+                        )
+                    )
                     continue
                 try:
                     j = env_id - sh.env_ids[0]
@@ -366,17 +420,27 @@ class RayRunner(SubEnvRunner):
             done = []
             for it in calls:
                 if death and sh.unplaced and sh.epoch == epoch:
-                    err = EnvError(explain(f"sub-env {it.slot.env_id}", expected="its recreated Ray actor placed "
-                                           f"within ready_timeout_s={self.options.ready_timeout_s}",
-                                           received=f"no node with {self.actor_demand()} free",
-                                           fix="add a node with those resources (a lost host?); the env is tried "
-                                           "again on its next reset"), env_id=it.slot.env_id, cause=e)
+                    err = EnvError(
+                        explain(
+                            f"sub-env {it.slot.env_id}",
+                            expected="its recreated Ray actor placed "
+                            f"within ready_timeout_s={self.options.ready_timeout_s}",
+                            received=f"no node with {self.actor_demand()} free",
+                            fix="add a node with those resources (a lost host?); the env is tried "
+                            "again on its next reset",
+                        ),
+                        env_id=it.slot.env_id,
+                        cause=e,
+                    )
                     done.append((it.slot, it.gen, it.op, failure_result(it.slot.env_id, err)))
                 elif death:
-                    err = EnvError(f"sub-env {it.slot.env_id}: its Ray actor died ({type(e).__name__}: "
-                                   f"{str(e).splitlines()[0] if str(e) else ''}). Fix: nothing to do; the actor is "
-                                   "recreated and the env reset on its next reset (autoreset: its next send)",
-                                   env_id=it.slot.env_id, cause=e)
+                    err = EnvError(
+                        f"sub-env {it.slot.env_id}: its Ray actor died ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else ''}). Fix: nothing to do; the actor is "
+                        "recreated and the env reset on its next reset (autoreset: its next send)",
+                        env_id=it.slot.env_id,
+                        cause=e,
+                    )
                     done.append((it.slot, it.gen, it.op, failure_result(it.slot.env_id, err)))
                 else:
                     done.append((it.slot, it.gen, it.op, error_result(it.slot.env_id, it.op, e)))
@@ -385,14 +449,23 @@ class RayRunner(SubEnvRunner):
         done = []
         for it, (status, payload) in zip(calls, outs):
             env_id = it.slot.env_id
-            res = Result(env_id, *payload) if status == "ok" else error_result(env_id, it.op, payload)
+            res = (
+                Result(env_id, *payload) if status == "ok" else error_result(env_id, it.op, payload)
+            )
             done.append((it.slot, it.gen, it.op, res))
         self.ledger.finish_many(done)
 
     def lost_error(self, env_id: int, dead: bool) -> EnvError:
-        what = "its Ray actor died" if dead else "its Ray actor was recreated since this env's last reset"
-        return EnvError(f"sub-env {env_id}: {what}, so its episode is gone. Fix: reset it (autoreset: its next send "
-                        "resets it)", env_id=env_id)
+        what = (
+            "its Ray actor died"
+            if dead
+            else "its Ray actor was recreated since this env's last reset"
+        )
+        return EnvError(
+            f"sub-env {env_id}: {what}, so its episode is gone. Fix: reset it (autoreset: its next send "
+            "resets it)",
+            env_id=env_id,
+        )
 
     def recreate(self, sh: _Shard) -> None:
         """A fresh actor for a dead shard (``self.lock`` held); its envs are built on first use."""
@@ -407,6 +480,7 @@ class RayRunner(SubEnvRunner):
     def watch_placement(self, sh: _Shard, epoch: int, probe: Any) -> None:
         """Kill a recreated actor that is not up within ``ready_timeout_s`` (no node has its resources
         any more: a lost host), so that its queued ops fail instead of waiting forever."""
+
         def check() -> None:
             ready, _ = self.ray.wait([probe], timeout=0)
             if ready:
@@ -433,6 +507,7 @@ class RayRunner(SubEnvRunner):
 
     def kill_later(self, actors: list[Any]) -> None:
         """``ray.kill`` each actor from a helper thread (never under the ledger's lock)."""
+
         def kill() -> None:
             for a in actors:
                 try:
@@ -461,7 +536,13 @@ class RayRunner(SubEnvRunner):
 
     def describe(self, slot: Slot) -> dict[str, Any]:
         sh = self.shard_of[slot.env_id]
-        return {"backend": "ray", "kind": slot.kind, "shard": sh.index, "epoch": sh.epoch, "dead": sh.dead}
+        return {
+            "backend": "ray",
+            "kind": slot.kind,
+            "shard": sh.index,
+            "epoch": sh.epoch,
+            "dead": sh.dead,
+        }
 
     def close(self, idle: list[Slot], busy: list[Slot]) -> None:
         alive = [sh.actor for sh in self.shards if sh.actor is not None and not sh.dead]
@@ -471,4 +552,3 @@ class RayRunner(SubEnvRunner):
         except Exception:  # noqa: BLE001 - close() must always return
             pass
         self.kill_all()
-

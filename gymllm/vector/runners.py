@@ -43,14 +43,25 @@ from gymllm.vector.ledger import Ledger, Op, Result, Slot, error_result, running
 from gymllm.vector.process import ProcessEnv
 from gymllm.vector.workers import LoopThread, WorkerPool
 
-__all__ = ["SubEnvRunner", "ThreadRunner", "ProcessRunner", "action_validator", "step_function",
-           "is_async_native", "close_quietly"]
+__all__ = [
+    "SubEnvRunner",
+    "ThreadRunner",
+    "ProcessRunner",
+    "action_validator",
+    "step_function",
+    "is_async_native",
+    "close_quietly",
+]
 
 
 def is_async_native(env: Any) -> bool:
     """Whether ``env`` is a TextEnv with a native ``async def _astep`` (run as a task, not on a thread)."""
     u = getattr(env, "unwrapped", env)
-    return callable(getattr(env, "astep", None)) and isinstance(u, TextEnv) and overrides_hook(u, "_astep")
+    return (
+        callable(getattr(env, "astep", None))
+        and isinstance(u, TextEnv)
+        and overrides_hook(u, "_astep")
+    )
 
 
 class LoopTask:
@@ -96,9 +107,17 @@ def close_quietly(envs: Sequence[Any]) -> None:
 
 def creation_error(env_id: int, e: BaseException) -> EnvError:
     """The error for a sub-env whose factory raised ``e``."""
-    return EnvError(explain(f"VectorEnv: creating sub-env {env_id}", expected="its factory to return an env",
-                            received=f"{type(e).__name__}: {e}", fix="check that env id / factory and its "
-                            "kwargs on their own, e.g. gymllm.make(id, **kwargs)"), env_id=env_id, cause=e)
+    return EnvError(
+        explain(
+            f"VectorEnv: creating sub-env {env_id}",
+            expected="its factory to return an env",
+            received=f"{type(e).__name__}: {e}",
+            fix="check that env id / factory and its "
+            "kwargs on their own, e.g. gymllm.make(id, **kwargs)",
+        ),
+        env_id=env_id,
+        cause=e,
+    )
 
 
 class SubEnvRunner:
@@ -131,7 +150,9 @@ class SubEnvRunner:
         """Whether ``step()`` may run every sub-env right here in one pass (:meth:`step_inline`)."""
         return False
 
-    def step_inline(self, actions: list[Any], ops: list[str], gens: list[int]) -> tuple[tuple, list[Result]]:
+    def step_inline(
+        self, actions: list[Any], ops: list[str], gens: list[int]
+    ) -> tuple[tuple, list[Result]]:
         raise NotImplementedError
 
     def describe(self, slot: Slot) -> dict[str, Any]:
@@ -146,7 +167,9 @@ class ThreadRunner(SubEnvRunner):
         super().__init__(config, ledger)
         self.pool: WorkerPool | None = None
         self.loop: LoopThread | None = None
-        self.async_limits: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loop -> its async ops' cap
+        self.async_limits: weakref.WeakKeyDictionary = (
+            weakref.WeakKeyDictionary()
+        )  # loop -> its async ops' cap
 
     # ------------------------------------------------------------------ building
     def build(self) -> None:
@@ -221,7 +244,10 @@ class ThreadRunner(SubEnvRunner):
                 if op == "step":  # the hot path, spelled out
                     res = Result(slot.env_id, *slot.step(action))
                 else:
-                    res = Result(slot.env_id, *run_op(slot.env, op, action, item.seed, item.options, slot.step))
+                    res = Result(
+                        slot.env_id,
+                        *run_op(slot.env, op, action, item.seed, item.options, slot.step),
+                    )
             except BaseException as e:  # noqa: BLE001 - isolate the sub-env, report it
                 res = error_result(slot.env_id, op, e)
             else:
@@ -236,7 +262,10 @@ class ThreadRunner(SubEnvRunner):
         try:
             env = self.rebuild(slot, item.gen) if item.rebuild else slot.env
             t0 = time.perf_counter()
-            res = Result(slot.env_id, *run_op(env, op, item.action, item.seed, item.options, step_function(env)))
+            res = Result(
+                slot.env_id,
+                *run_op(env, op, item.action, item.seed, item.options, step_function(env)),
+            )
             if op != "reset":  # steps decide inlining (a reset's cost says little about a step's)
                 self.note_cost(slot, time.perf_counter() - t0)
             return res
@@ -263,14 +292,20 @@ class ThreadRunner(SubEnvRunner):
         if pinned is caller_loop:
             slot.handle = LoopTask(pinned, pinned.create_task(self.run_async(item)))
         elif pinned is not self.loop.loop and running_loop() is pinned:
-            slot.handle = self.loop.submit(self.run_async(item))  # blocking call on the pinned loop's thread
+            slot.handle = self.loop.submit(
+                self.run_async(item)
+            )  # blocking call on the pinned loop's thread
         else:
             slot.handle = asyncio.run_coroutine_threadsafe(self.run_async(item), pinned)
 
-    def pin(self, slot: Slot, caller_loop: asyncio.AbstractEventLoop | None) -> asyncio.AbstractEventLoop:
+    def pin(
+        self, slot: Slot, caller_loop: asyncio.AbstractEventLoop | None
+    ) -> asyncio.AbstractEventLoop:
         """The loop ``slot``'s async ops run on (pinned at its first op; see :meth:`start_async`)."""
         pinned = slot.loop
-        if pinned is not None and (pinned.is_closed() or (pinned is not self.loop.loop and not pinned.is_running())):
+        if pinned is not None and (
+            pinned.is_closed() or (pinned is not self.loop.loop and not pinned.is_running())
+        ):
             pinned = None  # that caller's loop has ended
         if pinned is None:
             pinned = slot.loop = caller_loop if caller_loop is not None else self.loop.loop
@@ -279,7 +314,11 @@ class ThreadRunner(SubEnvRunner):
     def can_run_here(self, slot: Slot, caller_loop: asyncio.AbstractEventLoop) -> bool:
         """Whether an awaiting caller may run ``slot``'s op in its own coroutine (:meth:`run_here`):
         an async-native sub-env pinned to the caller's loop, and no ``step_timeout`` to enforce."""
-        return slot.kind == "async" and self.config.step_timeout is None and self.pin(slot, caller_loop) is caller_loop
+        return (
+            slot.kind == "async"
+            and self.config.step_timeout is None
+            and self.pin(slot, caller_loop) is caller_loop
+        )
 
     async def run_here(self, item: Op, sink: Any) -> Result:
         """Run an async-native sub-env's op in the awaiting caller's coroutine: no task, no hand-off,
@@ -312,8 +351,9 @@ class ThreadRunner(SubEnvRunner):
         """The cap on concurrent async ops (``max_concurrency``) of ``loop`` (a semaphore binds to one loop)."""
         sem = self.async_limits.get(loop)
         if sem is None:
-            sem = self.async_limits.setdefault(loop, asyncio.Semaphore(self.config.max_concurrency
-                                                                       or len(self.ledger.slots)))
+            sem = self.async_limits.setdefault(
+                loop, asyncio.Semaphore(self.config.max_concurrency or len(self.ledger.slots))
+            )
         return sem
 
     async def run_async(self, item: Op, reraise_cancel: bool = False) -> None:
@@ -322,7 +362,9 @@ class ThreadRunner(SubEnvRunner):
             async with self.async_limit(asyncio.get_running_loop()):
                 env = self.rebuild(slot, item.gen) if item.rebuild else slot.env
                 with span(f"env.{op}", track=f"env/{slot.env_id}"):
-                    res = Result(slot.env_id, *await arun_op(env, op, item.action, item.seed, item.options))
+                    res = Result(
+                        slot.env_id, *await arun_op(env, op, item.action, item.seed, item.options)
+                    )
         except asyncio.CancelledError:
             if reraise_cancel:
                 raise
@@ -335,13 +377,17 @@ class ThreadRunner(SubEnvRunner):
         if slot.handle is not None:
             slot.handle.cancel()
         elif self.pool is not None:
-            self.pool.add_worker(replacement=True)  # the stuck worker is gone for good; keep the pool's capacity
+            self.pool.add_worker(
+                replacement=True
+            )  # the stuck worker is gone for good; keep the pool's capacity
 
     # ------------------------------------------------------------------ the one-pass step
     def can_step_inline(self, slots: list[Slot]) -> bool:
         return self.config.step_timeout is None and all(s.inline and not s.lost for s in slots)
 
-    def step_inline(self, actions: list[Any], ops: list[str], gens: list[int]) -> tuple[tuple, list[Result]]:
+    def step_inline(
+        self, actions: list[Any], ops: list[str], gens: list[int]
+    ) -> tuple[tuple, list[Result]]:
         """``step()`` when every sub-env runs inline: one pass, straight into the output arrays.
 
         Returns the batch ``(obs, rewards, terms, truncs, infos)`` and the error results.
@@ -388,8 +434,9 @@ class ThreadRunner(SubEnvRunner):
 
     # ------------------------------------------------------------------ closing
     def close(self, idle: list[Slot], busy: list[Slot]) -> None:
-        closer = threading.Thread(target=self.close_instances, args=(idle, busy), daemon=True,
-                                  name="gymllm-vec-close")
+        closer = threading.Thread(
+            target=self.close_instances, args=(idle, busy), daemon=True, name="gymllm-vec-close"
+        )
         closer.start()
         closer.join(timeout=5.0)
         if self.pool is not None:

@@ -73,7 +73,9 @@ class VectorEnv(SubEnvVector):
     """
 
     # ------------------------------------------------------------------ barrier-free API
-    def send(self, actions: Sequence[Any], env_ids: Sequence[int] | np.ndarray | None = None) -> None:
+    def send(
+        self, actions: Sequence[Any], env_ids: Sequence[int] | np.ndarray | None = None
+    ) -> None:
         """Start one step per env id (all sub-envs when ``env_ids`` is None); returns at once."""
         ids = env_id_list(env_ids, self.num_envs)
         actions = action_list(actions, len(ids))
@@ -81,10 +83,15 @@ class VectorEnv(SubEnvVector):
         with ledger.cond:
             ledger.check_open()
             ops = [op_for(slots[i], a) for i, a in zip(ids, actions)]
-            items = [ledger.start(slots[i], op, ledger.ready, action=a) for i, a, op in zip(ids, actions, ops)]
+            items = [
+                ledger.start(slots[i], op, ledger.ready, action=a)
+                for i, a, op in zip(ids, actions, ops)
+            ]
         self._runner.dispatch(items)
 
-    async def asend(self, actions: Sequence[Any], env_ids: Sequence[int] | np.ndarray | None = None) -> None:
+    async def asend(
+        self, actions: Sequence[Any], env_ids: Sequence[int] | np.ndarray | None = None
+    ) -> None:
         """``send`` for asyncio callers (it never blocks)."""
         self.send(actions, env_ids)
 
@@ -99,7 +106,9 @@ class VectorEnv(SubEnvVector):
 
     async def arecv(self, min_ready: int = 1, timeout: float | None = None):
         """``recv`` for asyncio callers: awaits without blocking the event loop."""
-        return self._emit(await self._ledger.await_results(self._ledger.ready, self._need(min_ready), timeout))
+        return self._emit(
+            await self._ledger.await_results(self._ledger.ready, self._need(min_ready), timeout)
+        )
 
     # ------------------------------------------------------------------ synchronous API
     def step(self, actions: Sequence[Any]):
@@ -120,7 +129,9 @@ class VectorEnv(SubEnvVector):
                         slot.pending = slot.busy = True
                         gens.append(slot.gen)
                 else:
-                    items = [ledger.start(slot, op, sink, a) for slot, a, op in zip(slots, actions, ops)]
+                    items = [
+                        ledger.start(slot, op, sink, a) for slot, a, op in zip(slots, actions, ops)
+                    ]
             if fast:
                 batch, errors = runner.step_inline(actions, ops, gens)
                 self._raise_first_error(errors, batch)
@@ -139,7 +150,11 @@ class VectorEnv(SubEnvVector):
         seeds = seed_list(seed, self.num_envs)
         options = dict(options or {})
         mask = options.pop("reset_mask", None)
-        ids = list(range(self.num_envs)) if mask is None else [int(i) for i in np.flatnonzero(np.asarray(mask))]
+        ids = (
+            list(range(self.num_envs))
+            if mask is None
+            else [int(i) for i in np.flatnonzero(np.asarray(mask))]
+        )
         ledger = self._ledger
         sink = Sink(ledger.cond, len(ids))
         with span("vector.reset", track="env/vector", num_envs=len(ids)):
@@ -147,10 +162,20 @@ class VectorEnv(SubEnvVector):
                 ledger.check_open()
                 busy = [i for i in ids if self._slots[i].busy]
                 if busy:
-                    raise VectorStateError(explain("reset()", expected="no env in flight", received=f"env ids {busy} in flight",
-                                                   fix="recv() their results before reset()"))
-                items = [ledger.start(self._slots[i], "reset", sink, seed=seeds[i], options=options or None)
-                         for i in ids]
+                    raise VectorStateError(
+                        explain(
+                            "reset()",
+                            expected="no env in flight",
+                            received=f"env ids {busy} in flight",
+                            fix="recv() their results before reset()",
+                        )
+                    )
+                items = [
+                    ledger.start(
+                        self._slots[i], "reset", sink, seed=seeds[i], options=options or None
+                    )
+                    for i in ids
+                ]
             self._runner.dispatch(items)
             results = ledger.wait(sink, len(ids), None)
         obs, _, _, _, infos = batch_results(results, self.num_envs, by_env_id=True)
@@ -161,7 +186,9 @@ class VectorEnv(SubEnvVector):
         return obs, infos
 
     # ------------------------------------------------------------------ per-env API
-    def reset_env(self, env_id: int, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
+    def reset_env(
+        self, env_id: int, *, seed: int | None = None, options: dict | None = None
+    ) -> tuple[Any, dict]:
         """Reset one sub-env; returns ``(obs, info)``; raises ``EnvError`` (with ``env_id``) on failure."""
         ledger = self._ledger
         sink = Sink(ledger.cond, 1)
@@ -172,7 +199,9 @@ class VectorEnv(SubEnvVector):
         (res,) = ledger.wait(sink, 1, None)
         return self._unwrap(res)[::4]
 
-    async def areset_env(self, env_id: int, *, seed: int | None = None, options: dict | None = None):
+    async def areset_env(
+        self, env_id: int, *, seed: int | None = None, options: dict | None = None
+    ):
         """Async per-env reset (no autoreset); returns ``(obs, info)``; raises ``EnvError`` with ``env_id``."""
         res = await self._one(env_id, "reset", seed=seed, options=options)
         return self._unwrap(res)[::4]
@@ -193,16 +222,29 @@ class VectorEnv(SubEnvVector):
             slot = self._idle_slot(env_id)
             if op == "step":
                 if slot.state != "running":
-                    raise ResetNeededError(explain(f"astep_env({env_id})", expected="a running episode",
-                                                   received=f"an env in state {slot.state!r}",
-                                                   fix="await vec.areset_env(env_id) first"))
+                    raise ResetNeededError(
+                        explain(
+                            f"astep_env({env_id})",
+                            expected="a running episode",
+                            received=f"an env in state {slot.state!r}",
+                            fix="await vec.areset_env(env_id) first",
+                        )
+                    )
                 why = slot.check(kw["action"])
                 if why is not None:
-                    raise InvalidActionError(explain(f"astep_env({env_id}, action)", expected="an action in "
-                                                     f"{slot.env.action_space!r}", received=why, fix="pass one str"))
+                    raise InvalidActionError(
+                        explain(
+                            f"astep_env({env_id}, action)",
+                            expected=f"an action in {slot.env.action_space!r}",
+                            received=why,
+                            fix="pass one str",
+                        )
+                    )
             item = ledger.start(slot, op, sink, **kw)
         runner = self._runner
-        if runner.can_run_here(slot, sink.loop):  # an async-native sub-env: its coroutine runs in ours
+        if runner.can_run_here(
+            slot, sink.loop
+        ):  # an async-native sub-env: its coroutine runs in ours
             return await runner.run_here(item, sink)
         runner.dispatch([item], caller_loop=sink.loop)
         return await ledger.await_one(slot, item.gen, sink)

@@ -29,7 +29,9 @@ class WorkerPool:
         call) also raises the pool's size so its capacity stays the same."""
         if replacement:
             self._size += 1
-        t = threading.Thread(target=self._run, name=f"{self._name}-{len(self._threads)}", daemon=True)
+        t = threading.Thread(
+            target=self._run, name=f"{self._name}-{len(self._threads)}", daemon=True
+        )
         t.start()
         self._threads.append(t)
 

@@ -55,9 +55,16 @@ def run_tokenizer(run: ViewedRun) -> tuple[Any, str | None]:
 
             bundle = TokenizerBundle.from_dir(name)
         else:
-            why = (f"token text: the run's model {name!r} has no local tokenizer.json; tokens are shown as ids"
-                   if name else "token text: no config.json model to take a tokenizer from; tokens are shown as ids")
-    except (ImportError, OSError, ValueError) as e:  # a broken or missing tokenizer: show ids, say why
+            why = (
+                f"token text: the run's model {name!r} has no local tokenizer.json; tokens are shown as ids"
+                if name
+                else "token text: no config.json model to take a tokenizer from; tokens are shown as ids"
+            )
+    except (
+        ImportError,
+        OSError,
+        ValueError,
+    ) as e:  # a broken or missing tokenizer: show ids, say why
         why = f"token text: the tokenizer of {name!r} could not be loaded ({e}); tokens are shown as ids"
     run.tokenizer_cache.update(bundle=bundle, why=why)
     return bundle, why
@@ -92,9 +99,14 @@ def _advantage_for(run: ViewedRun, ix: LogIndex, row: dict[str, Any]) -> tuple[f
     if name == "batch_std":
         return None, "advantage: batch_std normalises over the whole step; not recomputed per group"
     i = ix.by_id.get(row["id"], 0)
-    window = ix.rows[max(0, i - 512): i + 512]
-    members = [r for r in window if r.get("group") == row.get("group") and r.get("step") == row.get("step")
-               and r.get("reward") is not None]
+    window = ix.rows[max(0, i - 512) : i + 512]
+    members = [
+        r
+        for r in window
+        if r.get("group") == row.get("group")
+        and r.get("step") == row.get("step")
+        and r.get("reward") is not None
+    ]
     if len(members) < 2:
         return None, "advantage: the group's other members are not in the log"
     from gymllm.algos.advantages import ESTIMATORS
@@ -105,11 +117,15 @@ def _advantage_for(run: ViewedRun, ix: LogIndex, row: dict[str, Any]) -> tuple[f
     rewards = np.array([[float(r["reward"]) for r in members]], np.float32)
     adv = np.asarray(fn(rewards, **kwargs))[0]
     k = next(j for j, r in enumerate(members) if r["id"] == row["id"])
-    return float(adv[k]), (f"advantage: recomputed from the {len(members)} logged rewards of group "
-                           f"{row.get('group')} with loss.advantage.estimator={name!r} (reward shaping not applied)")
+    return float(adv[k]), (
+        f"advantage: recomputed from the {len(members)} logged rewards of group "
+        f"{row.get('group')} with loss.advantage.estimator={name!r} (reward shaping not applied)"
+    )
 
 
-def _train_detail(run: ViewedRun, ix: LogIndex, row: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any]:
+def _train_detail(
+    run: ViewedRun, ix: LogIndex, row: dict[str, Any], rec: dict[str, Any]
+) -> dict[str, Any]:
     bundle, why = run_tokenizer(run)
     notes = [why] if why else []
     ids = [int(i) for i in rec.get("token_ids") or []]
@@ -121,17 +137,23 @@ def _train_detail(run: ViewedRun, ix: LogIndex, row: dict[str, Any], rec: dict[s
             sampled[t] = 1
     versions = None
     if isinstance(rec.get("token_versions"), list) and len(rec["token_versions"]) == n:
-        versions = [int(v) if s and int(v) >= 0 else None for v, s in zip(rec["token_versions"], sampled)]
+        versions = [
+            int(v) if s and int(v) >= 0 else None for v, s in zip(rec["token_versions"], sampled)
+        ]
     elif len(rec.get("versions") or []) == 1:
         versions = [int(rec["versions"][0]) if s else None for s in sampled]
     else:
-        notes.append(f"version: this log keeps the set of policy versions per trajectory "
-                     f"({rec.get('versions')}), not one per token")
+        notes.append(
+            f"version: this log keeps the set of policy versions per trajectory "
+            f"({rec.get('versions')}), not one per token"
+        )
     logprob = None
     if isinstance(rec.get("logprobs"), list) and len(rec["logprobs"]) == n:
         logprob = [float(v) if s else None for v, s in zip(rec["logprobs"], sampled)]
     else:
-        notes.append("logprob: this run's trajectories.jsonl has no per-token logprobs (written before they were recorded)")
+        notes.append(
+            "logprob: this run's trajectories.jsonl has no per-token logprobs (written before they were recorded)"
+        )
     if rec.get("advantage") is not None:
         adv, note = float(rec["advantage"]), "advantage: as logged"
     else:
@@ -146,12 +168,36 @@ def _train_detail(run: ViewedRun, ix: LogIndex, row: dict[str, Any], rec: dict[s
         prev = b
     if prev < n:
         turns.append({"kind": "observation", "text": _decode(bundle, ids[prev:])})
-    turns.append({"kind": "reward", "reward": rec.get("reward"), "finish_reason": rec.get("finish_reason")})
-    meta = {k: rec.get(k) for k in ("step", "group_id", "task_id", "reward", "finish_reason", "num_tokens",
-                                    "num_sampled", "versions")}
-    return {"turns": turns, "meta": meta, "response": rec.get("response"),
-            "tokens": {"ids": ids, "text": token_texts(bundle, ids), "sampled": sampled, "logprob": logprob,
-                       "version": versions, "advantage": advantage}, "notes": notes}
+    turns.append(
+        {"kind": "reward", "reward": rec.get("reward"), "finish_reason": rec.get("finish_reason")}
+    )
+    meta = {
+        k: rec.get(k)
+        for k in (
+            "step",
+            "group_id",
+            "task_id",
+            "reward",
+            "finish_reason",
+            "num_tokens",
+            "num_sampled",
+            "versions",
+        )
+    }
+    return {
+        "turns": turns,
+        "meta": meta,
+        "response": rec.get("response"),
+        "tokens": {
+            "ids": ids,
+            "text": token_texts(bundle, ids),
+            "sampled": sampled,
+            "logprob": logprob,
+            "version": versions,
+            "advantage": advantage,
+        },
+        "notes": notes,
+    }
 
 
 def _episode_detail(run: ViewedRun, ix: LogIndex, records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -162,15 +208,29 @@ def _episode_detail(run: ViewedRun, ix: LogIndex, records: list[dict[str, Any]])
     bundle, why = run_tokenizer(run)
     notes = [why] if why else []
     turns: list[dict[str, Any]] = [{"kind": "observation", "text": _text(ep.observation)}]
-    adv_by_step = {int(n.get("step", 0)): float(n["advantage"]) for n in ep.notes if n.get("advantage") is not None}
+    adv_by_step = {
+        int(n.get("step", 0)): float(n["advantage"])
+        for n in ep.notes
+        if n.get("advantage") is not None
+    }
     for s in ep.steps:
         turns.append({"kind": "action", "text": _text(s.get("action")), "step": s.get("step")})
         for call in s.get("tool_calls") or []:
             turns.append({"kind": "tool", "text": _text(call)})
         info = s.get("info") if isinstance(s.get("info"), dict) else {}
-        turns.append({"kind": "observation", "text": _text(s.get("observation")), "step": s.get("step")})
-        turns.append({"kind": "reward", "reward": s.get("reward"), "step": s.get("step"),
-                      "terminated": s.get("terminated"), "truncated": s.get("truncated"), "error": info.get("error")})
+        turns.append(
+            {"kind": "observation", "text": _text(s.get("observation")), "step": s.get("step")}
+        )
+        turns.append(
+            {
+                "kind": "reward",
+                "reward": s.get("reward"),
+                "step": s.get("step"),
+                "terminated": s.get("terminated"),
+                "truncated": s.get("truncated"),
+                "error": info.get("error"),
+            }
+        )
     ids: list[int] = []
     sampled: list[int] = []
     logprob: list[float | None] = []
@@ -181,22 +241,49 @@ def _episode_detail(run: ViewedRun, ix: LogIndex, records: list[dict[str, Any]])
         m = np.asarray(arrays.get("loss_mask", np.ones(len(arrays["token_ids"]))), bool)
         ids += [int(i) for i in arrays["token_ids"]]
         sampled += [int(x) for x in m]
-        logprob += [float(v) if k else None for v, k in zip(arrays.get("logprobs", np.zeros(len(m))), m)]
-        version += [int(v) if k and int(v) >= 0 else None for v, k in zip(arrays.get("versions", -np.ones(len(m))), m)]
+        logprob += [
+            float(v) if k else None for v, k in zip(arrays.get("logprobs", np.zeros(len(m))), m)
+        ]
+        version += [
+            int(v) if k and int(v) >= 0 else None
+            for v, k in zip(arrays.get("versions", -np.ones(len(m))), m)
+        ]
         a = adv_by_step.get(int(t.get("step", 0)))
         advantage += [a if k and a is not None else None for k in m]
     if not ep.tokens:
-        notes.append("tokens: this episode has no token arrays (log them with TrajectoryLogger.record_tokens)")
+        notes.append(
+            "tokens: this episode has no token arrays (log them with TrajectoryLogger.record_tokens)"
+        )
     if not adv_by_step:
-        notes.append("advantage: none attached to this episode's steps (TrajectoryLogger.annotate(advantage=...))")
-    meta = {"episode": ep.episode, "index": ep.index, "env_id": ep.env_id, "seed": ep.seed, "steps": len(ep.steps),
-            "return": ep.episode_return, "complete": ep.complete, "aborted": ep.aborted, "info": ep.info}
+        notes.append(
+            "advantage: none attached to this episode's steps (TrajectoryLogger.annotate(advantage=...))"
+        )
+    meta = {
+        "episode": ep.episode,
+        "index": ep.index,
+        "env_id": ep.env_id,
+        "seed": ep.seed,
+        "steps": len(ep.steps),
+        "return": ep.episode_return,
+        "complete": ep.complete,
+        "aborted": ep.aborted,
+        "info": ep.info,
+    }
     any_adv = any(a is not None for a in advantage)
-    return {"turns": turns, "meta": meta, "response": None, "notes": notes,
-            "tokens": {"ids": ids, "text": token_texts(bundle, ids), "sampled": sampled,
-                       "logprob": logprob if ids else None,
-                       "version": version if any(v is not None for v in version) else None,
-                       "advantage": advantage if any_adv else None}}
+    return {
+        "turns": turns,
+        "meta": meta,
+        "response": None,
+        "notes": notes,
+        "tokens": {
+            "ids": ids,
+            "text": token_texts(bundle, ids),
+            "sampled": sampled,
+            "logprob": logprob if ids else None,
+            "version": version if any(v is not None for v in version) else None,
+            "advantage": advantage if any_adv else None,
+        },
+    }
 
 
 def trajectory_detail(run: ViewedRun, trajectory_id: str) -> dict[str, Any]:
@@ -208,10 +295,23 @@ def trajectory_detail(run: ViewedRun, trajectory_id: str) -> dict[str, Any]:
     """
     found = run.find(trajectory_id)
     if found is None:
-        raise KeyError(f"trajectory {trajectory_id!r}: expected an id from the run's trajectory table, but no log of "
-                       f"run {run.name!r} holds it. Fix: pick one from the Trajectories tab")
+        raise KeyError(
+            f"trajectory {trajectory_id!r}: expected an id from the run's trajectory table, but no log of "
+            f"run {run.name!r} holds it. Fix: pick one from the Trajectories tab"
+        )
     ix, row = found
     records = ix.read_records(row)
-    body = _train_detail(run, ix, row, records[0]) if ix.format == "train" else _episode_detail(run, ix, records)
+    body = (
+        _train_detail(run, ix, row, records[0])
+        if ix.format == "train"
+        else _episode_detail(run, ix, records)
+    )
     public = {k: v for k, v in row.items() if k != "ranges"}
-    return {"run": run.name, "id": trajectory_id, "file": ix.path.name, "format": ix.format, "row": public, **body}
+    return {
+        "run": run.name,
+        "id": trajectory_id,
+        "file": ix.path.name,
+        "format": ix.format,
+        "row": public,
+        **body,
+    }

@@ -56,11 +56,26 @@ def detect_format(path: pathlib.Path) -> str | None:
 class Filters:
     """The table's filters, parsed from query parameters; ``None`` fields do not filter."""
 
-    def __init__(self, *, env: str | None = None, seat: str | None = None, reward_min: float | None = None,
-                 reward_max: float | None = None, step_min: int | None = None, step_max: int | None = None,
-                 version: int | None = None, error: bool | None = None, text: str | None = None):
+    def __init__(
+        self,
+        *,
+        env: str | None = None,
+        seat: str | None = None,
+        reward_min: float | None = None,
+        reward_max: float | None = None,
+        step_min: int | None = None,
+        step_max: int | None = None,
+        version: int | None = None,
+        error: bool | None = None,
+        text: str | None = None,
+    ):
         self.env, self.seat, self.text = env or None, seat or None, (text or "").lower() or None
-        self.reward_min, self.reward_max, self.step_min, self.step_max = reward_min, reward_max, step_min, step_max
+        self.reward_min, self.reward_max, self.step_min, self.step_max = (
+            reward_min,
+            reward_max,
+            step_min,
+            step_max,
+        )
         self.version, self.error = version, error
 
     @property
@@ -86,8 +101,11 @@ class Filters:
             return False
         if self.error is not None and bool(row.get("error")) != self.error:
             return False
-        if self.text is not None and self.text not in str(row.get("id", "")).lower() \
-                and self.text not in str(row.get("task", "")).lower():
+        if (
+            self.text is not None
+            and self.text not in str(row.get("id", "")).lower()
+            and self.text not in str(row.get("task", "")).lower()
+        ):
             return False
         return True
 
@@ -100,8 +118,10 @@ class LogIndex:
 
     def __init__(self, path: str | pathlib.Path, fmt: str, *, env: str | None = None):
         if fmt not in ("train", "episodes"):
-            raise ValueError(f"LogIndex: expected format 'train' or 'episodes', received {fmt!r}. "
-                             "Fix: use detect_format(path) to tell the format")
+            raise ValueError(
+                f"LogIndex: expected format 'train' or 'episodes', received {fmt!r}. "
+                "Fix: use detect_format(path) to tell the format"
+            )
         self.path, self.format, self.env = pathlib.Path(path), fmt, env
         self.lock = threading.Lock()
         self._reset()
@@ -177,8 +197,14 @@ class LogIndex:
             if not isinstance(rec, dict):
                 raise ValueError(f"expected a JSON object, received {type(rec).__name__}")
         except ValueError as e:
-            self.errors.append({"file": self.path.name, "line": self.line_no, "offset": offset,
-                                "message": f"line {self.line_no} of {self.path.name} is not a JSON record: {e}"})
+            self.errors.append(
+                {
+                    "file": self.path.name,
+                    "line": self.line_no,
+                    "offset": offset,
+                    "message": f"line {self.line_no} of {self.path.name} is not a JSON record: {e}",
+                }
+            )
             return
         if self.format == "train":
             self._train_row(rec, offset, length)
@@ -201,28 +227,61 @@ class LogIndex:
     def _train_row(self, rec: dict[str, Any], offset: int, length: int) -> None:
         tid = rec.get("trajectory_id")
         if tid is None:
-            self.errors.append({"file": self.path.name, "line": self.line_no, "offset": offset,
-                                "message": f"line {self.line_no} of {self.path.name} has no trajectory_id "
-                                           f"(keys: {', '.join(sorted(rec)[:8])})"})
+            self.errors.append(
+                {
+                    "file": self.path.name,
+                    "line": self.line_no,
+                    "offset": offset,
+                    "message": f"line {self.line_no} of {self.path.name} has no trajectory_id "
+                    f"(keys: {', '.join(sorted(rec)[:8])})",
+                }
+            )
             return
         finish = rec.get("finish_reason")
-        error = rec.get("error") or (f"finish_reason={finish}" if finish in ("error", "timeout", "aborted") else None)
-        self._add({"id": str(tid), "step": rec.get("step"), "group": rec.get("group_id"), "task": rec.get("task_id"),
-                   "env": rec.get("env_id") or self.env, "seat": rec.get("seat", rec.get("agent")),
-                   "reward": _num(rec.get("reward")), "versions": list(rec.get("versions") or []),
-                   "tokens": rec.get("num_tokens"), "finish": finish, "error": error, "ranges": [(offset, length)]})
+        error = rec.get("error") or (
+            f"finish_reason={finish}" if finish in ("error", "timeout", "aborted") else None
+        )
+        self._add(
+            {
+                "id": str(tid),
+                "step": rec.get("step"),
+                "group": rec.get("group_id"),
+                "task": rec.get("task_id"),
+                "env": rec.get("env_id") or self.env,
+                "seat": rec.get("seat", rec.get("agent")),
+                "reward": _num(rec.get("reward")),
+                "versions": list(rec.get("versions") or []),
+                "tokens": rec.get("num_tokens"),
+                "finish": finish,
+                "error": error,
+                "ranges": [(offset, length)],
+            }
+        )
 
     def _episode_record(self, rec: dict[str, Any], offset: int, length: int) -> None:
         kind, eid = rec.get("type"), rec.get("episode")
         if kind == "reset":
             info = rec.get("info") if isinstance(rec.get("info"), dict) else {}
-            row = {"id": str(eid), "step": None, "index": rec.get("index"), "group": None, "task": info.get("task_id"),
-                   "env": rec.get("env_id") or self.env, "seat": info.get("seat", info.get("agent")),
-                   "reward": 0.0, "versions": [], "tokens": 0, "finish": "running", "error": None,
-                   "ranges": [(offset, length)]}
+            row = {
+                "id": str(eid),
+                "step": None,
+                "index": rec.get("index"),
+                "group": None,
+                "task": info.get("task_id"),
+                "env": rec.get("env_id") or self.env,
+                "seat": info.get("seat", info.get("agent")),
+                "reward": 0.0,
+                "versions": [],
+                "tokens": 0,
+                "finish": "running",
+                "error": None,
+                "ranges": [(offset, length)],
+            }
             self._add(row)
             return
-        i = self.by_id.get(str(eid))  # records may follow the end (tokens and notes of the last step)
+        i = self.by_id.get(
+            str(eid)
+        )  # records may follow the end (tokens and notes of the last step)
         if i is None:
             return
         row = self.rows[i]
@@ -275,7 +334,9 @@ class LogIndex:
                 try:
                     rec = json.loads(raw)
                 except ValueError as e:
-                    raise ValueError(f"{self.path.name} at byte {offset}: not a JSON record ({e})") from e
+                    raise ValueError(
+                        f"{self.path.name} at byte {offset}: not a JSON record ({e})"
+                    ) from e
                 out.append(rec)
         return out
 

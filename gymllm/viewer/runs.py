@@ -55,8 +55,10 @@ def read_metrics(path: pathlib.Path, offset: int = 0) -> dict[str, Any]:
                     raise ValueError(f"expected a JSON object, received {type(rec).__name__}")
                 out["records"].append(rec)
             except ValueError as e:
-                out["errors"].append(f"metrics.jsonl at byte {offset + pos}: not a JSON record ({e}): "
-                                     f"{raw[:80].decode('utf-8', 'replace')!r}")
+                out["errors"].append(
+                    f"metrics.jsonl at byte {offset + pos}: not a JSON record ({e}): "
+                    f"{raw[:80].decode('utf-8', 'replace')!r}"
+                )
         pos = nl + 1
     out["offset"] = offset + last + 1
     return out
@@ -68,7 +70,10 @@ def _read_json(path: pathlib.Path) -> tuple[Any, str | None]:
     except (OSError, UnicodeDecodeError) as e:
         return None, f"{path.name}: cannot be read ({e})"
     except ValueError as e:
-        return None, f"{path.name}: expected JSON, but it does not parse ({e}); the file may be half-written"
+        return (
+            None,
+            f"{path.name}: expected JSON, but it does not parse ({e}); the file may be half-written",
+        )
 
 
 class ViewedRun:
@@ -109,36 +114,60 @@ class ViewedRun:
         return None
 
     def kind(self) -> str:
-        if self.path.is_dir() and ((self.path / "metrics.jsonl").exists() or (self.path / "config.json").exists()):
+        if self.path.is_dir() and (
+            (self.path / "metrics.jsonl").exists() or (self.path / "config.json").exists()
+        ):
             return "train"
         return "suite" if self.suite_file() is not None else "unknown"
 
     def files(self) -> list[str]:
         if not self.path.is_dir():
             return []
-        return sorted(p.name for p in self.path.iterdir() if p.is_file() and p.suffix in SERVED_SUFFIXES)
+        return sorted(
+            p.name for p in self.path.iterdir() if p.is_file() and p.suffix in SERVED_SUFFIXES
+        )
 
     def trace(self) -> str | None:
-        return next((n for n in TRACE_NAMES if (self.root / n).is_file()), None) if self.path.is_dir() else None
+        return (
+            next((n for n in TRACE_NAMES if (self.root / n).is_file()), None)
+            if self.path.is_dir()
+            else None
+        )
 
     def overview(self) -> dict[str, Any]:
         """What the run page shows first: kind, config, summary, compiles (the figures of ``compiles.jsonl``,
         :func:`gymllm.telemetry.compiles.summarize` without ``by_name``; None without the file), plots,
         trace, logs, problems."""
         from gymllm.telemetry.compiles import read_compiles, summarize
+
         conf, conf_err = self.config()
         summary = self.root / "summary.txt"
         errors = [conf_err] if conf_err else []
         if self.kind() == "unknown":
-            errors.append(f"{self.path}: expected a run directory (metrics.jsonl, config.json) or a suite "
-                          "summary.json / `gymllm eval env --out` table, found neither")
+            errors.append(
+                f"{self.path}: expected a run directory (metrics.jsonl, config.json) or a suite "
+                "summary.json / `gymllm eval env --out` table, found neither"
+            )
         recs = read_compiles(self.root / "compiles.jsonl") if self.path.is_dir() else []
         compiles = {k: v for k, v in summarize(recs).items() if k != "by_name"} if recs else None
-        return {"name": self.name, "path": str(self.path), "kind": self.kind(), "config": conf, "compiles": compiles,
-                "summary": summary.read_text(errors="replace") if self.path.is_dir() and summary.is_file() else None,
-                "plots": [f for f in self.files() if f.endswith(".png")], "trace": self.trace(),
-                "logs": [{"file": str(p.relative_to(self.root)), "format": ix.format} for p, ix in self.logs().items()],
-                "suite": self.suite_file() is not None, "errors": errors}
+        return {
+            "name": self.name,
+            "path": str(self.path),
+            "kind": self.kind(),
+            "config": conf,
+            "compiles": compiles,
+            "summary": summary.read_text(errors="replace")
+            if self.path.is_dir() and summary.is_file()
+            else None,
+            "plots": [f for f in self.files() if f.endswith(".png")],
+            "trace": self.trace(),
+            "logs": [
+                {"file": str(p.relative_to(self.root)), "format": ix.format}
+                for p, ix in self.logs().items()
+            ],
+            "suite": self.suite_file() is not None,
+            "errors": errors,
+        }
 
     def metrics(self, offset: int = 0) -> dict[str, Any]:
         if not self.path.is_dir():
@@ -158,10 +187,16 @@ class ViewedRun:
             return {"format": "eval_rows", "data": data, "errors": [], "file": p.name}
         if isinstance(data, dict) and isinstance(data.get("results"), list):
             return {"format": "suite", "data": data, "errors": [], "file": p.name}
-        return {"format": None, "data": None, "file": p.name,
-                "errors": [f"{p.name}: expected a `gymllm eval env --out` list of rows or a suite summary with a "
-                           f"`results` list, received {type(data).__name__} with keys "
-                           f"{sorted(data)[:8] if isinstance(data, dict) else '-'}"]}
+        return {
+            "format": None,
+            "data": None,
+            "file": p.name,
+            "errors": [
+                f"{p.name}: expected a `gymllm eval env --out` list of rows or a suite summary with a "
+                f"`results` list, received {type(data).__name__} with keys "
+                f"{sorted(data)[:8] if isinstance(data, dict) else '-'}"
+            ],
+        }
 
     # --------------------------------------------------------------------------- trajectory logs
 
@@ -170,8 +205,14 @@ class ViewedRun:
         if not self.path.is_dir():
             return {}
         with self._lock:
-            candidates = [p for pattern in ("*.jsonl", "*/*.jsonl", "*/*/*.jsonl") for p in self.path.glob(pattern)
-                          if p.name != "metrics.jsonl" and p not in self._logs and "checkpoints" not in p.parts]
+            candidates = [
+                p
+                for pattern in ("*.jsonl", "*/*.jsonl", "*/*/*.jsonl")
+                for p in self.path.glob(pattern)
+                if p.name != "metrics.jsonl"
+                and p not in self._logs
+                and "checkpoints" not in p.parts
+            ]
             for p in sorted(candidates):
                 fmt = detect_format(p)
                 if fmt is not None:
@@ -198,8 +239,10 @@ def load_runs(paths: list[str]) -> dict[str, ViewedRun]:
     for raw in paths:
         p = pathlib.Path(raw)
         if not p.exists():
-            raise FileNotFoundError(f"gymllm view: expected a run directory or a suite summary.json, received "
-                                    f"{raw!r}, which does not exist. Fix: pass the --run-dir of `gymllm train`")
+            raise FileNotFoundError(
+                f"gymllm view: expected a run directory or a suite summary.json, received "
+                f"{raw!r}, which does not exist. Fix: pass the --run-dir of `gymllm train`"
+            )
         base = p.resolve().name if p.is_dir() else p.stem
         name, k = base, 2
         while name in runs:

@@ -55,14 +55,32 @@ class ViewerConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "runs", tuple(str(r) for r in self.runs))
         if not self.runs:
-            raise ConfigError(explain("gymllm view", expected="at least one run directory", received="none",
-                                      fix="gymllm view runs/my-run"))
+            raise ConfigError(
+                explain(
+                    "gymllm view",
+                    expected="at least one run directory",
+                    received="none",
+                    fix="gymllm view runs/my-run",
+                )
+            )
         if not isinstance(self.port, int) or not 0 <= self.port < 65536:
-            raise ConfigError(explain("ViewerConfig.port", expected="an int in [0, 65535] (0: a free port)",
-                                      received=self.port, fix="use --port 8765"))
+            raise ConfigError(
+                explain(
+                    "ViewerConfig.port",
+                    expected="an int in [0, 65535] (0: a free port)",
+                    received=self.port,
+                    fix="use --port 8765",
+                )
+            )
         if not isinstance(self.host, str) or not self.host:
-            raise ConfigError(explain("ViewerConfig.host", expected="an interface address", received=self.host,
-                                      fix="use --host 127.0.0.1"))
+            raise ConfigError(
+                explain(
+                    "ViewerConfig.host",
+                    expected="an interface address",
+                    received=self.host,
+                    fix="use --host 127.0.0.1",
+                )
+            )
 
 
 def trajectory_page(run: ViewedRun, filters: Filters, page: int, size: int) -> dict[str, Any]:
@@ -78,7 +96,7 @@ def trajectory_page(run: ViewedRun, filters: Filters, page: int, size: int) -> d
             ix.refresh(until=lambda ix=ix, before=before: before + ix.count_ready() >= need)
             have = ix.count_ready()
             lo, hi = max(0, skip - before), max(0, need - before)
-            rows += ix.rows[lo:min(hi, have)]
+            rows += ix.rows[lo : min(hi, have)]
             before += have
             if before >= need:
                 break
@@ -98,10 +116,18 @@ def trajectory_page(run: ViewedRun, filters: Filters, page: int, size: int) -> d
     for ix in logs:
         for k, v in ix.facets().items():
             facets[k] = sorted(set(facets[k]) | set(v))
-    return {"rows": [{k: v for k, v in r.items() if k != "ranges"} for r in rows], "page": page, "size": size,
-            "total": counted, "complete": complete, "errors": errors,
-            "error_count": sum(len(ix.errors) for ix in logs), "torn": torn, "facets": facets,
-            "logs": [ix.path.name for ix in logs]}
+    return {
+        "rows": [{k: v for k, v in r.items() if k != "ranges"} for r in rows],
+        "page": page,
+        "size": size,
+        "total": counted,
+        "complete": complete,
+        "errors": errors,
+        "error_count": sum(len(ix.errors) for ix in logs),
+        "torn": torn,
+        "facets": facets,
+        "logs": [ix.path.name for ix in logs],
+    }
 
 
 def _index_all(runs: dict[str, ViewedRun]) -> None:
@@ -128,7 +154,9 @@ def create_app(config: ViewerConfig) -> Any:
         return runs[name]
 
     @app.exception_handler(StarletteHTTPException)  # unmatched routes too
-    async def _error(request: Any, exc: StarletteHTTPException) -> JSONResponse:  # errors as {"error": text} for the page
+    async def _error(
+        request: Any, exc: StarletteHTTPException
+    ) -> JSONResponse:  # errors as {"error": text} for the page
         return JSONResponse({"error": exc.detail}, status_code=exc.status_code)
 
     @app.get("/")
@@ -144,12 +172,31 @@ def create_app(config: ViewerConfig) -> Any:
         return get_run(run).metrics(offset)
 
     @app.get("/api/trajectories")
-    def api_trajectories(run: str, page: int = Query(0, ge=0), size: int = Query(50, ge=1, le=MAX_PAGE_SIZE),
-                         env: str | None = None, seat: str | None = None, reward_min: float | None = None,
-                         reward_max: float | None = None, step_min: int | None = None, step_max: int | None = None,
-                         version: int | None = None, error: bool | None = None, q: str | None = None) -> dict[str, Any]:
-        filters = Filters(env=env, seat=seat, reward_min=reward_min, reward_max=reward_max, step_min=step_min,
-                          step_max=step_max, version=version, error=error, text=q)
+    def api_trajectories(
+        run: str,
+        page: int = Query(0, ge=0),
+        size: int = Query(50, ge=1, le=MAX_PAGE_SIZE),
+        env: str | None = None,
+        seat: str | None = None,
+        reward_min: float | None = None,
+        reward_max: float | None = None,
+        step_min: int | None = None,
+        step_max: int | None = None,
+        version: int | None = None,
+        error: bool | None = None,
+        q: str | None = None,
+    ) -> dict[str, Any]:
+        filters = Filters(
+            env=env,
+            seat=seat,
+            reward_min=reward_min,
+            reward_max=reward_max,
+            step_min=step_min,
+            step_max=step_max,
+            version=version,
+            error=error,
+            text=q,
+        )
         return trajectory_page(get_run(run), filters, page, size)
 
     @app.get("/api/trajectory")
@@ -161,7 +208,9 @@ def create_app(config: ViewerConfig) -> Any:
         except KeyError as e:
             raise HTTPException(404, str(e.args[0])) from e
         except (ValueError, OSError) as e:
-            raise HTTPException(422, f"trajectory {id!r} of run {run!r} could not be read: {e}") from e
+            raise HTTPException(
+                422, f"trajectory {id!r} of run {run!r} could not be read: {e}"
+            ) from e
 
     @app.get("/api/suite")
     def api_suite(run: str) -> dict[str, Any]:
@@ -171,12 +220,16 @@ def create_app(config: ViewerConfig) -> Any:
     def files(run: str, name: str) -> FileResponse:
         r = get_run(run)
         if name not in r.files():
-            raise HTTPException(404, f"{name!r}: expected a file of run {run!r} ({', '.join(r.files())})")
+            raise HTTPException(
+                404, f"{name!r}: expected a file of run {run!r} ({', '.join(r.files())})"
+            )
         media = "application/json" if name.endswith(".json") else None
         return FileResponse(r.root / name, media_type=media)
 
     if config.index_in_background:
-        threading.Thread(target=_index_all, args=(runs,), name="gymllm-view-index", daemon=True).start()
+        threading.Thread(
+            target=_index_all, args=(runs,), name="gymllm-view-index", daemon=True
+        ).start()
     return app
 
 
@@ -192,29 +245,41 @@ class ViewerServer:
 
         self.config = config
         self.app = create_app(config)
-        self.sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET, socket.SOCK_STREAM)
+        self.sock = socket.socket(
+            socket.AF_INET6 if ":" in config.host else socket.AF_INET, socket.SOCK_STREAM
+        )
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             self.sock.bind((config.host, config.port))
         except OSError as e:
             self.sock.close()
-            raise ConfigError(explain("gymllm view", expected=f"a free port on {config.host}",
-                                      received=f"port {config.port}: {e.strerror}",
-                                      fix="pass --port 0 for a free port, or another --port")) from e
+            raise ConfigError(
+                explain(
+                    "gymllm view",
+                    expected=f"a free port on {config.host}",
+                    received=f"port {config.port}: {e.strerror}",
+                    fix="pass --port 0 for a free port, or another --port",
+                )
+            ) from e
         host, port = self.sock.getsockname()[:2]
         self.url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", access_log=False))
+        self.server = uvicorn.Server(
+            uvicorn.Config(self.app, log_level="warning", access_log=False)
+        )
         self.thread: threading.Thread | None = None
         self.start_timeout_s = start_timeout_s
 
     def start(self) -> str:
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
-                                       name="gymllm-view", daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, name="gymllm-view", daemon=True
+        )
         self.thread.start()
         deadline = time.monotonic() + self.start_timeout_s
         while not self.server.started:
             if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"gymllm view: the server did not start within {self.start_timeout_s} s")
+                raise RuntimeError(
+                    f"gymllm view: the server did not start within {self.start_timeout_s} s"
+                )
             time.sleep(0.02)
         return self.url
 

@@ -29,4 +29,3 @@ _LAZY: dict[str, str] = {
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY, cache=False)
-

@@ -48,8 +48,14 @@ class EpisodeStats:
     env_index: int = -1
     _latency_sum: float = dataclasses.field(default=0.0, repr=False)
 
-    def add_step(self, reward: float, latency: float, info: dict[str, Any], action: Any,
-                 token_counter: Callable[[str], int] | None) -> None:
+    def add_step(
+        self,
+        reward: float,
+        latency: float,
+        info: dict[str, Any],
+        action: Any,
+        token_counter: Callable[[str], int] | None,
+    ) -> None:
         self.r += float(reward)
         self.l += 1
         self._latency_sum += latency
@@ -78,7 +84,16 @@ def summarize(episodes: Iterable[EpisodeStats]) -> dict[str, float]:
     out: dict[str, float] = {"episodes": float(len(eps))}
     if not eps:
         return out
-    for key in ("r", "l", "t", "tokens", "chars", "tool_calls", "invalid_actions", "step_latency_mean"):
+    for key in (
+        "r",
+        "l",
+        "t",
+        "tokens",
+        "chars",
+        "tool_calls",
+        "invalid_actions",
+        "step_latency_mean",
+    ):
         out[key] = float(np.mean([getattr(e, key) for e in eps]))
     out["step_latency_max"] = float(max(e.step_latency_max for e in eps))
     return out
@@ -92,12 +107,28 @@ class EpisodeStatisticsConfig:
     token_counter: Callable[[str], int] | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.buffer_length, bool) or not isinstance(self.buffer_length, int) or self.buffer_length < 1:
-            raise ConfigError(explain("EpisodeStatisticsConfig.buffer_length", expected="an int >= 1",
-                                      received=self.buffer_length, fix="pass buffer_length=100"))
+        if (
+            isinstance(self.buffer_length, bool)
+            or not isinstance(self.buffer_length, int)
+            or self.buffer_length < 1
+        ):
+            raise ConfigError(
+                explain(
+                    "EpisodeStatisticsConfig.buffer_length",
+                    expected="an int >= 1",
+                    received=self.buffer_length,
+                    fix="pass buffer_length=100",
+                )
+            )
         if self.token_counter is not None and not callable(self.token_counter):
-            raise ConfigError(explain("EpisodeStatisticsConfig.token_counter", expected="None or f(text) -> int",
-                                      received=self.token_counter, fix="pass lambda s: len(tok.encode(s))"))
+            raise ConfigError(
+                explain(
+                    "EpisodeStatisticsConfig.token_counter",
+                    expected="None or f(text) -> int",
+                    received=self.token_counter,
+                    fix="pass lambda s: len(tok.encode(s))",
+                )
+            )
 
 
 class RecordEpisodeStatistics(gym.Wrapper, gym.utils.RecordConstructorArgs):
@@ -108,7 +139,9 @@ class RecordEpisodeStatistics(gym.Wrapper, gym.utils.RecordConstructorArgs):
         # replay rebuilds it from these (the token counter only changes statistics, not the episode)
         gym.utils.RecordConstructorArgs.__init__(self, buffer_length=self.config.buffer_length)
         super().__init__(env)
-        self.episodes: collections.deque[EpisodeStats] = collections.deque(maxlen=self.config.buffer_length)
+        self.episodes: collections.deque[EpisodeStats] = collections.deque(
+            maxlen=self.config.buffer_length
+        )
         self._cur = EpisodeStats()
         self._t0 = time.perf_counter()
         spec = getattr(env, "spec", None)
@@ -182,7 +215,9 @@ class RecordVectorEpisodeStatistics:
         self.vec = vec
         self.config = config or EpisodeStatisticsConfig(**fields)
         self.num_envs = vec.num_envs
-        self.episodes: collections.deque[EpisodeStats] = collections.deque(maxlen=self.config.buffer_length)
+        self.episodes: collections.deque[EpisodeStats] = collections.deque(
+            maxlen=self.config.buffer_length
+        )
         self._cur = [EpisodeStats(env_index=i) for i in range(self.num_envs)]
         self._t0 = [time.perf_counter()] * self.num_envs
         self._sent_at: dict[int, float] = {}
@@ -197,7 +232,11 @@ class RecordVectorEpisodeStatistics:
         return str(getattr(mode, "name", mode) or "NEXT_STEP").upper()
 
     def _start(self, i: int) -> None:
-        self._cur[i], self._t0[i], self._ended[i] = EpisodeStats(env_index=i), time.perf_counter(), False
+        self._cur[i], self._t0[i], self._ended[i] = (
+            EpisodeStats(env_index=i),
+            time.perf_counter(),
+            False,
+        )
 
     def reset(self, *args: Any, **kwargs: Any):
         out = self.vec.reset(*args, **kwargs)
@@ -217,7 +256,9 @@ class RecordVectorEpisodeStatistics:
             self._sent_at[i], self._actions[i] = now, a
         self.vec.send(actions, env_ids)
 
-    def _observe(self, rewards: Any, terms: Any, truncs: Any, infos: dict[str, Any], env_ids: Iterable[int]) -> None:
+    def _observe(
+        self, rewards: Any, terms: Any, truncs: Any, infos: dict[str, Any], env_ids: Iterable[int]
+    ) -> None:
         now, same_step = time.perf_counter(), self._mode() == "SAME_STEP"
         for j, i in enumerate(int(x) for x in env_ids):
             latency = now - self._sent_at.pop(i, now)
@@ -261,5 +302,10 @@ class RecordVectorEpisodeStatistics:
         self.vec.close(*args, **kwargs)
 
 
-__all__ = ["RecordEpisodeStatistics", "RecordVectorEpisodeStatistics", "EpisodeStats", "EpisodeStatisticsConfig",
-           "summarize"]
+__all__ = [
+    "RecordEpisodeStatistics",
+    "RecordVectorEpisodeStatistics",
+    "EpisodeStats",
+    "EpisodeStatisticsConfig",
+    "summarize",
+]

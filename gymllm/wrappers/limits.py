@@ -30,14 +30,32 @@ class LimitsConfig:
     max_seconds: float | None = None
 
     def __post_init__(self) -> None:
-        if self.max_turns is not None and (isinstance(self.max_turns, bool) or not isinstance(self.max_turns, int)
-                                           or self.max_turns < 1):
-            raise ConfigError(explain("LimitsConfig.max_turns", expected="None or an int >= 1",
-                                      received=self.max_turns, fix="pass max_turns=8"))
-        if self.max_seconds is not None and (isinstance(self.max_seconds, bool)
-                                             or not isinstance(self.max_seconds, (int, float)) or self.max_seconds <= 0):
-            raise ConfigError(explain("LimitsConfig.max_seconds", expected="None or a number > 0",
-                                      received=self.max_seconds, fix="pass max_seconds=30.0"))
+        if self.max_turns is not None and (
+            isinstance(self.max_turns, bool)
+            or not isinstance(self.max_turns, int)
+            or self.max_turns < 1
+        ):
+            raise ConfigError(
+                explain(
+                    "LimitsConfig.max_turns",
+                    expected="None or an int >= 1",
+                    received=self.max_turns,
+                    fix="pass max_turns=8",
+                )
+            )
+        if self.max_seconds is not None and (
+            isinstance(self.max_seconds, bool)
+            or not isinstance(self.max_seconds, (int, float))
+            or self.max_seconds <= 0
+        ):
+            raise ConfigError(
+                explain(
+                    "LimitsConfig.max_seconds",
+                    expected="None or a number > 0",
+                    received=self.max_seconds,
+                    fix="pass max_seconds=30.0",
+                )
+            )
 
 
 def check_limits(turns: int, elapsed: float, config: LimitsConfig) -> str | None:
@@ -52,10 +70,18 @@ def check_limits(turns: int, elapsed: float, config: LimitsConfig) -> str | None
 class Limits(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """Truncate episodes at a turn and/or wall-clock limit (see module doc)."""
 
-    def __init__(self, env: gym.Env, config: LimitsConfig | None = None, *,
-                 clock: Callable[[], float] = time.monotonic, **fields: Any):
+    def __init__(
+        self,
+        env: gym.Env,
+        config: LimitsConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        **fields: Any,
+    ):
         self.config = config or LimitsConfig(**fields)
-        gym.utils.RecordConstructorArgs.__init__(self, **dataclasses.asdict(self.config))  # replayable from logs
+        gym.utils.RecordConstructorArgs.__init__(
+            self, **dataclasses.asdict(self.config)
+        )  # replayable from logs
         super().__init__(env)
         self.clock = clock
         self._turns, self._t0, self._done = 0, 0.0, True
@@ -66,14 +92,23 @@ class Limits(gym.Wrapper, gym.utils.RecordConstructorArgs):
 
     def _before_step(self) -> None:
         if self._done:
-            raise ResetNeededError(explain(f"{type(self).__name__}.step()", expected="reset() first",
-                                           received="a step after the episode ended (or before reset)",
-                                           fix="call env.reset() to start a new episode"))
+            raise ResetNeededError(
+                explain(
+                    f"{type(self).__name__}.step()",
+                    expected="reset() first",
+                    received="a step after the episode ended (or before reset)",
+                    fix="call env.reset() to start a new episode",
+                )
+            )
 
     def _on_step(self, result: tuple) -> tuple:
         obs, reward, terminated, truncated, info = result
         self._turns += 1
-        reason = None if terminated or truncated else check_limits(self._turns, self.clock() - self._t0, self.config)
+        reason = (
+            None
+            if terminated or truncated
+            else check_limits(self._turns, self.clock() - self._t0, self.config)
+        )
         if reason is not None:
             truncated = True
             info = {**info, "truncation_reason": reason}
@@ -100,7 +135,9 @@ def TurnLimit(env: gym.Env, max_turns: int) -> Limits:  # noqa: N802 - reads lik
     return Limits(env, LimitsConfig(max_turns=max_turns))
 
 
-def TimeLimit(env: gym.Env, max_seconds: float, *, clock: Callable[[], float] = time.monotonic) -> Limits:  # noqa: N802
+def TimeLimit(
+    env: gym.Env, max_seconds: float, *, clock: Callable[[], float] = time.monotonic
+) -> Limits:  # noqa: N802
     """Truncate once ``max_seconds`` of wall time have passed since reset."""
     return Limits(env, LimitsConfig(max_seconds=max_seconds), clock=clock)
 

@@ -48,14 +48,30 @@ class RewardTransformConfig:
         for name in ("step_penalty", "scale", "shift"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise ConfigError(explain(f"RewardTransformConfig.{name}", expected="a finite number", received=v,
-                                          fix=f"pass {name}=<float>"))
+                raise ConfigError(
+                    explain(
+                        f"RewardTransformConfig.{name}",
+                        expected="a finite number",
+                        received=v,
+                        fix=f"pass {name}=<float>",
+                    )
+                )
         if self.clip is not None:
-            ok = isinstance(self.clip, (tuple, list)) and len(self.clip) == 2 and all(
-                isinstance(x, (int, float)) and not isinstance(x, bool) for x in self.clip) and self.clip[0] <= self.clip[1]
+            ok = (
+                isinstance(self.clip, (tuple, list))
+                and len(self.clip) == 2
+                and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in self.clip)
+                and self.clip[0] <= self.clip[1]
+            )
             if not ok:
-                raise ConfigError(explain("RewardTransformConfig.clip", expected="None or (low, high) with low <= high",
-                                          received=self.clip, fix="pass clip=(-1.0, 1.0)"))
+                raise ConfigError(
+                    explain(
+                        "RewardTransformConfig.clip",
+                        expected="None or (low, high) with low <= high",
+                        received=self.clip,
+                        fix="pass clip=(-1.0, 1.0)",
+                    )
+                )
             object.__setattr__(self, "clip", (float(self.clip[0]), float(self.clip[1])))
 
 
@@ -84,8 +100,14 @@ class TransformReward(gym.Wrapper, gym.utils.RecordConstructorArgs):
         gym.utils.RecordConstructorArgs.__init__(self, fn=fn, terminal_only=terminal_only)
         super().__init__(env)
         if not callable(fn):
-            raise ConfigError(explain("TransformReward(fn)", expected="a callable float -> float", received=fn,
-                                      fix="pass e.g. lambda r: 2 * r"))
+            raise ConfigError(
+                explain(
+                    "TransformReward(fn)",
+                    expected="a callable float -> float",
+                    received=fn,
+                    fix="pass e.g. lambda r: 2 * r",
+                )
+            )
         self.fn, self.terminal_only = fn, terminal_only
         self._pending = 0.0
 
@@ -122,8 +144,18 @@ class RewardTransform(TransformReward):
 
     def __init__(self, env: gym.Env, config: RewardTransformConfig | None = None, **fields: Any):
         self.config = config or RewardTransformConfig(**fields)
-        gym.utils.RecordConstructorArgs.__init__(self, **dataclasses.asdict(self.config))  # replayable from logs
+        gym.utils.RecordConstructorArgs.__init__(
+            self, **dataclasses.asdict(self.config)
+        )  # replayable from logs
         super().__init__(env, compose(self.config), terminal_only=self.config.terminal_only)
 
 
-__all__ = ["RewardTransform", "RewardTransformConfig", "TransformReward", "compose", "penalize", "scale_shift", "clip"]
+__all__ = [
+    "RewardTransform",
+    "RewardTransformConfig",
+    "TransformReward",
+    "compose",
+    "penalize",
+    "scale_shift",
+    "clip",
+]

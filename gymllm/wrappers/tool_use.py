@@ -53,8 +53,14 @@ def _builtin(name: str) -> Tool:
 
     table = {"calculator": calculator, "python": python}
     if name not in table:
-        raise ConfigError(explain("ToolUse tools", expected=f"Tool objects, functions, or built-in names {sorted(table)}",
-                                  received=name, fix="pass the tool object itself"))
+        raise ConfigError(
+            explain(
+                "ToolUse tools",
+                expected=f"Tool objects, functions, or built-in names {sorted(table)}",
+                received=name,
+                fix="pass the tool object itself",
+            )
+        )
     return table[name]
 
 
@@ -93,20 +99,54 @@ class ToolUse(gym.Wrapper):
         max_result_chars: a longer tool result is cut to this many characters (with a note).
     """
 
-    def __init__(self, env: gym.Env, tools: Iterable[Any] | ToolRegistry = (), *, parser: str = "hermes",
-                 max_tool_calls: int = 8, timeout_s: float | None = 10.0, max_result_chars: int = 16_384):
+    def __init__(
+        self,
+        env: gym.Env,
+        tools: Iterable[Any] | ToolRegistry = (),
+        *,
+        parser: str = "hermes",
+        max_tool_calls: int = 8,
+        timeout_s: float | None = 10.0,
+        max_result_chars: int = 16_384,
+    ):
         super().__init__(env)
         self.registry = _registry(tools)
         self.parser = check_format(parser)
-        if isinstance(max_tool_calls, bool) or not isinstance(max_tool_calls, int) or max_tool_calls < 0:
-            raise ConfigError(explain("ToolUse.max_tool_calls", expected="an int >= 0", received=max_tool_calls,
-                                      fix="pass max_tool_calls=8"))
+        if (
+            isinstance(max_tool_calls, bool)
+            or not isinstance(max_tool_calls, int)
+            or max_tool_calls < 0
+        ):
+            raise ConfigError(
+                explain(
+                    "ToolUse.max_tool_calls",
+                    expected="an int >= 0",
+                    received=max_tool_calls,
+                    fix="pass max_tool_calls=8",
+                )
+            )
         if timeout_s is not None and (not isinstance(timeout_s, (int, float)) or timeout_s <= 0):
-            raise ConfigError(explain("ToolUse.timeout_s", expected="None or a number > 0", received=timeout_s,
-                                      fix="pass timeout_s=10.0"))
-        if isinstance(max_result_chars, bool) or not isinstance(max_result_chars, int) or max_result_chars < 1:
-            raise ConfigError(explain("ToolUse.max_result_chars", expected="an int >= 1", received=max_result_chars,
-                                      fix="pass max_result_chars=16384"))
+            raise ConfigError(
+                explain(
+                    "ToolUse.timeout_s",
+                    expected="None or a number > 0",
+                    received=timeout_s,
+                    fix="pass timeout_s=10.0",
+                )
+            )
+        if (
+            isinstance(max_result_chars, bool)
+            or not isinstance(max_result_chars, int)
+            or max_result_chars < 1
+        ):
+            raise ConfigError(
+                explain(
+                    "ToolUse.max_result_chars",
+                    expected="an int >= 1",
+                    received=max_result_chars,
+                    fix="pass max_result_chars=16384",
+                )
+            )
         self.max_tool_calls = max_tool_calls
         self.timeout_s = timeout_s
         self.max_result_chars = max_result_chars
@@ -145,11 +185,23 @@ class ToolUse(gym.Wrapper):
     def _parse(self, action: Any) -> ParsedCalls | None:
         """The calls to run, or None when the action goes to the inner env."""
         if not isinstance(action, str):
-            raise InvalidActionError(explain("ToolUse.step(action)", expected="a str (the model's reply)",
-                                             received=type(action).__name__, fix="pass the reply text"))
+            raise InvalidActionError(
+                explain(
+                    "ToolUse.step(action)",
+                    expected="a str (the model's reply)",
+                    received=type(action).__name__,
+                    fix="pass the reply text",
+                )
+            )
         if not self._running:
-            raise ResetNeededError(explain("ToolUse.step()", expected="reset() first", received="a step with no "
-                                           "episode running", fix="call env.reset(seed=...)"))
+            raise ResetNeededError(
+                explain(
+                    "ToolUse.step()",
+                    expected="reset() first",
+                    received="a step with no episode running",
+                    fix="call env.reset(seed=...)",
+                )
+            )
         if self._num_calls >= self.max_tool_calls:
             return None
         parsed = parse_tool_calls(action, self.parser)
@@ -159,8 +211,16 @@ class ToolUse(gym.Wrapper):
         results = []
         for call in parsed:
             if self._num_calls >= self.max_tool_calls:
-                results.append(ToolResult(call.name, call.id, False, f"Error: the tool-call budget of this episode "
-                                          f"({self.max_tool_calls}) is used up; give your final answer.", "budget"))
+                results.append(
+                    ToolResult(
+                        call.name,
+                        call.id,
+                        False,
+                        f"Error: the tool-call budget of this episode "
+                        f"({self.max_tool_calls}) is used up; give your final answer.",
+                        "budget",
+                    )
+                )
                 continue
             self._num_calls += 1
             with span("tool", track="tool", tool=call.name) as tags:
@@ -168,8 +228,15 @@ class ToolUse(gym.Wrapper):
                 tags.update(ok=res.ok, error=res.error)
             results.append(res)
         for err in parsed.errors:
-            results.append(ToolResult("error", "", False, f"Error: {err}. Write the call as the tool format "
-                                      f"({self.parser}) requires.", "parse"))
+            results.append(
+                ToolResult(
+                    "error",
+                    "",
+                    False,
+                    f"Error: {err}. Write the call as the tool format ({self.parser}) requires.",
+                    "parse",
+                )
+            )
         self._num_errors += sum(not r.ok for r in results)
         counter("tool_calls", self._num_calls, track="tool")
         return results
@@ -179,14 +246,21 @@ class ToolUse(gym.Wrapper):
         for r in results:
             content = r.content
             if len(content) > self.max_result_chars:
-                content = content[:self.max_result_chars] + f"\n... [truncated {len(r.content) - self.max_result_chars} characters]"
+                content = (
+                    content[: self.max_result_chars]
+                    + f"\n... [truncated {len(r.content) - self.max_result_chars} characters]"
+                )
             msg: Message = {"role": "tool", "name": r.name, "content": content}
             if r.call_id:
                 msg["tool_call_id"] = r.call_id
             obs.append(msg)
-        info = {**self._base_info, **self._counts(), "tool_turn": True,
-                "tool_calls": [r.to_info() for r in results],
-                "parsed_tool_calls": [c.to_message_dict() for c in parsed]}
+        info = {
+            **self._base_info,
+            **self._counts(),
+            "tool_turn": True,
+            "tool_calls": [r.to_info() for r in results],
+            "parsed_tool_calls": [c.to_message_dict() for c in parsed],
+        }
         return obs, 0.0, False, False, info
 
     def _counts(self) -> dict[str, int]:
@@ -210,4 +284,3 @@ class ToolUse(gym.Wrapper):
         if parsed is None:
             return self._passed(await astep_env(self.env, action))
         return self._tool_turn(parsed, await self._run_calls(parsed))
-

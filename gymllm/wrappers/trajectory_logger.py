@@ -56,8 +56,15 @@ import numpy as np
 
 from gymllm.errors import ConfigError, GymLLMError, explain
 from gymllm.telemetry import span
-from gymllm.trajectories.format import (FORMAT, TOKEN_FIELDS, TrajectoryLoggerConfig, dumps_record,
-                                               package_versions, to_jsonable, wrapper_stack)
+from gymllm.trajectories.format import (
+    FORMAT,
+    TOKEN_FIELDS,
+    TrajectoryLoggerConfig,
+    dumps_record,
+    package_versions,
+    to_jsonable,
+    wrapper_stack,
+)
 from gymllm.trajectories.reader import episodes_from_records, scan_jsonl
 from gymllm.trajectories.tokens import TokenStore
 from gymllm.trajectories.writers import claim_writer_name
@@ -71,19 +78,34 @@ class TrajectoryLogger(gym.Wrapper):
     :meth:`log_trajectory`.
     """
 
-    def __init__(self, env: gym.Env, path: str | os.PathLike | None = None, *,
-                 config: TrajectoryLoggerConfig | None = None, **overrides: Any):
+    def __init__(
+        self,
+        env: gym.Env,
+        path: str | os.PathLike | None = None,
+        *,
+        config: TrajectoryLoggerConfig | None = None,
+        **overrides: Any,
+    ):
         super().__init__(env)
         if config is None:
             if path is None:
-                raise ConfigError(explain("TrajectoryLogger", expected="a path or a config", received=None,
-                                          fix="TrajectoryLogger(env, 'runs/log')"))
+                raise ConfigError(
+                    explain(
+                        "TrajectoryLogger",
+                        expected="a path or a config",
+                        received=None,
+                        fix="TrajectoryLogger(env, 'runs/log')",
+                    )
+                )
             config = TrajectoryLoggerConfig(path=os.fspath(path), **overrides)
         self.config = config
         spec = getattr(env, "spec", None)
         self.env_id = config.env_id or (spec.id if spec is not None else None)
-        self.env_kwargs = to_jsonable(config.env_kwargs if config.env_kwargs is not None
-                                      else (dict(spec.kwargs) if spec is not None else {}))
+        self.env_kwargs = to_jsonable(
+            config.env_kwargs
+            if config.env_kwargs is not None
+            else (dict(spec.kwargs) if spec is not None else {})
+        )
         self.wrappers = wrapper_stack(env) if config.env_id is None else []
         self._seed_rng = np.random.default_rng()
         self._episode: str | None = None
@@ -108,21 +130,47 @@ class TrajectoryLogger(gym.Wrapper):
         self._file = open(path, "a", encoding="utf-8", errors="backslashreplace")
         episodes = episodes_from_records(records)
         self._index = len(episodes)
-        self._token_cursor = max((int(r["offset"]) + int(r["length"]) for r in records if r.get("type") == "tokens"),
-                                 default=0)
+        self._token_cursor = max(
+            (int(r["offset"]) + int(r["length"]) for r in records if r.get("type") == "tokens"),
+            default=0,
+        )
         self._completed = {ep.key for ep in episodes if ep.complete}
-        self._write({"type": "header", "format": FORMAT, "writer": self.config.name, "env_id": self.env_id,
-                     "env_kwargs": self.env_kwargs, "wrappers": self.wrappers, "versions": package_versions(), "pid": os.getpid(),
-                     "time": time.time(), "resumed": bool(records), "torn_lines": torn})
+        self._write(
+            {
+                "type": "header",
+                "format": FORMAT,
+                "writer": self.config.name,
+                "env_id": self.env_id,
+                "env_kwargs": self.env_kwargs,
+                "wrappers": self.wrappers,
+                "versions": package_versions(),
+                "pid": os.getpid(),
+                "time": time.time(),
+                "resumed": bool(records),
+                "torn_lines": torn,
+            }
+        )
         for ep in episodes:
             if ep.end is None and not ep.aborted:
-                self._write({"type": "abort", "episode": ep.episode, "reason": "writer restarted before the episode ended"})
+                self._write(
+                    {
+                        "type": "abort",
+                        "episode": ep.episode,
+                        "reason": "writer restarted before the episode ended",
+                    }
+                )
         self._sync()
 
     def _write(self, record: dict[str, Any]) -> None:
         if self._file is None:
-            raise GymLLMError(explain("TrajectoryLogger", expected="an open log", received="closed",
-                                      fix="create a new TrajectoryLogger to write more"))
+            raise GymLLMError(
+                explain(
+                    "TrajectoryLogger",
+                    expected="an open log",
+                    received="closed",
+                    fix="create a new TrajectoryLogger to write more",
+                )
+            )
         with span("trajectory_log.write", track="env/logger", type=record.get("type")):
             self._file.write(dumps_record(record) + "\n")  # one write of a whole line, then flush
             self._file.flush()
@@ -147,7 +195,13 @@ class TrajectoryLogger(gym.Wrapper):
 
     def _before_reset(self, seed: int | None) -> int | None:
         if self._episode is not None:
-            self._write({"type": "abort", "episode": self._episode, "reason": "reset before the episode ended"})
+            self._write(
+                {
+                    "type": "abort",
+                    "episode": self._episode,
+                    "reason": "reset before the episode ended",
+                }
+            )
         if seed is None and self.config.assign_seeds:
             seed = int(self._seed_rng.integers(0, 2**31 - 1))
         return seed
@@ -161,14 +215,27 @@ class TrajectoryLogger(gym.Wrapper):
         from gymllm.core import areset_env
 
         seed = self._before_reset(seed)
-        return self._after_reset(seed, options, *(await areset_env(self.env, seed=seed, options=options)))
+        return self._after_reset(
+            seed, options, *(await areset_env(self.env, seed=seed, options=options))
+        )
 
     def _after_reset(self, seed: int | None, options: Any, obs: Any, info: Any):
         self._episode = f"{self.config.name}-{self._index:06d}-{uuid.uuid4().hex[:8]}"
-        self._write({"type": "reset", "episode": self._episode, "index": self._index, "seed": seed,
-                     "options": to_jsonable(options), "env_id": self.env_id, "env_kwargs": self.env_kwargs,
-                     "wrappers": self.wrappers,
-                     "observation": to_jsonable(obs), "info": to_jsonable(info), "time": time.time()})
+        self._write(
+            {
+                "type": "reset",
+                "episode": self._episode,
+                "index": self._index,
+                "seed": seed,
+                "options": to_jsonable(options),
+                "env_id": self.env_id,
+                "env_kwargs": self.env_kwargs,
+                "wrappers": self.wrappers,
+                "observation": to_jsonable(obs),
+                "info": to_jsonable(info),
+                "time": time.time(),
+            }
+        )
         self._index += 1
         self._step = 0
         self._return = 0.0
@@ -196,13 +263,33 @@ class TrajectoryLogger(gym.Wrapper):
         self._step += 1
         self._return += float(reward)
         tool_calls = info.get("tool_calls", []) if isinstance(info, dict) else []
-        self._write({"type": "step", "episode": self._episode, "step": self._step, "action": to_jsonable(action),
-                     "observation": to_jsonable(obs), "reward": to_jsonable(reward),
-                     "terminated": bool(terminated), "truncated": bool(truncated), "info": to_jsonable(info),
-                     "tool_calls": to_jsonable(tool_calls), "timing": {"step_s": dt}})
+        self._write(
+            {
+                "type": "step",
+                "episode": self._episode,
+                "step": self._step,
+                "action": to_jsonable(action),
+                "observation": to_jsonable(obs),
+                "reward": to_jsonable(reward),
+                "terminated": bool(terminated),
+                "truncated": bool(truncated),
+                "info": to_jsonable(info),
+                "tool_calls": to_jsonable(tool_calls),
+                "timing": {"step_s": dt},
+            }
+        )
         if terminated or truncated:
-            self._write({"type": "end", "episode": self._episode, "steps": self._step, "return": self._return,
-                         "terminated": bool(terminated), "truncated": bool(truncated), "time": time.time()})
+            self._write(
+                {
+                    "type": "end",
+                    "episode": self._episode,
+                    "steps": self._step,
+                    "return": self._return,
+                    "terminated": bool(terminated),
+                    "truncated": bool(truncated),
+                    "time": time.time(),
+                }
+            )
             self._completed.add((self._seed, self._task))
             self._ended, self._episode = self._episode, None
             if self.config.fsync == "episode":
@@ -211,41 +298,83 @@ class TrajectoryLogger(gym.Wrapper):
 
     # -- token-level data
 
-    def record_tokens(self, *, token_ids: Any, loss_mask: Any = None, logprobs: Any = None,
-                      versions: Any = None, episode: str | None = None, step: int | None = None) -> dict[str, Any]:
+    def record_tokens(
+        self,
+        *,
+        token_ids: Any,
+        loss_mask: Any = None,
+        logprobs: Any = None,
+        versions: Any = None,
+        episode: str | None = None,
+        step: int | None = None,
+    ) -> dict[str, Any]:
         """Append aligned token arrays ([T] each) for a step of the current (or named) episode.
 
         Missing fields default to mask 1, logprob 0 and version -1. Returns the ``tokens`` record.
         """
         ids = np.asarray(token_ids, dtype=np.int32).reshape(-1)
         n = ids.shape[0]
-        arrays = {"token_ids": ids,
-                  "loss_mask": np.ones(n, np.int8) if loss_mask is None else np.asarray(loss_mask).reshape(-1),
-                  "logprobs": np.zeros(n, np.float32) if logprobs is None else np.asarray(logprobs).reshape(-1),
-                  "versions": np.full(n, -1, np.int32) if versions is None else np.asarray(versions).reshape(-1)}
+        arrays = {
+            "token_ids": ids,
+            "loss_mask": np.ones(n, np.int8)
+            if loss_mask is None
+            else np.asarray(loss_mask).reshape(-1),
+            "logprobs": np.zeros(n, np.float32)
+            if logprobs is None
+            else np.asarray(logprobs).reshape(-1),
+            "versions": np.full(n, -1, np.int32)
+            if versions is None
+            else np.asarray(versions).reshape(-1),
+        }
         for field, arr in arrays.items():
             if arr.shape[0] != n:
-                raise GymLLMError(explain(f"record_tokens: {field}", expected=f"length {n} (len(token_ids))",
-                                          received=arr.shape[0], fix="keep per-token arrays aligned"))
+                raise GymLLMError(
+                    explain(
+                        f"record_tokens: {field}",
+                        expected=f"length {n} (len(token_ids))",
+                        received=arr.shape[0],
+                        fix="keep per-token arrays aligned",
+                    )
+                )
         if self._tokens is None:
-            self._tokens = TokenStore(self.config.zarr_path, self.config.chunk_size, self._token_cursor)
-        offset, length = self._tokens.append(arrays)  # arrays first, then the pointer: never dangling
-        record = {"type": "tokens", "episode": episode or self._last_episode(), "step": self._step if step is None else step,
-                  "offset": offset, "length": length, "fields": list(TOKEN_FIELDS), "writer": self.config.name}
+            self._tokens = TokenStore(
+                self.config.zarr_path, self.config.chunk_size, self._token_cursor
+            )
+        offset, length = self._tokens.append(
+            arrays
+        )  # arrays first, then the pointer: never dangling
+        record = {
+            "type": "tokens",
+            "episode": episode or self._last_episode(),
+            "step": self._step if step is None else step,
+            "offset": offset,
+            "length": length,
+            "fields": list(TOKEN_FIELDS),
+            "writer": self.config.name,
+        }
         self._write(record)
         return record
 
     def annotate(self, **fields: Any) -> dict[str, Any]:
         """Attach extra data to the current step (e.g. ``policy_version=3, sampling={"temperature": 1.0}``)."""
-        record = {"type": "note", "episode": self._last_episode(), "step": self._step, **to_jsonable(fields)}
+        record = {
+            "type": "note",
+            "episode": self._last_episode(),
+            "step": self._step,
+            **to_jsonable(fields),
+        }
         self._write(record)
         return record
 
     def log_trajectory(self, trajectory: Any, *, episode: str | None = None) -> dict[str, Any]:
         """Store a :class:`gymllm.types.Trajectory`'s token arrays for the current (or named) episode."""
-        return self.record_tokens(token_ids=trajectory.token_ids, loss_mask=trajectory.loss_mask,
-                                  logprobs=trajectory.behaviour_logprobs, versions=trajectory.versions,
-                                  episode=episode)
+        return self.record_tokens(
+            token_ids=trajectory.token_ids,
+            loss_mask=trajectory.loss_mask,
+            logprobs=trajectory.behaviour_logprobs,
+            versions=trajectory.versions,
+            episode=episode,
+        )
 
     def _last_episode(self) -> str | None:
         return self._episode if self._episode is not None else getattr(self, "_ended", None)
@@ -253,7 +382,13 @@ class TrajectoryLogger(gym.Wrapper):
     def close(self) -> None:
         if self._file is not None:
             if self._episode is not None:
-                self._write({"type": "abort", "episode": self._episode, "reason": "closed before the episode ended"})
+                self._write(
+                    {
+                        "type": "abort",
+                        "episode": self._episode,
+                        "reason": "closed before the episode ended",
+                    }
+                )
                 self._episode = None
             self._sync()
             self._file.close()
