@@ -376,6 +376,30 @@ FIGURES: dict[str, tuple[Figure, ...]] = {
         ),
         F(key="grad.backend_s", what="a learner gradient, 6 x 160 tokens (s)"),
     ),
+    "chip_limits": (
+        F(key="peak_bf16_tflops", what="measured bf16 matmul rate, 8192^3 (TFLOP/s)"),
+        F(key="hbm_gb_s", what="measured memory bandwidth, a pass over 1 GiB (GB/s)"),
+        F(
+            key="decode_vs_hbm_bound_256",
+            what="SmolLM2 shape: decode at 256 rows / bandwidth bound",
+            goal=">= 0.5",
+        ),
+        F(key="decode_vs_hbm_bound_64", what="SmolLM2 shape: decode at 64 rows / bandwidth bound"),
+        F(
+            key="decode_vs_hbm_bound_512",
+            what="SmolLM2 shape: decode at 512 rows / bandwidth bound",
+        ),
+        F(
+            key="learner_mfu_smollm2",
+            what="learner model-FLOPs utilisation, SmolLM2 shape, bf16",
+            goal=">= 0.45",
+        ),
+        F(
+            key="learner_mfu_0p5b",
+            what="learner model-FLOPs utilisation, Qwen2.5-0.5B shape, bf16",
+            goal=">= 0.55",
+        ),
+    ),
     "compile_cache": (
         F(
             key="warm_vs_cold",
