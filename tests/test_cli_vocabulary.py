@@ -40,6 +40,8 @@ IDEAS: dict[str, tuple[str, frozenset[str]]] = {
     "cluster backend": ("--cluster.backend", frozenset({"--backend", "--ray"})),
     "env kwargs": ("--env-kwargs", frozenset({"--game-kwargs", "--kwargs", "--env-args"})),
     "suite to evaluate": ("--eval.suite", frozenset({"--suite"})),
+    "system prompt": ("--env.system-prompt", frozenset({"--system-prompt", "--prompt"})),
+    "agent kind": ("--env.agent", frozenset({"--agent"})),
 }
 
 

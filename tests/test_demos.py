@@ -320,7 +320,7 @@ def test_cli_writes_the_file_and_names_the_next_command(tmp_path, capsys):
                 str(lake),
                 "--env-kwargs",
                 '{"is_slippery": false}',
-                "--system-prompt",
+                "--env.system-prompt",
                 "Move.",
             ]
         )

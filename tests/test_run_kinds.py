@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 
 from gymllm.train import assembly
+from gymllm.train.components import LocalComponents
 from gymllm.train.assembly import Kind, kind_named, register_kind, select_kind
 from gymllm.train.trainer import train
 from gymllm.cli.train_args import parse_train_args
@@ -71,12 +72,26 @@ def test_a_new_kind_registered_outside_the_run_drives_train(tmp_path, kinds):
         built.append(PreparedSource(synthetic_groups(6, seed=3), per_call=2))
         return built[-1]
 
+    made: list[str] = []
+
+    def learner(
+        cfg, lm
+    ):  # the kind's own parts, built through the table (as several policies' are)
+        made.append("learner")
+        return LocalComponents().make_learner(cfg, lm)
+
+    def pusher(cfg, engine, lm, trained):
+        made.append("pusher")
+        return LocalComponents().make_pusher(cfg, engine, lm, trained)
+
     register_kind(
         Kind(
             "prepared",
             lambda cfg: cfg.run.run_dir.endswith("prepared"),
             lambda cfg, components: components.make_envs(cfg),
             source,
+            learner=learner,
+            pusher=pusher,
         )
     )
     assert [k.name for k in kinds][-2:] == ["prepared", "single_env"]  # before the catch-all
@@ -84,6 +99,23 @@ def test_a_new_kind_registered_outside_the_run_drives_train(tmp_path, kinds):
     assert result.steps == 2 and len(built) == 1
     assert built[0].versions == [1, 2] and built[0].events == ["start", "close", "result"]
     assert select_kind(small_config(tmp_path / "other")).name == "single_env"
+    assert made == ["learner", "pusher"]
+
+
+def test_several_policies_are_one_entry_with_their_own_parts():
+    """The policies kind brings a learner per policy, the engine that serves them and their weight push;
+    the components build none of it. Asked for without a game, it refuses with the fix."""
+    kind = kind_named("policies")
+    assert kind.learner is not None and kind.engine is not None and kind.pusher is not None
+    assert all(
+        k.learner is None and k.engine is None and k.pusher is None
+        for k in assembly.KINDS
+        if k.name != "policies"
+    )
+    cfg = parse_train_args(["--preset", "tiny", "--multiagent.policies", '{"first": "a"}'])
+    assert select_kind(cfg) is kind
+    with pytest.raises(ConfigError, match="expected a multi-agent game"):
+        kind.learner(cfg, None)
 
 
 def test_register_kind_replaces_by_name_and_checks_its_anchor(kinds):

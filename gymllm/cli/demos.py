@@ -7,6 +7,7 @@ gymllm demos gymllm/FrozenLake-v0 --n 100 --out lake.jsonl --env-kwargs '{"is_sl
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import sys
@@ -43,6 +44,16 @@ def _env_kwargs(text: str) -> dict:
     return value
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DemoPrompt:
+    """How the records are rendered for the run that will train on them (``--env.*``, as ``gymllm train``)."""
+
+    system_prompt: str = ""
+    """The rollout's system prompt (env.system_prompt of the run that will train on it)."""
+    agent: Literal["tool", "model"] = "tool"
+    """tool: records carry the env's tool schemas (a ToolAgent run); model: no schemas (ModelAgent)."""
+
+
 def demos(
     env_id: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="ENV")],
     /,
@@ -50,8 +61,7 @@ def demos(
     out: str = "demos.jsonl",
     seed: int = 0,
     env_kwargs: str = "",
-    system_prompt: str = "",
-    agent: Literal["tool", "model"] = "tool",
+    env: DemoPrompt = DemoPrompt(),
 ) -> int:
     """Write solved episodes of an env (search, shortest path, the tool call) as chat JSONL for `gymllm sft`.
 
@@ -65,8 +75,8 @@ def demos(
         out: the JSONL file to write.
         seed: the first seed.
         env_kwargs: env constructor arguments as a JSON object, e.g. '{"is_slippery": false}'.
-        system_prompt: the rollout's system prompt (env.system_prompt of the run that will train on it).
-        agent: tool: records carry the env's tool schemas (a ToolAgent run); model: no schemas (ModelAgent).
+        env: the system prompt and agent kind of the run that will train on the records (--env.system-prompt,
+            --env.agent, as train's).
     """
     from gymllm.envs.demos import SOLVERS, demonstrations, write_demos
 
@@ -75,8 +85,8 @@ def demos(
         n=n,
         seed=seed,
         env_kwargs=_env_kwargs(env_kwargs),
-        system_prompt=system_prompt,
-        agent=agent,
+        system_prompt=env.system_prompt,
+        agent=env.agent,
     )
     path = write_demos(out, records)
     full = env_id if "/" in env_id else f"gymllm/{env_id}"

@@ -92,6 +92,7 @@ RENAMED: dict[str, str] = {
     "--games": "--eval.games",
     "--max-moves": "--eval.max-moves",
     "--suite": "--eval.suite",
+    "--system-prompt": "--env.system-prompt",
 }
 
 #: the subcommands: name -> (module, its config class, the function that runs a parsed config)

@@ -130,6 +130,15 @@ class MoveSampling:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class GamePrompt:
+    """The players' prompt side (``--env.*``, as ``gymllm train`` names it)."""
+
+    system_prompt: str | None = None
+    """The --model.name players' system prompt (a --model.checkpoint plays with its run's), e.g. the one a run
+    trained with."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class GameEval:
     """Play every pair of players on a two-player game: win/draw/loss per pairing and an Elo table."""
 
@@ -142,9 +151,8 @@ class GameEval:
     opponent: Annotated[tuple[str, ...], Repeated] = ()
     """A player: `random` (uniform legal moves) or MODULE:FN, a scripted fn(observation, agent) -> action
     (repeatable)."""
-    system_prompt: str | None = None
-    """The --model.name players' system prompt (a --model.checkpoint plays with its run's), e.g. the one a run
-    trained with."""
+    env: GamePrompt = GamePrompt()
+    """The players' system prompt (--env.system-prompt, as train's)."""
     env_kwargs: str | None = None
     """The game factory's keyword arguments as a JSON object (e.g. '{"move_names": null}')."""
     eval: Matches = Matches()
@@ -205,7 +213,9 @@ def eval_game(args: GameEval) -> int:
                 fix="e.g. --model.name smollm2-135m-instruct --opponent random",
             )
         )
-    players = players_from_flags(p.name, p.checkpoint, p.label, args.opponent, args.system_prompt)
+    players = players_from_flags(
+        p.name, p.checkpoint, p.label, args.opponent, args.env.system_prompt
+    )
     summary = run_matches(make_game, players, args.out, config=config)
     _print(summary)
     from gymllm.multiagent.factory import GAMES

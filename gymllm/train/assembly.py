@@ -52,13 +52,22 @@ class SourceContext:
 
 @dataclasses.dataclass(frozen=True)
 class Kind:
-    """One way a run produces groups: ``name``; ``applies(cfg)``: whether the config asks for it;
-    ``envs(cfg, components)``: the env side of the run's parts; ``source(context)``: its group source."""
+    """One way a run produces groups, and the parts it needs beyond the components' own."""
 
     name: str
+    """The kind's name (:func:`kind_named`, ``Run.make_source(kind=...)``)."""
     applies: Callable[[TrainConfig], bool]
+    """Whether the config asks for this kind (the first kind of :data:`KINDS` that applies is the run's)."""
     envs: Callable[[TrainConfig, Any], Any]
+    """``envs(cfg, components)``: the env side of the run's parts."""
     source: Callable[[SourceContext], Any]
+    """``source(context)``: the run's group source."""
+    learner: Callable[[TrainConfig, Any], Any] | None = None
+    """``learner(cfg, lm)``: the kind's own learner; None: the components' (``make_learner``)."""
+    engine: Callable[[TrainConfig, Any, int], Any] | None = None
+    """``engine(cfg, lm, version)``: the kind's own engine; None: the components' (``make_engine``)."""
+    pusher: Callable[[TrainConfig, Any, Any, Any], Any] | None = None
+    """``pusher(cfg, engine, lm, learner)``: the kind's own weight push; None: the components'."""
 
 
 def _is_game(cfg: TrainConfig) -> bool:
@@ -75,6 +84,40 @@ def _game(cfg: TrainConfig, components: Any) -> Any:
 
 def _vector_envs(cfg: TrainConfig, components: Any) -> Any:
     return components.make_envs(cfg)
+
+
+def _mixture_envs(cfg: TrainConfig, components: Any) -> Any:
+    return components.make_mixture(cfg)
+
+
+def _policy_learner(cfg: TrainConfig, lm: Any) -> Any:
+    """A learner per policy (:func:`gymllm.train.policies.build_policy_set`; the map checked against the game)."""
+    from gymllm.algos.sharding import make_mesh
+    from gymllm.train.policies import build_policy_set
+
+    return build_policy_set(cfg, lm, make_mesh(cfg.sharding))
+
+
+def _policy_engine(cfg: TrainConfig, lm: Any, version: int) -> Any:
+    """The run's engine, serving an adapter per policy when the policies are LoRA adapters."""
+    from gymllm.inference.jax_engine import JaxEngine
+    from gymllm.train.policies import policy_adapters
+    from gymllm.train.wiring import engine_config
+
+    return JaxEngine(
+        lm.model,
+        lm.tokenizer,
+        version=version,
+        config=engine_config(cfg),
+        adapters=policy_adapters(cfg),
+    )
+
+
+def _policy_pusher(cfg: TrainConfig, engine: Any, lm: Any, learner: Any) -> Any:
+    """Every policy's update pushed to where it is served (:meth:`~gymllm.train.policies.PolicySet.make_pusher`)."""
+    from gymllm.algos.sharding import make_mesh
+
+    return learner.make_pusher(cfg, engine, lm, gather=make_mesh(cfg.sharding) is not None)
 
 
 def _agent_programs(ctx: SourceContext) -> Any:
@@ -220,10 +263,18 @@ KINDS: list[Kind] = [
         lambda cfg, components: None,
         _agent_programs,
     ),
-    Kind("policies", lambda cfg: bool(cfg.multiagent.policies) and _is_game(cfg), _game, _policies),
+    Kind(
+        "policies",
+        lambda cfg: bool(cfg.multiagent.policies),
+        _game,
+        _policies,
+        learner=_policy_learner,
+        engine=_policy_engine,
+        pusher=_policy_pusher,
+    ),
     Kind("game_seats", _is_game, _game, _game_seats),
     Kind("sync_baseline", lambda cfg: cfg.rollout.mode == "sync", _vector_envs, _sync_baseline),
-    Kind("suite_mixture", lambda cfg: bool(cfg.env.suite), _vector_envs, _suite_mixture),
+    Kind("suite_mixture", lambda cfg: bool(cfg.env.suite), _mixture_envs, _suite_mixture),
     Kind("single_env", lambda cfg: True, _vector_envs, _single_env),
 ]
 

@@ -200,11 +200,12 @@ class RayComponents:
         return PoolPusher(engine, lm.config, gather=self.gather)
 
     # ------------------------------------------------------------------ envs
+    def make_mixture(self, cfg: TrainConfig) -> Any:
+        return mixture_on_ray(cfg, self.cluster)
+
     def make_envs(self, cfg: TrainConfig) -> Any:
         import gymllm
 
-        if cfg.env.suite:
-            return mixture_on_ray(cfg, self.cluster)
         return gymllm.make_vec(
             cfg.env.id,
             cfg.env.num_envs,

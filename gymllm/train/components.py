@@ -10,7 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import pathlib
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from gymllm.train.resume import ResumeState
 from gymllm.train.train_config import ModelSection, TrainConfig
@@ -64,6 +64,9 @@ class Components(Protocol):
     def make_envs(self, cfg: TrainConfig) -> Any:
         """The barrier-free vector env of ``cfg.env.num_envs`` sub-envs."""
 
+    def make_mixture(self, cfg: TrainConfig) -> Any:
+        """The env side of ``--env.suite``: the suite's envs as one mixture of ``cfg.env.num_envs`` sub-envs."""
+
     def close(self) -> None: ...
 
 
@@ -79,10 +82,6 @@ class LocalComponents:
 
         mesh = make_mesh(cfg.sharding)
         self.gather = mesh is not None
-        if cfg.multiagent.policies:  # several policies: a learner each (gymllm.train.policies)
-            from gymllm.train.policies import build_policy_set
-
-            return build_policy_set(cfg, lm, mesh)
         return StreamingLearner(
             lm.config,
             lm.model.flat_params(),
@@ -100,32 +99,22 @@ class LocalComponents:
         )
 
     def make_engine(self, cfg: TrainConfig, lm: Any, version: int) -> Any:
-        from gymllm.train.policies import policy_adapters
         from gymllm.inference.jax_engine import JaxEngine
 
-        # several LoRA policies: the one engine serves an adapter per policy (gymllm.train.policies)
-        return JaxEngine(
-            lm.model,
-            lm.tokenizer,
-            version=version,
-            config=engine_config(cfg),
-            adapters=policy_adapters(cfg),
-        )
+        return JaxEngine(lm.model, lm.tokenizer, version=version, config=engine_config(cfg))
 
     def make_pusher(self, cfg: TrainConfig, engine: Any, lm: Any, learner: Any) -> Any:
-        from gymllm.train.policies import PolicySet
         from gymllm.algos.weight_sync import WeightPusher
 
-        if isinstance(learner, PolicySet):  # an engine per policy, each update pushed to its own
-            return learner.make_pusher(cfg, engine, lm, gather=self.gather)
         return WeightPusher(engine, lm.config, gather=self.gather)
 
     def make_envs(self, cfg: TrainConfig) -> Any:
         import gymllm
 
-        if cfg.env.suite:
-            return make_mixture(cfg)
         return gymllm.make_vec(cfg.env.id, cfg.env.num_envs, **cfg.env.kwargs)
+
+    def make_mixture(self, cfg: TrainConfig) -> Any:
+        return make_mixture(cfg)
 
     def close(self) -> None:
         pass
@@ -163,34 +152,37 @@ class RunParts:
 
 
 def build_parts(
-    cfg: TrainConfig,
-    parts: Components,
-    make_envs: Callable[[TrainConfig, Components], Any] | None = None,
+    cfg: TrainConfig, parts: Components, kind: Any = None
 ) -> tuple[RunParts, ResumeState]:
-    """Build the run's parts with ``parts`` (the envs with ``make_envs``: the run's kind's, see
-    :data:`gymllm.train.assembly.KINDS`; default ``parts.make_envs``); with ``run.resume`` restore the latest checkpoint into the
+    """Build the run's parts with ``parts``, and with the run's ``kind`` (a
+    :class:`~gymllm.train.assembly.Kind`: its envs, and its own learner, engine or weight push where it has
+    them; None: ``parts``' every part); with ``run.resume`` restore the latest checkpoint into the
     learner and push its weights to the engine; with ``run.warmup`` compile the engine and learner, else a
     learner with ``fixed_shapes`` compiles its program set in a background thread (its first step waits)."""
     from gymllm.rollout import ModelAgent, ToolAgent
 
     lm = load_model(cfg.model)
     tok = lm.tokenizer
-    learner = parts.make_learner(cfg, lm)
+
+    def own(name: str) -> Any:
+        return getattr(kind, name, None)
+
+    learner = own("learner")(cfg, lm) if own("learner") else parts.make_learner(cfg, lm)
     ckpt = parts.make_checkpointer(cfg, learner)
     resume = ResumeState.restore(cfg, ckpt, learner)
-    engine = parts.make_engine(cfg, lm, learner.version)
-    pusher = parts.make_pusher(cfg, engine, lm, learner)
+    engine = (own("engine") or parts.make_engine)(cfg, lm, learner.version)
+    pusher = (own("pusher") or parts.make_pusher)(cfg, engine, lm, learner)
     if resume.resumed_from is not None:
         pusher.push(learner.policy_params(), learner.version)
     # the envs before any warm-up: an env that fails to build fails the setup with no compile thread left behind;
     # the run's kind decides them (a game's GameFactory, a suite's mixture, a vector env; none for agent programs)
-    envs = make_envs(cfg, parts) if make_envs is not None else parts.make_envs(cfg)
+    envs = kind.envs(cfg, parts) if kind is not None else parts.make_envs(cfg)
     if cfg.run.warmup:
         engine.warmup()
         learner.warmup(group_size=cfg.rollout.group_size)
     elif getattr(
         getattr(learner, "config", None), "fixed_shapes", False
-    ):  # its few programs, while rollouts start
+    ):  # its programs, while rollouts start
         learner.warmup(group_size=cfg.rollout.group_size, background=True)
     agent_cls = ToolAgent if cfg.env.agent == "tool" else ModelAgent
     return RunParts(

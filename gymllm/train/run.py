@@ -164,7 +164,7 @@ class Run:
         (self.run_dir / "config.json").write_text(cfg.to_json())
         self.log.compiles = self.compiles.start()  # model load and warm-up compiles count too
         try:
-            self.parts, self.resume = build_parts(cfg, self.components, select_kind(cfg).envs)
+            self.parts, self.resume = build_parts(cfg, self.components, select_kind(cfg))
         except (
             BaseException
         ):  # no close() follows a failed setup: the process-wide log must not stay active
