@@ -247,37 +247,46 @@ def continuous_vs_static(lm, sz: Sizes, compute_dtype) -> dict:
     return asyncio.run(main())
 
 
+def random_groups(rng, vocab: int, groups: int, group_size: int, length: int, tag: str) -> list:
+    """``groups`` groups of ``group_size`` random trajectories of ``length`` tokens (the last three
+    quarters sampled at version 0, behaviour logprobs near -3), ids ``TAG/k/m``: a learner's timing input."""
+    import numpy as np
+
+    from gymllm.types import Group, Trajectory
+
+    L, out = length, []
+    for k in range(groups):
+        trajs = []
+        for m in range(group_size):
+            ids = rng.integers(3, vocab, L).astype(np.int32)
+            mask = np.r_[np.zeros(L // 4), np.ones(L - L // 4)].astype(np.int8)
+            mu = np.where(mask > 0, -3.0 + rng.normal(0, 0.1, L), 0).astype(np.float32)
+            trajs.append(
+                Trajectory(
+                    token_ids=ids,
+                    loss_mask=mask,
+                    behaviour_logprobs=mu,
+                    versions=np.where(mask > 0, 0, -1).astype(np.int32),
+                    reward=float(rng.random()),
+                    trajectory_id=f"{tag}/{k}/{m}",
+                )
+            )
+        out.append(Group(group_id=f"{tag}/{k}", task_id="t", trajectories=trajs))
+    return out
+
+
 def learner_step_s(lm, sz: Sizes) -> float:
     """Seconds of one StreamingLearner step (groups of random trajectories, warm programs)."""
     import numpy as np
 
     from gymllm.algos.learner import StreamingLearner
     from gymllm.algos.learner_config import LearnerConfig
-    from gymllm.types import Group, Trajectory
 
     rng = np.random.default_rng(2)
     vocab, L = lm.config.vocab_size, sz.traj_len
 
     def groups(tag: str) -> list:
-        out = []
-        for k in range(sz.learner_groups):
-            trajs = []
-            for m in range(sz.group_size):
-                ids = rng.integers(3, vocab, L).astype(np.int32)
-                mask = np.r_[np.zeros(L // 4), np.ones(L - L // 4)].astype(np.int8)
-                mu = np.where(mask > 0, -3.0 + rng.normal(0, 0.1, L), 0).astype(np.float32)
-                trajs.append(
-                    Trajectory(
-                        token_ids=ids,
-                        loss_mask=mask,
-                        behaviour_logprobs=mu,
-                        versions=np.where(mask > 0, 0, -1).astype(np.int32),
-                        reward=float(rng.random()),
-                        trajectory_id=f"{tag}/{k}/{m}",
-                    )
-                )
-            out.append(Group(group_id=f"{tag}/{k}", task_id="t", trajectories=trajs))
-        return out
+        return random_groups(rng, vocab, sz.learner_groups, sz.group_size, L, tag)
 
     learner = StreamingLearner(
         lm.config,

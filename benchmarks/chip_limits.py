@@ -197,33 +197,16 @@ def learner_mfu(
     import jax
     import numpy as np
 
+    from accelerator_check import random_groups
+
     from gymllm.algos.learner import StreamingLearner
     from gymllm.algos.learner_config import LearnerConfig
-    from gymllm.types import Group, Trajectory
 
     rng = np.random.default_rng(2)
     vocab, L = lm.config.vocab_size, traj_len
 
     def batch(tag: str) -> list:
-        out = []
-        for k in range(groups):
-            trajs = []
-            for m in range(group_size):
-                ids = rng.integers(3, vocab, L).astype(np.int32)
-                mask = np.r_[np.zeros(L // 4), np.ones(L - L // 4)].astype(np.int8)
-                mu = np.where(mask > 0, -3.0 + rng.normal(0, 0.1, L), 0).astype(np.float32)
-                trajs.append(
-                    Trajectory(
-                        token_ids=ids,
-                        loss_mask=mask,
-                        behaviour_logprobs=mu,
-                        versions=np.where(mask > 0, 0, -1).astype(np.int32),
-                        reward=float(rng.random()),
-                        trajectory_id=f"{tag}/{k}/{m}",
-                    )
-                )
-            out.append(Group(group_id=f"{tag}/{k}", task_id="t", trajectories=trajs))
-        return out
+        return random_groups(rng, vocab, groups, group_size, L, tag)
 
     learner = StreamingLearner(
         lm.config,
