@@ -7,7 +7,9 @@ On whatever device JAX finds (a TPU or GPU; ``--dry`` rehearses it on the CPU wi
   ``hbm_gb_s``).
 * **Decode against the bandwidth bound**, per model shape (``smollm2`` = SmolLM2-135M, ``0p5b`` =
   Qwen2.5-0.5B; random weights in the real architecture, bf16 engine, the fixed program set): tokens/s
-  with 64, 256 and 512 rows decoding together (``decode_tok_s_<shape>_<rows>``). The bound is what a
+  with 64, 256 and 512 rows decoding together, at each of ``--decode-chunks`` (decode steps per device
+  call, ``decode_tok_s_<shape>_<rows>_chunk<k>``; the best is ``decode_tok_s_<shape>_<rows>``, its
+  chunk ``decode_chunk_<shape>_<rows>``: one call a token pays the host's round trip per token). The bound is what a
   decode step must read at the measured bandwidth: every weight once (the bf16 weights, the tied head
   included) plus each row's K/V for its context so far (the mean over the measured tokens), so
   ``bound tokens/s = rows * hbm_bytes_per_s / (weight bytes + rows * mean context * KV bytes a token)``;
@@ -142,8 +144,10 @@ def param_counts(lm) -> tuple[int, int]:
     return total, emb
 
 
-def decode(lm, rows: int, dry: bool) -> dict:
-    """Tokens/s with ``rows`` rows decoding together, and the mean context over the measured tokens."""
+def decode(lm, rows: int, dry: bool, chunk: int = 1) -> dict:
+    """Tokens/s with ``rows`` rows decoding together, and the mean context over the measured tokens.
+
+    ``chunk``: the engine's ``decode_chunk`` (decode steps per device call; 1: one call a token)."""
     import numpy as np
 
     from gymllm.inference import EngineConfig, JaxEngine, SamplingParams
@@ -158,6 +162,7 @@ def decode(lm, rows: int, dry: bool) -> dict:
         shapes="fixed",
         decode_lengths=1,
         prefill_tokens=16 if dry else 512,
+        decode_chunk=chunk,
     )
     engine = JaxEngine.from_loaded(lm, config=cfg, stop_token_ids=())
     engine.warmup(prompt_len)
@@ -263,6 +268,11 @@ def main() -> None:
     )
     ap.add_argument("--shapes", default="smollm2,0p5b", help="comma-separated: smollm2, 0p5b")
     ap.add_argument("--parts", default="decode,learner", help="comma-separated: decode, learner")
+    ap.add_argument(
+        "--decode-chunks",
+        default="1,16",
+        help="comma-separated decode steps per device call, each measured (the best is the figure)",
+    )
     a = ap.parse_args()
     if a.dry:
         import os
@@ -296,6 +306,12 @@ def main() -> None:
         else ([(4, 8, 256, 8)] if a.quick else [(4, 8, 256, 8), (8, 8, 512, 16), (16, 8, 512, 32)])
     )
     parts = set(a.parts.split(","))
+    chunks = [int(k) for k in a.decode_chunks.split(",") if k.strip()]
+    if not chunks or min(chunks) < 1:
+        raise SystemExit(
+            f"chip_limits --decode-chunks: expected positive integers like 1,16, received "
+            f"{a.decode_chunks!r}"
+        )
     for shape in a.shapes.split(","):
         lm = model(shape, a.dry)
         total, emb = param_counts(lm)
@@ -304,10 +320,15 @@ def main() -> None:
         out[f"params_{shape}"] = total
         if "decode" in parts:
             for rows in rows_list:
-                d = decode(lm, rows, a.dry)
+                by_chunk = {k: decode(lm, rows, a.dry, k) for k in chunks}
+                best = max(chunks, key=lambda k: by_chunk[k]["tok_s"])
+                d = by_chunk[best]
                 need = weight_bytes + rows * d["mean_ctx"] * kvt
                 bound = rows * bw / need
+                for k in chunks:
+                    out[f"decode_tok_s_{shape}_{rows}_chunk{k}"] = by_chunk[k]["tok_s"]
                 out[f"decode_tok_s_{shape}_{rows}"] = d["tok_s"]
+                out[f"decode_chunk_{shape}_{rows}"] = best
                 out[f"hbm_bound_tok_s_{shape}_{rows}"] = bound
                 key = (
                     f"decode_vs_hbm_bound_{rows}"
@@ -316,9 +337,10 @@ def main() -> None:
                 )
                 out[key] = d["tok_s"] / bound
                 out[f"kv_read_full_{shape}"] = d["max_len"] / d["mean_ctx"]
+                per_chunk = ", ".join(f"chunk {k}: {by_chunk[k]['tok_s']:.0f}" for k in chunks)
                 print(
-                    f"{shape} decode {rows} rows: {d['tok_s']:.0f} tok/s, bound {bound:.0f} "
-                    f"({d['tok_s'] / bound:.2f})",
+                    f"{shape} decode {rows} rows: {d['tok_s']:.0f} tok/s ({per_chunk}), bound "
+                    f"{bound:.0f} ({d['tok_s'] / bound:.2f})",
                     flush=True,
                 )
         if "learner" in parts:

