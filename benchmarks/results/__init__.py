@@ -28,7 +28,8 @@ Where the record goes: ``$GYMLLM_BENCH_RECORDS`` (a directory; ``off`` records n
 directory. Inside a pytest run (``PYTEST_CURRENT_TEST`` set) nothing is recorded unless
 ``GYMLLM_BENCH_RECORDS`` names a directory, so tests that run a benchmark never touch the store.
 ``$GYMLLM_BENCH_NOTES`` becomes the record's ``notes`` (say what else ran on the machine);
-``$GYMLLM_BENCH_COMMIT`` names the commit where the checkout has no git history (a copy on a lent machine).
+``$GYMLLM_BENCH_COMMIT`` names the commit where the checkout's git history is absent or stale (a copy on a
+lent machine); when set it wins over ``git rev-parse HEAD``.
 """
 
 from __future__ import annotations
@@ -120,7 +121,8 @@ def make_record(
         "cpu": _cpu(),
         "cores": os.cpu_count(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "commit": _git("rev-parse", "HEAD") or os.environ.get("GYMLLM_BENCH_COMMIT") or None,
+        # a lent machine's copy may carry a stale .git beside the current files: the variable wins
+        "commit": os.environ.get("GYMLLM_BENCH_COMMIT") or _git("rev-parse", "HEAD") or None,
         "dirty": bool(status) if status is not None else None,
         "command": "python "
         + shlex.join([os.path.relpath(argv[0], REPO) if argv and argv[0] else "?", *argv[1:]]),
