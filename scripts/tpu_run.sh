@@ -18,6 +18,8 @@
 #   accel        benchmarks/accelerator_check.py (8-minute budget); args: $ACCEL_ARGS
 #   learner_mfu  benchmarks/train.py --roofline-only (the Quickstart learner against the device's matmul
 #                rate); args: $LEARNER_MFU_ARGS
+#   profile      benchmarks/chip_profile.py (a decode run and a learner step under jax.profiler, their
+#                device ops summed by name; model load and checkpoint pieces timed); args: $PROFILE_ARGS
 #   limits       benchmarks/chip_limits.py (decode against the bandwidth bound, learner model-FLOPs
 #                utilisation, at SmolLM2 and 0.5B shapes; needs no model pieces); args: $LIMITS_ARGS
 #
@@ -148,13 +150,23 @@ run_part() {
       # shellcheck disable=SC2086
       "$PY" benchmarks/train.py --roofline-only ${LEARNER_MFU_ARGS:-} 2>&1 | tee "$OUT/learner_mfu.log"
       ;;
+    profile)
+      setup || return 1
+      local pdir
+      pdir="$(mktemp -d /tmp/gymllm-profile-XXXXXX)"
+      # shellcheck disable=SC2086
+      "$PY" benchmarks/chip_profile.py --out "$pdir" ${PROFILE_ARGS:-} 2>&1 | tee "$OUT/profile.log"
+      local prc=${PIPESTATUS[0]}
+      cp "$pdir"/*_ops.json "$OUT"/ 2>/dev/null  # the op tables (the traces stay on the machine)
+      return "$prc"
+      ;;
     limits)
       setup || return 1
       # shellcheck disable=SC2086
       "$PY" benchmarks/chip_limits.py ${LIMITS_ARGS:-} 2>&1 | tee "$OUT/limits.log"
       ;;
     *)
-      note "unknown part '$part': expected stash, setup, model, tests, quickstart, accel, learner_mfu or limits"
+      note "unknown part '$part': expected stash, setup, model, tests, quickstart, accel, learner_mfu, profile or limits"
       return 2
       ;;
   esac

@@ -400,6 +400,18 @@ FIGURES: dict[str, tuple[Figure, ...]] = {
             goal=">= 0.55",
         ),
     ),
+    "chip_profile": (
+        F(key="decode.tok_s", what="decode, 256 rows, 16 steps a call (tok/s)"),
+        F(key="decode.wall_s", what="decode run under the trace, compiles included (s)"),
+        F(key="decode.device_ops_s", what="decode: the device's ops, summed (s)"),
+        F(key="learner.step_s", what="learner step, 4 x 8 x 256 tokens (s)"),
+        F(key="learner.device_ops_s", what="learner run: the device's ops, summed (s)"),
+        F(key="io.read_safetensors_s", what="SmolLM2 float32: read the safetensors (s)"),
+        F(key="io.assemble_s", what="SmolLM2 float32: stack the layers (s)"),
+        F(key="io.to_device_s", what="SmolLM2 float32: parameters onto the device (s)"),
+        F(key="io.device_put_gb_s", what="one device_put of the same bytes (GB/s)"),
+        F(key="io.checkpoint_on_disk_s", what="a learner checkpoint, written (s)"),
+    ),
     "compile_cache": (
         F(
             key="warm_vs_cold",

@@ -1,0 +1,214 @@
+"""Where the chip's time goes: the measured causes behind chip_limits' and the Quickstart's figures.
+
+Three parts, each on whatever device JAX finds (``--dry`` rehearses them on the CPU with a tiny model):
+
+* ``decode``: one engine decode run (SmolLM2-135M shape, random bf16 weights, ``--rows`` rows, ``--chunk``
+  steps per device call: chip_limits' setting) under ``jax.profiler.trace``; the device's own op
+  timeline (the Perfetto trace JAX writes) summed by op name: how much of the run the device was busy,
+  and which ops take that time.
+* ``learner``: one warm StreamingLearner step (4 groups x 8 x 256 tokens, chip_limits' first shape)
+  under the same trace.
+* ``io``: the pieces of loading a model directory and checkpointing a learner, at SmolLM2-135M's
+  shape in float32 (what the Quickstart loads): writing the directory, reading its safetensors,
+  assembling the stacked parameters, placing them on the device, one ``jax.device_put`` of the same
+  bytes, and a learner checkpoint (Orbax, waited for). The Quickstart's trace shows its model load
+  (11.6 s) and its final checkpoint (3.5 s) on the chip; this part says which piece takes it.
+
+    python benchmarks/chip_profile.py --out DIR          # on the chip (about 2 minutes)
+    python benchmarks/chip_profile.py --dry --out DIR    # the CPU rehearsal
+
+Ends with ``RESULT {json}`` (recorded in ``benchmarks/results/`` with the device unless ``--dry``); each
+part's top ops go to ``DIR/<part>_ops.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gzip
+import json
+import pathlib
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+TOP = 15  # op names listed per part
+
+
+def device_ops(trace_dir: pathlib.Path) -> dict:
+    """Sum the device's ops in the Perfetto trace under ``trace_dir`` by name.
+
+    Returns the device-busy seconds (ops on the device's op threads), the span of the trace, and
+    the top ops. On a CPU-only run there is no device process: only the host's span is given."""
+    found = sorted(trace_dir.rglob("*.trace.json.gz")) + sorted(trace_dir.rglob("perfetto_trace*"))
+    if not found:
+        return {"error": f"no trace file under {trace_dir}"}
+    path = found[0]
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        data = json.load(f)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    procs, threads = {}, {}
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            procs[e["pid"]] = e["args"].get("name", "")
+        if e.get("ph") == "M" and e.get("name") == "thread_name":
+            threads[(e["pid"], e["tid"])] = e["args"].get("name", "")
+    dev = {p for p, n in procs.items() if "TPU" in n or "GPU" in n or "/device:" in n}
+    spans = [e for e in events if e.get("ph") == "X"]
+    if not spans:
+        return {"error": f"no complete events in {path.name}"}
+    t0 = min(e["ts"] for e in spans)
+    t1 = max(e["ts"] + e.get("dur", 0) for e in spans)
+    by_thread: dict = collections.defaultdict(float)
+    by_op: dict = collections.defaultdict(lambda: [0, 0.0])
+    for e in spans:
+        if e["pid"] not in dev:
+            continue
+        tname = threads.get((e["pid"], e["tid"]), "")
+        by_thread[tname] += e.get("dur", 0) / 1e6
+        if "Ops" in tname:  # "XLA Ops": the device's op timeline (not modules or steps)
+            by_op[e["name"]][0] += 1
+            by_op[e["name"]][1] += e.get("dur", 0) / 1e6
+    if not by_op:  # no op timeline thread by that name: every device event, by name
+        for e in spans:
+            if e["pid"] in dev:
+                by_op[e["name"]][0] += 1
+                by_op[e["name"]][1] += e.get("dur", 0) / 1e6
+    busy = sum(v[1] for v in by_op.values())
+    top = sorted(by_op.items(), key=lambda kv: -kv[1][1])[:TOP]
+    return {
+        "trace": path.name,
+        "span_s": (t1 - t0) / 1e6,
+        "device_ops_s": busy,
+        "device_threads_s": dict(by_thread),
+        "top_ops": [
+            {"op": n, "count": c, "s": s, "share": s / busy if busy else None} for n, (c, s) in top
+        ],
+    }
+
+
+def traced(out: pathlib.Path, name: str, fn) -> tuple[object, dict]:
+    """Run ``fn`` under ``jax.profiler.trace`` into ``out/name``; (its result, the op summary)."""
+    import jax
+
+    d = out / f"trace_{name}"
+    t = time.perf_counter()
+    with jax.profiler.trace(str(d), create_perfetto_trace=True):
+        result = fn()
+    wall = time.perf_counter() - t
+    ops = device_ops(d)
+    ops["wall_s"] = wall
+    (out / f"{name}_ops.json").write_text(json.dumps(ops, indent=1))
+    return result, ops
+
+
+def io_part(dry: bool, out: pathlib.Path) -> dict:
+    """The pieces of a model load and of a learner checkpoint, timed one by one."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import chip_limits
+    from gymllm.algos.checkpoint import Checkpointer
+    from gymllm.algos.learner import StreamingLearner
+    from gymllm.algos.learner_config import LearnerConfig
+    from gymllm.models.checkpoint import assemble_params
+    from gymllm.models.hf_io import read_safetensors, save_hf_dir
+    from gymllm.models.transformer import Transformer
+
+    family, sizes = chip_limits.DRY_SHAPE if dry else chip_limits.SHAPES["smollm2"]
+    from gymllm.models import make_tiny
+
+    lm = make_tiny(family, std=0.02, dtype=jnp.float32, **sizes)
+    r: dict = {}
+    with tempfile.TemporaryDirectory(dir=str(out)) as tmp:
+        d = pathlib.Path(tmp) / "model"
+        t = time.perf_counter()
+        save_hf_dir(lm, d)
+        r["write_dir_s"] = time.perf_counter() - t
+        r["dir_bytes"] = sum(p.stat().st_size for p in d.iterdir())
+        t = time.perf_counter()
+        shard_of, get = read_safetensors(d)
+        host = {n: np.asarray(get(n)) for n in shard_of}
+        r["read_safetensors_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        params = assemble_params(lm.config, lambda n: host[n], list(host), "hf", source=str(d))
+        r["assemble_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        model = Transformer.from_params(lm.config, params, dtype=jnp.float32)
+        jax.block_until_ready(model.flat_params())
+        r["to_device_s"] = time.perf_counter() - t
+        blob = np.ones(sum(int(np.asarray(v).size) for v in params.values()), np.float32)
+        t = time.perf_counter()
+        jax.block_until_ready(jax.device_put(blob))
+        r["device_put_one_array_s"] = time.perf_counter() - t
+        r["device_put_gb_s"] = blob.nbytes / r["device_put_one_array_s"] / 1e9
+        learner = StreamingLearner(
+            lm.config, model.flat_params(), config=LearnerConfig(groups_per_step=1)
+        )
+        ck = Checkpointer(pathlib.Path(tmp) / "ckpt")
+        t = time.perf_counter()
+        ck.save(1, learner, wait=False)
+        r["checkpoint_returns_s"] = time.perf_counter() - t
+        ck.wait()
+        r["checkpoint_on_disk_s"] = time.perf_counter() - t
+        ck.close()
+    return r
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dry", action="store_true", help="the CPU rehearsal (tiny model)")
+    ap.add_argument("--out", type=pathlib.Path, required=True, help="where traces and op tables go")
+    ap.add_argument(
+        "--parts", default="decode,learner,io", help="comma-separated: decode, learner, io"
+    )
+    ap.add_argument("--rows", type=int, default=256, help="decode rows")
+    ap.add_argument("--chunk", type=int, default=16, help="decode steps per device call")
+    a = ap.parse_args()
+    if a.dry:
+        import os
+
+        os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax
+
+    import chip_limits
+    from gymllm.utils.host import describe_cpu
+
+    a.out.mkdir(parents=True, exist_ok=True)
+    dev = jax.devices()[0]
+    res: dict = {"device": dev.device_kind, "platform": dev.platform, "cpu": describe_cpu()}
+    parts = set(a.parts.split(","))
+    lm = chip_limits.model("smollm2", a.dry) if parts & {"decode", "learner"} else None
+    if "decode" in parts:
+        rows = 4 if a.dry else a.rows
+        d, ops = traced(a.out, "decode", lambda: chip_limits.decode(lm, rows, a.dry, a.chunk))
+        res["decode"] = {"rows": rows, "chunk": a.chunk, "tok_s": d["tok_s"], **ops}
+    if "learner" in parts:
+        shape = (1, 2, 16, 2) if a.dry else (4, 8, 256, 8)
+        ok, ops = traced(
+            a.out, "learner", lambda: chip_limits.learner_mfu(lm, *shape, peak_flops=1.0)
+        )
+        res["learner"] = {"step_s": ok["step_s"], "shape": list(shape), **ops}
+    if "io" in parts:
+        res["io"] = io_part(a.dry, a.out)
+    for part in ("decode", "learner"):
+        if part in res:
+            p = res[part]
+            print(
+                f"{part}: wall {p.get('wall_s', 0):.2f} s, device ops {p.get('device_ops_s', 0):.3f} s; "
+                + "; ".join(f"{o['op'][:40]} {o['s']:.3f}s" for o in p.get("top_ops", [])[:6]),
+                flush=True,
+            )
+    if "io" in res:
+        print("io: " + ", ".join(f"{k} {v:.3g}" for k, v in res["io"].items()), flush=True)
+    from results import emit_result
+
+    emit_result("chip_profile", res, record=not a.dry)
+
+
+if __name__ == "__main__":
+    main()

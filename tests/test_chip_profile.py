@@ -1,0 +1,67 @@
+"""benchmarks/chip_profile.py: the device-op summary of a trace, checked on a hand-made trace, and the
+io part's pieces on the CPU with a tiny model."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import pathlib
+import sys
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import chip_profile  # noqa: E402
+
+
+def write_trace(d: pathlib.Path, events: list[dict]) -> None:
+    p = d / "plugins" / "profile" / "run"
+    p.mkdir(parents=True)
+    with gzip.open(p / "perfetto_trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": events}, f)
+
+
+def test_device_ops_sums_the_op_thread_by_name(tmp_path):
+    meta = [
+        {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:TPU:0"}},
+        {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "XLA Ops"}},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2, "args": {"name": "XLA Modules"}},
+        {"ph": "M", "name": "thread_name", "pid": 2, "tid": 1, "args": {"name": "python"}},
+    ]
+    x = [
+        {"ph": "X", "pid": 1, "tid": 1, "name": "fusion.1", "ts": 0, "dur": 3000},
+        {"ph": "X", "pid": 1, "tid": 1, "name": "fusion.1", "ts": 5000, "dur": 1000},
+        {"ph": "X", "pid": 1, "tid": 1, "name": "copy.2", "ts": 7000, "dur": 2000},
+        {"ph": "X", "pid": 1, "tid": 2, "name": "jit_decode", "ts": 0, "dur": 9000},
+        {"ph": "X", "pid": 2, "tid": 1, "name": "host work", "ts": 0, "dur": 20000},
+    ]
+    write_trace(tmp_path, meta + x)
+    r = chip_profile.device_ops(tmp_path)
+    assert r["span_s"] == pytest.approx(0.02)
+    assert r["device_ops_s"] == pytest.approx(0.006)  # the op thread only: 3 + 1 + 2 ms
+    assert r["device_threads_s"] == pytest.approx({"XLA Ops": 0.006, "XLA Modules": 0.009})
+    top = r["top_ops"]
+    assert [o["op"] for o in top] == ["fusion.1", "copy.2"]
+    assert top[0]["count"] == 2 and top[0]["s"] == pytest.approx(0.004)
+    assert top[0]["share"] == pytest.approx(4 / 6)
+
+
+def test_device_ops_without_a_trace_says_so(tmp_path):
+    assert "no trace file" in chip_profile.device_ops(tmp_path)["error"]
+
+
+def test_io_part_times_every_piece_on_a_tiny_model(tmp_path):
+    r = chip_profile.io_part(True, tmp_path)
+    for key in (
+        "write_dir_s",
+        "read_safetensors_s",
+        "assemble_s",
+        "to_device_s",
+        "device_put_one_array_s",
+        "checkpoint_returns_s",
+        "checkpoint_on_disk_s",
+    ):
+        assert r[key] >= 0.0, key
+    assert r["dir_bytes"] > 0 and r["checkpoint_on_disk_s"] >= r["checkpoint_returns_s"]
