@@ -46,6 +46,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 from gymllm.errors import ConfigError, explain
 from gymllm.inference.completion import Completion
 from gymllm.inference.params import SamplingParams
+from gymllm.validation import require_instance
 
 KINDS = ("jax", "vllm", "openai", "factory")
 
@@ -261,15 +262,13 @@ class ReplicaHost(EngineCalls):
     def __init__(
         self, spec: ReplicaSpec, name: str, update: Any = None, version: int | None = None
     ):
-        if not isinstance(spec, ReplicaSpec):
-            raise ConfigError(
-                explain(
-                    "ReplicaHost(spec)",
-                    expected="a ReplicaSpec",
-                    received=type(spec).__name__,
-                    fix="pass ReplicaSpec.jax(...), .vllm(...), .openai(...) or ReplicaSpec(factory=...)",
-                )
-            )
+        require_instance(
+            spec,
+            ReplicaSpec,
+            "ReplicaHost(spec)",
+            expected="a ReplicaSpec",
+            fix="pass ReplicaSpec.jax(...), .vllm(...), .openai(...) or ReplicaSpec(factory=...)",
+        )
         self.name = name
         self.spec = spec
         self.engine, self.loaded = spec.build()
