@@ -25,6 +25,7 @@ from gymllm.errors import ConfigError, explain
 __all__ = [
     "require",
     "require_instance",
+    "field_error",
     "is_int",
     "is_number",
     "check_choice",
@@ -60,6 +61,15 @@ def require_instance(
     """:func:`require` that ``value`` is an instance of ``kind``; the message names the type received."""
     ok = isinstance(value, kind)
     require(ok, what, expected=expected, received=type(value).__name__, fix=fix, error=error)
+
+
+def field_error(
+    obj: Any, field: str, expected: str, fix: str, *, what: str | None = None
+) -> ConfigError:
+    """The :class:`~gymllm.errors.ConfigError` for ``obj``'s ``field`` (named ``what``, default
+    ``Class.field``), its value received."""
+    what = what or f"{type(obj).__name__}.{field}"
+    return ConfigError(explain(what, expected=expected, received=getattr(obj, field), fix=fix))
 
 
 def is_int(value: Any) -> bool:

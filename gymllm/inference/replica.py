@@ -46,7 +46,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 from gymllm.errors import ConfigError, explain
 from gymllm.inference.completion import Completion
 from gymllm.inference.params import SamplingParams
-from gymllm.validation import require_instance
+from gymllm.validation import field_error, require_instance
 
 KINDS = ("jax", "vllm", "openai", "factory")
 
@@ -90,14 +90,7 @@ class ReplicaSpec:
     def __post_init__(self) -> None:
         def need(ok: bool, field: str, expected: str, fix: str) -> None:
             if not ok:
-                raise ConfigError(
-                    explain(
-                        f"ReplicaSpec.{field}",
-                        expected=expected,
-                        received=getattr(self, field),
-                        fix=fix,
-                    )
-                )
+                raise field_error(self, field, expected, fix, what=f"ReplicaSpec.{field}")
 
         need(
             self.kind in KINDS,

@@ -18,6 +18,7 @@ import math
 from typing import Any, Mapping
 
 from gymllm.errors import ConfigError, explain
+from gymllm.validation import field_error
 
 FAMILIES = ("llama", "qwen2", "qwen3", "gemma3")
 ACTIVATIONS = ("silu", "gelu_tanh")
@@ -120,14 +121,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         def bad(field: str, expected: str, fix: str) -> None:
-            raise ConfigError(
-                explain(
-                    f"ModelConfig.{field}",
-                    expected=expected,
-                    received=getattr(self, field),
-                    fix=fix,
-                )
-            )
+            raise field_error(self, field, expected, fix, what=f"ModelConfig.{field}")
 
         if self.family not in FAMILIES:
             bad("family", f"one of {FAMILIES}", "pick a supported family")
