@@ -209,24 +209,10 @@ def eval_envs(args: EnvEval) -> int:
     import json
     import pathlib
 
+    from gymllm.cli.json_args import json_object
     from gymllm.cli.tables import print_table
-    from gymllm.errors import ConfigError, explain
 
-    kwargs = None
-    if args.env_kwargs is not None:
-        try:
-            kwargs = json.loads(args.env_kwargs)
-        except json.JSONDecodeError:
-            kwargs = None
-        if not isinstance(kwargs, dict):
-            raise ConfigError(
-                explain(
-                    "--env-kwargs",
-                    expected="a JSON object such as '{\"digits\": 1}'",
-                    received=args.env_kwargs,
-                    fix="quote the object for your shell",
-                )
-            )
+    kwargs = None if args.env_kwargs is None else json_object(args.env_kwargs)
     rows = run_eval(
         list(args.env),
         model=args.model.name,
