@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from gymllm.models.blocks import embed_inputs, final_logits, pack_like, scan_layers, unpack
-from gymllm.models.cache import KVCache
+from gymllm.models.cache import KVCache, scatter_kv
 from gymllm.models.config import ModelConfig
 from gymllm.models.layers import decode_attention
 
@@ -96,11 +96,7 @@ def write_new_kv(
 ) -> KVCache:
     """Write row w's new k/v ([L, W, K, D]) at slot ``positions[w]`` of cache row w, in place under
     donation (positions past the cache are dropped)."""
-    rows = jnp.arange(positions.shape[0])
-    return KVCache(
-        cache.k.at[:, rows, positions].set(k_new, mode="drop"),
-        cache.v.at[:, rows, positions].set(v_new, mode="drop"),
-    )
+    return scatter_kv(cache, k_new, v_new, jnp.arange(positions.shape[0]), positions)
 
 
 def decode_and_write(

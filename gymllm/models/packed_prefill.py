@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 from gymllm.models.attention import attention
 from gymllm.models.blocks import embed_inputs, final_logits, pack_like, scan_layers, unpack
-from gymllm.models.cache import KVCache
+from gymllm.models.cache import KVCache, scatter_kv
 from gymllm.models.config import ModelConfig
 from gymllm.models.layers import causal_mask
 
@@ -108,15 +108,10 @@ def packed_prefill_forward(
     return final_logits(cfg, params, x[0, logits_at]), k_new, v_new
 
 
-def write_packed_kv(
-    cache: KVCache, k_new: jax.Array, v_new: jax.Array, token_rows: jax.Array, positions: jax.Array
-) -> KVCache:
-    """Write token n's new k/v ([L, N, K, D]) at slot ``positions[n]`` of cache row ``token_rows[n]``, in
-    place under donation; a row index past the cache (a padding token) writes nothing."""
-    return KVCache(
-        cache.k.at[:, token_rows, positions].set(k_new, mode="drop"),
-        cache.v.at[:, token_rows, positions].set(v_new, mode="drop"),
-    )
+#: ``write_packed_kv(cache, k_new, v_new, token_rows, positions)``: token n's new k/v ([L, N, K, D]) at
+#: slot ``positions[n]`` of cache row ``token_rows[n]``, in place under donation; a row index past the
+#: cache (a padding token) writes nothing.
+write_packed_kv = scatter_kv
 
 
 def packed_prefill_and_write(

@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from gymllm.models.blocks import embed_inputs, final_logits, pack_like, scan_layers, unpack
-from gymllm.models.cache import KVCache
+from gymllm.models.cache import KVCache, scatter_kv
 from gymllm.models.config import ModelConfig
 from gymllm.models.attention import attention
 from gymllm.models.layers import causal_mask
@@ -138,9 +138,7 @@ def write_chunk_kv(
             jnp.arange(positions.shape[1])[None] < lengths[:, None], positions, s
         )  # [P, T]
     r = jnp.where(rows < b, rows, b)[:, None]  # [P, 1]
-    return KVCache(
-        cache.k.at[:, r, pos].set(k_new, mode="drop"), cache.v.at[:, r, pos].set(v_new, mode="drop")
-    )
+    return scatter_kv(cache, k_new, v_new, r, pos)
 
 
 def prefill_and_write(
