@@ -26,3 +26,14 @@ def lazy_exports(
         return sorted(set(table) | set(vars(sys.modules[package])))
 
     return __getattr__, __dir__
+
+
+def lazy_table(package: str, modules: dict[str, tuple[str, ...]]) -> dict[str, str]:
+    """The ``{"Name": "pkg.module"}`` table of :func:`lazy_exports` from one entry a module:
+    ``{".config": ("LossConfig", "loss_preset")}``. A module with a leading dot is one of
+    ``package``'s own (``package + ".config"``); any other is named in full."""
+    return {
+        name: package + module if module.startswith(".") else module
+        for module, names in modules.items()
+        for name in names
+    }

@@ -16,6 +16,7 @@ import numpy as np
 from gymnasium import spaces as gspaces
 
 from gymllm.errors import ConfigError, explain
+from gymllm.validation import check_range
 
 KNOWN_ACTION_NAMES: dict[str, tuple[str, ...]] = {
     "FrozenLake": ("LEFT", "DOWN", "RIGHT", "UP"),
@@ -94,6 +95,34 @@ def describe(obs: Any, space: gym.Space, name: str = "observation") -> str:
     if isinstance(space, gspaces.Box):
         return f"{name}: {_fmt(np.asarray(obs))} (shape {tuple(space.shape)})"
     return f"{name}: {_fmt(obs)}"
+
+
+def check_invalid_policy(cls: str, invalid_action: str, max_invalid: int | None) -> None:
+    """The invalid-reply policy both text adapters take (``GymnasiumAdapterConfig``,
+    ``MultiAgentConfig``): ``invalid_action`` "retry" or "forfeit", ``max_invalid`` None or an int >= 1."""
+    if invalid_action not in ("retry", "forfeit"):
+        raise ConfigError(
+            explain(
+                f"{cls}.invalid_action",
+                expected="'retry' or 'forfeit'",
+                received=invalid_action,
+                fix="pick one of the two policies",
+            )
+        )
+    check_range(
+        cls, "max_invalid", max_invalid, lo=1, integer=True, optional=True, fix="use max_invalid=3"
+    )
+
+
+def distinct_names(what: str, names: Any, fix: str) -> tuple[str, ...]:
+    """``names`` (action or move names) as a tuple of distinct (case-insensitive) non-empty str; else a
+    :class:`~gymllm.errors.ConfigError` naming ``what``."""
+    names = tuple(names)
+    if not all(isinstance(n, str) and n.strip() for n in names) or len(
+        {n.lower() for n in names}
+    ) != len(names):
+        raise ConfigError(explain(what, expected="distinct non-empty str", received=names, fix=fix))
+    return names
 
 
 def action_names_for(env: gym.Env, names: tuple[str, ...] | None) -> tuple[str, ...] | None:

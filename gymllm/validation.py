@@ -18,17 +18,58 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from gymllm.errors import ConfigError, explain
 
-__all__ = ["require", "is_int", "is_number", "check_choice", "check_range", "apply_overrides"]
+__all__ = [
+    "require",
+    "require_instance",
+    "field_error",
+    "is_int",
+    "is_number",
+    "check_choice",
+    "check_range",
+    "apply_overrides",
+]
 
 
-def require(ok: bool, what: str, *, expected: str, received: Any, fix: str) -> None:
-    """Raise ``ConfigError(explain(what, ...))`` unless ``ok``."""
+def require(
+    ok: bool,
+    what: str,
+    *,
+    expected: str,
+    received: Any,
+    fix: str,
+    error: Callable[[str], Exception] = ConfigError,
+) -> None:
+    """Raise ``error(explain(what, ...))`` (a :class:`~gymllm.errors.ConfigError` unless told) unless
+    ``ok``."""
     if not ok:
-        raise ConfigError(explain(what, expected=expected, received=received, fix=fix))
+        raise error(explain(what, expected=expected, received=received, fix=fix))
+
+
+def require_instance(
+    value: Any,
+    kind: type | tuple[type, ...],
+    what: str,
+    *,
+    expected: str,
+    fix: str,
+    error: Callable[[str], Exception] = ConfigError,
+) -> None:
+    """:func:`require` that ``value`` is an instance of ``kind``; the message names the type received."""
+    ok = isinstance(value, kind)
+    require(ok, what, expected=expected, received=type(value).__name__, fix=fix, error=error)
+
+
+def field_error(
+    obj: Any, field: str, expected: str, fix: str, *, what: str | None = None
+) -> ConfigError:
+    """The :class:`~gymllm.errors.ConfigError` for ``obj``'s ``field`` (named ``what``, default
+    ``Class.field``), its value received."""
+    what = what or f"{type(obj).__name__}.{field}"
+    return ConfigError(explain(what, expected=expected, received=getattr(obj, field), fix=fix))
 
 
 def is_int(value: Any) -> bool:

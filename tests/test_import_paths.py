@@ -334,22 +334,29 @@ def test_only_entry_points_list_foreign_names_in_all():
 
 
 def lazy_table(path: Path) -> dict[str, str]:
-    """An entry point's ``_LAZY`` table: public name -> the module it is imported from on first use."""
+    """An entry point's ``_LAZY`` table: public name -> the module it is imported from on first use.
+    The table is a dict literal or a ``lazy_table(__name__, {".module": ("Name", ...)})`` call."""
+    package = ".".join(path.relative_to(REPO).parent.parts)
     for node in ast.parse(path.read_text(), filename=str(path)).body:
         target = (
             node.target
             if isinstance(node, ast.AnnAssign)
             else (node.targets[0] if isinstance(node, ast.Assign) else None)
         )
-        if (
-            isinstance(target, ast.Name)
-            and target.id == "_LAZY"
-            and isinstance(node.value, ast.Dict)
-        ):
+        if not (isinstance(target, ast.Name) and target.id == "_LAZY"):
+            continue
+        if isinstance(node.value, ast.Dict):
             return {
                 k.value: v.value
                 for k, v in zip(node.value.keys, node.value.values)
                 if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)
+            }
+        if isinstance(node.value, ast.Call) and isinstance(node.value.args[1], ast.Dict):
+            groups = node.value.args[1]
+            return {
+                name.value: (package + k.value if k.value.startswith(".") else k.value)
+                for k, v in zip(groups.keys, groups.values)
+                for name in v.elts
             }
     return {}
 

@@ -55,6 +55,7 @@ RANK = {name: i for i, layer in enumerate(ORDER) for name in layer}
 # (importing file, imported module) -> why it is allowed for now, and the fix.
 KNOWN: dict[tuple[str, str], str] = {}
 
+LAZY_RELATIVE = re.compile(r"^\.[a-z_][a-z0-9_]*$")
 MODULE_PATH = re.compile(r"^gymllm(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 
 
@@ -122,6 +123,13 @@ def imports(path: Path) -> list[tuple[int, str]]:
             and MODULE_PATH.match(node.value)
         ):
             found.append((node.lineno, node.value))  # a lazy table's target
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and path.name == "__init__.py"
+            and LAZY_RELATIVE.match(node.value)
+        ):
+            found.append((node.lineno, package + node.value))  # lazy_table's ".module" key
     if bare_root:  # import gymllm; gymllm.<name>
         found += [
             (n.lineno, _named("gymllm", n.attr))

@@ -13,33 +13,32 @@ rloo, batch_std), ``policy_loss`` (token/sequence ratios, PPO clip, dual clip, C
 
 from __future__ import annotations
 
-from gymllm._lazy import lazy_exports
+from gymllm._lazy import lazy_exports, lazy_table
 
-_LAZY = {
-    "LossConfig": "gymllm.algos.config",
-    "AdvantageConfig": "gymllm.algos.config",
-    "PolicyLossConfig": "gymllm.algos.config",
-    "CorrectionConfig": "gymllm.algos.config",
-    "KLConfig": "gymllm.algos.config",
-    "ShapingConfig": "gymllm.algos.config",
-    "loss_preset": "gymllm.algos.config",
-    "LossBatch": "gymllm.algos.loss",
-    "micro_batch_loss": "gymllm.algos.loss",
-    "OptimizerConfig": "gymllm.algos.optim",
-    "make_optimizer": "gymllm.algos.optim",
-    "LoRAConfig": "gymllm.models.lora",
-    "LearnerConfig": "gymllm.algos.learner_config",
-    "StreamingLearner": "gymllm.algos.learner",
-    "StepReport": "gymllm.algos.learner",
-    "ShardingConfig": "gymllm.algos.sharding",
-    "make_mesh": "gymllm.algos.sharding",
-    "Checkpointer": "gymllm.algos.checkpoint",
-    "WeightPusher": "gymllm.algos.weight_sync",
-    "AdapterPusher": "gymllm.algos.lora_push",
-    "MultiHostConfig": "gymllm.algos.multihost",
-    "initialize_from_env": "gymllm.algos.multihost",
-    "initialize_distributed": "gymllm.algos.multihost",
-}
+_LAZY = lazy_table(
+    __name__,
+    {
+        ".config": (
+            "LossConfig",
+            "AdvantageConfig",
+            "PolicyLossConfig",
+            "CorrectionConfig",
+            "KLConfig",
+            "ShapingConfig",
+            "loss_preset",
+        ),
+        ".loss": ("LossBatch", "micro_batch_loss"),
+        ".optim": ("OptimizerConfig", "make_optimizer"),
+        "gymllm.models.lora": ("LoRAConfig",),
+        ".learner_config": ("LearnerConfig",),
+        ".learner": ("StreamingLearner", "StepReport"),
+        ".sharding": ("ShardingConfig", "make_mesh"),
+        ".checkpoint": ("Checkpointer",),
+        ".weight_sync": ("WeightPusher",),
+        ".lora_push": ("AdapterPusher",),
+        ".multihost": ("MultiHostConfig", "initialize_from_env", "initialize_distributed"),
+    },
+)
 
 __all__ = list(_LAZY)
 

@@ -8,40 +8,17 @@ gymllm demos gymllm/FrozenLake-v0 --n 100 --out lake.jsonl --env-kwargs '{"is_sl
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import sys
 from typing import Annotated, Literal
 
 import tyro
 
-from gymllm.errors import ConfigError, explain
+from gymllm.cli.json_args import json_object
 
 
 def _env_kwargs(text: str) -> dict:
-    if not text.strip():
-        return {}
-    try:
-        value = json.loads(text)
-    except ValueError as e:
-        raise ConfigError(
-            explain(
-                "--env-kwargs",
-                expected="a JSON object, e.g. '{\"digits\": 1}'",
-                received=text,
-                fix=f"write valid JSON ({e})",
-            )
-        ) from None
-    if not isinstance(value, dict):
-        raise ConfigError(
-            explain(
-                "--env-kwargs",
-                expected="a JSON object",
-                received=text,
-                fix="wrap the arguments in {...}",
-            )
-        )
-    return value
+    return json_object(text) if text.strip() else {}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -17,6 +17,7 @@ import tyro
 
 from gymllm.cli.eval_args import ModelChoice
 from gymllm.inference.params import SamplingParams
+from gymllm.models.config import TINY_FIELDS
 from gymllm.rollout.evaluation import EvalConfig
 
 
@@ -55,22 +56,7 @@ def load_model(name: str | None, *, checkpoint: str | None = None) -> Any:
         return models.load(checkpoint)
     section = run_config(checkpoint).get("model", {}) if name is None else {}
     name = section.get("name", DEFAULT_MODEL) if name is None else name
-    dims = (
-        {
-            k: section.get(k)
-            for k in (
-                "seed",
-                "vocab_size",
-                "hidden_size",
-                "intermediate_size",
-                "num_layers",
-                "num_heads",
-                "num_kv_heads",
-            )
-        }
-        if name.startswith("tiny-")
-        else {}
-    )
+    dims = {k: section.get(k) for k in TINY_FIELDS} if name.startswith("tiny-") else {}
     loaded = models.load(name, checkpoint=checkpoint or None, **dims)
     return loaded
 
@@ -223,24 +209,10 @@ def eval_envs(args: EnvEval) -> int:
     import json
     import pathlib
 
+    from gymllm.cli.json_args import json_object
     from gymllm.cli.tables import print_table
-    from gymllm.errors import ConfigError, explain
 
-    kwargs = None
-    if args.env_kwargs is not None:
-        try:
-            kwargs = json.loads(args.env_kwargs)
-        except json.JSONDecodeError:
-            kwargs = None
-        if not isinstance(kwargs, dict):
-            raise ConfigError(
-                explain(
-                    "--env-kwargs",
-                    expected="a JSON object such as '{\"digits\": 1}'",
-                    received=args.env_kwargs,
-                    fix="quote the object for your shell",
-                )
-            )
+    kwargs = None if args.env_kwargs is None else json_object(args.env_kwargs)
     rows = run_eval(
         list(args.env),
         model=args.model.name,

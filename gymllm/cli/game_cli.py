@@ -168,23 +168,10 @@ class GameEval:
 def eval_game(args: GameEval) -> int:
     """``gymllm eval game``: every pairing of ``args``' players, the table, the ratings and the paired comparisons."""
     from gymllm.errors import ConfigError, explain
+    from gymllm.cli.json_args import json_object
     from gymllm.suites.games import MatchConfig, resolve_game, run_matches
 
-    kwargs: dict[str, Any] = {}
-    if args.env_kwargs is not None:
-        try:
-            kwargs = json.loads(args.env_kwargs)
-        except json.JSONDecodeError:
-            kwargs = None  # type: ignore[assignment]
-        if not isinstance(kwargs, dict):
-            raise ConfigError(
-                explain(
-                    "--env-kwargs",
-                    expected="a JSON object such as '{\"move_names\": null}'",
-                    received=args.env_kwargs,
-                    fix="quote the object for your shell",
-                )
-            )
+    kwargs = {} if args.env_kwargs is None else json_object(args.env_kwargs)
     m = args.eval
     config = MatchConfig(
         games=m.games,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import tyro
@@ -36,14 +35,10 @@ def serve_env(
         send_info: info keys to send although they name a gold answer (by default "answer", "solution",
             ... are withheld from clients: an agent must not read what it is graded against).
     """
+    from gymllm.cli.json_args import json_object
     from gymllm.envs.openenv_server import GOLD_INFO_KEYS, ServeEnvConfig, serve
 
-    kwargs = json.loads(env_kwargs) if env_kwargs else {}
-    if not isinstance(kwargs, dict):
-        raise ValueError(
-            f"--env-kwargs: expected a JSON object such as '{{\"digits\": 1}}', received {env_kwargs!r}. "
-            "Fix: quote the object for your shell"
-        )
+    kwargs = json_object(env_kwargs) if env_kwargs else {}
     config = ServeEnvConfig(
         env=env,
         env_kwargs=kwargs,

@@ -9,7 +9,6 @@ The recipe and ``--preset`` / ``--loss-preset`` / ``--run-dir`` / ``--env-kwargs
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Sequence
 
 import tyro
@@ -171,21 +170,9 @@ def train_config_from(
     if run_dir is not None:
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, run_dir=run_dir))
     if env_kwargs is not None:
-        try:
-            kwargs = json.loads(env_kwargs)
-        except json.JSONDecodeError as e:
-            kwargs = e
-        if not isinstance(kwargs, dict):
-            from gymllm.errors import ConfigError, explain
+        from gymllm.cli.json_args import json_object
 
-            raise ConfigError(
-                explain(
-                    "--env-kwargs",
-                    expected="a JSON object such as '{\"digits\": 2}'",
-                    received=env_kwargs,
-                    fix="quote the object for your shell",
-                )
-            )
+        kwargs = json_object(env_kwargs)
         cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, kwargs=kwargs))
     return cfg
 

@@ -24,6 +24,7 @@ import numpy as np
 from gymllm.core import TextEnv
 from gymllm.errors import ConfigError, explain
 from gymllm.registration import register
+from gymllm.validation import check_range
 
 __all__ = ["EchoEnv", "LatencyEnv", "AsyncLatencyEnv", "FailingEnv", "lognormal_sigma"]
 
@@ -77,19 +78,14 @@ class EchoEnv(TextEnv):
         render_mode: str | None = None,
     ):
         super().__init__(max_turns=max_turns, render_mode=render_mode)
-        if (
-            isinstance(episode_length, bool)
-            or not isinstance(episode_length, int)
-            or episode_length < 1
-        ):
-            raise ConfigError(
-                explain(
-                    "EchoEnv.episode_length",
-                    expected="an int >= 1",
-                    received=episode_length,
-                    fix="pass episode_length=3",
-                )
-            )
+        check_range(
+            "EchoEnv",
+            "episode_length",
+            episode_length,
+            lo=1,
+            integer=True,
+            fix="pass episode_length=3",
+        )
         self.episode_length = episode_length
         self._word = ""
 

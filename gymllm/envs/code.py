@@ -32,6 +32,7 @@ from gymllm.errors import ConfigError, explain
 from gymllm.registration import register
 from gymllm.tools.sandbox import Sandbox
 from gymllm.tools.sandbox_config import SandboxConfig
+from gymllm.validation import check_range
 
 __all__ = ["CodeEnv", "CodeTask", "TASKS", "extract_code", "run_tests"]
 
@@ -265,15 +266,9 @@ class CodeEnv(TextEnv):
         super().__init__(max_turns=max_turns, render_mode=render_mode)
         self.tasks = _select_tasks(tasks)
         for name, value in (("num_tests", num_tests), ("max_attempts", max_attempts)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(
-                    explain(
-                        f"CodeEnv.{name}",
-                        expected="an int >= 1",
-                        received=value,
-                        fix=f"pass {name}= a positive int",
-                    )
-                )
+            check_range(
+                "CodeEnv", name, value, lo=1, integer=True, fix=f"pass {name}= a positive int"
+            )
         self.num_tests, self.partial_credit, self.max_attempts = (
             num_tests,
             bool(partial_credit),

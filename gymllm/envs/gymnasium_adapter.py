@@ -42,7 +42,9 @@ from gymllm.space_text import (
     action_menu,
     action_names_for,
     ansi_to_text,
+    check_invalid_policy,
     describe,
+    distinct_names,
     parse_action,
 )
 
@@ -78,15 +80,7 @@ class GymnasiumAdapterConfig:
     max_turns: int | None = None
 
     def __post_init__(self) -> None:
-        if self.invalid_action not in ("retry", "forfeit"):
-            raise ConfigError(
-                explain(
-                    "GymnasiumAdapterConfig.invalid_action",
-                    expected="'retry' or 'forfeit'",
-                    received=self.invalid_action,
-                    fix="pick one of the two policies",
-                )
-            )
+        check_invalid_policy("GymnasiumAdapterConfig", self.invalid_action, self.max_invalid)
         if self.render not in ("auto", "ansi", "describe"):
             raise ConfigError(
                 explain(
@@ -96,30 +90,12 @@ class GymnasiumAdapterConfig:
                     fix="use render='auto'",
                 )
             )
-        if self.max_invalid is not None and (
-            not isinstance(self.max_invalid, int) or self.max_invalid < 1
-        ):
-            raise ConfigError(
-                explain(
-                    "GymnasiumAdapterConfig.max_invalid",
-                    expected="None or an int >= 1",
-                    received=self.max_invalid,
-                    fix="use max_invalid=3",
-                )
-            )
         if self.action_names is not None:
-            names = tuple(self.action_names)
-            if not all(isinstance(n, str) and n.strip() for n in names) or len(
-                {n.lower() for n in names}
-            ) != len(names):
-                raise ConfigError(
-                    explain(
-                        "GymnasiumAdapterConfig.action_names",
-                        expected="distinct non-empty str",
-                        received=names,
-                        fix="give one unique name per action",
-                    )
-                )
+            names = distinct_names(
+                "GymnasiumAdapterConfig.action_names",
+                self.action_names,
+                "give one unique name per action",
+            )
             object.__setattr__(self, "action_names", names)
 
 

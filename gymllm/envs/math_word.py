@@ -29,6 +29,7 @@ from typing import Any
 from gymllm.core import TextEnv
 from gymllm.errors import ConfigError, explain
 from gymllm.registration import register
+from gymllm.validation import check_range
 
 __all__ = [
     "MathWordEnv",
@@ -388,15 +389,14 @@ class MathWordEnv(TextEnv):
         render_mode: str | None = None,
     ):
         super().__init__(max_turns=max_turns, render_mode=render_mode)
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-            raise ConfigError(
-                explain(
-                    "MathWordEnv.max_attempts",
-                    expected="an int >= 1",
-                    received=max_attempts,
-                    fix="pass max_attempts=1",
-                )
-            )
+        check_range(
+            "MathWordEnv",
+            "max_attempts",
+            max_attempts,
+            lo=1,
+            integer=True,
+            fix="pass max_attempts=1",
+        )
         path = os.fspath(data_path) if data_path is not None else SAMPLE_PATH
         self.data_path = PACKAGED.get(path, path)
         self.problems = _cached_problems(self.data_path)

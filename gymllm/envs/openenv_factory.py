@@ -13,6 +13,7 @@ import gymnasium as gym
 from gymllm.core import TextEnv, overrides_hook
 from gymllm.errors import ConfigError, explain
 from gymllm.spaces import Text
+from gymllm.validation import require_instance
 
 __all__ = ["make_env_factory", "is_async_native"]
 
@@ -57,15 +58,13 @@ def make_env_factory(env: str, env_kwargs: dict[str, Any] | None = None) -> Call
 
 
 def _as_text_env(made: Any, env_id: str | None, kwargs: dict) -> gym.Env:
-    if not isinstance(made, gym.Env):
-        raise ConfigError(
-            explain(
-                "gymllm serve-env ENV",
-                expected="a factory returning a gymnasium.Env",
-                received=type(made).__name__,
-                fix="return the env instance",
-            )
-        )
+    require_instance(
+        made,
+        gym.Env,
+        "gymllm serve-env ENV",
+        expected="a factory returning a gymnasium.Env",
+        fix="return the env instance",
+    )
     if isinstance(made.action_space, Text):
         return made
     from gymllm.envs.gymnasium_adapter import from_gymnasium

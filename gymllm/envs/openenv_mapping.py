@@ -15,6 +15,7 @@ from typing import Any
 from gymllm.envs.openenv_config import OpenEnvConfig, OpenEnvError
 from gymllm.errors import ConfigError, explain
 from gymllm.spaces import Chat, Text
+from gymllm.validation import require_instance
 
 __all__ = ["OBSERVATION_HINT", "SchemaMapping", "openenv_schema"]
 
@@ -153,15 +154,13 @@ class SchemaMapping:
     def action(self, text: str) -> dict:
         if self.cfg.action_fn is not None:
             payload = self.cfg.action_fn(text)
-            if not isinstance(payload, dict):
-                raise ConfigError(
-                    explain(
-                        "from_openenv(action_fn)",
-                        expected="a dict (the action's JSON)",
-                        received=type(payload).__name__,
-                        fix="return e.g. {'message': text}",
-                    )
-                )
+            require_instance(
+                payload,
+                dict,
+                "from_openenv(action_fn)",
+                expected="a dict (the action's JSON)",
+                fix="return e.g. {'message': text}",
+            )
             return payload
         return {self.action_field: text}
 

@@ -57,6 +57,7 @@ from gymllm.errors import ConfigError, InvalidActionError, ResetNeededError, exp
 from gymllm.spaces import Chat
 from gymllm.utils import serving
 from gymllm.utils.serving import is_loopback
+from gymllm.validation import check_range
 
 _core = import_openenv("openenv.core")
 _types = import_openenv("openenv.core.env_server.types")
@@ -156,19 +157,14 @@ class ServeEnvConfig:
                     fix="pass --port 8000 (0: any free port)",
                 )
             )
-        if (
-            isinstance(self.max_sessions, bool)
-            or not isinstance(self.max_sessions, int)
-            or self.max_sessions < 1
-        ):
-            raise ConfigError(
-                explain(
-                    "ServeEnvConfig.max_sessions",
-                    expected="an int >= 1",
-                    received=self.max_sessions,
-                    fix="pass --max-sessions 16",
-                )
-            )
+        check_range(
+            "ServeEnvConfig",
+            "max_sessions",
+            self.max_sessions,
+            lo=1,
+            integer=True,
+            fix="pass --max-sessions 16",
+        )
         for name in ("session_timeout_s", "max_message_mb"):
             v = getattr(self, name)
             if v is None and name == "session_timeout_s":

@@ -14,27 +14,25 @@ Names are imported lazily: the client does not import JAX.
 
 from __future__ import annotations
 
-from gymllm._lazy import lazy_exports
+from gymllm._lazy import lazy_exports, lazy_table
 
-_LAZY = {
-    "SamplingParams": "gymllm.inference.params",
-    "Completion": "gymllm.inference.completion",
-    "Engine": "gymllm.inference.protocol",
-    "EngineConfig": "gymllm.inference.config",
-    "JaxEngine": "gymllm.inference.jax_engine",
-    "AdapterConfig": "gymllm.inference.adapters",
-    "OpenAIClientEngine": "gymllm.inference.client",
-    "build_app": "gymllm.inference.server",
-    "serve": "gymllm.inference.server",
-    "ServerThread": "gymllm.inference.server",
-    "VllmEngine": "gymllm.inference.vllm_engine",
-    "EnginePool": "gymllm.inference.pool",
-    "PoolConfig": "gymllm.inference.pool_routing",
-    "ReplicaDied": "gymllm.inference.pool",
-    "ReplicaSpec": "gymllm.inference.replica",
-    "ReplicaHost": "gymllm.inference.replica",
-    "WeightUpdate": "gymllm.inference.replica",
-}
+_LAZY = lazy_table(
+    __name__,
+    {
+        ".params": ("SamplingParams",),
+        ".completion": ("Completion",),
+        ".protocol": ("Engine",),
+        ".config": ("EngineConfig",),
+        ".jax_engine": ("JaxEngine",),
+        ".adapters": ("AdapterConfig",),
+        ".client": ("OpenAIClientEngine",),
+        ".server": ("build_app", "serve", "ServerThread"),
+        ".vllm_engine": ("VllmEngine",),
+        ".pool": ("EnginePool", "ReplicaDied"),
+        ".pool_routing": ("PoolConfig",),
+        ".replica": ("ReplicaSpec", "ReplicaHost", "WeightUpdate"),
+    },
+)
 
 __all__ = list(_LAZY)
 

@@ -20,7 +20,7 @@ import httpx
 
 from gymllm.errors import EngineError, explain
 from gymllm.inference.completion import Completion
-from gymllm.inference.params import SamplingParams
+from gymllm.inference.params import SamplingParams, require_one_sample, require_prompt
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
@@ -157,24 +157,8 @@ class OpenAIClientEngine:
         session_id: str | None = None,
     ) -> Completion:
         params = params or SamplingParams()
-        if params.n != 1:
-            raise EngineError(
-                explain(
-                    "SamplingParams.n",
-                    expected="1 for generate",
-                    received=params.n,
-                    fix="call generate_n(prompt_ids, params)",
-                )
-            )
-        if len(prompt_ids) == 0:
-            raise EngineError(
-                explain(
-                    "prompt_ids",
-                    expected="at least one token id",
-                    received=[],
-                    fix="pass a non-empty prompt",
-                )
-            )
+        require_one_sample(params)
+        require_prompt(prompt_ids)
         data = await self._post(
             "/v1/completions", request_body(self.model, prompt_ids, params, session_id)
         )

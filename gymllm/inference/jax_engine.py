@@ -88,12 +88,13 @@ from gymllm.inference.completion import Completion
 from gymllm.inference.config import EngineConfig
 from gymllm.inference.device_cache import DeviceSteps
 from gymllm.inference.loop import EngineLoop, LoopGate
-from gymllm.inference.params import SamplingParams
+from gymllm.inference.params import SamplingParams, require_one_sample
 from gymllm.inference.request import EngineRequest
 from gymllm.inference.rows import DecodeRows
 from gymllm.inference.sampling import request_key
 from gymllm.inference.weights import WeightStore, kv_cache_dtype
 from gymllm.utils.host import resolve_compute_dtype
+from gymllm.validation import require_instance
 
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
@@ -325,15 +326,7 @@ class JaxEngine:
         """Sample one completion of ``prompt_ids``; cancellation aborts the request. ``adapter``: the LoRA
         adapter that serves it (an engine built with adapters; None: the base model)."""
         params = params or SamplingParams()
-        if params.n != 1:
-            raise EngineError(
-                explain(
-                    "SamplingParams.n",
-                    expected="1 for generate",
-                    received=params.n,
-                    fix="call generate_n(prompt_ids, params) to get n completions",
-                )
-            )
+        require_one_sample(params)
         req = self._make_request(prompt_ids, params, session_id, 0, stream=False, adapter=adapter)
         return await self._await(req)
 
@@ -358,15 +351,7 @@ class JaxEngine:
         """Yield ``(token_id, logprob, version)`` per sampled token, then the final Completion; ``adapter`` as
         in generate."""
         params = params or SamplingParams()
-        if params.n != 1:
-            raise EngineError(
-                explain(
-                    "SamplingParams.n",
-                    expected="1 for stream",
-                    received=params.n,
-                    fix="stream each sample separately",
-                )
-            )
+        require_one_sample(params, "stream", "stream each sample separately")
         req = self._make_request(prompt_ids, params, session_id, 0, stream=True, adapter=adapter)
         assert req.stream is not None
         try:
@@ -447,15 +432,14 @@ class JaxEngine:
         stream: bool,
         adapter: str | None = None,
     ) -> EngineRequest:
-        if not isinstance(params, SamplingParams):
-            raise EngineError(
-                explain(
-                    "params",
-                    expected="a SamplingParams",
-                    received=type(params).__name__,
-                    fix="pass gymllm.inference.SamplingParams(...)",
-                )
-            )
+        require_instance(
+            params,
+            SamplingParams,
+            "params",
+            expected="a SamplingParams",
+            fix="pass gymllm.inference.SamplingParams(...)",
+            error=EngineError,
+        )
         if params.stop and self.tokenizer is None:
             raise EngineError(
                 explain(

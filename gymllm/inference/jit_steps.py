@@ -96,103 +96,87 @@ def decode_logits(
     )
 
 
+SAMPLING_INPUTS = 5  # keys, steps, temperature, top_k, top_p: every step's sampling rows
+
+
+def sampled_step(
+    graphdef: Any,
+    trace_counts: dict[str, int],
+    name: str,
+    inputs: int,
+    forward: Callable,
+    *,
+    program: str | None = None,
+) -> Callable:
+    """The jitted step every engine call runs: ``step(state, cache, *inputs, keys, steps, temperature,
+    top_k, top_p, length, adapters=None, adapter=None) -> (cache, tokens, logprobs)`` (the cache
+    donated, ``length`` static). It merges the model, runs ``forward(model, cache, *inputs, length,
+    adapters, adapter) -> (logits [R, V], cache)`` (as :func:`prefill_logits`) and samples each row
+    (:func:`gymllm.inference.sampling.sample`); ``trace_counts[name]`` counts its
+    traces, i.e. compilations; ``program`` (default ``name``) names the jitted function, as compile
+    events and :meth:`~gymllm.inference.device_cache.DeviceSteps.program_shapes` show it."""
+
+    def step(state, cache, *args, adapters=None, adapter=None):
+        keys, steps, temperature, top_k, top_p = args[inputs : inputs + SAMPLING_INPUTS]
+        length = args[inputs + SAMPLING_INPUTS] if len(args) > inputs + SAMPLING_INPUTS else None
+        trace_counts[name] += 1
+        model = nnx.merge(graphdef, state)
+        logits, cache = forward(model, cache, *args[:inputs], length, adapters, adapter)
+        tok, logp = sample(logits, step_keys(keys, steps), temperature, top_k, top_p)
+        return cache, tok, logp
+
+    step.__name__ = step.__qualname__ = program or name
+    return jax.jit(step, donate_argnums=(1,), static_argnums=(2 + inputs + SAMPLING_INPUTS,))
+
+
+def packed_logits(
+    model: Any, cache: Any, tokens, positions, seg, rows, starts, last, length, adapters, adapter
+) -> tuple[jax.Array, Any]:
+    """One packed prefill of ``model`` (:func:`make_packed_prefill`): (logits [P, V] float32 at token
+    index ``last[p]`` of each segment, the cache with the real tokens' k/v written)."""
+    return packed_prefill_and_write(
+        model.config,
+        served_params(model, adapters),
+        tokens,
+        positions,
+        seg,
+        rows,
+        starts,
+        cache,
+        length,
+        last,
+        adapter=adapter,
+    )
+
+
 @functools.lru_cache(maxsize=16)
 def make_steps(graphdef: Any) -> tuple[Callable, Callable, dict[str, int]]:
     """(prefill, decode, trace_counts) for a model graph, shared by engines over equal graphs (so a
     second engine of the same architecture and sizes reuses the compiled steps); ``trace_counts``
-    counts traces, i.e. (re)compilations, per step."""
+    counts traces, i.e. (re)compilations, per step.
+
+    ``prefill(state, cache, tokens, positions, rows, last, keys, steps, temperature, top_k, top_p,
+    length=None, adapters=None, adapter=None)``: tokens/positions [P, T] int32; rows/last/steps/top_k
+    [P] int32; keys [P, 2] uint32. ``length`` (static, default the whole context): cached slots read,
+    >= every row's start (positions[:, 0]); tokens past ``last`` write nothing.
+
+    ``decode(state, cache, tokens, positions, keys, steps, temperature, top_k, top_p, length=None,
+    adapters=None, adapter=None)``: tokens/positions/steps/top_k [W] int32; keys [W, 2] uint32;
+    temperature/top_p [W] f32. W (a static shape) <= the cache's rows: the step runs over rows [0, W)
+    only. ``length`` (static, default the whole context): attend over cache slots [0, length) only;
+    every active row's position must be < length (a row at a position >= length writes nothing and
+    its output is junk)."""
     trace_counts: dict[str, int] = {"prefill": 0, "decode": 0}
+    prefill_jit = sampled_step(
+        graphdef, trace_counts, "prefill", 4, prefill_logits, program="prefill_jit"
+    )
 
-    @functools.partial(jax.jit, donate_argnums=(1,), static_argnums=(11,))
-    def prefill_jit(
-        state,
-        cache,
-        tokens,
-        positions,
-        rows,
-        last,
-        keys,
-        steps,
-        temperature,
-        top_k,
-        top_p,
-        length,
-        adapters,
-        adapter,
-    ):
-        trace_counts["prefill"] += 1
-        model = nnx.merge(graphdef, state)
-        logits, cache = prefill_logits(
-            model, cache, tokens, positions, rows, last, length, adapters, adapter
-        )  # [P, V]
-        tok, logp = sample(logits, step_keys(keys, steps), temperature, top_k, top_p)
-        return cache, tok, logp
+    def prefill(state, cache, *args, adapters=None, adapter=None):
+        if len(args) == 4 + SAMPLING_INPUTS:  # ``length`` left out: the whole context
+            args = (*args, jax.tree.leaves(cache)[0].shape[2])
+        return prefill_jit(state, cache, *args, adapters=adapters, adapter=adapter)
 
-    def prefill(
-        state,
-        cache,
-        tokens,
-        positions,
-        rows,
-        last,
-        keys,
-        steps,
-        temperature,
-        top_k,
-        top_p,
-        length=None,
-        adapters=None,
-        adapter=None,
-    ):
-        # tokens/positions [P, T] int32; rows/last/steps/top_k [P] int32; keys [P, 2] uint32. ``length``
-        # (static, default the whole context): cached slots read, >= every row's start (positions[:, 0]);
-        # tokens past ``last`` write nothing.
-        length = jax.tree.leaves(cache)[0].shape[2] if length is None else length
-        return prefill_jit(
-            state,
-            cache,
-            tokens,
-            positions,
-            rows,
-            last,
-            keys,
-            steps,
-            temperature,
-            top_k,
-            top_p,
-            length,
-            adapters,
-            adapter,
-        )
-
-    @functools.partial(jax.jit, donate_argnums=(1,), static_argnums=(9,))
-    def decode(
-        state,
-        cache,
-        tokens,
-        positions,
-        keys,
-        steps,
-        temperature,
-        top_k,
-        top_p,
-        length=None,
-        adapters=None,
-        adapter=None,
-    ):
-        # tokens/positions/steps/top_k [W] int32; keys [W, 2] uint32; temperature/top_p [W] f32.
-        # W (a static shape) <= the cache's rows: the step runs over rows [0, W) only. ``length`` (static,
-        # default the whole context): attend over cache slots [0, length) only; every active row's
-        # position must be < length (a row at a position >= length writes nothing and its output is junk).
-        trace_counts["decode"] += 1
-        model = nnx.merge(graphdef, state)
-        logits, cache = decode_logits(
-            model, cache, tokens, positions, length, adapters, adapter
-        )  # [W, V]
-        tok, logp = sample(logits, step_keys(keys, steps), temperature, top_k, top_p)
-        return cache, tok, logp
-
-    return prefill, decode, trace_counts
+    return prefill, sampled_step(graphdef, trace_counts, "decode", 2, decode_logits), trace_counts
 
 
 @functools.lru_cache(maxsize=16)
@@ -205,42 +189,4 @@ def make_packed_prefill(graphdef: Any) -> tuple[Callable, dict[str, int]]:
     per row); ``adapter`` [P]: each segment's LoRA adapter. ``trace_counts["prefill_packed"]`` counts its
     compilations. Shared by engines over equal graphs."""
     trace_counts = {"prefill_packed": 0}
-
-    @functools.partial(jax.jit, donate_argnums=(1,), static_argnums=(13,))
-    def prefill_packed(
-        state,
-        cache,
-        tokens,
-        positions,
-        seg,
-        rows,
-        starts,
-        last,
-        keys,
-        steps,
-        temperature,
-        top_k,
-        top_p,
-        length,
-        adapters=None,
-        adapter=None,
-    ):
-        trace_counts["prefill_packed"] += 1
-        model = nnx.merge(graphdef, state)
-        logits, cache = packed_prefill_and_write(
-            model.config,
-            served_params(model, adapters),
-            tokens,
-            positions,
-            seg,
-            rows,
-            starts,
-            cache,
-            length,
-            last,
-            adapter=adapter,
-        )  # [P, V]
-        tok, logp = sample(logits, step_keys(keys, steps), temperature, top_k, top_p)
-        return cache, tok, logp
-
-    return prefill_packed, trace_counts
+    return sampled_step(graphdef, trace_counts, "prefill_packed", 6, packed_logits), trace_counts

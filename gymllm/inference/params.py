@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from gymllm.errors import ConfigError, explain
+from gymllm.errors import ConfigError, EngineError, explain
 from gymllm.validation import check_range, is_number, require
 
 
@@ -122,3 +122,32 @@ class SamplingParams:
 
     def replace(self, **changes: Any) -> "SamplingParams":
         return dataclasses.replace(self, **changes)
+
+
+def require_one_sample(
+    params: SamplingParams,
+    call: str = "generate",
+    fix: str = "call generate_n(prompt_ids, params) to get n completions",
+) -> None:
+    """An engine's single-sample ``call`` (``generate``, ``stream``) refuses ``params.n != 1``
+    (:class:`~gymllm.errors.EngineError`)."""
+    require(
+        params.n == 1,
+        "SamplingParams.n",
+        expected=f"1 for {call}",
+        received=params.n,
+        fix=fix,
+        error=EngineError,
+    )
+
+
+def require_prompt(prompt_ids: Any) -> None:
+    """An engine refuses an empty prompt (:class:`~gymllm.errors.EngineError`)."""
+    require(
+        len(prompt_ids) > 0,
+        "prompt_ids",
+        expected="at least one token id",
+        received=[],
+        fix="pass a non-empty prompt",
+        error=EngineError,
+    )

@@ -17,11 +17,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-import jax
-from flax import nnx
-
-from gymllm.inference.jit_steps import served_params
-from gymllm.inference.sampling import sample, step_keys
+from gymllm.inference.jit_steps import sampled_step, served_params
 from gymllm.models.mixed import mixed_and_write
 
 
@@ -34,28 +30,9 @@ def make_mixed_step(graphdef: Any) -> tuple[Callable, dict[str, int]]:
     optional ``adapters``/``adapter`` [W + P]: LoRA stacks and each row's index (:mod:`gymllm.inference.jit_steps`).
     ``trace_counts["mixed"]`` counts compilations. Shared by engines over equal graphs."""
     trace_counts = {"mixed": 0}
+    return sampled_step(graphdef, trace_counts, "mixed", 2, _mixed), trace_counts
 
-    @functools.partial(jax.jit, donate_argnums=(1,), static_argnums=(9,))
-    def mixed(
-        state,
-        cache,
-        dec,
-        pre,
-        keys,
-        steps,
-        temperature,
-        top_k,
-        top_p,
-        length,
-        adapters=None,
-        adapter=None,
-    ):
-        trace_counts["mixed"] += 1
-        model = nnx.merge(graphdef, state)
-        logits, cache = mixed_and_write(
-            model.config, served_params(model, adapters), *dec, *pre, cache, length, adapter=adapter
-        )  # [W + P, V]
-        tok, logp = sample(logits, step_keys(keys, steps), temperature, top_k, top_p)
-        return cache, tok, logp
 
-    return mixed, trace_counts
+def _mixed(model, cache, dec, pre, length, adapters, adapter):
+    params = served_params(model, adapters)
+    return mixed_and_write(model.config, params, *dec, *pre, cache, length, adapter=adapter)

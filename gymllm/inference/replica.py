@@ -46,6 +46,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 from gymllm.errors import ConfigError, explain
 from gymllm.inference.completion import Completion
 from gymllm.inference.params import SamplingParams
+from gymllm.validation import field_error, require_instance
 
 KINDS = ("jax", "vllm", "openai", "factory")
 
@@ -89,14 +90,7 @@ class ReplicaSpec:
     def __post_init__(self) -> None:
         def need(ok: bool, field: str, expected: str, fix: str) -> None:
             if not ok:
-                raise ConfigError(
-                    explain(
-                        f"ReplicaSpec.{field}",
-                        expected=expected,
-                        received=getattr(self, field),
-                        fix=fix,
-                    )
-                )
+                raise field_error(self, field, expected, fix, what=f"ReplicaSpec.{field}")
 
         need(
             self.kind in KINDS,
@@ -261,15 +255,13 @@ class ReplicaHost(EngineCalls):
     def __init__(
         self, spec: ReplicaSpec, name: str, update: Any = None, version: int | None = None
     ):
-        if not isinstance(spec, ReplicaSpec):
-            raise ConfigError(
-                explain(
-                    "ReplicaHost(spec)",
-                    expected="a ReplicaSpec",
-                    received=type(spec).__name__,
-                    fix="pass ReplicaSpec.jax(...), .vllm(...), .openai(...) or ReplicaSpec(factory=...)",
-                )
-            )
+        require_instance(
+            spec,
+            ReplicaSpec,
+            "ReplicaHost(spec)",
+            expected="a ReplicaSpec",
+            fix="pass ReplicaSpec.jax(...), .vllm(...), .openai(...) or ReplicaSpec(factory=...)",
+        )
         self.name = name
         self.spec = spec
         self.engine, self.loaded = spec.build()

@@ -211,6 +211,11 @@ def build_app(
                 code="invalid_api_key",
             )
 
+    authorized = {
+        "responses": ERROR_RESPONSES,
+        "dependencies": [Depends(authorize)],
+    }  # every API route
+
     @app.exception_handler(RequestError)
     async def _request_error(_: Request, exc: RequestError):
         return error_response(exc)
@@ -242,12 +247,7 @@ def build_app(
             raise RequestError(f"{why}. Fix: restart the server", status=503, code="engine_stopped")
         return {"status": "ok", "model": model_name, "version": int(getattr(engine, "version", 0))}
 
-    @app.get(
-        "/v1/models",
-        response_model=ModelList,
-        responses=ERROR_RESPONSES,
-        dependencies=[Depends(authorize)],
-    )
+    @app.get("/v1/models", response_model=ModelList, **authorized)
     async def models():
         card = {
             "id": model_name,
@@ -289,12 +289,7 @@ def build_app(
         except SessionError as exc:
             raise RequestError(str(exc), status=exc.status, code="session") from None
 
-    @app.post(
-        "/v1/completions",
-        response_model=CompletionResponse,
-        responses=ERROR_RESPONSES,
-        dependencies=[Depends(authorize)],
-    )
+    @app.post("/v1/completions", response_model=CompletionResponse, **authorized)
     async def completions(body: CompletionRequest, request: Request):  # type: ignore[valid-type]
         check_model(body)
         params = sampling_params_from_body(body, default_max_tokens=default_tokens)
@@ -309,12 +304,7 @@ def build_app(
         _training_checks(plan, params, len(prompts))
         return await respond(body, head(False), prompts, params, False, plan)
 
-    @app.post(
-        "/v1/chat/completions",
-        response_model=ChatCompletionResponse,
-        responses=ERROR_RESPONSES,
-        dependencies=[Depends(authorize)],
-    )
+    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, **authorized)
     async def chat_completions(body: ChatRequest, request: Request):  # type: ignore[valid-type]
         check_model(body)
         params = sampling_params_from_body(body, default_max_tokens=default_tokens)
@@ -399,12 +389,7 @@ def build_app(
 
     if recorder is not None:
 
-        @app.post(
-            "/v1/sessions/{session_id}/reward",
-            response_model=RewardResponse,
-            responses=ERROR_RESPONSES,
-            dependencies=[Depends(authorize)],
-        )
+        @app.post("/v1/sessions/{session_id}/reward", response_model=RewardResponse, **authorized)
         async def reward(session_id: str, body: RewardRequest):
             try:
                 closed = recorder.close(session_id, body.reward, body.info)

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 
 from gymllm.errors import ConfigError, explain
+from gymllm.validation import check_range
 
 
 # ---------------------------------------------------------------- limits
@@ -48,26 +49,16 @@ class ServerConfig:
     def __post_init__(self) -> None:
         for name in ("max_n", "max_prompts", "max_body_bytes", "default_max_tokens"):
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(
-                    explain(
-                        f"ServerConfig.{name}",
-                        expected="an int >= 1",
-                        received=v,
-                        fix=f"pass e.g. {name}=16",
-                    )
-                )
-        if self.max_tokens_cap is not None and (
-            not isinstance(self.max_tokens_cap, int) or self.max_tokens_cap < 1
-        ):
-            raise ConfigError(
-                explain(
-                    "ServerConfig.max_tokens_cap",
-                    expected="None or an int >= 1",
-                    received=self.max_tokens_cap,
-                    fix="pass None (the engine's context) or e.g. 2048",
-                )
-            )
+            check_range("ServerConfig", name, v, lo=1, integer=True, fix=f"pass e.g. {name}=16")
+        check_range(
+            "ServerConfig",
+            "max_tokens_cap",
+            self.max_tokens_cap,
+            lo=1,
+            integer=True,
+            optional=True,
+            fix="pass None (the engine's context) or e.g. 2048",
+        )
         if self.api_key is not None and (
             not isinstance(self.api_key, str) or len(self.api_key) < 8
         ):

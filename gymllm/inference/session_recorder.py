@@ -35,6 +35,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from gymllm.errors import ConfigError, GymLLMError, explain
+from gymllm.validation import check_range
 
 _SENTINEL = "\u2063GYMLLM_PROXY_SENTINEL\u2063"
 
@@ -70,15 +71,7 @@ class ProxyConfig:
     def __post_init__(self) -> None:
         for name in ("max_open_sessions", "remember_closed"):
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(
-                    explain(
-                        f"ProxyConfig.{name}",
-                        expected="an int >= 1",
-                        received=v,
-                        fix=f"pass e.g. {name}=1024",
-                    )
-                )
+            check_range("ProxyConfig", name, v, lo=1, integer=True, fix=f"pass e.g. {name}=1024")
         if not isinstance(self.idle_timeout_s, (int, float)) or not self.idle_timeout_s > 0:
             raise ConfigError(
                 explain(

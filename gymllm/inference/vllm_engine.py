@@ -43,7 +43,7 @@ import numpy as np
 
 from gymllm.errors import EngineError, MissingExtraError, explain
 from gymllm.inference.completion import Completion
-from gymllm.inference.params import SamplingParams
+from gymllm.inference.params import SamplingParams, require_one_sample, require_prompt
 
 WORKER_EXTENSION = "gymllm.inference.vllm_engine.WeightLoaderExtension"
 FINISH_REASONS = ("stop", "length", "abort")
@@ -122,15 +122,7 @@ def vllm_sampling_params(vllm: Any, params: SamplingParams) -> Any:
     """gymllm SamplingParams -> vLLM SamplingParams for one sample, streamed as deltas."""
     from vllm.sampling_params import RequestOutputKind
 
-    if params.n != 1:
-        raise EngineError(
-            explain(
-                "SamplingParams.n",
-                expected="1 for generate",
-                received=params.n,
-                fix="call generate_n(prompt_ids, params) to get n completions",
-            )
-        )
+    require_one_sample(params)
     return vllm.SamplingParams(
         n=1,
         temperature=params.temperature,
@@ -206,15 +198,7 @@ class VllmEngine:
         prefix caching reuses a trajectory's prefix without it. Cancellation aborts the request."""
         params = params or SamplingParams()
         self._check_open("generate")
-        if len(prompt_ids) == 0:
-            raise EngineError(
-                explain(
-                    "prompt_ids",
-                    expected="at least one token id",
-                    received=[],
-                    fix="pass a non-empty prompt",
-                )
-            )
+        require_prompt(prompt_ids)
         sp = vllm_sampling_params(self._vllm, params)
         from vllm.inputs import TokensPrompt
 

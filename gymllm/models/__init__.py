@@ -9,31 +9,24 @@ Public names are imported lazily (JAX loads only when a model name is first used
 
 from __future__ import annotations
 
-from gymllm._lazy import lazy_exports
+from gymllm._lazy import lazy_exports, lazy_table
 
-_LAZY = {
-    "ModelConfig": "gymllm.models.config",
-    "FAMILIES": "gymllm.models.config",
-    "Transformer": "gymllm.models.transformer",
-    "forward": "gymllm.models.transformer",
-    "param_shapes": "gymllm.models.transformer",
-    "KVCache": "gymllm.models.cache",
-    "token_logprobs": "gymllm.models.logprobs",
-    "TokenizerBundle": "gymllm.models.tokenizer",
-    "LoadedModel": "gymllm.models.loaded",
-    "make_tiny": "gymllm.models.tiny",
-    "tiny_config": "gymllm.models.tiny",
-    "tiny_tokenizer": "gymllm.models.tiny",
-    "load": "gymllm.models.registry",
-    "REGISTRY": "gymllm.models.registry",
-    "cache_dir": "gymllm.models.registry",
-    "load_hf_dir": "gymllm.models.hf_io",
-    "save_hf_dir": "gymllm.models.hf_io",
-    "load_gguf": "gymllm.models.gguf_io",
-    "save_gguf": "gymllm.models.gguf_io",
-    "CHATML_TOOLS_TEMPLATE": "gymllm.models.chat_templates",
-    "render_chat_template": "gymllm.models.chat_templates",
-}
+_LAZY = lazy_table(
+    __name__,
+    {
+        ".config": ("ModelConfig", "FAMILIES"),
+        ".transformer": ("Transformer", "forward", "param_shapes"),
+        ".cache": ("KVCache",),
+        ".logprobs": ("token_logprobs",),
+        ".tokenizer": ("TokenizerBundle",),
+        ".loaded": ("LoadedModel",),
+        ".tiny": ("make_tiny", "tiny_config", "tiny_tokenizer"),
+        ".registry": ("load", "REGISTRY", "cache_dir"),
+        ".hf_io": ("load_hf_dir", "save_hf_dir"),
+        ".gguf_io": ("load_gguf", "save_gguf"),
+        ".chat_templates": ("CHATML_TOOLS_TEMPLATE", "render_chat_template"),
+    },
+)
 
 __all__ = list(_LAZY)
 

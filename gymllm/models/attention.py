@@ -38,14 +38,17 @@ def _from_kv_major(x: jax.Array, t: int) -> jax.Array:
     return x.reshape(p, kh, m // t, t, d).transpose(0, 3, 1, 2, 4).reshape(p, t, kh * (m // t), d)
 
 
+def _dot(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
+    """``jnp.einsum(spec, a, b)`` accumulated and returned in float32."""
+    return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+
+
 def _forward(q, keys, values, mask, scale, softcap):
     p, t, h, d = q.shape
     kh = keys.shape[2]
     qm = _to_kv_major(q, kh)  # [P, K, M, D]
     km, vm = jnp.swapaxes(keys, 1, 2), jnp.swapaxes(values, 1, 2)  # [P, K, S, D]
-    scores = (
-        jnp.einsum("pkmd,pksd->pkms", qm, km, preferred_element_type=jnp.float32) * scale
-    )  # [P, K, M, S]
+    scores = _dot("pkmd,pksd->pkms", qm, km) * scale  # [P, K, M, S]
     capped = None
     if softcap:
         capped = jnp.tanh(scores / softcap)
@@ -55,9 +58,7 @@ def _forward(q, keys, values, mask, scale, softcap):
     probs = (
         jax.nn.softmax(scores, axis=-1).astype(values.dtype).reshape(p, kh, h // kh * t, -1)
     )  # [P, K, M, S]
-    out = jnp.einsum(
-        "pkms,pksd->pkmd", probs, vm, preferred_element_type=jnp.float32
-    )  # [P, K, M, D]
+    out = _dot("pkms,pksd->pkmd", probs, vm)  # [P, K, M, D]
     out = _from_kv_major(out.astype(values.dtype), t).reshape(p, t, h * d)  # [P, T, H*D]
     return out, (qm, km, vm, probs, capped, mask)
 
@@ -76,12 +77,8 @@ def _attention_bwd(scale, softcap, res, d_out):
     p, t = d_out.shape[:2]
     kh, s, d = km.shape[1:]
     dom = _to_kv_major(d_out.reshape(p, t, -1, d), kh).astype(vm.dtype)  # [P, K, M, D]
-    d_v = jnp.einsum(
-        "pkms,pkmd->pksd", probs, dom, preferred_element_type=jnp.float32
-    )  # [P, K, S, D]
-    d_probs = jnp.einsum(
-        "pkmd,pksd->pkms", dom, vm, preferred_element_type=jnp.float32
-    )  # [P, K, M, S]
+    d_v = _dot("pkms,pkmd->pksd", probs, dom)  # [P, K, S, D]
+    d_probs = _dot("pkmd,pksd->pkms", dom, vm)  # [P, K, M, S]
     pf = probs.astype(jnp.float32)
     d_scores = pf * (
         d_probs - jnp.sum(pf * d_probs, axis=-1, keepdims=True)
@@ -93,12 +90,8 @@ def _attention_bwd(scale, softcap, res, d_out):
         mask[:, None, None], d_scores.reshape(p, kh, m // t, t, s), 0.0
     )  # masked: no gradient
     d_scores = (d_scores.reshape(p, kh, m, s) * scale).astype(qm.dtype)
-    d_q = jnp.einsum(
-        "pkms,pksd->pkmd", d_scores, km, preferred_element_type=jnp.float32
-    )  # [P, K, M, D]
-    d_k = jnp.einsum(
-        "pkms,pkmd->pksd", d_scores, qm, preferred_element_type=jnp.float32
-    )  # [P, K, S, D]
+    d_q = _dot("pkms,pksd->pkmd", d_scores, km)  # [P, K, M, D]
+    d_k = _dot("pkms,pkmd->pksd", d_scores, qm)  # [P, K, S, D]
     return (
         _from_kv_major(d_q, t).astype(qm.dtype),
         jnp.swapaxes(d_k, 1, 2).astype(km.dtype),

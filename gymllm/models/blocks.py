@@ -198,6 +198,46 @@ def layer_unroll(cfg: ModelConfig) -> int:
     return cfg.num_layers if cfg.num_layers <= UNROLL_MAX_LAYERS else 1
 
 
+def embed_inputs(
+    cfg: ModelConfig,
+    params: dict[str, jax.Array],
+    tokens: jax.Array,
+    adapter: jax.Array | None,
+    compute_dtype: Any,
+) -> tuple[dict[str, jax.Array], jax.Array, jax.Array | None]:
+    """What every cached forward starts from: (the params with their non-layer weights decoded and
+    cast (:func:`global_params`), the embeddings of ``tokens`` [..., E] (:func:`embed_tokens`), each
+    row's adapter one-hot (:func:`adapter_mix`, None without adapters))."""
+    mix = adapter_mix(params, adapter)
+    params = global_params(params, compute_dtype)
+    return params, embed_tokens(cfg, params, tokens), mix
+
+
+def scan_layers(
+    cfg: ModelConfig,
+    params: dict[str, jax.Array],
+    x: jax.Array,
+    positions: jax.Array,
+    attend: Any,
+    *,
+    mix: jax.Array | None = None,
+    compute_dtype: Any = None,
+) -> tuple[jax.Array, Any]:
+    """Every layer over ``x`` [B, T, E] in one ``jax.lax.scan`` (:func:`layer_unroll`): the layer's
+    weights decoded and cast (:func:`layer_weights`), :func:`qkv` at ``positions``, the caller's
+    attention ``attend(q, k, v, window, layer_index) -> (attn [B, T, H*D], out)`` and
+    :func:`layer_rest`. Returns the last layer's output and every layer's ``out`` stacked ([L, ...]:
+    e.g. the new k/v). ``params`` as :func:`global_params` returns them."""
+
+    def layer(x, xs):
+        lw, inv_l, win_l, i = xs
+        lw = layer_weights(lw, compute_dtype)
+        attn, out = attend(*qkv(cfg, lw, x, positions, inv_l, mix), win_l, i)
+        return layer_rest(cfg, lw, x, attn, mix), out
+
+    return jax.lax.scan(layer, x, layer_xs(cfg, params), unroll=layer_unroll(cfg))
+
+
 def layer_xs(cfg: ModelConfig, params: dict[str, jax.Array]) -> tuple:
     """The scan's per-layer inputs: (layer weight stacks, inv_freq [L, D/2], windows [L], index [L])."""
     inv_freq, windows = layer_tables(cfg)

@@ -36,3 +36,15 @@ def init_cache(
     """A zeroed cache of ``max_len`` slots per row."""
     shape = (num_layers, batch, max_len, num_kv_heads, head_dim)
     return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+
+
+def scatter_kv(
+    cache: KVCache, k_new: jax.Array, v_new: jax.Array, rows: jax.Array, positions: jax.Array
+) -> KVCache:
+    """Every layer's new k/v written at slots ``positions`` of cache rows ``rows`` (broadcast against
+    each other, the new k/v shaped ``[L, *broadcast shape, K, D]``), in place under donation; a row or
+    position past the cache writes nothing."""
+    return KVCache(
+        cache.k.at[:, rows, positions].set(k_new, mode="drop"),
+        cache.v.at[:, rows, positions].set(v_new, mode="drop"),
+    )

@@ -18,55 +18,50 @@ import math
 from typing import Any, Mapping
 
 from gymllm.errors import ConfigError, explain
+from gymllm.validation import field_error
 
 FAMILIES = ("llama", "qwen2", "qwen3", "gemma3")
 ACTIVATIONS = ("silu", "gelu_tanh")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 ROPE_TYPES = ("default", "linear", "llama3")
+#: a model's sizes (positive ints); with ``seed``, what builds a tiny model (``tiny-<family>``)
+SIZE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+)
+TINY_FIELDS = ("seed", *SIZE_FIELDS)
 
-# What each family fixes (everything else is a size).
+# What each family fixes (everything else is a size): Llama's choices, and what each other family
+# changes of them (Qwen's norm epsilon and RoPE base, then its biases or qk-norm; Gemma 3's norms,
+# activation, embedding scale and local RoPE base).
+_LLAMA = dict(
+    activation="silu",
+    attention_bias=False,
+    qk_norm=False,
+    norm_plus_one=False,
+    post_norms=False,
+    embed_scale=False,
+    rms_norm_eps=1e-5,
+    rope_theta=10_000.0,
+)
+_QWEN = {**_LLAMA, "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0}
 _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
-    "llama": dict(
-        activation="silu",
-        attention_bias=False,
-        qk_norm=False,
-        norm_plus_one=False,
-        post_norms=False,
-        embed_scale=False,
-        rms_norm_eps=1e-5,
-        rope_theta=10_000.0,
-    ),
-    "qwen2": dict(
-        activation="silu",
-        attention_bias=True,
-        qk_norm=False,
-        norm_plus_one=False,
-        post_norms=False,
-        embed_scale=False,
-        rms_norm_eps=1e-6,
-        rope_theta=1_000_000.0,
-    ),
-    "qwen3": dict(
-        activation="silu",
-        attention_bias=False,
-        qk_norm=True,
-        norm_plus_one=False,
-        post_norms=False,
-        embed_scale=False,
-        rms_norm_eps=1e-6,
-        rope_theta=1_000_000.0,
-    ),
-    "gemma3": dict(
-        activation="gelu_tanh",
-        attention_bias=False,
-        qk_norm=True,
-        norm_plus_one=True,
-        post_norms=True,
-        embed_scale=True,
-        rms_norm_eps=1e-6,
-        rope_theta=1_000_000.0,
-        rope_local_theta=10_000.0,
-    ),
+    "llama": _LLAMA,
+    "qwen2": {**_QWEN, "attention_bias": True},
+    "qwen3": {**_QWEN, "qk_norm": True},
+    "gemma3": {
+        **_QWEN,
+        "activation": "gelu_tanh",
+        "qk_norm": True,
+        "norm_plus_one": True,
+        "post_norms": True,
+        "embed_scale": True,
+        "rope_local_theta": 10_000.0,
+    },
 }
 
 _HF_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
@@ -126,25 +121,11 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         def bad(field: str, expected: str, fix: str) -> None:
-            raise ConfigError(
-                explain(
-                    f"ModelConfig.{field}",
-                    expected=expected,
-                    received=getattr(self, field),
-                    fix=fix,
-                )
-            )
+            raise field_error(self, field, expected, fix, what=f"ModelConfig.{field}")
 
         if self.family not in FAMILIES:
             bad("family", f"one of {FAMILIES}", "pick a supported family")
-        for f in (
-            "vocab_size",
-            "hidden_size",
-            "intermediate_size",
-            "num_layers",
-            "num_heads",
-            "num_kv_heads",
-        ):
+        for f in SIZE_FIELDS:
             if not isinstance(getattr(self, f), int) or getattr(self, f) <= 0:
                 bad(f, "a positive int", f"set {f} > 0")
         if self.num_heads % self.num_kv_heads:

@@ -31,20 +31,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from gymllm.models.blocks import (
-    adapter_mix,
-    embed_tokens,
-    final_logits,
-    global_params,
-    layer_rest,
-    layer_weights,
-    layer_unroll,
-    layer_xs,
-    pack_like,
-    qkv,
-    unpack,
-)
-from gymllm.models.cache import KVCache
+from gymllm.models.blocks import embed_inputs, final_logits, pack_like, scan_layers, unpack
+from gymllm.models.cache import KVCache, scatter_kv
 from gymllm.models.config import ModelConfig
 from gymllm.models.layers import decode_attention
 
@@ -69,19 +57,14 @@ def decode_forward(
     stacks (:func:`gymllm.models.blocks.project`; None: the base weights). Call it inside ``jit``
     (``cfg`` and ``length`` static)."""
     w = tokens.shape[0]
-    mix = adapter_mix(params, adapter)
-    mix = None if mix is None else mix[:, None]  # [W, 1, N]
     length = length or cache.k.shape[2]
     h, d = cfg.num_heads, cfg.resolved_head_dim
-    params = global_params(params, compute_dtype)
-    x = embed_tokens(cfg, params, tokens)[:, None]  # [W, 1, E]
+    params, x, mix = embed_inputs(cfg, params, tokens, adapter, compute_dtype)
+    mix = None if mix is None else mix[:, None]  # [W, 1, N]
     pos = positions[:, None]  # [W, 1]
     idx = jnp.arange(length)[None]  # [1, S]
 
-    def layer(x, xs):
-        lw, inv_l, win_l, i = xs
-        lw = layer_weights(lw, compute_dtype)
-        q, kk, vv = qkv(cfg, lw, x, pos, inv_l, mix)  # [W, 1, H, D], [W, 1, K, D] x2
+    def attend(q, kk, vv, win_l, i):  # q [W, 1, H, D], kk/vv [W, 1, K, D]
         keys = jax.lax.dynamic_index_in_dim(cache.k, i, 0, keepdims=False)[
             :w, :length
         ]  # [W, S, K, D]
@@ -97,10 +80,14 @@ def decode_forward(
             scale=cfg.attn_scale,
             softcap=cfg.attn_logit_softcap,
         )  # [W, H*D]
-        x = layer_rest(cfg, lw, x, attn.reshape(w, 1, h * d), mix)
-        return x, (pack_like(kk[:, 0], cache.k), pack_like(vv[:, 0], cache.v))
+        return attn.reshape(w, 1, h * d), (
+            pack_like(kk[:, 0], cache.k),
+            pack_like(vv[:, 0], cache.v),
+        )
 
-    x, (k_new, v_new) = jax.lax.scan(layer, x, layer_xs(cfg, params), unroll=layer_unroll(cfg))
+    x, (k_new, v_new) = scan_layers(
+        cfg, params, x[:, None], pos, attend, mix=mix, compute_dtype=compute_dtype
+    )
     return final_logits(cfg, params, x[:, 0]), k_new, v_new
 
 
@@ -109,11 +96,7 @@ def write_new_kv(
 ) -> KVCache:
     """Write row w's new k/v ([L, W, K, D]) at slot ``positions[w]`` of cache row w, in place under
     donation (positions past the cache are dropped)."""
-    rows = jnp.arange(positions.shape[0])
-    return KVCache(
-        cache.k.at[:, rows, positions].set(k_new, mode="drop"),
-        cache.v.at[:, rows, positions].set(v_new, mode="drop"),
-    )
+    return scatter_kv(cache, k_new, v_new, jnp.arange(positions.shape[0]), positions)
 
 
 def decode_and_write(

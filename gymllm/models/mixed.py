@@ -29,19 +29,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from gymllm.models.blocks import (
-    adapter_mix,
-    embed_tokens,
-    final_logits,
-    global_params,
-    layer_rest,
-    layer_weights,
-    layer_unroll,
-    layer_xs,
-    pack_like,
-    qkv,
-    unpack,
-)
+from gymllm.models.blocks import embed_inputs, final_logits, pack_like, scan_layers, unpack
 from gymllm.models.cache import KVCache
 from gymllm.models.config import ModelConfig
 from gymllm.models.decode import write_new_kv
@@ -73,25 +61,18 @@ def mixed_forward(
     chunk's LoRA adapter among the params' stacks (:func:`gymllm.models.blocks.project`; None: the
     base weights). Call it inside ``jit`` (``cfg`` and ``length`` static)."""
     w, (p, t) = dec_tokens.shape[0], pre_tokens.shape
-    mix = adapter_mix(params, adapter)
-    if mix is not None:  # per token: the decode rows', then every chunk token its chunk's
-        mix = jnp.concatenate([mix[:w], jnp.repeat(mix[w:], t, axis=0)])[None]  # [1, N, adapters]
     length = length or cache.k.shape[2]
     h, d = cfg.num_heads, cfg.resolved_head_dim
-    params = global_params(params, compute_dtype)
+    tokens = jnp.concatenate([dec_tokens, pre_tokens.reshape(-1)])
+    params, x, mix = embed_inputs(cfg, params, tokens, adapter, compute_dtype)  # x [N, E]
+    if mix is not None:  # per token: the decode rows', then every chunk token its chunk's
+        mix = jnp.concatenate([mix[:w], jnp.repeat(mix[w:], t, axis=0)])[None]  # [1, N, adapters]
     positions = jnp.concatenate([dec_positions, pre_positions.reshape(-1)])[None]  # [1, N]
-    x = embed_tokens(cfg, params, jnp.concatenate([dec_tokens, pre_tokens.reshape(-1)]))[
-        None
-    ]  # [1, N, E]
     dpos = dec_positions[:, None]  # [W, 1]
     idx = jnp.arange(length)[None]  # [1, S]
 
-    def layer(x, xs):
-        lw, inv_l, win_l, i = xs
-        lw = layer_weights(lw, compute_dtype)
-        q, kk, vv = (
-            a[0] for a in qkv(cfg, lw, x, positions, inv_l, mix)
-        )  # [N, H, D], [N, K, D] x2
+    def attend(q, kk, vv, win_l, i):
+        q, kk, vv = q[0], kk[0], vv[0]  # [N, H, D], [N, K, D] x2
         visible = (idx < dpos) & (dpos - idx < win_l)  # [W, S]
         keys = jax.lax.dynamic_index_in_dim(cache.k, i, 0, keepdims=False)[
             :w, :length
@@ -118,14 +99,11 @@ def mixed_forward(
         attn = jnp.concatenate([attn_d.astype(attn_p.dtype), attn_p.reshape(p * t, h * d)])[
             None
         ]  # [1, N, H*D]
-        return layer_rest(cfg, lw, x, attn, mix), (
-            pack_like(kk[:w], cache.k),
-            pack_like(vv[:w], cache.v),
-            kp,
-            vp,
-        )
+        return attn, (pack_like(kk[:w], cache.k), pack_like(vv[:w], cache.v), kp, vp)
 
-    x, (kd, vd, kp, vp) = jax.lax.scan(layer, x, layer_xs(cfg, params), unroll=layer_unroll(cfg))
+    x, (kd, vd, kp, vp) = scan_layers(
+        cfg, params, x[None], positions, attend, mix=mix, compute_dtype=compute_dtype
+    )
     x_last = jnp.take_along_axis(x[0, w:].reshape(p, t, -1), pre_last[:, None, None], axis=1)[
         :, 0
     ]  # [P, E]

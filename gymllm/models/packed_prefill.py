@@ -31,20 +31,8 @@ import jax
 import jax.numpy as jnp
 
 from gymllm.models.attention import attention
-from gymllm.models.blocks import (
-    adapter_mix,
-    embed_tokens,
-    final_logits,
-    global_params,
-    layer_rest,
-    layer_weights,
-    layer_unroll,
-    layer_xs,
-    pack_like,
-    qkv,
-    unpack,
-)
-from gymllm.models.cache import KVCache
+from gymllm.models.blocks import embed_inputs, final_logits, pack_like, scan_layers, unpack
+from gymllm.models.cache import KVCache, scatter_kv
 from gymllm.models.config import ModelConfig
 from gymllm.models.layers import causal_mask
 
@@ -87,17 +75,12 @@ def packed_prefill_forward(
     row count, start 0); ``length`` (static): cached slots read per row, >= every segment's start (0:
     none); ``adapter`` [N] int32: each token's LoRA adapter (None: the base weights). Call it inside
     ``jit``."""
-    mix = adapter_mix(params, adapter)
+    params, x, mix = embed_inputs(cfg, params, tokens, adapter, compute_dtype)  # x [N, E]
     mix = None if mix is None else mix[None]  # [1, N, A]
-    params = global_params(params, compute_dtype)
-    x = embed_tokens(cfg, params, tokens)[None]  # [1, N, E]
     clamped = jnp.minimum(rows, cache.k.shape[1] - 1)
     p = rows.shape[0]
 
-    def layer(x, xs):
-        lw, inv_l, win_l, i = xs
-        lw = layer_weights(lw, compute_dtype)
-        q, kk, vv = qkv(cfg, lw, x, positions[None], inv_l, mix)  # [1, N, H, D], [1, N, K, D] x2
+    def attend(q, kk, vv, win_l, i):  # q [1, N, H, D], kk/vv [1, N, K, D]
         k_st, v_st = pack_like(kk, cache.k), pack_like(vv, cache.v)  # as stored
         keys, values = unpack(k_st).astype(q.dtype), unpack(v_st).astype(q.dtype)
         if length:
@@ -117,21 +100,18 @@ def packed_prefill_forward(
         attn = attention(
             q, keys, values, mask, scale=cfg.attn_scale, softcap=cfg.attn_logit_softcap
         )  # [1, N, H*D]
-        return layer_rest(cfg, lw, x, attn, mix), (k_st[0], v_st[0])
+        return attn, (k_st[0], v_st[0])
 
-    x, (k_new, v_new) = jax.lax.scan(layer, x, layer_xs(cfg, params), unroll=layer_unroll(cfg))
+    x, (k_new, v_new) = scan_layers(
+        cfg, params, x[None], positions[None], attend, mix=mix, compute_dtype=compute_dtype
+    )
     return final_logits(cfg, params, x[0, logits_at]), k_new, v_new
 
 
-def write_packed_kv(
-    cache: KVCache, k_new: jax.Array, v_new: jax.Array, token_rows: jax.Array, positions: jax.Array
-) -> KVCache:
-    """Write token n's new k/v ([L, N, K, D]) at slot ``positions[n]`` of cache row ``token_rows[n]``, in
-    place under donation; a row index past the cache (a padding token) writes nothing."""
-    return KVCache(
-        cache.k.at[:, token_rows, positions].set(k_new, mode="drop"),
-        cache.v.at[:, token_rows, positions].set(v_new, mode="drop"),
-    )
+#: ``write_packed_kv(cache, k_new, v_new, token_rows, positions)``: token n's new k/v ([L, N, K, D]) at
+#: slot ``positions[n]`` of cache row ``token_rows[n]``, in place under donation; a row index past the
+#: cache (a padding token) writes nothing.
+write_packed_kv = scatter_kv
 
 
 def packed_prefill_and_write(

@@ -35,20 +35,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from gymllm.models.blocks import (
-    adapter_mix,
-    embed_tokens,
-    final_logits,
-    global_params,
-    layer_rest,
-    layer_weights,
-    layer_unroll,
-    layer_xs,
-    pack_like,
-    qkv,
-    unpack,
-)
-from gymllm.models.cache import KVCache
+from gymllm.models.blocks import embed_inputs, final_logits, pack_like, scan_layers, unpack
+from gymllm.models.cache import KVCache, scatter_kv
 from gymllm.models.config import ModelConfig
 from gymllm.models.attention import attention
 from gymllm.models.layers import causal_mask
@@ -114,23 +102,20 @@ def prefill_forward(
     ``adapter`` [P] int32: each row's LoRA adapter among the params' stacks
     (:func:`gymllm.models.blocks.project`; None: the base weights). Call it inside ``jit`` (``cfg``
     and ``length`` static)."""
-    mix = adapter_mix(params, adapter)
-    mix = None if mix is None else mix[:, None]  # [P, 1, N]
     length = cache.k.shape[2] if length is None else length
-    params = global_params(params, compute_dtype)
-    x = embed_tokens(cfg, params, tokens)  # [P, T, E]
+    params, x, mix = embed_inputs(cfg, params, tokens, adapter, compute_dtype)  # x [P, T, E]
+    mix = None if mix is None else mix[:, None]  # [P, 1, N]
 
-    def layer(x, xs):
-        lw, inv_l, win_l, i = xs
-        lw = layer_weights(lw, compute_dtype)
-        q, kk, vv = qkv(cfg, lw, x, positions, inv_l, mix)  # [P, T, H, D], [P, T, K, D] x2
+    def attend(q, kk, vv, win_l, i):  # q [P, T, H, D], kk/vv [P, T, K, D]
         k_st, v_st = pack_like(kk, cache.k), pack_like(vv, cache.v)  # as stored
         attn = chunk_attention(
             cfg, q, k_st, v_st, positions, rows, cache, i, length, win_l
         )  # [P, T, H*D]
-        return layer_rest(cfg, lw, x, attn, mix), (k_st, v_st)
+        return attn, (k_st, v_st)
 
-    x, (k_new, v_new) = jax.lax.scan(layer, x, layer_xs(cfg, params), unroll=layer_unroll(cfg))
+    x, (k_new, v_new) = scan_layers(
+        cfg, params, x, positions, attend, mix=mix, compute_dtype=compute_dtype
+    )
     x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)[:, 0]  # [P, E]
     return final_logits(cfg, params, x), k_new, v_new
 
@@ -153,9 +138,7 @@ def write_chunk_kv(
             jnp.arange(positions.shape[1])[None] < lengths[:, None], positions, s
         )  # [P, T]
     r = jnp.where(rows < b, rows, b)[:, None]  # [P, 1]
-    return KVCache(
-        cache.k.at[:, r, pos].set(k_new, mode="drop"), cache.v.at[:, r, pos].set(v_new, mode="drop")
-    )
+    return scatter_kv(cache, k_new, v_new, r, pos)
 
 
 def prefill_and_write(

@@ -44,6 +44,7 @@ import jax.numpy as jnp
 
 from gymllm.atomic import atomic_directory, atomic_write
 from gymllm.errors import ModelLoadError, ModelUnavailableError, explain
+from gymllm.models.config import TINY_FIELDS
 from gymllm.models.loaded import LoadedModel
 from gymllm.telemetry import span
 
@@ -147,7 +148,7 @@ def load(
             checkpoint=base_ckpt if trained.holds_adapters(run) else None,
             **{
                 k: section.get(k)
-                for k in _TINY_FIELDS
+                for k in TINY_FIELDS
                 if str(section["name"]).startswith(TINY_PREFIX)
             },
         )
@@ -161,17 +162,6 @@ def load(
             source=f"{loaded.source} + {checkpoint}",
         )
     return loaded
-
-
-_TINY_FIELDS = (
-    "seed",
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_layers",
-    "num_heads",
-    "num_kv_heads",
-)
 
 
 def _load_files(name_or_path: str, dtype) -> LoadedModel:

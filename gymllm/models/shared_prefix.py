@@ -42,16 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from gymllm.models.attention import attention
-from gymllm.models.blocks import (
-    embed_tokens,
-    final_logits,
-    global_params,
-    layer_rest,
-    layer_unroll,
-    layer_weights,
-    layer_xs,
-    qkv,
-)
+from gymllm.models.blocks import embed_tokens, final_logits, global_params, scan_layers
 from gymllm.models.config import ModelConfig
 from gymllm.models.layers import causal_mask
 
@@ -136,10 +127,7 @@ def shared_prefix_rows_hidden(
     )
     x = embed_tokens(cfg, params, tokens)[None]  # [1, N, E], N = Gp*Tp + R*Ts
 
-    def layer(x, xs):
-        lw, inv_l, win_l, _ = xs
-        lw = layer_weights(lw, compute_dtype)
-        q, kk, vv = qkv(cfg, lw, x, positions, inv_l)  # [1, N, H, D], [1, N, K, D]
+    def attend(q, kk, vv, win_l, _):  # [1, N, H, D], [1, N, K, D] x2
         h, d = q.shape[2], q.shape[3]
         qp, kp, vp = (
             a[0, :n_pre].reshape(gp, tp, -1, d) for a in (q, kk, vv)
@@ -170,9 +158,9 @@ def shared_prefix_rows_hidden(
         attn = jnp.concatenate([attn_p.reshape(-1, h * d), attn_s.reshape(-1, h * d)])[
             None
         ]  # [1, N, H*D]
-        return layer_rest(cfg, lw, x, attn), None
+        return attn, None
 
-    x, _ = jax.lax.scan(layer, x, layer_xs(cfg, params), unroll=layer_unroll(cfg))
+    x, _ = scan_layers(cfg, params, x, positions, attend, compute_dtype=compute_dtype)
     x = x[0]
     return x[:n_pre].reshape(gp, tp, -1), x[n_pre:].reshape(rows, ts, -1)
 

@@ -27,6 +27,7 @@ from gymllm.models.chat_templates import (
     template_supports_tools,
     tools_system_prompt,
 )
+from gymllm.validation import require_instance
 
 _TURN_TERMINATORS = (
     "<|im_end|>",
@@ -102,15 +103,14 @@ class TokenizerBundle:
 
     # ----- text -----
     def encode(self, text: str) -> list[int]:
-        if not isinstance(text, str):
-            raise TypeError(
-                explain(
-                    "TokenizerBundle.encode",
-                    expected="str",
-                    received=type(text).__name__,
-                    fix="pass text; for chats use apply_chat_template",
-                )
-            )
+        require_instance(
+            text,
+            str,
+            "TokenizerBundle.encode",
+            expected="str",
+            fix="pass text; for chats use apply_chat_template",
+            error=TypeError,
+        )
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:

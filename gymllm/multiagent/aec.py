@@ -9,8 +9,8 @@ import gymnasium as gym
 import numpy as np
 from pettingzoo import AECEnv
 
-from gymllm.errors import ConfigError, explain
-from gymllm.multiagent.codec import MoveText, MultiAgentConfig, TextCodec
+from gymllm.multiagent.codec import MoveText, MultiAgentConfig, wrap_game
+from gymllm.validation import require_instance
 
 __all__ = ["TextAECEnv"]
 
@@ -20,25 +20,14 @@ class TextAECEnv(AECEnv):
 
     def __init__(self, env: AECEnv, config: MultiAgentConfig | None = None):
         super().__init__()
-        if not isinstance(env, AECEnv):
-            raise ConfigError(
-                explain(
-                    "TextAECEnv(env)",
-                    expected="a pettingzoo.AECEnv",
-                    received=type(env).__name__,
-                    fix="use TextParallelEnv for Parallel envs (or from_pettingzoo)",
-                )
-            )
-        self.env = env
-        self.config = config or MultiAgentConfig()
-        self.codec = TextCodec(env, self.config)
-        self.possible_agents = list(env.possible_agents)
-        self.metadata = {
-            **getattr(env, "metadata", {}),
-            "name": f"text_{env.metadata.get('name', 'env')}",
-            "render_modes": ["ansi"],
-        }
-        self.render_mode = None
+        require_instance(
+            env,
+            AECEnv,
+            "TextAECEnv(env)",
+            expected="a pettingzoo.AECEnv",
+            fix="use TextParallelEnv for Parallel envs (or from_pettingzoo)",
+        )
+        wrap_game(self, env, config, render_modes=["ansi"])
         self._forfeited = False
         self._notes: dict[str, str] = {}
         self._invalid: dict[str, int] = {}

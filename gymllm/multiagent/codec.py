@@ -13,6 +13,7 @@ from gymnasium import spaces as gspaces
 
 from gymllm.errors import ConfigError, explain
 from gymllm.spaces import Text
+from gymllm.space_text import check_invalid_policy, distinct_names
 
 __all__ = ["MultiAgentConfig", "MoveText", "TextCodec", "move_texts", "raw_action_mask"]
 
@@ -40,39 +41,11 @@ class MultiAgentConfig:
     instructions: str | None = None
 
     def __post_init__(self) -> None:
-        if self.invalid_action not in ("retry", "forfeit"):
-            raise ConfigError(
-                explain(
-                    "MultiAgentConfig.invalid_action",
-                    expected="'retry' or 'forfeit'",
-                    received=self.invalid_action,
-                    fix="pick one of the two policies",
-                )
-            )
-        if self.max_invalid is not None and (
-            not isinstance(self.max_invalid, int) or self.max_invalid < 1
-        ):
-            raise ConfigError(
-                explain(
-                    "MultiAgentConfig.max_invalid",
-                    expected="None or an int >= 1",
-                    received=self.max_invalid,
-                    fix="use max_invalid=3",
-                )
-            )
+        check_invalid_policy("MultiAgentConfig", self.invalid_action, self.max_invalid)
         if self.move_names is not None:
-            names = tuple(self.move_names)
-            if not all(isinstance(n, str) and n.strip() for n in names) or len(
-                {n.lower() for n in names}
-            ) != len(names):
-                raise ConfigError(
-                    explain(
-                        "MultiAgentConfig.move_names",
-                        expected="distinct non-empty str",
-                        received=names,
-                        fix="give one unique name per move",
-                    )
-                )
+            names = distinct_names(
+                "MultiAgentConfig.move_names", self.move_names, "give one unique name per move"
+            )
             object.__setattr__(self, "move_names", names)
 
 
@@ -218,3 +191,20 @@ class TextCodec:
             if mask is not None and not mask[idx]:
                 return None, f"move {space.moves[idx]!r} is not legal now"
         return value, None
+
+
+def wrap_game(wrapper: Any, env: Any, config: MultiAgentConfig | None, **metadata: Any) -> None:
+    """What :class:`~gymllm.multiagent.aec.TextAECEnv` and
+    :class:`~gymllm.multiagent.parallel.TextParallelEnv` set up alike around a PettingZoo ``env``: the
+    env, the config (default :class:`MultiAgentConfig`), the :class:`TextCodec`, the possible agents,
+    the env's metadata named ``text_<name>`` (plus ``metadata``) and no render mode."""
+    wrapper.env = env
+    wrapper.config = config or MultiAgentConfig()
+    wrapper.codec = TextCodec(env, wrapper.config)
+    wrapper.possible_agents = list(env.possible_agents)
+    wrapper.metadata = {
+        **getattr(env, "metadata", {}),
+        "name": f"text_{env.metadata.get('name', 'env')}",
+        **metadata,
+    }
+    wrapper.render_mode = None

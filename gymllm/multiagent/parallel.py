@@ -9,8 +9,8 @@ import gymnasium as gym
 import numpy as np
 from pettingzoo import ParallelEnv
 
-from gymllm.errors import ConfigError, explain
-from gymllm.multiagent.codec import MoveText, MultiAgentConfig, TextCodec
+from gymllm.multiagent.codec import MoveText, MultiAgentConfig, wrap_game
+from gymllm.validation import require_instance
 
 __all__ = ["TextParallelEnv"]
 
@@ -19,24 +19,14 @@ class TextParallelEnv(ParallelEnv):
     """A PettingZoo Parallel env with text observations and actions around a Parallel env (module doc)."""
 
     def __init__(self, env: ParallelEnv, config: MultiAgentConfig | None = None):
-        if not isinstance(env, ParallelEnv):
-            raise ConfigError(
-                explain(
-                    "TextParallelEnv(env)",
-                    expected="a pettingzoo.ParallelEnv",
-                    received=type(env).__name__,
-                    fix="use TextAECEnv for AEC envs (or from_pettingzoo)",
-                )
-            )
-        self.env = env
-        self.config = config or MultiAgentConfig()
-        self.codec = TextCodec(env, self.config)
-        self.possible_agents = list(env.possible_agents)
-        self.metadata = {
-            **getattr(env, "metadata", {}),
-            "name": f"text_{env.metadata.get('name', 'env')}",
-        }
-        self.render_mode = None
+        require_instance(
+            env,
+            ParallelEnv,
+            "TextParallelEnv(env)",
+            expected="a pettingzoo.ParallelEnv",
+            fix="use TextAECEnv for AEC envs (or from_pettingzoo)",
+        )
+        wrap_game(self, env, config)
         self.agents: list[str] = []
 
     def observation_space(self, agent: str) -> gym.Space:

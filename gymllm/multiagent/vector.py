@@ -10,6 +10,7 @@ import numpy as np
 from gymllm.errors import ConfigError, GymLLMError, explain
 from gymllm.multiagent.aec import TextAECEnv
 from gymllm.multiagent.policies import Policy, advance_game
+from gymllm.validation import check_range
 
 __all__ = ["AgentVectorEnv"]
 
@@ -34,15 +35,9 @@ class AgentVectorEnv:
         learners: Iterable[str] | None = None,
         opponents: dict[str, Policy | None] | None = None,
     ):
-        if not isinstance(num_games, int) or num_games < 1:
-            raise ConfigError(
-                explain(
-                    "AgentVectorEnv.num_games",
-                    expected="an int >= 1",
-                    received=num_games,
-                    fix="pass num_games=4",
-                )
-            )
+        check_range(
+            "AgentVectorEnv", "num_games", num_games, lo=1, integer=True, fix="pass num_games=4"
+        )
         self.games = [env_fn() for _ in range(num_games)]
         seats = list(self.games[0].possible_agents)
         self.learners = list(learners) if learners is not None else seats

@@ -5,36 +5,29 @@ from gymllm.rollout import RolloutOrchestrator, RolloutConfig, ModelAgent, ToolA
 
 from __future__ import annotations
 
-from gymllm._lazy import lazy_exports
+from gymllm._lazy import lazy_exports, lazy_table
 
-_LAZY = {
-    "Agent": "gymllm.rollout.agents",
-    "ModelAgent": "gymllm.rollout.agents",
-    "ToolAgent": "gymllm.rollout.agents",
-    "RolloutConfig": "gymllm.rollout.config",
-    "Episode": "gymllm.rollout.episode",
-    "EpisodeKey": "gymllm.rollout.episode",
-    "GroupBuffer": "gymllm.rollout.group_buffer",
-    "GroupFailedError": "gymllm.rollout.group_buffer",
-    "GroupQueue": "gymllm.rollout.group_queue",
-    "QueueClosed": "gymllm.rollout.group_queue",
-    "LoopLagMonitor": "gymllm.rollout.loop_lag",
-    "MeteredEngine": "gymllm.rollout.engine_meter",
-    "RolloutOrchestrator": "gymllm.rollout.orchestrator",
-    "GroupTimeoutError": "gymllm.rollout.producer",
-    "RolloutStalledError": "gymllm.rollout.producer",
-    "run_episode": "gymllm.rollout.producer",
-    "StalenessController": "gymllm.rollout.staleness",
-    "sync_rollout": "gymllm.rollout.sync_baseline",
-    "SyncBatchSource": "gymllm.rollout.sync_baseline",
-    "GroupSource": "gymllm.rollout.sources",
-    "GroupSourceError": "gymllm.rollout.sources",
-    "AgentProgramSource": "gymllm.rollout.agent_programs",
-    "EngineWrapper": "gymllm.rollout.engine_wrappers",
-    "TokenBuffer": "gymllm.rollout.token_buffer",
-    "check_prefix_preserving": "gymllm.rollout.token_buffer",
-    "as_env_slots": "gymllm.rollout.env_slots",
-}
+_LAZY = lazy_table(
+    __name__,
+    {
+        ".agents": ("Agent", "ModelAgent", "ToolAgent"),
+        ".config": ("RolloutConfig",),
+        ".episode": ("Episode", "EpisodeKey"),
+        ".group_buffer": ("GroupBuffer", "GroupFailedError"),
+        ".group_queue": ("GroupQueue", "QueueClosed"),
+        ".loop_lag": ("LoopLagMonitor",),
+        ".engine_meter": ("MeteredEngine",),
+        ".orchestrator": ("RolloutOrchestrator",),
+        ".producer": ("GroupTimeoutError", "RolloutStalledError", "run_episode"),
+        ".staleness": ("StalenessController",),
+        ".sync_baseline": ("sync_rollout", "SyncBatchSource"),
+        ".sources": ("GroupSource", "GroupSourceError"),
+        ".agent_programs": ("AgentProgramSource",),
+        ".engine_wrappers": ("EngineWrapper",),
+        ".token_buffer": ("TokenBuffer", "check_prefix_preserving"),
+        ".env_slots": ("as_env_slots",),
+    },
+)
 
 __all__ = list(_LAZY)
 

@@ -31,6 +31,7 @@ from gymllm.rollout.agents import Agent, ModelAgent, ToolAgent
 from gymllm.rollout.config import RolloutConfig
 from gymllm.types import Group
 from gymllm.utils.seeds import HELD_OUT_SEED_BASE
+from gymllm.validation import check_range
 
 __all__ = [
     "EvalConfig",
@@ -76,24 +77,15 @@ class EvalConfig:
     def __post_init__(self) -> None:
         for f in ("seeds", "k", "max_turns", "max_concurrency"):
             v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(
-                    explain(
-                        f"EvalConfig.{f}",
-                        expected="an int >= 1",
-                        received=v,
-                        fix=f"set {f}=1 or more",
-                    )
-                )
-        if not isinstance(self.seed_base, int) or self.seed_base < 0:
-            raise ConfigError(
-                explain(
-                    "EvalConfig.seed_base",
-                    expected="an int >= 0",
-                    received=self.seed_base,
-                    fix=f"e.g. --eval.seed-base {HELD_OUT_SEED_BASE}",
-                )
-            )
+            check_range("EvalConfig", f, v, lo=1, integer=True, fix=f"set {f}=1 or more")
+        check_range(
+            "EvalConfig",
+            "seed_base",
+            self.seed_base,
+            lo=0,
+            integer=True,
+            fix=f"e.g. --eval.seed-base {HELD_OUT_SEED_BASE}",
+        )
         if not isinstance(self.sampling, SamplingParams) or self.sampling.n != 1:
             raise ConfigError(
                 explain(

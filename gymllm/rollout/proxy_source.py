@@ -31,6 +31,7 @@ from gymllm.rollout.group_queue import QueueClosed
 from gymllm.rollout.sources import QueueSource
 from gymllm.rollout.token_buffer import Row
 from gymllm.types import Group, Trajectory
+from gymllm.validation import check_range
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -48,15 +49,7 @@ class ProxySourceConfig:
     def __post_init__(self) -> None:
         for name in ("group_size", "max_queued_groups"):
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(
-                    explain(
-                        f"ProxySourceConfig.{name}",
-                        expected="an int >= 1",
-                        received=v,
-                        fix=f"pass e.g. {name}=4",
-                    )
-                )
+            check_range("ProxySourceConfig", name, v, lo=1, integer=True, fix=f"pass e.g. {name}=4")
         if not self.admission_timeout_s > 0:
             raise ConfigError(
                 explain(
@@ -66,17 +59,15 @@ class ProxySourceConfig:
                     fix="pass e.g. 600",
                 )
             )
-        if self.max_staleness is not None and (
-            not isinstance(self.max_staleness, int) or self.max_staleness < 0
-        ):
-            raise ConfigError(
-                explain(
-                    "ProxySourceConfig.max_staleness",
-                    expected="None or an int >= 0",
-                    received=self.max_staleness,
-                    fix="pass e.g. 2",
-                )
-            )
+        check_range(
+            "ProxySourceConfig",
+            "max_staleness",
+            self.max_staleness,
+            lo=0,
+            integer=True,
+            optional=True,
+            fix="pass e.g. 2",
+        )
 
 
 def session_trajectories(closed: Any, member: int = 0) -> list[Trajectory]:

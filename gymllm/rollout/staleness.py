@@ -20,7 +20,8 @@ import asyncio
 import math
 import threading
 
-from gymllm.errors import ConfigError, explain
+from gymllm.errors import explain
+from gymllm.validation import check_range
 
 
 class StalenessController:
@@ -31,24 +32,23 @@ class StalenessController:
     """
 
     def __init__(self, *, max_staleness: int | None, groups_per_step: int, version: int = 0):
-        if max_staleness is not None and (not isinstance(max_staleness, int) or max_staleness < 0):
-            raise ConfigError(
-                explain(
-                    "StalenessController.max_staleness",
-                    expected="None or an int >= 0",
-                    received=max_staleness,
-                    fix="pass eta = 0 for synchronous, 2-4 for async",
-                )
-            )
-        if not isinstance(groups_per_step, int) or groups_per_step < 1:
-            raise ConfigError(
-                explain(
-                    "StalenessController.groups_per_step",
-                    expected="an int >= 1",
-                    received=groups_per_step,
-                    fix="pass the learner's groups per optimizer step",
-                )
-            )
+        check_range(
+            "StalenessController",
+            "max_staleness",
+            max_staleness,
+            lo=0,
+            integer=True,
+            optional=True,
+            fix="pass eta = 0 for synchronous, 2-4 for async",
+        )
+        check_range(
+            "StalenessController",
+            "groups_per_step",
+            groups_per_step,
+            lo=1,
+            integer=True,
+            fix="pass the learner's groups per optimizer step",
+        )
         self.max_staleness = max_staleness
         self.groups_per_step = groups_per_step
         self.version = int(version)

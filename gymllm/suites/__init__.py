@@ -15,34 +15,29 @@ games between models, checkpoints and scripted opponents (win/draw/loss, Elo rat
 
 from __future__ import annotations
 
-from gymllm._lazy import lazy_exports
+from gymllm._lazy import lazy_exports, lazy_table
 
-_LAZY = {
-    "Suite": "gymllm.suites.spec",
-    "SuiteEnv": "gymllm.suites.spec",
-    "SuiteError": "gymllm.suites.spec",
-    "load_suite": "gymllm.suites.spec",
-    "parse_suite": "gymllm.suites.spec",
-    "one_off_suite": "gymllm.suites.spec",
-    "shipped_suites": "gymllm.suites.spec",
-    "resolve_env_id": "gymllm.registration",
-    "PolicySpec": "gymllm.suites.runner",
-    "RunnerConfig": "gymllm.suites.runner",
-    "run_suite": "gymllm.suites.runner",
-    "ResultsFile": "gymllm.suites.results",
-    "summarize": "gymllm.suites.results",
-    "pass_at_k": "gymllm.suites.stats",
-    "pass_at_curve": "gymllm.suites.stats",
-    "bootstrap_ci": "gymllm.suites.stats",
-    "paired_comparison": "gymllm.suites.stats",
-    "write_report": "gymllm.suites.report",
-    "MixtureSampler": "gymllm.suites.mixture",
-    "learnability_weights": "gymllm.suites.mixture",
-    "EnvMetrics": "gymllm.suites.mixture",
-    "Player": "gymllm.suites.games",
-    "MatchConfig": "gymllm.suites.games",
-    "run_matches": "gymllm.suites.games",
-}
+_LAZY = lazy_table(
+    __name__,
+    {
+        ".spec": (
+            "Suite",
+            "SuiteEnv",
+            "SuiteError",
+            "load_suite",
+            "parse_suite",
+            "one_off_suite",
+            "shipped_suites",
+        ),
+        "gymllm.registration": ("resolve_env_id",),
+        ".runner": ("PolicySpec", "RunnerConfig", "run_suite"),
+        ".results": ("ResultsFile", "summarize"),
+        ".stats": ("pass_at_k", "pass_at_curve", "bootstrap_ci", "paired_comparison"),
+        ".report": ("write_report",),
+        ".mixture": ("MixtureSampler", "learnability_weights", "EnvMetrics"),
+        ".games": ("Player", "MatchConfig", "run_matches"),
+    },
+)
 
 __all__ = list(_LAZY)
 

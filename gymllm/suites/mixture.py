@@ -28,6 +28,7 @@ import numpy as np
 
 from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 from gymllm.errors import ConfigError, explain
+from gymllm.validation import check_range
 
 __all__ = ["MixtureSampler", "learnability_weights", "env_metric_names", "EnvMetrics"]
 
@@ -58,15 +59,14 @@ class MixtureSampler:
     def __init__(
         self, weights: Mapping[str, float], *, seed: int = 0, seed_high: int = HELD_OUT_SEED_BASE
     ):
-        if isinstance(seed_high, bool) or not isinstance(seed_high, int) or seed_high < 1:
-            raise ConfigError(
-                explain(
-                    "MixtureSampler.seed_high",
-                    expected="an int >= 1",
-                    received=seed_high,
-                    fix=f"e.g. {HELD_OUT_SEED_BASE}",
-                )
-            )
+        check_range(
+            "MixtureSampler",
+            "seed_high",
+            seed_high,
+            lo=1,
+            integer=True,
+            fix=f"e.g. {HELD_OUT_SEED_BASE}",
+        )
         self.names = list(weights)
         self.base_weights = _normalised(weights, "MixtureSampler weights")
         self.probs = np.array([self.base_weights[n] for n in self.names])

@@ -44,6 +44,7 @@ from typing import Any, Callable, Sequence
 from gymllm.errors import ConfigError, explain
 from gymllm.suites.results import ResultsFile, row_key, summarize, suite_from_dict, write_json
 from gymllm.suites.spec import Suite, SuiteEnv
+from gymllm.validation import check_range
 
 __all__ = ["PolicySpec", "RunnerConfig", "run_suite", "work_items"]
 
@@ -101,15 +102,7 @@ class RunnerConfig:
     def __post_init__(self) -> None:
         for f in ("max_concurrency_per_env", "num_slots", "max_len", "num_resamples"):
             v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(
-                    explain(
-                        f"RunnerConfig.{f}",
-                        expected="an int >= 1",
-                        received=v,
-                        fix=f"set {f}=1 or more",
-                    )
-                )
+            check_range("RunnerConfig", f, v, lo=1, integer=True, fix=f"set {f}=1 or more")
         if self.episode_timeout_s is not None and not self.episode_timeout_s > 0:
             raise ConfigError(
                 explain(

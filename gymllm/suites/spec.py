@@ -36,6 +36,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 from gymllm.errors import ConfigError, explain
+from gymllm.validation import require_instance
 
 __all__ = [
     "SuiteError",
@@ -418,15 +419,9 @@ def parse_suite(
 ) -> Suite:
     """A :class:`Suite` from the TOML's data (see the module doc); :class:`SuiteError` on anything wrong."""
     where = f"suite {source}, top level"
-    if not isinstance(data, Mapping):
-        raise SuiteError(
-            explain(
-                where,
-                expected="a TOML table",
-                received=type(data).__name__,
-                fix="write a TOML file",
-            )
-        )
+    require_instance(
+        data, Mapping, where, expected="a TOML table", fix="write a TOML file", error=SuiteError
+    )
     _check_keys(data, TOP_KEYS, where)
     top = _defaults(data, DEFAULTS, where)
     name = _str(data.get("name", default_name), "name", where, "set name = 'my-suite'")

@@ -41,6 +41,7 @@ import time
 from typing import Any, Callable, Iterator
 
 from gymllm.errors import ConfigError, GymLLMError, explain
+from gymllm.validation import check_range
 
 __all__ = ["WatchdogConfig", "Watchdog", "Stall", "StageStalledError"]
 
@@ -81,15 +82,15 @@ class WatchdogConfig:
                 )
             )
         m = self.stop_after
-        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
-            raise ConfigError(
-                explain(
-                    "WatchdogConfig.stop_after",
-                    expected="None or an int >= 1",
-                    received=m,
-                    fix="pass stop_after=3",
-                )
-            )
+        check_range(
+            "WatchdogConfig",
+            "stop_after",
+            m,
+            lo=1,
+            integer=True,
+            optional=True,
+            fix="pass stop_after=3",
+        )
 
     @property
     def enabled(self) -> bool:

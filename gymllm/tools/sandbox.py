@@ -87,6 +87,7 @@ from gymllm.tools.sandbox_process import (
     shell_env,
 )
 from gymllm.tools.sandbox_workdir import WorkDir
+from gymllm.validation import require_instance
 
 
 _DISK_POLL_S = 0.02
@@ -233,15 +234,14 @@ class Sandbox:
         self, code: str, *, timeout_s: float | None = None, stdin: str | None = None
     ) -> SandboxResult:
         """Run Python source in a fresh isolated interpreter (stdlib + ``extra_paths``)."""
-        if not isinstance(code, str):
-            raise ToolError(
-                explain(
-                    "Sandbox.run_python code",
-                    expected="a str of Python source",
-                    received=type(code).__name__,
-                    fix="pass the code as text",
-                )
-            )
+        require_instance(
+            code,
+            str,
+            "Sandbox.run_python code",
+            expected="a str of Python source",
+            fix="pass the code as text",
+            error=ToolError,
+        )
         return self._run(
             {
                 "mode": "python",
@@ -257,15 +257,14 @@ class Sandbox:
         self, command: str, *, timeout_s: float | None = None, stdin: str | None = None
     ) -> SandboxResult:
         """Run a ``bash -c`` command line in the work dir."""
-        if not isinstance(command, str):
-            raise ToolError(
-                explain(
-                    "Sandbox.run_shell command",
-                    expected="a str command line",
-                    received=type(command).__name__,
-                    fix="pass the command as text",
-                )
-            )
+        require_instance(
+            command,
+            str,
+            "Sandbox.run_shell command",
+            expected="a str command line",
+            fix="pass the command as text",
+            error=ToolError,
+        )
         return self.run_argv(["bash", "-c", command], timeout_s=timeout_s, stdin=stdin)
 
     def run_argv(

@@ -11,25 +11,28 @@ supervised fine-tuning (:mod:`~gymllm.train.sft`, ``sft_data``, ``sft_step``). I
 
 from __future__ import annotations
 
-from gymllm._lazy import lazy_exports
+from gymllm._lazy import lazy_exports, lazy_table
 
-_LAZY = {
-    "TrainConfig": "gymllm.train.train_config",
-    "ModelSection": "gymllm.train.train_config",
-    "EnvSection": "gymllm.train.train_config",
-    "RunSection": "gymllm.train.train_config",
-    "ClusterSection": "gymllm.train.train_config",
-    "EvalSection": "gymllm.train.train_config",
-    "preset": "gymllm.train.train_config",
-    "Run": "gymllm.train.run",
-    "LocalComponents": "gymllm.train.components",
-    "RayComponents": "gymllm.train.cluster",
-    "TrainResult": "gymllm.train.trainer",
-    "train": "gymllm.train.trainer",
-    "Kind": "gymllm.train.assembly",
-    "register_kind": "gymllm.train.assembly",
-    **{n: "gymllm.train.sft" for n in ("SFTConfig", "SFTSection", "SFTResult", "run_sft")},
-}
+_LAZY = lazy_table(
+    __name__,
+    {
+        ".train_config": (
+            "TrainConfig",
+            "ModelSection",
+            "EnvSection",
+            "RunSection",
+            "ClusterSection",
+            "EvalSection",
+            "preset",
+        ),
+        ".run": ("Run",),
+        ".components": ("LocalComponents",),
+        ".cluster": ("RayComponents",),
+        ".trainer": ("TrainResult", "train"),
+        ".assembly": ("Kind", "register_kind"),
+        ".sft": ("SFTConfig", "SFTSection", "SFTResult", "run_sft"),
+    },
+)
 
 __all__ = list(_LAZY)
 

@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from gymllm.train.train_config import TrainConfig
 from gymllm.errors import ConfigError, explain
+from gymllm.validation import require_instance
 
 __all__ = ["SourceContext", "Kind", "KINDS", "register_kind", "select_kind", "kind_named"]
 
@@ -148,16 +149,14 @@ def _policies(ctx: SourceContext) -> Any:
     from gymllm.rollout.seat_source import SeatMetrics
 
     cfg, p = ctx.cfg, ctx.parts
-    if not isinstance(p.learner, PolicySet):
-        raise ConfigError(
-            explain(
-                "multiagent.policies",
-                expected="an in-process learner (cluster.backend 'none')",
-                received=type(p.learner).__name__,
-                fix="drop --cluster.backend for a run with "
-                "several policies (serving them on Ray is not implemented)",
-            )
-        )
+    require_instance(
+        p.learner,
+        PolicySet,
+        "multiagent.policies",
+        expected="an in-process learner (cluster.backend 'none')",
+        fix="drop --cluster.backend for a run with "
+        "several policies (serving them on Ray is not implemented)",
+    )
     seats = SeatMetrics(opponent=cfg.multiagent.opponent)
     ctx.add_metrics(seats.flush)
     engines = {
@@ -202,7 +201,6 @@ def _game_seats(ctx: SourceContext) -> Any:
 def _sync_baseline(ctx: SourceContext) -> Any:
     from gymllm.rollout.sync_baseline import SyncBatchSource
 
-    cfg, p = ctx.cfg, ctx.parts
     if ctx.resume.decided:
         raise ConfigError(
             explain(
@@ -217,32 +215,33 @@ def _sync_baseline(ctx: SourceContext) -> Any:
         ctx.tally.add(group)
         return True
 
-    return SyncBatchSource(
+    per_step = ctx.cfg.learner.groups_per_step
+    return _rollout_source(ctx, SyncBatchSource, tally, batch_groups=per_step)
+
+
+def _rollout_source(
+    ctx: SourceContext, source: Callable[..., Any], keep: Callable[[Any], bool], **per_step: int
+) -> Any:
+    """A single-env rollout ``source`` (the orchestrator or the sync baseline) over the run's envs,
+    engine and agent with its sampling, rollout config and seed; ``keep`` filters its groups."""
+    cfg, p = ctx.cfg, ctx.parts
+    return source(
         p.envs,
         p.gen_engine,
         p.agent,
         sampling=cfg.sampling,
         config=cfg.rollout,
         seed=cfg.run.seed,
-        batch_groups=cfg.learner.groups_per_step,
-        group_filter=tally,
+        group_filter=keep,
+        **per_step,
     )
 
 
 def _orchestrator(ctx: SourceContext, keep: Callable[[Any], bool]) -> Any:
     from gymllm.rollout import RolloutOrchestrator
 
-    cfg, p = ctx.cfg, ctx.parts
-    return RolloutOrchestrator(
-        p.envs,
-        p.gen_engine,
-        p.agent,
-        sampling=cfg.sampling,
-        config=cfg.rollout,
-        seed=cfg.run.seed,
-        groups_per_step=cfg.learner.groups_per_step,
-        group_filter=keep,
-    )
+    per_step = ctx.cfg.learner.groups_per_step
+    return _rollout_source(ctx, RolloutOrchestrator, keep, groups_per_step=per_step)
 
 
 def _suite_mixture(ctx: SourceContext) -> Any:

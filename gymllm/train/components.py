@@ -12,6 +12,7 @@ import dataclasses
 import pathlib
 from typing import Any, Protocol
 
+from gymllm.models.config import TINY_FIELDS
 from gymllm.train.resume import ResumeState
 from gymllm.train.train_config import ModelSection, TrainConfig
 from gymllm.train.wiring import engine_config, learner_kwargs
@@ -24,22 +25,7 @@ def load_model(m: ModelSection) -> Any:
     the trained weights of ``m.checkpoint`` when it is set (warm start)."""
     from gymllm import models
 
-    tiny = (
-        {
-            k: getattr(m, k)
-            for k in (
-                "seed",
-                "vocab_size",
-                "hidden_size",
-                "intermediate_size",
-                "num_layers",
-                "num_heads",
-                "num_kv_heads",
-            )
-        }
-        if m.is_tiny
-        else {}
-    )
+    tiny = {k: getattr(m, k) for k in TINY_FIELDS} if m.is_tiny else {}
     loaded = models.load(m.name, checkpoint=m.checkpoint or None, **tiny)
     return loaded
 

@@ -493,21 +493,24 @@ def from_tables(
     return apply_overrides(base if base is not None else TrainConfig(), tables, where=where)
 
 
+# What both presets run on a small CPU: the engine's fixed shapes (one 128-token packed prefill, one
+# decode length, 8-token decode chunks, a short idle wait) and the learner's fixed program set.
+_CPU_ENGINE = dict(
+    min_bucket=64,
+    idle_wait_s=0.002,
+    decode_chunk=8,
+    shapes="fixed",
+    prefill_tokens=128,
+    decode_lengths=1,
+)
+
+
 def _tiny() -> TrainConfig:
     """Tiny qwen3-like model (2 layers, d 64) on TinyRepeat-v0 (2 letters), G 8, 4 groups per step."""
     return TrainConfig(
         model=ModelSection(name="tiny-qwen3", hidden_size=64, num_layers=2),
         env=EnvSection(id="gymllm/TinyRepeat-v0", kwargs={"num_letters": 2}, num_envs=32),
-        engine=EngineConfig(
-            num_slots=32,
-            max_len=64,
-            min_bucket=64,
-            idle_wait_s=0.002,
-            decode_chunk=8,
-            shapes="fixed",
-            prefill_tokens=128,
-            decode_lengths=1,
-        ),
+        engine=EngineConfig(num_slots=32, max_len=64, **_CPU_ENGINE),
         sampling=SamplingParams(temperature=1.0, max_tokens=6),
         rollout=RolloutConfig(group_size=8, max_concurrency=32, max_staleness=1, max_model_calls=1),
         optimizer=OptimizerConfig(learning_rate=1e-2, max_grad_norm=1.0),
@@ -544,16 +547,7 @@ def _default() -> TrainConfig:
         model=ModelSection(name="smollm2-135m-instruct"),
         env=EnvSection(id="gymllm/ArithmeticTool-v0", kwargs={"digits": 1}, num_envs=12),
         engine=EngineConfig(
-            num_slots=12,
-            max_len=160,
-            min_bucket=64,
-            idle_wait_s=0.002,
-            decode_chunk=8,
-            compute_dtype="auto",
-            shapes="fixed",
-            prefill_tokens=128,
-            prefill_tokens_small=32,
-            decode_lengths=1,
+            num_slots=12, max_len=160, compute_dtype="auto", prefill_tokens_small=32, **_CPU_ENGINE
         ),
         sampling=SamplingParams(temperature=0.8, max_tokens=24),
         rollout=RolloutConfig(group_size=6, max_concurrency=12, max_staleness=2, max_model_calls=2),

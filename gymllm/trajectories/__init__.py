@@ -13,22 +13,25 @@ The writing wrapper is :class:`gymllm.wrappers.TrajectoryLogger`. Exports are la
 
 from __future__ import annotations
 
-from gymllm._lazy import lazy_exports
+from gymllm._lazy import lazy_exports, lazy_table
 
-_LAZY: dict[str, str] = {
-    "TrajectoryLoggerConfig": "gymllm.trajectories.format",
-    "trajectory_record": "gymllm.trajectories.format",
-    "read_log": "gymllm.trajectories.reader",
-    "read_tokens": "gymllm.trajectories.reader",
-    "scan_jsonl": "gymllm.trajectories.reader",
-    "LoggedEpisode": "gymllm.trajectories.reader",
-    "read_trajectory_records": "gymllm.trajectories.reader",
-    "trajectory_from_record": "gymllm.trajectories.reader",
-    "TrajectoryRecordWriter": "gymllm.trajectories.writers",
-    "TokenStore": "gymllm.trajectories.tokens",
-    "replay": "gymllm.trajectories.replaying",
-    "ReplayReport": "gymllm.trajectories.replaying",
-}
+_LAZY = lazy_table(
+    __name__,
+    {
+        ".format": ("TrajectoryLoggerConfig", "trajectory_record"),
+        ".reader": (
+            "read_log",
+            "read_tokens",
+            "scan_jsonl",
+            "LoggedEpisode",
+            "read_trajectory_records",
+            "trajectory_from_record",
+        ),
+        ".writers": ("TrajectoryRecordWriter",),
+        ".tokens": ("TokenStore",),
+        ".replaying": ("replay", "ReplayReport"),
+    },
+)
 
 __all__ = list(_LAZY)
 

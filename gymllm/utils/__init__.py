@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from gymllm._lazy import lazy_exports
+from gymllm._lazy import lazy_exports, lazy_table
 
-_LAZY = {
-    "check_env": "gymllm.utils.env_checker",
-    "EnvCheckError": "gymllm.utils.env_checker",
-    "check_vector_env": "gymllm.utils.vector_checker",
-    "LatencyJitter": "gymllm.utils.vector_checker",
-}
+_LAZY = lazy_table(
+    __name__,
+    {
+        ".env_checker": ("check_env", "EnvCheckError"),
+        ".vector_checker": ("check_vector_env", "LatencyJitter"),
+    },
+)
 
 __all__ = list(_LAZY)
 

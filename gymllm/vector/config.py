@@ -9,7 +9,7 @@ from typing import Any
 from gymnasium.vector import AutoresetMode
 
 from gymllm.errors import ConfigError, explain
-from gymllm.validation import is_int, is_number
+from gymllm.validation import field_error, is_int, is_number
 
 __all__ = ["VectorEnvConfig", "RayOptions", "parse_autoreset_mode"]
 
@@ -75,14 +75,7 @@ class RayOptions:
 
     def __post_init__(self) -> None:
         def bad(name: str, expected: str, fix: str) -> ConfigError:
-            return ConfigError(
-                explain(
-                    f"ray_options[{name!r}]",
-                    expected=expected,
-                    received=getattr(self, name),
-                    fix=fix,
-                )
-            )
+            return field_error(self, name, expected, fix, what=f"ray_options[{name!r}]")
 
         if self.address is not None and not (isinstance(self.address, str) and self.address):
             raise bad(

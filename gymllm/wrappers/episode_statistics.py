@@ -30,6 +30,7 @@ import numpy as np
 from gymllm.core import areset_env, astep_env
 from gymllm.errors import ConfigError, explain
 from gymllm.telemetry import counter
+from gymllm.validation import check_range
 
 
 @dataclasses.dataclass
@@ -107,19 +108,14 @@ class EpisodeStatisticsConfig:
     token_counter: Callable[[str], int] | None = None
 
     def __post_init__(self) -> None:
-        if (
-            isinstance(self.buffer_length, bool)
-            or not isinstance(self.buffer_length, int)
-            or self.buffer_length < 1
-        ):
-            raise ConfigError(
-                explain(
-                    "EpisodeStatisticsConfig.buffer_length",
-                    expected="an int >= 1",
-                    received=self.buffer_length,
-                    fix="pass buffer_length=100",
-                )
-            )
+        check_range(
+            "EpisodeStatisticsConfig",
+            "buffer_length",
+            self.buffer_length,
+            lo=1,
+            integer=True,
+            fix="pass buffer_length=100",
+        )
         if self.token_counter is not None and not callable(self.token_counter):
             raise ConfigError(
                 explain(

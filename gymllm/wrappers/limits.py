@@ -20,6 +20,7 @@ import gymnasium as gym
 
 from gymllm.core import areset_env, astep_env
 from gymllm.errors import ConfigError, ResetNeededError, explain
+from gymllm.validation import check_range
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -30,19 +31,15 @@ class LimitsConfig:
     max_seconds: float | None = None
 
     def __post_init__(self) -> None:
-        if self.max_turns is not None and (
-            isinstance(self.max_turns, bool)
-            or not isinstance(self.max_turns, int)
-            or self.max_turns < 1
-        ):
-            raise ConfigError(
-                explain(
-                    "LimitsConfig.max_turns",
-                    expected="None or an int >= 1",
-                    received=self.max_turns,
-                    fix="pass max_turns=8",
-                )
-            )
+        check_range(
+            "LimitsConfig",
+            "max_turns",
+            self.max_turns,
+            lo=1,
+            integer=True,
+            optional=True,
+            fix="pass max_turns=8",
+        )
         if self.max_seconds is not None and (
             isinstance(self.max_seconds, bool)
             or not isinstance(self.max_seconds, (int, float))

@@ -42,6 +42,7 @@ from gymllm.tools.parsers import ParsedCalls, check_format, parse_tool_calls
 from gymllm.tools.registry import ToolRegistry, ToolResult
 from gymllm.tools.tool import Tool
 from gymllm.types import Message
+from gymllm.validation import check_range, require_instance
 
 __all__ = ["ToolUse"]
 
@@ -112,19 +113,14 @@ class ToolUse(gym.Wrapper):
         super().__init__(env)
         self.registry = _registry(tools)
         self.parser = check_format(parser)
-        if (
-            isinstance(max_tool_calls, bool)
-            or not isinstance(max_tool_calls, int)
-            or max_tool_calls < 0
-        ):
-            raise ConfigError(
-                explain(
-                    "ToolUse.max_tool_calls",
-                    expected="an int >= 0",
-                    received=max_tool_calls,
-                    fix="pass max_tool_calls=8",
-                )
-            )
+        check_range(
+            "ToolUse",
+            "max_tool_calls",
+            max_tool_calls,
+            lo=0,
+            integer=True,
+            fix="pass max_tool_calls=8",
+        )
         if timeout_s is not None and (not isinstance(timeout_s, (int, float)) or timeout_s <= 0):
             raise ConfigError(
                 explain(
@@ -134,19 +130,14 @@ class ToolUse(gym.Wrapper):
                     fix="pass timeout_s=10.0",
                 )
             )
-        if (
-            isinstance(max_result_chars, bool)
-            or not isinstance(max_result_chars, int)
-            or max_result_chars < 1
-        ):
-            raise ConfigError(
-                explain(
-                    "ToolUse.max_result_chars",
-                    expected="an int >= 1",
-                    received=max_result_chars,
-                    fix="pass max_result_chars=16384",
-                )
-            )
+        check_range(
+            "ToolUse",
+            "max_result_chars",
+            max_result_chars,
+            lo=1,
+            integer=True,
+            fix="pass max_result_chars=16384",
+        )
         self.max_tool_calls = max_tool_calls
         self.timeout_s = timeout_s
         self.max_result_chars = max_result_chars
@@ -184,15 +175,14 @@ class ToolUse(gym.Wrapper):
     # ------------------------------------------------------------------ step
     def _parse(self, action: Any) -> ParsedCalls | None:
         """The calls to run, or None when the action goes to the inner env."""
-        if not isinstance(action, str):
-            raise InvalidActionError(
-                explain(
-                    "ToolUse.step(action)",
-                    expected="a str (the model's reply)",
-                    received=type(action).__name__,
-                    fix="pass the reply text",
-                )
-            )
+        require_instance(
+            action,
+            str,
+            "ToolUse.step(action)",
+            expected="a str (the model's reply)",
+            fix="pass the reply text",
+            error=InvalidActionError,
+        )
         if not self._running:
             raise ResetNeededError(
                 explain(
