@@ -168,6 +168,9 @@ def main() -> None:
     )
     ap.add_argument("--rows", type=int, default=256, help="decode rows")
     ap.add_argument("--chunk", type=int, default=16, help="decode steps per device call")
+    ap.add_argument(
+        "--kv-write", default="scatter", help="EngineConfig.kv_write: scatter or select"
+    )
     a = ap.parse_args()
     if a.dry:
         import os
@@ -185,8 +188,16 @@ def main() -> None:
     lm = chip_limits.model("smollm2", a.dry) if parts & {"decode", "learner"} else None
     if "decode" in parts:
         rows = 4 if a.dry else a.rows
-        d, ops = traced(a.out, "decode", lambda: chip_limits.decode(lm, rows, a.dry, a.chunk))
-        res["decode"] = {"rows": rows, "chunk": a.chunk, "tok_s": d["tok_s"], **ops}
+        d, ops = traced(
+            a.out, "decode", lambda: chip_limits.decode(lm, rows, a.dry, a.chunk, a.kv_write)
+        )
+        res["decode"] = {
+            "rows": rows,
+            "chunk": a.chunk,
+            "kv_write": a.kv_write,
+            "tok_s": d["tok_s"],
+            **ops,
+        }
     if "learner" in parts:
         shape = (1, 2, 16, 2) if a.dry else (4, 8, 256, 8)
         ok, ops = traced(

@@ -18,6 +18,8 @@
 #   accel        benchmarks/accelerator_check.py (8-minute budget); args: $ACCEL_ARGS
 #   learner_mfu  benchmarks/train.py --roofline-only (the Quickstart learner against the device's matmul
 #                rate); args: $LEARNER_MFU_ARGS
+#   selfplay     benchmarks/selfplay_learning.py (the self-play recipes end to end, then their checkpoints on
+#                held-out games); args: $SELFPLAY_ARGS (e.g. --recipe tictactoe_selfplay -- --learner.num-steps 30)
 #   profile      benchmarks/chip_profile.py (a decode run and a learner step under jax.profiler, their
 #                device ops summed by name; model load and checkpoint pieces timed); args: $PROFILE_ARGS
 #   limits       benchmarks/chip_limits.py (decode against the bandwidth bound, learner model-FLOPs
@@ -150,6 +152,12 @@ run_part() {
       # shellcheck disable=SC2086
       "$PY" benchmarks/train.py --roofline-only ${LEARNER_MFU_ARGS:-} 2>&1 | tee "$OUT/learner_mfu.log"
       ;;
+    selfplay)
+      model || return 1
+      # shellcheck disable=SC2086
+      "$PY" benchmarks/selfplay_learning.py --run-root /tmp/gymllm-selfplay ${SELFPLAY_ARGS:-} 2>&1 \
+        | tee "$OUT/selfplay.log"
+      ;;
     profile)
       setup || return 1
       local pdir
@@ -166,7 +174,7 @@ run_part() {
       "$PY" benchmarks/chip_limits.py ${LIMITS_ARGS:-} 2>&1 | tee "$OUT/limits.log"
       ;;
     *)
-      note "unknown part '$part': expected stash, setup, model, tests, quickstart, accel, learner_mfu, profile or limits"
+      note "unknown part '$part': expected stash, setup, model, tests, quickstart, accel, learner_mfu, selfplay, profile or limits"
       return 2
       ;;
   esac

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from gymllm.models.cache import KV_WRITES
 from gymllm.validation import check_choice, check_range, is_int, require
 
 _COMPUTE_DTYPES = (None, "auto", "float32", "bfloat16", "float16")
@@ -43,6 +44,10 @@ class EngineConfig:
         highest row), as a static-batching server does.
     decode_chunk: decode steps per device call while no request waits to join (1: token by token; the
         same tokens either way, fewer host round trips; :mod:`gymllm.inference.multi_token_decode`).
+    kv_write: how a decode step writes its rows' new k/v into the cache: ``"scatter"`` (only the new
+        slots) or ``"select"`` (each row's slots rewritten by a select: row-parallel, for an accelerator
+        whose scatter runs one row at a time; :func:`gymllm.models.cache.select_kv`). The same cache
+        and tokens either way.
     share_prompt_prefill: (with ``prefix_reuse``) a request whose prompt shares at least ``min_bucket``
         tokens (enough that the rest falls in a smaller prefill bucket) with the prompt of a row still
         decoding (same weights version and adapter) copies that row's cache into its own and prefills
@@ -110,6 +115,10 @@ class EngineConfig:
     decode_chunk: int = 1
     """decode steps per device call while no request waits to join (1: token by token; the same tokens either way,
     fewer host round trips; :mod:`gymllm.inference.multi_token_decode`)."""
+    kv_write: str = "scatter"
+    """how a decode step writes its rows' new k/v into the cache: ``"scatter"`` (only the new slots) or ``"select"``
+    (each row's slots rewritten by a select: row-parallel, for an accelerator whose scatter runs one row at a time;
+    :func:`gymllm.models.cache.select_kv`). The same cache and tokens either way."""
     share_prompt_prefill: bool = True
     """(with ``prefix_reuse``) a request whose prompt shares at least ``min_bucket`` tokens (enough that the rest
     falls in a smaller prefill bucket) with the prompt of a row still decoding (same weights version and adapter)
@@ -184,6 +193,13 @@ class EngineConfig:
             self.shapes,
             ("buckets", "fixed"),
             fix='use "fixed" (a small program set known in advance) or "buckets"',
+        )
+        check_choice(
+            c,
+            "kv_write",
+            self.kv_write,
+            KV_WRITES,
+            fix='use "scatter" (the default) or "select" (row-parallel)',
         )
         require(
             self.shapes != "fixed" or self.piggyback_tokens == 0,

@@ -81,10 +81,13 @@ def decode_logits(
     length: int | None,
     adapters: dict[str, jax.Array] | None = None,
     adapter: jax.Array | None = None,
+    *,
+    kv_write: str = "scatter",
 ) -> tuple[jax.Array, Any]:
     """One decode step of ``model`` over cache rows [0, W) (W = len(tokens)) attending over slots
-    [0, length): (logits [W, V] float32, the cache with each row's new k/v at its position).
-    ``adapters``/``adapter``: LoRA stacks and each row's index (module docstring)."""
+    [0, length): (logits [W, V] float32, the cache with each row's new k/v at its position, written
+    as ``kv_write`` says: :func:`gymllm.models.decode.write_new_kv`). ``adapters``/``adapter``: LoRA
+    stacks and each row's index (module docstring)."""
     return decode_and_write(
         model.config,
         served_params(model, adapters),
@@ -93,6 +96,7 @@ def decode_logits(
         cache,
         length,
         adapter=adapter,
+        kv_write=kv_write,
     )
 
 
@@ -150,10 +154,13 @@ def packed_logits(
 
 
 @functools.lru_cache(maxsize=16)
-def make_steps(graphdef: Any) -> tuple[Callable, Callable, dict[str, int]]:
+def make_steps(
+    graphdef: Any, kv_write: str = "scatter"
+) -> tuple[Callable, Callable, dict[str, int]]:
     """(prefill, decode, trace_counts) for a model graph, shared by engines over equal graphs (so a
     second engine of the same architecture and sizes reuses the compiled steps); ``trace_counts``
-    counts traces, i.e. (re)compilations, per step.
+    counts traces, i.e. (re)compilations, per step. ``kv_write``: how decode writes its rows' k/v
+    (:func:`decode_logits`).
 
     ``prefill(state, cache, tokens, positions, rows, last, keys, steps, temperature, top_k, top_p,
     length=None, adapters=None, adapter=None)``: tokens/positions [P, T] int32; rows/last/steps/top_k
@@ -176,7 +183,8 @@ def make_steps(graphdef: Any) -> tuple[Callable, Callable, dict[str, int]]:
             args = (*args, jax.tree.leaves(cache)[0].shape[2])
         return prefill_jit(state, cache, *args, adapters=adapters, adapter=adapter)
 
-    return prefill, sampled_step(graphdef, trace_counts, "decode", 2, decode_logits), trace_counts
+    decode = functools.partial(decode_logits, kv_write=kv_write)
+    return prefill, sampled_step(graphdef, trace_counts, "decode", 2, decode), trace_counts
 
 
 @functools.lru_cache(maxsize=16)

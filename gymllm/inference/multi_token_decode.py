@@ -50,12 +50,15 @@ def chunk_limits(
 
 
 @functools.lru_cache(maxsize=16)
-def make_decode_chunk(graphdef: Any, max_steps: int) -> tuple[Callable, dict[str, int]]:
+def make_decode_chunk(
+    graphdef: Any, max_steps: int, kv_write: str = "scatter"
+) -> tuple[Callable, dict[str, int]]:
     """``(decode_chunk, trace_counts)`` for a model graph: ``decode_chunk(state, cache, tokens, positions,
     keys, steps, temperature, top_k, top_p, stop_ids, budget, n, length) -> (cache, tokens [K, W],
     logprobs [K, W], steps_run)`` (``K = max_steps``; ``length`` static, as in the single decode step;
     optional ``adapters``/``adapter`` as there: LoRA stacks and each row's index);
-    ``trace_counts["decode_chunk"]`` counts its compilations. Shared by engines over equal graphs."""
+    ``trace_counts["decode_chunk"]`` counts its compilations. Shared by engines over equal graphs.
+    ``kv_write``: how each step writes its rows' k/v (:func:`gymllm.inference.jit_steps.decode_logits`)."""
     trace_counts = {"decode_chunk": 0}
 
     @functools.partial(jax.jit, donate_argnums=(1,), static_argnums=(12,))
@@ -91,7 +94,7 @@ def make_decode_chunk(graphdef: Any, max_steps: int) -> tuple[Callable, dict[str
         def body(c):
             j, cache, tok, pos, done, out_t, out_l = c
             logits, cache = decode_logits(
-                model, cache, tok, pos, length, adapters, adapter
+                model, cache, tok, pos, length, adapters, adapter, kv_write=kv_write
             )  # [W, V]
             t, lp = sample(logits, step_keys(keys, steps + j), temperature, top_k, top_p)
             done = done | jnp.any(t[:, None] == stop_ids, axis=-1) | (j + 1 >= budget)

@@ -48,3 +48,23 @@ def scatter_kv(
         cache.k.at[:, rows, positions].set(k_new, mode="drop"),
         cache.v.at[:, rows, positions].set(v_new, mode="drop"),
     )
+
+
+#: how a decode step writes its rows' new k/v (``EngineConfig.kv_write``)
+KV_WRITES = ("scatter", "select")
+
+
+def select_kv(cache: KVCache, k_new: jax.Array, v_new: jax.Array, positions: jax.Array) -> KVCache:
+    """Row w's new k/v (``[L, W, K, D]``) at slot ``positions[w]`` of cache row w, every row at once: a
+    select over each row's slots, reading and writing cache rows [0, W) whole, where
+    :func:`scatter_kv` writes only the W slots. Same cache afterwards (a position past the cache
+    writes nothing). For an accelerator where XLA lowers the scatter to one dynamic-update-slice per
+    row inside a loop, so that a decode step's write grows with the rows (docs/tpu.md)."""
+    w = positions.shape[0]
+    hit = (jnp.arange(cache.k.shape[2])[None, :] == positions[:, None])[None, :, :, None, None]
+
+    def put(c: jax.Array, new: jax.Array) -> jax.Array:
+        rows = jnp.where(hit, new[:, :, None].astype(c.dtype), c[:, :w])  # [L, W, S, K, D]
+        return rows if w == c.shape[1] else c.at[:, :w].set(rows)
+
+    return KVCache(put(cache.k, k_new), put(cache.v, v_new))

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from gymllm.models.blocks import embed_inputs, final_logits, pack_like, scan_layers, unpack
-from gymllm.models.cache import KVCache, scatter_kv
+from gymllm.models.cache import KV_WRITES, KVCache, scatter_kv, select_kv
 from gymllm.models.config import ModelConfig
 from gymllm.models.layers import decode_attention
 
@@ -92,10 +92,20 @@ def decode_forward(
 
 
 def write_new_kv(
-    cache: KVCache, k_new: jax.Array, v_new: jax.Array, positions: jax.Array
+    cache: KVCache,
+    k_new: jax.Array,
+    v_new: jax.Array,
+    positions: jax.Array,
+    kv_write: str = "scatter",
 ) -> KVCache:
     """Write row w's new k/v ([L, W, K, D]) at slot ``positions[w]`` of cache row w, in place under
-    donation (positions past the cache are dropped)."""
+    donation (positions past the cache are dropped). ``kv_write``: ``"scatter"`` (the W slots,
+    :func:`~gymllm.models.cache.scatter_kv`) or ``"select"`` (rows [0, W) rewritten by a select,
+    :func:`~gymllm.models.cache.select_kv`); the same cache either way."""
+    if kv_write == "select":
+        return select_kv(cache, k_new, v_new, positions)
+    if kv_write != "scatter":
+        raise ValueError(f"kv_write: expected one of {KV_WRITES}, received {kv_write!r}")
     return scatter_kv(cache, k_new, v_new, jnp.arange(positions.shape[0]), positions)
 
 
@@ -109,16 +119,21 @@ def decode_and_write(
     *,
     compute_dtype: Any = None,
     adapter: jax.Array | None = None,
+    kv_write: str = "scatter",
 ) -> tuple[jax.Array, KVCache]:
-    """:func:`decode_forward` then :func:`write_new_kv`: (logits [W, V], the updated cache). Call it
-    inside ``jit`` (the engine's steps do); :func:`decode_step` is the standalone jitted form."""
+    """:func:`decode_forward` then :func:`write_new_kv` (``kv_write`` there): (logits [W, V], the
+    updated cache). Call it inside ``jit`` (the engine's steps do); :func:`decode_step` is the
+    standalone jitted form."""
     logits, k_new, v_new = decode_forward(
         cfg, params, tokens, positions, cache, length, compute_dtype=compute_dtype, adapter=adapter
     )
-    return logits, write_new_kv(cache, k_new, v_new, positions)
+    return logits, write_new_kv(cache, k_new, v_new, positions, kv_write)
 
 
 decode_step = functools.partial(
-    jax.jit, static_argnums=(0, 5), static_argnames=("compute_dtype",), donate_argnums=(4,)
+    jax.jit,
+    static_argnums=(0, 5),
+    static_argnames=("compute_dtype", "kv_write"),
+    donate_argnums=(4,),
 )(decode_and_write)
 decode_step.__doc__ = """:func:`decode_and_write`, jitted, the cache donated."""
