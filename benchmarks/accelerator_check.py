@@ -17,7 +17,8 @@ What it measures (every figure in one ``RESULT {json}`` line at the end):
   recomputation (``*_logprob_gap_mean`` / ``_p99``). The vLLM rows run on a GPU only (skipped on a TPU).
 
 Each part runs in its own process (the parent never imports JAX: one process at a time holds a TPU;
-``--dry`` runs them in one process) under a time guard, a share of ``--budget-s`` (default 480 s; ``PART_SHARE``): a part past its guard
+``--dry`` runs them in one process) under a time guard, a share of ``--budget-s`` (default 480 s; ``PART_SHARE``, scaled up
+when ``--parts`` leaves parts out, so the parts that run share the whole budget): a part past its guard
 is killed and its unfinished figures are errors naming the guard, the figures it finished are kept,
 and the next part runs. A figure not measured is ``null`` with its reason under ``skipped`` (vLLM
 absent or a TPU, no big model, no time left) or ``errors`` (the part raised or overran); the script
@@ -786,6 +787,12 @@ def main(argv: list[str] | None = None) -> int:
         wanted = {p.strip() for p in args.parts.split(",") if p.strip()} | (
             {"big"} if args.big_model else set()
         )
+        # the parts that will run share what the skipped ones leave: a guard grows by the ratio of every
+        # part's share to the running parts' (one part alone may use what is left of the budget)
+        running = [p for p in PART_KEYS if not part_skip_reason(p, wanted, args, info["platform"])]
+        boost = sum(PART_SHARE[p] for p in PART_KEYS) / max(
+            sum(PART_SHARE[p] for p in running), 1e-9
+        )
         for part, keys in PART_KEYS.items():
             reason = part_skip_reason(part, wanted, args, info["platform"])
             if not reason and left() < MIN_PART_S:
@@ -796,7 +803,7 @@ def main(argv: list[str] | None = None) -> int:
                     res["vllm_backend"] = "absent" if "install" in reason else "not run"
                 continue
             t = time.perf_counter()
-            out, why = run(part, args, min(PART_SHARE[part] * args.budget_s, left()), work)
+            out, why = run(part, args, min(PART_SHARE[part] * boost * args.budget_s, left()), work)
             res.update(out["values"])
             skipped.update(out["skipped"])
             errors.update(out["errors"])
