@@ -336,6 +336,18 @@ class ClusterSection:
         return self.backend != "none"
 
 
+# What TrainConfig's default and both presets run on a small CPU: the engine's fixed shapes (one 128-token packed prefill, one
+# decode length, 8-token decode chunks, a short idle wait) and the learner's fixed program set.
+_CPU_ENGINE = dict(
+    min_bucket=64,
+    idle_wait_s=0.002,
+    decode_chunk=8,
+    shapes="fixed",
+    prefill_tokens=128,
+    decode_lengths=1,
+)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """A whole run: the components' own configs (engine, sampling, rollout, loss, optimizer, learner, lora,
@@ -348,16 +360,7 @@ class TrainConfig:
     env: EnvSection = dataclasses.field(default_factory=EnvSection)
     """The env (or suite mixture) the rollouts play, its sub-envs and the agent that renders it."""
     engine: EngineConfig = dataclasses.field(
-        default_factory=lambda: EngineConfig(
-            num_slots=32,
-            max_len=64,
-            min_bucket=64,
-            idle_wait_s=0.002,
-            decode_chunk=8,
-            shapes="fixed",
-            prefill_tokens=128,
-            decode_lengths=1,
-        )
+        default_factory=lambda: EngineConfig(num_slots=32, max_len=64, **_CPU_ENGINE)
     )
     """The inference engine's resources and compiled shapes (gymllm.inference.EngineConfig)."""
     sampling: SamplingParams = dataclasses.field(
@@ -491,18 +494,6 @@ def from_tables(
     """``base`` (default ``TrainConfig()``) with ``tables`` applied field by field: a recipe's sections, or a
     run's whole ``config.json``."""
     return apply_overrides(base if base is not None else TrainConfig(), tables, where=where)
-
-
-# What both presets run on a small CPU: the engine's fixed shapes (one 128-token packed prefill, one
-# decode length, 8-token decode chunks, a short idle wait) and the learner's fixed program set.
-_CPU_ENGINE = dict(
-    min_bucket=64,
-    idle_wait_s=0.002,
-    decode_chunk=8,
-    shapes="fixed",
-    prefill_tokens=128,
-    decode_lengths=1,
-)
 
 
 def _tiny() -> TrainConfig:
