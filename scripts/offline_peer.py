@@ -7,9 +7,9 @@ against the machine's index (the same ``/opt/pypi/simple`` as here) with ``pip i
 downloads whatever is missing (a wheel; a pure-Python sdist is built into one), and repeats until
 it resolves; ``.offline/peer-tunix/`` then holds those wheels and ``manifest.json`` (the
 requirements, each wheel's sha256, and the full resolution for the record). ``install-peer`` on the
-machine checks the wheels, resolves again against its index with the carried wheels as extra links,
-and installs every resolved package but the preinstalled JAX (``--no-deps``, so pip never replaces
-it) into the target; a marker file makes a second call a no-op.
+machine checks the wheels and installs every package of that resolution but the preinstalled JAX,
+each pinned and ``--no-deps`` (pip never resolves there, never replaces JAX), from its index and the
+carried wheels into the target; a marker file makes a second call a no-op.
 
 The machine side (:func:`install_peer`) uses only the standard library and pip.
 """
@@ -206,11 +206,10 @@ def read_peer_manifest(bundle: pathlib.Path) -> dict[str, Any]:
         raise BundleError(
             f"expected a peer manifest at {path}, could not read it ({e}). {fix}"
         ) from None
-    missing = [k for k in ("peer", "requirements", "wheels", "preinstalled") if k not in m]
+    keys = ("peer", "requirements", "wheels", "resolution", "preinstalled")
+    missing = [k for k in keys if k not in m]
     if missing:
-        raise BundleError(
-            f"{path}: expected peer, requirements, wheels, preinstalled; missing {missing}"
-        )
+        raise BundleError(f"{path}: expected {', '.join(keys)}; missing {missing}")
     for name, digest in m["wheels"].items():
         p = bundle / name
         got = sha256_of(p) if p.is_file() else "absent"
@@ -220,39 +219,41 @@ def read_peer_manifest(bundle: pathlib.Path) -> dict[str, Any]:
 
 
 def install_peer(bundle: pathlib.Path, target: pathlib.Path, index: str) -> list[str]:
-    """Every package the peer's requirements resolve to (the machine's index plus the carried wheels)
-    but the preinstalled ones, into ``target``; a second call with the same manifest is a no-op.
-    Returns the ``name==version`` pins installed (empty when there was nothing to do)."""
+    """Every package of the manifest's resolution (made here against the same index) but the
+    preinstalled ones, each pinned and ``--no-deps``, from the machine's index and the carried wheels
+    into ``target``; a second call with the same manifest is a no-op. Returns the pins installed
+    (empty when there was nothing to do)."""
     m = read_peer_manifest(bundle)
     marker = target / MARKER
     stamp = hashlib.sha256(json.dumps(m, sort_keys=True).encode()).hexdigest()
     if marker.is_file() and marker.read_text().strip() == stamp:
         print(f"install-peer: {target} already holds this {m['peer']} bundle", flush=True)
         return []
-    resolution, log = resolve(m["requirements"], index=index, links=bundle)
-    if resolution is None:
-        raise BundleError(
-            f"install-peer: expected {m['requirements']} to resolve against {index} and {bundle}; "
-            f"pip: {log[-1500:]}. Fix: rebuild the bundle against this index (build --peer "
-            f"{m['peer']}) and carry it"
-        )
     skip = {requirement_name(n) for n in m["preinstalled"]}
-    pins = [f"{n}=={v}" for n, v in sorted(resolution.items()) if n not in skip]
+    pins = [f"{n}=={v}" for n, v in sorted(m["resolution"].items()) if n not in skip]
     target.mkdir(parents=True, exist_ok=True)
-    pip(
-        "install",
-        "--isolated",
-        "--disable-pip-version-check",
-        "--no-warn-script-location",
-        "--no-deps",
-        "--only-binary=:all:",
-        "--index-url",
-        index,
-        "--find-links",
-        str(bundle),
-        "--target",
-        str(target),
-        *pins,
-    )
+    try:
+        pip(
+            "install",
+            "--isolated",
+            "--disable-pip-version-check",
+            "--no-warn-script-location",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--index-url",
+            index,
+            "--find-links",
+            str(bundle),
+            "--target",
+            str(target),
+            *pins,
+        )
+    except subprocess.CalledProcessError as e:
+        raise BundleError(
+            f"install-peer: expected {index} and {bundle} to hold every pin of the manifest's "
+            f"resolution, pip exited {e.returncode} (its message is above). Fix: rebuild the bundle "
+            f"against this index (python scripts/offline_bundle.py build --peer {m['peer']} --index "
+            f"{index}) and carry it"
+        ) from None
     marker.write_text(stamp + "\n")
     return pins

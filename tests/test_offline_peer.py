@@ -1,12 +1,13 @@
 """scripts/offline_peer.py without a network or pip runs: the requirement and conflict parsing of
 pip's output, the download-then-resolve loop of ``build --peer`` (pip stood in for), the manifest over
-fake wheels, a missing or corrupt wheel named with the fix, and ``install-peer``'s pins (never the
-machine's JAX) and marker (a second call is a no-op)."""
+fake wheels, a missing or corrupt wheel named with the fix, and ``install-peer``'s pins from the
+manifest's resolution (never the machine's JAX) and marker (a second call is a no-op)."""
 
 from __future__ import annotations
 
 import json
 import pathlib
+import subprocess
 import sys
 
 import pytest
@@ -101,7 +102,8 @@ def _bundle(tmp_path: pathlib.Path) -> pathlib.Path:
     b = tmp_path / "peer-tunix"
     b.mkdir()
     _fake_wheel(b, "google-tunix", "0.1.7")
-    m = op.wheel_manifest("tunix", ["google-tunix==0.1.7", "jax==0.10.2"], b, {"jax": "0.10.2"})
+    resolution = {"google-tunix": "0.1.7", "jax": "0.10.2", "grain": "0.2"}
+    m = op.wheel_manifest("tunix", ["google-tunix==0.1.7", "jax==0.10.2"], b, resolution)
     (b / op.MANIFEST).write_text(json.dumps(m))
     return b
 
@@ -123,36 +125,32 @@ def test_a_missing_or_corrupt_wheel_is_named_with_the_fix(tmp_path):
 def test_install_peer_pins_all_but_jax_and_a_second_call_is_a_no_op(tmp_path, monkeypatch):
     b = _bundle(tmp_path)
     ran: list[tuple[str, ...]] = []
-    monkeypatch.setattr(
-        op,
-        "resolve",
-        lambda reqs, *, index, links: (
-            {"google-tunix": "0.1.7", "jax": "0.10.2", "grain": "0.2"},
-            "",
-        ),
-    )
     monkeypatch.setattr(op, "pip", lambda *args: ran.append(args))
     target = tmp_path / "site"
     assert op.install_peer(b, target, "file:///idx") == ["google-tunix==0.1.7", "grain==0.2"]
     args = ran[0]
     assert "--no-deps" in args and args[args.index("--target") + 1] == str(target)
     assert args[args.index("--find-links") + 1] == str(b) and "jax==0.10.2" not in args
+    assert args[args.index("--index-url") + 1] == "file:///idx" and "--isolated" in args
     assert (target / op.MARKER).is_file()
     assert op.install_peer(b, target, "file:///idx") == [] and len(ran) == 1
     # a different bundle installs again
     _fake_wheel(b, "qwix", "0.1.8")
-    m = op.wheel_manifest("tunix", ["google-tunix==0.1.7"], b, {})
+    m = op.wheel_manifest("tunix", ["google-tunix==0.1.7"], b, {"qwix": "0.1.8"})
     (b / op.MANIFEST).write_text(json.dumps(m))
-    assert op.install_peer(b, target, "file:///idx") and len(ran) == 2
+    assert op.install_peer(b, target, "file:///idx") == ["qwix==0.1.8"] and len(ran) == 2
 
 
-def test_install_peer_that_does_not_resolve_says_rebuild(tmp_path, monkeypatch):
+def test_install_peer_whose_pins_the_index_lacks_says_rebuild(tmp_path, monkeypatch):
     b = _bundle(tmp_path)
-    monkeypatch.setattr(
-        op, "resolve", lambda *a, **k: (None, "No matching distribution found for x")
-    )
+
+    def failing_pip(*args):
+        raise subprocess.CalledProcessError(1, ["pip", *args])
+
+    monkeypatch.setattr(op, "pip", failing_pip)
     with pytest.raises(ob.BundleError, match="rebuild the bundle against this index"):
         op.install_peer(b, tmp_path / "site", "file:///idx")
+    assert not (tmp_path / "site" / op.MARKER).exists()
 
 
 def test_the_command_line_reports_a_missing_peer_bundle(tmp_path, capsys):
