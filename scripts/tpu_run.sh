@@ -27,7 +27,7 @@
 #   peers        gymllm against Tunix 0.1.7's batch and agentic GRPO (benchmarks/peers.py --sizes smollm2,
 #                random weights: needs no model pieces): installs the carried .offline/peer-tunix into
 #                $GYMLLM_TUNIX_SITE (/tmp/gymllm-tunix-site; once), then runs the peer from there;
-#                args: $PEERS_ARGS (default --rounds 2 --steps 6)
+#                args: $PEERS_ARGS (default --rounds 1 --steps 8: a call has 10 minutes)
 #
 # Logs go to $OUT (one file per part, at most 8 files with the records): setup.log, tests.log, ...;
 # benchmark records to $OUT/records/*.jsonl (append them to benchmarks/results/ and re-render the page;
@@ -189,7 +189,7 @@ run_part() {
         fi
         # shellcheck disable=SC2086
         "$PY" benchmarks/peers.py --peers tunix --sizes smollm2 --peer-site "tunix=$TUNIX_SITE" \
-          ${PEERS_ARGS:---rounds 2 --steps 6}
+          ${PEERS_ARGS:---rounds 1 --steps 8}
       ) 2>&1 | tee "$OUT/peers.log"
       ;;
     *)
