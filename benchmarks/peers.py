@@ -118,8 +118,7 @@ SIZES = {
         group_size=8,
         max_new_tokens=64,
     ),
-    # SmolLM2-135M's shape (its ffn, heads and 49152 vocab; tied embeddings) in the Qwen3 layout, at a
-    # step an accelerator fills: for the chip (issue 42: scripts/tpu_run.sh peers), not the CPU default
+    # SmolLM2-135M's shape (tied, vocab 49152) in the Qwen3 layout, for the chip (tpu_run.sh peers)
     "smollm2": Size(
         num_layers=30,
         hidden_size=576,
@@ -386,12 +385,10 @@ def peer_pythonpath(site: str, inherited: str | None) -> str:
     """The PYTHONPATH of a side run from an installed peer site: the inherited entries (the machine's
     own JAX first), less gymllm's offline site (its antlr4 4.13 would shadow the 4.9 Tunix's omegaconf
     needs; a side never imports gymllm), then ``site``."""
-    keep = [
-        e
-        for e in (inherited or "").split(os.pathsep)
-        if e and not (pathlib.Path(e) / GYMLLM_SITE_MARKER).exists()
-    ]
-    return os.pathsep.join(keep + [site])
+    keep = [e for e in (inherited or "").split(os.pathsep) if e]
+    return os.pathsep.join(
+        [e for e in keep if not (pathlib.Path(e) / GYMLLM_SITE_MARKER).exists()] + [site]
+    )
 
 
 def run_side(
