@@ -5,14 +5,15 @@ to each side's runner as one JSON file, so no side's config is typed twice:
 
 * model: Qwen3 layout, random init, float32, tied embeddings. ``tiny``: 2 layers, d 64, ffn 128,
   4 heads of 16, 2 kv heads, vocab 512 (107k parameters); ``medium``: 4 layers, d 128, ffn 256,
-  8 heads of 16, 4 kv heads (657k);
-* tokenizer: gymllm's tiny byte-level BPE (vocab 512), written to ``tokenizer.json`` and loaded by
-  every side with the ``tokenizers`` package;
+  8 heads of 16, 4 kv heads (657k); ``smollm2`` (for an accelerator; not in the default sizes):
+  SmolLM2-135M's shape, 30 layers, d 576, ffn 1536, 9 heads of 64, 3 kv heads, vocab 49152;
+* tokenizer: gymllm's tiny byte-level BPE at the size's vocab (the one gymllm's tiny model builds),
+  written to ``tokenizer.json`` and loaded by every side with the ``tokenizers`` package;
 * task: TinyRepeat-v0 (4 letters; reward: the fraction of the reply's characters equal to the
   letter); the prompts are the env's first observations for seeds 0, 1, ... (group k gets seed k
   on every side), in gymllm's ChatML template (44 tokens; prompt budget 64);
 * step: ``num_prompts`` prompts x G samples (tiny 4 x 4, 32 new tokens; medium 8 x 8, 64 new
-  tokens), temperature 1, GRPO (group z-score, clip 0.2, sequence-mean-token-mean), beta 0.04 with
+  tokens; smollm2 8 x 8, 128 new tokens), temperature 1, GRPO (group z-score, clip 0.2, sequence-mean-token-mean), beta 0.04 with
   a reference-model forward every step, AdamW lr 1e-4 (b1 0.9, b2 0.999, eps 1e-8, no decay),
   global-norm clip 1.0, one optimizer step per batch.
 
@@ -20,7 +21,9 @@ Sides (each a subprocess; a peer in its own virtualenv built from ``benchmarks/p
 <peer>.txt`` under ``~/.cache/gymllm/peers/<peer>-<hash>``, reused when present):
 ``gymllm`` (streaming GRPO learner + JaxEngine, ``benchmarks/peers/run_gymllm.py``),
 ``tunix_batch`` / ``tunix_agentic`` (Tunix 0.1.7's GRPOLearner / agentic GRPOLearner,
-``run_tunix.py``), ``trl`` (TRL GRPOTrainer on CPU PyTorch, ``run_trl.py``). Each runner prints its
+``run_tunix.py``), ``trl`` (TRL GRPOTrainer on CPU PyTorch, ``run_trl.py``). On a machine that
+cannot build a venv (the offline TPU: no network), ``--peer-site tunix=DIR`` runs the peer's sides
+with this interpreter and DIR (``scripts/offline_bundle.py install-peer``) on PYTHONPATH instead. Each runner prints its
 own ``RESULT {json}`` with per-step seconds; a side's step time is the mean after the first two
 (warm-up: compile) steps. Sides are interleaved over rounds, the order rotated by one each round
 (no side always first or last); each side's mean / min / max over rounds is reported, and each ratio
@@ -42,6 +45,7 @@ batch 2.84 s (1.73x; per round 1.60-1.85), agentic 6.07 s (3.70x; 3.38-3.88), TR
 
     python benchmarks/peers.py --quick                 # 1 round, fewer steps
     python benchmarks/peers.py --peers tunix --rounds 3
+    python benchmarks/peers.py --peers tunix --sizes smollm2 --peer-site tunix=/tmp/gymllm-tunix-site
 """
 
 from __future__ import annotations
@@ -69,6 +73,8 @@ RUNNER_OF = {
     "trl": ("run_trl.py", "grpo"),
 }
 RATIO_KEY = {"tunix_batch": "vs_tunix_batch", "tunix_agentic": "vs_tunix_agentic", "trl": "vs_trl"}
+#: the file scripts/offline_bundle.py install leaves in gymllm's offline site (how it is recognised)
+GYMLLM_SITE_MARKER = ".gymllm-offline-installed"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -84,6 +90,9 @@ class Size:
     num_prompts: int
     group_size: int
     max_new_tokens: int
+    vocab_size: int = 512
+    """the model's vocabulary and the tiny tokenizer's size asked for (gymllm's tiny BPE stops at 591
+    tokens: ids above never decode to text, on every side alike)"""
 
 
 SIZES = {
@@ -109,8 +118,22 @@ SIZES = {
         group_size=8,
         max_new_tokens=64,
     ),
+    # SmolLM2-135M's shape (tied, vocab 49152) in the Qwen3 layout, for the chip (tpu_run.sh peers)
+    "smollm2": Size(
+        num_layers=30,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_heads=9,
+        num_kv_heads=3,
+        head_dim=64,
+        num_prompts=8,
+        group_size=8,
+        max_new_tokens=128,
+        vocab_size=49152,
+    ),
 }
-VOCAB_SIZE, MAX_PROMPT_TOKENS, WARMUP_STEPS = 512, 64, 2
+DEFAULT_SIZES = ("tiny", "medium")  # the CPU figures; smollm2 is asked for by name
+MAX_PROMPT_TOKENS, WARMUP_STEPS = 64, 2
 TASK_KWARGS = {"num_letters": 4}
 SYSTEM_PROMPT = (
     "You are a helpful assistant."  # the one gymllm's ChatML template adds when none is given
@@ -120,13 +143,16 @@ SYSTEM_PROMPT = (
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BenchConfig:
     """rounds: interleaved rounds (each side once per round); steps: optimizer steps per side and run
-    (the first ``WARMUP_STEPS`` are left out of the mean); peers: which peers; sizes: config rows."""
+    (the first ``WARMUP_STEPS`` are left out of the mean); peers: which peers; sizes: config rows;
+    peer_sites: (peer, directory) pairs: that peer's sides run with this interpreter and the directory
+    on PYTHONPATH (an offline install: ``scripts/offline_bundle.py install-peer``) instead of a venv."""
 
     rounds: int = 3
     steps: int = 8
     peers: tuple[str, ...] = PEERS
-    sizes: tuple[str, ...] = ("tiny", "medium")
+    sizes: tuple[str, ...] = DEFAULT_SIZES
     runner_timeout_s: float = 1800.0
+    peer_sites: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.rounds < 1 or self.steps <= WARMUP_STEPS:
@@ -145,6 +171,27 @@ class BenchConfig:
             raise ValueError(
                 f"BenchConfig.sizes: expected a subset of {tuple(SIZES)}, received {self.sizes}"
             )
+        bad = [p for p, _ in self.peer_sites if p not in PEERS]
+        if bad:
+            raise ValueError(
+                f"BenchConfig.peer_sites: expected peers among {PEERS}, received {bad}; "
+                "fix: e.g. --peer-site tunix=/tmp/gymllm-tunix-site"
+            )
+
+
+def parse_peer_site(text: str) -> tuple[str, str]:
+    """``"tunix=/tmp/site"`` -> ``("tunix", "/tmp/site")``; the directory must exist."""
+    peer, sep, directory = text.partition("=")
+    if not sep or not peer.strip() or not directory.strip():
+        raise ValueError(
+            f"--peer-site: expected PEER=DIR (e.g. tunix=/tmp/gymllm-tunix-site), received {text!r}"
+        )
+    if not pathlib.Path(directory).is_dir():
+        raise ValueError(
+            f"--peer-site {text}: expected an installed directory, {directory} is none; fix: "
+            "python scripts/offline_bundle.py install-peer --target DIR"
+        )
+    return peer.strip(), directory
 
 
 def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
@@ -159,23 +206,35 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         "--steps", type=int, default=None, help="optimizer steps per run (default 8; --quick: 5)"
     )
     ap.add_argument("--peers", default=",".join(PEERS), help="comma-separated subset of tunix,trl")
-    ap.add_argument("--sizes", default="tiny,medium", help="comma-separated subset of tiny,medium")
+    ap.add_argument(
+        "--sizes",
+        default=",".join(DEFAULT_SIZES),
+        help=f"comma-separated subset of {','.join(SIZES)}",
+    )
+    ap.add_argument(
+        "--peer-site",
+        action="append",
+        default=[],
+        metavar="PEER=DIR",
+        help="run PEER's sides with this interpreter and DIR on PYTHONPATH, no venv (repeat)",
+    )
     args = ap.parse_args(argv)
     return BenchConfig(
         rounds=args.rounds or (1 if args.quick else 3),
         steps=args.steps or (5 if args.quick else 8),
         peers=tuple(p.strip() for p in args.peers.split(",") if p.strip()),
         sizes=tuple(s.strip() for s in args.sizes.split(",") if s.strip()),
+        peer_sites=tuple(parse_peer_site(t) for t in args.peer_site),
     )
 
 
-def prompt_rows(count: int) -> list[dict[str, Any]]:
+def prompt_rows(count: int, size: str = "tiny") -> list[dict[str, Any]]:
     """The prompts every side gets: TinyRepeat's first observation for seeds 0..count-1, in the tiny
     tokenizer's ChatML template (the one gymllm's rollout applies), with the answer letter."""
     from gymllm.envs.tiny_tasks import TinyRepeatEnv
     from gymllm.models.tiny import tiny_tokenizer
 
-    tok, env, rows = tiny_tokenizer(VOCAB_SIZE), TinyRepeatEnv(**TASK_KWARGS), []
+    tok, env, rows = tiny_tokenizer(SIZES[size].vocab_size), TinyRepeatEnv(**TASK_KWARGS), []
     for seed in range(count):
         obs, info = env.reset(seed=seed)
         text = tok.apply_chat_template(
@@ -194,7 +253,7 @@ def peer_spec(
     sz = SIZES[size]
     mc = tiny_config(
         "qwen3",
-        vocab_size=VOCAB_SIZE,
+        vocab_size=sz.vocab_size,
         hidden_size=sz.hidden_size,
         intermediate_size=sz.intermediate_size,
         num_layers=sz.num_layers,
@@ -204,7 +263,7 @@ def peer_spec(
     if mc.head_dim != sz.head_dim:
         raise ValueError(f"peer_spec: gymllm's head_dim {mc.head_dim} != the spec's {sz.head_dim}")
     if prompts is None:
-        prompts = prompt_rows(steps * sz.num_prompts)
+        prompts = prompt_rows(steps * sz.num_prompts, size)
     if not all(f"system\n{SYSTEM_PROMPT}<|im_end|>" in p["text"] for p in prompts):
         raise ValueError(
             "peer_spec: the templated prompts do not carry SYSTEM_PROMPT (the agentic side adds it)"
@@ -261,11 +320,12 @@ def peer_spec(
     }
 
 
-def write_tokenizer(directory: str) -> str:
-    """The tiny tokenizer every side loads: ``directory/tokenizer.json`` (and its config files)."""
+def write_tokenizer(directory: str, size: str = "tiny") -> str:
+    """The tiny tokenizer every side loads at ``size``: ``directory/tokenizer.json`` (and its config
+    files); the one gymllm's tiny model of that vocabulary builds."""
     from gymllm.models.tiny import tiny_tokenizer
 
-    tiny_tokenizer(VOCAB_SIZE).save(directory)
+    tiny_tokenizer(SIZES[size].vocab_size).save(directory)
     return str(pathlib.Path(directory) / "tokenizer.json")
 
 
@@ -321,8 +381,21 @@ def parse_result(stdout: str) -> dict:
     )
 
 
-def run_side(side: str, python: str, spec_file: str, *, timeout_s: float) -> dict:
-    """One run of ``side``'s runner; its RESULT dict, or ``{"error": ...}``."""
+def peer_pythonpath(site: str, inherited: str | None) -> str:
+    """The PYTHONPATH of a side run from an installed peer site: the inherited entries (the machine's
+    own JAX first), less gymllm's offline site (its antlr4 4.13 would shadow the 4.9 Tunix's omegaconf
+    needs; a side never imports gymllm), then ``site``."""
+    keep = [e for e in (inherited or "").split(os.pathsep) if e]
+    return os.pathsep.join(
+        [e for e in keep if not (pathlib.Path(e) / GYMLLM_SITE_MARKER).exists()] + [site]
+    )
+
+
+def run_side(
+    side: str, python: str, spec_file: str, *, timeout_s: float, site: str | None = None
+) -> dict:
+    """One run of ``side``'s runner; its RESULT dict, or ``{"error": ...}``. ``site``: a peer's
+    installed directory, put on PYTHONPATH (:func:`peer_pythonpath`)."""
     script, mode = RUNNER_OF[side]
     cmd = [python, str(HERE / script), "--spec", spec_file, "--mode", mode]
     env = dict(
@@ -336,6 +409,8 @@ def run_side(side: str, python: str, spec_file: str, *, timeout_s: float) -> dic
         GYMLLM_COMPILE_CACHE="off",
     )  # every side compiles from scratch (benchmarks/compile_cache.py: a rerun's gain)
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    if site is not None:
+        env["PYTHONPATH"] = peer_pythonpath(site, env.get("PYTHONPATH"))
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
@@ -418,9 +493,13 @@ def bench(
 
     t0 = time.perf_counter()
     venv_errors: dict[str, str] = {}
+    sites = dict(cfg.peer_sites)
     if pythons is None:
         pythons = {"gymllm": sys.executable}
         for peer in cfg.peers:
+            if peer in sites:  # installed offline: this interpreter, the site on PYTHONPATH
+                pythons.update({side: sys.executable for side in SIDES_OF[peer]})
+                continue
             try:
                 py = str(ensure_venv(peer, log=log))
                 for side in SIDES_OF[peer]:
@@ -436,8 +515,8 @@ def bench(
         "loadavg_start": os.getloadavg(),
     }
     with tempfile.TemporaryDirectory(prefix="gymllm-peers-") as tmp:
-        tok_file = write_tokenizer(tmp)
         for size in cfg.sizes:
+            tok_file = write_tokenizer(f"{tmp}/tokenizer-{size}", size)
             spec_file = f"{tmp}/spec-{size}.json"
             pathlib.Path(spec_file).write_text(
                 json.dumps(peer_spec(size, steps=cfg.steps, tokenizer_file=tok_file))
@@ -450,7 +529,13 @@ def bench(
                         runs[side].append({"error": venv_errors[peer]})
                         continue
                     t = time.perf_counter()
-                    r = run_side(side, pythons[side], spec_file, timeout_s=cfg.runner_timeout_s)
+                    r = run_side(
+                        side,
+                        pythons[side],
+                        spec_file,
+                        timeout_s=cfg.runner_timeout_s,
+                        site=sites.get(peer) if peer else None,
+                    )
                     runs[side].append(r)
                     log(
                         f"[{size} round {rnd + 1}/{cfg.rounds}] {side}: "
@@ -485,11 +570,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     out = bench(
         cfg, log=lambda msg: print(msg, flush=True)
     )  # progress shows while stdout is a file
-    for suffix in ("", "_medium"):
-        if f"sides{suffix}" not in out:
-            continue
+    for size in cfg.sizes:
+        suffix = "" if size == "tiny" else f"_{size}"
         print(
-            f"--- {'tiny' if not suffix else 'medium'} config ({cfg.rounds} rounds, mean over steps "
+            f"--- {size} config ({cfg.rounds} rounds, mean over steps "
             f"{WARMUP_STEPS + 1}..{cfg.steps})"
         )
         for side, s in out[f"sides{suffix}"].items():

@@ -339,12 +339,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     b.add_argument("--out", default=str(DEFAULT_OUT))
     b.add_argument(
+        "--peer",
+        default=None,
+        help="instead: a benchmark peer's wheels the machine's index lacks, into OUT/peer-PEER "
+        "(scripts/offline_peer.py)",
+    )
+    b.add_argument("--index", default=MACHINE_INDEX, help="the machine's index (the same here)")
+    b.add_argument(
         "--piece-mib", type=float, default=48.0, help="largest piece (the checkout travels too)"
     )
     i = sub.add_parser("install", help="the carried wheels, then the rest from the machine's index")
     i.add_argument("--wheels", default=str(DEFAULT_OUT / "wheels"))
     i.add_argument("--target", default="/tmp/gymllm-site")
     i.add_argument("--index", default=MACHINE_INDEX)
+    ip = sub.add_parser(
+        "install-peer",
+        help="a peer bundle (build --peer) and the rest from the index, into --target",
+    )
+    ip.add_argument("--bundle", default=str(DEFAULT_OUT / "peer-tunix"))
+    ip.add_argument("--target", default="/tmp/gymllm-tunix-site")
+    ip.add_argument("--index", default=MACHINE_INDEX)
     s = sub.add_parser("stash", help="keep this call's pieces in a directory that outlives it")
     s.add_argument("--manifest", default=str(DEFAULT_OUT / "model" / "manifest.json"))
     s.add_argument("--from", dest="src", default=str(DEFAULT_OUT / "model"))
@@ -364,7 +378,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     a = ap.parse_args(argv)
     try:
-        if a.step == "build":
+        if a.step == "build" and a.peer is not None:
+            import offline_peer
+
+            m = offline_peer.build_peer(a.peer, pathlib.Path(a.out), a.index)
+            rel = os.path.relpath(pathlib.Path(a.out) / f"peer-{a.peer}", REPO)
+            size = sum(p.stat().st_size for p in (pathlib.Path(a.out) / f"peer-{a.peer}").iterdir())
+            print(
+                f"peer {a.peer}: {len(m['wheels'])} wheels, {size / 2**20:.1f} MiB; carry "
+                f'["{rel}"] and run scripts/tpu_run.sh peers'
+            )
+        elif a.step == "build":
             m = build(pathlib.Path(a.out), a.piece_mib)
             rel = os.path.relpath(a.out, REPO)
             for n, piece in enumerate(m["pieces"]):
@@ -379,6 +403,10 @@ def main(argv: list[str] | None = None) -> int:
                 )
         elif a.step == "install":
             install(pathlib.Path(a.wheels), pathlib.Path(a.target), a.index)
+        elif a.step == "install-peer":
+            import offline_peer
+
+            offline_peer.install_peer(pathlib.Path(a.bundle), pathlib.Path(a.target), a.index)
         elif a.step == "stash":
             kept = stash(pathlib.Path(a.manifest), pathlib.Path(a.src), pathlib.Path(a.to))
             print(f"stash: kept {kept or 'no piece'} in {a.to}")

@@ -24,6 +24,10 @@
 #                device ops summed by name; model load and checkpoint pieces timed); args: $PROFILE_ARGS
 #   limits       benchmarks/chip_limits.py (decode against the bandwidth bound, learner model-FLOPs
 #                utilisation, at SmolLM2 and 0.5B shapes; needs no model pieces); args: $LIMITS_ARGS
+#   peers        gymllm against Tunix 0.1.7's batch and agentic GRPO (benchmarks/peers.py --sizes smollm2,
+#                random weights: needs no model pieces): installs the carried .offline/peer-tunix into
+#                $GYMLLM_TUNIX_SITE (/tmp/gymllm-tunix-site; once), then runs the peer from there;
+#                args: $PEERS_ARGS (default --rounds 1 --steps 8: a call has 10 minutes)
 #
 # Logs go to $OUT (one file per part, at most 8 files with the records): setup.log, tests.log, ...;
 # benchmark records to $OUT/records/*.jsonl (append them to benchmarks/results/ and re-render the page;
@@ -40,6 +44,7 @@ PY="${PYTHON:-python3}"
 OUT="${OUT:-$ROOT/.offline/out}"
 BUNDLE="${GYMLLM_BUNDLE:-$ROOT/.offline}"
 SITE="${GYMLLM_SITE:-/tmp/gymllm-site}"
+TUNIX_SITE="${GYMLLM_TUNIX_SITE:-/tmp/gymllm-tunix-site}"
 STASH="${GYMLLM_STASH:-/tmp/gymllm-pieces}"
 export GYMLLM_CACHE="${GYMLLM_CACHE:-/tmp/gymllm-cache}"
 export GYMLLM_BENCH_RECORDS="${GYMLLM_BENCH_RECORDS:-$OUT/records}"
@@ -173,8 +178,22 @@ run_part() {
       # shellcheck disable=SC2086
       "$PY" benchmarks/chip_limits.py ${LIMITS_ARGS:-} 2>&1 | tee "$OUT/limits.log"
       ;;
+    peers)
+      setup || return 1
+      (
+        if [ -f "$BUNDLE/peer-tunix/manifest.json" ]; then
+          "$PY" scripts/offline_bundle.py install-peer --bundle "$BUNDLE/peer-tunix" --target "$TUNIX_SITE" || exit 1
+        elif [ ! -f "$TUNIX_SITE/.gymllm-peer-installed" ]; then
+          note "no $BUNDLE/peer-tunix and nothing installed in $TUNIX_SITE. Fix: carry .offline/peer-tunix (python scripts/offline_bundle.py build --peer tunix)"
+          exit 1
+        fi
+        # shellcheck disable=SC2086
+        "$PY" benchmarks/peers.py --peers tunix --sizes smollm2 --peer-site "tunix=$TUNIX_SITE" \
+          ${PEERS_ARGS:---rounds 1 --steps 8}
+      ) 2>&1 | tee "$OUT/peers.log"
+      ;;
     *)
-      note "unknown part '$part': expected stash, setup, model, tests, quickstart, accel, learner_mfu, selfplay, profile or limits"
+      note "unknown part '$part': expected stash, setup, model, tests, quickstart, accel, learner_mfu, selfplay, profile, limits or peers"
       return 2
       ;;
   esac

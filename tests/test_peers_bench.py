@@ -202,3 +202,102 @@ def test_round_order_rotates_and_ratio_spread_is_per_round():
         "tunix_batch": {"per_round_step_s": [3.0, 3.0]},
     }
     assert peers.ratio_spread(summary) == {"vs_tunix_batch_rounds": [3.0, 1.5]}
+
+
+def test_peer_site_parsing_names_the_expected_form(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    cfg = peers.parse_args(["--peers", "tunix", "--peer-site", f"tunix={site}"])
+    assert cfg.peer_sites == (("tunix", str(site)),)
+    assert peers.parse_args([]).peer_sites == ()
+    with pytest.raises(ValueError, match="expected PEER=DIR"):
+        peers.parse_args(["--peer-site", str(site)])
+    with pytest.raises(ValueError, match="install-peer"):
+        peers.parse_args(["--peer-site", f"tunix={tmp_path / 'absent'}"])
+    with pytest.raises(ValueError, match="peer_sites: expected peers among"):
+        peers.parse_args(["--peer-site", f"verl={site}"])
+
+
+def test_the_smollm2_size_is_smollm2_135m_shape_and_the_runners_read_it(tmp_path):
+    tok = peers.write_tokenizer(str(tmp_path), "smollm2")
+    spec = peers.peer_spec("smollm2", steps=3, tokenizer_file=tok)
+    m = spec["model"]
+    assert (
+        m["num_layers"],
+        m["hidden_size"],
+        m["intermediate_size"],
+        m["num_heads"],
+        m["num_kv_heads"],
+        m["head_dim"],
+        m["vocab_size"],
+        m["tie_word_embeddings"],
+    ) == (30, 576, 1536, 9, 3, 64, 49152, True)
+    assert (
+        spec["num_prompts"],
+        spec["group_size"],
+        spec["sampling"]["max_new_tokens"],
+    ) == (8, 8, 128)
+    # SmolLM2-135M's parameter count (its RMSNorm weights aside; Qwen3's q/k norms add 128 a layer)
+    d, f, hd, L = 576, 1536, 64, 30
+    layer = d * hd * (9 + 3 + 3) + 9 * hd * d + 3 * d * f
+    assert 134.0e6 < m["vocab_size"] * d + L * layer < 135.0e6
+    # the prompts are tokenized by the tokenizer written for the size (gymllm's tiny model's own)
+    from tokenizers import Tokenizer
+
+    t = Tokenizer.from_file(tok)
+    assert all(
+        t.encode(r["text"], add_special_tokens=False).ids == r["ids"] for r in spec["prompts"]
+    )
+    sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
+    import run_gymllm
+
+    cfg = run_gymllm.train_config(spec, str(tmp_path / "run"))
+    assert (cfg.model.num_layers, cfg.model.hidden_size, cfg.model.vocab_size) == (30, 576, 49152)
+    assert cfg.learner.groups_per_step == 8 and cfg.sampling.max_tokens == 128
+    assert peers.parse_args([]).sizes == ("tiny", "medium")  # the CPU default stays small
+
+
+SITE_FAKE = """
+import json, os, sys
+import peer_only_module  # importable only from the peer's site
+print("RESULT " + json.dumps({"side": "tunix_batch", "step_s": [1.0, 1.0, 0.5], "mean_step_s": 0.5,
+                               "pythonpath": os.environ["PYTHONPATH"], "from": peer_only_module.WHERE}))
+"""
+
+
+def test_a_side_runs_from_the_peer_site_without_a_venv(tmp_path, monkeypatch):
+    """--peer-site: the peer's sides run with this interpreter, the site last on PYTHONPATH and
+    gymllm's offline site (its marker file) left off; no venv is built."""
+    site, gymllm_site, fakes = tmp_path / "site", tmp_path / "gymllm-site", tmp_path / "fakes"
+    for d in (site, gymllm_site, fakes):
+        d.mkdir()
+    (site / "peer_only_module.py").write_text("WHERE = __file__\n")
+    (gymllm_site / peers.GYMLLM_SITE_MARKER).write_text("[]")
+    (fakes / "site_fake.py").write_text(SITE_FAKE)
+    (fakes / "gymllm.py").write_text(FAKE.format(side="gymllm", secs=0.25))
+    monkeypatch.setattr(peers, "HERE", fakes)
+    monkeypatch.setattr(
+        peers,
+        "RUNNER_OF",
+        {"gymllm": ("gymllm.py", "streaming"), "tunix_batch": ("site_fake.py", "batch")},
+    )
+    monkeypatch.setattr(peers, "SIDES_OF", {"tunix": ("tunix_batch",), "trl": ("trl",)})
+
+    def no_venv(peer, **kw):
+        raise AssertionError(f"a venv was built for {peer}")
+
+    monkeypatch.setattr(peers, "ensure_venv", no_venv)
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path / 'first'}:{gymllm_site}")
+    cfg = peers.BenchConfig(
+        rounds=1, steps=3, peers=("tunix",), sizes=("tiny",), peer_sites=(("tunix", str(site)),)
+    )
+    out = peers.bench(cfg, log=lambda _m: None)
+    r = out["sides"]["tunix_batch"]
+    assert "error" not in r, r
+    assert out["vs_tunix_batch"] == pytest.approx(2.0)
+    run = peers.run_side("tunix_batch", sys.executable, "unused", timeout_s=60, site=str(site))
+    assert run["pythonpath"] == f"{tmp_path / 'first'}:{site}"
+    assert run["from"] == str(site / "peer_only_module.py")
+    # without the site the fake cannot import its module: the error says so
+    bare = peers.run_side("tunix_batch", sys.executable, "unused", timeout_s=60)
+    assert "peer_only_module" in bare["error"]

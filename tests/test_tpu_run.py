@@ -24,6 +24,7 @@ def _run(tmp: pathlib.Path, bundle: pathlib.Path, *parts: str) -> subprocess.Com
         "GYMLLM_STASH": str(tmp / "stash"),
         "GYMLLM_CACHE": str(tmp / "cache"),
         "GYMLLM_SITE": str(tmp / "site"),
+        "GYMLLM_TUNIX_SITE": str(tmp / "tunix-site"),
     }
     return subprocess.run(
         ["bash", str(ROOT / "scripts" / "tpu_run.sh"), *parts],
@@ -61,3 +62,17 @@ def test_two_calls_stash_then_reassemble_and_a_bad_part_is_named(tmp_path):
         bad.returncode == 1
         and "unknown part 'bogus': expected stash, setup, model, tests" in bad.stdout
     )
+
+
+def test_the_peers_part_is_listed_and_without_a_peer_bundle_says_what_to_carry(tmp_path):
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    usage = _run(tmp_path, bundle)
+    assert usage.returncode == 2 and "peers        gymllm against Tunix" in usage.stdout
+    done = _run(tmp_path, bundle, "setup", "peers")
+    assert done.returncode == 1, done.stdout + done.stderr
+    log = (tmp_path / "out" / "peers.log").read_text()
+    assert "no " + str(bundle / "peer-tunix") in log and "build --peer tunix" in log
+    assert "peers: exit 1" in (tmp_path / "out" / "setup.log").read_text()
+    bad = _run(tmp_path, bundle, "bogus")
+    assert "profile, limits or peers" in bad.stdout
