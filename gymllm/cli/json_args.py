@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from gymllm.errors import ConfigError, explain
+from gymllm.validation import require
 
 __all__ = ["json_object"]
 
@@ -23,13 +24,11 @@ def json_object(text: str, flag: str = "--env-kwargs") -> dict:
                 fix=f"write valid JSON ({e}); quote the object for your shell",
             )
         ) from None
-    if not isinstance(value, dict):
-        raise ConfigError(
-            explain(
-                flag,
-                expected="a JSON object",
-                received=text,
-                fix="wrap the arguments in {...}",
-            )
-        )
+    require(
+        isinstance(value, dict),
+        flag,
+        expected="a JSON object",
+        received=text,
+        fix="wrap the arguments in {...}",
+    )
     return value

@@ -37,7 +37,7 @@ import contextlib
 import os
 from typing import Iterator
 
-from gymllm.errors import ConfigError, explain
+from gymllm.validation import require
 
 ENV_VAR = "GYMLLM_COMPILE_CACHE"
 DEFAULT_DIR = "~/.cache/gymllm/xla"
@@ -55,16 +55,14 @@ JAX_DEFAULTS = {
 
 
 def check_setting(value: object, where: str = "RunSection.compile_cache") -> str:
-    """``value`` if it is a valid setting (a string), else a :class:`ConfigError` naming ``where``."""
-    if not isinstance(value, str):
-        raise ConfigError(
-            explain(
-                where,
-                expected='"auto", "off" or a directory path (a str)',
-                received=value,
-                fix='use "auto" (the default), "off", or a path such as "~/.cache/gymllm/xla"',
-            )
-        )
+    """``value`` if it is a valid setting (a string), else a :class:`~gymllm.errors.ConfigError` naming ``where``."""
+    require(
+        isinstance(value, str),
+        where,
+        expected='"auto", "off" or a directory path (a str)',
+        received=value,
+        fix='use "auto" (the default), "off", or a path such as "~/.cache/gymllm/xla"',
+    )
     return value
 
 
