@@ -279,7 +279,7 @@ def main() -> None:
     )
     ap.add_argument(
         "--kv-writes",
-        default="scatter,select",
+        default="scatter,select,chunk",
         help="comma-separated EngineConfig.kv_write ways, each measured with each chunk",
     )
     a = ap.parse_args()

@@ -169,7 +169,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=256, help="decode rows")
     ap.add_argument("--chunk", type=int, default=16, help="decode steps per device call")
     ap.add_argument(
-        "--kv-write", default="scatter", help="EngineConfig.kv_write: scatter or select"
+        "--kv-write", default="scatter", help="EngineConfig.kv_write: scatter, select or chunk"
     )
     a = ap.parse_args()
     if a.dry:

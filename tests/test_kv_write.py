@@ -1,9 +1,12 @@
 """``EngineConfig.kv_write``: a decode step's k/v written by a select over each row's slots
-(``"select"``, row-parallel) leaves the same cache, tokens and logprobs as the scatter (``"scatter"``).
+(``"select"``, row-parallel), or kept beside the cache for a whole decode chunk and written once at
+its end (``"chunk"``), leaves the same cache, tokens and logprobs as the scatter (``"scatter"``).
 
 The writes are compared directly (random caches, fewer rows written than the cache holds, a position
-past the cache, a bf16-packed uint16 cache), then two engines over one tiny model, one per way, get the
-same seeded requests token by token and with 8 decode steps per call, in the bucketed and fixed
+past the cache, a window moved back from the cache's end, a chunk cut short, a bf16-packed uint16
+cache); decode steps that read a chunk's own k/v beside the cache are compared with steps that read
+them from it (Gemma 3's sliding windows included); then engines over one tiny model, one per way, get
+the same seeded requests token by token and with 8 decode steps per call, in the bucketed and fixed
 shape sets: every token, logprob and finish reason must agree."""
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ import pytest
 from gymllm.errors import ConfigError
 from gymllm.inference import EngineConfig, JaxEngine, SamplingParams
 from gymllm.models import make_tiny
-from gymllm.models.cache import KVCache, scatter_kv, select_kv
-from gymllm.models.decode import write_new_kv
+from gymllm.models.cache import KVCache, RecentKV, scatter_kv, select_kv, write_recent_kv
+from gymllm.models.decode import decode_forward, write_new_kv
+
+pytestmark = pytest.mark.highest_precision  # float32 on an accelerator: compared at full precision
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.uint16])
@@ -46,11 +51,65 @@ def test_select_writes_what_the_scatter_writes(dtype, rows):
     np.testing.assert_array_equal(np.asarray(want.k[:, 0]), np.asarray(cache.k[:, 0]))
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.uint16])
+@pytest.mark.parametrize("count", [4, 2])
+def test_a_chunk_writes_what_its_steps_would_have_scattered(dtype, count):
+    rng = np.random.default_rng(count)
+    L, B, S, K, D, W, R = 2, 5, 9, 2, 3, 4, 4
+
+    def arr(*shape):
+        x = rng.normal(size=shape)
+        return jnp.asarray(x * 1000 if dtype == jnp.uint16 else x).astype(dtype)
+
+    cache = KVCache(arr(L, B, S, K, D), arr(L, B, S, K, D))
+    # row 0 from slot 0; row 1 ends at the cache's last slot (its window moves back); row 2 runs
+    # past the cache (entries there are dropped); row 3 in the middle
+    start = jnp.asarray([0, S - R, S - 2, 3], jnp.int32)
+    recent = RecentKV.empty(cache, start, R)
+    steps = [(arr(L, W, K, D), arr(L, W, K, D)) for _ in range(count)]
+    want = cache
+    for i, (k_new, v_new) in enumerate(steps):
+        recent = recent.add(k_new, v_new)
+        want = scatter_kv(want, k_new, v_new, jnp.arange(W), start + i)
+    got = write_recent_kv(cache, recent)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        a, b = np.asarray(a), np.asarray(b)
+        # slots from start + count on may hold the unwritten entries: nothing attends there
+        for w in range(W):
+            keep = np.arange(S) < int(start[w]) + count
+            np.testing.assert_array_equal(a[:, w, keep], b[:, w, keep])
+        np.testing.assert_array_equal(a[:, W:], b[:, W:])  # rows past W untouched
+    assert not np.array_equal(np.asarray(want.k), np.asarray(cache.k))
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_decode_reading_the_chunk_beside_the_cache_matches_reading_it_from_the_cache(family):
+    lm = make_tiny(family, seed=3, vocab_size=300)
+    cfg, params = lm.model.config, lm.model.flat_params()
+    W, S, steps = 3, 24, 6
+    rng = np.random.default_rng(0)
+    cache = lm.model.init_cache(W, S, jnp.float32)
+    filled = jnp.asarray(rng.normal(size=cache.k.shape), jnp.float32)
+    cache = KVCache(filled, filled * 0.5 + 0.1)
+    start = jnp.asarray([2, 9, 14], jnp.int32)  # > the window (8) for the sliding layers
+    tokens = jnp.asarray(rng.integers(0, 300, (steps, W)), jnp.int32)
+    ref, recent = cache, RecentKV.empty(cache, start, steps)
+    for j in range(steps):
+        want, k_new, v_new = decode_forward(cfg, params, tokens[j], start + j, ref)
+        ref = scatter_kv(ref, k_new, v_new, jnp.arange(W), start + j)
+        got, k_rec, v_rec = decode_forward(cfg, params, tokens[j], start + j, cache, recent=recent)
+        recent = recent.add(k_rec, v_rec)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(k_rec), np.asarray(k_new), atol=2e-5, rtol=1e-5)
+    written = write_recent_kv(cache, recent)
+    np.testing.assert_allclose(np.asarray(written.k), np.asarray(ref.k), atol=2e-5, rtol=1e-5)
+
+
 def test_an_unknown_write_is_refused_with_the_choices():
     cache = KVCache(jnp.zeros((1, 2, 3, 1, 2)), jnp.zeros((1, 2, 3, 1, 2)))
     new = jnp.ones((1, 2, 1, 2))
     with pytest.raises(
-        ValueError, match="expected one of .*'scatter', 'select'.*received 'gather'"
+        ValueError, match="expected one of .*'scatter', 'select', 'chunk'.*received 'gather'"
     ):
         write_new_kv(cache, new, new, jnp.zeros(2, jnp.int32), "gather")
     with pytest.raises(ConfigError, match="kv_write"):
@@ -97,7 +156,8 @@ def test_engines_with_either_write_give_the_same_completions(lm, shapes, chunk):
         finally:
             await engine.close()
 
-    scatter, select = asyncio.run(run("scatter")), asyncio.run(run("select"))
-    for a, b in zip(scatter, select):
-        assert list(a.token_ids) == list(b.token_ids) and a.finish_reason == b.finish_reason
-        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-6)
+    scatter = asyncio.run(run("scatter"))
+    for other in ("select", "chunk"):
+        for a, b in zip(scatter, asyncio.run(run(other))):
+            assert list(a.token_ids) == list(b.token_ids) and a.finish_reason == b.finish_reason
+            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)

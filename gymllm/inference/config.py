@@ -45,9 +45,11 @@ class EngineConfig:
     decode_chunk: decode steps per device call while no request waits to join (1: token by token; the
         same tokens either way, fewer host round trips; :mod:`gymllm.inference.multi_token_decode`).
     kv_write: how a decode step writes its rows' new k/v into the cache: ``"scatter"`` (only the new
-        slots) or ``"select"`` (each row's slots rewritten by a select: row-parallel, for an accelerator
-        whose scatter runs one row at a time; :func:`gymllm.models.cache.select_kv`). The same cache
-        and tokens either way.
+        slots), ``"select"`` (each row's slots rewritten by a select: row-parallel, for an accelerator
+        whose scatter runs one row at a time; :func:`gymllm.models.cache.select_kv`) or ``"chunk"``
+        (with ``decode_chunk`` > 1: the cache only read during a chunk, its k/v kept beside it and
+        written once at the chunk's end, one window a row; :class:`gymllm.models.cache.RecentKV`).
+        The same cache and tokens every way.
     share_prompt_prefill: (with ``prefix_reuse``) a request whose prompt shares at least ``min_bucket``
         tokens (enough that the rest falls in a smaller prefill bucket) with the prompt of a row still
         decoding (same weights version and adapter) copies that row's cache into its own and prefills
@@ -116,9 +118,11 @@ class EngineConfig:
     """decode steps per device call while no request waits to join (1: token by token; the same tokens either way,
     fewer host round trips; :mod:`gymllm.inference.multi_token_decode`)."""
     kv_write: str = "scatter"
-    """how a decode step writes its rows' new k/v into the cache: ``"scatter"`` (only the new slots) or ``"select"``
+    """how a decode step writes its rows' new k/v into the cache: ``"scatter"`` (only the new slots), ``"select"``
     (each row's slots rewritten by a select: row-parallel, for an accelerator whose scatter runs one row at a time;
-    :func:`gymllm.models.cache.select_kv`). The same cache and tokens either way."""
+    :func:`gymllm.models.cache.select_kv`) or ``"chunk"`` (with ``decode_chunk`` > 1: the cache only read during a
+    chunk, its k/v kept beside it and written once at the chunk's end, one window a row;
+    :class:`gymllm.models.cache.RecentKV`). The same cache and tokens every way."""
     share_prompt_prefill: bool = True
     """(with ``prefix_reuse``) a request whose prompt shares at least ``min_bucket`` tokens (enough that the rest
     falls in a smaller prefill bucket) with the prompt of a row still decoding (same weights version and adapter)
@@ -199,7 +203,7 @@ class EngineConfig:
             "kv_write",
             self.kv_write,
             KV_WRITES,
-            fix='use "scatter" (the default) or "select" (row-parallel)',
+            fix='use "scatter" (the default), "select" (row-parallel) or "chunk" (one write a chunk)',
         )
         require(
             self.shapes != "fixed" or self.piggyback_tokens == 0,

@@ -29,7 +29,9 @@ import numpy as np
 from flax import nnx
 
 from gymllm.inference.sampling import sample, step_keys
-from gymllm.inference.jit_steps import decode_logits
+from gymllm.inference.jit_steps import decode_logits, served_params
+from gymllm.models.cache import RecentKV, write_recent_kv
+from gymllm.models.decode import decode_forward
 
 MAX_STOP_IDS = 8  # stop ids per row checked on the device (more are still honoured by the host)
 
@@ -58,7 +60,10 @@ def make_decode_chunk(
     logprobs [K, W], steps_run)`` (``K = max_steps``; ``length`` static, as in the single decode step;
     optional ``adapters``/``adapter`` as there: LoRA stacks and each row's index);
     ``trace_counts["decode_chunk"]`` counts its compilations. Shared by engines over equal graphs.
-    ``kv_write``: how each step writes its rows' k/v (:func:`gymllm.inference.jit_steps.decode_logits`)."""
+    ``kv_write``: how each step writes its rows' k/v (:func:`gymllm.inference.jit_steps.decode_logits`);
+    ``"chunk"``: the cache is only read inside the loop, each step's k/v go to a small
+    :class:`~gymllm.models.cache.RecentKV` beside it (one dynamic-update-slice for every row), moved
+    into the cache once when the loop ends (:func:`~gymllm.models.cache.write_recent_kv`)."""
     trace_counts = {"decode_chunk": 0}
 
     @functools.partial(jax.jit, donate_argnums=(1,), static_argnums=(12,))
@@ -91,20 +96,31 @@ def make_decode_chunk(
             j, done = c[0], c[4]
             return (j < n) & ~jnp.all(done)
 
+        def step(kv, tok, pos):  # (logits [W, V], kv): kv the cache, or the chunk's RecentKV
+            if kv_write != "chunk":
+                return decode_logits(
+                    model, kv, tok, pos, length, adapters, adapter, kv_write=kv_write
+                )
+            params = served_params(model, adapters)
+            logits, k_new, v_new = decode_forward(
+                model.config, params, tok, pos, cache, length, adapter=adapter, recent=kv
+            )
+            return logits, kv.add(k_new, v_new)
+
         def body(c):
-            j, cache, tok, pos, done, out_t, out_l = c
-            logits, cache = decode_logits(
-                model, cache, tok, pos, length, adapters, adapter, kv_write=kv_write
-            )  # [W, V]
+            j, kv, tok, pos, done, out_t, out_l = c
+            logits, kv = step(kv, tok, pos)
             t, lp = sample(logits, step_keys(keys, steps + j), temperature, top_k, top_p)
             done = done | jnp.any(t[:, None] == stop_ids, axis=-1) | (j + 1 >= budget)
             pos = jnp.where(live, jnp.minimum(pos + 1, last_slot), pos)
-            return j + 1, cache, t, pos, done, out_t.at[j].set(t), out_l.at[j].set(lp)
+            return j + 1, kv, t, pos, done, out_t.at[j].set(t), out_l.at[j].set(lp)
 
         out_t = jnp.zeros((max_steps, width), jnp.int32)
         out_l = jnp.zeros((max_steps, width), jnp.float32)
-        c = (jnp.int32(0), cache, tokens, positions, ~live, out_t, out_l)
-        j, cache, _, _, _, out_t, out_l = jax.lax.while_loop(cond, body, c)
+        kv = RecentKV.empty(cache, positions, max_steps) if kv_write == "chunk" else cache
+        c = (jnp.int32(0), kv, tokens, positions, ~live, out_t, out_l)
+        j, kv, _, _, _, out_t, out_l = jax.lax.while_loop(cond, body, c)
+        cache = write_recent_kv(cache, kv) if kv_write == "chunk" else kv
         return cache, out_t, out_l, j
 
     return decode_chunk, trace_counts

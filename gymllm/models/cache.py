@@ -39,19 +39,100 @@ def init_cache(
 
 
 def scatter_kv(
-    cache: KVCache, k_new: jax.Array, v_new: jax.Array, rows: jax.Array, positions: jax.Array
+    cache: KVCache,
+    k_new: jax.Array,
+    v_new: jax.Array,
+    rows: jax.Array,
+    positions: jax.Array,
+    *,
+    unique: bool = False,
 ) -> KVCache:
     """Every layer's new k/v written at slots ``positions`` of cache rows ``rows`` (broadcast against
     each other, the new k/v shaped ``[L, *broadcast shape, K, D]``), in place under donation; a row or
-    position past the cache writes nothing."""
+    position past the cache writes nothing. ``unique``: the caller promises no (row, position) pair
+    repeats (XLA may then write them in parallel)."""
     return KVCache(
-        cache.k.at[:, rows, positions].set(k_new, mode="drop"),
-        cache.v.at[:, rows, positions].set(v_new, mode="drop"),
+        cache.k.at[:, rows, positions].set(k_new, mode="drop", unique_indices=unique),
+        cache.v.at[:, rows, positions].set(v_new, mode="drop", unique_indices=unique),
     )
 
 
 #: how a decode step writes its rows' new k/v (``EngineConfig.kv_write``)
-KV_WRITES = ("scatter", "select")
+KV_WRITES = ("scatter", "select", "chunk")
+
+
+class RecentKV(NamedTuple):
+    """A decode chunk's own k/v, kept beside the cache until the chunk ends (``kv_write="chunk"``).
+
+    ``k``/``v`` ``[L, W, R, K, D]``: entry i of row w is the k/v of the token at position
+    ``start[w] + i`` (``start`` [W] int32: each row's position when the chunk began); ``count`` (int32
+    scalar): the entries written so far. Inside the chunk the cache is only read (its slots below
+    ``start``) and each step writes one entry here (one dynamic-update-slice for every row);
+    :func:`write_recent_kv` moves the entries into the cache once, when the chunk ends."""
+
+    k: jax.Array
+    v: jax.Array
+    start: jax.Array
+    count: jax.Array
+
+    @classmethod
+    def empty(cls, cache: KVCache, start: jax.Array, entries: int) -> "RecentKV":
+        """No entries yet, room for ``entries`` steps of the rows ``start`` names (``[W]``)."""
+        layers, _, _, k, d = cache.k.shape
+        shape = (layers, start.shape[0], entries, k, d)
+        zeros = jnp.zeros(shape, cache.k.dtype)
+        return cls(zeros, zeros, start, jnp.int32(0))
+
+    def add(self, k_new: jax.Array, v_new: jax.Array) -> "RecentKV":
+        """Entry ``count`` of every row set to ``k_new``/``v_new`` (``[L, W, K, D]``)."""
+
+        def put(buf: jax.Array, new: jax.Array) -> jax.Array:
+            return jax.lax.dynamic_update_index_in_dim(
+                buf, new.astype(buf.dtype), self.count, axis=2
+            )
+
+        return self._replace(k=put(self.k, k_new), v=put(self.v, v_new), count=self.count + 1)
+
+
+def write_recent_kv(cache: KVCache, recent: RecentKV) -> KVCache:
+    """The cache with each row's ``recent.count`` chunk entries at slots ``start + i``: one window of
+    R slots per row (a scatter of W windows, not W x R slots). A window that would pass the cache's
+    end is moved back to end there, keeping the slots before ``start`` it then covers; entries past the
+    cache are dropped, as :func:`scatter_kv` drops them. Slots from ``start + count`` on within the
+    window receive the unwritten entries' junk: they lie past the row's position, where nothing
+    attends before a later step writes them."""
+    s = cache.k.shape[2]
+    w, r = recent.k.shape[1], recent.k.shape[2]
+    if r > s:
+        raise ValueError(f"a chunk of {r} steps needs a cache of at least {r} slots, received {s}")
+    window = jnp.clip(recent.start, 0, s - r)  # [W] in bounds
+    src = jnp.arange(r)[None] - (recent.start - window)[:, None]  # [W, R] entry for window slot
+    take = (src >= 0) & (src < recent.count)
+    src = jnp.clip(src, 0, r - 1)[None, :, :, None, None]
+    slots = window[:, None] + jnp.arange(r)[None]  # [W, R]
+    rows = jnp.arange(w)[:, None]
+    dnums = jax.lax.ScatterDimensionNumbers(
+        update_window_dims=(0, 2, 3, 4),
+        inserted_window_dims=(1,),
+        scatter_dims_to_operand_dims=(1, 2),
+    )
+    index = jnp.stack([jnp.arange(w), window], axis=1)  # [W, 2]: (row, window start)
+
+    def put(c: jax.Array, buf: jax.Array) -> jax.Array:
+        old = c[:, rows, slots]  # [L, W, R, K, D]
+        new = jnp.take_along_axis(buf, src, axis=2)
+        upd = jnp.where(take[None, :, :, None, None], new, old)
+        return jax.lax.scatter(
+            c,
+            index,
+            upd,
+            dnums,
+            indices_are_sorted=True,
+            unique_indices=True,
+            mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS,
+        )
+
+    return KVCache(put(cache.k, recent.k), put(cache.v, recent.v))
 
 
 def select_kv(cache: KVCache, k_new: jax.Array, v_new: jax.Array, positions: jax.Array) -> KVCache:

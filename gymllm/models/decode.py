@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from gymllm.models.blocks import embed_inputs, final_logits, pack_like, scan_layers, unpack
-from gymllm.models.cache import KV_WRITES, KVCache, scatter_kv, select_kv
+from gymllm.models.cache import KV_WRITES, KVCache, RecentKV, scatter_kv, select_kv
 from gymllm.models.config import ModelConfig
 from gymllm.models.layers import decode_attention
 
@@ -47,6 +47,7 @@ def decode_forward(
     *,
     compute_dtype: Any = None,
     adapter: jax.Array | None = None,
+    recent: RecentKV | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One decode step: logits [W, V] float32 and the new k/v [L, W, K, D] (cache dtype) of every layer.
 
@@ -54,7 +55,9 @@ def decode_forward(
     the cache's): cache slots attended, every row's position must be <= ``length`` (a row past it,
     e.g. an idle row at the scratch slot, gets junk logits). Slot ``positions[w]`` itself is not read
     (the new token stands in for it). ``adapter`` [W] int32: each row's LoRA adapter among the params'
-    stacks (:func:`gymllm.models.blocks.project`; None: the base weights). Call it inside ``jit``
+    stacks (:func:`gymllm.models.blocks.project`; None: the base weights). ``recent``: the chunk's
+    own earlier tokens (:class:`~gymllm.models.cache.RecentKV`): the cache is then read only below each
+    row's ``recent.start`` and the slots from there come from ``recent``. Call it inside ``jit``
     (``cfg`` and ``length`` static)."""
     w = tokens.shape[0]
     length = length or cache.k.shape[2]
@@ -69,7 +72,16 @@ def decode_forward(
             :w, :length
         ]  # [W, S, K, D]
         values = jax.lax.dynamic_index_in_dim(cache.v, i, 0, keepdims=False)[:w, :length]
-        visible = (idx < pos) & (pos - idx < win_l)  # [W, S]
+        below = pos if recent is None else recent.start[:, None]
+        visible = (idx < below) & (pos - idx < win_l)  # [W, S]
+        extra = None
+        if recent is not None:
+            at = recent.start[:, None] + jnp.arange(recent.k.shape[2])[None]  # [W, R]
+            seen = (at - recent.start[:, None] < recent.count) & (at < pos) & (pos - at < win_l)
+            extra = tuple(
+                unpack(jax.lax.dynamic_index_in_dim(b, i, 0, keepdims=False))
+                for b in (recent.k, recent.v)
+            ) + (seen,)
         attn = decode_attention(
             q[:, 0],
             unpack(keys),
@@ -79,6 +91,7 @@ def decode_forward(
             visible,
             scale=cfg.attn_scale,
             softcap=cfg.attn_logit_softcap,
+            recent=extra,
         )  # [W, H*D]
         return attn.reshape(w, 1, h * d), (
             pack_like(kk[:, 0], cache.k),
@@ -101,12 +114,15 @@ def write_new_kv(
     """Write row w's new k/v ([L, W, K, D]) at slot ``positions[w]`` of cache row w, in place under
     donation (positions past the cache are dropped). ``kv_write``: ``"scatter"`` (the W slots,
     :func:`~gymllm.models.cache.scatter_kv`) or ``"select"`` (rows [0, W) rewritten by a select,
-    :func:`~gymllm.models.cache.select_kv`); the same cache either way."""
+    :func:`~gymllm.models.cache.select_kv`); the same cache either way. ``"chunk"`` keeps a decode
+    chunk's k/v beside the cache (:class:`~gymllm.models.cache.RecentKV`); a single step, a chunk of
+    one, scatters."""
     if kv_write == "select":
         return select_kv(cache, k_new, v_new, positions)
-    if kv_write != "scatter":
+    if kv_write not in ("scatter", "chunk"):
         raise ValueError(f"kv_write: expected one of {KV_WRITES}, received {kv_write!r}")
-    return scatter_kv(cache, k_new, v_new, jnp.arange(positions.shape[0]), positions)
+    rows = jnp.arange(positions.shape[0])  # one slot a row: every (row, position) pair distinct
+    return scatter_kv(cache, k_new, v_new, rows, positions, unique=True)
 
 
 def decode_and_write(
