@@ -334,7 +334,7 @@ def _env(table: Any, index: int, top: Mapping[str, Any], src: str, resolve: bool
         )
         seeds = table["seeds"]
         require(
-            isinstance(seeds, list) and seeds and not any(not is_int(s) or s < 0 for s in seeds),
+            isinstance(seeds, list) and seeds and all(is_int(s) and s >= 0 for s in seeds),
             f"{where}: key 'seeds'",
             expected="a non-empty list of integers >= 0",
             received=seeds,
