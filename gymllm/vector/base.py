@@ -50,14 +50,8 @@ def make_runner(config: VectorEnvConfig, ledger: Ledger) -> SubEnvRunner:
 
 class SubEnvVector(gym.vector.VectorEnv):
     """The sub-envs of a barrier-free vector env and their invariants (see the module docstring);
-    :class:`gymllm.vector.VectorEnv` is the class to use.
-
-    Args:
-        env_fns: one zero-argument factory per sub-env (different envs may be mixed; picklable
-            ones with ``backend="ray"``, e.g. those ``gymllm.make_vec`` builds from env ids).
-        config: a :class:`VectorEnvConfig`; or pass its fields as keyword arguments
-            (``backend="ray", ray_options={...}`` included).
-    """
+    :class:`gymllm.vector.VectorEnv` is the class to use, and its docstring describes the
+    constructor's arguments (``env_fns``, ``config`` or its fields as keywords)."""
 
     def __init__(
         self,
