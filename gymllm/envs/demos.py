@@ -150,20 +150,23 @@ class DemoConfig:
             received=f"seed={self.seed}, n={self.n}",
             fix=f"lower seed or n (e.g. seed=0, n={min(self.n, HELD_OUT_SEED_BASE)})",
         )
-        require(
-            isinstance(self.env_kwargs, dict),
-            "demonstrations(env_kwargs)",
-            expected="a dict of env constructor arguments",
-            received=self.env_kwargs,
-            fix="e.g. env_kwargs={'digits': 1}",
-        )
-        require(
-            isinstance(self.system_prompt, str),
-            "demonstrations(system_prompt)",
-            expected="a str",
-            received=self.system_prompt,
-            fix='pass system_prompt="" for none',
-        )
+        for name, kind, expected, fix in (
+            (
+                "env_kwargs",
+                dict,
+                "a dict of env constructor arguments",
+                "e.g. env_kwargs={'digits': 1}",
+            ),
+            ("system_prompt", str, "a str", 'pass system_prompt="" for none'),
+        ):
+            v = getattr(self, name)
+            require(
+                isinstance(v, kind),
+                f"demonstrations({name})",
+                expected=expected,
+                received=v,
+                fix=fix,
+            )
         require(
             self.agent in ("tool", "model"),
             "demonstrations(agent)",

@@ -93,20 +93,15 @@ class OpenEnvConfig:
                 received=v,
                 fix=f"pass {name}=30",
             )
-        require(
-            self.action_field is None or self.action_fn is None,
-            "OpenEnvConfig",
-            expected="action_field or action_fn, not both",
-            received=(self.action_field, self.action_fn),
-            fix="drop one of them",
-        )
-        require(
-            self.observation_field is None or self.observation_fn is None,
-            "OpenEnvConfig",
-            expected="observation_field or observation_fn, not both",
-            received=(self.observation_field, self.observation_fn),
-            fix="drop one of them",
-        )
+        for side in ("action", "observation"):
+            field, fn = getattr(self, f"{side}_field"), getattr(self, f"{side}_fn")
+            require(
+                field is None or fn is None,
+                "OpenEnvConfig",
+                expected=f"{side}_field or {side}_fn, not both",
+                received=(field, fn),
+                fix="drop one of them",
+            )
         require(
             isinstance(self.reset_kwargs, dict),
             "OpenEnvConfig.reset_kwargs",
