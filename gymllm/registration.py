@@ -34,6 +34,7 @@ from typing import Any
 import gymnasium as gym
 
 from gymllm.errors import ConfigError, explain
+from gymllm.validation import is_int, require
 
 __all__ = [
     "NAMESPACE",
@@ -53,15 +54,13 @@ _VERSIONED = re.compile(r"^(?:[\w:.-]+/)?[\w:.-]+?-v\d+$")
 
 def full_id(env_id: str) -> str:
     """``"Echo-v0"`` -> ``"gymllm/Echo-v0"``; ids with a namespace are returned unchanged."""
-    if not isinstance(env_id, str) or not env_id:
-        raise ConfigError(
-            explain(
-                "env id",
-                expected="a non-empty str such as 'gymllm/Echo-v0'",
-                received=env_id,
-                fix="pass a registered id (see gymllm.registration.registered_ids())",
-            )
-        )
+    require(
+        isinstance(env_id, str) and env_id,
+        "env id",
+        expected="a non-empty str such as 'gymllm/Echo-v0'",
+        received=env_id,
+        fix="pass a registered id (see gymllm.registration.registered_ids())",
+    )
     return env_id if "/" in env_id else f"{NAMESPACE}/{env_id}"
 
 
@@ -156,30 +155,26 @@ def resolve_env_id(env_id: str, *, where: str = "env id") -> str | Callable[...,
     """What ``env_id`` names: a registry key (str) or an env factory (callable), in the three forms of
     the module doc (checked in that order).
     ``where`` names the setting in error messages (e.g. ``"suite core.toml, [[env]] #2, key 'id'"``)."""
-    if not isinstance(env_id, str) or not env_id.strip():
-        raise ConfigError(
-            explain(
-                where,
-                expected="a non-empty str such as 'gymllm/Arithmetic-v0'",
-                received=env_id,
-                fix="set id = 'gymllm/Arithmetic-v0' (`gymllm envs` lists the ids)",
-            )
-        )
+    require(
+        isinstance(env_id, str) and env_id.strip(),
+        where,
+        expected="a non-empty str such as 'gymllm/Arithmetic-v0'",
+        received=env_id,
+        fix="set id = 'gymllm/Arithmetic-v0' (`gymllm envs` lists the ids)",
+    )
     found = _registered(env_id)
     if found is not None:
         return found
     if ":" not in env_id:
         raise _unknown(env_id, where)
     module, _, attr = env_id.partition(":")
-    if not module or not attr:
-        raise ConfigError(
-            explain(
-                where,
-                expected="'module:EnvId-v0' or 'module:factory' (both sides non-empty)",
-                received=env_id,
-                fix="e.g. 'my_pkg.envs:MyEnv-v0'",
-            )
-        )
+    require(
+        module and attr,
+        where,
+        expected="'module:EnvId-v0' or 'module:factory' (both sides non-empty)",
+        received=env_id,
+        fix="e.g. 'my_pkg.envs:MyEnv-v0'",
+    )
     try:
         mod = importlib.import_module(module)
     except ImportError as e:
@@ -246,15 +241,13 @@ def _env_fn(
     wrappers: Sequence[Callable[[gym.Env], gym.Env]],
     kwargs: dict,
 ):
-    if not (isinstance(item, str) or callable(item)):
-        raise ConfigError(
-            explain(
-                "gymllm.make_vec(id)",
-                expected="an env id, an env factory, or a list of them",
-                received=item,
-                fix="pass 'gymllm/Echo-v0' or lambda: MyEnv()",
-            )
-        )
+    require(
+        isinstance(item, str) or callable(item),
+        "gymllm.make_vec(id)",
+        expected="an env id, an env factory, or a list of them",
+        received=item,
+        fix="pass 'gymllm/Echo-v0' or lambda: MyEnv()",
+    )
     if isinstance(item, str) and _resolve(item) not in gym.registry:
         if ":" not in item:
             raise _unknown_id(_resolve(item))
@@ -293,25 +286,21 @@ def make_vec(
     from gymllm.vector import VectorEnv, VectorEnvConfig
 
     items = list(id) if isinstance(id, (list, tuple)) else [id]
-    if not items:
-        raise ConfigError(
-            explain(
-                "gymllm.make_vec(id)",
-                expected="at least one env id",
-                received=id,
-                fix="pass an id or a non-empty list of ids",
-            )
-        )
+    require(
+        items,
+        "gymllm.make_vec(id)",
+        expected="at least one env id",
+        received=id,
+        fix="pass an id or a non-empty list of ids",
+    )
     n = len(items) if num_envs is None and len(items) > 1 else (1 if num_envs is None else num_envs)
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ConfigError(
-            explain(
-                "gymllm.make_vec(num_envs)",
-                expected="an int >= 1",
-                received=num_envs,
-                fix="pass num_envs=8",
-            )
-        )
+    require(
+        is_int(n) and n >= 1,
+        "gymllm.make_vec(num_envs)",
+        expected="an int >= 1",
+        received=num_envs,
+        fix="pass num_envs=8",
+    )
     vkw = dict(vector_kwargs or {})
     import dataclasses
 

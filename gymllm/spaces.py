@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from gymnasium.spaces import Space
 
-from gymllm.errors import ConfigError, explain
+from gymllm.validation import require
 
 __all__ = ["Text", "Chat", "DEFAULT_ROLES", "SAMPLE_ALPHABET"]
 
@@ -49,24 +49,20 @@ def _utf8_error(x: str) -> str | None:
 
 def _check_length_bounds(cls: str, lo_name: str, lo: int, hi_name: str, hi: int) -> None:
     for name, value in ((lo_name, lo), (hi_name, hi)):
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
-            raise ConfigError(
-                explain(
-                    f"{cls}.{name}",
-                    expected="an int >= 0",
-                    received=value,
-                    fix=f"pass {name}=<non-negative int>",
-                )
-            )
-    if lo > hi:
-        raise ConfigError(
-            explain(
-                f"{cls}.{lo_name}",
-                expected=f"<= {hi_name} ({hi})",
-                received=lo,
-                fix=f"lower {lo_name} or raise {hi_name}",
-            )
+        require(
+            isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0,
+            f"{cls}.{name}",
+            expected="an int >= 0",
+            received=value,
+            fix=f"pass {name}=<non-negative int>",
         )
+    require(
+        lo <= hi,
+        f"{cls}.{lo_name}",
+        expected=f"<= {hi_name} ({hi})",
+        received=lo,
+        fix=f"lower {lo_name} or raise {hi_name}",
+    )
 
 
 def _sample_string(rng: np.random.Generator, lo: int, hi: int, alphabet: str) -> str:
@@ -92,15 +88,13 @@ class Text(Space[str]):
         seed: int | np.random.Generator | None = None,
     ):
         _check_length_bounds("Text", "min_length", min_length, "max_length", max_length)
-        if not isinstance(alphabet, str) or not alphabet:
-            raise ConfigError(
-                explain(
-                    "Text.alphabet",
-                    expected="a non-empty str",
-                    received=alphabet,
-                    fix="pass alphabet='abc...'",
-                )
-            )
+        require(
+            isinstance(alphabet, str) and alphabet,
+            "Text.alphabet",
+            expected="a non-empty str",
+            received=alphabet,
+            fix="pass alphabet='abc...'",
+        )
         self.max_length = int(max_length)
         self.min_length = int(min_length)
         self.alphabet = alphabet
@@ -127,25 +121,21 @@ class Text(Space[str]):
 
     def sample(self, mask: int | None = None, probability: Any | None = None) -> str:
         """A random string from the space's RNG; ``mask`` (an int) fixes the length."""
-        if probability is not None:
-            raise ConfigError(
-                explain(
-                    "Text.sample",
-                    expected="probability=None",
-                    received=probability,
-                    fix="pass mask=<length>",
-                )
-            )
+        require(
+            probability is None,
+            "Text.sample",
+            expected="probability=None",
+            received=probability,
+            fix="pass mask=<length>",
+        )
         if mask is not None:
-            if not self.min_length <= int(mask) <= self.max_length:
-                raise ConfigError(
-                    explain(
-                        "Text.sample(mask=...)",
-                        expected=f"a length in {self.min_length}..{self.max_length}",
-                        received=mask,
-                        fix="pass a length inside the space's bounds",
-                    )
-                )
+            require(
+                self.min_length <= int(mask) <= self.max_length,
+                "Text.sample(mask=...)",
+                expected=f"a length in {self.min_length}..{self.max_length}",
+                received=mask,
+                fix="pass a length inside the space's bounds",
+            )
             lo = int(mask)
             idx = self.np_random.integers(0, len(self.alphabet), size=lo)
             return "".join(self.alphabet[i] for i in idx)
@@ -205,15 +195,13 @@ class Chat(Space[list]):
     ):
         _check_length_bounds("Chat", "min_messages", min_messages, "max_messages", max_messages)
         roles = tuple(roles)
-        if not roles or not all(isinstance(r, str) and r for r in roles):
-            raise ConfigError(
-                explain(
-                    "Chat.roles",
-                    expected="a non-empty sequence of role names",
-                    received=roles,
-                    fix=f"pass roles={DEFAULT_ROLES!r} or a subset",
-                )
-            )
+        require(
+            roles and all(isinstance(r, str) and r for r in roles),
+            "Chat.roles",
+            expected="a non-empty sequence of role names",
+            received=roles,
+            fix=f"pass roles={DEFAULT_ROLES!r} or a subset",
+        )
         self.max_messages = int(max_messages)
         self.min_messages = int(min_messages)
         self.roles = roles
@@ -273,15 +261,13 @@ class Chat(Space[list]):
         self, mask: int | None = None, probability: Any | None = None
     ) -> list[dict[str, str]]:
         """Random messages (``mask`` fixes their number) with roles and contents from this space's RNG."""
-        if probability is not None:
-            raise ConfigError(
-                explain(
-                    "Chat.sample",
-                    expected="probability=None",
-                    received=probability,
-                    fix="pass mask=<count>",
-                )
-            )
+        require(
+            probability is None,
+            "Chat.sample",
+            expected="probability=None",
+            received=probability,
+            fix="pass mask=<count>",
+        )
         rng = self.np_random
         hi = min(self.max_messages, max(self.min_messages, 4))
         n = int(mask) if mask is not None else int(rng.integers(self.min_messages, hi + 1))

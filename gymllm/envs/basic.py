@@ -22,9 +22,8 @@ from typing import Any
 import numpy as np
 
 from gymllm.core import TextEnv
-from gymllm.errors import ConfigError, explain
 from gymllm.registration import register
-from gymllm.validation import check_range
+from gymllm.validation import check_range, is_int, require
 
 __all__ = ["EchoEnv", "LatencyEnv", "AsyncLatencyEnv", "FailingEnv", "lognormal_sigma"]
 
@@ -51,15 +50,13 @@ def _positive(cls: str, name: str, value: Any, *, allow_zero: bool = False) -> N
         and not isinstance(value, bool)
         and (value >= 0 if allow_zero else value > 0)
     )
-    if not ok:
-        raise ConfigError(
-            explain(
-                f"{cls}.{name}",
-                expected=f"a number {'>=' if allow_zero else '>'} 0",
-                received=value,
-                fix=f"pass {name}=<positive number>",
-            )
-        )
+    require(
+        ok,
+        f"{cls}.{name}",
+        expected=f"a number {'>=' if allow_zero else '>'} 0",
+        received=value,
+        fix=f"pass {name}=<positive number>",
+    )
 
 
 def lognormal_sigma(median_s: float, p99_s: float) -> float:
@@ -194,24 +191,20 @@ class FailingEnv(EchoEnv):
         super().__init__(
             episode_length=episode_length, max_turns=max_turns, render_mode=render_mode
         )
-        if mode not in ("raise", "hang"):
-            raise ConfigError(
-                explain(
-                    "FailingEnv.mode",
-                    expected="'raise' or 'hang'",
-                    received=mode,
-                    fix="pass mode='raise' or mode='hang'",
-                )
-            )
-        if isinstance(fail_at_step, bool) or not isinstance(fail_at_step, int) or fail_at_step < 0:
-            raise ConfigError(
-                explain(
-                    "FailingEnv.fail_at_step",
-                    expected="an int >= 0 (0: fail at reset)",
-                    received=fail_at_step,
-                    fix="pass fail_at_step=1",
-                )
-            )
+        require(
+            mode in ("raise", "hang"),
+            "FailingEnv.mode",
+            expected="'raise' or 'hang'",
+            received=mode,
+            fix="pass mode='raise' or mode='hang'",
+        )
+        require(
+            is_int(fail_at_step) and fail_at_step >= 0,
+            "FailingEnv.fail_at_step",
+            expected="an int >= 0 (0: fail at reset)",
+            received=fail_at_step,
+            fix="pass fail_at_step=1",
+        )
         _positive("FailingEnv", "hang_s", hang_s)
         self.fail_at_step, self.mode, self.hang_s = fail_at_step, mode, float(hang_s)
 

@@ -41,7 +41,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from gymllm.core import TextEnv
-from gymllm.errors import ConfigError, MissingExtraError, explain
+from gymllm.errors import MissingExtraError
+from gymllm.validation import is_int, require
 from gymllm.registration import register
 
 # reasoning-gym 0.1.25's registry (reasoning_gym.factory.DATASETS), snapshot so import stays cheap.
@@ -218,30 +219,22 @@ class ReasoningGymConfig:
     answer_tag: str | None = "answer"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.dataset, str) or not self.dataset:
-            raise ConfigError(
-                explain(
-                    "ReasoningGymConfig.dataset",
-                    expected="a reasoning-gym dataset name",
-                    received=self.dataset,
-                    fix=f"e.g. {REASONING_GYM_DATASETS[:3]}",
-                )
-            )
+        require(
+            isinstance(self.dataset, str) and self.dataset,
+            "ReasoningGymConfig.dataset",
+            expected="a reasoning-gym dataset name",
+            received=self.dataset,
+            fix=f"e.g. {REASONING_GYM_DATASETS[:3]}",
+        )
         for name in ("dataset_size", "dataset_seed"):
             v = getattr(self, name)
-            if (
-                isinstance(v, bool)
-                or not isinstance(v, int)
-                or v < (1 if name == "dataset_size" else 0)
-            ):
-                raise ConfigError(
-                    explain(
-                        f"ReasoningGymConfig.{name}",
-                        expected="a positive int" if name == "dataset_size" else "an int >= 0",
-                        received=v,
-                        fix=f"pass {name}=1000",
-                    )
-                )
+            require(
+                is_int(v) and v >= (1 if name == "dataset_size" else 0),
+                f"ReasoningGymConfig.{name}",
+                expected="a positive int" if name == "dataset_size" else "an int >= 0",
+                received=v,
+                fix=f"pass {name}=1000",
+            )
 
 
 # The mix ``rg-composite-v0`` draws from unless ``dataset_kwargs={"datasets": [...]}`` names its own.
@@ -293,15 +286,13 @@ class ReasoningGymEnv(TextEnv):
             from reasoning_gym.factory import DATASETS
 
             cfg = self.config
-            if cfg.dataset not in DATASETS:
-                raise ConfigError(
-                    explain(
-                        "ReasoningGymEnv.dataset",
-                        expected="a dataset of the installed reasoning-gym",
-                        received=cfg.dataset,
-                        fix=f"pick one of {sorted(DATASETS)[:8]}...",
-                    )
-                )
+            require(
+                cfg.dataset in DATASETS,
+                "ReasoningGymEnv.dataset",
+                expected="a dataset of the installed reasoning-gym",
+                received=cfg.dataset,
+                fix=f"pick one of {sorted(DATASETS)[:8]}...",
+            )
             kwargs = (
                 _composite_kwargs(cfg.dataset_kwargs)
                 if cfg.dataset == "composite"

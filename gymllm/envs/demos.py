@@ -49,6 +49,7 @@ from typing import Any, Callable
 from gymllm.atomic import atomic_write
 from gymllm.envs import demos_solvers as solvers
 from gymllm.errors import ConfigError, explain
+from gymllm.validation import is_int, require
 from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 
 __all__ = [
@@ -124,64 +125,55 @@ class DemoConfig:
     agent: str = "tool"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.env_id, str) or _full(self.env_id) not in SOLVERS:
-            raise ConfigError(
-                explain(
-                    "demonstrations(env_id)",
-                    expected=f"an env with a solver: {', '.join(supported_ids())}",
-                    received=self.env_id,
-                    fix="pick one of those ids (`gymllm envs` lists every env)",
-                )
-            )
+        require(
+            isinstance(self.env_id, str) and _full(self.env_id) in SOLVERS,
+            "demonstrations(env_id)",
+            expected=f"an env with a solver: {', '.join(supported_ids())}",
+            received=self.env_id,
+            fix="pick one of those ids (`gymllm envs` lists every env)",
+        )
         object.__setattr__(self, "env_id", _full(self.env_id))
         for name, lo in (("n", 1), ("seed", 0)):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise ConfigError(
-                    explain(
-                        f"demonstrations({name})",
-                        expected=f"an int >= {lo}",
-                        received=v,
-                        fix=f"pass {name}={lo}" if name == "n" else "pass seed=0",
-                    )
-                )
-        if self.seed + self.n > HELD_OUT_SEED_BASE:
-            raise ConfigError(
-                explain(
-                    "demonstrations(seed, n)",
-                    expected=f"seed + n <= {HELD_OUT_SEED_BASE} (demos use seeds seed .. seed + n - 1; "
-                    f"held-out evaluation uses seeds from {HELD_OUT_SEED_BASE} up)",
-                    received=f"seed={self.seed}, n={self.n}",
-                    fix=f"lower seed or n (e.g. seed=0, n={min(self.n, HELD_OUT_SEED_BASE)})",
-                )
+            require(
+                is_int(v) and v >= lo,
+                f"demonstrations({name})",
+                expected=f"an int >= {lo}",
+                received=v,
+                fix=f"pass {name}={lo}" if name == "n" else "pass seed=0",
             )
-        if not isinstance(self.env_kwargs, dict):
-            raise ConfigError(
-                explain(
-                    "demonstrations(env_kwargs)",
-                    expected="a dict of env constructor arguments",
-                    received=self.env_kwargs,
-                    fix="e.g. env_kwargs={'digits': 1}",
-                )
+        require(
+            self.seed + self.n <= HELD_OUT_SEED_BASE,
+            "demonstrations(seed, n)",
+            expected=f"seed + n <= {HELD_OUT_SEED_BASE} (demos use seeds seed .. seed + n - 1; "
+            f"held-out evaluation uses seeds from {HELD_OUT_SEED_BASE} up)",
+            received=f"seed={self.seed}, n={self.n}",
+            fix=f"lower seed or n (e.g. seed=0, n={min(self.n, HELD_OUT_SEED_BASE)})",
+        )
+        for name, kind, expected, fix in (
+            (
+                "env_kwargs",
+                dict,
+                "a dict of env constructor arguments",
+                "e.g. env_kwargs={'digits': 1}",
+            ),
+            ("system_prompt", str, "a str", 'pass system_prompt="" for none'),
+        ):
+            v = getattr(self, name)
+            require(
+                isinstance(v, kind),
+                f"demonstrations({name})",
+                expected=expected,
+                received=v,
+                fix=fix,
             )
-        if not isinstance(self.system_prompt, str):
-            raise ConfigError(
-                explain(
-                    "demonstrations(system_prompt)",
-                    expected="a str",
-                    received=self.system_prompt,
-                    fix='pass system_prompt="" for none',
-                )
-            )
-        if self.agent not in ("tool", "model"):
-            raise ConfigError(
-                explain(
-                    "demonstrations(agent)",
-                    expected="'tool' or 'model'",
-                    received=self.agent,
-                    fix="agent='tool' writes the env's tool schemas, 'model' leaves them out",
-                )
-            )
+        require(
+            self.agent in ("tool", "model"),
+            "demonstrations(agent)",
+            expected="'tool' or 'model'",
+            received=self.agent,
+            fix="agent='tool' writes the env's tool schemas, 'model' leaves them out",
+        )
 
 
 # ------------------------------------------------------------------------------------------ messages

@@ -35,6 +35,7 @@ from typing import Any, Callable
 import numpy as np
 
 from gymllm.errors import ConfigError, GymLLMError, explain
+from gymllm.validation import require
 from gymllm.tools.parsers import format_tool_calls
 from gymllm.types import ToolCall
 
@@ -405,15 +406,13 @@ def kuhn_poker_solver(env: Any, observation: Any, info: dict, alpha: float = 1.0
 
     view = env.unwrapped  # SingleAgentView -> TextAECEnv -> KuhnPokerAEC
     game = view.env.env
-    if not hasattr(game, "decision_state"):
-        raise ConfigError(
-            explain(
-                "demonstrations(Kuhn poker)",
-                expected="the gymllm/ta-KuhnPoker-v0 env",
-                received=type(game).__name__,
-                fix="make the env with gymllm.make('gymllm/ta-KuhnPoker-v0')",
-            )
-        )
+    require(
+        hasattr(game, "decision_state"),
+        "demonstrations(Kuhn poker)",
+        expected="the gymllm/ta-KuhnPoker-v0 env",
+        received=type(game).__name__,
+        fix="make the env with gymllm.make('gymllm/ta-KuhnPoker-v0')",
+    )
     rng = np.random.default_rng(int(view.np_random.integers(2**63 - 1)))
 
     def policy(observation: Any, info: dict) -> str:

@@ -36,6 +36,7 @@ from gymnasium import spaces as gspaces
 
 from gymllm.core import TextEnv
 from gymllm.errors import ConfigError, explain
+from gymllm.validation import require
 from gymllm.spaces import Text
 from gymllm.space_text import (
     ActionParseError,
@@ -81,15 +82,13 @@ class GymnasiumAdapterConfig:
 
     def __post_init__(self) -> None:
         check_invalid_policy("GymnasiumAdapterConfig", self.invalid_action, self.max_invalid)
-        if self.render not in ("auto", "ansi", "describe"):
-            raise ConfigError(
-                explain(
-                    "GymnasiumAdapterConfig.render",
-                    expected="'auto', 'ansi' or 'describe'",
-                    received=self.render,
-                    fix="use render='auto'",
-                )
-            )
+        require(
+            self.render in ("auto", "ansi", "describe"),
+            "GymnasiumAdapterConfig.render",
+            expected="'auto', 'ansi' or 'describe'",
+            received=self.render,
+            fix="use render='auto'",
+        )
         if self.action_names is not None:
             names = distinct_names(
                 "GymnasiumAdapterConfig.action_names",
@@ -108,15 +107,13 @@ class GymnasiumTextEnv(TextEnv):
             ("observation_space", inner.observation_space),
             ("action_space", inner.action_space),
         ):
-            if not isinstance(space, _SUPPORTED):
-                raise ConfigError(
-                    explain(
-                        f"from_gymnasium: {what}",
-                        expected="Discrete, MultiDiscrete, MultiBinary, Box, Dict or Tuple",
-                        received=space,
-                        fix="wrap the env (e.g. FlattenObservation) first",
-                    )
-                )
+            require(
+                isinstance(space, _SUPPORTED),
+                f"from_gymnasium: {what}",
+                expected="Discrete, MultiDiscrete, MultiBinary, Box, Dict or Tuple",
+                received=space,
+                fix="wrap the env (e.g. FlattenObservation) first",
+            )
         super().__init__(max_turns=config.max_turns)
         self.inner = inner
         self.config = config
@@ -225,15 +222,13 @@ def from_gymnasium(
     if isinstance(env_or_id, str):
         inner = _make_inner(env_or_id, dict(env_kwargs or {}), cfg.render)
     elif isinstance(env_or_id, gym.Env):
-        if env_kwargs:
-            raise ConfigError(
-                explain(
-                    "from_gymnasium(env_kwargs=...)",
-                    expected="an env id when env_kwargs is given",
-                    received=type(env_or_id).__name__,
-                    fix="pass the id, or build the env yourself",
-                )
-            )
+        require(
+            not env_kwargs,
+            "from_gymnasium(env_kwargs=...)",
+            expected="an env id when env_kwargs is given",
+            received=type(env_or_id).__name__,
+            fix="pass the id, or build the env yourself",
+        )
         inner = env_or_id
     else:
         raise ConfigError(

@@ -50,6 +50,7 @@ from pettingzoo import AECEnv
 from gymllm.envs.catalogue import PrivateGlobalRandom
 from gymllm.envs.catalogue_textarena import textarena_pull, textarena_reset
 from gymllm.errors import ConfigError, MissingExtraError, explain
+from gymllm.validation import is_int, require
 from gymllm.spaces import Text
 
 __all__ = [
@@ -85,28 +86,20 @@ class KuhnPokerConfig:
     ta_id: str = "KuhnPoker-v0-raw"
 
     def __post_init__(self) -> None:
-        if (
-            isinstance(self.max_rounds, bool)
-            or not isinstance(self.max_rounds, int)
-            or self.max_rounds < 1
-        ):
-            raise ConfigError(
-                explain(
-                    "KuhnPokerConfig.max_rounds",
-                    expected="an int >= 1 (hands per game)",
-                    received=self.max_rounds,
-                    fix="pass max_rounds=1",
-                )
-            )
-        if not isinstance(self.ta_id, str) or not self.ta_id.startswith("KuhnPoker-v0"):
-            raise ConfigError(
-                explain(
-                    "KuhnPokerConfig.ta_id",
-                    expected="a TextArena KuhnPoker-v0 id",
-                    received=self.ta_id,
-                    fix="leave ta_id at 'KuhnPoker-v0-raw'",
-                )
-            )
+        require(
+            is_int(self.max_rounds) and self.max_rounds >= 1,
+            "KuhnPokerConfig.max_rounds",
+            expected="an int >= 1 (hands per game)",
+            received=self.max_rounds,
+            fix="pass max_rounds=1",
+        )
+        require(
+            isinstance(self.ta_id, str) and self.ta_id.startswith("KuhnPoker-v0"),
+            "KuhnPokerConfig.ta_id",
+            expected="a TextArena KuhnPoker-v0 id",
+            received=self.ta_id,
+            fix="leave ta_id at 'KuhnPoker-v0-raw'",
+        )
 
 
 def _textarena() -> Any:
@@ -124,24 +117,20 @@ def kuhn_equilibrium(
     """The equilibrium probability of each legal move (module doc) for the player holding ``card``
     ("J", "Q" or "K") after ``history``, the hand's moves so far without brackets: ``()`` (first to
     act), ``("check",)`` / ``("bet",)`` (second to act) or ``("check", "bet")`` (first, facing a bet)."""
-    if card not in KUHN_CARDS:
-        raise ConfigError(
-            explain(
-                "kuhn_equilibrium(card)",
-                expected=f"one of {KUHN_CARDS}",
-                received=card,
-                fix="pass the card as a letter",
-            )
-        )
-    if not 0.0 <= alpha <= 1.0 / 3.0:
-        raise ConfigError(
-            explain(
-                "kuhn_equilibrium(alpha)",
-                expected="a number in [0, 1/3]",
-                received=alpha,
-                fix="pass alpha=1/3",
-            )
-        )
+    require(
+        card in KUHN_CARDS,
+        "kuhn_equilibrium(card)",
+        expected=f"one of {KUHN_CARDS}",
+        received=card,
+        fix="pass the card as a letter",
+    )
+    require(
+        0.0 <= alpha <= 1.0 / 3.0,
+        "kuhn_equilibrium(alpha)",
+        expected="a number in [0, 1/3]",
+        received=alpha,
+        fix="pass alpha=1/3",
+    )
     j, q, k = (card == c for c in KUHN_CARDS)
     h = tuple(history)
     if h == ():
@@ -308,15 +297,13 @@ def kuhn_poker(*, max_rounds: int = 1, **kwargs: Any):
     from gymllm.envs.pettingzoo_adapter import from_pettingzoo
 
     for fixed in ("move_names", "renderer"):
-        if fixed in kwargs:
-            raise ConfigError(
-                explain(
-                    f"kuhn_poker({fixed}=)",
-                    expected="no move_names / renderer (the game sets them)",
-                    received=fixed,
-                    fix=f"remove {fixed}",
-                )
-            )
+        require(
+            fixed not in kwargs,
+            f"kuhn_poker({fixed}=)",
+            expected="no move_names / renderer (the game sets them)",
+            received=fixed,
+            fix=f"remove {fixed}",
+        )
     aec = KuhnPokerAEC(KuhnPokerConfig(max_rounds=max_rounds))
     return from_pettingzoo(
         aec,
@@ -449,15 +436,13 @@ def replay_chips(row: dict[str, Any], **game_kwargs: Any) -> dict[str, float]:
     is ``forfeit_reward``), by replaying the row's moves on its seed: ``{label: reward}``. ``game_kwargs``:
     the ``--game-kwargs`` the games were played with. A row whose game did not finish (an error, a
     crash, a truncation) has no chips: a ConfigError says so."""
-    if row.get("error") is not None or row.get("truncated"):
-        raise ConfigError(
-            explain(
-                "replay_chips(row)",
-                expected="a finished game",
-                received=row.get("error") or "truncated",
-                fix="leave out rows with an error or truncated",
-            )
-        )
+    require(
+        row.get("error") is None and not row.get("truncated"),
+        "replay_chips(row)",
+        expected="a finished game",
+        received=row.get("error") or "truncated",
+        fix="leave out rows with an error or truncated",
+    )
     game = kuhn_poker(**game_kwargs)
     game.reset(seed=int(row["seed"]))
     moves = list(row["moves"])
@@ -469,14 +454,12 @@ def replay_chips(row: dict[str, Any], **game_kwargs: Any) -> dict[str, float]:
             final[agent] = float(reward)
             game.step(None)
             continue
-        if not moves or moves[0][0] != agent:
-            raise ConfigError(
-                explain(
-                    "replay_chips(row)",
-                    expected=f"a move of {agent} next",
-                    received=moves[:1],
-                    fix="pass the row with the --game-kwargs its games were played with",
-                )
-            )
+        require(
+            moves and moves[0][0] == agent,
+            "replay_chips(row)",
+            expected=f"a move of {agent} next",
+            received=moves[:1],
+            fix="pass the row with the --game-kwargs its games were played with",
+        )
         game.step(moves.pop(0)[1])
     return {row["players"][seat]: r for seat, r in final.items()}

@@ -29,7 +29,7 @@ from typing import Any
 from gymllm.core import TextEnv
 from gymllm.errors import ConfigError, explain
 from gymllm.registration import register
-from gymllm.validation import check_range
+from gymllm.validation import check_range, is_int, require
 
 __all__ = [
     "MathWordEnv",
@@ -74,40 +74,34 @@ def _boxed_all(text: str) -> list[str]:
 
 
 def _problem_from_record(rec: Any, where: str) -> Problem:
-    if not isinstance(rec, dict):
-        raise ConfigError(
-            explain(
-                f"problem record at {where}",
-                expected="a JSON object",
-                received=rec,
-                fix="write one JSON object per line",
-            )
-        )
+    require(
+        isinstance(rec, dict),
+        f"problem record at {where}",
+        expected="a JSON object",
+        received=rec,
+        fix="write one JSON object per line",
+    )
     question = rec.get("question") or rec.get("problem") or rec.get("prompt")
-    if not isinstance(question, str) or not question.strip():
-        raise ConfigError(
-            explain(
-                f"problem record at {where}",
-                expected='a "question", "problem" or "prompt" text',
-                received=sorted(rec),
-                fix="use the GSM8K or MATH jsonl format",
-            )
-        )
+    require(
+        isinstance(question, str) and question.strip(),
+        f"problem record at {where}",
+        expected='a "question", "problem" or "prompt" text',
+        received=sorted(rec),
+        fix="use the GSM8K or MATH jsonl format",
+    )
     answer, solution = rec.get("answer"), rec.get("solution", "")
     if isinstance(answer, str) and "####" in answer:  # GSM8K
         solution, answer = answer, answer.rsplit("####", 1)[1].strip()
     elif answer is None and isinstance(solution, str):  # MATH
         boxed = _boxed_all(solution)
         answer = boxed[-1] if boxed else None
-    if answer is None or (isinstance(answer, str) and not answer.strip()):
-        raise ConfigError(
-            explain(
-                f"problem record at {where}",
-                expected="a reference answer ('#### x', 'answer', or a \\boxed{} in 'solution')",
-                received=sorted(rec),
-                fix="add the answer",
-            )
-        )
+    require(
+        answer is not None and (not isinstance(answer, str) or answer.strip()),
+        f"problem record at {where}",
+        expected="a reference answer ('#### x', 'answer', or a \\boxed{} in 'solution')",
+        received=sorted(rec),
+        fix="add the answer",
+    )
     return Problem(
         question=question.strip(), answer=str(answer).strip(), solution=str(solution), source=where
     )
@@ -116,15 +110,13 @@ def _problem_from_record(rec: Any, where: str) -> Problem:
 def load_problems(path: str | os.PathLike) -> list[Problem]:
     """Every problem in a GSM8K / MATH / generic JSONL file (blank lines skipped)."""
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise ConfigError(
-            explain(
-                "MathWord data_path",
-                expected="an existing .jsonl file",
-                received=path,
-                fix="pass the path of a GSM8K or MATH jsonl file",
-            )
-        )
+    require(
+        os.path.isfile(path),
+        "MathWord data_path",
+        expected="an existing .jsonl file",
+        received=path,
+        fix="pass the path of a GSM8K or MATH jsonl file",
+    )
     problems = []
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
@@ -142,15 +134,13 @@ def load_problems(path: str | os.PathLike) -> list[Problem]:
                     )
                 ) from None
             problems.append(_problem_from_record(rec, f"{os.path.basename(path)}:{n}"))
-    if not problems:
-        raise ConfigError(
-            explain(
-                "MathWord data_path",
-                expected="at least one problem",
-                received=path,
-                fix="point at a non-empty jsonl file",
-            )
-        )
+    require(
+        problems,
+        "MathWord data_path",
+        expected="at least one problem",
+        received=path,
+        fix="point at a non-empty jsonl file",
+    )
     return problems
 
 
@@ -344,15 +334,13 @@ SHORT_PROMPT = "{question}\n\nReply with the final answer only, as a number insi
 
 
 def _check_prompt(prompt: str) -> str:
-    if not isinstance(prompt, str) or "{question}" not in prompt:
-        raise ConfigError(
-            explain(
-                "MathWordEnv.prompt",
-                expected="a str containing {question}",
-                received=prompt,
-                fix="e.g. prompt='{question}\\nAnswer in \\\\boxed{}.'",
-            )
-        )
+    require(
+        isinstance(prompt, str) and "{question}" in prompt,
+        "MathWordEnv.prompt",
+        expected="a str containing {question}",
+        received=prompt,
+        fix="e.g. prompt='{question}\\nAnswer in \\\\boxed{}.'",
+    )
     return prompt
 
 
@@ -410,19 +398,13 @@ class MathWordEnv(TextEnv):
         index = (options or {}).get("index")
         if index is None:
             index = int(self.np_random.integers(len(self.problems)))
-        if (
-            isinstance(index, bool)
-            or not isinstance(index, int)
-            or not 0 <= index < len(self.problems)
-        ):
-            raise ConfigError(
-                explain(
-                    "MathWordEnv reset options['index']",
-                    expected=f"an int in [0, {len(self.problems)})",
-                    received=index,
-                    fix="omit it to draw a problem from the seed",
-                )
-            )
+        require(
+            is_int(index) and 0 <= index < len(self.problems),
+            "MathWordEnv reset options['index']",
+            expected=f"an int in [0, {len(self.problems)})",
+            received=index,
+            fix="omit it to draw a problem from the seed",
+        )
         self._index, self.problem = index, self.problems[index]
         info = {
             "task_id": f"{os.path.basename(self.data_path)}#{index}",

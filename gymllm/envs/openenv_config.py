@@ -14,7 +14,8 @@ import os
 import re
 from typing import Any, Callable
 
-from gymllm.errors import ConfigError, EnvError, MissingExtraError, explain
+from gymllm.errors import EnvError, MissingExtraError
+from gymllm.validation import require
 
 __all__ = ["OpenEnvConfig", "OpenEnvError", "import_openenv", "TOKEN_ENV"]
 
@@ -76,55 +77,38 @@ class OpenEnvConfig:
     max_message_mb: float = 100.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.base_url, str) or not re.match(
-            r"^(https?|wss?)://[^/\s]+", self.base_url
-        ):
-            raise ConfigError(
-                explain(
-                    "OpenEnvConfig.base_url",
-                    expected="a URL such as 'http://127.0.0.1:8000'",
-                    received=self.base_url,
-                    fix="pass the address `gymllm serve-env` printed",
-                )
-            )
+        require(
+            isinstance(self.base_url, str) and re.match(r"^(https?|wss?)://[^/\s]+", self.base_url),
+            "OpenEnvConfig.base_url",
+            expected="a URL such as 'http://127.0.0.1:8000'",
+            received=self.base_url,
+            fix="pass the address `gymllm serve-env` printed",
+        )
         for name in ("timeout_s", "connect_timeout_s", "max_message_mb"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                raise ConfigError(
-                    explain(
-                        f"OpenEnvConfig.{name}",
-                        expected="a number > 0",
-                        received=v,
-                        fix=f"pass {name}=30",
-                    )
-                )
-        if self.action_field is not None and self.action_fn is not None:
-            raise ConfigError(
-                explain(
-                    "OpenEnvConfig",
-                    expected="action_field or action_fn, not both",
-                    received=(self.action_field, self.action_fn),
-                    fix="drop one of them",
-                )
+            require(
+                not isinstance(v, bool) and isinstance(v, (int, float)) and v > 0,
+                f"OpenEnvConfig.{name}",
+                expected="a number > 0",
+                received=v,
+                fix=f"pass {name}=30",
             )
-        if self.observation_field is not None and self.observation_fn is not None:
-            raise ConfigError(
-                explain(
-                    "OpenEnvConfig",
-                    expected="observation_field or observation_fn, not both",
-                    received=(self.observation_field, self.observation_fn),
-                    fix="drop one of them",
-                )
+        for side in ("action", "observation"):
+            field, fn = getattr(self, f"{side}_field"), getattr(self, f"{side}_fn")
+            require(
+                field is None or fn is None,
+                "OpenEnvConfig",
+                expected=f"{side}_field or {side}_fn, not both",
+                received=(field, fn),
+                fix="drop one of them",
             )
-        if not isinstance(self.reset_kwargs, dict):
-            raise ConfigError(
-                explain(
-                    "OpenEnvConfig.reset_kwargs",
-                    expected="a dict",
-                    received=self.reset_kwargs,
-                    fix="pass reset_kwargs={'split': 'test'}",
-                )
-            )
+        require(
+            isinstance(self.reset_kwargs, dict),
+            "OpenEnvConfig.reset_kwargs",
+            expected="a dict",
+            received=self.reset_kwargs,
+            fix="pass reset_kwargs={'split': 'test'}",
+        )
 
     @property
     def http_url(self) -> str:

@@ -53,11 +53,11 @@ from gymllm.envs.openenv_config import TOKEN_ENV, import_openenv
 from gymllm.envs.openenv_factory import is_async_native, make_env_factory
 from gymllm.envs.openenv_gates import JsonBodyGuard, TokenGate
 from gymllm.envs.openenv_mapping import OBSERVATION_HINT
-from gymllm.errors import ConfigError, InvalidActionError, ResetNeededError, explain
+from gymllm.errors import InvalidActionError, ResetNeededError
 from gymllm.spaces import Chat
 from gymllm.utils import serving
 from gymllm.utils.serving import is_loopback
-from gymllm.validation import check_range
+from gymllm.validation import check_range, is_int, require
 
 _core = import_openenv("openenv.core")
 _types = import_openenv("openenv.core.env_server.types")
@@ -124,39 +124,28 @@ class ServeEnvConfig:
     withhold_info: tuple[str, ...] = GOLD_INFO_KEYS
 
     def __post_init__(self) -> None:
-        if not isinstance(self.withhold_info, (tuple, list)) or not all(
-            isinstance(k, str) for k in self.withhold_info
-        ):
-            raise ConfigError(
-                explain(
-                    "ServeEnvConfig.withhold_info",
-                    expected="a tuple of info keys",
-                    received=self.withhold_info,
-                    fix='pass e.g. ("answer",) or () to send everything',
-                )
-            )
-        if not isinstance(self.env, str) or not self.env:
-            raise ConfigError(
-                explain(
-                    "ServeEnvConfig.env",
-                    expected="an env id or 'module:factory'",
-                    received=self.env,
-                    fix="pass e.g. gymllm/Arithmetic-v0",
-                )
-            )
-        if (
-            isinstance(self.port, bool)
-            or not isinstance(self.port, int)
-            or not 0 <= self.port <= 65535
-        ):
-            raise ConfigError(
-                explain(
-                    "ServeEnvConfig.port",
-                    expected="an int in 0..65535",
-                    received=self.port,
-                    fix="pass --port 8000 (0: any free port)",
-                )
-            )
+        require(
+            isinstance(self.withhold_info, (tuple, list))
+            and all(isinstance(k, str) for k in self.withhold_info),
+            "ServeEnvConfig.withhold_info",
+            expected="a tuple of info keys",
+            received=self.withhold_info,
+            fix='pass e.g. ("answer",) or () to send everything',
+        )
+        require(
+            isinstance(self.env, str) and self.env,
+            "ServeEnvConfig.env",
+            expected="an env id or 'module:factory'",
+            received=self.env,
+            fix="pass e.g. gymllm/Arithmetic-v0",
+        )
+        require(
+            is_int(self.port) and 0 <= self.port <= 65535,
+            "ServeEnvConfig.port",
+            expected="an int in 0..65535",
+            received=self.port,
+            fix="pass --port 8000 (0: any free port)",
+        )
         check_range(
             "ServeEnvConfig",
             "max_sessions",
@@ -169,26 +158,22 @@ class ServeEnvConfig:
             v = getattr(self, name)
             if v is None and name == "session_timeout_s":
                 continue
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                raise ConfigError(
-                    explain(
-                        f"ServeEnvConfig.{name}",
-                        expected="a number > 0",
-                        received=v,
-                        fix=f"pass a positive {name}",
-                    )
-                )
-        if not is_loopback(self.host) and not self.resolved_token:
-            raise ConfigError(
-                explain(
-                    "gymllm serve-env --host",
-                    expected="a loopback address (127.0.0.1, ::1, localhost), or a token when "
-                    "binding anything else",
-                    received=self.host,
-                    fix=f"pass --token SECRET (or set {TOKEN_ENV}); clients send it as "
-                    "'Authorization: Bearer SECRET' (from_openenv(token=...))",
-                )
+            require(
+                not isinstance(v, bool) and isinstance(v, (int, float)) and v > 0,
+                f"ServeEnvConfig.{name}",
+                expected="a number > 0",
+                received=v,
+                fix=f"pass a positive {name}",
             )
+        require(
+            is_loopback(self.host) or self.resolved_token,
+            "gymllm serve-env --host",
+            expected="a loopback address (127.0.0.1, ::1, localhost), or a token when "
+            "binding anything else",
+            received=self.host,
+            fix=f"pass --token SECRET (or set {TOKEN_ENV}); clients send it as "
+            "'Authorization: Bearer SECRET' (from_openenv(token=...))",
+        )
 
     @property
     def resolved_token(self) -> str | None:
@@ -325,15 +310,14 @@ class GymllmEnvironment(_core.Environment):
         return self._obs_cls(text=str(obs), done=done, reward=reward, metadata=metadata)
 
     def _check_open(self, op: str) -> None:
-        if self._closed:
-            raise ServedEnvError(
-                explain(
-                    f"{op} on a closed session",
-                    expected="an open session",
-                    received="a session reaped after being idle (or closed by the server)",
-                    fix="open a new session (reconnect) and reset",
-                )
-            )
+        require(
+            not self._closed,
+            f"{op} on a closed session",
+            expected="an open session",
+            received="a session reaped after being idle (or closed by the server)",
+            fix="open a new session (reconnect) and reset",
+            error=ServedEnvError,
+        )
 
 
 class AsyncGymllmEnvironment(GymllmEnvironment):

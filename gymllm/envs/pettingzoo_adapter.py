@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gymllm.errors import ConfigError, explain
+from gymllm.validation import require_instance
 
 
 def from_pettingzoo(env: Any, **config: Any):
@@ -30,18 +30,14 @@ def from_pettingzoo(env: Any, **config: Any):
     if callable(env) and not isinstance(env, (AECEnv, ParallelEnv)):
         env = env()
     cfg = MultiAgentConfig(**config)
-    if isinstance(env, AECEnv):
-        return TextAECEnv(env, cfg)
-    if isinstance(env, ParallelEnv):
-        return TextParallelEnv(env, cfg)
-    raise ConfigError(
-        explain(
-            "from_pettingzoo(env)",
-            expected="a pettingzoo AECEnv or ParallelEnv (or a factory)",
-            received=type(env).__name__,
-            fix="pass e.g. tictactoe_v3.env()",
-        )
+    require_instance(
+        env,
+        (AECEnv, ParallelEnv),
+        "from_pettingzoo(env)",
+        expected="a pettingzoo AECEnv or ParallelEnv (or a factory)",
+        fix="pass e.g. tictactoe_v3.env()",
     )
+    return (TextAECEnv if isinstance(env, AECEnv) else TextParallelEnv)(env, cfg)
 
 
 __all__ = ["from_pettingzoo"]

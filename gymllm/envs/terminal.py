@@ -34,6 +34,7 @@ import secrets
 
 from gymllm.core import TextEnv
 from gymllm.errors import ConfigError, explain
+from gymllm.validation import is_int, require
 from gymllm.registration import register
 from gymllm.tools.sandbox import Sandbox
 from gymllm.tools.sandbox_config import SandboxConfig
@@ -174,15 +175,13 @@ def _sandbox_config(sandbox: SandboxConfig | dict | None) -> SandboxConfig:
     defaults = {"timeout_s": 10.0, "memory_mb": 512, "max_output_bytes": 4000}
     if isinstance(sandbox, SandboxConfig):
         return sandbox
-    if sandbox is not None and not isinstance(sandbox, dict):
-        raise ConfigError(
-            explain(
-                "TerminalEnv.sandbox",
-                expected="a SandboxConfig, a dict of its fields, or None",
-                received=type(sandbox).__name__,
-                fix='e.g. sandbox={"max_output_bytes": 600}',
-            )
-        )
+    require(
+        sandbox is None or isinstance(sandbox, dict),
+        "TerminalEnv.sandbox",
+        expected="a SandboxConfig, a dict of its fields, or None",
+        received=type(sandbox).__name__,
+        fix='e.g. sandbox={"max_output_bytes": 600}',
+    )
     try:
         return SandboxConfig(**{**defaults, **(sandbox or {})})
     except TypeError as e:
@@ -217,28 +216,20 @@ class TerminalEnv(TextEnv):
         render_mode: str | None = None,
     ):
         super().__init__(max_turns=max_turns, render_mode=render_mode)
-        if (
-            isinstance(num_functions, bool)
-            or not isinstance(num_functions, int)
-            or not 1 <= num_functions <= 6
-        ):
-            raise ConfigError(
-                explain(
-                    "TerminalEnv.num_functions",
-                    expected="an int in [1, 6]",
-                    received=num_functions,
-                    fix="pass num_functions=3",
-                )
-            )
-        if task not in TASKS:
-            raise ConfigError(
-                explain(
-                    "TerminalEnv.task",
-                    expected=f"one of {sorted(TASKS)}",
-                    received=task,
-                    fix='pass task="fix" or task="locate"',
-                )
-            )
+        require(
+            is_int(num_functions) and 1 <= num_functions <= 6,
+            "TerminalEnv.num_functions",
+            expected="an int in [1, 6]",
+            received=num_functions,
+            fix="pass num_functions=3",
+        )
+        require(
+            task in TASKS,
+            "TerminalEnv.task",
+            expected=f"one of {sorted(TASKS)}",
+            received=task,
+            fix='pass task="fix" or task="locate"',
+        )
         self.num_functions, self.task = num_functions, task
         self.sandbox_config = _sandbox_config(sandbox)
         self.sandbox = Sandbox(self.sandbox_config)

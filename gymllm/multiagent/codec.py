@@ -11,7 +11,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces as gspaces
 
-from gymllm.errors import ConfigError, explain
+from gymllm.validation import require
 from gymllm.spaces import Text
 from gymllm.space_text import check_invalid_policy, distinct_names
 
@@ -91,15 +91,13 @@ def move_texts(space: gym.Space, names: tuple[str, ...] | None) -> tuple[str, ..
     """The move texts of a Discrete action space: ``names`` (one per move) or the indices; ``()`` otherwise."""
     if not isinstance(space, gspaces.Discrete):
         return ()
-    if names is not None and len(names) != space.n:
-        raise ConfigError(
-            explain(
-                "move_names",
-                expected=f"{space.n} names (one per move)",
-                received=names,
-                fix="give exactly one name per move, in index order",
-            )
-        )
+    require(
+        names is None or len(names) == space.n,
+        "move_names",
+        expected=f"{space.n} names (one per move)",
+        received=names,
+        fix="give exactly one name per move, in index order",
+    )
     return tuple(names) if names else tuple(str(space.start + i) for i in range(space.n))
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from gymllm.core import TextEnv
-from gymllm.errors import ConfigError, explain
+from gymllm.validation import require
 from gymllm.spaces import Text
 from gymllm.multiagent.aec import TextAECEnv
 from gymllm.multiagent.policies import Policy, advance_game
@@ -44,15 +44,13 @@ class SingleAgentView(TextEnv):
         render_mode: str | None = None,
     ):
         super().__init__(max_turns=max_turns, render_mode=render_mode)
-        if learner is not None and learner not in env.possible_agents:
-            raise ConfigError(
-                explain(
-                    "SingleAgentView.learner",
-                    expected=f"one of {env.possible_agents}",
-                    received=learner,
-                    fix="pass a seat name or None",
-                )
-            )
+        require(
+            learner is None or learner in env.possible_agents,
+            "SingleAgentView.learner",
+            expected=f"one of {env.possible_agents}",
+            received=learner,
+            fix="pass a seat name or None",
+        )
         self.env, self.fixed_learner = env, learner
         self.opponents = (
             opponent if isinstance(opponent, dict) else {a: opponent for a in env.possible_agents}

@@ -23,13 +23,8 @@ import asyncio
 import collections
 import dataclasses
 import time
-from typing import Any
 
-from gymllm.errors import ConfigError, explain
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+from gymllm.validation import is_int, require
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -57,44 +52,36 @@ class ConcurrencyConfig:
     def __post_init__(self) -> None:
         for name in ("min_limit", "max_limit", "increase", "decrease"):
             v = getattr(self, name)
-            if not (_is_int(v) and v >= 1):
-                raise ConfigError(
-                    explain(
-                        f"ConcurrencyConfig.{name}",
-                        expected="an int >= 1",
-                        received=v,
-                        fix=f"set {name}=1 or more",
-                    )
-                )
-        if self.min_limit > self.max_limit:
-            raise ConfigError(
-                explain(
-                    "ConcurrencyConfig.min_limit",
-                    expected=f"<= max_limit ({self.max_limit})",
-                    received=self.min_limit,
-                    fix="lower min_limit or raise max_limit",
-                )
+            require(
+                is_int(v) and v >= 1,
+                f"ConcurrencyConfig.{name}",
+                expected="an int >= 1",
+                received=v,
+                fix=f"set {name}=1 or more",
             )
+        require(
+            self.min_limit <= self.max_limit,
+            "ConcurrencyConfig.min_limit",
+            expected=f"<= max_limit ({self.max_limit})",
+            received=self.min_limit,
+            fix="lower min_limit or raise max_limit",
+        )
         s = self.start
-        if s is not None and not (_is_int(s) and self.min_limit <= s <= self.max_limit):
-            raise ConfigError(
-                explain(
-                    "ConcurrencyConfig.start",
-                    expected=f"None or an int in [min_limit {self.min_limit}, max_limit {self.max_limit}]",
-                    received=s,
-                    fix="use start=None (begin at max_limit)",
-                )
-            )
+        require(
+            s is None or (is_int(s) and self.min_limit <= s <= self.max_limit),
+            "ConcurrencyConfig.start",
+            expected=f"None or an int in [min_limit {self.min_limit}, max_limit {self.max_limit}]",
+            received=s,
+            fix="use start=None (begin at max_limit)",
+        )
         t = self.target_queue_depth
-        if not (_is_int(t) and t >= 0):
-            raise ConfigError(
-                explain(
-                    "ConcurrencyConfig.target_queue_depth",
-                    expected="an int >= 0",
-                    received=t,
-                    fix="use the learner's groups per step",
-                )
-            )
+        require(
+            is_int(t) and t >= 0,
+            "ConcurrencyConfig.target_queue_depth",
+            expected="an int >= 0",
+            received=t,
+            fix="use the learner's groups per step",
+        )
 
 
 class AdaptiveConcurrency:

@@ -25,13 +25,12 @@ from typing import Annotated, Any, Sequence
 import numpy as np
 import tyro
 
-from gymllm.errors import ConfigError, explain
 from gymllm.inference.params import SamplingParams
 from gymllm.rollout.agents import Agent, ModelAgent, ToolAgent
 from gymllm.rollout.config import RolloutConfig
 from gymllm.types import Group
 from gymllm.utils.seeds import HELD_OUT_SEED_BASE
-from gymllm.validation import check_range
+from gymllm.validation import check_range, require
 
 __all__ = [
     "EvalConfig",
@@ -86,15 +85,13 @@ class EvalConfig:
             integer=True,
             fix=f"e.g. --eval.seed-base {HELD_OUT_SEED_BASE}",
         )
-        if not isinstance(self.sampling, SamplingParams) or self.sampling.n != 1:
-            raise ConfigError(
-                explain(
-                    "EvalConfig.sampling",
-                    expected="a SamplingParams with n=1 (k sets the samples per seed)",
-                    received=self.sampling,
-                    fix="e.g. SamplingParams(temperature=0.0)",
-                )
-            )
+        require(
+            isinstance(self.sampling, SamplingParams) and self.sampling.n == 1,
+            "EvalConfig.sampling",
+            expected="a SamplingParams with n=1 (k sets the samples per seed)",
+            received=self.sampling,
+            fix="e.g. SamplingParams(temperature=0.0)",
+        )
 
     @property
     def seed_range(self) -> range:

@@ -15,7 +15,8 @@ import dataclasses
 import time
 from typing import Any, Callable
 
-from gymllm.errors import GymLLMError, explain
+from gymllm.errors import GymLLMError
+from gymllm.validation import require
 from gymllm.types import Group, Trajectory
 
 
@@ -60,15 +61,14 @@ class GroupBuffer:
             ("max_open_groups", max_open_groups, 1),
             ("max_retries", max_retries, 0),
         ):
-            if not isinstance(value, int) or value < low:
-                raise ValueError(
-                    explain(
-                        f"GroupBuffer.{name}",
-                        expected=f"an int >= {low}",
-                        received=value,
-                        fix=f"pass {name}={low} or more",
-                    )
-                )
+            require(
+                isinstance(value, int) and value >= low,
+                f"GroupBuffer.{name}",
+                expected=f"an int >= {low}",
+                received=value,
+                fix=f"pass {name}={low} or more",
+                error=ValueError,
+            )
         self.group_size = group_size
         self.max_open_groups = max_open_groups
         self.timeout_s = timeout_s
@@ -90,15 +90,14 @@ class GroupBuffer:
         seed: int | None = None,
         admitted_version: int = 0,
     ) -> OpenGroup:
-        if group_id in self.open_groups:
-            raise ValueError(
-                explain(
-                    "GroupBuffer.open",
-                    expected="a new group id",
-                    received=group_id,
-                    fix="use a fresh id per group",
-                )
-            )
+        require(
+            group_id not in self.open_groups,
+            "GroupBuffer.open",
+            expected="a new group id",
+            received=group_id,
+            fix="use a fresh id per group",
+            error=ValueError,
+        )
         if not self.has_room():
             raise RuntimeError(
                 f"GroupBuffer is full ({self.max_open_groups} open groups). Fix: wait for has_room()."
@@ -119,36 +118,33 @@ class GroupBuffer:
         Arrivals for a group that is no longer open, or from an older attempt, are ignored (None).
         """
         rows = list(traj) if isinstance(traj, (list, tuple)) else [traj]
-        if not rows:
-            raise ValueError(
-                explain(
-                    "GroupBuffer.add",
-                    expected="at least one trajectory row",
-                    received=rows,
-                    fix="submit the member's Trajectory",
-                )
-            )
+        require(
+            rows,
+            "GroupBuffer.add",
+            expected="at least one trajectory row",
+            received=rows,
+            fix="submit the member's Trajectory",
+            error=ValueError,
+        )
         g = self.open_groups.get(group_id)
         if g is None or attempt != g.attempt:
             return None
-        if not 0 <= member < self.group_size:
-            raise ValueError(
-                explain(
-                    "GroupBuffer.add member",
-                    expected=f"0 <= member < {self.group_size}",
-                    received=member,
-                    fix="pass the member index the group assigned",
-                )
-            )
-        if member in g.members:
-            raise ValueError(
-                explain(
-                    "GroupBuffer.add",
-                    expected=f"one trajectory per member of {group_id}",
-                    received=f"a second trajectory for member {member}",
-                    fix="never submit a member twice",
-                )
-            )
+        require(
+            0 <= member < self.group_size,
+            "GroupBuffer.add member",
+            expected=f"0 <= member < {self.group_size}",
+            received=member,
+            fix="pass the member index the group assigned",
+            error=ValueError,
+        )
+        require(
+            member not in g.members,
+            "GroupBuffer.add",
+            expected=f"one trajectory per member of {group_id}",
+            received=f"a second trajectory for member {member}",
+            fix="never submit a member twice",
+            error=ValueError,
+        )
         g.members[member] = rows
         if not g.task_id and rows[0].task_id:
             g.task_id = rows[0].task_id

@@ -43,7 +43,8 @@ from typing import Any, Callable, Literal
 
 import numpy as np
 
-from gymllm.errors import ConfigError, explain
+from gymllm.errors import explain
+from gymllm.validation import is_int, require
 from gymllm.rollout.config import RolloutConfig
 from gymllm.rollout.episode import Episode
 from gymllm.rollout.group_queue import QueueClosed
@@ -106,119 +107,83 @@ class MultiAgentSection:
 
     def __post_init__(self) -> None:
         check_opponent(self.opponent)
-        if not isinstance(self.refresh_every, int) or self.refresh_every < 1:
-            raise ConfigError(
-                explain(
-                    "multiagent.refresh_every",
-                    expected="an int >= 1 (optimizer steps between frozen-opponent refreshes)",
-                    received=self.refresh_every,
-                    fix="e.g. --multiagent.refresh-every 10",
-                )
-            )
+        require(
+            isinstance(self.refresh_every, int) and self.refresh_every >= 1,
+            "multiagent.refresh_every",
+            expected="an int >= 1 (optimizer steps between frozen-opponent refreshes)",
+            received=self.refresh_every,
+            fix="e.g. --multiagent.refresh-every 10",
+        )
         seats = tuple(self.learner_seats)
-        if (
-            not seats
-            or not all(isinstance(s, str) and s for s in seats)
-            or ("all" in seats and len(seats) > 1)
-        ):
-            raise ConfigError(
-                explain(
-                    "multiagent.learner_seats",
-                    expected="('all',) or a non-empty list of seat names",
-                    received=self.learner_seats,
-                    fix="e.g. --multiagent.learner-seats player_1 (or all)",
-                )
-            )
+        require(
+            seats
+            and all(isinstance(s, str) and s for s in seats)
+            and ("all" not in seats or len(seats) <= 1),
+            "multiagent.learner_seats",
+            expected="('all',) or a non-empty list of seat names",
+            received=self.learner_seats,
+            fix="e.g. --multiagent.learner-seats player_1 (or all)",
+        )
         object.__setattr__(self, "learner_seats", seats)
-        if self.baseline not in ("group", "role_ema"):
-            raise ConfigError(
-                explain(
-                    "multiagent.baseline",
-                    expected="'group' or 'role_ema'",
-                    received=self.baseline,
-                    fix="--multiagent.baseline group",
-                )
-            )
-        if not 0.0 <= float(self.baseline_decay) < 1.0:
-            raise ConfigError(
-                explain(
-                    "multiagent.baseline_decay",
-                    expected="a float in [0, 1)",
-                    received=self.baseline_decay,
-                    fix="e.g. 0.95 (SPIRAL's)",
-                )
-            )
-        if self.illegal_move not in ("retry", "forfeit", "random"):
-            raise ConfigError(
-                explain(
-                    "multiagent.illegal_move",
-                    expected="'retry', 'forfeit' or 'random'",
-                    received=self.illegal_move,
-                    fix="e.g. --multiagent.illegal-move forfeit",
-                )
-            )
-        if (
-            isinstance(self.max_invalid, bool)
-            or not isinstance(self.max_invalid, int)
-            or self.max_invalid < 1
-        ):
-            raise ConfigError(
-                explain(
-                    "multiagent.max_invalid",
-                    expected="an int >= 1 (illegal moves in a row that "
-                    "forfeit under illegal_move='retry')",
-                    received=self.max_invalid,
-                    fix="e.g. --multiagent.max-invalid 3",
-                )
-            )
-        if (
-            isinstance(self.league_size, bool)
-            or not isinstance(self.league_size, int)
-            or self.league_size < 0
-        ):
-            raise ConfigError(
-                explain(
-                    "multiagent.league_size",
-                    expected="an int >= 0 (earlier snapshots the frozen "
-                    "opponent is drawn from; 0: the latest only)",
-                    received=self.league_size,
-                    fix="e.g. --multiagent.league-size 4",
-                )
-            )
-        if self.league_size and self.opponent != "frozen":
-            raise ConfigError(
-                explain(
-                    "multiagent.league_size",
-                    expected="0 unless --multiagent.opponent frozen (the "
-                    "league is a pool of frozen snapshots)",
-                    received=f"{self.league_size} with opponent={self.opponent!r}",
-                    fix="add --multiagent.opponent frozen",
-                )
-            )
-        if not 0.0 <= float(self.league_latest) <= 1.0:
-            raise ConfigError(
-                explain(
-                    "multiagent.league_latest",
-                    expected="a probability in [0, 1]",
-                    received=self.league_latest,
-                    fix="e.g. 0.25",
-                )
-            )
+        require(
+            self.baseline in ("group", "role_ema"),
+            "multiagent.baseline",
+            expected="'group' or 'role_ema'",
+            received=self.baseline,
+            fix="--multiagent.baseline group",
+        )
+        require(
+            0.0 <= float(self.baseline_decay) < 1.0,
+            "multiagent.baseline_decay",
+            expected="a float in [0, 1)",
+            received=self.baseline_decay,
+            fix="e.g. 0.95 (SPIRAL's)",
+        )
+        require(
+            self.illegal_move in ("retry", "forfeit", "random"),
+            "multiagent.illegal_move",
+            expected="'retry', 'forfeit' or 'random'",
+            received=self.illegal_move,
+            fix="e.g. --multiagent.illegal-move forfeit",
+        )
+        require(
+            is_int(self.max_invalid) and self.max_invalid >= 1,
+            "multiagent.max_invalid",
+            expected="an int >= 1 (illegal moves in a row that forfeit under illegal_move='retry')",
+            received=self.max_invalid,
+            fix="e.g. --multiagent.max-invalid 3",
+        )
+        require(
+            is_int(self.league_size) and self.league_size >= 0,
+            "multiagent.league_size",
+            expected="an int >= 0 (earlier snapshots the frozen "
+            "opponent is drawn from; 0: the latest only)",
+            received=self.league_size,
+            fix="e.g. --multiagent.league-size 4",
+        )
+        require(
+            not self.league_size or self.opponent == "frozen",
+            "multiagent.league_size",
+            expected="0 unless --multiagent.opponent frozen (the "
+            "league is a pool of frozen snapshots)",
+            received=f"{self.league_size} with opponent={self.opponent!r}",
+            fix="add --multiagent.opponent frozen",
+        )
+        require(
+            0.0 <= float(self.league_latest) <= 1.0,
+            "multiagent.league_latest",
+            expected="a probability in [0, 1]",
+            received=self.league_latest,
+            fix="e.g. 0.25",
+        )
         object.__setattr__(self, "eval_opponents", check_eval_opponents(self.eval_opponents))
-        if (
-            isinstance(self.eval_games, bool)
-            or not isinstance(self.eval_games, int)
-            or self.eval_games < 2
-            or self.eval_games % 2
-        ):
-            raise ConfigError(
-                explain(
-                    "multiagent.eval_games",
-                    expected="an even int >= 2 (each seed from both seats)",
-                    received=self.eval_games,
-                    fix="e.g. --multiagent.eval-games 32",
-                )
-            )
+        require(
+            is_int(self.eval_games) and self.eval_games >= 2 and self.eval_games % 2 == 0,
+            "multiagent.eval_games",
+            expected="an even int >= 2 (each seed from both seats)",
+            received=self.eval_games,
+            fix="e.g. --multiagent.eval-games 32",
+        )
         check_policies(self)
 
     def seats(self, possible: list[str]) -> list[str]:
@@ -226,15 +191,13 @@ class MultiAgentSection:
         if self.learner_seats == ("all",):
             return list(possible)
         bad = [s for s in self.learner_seats if s not in possible]
-        if bad:
-            raise ConfigError(
-                explain(
-                    "multiagent.learner_seats",
-                    expected=f"seats of this game: {possible}",
-                    received=list(self.learner_seats),
-                    fix=f"drop {bad} (or use all)",
-                )
-            )
+        require(
+            not bad,
+            "multiagent.learner_seats",
+            expected=f"seats of this game: {possible}",
+            received=list(self.learner_seats),
+            fix=f"drop {bad} (or use all)",
+        )
         return list(self.learner_seats)
 
 
@@ -337,16 +300,14 @@ class SeatGroupSource(QueueSource):
         opponent: Any = None,
     ):
         self.frozen = config.opponent == "frozen" or config.opponent.startswith("run:")
-        if self.frozen and opponent is None:
-            raise ConfigError(
-                explain(
-                    "multiagent.opponent",
-                    expected="an opponent engine for a frozen or run:DIR "
-                    "opponent (SeatGroupSource(..., opponent=FrozenOpponent.build(cfg, learner)))",
-                    received=config.opponent,
-                    fix="train through gymllm train / train(), which builds it, or pass opponent=",
-                )
-            )
+        require(
+            not self.frozen or opponent is not None,
+            "multiagent.opponent",
+            expected="an opponent engine for a frozen or run:DIR "
+            "opponent (SeatGroupSource(..., opponent=FrozenOpponent.build(cfg, learner)))",
+            received=config.opponent,
+            fix="train through gymllm train / train(), which builds it, or pass opponent=",
+        )
         self.game_fn, self.engine, self.agent, self.sampling = game_fn, engine, agent, sampling
         self.rollout, self.config, self.group_filter = rollout, config, group_filter
         self.seed = seed  # batch k: env seed seed + k (the run's run.seed)

@@ -143,34 +143,22 @@ async def sync_rollout(
     engine: Any,
     agent: Agent,
     *,
-    sampling: Any,
-    config: RolloutConfig,
-    seed: int = 0,
-    batch_groups: int = 8,
     on_batch: Callable[[list[Group]], Awaitable[None] | None] | None = None,
-    fill: bool = True,
+    **source_options: Any,
 ) -> list[Group]:
     """Run ``config.num_groups`` groups in lockstep batches; returns them in group order.
 
-    Each batch has :func:`sync_batch_groups` groups (``fill``: every env and engine row works;
-    ``batch_groups`` is the least; group k: env seed ``seed + k``). ``on_batch`` gets all of a
-    batch's groups. A failing trajectory raises (the baseline has no isolation; it is a reference,
-    not a runner).
+    ``source_options`` are :class:`SyncBatchSource`'s keyword arguments (``sampling``, ``config``,
+    ``seed``, ``batch_groups``, ``fill``; their defaults live there). Each batch has
+    :func:`sync_batch_groups` groups (``fill``: every env and engine row works; ``batch_groups`` is
+    the least; group k: env seed ``seed + k``). ``on_batch`` gets all of a batch's groups. A failing
+    trajectory raises (the baseline has no isolation; it is a reference, not a runner).
     """
-    if config.num_groups is None:
+    source = SyncBatchSource(envs, engine, agent, **source_options)
+    if source.config.num_groups is None:
         raise ValueError(
             "sync_rollout: expected config.num_groups (an int), received None. Fix: set num_groups."
         )
-    source = SyncBatchSource(
-        envs,
-        engine,
-        agent,
-        sampling=sampling,
-        config=config,
-        seed=seed,
-        batch_groups=batch_groups,
-        fill=fill,
-    )
     groups: list[Group] = []
     while True:
         try:

@@ -62,7 +62,8 @@ import pathlib
 import re
 from typing import Any, Callable, Literal, Sequence
 
-from gymllm.errors import ConfigError, explain
+from gymllm.errors import ConfigError
+from gymllm.validation import require
 from gymllm.suites.game_play import play_game
 from gymllm.suites.game_tables import ratings_table, summarize_games
 from gymllm.utils.seeds import HELD_OUT_SEED_BASE
@@ -96,35 +97,28 @@ class Player:
     system_prompt: str | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.label, str) or not self.label.strip():
-            raise ConfigError(
-                explain(
-                    "Player.label",
-                    expected="a non-empty str",
-                    received=self.label,
-                    fix="pass --label NAME",
-                )
-            )
+        require(
+            isinstance(self.label, str) and self.label.strip(),
+            "Player.label",
+            expected="a non-empty str",
+            received=self.label,
+            fix="pass --label NAME",
+        )
         kinds = [self.loaded is not None, self.fn is not None, bool(self.random)]
-        if sum(kinds) != 1:
-            raise ConfigError(
-                explain(
-                    f"player {self.label!r}",
-                    expected="exactly one of loaded= (a model), fn= "
-                    "(a scripted policy) or random=True",
-                    received=f"{sum(kinds)} of them",
-                    fix="give one kind per player",
-                )
-            )
-        if self.fn is not None and not callable(self.fn):
-            raise ConfigError(
-                explain(
-                    f"player {self.label!r}.fn",
-                    expected="a callable fn(observation, agent)",
-                    received=type(self.fn).__name__,
-                    fix="name a function",
-                )
-            )
+        require(
+            sum(kinds) == 1,
+            f"player {self.label!r}",
+            expected="exactly one of loaded= (a model), fn= (a scripted policy) or random=True",
+            received=f"{sum(kinds)} of them",
+            fix="give one kind per player",
+        )
+        require(
+            self.fn is None or callable(self.fn),
+            f"player {self.label!r}.fn",
+            expected="a callable fn(observation, agent)",
+            received=type(self.fn).__name__,
+            fix="name a function",
+        )
 
     @property
     def kind(self) -> str:
@@ -171,16 +165,13 @@ class MatchConfig:
     overflow: Literal["error", "random"] = "error"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.games, int) or self.games < 2 or self.games % 2:
-            raise ConfigError(
-                explain(
-                    "games",
-                    expected="an even int >= 2 (seats swap in pairs, so each side plays "
-                    "each seat equally)",
-                    received=self.games,
-                    fix="e.g. --games 20",
-                )
-            )
+        require(
+            isinstance(self.games, int) and self.games >= 2 and not (self.games % 2),
+            "games",
+            expected="an even int >= 2 (seats swap in pairs, so each side plays each seat equally)",
+            received=self.games,
+            fix="e.g. --games 20",
+        )
         for name, lo in (
             ("max_tokens", 1),
             ("max_moves", 1),
@@ -190,42 +181,34 @@ class MatchConfig:
             ("num_resamples", 1),
         ):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < lo:
-                raise ConfigError(
-                    explain(
-                        name,
-                        expected=f"an int >= {lo}",
-                        received=v,
-                        fix=f"e.g. {name}={max(lo, 16)}",
-                    )
-                )
-        if self.errors not in ("loss", "exclude"):
-            raise ConfigError(
-                explain(
-                    "errors",
-                    expected="'loss' or 'exclude'",
-                    received=self.errors,
-                    fix="--errors loss",
-                )
+            require(
+                isinstance(v, int) and v >= lo,
+                name,
+                expected=f"an int >= {lo}",
+                received=v,
+                fix=f"e.g. {name}={max(lo, 16)}",
             )
-        if self.move_timeout_s is not None and not self.move_timeout_s > 0:
-            raise ConfigError(
-                explain(
-                    "move_timeout_s",
-                    expected="a number > 0 or None",
-                    received=self.move_timeout_s,
-                    fix="e.g. 300",
-                )
-            )
-        if not 0.0 < self.confidence < 1.0 or self.prior_draws < 0 or self.temperature < 0:
-            raise ConfigError(
-                explain(
-                    "MatchConfig",
-                    expected="0 < confidence < 1, prior_draws >= 0, temperature >= 0",
-                    received=(self.confidence, self.prior_draws, self.temperature),
-                    fix="e.g. confidence=0.95, prior_draws=1, temperature=0.7",
-                )
-            )
+        require(
+            self.errors in ("loss", "exclude"),
+            "errors",
+            expected="'loss' or 'exclude'",
+            received=self.errors,
+            fix="--errors loss",
+        )
+        require(
+            self.move_timeout_s is None or self.move_timeout_s > 0,
+            "move_timeout_s",
+            expected="a number > 0 or None",
+            received=self.move_timeout_s,
+            fix="e.g. 300",
+        )
+        require(
+            0.0 < self.confidence < 1.0 and self.prior_draws >= 0 and self.temperature >= 0,
+            "MatchConfig",
+            expected="0 < confidence < 1, prior_draws >= 0, temperature >= 0",
+            received=(self.confidence, self.prior_draws, self.temperature),
+            fix="e.g. confidence=0.95, prior_draws=1, temperature=0.7",
+        )
 
 
 def opponent_player(spec: str, label: str | None = None) -> Player:
@@ -234,17 +217,15 @@ def opponent_player(spec: str, label: str | None = None) -> Player:
 
     if spec == "random":
         return Player(label=label or "random", random=True)
-    if not isinstance(spec, str) or not _FN.match(spec):
-        raise ConfigError(
-            explain(
-                "--opponent",
-                expected="'random' or 'MODULE:FN' (a scripted fn(observation, agent) "
-                "-> action on the game's own PettingZoo observation and action)",
-                received=spec,
-                fix="e.g. --opponent random or --opponent my_pkg.policies:greedy; a model or a run "
-                "is a player: --model NAME / --checkpoint RUN",
-            )
-        )
+    require(
+        isinstance(spec, str) and _FN.match(spec),
+        "--opponent",
+        expected="'random' or 'MODULE:FN' (a scripted fn(observation, agent) "
+        "-> action on the game's own PettingZoo observation and action)",
+        received=spec,
+        fix="e.g. --opponent random or --opponent my_pkg.policies:greedy; a model or a run "
+        "is a player: --model NAME / --checkpoint RUN",
+    )
     try:
         fn = load_scripted_opponent(spec)
     except ConfigError as e:
@@ -263,28 +244,24 @@ def resolve_game(game: str, kwargs: dict[str, Any] | None = None) -> Any:
         raise ConfigError(
             str(e).replace("--env-kwargs", "--game-kwargs").replace("env.kwargs", "--game-kwargs")
         ) from e
-    if make is None:
-        raise ConfigError(
-            explain(
-                "--game",
-                expected=f"a multi-agent game: {GAME_HELP}",
-                received=game,
-                fix=f"use one of {sorted(GAMES)} or point MODULE:FACTORY at an importable factory "
-                "(single-agent envs are evaluated with gymllm eval env ENV)",
-            )
-        )
+    require(
+        make is not None,
+        "--game",
+        expected=f"a multi-agent game: {GAME_HELP}",
+        received=game,
+        fix=f"use one of {sorted(GAMES)} or point MODULE:FACTORY at an importable factory "
+        "(single-agent envs are evaluated with gymllm eval env ENV)",
+    )
     probe = make()
     seats = list(probe.possible_agents)
     probe.close()
-    if len(seats) != 2:
-        raise ConfigError(
-            explain(
-                "--game",
-                expected="a two-player game (pairings, win/draw/loss and Elo are pairwise)",
-                received=f"{game} with seats {seats}",
-                fix="evaluate a two-player game",
-            )
-        )
+    require(
+        len(seats) == 2,
+        "--game",
+        expected="a two-player game (pairings, win/draw/loss and Elo are pairwise)",
+        received=f"{game} with seats {seats}",
+        fix="evaluate a two-player game",
+    )
     return make
 
 
@@ -299,25 +276,21 @@ def schedule(
     """Every game of a round robin: ``{"pairing", "game", "seed", "players": {seat: label}}``; in pairing
     ``(a, b)`` game ``2i`` seats ``a`` first and ``b`` second with env seed ``seed + i``, game ``2i + 1``
     the same seed with the seats swapped. ``skip(a, b)`` True leaves the pairing out."""
-    if len(set(labels)) != len(labels):
-        raise ConfigError(
-            explain(
-                "players",
-                expected="distinct labels",
-                received=list(labels),
-                fix="name them apart with --label",
-            )
-        )
-    if len(labels) < 2:
-        raise ConfigError(
-            explain(
-                "players",
-                expected="at least two players (a --model or --checkpoint and an "
-                "--opponent, or two of either)",
-                received=list(labels),
-                fix="add --opponent random",
-            )
-        )
+    require(
+        len(set(labels)) == len(labels),
+        "players",
+        expected="distinct labels",
+        received=list(labels),
+        fix="name them apart with --label",
+    )
+    require(
+        len(labels) >= 2,
+        "players",
+        expected="at least two players (a --model or --checkpoint and an "
+        "--opponent, or two of either)",
+        received=list(labels),
+        fix="add --opponent random",
+    )
     out = []
     for p, (a, b) in enumerate(itertools.combinations(labels, 2)):
         if skip is not None and skip(a, b):

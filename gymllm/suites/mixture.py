@@ -27,27 +27,20 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from gymllm.utils.seeds import HELD_OUT_SEED_BASE
-from gymllm.errors import ConfigError, explain
-from gymllm.validation import check_range
+from gymllm.validation import check_range, require
 
 __all__ = ["MixtureSampler", "learnability_weights", "env_metric_names", "EnvMetrics"]
 
 
 def _normalised(weights: Mapping[str, float], what: str) -> dict[str, float]:
     vals = {k: float(v) for k, v in weights.items()}
-    if (
-        not vals
-        or any(not np.isfinite(v) or v < 0 for v in vals.values())
-        or sum(vals.values()) <= 0
-    ):
-        raise ConfigError(
-            explain(
-                what,
-                expected="finite weights >= 0, some > 0, one per env",
-                received=dict(weights),
-                fix="give every env a weight, e.g. weight = 1.0",
-            )
-        )
+    require(
+        vals and all(np.isfinite(v) and v >= 0 for v in vals.values()) and sum(vals.values()) > 0,
+        what,
+        expected="finite weights >= 0, some > 0, one per env",
+        received=dict(weights),
+        fix="give every env a weight, e.g. weight = 1.0",
+    )
     total = sum(vals.values())
     return {k: v / total for k, v in vals.items()}
 
@@ -88,15 +81,13 @@ class MixtureSampler:
     def set_weights(self, weights: Mapping[str, float]) -> None:
         """New weights (e.g. :func:`learnability_weights`); every env of the sampler must have one."""
         missing = sorted(set(self.names) - set(weights))
-        if missing:
-            raise ConfigError(
-                explain(
-                    "MixtureSampler.set_weights",
-                    expected=f"a weight for each of {self.names}",
-                    received=f"none for {missing}",
-                    fix="pass a weight for every env",
-                )
-            )
+        require(
+            not missing,
+            "MixtureSampler.set_weights",
+            expected=f"a weight for each of {self.names}",
+            received=f"none for {missing}",
+            fix="pass a weight for every env",
+        )
         w = _normalised({n: weights[n] for n in self.names}, "MixtureSampler.set_weights")
         self.probs = np.array([w[n] for n in self.names])
 
@@ -125,27 +116,23 @@ def learnability_weights(
     """Normalised curriculum weights: ``base[env] * max(p (1 - p), floor)`` with ``p`` the env's recent
     success rate (None: not seen yet, taken as 1/2, the most learnable). ``base``: the suite's weights
     (equal by default)."""
-    if not 0.0 <= floor <= 0.25:
-        raise ConfigError(
-            explain(
-                "learnability_weights(floor)",
-                expected="a float in [0, 0.25]",
-                received=floor,
-                fix="e.g. floor=0.01",
-            )
-        )
+    require(
+        0.0 <= floor <= 0.25,
+        "learnability_weights(floor)",
+        expected="a float in [0, 0.25]",
+        received=floor,
+        fix="e.g. floor=0.01",
+    )
     raw = {}
     for name, p in success.items():
         p = 0.5 if p is None else float(p)
-        if not 0.0 <= p <= 1.0:
-            raise ConfigError(
-                explain(
-                    f"learnability_weights({name!r})",
-                    expected="a success rate in [0, 1]",
-                    received=p,
-                    fix="pass the share of recent episodes that succeeded",
-                )
-            )
+        require(
+            0.0 <= p <= 1.0,
+            f"learnability_weights({name!r})",
+            expected="a success rate in [0, 1]",
+            received=p,
+            fix="pass the share of recent episodes that succeeded",
+        )
         raw[name] = (1.0 if base is None else float(base[name])) * max(p * (1.0 - p), floor)
     if (
         sum(raw.values()) <= 0

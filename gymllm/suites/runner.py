@@ -44,7 +44,7 @@ from typing import Any, Callable, Sequence
 from gymllm.errors import ConfigError, explain
 from gymllm.suites.results import ResultsFile, row_key, summarize, suite_from_dict, write_json
 from gymllm.suites.spec import Suite, SuiteEnv
-from gymllm.validation import check_range
+from gymllm.validation import check_range, require
 
 __all__ = ["PolicySpec", "RunnerConfig", "run_suite", "work_items"]
 
@@ -62,24 +62,20 @@ class PolicySpec:
     make_engine: Callable[[], Any] | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.label, str) or not self.label.strip():
-            raise ConfigError(
-                explain(
-                    "PolicySpec.label",
-                    expected="a non-empty str",
-                    received=self.label,
-                    fix="pass --label NAME",
-                )
-            )
-        if not self.oracle and self.loaded is None:
-            raise ConfigError(
-                explain(
-                    f"policy {self.label!r}",
-                    expected="a loaded model (or oracle=True)",
-                    received=None,
-                    fix="pass loaded=gymllm.models.load(name)",
-                )
-            )
+        require(
+            isinstance(self.label, str) and self.label.strip(),
+            "PolicySpec.label",
+            expected="a non-empty str",
+            received=self.label,
+            fix="pass --label NAME",
+        )
+        require(
+            self.oracle or self.loaded is not None,
+            f"policy {self.label!r}",
+            expected="a loaded model (or oracle=True)",
+            received=None,
+            fix="pass loaded=gymllm.models.load(name)",
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -103,15 +99,13 @@ class RunnerConfig:
         for f in ("max_concurrency_per_env", "num_slots", "max_len", "num_resamples"):
             v = getattr(self, f)
             check_range("RunnerConfig", f, v, lo=1, integer=True, fix=f"set {f}=1 or more")
-        if self.episode_timeout_s is not None and not self.episode_timeout_s > 0:
-            raise ConfigError(
-                explain(
-                    "RunnerConfig.episode_timeout_s",
-                    expected="seconds > 0 or None",
-                    received=self.episode_timeout_s,
-                    fix="e.g. 600",
-                )
-            )
+        require(
+            self.episode_timeout_s is None or self.episode_timeout_s > 0,
+            "RunnerConfig.episode_timeout_s",
+            expected="seconds > 0 or None",
+            received=self.episode_timeout_s,
+            fix="e.g. 600",
+        )
 
 
 def work_items(env: SuiteEnv) -> list[tuple[int, int, int]]:
@@ -128,15 +122,13 @@ def _solver(env: SuiteEnv) -> Any:
 
 def _check_resume(out: pathlib.Path, suite: Suite, results: ResultsFile, resume: bool) -> None:
     existing = results.path.is_file() and results.path.stat().st_size > 0
-    if existing and not resume:
-        raise ConfigError(
-            explain(
-                f"--out {out}",
-                expected="a new directory, or --resume to continue its run",
-                received=f"{results.path} already holds rows",
-                fix="pass --resume, or another --out",
-            )
-        )
+    require(
+        not existing or resume,
+        f"--out {out}",
+        expected="a new directory, or --resume to continue its run",
+        received=f"{results.path} already holds rows",
+        fix="pass --resume, or another --out",
+    )
     manifest = out / "suite.json"
     if resume and manifest.is_file():
         import json
@@ -145,15 +137,13 @@ def _check_resume(out: pathlib.Path, suite: Suite, results: ResultsFile, resume:
         then = {e.name: (e.seeds, e.k) for e in old.envs}
         now = {e.name: (e.seeds, e.k) for e in suite.envs}
         changed = sorted(n for n in set(then) & set(now) if then[n] != now[n])
-        if changed:
-            raise ConfigError(
-                explain(
-                    f"--resume in {out}",
-                    expected="the suite of the run being resumed",
-                    received=f"envs {changed} with other seeds or k than {manifest}",
-                    fix="resume with the same suite file, or write to another --out",
-                )
-            )
+        require(
+            not changed,
+            f"--resume in {out}",
+            expected="the suite of the run being resumed",
+            received=f"envs {changed} with other seeds or k than {manifest}",
+            fix="resume with the same suite file, or write to another --out",
+        )
 
 
 def _row(

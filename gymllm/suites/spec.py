@@ -36,7 +36,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 from gymllm.errors import ConfigError, explain
-from gymllm.validation import require_instance
+from gymllm.validation import is_int, require, require_instance
 
 __all__ = [
     "SuiteError",
@@ -184,15 +184,14 @@ def load_suite(
 def apply_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of a suite's data with ``overrides`` (keys of :data:`DEFAULTS`) set for every env."""
     unknown = sorted(set(overrides) - set(DEFAULTS))
-    if unknown:
-        raise SuiteError(
-            explain(
-                "suite overrides",
-                expected=f"keys of {', '.join(DEFAULTS)}",
-                received=unknown,
-                fix="override only the per-env defaults",
-            )
-        )
+    require(
+        not unknown,
+        "suite overrides",
+        expected=f"keys of {', '.join(DEFAULTS)}",
+        received=unknown,
+        fix="override only the per-env defaults",
+        error=SuiteError,
+    )
     out = {**data, **overrides}
     if isinstance(data.get("env"), list):
         drop = set(overrides) | (
@@ -212,27 +211,25 @@ def _near(key: str, allowed: Sequence[str]) -> str:
 
 def _check_keys(table: Mapping[str, Any], allowed: Sequence[str], where: str) -> None:
     for key in table:
-        if key not in allowed:
-            raise SuiteError(
-                explain(
-                    f"{where}: key {key!r}",
-                    expected=f"one of {', '.join(allowed)}",
-                    received=key,
-                    fix=_near(key, allowed),
-                )
-            )
+        require(
+            key in allowed,
+            f"{where}: key {key!r}",
+            expected=f"one of {', '.join(allowed)}",
+            received=key,
+            fix=_near(key, allowed),
+            error=SuiteError,
+        )
 
 
 def _int(value: Any, key: str, where: str, lo: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-        raise SuiteError(
-            explain(
-                f"{where}: key {key!r}",
-                expected=f"an integer >= {lo}",
-                received=value,
-                fix=f"set {key} = {max(lo, 1)} or more",
-            )
-        )
+    require(
+        is_int(value) and value >= lo,
+        f"{where}: key {key!r}",
+        expected=f"an integer >= {lo}",
+        received=value,
+        fix=f"set {key} = {max(lo, 1)} or more",
+        error=SuiteError,
+    )
     return value
 
 
@@ -275,81 +272,75 @@ def _defaults(table: Mapping[str, Any], base: Mapping[str, Any], where: str) -> 
 
 
 def _str(value: Any, key: str, where: str, fix: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise SuiteError(
-            explain(f"{where}: key {key!r}", expected="a non-empty string", received=value, fix=fix)
-        )
+    require(
+        isinstance(value, str) and value.strip(),
+        f"{where}: key {key!r}",
+        expected="a non-empty string",
+        received=value,
+        fix=fix,
+        error=SuiteError,
+    )
     return value
 
 
 def _env(table: Any, index: int, top: Mapping[str, Any], src: str, resolve: bool) -> SuiteEnv:
     where = f"suite {src}, [[env]] #{index + 1}"
-    if not isinstance(table, dict):
-        raise SuiteError(
-            explain(
-                where,
-                expected="a table ([[env]] with id = ...)",
-                received=table,
-                fix="write each env as an [[env]] table",
-            )
-        )
-    if "id" not in table:
-        raise SuiteError(
-            explain(
-                f"{where}: key 'id'",
-                expected="the env's id",
-                received="no id",
-                fix="add id = 'gymllm/Arithmetic-v0' (`gymllm envs` lists the ids)",
-            )
-        )
+    require(
+        isinstance(table, dict),
+        where,
+        expected="a table ([[env]] with id = ...)",
+        received=table,
+        fix="write each env as an [[env]] table",
+        error=SuiteError,
+    )
+    require(
+        "id" in table,
+        f"{where}: key 'id'",
+        expected="the env's id",
+        received="no id",
+        fix="add id = 'gymllm/Arithmetic-v0' (`gymllm envs` lists the ids)",
+        error=SuiteError,
+    )
     env_id = _str(table["id"], "id", where, "set id = 'gymllm/Arithmetic-v0'")
     where = f"suite {src}, [[env]] #{index + 1} (id = {env_id!r})"
     _check_keys(table, ENV_KEYS, where)
     values = _defaults(table, top, where)
     name = _str(table.get("name", env_id), "name", where, "set name = 'arithmetic'")
-    if name == "*":
-        raise SuiteError(
-            explain(
-                f"{where}: key 'name'",
-                expected="a name other than '*' (the whole suite's)",
-                received=name,
-                fix="pick another name",
-            )
-        )
+    require(
+        name != "*",
+        f"{where}: key 'name'",
+        expected="a name other than '*' (the whole suite's)",
+        received=name,
+        fix="pick another name",
+        error=SuiteError,
+    )
     kwargs = table.get("kwargs", {})
-    if not isinstance(kwargs, dict):
-        raise SuiteError(
-            explain(
-                f"{where}: key 'kwargs'",
-                expected="a table of constructor arguments",
-                received=kwargs,
-                fix="write kwargs = { digits = 2 }",
-            )
-        )
+    require(
+        isinstance(kwargs, dict),
+        f"{where}: key 'kwargs'",
+        expected="a table of constructor arguments",
+        received=kwargs,
+        fix="write kwargs = { digits = 2 }",
+        error=SuiteError,
+    )
     if "seeds" in table:
-        if "num_seeds" in table:
-            raise SuiteError(
-                explain(
-                    f"{where}: keys 'seeds' and 'num_seeds'",
-                    expected="one of them",
-                    received="both",
-                    fix="drop num_seeds (the seeds list gives the count)",
-                )
-            )
+        require(
+            "num_seeds" not in table,
+            f"{where}: keys 'seeds' and 'num_seeds'",
+            expected="one of them",
+            received="both",
+            fix="drop num_seeds (the seeds list gives the count)",
+            error=SuiteError,
+        )
         seeds = table["seeds"]
-        if (
-            not isinstance(seeds, list)
-            or not seeds
-            or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds)
-        ):
-            raise SuiteError(
-                explain(
-                    f"{where}: key 'seeds'",
-                    expected="a non-empty list of integers >= 0",
-                    received=seeds,
-                    fix="write seeds = [1000000, 1000001]",
-                )
-            )
+        require(
+            isinstance(seeds, list) and seeds and all(is_int(s) and s >= 0 for s in seeds),
+            f"{where}: key 'seeds'",
+            expected="a non-empty list of integers >= 0",
+            received=seeds,
+            fix="write seeds = [1000000, 1000001]",
+            error=SuiteError,
+        )
         if len(set(seeds)) != len(seeds):
             dup = sorted({s for s in seeds if seeds.count(s) > 1})
             raise SuiteError(
@@ -365,25 +356,23 @@ def _env(table: Any, index: int, top: Mapping[str, Any], src: str, resolve: bool
         seeds_t = tuple(range(values["seed_base"], values["seed_base"] + values["num_seeds"]))
     weight = _float(table.get("weight", 1.0), "weight", where, 0.0)
     agent = table.get("agent")
-    if agent not in (None, "model", "tool"):
-        raise SuiteError(
-            explain(
-                f"{where}: key 'agent'",
-                expected="'model' or 'tool'",
-                received=agent,
-                fix="set agent = 'tool' for envs with tools, else 'model' (or leave it out)",
-            )
-        )
+    require(
+        agent in (None, "model", "tool"),
+        f"{where}: key 'agent'",
+        expected="'model' or 'tool'",
+        received=agent,
+        fix="set agent = 'tool' for envs with tools, else 'model' (or leave it out)",
+        error=SuiteError,
+    )
     system_prompt = table.get("system_prompt")
-    if system_prompt is not None and not isinstance(system_prompt, str):
-        raise SuiteError(
-            explain(
-                f"{where}: key 'system_prompt'",
-                expected="a string",
-                received=system_prompt,
-                fix="quote it: system_prompt = 'Answer briefly.'",
-            )
-        )
+    require(
+        system_prompt is None or isinstance(system_prompt, str),
+        f"{where}: key 'system_prompt'",
+        expected="a string",
+        received=system_prompt,
+        fix="quote it: system_prompt = 'Answer briefly.'",
+        error=SuiteError,
+    )
     target = None
     if resolve:
         from gymllm.registration import resolve_env_id
@@ -426,25 +415,23 @@ def parse_suite(
     top = _defaults(data, DEFAULTS, where)
     name = _str(data.get("name", default_name), "name", where, "set name = 'my-suite'")
     description = data.get("description", "")
-    if not isinstance(description, str):
-        raise SuiteError(
-            explain(
-                f"{where}: key 'description'",
-                expected="a string",
-                received=description,
-                fix="quote it",
-            )
-        )
+    require(
+        isinstance(description, str),
+        f"{where}: key 'description'",
+        expected="a string",
+        received=description,
+        fix="quote it",
+        error=SuiteError,
+    )
     tables = data.get("env")
-    if not isinstance(tables, list) or not tables:
-        raise SuiteError(
-            explain(
-                f"{where}: key 'env'",
-                expected="at least one [[env]] table",
-                received=tables if tables is not None else "none",
-                fix="add [[env]] followed by id = 'gymllm/Arithmetic-v0'",
-            )
-        )
+    require(
+        isinstance(tables, list) and tables,
+        f"{where}: key 'env'",
+        expected="at least one [[env]] table",
+        received=tables if tables is not None else "none",
+        fix="add [[env]] followed by id = 'gymllm/Arithmetic-v0'",
+        error=SuiteError,
+    )
     envs = [_env(t, i, top, source, resolve) for i, t in enumerate(tables)]
     seen: dict[str, int] = {}
     for i, e in enumerate(envs):
@@ -458,15 +445,14 @@ def parse_suite(
                 )
             )
         seen[e.name] = i
-    if sum(e.weight for e in envs) <= 0:
-        raise SuiteError(
-            explain(
-                f"suite {source}: key 'weight'",
-                expected="some env with weight > 0",
-                received="every weight 0",
-                fix="set weight = 1.0 on the envs to count",
-            )
-        )
+    require(
+        sum(e.weight for e in envs) > 0,
+        f"suite {source}: key 'weight'",
+        expected="some env with weight > 0",
+        received="every weight 0",
+        fix="set weight = 1.0 on the envs to count",
+        error=SuiteError,
+    )
     return Suite(name=name, envs=tuple(envs), source=source, description=description)
 
 

@@ -41,7 +41,7 @@ from typing import Any, Callable, Mapping
 
 import gymnasium
 
-from gymllm.errors import ConfigError, explain
+from gymllm.validation import require
 from gymllm.suites.mixture import EnvMetrics, MixtureSampler, learnability_weights
 from gymllm.suites.resolve import make_env_for
 
@@ -56,24 +56,20 @@ class MixtureEnvs:
     def __init__(
         self, suite: Any, *, num_envs: int, seed: int = 0, curriculum: str = "none", vec: Any = None
     ):
-        if curriculum not in CURRICULA:
-            raise ConfigError(
-                explain(
-                    "env.curriculum",
-                    expected=f"one of {CURRICULA}",
-                    received=curriculum,
-                    fix="--env.curriculum learnability (or none)",
-                )
-            )
-        if vec is not None and getattr(vec, "num_envs", None) != int(num_envs):
-            raise ConfigError(
-                explain(
-                    "MixtureEnvs(vec)",
-                    expected=f"a vector env of num_envs={num_envs} SuiteSlotEnv sub-envs",
-                    received=f"num_envs={getattr(vec, 'num_envs', None)}",
-                    fix="build it with mixture_vec(suite, num_envs, ...)",
-                )
-            )
+        require(
+            curriculum in CURRICULA,
+            "env.curriculum",
+            expected=f"one of {CURRICULA}",
+            received=curriculum,
+            fix="--env.curriculum learnability (or none)",
+        )
+        require(
+            vec is None or getattr(vec, "num_envs", None) == int(num_envs),
+            "MixtureEnvs(vec)",
+            expected=f"a vector env of num_envs={num_envs} SuiteSlotEnv sub-envs",
+            received=f"num_envs={getattr(vec, 'num_envs', None)}",
+            fix="build it with mixture_vec(suite, num_envs, ...)",
+        )
         self.vec = vec
         self.suite = suite
         self.envs_by_name = {e.name: e for e in suite.envs}
@@ -115,15 +111,13 @@ class MixtureEnvs:
         """Reset slot ``env_id`` on the env its group drew (by ``seed``), bound to the slot until its next reset."""
         from gymllm.core import areset_env
 
-        if seed is None:
-            raise ConfigError(
-                explain(
-                    "MixtureEnvs.areset_env(seed)",
-                    expected="the group's env seed (an int)",
-                    received=None,
-                    fix="the orchestrator passes each group's seed",
-                )
-            )
+        require(
+            seed is not None,
+            "MixtureEnvs.areset_env(seed)",
+            expected="the group's env seed (an int)",
+            received=None,
+            fix="the orchestrator passes each group's seed",
+        )
         name = self.env_of_seed(int(seed))
         if self.vec is not None:  # the sub-env (in its worker) plays the env it is told to
             obs, info = await self.vec.areset_env(
@@ -139,15 +133,13 @@ class MixtureEnvs:
 
         if self.vec is not None:
             return await self.vec.astep_env(env_id, action)
-        if env_id not in self.bound:
-            raise ConfigError(
-                explain(
-                    "MixtureEnvs.astep_env",
-                    expected=f"slot {env_id} reset first",
-                    received="a step on a slot never reset",
-                    fix="reset the slot before stepping",
-                )
-            )
+        require(
+            env_id in self.bound,
+            "MixtureEnvs.astep_env",
+            expected=f"slot {env_id} reset first",
+            received="a step on a slot never reset",
+            fix="reset the slot before stepping",
+        )
         return await astep_env(self.bound[env_id][1], action)
 
     def observe(self, group_filter: Callable[[Any], bool] | None) -> Callable[[Any], bool]:
@@ -218,15 +210,13 @@ class SuiteSlotEnv(gymnasium.Env):
         from gymllm.spaces import Text
 
         self.table = {str(k): tuple(v) for k, v in table.items()}
-        if not self.table:
-            raise ConfigError(
-                explain(
-                    "SuiteSlotEnv(table)",
-                    expected="one entry per suite env",
-                    received={},
-                    fix="pass slot_table(suite)",
-                )
-            )
+        require(
+            self.table,
+            "SuiteSlotEnv(table)",
+            expected="one entry per suite env",
+            received={},
+            fix="pass slot_table(suite)",
+        )
         self.observation_space, self.action_space = Text(), Text()
         self.envs: dict[str, Any] = {}
         self.current: str | None = None
@@ -234,16 +224,13 @@ class SuiteSlotEnv(gymnasium.Env):
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
         options = dict(options or {})
         name = options.pop("suite_env", self.current)
-        if name not in self.table:
-            raise ConfigError(
-                explain(
-                    "SuiteSlotEnv.reset(options['suite_env'])",
-                    expected=f"one of {sorted(self.table)}",
-                    received=name,
-                    fix="reset with options="
-                    "{'suite_env': NAME} (MixtureEnvs passes the group's env)",
-                )
-            )
+        require(
+            name in self.table,
+            "SuiteSlotEnv.reset(options['suite_env'])",
+            expected=f"one of {sorted(self.table)}",
+            received=name,
+            fix="reset with options={'suite_env': NAME} (MixtureEnvs passes the group's env)",
+        )
         env = self.envs.get(name)
         if env is None:
             target, kwargs, max_turns = self.table[name]
@@ -253,15 +240,13 @@ class SuiteSlotEnv(gymnasium.Env):
         return obs, {**info, "suite_env": name}
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
-        if self.current is None:
-            raise ConfigError(
-                explain(
-                    "SuiteSlotEnv.step",
-                    expected="a reset first",
-                    received="a step",
-                    fix="reset with options={'suite_env': NAME} before stepping",
-                )
-            )
+        require(
+            self.current is not None,
+            "SuiteSlotEnv.step",
+            expected="a reset first",
+            received="a step",
+            fix="reset with options={'suite_env': NAME} before stepping",
+        )
         return self.envs[self.current].step(action)
 
     def close(self) -> None:

@@ -63,7 +63,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from gymllm.errors import explain
+from gymllm.validation import require
 
 Event = Mapping[str, Any]
 
@@ -255,15 +255,14 @@ def pipeline_metrics(
     See the module docstring for what each key measures and which spans / tags it reads.
     """
     lo, hi = event_window(events) if window is None else (float(window[0]), float(window[1]))
-    if window is not None and not hi > lo:
-        raise ValueError(
-            explain(
-                "pipeline_metrics window",
-                expected="(start_us, end_us) with end > start",
-                received=window,
-                fix="pass a non-empty window or window=None",
-            )
-        )
+    require(
+        window is None or hi > lo,
+        "pipeline_metrics window",
+        expected="(start_us, end_us) with end > start",
+        received=window,
+        fix="pass a non-empty window or window=None",
+        error=ValueError,
+    )
     spans = [
         e for e in events if e["ph"] == "X" and e["ts"] <= hi and e["ts"] + e.get("dur", 0.0) >= lo
     ]
@@ -380,15 +379,14 @@ def staleness_histogram(versions: Any, loss_mask: Any, current_version: int) -> 
     """{lag: tokens} over sampled tokens, lag = current_version - the version that sampled it."""
     v = np.asarray(versions).reshape(-1)
     m = np.asarray(loss_mask).reshape(-1).astype(bool)
-    if v.shape != m.shape:
-        raise ValueError(
-            explain(
-                "staleness_histogram",
-                expected="versions and loss_mask of the same shape",
-                received=(v.shape, m.shape),
-                fix="pass arrays aligned with token_ids",
-            )
-        )
+    require(
+        v.shape == m.shape,
+        "staleness_histogram",
+        expected="versions and loss_mask of the same shape",
+        received=(v.shape, m.shape),
+        fix="pass arrays aligned with token_ids",
+        error=ValueError,
+    )
     lags, counts = np.unique(current_version - v[m], return_counts=True)
     return {int(k): int(c) for k, c in zip(lags, counts)}
 
@@ -416,15 +414,14 @@ def logprob_gap(sampler_logprobs: Any, trainer_logprobs: Any, mask: Any) -> dict
     mu = np.asarray(sampler_logprobs, dtype=np.float64)
     pi = np.asarray(trainer_logprobs, dtype=np.float64)
     m = np.asarray(mask).astype(bool)
-    if not (mu.shape == pi.shape == m.shape):
-        raise ValueError(
-            explain(
-                "logprob_gap",
-                expected="sampler, trainer logprobs and mask of one shape",
-                received=(mu.shape, pi.shape, m.shape),
-                fix="pass [B, T] arrays aligned with token_ids",
-            )
-        )
+    require(
+        mu.shape == pi.shape == m.shape,
+        "logprob_gap",
+        expected="sampler, trainer logprobs and mask of one shape",
+        received=(mu.shape, pi.shape, m.shape),
+        fix="pass [B, T] arrays aligned with token_ids",
+        error=ValueError,
+    )
     d = (pi - mu)[m]
     if d.size == 0:
         return {}
@@ -478,15 +475,14 @@ def aggregate(
     A key missing from a record is averaged over the records that have it.
     """
     w = np.ones(len(records)) if weights is None else np.asarray(weights, dtype=np.float64)
-    if len(w) != len(records):
-        raise ValueError(
-            explain(
-                "aggregate weights",
-                expected=f"{len(records)} weights (one per record)",
-                received=len(w),
-                fix="pass one weight per record, e.g. its token count",
-            )
-        )
+    require(
+        len(w) == len(records),
+        "aggregate weights",
+        expected=f"{len(records)} weights (one per record)",
+        received=len(w),
+        fix="pass one weight per record, e.g. its token count",
+        error=ValueError,
+    )
     keys = sorted({k for r in records for k in r})
     out = {}
     for k in keys:

@@ -43,6 +43,7 @@ import docstring_parser
 from typing_extensions import NotRequired, Required, TypedDict
 
 from gymllm.errors import ToolError, explain
+from gymllm.validation import require
 
 if typing.TYPE_CHECKING:
     import pydantic
@@ -254,15 +255,14 @@ class Tool:
 
     def validate(self, arguments: Any) -> dict[str, Any]:
         """``arguments`` checked against the signature and coerced; :class:`ToolError` when they do not fit."""
-        if not isinstance(arguments, dict):
-            raise ToolError(
-                explain(
-                    f"tool {self.name!r} arguments",
-                    expected="a JSON object of named arguments",
-                    received=arguments,
-                    fix=f'call {self.name} with {{"arg": value, ...}}',
-                )
-            )
+        require(
+            isinstance(arguments, dict),
+            f"tool {self.name!r} arguments",
+            expected="a JSON object of named arguments",
+            received=arguments,
+            fix=f'call {self.name} with {{"arg": value, ...}}',
+            error=ToolError,
+        )
         sig = inspect.signature(self.fn)
         params = {
             n: p
@@ -271,25 +271,23 @@ class Tool:
         }
         takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
         unknown = [k for k in arguments if k not in params]
-        if unknown and not takes_kwargs:
-            raise ToolError(
-                explain(
-                    f"tool {self.name!r}",
-                    expected=f"arguments among {sorted(params)}",
-                    received=f"unknown argument(s) {unknown}",
-                    fix="drop or rename them",
-                )
-            )
+        require(
+            not unknown or takes_kwargs,
+            f"tool {self.name!r}",
+            expected=f"arguments among {sorted(params)}",
+            received=f"unknown argument(s) {unknown}",
+            fix="drop or rename them",
+            error=ToolError,
+        )
         missing = [n for n, p in params.items() if p.default is p.empty and n not in arguments]
-        if missing:
-            raise ToolError(
-                explain(
-                    f"tool {self.name!r}",
-                    expected=f"required argument(s) {missing}",
-                    received=sorted(arguments),
-                    fix="pass every required argument",
-                )
-            )
+        require(
+            not missing,
+            f"tool {self.name!r}",
+            expected=f"required argument(s) {missing}",
+            received=sorted(arguments),
+            fix="pass every required argument",
+            error=ToolError,
+        )
         import pydantic
 
         adapter = self.arguments
@@ -376,10 +374,14 @@ def parameters_schema(fn: Callable[..., Any], adapter: "pydantic.TypeAdapter") -
 
 
 def _build(fn: Callable[..., Any], name: str | None, description: str | None) -> Tool:
-    if not callable(fn):
-        raise ToolError(
-            explain("@tool", expected="a function", received=fn, fix="decorate a def or async def")
-        )
+    require(
+        callable(fn),
+        "@tool",
+        expected="a function",
+        received=fn,
+        fix="decorate a def or async def",
+        error=ToolError,
+    )
     summary, _ = parse_docstring(fn.__doc__)
     return Tool(fn=fn, name=name or fn.__name__, description=description or summary)
 

@@ -32,7 +32,7 @@ from typing import Any, Literal
 import gymnasium as gym
 import numpy as np
 
-from gymllm.errors import ConfigError, explain
+from gymllm.validation import require
 
 __all__ = [
     "FORMAT",
@@ -83,43 +83,35 @@ class TrajectoryLoggerConfig:
     chunk_size: int = 65536
 
     def __post_init__(self) -> None:
-        if not isinstance(self.path, (str, os.PathLike)) or not str(self.path):
-            raise ConfigError(
-                explain(
-                    "TrajectoryLoggerConfig.path",
-                    expected="a directory or .jsonl path",
-                    received=self.path,
-                    fix="pass path='runs/log'",
-                )
-            )
+        require(
+            isinstance(self.path, (str, os.PathLike)) and str(self.path),
+            "TrajectoryLoggerConfig.path",
+            expected="a directory or .jsonl path",
+            received=self.path,
+            fix="pass path='runs/log'",
+        )
         object.__setattr__(self, "path", os.fspath(self.path))
-        if self.fsync not in ("never", "episode", "step"):
-            raise ConfigError(
-                explain(
-                    "TrajectoryLoggerConfig.fsync",
-                    expected="'never', 'episode' or 'step'",
-                    received=self.fsync,
-                    fix="use fsync='episode'",
-                )
-            )
-        if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
-            raise ConfigError(
-                explain(
-                    "TrajectoryLoggerConfig.chunk_size",
-                    expected="a positive int",
-                    received=self.chunk_size,
-                    fix="use chunk_size=65536",
-                )
-            )
-        if not self.name or "/" in self.name:
-            raise ConfigError(
-                explain(
-                    "TrajectoryLoggerConfig.name",
-                    expected="a plain file stem",
-                    received=self.name,
-                    fix="use name='episodes'",
-                )
-            )
+        require(
+            self.fsync in ("never", "episode", "step"),
+            "TrajectoryLoggerConfig.fsync",
+            expected="'never', 'episode' or 'step'",
+            received=self.fsync,
+            fix="use fsync='episode'",
+        )
+        require(
+            isinstance(self.chunk_size, int) and self.chunk_size >= 1,
+            "TrajectoryLoggerConfig.chunk_size",
+            expected="a positive int",
+            received=self.chunk_size,
+            fix="use chunk_size=65536",
+        )
+        require(
+            self.name and "/" not in self.name,
+            "TrajectoryLoggerConfig.name",
+            expected="a plain file stem",
+            received=self.name,
+            fix="use name='episodes'",
+        )
 
     @property
     def jsonl_path(self) -> pathlib.Path:

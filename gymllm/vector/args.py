@@ -62,15 +62,7 @@ def action_list(actions: Any, n: int) -> list[Any]:
                 fix="pass a list with one str per env id",
             )
         )
-    if len(actions) != n:
-        raise InvalidActionError(
-            explain(
-                "actions",
-                expected=f"{n} actions (one per env id)",
-                received=f"{len(actions)} actions",
-                fix="pass one action per env id",
-            )
-        )
+    _check_count(actions, n, "actions", "actions (one per env id)", "pass one action per env id")
     return list(actions)
 
 
@@ -81,16 +73,19 @@ def seed_list(seed: Any, n: int) -> list[int | None]:
     if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
         return [int(seed) + i for i in range(n)]
     seeds = list(seed)
-    if len(seeds) != n:
+    _check_count(seeds, n, "reset(seed=[...])", "seeds", "pass an int or one seed per env")
+    return seeds
+
+
+def _check_count(items: Any, n: int, what: str, noun: str, fix: str) -> None:
+    """``items`` holds exactly ``n`` entries, else an :class:`InvalidActionError`: expected
+    ``f"{n} {noun}"``, received the count and ``noun``'s first word (e.g. ``"seeds"``)."""
+    if len(items) != n:
         raise InvalidActionError(
             explain(
-                "reset(seed=[...])",
-                expected=f"{n} seeds",
-                received=f"{len(seeds)} seeds",
-                fix="pass an int or one seed per env",
+                what, expected=f"{n} {noun}", received=f"{len(items)} {noun.split()[0]}", fix=fix
             )
         )
-    return seeds
 
 
 def check_min_ready(min_ready: Any) -> int:

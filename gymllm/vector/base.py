@@ -24,7 +24,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector.utils import batch_space
 
-from gymllm.errors import InvalidActionError, explain
+from gymllm.errors import InvalidActionError
+from gymllm.validation import require
 from gymllm.vector.args import check_env_id, check_min_ready
 from gymllm.vector.autoreset import AutoresetPolicy
 from gymllm.vector.config import VectorEnvConfig
@@ -49,14 +50,8 @@ def make_runner(config: VectorEnvConfig, ledger: Ledger) -> SubEnvRunner:
 
 class SubEnvVector(gym.vector.VectorEnv):
     """The sub-envs of a barrier-free vector env and their invariants (see the module docstring);
-    :class:`gymllm.vector.VectorEnv` is the class to use.
-
-    Args:
-        env_fns: one zero-argument factory per sub-env (different envs may be mixed; picklable
-            ones with ``backend="ray"``, e.g. those ``gymllm.make_vec`` builds from env ids).
-        config: a :class:`VectorEnvConfig`; or pass its fields as keyword arguments
-            (``backend="ray", ray_options={...}`` included).
-    """
+    :class:`gymllm.vector.VectorEnv` is the class to use, and its docstring describes the
+    constructor's arguments (``env_fns``, ``config`` or its fields as keywords)."""
 
     def __init__(
         self,
@@ -70,15 +65,14 @@ class SubEnvVector(gym.vector.VectorEnv):
         elif config_kwargs:
             config = dataclasses.replace(config, **config_kwargs)
         env_fns = list(env_fns)
-        if not env_fns or not all(callable(f) for f in env_fns):
-            raise InvalidActionError(
-                explain(
-                    "VectorEnv(env_fns)",
-                    expected="a non-empty list of env factories",
-                    received=env_fns,
-                    fix="pass [lambda: gymllm.make('gymllm/Echo-v0')] * n",
-                )
-            )
+        require(
+            env_fns and all(callable(f) for f in env_fns),
+            "VectorEnv(env_fns)",
+            expected="a non-empty list of env factories",
+            received=env_fns,
+            fix="pass [lambda: gymllm.make('gymllm/Echo-v0')] * n",
+            error=InvalidActionError,
+        )
         self.config = config
         self.env_fns = env_fns
         self.num_envs = len(env_fns)
@@ -151,15 +145,14 @@ class SubEnvVector(gym.vector.VectorEnv):
 
     def _idle_slot(self, env_id: int) -> Slot:
         slot = self._slot(env_id)
-        if slot.busy:
-            raise VectorStateError(
-                explain(
-                    f"env {slot.env_id}",
-                    expected="an env not in flight",
-                    received="an env with an unreceived operation",
-                    fix="recv() it first",
-                )
-            )
+        require(
+            not slot.busy,
+            f"env {slot.env_id}",
+            expected="an env not in flight",
+            received="an env with an unreceived operation",
+            fix="recv() it first",
+            error=VectorStateError,
+        )
         return slot
 
     def _need(self, min_ready: int) -> int:
@@ -167,15 +160,14 @@ class SubEnvVector(gym.vector.VectorEnv):
         with self._ledger.cond:
             self._ledger.check_open()
             in_flight = self._ledger.count_for_recv()
-        if in_flight == 0:
-            raise VectorStateError(
-                explain(
-                    "recv()",
-                    expected="at least one env in flight",
-                    received="none",
-                    fix="call send(actions, env_ids) before recv()",
-                )
-            )
+        require(
+            in_flight != 0,
+            "recv()",
+            expected="at least one env in flight",
+            received="none",
+            fix="call send(actions, env_ids) before recv()",
+            error=VectorStateError,
+        )
         return min(int(min_ready), in_flight)
 
     # ------------------------------------------------------------------ results

@@ -8,8 +8,8 @@ from typing import Any
 
 from gymnasium.vector import AutoresetMode
 
-from gymllm.errors import ConfigError, explain
-from gymllm.validation import field_error, is_int, is_number
+from gymllm.errors import ConfigError
+from gymllm.validation import field_error, is_int, is_number, require
 
 __all__ = ["VectorEnvConfig", "RayOptions", "parse_autoreset_mode"]
 
@@ -24,15 +24,13 @@ def parse_autoreset_mode(value: Any) -> AutoresetMode:
     if isinstance(value, AutoresetMode):
         return value
     mode = _MODES.get(str(value).lower()) if isinstance(value, str) else None
-    if mode is None:
-        raise ConfigError(
-            explain(
-                "VectorEnvConfig.autoreset_mode",
-                expected="next_step, same_step or disabled",
-                received=value,
-                fix="pass autoreset_mode='next_step' (Gymnasium's default)",
-            )
-        )
+    require(
+        mode is not None,
+        "VectorEnvConfig.autoreset_mode",
+        expected="next_step, same_step or disabled",
+        received=value,
+        fix="pass autoreset_mode='next_step' (Gymnasium's default)",
+    )
     return mode
 
 
@@ -119,26 +117,22 @@ class RayOptions:
             return value
         if value is None:
             return cls()
-        if not isinstance(value, Mapping):
-            raise ConfigError(
-                explain(
-                    "ray_options",
-                    expected="a dict or RayOptions",
-                    received=value,
-                    fix="pass ray_options={'num_workers': 4, 'num_cpus': 1}",
-                )
-            )
+        require(
+            isinstance(value, Mapping),
+            "ray_options",
+            expected="a dict or RayOptions",
+            received=value,
+            fix="pass ray_options={'num_workers': 4, 'num_cpus': 1}",
+        )
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(value) - known)
-        if unknown:
-            raise ConfigError(
-                explain(
-                    "ray_options",
-                    expected=f"keys among {sorted(known)}",
-                    received=unknown,
-                    fix="drop or rename those keys",
-                )
-            )
+        require(
+            not unknown,
+            "ray_options",
+            expected=f"keys among {sorted(known)}",
+            received=unknown,
+            fix="drop or rename those keys",
+        )
         return cls(**value)
 
     def shard_size(self, num_envs: int) -> int | None:
@@ -187,57 +181,47 @@ class VectorEnvConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "autoreset_mode", parse_autoreset_mode(self.autoreset_mode))
         if self.ray_options is not None or self.backend == "ray":
-            if self.backend != "ray":
-                raise ConfigError(
-                    explain(
-                        "VectorEnvConfig.ray_options",
-                        expected="ray_options only with backend='ray'",
-                        received={"backend": self.backend},
-                        fix="pass backend='ray' as well",
-                    )
-                )
+            require(
+                self.backend == "ray",
+                "VectorEnvConfig.ray_options",
+                expected="ray_options only with backend='ray'",
+                received={"backend": self.backend},
+                fix="pass backend='ray' as well",
+            )
             object.__setattr__(self, "ray_options", RayOptions.parse(self.ray_options))
         for name, allowed in (
             ("backend", BACKENDS),
             ("on_error", ON_ERROR),
             ("mp_context", MP_CONTEXTS),
         ):
-            if getattr(self, name) not in allowed:
-                raise ConfigError(
-                    explain(
-                        f"VectorEnvConfig.{name}",
-                        expected=" or ".join(map(repr, allowed)),
-                        received=getattr(self, name),
-                        fix=f"pass {name}={allowed[0]!r}",
-                    )
-                )
+            require(
+                getattr(self, name) in allowed,
+                f"VectorEnvConfig.{name}",
+                expected=" or ".join(map(repr, allowed)),
+                received=getattr(self, name),
+                fix=f"pass {name}={allowed[0]!r}",
+            )
         mc = self.max_concurrency
-        if mc is not None and not (is_int(mc) and mc >= 1):
-            raise ConfigError(
-                explain(
-                    "VectorEnvConfig.max_concurrency",
-                    expected="None or an int >= 1",
-                    received=mc,
-                    fix="pass max_concurrency=16",
-                )
-            )
+        require(
+            mc is None or (is_int(mc) and mc >= 1),
+            "VectorEnvConfig.max_concurrency",
+            expected="None or an int >= 1",
+            received=mc,
+            fix="pass max_concurrency=16",
+        )
         ib = self.inline_below_s
-        if not (is_number(ib) and ib >= 0):
-            raise ConfigError(
-                explain(
-                    "VectorEnvConfig.inline_below_s",
-                    expected="seconds >= 0",
-                    received=ib,
-                    fix="pass inline_below_s=0 to always use worker threads",
-                )
-            )
+        require(
+            is_number(ib) and ib >= 0,
+            "VectorEnvConfig.inline_below_s",
+            expected="seconds >= 0",
+            received=ib,
+            fix="pass inline_below_s=0 to always use worker threads",
+        )
         st = self.step_timeout
-        if st is not None and not (is_number(st) and st > 0):
-            raise ConfigError(
-                explain(
-                    "VectorEnvConfig.step_timeout",
-                    expected="None or seconds > 0",
-                    received=st,
-                    fix="pass step_timeout=30.0",
-                )
-            )
+        require(
+            st is None or (is_number(st) and st > 0),
+            "VectorEnvConfig.step_timeout",
+            expected="None or seconds > 0",
+            received=st,
+            fix="pass step_timeout=30.0",
+        )

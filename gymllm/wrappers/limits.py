@@ -19,8 +19,8 @@ from typing import Any, Callable
 import gymnasium as gym
 
 from gymllm.core import areset_env, astep_env
-from gymllm.errors import ConfigError, ResetNeededError, explain
-from gymllm.validation import check_range
+from gymllm.errors import ResetNeededError
+from gymllm.validation import check_range, require
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -40,19 +40,18 @@ class LimitsConfig:
             optional=True,
             fix="pass max_turns=8",
         )
-        if self.max_seconds is not None and (
-            isinstance(self.max_seconds, bool)
-            or not isinstance(self.max_seconds, (int, float))
-            or self.max_seconds <= 0
-        ):
-            raise ConfigError(
-                explain(
-                    "LimitsConfig.max_seconds",
-                    expected="None or a number > 0",
-                    received=self.max_seconds,
-                    fix="pass max_seconds=30.0",
-                )
-            )
+        require(
+            self.max_seconds is None
+            or (
+                not isinstance(self.max_seconds, bool)
+                and isinstance(self.max_seconds, (int, float))
+                and self.max_seconds > 0
+            ),
+            "LimitsConfig.max_seconds",
+            expected="None or a number > 0",
+            received=self.max_seconds,
+            fix="pass max_seconds=30.0",
+        )
 
 
 def check_limits(turns: int, elapsed: float, config: LimitsConfig) -> str | None:
@@ -88,15 +87,14 @@ class Limits(gym.Wrapper, gym.utils.RecordConstructorArgs):
         return result
 
     def _before_step(self) -> None:
-        if self._done:
-            raise ResetNeededError(
-                explain(
-                    f"{type(self).__name__}.step()",
-                    expected="reset() first",
-                    received="a step after the episode ended (or before reset)",
-                    fix="call env.reset() to start a new episode",
-                )
-            )
+        require(
+            not self._done,
+            f"{type(self).__name__}.step()",
+            expected="reset() first",
+            received="a step after the episode ended (or before reset)",
+            fix="call env.reset() to start a new episode",
+            error=ResetNeededError,
+        )
 
     def _on_step(self, result: tuple) -> tuple:
         obs, reward, terminated, truncated, info = result
