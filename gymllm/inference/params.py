@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from gymllm.errors import ConfigError, EngineError, explain
+from gymllm.errors import EngineError
 from gymllm.validation import check_range, is_number, require
 
 
@@ -23,17 +23,14 @@ def _int_tuple(name: str, value: Any) -> tuple[int, ...]:
         out = tuple(value)
     except TypeError:
         out = None
-    if out is None or not all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in out
-    ):
-        raise ConfigError(
-            explain(
-                f"SamplingParams.{name}",
-                expected="a sequence of non-negative int token ids",
-                received=value,
-                fix=f"pass e.g. {name}=(2,) or {name}=()",
-            )
-        )
+    require(
+        out is not None
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in out),
+        f"SamplingParams.{name}",
+        expected="a sequence of non-negative int token ids",
+        received=value,
+        fix=f"pass e.g. {name}=(2,) or {name}=()",
+    )
     return out
 
 
@@ -44,15 +41,13 @@ def _str_tuple(name: str, value: Any) -> tuple[str, ...]:
         out = tuple(value)
     except TypeError:
         out = None
-    if out is None or not all(isinstance(v, str) and v for v in out):
-        raise ConfigError(
-            explain(
-                f"SamplingParams.{name}",
-                expected="a sequence of non-empty strings",
-                received=value,
-                fix=f"pass e.g. {name}=('</answer>',) or {name}=()",
-            )
-        )
+    require(
+        out is not None and all(isinstance(v, str) and v for v in out),
+        f"SamplingParams.{name}",
+        expected="a sequence of non-empty strings",
+        received=value,
+        fix=f"pass e.g. {name}=('</answer>',) or {name}=()",
+    )
     return out
 
 

@@ -34,8 +34,8 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-from gymllm.errors import ConfigError, GymLLMError, explain
-from gymllm.validation import check_range
+from gymllm.errors import GymLLMError
+from gymllm.validation import check_range, require
 
 _SENTINEL = "\u2063GYMLLM_PROXY_SENTINEL\u2063"
 
@@ -72,15 +72,13 @@ class ProxyConfig:
         for name in ("max_open_sessions", "remember_closed"):
             v = getattr(self, name)
             check_range("ProxyConfig", name, v, lo=1, integer=True, fix=f"pass e.g. {name}=1024")
-        if not isinstance(self.idle_timeout_s, (int, float)) or not self.idle_timeout_s > 0:
-            raise ConfigError(
-                explain(
-                    "ProxyConfig.idle_timeout_s",
-                    expected="a number > 0",
-                    received=self.idle_timeout_s,
-                    fix="pass e.g. idle_timeout_s=3600",
-                )
-            )
+        require(
+            isinstance(self.idle_timeout_s, (int, float)) and self.idle_timeout_s > 0,
+            "ProxyConfig.idle_timeout_s",
+            expected="a number > 0",
+            received=self.idle_timeout_s,
+            fix="pass e.g. idle_timeout_s=3600",
+        )
 
 
 @dataclasses.dataclass

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from gymllm.train.train_config import TrainConfig
 from gymllm.errors import ConfigError, explain
-from gymllm.validation import require_instance
+from gymllm.validation import require, require_instance
 
 __all__ = ["SourceContext", "Kind", "KINDS", "register_kind", "select_kind", "kind_named"]
 
@@ -201,15 +201,13 @@ def _game_seats(ctx: SourceContext) -> Any:
 def _sync_baseline(ctx: SourceContext) -> Any:
     from gymllm.rollout.sync_baseline import SyncBatchSource
 
-    if ctx.resume.decided:
-        raise ConfigError(
-            explain(
-                "rollout.mode",
-                expected="'async' to resume a run",
-                received="sync",
-                fix="resume with mode='async' (eta=0 is synchronous) or use a fresh run_dir",
-            )
-        )
+    require(
+        not ctx.resume.decided,
+        "rollout.mode",
+        expected="'async' to resume a run",
+        received="sync",
+        fix="resume with mode='async' (eta=0 is synchronous) or use a fresh run_dir",
+    )
 
     def tally(group: Any) -> bool:  # every rollout of the batch counts, whatever the learner keeps
         ctx.tally.add(group)
@@ -287,15 +285,13 @@ def register_kind(kind: Kind, *, before: str | None = None) -> Kind:
             return kind
     names = [k.name for k in KINDS]
     target = before or "single_env"
-    if target not in names:
-        raise ConfigError(
-            explain(
-                "register_kind(before)",
-                expected=f"one of {names}",
-                received=before,
-                fix="name a registered kind, or leave before unset",
-            )
-        )
+    require(
+        target in names,
+        "register_kind(before)",
+        expected=f"one of {names}",
+        received=before,
+        fix="name a registered kind, or leave before unset",
+    )
     KINDS.insert(names.index(target), kind)
     return kind
 
