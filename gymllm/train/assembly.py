@@ -168,11 +168,7 @@ def _policies(ctx: SourceContext) -> Any:
         engines,
         p.learner.seats,
         p.agent,
-        sampling=cfg.sampling,
-        rollout=cfg.rollout,
-        config=cfg.multiagent,
-        seed=cfg.run.seed,
-        group_filter=seats.observe(ctx.keep),
+        **_seat_source_settings(ctx, seats),
     )
 
 
@@ -189,13 +185,22 @@ def _game_seats(ctx: SourceContext) -> Any:
         p.envs,
         p.gen_engine,
         p.agent,
-        sampling=cfg.sampling,
-        rollout=cfg.rollout,
-        config=cfg.multiagent,
-        seed=cfg.run.seed,
-        group_filter=seats.observe(ctx.keep),
+        **_seat_source_settings(ctx, seats),
         opponent=opp,
     )
+
+
+def _seat_source_settings(ctx: SourceContext, seats: Any) -> dict[str, Any]:
+    """What every seat source takes from the run: its sampling, rollout and multiagent settings, its
+    seed, and the group filter (``ctx.keep``) that also records the seat metrics ``seats`` logs."""
+    cfg = ctx.cfg
+    return {
+        "sampling": cfg.sampling,
+        "rollout": cfg.rollout,
+        "config": cfg.multiagent,
+        "seed": cfg.run.seed,
+        "group_filter": seats.observe(ctx.keep),
+    }
 
 
 def _sync_baseline(ctx: SourceContext) -> Any:
