@@ -35,6 +35,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from gymllm.errors import GymLLMError
+from gymllm.models.tokenizer import stop_ids
 from gymllm.validation import check_range, require
 
 _SENTINEL = "\u2063GYMLLM_PROXY_SENTINEL\u2063"
@@ -197,12 +198,7 @@ class SessionRecorder:
         self.tokenizer = tokenizer
         self.config = config or ProxyConfig()
         self.on_closed = on_closed
-        stops = (
-            stop_token_ids
-            if stop_token_ids is not None
-            else getattr(tokenizer, "stop_token_ids", ())
-        )
-        self.stop_token_ids = frozenset(int(i) for i in (stops or ()))
+        self.stop_token_ids = stop_ids(tokenizer, stop_token_ids)
         self.clock = clock
         self._lock = threading.Lock()
         self._open: dict[str, _Session] = {}
