@@ -12,7 +12,7 @@ from gymllm.models.trained import checkpoint_dir, apply_trained, restore_trained
 from gymllm.cli.evaluate import load_model
 from gymllm.cli.main import main
 from gymllm.inference.params import SamplingParams
-from gymllm.rollout.evaluation import EvalConfig
+from gymllm.rollout.evaluation import EvalConfig, agent_for
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +191,7 @@ def test_eval_plays_the_trained_env_as_the_run_did(tmp_path, monkeypatch):
     seen = {}
 
     async def fake_eval_env(env_id, loaded, **kw):
-        agent = evaluate.make_agent(
+        agent = agent_for(
             env_id,
             loaded.tokenizer,
             kw["env_kwargs"],

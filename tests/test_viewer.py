@@ -442,6 +442,13 @@ def test_server_binds_loopback_and_serves_only_listed_files(written):
             .json()["error"]
             .startswith("run 'nope': expected")
         )
+        table = "/api/trajectories"  # the filters are Filters' own keyword arguments
+        assert c.get(table, params={"run": "episodes-run"}).json()["total"] > 0
+        assert c.get(table, params={"run": "episodes-run", "reward_min": 1e9}).json()["total"] == 0
+        assert (
+            c.get(table, params={"run": "episodes-run", "text": "no-such-id"}).json()["total"] == 0
+        )
+        assert c.get(table, params={"run": "episodes-run", "reward_min": "x"}).status_code == 422
         for asset in ("app.js", "app.css", "charts.js"):
             assert c.get(f"/static/{asset}").status_code == 200
         page = c.get("/").text

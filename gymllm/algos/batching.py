@@ -44,6 +44,7 @@ from typing import Sequence
 import numpy as np
 
 from gymllm.errors import ConfigError, explain
+from gymllm.validation import require
 from gymllm.types import Trajectory
 
 
@@ -197,15 +198,13 @@ def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int
     room: list[int] = []
     for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
         n = lengths[i]
-        if n > capacity:
-            raise ConfigError(
-                explain(
-                    "row length",
-                    expected=f"at most the packed length {capacity}",
-                    received=n,
-                    fix="pack into a bucket at least as long as the longest row",
-                )
-            )
+        require(
+            n <= capacity,
+            "row length",
+            expected=f"at most the packed length {capacity}",
+            received=n,
+            fix="pack into a bucket at least as long as the longest row",
+        )
         for b, r in enumerate(room):
             if n <= r:
                 bins[b].append(i)
@@ -414,15 +413,13 @@ def fixed_prefix_slots(
     passes: list[list[list]] = [[]]
     count = 0
     for i, r in enumerate(rows):
-        if r.length > length:
-            raise ConfigError(
-                explain(
-                    "row length",
-                    expected=f"at most the fixed length {length}",
-                    received=r.length,
-                    fix="cut rows to LearnerConfig.max_len (row_from_trajectory(max_len=...))",
-                )
-            )
+        require(
+            r.length <= length,
+            "row length",
+            expected=f"at most the fixed length {length}",
+            received=r.length,
+            fix="cut rows to LearnerConfig.max_len (row_from_trajectory(max_len=...))",
+        )
         cur = passes[-1]
         if count == batch_size:
             cur, count = [], 0

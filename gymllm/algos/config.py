@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from gymllm.errors import ConfigError, explain
-from gymllm.validation import check_choice, check_range
+from gymllm.validation import check_choice, check_range, require
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -142,19 +141,15 @@ class ShapingConfig:
     def __post_init__(self) -> None:
         check_range("ShapingConfig", "overlong_buffer", self.overlong_buffer, lo=0)
         check_range("ShapingConfig", "overlong_max_len", self.overlong_max_len, lo=0)
-        if (
-            self.overlong_buffer
-            and self.overlong_max_len
-            and self.overlong_buffer > self.overlong_max_len
-        ):
-            raise ConfigError(
-                explain(
-                    "ShapingConfig.overlong_buffer",
-                    expected=f"<= overlong_max_len ({self.overlong_max_len})",
-                    received=self.overlong_buffer,
-                    fix="use a buffer shorter than the response budget",
-                )
-            )
+        require(
+            not self.overlong_buffer
+            or not self.overlong_max_len
+            or self.overlong_buffer <= self.overlong_max_len,
+            "ShapingConfig.overlong_buffer",
+            expected=f"<= overlong_max_len ({self.overlong_max_len})",
+            received=self.overlong_buffer,
+            fix="use a buffer shorter than the response budget",
+        )
 
 
 AGGREGATION_MODES = (
@@ -196,15 +191,13 @@ class LossConfig:
             ("kl", KLConfig),
             ("shaping", ShapingConfig),
         ):
-            if not isinstance(getattr(self, name), typ):
-                raise ConfigError(
-                    explain(
-                        f"LossConfig.{name}",
-                        expected=f"a {typ.__name__}",
-                        received=getattr(self, name),
-                        fix=f"pass {name}={typ.__name__}(...)",
-                    )
-                )
+            require(
+                isinstance(getattr(self, name), typ),
+                f"LossConfig.{name}",
+                expected=f"a {typ.__name__}",
+                received=getattr(self, name),
+                fix=f"pass {name}={typ.__name__}(...)",
+            )
         check_choice("LossConfig", "aggregation", self.aggregation, AGGREGATION_MODES)
         check_range("LossConfig", "entropy_coef", self.entropy_coef, lo=0.0)
 

@@ -72,11 +72,10 @@ from gymllm.algos.learner_step import StepTally
 from gymllm.algos.loss import step_denominator
 from gymllm.algos.optim import OptimizerConfig, make_schedule
 from gymllm.algos.sharding import shard_batch, shard_params
-from gymllm.errors import ConfigError, explain
 from gymllm.telemetry import counter, increment, span
 from gymllm.types import Group
 from gymllm.utils.host import resolve_compute_dtype
-from gymllm.validation import check_range
+from gymllm.validation import check_range, require
 
 
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
@@ -224,15 +223,13 @@ class StreamingLearner:
         whose inputs are the weights, optimizer state and accumulator): ``grad``, ``apply``, and ``ref_logp``
         where a reward-placement KL needs it. :meth:`warmup` compiles exactly these (and the advantage
         program, which takes no weights)."""
-        if not self.config.fixed_shapes:
-            raise ConfigError(
-                explain(
-                    "StreamingLearner.program_shapes",
-                    expected="LearnerConfig(fixed_shapes=True)",
-                    received="fixed_shapes=False (shapes follow the rollouts)",
-                    fix="build the learner with fixed_shapes=True",
-                )
-            )
+        require(
+            bool(self.config.fixed_shapes),
+            "StreamingLearner.program_shapes",
+            expected="LearnerConfig(fixed_shapes=True)",
+            received="fixed_shapes=False (shapes follow the rollouts)",
+            fix="build the learner with fixed_shapes=True",
+        )
         ((_, host),) = self.layout.fixed_hosts([])
         arrays = {k: (tuple(v.shape), str(v.dtype)) for k, v in sorted(host.items())}
         out: list = [("grad", arrays), ("apply", None)]

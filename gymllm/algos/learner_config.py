@@ -6,8 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from gymllm.validation import check_range
-from gymllm.errors import ConfigError, explain
+from gymllm.validation import check_range, require
 
 __all__ = ["HEAD_SHARE_AUTO", "LearnerConfig", "SHARED_PREFIX_AUTO", "head_flops_share"]
 
@@ -117,52 +116,42 @@ class LearnerConfig:
         check_range("LearnerConfig", "max_response_len", self.max_response_len, lo=0)
         if self.max_staleness is not None:
             check_range("LearnerConfig", "max_staleness", self.max_staleness, lo=0)
-        if self.compute_dtype not in (None, "auto", "bfloat16", "float16", "float32"):
-            raise ConfigError(
-                explain(
-                    "LearnerConfig.compute_dtype",
-                    expected='None, "auto", "bfloat16", "float16" or "float32"',
-                    received=self.compute_dtype,
-                    fix='use "bfloat16" for mixed precision',
-                )
-            )
-        if self.shared_prefix not in (None, True, False):
-            raise ConfigError(
-                explain(
-                    "LearnerConfig.shared_prefix",
-                    expected="None (auto), True or False",
-                    received=self.shared_prefix,
-                    fix="pass a bool, or None for the default",
-                )
-            )
+        require(
+            self.compute_dtype in (None, "auto", "bfloat16", "float16", "float32"),
+            "LearnerConfig.compute_dtype",
+            expected='None, "auto", "bfloat16", "float16" or "float32"',
+            received=self.compute_dtype,
+            fix='use "bfloat16" for mixed precision',
+        )
+        require(
+            self.shared_prefix in (None, True, False),
+            "LearnerConfig.shared_prefix",
+            expected="None (auto), True or False",
+            received=self.shared_prefix,
+            fix="pass a bool, or None for the default",
+        )
         check_range("LearnerConfig", "prefix_slots", self.prefix_slots, lo=1)
-        if not 0 <= self.prefix_len < self.max_len:
-            raise ConfigError(
-                explain(
-                    "LearnerConfig.prefix_len",
-                    expected=f"0 (auto) to max_len - 1 ({self.max_len - 1})",
-                    received=self.prefix_len,
-                    fix="use at most the shortest prompt's length",
-                )
-            )
-        if self.fixed_shapes and self.packing:
-            raise ConfigError(
-                explain(
-                    "LearnerConfig.packing",
-                    expected="False with fixed_shapes=True",
-                    received=self.packing,
-                    fix="turn one of packing and fixed_shapes off",
-                )
-            )
-        if self.min_bucket > self.max_len:
-            raise ConfigError(
-                explain(
-                    "LearnerConfig.min_bucket",
-                    expected=f"<= max_len ({self.max_len})",
-                    received=self.min_bucket,
-                    fix="lower min_bucket or raise max_len",
-                )
-            )
+        require(
+            0 <= self.prefix_len < self.max_len,
+            "LearnerConfig.prefix_len",
+            expected=f"0 (auto) to max_len - 1 ({self.max_len - 1})",
+            received=self.prefix_len,
+            fix="use at most the shortest prompt's length",
+        )
+        require(
+            not self.fixed_shapes or not self.packing,
+            "LearnerConfig.packing",
+            expected="False with fixed_shapes=True",
+            received=self.packing,
+            fix="turn one of packing and fixed_shapes off",
+        )
+        require(
+            self.min_bucket <= self.max_len,
+            "LearnerConfig.min_bucket",
+            expected=f"<= max_len ({self.max_len})",
+            received=self.min_bucket,
+            fix="lower min_bucket or raise max_len",
+        )
 
 
 SHARED_PREFIX_AUTO = True  # shared_prefix=None: docs/learner-profile.md "The shared-prefix forward"

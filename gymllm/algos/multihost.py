@@ -28,7 +28,7 @@ import dataclasses
 import os
 from typing import Any, Mapping
 
-from gymllm.validation import check_range
+from gymllm.validation import check_range, require
 from gymllm.errors import ConfigError, explain
 
 ENV_COORDINATOR = "GYMLLM_COORDINATOR"
@@ -49,15 +49,13 @@ class MultiHostConfig:
 
     def __post_init__(self) -> None:
         host, _, port = self.coordinator_address.rpartition(":")
-        if not host or not port.isdigit():
-            raise ConfigError(
-                explain(
-                    "MultiHostConfig.coordinator_address",
-                    expected="'host:port'",
-                    received=self.coordinator_address,
-                    fix="e.g. '10.0.0.1:1234' or '127.0.0.1:1234'",
-                )
-            )
+        require(
+            bool(host and port.isdigit()),
+            "MultiHostConfig.coordinator_address",
+            expected="'host:port'",
+            received=self.coordinator_address,
+            fix="e.g. '10.0.0.1:1234' or '127.0.0.1:1234'",
+        )
         check_range("MultiHostConfig", "num_processes", self.num_processes, lo=1)
         check_range(
             "MultiHostConfig", "process_id", self.process_id, lo=0, hi=self.num_processes - 1

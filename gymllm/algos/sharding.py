@@ -25,8 +25,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from gymllm.validation import check_range
-from gymllm.errors import ConfigError, explain
+from gymllm.validation import check_range, require
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -52,15 +51,13 @@ def make_mesh(cfg: ShardingConfig, devices: list[Any] | None = None) -> Mesh | N
     if cfg.num_devices == 1:
         return None
     devices = list(devices if devices is not None else jax.devices())
-    if len(devices) < cfg.num_devices:
-        raise ConfigError(
-            explain(
-                "ShardingConfig",
-                expected=f"{cfg.num_devices} devices (data x fsdp)",
-                received=f"{len(devices)} devices",
-                fix="lower data/fsdp or, on CPU, set XLA_FLAGS=--xla_force_host_platform_device_count=N",
-            )
-        )
+    require(
+        len(devices) >= cfg.num_devices,
+        "ShardingConfig",
+        expected=f"{cfg.num_devices} devices (data x fsdp)",
+        received=f"{len(devices)} devices",
+        fix="lower data/fsdp or, on CPU, set XLA_FLAGS=--xla_force_host_platform_device_count=N",
+    )
     grid = np.array(devices[: cfg.num_devices]).reshape(cfg.data, cfg.fsdp)
     return Mesh(grid, ("data", "fsdp"))
 
@@ -92,15 +89,13 @@ def shard_batch(mesh: Mesh | None, arrays: dict[str, np.ndarray]) -> dict[str, A
     n = mesh.shape["data"] * mesh.shape["fsdp"]
     out = {}
     for k, v in arrays.items():
-        if v.shape[0] % n:
-            raise ConfigError(
-                explain(
-                    "LearnerConfig.micro_batch_size",
-                    expected=f"a multiple of {n} (mesh devices)",
-                    received=v.shape[0],
-                    fix=f"use micro_batch_size divisible by {n}",
-                )
-            )
+        require(
+            not (v.shape[0] % n),
+            "LearnerConfig.micro_batch_size",
+            expected=f"a multiple of {n} (mesh devices)",
+            received=v.shape[0],
+            fix=f"use micro_batch_size divisible by {n}",
+        )
         out[k] = jax.device_put(
             v, NamedSharding(mesh, P(("data", "fsdp"), *([None] * (v.ndim - 1))))
         )

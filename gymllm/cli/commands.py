@@ -17,6 +17,7 @@ from gymllm.atomic import atomic_write_text
 from gymllm.cli.eval_args import EngineShape, ModelChoice
 from gymllm.cli.tables import print_table
 from gymllm.cli.train_args import parse_train_plan
+from gymllm.validation import require
 
 # --------------------------------------------------------------------------------------- dispatch
 
@@ -50,7 +51,6 @@ def run_stages(cfg: object, stage: object, *, log: Callable[[str], None] = print
     itself resumes from ``RUN_DIR/checkpoints`` as any run does (``run.resume``). Delete a stage's
     output to redo it. A ``cfg`` that already names ``model.checkpoint`` is returned unchanged: the
     warm start is given, so no stage runs."""
-    from gymllm.errors import ConfigError, explain
 
     if cfg.model.checkpoint:
         log(
@@ -83,15 +83,13 @@ def run_stages(cfg: object, stage: object, *, log: Callable[[str], None] = print
             system_prompt=cfg.env.system_prompt,
             agent="tool" if cfg.env.agent == "tool" else "model",
         )
-        if not records:
-            raise ConfigError(
-                explain(
-                    "recipe [sft].demos",
-                    expected=f"solved episodes of {demo_env}",
-                    received=f"none on seeds {stage.demo_seed}..{stage.demo_seed + stage.demos - 1}",
-                    fix="check env.kwargs (e.g. a map whose goal can be reached)",
-                )
-            )
+        require(
+            bool(records),
+            "recipe [sft].demos",
+            expected=f"solved episodes of {demo_env}",
+            received=f"none on seeds {stage.demo_seed}..{stage.demo_seed + stage.demos - 1}",
+            fix="check env.kwargs (e.g. a map whose goal can be reached)",
+        )
         write_demos(demos_path, records)  # atomic: a killed stage leaves no half-written demos
         mean = sum(r["reward"] for r in records) / len(records)
         record(

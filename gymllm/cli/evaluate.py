@@ -18,7 +18,7 @@ import tyro
 from gymllm.cli.eval_args import ModelChoice
 from gymllm.inference.params import SamplingParams
 from gymllm.models.config import TINY_FIELDS
-from gymllm.rollout.evaluation import EvalConfig
+from gymllm.rollout.evaluation import EvalConfig, agent_for
 
 
 #: the default suite: small, verifiable, offline tasks of several kinds
@@ -61,21 +61,6 @@ def load_model(name: str | None, *, checkpoint: str | None = None) -> Any:
     return loaded
 
 
-def make_agent(
-    env_id: str,
-    tokenizer: Any,
-    env_kwargs: dict | None = None,
-    *,
-    system_prompt: str | None = None,
-    agent: str | None = None,
-) -> Any:
-    """The agent of :func:`gymllm.rollout.evaluation.agent_for`: ``agent``/``system_prompt`` as a run
-    trained with, else a ``ToolAgent`` when the env offers tools at reset, else a ``ModelAgent``."""
-    from gymllm.rollout.evaluation import agent_for
-
-    return agent_for(env_id, tokenizer, env_kwargs, system_prompt=system_prompt, agent=agent)
-
-
 #: ``gymllm eval env``'s evaluation unless flags say otherwise: 4 samples a seed at temperature 0.7
 DEFAULT_EVAL = EvalConfig(k=4, sampling=SamplingParams(temperature=0.7, max_tokens=256))
 
@@ -111,7 +96,7 @@ async def eval_env(
         ),
     )
     try:
-        agent_ = make_agent(
+        agent_ = agent_for(
             env_id, loaded.tokenizer, env_kwargs, system_prompt=system_prompt, agent=agent
         )
         row = await evaluate_env(

@@ -29,6 +29,7 @@ import tyro
 
 from gymllm.cli.eval_args import EngineShape, Policies
 from gymllm.utils.seeds import HELD_OUT_SEED_BASE
+from gymllm.validation import require
 
 __all__ = ["GameEval", "Matches", "MoveSampling", "eval_game", "players_from_flags", "main"]
 
@@ -49,23 +50,20 @@ def players_from_flags(
     ``RUN#NAME`` (or ``LABEL#NAME`` with ``--model.label``)."""
     from gymllm.cli.evaluate import load_model, run_config
     from gymllm.cli.suite_cli import policy_label
-    from gymllm.errors import ConfigError, explain
     from gymllm.models.trained import POLICY_SEP, policy_refs, split_policy
     from gymllm.suites.games import Player, opponent_player
 
     sources: list[tuple[str | None, str | None]] = [(m, None) for m in model] + [
         (None, c) for c in checkpoint
     ]
-    if label and len(label) != len(sources):
-        raise ConfigError(
-            explain(
-                "--model.label",
-                expected=f"one label per --model.name / --model.checkpoint "
-                f"({len(sources)}, in that order), or none",
-                received=list(label),
-                fix=f"pass --model.label {len(sources)} times",
-            )
-        )
+    require(
+        not label or len(label) == len(sources),
+        "--model.label",
+        expected=f"one label per --model.name / --model.checkpoint "
+        f"({len(sources)}, in that order), or none",
+        received=list(label),
+        fix=f"pass --model.label {len(sources)} times",
+    )
     opponents = [opponent_player(o) for o in opponent]  # checked before any model loads
 
     def default_label(m: str | None, c: str | None) -> str:  # RUN, or RUN#NAME for one policy of it
@@ -167,7 +165,6 @@ class GameEval:
 
 def eval_game(args: GameEval) -> int:
     """``gymllm eval game``: every pairing of ``args``' players, the table, the ratings and the paired comparisons."""
-    from gymllm.errors import ConfigError, explain
     from gymllm.cli.json_args import json_object
     from gymllm.suites.games import MatchConfig, resolve_game, run_matches
 
@@ -190,16 +187,13 @@ def eval_game(args: GameEval) -> int:
     )
     make_game = resolve_game(args.game, kwargs)
     p = args.model
-    if not p.name and not p.checkpoint and len(args.opponent) < 2:
-        raise ConfigError(
-            explain(
-                "gymllm eval game",
-                expected="a player to evaluate: --model.name or --model.checkpoint "
-                "(or two --opponent)",
-                received="none",
-                fix="e.g. --model.name smollm2-135m-instruct --opponent random",
-            )
-        )
+    require(
+        bool(p.name or p.checkpoint or len(args.opponent) >= 2),
+        "gymllm eval game",
+        expected="a player to evaluate: --model.name or --model.checkpoint (or two --opponent)",
+        received="none",
+        fix="e.g. --model.name smollm2-135m-instruct --opponent random",
+    )
     players = players_from_flags(
         p.name, p.checkpoint, p.label, args.opponent, args.env.system_prompt
     )

@@ -36,6 +36,7 @@ import tyro
 
 from gymllm.train.train_config import ClusterSection
 from gymllm.cli.eval_args import EngineShape, Policies
+from gymllm.validation import require
 
 __all__ = [
     "SuiteEval",
@@ -75,7 +76,6 @@ def _policies(
     policies: Policies, oracle: bool, on_ray: Any = None, engine_shape: tuple[int, int] = (16, 2048)
 ) -> list[Any]:
     from gymllm.cli.evaluate import load_model
-    from gymllm.errors import ConfigError, explain
     from gymllm.suites.runner import PolicySpec
 
     model, checkpoint, label = policies.name, policies.checkpoint, policies.label
@@ -83,25 +83,21 @@ def _policies(
         (None, c) for c in checkpoint
     ]
     count = len(sources) + bool(oracle)
-    if count == 0:
-        raise ConfigError(
-            explain(
-                "gymllm eval suite",
-                expected="at least one policy: --model.name, --model.checkpoint or --oracle",
-                received="none",
-                fix="e.g. --model.name smollm2-135m-instruct",
-            )
-        )
-    if label and len(label) != count:
-        raise ConfigError(
-            explain(
-                "--model.label",
-                expected=f"one label per policy ({count}: the --model.name ones, "
-                "then the --model.checkpoint ones, then the oracle), or none",
-                received=list(label),
-                fix=f"pass --model.label {count} times",
-            )
-        )
+    require(
+        count != 0,
+        "gymllm eval suite",
+        expected="at least one policy: --model.name, --model.checkpoint or --oracle",
+        received="none",
+        fix="e.g. --model.name smollm2-135m-instruct",
+    )
+    require(
+        not label or len(label) == count,
+        "--model.label",
+        expected=f"one label per policy ({count}: the --model.name ones, "
+        "then the --model.checkpoint ones, then the oracle), or none",
+        received=list(label),
+        fix=f"pass --model.label {count} times",
+    )
     names = list(label) or [policy_label(m, c) for m, c in sources] + (["oracle"] if oracle else [])
     specs = [
         PolicySpec(
@@ -189,7 +185,6 @@ class SuiteEval:
 
 def eval_suite(args: SuiteEval) -> int:
     """``gymllm eval suite``: run ``args``' suite for its policies, print the table and the comparisons."""
-    from gymllm.errors import ConfigError, explain
     from gymllm.suites.report import comparison_table
     from gymllm.suites.runner import RunnerConfig, run_suite
     from gymllm.suites.spec import load_suite, one_off_suite
@@ -207,15 +202,13 @@ def eval_suite(args: SuiteEval) -> int:
         )
         if v is not None
     }
-    if (e.suite is None) == (not e.envs):
-        raise ConfigError(
-            explain(
-                "gymllm eval suite",
-                expected="--eval.suite S, or --eval.envs ID ... (a one-off suite), not both",
-                received=f"suite={e.suite!r}, envs={list(e.envs)}",
-                fix="e.g. gymllm eval suite --eval.suite core",
-            )
-        )
+    require(
+        (e.suite is None) != (not e.envs),
+        "gymllm eval suite",
+        expected="--eval.suite S, or --eval.envs ID ... (a one-off suite), not both",
+        received=f"suite={e.suite!r}, envs={list(e.envs)}",
+        fix="e.g. gymllm eval suite --eval.suite core",
+    )
     the_suite = (
         load_suite(e.suite, overrides=overrides)
         if e.suite is not None
@@ -290,18 +283,15 @@ def compare(
 def _pooled(dirs: Sequence[str]) -> tuple[list[dict[str, Any]], Any, list[str]]:
     """The rows of every directory (labels that clash across directories get ``DIR/`` in front), the first
     directory's suite, and the policies in order of appearance."""
-    from gymllm.errors import ConfigError, explain
     from gymllm.suites.results import ResultsFile, suite_from_dict
 
-    if not dirs:
-        raise ConfigError(
-            explain(
-                "gymllm compare",
-                expected="one or more result directories",
-                received="none",
-                fix="gymllm compare out/a out/b",
-            )
-        )
+    require(
+        bool(dirs),
+        "gymllm compare",
+        expected="one or more result directories",
+        received="none",
+        fix="gymllm compare out/a out/b",
+    )
     per_dir = []
     for d in dirs:
         path = pathlib.Path(d)
@@ -320,15 +310,13 @@ def _pooled(dirs: Sequence[str]) -> tuple[list[dict[str, Any]], Any, list[str]]:
     suite = per_dir[0][2]
     names = {e.name for e in suite.envs}
     for path, _, other in per_dir[1:]:
-        if not names & {e.name for e in other.envs}:
-            raise ConfigError(
-                explain(
-                    f"gymllm compare {path}",
-                    expected=f"results on envs of suite {suite.name!r}",
-                    received=f"suite {other.name!r} with no env in common",
-                    fix="compare runs of the same suite",
-                )
-            )
+        require(
+            bool(names & {e.name for e in other.envs}),
+            f"gymllm compare {path}",
+            expected=f"results on envs of suite {suite.name!r}",
+            received=f"suite {other.name!r} with no env in common",
+            fix="compare runs of the same suite",
+        )
     owners: dict[str, set[pathlib.Path]] = {}
     for path, rows, _ in per_dir:
         for r in rows:

@@ -13,6 +13,8 @@ from typing import Annotated, Sequence
 
 import tyro
 
+from gymllm.validation import require
+
 __all__ = [
     "TRAIN_PROG",
     "LEADING",
@@ -196,23 +198,19 @@ def suite_base(base: object, args: Sequence[str]) -> object:
     import dataclasses
 
     from gymllm.train.train_config import DEFAULT_ENV_ID
-    from gymllm.errors import ConfigError, explain
 
     suite = flag_value(args, "--env.suite")
     if not suite:
         return base
     for flag in ("--env.id", "--env-kwargs", "--env_kwargs"):
         given = flag_value(args, flag)
-        if given is not None:
-            raise ConfigError(
-                explain(
-                    "gymllm train --env.suite",
-                    expected=f"--env.suite S or {flag}, not both",
-                    received=f"--env.suite {suite} {flag} {given}",
-                    fix=f"drop {flag} (the suite "
-                    "names its envs, with their kwargs) or drop --env.suite",
-                )
-            )
+        require(
+            given is None,
+            "gymllm train --env.suite",
+            expected=f"--env.suite S or {flag}, not both",
+            received=f"--env.suite {suite} {flag} {given}",
+            fix=f"drop {flag} (the suite names its envs, with their kwargs) or drop --env.suite",
+        )
     env = base.env  # type: ignore[attr-defined]
     return dataclasses.replace(
         base, env=dataclasses.replace(env, id=DEFAULT_ENV_ID, kwargs={}, suite=suite)
@@ -251,7 +249,6 @@ def parse_train_plan(
 ) -> tuple[object, object]:
     """``(TrainConfig, SFTStage or None)`` of a ``gymllm train`` argv: :func:`parse_train_args`' config and
     the recipe's ``[sft]`` stage (see :func:`gymllm.cli.commands.run_stages`); ``description`` heads ``--help``."""
-    from gymllm.errors import ConfigError, explain
 
     from gymllm.algos.config import PRESETS as LOSS_PRESETS
     from gymllm.train.train_config import PRESETS
@@ -265,17 +262,14 @@ def parse_train_plan(
     )
     base = env_id_base(suite_base(base, args), args)
     parsed = tyro.cli(train_arguments(base), prog=TRAIN_PROG, description=description, args=args)
-    if (
-        parsed.recipe != lead["recipe"]
-    ):  # a positional the scan could not place (e.g. a recipe that does not exist)
-        raise ConfigError(
-            explain(
-                "gymllm train RECIPE",
-                expected="a TOML recipe (a path or a shipped name) or a run's config.json",
-                received=parsed.recipe,
-                fix="check the path, or give one of the shipped recipes (gymllm/recipes/*.toml)",
-            )
-        )
+    # a positional the scan could not place (e.g. a recipe that does not exist)
+    require(
+        parsed.recipe == lead["recipe"],
+        "gymllm train RECIPE",
+        expected="a TOML recipe (a path or a shipped name) or a run's config.json",
+        received=parsed.recipe,
+        fix="check the path, or give one of the shipped recipes (gymllm/recipes/*.toml)",
+    )
     return parsed.config, recipe_sft_stage(lead["recipe"])
 
 

@@ -35,7 +35,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from gymllm.errors import EngineError, explain
+from gymllm.errors import EngineError
 from gymllm.models.lora import LoRAConfig, MergedWeights, adapter_keys
 from gymllm.validation import require
 
@@ -122,16 +122,15 @@ class AdapterStore:
         if name is None:
             return BASE
         k = self.index.get(name) if isinstance(name, str) else None
-        if k is None:
-            raise EngineError(
-                explain(
-                    "adapter",
-                    expected=f"one of this engine's adapters {list(self.names)} (or None "
-                    "for the base model)",
-                    received=name,
-                    fix="name an adapter of the engine's AdapterConfig",
-                )
-            )
+        require(
+            k is not None,
+            "adapter",
+            expected=f"one of this engine's adapters {list(self.names)} (or None "
+            "for the base model)",
+            received=name,
+            fix="name an adapter of the engine's AdapterConfig",
+            error=EngineError,
+        )
         return k
 
     def latest_version(self, name: str) -> int:
@@ -145,15 +144,14 @@ class AdapterStore:
         this store's LoRAConfig, or :class:`~gymllm.models.lora.MergedWeights`, whose adapters are taken),
         scale B by ``alpha / r``, convert to the stacks' dtype and park it for the engine thread."""
         k = self.resolve(name)
-        if name is None:
-            raise EngineError(
-                explain(
-                    "update_adapter(name)",
-                    expected=f"one of {list(self.names)}",
-                    received=None,
-                    fix="update the base weights with update_weights(state, version)",
-                )
-            )
+        require(
+            name is not None,
+            "update_adapter(name)",
+            expected=f"one of {list(self.names)}",
+            received=None,
+            fix="update the base weights with update_weights(state, version)",
+            error=EngineError,
+        )
         if isinstance(adapters, MergedWeights):
             adapters = adapters.adapters
         got = (
@@ -161,15 +159,14 @@ class AdapterStore:
             if hasattr(adapters, "items")
             else adapters
         )
-        if got != self.shapes:
-            raise EngineError(
-                explain(
-                    f"update_adapter({name!r}, adapters)",
-                    expected=f"exactly {self.shapes}",
-                    received=got if isinstance(got, dict) else type(adapters).__name__,
-                    fix="push the learner's adapters of the engine's LoRAConfig",
-                )
-            )
+        require(
+            got == self.shapes,
+            f"update_adapter({name!r}, adapters)",
+            expected=f"exactly {self.shapes}",
+            received=got if isinstance(got, dict) else type(adapters).__name__,
+            fix="push the learner's adapters of the engine's LoRAConfig",
+            error=EngineError,
+        )
         lora = self.config.lora
         scale = np.float32(lora.alpha / lora.rank)
         arrays = {}
@@ -216,16 +213,14 @@ class AdapterStore:
 
 def require_store(store: AdapterStore | None, what: str) -> AdapterStore:
     """``store``, or an :class:`EngineError` saying that ``JaxEngine.<what>`` needs an engine built with adapters."""
-    if store is None:
-        raise EngineError(
-            explain(
-                f"JaxEngine.{what}",
-                expected="an engine built with adapters=AdapterConfig(...)",
-                received="an engine without adapters",
-                fix="build JaxEngine(..., adapters="
-                "AdapterConfig(lora=LoRAConfig(rank=...), names=(...)))",
-            )
-        )
+    require(
+        store is not None,
+        f"JaxEngine.{what}",
+        expected="an engine built with adapters=AdapterConfig(...)",
+        received="an engine without adapters",
+        fix="build JaxEngine(..., adapters=AdapterConfig(lora=LoRAConfig(rank=...), names=(...)))",
+        error=EngineError,
+    )
     return store
 
 

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import httpx
 
 from gymllm.errors import EngineError, explain
+from gymllm.validation import require
 from gymllm.inference.completion import Completion
 from gymllm.inference.params import SamplingParams, require_one_sample, require_prompt
 
@@ -179,15 +180,14 @@ class OpenAIClientEngine:
     def update_weights(self, state: Any, version: int) -> None:
         """Record the policy version the server now runs. The weights themselves live on the server:
         pass ``state=None`` after pushing them out of band."""
-        if state is not None:
-            raise EngineError(
-                explain(
-                    "OpenAIClientEngine.update_weights",
-                    expected="state=None (weights are pushed to the server out of band)",
-                    received=type(state).__name__,
-                    fix="push weights to the server, then call update_weights(None, version)",
-                )
-            )
+        require(
+            state is None,
+            "OpenAIClientEngine.update_weights",
+            expected="state=None (weights are pushed to the server out of band)",
+            received=type(state).__name__,
+            fix="push weights to the server, then call update_weights(None, version)",
+            error=EngineError,
+        )
         self._version = int(version)
 
     async def models(self) -> list[str]:

@@ -93,8 +93,9 @@ from gymllm.inference.request import EngineRequest
 from gymllm.inference.rows import DecodeRows
 from gymllm.inference.sampling import request_key
 from gymllm.inference.weights import WeightStore, kv_cache_dtype
+from gymllm.models.tokenizer import stop_ids
 from gymllm.utils.host import resolve_compute_dtype
-from gymllm.validation import require_instance
+from gymllm.validation import require, require_instance
 
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
@@ -107,15 +108,14 @@ def infer_vocab(model: Any, tokenizer: Any) -> int:
     v = getattr(cfg, "vocab_size", None)
     if v is None and tokenizer is not None:
         v = getattr(tokenizer, "vocab_size", None)
-    if v is None:
-        raise EngineError(
-            explain(
-                "JaxEngine",
-                expected="a model with config.vocab_size or a tokenizer with vocab_size",
-                received=type(model).__name__,
-                fix="pass the tokenizer from gymllm.models.load",
-            )
-        )
+    require(
+        v is not None,
+        "JaxEngine",
+        expected="a model with config.vocab_size or a tokenizer with vocab_size",
+        received=type(model).__name__,
+        fix="pass the tokenizer from gymllm.models.load",
+        error=EngineError,
+    )
     return int(v)
 
 
@@ -145,13 +145,7 @@ class JaxEngine:
             cfg = dataclasses.replace(cfg, compute_dtype=resolve_compute_dtype("auto"))
         self.config = cfg
         self.tokenizer = tokenizer
-        if stop_token_ids is None:
-            stop_token_ids = (
-                tuple(getattr(tokenizer, "stop_token_ids", ()) or ())
-                if tokenizer is not None
-                else ()
-            )
-        self.default_stop_ids = frozenset(int(t) for t in stop_token_ids)
+        self.default_stop_ids = stop_ids(tokenizer, stop_token_ids)
         self.max_len = cfg.max_len
         self.decode_chunk = max(1, int(cfg.decode_chunk if decode_chunk is None else decode_chunk))
         self._cv = (
@@ -161,15 +155,14 @@ class JaxEngine:
         graphdef, state = nnx.split(model)
         self._weights = WeightStore(state, version, compute_dtype=cfg.compute_dtype, cv=self._cv)
         if adapters is not None:
-            if not isinstance(adapters, AdapterConfig):
-                raise EngineError(
-                    explain(
-                        "JaxEngine(adapters)",
-                        expected="an AdapterConfig",
-                        received=adapters,
-                        fix="pass AdapterConfig(lora=LoRAConfig(rank=...), names=(...))",
-                    )
-                )
+            require(
+                isinstance(adapters, AdapterConfig),
+                "JaxEngine(adapters)",
+                expected="an AdapterConfig",
+                received=adapters,
+                fix="pass AdapterConfig(lora=LoRAConfig(rank=...), names=(...))",
+                error=EngineError,
+            )
             base = nnx.merge(graphdef, self._weights.state).flat_params()
             self._weights.adapters = AdapterStore(adapters, base, version, cv=self._cv)
         self.vocab_size = infer_vocab(model, tokenizer)
@@ -284,35 +277,32 @@ class JaxEngine:
                 )
             )
         ids = arr.astype(np.int64).tolist()
-        if not ids:
-            raise EngineError(
-                explain(
-                    "prompt_ids",
-                    expected="at least one token id",
-                    received=[],
-                    fix="pass a non-empty prompt (e.g. the chat template's ids)",
-                )
-            )
-        if len(ids) > self.max_len - 1:
-            raise EngineError(
-                explain(
-                    "prompt_ids",
-                    expected=f"at most {self.max_len - 1} tokens (context "
-                    f"{self.max_len} minus one for the answer)",
-                    received=f"{len(ids)} tokens",
-                    fix="shorten the prompt or build the engine with a larger max_len",
-                )
-            )
+        require(
+            bool(ids),
+            "prompt_ids",
+            expected="at least one token id",
+            received=[],
+            fix="pass a non-empty prompt (e.g. the chat template's ids)",
+            error=EngineError,
+        )
+        require(
+            len(ids) <= self.max_len - 1,
+            "prompt_ids",
+            expected=f"at most {self.max_len - 1} tokens (context "
+            f"{self.max_len} minus one for the answer)",
+            received=f"{len(ids)} tokens",
+            fix="shorten the prompt or build the engine with a larger max_len",
+            error=EngineError,
+        )
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise EngineError(
-                explain(
-                    "prompt_ids",
-                    expected=f"ids in [0, {self.vocab_size})",
-                    received=bad[:5],
-                    fix="tokenize with this model's tokenizer",
-                )
-            )
+        require(
+            not bad,
+            "prompt_ids",
+            expected=f"ids in [0, {self.vocab_size})",
+            received=bad[:5],
+            fix="tokenize with this model's tokenizer",
+            error=EngineError,
+        )
         return ids
 
     async def generate(
@@ -440,15 +430,14 @@ class JaxEngine:
             fix="pass gymllm.inference.SamplingParams(...)",
             error=EngineError,
         )
-        if params.stop and self.tokenizer is None:
-            raise EngineError(
-                explain(
-                    "SamplingParams.stop",
-                    expected="stop strings only on an engine with a tokenizer",
-                    received=params.stop,
-                    fix="pass the tokenizer to JaxEngine or use stop_token_ids",
-                )
-            )
+        require(
+            not params.stop or self.tokenizer is not None,
+            "SamplingParams.stop",
+            expected="stop strings only on an engine with a tokenizer",
+            received=params.stop,
+            fix="pass the tokenizer to JaxEngine or use stop_token_ids",
+            error=EngineError,
+        )
         ids = self.validate_prompt(prompt_ids)
         slot = (
             BASE

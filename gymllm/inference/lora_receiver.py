@@ -41,6 +41,7 @@ import numpy as np
 
 from gymllm.models.lora import LoRAConfig, adapter_keys, merged_delta, nbytes
 from gymllm.errors import EngineError, explain
+from gymllm.validation import require
 
 _RECEIVERS: "weakref.WeakKeyDictionary[Any, LoraReceiver]" = weakref.WeakKeyDictionary()
 
@@ -74,15 +75,14 @@ class LoraReceiver:
         *,
         device: Any = None,
     ):
-        if not lora.enabled:
-            raise EngineError(
-                explain(
-                    "LoraReceiver(lora)",
-                    expected="a LoRAConfig with rank > 0",
-                    received=lora,
-                    fix="pass the learner's LoRAConfig",
-                )
-            )
+        require(
+            bool(lora.enabled),
+            "LoraReceiver(lora)",
+            expected="a LoRAConfig with rank > 0",
+            received=lora,
+            fix="pass the learner's LoRAConfig",
+            error=EngineError,
+        )
         self._engine = weakref.ref(engine)
         self.model_config = model_config
         self.lora = lora
@@ -118,15 +118,14 @@ class LoraReceiver:
 
     def check(self, adapters: dict[str, Any]) -> None:
         got = {k: tuple(np.shape(v)) for k, v in adapters.items()}
-        if got != self.expected:
-            raise EngineError(
-                explain(
-                    "LoraReceiver.apply(adapters)",
-                    expected=f"exactly {self.expected}",
-                    received=got,
-                    fix="push the learner's adapters of the same LoRAConfig",
-                )
-            )
+        require(
+            got == self.expected,
+            "LoraReceiver.apply(adapters)",
+            expected=f"exactly {self.expected}",
+            received=got,
+            fix="push the learner's adapters of the same LoRAConfig",
+            error=EngineError,
+        )
 
     def merged(self, adapters: dict[str, Any]) -> dict[str, jax.Array]:
         """The full flat weights: base arrays, with the targets merged on the engine's device."""
@@ -220,13 +219,12 @@ def receiver_of(engine: Any) -> LoraReceiver | None:
 def apply_lora_update(engine: Any, adapters: dict[str, Any], version: int) -> float:
     """Push ``adapters`` at ``version`` through the receiver attached to ``engine``."""
     rec = receiver_of(engine)
-    if rec is None:
-        raise EngineError(
-            explain(
-                "apply_lora_update(engine)",
-                expected="an engine with a LoraReceiver",
-                received=type(engine).__name__,
-                fix="build LoraReceiver.from_model(engine, model, lora) first",
-            )
-        )
+    require(
+        rec is not None,
+        "apply_lora_update(engine)",
+        expected="an engine with a LoraReceiver",
+        received=type(engine).__name__,
+        fix="build LoraReceiver.from_model(engine, model, lora) first",
+        error=EngineError,
+    )
     return rec.apply(adapters, version)

@@ -10,50 +10,47 @@ request uses a key derived from ``(seed, i)``); without a seed every request get
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
-from gymllm.errors import ConfigError, EngineError, explain
-from gymllm.validation import check_range, is_number, require
+from gymllm.errors import EngineError
+from gymllm.validation import check_range, is_int, is_number, require
 
 
-def _int_tuple(name: str, value: Any) -> tuple[int, ...]:
-    if isinstance(value, int) and not isinstance(value, bool):
+def _tuple_of(
+    name: str,
+    value: Any,
+    item: Callable[[Any], bool],
+    ok: Callable[[Any], bool],
+    expected: str,
+    example: str,
+) -> tuple[Any, ...]:
+    """``value`` as a tuple (a lone ``item`` becomes a 1-tuple) whose entries all pass ``ok``."""
+    if item(value):
         value = (value,)
     try:
         out = tuple(value)
     except TypeError:
         out = None
-    if out is None or not all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in out
-    ):
-        raise ConfigError(
-            explain(
-                f"SamplingParams.{name}",
-                expected="a sequence of non-negative int token ids",
-                received=value,
-                fix=f"pass e.g. {name}=(2,) or {name}=()",
-            )
-        )
+    require(
+        out is not None and all(ok(v) for v in out),
+        f"SamplingParams.{name}",
+        expected=expected,
+        received=value,
+        fix=f"pass e.g. {name}={example} or {name}=()",
+    )
     return out
 
 
-def _str_tuple(name: str, value: Any) -> tuple[str, ...]:
-    if isinstance(value, str):
-        value = (value,)
-    try:
-        out = tuple(value)
-    except TypeError:
-        out = None
-    if out is None or not all(isinstance(v, str) and v for v in out):
-        raise ConfigError(
-            explain(
-                f"SamplingParams.{name}",
-                expected="a sequence of non-empty strings",
-                received=value,
-                fix=f"pass e.g. {name}=('</answer>',) or {name}=()",
-            )
-        )
-    return out
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _stop_str(value: Any) -> bool:
+    return isinstance(value, str) and bool(value)
+
+
+def _token_id(value: Any) -> bool:
+    return is_int(value) and value >= 0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -111,10 +108,18 @@ class SamplingParams:
         check_range(c, "n", self.n, lo=1, integer=True, fix="use n=1")
         object.__setattr__(self, "temperature", float(t))
         object.__setattr__(self, "top_p", float(p))
-        object.__setattr__(
-            self, "stop_token_ids", _int_tuple("stop_token_ids", self.stop_token_ids)
-        )
-        object.__setattr__(self, "stop", _str_tuple("stop", self.stop))
+        for name, item, ok, expected, example in (
+            (
+                "stop_token_ids",
+                is_int,
+                _token_id,
+                "a sequence of non-negative int token ids",
+                "(2,)",
+            ),
+            ("stop", _is_str, _stop_str, "a sequence of non-empty strings", "('</answer>',)"),
+        ):
+            value = _tuple_of(name, getattr(self, name), item, ok, expected, example)
+            object.__setattr__(self, name, value)
 
     @property
     def greedy(self) -> bool:

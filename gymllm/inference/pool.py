@@ -51,6 +51,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from gymllm.errors import ConfigError, EngineError, explain
+from gymllm.validation import require
 from gymllm.inference.completion import Completion
 from gymllm.inference.params import SamplingParams
 from gymllm.inference.pool_routing import PoolConfig, ReplicaSlot, Router
@@ -244,29 +245,25 @@ class EnginePool:
         ``RayReplica``; what the ``from_*`` constructors pass)."""
         self.config = config or PoolConfig()
         engines = list(engines)
-        if not engines:
-            raise ConfigError(
-                explain(
-                    "EnginePool(engines)",
-                    expected="at least one engine or replica",
-                    received=[],
-                    fix="pass [engine] or use EnginePool.from_ray(spec, num_replicas=N)",
-                )
-            )
+        require(
+            bool(engines),
+            "EnginePool(engines)",
+            expected="at least one engine or replica",
+            received=[],
+            fix="pass [engine] or use EnginePool.from_ray(spec, num_replicas=N)",
+        )
         names = (
             list(names)
             if names is not None
             else [getattr(e, "name", None) or f"r{i}" for i, e in enumerate(engines)]
         )
-        if len(names) != len(engines) or len(set(names)) != len(names):
-            raise ConfigError(
-                explain(
-                    "EnginePool(names)",
-                    expected=f"{len(engines)} distinct names",
-                    received=names,
-                    fix="pass one distinct name per replica or none",
-                )
-            )
+        require(
+            len(names) == len(engines) and len(set(names)) == len(names),
+            "EnginePool(names)",
+            expected=f"{len(engines)} distinct names",
+            received=names,
+            fix="pass one distinct name per replica or none",
+        )
         self._slots = [
             ReplicaSlot(i, e if isinstance(e, (LocalReplica, RayReplica)) else LocalReplica(n, e))
             for i, (e, n) in enumerate(zip(engines, names))
@@ -308,30 +305,26 @@ class EnginePool:
         from gymllm.ray_support import init_ray
 
         specs = [spec] * (num_replicas or 1) if isinstance(spec, ReplicaSpec) else list(spec)
-        if num_replicas is not None and len(specs) != num_replicas or not specs:
-            raise ConfigError(
-                explain(
-                    "EnginePool.from_ray",
-                    expected="one spec and num_replicas >= 1, or a list of specs",
-                    received={"specs": len(specs), "num_replicas": num_replicas},
-                    fix="pass EnginePool.from_ray(spec, num_replicas=2)",
-                )
-            )
+        require(
+            bool((num_replicas is None or len(specs) == num_replicas) and specs),
+            "EnginePool.from_ray",
+            expected="one spec and num_replicas >= 1, or a list of specs",
+            received={"specs": len(specs), "num_replicas": num_replicas},
+            fix="pass EnginePool.from_ray(spec, num_replicas=2)",
+        )
         opts = (
             [dict(ray_options or {})] * len(specs)
             if not isinstance(ray_options, Sequence)
             else list(ray_options)
         )
         names = list(names) if names is not None else [f"r{i}" for i in range(len(specs))]
-        if len(opts) != len(specs) or len(names) != len(specs):
-            raise ConfigError(
-                explain(
-                    "EnginePool.from_ray(ray_options / names)",
-                    expected=f"{len(specs)} entries",
-                    received={"ray_options": len(opts), "names": len(names)},
-                    fix="pass one mapping for every replica, or one per replica",
-                )
-            )
+        require(
+            len(opts) == len(specs) and len(names) == len(specs),
+            "EnginePool.from_ray(ray_options / names)",
+            expected=f"{len(specs)} entries",
+            received={"ray_options": len(opts), "names": len(names)},
+            fix="pass one mapping for every replica, or one per replica",
+        )
         ray = init_ray()
         pool = cls([RayReplica(n, s, o) for n, s, o in zip(names, specs, opts)], config=config)
         infos = ray.get(

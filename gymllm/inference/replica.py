@@ -43,10 +43,9 @@ import dataclasses
 import os
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
-from gymllm.errors import ConfigError, explain
 from gymllm.inference.completion import Completion
 from gymllm.inference.params import SamplingParams
-from gymllm.validation import field_error, require_instance
+from gymllm.validation import field_error, require, require_instance
 
 KINDS = ("jax", "vllm", "openai", "factory")
 
@@ -327,15 +326,13 @@ class LocalReplica(EngineCalls):
     kind = "local"
 
     def __init__(self, name: str, engine: Any = None, *, spec: ReplicaSpec | None = None):
-        if (engine is None) == (spec is None):
-            raise ConfigError(
-                explain(
-                    "LocalReplica",
-                    expected="exactly one of engine= or spec=",
-                    received={"engine": type(engine).__name__, "spec": spec},
-                    fix="pass an engine object or a ReplicaSpec",
-                )
-            )
+        require(
+            (engine is None) != (spec is None),
+            "LocalReplica",
+            expected="exactly one of engine= or spec=",
+            received={"engine": type(engine).__name__, "spec": spec},
+            fix="pass an engine object or a ReplicaSpec",
+        )
         self.name = name
         self.spec = spec
         self.engine, self.model = (engine, None) if engine is not None else self._build(None, None)
@@ -402,16 +399,14 @@ class RayReplica:
         self.ray = require_ray()
         self.name = name
         self.spec = spec
-        if dict(ray_options or {}).get("max_restarts", 0) != 0:
-            raise ConfigError(
-                explain(
-                    "RayReplica(ray_options)",
-                    expected="no max_restarts (the pool recreates a "
-                    "dead replica with the current weights; Ray would restart it with the first ones)",
-                    received=dict(ray_options or {}),
-                    fix="drop max_restarts from ray_options",
-                )
-            )
+        require(
+            dict(ray_options or {}).get("max_restarts", 0) == 0,
+            "RayReplica(ray_options)",
+            expected="no max_restarts (the pool recreates a "
+            "dead replica with the current weights; Ray would restart it with the first ones)",
+            received=dict(ray_options or {}),
+            fix="drop max_restarts from ray_options",
+        )
         self.options = {"max_restarts": 0, "max_task_retries": 0, **dict(ray_options or {})}
         self.pending: list[Any] = []  # ObjectRefs of pushes not yet awaited
         self.actor = self._spawn(update, version)

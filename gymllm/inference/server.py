@@ -46,6 +46,7 @@ from gymllm.errors import EngineError
 from gymllm.inference.completion import Completion
 from gymllm.inference.params import SamplingParams
 from gymllm.inference.session_recorder import Plan, SessionError, SessionRecorder
+from gymllm.models.tokenizer import stop_ids
 from gymllm.inference.server_models import (
     ChatCompletionResponse,
     CompletionResponse,
@@ -188,14 +189,7 @@ def build_app(
     app.state.engine, app.state.config, app.state.recorder = engine, config, recorder
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     bearer = HTTPBearer(auto_error=False)
-    stop_ids = frozenset(
-        int(i)
-        for i in (
-            getattr(engine, "default_stop_ids", None)
-            or getattr(tokenizer, "stop_token_ids", ())
-            or ()
-        )
-    )
+    stops = stop_ids(tokenizer, getattr(engine, "default_stop_ids", None) or None)
 
     async def authorize(cred: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
         if config.api_key is None:
@@ -367,7 +361,7 @@ def build_app(
                 session_id,
                 chat,
                 body,
-                stop_ids | set(params.stop_token_ids),
+                stops | set(params.stop_token_ids),
                 use_fmt,
                 on_done,
             )

@@ -21,8 +21,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 
-from gymllm.errors import ConfigError, explain
-from gymllm.validation import check_range
+from gymllm.validation import check_range, require
 
 
 # ---------------------------------------------------------------- limits
@@ -59,18 +58,14 @@ class ServerConfig:
             optional=True,
             fix="pass None (the engine's context) or e.g. 2048",
         )
-        if self.api_key is not None and (
-            not isinstance(self.api_key, str) or len(self.api_key) < 8
-        ):
-            raise ConfigError(
-                explain(
-                    "ServerConfig.api_key",
-                    expected="None or a string of >= 8 characters",
-                    received="a short key" if isinstance(self.api_key, str) else self.api_key,
-                    fix="pass a longer random key, e.g. from `python -c 'import secrets; "
-                    "print(secrets.token_urlsafe(24))'`",
-                )
-            )
+        require(
+            self.api_key is None or (isinstance(self.api_key, str) and len(self.api_key) >= 8),
+            "ServerConfig.api_key",
+            expected="None or a string of >= 8 characters",
+            received="a short key" if isinstance(self.api_key, str) else self.api_key,
+            fix="pass a longer random key, e.g. from `python -c 'import secrets; "
+            "print(secrets.token_urlsafe(24))'`",
+        )
 
 
 # ---------------------------------------------------------------- field types

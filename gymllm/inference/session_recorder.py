@@ -34,8 +34,9 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-from gymllm.errors import ConfigError, GymLLMError, explain
-from gymllm.validation import check_range
+from gymllm.errors import GymLLMError
+from gymllm.models.tokenizer import stop_ids
+from gymllm.validation import check_range, require
 
 _SENTINEL = "\u2063GYMLLM_PROXY_SENTINEL\u2063"
 
@@ -72,15 +73,13 @@ class ProxyConfig:
         for name in ("max_open_sessions", "remember_closed"):
             v = getattr(self, name)
             check_range("ProxyConfig", name, v, lo=1, integer=True, fix=f"pass e.g. {name}=1024")
-        if not isinstance(self.idle_timeout_s, (int, float)) or not self.idle_timeout_s > 0:
-            raise ConfigError(
-                explain(
-                    "ProxyConfig.idle_timeout_s",
-                    expected="a number > 0",
-                    received=self.idle_timeout_s,
-                    fix="pass e.g. idle_timeout_s=3600",
-                )
-            )
+        require(
+            isinstance(self.idle_timeout_s, (int, float)) and self.idle_timeout_s > 0,
+            "ProxyConfig.idle_timeout_s",
+            expected="a number > 0",
+            received=self.idle_timeout_s,
+            fix="pass e.g. idle_timeout_s=3600",
+        )
 
 
 @dataclasses.dataclass
@@ -199,12 +198,7 @@ class SessionRecorder:
         self.tokenizer = tokenizer
         self.config = config or ProxyConfig()
         self.on_closed = on_closed
-        stops = (
-            stop_token_ids
-            if stop_token_ids is not None
-            else getattr(tokenizer, "stop_token_ids", ())
-        )
-        self.stop_token_ids = frozenset(int(i) for i in (stops or ()))
+        self.stop_token_ids = stop_ids(tokenizer, stop_token_ids)
         self.clock = clock
         self._lock = threading.Lock()
         self._open: dict[str, _Session] = {}

@@ -42,6 +42,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from gymllm.errors import EngineError, MissingExtraError, explain
+from gymllm.validation import require
 from gymllm.inference.completion import Completion
 from gymllm.inference.params import SamplingParams, require_one_sample, require_prompt
 
@@ -84,16 +85,15 @@ def _named(state: Any) -> list[tuple[str, Any]]:
         state = hf_weights(state)
     pairs = list(state.items() if isinstance(state, Mapping) else state)
     bad = [n for n, _ in pairs if not isinstance(n, str)]
-    if not pairs or bad:
-        raise EngineError(
-            explain(
-                "update_weights(state)",
-                expected="a non-empty mapping (or pairs) of Hugging "
-                "Face parameter names to arrays, or a gymllm LoadedModel",
-                received=bad[:3] or "nothing",
-                fix="pass e.g. hf_weights(loaded_model)",
-            )
-        )
+    require(
+        bool(pairs and not bad),
+        "update_weights(state)",
+        expected="a non-empty mapping (or pairs) of Hugging "
+        "Face parameter names to arrays, or a gymllm LoadedModel",
+        received=bad[:3] or "nothing",
+        fix="pass e.g. hf_weights(loaded_model)",
+        error=EngineError,
+    )
     return pairs
 
 
@@ -245,15 +245,14 @@ class VllmEngine:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             return task
-        if self._loop is None:
-            raise EngineError(
-                explain(
-                    "update_weights",
-                    expected="an engine whose event loop is known",
-                    received="no loop (no generate yet, called outside any loop)",
-                    fix="await engine.aupdate_weights(...) on the serving loop",
-                )
-            )
+        require(
+            self._loop is not None,
+            "update_weights",
+            expected="an engine whose event loop is known",
+            received="no loop (no generate yet, called outside any loop)",
+            fix="await engine.aupdate_weights(...) on the serving loop",
+            error=EngineError,
+        )
         return asyncio.run_coroutine_threadsafe(self._update(weights, version), self._loop)
 
     async def aupdate_weights(
@@ -379,16 +378,14 @@ class _Accumulator:
 def _sampled_logprobs(ids: list[int], entries: Any) -> list[float]:
     """The sampled ids' logprobs from vLLM's per-token ``{token_id: Logprob}`` dicts."""
     entries = list(entries or [])
-    if len(entries) != len(ids) or any(t not in d for t, d in zip(ids, entries)):
-        raise EngineError(
-            explain(
-                "vLLM output logprobs",
-                expected=f"one {{token_id: Logprob}} per sampled token "
-                f"holding that token ({len(ids)})",
-                received=entries[:3],
-                fix="keep logprobs=0 in the SamplingParams (set by VllmEngine)",
-            )
-        )
+    require(
+        len(entries) == len(ids) and all(t in d for t, d in zip(ids, entries)),
+        "vLLM output logprobs",
+        expected=f"one {{token_id: Logprob}} per sampled token holding that token ({len(ids)})",
+        received=entries[:3],
+        fix="keep logprobs=0 in the SamplingParams (set by VllmEngine)",
+        error=EngineError,
+    )
     return [float(d[t].logprob) for t, d in zip(ids, entries)]
 
 

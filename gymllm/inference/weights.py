@@ -24,6 +24,7 @@ import numpy as np
 from flax import nnx
 
 from gymllm.errors import EngineError, explain
+from gymllm.validation import require
 from gymllm.inference.config import EngineConfig
 from gymllm.telemetry import counter
 
@@ -156,15 +157,14 @@ class WeightStore:
                 )
             )
         for n, o in zip(new_leaves, old_leaves):
-            if tuple(np.shape(n)) != tuple(o.shape):
-                raise EngineError(
-                    explain(
-                        "update_weights(state)",
-                        expected=f"a leaf of shape {o.shape}",
-                        received=np.shape(n),
-                        fix="pass weights of the same model config",
-                    )
-                )
+            require(
+                tuple(np.shape(n)) == tuple(o.shape),
+                "update_weights(state)",
+                expected=f"a leaf of shape {o.shape}",
+                received=np.shape(n),
+                fix="pass weights of the same model config",
+                error=EngineError,
+            )
         # same dtypes as compiled: a weight update never triggers a recompile
         converted = convert_tree(
             jax.tree.unflatten(old_def, new_leaves), [o.dtype for o in old_leaves]

@@ -11,7 +11,8 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from gymllm.errors import ModelLoadError, explain
+from gymllm.errors import ModelLoadError
+from gymllm.validation import require
 from gymllm.models.config import ModelConfig
 from gymllm.models.transformer import param_shapes
 from gymllm.models.weight_names import IGNORED_SUFFIXES, expand
@@ -34,21 +35,20 @@ def assemble_params(
     present = [n for n in names if not n.endswith(IGNORED_SUFFIXES) and n not in tied_head]
     unexpected = sorted(n for n in present if n not in table)
     missing = sorted(set(table) - set(present))
-    if missing or unexpected:
-        raise ModelLoadError(
-            explain(
-                f"checkpoint {source or ''} for family {cfg.family!r}".strip(),
-                expected=f"the {len(table)} tensors of the {cfg.family} weight table",
-                received={
-                    "missing": missing[:20],
-                    "unexpected": unexpected[:20],
-                    "n_missing": len(missing),
-                    "n_unexpected": len(unexpected),
-                },
-                fix="check the config matches the weights (family, layer count, tied embeddings); "
-                "see gymllm.models.weight_names for the expected names",
-            )
-        )
+    require(
+        not missing and not unexpected,
+        f"checkpoint {source or ''} for family {cfg.family!r}".strip(),
+        expected=f"the {len(table)} tensors of the {cfg.family} weight table",
+        received={
+            "missing": missing[:20],
+            "unexpected": unexpected[:20],
+            "n_missing": len(missing),
+            "n_unexpected": len(unexpected),
+        },
+        fix="check the config matches the weights (family, layer count, tied embeddings); "
+        "see gymllm.models.weight_names for the expected names",
+        error=ModelLoadError,
+    )
     shapes = param_shapes(cfg)
     layers: dict[str, list] = {
         n: [None] * cfg.num_layers for n in shapes if n.startswith("layers.")
@@ -69,15 +69,14 @@ def assemble_params(
             out[ours] = arr
         else:
             layers[ours][layer] = arr
-    if wrong:
-        raise ModelLoadError(
-            explain(
-                f"checkpoint {source}".strip(),
-                expected="tensor shapes matching the config",
-                received={"wrong_shape (got, want)": dict(list(wrong.items())[:20])},
-                fix="check hidden/intermediate sizes, head counts and head_dim in the config",
-            )
-        )
+    require(
+        not wrong,
+        f"checkpoint {source}".strip(),
+        expected="tensor shapes matching the config",
+        received={"wrong_shape (got, want)": dict(list(wrong.items())[:20])},
+        fix="check hidden/intermediate sizes, head counts and head_dim in the config",
+        error=ModelLoadError,
+    )
     out.update({n: np.stack(v) for n, v in layers.items()})
     return out
 

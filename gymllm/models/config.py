@@ -17,8 +17,7 @@ import dataclasses
 import math
 from typing import Any, Mapping
 
-from gymllm.errors import ConfigError, explain
-from gymllm.validation import field_error
+from gymllm.validation import field_error, require
 
 FAMILIES = ("llama", "qwen2", "qwen3", "gemma3")
 ACTIVATIONS = ("silu", "gelu_tanh")
@@ -75,15 +74,13 @@ _HF_ARCHITECTURES = {
 
 def family_defaults(family: str) -> dict[str, Any]:
     """The fields a family fixes (activation, biases, norm style, ...)."""
-    if family not in _FAMILY_DEFAULTS:
-        raise ConfigError(
-            explain(
-                "ModelConfig.family",
-                expected=f"one of {FAMILIES}",
-                received=family,
-                fix="pick a supported family",
-            )
-        )
+    require(
+        family in _FAMILY_DEFAULTS,
+        "ModelConfig.family",
+        expected=f"one of {FAMILIES}",
+        received=family,
+        fix="pick a supported family",
+    )
     return dict(_FAMILY_DEFAULTS[family])
 
 
@@ -217,15 +214,13 @@ class ModelConfig:
             "gemma3": "gemma3",
             "mistral": "llama",
         }.get(model_type)
-        if family is None:
-            raise ConfigError(
-                explain(
-                    "config.json model_type",
-                    expected="llama, qwen2, qwen3, gemma3_text",
-                    received=model_type,
-                    fix="use a checkpoint of a supported family",
-                )
-            )
+        require(
+            family is not None,
+            "config.json model_type",
+            expected="llama, qwen2, qwen3, gemma3_text",
+            received=model_type,
+            fix="use a checkpoint of a supported family",
+        )
         if "text_config" in hf:  # multimodal Gemma 3 wrapper: the text part is what we run
             return cls.from_hf({"model_type": "gemma3_text", **hf["text_config"]})
         fd = family_defaults(family)

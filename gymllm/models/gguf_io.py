@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gymllm.errors import ModelLoadError, explain
+from gymllm.validation import require
 from gymllm.models.checkpoint import assemble_params, external_tensors
 from gymllm.models.config import ModelConfig, family_defaults, gemma3_layer_types
 from gymllm.models.loaded import LoadedModel
@@ -96,15 +97,14 @@ def _fields(reader) -> dict[str, Any]:
 def config_from_gguf(meta: dict[str, Any], tensor_names: list[str]) -> ModelConfig:
     arch = meta.get("general.architecture")
     family = _ARCH_TO_FAMILY.get(arch)
-    if family is None:
-        raise ModelLoadError(
-            explain(
-                "GGUF general.architecture",
-                expected=f"one of {sorted(_ARCH_TO_FAMILY)}",
-                received=arch,
-                fix="use a GGUF of a supported family",
-            )
-        )
+    require(
+        family is not None,
+        "GGUF general.architecture",
+        expected=f"one of {sorted(_ARCH_TO_FAMILY)}",
+        received=arch,
+        fix="use a GGUF of a supported family",
+        error=ModelLoadError,
+    )
     fd = family_defaults(family)
 
     def get(key: str, default: Any = None) -> Any:
@@ -279,15 +279,14 @@ def read_gguf(
     from gguf.quants import dequantize
 
     p = Path(path)
-    if not p.is_file():
-        raise ModelLoadError(
-            explain(
-                "GGUF file",
-                expected="an existing .gguf file",
-                received=str(p),
-                fix="check the path, or load a registry name such as 'smollm2-135m-instruct'",
-            )
-        )
+    require(
+        p.is_file(),
+        "GGUF file",
+        expected="an existing .gguf file",
+        received=str(p),
+        fix="check the path, or load a registry name such as 'smollm2-135m-instruct'",
+        error=ModelLoadError,
+    )
     reader = GGUFReader(str(p))
     meta = _fields(reader)
     by_name = {t.name: t for t in reader.tensors}
@@ -361,15 +360,14 @@ def save_gguf(lm: LoadedModel, path: str | os.PathLike) -> Path:
 def _write_tokenizer(w, bundle: TokenizerBundle, vocab_size: int) -> None:
     spec = json.loads(bundle.tokenizer.to_str())
     model = spec["model"]
-    if model.get("type") != "BPE" or "merges" not in model:
-        raise ModelLoadError(
-            explain(
-                "save_gguf tokenizer",
-                expected="a byte-level BPE tokenizer",
-                received=model.get("type"),
-                fix="save GGUF only for BPE tokenizers",
-            )
-        )
+    require(
+        model.get("type") == "BPE" and "merges" in model,
+        "save_gguf tokenizer",
+        expected="a byte-level BPE tokenizer",
+        received=model.get("type"),
+        fix="save GGUF only for BPE tokenizers",
+        error=ModelLoadError,
+    )
     n = bundle.tokenizer.get_vocab_size(with_added_tokens=True)
     tokens = [bundle.tokenizer.id_to_token(i) for i in range(n)]
     types = [1] * n

@@ -17,8 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gymllm.validation import check_range
-from gymllm.errors import ConfigError, explain
+from gymllm.validation import check_range, require
 
 PROJECTIONS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
@@ -40,15 +39,13 @@ class LoRAConfig:
         check_range("LoRAConfig", "rank", self.rank, lo=0)
         check_range("LoRAConfig", "alpha", self.alpha, lo=0.0, lo_open=True)
         bad = [t for t in self.targets if t not in PROJECTIONS]
-        if bad or (self.rank and not self.targets):
-            raise ConfigError(
-                explain(
-                    "LoRAConfig.targets",
-                    expected=f"a non-empty subset of {list(PROJECTIONS)}",
-                    received=self.targets,
-                    fix="e.g. targets=('wq', 'wv')",
-                )
-            )
+        require(
+            bool(not bad and (not self.rank or self.targets)),
+            "LoRAConfig.targets",
+            expected=f"a non-empty subset of {list(PROJECTIONS)}",
+            received=self.targets,
+            fix="e.g. targets=('wq', 'wv')",
+        )
 
     @property
     def enabled(self) -> bool:

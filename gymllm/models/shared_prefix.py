@@ -42,9 +42,10 @@ import jax
 import jax.numpy as jnp
 
 from gymllm.models.attention import attention
-from gymllm.models.blocks import embed_tokens, final_logits, global_params, scan_layers
+from gymllm.models.blocks import embed_tokens, global_params, scan_layers
 from gymllm.models.config import ModelConfig
 from gymllm.models.layers import causal_mask
+from gymllm.models.transformer import lm_logits
 
 __all__ = [
     "shared_prefix_hidden",
@@ -179,7 +180,4 @@ def shared_prefix_logits(
     hp, hs = shared_prefix_hidden(
         cfg, params, prefix_tokens, prefix_lens, suffix_tokens, compute_dtype=compute_dtype
     )
-    head = global_params(
-        {n: params[n] for n in ("embed", "final_norm", "lm_head") if n in params}, compute_dtype
-    )
-    return final_logits(cfg, head, hp), final_logits(cfg, head, hs)
+    return tuple(lm_logits(cfg, params, h, compute_dtype=compute_dtype) for h in (hp, hs))

@@ -15,7 +15,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from gymllm.errors import ConfigError, explain
+from gymllm.validation import require
 from gymllm.models.chat_templates import CHATML_TOOLS_TEMPLATE
 from gymllm.models.config import FAMILIES, ModelConfig, gemma3_layer_types
 from gymllm.models.loaded import LoadedModel
@@ -71,15 +71,13 @@ def tiny_tokenizer(vocab_size: int = 512) -> TokenizerBundle:
     """The tiny models' tokenizer bundle (a fresh object; training is cached per vocab size)."""
     from tokenizers import Tokenizer
 
-    if vocab_size < 256 + len(SPECIAL_TOKENS) + len(TOOL_TOKENS):
-        raise ConfigError(
-            explain(
-                "make_tiny vocab_size",
-                expected=">= 263 (256 bytes + 7 special tokens)",
-                received=vocab_size,
-                fix="use vocab_size >= 263, e.g. 512",
-            )
-        )
+    require(
+        vocab_size >= 256 + len(SPECIAL_TOKENS) + len(TOOL_TOKENS),
+        "make_tiny vocab_size",
+        expected=">= 263 (256 bytes + 7 special tokens)",
+        received=vocab_size,
+        fix="use vocab_size >= 263, e.g. 512",
+    )
     tok = Tokenizer.from_str(_tiny_tokenizer_json(vocab_size))
     return TokenizerBundle(
         tokenizer=tok,
@@ -103,15 +101,13 @@ def tiny_config(
     **overrides: Any,
 ) -> ModelConfig:
     """A tiny config of ``family``; Gemma 3 alternates sliding (window 8) and global layers."""
-    if family not in FAMILIES:
-        raise ConfigError(
-            explain(
-                "make_tiny family",
-                expected=f"one of {FAMILIES}",
-                received=family,
-                fix="pick a supported family",
-            )
-        )
+    require(
+        family in FAMILIES,
+        "make_tiny family",
+        expected=f"one of {FAMILIES}",
+        received=family,
+        fix="pick a supported family",
+    )
     sizes: dict[str, Any] = dict(
         vocab_size=vocab_size,
         hidden_size=hidden_size,

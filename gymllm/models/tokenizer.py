@@ -19,15 +19,15 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
-from gymllm.errors import ModelLoadError, explain
+from gymllm.errors import ModelLoadError
 from gymllm.models.chat_templates import (
     render_chat_template,
     template_supports_tools,
     tools_system_prompt,
 )
-from gymllm.validation import require_instance
+from gymllm.validation import require, require_instance
 
 _TURN_TERMINATORS = (
     "<|im_end|>",
@@ -54,15 +54,14 @@ class TokenizerBundle:
     def __post_init__(self) -> None:
         for field in ("bos_token", "eos_token", "pad_token"):
             tok = getattr(self, field)
-            if tok is not None and self.tokenizer.token_to_id(tok) is None:
-                raise ModelLoadError(
-                    explain(
-                        f"TokenizerBundle.{field}",
-                        expected="a token in the vocabulary",
-                        received=tok,
-                        fix="name a token the tokenizer knows, or None",
-                    )
-                )
+            require(
+                tok is None or self.tokenizer.token_to_id(tok) is not None,
+                f"TokenizerBundle.{field}",
+                expected="a token in the vocabulary",
+                received=tok,
+                fix="name a token the tokenizer knows, or None",
+                error=ModelLoadError,
+            )
 
     # ----- ids -----
     def token_to_id(self, token: str) -> int | None:
@@ -126,15 +125,14 @@ class TokenizerBundle:
         **context: Any,
     ) -> str | list[int]:
         """Render (and optionally tokenize) a conversation with the model's chat template."""
-        if not self.chat_template:
-            raise ModelLoadError(
-                explain(
-                    "apply_chat_template",
-                    expected="a tokenizer with a chat template",
-                    received=None,
-                    fix="load a chat (instruct) model or set chat_template",
-                )
-            )
+        require(
+            bool(self.chat_template),
+            "apply_chat_template",
+            expected="a tokenizer with a chat template",
+            received=None,
+            fix="load a chat (instruct) model or set chat_template",
+            error=ModelLoadError,
+        )
         messages = [dict(m) for m in messages]
         if tools and not template_supports_tools(self.chat_template):
             messages = _with_tools_in_system(messages, tools)
@@ -200,15 +198,14 @@ class TokenizerBundle:
         from tokenizers import Tokenizer
 
         d = Path(directory)
-        if not (d / "tokenizer.json").exists():
-            raise ModelLoadError(
-                explain(
-                    "tokenizer",
-                    expected=f"{d / 'tokenizer.json'}",
-                    received="no such file",
-                    fix="save the fast tokenizer (tokenizer.json) next to the weights",
-                )
-            )
+        require(
+            (d / "tokenizer.json").exists(),
+            "tokenizer",
+            expected=f"{d / 'tokenizer.json'}",
+            received="no such file",
+            fix="save the fast tokenizer (tokenizer.json) next to the weights",
+            error=ModelLoadError,
+        )
         tok = Tokenizer.from_file(str(d / "tokenizer.json"))
         cfg = (
             json.loads((d / "tokenizer_config.json").read_text())
@@ -249,3 +246,10 @@ def _with_tools_in_system(messages: list[dict], tools: Sequence[dict]) -> list[d
             *messages[1:],
         ]
     return [{"role": "system", "content": tools_system_prompt(tools)}, *messages]
+
+
+def stop_ids(tokenizer: Any, given: Iterable[int] | None = None) -> frozenset[int]:
+    """The ids that end a reply: ``given`` when not None, else ``tokenizer``'s ``stop_token_ids``
+    (none without a tokenizer or without that attribute)."""
+    stops = given if given is not None else getattr(tokenizer, "stop_token_ids", ())
+    return frozenset(int(i) for i in (stops or ()))

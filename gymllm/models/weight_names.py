@@ -13,6 +13,17 @@ from gymllm.models.transformer import param_shapes
 
 Row = tuple[str, str, str, bool]
 
+
+def _layer(ours: str, hf: str, gguf: str, transpose: bool = False, part: str = "weight") -> Row:
+    """A per-layer row: ``layers.<ours>``, ``model.layers.{i}.<hf>.<part>``, ``blk.{i}.<gguf>.<part>``."""
+    return (
+        f"layers.{ours}",
+        f"model.layers.{{i}}.{hf}.{part}",
+        f"blk.{{i}}.{gguf}.{part}",
+        transpose,
+    )
+
+
 _GLOBAL: list[Row] = [
     ("embed", "model.embed_tokens.weight", "token_embd.weight", False),
     ("final_norm", "model.norm.weight", "output_norm.weight", False),
@@ -20,87 +31,37 @@ _GLOBAL: list[Row] = [
 ]
 
 _ATTN: list[Row] = [
-    (
-        "layers.attn_norm",
-        "model.layers.{i}.input_layernorm.weight",
-        "blk.{i}.attn_norm.weight",
-        False,
-    ),
-    ("layers.wq", "model.layers.{i}.self_attn.q_proj.weight", "blk.{i}.attn_q.weight", True),
-    ("layers.wk", "model.layers.{i}.self_attn.k_proj.weight", "blk.{i}.attn_k.weight", True),
-    ("layers.wv", "model.layers.{i}.self_attn.v_proj.weight", "blk.{i}.attn_v.weight", True),
-    ("layers.wo", "model.layers.{i}.self_attn.o_proj.weight", "blk.{i}.attn_output.weight", True),
+    _layer("attn_norm", "input_layernorm", "attn_norm"),
+    *(_layer(f"w{p}", f"self_attn.{p}_proj", f"attn_{p}", True) for p in "qkv"),
+    _layer("wo", "self_attn.o_proj", "attn_output", True),
 ]
 
 _MLP: list[Row] = [
-    ("layers.w_gate", "model.layers.{i}.mlp.gate_proj.weight", "blk.{i}.ffn_gate.weight", True),
-    ("layers.w_up", "model.layers.{i}.mlp.up_proj.weight", "blk.{i}.ffn_up.weight", True),
-    ("layers.w_down", "model.layers.{i}.mlp.down_proj.weight", "blk.{i}.ffn_down.weight", True),
+    _layer(f"w_{p}", f"mlp.{p}_proj", f"ffn_{p}", True) for p in ("gate", "up", "down")
 ]
 
-_BIAS: list[Row] = [
-    ("layers.bq", "model.layers.{i}.self_attn.q_proj.bias", "blk.{i}.attn_q.bias", False),
-    ("layers.bk", "model.layers.{i}.self_attn.k_proj.bias", "blk.{i}.attn_k.bias", False),
-    ("layers.bv", "model.layers.{i}.self_attn.v_proj.bias", "blk.{i}.attn_v.bias", False),
-]
+_BIAS: list[Row] = [_layer(f"b{p}", f"self_attn.{p}_proj", f"attn_{p}", part="bias") for p in "qkv"]
 
-_QK_NORM: list[Row] = [
-    (
-        "layers.q_norm",
-        "model.layers.{i}.self_attn.q_norm.weight",
-        "blk.{i}.attn_q_norm.weight",
-        False,
-    ),
-    (
-        "layers.k_norm",
-        "model.layers.{i}.self_attn.k_norm.weight",
-        "blk.{i}.attn_k_norm.weight",
-        False,
-    ),
-]
+_QK_NORM: list[Row] = [_layer(f"{p}_norm", f"self_attn.{p}_norm", f"attn_{p}_norm") for p in "qk"]
 
-LLAMA: list[Row] = (
-    _GLOBAL
-    + _ATTN
-    + _MLP
-    + [
-        (
-            "layers.mlp_norm",
-            "model.layers.{i}.post_attention_layernorm.weight",
-            "blk.{i}.ffn_norm.weight",
-            False,
-        ),
-    ]
-)
+LLAMA: list[Row] = [
+    *_GLOBAL,
+    *_ATTN,
+    *_MLP,
+    _layer("mlp_norm", "post_attention_layernorm", "ffn_norm"),
+]
 QWEN2: list[Row] = LLAMA + _BIAS
 QWEN3: list[Row] = LLAMA + _QK_NORM
 # Gemma 3 names its norms differently: post_attention_layernorm is the *post-attention output* norm.
-GEMMA3: list[Row] = (
-    _GLOBAL
-    + _ATTN
-    + _MLP
-    + _QK_NORM
-    + [
-        (
-            "layers.post_attn_norm",
-            "model.layers.{i}.post_attention_layernorm.weight",
-            "blk.{i}.post_attention_norm.weight",
-            False,
-        ),
-        (
-            "layers.mlp_norm",
-            "model.layers.{i}.pre_feedforward_layernorm.weight",
-            "blk.{i}.ffn_norm.weight",
-            False,
-        ),
-        (
-            "layers.post_mlp_norm",
-            "model.layers.{i}.post_feedforward_layernorm.weight",
-            "blk.{i}.post_ffw_norm.weight",
-            False,
-        ),
-    ]
-)
+GEMMA3: list[Row] = [
+    *_GLOBAL,
+    *_ATTN,
+    *_MLP,
+    *_QK_NORM,
+    _layer("post_attn_norm", "post_attention_layernorm", "post_attention_norm"),
+    _layer("mlp_norm", "pre_feedforward_layernorm", "ffn_norm"),
+    _layer("post_mlp_norm", "post_feedforward_layernorm", "post_ffw_norm"),
+]
 
 TABLES: dict[str, list[Row]] = {"llama": LLAMA, "qwen2": QWEN2, "qwen3": QWEN3, "gemma3": GEMMA3}
 

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from gymllm.train.train_config import TrainConfig
 from gymllm.errors import ConfigError, explain
-from gymllm.validation import require_instance
+from gymllm.validation import require, require_instance
 
 __all__ = ["SourceContext", "Kind", "KINDS", "register_kind", "select_kind", "kind_named"]
 
@@ -168,11 +168,7 @@ def _policies(ctx: SourceContext) -> Any:
         engines,
         p.learner.seats,
         p.agent,
-        sampling=cfg.sampling,
-        rollout=cfg.rollout,
-        config=cfg.multiagent,
-        seed=cfg.run.seed,
-        group_filter=seats.observe(ctx.keep),
+        **_seat_source_settings(ctx, seats),
     )
 
 
@@ -189,27 +185,34 @@ def _game_seats(ctx: SourceContext) -> Any:
         p.envs,
         p.gen_engine,
         p.agent,
-        sampling=cfg.sampling,
-        rollout=cfg.rollout,
-        config=cfg.multiagent,
-        seed=cfg.run.seed,
-        group_filter=seats.observe(ctx.keep),
+        **_seat_source_settings(ctx, seats),
         opponent=opp,
     )
+
+
+def _seat_source_settings(ctx: SourceContext, seats: Any) -> dict[str, Any]:
+    """What every seat source takes from the run: its sampling, rollout and multiagent settings, its
+    seed, and the group filter (``ctx.keep``) that also records the seat metrics ``seats`` logs."""
+    cfg = ctx.cfg
+    return {
+        "sampling": cfg.sampling,
+        "rollout": cfg.rollout,
+        "config": cfg.multiagent,
+        "seed": cfg.run.seed,
+        "group_filter": seats.observe(ctx.keep),
+    }
 
 
 def _sync_baseline(ctx: SourceContext) -> Any:
     from gymllm.rollout.sync_baseline import SyncBatchSource
 
-    if ctx.resume.decided:
-        raise ConfigError(
-            explain(
-                "rollout.mode",
-                expected="'async' to resume a run",
-                received="sync",
-                fix="resume with mode='async' (eta=0 is synchronous) or use a fresh run_dir",
-            )
-        )
+    require(
+        not ctx.resume.decided,
+        "rollout.mode",
+        expected="'async' to resume a run",
+        received="sync",
+        fix="resume with mode='async' (eta=0 is synchronous) or use a fresh run_dir",
+    )
 
     def tally(group: Any) -> bool:  # every rollout of the batch counts, whatever the learner keeps
         ctx.tally.add(group)
@@ -287,15 +290,13 @@ def register_kind(kind: Kind, *, before: str | None = None) -> Kind:
             return kind
     names = [k.name for k in KINDS]
     target = before or "single_env"
-    if target not in names:
-        raise ConfigError(
-            explain(
-                "register_kind(before)",
-                expected=f"one of {names}",
-                received=before,
-                fix="name a registered kind, or leave before unset",
-            )
-        )
+    require(
+        target in names,
+        "register_kind(before)",
+        expected=f"one of {names}",
+        received=before,
+        fix="name a registered kind, or leave before unset",
+    )
     KINDS.insert(names.index(target), kind)
     return kind
 

@@ -43,6 +43,7 @@ from typing import Any, Mapping
 from gymllm.train.train_config import ClusterSection, ModelSection, TrainConfig
 from gymllm.train.wiring import engine_config
 from gymllm.errors import ConfigError, explain
+from gymllm.validation import require
 
 __all__ = [
     "RayComponents",
@@ -247,16 +248,14 @@ class SuiteOnRay:
     sized for all of them). The learner options (``learner_hosts``) have no place in an evaluation."""
 
     def __init__(self, cluster: ClusterSection, *, num_envs: int = 1):
-        if cluster.backend != "ray" or cluster.learner_hosts:
-            raise ConfigError(
-                explain(
-                    "gymllm eval suite --cluster",
-                    expected="backend='ray' and learner_hosts=0 (an "
-                    "evaluation has engines and envs, no learner)",
-                    received={"backend": cluster.backend, "learner_hosts": cluster.learner_hosts},
-                    fix="pass --cluster.backend ray and drop --cluster.learner-hosts",
-                )
-            )
+        require(
+            cluster.backend == "ray" and not cluster.learner_hosts,
+            "gymllm eval suite --cluster",
+            expected="backend='ray' and learner_hosts=0 (an "
+            "evaluation has engines and envs, no learner)",
+            received={"backend": cluster.backend, "learner_hosts": cluster.learner_hosts},
+            fix="pass --cluster.backend ray and drop --cluster.learner-hosts",
+        )
         self.cluster = cluster
         self.ray, self.connected_here = connect(cluster, env_groups=num_envs)
 

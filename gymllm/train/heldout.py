@@ -11,7 +11,7 @@ from typing import Any
 from gymllm.train.wiring import eval_config
 from gymllm.train.resume import filter_patience
 from gymllm.train.train_config import TrainConfig
-from gymllm.errors import ConfigError, explain
+from gymllm.validation import require
 from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 
 __all__ = ["HeldOutHook", "training_seed_bound", "check_heldout_seeds"]
@@ -35,29 +35,25 @@ def check_heldout_seeds(cfg: TrainConfig) -> range | None:
     e = cfg.eval
     if not e.every:
         return None
-    if cfg.rollout.mode == "proxy":
-        raise ConfigError(
-            explain(
-                "eval.every",
-                expected="0 with rollout.mode='proxy' (the agent program picks its own "
-                "tasks, so held-out seeds cannot be checked)",
-                received=e.every,
-                fix="evaluate the run directory afterwards: gymllm eval env ENV --model.checkpoint RUN_DIR",
-            )
-        )
+    require(
+        cfg.rollout.mode != "proxy",
+        "eval.every",
+        expected="0 with rollout.mode='proxy' (the agent program picks its own "
+        "tasks, so held-out seeds cannot be checked)",
+        received=e.every,
+        fix="evaluate the run directory afterwards: gymllm eval env ENV --model.checkpoint RUN_DIR",
+    )
     heldout = range(e.seed_base, e.seed_base + e.seeds)
     train = range(cfg.run.seed, cfg.run.seed + training_seed_bound(cfg))
-    if heldout.start < train.stop and train.start < heldout.stop:
-        raise ConfigError(
-            explain(
-                "eval.seed_base",
-                expected=f"held-out seeds disjoint from the training seeds "
-                f"{train.start}..{train.stop - 1} (run.seed + up to {len(train)} groups)",
-                received=f"seeds {heldout.start}..{heldout.stop - 1}",
-                fix=f"--eval.seed-base "
-                f"{max(HELD_OUT_SEED_BASE, train.stop)} (or fewer steps / a lower run.seed)",
-            )
-        )
+    require(
+        heldout.start >= train.stop or train.start >= heldout.stop,
+        "eval.seed_base",
+        expected=f"held-out seeds disjoint from the training seeds "
+        f"{train.start}..{train.stop - 1} (run.seed + up to {len(train)} groups)",
+        received=f"seeds {heldout.start}..{heldout.stop - 1}",
+        fix=f"--eval.seed-base "
+        f"{max(HELD_OUT_SEED_BASE, train.stop)} (or fewer steps / a lower run.seed)",
+    )
     return heldout
 
 

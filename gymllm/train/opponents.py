@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from gymllm.validation import require
+
 __all__ = ["FrozenOpponent", "League"]
 
 
@@ -142,20 +144,17 @@ def _checkpoint_model(cfg: Any, checkpoint: str) -> Any:
     which must be this run's model; any other checkpoint's weights on this run's model."""
     from gymllm import models
     from gymllm.train.components import load_model
-    from gymllm.errors import ConfigError, explain
     from gymllm.models.trained import is_run_dir, run_model_section
 
     if not is_run_dir(checkpoint):
         return load_model(dataclasses.replace(cfg.model, checkpoint=checkpoint))
     theirs = run_model_section(checkpoint).get("name")
-    if theirs != cfg.model.name:
-        raise ConfigError(
-            explain(
-                "multiagent.opponent",
-                expected=f"a run of this run's model ({cfg.model.name}): the "
-                "opponent's moves are read with this run's tokenizer",
-                received=f"run:{checkpoint} (a run of {theirs})",
-                fix="name a run trained from --model.name " + cfg.model.name,
-            )
-        )
+    require(
+        theirs == cfg.model.name,
+        "multiagent.opponent",
+        expected=f"a run of this run's model ({cfg.model.name}): the "
+        "opponent's moves are read with this run's tokenizer",
+        received=f"run:{checkpoint} (a run of {theirs})",
+        fix="name a run trained from --model.name " + cfg.model.name,
+    )
     return models.load(checkpoint)

@@ -44,6 +44,7 @@ import dataclasses
 from typing import Any, Iterable
 
 from gymllm.errors import ConfigError, explain
+from gymllm.validation import require
 from gymllm.rollout.policy_map import check_policy_seats, policy_map
 from gymllm.rollout.seat_source import SeatGroupSource
 
@@ -66,16 +67,14 @@ def policy_lora(cfg: Any) -> Any:
 
     kind, lora = cfg.multiagent.policy_weights, cfg.lora
     if kind == "full":
-        if lora.enabled:
-            raise ConfigError(
-                explain(
-                    "multiagent.policy_weights",
-                    expected="'lora' when --lora.rank is set",
-                    received=f"full with lora.rank {lora.rank}",
-                    fix="drop --lora.rank for full "
-                    "weights per policy, or use --multiagent.policy-weights lora",
-                )
-            )
+        require(
+            not lora.enabled,
+            "multiagent.policy_weights",
+            expected="'lora' when --lora.rank is set",
+            received=f"full with lora.rank {lora.rank}",
+            fix="drop --lora.rank for full "
+            "weights per policy, or use --multiagent.policy-weights lora",
+        )
         return None
     return (
         lora if lora.enabled else LoRAConfig(**{**dataclasses.asdict(lora), "rank": DEFAULT_RANK})
@@ -103,16 +102,14 @@ def build_policy_set(cfg: Any, lm: Any, mesh: Any = None) -> "PolicySet":
 
     seats = policy_map(cfg.multiagent.policies)
     make = game_factory(cfg.env.id, cfg.env.kwargs)
-    if make is None:
-        raise ConfigError(
-            explain(
-                "multiagent.policies",
-                expected="a multi-agent game in --env.id (MODULE:FACTORY of "
-                "a PettingZoo env, or a registered game such as tic-tac-toe)",
-                received=cfg.env.id,
-                fix="name a game, or drop --multiagent.policies",
-            )
-        )
+    require(
+        make is not None,
+        "multiagent.policies",
+        expected="a multi-agent game in --env.id (MODULE:FACTORY of "
+        "a PettingZoo env, or a registered game such as tic-tac-toe)",
+        received=cfg.env.id,
+        fix="name a game, or drop --multiagent.policies",
+    )
     probe = make()
     possible = list(probe.possible_agents)
     probe.close()
@@ -138,15 +135,13 @@ class PolicySet:
 
     def __init__(self, learners: dict[str, Any], seats: dict[str, str], *, num_steps: int):
         unknown = sorted(set(seats.values()) - set(learners))
-        if not learners or unknown:
-            raise ConfigError(
-                explain(
-                    "PolicySet(seats)",
-                    expected=f"policy names among {sorted(learners)}",
-                    received=seats,
-                    fix="give every policy the seats map names a learner",
-                )
-            )
+        require(
+            bool(learners and not unknown),
+            "PolicySet(seats)",
+            expected=f"policy names among {sorted(learners)}",
+            received=seats,
+            fix="give every policy the seats map names a learner",
+        )
         self.learners, self.seats, self.num_steps = dict(learners), dict(seats), num_steps
         self.counts: collections.Counter = collections.Counter()
         self.engines: dict[str, Any] = {}
@@ -281,15 +276,13 @@ class PolicySet:
 
     def restore(self, state: dict[str, Any], bookkeeping: dict[str, Any]) -> None:
         saved = sorted(bookkeeping.get("policies", {}))
-        if saved != sorted(self.learners):
-            raise ConfigError(
-                explain(
-                    "resume (multiagent.policies)",
-                    expected=f"a checkpoint of policies {saved}",
-                    received=sorted(self.learners),
-                    fix="resume with the run's own --multiagent.policies",
-                )
-            )
+        require(
+            saved == sorted(self.learners),
+            "resume (multiagent.policies)",
+            expected=f"a checkpoint of policies {saved}",
+            received=sorted(self.learners),
+            fix="resume with the run's own --multiagent.policies",
+        )
         for name, learner in self.learners.items():
             learner.restore(state["policies"][name], bookkeeping["policies"][name])
         self.counts = collections.Counter(bookkeeping.get("counts", {}))
@@ -346,15 +339,13 @@ class PolicySeatSource(SeatGroupSource):
         super().__init__(game_fn, engines[next(iter(seats.values()))], agent, **kwargs)
         check_policy_seats(seats, self.possible, opponent=self.config.opponent)
         missing = sorted(set(seats.values()) - set(engines))
-        if missing:
-            raise ConfigError(
-                explain(
-                    "PolicySeatSource(engines)",
-                    expected=f"an engine for every policy of {seats}",
-                    received=sorted(engines),
-                    fix=f"add engines for {missing}",
-                )
-            )
+        require(
+            not missing,
+            "PolicySeatSource(engines)",
+            expected=f"an engine for every policy of {seats}",
+            received=sorted(engines),
+            fix=f"add engines for {missing}",
+        )
         self.engines, self.seat_policy = dict(engines), dict(seats)
         self.learners = [s for s in self.possible if s in seats]
 

@@ -33,13 +33,13 @@ from typing import Any
 
 import numpy as np
 
-from gymllm.validation import check_range
+from gymllm.errors import ConfigError, explain
+from gymllm.validation import check_range, require
 from gymllm.models.lora import LoRAConfig
 from gymllm.algos.optim import OptimizerConfig
 from gymllm.algos.sharding import ShardingConfig
 from gymllm.algos.learner_config import LearnerConfig
 from gymllm.train.train_config import ModelSection, RunSection
-from gymllm.errors import ConfigError, explain
 
 __all__ = [
     "SFTSection",
@@ -121,47 +121,38 @@ class SFTConfig:
     """The run directory, the data order's seed, checkpoints, resume, the console line and the compile cache."""
 
     def __post_init__(self) -> None:
-        if bool(self.data) == bool(self.from_run):
-            raise ConfigError(
-                explain(
-                    "SFTConfig data",
-                    expected="exactly one of data (a chat JSONL file) and "
-                    "from_run (a run directory)",
-                    received={"data": self.data, "from_run": self.from_run},
-                    fix="gymllm sft DATA.jsonl, or gymllm sft --from-run RUN --min-reward R",
-                )
-            )
-        if not math.isfinite(self.min_reward):
-            raise ConfigError(
-                explain(
-                    "SFTConfig.min_reward",
-                    expected="a finite number",
-                    received=self.min_reward,
-                    fix="e.g. --min-reward 1.0 (rows of trajectories with reward >= 1)",
-                )
-            )
-        if self.lora.enabled and self.model.checkpoint:
-            raise ConfigError(
-                explain(
-                    "SFTConfig.lora",
-                    expected="LoRA on the model as loaded (its adapters are "
-                    "merged onto that base when the run is read back)",
-                    received={
-                        "lora.rank": self.lora.rank,
-                        "model.checkpoint": self.model.checkpoint,
-                    },
-                    fix="warm-start with full fine-tuning (lora.rank 0), or drop model.checkpoint",
-                )
-            )
-        if not self.run.run_dir:
-            raise ConfigError(
-                explain(
-                    "SFTConfig.run.run_dir",
-                    expected="a directory",
-                    received=self.run.run_dir,
-                    fix="e.g. --run.run-dir runs/sft",
-                )
-            )
+        require(
+            bool(self.data) != bool(self.from_run),
+            "SFTConfig data",
+            expected="exactly one of data (a chat JSONL file) and from_run (a run directory)",
+            received={"data": self.data, "from_run": self.from_run},
+            fix="gymllm sft DATA.jsonl, or gymllm sft --from-run RUN --min-reward R",
+        )
+        require(
+            math.isfinite(self.min_reward),
+            "SFTConfig.min_reward",
+            expected="a finite number",
+            received=self.min_reward,
+            fix="e.g. --min-reward 1.0 (rows of trajectories with reward >= 1)",
+        )
+        require(
+            not self.lora.enabled or not self.model.checkpoint,
+            "SFTConfig.lora",
+            expected="LoRA on the model as loaded (its adapters are "
+            "merged onto that base when the run is read back)",
+            received={
+                "lora.rank": self.lora.rank,
+                "model.checkpoint": self.model.checkpoint,
+            },
+            fix="warm-start with full fine-tuning (lora.rank 0), or drop model.checkpoint",
+        )
+        require(
+            bool(self.run.run_dir),
+            "SFTConfig.run.run_dir",
+            expected="a directory",
+            received=self.run.run_dir,
+            fix="e.g. --run.run-dir runs/sft",
+        )
 
     def to_json(self) -> str:
         return json.dumps({"kind": "sft", **dataclasses.asdict(self)}, indent=2, default=str)

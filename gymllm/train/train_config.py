@@ -28,7 +28,6 @@ from gymllm.algos.learner_config import LearnerConfig
 from gymllm.models.lora import LoRAConfig
 from gymllm.algos.optim import OptimizerConfig
 from gymllm.algos.sharding import ShardingConfig
-from gymllm.errors import ConfigError, explain
 from gymllm.inference.config import EngineConfig
 from gymllm.inference.params import SamplingParams
 from gymllm.rollout.config import RolloutConfig
@@ -75,15 +74,13 @@ class ModelSection:
     """Key/value heads of a tiny-<family> model (grouped-query attention when fewer than num_heads)."""
 
     def __post_init__(self) -> None:
-        if not self.name:
-            raise ConfigError(
-                explain(
-                    "model.name",
-                    expected="a model name, path or tiny-<family>",
-                    received=self.name,
-                    fix="e.g. name='tiny-qwen3' or 'smollm2-135m-instruct'",
-                )
-            )
+        require(
+            bool(self.name),
+            "model.name",
+            expected="a model name, path or tiny-<family>",
+            received=self.name,
+            fix="e.g. name='tiny-qwen3' or 'smollm2-135m-instruct'",
+        )
 
     @property
     def is_tiny(self) -> bool:
@@ -118,34 +115,28 @@ class EnvSection:
         check_range("EnvSection", "num_envs", self.num_envs, lo=1)
         check_choice("EnvSection", "agent", self.agent, ("model", "tool"))
         check_choice("EnvSection", "curriculum", self.curriculum, ("none", "learnability"))
-        if self.suite and (self.id != DEFAULT_ENV_ID or self.kwargs):
-            raise ConfigError(
-                explain(
-                    "env",
-                    expected="--env.id (with its kwargs) or --env.suite, not both",
-                    received=f"id={self.id!r}, kwargs={self.kwargs}, suite={self.suite!r}",
-                    fix="drop --env.id and its kwargs to train on the suite's mixture (its tables "
-                    "hold each env's kwargs), or drop --env.suite",
-                )
-            )
-        if self.curriculum != "none" and not self.suite:
-            raise ConfigError(
-                explain(
-                    "env.curriculum",
-                    expected="a suite to weight (--env.suite)",
-                    received=f"curriculum={self.curriculum!r} with one env {self.id!r}",
-                    fix="add --env.suite S, or drop --env.curriculum",
-                )
-            )
-        if not isinstance(self.kwargs, dict):
-            raise ConfigError(
-                explain(
-                    "env.kwargs",
-                    expected="a dict of constructor arguments",
-                    received=self.kwargs,
-                    fix="e.g. kwargs={'num_letters': 4}",
-                )
-            )
+        require(
+            not self.suite or (self.id == DEFAULT_ENV_ID and not self.kwargs),
+            "env",
+            expected="--env.id (with its kwargs) or --env.suite, not both",
+            received=f"id={self.id!r}, kwargs={self.kwargs}, suite={self.suite!r}",
+            fix="drop --env.id and its kwargs to train on the suite's mixture (its tables "
+            "hold each env's kwargs), or drop --env.suite",
+        )
+        require(
+            bool(self.curriculum == "none" or self.suite),
+            "env.curriculum",
+            expected="a suite to weight (--env.suite)",
+            received=f"curriculum={self.curriculum!r} with one env {self.id!r}",
+            fix="add --env.suite S, or drop --env.curriculum",
+        )
+        require(
+            isinstance(self.kwargs, dict),
+            "env.kwargs",
+            expected="a dict of constructor arguments",
+            received=self.kwargs,
+            fix="e.g. kwargs={'num_letters': 4}",
+        )
         if (
             ":" in self.id
         ):  # a user's module: import it now, so a bad module or factory fails before the model loads
@@ -294,21 +285,20 @@ class ClusterSection:
             check_range("ClusterSection", f, getattr(self, f), lo=0.0)
         for f in ("env_resources", "engine_resources", "learner_resources"):
             value = getattr(self, f)
-            if not isinstance(value, dict) or not all(
-                isinstance(k, str)
-                and isinstance(v, (int, float))
-                and not isinstance(v, bool)
-                and v >= 0
-                for k, v in value.items()
-            ):
-                raise ConfigError(
-                    explain(
-                        f"cluster.{f}",
-                        expected="a dict of Ray resource name -> amount >= 0",
-                        received=value,
-                        fix=f"e.g. {f}={{'sandbox': 1}}",
-                    )
-                )
+            require(
+                isinstance(value, dict)
+                and all(
+                    isinstance(k, str)
+                    and isinstance(v, (int, float))
+                    and not isinstance(v, bool)
+                    and v >= 0
+                    for k, v in value.items()
+                ),
+                f"cluster.{f}",
+                expected="a dict of Ray resource name -> amount >= 0",
+                received=value,
+                fix=f"e.g. {f}={{'sandbox': 1}}",
+            )
         if self.backend == "none":
             off = {
                 f: getattr(self, f)
@@ -320,16 +310,14 @@ class ClusterSection:
                 )
                 if getattr(self, f) != default
             }
-            if off:
-                raise ConfigError(
-                    explain(
-                        "cluster",
-                        expected="backend='ray' for cluster placement",
-                        received={"backend": "none", **off},
-                        fix="add --cluster.backend ray "
-                        "(pip install 'gymllm[ray]'), or drop the --cluster.* options",
-                    )
-                )
+            require(
+                not off,
+                "cluster",
+                expected="backend='ray' for cluster placement",
+                received={"backend": "none", **off},
+                fix="add --cluster.backend ray "
+                "(pip install 'gymllm[ray]'), or drop the --cluster.* options",
+            )
 
     @property
     def distributed(self) -> bool:

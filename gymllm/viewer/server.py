@@ -7,7 +7,7 @@ Routes (all GET; ``run`` is a run's name as ``/api/runs`` lists it):
 * ``/static/<file>``: the page's script, style and licence files, from the package.
 * ``/api/runs``: every run's overview (kind, config, summary, plots, trace file, logs, problems).
 * ``/api/metrics?run=&offset=``: ``metrics.jsonl`` records from a byte offset (the live poll).
-* ``/api/trajectories?run=&page=&size=&env=&seat=&reward_min=&reward_max=&step_min=&step_max=&version=&error=&q=``:
+* ``/api/trajectories?run=&page=&size=&env=&seat=&reward_min=&reward_max=&step_min=&step_max=&version=&error=&text=``:
   one page of the trajectory table, from the index (:mod:`gymllm.viewer.index`).
 * ``/api/trajectory?run=&id=``: one trajectory (:func:`gymllm.viewer.detail.trajectory_detail`).
 * ``/api/suite?run=``: a suite summary or ``gymllm eval env --out`` table.
@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 from gymllm.errors import ConfigError, explain
+from gymllm.validation import require
 from gymllm.viewer.index import Filters
 from gymllm.viewer.runs import ViewedRun, load_runs
 
@@ -54,33 +55,27 @@ class ViewerConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "runs", tuple(str(r) for r in self.runs))
-        if not self.runs:
-            raise ConfigError(
-                explain(
-                    "gymllm view",
-                    expected="at least one run directory",
-                    received="none",
-                    fix="gymllm view runs/my-run",
-                )
-            )
-        if not isinstance(self.port, int) or not 0 <= self.port < 65536:
-            raise ConfigError(
-                explain(
-                    "ViewerConfig.port",
-                    expected="an int in [0, 65535] (0: a free port)",
-                    received=self.port,
-                    fix="use --port 8765",
-                )
-            )
-        if not isinstance(self.host, str) or not self.host:
-            raise ConfigError(
-                explain(
-                    "ViewerConfig.host",
-                    expected="an interface address",
-                    received=self.host,
-                    fix="use --host 127.0.0.1",
-                )
-            )
+        require(
+            bool(self.runs),
+            "gymllm view",
+            expected="at least one run directory",
+            received="none",
+            fix="gymllm view runs/my-run",
+        )
+        require(
+            isinstance(self.port, int) and 0 <= self.port < 65536,
+            "ViewerConfig.port",
+            expected="an int in [0, 65535] (0: a free port)",
+            received=self.port,
+            fix="use --port 8765",
+        )
+        require(
+            isinstance(self.host, str) and bool(self.host),
+            "ViewerConfig.host",
+            expected="an interface address",
+            received=self.host,
+            fix="use --host 127.0.0.1",
+        )
 
 
 def trajectory_page(run: ViewedRun, filters: Filters, page: int, size: int) -> dict[str, Any]:
@@ -138,7 +133,7 @@ def _index_all(runs: dict[str, ViewedRun]) -> None:
 
 def create_app(config: ViewerConfig) -> Any:
     """The FastAPI app serving ``config.runs`` (see module doc)."""
-    from fastapi import FastAPI, HTTPException, Query
+    from fastapi import Depends, FastAPI, HTTPException, Query
     from fastapi.responses import FileResponse, JSONResponse
     from fastapi.staticfiles import StaticFiles
     from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -176,27 +171,8 @@ def create_app(config: ViewerConfig) -> Any:
         run: str,
         page: int = Query(0, ge=0),
         size: int = Query(50, ge=1, le=MAX_PAGE_SIZE),
-        env: str | None = None,
-        seat: str | None = None,
-        reward_min: float | None = None,
-        reward_max: float | None = None,
-        step_min: int | None = None,
-        step_max: int | None = None,
-        version: int | None = None,
-        error: bool | None = None,
-        q: str | None = None,
+        filters: Filters = Depends(Filters),  # the query parameters Filters.__init__ names
     ) -> dict[str, Any]:
-        filters = Filters(
-            env=env,
-            seat=seat,
-            reward_min=reward_min,
-            reward_max=reward_max,
-            step_min=step_min,
-            step_max=step_max,
-            version=version,
-            error=error,
-            text=q,
-        )
         return trajectory_page(get_run(run), filters, page, size)
 
     @app.get("/api/trajectory")

@@ -188,7 +188,7 @@ function runCard(r) {
 }
 
 /* ------------------------------------------------------------------ trajectory table */
-const FILTERS = ["env", "seat", "reward_min", "reward_max", "step_min", "step_max", "version", "error", "q"];
+const FILTERS = ["env", "seat", "reward_min", "reward_max", "step_min", "step_max", "version", "error", "text"];
 async function showTable(p) {
   if (!state.runs.length) state.runs = await api("/api/runs");
   const withLogs = state.runs.filter(r => r.logs.length);
@@ -215,7 +215,7 @@ async function showTable(p) {
     field("step_min", "step ≥", inp("step_min", "min")), field("step_max", "step ≤", inp("step_max", "max")),
     field("version", "policy version", sel("version", data.facets.version.map(v => [v, v]))),
     field("error", "error", sel("error", [["true", "with error"], ["false", "without"]])),
-    field("q", "id / task contains", inp("q", "text")),
+    field("text", "id / task contains", inp("text", "text")),
     h("button", { class: "btn", type: "submit" }, "Apply"));
   const problems = [];
   for (const e of data.errors) problems.push(h("div", { class: "error log-error" }, e.message));
