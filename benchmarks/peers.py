@@ -93,6 +93,10 @@ class Size:
     vocab_size: int = 512
     """the model's vocabulary and the tiny tokenizer's size asked for (gymllm's tiny BPE stops at 591
     tokens: ids above never decode to text, on every side alike)"""
+    learner_rows: int = 0
+    """gymllm's learner micro-batch, in rows (0: the step's whole batch in one pass). The same loss and
+    update either way (gradients accumulate over micro-batches); a batch whose full-vocabulary logits do
+    not fit the chip's memory in one pass needs fewer rows"""
 
 
 SIZES = {
@@ -130,6 +134,7 @@ SIZES = {
         group_size=8,
         max_new_tokens=128,
         vocab_size=49152,
+        learner_rows=16,  # 64 rows x 192 positions x 49,152 logits in one pass did not fit the v5e
     ),
 }
 DEFAULT_SIZES = ("tiny", "medium")  # the CPU figures; smollm2 is asked for by name
@@ -277,6 +282,7 @@ def peer_spec(
         "warmup_steps": WARMUP_STEPS,
         "num_prompts": sz.num_prompts,
         "group_size": sz.group_size,
+        "learner_rows": sz.learner_rows,
         "task_kwargs": dict(TASK_KWARGS),
         "model": {
             "family": "qwen3",
@@ -542,7 +548,7 @@ def bench(
                         + (
                             f"{r['mean_step_s']:.3f}s/step"
                             if r.get("mean_step_s") is not None
-                            else str(r.get("error"))[:300]
+                            else "..." + str(r.get("error"))[-600:]  # the end names the exception
                         )
                         + f" ({time.perf_counter() - t:.0f}s wall)"
                     )
@@ -578,7 +584,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
         for side, s in out[f"sides{suffix}"].items():
             if "error" in s:
-                print(f"  {side:14s} error: {s['error'][:400]}")
+                print(f"  {side:14s} error: ...{s['error'][-600:]}")
             else:
                 print(
                     f"  {side:14s} {s['step_s']:.3f}s/step (min {s['min_step_s']:.3f}, max {s['max_step_s']:.3f})"

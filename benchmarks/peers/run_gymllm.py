@@ -77,7 +77,7 @@ def train_config(spec: dict, run_dir: str):
         ),
         learner=LearnerConfig(
             groups_per_step=spec["num_prompts"],
-            micro_batch_size=rows,
+            micro_batch_size=spec.get("learner_rows") or rows,  # same loss, fewer rows a pass
             num_steps=spec["steps"],
             max_len=max_len,
             min_bucket=64,
