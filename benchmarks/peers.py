@@ -134,7 +134,9 @@ SIZES = {
         group_size=8,
         max_new_tokens=128,
         vocab_size=49152,
-        learner_rows=16,  # 64 rows x 192 positions x 49,152 logits in one pass did not fit the v5e
+        # 64 rows a pass: gymllm's side failed in its setup on the v5e and ran out of the CPU's 24 GB
+        # (16 rows: 13.7 GB at most)
+        learner_rows=16,
     ),
 }
 DEFAULT_SIZES = ("tiny", "medium")  # the CPU figures; smollm2 is asked for by name
