@@ -28,6 +28,19 @@ class Message(TypedDict, total=False):
     name: str
 
 
+def as_messages(observation: Any) -> list[Message] | None:
+    """The messages an observation adds to a conversation: a ``str`` is one user message, a list of
+    message dicts (each with a ``"role"``) is taken as is (copied); anything else: None, for the
+    caller to refuse in its own words."""
+    if isinstance(observation, str):
+        return [{"role": "user", "content": observation}]
+    if isinstance(observation, (list, tuple)) and all(
+        isinstance(m, dict) and "role" in m for m in observation
+    ):
+        return [dict(m) for m in observation]  # type: ignore[misc]
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class ToolCall:
     """One parsed tool call: a tool name and its keyword arguments."""

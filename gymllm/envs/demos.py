@@ -50,6 +50,7 @@ from gymllm.atomic import atomic_write
 from gymllm.envs import demos_solvers as solvers
 from gymllm.errors import ConfigError, explain
 from gymllm.validation import is_int, require
+from gymllm.types import as_messages
 from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 
 __all__ = [
@@ -181,13 +182,11 @@ class DemoConfig:
 
 def observation_messages(observation: Any) -> list[dict[str, Any]]:
     """The messages an observation adds to the conversation: a ``str`` is one user message, a list
-    of message dicts is taken as is (copied). The rule of ``gymllm.rollout.agents.Agent``."""
-    if isinstance(observation, str):
-        return [{"role": "user", "content": observation}]
-    if isinstance(observation, (list, tuple)) and all(
-        isinstance(m, dict) and "role" in m for m in observation
-    ):
-        return [dict(m) for m in observation]
+    of message dicts is taken as is (copied). The rule of ``gymllm.rollout.agents.Agent``
+    (:func:`gymllm.types.as_messages`)."""
+    messages = as_messages(observation)
+    if messages is not None:
+        return messages
     raise ConfigError(
         explain(
             "demonstration observation",

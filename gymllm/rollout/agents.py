@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from gymllm.errors import InvalidActionError, explain
-from gymllm.types import Message, ToolCall
+from gymllm.types import Message, ToolCall, as_messages
 
 
 class Agent:
@@ -34,13 +34,11 @@ class Agent:
 
     # --- observations ------------------------------------------------------------------------
     def observation_messages(self, observation: Any) -> list[Message]:
-        """A ``str`` becomes one user message; a list of messages is taken as is."""
-        if isinstance(observation, str):
-            return [{"role": "user", "content": observation}]
-        if isinstance(observation, (list, tuple)) and all(
-            isinstance(m, dict) and "role" in m for m in observation
-        ):
-            return [dict(m) for m in observation]  # type: ignore[misc]
+        """A ``str`` becomes one user message; a list of messages is taken as is
+        (:func:`gymllm.types.as_messages`)."""
+        messages = as_messages(observation)
+        if messages is not None:
+            return messages
         raise InvalidActionError(
             explain(
                 "agent observation",
