@@ -56,6 +56,11 @@ if [ "$#" -eq 0 ]; then
   exit 2
 fi
 
+if [ -n "${GYMLLM_BENCH_COMMIT:-}" ] && ! [[ "$GYMLLM_BENCH_COMMIT" =~ ^[0-9a-f]{40}$ ]]; then
+  echo "tpu_run: GYMLLM_BENCH_COMMIT must be a full 40-hex commit (records keep it), received '$GYMLLM_BENCH_COMMIT'. Fix: GYMLLM_BENCH_COMMIT=\$(git rev-parse HEAD)" >&2
+  exit 2
+fi
+
 failed=0
 setup_rc=""  # the setup's exit status once it ran
 
