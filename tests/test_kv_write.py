@@ -52,10 +52,10 @@ def test_select_writes_what_the_scatter_writes(dtype, rows):
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.uint16])
-@pytest.mark.parametrize("count", [4, 2])
-def test_a_chunk_writes_what_its_steps_would_have_scattered(dtype, count):
+@pytest.mark.parametrize("count,S", [(4, 9), (2, 9), (4, 3)])  # S=3: a chunk longer than the cache
+def test_a_chunk_writes_what_its_steps_would_have_scattered(dtype, count, S):
     rng = np.random.default_rng(count)
-    L, B, S, K, D, W, R = 2, 5, 9, 2, 3, 4, 4
+    L, B, K, D, W, R = 2, 5, 2, 3, 4, 4
 
     def arr(*shape):
         x = rng.normal(size=shape)
@@ -64,7 +64,7 @@ def test_a_chunk_writes_what_its_steps_would_have_scattered(dtype, count):
     cache = KVCache(arr(L, B, S, K, D), arr(L, B, S, K, D))
     # row 0 from slot 0; row 1 ends at the cache's last slot (its window moves back); row 2 runs
     # past the cache (entries there are dropped); row 3 in the middle
-    start = jnp.asarray([0, S - R, S - 2, 3], jnp.int32)
+    start = jnp.asarray([0, max(S - R, 1), S - 2, min(3, S - 1)], jnp.int32)
     recent = RecentKV.empty(cache, start, R)
     steps = [(arr(L, W, K, D), arr(L, W, K, D)) for _ in range(count)]
     want = cache

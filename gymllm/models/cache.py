@@ -96,15 +96,18 @@ class RecentKV(NamedTuple):
 
 def write_recent_kv(cache: KVCache, recent: RecentKV) -> KVCache:
     """The cache with each row's ``recent.count`` chunk entries at slots ``start + i``: one window of
-    R slots per row (a scatter of W windows, not W x R slots). A window that would pass the cache's
+    R slots per row (a scatter of W windows, not W x R slots; a chunk longer than the cache writes
+    entry by entry). A window that would pass the cache's
     end is moved back to end there, keeping the slots before ``start`` it then covers; entries past the
     cache are dropped, as :func:`scatter_kv` drops them. Slots from ``start + count`` on within the
     window receive the unwritten entries' junk: they lie past the row's position, where nothing
     attends before a later step writes them."""
     s = cache.k.shape[2]
     w, r = recent.k.shape[1], recent.k.shape[2]
-    if r > s:
-        raise ValueError(f"a chunk of {r} steps needs a cache of at least {r} slots, received {s}")
+    if r > s:  # a chunk longer than the cache has slots: entry by entry (unwritten ones dropped)
+        i = jnp.arange(r)[None]
+        slot = jnp.where(i < recent.count, recent.start[:, None] + i, s)  # [W, R]
+        return scatter_kv(cache, recent.k, recent.v, jnp.arange(w)[:, None], slot, unique=True)
     window = jnp.clip(recent.start, 0, s - r)  # [W] in bounds
     src = jnp.arange(r)[None] - (recent.start - window)[:, None]  # [W, R] entry for window slot
     take = (src >= 0) & (src < recent.count)
