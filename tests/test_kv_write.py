@@ -94,10 +94,11 @@ def test_decode_reading_the_chunk_beside_the_cache_matches_reading_it_from_the_c
     start = jnp.asarray([2, 9, 14], jnp.int32)  # > the window (8) for the sliding layers
     tokens = jnp.asarray(rng.integers(0, 300, (steps, W)), jnp.int32)
     ref, recent = cache, RecentKV.empty(cache, start, steps)
+    forward = jax.jit(decode_forward, static_argnums=(0,))  # one trace per form, not op by op
     for j in range(steps):
-        want, k_new, v_new = decode_forward(cfg, params, tokens[j], start + j, ref)
+        want, k_new, v_new = forward(cfg, params, tokens[j], start + j, ref)
         ref = scatter_kv(ref, k_new, v_new, jnp.arange(W), start + j)
-        got, k_rec, v_rec = decode_forward(cfg, params, tokens[j], start + j, cache, recent=recent)
+        got, k_rec, v_rec = forward(cfg, params, tokens[j], start + j, cache, recent=recent)
         recent = recent.add(k_rec, v_rec)
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=1e-5)
         np.testing.assert_allclose(np.asarray(k_rec), np.asarray(k_new), atol=2e-5, rtol=1e-5)
@@ -157,7 +158,7 @@ def test_engines_with_either_write_give_the_same_completions(lm, shapes, chunk):
             await engine.close()
 
     scatter = asyncio.run(run("scatter"))
-    for other in ("select", "chunk"):
+    for other in ("select", "chunk") if chunk > 1 else ("select",):  # a chunk of 1 scatters
         for a, b in zip(scatter, asyncio.run(run(other))):
             assert list(a.token_ids) == list(b.token_ids) and a.finish_reason == b.finish_reason
             np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
