@@ -152,7 +152,9 @@ class BenchConfig:
     """rounds: interleaved rounds (each side once per round); steps: optimizer steps per side and run
     (the first ``WARMUP_STEPS`` are left out of the mean); peers: which peers; sizes: config rows;
     peer_sites: (peer, directory) pairs: that peer's sides run with this interpreter and the directory
-    on PYTHONPATH (an offline install: ``scripts/offline_bundle.py install-peer``) instead of a venv."""
+    on PYTHONPATH (an offline install: ``scripts/offline_bundle.py install-peer``) instead of a venv;
+    only_sides: run only these of the peers' sides (empty: all), gymllm always runs beside them (a
+    10-minute accelerator call fits gymllm and one Tunix side)."""
 
     rounds: int = 3
     steps: int = 8
@@ -160,6 +162,16 @@ class BenchConfig:
     sizes: tuple[str, ...] = DEFAULT_SIZES
     runner_timeout_s: float = 1800.0
     peer_sites: tuple[tuple[str, str], ...] = ()
+    only_sides: tuple[str, ...] = ()
+
+    def peer_sides(self) -> list[str]:
+        """The peers' sides this run compares against gymllm, in order."""
+        return [
+            s
+            for p in self.peers
+            for s in SIDES_OF[p]
+            if not self.only_sides or s in self.only_sides
+        ]
 
     def __post_init__(self) -> None:
         if self.rounds < 1 or self.steps <= WARMUP_STEPS:
@@ -177,6 +189,13 @@ class BenchConfig:
         if bad or not self.sizes:
             raise ValueError(
                 f"BenchConfig.sizes: expected a subset of {tuple(SIZES)}, received {self.sizes}"
+            )
+        known = [s for p in self.peers for s in SIDES_OF[p]]
+        bad = [s for s in self.only_sides if s not in known]
+        if bad:
+            raise ValueError(
+                f"BenchConfig.only_sides: expected sides of the peers run ({', '.join(known)}), "
+                f"received {bad}; fix: e.g. --sides tunix_agentic with --peers tunix"
             )
         bad = [p for p, _ in self.peer_sites if p not in PEERS]
         if bad:
@@ -219,6 +238,12 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         help=f"comma-separated subset of {','.join(SIZES)}",
     )
     ap.add_argument(
+        "--sides",
+        default="",
+        help="comma-separated subset of the peers' sides to run beside gymllm (default: all), "
+        "e.g. tunix_agentic",
+    )
+    ap.add_argument(
         "--peer-site",
         action="append",
         default=[],
@@ -232,6 +257,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         peers=tuple(p.strip() for p in args.peers.split(",") if p.strip()),
         sizes=tuple(s.strip() for s in args.sizes.split(",") if s.strip()),
         peer_sites=tuple(parse_peer_site(t) for t in args.peer_site),
+        only_sides=tuple(s.strip() for s in args.sides.split(",") if s.strip()),
     )
 
 
@@ -514,7 +540,7 @@ def bench(
                     pythons[side] = py
             except Exception as e:  # noqa: BLE001 - reported in RESULT, never skipped
                 venv_errors[peer] = f"venv: {type(e).__name__}: {e}"
-    sides = ["gymllm"] + [s for p in cfg.peers for s in SIDES_OF[p]]
+    sides = ["gymllm"] + cfg.peer_sides()
     out: dict[str, Any] = {
         "cpu": describe_cpu(),
         "rounds": cfg.rounds,

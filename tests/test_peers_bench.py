@@ -5,6 +5,7 @@ side's runner reads, venv paths, RESULT parsing and the ratio / summary lines wi
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import pathlib
 import sys
@@ -190,6 +191,29 @@ def test_a_venv_that_cannot_be_built_is_an_error_in_result(tmp_path, monkeypatch
     (tmp_path / "requirements-trl.txt").write_text("this-is-not-a-requirement-spec ===\n")
     with pytest.raises(RuntimeError, match="exited"):
         peers.ensure_venv("trl", log=lambda _m: None)
+
+
+def test_sides_picks_one_peer_side_beside_gymllm(tmp_path, monkeypatch):
+    cfg = peers.parse_args(["--peers", "tunix", "--sides", "tunix_agentic"])
+    assert cfg.peer_sides() == ["tunix_agentic"]
+    assert peers.parse_args(["--peers", "tunix"]).peer_sides() == ["tunix_batch", "tunix_agentic"]
+    with pytest.raises(ValueError, match="expected sides of the peers run"):
+        peers.parse_args(["--peers", "tunix", "--sides", "trl"])
+    fakes = tmp_path / "fakes"
+    fakes.mkdir()
+    for side in ("gymllm", "tunix_agentic"):
+        (fakes / f"{side}.py").write_text(FAKE.format(side=side, secs=0.5))
+    monkeypatch.setattr(
+        peers, "RUNNER_OF", {s: (f"{s}.py", m) for s, (_, m) in peers.RUNNER_OF.items()}
+    )
+    monkeypatch.setattr(peers, "HERE", fakes)
+    out = peers.bench(
+        dataclasses.replace(cfg, rounds=1, steps=3, sizes=("tiny",)),
+        pythons={s: sys.executable for s in peers.RUNNER_OF},
+        log=lambda _m: None,
+    )
+    assert set(out["sides"]) == {"gymllm", "tunix_agentic"} and "vs_tunix_batch" not in out
+    assert out["vs_tunix_agentic"] == pytest.approx(1.0)
 
 
 def test_round_order_rotates_and_ratio_spread_is_per_round():
