@@ -8,6 +8,11 @@ Three parts, each on whatever device JAX finds (``--dry`` rehearses them on the 
   and which ops take that time.
 * ``learner``: one warm StreamingLearner step (4 groups x 8 x 256 tokens, chip_limits' first shape)
   under the same trace.
+* ``layout``: the decode attention alone over a SmolLM2-shape cache (30 layers, ``--rows`` rows, 160
+  slots, bf16) in three storage layouts: today's ``[L, W, S, K, D]``, heads-major ``[L, W, K, S, D]``
+  and heads-flat ``[L, W, S, K*D]`` (scores by a block-diagonal query). For each: the cache's bytes on
+  the device (``on_device_size_in_bytes``: a TPU tiles an array's last two dims, so K=3, D=64 pads)
+  against its logical bytes, and one 30-layer pass timed against the logical bytes at the copy rate.
 * ``io``: the pieces of loading a model directory and checkpointing a learner, at SmolLM2-135M's
   shape in float32 (what the Quickstart loads): writing the directory, reading its safetensors,
   assembling the stacked parameters, placing them on the device, one ``jax.device_put`` of the same
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import gzip
 import json
 import pathlib
@@ -159,12 +165,74 @@ def io_part(dry: bool, out: pathlib.Path) -> dict:
     return r
 
 
+def layout_attention(kind: str, q, keys, values, visible, scale: float):
+    """One layer's decode attention (no own token) with the cache in layout ``kind``; q [W, K, G, D].
+    keys/values: [W, S, K, D] ("wskd"), [W, K, S, D] ("wksd") or [W, S, K*D] ("flat")."""
+    import jax
+    import jax.numpy as jnp
+
+    w, kh, g, d = q.shape
+    f32 = jnp.float32
+    if kind == "flat":  # scores over the flat rows by a block-diagonal query: no [K, D] relayout
+        qbd = jnp.einsum("wkgd,kj->wkdjg", q, jnp.eye(kh, dtype=q.dtype)).reshape(w, kh * d, kh * g)
+        sc = jnp.einsum("wsc,wcj->wjs", keys, qbd, preferred_element_type=f32) * scale
+    else:
+        spec = "wkgd,wskd->wkgs" if kind == "wskd" else "wkgd,wksd->wkgs"
+        sc = jnp.einsum(spec, q, keys, preferred_element_type=f32).reshape(w, kh * g, -1) * scale
+    sc = jnp.where(visible[:, None, :], sc, -1e30)
+    p = jax.nn.softmax(sc, axis=-1).astype(q.dtype)  # [W, K*G, S]
+    if kind == "flat":
+        full = jnp.einsum("wjs,wsc->wjc", p, values, preferred_element_type=f32)
+        full = full.reshape(w, kh, g, kh, d)
+        return jnp.einsum("wkgld,kl->wkgd", full, jnp.eye(kh, dtype=f32))
+    spec = "wkgs,wskd->wkgd" if kind == "wskd" else "wkgs,wksd->wkgd"
+    return jnp.einsum(spec, p.reshape(w, kh, g, -1), values, preferred_element_type=f32)
+
+
+def layout_part(dry: bool, rows: int, hbm_gb_s: float) -> dict:
+    """Bytes on the device and one 30-layer attention pass for each cache layout (module docstring)."""
+    import jax
+    import jax.numpy as jnp
+
+    import chip_limits
+
+    n_l, w, s, kh, g, d = (2, 4, 16, 2, 2, 16) if dry else (30, rows, 160, 3, 3, 64)
+    dt = jnp.bfloat16
+    shapes = {"wskd": (n_l, w, s, kh, d), "wksd": (n_l, w, kh, s, d), "flat": (n_l, w, s, kh * d)}
+    q = jax.random.normal(jax.random.key(0), (w, kh, g, d), dt)
+    visible = jnp.arange(s)[None, :] < (s * 3 // 5)  # [1, S]: 96 of 160 slots, as chip_limits
+    logical = 2 * n_l * w * s * kh * d * 2  # K and V, bf16
+    out: dict = {"shape": {"layers": n_l, "rows": w, "slots": s, "kv_heads": kh, "head_dim": d}}
+    for kind, shape in shapes.items():
+        k = jax.random.normal(jax.random.key(1), shape, dt)
+        v = jax.random.normal(jax.random.key(2), shape, dt)
+
+        def one_pass(q, k, v, kind=kind):
+            def body(acc, kv):
+                o = layout_attention(kind, q, kv[0], kv[1], visible, 0.125)
+                return acc + o.sum(), None
+
+            return jax.lax.scan(body, jnp.float32(0), (k, v))[0]
+
+        secs = chip_limits.timed(functools.partial(jax.jit(one_pass), q, k, v), 10)
+        on_device = k.on_device_size_in_bytes() + v.on_device_size_in_bytes()
+        out[kind] = {
+            "bytes_on_device": on_device,
+            "padding": on_device / logical,
+            "pass_ms": secs * 1e3,
+            "vs_logical_bytes_bound": (logical / (hbm_gb_s * 1e9)) / secs,
+        }
+        del k, v
+    out["logical_bytes"] = logical
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dry", action="store_true", help="the CPU rehearsal (tiny model)")
     ap.add_argument("--out", type=pathlib.Path, required=True, help="where traces and op tables go")
     ap.add_argument(
-        "--parts", default="decode,learner,io", help="comma-separated: decode, learner, io"
+        "--parts", default="decode,learner,io", help="comma-separated: decode, learner, io, layout"
     )
     ap.add_argument("--rows", type=int, default=256, help="decode rows")
     ap.add_argument("--chunk", type=int, default=16, help="decode steps per device call")
@@ -188,6 +256,7 @@ def main() -> None:
     lm = chip_limits.model("smollm2", a.dry) if parts & {"decode", "learner"} else None
     if "decode" in parts:
         rows = 4 if a.dry else a.rows
+        chip_limits.decode(lm, rows, a.dry, a.chunk, a.kv_write)  # compiled before the trace
         d, ops = traced(
             a.out, "decode", lambda: chip_limits.decode(lm, rows, a.dry, a.chunk, a.kv_write)
         )
@@ -206,6 +275,16 @@ def main() -> None:
         res["learner"] = {"step_s": ok["step_s"], "shape": list(shape), **ops}
     if "io" in parts:
         res["io"] = io_part(a.dry, a.out)
+    if "layout" in parts:
+        bw = chip_limits.limits(a.dry)["hbm_gb_s"]
+        res["layout"] = layout_part(a.dry, 4 if a.dry else a.rows, bw)
+        for kind in ("wskd", "wksd", "flat"):
+            r = res["layout"][kind]
+            print(
+                f"layout {kind}: {r['bytes_on_device'] / 1e6:.0f} MB on device (x{r['padding']:.2f}), "
+                f"pass {r['pass_ms']:.2f} ms, {r['vs_logical_bytes_bound']:.2f} of the bytes bound",
+                flush=True,
+            )
     for part in ("decode", "learner"):
         if part in res:
             p = res[part]

@@ -65,3 +65,32 @@ def test_io_part_times_every_piece_on_a_tiny_model(tmp_path):
     ):
         assert r[key] >= 0.0, key
     assert r["dir_bytes"] > 0 and r["checkpoint_on_disk_s"] >= r["checkpoint_returns_s"]
+
+
+def test_layout_attention_agrees_across_cache_layouts_and_with_the_models_attention():
+    """The three layouts timed by the layout part compute the same attention (float32) as a plain
+    softmax over the visible slots: the timing compares equal work."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    w, s, kh, g, d = 3, 10, 3, 2, 8
+    key = jax.random.split(jax.random.key(0), 3)
+    q = jax.random.normal(key[0], (w, kh, g, d))
+    k = jax.random.normal(key[1], (w, s, kh, d))
+    v = jax.random.normal(key[2], (w, s, kh, d))
+    visible = jnp.arange(s)[None, :] < jnp.array([[4], [7], [10]])
+    got = {
+        "wskd": chip_profile.layout_attention("wskd", q, k, v, visible, 0.3),
+        "wksd": chip_profile.layout_attention(
+            "wksd", q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), visible, 0.3
+        ),
+        "flat": chip_profile.layout_attention(
+            "flat", q, k.reshape(w, s, kh * d), v.reshape(w, s, kh * d), visible, 0.3
+        ),
+    }
+    ref_logits = jnp.einsum("wkgd,wskd->wkgs", q, k) * 0.3
+    ref_logits = jnp.where(visible[:, None, None], ref_logits, -jnp.inf)
+    plain = jnp.einsum("wkgs,wskd->wkgd", jax.nn.softmax(ref_logits, -1), v)
+    for kind, out in got.items():
+        np.testing.assert_allclose(np.asarray(out), np.asarray(plain), atol=1e-5, err_msg=kind)
