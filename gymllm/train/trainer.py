@@ -169,12 +169,14 @@ def train(
     the run's step count is still ``learner.num_steps``). ``on_step``: callables given each step's
     metrics record (``{"step": k, "reward_mean": ..., ...}``) once it is logged. ``components``: the
     parts to assemble the run from (default :func:`components_for` the config; closed at the end)."""
+    from gymllm.utils.backend_start import start_backend
     from gymllm.utils.compile_cache import persistent_compile_cache
     from gymllm.utils.host_memory import keep_freed_memory
 
     keep_freed_memory()  # XLA:CPU's per-call buffers stop page-faulting (about a quarter of a tiny step's CPU)
     cfg = config
     with persistent_compile_cache(cfg.run.compile_cache):  # a rerun loads its compiled programs
+        start_backend()  # an accelerator's runtime starts while the host reads the model and envs
         return asyncio.run(
             _train(
                 cfg,
