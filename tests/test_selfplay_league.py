@@ -198,7 +198,9 @@ def test_a_league_run_logs_its_learning_curve(tmp_path):
             "--multiagent.opponent",
             "frozen",
             "--multiagent.league-size",
-            "2",
+            "3",
+            "--multiagent.league-keep-first",
+            "1",
             "--eval.every",
             "1",
             "--multiagent.eval-games",
@@ -222,7 +224,8 @@ def test_a_league_run_logs_its_learning_curve(tmp_path):
     curve = [r for r in records if "eval/vs/random/win_or_draw" in r]
     assert [r["step"] for r in curve] == [0, 1, 2, 3]
     assert all("eval/vs/tictactoe_one_ply/score" in r for r in curve)
-    assert run.source.opponent.league.draws and len(run.source.opponent.league.pool) == 2
+    league = run.source.opponent.league
+    assert league.draws and [v for v, _ in league.pool] == [0, 2, 3]  # the warm start is kept
 
 
 def test_checkpoints_compared_without_model_pairings_get_a_paired_row_per_opponent(tmp_path):
