@@ -105,11 +105,11 @@ def test_the_best_step_is_saved_and_loads_as_a_checkpoint(tmp_path):
     assert not (tmp_path / "best.json").exists()
 
 
-def test_keep_best_settings_are_checked(tmp_path):
+def test_keep_best_settings_are_checked_when_the_config_is_built(tmp_path):
     with pytest.raises(ConfigError, match="eval.every"):
-        BestCheckpoint.for_run(keep_best_config(tmp_path, every=0))
+        keep_best_config(tmp_path, every=0)
     with pytest.raises(ConfigError, match="eval.envs"):
-        BestCheckpoint.for_run(keep_best_config(tmp_path, envs=("gymllm/TinyRepeat-v0",)))
+        keep_best_config(tmp_path, envs=("gymllm/TinyRepeat-v0",))
     off = dataclasses.replace(keep_best_config(tmp_path), multiagent=MultiAgentSection())
     assert BestCheckpoint.for_run(off) is None
     with pytest.raises(ConfigError, match="two-player game"):

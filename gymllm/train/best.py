@@ -1,6 +1,6 @@
 """The best in-run checkpoint of a game run (``multiagent.eval_keep_best``).
 
-    best = BestCheckpoint.for_run(cfg)        # None unless multiagent.eval_keep_best (checks the config)
+    best = BestCheckpoint.for_run(cfg)        # None unless multiagent.eval_keep_best
     best.open(evaluator, resumed_from)        # Run.setup: the in-run evaluator, the step resumed from
     best.offer(step, rows, learner)           # after each in-run evaluation: True when it saved
 
@@ -34,7 +34,7 @@ from typing import Any, Sequence
 from gymllm.atomic import atomic_directory, atomic_write_text
 from gymllm.validation import require
 
-__all__ = ["BestCheckpoint", "game_score", "weights_only"]
+__all__ = ["BestCheckpoint", "check_keep_best", "game_score", "weights_only"]
 
 METRIC = "win_or_draw"
 
@@ -60,6 +60,36 @@ def weights_only(state: dict[str, Any]) -> dict[str, Any]:
     return {"policies": {name: weights_only(s) for name, s in state["policies"].items()}}
 
 
+def check_keep_best(cfg: Any) -> None:
+    """With ``multiagent.eval_keep_best``, the settings it needs (``TrainConfig`` calls it when built, so a
+    staged recipe fails before its SFT stage): ``eval.every`` on, the game's own evaluation (no ``eval.envs``
+    / ``eval.suite``) and the learner in this process. Raises :class:`~gymllm.errors.ConfigError`."""
+    if not cfg.multiagent.eval_keep_best:
+        return
+    require(
+        cfg.eval.every > 0,
+        "multiagent.eval_keep_best",
+        expected="eval.every > 0 (the in-run evaluation whose score picks the best step)",
+        received="eval.every=0",
+        fix="add --eval.every N (e.g. 10), or drop --multiagent.eval-keep-best",
+    )
+    require(
+        not (cfg.eval.envs or cfg.eval.suite),
+        "multiagent.eval_keep_best",
+        expected="the game's in-run evaluation (games against multiagent.eval_opponents)",
+        received=f"eval.envs={list(cfg.eval.envs)}, eval.suite={cfg.eval.suite!r}",
+        fix="drop --eval.envs / --eval.suite, or drop --multiagent.eval-keep-best",
+    )
+    require(
+        cfg.cluster.learner_hosts == 0,
+        "multiagent.eval_keep_best",
+        expected="the learner in this process (cluster.learner_hosts = 0): the best step's "
+        "weights are saved from it",
+        received=f"cluster.learner_hosts={cfg.cluster.learner_hosts}",
+        fix="drop --multiagent.eval-keep-best, or run the learner in the driver",
+    )
+
+
 class BestCheckpoint:
     """Keeps ``run_dir/best`` and ``run_dir/best.json`` (module doc). ``step`` / ``score``: the best so
     far (None before the first evaluation)."""
@@ -73,33 +103,10 @@ class BestCheckpoint:
 
     @classmethod
     def for_run(cls, cfg: Any) -> "BestCheckpoint | None":
-        """The run's best checkpoint when ``multiagent.eval_keep_best`` (else None), after checking the
-        settings it needs: ``eval.every`` on, the game's own evaluation (no ``eval.envs`` / ``eval.suite``)
-        and the learner in this process. Raises :class:`~gymllm.errors.ConfigError`."""
+        """The run's best checkpoint when ``multiagent.eval_keep_best`` (else None); ``cfg`` was checked by
+        :func:`check_keep_best` when it was built."""
         if not cfg.multiagent.eval_keep_best:
             return None
-        require(
-            cfg.eval.every > 0,
-            "multiagent.eval_keep_best",
-            expected="eval.every > 0 (the in-run evaluation whose score picks the best step)",
-            received="eval.every=0",
-            fix="add --eval.every N (e.g. 10), or drop --multiagent.eval-keep-best",
-        )
-        require(
-            not (cfg.eval.envs or cfg.eval.suite),
-            "multiagent.eval_keep_best",
-            expected="the game's in-run evaluation (games against multiagent.eval_opponents)",
-            received=f"eval.envs={list(cfg.eval.envs)}, eval.suite={cfg.eval.suite!r}",
-            fix="drop --eval.envs / --eval.suite, or drop --multiagent.eval-keep-best",
-        )
-        require(
-            cfg.cluster.learner_hosts == 0,
-            "multiagent.eval_keep_best",
-            expected="the learner in this process (cluster.learner_hosts = 0): the best step's "
-            "weights are saved from it",
-            received=f"cluster.learner_hosts={cfg.cluster.learner_hosts}",
-            fix="drop --multiagent.eval-keep-best, or run the learner in the driver",
-        )
         return cls(cfg.run.run_dir, env_id=cfg.env.id)
 
     def open(self, evaluator: Any, resumed_from: int | None) -> None:
