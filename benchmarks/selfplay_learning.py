@@ -11,6 +11,10 @@ For each recipe (``tictactoe_selfplay``, ``kuhn_poker_selfplay``):
    a pairing (default 128), seats swapped, held-out seeds (``RUN/eval/<label>``; one already there is reused).
 3. The paired comparison (:mod:`gymllm.suites.game_stats`: self-play minus SFT per seed, Student's t 95%
    interval) and, for Kuhn poker, the action table by card (:func:`gymllm.envs.kuhn_poker.kuhn_action_table`).
+4. When the run kept its best in-run checkpoint (``DIR/best``, ``--multiagent.eval-keep-best``:
+   :mod:`gymllm.train.best`), that checkpoint too (label ``best``), reported beside the final one: ``best_step``
+   and ``best_score`` (from ``DIR/best.json``), ``best_rates`` (``best_vs_<opponent>``) and ``best_paired``
+   (best minus SFT, paired by seed, as ``paired``); none of these keys when there is no ``DIR/best``.
 
 Reported per recipe, with each issue-44 goal and whether it is met: tic-tac-toe ``win_or_draw`` of both
 checkpoints against random and the one-ply heuristic, the paired gain over SFT and its interval (goals:
@@ -127,29 +131,49 @@ def measure(recipe: str, run_dir: pathlib.Path, games: int) -> dict:
     kwargs = tomllib.loads((REPO / "gymllm" / "recipes" / f"{recipe}.toml").read_text())["env"].get(
         "kwargs", {}
     )
+    best = run_dir / "best"
     t = time.perf_counter()
     rows = evaluate(recipe, run_dir, "sft", run_dir / "sft", games) + evaluate(
         recipe, run_dir, "selfplay", run_dir, games
     )
+    if best.is_dir():  # the best in-run checkpoint (--multiagent.eval-keep-best)
+        rows += evaluate(recipe, run_dir, "best", best, games)
     eval_s = time.perf_counter() - t
     h = spec["heuristic"]
-    labels = ["sft", "selfplay", "random", h]
+    labels = ["sft", "selfplay", "best", "random", h]
     rates = {
         f"{x['player']}_vs_{x['opponent'].rsplit(':', 1)[-1]}": {
             k: x[k] for k in ("games", "win", "draw", "loss")
         }
         for x in summarize_games(rows, labels)
-        if x["player"] in ("sft", "selfplay")
+        if x["player"] in ("sft", "selfplay", "best")
     }
     for v in rates.values():
         v["win_or_draw"] = v["win"] + v["draw"] if v["win"] is not None else None
-    paired = {
-        f"{d['metric']}_vs_{d['opponent'].rsplit(':', 1)[-1]}": {
-            k: d[k] for k in ("n", "mean_a", "mean_b", "diff", "lo", "hi")
+
+    def paired_with_sft(player: str) -> dict:
+        return {
+            f"{d['metric']}_vs_{d['opponent'].rsplit(':', 1)[-1]}": {
+                k: d[k] for k in ("n", "mean_a", "mean_b", "diff", "lo", "hi")
+            }
+            for d in paired_comparisons(rows, ["sft", player], ["random", h])
         }
-        for d in paired_comparisons(rows, ["sft", "selfplay"], ["random", h])
+
+    paired = paired_with_sft("selfplay")
+    out = {
+        "eval_s": eval_s,
+        "games": games,
+        "rates": {k: v for k, v in rates.items() if not k.startswith("best_")},
+        "paired": paired,
     }
-    out = {"eval_s": eval_s, "games": games, "rates": rates, "paired": paired}
+    if best.is_dir():
+        record = json.loads((run_dir / "best.json").read_text())
+        out.update(
+            best_step=record["step"],
+            best_score=record["score"],
+            best_rates={k: v for k, v in rates.items() if k.startswith("best_")},
+            best_paired=paired_with_sft("best"),
+        )
     h = spec["heuristic"].rsplit(":", 1)[-1]
     if recipe == "tictactoe_selfplay":
         wd = paired.get("win_or_draw_vs_random", {})

@@ -198,7 +198,9 @@ def test_a_league_run_logs_its_learning_curve(tmp_path):
             "--multiagent.opponent",
             "frozen",
             "--multiagent.league-size",
-            "2",
+            "3",
+            "--multiagent.league-keep-first",
+            "1",
             "--eval.every",
             "1",
             "--multiagent.eval-games",
@@ -222,7 +224,8 @@ def test_a_league_run_logs_its_learning_curve(tmp_path):
     curve = [r for r in records if "eval/vs/random/win_or_draw" in r]
     assert [r["step"] for r in curve] == [0, 1, 2, 3]
     assert all("eval/vs/tictactoe_one_ply/score" in r for r in curve)
-    assert run.source.opponent.league.draws and len(run.source.opponent.league.pool) == 2
+    league = run.source.opponent.league
+    assert league.draws and [v for v, _ in league.pool] == [0, 2, 3]  # the warm start is kept
 
 
 def test_checkpoints_compared_without_model_pairings_get_a_paired_row_per_opponent(tmp_path):
@@ -307,3 +310,54 @@ def test_the_run_summary_names_a_games_learning_curve():
         "against random (16 games, eval/vs/random/...): win-or-draw 0.750 (step 0) -> 0.875 (step 3)"
         in text
     )
+
+
+def test_the_first_snapshots_stay_in_the_league_and_are_drawn_with_the_rest():
+    league = League(4, latest=0.25, seed=11, keep_first=1)
+    for v in range(10):
+        league.add(v, {"w": np.full(2, v)})
+        assert league.pool[0][0] == 0 and len(league.pool) == min(v + 1, 4)
+    assert [v for v, _ in league.pool] == [0, 7, 8, 9]  # the warm start stays; the rest rotate
+    n = 8000
+    counts = np.bincount([league.draw()[0] for _ in range(n)], minlength=10) / n
+    assert counts[1:7].sum() == 0  # evicted ones are never drawn
+    # latest with 0.25, else uniform over the 4 places: the latest 0.25 + 0.75 / 4, each other 0.75 / 4
+    assert abs(counts[9] - (0.25 + 0.75 / 4)) < 0.03
+    assert all(abs(counts[v] - 0.75 / 4) < 0.03 for v in (0, 7, 8))
+    two = League(3, seed=0, keep_first=2)
+    for v in range(6):
+        two.add(v, {})
+    assert [v for v, _ in two.pool] == [0, 1, 5]
+    for bad in ({"keep_first": 3}, {"keep_first": -1}):
+        with pytest.raises(ValueError, match="keep_first"):
+            League(3, **bad)
+
+
+def test_the_warm_start_is_the_first_snapshot_of_the_league_and_stays():
+    learner, pusher = _Learner(), _Pusher()  # the learner's weights at version v are all v
+    opp = FrozenOpponent.of_learner(None, pusher, learner, league=League(3, seed=5, keep_first=1))
+    assert [v for v, _ in opp.league.pool] == [0] and pusher.pushed == [(0, 0.0)]
+    assert opp.refreshes == 0 and opp.version == 0  # served from the start, before any step
+    for step in range(1, 9):
+        learner.version = step
+        opp.refresh(step)
+        assert opp.league.pool[0][0] == 0 and float(opp.league.pool[0][1]["w"][0]) == 0.0
+    assert [v for v, _ in opp.league.pool] == [0, 7, 8]
+    assert 0 in opp.league.draws[1:]  # the warm start is still served late in the run
+
+
+def test_keep_first_and_keep_best_flags_are_checked():
+    ok = MultiAgentSection(opponent="frozen", league_size=4, league_keep_first=1)
+    assert ok.league_keep_first == 1 and not ok.eval_keep_best
+    for bad in (
+        {"opponent": "frozen", "league_size": 2, "league_keep_first": 2},  # no place for the latest
+        {"league_keep_first": 1},  # no league
+        {"opponent": "frozen", "league_size": 2, "league_keep_first": -1},
+        {"opponent": "frozen", "league_size": 2, "league_keep_first": 1.5},
+    ):
+        with pytest.raises(ConfigError, match="league_keep_first"):
+            MultiAgentSection(**bad)
+    with pytest.raises(ConfigError, match="eval_keep_best"):
+        MultiAgentSection(eval_keep_best="yes")
+    with pytest.raises(ConfigError, match="eval_keep_best"):
+        MultiAgentSection(eval_keep_best=True, policies='{"player_1": "a", "player_2": "b"}')

@@ -98,12 +98,20 @@ class MultiAgentSection:
     current weights join the pool and the opponent until the next refresh is drawn from it."""
     league_latest: float = 0.0
     """the chance that draw is the latest snapshot (else uniform over the pool)."""
+    league_keep_first: int = 0
+    """the first league_keep_first snapshots stay in the pool for the whole run (the first is the weights the run
+    starts from: the warm start, e.g. the SFT checkpoint); the other league_size - league_keep_first places rotate
+    as above; 0 keeps none (< league_size, so the latest snapshot always has a place)."""
     eval_opponents: tuple[str, ...] = ("random",)
     """the fixed players the in-run evaluation plays (``eval.every``): ``random`` or ``MODULE:FN`` scripted players
     the run need never have trained against (:mod:`gymllm.suites.game_eval`)."""
     eval_games: int = 32
     """games against each of them per evaluation (even: seeds from ``eval.seed_base``, each played from both seats,
     greedy at ``eval.temperature``)."""
+    eval_keep_best: bool = False
+    """save the policy whose in-run score (the mean win-or-draw rate over ``eval_opponents`` at an evaluation step,
+    step 0 included) beats every earlier one to ``run_dir/best`` (a run directory ``gymllm eval game --model.checkpoint``
+    loads) and its step and score to ``run_dir/best.json`` (:mod:`gymllm.train.best`; needs ``eval.every``)."""
 
     def __post_init__(self) -> None:
         check_opponent(self.opponent)
@@ -176,7 +184,30 @@ class MultiAgentSection:
             received=self.league_latest,
             fix="e.g. 0.25",
         )
+        require(
+            is_int(self.league_keep_first)
+            and 0 <= self.league_keep_first < max(self.league_size, 1),
+            "multiagent.league_keep_first",
+            expected=f"an int in [0, league_size) = [0, {max(self.league_size, 1)}) (the "
+            "snapshots kept for the whole run; the latest needs a place of its own)",
+            received=f"{self.league_keep_first} with league_size={self.league_size}",
+            fix="e.g. --multiagent.league-size 4 --multiagent.league-keep-first 1 (keeps the warm start)",
+        )
         object.__setattr__(self, "eval_opponents", check_eval_opponents(self.eval_opponents))
+        require(
+            isinstance(self.eval_keep_best, bool),
+            "multiagent.eval_keep_best",
+            expected="a bool",
+            received=repr(self.eval_keep_best),
+            fix="--multiagent.eval-keep-best (or --multiagent.no-eval-keep-best)",
+        )
+        require(
+            not (self.eval_keep_best and self.policies),
+            "multiagent.eval_keep_best",
+            expected="one policy (the in-run evaluation scores the run's one policy)",
+            received=f"eval_keep_best with policies={self.policies!r}",
+            fix="drop --multiagent.eval-keep-best, or train one policy",
+        )
         require(
             is_int(self.eval_games) and self.eval_games >= 2 and self.eval_games % 2 == 0,
             "multiagent.eval_games",

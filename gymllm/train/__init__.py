@@ -1,7 +1,7 @@
 """gymllm.train: a training run put together and driven: its config (:mod:`~gymllm.train.train_config`:
 ``TrainConfig``, the presets), where shared values are wired (:mod:`~gymllm.train.wiring`), the table of run
 kinds (:mod:`~gymllm.train.assembly`), the one loop (:mod:`~gymllm.train.run`) and its parts (components,
-resume, step_log, heldout, opponents, policies, cluster), :func:`train` (:mod:`~gymllm.train.trainer`) and
+resume, step_log, heldout, best, opponents, policies, cluster), :func:`train` (:mod:`~gymllm.train.trainer`) and
 supervised fine-tuning (:mod:`~gymllm.train.sft`, ``sft_data``, ``sft_step``). It sits above
 :mod:`gymllm.algos` (the loss family and the learner). Names are imported lazily (JAX loads on first use):
 

@@ -66,6 +66,7 @@ class HeldOutHook:
         self.cfg = cfg
         self.evaluator: Any = None
         self.evals: list[dict[str, Any]] = []
+        self.last_rows: list[dict[str, Any]] = []  # the rows of the latest evaluation
 
     @property
     def active(self) -> bool:
@@ -147,6 +148,7 @@ class HeldOutHook:
         rows = await self.evaluator.evaluate(engine, step)
         dt = time.perf_counter() - t
         self.evals += rows
+        self.last_rows = list(rows)
         metrics = getattr(
             self.evaluator, "metrics", eval_metrics
         )  # a game's: eval/vs/<opponent>/...

@@ -15,7 +15,12 @@ learner's earlier snapshots instead of being the latest one, so the policy does 
 latest self (SPIRAL, AlphaStar's league). At every refresh the learner's current weights join the pool
 (the oldest leaves past ``N``; JAX arrays are immutable, so a snapshot is a reference, not a copy) and the
 snapshot served until the next refresh is drawn from the pool: the latest with probability
-``league_latest``, else uniformly among all (:class:`League`, seeded by ``run.seed``).
+``league_latest``, else uniformly among all (:class:`League`, seeded by ``run.seed``). The first snapshot is
+the learner's weights when the opponent is built, before the first rollout (:meth:`FrozenOpponent.of_learner`):
+in a fresh run the warm start (e.g. the SFT checkpoint). ``multiagent.league_keep_first = K`` keeps the
+first ``K`` snapshots in the pool for the whole run (anchors: ``K = 1`` keeps the warm start); only the
+other ``N - K`` places rotate, and the draw is unchanged (the kept ones are drawn uniformly with the rest).
+A resumed run's league starts again from the restored weights (the pool is not checkpointed).
 
 The second engine holds its own weights (a second copy of the model's parameters in memory, and its
 own KV cache of ``engine.num_slots`` rows); serving the snapshot as a second set of weights on the one
@@ -37,23 +42,26 @@ __all__ = ["FrozenOpponent", "League"]
 
 class League:
     """A pool of at most ``size`` snapshots ``(version, flat weights)`` and the draw of the one to serve
-    (module doc): :meth:`add` puts one in (the oldest leaves past ``size``), :meth:`draw` picks the latest
-    with probability ``latest``, else one uniformly from the pool, from ``rng`` (seeded: a run replays)."""
+    (module doc): :meth:`add` puts one in (past ``size`` the oldest leaves, except the first
+    ``keep_first`` added, which stay for good), :meth:`draw` picks the latest with probability ``latest``,
+    else one uniformly from the pool, from ``rng`` (seeded: a run replays)."""
 
-    def __init__(self, size: int, *, latest: float = 0.0, seed: int = 0):
-        if size < 1 or not 0.0 <= latest <= 1.0:
+    def __init__(self, size: int, *, latest: float = 0.0, seed: int = 0, keep_first: int = 0):
+        if size < 1 or not 0.0 <= latest <= 1.0 or not 0 <= keep_first < size:
             raise ValueError(
-                f"League: expected size >= 1 and 0 <= latest <= 1, received size={size}, latest={latest}; "
-                "fix: e.g. League(4, latest=0.25)"
+                f"League: expected size >= 1, 0 <= latest <= 1 and 0 <= keep_first < size, received "
+                f"size={size}, latest={latest}, keep_first={keep_first}; "
+                "fix: e.g. League(4, latest=0.25, keep_first=1)"
             )
-        self.size, self.latest = int(size), float(latest)
+        self.size, self.latest, self.keep_first = int(size), float(latest), int(keep_first)
         self.rng = np.random.default_rng([int(seed), 0x1EA6])
         self.pool: list[tuple[int, dict[str, Any]]] = []
         self.draws: list[int] = []  # the version drawn at each refresh, in order
 
     def add(self, version: int, flat: dict[str, Any]) -> None:
         self.pool.append((int(version), flat))
-        del self.pool[: -self.size]
+        while len(self.pool) > self.size:  # the oldest of the rotating places leaves
+            del self.pool[self.keep_first]
 
     def draw(self) -> tuple[int, dict[str, Any]]:
         if not self.pool:
@@ -104,10 +112,23 @@ class FrozenOpponent:
             return cls(engine, pusher, None, version=-1, flat=dict(lm.model.flat_params()))
         ma = cfg.multiagent
         league = (
-            League(ma.league_size, latest=ma.league_latest, seed=cfg.run.seed)
+            League(
+                ma.league_size,
+                latest=ma.league_latest,
+                seed=cfg.run.seed,
+                keep_first=ma.league_keep_first,
+            )
             if ma.league_size
             else None
         )
+        return cls.of_learner(engine, pusher, learner, league=league)
+
+    @classmethod
+    def of_learner(
+        cls, engine: Any, pusher: Any, learner: Any, *, league: League | None = None
+    ) -> "FrozenOpponent":
+        """The ``frozen`` opponent on ``engine``: it serves the learner's current weights at once, and with
+        a ``league`` they are its first snapshot (a fresh run's warm start, kept by ``keep_first``)."""
         opp = cls(engine, pusher, learner, version=learner.version, flat={}, league=league)
         opp.refresh(learner.version)
         opp.refreshes = 0

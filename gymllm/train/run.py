@@ -17,7 +17,8 @@ policies, game seats, the sync baseline, a suite mixture, one env) gives its env
 The run's state is kept in small parts with one job each: ``parts`` (the built components,
 :class:`~gymllm.train.components.RunParts`), ``resume`` (:class:`~gymllm.train.resume.ResumeState`),
 ``log`` (the step records and their timing, :class:`~gymllm.train.step_log.StepLog`), ``heldout``
-(in-run evaluation, :class:`~gymllm.train.heldout.HeldOutHook`), ``profiler``, ``listeners``, the
+(in-run evaluation, :class:`~gymllm.train.heldout.HeldOutHook`), ``best`` (a game run's best in-run
+checkpoint with ``multiagent.eval_keep_best``, :class:`~gymllm.train.best.BestCheckpoint`, else None), ``profiler``, ``listeners``, the
 stage ``watchdog`` and ``compiles`` (every XLA compile from setup to close,
 :class:`~gymllm.telemetry.compiles.CompileLog`: ``run_dir/compiles.jsonl``, spans on the trace's
 "compile" track, ``compile_s`` in each step's record).
@@ -38,6 +39,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from gymllm.train.assembly import SourceContext, kind_named, select_kind
+from gymllm.train.best import BestCheckpoint
 from gymllm.train.components import Components, LocalComponents, RunParts, build_parts
 from gymllm.train.wiring import watchdog_config
 from gymllm.train.heldout import HeldOutHook, check_heldout_seeds
@@ -123,6 +125,7 @@ class Run:
             RolloutTally(check_heldout_seeds(cfg))
         )  # every completed group since the last step
         self.heldout = HeldOutHook(cfg)
+        self.best = BestCheckpoint.for_run(cfg)  # checks its settings before any model loads
         self.profiler = ProfileWindow(self.run_dir / "profile", None)  # setup: run.profile_steps
         self.resume: ResumeState | None = None
         self.listeners = Listeners(on_step)
@@ -179,6 +182,8 @@ class Run:
             self.run_dir / "profile", parse_step_window(cfg.run.profile_steps)
         )
         self.heldout.open(self.parts.agent, self.parts.tok)
+        if self.best is not None:
+            self.best.open(self.heldout.evaluator, self.resume.resumed_from)
         if cfg.env.suite and self.parts.envs is not None:
             self.log.extra.append(
                 self.parts.envs.flush
@@ -245,6 +250,9 @@ class Run:
         with self.watchdog.stage("rollout", f"held-out evaluation at step {step}"):
             out = await self.heldout.evaluate(self.parts.engine, step)
         self.log.t_step += out["eval_s"]
+        if self.best is not None:  # the policy just evaluated is the learner's current weights
+            with self.watchdog.stage("checkpoint", f"keep the best in-run policy (step {step})"):
+                self.best.offer(step, self.heldout.last_rows, self.parts.learner)
         return out
 
     async def begin(self) -> None:

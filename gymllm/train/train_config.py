@@ -32,6 +32,7 @@ from gymllm.inference.config import EngineConfig
 from gymllm.inference.params import SamplingParams
 from gymllm.rollout.config import RolloutConfig
 from gymllm.rollout.seat_source import MultiAgentSection
+from gymllm.train.best import check_keep_best
 from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 from gymllm.validation import apply_overrides, check_choice, check_range, require
 
@@ -443,6 +444,7 @@ class TrainConfig:
             received=e.seed,
             fix="give --run.seed instead",
         )
+        check_keep_best(self)  # multiagent.eval_keep_best's needs (gymllm.train.best)
 
     @property
     def sample_budget(self) -> int:
