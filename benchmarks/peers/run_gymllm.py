@@ -101,6 +101,15 @@ def dataclasses_replace(obj, **kw):
     return dataclasses.replace(obj, **kw)
 
 
+def installed(md, name: str) -> str:
+    """``name``'s installed version, or where it is imported from when it is on PYTHONPATH only (an
+    offline accelerator machine runs gymllm from its checkout)."""
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return "not installed (from PYTHONPATH)"
+
+
 def run(spec: dict) -> dict:
     import importlib.metadata as md
 
@@ -124,7 +133,7 @@ def run(spec: dict) -> dict:
         "breakdown": parts,
         "mean_step_s": float(np.mean(step_s[w:])) if len(step_s) > w else None,
         "reward_mean": float(np.mean(res.rewards())),
-        "versions": {p: md.version(p) for p in ("gymllm", "jax", "jaxlib", "flax", "optax")},
+        "versions": {p: installed(md, p) for p in ("gymllm", "jax", "jaxlib", "flax", "optax")},
     }
 
 
