@@ -546,6 +546,18 @@ FIGURES: dict[str, tuple[Figure, ...]] = {
         ),
         F(key="sides_medium.trl.step_s", what="medium: TRL step (s)"),
         F(key="vs_trl_medium", what="medium: TRL / gymllm (x)", range_key="vs_trl_medium_rounds"),
+        F(key="sides_smollm2.gymllm.step_s", what="smollm2: gymllm step (s)"),
+        F(key="sides_smollm2.tunix_batch.step_s", what="smollm2: Tunix batch step (s)"),
+        F(
+            key="vs_tunix_batch_smollm2",
+            what="smollm2: Tunix batch / gymllm (x)",
+            goal="2",
+            range_key="vs_tunix_batch_smollm2_rounds",
+        ),
+        F(key="sides_smollm2.tunix_agentic.step_s", what="smollm2: Tunix agentic step (s)"),
+        F(key="vs_tunix_agentic_smollm2", what="smollm2: Tunix agentic / gymllm (x)", goal="2"),
+        F(key="sides_smollm2.trl.step_s", what="smollm2: TRL step (s)"),
+        F(key="vs_trl_smollm2", what="smollm2: TRL / gymllm (x)", goal="2"),
     ),
 }
 
