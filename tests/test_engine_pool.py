@@ -424,16 +424,21 @@ RAY_CFG = EngineConfig(
     decode_lengths=1,
     compact_rows=False,
 )  # few compiled shapes: each actor process compiles its own
-#: Ray's GCS asks each node's raylet "alive?" every ``health_check_period_ms`` and declares the node dead
-#: after ``health_check_failure_threshold`` failed checks in a row. A removed node's raylet is gone: each
-#: check is refused at once, so the node is declared dead after about 5 x 1 s. A live raylet starved of
-#: CPU (the 2-core CI machine loaded by other work) may answer late: it gets 60 s per check, so no live
-#: node is declared dead (300 ms per check, the earlier setting here, killed live nodes under load).
-NODE_HEALTH = {
+#: The test cluster's Ray settings (``_system_config``, given to the head, holds for every node).
+#: Health: Ray's GCS asks each node's raylet "alive?" every ``health_check_period_ms`` and declares the
+#: node dead after ``health_check_failure_threshold`` failed checks in a row. A removed node's raylet is
+#: gone: each check is refused at once, so the node is declared dead after about 5 x 1 s. A live raylet
+#: starved of CPU (the 2-core CI machine loaded by other work) may answer late: it gets 60 s per check,
+#: so no live node is declared dead (300 ms per check, the earlier setting here, killed live nodes).
+#: ``worker_niceness``: Ray runs its workers (here the replica actors) at nice 15 by default, behind
+#: every process at nice 0; on a machine loaded by other work they got a few percent of a core and a
+#: compile took minutes. At 0 they share the CPU evenly with that work.
+RAY_SYSTEM_CONFIG = {
     "health_check_initial_delay_ms": 1000,
     "health_check_period_ms": 1000,
     "health_check_timeout_ms": 60_000,
     "health_check_failure_threshold": 5,
+    "worker_niceness": 0,
 }
 #: the watchdog on what Ray reports by itself (a lost node's actors dead, a replica recreated elsewhere)
 RAY_WATCHDOG_S = 180.0
@@ -454,7 +459,7 @@ def cluster(tmp_path_factory):
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # inherited by the nodes' processes started below
     try:
-        c = LocalCluster([{"num_cpus": 2, "_system_config": NODE_HEALTH}, {"num_cpus": 1}])
+        c = LocalCluster([{"num_cpus": 2, "_system_config": RAY_SYSTEM_CONFIG}, {"num_cpus": 1}])
     finally:
         for k, v in saved.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
