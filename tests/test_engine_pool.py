@@ -5,7 +5,11 @@ In process every replica is a JaxEngine with tests/test_engine.py's shapes, over
 the compiled steps are shared. Routing is checked with the engines held by ``JaxEngine.paused()``:
 nothing finishes while requests are placed, so the loads the pool routes by are exact, not a race.
 The Ray part starts one cluster for the module (head: 2 CPUs, worker: 1 CPU), two replica actors of
-the tiny model spread over the two nodes, and removes the worker node while requests run there.
+the tiny model spread over the two nodes, and removes the worker node while requests run there. The
+Ray replicas are held the same way (``ReplicaHost.hold``, an actor call) while requests are placed,
+so routing is asserted by the pool's record (session homes, loads), never by which requests
+overlapped; every wait is a watchdog on a condition that fails naming what stalled, not a sleep; and
+the cluster's health check declares a removed node dead in seconds but never a live, CPU-starved one.
 """
 
 from __future__ import annotations
@@ -66,12 +70,33 @@ def run(coro):
     return asyncio.run(coro)
 
 
-async def until(pred, timeout: float = 30.0) -> None:
-    """Wait (yielding to the loop) until ``pred()``; fails after ``timeout`` seconds instead of hanging."""
+async def until(pred, timeout: float = 30.0, what: str = "the condition", about=None) -> None:
+    """Wait (yielding to the loop) until ``pred()``. A watchdog, not a pace: it returns as soon as the
+    condition holds, and only a stall fails, after ``timeout`` seconds, naming ``what`` never happened
+    (with ``about()``, e.g. the pool's stats, when given)."""
     end = time.monotonic() + timeout
     while not pred():
-        assert time.monotonic() < end, "condition not reached"
+        if time.monotonic() >= end:
+            pytest.fail(f"stalled: {what} did not happen within {timeout:.0f} s" + _about(about))
         await asyncio.sleep(0.005)
+
+
+async def finished(tasks: dict, timeout: float, what: str, about=None) -> dict:
+    """The results of ``tasks`` (name -> task); a watchdog: fails naming the tasks that have not
+    finished after ``timeout`` seconds, and ``what`` they were waiting for."""
+    await asyncio.wait(list(tasks.values()), timeout=timeout)
+    stalled = [name for name, t in tasks.items() if not t.done()]
+    if stalled:
+        for t in tasks.values():
+            t.cancel()
+        pytest.fail(
+            f"stalled: {stalled} not finished within {timeout:.0f} s ({what})" + _about(about)
+        )
+    return {name: t.result() for name, t in tasks.items()}
+
+
+def _about(about) -> str:
+    return "" if about is None else f"; {about()}"
 
 
 def inflight(pool: EnginePool) -> int:
@@ -399,12 +424,24 @@ RAY_CFG = EngineConfig(
     decode_lengths=1,
     compact_rows=False,
 )  # few compiled shapes: each actor process compiles its own
-FAST_DEATH = {
-    "health_check_initial_delay_ms": 0,
-    "health_check_period_ms": 300,
-    "health_check_timeout_ms": 300,
-    "health_check_failure_threshold": 3,
+#: The test cluster's Ray settings (``_system_config``, given to the head, holds for every node).
+#: Health: Ray's GCS asks each node's raylet "alive?" every ``health_check_period_ms`` and declares the
+#: node dead after ``health_check_failure_threshold`` failed checks in a row. A removed node's raylet is
+#: gone: each check is refused at once, so the node is declared dead after about 5 x 1 s. A live raylet
+#: starved of CPU (the 2-core CI machine loaded by other work) may answer late: it gets 60 s per check,
+#: so no live node is declared dead (300 ms per check, the earlier setting here, killed live nodes).
+#: ``worker_niceness``: Ray runs its workers (here the replica actors) at nice 15 by default, behind
+#: every process at nice 0; on a machine loaded by other work they got a few percent of a core and a
+#: compile took minutes. At 0 they share the CPU evenly with that work.
+RAY_SYSTEM_CONFIG = {
+    "health_check_initial_delay_ms": 1000,
+    "health_check_period_ms": 1000,
+    "health_check_timeout_ms": 60_000,
+    "health_check_failure_threshold": 5,
+    "worker_niceness": 0,
 }
+#: the watchdog on what Ray reports by itself (a lost node's actors dead, a replica recreated elsewhere)
+RAY_WATCHDOG_S = 180.0
 
 
 @pytest.fixture(scope="module")
@@ -422,7 +459,7 @@ def cluster(tmp_path_factory):
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # inherited by the nodes' processes started below
     try:
-        c = LocalCluster([{"num_cpus": 2, "_system_config": FAST_DEATH}, {"num_cpus": 1}])
+        c = LocalCluster([{"num_cpus": 2, "_system_config": RAY_SYSTEM_CONFIG}, {"num_cpus": 1}])
     finally:
         for k, v in saved.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
@@ -432,7 +469,9 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ray_pool(cluster):
-    """r0 on the head, r1 on the worker node (soft affinity: a recreated replica may go anywhere)."""
+    """r0 on the head, r1 on the worker node (soft affinity: a recreated replica may go anywhere).
+    Generous timeouts: they are watchdogs for a hung replica (a loaded machine compiles slowly); a lost
+    replica is reported by Ray itself."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     spec = ReplicaSpec.jax(tiny={"family": "llama"}, config=RAY_CFG, stop_token_ids=())
@@ -447,7 +486,7 @@ def ray_pool(cluster):
         spec,
         num_replicas=2,
         ray_options=opts,
-        config=PoolConfig(request_timeout_s=60.0, start_timeout_s=120.0),
+        config=PoolConfig(request_timeout_s=300.0, start_timeout_s=300.0),
     )
     yield pool
     run(pool.close())
@@ -458,6 +497,54 @@ def ray_reference(lm):
     eng = JaxEngine.from_loaded(lm, config=RAY_CFG, stop_token_ids=())
     yield eng
     eng.shutdown()
+
+
+async def hold(pool: EnginePool, *names: str) -> None:
+    """Hold Ray replicas ``names`` (``ReplicaHost.hold``): they sample nothing until :func:`release`,
+    so requests sent there wait in their engine and the loads the pool routes by are exact."""
+    held = await asyncio.gather(*(pool.replica(n).actor.hold.remote() for n in names))
+    assert all(held), dict(zip(names, held))
+
+
+async def release(pool: EnginePool, *names: str) -> None:
+    await asyncio.gather(*(pool.replica(n).actor.release.remote() for n in names))
+
+
+async def place(pool: EnginePool, prompts: dict, params: SamplingParams) -> dict:
+    """Send one request per session (session id -> prompt), each once the pool has routed the one
+    before (its load counted): with the replicas held, every routing decision sees all earlier ones."""
+    tasks: dict = {}
+    for sid, p in prompts.items():
+        tasks[sid] = asyncio.ensure_future(pool.generate(p, params, session_id=sid))
+        await until(
+            lambda k=len(tasks): inflight(pool) == k,
+            what=f"the pool routing {sid}",
+            about=pool.stats,
+        )
+    return tasks
+
+
+async def routed_alternately(pool: EnginePool, prompts: dict, params: SamplingParams) -> dict:
+    """Send ``prompts`` (growing or equal costs) with both replicas held: least loaded, then fewer in
+    flight, then r0, so they alternate r0, r1, r0, ... by the pool's own record (its session homes and
+    loads), not by which requests happened to overlap. Returns the completions, checked unretried."""
+    await hold(pool, "r0", "r1")
+    try:
+        tasks = await place(pool, prompts, params)
+        homes = [pool.home_of(sid) for sid in prompts]
+        assert homes == ["r0", "r1"] * (len(prompts) // 2), (homes, pool.stats())
+        costs = [len(p) + params.max_tokens for p in prompts.values()]
+        loads = {s["name"]: s["load_tokens"] for s in pool.stats()}
+        assert loads == {"r0": sum(costs[0::2]), "r1": sum(costs[1::2])}, pool.stats()
+    finally:
+        await release(pool, "r0", "r1")
+    done = await finished(
+        tasks, RAY_WATCHDOG_S, "the released replicas serving them", about=pool.stats
+    )
+    assert [(c.replica, c.retried) for c in done.values()] == [(h, False) for h in homes], (
+        pool.stats()
+    )
+    return done
 
 
 def test_ray_replicas_generate_like_in_process_and_take_weights_from_the_object_store(
@@ -473,13 +560,15 @@ def test_ray_replicas_generate_like_in_process_and_take_weights_from_the_object_
         assert info["r1"]["node_id"] == cluster.node_id(cluster.nodes[1])
         assert {i["pid"] for i in info.values()}.isdisjoint({os.getpid()}) and pool.max_len == 64
         ps = [prompt(4 + 6 * i, i) for i in range(4)]
-        got = await asyncio.gather(
-            *(pool.generate(p, GREEDY, session_id=f"a{i}") for i, p in enumerate(ps))
-        )
         want = await asyncio.gather(*(ray_reference.generate(p, GREEDY) for p in ps))
-        assert {c.replica for c in got} == {"r0", "r1"}
-        for g, w in zip(got, want):
-            np.testing.assert_array_equal(g.token_ids, w.token_ids)
+
+        async def both_replicas_sample_like_the_reference(tag: str, version: int) -> None:
+            got = await routed_alternately(pool, {f"{tag}{i}": p for i, p in enumerate(ps)}, GREEDY)
+            for g, w in zip(got.values(), want):
+                np.testing.assert_array_equal(g.token_ids, w.token_ids)
+                assert set(g.versions.tolist()) == {version}
+
+        await both_replicas_sample_like_the_reference("a", 0)
         puts = []
         real_put = ray.put
         monkeypatch.setattr(ray, "put", lambda v, **kw: puts.append(v) or real_put(v, **kw))
@@ -488,28 +577,17 @@ def test_ray_replicas_generate_like_in_process_and_take_weights_from_the_object_
         assert len(puts) == 1  # put once; each actor fetched the ObjectRef on its node
         assert await pool.replica_versions() == {"r0": 1, "r1": 1}
         ray_reference.update_weights(new, 1)
-        got = await asyncio.gather(
-            *(pool.generate(p, GREEDY, session_id=f"b{i}") for i, p in enumerate(ps))
-        )
         want = await asyncio.gather(*(ray_reference.generate(p, GREEDY) for p in ps))
-        assert {c.replica for c in got} == {"r0", "r1"}
-        for g, w in zip(got, want):
-            np.testing.assert_array_equal(g.token_ids, w.token_ids)
-            assert set(g.versions.tolist()) == {1}
+        await both_replicas_sample_like_the_reference("b", 1)
         # a LoRA push: adapters only through the object store; each actor merges onto its own base
         merged = lora_weights(lm, 1)
         WeightPusher(pool, lm.config).push(merged, 2)
         assert len(puts) == 2 and set(puts[1].adapters) == set(adapter_keys(LORA))
         assert await pool.replica_versions() == {"r0": 2, "r1": 2}
         ray_reference.update_weights(full_state(lm, merged), 2)
-        got = await asyncio.gather(
-            *(pool.generate(p, GREEDY, session_id=f"c{i}") for i, p in enumerate(ps))
-        )
         want = await asyncio.gather(*(ray_reference.generate(p, GREEDY) for p in ps))
-        assert {c.replica for c in got} == {"r0", "r1"}
-        for g, w in zip(got, want):
-            np.testing.assert_array_equal(g.token_ids, w.token_ids)
-            assert set(g.versions.tolist()) == {2}
+        await both_replicas_sample_like_the_reference("c", 2)
+        assert all(s["failures"] == 0 and s["restarts"] == 0 for s in pool.stats()), pool.stats()
 
     run(main())
 
@@ -524,59 +602,57 @@ def test_losing_a_replicas_node_retries_its_requests_and_the_replica_rejoins_at_
 
     async def main():
         worker = cluster.nodes[1]
-        r1 = pool.replica("r1").actor
-        assert (
-            await r1.hold.remote()
-        )  # r1 samples nothing until its node is gone: its requests are in flight
+        assert (await pool.replica_info())["r1"]["node_id"] == cluster.node_id(worker)
         sids = [f"n{i}" for i in range(6)]
-        tasks = []
-        for i, sid in enumerate(sids):  # least loaded alternates r0, r1, ...
-            tasks.append(
-                asyncio.ensure_future(pool.generate(prompt(6, 10 + i), params, session_id=sid))
-            )
-            await until(lambda k=len(tasks): inflight(pool) >= 1 and pool.home_of(sid) is not None)
+        # both replicas held: nothing finishes, so equal costs alternate r0, r1, r0, ... exactly
+        await hold(pool, "r0", "r1")
+        tasks = await place(pool, {sid: prompt(6, 10 + i) for i, sid in enumerate(sids)}, params)
         on_r1 = [sid for sid in sids if pool.home_of(sid) == "r1"]
-        assert on_r1, pool.stats()
-        await (
-            r1.info.remote()
-        )  # runs after r1 started every generate sent before it: they are in flight there
+        assert on_r1 == ["n1", "n3", "n5"], pool.stats()
+        # runs after r1 started every generate sent before it: they are in flight there, held
+        await pool.replica("r1").actor.info.remote()
+        # r1's node is lost (its processes killed) with 3 requests there
         cluster.remove_node(worker)
-        done = await asyncio.wait_for(asyncio.gather(*tasks), 60)
-        by_sid = dict(zip(sids, done))
-        for sid, c in by_sid.items():
+
+        def failed_over() -> bool:  # r1's three attempts failed; all six wait on the held r0
+            s = pool.stats()
+            return s[1]["failures"] == len(on_r1) and s[0]["inflight"] == len(sids)
+
+        await until(
+            failed_over,
+            RAY_WATCHDOG_S,
+            what="Ray reporting r1's actor dead and the pool retrying its 3 requests on r0",
+            about=pool.stats,
+        )
+        assert all(pool.home_of(sid) == "r0" for sid in sids), pool.stats()  # re-homed
+        # Ray reported the actor lost (e.g. ActorDiedError); the pool's own watchdog did not fire
+        assert "Actor" in pool.stats()[1]["last_error"].split(":")[0], pool.stats()
+        await release(pool, "r0")
+        done = await finished(tasks, RAY_WATCHDOG_S, "r0 serving them", about=pool.stats)
+        for sid, c in done.items():
             assert c.replica == "r0" and c.retried == (sid in on_r1), (sid, c.replica, c.retried)
             assert set(c.versions.tolist()) == {2}
-        assert all(pool.home_of(sid) in (None, "r0") for sid in on_r1)
         c = await pool.generate(prompt(5, 99), params, session_id="after")  # the pool keeps serving
         assert c.replica == "r0" and not c.retried
         await until(
-            lambda: pool.stats()[1]["restarts"] == 1 and not pool.stats()[1]["down"], timeout=120
+            lambda: pool.stats()[1]["restarts"] == 1 and not pool.stats()[1]["down"],
+            RAY_WATCHDOG_S,
+            what="the pool recreating r1 on a live node",
+            about=pool.stats,
         )
-        assert pool.stats()[1]["failures"] >= 1
+        assert pool.stats()[1]["failures"] == len(on_r1)
         info = await pool.replica_info()
-        assert info["r1"]["node_id"] == cluster.node_id(
-            cluster.nodes[0]
-        )  # recreated on a live node
-        assert await pool.replica_versions() == {
-            "r0": 2,
-            "r1": 2,
-        }  # rejoined at the latest version (LoRA)
-        same = await asyncio.gather(
-            *(pool.generate(prompt(7, 5), params, session_id=f"y{i}") for i in range(2))
-        )
-        assert {c.replica for c in same} == {
-            "r0",
-            "r1",
-        }  # the recreated replica samples what r0 samples
-        np.testing.assert_array_equal(same[0].token_ids, same[1].token_ids)
+        assert info["r1"]["node_id"] == cluster.node_id(cluster.nodes[0])  # on a live node
+        # rejoined at the latest version (LoRA)
+        assert await pool.replica_versions() == {"r0": 2, "r1": 2}
+        # the recreated replica samples what r0 samples
+        same = await routed_alternately(pool, {f"y{i}": prompt(7, 5) for i in range(2)}, params)
+        y0, y1 = same.values()
+        np.testing.assert_array_equal(y0.token_ids, y1.token_ids)
         pool.update_weights(nnx.state(make_tiny("llama", seed=2).model), 3)
         assert await pool.replica_versions() == {"r0": 3, "r1": 3}
-        outs = await asyncio.gather(
-            *(pool.generate(prompt(5, i), params, session_id=f"z{i}") for i in range(4))
-        )
-        assert {c.replica for c in outs} == {"r0", "r1"} and all(
-            set(c.versions.tolist()) == {3} for c in outs
-        )
+        outs = await routed_alternately(pool, {f"z{i}": prompt(5, i) for i in range(4)}, params)
+        assert all(set(c.versions.tolist()) == {3} for c in outs.values())
         assert ray.is_initialized()
 
     run(main())
