@@ -154,7 +154,8 @@ class BenchConfig:
     peer_sites: (peer, directory) pairs: that peer's sides run with this interpreter and the directory
     on PYTHONPATH (an offline install: ``scripts/offline_bundle.py install-peer``) instead of a venv;
     only_sides: run only these of the peers' sides (empty: all), gymllm always runs beside them (a
-    10-minute accelerator call fits gymllm and one Tunix side)."""
+    10-minute accelerator call fits gymllm and one Tunix side); profile_steps: ``"A:B"`` captures
+    gymllm's steps A..B under ``jax.profiler`` and reports its device's busy share (``""``: off)."""
 
     rounds: int = 3
     steps: int = 8
@@ -163,6 +164,7 @@ class BenchConfig:
     runner_timeout_s: float = 1800.0
     peer_sites: tuple[tuple[str, str], ...] = ()
     only_sides: tuple[str, ...] = ()
+    profile_steps: str = ""
 
     def peer_sides(self) -> list[str]:
         """The peers' sides this run compares against gymllm, in order."""
@@ -244,6 +246,12 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         "e.g. tunix_agentic",
     )
     ap.add_argument(
+        "--profile-steps",
+        default="",
+        metavar="A:B",
+        help="gymllm's optimizer steps A..B under jax.profiler: its device's busy share and top ops",
+    )
+    ap.add_argument(
         "--peer-site",
         action="append",
         default=[],
@@ -258,6 +266,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         sizes=tuple(s.strip() for s in args.sizes.split(",") if s.strip()),
         peer_sites=tuple(parse_peer_site(t) for t in args.peer_site),
         only_sides=tuple(s.strip() for s in args.sides.split(",") if s.strip()),
+        profile_steps=args.profile_steps,
     )
 
 
@@ -472,7 +481,7 @@ def summarize(runs: list[dict]) -> dict:
         "per_round_step_s": ok,
     }
     first = next(r for r in runs if "error" not in r)
-    for k in ("versions", "reward_mean", "breakdown", "clock"):
+    for k in ("versions", "reward_mean", "breakdown", "clock", "profile"):
         if k in first:
             out[k] = first[k]
     out["step_s_all"] = [r["step_s"] for r in runs if "error" not in r]
@@ -552,9 +561,9 @@ def bench(
         for size in cfg.sizes:
             tok_file = write_tokenizer(f"{tmp}/tokenizer-{size}", size)
             spec_file = f"{tmp}/spec-{size}.json"
-            pathlib.Path(spec_file).write_text(
-                json.dumps(peer_spec(size, steps=cfg.steps, tokenizer_file=tok_file))
-            )
+            spec = peer_spec(size, steps=cfg.steps, tokenizer_file=tok_file)
+            spec["gymllm_profile_steps"] = cfg.profile_steps
+            pathlib.Path(spec_file).write_text(json.dumps(spec))
             runs: dict[str, list[dict]] = {s: [] for s in sides}
             for rnd in range(cfg.rounds):
                 for side in round_order(sides, rnd):

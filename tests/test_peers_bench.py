@@ -216,6 +216,33 @@ def test_sides_picks_one_peer_side_beside_gymllm(tmp_path, monkeypatch):
     assert out["vs_tunix_agentic"] == pytest.approx(1.0)
 
 
+def test_profile_steps_reach_the_gymllm_run_and_its_trace_is_summed(tmp_path):
+    """--profile-steps goes into the spec, the gymllm runner's run captures those steps, and
+    ``device_profile`` reports the device's share of a (hand-made) trace's span."""
+    import gzip
+
+    sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
+    import run_gymllm
+
+    assert peers.parse_args(["--profile-steps", "4:5"]).profile_steps == "4:5"
+    spec = peers.peer_spec("tiny", steps=5, tokenizer_file=peers.write_tokenizer(str(tmp_path)))
+    spec["gymllm_profile_steps"] = "4:5"
+    assert run_gymllm.train_config(spec, str(tmp_path / "run")).run.profile_steps == "4:5"
+    trace = tmp_path / "profile" / "plugins" / "profile" / "run"
+    trace.mkdir(parents=True)
+    events = [
+        {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:TPU:0"}},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "XLA Ops"}},
+        {"ph": "X", "name": "fusion.1", "pid": 1, "tid": 1, "ts": 0, "dur": 300_000},
+        {"ph": "X", "name": "host_step", "pid": 2, "tid": 1, "ts": 0, "dur": 1_000_000},
+    ]
+    with gzip.open(trace / "perfetto_trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    prof = run_gymllm.device_profile(tmp_path / "profile")
+    assert prof["device_busy_share"] == pytest.approx(0.3)
+    assert prof["top_ops"][0]["op"] == "fusion.1"
+
+
 def test_round_order_rotates_and_ratio_spread_is_per_round():
     sides = ["gymllm", "tunix_batch", "trl"]
     assert peers.round_order(sides, 0) == sides

@@ -9,7 +9,10 @@ compiles every engine and learner shape before the first step; the first ``warmu
 are left out of the mean all the same, as on the peers' side.
 
 Prints ``RESULT {json}``: ``step_s`` (each optimizer step's wall), ``mean_step_s``, ``reward_mean``,
-``versions``.
+``versions``; with the spec's ``gymllm_profile_steps`` (``"A:B"``, ``peers.py --profile-steps``) also
+``profile``: those steps under ``jax.profiler`` (``run.profile_steps``), the device's ops summed by
+``benchmarks/chip_profile.py``'s ``device_ops``: how much of the steps' span the device computed (the
+rest it waited for the host), and the top ops.
 """
 
 from __future__ import annotations
@@ -85,6 +88,7 @@ def train_config(spec: dict, run_dir: str):
         ),
         run=RunSection(
             run_dir=run_dir,
+            profile_steps=spec.get("gymllm_profile_steps", ""),
             seed=spec["seed"],
             console=False,
             report=False,
@@ -119,6 +123,7 @@ def run(spec: dict) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="gymllm-peers-") as tmp:
         res = train(train_config(spec, tmp))
+        profile = device_profile(res.profile_dir) if res.profile_dir else None
     step_s = [float(h["step_wall_s"]) for h in res.history]
     w = spec["warmup_steps"]
     # where a step's wall goes (steady steps): learner busy, learner waiting for groups, weight push
@@ -134,7 +139,24 @@ def run(spec: dict) -> dict:
         "mean_step_s": float(np.mean(step_s[w:])) if len(step_s) > w else None,
         "reward_mean": float(np.mean(res.rewards())),
         "versions": {p: installed(md, p) for p in ("gymllm", "jax", "jaxlib", "flax", "optax")},
+        **({"profile": profile} if profile is not None else {}),
     }
+
+
+def device_profile(profile_dir) -> dict:
+    """The captured steps' device ops (``chip_profile.device_ops``) and the share of the trace's span
+    the device spent in them."""
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    from chip_profile import device_ops
+
+    ops = device_ops(pathlib.Path(profile_dir))
+    if "error" not in ops and ops.get("span_s"):
+        ops["device_busy_share"] = ops["device_ops_s"] / ops["span_s"]
+        ops["top_ops"] = ops["top_ops"][:8]
+    return ops
 
 
 def main() -> None:
