@@ -16,7 +16,7 @@ import numpy as np
 from gymnasium import spaces as gspaces
 
 from gymllm.errors import ConfigError, explain
-from gymllm.validation import check_range
+from gymllm.validation import check_range, require_one_of
 
 KNOWN_ACTION_NAMES: dict[str, tuple[str, ...]] = {
     "FrozenLake": ("LEFT", "DOWN", "RIGHT", "UP"),
@@ -100,15 +100,12 @@ def describe(obs: Any, space: gym.Space, name: str = "observation") -> str:
 def check_invalid_policy(cls: str, invalid_action: str, max_invalid: int | None) -> None:
     """The invalid-reply policy both text adapters take (``GymnasiumAdapterConfig``,
     ``MultiAgentConfig``): ``invalid_action`` "retry" or "forfeit", ``max_invalid`` None or an int >= 1."""
-    if invalid_action not in ("retry", "forfeit"):
-        raise ConfigError(
-            explain(
-                f"{cls}.invalid_action",
-                expected="'retry' or 'forfeit'",
-                received=invalid_action,
-                fix="pick one of the two policies",
-            )
-        )
+    require_one_of(
+        invalid_action,
+        ("retry", "forfeit"),
+        f"{cls}.invalid_action",
+        fix="pick one of the two policies",
+    )
     check_range(
         cls, "max_invalid", max_invalid, lo=1, integer=True, optional=True, fix="use max_invalid=3"
     )
