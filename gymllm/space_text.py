@@ -16,7 +16,7 @@ import numpy as np
 from gymnasium import spaces as gspaces
 
 from gymllm.errors import ConfigError, explain
-from gymllm.validation import check_range
+from gymllm.validation import check_range, require_one_of
 
 KNOWN_ACTION_NAMES: dict[str, tuple[str, ...]] = {
     "FrozenLake": ("LEFT", "DOWN", "RIGHT", "UP"),
@@ -100,15 +100,12 @@ def describe(obs: Any, space: gym.Space, name: str = "observation") -> str:
 def check_invalid_policy(cls: str, invalid_action: str, max_invalid: int | None) -> None:
     """The invalid-reply policy both text adapters take (``GymnasiumAdapterConfig``,
     ``MultiAgentConfig``): ``invalid_action`` "retry" or "forfeit", ``max_invalid`` None or an int >= 1."""
-    if invalid_action not in ("retry", "forfeit"):
-        raise ConfigError(
-            explain(
-                f"{cls}.invalid_action",
-                expected="'retry' or 'forfeit'",
-                received=invalid_action,
-                fix="pick one of the two policies",
-            )
-        )
+    require_one_of(
+        invalid_action,
+        ("retry", "forfeit"),
+        f"{cls}.invalid_action",
+        fix="pick one of the two policies",
+    )
     check_range(
         cls, "max_invalid", max_invalid, lo=1, integer=True, optional=True, fix="use max_invalid=3"
     )
@@ -195,13 +192,8 @@ def _discrete(text: str, space: gspaces.Discrete, names: tuple[str, ...] | None)
     if hits:
         return hits[-1]
     menu = action_menu(space, names).split(". Reply")[0].removeprefix("Actions: ")
-    raise ActionParseError(
-        explain(
-            "action",
-            expected=f"one of {menu}",
-            received=text[:80],
-            fix="reply with one action index" + (" or name" if names else ""),
-        )
+    raise _action_error(
+        f"one of {menu}", text[:80], "reply with one action index" + (" or name" if names else "")
     )
 
 
@@ -212,56 +204,39 @@ def _numbers(text: str, space: gym.Space) -> np.ndarray:
     except (ValueError, TypeError):
         vals = np.asarray([float(m) for m in _NUMBER.findall(t)], dtype=np.float64)
     if vals.size != int(np.prod(space.shape)):
-        raise ActionParseError(
-            explain(
-                "action",
-                expected=f"{int(np.prod(space.shape))} numbers",
-                received=text[:80],
-                fix=action_menu(space, None),
-            )
+        raise _action_error(
+            f"{int(np.prod(space.shape))} numbers", text[:80], action_menu(space, None)
         )
     value = vals.reshape(space.shape)
     if np.issubdtype(space.dtype, np.integer):
         if not np.all(value == np.round(value)):
-            raise ActionParseError(
-                explain(
-                    "action", expected="integers", received=text[:80], fix=action_menu(space, None)
-                )
-            )
+            raise _action_error("integers", text[:80], action_menu(space, None))
     value = value.astype(space.dtype)
     if not space.contains(value):
-        raise ActionParseError(
-            explain(
-                "action",
-                expected="values inside the action space bounds",
-                received=text[:80],
-                fix=action_menu(space, None),
-            )
+        raise _action_error(
+            "values inside the action space bounds", text[:80], action_menu(space, None)
         )
     return value
+
+
+def _action_error(expected: str, received: Any, fix: str) -> ActionParseError:
+    """The :class:`ActionParseError` for a reply that is not an action (``explain("action", ...)``)."""
+    return ActionParseError(explain("action", expected=expected, received=received, fix=fix))
 
 
 def _from_json(value: Any, space: gym.Space, names: tuple[str, ...] | None) -> Any:
     if isinstance(space, gspaces.Dict):
         if not isinstance(value, dict) or set(value) != set(space.spaces):
-            raise ActionParseError(
-                explain(
-                    "action",
-                    expected=f"a JSON object with keys {sorted(space.spaces)}",
-                    received=value,
-                    fix="reply with one JSON object",
-                )
+            raise _action_error(
+                f"a JSON object with keys {sorted(space.spaces)}",
+                value,
+                "reply with one JSON object",
             )
         return {k: _from_json(value[k], s, None) for k, s in space.spaces.items()}
     if isinstance(space, gspaces.Tuple):
         if not isinstance(value, list) or len(value) != len(space.spaces):
-            raise ActionParseError(
-                explain(
-                    "action",
-                    expected=f"a JSON list of {len(space.spaces)} items",
-                    received=value,
-                    fix="reply with one JSON list",
-                )
+            raise _action_error(
+                f"a JSON list of {len(space.spaces)} items", value, "reply with one JSON list"
             )
         return tuple(_from_json(v, s, None) for v, s in zip(value, space.spaces))
     return parse_action(json.dumps(value), space, names)
@@ -278,9 +253,7 @@ def parse_action(text: str, space: gym.Space, names: tuple[str, ...] | None = No
         try:
             value = json.loads(m.group(0) if m else text)
         except ValueError as e:
-            raise ActionParseError(
-                explain("action", expected="JSON", received=text[:80], fix=action_menu(space, None))
-            ) from e
+            raise _action_error("JSON", text[:80], action_menu(space, None)) from e
         return _from_json(value, space, names)
     raise ConfigError(
         explain(

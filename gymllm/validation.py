@@ -25,6 +25,7 @@ from gymllm.errors import ConfigError, explain
 __all__ = [
     "require",
     "require_instance",
+    "require_one_of",
     "field_error",
     "is_int",
     "is_number",
@@ -61,6 +62,20 @@ def require_instance(
     """:func:`require` that ``value`` is an instance of ``kind``; the message names the type received."""
     ok = isinstance(value, kind)
     require(ok, what, expected=expected, received=type(value).__name__, fix=fix, error=error)
+
+
+def require_one_of(
+    value: Any,
+    allowed: tuple[Any, ...],
+    what: str,
+    *,
+    fix: str,
+    error: Callable[[str], Exception] = ConfigError,
+) -> None:
+    """:func:`require` that ``value`` is one of ``allowed``, expected written ``'a', 'b' or 'c'``."""
+    names = [repr(a) for a in allowed]
+    expected = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+    require(value in allowed, what, expected=expected, received=value, fix=fix, error=error)
 
 
 def field_error(

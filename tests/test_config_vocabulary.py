@@ -23,7 +23,13 @@ from gymllm.cli.train_args import parse_train_args, train_arguments, train_confi
 from gymllm.cli.recipes import shipped_recipes
 from gymllm.cli.sft import PROG as SFT_PROG, parse_sft_args
 from gymllm.errors import ConfigError
-from gymllm.validation import apply_overrides, check_choice, check_range, require
+from gymllm.validation import (
+    apply_overrides,
+    check_choice,
+    check_range,
+    require,
+    require_one_of,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "gymllm"
 FLAG = re.compile(r"--[a-z0-9][a-z0-9.-]*")
@@ -312,6 +318,13 @@ def test_checks_say_expected_received_and_fix():
         ConfigError, match=r"X\.mode: expected one of \['a', 'b'\], received 'c'\. Fix"
     ):
         check_choice("X", "mode", "c", ("a", "b"))
+    with pytest.raises(
+        ConfigError, match=r"^X\.m: expected 'a', 'b' or 'c', received 'd'\. Fix: f$"
+    ):
+        require_one_of("d", ("a", "b", "c"), "X.m", fix="f")
+    with pytest.raises(ValueError, match=r"^X\.m: expected 'a', received 'd'"):
+        require_one_of("d", ("a",), "X.m", fix="f", error=ValueError)
+    require_one_of("b", ("a", "b"), "X.m", fix="f")
     with pytest.raises(ConfigError, match=r"^w: expected e, received 1\. Fix: f$"):
         require(False, "w", expected="e", received=1, fix="f")
     for cls, kwargs, words in (

@@ -23,7 +23,7 @@ import numpy as np
 
 from gymllm.core import TextEnv
 from gymllm.registration import register
-from gymllm.validation import check_range, is_int, require
+from gymllm.validation import check_range, is_int, require, require_one_of
 
 __all__ = ["EchoEnv", "LatencyEnv", "AsyncLatencyEnv", "FailingEnv", "lognormal_sigma"]
 
@@ -191,11 +191,10 @@ class FailingEnv(EchoEnv):
         super().__init__(
             episode_length=episode_length, max_turns=max_turns, render_mode=render_mode
         )
-        require(
-            mode in ("raise", "hang"),
+        require_one_of(
+            mode,
+            ("raise", "hang"),
             "FailingEnv.mode",
-            expected="'raise' or 'hang'",
-            received=mode,
             fix="pass mode='raise' or mode='hang'",
         )
         require(

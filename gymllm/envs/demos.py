@@ -49,7 +49,7 @@ from typing import Any, Callable
 from gymllm.atomic import atomic_write
 from gymllm.envs import demos_solvers as solvers
 from gymllm.errors import ConfigError, explain
-from gymllm.validation import is_int, require
+from gymllm.validation import is_int, require, require_one_of
 from gymllm.types import as_messages
 from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 
@@ -168,11 +168,10 @@ class DemoConfig:
                 received=v,
                 fix=fix,
             )
-        require(
-            self.agent in ("tool", "model"),
+        require_one_of(
+            self.agent,
+            ("tool", "model"),
             "demonstrations(agent)",
-            expected="'tool' or 'model'",
-            received=self.agent,
             fix="agent='tool' writes the env's tool schemas, 'model' leaves them out",
         )
 

@@ -36,7 +36,7 @@ from gymnasium import spaces as gspaces
 
 from gymllm.core import TextEnv
 from gymllm.errors import ConfigError, explain
-from gymllm.validation import require
+from gymllm.validation import require, require_one_of
 from gymllm.spaces import Text
 from gymllm.space_text import (
     ActionParseError,
@@ -82,11 +82,10 @@ class GymnasiumAdapterConfig:
 
     def __post_init__(self) -> None:
         check_invalid_policy("GymnasiumAdapterConfig", self.invalid_action, self.max_invalid)
-        require(
-            self.render in ("auto", "ansi", "describe"),
+        require_one_of(
+            self.render,
+            ("auto", "ansi", "describe"),
             "GymnasiumAdapterConfig.render",
-            expected="'auto', 'ansi' or 'describe'",
-            received=self.render,
             fix="use render='auto'",
         )
         if self.action_names is not None:

@@ -11,7 +11,8 @@ CPU: half the bytes of float32, and XLA:CPU slices uint16 arrays at memory speed
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import inspect
+from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -55,6 +56,43 @@ def scatter_kv(
         cache.k.at[:, rows, positions].set(k_new, mode="drop", unique_indices=unique),
         cache.v.at[:, rows, positions].set(v_new, mode="drop", unique_indices=unique),
     )
+
+
+def forward_and_write(
+    forward: Callable[..., tuple],
+    write: Callable[..., KVCache],
+    name: str,
+    doc: str,
+    **options: Any,
+) -> Callable[..., tuple[jax.Array, KVCache]]:
+    """``forward`` then ``write``, as one function named ``name`` (docstring ``doc``): it takes
+    ``forward``'s parameters plus the keyword-only ``options`` (their defaults given here), runs
+    ``forward(...) -> (logits, *new)`` and returns ``(logits, write(args, *new))``, ``args`` the call's
+    arguments by name (defaults applied, ``options`` among them). Its signature is ``forward``'s plus
+    ``options``, so ``jax.jit``'s ``static_argnums``, ``static_argnames`` and ``donate_argnums`` read it
+    as they would ``forward``'s; one signature serves both (the forward's, documented there)."""
+    own = inspect.signature(forward)
+    extra = [
+        inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=value)
+        for key, value in options.items()
+    ]
+    signature = own.replace(
+        parameters=[*own.parameters.values(), *extra],
+        return_annotation="tuple[jax.Array, KVCache]",
+    )
+
+    def run(*args: Any, **kwargs: Any) -> tuple[jax.Array, KVCache]:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        named: Mapping[str, Any] = bound.arguments
+        logits, *new = forward(**{key: named[key] for key in own.parameters})
+        return logits, write(named, *new)
+
+    run.__signature__ = signature  # type: ignore[attr-defined]
+    run.__name__ = run.__qualname__ = name
+    run.__doc__ = doc
+    run.__module__ = forward.__module__
+    return run
 
 
 #: how a decode step writes its rows' new k/v (``EngineConfig.kv_write``)

@@ -32,7 +32,14 @@ import jax
 import jax.numpy as jnp
 
 from gymllm.models.blocks import embed_inputs, final_logits, pack_like, scan_layers, unpack
-from gymllm.models.cache import KV_WRITES, KVCache, RecentKV, scatter_kv, select_kv
+from gymllm.models.cache import (
+    KV_WRITES,
+    KVCache,
+    RecentKV,
+    forward_and_write,
+    scatter_kv,
+    select_kv,
+)
 from gymllm.models.config import ModelConfig
 from gymllm.models.layers import decode_attention
 
@@ -125,25 +132,17 @@ def write_new_kv(
     return scatter_kv(cache, k_new, v_new, rows, positions, unique=True)
 
 
-def decode_and_write(
-    cfg: ModelConfig,
-    params: dict[str, jax.Array],
-    tokens: jax.Array,
-    positions: jax.Array,
-    cache: KVCache,
-    length: int | None = None,
-    *,
-    compute_dtype: Any = None,
-    adapter: jax.Array | None = None,
-    kv_write: str = "scatter",
-) -> tuple[jax.Array, KVCache]:
-    """:func:`decode_forward` then :func:`write_new_kv` (``kv_write`` there): (logits [W, V], the
-    updated cache). Call it inside ``jit`` (the engine's steps do); :func:`decode_step` is the
-    standalone jitted form."""
-    logits, k_new, v_new = decode_forward(
-        cfg, params, tokens, positions, cache, length, compute_dtype=compute_dtype, adapter=adapter
-    )
-    return logits, write_new_kv(cache, k_new, v_new, positions, kv_write)
+decode_and_write = forward_and_write(
+    decode_forward,
+    lambda args, k_new, v_new: write_new_kv(
+        args["cache"], k_new, v_new, args["positions"], args["kv_write"]
+    ),
+    "decode_and_write",
+    """:func:`decode_forward` (its parameters) then :func:`write_new_kv` (``kv_write`` there, keyword
+    only, default ``"scatter"``): (logits [W, V], the updated cache). Call it inside ``jit`` (the
+    engine's steps do); :func:`decode_step` is the standalone jitted form.""",
+    kv_write="scatter",
+)
 
 
 decode_step = functools.partial(

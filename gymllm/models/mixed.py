@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from gymllm.models.blocks import embed_inputs, final_logits, pack_like, scan_layers, unpack
-from gymllm.models.cache import KVCache
+from gymllm.models.cache import KVCache, forward_and_write
 from gymllm.models.config import ModelConfig
 from gymllm.models.decode import write_new_kv
 from gymllm.models.layers import decode_attention
@@ -127,39 +127,21 @@ def write_mixed_kv(
     return write_chunk_kv(cache, *pre_kv, pre_rows, pre_positions, pre_last + 1)
 
 
-def mixed_and_write(
-    cfg: ModelConfig,
-    params: dict[str, jax.Array],
-    dec_tokens: jax.Array,
-    dec_positions: jax.Array,
-    pre_tokens: jax.Array,
-    pre_positions: jax.Array,
-    pre_rows: jax.Array,
-    pre_last: jax.Array,
-    cache: KVCache,
-    length: int | None = None,
-    *,
-    compute_dtype: Any = None,
-    adapter: jax.Array | None = None,
-) -> tuple[jax.Array, KVCache]:
-    """:func:`mixed_forward` then :func:`write_mixed_kv`: (logits [W + P, V], the updated cache)."""
-    logits, dec_kv, pre_kv = mixed_forward(
-        cfg,
-        params,
-        dec_tokens,
-        dec_positions,
-        pre_tokens,
-        pre_positions,
-        pre_rows,
-        pre_last,
-        cache,
-        length,
-        compute_dtype=compute_dtype,
-        adapter=adapter,
-    )
-    return logits, write_mixed_kv(
-        cache, dec_kv, dec_positions, pre_kv, pre_positions, pre_rows, pre_last
-    )
+mixed_and_write = forward_and_write(
+    mixed_forward,
+    lambda args, dec_kv, pre_kv: write_mixed_kv(
+        args["cache"],
+        dec_kv,
+        args["dec_positions"],
+        pre_kv,
+        args["pre_positions"],
+        args["pre_rows"],
+        args["pre_last"],
+    ),
+    "mixed_and_write",
+    """:func:`mixed_forward` (its parameters) then :func:`write_mixed_kv`: (logits [W + P, V], the
+    updated cache).""",
+)
 
 
 mixed_step = functools.partial(

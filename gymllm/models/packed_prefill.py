@@ -19,8 +19,8 @@ earlier call prefilled). Each token attends, in one softmax,
 Segments are contiguous and their positions increase by one, so these are the numbers of
 :func:`gymllm.models.prefill.prefill_forward` over the same chunks (float32: up to summation order).
 The new k/v come back ``[L, N, K, D]`` and :func:`write_packed_kv` scatters each real token's into its
-row at its position (padding tokens write nothing). Per-token LoRA adapters: ``adapter`` [N]
-(:func:`gymllm.models.blocks.project`).
+row at its position (padding tokens write nothing). LoRA adapters: ``adapter`` [P], one per segment,
+each token computing with its segment's (:func:`gymllm.models.blocks.project`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 from gymllm.models.attention import attention
 from gymllm.models.blocks import embed_inputs, final_logits, pack_like, scan_layers, unpack
-from gymllm.models.cache import KVCache, scatter_kv
+from gymllm.models.cache import KVCache, forward_and_write, scatter_kv
 from gymllm.models.config import ModelConfig
 from gymllm.models.layers import causal_mask
 
@@ -73,9 +73,10 @@ def packed_prefill_forward(
 
     tokens/positions/seg [N] int32; rows/starts/logits_at [P] int32 (a padding segment: row = the cache's
     row count, start 0); ``length`` (static): cached slots read per row, >= every segment's start (0:
-    none); ``adapter`` [N] int32: each token's LoRA adapter (None: the base weights). Call it inside
-    ``jit``."""
-    params, x, mix = embed_inputs(cfg, params, tokens, adapter, compute_dtype)  # x [N, E]
+    none); ``adapter`` [P] int32: each segment's LoRA adapter, its tokens' (None: the base weights).
+    Call it inside ``jit``."""
+    per_token = None if adapter is None else adapter[segment_index(seg, rows)]
+    params, x, mix = embed_inputs(cfg, params, tokens, per_token, compute_dtype)  # x [N, E]
     mix = None if mix is None else mix[None]  # [1, N, A]
     clamped = jnp.minimum(rows, cache.k.shape[1] - 1)
     p = rows.shape[0]
@@ -114,40 +115,23 @@ def packed_prefill_forward(
 write_packed_kv = scatter_kv
 
 
-def packed_prefill_and_write(
-    cfg: ModelConfig,
-    params: dict[str, jax.Array],
-    tokens: jax.Array,
-    positions: jax.Array,
-    seg: jax.Array,
-    rows: jax.Array,
-    starts: jax.Array,
-    cache: KVCache,
-    length: int,
-    logits_at: jax.Array,
-    *,
-    compute_dtype: Any = None,
-    adapter: jax.Array | None = None,
-) -> tuple[jax.Array, KVCache]:
-    """:func:`packed_prefill_forward` then :func:`write_packed_kv`: (logits [P, V], the updated cache).
-    ``adapter`` here is per segment [P] (mapped to the tokens). Call it inside ``jit``."""
-    p, b = rows.shape[0], cache.k.shape[1]
-    real = seg < p
-    s = jnp.minimum(seg, p - 1)
-    per_token = None if adapter is None else adapter[s]
-    logits, k_new, v_new = packed_prefill_forward(
-        cfg,
-        params,
-        tokens,
-        positions,
-        seg,
-        rows,
-        starts,
-        cache,
-        length,
-        logits_at,
-        compute_dtype=compute_dtype,
-        adapter=per_token,
-    )
-    token_rows = jnp.where(real, rows[s], b)
-    return logits, write_packed_kv(cache, k_new, v_new, token_rows, positions)
+def segment_index(seg: jax.Array, rows: jax.Array) -> jax.Array:
+    """Each token's segment [N], a padding token's clamped to the last (a valid index into [P])."""
+    return jnp.minimum(seg, rows.shape[0] - 1)
+
+
+def write_packed_prefill(args: dict[str, Any], k_new: jax.Array, v_new: jax.Array) -> KVCache:
+    """:func:`write_packed_kv` of the real tokens' new k/v, ``args`` a
+    :func:`packed_prefill_forward` call's arguments by name (padding tokens write nothing)."""
+    seg, rows, cache = args["seg"], args["rows"], args["cache"]
+    token_rows = jnp.where(seg < rows.shape[0], rows[segment_index(seg, rows)], cache.k.shape[1])
+    return write_packed_kv(cache, k_new, v_new, token_rows, args["positions"])
+
+
+packed_prefill_and_write = forward_and_write(
+    packed_prefill_forward,
+    write_packed_prefill,
+    "packed_prefill_and_write",
+    """:func:`packed_prefill_forward` (its parameters) then :func:`write_packed_kv`: (logits [P, V], the
+    updated cache). Call it inside ``jit``.""",
+)

@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from gymllm.models.blocks import embed_inputs, final_logits, pack_like, scan_layers, unpack
-from gymllm.models.cache import KVCache, scatter_kv
+from gymllm.models.cache import KVCache, forward_and_write, scatter_kv
 from gymllm.models.config import ModelConfig
 from gymllm.models.attention import attention
 from gymllm.models.layers import causal_mask
@@ -141,35 +141,16 @@ def write_chunk_kv(
     return scatter_kv(cache, k_new, v_new, r, pos)
 
 
-def prefill_and_write(
-    cfg: ModelConfig,
-    params: dict[str, jax.Array],
-    tokens: jax.Array,
-    positions: jax.Array,
-    rows: jax.Array,
-    cache: KVCache,
-    length: int | None,
-    logits_at: jax.Array,
-    *,
-    compute_dtype: Any = None,
-    adapter: jax.Array | None = None,
-) -> tuple[jax.Array, KVCache]:
-    """:func:`prefill_forward` then :func:`write_chunk_kv` (tokens past ``logits_at`` are padding and
-    write nothing): (logits [P, V], the updated cache). Call it inside ``jit``; :func:`prefill_step`
-    is the standalone jitted form."""
-    logits, k_new, v_new = prefill_forward(
-        cfg,
-        params,
-        tokens,
-        positions,
-        rows,
-        cache,
-        length,
-        logits_at,
-        compute_dtype=compute_dtype,
-        adapter=adapter,
-    )
-    return logits, write_chunk_kv(cache, k_new, v_new, rows, positions, logits_at + 1)
+prefill_and_write = forward_and_write(
+    prefill_forward,
+    lambda args, k_new, v_new: write_chunk_kv(
+        args["cache"], k_new, v_new, args["rows"], args["positions"], args["logits_at"] + 1
+    ),
+    "prefill_and_write",
+    """:func:`prefill_forward` (its parameters) then :func:`write_chunk_kv` (tokens past
+    ``logits_at`` are padding and write nothing): (logits [P, V], the updated cache). Call it inside
+    ``jit``; :func:`prefill_step` is the standalone jitted form.""",
+)
 
 
 prefill_step = functools.partial(

@@ -167,17 +167,10 @@ def shared_prefix_rows_hidden(
 
 
 def shared_prefix_logits(
-    cfg: ModelConfig,
-    params: dict[str, jax.Array],
-    prefix_tokens: jax.Array,
-    prefix_lens: jax.Array,
-    suffix_tokens: jax.Array,
-    *,
-    compute_dtype: Any = None,
+    cfg: ModelConfig, params: dict[str, jax.Array], *inputs: jax.Array, compute_dtype: Any = None
 ) -> tuple[jax.Array, jax.Array]:
     """float32 logits of the prompts [Gp, Tp, V] and continuations [Gp, S, Ts, V] (final norm and vocab
-    projection of :func:`shared_prefix_hidden`), equal to the flat forward's at every real token."""
-    hp, hs = shared_prefix_hidden(
-        cfg, params, prefix_tokens, prefix_lens, suffix_tokens, compute_dtype=compute_dtype
-    )
+    projection of :func:`shared_prefix_hidden`, whose ``prefix_tokens, prefix_lens, suffix_tokens``
+    are ``inputs``), equal to the flat forward's at every real token."""
+    hp, hs = shared_prefix_hidden(cfg, params, *inputs, compute_dtype=compute_dtype)
     return tuple(lm_logits(cfg, params, h, compute_dtype=compute_dtype) for h in (hp, hs))

@@ -24,7 +24,7 @@ import collections
 import dataclasses
 import time
 
-from gymllm.validation import is_int, require
+from gymllm.validation import check_range, is_int, require
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -51,12 +51,12 @@ class ConcurrencyConfig:
 
     def __post_init__(self) -> None:
         for name in ("min_limit", "max_limit", "increase", "decrease"):
-            v = getattr(self, name)
-            require(
-                is_int(v) and v >= 1,
-                f"ConcurrencyConfig.{name}",
-                expected="an int >= 1",
-                received=v,
+            check_range(
+                "ConcurrencyConfig",
+                name,
+                getattr(self, name),
+                lo=1,
+                integer=True,
                 fix=f"set {name}=1 or more",
             )
         require(
@@ -74,12 +74,12 @@ class ConcurrencyConfig:
             received=s,
             fix="use start=None (begin at max_limit)",
         )
-        t = self.target_queue_depth
-        require(
-            is_int(t) and t >= 0,
-            "ConcurrencyConfig.target_queue_depth",
-            expected="an int >= 0",
-            received=t,
+        check_range(
+            "ConcurrencyConfig",
+            "target_queue_depth",
+            self.target_queue_depth,
+            lo=0,
+            integer=True,
             fix="use the learner's groups per step",
         )
 

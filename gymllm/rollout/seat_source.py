@@ -44,7 +44,7 @@ from typing import Any, Callable, Literal
 import numpy as np
 
 from gymllm.errors import explain
-from gymllm.validation import is_int, require
+from gymllm.validation import is_int, require, require_one_of
 from gymllm.rollout.config import RolloutConfig
 from gymllm.rollout.episode import Episode
 from gymllm.rollout.group_queue import QueueClosed
@@ -133,11 +133,10 @@ class MultiAgentSection:
             fix="e.g. --multiagent.learner-seats player_1 (or all)",
         )
         object.__setattr__(self, "learner_seats", seats)
-        require(
-            self.baseline in ("group", "role_ema"),
+        require_one_of(
+            self.baseline,
+            ("group", "role_ema"),
             "multiagent.baseline",
-            expected="'group' or 'role_ema'",
-            received=self.baseline,
             fix="--multiagent.baseline group",
         )
         require(
@@ -147,11 +146,10 @@ class MultiAgentSection:
             received=self.baseline_decay,
             fix="e.g. 0.95 (SPIRAL's)",
         )
-        require(
-            self.illegal_move in ("retry", "forfeit", "random"),
+        require_one_of(
+            self.illegal_move,
+            ("retry", "forfeit", "random"),
             "multiagent.illegal_move",
-            expected="'retry', 'forfeit' or 'random'",
-            received=self.illegal_move,
             fix="e.g. --multiagent.illegal-move forfeit",
         )
         require(

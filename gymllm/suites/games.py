@@ -63,7 +63,7 @@ import re
 from typing import Any, Callable, Literal, Sequence
 
 from gymllm.errors import ConfigError
-from gymllm.validation import require
+from gymllm.validation import require, require_one_of
 from gymllm.suites.game_play import play_game
 from gymllm.suites.game_tables import ratings_table, summarize_games
 from gymllm.utils.seeds import HELD_OUT_SEED_BASE
@@ -188,11 +188,10 @@ class MatchConfig:
                 received=v,
                 fix=f"e.g. {name}={max(lo, 16)}",
             )
-        require(
-            self.errors in ("loss", "exclude"),
+        require_one_of(
+            self.errors,
+            ("loss", "exclude"),
             "errors",
-            expected="'loss' or 'exclude'",
-            received=self.errors,
             fix="--errors loss",
         )
         require(

@@ -204,6 +204,19 @@ def apply_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> di
     return out
 
 
+def _require_key(ok: Any, where: str, key: str, *, expected: str, received: Any, fix: str) -> None:
+    """:func:`~gymllm.validation.require` for key ``key`` of the table at ``where``: a
+    :class:`SuiteError` naming both unless ``ok``."""
+    require(
+        ok,
+        f"{where}: key {key!r}",
+        expected=expected,
+        received=received,
+        fix=fix,
+        error=SuiteError,
+    )
+
+
 def _near(key: str, allowed: Sequence[str]) -> str:
     close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
     return f"rename it to {close[0]!r}" if close else f"remove it (allowed: {', '.join(allowed)})"
@@ -211,24 +224,24 @@ def _near(key: str, allowed: Sequence[str]) -> str:
 
 def _check_keys(table: Mapping[str, Any], allowed: Sequence[str], where: str) -> None:
     for key in table:
-        require(
+        _require_key(
             key in allowed,
-            f"{where}: key {key!r}",
+            where,
+            key,
             expected=f"one of {', '.join(allowed)}",
             received=key,
             fix=_near(key, allowed),
-            error=SuiteError,
         )
 
 
 def _int(value: Any, key: str, where: str, lo: int) -> int:
-    require(
+    _require_key(
         is_int(value) and value >= lo,
-        f"{where}: key {key!r}",
+        where,
+        key,
         expected=f"an integer >= {lo}",
         received=value,
         fix=f"set {key} = {max(lo, 1)} or more",
-        error=SuiteError,
     )
     return value
 
@@ -272,13 +285,13 @@ def _defaults(table: Mapping[str, Any], base: Mapping[str, Any], where: str) -> 
 
 
 def _str(value: Any, key: str, where: str, fix: str) -> str:
-    require(
+    _require_key(
         isinstance(value, str) and value.strip(),
-        f"{where}: key {key!r}",
+        where,
+        key,
         expected="a non-empty string",
         received=value,
         fix=fix,
-        error=SuiteError,
     )
     return value
 
@@ -293,35 +306,35 @@ def _env(table: Any, index: int, top: Mapping[str, Any], src: str, resolve: bool
         fix="write each env as an [[env]] table",
         error=SuiteError,
     )
-    require(
+    _require_key(
         "id" in table,
-        f"{where}: key 'id'",
+        where,
+        "id",
         expected="the env's id",
         received="no id",
         fix="add id = 'gymllm/Arithmetic-v0' (`gymllm envs` lists the ids)",
-        error=SuiteError,
     )
     env_id = _str(table["id"], "id", where, "set id = 'gymllm/Arithmetic-v0'")
     where = f"suite {src}, [[env]] #{index + 1} (id = {env_id!r})"
     _check_keys(table, ENV_KEYS, where)
     values = _defaults(table, top, where)
     name = _str(table.get("name", env_id), "name", where, "set name = 'arithmetic'")
-    require(
+    _require_key(
         name != "*",
-        f"{where}: key 'name'",
+        where,
+        "name",
         expected="a name other than '*' (the whole suite's)",
         received=name,
         fix="pick another name",
-        error=SuiteError,
     )
     kwargs = table.get("kwargs", {})
-    require(
+    _require_key(
         isinstance(kwargs, dict),
-        f"{where}: key 'kwargs'",
+        where,
+        "kwargs",
         expected="a table of constructor arguments",
         received=kwargs,
         fix="write kwargs = { digits = 2 }",
-        error=SuiteError,
     )
     if "seeds" in table:
         require(
@@ -333,13 +346,13 @@ def _env(table: Any, index: int, top: Mapping[str, Any], src: str, resolve: bool
             error=SuiteError,
         )
         seeds = table["seeds"]
-        require(
+        _require_key(
             isinstance(seeds, list) and seeds and all(is_int(s) and s >= 0 for s in seeds),
-            f"{where}: key 'seeds'",
+            where,
+            "seeds",
             expected="a non-empty list of integers >= 0",
             received=seeds,
             fix="write seeds = [1000000, 1000001]",
-            error=SuiteError,
         )
         if len(set(seeds)) != len(seeds):
             dup = sorted({s for s in seeds if seeds.count(s) > 1})
@@ -356,22 +369,22 @@ def _env(table: Any, index: int, top: Mapping[str, Any], src: str, resolve: bool
         seeds_t = tuple(range(values["seed_base"], values["seed_base"] + values["num_seeds"]))
     weight = _float(table.get("weight", 1.0), "weight", where, 0.0)
     agent = table.get("agent")
-    require(
+    _require_key(
         agent in (None, "model", "tool"),
-        f"{where}: key 'agent'",
+        where,
+        "agent",
         expected="'model' or 'tool'",
         received=agent,
         fix="set agent = 'tool' for envs with tools, else 'model' (or leave it out)",
-        error=SuiteError,
     )
     system_prompt = table.get("system_prompt")
-    require(
+    _require_key(
         system_prompt is None or isinstance(system_prompt, str),
-        f"{where}: key 'system_prompt'",
+        where,
+        "system_prompt",
         expected="a string",
         received=system_prompt,
         fix="quote it: system_prompt = 'Answer briefly.'",
-        error=SuiteError,
     )
     target = None
     if resolve:
@@ -415,22 +428,22 @@ def parse_suite(
     top = _defaults(data, DEFAULTS, where)
     name = _str(data.get("name", default_name), "name", where, "set name = 'my-suite'")
     description = data.get("description", "")
-    require(
+    _require_key(
         isinstance(description, str),
-        f"{where}: key 'description'",
+        where,
+        "description",
         expected="a string",
         received=description,
         fix="quote it",
-        error=SuiteError,
     )
     tables = data.get("env")
-    require(
+    _require_key(
         isinstance(tables, list) and tables,
-        f"{where}: key 'env'",
+        where,
+        "env",
         expected="at least one [[env]] table",
         received=tables if tables is not None else "none",
         fix="add [[env]] followed by id = 'gymllm/Arithmetic-v0'",
-        error=SuiteError,
     )
     envs = [_env(t, i, top, source, resolve) for i, t in enumerate(tables)]
     seen: dict[str, int] = {}

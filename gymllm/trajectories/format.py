@@ -32,7 +32,7 @@ from typing import Any, Literal
 import gymnasium as gym
 import numpy as np
 
-from gymllm.validation import require
+from gymllm.validation import require, require_one_of
 
 __all__ = [
     "FORMAT",
@@ -91,11 +91,10 @@ class TrajectoryLoggerConfig:
             fix="pass path='runs/log'",
         )
         object.__setattr__(self, "path", os.fspath(self.path))
-        require(
-            self.fsync in ("never", "episode", "step"),
+        require_one_of(
+            self.fsync,
+            ("never", "episode", "step"),
             "TrajectoryLoggerConfig.fsync",
-            expected="'never', 'episode' or 'step'",
-            received=self.fsync,
             fix="use fsync='episode'",
         )
         require(

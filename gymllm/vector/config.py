@@ -9,7 +9,7 @@ from typing import Any
 from gymnasium.vector import AutoresetMode
 
 from gymllm.errors import ConfigError
-from gymllm.validation import field_error, is_int, is_number, require
+from gymllm.validation import check_range, field_error, is_int, is_number, require
 
 __all__ = ["VectorEnvConfig", "RayOptions", "parse_autoreset_mode"]
 
@@ -202,11 +202,13 @@ class VectorEnvConfig:
                 fix=f"pass {name}={allowed[0]!r}",
             )
         mc = self.max_concurrency
-        require(
-            mc is None or (is_int(mc) and mc >= 1),
-            "VectorEnvConfig.max_concurrency",
-            expected="None or an int >= 1",
-            received=mc,
+        check_range(
+            "VectorEnvConfig",
+            "max_concurrency",
+            mc,
+            lo=1,
+            integer=True,
+            optional=True,
             fix="pass max_concurrency=16",
         )
         ib = self.inline_below_s
