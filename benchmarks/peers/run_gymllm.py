@@ -4,9 +4,11 @@ Runs in gymllm's own interpreter (a subprocess, like the peers, so every side st
 process and compiles its own programs). The model is the ``tiny-qwen3`` preset with the spec's
 sizes (random init, float32), the tokenizer is the same byte-level BPE the peers load, the env is
 TinyRepeat-v0 (group k's env seed is k: the prompts the peers get, in the same order), GRPO with
-the spec's beta (a reference forward every step), clip and AdamW settings. ``run.warmup``
-compiles every engine and learner shape before the first step; the first ``warmup_steps`` steps
-are left out of the mean all the same, as on the peers' side.
+the spec's beta (a reference forward every step), clip and AdamW settings. The engine and the
+learner run the Quickstart's fixed program sets (``EngineConfig.shapes="fixed"``: one packed prefill
+program and one decode chunk; ``LearnerConfig.fixed_shapes`` with the shared-prefix layout: a group's
+prompt runs once for its rows, the same loss and gradients), which ``run.warmup`` compiles before the
+first step; the first ``warmup_steps`` steps are left out of the mean all the same, as on the peers' side.
 
 Prints ``RESULT {json}``: ``step_s`` (each optimizer step's wall), ``mean_step_s``, ``reward_mean``,
 ``versions``; with the spec's ``gymllm_profile_steps`` (``"A:B"``, ``peers.py --profile-steps``) also
@@ -37,6 +39,7 @@ def train_config(spec: dict, run_dir: str):
 
     m, s, o, a = spec["model"], spec["sampling"], spec["optimizer"], spec["algo"]
     rows = spec["num_prompts"] * spec["group_size"]
+    micro = spec.get("learner_rows") or rows
     loss = C.grpo()
     loss = dataclasses_replace(
         loss,
@@ -62,6 +65,9 @@ def train_config(spec: dict, run_dir: str):
             min_bucket=64,
             idle_wait_s=0.002,
             decode_chunk=8,
+            shapes="fixed",  # the Quickstart's engine: one packed prefill program, one decode length
+            prefill_tokens=256,
+            decode_lengths=1,
             prefix_reuse=False,
         ),  # the peers keep no prefix cache: the same prefill work
         sampling=SamplingParams(temperature=s["temperature"], max_tokens=s["max_new_tokens"]),
@@ -80,11 +86,12 @@ def train_config(spec: dict, run_dir: str):
         ),
         learner=LearnerConfig(
             groups_per_step=spec["num_prompts"],
-            micro_batch_size=spec.get("learner_rows") or rows,  # same loss, fewer rows a pass
+            micro_batch_size=micro,  # same loss, fewer rows a pass
             num_steps=spec["steps"],
             max_len=max_len,
-            min_bucket=64,
-            buckets_per_octave=4,
+            fixed_shapes=True,  # the Quickstart's learner: one program set, compiled before step 1
+            prefix_len=min(len(r["ids"]) for r in spec["prompts"]),  # a group's prompt runs once
+            prefix_slots=-(-micro // spec["group_size"]),
         ),
         run=RunSection(
             run_dir=run_dir,
