@@ -31,6 +31,7 @@ __all__ = [
     "is_number",
     "check_choice",
     "check_range",
+    "check_fields",
     "apply_overrides",
 ]
 
@@ -148,6 +149,13 @@ def check_range(
         received=value,
         fix=fix or f"choose {field} {bounds or kind}",
     )
+
+
+def check_fields(cls: str, obj: Any, fields: Iterable[str], *, fix: str, **bounds: Any) -> None:
+    """:func:`check_range` of each of ``obj``'s ``fields`` (class ``cls``) with the same ``bounds``;
+    ``fix`` is a template whose ``{field}`` names the field."""
+    for field in fields:
+        check_range(cls, field, getattr(obj, field), fix=fix.format(field=field), **bounds)
 
 
 def apply_overrides(cfg: Any, overrides: Mapping[str, Any], *, where: str = "") -> Any:

@@ -11,6 +11,7 @@ import json
 import math
 import pathlib
 import re
+import types
 
 import pytest
 
@@ -26,6 +27,7 @@ from gymllm.errors import ConfigError
 from gymllm.validation import (
     apply_overrides,
     check_choice,
+    check_fields,
     check_range,
     require,
     require_one_of,
@@ -298,6 +300,15 @@ def test_gymllm_sft_flags_are_sftconfig_fields(tmp_path, capsys):
     ) as e:  # the config's own check, reported by tyro as a usage error
         parse_sft_args(["--run.run-dir", str(tmp_path)])
     assert e.value.code == 2 and "exactly one of data" in " ".join(capsys.readouterr().err.split())
+
+
+def test_check_fields_checks_each_field_and_names_it_in_the_fix():
+    obj = types.SimpleNamespace(a=1, b=0, c=None)
+    check_fields("X", obj, ("a", "c"), lo=1, integer=True, optional=True, fix="set {field}=1")
+    with pytest.raises(
+        ConfigError, match=r"^X\.b: expected an int >= 1, received 0\. Fix: set b=1 or more$"
+    ):
+        check_fields("X", obj, ("a", "b"), lo=1, integer=True, fix="set {field}=1 or more")
 
 
 def test_checks_say_expected_received_and_fix():

@@ -16,6 +16,7 @@ import re
 from gymllm.core import TextEnv
 from gymllm.errors import ConfigError, explain
 from gymllm.registration import register
+from gymllm.validation import check_range
 
 __all__ = ["ArithmeticEnv", "extract_answer", "evaluate"]
 
@@ -49,14 +50,6 @@ def evaluate(operands: list[int], ops: list[str]) -> int:
     return terms[0] + sum(s * t for s, t in zip(signs, terms[1:]))
 
 
-def _positive_int(name: str, value: object, fix: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(
-            explain(f"ArithmeticEnv.{name}", expected="an int >= 1", received=value, fix=fix)
-        )
-    return value
-
-
 class ArithmeticEnv(TextEnv):
     """Compute an expression of ``num_operands`` integers of up to ``digits`` digits each."""
 
@@ -71,18 +64,15 @@ class ArithmeticEnv(TextEnv):
         render_mode: str | None = None,
     ):
         super().__init__(max_turns=max_turns, render_mode=render_mode)
-        self.digits = _positive_int("digits", digits, "pass digits=3")
-        self.num_operands = _positive_int("num_operands", num_operands, "pass num_operands=2")
-        self.max_attempts = _positive_int("max_attempts", max_attempts, "pass max_attempts=1")
-        if num_operands < 2:
-            raise ConfigError(
-                explain(
-                    "ArithmeticEnv.num_operands",
-                    expected="an int >= 2",
-                    received=num_operands,
-                    fix="pass num_operands=2",
-                )
+        for name, value, lo, default in (
+            ("digits", digits, 1, 3),
+            ("num_operands", num_operands, 2, 2),
+            ("max_attempts", max_attempts, 1, 1),
+        ):
+            check_range(
+                "ArithmeticEnv", name, value, lo=lo, integer=True, fix=f"pass {name}={default}"
             )
+        self.digits, self.num_operands, self.max_attempts = digits, num_operands, max_attempts
         if not ops or any(o not in _OPS for o in ops):
             raise ConfigError(
                 explain(

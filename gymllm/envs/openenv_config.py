@@ -15,7 +15,7 @@ import re
 from typing import Any, Callable
 
 from gymllm.errors import EnvError, MissingExtraError
-from gymllm.validation import require
+from gymllm.validation import check_fields, require
 
 __all__ = ["OpenEnvConfig", "OpenEnvError", "import_openenv", "TOKEN_ENV"]
 
@@ -84,15 +84,8 @@ class OpenEnvConfig:
             received=self.base_url,
             fix="pass the address `gymllm serve-env` printed",
         )
-        for name in ("timeout_s", "connect_timeout_s", "max_message_mb"):
-            v = getattr(self, name)
-            require(
-                not isinstance(v, bool) and isinstance(v, (int, float)) and v > 0,
-                f"OpenEnvConfig.{name}",
-                expected="a number > 0",
-                received=v,
-                fix=f"pass {name}=30",
-            )
+        names = ("timeout_s", "connect_timeout_s", "max_message_mb")
+        check_fields("OpenEnvConfig", self, names, lo=0, lo_open=True, fix="pass {field}=30")
         for side in ("action", "observation"):
             field, fn = getattr(self, f"{side}_field"), getattr(self, f"{side}_fn")
             require(

@@ -24,8 +24,8 @@ import math
 import string
 
 from gymllm.core import TextEnv
-from gymllm.errors import ConfigError, explain
 from gymllm.registration import register
+from gymllm.validation import check_range, require
 
 __all__ = ["TinyRepeatEnv", "letter_fraction"]
 
@@ -36,13 +36,6 @@ def letter_fraction(reply: str, letter: str) -> float:
     """Fraction of the non-space characters of ``reply`` equal to ``letter`` (0.0 when there are none)."""
     chars = [c for c in reply if not c.isspace()]
     return sum(c == letter for c in chars) / len(chars) if chars else 0.0
-
-
-def _check(name: str, ok: bool, value: object, expected: str, fix: str) -> None:
-    if not ok:
-        raise ConfigError(
-            explain(f"TinyRepeatEnv.{name}", expected=expected, received=value, fix=fix)
-        )
 
 
 class TinyRepeatEnv(TextEnv):
@@ -60,42 +53,40 @@ class TinyRepeatEnv(TextEnv):
         render_mode: str | None = None,
     ):
         super().__init__(max_turns=max_turns, render_mode=render_mode)
-        _check(
-            "num_letters",
+        require(
             isinstance(num_letters, int)
             and not isinstance(num_letters, bool)
             and 1 <= num_letters <= 26,
-            num_letters,
-            "an int in [1, 26]",
-            "pass num_letters=4",
+            "TinyRepeatEnv.num_letters",
+            expected="an int in [1, 26]",
+            received=num_letters,
+            fix="pass num_letters=4",
         )
-        _check(
-            "latency_median_s",
-            isinstance(latency_median_s, (int, float)) and latency_median_s >= 0,
-            latency_median_s,
-            "a float >= 0 (seconds)",
-            "pass latency_median_s=0.05",
-        )
-        _check(
-            "latency_p99_s",
-            isinstance(latency_p99_s, (int, float)) and latency_p99_s >= 0,
-            latency_p99_s,
-            "a float >= 0 (seconds)",
-            "pass latency_p99_s=1.0",
-        )
-        _check(
-            "continue_prob",
+        for name, value, example in (
+            ("latency_median_s", latency_median_s, 0.05),
+            ("latency_p99_s", latency_p99_s, 1.0),
+        ):
+            require(
+                isinstance(value, (int, float)) and value >= 0,
+                f"TinyRepeatEnv.{name}",
+                expected="a float >= 0 (seconds)",
+                received=value,
+                fix=f"pass {name}={example}",
+            )
+        require(
             isinstance(continue_prob, (int, float)) and 0 <= continue_prob < 1,
-            continue_prob,
-            "a float in [0, 1)",
-            "pass continue_prob=0.3",
+            "TinyRepeatEnv.continue_prob",
+            expected="a float in [0, 1)",
+            received=continue_prob,
+            fix="pass continue_prob=0.3",
         )
-        _check(
+        check_range(
+            "TinyRepeatEnv",
             "max_replies",
-            isinstance(max_replies, int) and max_replies >= 1,
             max_replies,
-            "an int >= 1",
-            "pass max_replies=4",
+            lo=1,
+            integer=True,
+            fix="pass max_replies=4",
         )
         self.num_letters, self.continue_prob, self.max_replies = (
             num_letters,

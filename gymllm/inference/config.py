@@ -170,27 +170,15 @@ class EngineConfig:
             is_int(self.seed), f"{c}.seed", expected="an int", received=self.seed, fix="use e.g. 0"
         )
         check_range(c, "idle_wait_s", self.idle_wait_s, lo=0, lo_open=True, fix="use e.g. 0.05")
-        require(
-            isinstance(self.prefix_reuse, bool),
-            f"{c}.prefix_reuse",
-            expected="a bool",
-            received=self.prefix_reuse,
-            fix="use True (default) or False",
-        )
-        require(
-            isinstance(self.share_prompt_prefill, bool),
-            f"{c}.share_prompt_prefill",
-            expected="a bool",
-            received=self.share_prompt_prefill,
-            fix="use True (default) or False",
-        )
-        require(
-            isinstance(self.compact_rows, bool),
-            f"{c}.compact_rows",
-            expected="a bool",
-            received=self.compact_rows,
-            fix="use True (default) or False",
-        )
+        for name in ("prefix_reuse", "share_prompt_prefill", "compact_rows"):
+            value = getattr(self, name)
+            require(
+                isinstance(value, bool),
+                f"{c}.{name}",
+                expected="a bool",
+                received=value,
+                fix="use True (default) or False",
+            )
         check_choice(
             c,
             "shapes",

@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 
-from gymllm.validation import check_range, require
+from gymllm.validation import check_fields, check_range, require
 
 
 # ---------------------------------------------------------------- limits
@@ -46,9 +46,8 @@ class ServerConfig:
     tool_format: str = "auto"
 
     def __post_init__(self) -> None:
-        for name in ("max_n", "max_prompts", "max_body_bytes", "default_max_tokens"):
-            v = getattr(self, name)
-            check_range("ServerConfig", name, v, lo=1, integer=True, fix=f"pass e.g. {name}=16")
+        names = ("max_n", "max_prompts", "max_body_bytes", "default_max_tokens")
+        check_fields("ServerConfig", self, names, lo=1, integer=True, fix="pass e.g. {field}=16")
         check_range(
             "ServerConfig",
             "max_tokens_cap",

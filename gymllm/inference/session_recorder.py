@@ -36,7 +36,7 @@ from typing import Any, Callable, Sequence
 
 from gymllm.errors import GymLLMError
 from gymllm.models.tokenizer import stop_ids
-from gymllm.validation import check_range, require
+from gymllm.validation import check_fields, require
 
 _SENTINEL = "\u2063GYMLLM_PROXY_SENTINEL\u2063"
 
@@ -70,9 +70,8 @@ class ProxyConfig:
     remember_closed: int = 100_000
 
     def __post_init__(self) -> None:
-        for name in ("max_open_sessions", "remember_closed"):
-            v = getattr(self, name)
-            check_range("ProxyConfig", name, v, lo=1, integer=True, fix=f"pass e.g. {name}=1024")
+        names = ("max_open_sessions", "remember_closed")
+        check_fields("ProxyConfig", self, names, lo=1, integer=True, fix="pass e.g. {field}=1024")
         require(
             isinstance(self.idle_timeout_s, (int, float)) and self.idle_timeout_s > 0,
             "ProxyConfig.idle_timeout_s",

@@ -8,7 +8,7 @@ import shlex
 from typing import Any
 
 from gymllm.rollout.concurrency import ConcurrencyConfig
-from gymllm.validation import check_choice, check_range, require
+from gymllm.validation import check_choice, check_fields, check_range, require
 
 MODES = ("async", "sync", "proxy")
 #: the placeholders of ``RolloutConfig.agent_program``, with sample values of their kinds
@@ -97,17 +97,15 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         c = "RolloutConfig"
-        for name in (
+        positive = (
             "group_size",
             "max_concurrency",
             "queue_size",
             "max_model_calls",
             "agent_processes",
-        ):
-            check_range(
-                c, name, getattr(self, name), lo=1, integer=True, fix=f"set {name}=1 or more"
-            )
-        for name in (
+        )
+        check_fields(c, self, positive, lo=1, integer=True, fix="set {field}=1 or more")
+        optional = (
             "num_groups",
             "max_open_groups",
             "max_prompt_len",
@@ -115,16 +113,9 @@ class RolloutConfig:
             "min_concurrency",
             "concurrency_start",
             "concurrency_step",
-        ):
-            check_range(
-                c,
-                name,
-                getattr(self, name),
-                lo=1,
-                integer=True,
-                optional=True,
-                fix=f"set {name}=None or a positive int",
-            )
+        )
+        fix = "set {field}=None or a positive int"
+        check_fields(c, self, optional, lo=1, integer=True, optional=True, fix=fix)
         check_range(
             c,
             "max_staleness",

@@ -30,7 +30,7 @@ from gymllm.rollout.agents import Agent, ModelAgent, ToolAgent
 from gymllm.rollout.config import RolloutConfig
 from gymllm.types import Group
 from gymllm.utils.seeds import HELD_OUT_SEED_BASE
-from gymllm.validation import check_range, require
+from gymllm.validation import check_fields, check_range, require
 
 __all__ = [
     "EvalConfig",
@@ -74,9 +74,8 @@ class EvalConfig:
     budget); n must be 1 (k sets the samples per seed)."""
 
     def __post_init__(self) -> None:
-        for f in ("seeds", "k", "max_turns", "max_concurrency"):
-            v = getattr(self, f)
-            check_range("EvalConfig", f, v, lo=1, integer=True, fix=f"set {f}=1 or more")
+        names = ("seeds", "k", "max_turns", "max_concurrency")
+        check_fields("EvalConfig", self, names, lo=1, integer=True, fix="set {field}=1 or more")
         check_range(
             "EvalConfig",
             "seed_base",

@@ -31,7 +31,7 @@ from gymllm.rollout.group_queue import QueueClosed
 from gymllm.rollout.sources import QueueSource
 from gymllm.rollout.token_buffer import Row
 from gymllm.types import Group, Trajectory
-from gymllm.validation import check_range
+from gymllm.validation import check_fields, check_range
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -47,9 +47,10 @@ class ProxySourceConfig:
     max_staleness: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("group_size", "max_queued_groups"):
-            v = getattr(self, name)
-            check_range("ProxySourceConfig", name, v, lo=1, integer=True, fix=f"pass e.g. {name}=4")
+        names = ("group_size", "max_queued_groups")
+        check_fields(
+            "ProxySourceConfig", self, names, lo=1, integer=True, fix="pass e.g. {field}=4"
+        )
         if not self.admission_timeout_s > 0:
             raise ConfigError(
                 explain(

@@ -44,7 +44,7 @@ from typing import Any, Callable, Sequence
 from gymllm.errors import ConfigError, explain
 from gymllm.suites.results import ResultsFile, row_key, summarize, suite_from_dict, write_json
 from gymllm.suites.spec import Suite, SuiteEnv
-from gymllm.validation import check_range, require
+from gymllm.validation import check_fields, require
 
 __all__ = ["PolicySpec", "RunnerConfig", "run_suite", "work_items"]
 
@@ -96,9 +96,8 @@ class RunnerConfig:
     num_resamples: int = 2000
 
     def __post_init__(self) -> None:
-        for f in ("max_concurrency_per_env", "num_slots", "max_len", "num_resamples"):
-            v = getattr(self, f)
-            check_range("RunnerConfig", f, v, lo=1, integer=True, fix=f"set {f}=1 or more")
+        names = ("max_concurrency_per_env", "num_slots", "max_len", "num_resamples")
+        check_fields("RunnerConfig", self, names, lo=1, integer=True, fix="set {field}=1 or more")
         require(
             self.episode_timeout_s is None or self.episode_timeout_s > 0,
             "RunnerConfig.episode_timeout_s",
