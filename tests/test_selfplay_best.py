@@ -4,12 +4,12 @@ checkpoint; the scores are forced (the evaluation is replaced), so nothing here 
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 
 import numpy as np
 import pytest
+from game_runs import run_to_end, tictactoe_tiny_args
 
 from gymllm.errors import ConfigError
 from gymllm.rollout.seat_source import MultiAgentSection
@@ -132,32 +132,8 @@ def test_a_run_keeps_its_best_in_run_checkpoint(tmp_path, monkeypatch):
 
     monkeypatch.setattr(GameEvaluator, "evaluate", evaluate)
     cfg = parse_train_args(
-        [
-            "--preset",
-            "tiny",
-            "--env.id",
-            "tic-tac-toe",
-            "--env-kwargs",
-            '{"max_invalid": 1}',
-            "--run-dir",
-            str(tmp_path),
-            "--rollout.group-size",
-            "2",
-            "--env.num-envs",
-            "2",
-            "--rollout.max-model-calls",
-            "5",
-            "--sampling.max-tokens",
-            "4",
-            "--learner.groups-per-step",
-            "1",
-            "--learner.num-steps",
-            "3",
-            "--engine.max-len",
-            "768",
-            "--learner.max-len",
-            "768",
-            "--run.no-report",
+        tictactoe_tiny_args(
+            tmp_path,
             "--multiagent.opponent",
             "random",
             "--eval.every",
@@ -166,21 +142,13 @@ def test_a_run_keeps_its_best_in_run_checkpoint(tmp_path, monkeypatch):
             "--multiagent.eval-opponents",
             "random",
             "gymllm.envs.games:tictactoe_one_ply",
-        ]
+        )
     )
     weights = {}
     run = Run(
         cfg, on_step=[lambda r: weights.setdefault(r["step"], dict(run.learner.policy_params()))]
     )
-
-    async def go():
-        run.setup()
-        try:
-            await run.train()
-        finally:
-            await run.close()
-
-    asyncio.run(go())
+    run_to_end(run)
     record = json.loads((tmp_path / "best.json").read_text())
     assert record["step"] == 1 and record["score"] == pytest.approx(0.875)
     metrics = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]

@@ -10,6 +10,7 @@ import types
 
 import numpy as np
 import pytest
+from game_runs import run_to_end, tictactoe_tiny_args
 
 from gymllm.train.opponents import FrozenOpponent, League
 from gymllm.errors import ConfigError
@@ -169,32 +170,8 @@ def test_a_league_run_logs_its_learning_curve(tmp_path):
     from gymllm.cli.train_args import parse_train_args
 
     cfg = parse_train_args(
-        [
-            "--preset",
-            "tiny",
-            "--env.id",
-            "tic-tac-toe",
-            "--env-kwargs",
-            '{"max_invalid": 1}',
-            "--run-dir",
-            str(tmp_path),
-            "--rollout.group-size",
-            "2",
-            "--env.num-envs",
-            "2",
-            "--rollout.max-model-calls",
-            "5",
-            "--sampling.max-tokens",
-            "4",
-            "--learner.groups-per-step",
-            "1",
-            "--learner.num-steps",
-            "3",
-            "--engine.max-len",
-            "768",
-            "--learner.max-len",
-            "768",
-            "--run.no-report",
+        tictactoe_tiny_args(
+            tmp_path,
             "--multiagent.opponent",
             "frozen",
             "--multiagent.league-size",
@@ -208,18 +185,10 @@ def test_a_league_run_logs_its_learning_curve(tmp_path):
             "--multiagent.eval-opponents",
             "random",
             "gymllm.envs.games:tictactoe_one_ply",
-        ]
+        )
     )
     run = Run(cfg)
-
-    async def go():
-        run.setup()
-        try:
-            await run.train()
-        finally:
-            await run.close()
-
-    asyncio.run(go())
+    run_to_end(run)
     records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     curve = [r for r in records if "eval/vs/random/win_or_draw" in r]
     assert [r["step"] for r in curve] == [0, 1, 2, 3]
