@@ -131,6 +131,7 @@ def run(spec: dict) -> dict:
     with tempfile.TemporaryDirectory(prefix="gymllm-peers-") as tmp:
         res = train(train_config(spec, tmp))
         profile = device_profile(res.profile_dir) if res.profile_dir else None
+        keep_run(tmp, os.environ.get("GYMLLM_PEERS_KEEP", ""))
     step_s = [float(h["step_wall_s"]) for h in res.history]
     w = spec["warmup_steps"]
     # where a step's wall goes (steady steps): learner busy, learner waiting for groups, weight push
@@ -148,6 +149,24 @@ def run(spec: dict) -> dict:
         "versions": {p: installed(md, p) for p in ("gymllm", "jax", "jaxlib", "flax", "optax")},
         **({"profile": profile} if profile is not None else {}),
     }
+
+
+def keep_run(run_dir: str, dest: str) -> None:
+    """Copy the run's telemetry (``trace.json(.gz)``, ``metrics.jsonl``, ``summary.txt``) and its
+    ``jax.profiler`` capture (``*.trace.json.gz``) to ``dest`` (``GYMLLM_PEERS_KEEP``; ``""``: keep
+    nothing), to read the host's side of a step where the run happened (an accelerator machine)."""
+    import pathlib
+    import shutil
+
+    if not dest:
+        return
+    out = pathlib.Path(dest)
+    out.mkdir(parents=True, exist_ok=True)
+    src = pathlib.Path(run_dir)
+    for pattern in ("trace.json*", "metrics.jsonl", "summary.txt", "**/*.trace.json.gz"):
+        for f in src.glob(pattern):
+            if f.is_file():
+                shutil.copy2(f, out / f.name)
 
 
 def device_profile(profile_dir) -> dict:
