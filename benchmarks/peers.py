@@ -154,8 +154,11 @@ class BenchConfig:
     peer_sites: (peer, directory) pairs: that peer's sides run with this interpreter and the directory
     on PYTHONPATH (an offline install: ``scripts/offline_bundle.py install-peer``) instead of a venv;
     only_sides: run only these of the peers' sides (empty: all), gymllm always runs beside them (a
-    10-minute accelerator call fits gymllm and one Tunix side); profile_steps: ``"A:B"`` captures
-    gymllm's steps A..B under ``jax.profiler`` and reports its device's busy share (``""``: off)."""
+    10-minute accelerator call fits gymllm and one Tunix side; ``("gymllm",)``: gymllm alone, no
+    ratio); profile_steps: ``"A:B"`` captures
+    gymllm's steps A..B under ``jax.profiler`` and reports its device's busy share (``""``: off);
+    gymllm_engine: (field, value) pairs that replace gymllm's ``EngineConfig`` settings (a sweep on the
+    accelerator, e.g. ``kv_write=chunk``), recorded with the result."""
 
     rounds: int = 3
     steps: int = 8
@@ -165,6 +168,7 @@ class BenchConfig:
     peer_sites: tuple[tuple[str, str], ...] = ()
     only_sides: tuple[str, ...] = ()
     profile_steps: str = ""
+    gymllm_engine: tuple[tuple[str, Any], ...] = ()
 
     def peer_sides(self) -> list[str]:
         """The peers' sides this run compares against gymllm, in order."""
@@ -192,12 +196,13 @@ class BenchConfig:
             raise ValueError(
                 f"BenchConfig.sizes: expected a subset of {tuple(SIZES)}, received {self.sizes}"
             )
-        known = [s for p in self.peers for s in SIDES_OF[p]]
+        known = [s for p in self.peers for s in SIDES_OF[p]] + ["gymllm"]
         bad = [s for s in self.only_sides if s not in known]
         if bad:
             raise ValueError(
                 f"BenchConfig.only_sides: expected sides of the peers run ({', '.join(known)}), "
-                f"received {bad}; fix: e.g. --sides tunix_agentic with --peers tunix"
+                f"received {bad}; fix: e.g. --sides tunix_agentic with --peers tunix (--sides gymllm: "
+                "gymllm alone, a sweep of its settings with no ratio)"
             )
         bad = [p for p, _ in self.peer_sites if p not in PEERS]
         if bad:
@@ -252,6 +257,13 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         help="gymllm's optimizer steps A..B under jax.profiler: its device's busy share and top ops",
     )
     ap.add_argument(
+        "--gymllm-engine",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="replace one of gymllm's EngineConfig settings (repeat), e.g. kv_write=chunk",
+    )
+    ap.add_argument(
         "--peer-site",
         action="append",
         default=[],
@@ -267,7 +279,27 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         peer_sites=tuple(parse_peer_site(t) for t in args.peer_site),
         only_sides=tuple(s.strip() for s in args.sides.split(",") if s.strip()),
         profile_steps=args.profile_steps,
+        gymllm_engine=tuple(parse_engine_setting(t) for t in args.gymllm_engine),
     )
+
+
+def parse_engine_setting(text: str) -> tuple[str, Any]:
+    """``"FIELD=VALUE"`` -> (field, value): the value read as JSON (``512``, ``true``), else kept as
+    text (``chunk``); the field must be one of ``EngineConfig``'s."""
+    from gymllm.inference.config import EngineConfig
+
+    field, sep, raw = text.partition("=")
+    names = [f.name for f in dataclasses.fields(EngineConfig)]
+    if not sep or field not in names:
+        raise SystemExit(
+            f"--gymllm-engine: expected FIELD=VALUE with FIELD one of EngineConfig's "
+            f"({', '.join(names)}), received {text!r}; fix: e.g. --gymllm-engine kv_write=chunk"
+        )
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return field, value
 
 
 def prompt_rows(count: int, size: str = "tiny") -> list[dict[str, Any]]:
@@ -481,7 +513,7 @@ def summarize(runs: list[dict]) -> dict:
         "per_round_step_s": ok,
     }
     first = next(r for r in runs if "error" not in r)
-    for k in ("versions", "reward_mean", "breakdown", "clock", "profile"):
+    for k in ("versions", "reward_mean", "breakdown", "clock", "profile", "engine_overrides"):
         if k in first:
             out[k] = first[k]
     out["step_s_all"] = [r["step_s"] for r in runs if "error" not in r]
@@ -563,6 +595,7 @@ def bench(
             spec_file = f"{tmp}/spec-{size}.json"
             spec = peer_spec(size, steps=cfg.steps, tokenizer_file=tok_file)
             spec["gymllm_profile_steps"] = cfg.profile_steps
+            spec["gymllm_engine"] = dict(cfg.gymllm_engine)
             pathlib.Path(spec_file).write_text(json.dumps(spec))
             runs: dict[str, list[dict]] = {s: [] for s in sides}
             for rnd in range(cfg.rounds):

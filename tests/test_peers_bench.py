@@ -352,3 +352,41 @@ def test_a_side_runs_from_the_peer_site_without_a_venv(tmp_path, monkeypatch):
     # without the site the fake cannot import its module: the error says so
     bare = peers.run_side("tunix_batch", sys.executable, "unused", timeout_s=60)
     assert "peer_only_module" in bare["error"]
+
+
+def test_gymllm_engine_settings_reach_the_runner_and_gymllm_can_run_alone(tmp_path):
+    """--gymllm-engine FIELD=VALUE replaces that EngineConfig setting in gymllm's run (values read as
+    JSON, else text; an unknown field is refused with the known ones named); --sides gymllm runs
+    gymllm with no peer side; GYMLLM_PEERS_KEEP's copy takes the run's telemetry files."""
+    sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
+    import run_gymllm
+
+    cfg = peers.parse_args(
+        ["--gymllm-engine", "kv_write=chunk", "--gymllm-engine", "prefill_tokens=512"]
+    )
+    assert cfg.gymllm_engine == (("kv_write", "chunk"), ("prefill_tokens", 512))
+    with pytest.raises(SystemExit, match="one of EngineConfig's.*kv_write"):
+        peers.parse_args(["--gymllm-engine", "kv_writes=chunk"])
+    spec = peers.peer_spec("tiny", steps=5, tokenizer_file=peers.write_tokenizer(str(tmp_path)))
+    base = run_gymllm.train_config(spec, str(tmp_path / "run")).engine
+    spec["gymllm_engine"] = dict(cfg.gymllm_engine)
+    engine = run_gymllm.train_config(spec, str(tmp_path / "run")).engine
+    assert (engine.kv_write, engine.prefill_tokens) == ("chunk", 512)
+    assert (
+        dataclasses.replace(engine, kv_write=base.kv_write, prefill_tokens=base.prefill_tokens)
+        == base
+    )
+    assert peers.parse_args(["--peers", "tunix", "--sides", "gymllm"]).peer_sides() == []
+    run = tmp_path / "kept-run"
+    (run / "plugins" / "profile" / "x").mkdir(parents=True)
+    for name in (
+        "trace.json",
+        "metrics.jsonl",
+        "plugins/profile/x/host.trace.json.gz",
+        "other.bin",
+    ):
+        (run / name).write_text("x")
+    run_gymllm.keep_run(str(run), str(tmp_path / "out"))
+    kept = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert kept == ["host.trace.json.gz", "metrics.jsonl", "trace.json"]
+    run_gymllm.keep_run(str(run), "")  # off: nothing copied, no error

@@ -47,6 +47,19 @@ def train_config(spec: dict, run_dir: str):
         policy=dataclasses_replace(loss.policy, eps_low=a["epsilon"], eps_high=a["epsilon"]),
     )
     max_len = s["max_prompt_tokens"] + s["max_new_tokens"]
+    engine = EngineConfig(
+        num_slots=rows,
+        max_len=max_len,
+        min_bucket=64,
+        idle_wait_s=0.002,
+        decode_chunk=8,
+        shapes="fixed",  # the Quickstart's engine: one packed prefill program, one decode length
+        prefill_tokens=256,
+        decode_lengths=1,
+        prefix_reuse=False,  # the peers keep no prefix cache: the same prefill work
+    )
+    # peers.py --gymllm-engine FIELD=VALUE: a sweep of the engine's settings on the accelerator
+    engine = dataclasses_replace(engine, **spec.get("gymllm_engine", {}))
     return TrainConfig(
         model=ModelSection(
             name="tiny-qwen3",
@@ -59,17 +72,7 @@ def train_config(spec: dict, run_dir: str):
             num_kv_heads=m["num_kv_heads"],
         ),
         env=EnvSection(id="gymllm/TinyRepeat-v0", kwargs=dict(spec["task_kwargs"]), num_envs=rows),
-        engine=EngineConfig(
-            num_slots=rows,
-            max_len=max_len,
-            min_bucket=64,
-            idle_wait_s=0.002,
-            decode_chunk=8,
-            shapes="fixed",  # the Quickstart's engine: one packed prefill program, one decode length
-            prefill_tokens=256,
-            decode_lengths=1,
-            prefix_reuse=False,
-        ),  # the peers keep no prefix cache: the same prefill work
+        engine=engine,
         sampling=SamplingParams(temperature=s["temperature"], max_tokens=s["max_new_tokens"]),
         rollout=RolloutConfig(
             group_size=spec["group_size"],
@@ -147,6 +150,7 @@ def run(spec: dict) -> dict:
         "mean_step_s": float(np.mean(step_s[w:])) if len(step_s) > w else None,
         "reward_mean": float(np.mean(res.rewards())),
         "versions": {p: installed(md, p) for p in ("gymllm", "jax", "jaxlib", "flax", "optax")},
+        "engine_overrides": spec.get("gymllm_engine", {}),
         **({"profile": profile} if profile is not None else {}),
     }
 
