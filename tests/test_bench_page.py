@@ -89,6 +89,7 @@ def test_records_are_well_formed_and_imported_ones_say_so():
             assert r["source"] in (
                 "run",
                 "imported from the README text of commit 0a52cdd",
+                "read from the log of a run stopped by its time limit",
             ) or re.fullmatch(
                 r"copied from the output of a development run on branch [\w-]+", r["source"]
             ), r["source"]
@@ -180,6 +181,32 @@ def test_render_orders_leads_first_then_newest_and_shows_imported_values_verbati
     row = next(ln for ln in section.splitlines() if ln.startswith("| `r`"))
     assert row == "| `r` | - | **2.10** | 0.90 | 1.00 (1.002-1.003) |"
     assert "not named" in section and "imported from the README text" in section
+    # on one day the later run leads, whichever line of the file it is on
+    runs = [
+        {
+            **base,
+            "source": "run",
+            "command": "a",
+            "result": {"r": 1.0},
+            "date": "2026-12-06T15:44:00Z",
+        },
+        {
+            **base,
+            "source": "run",
+            "command": "b",
+            "result": {"r": 2.0},
+            "date": "2026-12-06T12:57:00Z",
+        },
+        {
+            **base,
+            "source": "run",
+            "command": "c",
+            "result": {"r": 3.0},
+            "date": "2026-12-06T15:46:00Z",
+        },
+    ]
+    row = next(ln for ln in render.render_section("x", runs).splitlines() if ln.startswith("| `r`"))
+    assert row == "| `r` | - | **3** | 1 | 2 |"
 
 
 def test_a_bad_record_is_a_clear_error(tmp_path):

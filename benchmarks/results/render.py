@@ -705,8 +705,13 @@ class Measurement:
         return bool(self.first.get("lead", not self.imported))
 
     def sort_key(self) -> str:
-        """The latest ISO date in the records' dates ("2026-12-01 20:25", "by 2026-12-02", ...)."""
-        found = [m for r in self.records for m in re.findall(r"\d{4}-\d{2}-\d{2}", str(r["date"]))]
+        """The latest ISO date, with its time where given, in the records' dates ("2026-12-01 20:25",
+        "2026-12-06T15:40:34Z", "by 2026-12-02", ...): newest first, and on one day the later run first."""
+        found = [
+            m.replace("T", " ")
+            for r in self.records
+            for m in re.findall(r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2})?", str(r["date"]))
+        ]
         return max(found, default="0000-00-00")
 
 
