@@ -27,7 +27,8 @@
 #   peers        gymllm against Tunix 0.1.7's batch and agentic GRPO (benchmarks/peers.py --sizes smollm2,
 #                random weights: needs no model pieces): installs the carried .offline/peer-tunix into
 #                $GYMLLM_TUNIX_SITE (/tmp/gymllm-tunix-site; once), then runs the peer from there;
-#                args: $PEERS_ARGS (default --rounds 1 --steps 8: a call has 10 minutes)
+#                args: $PEERS_ARGS (default --rounds 1 --steps 8 --sides tunix_batch and the engine settings
+#                measured best on the chip, docs/tpu.md: a call has 10 minutes, which fit one Tunix side)
 #
 # Logs go to $OUT (one file per part, at most 8 files with the records): setup.log, tests.log, ...;
 # benchmark records to $OUT/records/*.jsonl (append them to benchmarks/results/ and re-render the page;
@@ -194,7 +195,7 @@ run_part() {
         fi
         # shellcheck disable=SC2086
         "$PY" benchmarks/peers.py --peers tunix --sizes smollm2 --peer-site "tunix=$TUNIX_SITE" \
-          ${PEERS_ARGS:---rounds 1 --steps 8}
+          ${PEERS_ARGS:---rounds 1 --steps 8 --sides tunix_batch --gymllm-engine prefill_tokens=1024 --gymllm-engine max_prefill_batch=16 --gymllm-engine decode_chunk=32}
       ) 2>&1 | tee "$OUT/peers.log"
       ;;
     *)

@@ -162,3 +162,35 @@ def test_engines_with_either_write_give_the_same_completions(lm, shapes, chunk):
         for a, b in zip(scatter, asyncio.run(run(other))):
             assert list(a.token_ids) == list(b.token_ids) and a.finish_reason == b.finish_reason
             np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+
+def cache_copies(kv_write: str) -> int:
+    """How many whole-cache ``copy`` ops XLA put into a compiled 8-step decode chunk of a tiny model."""
+    import re
+
+    from flax import nnx
+
+    from gymllm.inference.multi_token_decode import MAX_STOP_IDS, make_decode_chunk
+
+    lm = make_tiny(
+        "llama", seed=5, vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=3
+    )
+    graphdef, state = nnx.split(lm.model)
+    w, s = 8, 64
+    cache = lm.model.init_cache(w, s, jnp.float32)
+    chunk, _ = make_decode_chunk(graphdef, 8, kv_write)
+    z = np.zeros(w, np.int32)
+    args = (state, cache, z, z, np.zeros((w, 2), np.uint32), z, np.ones(w, np.float32), z)
+    args += (np.ones(w, np.float32), np.full((w, MAX_STOP_IDS), -1, np.int32))
+    text = chunk.lower(*args, np.full(w, 8, np.int32), np.int32(8), s).compile().as_text()
+    dims = ",".join(map(str, jax.tree.leaves(cache)[0].shape))
+    return sum(1 for ln in text.splitlines() if re.search(rf"\[{dims}\]\S* copy\(", ln))
+
+
+def test_a_chunk_write_copies_no_whole_cache_where_the_scatter_does():
+    """Why the Quickstart's engine writes k/v by the chunk: inside the decode loop XLA copies the
+    whole k and v cache around the scatter's in-place update (on a TPU v5e at SmolLM2's shape, 64
+    rows: 2.3 ms of a 4.0 ms token step); the chunk write only reads the cache in the loop. The
+    scatter's count shows the check finds such copies."""
+    assert cache_copies("scatter") > 0
+    assert cache_copies("chunk") == 0

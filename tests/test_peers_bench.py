@@ -362,16 +362,16 @@ def test_gymllm_engine_settings_reach_the_runner_and_gymllm_can_run_alone(tmp_pa
     import run_gymllm
 
     cfg = peers.parse_args(
-        ["--gymllm-engine", "kv_write=chunk", "--gymllm-engine", "prefill_tokens=512"]
+        ["--gymllm-engine", "kv_write=select", "--gymllm-engine", "prefill_tokens=512"]
     )
-    assert cfg.gymllm_engine == (("kv_write", "chunk"), ("prefill_tokens", 512))
+    assert cfg.gymllm_engine == (("kv_write", "select"), ("prefill_tokens", 512))
     with pytest.raises(SystemExit, match="one of EngineConfig's.*kv_write"):
         peers.parse_args(["--gymllm-engine", "kv_writes=chunk"])
     spec = peers.peer_spec("tiny", steps=5, tokenizer_file=peers.write_tokenizer(str(tmp_path)))
     base = run_gymllm.train_config(spec, str(tmp_path / "run")).engine
     spec["gymllm_engine"] = dict(cfg.gymllm_engine)
     engine = run_gymllm.train_config(spec, str(tmp_path / "run")).engine
-    assert (engine.kv_write, engine.prefill_tokens) == ("chunk", 512)
+    assert (engine.kv_write, engine.prefill_tokens) == ("select", 512)
     assert (
         dataclasses.replace(engine, kv_write=base.kv_write, prefill_tokens=base.prefill_tokens)
         == base

@@ -53,6 +53,7 @@ def train_config(spec: dict, run_dir: str):
         min_bucket=64,
         idle_wait_s=0.002,
         decode_chunk=8,
+        kv_write="chunk",
         shapes="fixed",  # the Quickstart's engine: one packed prefill program, one decode length
         prefill_tokens=256,
         decode_lengths=1,

@@ -325,12 +325,16 @@ class ClusterSection:
         return self.backend != "none"
 
 
-# What TrainConfig's default and both presets run on a small CPU: the engine's fixed shapes (one 128-token packed prefill, one
-# decode length, 8-token decode chunks, a short idle wait) and the learner's fixed program set.
+# What TrainConfig's default and both presets run (sized for a small CPU, the same on an accelerator): the engine's fixed
+# shapes (one 128-token packed prefill, one decode length, 8-token decode chunks that keep their k/v beside the cache and
+# write it once a chunk, a short idle wait) and the learner's fixed program set. The chunk write: on a TPU v5e the
+# scatter copied the whole k/v cache every decode step of a chunk (2.3 ms of a 4.0 ms step at SmolLM2's shape, 64 rows);
+# on the CPU the two cost the same (docs/tpu.md).
 _CPU_ENGINE = dict(
     min_bucket=64,
     idle_wait_s=0.002,
     decode_chunk=8,
+    kv_write="chunk",
     shapes="fixed",
     prefill_tokens=128,
     decode_lengths=1,
