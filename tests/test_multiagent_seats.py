@@ -11,6 +11,7 @@ import asyncio
 import numpy as np
 import pytest
 
+from game_runs import run_to_end
 from gymllm.multiagent.baseline import role_ema_advantages
 from gymllm.errors import ConfigError
 from turn_games import CounterGame, take_groups
@@ -532,15 +533,7 @@ def test_frozen_opponent_trains_and_its_weights_change_only_at_a_refresh(tmp_pat
         seen.append((record["step"], opp.version, opp.weights_hash()))
 
     run = Run(cfg, on_step=[look])
-
-    async def go():
-        run.setup()
-        try:
-            await run.train()
-        finally:
-            await run.close()
-
-    asyncio.run(go())
+    run_to_end(run)
     assert [(s, v) for s, v, _ in seen] == [
         (1, 0),
         (2, 2),

@@ -14,6 +14,7 @@ import json
 import numpy as np
 import pytest
 
+from game_runs import run_to_end
 from gymllm.errors import ConfigError
 from gymllm.inference.completion import Completion
 
@@ -411,15 +412,7 @@ def test_a_trained_policies_run_loads_each_policy_as_its_learner_left_it(tmp_pat
         MAP,
     )
     run = Run(cfg)
-
-    async def go():
-        run.setup()
-        try:
-            await run.train()
-        finally:
-            await run.close()
-
-    asyncio.run(go())
+    run_to_end(run)
     final = {
         n: {k: np.asarray(v) for k, v in lrn.policy_params().items()}
         for n, lrn in run.learner.learners.items()
