@@ -77,7 +77,12 @@ def curve(run_dir: pathlib.Path) -> list[dict]:
 
 
 def evaluate(
-    recipe: str, run_dir: pathlib.Path, label: str, checkpoint: pathlib.Path, games: int
+    recipe: str,
+    run_dir: pathlib.Path,
+    label: str,
+    checkpoint: pathlib.Path,
+    games: int,
+    slots: int = 16,
 ) -> list[dict]:
     """``gymllm eval game`` of one checkpoint against the fixed players into ``run_dir/eval/<label>``
     (kept: a directory whose summary has the same games is reused); its rows."""
@@ -111,6 +116,8 @@ def evaluate(
             str(table.get("sampling", {}).get("max_tokens", 6)),
             "--engine.max-len",
             "1024",
+            "--engine.num-slots",
+            str(slots),
             "--eval.num-resamples",
             "200",
             "--out",
@@ -120,7 +127,7 @@ def evaluate(
     return [json.loads(x) for x in (out_dir / "games.jsonl").read_text().splitlines() if x.strip()]
 
 
-def measure(recipe: str, run_dir: pathlib.Path, games: int) -> dict:
+def measure(recipe: str, run_dir: pathlib.Path, games: int, slots: int = 16) -> dict:
     """Step 2 and 3 of the module doc on a finished run directory. Each checkpoint is evaluated by its
     own command (the schedule and the random player's draws depend only on the seeds and the games, so
     both meet the same games, as in one command with ``--no-model-pairs``); the rows are then compared."""
@@ -133,11 +140,11 @@ def measure(recipe: str, run_dir: pathlib.Path, games: int) -> dict:
     )
     best = run_dir / "best"
     t = time.perf_counter()
-    rows = evaluate(recipe, run_dir, "sft", run_dir / "sft", games) + evaluate(
-        recipe, run_dir, "selfplay", run_dir, games
+    rows = evaluate(recipe, run_dir, "sft", run_dir / "sft", games, slots) + evaluate(
+        recipe, run_dir, "selfplay", run_dir, games, slots
     )
     if best.is_dir():  # the best in-run checkpoint (--multiagent.eval-keep-best)
-        rows += evaluate(recipe, run_dir, "best", best, games)
+        rows += evaluate(recipe, run_dir, "best", best, games, slots)
     eval_s = time.perf_counter() - t
     h = spec["heuristic"]
     labels = ["sft", "selfplay", "best", "random", h]
@@ -220,6 +227,13 @@ def main() -> None:
         "--games", type=int, default=128, help="games a pairing in the final evaluation (even)"
     )
     ap.add_argument(
+        "--eval-slots",
+        type=int,
+        default=16,
+        help="rows each evaluation engine decodes together (gymllm eval's default 16; an accelerator "
+        "decodes 64 rows about as fast as 16); every checkpoint of a run is evaluated with the same",
+    )
+    ap.add_argument(
         "--eval-only", action="store_true", help="measure existing run directories, no training"
     )
     ap.add_argument(
@@ -262,7 +276,7 @@ def main() -> None:
         )
         fig["sft_s"] = stages.get("sft", {}).get("wall_s")
         fig["curve"] = curve(run_dir)
-        fig.update(measure(recipe, run_dir, games))
+        fig.update(measure(recipe, run_dir, games, args.eval_slots))
         print(f"{recipe}: {json.dumps(fig)}", flush=True)
         result[recipe] = fig
     result["loadavg"] = {"start": load0, "end": loadavg()}

@@ -20,6 +20,12 @@
 #                rate); args: $LEARNER_MFU_ARGS
 #   selfplay     benchmarks/selfplay_learning.py (the self-play recipes end to end, then their checkpoints on
 #                held-out games); args: $SELFPLAY_ARGS (e.g. --recipe tictactoe_selfplay -- --learner.num-steps 30)
+#   suite        benchmarks/suite.py (one shared engine against one engine per env, the core suite) at SmolLM2-135M's
+#                shape with random weights (needs no model pieces); args: $SUITE_ARGS (default: every engine as many
+#                rows as its episodes in flight, the fixed program set, 512-token rows)
+#   lockstep     benchmarks/selfplay.py (barrier-free self-play games against lock-step turns) at SmolLM2-135M's
+#                shape with random weights (needs no model pieces); args: $LOCKSTEP_ARGS (default: the fixed
+#                program set, 1024-token rows)
 #   profile      benchmarks/chip_profile.py (a decode run and a learner step under jax.profiler, their
 #                device ops summed by name; model load and checkpoint pieces timed); args: $PROFILE_ARGS
 #   limits       benchmarks/chip_limits.py (decode against the bandwidth bound, learner model-FLOPs
@@ -169,6 +175,18 @@ run_part() {
       "$PY" benchmarks/selfplay_learning.py --run-root /tmp/gymllm-selfplay ${SELFPLAY_ARGS:-} 2>&1 \
         | tee "$OUT/selfplay.log"
       ;;
+    suite)
+      setup || return 1
+      # shellcheck disable=SC2086
+      "$PY" benchmarks/suite.py ${SUITE_ARGS:---model shape:smollm2-135m --num-slots inflight --max-len 512 --engine shapes=fixed --engine decode_lengths=1 --engine kv_write=chunk --engine prefill_tokens=1024 --engine max_prefill_batch=16 --engine decode_chunk=16} \
+        2>&1 | tee "$OUT/suite.log"
+      ;;
+    lockstep)
+      setup || return 1
+      # shellcheck disable=SC2086
+      "$PY" benchmarks/selfplay.py ${LOCKSTEP_ARGS:---model shape:smollm2-135m --max-len 1024 --engine shapes=fixed --engine decode_lengths=1 --engine kv_write=chunk --engine prefill_tokens=1024 --engine max_prefill_batch=16 --engine decode_chunk=16} \
+        2>&1 | tee "$OUT/lockstep.log"
+      ;;
     profile)
       setup || return 1
       local pdir
@@ -199,7 +217,7 @@ run_part() {
       ) 2>&1 | tee "$OUT/peers.log"
       ;;
     *)
-      note "unknown part '$part': expected stash, setup, model, tests, quickstart, accel, learner_mfu, selfplay, profile, limits or peers"
+      note "unknown part '$part': expected stash, setup, model, tests, quickstart, accel, learner_mfu, selfplay, suite, lockstep, profile, limits or peers"
       return 2
       ;;
   esac
