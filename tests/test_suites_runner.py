@@ -452,3 +452,29 @@ def test_a_user_env_named_on_the_command_line(tmp_path, user_dir, capsys):
     assert policy_label(checkpoint=str(tmp_path / "runs" / "exp1")) == "exp1"
     assert policy_label(checkpoint=str(tmp_path / "runs" / "exp1" / "checkpoints")) == "exp1"
     assert policy_label(model="smollm2-135m-instruct") == "smollm2-135m-instruct"
+
+
+def test_a_row_counts_more_sampled_tokens_than_an_int8_holds(tmp_path, loaded):
+    """A reply of more than 127 tokens is counted whole (the loss mask is int8: summing its elements one
+    by one in Python wrapped past 127, and the chip's long random-weight replies reported wrong counts)."""
+    path = tmp_path / "long.toml"
+    path.write_text(
+        textwrap.dedent("""
+        name = "long"
+        k = 1
+        num_seeds = 1
+        seed_base = 1_000_000
+        max_tokens = 200
+        max_turns = 1
+        temperature = 1.0
+
+        [[env]]
+        id = "gymllm/TinyRepeat-v0"
+        name = "repeat"
+        kwargs = { num_letters = 2 }
+    """)
+    )
+    run_suite(load_suite(path), [PolicySpec(label="a", loaded=loaded[0])], tmp_path / "out", config=CONFIG)
+    (row,) = ResultsFile(tmp_path / "out" / "results.jsonl").read()
+    assert row["error"] is None, row
+    assert 128 <= row["tokens"] <= 200, row

@@ -281,7 +281,7 @@ async def _model_env(
                     run_episode(slots, shared, ep, slot, limit), config.episode_timeout_s
                 )
                 trajs = ep.trajectories()
-                tokens = sum(int(sum(t.loss_mask)) for t in trajs)
+                tokens = sum(t.num_sampled for t in trajs)
                 write(
                     _row(
                         policy.label,
