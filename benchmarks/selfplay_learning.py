@@ -281,8 +281,10 @@ def main() -> None:
         result[recipe] = fig
     result["loadavg"] = {"start": load0, "end": loadavg()}
     from results import emit_result
+    from results.device import child_device_info
 
-    emit_result("selfplay_learning", result)
+    # the device `gymllm train` and `gymllm eval` ran on (this process never imports JAX)
+    emit_result("selfplay_learning", result, device=child_device_info())
 
 
 if __name__ == "__main__":

@@ -20,7 +20,9 @@ those are the headline (if a side never gets one: warm wall time minus its compi
 budget on a small CPU. ``rows_match``: per env, the two sides' mean reward and pass@1 agree (same
 seeds, same sampling seeds).
 
-RESULT keys: ``suite_vs_per_env`` (per-env wall time / suite wall time, warm medians; goal >= 2),
+RESULT keys: ``suite_vs_per_env`` (per-env wall time / suite wall time, warm medians; goal >= 2; null
+when any of the suite side's rows failed: a side that did less work has no comparable time),
+``failed_rows`` and ``first_error`` (the suite side's failed rows over every round, and one message),
 ``suite_s``, ``per_env_s``, ``cold_suite_vs_per_env`` (round 0), ``net_of_compile``, ``rounds`` (per
 side: each round's wall seconds, compilations and compile seconds), ``rows`` (episodes per side),
 ``rows_match``, ``per_env_rows`` (each env's figures on both sides), ``cpu``, ``cores``,
@@ -43,7 +45,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import os
+import pathlib
 import tempfile
 import time
 from typing import Any
@@ -171,6 +175,13 @@ def main() -> None:
                     progress=False,
                 ),
             )
+            errors = [
+                json.loads(line)["error"]
+                for line in (pathlib.Path(out) / "results.jsonl").read_text().splitlines()
+                if line.strip() and json.loads(line)["error"]
+            ]
+        summary["errors"] = len(errors)
+        summary["first_error"] = errors[0][:500] if errors else None
         return time.perf_counter() - t0, summary
 
     def per_env_side() -> tuple[float, list[dict[str, Any]]]:
@@ -214,6 +225,7 @@ def main() -> None:
     def clean(side: str) -> list[float]:
         return [r["wall_s"] for r in runs[side][1:] if r["compiles"] == 0]
 
+    first_error = None
     for r in range(args.max_rounds):
         # round 0 compiles: the suite side first, so what the per-env side reuses favours it; then the order
         # alternates so neither side always runs after the other
@@ -228,8 +240,15 @@ def main() -> None:
                     "wall_s": round(dt, 3),
                     "compiles": compiled["n"] - n0,
                     "compile_s": round(compiled["s"] - s0, 3),
+                    **({"errors": summary["errors"]} if side == "suite" else {}),
                 }
             )
+            if side == "suite" and summary["errors"]:
+                first_error = first_error or summary["first_error"]
+                print(
+                    f"round {r} suite: {summary['errors']} of its rows failed, e.g. {summary['first_error']}",
+                    flush=True,
+                )
             print(
                 f"round {r} {side}: {dt:.2f} s, {compiled['n'] - n0} compilations ({compiled['s'] - s0:.2f} s)",
                 flush=True,
@@ -267,8 +286,12 @@ def main() -> None:
             "per_env": [row["mean_reward"], row["pass@1"], row["episodes"]],
             "match": same,
         }
+    failed_rows = sum(r.get("errors", 0) for r in runs["suite"])
     result = {
-        "suite_vs_per_env": round(per_env_s / suite_s, 3),
+        # a side whose rows failed did less work: its time is no figure
+        "suite_vs_per_env": None if failed_rows else round(per_env_s / suite_s, 3),
+        "failed_rows": failed_rows,
+        "first_error": first_error,
         "suite_s": round(suite_s, 2),
         "per_env_s": round(per_env_s, 2),
         "cold_suite_vs_per_env": round(

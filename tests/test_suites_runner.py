@@ -474,7 +474,9 @@ def test_a_row_counts_more_sampled_tokens_than_an_int8_holds(tmp_path, loaded):
         kwargs = { num_letters = 2 }
     """)
     )
-    run_suite(load_suite(path), [PolicySpec(label="a", loaded=loaded[0])], tmp_path / "out", config=CONFIG)
+    run_suite(
+        load_suite(path), [PolicySpec(label="a", loaded=loaded[0])], tmp_path / "out", config=CONFIG
+    )
     (row,) = ResultsFile(tmp_path / "out" / "results.jsonl").read()
     assert row["error"] is None, row
     assert 128 <= row["tokens"] <= 200, row

@@ -76,3 +76,22 @@ def test_the_peers_part_is_listed_and_without_a_peer_bundle_says_what_to_carry(t
     assert "peers: exit 1" in (tmp_path / "out" / "setup.log").read_text()
     bad = _run(tmp_path, bundle, "bogus")
     assert "profile, limits or peers" in bad.stdout
+
+
+def test_the_suite_and_lockstep_parts_run_their_benchmarks_with_the_given_args(
+    tmp_path, monkeypatch
+):
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    usage = _run(tmp_path, bundle)
+    assert "suite        benchmarks/suite.py" in usage.stdout
+    assert "lockstep     benchmarks/selfplay.py" in usage.stdout
+    monkeypatch.setenv("SUITE_ARGS", "--help")
+    monkeypatch.setenv("LOCKSTEP_ARGS", "--help")
+    done = _run(tmp_path, bundle, "suite", "lockstep")
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = tmp_path / "out"
+    assert "--num-slots" in (out / "suite.log").read_text()  # suite.py's own help
+    assert "--piggyback-tokens" in (out / "lockstep.log").read_text()  # selfplay.py's own help
+    log = (out / "setup.log").read_text()
+    assert "suite: exit 0" in log and "lockstep: exit 0" in log
