@@ -5,6 +5,7 @@ results.jsonl, then --resume: every (policy, env, seed, sample) exactly once."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -454,29 +455,12 @@ def test_a_user_env_named_on_the_command_line(tmp_path, user_dir, capsys):
     assert policy_label(model="smollm2-135m-instruct") == "smollm2-135m-instruct"
 
 
-def test_a_row_counts_more_sampled_tokens_than_an_int8_holds(tmp_path, loaded):
+def test_a_row_counts_more_sampled_tokens_than_an_int8_holds(tmp_path, suite_file, loaded):
     """A reply of more than 127 tokens is counted whole (the loss mask is int8: summing its elements one
     by one in Python wrapped past 127, and the chip's long random-weight replies reported wrong counts)."""
-    path = tmp_path / "long.toml"
-    path.write_text(
-        textwrap.dedent("""
-        name = "long"
-        k = 1
-        num_seeds = 1
-        seed_base = 1_000_000
-        max_tokens = 200
-        max_turns = 1
-        temperature = 1.0
-
-        [[env]]
-        id = "gymllm/TinyRepeat-v0"
-        name = "repeat"
-        kwargs = { num_letters = 2 }
-    """)
-    )
-    run_suite(
-        load_suite(path), [PolicySpec(label="a", loaded=loaded[0])], tmp_path / "out", config=CONFIG
-    )
+    suite = load_suite(suite_file, overrides={"num_seeds": 1, "k": 1, "max_tokens": 200})
+    suite = dataclasses.replace(suite, envs=[e for e in suite.envs if e.name == "repeat"])
+    run_suite(suite, [PolicySpec(label="a", loaded=loaded[0])], tmp_path / "out", config=CONFIG)
     (row,) = ResultsFile(tmp_path / "out" / "results.jsonl").read()
     assert row["error"] is None, row
     assert 128 <= row["tokens"] <= 200, row
