@@ -65,7 +65,7 @@ def run_train(run_dir: pathlib.Path, cache: pathlib.Path, args: list[str]) -> di
     cmd = [
         sys.executable,
         "-m",
-        "gymllm.cli.main",
+        "gymllm.cli.entry",  # the `gymllm` command
         "train",
         "--run-dir",
         str(run_dir),

@@ -93,7 +93,7 @@ def main() -> None:
         cmd = [
             sys.executable,
             "-m",
-            "gymllm.cli.main",
+            "gymllm.cli.entry",  # the `gymllm` command
             "train",
             "--run-dir",
             str(run_dir),
