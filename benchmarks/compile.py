@@ -15,7 +15,8 @@ from the cache; eager single ops apart), ``programs_all`` (every compile, eager 
 ``programs_warm`` (model programs the warm run compiled: the goal is 0), ``programs_warm_all``,
 ``programs_warm_new`` (of those, programs whose cache key the cold run never had: shapes the warm run
 needed and the cold one did not, e.g. the engine's request timing), ``programs_loaded_warm``,
-``compile_s_warm``, ``wall_s`` / ``wall_s_warm`` (whole commands), ``steps``, ``preset``,
+``compile_s_warm``, ``wall_s`` / ``wall_s_warm`` (whole commands), ``malloc_hugepages`` (whether the
+``gymllm`` command's malloc ran on transparent huge pages; ``GYMLLM_HUGEPAGES=0``: not), ``steps``, ``preset``,
 ``device_kind`` / ``platform`` (``jax.devices()[0]``), ``cpu``, ``loadavg``. On a TPU the training
 times are also given as ``quickstart_train_s_tpu`` / ``quickstart_train_s_tpu_warm``.
 
@@ -38,6 +39,20 @@ import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+
+def malloc_hugepages() -> bool:
+    """Whether the ``gymllm train`` children run with glibc's malloc on huge pages (their own restart,
+    :func:`gymllm.utils.host_memory.restart_with_hugepages`, or a tunable already in the environment)."""
+    import platform
+
+    from gymllm.utils.host_memory import hugepage_tunables, thp_mode
+
+    chosen = os.environ.get("GLIBC_TUNABLES", "")
+    if "glibc.malloc.hugetlb=" in chosen:
+        return "glibc.malloc.hugetlb=0" not in chosen
+    return hugepage_tunables(os.environ, mode=thp_mode(), libc=platform.libc_ver()[0]) is not None
+
 
 TRAINED = re.compile(r"trained (\d+) steps in ([0-9.]+)s")
 QUICK_STEPS = 4
@@ -198,6 +213,8 @@ def main() -> None:
         "quickstart_train_s_warm": warm["train_s"],
         "first_step_s_warm": warm["first_step_s"],
         "wall_s_warm": warm["wall_s"],
+        # whether the `gymllm` command's malloc took transparent huge pages (GYMLLM_HUGEPAGES=0: not)
+        "malloc_hugepages": malloc_hugepages(),
         "biggest_stall": cold["biggest_stall"],
         "biggest_stall_warm": warm["biggest_stall"],
         "slowest": cf["slowest"],

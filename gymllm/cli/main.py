@@ -63,7 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return guarded(lambda: commands.dispatch(name, COMMANDS[name], rest))
 
 
-if __name__ == "__main__":  # as the `gymllm` command does (gymllm.cli.entry), after this module's imports
+if (
+    __name__ == "__main__"
+):  # as the `gymllm` command does (gymllm.cli.entry), after this module's imports
     from gymllm.cli.entry import run
 
     sys.exit(run())

@@ -21,7 +21,8 @@ The large blocks fault too: each is mapped fresh per call and faulted in 4 KB at
 Quickstart on a 2-core EPYC took 31.9 million minor faults and 88.6 s of system time (of 321 s of
 CPU). glibc's ``glibc.malloc.hugetlb=1`` tunable has malloc ask for transparent huge pages
 (``madvise``) on what it maps, so a block faults in 2 MB at a time: a float32 [960, 49152] logits
-step went from 2.76 million faults and 5.2 s of system time to 27,600 and 1.8 s (wall 10.3 -> 7.6 s).
+step went from 2.76 million faults and 5.2 s of system time to 27,600 and 1.8 s (wall 10.3 -> 7.6 s), and
+the Quickstart's warm run from 159-163 s to 135-140 s (cold: 166-181 s to 154-166 s).
 A tunable is read only when a process starts, so the ``gymllm`` command starts itself again with it
 (:func:`hugepage_tunables`, :func:`restart_with_hugepages`) where the kernel offers transparent huge
 pages (``always`` or ``madvise``) and glibc is the C library; ``GYMLLM_HUGEPAGES=0`` turns that off.
@@ -100,9 +101,7 @@ def thp_mode() -> str | None:
     return chosen[0] if chosen else None
 
 
-def hugepage_tunables(
-    environ: Mapping[str, str], *, mode: str | None, libc: str
-) -> str | None:
+def hugepage_tunables(environ: Mapping[str, str], *, mode: str | None, libc: str) -> str | None:
     """The ``GLIBC_TUNABLES`` value that adds :data:`HUGETLB_TUNABLE` to ``environ``'s, or None when the
     process should start as it is: ``GYMLLM_HUGEPAGES=0``, a C library other than glibc (``libc``, from
     :func:`platform.libc_ver`), transparent huge pages off or absent (``mode``), or a ``glibc.malloc.hugetlb``
