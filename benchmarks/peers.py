@@ -513,7 +513,15 @@ def summarize(runs: list[dict]) -> dict:
         "per_round_step_s": ok,
     }
     first = next(r for r in runs if "error" not in r)
-    for k in ("versions", "reward_mean", "breakdown", "clock", "profile", "engine_overrides"):
+    for k in (
+        "versions",
+        "reward_mean",
+        "breakdown",
+        "clock",
+        "profile",
+        "engine_overrides",
+        "malloc_hugepages",
+    ):
         if k in first:
             out[k] = first[k]
     out["step_s_all"] = [r["step_s"] for r in runs if "error" not in r]

@@ -10,8 +10,11 @@ program and one decode chunk; ``LearnerConfig.fixed_shapes`` with the shared-pre
 prompt runs once for its rows, the same loss and gradients), which ``run.warmup`` compiles before the
 first step; the first ``warmup_steps`` steps are left out of the mean all the same, as on the peers' side.
 
+Starts itself again with malloc on transparent huge pages, as the ``gymllm`` command does
+(:func:`gymllm.utils.host_memory.restart_with_hugepages`; ``GYMLLM_HUGEPAGES=0``: not).
+
 Prints ``RESULT {json}``: ``step_s`` (each optimizer step's wall), ``mean_step_s``, ``reward_mean``,
-``versions``; with the spec's ``gymllm_profile_steps`` (``"A:B"``, ``peers.py --profile-steps``) also
+``versions``, ``malloc_hugepages``; with the spec's ``gymllm_profile_steps`` (``"A:B"``, ``peers.py --profile-steps``) also
 ``profile``: those steps under ``jax.profiler`` (``run.profile_steps``), the device's ops summed by
 ``benchmarks/chip_profile.py``'s ``device_ops``: how much of the steps' span the device computed (the
 rest it waited for the host), and the top ops.
@@ -191,13 +194,18 @@ def device_profile(profile_dir) -> dict:
 
 
 def main() -> None:
+    from gymllm.utils.host_memory import restart_with_hugepages
+
+    restart_with_hugepages()  # as the `gymllm` command starts: malloc on transparent huge pages
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--spec", required=True, help="spec JSON written by benchmarks/peers.py")
     ap.add_argument("--mode", default="streaming", choices=("streaming",))
     args = ap.parse_args()
     with open(args.spec) as f:
         spec = json.load(f)
-    print("RESULT " + json.dumps(run(spec)), flush=True)
+    result = run(spec)
+    result["malloc_hugepages"] = "glibc.malloc.hugetlb=1" in os.environ.get("GLIBC_TUNABLES", "")
+    print("RESULT " + json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

@@ -65,7 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if (
     __name__ == "__main__"
-):  # as the `gymllm` command does (gymllm.cli.entry), after this module's imports
-    from gymllm.cli.entry import run
+):  # as the `gymllm` command (gymllm.cli.entry) starts, after the imports above
+    from gymllm.utils.host_memory import restart_with_hugepages
 
-    sys.exit(run())
+    restart_with_hugepages()
+    sys.exit(main())
