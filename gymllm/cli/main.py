@@ -65,8 +65,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if (
     __name__ == "__main__"
-):  # as the `gymllm` command (gymllm.cli.entry) starts, after the imports above
-    from gymllm.utils.host_memory import restart_with_hugepages
-
-    restart_with_hugepages()
+):  # no restart here: this module's imports ran already (gymllm.cli.entry restarts first)
     sys.exit(main())
