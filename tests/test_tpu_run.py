@@ -91,7 +91,7 @@ def test_the_suite_and_lockstep_parts_run_their_benchmarks_with_the_given_args(
     done = _run(tmp_path, bundle, "suite", "lockstep")
     assert done.returncode == 0, done.stdout + done.stderr
     out = tmp_path / "out"
-    assert "--num-slots" in (out / "suite.log").read_text()  # suite.py's own help
+    assert "--full-sizes" in (out / "suite.log").read_text()  # suite.py's own help
     assert "--piggyback-tokens" in (out / "lockstep.log").read_text()  # selfplay.py's own help
     log = (out / "setup.log").read_text()
     assert "suite: exit 0" in log and "lockstep: exit 0" in log
