@@ -13,6 +13,10 @@ Three parts, each on whatever device JAX finds (``--dry`` rehearses them on the 
   and heads-flat ``[L, W, S, K*D]`` (scores by a block-diagonal query). For each: the cache's bytes on
   the device (``on_device_size_in_bytes``: a TPU tiles an array's last two dims, so K=3, D=64 pads)
   against its logical bytes, and one 30-layer pass timed against the logical bytes at the copy rate.
+* ``copy``: the engine's row compaction (``copy_rows``) over a SmolLM2-shape bf16 cache (30 layers,
+  ``--copy-rows`` rows, ``--slots`` slots): each form's compiled memory (``memory_analysis``: temporaries and
+  outputs not written in place) for today's row-by-row write and the single scatter it replaced, and
+  the row-by-row form timed on the chip. The scatter asked for three caches of memory on the chip.
 * ``io``: the pieces of loading a model directory and checkpointing a learner, at SmolLM2-135M's
   shape in float32 (what the Quickstart loads): writing the directory, reading its safetensors,
   assembling the stacked parameters, placing them on the device, one ``jax.device_put`` of the same
@@ -227,14 +231,65 @@ def layout_part(dry: bool, rows: int, hbm_gb_s: float) -> dict:
     return out
 
 
+def copy_part(dry: bool, rows: int, slots: int) -> dict:
+    """Compiled memory of ``copy_rows`` and of the single-scatter form it replaced; the first timed."""
+    import jax
+    import jax.numpy as jnp
+
+    import chip_limits
+    from gymllm.inference.device_cache import copy_rows
+    from gymllm.models.cache import KVCache, init_cache
+
+    n_l, w, s, kh, d = (2, 8, 16, 2, 16) if dry else (30, rows, slots, 3, 64)
+
+    def scatter(cache, src, dst):  # the form before: one scatter into the rows axis
+        return jax.tree.map(
+            lambda c: c.at[:, dst].set(jnp.take(c, src, axis=1), mode="drop"), cache
+        )
+
+    spec = jax.ShapeDtypeStruct((n_l, w, s, kh, d), jnp.bfloat16)
+    cache_spec = KVCache(k=spec, v=spec)
+    moved = min(16, w // 2)
+    idx = jax.ShapeDtypeStruct((moved,), jnp.int32)
+    cache_bytes = 2 * n_l * w * s * kh * d * 2
+    out: dict = {"shape": {"layers": n_l, "rows": w, "slots": s}, "cache_bytes": cache_bytes}
+    forms = {"rows_loop": copy_rows, "scatter": jax.jit(scatter, donate_argnums=(0,))}
+    for name, fn in forms.items():
+        try:
+            mem = fn.lower(cache_spec, idx, idx).compile().memory_analysis()
+            out[name] = {
+                "temp_bytes": int(mem.temp_size_in_bytes),
+                "output_not_aliased_bytes": int(mem.output_size_in_bytes - mem.alias_size_in_bytes),
+            }
+        except Exception as e:  # noqa: BLE001 - a form that does not compile is the measurement
+            out[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        print(f"copy {name}: {out[name]} (cache {cache_bytes / 1e9:.2f} GB)", flush=True)
+    cache = init_cache(n_l, w, s, kh, d, jnp.bfloat16)
+    src = jnp.arange(w - moved, w, dtype=jnp.int32)
+    dst = jnp.arange(moved, dtype=jnp.int32)
+    state = {"c": cache}
+
+    def once():
+        state["c"] = copy_rows(state["c"], src, dst)
+        return state["c"]
+
+    out["rows_loop"]["call_ms"] = chip_limits.timed(once, 5) * 1e3
+    print(f"copy rows_loop: {out['rows_loop']['call_ms']:.2f} ms a call ({moved} rows)", flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dry", action="store_true", help="the CPU rehearsal (tiny model)")
     ap.add_argument("--out", type=pathlib.Path, required=True, help="where traces and op tables go")
     ap.add_argument(
-        "--parts", default="decode,learner,io", help="comma-separated: decode, learner, io, layout"
+        "--parts",
+        default="decode,learner,io",
+        help="comma-separated: decode, learner, io, layout, copy",
     )
     ap.add_argument("--rows", type=int, default=256, help="decode rows")
+    ap.add_argument("--copy-rows", type=int, default=128, help="cache rows (the copy part)")
+    ap.add_argument("--slots", type=int, default=1024, help="cache slots a row (the copy part)")
     ap.add_argument("--chunk", type=int, default=16, help="decode steps per device call")
     ap.add_argument(
         "--kv-write", default="scatter", help="EngineConfig.kv_write: scatter, select or chunk"
@@ -275,6 +330,8 @@ def main() -> None:
         res["learner"] = {"step_s": ok["step_s"], "shape": list(shape), **ops}
     if "io" in parts:
         res["io"] = io_part(a.dry, a.out)
+    if "copy" in parts:
+        res["copy"] = copy_part(a.dry, a.copy_rows, a.slots)
     if "layout" in parts:
         bw = chip_limits.limits(a.dry)["hbm_gb_s"]
         res["layout"] = layout_part(a.dry, 4 if a.dry else a.rows, bw)

@@ -94,3 +94,11 @@ def test_layout_attention_agrees_across_cache_layouts():
     plain = jnp.einsum("wkgs,wskd->wkgd", jax.nn.softmax(ref_logits, -1), v)
     for kind, out in got.items():
         np.testing.assert_allclose(np.asarray(out), np.asarray(plain), atol=1e-5, err_msg=kind)
+
+
+def test_copy_part_reports_both_forms_memory_and_times_the_row_loop():
+    r = chip_profile.copy_part(True, 8, 16)
+    assert r["cache_bytes"] == 2 * 2 * 8 * 16 * 2 * 16 * 2
+    for form in ("rows_loop", "scatter"):
+        assert r[form]["temp_bytes"] >= 0 and r[form]["output_not_aliased_bytes"] >= 0, r[form]
+    assert r["rows_loop"]["call_ms"] > 0.0
