@@ -231,50 +231,126 @@ def layout_part(dry: bool, rows: int, hbm_gb_s: float) -> dict:
     return out
 
 
-def copy_part(dry: bool, rows: int, slots: int) -> dict:
-    """Compiled memory of ``copy_rows`` and of the single-scatter form it replaced; the first timed."""
+def big_ops(hlo: str, elems: int) -> dict[str, int]:
+    """Instructions of a compiled module whose result holds at least half ``elems`` elements, counted by
+    ``opcode shape{layout}``: where a program holds whole-cache copies."""
+    import re
+
+    out: dict[str, int] = collections.Counter()
+    for m in re.finditer(r"= (?:bf16|f32|s32)\[([\d,]+)\](\{[^}]*\})? ([\w-]+)\(", hlo):
+        dims = [int(x) for x in m.group(1).split(",") if x]
+        n = 1
+        for x in dims:
+            n *= x
+        if n * 2 >= elems:
+            out[f"{m.group(3)} {m.group(1)}{m.group(2) or ''}"] += 1
+    return dict(out)
+
+
+def copy_forms() -> dict:
+    """The row-copy forms compared by the copy part, each ``(cache, src, dst) -> cache`` (jitted, the cache
+    donated), beside today's ``copy_rows``."""
     import jax
     import jax.numpy as jnp
 
-    import chip_limits
     from gymllm.inference.device_cache import copy_rows
-    from gymllm.models.cache import KVCache, init_cache
-
-    n_l, w, s, kh, d = (2, 8, 16, 2, 16) if dry else (30, rows, slots, 3, 64)
 
     def scatter(cache, src, dst):  # the form before: one scatter into the rows axis
         return jax.tree.map(
             lambda c: c.at[:, dst].set(jnp.take(c, src, axis=1), mode="drop"), cache
         )
 
+    def write_loop(c, rows_lm, dst):
+        w = c.shape[1]
+
+        def write(i, c):
+            at = jnp.minimum(dst[i], w - 1)
+            row = jax.lax.dynamic_slice_in_dim(rows_lm, i, 1, axis=1)
+            kept = jax.lax.dynamic_slice_in_dim(c, at, 1, axis=1)
+            return jax.lax.dynamic_update_slice_in_dim(
+                c, jnp.where(dst[i] < w, row, kept), at, axis=1
+            )
+
+        return jax.lax.fori_loop(0, dst.shape[0], write, c)
+
+    def read_loop(c, src):  # the rows read by dynamic slices into a small buffer (no gather op)
+        buf = jnp.zeros((c.shape[0], src.shape[0], *c.shape[2:]), c.dtype)
+
+        def read(i, buf):
+            row = jax.lax.dynamic_slice_in_dim(c, src[i], 1, axis=1)
+            return jax.lax.dynamic_update_slice_in_dim(buf, row, i, axis=1)
+
+        return jax.lax.fori_loop(0, src.shape[0], read, buf)
+
+    def slice_loops(cache, src, dst):
+        return jax.tree.map(lambda c: write_loop(c, read_loop(c, src), dst), cache)
+
+    def flat_loops(cache, src, dst):  # the same over a [L, W, S*K*D] view
+        def one(c):
+            f = c.reshape(c.shape[0], c.shape[1], -1)
+            return write_loop(f, read_loop(f, src), dst).reshape(c.shape)
+
+        return jax.tree.map(one, cache)
+
+    def gather_only(cache, src, dst):  # reads alone: the rows, no write
+        return jax.tree.map(lambda c: jnp.take(c, src, axis=1), cache)
+
+    def read_only(cache, src, dst):
+        return jax.tree.map(lambda c: read_loop(c, src), cache)
+
+    forms = {"rows_loop": copy_rows}
+    for name, fn in (
+        ("scatter", scatter),
+        ("slice_loops", slice_loops),
+        ("flat_loops", flat_loops),
+    ):
+        forms[name] = jax.jit(fn, donate_argnums=(0,))
+    forms["gather_only"] = jax.jit(gather_only)
+    forms["read_only"] = jax.jit(read_only)
+    return forms
+
+
+def copy_part(dry: bool, rows: int, slots: int) -> dict:
+    """Compiled memory of each row-copy form (:func:`copy_forms`) and where a whole-cache temporary is
+    (:func:`big_ops`); each form that holds none, timed."""
+    import jax
+    import jax.numpy as jnp
+
+    import chip_limits
+    from gymllm.models.cache import KVCache, init_cache
+
+    n_l, w, s, kh, d = (2, 8, 16, 2, 16) if dry else (30, rows, slots, 3, 64)
     spec = jax.ShapeDtypeStruct((n_l, w, s, kh, d), jnp.bfloat16)
     cache_spec = KVCache(k=spec, v=spec)
     moved = min(16, w // 2)
     idx = jax.ShapeDtypeStruct((moved,), jnp.int32)
     cache_bytes = 2 * n_l * w * s * kh * d * 2
     out: dict = {"shape": {"layers": n_l, "rows": w, "slots": s}, "cache_bytes": cache_bytes}
-    forms = {"rows_loop": copy_rows, "scatter": jax.jit(scatter, donate_argnums=(0,))}
-    for name, fn in forms.items():
+    src = jnp.arange(w - moved, w, dtype=jnp.int32)
+    dst = jnp.arange(moved, dtype=jnp.int32)
+    for name, fn in copy_forms().items():
         try:
-            mem = fn.lower(cache_spec, idx, idx).compile().memory_analysis()
+            compiled = fn.lower(cache_spec, idx, idx).compile()
+            mem = compiled.memory_analysis()
             out[name] = {
                 "temp_bytes": int(mem.temp_size_in_bytes),
                 "output_not_aliased_bytes": int(mem.output_size_in_bytes - mem.alias_size_in_bytes),
+                "big_ops": big_ops(compiled.as_text(), n_l * w * s * kh * d),
             }
         except Exception as e:  # noqa: BLE001 - a form that does not compile is the measurement
             out[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            print(f"copy {name}: {out[name]}", flush=True)
+            continue
+        if out[name]["temp_bytes"] < cache_bytes // 4 and name not in ("gather_only", "read_only"):
+            state = {"c": init_cache(n_l, w, s, kh, d, jnp.bfloat16)}
+
+            def once(fn=fn, state=state):
+                state["c"] = fn(state["c"], src, dst)
+                return state["c"]
+
+            out[name]["call_ms"] = chip_limits.timed(once, 5) * 1e3
+            del state
         print(f"copy {name}: {out[name]} (cache {cache_bytes / 1e9:.2f} GB)", flush=True)
-    cache = init_cache(n_l, w, s, kh, d, jnp.bfloat16)
-    src = jnp.arange(w - moved, w, dtype=jnp.int32)
-    dst = jnp.arange(moved, dtype=jnp.int32)
-    state = {"c": cache}
-
-    def once():
-        state["c"] = copy_rows(state["c"], src, dst)
-        return state["c"]
-
-    out["rows_loop"]["call_ms"] = chip_limits.timed(once, 5) * 1e3
-    print(f"copy rows_loop: {out['rows_loop']['call_ms']:.2f} ms a call ({moved} rows)", flush=True)
     return out
 
 

@@ -96,9 +96,24 @@ def test_layout_attention_agrees_across_cache_layouts():
         np.testing.assert_allclose(np.asarray(out), np.asarray(plain), atol=1e-5, err_msg=kind)
 
 
-def test_copy_part_reports_both_forms_memory_and_times_the_row_loop():
+def test_copy_part_reports_every_forms_memory_and_its_whole_cache_ops():
     r = chip_profile.copy_part(True, 8, 16)
     assert r["cache_bytes"] == 2 * 2 * 8 * 16 * 2 * 16 * 2
-    for form in ("rows_loop", "scatter"):
+    forms = ("rows_loop", "scatter", "slice_loops", "flat_loops", "gather_only", "read_only")
+    assert set(forms) <= set(r)
+    for form in forms:
         assert r[form]["temp_bytes"] >= 0 and r[form]["output_not_aliased_bytes"] >= 0, r[form]
-    assert r["rows_loop"]["call_ms"] > 0.0
+    assert any(op.startswith("parameter 2,8,16,2,16") for op in r["rows_loop"]["big_ops"])
+
+
+def test_big_ops_counts_the_instructions_that_hold_a_whole_cache():
+    hlo = (
+        "  %copy.1 = bf16[30,128,1024,3,64]{4,3,2,1,0:T(8,128)} copy(%p0)\n"
+        "  %t = bf16[128,30,1024,3,64]{4,3,2,1,0} transpose(%p0), dimensions={1,0,2,3,4}\n"
+        "  %small = bf16[30,16,1024,3,64]{4,3,2,1,0} gather(%p0, %i)\n"
+    )
+    got = chip_profile.big_ops(hlo, 30 * 128 * 1024 * 3 * 64)
+    assert got == {
+        "copy 30,128,1024,3,64{4,3,2,1,0:T(8,128)}": 1,
+        "transpose 128,30,1024,3,64{4,3,2,1,0}": 1,
+    }
