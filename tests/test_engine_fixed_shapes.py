@@ -30,6 +30,9 @@ from gymllm.models.prefill import prefill_and_write
 from gymllm.models.tiny import make_tiny
 from gymllm.models.transformer import Transformer
 
+# float32 references: on an accelerator the comparisons run at full matmul precision (tests/accel.py)
+pytestmark = pytest.mark.highest_precision
+
 # budget 32 tokens in up to 3 pieces: prompts of 40-90 tokens continue over calls
 FIXED = EngineConfig(
     num_slots=8,
