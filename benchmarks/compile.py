@@ -38,20 +38,9 @@ import sys
 import tempfile
 import time
 
+from gymllm.utils import host_memory
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-
-
-def malloc_hugepages() -> bool:
-    """Whether the ``gymllm train`` children run with glibc's malloc on huge pages (their own restart,
-    :func:`gymllm.utils.host_memory.restart_with_hugepages`, or a tunable already in the environment)."""
-    import platform
-
-    from gymllm.utils.host_memory import hugepage_tunables, thp_mode
-
-    chosen = os.environ.get("GLIBC_TUNABLES", "")
-    if "glibc.malloc.hugetlb=" in chosen:
-        return "glibc.malloc.hugetlb=0" not in chosen
-    return hugepage_tunables(os.environ, mode=thp_mode(), libc=platform.libc_ver()[0]) is not None
 
 
 TRAINED = re.compile(r"trained (\d+) steps in ([0-9.]+)s")
@@ -214,7 +203,7 @@ def main() -> None:
         "first_step_s_warm": warm["first_step_s"],
         "wall_s_warm": warm["wall_s"],
         # whether the `gymllm` command's malloc took transparent huge pages (GYMLLM_HUGEPAGES=0: not)
-        "malloc_hugepages": malloc_hugepages(),
+        "malloc_hugepages": host_memory.malloc_on_hugepages(),
         "biggest_stall": cold["biggest_stall"],
         "biggest_stall_warm": warm["biggest_stall"],
         "slowest": cf["slowest"],

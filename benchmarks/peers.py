@@ -62,6 +62,8 @@ import tempfile
 import time
 from typing import Any, Callable, Sequence
 
+import engine_settings
+
 HERE = pathlib.Path(__file__).resolve().parent / "peers"
 CACHE = pathlib.Path(os.environ.get("GYMLLM_PEERS_CACHE", "~/.cache/gymllm/peers")).expanduser()
 PEERS = ("tunix", "trl")
@@ -279,27 +281,10 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         peer_sites=tuple(parse_peer_site(t) for t in args.peer_site),
         only_sides=tuple(s.strip() for s in args.sides.split(",") if s.strip()),
         profile_steps=args.profile_steps,
-        gymllm_engine=tuple(parse_engine_setting(t) for t in args.gymllm_engine),
+        gymllm_engine=tuple(
+            engine_settings.parse(t, "--gymllm-engine") for t in args.gymllm_engine
+        ),
     )
-
-
-def parse_engine_setting(text: str) -> tuple[str, Any]:
-    """``"FIELD=VALUE"`` -> (field, value): the value read as JSON (``512``, ``true``), else kept as
-    text (``chunk``); the field must be one of ``EngineConfig``'s."""
-    from gymllm.inference.config import EngineConfig
-
-    field, sep, raw = text.partition("=")
-    names = [f.name for f in dataclasses.fields(EngineConfig)]
-    if not sep or field not in names:
-        raise SystemExit(
-            f"--gymllm-engine: expected FIELD=VALUE with FIELD one of EngineConfig's "
-            f"({', '.join(names)}), received {text!r}; fix: e.g. --gymllm-engine kv_write=chunk"
-        )
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        value = raw
-    return field, value
 
 
 def prompt_rows(count: int, size: str = "tiny") -> list[dict[str, Any]]:

@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import math
 import os
 import statistics
@@ -164,28 +163,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             setattr(a, flag, quick if a.quick else full)
     a.games = [g.strip() for g in a.games.split(",") if g.strip()]
     a.piggyback = [int(x) for x in str(a.piggyback_tokens).split(",") if x.strip()]
-    import ast
+    import engine_settings
 
-    from gymllm.inference.config import EngineConfig
-
-    names = {f.name for f in dataclasses.fields(EngineConfig)} - {
-        "num_slots",
-        "max_len",
-        "piggyback_tokens",
-        "compute_dtype",
-    }
-    a.engine_fields = {}
-    for item in a.engine:
-        key, eq, value = item.partition("=")
-        if not eq or key not in names:
-            p.error(
-                f"--engine: expected FIELD=VALUE with FIELD one of {sorted(names)}, received {item!r} (num_slots, "
-                "max_len, piggyback_tokens and compute_dtype have flags of their own)"
-            )
-        try:
-            a.engine_fields[key] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            a.engine_fields[key] = value
+    own = ("num_slots", "max_len", "piggyback_tokens", "compute_dtype")
+    a.engine_fields = dict(engine_settings.parse(item, reserved=own) for item in a.engine)
+    if a.rounds < 1:
+        p.error(f"--rounds: expected at least 1 timed round, received {a.rounds}")
     wave = a.num_slots // 2
     if wave < a.group_size or wave % a.group_size:
         p.error(
@@ -678,6 +661,10 @@ def main(argv: list[str] | None = None) -> None:
     }
     if len(configs) == 1:
         del result["configs"]
+    import jax
+
+    if jax.devices()[0].platform == "tpu":  # the key for the chip's figure
+        result["selfplay_vs_lockstep_tpu"] = result["selfplay_vs_lockstep"]
     from results import emit_result  # the RESULT line, and its record in benchmarks/results/
 
     emit_result("selfplay", result)

@@ -113,3 +113,16 @@ def test_the_gymllm_entry_runs_the_command():
         timeout=120,
     )
     assert out.returncode == 0 and out.stdout.startswith("gymllm "), out.stderr
+
+
+def test_malloc_on_hugepages_reads_a_chosen_tunable_else_what_the_restart_would_choose(monkeypatch):
+    from gymllm.utils import host_memory
+
+    monkeypatch.setattr(host_memory, "thp_mode", lambda: "madvise")
+    monkeypatch.setattr(host_memory.platform, "libc_ver", lambda: ("glibc", "2.36"))
+    assert host_memory.malloc_on_hugepages({}) is True
+    assert host_memory.malloc_on_hugepages({"GYMLLM_HUGEPAGES": "0"}) is False
+    assert host_memory.malloc_on_hugepages({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) is False
+    assert host_memory.malloc_on_hugepages({"GLIBC_TUNABLES": "x=1:glibc.malloc.hugetlb=1"}) is True
+    monkeypatch.setattr(host_memory, "thp_mode", lambda: "never")
+    assert host_memory.malloc_on_hugepages({}) is False

@@ -194,7 +194,7 @@ def device_profile(profile_dir) -> dict:
 
 
 def main() -> None:
-    from gymllm.utils.host_memory import restart_with_hugepages
+    from gymllm.utils.host_memory import malloc_on_hugepages, restart_with_hugepages
 
     restart_with_hugepages()  # as the `gymllm` command starts: malloc on transparent huge pages
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -204,7 +204,7 @@ def main() -> None:
     with open(args.spec) as f:
         spec = json.load(f)
     result = run(spec)
-    result["malloc_hugepages"] = "glibc.malloc.hugetlb=1" in os.environ.get("GLIBC_TUNABLES", "")
+    result["malloc_hugepages"] = malloc_on_hugepages()
     print("RESULT " + json.dumps(result), flush=True)
 
 

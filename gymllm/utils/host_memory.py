@@ -116,6 +116,17 @@ def hugepage_tunables(environ: Mapping[str, str], *, mode: str | None, libc: str
     return f"{current}:{HUGETLB_TUNABLE}" if current else HUGETLB_TUNABLE
 
 
+def malloc_on_hugepages(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether a process started with ``environ`` (default this one's) runs glibc's malloc on huge
+    pages: the ``glibc.malloc.hugetlb`` already chosen there, else whether :func:`restart_with_hugepages`
+    would choose it on this machine. What the benchmarks record as ``malloc_hugepages``."""
+    environ = os.environ if environ is None else environ
+    chosen = environ.get("GLIBC_TUNABLES", "")
+    if "glibc.malloc.hugetlb=" in chosen:
+        return "glibc.malloc.hugetlb=0" not in chosen
+    return hugepage_tunables(environ, mode=thp_mode(), libc=platform.libc_ver()[0]) is not None
+
+
 def restart_with_hugepages(orig_argv: Sequence[str] | None = None) -> None:
     """Start this process again (same pid, ``os.execve``) with :func:`hugepage_tunables`' value in
     ``GLIBC_TUNABLES``, when it gives one; otherwise return. ``orig_argv``: the interpreter's command
