@@ -430,6 +430,18 @@ def test_a_failing_step_fails_only_its_requests_and_the_engine_keeps_serving(eng
 
 
 # ------------------------------------------------------------------ compute dtype
+def test_close_frees_the_caches_device_memory_and_keeps_the_weights(lm):
+    """A closed engine's KV cache is deleted on the device at once (not when the engine is collected);
+    the weights, which a learner may share, stay."""
+    eng = JaxEngine.from_loaded(lm, config=CFG, stop_token_ids=())
+    run(eng.generate([1, 2, 3], SamplingParams(max_tokens=2)))
+    cache = jax.tree.leaves(eng._steps.cache)
+    assert cache and not any(x.is_deleted() for x in cache)
+    run(eng.close())
+    assert all(x.is_deleted() for x in cache)
+    assert not any(x.is_deleted() for x in jax.tree.leaves(eng._steps.weights.state))
+
+
 def test_bf16_compute_dtype_keeps_greedy_batching_exact_and_logprobs_close(lm):
     """compute_dtype="bfloat16": the engine's weights and KV cache are bf16 (the caller's model is untouched), a
     request's greedy tokens do not depend on what else is batched, and logprobs stay within bf16

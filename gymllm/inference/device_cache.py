@@ -328,6 +328,15 @@ class DeviceSteps:
         """True when a failed (donating) call deleted the cache."""
         return any(leaf.is_deleted() for leaf in jax.tree.leaves(self.cache))
 
+    def release_cache(self) -> None:
+        """Free the cache's device memory now, not when the engine is garbage-collected (a closed
+        engine's cache otherwise stays on the device while anything references the engine: on the
+        chip, the next engine of a benchmark then failed to load its programs). Afterwards
+        :meth:`cache_lost` is True."""
+        for leaf in jax.tree.leaves(self.cache):
+            if not leaf.is_deleted():
+                leaf.delete()
+
     def rebuild_cache(self) -> None:
         """A fresh zeroed cache of the same shape and dtype (after :meth:`cache_lost`)."""
         self.cache = nnx.merge(self.graphdef, self.weights.state).init_cache(

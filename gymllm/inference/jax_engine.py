@@ -390,11 +390,14 @@ class JaxEngine:
         await asyncio.get_running_loop().run_in_executor(None, self.shutdown)
 
     def shutdown(self) -> None:
-        """Synchronous :meth:`close`."""
+        """Synchronous :meth:`close`. Once the loop has stopped, the KV cache's device memory is freed
+        (the weights are not: a learner may share them)."""
         self._gate.close()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join()
         self._closed = True
+        if not self._thread.is_alive():
+            self._steps.release_cache()
 
     def program_shapes(self, max_prompt_len: int | None = None) -> list[tuple]:
         """Every device program this engine's config runs (:meth:`DeviceSteps.program_shapes
