@@ -131,7 +131,7 @@ run_part() {
       # shellcheck disable=SC2086
       GYMLLM_TEST_DEVICE=accelerator "$PY" -m pytest -p no:cacheprovider -q -rs ${TPU_TESTS:-tests/test_models.py \
         tests/test_engine.py tests/test_losses.py tests/test_learner.py tests/test_compute_dtype.py \
-        tests/test_accel_tolerances.py} 2>&1 | tee "$OUT/tests.log"
+        tests/test_accel_tolerances.py tests/test_engine_fixed_shapes.py tests/test_kv_write.py tests/test_copy_rows.py} 2>&1 | tee "$OUT/tests.log"
       ;;
     quickstart)
       model || return 1
