@@ -108,6 +108,39 @@ def test_the_best_step_is_saved_and_loads_as_a_checkpoint(tmp_path):
 def test_keep_best_settings_are_checked_when_the_config_is_built(tmp_path):
     with pytest.raises(ConfigError, match="eval.every"):
         keep_best_config(tmp_path, every=0)
+    cfg = keep_best_config(tmp_path)
+    with pytest.raises(ConfigError, match="eval_best_metric.*one of"):
+        dataclasses.replace(
+            cfg, multiagent=dataclasses.replace(cfg.multiagent, eval_best_metric="chips")
+        )
+
+
+def test_the_best_step_by_reward_ranks_by_the_games_payoff(tmp_path):
+    """Kuhn poker's case: every step wins half its games (showdowns), only the chips tell them apart."""
+    cfg = keep_best_config(tmp_path)
+    cfg = dataclasses.replace(
+        cfg, multiagent=dataclasses.replace(cfg.multiagent, eval_best_metric="reward")
+    )
+    (tmp_path / "config.json").write_text(cfg.to_json())
+    best = BestCheckpoint.for_run(cfg)
+    assert best.metric == "reward"
+
+    def kuhn_rows(*chips):
+        return [
+            {"opponent": name, "win_or_draw": 0.5, "reward": c}
+            for name, c in zip(("random", "kuhn_card_player"), chips)
+        ]
+
+    assert game_score(kuhn_rows(0.25, -0.05), "reward") == pytest.approx(0.1)
+    best.save = lambda step, state: None  # the saving itself is the test above's
+    offered = [
+        best.offer(s, kuhn_rows(*c), ShiftedLearner({}))
+        for s, c in enumerate([(0.25, -0.03), (0.22, 0.06), (-0.3, 0.0)])
+    ]
+    assert offered == [True, True, False]
+    record = json.loads((tmp_path / "best.json").read_text())
+    assert record["step"] == 1 and record["metric"] == "mean reward over multiagent.eval_opponents"
+    assert record["opponents"] == {"random": 0.22, "kuhn_card_player": 0.06}
     with pytest.raises(ConfigError, match="eval.envs"):
         keep_best_config(tmp_path, envs=("gymllm/TinyRepeat-v0",))
     off = dataclasses.replace(keep_best_config(tmp_path), multiagent=MultiAgentSection())

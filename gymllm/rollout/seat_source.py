@@ -112,6 +112,10 @@ class MultiAgentSection:
     """save the policy whose in-run score (the mean win-or-draw rate over ``eval_opponents`` at an evaluation step,
     step 0 included) beats every earlier one to ``run_dir/best`` (a run directory ``gymllm eval game --model.checkpoint``
     loads) and its step and score to ``run_dir/best.json`` (:mod:`gymllm.train.best`; needs ``eval.every``)."""
+    eval_best_metric: str = "win_or_draw"
+    """the in-run evaluation's figure ``eval_keep_best`` ranks steps by, averaged over ``eval_opponents``:
+    ``win_or_draw``, ``score`` (a draw counts 1/2), ``win`` or ``reward`` (the game's own payoff a game, e.g. chips
+    in Kuhn poker, where any policy that reaches the showdown wins half its games whatever it bets)."""
 
     def __post_init__(self) -> None:
         check_opponent(self.opponent)

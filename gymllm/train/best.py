@@ -6,11 +6,12 @@
 
 A game run with ``eval.every`` evaluates its policy against fixed players at step 0, every ``eval.every``
 steps and at the last (:class:`gymllm.suites.game_eval.GameEvaluator`). Its **score** at a step is
-:func:`game_score`: the mean over ``multiagent.eval_opponents`` of the policy's win-or-draw rate (wins plus
-draws over the games scored against that opponent), every opponent weighing the same. Whenever a
+:func:`game_score`: the mean over ``multiagent.eval_opponents`` of ``multiagent.eval_best_metric`` (by default
+the policy's win-or-draw rate: wins plus draws over the games scored against that opponent; ``reward``: its
+mean payoff a game, chips in Kuhn poker), every opponent weighing the same. Whenever a
 step's score is above every earlier step's (strictly: a tie keeps the earlier step), the learner's
 weights of that step are saved to ``RUN/best`` and ``RUN/best.json`` says which:
-``{"step", "score", "opponents": {name: win_or_draw}, "metric"}``.
+``{"step", "score", "opponents": {name: value}, "metric"}``.
 
 The step-0 evaluation counts: it is the weights the run starts from (a fresh run's warm start, e.g. the
 SFT checkpoint), so when no later step beats it ``RUN/best`` holds the warm start's weights (step 0)
@@ -37,19 +38,21 @@ from gymllm.validation import require
 __all__ = ["BestCheckpoint", "check_keep_best", "game_score", "weights_only"]
 
 METRIC = "win_or_draw"
+#: the in-run evaluation's figures a best step may be chosen by (``multiagent.eval_best_metric``)
+METRICS = ("win_or_draw", "score", "win", "reward")
 
 
-def game_score(rows: Sequence[dict[str, Any]]) -> float:
-    """The in-run score of one evaluation step (module doc): the mean of ``rows``' ``win_or_draw``, one
-    row per opponent (:meth:`gymllm.suites.game_eval.GameEvaluator.evaluate`)."""
+def game_score(rows: Sequence[dict[str, Any]], metric: str = METRIC) -> float:
+    """The in-run score of one evaluation step (module doc): the mean of ``rows``' ``metric``, one row per
+    opponent (:meth:`gymllm.suites.game_eval.GameEvaluator.evaluate`)."""
     require(
-        bool(rows) and all(METRIC in r for r in rows),
+        bool(rows) and all(metric in r for r in rows),
         "best checkpoint score",
-        expected=f"one evaluation row per opponent, each with {METRIC!r}",
+        expected=f"one evaluation row per opponent, each with {metric!r}",
         received=[sorted(r) for r in rows],
         fix="score the rows of gymllm.suites.game_eval.GameEvaluator.evaluate",
     )
-    return sum(float(r[METRIC]) for r in rows) / len(rows)
+    return sum(float(r[metric]) for r in rows) / len(rows)
 
 
 def weights_only(state: dict[str, Any]) -> dict[str, Any]:
@@ -64,6 +67,13 @@ def check_keep_best(cfg: Any) -> None:
     """With ``multiagent.eval_keep_best``, the settings it needs (``TrainConfig`` calls it when built, so a
     staged recipe fails before its SFT stage): ``eval.every`` on, the game's own evaluation (no ``eval.envs``
     / ``eval.suite``) and the learner in this process. Raises :class:`~gymllm.errors.ConfigError`."""
+    require(
+        cfg.multiagent.eval_best_metric in METRICS,
+        "multiagent.eval_best_metric",
+        expected=f"one of {METRICS}",
+        received=repr(cfg.multiagent.eval_best_metric),
+        fix="e.g. --multiagent.eval-best-metric reward (a game's own payoff, chips in Kuhn poker)",
+    )
     if not cfg.multiagent.eval_keep_best:
         return
     require(
@@ -94,8 +104,8 @@ class BestCheckpoint:
     """Keeps ``run_dir/best`` and ``run_dir/best.json`` (module doc). ``step`` / ``score``: the best so
     far (None before the first evaluation)."""
 
-    def __init__(self, run_dir: str | pathlib.Path, *, env_id: str = ""):
-        self.run_dir = pathlib.Path(run_dir)
+    def __init__(self, run_dir: str | pathlib.Path, *, env_id: str = "", metric: str = METRIC):
+        self.run_dir, self.metric = pathlib.Path(run_dir), metric
         self.dir, self.record = self.run_dir / "best", self.run_dir / "best.json"
         self.env_id = env_id
         self.step: int | None = None
@@ -107,7 +117,7 @@ class BestCheckpoint:
         :func:`check_keep_best` when it was built."""
         if not cfg.multiagent.eval_keep_best:
             return None
-        return cls(cfg.run.run_dir, env_id=cfg.env.id)
+        return cls(cfg.run.run_dir, env_id=cfg.env.id, metric=cfg.multiagent.eval_best_metric)
 
     def open(self, evaluator: Any, resumed_from: int | None) -> None:
         """Check that the run's in-run evaluation is a game's, then take up the best so far: a resumed
@@ -119,7 +129,7 @@ class BestCheckpoint:
             isinstance(evaluator, GameEvaluator),
             "multiagent.eval_keep_best",
             expected="a two-player game as env.id (its in-run evaluation plays "
-            "multiagent.eval_opponents; the best step is the one with the highest win-or-draw)",
+            "multiagent.eval_opponents; the best step is the one with the highest eval_best_metric)",
             received=f"env.id={self.env_id!r}, evaluated by {type(evaluator).__name__}",
             fix="drop --multiagent.eval-keep-best for this env",
         )
@@ -145,7 +155,7 @@ class BestCheckpoint:
     def offer(self, step: int, rows: Sequence[dict[str, Any]], learner: Any) -> bool:
         """The evaluation ``rows`` of policy ``step`` (the learner's current weights): when their
         :func:`game_score` beats the best so far, save the learner's weights as the best; whether it did."""
-        score = game_score(rows)
+        score = game_score(rows, self.metric)
         if self.score is not None and score <= self.score:
             return False
         self.save(int(step), weights_only(learner.state()))
@@ -153,8 +163,8 @@ class BestCheckpoint:
         record = {
             "step": self.step,
             "score": score,
-            "opponents": {r["opponent"]: float(r[METRIC]) for r in rows},
-            "metric": f"mean {METRIC} over multiagent.eval_opponents",
+            "opponents": {r["opponent"]: float(r[self.metric]) for r in rows},
+            "metric": f"mean {self.metric} over multiagent.eval_opponents",
         }
         atomic_write_text(self.record, json.dumps(record, indent=1) + "\n")
         return True
