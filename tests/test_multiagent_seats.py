@@ -189,6 +189,22 @@ def test_self_play_groups_one_per_seat_and_seed_with_tokens_logprobs_versions():
     np.testing.assert_allclose(g0["first"].rewards, -g0["second"].rewards)
 
 
+def test_game_seeds_game_gives_each_game_of_a_batch_its_own_deal():
+    """``game_seeds="game"``: game m of batch k from seed k * group_size + m (run.seed 0), so a group mixes
+    deals and no two batches share one; the default keeps one seed per batch."""
+    groups = asyncio.run(
+        take_groups(_source(ScriptEngine(), MultiAgentSection(game_seeds="game"), group_size=3), 4)
+    )
+    for g in groups:
+        k = int(g.group_id.split(":")[0][1:])
+        assert sorted(t.seed for t in g.trajectories) == [3 * k, 3 * k + 1, 3 * k + 2]
+        assert g.info["seed"] == 3 * k
+    shared = asyncio.run(take_groups(_source(ScriptEngine(), MultiAgentSection(), group_size=3), 2))
+    assert all({t.seed for t in g.trajectories} == {int(g.group_id[1])} for g in shared)
+    with pytest.raises(ConfigError, match="game_seeds"):
+        MultiAgentSection(game_seeds="deal")
+
+
 def test_random_and_scripted_opponents_play_the_other_seat_and_seats_rotate():
     CALLS.clear()
     engine = ScriptEngine()

@@ -7,10 +7,11 @@ over a multi-agent text game (a :class:`~gymllm.multiagent.TextAECEnv`), and its
 
 Groups and seats
 ----------------
-Batch ``k`` plays ``rollout.group_size`` games from env seed ``run.seed + k``. A **group** is
+Batch ``k`` plays ``rollout.group_size`` games from env seed ``run.seed + k`` (``game_seeds="game"``: game ``m``
+from ``run.seed + k * group_size + m``). A **group** is
 the ``group_size`` trajectories of one seat in that batch (group id ``g<k>:<seat>``, ``group.info["agent"]`` the
-seat, every trajectory's ``info["agent"]`` and ``info["policy"]``), so a group never mixes seats or
-seeds. With ``opponent="self"`` the learner plays every seat of every game and each batch yields one
+seat, every trajectory's ``info["agent"]`` and ``info["policy"]``), so a group never mixes seats (nor
+seeds, unless ``game_seeds="game"``). With ``opponent="self"`` the learner plays every seat of every game and each batch yields one
 group per learner seat (seats outside ``learner_seats`` are played by the same model, not trained).
 With any other opponent each batch has one learner seat, rotating over ``learner_seats`` with ``k``
 (batch ``k`` trains seat ``learner_seats[k % n]``), so no seat is favoured; the other seats are the
@@ -93,6 +94,11 @@ class MultiAgentSection:
     invalid_penalty); overrides the game's own MultiAgentConfig in training."""
     max_invalid: int = 3
     """Illegal moves in a row that forfeit the game with illegal_move retry (>= 1)."""
+    game_seeds: Literal["batch", "game"] = "batch"
+    """batch: every game of batch k from env seed run.seed + k, so a group compares its games on one deal (one
+    board, one hand of cards); game: game m of batch k from env seed run.seed + k * group_size + m, so a group mixes
+    deals, as SPIRAL's games do (use with baseline role_ema: a group mean over different deals compares luck; a
+    near-deterministic policy plays one deal alike in every game, which leaves a group no spread)."""
     league_size: int = 0
     """With frozen, a league of the learner's last league_size snapshots (0: the latest only): at each refresh the
     current weights join the pool and the opponent until the next refresh is drawn from it."""
@@ -149,6 +155,12 @@ class MultiAgentSection:
             expected="a float in [0, 1)",
             received=self.baseline_decay,
             fix="e.g. 0.95 (SPIRAL's)",
+        )
+        require_one_of(
+            self.game_seeds,
+            ("batch", "game"),
+            "multiagent.game_seeds",
+            fix="--multiagent.game-seeds game",
         )
         require_one_of(
             self.illegal_move,
@@ -472,11 +484,17 @@ class SeatGroupSource(QueueSource):
             return list(self.learners)
         return [self.learners[k % len(self.learners)]]
 
+    def game_seed(self, k: int, m: int) -> int:
+        """The env seed of game ``m`` of batch ``k`` (``multiagent.game_seeds``)."""
+        if self.config.game_seeds == "game":
+            return self.seed + k * self.rollout.group_size + m
+        return self.seed + k
+
     async def _batch(self, k: int) -> None:
-        seed = self.seed + k
+        seed = self.game_seed(k, 0)
         seats = self.batch_seats(k)
         tasks = [
-            asyncio.ensure_future(self.play_game(k, m, seed, seats))
+            asyncio.ensure_future(self.play_game(k, m, self.game_seed(k, m), seats))
             for m in range(self.rollout.group_size)
         ]
         try:
