@@ -119,7 +119,7 @@ def test_malloc_on_hugepages_reads_a_chosen_tunable_else_what_the_restart_would_
     from gymllm.utils import host_memory
 
     monkeypatch.setattr(host_memory, "thp_mode", lambda: "madvise")
-    monkeypatch.setattr(host_memory.platform, "libc_ver", lambda: ("glibc", "2.36"))
+    monkeypatch.setattr(platform, "libc_ver", lambda: ("glibc", "2.36"))
     assert host_memory.malloc_on_hugepages({}) is True
     assert host_memory.malloc_on_hugepages({"GYMLLM_HUGEPAGES": "0"}) is False
     assert host_memory.malloc_on_hugepages({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) is False
