@@ -13,6 +13,11 @@ Three parts, each on whatever device JAX finds (``--dry`` rehearses them on the 
   and heads-flat ``[L, W, S, K*D]`` (scores by a block-diagonal query). For each: the cache's bytes on
   the device (``on_device_size_in_bytes``: a TPU tiles an array's last two dims, so K=3, D=64 pads)
   against its logical bytes, and one 30-layer pass timed against the logical bytes at the copy rate.
+* ``kernel``: the decode attention over a 30-layer bf16 cache (``--rows`` rows, ``--kernel-slots``
+  slots, rows' lengths spread over the window) in XLA's form, which reads every row's whole window,
+  against the Pallas kernel that reads each row's own slots (``gymllm.models.pallas_decode``) at each
+  block setting of ``--kernel-configs``: one pass's time against the bytes bound of the slots attended,
+  the gap to XLA's output, and any cache-sized instruction the program holds.
 * ``copy``: the engine's row compaction (``copy_rows``) over a SmolLM2-shape bf16 cache (30 layers,
   ``--copy-rows`` rows, ``--slots`` slots): each form's compiled memory (``memory_analysis``: temporaries and
   outputs not written in place) for today's row-by-row write and the single scatter it replaced, and
@@ -231,6 +236,89 @@ def layout_part(dry: bool, rows: int, hbm_gb_s: float) -> dict:
     return out
 
 
+def kernel_part(dry: bool, rows: int, slots: int, hbm_gb_s: float, configs: str) -> dict:
+    """The decode attention over a 30-layer bf16 cache, XLA's form (every row's whole window) against
+    the Pallas kernel (:func:`gymllm.models.pallas_decode.cached_attention`: each row's own slots) at
+    each ``rows_block x slots_block`` of ``configs``; rows' lengths spread over the window (mean 0.6
+    of it). Each form's 30-layer pass, its gap to XLA's at highest precision, and the bytes bound of
+    the slots each row attends (K and V read once at the measured copy rate)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import chip_limits
+    from gymllm.models.layers import decode_attention
+    from gymllm.models.pallas_decode import cached_attention
+
+    n_l, w, s, kh, g, d = (2, 16, 256, 2, 2, 16) if dry else (30, rows, slots, 3, 3, 64)
+    dt = jnp.bfloat16
+    keys = jax.random.split(jax.random.key(0), 3)
+    k = jax.random.normal(keys[0], (n_l, w, s, kh, d), dt)
+    v = jax.random.normal(keys[1], (n_l, w, s, kh, d), dt)
+    q = jax.random.normal(keys[2], (w, kh * g, d), dt)
+    lens = jnp.asarray(np.random.default_rng(0).integers(s // 5, s, size=w), jnp.int32)
+    attended = int(lens.sum())
+    bound_s = 2 * n_l * attended * kh * d * 2 / (hbm_gb_s * 1e9)
+    zero_self = jnp.zeros((w, kh, d), dt)
+    visible = jnp.arange(s)[None, :] < lens[:, None]
+
+    def xla_pass(q, k, v):
+        def body(acc, i):
+            o = decode_attention(
+                q, k[i], v[i], zero_self, zero_self, visible, scale=0.125
+            )  # the own token's key is zero: it joins with score 0
+            return acc + o.astype(jnp.float32), None
+
+        return jax.lax.scan(body, jnp.zeros((w, kh * g * d), jnp.float32), jnp.arange(n_l))[0]
+
+    def kernel_pass(q, k, v, bw, bs):
+        qg = q.reshape(w, kh, g, d)
+
+        def body(acc, i):
+            o, lse = cached_attention(qg, k, v, i, lens, scale=0.125, rows_block=bw, slots_block=bs)
+            top = jnp.maximum(lse, 0.0)
+            wc, wo = jnp.exp(lse - top), jnp.exp(-top)  # the own token: score 0, value 0
+            o = o * (wc / (wc + wo))[..., None]
+            return acc + o.reshape(w, -1), None
+
+        return jax.lax.scan(body, jnp.zeros((w, kh * g * d), jnp.float32), jnp.arange(n_l))[0]
+
+    out: dict = {
+        "shape": {"layers": n_l, "rows": w, "slots": s, "kv_heads": kh, "head_dim": d},
+        "mean_len": attended / w,
+        "bytes_bound_ms": bound_s * 1e3,
+    }
+    ref_fn = jax.jit(xla_pass)
+    secs = chip_limits.timed(functools.partial(ref_fn, q, k, v), 10)
+    ref = np.asarray(ref_fn(q, k, v))
+    out["xla"] = {"pass_ms": secs * 1e3, "vs_bound": bound_s / secs}
+    print(f"kernel xla: {secs * 1e3:.2f} ms, {bound_s / secs:.2f} of the bound", flush=True)
+    for cfg in configs.split(","):
+        bw, bs = (int(x) for x in cfg.split("x"))
+        if dry:
+            bw, bs = min(bw, w), min(bs, s)
+        try:
+            fn = jax.jit(functools.partial(kernel_pass, bw=bw, bs=bs))
+            secs = chip_limits.timed(functools.partial(fn, q, k, v), 10)
+            gap = float(np.abs(np.asarray(fn(q, k, v)) - ref).max())
+            hlo = fn.lower(q, k, v).compile().as_text()
+            out[cfg] = {
+                "pass_ms": secs * 1e3,
+                "vs_bound": bound_s / secs,
+                "max_abs_gap_vs_xla": gap,
+                "whole_cache_ops": big_ops(hlo, k.size),
+            }
+            print(
+                f"kernel {cfg}: {secs * 1e3:.2f} ms, {bound_s / secs:.2f} of the bound, "
+                f"gap {gap:.2e}, cache-sized ops {out[cfg]['whole_cache_ops']}",
+                flush=True,
+            )
+        except Exception as e:  # noqa: BLE001 - a block shape the compiler refuses is a figure too
+            out[cfg] = {"error": f"{type(e).__name__}: {str(e)[:600]}"}
+            print(f"kernel {cfg}: {out[cfg]['error']}", flush=True)
+    return out
+
+
 def big_ops(hlo: str, elems: int) -> dict[str, int]:
     """Instructions of a compiled module whose result holds at least half ``elems`` elements, counted by
     ``opcode shape{layout}``: where a program holds whole-cache copies."""
@@ -361,11 +449,19 @@ def main() -> None:
     ap.add_argument(
         "--parts",
         default="decode,learner,io",
-        help="comma-separated: decode, learner, io, layout, copy",
+        help="comma-separated: decode, learner, io, layout, copy, kernel",
     )
     ap.add_argument("--rows", type=int, default=256, help="decode rows")
     ap.add_argument("--copy-rows", type=int, default=128, help="cache rows (the copy part)")
     ap.add_argument("--slots", type=int, default=1024, help="cache slots a row (the copy part)")
+    ap.add_argument(
+        "--kernel-slots", type=int, default=1024, help="cache slots a row (kernel part)"
+    )
+    ap.add_argument(
+        "--kernel-configs",
+        default="8x512,8x256,16x512,4x1024,32x256",
+        help="the kernel part's rows_block x slots_block settings",
+    )
     ap.add_argument("--chunk", type=int, default=16, help="decode steps per device call")
     ap.add_argument(
         "--kv-write", default="scatter", help="EngineConfig.kv_write: scatter, select or chunk"
@@ -408,6 +504,9 @@ def main() -> None:
         res["io"] = io_part(a.dry, a.out)
     if "copy" in parts:
         res["copy"] = copy_part(a.dry, a.copy_rows, a.slots)
+    if "kernel" in parts:
+        bw = chip_limits.limits(a.dry)["hbm_gb_s"]
+        res["kernel"] = kernel_part(a.dry, a.rows, a.kernel_slots, bw, a.kernel_configs)
     if "layout" in parts:
         bw = chip_limits.limits(a.dry)["hbm_gb_s"]
         res["layout"] = layout_part(a.dry, 4 if a.dry else a.rows, bw)
