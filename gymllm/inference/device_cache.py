@@ -102,13 +102,15 @@ class DeviceSteps:
     ):
         cfg = self.config = config
         self.graphdef, self.weights, self.cache = graphdef, weights, cache
-        self.prefill, self.decode, self.trace_counts = make_steps(graphdef, cfg.kv_write)
+        self.prefill, self.decode, self.trace_counts = make_steps(
+            graphdef, cfg.kv_write, cfg.decode_attention
+        )
         self.mixed, self.mixed_trace_counts = make_mixed_step(graphdef)
         self.prefill_packed, self.packed_trace_counts = make_packed_prefill(graphdef)
         self.decode_chunk = decode_chunk
         if decode_chunk > 1:
             self.decode_k, self.chunk_trace_counts = make_decode_chunk(
-                graphdef, decode_chunk, cfg.kv_write
+                graphdef, decode_chunk, cfg.kv_write, cfg.decode_attention
             )
         self.fixed = cfg.shapes == "fixed"
         self.buckets = power_of_two_buckets(cfg.max_len, cfg.min_bucket)  # prefill chunk lengths

@@ -83,10 +83,12 @@ def decode_logits(
     adapter: jax.Array | None = None,
     *,
     kv_write: str = "scatter",
+    attention: str = "xla",
 ) -> tuple[jax.Array, Any]:
     """One decode step of ``model`` over cache rows [0, W) (W = len(tokens)) attending over slots
     [0, length): (logits [W, V] float32, the cache with each row's new k/v at its position, written
-    as ``kv_write`` says: :func:`gymllm.models.decode.write_new_kv`). ``adapters``/``adapter``: LoRA
+    as ``kv_write`` says: :func:`gymllm.models.decode.write_new_kv`; the cached slots read as
+    ``attention`` says: :func:`gymllm.models.decode.decode_forward`). ``adapters``/``adapter``: LoRA
     stacks and each row's index (module docstring)."""
     return decode_and_write(
         model.config,
@@ -97,6 +99,7 @@ def decode_logits(
         length,
         adapter=adapter,
         kv_write=kv_write,
+        attention=attention,
     )
 
 
@@ -155,12 +158,12 @@ def packed_logits(
 
 @functools.lru_cache(maxsize=16)
 def make_steps(
-    graphdef: Any, kv_write: str = "scatter"
+    graphdef: Any, kv_write: str = "scatter", attention: str = "xla"
 ) -> tuple[Callable, Callable, dict[str, int]]:
     """(prefill, decode, trace_counts) for a model graph, shared by engines over equal graphs (so a
     second engine of the same architecture and sizes reuses the compiled steps); ``trace_counts``
-    counts traces, i.e. (re)compilations, per step. ``kv_write``: how decode writes its rows' k/v
-    (:func:`decode_logits`).
+    counts traces, i.e. (re)compilations, per step. ``kv_write``: how decode writes its rows' k/v,
+    ``attention``: how it reads the cached slots (:func:`decode_logits`).
 
     ``prefill(state, cache, tokens, positions, rows, last, keys, steps, temperature, top_k, top_p,
     length=None, adapters=None, adapter=None)``: tokens/positions [P, T] int32; rows/last/steps/top_k
@@ -183,7 +186,7 @@ def make_steps(
             args = (*args, jax.tree.leaves(cache)[0].shape[2])
         return prefill_jit(state, cache, *args, adapters=adapters, adapter=adapter)
 
-    decode = functools.partial(decode_logits, kv_write=kv_write)
+    decode = functools.partial(decode_logits, kv_write=kv_write, attention=attention)
     return prefill, sampled_step(graphdef, trace_counts, "decode", 2, decode), trace_counts
 
 

@@ -53,7 +53,7 @@ def chunk_limits(
 
 @functools.lru_cache(maxsize=16)
 def make_decode_chunk(
-    graphdef: Any, max_steps: int, kv_write: str = "scatter"
+    graphdef: Any, max_steps: int, kv_write: str = "scatter", attention: str = "xla"
 ) -> tuple[Callable, dict[str, int]]:
     """``(decode_chunk, trace_counts)`` for a model graph: ``decode_chunk(state, cache, tokens, positions,
     keys, steps, temperature, top_k, top_p, stop_ids, budget, n, length) -> (cache, tokens [K, W],
@@ -63,7 +63,8 @@ def make_decode_chunk(
     ``kv_write``: how each step writes its rows' k/v (:func:`gymllm.inference.jit_steps.decode_logits`);
     ``"chunk"``: the cache is only read inside the loop, each step's k/v go to a small
     :class:`~gymllm.models.cache.RecentKV` beside it (one dynamic-update-slice for every row), moved
-    into the cache once when the loop ends (:func:`~gymllm.models.cache.write_recent_kv`)."""
+    into the cache once when the loop ends (:func:`~gymllm.models.cache.write_recent_kv`).
+    ``attention``: how each step reads the cached slots (:func:`gymllm.models.decode.decode_forward`)."""
     trace_counts = {"decode_chunk": 0}
 
     @functools.partial(jax.jit, donate_argnums=(1,), static_argnums=(12,))
@@ -99,11 +100,27 @@ def make_decode_chunk(
         def step(kv, tok, pos):  # (logits [W, V], kv): kv the cache, or the chunk's RecentKV
             if kv_write != "chunk":
                 return decode_logits(
-                    model, kv, tok, pos, length, adapters, adapter, kv_write=kv_write
+                    model,
+                    kv,
+                    tok,
+                    pos,
+                    length,
+                    adapters,
+                    adapter,
+                    kv_write=kv_write,
+                    attention=attention,
                 )
             params = served_params(model, adapters)
             logits, k_new, v_new = decode_forward(
-                model.config, params, tok, pos, cache, length, adapter=adapter, recent=kv
+                model.config,
+                params,
+                tok,
+                pos,
+                cache,
+                length,
+                adapter=adapter,
+                recent=kv,
+                attention=attention,
             )
             return logits, kv.add(k_new, v_new)
 

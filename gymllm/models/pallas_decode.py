@@ -82,9 +82,10 @@ def _kernel(
             at = j * slots + jax.lax.broadcasted_iota(jnp.int32, (g, slots), 1)
             seen = at < n
             for h in range(heads):
-                k = k_ref[r, h]  # [D, bs]
-                v = v_ref[r, h]
-                s = jnp.dot(q_ref[r, h].astype(k.dtype), k, preferred_element_type=jnp.float32)
+                q = q_ref[r, h]  # [G, D]; the products in q's dtype, as XLA's form
+                k = k_ref[r, h].astype(q.dtype)  # [D, bs]
+                v = v_ref[r, h].astype(q.dtype)
+                s = jnp.dot(q, k, preferred_element_type=jnp.float32)
                 s = s * scale
                 if softcap:
                     s = softcap * jnp.tanh(s / softcap)
