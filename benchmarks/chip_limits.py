@@ -145,11 +145,14 @@ def param_counts(lm) -> tuple[int, int]:
     return total, emb
 
 
-def decode(lm, rows: int, dry: bool, chunk: int = 1, kv_write: str = "scatter") -> dict:
+def decode(
+    lm, rows: int, dry: bool, chunk: int = 1, kv_write: str = "scatter", attention: str = "xla"
+) -> dict:
     """Tokens/s with ``rows`` rows decoding together, and the mean context over the measured tokens.
 
     ``chunk``: the engine's ``decode_chunk`` (decode steps per device call; 1: one call a token);
-    ``kv_write``: its ``kv_write`` (how a step writes the rows' new k/v)."""
+    ``kv_write``: its ``kv_write`` (how a step writes the rows' new k/v); ``attention``: its
+    ``decode_attention`` (how a step reads the cached slots)."""
     import numpy as np
 
     from gymllm.inference import EngineConfig, JaxEngine, SamplingParams
@@ -166,6 +169,7 @@ def decode(lm, rows: int, dry: bool, chunk: int = 1, kv_write: str = "scatter") 
         prefill_tokens=16 if dry else 512,
         decode_chunk=chunk,
         kv_write=kv_write,
+        decode_attention=attention,
     )
     engine = JaxEngine.from_loaded(lm, config=cfg, stop_token_ids=())
     engine.warmup(prompt_len)
@@ -282,6 +286,11 @@ def main() -> None:
         default="scatter,select,chunk",
         help="comma-separated EngineConfig.kv_write ways, each measured with each chunk",
     )
+    ap.add_argument(
+        "--attentions",
+        default="xla,kernel",
+        help="comma-separated EngineConfig.decode_attention forms, each measured with each of the above",
+    )
     a = ap.parse_args()
     if a.dry:
         import os
@@ -317,6 +326,7 @@ def main() -> None:
     parts = set(a.parts.split(","))
     chunks = [int(k) for k in a.decode_chunks.split(",") if k.strip()]
     writes = [w.strip() for w in a.kv_writes.split(",") if w.strip()]
+    attentions = [w.strip() for w in a.attentions.split(",") if w.strip()]
     if not chunks or min(chunks) < 1:
         raise SystemExit(
             f"chip_limits --decode-chunks: expected positive integers like 1,16, received "
@@ -330,15 +340,25 @@ def main() -> None:
         out[f"params_{shape}"] = total
         if "decode" in parts:
             for rows in rows_list:
-                by_way = {(k, w): decode(lm, rows, a.dry, k, w) for k in chunks for w in writes}
+                by_way = {
+                    (k, w, at): decode(lm, rows, a.dry, k, w, at)
+                    for k in chunks
+                    for w in writes
+                    for at in attentions
+                }
                 best = max(by_way, key=lambda kw: by_way[kw]["tok_s"])
                 d = by_way[best]
                 need = weight_bytes + rows * d["mean_ctx"] * kvt
                 bound = rows * bw / need
-                for (k, w), r in by_way.items():
-                    out[f"decode_tok_s_{shape}_{rows}_chunk{k}_{w}"] = r["tok_s"]
+                for (k, w, at), r in by_way.items():
+                    tail = "" if at == "xla" else f"_{at}"
+                    out[f"decode_tok_s_{shape}_{rows}_chunk{k}_{w}{tail}"] = r["tok_s"]
                 out[f"decode_tok_s_{shape}_{rows}"] = d["tok_s"]
-                out[f"decode_chunk_{shape}_{rows}"], out[f"decode_kv_write_{shape}_{rows}"] = best
+                (
+                    out[f"decode_chunk_{shape}_{rows}"],
+                    out[f"decode_kv_write_{shape}_{rows}"],
+                    out[f"decode_attention_{shape}_{rows}"],
+                ) = best
                 out[f"hbm_bound_tok_s_{shape}_{rows}"] = bound
                 key = (
                     f"decode_vs_hbm_bound_{rows}"
@@ -348,7 +368,7 @@ def main() -> None:
                 out[key] = d["tok_s"] / bound
                 out[f"kv_read_full_{shape}"] = d["max_len"] / d["mean_ctx"]
                 per_chunk = ", ".join(
-                    f"chunk {k} {w}: {r['tok_s']:.0f}" for (k, w), r in by_way.items()
+                    f"chunk {k} {w} {at}: {r['tok_s']:.0f}" for (k, w, at), r in by_way.items()
                 )
                 print(
                     f"{shape} decode {rows} rows: {d['tok_s']:.0f} tok/s ({per_chunk}), bound "
