@@ -46,6 +46,33 @@ def row_block(rows: int, most: int = 8) -> int:
     return b
 
 
+def _precision(dtype) -> jax.lax.Precision:
+    """Full precision for float32 products; bf16 ones at the MXU's own (the kernel's compiler refuses
+    a float32 contraction of bf16 operands, which a global "highest" default would ask for)."""
+    return jax.lax.Precision.HIGHEST if dtype == jnp.float32 else jax.lax.Precision.DEFAULT
+
+
+def _mxu_block(q, k, v, seen, scale, softcap, m_prev, l_prev, acc):
+    """One (row, head) over one slot block by matrix products: q [G, D]; k/v [D, bs]; seen [G, bs];
+    m_prev/l_prev [G, 128] (every lane the same); acc [G, D]. Returns (m, l, acc) updated."""
+    s = jnp.dot(q, k, preferred_element_type=jnp.float32, precision=_precision(q.dtype)) * scale
+    if softcap:
+        s = softcap * jnp.tanh(s / softcap)
+    s = jnp.where(seen, s, NEG_INF)  # [G, bs]
+    m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
+    alpha = jnp.exp(m_prev - m_next)
+    p = jnp.where(seen, jnp.exp(s - m_next[:, :1]), 0.0)
+    l_next = alpha * l_prev + jnp.sum(p, axis=1, keepdims=True)
+    pv = jax.lax.dot_general(
+        p.astype(v.dtype),
+        v,
+        (((1,), (1,)), ((), ())),
+        preferred_element_type=jnp.float32,
+        precision=_precision(v.dtype),
+    )  # [G, D]
+    return m_next, l_next, acc * alpha[:, :1] + pv
+
+
 def _kernel(
     layer_ref,
     lens_ref,
@@ -54,71 +81,73 @@ def _kernel(
     k_ref,
     v_ref,
     o_ref,
-    lse_ref,
-    m_sc,
-    l_sc,
-    acc_sc,
+    m_ref,
+    l_ref,
     *,
     scale: float,
     softcap: float,
     rows: int,
     heads: int,
     slots: int,
+    form: str,
 ):
+    """A program: ``rows`` rows x one slot block. The outputs' blocks stay put across the slot blocks
+    (the running max ``m``, sum ``l`` and unnormalised output ``o``, written back once)."""
     i, j = pl.program_id(0), pl.program_id(1)
 
     @pl.when(j == 0)
     def _init():
-        m_sc[...] = jnp.full(m_sc.shape, NEG_INF, jnp.float32)
-        l_sc[...] = jnp.zeros(l_sc.shape, jnp.float32)
-        acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
+        m_ref[...] = jnp.full(m_ref.shape, NEG_INF, jnp.float32)
+        l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
+        o_ref[...] = jnp.zeros(o_ref.shape, jnp.float32)
 
     @pl.when(j <= last_ref[i])
     def _compute():
-        g = q_ref.shape[2]
+        g = m_ref.shape[2]
 
         def row(r, carry):
             n = lens_ref[i * rows + r]
-            at = j * slots + jax.lax.broadcasted_iota(jnp.int32, (g, slots), 1)
-            seen = at < n
             for h in range(heads):
-                q = q_ref[r, h]  # [G, D]; the products in q's dtype, as XLA's form
+                q = q_ref[r, h]  # the products in q's dtype, as XLA's form
                 k = k_ref[r, h].astype(q.dtype)  # [D, bs]
                 v = v_ref[r, h].astype(q.dtype)
-                s = jnp.dot(q, k, preferred_element_type=jnp.float32)
-                s = s * scale
-                if softcap:
-                    s = softcap * jnp.tanh(s / softcap)
-                s = jnp.where(seen, s, NEG_INF)  # [G, bs]
-                m_prev = m_sc[r, h]  # [G, 128], every lane the same
-                m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
-                alpha = jnp.exp(m_prev - m_next)
-                p = jnp.where(seen, jnp.exp(s - m_next[:, :1]), 0.0)
-                l_sc[r, h] = alpha * l_sc[r, h] + jnp.sum(p, axis=1, keepdims=True)
-                pv = jax.lax.dot_general(
-                    p.astype(v.dtype),
-                    v,
-                    (((1,), (1,)), ((), ())),
-                    preferred_element_type=jnp.float32,
-                )  # [G, D]
-                acc_sc[r, h] = acc_sc[r, h] * alpha[:, :1] + pv
-                m_sc[r, h] = m_next
+                if form == "mxu":  # q [G, D], o [G, D]
+                    at = j * slots + jax.lax.broadcasted_iota(jnp.int32, (g, slots), 1)
+                    m, l_sum, acc = _mxu_block(
+                        q, k, v, at < n, scale, softcap, m_ref[r, h], l_ref[r, h], o_ref[r, h]
+                    )
+                    m_ref[r, h], l_ref[r, h], o_ref[r, h] = m, l_sum, acc
+                    continue
+                # "vpu": q [D, G], o [D, G]; each query head by multiply-and-reduce in float32
+                at = j * slots + jax.lax.broadcasted_iota(jnp.int32, (1, slots), 1)
+                seen = at < n
+                kf, vf, qf = (x.astype(jnp.float32) for x in (k, v, q))
+                for c in range(g):
+                    s = jnp.sum(kf * qf[:, c : c + 1], axis=0, keepdims=True) * scale  # [1, bs]
+                    if softcap:
+                        s = softcap * jnp.tanh(s / softcap)
+                    s = jnp.where(seen, s, NEG_INF)
+                    m_prev = m_ref[r, h, c : c + 1, :]  # [1, 128]
+                    m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
+                    alpha = jnp.exp(m_prev - m_next)
+                    p = jnp.where(seen, jnp.exp(s - m_next[:, :1]), 0.0)
+                    l_ref[r, h, c : c + 1, :] = alpha * l_ref[r, h, c : c + 1, :] + jnp.sum(
+                        p, axis=1, keepdims=True
+                    )
+                    pv = jnp.sum(vf * p, axis=1, keepdims=True)  # [D, 1]
+                    o_ref[r, h, :, c : c + 1] = o_ref[r, h, :, c : c + 1] * alpha[:, :1] + pv
+                    m_ref[r, h, c : c + 1, :] = m_next
             return carry
 
         jax.lax.fori_loop(0, rows, row, 0)
 
-    @pl.when(j == pl.num_programs(1) - 1)
-    def _finish():
-        total = l_sc[...]
-        empty = total == 0.0
-        safe = jnp.where(empty, 1.0, total)
-        o_ref[...] = acc_sc[...] / safe[..., :1]
-        lse_ref[...] = jnp.where(empty, NEG_INF, m_sc[...] + jnp.log(safe))
+
+FORMS = ("mxu", "vpu")
 
 
 @functools.partial(
     jax.jit,
-    static_argnames=("scale", "softcap", "rows_block", "slots_block", "interpret"),
+    static_argnames=("scale", "softcap", "rows_block", "slots_block", "form", "interpret"),
 )
 def cached_attention(
     q: jax.Array,
@@ -131,6 +160,7 @@ def cached_attention(
     softcap: float = 0.0,
     rows_block: int | None = None,
     slots_block: int | None = None,
+    form: str = "mxu",
     interpret: bool | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Each row's attention over its cached slots ``[0, lens[w])`` of layer ``layer``.
@@ -138,9 +168,10 @@ def cached_attention(
     q [W, K, G, D]; k_cache/v_cache [L, B, S, K, D] (B >= W; rows [0, W) are read); layer int32 [];
     lens [W] int32 (clipped to [0, S]). Returns (out [W, K, G, D] float32, normalised over the cached
     slots; lse [W, K, G] float32, their scores' log-sum-exp, :data:`NEG_INF` for a row with none).
-    ``interpret``: None runs the kernel compiled on a TPU and interpreted elsewhere."""
+    ``form``: ``"mxu"`` (a (row, head)'s scores and output by matrix products) or ``"vpu"`` (by
+    multiply-and-reduce in float32, each query head in turn). ``interpret``: None runs the kernel compiled on a TPU and interpreted elsewhere."""
     w, kh, g, d = q.shape
-    n_l, _, s_max, _, _ = k_cache.shape
+    _, _, s_max, _, _ = k_cache.shape
     bw = rows_block or row_block(w)
     bs = slots_block or slot_block(s_max)
     if w % bw or s_max % bs:
@@ -161,33 +192,37 @@ def cached_attention(
     def row_map(i, j, *_):
         return i, 0, 0, 0
 
-    kernel = functools.partial(_kernel, scale=scale, softcap=softcap, rows=bw, heads=kh, slots=bs)
-    out, lse = pl.pallas_call(
+    if form not in FORMS:
+        raise ValueError(f"cached_attention form: expected one of {FORMS}, received {form!r}")
+    kernel = functools.partial(
+        _kernel, scale=scale, softcap=softcap, rows=bw, heads=kh, slots=bs, form=form
+    )
+    qk = q if form == "mxu" else jnp.swapaxes(q, 2, 3)  # "vpu": [W, K, D, G]
+    stats = jax.ShapeDtypeStruct((w, kh, g, LANES), jnp.float32)
+    acc, m, total = pl.pallas_call(
         kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=3,
             grid=(w // bw, s_max // bs),
             in_specs=[
-                pl.BlockSpec((bw, kh, g, d), row_map),
+                pl.BlockSpec((bw, *qk.shape[1:]), row_map),
                 pl.BlockSpec((None, bw, kh, d, bs), kv_map),
                 pl.BlockSpec((None, bw, kh, d, bs), kv_map),
             ],
             out_specs=[
-                pl.BlockSpec((bw, kh, g, d), row_map),
+                pl.BlockSpec((bw, *qk.shape[1:]), row_map),
+                pl.BlockSpec((bw, kh, g, LANES), row_map),
                 pl.BlockSpec((bw, kh, g, LANES), row_map),
             ],
-            scratch_shapes=[
-                pltpu.VMEM((bw, kh, g, LANES), jnp.float32),
-                pltpu.VMEM((bw, kh, g, LANES), jnp.float32),
-                pltpu.VMEM((bw, kh, g, d), jnp.float32),
-            ],
         ),
-        out_shape=[
-            jax.ShapeDtypeStruct((w, kh, g, d), jnp.float32),
-            jax.ShapeDtypeStruct((w, kh, g, LANES), jnp.float32),
-        ],
+        out_shape=[jax.ShapeDtypeStruct(qk.shape, jnp.float32), stats, stats],
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
         interpret=interpret,
-    )(layer, lens, last, q, kt, vt)
-    del n_l
-    return out, lse[..., 0]
+    )(layer, lens, last, qk, kt, vt)
+    if form == "vpu":
+        acc = jnp.swapaxes(acc, 2, 3)
+    m, total = m[..., 0], total[..., 0]
+    empty = total == 0.0
+    safe = jnp.where(empty, 1.0, total)
+    lse = jnp.where(empty, NEG_INF, m + jnp.log(safe))
+    return acc / safe[..., None], lse
