@@ -271,11 +271,13 @@ def kernel_part(dry: bool, rows: int, slots: int, hbm_gb_s: float, configs: str)
 
         return jax.lax.scan(body, jnp.zeros((w, kh * g * d), jnp.float32), jnp.arange(n_l))[0]
 
-    def kernel_pass(q, k, v, bw, bs):
+    def kernel_pass(q, k, v, bw, bs, form):
         qg = q.reshape(w, kh, g, d)
 
         def body(acc, i):
-            o, lse = cached_attention(qg, k, v, i, lens, scale=0.125, rows_block=bw, slots_block=bs)
+            o, lse = cached_attention(
+                qg, k, v, i, lens, scale=0.125, rows_block=bw, slots_block=bs, form=form
+            )
             top = jnp.maximum(lse, 0.0)
             wc, wo = jnp.exp(lse - top), jnp.exp(-top)  # the own token: score 0, value 0
             o = o * (wc / (wc + wo))[..., None]
@@ -319,11 +321,12 @@ def kernel_part(dry: bool, rows: int, slots: int, hbm_gb_s: float, configs: str)
         flush=True,
     )
     for cfg in configs.split(","):
-        bw, bs = (int(x) for x in cfg.split("x"))
+        size, _, form = cfg.partition(":")
+        bw, bs = (int(x) for x in size.split("x"))
         if dry:
             bw, bs = min(bw, w), min(bs, s)
         try:
-            fn = jax.jit(functools.partial(kernel_pass, bw=bw, bs=bs))
+            fn = jax.jit(functools.partial(kernel_pass, bw=bw, bs=bs, form=form or "mxu"))
             secs = chip_limits.timed(functools.partial(fn, q, k, v), 10)
             gap = float(np.abs(np.asarray(fn(q, k, v)) - ref).max())
             hlo = fn.lower(q, k, v).compile().as_text()
@@ -485,7 +488,7 @@ def main() -> None:
     ap.add_argument(
         "--kernel-configs",
         default="8x512,8x256,16x512,4x1024,32x256",
-        help="the kernel part's rows_block x slots_block settings",
+        help="the kernel part's rows_block x slots_block[:form] settings (form mxu or vpu)",
     )
     ap.add_argument("--chunk", type=int, default=16, help="decode steps per device call")
     ap.add_argument(
