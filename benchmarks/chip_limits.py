@@ -146,7 +146,7 @@ def param_counts(lm) -> tuple[int, int]:
 
 
 def decode(
-    lm, rows: int, dry: bool, chunk: int = 1, kv_write: str = "scatter", attention: str = "xla"
+    lm, rows: int, dry: bool, chunk: int = 1, kv_write: str = "scatter", attention: str = "auto"
 ) -> dict:
     """Tokens/s with ``rows`` rows decoding together, and the mean context over the measured tokens.
 
@@ -288,7 +288,7 @@ def main() -> None:
     )
     ap.add_argument(
         "--attentions",
-        default="xla,kernel",
+        default="dots,elementwise",
         help="comma-separated EngineConfig.decode_attention forms, each measured with each of the above",
     )
     a = ap.parse_args()
@@ -351,7 +351,7 @@ def main() -> None:
                 need = weight_bytes + rows * d["mean_ctx"] * kvt
                 bound = rows * bw / need
                 for (k, w, at), r in by_way.items():
-                    tail = "" if at == "xla" else f"_{at}"
+                    tail = "" if at == "dots" else f"_{at}"
                     out[f"decode_tok_s_{shape}_{rows}_chunk{k}_{w}{tail}"] = r["tok_s"]
                 out[f"decode_tok_s_{shape}_{rows}"] = d["tok_s"]
                 (

@@ -13,11 +13,10 @@ Three parts, each on whatever device JAX finds (``--dry`` rehearses them on the 
   and heads-flat ``[L, W, S, K*D]`` (scores by a block-diagonal query). For each: the cache's bytes on
   the device (``on_device_size_in_bytes``: a TPU tiles an array's last two dims, so K=3, D=64 pads)
   against its logical bytes, and one 30-layer pass timed against the logical bytes at the copy rate.
-* ``kernel``: the decode attention over a 30-layer bf16 cache (``--rows`` rows, ``--kernel-slots``
-  slots, rows' lengths spread over the window) in XLA's form, which reads every row's whole window,
-  against the Pallas kernel that reads each row's own slots (``gymllm.models.pallas_decode``) at each
-  block setting of ``--kernel-configs``: one pass's time against the bytes bound of the slots attended,
-  the gap to XLA's output, and any cache-sized instruction the program holds.
+* ``forms``: the decode attention over a 30-layer bf16 cache (``--rows`` rows, each window of
+  ``--form-slots``, rows' lengths spread over the window) in each form of
+  ``gymllm.models.layers.decode_attention`` (batched dots; multiply-and-reduce in float32): one pass's
+  time against the bytes bound of the slots attended. It sets ``TPU_ELEMENTWISE_SLOTS``.
 * ``copy``: the engine's row compaction (``copy_rows``) over a SmolLM2-shape bf16 cache (30 layers,
   ``--copy-rows`` rows, ``--slots`` slots): each form's compiled memory (``memory_analysis``: temporaries and
   outputs not written in place) for today's row-by-row write and the single scatter it replaced, and
@@ -236,114 +235,59 @@ def layout_part(dry: bool, rows: int, hbm_gb_s: float) -> dict:
     return out
 
 
-def kernel_part(dry: bool, rows: int, slots: int, hbm_gb_s: float, configs: str) -> dict:
-    """The decode attention over a 30-layer bf16 cache, XLA's form (every row's whole window) against
-    the Pallas kernel (:func:`gymllm.models.pallas_decode.cached_attention`: each row's own slots) at
-    each ``rows_block x slots_block`` of ``configs``; rows' lengths spread over the window (mean 0.6
-    of it). Each form's 30-layer pass, its gap to XLA's at highest precision, and the bytes bound of
-    the slots each row attends (K and V read once at the measured copy rate)."""
+def forms_part(dry: bool, rows: int, slots_list: str, hbm_gb_s: float) -> dict:
+    """The decode attention over a 30-layer bf16 cache in each of its forms
+    (:func:`gymllm.models.layers.decode_attention`'s ``form``: batched dots, or multiply-and-reduce
+    in float32) at each window of ``slots_list``, rows' lengths spread over the window (mean 0.6 of
+    it): one 30-layer pass each, against the bytes bound of the slots attended (K and V read once at
+    the measured copy rate), and the elementwise form's gap to the dots'."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
     import chip_limits
     from gymllm.models.layers import decode_attention
-    from gymllm.models.pallas_decode import cached_attention
 
-    n_l, w, s, kh, g, d = (2, 16, 256, 2, 2, 16) if dry else (30, rows, slots, 3, 3, 64)
-    dt = jnp.bfloat16
-    keys = jax.random.split(jax.random.key(0), 3)
-    k = jax.random.normal(keys[0], (n_l, w, s, kh, d), dt)
-    v = jax.random.normal(keys[1], (n_l, w, s, kh, d), dt)
-    q = jax.random.normal(keys[2], (w, kh * g, d), dt)
-    lens = jnp.asarray(np.random.default_rng(0).integers(s // 5, s, size=w), jnp.int32)
-    attended = int(lens.sum())
-    bound_s = 2 * n_l * attended * kh * d * 2 / (hbm_gb_s * 1e9)
-    zero_self = jnp.zeros((w, kh, d), dt)
-    visible = jnp.arange(s)[None, :] < lens[:, None]
+    out: dict = {}
+    for s in (int(x) for x in slots_list.split(",")):
+        n_l, w, kh, g, d = (2, 16, 2, 2, 16) if dry else (30, rows, 3, 3, 64)
+        dt = jnp.bfloat16
+        keys = jax.random.split(jax.random.key(s), 3)
+        k = jax.random.normal(keys[0], (n_l, w, s, kh, d), dt)
+        v = jax.random.normal(keys[1], (n_l, w, s, kh, d), dt)
+        q = jax.random.normal(keys[2], (w, kh * g, d), dt)
+        lens = jnp.asarray(np.random.default_rng(0).integers(s // 5, s, size=w), jnp.int32)
+        bound_s = 2 * n_l * int(lens.sum()) * kh * d * 2 / (hbm_gb_s * 1e9)
+        own = jnp.zeros((w, kh, d), dt)
+        visible = jnp.arange(s)[None, :] < lens[:, None]
 
-    def xla_pass(q, k, v):
-        def body(acc, i):
-            o = decode_attention(
-                q, k[i], v[i], zero_self, zero_self, visible, scale=0.125
-            )  # the own token's key is zero: it joins with score 0
-            return acc + o.astype(jnp.float32), None
+        def one_pass(q, k, v, form, own=own, visible=visible):
+            def body(acc, i):
+                o = decode_attention(q, k[i], v[i], own, own, visible, scale=0.125, form=form)
+                return acc + o.astype(jnp.float32), None
 
-        return jax.lax.scan(body, jnp.zeros((w, kh * g * d), jnp.float32), jnp.arange(n_l))[0]
+            return jax.lax.scan(
+                body, jnp.zeros(q.shape[:1] + (q[0].size,), jnp.float32), jnp.arange(k.shape[0])
+            )[0]
 
-    def kernel_pass(q, k, v, bw, bs, form):
-        qg = q.reshape(w, kh, g, d)
-
-        def body(acc, i):
-            o, lse = cached_attention(
-                qg, k, v, i, lens, scale=0.125, rows_block=bw, slots_block=bs, form=form
-            )
-            top = jnp.maximum(lse, 0.0)
-            wc, wo = jnp.exp(lse - top), jnp.exp(-top)  # the own token: score 0, value 0
-            o = o * (wc / (wc + wo))[..., None]
-            return acc + o.reshape(w, -1), None
-
-        return jax.lax.scan(body, jnp.zeros((w, kh * g * d), jnp.float32), jnp.arange(n_l))[0]
-
-    def elementwise_pass(q, k, v):  # XLA's form with multiply-and-reduce instead of batched dots
-        qg = q.reshape(w, kh, g, d).astype(jnp.float32)
-
-        def body(acc, i):
-            kk = jnp.swapaxes(k[i], 1, 2).astype(jnp.float32)  # [W, K, S, D]
-            sc = (qg[:, :, :, None] * kk[:, :, None]).sum(-1) * 0.125  # [W, K, G, S]
-            sc = jnp.where(visible[:, None, None], sc, -1e30)
-            top = jnp.maximum(sc.max(-1), 0.0)
-            p = jnp.exp(sc - top[..., None])
-            total = p.sum(-1) + jnp.exp(-top)
-            vv = jnp.swapaxes(v[i], 1, 2).astype(jnp.float32)
-            o = (p[..., None] * vv[:, :, None]).sum(-2) / total[..., None]
-            return acc + o.reshape(w, -1), None
-
-        return jax.lax.scan(body, jnp.zeros((w, kh * g * d), jnp.float32), jnp.arange(n_l))[0]
-
-    out: dict = {
-        "shape": {"layers": n_l, "rows": w, "slots": s, "kv_heads": kh, "head_dim": d},
-        "mean_len": attended / w,
-        "bytes_bound_ms": bound_s * 1e3,
-    }
-    ref_fn = jax.jit(xla_pass)
-    secs = chip_limits.timed(functools.partial(ref_fn, q, k, v), 10)
-    ref = np.asarray(ref_fn(q, k, v))
-    out["xla"] = {"pass_ms": secs * 1e3, "vs_bound": bound_s / secs}
-    print(f"kernel xla: {secs * 1e3:.2f} ms, {bound_s / secs:.2f} of the bound", flush=True)
-    fn = jax.jit(elementwise_pass)
-    secs = chip_limits.timed(functools.partial(fn, q, k, v), 10)
-    gap = float(np.abs(np.asarray(fn(q, k, v)) - ref).max())
-    out["xla_elementwise"] = {"pass_ms": secs * 1e3, "vs_bound": bound_s / secs, "gap": gap}
-    print(
-        f"kernel xla_elementwise: {secs * 1e3:.2f} ms, {bound_s / secs:.2f} of the bound, "
-        f"gap {gap:.2e}",
-        flush=True,
-    )
-    for cfg in configs.split(","):
-        size, _, form = cfg.partition(":")
-        bw, bs = (int(x) for x in size.split("x"))
-        if dry:
-            bw, bs = min(bw, w), min(bs, s)
-        try:
-            fn = jax.jit(functools.partial(kernel_pass, bw=bw, bs=bs, form=form or "mxu"))
+        row: dict = {"mean_len": float(lens.mean()), "bytes_bound_ms": bound_s * 1e3}
+        results = {}
+        for form in ("dots", "elementwise"):
+            fn = jax.jit(functools.partial(one_pass, form=form))
             secs = chip_limits.timed(functools.partial(fn, q, k, v), 10)
-            gap = float(np.abs(np.asarray(fn(q, k, v)) - ref).max())
-            hlo = fn.lower(q, k, v).compile().as_text()
-            out[cfg] = {
-                "pass_ms": secs * 1e3,
-                "vs_bound": bound_s / secs,
-                "max_abs_gap_vs_xla": gap,
-                "whole_cache_ops": big_ops(hlo, k.size),
-            }
-            print(
-                f"kernel {cfg}: {secs * 1e3:.2f} ms, {bound_s / secs:.2f} of the bound, "
-                f"gap {gap:.2e}, cache-sized ops {out[cfg]['whole_cache_ops']}",
-                flush=True,
-            )
-        except Exception as e:  # noqa: BLE001 - a block shape the compiler refuses is a figure too
-            out[cfg] = {"error": f"{type(e).__name__}: {str(e)[:600]}"}
-            print(f"kernel {cfg}: {out[cfg]['error']}", flush=True)
+            results[form] = np.asarray(fn(q, k, v))
+            row[form] = {"pass_ms": secs * 1e3, "vs_bound": bound_s / secs}
+        row["gap"] = float(np.abs(results["dots"] - results["elementwise"]).max())
+        row["elementwise_speedup"] = row["dots"]["pass_ms"] / row["elementwise"]["pass_ms"]
+        out[str(s)] = row
+        print(
+            f"forms {s} slots: dots {row['dots']['pass_ms']:.2f} ms "
+            f"({row['dots']['vs_bound']:.2f} of the bound), elementwise "
+            f"{row['elementwise']['pass_ms']:.2f} ms ({row['elementwise']['vs_bound']:.2f}), "
+            f"gap {row['gap']:.1e}",
+            flush=True,
+        )
+        del k, v
     return out
 
 
@@ -477,18 +421,13 @@ def main() -> None:
     ap.add_argument(
         "--parts",
         default="decode,learner,io",
-        help="comma-separated: decode, learner, io, layout, copy, kernel",
+        help="comma-separated: decode, learner, io, layout, copy, forms",
     )
     ap.add_argument("--rows", type=int, default=256, help="decode rows")
     ap.add_argument("--copy-rows", type=int, default=128, help="cache rows (the copy part)")
     ap.add_argument("--slots", type=int, default=1024, help="cache slots a row (the copy part)")
     ap.add_argument(
-        "--kernel-slots", type=int, default=1024, help="cache slots a row (kernel part)"
-    )
-    ap.add_argument(
-        "--kernel-configs",
-        default="8x512,8x256,16x512,4x1024,32x256",
-        help="the kernel part's rows_block x slots_block[:form] settings (form mxu or vpu)",
+        "--form-slots", default="128,256,384,512,1024", help="windows the forms part measures"
     )
     ap.add_argument("--chunk", type=int, default=16, help="decode steps per device call")
     ap.add_argument(
@@ -532,9 +471,9 @@ def main() -> None:
         res["io"] = io_part(a.dry, a.out)
     if "copy" in parts:
         res["copy"] = copy_part(a.dry, a.copy_rows, a.slots)
-    if "kernel" in parts:
+    if "forms" in parts:
         bw = chip_limits.limits(a.dry)["hbm_gb_s"]
-        res["kernel"] = kernel_part(a.dry, a.rows, a.kernel_slots, bw, a.kernel_configs)
+        res["forms"] = forms_part(a.dry, 4 if a.dry else a.rows, a.form_slots, bw)
     if "layout" in parts:
         bw = chip_limits.limits(a.dry)["hbm_gb_s"]
         res["layout"] = layout_part(a.dry, 4 if a.dry else a.rows, bw)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from gymllm.models.cache import KV_WRITES
-from gymllm.models.decode import DECODE_ATTENTIONS
+from gymllm.models.layers import DECODE_ATTENTIONS
 from gymllm.validation import check_choice, check_range, is_int, require
 
 _COMPUTE_DTYPES = (None, "auto", "float32", "bfloat16", "float16")
@@ -45,9 +45,8 @@ class EngineConfig:
         highest row), as a static-batching server does.
     decode_chunk: decode steps per device call while no request waits to join (1: token by token; the
         same tokens either way, fewer host round trips; :mod:`gymllm.inference.multi_token_decode`).
-    decode_attention: how a decode step reads each row's cached slots: ``"xla"`` (every row's window)
-        or ``"kernel"`` (each row's own slots: the Pallas TPU kernel,
-        :func:`gymllm.models.pallas_decode.cached_attention`).
+    decode_attention: the form of a decode step's attention products: ``"auto"``, ``"dots"`` or
+        ``"elementwise"`` (:func:`gymllm.models.layers.decode_attention`'s ``form``).
     kv_write: how a decode step writes its rows' new k/v into the cache: ``"scatter"`` (only the new
         slots), ``"select"`` (each row's slots rewritten by a select: row-parallel, for an accelerator
         whose scatter runs one row at a time; :func:`gymllm.models.cache.select_kv`) or ``"chunk"``
@@ -121,12 +120,11 @@ class EngineConfig:
     decode_chunk: int = 1
     """decode steps per device call while no request waits to join (1: token by token; the same tokens either way,
     fewer host round trips; :mod:`gymllm.inference.multi_token_decode`)."""
-    decode_attention: str = "xla"
-    """how a decode step reads each row's cached slots: ``"xla"`` (every row's window up to the step's
-    cache length, in XLA's fused form) or ``"kernel"`` (only each row's own slots, in large tiles: the
-    Pallas TPU kernel :func:`gymllm.models.pallas_decode.cached_attention`; interpreted, slowly, on
-    other backends; models without sliding windows). The same tokens either way, up to summation
-    order."""
+    decode_attention: str = "auto"
+    """the form of a decode step's attention products (:func:`gymllm.models.layers.decode_attention`'s
+    ``form``): ``"dots"`` (batched matrix products in the compute dtype, float32 accumulation),
+    ``"elementwise"`` (multiply-and-reduce in float32) or ``"auto"`` (the faster one measured for the
+    device, the head size, the rows and the step's cache length). The same tokens up to rounding."""
     kv_write: str = "scatter"
     """how a decode step writes its rows' new k/v into the cache: ``"scatter"`` (only the new slots), ``"select"``
     (each row's slots rewritten by a select: row-parallel, for an accelerator whose scatter runs one row at a time;
@@ -201,7 +199,7 @@ class EngineConfig:
             "decode_attention",
             self.decode_attention,
             DECODE_ATTENTIONS,
-            fix='use "xla" (the default) or "kernel" (the Pallas TPU kernel)',
+            fix='use "auto" (the default), "dots" or "elementwise"',
         )
         check_choice(
             c,

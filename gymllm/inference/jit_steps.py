@@ -83,7 +83,7 @@ def decode_logits(
     adapter: jax.Array | None = None,
     *,
     kv_write: str = "scatter",
-    attention: str = "xla",
+    attention: str = "auto",
 ) -> tuple[jax.Array, Any]:
     """One decode step of ``model`` over cache rows [0, W) (W = len(tokens)) attending over slots
     [0, length): (logits [W, V] float32, the cache with each row's new k/v at its position, written
@@ -158,7 +158,7 @@ def packed_logits(
 
 @functools.lru_cache(maxsize=16)
 def make_steps(
-    graphdef: Any, kv_write: str = "scatter", attention: str = "xla"
+    graphdef: Any, kv_write: str = "scatter", attention: str = "auto"
 ) -> tuple[Callable, Callable, dict[str, int]]:
     """(prefill, decode, trace_counts) for a model graph, shared by engines over equal graphs (so a
     second engine of the same architecture and sizes reuses the compiled steps); ``trace_counts``

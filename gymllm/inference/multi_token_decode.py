@@ -53,7 +53,7 @@ def chunk_limits(
 
 @functools.lru_cache(maxsize=16)
 def make_decode_chunk(
-    graphdef: Any, max_steps: int, kv_write: str = "scatter", attention: str = "xla"
+    graphdef: Any, max_steps: int, kv_write: str = "scatter", attention: str = "auto"
 ) -> tuple[Callable, dict[str, int]]:
     """``(decode_chunk, trace_counts)`` for a model graph: ``decode_chunk(state, cache, tokens, positions,
     keys, steps, temperature, top_k, top_p, stop_ids, budget, n, length) -> (cache, tokens [K, W],

@@ -41,8 +41,7 @@ from gymllm.models.cache import (
     select_kv,
 )
 from gymllm.models.config import ModelConfig
-from gymllm.models.layers import decode_attention
-from gymllm.models.pallas_decode import cached_attention
+from gymllm.models.layers import DECODE_ATTENTIONS, decode_attention
 
 
 def decode_forward(
@@ -56,7 +55,7 @@ def decode_forward(
     compute_dtype: Any = None,
     adapter: jax.Array | None = None,
     recent: RecentKV | None = None,
-    attention: str = "xla",
+    attention: str = "auto",
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One decode step: logits [W, V] float32 and the new k/v [L, W, K, D] (cache dtype) of every layer.
 
@@ -66,13 +65,10 @@ def decode_forward(
     (the new token stands in for it). ``adapter`` [W] int32: each row's LoRA adapter among the params'
     stacks (:func:`gymllm.models.blocks.project`; None: the base weights). ``recent``: the chunk's
     own earlier tokens (:class:`~gymllm.models.cache.RecentKV`): the cache is then read only below each
-    row's ``recent.start`` and the slots from there come from ``recent``. ``attention``: how the cached
-    slots are read (:data:`DECODE_ATTENTIONS`): ``"xla"``, every row's window ``[0, length)`` in XLA's
-    fused form; ``"kernel"``, only each row's own slots, by the Pallas kernel
-    :func:`gymllm.models.pallas_decode.cached_attention` (compiled on a TPU, interpreted elsewhere;
-    models without sliding windows). Call it inside ``jit`` (``cfg``, ``length`` and ``attention``
-    static)."""
-    check_attention(cfg, attention)
+    row's ``recent.start`` and the slots from there come from ``recent``. ``attention``: the form of
+    the attention's products (:data:`DECODE_ATTENTIONS`, :func:`gymllm.models.layers.decode_attention`'s
+    ``form``). Call it inside ``jit`` (``cfg``, ``length`` and ``attention`` static)."""
+    check_attention(attention)
     w = tokens.shape[0]
     length = length or cache.k.shape[2]
     h, d = cfg.num_heads, cfg.resolved_head_dim
@@ -82,24 +78,12 @@ def decode_forward(
     idx = jnp.arange(length)[None]  # [1, S]
 
     def attend(q, kk, vv, win_l, i):  # q [W, 1, H, D], kk/vv [W, 1, K, D]
+        keys = jax.lax.dynamic_index_in_dim(cache.k, i, 0, keepdims=False)[
+            :w, :length
+        ]  # [W, S, K, D]
+        values = jax.lax.dynamic_index_in_dim(cache.v, i, 0, keepdims=False)[:w, :length]
         below = pos if recent is None else recent.start[:, None]
-        keys = values = visible = cached = None
-        if attention == "kernel":
-            cached = cached_attention(
-                q[:, 0].reshape(w, kk.shape[2], -1, d),
-                unpack(cache.k),
-                unpack(cache.v),
-                i,
-                jnp.minimum(below[:, 0], length),
-                scale=cfg.attn_scale,
-                softcap=cfg.attn_logit_softcap,
-            )
-        else:
-            keys = jax.lax.dynamic_index_in_dim(cache.k, i, 0, keepdims=False)[
-                :w, :length
-            ]  # [W, S, K, D]
-            values = jax.lax.dynamic_index_in_dim(cache.v, i, 0, keepdims=False)[:w, :length]
-            visible = (idx < below) & (pos - idx < win_l)  # [W, S]
+        visible = (idx < below) & (pos - idx < win_l)  # [W, S]
         extra = None
         if recent is not None:
             at = recent.start[:, None] + jnp.arange(recent.k.shape[2])[None]  # [W, R]
@@ -110,15 +94,15 @@ def decode_forward(
             ) + (seen,)
         attn = decode_attention(
             q[:, 0],
-            None if keys is None else unpack(keys),
-            None if values is None else unpack(values),
+            unpack(keys),
+            unpack(values),
             kk[:, 0],
             vv[:, 0],
             visible,
             scale=cfg.attn_scale,
             softcap=cfg.attn_logit_softcap,
             recent=extra,
-            cached=cached,
+            form=attention,
         )  # [W, H*D]
         return attn.reshape(w, 1, h * d), (
             pack_like(kk[:, 0], cache.k),
@@ -131,20 +115,11 @@ def decode_forward(
     return final_logits(cfg, params, x[:, 0]), k_new, v_new
 
 
-#: how a decode step reads its cached slots (``EngineConfig.decode_attention``)
-DECODE_ATTENTIONS = ("xla", "kernel")
-
-
-def check_attention(cfg: ModelConfig, attention: str) -> None:
-    """Refuse a decode ``attention`` the model cannot use (:func:`decode_forward`), saying why."""
+def check_attention(attention: str) -> None:
+    """Refuse a decode ``attention`` form that does not exist (:data:`DECODE_ATTENTIONS`)."""
     if attention not in DECODE_ATTENTIONS:
         raise ValueError(
             f"decode attention: expected one of {DECODE_ATTENTIONS}, received {attention!r}"
-        )
-    if attention == "kernel" and "sliding_attention" in cfg.resolved_layer_types:
-        raise ValueError(
-            'decode attention "kernel" reads each row\'s slots from 0 and has no sliding window; '
-            f'this model has sliding-window layers ({cfg.sliding_window} slots). Fix: use "xla"'
         )
 
 

@@ -112,6 +112,12 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
     return x * cos + rotated * sin
 
 
+#: the forms of the decode attention's products (``EngineConfig.decode_attention``)
+DECODE_ATTENTIONS = ("auto", "dots", "elementwise")
+#: on a TPU, ``form="auto"`` takes the elementwise form up to this many slots a row (measured, below)
+TPU_ELEMENTWISE_SLOTS = 256
+
+
 def decode_attention(
     q: jax.Array,
     keys: jax.Array,
@@ -123,26 +129,37 @@ def decode_attention(
     scale: float,
     softcap: float = 0.0,
     recent: tuple[jax.Array, jax.Array, jax.Array] | None = None,
-    cached: tuple[jax.Array, jax.Array] | None = None,
+    form: str = "auto",
 ) -> jax.Array:
     """One query token per row over its cached keys plus itself (one joint softmax).
 
     q [W, H, D]; keys/values [W, S, K, D] (cached slots; any float dtype); k_self/v_self [W, K, D] (the
     token's own); visible [W, S] (cached slots it may attend) -> [W, H*D] in q's dtype. ``recent``:
     optional (keys [W, R, K, D], values, visible [W, R]), a second block of slots joining the same
-    softmax (a decode chunk's own tokens, :class:`gymllm.models.cache.RecentKV`). ``cached``: the
-    cached slots already attended elsewhere (:func:`gymllm.models.pallas_decode.cached_attention`'s
-    (out [W, K, G, D] float32, normalised over them; their log-sum-exp [W, K, G])); keys, values and
-    visible are then not read (pass None). Batched dots in
+    softmax (a decode chunk's own tokens, :class:`gymllm.models.cache.RecentKV`). ``form``
+    (:data:`DECODE_ATTENTIONS`): ``"dots"``, ``"elementwise"`` or ``"auto"``, which picks as follows.
+    Batched dots in
     q's dtype with float32 accumulation, as :func:`gymllm.models.attention.attention` computes; for float32 q with small heads
     (D < 32) or fewer than 8 rows an elementwise multiply-and-reduce instead. Measured on XLA:CPU over
     30 layers: at D = 64, G = 3 (SmolLM2) the dot is 2-2.4x faster at 8-32 rows (32 rows x 96 slots:
     49 vs 93 ms) and slower at one row (the whole SmolLM2 step: 75-85 vs 59-62 ms); at D = 16, G = 2
-    (the tiny test model) the elementwise form is up to 1.2x faster (128 rows)."""
+    (the tiny test model) the elementwise form is up to 1.2x faster (128 rows). On a TPU the
+    elementwise form for short windows (S <= :data:`TPU_ELEMENTWISE_SLOTS`): measured on a v5e at
+    SmolLM2's shape (30 layers, 256 rows, bf16 cache), one pass 3.26 ms against the dots' 5.77 ms at
+    160 slots, and 46 ms against 9.7 ms at 1024 (``benchmarks/chip_profile.py --parts forms``)."""
     w, h, d = q.shape
-    kh = k_self.shape[1]
+    kh = keys.shape[2]
     qg = q.reshape(w, kh, h // kh, d)  # [W, K, G, D]
-    dots = _is_low_precision(q.dtype) or (d >= 32 and w >= 8)  # batched dots, else elementwise
+    if form not in DECODE_ATTENTIONS:
+        raise ValueError(
+            f"decode attention: expected one of {DECODE_ATTENTIONS}, received {form!r}"
+        )
+    if form == "auto" and jax.default_backend() == "tpu":
+        form = "elementwise" if keys.shape[1] <= TPU_ELEMENTWISE_SLOTS else "dots"
+    if form == "auto":
+        dots = _is_low_precision(q.dtype) or (d >= 32 and w >= 8)  # batched dots, else elementwise
+    else:
+        dots = form == "dots"
 
     def capped(x):
         x = x * scale
@@ -177,23 +194,18 @@ def decode_attention(
     else:
         own = (qg.astype(jnp.float32) * k_self.astype(jnp.float32)[:, :, None]).sum(-1)  # [W,K,G]
     own = capped(own)
-    blocks = [] if cached is not None else [(block_scores(keys, visible), values)]
+    blocks = [(block_scores(keys, visible), values)]
     if recent is not None:
         blocks.append((block_scores(recent[0], recent[2]), recent[1]))
-    top = own if cached is None else jnp.maximum(own, cached[1])
+    top = own
     for sc, _ in blocks:
         top = jnp.maximum(sc.max(-1), top)  # [W, K, G]
     probs = [jnp.exp(sc - top[..., None]) for sc, _ in blocks]
     p_own = jnp.exp(own - top)
-    total = p_own
-    for p in probs:
+    total = probs[0].sum(-1) + p_own
+    for p in probs[1:]:
         total = total + p.sum(-1)
-    if cached is not None:
-        p_cached = jnp.exp(cached[1] - top)  # the cached slots' whole weight
-        total = total + p_cached
     out = p_own[..., None] / total[..., None] * v_self.astype(jnp.float32)[:, :, None]
-    if cached is not None:
-        out = out + cached[0] * (p_cached / total)[..., None]
     for p, (_, vv) in zip(probs, blocks):
         out = block_out(p / total[..., None], vv) + out
     return out.astype(q.dtype).reshape(w, h * d)
