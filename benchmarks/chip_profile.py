@@ -16,7 +16,7 @@ Three parts, each on whatever device JAX finds (``--dry`` rehearses them on the 
 * ``forms``: the decode attention over a 30-layer bf16 cache (``--rows`` rows, each window of
   ``--form-slots``, rows' lengths spread over the window) in each form of
   ``gymllm.models.layers.decode_attention`` (batched dots; multiply-and-reduce in float32): one pass's
-  time against the bytes bound of the slots attended. It sets ``TPU_ELEMENTWISE_SLOTS``.
+  time against the bytes bound of the slots attended.
 * ``copy``: the engine's row compaction (``copy_rows``) over a SmolLM2-shape bf16 cache (30 layers,
   ``--copy-rows`` rows, ``--slots`` slots): each form's compiled memory (``memory_analysis``: temporaries and
   outputs not written in place) for today's row-by-row write and the single scatter it replaced, and

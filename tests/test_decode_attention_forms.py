@@ -1,11 +1,10 @@
 """``EngineConfig.decode_attention``: the decode attention's products as batched dots or as
 multiply-and-reduce in float32 give the same logits, k/v and completions (up to rounding), and
-``"auto"`` picks the form measured faster (on a TPU: elementwise for short windows).
+``"auto"`` picks the form measured faster for the dtype, head size and rows.
 
 The two forms are compared on decode steps of a tiny model (float32 and a bf16-packed uint16 cache,
 alone and with a decode chunk's recent k/v beside the cache, a row with nothing cached), then engines,
-one per form, get the same seeded requests; "auto" on a TPU is checked by its choice at either side of
-:data:`gymllm.models.layers.TPU_ELEMENTWISE_SLOTS` (the backend's name patched on the CPU)."""
+one per form, get the same seeded requests; "auto" is checked by its choice on each side of its rule."""
 
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ from gymllm.inference import EngineConfig, JaxEngine, SamplingParams
 from gymllm.models import make_tiny
 from gymllm.models.cache import KVCache, RecentKV
 from gymllm.models.decode import decode_forward
-from gymllm.models.layers import TPU_ELEMENTWISE_SLOTS, decode_attention
+from gymllm.models.layers import decode_attention
 
 pytestmark = pytest.mark.highest_precision  # float32 on an accelerator: compared at full precision
 
@@ -62,28 +61,27 @@ def test_both_forms_give_the_same_decode_step(packed, with_recent):
             recent = recent.add(k_e, v_e)
 
 
-def test_auto_on_a_tpu_takes_the_elementwise_form_for_short_windows(monkeypatch):
+def test_auto_takes_the_dots_in_low_precision_and_for_wide_heads():
     rng = np.random.default_rng(1)
-    W, K, G, D = 8, 2, 2, 64
 
-    def run(slots, form):
-        keys = jnp.asarray(rng.normal(size=(W, slots, K, D)), jnp.bfloat16)
-        own = jnp.asarray(rng.normal(size=(W, K, D)), jnp.bfloat16)
-        q = jnp.asarray(rng.normal(size=(W, K * G, D)), jnp.bfloat16)
-        visible = jnp.ones((W, slots), bool)
+    def run(dtype, d, rows, form):
+        keys = jnp.asarray(rng.normal(size=(rows, 40, 2, d)), dtype)
+        own = jnp.asarray(rng.normal(size=(rows, 2, d)), dtype)
+        q = jnp.asarray(rng.normal(size=(rows, 4, d)), dtype)
+        visible = jnp.ones((rows, 40), bool)
         return [
             np.asarray(decode_attention(q, keys, keys, own, own, visible, scale=0.1, form=f))
             for f in (form, "auto")
         ]
 
-    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
-    short, short_auto = run(TPU_ELEMENTWISE_SLOTS, "elementwise")
-    np.testing.assert_array_equal(short_auto, short)
-    long, long_auto = run(TPU_ELEMENTWISE_SLOTS + 128, "dots")
-    np.testing.assert_array_equal(long_auto, long)
-    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")  # bf16 elsewhere: the dots
-    short, short_auto = run(TPU_ELEMENTWISE_SLOTS, "dots")
-    np.testing.assert_array_equal(short_auto, short)
+    for dtype, d, rows, form in [
+        (jnp.bfloat16, 16, 2, "dots"),  # low precision: dots
+        (jnp.float32, 64, 8, "dots"),  # float32, D >= 32 and >= 8 rows: dots
+        (jnp.float32, 16, 8, "elementwise"),  # small heads: elementwise
+        (jnp.float32, 64, 4, "elementwise"),  # few rows: elementwise
+    ]:
+        chosen, auto = run(dtype, d, rows, form)
+        np.testing.assert_array_equal(auto, chosen)
 
 
 def test_an_unknown_form_is_refused_with_the_choices():

@@ -124,7 +124,7 @@ class EngineConfig:
     """the form of a decode step's attention products (:func:`gymllm.models.layers.decode_attention`'s
     ``form``): ``"dots"`` (batched matrix products in the compute dtype, float32 accumulation),
     ``"elementwise"`` (multiply-and-reduce in float32) or ``"auto"`` (the faster one measured for the
-    device, the head size, the rows and the step's cache length). The same tokens up to rounding."""
+    dtype, the head size and the rows). The same tokens up to rounding."""
     kv_write: str = "scatter"
     """how a decode step writes its rows' new k/v into the cache: ``"scatter"`` (only the new slots), ``"select"``
     (each row's slots rewritten by a select: row-parallel, for an accelerator whose scatter runs one row at a time;

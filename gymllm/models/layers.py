@@ -114,8 +114,6 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
 
 #: the forms of the decode attention's products (``EngineConfig.decode_attention``)
 DECODE_ATTENTIONS = ("auto", "dots", "elementwise")
-#: on a TPU, ``form="auto"`` takes the elementwise form up to this many slots a row (measured, below)
-TPU_ELEMENTWISE_SLOTS = 256
 
 
 def decode_attention(
@@ -143,10 +141,12 @@ def decode_attention(
     (D < 32) or fewer than 8 rows an elementwise multiply-and-reduce instead. Measured on XLA:CPU over
     30 layers: at D = 64, G = 3 (SmolLM2) the dot is 2-2.4x faster at 8-32 rows (32 rows x 96 slots:
     49 vs 93 ms) and slower at one row (the whole SmolLM2 step: 75-85 vs 59-62 ms); at D = 16, G = 2
-    (the tiny test model) the elementwise form is up to 1.2x faster (128 rows). On a TPU the
-    elementwise form for short windows (S <= :data:`TPU_ELEMENTWISE_SLOTS`): measured on a v5e at
-    SmolLM2's shape (30 layers, 256 rows, bf16 cache), one pass 3.26 ms against the dots' 5.77 ms at
-    160 slots, and 46 ms against 9.7 ms at 1024 (``benchmarks/chip_profile.py --parts forms``)."""
+    (the tiny test model) the elementwise form is up to 1.2x faster (128 rows). On a TPU v5e
+    (SmolLM2's shape, 256 rows, bf16 cache, ``benchmarks/chip_profile.py --parts forms``) the
+    elementwise attention alone is 1.4-1.8x faster at windows that are not a multiple of 128 slots
+    (96, 160, 200) and 1.9-4.7x slower at those that are (128 to 1024); in the engine's decode at 160
+    slots it was slower still (15.2k against 21.6k tokens/s at 64 rows), so ``"auto"`` keeps the dots
+    there."""
     w, h, d = q.shape
     kh = keys.shape[2]
     qg = q.reshape(w, kh, h // kh, d)  # [W, K, G, D]
@@ -154,8 +154,6 @@ def decode_attention(
         raise ValueError(
             f"decode attention: expected one of {DECODE_ATTENTIONS}, received {form!r}"
         )
-    if form == "auto" and jax.default_backend() == "tpu":
-        form = "elementwise" if keys.shape[1] <= TPU_ELEMENTWISE_SLOTS else "dots"
     if form == "auto":
         dots = _is_low_precision(q.dtype) or (d >= 32 and w >= 8)  # batched dots, else elementwise
     else:
