@@ -313,42 +313,17 @@ def copy_forms() -> dict:
     import jax
     import jax.numpy as jnp
 
-    from gymllm.inference.device_cache import copy_rows
+    from gymllm.inference.device_cache import copy_rows, read_rows, write_rows
 
     def scatter(cache, src, dst):  # the form before: one scatter into the rows axis
         return jax.tree.map(
             lambda c: c.at[:, dst].set(jnp.take(c, src, axis=1), mode="drop"), cache
         )
 
-    def write_loop(c, rows_lm, dst):
-        w = c.shape[1]
-
-        def write(i, c):
-            at = jnp.minimum(dst[i], w - 1)
-            row = jax.lax.dynamic_slice_in_dim(rows_lm, i, 1, axis=1)
-            kept = jax.lax.dynamic_slice_in_dim(c, at, 1, axis=1)
-            return jax.lax.dynamic_update_slice_in_dim(
-                c, jnp.where(dst[i] < w, row, kept), at, axis=1
-            )
-
-        return jax.lax.fori_loop(0, dst.shape[0], write, c)
-
-    def read_loop(c, src):  # the rows read by dynamic slices into a small buffer (no gather op)
-        buf = jnp.zeros((c.shape[0], src.shape[0], *c.shape[2:]), c.dtype)
-
-        def read(i, buf):
-            row = jax.lax.dynamic_slice_in_dim(c, src[i], 1, axis=1)
-            return jax.lax.dynamic_update_slice_in_dim(buf, row, i, axis=1)
-
-        return jax.lax.fori_loop(0, src.shape[0], read, buf)
-
-    def slice_loops(cache, src, dst):
-        return jax.tree.map(lambda c: write_loop(c, read_loop(c, src), dst), cache)
-
-    def flat_loops(cache, src, dst):  # the same over a [L, W, S*K*D] view
+    def flat_loops(cache, src, dst):  # copy_rows' loops over a [L, W, S*K*D] view
         def one(c):
             f = c.reshape(c.shape[0], c.shape[1], -1)
-            return write_loop(f, read_loop(f, src), dst).reshape(c.shape)
+            return write_rows(f, read_rows(f, src), dst).reshape(c.shape)
 
         return jax.tree.map(one, cache)
 
@@ -356,14 +331,10 @@ def copy_forms() -> dict:
         return jax.tree.map(lambda c: jnp.take(c, src, axis=1), cache)
 
     def read_only(cache, src, dst):
-        return jax.tree.map(lambda c: read_loop(c, src), cache)
+        return jax.tree.map(lambda c: read_rows(c, src), cache)
 
     forms = {"rows_loop": copy_rows}
-    for name, fn in (
-        ("scatter", scatter),
-        ("slice_loops", slice_loops),
-        ("flat_loops", flat_loops),
-    ):
+    for name, fn in (("scatter", scatter), ("flat_loops", flat_loops)):
         forms[name] = jax.jit(fn, donate_argnums=(0,))
     forms["gather_only"] = jax.jit(gather_only)
     forms["read_only"] = jax.jit(read_only)

@@ -99,7 +99,7 @@ def test_layout_attention_agrees_across_cache_layouts():
 def test_copy_part_reports_every_forms_memory_and_its_whole_cache_ops():
     r = chip_profile.copy_part(True, 8, 16)
     assert r["cache_bytes"] == 2 * 2 * 8 * 16 * 2 * 16 * 2
-    forms = ("rows_loop", "scatter", "slice_loops", "flat_loops", "gather_only", "read_only")
+    forms = ("rows_loop", "scatter", "flat_loops", "gather_only", "read_only")
     assert set(forms) <= set(r)
     for form in forms:
         assert r[form]["temp_bytes"] >= 0 and r[form]["output_not_aliased_bytes"] >= 0, r[form]

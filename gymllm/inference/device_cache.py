@@ -63,29 +63,35 @@ def copy_rows(cache: Any, src: jax.Array, dst: jax.Array) -> Any:
     8.4 GB of temporaries over a 3.02 GB bf16 cache at 128 rows x 1024 slots, which failed to load;
     these loops hold 0.19 GB and take 4.4 ms for 16 rows there (``benchmarks/chip_profile.py --parts
     copy``)."""
+    return jax.tree.map(lambda c: write_rows(c, read_rows(c, src), dst), cache)
 
-    def copy(c: jax.Array) -> jax.Array:
-        width = c.shape[1]
 
-        def read(i: jax.Array, rows_lm: jax.Array) -> jax.Array:
-            row = jax.lax.dynamic_slice_in_dim(c, src[i], 1, axis=1)
-            return jax.lax.dynamic_update_slice_in_dim(rows_lm, row, i, axis=1)
+def read_rows(c: jax.Array, src: jax.Array) -> jax.Array:
+    """Rows ``src`` [M] of a cache array [L, W, ...] into a new [L, M, ...] buffer, one dynamic slice
+    a row (:func:`copy_rows`' read)."""
 
-        rows_lm = jnp.zeros((c.shape[0], src.shape[0], *c.shape[2:]), c.dtype)
-        rows_lm = jax.lax.fori_loop(0, src.shape[0], read, rows_lm)
+    def read(i: jax.Array, rows_lm: jax.Array) -> jax.Array:
+        row = jax.lax.dynamic_slice_in_dim(c, src[i], 1, axis=1)
+        return jax.lax.dynamic_update_slice_in_dim(rows_lm, row, i, axis=1)
 
-        def write(i: jax.Array, c: jax.Array) -> jax.Array:
-            d = dst[i]
-            at = jnp.minimum(d, width - 1)
-            row = jax.lax.dynamic_slice_in_dim(rows_lm, i, 1, axis=1)
-            kept = jax.lax.dynamic_slice_in_dim(c, at, 1, axis=1)  # a dropped copy writes it back
-            return jax.lax.dynamic_update_slice_in_dim(
-                c, jnp.where(d < width, row, kept), at, axis=1
-            )
+    rows_lm = jnp.zeros((c.shape[0], src.shape[0], *c.shape[2:]), c.dtype)
+    return jax.lax.fori_loop(0, src.shape[0], read, rows_lm)
 
-        return jax.lax.fori_loop(0, src.shape[0], write, c)
 
-    return jax.tree.map(copy, cache)
+def write_rows(c: jax.Array, rows_lm: jax.Array, dst: jax.Array) -> jax.Array:
+    """``rows_lm`` [L, M, ...] written to rows ``dst`` [M] of a cache array [L, W, ...], one
+    dynamic-update-slice a row, in place when ``c`` is donated (a ``dst`` >= W is dropped:
+    :func:`copy_rows`' write)."""
+    width = c.shape[1]
+
+    def write(i: jax.Array, c: jax.Array) -> jax.Array:
+        d = dst[i]
+        at = jnp.minimum(d, width - 1)
+        row = jax.lax.dynamic_slice_in_dim(rows_lm, i, 1, axis=1)
+        kept = jax.lax.dynamic_slice_in_dim(c, at, 1, axis=1)  # a dropped copy writes it back
+        return jax.lax.dynamic_update_slice_in_dim(c, jnp.where(d < width, row, kept), at, axis=1)
+
+    return jax.lax.fori_loop(0, dst.shape[0], write, c)
 
 
 class DeviceSteps:
