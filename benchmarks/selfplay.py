@@ -661,13 +661,9 @@ def main(argv: list[str] | None = None) -> None:
     }
     if len(configs) == 1:
         del result["configs"]
-    import jax
-
-    if jax.devices()[0].platform == "tpu":  # the key for the chip's figure
-        result["selfplay_vs_lockstep_tpu"] = result["selfplay_vs_lockstep"]
     from results import emit_result  # the RESULT line, and its record in benchmarks/results/
 
-    emit_result("selfplay", result)
+    emit_result("selfplay", result, tpu_keys={"selfplay_vs_lockstep": "selfplay_vs_lockstep_tpu"})
 
 
 if __name__ == "__main__":

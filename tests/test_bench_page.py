@@ -216,3 +216,13 @@ def test_a_bad_record_is_a_clear_error(tmp_path):
     (tmp_path / "engine.jsonl").write_text("not json\n")
     with pytest.raises(ValueError, match="expected one JSON record a line"):
         render.load_records(tmp_path)
+
+
+def test_a_tpu_run_also_reports_the_issues_tpu_keys(capsys):
+    tpu = {"platform": "tpu", "kind": "TPU v5 lite", "count": 1}
+    cpu = {"platform": "cpu", "kind": "cpu", "count": 1}
+    keys = {"speedup": "speedup_tpu"}
+    on_tpu = results.emit_result("suite", {"speedup": 1.5}, record=False, device=tpu, tpu_keys=keys)
+    on_cpu = results.emit_result("suite", {"speedup": 1.5}, record=False, device=cpu, tpu_keys=keys)
+    assert json.loads(on_tpu.removeprefix("RESULT "))["speedup_tpu"] == 1.5
+    assert "speedup_tpu" not in json.loads(on_cpu.removeprefix("RESULT "))

@@ -154,6 +154,7 @@ def emit_result(
     *,
     record: bool = True,
     device: dict[str, Any] | None = None,
+    tpu_keys: dict[str, str] | None = None,
 ) -> str:
     """Print ``RESULT {json}`` (flushed) and append the run's record; returns the printed line.
 
@@ -163,12 +164,16 @@ def emit_result(
         record: False prints only (a dry rehearsal whose figures mean nothing).
         device: The record's device when the benchmark knows it better than this process does (its
             figures were measured by child processes); default :func:`results.device.device_info`.
+        tpu_keys: ``{key: tpu_key}``: on a TPU the RESULT also gives ``result[key]`` as
+            ``tpu_key`` (the issue's name for the chip's figure).
 
     The RESULT gains a ``device`` key (``results.device.device_info``) unless it has one.
     """
     from .device import device_info, from_result
 
     device = device or from_result(result)
+    if tpu_keys and (device or device_info()).get("platform") == "tpu":
+        result = {**result, **{tpu: result[key] for key, tpu in tpu_keys.items()}}
     if "device" not in result:
         result = {**result, "device": device or device_info()}
     line = "RESULT " + json.dumps(result)
