@@ -16,11 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from gymllm.errors import ModelLoadError, explain
-from gymllm.validation import require
 from gymllm.models.checkpoint import assemble_params, external_tensors
 from gymllm.models.config import ModelConfig
 from gymllm.models.loaded import LoadedModel
-from gymllm.models.tokenizer import TokenizerBundle
+from gymllm.models.tokenizer import TokenizerBundle, require_file
 from gymllm.models.transformer import Transformer
 from gymllm.telemetry import span
 
@@ -74,16 +73,13 @@ def read_safetensors(d: Path) -> tuple[dict[str, Path], callable]:
 def load_hf_dir(path: str | os.PathLike, dtype=jnp.float32) -> LoadedModel:
     """Load a Hugging Face safetensors directory as a :class:`LoadedModel` with weights in ``dtype``."""
     d = Path(path)
-    require(
-        (d / "config.json").exists(),
+    config = require_file(
+        d / "config.json",
         "model directory",
-        expected=f"{d}/config.json",
-        received="no such file",
         fix="pass a Hugging Face model directory or a .gguf file",
-        error=ModelLoadError,
     )
     with span("load_hf_dir", track="engine", path=str(d)):
-        cfg = ModelConfig.from_hf(json.loads((d / "config.json").read_text()))
+        cfg = ModelConfig.from_hf(json.loads(config.read_text()))
         shard_of, get = read_safetensors(d)
         params = assemble_params(cfg, get, list(shard_of), "hf", source=str(d))
         model = Transformer.from_params(cfg, params, dtype=dtype)

@@ -29,6 +29,21 @@ from gymllm.models.chat_templates import (
 )
 from gymllm.validation import require, require_instance
 
+
+def require_file(path: Path, what: str, *, fix: str) -> Path:
+    """``path``, or a :class:`~gymllm.errors.ModelLoadError` when there is no such file (``what``: what
+    reads it, as the error names it; ``fix``: what to do)."""
+    require(
+        path.exists(),
+        what,
+        expected=str(path),
+        received="no such file",
+        fix=fix,
+        error=ModelLoadError,
+    )
+    return path
+
+
 _TURN_TERMINATORS = (
     "<|im_end|>",
     "<|endoftext|>",
@@ -198,15 +213,12 @@ class TokenizerBundle:
         from tokenizers import Tokenizer
 
         d = Path(directory)
-        require(
-            (d / "tokenizer.json").exists(),
+        path = require_file(
+            d / "tokenizer.json",
             "tokenizer",
-            expected=f"{d / 'tokenizer.json'}",
-            received="no such file",
             fix="save the fast tokenizer (tokenizer.json) next to the weights",
-            error=ModelLoadError,
         )
-        tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+        tok = Tokenizer.from_file(str(path))
         cfg = (
             json.loads((d / "tokenizer_config.json").read_text())
             if (d / "tokenizer_config.json").exists()
