@@ -23,7 +23,7 @@ import numpy as np
 
 from gymllm.core import TextEnv
 from gymllm.registration import register
-from gymllm.validation import check_range, is_int, require, require_one_of
+from gymllm.validation import check_range, require, require_one_of
 
 __all__ = ["EchoEnv", "LatencyEnv", "AsyncLatencyEnv", "FailingEnv", "lognormal_sigma"]
 
@@ -197,12 +197,13 @@ class FailingEnv(EchoEnv):
             "FailingEnv.mode",
             fix="pass mode='raise' or mode='hang'",
         )
-        require(
-            is_int(fail_at_step) and fail_at_step >= 0,
-            "FailingEnv.fail_at_step",
-            expected="an int >= 0 (0: fail at reset)",
-            received=fail_at_step,
-            fix="pass fail_at_step=1",
+        check_range(
+            "FailingEnv",
+            "fail_at_step",
+            fail_at_step,
+            lo=0,
+            integer=True,
+            fix="pass fail_at_step=1 (0: fail at reset)",
         )
         _positive("FailingEnv", "hang_s", hang_s)
         self.fail_at_step, self.mode, self.hang_s = fail_at_step, mode, float(hang_s)

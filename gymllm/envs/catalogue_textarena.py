@@ -3,7 +3,8 @@
 :func:`textarena_env` gives any TextArena game as a PettingZoo AEC env; :func:`register_textarena`
 registers ``gymllm/ta-<Game>[-<variant>]-v0`` for the offline single-player games
 (:data:`TEXTARENA_SINGLE_PLAYER`, one seat through :class:`~gymllm.multiagent.SingleAgentView`), and
-``gymllm/ta-KuhnPoker-v0`` is :mod:`gymllm.envs.kuhn_poker`'s seat. Every call into TextArena runs
+``gymllm/ta-KuhnPoker-v0`` is a seat of :mod:`gymllm.envs.kuhn_poker`'s game
+(:func:`gymllm.envs.games.make_board_game`). Every call into TextArena runs
 inside :class:`~gymllm.envs.catalogue.PrivateGlobalRandom` (:mod:`gymllm.envs.catalogue` says why).
 """
 
@@ -304,7 +305,11 @@ def register_textarena(ta_ids: tuple[str, ...] = TEXTARENA_SINGLE_PLAYER) -> lis
 TEXTARENA_IDS = register_textarena()
 
 
-register("ta-KuhnPoker-v0", entry_point="gymllm.envs.kuhn_poker:make_kuhn_poker_seat")
+register(
+    "ta-KuhnPoker-v0",
+    entry_point="gymllm.envs.games:make_board_game",
+    kwargs={"game": "kuhn_poker"},
+)
 KUHN_POKER_ID = "gymllm/ta-KuhnPoker-v0"
 
 __all__ = [

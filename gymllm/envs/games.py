@@ -17,7 +17,7 @@ Keyword arguments given to ``gymllm.make`` reach the inner env (e.g. ``is_slippe
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 from gymllm.registration import register
 
@@ -159,6 +159,15 @@ def tictactoe_one_ply(observation: Any, agent: str, context: Any = None) -> int:
 tictactoe_one_ply.takes_context = True  # type: ignore[attr-defined]  # gymllm.multiagent.policies.call_scripted
 
 
+def _board_game(game: str) -> Callable[..., Any]:
+    """The two-player game :func:`make_board_game` seats a player in."""
+    if game == "kuhn_poker":
+        from gymllm.envs.kuhn_poker import kuhn_poker  # TextArena's: the catalogue extra
+
+        return kuhn_poker
+    return {"tictactoe": tictactoe, "connect_four": connect_four}[game]
+
+
 def make_board_game(
     *,
     game: str,
@@ -168,12 +177,13 @@ def make_board_game(
     render_mode: str | None = None,
     **kwargs: Any,
 ):
-    """Entry point of ``TicTacToe-v0`` / ``ConnectFour-v0``: one seat against a scripted opponent."""
+    """Entry point of ``TicTacToe-v0`` / ``ConnectFour-v0`` / ``ta-KuhnPoker-v0``: one seat (drawn each
+    reset unless ``learner``) against ``opponent`` (None: random legal moves); ``kwargs`` go to the
+    game (:func:`tictactoe`, :func:`connect_four`, :func:`gymllm.envs.kuhn_poker.kuhn_poker`)."""
     from gymllm.multiagent import SingleAgentView
 
-    maker = {"tictactoe": tictactoe, "connect_four": connect_four}[game]
     return SingleAgentView(
-        maker(**kwargs),
+        _board_game(game)(**kwargs),
         learner=learner,
         opponent=opponent,
         max_turns=max_turns,

@@ -50,7 +50,7 @@ from pettingzoo import AECEnv
 from gymllm.envs.catalogue import PrivateGlobalRandom
 from gymllm.envs.catalogue_textarena import textarena_pull, textarena_reset
 from gymllm.errors import ConfigError, MissingExtraError, explain
-from gymllm.validation import is_int, require
+from gymllm.validation import check_range, require
 from gymllm.spaces import Text
 
 __all__ = [
@@ -60,7 +60,6 @@ __all__ = [
     "KuhnPokerConfig",
     "KuhnPokerAEC",
     "kuhn_poker",
-    "make_kuhn_poker_seat",
     "kuhn_equilibrium",
     "kuhn_equilibrium_player",
     "kuhn_card_player",
@@ -86,12 +85,13 @@ class KuhnPokerConfig:
     ta_id: str = "KuhnPoker-v0-raw"
 
     def __post_init__(self) -> None:
-        require(
-            is_int(self.max_rounds) and self.max_rounds >= 1,
-            "KuhnPokerConfig.max_rounds",
-            expected="an int >= 1 (hands per game)",
-            received=self.max_rounds,
-            fix="pass max_rounds=1",
+        check_range(
+            "KuhnPokerConfig",
+            "max_rounds",
+            self.max_rounds,
+            lo=1,
+            integer=True,
+            fix="pass max_rounds=1 (hands per game)",
         )
         require(
             isinstance(self.ta_id, str) and self.ta_id.startswith("KuhnPoker-v0"),
@@ -313,27 +313,6 @@ def kuhn_poker(*, max_rounds: int = 1, **kwargs: Any):
             "move_names": KUHN_MOVES,
             "renderer": render_kuhn_poker,
         },
-    )
-
-
-def make_kuhn_poker_seat(
-    *,
-    opponent: Any = None,
-    learner: str | None = None,
-    max_turns: int | None = None,
-    render_mode: str | None = None,
-    **kwargs: Any,
-):
-    """Entry point of ``gymllm/ta-KuhnPoker-v0``: one seat (drawn each reset unless ``learner``) against
-    ``opponent`` (None: random legal moves); ``kwargs`` go to :func:`kuhn_poker`."""
-    from gymllm.multiagent import SingleAgentView
-
-    return SingleAgentView(
-        kuhn_poker(**kwargs),
-        learner=learner,
-        opponent=opponent,
-        max_turns=max_turns,
-        render_mode=render_mode,
     )
 
 

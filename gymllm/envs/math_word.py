@@ -29,7 +29,7 @@ from typing import Any
 from gymllm.core import TextEnv
 from gymllm.errors import ConfigError, explain
 from gymllm.registration import register
-from gymllm.validation import check_range, is_int, require
+from gymllm.validation import check_range, is_int, require, require_instance
 
 __all__ = [
     "MathWordEnv",
@@ -74,11 +74,11 @@ def _boxed_all(text: str) -> list[str]:
 
 
 def _problem_from_record(rec: Any, where: str) -> Problem:
-    require(
-        isinstance(rec, dict),
+    require_instance(
+        rec,
+        dict,
         f"problem record at {where}",
         expected="a JSON object",
-        received=rec,
         fix="write one JSON object per line",
     )
     question = rec.get("question") or rec.get("problem") or rec.get("prompt")

@@ -15,7 +15,7 @@ import re
 from typing import Any, Callable
 
 from gymllm.errors import EnvError, MissingExtraError
-from gymllm.validation import check_fields, require
+from gymllm.validation import check_fields, require, require_instance
 
 __all__ = ["OpenEnvConfig", "OpenEnvError", "import_openenv", "TOKEN_ENV"]
 
@@ -95,11 +95,11 @@ class OpenEnvConfig:
                 received=(field, fn),
                 fix="drop one of them",
             )
-        require(
-            isinstance(self.reset_kwargs, dict),
+        require_instance(
+            self.reset_kwargs,
+            dict,
             "OpenEnvConfig.reset_kwargs",
             expected="a dict",
-            received=self.reset_kwargs,
             fix="pass reset_kwargs={'split': 'test'}",
         )
 

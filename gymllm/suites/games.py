@@ -66,6 +66,7 @@ from gymllm.errors import ConfigError
 from gymllm.validation import require, require_one_of
 from gymllm.suites.game_play import play_game
 from gymllm.suites.game_tables import ratings_table, summarize_games
+from gymllm.suites.runner import LabeledPolicy
 from gymllm.utils.seeds import HELD_OUT_SEED_BASE
 
 __all__ = [
@@ -83,27 +84,17 @@ GAME_HELP = "tic-tac-toe, connect-four, or MODULE:FACTORY (a function returning 
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Player:
-    """label: the player's name in every row and table. Exactly one of: ``loaded`` (a ``LoadedModel``
-    its own engine serves; ``make_engine`` may build the engine instead, ``loaded`` still giving the
-    tokenizer), ``fn`` (a scripted ``fn(observation, agent) -> action``) or ``random=True``.
-    system_prompt: a model's system prompt (a run's ``env.system_prompt``)."""
+class Player(LabeledPolicy):
+    """A :class:`~gymllm.suites.runner.LabeledPolicy` in a game: exactly one of ``loaded`` (a model),
+    ``fn`` (a scripted ``fn(observation, agent) -> action``) or ``random=True``. system_prompt: a
+    model's system prompt (a run's ``env.system_prompt``)."""
 
-    label: str
-    loaded: Any = None
-    make_engine: Callable[[], Any] | None = None
     fn: Callable[[Any, str], Any] | None = None
     random: bool = False
     system_prompt: str | None = None
 
     def __post_init__(self) -> None:
-        require(
-            isinstance(self.label, str) and self.label.strip(),
-            "Player.label",
-            expected="a non-empty str",
-            received=self.label,
-            fix="pass --label NAME",
-        )
+        super().__post_init__()
         kinds = [self.loaded is not None, self.fn is not None, bool(self.random)]
         require(
             sum(kinds) == 1,

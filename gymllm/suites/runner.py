@@ -46,29 +46,39 @@ from gymllm.suites.results import ResultsFile, row_key, summarize, suite_from_di
 from gymllm.suites.spec import Suite, SuiteEnv
 from gymllm.validation import check_fields, require
 
-__all__ = ["PolicySpec", "RunnerConfig", "run_suite", "work_items"]
+__all__ = ["LabeledPolicy", "PolicySpec", "RunnerConfig", "run_suite", "work_items"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PolicySpec:
-    """label: the policy's name in every row; loaded: a ``LoadedModel`` (``gymllm.models.load`` /
-    ``make_tiny``, a checkpoint's weights restored) its engine serves; oracle: play the envs' demo
-    solvers instead of a model; make_engine: builds the engine instead (``loaded`` still gives the
-    tokenizer), e.g. a client of a remote server."""
+class LabeledPolicy:
+    """What a policy under evaluation has (:class:`PolicySpec` here, a game's
+    :class:`gymllm.suites.games.Player`): label, its name in every row and table; loaded, a
+    ``LoadedModel`` (``gymllm.models.load`` / ``make_tiny``, a checkpoint's weights restored) its own
+    engine serves; make_engine, builds the engine instead (``loaded`` still gives the tokenizer), e.g. a
+    client of a remote server."""
 
     label: str
     loaded: Any = None
-    oracle: bool = False
     make_engine: Callable[[], Any] | None = None
 
     def __post_init__(self) -> None:
         require(
             isinstance(self.label, str) and self.label.strip(),
-            "PolicySpec.label",
+            f"{type(self).__name__}.label",
             expected="a non-empty str",
             received=self.label,
             fix="pass --label NAME",
         )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PolicySpec(LabeledPolicy):
+    """A :class:`LabeledPolicy` a suite runs; oracle: play the envs' demo solvers instead of a model."""
+
+    oracle: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         require(
             self.oracle or self.loaded is not None,
             f"policy {self.label!r}",

@@ -296,6 +296,20 @@ def _str(value: Any, key: str, where: str, fix: str) -> str:
     return value
 
 
+def _text(table: Mapping[str, Any], key: str, where: str, default: str | None, fix: str) -> Any:
+    """``table.get(key, default)``: a string, or ``default`` itself (else a :class:`SuiteError`)."""
+    value = table.get(key, default)
+    _require_key(
+        isinstance(value, str) or value is default,
+        where,
+        key,
+        expected="a string",
+        received=value,
+        fix=fix,
+    )
+    return value
+
+
 def _env(table: Any, index: int, top: Mapping[str, Any], src: str, resolve: bool) -> SuiteEnv:
     where = f"suite {src}, [[env]] #{index + 1}"
     require(
@@ -377,14 +391,8 @@ def _env(table: Any, index: int, top: Mapping[str, Any], src: str, resolve: bool
         received=agent,
         fix="set agent = 'tool' for envs with tools, else 'model' (or leave it out)",
     )
-    system_prompt = table.get("system_prompt")
-    _require_key(
-        system_prompt is None or isinstance(system_prompt, str),
-        where,
-        "system_prompt",
-        expected="a string",
-        received=system_prompt,
-        fix="quote it: system_prompt = 'Answer briefly.'",
+    system_prompt = _text(
+        table, "system_prompt", where, None, "quote it: system_prompt = 'Answer briefly.'"
     )
     target = None
     if resolve:
@@ -427,15 +435,7 @@ def parse_suite(
     _check_keys(data, TOP_KEYS, where)
     top = _defaults(data, DEFAULTS, where)
     name = _str(data.get("name", default_name), "name", where, "set name = 'my-suite'")
-    description = data.get("description", "")
-    _require_key(
-        isinstance(description, str),
-        where,
-        "description",
-        expected="a string",
-        received=description,
-        fix="quote it",
-    )
+    description = _text(data, "description", where, "", "quote it")
     tables = data.get("env")
     _require_key(
         isinstance(tables, list) and tables,

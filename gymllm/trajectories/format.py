@@ -32,7 +32,7 @@ from typing import Any, Literal
 import gymnasium as gym
 import numpy as np
 
-from gymllm.validation import require, require_one_of
+from gymllm.validation import check_range, require, require_one_of
 
 __all__ = [
     "FORMAT",
@@ -97,11 +97,12 @@ class TrajectoryLoggerConfig:
             "TrajectoryLoggerConfig.fsync",
             fix="use fsync='episode'",
         )
-        require(
-            isinstance(self.chunk_size, int) and self.chunk_size >= 1,
-            "TrajectoryLoggerConfig.chunk_size",
-            expected="a positive int",
-            received=self.chunk_size,
+        check_range(
+            "TrajectoryLoggerConfig",
+            "chunk_size",
+            self.chunk_size,
+            lo=1,
+            integer=True,
             fix="use chunk_size=65536",
         )
         require(

@@ -211,19 +211,19 @@ class VectorEnvConfig:
             optional=True,
             fix="pass max_concurrency=16",
         )
-        ib = self.inline_below_s
-        require(
-            is_number(ib) and ib >= 0,
-            "VectorEnvConfig.inline_below_s",
-            expected="seconds >= 0",
-            received=ib,
+        check_range(
+            "VectorEnvConfig",
+            "inline_below_s",
+            self.inline_below_s,
+            lo=0,
             fix="pass inline_below_s=0 to always use worker threads",
         )
-        st = self.step_timeout
-        require(
-            st is None or (is_number(st) and st > 0),
-            "VectorEnvConfig.step_timeout",
-            expected="None or seconds > 0",
-            received=st,
+        check_range(
+            "VectorEnvConfig",
+            "step_timeout",
+            self.step_timeout,
+            lo=0,
+            lo_open=True,
+            optional=True,
             fix="pass step_timeout=30.0",
         )

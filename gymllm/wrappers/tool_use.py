@@ -121,15 +121,15 @@ class ToolUse(gym.Wrapper):
             integer=True,
             fix="pass max_tool_calls=8",
         )
-        if timeout_s is not None and (not isinstance(timeout_s, (int, float)) or timeout_s <= 0):
-            raise ConfigError(
-                explain(
-                    "ToolUse.timeout_s",
-                    expected="None or a number > 0",
-                    received=timeout_s,
-                    fix="pass timeout_s=10.0",
-                )
-            )
+        check_range(
+            "ToolUse",
+            "timeout_s",
+            timeout_s,
+            lo=0,
+            lo_open=True,
+            optional=True,
+            fix="pass timeout_s=10.0",
+        )
         check_range(
             "ToolUse",
             "max_result_chars",
