@@ -146,19 +146,27 @@ def param_counts(lm) -> tuple[int, int]:
 
 
 def decode(
-    lm, rows: int, dry: bool, chunk: int = 1, kv_write: str = "scatter", attention: str = "auto"
+    lm,
+    rows: int,
+    dry: bool,
+    chunk: int = 1,
+    kv_write: str = "scatter",
+    attention: str = "auto",
+    align: int = 1,
 ) -> dict:
     """Tokens/s with ``rows`` rows decoding together, and the mean context over the measured tokens.
 
     ``chunk``: the engine's ``decode_chunk`` (decode steps per device call; 1: one call a token);
     ``kv_write``: its ``kv_write`` (how a step writes the rows' new k/v); ``attention``: its
-    ``decode_attention`` (how a step reads the cached slots)."""
+    ``decode_attention`` (how a step reads the cached slots); ``align``: the cache's slots rounded up
+    to a multiple of it (on a TPU v5e the attention reads a window of whole 128-slot lanes at
+    0.4-0.7 of the bandwidth and an unaligned one at about 0.2: docs/tpu.md)."""
     import numpy as np
 
     from gymllm.inference import EngineConfig, JaxEngine, SamplingParams
 
     prompt_len, tokens = (8, 4) if dry else (32, 128)
-    max_len = prompt_len + tokens
+    max_len = -(-(prompt_len + tokens) // align) * align
     cfg = EngineConfig(
         num_slots=rows,
         max_len=max_len,
@@ -287,6 +295,13 @@ def main() -> None:
         help="comma-separated EngineConfig.kv_write ways, each measured with each chunk",
     )
     ap.add_argument(
+        "--window-align",
+        type=int,
+        default=1,
+        help="decode cache slots rounded up to a multiple of this (1: the 160 the run needs; 128: "
+        "whole TPU lanes)",
+    )
+    ap.add_argument(
         "--attentions",
         default="dots,elementwise",
         help="comma-separated EngineConfig.decode_attention forms, each measured with each of the above",
@@ -341,7 +356,7 @@ def main() -> None:
         if "decode" in parts:
             for rows in rows_list:
                 by_way = {
-                    (k, w, at): decode(lm, rows, a.dry, k, w, at)
+                    (k, w, at): decode(lm, rows, a.dry, k, w, at, a.window_align)
                     for k in chunks
                     for w in writes
                     for at in attentions
@@ -367,6 +382,7 @@ def main() -> None:
                 )
                 out[key] = d["tok_s"] / bound
                 out[f"kv_read_full_{shape}"] = d["max_len"] / d["mean_ctx"]
+                out[f"decode_max_len_{shape}"] = d["max_len"]
                 per_chunk = ", ".join(
                     f"chunk {k} {w} {at}: {r['tok_s']:.0f}" for (k, w, at), r in by_way.items()
                 )
