@@ -6,6 +6,7 @@ payoff of every betting line, brute force over every pure strategy), not against
 
 import itertools
 import json
+import pathlib
 import re
 from fractions import Fraction
 
@@ -274,7 +275,9 @@ def test_the_recipe_builds_valid_train_and_sft_configs(tmp_path):
     from gymllm.multiagent.factory import game_factory
 
     recipe = load_recipe("kuhn_poker_selfplay")
-    assert "Measured" in recipe["description"]
+    assert "docs/multiagent.md" in recipe["description"]  # where its measured figures are
+    docs = pathlib.Path(__file__).resolve().parents[1] / "docs" / "multiagent.md"
+    assert "Kuhn poker" in docs.read_text()
     cfg = train_config_from("kuhn_poker_selfplay", None, None, str(tmp_path))
     assert (
         cfg.multiagent.opponent == "frozen" and cfg.multiagent.league_size >= 1
