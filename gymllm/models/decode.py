@@ -41,7 +41,7 @@ from gymllm.models.cache import (
     select_kv,
 )
 from gymllm.models.config import ModelConfig
-from gymllm.models.layers import DECODE_ATTENTIONS, decode_attention
+from gymllm.models.layers import decode_attention
 
 
 def decode_forward(
@@ -66,9 +66,8 @@ def decode_forward(
     stacks (:func:`gymllm.models.blocks.project`; None: the base weights). ``recent``: the chunk's
     own earlier tokens (:class:`~gymllm.models.cache.RecentKV`): the cache is then read only below each
     row's ``recent.start`` and the slots from there come from ``recent``. ``attention``: the form of
-    the attention's products (:data:`DECODE_ATTENTIONS`, :func:`gymllm.models.layers.decode_attention`'s
-    ``form``). Call it inside ``jit`` (``cfg``, ``length`` and ``attention`` static)."""
-    check_attention(attention)
+    the attention's products (:func:`gymllm.models.layers.decode_attention`'s ``form``, which
+    checks it). Call it inside ``jit`` (``cfg``, ``length`` and ``attention`` static)."""
     w = tokens.shape[0]
     length = length or cache.k.shape[2]
     h, d = cfg.num_heads, cfg.resolved_head_dim
@@ -113,14 +112,6 @@ def decode_forward(
         cfg, params, x[:, None], pos, attend, mix=mix, compute_dtype=compute_dtype
     )
     return final_logits(cfg, params, x[:, 0]), k_new, v_new
-
-
-def check_attention(attention: str) -> None:
-    """Refuse a decode ``attention`` form that does not exist (:data:`DECODE_ATTENTIONS`)."""
-    if attention not in DECODE_ATTENTIONS:
-        raise ValueError(
-            f"decode attention: expected one of {DECODE_ATTENTIONS}, received {attention!r}"
-        )
 
 
 def write_new_kv(
