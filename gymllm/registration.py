@@ -45,6 +45,7 @@ __all__ = [
     "full_id",
     "resolve_env_id",
     "nearest_ids",
+    "load_callable",
 ]
 
 NAMESPACE = "gymllm"
@@ -217,6 +218,35 @@ def resolve_env_id(env_id: str, *, where: str = "env id") -> str | Callable[...,
             )
         )
     return factory
+
+
+def load_callable(
+    spec: str, where: str, *, form: str, expected: str, fix: str
+) -> Callable[..., Any]:
+    """The callable a ``"module:name"`` spec names (``name`` may be dotted: ``module:Class.method``).
+
+    A ConfigError at ``where`` when the module does not import or lacks the name (``form`` spells the
+    spec for that message, e.g. ``"MODULE:FN"``), or when what it names is not callable (``expected``
+    says what was wanted, ``fix`` how to name one)."""
+    module, _, attr = spec.partition(":")
+    try:
+        fn: Any = importlib.import_module(module)
+        for part in attr.split("."):
+            fn = getattr(fn, part)
+    except (ImportError, AttributeError, ValueError) as e:  # ValueError: an empty module name
+        raise ConfigError(
+            explain(
+                where,
+                expected=f"an importable {form}",
+                received=spec,
+                fix=f"check the module path and the name ({type(e).__name__}: {e})",
+            )
+        ) from e
+    if not callable(fn):
+        raise ConfigError(
+            explain(where, expected=expected, received=f"{spec} = {type(fn).__name__}", fix=fix)
+        )
+    return fn
 
 
 def make(id: str | Callable[..., gym.Env], **kwargs: Any) -> gym.Env:

@@ -11,7 +11,7 @@ import gymllm
 from gymllm.envs.arithmetic import ArithmeticEnv, evaluate, extract_answer
 from gymllm.envs.basic import EchoEnv
 from gymllm.errors import ConfigError
-from gymllm.registration import registered_ids
+from gymllm.registration import load_callable, registered_ids
 
 
 def test_gymnasium_make_works_after_import_gymllm():
@@ -126,3 +126,18 @@ def test_arithmetic_parsing_and_retries():
     assert env.step(info["answer"])[1:3] == (1.0, True)
     with pytest.raises(ConfigError, match="ArithmeticEnv.ops"):
         ArithmeticEnv(ops="/")
+
+
+def test_load_callable_resolves_dotted_names_and_explains_failures():
+    kw = {"form": "MODULE:FN", "expected": "a callable fn", "fix": "name a function"}
+    assert load_callable("gymllm.envs.basic:EchoEnv", "here", **kw) is EchoEnv
+    assert load_callable("gymllm.envs.basic:EchoEnv.reset", "here", **kw) is EchoEnv.reset
+    for spec, cause in (
+        ("no_such_module_xyz:f", "ModuleNotFoundError"),
+        ("gymllm.envs.basic:nope", "AttributeError"),
+        (":f", "ValueError"),
+    ):
+        with pytest.raises(ConfigError, match=f"importable MODULE:FN.*{cause}"):
+            load_callable(spec, "here", **kw)
+    with pytest.raises(ConfigError, match="a callable fn.*= str"):
+        load_callable("gymllm.registration:NAMESPACE", "here", **kw)

@@ -5,13 +5,12 @@ a factory of text envs; a Gymnasium env whose actions are not text goes through
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable
 
 import gymnasium as gym
 
 from gymllm.core import TextEnv, overrides_hook
-from gymllm.errors import ConfigError, explain
+from gymllm.registration import load_callable
 from gymllm.spaces import Text
 from gymllm.validation import require_instance
 
@@ -22,29 +21,13 @@ def make_env_factory(env: str, env_kwargs: dict[str, Any] | None = None) -> Call
     """A no-argument factory of text envs for ``env`` (an id or ``module:factory``)."""
     kwargs = dict(env_kwargs or {})
     if ":" in env:
-        mod, _, attr = env.partition(":")
-        try:
-            fn: Any = importlib.import_module(mod)
-            for part in attr.split("."):
-                fn = getattr(fn, part)
-        except (ImportError, AttributeError) as e:
-            raise ConfigError(
-                explain(
-                    "gymllm serve-env ENV",
-                    expected="'module:factory' naming a callable",
-                    received=env,
-                    fix="check the module path and the factory's name",
-                )
-            ) from e
-        if not callable(fn):
-            raise ConfigError(
-                explain(
-                    "gymllm serve-env ENV",
-                    expected="a callable factory",
-                    received=env,
-                    fix="name a function or class that returns a gymnasium.Env",
-                )
-            )
+        fn = load_callable(
+            env,
+            "gymllm serve-env ENV",
+            form="'module:factory'",
+            expected="a callable factory",
+            fix="name a function or class that returns a gymnasium.Env",
+        )
 
         def build() -> gym.Env:
             return _as_text_env(fn(**kwargs), None, kwargs)

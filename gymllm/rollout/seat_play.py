@@ -32,7 +32,6 @@ reward still sums every reward the seat received, the game's outcome included.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import logging
 import re
@@ -41,6 +40,7 @@ from typing import Any, Callable
 import numpy as np
 
 from gymllm.errors import ConfigError, explain
+from gymllm.registration import load_callable
 from gymllm.rollout.config import RolloutConfig
 from gymllm.rollout.episode import Episode, EpisodeKey
 from gymllm.types import Group
@@ -101,28 +101,13 @@ def check_eval_opponents(opponents: Any) -> tuple[str, ...]:
 
 def load_scripted_opponent(spec: str) -> Callable[[Any, str], Any]:
     """``MODULE:FN`` -> the callable ``fn(observation, agent) -> action`` (a ConfigError when missing)."""
-    module, _, name = spec.partition(":")
-    try:
-        fn = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as e:
-        raise ConfigError(
-            explain(
-                "multiagent.opponent",
-                expected="an importable MODULE:FN",
-                received=spec,
-                fix=f"check the module path and the function name ({type(e).__name__}: {e})",
-            )
-        ) from e
-    if not callable(fn):
-        raise ConfigError(
-            explain(
-                "multiagent.opponent",
-                expected="a callable fn(observation, agent) -> action",
-                received=f"{spec} = {type(fn).__name__}",
-                fix="name a function",
-            )
-        )
-    return fn
+    return load_callable(
+        spec,
+        "multiagent.opponent",
+        form="MODULE:FN",
+        expected="a callable fn(observation, agent) -> action",
+        fix="name a function",
+    )
 
 
 def move_text(game: Any, agent: str, action: Any) -> str:
