@@ -24,12 +24,11 @@ import math
 import string
 
 from gymllm.core import TextEnv
+from gymllm.envs.basic import lognormal_sigma
 from gymllm.registration import register
 from gymllm.validation import check_range, require
 
 __all__ = ["TinyRepeatEnv", "letter_fraction"]
-
-_Z99 = 2.3263478740408408  # the standard normal's 99th percentile
 
 
 def letter_fraction(reply: str, letter: str) -> float:
@@ -94,9 +93,7 @@ class TinyRepeatEnv(TextEnv):
             max_replies,
         )
         self.median_s, self.p99_s = float(latency_median_s), float(latency_p99_s)
-        self._sigma = (
-            math.log(self.p99_s / self.median_s) / _Z99 if self.p99_s > self.median_s > 0 else 0.0
-        )
+        self._sigma = lognormal_sigma(self.median_s, self.p99_s)
         self._letter, self._replies, self._reply = "a", 1, 0
 
     def _reset(self, *, seed, options):
