@@ -63,7 +63,7 @@ import re
 from typing import Any, Callable, Literal, Sequence
 
 from gymllm.errors import ConfigError
-from gymllm.validation import require, require_one_of
+from gymllm.validation import check_range, require, require_one_of
 from gymllm.suites.game_play import play_game
 from gymllm.suites.game_tables import ratings_table, summarize_games
 from gymllm.suites.runner import LabeledPolicy
@@ -185,11 +185,13 @@ class MatchConfig:
             "errors",
             fix="--errors loss",
         )
-        require(
-            self.move_timeout_s is None or self.move_timeout_s > 0,
+        check_range(
+            "MatchConfig",
             "move_timeout_s",
-            expected="a number > 0 or None",
-            received=self.move_timeout_s,
+            self.move_timeout_s,
+            lo=0,
+            lo_open=True,
+            optional=True,
             fix="e.g. 300",
         )
         require(

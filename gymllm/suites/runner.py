@@ -44,7 +44,7 @@ from typing import Any, Callable, Sequence
 from gymllm.errors import ConfigError, explain
 from gymllm.suites.results import ResultsFile, row_key, summarize, suite_from_dict, write_json
 from gymllm.suites.spec import Suite, SuiteEnv
-from gymllm.validation import check_fields, require
+from gymllm.validation import check_fields, check_range, require
 
 __all__ = ["LabeledPolicy", "PolicySpec", "RunnerConfig", "run_suite", "work_items"]
 
@@ -108,11 +108,13 @@ class RunnerConfig:
     def __post_init__(self) -> None:
         names = ("max_concurrency_per_env", "num_slots", "max_len", "num_resamples")
         check_fields("RunnerConfig", self, names, lo=1, integer=True, fix="set {field}=1 or more")
-        require(
-            self.episode_timeout_s is None or self.episode_timeout_s > 0,
-            "RunnerConfig.episode_timeout_s",
-            expected="seconds > 0 or None",
-            received=self.episode_timeout_s,
+        check_range(
+            "RunnerConfig",
+            "episode_timeout_s",
+            self.episode_timeout_s,
+            lo=0,
+            lo_open=True,
+            optional=True,
             fix="e.g. 600",
         )
 
