@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from gymnasium.spaces import Space
 
-from gymllm.validation import require
+from gymllm.validation import check_order, require
 
 __all__ = ["Text", "Chat", "DEFAULT_ROLES", "SAMPLE_ALPHABET"]
 
@@ -56,13 +56,7 @@ def _check_length_bounds(cls: str, lo_name: str, lo: int, hi_name: str, hi: int)
             received=value,
             fix=f"pass {name}=<non-negative int>",
         )
-    require(
-        lo <= hi,
-        f"{cls}.{lo_name}",
-        expected=f"<= {hi_name} ({hi})",
-        received=lo,
-        fix=f"lower {lo_name} or raise {hi_name}",
-    )
+    check_order(cls, lo_name, lo, hi_name, hi)
 
 
 def _sample_string(rng: np.random.Generator, lo: int, hi: int, alphabet: str) -> str:

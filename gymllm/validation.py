@@ -31,6 +31,7 @@ __all__ = [
     "is_number",
     "check_choice",
     "check_range",
+    "check_order",
     "check_fields",
     "apply_overrides",
 ]
@@ -148,6 +149,17 @@ def check_range(
         expected=expected,
         received=value,
         fix=fix or f"choose {field} {bounds or kind}",
+    )
+
+
+def check_order(cls: str, lo_name: str, lo: Any, hi_name: str, hi: Any) -> None:
+    """``lo <= hi``: a config's lower bound ``lo_name`` does not pass its upper bound ``hi_name``."""
+    require(
+        lo <= hi,
+        f"{cls}.{lo_name}",
+        expected=f"<= {hi_name} ({hi})",
+        received=lo,
+        fix=f"lower {lo_name} or raise {hi_name}",
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from gymllm.validation import check_range, require
+from gymllm.validation import check_order, check_range, require
 
 __all__ = ["HEAD_SHARE_AUTO", "LearnerConfig", "SHARED_PREFIX_AUTO", "head_flops_share"]
 
@@ -145,13 +145,7 @@ class LearnerConfig:
             received=self.packing,
             fix="turn one of packing and fixed_shapes off",
         )
-        require(
-            self.min_bucket <= self.max_len,
-            "LearnerConfig.min_bucket",
-            expected=f"<= max_len ({self.max_len})",
-            received=self.min_bucket,
-            fix="lower min_bucket or raise max_len",
-        )
+        check_order("LearnerConfig", "min_bucket", self.min_bucket, "max_len", self.max_len)
 
 
 SHARED_PREFIX_AUTO = True  # shared_prefix=None: docs/learner-profile.md "The shared-prefix forward"

@@ -24,7 +24,7 @@ import collections
 import dataclasses
 import time
 
-from gymllm.validation import check_range, is_int, require
+from gymllm.validation import check_order, check_range, is_int, require
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -59,13 +59,7 @@ class ConcurrencyConfig:
                 integer=True,
                 fix=f"set {name}=1 or more",
             )
-        require(
-            self.min_limit <= self.max_limit,
-            "ConcurrencyConfig.min_limit",
-            expected=f"<= max_limit ({self.max_limit})",
-            received=self.min_limit,
-            fix="lower min_limit or raise max_limit",
-        )
+        check_order("ConcurrencyConfig", "min_limit", self.min_limit, "max_limit", self.max_limit)
         s = self.start
         require(
             s is None or (is_int(s) and self.min_limit <= s <= self.max_limit),
