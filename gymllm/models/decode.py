@@ -77,10 +77,7 @@ def decode_forward(
     idx = jnp.arange(length)[None]  # [1, S]
 
     def attend(q, kk, vv, win_l, i):  # q [W, 1, H, D], kk/vv [W, 1, K, D]
-        keys = jax.lax.dynamic_index_in_dim(cache.k, i, 0, keepdims=False)[
-            :w, :length
-        ]  # [W, S, K, D]
-        values = jax.lax.dynamic_index_in_dim(cache.v, i, 0, keepdims=False)[:w, :length]
+        keys, values = cached_rows(cache, i, w, length)  # [W, S, K, D] x2
         below = pos if recent is None else recent.start[:, None]
         visible = (idx < below) & (pos - idx < win_l)  # [W, S]
         extra = None
@@ -93,8 +90,8 @@ def decode_forward(
             ) + (seen,)
         attn = decode_attention(
             q[:, 0],
-            unpack(keys),
-            unpack(values),
+            keys,
+            values,
             kk[:, 0],
             vv[:, 0],
             visible,
@@ -112,6 +109,16 @@ def decode_forward(
         cfg, params, x[:, None], pos, attend, mix=mix, compute_dtype=compute_dtype
     )
     return final_logits(cfg, params, x[:, 0]), k_new, v_new
+
+
+def cached_rows(cache: KVCache, i: jax.Array, w: int, length: int) -> tuple[jax.Array, jax.Array]:
+    """Layer ``i``'s keys and values at slots ``[0, length)`` of cache rows ``[0, w)``, decoded
+    (:func:`~gymllm.models.blocks.unpack`): [W, length, K, D] x2, what decode rows attend over."""
+
+    def take(c: jax.Array) -> jax.Array:
+        return unpack(jax.lax.dynamic_index_in_dim(c, i, 0, keepdims=False)[:w, :length])
+
+    return take(cache.k), take(cache.v)
 
 
 def write_new_kv(

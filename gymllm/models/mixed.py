@@ -29,10 +29,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from gymllm.models.blocks import embed_inputs, final_logits, pack_like, scan_layers, unpack
+from gymllm.models.blocks import embed_inputs, final_logits, pack_like, scan_layers
 from gymllm.models.cache import KVCache, forward_and_write
 from gymllm.models.config import ModelConfig
-from gymllm.models.decode import write_new_kv
+from gymllm.models.decode import cached_rows, write_new_kv
 from gymllm.models.layers import decode_attention
 from gymllm.models.prefill import chunk_attention, write_chunk_kv
 
@@ -74,14 +74,11 @@ def mixed_forward(
     def attend(q, kk, vv, win_l, i):
         q, kk, vv = q[0], kk[0], vv[0]  # [N, H, D], [N, K, D] x2
         visible = (idx < dpos) & (dpos - idx < win_l)  # [W, S]
-        keys = jax.lax.dynamic_index_in_dim(cache.k, i, 0, keepdims=False)[
-            :w, :length
-        ]  # [W, S, K, D]
-        values = jax.lax.dynamic_index_in_dim(cache.v, i, 0, keepdims=False)[:w, :length]
+        keys, values = cached_rows(cache, i, w, length)  # [W, S, K, D] x2
         attn_d = decode_attention(
             q[:w],
-            unpack(keys),
-            unpack(values),
+            keys,
+            values,
             kk[:w],
             vv[:w],
             visible,
