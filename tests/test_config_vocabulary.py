@@ -28,6 +28,7 @@ from gymllm.validation import (
     apply_overrides,
     check_choice,
     check_fields,
+    check_order,
     check_range,
     require,
     require_one_of,
@@ -309,6 +310,25 @@ def test_check_fields_checks_each_field_and_names_it_in_the_fix():
         ConfigError, match=r"^X\.b: expected an int >= 1, received 0\. Fix: set b=1 or more$"
     ):
         check_fields("X", obj, ("a", "b"), lo=1, integer=True, fix="set {field}=1 or more")
+
+
+def test_one_order_check_serves_every_lower_and_upper_bound_pair():
+    from gymllm.algos.learner_config import LearnerConfig
+    from gymllm.rollout.concurrency import ConcurrencyConfig
+    from gymllm.spaces import Text
+
+    check_order("X", "lo", 2, "hi", 2)
+    with pytest.raises(
+        ConfigError, match=r"^X\.lo: expected <= hi \(2\), received 3\. Fix: lower lo or raise hi$"
+    ):
+        check_order("X", "lo", 3, "hi", 2)
+    for build, field in (
+        (lambda: LearnerConfig(max_len=64, min_bucket=128), "LearnerConfig.min_bucket"),
+        (lambda: ConcurrencyConfig(min_limit=9, max_limit=4), "ConcurrencyConfig.min_limit"),
+        (lambda: Text(min_length=5, max_length=2), "Text.min_length"),
+    ):
+        with pytest.raises(ConfigError, match=rf"^{re.escape(field)}: expected <= "):
+            build()
 
 
 def test_checks_say_expected_received_and_fix():
