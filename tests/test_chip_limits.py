@@ -22,6 +22,10 @@ def test_dry_run_computes_every_figure_and_the_bound_by_its_formula():
             "--dry",
             "--shapes",
             "smollm2",
+            "--kv-writes",  # one engine a row count: the figures checked here do not depend on the way
+            "scatter",
+            "--attentions",
+            "dots",
         ],
         capture_output=True,
         text=True,
@@ -35,6 +39,9 @@ def test_dry_run_computes_every_figure_and_the_bound_by_its_formula():
     # the dry model: 2 layers, 2 kv heads of 16, bf16 K and V; prompts of 8 and 4 new tokens (mean context 10)
     kv_per_token = 2 * 2 * 2 * 16 * 2
     for rows in (2, 4):
+        assert (
+            r[f"decode_tok_s_smollm2_{rows}_chunk16_scatter"] == r[f"decode_tok_s_smollm2_{rows}"]
+        )
         need = 2 * r["params_smollm2"] + rows * 10 * kv_per_token
         bound = rows * r["hbm_gb_s"] * 1e9 / need
         assert r[f"hbm_bound_tok_s_smollm2_{rows}"] == pytest.approx(bound)
