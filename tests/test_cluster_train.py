@@ -196,6 +196,7 @@ def test_cluster_run_trains_the_same_groups_and_rewards_as_in_process(tmp_path, 
     assert remote.counts.get("stale_groups", 0) == 0
 
 
+@pytest.mark.slow  # a drill: kills a process or a node
 def test_losing_a_replicas_node_mid_run_loses_nothing(tmp_path, cluster, reference):
     """After step 1 the node of replica r0 is removed (a spare engine node joins first, so the pool can
     recreate it there); the run finishes, no group is trained twice, every live replica ends on the

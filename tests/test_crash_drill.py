@@ -59,6 +59,7 @@ def _check(result: dict) -> None:
     assert result["weights_match"], result
 
 
+@pytest.mark.slow  # a drill: kills a process or a node
 def test_short_crash_drill_kills_at_a_checkpoint_write_and_a_log_write(tmp_path, monkeypatch):
     monkeypatch.setattr(drill_crash, "KINDS", ("checkpoint", "log"))
     result = drill_crash.run_drill(tmp_path, kills=2, steps=4, seed=1, log=lambda *_: None)

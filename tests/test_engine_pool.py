@@ -592,6 +592,7 @@ def test_ray_replicas_generate_like_in_process_and_take_weights_from_the_object_
     run(main())
 
 
+@pytest.mark.slow  # a drill: kills a process or a node
 def test_losing_a_replicas_node_retries_its_requests_and_the_replica_rejoins_at_the_latest_version(
     cluster, ray_pool
 ):

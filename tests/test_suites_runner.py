@@ -284,6 +284,7 @@ def _cli(args, env, **kw):
     )
 
 
+@pytest.mark.slow  # a drill: kills a process or a node
 def test_kill_9_then_resume_gives_every_row_exactly_once(tmp_path, user_dir):
     """A run of the command line is killed (SIGKILL) once results.jsonl holds 3 rows, a torn line is
     appended as a kill mid-write would leave it, and `--resume` completes the run."""
