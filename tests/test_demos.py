@@ -299,6 +299,54 @@ def test_bad_ids_and_arguments_give_clear_errors():
             demonstrations("Arithmetic-v0", **bad)
 
 
+@pytest.mark.parametrize(
+    "env_id, kwargs",
+    [("gymllm/TicTacToe-v0", {}), ("gymllm/ta-KuhnPoker-v0", {"max_rounds": 1, "max_invalid": 2})],
+)
+def test_uniform_policy_plays_only_legal_moves_uniformly_and_keeps_every_episode(env_id, kwargs):
+    """policy="uniform": each reply is a legal move by the env's own mask (replayed through a fresh
+    env to the recorded reward), every episode is kept whatever its result, the moves
+    spread over the legal ones (Kuhn: the opening [bet] within 35-65% of the openings; tic-tac-toe:
+    more than four different first moves), and a seed fixes its episode."""
+    n = 120 if "Kuhn" in env_id else 40
+    recs = demonstrations(env_id, n=n, seed=7, env_kwargs=kwargs, policy="uniform")
+    assert [r["seed"] for r in recs] == list(range(7, 7 + n))  # none left out
+    assert min(r["reward"] for r in recs) < 0  # losses kept: no filter on the result
+    env = gymllm.make(env_id, **kwargs)
+    first = collections.Counter()
+    for rec in recs:
+        _, info = env.reset(seed=rec["seed"])
+        env.unwrapped.np_random.integers(2**63 - 1)  # the player's draw of its own generator's seed
+        total = 0.0
+        for k, reply in enumerate(
+            m["content"] for m in rec["messages"] if m["role"] == "assistant"
+        ):
+            names = env.unwrapped.env.config.move_names
+            legal = {names[i] for i, ok in enumerate(info["action_mask"]) if ok}
+            assert reply in legal, (reply, legal)
+            if k == 0 and (legal == {"[check]", "[bet]"} or "Kuhn" not in env_id):
+                first[reply] += 1
+            _, r, term, trunc, info = env.step(reply)
+            total += r
+        assert term or trunc
+        assert total == rec["reward"]
+    env.close()
+    if "Kuhn" in env_id:
+        assert set(first) == {"[check]", "[bet]"}
+        assert 0.35 <= first["[bet]"] / sum(first.values()) <= 0.65, first
+    else:
+        assert len(first) > 4, first
+    again = demonstrations(env_id, n=5, seed=7, env_kwargs=kwargs, policy="uniform")
+    assert again == recs[:5]
+
+
+def test_uniform_policy_needs_a_game_seat_and_names_the_policies():
+    with pytest.raises(ConfigError, match="action_mask.*policy='solver'"):
+        demonstrations("gymllm/Arithmetic-v0", n=1, policy="uniform")
+    with pytest.raises(ConfigError, match="'solver'.*'uniform'"):
+        demonstrations("gymllm/TicTacToe-v0", n=1, policy="minimax")
+
+
 def test_cli_writes_the_file_and_names_the_next_command(tmp_path, capsys):
     out = tmp_path / "ttt.jsonl"
     assert main(["demos", "gymllm/TicTacToe-v0", "--n", "5", "--seed", "3", "--out", str(out)]) == 0

@@ -127,6 +127,9 @@ def test_sft_table_bad_keys_are_named():
     with pytest.raises(ConfigError, match="demo_env"):
         sft_stage_from({"demo_env": 3})
     assert sft_stage_from({"demo_env": "gymllm/TicTacToe-v0"}).demo_env == "gymllm/TicTacToe-v0"
+    with pytest.raises(ConfigError, match="demo_policy.*'solver', 'uniform'.*received 'random'"):
+        sft_stage_from({"demo_policy": "random"})
+    assert sft_stage_from({"demo_policy": "uniform"}).demo_policy == "uniform"
 
 
 TINY_STAGED = """

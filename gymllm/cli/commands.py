@@ -82,6 +82,7 @@ def run_stages(cfg: object, stage: object, *, log: Callable[[str], None] = print
             env_kwargs=dict(cfg.env.kwargs),
             system_prompt=cfg.env.system_prompt,
             agent="tool" if cfg.env.agent == "tool" else "model",
+            policy=stage.demo_policy,
         )
         require(
             bool(records),

@@ -116,6 +116,9 @@ class SFTStage:
     demo_env: the env whose solver plays them (default ``""``: the recipe's ``env.id``), with the
     recipe's ``env.kwargs`` and system prompt, e.g. ``gymllm/TicTacToe-v0`` (one seat against a
     scripted opponent, which has a minimax solver) for a self-play run on the game ``tic-tac-toe``;
+    demo_policy: who plays them: ``"solver"`` (the env's solver, the default) or ``"uniform"``
+    (uniformly random legal moves of a game seat, every episode kept: a warm start that teaches the
+    move syntax and not a strategy, :func:`gymllm.envs.demos_solvers.uniform_legal_player`);
     overrides: the table's other keys, applied onto :class:`gymllm.train.sft.SFTConfig` by
     :func:`sft_config_for`: a key of ``SFTConfig`` itself (a ``[sft.lora]`` table...), else of its ``sft``
     section (``epochs``, ``batch_size``...), its ``learner`` (``num_steps``, ``max_len``...), its ``run``
@@ -125,6 +128,7 @@ class SFTStage:
     demos: int = 256
     demo_seed: int = 0
     demo_env: str = ""
+    demo_policy: str = "solver"
     overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -139,6 +143,14 @@ class SFTStage:
             raise ConfigError(
                 f"recipe [sft].demo_env: expected an env id string, received {self.demo_env!r}. "
                 'Fix: write demo_env = "gymllm/TicTacToe-v0" (or leave it out for env.id).'
+            )
+        from gymllm.envs.demos import POLICIES
+
+        if self.demo_policy not in POLICIES:
+            raise ConfigError(
+                f"recipe [sft].demo_policy: expected one of {list(POLICIES)}, received "
+                f'{self.demo_policy!r}. Fix: write demo_policy = "solver" (the env\'s solver) or '
+                '"uniform" (random legal moves of a game seat).'
             )
         fixed = sorted(set(self.overrides) & set(SFT_STAGE_OWNED))
         if fixed:
@@ -160,7 +172,7 @@ def sft_stage_from(table: Any) -> SFTStage:
             f"{table!r}. Fix: write it as an [sft] table."
         )
     rest = dict(table)
-    known = {k: rest.pop(k) for k in ("demos", "demo_seed", "demo_env") if k in rest}
+    known = {k: rest.pop(k) for k in ("demos", "demo_seed", "demo_env", "demo_policy") if k in rest}
     return SFTStage(**known, overrides=rest)
 
 
@@ -207,7 +219,7 @@ def sft_config_for(stage: SFTStage, train_cfg: Any, *, data: str, run_dir: str) 
         )
         if where is None:
             raise ConfigError(
-                f"bad recipe key 'sft.{key}': expected demos, demo_seed, demo_env or a field of SFTConfig "
+                f"bad recipe key 'sft.{key}': expected demos, demo_seed, demo_env, demo_policy or a field of SFTConfig "
                 f"{sorted(top - set(SFT_STAGE_OWNED))} or of its sections "
                 + ", ".join(f"{s} {sorted(names)}" for s, names in sections.items())
                 + f", received {key!r}. Fix: rename or remove {key!r}."

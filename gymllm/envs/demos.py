@@ -11,6 +11,11 @@ fix), arithmetic by computing the answer, calculator math (ArithmeticTool, CalcM
 tool call in the env's tool-call format, the tool's reply, then the final answer, and Kuhn poker
 (TextArena) by its closed-form Nash equilibrium (every hand kept: chance decides the result).
 
+``policy="uniform"`` plays :func:`gymllm.envs.demos_solvers.uniform_legal_player` instead of the
+solver, on any game seat (an env whose info holds an ``action_mask``): a uniformly random legal move
+at every decision, every episode kept. Those records teach the move syntax and the legal moves, not a
+strategy (a self-play run's warm start whose strategy the run must find itself).
+
 Every episode is played through the real env: ``env.reset(seed=s)``, then ``env.step(action)`` with
 each demonstrated action text, and the env's reward decides what is kept: games keep wins and draws
 against the scripted opponent (reward >= 0: a draw is the best play against a perfect opponent),
@@ -64,6 +69,9 @@ __all__ = [
     "initial_messages",
     "observation_messages",
     "supported_ids",
+    "solver_for",
+    "POLICIES",
+    "UNIFORM",
 ]
 
 
@@ -103,20 +111,38 @@ SOLVERS: dict[str, Solver] = {
 }
 
 
+#: policy="uniform": any game seat, every episode kept (a filter on the result would teach a strategy)
+UNIFORM = Solver(
+    make_policy=solvers.uniform_legal_player,
+    min_reward=-math.inf,
+    kept="every episode (uniformly random legal moves: the move syntax, not a strategy)",
+)
+
+#: the ``policy`` names of :func:`demonstrations`
+POLICIES = ("solver", "uniform")
+
+
+def solver_for(env_id: str, policy: str = "solver") -> Solver:
+    """The :class:`Solver` that plays ``env_id``'s demonstrations under ``policy``."""
+    return UNIFORM if policy == "uniform" else SOLVERS[_full(env_id)]
+
+
 def supported_ids() -> list[str]:
     return sorted(SOLVERS)
 
 
 def _full(env_id: str) -> str:
-    return env_id if "/" in env_id else f"gymllm/{env_id}"
+    return env_id if "/" in env_id or ":" in env_id else f"gymllm/{env_id}"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DemoConfig:
-    """env_id: a :data:`SOLVERS` id ("TicTacToe-v0" means "gymllm/TicTacToe-v0"); n: episodes to play
-    (seeds ``seed .. seed + n - 1``, all below :data:`HELD_OUT_SEED_BASE`); env_kwargs: passed to
-    ``gymllm.make``; system_prompt: the rollout's system prompt ("" = none); agent: "tool" (records
-    carry the env's tool schemas) or "model" (no ``tools``)."""
+    """env_id: a :data:`SOLVERS` id ("TicTacToe-v0" means "gymllm/TicTacToe-v0"; with
+    ``policy="uniform"`` any game seat's id); n: episodes to play (seeds ``seed .. seed + n - 1``, all
+    below :data:`HELD_OUT_SEED_BASE`); env_kwargs: passed to ``gymllm.make``; system_prompt: the
+    rollout's system prompt ("" = none); agent: "tool" (records carry the env's tool schemas) or
+    "model" (no ``tools``); policy: "solver" (the env's solver) or "uniform" (uniformly random legal
+    moves, every episode kept)."""
 
     env_id: str
     n: int
@@ -124,14 +150,23 @@ class DemoConfig:
     env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     system_prompt: str = ""
     agent: str = "tool"
+    policy: str = "solver"
 
     def __post_init__(self) -> None:
+        require_one_of(
+            self.policy,
+            POLICIES,
+            "demonstrations(policy)",
+            fix="policy='solver' plays the env's solver, 'uniform' random legal moves",
+        )
         require(
-            isinstance(self.env_id, str) and _full(self.env_id) in SOLVERS,
+            isinstance(self.env_id, str)
+            and (self.policy == "uniform" or _full(self.env_id) in SOLVERS),
             "demonstrations(env_id)",
             expected=f"an env with a solver: {', '.join(supported_ids())}",
             received=self.env_id,
-            fix="pick one of those ids (`gymllm envs` lists every env)",
+            fix="pick one of those ids (`gymllm envs` lists every env), or policy='uniform' for a game "
+            "without a solver",
         )
         object.__setattr__(self, "env_id", _full(self.env_id))
         for name, lo in (("n", 1), ("seed", 0)):
@@ -252,10 +287,12 @@ def demonstrations(
     env_kwargs: dict[str, Any] | None = None,
     system_prompt: str = "",
     agent: str = "tool",
+    policy: str = "solver",
 ) -> list[dict]:
     """Solved episodes of ``env_id`` on seeds ``seed .. seed + n - 1`` (see the module doc): a list of
     records ``{"messages", "tools" (when offered), "env_id", "seed", "reward"}``, in seed order, only
-    those the env's reward confirms (:attr:`Solver.min_reward`)."""
+    those the env's reward confirms (:attr:`Solver.min_reward`). ``policy="uniform"``: uniformly
+    random legal moves of a game seat instead of the solver, every episode kept."""
     from gymllm.registration import make
 
     cfg = DemoConfig(
@@ -265,8 +302,9 @@ def demonstrations(
         env_kwargs={} if env_kwargs is None else env_kwargs,
         system_prompt=system_prompt,
         agent=agent,
+        policy=policy,
     )
-    solver = SOLVERS[cfg.env_id]
+    solver = solver_for(cfg.env_id, cfg.policy)
     env = make(cfg.env_id, **dict(cfg.env_kwargs))
     out = []
     try:

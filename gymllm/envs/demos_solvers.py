@@ -23,6 +23,11 @@ the env's reward checks every episode.
   on the tool's reply, ``\\boxed{result}``.
 * Kuhn poker (TextArena, ``gymllm/ta-KuhnPoker-v0``): the closed-form Nash equilibrium (alpha = 1/3),
   a mixed strategy sampled per decision; its moves in TextArena's syntax (``[check]``, ``[bet]``...).
+
+Not a solver: :func:`uniform_legal_player` plays a uniformly random legal move of any game seat
+(``info["action_mask"]``), written as the game names it. Its demonstrations teach a model the
+game's move syntax and which moves are legal, not a strategy: the warm start of a self-play run
+whose strategy must come from the run itself.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ __all__ = [
     "frozenlake_shortest_path",
     "CONNECT_FOUR_DEPTH",
     "kuhn_poker_solver",
+    "uniform_legal_player",
 ]
 
 Policy = Callable[[Any, dict], str]
@@ -427,5 +433,34 @@ def kuhn_poker_solver(env: Any, observation: Any, info: dict, alpha: float = 1.0
             )
         moves = list(probs)
         return moves[int(rng.choice(len(moves), p=[probs[m] for m in moves]))]
+
+    return policy
+
+
+# ------------------------------------------------------------------------------------------ any game seat
+
+
+def uniform_legal_player(env: Any, observation: Any, info: dict) -> Policy:
+    """A uniformly random legal move at every decision of a game seat (a :mod:`gymllm.multiagent`
+    one-seat view: ``info["action_mask"]``), written with the game's move names (``b2``, ``[bet]``;
+    the index where the game has none). The moves are drawn from a generator seeded by the env's
+    ``np_random`` after reset, so an episode's seed fixes its demo. Raises ``ConfigError`` for an
+    env whose reset info has no action mask (the player needs the legal moves)."""
+    mask = info.get("action_mask") if isinstance(info, dict) else None
+    require(
+        mask is not None,
+        "demonstrations(policy='uniform')",
+        expected="a game seat whose info holds an action_mask (a gymllm/TicTacToe-v0-style one-seat env)",
+        received=f"reset info keys {sorted(info) if isinstance(info, dict) else type(info).__name__}",
+        fix="use policy='solver', or a game env (gymllm/TicTacToe-v0, gymllm/ta-KuhnPoker-v0...)",
+    )
+    view = env.unwrapped
+    config = getattr(getattr(view, "env", None), "config", None)
+    names = getattr(config, "move_names", None)
+    rng = np.random.default_rng(int(view.np_random.integers(2**63 - 1)))
+
+    def policy(observation: Any, info: dict) -> str:
+        legal = _legal(info, len(info["action_mask"]))
+        return _move_text(names, legal[int(rng.integers(len(legal)))])
 
     return policy

@@ -72,7 +72,7 @@ KUHN_MOVES: tuple[str, ...] = ("[check]", "[bet]", "[call]", "[fold]")
 KUHN_CARDS: tuple[str, ...] = ("J", "Q", "K")
 KUHN_GAME_VALUE = -1.0 / 18.0  # the first player's expected chips per hand at equilibrium
 KUHN_INSTRUCTIONS = (
-    "You play Kuhn poker. Reply with one legal action in brackets, e.g. [check], and nothing else."
+    "You play Kuhn poker. Reply with one of the legal moves listed, in brackets, and nothing else."
 )
 
 
