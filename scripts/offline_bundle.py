@@ -59,6 +59,12 @@ CARRIED = {
     "hypothesis": "6.170.27",
     "sortedcontainers": "2.4.0",
     "pytest-timeout": "2.4.0",
+    # the catalogue extra's TextArena (Kuhn poker) and what `import textarena` loads that the index lacks
+    "textarena": "0.7.4",
+    "nltk": "3.10.4",
+    "websockets": "17.4",
+    "joblib": "1.6.0",
+    "regex": "2026.12.2",
 }
 #: installed from the machine's index besides gymllm's dependencies (Orbax's async saves need uvloop
 #: when its dependencies are not all installed)
