@@ -83,12 +83,14 @@ def evaluate(
     checkpoint: pathlib.Path,
     games: int,
     slots: int = 16,
+    temperature: float = 0.0,
 ) -> list[dict]:
     """``gymllm eval game`` of one checkpoint against the fixed players into ``run_dir/eval/<label>``
-    (kept: a directory whose summary has the same games is reused); its rows."""
+    (``<label>-t<temperature>`` when it samples; kept: a directory whose summary has the same games is
+    reused); its rows."""
     spec = RECIPES[recipe]
     table = tomllib.loads((REPO / "gymllm" / "recipes" / f"{recipe}.toml").read_text())
-    out_dir = run_dir / "eval" / label
+    out_dir = run_dir / "eval" / (label if temperature == 0 else f"{label}-t{temperature:g}")
     done = out_dir / "summary.json"
     if not (done.exists() and json.loads(done.read_text())["config"]["games"] == games):
         cmd = [
@@ -111,7 +113,7 @@ def evaluate(
             "--eval.games",
             str(games),
             "--sampling.temperature",
-            "0",
+            str(temperature),
             "--sampling.max-tokens",
             str(table.get("sampling", {}).get("max_tokens", 6)),
             "--engine.max-len",
@@ -127,7 +129,9 @@ def evaluate(
     return [json.loads(x) for x in (out_dir / "games.jsonl").read_text().splitlines() if x.strip()]
 
 
-def measure(recipe: str, run_dir: pathlib.Path, games: int, slots: int = 16) -> dict:
+def measure(
+    recipe: str, run_dir: pathlib.Path, games: int, slots: int = 16, temperature: float = 0.0
+) -> dict:
     """Step 2 and 3 of the module doc on a finished run directory. Each checkpoint is evaluated by its
     own command (the schedule and the random player's draws depend only on the seeds and the games, so
     both meet the same games, as in one command with ``--no-model-pairs``); the rows are then compared."""
@@ -140,11 +144,11 @@ def measure(recipe: str, run_dir: pathlib.Path, games: int, slots: int = 16) -> 
     )
     best = run_dir / "best"
     t = time.perf_counter()
-    rows = evaluate(recipe, run_dir, "sft", run_dir / "sft", games, slots) + evaluate(
-        recipe, run_dir, "selfplay", run_dir, games, slots
+    rows = evaluate(recipe, run_dir, "sft", run_dir / "sft", games, slots, temperature) + evaluate(
+        recipe, run_dir, "selfplay", run_dir, games, slots, temperature
     )
     if best.is_dir():  # the best in-run checkpoint (--multiagent.eval-keep-best)
-        rows += evaluate(recipe, run_dir, "best", best, games, slots)
+        rows += evaluate(recipe, run_dir, "best", best, games, slots, temperature)
     eval_s = time.perf_counter() - t
     h = spec["heuristic"]
     labels = ["sft", "selfplay", "best", "random", h]
@@ -234,6 +238,13 @@ def main() -> None:
         "decodes 64 rows about as fast as 16); every checkpoint of a run is evaluated with the same",
     )
     ap.add_argument(
+        "--eval-temperature",
+        type=float,
+        default=0.0,
+        help="sampling temperature of the final evaluation: 0 plays each checkpoint's most likely move "
+        "(greedy), 1 plays the policy as the mixed strategy it samples (a poker equilibrium is mixed)",
+    )
+    ap.add_argument(
         "--eval-only", action="store_true", help="measure existing run directories, no training"
     )
     ap.add_argument(
@@ -276,7 +287,8 @@ def main() -> None:
         )
         fig["sft_s"] = stages.get("sft", {}).get("wall_s")
         fig["curve"] = curve(run_dir)
-        fig.update(measure(recipe, run_dir, games, args.eval_slots))
+        fig["eval_temperature"] = args.eval_temperature
+        fig.update(measure(recipe, run_dir, games, args.eval_slots, args.eval_temperature))
         print(f"{recipe}: {json.dumps(fig)}", flush=True)
         result[recipe] = fig
     result["loadavg"] = {"start": load0, "end": loadavg()}
