@@ -288,9 +288,7 @@ def test_the_recipe_builds_valid_train_and_sft_configs(tmp_path):
     )
     assert game_factory(cfg.env.id, dict(cfg.env.kwargs)) is not None
     stage = sft_stage_from(recipe["sft"])
-    assert (
-        stage.demo_env in SOLVERS and stage.demo_policy == "uniform"
-    )  # the strategy is self-play's
+    assert stage.demo_env in SOLVERS and stage.demo_policy == "solver"  # the equilibrium's demos
     sft = sft_config_for(stage, cfg, data="d.jsonl", run_dir=str(tmp_path / "sft"))
     assert isinstance(sft, SFTConfig) and sft.sft.system_prompt == cfg.env.system_prompt
     assert sft.learner.num_steps == recipe["sft"]["num_steps"] and sft.sft.epochs == 0
@@ -310,7 +308,7 @@ def test_the_recipe_runs_demos_sft_and_one_self_play_step(tmp_path, capsys):
         ("min_bucket = 512", "min_bucket = 1024"),
         ("max_len = 448", "max_len = 1024"),
         ("min_bucket = 448", "min_bucket = 1024"),
-        ("num_steps = 16", "num_steps = 1"),
+        ("num_steps = 48", "num_steps = 1"),
         ("num_steps = 3", "num_steps = 1"),
         ("demos = 256", "demos = 8"),
         ("every = 3", "every = 1"),
