@@ -1,11 +1,15 @@
 """Where the chip's time goes: the measured causes behind chip_limits' and the Quickstart's figures.
 
-Three parts, each on whatever device JAX finds (``--dry`` rehearses them on the CPU with a tiny model):
+Its parts, each on whatever device JAX finds (``--dry`` rehearses them on the CPU with a tiny model):
 
 * ``decode``: one engine decode run (SmolLM2-135M shape, random bf16 weights, ``--rows`` rows, ``--chunk``
   steps per device call: chip_limits' setting) under ``jax.profiler.trace``; the device's own op
   timeline (the Perfetto trace JAX writes) summed by op name: how much of the run the device was busy,
   and which ops take that time.
+* ``host``: the same decode run without the profiler, its decode iterations split in two: the device
+  call (``DeviceSteps.call_decode_chunk``: inputs in, the chunk's tokens back on the host) and the
+  host's bookkeeping after it (``EngineLoop.decode``'s per-token accept: record, stop checks,
+  scheduling), which the device waits for before the next chunk. Per chunk, per token, and as a share.
 * ``learner``: one warm StreamingLearner step (4 groups x 8 x 256 tokens, chip_limits' first shape)
   under the same trace.
 * ``layout``: the decode attention alone over a SmolLM2-shape cache (30 layers, ``--rows`` rows, 160
@@ -117,6 +121,62 @@ def traced(out: pathlib.Path, name: str, fn) -> tuple[object, dict]:
     ops["wall_s"] = wall
     (out / f"{name}_ops.json").write_text(json.dumps(ops, indent=1))
     return result, ops
+
+
+def host_part(lm, rows: int, dry: bool, chunk: int, kv_write: str) -> dict:
+    """The decode run of chip_limits (warm-up included) with each decode iteration timed: the device
+    call and the host's bookkeeping after it (see the module doc). The two methods are wrapped for
+    the run and restored after it."""
+    import chip_limits
+    from gymllm.inference.device_cache import DeviceSteps
+    from gymllm.inference.loop import EngineLoop
+
+    if chunk < 2:
+        raise SystemExit(
+            f"host part: expected --chunk >= 2 (the chunked decode call), received {chunk}"
+        )
+    acc = {"decode_s": 0.0, "call_s": 0.0, "chunks": 0, "in_decode": False}
+    call, decode = DeviceSteps.call_decode_chunk, EngineLoop.decode
+
+    def timed_call(self, *args, **kw):
+        t = time.perf_counter()
+        try:
+            return call(self, *args, **kw)
+        finally:
+            if acc["in_decode"]:  # not the engine's warm-up, which compiles the call outside decode
+                acc["call_s"] += time.perf_counter() - t
+                acc["chunks"] += 1
+
+    def timed_decode(self):
+        t = time.perf_counter()
+        acc["in_decode"] = True
+        try:
+            return decode(self)
+        finally:
+            acc["in_decode"] = False
+            acc["decode_s"] += time.perf_counter() - t
+
+    DeviceSteps.call_decode_chunk, EngineLoop.decode = timed_call, timed_decode
+    try:
+        d = chip_limits.decode(lm, rows, dry, chunk, kv_write)
+    finally:
+        DeviceSteps.call_decode_chunk, EngineLoop.decode = call, decode
+    host = acc["decode_s"] - acc["call_s"]
+    tokens = (
+        acc["chunks"] and rows * chunk * acc["chunks"]
+    )  # an upper bound: short chunks count whole
+    return {
+        "rows": rows,
+        "chunk": chunk,
+        "kv_write": kv_write,
+        "tok_s": d["tok_s"],
+        "chunks": acc["chunks"],
+        "call_s": acc["call_s"],
+        "host_s": host,
+        "host_ms_per_chunk": 1e3 * host / max(acc["chunks"], 1),
+        "host_us_per_token_at_least": 1e6 * host / max(tokens, 1),
+        "host_share": host / acc["decode_s"] if acc["decode_s"] else None,
+    }
 
 
 def io_part(dry: bool, out: pathlib.Path) -> dict:
@@ -392,7 +452,7 @@ def main() -> None:
     ap.add_argument(
         "--parts",
         default="decode,learner,io",
-        help="comma-separated: decode, learner, io, layout, copy, forms",
+        help="comma-separated: decode, host, learner, io, layout, copy, forms",
     )
     ap.add_argument("--rows", type=int, default=256, help="decode rows")
     ap.add_argument("--copy-rows", type=int, default=128, help="cache rows (the copy part)")
@@ -418,7 +478,14 @@ def main() -> None:
     dev = jax.devices()[0]
     res: dict = {"device": dev.device_kind, "platform": dev.platform, "cpu": describe_cpu()}
     parts = set(a.parts.split(","))
-    lm = chip_limits.model("smollm2", a.dry) if parts & {"decode", "learner"} else None
+    lm = chip_limits.model("smollm2", a.dry) if parts & {"decode", "host", "learner"} else None
+    if "host" in parts:
+        res["host"] = h = host_part(lm, 4 if a.dry else a.rows, a.dry, a.chunk, a.kv_write)
+        print(
+            f"host: {h['chunks']} chunks, device calls {h['call_s']:.3f} s, host bookkeeping "
+            f"{h['host_s']:.3f} s ({h['host_ms_per_chunk']:.2f} ms a chunk, share {h['host_share']:.2f})",
+            flush=True,
+        )
     if "decode" in parts:
         rows = 4 if a.dry else a.rows
         chip_limits.decode(lm, rows, a.dry, a.chunk, a.kv_write)  # compiled before the trace

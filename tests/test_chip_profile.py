@@ -117,3 +117,18 @@ def test_big_ops_counts_the_instructions_that_hold_a_whole_cache():
         "copy 30,128,1024,3,64{4,3,2,1,0:T(8,128)}": 1,
         "transpose 128,30,1024,3,64{4,3,2,1,0}": 1,
     }
+
+
+def test_host_part_splits_decode_into_the_device_call_and_the_bookkeeping_and_restores_both():
+    import chip_limits
+    from gymllm.inference.device_cache import DeviceSteps
+    from gymllm.inference.loop import EngineLoop
+
+    call, decode = DeviceSteps.call_decode_chunk, EngineLoop.decode
+    r = chip_profile.host_part(chip_limits.model("smollm2", True), 4, True, 2, "chunk")
+    assert (DeviceSteps.call_decode_chunk, EngineLoop.decode) == (call, decode)
+    assert r["chunks"] >= 2 and r["call_s"] > 0 and r["host_s"] >= 0
+    assert 0 <= r["host_share"] <= 1
+    assert r["host_ms_per_chunk"] == pytest.approx(1e3 * r["host_s"] / r["chunks"])
+    with pytest.raises(SystemExit, match="--chunk >= 2"):
+        chip_profile.host_part(None, 4, True, 1, "chunk")

@@ -340,6 +340,24 @@ def test_uniform_policy_plays_only_legal_moves_uniformly_and_keeps_every_episode
     assert again == recs[:5]
 
 
+def test_cli_demo_policy_uniform_keeps_every_episode(tmp_path, capsys):
+    out = tmp_path / "kuhn.jsonl"
+    args = [
+        "demos",
+        "gymllm/ta-KuhnPoker-v0",
+        "--n",
+        "6",
+        "--out",
+        str(out),
+        "--demo-policy",
+        "uniform",
+    ]
+    assert main([*args, "--env-kwargs", '{"max_rounds": 1}']) == 0
+    printed = capsys.readouterr().out
+    assert "wrote 6 of 6 episodes" in printed and "kept: every episode (uniformly random" in printed
+    assert len(read_demos(out)) == 6
+
+
 def test_uniform_policy_needs_a_game_seat_and_names_the_policies():
     with pytest.raises(ConfigError, match="action_mask.*policy='solver'"):
         demonstrations("gymllm/Arithmetic-v0", n=1, policy="uniform")

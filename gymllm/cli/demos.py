@@ -38,7 +38,7 @@ def demos(
     out: str = "demos.jsonl",
     seed: int = 0,
     env_kwargs: str = "",
-    policy: Literal["solver", "uniform"] = "solver",
+    demo_policy: Literal["solver", "uniform"] = "solver",
     env: DemoPrompt = DemoPrompt(),
 ) -> int:
     """Write solved episodes of an env (search, shortest path, the tool call) as chat JSONL for `gymllm sft`.
@@ -53,7 +53,7 @@ def demos(
         out: the JSONL file to write.
         seed: the first seed.
         env_kwargs: env constructor arguments as a JSON object, e.g. '{"is_slippery": false}'.
-        policy: solver: the env's solver plays (kept: wins and draws, or solved episodes); uniform: uniformly
+        demo_policy: solver: the env's solver plays (kept: wins and draws, or solved episodes); uniform: uniformly
             random legal moves of a game seat, every episode kept (teaches the move syntax, not a strategy).
         env: the system prompt and agent kind of the run that will train on the records (--env.system-prompt,
             --env.agent, as train's).
@@ -67,11 +67,11 @@ def demos(
         env_kwargs=_env_kwargs(env_kwargs),
         system_prompt=env.system_prompt,
         agent=env.agent,
-        policy=policy,
+        policy=demo_policy,
     )
     path = write_demos(out, records)
     full = env_id if "/" in env_id or ":" in env_id else f"gymllm/{env_id}"
-    kept = solver_for(full, policy).kept
+    kept = solver_for(full, demo_policy).kept
     if not records:
         print(
             f"error: no episode of {full} was solved on seeds {seed}..{seed + n - 1} ({kept} are kept); "
