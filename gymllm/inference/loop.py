@@ -312,9 +312,11 @@ class EngineLoop:
             self.fail_step(list(rows.active.values()), exc)
             return
         self.stats["decode_steps"] += ran
+        toks, logps, last = toks.tolist(), logps.tolist(), ran - 1  # Python numbers, converted once
         for j in range(ran):  # token by token, as single steps would: rows that finish drop out
             for slot, req in list(rows.active.items()):
-                self.accept(req, int(toks[j, slot]), float(logps[j, slot]))
+                # a row's next decode input is its last token: written once, after the chunk's last step
+                self.accept(req, toks[j][slot], logps[j][slot], schedule=j == last)
 
     def chunk_steps(self) -> int:
         """Decode steps before the host looks again: 1 while a request waits (it joins next iteration),
@@ -335,8 +337,10 @@ class EngineLoop:
             self.rows.join(r)
             self.accept(r, int(tok[i]), float(logp[i]))
 
-    def accept(self, req: EngineRequest, token: int, logprob: float) -> None:
-        """Record one sampled token; finish the request or schedule its next decode input."""
+    def accept(
+        self, req: EngineRequest, token: int, logprob: float, *, schedule: bool = True
+    ) -> None:
+        """Record one sampled token; finish the request or (``schedule``) write its next decode input."""
         version = self.weights.version_of(
             req.adapter
         )  # with adapters: the version of the row's own adapter
@@ -347,8 +351,8 @@ class EngineLoop:
         reason = req.finish_reason(token, self.stop_ids, self.tokenizer, self.max_len)
         if reason is not None:
             self.finish(req, reason)
-            return
-        self.rows.schedule(req)
+        elif schedule:
+            self.rows.schedule(req)
 
     def finish(self, req: EngineRequest, reason: str) -> None:
         self.release(req, req.cached_ids())
