@@ -355,7 +355,10 @@ def test_cli_demo_policy_uniform_keeps_every_episode(tmp_path, capsys):
     assert main([*args, "--env-kwargs", '{"max_rounds": 1}']) == 0
     printed = capsys.readouterr().out
     assert "wrote 6 of 6 episodes" in printed and "kept: every episode (uniformly random" in printed
-    assert len(read_demos(out)) == 6
+    uniform = demonstrations(
+        "gymllm/ta-KuhnPoker-v0", n=6, env_kwargs={"max_rounds": 1}, policy="uniform"
+    )
+    assert read_demos(out) == uniform  # the uniform player's episodes, not the solver's
 
 
 def test_uniform_policy_needs_a_game_seat_and_names_the_policies():

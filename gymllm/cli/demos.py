@@ -58,7 +58,7 @@ def demos(
         env: the system prompt and agent kind of the run that will train on the records (--env.system-prompt,
             --env.agent, as train's).
     """
-    from gymllm.envs.demos import demonstrations, solver_for, write_demos
+    from gymllm.envs.demos import demonstrations, full_id, solver_for, write_demos
 
     records = demonstrations(
         env_id,
@@ -70,7 +70,7 @@ def demos(
         policy=demo_policy,
     )
     path = write_demos(out, records)
-    full = env_id if "/" in env_id or ":" in env_id else f"gymllm/{env_id}"
+    full = full_id(env_id)
     kept = solver_for(full, demo_policy).kept
     if not records:
         print(

@@ -70,6 +70,7 @@ __all__ = [
     "observation_messages",
     "supported_ids",
     "solver_for",
+    "full_id",
     "POLICIES",
     "UNIFORM",
 ]
@@ -124,14 +125,16 @@ POLICIES = ("solver", "uniform")
 
 def solver_for(env_id: str, policy: str = "solver") -> Solver:
     """The :class:`Solver` that plays ``env_id``'s demonstrations under ``policy``."""
-    return UNIFORM if policy == "uniform" else SOLVERS[_full(env_id)]
+    return UNIFORM if policy == "uniform" else SOLVERS[full_id(env_id)]
 
 
 def supported_ids() -> list[str]:
     return sorted(SOLVERS)
 
 
-def _full(env_id: str) -> str:
+def full_id(env_id: str) -> str:
+    """``env_id`` as the demos name it: "TicTacToe-v0" is "gymllm/TicTacToe-v0"; a namespaced or
+    ``module:factory`` id is kept."""
     return env_id if "/" in env_id or ":" in env_id else f"gymllm/{env_id}"
 
 
@@ -161,14 +164,14 @@ class DemoConfig:
         )
         require(
             isinstance(self.env_id, str)
-            and (self.policy == "uniform" or _full(self.env_id) in SOLVERS),
+            and (self.policy == "uniform" or full_id(self.env_id) in SOLVERS),
             "demonstrations(env_id)",
             expected=f"an env with a solver: {', '.join(supported_ids())}",
             received=self.env_id,
             fix="pick one of those ids (`gymllm envs` lists every env), or policy='uniform' for a game "
             "without a solver",
         )
-        object.__setattr__(self, "env_id", _full(self.env_id))
+        object.__setattr__(self, "env_id", full_id(self.env_id))
         for name, lo in (("n", 1), ("seed", 0)):
             v = getattr(self, name)
             require(
