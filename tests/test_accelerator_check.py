@@ -43,6 +43,7 @@ def _run(*args: str, timeout: float) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # 21 s on a 2-core CPU; the script runs for real on the chip (scripts/tpu_run.sh accel)
 def test_dry_run_prints_every_result_key_well_typed():
     proc = _run("--dry", timeout=540)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -13,6 +13,7 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # 46 s on a 2-core CPU; the script runs for real on the chip (scripts/tpu_run.sh limits)
 @pytest.mark.timeout(600)
 def test_dry_run_computes_every_figure_and_the_bound_by_its_formula():
     proc = subprocess.run(

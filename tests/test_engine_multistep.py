@@ -75,6 +75,57 @@ def test_chunked_decode_equals_single_steps(lm, engines):
     assert chunked.stats["generated_tokens"] == sum(len(c.token_ids) for c in b)
 
 
+def test_rows_that_end_inside_a_chunk_keep_exactly_single_steps_tokens(lm, engines):
+    """Every request fits in the rows at once, so chunks run 8 steps; each one's stop id or stop string
+    is taken from its own greedy reply, so it ends part-way through a chunk (a stop id, a stop string,
+    its budget), while the other rows go on."""
+    single, chunked = engines
+    prompts = [[5 + i, 40 + 3 * i, 7, 90 - i] for i in range(6)]
+    free = [(p, SamplingParams(temperature=0.0, max_tokens=30)) for p in prompts]
+    greedy = asyncio.run(run_all(single, free))
+    tail = lambda c, i: lm.tokenizer.decode([int(c.token_ids[i])])  # noqa: E731
+    reqs = []
+    for i, (p, c) in enumerate(zip(prompts, greedy)):
+        at = 4 + i  # 1 token from the prefill, then a chunk of 8: steps 3..8 fall inside it
+        if i % 3 == 0:
+            reqs.append(
+                (
+                    p,
+                    SamplingParams(
+                        temperature=0.0, max_tokens=30, stop_token_ids=(int(c.token_ids[at]),)
+                    ),
+                )
+            )
+        elif i % 3 == 1 and tail(c, at).strip():
+            reqs.append(
+                (p, SamplingParams(temperature=0.0, max_tokens=30, stop=[tail(c, at).strip()]))
+            )
+        else:
+            reqs.append((p, SamplingParams(temperature=1.0, max_tokens=at + 1, seed=i)))
+    calls = []
+    real = chunked._steps.decode_k
+
+    def counting(*args):
+        calls.append(int(args[11]))
+        return real(*args)
+
+    a = asyncio.run(run_all(single, reqs))
+    chunked._steps.decode_k = counting
+    try:
+        b = asyncio.run(run_all(chunked, reqs))
+    finally:
+        chunked._steps.decode_k = real
+    assert max(calls) == 8  # multi-step chunks ran
+    for x, y in zip(a, b):
+        assert list(x.token_ids) == list(y.token_ids)
+        assert (x.finish_reason, x.stop_reason) == (y.finish_reason, y.stop_reason)
+        np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5)
+    ended = [len(c.token_ids) for c in b]
+    assert len(set(ended)) > 2 and max(ended) < 30  # rows ended at different steps, none ran out
+    assert {type(c.stop_reason) for c in b if c.finish_reason == "stop"} == {int, str}
+    assert any(c.finish_reason == "length" for c in b)
+
+
 def test_chunks_run_several_steps_per_call_and_never_recompile(lm, engines):
     _, chunked = engines
     before = dict(chunked.chunk_trace_counts)

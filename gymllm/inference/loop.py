@@ -292,7 +292,7 @@ class EngineLoop:
             self.prefill([req], bucket)
 
     def decode(self) -> None:
-        """One decode step (or a chunk of steps) over the active rows; tokens recorded one step at a time."""
+        """One decode step (or a chunk of steps) over the active rows; tokens recorded by :meth:`accept_chunk`."""
         rows, device = self.rows, self.device
         try:
             w = device.width(rows.top_row())
@@ -312,11 +312,7 @@ class EngineLoop:
             self.fail_step(list(rows.active.values()), exc)
             return
         self.stats["decode_steps"] += ran
-        toks, logps, last = toks.tolist(), logps.tolist(), ran - 1  # Python numbers, converted once
-        for j in range(ran):  # token by token, as single steps would: rows that finish drop out
-            for slot, req in list(rows.active.items()):
-                # a row's next decode input is its last token: written once, after the chunk's last step
-                self.accept(req, toks[j][slot], logps[j][slot], schedule=j == last)
+        self.accept_chunk(toks, logps, ran)
 
     def chunk_steps(self) -> int:
         """Decode steps before the host looks again: 1 while a request waits (it joins next iteration),
@@ -337,10 +333,58 @@ class EngineLoop:
             self.rows.join(r)
             self.accept(r, int(tok[i]), float(logp[i]))
 
+    def accept_chunk(self, toks: np.ndarray, logps: np.ndarray, ran: int) -> None:
+        """Record ``ran`` decode steps' tokens and logprobs [ran, W] as accepting them one step at a time
+        would: each row keeps its tokens up to the one that ends it; rows end in step order, then in
+        row order (which frees their cache rows in that order); the rest write their next input once.
+        A row is taken a whole column at a time: its end is found by the stop ids and its budget (or,
+        with stop strings, by checking the decoded tail after each token)."""
+        cols_t, cols_l = toks[:ran].T.tolist(), logps[:ran].T.tolist()  # [W][ran], converted once
+        ends: list[tuple[int, int, EngineRequest, str]] = []
+        for order, (slot, req) in enumerate(list(self.rows.active.items())):
+            kept, reason = self.take(req, cols_t[slot], cols_l[slot])
+            if reason is None:
+                self.rows.schedule(req)
+            else:
+                ends.append((kept, order, req, reason))
+        for _, _, req, reason in sorted(ends, key=lambda e: e[:2]):
+            self.finish(req, reason)
+
+    def take(
+        self, req: EngineRequest, tokens: list[int], logprobs: list[float]
+    ) -> tuple[int, str | None]:
+        """Record the head of ``tokens`` that ``req`` keeps; returns (tokens kept, finish reason or None)."""
+        if req.params.stop and self.tokenizer is not None:  # stop strings: look after every token
+            for i, (t, lp) in enumerate(zip(tokens, logprobs)):
+                reason = self.accept(req, t, lp, schedule=False, end=False)
+                if reason is not None:
+                    return i + 1, reason
+            return len(tokens), None
+        stops = self.stop_ids | frozenset(req.params.stop_token_ids)
+        n = max(1, min(len(tokens), req.budget(self.max_len)))
+        for i in range(n):
+            if tokens[i] in stops:
+                n = i + 1
+                break
+        version = self.weights.version_of(req.adapter)
+        req.record_many(tokens[:n], logprobs[:n], version, self.weights.kv_tag(req.adapter))
+        self.stats["generated_tokens"] += n
+        if req.stream is not None:
+            for t, lp in zip(tokens[:n], logprobs[:n]):
+                req.deliver("token", (t, lp, version))
+        return n, req.finish_reason(tokens[n - 1], self.stop_ids, self.tokenizer, self.max_len)
+
     def accept(
-        self, req: EngineRequest, token: int, logprob: float, *, schedule: bool = True
-    ) -> None:
-        """Record one sampled token; finish the request or (``schedule``) write its next decode input."""
+        self,
+        req: EngineRequest,
+        token: int,
+        logprob: float,
+        *,
+        schedule: bool = True,
+        end: bool = True,
+    ) -> str | None:
+        """Record one sampled token; finish the request (``end``) or (``schedule``) write its next decode
+        input; returns the finish reason (None: the request goes on)."""
         version = self.weights.version_of(
             req.adapter
         )  # with adapters: the version of the row's own adapter
@@ -350,9 +394,11 @@ class EngineLoop:
             req.deliver("token", (token, logprob, version))
         reason = req.finish_reason(token, self.stop_ids, self.tokenizer, self.max_len)
         if reason is not None:
-            self.finish(req, reason)
+            if end:
+                self.finish(req, reason)
         elif schedule:
             self.rows.schedule(req)
+        return reason
 
     def finish(self, req: EngineRequest, reason: str) -> None:
         self.release(req, req.cached_ids())

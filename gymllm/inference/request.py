@@ -72,6 +72,16 @@ class EngineRequest:
         if self.kv_version != (version if kv_tag is None else kv_tag):
             self.kv_version = None  # this row now mixes versions: its prefix is not reused
 
+    def record_many(
+        self, tokens: list[int], logprobs: list[float], version: int, kv_tag: Any = None
+    ) -> None:
+        """:meth:`record` for several tokens sampled under one ``version`` (a decode chunk's)."""
+        self.tokens.extend(tokens)
+        self.logprobs.extend(logprobs)
+        self.versions.extend([version] * len(tokens))
+        if tokens and self.kv_version != (version if kv_tag is None else kv_tag):
+            self.kv_version = None
+
     def budget(self, max_len: int) -> int:
         """Tokens this request may still sample (``max_tokens`` and the context limit ``max_len``)."""
         return min(
