@@ -222,6 +222,7 @@ def greedy(lm, prompts, max_tokens=8):
     return [list(c.token_ids) for c in asyncio.run(go())]
 
 
+@pytest.mark.slow  # 22 s on a 2-core CPU; the default tier keeps the SFT CLI run and its resume
 def test_sft_memorizes_20_examples_and_greedy_decoding_reproduces_them(tmp_path):
     from gymllm.models.trained import apply_trained
 
