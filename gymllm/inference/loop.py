@@ -356,14 +356,14 @@ class EngineLoop:
         """Record the head of ``tokens`` that ``req`` keeps; returns (tokens kept, finish reason or None)."""
         if req.params.stop and self.tokenizer is not None:  # stop strings: look after every token
             for i, (t, lp) in enumerate(zip(tokens, logprobs)):
-                reason = self.accept(req, t, lp, schedule=False, end=False)
+                reason = self.record(req, t, lp)
                 if reason is not None:
                     return i + 1, reason
             return len(tokens), None
-        stops = self.stop_ids | frozenset(req.params.stop_token_ids)
+        own = req.params.stop_token_ids
         n = max(1, min(len(tokens), req.budget(self.max_len)))
         for i in range(n):
-            if tokens[i] in stops:
+            if tokens[i] in self.stop_ids or tokens[i] in own:
                 n = i + 1
                 break
         version = self.weights.version_of(req.adapter)
@@ -374,17 +374,16 @@ class EngineLoop:
                 req.deliver("token", (t, lp, version))
         return n, req.finish_reason(tokens[n - 1], self.stop_ids, self.tokenizer, self.max_len)
 
-    def accept(
-        self,
-        req: EngineRequest,
-        token: int,
-        logprob: float,
-        *,
-        schedule: bool = True,
-        end: bool = True,
-    ) -> str | None:
-        """Record one sampled token; finish the request (``end``) or (``schedule``) write its next decode
-        input; returns the finish reason (None: the request goes on)."""
+    def accept(self, req: EngineRequest, token: int, logprob: float) -> None:
+        """Record one sampled token; finish the request or write its next decode input."""
+        reason = self.record(req, token, logprob)
+        if reason is not None:
+            self.finish(req, reason)
+        else:
+            self.rows.schedule(req)
+
+    def record(self, req: EngineRequest, token: int, logprob: float) -> str | None:
+        """Record one sampled token (and stream it); returns the finish reason (None: it goes on)."""
         version = self.weights.version_of(
             req.adapter
         )  # with adapters: the version of the row's own adapter
@@ -392,13 +391,7 @@ class EngineLoop:
         self.stats["generated_tokens"] += 1
         if req.stream is not None:
             req.deliver("token", (token, logprob, version))
-        reason = req.finish_reason(token, self.stop_ids, self.tokenizer, self.max_len)
-        if reason is not None:
-            if end:
-                self.finish(req, reason)
-        elif schedule:
-            self.rows.schedule(req)
-        return reason
+        return req.finish_reason(token, self.stop_ids, self.tokenizer, self.max_len)
 
     def finish(self, req: EngineRequest, reason: str) -> None:
         self.release(req, req.cached_ids())
