@@ -59,6 +59,8 @@ CARRIED = {
     "hypothesis": "6.170.27",
     "sortedcontainers": "2.4.0",
     "pytest-timeout": "2.4.0",
+    "pytest-xdist": "3.8.0",  # addopts names -n; on the chip tests/conftest.py starts no workers
+    "execnet": "2.1.2",
     # the catalogue extra's TextArena (Kuhn poker) and what `import textarena` loads that the index lacks
     "textarena": "0.7.4",
     "nltk": "3.10.4",

@@ -9,6 +9,10 @@ finds with ``GYMLLM_TEST_DEVICE=accelerator`` (see ``tests/accel.py``).
   ``highest_precision`` (on a module) runs it under ``jax_default_matmul_precision="highest"`` on an
   accelerator; ``loopback`` tests, and every test of :data:`LOOPBACK_MODULES`, are skipped with the
   reason on a machine where no TCP socket can be bound on 127.0.0.1.
+* Workers (pytest-xdist, ``-n auto`` in ``addopts``): one per core up to :data:`MAX_WORKERS` on the
+  CPU, none on the accelerator (one process at a time may hold a TPU). Each module runs whole on one
+  worker (its module fixtures load once), and the modules that start Ray clusters share one worker,
+  one after another. ``-n 0`` runs everything in this process.
 """
 
 import atexit
@@ -60,6 +64,20 @@ LOOPBACK_TESTS = frozenset({"test_sandbox.py::test_no_network"})
 LOOPBACK_FIXTURES = frozenset({("test_sandbox_escapes.py", "world")})
 
 
+#: test modules that start a local Ray cluster: run on one worker, one after another
+RAY_MODULES = frozenset(
+    {"test_cluster_train.py", "test_engine_pool.py", "test_suite_cluster.py", "test_vector_ray.py"}
+)
+#: most workers ``-n auto`` starts on the CPU (each holds a JAX runtime and the models its modules load)
+MAX_WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config):
+    if DEVICE == "accelerator":
+        return 0
+    return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
+
+
 def needs_loopback(item) -> bool:
     name = item.path.name
     return (
@@ -99,6 +117,9 @@ def pytest_collection_modifyitems(config, items):
     here = platform()
     no_loopback = loopback_unavailable()
     for item in items:
+        # xdist's loadgroup: a module stays on one worker; the Ray modules share one
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group("ray" if name in RAY_MODULES else name))
         for plat in ("tpu", "gpu"):
             if item.get_closest_marker(plat) is not None and here != plat:
                 item.add_marker(
