@@ -9,6 +9,8 @@ For each recipe (``tictactoe_selfplay``, ``kuhn_poker_selfplay``):
    trained against: ``random`` and a scripted heuristic (tic-tac-toe: ``tictactoe_one_ply``, take a win,
    block a loss; Kuhn poker: ``kuhn_card_player``, bet/call a K, check/fold a J), ``--games`` greedy games
    a pairing (default 128), seats swapped, held-out seeds (``RUN/eval/<label>``; one already there is reused).
+   A game that ended in an error (an engine failure, a move past the watchdog) stops the benchmark with
+   the most frequent error, nothing recorded; the games are set aside in ``RUN/eval/<label>.failed``.
 3. The paired comparison (:mod:`gymllm.suites.game_stats`: self-play minus SFT per seed, Student's t 95%
    interval) and, for Kuhn poker, the action table by card (:func:`gymllm.envs.kuhn_poker.kuhn_action_table`).
 4. When the run kept its best in-run checkpoint (``DIR/best``, ``--multiagent.eval-keep-best``:
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import shutil
 import subprocess
 import sys
 import time
@@ -126,7 +129,34 @@ def evaluate(
             str(out_dir),
         ]
         run(cmd, run_dir / f"eval_{label}.log")
-    return [json.loads(x) for x in (out_dir / "games.jsonl").read_text().splitlines() if x.strip()]
+    rows = [json.loads(x) for x in (out_dir / "games.jsonl").read_text().splitlines() if x.strip()]
+    problem = errored(rows, label)
+    if (
+        problem
+    ):  # set aside (a rerun evaluates again) and stop: no figure is recorded from these games
+        failed = out_dir.with_name(out_dir.name + ".failed")
+        shutil.rmtree(failed, ignore_errors=True)
+        out_dir.rename(failed)
+        raise SystemExit(
+            f"{problem}; the rows are in {failed / 'games.jsonl'}, the log in {run_dir / f'eval_{label}.log'}"
+        )
+    return rows
+
+
+def errored(rows: list[dict], label: str) -> str | None:
+    """None when no game of ``rows`` ended in an error; else what went wrong, with the most frequent
+    error. A game that errored is scored as the failing side's loss, so rates from such rows would
+    measure the failure, not the checkpoint's play: the benchmark records nothing from them."""
+    from gymllm.suites.game_tables import top_error
+
+    top = top_error(rows)
+    if top is None:
+        return None
+    bad = sum(r.get("error") is not None for r in rows)
+    return (
+        f"checkpoint {label!r}: {bad} of {len(rows)} evaluation games ended in an error "
+        f"({top['rows']} with: {top['error'][:300]})"
+    )
 
 
 def measure(

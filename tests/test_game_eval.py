@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import collections
 import json
 import math
 import types
@@ -230,6 +231,13 @@ def test_a_crashing_player_gives_error_rows_and_the_other_games_go_on(tmp_path, 
         x for x in summary["pairings"] if (x["player"], x["opponent"]) == ("flaky", "random")
     )
     flaky_bad = sum(1 for r in bad if "random" in r["pairing"])
+    texts = collections.Counter(r["error"] for r in bad if "random" in r["pairing"])
+    assert line["top_error"] == {"error": texts.most_common(1)[0][0], "rows": max(texts.values())}
+    assert "deliberate crash" in line["top_error"]["error"]
+    clean = next(
+        x for x in summary["pairings"] if (x["player"], x["opponent"]) == ("first", "random")
+    )
+    assert clean["errors"] == 0 and clean["top_error"] is None
     assert line["errors"] == flaky_bad and line["games"] == (
         6 if errors == "loss" else 6 - flaky_bad
     )

@@ -218,6 +218,12 @@ def _print(summary: dict[str, Any]) -> None:
             f"{r[k]:>6.3f}" if r[k] is not None else f"{'-':>6}" for k in ("win", "draw", "loss")
         )
         print(f"{r['player']:<24} {r['opponent']:<24} {r['games']:>5} {rates} {r['errors']:>6}")
+    for r in summary["pairings"]:  # what went wrong, once a pairing (games.jsonl has every row's)
+        if r.get("top_error"):
+            e = r["top_error"]
+            print(
+                f"errors, {r['player']} vs {r['opponent']}: {e['rows']} of them: {e['error'][:300]}"
+            )
     ratings = summary["ratings"]
     print(f"\nElo ({ratings['anchor']}; {ratings['interval']})")
     for r in ratings["ratings"]:

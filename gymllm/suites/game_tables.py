@@ -1,18 +1,19 @@
 """The tables of :mod:`gymllm.suites.games`: win/draw/loss per pairing and the Elo ratings of the rows.
 
 :func:`summarize_games` is ``summary.json``'s ``pairings`` (per ordered player and opponent, Wilson
-intervals); :func:`ratings_table` is ``ratings.json`` (Bradley-Terry Elo, bootstrap intervals;
+intervals, the most frequent error); :func:`ratings_table` is ``ratings.json`` (Bradley-Terry Elo, bootstrap intervals;
 :mod:`gymllm.utils.elo`); :func:`row_score` reads one row's score.
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["row_score", "summarize_games", "ratings_table"]
+__all__ = ["row_score", "summarize_games", "ratings_table", "top_error"]
 
 
 def row_score(row: dict[str, Any]) -> float | None:
@@ -23,11 +24,22 @@ def row_score(row: dict[str, Any]) -> float | None:
     return 0.5 if row["winner"] is None else 1.0 if row["winner"] == a else 0.0
 
 
+def top_error(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The most frequent ``error`` text of ``rows`` and how many rows carry it (ties: the first met);
+    None when no row has one."""
+    counts = collections.Counter(r["error"] for r in rows if r.get("error") is not None)
+    if not counts:
+        return None
+    text, n = counts.most_common(1)[0]
+    return {"error": text, "rows": n}
+
+
 def summarize_games(
     rows: Sequence[dict[str, Any]], labels: Sequence[str], *, confidence: float = 0.95
 ) -> list[dict[str, Any]]:
     """Per ordered (player, opponent) that met: scored ``games``, ``errors`` (rows with an error),
-    ``win`` / ``draw`` / ``loss`` rates (summing to 1; None without a scored game), their Wilson
+    ``top_error`` (the most frequent error text among them and its count, ``{"error", "rows"}``; None
+    without one), ``win`` / ``draw`` / ``loss`` rates (summing to 1; None without a scored game), their Wilson
     intervals (``win_ci``...), ``score`` (wins + draws / 2 over games) and ``seats`` (games played in
     each seat, scored or not)."""
     from gymllm.utils.elo import wilson_interval
@@ -46,6 +58,7 @@ def summarize_games(
             "opponent": b,
             "games": n,
             "errors": sum(r["error"] is not None for r in mine),
+            "top_error": top_error(mine),
         }
         for name, k in (("win", w), ("draw", d), ("loss", n - w - d)):
             line[name] = k / n if n else None
