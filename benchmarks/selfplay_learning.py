@@ -131,9 +131,8 @@ def evaluate(
         run(cmd, run_dir / f"eval_{label}.log")
     rows = [json.loads(x) for x in (out_dir / "games.jsonl").read_text().splitlines() if x.strip()]
     problem = errored(rows, label)
-    if (
-        problem
-    ):  # set aside (a rerun evaluates again) and stop: no figure is recorded from these games
+    if problem:
+        # set aside (a rerun evaluates again) and stop: no figure is recorded from these games
         failed = out_dir.with_name(out_dir.name + ".failed")
         shutil.rmtree(failed, ignore_errors=True)
         out_dir.rename(failed)
