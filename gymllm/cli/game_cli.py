@@ -222,7 +222,7 @@ def _print(summary: dict[str, Any]) -> None:
         if r.get("top_error"):
             e = r["top_error"]
             print(
-                f"errors, {r['player']} vs {r['opponent']}: {e['rows']} of them: {e['error'][:300]}"
+                f"errors, {r['player']} vs {r['opponent']}: {e['rows']} games with: {e['error'][:300]}"
             )
     ratings = summary["ratings"]
     print(f"\nElo ({ratings['anchor']}; {ratings['interval']})")
