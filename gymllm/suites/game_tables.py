@@ -1,8 +1,8 @@
 """The tables of :mod:`gymllm.suites.games`: win/draw/loss per pairing and the Elo ratings of the rows.
 
 :func:`summarize_games` is ``summary.json``'s ``pairings`` (per ordered player and opponent, Wilson
-intervals, the most frequent error); :func:`ratings_table` is ``ratings.json`` (Bradley-Terry Elo, bootstrap intervals;
-:mod:`gymllm.utils.elo`); :func:`row_score` reads one row's score.
+intervals, the most frequent error: :func:`top_error`); :func:`ratings_table` is ``ratings.json``
+(Bradley-Terry Elo, bootstrap intervals; :mod:`gymllm.utils.elo`); :func:`row_score` reads one row's score.
 """
 
 from __future__ import annotations
@@ -38,10 +38,9 @@ def summarize_games(
     rows: Sequence[dict[str, Any]], labels: Sequence[str], *, confidence: float = 0.95
 ) -> list[dict[str, Any]]:
     """Per ordered (player, opponent) that met: scored ``games``, ``errors`` (rows with an error),
-    ``top_error`` (the most frequent error text among them and its count, ``{"error", "rows"}``; None
-    without one), ``win`` / ``draw`` / ``loss`` rates (summing to 1; None without a scored game), their Wilson
-    intervals (``win_ci``...), ``score`` (wins + draws / 2 over games) and ``seats`` (games played in
-    each seat, scored or not)."""
+    ``top_error`` (:func:`top_error` of them), ``win`` / ``draw`` / ``loss`` rates (summing to 1; None
+    without a scored game), their Wilson intervals (``win_ci``...), ``score`` (wins + draws / 2 over
+    games) and ``seats`` (games played in each seat, scored or not)."""
     from gymllm.utils.elo import wilson_interval
 
     out = []
