@@ -201,6 +201,19 @@ def test_a_seed_deals_the_same_cards_whatever_was_played_before():
     assert deals[0] == deals[1] == deals[2]
 
 
+def test_each_seat_sees_its_own_card_in_its_info_at_its_first_decision():
+    """What ``--multiagent.baseline-key card`` keys on: the text game's ``last()`` info of each seat's first
+    decision names that seat's card (and never the other's)."""
+    game = kuhn_poker()
+    for seed in range(6):
+        game.reset(seed=seed)
+        inner = game.env.unwrapped  # the KuhnPokerAEC under the text env
+        for _ in range(2):  # the two seats' first decisions
+            agent = game.agent_selection
+            assert game.last()[4]["card"] == inner.decision_state(agent)[0]
+            game.step("[check]")
+
+
 def test_demos_are_legal_moves_and_follow_the_equilibrium(tmp_path):
     from gymllm.envs.demos import demonstrations
 

@@ -373,3 +373,30 @@ def test_role_ema_advantages_are_reward_minus_the_roles_ema_and_equal_rewards_st
     other = learner(loss)
     other.restore(lrn.state(), lrn.bookkeeping())
     assert other.role_baselines == lrn.role_baselines
+
+
+def test_role_ema_with_a_baseline_key_compares_each_member_with_its_own_keys_ema():
+    """A member whose ``info["baseline_key"]`` is set (``multiagent.baseline_key``) gets R - b[role/key], b
+    read before the group; each key's b then takes the mean of its members' rewards."""
+    loss = dataclasses.replace(
+        C.async_agentic(), advantage=C.AdvantageConfig(estimator="role_ema", ema_decay=0.5)
+    )
+    lrn = learner(loss)
+    group = make_groups(1, seed=3)[0]
+    group.info["role"] = "x"
+    cards = ["K", "J", "K", "J"]
+    for t, card in zip(group.trajectories, cards):
+        t.info["baseline_key"] = card
+    lrn.role_baselines = {"x/K": 1.0, "x/J": -1.0, "x": 5.0}
+    seen = []
+    lrn._add_rows = lambda g, adv: seen.append(np.asarray(adv))
+    lrn._consume(group)
+    r = group.rewards.astype(np.float32)
+    np.testing.assert_allclose(seen[0], r - np.array([1.0, -1.0, 1.0, -1.0]), atol=1e-6)
+    assert lrn.role_baselines == pytest.approx(
+        {
+            "x/K": 0.5 * 1.0 + 0.5 * float(np.mean(r[[0, 2]])),
+            "x/J": 0.5 * -1.0 + 0.5 * float(np.mean(r[[1, 3]])),
+            "x": 5.0,  # the seat's own EMA is not touched by keyed members
+        }
+    )

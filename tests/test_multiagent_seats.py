@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from game_runs import run_to_end
-from gymllm.multiagent.baseline import role_ema_advantages
+from gymllm.multiagent.baseline import group_role_advantages, role_ema_advantages
 from gymllm.errors import ConfigError
 from turn_games import CounterGame, take_groups
 from gymllm.inference.completion import Completion
@@ -40,6 +40,21 @@ class RaceGame(CounterGame):
 def race():
     """The ``MODULE:FACTORY`` the tests name (``test_multiagent_seats:race``): a raw PettingZoo AEC env."""
     return RaceGame()
+
+
+class DealtRaceGame(RaceGame):
+    """The race with a private "hand" in each seat's info at the deal (what ``baseline_key`` keys on): the
+    first seat's is ``"hi"`` on even seeds, else ``"lo"``; the second seat's the other."""
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed, options)
+        hands = ("hi", "lo") if (seed or 0) % 2 == 0 else ("lo", "hi")
+        self.infos = {a: {"hand": h} for a, h in zip(self.agents, hands)}
+
+
+def dealt_race():
+    """``test_multiagent_seats:dealt_race``."""
+    return DealtRaceGame()
 
 
 CALLS: list[tuple[int, str]] = []
@@ -150,12 +165,12 @@ def _params():
     return SamplingParams(temperature=1.0, max_tokens=4)
 
 
-def _source(engine, config, *, group_size=2):
+def _source(engine, config, *, group_size=2, game="race"):
     r = RolloutConfig(
         group_size=group_size, max_concurrency=8, max_staleness=None, max_model_calls=4
     )
     return SeatGroupSource(
-        game_factory("test_multiagent_seats:race"),
+        game_factory(f"test_multiagent_seats:{game}"),
         engine,
         ModelAgent(engine.tok),
         sampling=_params(),
@@ -274,6 +289,40 @@ def test_role_ema_advantages_match_a_hand_computation():
     assert b2[("race", "second")] == pytest.approx(0.9 * -0.1 + 0.1 * 0.5) and baselines[
         ("race", "second")
     ] == pytest.approx(-0.1)
+
+
+def test_group_role_advantages_read_every_key_before_the_group_then_update_each_with_its_mean():
+    adv, b = group_role_advantages(
+        [1.0, -1.0, 3.0, 0.0], ["s/hi", "s/lo", "s/hi", "s/new"], {"s/hi": 0.5}, decay=0.9
+    )
+    # b before the group: hi 0.5, lo 0, new 0 -> A = [0.5, -1, 2.5, 0]
+    np.testing.assert_allclose(adv, [0.5, -1.0, 2.5, 0.0], atol=1e-7)
+    # hi takes mean(1, 3) = 2: 0.9 * 0.5 + 0.1 * 2 = 0.65; lo: 0.1 * -1; new: 0
+    assert b == pytest.approx({"s/hi": 0.65, "s/lo": -0.1, "s/new": 0.0})
+    # one key for the group: SPIRAL's RAE a group at a time (R - b, then b takes the group's mean)
+    rewards = [1.0, 0.0, -1.0, 1.0]
+    adv1, b1 = group_role_advantages(rewards, ["first"] * 4, {"first": 0.2}, decay=0.9)
+    np.testing.assert_allclose(adv1, np.array(rewards) - 0.2, atol=1e-7)
+    assert b1 == role_ema_advantages([np.mean(rewards)], ["first"], {"first": 0.2}, decay=0.9)[1]
+
+
+def test_baseline_key_tags_each_trajectory_with_its_seats_first_decision_info():
+    config = MultiAgentSection(baseline="role_ema", baseline_key="hand", game_seeds="game")
+    groups = asyncio.run(
+        take_groups(_source(ScriptEngine(), config, group_size=2, game="dealt_race"), 4)
+    )
+    for g in groups:
+        seat = g.info["agent"]
+        for t in g.trajectories:
+            first_is_hi = t.seed % 2 == 0
+            want = "hi" if first_is_hi == (seat == "first") else "lo"
+            assert t.info["baseline_key"] == want, (seat, t.seed, t.info)
+    plain = asyncio.run(
+        take_groups(_source(ScriptEngine(), MultiAgentSection(), game="dealt_race"), 2)
+    )
+    assert all("baseline_key" not in t.info for g in plain for t in g.trajectories)
+    with pytest.raises(ConfigError, match="baseline_key"):
+        MultiAgentSection(baseline_key="hand")  # keys only the role_ema baseline
 
 
 def test_role_ema_baseline_sets_the_learners_estimator_and_the_groups_carry_their_role():

@@ -25,7 +25,7 @@ from gymllm.algos.learner_layout import RowLayout
 from gymllm.algos.learner_programs import advantage_program
 from gymllm.algos.shaping import overlong_penalty
 from gymllm.algos.sharding import shard_batch
-from gymllm.multiagent.baseline import role_ema_advantages
+from gymllm.multiagent.baseline import group_role_advantages
 from gymllm.types import Group
 
 __all__ = ["GroupScorer"]
@@ -84,12 +84,19 @@ class GroupScorer:
     def role_advantages(
         self, group: Group, rewards: np.ndarray, baselines: dict[str, float]
     ) -> tuple[np.ndarray, dict[str, float]]:
-        """``role_ema``: R - b[role] with b read before it takes the group's mean reward (SPIRAL); returns
-        the advantages and the updated baselines."""
+        """``role_ema``: R - b[role] with b read before it takes the group's mean reward (SPIRAL); a member
+        whose ``info["baseline_key"]`` is set (``multiagent.baseline_key``) is compared with b[role/key]
+        instead (:func:`~gymllm.multiagent.baseline.group_role_advantages`). Returns the advantages and the
+        updated baselines."""
         role = str(group.info.get("role") or group.info.get("agent") or "all")
-        adv = rewards - np.float32(baselines.get(role, 0.0))
-        _, baselines = role_ema_advantages(
-            [float(rewards.mean())], [role], baselines, decay=self.loss.advantage.ema_decay
+        keys = [
+            f"{role}/{t.info['baseline_key']}" if "baseline_key" in t.info else role
+            for t in group.trajectories
+        ]
+        if len(keys) != len(rewards):  # rows that are not one a trajectory: the seat's key alone
+            keys = [role] * len(rewards)
+        adv, baselines = group_role_advantages(
+            rewards, keys, baselines, decay=self.loss.advantage.ema_decay
         )
         return adv, baselines
 

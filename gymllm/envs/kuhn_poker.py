@@ -214,6 +214,9 @@ class KuhnPokerAEC(AECEnv):
         textarena_reset(self, seed, 2)
         self._history: list[str] = []
         self._round = self._game()["current_round"]
+        # each seat's private card in its info (what a card-conditioned baseline keys on:
+        # --multiagent.baseline-key card)
+        self.infos = {a: {"card": self.decision_state(a)[0]} for a in self.agents}
         self._pull()
 
     def observe(self, agent: str) -> dict[str, Any]:

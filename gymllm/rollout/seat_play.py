@@ -250,10 +250,11 @@ class SeatGamePlayer:
     ) -> tuple[dict[str, Episode], dict[str, dict[str, int]]]:
         """Play game ``member`` of batch ``k`` from ``seed``, training ``seats``; returns the learner seats'
         episodes and the game's tally (``{"illegal": {seat: n}, "errors": {seat: n}}``, see
-        :meth:`play_move`). ``engine_for(seat, seats)``: the engine that plays a modelled seat (the
+        :meth:`play_move`; and ``"keys": {seat: value}``, the ``baseline_key`` info of each learner seat's first
+        decision). ``engine_for(seat, seats)``: the engine that plays a modelled seat (the
         source's hook); ``limit``: the longest prompt a learner seat may send (``rollout.prompt_limit``)."""
         game = self.new_game()
-        tally: dict[str, dict[str, int]] = {"illegal": {}, "errors": {}}
+        tally: dict[str, dict[str, Any]] = {"illegal": {}, "errors": {}}
         owed: dict[
             str, float
         ] = {}  # penalties of ``random`` illegal moves, paid with the mover's next reward
@@ -307,6 +308,9 @@ class SeatGamePlayer:
                 if agent not in started:
                     started.add(agent)
                     ep.begin(obs["observation"], info)
+                    name = getattr(self.config, "baseline_key", "")
+                    if name and name in info:
+                        tally.setdefault("keys", {})[agent] = info[name]
                 elif not ep.done:
                     ep.on_step(obs["observation"], float(reward), False, False, info, 0.0)
                 else:
@@ -384,6 +388,10 @@ def batch_groups(
                     opponent=opponent,
                     illegal=tally["illegal"].get(seat, 0),
                 )
+                if seat in tally.get(
+                    "keys", {}
+                ):  # multiagent.baseline_key's value at its first decision
+                    t.info["baseline_key"] = str(tally["keys"][seat])
                 trajs.append(t)
             for key in others:  # counted once per batch: in its first seat's group
                 others[key] += (

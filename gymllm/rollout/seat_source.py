@@ -83,6 +83,10 @@ class MultiAgentSection:
     role_ema, a group's role being its seat)."""
     baseline_decay: float = 0.95
     """role_ema's decay (b <- decay * b + (1 - decay) * R)."""
+    baseline_key: str = ""
+    """with role_ema, an info key the game sets for each seat at its first decision (Kuhn poker's ``card``): the
+    baseline is then kept per seat and value, b[(seat, card)], so a hand's advantage no longer carries the luck of
+    the card dealt, only how it was played ('' keys by seat alone, SPIRAL's RAE)."""
     policies: str = ""
     """'' (one learner) or a JSON object from seat to policy name ({"first": "a", "second": "b"}): several policies
     trained in one run, each with its own weights, optimizer, groups and version (gymllm.train.policies)."""
@@ -148,6 +152,14 @@ class MultiAgentSection:
             ("group", "role_ema"),
             "multiagent.baseline",
             fix="--multiagent.baseline group",
+        )
+        require(
+            not self.baseline_key or self.baseline == "role_ema",
+            "multiagent.baseline_key",
+            expected="'' unless --multiagent.baseline role_ema (the key picks which EMA a game's reward is "
+            "compared with)",
+            received=f"{self.baseline_key!r} with baseline={self.baseline!r}",
+            fix="add --multiagent.baseline role_ema, or drop --multiagent.baseline-key",
         )
         require(
             0.0 <= float(self.baseline_decay) < 1.0,
