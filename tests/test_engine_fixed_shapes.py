@@ -435,4 +435,5 @@ def test_a_failing_packed_call_fails_only_the_requests_in_it(lm):
     assert n == 2
     same([got[0]], [want])
     assert isinstance(got[1], RequestFailed) and "injected" in str(got[1])
+    assert "in prefill_packed (tokens 32, segments" in str(got[1])  # the call that raised, named
     assert len(again.token_ids) == GREEDY.max_tokens

@@ -30,8 +30,9 @@ replace one to inject a failure.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -108,6 +109,7 @@ class DeviceSteps:
     ):
         cfg = self.config = config
         self.graphdef, self.weights, self.cache = graphdef, weights, cache
+        self.running = ""  # the device call in progress, or the last one that raised (device_call)
         self.prefill, self.decode, self.trace_counts = make_steps(
             graphdef, cfg.kv_write, cfg.decode_attention
         )
@@ -129,6 +131,16 @@ class DeviceSteps:
         if self.fixed:  # one width, one copy size, one packed prefill batch (module docstring)
             self.batch_sizes, self.widths = (cfg.max_prefill_batch,), (cfg.num_slots,)
             self.copy_sizes = (cfg.num_slots,)
+
+    @contextlib.contextmanager
+    def device_call(self, span_name: str, program: str, **tags: int) -> Iterator[None]:
+        """One device call: its telemetry span (``span_name`` on the engine track, with ``tags``), and its
+        program and shape in :attr:`running` until it returns (a call that raises leaves it there: what the
+        error of the requests it fails names, e.g. ``decode (active 60, width 64, length 1024)``)."""
+        self.running = f"{program} ({', '.join(f'{k} {v}' for k, v in tags.items())})"
+        with span(span_name, track="engine", **tags):
+            yield
+        self.running = ""
 
     # ------------------------------------------------------------------ shapes
     @property
@@ -188,9 +200,9 @@ class DeviceSteps:
         """One prefill call: chunks tokens/positions [P, T] into cache rows ``rows`` [P] (``num_slots``: a
         padding row), sampling at index ``last`` [P]; ``length`` (one of :attr:`prefill_lengths`, >= every
         row's start): the cached slots it reads. Returns (tokens [P], logprobs [P])."""
-        with span(
+        with self.device_call(
             "prefill",
-            track="engine",
+            "prefill_jit",
             batch=int(tokens.shape[0]),
             bucket=int(tokens.shape[1]),
             length=length,
@@ -215,9 +227,9 @@ class DeviceSteps:
         ``len(rows)``: padding), segment p continuing cache row ``rows[p]`` from slot ``starts[p]`` and
         sampling at token index ``last[p]``; ``length`` (one of :attr:`prefill_lengths`, >= every start):
         the cached slots read per row. Returns (tokens [P], logprobs [P])."""
-        with span(
+        with self.device_call(
             "prefill",
-            track="engine",
+            "prefill_packed",
             tokens=int(tokens.shape[0]),
             segments=int(rows.shape[0]),
             length=length,
@@ -243,7 +255,7 @@ class DeviceSteps:
         """One decode step over rows [0, W) (W = len(tokens)) attending over cache slots [0, length);
         ``active``: the rows in use (a span tag). Returns (tokens [W], logprobs [W])."""
         w = int(tokens.shape[0])
-        with span("decode", track="engine", active=active, width=w, length=length):
+        with self.device_call("decode", "decode", active=active, width=w, length=length):
             self.cache, tok, logp = self.decode(
                 self.weights.state,
                 self.cache,
@@ -270,7 +282,9 @@ class DeviceSteps:
         """Up to ``k`` decode steps over rows [0, W) in one call, a row done at one of its ``stop`` ids
         [W, MAX_STOP_IDS] or its ``budget`` [W]; returns (tokens [k', W], logprobs [k', W], steps run k')."""
         w = int(tokens.shape[0])
-        with span("decode", track="engine", active=active, width=w, length=length, steps=k):
+        with self.device_call(
+            "decode", "decode_chunk", active=active, width=w, length=length, steps=k
+        ):
             self.cache, tok, logp, ran = self.decode_k(
                 self.weights.state,
                 self.cache,
@@ -300,9 +314,9 @@ class DeviceSteps:
         prompt chunks ``pre`` = (tokens [P, T], positions [P, T], rows [P], last [P]) prefilled in it;
         returns (tokens [W + P], logprobs [W + P]): the decode rows, then the chunks."""
         tokens = pre[0]
-        with span(
+        with self.device_call(
             "decode",
-            track="engine",
+            "mixed",
             active=active,
             width=int(dec[0].shape[0]),
             length=length,
@@ -325,11 +339,13 @@ class DeviceSteps:
         """Copy cache rows ``src`` to rows ``dst`` (padded to one of ``copy_sizes`` with copies that drop)."""
         n = pick_bucket(len(src), self.copy_sizes)
         s = self.config.num_slots
+        self.running = f"copy_rows (rows {n})"
         self.cache = copy_rows(
             self.cache,
             np.array(src + [0] * (n - len(src)), np.int32),
             np.array(dst + [s] * (n - len(dst)), np.int32),
         )
+        self.running = ""
 
     # ------------------------------------------------------------------ failures
     def cache_lost(self) -> bool:

@@ -19,7 +19,8 @@
 It then records what was sampled, token by token: each token carries the version of the forward that
 produced it (on an engine serving LoRA adapters, the version of the row's own adapter), is streamed, and may finish its request (stop ids, stop strings, ``max_tokens``, the
 context); a finished row keeps its k/v for prefix reuse. A step that raises fails only the requests
-in it (:class:`~gymllm.inference.request.RequestFailed`); if it took the (donated) cache with it, the
+in it (:class:`~gymllm.inference.request.RequestFailed`, naming the call: its program and shape, e.g.
+``decode (active 60, width 64, length 1024)``); if it took the (donated) cache with it, the
 cache is rebuilt and every row forgotten. A bug in the loop itself fails every request clearly.
 """
 
@@ -397,9 +398,11 @@ class EngineLoop:
         self.release(req, req.cached_ids())
         req.deliver("done", req.completion(reason, self.tokenizer))
 
-    def fail(self, req: EngineRequest, exc: BaseException) -> None:
+    def fail(self, req: EngineRequest, exc: BaseException, where: str = "") -> None:
+        """Fail ``req`` with ``exc``; ``where``: the device call that raised (its program and shape)."""
         self.release(req, None)
-        err = RequestFailed(f"request failed in the engine: {type(exc).__name__}: {exc}")
+        at = f" in {where}" if where else ""
+        err = RequestFailed(f"request failed in the engine{at}: {type(exc).__name__}: {exc}")
         err.__cause__ = exc
         req.deliver("error", err)
 
@@ -412,13 +415,15 @@ class EngineLoop:
 
     def fail_step(self, reqs: list[EngineRequest], exc: BaseException) -> None:
         """A device step raised: fail its requests; if the (donated) cache is gone, rebuild it and forget
-        every row (failing the requests still in them)."""
+        every row (failing the requests still in them). Their error names the call that raised
+        (``DeviceSteps.running``)."""
+        where = getattr(self.device, "running", "")
         for r in reqs:
-            self.fail(r, exc)
+            self.fail(r, exc, where)
         if not self.device.cache_lost():
             return
         for r in list(self.rows.active.values()):
-            self.fail(r, exc)
+            self.fail(r, exc, where)
         self.device.rebuild_cache()
         self.admission.invalidate_all()
 
