@@ -127,6 +127,17 @@ class MultiAgentSection:
     ``win_or_draw``, ``score`` (a draw counts 1/2), ``win`` or ``reward`` (the game's own payoff a game, e.g. chips
     in Kuhn poker, where any policy that reaches the showdown wins half its games whatever it bets)."""
 
+    def needs(self, field: str, setting: str, met: bool, *, why: str, other: str) -> None:
+        """A ConfigError unless ``field`` is left at its default or ``setting`` is given (``met``)."""
+        value, default = getattr(self, field), type(self).__dataclass_fields__[field].default
+        require(
+            value == default or met,
+            f"multiagent.{field}",
+            expected=f"{default!r} unless {setting} ({why})",
+            received=f"{value!r} with {other}",
+            fix=f"add {setting}, or leave --multiagent.{field.replace('_', '-')} at {default!r}",
+        )
+
     def __post_init__(self) -> None:
         check_opponent(self.opponent)
         require(
@@ -152,14 +163,6 @@ class MultiAgentSection:
             ("group", "role_ema"),
             "multiagent.baseline",
             fix="--multiagent.baseline group",
-        )
-        require(
-            not self.baseline_key or self.baseline == "role_ema",
-            "multiagent.baseline_key",
-            expected="'' unless --multiagent.baseline role_ema (the key picks which EMA a game's reward is "
-            "compared with)",
-            received=f"{self.baseline_key!r} with baseline={self.baseline!r}",
-            fix="add --multiagent.baseline role_ema, or drop --multiagent.baseline-key",
         )
         require(
             0.0 <= float(self.baseline_decay) < 1.0,
@@ -195,14 +198,23 @@ class MultiAgentSection:
             received=self.league_size,
             fix="e.g. --multiagent.league-size 4",
         )
-        require(
-            not self.league_size or self.opponent == "frozen",
-            "multiagent.league_size",
-            expected="0 unless --multiagent.opponent frozen (the "
-            "league is a pool of frozen snapshots)",
-            received=f"{self.league_size} with opponent={self.opponent!r}",
-            fix="add --multiagent.opponent frozen",
-        )
+        for field, setting, met, why, other in (  # settings that only mean something with another
+            (
+                "baseline_key",
+                "--multiagent.baseline role_ema",
+                self.baseline == "role_ema",
+                "the key picks which EMA a game's reward is compared with",
+                f"baseline={self.baseline!r}",
+            ),
+            (
+                "league_size",
+                "--multiagent.opponent frozen",
+                self.opponent == "frozen",
+                "the league is a pool of frozen snapshots",
+                f"opponent={self.opponent!r}",
+            ),
+        ):
+            self.needs(field, setting, met, why=why, other=other)
         require(
             0.0 <= float(self.league_latest) <= 1.0,
             "multiagent.league_latest",
