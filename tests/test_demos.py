@@ -361,10 +361,44 @@ def test_cli_demo_policy_uniform_keeps_every_episode(tmp_path, capsys):
     assert read_demos(out) == uniform  # the uniform player's episodes, not the solver's
 
 
+@pytest.mark.parametrize(
+    "env_id, kwargs",
+    [("gymllm/TicTacToe-v0", {}), ("gymllm/ta-KuhnPoker-v0", {"max_rounds": 1, "max_invalid": 2})],
+)
+def test_first_policy_plays_the_first_legal_move_every_time_and_keeps_every_episode(env_id, kwargs):
+    """policy="first": each reply is the first legal move in the game's move order by the env's own mask
+    (replayed through a fresh env to the recorded reward; Kuhn poker: [check], else [call], whatever the
+    card), every episode kept."""
+    n = 24
+    recs = demonstrations(env_id, n=n, seed=3, env_kwargs=kwargs, policy="first")
+    assert [r["seed"] for r in recs] == list(range(3, 3 + n))
+    assert min(r["reward"] for r in recs) < 0  # losses kept
+    env = gymllm.make(env_id, **kwargs)
+    names = env.unwrapped.env.config.move_names
+    seen = collections.Counter()
+    for rec in recs:
+        _, info = env.reset(seed=rec["seed"])
+        total = 0.0
+        for reply in (m["content"] for m in rec["messages"] if m["role"] == "assistant"):
+            first = next(names[i] for i, ok in enumerate(info["action_mask"]) if ok)
+            assert reply == first, (reply, first)
+            seen[reply] += 1
+            _, r, term, trunc, info = env.step(reply)
+            total += r
+        assert term or trunc
+        assert total == rec["reward"]
+    env.close()
+    if "Kuhn" in env_id:
+        assert set(seen) == {"[check]", "[call]"}, seen  # never a bet, never a fold
+    assert demonstrations(env_id, n=4, seed=3, env_kwargs=kwargs, policy="first") == recs[:4]
+
+
 def test_uniform_policy_needs_a_game_seat_and_names_the_policies():
     with pytest.raises(ConfigError, match="action_mask.*policy='solver'"):
         demonstrations("gymllm/Arithmetic-v0", n=1, policy="uniform")
-    with pytest.raises(ConfigError, match="'solver'.*'uniform'"):
+    with pytest.raises(ConfigError, match="action_mask.*policy='solver'"):
+        demonstrations("gymllm/Arithmetic-v0", n=1, policy="first")
+    with pytest.raises(ConfigError, match="'solver'.*'uniform'.*'first'"):
         demonstrations("gymllm/TicTacToe-v0", n=1, policy="minimax")
 
 

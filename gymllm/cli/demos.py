@@ -38,7 +38,7 @@ def demos(
     out: str = "demos.jsonl",
     seed: int = 0,
     env_kwargs: str = "",
-    demo_policy: Literal["solver", "uniform"] = "solver",
+    demo_policy: Literal["solver", "uniform", "first"] = "solver",
     env: DemoPrompt = DemoPrompt(),
 ) -> int:
     """Write solved episodes of an env (search, shortest path, the tool call) as chat JSONL for `gymllm sft`.
@@ -54,7 +54,8 @@ def demos(
         seed: the first seed.
         env_kwargs: env constructor arguments as a JSON object, e.g. '{"is_slippery": false}'.
         demo_policy: solver: the env's solver plays (kept: wins and draws, or solved episodes); uniform: uniformly
-            random legal moves of a game seat, every episode kept (teaches the move syntax, not a strategy).
+            random legal moves of a game seat, every episode kept (teaches the move syntax, not a strategy); first:
+            the first legal move every time, every episode kept (the syntax and a state-blind strategy).
         env: the system prompt and agent kind of the run that will train on the records (--env.system-prompt,
             --env.agent, as train's).
     """

@@ -118,7 +118,9 @@ class SFTStage:
     scripted opponent, which has a minimax solver) for a self-play run on the game ``tic-tac-toe``;
     demo_policy: who plays them: ``"solver"`` (the env's solver, the default) or ``"uniform"``
     (uniformly random legal moves of a game seat, every episode kept: a warm start that teaches the
-    move syntax and not a strategy, :func:`gymllm.envs.demos_solvers.uniform_legal_player`);
+    move syntax and not a strategy, :func:`gymllm.envs.demos_solvers.uniform_legal_player`) or ``"first"``
+    (the first legal move every time: the syntax and a state-blind strategy,
+    :func:`gymllm.envs.demos_solvers.first_legal_player`);
     overrides: the table's other keys, applied onto :class:`gymllm.train.sft.SFTConfig` by
     :func:`sft_config_for`: a key of ``SFTConfig`` itself (a ``[sft.lora]`` table...), else of its ``sft``
     section (``epochs``, ``batch_size``...), its ``learner`` (``num_steps``, ``max_len``...), its ``run``
@@ -149,8 +151,8 @@ class SFTStage:
         if self.demo_policy not in POLICIES:
             raise ConfigError(
                 f"recipe [sft].demo_policy: expected one of {list(POLICIES)}, received "
-                f'{self.demo_policy!r}. Fix: write demo_policy = "solver" (the env\'s solver) or '
-                '"uniform" (random legal moves of a game seat).'
+                f'{self.demo_policy!r}. Fix: write demo_policy = "solver" (the env\'s solver), '
+                '"uniform" (random legal moves of a game seat) or "first" (its first legal move).'
             )
         fixed = sorted(set(self.overrides) & set(SFT_STAGE_OWNED))
         if fixed:

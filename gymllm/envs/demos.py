@@ -14,7 +14,9 @@ tool call in the env's tool-call format, the tool's reply, then the final answer
 ``policy="uniform"`` plays :func:`gymllm.envs.demos_solvers.uniform_legal_player` instead of the
 solver, on any game seat (an env whose info holds an ``action_mask``): a uniformly random legal move
 at every decision, every episode kept. Those records teach the move syntax and the legal moves, not a
-strategy (a self-play run's warm start whose strategy the run must find itself).
+strategy (a self-play run's warm start whose strategy the run must find itself). ``policy="first"``
+(:func:`gymllm.envs.demos_solvers.first_legal_player`) plays the first legal move in the game's move
+order every time: the syntax and one fixed, state-blind strategy (Kuhn poker: check, else call).
 
 Every episode is played through the real env: ``env.reset(seed=s)``, then ``env.step(action)`` with
 each demonstrated action text, and the env's reward decides what is kept: games keep wins and draws
@@ -119,13 +121,20 @@ UNIFORM = Solver(
     kept="every episode (uniformly random legal moves: the move syntax, not a strategy)",
 )
 
+#: policy="first": any game seat, the first legal move every time, every episode kept (a state-blind strategy)
+FIRST = Solver(
+    make_policy=solvers.first_legal_player,
+    min_reward=-math.inf,
+    kept="every episode (the first legal move every time: the move syntax and a state-blind strategy)",
+)
+
 #: the ``policy`` names of :func:`demonstrations`
-POLICIES = ("solver", "uniform")
+POLICIES = ("solver", "uniform", "first")
 
 
 def solver_for(env_id: str, policy: str = "solver") -> Solver:
     """The :class:`Solver` that plays ``env_id``'s demonstrations under ``policy``."""
-    return UNIFORM if policy == "uniform" else SOLVERS[full_id(env_id)]
+    return {"uniform": UNIFORM, "first": FIRST}.get(policy) or SOLVERS[full_id(env_id)]
 
 
 def supported_ids() -> list[str]:
@@ -144,8 +153,8 @@ class DemoConfig:
     ``policy="uniform"`` any game seat's id); n: episodes to play (seeds ``seed .. seed + n - 1``, all
     below :data:`HELD_OUT_SEED_BASE`); env_kwargs: passed to ``gymllm.make``; system_prompt: the
     rollout's system prompt ("" = none); agent: "tool" (records carry the env's tool schemas) or
-    "model" (no ``tools``); policy: "solver" (the env's solver) or "uniform" (uniformly random legal
-    moves, every episode kept)."""
+    "model" (no ``tools``); policy: "solver" (the env's solver), "uniform" (uniformly random legal
+    moves, every episode kept) or "first" (the first legal move every time, every episode kept)."""
 
     env_id: str
     n: int
@@ -160,11 +169,11 @@ class DemoConfig:
             self.policy,
             POLICIES,
             "demonstrations(policy)",
-            fix="policy='solver' plays the env's solver, 'uniform' random legal moves",
+            fix="policy='solver' plays the env's solver, 'uniform' random legal moves, 'first' the first legal move",
         )
         require(
             isinstance(self.env_id, str)
-            and (self.policy == "uniform" or full_id(self.env_id) in SOLVERS),
+            and (self.policy != "solver" or full_id(self.env_id) in SOLVERS),
             "demonstrations(env_id)",
             expected=f"an env with a solver: {', '.join(supported_ids())}",
             received=self.env_id,
@@ -295,7 +304,8 @@ def demonstrations(
     """Solved episodes of ``env_id`` on seeds ``seed .. seed + n - 1`` (see the module doc): a list of
     records ``{"messages", "tools" (when offered), "env_id", "seed", "reward"}``, in seed order, only
     those the env's reward confirms (:attr:`Solver.min_reward`). ``policy="uniform"``: uniformly
-    random legal moves of a game seat instead of the solver, every episode kept."""
+    random legal moves of a game seat instead of the solver, every episode kept; ``"first"``: its first
+    legal move every time, every episode kept."""
     from gymllm.registration import make
 
     cfg = DemoConfig(

@@ -440,24 +440,42 @@ def kuhn_poker_solver(env: Any, observation: Any, info: dict, alpha: float = 1.0
 # ------------------------------------------------------------------------------------------ any game seat
 
 
+def first_legal_player(env: Any, observation: Any, info: dict) -> Policy:
+    """The first legal move in the game's move order at every decision of a game seat (Kuhn poker's
+    ``[check]``, else ``[call]``; tic-tac-toe's first free square): one fixed move whatever the cards or
+    the board, so its demos teach the move syntax and a strategy blind to the state, which a self-play run
+    then has to improve on. Needs ``info["action_mask"]``, as :func:`uniform_legal_player`; draws nothing."""
+    names = _seat_move_names(env, info, "first")
+
+    def policy(observation: Any, info: dict) -> str:
+        return _move_text(names, _legal(info, len(info["action_mask"]))[0])
+
+    return policy
+
+
+def _seat_move_names(env: Any, info: dict, policy: str) -> tuple[str, ...] | None:
+    """The move names of the game seat ``env`` (None: moves are indices); a ConfigError for an env
+    whose reset info has no action mask (a player of legal moves needs them)."""
+    mask = info.get("action_mask") if isinstance(info, dict) else None
+    require(
+        mask is not None,
+        f"demonstrations(policy={policy!r})",
+        expected="a game seat whose info holds an action_mask (a gymllm/TicTacToe-v0-style one-seat env)",
+        received=f"reset info keys {sorted(info) if isinstance(info, dict) else type(info).__name__}",
+        fix="use policy='solver', or a game env (gymllm/TicTacToe-v0, gymllm/ta-KuhnPoker-v0...)",
+    )
+    config = getattr(getattr(env.unwrapped, "env", None), "config", None)
+    return getattr(config, "move_names", None)
+
+
 def uniform_legal_player(env: Any, observation: Any, info: dict) -> Policy:
     """A uniformly random legal move at every decision of a game seat (a :mod:`gymllm.multiagent`
     one-seat view: ``info["action_mask"]``), written with the game's move names (``b2``, ``[bet]``;
     the index where the game has none). The moves are drawn from a generator seeded by the env's
     ``np_random`` after reset, so an episode's seed fixes its demo. Raises ``ConfigError`` for an
     env whose reset info has no action mask (the player needs the legal moves)."""
-    mask = info.get("action_mask") if isinstance(info, dict) else None
-    require(
-        mask is not None,
-        "demonstrations(policy='uniform')",
-        expected="a game seat whose info holds an action_mask (a gymllm/TicTacToe-v0-style one-seat env)",
-        received=f"reset info keys {sorted(info) if isinstance(info, dict) else type(info).__name__}",
-        fix="use policy='solver', or a game env (gymllm/TicTacToe-v0, gymllm/ta-KuhnPoker-v0...)",
-    )
-    view = env.unwrapped
-    config = getattr(getattr(view, "env", None), "config", None)
-    names = getattr(config, "move_names", None)
-    rng = np.random.default_rng(int(view.np_random.integers(2**63 - 1)))
+    names = _seat_move_names(env, info, "uniform")
+    rng = np.random.default_rng(int(env.unwrapped.np_random.integers(2**63 - 1)))
 
     def policy(observation: Any, info: dict) -> str:
         legal = _legal(info, len(info["action_mask"]))
