@@ -107,6 +107,30 @@ def test_equilibrium_has_the_game_value_and_no_pure_strategy_beats_it(alpha):
     )  # exploitability 0 for both seats
 
 
+def test_chips_against_random_of_the_warm_starts_and_of_what_self_play_can_learn():
+    """The exact chips a hand against the uniformly random legal player, seat-averaged, that
+    docs/multiagent.md's Kuhn goal analysis quotes: a policy maps (card, history) -> P(bet or call)."""
+    rnd = lambda c, h: Fraction(1, 2)  # noqa: E731 - every decision has two legal moves
+
+    def vs_random(p) -> Fraction:
+        return (value(p, rnd) - value(rnd, p)) / 2
+
+    def pure(bet: str, call: str):
+        return lambda c, h: Fraction(KUHN_CARDS[c] in (bet if h in ((), ("check",)) else call))
+
+    greedy_eq = lambda c, h: Fraction(strategy(Fraction(1, 3))(c, h) > Fraction(1, 2))  # noqa: E731
+    assert vs_random(pure("", "JQK")) == 0  # check, else call: the 'first' demos' policy
+    assert vs_random(greedy_eq) == Fraction(1, 8)
+    assert vs_random(strategy(Fraction(1, 3))) == Fraction(1, 6)  # where self-play heads
+    assert vs_random(pure("K", "QK")) == Fraction(5, 24)  # bet a K, fold a J to a bet
+    assert vs_random(pure("JQK", "JQK")) == Fraction(3, 8)  # bet or call with every card
+    best = max(
+        vs_random(lambda c, h, t=t: Fraction(t[(c, 0 if h in ((), ("check",)) else 1)]))
+        for t in pure_strategies()
+    )
+    assert best == Fraction(11, 24)  # the best response to random (seat-specific moves do no better)
+
+
 def test_equilibrium_frequencies_are_kuhns():
     eq = kuhn_equilibrium
     assert eq("J", ()) == pytest.approx({"[check]": 2 / 3, "[bet]": 1 / 3})  # bluff a J 1/3
