@@ -93,7 +93,9 @@ class GroupScorer:
             f"{role}/{t.info['baseline_key']}" if "baseline_key" in t.info else role
             for t in group.trajectories
         ]
-        if len(keys) != len(rewards):  # rows that are not one a trajectory: the seat's key alone
+        if len(keys) != len(
+            rewards
+        ):  # rewards that are not one a trajectory: keyed by the seat alone
             keys = [role] * len(rewards)
         adv, baselines = group_role_advantages(
             rewards, keys, baselines, decay=self.loss.advantage.ema_decay

@@ -418,6 +418,7 @@ class EngineLoop:
         every row (failing the requests still in them). Their error names the call that raised
         (``DeviceSteps.running``)."""
         where = getattr(self.device, "running", "")
+        self.device.running = ""  # read once: a later host-side failure names no call
         for r in reqs:
             self.fail(r, exc, where)
         if not self.device.cache_lost():

@@ -388,10 +388,11 @@ def batch_groups(
                     opponent=opponent,
                     illegal=tally["illegal"].get(seat, 0),
                 )
-                if seat in tally.get(
+                keys = tally.get(
                     "keys", {}
-                ):  # multiagent.baseline_key's value at its first decision
-                    t.info["baseline_key"] = str(tally["keys"][seat])
+                )  # multiagent.baseline_key's value at each first decision
+                if seat in keys:
+                    t.info["baseline_key"] = str(keys[seat])
                 trajs.append(t)
             for key in others:  # counted once per batch: in its first seat's group
                 others[key] += (
