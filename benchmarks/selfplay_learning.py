@@ -24,7 +24,10 @@ checkpoints against random and the one-ply heuristic, the paired gain over SFT a
 heuristic); Kuhn poker chips a game against random of both and the paired gain (goal: interval above 0),
 and the bet-or-call share with a K and with a J (goal: K above J). ``--eval-only`` measures existing run
 directories (``--run-root``) without training; ``--quick`` is a smoke run (2 GRPO steps, 16 games: its
-figures do not measure the goals). Extra arguments after ``--`` go to every ``gymllm train``.
+figures do not measure the goals). Extra arguments after ``--`` go to every ``gymllm train``;
+``--recipe-set SECTION.KEY=VALUE`` trains from a copy of the recipe with that value
+(``RUN_ROOT/<recipe>.toml``, which the evaluation reads too), e.g. the warm start's ``sft.num_steps=12``
+or ``sft.demo_policy='"first"'``, which have no ``gymllm train`` flag.
 
     python benchmarks/selfplay_learning.py --recipe tictactoe_selfplay --run-root runs/selfplay_learning
 """
@@ -66,6 +69,48 @@ def run(cmd: list[str], log: pathlib.Path) -> float:
     return time.perf_counter() - t
 
 
+def recipe_copy(recipe: str, sets: list[str], run_root: pathlib.Path) -> pathlib.Path:
+    """``RUN_ROOT/<recipe>.toml``: the shipped recipe with each ``--recipe-set SECTION.KEY=VALUE`` applied
+    (VALUE in TOML: ``12``, ``2e-5``, ``"first"``; a key the section lacks is added to it), read back to
+    check each value took; the file the run trains from and its evaluation reads."""
+    lines = (REPO / "gymllm" / "recipes" / f"{recipe}.toml").read_text().splitlines()
+    for item in sets:
+        name, _, value = item.partition("=")
+        section, _, key = name.strip().rpartition(".")
+        if not (section and key and value.strip()):
+            raise SystemExit(f"--recipe-set: expected SECTION.KEY=VALUE, received {item!r}")
+        start = next((i for i, x in enumerate(lines) if x.strip() == f"[{section}]"), None)
+        if start is None:
+            raise SystemExit(f"--recipe-set {item!r}: the recipe {recipe} has no [{section}] table")
+        end = next(
+            (i for i in range(start + 1, len(lines)) if lines[i].startswith("[")), len(lines)
+        )
+        at = next((i for i in range(start + 1, end) if lines[i].split("=")[0].strip() == key), None)
+        line = f"{key} = {value.strip()}"
+        if at is None:
+            lines.insert(start + 1, line)
+        else:
+            lines[at] = line
+    path = run_root / f"{recipe}.toml"
+    path.write_text("\n".join(lines) + "\n")
+    table = tomllib.loads(path.read_text())
+    for item in sets:
+        name, _, value = item.partition("=")
+        section, _, key = name.strip().rpartition(".")
+        got, want = table.get(section, {}).get(key), tomllib.loads(f"v = {value.strip()}")["v"]
+        if got != want:
+            raise SystemExit(f"--recipe-set {item!r}: {path} reads {section}.{key} = {got!r}")
+    return path
+
+
+def recipe_table(recipe: str, run_dir: pathlib.Path) -> dict:
+    """The recipe ``run_dir`` was trained from: its copy beside the run (:func:`recipe_copy`), else the
+    shipped one (a run trained before the copy existed)."""
+    copy = run_dir.parent / f"{recipe}.toml"
+    path = copy if copy.exists() else REPO / "gymllm" / "recipes" / f"{recipe}.toml"
+    return tomllib.loads(path.read_text())
+
+
 def curve(run_dir: pathlib.Path) -> list[dict]:
     """The run's learning curve: every step record with ``eval/vs/...`` figures."""
     path = run_dir / "metrics.jsonl"
@@ -92,7 +137,7 @@ def evaluate(
     (``<label>-t<temperature>`` when it samples; kept: a directory whose summary has the same games is
     reused); its rows."""
     spec = RECIPES[recipe]
-    table = tomllib.loads((REPO / "gymllm" / "recipes" / f"{recipe}.toml").read_text())
+    table = recipe_table(recipe, run_dir)
     out_dir = run_dir / "eval" / (label if temperature == 0 else f"{label}-t{temperature:g}")
     done = out_dir / "summary.json"
     if not (done.exists() and json.loads(done.read_text())["config"]["games"] == games):
@@ -168,9 +213,7 @@ def measure(
     from gymllm.suites.game_tables import summarize_games
 
     spec = RECIPES[recipe]
-    kwargs = tomllib.loads((REPO / "gymllm" / "recipes" / f"{recipe}.toml").read_text())["env"].get(
-        "kwargs", {}
-    )
+    kwargs = recipe_table(recipe, run_dir)["env"].get("kwargs", {})
     best = run_dir / "best"
     t = time.perf_counter()
     rows = evaluate(recipe, run_dir, "sft", run_dir / "sft", games, slots, temperature) + evaluate(
@@ -274,6 +317,15 @@ def main() -> None:
         "(greedy), 1 plays the policy as the mixed strategy it samples (a poker equilibrium is mixed)",
     )
     ap.add_argument(
+        "--recipe-set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="train from a copy of the recipe with this value (TOML: 12, 2e-5, '\"first\"'), e.g. the warm "
+        "start's sft.num_steps=12 or sft.demo_policy='\"first\"', which have no gymllm train flag; "
+        "repeatable; the copy is RUN_ROOT/<recipe>.toml",
+    )
+    ap.add_argument(
         "--eval-only", action="store_true", help="measure existing run directories, no training"
     )
     ap.add_argument(
@@ -301,7 +353,7 @@ def main() -> None:
                     "-m",
                     "gymllm.cli.main",
                     "train",
-                    recipe,
+                    str(recipe_copy(recipe, args.recipe_set, run_dir.parent)),
                     "--run-dir",
                     str(run_dir),
                     *extra,

@@ -128,7 +128,9 @@ def test_chips_against_random_of_the_warm_starts_and_of_what_self_play_can_learn
         vs_random(lambda c, h, t=t: Fraction(t[(c, 0 if h in ((), ("check",)) else 1)]))
         for t in pure_strategies()
     )
-    assert best == Fraction(11, 24)  # the best response to random (seat-specific moves do no better)
+    assert best == Fraction(
+        11, 24
+    )  # the best response to random (seat-specific moves do no better)
 
 
 def test_equilibrium_frequencies_are_kuhns():
