@@ -22,7 +22,8 @@ Reported per recipe, with each issue-44 goal and whether it is met: tic-tac-toe 
 checkpoints against random and the one-ply heuristic, the paired gain over SFT and its interval (goals:
 >= 0.85 against random after self-play, a gain with its interval above 0, and a rise against the
 heuristic); Kuhn poker chips a game against random of both and the paired gain (goal: interval above 0),
-and the bet-or-call share with a K and with a J (goal: K above J). ``--eval-only`` measures existing run
+and the bet share (where it may bet) and call share (facing a bet) of each card (goal: K above J within a
+decision, :func:`k_over_j`). ``--eval-only`` measures existing run
 directories (``--run-root``) without training; ``--quick`` is a smoke run (2 GRPO steps, 16 games: its
 figures do not measure the goals). Extra arguments after ``--`` go to every ``gymllm train``;
 ``--recipe-set SECTION.KEY=VALUE`` trains from a copy of the recipe with that value
@@ -280,13 +281,39 @@ def measure(
             }
             for p, tab in actions.items()
         }
+        out["shares"] = {p: situation_shares(tab) for p, tab in actions.items()}
         chips = paired.get("reward_vs_random", {})
-        k, j = actions["selfplay"]["K"]["aggressive"], actions["selfplay"]["J"]["aggressive"]
         out["goals"] = {
             "chips_gain_over_sft_vs_random_interval_above_0": chips.get("lo", -1) > 0,
-            "selfplay_bets_or_calls_K_more_than_J": k is not None and j is not None and k > j,
+            "selfplay_bets_or_calls_K_more_than_J": k_over_j(out["shares"]["selfplay"]),
         }
     return out
+
+
+def situation_shares(table: dict) -> dict:
+    """Per card, the share of its bets where it may bet (``bet``: bet / (bet + check)) and of its calls
+    facing a bet (``call``: call / (call + fold)); None where the card met no such decision. A policy's
+    overall bet-or-call share also depends on how often each card meets each decision, so card dependence
+    is read within a decision."""
+
+    def share(a: int, b: int) -> float | None:
+        return a / (a + b) if a + b else None
+
+    return {
+        c: {"bet": share(t["[bet]"], t["[check]"]), "call": share(t["[call]"], t["[fold]"])}
+        for c, t in table.items()
+    }
+
+
+def k_over_j(shares: dict) -> bool:
+    """Issue 44's card dependence: within each decision the K bets (or calls) at least as often as the J, and
+    more often in one of them (a decision neither card met is left out)."""
+    pairs = [
+        (shares["K"][d], shares["J"][d])
+        for d in ("bet", "call")
+        if shares["K"][d] is not None and shares["J"][d] is not None
+    ]
+    return bool(pairs) and all(k >= j for k, j in pairs) and any(k > j for k, j in pairs)
 
 
 def main() -> None:

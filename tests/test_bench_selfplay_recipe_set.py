@@ -1,6 +1,6 @@
 """benchmarks/selfplay_learning.py ``--recipe-set SECTION.KEY=VALUE``: the run trains from a copy of the
 shipped recipe with those values (the warm start's [sft] keys have no gymllm train flag), and its
-evaluation reads the same copy."""
+evaluation reads the same copy; and its Kuhn card-dependence goal, read within a decision."""
 
 from __future__ import annotations
 
@@ -44,3 +44,29 @@ def test_the_copy_has_each_value_set_or_added_and_the_rest_as_shipped(tmp_path):
 def test_a_bad_setting_stops_with_what_was_expected(tmp_path, bad, says):
     with pytest.raises(SystemExit, match=says):
         selfplay_learning.recipe_copy("tictactoe_selfplay", [bad], tmp_path)
+
+
+def _table(bet, check, call, fold):
+    return {"[bet]": bet, "[check]": check, "[call]": call, "[fold]": fold}
+
+
+def test_card_dependence_is_read_within_a_decision_not_over_all_of_a_cards_moves():
+    """The self-play checkpoint of a CPU run (2026-12-07) bet every time it could and folded every bet, with
+    every card; its overall bet-or-call share was still K 0.85 > J 0.73, because the K met fewer bets.
+    Within each decision K and J play alike: not card-dependent. The equilibrium's greedy play is."""
+    blind = {
+        "J": _table(69, 0, 0, 25),
+        "Q": _table(61, 0, 0, 21),
+        "K": _table(68, 0, 0, 12),
+    }
+    shares = selfplay_learning.situation_shares(blind)
+    assert shares["K"] == {"bet": 1.0, "call": 0.0} == shares["J"]
+    assert not selfplay_learning.k_over_j(shares)
+    greedy_eq = {"J": _table(0, 69, 0, 51), "Q": _table(0, 61, 44, 0), "K": _table(68, 0, 12, 0)}
+    assert selfplay_learning.k_over_j(selfplay_learning.situation_shares(greedy_eq))
+    # a K that bets more but calls less is not "more often" in both decisions
+    mixed = {"J": _table(0, 10, 10, 0), "Q": _table(0, 1, 1, 0), "K": _table(10, 0, 0, 10)}
+    assert not selfplay_learning.k_over_j(selfplay_learning.situation_shares(mixed))
+    # a decision neither card met is left out
+    lone = {"J": _table(0, 10, 0, 0), "Q": _table(0, 1, 0, 0), "K": _table(5, 5, 0, 0)}
+    assert selfplay_learning.k_over_j(selfplay_learning.situation_shares(lone))
