@@ -299,6 +299,23 @@ def test_bad_ids_and_arguments_give_clear_errors():
             demonstrations("Arithmetic-v0", **bad)
 
 
+def _replay(env, rec: dict, draw: bool = False) -> list[tuple[str, dict]]:
+    """``rec``'s replies stepped through ``env`` from its seed: (reply, the info it answered) each; the
+    episode must end with the recorded reward. ``draw``: first take the uniform player's draw of its own
+    generator's seed from the env, as it did."""
+    _, info = env.reset(seed=rec["seed"])
+    if draw:
+        env.unwrapped.np_random.integers(2**63 - 1)
+    moves, total = [], 0.0
+    for reply in (m["content"] for m in rec["messages"] if m["role"] == "assistant"):
+        moves.append((reply, info))
+        _, r, term, trunc, info = env.step(reply)
+        total += r
+    assert term or trunc
+    assert total == rec["reward"]
+    return moves
+
+
 @pytest.mark.parametrize(
     "env_id, kwargs",
     [("gymllm/TicTacToe-v0", {}), ("gymllm/ta-KuhnPoker-v0", {"max_rounds": 1, "max_invalid": 2})],
@@ -313,23 +330,14 @@ def test_uniform_policy_plays_only_legal_moves_uniformly_and_keeps_every_episode
     assert [r["seed"] for r in recs] == list(range(7, 7 + n))  # none left out
     assert min(r["reward"] for r in recs) < 0  # losses kept: no filter on the result
     env = gymllm.make(env_id, **kwargs)
+    names = env.unwrapped.env.config.move_names
     first = collections.Counter()
     for rec in recs:
-        _, info = env.reset(seed=rec["seed"])
-        env.unwrapped.np_random.integers(2**63 - 1)  # the player's draw of its own generator's seed
-        total = 0.0
-        for k, reply in enumerate(
-            m["content"] for m in rec["messages"] if m["role"] == "assistant"
-        ):
-            names = env.unwrapped.env.config.move_names
+        for k, (reply, info) in enumerate(_replay(env, rec, draw=True)):
             legal = {names[i] for i, ok in enumerate(info["action_mask"]) if ok}
             assert reply in legal, (reply, legal)
             if k == 0 and (legal == {"[check]", "[bet]"} or "Kuhn" not in env_id):
                 first[reply] += 1
-            _, r, term, trunc, info = env.step(reply)
-            total += r
-        assert term or trunc
-        assert total == rec["reward"]
     env.close()
     if "Kuhn" in env_id:
         assert set(first) == {"[check]", "[bet]"}
@@ -377,16 +385,10 @@ def test_first_policy_plays_the_first_legal_move_every_time_and_keeps_every_epis
     names = env.unwrapped.env.config.move_names
     seen = collections.Counter()
     for rec in recs:
-        _, info = env.reset(seed=rec["seed"])
-        total = 0.0
-        for reply in (m["content"] for m in rec["messages"] if m["role"] == "assistant"):
+        for reply, info in _replay(env, rec):
             first = next(names[i] for i, ok in enumerate(info["action_mask"]) if ok)
             assert reply == first, (reply, first)
             seen[reply] += 1
-            _, r, term, trunc, info = env.step(reply)
-            total += r
-        assert term or trunc
-        assert total == rec["reward"]
     env.close()
     if "Kuhn" in env_id:
         assert set(seen) == {"[check]", "[call]"}, seen  # never a bet, never a fold
