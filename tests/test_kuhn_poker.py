@@ -119,7 +119,9 @@ def test_chips_against_random_of_the_warm_starts_and_of_what_self_play_can_learn
         return lambda c, h: Fraction(KUHN_CARDS[c] in (bet if h in ((), ("check",)) else call))
 
     greedy_eq = lambda c, h: Fraction(strategy(Fraction(1, 3))(c, h) > Fraction(1, 2))  # noqa: E731
+    assert vs_random(pure("", "")) == Fraction(-1, 2)  # check, else fold
     assert vs_random(pure("", "JQK")) == 0  # check, else call: the 'first' demos' policy
+    assert vs_random(pure("JQK", "")) == Fraction(1, 8)  # bet, else fold
     assert vs_random(greedy_eq) == Fraction(1, 8)
     assert vs_random(strategy(Fraction(1, 3))) == Fraction(1, 6)  # where self-play heads
     assert vs_random(pure("K", "QK")) == Fraction(5, 24)  # bet a K, fold a J to a bet
