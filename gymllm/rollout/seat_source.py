@@ -85,7 +85,7 @@ class MultiAgentSection:
     """role_ema's decay (b <- decay * b + (1 - decay) * R)."""
     baseline_key: str = ""
     """with role_ema, an info key the game sets for each seat at its first decision (Kuhn poker's ``card``): the
-    baseline is then kept per seat and value, b[(seat, card)], so a hand's advantage no longer carries the luck of
+    baseline is then kept per seat and value, b[seat/card], so a hand's advantage no longer carries the luck of
     the card dealt, only how it was played ('' keys by seat alone, SPIRAL's RAE)."""
     policies: str = ""
     """'' (one learner) or a JSON object from seat to policy name ({"first": "a", "second": "b"}): several policies
