@@ -75,11 +75,14 @@ def recipe_copy(recipe: str, sets: list[str], run_root: pathlib.Path) -> pathlib
     (VALUE in TOML: ``12``, ``2e-5``, ``"first"``; a key the section lacks is added to it), read back to
     check each value took; the file the run trains from and its evaluation reads."""
     lines = (REPO / "gymllm" / "recipes" / f"{recipe}.toml").read_text().splitlines()
+    parsed = []  # (the item as given, section, key, value), each item split once
     for item in sets:
         name, _, value = item.partition("=")
         section, _, key = name.strip().rpartition(".")
         if not (section and key and value.strip()):
             raise SystemExit(f"--recipe-set: expected SECTION.KEY=VALUE, received {item!r}")
+        parsed.append((item, section, key, value.strip()))
+    for item, section, key, value in parsed:
         start = next((i for i, x in enumerate(lines) if x.strip() == f"[{section}]"), None)
         if start is None:
             raise SystemExit(f"--recipe-set {item!r}: the recipe {recipe} has no [{section}] table")
@@ -87,18 +90,15 @@ def recipe_copy(recipe: str, sets: list[str], run_root: pathlib.Path) -> pathlib
             (i for i in range(start + 1, len(lines)) if lines[i].startswith("[")), len(lines)
         )
         at = next((i for i in range(start + 1, end) if lines[i].split("=")[0].strip() == key), None)
-        line = f"{key} = {value.strip()}"
         if at is None:
-            lines.insert(start + 1, line)
+            lines.insert(start + 1, f"{key} = {value}")
         else:
-            lines[at] = line
+            lines[at] = f"{key} = {value}"
     path = run_root / f"{recipe}.toml"
     path.write_text("\n".join(lines) + "\n")
     table = tomllib.loads(path.read_text())
-    for item in sets:
-        name, _, value = item.partition("=")
-        section, _, key = name.strip().rpartition(".")
-        got, want = table.get(section, {}).get(key), tomllib.loads(f"v = {value.strip()}")["v"]
+    for item, section, key, value in parsed:
+        got, want = table.get(section, {}).get(key), tomllib.loads(f"v = {value}")["v"]
         if got != want:
             raise SystemExit(f"--recipe-set {item!r}: {path} reads {section}.{key} = {got!r}")
     return path
