@@ -74,10 +74,12 @@ def test_logits_equal_the_flat_forward(family):
             )
 
 
-def groups_with(prompt_lens=(20, 17), g=4, *, seed=0, differ=False, turns=False):
+def groups_with(prompt_lens=(20, 17), g=4, *, seed=0, differ=False, differ_from=None, turns=False):
     """GRPO groups with prompts long enough that sharing them pays (rows <= 32 tokens); ``differ``: the
-    samples of a group get prompts that differ in one token; ``turns``: every other sample has a 2-token
-    observation (mask 0) inside its reply."""
+    samples of a group get prompts that differ in one token; ``differ_from``: every sample's prompt is
+    its own from that token on (a game dealt differently after the same rules; a shorter prompt stays
+    whole); ``turns``: every other
+    sample has a 2-token observation (mask 0) inside its reply."""
     rng = np.random.default_rng(seed)
     out = []
     for k, plen in enumerate(prompt_lens):
@@ -87,6 +89,8 @@ def groups_with(prompt_lens=(20, 17), g=4, *, seed=0, differ=False, turns=False)
             p = prompt.copy()
             if differ:
                 p[m % plen] = 3 + (p[m % plen] + m) % 280
+            if differ_from is not None and differ_from < plen:
+                p[differ_from:] = rng.integers(3, 290, plen - differ_from)
             resp = rng.integers(3, 290, int(rng.integers(2, MAX_LEN - plen)))
             ids = np.concatenate([p, resp]).astype(np.int32)
             mask = np.r_[np.zeros(plen), np.ones(len(resp))].astype(np.int8)
@@ -125,16 +129,44 @@ def test_layout_groups_rows_by_prompt_ids():
     rows = rows[:6]  # the second group split: two of its samples only
     sp = shared_prefix_layout(rows, 8, MAX_LEN, shared_prefix_table(MAX_LEN))
     assert sp is not None
-    assert sp["sp_prefix_tokens"].shape == (2, 32) and sp["sp_suffix_tokens"].shape == (2, 4, 16)
-    np.testing.assert_array_equal(sp["sp_prefix_lens"], [20, 17])
-    flat = np.concatenate([sp["sp_prefix_tokens"].reshape(-1), sp["sp_suffix_tokens"].reshape(-1)])
-    for i, r in enumerate(rows):  # every padded position reads its own input token back
-        np.testing.assert_array_equal(flat[sp["sp_gather"][i, : r.length]], r.inputs)
-        np.testing.assert_array_equal(sp["sp_targets"][i, : r.length], r.targets)
+    # prompts of 20 and 17 cut to 16 (2*16 + 2*4*16 positions) rather than padded to 32 (2*32 + 2*4*16)
+    assert sp["sp_prefix_tokens"].shape == (2, 16) and sp["sp_suffix_tokens"].shape == (2, 4, 16)
+    np.testing.assert_array_equal(sp["sp_prefix_lens"], [16, 16])
+    assert_reads_back(sp, rows)
     differ = rows_of(groups_with(differ=True))
     assert (
         shared_prefix_layout(differ, 8, MAX_LEN, shared_prefix_table(MAX_LEN)) is None
     )  # nothing shared
+
+
+def assert_reads_back(sp, rows):
+    """Every padded position of every row reads its own input token back through ``sp_gather``."""
+    flat = np.concatenate([sp["sp_prefix_tokens"].reshape(-1), sp["sp_suffix_tokens"].reshape(-1)])
+    for i, r in enumerate(rows):
+        np.testing.assert_array_equal(flat[sp["sp_gather"][i, : r.length]], r.inputs)
+        np.testing.assert_array_equal(sp["sp_targets"][i, : r.length], r.targets)
+
+
+def test_a_groups_rows_share_their_common_prefix_when_their_prompts_differ():
+    """Self-play's shape: one group's games are dealt differently, so its rows' prompts agree on the rules
+    (the first 14 tokens here) and differ after; they share those 14 tokens. Without group indices the
+    same rows share nothing (no two prompts are equal)."""
+    groups = groups_with((20, 17), differ_from=14, seed=4)
+    rows = rows_of(groups)
+    assert len({r.inputs[: prompt_length(r)].tobytes() for r in rows}) == 8  # every prompt its own
+    table = shared_prefix_table(MAX_LEN)
+    assert shared_prefix_layout(rows, 8, MAX_LEN, table) is None
+    for r in rows:
+        r.group_index = int(r.sample_id.split("/")[1])
+    sp = shared_prefix_layout(rows, 8, MAX_LEN, table)
+    assert sp is not None
+    np.testing.assert_array_equal(sp["sp_prefix_lens"], [14, 14])
+    assert sp["sp_prefix_tokens"].shape == (2, 16) and sp["sp_suffix_tokens"].shape == (2, 4, 16)
+    assert_reads_back(sp, rows)
+    # one group of the two alone: a cluster of four
+    sp = shared_prefix_layout(rows[:4], 4, MAX_LEN, table)
+    assert sp["sp_prefix_tokens"].shape == (1, 16) and sp["sp_suffix_tokens"].shape == (1, 4, 16)
+    assert_reads_back(sp, rows[:4])
 
 
 LOSSES = [
@@ -202,17 +234,25 @@ def learner(loss=LOSSES[1], **kw):
     )
 
 
-@pytest.mark.parametrize("differ", [False, True], ids=["shared", "fallback"])
+@pytest.mark.parametrize(
+    "differ", ["no", "early", "late"], ids=["shared", "fallback", "group-prefix"]
+)
 def test_learner_update_equals_the_flat_path(differ):
     """Whole SGD steps, 3 groups of 4 in micro-batches of 4: shared prefix on == off (sequence-level ratios:
     per-row sums over the gathered layout), each micro-batch one whole group (rows of two groups would
-    share nothing worth running); samples whose prompts differ in one token take the flat path, and still
-    train the same."""
-    groups = groups_with((20, 17, 20), differ=differ, seed=2)
+    share nothing worth running); samples whose prompts differ in one of their first tokens take the flat
+    path, and still train the same; samples whose prompts differ from token 18 on (a game dealt apart)
+    share their group's first 18 tokens."""
+    groups = groups_with(
+        (20, 17, 20),
+        differ=differ == "early",
+        differ_from=18 if differ == "late" else None,
+        seed=2,
+    )
     kw = dict(groups_per_step=3, micro_batch_size=4)
     a, b = learner(shared_prefix=False, **kw), learner(shared_prefix=True, **kw)
     ra, rb = a.submit(groups), b.submit(groups)
-    assert b.counts["shared_prefix_micro_batches"] == (0 if differ else 3)
+    assert b.counts["shared_prefix_micro_batches"] == (0 if differ == "early" else 3)
     assert a.counts["shared_prefix_micro_batches"] == 0
     assert max_diff(a.trainable, tiny().model.flat_params()) > 1e-5
     assert max_diff(a.trainable, b.trainable) < 1e-6

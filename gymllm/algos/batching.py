@@ -23,9 +23,10 @@ runs the vocab projection and the log-softmax on those alone (static shape), not
 per-row quantity is a masked sum or mean over a row, the same over the K positions as over T.
 
 Shared prefix (``LearnerConfig.shared_prefix``): rows whose prompts (every input before the first
-policy-sampled target, :func:`prompt_length`) are the same token ids are laid out as Gp prompts and S
-continuations each (:func:`shared_prefix_layout`) for :func:`gymllm.models.shared_prefix.shared_prefix_hidden`,
-which runs each prompt once; the loss again reads the padded layout through one index array
+policy-sampled target, :func:`prompt_length`) are the same token ids, or that belong to one GRPO group, are
+laid out as Gp shared prefixes (a cluster's common prefix: :func:`prefix_clusters`) and S continuations each
+(:func:`shared_prefix_layout`) for :func:`gymllm.models.shared_prefix.shared_prefix_hidden`, which runs each
+prefix once; the loss again reads the padded layout through one index array
 (``sp_gather``), like packing's ``gather``. Applies to the padded layout only (packed rows keep
 their own path): the learner runs whichever of the two runs fewer positions.
 
@@ -326,6 +327,40 @@ def prompt_length(row: Row) -> int:
     return int(on[0]) + 1 if on.size else row.length
 
 
+def prefix_clusters(rows: Sequence[Row]) -> list[tuple[int, list[int]]]:
+    """``rows`` grouped for the shared-prefix layout, each cluster ``(n, [row indices])`` in order of its first
+    row: rows join one cluster when their prompts (:func:`prompt_length`) are the same token ids or they
+    belong to one GRPO group (the same ``group_index`` >= 0: a game's seat over several deals, a task whose
+    samples got different observations); ``n`` is the cluster's common prefix, what every member's inputs
+    share, cut to its shortest prompt (so a cluster of one prompt shares exactly that prompt)."""
+    parent = list(range(len(rows)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    lens = [prompt_length(r) for r in rows]
+    first: dict[object, int] = {}
+    for i, r in enumerate(rows):
+        keys = [("prompt", r.inputs[: lens[i]].tobytes())]
+        if r.group_index >= 0:
+            keys.append(("group", r.group_index))
+        for key in keys:
+            j = first.setdefault(key, i)
+            parent[root(i)] = root(j)
+    members: dict[int, list[int]] = {}
+    for i in range(len(rows)):
+        members.setdefault(root(i), []).append(i)
+    out = []
+    for idx in sorted(members.values(), key=lambda m: m[0]):
+        lead = rows[idx[0]].inputs
+        n = min(min(lens[i], common_prefix(lead, rows[i].inputs)) for i in idx)
+        out.append((n, idx))
+    return out
+
+
 def shared_prefix_layout(
     rows: Sequence[Row],
     batch_size: int,
@@ -335,37 +370,42 @@ def shared_prefix_layout(
     max_positions: int | None = None,
 ) -> dict[str, np.ndarray] | None:
     """The model-side arrays of ``rows`` (at most ``batch_size``, padded layout ``[batch_size, length]``)
-    as Gp distinct prompts with S continuations each, for
-    :func:`gymllm.models.shared_prefix.shared_prefix_hidden`: rows are grouped by the exact token ids of
-    their prompt (:func:`prompt_length`; equal ids, not group membership, decide), S is the largest
-    group, Gp the number of prompts; Tp / Ts are the longest prompt / continuation rounded up to
-    ``table`` (few compiled shapes).
+    as Gp shared prefixes with S continuations each, for
+    :func:`gymllm.models.shared_prefix.shared_prefix_hidden`: rows are clustered by
+    :func:`prefix_clusters` (the same prompt ids, or one GRPO group: its common prefix), S is the largest
+    cluster, Gp the number of clusters. Tp, the prefixes' padded length, is a ``table`` length (few
+    compiled shapes): the longest shared prefix rounded up, or a shorter one with every prefix cut to it
+    (the rest of it runs once per row), whichever runs fewer positions; Ts is the longest continuation
+    rounded up to ``table``.
 
     ``sp_prefix_tokens`` [Gp, Tp], ``sp_prefix_lens`` [Gp], ``sp_suffix_tokens`` [Gp, S, Ts],
     ``sp_targets`` [batch_size, length] (the padded layout's targets) and ``sp_gather``
-    [batch_size, length]: each padded position's flat index into the prompts' then the continuations'
-    positions (``g * Tp + t`` for prompt tokens, ``Gp * Tp + (g * S + j) * Ts + t - len`` for
-    continuation ones; 0 on padding, whose mask is 0). None when the layout would run at least as many
-    positions as the padded micro-batch (e.g. no two rows share a prompt), or as ``max_positions``."""
-    groups: dict[bytes, list[int]] = {}
-    lens = [prompt_length(r) for r in rows]
-    for i, r in enumerate(rows):
-        groups.setdefault(r.inputs[: lens[i]].tobytes(), []).append(i)
-    members = list(groups.values())
-    gp, s = len(members), max((len(m) for m in members), default=0)
+    [batch_size, length]: each padded position's flat index into the prefixes' then the continuations'
+    positions (``g * Tp + t`` for shared tokens, ``Gp * Tp + (g * S + j) * Ts + t - n`` after them; 0 on
+    padding, whose mask is 0). None when the layout would run at least as many positions as the padded
+    micro-batch (e.g. no two rows share a prefix), or as ``max_positions``."""
+    clusters = prefix_clusters(rows)
+    gp, s = len(clusters), max((len(m) for _, m in clusters), default=0)
     if not rows or s < 2:
         return None
-    tp = pick_bucket(max(lens), table)
-    ts = pick_bucket(max(max(r.length - n for r, n in zip(rows, lens)), 1), table)
-    if gp * tp + gp * s * ts >= min(batch_size * length, max_positions or batch_size * length):
+    longest = max(n for n, _ in clusters)
+    best = None
+    for tp in sorted({t for t in table if t < longest} | {pick_bucket(max(longest, 1), table)}):
+        cut = [min(n, tp) for n, _ in clusters]
+        rest = max(rows[i].length - c for c, (_, idx) in zip(cut, clusters) for i in idx)
+        ts = pick_bucket(max(rest, 1), table)
+        positions = gp * tp + gp * s * ts
+        if best is None or positions < best[0]:
+            best = (positions, tp, ts, cut)
+    positions, tp, ts, cut = best
+    if positions >= min(batch_size * length, max_positions or batch_size * length):
         return None
     pre = np.full((gp, tp), pad_id, np.int32)
     plen = np.zeros(gp, np.int32)
     suf = np.full((gp, s, ts), pad_id, np.int32)
     tgt = np.full((batch_size, length), pad_id, np.int32)
     gather = np.zeros((batch_size, length), np.int32)
-    for g, idx in enumerate(members):
-        n = lens[idx[0]]
+    for g, (n, (_, idx)) in enumerate(zip(cut, clusters)):
         pre[g, :n], plen[g] = rows[idx[0]].inputs[:n], n
         for j, i in enumerate(idx):
             r = rows[i]

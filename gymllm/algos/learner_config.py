@@ -69,9 +69,11 @@ class LearnerConfig:
     the gather costs what the smaller projection saves), resolved by the learner."""
     shared_prefix: bool | None = None
     """run each micro-batch's rows that share a prompt (the same token ids before the first sampled token: single-
-    turn GRPO groups, and multi-turn ones up to their first reply) as one prompt forward and S continuations
-    attending to its keys/values (:func:`gymllm.models.shared_prefix.shared_prefix_hidden`; the same loss and
-    gradients up to float32 summation order), when that runs fewer positions than the padded micro-batch
+    turn GRPO groups, and multi-turn ones up to their first reply), or that belong to one group (a game's
+    seat dealt differently each game: they share their common prefix,
+    :func:`gymllm.algos.batching.prefix_clusters`), as one prefix forward and S continuations attending to its
+    keys/values (:func:`gymllm.models.shared_prefix.shared_prefix_hidden`; the same loss and gradients up to
+    float32 summation order), when that runs fewer positions than the padded micro-batch
     (counted: ``shared_prefix_micro_batches``); micro-batches then take whole groups, shortest longest-row first,
     so a group's rows stay together (a group split over two micro-batches is a smaller group in each). Padded
     layout only: with ``packing`` too, the layout running fewer positions wins. Its shapes (prompts, samples,
