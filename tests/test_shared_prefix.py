@@ -169,6 +169,22 @@ def test_a_groups_rows_share_their_common_prefix_when_their_prompts_differ():
     assert_reads_back(sp, rows[:4])
 
 
+def test_a_group_member_that_shares_nothing_does_not_spoil_the_others_prompt():
+    """One row of a group whose prompt differs from its first token (a one-row-per-call fallback row, say):
+    clustered by group the common prefix would be empty, so the prompt ids alone decide and the other
+    three still share their 20-token prompt."""
+    rows = rows_of(groups_with((20,), seed=5))
+    for r in rows:
+        r.group_index = 0
+    rows[3].inputs = rows[3].inputs.copy()
+    rows[3].inputs[0] = 3 + (rows[3].inputs[0] + 1) % 280
+    sp = shared_prefix_layout(rows, 8, MAX_LEN, shared_prefix_table(MAX_LEN))
+    assert sp is not None
+    assert sp["sp_prefix_lens"].tolist() == [16, 16]  # two clusters: the three alike, then the odd one
+    assert sp["sp_suffix_tokens"].shape == (2, 3, 16)
+    assert_reads_back(sp, rows)
+
+
 LOSSES = [
     dataclasses.replace(C.grpo(), entropy_coef=0.01),  # KL reference in the loss + entropy bonus
     dataclasses.replace(

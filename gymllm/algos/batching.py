@@ -327,12 +327,12 @@ def prompt_length(row: Row) -> int:
     return int(on[0]) + 1 if on.size else row.length
 
 
-def prefix_clusters(rows: Sequence[Row]) -> list[tuple[int, list[int]]]:
+def prefix_clusters(rows: Sequence[Row], by_group: bool = True) -> list[tuple[int, list[int]]]:
     """``rows`` grouped for the shared-prefix layout, each cluster ``(n, [row indices])`` in order of its first
-    row: rows join one cluster when their prompts (:func:`prompt_length`) are the same token ids or they
-    belong to one GRPO group (the same ``group_index`` >= 0: a game's seat over several deals, a task whose
-    samples got different observations); ``n`` is the cluster's common prefix, what every member's inputs
-    share, cut to its shortest prompt (so a cluster of one prompt shares exactly that prompt)."""
+    row: rows join one cluster when their prompts (:func:`prompt_length`) are the same token ids or, with
+    ``by_group``, they belong to one GRPO group (the same ``group_index`` >= 0: a game's seat over several
+    deals); ``n`` is the cluster's common prefix, what every member's inputs share, cut to its shortest
+    prompt (so a cluster of one prompt shares exactly that prompt)."""
     parent = list(range(len(rows)))
 
     def root(i: int) -> int:
@@ -345,7 +345,7 @@ def prefix_clusters(rows: Sequence[Row]) -> list[tuple[int, list[int]]]:
     first: dict[object, int] = {}
     for i, r in enumerate(rows):
         keys = [("prompt", r.inputs[: lens[i]].tobytes())]
-        if r.group_index >= 0:
+        if by_group and r.group_index >= 0:
             keys.append(("group", r.group_index))
         for key in keys:
             j = first.setdefault(key, i)
@@ -372,11 +372,11 @@ def shared_prefix_layout(
     """The model-side arrays of ``rows`` (at most ``batch_size``, padded layout ``[batch_size, length]``)
     as Gp shared prefixes with S continuations each, for
     :func:`gymllm.models.shared_prefix.shared_prefix_hidden`: rows are clustered by
-    :func:`prefix_clusters` (the same prompt ids, or one GRPO group: its common prefix), S is the largest
-    cluster, Gp the number of clusters. Tp, the prefixes' padded length, is a ``table`` length (few
-    compiled shapes): the longest shared prefix rounded up, or a shorter one with every prefix cut to it
-    (the rest of it runs once per row), whichever runs fewer positions; Ts is the longest continuation
-    rounded up to ``table``.
+    :func:`prefix_clusters` (the same prompt ids, or one GRPO group: its common prefix; or, when that runs
+    fewer positions, by the same prompt ids alone), S is the largest cluster, Gp the number of clusters. Tp,
+    the prefixes' padded length, is a ``table`` length (few compiled shapes): the longest shared prefix
+    rounded up, or a shorter one with every prefix cut to it (the rest of it runs once per row), whichever
+    runs fewer positions; Ts is the longest continuation rounded up to ``table``.
 
     ``sp_prefix_tokens`` [Gp, Tp], ``sp_prefix_lens`` [Gp], ``sp_suffix_tokens`` [Gp, S, Ts],
     ``sp_targets`` [batch_size, length] (the padded layout's targets) and ``sp_gather``
@@ -384,22 +384,23 @@ def shared_prefix_layout(
     positions (``g * Tp + t`` for shared tokens, ``Gp * Tp + (g * S + j) * Ts + t - n`` after them; 0 on
     padding, whose mask is 0). None when the layout would run at least as many positions as the padded
     micro-batch (e.g. no two rows share a prefix), or as ``max_positions``."""
-    clusters = prefix_clusters(rows)
-    gp, s = len(clusters), max((len(m) for _, m in clusters), default=0)
-    if not rows or s < 2:
+    if not rows:
         return None
-    longest = max(n for n, _ in clusters)
     best = None
-    for tp in sorted({t for t in table if t < longest} | {pick_bucket(max(longest, 1), table)}):
-        cut = [min(n, tp) for n, _ in clusters]
-        rest = max(rows[i].length - c for c, (_, idx) in zip(cut, clusters) for i in idx)
-        ts = pick_bucket(max(rest, 1), table)
-        positions = gp * tp + gp * s * ts
-        if best is None or positions < best[0]:
-            best = (positions, tp, ts, cut)
-    positions, tp, ts, cut = best
-    if positions >= min(batch_size * length, max_positions or batch_size * length):
+    for by_group in (True, False):
+        clusters = prefix_clusters(rows, by_group)
+        gp, s = len(clusters), max(len(m) for _, m in clusters)
+        longest = max(n for n, _ in clusters)
+        for tp in sorted({t for t in table if t < longest} | {pick_bucket(max(longest, 1), table)}):
+            cut = [min(n, tp) for n, _ in clusters]
+            rest = max(rows[i].length - c for c, (_, idx) in zip(cut, clusters) for i in idx)
+            ts = pick_bucket(max(rest, 1), table)
+            positions = gp * tp + gp * s * ts
+            if s >= 2 and (best is None or positions < best[0]):
+                best = (positions, tp, ts, cut, clusters, gp, s)
+    if best is None or best[0] >= min(batch_size * length, max_positions or batch_size * length):
         return None
+    _, tp, ts, cut, clusters, gp, s = best
     pre = np.full((gp, tp), pad_id, np.int32)
     plen = np.zeros(gp, np.int32)
     suf = np.full((gp, s, ts), pad_id, np.int32)
