@@ -19,7 +19,8 @@ Adam's normalised step magnifies a float difference in a near-zero gradient); th
 
 Reported per side: ``warmup_s``, ``step_s`` (each step), ``median_step_s``, ``positions_per_row`` (the model's
 positions a row costs in the fixed layout, or the padded bucket), ``micro_batches`` and ``passes`` counted by the
-learner; and ``speedup`` (the run's median step over the variant's).
+learner; and ``speedup`` (the run's median step over the variant's), also at the top level as ``speedup_<variant>``
+and ``median_step_s_<side>``.
 
     python benchmarks/learner_replay.py --run RUN --quick     # 2 steps: a few minutes for SmolLM2-135M here
 """
@@ -204,7 +205,10 @@ def main() -> None:
         )
         r["counts"] = {k: v for k, v in ln.counts.items() if "micro_batches" in k or "passes" in k}
         r["speedup"] = out["run"]["median_step_s"] / r["median_step_s"]
+    headline = {f"speedup_{n}": out[n]["speedup"] for n in names if n != "run"}
+    headline.update({f"median_step_s_{n}": out[n]["median_step_s"] for n in names})
     result = {
+        **headline,
         "run": str(run),
         "model": base.model.name,
         "steps": len(steps),

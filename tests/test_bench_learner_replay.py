@@ -83,6 +83,8 @@ def test_the_run_and_a_variant_train_alike_and_are_timed_side_by_side(run_dir, m
     result = json.loads(line[len("RESULT ") :])
     assert result["steps"] == 2 and result["rows"] == [32, 32]  # tiny: 4 groups of 8 a step
     run, half = result["run"], result["half"]
+    assert result["speedup_half"] == half["speedup"] == run["median_step_s"] / half["median_step_s"]
+    assert result["median_step_s_run"] == run["median_step_s"]
     assert run["learner"]["micro_batch_size"] == 32 and half["learner"]["micro_batch_size"] == 16
     assert len(run["step_s"]) == len(half["step_s"]) == 2
     assert (

@@ -180,7 +180,10 @@ def test_a_group_member_that_shares_nothing_does_not_spoil_the_others_prompt():
     rows[3].inputs[0] = 3 + (rows[3].inputs[0] + 1) % 280
     sp = shared_prefix_layout(rows, 8, MAX_LEN, shared_prefix_table(MAX_LEN))
     assert sp is not None
-    assert sp["sp_prefix_lens"].tolist() == [16, 16]  # two clusters: the three alike, then the odd one
+    assert sp["sp_prefix_lens"].tolist() == [
+        16,
+        16,
+    ]  # two clusters: the three alike, then the odd one
     assert sp["sp_suffix_tokens"].shape == (2, 3, 16)
     assert_reads_back(sp, rows)
 
