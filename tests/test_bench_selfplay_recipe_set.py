@@ -20,18 +20,22 @@ def test_the_copy_has_each_value_set_or_added_and_the_rest_as_shipped(tmp_path):
     shipped = tomllib.loads((ROOT / "gymllm/recipes/kuhn_poker_selfplay.toml").read_text())
     path = selfplay_learning.recipe_copy(
         "kuhn_poker_selfplay",
-        ['sft.demo_policy="first"', "sft.num_steps=12", "loss.entropy_coef=0.01"],
+        ['sft.demo_policy="first"', "sft.num_steps=12", "multiagent.eval_keep_best=true"],
         tmp_path,
     )
     assert path == tmp_path / "kuhn_poker_selfplay.toml"
     copy = tomllib.loads(path.read_text())
-    assert copy["sft"]["demo_policy"] == "first"  # added: the shipped [sft] has none
+    assert copy["sft"]["demo_policy"] == "first" and shipped["sft"]["demo_policy"] != "first"
     assert copy["sft"]["num_steps"] == 12 and shipped["sft"]["num_steps"] != 12
-    assert copy["loss"]["entropy_coef"] == 0.01
+    assert copy["multiagent"]["eval_keep_best"] is True  # added: the shipped recipe has none
+    assert "eval_keep_best" not in shipped["multiagent"]
     assert copy["learner"] == shipped["learner"] and copy["env"] == shipped["env"]
     assert {k: v for k, v in copy["sft"].items() if k not in ("demo_policy", "num_steps")} == {
-        k: v for k, v in shipped["sft"].items() if k != "num_steps"
+        k: v for k, v in shipped["sft"].items() if k not in ("demo_policy", "num_steps")
     }
+    assert {k: v for k, v in copy["multiagent"].items() if k != "eval_keep_best"} == shipped[
+        "multiagent"
+    ]
     run_dir = tmp_path / "kuhn_poker_selfplay"
     assert selfplay_learning.recipe_table("kuhn_poker_selfplay", run_dir) == copy
     assert selfplay_learning.recipe_table("kuhn_poker_selfplay", tmp_path / "x" / "y") == shipped

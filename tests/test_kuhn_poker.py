@@ -329,7 +329,9 @@ def test_the_recipe_builds_valid_train_and_sft_configs(tmp_path):
     )
     assert game_factory(cfg.env.id, dict(cfg.env.kwargs)) is not None
     stage = sft_stage_from(recipe["sft"])
-    assert stage.demo_env in SOLVERS and stage.demo_policy == "solver"  # the equilibrium's demos
+    assert stage.demo_env in SOLVERS and stage.demo_policy == "uniform"  # random legal moves
+    assert cfg.multiagent.baseline_key == "card" and cfg.multiagent.game_seeds == "game"
+    assert cfg.learner.prefix_len == 256 and cfg.learner.micro_batch_size == cfg.rollout.group_size
     sft = sft_config_for(stage, cfg, data="d.jsonl", run_dir=str(tmp_path / "sft"))
     assert isinstance(sft, SFTConfig) and sft.sft.system_prompt == cfg.env.system_prompt
     assert sft.learner.num_steps == recipe["sft"]["num_steps"] and sft.sft.epochs == 0
@@ -349,10 +351,11 @@ def test_the_recipe_runs_demos_sft_and_one_self_play_step(tmp_path, capsys):
         ("min_bucket = 512", "min_bucket = 1024"),
         ("max_len = 448", "max_len = 1024"),
         ("min_bucket = 448", "min_bucket = 1024"),
-        ("num_steps = 48", "num_steps = 1"),
-        ("num_steps = 3", "num_steps = 1"),
+        ("num_steps = 4", "num_steps = 1"),
+        ("num_steps = 12", "num_steps = 1"),
         ("demos = 256", "demos = 8"),
-        ("every = 3", "every = 1"),
+        ("every = 6", "every = 1"),
+        ("prefix_len = 256", "prefix_len = 512"),
         ('run_dir = "runs/kuhn_poker_selfplay"', f'run_dir = "{run_dir}"'),
         ('preset = "default"', 'preset = "default"\n[model]\nname = "tiny-qwen3"'),
     ):
