@@ -17,12 +17,12 @@ after the same steps their weights agree up to float summation order (``max_weig
 ``max_weight_change_run``, how far the steps moved the run's weights: the layouts compute the same gradients, and
 Adam's normalised step magnifies a float difference in a near-zero gradient); the losses agree too.
 
-Reported per side: ``warmup_s``, ``step_s`` (each step), ``median_step_s``, ``positions_per_row`` (the model's
-positions a row costs in the fixed layout, or the padded bucket), ``micro_batches`` and ``passes`` counted by the
-learner; and ``speedup`` (the run's median step over the variant's), also at the top level as ``speedup_<variant>``
+Reported per side (``run``, then each variant by its name): ``warmup_s``, ``step_s`` (each step),
+``median_step_s``, ``positions_per_row`` (the model's positions a row costs in the fixed shared-prefix layout,
+else ``max_len``), ``counts`` (the learner's counts of micro-batches and passes by layout); and ``speedup`` (the run's median step over the variant's), also at the top level as ``speedup_<variant>``
 and ``median_step_s_<side>``.
 
-    python benchmarks/learner_replay.py --run RUN --quick     # 2 steps: a few minutes for SmolLM2-135M here
+    python benchmarks/learner_replay.py --run RUN --quick     # 2 steps: 5-10 minutes for SmolLM2-135M here
 """
 
 from __future__ import annotations
@@ -56,13 +56,14 @@ from gymllm.types import Group  # noqa: E402
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, dict]]:
-    """``NAME:SECTION.KEY=VALUE,...`` as ``(NAME, {section: {key: value}})`` (values in TOML)."""
+    """``NAME:SECTION.KEY=VALUE,...`` as ``(NAME, {section: {key: value}})`` (values in TOML; a deeper key,
+    ``loss.kl.beta=0.1``, nests: ``{"loss": {"kl": {"beta": 0.1}}}``). ``run`` names the run's own side."""
     name, sep, body = text.partition(":")
-    if not sep or not name or not body:
+    if not sep or not name or not body or name == "run":
         raise ConfigError(
             explain(
                 "--variant",
-                expected="NAME:SECTION.KEY=VALUE[,SECTION.KEY=VALUE...]",
+                expected="NAME:SECTION.KEY=VALUE[,SECTION.KEY=VALUE...] with NAME other than run",
                 received=text,
                 fix="e.g. --variant 'prefix256:learner.prefix_len=256,learner.micro_batch_size=8'",
             )
@@ -70,8 +71,8 @@ def parse_variant(text: str) -> tuple[str, dict[str, dict]]:
     tables: dict[str, dict] = {}
     for item in body.split(","):
         key, eq, value = item.partition("=")
-        section, dot, field = key.strip().partition(".")
-        if not eq or not dot:
+        path = [p.strip() for p in key.split(".")]
+        if not eq or len(path) < 2 or not all(path):
             raise ConfigError(
                 explain(
                     "--variant item",
@@ -80,7 +81,10 @@ def parse_variant(text: str) -> tuple[str, dict[str, dict]]:
                     fix="name the section: learner.prefix_len=256",
                 )
             )
-        tables.setdefault(section, {})[field] = tomllib.loads(f"v = {value.strip()}")["v"]
+        table = tables
+        for part in path[:-1]:
+            table = table.setdefault(part, {})
+        table[path[-1]] = tomllib.loads(f"v = {value.strip()}")["v"]
     return name, tables
 
 
@@ -123,7 +127,7 @@ def at_version(groups: list[Group], version: int) -> list[Group]:
 
 def positions_per_row(ln: StreamingLearner) -> float:
     """The model positions one row costs: the fixed shared-prefix pass's (prefix slots + continuations)
-    over its rows, or the padded length."""
+    over its rows, else ``max_len`` (the longest padded row)."""
     c = ln.config
     if c.fixed_shapes and c.shared_prefix:
         ts = c.max_len - ln.layout.prefix_len
@@ -209,7 +213,7 @@ def main() -> None:
     headline.update({f"median_step_s_{n}": out[n]["median_step_s"] for n in names})
     result = {
         **headline,
-        "run": str(run),
+        "run_dir": str(run),
         "model": base.model.name,
         "steps": len(steps),
         "rows": [sum(len(g.trajectories) for g in gs) for gs in steps],

@@ -11,6 +11,7 @@ import pytest
 
 from gymllm.cli.main import main as gymllm_main
 from gymllm.errors import ConfigError
+from gymllm.train.train_config import TrainConfig, from_tables
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -25,14 +26,18 @@ def test_a_variant_reads_as_sections_and_toml_values():
     assert name == "wide"
     assert tables == {
         "learner": {"prefix_len": 256, "micro_batch_size": 8},
-        "loss": {"kl.beta": 0.1},
+        "loss": {"kl": {"beta": 0.1}},
     }
+    # what the benchmark builds from it
+    cfg = from_tables(tables, TrainConfig(), where="--variant wide")
+    assert (cfg.learner.prefix_len, cfg.learner.micro_batch_size, cfg.loss.kl.beta) == (256, 8, 0.1)
 
 
 @pytest.mark.parametrize(
     "text, what",
     [
         ("learner.prefix_len=256", "NAME:SECTION.KEY=VALUE"),
+        ("run:learner.prefix_len=256", "NAME:SECTION.KEY=VALUE"),  # the run's own side
         ("v:prefix_len=256", "SECTION.KEY=VALUE"),
     ],
 )
@@ -81,6 +86,7 @@ def test_the_run_and_a_variant_train_alike_and_are_timed_side_by_side(run_dir, m
     learner_replay.main()
     line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("RESULT ")][-1]
     result = json.loads(line[len("RESULT ") :])
+    assert result["run_dir"] == str(run_dir)
     assert result["steps"] == 2 and result["rows"] == [32, 32]  # tiny: 4 groups of 8 a step
     run, half = result["run"], result["half"]
     assert result["speedup_half"] == half["speedup"] == run["median_step_s"] / half["median_step_s"]
