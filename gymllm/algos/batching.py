@@ -387,7 +387,8 @@ def shared_prefix_layout(
     if not rows:
         return None
     best = None
-    for by_group in (True, False):
+    grouped = any(r.group_index >= 0 for r in rows)  # else both clusterings are the prompt ids'
+    for by_group in (True, False) if grouped else (False,):
         clusters = prefix_clusters(rows, by_group)
         gp, s = len(clusters), max(len(m) for _, m in clusters)
         longest = max(n for n, _ in clusters)
