@@ -306,6 +306,99 @@ def test_group_role_advantages_read_every_key_before_the_group_then_update_each_
     assert b1 == role_ema_advantages([np.mean(rewards)], ["first"], {"first": 0.2}, decay=0.9)[1]
 
 
+def test_scaled_role_advantages_divide_by_each_keys_running_spread_by_hand():
+    from gymllm.multiagent.baseline import SCALE_SUFFIX as S
+
+    base = {"p/J": -1.5, "p/J" + S: 0.25, "p/K": 1.0}  # K's spread unseen: 1
+    adv, b = group_role_advantages(
+        [-1.0, -2.0, 2.0, -1.0], ["p/J", "p/J", "p/K", "p/K"], base, decay=0.9, scaled=True
+    )
+    # J: (R - -1.5) / sqrt(0.25) = [+1, -1]; K: (R - 1) / 1 = [+1, -2]
+    np.testing.assert_allclose(adv, [1.0, -1.0, 1.0, -2.0], atol=1e-6)
+    # the baselines move as unscaled ones do; each spread takes the mean squared deviation as read
+    plain = group_role_advantages(
+        [-1.0, -2.0, 2.0, -1.0], ["p/J", "p/J", "p/K", "p/K"], base, decay=0.9
+    )
+    assert {k: b[k] for k in ("p/J", "p/K")} == pytest.approx(
+        {"p/J": plain[1]["p/J"], "p/K": plain[1]["p/K"]}
+    )
+    assert b["p/J" + S] == pytest.approx(0.9 * 0.25 + 0.1 * 0.25)  # deviations +-0.5: 0.25
+    assert b["p/K" + S] == pytest.approx(0.9 * 1.0 + 0.1 * (1.0 + 4.0) / 2)
+    # the floor: a key whose rewards stopped varying does not blow its next deviation up
+    adv_f, _ = group_role_advantages(
+        [-1.0], ["p/J"], {"p/J": -2.0, "p/J" + S: 0.0}, scaled=True, floor=0.5
+    )
+    np.testing.assert_allclose(adv_f, [2.0], atol=1e-6)
+    assert base == {"p/J": -1.5, "p/J" + S: 0.25, "p/K": 1.0}  # pure
+
+
+def test_scaled_advantages_make_a_jacks_lesson_as_loud_as_a_kings():
+    """Kuhn facing a bet from a player who bets every card: a K calls for +2 or folds for -1, a J calls for -2
+    or folds for -1. Centred by its card, the J's fold-over-call lesson is a third of the K's; scaled by each
+    card's spread, the two are equal."""
+    keys = ["s/J", "s/J", "s/K", "s/K"] * 8
+    rewards = [-1.0, -2.0, 2.0, -1.0] * 8
+    b: dict = {}
+    for _ in range(150):  # the baselines and spreads settle
+        plain, b = group_role_advantages(rewards, keys, b, decay=0.9, scaled=True)
+    centred, _ = group_role_advantages(rewards, keys, {k: v for k, v in b.items() if "#" not in k})
+    assert (centred[0] - centred[1]) == pytest.approx((centred[2] - centred[3]) / 3, rel=1e-3)
+    assert (plain[0] - plain[1]) == pytest.approx(plain[2] - plain[3], rel=1e-2)
+
+
+def test_the_scaled_baseline_needs_the_role_ema_estimator():
+    from gymllm.algos.config import AdvantageConfig, LossConfig
+    from gymllm.algos.learner_scoring import GroupScorer
+
+    loss = LossConfig(advantage=AdvantageConfig(ema_scale=True))
+    with pytest.raises(ConfigError, match="ema_scale.*role_ema|role_ema.*ema_scale"):
+        GroupScorer(loss, None, ref_logp=None, ref_params=None, mesh=None)
+    with pytest.raises(ConfigError, match="ema_scale_floor"):
+        AdvantageConfig(ema_scale=True, ema_scale_floor=0.0)
+    from gymllm.cli.train_args import parse_train_args
+    from gymllm.train.wiring import learner_loss
+
+    cfg = parse_train_args(
+        [
+            "--preset",
+            "tiny",
+            "--multiagent.baseline",
+            "role_ema",
+            "--loss.advantage.ema-scale",
+        ]
+    )
+
+    a = learner_loss(cfg).advantage
+    assert (a.estimator, a.ema_scale) == ("role_ema", True)
+    # the learner's scorer keys each member by seat and card, and scales by that key's spread
+    from gymllm.types import Group, Trajectory
+
+    def member(i: int, card: str) -> Trajectory:
+        t = Trajectory(
+            token_ids=np.array([1, 2], np.int32),
+            loss_mask=np.array([0, 1], np.int8),
+            reward=0.0,
+            behaviour_logprobs=np.zeros(2, np.float32),
+            versions=np.array([-1, 0], np.int32),
+            trajectory_id=f"t{i}",
+            group_id="g0",
+        )
+        t.info["baseline_key"] = card
+        return t
+
+    group = Group(group_id="g0", task_id="s", trajectories=[member(0, "J"), member(1, "K")])
+    group.info["agent"] = "first"
+    scorer = GroupScorer(learner_loss(cfg), None, ref_logp=None, ref_params=None, mesh=None)
+    from gymllm.multiagent.baseline import SCALE_SUFFIX as S
+
+    b = {"first/J": -1.5, "first/J" + S: 0.25, "first/K": 0.5, "first/K" + S: 2.25}
+    adv, b2 = scorer.role_advantages(group, np.array([-1.0, -1.0], np.float32), b)
+    np.testing.assert_allclose(
+        adv, [1.0, -1.0], atol=1e-6
+    )  # (R - b) / spread: 0.5 / 0.5, -1.5 / 1.5
+    assert set(b2) == set(b)
+
+
 def test_baseline_key_tags_each_trajectory_with_its_seats_first_decision_info():
     config = MultiAgentSection(baseline="role_ema", baseline_key="hand", game_seeds="game")
     groups = asyncio.run(

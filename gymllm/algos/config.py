@@ -28,6 +28,13 @@ class AdvantageConfig:
     """"std" (std + eps) or "var" (sqrt(var + eps))."""
     ema_decay: float = 0.95
     """role_ema's decay (``b <- decay * b + (1 - decay) * R``)."""
+    ema_scale: bool = False
+    """role_ema only: also divide each advantage by its key's running spread (an EMA of ``(R - b)**2``, same
+    decay), so a role or card whose payoffs spread little teaches as loudly as one whose spread is large
+    (:func:`gymllm.multiagent.baseline.group_role_advantages`); False: centred only, as SPIRAL's RAE."""
+    ema_scale_floor: float = 0.25
+    """With ema_scale, the least spread an advantage is divided by (a key whose rewards stopped varying would
+    otherwise turn its next deviation into a huge advantage)."""
 
     def __post_init__(self) -> None:
         from gymllm.algos.advantages import ESTIMATORS, STATEFUL
@@ -36,6 +43,9 @@ class AdvantageConfig:
             "AdvantageConfig", "estimator", self.estimator, (*ESTIMATORS, *sorted(STATEFUL))
         )
         check_range("AdvantageConfig", "ema_decay", self.ema_decay, lo=0.0, hi=1.0)
+        check_range(
+            "AdvantageConfig", "ema_scale_floor", self.ema_scale_floor, lo=0.0, lo_open=True
+        )
         check_choice("AdvantageConfig", "ddof", self.ddof, (0, 1))
         check_range("AdvantageConfig", "eps", self.eps, lo=0.0)
         check_choice("AdvantageConfig", "eps_placement", self.eps_placement, ("std", "var"))

@@ -27,6 +27,7 @@ from gymllm.algos.shaping import overlong_penalty
 from gymllm.algos.sharding import shard_batch
 from gymllm.multiagent.baseline import group_role_advantages
 from gymllm.types import Group
+from gymllm.validation import require
 
 __all__ = ["GroupScorer"]
 
@@ -62,6 +63,13 @@ class GroupScorer:
         self.before_program = before_program
         a = loss.advantage
         self.stateful = a.estimator in adv_mod.STATEFUL  # equal rewards still carry R - b[role]
+        require(
+            self.stateful or not a.ema_scale,
+            "loss.advantage.ema_scale",
+            expected="the role_ema estimator (it divides role_ema's advantages by each key's spread)",
+            received=f"ema_scale=True with the estimator {a.estimator!r}",
+            fix="add --multiagent.baseline role_ema (a game), or drop --loss.advantage.ema-scale",
+        )
         self.step_global = (
             a.estimator in adv_mod.STEP_GLOBAL
         )  # advantages wait for the step's groups
@@ -97,8 +105,9 @@ class GroupScorer:
             rewards
         ):  # rewards that are not one a trajectory: keyed by the seat alone
             keys = [role] * len(rewards)
+        a = self.loss.advantage
         adv, baselines = group_role_advantages(
-            rewards, keys, baselines, decay=self.loss.advantage.ema_decay
+            rewards, keys, baselines, decay=a.ema_decay, scaled=a.ema_scale, floor=a.ema_scale_floor
         )
         return adv, baselines
 
