@@ -12,7 +12,9 @@ For each recipe (``tictactoe_selfplay``, ``kuhn_poker_selfplay``):
    A game that ended in an error (an engine failure, a move past the watchdog) stops the benchmark with
    the most frequent error, nothing recorded; the games are set aside in ``RUN/eval/<label>.failed``.
 3. The paired comparison (:mod:`gymllm.suites.game_stats`: self-play minus SFT per seed, Student's t 95%
-   interval) and, for Kuhn poker, the action table by card (:func:`gymllm.envs.kuhn_poker.kuhn_action_table`).
+   interval) and, for Kuhn poker, the action table by card (:func:`gymllm.envs.kuhn_poker.kuhn_action_table`)
+   and each checkpoint's exact probability of every legal move in each of the game's four decisions, by card
+   (``move_probs``, :func:`kuhn_move_probs`: the policy as it samples, without sampling noise).
 4. When the run kept its best in-run checkpoint (``DIR/best``, ``--multiagent.eval-keep-best``:
    :mod:`gymllm.train.best`), that checkpoint too (label ``best``), reported beside the final one: ``best_step``
    and ``best_score`` (from ``DIR/best.json``), ``best_rates`` (``best_vs_<opponent>``) and ``best_paired``
@@ -23,7 +25,8 @@ checkpoints against random and the one-ply heuristic, the paired gain over SFT a
 >= 0.85 against random after self-play, a gain with its interval above 0, and a rise against the
 heuristic); Kuhn poker chips a game against random of both and the paired gain (goal: interval above 0),
 and the bet share (where it may bet) and call share (facing a bet) of each card (goal: K above J within a
-decision, :func:`k_over_j`). ``--eval-only`` measures existing run
+decision, :func:`k_over_j`), from the greedy games (``shares``) and from the exact probabilities
+(``shares_probs``, the goal key ending ``_probs``). ``--eval-only`` measures existing run
 directories (``--run-root``) without training; ``--quick`` is a smoke run (2 GRPO steps, 16 games: its
 figures do not measure the goals). Extra arguments after ``--`` go to every ``gymllm train``;
 ``--recipe-set SECTION.KEY=VALUE`` trains from a copy of the recipe with that value
@@ -282,11 +285,58 @@ def measure(
             for p, tab in actions.items()
         }
         out["shares"] = {p: situation_shares(tab) for p, tab in actions.items()}
+        t = time.perf_counter()
+        out["move_probs"] = {
+            label: kuhn_move_probs(run_dir, path, recipe)
+            for label, path in (("sft", run_dir / "sft"), ("selfplay", run_dir))
+        }
+        out["probs_s"] = time.perf_counter() - t
+        out["shares_probs"] = {p: prob_shares(tab) for p, tab in out["move_probs"].items()}
         chips = paired.get("reward_vs_random", {})
         out["goals"] = {
             "chips_gain_over_sft_vs_random_interval_above_0": chips.get("lo", -1) > 0,
             "selfplay_bets_or_calls_K_more_than_J": k_over_j(out["shares"]["selfplay"]),
+            "selfplay_bets_or_calls_K_more_than_J_probs": k_over_j(out["shares_probs"]["selfplay"]),
         }
+    return out
+
+
+#: Kuhn poker's four decisions, by the moves before them (hand 1: player_1 acts first)
+KUHN_SITUATIONS = {
+    "first to act": [],
+    "second, after a check": ["[check]"],
+    "second, facing a bet": ["[bet]"],
+    "first, facing a bet after checking": ["[check]", "[bet]"],
+}
+
+
+def kuhn_move_probs(run_dir: pathlib.Path, checkpoint: pathlib.Path, recipe: str) -> dict:
+    """The checkpoint's probability of each legal move in each of Kuhn poker's decisions, by card, scored
+    exactly (:func:`gymllm.suites.move_probs.decision_table`; the prompt as training builds it)."""
+    from gymllm.cli.evaluate import load_model
+    from gymllm.envs.kuhn_poker import KUHN_CARDS, KUHN_MOVES, kuhn_poker
+    from gymllm.suites.move_probs import decision_table
+
+    env = recipe_table(recipe, run_dir)["env"]
+    return decision_table(
+        load_model(None, checkpoint=str(checkpoint)),
+        kuhn_poker(**env.get("kwargs", {})),
+        situations=KUHN_SITUATIONS,
+        key="card",
+        values=KUHN_CARDS,
+        move_names=KUHN_MOVES,
+        system_prompt=env.get("system_prompt"),
+    )
+
+
+def prob_shares(table: dict) -> dict:
+    """:func:`situation_shares` from exact probabilities: per card, the mean probability of a bet over the
+    decisions where it may bet, and of a call over those facing a bet."""
+    out: dict = {}
+    for card in next(iter(table.values())):
+        bets = [row[card]["[bet]"] for row in table.values() if "[bet]" in row[card]]
+        calls = [row[card]["[call]"] for row in table.values() if "[call]" in row[card]]
+        out[card] = {"bet": sum(bets) / len(bets), "call": sum(calls) / len(calls)}
     return out
 
 

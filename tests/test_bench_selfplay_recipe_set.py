@@ -74,3 +74,28 @@ def test_card_dependence_is_read_within_a_decision_not_over_all_of_a_cards_moves
     # a decision neither card met is left out
     lone = {"J": _table(0, 10, 0, 0), "Q": _table(0, 1, 0, 0), "K": _table(5, 5, 0, 0)}
     assert selfplay_learning.k_over_j(selfplay_learning.situation_shares(lone))
+
+
+def test_the_probability_shares_average_each_decision_kind_by_card():
+    table = {
+        "first to act": {"J": {"[check]": 0.8, "[bet]": 0.2}, "K": {"[check]": 0.4, "[bet]": 0.6}},
+        "second, after a check": {
+            "J": {"[check]": 0.6, "[bet]": 0.4},
+            "K": {"[check]": 0.0, "[bet]": 1.0},
+        },
+        "second, facing a bet": {
+            "J": {"[call]": 0.1, "[fold]": 0.9},
+            "K": {"[call]": 0.9, "[fold]": 0.1},
+        },
+        "first, facing a bet after checking": {
+            "J": {"[call]": 0.3, "[fold]": 0.7},
+            "K": {"[call]": 0.7, "[fold]": 0.3},
+        },
+    }
+    shares = selfplay_learning.prob_shares(table)
+    assert shares["J"] == pytest.approx({"bet": 0.3, "call": 0.2})
+    assert shares["K"] == pytest.approx({"bet": 0.8, "call": 0.8})
+    assert selfplay_learning.k_over_j(shares)
+    flipped = {s: {"J": row["K"], "K": row["J"]} for s, row in table.items()}
+    assert not selfplay_learning.k_over_j(selfplay_learning.prob_shares(flipped))
+    assert list(selfplay_learning.KUHN_SITUATIONS) == list(table)
