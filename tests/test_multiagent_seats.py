@@ -306,6 +306,21 @@ def test_group_role_advantages_read_every_key_before_the_group_then_update_each_
     assert b1 == role_ema_advantages([np.mean(rewards)], ["first"], {"first": 0.2}, decay=0.9)[1]
 
 
+def one_token_trajectory(i: int, group_id: str, *, reward: float = 0.0):
+    """A trajectory of one prompt token and one sampled token (what the advantage code reads)."""
+    from gymllm.types import Trajectory
+
+    return Trajectory(
+        token_ids=np.array([1, 2], np.int32),
+        loss_mask=np.array([0, 1], np.int8),
+        reward=reward,
+        behaviour_logprobs=np.zeros(2, np.float32),
+        versions=np.array([-1, 0], np.int32),
+        trajectory_id=f"t{i}",
+        group_id=group_id,
+    )
+
+
 def test_scaled_role_advantages_divide_by_each_keys_running_spread_by_hand():
     from gymllm.multiagent.baseline import SCALE_SUFFIX as S
 
@@ -374,15 +389,7 @@ def test_the_scaled_baseline_needs_the_role_ema_estimator():
     from gymllm.types import Group, Trajectory
 
     def member(i: int, card: str) -> Trajectory:
-        t = Trajectory(
-            token_ids=np.array([1, 2], np.int32),
-            loss_mask=np.array([0, 1], np.int8),
-            reward=0.0,
-            behaviour_logprobs=np.zeros(2, np.float32),
-            versions=np.array([-1, 0], np.int32),
-            trajectory_id=f"t{i}",
-            group_id="g0",
-        )
+        t = one_token_trajectory(i, "g0")
         t.info["baseline_key"] = card
         return t
 
@@ -439,7 +446,7 @@ def test_role_ema_baseline_sets_the_learners_estimator_and_the_groups_carry_thei
     assert src.config.baseline == "role_ema"
     from gymllm.algos.config import ShapingConfig
     from gymllm.train.resume import make_group_filter
-    from gymllm.types import Group, Trajectory
+    from gymllm.types import Group
 
     filtering = dataclasses.replace(
         cfg, loss=dataclasses.replace(cfg.loss, shaping=ShapingConfig(filter_zero_variance=True))
@@ -447,18 +454,7 @@ def test_role_ema_baseline_sets_the_learners_estimator_and_the_groups_carry_thei
     equal = Group(
         group_id="g0:first",
         task_id="seed0",
-        trajectories=[
-            Trajectory(
-                token_ids=np.array([1, 2], np.int32),
-                loss_mask=np.array([0, 1], np.int8),
-                reward=1.0,
-                behaviour_logprobs=np.zeros(2, np.float32),
-                versions=np.array([-1, 0], np.int32),
-                trajectory_id=f"t{i}",
-                group_id="g0:first",
-            )
-            for i in range(2)
-        ],
+        trajectories=[one_token_trajectory(i, "g0:first", reward=1.0) for i in range(2)],
     )
     assert make_group_filter(filtering, {}, set())(equal)  # R - b[seat] is not 0: the group trains
     plain = dataclasses.replace(filtering, multiagent=MultiAgentSection())

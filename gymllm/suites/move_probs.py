@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gymllm.errors import ConfigError, explain
+from gymllm.validation import require
 from gymllm.inference.completion import Completion
 from gymllm.inference.params import SamplingParams
 from gymllm.models.logprobs import token_logprobs
@@ -37,29 +38,25 @@ def reply_ids(tokenizer: Any, text: str) -> list[int]:
     stop = getattr(tokenizer, "eos_token_id", None)
     if stop is None:
         stop = min(getattr(tokenizer, "stop_token_ids", ()) or (None,))  # type: ignore[type-var]
-    if stop is None:
-        raise ConfigError(
-            explain(
-                "reply_ids",
-                expected="a tokenizer with an eos or stop token id",
-                received=type(tokenizer).__name__,
-                fix="load a chat model's tokenizer",
-            )
-        )
+    require(
+        stop is not None,
+        "reply_ids",
+        expected="a tokenizer with an eos or stop token id",
+        received=type(tokenizer).__name__,
+        fix="load a chat model's tokenizer",
+    )
     return [*tokenizer.encode(text), int(stop)]
 
 
 def _legal_moves(obs: Any, move_names: Sequence[str] | None) -> list[str]:
     mask = obs.get("action_mask") if isinstance(obs, dict) else None
-    if mask is None or move_names is None:
-        raise ConfigError(
-            explain(
-                "move_probabilities",
-                expected="a game whose observations carry an action_mask, and move_names in its order",
-                received=f"action_mask {'missing' if mask is None else 'present'}, move_names {move_names!r}",
-                fix="pass move_names (e.g. gymllm.envs.kuhn_poker.KUHN_MOVES)",
-            )
-        )
+    require(
+        mask is not None and move_names is not None,
+        "move_probabilities",
+        expected="a game whose observations carry an action_mask, and move_names in its order",
+        received=f"action_mask {'missing' if mask is None else 'present'}, move_names {move_names!r}",
+        fix="pass move_names (e.g. gymllm.envs.kuhn_poker.KUHN_MOVES)",
+    )
     return [m for m, ok in zip(move_names, np.asarray(mask).tolist()) if ok]
 
 
@@ -90,15 +87,7 @@ def move_probabilities(
     while game.agents:
         seat = game.agent_selection
         obs, reward, term, trunc, info = game.last()
-        if term or trunc:
-            raise ConfigError(
-                explain(
-                    "move_probabilities",
-                    expected="scripted moves that leave the game running",
-                    received=f"the game over after {len(moves) - len(script)} of {list(moves)}",
-                    fix="probe a decision the game reaches",
-                )
-            )
+        require(not (term or trunc), **_running(moves, len(moves) - len(script)))
         ep = episodes.get(seat)
         info = {**info, "agent": seat}
         if ep is None:
@@ -141,13 +130,16 @@ def move_probabilities(
             0.0,
         )
         game.step(move)
-    raise ConfigError(
-        explain(
-            "move_probabilities",
-            expected="scripted moves that leave the game running",
-            received=f"the game ended after {list(moves)}",
-            fix="probe a decision the game reaches",
-        )
+    raise ConfigError(explain(**_running(moves, len(moves))))
+
+
+def _running(moves: Sequence[str], played: int) -> dict[str, str]:
+    """What a probe whose scripted moves end the game is told."""
+    return dict(
+        what="move_probabilities",
+        expected="scripted moves that leave the game running",
+        received=f"the game over after {played} of {list(moves)}",
+        fix="probe a decision the game reaches",
     )
 
 
@@ -182,15 +174,13 @@ def decision_table(
                 ),
                 None,
             )
-            if seed is None:
-                raise ConfigError(
-                    explain(
-                        "decision_table",
-                        expected=f"a seed that deals {key}={value!r} to the seat probed after {list(moves)}",
-                        received=f"none in {len(seeds)} seeds",
-                        fix="pass more seeds, or values the game deals",
-                    )
-                )
+            require(
+                seed is not None,
+                "decision_table",
+                expected=f"a seed that deals {key}={value!r} to the seat probed after {list(moves)}",
+                received=f"none in {len(seeds)} seeds",
+                fix="pass more seeds, or values the game deals",
+            )
             row[str(value)] = move_probabilities(
                 loaded,
                 game,
