@@ -355,10 +355,10 @@ def test_scaled_advantages_make_a_jacks_lesson_as_loud_as_a_kings():
     rewards = [-1.0, -2.0, 2.0, -1.0] * 8
     b: dict = {}
     for _ in range(150):  # the baselines and spreads settle
-        plain, b = group_role_advantages(rewards, keys, b, decay=0.9, scaled=True)
+        scaled, b = group_role_advantages(rewards, keys, b, decay=0.9, scaled=True)
     centred, _ = group_role_advantages(rewards, keys, {k: v for k, v in b.items() if "#" not in k})
     assert (centred[0] - centred[1]) == pytest.approx((centred[2] - centred[3]) / 3, rel=1e-3)
-    assert (plain[0] - plain[1]) == pytest.approx(plain[2] - plain[3], rel=1e-2)
+    assert (scaled[0] - scaled[1]) == pytest.approx(scaled[2] - scaled[3], rel=1e-2)
 
 
 def test_the_scaled_baseline_needs_the_role_ema_estimator():

@@ -1,7 +1,8 @@
 """A model's move probabilities at chosen decision points of a text game, scored exactly (no sampling).
 
     from gymllm.suites.move_probs import move_probabilities
-    probs = move_probabilities(loaded, kuhn_poker(), seed=3, moves=["[bet]"], system_prompt=SYSTEM)
+    probs = move_probabilities(loaded, kuhn_poker(), seed=3, moves=["[bet]"], move_names=KUHN_MOVES,
+                               system_prompt=SYSTEM)
     # {'seat': 'player_0', 'info': {...}, 'moves': {'[call]': 0.71, '[fold]': 0.29}, 'legal_mass': 0.98}
 
 A game played to the end says which move the policy sampled once; this says how likely each legal move
@@ -22,12 +23,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from gymllm.errors import ConfigError, explain
-from gymllm.validation import require
 from gymllm.inference.completion import Completion
 from gymllm.inference.params import SamplingParams
 from gymllm.models.logprobs import token_logprobs
 from gymllm.rollout.agents import ModelAgent
 from gymllm.rollout.episode import Episode, EpisodeKey
+from gymllm.validation import require
 
 __all__ = ["decision_table", "move_probabilities", "reply_ids"]
 
@@ -138,7 +139,7 @@ def _running(moves: Sequence[str], played: int) -> dict[str, str]:
     return dict(
         what="move_probabilities",
         expected="scripted moves that leave the game running",
-        received=f"the game over after {played} of {list(moves)}",
+        received=f"the game was over after {played} of {list(moves)}",
         fix="probe a decision the game reaches",
     )
 
