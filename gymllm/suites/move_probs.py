@@ -162,21 +162,19 @@ def decision_table(
     blind = lambda prompt, replies: [0.0] * len(replies)  # noqa: E731  finds the deal, scores nothing
     table: dict[str, dict[str, dict[str, float]]] = {}
     for name, moves in situations.items():
+        first: dict[Any, int] = {}  # each value's first dealing seed, from one pass over the seeds
+        for s in seeds:
+            if len(first) == len(values):
+                break
+            dealt = move_probabilities(
+                loaded, game, seed=s, moves=moves, move_names=move_names, score=blind
+            )["info"].get(key)
+            if dealt in values:
+                first.setdefault(dealt, s)
         row: dict[str, dict[str, float]] = {}
         for value in values:
-            seed = next(
-                (
-                    s
-                    for s in seeds
-                    if move_probabilities(
-                        loaded, game, seed=s, moves=moves, move_names=move_names, score=blind
-                    )["info"].get(key)
-                    == value
-                ),
-                None,
-            )
             require(
-                seed is not None,
+                value in first,
                 "decision_table",
                 expected=f"a seed that deals {key}={value!r} to the seat probed after {list(moves)}",
                 received=f"none in {len(seeds)} seeds",
@@ -185,7 +183,7 @@ def decision_table(
             row[str(value)] = move_probabilities(
                 loaded,
                 game,
-                seed=seed,
+                seed=first[value],
                 moves=moves,
                 move_names=move_names,
                 system_prompt=system_prompt,
